@@ -1,0 +1,164 @@
+# attnd — one Makefile for the engine, the tools and the tests.
+#
+#   make               build/libattn.a and build/attn
+#   make deps          install the missing Debian packages (apt-get, as root)
+#   make test          deps + build + every test          (SAN=1: ASan + UBSan)
+#   make bench         the CPU benchmark against OpenBLAS (not part of test)
+#   make clean
+#
+# Variables: SAN=1 sanitizers, WERROR=1 warnings are errors, CUDA=auto|0|1
+# (auto: build engine/cuda/*.cu when nvcc is found), CUDA_ARCHS (default
+# "80 89 90"). Objects record the flags they were built with (build/.flags),
+# so switching SAN or WERROR rebuilds what it must and nothing else.
+
+MAKEFLAGS += --no-builtin-rules
+.SUFFIXES:
+
+BUILD    ?= build
+CC       ?= cc
+SAN      ?= 0
+WERROR   ?= 0
+CUDA     ?= auto
+CUDA_ARCHS ?= 80 89 90
+
+# Packages the build and tests need; the benchmark adds OpenBLAS.
+DEPS       = gcc make libc6-dev libcriterion-dev
+BENCH_DEPS = libopenblas-dev
+
+WARN  = -Wall -Wextra -Wshadow -Wformat=2 -Wstrict-prototypes \
+        -Wmissing-prototypes -Wvla -Wpointer-arith -Wcast-qual -Wundef
+OPT   = -O2
+DEBUG = -g
+STD   = -std=gnu11 -pthread
+ifeq ($(WERROR),1)
+WARN += -Werror
+endif
+ifeq ($(SAN),1)
+SANFLAGS = -fsanitize=address,undefined -fno-sanitize-recover=undefined \
+           -fno-omit-frame-pointer
+endif
+CPPFLAGS += -Iengine -MMD -MP
+ALL_CFLAGS = $(STD) $(OPT) $(DEBUG) $(WARN) $(SANFLAGS) $(CFLAGS)
+LDLIBS_ALL = $(SANFLAGS) -pthread -lm $(LDLIBS)
+
+# ---- CUDA detection (the backend itself lives in engine/cuda/) ----------
+NVCC := $(shell command -v nvcc 2>/dev/null)
+CU_SRC := $(wildcard engine/cuda/*.cu)
+ifeq ($(CUDA),1)
+ifeq ($(NVCC),)
+$(error CUDA=1 but nvcc is not on PATH)
+endif
+USE_CUDA = 1
+else ifeq ($(CUDA),auto)
+USE_CUDA = $(if $(NVCC),1,0)
+else
+USE_CUDA = 0
+endif
+
+# ---- the engine library ---------------------------------------------------
+ENGINE_SRC = engine/engine.c engine/request.c engine/dtype.c engine/pool.c \
+             engine/plan.c engine/softmax.c engine/reference.c engine/cpu/cpu.c
+ENGINE_OBJ = $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
+
+ARCH := $(shell uname -m)
+ISA_OBJ = $(BUILD)/obj/engine/cpu/flash_generic.o
+ifeq ($(ARCH),x86_64)
+ISA_OBJ += $(BUILD)/obj/engine/cpu/flash_avx2.o $(BUILD)/obj/engine/cpu/flash_avx512.o
+endif
+ISA_FLAGS_generic = -DATTN_ISA=0
+ISA_FLAGS_avx2    = -DATTN_ISA=256 -mavx2 -mfma -mf16c
+ISA_FLAGS_avx512  = -DATTN_ISA=512 -mavx512f -mavx512bw -mavx512vl -mavx512dq \
+                    -mfma -mf16c
+
+CU_OBJ =
+ifeq ($(USE_CUDA),1)
+CU_OBJ = $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
+CPPFLAGS += $(if $(CU_SRC),-DATTN_HAVE_CUDA)
+NVCCFLAGS = -O3 -std=c++17 -Iengine -Xptxas -v \
+            $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a))
+LDLIBS += $(if $(CU_SRC),-lcudart -lstdc++)
+endif
+
+LIB = $(BUILD)/libattn.a
+
+# ---- programs ---------------------------------------------------------------
+ATTN_SRC = clients/attn.c clients/plan_cmd.c clients/bench_cmd.c clients/benchlib.c \
+           clients/args.c
+ATTN_OBJ = $(ATTN_SRC:%.c=$(BUILD)/obj/%.o)
+
+TEST_SRC = $(wildcard tests/unit/*.c)
+TEST_OBJ = $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
+TEST_BIN = $(BUILD)/tests/unit
+
+BENCH_OBJ = $(BUILD)/obj/tests/bench/cpu_vs_blas.o $(BUILD)/obj/clients/benchlib.o
+
+.PHONY: all deps bench-deps test bench clean FORCE
+all: $(BUILD)/attn
+
+$(BUILD)/.flags: FORCE
+	@mkdir -p $(BUILD)
+	@echo '$(CC) $(CPPFLAGS) $(ALL_CFLAGS)' | cmp -s - $@ || \
+	  echo '$(CC) $(CPPFLAGS) $(ALL_CFLAGS)' > $@
+
+$(BUILD)/obj/%.o: %.c $(BUILD)/.flags
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/engine/cpu/flash_%.o: engine/cpu/flash.c $(BUILD)/.flags
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -O3 $(ISA_FLAGS_$*) -c $< -o $@
+
+# ptxas's register and spill report goes to the build log.
+$(BUILD)/obj/%.o: %.cu $(BUILD)/.flags
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(LIB): $(ENGINE_OBJ) $(ISA_OBJ) $(CU_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/attn: $(ATTN_OBJ) $(LIB)
+	$(CC) $(ALL_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
+
+$(TEST_BIN): $(TEST_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -o $@ $^ -lcriterion $(LDLIBS_ALL)
+
+$(BUILD)/bench-cpu: $(BENCH_OBJ) $(LIB)
+	$(CC) $(ALL_CFLAGS) -o $@ $^ -lopenblas $(LDLIBS_ALL)
+
+# Installs with apt-get what dpkg does not list as installed.
+define install_missing
+	@if ! command -v dpkg-query >/dev/null 2>&1; then \
+	  echo "make deps: not a Debian system; install by hand: $(1)"; exit 0; fi; \
+	missing=""; for p in $(1); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || \
+	    missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ]; then \
+	    echo "make deps: run as root to install:$$missing" >&2; exit 1; fi; \
+	  echo "make deps: installing$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq --no-install-recommends $$missing; fi
+endef
+
+deps:
+	$(call install_missing,$(DEPS))
+
+bench-deps:
+	$(call install_missing,$(BENCH_DEPS))
+
+test: deps
+	$(MAKE) --no-print-directory $(BUILD)/attn $(TEST_BIN)
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 $(TEST_BIN) --jobs 1 --timeout 600
+
+bench: deps bench-deps
+	$(MAKE) --no-print-directory $(BUILD)/bench-cpu $(BUILD)/attn
+	$(BUILD)/bench-cpu
+
+clean:
+	rm -rf $(BUILD)
+
+# Dependency files only ever come from compiling; never try to make them.
+%.d: ;
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -1,0 +1,82 @@
+/* benchlib.c — see benchlib.h. */
+#include "benchlib.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static uint64_t next(uint64_t *s) { /* splitmix64 */
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+int attn_bench_case_init(attn_bench_case *c, int64_t batch, int64_t heads,
+                         int64_t heads_kv, int64_t seq_q, int64_t seq_kv,
+                         int64_t head_dim, attn_dtype dt, bool causal, uint64_t seed) {
+  attn_request *r = &c->req;
+  attn_request_init(r);
+  r->batch = batch;
+  r->heads_q = heads;
+  r->heads_kv = heads_kv;
+  r->seq_q = seq_q;
+  r->seq_kv = seq_kv;
+  r->head_dim = head_dim;
+  r->dtype = dt;
+  r->causal = causal;
+  size_t es = attn_dtype_size(dt);
+  size_t nq = (size_t)(batch * heads * seq_q * head_dim);
+  size_t nk = (size_t)(batch * heads_kv * seq_kv * head_dim);
+  char *m = malloc((2 * nq + 2 * nk) * es);
+  if (!m)
+    return ATTN_ENOMEM;
+  c->mem = m;
+  r->q = m;
+  r->k = m + nq * es;
+  r->v = m + (nq + nk) * es;
+  r->o = m + (nq + 2 * nk) * es;
+  for (size_t i = 0; i < nq + 2 * nk; i++) {
+    float x = (float)((double)(next(&seed) >> 40) * 0x1p-23 - 1.0);
+    attn_store_elem(m, dt, i, x);
+  }
+  memset(r->o, 0, nq * es);
+  return 0;
+}
+
+void attn_bench_case_free(attn_bench_case *c) {
+  free(c->mem);
+  c->mem = NULL;
+}
+
+double attn_bench_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+double attn_bench_median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double attn_bench_engine(attn_engine *e, const attn_request *r, int reps,
+                         attn_status *st) {
+  double t[64];
+  if (reps < 1)
+    reps = 1;
+  if (reps > 64)
+    reps = 64;
+  int rc = attn_engine_run(e, r, NULL, st);
+  for (int i = 0; rc == 0 && i < reps; i++) {
+    double t0 = attn_bench_now();
+    rc = attn_engine_run(e, r, NULL, st);
+    t[i] = attn_bench_now() - t0;
+  }
+  return rc < 0 ? rc : attn_bench_median(t, reps);
+}

@@ -1,0 +1,33 @@
+/*
+ * benchlib.h — what `attn bench` and the OpenBLAS comparison share: random
+ * inputs for a shape, and timing of engine runs.
+ */
+#ifndef ATTN_BENCHLIB_H
+#define ATTN_BENCHLIB_H
+
+#include "engine.h"
+
+typedef struct attn_bench_case {
+  attn_request req;
+  void *mem; /* q, k, v, o in one allocation */
+} attn_bench_case;
+
+/* Q [B,H,N,D], K and V [B,Hkv,Nkv,D] uniform in [-1, 1) from seed; O
+ * allocated. Returns 0 or ATTN_ENOMEM. */
+int attn_bench_case_init(attn_bench_case *c, int64_t batch, int64_t heads,
+                         int64_t heads_kv, int64_t seq_q, int64_t seq_kv,
+                         int64_t head_dim, attn_dtype dt, bool causal, uint64_t seed);
+void attn_bench_case_free(attn_bench_case *c);
+
+/* Monotonic seconds. */
+double attn_bench_now(void);
+
+/* Runs r once to warm up, then reps times; the median seconds per run, or a
+ * negative error code (st says why). */
+double attn_bench_engine(attn_engine *e, const attn_request *r, int reps,
+                         attn_status *st);
+
+/* Median of n values (sorts v). */
+double attn_bench_median(double *v, int n);
+
+#endif

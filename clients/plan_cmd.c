@@ -1,0 +1,141 @@
+/*
+ * plan_cmd.c — `attn plan`: the memory of standard versus flash attention
+ * for a shape (seed exercise 1), as a table or as JSON.
+ */
+#include "args.h"
+#include "cmds.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <string.h>
+
+static const char usage[] =
+    "usage: attn plan [--batch B] [--heads H] [--heads-kv H] [--seq N]\n"
+    "                 [--seq-q N] [--seq-kv N] [--head-dim D] [--dtype F32|F16|BF16]\n"
+    "                 [--threads T] [--json]\n"
+    "\n"
+    "Bytes of Q, K, V and O; of standard attention's S and P ([B, H, Nq, Nkv] in\n"
+    "the input dtype); and of the flash path's m, l (F32 per query row) and tile\n"
+    "workspace (per worker thread; T defaults to the cores). --seq sets both\n"
+    "sequence lengths; --seq-q and --seq-kv set them apart (cross attention).\n"
+    "Defaults: batch 1, heads 1, seq 4096, head-dim 64, F32.\n";
+
+static void human(char *buf, size_t cap, uint64_t b) {
+  static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double v = (double)b;
+  int u = 0;
+  while (v >= 1024 && u < 6) {
+    v /= 1024;
+    u++;
+  }
+  snprintf(buf, cap, u ? "%.2f %s" : "%.0f %s", v, unit[u]);
+}
+
+static void row(const char *name, uint64_t b) {
+  char h[32];
+  human(h, sizeof h, b);
+  printf("  %-22s %22llu  %12s\n", name, (unsigned long long)b, h);
+}
+
+static void print_table(const attn_plan_params *p, const attn_plan *pl) {
+  printf("attention memory plan: batch %lld, heads %lld (kv %lld), seq_q %lld, "
+         "seq_kv %lld, head_dim %lld, %s\n\n",
+         (long long)p->batch, (long long)p->heads_q,
+         (long long)(p->heads_kv ? p->heads_kv : p->heads_q), (long long)p->seq_q,
+         (long long)p->seq_kv, (long long)p->head_dim, attn_dtype_name(p->dtype));
+  printf("  %-22s %22s  %12s\n", "buffer", "bytes", "");
+  printf("inputs and output\n");
+  row("Q", pl->q);
+  row("K", pl->k);
+  row("V", pl->v);
+  row("O", pl->o);
+  printf("standard attention (materializes S and P)\n");
+  row("S = scale*Q*K^T", pl->s);
+  row("P = softmax(S)", pl->p);
+  row("S+P", pl->s_plus_p);
+  row("total", pl->standard_total);
+  printf("flash attention (online softmax over tiles)\n");
+  row("m (F32)", pl->m);
+  row("l (F32)", pl->l);
+  char ws[48];
+  snprintf(ws, sizeof ws, "workspace (%d thr)", pl->threads);
+  row(ws, pl->workspace);
+  row("total", pl->flash_total);
+  printf("\nQ : S = 1:%.6g   (S and P grow as seq_q*seq_kv, Q as seq*head_dim)\n",
+         pl->s_over_q);
+  printf("standard / flash memory = %.2fx\n", pl->standard_over_flash);
+}
+
+static void print_json(const attn_plan_params *p, const attn_plan *pl) {
+  printf("{\"batch\": %lld, \"heads_q\": %lld, \"heads_kv\": %lld, \"seq_q\": %lld, "
+         "\"seq_kv\": %lld, \"head_dim\": %lld, \"dtype\": \"%s\", \"threads\": %d,\n",
+         (long long)p->batch, (long long)p->heads_q,
+         (long long)(p->heads_kv ? p->heads_kv : p->heads_q), (long long)p->seq_q,
+         (long long)p->seq_kv, (long long)p->head_dim, attn_dtype_name(p->dtype),
+         pl->threads);
+  printf(" \"bytes\": {\"q\": %llu, \"k\": %llu, \"v\": %llu, \"o\": %llu, "
+         "\"s\": %llu, \"p\": %llu, \"s_plus_p\": %llu, \"m\": %llu, \"l\": %llu, "
+         "\"workspace_per_thread\": %llu, \"workspace\": %llu, "
+         "\"standard_total\": %llu, \"flash_total\": %llu},\n",
+         (unsigned long long)pl->q, (unsigned long long)pl->k,
+         (unsigned long long)pl->v, (unsigned long long)pl->o,
+         (unsigned long long)pl->s, (unsigned long long)pl->p,
+         (unsigned long long)pl->s_plus_p, (unsigned long long)pl->m,
+         (unsigned long long)pl->l, (unsigned long long)pl->workspace_per_thread,
+         (unsigned long long)pl->workspace, (unsigned long long)pl->standard_total,
+         (unsigned long long)pl->flash_total);
+  printf(" \"ratios\": {\"s_over_q\": %.17g, \"standard_over_flash\": %.17g}}\n",
+         pl->s_over_q, pl->standard_over_flash);
+}
+
+int attn_cmd_plan(int argc, char **argv) {
+  static const struct option opts[] = {
+      {"batch", required_argument, 0, 'b'},   {"heads", required_argument, 0, 'h'},
+      {"heads-kv", required_argument, 0, 'H'}, {"seq", required_argument, 0, 'n'},
+      {"seq-q", required_argument, 0, 'q'},   {"seq-kv", required_argument, 0, 'k'},
+      {"head-dim", required_argument, 0, 'd'}, {"dtype", required_argument, 0, 't'},
+      {"threads", required_argument, 0, 'T'}, {"json", no_argument, 0, 'j'},
+      {"help", no_argument, 0, 'x'},          {0, 0, 0, 0}};
+  attn_plan_params p = {.batch = 1, .heads_q = 1, .seq_q = 4096, .seq_kv = 4096,
+                        .head_dim = 64, .dtype = ATTN_F32};
+  bool json = false;
+  int c, bad = 0;
+  const int64_t big = ATTN_MAX_DIM;
+  optind = 1;
+  while (!bad && (c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    switch (c) {
+    case 'b': bad = attn_arg_i64("--batch", optarg, 1, big, &p.batch); break;
+    case 'h': bad = attn_arg_i64("--heads", optarg, 1, big, &p.heads_q); break;
+    case 'H': bad = attn_arg_i64("--heads-kv", optarg, 1, big, &p.heads_kv); break;
+    case 'n':
+      bad = attn_arg_i64("--seq", optarg, 1, big, &p.seq_q);
+      p.seq_kv = p.seq_q;
+      break;
+    case 'q': bad = attn_arg_i64("--seq-q", optarg, 1, big, &p.seq_q); break;
+    case 'k': bad = attn_arg_i64("--seq-kv", optarg, 1, big, &p.seq_kv); break;
+    case 'd': bad = attn_arg_i64("--head-dim", optarg, 1, ATTN_MAX_HEAD_DIM, &p.head_dim); break;
+    case 't': bad = attn_arg_dtype("--dtype", optarg, &p.dtype); break;
+    case 'T': bad = attn_arg_int("--threads", optarg, 0, 1024, &p.threads); break;
+    case 'j': json = true; break;
+    case 'x': fputs(usage, stdout); return 0;
+    default: fputs(usage, stderr); return 2;
+    }
+  }
+  if (bad)
+    return 2;
+  if (optind < argc) {
+    fprintf(stderr, "attn plan: unexpected argument \"%s\"\n%s", argv[optind], usage);
+    return 2;
+  }
+  attn_plan pl;
+  attn_status st;
+  if (attn_plan_compute(&p, &pl, &st) < 0) {
+    fprintf(stderr, "attn plan: %s\n", st.message);
+    return 2;
+  }
+  if (json)
+    print_json(&p, &pl);
+  else
+    print_table(&p, &pl);
+  return 0;
+}

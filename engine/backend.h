@@ -1,0 +1,69 @@
+/*
+ * backend.h — what a backend implements and what the engine gives it.
+ *
+ * Internal to engine/: the server and clients see only engine.h. A backend is
+ * a static const table of function pointers (struct attn_backend_ops) plus an
+ * opaque state made by its open(). The engine validates a request once,
+ * copies it into an attn_job with the strides filled in, asks the chosen
+ * backend's supports() and hands the job to submit(). The backend later calls
+ * attn__job_complete() exactly once, from any thread.
+ *
+ * To add a backend: write its ops table, declare it below, and list it in
+ * engine.c's backend table in preference order.
+ */
+#ifndef ATTN_BACKEND_H
+#define ATTN_BACKEND_H
+
+#include "engine.h"
+#include "pool.h"
+
+typedef struct attn_job {
+  attn_request req;        /* a copy, strides always filled in */
+  attn_done_fn done;
+  void *arg;
+  struct attn_engine *engine;
+  const char *backend;     /* name of the backend running it */
+  double t_start;
+} attn_job;
+
+/* What open() receives: the config and the engine's shared worker pool. */
+typedef struct attn_backend_env {
+  const attn_config *cfg;
+  attn_pool *pool;
+} attn_backend_env;
+
+struct attn_backend_ops {
+  const char *name;
+  /* Scratch bytes each pool worker needs for this backend (may be NULL). */
+  size_t (*workspace_bytes)(const attn_config *cfg);
+  /* Makes the backend's state. A backend that cannot run here (no device)
+   * returns ATTN_ENODEV with a message; the engine keeps it listed as
+   * unavailable so users learn why. */
+  int (*open)(const attn_backend_env *env, void **pstate, attn_status *st);
+  void (*close)(void *state);
+  /* Whether this validated request can run here; a message says why not. */
+  int (*supports)(void *state, const attn_request *r, attn_status *st);
+  /* Queues the job; on error the job is not completed by the backend. */
+  int (*submit)(void *state, attn_job *job, attn_status *st);
+  /* One line for attn_engine_backends(), e.g. "avx512, 2 threads". */
+  void (*describe)(void *state, char *buf, size_t cap);
+  /* Chosen by backend "auto" when it supports the request. */
+  bool automatic;
+};
+
+extern const struct attn_backend_ops attn__cpu_backend;
+extern const struct attn_backend_ops attn__reference_backend;
+
+/* Ends a job: fills the result, calls the user's callback, frees the job. */
+void attn__job_complete(attn_job *job, const attn_status *st);
+
+/* Fills all-zero strides with the contiguous layout; r must be valid. */
+void attn__request_fill_strides(attn_request *r);
+
+/* CPUs this process may run on (affinity), at least 1. */
+int attn__online_cores(void);
+
+/* Monotonic seconds. */
+double attn__now(void);
+
+#endif

@@ -1,0 +1,51 @@
+/*
+ * flash.h — the CPU FlashAttention kernel, one instance per instruction set.
+ *
+ * Internal to engine/cpu/. The kernel computes a block of up to
+ * ATTN_FLASH_BQ query rows of one (batch, query head) against every visible
+ * key, in key tiles of ATTN_FLASH_BK, keeping the tile's scores transposed
+ * (keys × queries) so that the online softmax runs down the columns with
+ * vertical vector operations only. Memory per call is the caller's
+ * workspace of ATTN_FLASH_WS_FLOATS floats: O(tile), never O(seq_q·seq_kv).
+ */
+#ifndef ATTN_CPU_FLASH_H
+#define ATTN_CPU_FLASH_H
+
+#include "engine.h"
+
+#define ATTN_FLASH_BQ 64
+#define ATTN_FLASH_BK 64
+
+typedef struct attn__flash_args {
+  const attn_request *r; /* validated, strides filled */
+  float scale2;          /* scale·log2(e): scores come out in base 2 */
+  int64_t wl, wr;        /* effective window, causal folded in */
+  int64_t off;           /* seq_kv - seq_q */
+  int64_t group;         /* heads_q / heads_kv */
+} attn__flash_args;
+
+typedef struct attn__flash_isa {
+  const char *name;
+  /* Query rows [i0, i0 + nq) of (b, h), nq <= ATTN_FLASH_BQ: writes O and
+   * the requested statistics. */
+  void (*rows)(const attn__flash_args *a, int64_t b, int64_t h, int64_t i0,
+               int64_t nq, void *ws);
+  /* n rows of d elements, rows `stride` elements apart: the largest |x| into
+   * *pmax; returns the index (row·d + col) of the first non-finite element,
+   * or -1 when all are finite. */
+  int64_t (*scan)(const void *p, attn_dtype dt, int64_t n, int64_t d,
+                  int64_t stride, float *pmax);
+} attn__flash_isa;
+
+extern const attn__flash_isa attn__flash_avx512;
+extern const attn__flash_isa attn__flash_avx2;
+extern const attn__flash_isa attn__flash_generic;
+
+/* Workspace one worker needs, for any head_dim up to the maximum: Qᵀ and
+ * Oᵀ (D × BQ each), the score tile (BK × BQ), converted K and V tiles
+ * (BK × D each), and m, l, alpha (BQ each). */
+#define ATTN_FLASH_WS_FLOATS                                                   \
+  (2 * ATTN_MAX_HEAD_DIM * ATTN_FLASH_BQ + ATTN_FLASH_BK * ATTN_FLASH_BQ +     \
+   2 * ATTN_FLASH_BK * ATTN_MAX_HEAD_DIM + 3 * ATTN_FLASH_BQ)
+
+#endif

@@ -1,0 +1,215 @@
+/*
+ * simd.h — the handful of vector operations the flash kernel is written in.
+ *
+ * flash.c is compiled once per instruction set with ATTN_ISA set to 512
+ * (AVX-512F/BW/VL + FMA + F16C), 256 (AVX2 + FMA + F16C) or 0 (portable C,
+ * one float per "vector"); cpu.c picks one at run time from CPU detection.
+ * Everything ISA-specific lives here so the kernel reads the same for all.
+ *
+ * vexp2(x) = 2^x: x = n + f with n = round(x), f in [-1/2, 1/2]; 2^f from a
+ * degree-6 polynomial fitted for relative error on that interval (fit error
+ * 8e-9), then scaled by 2^n. Measured against exp2() in double over
+ * [-126, 0] (tests/unit/test_cpu_kernel.c) the relative error stays below
+ * 2.5e-7 (about 2 ulp). Results below 2^-126 may flush to zero, and any
+ * x <= -127 gives exactly 0, which is what masked scores (-inf) need.
+ */
+#ifndef ATTN_CPU_SIMD_H
+#define ATTN_CPU_SIMD_H
+
+#include "engine.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* 2^f on [-1/2, 1/2], c0 = 1 exactly. */
+#define EXP2_C1 0.693147196162669f
+#define EXP2_C2 0.24022637389912296f
+#define EXP2_C3 0.05550347346349765f
+#define EXP2_C4 0.009619673566200419f
+#define EXP2_C5 0.0013393085694465364f
+#define EXP2_C6 0.00014990877786865388f
+
+#if ATTN_ISA == 512
+#include <immintrin.h>
+#define ISA_NAME "avx512"
+#define VL 16
+typedef __m512 vf;
+static inline vf vload(const float *p) { return _mm512_loadu_ps(p); }
+static inline void vstore(float *p, vf x) { _mm512_storeu_ps(p, x); }
+static inline vf vset1(float x) { return _mm512_set1_ps(x); }
+static inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+static inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+static inline vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+static inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
+static inline vf vabs(vf a) { return _mm512_abs_ps(a); }
+static inline vf vexp2(vf x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-200.0f));
+  vf n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  vf f = _mm512_sub_ps(x, n);
+  vf p = vset1(EXP2_C6);
+  p = vfma(p, f, vset1(EXP2_C5));
+  p = vfma(p, f, vset1(EXP2_C4));
+  p = vfma(p, f, vset1(EXP2_C3));
+  p = vfma(p, f, vset1(EXP2_C2));
+  p = vfma(p, f, vset1(EXP2_C1));
+  p = vfma(p, f, vset1(1.0f));
+  return _mm512_scalef_ps(p, n); /* p·2^n, underflowing to 0 */
+}
+/* VL elements of dtype dt at p, widened to F32. */
+static inline vf vload_cvt(const void *p, attn_dtype dt) {
+  switch (dt) {
+  case ATTN_F16:
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+  case ATTN_BF16:
+    return _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+  default:
+    return _mm512_loadu_ps((const float *)p);
+  }
+}
+/* Stores VL floats rounded (to nearest even) to dtype dt. */
+static inline void vstore_cvt(void *p, vf x, attn_dtype dt) {
+  switch (dt) {
+  case ATTN_F16:
+    _mm256_storeu_si256((__m256i *)p,
+                        _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    break;
+  case ATTN_BF16: {
+    __m512i u = _mm512_castps_si512(x);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    u = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
+    break;
+  }
+  default:
+    _mm512_storeu_ps((float *)p, x);
+  }
+}
+
+#elif ATTN_ISA == 256
+#include <immintrin.h>
+#define ISA_NAME "avx2"
+#define VL 8
+typedef __m256 vf;
+static inline vf vload(const float *p) { return _mm256_loadu_ps(p); }
+static inline void vstore(float *p, vf x) { _mm256_storeu_ps(p, x); }
+static inline vf vset1(float x) { return _mm256_set1_ps(x); }
+static inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+static inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
+static inline vf vsub(vf a, vf b) { return _mm256_sub_ps(a, b); }
+static inline vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }
+static inline vf vabs(vf a) {
+  return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a);
+}
+static inline vf vexp2(vf x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-127.0f));
+  x = _mm256_min_ps(x, _mm256_set1_ps(128.0f));
+  vf n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  vf f = _mm256_sub_ps(x, n);
+  vf p = vset1(EXP2_C6);
+  p = vfma(p, f, vset1(EXP2_C5));
+  p = vfma(p, f, vset1(EXP2_C4));
+  p = vfma(p, f, vset1(EXP2_C3));
+  p = vfma(p, f, vset1(EXP2_C2));
+  p = vfma(p, f, vset1(EXP2_C1));
+  p = vfma(p, f, vset1(1.0f));
+  /* 2^n through the exponent field: n = -127 gives the bit pattern of 0,
+   * n = 128 that of +inf. */
+  __m256i e = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+static inline vf vload_cvt(const void *p, attn_dtype dt) {
+  switch (dt) {
+  case ATTN_F16:
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+  case ATTN_BF16:
+    return _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+  default:
+    return _mm256_loadu_ps((const float *)p);
+  }
+}
+static inline void vstore_cvt(void *p, vf x, attn_dtype dt) {
+  switch (dt) {
+  case ATTN_F16:
+    _mm_storeu_si128((__m128i *)p,
+                     _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    break;
+  case ATTN_BF16: {
+    __m256i u = _mm256_castps_si256(x);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    u = _mm256_srli_epi32(
+        _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+    /* packus works within 128-bit lanes: pack, then put the quads in order */
+    __m256i packed = _mm256_packus_epi32(u, u);
+    packed = _mm256_permute4x64_epi64(packed, 0x08);
+    _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(packed));
+    break;
+  }
+  default:
+    _mm256_storeu_ps((float *)p, x);
+  }
+}
+
+#else /* portable C: a "vector" is one float */
+#define ISA_NAME "generic"
+#define VL 1
+typedef float vf;
+static inline vf vload(const float *p) { return *p; }
+static inline void vstore(float *p, vf x) { *p = x; }
+static inline vf vset1(float x) { return x; }
+static inline vf vfma(vf a, vf b, vf c) { return a * b + c; }
+static inline vf vmul(vf a, vf b) { return a * b; }
+static inline vf vadd(vf a, vf b) { return a + b; }
+static inline vf vsub(vf a, vf b) { return a - b; }
+static inline vf vmax(vf a, vf b) { return a > b ? a : b; }
+static inline vf vabs(vf a) { return fabsf(a); }
+static inline vf vexp2(vf x) {
+  if (x < -127.0f)
+    return 0.0f;
+  if (x > 128.0f)
+    x = 128.0f;
+  float n = rintf(x), f = x - n;
+  float p = EXP2_C6;
+  p = p * f + EXP2_C5;
+  p = p * f + EXP2_C4;
+  p = p * f + EXP2_C3;
+  p = p * f + EXP2_C2;
+  p = p * f + EXP2_C1;
+  p = p * f + 1.0f;
+  return ldexpf(p, (int)n);
+}
+static inline vf vload_cvt(const void *p, attn_dtype dt) {
+  return (float)attn_load_elem(p, dt, 0);
+}
+static inline void vstore_cvt(void *p, vf x, attn_dtype dt) {
+  attn_store_elem(p, dt, 0, x);
+}
+#endif
+
+/* Largest element of a vector (only off the hot path). */
+static inline float vhmax(vf x) {
+  float t[VL];
+  memcpy(t, &x, sizeof t);
+  float m = t[0];
+  for (int i = 1; i < VL; i++)
+    m = t[i] > m ? t[i] : m;
+  return m;
+}
+
+/* Whether any lane is NaN (an accumulator of x·0 is NaN iff some x was not finite). */
+static inline int vany_nan(vf x) {
+  float t[VL];
+  memcpy(t, &x, sizeof t);
+  for (int i = 0; i < VL; i++)
+    if (t[i] != t[i])
+      return 1;
+  return 0;
+}
+
+#endif

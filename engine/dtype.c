@@ -1,0 +1,96 @@
+/*
+ * dtype.c — the three element types of the contract and their conversions.
+ *
+ * Narrowing rounds to nearest, ties to even, as IEEE 754 and PyTorch do, so
+ * a value sent as JSON and rounded here matches the same value rounded by a
+ * client. Inputs are finite by the time they are narrowed (the engine
+ * rejects non-finite tensors), but NaN and infinity still convert correctly.
+ */
+#include "engine.h"
+
+#include <math.h>
+#include <string.h>
+
+static const char *const dtype_names[ATTN_DTYPE_COUNT] = {"F32", "F16", "BF16"};
+
+const char *attn_dtype_name(attn_dtype dt) {
+  return (unsigned)dt < ATTN_DTYPE_COUNT ? dtype_names[dt] : "?";
+}
+
+int attn_dtype_parse(const char *name, attn_dtype *pdt) {
+  for (int i = 0; i < ATTN_DTYPE_COUNT; i++)
+    if (name && strcmp(name, dtype_names[i]) == 0) {
+      *pdt = (attn_dtype)i;
+      return 0;
+    }
+  return ATTN_EDTYPE;
+}
+
+size_t attn_dtype_size(attn_dtype dt) {
+  switch (dt) {
+  case ATTN_F32: return 4;
+  case ATTN_F16:
+  case ATTN_BF16: return 2;
+  default: return 0;
+  }
+}
+
+static uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+float attn_f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+  if (exp == 0x1f) /* inf or NaN */
+    return u2f(sign | 0x7f800000u | (man << 13));
+  if (exp == 0) { /* zero or subnormal: man * 2^-24 exactly */
+    float v = (float)man * 0x1p-24f;
+    return sign ? -v : v;
+  }
+  return u2f(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+uint16_t attn_f32_to_f16(float f) {
+  uint32_t u = f2u(f);
+  uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
+  uint32_t a = u & 0x7fffffffu;
+  if (a >= 0x7f800000u) /* inf stays inf, NaN stays a quiet NaN */
+    return sign | (a > 0x7f800000u ? 0x7e00 : 0x7c00);
+  if (a >= 0x477ff000u) /* rounds to 65520 or more: overflow */
+    return sign | 0x7c00;
+  if (a < 0x38800000u) { /* below 2^-14: subnormal half; let the FPU round */
+    float v = u2f(a) * 0x1p24f; /* exact scaling into [0, 1024) */
+    uint32_t m = (uint32_t)lrintf(v); /* ties to even in the default mode */
+    return sign | (uint16_t)m; /* m == 1024 becomes the smallest normal */
+  }
+  uint32_t r = a + 0xfffu + ((a >> 13) & 1); /* round mantissa to 10 bits */
+  return sign | (uint16_t)((r - 0x38000000u) >> 13);
+}
+
+float attn_bf16_to_f32(uint16_t b) { return u2f((uint32_t)b << 16); }
+
+uint16_t attn_f32_to_bf16(float f) {
+  uint32_t u = f2u(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: keep it a NaN */
+    return (uint16_t)((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1);
+  return (uint16_t)(u >> 16);
+}
+
+double attn_load_elem(const void *p, attn_dtype dt, size_t i) {
+  switch (dt) {
+  case ATTN_F32: return ((const float *)p)[i];
+  case ATTN_F16: return attn_f16_to_f32(((const uint16_t *)p)[i]);
+  case ATTN_BF16: return attn_bf16_to_f32(((const uint16_t *)p)[i]);
+  default: return NAN;
+  }
+}
+
+void attn_store_elem(void *p, attn_dtype dt, size_t i, float x) {
+  switch (dt) {
+  case ATTN_F32: ((float *)p)[i] = x; break;
+  case ATTN_F16: ((uint16_t *)p)[i] = attn_f32_to_f16(x); break;
+  case ATTN_BF16: ((uint16_t *)p)[i] = attn_f32_to_bf16(x); break;
+  default: break;
+  }
+}

@@ -1,0 +1,278 @@
+/*
+ * engine.h — the attention engine's public contract.
+ *
+ * This is the only engine header the rest of attnd (server, codecs, clients)
+ * includes. It describes one forward pass of scaled-dot-product attention as a
+ * plain struct (struct attn_request), validates it against the rules of
+ * DESIGN.md, and runs it asynchronously on a backend chosen by name or
+ * automatically:
+ *
+ *   attn_engine *e;  attn_status st;
+ *   attn_config cfg; attn_config_init(&cfg);
+ *   if (attn_engine_open(&cfg, &e, &st) < 0) fail(st.message);
+ *   attn_request r; attn_request_init(&r);  ...fill shapes and pointers...
+ *   attn_engine_submit(e, &r, on_done, arg, &st);   // or attn_engine_run()
+ *   attn_engine_close(e);
+ *
+ * Layout. A tensor is row-major [B, H, N, D] unless strides are given: element
+ * (b, h, n, d) of Q sits at q + b*q_stride[0] + h*q_stride[1] + n*q_stride[2]
+ * + d, in elements of the request's dtype (the innermost dimension is always
+ * contiguous). An all-zero stride array means the contiguous layout. The
+ * statistics m, l and lse are F32 arrays laid out [B, Hq, Nq] contiguously.
+ *
+ * Errors. Every function that can fail returns 0 or a negative ATTN_E* code
+ * and, when given an attn_status, fills it with the code and a message that
+ * names the offending field and value (e.g. "heads_q (6) is not a multiple of
+ * heads_kv (4)"). attn_strerror() and attn_err_name() describe a bare code.
+ *
+ * Threads. attn_engine_submit() and attn_engine_run() may be called from any
+ * thread, concurrently. All requests share one worker pool sized by
+ * attn_config.threads, so concurrent requests queue for cores instead of
+ * oversubscribing them.
+ */
+#ifndef ATTN_ENGINE_H
+#define ATTN_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ATTN_VERSION "0.1.0"
+
+/* Limits of the contract (DESIGN.md, "Attention semantics"). */
+#define ATTN_MAX_HEAD_DIM 256
+/* Dimensions above this are refused as too large before any arithmetic. */
+#define ATTN_MAX_DIM ((int64_t)1 << 40)
+
+/*
+ * The error list: one source for codes, names and default messages. The
+ * server maps each to an HTTP status in one table (server/), so a new code
+ * here must be added there too.
+ */
+#define ATTN_ERRNO_MAP(XX)                                                     \
+  XX(EINVAL, "invalid argument")                                               \
+  XX(ESHAPE, "invalid shape")                                                  \
+  XX(EHEADS, "heads_q is not a multiple of heads_kv")                          \
+  XX(EDTYPE, "unknown or mismatched dtype")                                    \
+  XX(ESCALE, "scale is not a finite number")                                   \
+  XX(EWINDOW, "invalid attention window")                                      \
+  XX(ENONFINITE, "input holds a non-finite value")                             \
+  XX(EOVERFLOW, "sizes overflow 64-bit arithmetic")                            \
+  XX(ERANGE, "attention scores overflow float32")                              \
+  XX(ETOOBIG, "problem too large for this backend")                            \
+  XX(ENOMEM, "out of memory")                                                  \
+  XX(EBACKEND, "unknown backend")                                              \
+  XX(EUNSUPPORTED, "request not supported by this backend")                    \
+  XX(ENODEV, "no device available for this backend")                          \
+  XX(EDEVICE, "device failure")                                                \
+  XX(ESHUTDOWN, "engine is shutting down")                                     \
+  XX(ECANCELED, "request canceled")
+
+typedef enum attn_errno {
+  ATTN_OK = 0,
+  ATTN__ERRNO_BASE = -1000,
+#define ATTN_ERRNO_DEF(name, msg) ATTN_##name,
+  ATTN_ERRNO_MAP(ATTN_ERRNO_DEF)
+#undef ATTN_ERRNO_DEF
+  ATTN__ERRNO_END
+} attn_errno;
+
+/* Default message for a code; never NULL. */
+const char *attn_strerror(int code);
+/* Symbolic name of a code ("EHEADS"); never NULL. */
+const char *attn_err_name(int code);
+
+#define ATTN_MSG_MAX 256
+
+/* A code and a message a user can act on. */
+typedef struct attn_status {
+  int code;
+  char message[ATTN_MSG_MAX];
+} attn_status;
+
+/* Sets st (when not NULL) from a printf format and returns code. */
+int attn_status_set(attn_status *st, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* ---- dtypes ----------------------------------------------------------- */
+
+typedef enum attn_dtype {
+  ATTN_F32 = 0,
+  ATTN_F16 = 1,
+  ATTN_BF16 = 2,
+  ATTN_DTYPE_COUNT
+} attn_dtype;
+
+/* safetensors name ("F32", "F16", "BF16"), or "?" for an unknown value. */
+const char *attn_dtype_name(attn_dtype dt);
+/* Parses a safetensors dtype name; returns 0 or ATTN_EDTYPE. */
+int attn_dtype_parse(const char *name, attn_dtype *pdt);
+/* Bytes of one element (4 or 2); 0 for an unknown dtype. */
+size_t attn_dtype_size(attn_dtype dt);
+
+/* Scalar conversions, round-to-nearest-even when narrowing. */
+float attn_f16_to_f32(uint16_t h);
+uint16_t attn_f32_to_f16(float f);
+float attn_bf16_to_f32(uint16_t b);
+uint16_t attn_f32_to_bf16(float f);
+/* Element i of a buffer of dtype dt, widened to double. */
+double attn_load_elem(const void *p, attn_dtype dt, size_t i);
+/* Stores x rounded to dtype dt as element i. */
+void attn_store_elem(void *p, attn_dtype dt, size_t i, float x);
+
+/* ---- the request ------------------------------------------------------ */
+
+/*
+ * One forward pass. Shapes: Q [B, Hq, Nq, D], K and V [B, Hkv, Nkv, D],
+ * O [B, Hq, Nq, D]; query head h reads KV head h / (Hq / Hkv).
+ *
+ * Masking is aligned to the bottom-right: with off = Nkv - Nq, key j is
+ * visible to query i when i + off - window_left <= j <= i + off + window_right;
+ * a window side of -1 is unbounded. causal = true means window_right = 0 (a
+ * window_right other than -1 or 0 together with causal is refused as
+ * contradictory). A row with no visible key yields O = 0, m = -inf, l = 0,
+ * lse = -inf.
+ *
+ * The request and every buffer it points to must stay valid until the
+ * completion callback has run.
+ */
+typedef struct attn_request {
+  int64_t batch, heads_q, heads_kv, seq_q, seq_kv, head_dim;
+  attn_dtype dtype;
+  double scale; /* NaN (set by attn_request_init) means 1/sqrt(head_dim) */
+  bool causal;
+  int64_t window_left, window_right; /* -1: unbounded */
+
+  const void *q, *k, *v; /* inputs, dtype elements */
+  void *o;               /* output, dtype elements */
+  /* Element strides of the batch, head and sequence dimensions; all zero
+   * means contiguous [B, H, N, D]. */
+  int64_t q_stride[3], k_stride[3], v_stride[3], o_stride[3];
+
+  /* Optional statistics, F32 [B, Hq, Nq]; NULL for those not wanted. */
+  float *m, *l, *lse;
+
+  /* "auto" (or NULL), "cpu", "cuda" or "reference". */
+  const char *backend;
+} attn_request;
+
+/* Zeroes r and sets the defaults: F32, scale NaN (default), windows -1. */
+void attn_request_init(attn_request *r);
+
+/*
+ * Checks every rule of DESIGN.md that can be checked without reading the
+ * tensors (values are checked when the job runs: ATTN_ENONFINITE). Returns 0
+ * or the first error found, with a message naming the field.
+ */
+int attn_request_validate(const attn_request *r, attn_status *st);
+
+/* Effective scale: r->scale, or 1/sqrt(head_dim) when it is NaN. */
+double attn_request_scale(const attn_request *r);
+
+/* Effective window; causal folded in. */
+void attn_request_window(const attn_request *r, int64_t *pleft, int64_t *pright);
+
+/* Number of (query, key) pairs that are visible, summed over batch and heads. */
+uint64_t attn_request_visible_pairs(const attn_request *r);
+
+/* Forward FLOPs actually needed: 4 * D * visible pairs (two matrix products). */
+double attn_request_flops(const attn_request *r);
+
+/* ---- the memory plan (seed exercise 1) --------------------------------- */
+
+typedef struct attn_plan_params {
+  int64_t batch, heads_q, heads_kv, seq_q, seq_kv, head_dim;
+  attn_dtype dtype;
+  int threads; /* worker threads the flash workspace is counted for; 0: cores */
+} attn_plan_params;
+
+/*
+ * Bytes of each buffer. Standard attention materializes S = scale·QKᵀ and
+ * P = softmax(S), both [B, Hq, Nq, Nkv] in the input dtype; the flash path
+ * keeps m and l ([B, Hq, Nq], F32) and a per-thread tile workspace instead.
+ */
+typedef struct attn_plan {
+  uint64_t q, k, v, o;
+  uint64_t s, p, s_plus_p;
+  uint64_t m, l, lse;
+  uint64_t workspace_per_thread, workspace;
+  int threads;
+  uint64_t standard_total; /* q + k + v + o + s + p */
+  uint64_t flash_total;    /* q + k + v + o + m + l + workspace */
+  double s_over_q;         /* S : Q, the seed's 1:N/D */
+  double standard_over_flash;
+} attn_plan;
+
+int attn_plan_compute(const attn_plan_params *pp, attn_plan *plan,
+                      attn_status *st);
+
+/* ---- the engine ------------------------------------------------------- */
+
+typedef struct attn_config {
+  int threads; /* CPU worker threads; 0: one per online core */
+  /* CPU kernel: NULL or "auto" (the best this CPU runs), "avx512", "avx2"
+   * or "generic"; naming one the CPU lacks makes the cpu backend
+   * unavailable. */
+  const char *cpu_isa;
+  /* Largest reference problem: S + P of one head, in bytes of float64. */
+  uint64_t reference_max_bytes;
+} attn_config;
+
+void attn_config_init(attn_config *cfg);
+
+typedef struct attn_engine attn_engine;
+
+int attn_engine_open(const attn_config *cfg, attn_engine **pe, attn_status *st);
+/* Waits for every submitted job to complete, then frees the engine. */
+void attn_engine_close(attn_engine *e);
+
+/* Worker threads of the CPU pool. */
+int attn_engine_threads(const attn_engine *e);
+
+/* What a completed job reports. */
+typedef struct attn_result {
+  attn_status status;   /* code 0 on success */
+  const char *backend;  /* name of the backend that ran it, or NULL */
+  double engine_seconds; /* wall time from the job's start to its end */
+  double flops;         /* attn_request_flops() of the request */
+} attn_result;
+
+/*
+ * Completion callback. It runs exactly once per accepted job, on an engine
+ * thread (a CPU worker, or a backend's completion thread), never inside
+ * attn_engine_submit(). It must not block for long: hand the result to your
+ * own loop (uv_async_send) and return. The result is valid only during the
+ * call.
+ */
+typedef void (*attn_done_fn)(const attn_result *res, void *arg);
+
+/*
+ * Validates r, picks a backend (r->backend, or the best one that supports r)
+ * and queues the job. On failure nothing is queued, the callback is not
+ * called, and the error is returned. On success the callback will run.
+ */
+int attn_engine_submit(attn_engine *e, const attn_request *r, attn_done_fn done,
+                       void *arg, attn_status *st);
+
+/* Submits and waits; res (optional) receives the result. */
+int attn_engine_run(attn_engine *e, const attn_request *r, attn_result *res,
+                    attn_status *st);
+
+/* Backends compiled in, in preference order, and whether each can run now. */
+typedef struct attn_backend_info {
+  const char *name;
+  bool available;
+  char detail[128]; /* e.g. "avx512, 2 threads" or "no CUDA device found" */
+} attn_backend_info;
+
+/* Fills up to cap entries; returns how many backends there are. */
+int attn_engine_backends(const attn_engine *e, attn_backend_info *out, int cap);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* ATTN_ENGINE_H */

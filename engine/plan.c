@@ -1,0 +1,69 @@
+/*
+ * plan.c — the memory plan of seed exercise 1, for any shape.
+ *
+ * Standard attention keeps S and P, each [B, Hq, Nq, Nkv] in the input
+ * dtype, alive at once: that is its O(N²) bottleneck. The flash path keeps
+ * only m and l ([B, Hq, Nq] F32) and one tile workspace per worker thread.
+ * Arithmetic is in unsigned 128 bits so no shape within the limits can
+ * wrap; results that do not fit 64 bits are refused.
+ */
+#include "backend.h"
+#include "cpu/flash.h"
+
+typedef unsigned __int128 u128;
+
+static int fit(attn_status *st, const char *what, u128 v, uint64_t *out) {
+  if (v > UINT64_MAX)
+    return attn_status_set(st, ATTN_EOVERFLOW, "%s does not fit in 64 bits", what);
+  *out = (uint64_t)v;
+  return 0;
+}
+
+int attn_plan_compute(const attn_plan_params *pp, attn_plan *plan, attn_status *st) {
+  attn_request r;
+  attn_request_init(&r);
+  r.batch = pp->batch;
+  r.heads_q = pp->heads_q;
+  r.heads_kv = pp->heads_kv ? pp->heads_kv : pp->heads_q;
+  r.seq_q = pp->seq_q;
+  r.seq_kv = pp->seq_kv;
+  r.head_dim = pp->head_dim;
+  r.dtype = pp->dtype;
+  /* The shape rules are the request's; give validation dummy tensors. */
+  static char dummy;
+  r.q = r.k = r.v = r.o = &dummy;
+  int rc = attn_request_validate(&r, st);
+  if (rc < 0)
+    return rc;
+  if (pp->threads < 0)
+    return attn_status_set(st, ATTN_EINVAL, "threads must be at least 0 (got %d)",
+                           pp->threads);
+  const u128 es = attn_dtype_size(r.dtype);
+  const u128 bq = (u128)r.batch * (u128)r.heads_q, bk = (u128)r.batch * (u128)r.heads_kv;
+  const u128 D = (u128)r.head_dim;
+  *plan = (attn_plan){0};
+  plan->threads = pp->threads;
+  if (plan->threads == 0)
+    plan->threads = attn__online_cores();
+  if ((rc = fit(st, "Q", bq * (u128)r.seq_q * D * es, &plan->q)) ||
+      (rc = fit(st, "K", bk * (u128)r.seq_kv * D * es, &plan->k)) ||
+      (rc = fit(st, "V", bk * (u128)r.seq_kv * D * es, &plan->v)) ||
+      (rc = fit(st, "O", bq * (u128)r.seq_q * D * es, &plan->o)) ||
+      (rc = fit(st, "S", bq * (u128)r.seq_q * (u128)r.seq_kv * es, &plan->s)) ||
+      (rc = fit(st, "S + P", 2 * bq * (u128)r.seq_q * (u128)r.seq_kv * es,
+                &plan->s_plus_p)) ||
+      (rc = fit(st, "m", bq * (u128)r.seq_q * 4, &plan->m)))
+    return rc;
+  plan->p = plan->s;
+  plan->l = plan->lse = plan->m;
+  plan->workspace_per_thread = ATTN_FLASH_WS_FLOATS * sizeof(float);
+  plan->workspace = plan->workspace_per_thread * (uint64_t)plan->threads;
+  u128 io = (u128)plan->q + plan->k + plan->v + plan->o;
+  if ((rc = fit(st, "the standard total", io + plan->s_plus_p, &plan->standard_total)) ||
+      (rc = fit(st, "the flash total", io + 2 * (u128)plan->m + plan->workspace,
+                &plan->flash_total)))
+    return rc;
+  plan->s_over_q = (double)plan->s / (double)plan->q;
+  plan->standard_over_flash = (double)plan->standard_total / (double)plan->flash_total;
+  return 0;
+}

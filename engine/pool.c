@@ -1,0 +1,123 @@
+/*
+ * pool.c — a fixed set of pthreads draining a FIFO of tasks item by item.
+ *
+ * Items are claimed under one mutex. Items are coarse (a query tile of a
+ * head: tens of microseconds at least), so the lock is not contended enough
+ * to matter and keeps the scheduling obvious.
+ */
+#include "pool.h"
+#include "engine.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct worker {
+  pthread_t tid;
+  attn_pool *pool;
+  void *workspace;
+} worker;
+
+struct attn_pool {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  attn_pool_task *head, *tail;
+  int stopping;
+  int nthreads;
+  worker *workers;
+};
+
+static void *worker_main(void *arg) {
+  worker *w = arg;
+  attn_pool *p = w->pool;
+  for (;;) {
+    pthread_mutex_lock(&p->mu);
+    while (!p->head && !p->stopping)
+      pthread_cond_wait(&p->cv, &p->mu);
+    attn_pool_task *t = p->head;
+    if (!t) { /* stopping and drained */
+      pthread_mutex_unlock(&p->mu);
+      return NULL;
+    }
+    int64_t item = t->next++;
+    if (t->next == t->nitems) { /* every item claimed: drop it from the queue */
+      p->head = t->qnext;
+      if (!p->head)
+        p->tail = NULL;
+    }
+    pthread_mutex_unlock(&p->mu);
+
+    t->run(t, item, w->workspace);
+    /* After the last increment another worker may already be in finish(),
+     * which can free t: touch t only if we were last. */
+    if (atomic_fetch_add(&t->done, 1) + 1 == t->nitems)
+      t->finish(t);
+  }
+}
+
+int attn_pool_open(int threads, size_t workspace_bytes, attn_pool **pp) {
+  attn_pool *p = calloc(1, sizeof *p);
+  if (!p)
+    return ATTN_ENOMEM;
+  if (threads < 1)
+    threads = 1;
+  p->workers = calloc((size_t)threads, sizeof *p->workers);
+  if (!p->workers) {
+    free(p);
+    return ATTN_ENOMEM;
+  }
+  pthread_mutex_init(&p->mu, NULL);
+  pthread_cond_init(&p->cv, NULL);
+  size_t ws = (workspace_bytes + 63) / 64 * 64;
+  for (int i = 0; i < threads; i++) {
+    worker *w = &p->workers[i];
+    w->pool = p;
+    w->workspace = ws ? aligned_alloc(64, ws) : NULL;
+    if ((ws && !w->workspace) || pthread_create(&w->tid, NULL, worker_main, w)) {
+      free(w->workspace);
+      p->nthreads = i;
+      attn_pool_close(p);
+      return ATTN_ENOMEM;
+    }
+  }
+  p->nthreads = threads;
+  *pp = p;
+  return 0;
+}
+
+void attn_pool_close(attn_pool *p) {
+  if (!p)
+    return;
+  pthread_mutex_lock(&p->mu);
+  p->stopping = 1;
+  pthread_cond_broadcast(&p->cv);
+  pthread_mutex_unlock(&p->mu);
+  for (int i = 0; i < p->nthreads; i++) {
+    pthread_join(p->workers[i].tid, NULL);
+    free(p->workers[i].workspace);
+  }
+  pthread_cond_destroy(&p->cv);
+  pthread_mutex_destroy(&p->mu);
+  free(p->workers);
+  free(p);
+}
+
+void attn_pool_submit(attn_pool *p, attn_pool_task *t) {
+  t->next = 0;
+  atomic_store(&t->done, 0);
+  t->qnext = NULL;
+  pthread_mutex_lock(&p->mu);
+  if (p->tail)
+    p->tail->qnext = t;
+  else
+    p->head = t;
+  p->tail = t;
+  /* One item per worker is the most that can start now. */
+  if (t->nitems == 1)
+    pthread_cond_signal(&p->cv);
+  else
+    pthread_cond_broadcast(&p->cv);
+  pthread_mutex_unlock(&p->mu);
+}
+
+int attn_pool_threads(const attn_pool *p) { return p->nthreads; }

@@ -1,0 +1,43 @@
+/*
+ * pool.h — the one worker pool of an engine.
+ *
+ * Every CPU-side backend (cpu, reference) splits a job into independent
+ * items and submits it as a task. Workers take items from the oldest task
+ * first, so concurrent requests share the cores instead of oversubscribing
+ * them, and a long request does not starve the ones queued behind it of more
+ * than its own items. Each worker owns a scratch area (its workspace) whose
+ * size is fixed when the pool opens: per-thread memory never grows with the
+ * problem.
+ *
+ * finish() runs once per submission, on the worker that completed the last
+ * item; it may free the task or submit it again (the next phase of a job).
+ */
+#ifndef ATTN_POOL_H
+#define ATTN_POOL_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct attn_pool attn_pool;
+typedef struct attn_pool_task attn_pool_task;
+
+struct attn_pool_task {
+  int64_t nitems; /* >= 1 */
+  void (*run)(attn_pool_task *t, int64_t item, void *workspace);
+  void (*finish)(attn_pool_task *t);
+  /* private to the pool */
+  int64_t next;
+  atomic_int_fast64_t done;
+  attn_pool_task *qnext;
+};
+
+/* threads >= 1; workspace_bytes per worker, 64-byte aligned. Returns 0 or
+ * ATTN_ENOMEM. */
+int attn_pool_open(int threads, size_t workspace_bytes, attn_pool **pp);
+/* Lets the workers finish every queued task, then joins them. */
+void attn_pool_close(attn_pool *p);
+void attn_pool_submit(attn_pool *p, attn_pool_task *t);
+int attn_pool_threads(const attn_pool *p);
+
+#endif

@@ -1,0 +1,250 @@
+/*
+ * reference.c — float64 standard attention, and the "reference" backend.
+ *
+ * The backend refuses problems whose S and P would not fit its budget
+ * (attn_config.reference_max_bytes per head) or that would take minutes: it
+ * exists to check answers, not to serve traffic.
+ */
+#include "reference.h"
+
+#include "backend.h"
+#include "softmax.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A budget of multiply-adds: about ten seconds of plain double loops. */
+#define REFERENCE_MAX_MACS ((uint64_t)1 << 34)
+
+/* One head of a tensor widened to float64 rows of D; rejects non-finite
+ * values with the element's coordinates. */
+static int load_head(const attn_request *r, const char *name, const void *base,
+                     const int64_t s[3], int64_t b, int64_t h, int64_t n,
+                     double *dst, attn_status *st) {
+  const int64_t D = r->head_dim;
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t d = 0; d < D; d++) {
+      size_t off = (size_t)(b * s[0] + h * s[1] + i * s[2] + d);
+      double x = attn_load_elem(base, r->dtype, off);
+      if (!isfinite(x))
+        return attn_status_set(st, ATTN_ENONFINITE,
+                               "tensor %s holds a non-finite value (%g) at "
+                               "[%lld, %lld, %lld, %lld]; inputs must be finite",
+                               name, x, (long long)b, (long long)h, (long long)i,
+                               (long long)d);
+      dst[i * D + d] = x;
+    }
+  return 0;
+}
+
+int attn_reference_head(const attn_request *r, int64_t b, int64_t h, double *S,
+                        double *P, double *o, double *m, double *l, double *lse,
+                        attn_status *st) {
+  const int64_t nq = r->seq_q, nk = r->seq_kv, D = r->head_dim;
+  const int64_t hk = h / (r->heads_q / r->heads_kv);
+  const double scale = attn_request_scale(r);
+  int64_t wl, wr;
+  attn_request_window(r, &wl, &wr);
+  const int64_t off = nk - nq;
+  double *q = malloc((size_t)((nq + 2 * nk) * D) * sizeof *q);
+  if (!q)
+    return attn_status_set(st, ATTN_ENOMEM, "out of memory in the reference");
+  double *k = q + nq * D, *v = k + nk * D;
+  int rc;
+  if ((rc = load_head(r, "q", r->q, r->q_stride, b, h, nq, q, st)) ||
+      (rc = load_head(r, "k", r->k, r->k_stride, b, hk, nk, k, st)) ||
+      (rc = load_head(r, "v", r->v, r->v_stride, b, hk, nk, v, st))) {
+    free(q);
+    return rc;
+  }
+  for (int64_t i = 0; i < nq; i++)
+    for (int64_t j = 0; j < nk; j++) {
+      bool visible = (wl < 0 || j >= i + off - wl) && (wr < 0 || j <= i + off + wr);
+      double s = -INFINITY;
+      if (visible) {
+        s = 0;
+        for (int64_t d = 0; d < D; d++)
+          s += q[i * D + d] * k[j * D + d];
+        s *= scale;
+      }
+      S[i * nk + j] = s;
+    }
+  for (int64_t i = 0; i < nq; i++) {
+    double mi, li;
+    attn_softmax_safe(&S[i * nk], (size_t)nk, &P[i * nk], &mi, &li);
+    if (m) m[i] = mi;
+    if (l) l[i] = li;
+    if (lse) lse[i] = li > 0 ? mi + log(li) : -INFINITY;
+    for (int64_t d = 0; d < D; d++)
+      o[i * D + d] = 0;
+    for (int64_t j = 0; j < nk; j++) {
+      double pij = P[i * nk + j];
+      if (pij != 0)
+        for (int64_t d = 0; d < D; d++)
+          o[i * D + d] += pij * v[j * D + d];
+    }
+  }
+  free(q);
+  return 0;
+}
+
+static int alloc_sp(const attn_request *r, double **S, double **P, attn_status *st) {
+  size_t n = (size_t)r->seq_q * (size_t)r->seq_kv;
+  *S = malloc(n * sizeof **S);
+  *P = malloc(n * sizeof **P);
+  if (!*S || !*P) {
+    free(*S);
+    free(*P);
+    return attn_status_set(st, ATTN_ENOMEM,
+                           "out of memory for the reference's S and P (%zu bytes)",
+                           2 * n * sizeof(double));
+  }
+  return 0;
+}
+
+int attn_reference(const attn_request *r0, double *o, double *m, double *l,
+                   double *lse, attn_status *st) {
+  int rc = attn_request_validate(r0, st);
+  if (rc < 0)
+    return rc;
+  attn_request r = *r0;
+  attn__request_fill_strides(&r);
+  double *S, *P;
+  if ((rc = alloc_sp(&r, &S, &P, st)) < 0)
+    return rc;
+  const int64_t nq = r.seq_q, D = r.head_dim;
+  for (int64_t b = 0; b < r.batch && rc == 0; b++)
+    for (int64_t h = 0; h < r.heads_q && rc == 0; h++) {
+      size_t row = (size_t)((b * r.heads_q + h) * nq);
+      rc = attn_reference_head(&r, b, h, S, P, o + row * (size_t)D,
+                               m ? m + row : NULL, l ? l + row : NULL,
+                               lse ? lse + row : NULL, st);
+    }
+  free(S);
+  free(P);
+  return rc;
+}
+
+/* ---- the backend: one pool item per (batch, head) ----------------------- */
+
+typedef struct ref_job {
+  attn_pool_task task;
+  attn_job *job;
+  atomic_int failed;
+  attn_status err; /* written by the first item that fails */
+} ref_job;
+
+typedef struct ref_state {
+  attn_pool *pool;
+  uint64_t max_bytes;
+} ref_state;
+
+static void ref_run(attn_pool_task *t, int64_t item, void *ws) {
+  (void)ws;
+  ref_job *rj = (ref_job *)t;
+  const attn_request *r = &rj->job->req;
+  if (atomic_load(&rj->failed))
+    return;
+  int64_t b = item / r->heads_q, h = item % r->heads_q;
+  const int64_t nq = r->seq_q, D = r->head_dim;
+  attn_status st = {0};
+  double *S = NULL, *P = NULL;
+  double *o = malloc((size_t)(nq * D + 3 * nq) * sizeof *o);
+  int rc = o ? alloc_sp(r, &S, &P, &st)
+             : attn_status_set(&st, ATTN_ENOMEM, "out of memory in the reference");
+  double *m = NULL, *l = NULL, *lse = NULL;
+  if (o) {
+    m = o + nq * D;
+    l = m + nq;
+    lse = l + nq;
+  }
+  if (rc == 0)
+    rc = attn_reference_head(r, b, h, S, P, o, m, l, lse, &st);
+  if (rc == 0) {
+    size_t row = (size_t)((b * r->heads_q + h) * nq);
+    for (int64_t i = 0; i < nq; i++) {
+      size_t base = (size_t)(b * r->o_stride[0] + h * r->o_stride[1] + i * r->o_stride[2]);
+      for (int64_t d = 0; d < D; d++)
+        attn_store_elem(r->o, r->dtype, base + (size_t)d, (float)o[i * D + d]);
+      if (r->m) r->m[row + i] = (float)m[i];
+      if (r->l) r->l[row + i] = (float)l[i];
+      if (r->lse) r->lse[row + i] = (float)lse[i];
+    }
+  } else if (atomic_exchange(&rj->failed, 1) == 0) {
+    rj->err = st;
+  }
+  free(S);
+  free(P);
+  free(o);
+}
+
+static void ref_finish(attn_pool_task *t) {
+  ref_job *rj = (ref_job *)t;
+  attn__job_complete(rj->job, atomic_load(&rj->failed) ? &rj->err : NULL);
+  free(rj);
+}
+
+static int ref_open(const attn_backend_env *env, void **pstate, attn_status *st) {
+  ref_state *s = calloc(1, sizeof *s);
+  if (!s)
+    return attn_status_set(st, ATTN_ENOMEM, "out of memory");
+  s->pool = env->pool;
+  s->max_bytes = env->cfg->reference_max_bytes;
+  *pstate = s;
+  return 0;
+}
+
+static void ref_close(void *state) { free(state); }
+
+static int ref_supports(void *state, const attn_request *r, attn_status *st) {
+  ref_state *s = state;
+  double bytes = 2.0 * 8.0 * (double)r->seq_q * (double)r->seq_kv;
+  if (bytes > (double)s->max_bytes)
+    return attn_status_set(st, ATTN_ETOOBIG,
+                           "the reference backend materializes S and P in float64: "
+                           "%.0f bytes per head for seq_q=%lld, seq_kv=%lld is over "
+                           "its limit of %llu; use backend cpu",
+                           bytes, (long long)r->seq_q, (long long)r->seq_kv,
+                           (unsigned long long)s->max_bytes);
+  double macs = 2.0 * (double)r->batch * (double)r->heads_q * (double)r->seq_q *
+                (double)r->seq_kv * (double)r->head_dim;
+  if (macs > (double)REFERENCE_MAX_MACS)
+    return attn_status_set(st, ATTN_ETOOBIG,
+                           "the reference backend is for small problems: %.3g "
+                           "multiply-adds is over its limit of %.3g; use backend cpu",
+                           macs, (double)REFERENCE_MAX_MACS);
+  return 0;
+}
+
+static int ref_submit(void *state, attn_job *job, attn_status *st) {
+  ref_state *s = state;
+  ref_job *rj = calloc(1, sizeof *rj);
+  if (!rj)
+    return attn_status_set(st, ATTN_ENOMEM, "out of memory queueing a job");
+  rj->job = job;
+  rj->task.nitems = job->req.batch * job->req.heads_q;
+  rj->task.run = ref_run;
+  rj->task.finish = ref_finish;
+  attn_pool_submit(s->pool, &rj->task);
+  return 0;
+}
+
+static void ref_describe(void *state, char *buf, size_t cap) {
+  ref_state *s = state;
+  snprintf(buf, cap, "float64 standard attention, S+P up to %llu bytes per head",
+           (unsigned long long)s->max_bytes);
+}
+
+const struct attn_backend_ops attn__reference_backend = {
+    /* .name            = */ "reference",
+    /* .workspace_bytes = */ NULL,
+    /* .open            = */ ref_open,
+    /* .close           = */ ref_close,
+    /* .supports        = */ ref_supports,
+    /* .submit          = */ ref_submit,
+    /* .describe        = */ ref_describe,
+    /* .automatic       = */ false,
+};

@@ -1,0 +1,209 @@
+/*
+ * request.c — the rules of DESIGN.md for one request, checked once.
+ *
+ * Backends may assume a request that passed attn_request_validate(): every
+ * dimension in range, every size product free of overflow, strides filled
+ * in. Messages name the field and the value so the server can pass them to
+ * the user verbatim.
+ */
+#include "backend.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#define ATTN_ERRNO_NAME(name, msg) #name,
+#define ATTN_ERRNO_MSG(name, msg) msg,
+static const char *const err_names[] = {ATTN_ERRNO_MAP(ATTN_ERRNO_NAME)};
+static const char *const err_msgs[] = {ATTN_ERRNO_MAP(ATTN_ERRNO_MSG)};
+
+static int err_index(int code) {
+  int i = code - ATTN__ERRNO_BASE - 1;
+  return i >= 0 && i < (int)(sizeof err_names / sizeof *err_names) ? i : -1;
+}
+
+const char *attn_strerror(int code) {
+  if (code == 0)
+    return "success";
+  int i = err_index(code);
+  return i < 0 ? "unknown error" : err_msgs[i];
+}
+
+const char *attn_err_name(int code) {
+  if (code == 0)
+    return "OK";
+  int i = err_index(code);
+  return i < 0 ? "EUNKNOWN" : err_names[i];
+}
+
+int attn_status_set(attn_status *st, int code, const char *fmt, ...) {
+  if (st) {
+    st->code = code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(st->message, sizeof st->message, fmt, ap);
+    va_end(ap);
+  }
+  return code;
+}
+
+void attn_request_init(attn_request *r) {
+  memset(r, 0, sizeof *r);
+  r->dtype = ATTN_F32;
+  r->scale = NAN;
+  r->window_left = -1;
+  r->window_right = -1;
+}
+
+double attn_request_scale(const attn_request *r) {
+  return isnan(r->scale) ? 1.0 / sqrt((double)r->head_dim) : r->scale;
+}
+
+void attn_request_window(const attn_request *r, int64_t *pleft, int64_t *pright) {
+  *pleft = r->window_left;
+  *pright = r->causal ? 0 : r->window_right;
+}
+
+static int check_dim(attn_status *st, const char *name, int64_t v) {
+  if (v < 1)
+    return attn_status_set(st, ATTN_ESHAPE, "%s must be at least 1 (got %lld)",
+                           name, (long long)v);
+  if (v > ATTN_MAX_DIM)
+    return attn_status_set(st, ATTN_ESHAPE, "%s = %lld is larger than %lld",
+                           name, (long long)v, (long long)ATTN_MAX_DIM);
+  return 0;
+}
+
+/* Bytes spanned by a [B, H, N, D] tensor with strides s; -1 on overflow. */
+static int64_t span_bytes(int64_t b, int64_t h, int64_t n, int64_t d,
+                          const int64_t s[3], size_t esize) {
+  int64_t last = d - 1, t;
+  const int64_t dims[3] = {b, h, n};
+  for (int i = 0; i < 3; i++) {
+    if (__builtin_mul_overflow(dims[i] - 1, s[i], &t) ||
+        __builtin_add_overflow(last, t, &last))
+      return -1;
+  }
+  if (__builtin_add_overflow(last, 1, &last) ||
+      __builtin_mul_overflow(last, (int64_t)esize, &t))
+    return -1;
+  return t;
+}
+
+static int check_tensor(attn_status *st, const char *name, const void *p,
+                        int64_t b, int64_t h, int64_t n, int64_t d,
+                        const int64_t s[3], size_t esize) {
+  if (!p)
+    return attn_status_set(st, ATTN_EINVAL, "tensor %s has no data (NULL)", name);
+  bool zero = s[0] == 0 && s[1] == 0 && s[2] == 0;
+  if (!zero && (s[0] < 0 || s[1] < 0 || s[2] < d))
+    return attn_status_set(st, ATTN_EINVAL,
+                           "tensor %s: strides [%lld, %lld, %lld] are invalid "
+                           "(negative, or a row stride under head_dim %lld)",
+                           name, (long long)s[0], (long long)s[1],
+                           (long long)s[2], (long long)d);
+  int64_t cs[3] = {0, 0, d};
+  bool ovf = __builtin_mul_overflow(n, d, &cs[1]) ||
+             __builtin_mul_overflow(h, cs[1], &cs[0]);
+  if (ovf || span_bytes(b, h, n, d, zero ? cs : s, esize) < 0)
+    return attn_status_set(st, ATTN_EOVERFLOW,
+                           "tensor %s: [%lld, %lld, %lld, %lld] overflows "
+                           "64-bit byte sizes",
+                           name, (long long)b, (long long)h, (long long)n,
+                           (long long)d);
+  return 0;
+}
+
+int attn_request_validate(const attn_request *r, attn_status *st) {
+  int rc;
+  if (!r)
+    return attn_status_set(st, ATTN_EINVAL, "no request");
+  if ((rc = check_dim(st, "batch", r->batch)) ||
+      (rc = check_dim(st, "heads_q", r->heads_q)) ||
+      (rc = check_dim(st, "heads_kv", r->heads_kv)) ||
+      (rc = check_dim(st, "seq_q", r->seq_q)) ||
+      (rc = check_dim(st, "seq_kv", r->seq_kv)))
+    return rc;
+  if (r->head_dim < 1 || r->head_dim > ATTN_MAX_HEAD_DIM)
+    return attn_status_set(st, ATTN_ESHAPE,
+                           "head_dim must be between 1 and %d (got %lld)",
+                           ATTN_MAX_HEAD_DIM, (long long)r->head_dim);
+  if (r->heads_q % r->heads_kv)
+    return attn_status_set(st, ATTN_EHEADS,
+                           "heads_q (%lld) is not a multiple of heads_kv (%lld)",
+                           (long long)r->heads_q, (long long)r->heads_kv);
+  size_t es = attn_dtype_size(r->dtype);
+  if (!es)
+    return attn_status_set(st, ATTN_EDTYPE, "unknown dtype %d (use F32, F16 or BF16)",
+                           (int)r->dtype);
+  if (isinf(r->scale))
+    return attn_status_set(st, ATTN_ESCALE, "scale must be a finite number (got %g)",
+                           r->scale);
+  if (r->window_left < -1 || r->window_right < -1)
+    return attn_status_set(st, ATTN_EWINDOW,
+                           "window_left and window_right must be -1 (unbounded) "
+                           "or at least 0 (got %lld, %lld)",
+                           (long long)r->window_left, (long long)r->window_right);
+  if (r->causal && r->window_right > 0)
+    return attn_status_set(st, ATTN_EWINDOW,
+                           "causal=true means window_right=0; window_right=%lld "
+                           "contradicts it",
+                           (long long)r->window_right);
+  int64_t t;
+  if (__builtin_mul_overflow(r->seq_q, r->seq_kv, &t) ||
+      __builtin_mul_overflow(t, r->batch, &t) ||
+      __builtin_mul_overflow(t, r->heads_q, &t))
+    return attn_status_set(st, ATTN_EOVERFLOW,
+                           "batch x heads_q x seq_q x seq_kv overflows 64 bits");
+  int64_t b = r->batch, hq = r->heads_q, hk = r->heads_kv, d = r->head_dim;
+  if ((rc = check_tensor(st, "q", r->q, b, hq, r->seq_q, d, r->q_stride, es)) ||
+      (rc = check_tensor(st, "k", r->k, b, hk, r->seq_kv, d, r->k_stride, es)) ||
+      (rc = check_tensor(st, "v", r->v, b, hk, r->seq_kv, d, r->v_stride, es)) ||
+      (rc = check_tensor(st, "o", r->o, b, hq, r->seq_q, d, r->o_stride, es)))
+    return rc;
+  return 0;
+}
+
+static void fill(int64_t s[3], int64_t h, int64_t n, int64_t d) {
+  if (s[0] == 0 && s[1] == 0 && s[2] == 0) {
+    s[2] = d;
+    s[1] = n * d;
+    s[0] = h * n * d;
+  }
+}
+
+void attn__request_fill_strides(attn_request *r) {
+  int64_t d = r->head_dim;
+  fill(r->q_stride, r->heads_q, r->seq_q, d);
+  fill(r->k_stride, r->heads_kv, r->seq_kv, d);
+  fill(r->v_stride, r->heads_kv, r->seq_kv, d);
+  fill(r->o_stride, r->heads_q, r->seq_q, d);
+}
+
+/* Keys visible to query row i: [lo, hi], empty when lo > hi. */
+static void row_range(const attn_request *r, int64_t i, int64_t *lo, int64_t *hi) {
+  int64_t wl, wr, off = r->seq_kv - r->seq_q;
+  attn_request_window(r, &wl, &wr);
+  *lo = wl < 0 ? 0 : i + off - wl;
+  *hi = wr < 0 ? r->seq_kv - 1 : i + off + wr;
+  if (*lo < 0)
+    *lo = 0;
+  if (*hi > r->seq_kv - 1)
+    *hi = r->seq_kv - 1;
+}
+
+uint64_t attn_request_visible_pairs(const attn_request *r) {
+  uint64_t per_head = 0;
+  for (int64_t i = 0; i < r->seq_q; i++) {
+    int64_t lo, hi;
+    row_range(r, i, &lo, &hi);
+    if (hi >= lo)
+      per_head += (uint64_t)(hi - lo + 1);
+  }
+  return per_head * (uint64_t)r->batch * (uint64_t)r->heads_q;
+}
+
+double attn_request_flops(const attn_request *r) {
+  return 4.0 * (double)r->head_dim * (double)attn_request_visible_pairs(r);
+}

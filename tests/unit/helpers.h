@@ -1,0 +1,58 @@
+/*
+ * helpers.h — shared by the unit tests: random attention problems, the
+ * float64 reference, and the normalized error the thresholds apply to.
+ */
+#ifndef ATTN_TEST_HELPERS_H
+#define ATTN_TEST_HELPERS_H
+
+#include "engine.h"
+
+typedef struct tprob {
+  int64_t b, hq, hkv, nq, nkv, d;
+  attn_dtype dt;
+  bool causal;
+  int64_t wl, wr; /* -1 unbounded */
+  double scale;   /* NaN: default */
+  bool stats;
+  bool strided;   /* lay tensors out [B, N, H, D] (as FlashAttention's API does) */
+} tprob;
+
+/* A problem with inputs filled, outputs poisoned (NaN) and allocated. */
+typedef struct tcase {
+  tprob p;
+  attn_request req;
+  void *q, *k, *v, *o;
+  float *m, *l, *lse;
+} tcase;
+
+tprob tprob_make(int64_t b, int64_t hq, int64_t hkv, int64_t nq, int64_t nkv,
+                 int64_t d, attn_dtype dt);
+void tcase_init(tcase *c, const tprob *p, uint64_t seed);
+void tcase_poison(tcase *c);
+void tcase_free(tcase *c);
+
+/* Engine with `threads` workers and CPU kernel `isa` (NULL: best). */
+attn_engine *topen(int threads, const char *isa);
+
+/* Runs c on backend; returns the engine's code. */
+int trun(attn_engine *e, tcase *c, const char *backend, attn_status *st);
+
+/* Errors of c's outputs against the float64 reference of the same inputs. */
+typedef struct terr {
+  double o;     /* ||O - ref||_2 / ||ref||_2 (absolute when ref is 0) */
+  double stats; /* max over rows of |m - ref|, |lse - ref| and |l/ref_l - 1|,
+                   each relative to max(1, |ref|) */
+  bool masked_ok; /* rows with no visible key: O == 0, m = lse = -inf, l = 0 */
+} terr;
+terr tcheck(const tcase *c);
+
+/* Threshold on terr.o for a dtype (F32 1e-5; F16 1e-3; BF16 8e-3). */
+double ttol(attn_dtype dt);
+
+/* Human description of a problem, for failure messages. */
+const char *tdesc(const tprob *p, char *buf, size_t cap);
+
+uint64_t trand(uint64_t *s);
+double tuniform(uint64_t *s); /* [-1, 1) */
+
+#endif

@@ -1,0 +1,219 @@
+/*
+ * test_conformance.c — the CPU flash engine against float64 standard
+ * attention on awkward sizes, every mask, GQA/MQA, cross attention, all
+ * dtypes and both layouts; once per CPU kernel this machine can run (an
+ * unsupported kernel reports itself skipped, never passed).
+ */
+#include "helpers.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static const char *const isas[] = {"generic", "avx2", "avx512"};
+
+static attn_engine *open_isa(const char *isa) {
+  attn_config cfg;
+  attn_config_init(&cfg);
+  cfg.threads = 2;
+  cfg.cpu_isa = isa;
+  attn_engine *e;
+  attn_status st;
+  cr_assert_eq(attn_engine_open(&cfg, &e, &st), 0);
+  attn_backend_info info[4];
+  attn_engine_backends(e, info, 4);
+  if (!info[0].available) {
+    attn_engine_close(e);
+    cr_skip_test("CPU kernel %s not supported here: %s", isa, info[0].detail);
+  }
+  return e;
+}
+
+/* Runs every problem on the cpu backend and checks it; returns failures. */
+static int check_all(attn_engine *e, const tprob *ps, int n, uint64_t seed) {
+  int fails = 0;
+  for (int i = 0; i < n; i++) {
+    tcase c;
+    char desc[200];
+    tcase_init(&c, &ps[i], seed + (uint64_t)i);
+    attn_status st = {0};
+    int rc = trun(e, &c, "cpu", &st);
+    cr_expect_eq(rc, 0, "%s: engine failed: %s", tdesc(&ps[i], desc, sizeof desc), st.message);
+    if (rc == 0) {
+      terr err = tcheck(&c);
+      bool ok = err.o <= ttol(ps[i].dt) && err.masked_ok &&
+                (!ps[i].stats || err.stats <= 1e-5);
+      cr_expect(ok, "%s: O error %.3g (tol %.0e), stats error %.3g, masked rows %s",
+                tdesc(&ps[i], desc, sizeof desc), err.o, ttol(ps[i].dt), err.stats,
+                err.masked_ok ? "ok" : "WRONG");
+      fails += !ok;
+    } else {
+      fails++;
+    }
+    tcase_free(&c);
+  }
+  return fails;
+}
+
+/* Every (N, D) of the awkward set: F32, GQA 2:1, with statistics. */
+static int sizes(tprob *ps) {
+  static const int64_t ns[] = {1, 7, 63, 64, 65, 113, 257, 1000};
+  static const int64_t ds[] = {1, 37, 64, 80, 128, 256};
+  int n = 0;
+  for (size_t i = 0; i < sizeof ns / sizeof *ns; i++)
+    for (size_t j = 0; j < sizeof ds / sizeof *ds; j++) {
+      ps[n] = tprob_make(1, 2, 1, ns[i], ns[i], ds[j], ATTN_F32);
+      ps[n].stats = true;
+      n++;
+    }
+  return n;
+}
+
+/* Masks on square and cross shapes, both ways, in all dtypes. */
+static int masks(tprob *ps) {
+  static const int64_t nn[][2] = {{1, 1},   {7, 63},    {65, 64},  {113, 257},
+                                  {257, 113}, {64, 1000}, {1000, 64}, {1, 1000}};
+  static const int64_t win[][3] = {/* causal, left, right */
+                                   {1, -1, -1}, {0, 16, 0}, {0, 3, 5}, {0, 0, 0},
+                                   {0, -1, 7},  {0, 100, -1}, {1, 40, -1}};
+  int n = 0;
+  for (size_t i = 0; i < sizeof nn / sizeof *nn; i++)
+    for (size_t w = 0; w < sizeof win / sizeof *win; w++) {
+      attn_dtype dt = (attn_dtype)((i + w) % 3);
+      int64_t d = (i + w) % 2 ? 64 : 37;
+      tprob p = tprob_make(1, 2, 2, nn[i][0], nn[i][1], d, dt);
+      p.causal = win[w][0];
+      p.wl = win[w][1];
+      p.wr = win[w][2];
+      p.stats = true;
+      ps[n++] = p;
+    }
+  return n;
+}
+
+/* Batches, GQA and MQA, strided layouts, explicit scales, F16/BF16 sizes. */
+static int shapes(tprob *ps) {
+  int n = 0;
+  tprob p;
+  p = tprob_make(3, 8, 2, 65, 65, 64, ATTN_F32); ps[n++] = p;           /* GQA 4:1 */
+  p = tprob_make(2, 4, 1, 113, 113, 128, ATTN_F32); p.causal = 1; ps[n++] = p; /* MQA */
+  p = tprob_make(2, 6, 3, 63, 257, 80, ATTN_BF16); p.stats = 1; ps[n++] = p;
+  p = tprob_make(1, 4, 2, 257, 63, 128, ATTN_F16); p.causal = 1; p.stats = 1; ps[n++] = p;
+  p = tprob_make(2, 4, 2, 100, 130, 64, ATTN_F32); p.strided = 1; p.causal = 1; ps[n++] = p;
+  p = tprob_make(1, 2, 1, 77, 77, 37, ATTN_F16); p.strided = 1; p.stats = 1; ps[n++] = p;
+  p = tprob_make(1, 1, 1, 64, 64, 64, ATTN_F32); p.scale = 0.5; p.stats = 1; ps[n++] = p;
+  p = tprob_make(1, 1, 1, 65, 65, 64, ATTN_F32); p.scale = -0.3; ps[n++] = p;
+  p = tprob_make(1, 1, 1, 33, 33, 16, ATTN_F32); p.scale = 0; p.stats = 1; ps[n++] = p;
+  static const int64_t ds[] = {1, 37, 64, 80, 128, 256};
+  for (int i = 0; i < 6; i++) {
+    p = tprob_make(1, 2, 1, 65 + 48 * i, 65 + 48 * i, ds[i], i % 2 ? ATTN_F16 : ATTN_BF16);
+    p.causal = i % 3 == 0;
+    p.stats = 1;
+    ps[n++] = p;
+  }
+  return n;
+}
+
+static void run_group(int isa, int (*gen)(tprob *), uint64_t seed) {
+  attn_engine *e = open_isa(isas[isa]);
+  tprob ps[128];
+  int n = gen(ps);
+  int fails = check_all(e, ps, n, seed);
+  attn_engine_close(e);
+  cr_assert_eq(fails, 0, "%d of %d problems out of tolerance on %s", fails, n, isas[isa]);
+}
+
+#define GROUP_TESTS(isa_idx, isa_name)                                         \
+  Test(conformance_##isa_name, sizes, .timeout = 300) { run_group(isa_idx, sizes, 100); } \
+  Test(conformance_##isa_name, masks, .timeout = 300) { run_group(isa_idx, masks, 200); } \
+  Test(conformance_##isa_name, shapes, .timeout = 300) { run_group(isa_idx, shapes, 300); }
+
+GROUP_TESTS(0, generic)
+GROUP_TESTS(1, avx2)
+GROUP_TESTS(2, avx512)
+
+/* Rows with no visible key (causal with Nq > Nkv, a zero-width window that
+ * falls off the keys) give O = 0, m = lse = -inf, l = 0 and never NaN. */
+Test(conformance, fully_masked_rows) {
+  attn_engine *e = topen(2, NULL);
+  tprob p[3];
+  p[0] = tprob_make(1, 2, 1, 100, 30, 64, ATTN_F32);
+  p[0].causal = true; /* rows 0..69 see nothing */
+  p[1] = tprob_make(1, 1, 1, 40, 40, 37, ATTN_BF16);
+  p[1].wl = 0;
+  p[1].wr = 0; /* the diagonal only: nothing masked fully, one key each */
+  p[2] = tprob_make(1, 1, 1, 70, 5, 16, ATTN_F16);
+  p[2].causal = true;
+  p[2].wl = 2;
+  for (int i = 0; i < 3; i++)
+    p[i].stats = true;
+  cr_assert_eq(check_all(e, p, 3, 7), 0);
+  /* and look at one masked row directly */
+  tcase c;
+  tcase_init(&c, &p[0], 1);
+  attn_status st;
+  cr_assert_eq(trun(e, &c, "cpu", &st), 0);
+  for (int d = 0; d < 64; d++)
+    cr_assert_eq(((float *)c.o)[5 * 64 + d], 0.0f);
+  cr_assert(isinf(c.m[5]) && c.m[5] < 0);
+  cr_assert(isinf(c.lse[5]) && c.lse[5] < 0);
+  cr_assert_eq(c.l[5], 0.0f);
+  cr_assert(isfinite(c.m[99]) && c.l[99] > 0);
+  tcase_free(&c);
+  attn_engine_close(e);
+}
+
+/* The same problem on 1 and on 2 threads: the same bits. */
+Test(conformance, bit_identical_across_threads, .timeout = 120) {
+  for (int isa = 0; isa < 3; isa++) {
+    attn_config cfg;
+    attn_config_init(&cfg);
+    cfg.cpu_isa = isas[isa];
+    attn_engine *e1, *e2;
+    attn_status st;
+    cfg.threads = 1;
+    cr_assert_eq(attn_engine_open(&cfg, &e1, &st), 0);
+    cfg.threads = 2;
+    cr_assert_eq(attn_engine_open(&cfg, &e2, &st), 0);
+    tprob p = tprob_make(2, 4, 2, 300, 333, 64, ATTN_F32);
+    p.causal = true;
+    p.stats = true;
+    tcase a, b;
+    tcase_init(&a, &p, 11);
+    tcase_init(&b, &p, 11);
+    int r1 = trun(e1, &a, "cpu", &st), r2 = trun(e2, &b, "cpu", &st);
+    if (r1 == 0 && r2 == 0) {
+      size_t n = (size_t)(2 * 4 * 300 * 64) * 4, rows = 2 * 4 * 300 * 4;
+      cr_expect_eq(memcmp(a.o, b.o, n), 0, "%s: O differs between 1 and 2 threads", isas[isa]);
+      cr_expect_eq(memcmp(a.m, b.m, rows), 0);
+      cr_expect_eq(memcmp(a.l, b.l, rows), 0);
+      cr_expect_eq(memcmp(a.lse, b.lse, rows), 0);
+    } else {
+      cr_expect_eq(r1, r2, "%s: different verdicts on 1 and 2 threads", isas[isa]);
+    }
+    tcase_free(&a);
+    tcase_free(&b);
+    attn_engine_close(e1);
+    attn_engine_close(e2);
+  }
+}
+
+/* The reference backend, as users select it, agrees with the float64 one it
+ * wraps (rounded to F32). */
+Test(conformance, reference_backend) {
+  attn_engine *e = topen(2, NULL);
+  tprob p = tprob_make(2, 2, 1, 50, 70, 24, ATTN_F32);
+  p.causal = true;
+  p.stats = true;
+  tcase c;
+  tcase_init(&c, &p, 5);
+  attn_status st;
+  cr_assert_eq(trun(e, &c, "reference", &st), 0, "%s", st.message);
+  terr err = tcheck(&c);
+  cr_expect_lt(err.o, 1e-7);
+  cr_expect_lt(err.stats, 1e-7);
+  cr_expect(err.masked_ok);
+  tcase_free(&c);
+  attn_engine_close(e);
+}

@@ -124,8 +124,13 @@ $(TEST_BIN): $(TEST_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ -lcriterion $(LDLIBS_ALL)
 
+# The baseline's softmax is vectorized (AVX2, glibc's libmvec) as numpy's is.
+$(BUILD)/obj/tests/bench/cpu_vs_blas.o: tests/bench/cpu_vs_blas.c $(BUILD)/.flags
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) -Iclients $(ALL_CFLAGS) -O3 -fopenmp-simd -mavx2 -mfma -c $< -o $@
+
 $(BUILD)/bench-cpu: $(BENCH_OBJ) $(LIB)
-	$(CC) $(ALL_CFLAGS) -o $@ $^ -lopenblas $(LDLIBS_ALL)
+	$(CC) $(ALL_CFLAGS) -o $@ $^ -lopenblas -lmvec $(LDLIBS_ALL)
 
 # Installs with apt-get what dpkg does not list as installed.
 define install_missing

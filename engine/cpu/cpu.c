@@ -178,7 +178,7 @@ static int cpu_submit(void *state, attn_job *job, attn_status *st) {
   return 0;
 }
 
-static const attn__flash_isa *isa_for(const char *want, attn_status *st) {
+const attn__flash_isa *attn__flash_select(const char *want, attn_status *st) {
   const attn__flash_isa *best = &attn__flash_generic;
   const attn__flash_isa *all[3] = {NULL, NULL, &attn__flash_generic};
 #if defined(__x86_64__)
@@ -218,7 +218,7 @@ static size_t cpu_workspace_bytes(const attn_config *cfg) {
 }
 
 static int cpu_open(const attn_backend_env *env, void **pstate, attn_status *st) {
-  const attn__flash_isa *isa = isa_for(env->cfg->cpu_isa, st);
+  const attn__flash_isa *isa = attn__flash_select(env->cfg->cpu_isa, st);
   if (!isa)
     return st ? st->code : ATTN_EUNSUPPORTED;
   cpu_state *s = calloc(1, sizeof *s);

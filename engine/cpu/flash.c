@@ -347,8 +347,21 @@ static int64_t scan(const void *p, attn_dtype dt, int64_t n, int64_t d,
   return -1;
 }
 
+static void exp2_array(const float *x, float *y, int64_t n) {
+  int64_t i = 0;
+  for (; i + VL <= n; i += VL)
+    vstore(y + i, vexp2(vload(x + i)));
+  for (; i < n; i++) { /* through a padded vector, so the tail is the same code */
+    float t[VL] = {0};
+    t[0] = x[i];
+    vstore(t, vexp2(vload(t)));
+    y[i] = t[0];
+  }
+}
+
 const attn__flash_isa CAT(attn__flash_, SUFFIX) = {
     /* .name = */ ISA_NAME,
     /* .rows = */ rows,
     /* .scan = */ scan,
+    /* .exp2 = */ exp2_array,
 };

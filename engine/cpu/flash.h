@@ -35,7 +35,13 @@ typedef struct attn__flash_isa {
    * or -1 when all are finite. */
   int64_t (*scan)(const void *p, attn_dtype dt, int64_t n, int64_t d,
                   int64_t stride, float *pmax);
+  /* y = 2^x with the kernel's vector exp2, for the tests of its error. */
+  void (*exp2)(const float *x, float *y, int64_t n);
 } attn__flash_isa;
+
+/* The kernel for want (NULL or "auto": the best this CPU runs; "avx512",
+ * "avx2", "generic"), or NULL with a message when the CPU lacks it. */
+const attn__flash_isa *attn__flash_select(const char *want, attn_status *st);
 
 extern const attn__flash_isa attn__flash_avx512;
 extern const attn__flash_isa attn__flash_avx2;

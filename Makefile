@@ -155,7 +155,7 @@ bench-deps:
 
 test: deps
 	$(MAKE) --no-print-directory $(BUILD)/attn $(TEST_BIN)
-	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 $(TEST_BIN) --jobs 1 --timeout 600
+	ATTN_BIN=$(BUILD)/attn $(TEST_BIN) --jobs 1
 
 bench: deps bench-deps
 	$(MAKE) --no-print-directory $(BUILD)/bench-cpu $(BUILD)/attn

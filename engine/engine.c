@@ -152,6 +152,14 @@ static int pick_backend(attn_engine *e, const attn_request *r,
     *ps = s;
     return 0;
   }
+  /* Names of the contract that this build lacks. */
+  static const char *const absent[] = {"cuda"};
+  for (size_t i = 0; i < sizeof absent / sizeof *absent; i++)
+    if (strcmp(name, absent[i]) == 0)
+      return attn_status_set(st, ATTN_ENODEV,
+                             "backend \"%s\" is not available: this build has no %s "
+                             "support",
+                             name, name);
   char names[128] = "auto";
   for (int i = 0; i < NBACKENDS; i++) {
     strncat(names, ", ", sizeof names - strlen(names) - 1);

@@ -183,10 +183,12 @@ const attn__flash_isa *attn__flash_select(const char *want, attn_status *st) {
   const attn__flash_isa *all[3] = {NULL, NULL, &attn__flash_generic};
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("f16c"))
     all[1] = &attn__flash_avx2;
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl"))
+  if (all[1] && __builtin_cpu_supports("avx512f") &&
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq"))
     all[0] = &attn__flash_avx512;
 #endif
   for (int i = 0; i < 3; i++)

@@ -11,6 +11,7 @@
 # "80 89 90"). Objects record the flags they were built with (build/.flags),
 # so switching SAN or WERROR rebuilds what it must and nothing else.
 
+SHELL := /bin/bash
 MAKEFLAGS += --no-builtin-rules
 .SUFFIXES:
 
@@ -155,7 +156,11 @@ bench-deps:
 
 test: deps
 	$(MAKE) --no-print-directory $(BUILD)/attn $(TEST_BIN)
-	ATTN_BIN=$(BUILD)/attn $(TEST_BIN) --jobs 1
+	@set -o pipefail; ATTN_BIN=$(BUILD)/attn $(TEST_BIN) --jobs 1 2>&1 | tee $(BUILD)/test.log
+	@# Criterion has reported a test before LeakSanitizer runs at its exit:
+	@# a sanitizer report anywhere in the log fails the run.
+	@if grep -q 'Sanitizer' $(BUILD)/test.log; then \
+	  echo "make test: sanitizer errors above (see $(BUILD)/test.log)" >&2; exit 1; fi
 
 bench: deps bench-deps
 	$(MAKE) --no-print-directory $(BUILD)/bench-cpu $(BUILD)/attn

@@ -3,9 +3,9 @@
  *
  * Every CPU-side backend (cpu, reference) splits a job into independent
  * items and submits it as a task. Workers take items from the oldest task
- * first, so concurrent requests share the cores instead of oversubscribing
- * them, and a long request does not starve the ones queued behind it of more
- * than its own items. Each worker owns a scratch area (its workspace) whose
+ * first (FIFO), so concurrent requests share one set of threads sized to the
+ * cores instead of oversubscribing them; a task's last items overlap with the
+ * first items of the next one. Each worker owns a scratch area (its workspace) whose
  * size is fixed when the pool opens: per-thread memory never grows with the
  * problem.
  *

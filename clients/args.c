@@ -34,3 +34,23 @@ int attn_arg_dtype(const char *flag, const char *s, attn_dtype *out) {
   }
   return 0;
 }
+
+int attn_arg_shape(int c, const char *arg, attn_shape_args *s) {
+  const int64_t big = ATTN_MAX_DIM;
+  int rc;
+  switch (c) {
+  case 'b': rc = attn_arg_i64("--batch", arg, 1, big, &s->batch); break;
+  case 'h': rc = attn_arg_i64("--heads", arg, 1, big, &s->heads); break;
+  case 'H': rc = attn_arg_i64("--heads-kv", arg, 1, big, &s->heads_kv); break;
+  case 'n':
+    rc = attn_arg_i64("--seq", arg, 1, big, &s->seq_q);
+    s->seq_kv = s->seq_q;
+    break;
+  case 'q': rc = attn_arg_i64("--seq-q", arg, 1, big, &s->seq_q); break;
+  case 'k': rc = attn_arg_i64("--seq-kv", arg, 1, big, &s->seq_kv); break;
+  case 'd': rc = attn_arg_i64("--head-dim", arg, 1, ATTN_MAX_HEAD_DIM, &s->head_dim); break;
+  case 't': rc = attn_arg_dtype("--dtype", arg, &s->dtype); break;
+  default: return 0;
+  }
+  return rc < 0 ? -1 : 1;
+}

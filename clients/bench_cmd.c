@@ -10,7 +10,6 @@
 #include "benchlib.h"
 #include "cmds.h"
 
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -24,26 +23,17 @@ static const char usage[] =
     "H=8 N=4096 D=128 and H=1 N=16384 D=64, causal and not, on 1 thread and on\n"
     "every core. Defaults: batch 1, F32, repeat 3.\n";
 
-typedef struct shape {
-  int64_t batch, heads, heads_kv, seq_q, seq_kv, dim;
-  attn_dtype dt;
-  bool causal;
-} shape;
-
-static int run_one(const shape *s, int threads, const char *isa, int reps) {
-  attn_config cfg;
-  attn_config_init(&cfg);
-  cfg.threads = threads;
-  cfg.cpu_isa = isa;
-  attn_engine *e;
+static int run_one(const attn_shape_args *s, bool causal, int threads, const char *isa,
+                   int reps) {
   attn_status st;
-  if (attn_engine_open(&cfg, &e, &st) < 0) {
+  attn_engine *e = attn_bench_open(threads, isa, &st);
+  if (!e) {
     fprintf(stderr, "attn bench: %s\n", st.message);
     return 1;
   }
   attn_bench_case c;
   int rc = attn_bench_case_init(&c, s->batch, s->heads, s->heads_kv ? s->heads_kv : s->heads,
-                                s->seq_q, s->seq_kv, s->dim, s->dt, s->causal, 42);
+                                s->seq_q, s->seq_kv, s->head_dim, s->dtype, causal, 42);
   if (rc < 0) {
     fprintf(stderr, "attn bench: out of memory for the inputs\n");
     attn_engine_close(e);
@@ -58,8 +48,8 @@ static int run_one(const shape *s, int threads, const char *isa, int reps) {
     attn_engine_backends(e, info, 4);
     printf("%5lld %4lld %6lld %6lld %4lld %5s %-6s %7d %10.2f %9.1f   %s\n",
            (long long)s->batch, (long long)s->heads, (long long)s->seq_q,
-           (long long)s->seq_kv, (long long)s->dim, attn_dtype_name(s->dt),
-           s->causal ? "yes" : "no", attn_engine_threads(e), t * 1e3,
+           (long long)s->seq_kv, (long long)s->head_dim, attn_dtype_name(s->dtype),
+           causal ? "yes" : "no", attn_engine_threads(e), t * 1e3,
            attn_request_flops(&c.req) / t * 1e-9, info[0].detail);
     fflush(stdout);
   }
@@ -70,35 +60,25 @@ static int run_one(const shape *s, int threads, const char *isa, int reps) {
 
 int attn_cmd_bench(int argc, char **argv) {
   static const struct option opts[] = {
-      {"batch", required_argument, 0, 'b'},    {"heads", required_argument, 0, 'h'},
-      {"heads-kv", required_argument, 0, 'H'}, {"seq", required_argument, 0, 'n'},
-      {"seq-q", required_argument, 0, 'q'},    {"seq-kv", required_argument, 0, 'k'},
-      {"head-dim", required_argument, 0, 'd'}, {"dtype", required_argument, 0, 't'},
+      ATTN_SHAPE_OPTIONS,
       {"causal", no_argument, 0, 'c'},         {"threads", required_argument, 0, 'T'},
       {"repeat", required_argument, 0, 'r'},   {"isa", required_argument, 0, 'i'},
       {"help", no_argument, 0, 'x'},           {0, 0, 0, 0}};
-  shape s = {.batch = 1, .heads = 8, .seq_q = 4096, .seq_kv = 4096, .dim = 64,
-             .dt = ATTN_F32};
+  attn_shape_args s = {.batch = 1, .heads = 8, .seq_q = 4096, .seq_kv = 4096,
+                       .head_dim = 64, .dtype = ATTN_F32};
   int threads = -1, reps = 3, c, bad = 0;
-  bool custom = false;
+  bool custom = false, causal = false;
   const char *isa = NULL;
-  const int64_t big = ATTN_MAX_DIM;
   optind = 1;
   while (!bad && (c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
     custom |= c != 'T' && c != 'r' && c != 'i';
+    int r = attn_arg_shape(c, optarg, &s);
+    if (r) {
+      bad = r < 0;
+      continue;
+    }
     switch (c) {
-    case 'b': bad = attn_arg_i64("--batch", optarg, 1, big, &s.batch); break;
-    case 'h': bad = attn_arg_i64("--heads", optarg, 1, big, &s.heads); break;
-    case 'H': bad = attn_arg_i64("--heads-kv", optarg, 1, big, &s.heads_kv); break;
-    case 'n':
-      bad = attn_arg_i64("--seq", optarg, 1, big, &s.seq_q);
-      s.seq_kv = s.seq_q;
-      break;
-    case 'q': bad = attn_arg_i64("--seq-q", optarg, 1, big, &s.seq_q); break;
-    case 'k': bad = attn_arg_i64("--seq-kv", optarg, 1, big, &s.seq_kv); break;
-    case 'd': bad = attn_arg_i64("--head-dim", optarg, 1, ATTN_MAX_HEAD_DIM, &s.dim); break;
-    case 't': bad = attn_arg_dtype("--dtype", optarg, &s.dt); break;
-    case 'c': s.causal = true; break;
+    case 'c': causal = true; break;
     case 'T': bad = attn_arg_int("--threads", optarg, 0, 1024, &threads); break;
     case 'r': bad = attn_arg_int("--repeat", optarg, 1, 64, &reps); break;
     case 'i': isa = optarg; break;
@@ -115,20 +95,19 @@ int attn_cmd_bench(int argc, char **argv) {
   printf("%5s %4s %6s %6s %4s %5s %-6s %7s %10s %9s   %s\n", "batch", "H", "Nq", "Nkv",
          "D", "dtype", "causal", "threads", "ms", "GFLOP/s", "kernel");
   if (custom)
-    return run_one(&s, threads < 0 ? 0 : threads, isa, reps);
+    return run_one(&s, causal, threads < 0 ? 0 : threads, isa, reps);
   static const int64_t set[][3] = {{8, 1024, 64}, {8, 4096, 64}, {8, 4096, 128}, {1, 16384, 64}};
   int rc = 0;
   for (size_t i = 0; i < sizeof set / sizeof *set; i++)
-    for (int causal = 0; causal < 2; causal++)
+    for (int cz = 0; cz < 2; cz++)
       for (int tpass = 0; tpass < 2; tpass++) {
         if (threads >= 0 && tpass == 1)
           break;
-        shape x = s;
+        attn_shape_args x = s;
         x.heads = set[i][0];
         x.seq_q = x.seq_kv = set[i][1];
-        x.dim = set[i][2];
-        x.causal = causal;
-        rc |= run_one(&x, threads >= 0 ? threads : tpass == 0 ? 1 : 0, isa, reps);
+        x.head_dim = set[i][2];
+        rc |= run_one(&x, cz, threads >= 0 ? threads : tpass == 0 ? 1 : 0, isa, reps);
       }
   return rc;
 }

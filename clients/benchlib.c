@@ -49,6 +49,15 @@ void attn_bench_case_free(attn_bench_case *c) {
   c->mem = NULL;
 }
 
+attn_engine *attn_bench_open(int threads, const char *isa, attn_status *st) {
+  attn_config cfg;
+  attn_config_init(&cfg);
+  cfg.threads = threads;
+  cfg.cpu_isa = isa;
+  attn_engine *e;
+  return attn_engine_open(&cfg, &e, st) < 0 ? NULL : e;
+}
+
 double attn_bench_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

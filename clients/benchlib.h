@@ -19,6 +19,10 @@ int attn_bench_case_init(attn_bench_case *c, int64_t batch, int64_t heads,
                          int64_t head_dim, attn_dtype dt, bool causal, uint64_t seed);
 void attn_bench_case_free(attn_bench_case *c);
 
+/* An engine with `threads` workers (0: cores) and CPU kernel isa (NULL:
+ * best), or NULL with st filled. */
+attn_engine *attn_bench_open(int threads, const char *isa, attn_status *st);
+
 /* Monotonic seconds. */
 double attn_bench_now(void);
 

@@ -5,7 +5,6 @@
 #include "args.h"
 #include "cmds.h"
 
-#include <getopt.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -90,32 +89,23 @@ static void print_json(const attn_plan_params *p, const attn_plan *pl) {
 
 int attn_cmd_plan(int argc, char **argv) {
   static const struct option opts[] = {
-      {"batch", required_argument, 0, 'b'},   {"heads", required_argument, 0, 'h'},
-      {"heads-kv", required_argument, 0, 'H'}, {"seq", required_argument, 0, 'n'},
-      {"seq-q", required_argument, 0, 'q'},   {"seq-kv", required_argument, 0, 'k'},
-      {"head-dim", required_argument, 0, 'd'}, {"dtype", required_argument, 0, 't'},
+      ATTN_SHAPE_OPTIONS,
       {"threads", required_argument, 0, 'T'}, {"json", no_argument, 0, 'j'},
       {"help", no_argument, 0, 'x'},          {0, 0, 0, 0}};
-  attn_plan_params p = {.batch = 1, .heads_q = 1, .seq_q = 4096, .seq_kv = 4096,
+  attn_shape_args sh = {.batch = 1, .heads = 1, .seq_q = 4096, .seq_kv = 4096,
                         .head_dim = 64, .dtype = ATTN_F32};
+  int threads = 0;
   bool json = false;
   int c, bad = 0;
-  const int64_t big = ATTN_MAX_DIM;
   optind = 1;
   while (!bad && (c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    int r = attn_arg_shape(c, optarg, &sh);
+    if (r) {
+      bad = r < 0;
+      continue;
+    }
     switch (c) {
-    case 'b': bad = attn_arg_i64("--batch", optarg, 1, big, &p.batch); break;
-    case 'h': bad = attn_arg_i64("--heads", optarg, 1, big, &p.heads_q); break;
-    case 'H': bad = attn_arg_i64("--heads-kv", optarg, 1, big, &p.heads_kv); break;
-    case 'n':
-      bad = attn_arg_i64("--seq", optarg, 1, big, &p.seq_q);
-      p.seq_kv = p.seq_q;
-      break;
-    case 'q': bad = attn_arg_i64("--seq-q", optarg, 1, big, &p.seq_q); break;
-    case 'k': bad = attn_arg_i64("--seq-kv", optarg, 1, big, &p.seq_kv); break;
-    case 'd': bad = attn_arg_i64("--head-dim", optarg, 1, ATTN_MAX_HEAD_DIM, &p.head_dim); break;
-    case 't': bad = attn_arg_dtype("--dtype", optarg, &p.dtype); break;
-    case 'T': bad = attn_arg_int("--threads", optarg, 0, 1024, &p.threads); break;
+    case 'T': bad = attn_arg_int("--threads", optarg, 0, 1024, &threads); break;
     case 'j': json = true; break;
     case 'x': fputs(usage, stdout); return 0;
     default: fputs(usage, stderr); return 2;
@@ -127,6 +117,9 @@ int attn_cmd_plan(int argc, char **argv) {
     fprintf(stderr, "attn plan: unexpected argument \"%s\"\n%s", argv[optind], usage);
     return 2;
   }
+  attn_plan_params p = {.batch = sh.batch, .heads_q = sh.heads, .heads_kv = sh.heads_kv,
+                        .seq_q = sh.seq_q, .seq_kv = sh.seq_kv, .head_dim = sh.head_dim,
+                        .dtype = sh.dtype, .threads = threads};
   attn_plan pl;
   attn_status st;
   if (attn_plan_compute(&p, &pl, &st) < 0) {

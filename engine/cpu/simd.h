@@ -47,19 +47,13 @@ static inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
 static inline vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
 static inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
 static inline vf vabs(vf a) { return _mm512_abs_ps(a); }
-static inline vf vexp2(vf x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-200.0f));
-  vf n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  vf f = _mm512_sub_ps(x, n);
-  vf p = vset1(EXP2_C6);
-  p = vfma(p, f, vset1(EXP2_C5));
-  p = vfma(p, f, vset1(EXP2_C4));
-  p = vfma(p, f, vset1(EXP2_C3));
-  p = vfma(p, f, vset1(EXP2_C2));
-  p = vfma(p, f, vset1(EXP2_C1));
-  p = vfma(p, f, vset1(1.0f));
-  return _mm512_scalef_ps(p, n); /* p·2^n, underflowing to 0 */
+/* vexp2's pieces: clamp into the range vldexp handles, round to nearest,
+ * p·2^n (scalef underflows to 0 by itself). */
+static inline vf vexp2_clamp(vf x) { return _mm512_max_ps(x, _mm512_set1_ps(-200.0f)); }
+static inline vf vround(vf x) {
+  return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
+static inline vf vldexp(vf p, vf n) { return _mm512_scalef_ps(p, n); }
 /* VL elements of dtype dt at p, widened to F32. */
 static inline vf vload_cvt(const void *p, attn_dtype dt) {
   switch (dt) {
@@ -107,20 +101,15 @@ static inline vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }
 static inline vf vabs(vf a) {
   return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a);
 }
-static inline vf vexp2(vf x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-127.0f));
-  x = _mm256_min_ps(x, _mm256_set1_ps(128.0f));
-  vf n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  vf f = _mm256_sub_ps(x, n);
-  vf p = vset1(EXP2_C6);
-  p = vfma(p, f, vset1(EXP2_C5));
-  p = vfma(p, f, vset1(EXP2_C4));
-  p = vfma(p, f, vset1(EXP2_C3));
-  p = vfma(p, f, vset1(EXP2_C2));
-  p = vfma(p, f, vset1(EXP2_C1));
-  p = vfma(p, f, vset1(1.0f));
-  /* 2^n through the exponent field: n = -127 gives the bit pattern of 0,
-   * n = 128 that of +inf. */
+static inline vf vexp2_clamp(vf x) {
+  return _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(128.0f));
+}
+static inline vf vround(vf x) {
+  return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+/* 2^n through the exponent field: n = -127 gives the bit pattern of 0,
+ * n = 128 that of +inf. */
+static inline vf vldexp(vf p, vf n) {
   __m256i e = _mm256_slli_epi32(
       _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
@@ -171,21 +160,9 @@ static inline vf vadd(vf a, vf b) { return a + b; }
 static inline vf vsub(vf a, vf b) { return a - b; }
 static inline vf vmax(vf a, vf b) { return a > b ? a : b; }
 static inline vf vabs(vf a) { return fabsf(a); }
-static inline vf vexp2(vf x) {
-  if (x < -127.0f)
-    return 0.0f;
-  if (x > 128.0f)
-    x = 128.0f;
-  float n = rintf(x), f = x - n;
-  float p = EXP2_C6;
-  p = p * f + EXP2_C5;
-  p = p * f + EXP2_C4;
-  p = p * f + EXP2_C3;
-  p = p * f + EXP2_C2;
-  p = p * f + EXP2_C1;
-  p = p * f + 1.0f;
-  return ldexpf(p, (int)n);
-}
+static inline vf vexp2_clamp(vf x) { return x < -150.0f ? -150.0f : x > 128.0f ? 128.0f : x; }
+static inline vf vround(vf x) { return rintf(x); }
+static inline vf vldexp(vf p, vf n) { return ldexpf(p, (int)n); }
 static inline vf vload_cvt(const void *p, attn_dtype dt) {
   return (float)attn_load_elem(p, dt, 0);
 }
@@ -193,6 +170,21 @@ static inline void vstore_cvt(void *p, vf x, attn_dtype dt) {
   attn_store_elem(p, dt, 0, x);
 }
 #endif
+
+/* 2^x: x = n + f, 2^f by Horner's rule on the polynomial, times 2^n. */
+static inline vf vexp2(vf x) {
+  x = vexp2_clamp(x);
+  vf n = vround(x);
+  vf f = vsub(x, n);
+  vf p = vset1(EXP2_C6);
+  p = vfma(p, f, vset1(EXP2_C5));
+  p = vfma(p, f, vset1(EXP2_C4));
+  p = vfma(p, f, vset1(EXP2_C3));
+  p = vfma(p, f, vset1(EXP2_C2));
+  p = vfma(p, f, vset1(EXP2_C1));
+  p = vfma(p, f, vset1(1.0f));
+  return vldexp(p, n);
+}
 
 /* Largest element of a vector (only off the hot path). */
 static inline float vhmax(vf x) {

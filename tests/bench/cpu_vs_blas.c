@@ -152,12 +152,9 @@ int main(int argc, char **argv) {
           fprintf(stderr, "bench: out of memory\n");
           return 1;
         }
-        attn_config cfg;
-        attn_config_init(&cfg);
-        cfg.threads = threads;
-        attn_engine *e;
         attn_status st;
-        if (attn_engine_open(&cfg, &e, &st) < 0) {
+        attn_engine *e = attn_bench_open(threads, NULL, &st);
+        if (!e) {
           fprintf(stderr, "bench: %s\n", st.message);
           return 1;
         }

@@ -22,8 +22,9 @@ WERROR   ?= 0
 CUDA     ?= auto
 CUDA_ARCHS ?= 80 89 90
 
-# Packages the build and tests need; the benchmark adds OpenBLAS.
-DEPS       = gcc make libc6-dev libcriterion-dev
+# Packages the build and tests need (the fuzzers need clang and its
+# runtime); the benchmark adds OpenBLAS.
+DEPS       = gcc make libc6-dev libcriterion-dev libcjson-dev clang libclang-rt-dev
 BENCH_DEPS = libopenblas-dev
 
 WARN  = -Wall -Wextra -Wshadow -Wformat=2 -Wstrict-prototypes \
@@ -38,9 +39,9 @@ ifeq ($(SAN),1)
 SANFLAGS = -fsanitize=address,undefined -fno-sanitize-recover=undefined \
            -fno-omit-frame-pointer
 endif
-CPPFLAGS += -Iengine -MMD -MP
+CPPFLAGS += -Iengine -Iproto -MMD -MP
 ALL_CFLAGS = $(STD) $(OPT) $(DEBUG) $(WARN) $(SANFLAGS) $(CFLAGS)
-LDLIBS_ALL = $(SANFLAGS) -pthread -lm $(LDLIBS)
+LDLIBS_ALL = $(SANFLAGS) -lcjson -pthread -lm $(LDLIBS)
 
 # ---- CUDA detection (the backend itself lives in engine/cuda/) ----------
 NVCC := $(shell command -v nvcc 2>/dev/null)
@@ -60,6 +61,10 @@ endif
 ENGINE_SRC = engine/engine.c engine/request.c engine/dtype.c engine/pool.c \
              engine/plan.c engine/softmax.c engine/reference.c engine/cpu/cpu.c
 ENGINE_OBJ = $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
+
+# ---- the wire formats (proto/) ---------------------------------------------
+PROTO_SRC = $(wildcard proto/*.c)
+PROTO_OBJ = $(PROTO_SRC:%.c=$(BUILD)/obj/%.o)
 
 ARCH := $(shell uname -m)
 ISA_OBJ = $(BUILD)/obj/engine/cpu/flash_generic.o
@@ -93,7 +98,15 @@ TEST_BIN = $(BUILD)/tests/unit
 
 BENCH_OBJ = $(BUILD)/obj/tests/bench/cpu_vs_blas.o $(BUILD)/obj/clients/benchlib.o
 
-.PHONY: all deps bench-deps test bench clean FORCE
+# ---- fuzzing (libFuzzer, clang) ---------------------------------------------
+FUZZ_TARGETS = $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_SECONDS ?= 20
+FUZZ_CC      ?= clang
+FUZZ_FLAGS    = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+                -Iengine -Iproto
+FUZZ_LIB_SRC  = engine/dtype.c engine/request.c $(PROTO_SRC)
+
+.PHONY: all deps bench-deps test bench fuzz clean FORCE
 all: $(BUILD)/attn
 
 $(BUILD)/.flags: FORCE
@@ -114,7 +127,7 @@ $(BUILD)/obj/%.o: %.cu $(BUILD)/.flags
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
-$(LIB): $(ENGINE_OBJ) $(ISA_OBJ) $(CU_OBJ)
+$(LIB): $(ENGINE_OBJ) $(PROTO_OBJ) $(ISA_OBJ) $(CU_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
@@ -132,6 +145,23 @@ $(BUILD)/obj/tests/bench/cpu_vs_blas.o: tests/bench/cpu_vs_blas.c $(BUILD)/.flag
 
 $(BUILD)/bench-cpu: $(BENCH_OBJ) $(LIB)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ -lopenblas -lmvec $(LDLIBS_ALL)
+
+$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_SRC) $(wildcard proto/*.h engine/*.h)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $< $(FUZZ_LIB_SRC) -lcjson -lm -pthread
+
+# Each target runs FUZZ_SECONDS from its seed corpus (tests/fuzz/NAME/);
+# new inputs it finds go to build/fuzz/corpus-NAME, crashes to build/fuzz/.
+fuzz: deps
+	$(MAKE) --no-print-directory $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz_%)
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p $(BUILD)/fuzz/corpus-$$t; \
+	  echo "fuzz: $$t for $(FUZZ_SECONDS) s"; \
+	  $(BUILD)/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	    -artifact_prefix=$(BUILD)/fuzz/$$t- $(BUILD)/fuzz/corpus-$$t tests/fuzz/$$t \
+	    > $(BUILD)/fuzz/$$t.log 2>&1 || { tail -40 $(BUILD)/fuzz/$$t.log; exit 1; }; \
+	  grep -E 'stat::number_of_executed_units|stat::new_units_added' $(BUILD)/fuzz/$$t.log; \
+	done
 
 # Installs with apt-get what dpkg does not list as installed.
 define install_missing
@@ -161,6 +191,7 @@ test: deps
 	@# a sanitizer report anywhere in the log fails the run.
 	@if grep -q 'Sanitizer' $(BUILD)/test.log; then \
 	  echo "make test: sanitizer errors above (see $(BUILD)/test.log)" >&2; exit 1; fi
+	$(MAKE) --no-print-directory fuzz
 
 bench: deps bench-deps
 	$(MAKE) --no-print-directory $(BUILD)/bench-cpu $(BUILD)/attn

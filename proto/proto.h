@@ -1,0 +1,192 @@
+/*
+ * proto.h — the wire formats: request bytes to an engine request, results to
+ * reply bytes. The server and the clients share these codecs, so nothing
+ * about formats lives anywhere else. proto/README.md is the prose spec.
+ *
+ * Decoding (either codec) fills an attn_proto_req: the engine request with
+ * its shapes, dtype, options and tensor pointers (into the body where the
+ * body's bytes can be used in place, else into buffers the request owns),
+ * plus the output buffers. Then:
+ *
+ *   attn_proto_req pr;  attn_status st;
+ *   attn_options q;  attn_options_init(&q);
+ *   attn_options_parse_query(&q, "causal=true", &st);   // URL options
+ *   if (attn_proto_decode_safetensors(body, len, &q, &pr, &st) < 0) reply(st);
+ *   attn_engine_run(engine, &pr.req, NULL, &st);
+ *   attn_proto_encode_safetensors(&pr, &out, &outlen, &st);
+ *   attn_proto_req_free(&pr);
+ *
+ * The body must outlive pr (tensors may point into it).
+ *
+ * Errors are negative ATTN_PROTO_E* codes (a range apart from the engine's
+ * ATTN_E* codes) with a message naming the field, tensor or byte offset.
+ * Each code has a fixed HTTP status and a stable string for the JSON error
+ * body; attn_proto_http_status() and attn_proto_code_name() also map the
+ * engine's codes, so this file holds the whole error table of DESIGN.md.
+ */
+#ifndef ATTN_PROTO_H
+#define ATTN_PROTO_H
+
+#include "engine.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* name, HTTP status, code string of the JSON error body, default message */
+#define ATTN_PROTO_ERRNO_MAP(XX)                                                         \
+  XX(EJSON, 400, "malformed_json", "the body is not valid JSON")                         \
+  XX(ESAFETENSORS, 400, "malformed_safetensors", "the body is not a valid safetensors file") \
+  XX(EEMPTY, 400, "empty_body", "the request has no body")                              \
+  XX(ETOOLARGE, 413, "too_large", "the body or a tensor is over a limit")               \
+  XX(EMEDIATYPE, 415, "unsupported_media_type", "unknown content type")                 \
+  XX(EMISSING, 422, "missing_tensor", "a tensor q, k or v is missing")                  \
+  XX(EUNKNOWNTENSOR, 422, "unknown_tensor", "a tensor other than q, k, v")              \
+  XX(ETENSOR, 422, "invalid_tensor", "a tensor's shape, dtype or data is invalid")      \
+  XX(ESHAPE, 422, "shape_mismatch", "tensor shapes do not fit together")                \
+  XX(EDTYPE, 422, "dtype_mismatch", "tensors have different dtypes")                    \
+  XX(ENONFINITE, 422, "non_finite", "a tensor holds NaN or infinity")                   \
+  XX(EOPTION, 422, "unknown_option", "an option this API does not have")                \
+  XX(EOPTVALUE, 422, "invalid_option", "an option's value has the wrong type or range") \
+  XX(ENOMEM, 500, "out_of_memory", "out of memory")
+
+typedef enum attn_proto_errno {
+  ATTN_PROTO__ERRNO_BASE = -2000,
+#define ATTN_PROTO_ERRNO_DEF(name, status, code, msg) ATTN_PROTO_##name,
+  ATTN_PROTO_ERRNO_MAP(ATTN_PROTO_ERRNO_DEF)
+#undef ATTN_PROTO_ERRNO_DEF
+  ATTN_PROTO__ERRNO_END
+} attn_proto_errno;
+
+/* HTTP status for a proto or engine error code (200 for 0, 500 unknown). */
+int attn_proto_http_status(int code);
+/* The "code" string of the JSON error body for a proto or engine code. */
+const char *attn_proto_code_name(int code);
+
+/* ---- limits ------------------------------------------------------------ */
+
+#define ATTN_PROTO_MAX_HEADER (100u << 20) /* safetensors JSON header bytes */
+#define ATTN_PROTO_MAX_DEPTH 6             /* JSON nesting: object, tensor, 4 dims */
+#define ATTN_PROTO_MAX_JSON_ELEMS ((size_t)1 << 28) /* numbers in one JSON body */
+
+/* ---- options ----------------------------------------------------------- */
+
+/* Bits of attn_options.set */
+enum {
+  ATTN_OPT_CAUSAL = 1u << 0,
+  ATTN_OPT_SCALE = 1u << 1,
+  ATTN_OPT_WINDOW_LEFT = 1u << 2,
+  ATTN_OPT_WINDOW_RIGHT = 1u << 3,
+  ATTN_OPT_STATS = 1u << 4,
+  ATTN_OPT_BACKEND = 1u << 5,
+};
+
+typedef struct attn_options {
+  bool causal, stats;
+  double scale; /* NaN: 1/sqrt(D) */
+  int64_t window_left, window_right;
+  char backend[16]; /* "auto", "cpu", "cuda", "reference" */
+  unsigned set;     /* ATTN_OPT_* bits of the options given */
+} attn_options;
+
+/* The kind of value an option takes, for typed sources (JSON). */
+typedef enum attn_option_kind {
+  ATTN_OPTK_NONE = 0, /* not an option */
+  ATTN_OPTK_BOOL,
+  ATTN_OPTK_NUMBER,
+  ATTN_OPTK_INT,
+  ATTN_OPTK_STRING,
+} attn_option_kind;
+
+void attn_options_init(attn_options *o);
+attn_option_kind attn_option_kind_of(const char *name, size_t len);
+
+/*
+ * The one option parser: sets option `name` from its text form (as a query
+ * string or __metadata__ carries it). Booleans are true/false/1/0; scale a
+ * finite number; windows an integer >= -1; backend auto, cpu, cuda or
+ * reference. Returns 0, ATTN_PROTO_EOPTION (unknown name) or
+ * ATTN_PROTO_EOPTVALUE, naming the option and its source ("query",
+ * "__metadata__", "JSON field").
+ */
+int attn_options_set(attn_options *o, const char *name, size_t name_len,
+                     const char *value, size_t value_len, const char *source,
+                     attn_status *st);
+
+/* A URL query string ("causal=true&scale=0.125", percent-encoding and '+'
+ * decoded); NULL or "" sets nothing. */
+int attn_options_parse_query(attn_options *o, const char *query, attn_status *st);
+
+/* Options set in `over` replace those in `base` (the body wins over the
+ * query string). */
+void attn_options_merge(attn_options *base, const attn_options *over);
+
+/* ---- decoded requests -------------------------------------------------- */
+
+/* One tensor as a codec found it, before the shapes are checked together. */
+typedef struct attn_proto_tensor {
+  const char *name; /* "q", "k" or "v" */
+  attn_dtype dtype;
+  int rank; /* 2 [N, D], 3 [H, N, D] or 4 [B, H, N, D] */
+  int64_t shape[4];
+  const void *data; /* rank-major contiguous elements of dtype */
+} attn_proto_tensor;
+
+typedef struct attn_proto_req {
+  attn_request req;   /* ready for attn_engine_submit() */
+  attn_options opts;  /* the effective options */
+  int rank;           /* of q, k, v and o */
+  int64_t shape_q[4]; /* o has this shape; statistics drop the last dim */
+  void *owned[4];     /* decoder-made buffers (converted or realigned data) */
+  void *out;          /* O, then m, l, lse when opts.stats */
+} attn_proto_req;
+
+/*
+ * Checks q, k, v together (same rank and dtype, matching B, D and Nkv, Hq a
+ * multiple of Hkv, every dim >= 1) and fills pr->req from them and from opts,
+ * allocating O and the statistics. Codecs call this; it is public so clients
+ * that build tensors themselves get the same checks.
+ */
+int attn_proto_build(attn_proto_req *pr, const attn_proto_tensor t[3],
+                     const attn_options *opts, attn_status *st);
+
+void attn_proto_req_free(attn_proto_req *pr);
+
+/* ---- the codecs -------------------------------------------------------- */
+
+/*
+ * safetensors: an 8-byte little-endian header length N, N bytes of JSON
+ * header {name: {"dtype", "shape", "data_offsets": [begin, end]}} with an
+ * optional "__metadata__" of string values (options), then the data, offsets
+ * relative to its start. Options: the query's, overridden by __metadata__.
+ */
+int attn_proto_decode_safetensors(const void *body, size_t len,
+                                  const attn_options *query, attn_proto_req *pr,
+                                  attn_status *st);
+/* Writes o (and m, l, lse as F32 when pr->opts.stats) with the header padded
+ * with spaces to a multiple of 8 bytes. *pbuf is malloc'd. */
+int attn_proto_encode_safetensors(const attn_proto_req *pr, void **pbuf, size_t *plen,
+                                  attn_status *st);
+
+/*
+ * JSON: {"q": T, "k": T, "v": T, options...} where T is {"shape": [...],
+ * "dtype": "F32"|"F16"|"BF16", "data": [flat row-major numbers]} or nested
+ * arrays of numbers (F32, shape inferred, ragged refused). Options: the
+ * query's, overridden by the body's fields.
+ */
+int attn_proto_decode_json(const char *body, size_t len, const attn_options *query,
+                           attn_proto_req *pr, attn_status *st);
+/* {"o": {shape, dtype, data}, "m"|"l"|"lse": {...} when stats, "backend":
+ * backend}; statistics of rows with no visible key (-inf) are written as
+ * null. *pbuf is malloc'd and NUL-terminated; *plen excludes the NUL. */
+int attn_proto_encode_json(const attn_proto_req *pr, const char *backend, char **pbuf,
+                           size_t *plen, attn_status *st);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -77,6 +77,22 @@ uint16_t attn_f32_to_bf16(float f) {
   return (uint16_t)(u >> 16);
 }
 
+/* x to float rounded to odd: truncate toward zero, then set the last bit if
+ * anything was lost. Rounding that to a format with at least two fewer
+ * mantissa bits gives the correctly rounded result (Boldo & Melquiond). */
+static float to_odd(double x) {
+  float f = (float)x;
+  if ((double)f == x || !isfinite(x))
+    return f;
+  if (fabs((double)f) > fabs(x))
+    f = nextafterf(f, 0.0f);
+  uint32_t u = f2u(f);
+  return u2f(u | 1u);
+}
+
+uint16_t attn_f64_to_f16(double x) { return attn_f32_to_f16(to_odd(x)); }
+uint16_t attn_f64_to_bf16(double x) { return attn_f32_to_bf16(to_odd(x)); }
+
 double attn_load_elem(const void *p, attn_dtype dt, size_t i) {
   switch (dt) {
   case ATTN_F32: return ((const float *)p)[i];

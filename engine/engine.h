@@ -119,6 +119,10 @@ float attn_f16_to_f32(uint16_t h);
 uint16_t attn_f32_to_f16(float f);
 float attn_bf16_to_f32(uint16_t b);
 uint16_t attn_f32_to_bf16(float f);
+/* Doubles rounded once, to nearest even, straight to the narrow dtype (not
+ * through float, whose own rounding could land on a tie). */
+uint16_t attn_f64_to_f16(double x);
+uint16_t attn_f64_to_bf16(double x);
 /* Element i of a buffer of dtype dt, widened to double. */
 double attn_load_elem(const void *p, attn_dtype dt, size_t i);
 /* Stores x rounded to dtype dt as element i. */

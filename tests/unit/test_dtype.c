@@ -91,3 +91,22 @@ Test(dtype, load_and_store_elements) {
   cr_expect_eq(attn_load_elem(f, ATTN_F32, 0), 1.25);
   cr_expect(isnan(attn_load_elem(f, (attn_dtype)7, 0)));
 }
+
+/* Doubles round once: a value just above an F16 tie rounds up even though
+ * rounding it to float first would land exactly on the tie. */
+Test(dtype, doubles_round_once) {
+  double tie = 1.0 + 0x1p-11; /* halfway between F16 1.0 and its successor */
+  cr_expect_eq(attn_f64_to_f16(tie), 0x3c00);                 /* tie -> even */
+  cr_expect_eq(attn_f64_to_f16(tie + 0x1p-40), 0x3c01);       /* float would say tie */
+  cr_expect_eq(attn_f32_to_f16((float)(tie + 0x1p-40)), 0x3c00); /* the double rounding */
+  cr_expect_eq(attn_f64_to_f16(tie - 0x1p-40), 0x3c00);
+  double btie = 1.0 + 0x1p-8;
+  cr_expect_eq(attn_f64_to_bf16(btie + 0x1p-40), 0x3f81);
+  cr_expect_eq(attn_f64_to_bf16(btie), 0x3f80);
+  cr_expect_eq(attn_f64_to_f16(-65519.9), 0xfbff);
+  cr_expect_eq(attn_f64_to_f16(1e300), 0x7c00);
+  cr_expect_eq(attn_f64_to_bf16(0.1), attn_f32_to_bf16(0.1f));
+  /* every F16 value is exact as a double and maps to itself */
+  for (uint32_t h = 0; h < 0x7c00; h++)
+    cr_assert_eq(attn_f64_to_f16((double)attn_f16_to_f32((uint16_t)h)), h);
+}

@@ -7,6 +7,8 @@
 
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 Test(options, defaults) {
@@ -122,4 +124,23 @@ Test(errors, http_table) {
     int s = attn_proto_http_status(c);
     cr_expect(s >= 400 && s < 600 && *attn_proto_code_name(c), "proto code %d", c);
   }
+}
+
+/* proto/openapi.yaml lists every code the table can produce. */
+Test(errors, openapi_lists_every_code) {
+  FILE *f = fopen("proto/openapi.yaml", "r");
+  cr_assert(f, "run from the repository root");
+  char *text = calloc(1, 1 << 20);
+  size_t n = fread(text, 1, (1 << 20) - 1, f);
+  fclose(f);
+  text[n] = 0;
+  int lo[2] = {ATTN__ERRNO_BASE + 1, ATTN_PROTO__ERRNO_BASE + 1};
+  int hi[2] = {ATTN__ERRNO_END, ATTN_PROTO__ERRNO_END};
+  for (int r = 0; r < 2; r++)
+    for (int c = lo[r]; c < hi[r]; c++) {
+      char want[80];
+      snprintf(want, sizeof want, "        - %s\n", attn_proto_code_name(c));
+      cr_expect(strstr(text, want), "openapi.yaml's ErrorCode lacks %s", attn_proto_code_name(c));
+    }
+  free(text);
 }

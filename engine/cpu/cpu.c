@@ -5,9 +5,11 @@
  * (one item per tensor head) for non-finite values and their largest
  * magnitudes; from those it either fails the job (ENONFINITE, or ERANGE when
  * scores could overflow F32) or starts the compute phase, one item per
- * (batch, query head, block of ATTN_FLASH_BQ query rows). Items of a head
- * are handed out last block first: under a causal mask the last blocks see
- * the most keys, and starting them early evens out the tail of the job.
+ * (batch, query head, block of ATTN_FLASH_BQ query rows), or, for short
+ * query sequences under GQA, per block of several query heads of one KV
+ * head. Items of a head are handed out last block first: under a causal
+ * mask the last blocks see the most keys, and starting them early evens out
+ * the tail of the job.
  *
  * Every item's arithmetic depends only on its inputs, never on which thread
  * runs it or in what order, so results are bit-identical for any thread
@@ -33,6 +35,8 @@ typedef struct cpu_job {
   cpu_state *s;
   attn__flash_args args;
   int64_t nqt;     /* query blocks per head */
+  int64_t hb;      /* query heads packed into one block (GQA decode), >= 1 */
+  int64_t hchunks; /* blocks of hb heads per KV head: ceil(group / hb) */
   float *maxabs;   /* scan phase: one per item */
   int64_t *bad;    /* scan phase: first non-finite element per item, or -1 */
 } cpu_job;
@@ -72,15 +76,22 @@ static void scan_run(attn_pool_task *task, int64_t item, void *ws) {
                                     &cj->maxabs[item]);
 }
 
+/* Item -> (batch, KV head, chunk of hb query heads, query block). */
 static void compute_run(attn_pool_task *task, int64_t item, void *ws) {
   cpu_job *cj = (cpu_job *)task;
   const attn_request *r = &cj->job->req;
-  int64_t head = item / cj->nqt;
-  int64_t blk = cj->nqt - 1 - item % cj->nqt;
-  int64_t b = head / r->heads_q, h = head % r->heads_q;
-  int64_t i0 = blk * ATTN_FLASH_BQ;
-  int64_t nq = r->seq_q - i0 < ATTN_FLASH_BQ ? r->seq_q - i0 : ATTN_FLASH_BQ;
-  cj->s->isa->rows(&cj->args, b, h, i0, nq, ws);
+  const int64_t g = cj->args.group;
+  int64_t qblk = cj->nqt - 1 - item % cj->nqt;
+  item /= cj->nqt;
+  int64_t chunk = item % cj->hchunks;
+  item /= cj->hchunks;
+  attn__flash_block blk;
+  blk.b = item / r->heads_kv;
+  blk.h0 = (item % r->heads_kv) * g + chunk * cj->hb;
+  blk.nh = g - chunk * cj->hb < cj->hb ? g - chunk * cj->hb : cj->hb;
+  blk.i0 = qblk * ATTN_FLASH_BQ;
+  blk.nq = r->seq_q - blk.i0 < ATTN_FLASH_BQ ? r->seq_q - blk.i0 : ATTN_FLASH_BQ;
+  cj->s->isa->rows(&cj->args, &blk, ws);
 }
 
 static void compute_finish(attn_pool_task *task) {
@@ -140,7 +151,7 @@ static void scan_finish(attn_pool_task *task) {
     return;
   }
   const attn_request *r = &cj->job->req;
-  cj->task.nitems = r->batch * r->heads_q * cj->nqt;
+  cj->task.nitems = r->batch * r->heads_kv * cj->hchunks * cj->nqt;
   cj->task.run = compute_run;
   cj->task.finish = compute_finish;
   attn_pool_submit(cj->s->pool, &cj->task);
@@ -171,6 +182,12 @@ static int cpu_submit(void *state, attn_job *job, attn_status *st) {
   cj->args.off = r->seq_kv - r->seq_q;
   cj->args.group = r->heads_q / r->heads_kv;
   cj->nqt = (r->seq_q + ATTN_FLASH_BQ - 1) / ATTN_FLASH_BQ;
+  /* Short query sequences (decoding) pack the heads of a GQA group into one
+   * block, so each K/V tile is read and converted once for the group. Long
+   * ones keep one head per block: there are blocks enough to go round. */
+  int64_t fit = r->seq_q <= ATTN_FLASH_BQ / 2 ? ATTN_FLASH_BQ / r->seq_q : 1;
+  cj->hb = fit < cj->args.group ? fit : cj->args.group;
+  cj->hchunks = (cj->args.group + cj->hb - 1) / cj->hb;
   cj->task.nitems = nscan;
   cj->task.run = scan_run;
   cj->task.finish = scan_finish;

@@ -179,18 +179,21 @@ static void softmax_tile(float *st, int64_t nkt, int nv, float *m, float *l,
   }
 }
 
-/* Sets the scores of invisible (query, key) pairs of a boundary tile to -inf. */
+/* Sets the scores of invisible (query, key) pairs of a boundary tile to -inf;
+ * lane ii holds query position i0 + ii % nq. */
 static void mask_tile(float *st, const attn__flash_args *a, int64_t j0,
-                      int64_t nkt, int64_t i0, int64_t nq) {
+                      int64_t nkt, int64_t i0, int64_t nq, int64_t lanes) {
   for (int64_t jj = 0; jj < nkt; jj++) {
     const int64_t j = j0 + jj;
     /* Query i sees key j iff j - off - wr <= i <= j - off + wl. */
     int64_t lo = a->wr < 0 ? i0 : j - a->off - a->wr;
     int64_t hi = a->wl < 0 ? i0 + nq - 1 : j - a->off + a->wl;
     float *row = st + jj * BQ;
-    for (int64_t ii = 0; ii < nq; ii++)
-      if (i0 + ii < lo || i0 + ii > hi)
+    for (int64_t ii = 0; ii < lanes; ii++) {
+      int64_t i = i0 + ii % nq;
+      if (i < lo || i > hi)
         row[ii] = -INFINITY;
+    }
   }
 }
 
@@ -216,28 +219,29 @@ static void store_row(void *dst, const float *src, attn_dtype dt, int64_t n) {
 
 /* ---- one query block ---------------------------------------------------- */
 
-static void rows(const attn__flash_args *a, int64_t b, int64_t h, int64_t i0,
-                 int64_t nq, void *ws) {
+static void rows(const attn__flash_args *a, const attn__flash_block *blk, void *ws) {
   const attn_request *r = a->r;
   const attn_dtype dt = r->dtype;
   const size_t es = attn_dtype_size(dt);
-  const int64_t D = r->head_dim, nk = r->seq_kv, hk = h / a->group;
+  const int64_t b = blk->b, i0 = blk->i0, nq = blk->nq, nrows = blk->nh * nq;
+  const int64_t D = r->head_dim, nk = r->seq_kv, hk = blk->h0 / a->group;
   float *qt = ws, *ot = qt + MAXD * BQ, *st = ot + MAXD * BQ;
   float *kb = st + BK * BQ, *vb = kb + BK * MAXD;
   float *m = vb + BK * MAXD, *l = m + BQ, *alpha = l + BQ;
-  const int nv = (int)((nq + VL - 1) / VL);
+  const int nv = (int)((nrows + VL - 1) / VL);
   const int64_t lanes = (int64_t)nv * VL;
 
-  const char *qrow = (const char *)r->q +
-                     (size_t)(b * r->q_stride[0] + h * r->q_stride[1] +
-                              i0 * r->q_stride[2]) * es;
-  for (int64_t ii = 0; ii < nq; ii++) {
-    load_row(kb, qrow + (size_t)(ii * r->q_stride[2]) * es, dt, D);
+  /* Lane ii is query position i0 + ii % nq of head h0 + ii / nq. */
+  for (int64_t ii = 0; ii < nrows; ii++) {
+    const int64_t h = blk->h0 + ii / nq, i = i0 + ii % nq;
+    load_row(kb, (const char *)r->q + (size_t)(b * r->q_stride[0] + h * r->q_stride[1] +
+                                                 i * r->q_stride[2]) * es,
+             dt, D);
     for (int64_t d = 0; d < D; d++)
       qt[d * BQ + ii] = kb[d] * a->scale2;
   }
   for (int64_t d = 0; d < D; d++) {
-    for (int64_t ii = nq; ii < lanes; ii++) /* padding lanes: finite, unused */
+    for (int64_t ii = nrows; ii < lanes; ii++) /* padding lanes: finite, unused */
       qt[d * BQ + ii] = 0.0f;
     for (int64_t ii = 0; ii < lanes; ii++)
       ot[d * BQ + ii] = 0.0f;
@@ -247,7 +251,8 @@ static void rows(const attn__flash_args *a, int64_t b, int64_t h, int64_t i0,
     l[ii] = 0.0f;
   }
 
-  /* The keys any row of the block can see. */
+  /* The keys any row of the block can see (every head's rows share the
+   * positions i0 .. i0 + nq - 1). */
   const int64_t ilast = i0 + nq - 1;
   int64_t jlo = a->wl < 0 ? 0 : i0 + a->off - a->wl;
   int64_t jhi = a->wr < 0 ? nk - 1 : ilast + a->off + a->wr;
@@ -283,7 +288,7 @@ static void rows(const attn__flash_args *a, int64_t b, int64_t h, int64_t i0,
     bool full = (a->wl < 0 || j0 >= ilast + a->off - a->wl) &&
                 (a->wr < 0 || j0 + nkt - 1 <= i0 + a->off + a->wr);
     if (!full)
-      mask_tile(st, a, j0, nkt, i0, nq);
+      mask_tile(st, a, j0, nkt, i0, nq, nrows);
     softmax_tile(st, nkt, nv, m, l, alpha);
     for (int64_t d = 0; d < D; d++)
       for (int c = 0; c < nv; c++) {
@@ -296,22 +301,21 @@ static void rows(const attn__flash_args *a, int64_t b, int64_t h, int64_t i0,
   /* Normalize once; a row with l = 0 saw no key and stays O = 0. */
   for (int64_t ii = 0; ii < lanes; ii++)
     alpha[ii] = l[ii] > 0 ? 1.0f / l[ii] : 0.0f;
-  char *orow = (char *)r->o + (size_t)(b * r->o_stride[0] + h * r->o_stride[1] +
-                                       i0 * r->o_stride[2]) * es;
-  for (int64_t ii = 0; ii < nq; ii++) {
+  for (int64_t ii = 0; ii < nrows; ii++) {
+    const int64_t h = blk->h0 + ii / nq, i = i0 + ii % nq;
     for (int64_t d = 0; d < D; d++)
       kb[d] = ot[d * BQ + ii] * alpha[ii];
-    store_row(orow + (size_t)(ii * r->o_stride[2]) * es, kb, dt, D);
-  }
-  const size_t srow = (size_t)((b * r->heads_q + h) * r->seq_q + i0);
-  for (int64_t ii = 0; ii < nq; ii++) {
+    store_row((char *)r->o + (size_t)(b * r->o_stride[0] + h * r->o_stride[1] +
+                                      i * r->o_stride[2]) * es,
+              kb, dt, D);
+    const size_t srow = (size_t)((b * r->heads_q + h) * r->seq_q + i);
     float mm = m[ii] * (float)M_LN2; /* back from base 2; -inf stays -inf */
     if (r->m)
-      r->m[srow + ii] = mm;
+      r->m[srow] = mm;
     if (r->l)
-      r->l[srow + ii] = l[ii];
+      r->l[srow] = l[ii];
     if (r->lse)
-      r->lse[srow + ii] = l[ii] > 0 ? mm + logf(l[ii]) : -INFINITY;
+      r->lse[srow] = l[ii] > 0 ? mm + logf(l[ii]) : -INFINITY;
   }
 }
 

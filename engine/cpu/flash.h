@@ -24,12 +24,18 @@ typedef struct attn__flash_args {
   int64_t group;         /* heads_q / heads_kv */
 } attn__flash_args;
 
+/* A block of query rows: positions [i0, i0 + nq) of the nh query heads
+ * h0 .. h0 + nh - 1 of batch b, which all read one KV head; nh·nq <=
+ * ATTN_FLASH_BQ. Packing the heads of a GQA group into one block lets a
+ * decode step (nq = 1) read each K/V tile once for the whole group. */
+typedef struct attn__flash_block {
+  int64_t b, h0, nh, i0, nq;
+} attn__flash_block;
+
 typedef struct attn__flash_isa {
   const char *name;
-  /* Query rows [i0, i0 + nq) of (b, h), nq <= ATTN_FLASH_BQ: writes O and
-   * the requested statistics. */
-  void (*rows)(const attn__flash_args *a, int64_t b, int64_t h, int64_t i0,
-               int64_t nq, void *ws);
+  /* Computes one block: writes its rows of O and the requested statistics. */
+  void (*rows)(const attn__flash_args *a, const attn__flash_block *blk, void *ws);
   /* n rows of d elements, rows `stride` elements apart: the largest |x| into
    * *pmax; returns the index (row·d + col) of the first non-finite element,
    * or -1 when all are finite. */

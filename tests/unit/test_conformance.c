@@ -105,6 +105,13 @@ static int shapes(tprob *ps) {
   p = tprob_make(1, 1, 1, 64, 64, 64, ATTN_F32); p.scale = 0.5; p.stats = 1; ps[n++] = p;
   p = tprob_make(1, 1, 1, 65, 65, 64, ATTN_F32); p.scale = -0.3; ps[n++] = p;
   p = tprob_make(1, 1, 1, 33, 33, 16, ATTN_F32); p.scale = 0; p.stats = 1; ps[n++] = p;
+  /* short query sequences under GQA pack several heads into one block,
+   * including groups that do not split evenly (12 heads, 9 per block) */
+  p = tprob_make(2, 8, 2, 1, 300, 64, ATTN_F32); p.stats = 1; ps[n++] = p;
+  p = tprob_make(1, 8, 2, 3, 200, 37, ATTN_F16); p.causal = 1; p.stats = 1; ps[n++] = p;
+  p = tprob_make(1, 12, 1, 7, 150, 32, ATTN_BF16); p.wl = 20; p.wr = 2; p.stats = 1; ps[n++] = p;
+  p = tprob_make(1, 4, 2, 32, 90, 16, ATTN_F32); p.causal = 1; p.wl = 5; p.stats = 1; ps[n++] = p;
+  p = tprob_make(1, 6, 3, 40, 40, 8, ATTN_F32); p.strided = 1; p.causal = 1; ps[n++] = p;
   static const int64_t ds[] = {1, 37, 64, 80, 128, 256};
   for (int i = 0; i < 6; i++) {
     p = tprob_make(1, 2, 1, 65 + 48 * i, 65 + 48 * i, ds[i], i % 2 ? ATTN_F16 : ATTN_BF16);

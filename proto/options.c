@@ -54,15 +54,15 @@ attn_option_kind attn_option_kind_of(const char *name, size_t len) {
 
 /* Names and values are quoted in messages with non-printing bytes escaped. */
 static void quote(char *dst, size_t cap, const char *s, size_t len) {
-  size_t o = 0;
-  for (size_t i = 0; i < len && o + 5 < cap; i++) {
+  size_t o = 0, i = 0;
+  for (; i < len && o + 8 < cap; i++) { /* room for one escape and "..." */
     unsigned char c = (unsigned char)s[i];
     if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\')
       dst[o++] = (char)c;
     else
       o += (size_t)snprintf(dst + o, cap - o, "\\x%02x", c);
   }
-  if (len && o + 5 >= cap && o + 4 <= cap) {
+  if (i < len) {
     memcpy(dst + o, "...", 3);
     o += 3;
   }
@@ -155,7 +155,7 @@ static int hexval(char c) {
 static size_t url_decode(char *dst, const char *s, size_t n) {
   size_t o = 0;
   for (size_t i = 0; i < n; i++) {
-    if (s[i] == '%' && i + 2 < n + 0 && hexval(s[i + 1]) >= 0 && hexval(s[i + 2]) >= 0) {
+    if (s[i] == '%' && i + 2 < n && hexval(s[i + 1]) >= 0 && hexval(s[i + 2]) >= 0) {
       dst[o++] = (char)(hexval(s[i + 1]) * 16 + hexval(s[i + 2]));
       i += 2;
     } else {

@@ -52,7 +52,7 @@ extern "C" {
   XX(ENONFINITE, 422, "non_finite", "a tensor holds NaN or infinity")                   \
   XX(EOPTION, 422, "unknown_option", "an option this API does not have")                \
   XX(EOPTVALUE, 422, "invalid_option", "an option's value has the wrong type or range") \
-  XX(ENOMEM, 500, "out_of_memory", "out of memory")
+  XX(ENOMEM, 503, "out_of_memory", "out of memory")
 
 typedef enum attn_proto_errno {
   ATTN_PROTO__ERRNO_BASE = -2000,
@@ -71,7 +71,9 @@ const char *attn_proto_code_name(int code);
 
 #define ATTN_PROTO_MAX_HEADER (100u << 20) /* safetensors JSON header bytes */
 #define ATTN_PROTO_MAX_DEPTH 6             /* JSON nesting: object, tensor, 4 dims */
-#define ATTN_PROTO_MAX_JSON_ELEMS ((size_t)1 << 28) /* numbers in one JSON body */
+/* Numbers in one JSON body: cJSON spends about 64 bytes a number on its tree,
+ * so 2^24 numbers (a ~1 GiB tree) is the most one request may cost. */
+#define ATTN_PROTO_MAX_JSON_ELEMS ((size_t)1 << 24)
 
 /* ---- options ----------------------------------------------------------- */
 
@@ -181,8 +183,10 @@ int attn_proto_encode_safetensors(const attn_proto_req *pr, void **pbuf, size_t 
 int attn_proto_decode_json(const char *body, size_t len, const attn_options *query,
                            attn_proto_req *pr, attn_status *st);
 /* {"o": {shape, dtype, data}, "m"|"l"|"lse": {...} when stats, "backend":
- * backend}; statistics of rows with no visible key (-inf) are written as
- * null. *pbuf is malloc'd and NUL-terminated; *plen excludes the NUL. */
+ * backend}. Each number is the shortest text that reads back to the same
+ * value in its dtype; a non-finite value (the -inf m and lse of a row with
+ * no visible key) is written as null. *pbuf is malloc'd and NUL-terminated;
+ * *plen excludes the NUL. */
 int attn_proto_encode_json(const attn_proto_req *pr, const char *backend, char **pbuf,
                            size_t *plen, attn_status *st);
 

@@ -1,0 +1,593 @@
+/*
+ * safetensors.c — the binary codec: requests as safetensors files, results
+ * written back the same way.
+ *
+ * Clients that already hold tensors in memory (PyTorch, numpy) send them as
+ * safetensors so that nobody prints or parses numbers: where a tensor's
+ * bytes lie suitably aligned in the body, the engine reads them in place.
+ * The body comes from the network, so every length, offset and count of the
+ * header is checked, with overflow-safe arithmetic, before a single data
+ * byte is used, and each refusal names the field, tensor or byte offset so
+ * that whoever wrote the file can find what their writer got wrong.
+ */
+#include "proto.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Ranks above what attn_proto_build takes still get their size checked, so
+ * a rank-5 tensor is refused for its rank rather than as a broken file. */
+#define MAX_RANK 8
+/* Doubles (cJSON's only numbers) hold every integer below 2^53 exactly; a
+ * larger one may already have been rounded, so it cannot be trusted. */
+#define EXACT_LIMIT 9007199254740992.0
+
+static const char *const tensor_names[3] = {"q", "k", "v"};
+static const char *const field_names[3] = {"dtype", "shape", "data_offsets"};
+
+typedef struct entry {
+  bool seen;
+  attn_dtype dtype;
+  int rank;
+  int64_t shape[4]; /* the first four dims; attn_proto_build refuses more */
+  uint64_t begin, end;
+} entry;
+
+/* Names from the header go into messages escaped and cut short: they are
+ * arbitrary client bytes, and the message has a fixed size. */
+static const char *quote(char *dst, size_t cap, const char *s) {
+  size_t o = 0;
+  for (; *s; s++) {
+    if (o + 8 > cap) {
+      memcpy(dst + o, "...", 3);
+      o += 3;
+      break;
+    }
+    unsigned char c = (unsigned char)*s;
+    if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\')
+      dst[o++] = (char)c;
+    else
+      o += (size_t)snprintf(dst + o, cap - o, "\\x%02x", c);
+  }
+  dst[o] = 0;
+  return dst;
+}
+
+static const char *json_type(const cJSON *j) {
+  if (cJSON_IsObject(j))
+    return "an object";
+  if (cJSON_IsArray(j))
+    return "an array";
+  if (cJSON_IsString(j))
+    return "a string";
+  if (cJSON_IsNumber(j))
+    return "a number";
+  if (cJSON_IsBool(j))
+    return "a boolean";
+  if (cJSON_IsNull(j))
+    return "null";
+  return "an invalid value";
+}
+
+/* Length of the UTF-8 sequence at s, or 0 when it is not well formed
+ * (overlong forms and surrogates included, as RFC 3629 says). */
+static size_t utf8_len(const unsigned char *s, size_t n) {
+  unsigned c = s[0];
+  size_t len;
+  uint32_t cp;
+  if (c >= 0xc2 && c <= 0xdf) {
+    len = 2;
+    cp = c & 0x1f;
+  } else if (c >= 0xe0 && c <= 0xef) {
+    len = 3;
+    cp = c & 0x0f;
+  } else if (c >= 0xf0 && c <= 0xf4) {
+    len = 4;
+    cp = c & 0x07;
+  } else {
+    return 0;
+  }
+  if (n < len)
+    return 0;
+  for (size_t i = 1; i < len; i++) {
+    if ((s[i] & 0xc0) != 0x80)
+      return 0;
+    cp = cp << 6 | (s[i] & 0x3f);
+  }
+  if (len == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff)))
+    return 0;
+  if (len == 4 && (cp < 0x10000 || cp > 0x10ffff))
+    return 0;
+  return len;
+}
+
+static bool is_ws(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+/*
+ * What cJSON lets through and we must not: it treats every byte up to 0x20
+ * (NUL included) as whitespace, decodes "\u0000" into a string it then
+ * reads as C text (so "q\u0000x" would pass for "q"), accepts bytes that
+ * are not UTF-8, ignores whatever follows the first value, and recurses a
+ * thousand levels deep. One pass over the raw bytes closes all of that.
+ */
+static int scan_header(const unsigned char *h, size_t n, attn_status *st) {
+  bool in_str = false, closed = false;
+  int depth = 0;
+  size_t i;
+  for (i = 0; i < n; i++) {
+    unsigned char c = h[i];
+    if (c == 0)
+      return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                             "header byte %zu (file offset %zu) is a NUL byte; the "
+                             "header must be JSON text",
+                             i, i + 8);
+    if (c < 0x20 && (in_str || !is_ws(c)))
+      return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                             "header byte %zu (file offset %zu) is the control byte "
+                             "0x%02x, which JSON does not allow there",
+                             i, i + 8, c);
+    if (c >= 0x80) {
+      size_t k = utf8_len(h + i, n - i);
+      if (!k)
+        return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                               "header byte %zu (file offset %zu) starts invalid UTF-8", i,
+                               i + 8);
+      i += k - 1;
+      if (closed)
+        goto trailing;
+      continue;
+    }
+    if (closed && !is_ws(c))
+      goto trailing;
+    if (in_str) {
+      if (c == '\\' && i + 1 < n) {
+        if (i + 5 < n && h[i + 1] == 'u' && !memcmp(h + i + 2, "0000", 4))
+          return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                                 "header byte %zu (file offset %zu): the escape \\u0000 "
+                                 "is not allowed in names or values",
+                                 i, i + 8);
+        /* skip the escaped byte unless it needs the checks above */
+        if (h[i + 1] >= 0x20 && h[i + 1] < 0x80)
+          i++;
+      } else if (c == '"') {
+        in_str = false;
+      }
+    } else if (c == '"') {
+      in_str = true;
+    } else if (c == '{' || c == '[') {
+      if (++depth > ATTN_PROTO_MAX_DEPTH)
+        return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                               "header nests deeper than %d levels at header byte %zu",
+                               ATTN_PROTO_MAX_DEPTH, i);
+    } else if (c == '}' || c == ']') {
+      if (--depth == 0)
+        closed = true;
+    }
+  }
+  return 0;
+trailing:
+  return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                         "header byte %zu (file offset %zu): bytes other than spaces "
+                         "follow the JSON object",
+                         i, i + 8);
+}
+
+/* A JSON number that is an integer in [0, 2^53). */
+static bool as_index(const cJSON *j, uint64_t *out) {
+  double d = j->valuedouble;
+  if (!(d >= 0 && d < EXACT_LIMIT) || d != floor(d))
+    return false;
+  *out = (uint64_t)d;
+  return true;
+}
+
+static void dims_str(char *buf, size_t cap, const uint64_t *d, int rank) {
+  size_t o = (size_t)snprintf(buf, cap, "[");
+  for (int i = 0; i < rank && o < cap; i++)
+    o += (size_t)snprintf(buf + o, cap - o, i ? ", %llu" : "%llu", (unsigned long long)d[i]);
+  if (o < cap)
+    snprintf(buf + o, cap - o, "]");
+}
+
+/* One tensor's {dtype, shape, data_offsets}; data_len bounds the offsets. */
+static int parse_entry(const cJSON *j, const char *name, uint64_t data_len, entry *e,
+                       attn_status *st) {
+  char q[48];
+  if (!cJSON_IsObject(j))
+    return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                           "tensor \"%s\" must be an object {\"dtype\", \"shape\", "
+                           "\"data_offsets\"}, not %s",
+                           name, json_type(j));
+  const cJSON *f[3] = {NULL, NULL, NULL};
+  for (const cJSON *c = j->child; c; c = c->next) {
+    int i = 0;
+    while (i < 3 && strcmp(c->string, field_names[i]))
+      i++;
+    if (i == 3)
+      return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                             "tensor \"%s\" has the unknown field \"%s\" (fields: dtype, "
+                             "shape, data_offsets)",
+                             name, quote(q, sizeof q, c->string));
+    if (f[i])
+      return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                             "tensor \"%s\" has the field \"%s\" twice", name,
+                             field_names[i]);
+    f[i] = c;
+  }
+  for (int i = 0; i < 3; i++)
+    if (!f[i])
+      return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                             "tensor \"%s\" lacks the field \"%s\"", name, field_names[i]);
+
+  if (!cJSON_IsString(f[0]))
+    return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                           "tensor \"%s\": dtype must be a string such as \"F32\", not %s",
+                           name, json_type(f[0]));
+  if (attn_dtype_parse(f[0]->valuestring, &e->dtype) < 0)
+    return attn_status_set(st, ATTN_PROTO_ETENSOR,
+                           "tensor \"%s\": dtype \"%s\" is not supported (F32, F16 or BF16)",
+                           name, quote(q, sizeof q, f[0]->valuestring));
+  uint64_t es = attn_dtype_size(e->dtype);
+
+  if (!cJSON_IsArray(f[1]))
+    return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                           "tensor \"%s\": shape must be an array of integers, not %s", name,
+                           json_type(f[1]));
+  uint64_t dims[MAX_RANK];
+  int rank = 0;
+  for (const cJSON *c = f[1]->child; c; c = c->next, rank++) {
+    if (rank == MAX_RANK)
+      return attn_status_set(st, ATTN_PROTO_ETENSOR,
+                             "tensor \"%s\": shape has more than %d dimensions", name,
+                             MAX_RANK);
+    if (!cJSON_IsNumber(c))
+      return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                             "tensor \"%s\": shape[%d] must be an integer, not %s", name,
+                             rank, json_type(c));
+    if (!as_index(c, &dims[rank]))
+      return attn_status_set(st, ATTN_PROTO_ETENSOR,
+                             "tensor \"%s\": shape[%d] is %.17g; a dimension is an integer "
+                             "from 0 to 2^53-1",
+                             name, rank, c->valuedouble);
+  }
+  char sh[160];
+  /* A zero dimension makes the product zero whatever the others are; only
+   * then does the order of the multiplications not matter. */
+  uint64_t count = 1;
+  bool zero = false;
+  for (int i = 0; i < rank; i++)
+    zero |= dims[i] == 0;
+  for (int i = 0; i < rank && !zero; i++) {
+    if (count > UINT64_MAX / dims[i] || count * dims[i] > UINT64_MAX / es) {
+      dims_str(sh, sizeof sh, dims, rank);
+      return attn_status_set(st, ATTN_PROTO_ETENSOR,
+                             "tensor \"%s\": shape %s holds more bytes than 64-bit sizes "
+                             "can count",
+                             name, sh);
+    }
+    count *= dims[i];
+  }
+  uint64_t nbytes = zero ? 0 : count * es;
+  e->rank = rank;
+  for (int i = 0; i < 4; i++)
+    e->shape[i] = i < rank ? (int64_t)dims[i] : 0;
+
+  const cJSON *off = f[2];
+  if (!cJSON_IsArray(off) || cJSON_GetArraySize(off) != 2)
+    return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                           "tensor \"%s\": data_offsets must be an array [begin, end], not "
+                           "%s%s",
+                           name, json_type(off),
+                           cJSON_IsArray(off) ? " of another length" : "");
+  uint64_t be[2];
+  int i = 0;
+  for (const cJSON *c = off->child; c; c = c->next, i++) {
+    if (!cJSON_IsNumber(c))
+      return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                             "tensor \"%s\": data_offsets[%d] must be an integer, not %s",
+                             name, i, json_type(c));
+    if (!as_index(c, &be[i]))
+      return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                             "tensor \"%s\": data_offsets[%d] is %.17g; an offset is an "
+                             "integer >= 0",
+                             name, i, c->valuedouble);
+  }
+  unsigned long long b = be[0], en = be[1];
+  if (b > en)
+    return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                           "tensor \"%s\": data_offsets [%llu, %llu] begin after they end",
+                           name, b, en);
+  if (en > data_len)
+    return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                           "tensor \"%s\": data_offsets [%llu, %llu] end past the %llu bytes "
+                           "of data",
+                           name, b, en, (unsigned long long)data_len);
+  if (en - b != nbytes) {
+    dims_str(sh, sizeof sh, dims, rank);
+    return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                           "tensor \"%s\": data_offsets [%llu, %llu] span %llu bytes but %s "
+                           "%s needs %llu",
+                           name, b, en, en - b, attn_dtype_name(e->dtype), sh,
+                           (unsigned long long)nbytes);
+  }
+  e->begin = b;
+  e->end = en;
+  return 0;
+}
+
+/* __metadata__ carries options as strings, through the one option parser. */
+static int parse_metadata(const cJSON *j, attn_options *meta, attn_status *st) {
+  char q[48];
+  if (!cJSON_IsObject(j))
+    return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                           "__metadata__ must be an object of strings, not %s", json_type(j));
+  for (const cJSON *c = j->child; c; c = c->next) {
+    /* Every key before c passed attn_options_set, so there are at most six
+     * of them: the quadratic look-back stays cheap whatever the header. */
+    for (const cJSON *p = j->child; p != c; p = p->next)
+      if (!strcmp(p->string, c->string))
+        return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                               "__metadata__ has the key \"%s\" twice",
+                               quote(q, sizeof q, c->string));
+    if (!cJSON_IsString(c))
+      return attn_status_set(st, ATTN_PROTO_EOPTVALUE,
+                             "__metadata__ value of \"%s\" must be a string, not %s",
+                             quote(q, sizeof q, c->string), json_type(c));
+    /* Writers such as PyTorch's tag files {"format": "pt"}: a convention of
+     * the format, not an option, so it is the one key let through. */
+    if (!strcmp(c->string, "format"))
+      continue;
+    int rc = attn_options_set(meta, c->string, strlen(c->string), c->valuestring,
+                              strlen(c->valuestring), "__metadata__", st);
+    if (rc < 0)
+      return rc;
+  }
+  return 0;
+}
+
+/* The tensors must tile the data buffer exactly, as the published format
+ * requires: sharing bytes would alias one input with another, and a hole
+ * or a tail of bytes belonging to no tensor is how polyglot files hide
+ * content. Empty tensors occupy nothing, wherever they point. */
+static int check_layout(const entry e[3], uint64_t data_len, attn_status *st) {
+  int idx[3], n = 0;
+  for (int i = 0; i < 3; i++)
+    if (e[i].end > e[i].begin)
+      idx[n++] = i;
+  for (int i = 1; i < n; i++)
+    for (int j = i; j > 0 && e[idx[j]].begin < e[idx[j - 1]].begin; j--) {
+      int t = idx[j];
+      idx[j] = idx[j - 1];
+      idx[j - 1] = t;
+    }
+  for (int i = 1; i < n; i++) {
+    const entry *a = &e[idx[i - 1]], *b = &e[idx[i]];
+    if (b->begin < a->end)
+      return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                             "tensors \"%s\" at data_offsets [%llu, %llu] and \"%s\" at "
+                             "[%llu, %llu] overlap",
+                             tensor_names[idx[i - 1]], (unsigned long long)a->begin,
+                             (unsigned long long)a->end, tensor_names[idx[i]],
+                             (unsigned long long)b->begin, (unsigned long long)b->end);
+    if (b->begin > a->end)
+      return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                             "data bytes [%llu, %llu) between tensors \"%s\" and \"%s\" "
+                             "belong to no tensor",
+                             (unsigned long long)a->end, (unsigned long long)b->begin,
+                             tensor_names[idx[i - 1]], tensor_names[idx[i]]);
+  }
+  uint64_t first = n ? e[idx[0]].begin : 0, last = n ? e[idx[n - 1]].end : 0;
+  if (first > 0)
+    return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                           "data bytes [0, %llu) before the first tensor belong to no tensor",
+                           (unsigned long long)first);
+  if (last < data_len)
+    return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                           "data bytes [%llu, %llu) after the last tensor belong to no tensor",
+                           (unsigned long long)last, (unsigned long long)data_len);
+  return 0;
+}
+
+/* Walks the parsed header: tensors into e[], options into meta. */
+static int parse_root(const cJSON *root, uint64_t data_len, entry e[3], attn_options *meta,
+                      attn_status *st) {
+  char q[48];
+  bool have_meta = false;
+  int rc;
+  for (const cJSON *c = root->child; c; c = c->next) {
+    if (!strcmp(c->string, "__metadata__")) {
+      if (have_meta)
+        return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                               "the header has the key \"__metadata__\" twice");
+      have_meta = true;
+      if ((rc = parse_metadata(c, meta, st)) < 0)
+        return rc;
+      continue;
+    }
+    int i = 0;
+    while (i < 3 && strcmp(c->string, tensor_names[i]))
+      i++;
+    if (i == 3)
+      return attn_status_set(st, ATTN_PROTO_EUNKNOWNTENSOR,
+                             "unknown tensor \"%s\"; send exactly q, k and v",
+                             quote(q, sizeof q, c->string));
+    if (e[i].seen)
+      return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                             "the header has the tensor \"%s\" twice", tensor_names[i]);
+    e[i].seen = true;
+    if ((rc = parse_entry(c, tensor_names[i], data_len, &e[i], st)) < 0)
+      return rc;
+  }
+  for (int i = 0; i < 3; i++)
+    if (!e[i].seen)
+      return attn_status_set(st, ATTN_PROTO_EMISSING,
+                             "tensor \"%s\" is missing; the file must hold q, k and v",
+                             tensor_names[i]);
+  return check_layout(e, data_len, st);
+}
+
+int attn_proto_decode_safetensors(const void *body, size_t len, const attn_options *query,
+                                  attn_proto_req *pr, attn_status *st) {
+  memset(pr, 0, sizeof *pr);
+  if (len == 0 || !body)
+    return attn_status_set(st, ATTN_PROTO_EEMPTY,
+                           "the request body is empty; send a safetensors file");
+  if (len < 8)
+    return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                           "body of %zu bytes is shorter than the 8-byte header length", len);
+  const unsigned char *b = body;
+  uint64_t n = 0;
+  for (int i = 0; i < 8; i++)
+    n |= (uint64_t)b[i] << (8 * i);
+  /* The cap comes first: the verdict on a length must not depend on how
+   * much of the body has arrived, so a streaming reader can give it after
+   * eight bytes. */
+  if (n > ATTN_PROTO_MAX_HEADER)
+    return attn_status_set(st, ATTN_PROTO_ETOOLARGE,
+                           "header length %llu is over the limit of %u bytes",
+                           (unsigned long long)n, ATTN_PROTO_MAX_HEADER);
+  if (n == 0)
+    return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                           "header length is 0; the header must be a JSON object");
+  if (n > len - 8)
+    return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                           "header length %llu runs past the end of the body: only %zu "
+                           "bytes follow the 8-byte length",
+                           (unsigned long long)n, len - 8);
+  const unsigned char *hdr = b + 8, *data = hdr + n;
+  uint64_t data_len = len - 8 - n;
+  int rc = scan_header(hdr, (size_t)n, st);
+  if (rc < 0)
+    return rc;
+
+  const char *end = NULL;
+  cJSON *root = cJSON_ParseWithLengthOpts((const char *)hdr, (size_t)n, &end, 0);
+  if (!root) {
+    size_t at = end ? (size_t)(end - (const char *)hdr) : 0;
+    return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                           "the header is not valid JSON (error near header byte %zu, file "
+                           "offset %zu)",
+                           at, at + 8);
+  }
+  if (!cJSON_IsObject(root)) {
+    rc = attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                         "the header is %s, not a JSON object of tensors", json_type(root));
+    cJSON_Delete(root);
+    return rc;
+  }
+  entry e[3];
+  memset(e, 0, sizeof e);
+  attn_options meta;
+  attn_options_init(&meta);
+  rc = parse_root(root, data_len, e, &meta, st);
+  cJSON_Delete(root);
+  if (rc < 0)
+    return rc;
+
+  attn_options opts;
+  if (query)
+    opts = *query;
+  else
+    attn_options_init(&opts);
+  attn_options_merge(&opts, &meta);
+
+  attn_proto_tensor t[3];
+  for (int i = 0; i < 3; i++) {
+    const unsigned char *p = data + e[i].begin;
+    size_t nb = (size_t)(e[i].end - e[i].begin), es = attn_dtype_size(e[i].dtype);
+    /* Kernels load whole elements; reading a misaligned one is undefined
+     * behaviour, so such a tensor gets an aligned copy. */
+    if ((uintptr_t)p % es) {
+      pr->owned[i] = malloc(nb ? nb : 1);
+      if (!pr->owned[i]) {
+        attn_proto_req_free(pr);
+        return attn_status_set(st, ATTN_PROTO_ENOMEM,
+                               "out of memory copying tensor \"%s\" (%zu bytes)",
+                               tensor_names[i], nb);
+      }
+      memcpy(pr->owned[i], p, nb);
+      p = pr->owned[i];
+    }
+    t[i].name = tensor_names[i];
+    t[i].dtype = e[i].dtype;
+    t[i].rank = e[i].rank;
+    memcpy(t[i].shape, e[i].shape, sizeof t[i].shape);
+    t[i].data = p;
+  }
+  if ((rc = attn_proto_build(pr, t, &opts, st)) < 0)
+    attn_proto_req_free(pr);
+  return rc;
+}
+
+/* ---- encoding ------------------------------------------------------------ */
+
+static size_t put_entry(char *h, size_t cap, size_t o, const char *name, attn_dtype dt,
+                        const int64_t *shape, int rank, size_t begin, size_t end) {
+  if (o >= cap)
+    return o;
+  o += (size_t)snprintf(h + o, cap - o, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[",
+                        o > 1 ? "," : "", name, attn_dtype_name(dt));
+  for (int i = 0; i < rank && o < cap; i++)
+    o += (size_t)snprintf(h + o, cap - o, i ? ",%lld" : "%lld", (long long)shape[i]);
+  if (o < cap)
+    o += (size_t)snprintf(h + o, cap - o, "],\"data_offsets\":[%zu,%zu]}", begin, end);
+  return o;
+}
+
+int attn_proto_encode_safetensors(const attn_proto_req *pr, void **pbuf, size_t *plen,
+                                  attn_status *st) {
+  *pbuf = NULL;
+  *plen = 0;
+  const attn_request *r = &pr->req;
+  size_t es = attn_dtype_size(r->dtype);
+  bool stats = pr->opts.stats;
+  if (!r->o || !es || pr->rank < 1 || pr->rank > 4 ||
+      (stats && (!r->m || !r->l || !r->lse)))
+    return attn_status_set(st, ATTN_EINVAL,
+                           "nothing to encode: the request holds no decoded result");
+  /* attn_proto_build allocated these very sizes, so they cannot overflow. */
+  size_t rows = 1;
+  for (int i = 0; i < pr->rank - 1; i++)
+    rows *= (size_t)pr->shape_q[i];
+  size_t ob = rows * (size_t)pr->shape_q[pr->rank - 1] * es, sb = rows * sizeof(float);
+
+  char h[1024];
+  size_t n = (size_t)snprintf(h, sizeof h, "{");
+  n = put_entry(h, sizeof h, n, "o", r->dtype, pr->shape_q, pr->rank, 0, ob);
+  if (stats) {
+    static const char *const names[3] = {"m", "l", "lse"};
+    for (int i = 0; i < 3; i++)
+      n = put_entry(h, sizeof h, n, names[i], ATTN_F32, pr->shape_q, pr->rank - 1,
+                    ob + (size_t)i * sb, ob + (size_t)(i + 1) * sb);
+  }
+  if (n < sizeof h)
+    n += (size_t)snprintf(h + n, sizeof h - n, "}");
+  if (n >= sizeof h)
+    return attn_status_set(st, ATTN_EINVAL, "safetensors header over %zu bytes", sizeof h);
+  /* Data starting at a multiple of 8 keeps every tensor of a file read
+   * whole into aligned memory usable in place. */
+  size_t padded = (n + 7) & ~(size_t)7;
+  size_t total = 8 + padded + ob + (stats ? 3 * sb : 0);
+  unsigned char *buf = malloc(total);
+  if (!buf)
+    return attn_status_set(st, ATTN_PROTO_ENOMEM,
+                           "out of memory for the %zu-byte safetensors reply", total);
+  for (int i = 0; i < 8; i++)
+    buf[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+  memcpy(buf + 8, h, n);
+  memset(buf + 8 + n, ' ', padded - n);
+  unsigned char *d = buf + 8 + padded;
+  memcpy(d, r->o, ob);
+  if (stats) {
+    memcpy(d + ob, r->m, sb);
+    memcpy(d + ob + sb, r->l, sb);
+    memcpy(d + ob + 2 * sb, r->lse, sb);
+  }
+  *pbuf = buf;
+  *plen = total;
+  return 0;
+}

@@ -88,8 +88,8 @@ endif
 LIB = $(BUILD)/libattn.a
 
 # ---- programs ---------------------------------------------------------------
-ATTN_SRC = clients/attn.c clients/plan_cmd.c clients/bench_cmd.c clients/benchlib.c \
-           clients/args.c
+ATTN_SRC = clients/attn.c clients/plan_cmd.c clients/bench_cmd.c clients/compute_cmd.c \
+           clients/benchlib.c clients/args.c
 ATTN_OBJ = $(ATTN_SRC:%.c=$(BUILD)/obj/%.o)
 
 TEST_SRC = $(wildcard tests/unit/*.c)
@@ -193,9 +193,15 @@ test: deps
 	  echo "make test: sanitizer errors above (see $(BUILD)/test.log)" >&2; exit 1; fi
 	$(MAKE) --no-print-directory fuzz
 
+$(BUILD)/bench-codec: $(BUILD)/obj/tests/bench/codec_bench.o $(BUILD)/obj/clients/benchlib.o $(LIB)
+	$(CC) $(ALL_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
+
+$(BUILD)/obj/tests/bench/codec_bench.o: CPPFLAGS += -Iclients
+
 bench: deps bench-deps
-	$(MAKE) --no-print-directory $(BUILD)/bench-cpu $(BUILD)/attn
+	$(MAKE) --no-print-directory $(BUILD)/bench-cpu $(BUILD)/bench-codec $(BUILD)/attn
 	$(BUILD)/bench-cpu
+	$(BUILD)/bench-codec
 
 clean:
 	rm -rf $(BUILD)

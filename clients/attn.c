@@ -1,8 +1,9 @@
 /*
  * attn.c — the attn command: one binary, a subcommand per job.
  *
- * This issue's subcommands work in-process on the engine: `plan` (memory of
- * standard versus flash attention) and `bench` (GFLOP/s of the CPU engine).
+ * The subcommands work in-process on the engine: `plan` (memory of standard
+ * versus flash attention), `bench` (GFLOP/s of the CPU engine) and `compute`
+ * (a safetensors request file to a reply file).
  * Exit status: 0 success, 1 run-time failure, 2 bad usage or input.
  */
 #include "cmds.h"
@@ -17,6 +18,7 @@ static const char usage[] =
     "commands:\n"
     "  plan    memory of standard vs flash attention for a shape (attn plan --help)\n"
     "  bench   GFLOP/s of the CPU flash engine (attn bench --help)\n"
+    "  compute attention of a safetensors file, in-process (attn compute --help)\n"
     "\n"
     "attn --version prints the version.\n";
 
@@ -38,6 +40,8 @@ int main(int argc, char **argv) {
     return attn_cmd_plan(argc - 1, argv + 1);
   if (strcmp(cmd, "bench") == 0)
     return attn_cmd_bench(argc - 1, argv + 1);
+  if (strcmp(cmd, "compute") == 0)
+    return attn_cmd_compute(argc - 1, argv + 1);
   fprintf(stderr, "attn: unknown command \"%s\"\n%s", cmd, usage);
   return 2;
 }

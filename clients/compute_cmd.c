@@ -1,0 +1,181 @@
+/*
+ * compute_cmd.c — `attn compute IN.safetensors OUT.safetensors`: decode a
+ * request file with the same codec the server uses, run the engine in this
+ * process, write the reply file.
+ *
+ * Flags carry options the way a URL query string does, so a file's
+ * __metadata__ overrides them exactly as it would over HTTP. The output is
+ * written to a temporary file beside OUT and renamed into place, so a
+ * failure never leaves a half-written OUT. Exit status: 0 done, 1 an I/O or
+ * engine failure, 2 bad usage or a bad input file.
+ */
+#include "args.h"
+#include "benchlib.h"
+#include "cmds.h"
+#include "proto.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char usage[] =
+    "usage: attn compute IN.safetensors OUT.safetensors [--causal] [--scale X]\n"
+    "                    [--window-left N] [--window-right N] [--stats] [--threads N]\n"
+    "                    [--backend auto|cpu|cuda|reference]\n"
+    "\n"
+    "Reads tensors q, k, v from IN, computes attention in this process and writes o\n"
+    "(and m, l, lse with --stats) to OUT. Flags are options as in the HTTP query\n"
+    "string; IN's __metadata__, when it sets the same option, wins (as over HTTP).\n";
+
+/* Reads a whole file into a malloc'd buffer. */
+static int read_file(const char *path, void **pbuf, size_t *plen) {
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    return -1;
+  size_t cap = 1 << 20, len = 0;
+  char *buf = malloc(cap);
+  while (buf) {
+    size_t n = fread(buf + len, 1, cap - len, f);
+    len += n;
+    if (len < cap)
+      break;
+    char *nb = realloc(buf, cap *= 2);
+    if (!nb) {
+      free(buf);
+      buf = NULL;
+      errno = ENOMEM;
+    }
+    buf = nb;
+  }
+  int err = ferror(f);
+  fclose(f);
+  if (!buf || err) {
+    free(buf);
+    if (err)
+      errno = EIO;
+    return -1;
+  }
+  *pbuf = buf;
+  *plen = len;
+  return 0;
+}
+
+static int write_file(const char *path, const void *buf, size_t len) {
+  size_t n = strlen(path) + 16;
+  char *tmp = malloc(n);
+  if (!tmp)
+    return -1;
+  snprintf(tmp, n, "%s.tmp%ld", path, (long)getpid());
+  FILE *f = fopen(tmp, "wb");
+  int ok = f && fwrite(buf, 1, len, f) == len;
+  if (f && fclose(f) != 0)
+    ok = 0;
+  if (ok && rename(tmp, path) != 0)
+    ok = 0;
+  if (!ok) {
+    int e = errno;
+    unlink(tmp);
+    errno = e;
+  }
+  free(tmp);
+  return ok ? 0 : -1;
+}
+
+int attn_cmd_compute(int argc, char **argv) {
+  static const struct option opts[] = {
+      {"causal", no_argument, 0, 'c'},       {"scale", required_argument, 0, 's'},
+      {"window-left", required_argument, 0, 'L'}, {"window-right", required_argument, 0, 'R'},
+      {"stats", no_argument, 0, 'S'},        {"threads", required_argument, 0, 'T'},
+      {"backend", required_argument, 0, 'B'}, {"help", no_argument, 0, 'x'},
+      {0, 0, 0, 0}};
+  attn_options flags;
+  attn_options_init(&flags);
+  attn_status st;
+  int threads = 0, c, rc = 0;
+  optind = 1;
+  while (rc == 0 && (c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    /* Flags go through the option parser, as the query string does. */
+    static const char *const names[] = {['c'] = "causal", ['s'] = "scale",
+                                        ['L'] = "window_left", ['R'] = "window_right",
+                                        ['S'] = "stats", ['B'] = "backend"};
+    switch (c) {
+    case 'c':
+    case 'S':
+      rc = attn_options_set(&flags, names[c], strlen(names[c]), "true", 4, "flags", &st);
+      break;
+    case 's':
+    case 'L':
+    case 'R':
+    case 'B':
+      rc = attn_options_set(&flags, names[c], strlen(names[c]), optarg, strlen(optarg),
+                            "flags", &st);
+      break;
+    case 'T':
+      if (attn_arg_int("--threads", optarg, 0, 1024, &threads) < 0)
+        return 2;
+      break;
+    case 'x': fputs(usage, stdout); return 0;
+    default: fputs(usage, stderr); return 2;
+    }
+  }
+  if (rc < 0) {
+    fprintf(stderr, "attn compute: %s\n", st.message);
+    return 2;
+  }
+  if (argc - optind != 2) {
+    fprintf(stderr, "attn compute: expected IN and OUT files\n%s", usage);
+    return 2;
+  }
+  const char *in = argv[optind], *out = argv[optind + 1];
+  void *body;
+  size_t len;
+  if (read_file(in, &body, &len) < 0) {
+    fprintf(stderr, "attn compute: cannot read %s: %s\n", in, strerror(errno));
+    return 2;
+  }
+  attn_proto_req pr;
+  if (attn_proto_decode_safetensors(body, len, &flags, &pr, &st) < 0) {
+    fprintf(stderr, "attn compute: %s: %s\n", in, st.message);
+    free(body);
+    return 2;
+  }
+  int status = 0;
+  attn_engine *e = attn_bench_open(threads, NULL, &st);
+  attn_result res;
+  if (!e) {
+    fprintf(stderr, "attn compute: %s\n", st.message);
+    status = 1;
+  } else if (attn_engine_run(e, &pr.req, &res, &st) < 0) {
+    fprintf(stderr, "attn compute: %s: %s\n", in, st.message);
+    /* what the input asked for is wrong (4xx), or the engine failed (5xx) */
+    status = attn_proto_http_status(st.code) < 500 ? 2 : 1;
+  } else {
+    void *obuf;
+    size_t olen;
+    if (attn_proto_encode_safetensors(&pr, &obuf, &olen, &st) < 0) {
+      fprintf(stderr, "attn compute: %s\n", st.message);
+      status = 1;
+    } else {
+      if (write_file(out, obuf, olen) < 0) {
+        fprintf(stderr, "attn compute: cannot write %s: %s\n", out, strerror(errno));
+        status = 1;
+      } else {
+        const attn_request *r = &pr.req;
+        printf("%s: B=%lld Hq=%lld Hkv=%lld Nq=%lld Nkv=%lld D=%lld %s on %s: %.3f ms, "
+               "%.1f GFLOP/s -> %s (%zu bytes)\n",
+               in, (long long)r->batch, (long long)r->heads_q, (long long)r->heads_kv,
+               (long long)r->seq_q, (long long)r->seq_kv, (long long)r->head_dim,
+               attn_dtype_name(r->dtype), res.backend, res.engine_seconds * 1e3,
+               res.engine_seconds > 0 ? res.flops / res.engine_seconds * 1e-9 : 0.0, out,
+               olen);
+      }
+      free(obuf);
+    }
+  }
+  attn_engine_close(e);
+  attn_proto_req_free(&pr);
+  free(body);
+  return status;
+}

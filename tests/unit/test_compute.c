@@ -1,0 +1,171 @@
+#define _GNU_SOURCE
+/*
+ * test_compute.c — `attn compute IN OUT` end to end: a request file in, a
+ * reply file out that decodes to the float64 reference; options from flags
+ * and from __metadata__ (which wins); bad files get one line and status 2,
+ * an unwritable OUT status 1, and OUT is never left half-written.
+ */
+#include "helpers.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char dir[64];
+
+static void setup(void) {
+  snprintf(dir, sizeof dir, "/tmp/attn-compute-XXXXXX");
+  cr_assert(mkdtemp(dir));
+}
+
+static void teardown(void) {
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  cr_expect_eq(system(cmd), 0);
+}
+
+static int run(const char *args, char *out, size_t cap) {
+  const char *bin = getenv("ATTN_BIN") ? getenv("ATTN_BIN") : "build/attn";
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "%s compute %s 2>&1", bin, args);
+  FILE *f = popen(cmd, "r");
+  cr_assert(f);
+  size_t n = fread(out, 1, cap - 1, f);
+  out[n] = 0;
+  int status = pclose(f);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static void write_bytes(const char *path, const void *b, size_t n) {
+  FILE *f = fopen(path, "wb");
+  cr_assert(f && fwrite(b, 1, n, f) == n);
+  fclose(f);
+}
+
+static char *read_bytes(const char *path, size_t *n) {
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    return NULL;
+  char *b = malloc(1 << 22);
+  *n = fread(b, 1, 1 << 22, f);
+  fclose(f);
+  return b;
+}
+
+/* The "o" (and "lse") tensors of a reply file, by a plain read of its
+ * header: the tests do not trust the decoder they test. */
+static const char *tensor_data(const char *file, size_t len, const char *name) {
+  uint64_t n = 0;
+  for (int i = 0; i < 8; i++)
+    n |= (uint64_t)(unsigned char)file[i] << (8 * i);
+  cr_assert(8 + n <= len && (8 + n) % 8 == 0, "header of %llu bytes", (unsigned long long)n);
+  char key[32];
+  snprintf(key, sizeof key, "\"%s\":", name);
+  const char *h = memmem(file + 8, n, key, strlen(key));
+  cr_assert(h, "no tensor %s in the reply", name);
+  const char *off = strstr(h, "data_offsets");
+  cr_assert(off);
+  unsigned long long begin = strtoull(strchr(off, '[') + 1, NULL, 10);
+  return file + 8 + n + begin;
+}
+
+Test(compute, file_to_file, .init = setup, .fini = teardown) {
+  tprob p = tprob_make(1, 4, 2, 33, 47, 24, ATTN_F32);
+  p.causal = true;
+  p.stats = true;
+  tcase c;
+  tcase_init(&c, &p, 5);
+  size_t len;
+  char *body = tsafetensors(&c, NULL, &len);
+  char in[128], outp[128], args[400], msg[4096];
+  snprintf(in, sizeof in, "%s/in.safetensors", dir);
+  snprintf(outp, sizeof outp, "%s/out.safetensors", dir);
+  write_bytes(in, body, len);
+  snprintf(args, sizeof args, "%s %s --causal --stats --threads 2", in, outp);
+  cr_assert_eq(run(args, msg, sizeof msg), 0, "%s", msg);
+  cr_expect(strstr(msg, "GFLOP/s"), "%s", msg);
+  size_t olen = 0;
+  char *out = read_bytes(outp, &olen);
+  cr_assert(out);
+  /* put the reply's o and lse where tcheck() looks, and compare */
+  memcpy(c.o, tensor_data(out, olen, "o"), (size_t)(4 * 33 * 24) * 4);
+  memcpy(c.m, tensor_data(out, olen, "m"), 4 * 33 * 4);
+  memcpy(c.l, tensor_data(out, olen, "l"), 4 * 33 * 4);
+  memcpy(c.lse, tensor_data(out, olen, "lse"), 4 * 33 * 4);
+  terr e = tcheck(&c);
+  cr_expect_lt(e.o, 1e-5);
+  cr_expect_lt(e.stats, 1e-5);
+  cr_expect(e.masked_ok);
+  free(out);
+  free(body);
+  tcase_free(&c);
+}
+
+/* __metadata__ says causal; the flags do not: the file wins, as over HTTP. */
+Test(compute, metadata_options, .init = setup, .fini = teardown) {
+  tprob p = tprob_make(1, 1, 1, 20, 20, 8, ATTN_BF16);
+  p.causal = true;
+  tcase c;
+  tcase_init(&c, &p, 6);
+  size_t len;
+  char *body = tsafetensors(&c, "{\"causal\":\"true\"}", &len);
+  char in[128], outp[128], args[400], msg[4096];
+  snprintf(in, sizeof in, "%s/in.safetensors", dir);
+  snprintf(outp, sizeof outp, "%s/out.safetensors", dir);
+  write_bytes(in, body, len);
+  snprintf(args, sizeof args, "%s %s", in, outp);
+  cr_assert_eq(run(args, msg, sizeof msg), 0, "%s", msg);
+  size_t olen = 0;
+  char *out = read_bytes(outp, &olen);
+  cr_assert(out);
+  memcpy(c.o, tensor_data(out, olen, "o"), 20 * 8 * 2);
+  cr_expect_lt(tcheck(&c).o, ttol(ATTN_BF16));
+  free(out);
+  free(body);
+  tcase_free(&c);
+}
+
+Test(compute, bad_inputs_exit_2, .init = setup, .fini = teardown) {
+  char in[128], outp[128], args[400], msg[4096];
+  snprintf(in, sizeof in, "%s/bad.safetensors", dir);
+  snprintf(outp, sizeof outp, "%s/out.safetensors", dir);
+  write_bytes(in, "\x05\x00\x00\x00\x00\x00\x00\x00{\"q\":", 13);
+  snprintf(args, sizeof args, "%s %s", in, outp);
+  cr_expect_eq(run(args, msg, sizeof msg), 2, "%s", msg);
+  cr_expect(strstr(msg, "bad.safetensors: "), "%s", msg);
+  cr_expect_eq(strchr(msg, '\n'), msg + strlen(msg) - 1, "one line: %s", msg);
+  cr_expect_neq(access(outp, F_OK), 0, "no output file after a failure");
+  snprintf(args, sizeof args, "%s/missing.safetensors %s", dir, outp);
+  cr_expect_eq(run(args, msg, sizeof msg), 2, "%s", msg);
+  cr_expect(strstr(msg, "cannot read"), "%s", msg);
+  cr_expect_eq(run("--scale abc x y", msg, sizeof msg), 2);
+  cr_expect(strstr(msg, "option \"scale\" in the flags must be a finite number"), "%s", msg);
+  cr_expect_eq(run("only-one-file", msg, sizeof msg), 2);
+  cr_expect_eq(run("--help", msg, sizeof msg), 0);
+  /* a valid file whose values are not finite: refused by the engine, status 2 */
+  tprob p = tprob_make(1, 1, 1, 4, 4, 4, ATTN_F32);
+  tcase c;
+  tcase_init(&c, &p, 1);
+  ((float *)c.k)[3] = NAN;
+  size_t len;
+  char *body = tsafetensors(&c, NULL, &len);
+  write_bytes(in, body, len);
+  snprintf(args, sizeof args, "%s %s", in, outp);
+  cr_expect_eq(run(args, msg, sizeof msg), 2, "%s", msg);
+  cr_expect(strstr(msg, "non-finite"), "%s", msg);
+  /* an unwritable destination: status 1, nothing left behind */
+  snprintf(args, sizeof args, "%s %s/no/such/dir/out.safetensors", in, dir);
+  ((float *)c.k)[3] = 0;
+  free(body);
+  body = tsafetensors(&c, NULL, &len);
+  write_bytes(in, body, len);
+  cr_expect_eq(run(args, msg, sizeof msg), 1, "%s", msg);
+  cr_expect(strstr(msg, "cannot write"), "%s", msg);
+  free(body);
+  tcase_free(&c);
+}

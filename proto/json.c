@@ -144,19 +144,15 @@ static int check_rank(const char *name, int rank, attn_status *st) {
  * message quotes it. F32 is rounded by hand above FLT_MAX because a double
  * outside float's range converts with undefined behaviour in C.
  */
-static int store(void *buf, attn_dtype dt, size_t i, double x, const char *name,
-                 const char *where, attn_status *st) {
+static int store(void *buf, attn_dtype dt, size_t i, double x) {
   if (!isfinite(x))
-    return attn_status_set(st, ATTN_PROTO_ENONFINITE,
-                           "tensor \"%s\": %s is not finite (JSON has no infinity; "
-                           "1e999 and the like overflow)",
-                           name, where);
+    return ATTN_PROTO_ENONFINITE;
   switch (dt) {
   case ATTN_F32: {
     /* FLT_MAX + half an ulp and beyond round to infinity (the tie goes up:
      * FLT_MAX's last bit is odd); below that they round to FLT_MAX. */
     if (fabs(x) >= 0x1.ffffffp127)
-      goto overflow;
+      return ATTN_PROTO_ENONFINITE;
     float f = fabs(x) > FLT_MAX ? (x > 0 ? FLT_MAX : -FLT_MAX) : (float)x;
     ((float *)buf)[i] = f;
     return 0;
@@ -164,19 +160,29 @@ static int store(void *buf, attn_dtype dt, size_t i, double x, const char *name,
   case ATTN_F16: {
     uint16_t h = attn_f64_to_f16(x);
     if ((h & 0x7fff) == 0x7c00)
-      goto overflow;
+      return ATTN_PROTO_ENONFINITE;
     ((uint16_t *)buf)[i] = h;
     return 0;
   }
   default: {
     uint16_t b = attn_f64_to_bf16(x);
     if ((b & 0x7fff) == 0x7f80)
-      goto overflow;
+      return ATTN_PROTO_ENONFINITE;
     ((uint16_t *)buf)[i] = b;
     return 0;
   }
   }
-overflow:
+}
+
+/* The message for a value store() refused; `where` is only formatted then,
+ * off the per-element path. */
+static int store_error(double x, attn_dtype dt, const char *name, const char *where,
+                       attn_status *st) {
+  if (!isfinite(x))
+    return attn_status_set(st, ATTN_PROTO_ENONFINITE,
+                           "tensor \"%s\": %s is not finite (JSON has no infinity; "
+                           "1e999 and the like overflow)",
+                           name, where);
   return attn_status_set(st, ATTN_PROTO_ENONFINITE,
                          "tensor \"%s\": %s = %.9g overflows %s (rounds to infinity)", name,
                          where, x, attn_dtype_name(dt));
@@ -279,14 +285,15 @@ static int tensor_object(const cJSON *obj, attn_proto_tensor *t, void **pbuf,
     return attn_status_set(st, ATTN_PROTO_ENOMEM, "out of memory for tensor \"%s\"", name);
   size_t k = 0;
   for (const cJSON *e = data->child; e; e = e->next, k++) {
-    char where[48];
-    snprintf(where, sizeof where, "data[%zu]", k);
     if (!cJSON_IsNumber(e))
       return attn_status_set(st, ATTN_PROTO_ETENSOR,
-                             "tensor \"%s\": %s must be a number, not %s", name, where,
+                             "tensor \"%s\": data[%zu] must be a number, not %s", name, k,
                              json_type(e));
-    if ((rc = store(buf, t->dtype, k, e->valuedouble, name, where, st)) < 0)
-      return rc;
+    if (store(buf, t->dtype, k, e->valuedouble) < 0) {
+      char where[48];
+      snprintf(where, sizeof where, "data[%zu]", k);
+      return store_error(e->valuedouble, t->dtype, name, where, st);
+    }
   }
   t->data = buf;
   return 0;
@@ -316,11 +323,11 @@ static int nested_walk(const cJSON *a, const attn_proto_tensor *t, int level, si
                                "tensor \"%s\": element %s must be a number, not %s", t->name,
                                path_str(p, sizeof p, idx, level + 1), json_type(c));
       if (out) {
-        char where[112];
-        snprintf(where, sizeof where, "element %s", path_str(p, sizeof p, idx, level + 1));
-        int rc = store(out, ATTN_F32, *pos, c->valuedouble, t->name, where, st);
-        if (rc < 0)
-          return rc;
+        if (store(out, ATTN_F32, *pos, c->valuedouble) < 0) {
+          char where[112];
+          snprintf(where, sizeof where, "element %s", path_str(p, sizeof p, idx, level + 1));
+          return store_error(c->valuedouble, ATTN_F32, t->name, where, st);
+        }
         ++*pos;
       }
     } else {
@@ -584,6 +591,14 @@ static void put_str(sbuf *b, const char *s) {
   put(b, "\"", 1);
 }
 
+/* Whether text parses back to the element (F32 f, or F16/BF16 bits). */
+static bool reads_back(const char *text, attn_dtype dt, float f, uint16_t bits) {
+  if (dt == ATTN_F32)
+    return strtof(text, NULL) == f;
+  double y = strtod(text, NULL);
+  return (dt == ATTN_F16 ? attn_f64_to_f16(y) : attn_f64_to_bf16(y)) == bits;
+}
+
 /*
  * The shortest "%.Ng" text of element i of a buffer of dtype dt that reads
  * back to the same element: for F32 through strtof, for F16 and BF16 through
@@ -617,17 +632,23 @@ static size_t fmt_elem(char *out, const void *p, attn_dtype dt, size_t i) {
     memcpy(out, "null", 4);
     return 4;
   }
-  int n = 0;
-  for (int prec = lo; prec <= hi; prec++) {
-    n = snprintf(out, 32, "%.*g", prec, x);
-    if (dt == ATTN_F32 ? strtof(out, NULL) == f
-                       : (dt == ATTN_F16 ? attn_f64_to_f16(strtod(out, NULL))
-                                         : attn_f64_to_bf16(strtod(out, NULL))) == bits)
-      return (size_t)n;
+  /* hi digits always read back (the unit tests check every F16 and BF16
+   * value; 9 is the float's bound). Most computed values need hi or hi - 1
+   * digits, so start at hi - 1 and walk down while the text still reads
+   * back, or up to hi at once: two conversions for most values. (Next to a
+   * power of two, where the interval that reads back is lopsided, a shorter
+   * text can lie past one that fails; the walk stops there, one digit long.) */
+  char t[32];
+  int n = snprintf(out, 32, "%.*g", hi - 1, x);
+  if (!reads_back(out, dt, f, bits))
+    return (size_t)snprintf(out, 32, "%.*g", hi, x);
+  for (int prec = hi - 2; prec >= lo; prec--) {
+    int m = snprintf(t, sizeof t, "%.*g", prec, x);
+    if (!reads_back(t, dt, f, bits))
+      break;
+    memcpy(out, t, (size_t)m + 1);
+    n = m;
   }
-  /* Not reached: hi digits always read back (the unit tests check every
-   * F16 and BF16 value); the exact value is the safe answer regardless. */
-  n = snprintf(out, 32, "%.17g", x);
   return (size_t)n;
 }
 

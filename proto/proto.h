@@ -183,8 +183,8 @@ int attn_proto_encode_safetensors(const attn_proto_req *pr, void **pbuf, size_t 
 int attn_proto_decode_json(const char *body, size_t len, const attn_options *query,
                            attn_proto_req *pr, attn_status *st);
 /* {"o": {shape, dtype, data}, "m"|"l"|"lse": {...} when stats, "backend":
- * backend}. Each number is the shortest text that reads back to the same
- * value in its dtype; a non-finite value (the -inf m and lse of a row with
+ * backend}. Each number is the shortest %.Ng text that reads back to the
+ * same value in its dtype (proto/README.md says how shortest); a non-finite value (the -inf m and lse of a row with
  * no visible key) is written as null. *pbuf is malloc'd and NUL-terminated;
  * *plen excludes the NUL. */
 int attn_proto_encode_json(const attn_proto_req *pr, const char *backend, char **pbuf,

@@ -29,7 +29,7 @@ static double time_it(timed_fn fn, void *arg, int reps) {
 }
 
 typedef struct ctx {
-  const char *body;
+  char *body;
   size_t len;
   char *dst;
   attn_proto_req pr; /* a decoded request, for encoding */
@@ -185,7 +185,7 @@ int main(void) {
   double te = time_it(run_st_encode, &c, reps);
   report("encode o", c.out_len, te, tm * (double)c.out_len / (double)c.len);
   attn_proto_req_free(&c.pr);
-  free((char *)c.body);
+  free(c.body);
   free(c.dst);
   attn_bench_case_free(&bc);
 
@@ -207,7 +207,7 @@ int main(void) {
   te = time_it(run_json_encode, &c, reps);
   report("encode o", c.out_len, te, tc * (double)c.out_len / (double)c.len);
   attn_proto_req_free(&c.pr);
-  free((char *)c.body);
+  free(c.body);
   attn_bench_case_free(&bc);
   printf("\nthe last column: the baseline's time for the same bytes over the codec's time.\n");
   return 0;

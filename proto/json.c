@@ -24,6 +24,7 @@
  * (m and lse of a row with no visible key) is written as null, as is any
  * other non-finite value.
  */
+#include "internal.h"
 #include "proto.h"
 
 #include <cjson/cJSON.h>
@@ -37,39 +38,7 @@ static const char *const tensor_names[3] = {"q", "k", "v"};
 
 /* ---- messages ------------------------------------------------------------ */
 
-/* JSON keys are user bytes: quoted with non-printing bytes escaped and long
- * ones cut, so a message stays readable and inside attn_status. */
-static void quote(char *dst, size_t cap, const char *s) {
-  size_t o = 0, len = strlen(s);
-  for (size_t i = 0; i < len && o + 5 < cap; i++) {
-    unsigned char c = (unsigned char)s[i];
-    if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\')
-      dst[o++] = (char)c;
-    else
-      o += (size_t)snprintf(dst + o, cap - o, "\\x%02x", c);
-  }
-  if (o + 5 >= cap && o + 4 <= cap) {
-    memcpy(dst + o, "...", 3);
-    o += 3;
-  }
-  dst[o] = 0;
-}
 
-static const char *json_type(const cJSON *j) {
-  if (cJSON_IsObject(j))
-    return "an object";
-  if (cJSON_IsArray(j))
-    return "an array";
-  if (cJSON_IsString(j))
-    return "a string";
-  if (cJSON_IsNumber(j))
-    return "a number";
-  if (cJSON_IsBool(j))
-    return "a boolean";
-  if (cJSON_IsNull(j))
-    return "null";
-  return "an invalid value";
-}
 
 /* "[1][0]" for the index path idx[0..n), into buf. */
 static const char *path_str(char *buf, size_t cap, const size_t *idx, int n) {
@@ -203,7 +172,7 @@ static int tensor_object(const cJSON *obj, attn_proto_tensor *t, void **pbuf,
                          : !strcmp(c->string, "dtype") ? &dtype
                          : !strcmp(c->string, "data")  ? &data
                                                        : NULL;
-    quote(qk, sizeof qk, c->string);
+    attn__quote(qk, sizeof qk, c->string, strlen(c->string));
     if (!slot)
       return attn_status_set(st, ATTN_PROTO_ETENSOR,
                              "tensor \"%s\": unknown key \"%s\" (keys: shape, dtype, data)",
@@ -223,9 +192,9 @@ static int tensor_object(const cJSON *obj, attn_proto_tensor *t, void **pbuf,
       return attn_status_set(st, ATTN_PROTO_ETENSOR,
                              "tensor \"%s\": dtype must be a string (F32, F16 or BF16), "
                              "not %s",
-                             name, json_type(dtype));
+                             name, attn__json_type(dtype));
     if (attn_dtype_parse(dtype->valuestring, &t->dtype) < 0) {
-      quote(qk, sizeof qk, dtype->valuestring);
+      attn__quote(qk, sizeof qk, dtype->valuestring, strlen(dtype->valuestring));
       return attn_status_set(st, ATTN_PROTO_ETENSOR,
                              "tensor \"%s\": unknown dtype \"%s\" (use F32, F16 or BF16)",
                              name, qk);
@@ -235,7 +204,7 @@ static int tensor_object(const cJSON *obj, attn_proto_tensor *t, void **pbuf,
   if (!cJSON_IsArray(shape))
     return attn_status_set(st, ATTN_PROTO_ETENSOR,
                            "tensor \"%s\": shape must be an array of integers, not %s", name,
-                           json_type(shape));
+                           attn__json_type(shape));
   int rank = cJSON_GetArraySize(shape), rc;
   if ((rc = check_rank(name, rank, st)) < 0)
     return rc;
@@ -247,7 +216,7 @@ static int tensor_object(const cJSON *obj, attn_proto_tensor *t, void **pbuf,
     if (!cJSON_IsNumber(d))
       return attn_status_set(st, ATTN_PROTO_ETENSOR,
                              "tensor \"%s\": shape[%d] must be an integer, not %s", name, i,
-                             json_type(d));
+                             attn__json_type(d));
     if (!(v >= 0) || v != floor(v))
       return attn_status_set(st, ATTN_PROTO_ETENSOR,
                              "tensor \"%s\": shape[%d] = %.17g must be an integer >= 0", name,
@@ -266,7 +235,7 @@ static int tensor_object(const cJSON *obj, attn_proto_tensor *t, void **pbuf,
   if (!cJSON_IsArray(data))
     return attn_status_set(st, ATTN_PROTO_ETENSOR,
                            "tensor \"%s\": data must be a flat array of numbers, not %s",
-                           name, json_type(data));
+                           name, attn__json_type(data));
   size_t have = (size_t)cJSON_GetArraySize(data);
   if (have != n) {
     char s[128];
@@ -288,7 +257,7 @@ static int tensor_object(const cJSON *obj, attn_proto_tensor *t, void **pbuf,
     if (!cJSON_IsNumber(e))
       return attn_status_set(st, ATTN_PROTO_ETENSOR,
                              "tensor \"%s\": data[%zu] must be a number, not %s", name, k,
-                             json_type(e));
+                             attn__json_type(e));
     if (store(buf, t->dtype, k, e->valuedouble) < 0) {
       char where[48];
       snprintf(where, sizeof where, "data[%zu]", k);
@@ -321,7 +290,7 @@ static int nested_walk(const cJSON *a, const attn_proto_tensor *t, int level, si
       if (!cJSON_IsNumber(c))
         return attn_status_set(st, ATTN_PROTO_ETENSOR,
                                "tensor \"%s\": element %s must be a number, not %s", t->name,
-                               path_str(p, sizeof p, idx, level + 1), json_type(c));
+                               path_str(p, sizeof p, idx, level + 1), attn__json_type(c));
       if (out) {
         if (store(out, ATTN_F32, *pos, c->valuedouble) < 0) {
           char where[112];
@@ -335,7 +304,7 @@ static int nested_walk(const cJSON *a, const attn_proto_tensor *t, int level, si
         return attn_status_set(st, ATTN_PROTO_ETENSOR,
                                "tensor \"%s\": element %s is %s where an array belongs "
                                "(ragged arrays have no shape)",
-                               t->name, path_str(p, sizeof p, idx, level + 1), json_type(c));
+                               t->name, path_str(p, sizeof p, idx, level + 1), attn__json_type(c));
       int rc = nested_walk(c, t, level + 1, idx, out, pos, st);
       if (rc < 0)
         return rc;
@@ -392,7 +361,7 @@ static int tensor(const cJSON *j, attn_proto_tensor *t, void **pbuf, attn_status
   return attn_status_set(st, ATTN_PROTO_ETENSOR,
                          "tensor \"%s\" must be an object {\"shape\", \"dtype\", \"data\"} or "
                          "nested arrays of numbers, not %s",
-                         t->name, json_type(j));
+                         t->name, attn__json_type(j));
 }
 
 /* ---- options ------------------------------------------------------------ */
@@ -441,7 +410,7 @@ static int option(attn_options *o, const cJSON *f, attn_status *st) {
   }
   return attn_status_set(st, ATTN_PROTO_EOPTVALUE,
                          "option \"%s\" in the JSON field must be %s, not %s", key, want,
-                         json_type(f));
+                         attn__json_type(f));
 }
 
 /* ---- decode ------------------------------------------------------------- */
@@ -472,7 +441,7 @@ static int decode(const char *body, size_t len, const attn_options *query,
     return attn_status_set(st, ATTN_PROTO_EJSON,
                            "the JSON body must be an object {\"q\": ..., \"k\": ..., "
                            "\"v\": ...}, not %s",
-                           json_type(root));
+                           attn__json_type(root));
 
   const cJSON *tj[3] = {NULL, NULL, NULL};
   attn_options body_opts;
@@ -483,7 +452,7 @@ static int decode(const char *body, size_t len, const attn_options *query,
     for (const cJSON *p = root->child; p != c; p = p->next)
       if (!strcmp(p->string, c->string)) {
         char qk[48];
-        quote(qk, sizeof qk, c->string);
+        attn__quote(qk, sizeof qk, c->string, strlen(c->string));
         return attn_status_set(st, ATTN_PROTO_EJSON, "duplicate key \"%s\" in the JSON body",
                                qk);
       }

@@ -7,6 +7,7 @@
  * overrides an earlier one through attn_options_merge(): the body wins over
  * the query string.
  */
+#include "internal.h"
 #include "proto.h"
 
 #include <errno.h>
@@ -52,35 +53,18 @@ attn_option_kind attn_option_kind_of(const char *name, size_t len) {
   return d ? d->kind : ATTN_OPTK_NONE;
 }
 
-/* Names and values are quoted in messages with non-printing bytes escaped. */
-static void quote(char *dst, size_t cap, const char *s, size_t len) {
-  size_t o = 0, i = 0;
-  for (; i < len && o + 8 < cap; i++) { /* room for one escape and "..." */
-    unsigned char c = (unsigned char)s[i];
-    if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\')
-      dst[o++] = (char)c;
-    else
-      o += (size_t)snprintf(dst + o, cap - o, "\\x%02x", c);
-  }
-  if (i < len) {
-    memcpy(dst + o, "...", 3);
-    o += 3;
-  }
-  dst[o] = 0;
-}
-
 int attn_options_set(attn_options *o, const char *name, size_t name_len,
                      const char *value, size_t value_len, const char *source,
                      attn_status *st) {
   char qn[48], qv[48], buf[64];
   const opt_def *d = find(name, name_len);
-  quote(qn, sizeof qn, name, name_len);
+  attn__quote(qn, sizeof qn, name, name_len);
   if (!d)
     return attn_status_set(st, ATTN_PROTO_EOPTION,
                            "unknown option \"%s\" in the %s (options: causal, scale, "
                            "window_left, window_right, stats, backend)",
                            qn, source);
-  quote(qv, sizeof qv, value, value_len);
+  attn__quote(qv, sizeof qv, value, value_len);
   if (value_len >= sizeof buf)
     goto bad;
   memcpy(buf, value, value_len);

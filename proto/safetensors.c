@@ -10,6 +10,7 @@
  * byte is used, and each refusal names the field, tensor or byte offset so
  * that whoever wrote the file can find what their writer got wrong.
  */
+#include "internal.h"
 #include "proto.h"
 
 #include <cjson/cJSON.h>
@@ -37,41 +38,7 @@ typedef struct entry {
   uint64_t begin, end;
 } entry;
 
-/* Names from the header go into messages escaped and cut short: they are
- * arbitrary client bytes, and the message has a fixed size. */
-static const char *quote(char *dst, size_t cap, const char *s) {
-  size_t o = 0;
-  for (; *s; s++) {
-    if (o + 8 > cap) {
-      memcpy(dst + o, "...", 3);
-      o += 3;
-      break;
-    }
-    unsigned char c = (unsigned char)*s;
-    if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\')
-      dst[o++] = (char)c;
-    else
-      o += (size_t)snprintf(dst + o, cap - o, "\\x%02x", c);
-  }
-  dst[o] = 0;
-  return dst;
-}
 
-static const char *json_type(const cJSON *j) {
-  if (cJSON_IsObject(j))
-    return "an object";
-  if (cJSON_IsArray(j))
-    return "an array";
-  if (cJSON_IsString(j))
-    return "a string";
-  if (cJSON_IsNumber(j))
-    return "a number";
-  if (cJSON_IsBool(j))
-    return "a boolean";
-  if (cJSON_IsNull(j))
-    return "null";
-  return "an invalid value";
-}
 
 /* Length of the UTF-8 sequence at s, or 0 when it is not well formed
  * (overlong forms and surrogates included, as RFC 3629 says). */
@@ -201,7 +168,7 @@ static int parse_entry(const cJSON *j, const char *name, uint64_t data_len, entr
     return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
                            "tensor \"%s\" must be an object {\"dtype\", \"shape\", "
                            "\"data_offsets\"}, not %s",
-                           name, json_type(j));
+                           name, attn__json_type(j));
   const cJSON *f[3] = {NULL, NULL, NULL};
   for (const cJSON *c = j->child; c; c = c->next) {
     int i = 0;
@@ -211,7 +178,7 @@ static int parse_entry(const cJSON *j, const char *name, uint64_t data_len, entr
       return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
                              "tensor \"%s\" has the unknown field \"%s\" (fields: dtype, "
                              "shape, data_offsets)",
-                             name, quote(q, sizeof q, c->string));
+                             name, attn__quote(q, sizeof q, c->string, strlen(c->string)));
     if (f[i])
       return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
                              "tensor \"%s\" has the field \"%s\" twice", name,
@@ -226,17 +193,17 @@ static int parse_entry(const cJSON *j, const char *name, uint64_t data_len, entr
   if (!cJSON_IsString(f[0]))
     return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
                            "tensor \"%s\": dtype must be a string such as \"F32\", not %s",
-                           name, json_type(f[0]));
+                           name, attn__json_type(f[0]));
   if (attn_dtype_parse(f[0]->valuestring, &e->dtype) < 0)
     return attn_status_set(st, ATTN_PROTO_ETENSOR,
                            "tensor \"%s\": dtype \"%s\" is not supported (F32, F16 or BF16)",
-                           name, quote(q, sizeof q, f[0]->valuestring));
+                           name, attn__quote(q, sizeof q, f[0]->valuestring, strlen(f[0]->valuestring)));
   uint64_t es = attn_dtype_size(e->dtype);
 
   if (!cJSON_IsArray(f[1]))
     return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
                            "tensor \"%s\": shape must be an array of integers, not %s", name,
-                           json_type(f[1]));
+                           attn__json_type(f[1]));
   uint64_t dims[MAX_RANK];
   int rank = 0;
   for (const cJSON *c = f[1]->child; c; c = c->next, rank++) {
@@ -247,7 +214,7 @@ static int parse_entry(const cJSON *j, const char *name, uint64_t data_len, entr
     if (!cJSON_IsNumber(c))
       return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
                              "tensor \"%s\": shape[%d] must be an integer, not %s", name,
-                             rank, json_type(c));
+                             rank, attn__json_type(c));
     if (!as_index(c, &dims[rank]))
       return attn_status_set(st, ATTN_PROTO_ETENSOR,
                              "tensor \"%s\": shape[%d] is %.17g; a dimension is an integer "
@@ -281,7 +248,7 @@ static int parse_entry(const cJSON *j, const char *name, uint64_t data_len, entr
     return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
                            "tensor \"%s\": data_offsets must be an array [begin, end], not "
                            "%s%s",
-                           name, json_type(off),
+                           name, attn__json_type(off),
                            cJSON_IsArray(off) ? " of another length" : "");
   uint64_t be[2];
   int i = 0;
@@ -289,7 +256,7 @@ static int parse_entry(const cJSON *j, const char *name, uint64_t data_len, entr
     if (!cJSON_IsNumber(c))
       return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
                              "tensor \"%s\": data_offsets[%d] must be an integer, not %s",
-                             name, i, json_type(c));
+                             name, i, attn__json_type(c));
     if (!as_index(c, &be[i]))
       return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
                              "tensor \"%s\": data_offsets[%d] is %.17g; an offset is an "
@@ -324,7 +291,7 @@ static int parse_metadata(const cJSON *j, attn_options *meta, attn_status *st) {
   char q[48];
   if (!cJSON_IsObject(j))
     return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
-                           "__metadata__ must be an object of strings, not %s", json_type(j));
+                           "__metadata__ must be an object of strings, not %s", attn__json_type(j));
   for (const cJSON *c = j->child; c; c = c->next) {
     /* Every key before c passed attn_options_set, so there are at most six
      * of them: the quadratic look-back stays cheap whatever the header. */
@@ -332,11 +299,11 @@ static int parse_metadata(const cJSON *j, attn_options *meta, attn_status *st) {
       if (!strcmp(p->string, c->string))
         return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
                                "__metadata__ has the key \"%s\" twice",
-                               quote(q, sizeof q, c->string));
+                               attn__quote(q, sizeof q, c->string, strlen(c->string)));
     if (!cJSON_IsString(c))
       return attn_status_set(st, ATTN_PROTO_EOPTVALUE,
                              "__metadata__ value of \"%s\" must be a string, not %s",
-                             quote(q, sizeof q, c->string), json_type(c));
+                             attn__quote(q, sizeof q, c->string, strlen(c->string)), attn__json_type(c));
     /* Writers such as PyTorch's tag files {"format": "pt"}: a convention of
      * the format, not an option, so it is the one key let through. */
     if (!strcmp(c->string, "format"))
@@ -414,7 +381,7 @@ static int parse_root(const cJSON *root, uint64_t data_len, entry e[3], attn_opt
     if (i == 3)
       return attn_status_set(st, ATTN_PROTO_EUNKNOWNTENSOR,
                              "unknown tensor \"%s\"; send exactly q, k and v",
-                             quote(q, sizeof q, c->string));
+                             attn__quote(q, sizeof q, c->string, strlen(c->string)));
     if (e[i].seen)
       return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
                              "the header has the tensor \"%s\" twice", tensor_names[i]);
@@ -475,7 +442,7 @@ int attn_proto_decode_safetensors(const void *body, size_t len, const attn_optio
   }
   if (!cJSON_IsObject(root)) {
     rc = attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
-                         "the header is %s, not a JSON object of tensors", json_type(root));
+                         "the header is %s, not a JSON object of tensors", attn__json_type(root));
     cJSON_Delete(root);
     return rc;
   }

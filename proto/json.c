@@ -38,8 +38,6 @@ static const char *const tensor_names[3] = {"q", "k", "v"};
 
 /* ---- messages ------------------------------------------------------------ */
 
-
-
 /* "[1][0]" for the index path idx[0..n), into buf. */
 static const char *path_str(char *buf, size_t cap, const size_t *idx, int n) {
   size_t o = 0;

@@ -38,8 +38,6 @@ typedef struct entry {
   uint64_t begin, end;
 } entry;
 
-
-
 /* Length of the UTF-8 sequence at s, or 0 when it is not well formed
  * (overlong forms and surrogates included, as RFC 3629 says). */
 static size_t utf8_len(const unsigned char *s, size_t n) {

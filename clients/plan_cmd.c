@@ -4,8 +4,10 @@
  */
 #include "args.h"
 #include "cmds.h"
+#include "proto.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const char usage[] =
@@ -65,26 +67,16 @@ static void print_table(const attn_plan_params *p, const attn_plan *pl) {
   printf("standard / flash memory = %.2fx\n", pl->standard_over_flash);
 }
 
-static void print_json(const attn_plan_params *p, const attn_plan *pl) {
-  printf("{\"batch\": %lld, \"heads_q\": %lld, \"heads_kv\": %lld, \"seq_q\": %lld, "
-         "\"seq_kv\": %lld, \"head_dim\": %lld, \"dtype\": \"%s\", \"threads\": %d,\n",
-         (long long)p->batch, (long long)p->heads_q,
-         (long long)(p->heads_kv ? p->heads_kv : p->heads_q), (long long)p->seq_q,
-         (long long)p->seq_kv, (long long)p->head_dim, attn_dtype_name(p->dtype),
-         pl->threads);
-  printf(" \"bytes\": {\"q\": %llu, \"k\": %llu, \"v\": %llu, \"o\": %llu, "
-         "\"s\": %llu, \"p\": %llu, \"s_plus_p\": %llu, \"m\": %llu, \"l\": %llu, "
-         "\"workspace_per_thread\": %llu, \"workspace\": %llu, "
-         "\"standard_total\": %llu, \"flash_total\": %llu},\n",
-         (unsigned long long)pl->q, (unsigned long long)pl->k,
-         (unsigned long long)pl->v, (unsigned long long)pl->o,
-         (unsigned long long)pl->s, (unsigned long long)pl->p,
-         (unsigned long long)pl->s_plus_p, (unsigned long long)pl->m,
-         (unsigned long long)pl->l, (unsigned long long)pl->workspace_per_thread,
-         (unsigned long long)pl->workspace, (unsigned long long)pl->standard_total,
-         (unsigned long long)pl->flash_total);
-  printf(" \"ratios\": {\"s_over_q\": %.17g, \"standard_over_flash\": %.17g}}\n",
-         pl->s_over_q, pl->standard_over_flash);
+static int print_json(const attn_plan_params *p, const attn_plan *pl) {
+  attn_sbuf b = {0};
+  attn_proto_plan_json(&b, p, pl);
+  if (b.oom) {
+    fprintf(stderr, "attn plan: out of memory\n");
+    return 1;
+  }
+  fputs(b.p, stdout);
+  free(b.p);
+  return 0;
 }
 
 int attn_cmd_plan(int argc, char **argv) {
@@ -127,8 +119,7 @@ int attn_cmd_plan(int argc, char **argv) {
     return 2;
   }
   if (json)
-    print_json(&p, &pl);
-  else
-    print_table(&p, &pl);
+    return print_json(&p, &pl);
+  print_table(&p, &pl);
   return 0;
 }

@@ -5,6 +5,8 @@
  */
 #include "proto.h"
 
+#include <stdlib.h>
+
 typedef struct http_err {
   int status;
   const char *code;
@@ -58,4 +60,19 @@ const char *attn_proto_code_name(int code) {
     return "ok";
   const http_err *e = lookup(code);
   return e ? e->code : "internal_error";
+}
+
+char *attn_proto_error_body(const char *code, const char *message, size_t *plen) {
+  attn_sbuf b = {0};
+  attn_sbuf_puts(&b, "{\"error\": {\"code\": ");
+  attn_sbuf_json_str(&b, code);
+  attn_sbuf_puts(&b, ", \"message\": ");
+  attn_sbuf_json_str(&b, message);
+  attn_sbuf_puts(&b, "}}\n");
+  if (b.oom) {
+    free(b.p);
+    return NULL;
+  }
+  *plen = b.len;
+  return b.p;
 }

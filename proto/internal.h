@@ -5,6 +5,9 @@
 #ifndef ATTN_PROTO_INTERNAL_H
 #define ATTN_PROTO_INTERNAL_H
 
+#include "engine.h"
+
+#include <stdbool.h>
 #include <stddef.h>
 
 struct cJSON;
@@ -15,5 +18,12 @@ const char *attn__quote(char *dst, size_t cap, const char *s, size_t len);
 
 /* "an object", "a string", ... for messages about a JSON value's type. */
 const char *attn__json_type(const struct cJSON *j);
+
+/* Calls fn for each name=value pair of a URL query string, both
+ * percent-decoded and NUL-terminated; has_value is false for a bare "name".
+ * Stops at, and returns, the first error fn returns. */
+typedef int (*attn__query_fn)(void *ctx, const char *name, size_t nlen, const char *value,
+                              size_t vlen, bool has_value, attn_status *st);
+int attn__query_each(const char *query, attn__query_fn fn, void *ctx, attn_status *st);
 
 #endif

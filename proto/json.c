@@ -503,61 +503,6 @@ int attn_proto_decode_json(const char *body, size_t len, const attn_options *que
 
 /* ---- encode ------------------------------------------------------------- */
 
-typedef struct sbuf {
-  char *p;
-  size_t len, cap;
-  bool oom;
-} sbuf;
-
-/* Makes room for n more bytes plus a NUL; after a failure every write is a
- * no-op and the caller reports ENOMEM once. */
-static bool reserve(sbuf *b, size_t n) {
-  if (b->oom)
-    return false;
-  if (b->len + n + 1 <= b->cap)
-    return true;
-  size_t cap = b->cap ? b->cap : 256;
-  while (cap < b->len + n + 1)
-    cap *= 2;
-  char *p = realloc(b->p, cap);
-  if (!p) {
-    b->oom = true;
-    return false;
-  }
-  b->p = p;
-  b->cap = cap;
-  return true;
-}
-
-static void put(sbuf *b, const char *s, size_t n) {
-  if (!reserve(b, n))
-    return;
-  memcpy(b->p + b->len, s, n);
-  b->len += n;
-  b->p[b->len] = 0;
-}
-
-static void puts_(sbuf *b, const char *s) { put(b, s, strlen(s)); }
-
-/* A JSON string literal, escaped. */
-static void put_str(sbuf *b, const char *s) {
-  put(b, "\"", 1);
-  for (; *s; s++) {
-    unsigned char c = (unsigned char)*s;
-    char e[8];
-    if (c == '"' || c == '\\') {
-      e[0] = '\\';
-      e[1] = (char)c;
-      put(b, e, 2);
-    } else if (c < 0x20) {
-      put(b, e, (size_t)snprintf(e, sizeof e, "\\u%04x", c));
-    } else {
-      put(b, s, 1);
-    }
-  }
-  put(b, "\"", 1);
-}
-
 /* Whether text parses back to the element (F32 f, or F16/BF16 bits). */
 static bool reads_back(const char *text, attn_dtype dt, float f, uint16_t bits) {
   if (dt == ATTN_F32)
@@ -619,34 +564,34 @@ static size_t fmt_elem(char *out, const void *p, attn_dtype dt, size_t i) {
   return (size_t)n;
 }
 
-static void put_shape(sbuf *b, const int64_t *shape, int rank) {
+static void put_shape(attn_sbuf *b, const int64_t *shape, int rank) {
   char t[32];
-  put(b, "[", 1);
+  attn_sbuf_put(b, "[", 1);
   for (int i = 0; i < rank; i++)
-    put(b, t, (size_t)snprintf(t, sizeof t, i ? ", %lld" : "%lld", (long long)shape[i]));
-  put(b, "]", 1);
+    attn_sbuf_put(b, t, (size_t)snprintf(t, sizeof t, i ? ", %lld" : "%lld", (long long)shape[i]));
+  attn_sbuf_put(b, "]", 1);
 }
 
 /* "name": {"shape": [...], "dtype": "...", "data": [...]} */
-static void put_tensor(sbuf *b, const char *name, const int64_t *shape, int rank,
+static void put_tensor(attn_sbuf *b, const char *name, const int64_t *shape, int rank,
                        attn_dtype dt, const void *data) {
   size_t n = 1;
   for (int i = 0; i < rank; i++)
     n *= (size_t)shape[i];
-  put_str(b, name);
-  puts_(b, ": {\"shape\": ");
+  attn_sbuf_json_str(b, name);
+  attn_sbuf_puts(b, ": {\"shape\": ");
   put_shape(b, shape, rank);
-  puts_(b, ", \"dtype\": ");
-  put_str(b, attn_dtype_name(dt));
-  puts_(b, ", \"data\": [");
+  attn_sbuf_puts(b, ", \"dtype\": ");
+  attn_sbuf_json_str(b, attn_dtype_name(dt));
+  attn_sbuf_puts(b, ", \"data\": [");
   for (size_t i = 0; i < n; i++) {
-    if (!reserve(b, 40))
+    if (!attn_sbuf_reserve(b, 40))
       return;
     if (i)
       b->p[b->len++] = ',';
     b->len += fmt_elem(b->p + b->len, data, dt, i);
   }
-  puts_(b, "]}");
+  attn_sbuf_puts(b, "]}");
 }
 
 int attn_proto_encode_json(const attn_proto_req *pr, const char *backend, char **pbuf,
@@ -659,27 +604,27 @@ int attn_proto_encode_json(const attn_proto_req *pr, const char *backend, char *
   for (int i = 0; i < pr->rank; i++)
     if (pr->shape_q[i] < 0)
       return attn_status_set(st, ATTN_EINVAL, "encode_json: negative dimension");
-  sbuf b = {0};
+  attn_sbuf b = {0};
   /* Most numbers take 8 to 14 bytes; start near the final size. */
   size_t n = 1;
   for (int i = 0; i < pr->rank; i++)
     n *= (size_t)pr->shape_q[i];
-  reserve(&b, n * 12 + 256);
-  puts_(&b, "{");
+  attn_sbuf_reserve(&b, n * 12 + 256);
+  attn_sbuf_puts(&b, "{");
   put_tensor(&b, "o", pr->shape_q, pr->rank, r->dtype, r->o);
   if (pr->opts.stats && r->m && r->l && r->lse) {
     const float *s[3] = {r->m, r->l, r->lse};
     static const char *const names[3] = {"m", "l", "lse"};
     for (int i = 0; i < 3; i++) {
-      puts_(&b, ", ");
+      attn_sbuf_puts(&b, ", ");
       put_tensor(&b, names[i], pr->shape_q, pr->rank - 1, ATTN_F32, s[i]);
     }
   }
   if (backend) {
-    puts_(&b, ", \"backend\": ");
-    put_str(&b, backend);
+    attn_sbuf_puts(&b, ", \"backend\": ");
+    attn_sbuf_json_str(&b, backend);
   }
-  puts_(&b, "}");
+  attn_sbuf_puts(&b, "}");
   if (b.oom) {
     free(b.p);
     return attn_status_set(st, ATTN_PROTO_ENOMEM, "out of memory encoding the JSON reply");

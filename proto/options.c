@@ -149,7 +149,7 @@ static size_t url_decode(char *dst, const char *s, size_t n) {
   return o;
 }
 
-int attn_options_parse_query(attn_options *o, const char *query, attn_status *st) {
+int attn__query_each(const char *query, attn__query_fn fn, void *ctx, attn_status *st) {
   if (!query)
     return 0;
   const char *p = query;
@@ -167,9 +167,8 @@ int attn_options_parse_query(attn_options *o, const char *query, attn_status *st
         return attn_status_set(st, ATTN_PROTO_ENOMEM, "out of memory parsing the query");
       }
       size_t dn = url_decode(name, p, nlen), dv = url_decode(value, eq ? eq + 1 : p, vlen);
-      /* A bare flag ("?causal") means true, as curl users expect. */
-      int rc = eq ? attn_options_set(o, name, dn, value, dv, "query string", st)
-                  : attn_options_set(o, name, dn, "true", 4, "query string", st);
+      name[dn] = value[dv] = 0;
+      int rc = fn(ctx, name, dn, value, dv, eq != NULL, st);
       free(name);
       free(value);
       if (rc < 0)
@@ -178,6 +177,17 @@ int attn_options_parse_query(attn_options *o, const char *query, attn_status *st
     p += len + (amp ? 1 : 0);
   }
   return 0;
+}
+
+static int set_from_query(void *ctx, const char *name, size_t nlen, const char *value,
+                          size_t vlen, bool has_value, attn_status *st) {
+  /* A bare flag ("?causal") means true, as curl users expect. */
+  return has_value ? attn_options_set(ctx, name, nlen, value, vlen, "query string", st)
+                   : attn_options_set(ctx, name, nlen, "true", 4, "query string", st);
+}
+
+int attn_options_parse_query(attn_options *o, const char *query, attn_status *st) {
+  return attn__query_each(query, set_from_query, o, st);
 }
 
 void attn_options_merge(attn_options *base, const attn_options *over) {

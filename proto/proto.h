@@ -190,6 +190,39 @@ int attn_proto_decode_json(const char *body, size_t len, const attn_options *que
 int attn_proto_encode_json(const attn_proto_req *pr, const char *backend, char **pbuf,
                            size_t *plen, attn_status *st);
 
+/* ---- JSON text helpers, errors and the memory plan -------------------- */
+
+/* A growing text buffer; zero-initialize it. A failed allocation sets oom
+ * and turns later writes into no-ops; p is NUL-terminated when not NULL. */
+typedef struct attn_sbuf {
+  char *p;
+  size_t len, cap;
+  bool oom;
+} attn_sbuf;
+
+bool attn_sbuf_reserve(attn_sbuf *b, size_t n);
+void attn_sbuf_put(attn_sbuf *b, const char *s, size_t n);
+void attn_sbuf_puts(attn_sbuf *b, const char *s);
+void attn_sbuf_printf(attn_sbuf *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* s as a quoted JSON string, escaped. */
+void attn_sbuf_json_str(attn_sbuf *b, const char *s);
+
+/* The error body {"error": {"code": code, "message": message}}, malloc'd
+ * and NUL-terminated; NULL when out of memory. */
+char *attn_proto_error_body(const char *code, const char *message, size_t *plen);
+
+/*
+ * The memory plan's parameters from a query string (batch, heads, heads_kv,
+ * seq_q, seq_kv, head_dim, dtype; seq_q and head_dim required; seq_kv
+ * defaults to seq_q, heads and batch to 1, dtype to F32). Unknown names are
+ * ATTN_PROTO_EOPTION, bad or missing values ATTN_PROTO_EOPTVALUE.
+ */
+int attn_proto_parse_plan_query(const char *query, attn_plan_params *pp,
+                                attn_status *st);
+/* The plan as JSON (what `attn plan --json` prints), into b. */
+void attn_proto_plan_json(attn_sbuf *b, const attn_plan_params *pp, const attn_plan *pl);
+
 #ifdef __cplusplus
 }
 #endif

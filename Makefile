@@ -24,7 +24,8 @@ CUDA_ARCHS ?= 80 89 90
 
 # Packages the build and tests need (the fuzzers need clang and its
 # runtime); the benchmark adds OpenBLAS.
-DEPS       = gcc make libc6-dev libcriterion-dev libcjson-dev clang libclang-rt-dev
+DEPS       = gcc make libc6-dev libcriterion-dev libcjson-dev clang libclang-rt-dev \
+             libmicrohttpd-dev libuv1-dev libcurl4-openssl-dev
 BENCH_DEPS = libopenblas-dev
 
 WARN  = -Wall -Wextra -Wshadow -Wformat=2 -Wstrict-prototypes \
@@ -39,7 +40,7 @@ ifeq ($(SAN),1)
 SANFLAGS = -fsanitize=address,undefined -fno-sanitize-recover=undefined \
            -fno-omit-frame-pointer
 endif
-CPPFLAGS += -Iengine -Iproto -MMD -MP
+CPPFLAGS += -Iengine -Iproto -Iserver -MMD -MP
 ALL_CFLAGS = $(STD) $(OPT) $(DEBUG) $(WARN) $(SANFLAGS) $(CFLAGS)
 LDLIBS_ALL = $(SANFLAGS) -lcjson -pthread -lm $(LDLIBS)
 
@@ -106,8 +107,12 @@ FUZZ_FLAGS    = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover
                 -Iengine -Iproto
 FUZZ_LIB_SRC  = engine/dtype.c engine/request.c $(PROTO_SRC)
 
-.PHONY: all deps bench-deps test bench fuzz clean FORCE
-all: $(BUILD)/attn
+# ---- the server ---------------------------------------------------------------
+SERVER_SRC = server/main.c server/config.c server/http.c server/loop.c server/metrics.c
+SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/obj/%.o)
+
+.PHONY: all deps bench-deps test bench fuzz run clean FORCE
+all: $(BUILD)/attn $(BUILD)/attnd
 
 $(BUILD)/.flags: FORCE
 	@mkdir -p $(BUILD)
@@ -134,7 +139,11 @@ $(LIB): $(ENGINE_OBJ) $(PROTO_OBJ) $(ISA_OBJ) $(CU_OBJ)
 $(BUILD)/attn: $(ATTN_OBJ) $(LIB)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
 
-$(TEST_BIN): $(TEST_OBJ) $(LIB)
+$(BUILD)/attnd: $(SERVER_OBJ) $(LIB)
+	$(CC) $(ALL_CFLAGS) -o $@ $^ -lmicrohttpd -luv $(LDLIBS_ALL)
+
+# The unit tests also cover server modules that need no daemon (metrics).
+$(TEST_BIN): $(TEST_OBJ) $(BUILD)/obj/server/metrics.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ -lcriterion $(LDLIBS_ALL)
 

@@ -1,0 +1,34 @@
+/*
+ * config.h — attnd's configuration: flags, their environment fallbacks
+ * (ATTND_<FLAG>, e.g. ATTND_LISTEN), defaults and validation. The one
+ * process-wide configuration; everything else is passed explicitly.
+ */
+#ifndef ATTND_CONFIG_H
+#define ATTND_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct attnd_config {
+  char host[64];
+  int port;
+  char backend[16];      /* auto, cpu, cuda */
+  int threads;           /* 0: one per core */
+  int streams;           /* CUDA streams per device */
+  uint64_t max_body;     /* bytes */
+  int max_queue;         /* jobs admitted and not finished */
+  double timeout;        /* seconds a job may wait before it starts */
+  int idle_timeout;      /* seconds */
+  int max_connections;
+  double drain_timeout;  /* seconds */
+  bool log_json;
+} attnd_config;
+
+/*
+ * Fills c from argv, then the environment for flags not given, then the
+ * defaults. Returns 0 to run, 1 when --help or --version was printed (exit
+ * 0), or -1 after printing one line to stderr (exit 2).
+ */
+int attnd_config_parse(attnd_config *c, int argc, char **argv);
+
+#endif

@@ -1,0 +1,97 @@
+/*
+ * main.c — attnd: configuration, the engine, the HTTP front and the loop,
+ * started in that order and stopped in reverse once a drain completes.
+ */
+#include "server.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Picks the backend auto requests will use and says why; -1 when the one
+ * asked for cannot run here. */
+static int choose_backend(attnd_server *s) {
+  attn_backend_info info[8];
+  int n = attn_engine_backends(s->engine, info, 8);
+  const attn_backend_info *cpu = NULL, *cuda = NULL;
+  for (int i = 0; i < n && i < 8; i++) {
+    if (!strcmp(info[i].name, "cpu"))
+      cpu = &info[i];
+    if (!strcmp(info[i].name, "cuda"))
+      cuda = &info[i];
+  }
+  const char *want = s->cfg->backend;
+  if (!strcmp(want, "cuda")) {
+    if (!cuda || !cuda->available) {
+      fprintf(stderr, "attnd: --backend cuda: no CUDA device was found (%s)\n",
+              cuda ? cuda->detail : "this build has no CUDA support");
+      return -1;
+    }
+    s->backend = "cuda";
+  } else if (cuda && cuda->available && strcmp(want, "cpu")) {
+    s->backend = "cuda";
+  } else {
+    if (!cpu || !cpu->available) {
+      fprintf(stderr, "attnd: the CPU backend cannot run: %s\n", cpu ? cpu->detail : "missing");
+      return -1;
+    }
+    if (!strcmp(want, "auto"))
+      fprintf(stderr, "attnd: backend auto: %s, using the CPU\n",
+              cuda ? "no CUDA device was found" : "this build has no CUDA support");
+    s->backend = "cpu";
+  }
+  const attn_backend_info *b = !strcmp(s->backend, "cuda") ? cuda : cpu;
+  snprintf(s->engine_detail, sizeof s->engine_detail, "%s (%s)", b->name, b->detail);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  attnd_config cfg;
+  int rc = attnd_config_parse(&cfg, argc, argv);
+  if (rc != 0)
+    return rc > 0 ? 0 : 2;
+  signal(SIGPIPE, SIG_IGN);
+  static attnd_server s; /* lives as long as the process */
+  s.cfg = &cfg;
+  pthread_mutex_init(&s.log_mu, NULL);
+  attn_config ec;
+  attn_config_init(&ec);
+  ec.threads = cfg.threads;
+  attn_status st;
+  if (attn_engine_open(&ec, &s.engine, &st) < 0) {
+    fprintf(stderr, "attnd: cannot start the engine: %s\n", st.message);
+    return 2;
+  }
+  s.metrics = attnd_metrics_new();
+  if (!s.metrics || choose_backend(&s) < 0 || attnd_loop_init(&s) < 0) {
+    attn_engine_close(s.engine);
+    attnd_metrics_free(s.metrics);
+    return 2;
+  }
+  if (attnd_http_start(&s) < 0) {
+    attnd_loop_close(&s);
+    attn_engine_close(s.engine);
+    attnd_metrics_free(s.metrics);
+    return 2;
+  }
+  fprintf(stderr, "attnd %s: listening on http://%s:%d, backend %s, max body %llu bytes, "
+                  "max queue %d\n",
+          ATTN_VERSION, cfg.host, s.port, s.engine_detail, (unsigned long long)cfg.max_body,
+          cfg.max_queue);
+  attnd_loop_run(&s);
+  if (s.running > 0) {
+    /* Jobs past the drain timeout hold suspended connections and engine
+     * work that cannot be cancelled: leave without waiting for them. */
+    fflush(stderr);
+    _exit(0);
+  }
+  attnd_http_stop(&s);
+  attnd_loop_close(&s);
+  attn_engine_close(s.engine);
+  attnd_metrics_free(s.metrics);
+  pthread_mutex_destroy(&s.log_mu);
+  fprintf(stderr, "attnd: drained, exiting\n");
+  return 0;
+}

@@ -1,0 +1,422 @@
+/*
+ * metrics.c — the numbers behind GET /metrics: request counts and latencies
+ * by route, queue wait, engine time and work by backend, a few gauges.
+ *
+ * Every recorder takes one mutex for a handful of additions; that is far
+ * cheaper than the request it describes, so finer locking or atomics would
+ * buy nothing but subtlety. Rendering copies the state under the lock and
+ * formats outside it, so a slow scrape never stalls the threads that record.
+ * Label values come only from fixed tables or bounded sets, whatever clients
+ * send, so the number of series cannot grow without bound.
+ */
+#include "metrics.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum {
+  N_ROUTES = 7,       /* the six routes and "other" */
+  ROUTE_OTHER = N_ROUTES - 1,
+  MAX_CODES = 64,     /* distinct status codes kept per route */
+  MAX_BACKENDS = 8,
+  N_BUCKETS = 17      /* 16 finite bounds and +Inf */
+};
+
+static const char *const route_names[N_ROUTES] = {
+    "/attention", "/attention/plan", "/healthz", "/readyz",
+    "/metrics",   "/v1/info",        "other",
+};
+
+/* Bounds and their printed form side by side: printing the doubles would
+ * need care to come out as "0.0005" rather than "0.00050000000000000001". */
+static const double bucket_bounds[N_BUCKETS - 1] = {
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+    0.25,   0.5,   1,      2.5,   5,    10,    30,   60,
+};
+static const char *const bucket_les[N_BUCKETS] = {
+    "0.0005", "0.001", "0.0025", "0.005", "0.01", "0.025",
+    "0.05",   "0.1",   "0.25",   "0.5",   "1",    "2.5",
+    "5",      "10",    "30",     "60",    "+Inf",
+};
+
+typedef struct histogram {
+  uint64_t buckets[N_BUCKETS]; /* per bucket; made cumulative when rendered */
+  uint64_t count;
+  double sum;
+} histogram;
+
+typedef struct code_count {
+  int code;
+  uint64_t n;
+} code_count;
+
+typedef struct route_stats {
+  code_count codes[MAX_CODES];
+  int ncodes;
+  uint64_t other_codes; /* statuses past the first MAX_CODES distinct ones */
+  histogram duration;
+} route_stats;
+
+typedef struct backend_stats {
+  char *name; /* owned; set once, freed only with the metrics */
+  double seconds;
+  double flops;
+} backend_stats;
+
+typedef struct state {
+  route_stats routes[N_ROUTES];
+  histogram queue_wait;
+  backend_stats backends[MAX_BACKENDS];
+  int nbackends;
+  backend_stats overflow; /* backends past the first MAX_BACKENDS, as "other" */
+  int64_t gauges[ATTND_GAUGE_COUNT];
+  uint64_t bytes_in, bytes_out;
+} state;
+
+struct attnd_metrics {
+  pthread_mutex_t mu;
+  state s;
+};
+
+attnd_metrics *attnd_metrics_new(void) {
+  attnd_metrics *m = calloc(1, sizeof *m);
+  if (!m)
+    return NULL;
+  if (pthread_mutex_init(&m->mu, NULL) != 0) {
+    free(m);
+    return NULL;
+  }
+  return m;
+}
+
+void attnd_metrics_free(attnd_metrics *m) {
+  if (!m)
+    return;
+  for (int i = 0; i < m->s.nbackends; i++)
+    free(m->s.backends[i].name);
+  pthread_mutex_destroy(&m->mu);
+  free(m);
+}
+
+/* The query string is not part of the route; matching is exact otherwise,
+ * so "/attention/" is "other" just as the router treats it. */
+static int route_index(const char *path) {
+  if (!path)
+    return ROUTE_OTHER;
+  size_t n = strcspn(path, "?");
+  for (int i = 0; i < ROUTE_OTHER; i++)
+    if (strlen(route_names[i]) == n && memcmp(route_names[i], path, n) == 0)
+      return i;
+  return ROUTE_OTHER;
+}
+
+/* Durations come from a monotonic clock, so a NaN, infinite or negative one
+ * is a caller's bug; it still counts as an observation (the count must match
+ * attnd_requests_total) but as 0, so it cannot poison _sum for good. */
+static void histogram_observe(histogram *h, double v) {
+  if (!isfinite(v) || v < 0)
+    v = 0;
+  int i = 0;
+  while (i < N_BUCKETS - 1 && v > bucket_bounds[i])
+    i++;
+  h->buckets[i]++;
+  h->count++;
+  h->sum += v;
+}
+
+void attnd_metrics_request(attnd_metrics *m, const char *path, int status,
+                           double seconds, uint64_t bytes_in, uint64_t bytes_out) {
+  int r = route_index(path);
+  if (status < 100 || status > 599)
+    status = 0;
+  pthread_mutex_lock(&m->mu);
+  route_stats *rs = &m->s.routes[r];
+  int i = 0;
+  while (i < rs->ncodes && rs->codes[i].code != status)
+    i++;
+  if (i < rs->ncodes) {
+    rs->codes[i].n++;
+  } else if (rs->ncodes < MAX_CODES) {
+    rs->codes[rs->ncodes].code = status;
+    rs->codes[rs->ncodes].n = 1;
+    rs->ncodes++;
+  } else {
+    rs->other_codes++;
+  }
+  histogram_observe(&rs->duration, seconds);
+  m->s.bytes_in += bytes_in;
+  m->s.bytes_out += bytes_out;
+  pthread_mutex_unlock(&m->mu);
+}
+
+void attnd_metrics_queue_wait(attnd_metrics *m, double seconds) {
+  pthread_mutex_lock(&m->mu);
+  histogram_observe(&m->s.queue_wait, seconds);
+  pthread_mutex_unlock(&m->mu);
+}
+
+/* Called with the lock held. A backend literally named "other" absorbs the
+ * overflow, so the output never holds two series with the same labels. */
+static backend_stats *backend_slot(state *s, const char *name) {
+  if (!name)
+    name = "other";
+  for (int i = 0; i < s->nbackends; i++)
+    if (strcmp(s->backends[i].name, name) == 0)
+      return &s->backends[i];
+  if (s->nbackends < MAX_BACKENDS) {
+    char *copy = strdup(name);
+    if (copy) {
+      backend_stats *b = &s->backends[s->nbackends++];
+      b->name = copy;
+      return b;
+    }
+  }
+  for (int i = 0; i < s->nbackends; i++)
+    if (strcmp(s->backends[i].name, "other") == 0)
+      return &s->backends[i];
+  return &s->overflow;
+}
+
+void attnd_metrics_engine(attnd_metrics *m, const char *backend, double seconds,
+                          double flops) {
+  pthread_mutex_lock(&m->mu);
+  backend_stats *b = backend_slot(&m->s, backend);
+  /* Counters must never go down or turn NaN, or rate() breaks. */
+  if (isfinite(seconds) && seconds > 0)
+    b->seconds += seconds;
+  if (isfinite(flops) && flops > 0)
+    b->flops += flops;
+  pthread_mutex_unlock(&m->mu);
+}
+
+void attnd_metrics_gauge_add(attnd_metrics *m, attnd_gauge g, int64_t delta) {
+  if ((unsigned)g >= ATTND_GAUGE_COUNT)
+    return;
+  pthread_mutex_lock(&m->mu);
+  m->s.gauges[g] += delta;
+  pthread_mutex_unlock(&m->mu);
+}
+
+int64_t attnd_metrics_gauge(attnd_metrics *m, attnd_gauge g) {
+  if ((unsigned)g >= ATTND_GAUGE_COUNT)
+    return 0;
+  pthread_mutex_lock(&m->mu);
+  int64_t v = m->s.gauges[g];
+  pthread_mutex_unlock(&m->mu);
+  return v;
+}
+
+/* ---- rendering ----------------------------------------------------------- */
+
+typedef struct buf {
+  char *p;
+  size_t len, cap;
+  int oom;
+} buf;
+
+static int buf_reserve(buf *b, size_t extra) {
+  if (b->oom)
+    return 0;
+  if (b->len + extra + 1 <= b->cap)
+    return 1;
+  size_t cap = b->cap ? b->cap : 4096;
+  while (cap < b->len + extra + 1)
+    cap *= 2;
+  char *p = realloc(b->p, cap);
+  if (!p) {
+    b->oom = 1;
+    return 0;
+  }
+  b->p = p;
+  b->cap = cap;
+  return 1;
+}
+
+__attribute__((format(printf, 2, 3)))
+static void buf_printf(buf *b, const char *fmt, ...) {
+  if (!buf_reserve(b, 64))
+    return;
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+  va_end(ap);
+  if (n < 0) {
+    b->oom = 1;
+    return;
+  }
+  if ((size_t)n >= b->cap - b->len) {
+    if (!buf_reserve(b, (size_t)n))
+      return;
+    va_start(ap, fmt);
+    vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+    va_end(ap);
+  }
+  b->len += (size_t)n;
+}
+
+static void buf_put(buf *b, const char *s) {
+  size_t n = strlen(s);
+  if (!buf_reserve(b, n))
+    return;
+  memcpy(b->p + b->len, s, n + 1);
+  b->len += n;
+}
+
+/* The exposition format's escapes for label values. */
+static void buf_put_label_value(buf *b, const char *s) {
+  for (; *s; s++) {
+    const char *esc = *s == '\\' ? "\\\\" : *s == '"' ? "\\\"" : *s == '\n' ? "\\n" : NULL;
+    if (esc) {
+      buf_put(b, esc);
+    } else if (buf_reserve(b, 1)) {
+      b->p[b->len++] = *s;
+      b->p[b->len] = '\0';
+    }
+  }
+}
+
+/* Shortest form that reads back as the same double, so sums survive the
+ * trip through the scraper exactly without printing 17 noisy digits. */
+static void buf_put_double(buf *b, double v) {
+  if (isnan(v)) {
+    buf_put(b, "NaN");
+    return;
+  }
+  if (isinf(v)) {
+    buf_put(b, v > 0 ? "+Inf" : "-Inf");
+    return;
+  }
+  char tmp[32];
+  snprintf(tmp, sizeof tmp, "%.15g", v);
+  if (strtod(tmp, NULL) != v)
+    snprintf(tmp, sizeof tmp, "%.17g", v);
+  buf_put(b, tmp);
+}
+
+static void family_header(buf *b, const char *name, const char *type, const char *help) {
+  buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* label is "" or `key="value"` already escaped, without braces. */
+static void render_histogram(buf *b, const char *name, const char *label,
+                             const histogram *h) {
+  const char *sep = *label ? "," : "";
+  uint64_t cum = 0;
+  for (int i = 0; i < N_BUCKETS; i++) {
+    cum += h->buckets[i];
+    buf_printf(b, "%s_bucket{%s%sle=\"%s\"} %" PRIu64 "\n", name, label, sep,
+               bucket_les[i], cum);
+  }
+  if (*label)
+    buf_printf(b, "%s_sum{%s} ", name, label);
+  else
+    buf_printf(b, "%s_sum ", name);
+  buf_put_double(b, h->sum);
+  if (*label)
+    buf_printf(b, "\n%s_count{%s} %" PRIu64 "\n", name, label, h->count);
+  else
+    buf_printf(b, "\n%s_count %" PRIu64 "\n", name, h->count);
+}
+
+static int code_cmp(const void *a, const void *b) {
+  int x = ((const code_count *)a)->code, y = ((const code_count *)b)->code;
+  return (x > y) - (x < y);
+}
+
+static void render_backend_counter(buf *b, const char *name, const backend_stats *bs,
+                                   double v) {
+  buf_printf(b, "%s{backend=\"", name);
+  buf_put_label_value(b, bs->name ? bs->name : "other");
+  buf_put(b, "\"} ");
+  buf_put_double(b, v);
+  buf_put(b, "\n");
+}
+
+static void render_backends(buf *b, const state *s, const char *name, int flops) {
+  for (int i = 0; i < s->nbackends; i++)
+    render_backend_counter(b, name, &s->backends[i],
+                           flops ? s->backends[i].flops : s->backends[i].seconds);
+  if (s->overflow.seconds > 0 || s->overflow.flops > 0)
+    render_backend_counter(b, name, &s->overflow,
+                           flops ? s->overflow.flops : s->overflow.seconds);
+}
+
+char *attnd_metrics_render(attnd_metrics *m, size_t *plen) {
+  /* On the heap: the snapshot is some 9 KiB, too much for small thread
+   * stacks. Backend names may be shared: they never change once set. */
+  state *s = malloc(sizeof *s);
+  if (!s)
+    return NULL;
+  pthread_mutex_lock(&m->mu);
+  *s = m->s;
+  pthread_mutex_unlock(&m->mu);
+
+  buf b = {0};
+  family_header(&b, "attnd_requests_total", "counter",
+                "HTTP requests finished, by route and status code.");
+  for (int r = 0; r < N_ROUTES; r++) {
+    route_stats *rs = &s->routes[r];
+    qsort(rs->codes, (size_t)rs->ncodes, sizeof rs->codes[0], code_cmp);
+    for (int i = 0; i < rs->ncodes; i++)
+      buf_printf(&b, "attnd_requests_total{path=\"%s\",code=\"%d\"} %" PRIu64 "\n",
+                 route_names[r], rs->codes[i].code, rs->codes[i].n);
+    if (rs->other_codes)
+      buf_printf(&b, "attnd_requests_total{path=\"%s\",code=\"other\"} %" PRIu64 "\n",
+                 route_names[r], rs->other_codes);
+  }
+
+  family_header(&b, "attnd_request_duration_seconds", "histogram",
+                "Time spent handling HTTP requests, by route.");
+  for (int r = 0; r < N_ROUTES; r++) {
+    if (!s->routes[r].duration.count)
+      continue;
+    char label[64];
+    snprintf(label, sizeof label, "path=\"%s\"", route_names[r]);
+    render_histogram(&b, "attnd_request_duration_seconds", label, &s->routes[r].duration);
+  }
+
+  family_header(&b, "attnd_queue_wait_seconds", "histogram",
+                "Time jobs waited between admission and the engine.");
+  render_histogram(&b, "attnd_queue_wait_seconds", "", &s->queue_wait);
+
+  family_header(&b, "attnd_engine_seconds_total", "counter",
+                "Engine time spent on completed jobs, by backend.");
+  render_backends(&b, s, "attnd_engine_seconds_total", 0);
+
+  family_header(&b, "attnd_flops_total", "counter",
+                "Floating-point operations of completed jobs, by backend.");
+  render_backends(&b, s, "attnd_flops_total", 1);
+
+  static const struct {
+    attnd_gauge g;
+    const char *name, *help;
+  } gauges[] = {
+      {ATTND_GAUGE_QUEUE_DEPTH, "attnd_queue_depth", "Jobs admitted, not yet started."},
+      {ATTND_GAUGE_INFLIGHT, "attnd_inflight", "Jobs running in the engine."},
+      {ATTND_GAUGE_CONNECTIONS, "attnd_connections", "Open HTTP connections."},
+  };
+  for (size_t i = 0; i < sizeof gauges / sizeof gauges[0]; i++) {
+    family_header(&b, gauges[i].name, "gauge", gauges[i].help);
+    buf_printf(&b, "%s %" PRId64 "\n", gauges[i].name, s->gauges[gauges[i].g]);
+  }
+
+  family_header(&b, "attnd_bytes_received_total", "counter",
+                "Bytes of HTTP requests received.");
+  buf_printf(&b, "attnd_bytes_received_total %" PRIu64 "\n", s->bytes_in);
+  family_header(&b, "attnd_bytes_sent_total", "counter", "Bytes of HTTP responses sent.");
+  buf_printf(&b, "attnd_bytes_sent_total %" PRIu64 "\n", s->bytes_out);
+
+  free(s);
+  if (b.oom) {
+    free(b.p);
+    return NULL;
+  }
+  if (plen)
+    *plen = b.len;
+  return b.p;
+}

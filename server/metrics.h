@@ -1,0 +1,59 @@
+/*
+ * metrics.h — attnd's counters, gauges and histograms, rendered in the
+ * Prometheus text exposition format (version 0.0.4) for GET /metrics.
+ *
+ * Every function is thread-safe: the HTTP thread, the libuv loop and engine
+ * completion threads all record. Label values are bounded: `path` is one of
+ * the routes or "other", `code` an HTTP status, `backend` an engine backend
+ * name (at most 8 distinct), so the number of series is bounded whatever
+ * clients send.
+ *
+ * Series:
+ *   attnd_requests_total{path,code}            counter
+ *   attnd_request_duration_seconds{path}       histogram
+ *   attnd_queue_wait_seconds                   histogram
+ *   attnd_engine_seconds_total{backend}        counter
+ *   attnd_flops_total{backend}                 counter
+ *   attnd_queue_depth                          gauge
+ *   attnd_inflight                             gauge
+ *   attnd_connections                          gauge
+ *   attnd_bytes_received_total                 counter
+ *   attnd_bytes_sent_total                     counter
+ */
+#ifndef ATTND_METRICS_H
+#define ATTND_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct attnd_metrics attnd_metrics;
+
+typedef enum attnd_gauge {
+  ATTND_GAUGE_QUEUE_DEPTH, /* jobs admitted, not yet started */
+  ATTND_GAUGE_INFLIGHT,    /* jobs running in the engine */
+  ATTND_GAUGE_CONNECTIONS, /* open HTTP connections */
+  ATTND_GAUGE_COUNT
+} attnd_gauge;
+
+/* NULL when out of memory. */
+attnd_metrics *attnd_metrics_new(void);
+void attnd_metrics_free(attnd_metrics *m);
+
+/* One finished HTTP request: counts it under (path, status), observes its
+ * duration, adds its bytes. path is the request's path; anything that is not
+ * a known route is counted as "other". */
+void attnd_metrics_request(attnd_metrics *m, const char *path, int status,
+                           double seconds, uint64_t bytes_in, uint64_t bytes_out);
+/* Time a job waited between admission and the engine. */
+void attnd_metrics_queue_wait(attnd_metrics *m, double seconds);
+/* A job the engine completed. */
+void attnd_metrics_engine(attnd_metrics *m, const char *backend, double seconds,
+                          double flops);
+void attnd_metrics_gauge_add(attnd_metrics *m, attnd_gauge g, int64_t delta);
+int64_t attnd_metrics_gauge(attnd_metrics *m, attnd_gauge g);
+
+/* The text exposition, malloc'd and NUL-terminated; NULL when out of
+ * memory. */
+char *attnd_metrics_render(attnd_metrics *m, size_t *plen);
+
+#endif

@@ -26,7 +26,7 @@ CUDA_ARCHS ?= 80 89 90
 # runtime); the benchmark adds OpenBLAS.
 DEPS       = gcc make libc6-dev libcriterion-dev libcjson-dev clang libclang-rt-dev \
              libmicrohttpd-dev libuv1-dev libcurl4-openssl-dev
-BENCH_DEPS = libopenblas-dev
+BENCH_DEPS = libopenblas-dev wrk curl
 
 WARN  = -Wall -Wextra -Wshadow -Wformat=2 -Wstrict-prototypes \
         -Wmissing-prototypes -Wvla -Wpointer-arith -Wcast-qual -Wundef
@@ -99,6 +99,11 @@ TEST_BIN = $(BUILD)/tests/unit
 
 BENCH_OBJ = $(BUILD)/obj/tests/bench/cpu_vs_blas.o $(BUILD)/obj/clients/benchlib.o
 
+# Integration tests: the real attnd over HTTP (libcurl), one binary.
+SRVTEST_SRC = $(wildcard tests/server/*.c)
+SRVTEST_OBJ = $(SRVTEST_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/unit/helpers.o
+SRVTEST_BIN = $(BUILD)/tests/server
+
 # ---- fuzzing (libFuzzer, clang) ---------------------------------------------
 FUZZ_TARGETS = $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_SECONDS ?= 20
@@ -111,7 +116,7 @@ FUZZ_LIB_SRC  = engine/dtype.c engine/request.c $(PROTO_SRC)
 SERVER_SRC = server/main.c server/config.c server/http.c server/loop.c server/metrics.c
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/obj/%.o)
 
-.PHONY: all deps bench-deps test bench fuzz run clean FORCE
+.PHONY: all deps bench-deps test bench bench-server fuzz run clean FORCE
 all: $(BUILD)/attn $(BUILD)/attnd
 
 $(BUILD)/.flags: FORCE
@@ -138,6 +143,12 @@ $(LIB): $(ENGINE_OBJ) $(PROTO_OBJ) $(ISA_OBJ) $(CU_OBJ)
 
 $(BUILD)/attn: $(ATTN_OBJ) $(LIB)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
+
+$(BUILD)/obj/tests/server/%.o: CPPFLAGS += -Itests/unit
+
+$(SRVTEST_BIN): $(SRVTEST_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -o $@ $^ -lcriterion -lcurl $(LDLIBS_ALL)
 
 $(BUILD)/attnd: $(SERVER_OBJ) $(LIB)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ -lmicrohttpd -luv $(LDLIBS_ALL)
@@ -194,8 +205,11 @@ bench-deps:
 	$(call install_missing,$(BENCH_DEPS))
 
 test: deps
-	$(MAKE) --no-print-directory $(BUILD)/attn $(TEST_BIN)
+	$(MAKE) --no-print-directory $(BUILD)/attn $(BUILD)/attnd $(TEST_BIN) \
+	  $(if $(SRVTEST_SRC),$(SRVTEST_BIN))
 	@set -o pipefail; ATTN_BIN=$(BUILD)/attn $(TEST_BIN) --jobs 1 2>&1 | tee $(BUILD)/test.log
+	@if [ -n "$(SRVTEST_SRC)" ]; then set -o pipefail; \
+	  ATTND_BIN=$(BUILD)/attnd $(SRVTEST_BIN) --jobs 1 2>&1 | tee -a $(BUILD)/test.log; fi
 	@# Criterion has reported a test before LeakSanitizer runs at its exit:
 	@# a sanitizer report anywhere in the log fails the run.
 	@if grep -q 'Sanitizer' $(BUILD)/test.log; then \
@@ -206,11 +220,26 @@ $(BUILD)/bench-codec: $(BUILD)/obj/tests/bench/codec_bench.o $(BUILD)/obj/client
 	$(CC) $(ALL_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
 
 $(BUILD)/obj/tests/bench/codec_bench.o: CPPFLAGS += -Iclients
+$(BUILD)/obj/tests/bench/server_bench.o: CPPFLAGS += -Iclients
+
+$(BUILD)/bench-server: $(BUILD)/obj/tests/bench/server_bench.o $(BUILD)/obj/clients/benchlib.o $(LIB)
+	$(CC) $(ALL_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
+
+# Builds and serves on 127.0.0.1:8080 with the best backend found;
+# ATTND_FLAGS adds flags (the ATTND_* environment works too).
+run: deps
+	$(MAKE) --no-print-directory $(BUILD)/attnd
+	$(BUILD)/attnd $(ATTND_FLAGS)
 
 bench: deps bench-deps
 	$(MAKE) --no-print-directory $(BUILD)/bench-cpu $(BUILD)/bench-codec $(BUILD)/attn
 	$(BUILD)/bench-cpu
 	$(BUILD)/bench-codec
+
+# attnd under wrk against the engine alone (tests/bench/server_bench.c).
+bench-server: deps bench-deps
+	$(MAKE) --no-print-directory $(BUILD)/attnd $(BUILD)/bench-server
+	$(BUILD)/bench-server $(BUILD)/attnd $(BUILD)/bench
 
 clean:
 	rm -rf $(BUILD)

@@ -1,6 +1,7 @@
 /* benchlib.c — see benchlib.h. */
 #include "benchlib.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -88,4 +89,40 @@ double attn_bench_engine(attn_engine *e, const attn_request *r, int reps,
     t[i] = attn_bench_now() - t0;
   }
   return rc < 0 ? rc : attn_bench_median(t, reps);
+}
+
+char *attn_bench_safetensors(const attn_bench_case *c, const char *metadata, size_t *plen) {
+  const attn_request *r = &c->req;
+  size_t es = attn_dtype_size(r->dtype);
+  size_t qb = (size_t)(r->batch * r->heads_q * r->seq_q * r->head_dim) * es;
+  size_t kb = (size_t)(r->batch * r->heads_kv * r->seq_kv * r->head_dim) * es;
+  const char *dt = attn_dtype_name(r->dtype);
+  char hdr[1024];
+  int n = snprintf(hdr, sizeof hdr,
+                   "{%s%s%s\"q\":{\"dtype\":\"%s\",\"shape\":[%lld,%lld,%lld,%lld],"
+                   "\"data_offsets\":[0,%zu]},\"k\":{\"dtype\":\"%s\",\"shape\":[%lld,%lld,%lld,"
+                   "%lld],\"data_offsets\":[%zu,%zu]},\"v\":{\"dtype\":\"%s\",\"shape\":[%lld,"
+                   "%lld,%lld,%lld],\"data_offsets\":[%zu,%zu]}}",
+                   metadata ? "\"__metadata__\":" : "", metadata ? metadata : "",
+                   metadata ? "," : "", dt, (long long)r->batch, (long long)r->heads_q,
+                   (long long)r->seq_q, (long long)r->head_dim, qb, dt, (long long)r->batch,
+                   (long long)r->heads_kv, (long long)r->seq_kv, (long long)r->head_dim, qb,
+                   qb + kb, dt, (long long)r->batch, (long long)r->heads_kv,
+                   (long long)r->seq_kv, (long long)r->head_dim, qb + kb, qb + 2 * kb);
+  if (n < 0 || (size_t)n >= sizeof hdr - 8)
+    return NULL;
+  while ((8 + n) % 8) /* tensors start 8-byte aligned: the server reads them in place */
+    hdr[n++] = ' ';
+  size_t len = 8 + (size_t)n + qb + 2 * kb;
+  char *b = malloc(len);
+  if (!b)
+    return NULL;
+  for (int i = 0; i < 8; i++)
+    b[i] = (char)((uint64_t)n >> (8 * i));
+  memcpy(b + 8, hdr, (size_t)n);
+  memcpy(b + 8 + n, r->q, qb);
+  memcpy(b + 8 + n + qb, r->k, kb);
+  memcpy(b + 8 + n + qb + kb, r->v, kb);
+  *plen = len;
+  return b;
 }

@@ -106,34 +106,6 @@ static double run_json_encode(void *a) {
   return t;
 }
 
-/* A safetensors body of q, k, v with shape [1, h, n, d] F32 from bench data. */
-static char *make_safetensors(const attn_bench_case *bc, size_t *plen) {
-  const attn_request *r = &bc->req;
-  size_t tb = (size_t)(r->heads_q * r->seq_q * r->head_dim) * 4;
-  char hdr[512];
-  int n = snprintf(hdr, sizeof hdr,
-                   "{\"q\":{\"dtype\":\"F32\",\"shape\":[1,%lld,%lld,%lld],\"data_offsets\":[0,%zu]},"
-                   "\"k\":{\"dtype\":\"F32\",\"shape\":[1,%lld,%lld,%lld],\"data_offsets\":[%zu,%zu]},"
-                   "\"v\":{\"dtype\":\"F32\",\"shape\":[1,%lld,%lld,%lld],\"data_offsets\":[%zu,%zu]}}",
-                   (long long)r->heads_q, (long long)r->seq_q, (long long)r->head_dim, tb,
-                   (long long)r->heads_q, (long long)r->seq_q, (long long)r->head_dim, tb,
-                   2 * tb, (long long)r->heads_q, (long long)r->seq_q, (long long)r->head_dim,
-                   2 * tb, 3 * tb);
-  while ((8 + n) % 8)
-    hdr[n++] = ' ';
-  size_t len = 8 + (size_t)n + 3 * tb;
-  char *b = malloc(len);
-  uint64_t hl = (uint64_t)n;
-  for (int i = 0; i < 8; i++)
-    b[i] = (char)(hl >> (8 * i));
-  memcpy(b + 8, hdr, (size_t)n);
-  memcpy(b + 8 + n, r->q, tb);
-  memcpy(b + 8 + n + tb, r->k, tb);
-  memcpy(b + 8 + n + 2 * tb, r->v, tb);
-  *plen = len;
-  return b;
-}
-
 /* The same tensors as a JSON body, numbers with %.9g. */
 static char *make_json(const attn_bench_case *bc, size_t *plen) {
   const attn_request *r = &bc->req;
@@ -169,7 +141,7 @@ int main(void) {
   if (attn_bench_case_init(&bc, 1, 16, 16, 5461, 5461, 64, ATTN_F32, false, 3) < 0)
     return 1;
   ctx c = {0};
-  c.body = make_safetensors(&bc, &c.len);
+  c.body = attn_bench_safetensors(&bc, NULL, &c.len);
   c.dst = malloc(c.len);
   memset(c.dst, 1, c.len);
   if (attn_proto_decode_safetensors(c.body, c.len, NULL, &c.pr, &st) < 0) {

@@ -2,14 +2,16 @@
  * http.c — the HTTP front of attnd on libmicrohttpd.
  *
  * Runs on libmicrohttpd's one polling thread and never computes. The first
- * callback of a request routes it and answers what it can at once: the GET
- * endpoints (all cheap), 404/405, 415 on a content type no codec reads, and
- * 413 when Content-Length is over --max-body — before a byte of the body is
- * read (libmicrohttpd then skips "100 Continue" and closes). A POST
- * /attention body is read into one buffer sized from Content-Length (grown
- * for chunked bodies, 413 as soon as it passes --max-body); on its last
- * byte the connection is suspended and the request handed to the loop,
- * which resumes it with the reply set. Every request ends in
+ * callback of a request routes it and decides what it can at once: the GET
+ * endpoints (all cheap) and 404/405 are answered when the request is
+ * complete, which keeps the connection alive; 415 on a content type no
+ * codec reads and 413 when Content-Length is over --max-body are answered
+ * before a byte of the body is read (libmicrohttpd then skips "100
+ * Continue" and closes). A POST /attention body is read into one buffer
+ * sized from Content-Length (grown for chunked bodies; past --max-body the
+ * rest is dropped and the reply is 413); on its last byte the connection is
+ * suspended and the request handed to the loop, which resumes it with the
+ * reply set. Every request ends in
  * on_completed(): one log line, the metrics, and freeing its state.
  */
 #define _GNU_SOURCE
@@ -274,15 +276,15 @@ static bool begin_post(attnd_req *r) {
   return true;
 }
 
-/* Appends a chunk of body; false when r now has an error reply. */
-static bool take_body(attnd_req *r, const char *data, size_t n) {
+/* Appends a chunk of body; on failure r has its error reply. */
+static void take_body(attnd_req *r, const char *data, size_t n) {
   uint64_t max = r->srv->cfg->max_body;
   if (r->len + n > max) {
     char msg[160];
     snprintf(msg, sizeof msg, "the body grew past the limit of %llu bytes (--max-body)",
              (unsigned long long)max);
     attnd_req_error(r, 413, "too_large", msg);
-    return false;
+    return;
   }
   if (r->len + n > r->cap) {
     size_t cap = r->cap * 2 > r->len + n ? r->cap * 2 : r->len + n;
@@ -291,14 +293,13 @@ static bool take_body(attnd_req *r, const char *data, size_t n) {
     char *b = realloc(r->body, cap);
     if (!b) {
       attnd_req_error(r, 503, "out_of_memory", "out of memory for the request body");
-      return false;
+      return;
     }
     r->body = b;
     r->cap = cap;
   }
   memcpy(r->body + r->len, data, n);
   r->len += n;
-  return true;
 }
 
 static attnd_req *new_req(attnd_server *s, struct MHD_Connection *conn, const char *url,
@@ -322,6 +323,12 @@ static attnd_req *new_req(attnd_server *s, struct MHD_Connection *conn, const ch
   return r;
 }
 
+/* Bytes of body read and dropped after a reply was decided (413 on a
+ * chunked body, 404 or 405 with a body) before the connection is cut
+ * instead: libmicrohttpd takes a reply only before the body or after all
+ * of it. */
+#define DISCARD_LIMIT ((size_t)64 << 20)
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version,
                                   const char *upload, size_t *upload_size, void **con_cls) {
@@ -341,33 +348,37 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                "/readyz, /metrics, /v1/info)",
                url);
       attnd_req_error(r, 404, "not_found", msg);
-      return queue_reply(r);
-    }
-    if (r->route == ATTND_R_ATTENTION ? !post : !get) {
+    } else if (r->route == ATTND_R_ATTENTION ? !post : !get) {
       char msg[120];
       snprintf(msg, sizeof msg, "%.16s is not allowed on %.60s (use %s)", method, url,
                r->route == ATTND_R_ATTENTION ? "POST" : "GET");
       attnd_req_error(r, 405, "method_not_allowed", msg);
-      return queue_reply(r);
-    }
-    if (r->route != ATTND_R_ATTENTION) {
+    } else if (r->route != ATTND_R_ATTENTION) {
       answer_get(r);
+    } else if (!begin_post(r)) {
+      /* Refused before the body: reply now, and libmicrohttpd closes the
+       * connection rather than read a body nobody wants. */
       return queue_reply(r);
     }
-    if (!begin_post(r))
-      return queue_reply(r);
+    /* Other replies go out once the request is complete, which keeps the
+     * connection alive for the next one. */
     return MHD_YES;
   }
-  if (r->queued) { /* an early reply is out; whatever else comes is dropped */
+  if (r->queued) {
     *upload_size = 0;
     return MHD_YES;
   }
   if (*upload_size) {
-    bool ok = take_body(r, upload, *upload_size);
+    size_t n = *upload_size;
     *upload_size = 0;
-    return ok ? MHD_YES : queue_reply(r);
+    if (r->status) { /* the reply is decided; drop the body, up to a point */
+      r->discarded += n;
+      return r->discarded > DISCARD_LIMIT ? MHD_NO : MHD_YES;
+    }
+    take_body(r, upload, n);
+    return MHD_YES;
   }
-  if (r->resp || r->status) /* resumed with the reply */
+  if (r->status)
     return queue_reply(r);
   if (!r->submitted) {
     r->submitted = true;

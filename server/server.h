@@ -43,6 +43,7 @@ typedef struct attnd_req {
   bool binary_out;      /* reply as safetensors */
   char *body;           /* the whole body, one buffer */
   size_t len, cap;
+  size_t discarded;     /* body bytes dropped after an early reply */
   double t_received, t_admitted, t_started, t_done;
   bool submitted;       /* handed to the loop, connection suspended */
   /* the reply, set once; the HTTP thread queues it */

@@ -319,7 +319,6 @@ static attnd_req *new_req(attnd_server *s, struct MHD_Connection *conn, const ch
   attn_sbuf q = {0};
   MHD_get_connection_values(conn, MHD_GET_ARGUMENT_KIND, add_arg, &q);
   r->query = q.oom ? NULL : q.p;
-  atomic_fetch_add(&s->active, 1);
   return r;
 }
 
@@ -382,6 +381,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     return queue_reply(r);
   if (!r->submitted) {
     r->submitted = true;
+    atomic_fetch_add(&s->replying, 1);
     MHD_suspend_connection(conn);
     attnd_loop_submit(s, r);
   }
@@ -431,9 +431,10 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
   free(r->body);
   free(r->query);
   free(r->resp);
+  if (r->submitted)
+    atomic_fetch_sub(&s->replying, 1);
   free(r);
   *con_cls = NULL;
-  atomic_fetch_sub(&s->active, 1);
 }
 
 static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_ctx,

@@ -202,31 +202,44 @@ static void close_handle(uv_handle_t *h, void *arg) {
     uv_close(h, NULL);
 }
 
+/*
+ * Every 20 ms of a drain: stop once no job is left and their replies are
+ * out. A reply normally completes in microseconds; one to a client that is
+ * gone may only complete when the idle timeout reaps its connection, so the
+ * wait for replies is capped (2 s; 0.5 s past the drain deadline).
+ */
 static void check_drain(uv_timer_t *t) {
   attnd_server *s = t->data;
+  double now = attnd_now();
+  if (!s->drain_expired && now >= s->drain_deadline) {
+    /* Out of time: whatever still waits is told so; running jobs cannot be
+     * stopped, and main() exits without waiting for them. */
+    s->drain_expired = true;
+    while (s->pend_head) {
+      attnd_req *r = s->pend_head;
+      s->pend_head = r->next;
+      attnd_req_error(r, 503, "shutting_down", "the server shut down before this request ran");
+      s->admitted--;
+      attnd_metrics_gauge_add(s->metrics, ATTND_GAUGE_QUEUE_DEPTH, -1);
+      finish(r);
+    }
+    s->pend_tail = NULL;
+    fprintf(stderr, "attnd: drain timeout: %d jobs still running\n", s->running);
+    s->jobs_done_at = 0;
+  }
   pthread_mutex_lock(&s->mu);
   bool incoming = s->in_head != NULL;
   pthread_mutex_unlock(&s->mu);
-  bool idle = !incoming && s->admitted == 0 && atomic_load(&s->active) == 0;
-  if (idle) {
+  if (incoming || (!s->drain_expired && s->admitted > 0))
+    return;
+  if (s->jobs_done_at == 0)
+    s->jobs_done_at = now;
+  int left = atomic_load(&s->replying) - (s->drain_expired ? s->running : 0);
+  if (left <= 0 || now - s->jobs_done_at > (s->drain_expired ? 0.5 : 2.0)) {
+    if (left > 0)
+      fprintf(stderr, "attnd: %d replies not confirmed sent; stopping\n", left);
     uv_stop(&s->loop);
-    return;
   }
-  if (attnd_now() < s->drain_deadline)
-    return;
-  /* Out of time: whatever still waits is told so; running jobs cannot be
-   * stopped, and main() exits without waiting for them. */
-  while (s->pend_head) {
-    attnd_req *r = s->pend_head;
-    s->pend_head = r->next;
-    attnd_req_error(r, 503, "shutting_down", "the server shut down before this request ran");
-    s->admitted--;
-    finish(r);
-  }
-  s->pend_tail = NULL;
-  fprintf(stderr, "attnd: drain timeout: %d jobs still running, %d requests open\n",
-          s->running, atomic_load(&s->active));
-  uv_stop(&s->loop);
 }
 
 static void on_signal(uv_signal_t *h, int signum) {

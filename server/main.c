@@ -38,8 +38,8 @@ static int choose_backend(attnd_server *s) {
       return -1;
     }
     if (!strcmp(want, "auto"))
-      fprintf(stderr, "attnd: backend auto: %s, using the CPU\n",
-              cuda ? "no CUDA device was found" : "this build has no CUDA support");
+      s->backend_note = cuda ? " (backend auto: no CUDA device was found, using the CPU)"
+                             : " (backend auto: this build has no CUDA support, using the CPU)";
     s->backend = "cpu";
   }
   const attn_backend_info *b = !strcmp(s->backend, "cuda") ? cuda : cpu;
@@ -55,6 +55,7 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   static attnd_server s; /* lives as long as the process */
   s.cfg = &cfg;
+  s.backend_note = "";
   pthread_mutex_init(&s.log_mu, NULL);
   attn_config ec;
   attn_config_init(&ec);
@@ -76,10 +77,10 @@ int main(int argc, char **argv) {
     attnd_metrics_free(s.metrics);
     return 2;
   }
-  fprintf(stderr, "attnd %s: listening on http://%s:%d, backend %s, max body %llu bytes, "
+  fprintf(stderr, "attnd %s: listening on http://%s:%d, backend %s%s, max body %llu bytes, "
                   "max queue %d\n",
-          ATTN_VERSION, cfg.host, s.port, s.engine_detail, (unsigned long long)cfg.max_body,
-          cfg.max_queue);
+          ATTN_VERSION, cfg.host, s.port, s.engine_detail, s.backend_note,
+          (unsigned long long)cfg.max_body, cfg.max_queue);
   attnd_loop_run(&s);
   if (s.running > 0) {
     /* Jobs past the drain timeout hold suspended connections and engine

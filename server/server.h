@@ -67,6 +67,7 @@ typedef struct attnd_server {
   attnd_metrics *metrics;
   char engine_detail[160]; /* the backend in use, for logs and /v1/info */
   const char *backend;     /* the name requests ask the engine for */
+  const char *backend_note; /* why, when auto chose; "" otherwise */
   struct MHD_Daemon *mhd;
   int listen_fd;
   int port;                /* the bound port (--listen ...:0 picks one) */
@@ -78,10 +79,12 @@ typedef struct attnd_server {
   int admitted;            /* pending + running; loop only */
   int running;             /* loop only */
   atomic_bool draining;
-  atomic_int active;       /* requests between first callback and completion */
+  atomic_int replying;     /* requests handed to the loop, not yet completed */
   uv_signal_t sigterm, sigint;
   uv_timer_t drain_timer;
   double drain_deadline;
+  bool drain_expired;      /* past --drain-timeout: stop waiting for jobs */
+  double jobs_done_at;     /* when the drain first found no job left */
   pthread_mutex_t log_mu;
 } attnd_server;
 

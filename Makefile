@@ -101,7 +101,8 @@ BENCH_OBJ = $(BUILD)/obj/tests/bench/cpu_vs_blas.o $(BUILD)/obj/clients/benchlib
 
 # Integration tests: the real attnd over HTTP (libcurl), one binary.
 SRVTEST_SRC = $(wildcard tests/server/*.c)
-SRVTEST_OBJ = $(SRVTEST_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/unit/helpers.o
+SRVTEST_OBJ = $(SRVTEST_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/unit/helpers.o \
+              $(BUILD)/obj/clients/benchlib.o
 SRVTEST_BIN = $(BUILD)/tests/server
 
 # ---- fuzzing (libFuzzer, clang) ---------------------------------------------
@@ -144,7 +145,7 @@ $(LIB): $(ENGINE_OBJ) $(PROTO_OBJ) $(ISA_OBJ) $(CU_OBJ)
 $(BUILD)/attn: $(ATTN_OBJ) $(LIB)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
 
-$(BUILD)/obj/tests/server/%.o: CPPFLAGS += -Itests/unit
+$(BUILD)/obj/tests/server/%.o: CPPFLAGS += -Itests/unit -Iclients
 
 $(SRVTEST_BIN): $(SRVTEST_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
@@ -154,7 +155,9 @@ $(BUILD)/attnd: $(SERVER_OBJ) $(LIB)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ -lmicrohttpd -luv $(LDLIBS_ALL)
 
 # The unit tests also cover server modules that need no daemon (metrics).
-$(TEST_BIN): $(TEST_OBJ) $(BUILD)/obj/server/metrics.o $(LIB)
+$(BUILD)/obj/tests/unit/%.o: CPPFLAGS += -Iclients
+
+$(TEST_BIN): $(TEST_OBJ) $(BUILD)/obj/server/metrics.o $(BUILD)/obj/clients/benchlib.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ -lcriterion $(LDLIBS_ALL)
 

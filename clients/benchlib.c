@@ -91,8 +91,7 @@ double attn_bench_engine(attn_engine *e, const attn_request *r, int reps,
   return rc < 0 ? rc : attn_bench_median(t, reps);
 }
 
-char *attn_bench_safetensors(const attn_bench_case *c, const char *metadata, size_t *plen) {
-  const attn_request *r = &c->req;
+char *attn_bench_safetensors(const attn_request *r, const char *metadata, size_t *plen) {
   size_t es = attn_dtype_size(r->dtype);
   size_t qb = (size_t)(r->batch * r->heads_q * r->seq_q * r->head_dim) * es;
   size_t kb = (size_t)(r->batch * r->heads_kv * r->seq_kv * r->head_dim) * es;

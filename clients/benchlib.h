@@ -23,9 +23,10 @@ void attn_bench_case_free(attn_bench_case *c);
  * best), or NULL with st filled. */
 attn_engine *attn_bench_open(int threads, const char *isa, attn_status *st);
 
-/* c's q, k, v as a safetensors request body ([B, H, N, D], c's dtype), with
- * optional __metadata__ object text; malloc'd, NULL when out of memory. */
-char *attn_bench_safetensors(const attn_bench_case *c, const char *metadata, size_t *plen);
+/* r's q, k, v (contiguous [B, H, N, D], r's dtype) as a safetensors request
+ * body with an optional __metadata__ object text; malloc'd, NULL when out of
+ * memory. */
+char *attn_bench_safetensors(const attn_request *r, const char *metadata, size_t *plen);
 
 /* Monotonic seconds. */
 double attn_bench_now(void);

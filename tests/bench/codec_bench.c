@@ -141,7 +141,7 @@ int main(void) {
   if (attn_bench_case_init(&bc, 1, 16, 16, 5461, 5461, 64, ATTN_F32, false, 3) < 0)
     return 1;
   ctx c = {0};
-  c.body = attn_bench_safetensors(&bc, NULL, &c.len);
+  c.body = attn_bench_safetensors(&bc.req, NULL, &c.len);
   c.dst = malloc(c.len);
   memset(c.dst, 1, c.len);
   if (attn_proto_decode_safetensors(c.body, c.len, NULL, &c.pr, &st) < 0) {

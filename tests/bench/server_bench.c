@@ -121,7 +121,7 @@ int main(int argc, char **argv) {
                              sizes[i].seq, sizes[i].dim, sizes[i].dt, false, 5) < 0)
       return 1;
     size_t len;
-    char *body = attn_bench_safetensors(&c, NULL, &len);
+    char *body = attn_bench_safetensors(&c.req, NULL, &len);
     char path[256];
     snprintf(path, sizeof path, "%s/%s.safetensors", dir, sizes[i].name);
     FILE *f = fopen(path, "wb");

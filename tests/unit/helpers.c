@@ -1,6 +1,7 @@
 /* helpers.c — see helpers.h. */
 #include "helpers.h"
 
+#include "benchlib.h"
 #include "reference.h"
 
 #include <math.h>
@@ -200,28 +201,5 @@ const char *tdesc(const tprob *p, char *buf, size_t cap) {
 }
 
 char *tsafetensors(const tcase *c, const char *metadata, size_t *plen) {
-  const tprob *p = &c->p;
-  size_t es = attn_dtype_size(p->dt);
-  size_t nq = (size_t)(p->b * p->hq * p->nq * p->d) * es, nk = (size_t)(p->b * p->hkv * p->nkv * p->d) * es;
-  char hdr[1024];
-  int n = snprintf(hdr, sizeof hdr,
-                   "{%s%s%s\"q\":{\"dtype\":\"%s\",\"shape\":[%lld,%lld,%lld,%lld],\"data_offsets\":[0,%zu]},"
-                   "\"k\":{\"dtype\":\"%s\",\"shape\":[%lld,%lld,%lld,%lld],\"data_offsets\":[%zu,%zu]},"
-                   "\"v\":{\"dtype\":\"%s\",\"shape\":[%lld,%lld,%lld,%lld],\"data_offsets\":[%zu,%zu]}}",
-                   metadata ? "\"__metadata__\":" : "", metadata ? metadata : "", metadata ? "," : "",
-                   attn_dtype_name(p->dt), (long long)p->b, (long long)p->hq, (long long)p->nq,
-                   (long long)p->d, nq, attn_dtype_name(p->dt), (long long)p->b, (long long)p->hkv,
-                   (long long)p->nkv, (long long)p->d, nq, nq + nk, attn_dtype_name(p->dt),
-                   (long long)p->b, (long long)p->hkv, (long long)p->nkv, (long long)p->d, nq + nk,
-                   nq + 2 * nk);
-  size_t len = 8 + (size_t)n + nq + 2 * nk;
-  char *b = malloc(len);
-  for (int i = 0; i < 8; i++)
-    b[i] = (char)((uint64_t)n >> (8 * i));
-  memcpy(b + 8, hdr, (size_t)n);
-  memcpy(b + 8 + n, c->q, nq);
-  memcpy(b + 8 + n + nq, c->k, nk);
-  memcpy(b + 8 + n + nq + nk, c->v, nk);
-  *plen = len;
-  return b;
+  return attn_bench_safetensors(&c->req, metadata, plen);
 }

@@ -52,7 +52,7 @@ double ttol(attn_dtype dt);
 /* Human description of a problem, for failure messages. */
 const char *tdesc(const tprob *p, char *buf, size_t cap);
 
-/* A safetensors file of tcase c's q, k, v ([B, H, N, D]) with an optional
+/* A safetensors file of tcase c's q, k, v (contiguous [B, H, N, D]) with an optional
  * __metadata__ object text (e.g. "{\"causal\":\"true\"}"); malloc'd. */
 char *tsafetensors(const tcase *c, const char *metadata, size_t *plen);
 

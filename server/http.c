@@ -226,6 +226,32 @@ static bool accepts_binary(struct MHD_Connection *conn) {
   return bin && (!js || bin < js);
 }
 
+bool attnd_body_reserve(attnd_req *r, size_t n) {
+  attnd_server *s = r->srv;
+  uint64_t budget = (uint64_t)s->cfg->max_queue * s->cfg->max_body;
+  uint64_t held = atomic_fetch_add(&s->body_bytes, n);
+  if (held + n > budget) {
+    atomic_fetch_sub(&s->body_bytes, n);
+    return false;
+  }
+  r->reserved += n;
+  return true;
+}
+
+void attnd_body_release(attnd_req *r) {
+  atomic_fetch_sub(&r->srv->body_bytes, r->reserved);
+  r->reserved = 0;
+}
+
+static void over_budget(attnd_req *r) {
+  char msg[200];
+  snprintf(msg, sizeof msg,
+           "request bodies already hold the server's memory budget (--max-queue x "
+           "--max-body = %llu bytes); retry shortly",
+           (unsigned long long)r->srv->cfg->max_queue * r->srv->cfg->max_body);
+  attnd_req_error(r, 503, "queue_full", msg);
+}
+
 /* The first callback of a POST /attention: refuse what can be refused
  * before the body; returns false when r already has its reply. */
 static bool begin_post(attnd_req *r) {
@@ -268,6 +294,10 @@ static bool begin_post(attnd_req *r) {
     return false;
   }
   r->cap = cl ? (size_t)want : 64 * 1024;
+  if (!attnd_body_reserve(r, r->cap)) {
+    over_budget(r);
+    return false;
+  }
   r->body = malloc(r->cap ? r->cap : 1);
   if (!r->body) {
     attnd_req_error(r, 503, "out_of_memory", "out of memory for the request body");
@@ -290,6 +320,10 @@ static void take_body(attnd_req *r, const char *data, size_t n) {
     size_t cap = r->cap * 2 > r->len + n ? r->cap * 2 : r->len + n;
     if (cap > max)
       cap = (size_t)max;
+    if (!attnd_body_reserve(r, cap - r->cap)) {
+      over_budget(r);
+      return;
+    }
     char *b = realloc(r->body, cap);
     if (!b) {
       attnd_req_error(r, 503, "out_of_memory", "out of memory for the request body");
@@ -429,6 +463,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
   log_line(s, r, total);
   attn_proto_req_free(&r->pr);
   free(r->body);
+  attnd_body_release(r);
   free(r->query);
   free(r->resp);
   if (r->submitted)

@@ -88,6 +88,7 @@ static void run_job(uv_work_t *w) {
   attn_proto_req_free(&r->pr);
   free(r->body);
   r->body = NULL;
+  attnd_body_release(r);
 }
 
 static void job_done(uv_work_t *w, int status) {

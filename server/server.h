@@ -44,6 +44,7 @@ typedef struct attnd_req {
   char *body;           /* the whole body, one buffer */
   size_t len, cap;
   size_t discarded;     /* body bytes dropped after an early reply */
+  size_t reserved;      /* of the server's body budget */
   double t_received, t_admitted, t_started, t_done;
   bool submitted;       /* handed to the loop, connection suspended */
   /* the reply, set once; the HTTP thread queues it */
@@ -80,6 +81,9 @@ typedef struct attnd_server {
   int running;             /* loop only */
   atomic_bool draining;
   atomic_int replying;     /* requests handed to the loop, not yet completed */
+  /* Bytes of request bodies held (allocated capacity), bounded by
+   * max_queue x max_body whatever mix of uploads and queued jobs. */
+  _Atomic uint64_t body_bytes;
   uv_signal_t sigterm, sigint;
   uv_timer_t drain_timer;
   double drain_deadline;
@@ -99,6 +103,11 @@ void attnd_http_stop(attnd_server *s);
 void attnd_req_error(attnd_req *r, int status, const char *code, const char *message);
 /* Sets r's reply to the error of an engine or proto code. */
 void attnd_req_fail(attnd_req *r, const attn_status *st);
+
+/* Takes n bytes of the body budget for r (false: over budget), or gives
+ * back all r holds. */
+bool attnd_body_reserve(attnd_req *r, size_t n);
+void attnd_body_release(attnd_req *r);
 
 /* loop.c */
 int attnd_loop_init(attnd_server *s);

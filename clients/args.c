@@ -54,3 +54,20 @@ int attn_arg_shape(int c, const char *arg, attn_shape_args *s) {
   }
   return rc < 0 ? -1 : 1;
 }
+
+int attn_arg_dims(const char *flag, const char *s, int64_t out[4]) {
+  const char *p = s ? s : "";
+  for (int i = 0; i < 4; i++) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(p, &end, 10);
+    if (end == p || errno || v < 1 || v > ATTN_MAX_DIM || *end != (i < 3 ? ',' : 0)) {
+      fprintf(stderr, "attn: %s expects B,H,N,D: four positive integers (got \"%s\")\n", flag,
+              s ? s : "");
+      return -1;
+    }
+    out[i] = v;
+    p = end + 1;
+  }
+  return 0;
+}

@@ -16,6 +16,9 @@ int attn_arg_i64(const char *flag, const char *s, int64_t lo, int64_t hi, int64_
 int attn_arg_int(const char *flag, const char *s, int lo, int hi, int *out);
 int attn_arg_dtype(const char *flag, const char *s, attn_dtype *out);
 
+/* "B,H,N,D" (four positive integers) into out. */
+int attn_arg_dims(const char *flag, const char *s, int64_t out[4]);
+
 /* The shape of a problem as the subcommands take it; heads_kv 0 means
  * "same as heads". */
 typedef struct attn_shape_args {

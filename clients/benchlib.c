@@ -1,6 +1,8 @@
 /* benchlib.c — see benchlib.h. */
 #include "benchlib.h"
 
+#include "proto.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,4 +126,40 @@ char *attn_bench_safetensors(const attn_request *r, const char *metadata, size_t
   memcpy(b + 8 + n + qb + kb, r->v, kb);
   *plen = len;
   return b;
+}
+
+static void json_tensor(attn_sbuf *b, const char *name, const void *data, attn_dtype dt,
+                        int64_t b0, int64_t h, int64_t n, int64_t d) {
+  attn_sbuf_printf(b, "\"%s\": {\"shape\": [%lld, %lld, %lld, %lld], \"dtype\": \"%s\", \"data\": [",
+                   name, (long long)b0, (long long)h, (long long)n, (long long)d,
+                   attn_dtype_name(dt));
+  size_t count = (size_t)(b0 * h * n * d);
+  for (size_t i = 0; i < count; i++) {
+    if (!attn_sbuf_reserve(b, 32))
+      return;
+    b->len += (size_t)snprintf(b->p + b->len, 32, i ? ",%.9g" : "%.9g",
+                               attn_load_elem(data, dt, i));
+  }
+  attn_sbuf_puts(b, "]}");
+}
+
+char *attn_bench_json(const attn_request *r, const char *extra, size_t *plen) {
+  attn_sbuf b = {0};
+  attn_sbuf_puts(&b, "{");
+  json_tensor(&b, "q", r->q, r->dtype, r->batch, r->heads_q, r->seq_q, r->head_dim);
+  attn_sbuf_puts(&b, ", ");
+  json_tensor(&b, "k", r->k, r->dtype, r->batch, r->heads_kv, r->seq_kv, r->head_dim);
+  attn_sbuf_puts(&b, ", ");
+  json_tensor(&b, "v", r->v, r->dtype, r->batch, r->heads_kv, r->seq_kv, r->head_dim);
+  if (extra && *extra) {
+    attn_sbuf_puts(&b, ", ");
+    attn_sbuf_puts(&b, extra);
+  }
+  attn_sbuf_puts(&b, "}");
+  if (b.oom) {
+    free(b.p);
+    return NULL;
+  }
+  *plen = b.len;
+  return b.p;
 }

@@ -28,6 +28,11 @@ attn_engine *attn_bench_open(int threads, const char *isa, attn_status *st);
  * memory. */
 char *attn_bench_safetensors(const attn_request *r, const char *metadata, size_t *plen);
 
+/* The same as a JSON request body {"q": {"shape", "dtype", "data"}, ...}
+ * followed by `extra` (more top-level fields, e.g. "\"causal\": true", or
+ * NULL); numbers are the shortest text that reads back. malloc'd. */
+char *attn_bench_json(const attn_request *r, const char *extra, size_t *plen);
+
 /* Monotonic seconds. */
 double attn_bench_now(void);
 

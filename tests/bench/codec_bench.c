@@ -106,28 +106,6 @@ static double run_json_encode(void *a) {
   return t;
 }
 
-/* The same tensors as a JSON body, numbers with %.9g. */
-static char *make_json(const attn_bench_case *bc, size_t *plen) {
-  const attn_request *r = &bc->req;
-  size_t ne = (size_t)(r->heads_q * r->seq_q * r->head_dim);
-  size_t cap = 3 * ne * 20 + 1024, o = 0;
-  char *b = malloc(cap);
-  const float *t[3] = {r->q, r->k, r->v};
-  const char *names[3] = {"q", "k", "v"};
-  o += (size_t)snprintf(b + o, cap - o, "{");
-  for (int i = 0; i < 3; i++) {
-    o += (size_t)snprintf(b + o, cap - o, "%s\"%s\": {\"shape\": [1, %lld, %lld, %lld], \"data\": [",
-                          i ? ", " : "", names[i], (long long)r->heads_q, (long long)r->seq_q,
-                          (long long)r->head_dim);
-    for (size_t j = 0; j < ne; j++)
-      o += (size_t)snprintf(b + o, cap - o, j ? ",%.9g" : "%.9g", (double)t[i][j]);
-    o += (size_t)snprintf(b + o, cap - o, "]}");
-  }
-  o += (size_t)snprintf(b + o, cap - o, "}");
-  *plen = o;
-  return b;
-}
-
 static void report(const char *what, size_t bytes, double t, double base) {
   printf("  %-34s %10.1f MB/s   %8.2f ms   %6.2fx the baseline\n", what, (double)bytes / t * 1e-6,
          t * 1e3, base / t);
@@ -165,7 +143,7 @@ int main(void) {
   if (attn_bench_case_init(&bc, 1, 1, 1, 5461, 5461, 64, ATTN_F32, false, 4) < 0)
     return 1;
   c = (ctx){0};
-  c.body = make_json(&bc, &c.len);
+  c.body = attn_bench_json(&bc.req, NULL, &c.len);
   if (attn_proto_decode_json(c.body, c.len, NULL, &c.pr, &st) < 0) {
     fprintf(stderr, "bench: %s\n", st.message);
     return 1;

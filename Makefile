@@ -25,8 +25,9 @@ CUDA_ARCHS ?= 80 89 90
 # Packages the build and tests need (the fuzzers need clang and its
 # runtime); the benchmark adds OpenBLAS.
 DEPS       = gcc make libc6-dev libcriterion-dev libcjson-dev clang libclang-rt-dev \
-             libmicrohttpd-dev libuv1-dev libcurl4-openssl-dev
-BENCH_DEPS = libopenblas-dev wrk curl
+             libmicrohttpd-dev libuv1-dev libcurl4-openssl-dev wrk curl \
+             python3 python3-numpy python3-pytest
+BENCH_DEPS = libopenblas-dev
 
 WARN  = -Wall -Wextra -Wshadow -Wformat=2 -Wstrict-prototypes \
         -Wmissing-prototypes -Wvla -Wpointer-arith -Wcast-qual -Wundef
@@ -213,6 +214,11 @@ test: deps
 	@set -o pipefail; ATTN_BIN=$(BUILD)/attn $(TEST_BIN) --jobs 1 2>&1 | tee $(BUILD)/test.log
 	@if [ -n "$(SRVTEST_SRC)" ]; then set -o pipefail; \
 	  ATTND_BIN=$(BUILD)/attnd $(SRVTEST_BIN) --jobs 1 2>&1 | tee -a $(BUILD)/test.log; fi
+	@# Debian's interpreter, which sees python3-numpy and python3-pytest (a
+	@# pyenv python3 earlier on PATH would not).
+	@if [ -d tests/python ]; then set -o pipefail; \
+	  ATTND_BIN=$(BUILD)/attnd /usr/bin/python3 -m pytest -q tests/python 2>&1 | \
+	    tee -a $(BUILD)/test.log; fi
 	@# Criterion has reported a test before LeakSanitizer runs at its exit:
 	@# a sanitizer report anywhere in the log fails the run.
 	@if grep -q 'Sanitizer' $(BUILD)/test.log; then \

@@ -91,7 +91,7 @@ LIB = $(BUILD)/libattn.a
 
 # ---- programs ---------------------------------------------------------------
 ATTN_SRC = clients/attn.c clients/plan_cmd.c clients/bench_cmd.c clients/compute_cmd.c \
-           clients/benchlib.c clients/args.c
+           clients/infer_cmd.c clients/benchlib.c clients/args.c clients/files.c
 ATTN_OBJ = $(ATTN_SRC:%.c=$(BUILD)/obj/%.o)
 
 TEST_SRC = $(wildcard tests/unit/*.c)
@@ -144,7 +144,7 @@ $(LIB): $(ENGINE_OBJ) $(PROTO_OBJ) $(ISA_OBJ) $(CU_OBJ)
 	ar rcs $@ $^
 
 $(BUILD)/attn: $(ATTN_OBJ) $(LIB)
-	$(CC) $(ALL_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
+	$(CC) $(ALL_CFLAGS) -o $@ $^ -lcurl $(LDLIBS_ALL)
 
 $(BUILD)/obj/tests/server/%.o: CPPFLAGS += -Itests/unit -Iclients
 
@@ -213,7 +213,7 @@ test: deps
 	  $(if $(SRVTEST_SRC),$(SRVTEST_BIN))
 	@set -o pipefail; ATTN_BIN=$(BUILD)/attn $(TEST_BIN) --jobs 1 2>&1 | tee $(BUILD)/test.log
 	@if [ -n "$(SRVTEST_SRC)" ]; then set -o pipefail; \
-	  ATTND_BIN=$(BUILD)/attnd $(SRVTEST_BIN) --jobs 1 2>&1 | tee -a $(BUILD)/test.log; fi
+	  ATTN_BIN=$(BUILD)/attn ATTND_BIN=$(BUILD)/attnd $(SRVTEST_BIN) --jobs 1 2>&1 | tee -a $(BUILD)/test.log; fi
 	@# Debian's interpreter, which sees python3-numpy and python3-pytest (a
 	@# pyenv python3 earlier on PATH would not).
 	@if [ -d tests/python ]; then set -o pipefail; \

@@ -12,13 +12,13 @@
 #include "args.h"
 #include "benchlib.h"
 #include "cmds.h"
+#include "files.h"
 #include "proto.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 static const char usage[] =
     "usage: attn compute IN.safetensors OUT.safetensors [--causal] [--scale X]\n"
@@ -28,60 +28,6 @@ static const char usage[] =
     "Reads tensors q, k, v from IN, computes attention in this process and writes o\n"
     "(and m, l, lse with --stats) to OUT. Flags are options as in the HTTP query\n"
     "string; IN's __metadata__, when it sets the same option, wins (as over HTTP).\n";
-
-/* Reads a whole file into a malloc'd buffer. */
-static int read_file(const char *path, void **pbuf, size_t *plen) {
-  FILE *f = fopen(path, "rb");
-  if (!f)
-    return -1;
-  size_t cap = 1 << 20, len = 0;
-  char *buf = malloc(cap);
-  while (buf) {
-    size_t n = fread(buf + len, 1, cap - len, f);
-    len += n;
-    if (len < cap)
-      break;
-    char *nb = realloc(buf, cap *= 2);
-    if (!nb) {
-      free(buf);
-      buf = NULL;
-      errno = ENOMEM;
-    }
-    buf = nb;
-  }
-  int err = ferror(f);
-  fclose(f);
-  if (!buf || err) {
-    free(buf);
-    if (err)
-      errno = EIO;
-    return -1;
-  }
-  *pbuf = buf;
-  *plen = len;
-  return 0;
-}
-
-static int write_file(const char *path, const void *buf, size_t len) {
-  size_t n = strlen(path) + 16;
-  char *tmp = malloc(n);
-  if (!tmp)
-    return -1;
-  snprintf(tmp, n, "%s.tmp%ld", path, (long)getpid());
-  FILE *f = fopen(tmp, "wb");
-  int ok = f && fwrite(buf, 1, len, f) == len;
-  if (f && fclose(f) != 0)
-    ok = 0;
-  if (ok && rename(tmp, path) != 0)
-    ok = 0;
-  if (!ok) {
-    int e = errno;
-    unlink(tmp);
-    errno = e;
-  }
-  free(tmp);
-  return ok ? 0 : -1;
-}
 
 int attn_cmd_compute(int argc, char **argv) {
   static const struct option opts[] = {
@@ -131,7 +77,7 @@ int attn_cmd_compute(int argc, char **argv) {
   const char *in = argv[optind], *out = argv[optind + 1];
   void *body;
   size_t len;
-  if (read_file(in, &body, &len) < 0) {
+  if (attn_read_file(in, &body, &len) < 0) {
     fprintf(stderr, "attn compute: cannot read %s: %s\n", in, strerror(errno));
     return 2;
   }
@@ -158,7 +104,7 @@ int attn_cmd_compute(int argc, char **argv) {
       fprintf(stderr, "attn compute: %s\n", st.message);
       status = 1;
     } else {
-      if (write_file(out, obuf, olen) < 0) {
+      if (attn_write_file(out, obuf, olen) < 0) {
         fprintf(stderr, "attn compute: cannot write %s: %s\n", out, strerror(errno));
         status = 1;
       } else {

@@ -91,7 +91,8 @@ LIB = $(BUILD)/libattn.a
 
 # ---- programs ---------------------------------------------------------------
 ATTN_SRC = clients/attn.c clients/plan_cmd.c clients/bench_cmd.c clients/compute_cmd.c \
-           clients/infer_cmd.c clients/benchlib.c clients/args.c clients/files.c
+           clients/infer_cmd.c clients/load_cmd.c clients/hist.c clients/benchlib.c \
+           clients/args.c clients/files.c
 ATTN_OBJ = $(ATTN_SRC:%.c=$(BUILD)/obj/%.o)
 
 TEST_SRC = $(wildcard tests/unit/*.c)
@@ -144,7 +145,7 @@ $(LIB): $(ENGINE_OBJ) $(PROTO_OBJ) $(ISA_OBJ) $(CU_OBJ)
 	ar rcs $@ $^
 
 $(BUILD)/attn: $(ATTN_OBJ) $(LIB)
-	$(CC) $(ALL_CFLAGS) -o $@ $^ -lcurl $(LDLIBS_ALL)
+	$(CC) $(ALL_CFLAGS) -o $@ $^ -lcurl -luv $(LDLIBS_ALL)
 
 $(BUILD)/obj/tests/server/%.o: CPPFLAGS += -Itests/unit -Iclients
 
@@ -158,7 +159,8 @@ $(BUILD)/attnd: $(SERVER_OBJ) $(LIB)
 # The unit tests also cover server modules that need no daemon (metrics).
 $(BUILD)/obj/tests/unit/%.o: CPPFLAGS += -Iclients
 
-$(TEST_BIN): $(TEST_OBJ) $(BUILD)/obj/server/metrics.o $(BUILD)/obj/clients/benchlib.o $(LIB)
+$(TEST_BIN): $(TEST_OBJ) $(BUILD)/obj/server/metrics.o $(BUILD)/obj/clients/benchlib.o \
+            $(BUILD)/obj/clients/hist.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ -lcriterion $(LDLIBS_ALL)
 

@@ -3,8 +3,8 @@
  *
  * The subcommands work in-process on the engine: `plan` (memory of standard
  * versus flash attention), `bench` (GFLOP/s of the CPU engine) and `compute`
- * (a safetensors request file to a reply file); `infer` is a client of a
- * running attnd.
+ * (a safetensors request file to a reply file); `infer` and `load` are
+ * clients of a running attnd.
  * Exit status: 0 success, 1 run-time failure, 2 bad usage or input.
  */
 #include "cmds.h"
@@ -21,6 +21,7 @@ static const char usage[] =
     "  bench   GFLOP/s of the CPU flash engine (attn bench --help)\n"
     "  compute attention of a safetensors file, in-process (attn compute --help)\n"
     "  infer   send one request to an attnd server, optionally checked (attn infer --help)\n"
+    "  load    load generator: closed or open loop, latency percentiles (attn load --help)\n"
     "\n"
     "attn --version prints the version.\n";
 
@@ -46,6 +47,8 @@ int main(int argc, char **argv) {
     return attn_cmd_compute(argc - 1, argv + 1);
   if (strcmp(cmd, "infer") == 0)
     return attn_cmd_infer(argc - 1, argv + 1);
+  if (strcmp(cmd, "load") == 0)
+    return attn_cmd_load(argc - 1, argv + 1);
   fprintf(stderr, "attn: unknown command \"%s\"\n%s", cmd, usage);
   return 2;
 }

@@ -4,7 +4,7 @@
  *
  * For each size a safetensors request body is written to a file; the engine
  * runs it in this process (median of runs: the engine-only time); then a
- * fresh attnd serves it to wrk with tests/bench/post.lua, first on one
+ * fresh attnd serves it to wrk with clients/wrk/post.lua, first on one
  * connection (each request's latency is the server's whole time for it:
  * receive, decode, queue, compute, encode, send) and then on 4 connections
  * (throughput). The overhead is the one-connection mean latency over the
@@ -111,7 +111,7 @@ int main(int argc, char **argv) {
   snprintf(cmd, sizeof cmd, "mkdir -p %s", dir);
   if (system(cmd) != 0)
     return 1;
-  printf("attnd under wrk (%d s per run, safetensors bodies, tests/bench/post.lua)\n", seconds);
+  printf("attnd under wrk (%d s per run, safetensors bodies, clients/wrk/post.lua)\n", seconds);
   printf("%-7s %-22s %9s | %9s %9s %9s %9s | %9s | %9s\n", "size", "shape", "body MB",
          "engine ms", "c=1 mean", "c=1 p50", "c=1 p99", "overhead", "c=4 req/s");
   int rc = 0;
@@ -143,10 +143,10 @@ int main(int argc, char **argv) {
     }
     char args[512];
     wrk_result one, four;
-    snprintf(args, sizeof args, "-t1 -c1 -d%ds -s tests/bench/post.lua http://127.0.0.1:%d/attention",
+    snprintf(args, sizeof args, "-t1 -c1 -d%ds -s clients/wrk/post.lua http://127.0.0.1:%d/attention",
              seconds, port);
     int r1 = run_wrk(args, path, &one);
-    snprintf(args, sizeof args, "-t2 -c4 -d%ds -s tests/bench/post.lua http://127.0.0.1:%d/attention",
+    snprintf(args, sizeof args, "-t2 -c4 -d%ds -s clients/wrk/post.lua http://127.0.0.1:%d/attention",
              seconds, port);
     int r4 = run_wrk(args, path, &four);
     stop_attnd(pid);

@@ -221,7 +221,7 @@ Test(load_client, bad_usage) {
   }
 }
 
-/* wrk's request rate from its RESULT line (tests/bench/post.lua) or its
+/* wrk's request rate from its RESULT line (clients/wrk/post.lua) or its
  * "Requests/sec:" line; -1 when neither is there. */
 static double wrk_rate(const char *out) {
   long req, dur;
@@ -238,8 +238,8 @@ static double wrk_rate(const char *out) {
 Test(load_client, agrees_with_wrk, .timeout = 60) {
   if (system("command -v wrk >/dev/null 2>&1") != 0)
     cr_skip_test("wrk is not installed");
-  if (access("tests/bench/post.lua", R_OK) != 0)
-    cr_skip_test("tests/bench/post.lua not found (run from the repository root)");
+  if (access("clients/wrk/post.lua", R_OK) != 0)
+    cr_skip_test("clients/wrk/post.lua not found (run from the repository root)");
   attn_bench_case bc;
   cr_assert_eq(attn_bench_case_init(&bc, 1, 2, 2, 64, 64, 64, ATTN_F32, false, 7), 0);
   size_t len;
@@ -255,7 +255,7 @@ Test(load_client, agrees_with_wrk, .timeout = 60) {
   srv_start(&S, NULL);
   char cmd[1024], *out;
   snprintf(cmd, sizeof cmd,
-           "ATTND_BODY=%s wrk -t1 -c4 -d3s -s tests/bench/post.lua %s/attention 2>&1", body_path,
+           "ATTND_BODY=%s wrk -t1 -c4 -d3s -s clients/wrk/post.lua %s/attention 2>&1", body_path,
            S.url);
   int rc = run_cmd(cmd, &out);
   double wrk = wrk_rate(out);

@@ -1,6 +1,6 @@
 -- wrk script for attnd: POSTs the safetensors body in $ATTND_BODY to
 -- /attention and prints one machine-readable line at the end.
---   ATTND_BODY=req.safetensors wrk -t1 -c1 -d10s -s tests/bench/post.lua http://127.0.0.1:8080/attention
+--   ATTND_BODY=req.safetensors wrk -t1 -c1 -d10s -s clients/wrk/post.lua http://127.0.0.1:8080/attention
 local f = assert(io.open(os.getenv("ATTND_BODY"), "rb"))
 local body = f:read("*a")
 f:close()

@@ -871,11 +871,33 @@ static const char *rank_shape(const int64_t *s, int rank, char *b, size_t cap) {
   return b;
 }
 
+/* The "shape" and "dtype" of a reply tensor (JSON object or safetensors
+ * header entry) against what the request implies; false with err set. */
+static bool check_entry(const cJSON *x, const char *name, const int64_t *sq, int r,
+                        attn_dtype dt, char *err, size_t cap) {
+  char sb[96];
+  const cJSON *sh = cJSON_GetObjectItemCaseSensitive(x, "shape");
+  const cJSON *dtj = cJSON_GetObjectItemCaseSensitive(x, "dtype");
+  if (!shape_is(sh, sq, r)) {
+    char *got = cJSON_PrintUnformatted(sh);
+    snprintf(err, cap, "tensor \"%s\": shape %s, want %s", name, got ? got : "missing",
+             rank_shape(sq, r, sb, sizeof sb));
+    free(got);
+    return false;
+  }
+  if (!cJSON_IsString(dtj) || strcmp(dtj->valuestring, attn_dtype_name(dt))) {
+    snprintf(err, cap, "tensor \"%s\": dtype %s, want %s", name,
+             cJSON_IsString(dtj) ? dtj->valuestring : "missing", attn_dtype_name(dt));
+    return false;
+  }
+  return true;
+}
+
+
 int parse_json_reply(const char *body, size_t len, tcase *c, int rank, char *err,
                      size_t cap) {
   cJSON *j = cJSON_ParseWithLength(body, len);
   int rc = -1;
-  char sb[96];
   if (!cJSON_IsObject(j)) {
     snprintf(err, cap, "reply is not a JSON object");
     goto out;
@@ -899,21 +921,9 @@ int parse_json_reply(const char *body, size_t len, tcase *c, int rank, char *err
     }
     int r = t ? rank - 1 : rank;
     attn_dtype dt = t ? ATTN_F32 : c->p.dt;
-    cJSON *sh = cJSON_GetObjectItemCaseSensitive(x, "shape");
-    cJSON *dtj = cJSON_GetObjectItemCaseSensitive(x, "dtype");
     cJSON *data = cJSON_GetObjectItemCaseSensitive(x, "data");
-    if (!shape_is(sh, sq, r)) {
-      char *got = cJSON_PrintUnformatted(sh);
-      snprintf(err, cap, "\"%s\".shape is %s, want %s", names[t], got ? got : "missing",
-               rank_shape(sq, r, sb, sizeof sb));
-      free(got);
+    if (!check_entry(x, names[t], sq, r, dt, err, cap))
       goto out;
-    }
-    if (!cJSON_IsString(dtj) || strcmp(dtj->valuestring, attn_dtype_name(dt))) {
-      snprintf(err, cap, "\"%s\".dtype is %s, want %s", names[t],
-               cJSON_IsString(dtj) ? dtj->valuestring : "missing", attn_dtype_name(dt));
-      goto out;
-    }
     size_t want = t ? rows : rows * (size_t)c->p.d;
     if (!cJSON_IsArray(data) || (size_t)cJSON_GetArraySize(data) != want) {
       snprintf(err, cap, "\"%s\".data has %d values, want %zu", names[t],
@@ -967,7 +977,6 @@ int parse_st_reply(const void *bodyv, size_t len, tcase *c, int rank, char *err,
   size_t dlen = len - 8 - (size_t)n;
   cJSON *j = cJSON_ParseWithLength((const char *)body + 8, (size_t)n);
   int rc = -1;
-  char sb[96];
   if (!cJSON_IsObject(j)) {
     snprintf(err, cap, "safetensors reply header is not a JSON object");
     goto out;
@@ -994,21 +1003,9 @@ int parse_st_reply(const void *bodyv, size_t len, tcase *c, int rank, char *err,
     }
     int r = t ? rank - 1 : rank;
     attn_dtype dt = t ? ATTN_F32 : c->p.dt;
-    cJSON *sh = cJSON_GetObjectItemCaseSensitive(x, "shape");
-    cJSON *dtj = cJSON_GetObjectItemCaseSensitive(x, "dtype");
     cJSON *off = cJSON_GetObjectItemCaseSensitive(x, "data_offsets");
-    if (!shape_is(sh, sq, r)) {
-      char *got = cJSON_PrintUnformatted(sh);
-      snprintf(err, cap, "tensor \"%s\" shape %s, want %s", names[t], got ? got : "missing",
-               rank_shape(sq, r, sb, sizeof sb));
-      free(got);
+    if (!check_entry(x, names[t], sq, r, dt, err, cap))
       goto out;
-    }
-    if (!cJSON_IsString(dtj) || strcmp(dtj->valuestring, attn_dtype_name(dt))) {
-      snprintf(err, cap, "tensor \"%s\" dtype %s, want %s", names[t],
-               cJSON_IsString(dtj) ? dtj->valuestring : "missing", attn_dtype_name(dt));
-      goto out;
-    }
     size_t es = attn_dtype_size(dt);
     size_t want = (t ? rows : rows * (size_t)c->p.d) * es;
     if (!cJSON_IsArray(off) || cJSON_GetArraySize(off) != 2) {

@@ -112,6 +112,13 @@ static int shapes(tprob *ps) {
   p = tprob_make(1, 12, 1, 7, 150, 32, ATTN_BF16); p.wl = 20; p.wr = 2; p.stats = 1; ps[n++] = p;
   p = tprob_make(1, 4, 2, 32, 90, 16, ATTN_F32); p.causal = 1; p.wl = 5; p.stats = 1; ps[n++] = p;
   p = tprob_make(1, 6, 3, 40, 40, 8, ATTN_F32); p.strided = 1; p.causal = 1; ps[n++] = p;
+  /* decoding-like shapes: few query rows over many keys, windows that leave
+   * most tiles invisible to some rows */
+  p = tprob_make(1, 1, 1, 1, 2000, 64, ATTN_F32); p.stats = 1; ps[n++] = p;
+  p = tprob_make(1, 1, 1, 5, 3000, 37, ATTN_F16); p.causal = 1; p.wl = 100; p.stats = 1; ps[n++] = p;
+  p = tprob_make(1, 4, 1, 1, 1500, 128, ATTN_BF16); p.stats = 1; ps[n++] = p;
+  p = tprob_make(1, 1, 1, 70, 1100, 16, ATTN_F32); p.causal = 1; p.stats = 1; ps[n++] = p;
+  p = tprob_make(2, 2, 2, 3, 4100, 8, ATTN_F32); p.wl = 0; p.wr = 600; p.stats = 1; ps[n++] = p;
   static const int64_t ds[] = {1, 37, 64, 80, 128, 256};
   for (int i = 0; i < 6; i++) {
     p = tprob_make(1, 2, 1, 65 + 48 * i, 65 + 48 * i, ds[i], i % 2 ? ATTN_F16 : ATTN_BF16);

@@ -47,10 +47,11 @@ static void *worker_main(void *arg) {
     }
     pthread_mutex_unlock(&p->mu);
 
+    /* Read the count before counting this item done: once the last item
+     * is counted, finish() may free t or resubmit it with another count. */
+    const int64_t nitems = t->nitems;
     t->run(t, item, w->workspace);
-    /* After the last increment another worker may already be in finish(),
-     * which can free t: touch t only if we were last. */
-    if (atomic_fetch_add(&t->done, 1) + 1 == t->nitems)
+    if (atomic_fetch_add(&t->done, 1) + 1 == nitems)
       t->finish(t);
   }
 }

@@ -141,3 +141,40 @@ Test(engine, visible_pairs) {
     cr_expect_eq(attn_request_flops(&r), 4.0 * 8 * (double)(want * 6));
   }
 }
+
+/* Many small jobs at once, whose phases have different item counts (6 scan
+ * items, then 1 compute item): a worker that counted a scan item done must
+ * not mistake the next phase's count for its own (a race once seen as heap
+ * corruption under load). */
+static void count_done(const attn_result *res, void *arg) {
+  (void)res;
+  atomic_fetch_add((atomic_int *)arg, 1);
+}
+
+Test(engine, phases_with_different_item_counts, .timeout = 120) {
+  attn_engine *e = topen(2, NULL);
+  enum { N = 3000, NO = 4 * 8 * 8 };
+  tprob p = tprob_make(1, 4, 1, 8, 8, 8, ATTN_F32);
+  tcase c;
+  tcase_init(&c, &p, 1);
+  static attn_request reqs[N];
+  static float outs[N][NO];
+  atomic_int done = 0;
+  attn_status st;
+  for (int i = 0; i < N; i++) {
+    reqs[i] = c.req; /* shared inputs, an output of its own */
+    reqs[i].o = outs[i];
+    cr_assert_eq(attn_engine_submit(e, &reqs[i], count_done, &done, &st), 0);
+  }
+  attn_engine_close(e);
+  cr_expect_eq(atomic_load(&done), N);
+  attn_engine *lone = topen(2, NULL);
+  cr_assert_eq(trun(lone, &c, "cpu", &st), 0);
+  attn_engine_close(lone);
+  int differ = 0;
+  for (int i = 0; i < N; i++)
+    differ += memcmp(outs[i], c.o, sizeof outs[i]) != 0;
+  cr_expect_eq(differ, 0, "%d of %d outputs differ from a lone run", differ, N);
+  cr_expect_leq(tcheck(&c).o, 1e-5);
+  tcase_free(&c);
+}

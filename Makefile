@@ -61,7 +61,8 @@ endif
 
 # ---- the engine library ---------------------------------------------------
 ENGINE_SRC = engine/engine.c engine/request.c engine/dtype.c engine/pool.c \
-             engine/plan.c engine/softmax.c engine/reference.c engine/cpu/cpu.c
+             engine/plan.c engine/softmax.c engine/reference.c engine/cpu/cpu.c \
+             engine/cuda/select.c
 ENGINE_OBJ = $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
 
 # ---- the wire formats (proto/) ---------------------------------------------
@@ -78,13 +79,21 @@ ISA_FLAGS_avx2    = -DATTN_ISA=256 -mavx2 -mfma -mf16c
 ISA_FLAGS_avx512  = -DATTN_ISA=512 -mavx512f -mavx512bw -mavx512vl -mavx512dq \
                     -mfma -mf16c
 
+# Machine code for every arch of CUDA_ARCHS plus PTX of the newest, which
+# the driver compiles for GPUs newer than the list. The runtime is linked
+# statically, so the binaries need only the driver on the target machine.
+CUDA_HOME ?= $(if $(NVCC),$(patsubst %/bin/,%,$(dir $(NVCC))),/usr/local/cuda)
+CUDA_INC   = -I$(CUDA_HOME)/include
+CUDA_LIBS  = -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 CU_OBJ =
 ifeq ($(USE_CUDA),1)
-CU_OBJ = $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
-CPPFLAGS += $(if $(CU_SRC),-DATTN_HAVE_CUDA)
-NVCCFLAGS = -O3 -std=c++17 -Iengine -Xptxas -v \
-            $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a))
-LDLIBS += $(if $(CU_SRC),-lcudart -lstdc++)
+CU_OBJ = $(CU_SRC:%.cu=$(BUILD)/obj/%.o) $(BUILD)/obj/engine/cuda/cuda.o
+CPPFLAGS += -DATTN_HAVE_CUDA
+CU_PTX_ARCH = $(lastword $(sort $(CUDA_ARCHS)))
+NVCCFLAGS = -O3 -std=c++17 -Iengine -Xptxas -v -Xcompiler -Wall \
+            $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+            -gencode arch=compute_$(CU_PTX_ARCH),code=compute_$(CU_PTX_ARCH)
+LDLIBS += $(CUDA_LIBS)
 endif
 
 LIB = $(BUILD)/libattn.a
@@ -135,10 +144,23 @@ $(BUILD)/obj/engine/cpu/flash_%.o: engine/cpu/flash.c $(BUILD)/.flags
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -O3 $(ISA_FLAGS_$*) -c $< -o $@
 
-# ptxas's register and spill report goes to the build log.
-$(BUILD)/obj/%.o: %.cu $(BUILD)/.flags
+# nvcc's flags are recorded apart from the C flags: SAN and WERROR do not
+# change device code, so switching them does not recompile it.
+$(BUILD)/.cuflags: FORCE
+	@mkdir -p $(BUILD)
+	@echo '$(NVCC) $(NVCCFLAGS)' | cmp -s - $@ || echo '$(NVCC) $(NVCCFLAGS)' > $@
+
+# ptxas's register and spill report goes to the build log and beside the
+# object; a tensor-core kernel (fwd_mma) that spills fails the build.
+$(BUILD)/obj/%.o: %.cu $(BUILD)/.cuflags
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+	@set -o pipefail; $(NVCC) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@ 2>&1 | tee $(@:.o=.ptxas.log)
+	@if grep -A1 "entry function '_ZN7attn_cu7fwd_mma" $(@:.o=.ptxas.log) | \
+	    grep -E 'bytes spill (stores|loads)' | grep -vq ' 0 bytes spill stores, 0 bytes spill loads'; then \
+	  echo "$<: a tensor-core kernel spills registers (see $(@:.o=.ptxas.log))" >&2; \
+	  rm -f $@; exit 1; fi
+
+$(BUILD)/obj/engine/cuda/cuda.o: CPPFLAGS += $(CUDA_INC)
 
 $(LIB): $(ENGINE_OBJ) $(PROTO_OBJ) $(ISA_OBJ) $(CU_OBJ)
 	@rm -f $@

@@ -24,6 +24,7 @@ typedef struct attn_job {
   struct attn_engine *engine;
   const char *backend;     /* name of the backend running it */
   double t_start;
+  struct attn_job *next;   /* for a backend's own queues */
 } attn_job;
 
 /* What open() receives: the config and the engine's shared worker pool. */
@@ -49,16 +50,30 @@ struct attn_backend_ops {
   void (*describe)(void *state, char *buf, size_t cap);
   /* Chosen by backend "auto" when it supports the request. */
   bool automatic;
+  /* Whether an open backend can still run jobs (a device that failed can
+   * not); NULL means always. */
+  bool (*healthy)(void *state);
 };
 
 extern const struct attn_backend_ops attn__cpu_backend;
 extern const struct attn_backend_ops attn__reference_backend;
+#ifdef ATTN_HAVE_CUDA
+extern const struct attn_backend_ops attn__cuda_backend;
+#endif
 
 /* Ends a job: fills the result, calls the user's callback, frees the job. */
 void attn__job_complete(attn_job *job, const attn_status *st);
 
 /* Fills all-zero strides with the contiguous layout; r must be valid. */
 void attn__request_fill_strides(attn_request *r);
+
+/* The input checks every backend makes, with one wording: ENONFINITE for
+ * element (b, h, n, d) of tensor "q", "k" or "v"; ERANGE when inputs whose
+ * largest magnitudes are maxabs[q, k, v] could overflow F32 in the scores
+ * or the output sums. */
+int attn__nonfinite(attn_status *st, const char *tensor, int64_t b, int64_t h, int64_t n,
+                    int64_t d);
+int attn__check_magnitudes(const attn_request *r, const double maxabs[3], attn_status *st);
 
 /* CPUs this process may run on (affinity), at least 1. */
 int attn__online_cores(void);

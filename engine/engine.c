@@ -23,6 +23,9 @@
 
 /* Preference order for backend "auto". */
 static const struct attn_backend_ops *const backend_table[] = {
+#ifdef ATTN_HAVE_CUDA
+    &attn__cuda_backend,
+#endif
     &attn__cpu_backend,
     &attn__reference_backend,
 };
@@ -152,14 +155,11 @@ static int pick_backend(attn_engine *e, const attn_request *r,
     *ps = s;
     return 0;
   }
-  /* Names of the contract that this build lacks. */
-  static const char *const absent[] = {"cuda"};
-  for (size_t i = 0; i < sizeof absent / sizeof *absent; i++)
-    if (strcmp(name, absent[i]) == 0)
-      return attn_status_set(st, ATTN_ENODEV,
-                             "backend \"%s\" is not available: this build has no %s "
-                             "support",
-                             name, name);
+#ifndef ATTN_HAVE_CUDA
+  if (strcmp(name, "cuda") == 0)
+    return attn_status_set(st, ATTN_ENODEV,
+                           "backend \"cuda\" is not available: this build has no cuda support");
+#endif
   char names[128] = "auto";
   for (int i = 0; i < NBACKENDS; i++) {
     strncat(names, ", ", sizeof names - strlen(names) - 1);
@@ -261,7 +261,7 @@ int attn_engine_backends(const attn_engine *e, attn_backend_info *out, int cap) 
   for (int i = 0; i < NBACKENDS && i < cap; i++) {
     const backend_slot *s = &e->be[i];
     out[i].name = s->ops->name;
-    out[i].available = s->state != NULL;
+    out[i].available = s->state && (!s->ops->healthy || s->ops->healthy(s->state));
     if (s->state)
       s->ops->describe(s->state, out[i].detail, sizeof out[i].detail);
     else

@@ -224,6 +224,10 @@ typedef struct attn_config {
   const char *cpu_isa;
   /* Largest reference problem: S + P of one head, in bytes of float64. */
   uint64_t reference_max_bytes;
+  /* CUDA backend: streams per device (0: 4) and the devices to use, a
+   * comma-separated list of ordinals ("0,1"); NULL or "" means device 0. */
+  int cuda_streams;
+  const char *cuda_devices;
 } attn_config;
 
 void attn_config_init(attn_config *cfg);

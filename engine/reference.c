@@ -247,4 +247,5 @@ const struct attn_backend_ops attn__reference_backend = {
     /* .submit          = */ ref_submit,
     /* .describe        = */ ref_describe,
     /* .automatic       = */ false,
+    /* .healthy         = */ NULL,
 };

@@ -8,6 +8,7 @@
  */
 #include "backend.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -206,4 +207,32 @@ uint64_t attn_request_visible_pairs(const attn_request *r) {
 
 double attn_request_flops(const attn_request *r) {
   return 4.0 * (double)r->head_dim * (double)attn_request_visible_pairs(r);
+}
+
+int attn__nonfinite(attn_status *st, const char *tensor, int64_t b, int64_t h, int64_t n,
+                    int64_t d) {
+  return attn_status_set(st, ATTN_ENONFINITE,
+                         "tensor %s holds a non-finite value at [%lld, %lld, %lld, %lld]; "
+                         "inputs must be finite",
+                         tensor, (long long)b, (long long)h, (long long)n, (long long)d);
+}
+
+int attn__check_magnitudes(const attn_request *r, const double maxabs[3], attn_status *st) {
+  /* Bounds on every intermediate: a scaled query element, a score (a sum of
+   * D products, in log2 units) and an unnormalized output (a sum of seq_kv
+   * terms p·v with p <= 1). Half of FLT_MAX leaves room for rounding. */
+  const double lim = FLT_MAX / 2;
+  double sc = fabs(attn_request_scale(r)) * M_LOG2E;
+  double score = sc * maxabs[0] * maxabs[1] * (double)r->head_dim;
+  if (sc * maxabs[0] > lim || score > lim)
+    return attn_status_set(st, ATTN_ERANGE,
+                           "attention scores could overflow float32: |scale| x "
+                           "max|q| x max|k| x head_dim = %.3g; scale q or k down",
+                           score / M_LOG2E);
+  if (maxabs[2] * (double)r->seq_kv > lim)
+    return attn_status_set(st, ATTN_ERANGE,
+                           "values could overflow float32 when summed: max|v| x "
+                           "seq_kv = %.3g; scale v down",
+                           maxabs[2] * (double)r->seq_kv);
+  return 0;
 }

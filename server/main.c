@@ -25,8 +25,8 @@ static int choose_backend(attnd_server *s) {
   const char *want = s->cfg->backend;
   if (!strcmp(want, "cuda")) {
     if (!cuda || !cuda->available) {
-      fprintf(stderr, "attnd: --backend cuda: no CUDA device was found (%s)\n",
-              cuda ? cuda->detail : "this build has no CUDA support");
+      fprintf(stderr, "attnd: --backend cuda: %s\n",
+              cuda ? cuda->detail : "no CUDA device was found: this build has no CUDA support");
       return -1;
     }
     s->backend = "cuda";

@@ -18,7 +18,6 @@
 #include "backend.h"
 #include "flash.h"
 
-#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -108,33 +107,12 @@ static int scan_verdict(cpu_job *cj, attn_status *st) {
     int t;
     int64_t b, h;
     scan_item(r, i, &t, &b, &h);
-    if (cj->bad[i] >= 0) {
-      int64_t d = r->head_dim;
-      return attn_status_set(st, ATTN_ENONFINITE,
-                             "tensor %s holds a non-finite value at [%lld, %lld, "
-                             "%lld, %lld]; inputs must be finite",
-                             scan_names[t], (long long)b, (long long)h,
-                             (long long)(cj->bad[i] / d), (long long)(cj->bad[i] % d));
-    }
+    if (cj->bad[i] >= 0)
+      return attn__nonfinite(st, scan_names[t], b, h, cj->bad[i] / r->head_dim,
+                             cj->bad[i] % r->head_dim);
     mx[t] = fmax(mx[t], cj->maxabs[i]);
   }
-  /* Bounds on every intermediate: a scaled query element, a score (a sum of
-   * D products) and an unnormalized output (a sum of seq_kv terms p·v with
-   * p <= 1). Half of FLT_MAX leaves room for rounding. */
-  const double lim = FLT_MAX / 2;
-  double sc = fabs((double)cj->args.scale2);
-  double score = sc * mx[0] * mx[1] * (double)r->head_dim;
-  if (sc * mx[0] > lim || score > lim)
-    return attn_status_set(st, ATTN_ERANGE,
-                           "attention scores could overflow float32: |scale| x "
-                           "max|q| x max|k| x head_dim = %.3g; scale q or k down",
-                           score / M_LOG2E);
-  if (mx[2] * (double)r->seq_kv > lim)
-    return attn_status_set(st, ATTN_ERANGE,
-                           "values could overflow float32 when summed: max|v| x "
-                           "seq_kv = %.3g; scale v down",
-                           mx[2] * (double)r->seq_kv);
-  return 0;
+  return attn__check_magnitudes(r, mx, st);
 }
 
 static void scan_finish(attn_pool_task *task) {
@@ -273,4 +251,5 @@ const struct attn_backend_ops attn__cpu_backend = {
     /* .submit          = */ cpu_submit,
     /* .describe        = */ cpu_describe,
     /* .automatic       = */ true,
+    /* .healthy         = */ NULL,
 };

@@ -1,0 +1,703 @@
+/*
+ * cuda.c — the "cuda" backend: FlashAttention kernels on a pool of streams.
+ *
+ * Each device gets --streams slots; a slot is a stream, a pinned host
+ * staging buffer that grows to the largest job it has run, and at most one
+ * job at a time. One dispatcher thread per engine does all the host work:
+ * it takes a queued job when a slot is free, packs Q, K and V into the
+ * slot's pinned buffer (gathering strides, padding the head dim to a
+ * multiple of 8), and queues on the slot's stream: a device allocation from
+ * the device's memory pool, the upload, the input scan, the forward kernel
+ * (and the split-KV merge), the download, the free, and a host function.
+ * The host function runs on a CUDA thread and may make no CUDA call: it only
+ * puts the slot on the done list and wakes the dispatcher, which checks the
+ * scan, unpacks O and the statistics into the caller's buffers and
+ * completes the job.
+ *
+ * Staging through a reusable pinned buffer keeps the backend independent of
+ * how callers allocate (the server's request bodies are ordinary memory) and
+ * costs one host copy each way; pinning request bodies instead would save
+ * that copy at the price of pinning every body. Only the staging variant is
+ * built; the two were not measured against each other.
+ *
+ * Errors never abort. An allocation that does not fit is ENOMEM (the server
+ * answers 503: retry later). Any other CUDA error fails the job with
+ * EDEVICE and marks the device unhealthy: its context may be corrupt, so it
+ * takes no more jobs, and when no device is left the backend reports itself
+ * unhealthy (the server's /readyz turns 503). A host function does not run
+ * after a fault in its context, so the dispatcher also polls busy streams
+ * once a second and fails the jobs of a stream that reports an error.
+ */
+#define _GNU_SOURCE
+#include "backend.h"
+#include "kernels.h"
+
+#include <cuda_runtime_api.h>
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define DEFAULT_STREAMS 4
+#define MAX_DEVICES 16
+/* Regions of a job's buffers start on this boundary. */
+#define ALIGN 256
+
+struct cu_dev;
+
+typedef struct cu_slot {
+  struct cu_dev *dev;
+  cudaStream_t stream;
+  unsigned char *pinned;
+  size_t pinned_cap;
+  attn_job *job; /* NULL when free */
+  /* The job's layout: [q k v | scan o m l lse] in pinned and device memory;
+   * the upload covers [0, up_end), the download [down_start, down_end);
+   * device memory also holds the split-KV scratch after that. */
+  size_t off[3], off_scan, off_o, off_stats[3], up_end, down_start, down_end, dev_bytes;
+  void *dmem;
+  attn_cu_params prm;
+  attn_cu_choice ch;
+  struct cu_slot *next_done;
+} cu_slot;
+
+typedef struct cu_dev {
+  struct cu_state *state;
+  int ordinal;
+  char name[96];
+  int sms, major, minor;
+  size_t mem_total;
+  cudaMemPool_t pool;
+  bool pool_made;
+  bool healthy;
+  char why[160]; /* why it is unhealthy */
+  cu_slot *slots;
+  int nslots, busy;
+} cu_dev;
+
+typedef struct cu_state cu_state;
+struct cu_state {
+  cu_dev devs[MAX_DEVICES];
+  int ndev, streams;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  attn_job *pend_head, *pend_tail;
+  cu_slot *done;
+  int busy;
+  bool stop;
+  pthread_t thread;
+  int next_dev; /* round-robin start */
+};
+
+static size_t align_up(size_t x) { return (x + ALIGN - 1) / ALIGN * ALIGN; }
+
+static int cuda_fail(attn_status *st, int code, const char *what, cudaError_t e) {
+  return attn_status_set(st, code, "cuda: %s: %s (%s)", what, cudaGetErrorString(e),
+                         cudaGetErrorName(e));
+}
+
+/* ---- shapes ---------------------------------------------------------------- */
+
+/* The kernels' view of a request (device pointers filled in later). */
+static void shape_of(const attn_request *r, attn_cu_params *p) {
+  memset(p, 0, sizeof *p);
+  p->dtype = r->dtype;
+  p->batch = (int)r->batch;
+  p->heads_q = (int)r->heads_q;
+  p->heads_kv = (int)r->heads_kv;
+  p->seq_q = (int)(r->seq_q < ATTN_CU_MAX_SEQ ? r->seq_q : ATTN_CU_MAX_SEQ + 1);
+  p->seq_kv = (int)(r->seq_kv < ATTN_CU_MAX_SEQ ? r->seq_kv : ATTN_CU_MAX_SEQ + 1);
+  p->head_dim = (int)r->head_dim;
+  p->dp = attn_cu_dp(r->head_dim);
+  p->scale_log2 = (float)(attn_request_scale(r) * M_LOG2E);
+  int64_t wl, wr;
+  attn_request_window(r, &wl, &wr);
+  /* A side longer than both sequences is unbounded; this keeps the kernels'
+   * bound arithmetic far from overflow. */
+  int64_t span = r->seq_q + r->seq_kv;
+  p->window_left = wl > span ? -1 : wl;
+  p->window_right = wr > span ? -1 : wr;
+}
+
+/* Byte layout of a job in a slot; returns false on size overflow. */
+static bool layout(cu_slot *sl, const attn_request *r) {
+  const attn_cu_params *p = &sl->prm;
+  size_t es = attn_dtype_size(r->dtype);
+  size_t nq = (size_t)p->batch * p->heads_q * p->seq_q;
+  size_t nkv = (size_t)p->batch * p->heads_kv * p->seq_kv;
+  if (nq > SIZE_MAX / 2 / ((size_t)p->dp * es) || nkv > SIZE_MAX / 4 / ((size_t)p->dp * es))
+    return false;
+  size_t x = 0;
+  sl->off[0] = x;
+  x = align_up(x + nq * p->dp * es);
+  sl->off[1] = x;
+  x = align_up(x + nkv * p->dp * es);
+  sl->off[2] = x;
+  x = align_up(x + nkv * p->dp * es);
+  sl->off_scan = x;
+  x = align_up(x + 3 * sizeof(attn_cu_scan_result));
+  sl->up_end = x;
+  sl->down_start = sl->off_scan;
+  sl->off_o = x;
+  x = align_up(x + nq * p->dp * es);
+  float *const want[3] = {r->m, r->l, r->lse};
+  for (int i = 0; i < 3; i++) {
+    sl->off_stats[i] = want[i] ? x : SIZE_MAX;
+    if (want[i])
+      x = align_up(x + nq * sizeof(float));
+  }
+  sl->down_end = x;
+  sl->dev_bytes = x + align_up(attn_cu_split_bytes(p, &sl->ch));
+  return true;
+}
+
+/* ---- packing ---------------------------------------------------------------- */
+
+/* Tensor (dtype elements, strides s) -> packed [B, H, N, dp], zero padded. */
+static void pack(unsigned char *dst, const void *src, const int64_t s[3], int64_t B,
+                 int64_t H, int64_t N, int64_t D, int dp, size_t es) {
+  const unsigned char *sp = src;
+  if (dp == D && s[2] == D && s[1] == N * D && s[0] == H * N * D) {
+    memcpy(dst, sp, (size_t)(B * H * N * D) * es);
+    return;
+  }
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H; h++)
+      for (int64_t n = 0; n < N; n++) {
+        memcpy(dst, sp + (size_t)(b * s[0] + h * s[1] + n * s[2]) * es, (size_t)D * es);
+        memset(dst + (size_t)D * es, 0, (size_t)(dp - D) * es);
+        dst += (size_t)dp * es;
+      }
+}
+
+/* Packed [B, H, N, dp] -> tensor with strides s, padding dropped. */
+static void unpack(void *dst, const unsigned char *src, const int64_t s[3], int64_t B,
+                   int64_t H, int64_t N, int64_t D, int dp, size_t es) {
+  unsigned char *dp8 = dst;
+  if (dp == D && s[2] == D && s[1] == N * D && s[0] == H * N * D) {
+    memcpy(dp8, src, (size_t)(B * H * N * D) * es);
+    return;
+  }
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H; h++)
+      for (int64_t n = 0; n < N; n++) {
+        memcpy(dp8 + (size_t)(b * s[0] + h * s[1] + n * s[2]) * es, src, (size_t)D * es);
+        src += (size_t)dp * es;
+      }
+}
+
+/* ---- the host function: no CUDA calls here ----------------------------------- */
+
+static void CUDART_CB on_stream_done(void *arg) {
+  cu_slot *sl = arg;
+  cu_state *s = sl->dev->state;
+  pthread_mutex_lock(&s->mu);
+  sl->next_done = s->done;
+  s->done = sl;
+  pthread_cond_signal(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+}
+
+/* ---- the dispatcher's work ---------------------------------------------------- */
+
+/* A device error other than running out of memory: the device is done. */
+static void mark_unhealthy(cu_dev *d, const char *what, cudaError_t e) {
+  if (d->healthy)
+    fprintf(stderr, "attn: cuda device %d (%s) failed in %s: %s; it takes no more jobs\n",
+            d->ordinal, d->name, what, cudaGetErrorString(e));
+  d->healthy = false;
+  snprintf(d->why, sizeof d->why, "failed in %s: %s", what, cudaGetErrorString(e));
+}
+
+static int grow_pinned(cu_slot *sl, size_t need, attn_status *st) {
+  if (sl->pinned_cap >= need)
+    return 0;
+  if (sl->pinned)
+    cudaFreeHost(sl->pinned);
+  sl->pinned = NULL;
+  sl->pinned_cap = 0;
+  size_t cap = need + need / 4;
+  cudaError_t e = cudaHostAlloc((void **)&sl->pinned, cap, cudaHostAllocPortable);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return attn_status_set(st, ATTN_ENOMEM,
+                           "cuda: cannot pin %zu MiB of host memory for staging: %s",
+                           cap >> 20, cudaGetErrorString(e));
+  }
+  sl->pinned_cap = cap;
+  return 0;
+}
+
+/* Queues the job on the slot's stream; on failure nothing is left queued
+ * that still uses the slot's memory, and st says why. */
+static int start(cu_slot *sl, attn_status *st) {
+  cu_dev *d = sl->dev;
+  const attn_request *r = &sl->job->req;
+  cudaError_t e;
+  const char *what = "cudaSetDevice";
+  if ((e = cudaSetDevice(d->ordinal)) != cudaSuccess)
+    goto device_error;
+  shape_of(r, &sl->prm);
+  if (attn_cu_select(&sl->prm, d->sms, &sl->ch, st) < 0)
+    return st->code;
+  if (!layout(sl, r))
+    return attn_status_set(st, ATTN_EOVERFLOW, "cuda: the request's buffers overflow size_t");
+  if (grow_pinned(sl, sl->down_end, st) < 0)
+    return st->code;
+
+  size_t es = attn_dtype_size(r->dtype);
+  const void *src[3] = {r->q, r->k, r->v};
+  const int64_t *str[3] = {r->q_stride, r->k_stride, r->v_stride};
+  for (int t = 0; t < 3; t++)
+    pack(sl->pinned + sl->off[t], src[t], str[t], r->batch, t ? r->heads_kv : r->heads_q,
+         t ? r->seq_kv : r->seq_q, r->head_dim, sl->prm.dp, es);
+  attn_cu_scan_result *scan = (attn_cu_scan_result *)(sl->pinned + sl->off_scan);
+  for (int t = 0; t < 3; t++)
+    scan[t] = (attn_cu_scan_result){.first_bad = ~0ull, .maxabs_bits = 0, .pad_ = 0};
+
+  what = "cudaMallocFromPoolAsync";
+  sl->dmem = NULL;
+  e = cudaMallocFromPoolAsync(&sl->dmem, sl->dev_bytes, d->pool, sl->stream);
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    size_t fr = 0, tot = 0;
+    cudaMemGetInfo(&fr, &tot);
+    sl->dmem = NULL;
+    return attn_status_set(st, ATTN_ENOMEM,
+                           "cuda: device %d is out of memory for this request (needs %zu MiB, "
+                           "%zu MiB free of %zu); retry later or send a smaller request",
+                           d->ordinal, sl->dev_bytes >> 20, fr >> 20, tot >> 20);
+  }
+  if (e != cudaSuccess)
+    goto device_error;
+  unsigned char *dm = sl->dmem;
+  attn_cu_params *p = &sl->prm;
+  p->q = dm + sl->off[0];
+  p->k = dm + sl->off[1];
+  p->v = dm + sl->off[2];
+  p->o = dm + sl->off_o;
+  p->m = r->m ? (float *)(dm + sl->off_stats[0]) : NULL;
+  p->l = r->l ? (float *)(dm + sl->off_stats[1]) : NULL;
+  p->lse = r->lse ? (float *)(dm + sl->off_stats[2]) : NULL;
+  p->split_ws = sl->ch.nsplit > 1 ? dm + sl->down_end : NULL;
+  attn_cu_scan_result *dscan = (attn_cu_scan_result *)(dm + sl->off_scan);
+
+  what = "the upload";
+  if ((e = cudaMemcpyAsync(dm, sl->pinned, sl->up_end, cudaMemcpyHostToDevice, sl->stream)))
+    goto queued_error;
+  what = "the input scan";
+  size_t nel[3] = {(size_t)p->batch * p->heads_q * p->seq_q * p->dp,
+                   (size_t)p->batch * p->heads_kv * p->seq_kv * p->dp,
+                   (size_t)p->batch * p->heads_kv * p->seq_kv * p->dp};
+  const void *dsrc[3] = {p->q, p->k, p->v};
+  for (int t = 0; t < 3; t++)
+    if ((e = (cudaError_t)attn_cu_scan(dsrc[t], r->dtype, nel[t], &dscan[t], sl->stream)))
+      goto queued_error;
+  what = "the attention kernel";
+  if ((e = (cudaError_t)attn_cu_launch(p, &sl->ch, sl->stream)))
+    goto queued_error;
+  what = "the download";
+  if ((e = cudaMemcpyAsync(sl->pinned + sl->down_start, dm + sl->down_start,
+                           sl->down_end - sl->down_start, cudaMemcpyDeviceToHost, sl->stream)))
+    goto queued_error;
+  what = "cudaFreeAsync";
+  if ((e = cudaFreeAsync(sl->dmem, sl->stream)))
+    goto queued_error;
+  sl->dmem = NULL;
+  what = "cudaLaunchHostFunc";
+  if ((e = cudaLaunchHostFunc(sl->stream, on_stream_done, sl)))
+    goto queued_error;
+  return 0;
+
+queued_error:
+  /* Work already queued may still read the staging buffer: wait it out. */
+  cudaStreamSynchronize(sl->stream);
+  if (sl->dmem)
+    cudaFree(sl->dmem);
+  sl->dmem = NULL;
+device_error:
+  cudaGetLastError();
+  mark_unhealthy(d, what, e);
+  return cuda_fail(st, ATTN_EDEVICE, what, e);
+}
+
+/* The job's outcome once its stream has run: the scan's verdict, then the
+ * outputs copied out of the staging buffer. */
+static int finish(cu_slot *sl, attn_status *st) {
+  const attn_request *r = &sl->job->req;
+  const attn_cu_params *p = &sl->prm;
+  const attn_cu_scan_result *scan = (const attn_cu_scan_result *)(sl->pinned + sl->off_scan);
+  static const char *const names[3] = {"q", "k", "v"};
+  double mx[3];
+  for (int t = 0; t < 3; t++) {
+    if (scan[t].first_bad != ~0ull) {
+      int64_t H = t ? r->heads_kv : r->heads_q, N = t ? r->seq_kv : r->seq_q;
+      int64_t row = (int64_t)(scan[t].first_bad / (unsigned)p->dp);
+      int64_t dcol = (int64_t)(scan[t].first_bad % (unsigned)p->dp);
+      return attn__nonfinite(st, names[t], row / (H * N), row / N % H, row % N, dcol);
+    }
+    float f;
+    memcpy(&f, &scan[t].maxabs_bits, sizeof f);
+    mx[t] = f;
+  }
+  int rc = attn__check_magnitudes(r, mx, st);
+  if (rc < 0)
+    return rc;
+  unpack(r->o, sl->pinned + sl->off_o, r->o_stride, r->batch, r->heads_q, r->seq_q,
+         r->head_dim, p->dp, attn_dtype_size(r->dtype));
+  float *const out[3] = {r->m, r->l, r->lse};
+  size_t rows = (size_t)r->batch * r->heads_q * r->seq_q;
+  for (int i = 0; i < 3; i++)
+    if (out[i])
+      memcpy(out[i], sl->pinned + sl->off_stats[i], rows * sizeof(float));
+  return 0;
+}
+
+static void release(cu_state *s, cu_slot *sl) {
+  pthread_mutex_lock(&s->mu);
+  sl->job = NULL;
+  sl->dev->busy--;
+  s->busy--;
+  pthread_mutex_unlock(&s->mu);
+}
+
+/* A free slot on a healthy device, spreading jobs over devices; mu held. */
+static cu_slot *free_slot(cu_state *s) {
+  for (int k = 0; k < s->ndev; k++) {
+    cu_dev *d = &s->devs[(s->next_dev + k) % s->ndev];
+    if (!d->healthy || d->busy == d->nslots)
+      continue;
+    for (int i = 0; i < d->nslots; i++)
+      if (!d->slots[i].job) {
+        s->next_dev = (int)((d - s->devs) + 1) % s->ndev;
+        return &d->slots[i];
+      }
+  }
+  return NULL;
+}
+
+static bool any_healthy(cu_state *s) {
+  for (int i = 0; i < s->ndev; i++)
+    if (s->devs[i].healthy)
+      return true;
+  return false;
+}
+
+/* Busy streams that report an error: their host functions will never run. */
+static void poll_faults(cu_state *s) {
+  for (int i = 0; i < s->ndev; i++) {
+    cu_dev *d = &s->devs[i];
+    for (int j = 0; j < d->nslots; j++) {
+      cu_slot *sl = &d->slots[j];
+      pthread_mutex_lock(&s->mu);
+      attn_job *job = sl->job;
+      bool queued_done = false;
+      for (cu_slot *x = s->done; x; x = x->next_done)
+        queued_done |= x == sl;
+      pthread_mutex_unlock(&s->mu);
+      if (!job || queued_done)
+        continue;
+      cudaSetDevice(d->ordinal);
+      cudaError_t e = cudaStreamQuery(sl->stream);
+      if (e == cudaSuccess || e == cudaErrorNotReady)
+        continue;
+      cudaGetLastError();
+      mark_unhealthy(d, "a running job", e);
+      attn_status st;
+      cuda_fail(&st, ATTN_EDEVICE, "the job's stream failed", e);
+      release(s, sl);
+      attn__job_complete(job, &st);
+    }
+  }
+}
+
+static void *dispatcher(void *arg) {
+  cu_state *s = arg;
+  pthread_mutex_lock(&s->mu);
+  for (;;) {
+    if (s->done) {
+      cu_slot *list = s->done;
+      s->done = NULL;
+      pthread_mutex_unlock(&s->mu);
+      while (list) {
+        cu_slot *sl = list;
+        list = sl->next_done;
+        attn_status st = {0};
+        attn_job *job = sl->job;
+        int rc = finish(sl, &st);
+        release(s, sl);
+        attn__job_complete(job, rc < 0 ? &st : NULL);
+      }
+      pthread_mutex_lock(&s->mu);
+      continue;
+    }
+    if (s->pend_head) {
+      cu_slot *sl = free_slot(s);
+      if (sl || !any_healthy(s)) {
+        attn_job *job = s->pend_head;
+        s->pend_head = job->next;
+        if (!s->pend_head)
+          s->pend_tail = NULL;
+        if (sl) {
+          sl->job = job;
+          sl->dev->busy++;
+          s->busy++;
+        }
+        pthread_mutex_unlock(&s->mu);
+        attn_status st = {0};
+        if (!sl)
+          attn_status_set(&st, ATTN_ENODEV, "cuda: no healthy device is left");
+        else if (start(sl, &st) < 0)
+          release(s, sl);
+        if (st.code)
+          attn__job_complete(job, &st);
+        pthread_mutex_lock(&s->mu);
+        continue;
+      }
+    }
+    if (s->stop && !s->pend_head && s->busy == 0)
+      break;
+    if (s->busy > 0) {
+      struct timespec ts;
+      clock_gettime(CLOCK_REALTIME, &ts);
+      ts.tv_sec += 1;
+      if (pthread_cond_timedwait(&s->cv, &s->mu, &ts) == ETIMEDOUT && !s->done) {
+        pthread_mutex_unlock(&s->mu);
+        poll_faults(s);
+        pthread_mutex_lock(&s->mu);
+      }
+    } else {
+      pthread_cond_wait(&s->cv, &s->mu);
+    }
+  }
+  pthread_mutex_unlock(&s->mu);
+  return NULL;
+}
+
+/* ---- the backend's ops ----------------------------------------------------------- */
+
+static int cuda_submit(void *state, attn_job *job, attn_status *st) {
+  (void)st;
+  cu_state *s = state;
+  job->next = NULL;
+  pthread_mutex_lock(&s->mu);
+  if (s->pend_tail)
+    s->pend_tail->next = job;
+  else
+    s->pend_head = job;
+  s->pend_tail = job;
+  pthread_cond_signal(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+  return 0;
+}
+
+static int cuda_supports(void *state, const attn_request *r, attn_status *st) {
+  cu_state *s = state;
+  int sms = 0;
+  size_t mem = 0;
+  bool ok = false;
+  for (int i = 0; i < s->ndev; i++)
+    if (s->devs[i].healthy) {
+      ok = true;
+      sms = sms && sms < s->devs[i].sms ? sms : s->devs[i].sms;
+      mem = mem && mem < s->devs[i].mem_total ? mem : s->devs[i].mem_total;
+    }
+  if (!ok)
+    return attn_status_set(st, ATTN_ENODEV, "cuda: no healthy device is left");
+  cu_slot probe;
+  memset(&probe, 0, sizeof probe);
+  shape_of(r, &probe.prm);
+  int rc = attn_cu_select(&probe.prm, sms, &probe.ch, st);
+  if (rc < 0)
+    return rc;
+  if (!layout(&probe, r) || probe.dev_bytes > mem)
+    return attn_status_set(st, ATTN_ETOOBIG,
+                           "cuda: the request needs %zu MiB of device memory; the device has "
+                           "%zu MiB",
+                           probe.dev_bytes >> 20, mem >> 20);
+  return 0;
+}
+
+static void cuda_describe(void *state, char *buf, size_t cap) {
+  cu_state *s = state;
+  size_t n = 0;
+  buf[0] = 0;
+  for (int i = 0; i < s->ndev && n < cap; i++) {
+    const cu_dev *d = &s->devs[i];
+    int w = snprintf(buf + n, cap - n, "%sdevice %d: %s (sm_%d%d, %d SMs, %zu MiB)%s%s",
+                     i ? "; " : "", d->ordinal, d->name, d->major, d->minor, d->sms,
+                     d->mem_total >> 20, d->healthy ? "" : " unhealthy: ",
+                     d->healthy ? "" : d->why);
+    n += w > 0 ? (size_t)w : 0;
+  }
+  if (n < cap)
+    snprintf(buf + n, cap - n, ", %d streams each", s->streams);
+}
+
+static bool cuda_healthy(void *state) { return any_healthy(state); }
+
+static void close_dev(cu_dev *d) {
+  if (!d->slots && !d->pool_made)
+    return;
+  cudaSetDevice(d->ordinal);
+  for (int i = 0; i < d->nslots; i++) {
+    cu_slot *sl = &d->slots[i];
+    if (sl->stream) {
+      cudaStreamSynchronize(sl->stream);
+      cudaStreamDestroy(sl->stream);
+    }
+    if (sl->pinned)
+      cudaFreeHost(sl->pinned);
+  }
+  free(d->slots);
+  d->slots = NULL;
+  if (d->pool_made)
+    cudaMemPoolDestroy(d->pool);
+  d->pool_made = false;
+}
+
+static void cuda_close(void *state) {
+  cu_state *s = state;
+  pthread_mutex_lock(&s->mu);
+  s->stop = true;
+  pthread_cond_signal(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+  pthread_join(s->thread, NULL);
+  for (int i = 0; i < s->ndev; i++)
+    close_dev(&s->devs[i]);
+  pthread_cond_destroy(&s->cv);
+  pthread_mutex_destroy(&s->mu);
+  free(s);
+}
+
+/* "0,2" -> ordinals; each must name a present device, once. */
+static int parse_devices(const char *spec, int count, int *ord, int *n, attn_status *st) {
+  *n = 0;
+  if (!spec || !*spec) {
+    ord[(*n)++] = 0;
+    return 0;
+  }
+  const char *p = spec;
+  while (*p) {
+    char *end;
+    errno = 0;
+    long v = strtol(p, &end, 10);
+    if (end == p || errno || v < 0 || (*end && *end != ','))
+      return attn_status_set(st, ATTN_EINVAL,
+                             "cuda devices \"%.60s\": expected comma-separated device "
+                             "numbers such as 0,1",
+                             spec);
+    if (v >= count)
+      return attn_status_set(st, ATTN_ENODEV,
+                             "cuda device %ld does not exist (this machine has %d)", v, count);
+    for (int i = 0; i < *n; i++)
+      if (ord[i] == v)
+        return attn_status_set(st, ATTN_EINVAL, "cuda device %ld is listed twice", v);
+    if (*n == MAX_DEVICES)
+      return attn_status_set(st, ATTN_EINVAL, "at most %d cuda devices", MAX_DEVICES);
+    ord[(*n)++] = (int)v;
+    p = *end ? end + 1 : end;
+  }
+  return 0;
+}
+
+static int open_dev(cu_state *s, cu_dev *d, int ordinal, attn_status *st) {
+  cudaError_t e;
+  struct cudaDeviceProp prop;
+  d->state = s;
+  d->ordinal = ordinal;
+  if ((e = cudaSetDevice(ordinal)) || (e = cudaGetDeviceProperties(&prop, ordinal)))
+    return cuda_fail(st, ATTN_ENODEV, "opening the device", e);
+  snprintf(d->name, sizeof d->name, "%.95s", prop.name);
+  d->sms = prop.multiProcessorCount;
+  d->major = prop.major;
+  d->minor = prop.minor;
+  d->mem_total = prop.totalGlobalMem;
+  if (prop.major < 8)
+    return attn_status_set(st, ATTN_ENODEV,
+                           "cuda device %d (%s) has compute capability %d.%d; the kernels "
+                           "need 8.0 or newer",
+                           ordinal, prop.name, prop.major, prop.minor);
+  if ((e = (cudaError_t)attn_cu_prepare()))
+    return cuda_fail(st, ATTN_ENODEV, "preparing the kernels", e);
+  struct cudaMemPoolProps pp;
+  memset(&pp, 0, sizeof pp);
+  pp.allocType = cudaMemAllocationTypePinned;
+  pp.location.type = cudaMemLocationTypeDevice;
+  pp.location.id = ordinal;
+  if ((e = cudaMemPoolCreate(&d->pool, &pp)))
+    return cuda_fail(st, ATTN_ENODEV, "creating the memory pool", e);
+  d->pool_made = true;
+  /* Keep up to a quarter of the card cached between jobs; more goes back
+   * to the driver at the next synchronization. */
+  uint64_t keep = prop.totalGlobalMem / 4;
+  if ((e = cudaMemPoolSetAttribute(d->pool, cudaMemPoolAttrReleaseThreshold, &keep)))
+    return cuda_fail(st, ATTN_ENODEV, "configuring the memory pool", e);
+  d->nslots = s->streams;
+  d->slots = calloc((size_t)d->nslots, sizeof *d->slots);
+  if (!d->slots)
+    return attn_status_set(st, ATTN_ENOMEM, "out of memory");
+  for (int i = 0; i < d->nslots; i++) {
+    d->slots[i].dev = d;
+    if ((e = cudaStreamCreateWithFlags(&d->slots[i].stream, cudaStreamNonBlocking)))
+      return cuda_fail(st, ATTN_ENODEV, "creating a stream", e);
+  }
+  d->healthy = true;
+  return 0;
+}
+
+static int cuda_open(const attn_backend_env *env, void **pstate, attn_status *st) {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return attn_status_set(st, ATTN_ENODEV, "no CUDA device was found: %s",
+                           e ? cudaGetErrorString(e) : "the driver reports none");
+  }
+  int ord[MAX_DEVICES], n;
+  if (parse_devices(env->cfg->cuda_devices, count, ord, &n, st) < 0)
+    return st->code;
+  if (env->cfg->cuda_streams < 0 || env->cfg->cuda_streams > 64)
+    return attn_status_set(st, ATTN_EINVAL, "cuda streams must be from 1 to 64 (got %d)",
+                           env->cfg->cuda_streams);
+  cu_state *s = calloc(1, sizeof *s);
+  if (!s)
+    return attn_status_set(st, ATTN_ENOMEM, "out of memory");
+  s->streams = env->cfg->cuda_streams ? env->cfg->cuda_streams : DEFAULT_STREAMS;
+  s->ndev = n;
+  int rc = 0;
+  for (int i = 0; i < n && rc == 0; i++)
+    rc = open_dev(s, &s->devs[i], ord[i], st);
+  if (rc == 0) {
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    if (pthread_create(&s->thread, NULL, dispatcher, s) != 0) {
+      pthread_cond_destroy(&s->cv);
+      pthread_mutex_destroy(&s->mu);
+      rc = attn_status_set(st, ATTN_ENOMEM, "cannot start the cuda dispatcher thread");
+    }
+  }
+  if (rc < 0) {
+    for (int i = 0; i < n; i++)
+      close_dev(&s->devs[i]);
+    free(s);
+    return rc;
+  }
+  *pstate = s;
+  return 0;
+}
+
+const struct attn_backend_ops attn__cuda_backend = {
+    /* .name            = */ "cuda",
+    /* .workspace_bytes = */ NULL,
+    /* .open            = */ cuda_open,
+    /* .close           = */ cuda_close,
+    /* .supports        = */ cuda_supports,
+    /* .submit          = */ cuda_submit,
+    /* .describe        = */ cuda_describe,
+    /* .automatic       = */ true,
+    /* .healthy         = */ cuda_healthy,
+};

@@ -1,0 +1,124 @@
+/*
+ * kernels.h — the only door between the CUDA C++ kernels and C.
+ *
+ * The kernels see packed device tensors: Q [B, Hq, Nq, dp], K and V
+ * [B, Hkv, Nkv, dp], O [B, Hq, Nq, dp], where dp is head_dim rounded up to a
+ * multiple of 8 and the padding columns of Q, K and V are zero (so every row
+ * starts on a 16-byte boundary, which cp.async needs, and the padding adds
+ * nothing to a dot product). The backend (cuda.c) packs and unpacks; the
+ * benchmark and the GPU tests call these functions on device buffers
+ * directly.
+ *
+ * attn_cu_select() is the one place that decides which kernel runs a
+ * request, with which tiles and how many key splits; the backend's
+ * supports() is defined through it, and attn_cu_launch() runs what it chose.
+ */
+#ifndef ATTN_CUDA_KERNELS_H
+#define ATTN_CUDA_KERNELS_H
+
+#include "engine.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Head dims are padded to this many elements. */
+#define ATTN_CU_DPAD_ALIGN 8
+/* Sequence lengths at most this keep every in-kernel index in 32 bits. */
+#define ATTN_CU_MAX_SEQ ((int64_t)1 << 30)
+
+/* Tile shapes, shared by the selection (C) and the kernels (C++): blocks
+ * of ATTN_CU_MMA_WARPS warps own 16 query rows each. */
+#define ATTN_CU_MMA_WARPS 4
+#define ATTN_CU_MMA_BM (16 * ATTN_CU_MMA_WARPS)
+#define ATTN_CU_BN_D64 64
+#define ATTN_CU_BN_D128 64
+#define ATTN_CU_BN_D256 32
+#define ATTN_CU_F32_BM 32
+#define ATTN_CU_F32_BN 32
+#define ATTN_CU_F32_THREADS 128
+/* Most key splits of one query block. */
+#define ATTN_CU_MAX_SPLITS 64
+
+typedef enum attn_cu_kernel {
+  ATTN_CU_MMA_D64 = 0, /* tensor cores, dp <= 64, Q fragments in registers */
+  ATTN_CU_MMA_D128,    /* tensor cores, dp <= 128, Q fragments in registers */
+  ATTN_CU_MMA_D256,    /* tensor cores, any dp <= 256 (the generic instance) */
+  ATTN_CU_SIMT_F32,    /* F32 on the FMA units, exact F32, any dp <= 256 */
+  ATTN_CU_KERNEL_COUNT
+} attn_cu_kernel;
+
+/* What a launch needs, on device pointers. */
+typedef struct attn_cu_params {
+  const void *q, *k, *v;
+  void *o;
+  float *m, *l, *lse;  /* F32 [B, Hq, Nq], or NULL */
+  /* Split-KV scratch, attn_cu_split_bytes() of it (NULL when nsplit is 1):
+   * per split, F32 partial outputs [B, Hq, Nq, dp] normalized by their own
+   * l, and (m in log2 units, l) pairs [B, Hq, Nq, 2]. */
+  void *split_ws;
+  attn_dtype dtype;
+  int batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, dp;
+  float scale_log2;    /* scale * log2(e) */
+  /* Effective window, causal folded in; -1 unbounded. */
+  int64_t window_left, window_right;
+} attn_cu_params;
+
+/* The kernel chosen for a request and its launch shape. */
+typedef struct attn_cu_choice {
+  attn_cu_kernel kernel;
+  int block_m, block_n, warps;
+  int nsplit;          /* key ranges computed apart and merged by lse; >= 1 */
+  size_t smem_bytes;   /* dynamic shared memory of one block */
+  unsigned grid[3];    /* query tiles, heads_q, batch * nsplit */
+} attn_cu_choice;
+
+/* Names of the kernels, for logs and the benchmark ("mma_d128", ...). */
+const char *attn_cu_kernel_name(attn_cu_kernel k);
+
+/* dp for a head dim. */
+int attn_cu_dp(int64_t head_dim);
+
+/*
+ * Picks the kernel for a request whose shape fields (dtype, batch, heads,
+ * seq lengths, head_dim, dp, windows) are set, on a device with `sms`
+ * multiprocessors. Returns 0, or ATTN_EUNSUPPORTED with a message when no
+ * kernel can run it (sequences longer than ATTN_CU_MAX_SEQ, grids past the
+ * hardware's limits).
+ */
+int attn_cu_select(const attn_cu_params *p, int sms, attn_cu_choice *c, attn_status *st);
+
+/* Bytes of split-KV scratch the choice needs (0 when nsplit is 1). */
+size_t attn_cu_split_bytes(const attn_cu_params *p, const attn_cu_choice *c);
+
+/*
+ * Once per device, with that device current: raises the kernels' dynamic
+ * shared memory limits. Returns a cudaError_t (0 on success).
+ */
+int attn_cu_prepare(void);
+
+/*
+ * Queues the forward pass (and the split-KV merge) on a cudaStream_t.
+ * Returns a cudaError_t from the launch (0 on success); faults inside the
+ * kernel surface later, on the stream.
+ */
+int attn_cu_launch(const attn_cu_params *p, const attn_cu_choice *c, void *stream);
+
+/*
+ * The input check, on the device: for each of n elements of x (dtype dt),
+ * the largest magnitude goes to res->maxabs_bits (float bits, atomic max)
+ * and the index of the first non-finite element to res->first_bad (atomic
+ * min). res must start as attn_cu_scan_init. Returns a cudaError_t.
+ */
+typedef struct attn_cu_scan_result {
+  unsigned long long first_bad; /* ~0ull: none */
+  unsigned int maxabs_bits;
+  unsigned int pad_;
+} attn_cu_scan_result;
+int attn_cu_scan(const void *x, attn_dtype dt, size_t n, attn_cu_scan_result *res,
+                 void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

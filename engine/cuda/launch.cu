@@ -1,0 +1,123 @@
+// launch.cu — the C entry points of kernels.h: dispatch to the chosen
+// forward kernel, the split-KV merge, and the input scan.
+#include "common.cuh"
+
+using namespace attn_cu;
+
+namespace {
+
+// One block per output row: every split's (m, l) is merged by lse, then
+// each thread combines its columns of the splits' normalized outputs.
+template <typename T>
+__global__ void __launch_bounds__(128) merge_splits(const attn_cu_params p, int nsplit) {
+  const size_t nrows = (size_t)p.batch * p.heads_q * p.seq_q, row = blockIdx.x;
+  const float *po = (const float *)p.split_ws;
+  const float *pml = po + (size_t)nsplit * nrows * p.dp;
+  float m2, l;
+  attn_cu_merge(pml + 2 * row, (long)nrows, nsplit, &m2, &l);
+  for (int d = threadIdx.x; d < p.dp; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int s = 0; s < nsplit; s++) {
+      const float *ml = pml + 2 * ((size_t)s * nrows + row);
+      float w = attn_cu_merge_weight(ml[0], ml[1], m2, l);
+      if (w > 0.0f)
+        acc += w * po[((size_t)s * nrows + row) * p.dp + d];
+    }
+    ((T *)p.o)[row * p.dp + d] = T(acc);
+  }
+  if (threadIdx.x == 0) {
+    float m, lse;
+    attn_cu_stats(m2, l, &m, &lse);
+    if (p.m)
+      p.m[row] = m;
+    if (p.l)
+      p.l[row] = l;
+    if (p.lse)
+      p.lse[row] = lse;
+  }
+}
+
+template <typename T> __device__ __forceinline__ float widen(T x) { return (float)x; }
+template <> __device__ __forceinline__ float widen<__half>(__half x) { return __half2float(x); }
+template <> __device__ __forceinline__ float widen<__nv_bfloat16>(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+
+// Largest finite magnitude and first non-finite index; one atomic of each
+// kind per warp.
+template <typename T>
+__global__ void __launch_bounds__(256) scan(const T *x, size_t n, attn_cu_scan_result *res) {
+  float mx = 0.0f;
+  unsigned long long bad = ~0ull;
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    float v = widen<T>(x[i]);
+    if (isfinite(v))
+      mx = fmaxf(mx, fabsf(v));
+    else if (i < bad)
+      bad = i;
+  }
+  for (int o = 16; o > 0; o /= 2) {
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    unsigned long long ob = __shfl_xor_sync(0xffffffffu, bad, o);
+    bad = ob < bad ? ob : bad;
+  }
+  if (threadIdx.x % 32 == 0) {
+    atomicMax(&res->maxabs_bits, __float_as_uint(mx)); // non-negative floats order as ints
+    if (bad != ~0ull)
+      atomicMin(&res->first_bad, bad);
+  }
+}
+
+template <typename T> cudaError_t launch_merge(const attn_cu_params &p, int nsplit, cudaStream_t s) {
+  size_t rows = (size_t)p.batch * p.heads_q * p.seq_q;
+  merge_splits<T><<<(unsigned)rows, 128, 0, s>>>(p, nsplit);
+  return cudaGetLastError();
+}
+
+} // namespace
+
+extern "C" int attn_cu_prepare(void) {
+  cudaError_t e = prepare_mma_d64();
+  if (e == cudaSuccess)
+    e = prepare_mma_d128();
+  if (e == cudaSuccess)
+    e = prepare_mma_d256();
+  if (e == cudaSuccess)
+    e = prepare_simt_f32();
+  return (int)e;
+}
+
+extern "C" int attn_cu_launch(const attn_cu_params *p, const attn_cu_choice *c, void *stream) {
+  cudaStream_t s = (cudaStream_t)stream;
+  cudaError_t e;
+  switch (c->kernel) {
+  case ATTN_CU_MMA_D64: e = launch_mma_d64(*p, *c, s); break;
+  case ATTN_CU_MMA_D128: e = launch_mma_d128(*p, *c, s); break;
+  case ATTN_CU_MMA_D256: e = launch_mma_d256(*p, *c, s); break;
+  case ATTN_CU_SIMT_F32: e = launch_simt_f32(*p, *c, s); break;
+  default: return (int)cudaErrorInvalidValue;
+  }
+  if (e != cudaSuccess || c->nsplit <= 1)
+    return (int)e;
+  switch (p->dtype) {
+  case ATTN_F16: return (int)launch_merge<__half>(*p, c->nsplit, s);
+  case ATTN_BF16: return (int)launch_merge<__nv_bfloat16>(*p, c->nsplit, s);
+  default: return (int)launch_merge<float>(*p, c->nsplit, s);
+  }
+}
+
+extern "C" int attn_cu_scan(const void *x, attn_dtype dt, size_t n, attn_cu_scan_result *res,
+                            void *stream) {
+  cudaStream_t s = (cudaStream_t)stream;
+  size_t blocks = (n + 255) / 256;
+  unsigned grid = (unsigned)(blocks < 4096 ? (blocks ? blocks : 1) : 4096);
+  switch (dt) {
+  case ATTN_F16: scan<__half><<<grid, 256, 0, s>>>((const __half *)x, n, res); break;
+  case ATTN_BF16:
+    scan<__nv_bfloat16><<<grid, 256, 0, s>>>((const __nv_bfloat16 *)x, n, res);
+    break;
+  default: scan<float><<<grid, 256, 0, s>>>((const float *)x, n, res); break;
+  }
+  return (int)cudaGetLastError();
+}

@@ -1,0 +1,202 @@
+/*
+ * layout.h — the index arithmetic of the CUDA kernels, as plain functions
+ * that compile both for the device and for the host, so the unit tests can
+ * check them on a machine without a GPU.
+ *
+ * Fragments follow the PTX ISA's description of mma.sync.m16n8k16 (F16/BF16
+ * inputs, F32 accumulators) and ldmatrix.m8n8.x4 (b16). In a warp, lane l
+ * has groupID g = l / 4 and thread-in-group t = l % 4.
+ *
+ *   A (16x16, row-major): register r holds two elements, lower column first:
+ *     rows g (r = 0, 2) or g + 8 (r = 1, 3); columns 2t, 2t+1, plus 8 for
+ *     r = 2, 3.
+ *   B (16x8, "col"): register r holds rows (k) 2t, 2t+1 (+ 8 for r = 1) of
+ *     column (n) g.
+ *   C, D (16x8, F32): element i sits at row g (+ 8 for i = 2, 3), column
+ *     2t + i % 2.
+ *   ldmatrix.x4: lane l gives the address of row l % 8 of matrix l / 8 and
+ *     receives, in register j, row l / 4 of matrix j, elements 2t and 2t+1
+ *     (.trans: column l / 4, rows 2t and 2t+1).
+ *
+ * Shared-memory tiles are row-major with each row padded by 8 elements (16
+ * bytes), so the 8 rows one ldmatrix phase reads start in 8 different bank
+ * quads and no swizzle is needed.
+ *
+ * Masks: with off = Nkv - Nq, key j is visible to query i when
+ * i + off - wl <= j <= i + off + wr (a side of -1 is unbounded; DESIGN.md).
+ * Both bounds grow with i, which is what lets a block of rows skip or fully
+ * accept whole key tiles.
+ */
+#ifndef ATTN_CUDA_LAYOUT_H
+#define ATTN_CUDA_LAYOUT_H
+
+#include <math.h>
+#include <stdint.h>
+
+#ifdef __CUDACC__
+#define ATTN_HD static inline __host__ __device__
+#else
+#define ATTN_HD static inline
+#endif
+
+/* ---- fragments ----------------------------------------------------------- */
+
+/* Element e (0..7: register e / 2, half e % 2) of A held by lane. */
+ATTN_HD void attn_cu_frag_a(int lane, int e, int *row, int *col) {
+  int r = e / 2;
+  *row = lane / 4 + 8 * (r % 2);
+  *col = 2 * (lane % 4) + e % 2 + 8 * (r / 2);
+}
+
+/* Element e (0..3: register e / 2, half e % 2) of B held by lane. */
+ATTN_HD void attn_cu_frag_b(int lane, int e, int *k, int *n) {
+  *k = 2 * (lane % 4) + e % 2 + 8 * (e / 2);
+  *n = lane / 4;
+}
+
+/* Accumulator element i (0..3) held by lane. */
+ATTN_HD void attn_cu_frag_c(int lane, int i, int *row, int *col) {
+  *row = lane / 4 + 8 * (i / 2);
+  *col = 2 * (lane % 4) + i % 2;
+}
+
+/* Element h (0, 1) of register j that ldmatrix.x4 gives lane, as (row, col)
+ * of matrix j; trans for the .trans form. */
+ATTN_HD void attn_cu_ldsm_elem(int lane, int h, int trans, int *row, int *col) {
+  if (trans) {
+    *row = 2 * (lane % 4) + h;
+    *col = lane / 4;
+  } else {
+    *row = lane / 4;
+    *col = 2 * (lane % 4) + h;
+  }
+}
+
+/*
+ * The rows each lane addresses for the three operand loads of the kernels,
+ * relative to the top-left of the 16x16 piece being loaded:
+ *
+ *   Q as A (x4): matrices (rows 0-7, cols 0-7), (8-15, 0-7), (0-7, 8-15),
+ *     (8-15, 8-15), so registers 0..3 are A's registers 0..3.
+ *   K as B of S = Q Kᵀ (x4; rows are keys, columns head dims): matrices
+ *     (keys 0-7, dims 0-7), (0-7, 8-15), (8-15, 0-7), (8-15, 8-15): registers
+ *     0, 1 are B for keys 0-7 and registers 2, 3 B for keys 8-15.
+ *   V as B of O = P V (x4 .trans; rows are keys, columns head dims): matrices
+ *     (keys 0-7, dims 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15): registers
+ *     0, 1 are B for dims 0-7 and registers 2, 3 B for dims 8-15.
+ */
+ATTN_HD void attn_cu_ldsm_q(int lane, int *row, int *col) {
+  *row = lane % 16;
+  *col = (lane / 16) * 8;
+}
+ATTN_HD void attn_cu_ldsm_k(int lane, int *row, int *col) {
+  *row = lane % 8 + (lane / 16) * 8;
+  *col = ((lane / 8) % 2) * 8;
+}
+ATTN_HD void attn_cu_ldsm_v(int lane, int *row, int *col) {
+  *row = lane % 8 + ((lane / 8) % 2) * 8;
+  *col = (lane / 16) * 8;
+}
+
+/* Row stride, in elements, of a padded shared-memory tile of width cols. */
+ATTN_HD int attn_cu_smem_stride(int cols) { return cols + 8; }
+
+/* ---- masks and key ranges ------------------------------------------------- */
+
+/*
+ * Visible keys of query row i: [*lo, *hi], clamped to [0, nkv - 1]; empty
+ * when *lo > *hi. wl, wr: effective window sides, -1 unbounded.
+ */
+ATTN_HD void attn_cu_row_bounds(int64_t i, int64_t off, int64_t wl, int64_t wr,
+                                int64_t nkv, int *lo, int *hi) {
+  int64_t a = wl < 0 ? 0 : i + off - wl;
+  int64_t b = wr < 0 ? nkv - 1 : i + off + wr;
+  a = a < 0 ? 0 : a > nkv ? nkv : a;
+  b = b > nkv - 1 ? nkv - 1 : b < -1 ? -1 : b;
+  *lo = (int)a;
+  *hi = (int)b;
+}
+
+/*
+ * The key tiles (of bn keys) that query rows [i0, i1) must visit, split
+ * nsplit ways: split s gets tiles [*t0, *t1), possibly empty. Tiles wholly
+ * outside every row's window are never visited.
+ */
+ATTN_HD void attn_cu_block_tiles(int64_t i0, int64_t i1, int64_t off, int64_t wl,
+                                 int64_t wr, int64_t nkv, int bn, int nsplit, int s,
+                                 int *t0, int *t1) {
+  int lo, hi, lo2, hi2;
+  attn_cu_row_bounds(i0, off, wl, wr, nkv, &lo, &hi2);
+  attn_cu_row_bounds(i1 - 1, off, wl, wr, nkv, &lo2, &hi);
+  (void)hi2;
+  (void)lo2;
+  if (lo > hi) {
+    *t0 = *t1 = 0;
+    return;
+  }
+  int first = lo / bn, end = hi / bn + 1;
+  int per = (end - first + nsplit - 1) / nsplit;
+  int a = first + s * per, b = a + per;
+  b = b < end ? b : end;
+  *t0 = a < b ? a : b;
+  *t1 = b;
+}
+
+/* Whether every key of tile [j0, j0 + bn) is visible to every query row of
+ * [i0, i1): such a tile needs no mask. */
+ATTN_HD int attn_cu_tile_full(int64_t j0, int bn, int64_t i0, int64_t i1, int64_t off,
+                              int64_t wl, int64_t wr, int64_t nkv) {
+  int lo, hi, lo_last, hi_first;
+  attn_cu_row_bounds(i0, off, wl, wr, nkv, &lo, &hi_first);
+  attn_cu_row_bounds(i1 - 1, off, wl, wr, nkv, &lo_last, &hi);
+  return j0 >= lo_last && j0 + bn - 1 <= hi_first;
+}
+
+/* ---- the online softmax and the split-KV merge ----------------------------- */
+
+/*
+ * Scores are kept in log2 units (scale · log2 e folded into the scale), so
+ * weights are exp2(s - m). A row that has seen no visible key has m = -inf;
+ * it subtracts 0 instead, so every weight, and the factor that rescales its
+ * (zero) accumulator, is exp2(-inf) = 0 and never NaN.
+ */
+ATTN_HD float attn_cu_max_for_exp(float m) { return m == -INFINITY ? 0.0f : m; }
+
+/*
+ * Merges the partial statistics of n key ranges, (m2, l) pairs at
+ * ml[2 * s * stride], into the row's (m2, l). Empty ranges (l = 0) weigh
+ * nothing; all empty gives m2 = -inf, l = 0.
+ */
+ATTN_HD void attn_cu_merge(const float *ml, long stride, int n, float *pm2, float *pl) {
+  float m = -INFINITY;
+  for (int s = 0; s < n; s++)
+    if (ml[2 * s * stride + 1] > 0.0f && ml[2 * s * stride] > m)
+      m = ml[2 * s * stride];
+  float l = 0.0f;
+  for (int s = 0; s < n; s++) {
+    float ls = ml[2 * s * stride + 1];
+    l += ls > 0.0f ? ls * exp2f(ml[2 * s * stride] - m) : 0.0f;
+  }
+  *pm2 = m;
+  *pl = l;
+}
+
+/* Weight of a range's normalized output in the merged one (O = sum w_s O_s),
+ * given the merged (m2, l). */
+ATTN_HD float attn_cu_merge_weight(float m2s, float ls, float m2, float l) {
+  return ls > 0.0f && l > 0.0f ? ls * exp2f(m2s - m2) / l : 0.0f;
+}
+
+/* Natural-log statistics from the log2 running max and the sum. */
+ATTN_HD void attn_cu_stats(float m2, float l, float *m, float *lse) {
+  const float ln2 = 0.69314718055994531f;
+  if (l > 0.0f) {
+    *m = m2 * ln2;
+    *lse = (m2 + log2f(l)) * ln2;
+  } else {
+    *m = -INFINITY;
+    *lse = -INFINITY;
+  }
+}
+
+#endif

@@ -1,0 +1,100 @@
+/*
+ * select.c — which kernel runs a request, with which tiles and how many key
+ * splits. Host code only (it needs no device), so the unit tests run it.
+ *
+ * Head dims go to the smallest tensor-core instance that holds them (64,
+ * 128, else the generic 256), F32 to the FMA kernel. A launch with fewer
+ * query blocks than multiprocessors (decoding: a short query, long keys)
+ * splits each block's keys into ranges computed by separate blocks and
+ * merged by their log-sum-exp, aiming at two blocks per multiprocessor
+ * while keeping at least four key tiles per range.
+ */
+#include "kernels.h"
+
+#include <stdio.h>
+
+static const char *const names[ATTN_CU_KERNEL_COUNT] = {"mma_d64", "mma_d128", "mma_d256",
+                                                        "simt_f32"};
+
+const char *attn_cu_kernel_name(attn_cu_kernel k) {
+  return (unsigned)k < ATTN_CU_KERNEL_COUNT ? names[k] : "?";
+}
+
+int attn_cu_dp(int64_t head_dim) {
+  return (int)((head_dim + ATTN_CU_DPAD_ALIGN - 1) / ATTN_CU_DPAD_ALIGN * ATTN_CU_DPAD_ALIGN);
+}
+
+/* Shared memory of the tensor-core kernels: Q, then K and V twice (double
+ * buffered), rows padded by 8 two-byte elements. */
+static size_t mma_smem(int dpad, int bn) {
+  return (size_t)(ATTN_CU_MMA_BM + 4 * bn) * (size_t)(dpad + 8) * 2;
+}
+
+/* The FMA kernel's: Q and V tiles, K with rows padded by one float (the
+ * score loop reads K across rows), and the tile of weights P. */
+static size_t f32_smem(int dp) {
+  return 4 * ((size_t)ATTN_CU_F32_BM * (size_t)dp + (size_t)ATTN_CU_F32_BN * (size_t)(dp + 1) +
+              (size_t)ATTN_CU_F32_BN * (size_t)dp +
+              (size_t)ATTN_CU_F32_BM * (ATTN_CU_F32_BN + 1));
+}
+
+int attn_cu_select(const attn_cu_params *p, int sms, attn_cu_choice *c, attn_status *st) {
+  if (p->seq_q < 1 || p->seq_kv < 1 || p->head_dim < 1 || p->head_dim > ATTN_MAX_HEAD_DIM ||
+      p->dp != attn_cu_dp(p->head_dim) || p->batch < 1 || p->heads_kv < 1 ||
+      p->heads_q % p->heads_kv != 0)
+    return attn_status_set(st, ATTN_EINVAL, "cuda: inconsistent launch parameters");
+  c->warps = ATTN_CU_MMA_WARPS;
+  c->block_m = ATTN_CU_MMA_BM;
+  if (p->dtype == ATTN_F32) {
+    c->kernel = ATTN_CU_SIMT_F32;
+    c->block_m = ATTN_CU_F32_BM;
+    c->block_n = ATTN_CU_F32_BN;
+    c->warps = ATTN_CU_F32_THREADS / 32;
+    c->smem_bytes = f32_smem(p->dp);
+  } else if (p->dp <= 64) {
+    c->kernel = ATTN_CU_MMA_D64;
+    c->block_n = ATTN_CU_BN_D64;
+    c->smem_bytes = mma_smem(64, ATTN_CU_BN_D64);
+  } else if (p->dp <= 128) {
+    c->kernel = ATTN_CU_MMA_D128;
+    c->block_n = ATTN_CU_BN_D128;
+    c->smem_bytes = mma_smem(128, ATTN_CU_BN_D128);
+  } else {
+    c->kernel = ATTN_CU_MMA_D256;
+    c->block_n = ATTN_CU_BN_D256;
+    c->smem_bytes = mma_smem(256, ATTN_CU_BN_D256);
+  }
+  int64_t qtiles = (p->seq_q + c->block_m - 1) / c->block_m;
+  int64_t blocks = qtiles * p->heads_q * p->batch;
+  int64_t tiles = (p->seq_kv + c->block_n - 1) / c->block_n;
+  int64_t nsplit = 1;
+  if (sms > 0 && blocks < sms) {
+    int64_t want = (2 * (int64_t)sms + blocks - 1) / blocks;
+    int64_t most = tiles / 4 < ATTN_CU_MAX_SPLITS ? tiles / 4 : ATTN_CU_MAX_SPLITS;
+    nsplit = want < most ? want : most;
+    if (nsplit < 2)
+      nsplit = 1;
+  }
+  c->nsplit = (int)nsplit;
+  if (p->seq_q > ATTN_CU_MAX_SEQ || p->seq_kv > ATTN_CU_MAX_SEQ)
+    return attn_status_set(st, ATTN_EUNSUPPORTED,
+                           "the cuda backend takes sequences of at most %lld (got seq_q %d, "
+                           "seq_kv %d)",
+                           (long long)ATTN_CU_MAX_SEQ, p->seq_q, p->seq_kv);
+  if (p->heads_q > 65535 || (int64_t)p->batch * nsplit > 65535)
+    return attn_status_set(st, ATTN_EUNSUPPORTED,
+                           "the cuda backend takes at most 65535 query heads and 65535 "
+                           "batch entries (got %d and %d)",
+                           p->heads_q, p->batch);
+  c->grid[0] = (unsigned)qtiles;
+  c->grid[1] = (unsigned)p->heads_q;
+  c->grid[2] = (unsigned)(p->batch * nsplit);
+  return 0;
+}
+
+size_t attn_cu_split_bytes(const attn_cu_params *p, const attn_cu_choice *c) {
+  if (c->nsplit <= 1)
+    return 0;
+  size_t rows = (size_t)p->batch * (size_t)p->heads_q * (size_t)p->seq_q;
+  return (size_t)c->nsplit * rows * ((size_t)p->dp + 2) * sizeof(float);
+}

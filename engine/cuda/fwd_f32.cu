@@ -4,9 +4,9 @@
 // the contract's F32 accuracy does not allow, so F32 runs here in plain F32
 // arithmetic. A block of 128 threads owns 32 query rows; the 4 threads of a
 // quad share a row: each computes 8 of a tile's 32 scores and a quarter of
-// the row's output columns, and the quad exchanges max and sum by shuffles.
-// The tile's weights go through shared memory so every thread of the quad
-// can apply all 32 of them to its columns.
+// the row's output columns, and the quad exchanges max, sum and the tile's
+// weights by shuffles. Shared memory holds Q, K and V tiles only (96 KiB at
+// head dim 256, under the 99 KiB a block gets on sm_89).
 #include "common.cuh"
 
 namespace attn_cu {
@@ -22,7 +22,6 @@ __global__ void __launch_bounds__(NT) fwd_f32(const attn_cu_params p, int nsplit
   float *sQ = smem_f;          // [BM][dp]
   float *sK = sQ + BM * dp;    // [BN][dp + 1]
   float *sV = sK + BN * ks;    // [BN][dp]
-  float *sP = sV + BN * dp;    // [BM][BN + 1]
 
   const int r = threadIdx.x / 4, sub = threadIdx.x % 4;
   const int qt = gridDim.x - 1 - blockIdx.x;
@@ -84,18 +83,18 @@ __global__ void __launch_bounds__(NT) fwd_f32(const attn_cu_params p, int nsplit
     float sum = 0.0f;
 #pragma unroll
     for (int c = 0; c < 8; c++) {
-      float w = exp2f(s[c] - use);
-      sum += w;
-      sP[r * (BN + 1) + sub + 4 * c] = w;
+      s[c] = exp2f(s[c] - use);
+      sum += s[c];
     }
     l = l * alpha + sum; // this thread's share; the quad sums at the end
-    __syncwarp();        // the quad's weights (one warp) are in sP
 #pragma unroll
     for (int k = 0; k < PER; k++)
       acc[k] *= alpha;
-#pragma unroll 2
+    // Key c's weight sits in register c / 4 of quad lane c % 4.
+    const int quad0 = (threadIdx.x % 32) & ~3;
+#pragma unroll
     for (int c = 0; c < BN; c++) {
-      float w = sP[r * (BN + 1) + c];
+      float w = __shfl_sync(0xffffffffu, s[c / 4], quad0 + c % 4);
       const float *vr = sV + c * dp + sub;
 #pragma unroll
       for (int k = 0; k < PER; k++)
@@ -125,7 +124,7 @@ cudaError_t launch_simt_f32(const attn_cu_params &p, const attn_cu_choice &c, cu
 
 cudaError_t prepare_simt_f32() {
   int dp = DMAX;
-  int bytes = 4 * (BM * dp + BN * (dp + 1) + BN * dp + BM * (BN + 1));
+  int bytes = 4 * (BM * dp + BN * (dp + 1) + BN * dp);
   return cudaFuncSetAttribute(fwd_f32, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
 

@@ -30,12 +30,11 @@ static size_t mma_smem(int dpad, int bn) {
   return (size_t)(ATTN_CU_MMA_BM + 4 * bn) * (size_t)(dpad + 8) * 2;
 }
 
-/* The FMA kernel's: Q and V tiles, K with rows padded by one float (the
- * score loop reads K across rows), and the tile of weights P. */
+/* The FMA kernel's: Q and V tiles, and K with rows padded by one float (the
+ * score loop reads K across rows). */
 static size_t f32_smem(int dp) {
   return 4 * ((size_t)ATTN_CU_F32_BM * (size_t)dp + (size_t)ATTN_CU_F32_BN * (size_t)(dp + 1) +
-              (size_t)ATTN_CU_F32_BN * (size_t)dp +
-              (size_t)ATTN_CU_F32_BM * (ATTN_CU_F32_BN + 1));
+              (size_t)ATTN_CU_F32_BN * (size_t)dp);
 }
 
 int attn_cu_select(const attn_cu_params *p, int sms, attn_cu_choice *c, attn_status *st) {

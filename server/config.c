@@ -25,6 +25,7 @@ static const char usage[] =
     "  --backend NAME         auto, cpu or cuda (auto) [ATTND_BACKEND]\n"
     "  --threads N            CPU engine threads, 0 = one per core (0) [ATTND_THREADS]\n"
     "  --streams N            CUDA streams per device (4) [ATTND_STREAMS]\n"
+    "  --devices LIST         CUDA devices to use, e.g. 0,1 (0) [ATTND_DEVICES]\n"
     "  --max-body SIZE        largest request body, suffix K, M or G (1G) [ATTND_MAX_BODY]\n"
     "  --max-queue N          requests admitted and not finished; more get 503 (64)\n"
     "                         [ATTND_MAX_QUEUE]\n"
@@ -39,7 +40,7 @@ static const char usage[] =
     "\n"
     "Memory is bounded by max-queue x max-body for request bodies, plus the replies.\n";
 
-enum { O_LISTEN, O_BACKEND, O_THREADS, O_STREAMS, O_MAX_BODY, O_MAX_QUEUE, O_TIMEOUT,
+enum { O_LISTEN, O_BACKEND, O_THREADS, O_STREAMS, O_DEVICES, O_MAX_BODY, O_MAX_QUEUE, O_TIMEOUT,
        O_IDLE, O_MAX_CONN, O_DRAIN, O_LOG, O_COUNT };
 
 static const struct option opts[] = {
@@ -47,6 +48,7 @@ static const struct option opts[] = {
     {"backend", required_argument, 0, O_BACKEND},
     {"threads", required_argument, 0, O_THREADS},
     {"streams", required_argument, 0, O_STREAMS},
+    {"devices", required_argument, 0, O_DEVICES},
     {"max-body", required_argument, 0, O_MAX_BODY},
     {"max-queue", required_argument, 0, O_MAX_QUEUE},
     {"timeout", required_argument, 0, O_TIMEOUT},
@@ -60,11 +62,12 @@ static const struct option opts[] = {
 
 static const char *const env_names[O_COUNT] = {
     "ATTND_LISTEN",       "ATTND_BACKEND",      "ATTND_THREADS",         "ATTND_STREAMS",
+    "ATTND_DEVICES",
     "ATTND_MAX_BODY",     "ATTND_MAX_QUEUE",    "ATTND_TIMEOUT",         "ATTND_IDLE_TIMEOUT",
     "ATTND_MAX_CONNECTIONS", "ATTND_DRAIN_TIMEOUT", "ATTND_LOG_FORMAT"};
 
 static const char *const defaults[O_COUNT] = {
-    "127.0.0.1:8080", "auto", "0", "4", "1G", "64", "60", "30", "1024", "30", "text"};
+    "127.0.0.1:8080", "auto", "0", "4", "0", "1G", "64", "60", "30", "1024", "30", "text"};
 
 static int bad(const char *what, const char *value, const char *expect) {
   fprintf(stderr, "attnd: %s expects %s (got \"%s\")\n", what, expect, value);
@@ -126,6 +129,31 @@ static int parse_listen(const char *what, const char *s, attnd_config *c) {
   return 0;
 }
 
+/* A comma-separated list of device numbers, each listed once. */
+static int parse_devices(const char *what, const char *s, attnd_config *c) {
+  const char *expect = "comma-separated CUDA device numbers such as 0 or 0,1";
+  if (strlen(s) >= sizeof c->devices)
+    return bad(what, s, expect);
+  int seen[64], n = 0;
+  for (const char *p = s;;) {
+    char *end;
+    errno = 0;
+    long v = strtol(p, &end, 10);
+    if (end == p || *p == '-' || *p == '+' || errno || v > 63 || (*end && *end != ','))
+      return bad(what, s, expect);
+    for (int i = 0; i < n; i++)
+      if (seen[i] == v)
+        return bad(what, s, "each device once");
+    seen[n++] = (int)v;
+    c->ndevices = n;
+    if (!*end)
+      break;
+    p = end + 1;
+  }
+  snprintf(c->devices, sizeof c->devices, "%s", s);
+  return 0;
+}
+
 /* Applies one option's value; `what` names its source in messages. */
 static int apply(attnd_config *c, int o, const char *v, const char *what) {
   switch (o) {
@@ -137,6 +165,7 @@ static int apply(attnd_config *c, int o, const char *v, const char *what) {
     return 0;
   case O_THREADS: return parse_int(what, v, 0, 1024, &c->threads);
   case O_STREAMS: return parse_int(what, v, 1, 64, &c->streams);
+  case O_DEVICES: return parse_devices(what, v, c);
   case O_MAX_BODY: return parse_size(what, v, &c->max_body);
   case O_MAX_QUEUE: return parse_int(what, v, 1, 1000000, &c->max_queue);
   case O_TIMEOUT: return parse_seconds(what, v, 0.001, &c->timeout);

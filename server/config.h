@@ -15,6 +15,8 @@ typedef struct attnd_config {
   char backend[16];      /* auto, cpu, cuda */
   int threads;           /* 0: one per core */
   int streams;           /* CUDA streams per device */
+  char devices[128];     /* CUDA device numbers, "0,1" */
+  int ndevices;          /* how many devices lists */
   uint64_t max_body;     /* bytes */
   int max_queue;         /* jobs admitted and not finished */
   double timeout;        /* seconds a job may wait before it starts */

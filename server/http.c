@@ -143,6 +143,19 @@ static void get_plan(attnd_req *r) {
   set_json(r, 200, &b);
 }
 
+/* Whether the backend requests run on can still take jobs (a CUDA device
+ * that failed cannot). */
+static bool backend_ready(attnd_server *s, char *why, size_t cap) {
+  attn_backend_info info[8];
+  int n = attn_engine_backends(s->engine, info, 8);
+  for (int i = 0; i < n && i < 8; i++)
+    if (!strcmp(info[i].name, s->backend) && !info[i].available) {
+      snprintf(why, cap, "the %s backend cannot run jobs: %.150s", info[i].name, info[i].detail);
+      return false;
+    }
+  return true;
+}
+
 static void answer_get(attnd_req *r) {
   attnd_server *s = r->srv;
   attn_sbuf b = {0};
@@ -151,14 +164,18 @@ static void answer_get(attnd_req *r) {
     attn_sbuf_puts(&b, "{\"status\": \"ok\"}\n");
     set_json(r, 200, &b);
     break;
-  case ATTND_R_READYZ:
+  case ATTND_R_READYZ: {
+    char why[200];
     if (atomic_load(&s->draining))
       attnd_req_error(r, 503, "shutting_down", "the server is draining and takes no new work");
+    else if (!backend_ready(s, why, sizeof why))
+      attnd_req_error(r, 503, "backend_unavailable", why);
     else {
       attn_sbuf_puts(&b, "{\"status\": \"ready\"}\n");
       set_json(r, 200, &b);
     }
     break;
+  }
   case ATTND_R_METRICS: {
     size_t len = 0;
     char *text = attnd_metrics_render(s->metrics, &len);

@@ -5,11 +5,13 @@
  * list and uv_async_send; sends coalesce, so the callback drains the list
  * whole. Admission bounds the jobs admitted and not finished at
  * --max-queue (more get 503 with Retry-After). Admitted jobs wait in FIFO
- * order until one of MAX_RUNNING slots frees; a job that waited past
+ * order until one of max_running slots frees; a job that waited past
  * --timeout gets 504, and one whose client already hung up is dropped
- * without computing. A running job decodes, computes (on the engine's own
- * workers, sized to the cores) and encodes on libuv's threadpool; its
- * completion comes back here, which resumes the connection.
+ * without computing. A running job decodes and is submitted to the engine
+ * on libuv's threadpool; the engine computes on its own threads (CPU
+ * workers sized to the cores, or CUDA streams) and its completion callback
+ * hands the job back here with uv_async_send; the reply is encoded on the
+ * threadpool, and its completion here resumes the connection.
  *
  * SIGTERM or SIGINT starts a drain: /readyz turns 503, the listening socket
  * closes, queued and running jobs finish, and the loop stops when nothing is
@@ -23,9 +25,18 @@
 #include <sys/socket.h>
 #include <time.h>
 
-/* Jobs in the engine at once: two keep the cores busy while one decodes or
- * encodes, without making later jobs wait behind many. */
-#define MAX_RUNNING 2
+/*
+ * Jobs between dispatch and reply at once. The CPU engine gives each job
+ * all the cores: two keep them busy while one decodes or encodes, without
+ * making later jobs wait behind many. The CUDA engine overlaps a job per
+ * stream: twice the streams keeps each fed while others are packed or
+ * encoded.
+ */
+static int max_running(const attnd_server *s) {
+  if (s->backend && !strcmp(s->backend, "cuda"))
+    return 2 * s->cfg->streams * (s->cfg->ndevices > 0 ? s->cfg->ndevices : 1);
+  return 2;
+}
 
 double attnd_now(void) {
   struct timespec ts;
@@ -38,9 +49,21 @@ static void finish(attnd_req *r) { MHD_resume_connection(r->conn); }
 
 static void dispatch(attnd_server *s);
 
-/* ---- the job, on libuv's threadpool ------------------------------------- */
+/* ---- the job: decode and submit, compute, encode ---------------------------- */
 
-static void run_job(uv_work_t *w) {
+/* The tensors are no longer needed once the engine is done; the reply is
+ * what stays. */
+static void drop_inputs(attnd_req *r) {
+  attn_proto_req_free(&r->pr);
+  free(r->body);
+  r->body = NULL;
+  attnd_body_release(r);
+}
+
+/* Threadpool: the engine's completion callback calls engine_done. */
+static void engine_done(const attn_result *res, void *arg);
+
+static void decode_submit(uv_work_t *w) {
   attnd_req *r = w->data;
   attnd_server *s = r->srv;
   attn_options q;
@@ -54,14 +77,42 @@ static void run_job(uv_work_t *w) {
     /* "auto" means the server's backend; a named one is the client's call */
     if (!strcmp(r->pr.req.backend, "auto"))
       r->pr.req.backend = s->backend;
-    rc = attn_engine_run(s->engine, &r->pr.req, &r->res, &st);
+    /* Set before submitting: once submitted, the job may complete (and r be
+     * touched by the loop) before this thread returns. */
+    r->in_engine = true;
+    rc = attn_engine_submit(s->engine, &r->pr.req, engine_done, r, &st);
+    if (rc == 0)
+      return;
+    r->in_engine = false;
   }
   r->t_done = attnd_now();
-  if (rc < 0) {
-    attnd_req_fail(r, &st);
-    return;
-  }
-  if (r->binary_out) {
+  attnd_req_fail(r, &st);
+  drop_inputs(r);
+}
+
+/* Any engine thread: hand the finished job to the loop. */
+static void engine_done(const attn_result *res, void *arg) {
+  attnd_req *r = arg;
+  attnd_server *s = r->srv;
+  r->res = *res;
+  r->t_done = attnd_now();
+  pthread_mutex_lock(&s->mu);
+  r->next = NULL;
+  if (s->done_tail)
+    s->done_tail->next = r;
+  else
+    s->done_head = r;
+  s->done_tail = r;
+  pthread_mutex_unlock(&s->mu);
+  uv_async_send(&s->completed);
+}
+
+static void encode(uv_work_t *w) {
+  attnd_req *r = w->data;
+  attn_status st;
+  if (r->res.status.code) {
+    attnd_req_fail(r, &r->res.status);
+  } else if (r->binary_out) {
     void *buf;
     size_t len;
     if (attn_proto_encode_safetensors(&r->pr, &buf, &len, &st) < 0)
@@ -84,16 +135,11 @@ static void run_job(uv_work_t *w) {
       r->ctype = "application/json";
     }
   }
-  /* the tensors are no longer needed; the reply is what stays */
-  attn_proto_req_free(&r->pr);
-  free(r->body);
-  r->body = NULL;
-  attnd_body_release(r);
+  drop_inputs(r);
 }
 
-static void job_done(uv_work_t *w, int status) {
-  (void)status;
-  attnd_req *r = w->data;
+/* The reply is set: account for the job and start the next. */
+static void complete(attnd_req *r) {
   attnd_server *s = r->srv;
   s->running--;
   s->admitted--;
@@ -102,6 +148,41 @@ static void job_done(uv_work_t *w, int status) {
     attnd_metrics_engine(s->metrics, r->res.backend, r->res.engine_seconds, r->res.flops);
   finish(r);
   dispatch(s);
+}
+
+/* A submitted job completes once both the submit's and the encode's loop
+ * callbacks have run, in whichever order they come. */
+static void stage_done(attnd_req *r) {
+  if (--r->stages_left == 0)
+    complete(r);
+}
+
+static void after_submit(uv_work_t *w, int status) {
+  (void)status;
+  attnd_req *r = w->data;
+  if (r->in_engine)
+    stage_done(r);
+  else
+    complete(r);
+}
+
+static void after_encode(uv_work_t *w, int status) {
+  (void)status;
+  stage_done(w->data);
+}
+
+static void on_completed(uv_async_t *h) {
+  attnd_server *s = h->data;
+  pthread_mutex_lock(&s->mu);
+  attnd_req *r = s->done_head;
+  s->done_head = s->done_tail = NULL;
+  pthread_mutex_unlock(&s->mu);
+  while (r) {
+    attnd_req *next = r->next;
+    r->work2.data = r;
+    uv_queue_work(&s->loop, &r->work2, encode, after_encode);
+    r = next;
+  }
 }
 
 /* Whether the client closed its end while the job waited (a peek that sees
@@ -116,7 +197,7 @@ static bool client_gone(attnd_req *r) {
 }
 
 static void dispatch(attnd_server *s) {
-  while (s->running < MAX_RUNNING && s->pend_head) {
+  while (s->running < s->max_running && s->pend_head) {
     attnd_req *r = s->pend_head;
     s->pend_head = r->next;
     if (!s->pend_head)
@@ -144,7 +225,9 @@ static void dispatch(attnd_server *s) {
     s->running++;
     attnd_metrics_gauge_add(s->metrics, ATTND_GAUGE_INFLIGHT, 1);
     r->work.data = r;
-    uv_queue_work(&s->loop, &r->work, run_job, job_done);
+    r->in_engine = false;
+    r->stages_left = 2;
+    uv_queue_work(&s->loop, &r->work, decode_submit, after_submit);
   }
 }
 
@@ -259,7 +342,10 @@ int attnd_loop_init(attnd_server *s) {
     return -1;
   pthread_mutex_init(&s->mu, NULL);
   s->incoming.data = s->sigterm.data = s->sigint.data = s->drain_timer.data = s;
+  s->completed.data = s;
+  s->max_running = max_running(s);
   uv_async_init(&s->loop, &s->incoming, on_incoming);
+  uv_async_init(&s->loop, &s->completed, on_completed);
   uv_signal_init(&s->loop, &s->sigterm);
   uv_signal_init(&s->loop, &s->sigint);
   uv_timer_init(&s->loop, &s->drain_timer);

@@ -60,6 +60,8 @@ int main(int argc, char **argv) {
   attn_config ec;
   attn_config_init(&ec);
   ec.threads = cfg.threads;
+  ec.cuda_streams = cfg.streams;
+  ec.cuda_devices = cfg.devices;
   attn_status st;
   if (attn_engine_open(&ec, &s.engine, &st) < 0) {
     fprintf(stderr, "attnd: cannot start the engine: %s\n", st.message);

@@ -4,9 +4,11 @@
  * Threads: libmicrohttpd's polling thread runs http.c (parsing, the cheap
  * GET endpoints, body accumulation) and never computes; the libuv loop on
  * the main thread runs loop.c (admission, the bounded queue, dispatch,
- * completion, signals); libuv's threadpool decodes, runs the engine (whose
- * own workers compute) and encodes. A POST /attention connection is
- * suspended from its last body byte until its reply is ready.
+ * completion, signals); libuv's threadpool decodes and submits to the
+ * engine, and later encodes; the engine computes on its own threads (CPU
+ * workers, or CUDA streams) and reports back through uv_async_send. A POST
+ * /attention connection is suspended from its last body byte until its
+ * reply is ready.
  */
 #ifndef ATTND_SERVER_H
 #define ATTND_SERVER_H
@@ -58,7 +60,10 @@ typedef struct attnd_req {
   /* the job, while the loop owns it */
   attn_proto_req pr;
   attn_result res;
-  uv_work_t work;
+  uv_work_t work;       /* decode and submit */
+  uv_work_t work2;      /* encode */
+  bool in_engine;       /* submitted: the engine will report back */
+  int stages_left;      /* loop callbacks still due before it completes */
   struct attnd_req *next;
 } attnd_req;
 
@@ -76,6 +81,9 @@ typedef struct attnd_server {
   uv_async_t incoming;     /* the HTTP thread's handoff */
   pthread_mutex_t mu;
   attnd_req *in_head, *in_tail; /* under mu */
+  uv_async_t completed;    /* the engine's handoff */
+  attnd_req *done_head, *done_tail; /* under mu */
+  int max_running;         /* jobs between dispatch and reply at once */
   attnd_req *pend_head, *pend_tail; /* loop only */
   int admitted;            /* pending + running; loop only */
   int running;             /* loop only */

@@ -112,10 +112,25 @@ Test(engine_errors, backends) {
   tcase_init(&c, &p, 1);
   attn_status st;
   cr_expect_eq(run_err(e, &c, "tpu", &st), ATTN_EBACKEND);
-  cr_expect(strstr(st.message, "unknown backend \"tpu\" (choose auto, cpu, reference)"),
+  cr_expect(strstr(st.message, "unknown backend \"tpu\" (choose auto, ") &&
+                strstr(st.message, "cpu, reference)"),
             "%s", st.message);
-  cr_expect_eq(run_err(e, &c, "cuda", &st), ATTN_ENODEV);
-  cr_expect(strstr(st.message, "no cuda support"), "%s", st.message);
+  /* cuda: not compiled in, compiled without a device, or there to run */
+  attn_backend_info info[4];
+  int nb = attn_engine_backends(e, info, 4);
+  bool cuda_up = nb > 0 && !strcmp(info[0].name, "cuda") && info[0].available;
+  int rc = run_err(e, &c, "cuda", &st);
+  if (cuda_up) {
+    cr_expect_eq(rc, 0, "%s", st.message);
+  } else {
+    cr_expect_eq(rc, ATTN_ENODEV);
+#ifdef ATTN_HAVE_CUDA
+    cr_expect(strstr(st.message, "backend \"cuda\" is not available: no CUDA device"), "%s",
+              st.message);
+#else
+    cr_expect(strstr(st.message, "no cuda support"), "%s", st.message);
+#endif
+  }
   cr_expect_eq(run_err(e, &c, "auto", &st), 0);
   cr_expect_eq(run_err(e, &c, NULL, &st), 0);
   tcase_free(&c);
@@ -141,16 +156,21 @@ Test(engine_errors, bad_config) {
   cfg.cpu_isa = "sse9";
   cr_assert_eq(attn_engine_open(&cfg, &e, &st), 0);
   attn_backend_info info[4];
-  cr_assert_geq(attn_engine_backends(e, info, 4), 2);
-  cr_expect_str_eq(info[0].name, "cpu");
-  cr_expect(!info[0].available);
-  cr_expect(strstr(info[0].detail, "unknown CPU kernel \"sse9\""), "%s", info[0].detail);
+  int nb = attn_engine_backends(e, info, 4);
+  int cpu = 0;
+  while (cpu < nb && strcmp(info[cpu].name, "cpu"))
+    cpu++;
+  cr_assert_lt(cpu, nb);
+  cr_expect(!info[cpu].available);
+  cr_expect(strstr(info[cpu].detail, "unknown CPU kernel \"sse9\""), "%s", info[cpu].detail);
   tprob p = tprob_make(1, 1, 1, 4, 4, 8, ATTN_F32);
   tcase c;
   tcase_init(&c, &p, 1);
   cr_expect_lt(run_err(e, &c, "cpu", &st), 0);
   cr_expect(strstr(st.message, "backend \"cpu\" is not available"), "%s", st.message);
-  cr_expect_eq(run_err(e, &c, "auto", &st), ATTN_ENODEV);
+  /* auto has nothing left but a working GPU */
+  bool gpu = nb > 0 && !strcmp(info[0].name, "cuda") && info[0].available;
+  cr_expect_eq(run_err(e, &c, "auto", &st), gpu ? 0 : ATTN_ENODEV);
   cr_expect_eq(run_err(e, &c, "reference", &st), 0, "the reference still runs");
   tcase_free(&c);
   attn_engine_close(e);

@@ -1,0 +1,445 @@
+/*
+ * test_cuda_layout.c — the CUDA kernels' index arithmetic, on the CPU.
+ *
+ * The fragment layouts are checked against the PTX ISA's tables, written
+ * here as the document states them ("Matrix Fragments for mma.m16n8k16 with
+ * floating point type", "ldmatrix"), independently of layout.h. A warp is
+ * then emulated lane by lane: ldmatrix and mma.sync act as the PTX ISA
+ * describes, fed with the addresses layout.h gives, in the order the kernel
+ * (fwd_mma.cuh) issues them, and S = Q Kᵀ and O = P V must come out right.
+ * Masks, key-tile ranges, split-KV ranges, the lse merge and the kernel
+ * selection are checked against brute force and float64.
+ */
+#include "cuda/kernels.h"
+#include "cuda/layout.h"
+#include "helpers.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <string.h>
+
+/* ---- the PTX ISA's tables ------------------------------------------------- */
+
+static void ptx_a(int lane, int i, int *row, int *col) {
+  int g = lane >> 2, t = lane % 4;
+  *row = (i < 2 || (i >= 4 && i < 6)) ? g : g + 8;
+  *col = t * 2 + (i & 1) + (i >= 4 ? 8 : 0);
+}
+static void ptx_b(int lane, int i, int *row, int *col) {
+  int g = lane >> 2, t = lane % 4;
+  *row = t * 2 + (i & 1) + (i >= 2 ? 8 : 0);
+  *col = g;
+}
+static void ptx_c(int lane, int i, int *row, int *col) {
+  int g = lane >> 2, t = lane % 4;
+  *row = i < 2 ? g : g + 8;
+  *col = t * 2 + (i & 1);
+}
+
+Test(cuda_layout, fragments_match_ptx_tables) {
+  int seen_a[16][16] = {{0}}, seen_b[16][8] = {{0}}, seen_c[16][8] = {{0}};
+  for (int lane = 0; lane < 32; lane++) {
+    for (int i = 0; i < 8; i++) {
+      int r, c, pr, pc;
+      attn_cu_frag_a(lane, i, &r, &c);
+      ptx_a(lane, i, &pr, &pc);
+      cr_assert(r == pr && c == pc, "A lane %d a%d: (%d,%d), PTX (%d,%d)", lane, i, r, c, pr, pc);
+      seen_a[r][c]++;
+    }
+    for (int i = 0; i < 4; i++) {
+      int r, c, pr, pc;
+      attn_cu_frag_b(lane, i, &r, &c);
+      ptx_b(lane, i, &pr, &pc);
+      cr_assert(r == pr && c == pc, "B lane %d b%d", lane, i);
+      seen_b[r][c]++;
+      attn_cu_frag_c(lane, i, &r, &c);
+      ptx_c(lane, i, &pr, &pc);
+      cr_assert(r == pr && c == pc, "C lane %d c%d", lane, i);
+      seen_c[r][c]++;
+    }
+  }
+  for (int r = 0; r < 16; r++)
+    for (int c = 0; c < 16; c++) {
+      cr_assert_eq(seen_a[r][c], 1, "A (%d,%d) held %d times", r, c, seen_a[r][c]);
+      if (c < 8) {
+        cr_assert_eq(seen_b[r][c], 1);
+        cr_assert_eq(seen_c[r][c], 1);
+      }
+    }
+}
+
+/* ---- a warp, emulated ---------------------------------------------------- */
+
+typedef float reg2[2]; /* one 32-bit register: two 16-bit elements */
+
+/* ldmatrix.m8n8.x4 (.trans): lane l addresses row l % 8 of matrix l / 8; in
+ * register j it receives row l / 4, elements 2(l % 4) and +1, of matrix j
+ * (transposed: column l / 4, rows 2(l % 4) and +1). */
+static void emu_ldsm(const float *const addr[32], bool trans, reg2 out[32][4]) {
+  for (int l = 0; l < 32; l++)
+    for (int j = 0; j < 4; j++)
+      for (int h = 0; h < 2; h++)
+        out[l][j][h] = trans ? addr[8 * j + 2 * (l % 4) + h][l / 4]
+                             : addr[8 * j + l / 4][2 * (l % 4) + h];
+}
+
+/* mma.m16n8k16: D = A B + C, fragments placed by the PTX tables. */
+static void emu_mma(float c[32][4], reg2 a[32][4], reg2 b0[32], reg2 b1[32]) {
+  double A[16][16], B[16][8], C[16][8];
+  for (int l = 0; l < 32; l++) {
+    for (int i = 0; i < 8; i++) {
+      int r, k;
+      ptx_a(l, i, &r, &k);
+      A[r][k] = a[l][i / 2][i % 2];
+    }
+    for (int i = 0; i < 4; i++) {
+      int k, n;
+      ptx_b(l, i, &k, &n);
+      B[k][n] = i < 2 ? b0[l][i % 2] : b1[l][i % 2];
+      int r;
+      ptx_c(l, i, &r, &n);
+      C[r][n] = c[l][i];
+    }
+  }
+  for (int l = 0; l < 32; l++)
+    for (int i = 0; i < 4; i++) {
+      int r, n;
+      ptx_c(l, i, &r, &n);
+      double acc = C[r][n];
+      for (int k = 0; k < 16; k++)
+        acc += A[r][k] * B[k][n];
+      c[l][i] = (float)acc;
+    }
+}
+
+/* One warp's 16 rows of S = Q Kᵀ and O = S V for a BN-key tile, issued as
+ * fwd_mma.cuh issues them, against float64. */
+static void warp_tile(int dpad, int dp, int bn, uint64_t seed) {
+  const int str = attn_cu_smem_stride(dpad), kd = dpad / 16, nb = bn / 8, db = dpad / 8;
+  float *sQ = calloc((size_t)16 * str, sizeof *sQ);
+  float *sK = calloc((size_t)bn * str, sizeof *sK);
+  float *sV = calloc((size_t)bn * str, sizeof *sV);
+  /* Padding columns (>= dp) stay zero, as cp.async's zero-fill leaves
+   * them; the 8 pad elements of each row are poisoned and must never be
+   * read. */
+  for (int r = 0; r < 16; r++)
+    for (int c = 0; c < str; c++)
+      sQ[r * str + c] = c < dp ? (float)tuniform(&seed) : c < dpad ? 0.0f : NAN;
+  for (int r = 0; r < bn; r++)
+    for (int c = 0; c < str; c++) {
+      sK[r * str + c] = c < dp ? (float)tuniform(&seed) : c < dpad ? 0.0f : NAN;
+      sV[r * str + c] = c < dp ? (float)tuniform(&seed) : c < dpad ? 0.0f : NAN;
+    }
+  float (*s)[32][4] = calloc((size_t)nb, sizeof *s);
+  float (*o)[32][4] = calloc((size_t)db, sizeof *o);
+  const float *addr[32];
+  reg2 q[32][4], bk[32][4], bv[32][4], a[32][4];
+  for (int kk = 0; kk < kd; kk++) {
+    for (int l = 0; l < 32; l++) {
+      int r, c;
+      attn_cu_ldsm_q(l, &r, &c);
+      cr_assert(r < 16 && kk * 16 + c + 8 <= dpad);
+      addr[l] = sQ + r * str + kk * 16 + c;
+    }
+    emu_ldsm(addr, false, q);
+    for (int n2 = 0; n2 < nb / 2; n2++) {
+      for (int l = 0; l < 32; l++) {
+        int r, c;
+        attn_cu_ldsm_k(l, &r, &c);
+        cr_assert(n2 * 16 + r < bn && kk * 16 + c + 8 <= dpad);
+        addr[l] = sK + (n2 * 16 + r) * str + kk * 16 + c;
+      }
+      emu_ldsm(addr, false, bk);
+      reg2 b0[32], b1[32], b2[32], b3[32];
+      for (int l = 0; l < 32; l++) {
+        memcpy(b0[l], bk[l][0], sizeof(reg2));
+        memcpy(b1[l], bk[l][1], sizeof(reg2));
+        memcpy(b2[l], bk[l][2], sizeof(reg2));
+        memcpy(b3[l], bk[l][3], sizeof(reg2));
+      }
+      emu_mma(s[2 * n2], q, b0, b1);
+      emu_mma(s[2 * n2 + 1], q, b2, b3);
+    }
+  }
+  double S[16][64];
+  for (int r = 0; r < 16; r++)
+    for (int j = 0; j < bn; j++) {
+      double acc = 0;
+      for (int d = 0; d < dp; d++)
+        acc += (double)sQ[r * str + d] * sK[j * str + d];
+      S[r][j] = acc;
+    }
+  for (int n = 0; n < nb; n++)
+    for (int l = 0; l < 32; l++)
+      for (int e = 0; e < 4; e++) {
+        int r, c;
+        attn_cu_frag_c(l, e, &r, &c);
+        cr_assert(fabs(s[n][l][e] - S[r][n * 8 + c]) <= 1e-4 * (1 + fabs(S[r][n * 8 + c])),
+                  "S[%d][%d]: %g, expected %g (dpad %d, dp %d)", r, n * 8 + c, s[n][l][e],
+                  S[r][n * 8 + c], dpad, dp);
+      }
+  /* P = S, kept in registers: S's accumulators of key blocks 2k and 2k+1
+   * are P's A fragment for keys 16k..16k+15. */
+  for (int k = 0; k < bn / 16; k++) {
+    for (int l = 0; l < 32; l++) {
+      a[l][0][0] = s[2 * k][l][0], a[l][0][1] = s[2 * k][l][1];
+      a[l][1][0] = s[2 * k][l][2], a[l][1][1] = s[2 * k][l][3];
+      a[l][2][0] = s[2 * k + 1][l][0], a[l][2][1] = s[2 * k + 1][l][1];
+      a[l][3][0] = s[2 * k + 1][l][2], a[l][3][1] = s[2 * k + 1][l][3];
+    }
+    for (int d2 = 0; d2 < db / 2; d2++) {
+      for (int l = 0; l < 32; l++) {
+        int r, c;
+        attn_cu_ldsm_v(l, &r, &c);
+        cr_assert(k * 16 + r < bn && d2 * 16 + c + 8 <= dpad);
+        addr[l] = sV + (k * 16 + r) * str + d2 * 16 + c;
+      }
+      emu_ldsm(addr, true, bv);
+      reg2 b0[32], b1[32], b2[32], b3[32];
+      for (int l = 0; l < 32; l++) {
+        memcpy(b0[l], bv[l][0], sizeof(reg2));
+        memcpy(b1[l], bv[l][1], sizeof(reg2));
+        memcpy(b2[l], bv[l][2], sizeof(reg2));
+        memcpy(b3[l], bv[l][3], sizeof(reg2));
+      }
+      emu_mma(o[2 * d2], a, b0, b1);
+      emu_mma(o[2 * d2 + 1], a, b2, b3);
+    }
+  }
+  for (int d = 0; d < db; d++)
+    for (int l = 0; l < 32; l++)
+      for (int e = 0; e < 4; e++) {
+        int r, c;
+        attn_cu_frag_c(l, e, &r, &c);
+        int col = d * 8 + c;
+        double ref = 0;
+        for (int j = 0; j < bn && col < dp; j++)
+          ref += S[r][j] * sV[j * str + col];
+        cr_assert(fabs(o[d][l][e] - ref) <= 1e-3 * (1 + fabs(ref)),
+                  "O[%d][%d]: %g, expected %g (dpad %d, dp %d)", r, col, o[d][l][e], ref,
+                  dpad, dp);
+      }
+  free(sQ), free(sK), free(sV), free(s), free(o);
+}
+
+Test(cuda_layout, warp_emulation_d64) {
+  warp_tile(64, 64, ATTN_CU_BN_D64, 1);
+  warp_tile(64, 40, ATTN_CU_BN_D64, 2);
+}
+Test(cuda_layout, warp_emulation_d128) {
+  warp_tile(128, 128, ATTN_CU_BN_D128, 3);
+  warp_tile(128, 72, ATTN_CU_BN_D128, 4);
+}
+Test(cuda_layout, warp_emulation_d256) {
+  warp_tile(256, 256, ATTN_CU_BN_D256, 5);
+  warp_tile(256, 136, ATTN_CU_BN_D256, 6);
+}
+
+Test(cuda_layout, smem_rows_hit_distinct_bank_quads) {
+  /* The 8 rows one ldmatrix phase reads, 16 bytes each, must cover all 32
+   * banks once: row starts (stride x 2 bytes) land in distinct 16-byte
+   * quads modulo 128 bytes. */
+  for (int dpad = 64; dpad <= 256; dpad *= 2) {
+    int str = attn_cu_smem_stride(dpad), seen = 0;
+    for (int r = 0; r < 8; r++)
+      seen |= 1 << ((r * str * 2) % 128 / 16);
+    cr_assert_eq(seen, 0xff, "dpad %d: rows share bank quads", dpad);
+  }
+}
+
+/* ---- masks and key ranges ------------------------------------------------- */
+
+static bool visible(int64_t i, int64_t j, int64_t off, int64_t wl, int64_t wr) {
+  return (wl < 0 || j >= i + off - wl) && (wr < 0 || j <= i + off + wr);
+}
+
+Test(cuda_layout, row_bounds_match_the_rule) {
+  uint64_t seed = 7;
+  for (int it = 0; it < 3000; it++) {
+    int64_t nq = 1 + (int64_t)(trand(&seed) % 40), nkv = 1 + (int64_t)(trand(&seed) % 40);
+    int64_t wl = (int64_t)(trand(&seed) % 12) - 1, wr = (int64_t)(trand(&seed) % 12) - 1;
+    int64_t off = nkv - nq;
+    for (int64_t i = 0; i < nq; i++) {
+      int lo, hi;
+      attn_cu_row_bounds(i, off, wl, wr, nkv, &lo, &hi);
+      for (int64_t j = 0; j < nkv; j++)
+        cr_assert_eq(j >= lo && j <= hi, visible(i, j, off, wl, wr),
+                     "nq %lld nkv %lld wl %lld wr %lld i %lld j %lld: [%d, %d]", (long long)nq,
+                     (long long)nkv, (long long)wl, (long long)wr, (long long)i, (long long)j,
+                     lo, hi);
+    }
+  }
+}
+
+Test(cuda_layout, block_tiles_cover_every_visible_key_once) {
+  uint64_t seed = 11;
+  int full_seen = 0;
+  for (int it = 0; it < 2000; it++) {
+    int64_t nq = 1 + (int64_t)(trand(&seed) % 200), nkv = 1 + (int64_t)(trand(&seed) % 300);
+    int64_t wl = (int64_t)(trand(&seed) % 80) - 1, wr = (int64_t)(trand(&seed) % 80) - 1;
+    if (trand(&seed) % 3 == 0)
+      wl = wr = -1;
+    int bm = trand(&seed) % 2 ? 64 : 32, bn = trand(&seed) % 2 ? 64 : 32;
+    int nsplit = 1 + (int)(trand(&seed) % 5);
+    int64_t off = nkv - nq, ntiles = (nkv + bn - 1) / bn;
+    for (int64_t i0 = 0; i0 < nq; i0 += bm) {
+      int64_t i1 = i0 + bm < nq ? i0 + bm : nq;
+      char owner[1024];
+      memset(owner, 0, sizeof owner);
+      for (int s = 0; s < nsplit; s++) {
+        int t0, t1;
+        attn_cu_block_tiles(i0, i1, off, wl, wr, nkv, bn, nsplit, s, &t0, &t1);
+        cr_assert(t0 <= t1 && t0 >= 0 && t1 <= ntiles);
+        for (int t = t0; t < t1; t++) {
+          cr_assert_eq(owner[t], 0, "tile %d in two splits", t);
+          owner[t] = 1;
+          int full = attn_cu_tile_full((int64_t)t * bn, bn, i0, i1, off, wl, wr, nkv);
+          full_seen += full;
+          for (int64_t i = i0; full && i < i1; i++)
+            for (int64_t j = (int64_t)t * bn; j < (int64_t)(t + 1) * bn; j++)
+              cr_assert(j < nkv && visible(i, j, off, wl, wr),
+                        "tile %d called full but (%lld, %lld) is masked", t, (long long)i,
+                        (long long)j);
+        }
+      }
+      for (int64_t i = i0; i < i1; i++)
+        for (int64_t j = 0; j < nkv; j++)
+          if (visible(i, j, off, wl, wr))
+            cr_assert(owner[j / bn], "visible (%lld, %lld) in no tile", (long long)i,
+                      (long long)j);
+    }
+  }
+  cr_assert_gt(full_seen, 1000, "interior tiles should need no mask");
+}
+
+/* ---- the split-KV merge ---------------------------------------------------- */
+
+Test(cuda_layout, lse_merge_matches_float64_softmax) {
+  uint64_t seed = 5;
+  enum { N = 300, DV = 3 };
+  for (int it = 0; it < 400; it++) {
+    double x[N], v[N][DV];
+    int n = 1 + (int)(trand(&seed) % N);
+    bool none = it % 10 == 0;
+    for (int j = 0; j < n; j++) {
+      x[j] = none || trand(&seed) % 4 == 0 ? -INFINITY : 20 * tuniform(&seed);
+      for (int d = 0; d < DV; d++)
+        v[j][d] = tuniform(&seed);
+    }
+    /* float64 truth, in log2 units */
+    double m = -INFINITY, l = 0, o[DV] = {0};
+    for (int j = 0; j < n; j++)
+      m = fmax(m, x[j]);
+    for (int j = 0; j < n && m > -INFINITY; j++) {
+      double w = exp2(x[j] - m);
+      l += w;
+      for (int d = 0; d < DV; d++)
+        o[d] += w * v[j][d];
+    }
+    /* the splits: contiguous ranges, each normalized by its own sum */
+    int ns = 1 + (int)(trand(&seed) % 9);
+    float ml[2 * 16], os[16][DV];
+    for (int s = 0; s < ns; s++) {
+      int a = n * s / ns, b = n * (s + 1) / ns;
+      double ms = -INFINITY, ls = 0, acc[DV] = {0};
+      for (int j = a; j < b; j++)
+        ms = fmax(ms, x[j]);
+      for (int j = a; j < b && ms > -INFINITY; j++) {
+        double w = exp2(x[j] - ms);
+        ls += w;
+        for (int d = 0; d < DV; d++)
+          acc[d] += w * v[j][d];
+      }
+      ml[2 * s] = (float)ms;
+      ml[2 * s + 1] = (float)ls;
+      for (int d = 0; d < DV; d++)
+        os[s][d] = ls > 0 ? (float)(acc[d] / ls) : 0.0f;
+    }
+    float m2, l2;
+    attn_cu_merge(ml, 1, ns, &m2, &l2);
+    float fm, flse;
+    attn_cu_stats(m2, l2, &fm, &flse);
+    if (l == 0) {
+      cr_assert(m2 == -INFINITY && l2 == 0 && fm == -INFINITY && flse == -INFINITY);
+      for (int s = 0; s < ns; s++)
+        cr_assert_eq(attn_cu_merge_weight(ml[2 * s], ml[2 * s + 1], m2, l2), 0.0f);
+      continue;
+    }
+    cr_assert(fabs(m2 - m) <= 1e-6 * fmax(1, fabs(m)), "m %g vs %g", m2, m);
+    cr_assert(fabs(l2 / l - 1) <= 1e-5, "l %g vs %g", l2, l);
+    cr_assert(fabs(fm - m * M_LN2) <= 1e-5 * fmax(1, fabs(m)));
+    cr_assert(fabs(flse - (m + log2(l)) * M_LN2) <= 1e-5 * fmax(1, fabs(m)));
+    for (int d = 0; d < DV; d++) {
+      double acc = 0;
+      for (int s = 0; s < ns; s++)
+        acc += attn_cu_merge_weight(ml[2 * s], ml[2 * s + 1], m2, l2) * os[s][d];
+      cr_assert(fabs(acc - o[d] / l) <= 1e-5, "O[%d] %g vs %g", d, acc, o[d] / l);
+    }
+  }
+}
+
+Test(cuda_layout, max_for_exp_never_makes_nan) {
+  float m = -INFINITY, use = attn_cu_max_for_exp(m);
+  cr_assert_eq(exp2f(-INFINITY - use), 0.0f);
+  cr_assert_eq(exp2f(m - use), 0.0f);
+  cr_assert_eq(attn_cu_max_for_exp(3.5f), 3.5f);
+}
+
+/* ---- kernel selection ---------------------------------------------------- */
+
+static attn_cu_params shape(attn_dtype dt, int b, int hq, int hkv, int nq, int nkv, int d) {
+  attn_cu_params p;
+  memset(&p, 0, sizeof p);
+  p.dtype = dt;
+  p.batch = b, p.heads_q = hq, p.heads_kv = hkv, p.seq_q = nq, p.seq_kv = nkv;
+  p.head_dim = d;
+  p.dp = attn_cu_dp(d);
+  p.window_left = p.window_right = -1;
+  return p;
+}
+
+Test(cuda_layout, selection) {
+  cr_assert_eq(attn_cu_dp(1), 8);
+  cr_assert_eq(attn_cu_dp(37), 40);
+  cr_assert_eq(attn_cu_dp(256), 256);
+  attn_cu_choice c;
+  attn_status st;
+  for (int d = 1; d <= 256; d++)
+    for (int dt = 0; dt < ATTN_DTYPE_COUNT; dt++) {
+      attn_cu_params p = shape((attn_dtype)dt, 2, 8, 2, 300, 500, d);
+      cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0, "%s", st.message);
+      attn_cu_kernel want = dt == ATTN_F32    ? ATTN_CU_SIMT_F32
+                            : p.dp <= 64  ? ATTN_CU_MMA_D64
+                            : p.dp <= 128 ? ATTN_CU_MMA_D128
+                                          : ATTN_CU_MMA_D256;
+      cr_assert_eq(c.kernel, want, "d %d %s: %s", d, attn_dtype_name((attn_dtype)dt),
+                   attn_cu_kernel_name(c.kernel));
+      /* 99 KiB is what a block may opt into on sm_86 and sm_89, the
+       * smallest of the targets. */
+      cr_assert_leq(c.smem_bytes, 101376, "d %d: %zu bytes of shared memory", d, c.smem_bytes);
+      cr_assert_eq(c.grid[0], (unsigned)((300 + c.block_m - 1) / c.block_m));
+    }
+  /* A big prefill fills the machine without splitting. */
+  attn_cu_params p = shape(ATTN_BF16, 4, 16, 16, 4096, 4096, 128);
+  cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0);
+  cr_assert(c.nsplit == 1 && c.grid[0] == 64 && c.grid[1] == 16 && c.grid[2] == 4);
+  cr_assert_eq(attn_cu_split_bytes(&p, &c), 0);
+  /* Decoding splits the keys, within bounds. */
+  p = shape(ATTN_BF16, 1, 32, 8, 1, 32768, 128);
+  cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0);
+  cr_assert(c.nsplit > 1 && c.nsplit <= ATTN_CU_MAX_SPLITS, "nsplit %d", c.nsplit);
+  cr_assert(c.grid[0] * c.grid[1] * c.grid[2] >= 132, "decode leaves SMs idle");
+  cr_assert_eq(c.grid[2], (unsigned)c.nsplit);
+  cr_assert_eq(attn_cu_split_bytes(&p, &c), (size_t)c.nsplit * 32 * (128 + 2) * 4);
+  /* Too few keys to split. */
+  p = shape(ATTN_F16, 1, 1, 1, 1, 100, 64);
+  cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0);
+  cr_assert_eq(c.nsplit, 1);
+  /* Limits come back as EUNSUPPORTED, so auto can fall back. */
+  p = shape(ATTN_F16, 1, 1, 1, 1, 100, 64);
+  p.seq_kv = (int)ATTN_CU_MAX_SEQ + 1;
+  cr_assert_eq(attn_cu_select(&p, 132, &c, &st), ATTN_EUNSUPPORTED);
+  cr_assert(strstr(st.message, "sequences"), "%s", st.message);
+  p = shape(ATTN_F16, 1, 70000, 1, 1, 100, 64);
+  cr_assert_eq(attn_cu_select(&p, 132, &c, &st), ATTN_EUNSUPPORTED);
+}

@@ -470,6 +470,10 @@ Test(server, bad_flags_exit_2_with_one_line) {
       {"--listen", "127.0.0.1:99999", NULL},
       {"--log-format", "xml", NULL},
       {"--backend", "tpu", NULL},
+      {"--devices", "0,x", NULL},
+      {"--devices", "1,1", NULL},
+      {"--devices", "-1", NULL},
+      {"--streams", "0", NULL},
       {"--max-connections", "", NULL},
       {"--threads", NULL},
       {"extra-positional", NULL},
@@ -485,6 +489,72 @@ Test(server, bad_flags_exit_2_with_one_line) {
     free(out);
     free(err);
   }
+}
+
+/* Whether this machine's engine has a working CUDA device. */
+static bool cuda_device_present(void) {
+  attn_engine *e;
+  attn_status st;
+  attn_config cfg;
+  attn_config_init(&cfg);
+  cfg.threads = 1;
+  if (attn_engine_open(&cfg, &e, &st) < 0)
+    return false;
+  attn_backend_info info[8];
+  int n = attn_engine_backends(e, info, 8);
+  bool up = false;
+  for (int i = 0; i < n && i < 8; i++)
+    up |= !strcmp(info[i].name, "cuda") && info[i].available;
+  attn_engine_close(e);
+  return up;
+}
+
+Test(server, backend_cuda_without_a_device_exits_2) {
+  if (cuda_device_present())
+    cr_skip_test("a CUDA device is present: --backend cuda serves");
+  int port = free_port();
+  char listen[64];
+  snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
+  const char *args[] = {"--backend", "cuda", "--listen", listen, NULL};
+  char *err = NULL;
+  int st = run_attnd(args, NULL, 10, NULL, &err);
+  cr_expect_eq(st, 2, "exit status %d, stderr %s", st, err);
+  cr_expect_eq(nlines(err), 1, "%d stderr lines:\n%s", nlines(err), err);
+  cr_expect(err && strstr(err, "no CUDA device was found"), "%s", err);
+  free(err);
+}
+
+Test(server, auto_without_a_device_says_it_uses_the_cpu) {
+  if (cuda_device_present())
+    cr_skip_test("a CUDA device is present: auto picks it");
+  memset(&S, 0, sizeof S);
+  srv_start(&S, NULL);
+  http_res rs;
+  cr_assert_eq(http_get(&S, "/v1/info", &rs), 0);
+  cJSON *j = cJSON_Parse(rs.body);
+  cr_assert(j);
+  const char *backend = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(j, "backend"));
+  cr_expect(backend && !strncmp(backend, "cpu", 3), "backend %s", backend);
+  cJSON *be = cJSON_GetObjectItemCaseSensitive(j, "backends"), *b;
+  bool listed = false;
+  cJSON_ArrayForEach(b, be) {
+    const char *name = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(b, "name"));
+    if (!name || strcmp(name, "cuda"))
+      continue;
+    listed = true;
+    cr_expect(cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(b, "available")));
+    const char *detail = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(b, "detail"));
+    cr_expect(detail && (strstr(detail, "no CUDA device") || strstr(detail, "not compiled")),
+              "cuda detail: %s", detail);
+  }
+  cr_expect(listed, "/v1/info does not list the cuda backend");
+  cJSON_Delete(j);
+  http_res_free(&rs);
+  char *log = srv_log(&S);
+  cr_expect(log && strstr(log, "using the CPU"), "startup log: %s", log);
+  free(log);
+  srv_stop(&S, 10);
+  srv_cleanup(&S);
 }
 
 Test(server, bad_env_exits_2) {

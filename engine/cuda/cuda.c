@@ -113,13 +113,7 @@ static void shape_of(const attn_request *r, attn_cu_params *p) {
   p->head_dim = (int)r->head_dim;
   p->dp = attn_cu_dp(r->head_dim);
   p->scale_log2 = (float)(attn_request_scale(r) * M_LOG2E);
-  int64_t wl, wr;
-  attn_request_window(r, &wl, &wr);
-  /* A side longer than both sequences is unbounded; this keeps the kernels'
-   * bound arithmetic far from overflow. */
-  int64_t span = r->seq_q + r->seq_kv;
-  p->window_left = wl > span ? -1 : wl;
-  p->window_right = wr > span ? -1 : wr;
+  attn_request_window(r, &p->window_left, &p->window_right);
 }
 
 /* Byte layout of a job in a slot; returns false on size overflow. */

@@ -5,7 +5,9 @@
  * [B, Hkv, Nkv, dp], O [B, Hq, Nq, dp], where dp is head_dim rounded up to a
  * multiple of 8 and the padding columns of Q, K and V are zero (so every row
  * starts on a 16-byte boundary, which cp.async needs, and the padding adds
- * nothing to a dot product). The backend (cuda.c) packs and unpacks; the
+ * nothing to a dot product; O's padding columns come out zero). split_ws
+ * and every tensor must be 16-byte aligned. The backend (cuda.c) packs and
+ * unpacks; the
  * benchmark and the GPU tests call these functions on device buffers
  * directly.
  *
@@ -60,7 +62,8 @@ typedef struct attn_cu_params {
   attn_dtype dtype;
   int batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, dp;
   float scale_log2;    /* scale * log2(e) */
-  /* Effective window, causal folded in; -1 unbounded. */
+  /* Effective window, causal folded in; -1 unbounded (as is anything past
+   * 2^40, beyond every sequence the kernels take). */
   int64_t window_left, window_right;
 } attn_cu_params;
 
@@ -106,9 +109,10 @@ int attn_cu_launch(const attn_cu_params *p, const attn_cu_choice *c, void *strea
 
 /*
  * The input check, on the device: for each of n elements of x (dtype dt),
- * the largest magnitude goes to res->maxabs_bits (float bits, atomic max)
- * and the index of the first non-finite element to res->first_bad (atomic
- * min). res must start as attn_cu_scan_init. Returns a cudaError_t.
+ * the largest finite magnitude goes to res->maxabs_bits (float bits, atomic
+ * max) and the index of the first non-finite element to res->first_bad
+ * (atomic min). res is device memory that must start as {first_bad = ~0,
+ * maxabs_bits = 0}. Returns a cudaError_t.
  */
 typedef struct attn_cu_scan_result {
   unsigned long long first_bad; /* ~0ull: none */

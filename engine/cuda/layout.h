@@ -109,8 +109,11 @@ ATTN_HD int attn_cu_smem_stride(int cols) { return cols + 8; }
  */
 ATTN_HD void attn_cu_row_bounds(int64_t i, int64_t off, int64_t wl, int64_t wr,
                                 int64_t nkv, int *lo, int *hi) {
-  int64_t a = wl < 0 ? 0 : i + off - wl;
-  int64_t b = wr < 0 ? nkv - 1 : i + off + wr;
+  /* Sides past 2^40 reach beyond any sequence the kernels take (2^30) and
+   * are unbounded; this keeps the sums below in int64. */
+  const int64_t far = (int64_t)1 << 40;
+  int64_t a = wl < 0 || wl > far ? 0 : i + off - wl;
+  int64_t b = wr < 0 || wr > far ? nkv - 1 : i + off + wr;
   a = a < 0 ? 0 : a > nkv ? nkv : a;
   b = b > nkv - 1 ? nkv - 1 : b < -1 ? -1 : b;
   *lo = (int)a;

@@ -271,6 +271,14 @@ Test(cuda_layout, row_bounds_match_the_rule) {
   }
 }
 
+Test(cuda_layout, huge_windows_are_unbounded) {
+  int lo, hi;
+  attn_cu_row_bounds(5, -3, INT64_MAX, INT64_MAX, 100, &lo, &hi);
+  cr_assert(lo == 0 && hi == 99, "[%d, %d]", lo, hi);
+  attn_cu_row_bounds(5, -3, (int64_t)1 << 35, 0, 100, &lo, &hi);
+  cr_assert(lo == 0 && hi == 2, "[%d, %d]", lo, hi);
+}
+
 Test(cuda_layout, block_tiles_cover_every_visible_key_once) {
   uint64_t seed = 11;
   int full_seen = 0;

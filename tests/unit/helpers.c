@@ -5,6 +5,7 @@
 #include "reference.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -133,23 +134,128 @@ double ttol(attn_dtype dt) {
 }
 
 static double rel(double x, double ref) {
+  if (isnan(x) || isnan(ref))
+    return INFINITY; /* an unwritten (poisoned) or NaN statistic */
   if (isinf(ref) || isinf(x))
     return x == ref ? 0 : INFINITY;
   return fabs(x - ref) / fmax(1.0, fabs(ref));
 }
 
-terr tcheck(const tcase *c) {
+void tref_free(tref *ref) {
+  free(ref->o);
+  free(ref->m);
+  free(ref->l);
+  free(ref->lse);
+  memset(ref, 0, sizeof *ref);
+}
+
+/* All-zero strides of one tensor -> the contiguous [B, H, N, D] layout. */
+static void fill_strides(int64_t s[3], int64_t h, int64_t n, int64_t d) {
+  if (s[0] || s[1] || s[2])
+    return;
+  s[2] = d;
+  s[1] = n * d;
+  s[0] = h * n * d;
+}
+
+/* The parallel reference: workers take (batch, head) items in turn. */
+typedef struct ref_par {
+  const attn_request *r;
+  tref *ref;
+  pthread_mutex_t mu;
+  int64_t next, items;
+  int rc;
+  attn_status st;
+} ref_par;
+
+static void *ref_worker(void *arg) {
+  ref_par *rp = arg;
+  const attn_request *r = rp->r;
+  const int64_t nq = r->seq_q, D = r->head_dim;
+  size_t n = (size_t)nq * (size_t)r->seq_kv;
+  double *S = malloc(n * sizeof *S), *P = malloc(n * sizeof *P);
+  for (;;) {
+    pthread_mutex_lock(&rp->mu);
+    int64_t item = rp->rc ? rp->items : rp->next++;
+    if (!S || !P) {
+      if (!rp->rc)
+        rp->rc = attn_status_set(&rp->st, ATTN_ENOMEM,
+                                 "out of memory for the reference's S and P");
+      item = rp->items;
+    }
+    pthread_mutex_unlock(&rp->mu);
+    if (item >= rp->items)
+      break;
+    int64_t b = item / r->heads_q, h = item % r->heads_q;
+    size_t row = (size_t)item * (size_t)nq;
+    attn_status st = {0};
+    int rc = attn_reference_head(r, b, h, S, P, rp->ref->o + row * (size_t)D,
+                                 rp->ref->m + row, rp->ref->l + row, rp->ref->lse + row, &st);
+    if (rc < 0) {
+      pthread_mutex_lock(&rp->mu);
+      if (!rp->rc) {
+        rp->rc = rc;
+        rp->st = st;
+      }
+      pthread_mutex_unlock(&rp->mu);
+    }
+  }
+  free(S);
+  free(P);
+  return NULL;
+}
+
+int tref_compute(const tcase *c, int threads, tref *ref, attn_status *st) {
+  const tprob *p = &c->p;
+  size_t rows = (size_t)(p->b * p->hq * p->nq), n = rows * (size_t)p->d;
+  memset(ref, 0, sizeof *ref);
+  ref->o = malloc(n * sizeof *ref->o);
+  ref->m = malloc(rows * sizeof *ref->m);
+  ref->l = malloc(rows * sizeof *ref->l);
+  ref->lse = malloc(rows * sizeof *ref->lse);
+  if (!ref->o || !ref->m || !ref->l || !ref->lse) {
+    tref_free(ref);
+    return attn_status_set(st, ATTN_ENOMEM, "out of memory for the reference");
+  }
+  int64_t items = p->b * p->hq;
+  if (threads > items)
+    threads = (int)items;
+  int rc;
+  if (threads <= 1) {
+    rc = attn_reference(&c->req, ref->o, ref->m, ref->l, ref->lse, st);
+  } else if ((rc = attn_request_validate(&c->req, st)) == 0) {
+    attn_request r = c->req;
+    fill_strides(r.q_stride, r.heads_q, r.seq_q, r.head_dim);
+    fill_strides(r.o_stride, r.heads_q, r.seq_q, r.head_dim);
+    fill_strides(r.k_stride, r.heads_kv, r.seq_kv, r.head_dim);
+    fill_strides(r.v_stride, r.heads_kv, r.seq_kv, r.head_dim);
+    ref_par rp = {.r = &r, .ref = ref, .items = items};
+    pthread_mutex_init(&rp.mu, NULL);
+    pthread_t *tid = calloc((size_t)threads, sizeof *tid);
+    int started = 0;
+    for (; tid && started < threads; started++)
+      if (pthread_create(&tid[started], NULL, ref_worker, &rp) != 0)
+        break;
+    if (started == 0) /* no thread could start: do the work here */
+      ref_worker(&rp);
+    for (int i = 0; i < started; i++)
+      pthread_join(tid[i], NULL);
+    free(tid);
+    pthread_mutex_destroy(&rp.mu);
+    rc = rp.rc;
+    if (rc < 0 && st)
+      *st = rp.st;
+  }
+  if (rc < 0)
+    tref_free(ref);
+  return rc;
+}
+
+terr tref_check(const tcase *c, const tref *ref) {
   const tprob *p = &c->p;
   const attn_request *r = &c->req;
-  size_t rows = (size_t)(p->b * p->hq * p->nq), n = rows * (size_t)p->d;
-  double *o = malloc(n * sizeof *o), *m = malloc(rows * 8), *l = malloc(rows * 8),
-         *lse = malloc(rows * 8);
-  attn_status st;
+  const double *o = ref->o, *m = ref->m, *l = ref->l, *lse = ref->lse;
   terr e = {.o = INFINITY, .stats = 0, .masked_ok = true};
-  if (attn_reference(r, o, m, l, lse, &st) < 0) {
-    fprintf(stderr, "reference failed: %s\n", st.message);
-    goto out;
-  }
   double num = 0, den = 0, maxerr = 0;
   for (int64_t b = 0; b < p->b; b++)
     for (int64_t h = 0; h < p->hq; h++)
@@ -174,6 +280,8 @@ terr tcheck(const tcase *c) {
         }
         if (c->m) {
           double el = l[row] > 0 ? fabs(c->l[row] / l[row] - 1) : (c->l[row] == 0 ? 0 : INFINITY);
+          if (isnan(el))
+            el = INFINITY;
           e.stats = fmax(e.stats, fmax(rel(c->m[row], m[row]), fmax(rel(c->lse[row], lse[row]), el)));
           if (l[row] == 0 && !(c->m[row] == -INFINITY && c->lse[row] == -INFINITY && c->l[row] == 0))
             e.masked_ok = false;
@@ -182,11 +290,19 @@ terr tcheck(const tcase *c) {
   e.o = den > 0 ? sqrt(num / den) : sqrt(num);
   if (maxerr == INFINITY)
     e.o = INFINITY;
-out:
-  free(o);
-  free(m);
-  free(l);
-  free(lse);
+  return e;
+}
+
+terr tcheck(const tcase *c) {
+  tref ref;
+  attn_status st;
+  if (tref_compute(c, 1, &ref, &st) < 0) {
+    fprintf(stderr, "reference failed: %s\n", st.message);
+    terr e = {.o = INFINITY, .stats = 0, .masked_ok = true};
+    return e;
+  }
+  terr e = tref_check(c, &ref);
+  tref_free(&ref);
   return e;
 }
 

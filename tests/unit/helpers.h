@@ -41,10 +41,26 @@ int trun(attn_engine *e, tcase *c, const char *backend, attn_status *st);
 typedef struct terr {
   double o;     /* ||O - ref||_2 / ||ref||_2 (absolute when ref is 0) */
   double stats; /* max over rows of |m - ref|, |lse - ref| and |l/ref_l - 1|,
-                   each relative to max(1, |ref|) */
+                   each relative to max(1, |ref|); a NaN counts as infinite */
   bool masked_ok; /* rows with no visible key: O == 0, m = lse = -inf, l = 0 */
 } terr;
 terr tcheck(const tcase *c);
+
+/*
+ * The same check in two steps, for suites that compare several runs with one
+ * reference or need it faster: tref_compute() runs the float64 reference of
+ * c's inputs on `threads` threads, one (batch, head) at a time each (1: the
+ * serial attn_reference() that tcheck() uses; the numbers are the same bits
+ * either way), and tref_check() measures c's outputs against it. S and P of
+ * one head, 16 * seq_q * seq_kv bytes, are allocated per thread.
+ */
+typedef struct tref {
+  double *o;          /* [B, Hq, Nq, D] */
+  double *m, *l, *lse; /* [B, Hq, Nq] */
+} tref;
+int tref_compute(const tcase *c, int threads, tref *ref, attn_status *st);
+terr tref_check(const tcase *c, const tref *ref);
+void tref_free(tref *ref);
 
 /* Threshold on terr.o for a dtype (F32 1e-5; F16 1e-3; BF16 8e-3). */
 double ttol(attn_dtype dt);

@@ -4,6 +4,7 @@
  * dtypes and both layouts; once per CPU kernel this machine can run (an
  * unsupported kernel reports itself skipped, never passed).
  */
+#include "cases.h"
 #include "helpers.h"
 
 #include <criterion/criterion.h>
@@ -56,82 +57,9 @@ static int check_all(attn_engine *e, const tprob *ps, int n, uint64_t seed) {
   return fails;
 }
 
-/* Every (N, D) of the awkward set: F32, GQA 2:1, with statistics. */
-static int sizes(tprob *ps) {
-  static const int64_t ns[] = {1, 7, 63, 64, 65, 113, 257, 1000};
-  static const int64_t ds[] = {1, 37, 64, 80, 128, 256};
-  int n = 0;
-  for (size_t i = 0; i < sizeof ns / sizeof *ns; i++)
-    for (size_t j = 0; j < sizeof ds / sizeof *ds; j++) {
-      ps[n] = tprob_make(1, 2, 1, ns[i], ns[i], ds[j], ATTN_F32);
-      ps[n].stats = true;
-      n++;
-    }
-  return n;
-}
-
-/* Masks on square and cross shapes, both ways, in all dtypes. */
-static int masks(tprob *ps) {
-  static const int64_t nn[][2] = {{1, 1},   {7, 63},    {65, 64},  {113, 257},
-                                  {257, 113}, {64, 1000}, {1000, 64}, {1, 1000}};
-  static const int64_t win[][3] = {/* causal, left, right */
-                                   {1, -1, -1}, {0, 16, 0}, {0, 3, 5}, {0, 0, 0},
-                                   {0, -1, 7},  {0, 100, -1}, {1, 40, -1}};
-  int n = 0;
-  for (size_t i = 0; i < sizeof nn / sizeof *nn; i++)
-    for (size_t w = 0; w < sizeof win / sizeof *win; w++) {
-      attn_dtype dt = (attn_dtype)((i + w) % 3);
-      int64_t d = (i + w) % 2 ? 64 : 37;
-      tprob p = tprob_make(1, 2, 2, nn[i][0], nn[i][1], d, dt);
-      p.causal = win[w][0];
-      p.wl = win[w][1];
-      p.wr = win[w][2];
-      p.stats = true;
-      ps[n++] = p;
-    }
-  return n;
-}
-
-/* Batches, GQA and MQA, strided layouts, explicit scales, F16/BF16 sizes. */
-static int shapes(tprob *ps) {
-  int n = 0;
-  tprob p;
-  p = tprob_make(3, 8, 2, 65, 65, 64, ATTN_F32); ps[n++] = p;           /* GQA 4:1 */
-  p = tprob_make(2, 4, 1, 113, 113, 128, ATTN_F32); p.causal = 1; ps[n++] = p; /* MQA */
-  p = tprob_make(2, 6, 3, 63, 257, 80, ATTN_BF16); p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 4, 2, 257, 63, 128, ATTN_F16); p.causal = 1; p.stats = 1; ps[n++] = p;
-  p = tprob_make(2, 4, 2, 100, 130, 64, ATTN_F32); p.strided = 1; p.causal = 1; ps[n++] = p;
-  p = tprob_make(1, 2, 1, 77, 77, 37, ATTN_F16); p.strided = 1; p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 1, 1, 64, 64, 64, ATTN_F32); p.scale = 0.5; p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 1, 1, 65, 65, 64, ATTN_F32); p.scale = -0.3; ps[n++] = p;
-  p = tprob_make(1, 1, 1, 33, 33, 16, ATTN_F32); p.scale = 0; p.stats = 1; ps[n++] = p;
-  /* short query sequences under GQA pack several heads into one block,
-   * including groups that do not split evenly (12 heads, 9 per block) */
-  p = tprob_make(2, 8, 2, 1, 300, 64, ATTN_F32); p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 8, 2, 3, 200, 37, ATTN_F16); p.causal = 1; p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 12, 1, 7, 150, 32, ATTN_BF16); p.wl = 20; p.wr = 2; p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 4, 2, 32, 90, 16, ATTN_F32); p.causal = 1; p.wl = 5; p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 6, 3, 40, 40, 8, ATTN_F32); p.strided = 1; p.causal = 1; ps[n++] = p;
-  /* decoding-like shapes: few query rows over many keys, windows that leave
-   * most tiles invisible to some rows */
-  p = tprob_make(1, 1, 1, 1, 2000, 64, ATTN_F32); p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 1, 1, 5, 3000, 37, ATTN_F16); p.causal = 1; p.wl = 100; p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 4, 1, 1, 1500, 128, ATTN_BF16); p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 1, 1, 70, 1100, 16, ATTN_F32); p.causal = 1; p.stats = 1; ps[n++] = p;
-  p = tprob_make(2, 2, 2, 3, 4100, 8, ATTN_F32); p.wl = 0; p.wr = 600; p.stats = 1; ps[n++] = p;
-  static const int64_t ds[] = {1, 37, 64, 80, 128, 256};
-  for (int i = 0; i < 6; i++) {
-    p = tprob_make(1, 2, 1, 65 + 48 * i, 65 + 48 * i, ds[i], i % 2 ? ATTN_F16 : ATTN_BF16);
-    p.causal = i % 3 == 0;
-    p.stats = 1;
-    ps[n++] = p;
-  }
-  return n;
-}
-
 static void run_group(int isa, int (*gen)(tprob *), uint64_t seed) {
   attn_engine *e = open_isa(isas[isa]);
-  tprob ps[128];
+  tprob ps[TCASES_MAX];
   int n = gen(ps);
   int fails = check_all(e, ps, n, seed);
   attn_engine_close(e);
@@ -139,9 +67,9 @@ static void run_group(int isa, int (*gen)(tprob *), uint64_t seed) {
 }
 
 #define GROUP_TESTS(isa_idx, isa_name)                                         \
-  Test(conformance_##isa_name, sizes, .timeout = 300) { run_group(isa_idx, sizes, 100); } \
-  Test(conformance_##isa_name, masks, .timeout = 300) { run_group(isa_idx, masks, 200); } \
-  Test(conformance_##isa_name, shapes, .timeout = 300) { run_group(isa_idx, shapes, 300); }
+  Test(conformance_##isa_name, sizes, .timeout = 300) { run_group(isa_idx, tcases_sizes, 100); } \
+  Test(conformance_##isa_name, masks, .timeout = 300) { run_group(isa_idx, tcases_masks, 200); } \
+  Test(conformance_##isa_name, shapes, .timeout = 300) { run_group(isa_idx, tcases_shapes, 300); }
 
 GROUP_TESTS(0, generic)
 GROUP_TESTS(1, avx2)
@@ -151,18 +79,9 @@ GROUP_TESTS(2, avx512)
  * falls off the keys) give O = 0, m = lse = -inf, l = 0 and never NaN. */
 Test(conformance, fully_masked_rows) {
   attn_engine *e = topen(2, NULL);
-  tprob p[3];
-  p[0] = tprob_make(1, 2, 1, 100, 30, 64, ATTN_F32);
-  p[0].causal = true; /* rows 0..69 see nothing */
-  p[1] = tprob_make(1, 1, 1, 40, 40, 37, ATTN_BF16);
-  p[1].wl = 0;
-  p[1].wr = 0; /* the diagonal only: nothing masked fully, one key each */
-  p[2] = tprob_make(1, 1, 1, 70, 5, 16, ATTN_F16);
-  p[2].causal = true;
-  p[2].wl = 2;
-  for (int i = 0; i < 3; i++)
-    p[i].stats = true;
-  cr_assert_eq(check_all(e, p, 3, 7), 0);
+  tprob p[TCASES_MAX];
+  int n = tcases_masked_rows(p);
+  cr_assert_eq(check_all(e, p, n, 7), 0);
   /* and look at one masked row directly */
   tcase c;
   tcase_init(&c, &p[0], 1);

@@ -1,0 +1,320 @@
+/*
+ * test_gpu_kapi.c — group "kapi": the kernels' C interface (kernels.h)
+ * driven directly, as the benchmark drives it: attn_cu_prepare once,
+ * attn_cu_select for a shape, buffers of our own in the packed layout
+ * (head dim padded to dp with zero columns), attn_cu_launch on a stream.
+ *
+ * Every device buffer sits between two guard zones of a known pattern, so a
+ * kernel that writes past a tensor (or its split-KV scratch) fails the case
+ * even where compute-sanitizer is not run; the inputs are read back and
+ * must be unchanged. Outputs and scratch are poisoned (NaN bits) before
+ * each launch.
+ */
+#include "gpu_test.h"
+
+#ifdef ATTN_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GUARD 4096 /* bytes on each side; keeps the data 256-byte aligned */
+#define GUARD_BYTE 0xA5
+
+typedef struct dbuf {
+  unsigned char *base; /* cudaMalloc'd: guard, data, guard */
+  size_t bytes;        /* of data */
+} dbuf;
+
+static void *dptr(const dbuf *b) { return b->base ? b->base + GUARD : NULL; }
+
+static int dalloc(dbuf *b, size_t bytes) {
+  b->bytes = bytes;
+  b->base = NULL;
+  if (GCK(cudaMalloc((void **)&b->base, bytes + 2 * GUARD))) {
+    b->base = NULL;
+    return -1;
+  }
+  return GCK(cudaMemset(b->base, GUARD_BYTE, bytes + 2 * GUARD));
+}
+
+static void dfree(dbuf *b) {
+  if (b->base)
+    GCK(cudaFree(b->base));
+  b->base = NULL;
+}
+
+/* Bytes of the two guard zones that changed; -1 when they cannot be read. */
+static long guard_damage(const dbuf *b) {
+  if (!b->base)
+    return 0;
+  unsigned char h[2 * GUARD];
+  if (GCK(cudaMemcpy(h, b->base, GUARD, cudaMemcpyDeviceToHost)) ||
+      GCK(cudaMemcpy(h + GUARD, b->base + GUARD + b->bytes, GUARD, cudaMemcpyDeviceToHost)))
+    return -1;
+  long n = 0;
+  for (size_t i = 0; i < sizeof h; i++)
+    n += h[i] != GUARD_BYTE;
+  return n;
+}
+
+/* Contiguous [rows, d] elements -> [rows, dp] with zero columns after d. */
+static unsigned char *pad_rows(const void *x, size_t rows, int64_t d, int dp, size_t es) {
+  unsigned char *y = calloc(rows * (size_t)dp, es);
+  if (!y)
+    return NULL;
+  for (size_t r = 0; r < rows; r++)
+    memcpy(y + r * (size_t)dp * es, (const unsigned char *)x + r * (size_t)d * es, (size_t)d * es);
+  return y;
+}
+
+static void unpad_rows(void *y, const unsigned char *x, size_t rows, int64_t d, int dp, size_t es) {
+  for (size_t r = 0; r < rows; r++)
+    memcpy((unsigned char *)y + r * (size_t)d * es, x + r * (size_t)dp * es, (size_t)d * es);
+}
+
+static int kapi_list(tprob *ps) {
+  int n = 0;
+  tprob p;
+  p = tprob_make(1, 2, 1, 77, 200, 37, ATTN_F32); p.wl = 16; p.wr = 3; p.stats = 1; ps[n++] = p;
+  p = tprob_make(2, 4, 4, 1, 4096, 64, ATTN_F16); ps[n++] = p;
+  p = tprob_make(1, 1, 1, 100, 100, 7, ATTN_F16); p.stats = 1; ps[n++] = p;
+  p = tprob_make(2, 8, 2, 300, 300, 64, ATTN_F16); p.causal = 1; p.stats = 1; ps[n++] = p;
+  p = tprob_make(1, 4, 4, 1000, 1000, 128, ATTN_BF16); ps[n++] = p;
+  p = tprob_make(1, 32, 8, 1, 32768, 128, ATTN_BF16); p.stats = 1; ps[n++] = p;
+  p = tprob_make(1, 4, 2, 513, 513, 256, ATTN_F16); p.causal = 1; p.stats = 1; ps[n++] = p;
+  p = tprob_make(1, 2, 2, 256, 256, 80, ATTN_BF16); p.causal = 1; ps[n++] = p;
+  p = tprob_make(1, 4, 4, 1024, 1024, 64, ATTN_BF16); p.stats = 1; ps[n++] = p;
+  p = tprob_make(4, 16, 16, 1024, 1024, 128, ATTN_F16); p.causal = 1; ps[n++] = p;
+  return n;
+}
+
+/* Everything one case holds, so that one exit path frees it all. */
+typedef struct kcase {
+  tcase c;
+  tref ref;
+  bool have_ref;
+  dbuf q, k, v, o, m, l, lse, ws;
+  unsigned char *hq, *hk, *hv, *ho;
+} kcase;
+
+static void kcase_free(kcase *kc) {
+  dbuf *all[8] = {&kc->q, &kc->k, &kc->v, &kc->o, &kc->m, &kc->l, &kc->lse, &kc->ws};
+  for (int i = 0; i < 8; i++)
+    dfree(all[i]);
+  free(kc->hq);
+  free(kc->hk);
+  free(kc->hv);
+  free(kc->ho);
+  if (kc->have_ref)
+    tref_free(&kc->ref);
+  tcase_free(&kc->c);
+}
+
+/* Inputs read back unchanged? */
+static bool inputs_intact(kcase *kc, size_t qbytes, size_t kvbytes) {
+  size_t n = qbytes > kvbytes ? qbytes : kvbytes;
+  unsigned char *h = malloc(n);
+  bool ok = h != NULL;
+  if (ok)
+    ok = !GCK(cudaMemcpy(h, dptr(&kc->q), qbytes, cudaMemcpyDeviceToHost)) &&
+         memcmp(h, kc->hq, qbytes) == 0 &&
+         !GCK(cudaMemcpy(h, dptr(&kc->k), kvbytes, cudaMemcpyDeviceToHost)) &&
+         memcmp(h, kc->hk, kvbytes) == 0 &&
+         !GCK(cudaMemcpy(h, dptr(&kc->v), kvbytes, cudaMemcpyDeviceToHost)) &&
+         memcmp(h, kc->hv, kvbytes) == 0;
+  free(h);
+  return ok;
+}
+
+static void kapi_case(tgroup *g, const tprob *p, uint64_t seed, cudaStream_t s, int smem_max) {
+  char desc[200], why[400] = "", kdesc[160] = "";
+  tdesc(p, desc, sizeof desc);
+  g_set_current("kapi: %s", desc);
+  if (g_dead) {
+    tg_case(g, false, "%s: not run (CUDA context broken earlier)", desc);
+    return;
+  }
+  kcase kc;
+  memset(&kc, 0, sizeof kc);
+  tcase_init(&kc.c, p, seed);
+  tcase *c = &kc.c;
+  attn_status st = {0};
+  bool ok = false, same = true;
+  terr err[2];
+  memset(err, 0, sizeof err);
+  float ms = 0;
+  cudaEvent_t ev[2] = {NULL, NULL};
+  unsigned char *run1 = NULL; /* run 1's padded O, to compare bits with run 2 */
+  attn_cu_params prm;
+  g_params(p, &prm);
+  attn_cu_choice ch;
+  memset(&ch, 0, sizeof ch);
+  int rc = attn_cu_select(&prm, g_sms, &ch, &st);
+  if (rc != 0) {
+    snprintf(why, sizeof why, "attn_cu_select: %s: %s", attn_err_name(rc), st.message);
+    goto out;
+  }
+  snprintf(kdesc, sizeof kdesc, "[%s/%d %dx%d %dw %zuB (%u,%u,%u)]", attn_cu_kernel_name(ch.kernel),
+           ch.nsplit, ch.block_m, ch.block_n, ch.warps, ch.smem_bytes, ch.grid[0], ch.grid[1],
+           ch.grid[2]);
+  if (ch.nsplit > 1)
+    g->split++;
+  if (ch.nsplit < 1 || !ch.grid[0] || !ch.grid[1] || !ch.grid[2] || ch.warps < 1) {
+    snprintf(why, sizeof why, "attn_cu_select returned an impossible launch shape");
+    goto out;
+  }
+  if (ch.smem_bytes > (size_t)smem_max) {
+    snprintf(why, sizeof why, "the choice needs %zu bytes of shared memory; the device allows %d",
+             ch.smem_bytes, smem_max);
+    goto out;
+  }
+  if (tref_compute(c, g_opt.ref_threads, &kc.ref, &st) < 0) {
+    snprintf(why, sizeof why, "the reference failed: %s", st.message);
+    goto out;
+  }
+  kc.have_ref = true;
+  size_t es = attn_dtype_size(p->dt);
+  size_t rq = (size_t)(p->b * p->hq * p->nq), rkv = (size_t)(p->b * p->hkv * p->nkv);
+  size_t qbytes = rq * (size_t)prm.dp * es, kvbytes = rkv * (size_t)prm.dp * es;
+  size_t wsb = attn_cu_split_bytes(&prm, &ch);
+  kc.hq = pad_rows(c->q, rq, p->d, prm.dp, es);
+  kc.hk = pad_rows(c->k, rkv, p->d, prm.dp, es);
+  kc.hv = pad_rows(c->v, rkv, p->d, prm.dp, es);
+  kc.ho = malloc(qbytes);
+  if (!kc.hq || !kc.hk || !kc.hv || !kc.ho) {
+    snprintf(why, sizeof why, "out of host memory");
+    goto out;
+  }
+  if (dalloc(&kc.q, qbytes) || dalloc(&kc.k, kvbytes) || dalloc(&kc.v, kvbytes) ||
+      dalloc(&kc.o, qbytes) || (p->stats && (dalloc(&kc.m, rq * 4) || dalloc(&kc.l, rq * 4) ||
+                                             dalloc(&kc.lse, rq * 4))) ||
+      (wsb && dalloc(&kc.ws, wsb))) {
+    snprintf(why, sizeof why, "device allocation failed (%zu + 2 x %zu bytes)", qbytes, kvbytes);
+    goto out;
+  }
+  if (GCK(cudaMemcpy(dptr(&kc.q), kc.hq, qbytes, cudaMemcpyHostToDevice)) ||
+      GCK(cudaMemcpy(dptr(&kc.k), kc.hk, kvbytes, cudaMemcpyHostToDevice)) ||
+      GCK(cudaMemcpy(dptr(&kc.v), kc.hv, kvbytes, cudaMemcpyHostToDevice)) ||
+      GCK(cudaEventCreate(&ev[0])) || GCK(cudaEventCreate(&ev[1]))) {
+    snprintf(why, sizeof why, "upload failed");
+    goto out;
+  }
+  prm.q = dptr(&kc.q);
+  prm.k = dptr(&kc.k);
+  prm.v = dptr(&kc.v);
+  prm.o = dptr(&kc.o);
+  prm.m = dptr(&kc.m);
+  prm.l = dptr(&kc.l);
+  prm.lse = dptr(&kc.lse);
+  prm.split_ws = wsb ? dptr(&kc.ws) : NULL;
+  ok = true;
+  for (int run = 0; run < 2 && ok; run++) {
+    /* poison outputs and scratch: NaN bits everywhere */
+    if (GCK(cudaMemsetAsync(prm.o, 0xff, qbytes, s)) ||
+        (p->stats && (GCK(cudaMemsetAsync(prm.m, 0xff, rq * 4, s)) ||
+                      GCK(cudaMemsetAsync(prm.l, 0xff, rq * 4, s)) ||
+                      GCK(cudaMemsetAsync(prm.lse, 0xff, rq * 4, s)))) ||
+        (wsb && GCK(cudaMemsetAsync(prm.split_ws, 0xff, wsb, s))) ||
+        GCK(cudaEventRecord(ev[0], s))) {
+      snprintf(why, sizeof why, "run %d: poisoning failed", run + 1);
+      ok = false;
+      break;
+    }
+    int lrc = attn_cu_launch(&prm, &ch, s);
+    if (GCK(lrc) || GCK(cudaEventRecord(ev[1], s)) || GCK(cudaStreamSynchronize(s)) ||
+        GCK(cudaGetLastError()) || GCK(cudaEventElapsedTime(&ms, ev[0], ev[1]))) {
+      snprintf(why, sizeof why, "run %d: the launch failed (attn_cu_launch returned %d)", run + 1,
+               lrc);
+      ok = false;
+      break;
+    }
+    tcase_poison(c);
+    if (GCK(cudaMemcpy(kc.ho, prm.o, qbytes, cudaMemcpyDeviceToHost)) ||
+        (p->stats && (GCK(cudaMemcpy(c->m, prm.m, rq * 4, cudaMemcpyDeviceToHost)) ||
+                      GCK(cudaMemcpy(c->l, prm.l, rq * 4, cudaMemcpyDeviceToHost)) ||
+                      GCK(cudaMemcpy(c->lse, prm.lse, rq * 4, cudaMemcpyDeviceToHost))))) {
+      snprintf(why, sizeof why, "run %d: download failed", run + 1);
+      ok = false;
+      break;
+    }
+    if (run == 0) {
+      run1 = malloc(qbytes);
+      if (run1)
+        memcpy(run1, kc.ho, qbytes);
+    } else if (run1) {
+      same = memcmp(run1, kc.ho, qbytes) == 0;
+    }
+    unpad_rows(c->o, kc.ho, rq, p->d, prm.dp, es);
+    err[run] = tref_check(c, &kc.ref);
+    tg_errors(g, p->dt, &err[run], p->stats);
+    if (!g_pass(&err[run], p->dt, p->stats)) {
+      snprintf(why, sizeof why, "run %d: O error %.3g (tol %.0e), stats %.3g (tol %.0e), masked rows %s",
+               run + 1, err[run].o, g_tol_o(p->dt), err[run].stats, g_tol_stats(p->dt),
+               err[run].masked_ok ? "ok" : "WRONG");
+      ok = false;
+    }
+  }
+  free(run1);
+  if (ok && !same)
+    g->nondet++;
+  if (ok) {
+    long dmg = 0;
+    dbuf *all[8] = {&kc.q, &kc.k, &kc.v, &kc.o, &kc.m, &kc.l, &kc.lse, &kc.ws};
+    static const char *const names[8] = {"q", "k", "v", "o", "m", "l", "lse", "split_ws"};
+    for (int i = 0; i < 8 && ok; i++) {
+      dmg = guard_damage(all[i]);
+      if (dmg) {
+        snprintf(why, sizeof why, "%ld guard bytes around %s were overwritten (or unreadable)",
+                 dmg, names[i]);
+        ok = false;
+      }
+    }
+    if (ok && !inputs_intact(&kc, qbytes, kvbytes)) {
+      snprintf(why, sizeof why, "the launch changed its inputs Q, K or V");
+      ok = false;
+    }
+  }
+out:
+  if (ev[0])
+    GCK(cudaEventDestroy(ev[0]));
+  if (ev[1])
+    GCK(cudaEventDestroy(ev[1]));
+  if (ok)
+    tg_case(g, true, "%s %s O %.2e stats %.2e kernel %.3f ms%s", desc, kdesc,
+            fmax(err[0].o, err[1].o), fmax(err[0].stats, err[1].stats), (double)ms,
+            same ? "" : " (runs differ in bits)");
+  else
+    tg_case(g, false, "%s %s seed %#llx: %s", desc, kdesc, (unsigned long long)seed, why);
+  kcase_free(&kc);
+}
+
+void group_kapi(tgroup *g, int grp) {
+  if (g_dead) {
+    tg_case(g, false, "not run (CUDA context broken earlier)");
+    return;
+  }
+  int smem_max = 0;
+  cudaStream_t s = NULL;
+  if (GCK(cudaSetDevice(0)) ||
+      GCK(cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0)) ||
+      GCK(attn_cu_prepare()) || GCK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking))) {
+    tg_case(g, false, "setup failed (device, attn_cu_prepare or stream)");
+    return;
+  }
+  tprob ps[16];
+  int n = kapi_list(ps);
+  if (g_opt.small)
+    n = 3;
+  for (int i = 0; i < n; i++)
+    kapi_case(g, &ps[i], g_seed(grp, i, 0), s, smem_max);
+  GCK(cudaStreamDestroy(s));
+}
+#else
+/* Not called: without CUDA, test_gpu.c's main only reports itself skipped. */
+void group_kapi(tgroup *g, int grp) {
+  (void)g;
+  (void)grp;
+}
+#endif /* ATTN_HAVE_CUDA */

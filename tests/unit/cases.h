@@ -1,0 +1,29 @@
+/*
+ * cases.h — the conformance problem lists, one copy shared by the CPU suite
+ * (tests/unit/test_conformance.c) and the GPU suite (tests/gpu/): awkward
+ * sizes, every mask on square and cross shapes, GQA/MQA, strided layouts,
+ * explicit scales, decoding-like shapes and rows with no visible key.
+ *
+ * Each builder fills ps (room for TCASES_MAX problems) and returns how many
+ * it wrote. Inputs are drawn by tcase_init() from the seed the suite picks.
+ */
+#ifndef ATTN_TEST_CASES_H
+#define ATTN_TEST_CASES_H
+
+#include "helpers.h"
+
+#define TCASES_MAX 128
+
+/* Every (N, D) of the awkward set: F32, GQA 2:1, with statistics. */
+int tcases_sizes(tprob *ps);
+/* Masks on square and cross shapes, both ways, in all dtypes. */
+int tcases_masks(tprob *ps);
+/* Batches, GQA and MQA, strided layouts, explicit scales, F16/BF16 sizes,
+ * decoding-like shapes. */
+int tcases_shapes(tprob *ps);
+/* Rows with no visible key (causal with Nq > Nkv, a window that falls off
+ * the keys), and a diagonal-only window; the first problem's rows 0..69 see
+ * nothing. */
+int tcases_masked_rows(tprob *ps);
+
+#endif

@@ -4,6 +4,8 @@
 #   make deps          install the missing Debian packages (apt-get, as root)
 #   make test          deps + build + every test          (SAN=1: ASan + UBSan)
 #   make bench         the CPU benchmark against OpenBLAS (not part of test)
+#   make test-gpu      the CUDA tests (tests/gpu/; they say skipped without a GPU)
+#   make test-image    the CPU container image built and run without Docker
 #   make clean
 #
 # Variables: SAN=1 sanitizers, WERROR=1 warnings are errors, CUDA=auto|0|1
@@ -26,8 +28,10 @@ CUDA_ARCHS ?= 80 89 90
 # runtime); the benchmark adds OpenBLAS.
 DEPS       = gcc make libc6-dev libcriterion-dev libcjson-dev clang libclang-rt-dev \
              libmicrohttpd-dev libuv1-dev libcurl4-openssl-dev wrk curl \
-             python3 python3-numpy python3-pytest
+             python3 python3-numpy python3-pytest python3-yaml
 BENCH_DEPS = libopenblas-dev
+# make test-image builds the CPU image's filesystem without a Docker engine.
+IMAGE_DEPS = debootstrap
 
 WARN  = -Wall -Wextra -Wshadow -Wformat=2 -Wstrict-prototypes \
         -Wmissing-prototypes -Wvla -Wpointer-arith -Wcast-qual -Wundef
@@ -116,6 +120,13 @@ SRVTEST_OBJ = $(SRVTEST_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/unit/helper
               $(BUILD)/obj/clients/benchlib.o
 SRVTEST_BIN = $(BUILD)/tests/server
 
+# GPU tests and benchmark (tests/gpu/): built in every build; without CUDA
+# or without a device they print one "skipped" line and exit 0.
+GPUTEST_OBJ = $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/gpu/test_*.c)) \
+              $(BUILD)/obj/tests/unit/helpers.o $(BUILD)/obj/tests/unit/cases.o \
+              $(BUILD)/obj/clients/benchlib.o
+GPUTEST_BIN = $(BUILD)/tests/gpu
+
 # ---- fuzzing (libFuzzer, clang) ---------------------------------------------
 FUZZ_TARGETS = $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_SECONDS ?= 20
@@ -128,7 +139,7 @@ FUZZ_LIB_SRC  = engine/dtype.c engine/request.c $(PROTO_SRC)
 SERVER_SRC = server/main.c server/config.c server/http.c server/loop.c server/metrics.c
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/obj/%.o)
 
-.PHONY: all deps bench-deps test bench bench-server fuzz run clean FORCE
+.PHONY: all deps bench-deps test test-gpu test-image bench bench-server fuzz run clean FORCE
 all: $(BUILD)/attn $(BUILD)/attnd
 
 $(BUILD)/.flags: FORCE
@@ -177,6 +188,15 @@ $(SRVTEST_BIN): $(SRVTEST_OBJ) $(LIB)
 
 $(BUILD)/attnd: $(SERVER_OBJ) $(LIB)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ -lmicrohttpd -luv $(LDLIBS_ALL)
+
+$(BUILD)/obj/tests/gpu/%.o: CPPFLAGS += -Iengine/cuda -Itests/unit $(if $(filter 1,$(USE_CUDA)),$(CUDA_INC))
+
+$(GPUTEST_BIN): $(GPUTEST_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
+
+$(BUILD)/bench-gpu: $(BUILD)/obj/tests/gpu/bench_gpu.o $(LIB)
+	$(CC) $(ALL_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
 
 # The unit tests also cover server modules that need no daemon (metrics).
 $(BUILD)/obj/tests/unit/%.o: CPPFLAGS += -Iclients
@@ -234,8 +254,9 @@ bench-deps:
 
 test: deps
 	$(MAKE) --no-print-directory $(BUILD)/attn $(BUILD)/attnd $(TEST_BIN) \
-	  $(if $(SRVTEST_SRC),$(SRVTEST_BIN))
+	  $(if $(SRVTEST_SRC),$(SRVTEST_BIN)) $(GPUTEST_BIN)
 	@set -o pipefail; ATTN_BIN=$(BUILD)/attn $(TEST_BIN) --jobs 1 2>&1 | tee $(BUILD)/test.log
+	@set -o pipefail; $(GPUTEST_BIN) 2>&1 | tee -a $(BUILD)/test.log
 	@if [ -n "$(SRVTEST_SRC)" ]; then set -o pipefail; \
 	  ATTN_BIN=$(BUILD)/attn ATTND_BIN=$(BUILD)/attnd $(SRVTEST_BIN) --jobs 1 2>&1 | tee -a $(BUILD)/test.log; fi
 	@# Debian's interpreter, which sees python3-numpy and python3-pytest (a
@@ -248,6 +269,11 @@ test: deps
 	@if grep -q 'Sanitizer' $(BUILD)/test.log; then \
 	  echo "make test: sanitizer errors above (see $(BUILD)/test.log)" >&2; exit 1; fi
 	$(MAKE) --no-print-directory fuzz
+
+# The GPU tests alone (see tests/gpu/check.sh for the whole GPU check).
+test-gpu: deps
+	$(MAKE) --no-print-directory $(GPUTEST_BIN)
+	$(GPUTEST_BIN)
 
 $(BUILD)/bench-codec: $(BUILD)/obj/tests/bench/codec_bench.o $(BUILD)/obj/clients/benchlib.o $(LIB)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
@@ -273,6 +299,12 @@ bench: deps bench-deps
 bench-server: deps bench-deps
 	$(MAKE) --no-print-directory $(BUILD)/attnd $(BUILD)/bench-server
 	$(BUILD)/bench-server $(BUILD)/attnd $(BUILD)/bench
+
+# docker/Dockerfile.cpu's steps in a debootstrapped chroot, then attnd from
+# it (root; not part of make test: it downloads a Debian base, ~1 minute).
+test-image: deps
+	$(call install_missing,$(IMAGE_DEPS))
+	bash docker/test-image.sh $(BUILD)/test-image
 
 clean:
 	rm -rf $(BUILD)

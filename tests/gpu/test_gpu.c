@@ -126,6 +126,16 @@ bool g_pass(const terr *e, attn_dtype dt, bool stats) {
   return e->o <= g_tol_o(dt) && e->masked_ok && (!stats || e->stats <= g_tol_stats(dt));
 }
 
+bool g_judge(tgroup *g, attn_dtype dt, bool stats, const terr *e, int run, char *why,
+             size_t cap) {
+  tg_errors(g, dt, e, stats);
+  if (g_pass(e, dt, stats))
+    return true;
+  snprintf(why, cap, "run %d: O error %.3g (tol %.0e), stats %.3g (tol %.0e), masked rows %s",
+           run + 1, e->o, g_tol_o(dt), e->stats, g_tol_stats(dt), e->masked_ok ? "ok" : "WRONG");
+  return false;
+}
+
 /* ---- groups ------------------------------------------------------------- */
 
 void tg_begin(tgroup *g, const char *name) {
@@ -326,13 +336,8 @@ static bool run_case(tgroup *g, attn_engine *e, gcase *gc, const tref *ref, uint
       break;
     }
     err[run] = tref_check(c, ref);
-    tg_errors(g, p->dt, &err[run], p->stats);
-    if (!g_pass(&err[run], p->dt, p->stats)) {
-      snprintf(why, sizeof why, "run %d: O error %.3g (tol %.0e), stats %.3g (tol %.0e), masked rows %s",
-               run + 1, err[run].o, g_tol_o(p->dt), err[run].stats, g_tol_stats(p->dt),
-               err[run].masked_ok ? "ok" : "WRONG");
+    if (!g_judge(g, p->dt, p->stats, &err[run], run, why, sizeof why))
       ok = false;
-    }
     size_t touched = gaps_touched(gc);
     if (touched) {
       snprintf(why + strlen(why), sizeof why - strlen(why),

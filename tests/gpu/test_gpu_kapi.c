@@ -248,13 +248,8 @@ static void kapi_case(tgroup *g, const tprob *p, uint64_t seed, cudaStream_t s, 
     }
     unpad_rows(c->o, kc.ho, rq, p->d, prm.dp, es);
     err[run] = tref_check(c, &kc.ref);
-    tg_errors(g, p->dt, &err[run], p->stats);
-    if (!g_pass(&err[run], p->dt, p->stats)) {
-      snprintf(why, sizeof why, "run %d: O error %.3g (tol %.0e), stats %.3g (tol %.0e), masked rows %s",
-               run + 1, err[run].o, g_tol_o(p->dt), err[run].stats, g_tol_stats(p->dt),
-               err[run].masked_ok ? "ok" : "WRONG");
+    if (!g_judge(g, p->dt, p->stats, &err[run], run, why, sizeof why))
       ok = false;
-    }
   }
   free(run1);
   if (ok && !same)

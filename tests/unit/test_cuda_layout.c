@@ -112,6 +112,16 @@ static void emu_mma(float c[32][4], reg2 a[32][4], reg2 b0[32], reg2 b1[32]) {
     }
 }
 
+/* The four registers of an x4 load, each as its own per-lane array. */
+static void split_regs(reg2 r[32][4], reg2 b0[32], reg2 b1[32], reg2 b2[32], reg2 b3[32]) {
+  for (int l = 0; l < 32; l++) {
+    memcpy(b0[l], r[l][0], sizeof(reg2));
+    memcpy(b1[l], r[l][1], sizeof(reg2));
+    memcpy(b2[l], r[l][2], sizeof(reg2));
+    memcpy(b3[l], r[l][3], sizeof(reg2));
+  }
+}
+
 /* One warp's 16 rows of S = Q Kᵀ and O = S V for a BN-key tile, issued as
  * fwd_mma.cuh issues them, against float64. */
 static void warp_tile(int dpad, int dp, int bn, uint64_t seed) {
@@ -151,12 +161,7 @@ static void warp_tile(int dpad, int dp, int bn, uint64_t seed) {
       }
       emu_ldsm(addr, false, bk);
       reg2 b0[32], b1[32], b2[32], b3[32];
-      for (int l = 0; l < 32; l++) {
-        memcpy(b0[l], bk[l][0], sizeof(reg2));
-        memcpy(b1[l], bk[l][1], sizeof(reg2));
-        memcpy(b2[l], bk[l][2], sizeof(reg2));
-        memcpy(b3[l], bk[l][3], sizeof(reg2));
-      }
+      split_regs(bk, b0, b1, b2, b3);
       emu_mma(s[2 * n2], q, b0, b1);
       emu_mma(s[2 * n2 + 1], q, b2, b3);
     }
@@ -196,12 +201,7 @@ static void warp_tile(int dpad, int dp, int bn, uint64_t seed) {
       }
       emu_ldsm(addr, true, bv);
       reg2 b0[32], b1[32], b2[32], b3[32];
-      for (int l = 0; l < 32; l++) {
-        memcpy(b0[l], bv[l][0], sizeof(reg2));
-        memcpy(b1[l], bv[l][1], sizeof(reg2));
-        memcpy(b2[l], bv[l][2], sizeof(reg2));
-        memcpy(b3[l], bv[l][3], sizeof(reg2));
-      }
+      split_regs(bv, b0, b1, b2, b3);
       emu_mma(o[2 * d2], a, b0, b1);
       emu_mma(o[2 * d2 + 1], a, b2, b3);
     }

@@ -1,5 +1,6 @@
 /*
- * bench_cmd.c — `attn bench`: GFLOP/s of the CPU flash engine.
+ * bench_cmd.c — `attn bench`: GFLOP/s of the flash engine (CPU, or CUDA end
+ * to end: staging, transfers and kernels).
  *
  * FLOPs are 4·D per visible (query, key) pair, so a causal run is credited
  * with about half the work of a full one. Each row is the median of
@@ -12,19 +13,23 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static const char usage[] =
     "usage: attn bench [--batch B] [--heads H] [--heads-kv H] [--seq N] [--seq-q N]\n"
     "                  [--seq-kv N] [--head-dim D] [--dtype F32|F16|BF16] [--causal]\n"
     "                  [--threads T] [--repeat R] [--isa auto|avx512|avx2|generic]\n"
+    "                  [--backend cpu|cuda]\n"
     "\n"
-    "Times the CPU flash backend and prints GFLOP/s (4*D per visible query-key\n"
-    "pair). Without shape flags it runs H=8 N=1024 D=64, H=8 N=4096 D=64,\n"
-    "H=8 N=4096 D=128 and H=1 N=16384 D=64, causal and not, on 1 thread and on\n"
-    "every core. Defaults: batch 1, F32, repeat 3.\n";
+    "Times a flash backend and prints GFLOP/s (4*D per visible query-key pair).\n"
+    "Without shape flags it runs H=8 N=1024 D=64, H=8 N=4096 D=64, H=8 N=4096\n"
+    "D=128 and H=1 N=16384 D=64, causal and not, on 1 thread and on every core.\n"
+    "Defaults: batch 1, F32, repeat 3, backend cpu. With --backend cuda the time\n"
+    "is the engine's whole job: host staging, transfers, input scan and kernels\n"
+    "(tests/gpu's bench-gpu times the kernels alone).\n";
 
 static int run_one(const attn_shape_args *s, bool causal, int threads, const char *isa,
-                   int reps) {
+                   const char *backend, int reps) {
   attn_status st;
   attn_engine *e = attn_bench_open(threads, isa, &st);
   if (!e) {
@@ -39,18 +44,20 @@ static int run_one(const attn_shape_args *s, bool causal, int threads, const cha
     attn_engine_close(e);
     return 1;
   }
-  c.req.backend = "cpu";
+  c.req.backend = backend;
   double t = attn_bench_engine(e, &c.req, reps, &st);
   if (t < 0) {
     fprintf(stderr, "attn bench: %s\n", st.message);
   } else {
     attn_backend_info info[4];
-    attn_engine_backends(e, info, 4);
+    int n = attn_engine_backends(e, info, 4), b = 0;
+    while (b < n - 1 && strcmp(info[b].name, backend))
+      b++;
     printf("%5lld %4lld %6lld %6lld %4lld %5s %-6s %7d %10.2f %9.1f   %s\n",
            (long long)s->batch, (long long)s->heads, (long long)s->seq_q,
            (long long)s->seq_kv, (long long)s->head_dim, attn_dtype_name(s->dtype),
            causal ? "yes" : "no", attn_engine_threads(e), t * 1e3,
-           attn_request_flops(&c.req) / t * 1e-9, info[0].detail);
+           attn_request_flops(&c.req) / t * 1e-9, info[b].detail);
     fflush(stdout);
   }
   attn_bench_case_free(&c);
@@ -63,15 +70,16 @@ int attn_cmd_bench(int argc, char **argv) {
       ATTN_SHAPE_OPTIONS,
       {"causal", no_argument, 0, 'c'},         {"threads", required_argument, 0, 'T'},
       {"repeat", required_argument, 0, 'r'},   {"isa", required_argument, 0, 'i'},
-      {"help", no_argument, 0, 'x'},           {0, 0, 0, 0}};
+      {"backend", required_argument, 0, 'B'},  {"help", no_argument, 0, 'x'},
+      {0, 0, 0, 0}};
   attn_shape_args s = {.batch = 1, .heads = 8, .seq_q = 4096, .seq_kv = 4096,
                        .head_dim = 64, .dtype = ATTN_F32};
   int threads = -1, reps = 3, c, bad = 0;
   bool custom = false, causal = false;
-  const char *isa = NULL;
+  const char *isa = NULL, *backend = "cpu";
   optind = 1;
   while (!bad && (c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-    custom |= c != 'T' && c != 'r' && c != 'i';
+    custom |= c != 'T' && c != 'r' && c != 'i' && c != 'B';
     int r = attn_arg_shape(c, optarg, &s);
     if (r) {
       bad = r < 0;
@@ -82,6 +90,13 @@ int attn_cmd_bench(int argc, char **argv) {
     case 'T': bad = attn_arg_int("--threads", optarg, 0, 1024, &threads); break;
     case 'r': bad = attn_arg_int("--repeat", optarg, 1, 64, &reps); break;
     case 'i': isa = optarg; break;
+    case 'B':
+      if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) {
+        fprintf(stderr, "attn bench: --backend expects cpu or cuda (got \"%s\")\n", optarg);
+        return 2;
+      }
+      backend = optarg;
+      break;
     case 'x': fputs(usage, stdout); return 0;
     default: fputs(usage, stderr); return 2;
     }
@@ -95,7 +110,7 @@ int attn_cmd_bench(int argc, char **argv) {
   printf("%5s %4s %6s %6s %4s %5s %-6s %7s %10s %9s   %s\n", "batch", "H", "Nq", "Nkv",
          "D", "dtype", "causal", "threads", "ms", "GFLOP/s", "kernel");
   if (custom)
-    return run_one(&s, causal, threads < 0 ? 0 : threads, isa, reps);
+    return run_one(&s, causal, threads < 0 ? 0 : threads, isa, backend, reps);
   static const int64_t set[][3] = {{8, 1024, 64}, {8, 4096, 64}, {8, 4096, 128}, {1, 16384, 64}};
   int rc = 0;
   for (size_t i = 0; i < sizeof set / sizeof *set; i++)
@@ -107,7 +122,7 @@ int attn_cmd_bench(int argc, char **argv) {
         x.heads = set[i][0];
         x.seq_q = x.seq_kv = set[i][1];
         x.head_dim = set[i][2];
-        rc |= run_one(&x, cz, threads >= 0 ? threads : tpass == 0 ? 1 : 0, isa, reps);
+        rc |= run_one(&x, cz, threads >= 0 ? threads : tpass == 0 ? 1 : 0, isa, backend, reps);
       }
   return rc;
 }

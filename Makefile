@@ -44,6 +44,9 @@ endif
 ifeq ($(SAN),1)
 SANFLAGS = -fsanitize=address,undefined -fno-sanitize-recover=undefined \
            -fno-omit-frame-pointer
+# The CUDA driver maps memory where ASan's shadow gap would be; without this
+# a sanitized binary on a GPU machine cannot open the device.
+export ASAN_OPTIONS ?= protect_shadow_gap=0
 endif
 CPPFLAGS += -Iengine -Iproto -Iserver -MMD -MP
 ALL_CFLAGS = $(STD) $(OPT) $(DEBUG) $(WARN) $(SANFLAGS) $(CFLAGS)

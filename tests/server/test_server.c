@@ -491,26 +491,8 @@ Test(server, bad_flags_exit_2_with_one_line) {
   }
 }
 
-/* Whether this machine's engine has a working CUDA device. */
-static bool cuda_device_present(void) {
-  attn_engine *e;
-  attn_status st;
-  attn_config cfg;
-  attn_config_init(&cfg);
-  cfg.threads = 1;
-  if (attn_engine_open(&cfg, &e, &st) < 0)
-    return false;
-  attn_backend_info info[8];
-  int n = attn_engine_backends(e, info, 8);
-  bool up = false;
-  for (int i = 0; i < n && i < 8; i++)
-    up |= !strcmp(info[i].name, "cuda") && info[i].available;
-  attn_engine_close(e);
-  return up;
-}
-
 Test(server, backend_cuda_without_a_device_exits_2) {
-  if (cuda_device_present())
+  if (tcuda_available())
     cr_skip_test("a CUDA device is present: --backend cuda serves");
   int port = free_port();
   char listen[64];
@@ -525,7 +507,7 @@ Test(server, backend_cuda_without_a_device_exits_2) {
 }
 
 Test(server, auto_without_a_device_says_it_uses_the_cpu) {
-  if (cuda_device_present())
+  if (tcuda_available())
     cr_skip_test("a CUDA device is present: auto picks it");
   memset(&S, 0, sizeof S);
   srv_start(&S, NULL);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 uint64_t trand(uint64_t *s) {
   uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
@@ -318,4 +319,34 @@ const char *tdesc(const tprob *p, char *buf, size_t cap) {
 
 char *tsafetensors(const tcase *c, const char *metadata, size_t *plen) {
   return attn_bench_safetensors(&c->req, metadata, plen);
+}
+
+int tattn(const char *sub, const char *args, char *out, size_t cap) {
+  const char *bin = getenv("ATTN_BIN") ? getenv("ATTN_BIN") : "build/attn";
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "%s %s %s 2>&1", bin, sub, args);
+  FILE *f = popen(cmd, "r");
+  if (!f)
+    return -1;
+  size_t n = fread(out, 1, cap - 1, f);
+  out[n] = 0;
+  int status = pclose(f);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+bool tcuda_available(void) {
+  attn_engine *e;
+  attn_status st;
+  attn_config cfg;
+  attn_config_init(&cfg);
+  cfg.threads = 1;
+  if (attn_engine_open(&cfg, &e, &st) < 0)
+    return false;
+  attn_backend_info info[8];
+  int n = attn_engine_backends(e, info, 8);
+  bool up = false;
+  for (int i = 0; i < n && i < 8; i++)
+    up |= !strcmp(info[i].name, "cuda") && info[i].available;
+  attn_engine_close(e);
+  return up;
 }

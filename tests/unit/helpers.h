@@ -72,6 +72,13 @@ const char *tdesc(const tprob *p, char *buf, size_t cap);
  * __metadata__ object text (e.g. "{\"causal\":\"true\"}"); malloc'd. */
 char *tsafetensors(const tcase *c, const char *metadata, size_t *plen);
 
+/* Runs `$ATTN_BIN SUB ARGS` (default build/attn) with stderr merged into
+ * out; returns its exit status (-1 when it did not exit). */
+int tattn(const char *sub, const char *args, char *out, size_t cap);
+
+/* Whether this machine's engine has a working CUDA device. */
+bool tcuda_available(void);
+
 uint64_t trand(uint64_t *s);
 double tuniform(uint64_t *s); /* [-1, 1) */
 

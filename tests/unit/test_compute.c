@@ -30,15 +30,7 @@ static void teardown(void) {
 }
 
 static int run(const char *args, char *out, size_t cap) {
-  const char *bin = getenv("ATTN_BIN") ? getenv("ATTN_BIN") : "build/attn";
-  char cmd[1024];
-  snprintf(cmd, sizeof cmd, "%s compute %s 2>&1", bin, args);
-  FILE *f = popen(cmd, "r");
-  cr_assert(f);
-  size_t n = fread(out, 1, cap - 1, f);
-  out[n] = 0;
-  int status = pclose(f);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return tattn("compute", args, out, cap);
 }
 
 static void write_bytes(const char *path, const void *b, size_t n) {

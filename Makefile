@@ -130,6 +130,17 @@ GPUTEST_OBJ = $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/gpu/test_*.c)) \
               $(BUILD)/obj/clients/benchlib.o
 GPUTEST_BIN = $(BUILD)/tests/gpu
 
+# The CUDA backend's host code on a mock CUDA runtime (tests/cudamock/): runs
+# without a GPU, in builds that compile the backend.
+CUDAMOCK_BIN =
+ifeq ($(USE_CUDA),1)
+CUDAMOCK_BIN = $(BUILD)/tests/cudamock
+endif
+CUDAMOCK_OBJ = $(BUILD)/obj/tests/cudamock/mock_cudart.o \
+               $(BUILD)/obj/tests/cudamock/test_cuda_backend.o \
+               $(BUILD)/obj/tests/unit/helpers.o $(BUILD)/obj/tests/unit/cases.o \
+               $(BUILD)/obj/clients/benchlib.o
+
 # ---- fuzzing (libFuzzer, clang) ---------------------------------------------
 FUZZ_TARGETS = $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_SECONDS ?= 20
@@ -198,6 +209,14 @@ $(GPUTEST_BIN): $(GPUTEST_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
 
+# The mock comes before libattn.a and defines every CUDA call and kernel
+# entry point cuda.o uses, so neither libcudart nor the kernels are linked.
+$(BUILD)/obj/tests/cudamock/%.o: CPPFLAGS += -Itests/unit $(CUDA_INC)
+
+$(BUILD)/tests/cudamock: $(CUDAMOCK_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -o $@ $^ -lcriterion $(SANFLAGS) -lcjson -pthread -lm
+
 $(BUILD)/bench-gpu: $(BUILD)/obj/tests/gpu/bench_gpu.o $(LIB)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
 
@@ -257,8 +276,10 @@ bench-deps:
 
 test: deps
 	$(MAKE) --no-print-directory $(BUILD)/attn $(BUILD)/attnd $(TEST_BIN) \
-	  $(if $(SRVTEST_SRC),$(SRVTEST_BIN)) $(GPUTEST_BIN)
+	  $(if $(SRVTEST_SRC),$(SRVTEST_BIN)) $(GPUTEST_BIN) $(CUDAMOCK_BIN)
 	@set -o pipefail; ATTN_BIN=$(BUILD)/attn $(TEST_BIN) --jobs 1 2>&1 | tee $(BUILD)/test.log
+	@if [ -n "$(CUDAMOCK_BIN)" ]; then set -o pipefail; \
+	  $(CUDAMOCK_BIN) --jobs 1 2>&1 | tee -a $(BUILD)/test.log; fi
 	@set -o pipefail; $(GPUTEST_BIN) 2>&1 | tee -a $(BUILD)/test.log
 	@if [ -n "$(SRVTEST_SRC)" ]; then set -o pipefail; \
 	  ATTN_BIN=$(BUILD)/attn ATTND_BIN=$(BUILD)/attnd $(SRVTEST_BIN) --jobs 1 2>&1 | tee -a $(BUILD)/test.log; fi

@@ -1,0 +1,480 @@
+/*
+ * mock_cudart.c — the CUDA runtime calls engine/cuda/cuda.c makes, and the
+ * kernels.h entry points, done on the host (see mock.h). Linked ahead of
+ * libattn.a, so the real launch.o, the kernels and libcudart are never
+ * pulled in. Process-wide state is fine here: this is a test double.
+ */
+#define _GNU_SOURCE
+#include "mock.h"
+
+#include "cuda/kernels.h"
+#include "engine.h"
+
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static mock_knobs g_k = {1, 9, (size_t)8 << 30, 0, 0, 0};
+static size_t g_dev_bytes;
+static int g_pinned, g_streams;
+static long g_launches;
+static cudaError_t g_last;
+static int g_current;
+
+void mock_set(const mock_knobs *k) {
+  pthread_mutex_lock(&g_mu);
+  g_k = *k;
+  pthread_mutex_unlock(&g_mu);
+}
+void mock_defaults(void) {
+  mock_knobs k = {1, 9, (size_t)8 << 30, 0, 0, 0};
+  mock_set(&k);
+}
+size_t mock_device_bytes(void) {
+  pthread_mutex_lock(&g_mu);
+  size_t b = g_dev_bytes;
+  pthread_mutex_unlock(&g_mu);
+  return b;
+}
+int mock_pinned_buffers(void) {
+  pthread_mutex_lock(&g_mu);
+  int n = g_pinned;
+  pthread_mutex_unlock(&g_mu);
+  return n;
+}
+int mock_streams(void) {
+  pthread_mutex_lock(&g_mu);
+  int n = g_streams;
+  pthread_mutex_unlock(&g_mu);
+  return n;
+}
+long mock_launches(void) {
+  pthread_mutex_lock(&g_mu);
+  long n = g_launches;
+  pthread_mutex_unlock(&g_mu);
+  return n;
+}
+
+static cudaError_t fail(cudaError_t e) {
+  pthread_mutex_lock(&g_mu);
+  g_last = e;
+  pthread_mutex_unlock(&g_mu);
+  return e;
+}
+
+/* ---- streams: a thread each, running queued operations in order ---------- */
+
+typedef struct op {
+  void (*fn)(void *arg);
+  void *arg;
+  bool owns_arg;
+  bool fault; /* the "kernel" faults: the stream is broken from here on */
+  bool always; /* runs after a fault too (memory the dead context releases) */
+  struct op *next;
+} op;
+
+struct CUstream_st {
+  pthread_t th;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  op *head, *tail;
+  int pending;
+  bool stop;
+  cudaError_t fault;
+};
+
+static void *stream_main(void *arg) {
+  struct CUstream_st *s = arg;
+  pthread_mutex_lock(&s->mu);
+  for (;;) {
+    while (!s->head && !s->stop)
+      pthread_cond_wait(&s->cv, &s->mu);
+    if (!s->head)
+      break;
+    op *o = s->head;
+    s->head = o->next;
+    if (!s->head)
+      s->tail = NULL;
+    cudaError_t broken = s->fault;
+    if (o->fault)
+      s->fault = cudaErrorIllegalAddress;
+    pthread_mutex_unlock(&s->mu);
+    /* After a fault nothing more runs, host functions included (as CUDA
+     * does after an error in the context). */
+    if ((!broken && !o->fault) || o->always)
+      o->fn(o->arg);
+    if (o->owns_arg)
+      free(o->arg);
+    free(o);
+    pthread_mutex_lock(&s->mu);
+    s->pending--;
+    pthread_cond_broadcast(&s->cv);
+  }
+  pthread_mutex_unlock(&s->mu);
+  return NULL;
+}
+
+enum { OP_FAULT = 1, OP_ALWAYS = 2 };
+
+static void enqueue(cudaStream_t s, void (*fn)(void *), void *arg, bool owns, int flags) {
+  op *o = calloc(1, sizeof *o);
+  o->fn = fn;
+  o->arg = arg;
+  o->owns_arg = owns;
+  o->fault = flags & OP_FAULT;
+  o->always = flags & OP_ALWAYS;
+  pthread_mutex_lock(&s->mu);
+  if (s->tail)
+    s->tail->next = o;
+  else
+    s->head = o;
+  s->tail = o;
+  s->pending++;
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *ps, unsigned int flags) {
+  (void)flags;
+  struct CUstream_st *s = calloc(1, sizeof *s);
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_cond_init(&s->cv, NULL);
+  pthread_create(&s->th, NULL, stream_main, s);
+  pthread_mutex_lock(&g_mu);
+  g_streams++;
+  pthread_mutex_unlock(&g_mu);
+  *ps = s;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  pthread_mutex_lock(&s->mu);
+  while (s->pending > 0)
+    pthread_cond_wait(&s->cv, &s->mu);
+  cudaError_t e = s->fault;
+  pthread_mutex_unlock(&s->mu);
+  return e ? fail(e) : cudaSuccess;
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+  pthread_mutex_lock(&s->mu);
+  cudaError_t e = s->fault ? s->fault : s->pending ? cudaErrorNotReady : cudaSuccess;
+  pthread_mutex_unlock(&s->mu);
+  return e;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  pthread_mutex_lock(&s->mu);
+  s->stop = true;
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+  pthread_join(s->th, NULL);
+  pthread_cond_destroy(&s->cv);
+  pthread_mutex_destroy(&s->mu);
+  free(s);
+  pthread_mutex_lock(&g_mu);
+  g_streams--;
+  pthread_mutex_unlock(&g_mu);
+  return cudaSuccess;
+}
+
+typedef struct host_fn_arg {
+  cudaHostFn_t fn;
+  void *data;
+} host_fn_arg;
+static void run_host_fn(void *arg) {
+  host_fn_arg *h = arg;
+  h->fn(h->data);
+}
+cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *data) {
+  host_fn_arg *h = malloc(sizeof *h);
+  h->fn = fn;
+  h->data = data;
+  enqueue(s, run_host_fn, h, true, 0);
+  return cudaSuccess;
+}
+
+/* ---- memory ------------------------------------------------------------------ */
+
+/* Device blocks carry their size in a 64-byte header. */
+static void *dev_alloc(size_t n) {
+  unsigned char *p = aligned_alloc(64, 64 + ((n + 63) / 64) * 64);
+  if (!p)
+    return NULL;
+  memcpy(p, &n, sizeof n);
+  pthread_mutex_lock(&g_mu);
+  g_dev_bytes += n;
+  pthread_mutex_unlock(&g_mu);
+  return p + 64;
+}
+static void dev_free(void *ptr) {
+  if (!ptr)
+    return;
+  unsigned char *p = (unsigned char *)ptr - 64;
+  size_t n;
+  memcpy(&n, p, sizeof n);
+  pthread_mutex_lock(&g_mu);
+  g_dev_bytes -= n;
+  pthread_mutex_unlock(&g_mu);
+  free(p);
+}
+
+cudaError_t cudaMallocFromPoolAsync(void **ptr, size_t size, cudaMemPool_t pool,
+                                    cudaStream_t s) {
+  (void)pool;
+  (void)s;
+  pthread_mutex_lock(&g_mu);
+  bool oom = g_k.fail_alloc > 0 || g_dev_bytes + size > g_k.mem_total;
+  if (g_k.fail_alloc > 0)
+    g_k.fail_alloc--;
+  pthread_mutex_unlock(&g_mu);
+  if (oom)
+    return fail(cudaErrorMemoryAllocation);
+  *ptr = dev_alloc(size);
+  return *ptr ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+}
+
+static void free_op(void *arg) { dev_free(arg); }
+cudaError_t cudaFreeAsync(void *ptr, cudaStream_t s) {
+  enqueue(s, free_op, ptr, false, OP_ALWAYS);
+  return cudaSuccess;
+}
+cudaError_t cudaFree(void *ptr) {
+  dev_free(ptr);
+  return cudaSuccess;
+}
+
+typedef struct copy_arg {
+  void *dst;
+  const void *src;
+  size_t n;
+} copy_arg;
+static void copy_op(void *arg) {
+  copy_arg *c = arg;
+  memcpy(c->dst, c->src, c->n);
+}
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
+                            cudaStream_t s) {
+  (void)kind;
+  copy_arg *c = malloc(sizeof *c);
+  *c = (copy_arg){dst, src, n};
+  enqueue(s, copy_op, c, true, 0);
+  return cudaSuccess;
+}
+
+cudaError_t cudaHostAlloc(void **p, size_t size, unsigned int flags) {
+  (void)flags;
+  *p = malloc(size);
+  if (!*p)
+    return fail(cudaErrorMemoryAllocation);
+  pthread_mutex_lock(&g_mu);
+  g_pinned++;
+  pthread_mutex_unlock(&g_mu);
+  return cudaSuccess;
+}
+cudaError_t cudaFreeHost(void *p) {
+  free(p);
+  pthread_mutex_lock(&g_mu);
+  g_pinned--;
+  pthread_mutex_unlock(&g_mu);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t *fr, size_t *total) {
+  pthread_mutex_lock(&g_mu);
+  *total = g_k.mem_total;
+  *fr = g_k.mem_total - g_dev_bytes;
+  pthread_mutex_unlock(&g_mu);
+  return cudaSuccess;
+}
+
+struct CUmemPoolHandle_st {
+  int dummy;
+};
+cudaError_t cudaMemPoolCreate(cudaMemPool_t *pool, const struct cudaMemPoolProps *props) {
+  (void)props;
+  *pool = calloc(1, sizeof **pool);
+  return cudaSuccess;
+}
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr attr, void *value) {
+  (void)pool;
+  (void)attr;
+  (void)value;
+  return cudaSuccess;
+}
+cudaError_t cudaMemPoolDestroy(cudaMemPool_t pool) {
+  free(pool);
+  return cudaSuccess;
+}
+
+/* ---- devices and errors ------------------------------------------------------- */
+
+cudaError_t cudaGetDeviceCount(int *n) {
+  pthread_mutex_lock(&g_mu);
+  *n = g_k.devices;
+  pthread_mutex_unlock(&g_mu);
+  return *n ? cudaSuccess : fail(cudaErrorNoDevice);
+}
+
+cudaError_t cudaSetDevice(int d) {
+  pthread_mutex_lock(&g_mu);
+  bool ok = d >= 0 && d < g_k.devices;
+  if (ok)
+    g_current = d;
+  pthread_mutex_unlock(&g_mu);
+  return ok ? cudaSuccess : fail(cudaErrorInvalidDevice);
+}
+
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int d) {
+  memset(prop, 0, sizeof *prop);
+  pthread_mutex_lock(&g_mu);
+  snprintf(prop->name, sizeof prop->name, "Mock GPU %d", d);
+  prop->major = g_k.major;
+  prop->minor = 0;
+  prop->totalGlobalMem = g_k.mem_total;
+  pthread_mutex_unlock(&g_mu);
+  /* Few multiprocessors, so decode-like shapes take the split-KV path. */
+  prop->multiProcessorCount = 4;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetLastError(void) {
+  pthread_mutex_lock(&g_mu);
+  cudaError_t e = g_last;
+  g_last = cudaSuccess;
+  pthread_mutex_unlock(&g_mu);
+  return e;
+}
+
+const char *cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+  case cudaSuccess: return "no error";
+  case cudaErrorMemoryAllocation: return "out of memory";
+  case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+  case cudaErrorLaunchFailure: return "unspecified launch failure";
+  case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+  default: return "mock error";
+  }
+}
+const char *cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+  case cudaSuccess: return "cudaSuccess";
+  case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+  case cudaErrorNoDevice: return "cudaErrorNoDevice";
+  case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+  case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+  default: return "cudaErrorMock";
+  }
+}
+
+/* ---- the kernels ---------------------------------------------------------------- */
+
+int attn_cu_prepare(void) { return 0; }
+
+typedef struct scan_arg {
+  const void *x;
+  attn_dtype dt;
+  size_t n;
+  attn_cu_scan_result *res;
+} scan_arg;
+static void scan_op(void *arg) {
+  scan_arg *a = arg;
+  for (size_t i = 0; i < a->n; i++) {
+    double v = attn_load_elem(a->x, a->dt, i);
+    if (!isfinite(v)) {
+      if (i < a->res->first_bad)
+        a->res->first_bad = i;
+      continue;
+    }
+    float f = (float)fabs(v);
+    unsigned bits;
+    memcpy(&bits, &f, sizeof bits);
+    if (bits > a->res->maxabs_bits)
+      a->res->maxabs_bits = bits;
+  }
+}
+int attn_cu_scan(const void *x, attn_dtype dt, size_t n, attn_cu_scan_result *res, void *stream) {
+  scan_arg *a = malloc(sizeof *a);
+  *a = (scan_arg){x, dt, n, res};
+  enqueue((cudaStream_t)stream, scan_op, a, true, 0);
+  return 0;
+}
+
+typedef struct fwd_arg {
+  attn_cu_params p;
+  attn_cu_choice c;
+} fwd_arg;
+
+/* Attention on the packed layout, in float64, from DESIGN.md's rule. */
+static void fwd_op(void *arg) {
+  const attn_cu_params *p = &((fwd_arg *)arg)->p;
+  const attn_cu_choice *c = &((fwd_arg *)arg)->c;
+  const int64_t B = p->batch, Hq = p->heads_q, Hkv = p->heads_kv, Nq = p->seq_q,
+                Nk = p->seq_kv, D = p->head_dim, dp = p->dp;
+  const int64_t off = Nk - Nq, wl = p->window_left, wr = p->window_right;
+  const double scale = (double)p->scale_log2 * M_LN2;
+  /* What the real kernels rely on; a broken contract poisons the output. */
+  bool contract = ((uintptr_t)p->q | (uintptr_t)p->k | (uintptr_t)p->v | (uintptr_t)p->o) % 16 == 0 &&
+                  (c->nsplit == 1 || (p->split_ws && (uintptr_t)p->split_ws % 16 == 0));
+  double *s = malloc((size_t)Nk * sizeof *s);
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < Hq; h++) {
+      int64_t hk = h / (Hq / Hkv);
+      size_t qb = (size_t)((b * Hq + h) * Nq), kb = (size_t)((b * Hkv + hk) * Nk);
+      for (int64_t i = 0; i < Nq; i++) {
+        double m = -INFINITY;
+        for (int64_t j = 0; j < Nk; j++) {
+          bool vis = (wl < 0 || j >= i + off - wl) && (wr < 0 || j <= i + off + wr);
+          double acc = 0;
+          for (int64_t d = 0; vis && d < D; d++)
+            acc += attn_load_elem(p->q, p->dtype, (qb + (size_t)i) * (size_t)dp + (size_t)d) *
+                   attn_load_elem(p->k, p->dtype, (kb + (size_t)j) * (size_t)dp + (size_t)d);
+          s[j] = vis ? acc * scale : -INFINITY;
+          m = s[j] > m ? s[j] : m;
+        }
+        double l = 0;
+        for (int64_t j = 0; j < Nk && m > -INFINITY; j++)
+          l += exp(s[j] - m);
+        size_t row = qb + (size_t)i;
+        for (int64_t d = 0; d < dp; d++) {
+          double acc = 0;
+          for (int64_t j = 0; j < Nk && l > 0; j++)
+            if (s[j] > -INFINITY)
+              acc += exp(s[j] - m) *
+                     attn_load_elem(p->v, p->dtype, (kb + (size_t)j) * (size_t)dp + (size_t)d);
+          attn_store_elem(p->o, p->dtype, row * (size_t)dp + (size_t)d,
+                          contract ? (float)(l > 0 ? acc / l : 0) : NAN);
+        }
+        if (p->m)
+          p->m[row] = l > 0 ? (float)m : -INFINITY;
+        if (p->l)
+          p->l[row] = (float)l;
+        if (p->lse)
+          p->lse[row] = l > 0 ? (float)(m + log(l)) : -INFINITY;
+      }
+    }
+  free(s);
+}
+
+int attn_cu_launch(const attn_cu_params *p, const attn_cu_choice *c, void *stream) {
+  pthread_mutex_lock(&g_mu);
+  g_launches++;
+  bool launch_fails = g_k.fail_launch > 0, faults = !launch_fails && g_k.fault_stream > 0;
+  if (launch_fails)
+    g_k.fail_launch--;
+  if (faults)
+    g_k.fault_stream--;
+  pthread_mutex_unlock(&g_mu);
+  if (launch_fails)
+    return (int)fail(cudaErrorLaunchFailure);
+  fwd_arg *a = malloc(sizeof *a);
+  a->p = *p;
+  a->c = *c;
+  enqueue((cudaStream_t)stream, fwd_op, a, true, faults ? OP_FAULT : 0);
+  return 0;
+}

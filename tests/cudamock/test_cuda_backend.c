@@ -1,0 +1,333 @@
+/*
+ * test_cuda_backend.c — the CUDA backend's host code on a mock runtime
+ * (mock.h): packing with strides and padded head dims, the staging layout,
+ * the statistics, the device scan's coordinates, the stream pool under 64
+ * concurrent jobs, device and pinned memory given back, and every failure
+ * the backend must turn into an engine error instead of an abort or a hang:
+ * no device, an old device, bad --devices, out of device memory, a failed
+ * launch, a stream that faults. The kernels themselves are tested elsewhere
+ * (tests/unit/test_cuda_layout.c here, tests/gpu on a GPU).
+ */
+#include "cases.h"
+#include "cuda/kernels.h"
+#include "helpers.h"
+#include "mock.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+static void reset(void) { mock_defaults(); }
+
+static attn_engine *open_cuda(int streams, const char *devices) {
+  attn_config cfg;
+  attn_config_init(&cfg);
+  cfg.threads = 2;
+  cfg.cuda_streams = streams;
+  cfg.cuda_devices = devices;
+  attn_engine *e;
+  attn_status st;
+  cr_assert_eq(attn_engine_open(&cfg, &e, &st), 0, "%s", st.message);
+  return e;
+}
+
+static const attn_backend_info *cuda_info(attn_engine *e, attn_backend_info *info) {
+  int n = attn_engine_backends(e, info, 4);
+  for (int i = 0; i < n; i++)
+    if (!strcmp(info[i].name, "cuda"))
+      return &info[i];
+  cr_assert_fail("no cuda backend listed");
+  return NULL;
+}
+
+/* Runs c on the cuda backend and checks it against float64. */
+static bool check_one(attn_engine *e, const tprob *p, uint64_t seed) {
+  tcase c;
+  char desc[200];
+  tcase_init(&c, p, seed);
+  attn_status st = {0};
+  int rc = trun(e, &c, "cuda", &st);
+  bool ok = rc == 0;
+  cr_expect_eq(rc, 0, "%s: %s", tdesc(p, desc, sizeof desc), st.message);
+  if (ok) {
+    terr err = tcheck(&c);
+    /* The mock computes in float64 and rounds once: the CPU's tolerances. */
+    ok = err.o <= ttol(p->dt) && err.masked_ok && (!p->stats || err.stats <= 1e-5);
+    cr_expect(ok, "%s: O error %.3g, stats %.3g, masked rows %s", tdesc(p, desc, sizeof desc),
+              err.o, err.stats, err.masked_ok ? "ok" : "WRONG");
+  }
+  tcase_free(&c);
+  return ok;
+}
+
+static double work(const tprob *p) {
+  return (double)p->b * (double)p->hq * (double)p->nq * (double)p->nkv * (double)p->d;
+}
+
+Test(cuda_backend, conformance_lists_through_staging, .init = reset) {
+  attn_engine *e = open_cuda(3, NULL);
+  int (*const lists[])(tprob *) = {tcases_sizes, tcases_masks, tcases_shapes,
+                                   tcases_masked_rows};
+  tprob ps[TCASES_MAX];
+  int ran = 0, strided = 0, padded = 0, narrow = 0;
+  for (size_t l = 0; l < sizeof lists / sizeof *lists; l++) {
+    int n = lists[l](ps);
+    for (int i = 0; i < n; i++) {
+      if (work(&ps[i]) > 3e6) /* the mock kernel is plain float64 loops */
+        continue;
+      check_one(e, &ps[i], 100 * l + (uint64_t)i);
+      ran++;
+      strided += ps[i].strided;
+      padded += ps[i].d % 8 != 0;
+      narrow += ps[i].dt != ATTN_F32;
+    }
+  }
+  cr_expect_geq(ran, 60, "only %d problems ran", ran);
+  cr_expect(strided > 0 && padded > 0 && narrow > 0, "strided %d, padded %d, F16/BF16 %d",
+            strided, padded, narrow);
+  attn_engine_close(e);
+  cr_expect_eq(mock_device_bytes(), 0, "device memory left allocated");
+  cr_expect_eq(mock_pinned_buffers(), 0, "pinned buffers left");
+  cr_expect_eq(mock_streams(), 0, "streams left");
+}
+
+Test(cuda_backend, decode_shapes_take_the_split_path, .init = reset) {
+  /* 4 multiprocessors on the mock: a single query block splits its keys,
+   * so the launch carries split scratch (the mock poisons O without it). */
+  attn_engine *e = open_cuda(2, NULL);
+  tprob p = tprob_make(1, 2, 1, 1, 1500, 64, ATTN_BF16);
+  p.stats = true;
+  attn_cu_params prm;
+  memset(&prm, 0, sizeof prm);
+  prm.dtype = p.dt, prm.batch = 1, prm.heads_q = 2, prm.heads_kv = 1;
+  prm.seq_q = 1, prm.seq_kv = 1500, prm.head_dim = 64, prm.dp = 64;
+  prm.window_left = prm.window_right = -1;
+  attn_cu_choice ch;
+  attn_status st;
+  cr_assert_eq(attn_cu_select(&prm, 4, &ch, &st), 0);
+  cr_assert_gt(ch.nsplit, 1, "the shape should split on 4 SMs");
+  check_one(e, &p, 7);
+  attn_engine_close(e);
+}
+
+Test(cuda_backend, nonfinite_inputs_name_their_element, .init = reset) {
+  attn_engine *e = open_cuda(2, NULL);
+  static const char *const tn[3] = {"q", "k", "v"};
+  for (int dt = 0; dt < ATTN_DTYPE_COUNT; dt++)
+    for (int t = 0; t < 3; t++)
+      for (int strided = 0; strided < 2; strided++) {
+        /* head dim 37: padded to 40 on the device, so the element index
+         * must be mapped back through the padding */
+        tprob p = tprob_make(2, 4, 2, 9, 11, 37, (attn_dtype)dt);
+        p.strided = strided;
+        tcase c;
+        tcase_init(&c, &p, 3);
+        int64_t b = 1, h = t ? 1 : 3, n = t ? 10 : 8, d = 36 - t;
+        const int64_t *s = t == 0 ? c.req.q_stride : t == 1 ? c.req.k_stride : c.req.v_stride;
+        int64_t H = t ? p.hkv : p.hq, N = t ? p.nkv : p.nq;
+        int64_t s0 = s[0], s1 = s[1], s2 = s[2];
+        if (!s0 && !s1 && !s2)
+          s2 = p.d, s1 = N * s2, s0 = H * s1;
+        void *base = t == 0 ? c.q : t == 1 ? c.k : c.v;
+        attn_store_elem(base, p.dt, (size_t)(b * s0 + h * s1 + n * s2 + d), NAN);
+        attn_status st = {0};
+        int rc = trun(e, &c, "cuda", &st);
+        char want[128];
+        snprintf(want, sizeof want, "tensor %s holds a non-finite value at [%lld, %lld, %lld, %lld]",
+                 tn[t], (long long)b, (long long)h, (long long)n, (long long)d);
+        cr_expect(rc == ATTN_ENONFINITE && strstr(st.message, want), "%s %s strided %d: %s: %s",
+                  attn_dtype_name(p.dt), tn[t], strided, attn_err_name(rc), st.message);
+        tcase_free(&c);
+      }
+  /* scores past F32: the shared magnitude check */
+  tprob p = tprob_make(1, 1, 1, 4, 4, 16, ATTN_F32);
+  tcase c;
+  tcase_init(&c, &p, 4);
+  for (int i = 0; i < 16; i++)
+    ((float *)c.q)[i] = 1e20f, ((float *)c.k)[i] = 1e20f;
+  attn_status st = {0};
+  cr_expect_eq(trun(e, &c, "cuda", &st), ATTN_ERANGE, "%s", st.message);
+  tcase_free(&c);
+  attn_engine_close(e);
+}
+
+typedef struct pool_job {
+  tcase c;
+  attn_result res;
+  bool done;
+} pool_job;
+
+typedef struct pool_wait {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int left;
+} pool_wait;
+
+static pool_wait g_wait = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+
+static void pool_done(const attn_result *res, void *arg) {
+  pool_job *j = arg;
+  j->res = *res;
+  pthread_mutex_lock(&g_wait.mu);
+  j->done = true;
+  g_wait.left--;
+  pthread_cond_broadcast(&g_wait.cv);
+  pthread_mutex_unlock(&g_wait.mu);
+}
+
+Test(cuda_backend, pool_of_4_streams_under_64_jobs, .init = reset) {
+  for (int cycle = 0; cycle < 2; cycle++) {
+    attn_engine *e = open_cuda(4, NULL);
+    enum { JOBS = 64 };
+    static pool_job jobs[JOBS];
+    long launches = mock_launches();
+    g_wait.left = JOBS;
+    for (int i = 0; i < JOBS; i++) {
+      tprob p = tprob_make(1 + i % 2, 2 + 2 * (i % 2), 1 + i % 2, 17 + 13 * (i % 5),
+                           23 + 11 * (i % 7), 8 + 24 * (i % 4), (attn_dtype)(i % 3));
+      p.causal = i % 4 == 1;
+      p.stats = i % 3 == 0;
+      p.strided = i % 5 == 2;
+      tcase_init(&jobs[i].c, &p, 1000 * (uint64_t)cycle + (uint64_t)i);
+      jobs[i].done = false;
+      jobs[i].c.req.backend = "cuda";
+      attn_status st;
+      cr_assert_eq(attn_engine_submit(e, &jobs[i].c.req, pool_done, &jobs[i], &st), 0, "%s",
+                   st.message);
+    }
+    pthread_mutex_lock(&g_wait.mu);
+    while (g_wait.left > 0)
+      pthread_cond_wait(&g_wait.cv, &g_wait.mu);
+    pthread_mutex_unlock(&g_wait.mu);
+    for (int i = 0; i < JOBS; i++) {
+      char desc[200];
+      cr_expect_eq(jobs[i].res.status.code, 0, "job %d: %s", i, jobs[i].res.status.message);
+      cr_expect_str_eq(jobs[i].res.backend, "cuda");
+      terr err = tcheck(&jobs[i].c);
+      cr_expect(err.o <= ttol(jobs[i].c.p.dt) && err.masked_ok &&
+                    (!jobs[i].c.p.stats || err.stats <= 1e-5),
+                "job %d (%s): O error %.3g, stats %.3g", i,
+                tdesc(&jobs[i].c.p, desc, sizeof desc), err.o, err.stats);
+      tcase_free(&jobs[i].c);
+    }
+    cr_expect_eq(mock_launches() - launches, JOBS);
+    cr_expect_eq(mock_device_bytes(), 0, "cycle %d: device memory not given back", cycle);
+    attn_engine_close(e);
+    cr_expect_eq(mock_pinned_buffers(), 0, "cycle %d: pinned buffers left", cycle);
+    cr_expect_eq(mock_streams(), 0, "cycle %d: streams left", cycle);
+  }
+}
+
+Test(cuda_backend, devices_and_their_failures, .init = reset) {
+  attn_backend_info info[4];
+  /* no device */
+  mock_knobs k = {0, 9, (size_t)8 << 30, 0, 0, 0};
+  mock_set(&k);
+  attn_engine *e = open_cuda(0, NULL);
+  const attn_backend_info *ci = cuda_info(e, info);
+  cr_expect(!ci->available && strstr(ci->detail, "no CUDA device was found"), "%s", ci->detail);
+  tprob p = tprob_make(1, 1, 1, 8, 8, 16, ATTN_F16);
+  tcase c;
+  tcase_init(&c, &p, 1);
+  attn_status st;
+  cr_expect_eq(trun(e, &c, "cuda", &st), ATTN_ENODEV);
+  cr_expect_eq(trun(e, &c, "auto", &st), 0, "auto falls back to the CPU: %s", st.message);
+  attn_engine_close(e);
+  /* a device too old for mma.sync */
+  k.devices = 1;
+  k.major = 7;
+  mock_set(&k);
+  e = open_cuda(0, NULL);
+  ci = cuda_info(e, info);
+  cr_expect(!ci->available && strstr(ci->detail, "compute capability 7.0"), "%s", ci->detail);
+  attn_engine_close(e);
+  /* --devices */
+  k.major = 9;
+  k.devices = 2;
+  mock_set(&k);
+  e = open_cuda(2, "0,1");
+  ci = cuda_info(e, info);
+  cr_expect(ci->available && strstr(ci->detail, "device 0") && strstr(ci->detail, "device 1") &&
+                strstr(ci->detail, "2 streams each"),
+            "%s", ci->detail);
+  cr_expect_eq(mock_streams(), 4);
+  cr_expect_eq(trun(e, &c, "cuda", &st), 0, "%s", st.message);
+  attn_engine_close(e);
+  const char *bad[][2] = {{"5", "does not exist"}, {"0,0", "listed twice"}, {"x", "device numbers"}};
+  for (int i = 0; i < 3; i++) {
+    e = open_cuda(0, bad[i][0]);
+    ci = cuda_info(e, info);
+    cr_expect(!ci->available && strstr(ci->detail, bad[i][1]), "--devices %s: %s", bad[i][0],
+              ci->detail);
+    attn_engine_close(e);
+  }
+  tcase_free(&c);
+}
+
+Test(cuda_backend, out_of_memory_is_retryable, .init = reset) {
+  attn_engine *e = open_cuda(2, NULL);
+  tprob p = tprob_make(1, 2, 1, 20, 30, 64, ATTN_BF16);
+  tcase c;
+  tcase_init(&c, &p, 2);
+  mock_knobs k = {1, 9, (size_t)8 << 30, 1, 0, 0};
+  mock_set(&k);
+  attn_status st;
+  cr_expect_eq(trun(e, &c, "cuda", &st), ATTN_ENOMEM);
+  cr_expect(strstr(st.message, "out of memory for this request"), "%s", st.message);
+  attn_backend_info info[4];
+  cr_expect(cuda_info(e, info)->available, "out of memory must not retire the device");
+  tcase_free(&c);
+  cr_expect(check_one(e, &p, 3), "the next job runs");
+  attn_engine_close(e);
+  /* bigger than the card: refused up front, and auto uses the CPU */
+  k.fail_alloc = 0;
+  k.mem_total = (size_t)1 << 20;
+  mock_set(&k);
+  e = open_cuda(2, NULL);
+  tprob big = tprob_make(1, 8, 8, 256, 256, 64, ATTN_F32);
+  tcase_init(&c, &big, 4);
+  cr_expect_eq(trun(e, &c, "cuda", &st), ATTN_ETOOBIG, "%s", st.message);
+  cr_expect_eq(trun(e, &c, "auto", &st), 0, "%s", st.message);
+  tcase_free(&c);
+  attn_engine_close(e);
+}
+
+Test(cuda_backend, a_failed_launch_retires_the_device, .init = reset) {
+  attn_engine *e = open_cuda(2, NULL);
+  tprob p = tprob_make(1, 2, 1, 20, 30, 64, ATTN_F16);
+  tcase c;
+  tcase_init(&c, &p, 5);
+  mock_knobs k = {1, 9, (size_t)8 << 30, 0, 1, 0};
+  mock_set(&k);
+  attn_status st;
+  cr_expect_eq(trun(e, &c, "cuda", &st), ATTN_EDEVICE);
+  cr_expect(strstr(st.message, "the attention kernel"), "%s", st.message);
+  attn_backend_info info[4];
+  const attn_backend_info *ci = cuda_info(e, info);
+  cr_expect(!ci->available && strstr(ci->detail, "unhealthy"), "%s", ci->detail);
+  cr_expect_eq(trun(e, &c, "cuda", &st), ATTN_ENODEV, "%s", st.message);
+  cr_expect_eq(trun(e, &c, "auto", &st), 0, "auto goes on with the CPU: %s", st.message);
+  tcase_free(&c);
+  attn_engine_close(e);
+  cr_expect_eq(mock_device_bytes(), 0);
+}
+
+Test(cuda_backend, a_faulting_stream_fails_its_job_without_hanging, .init = reset,
+     .timeout = 30) {
+  attn_engine *e = open_cuda(2, NULL);
+  tprob p = tprob_make(1, 2, 1, 20, 30, 64, ATTN_BF16);
+  tcase c;
+  tcase_init(&c, &p, 6);
+  mock_knobs k = {1, 9, (size_t)8 << 30, 0, 0, 1};
+  mock_set(&k);
+  attn_status st;
+  cr_expect_eq(trun(e, &c, "cuda", &st), ATTN_EDEVICE);
+  cr_expect(strstr(st.message, "stream failed") && strstr(st.message, "illegal memory access"),
+            "%s", st.message);
+  attn_backend_info info[4];
+  cr_expect(!cuda_info(e, info)->available);
+  tcase_free(&c);
+  attn_engine_close(e);
+}

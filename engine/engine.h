@@ -232,6 +232,16 @@ typedef struct attn_config {
 
 void attn_config_init(attn_config *cfg);
 
+/* Most CUDA devices one engine drives. */
+#define ATTN_MAX_CUDA_DEVICES 16
+
+/*
+ * Parses a cuda_devices list ("0,2"; NULL or "" means device 0) into at most
+ * cap ordinals, each listed once. Returns how many, or ATTN_EINVAL with a
+ * message. Whether each device exists is checked when the engine opens.
+ */
+int attn_cuda_devices_parse(const char *spec, int *ord, int cap, attn_status *st);
+
 typedef struct attn_engine attn_engine;
 
 int attn_engine_open(const attn_config *cfg, attn_engine **pe, attn_status *st);

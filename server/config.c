@@ -129,27 +129,18 @@ static int parse_listen(const char *what, const char *s, attnd_config *c) {
   return 0;
 }
 
-/* A comma-separated list of device numbers, each listed once. */
+/* A comma-separated list of device numbers, each listed once (the engine's
+ * parser; whether they exist is known once the engine opens). */
 static int parse_devices(const char *what, const char *s, attnd_config *c) {
-  const char *expect = "comma-separated CUDA device numbers such as 0 or 0,1";
-  if (strlen(s) >= sizeof c->devices)
-    return bad(what, s, expect);
-  int seen[64], n = 0;
-  for (const char *p = s;;) {
-    char *end;
-    errno = 0;
-    long v = strtol(p, &end, 10);
-    if (end == p || *p == '-' || *p == '+' || errno || v > 63 || (*end && *end != ','))
-      return bad(what, s, expect);
-    for (int i = 0; i < n; i++)
-      if (seen[i] == v)
-        return bad(what, s, "each device once");
-    seen[n++] = (int)v;
-    c->ndevices = n;
-    if (!*end)
-      break;
-    p = end + 1;
+  int ord[ATTN_MAX_CUDA_DEVICES];
+  attn_status st;
+  int n = attn_cuda_devices_parse(s, ord, ATTN_MAX_CUDA_DEVICES, &st);
+  if (!*s || n < 0 || strlen(s) >= sizeof c->devices) {
+    fprintf(stderr, "attnd: %s: %s\n", what,
+            !*s ? "expected device numbers such as 0 or 0,1" : n < 0 ? st.message : "list too long");
+    return -1;
   }
+  c->ndevices = n;
   snprintf(c->devices, sizeof c->devices, "%s", s);
   return 0;
 }

@@ -42,7 +42,6 @@
 #include <time.h>
 
 #define DEFAULT_STREAMS 4
-#define MAX_DEVICES 16
 /* Regions of a job's buffers start on this boundary. */
 #define ALIGN 256
 
@@ -80,7 +79,7 @@ typedef struct cu_dev {
 
 typedef struct cu_state cu_state;
 struct cu_state {
-  cu_dev devs[MAX_DEVICES];
+  cu_dev devs[ATTN_MAX_CUDA_DEVICES];
   int ndev, streams;
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -567,37 +566,6 @@ static void cuda_close(void *state) {
   free(s);
 }
 
-/* "0,2" -> ordinals; each must name a present device, once. */
-static int parse_devices(const char *spec, int count, int *ord, int *n, attn_status *st) {
-  *n = 0;
-  if (!spec || !*spec) {
-    ord[(*n)++] = 0;
-    return 0;
-  }
-  const char *p = spec;
-  while (*p) {
-    char *end;
-    errno = 0;
-    long v = strtol(p, &end, 10);
-    if (end == p || errno || v < 0 || (*end && *end != ','))
-      return attn_status_set(st, ATTN_EINVAL,
-                             "cuda devices \"%.60s\": expected comma-separated device "
-                             "numbers such as 0,1",
-                             spec);
-    if (v >= count)
-      return attn_status_set(st, ATTN_ENODEV,
-                             "cuda device %ld does not exist (this machine has %d)", v, count);
-    for (int i = 0; i < *n; i++)
-      if (ord[i] == v)
-        return attn_status_set(st, ATTN_EINVAL, "cuda device %ld is listed twice", v);
-    if (*n == MAX_DEVICES)
-      return attn_status_set(st, ATTN_EINVAL, "at most %d cuda devices", MAX_DEVICES);
-    ord[(*n)++] = (int)v;
-    p = *end ? end + 1 : end;
-  }
-  return 0;
-}
-
 static int open_dev(cu_state *s, cu_dev *d, int ordinal, attn_status *st) {
   cudaError_t e;
   struct cudaDeviceProp prop;
@@ -651,9 +619,14 @@ static int cuda_open(const attn_backend_env *env, void **pstate, attn_status *st
     return attn_status_set(st, ATTN_ENODEV, "no CUDA device was found: %s",
                            e ? cudaGetErrorString(e) : "the driver reports none");
   }
-  int ord[MAX_DEVICES], n;
-  if (parse_devices(env->cfg->cuda_devices, count, ord, &n, st) < 0)
-    return st->code;
+  int ord[ATTN_MAX_CUDA_DEVICES];
+  int n = attn_cuda_devices_parse(env->cfg->cuda_devices, ord, ATTN_MAX_CUDA_DEVICES, st);
+  if (n < 0)
+    return n;
+  for (int i = 0; i < n; i++)
+    if (ord[i] >= count)
+      return attn_status_set(st, ATTN_ENODEV, "cuda device %d does not exist (this machine has %d)",
+                             ord[i], count);
   if (env->cfg->cuda_streams < 0 || env->cfg->cuda_streams > 64)
     return attn_status_set(st, ATTN_EINVAL, "cuda streams must be from 1 to 64 (got %d)",
                            env->cfg->cuda_streams);

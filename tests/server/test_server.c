@@ -473,6 +473,7 @@ Test(server, bad_flags_exit_2_with_one_line) {
       {"--devices", "0,x", NULL},
       {"--devices", "1,1", NULL},
       {"--devices", "-1", NULL},
+      {"--devices", "", NULL},
       {"--streams", "0", NULL},
       {"--max-connections", "", NULL},
       {"--threads", NULL},

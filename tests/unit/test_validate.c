@@ -228,3 +228,19 @@ Test(engine_errors, overflow_is_range_error) {
   tcase_free(&c);
   attn_engine_close(e);
 }
+
+Test(engine_errors, cuda_device_lists) {
+  int ord[ATTN_MAX_CUDA_DEVICES];
+  attn_status st;
+  cr_expect_eq(attn_cuda_devices_parse(NULL, ord, 4, &st), 1);
+  cr_expect_eq(ord[0], 0);
+  cr_expect_eq(attn_cuda_devices_parse("3,0,7", ord, 4, &st), 3);
+  cr_expect(ord[0] == 3 && ord[1] == 0 && ord[2] == 7);
+  const char *bad[][2] = {{"0,x", "expected comma-separated"}, {"1,1", "listed twice"},
+                          {"-1", "expected"},    {"0,", "expected"},
+                          {"0,1,2,3,4", "at most 4"}, {"99999999999", "expected"}};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    cr_expect_eq(attn_cuda_devices_parse(bad[i][0], ord, 4, &st), ATTN_EINVAL, "%s", bad[i][0]);
+    cr_expect(strstr(st.message, bad[i][1]), "%s: %s", bad[i][0], st.message);
+  }
+}

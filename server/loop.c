@@ -60,8 +60,19 @@ static void drop_inputs(attnd_req *r) {
   attnd_body_release(r);
 }
 
-/* Threadpool: the engine's completion callback calls engine_done. */
+/* The engine calls this, on one of its threads, when a submitted job ends. */
 static void engine_done(const attn_result *res, void *arg);
+
+/* Appends r to a list of requests (the handoffs under s->mu, or the
+ * loop's own pending queue). */
+static void push(attnd_req **head, attnd_req **tail, attnd_req *r) {
+  r->next = NULL;
+  if (*tail)
+    (*tail)->next = r;
+  else
+    *head = r;
+  *tail = r;
+}
 
 static void decode_submit(uv_work_t *w) {
   attnd_req *r = w->data;
@@ -97,12 +108,7 @@ static void engine_done(const attn_result *res, void *arg) {
   r->res = *res;
   r->t_done = attnd_now();
   pthread_mutex_lock(&s->mu);
-  r->next = NULL;
-  if (s->done_tail)
-    s->done_tail->next = r;
-  else
-    s->done_head = r;
-  s->done_tail = r;
+  push(&s->done_head, &s->done_tail, r);
   pthread_mutex_unlock(&s->mu);
   uv_async_send(&s->completed);
 }
@@ -244,12 +250,7 @@ static void admit(attnd_server *s, attnd_req *r) {
   }
   s->admitted++;
   attnd_metrics_gauge_add(s->metrics, ATTND_GAUGE_QUEUE_DEPTH, 1);
-  r->next = NULL;
-  if (s->pend_tail)
-    s->pend_tail->next = r;
-  else
-    s->pend_head = r;
-  s->pend_tail = r;
+  push(&s->pend_head, &s->pend_tail, r);
 }
 
 static void on_incoming(uv_async_t *h) {
@@ -267,13 +268,8 @@ static void on_incoming(uv_async_t *h) {
 }
 
 void attnd_loop_submit(attnd_server *s, attnd_req *r) {
-  r->next = NULL;
   pthread_mutex_lock(&s->mu);
-  if (s->in_tail)
-    s->in_tail->next = r;
-  else
-    s->in_head = r;
-  s->in_tail = r;
+  push(&s->in_head, &s->in_tail, r);
   pthread_mutex_unlock(&s->mu);
   uv_async_send(&s->incoming);
 }

@@ -150,7 +150,8 @@ FUZZ_FLAGS    = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover
 FUZZ_LIB_SRC  = engine/dtype.c engine/request.c $(PROTO_SRC)
 
 # ---- the server ---------------------------------------------------------------
-SERVER_SRC = server/main.c server/config.c server/http.c server/loop.c server/metrics.c
+SERVER_SRC = server/main.c server/config.c server/http.c server/loop.c server/metrics.c \
+             server/conns.c server/escape.c server/mhd_shim.c
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/obj/%.o)
 
 .PHONY: all deps bench-deps test test-gpu test-image bench bench-server fuzz run clean FORCE
@@ -220,10 +221,12 @@ $(BUILD)/tests/cudamock: $(CUDAMOCK_OBJ) $(LIB)
 $(BUILD)/bench-gpu: $(BUILD)/obj/tests/gpu/bench_gpu.o $(LIB)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
 
-# The unit tests also cover server modules that need no daemon (metrics).
+# The unit tests also cover server modules that need no daemon (metrics, the
+# connection registry).
 $(BUILD)/obj/tests/unit/%.o: CPPFLAGS += -Iclients
 
-$(TEST_BIN): $(TEST_OBJ) $(BUILD)/obj/server/metrics.o $(BUILD)/obj/clients/benchlib.o \
+$(TEST_BIN): $(TEST_OBJ) $(BUILD)/obj/server/metrics.o $(BUILD)/obj/server/conns.o \
+            $(BUILD)/obj/clients/benchlib.o \
             $(BUILD)/obj/clients/hist.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ -lcriterion $(LDLIBS_ALL)

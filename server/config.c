@@ -32,7 +32,14 @@ static const char usage[] =
     "  --timeout SECONDS      a request still queued after this gets 504 (60) [ATTND_TIMEOUT]\n"
     "  --idle-timeout SECONDS idle keep-alive connections are closed (30)\n"
     "                         [ATTND_IDLE_TIMEOUT]\n"
-    "  --max-connections N    open connections at most (1024) [ATTND_MAX_CONNECTIONS]\n"
+    "  --max-connections N    open connections at most; when full, a new one closes the\n"
+    "                         oldest idle one (1024) [ATTND_MAX_CONNECTIONS]\n"
+    "  --max-connections-per-client N\n"
+    "                         open connections of one client address, 0 = no own limit\n"
+    "                         (256) [ATTND_MAX_CONNECTIONS_PER_CLIENT]\n"
+    "  --header-timeout SECONDS\n"
+    "                         a request's headers must arrive whole within this (10)\n"
+    "                         [ATTND_HEADER_TIMEOUT]\n"
     "  --drain-timeout SECONDS on SIGTERM/SIGINT, finish queued work for at most this long\n"
     "                         (30) [ATTND_DRAIN_TIMEOUT]\n"
     "  --log-format FORMAT    text or json, one line per request (text) [ATTND_LOG_FORMAT]\n"
@@ -41,7 +48,7 @@ static const char usage[] =
     "Memory is bounded by max-queue x max-body for request bodies, plus the replies.\n";
 
 enum { O_LISTEN, O_BACKEND, O_THREADS, O_STREAMS, O_DEVICES, O_MAX_BODY, O_MAX_QUEUE, O_TIMEOUT,
-       O_IDLE, O_MAX_CONN, O_DRAIN, O_LOG, O_COUNT };
+       O_IDLE, O_MAX_CONN, O_DRAIN, O_LOG, O_HEADER_TIMEOUT, O_MAX_CONN_CLIENT, O_COUNT };
 
 static const struct option opts[] = {
     {"listen", required_argument, 0, O_LISTEN},
@@ -56,6 +63,8 @@ static const struct option opts[] = {
     {"max-connections", required_argument, 0, O_MAX_CONN},
     {"drain-timeout", required_argument, 0, O_DRAIN},
     {"log-format", required_argument, 0, O_LOG},
+    {"header-timeout", required_argument, 0, O_HEADER_TIMEOUT},
+    {"max-connections-per-client", required_argument, 0, O_MAX_CONN_CLIENT},
     {"help", no_argument, 0, 'h'},
     {"version", no_argument, 0, 'V'},
     {0, 0, 0, 0}};
@@ -64,10 +73,11 @@ static const char *const env_names[O_COUNT] = {
     "ATTND_LISTEN",       "ATTND_BACKEND",      "ATTND_THREADS",         "ATTND_STREAMS",
     "ATTND_DEVICES",
     "ATTND_MAX_BODY",     "ATTND_MAX_QUEUE",    "ATTND_TIMEOUT",         "ATTND_IDLE_TIMEOUT",
-    "ATTND_MAX_CONNECTIONS", "ATTND_DRAIN_TIMEOUT", "ATTND_LOG_FORMAT"};
+    "ATTND_MAX_CONNECTIONS", "ATTND_DRAIN_TIMEOUT", "ATTND_LOG_FORMAT",
+    "ATTND_HEADER_TIMEOUT", "ATTND_MAX_CONNECTIONS_PER_CLIENT"};
 
 static const char *const defaults[O_COUNT] = {
-    "127.0.0.1:8080", "auto", "0", "4", "0", "1G", "64", "60", "30", "1024", "30", "text"};
+    "127.0.0.1:8080", "auto", "0", "4", "0", "1G", "64", "60", "30", "1024", "30", "text", "10", "256"};
 
 static int bad(const char *what, const char *value, const char *expect) {
   fprintf(stderr, "attnd: %s expects %s (got \"%s\")\n", what, expect, value);
@@ -163,6 +173,8 @@ static int apply(attnd_config *c, int o, const char *v, const char *what) {
   case O_IDLE: return parse_int(what, v, 1, 86400, &c->idle_timeout);
   case O_MAX_CONN: return parse_int(what, v, 1, 1000000, &c->max_connections);
   case O_DRAIN: return parse_seconds(what, v, 0, &c->drain_timeout);
+  case O_HEADER_TIMEOUT: return parse_seconds(what, v, 0.1, &c->header_timeout);
+  case O_MAX_CONN_CLIENT: return parse_int(what, v, 0, 1000000, &c->max_connections_per_client);
   case O_LOG:
     if (strcmp(v, "text") && strcmp(v, "json"))
       return bad(what, v, "text or json");

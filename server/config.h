@@ -22,6 +22,8 @@ typedef struct attnd_config {
   double timeout;        /* seconds a job may wait before it starts */
   int idle_timeout;      /* seconds */
   int max_connections;
+  int max_connections_per_client; /* of one client address; 0: no own limit */
+  double header_timeout; /* seconds to send a request's headers whole */
   double drain_timeout;  /* seconds */
   bool log_json;
 } attnd_config;

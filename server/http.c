@@ -18,11 +18,13 @@
 #include "server.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <arpa/inet.h>
 #include <unistd.h>
@@ -30,12 +32,22 @@
 static const struct {
   const char *path;
   attnd_route route;
-  bool post;
 } routes[] = {
-    {"/attention", ATTND_R_ATTENTION, true},   {"/attention/plan", ATTND_R_PLAN, false},
-    {"/healthz", ATTND_R_HEALTHZ, false},      {"/readyz", ATTND_R_READYZ, false},
-    {"/metrics", ATTND_R_METRICS, false},      {"/v1/info", ATTND_R_INFO, false},
+    {"/attention", ATTND_R_ATTENTION}, {"/attention/plan", ATTND_R_PLAN},
+    {"/healthz", ATTND_R_HEALTHZ},     {"/readyz", ATTND_R_READYZ},
+    {"/metrics", ATTND_R_METRICS},     {"/v1/info", ATTND_R_INFO},
 };
+
+/* A request target longer than this, or with more query parameters, is
+ * refused with 414: libmicrohttpd keeps each parameter in the connection's
+ * fixed memory pool, and one that runs out there leaves the connection
+ * without a reply. */
+#define MAX_TARGET 8192
+#define MAX_QUERY_PARAMS 100
+
+/* libmicrohttpd's per-connection memory: the request line and headers, and
+ * their index. */
+#define CONNECTION_MEMORY ((size_t)64 * 1024)
 
 static const char json_type[] = "application/json";
 
@@ -156,6 +168,20 @@ static bool backend_ready(attnd_server *s, char *why, size_t cap) {
   return true;
 }
 
+/* The registry's counters, after the other series of /metrics. */
+static void render_conns(attn_sbuf *b, attnd_conns *c) {
+  static const char *const reasons[ATTND_CLOSE_REASONS] = {"evicted", "header_timeout",
+                                                           "idle_timeout", "refused"};
+  uint64_t n[ATTND_CLOSE_REASONS];
+  attnd_conns_counts(c, n);
+  attn_sbuf_puts(b, "# HELP attnd_connections_closed_total Connections the server closed or "
+                    "refused to keep others from being locked out, by reason.\n"
+                    "# TYPE attnd_connections_closed_total counter\n");
+  for (int i = 0; i < ATTND_CLOSE_REASONS; i++)
+    attn_sbuf_printf(b, "attnd_connections_closed_total{reason=\"%s\"} %llu\n", reasons[i],
+                     (unsigned long long)n[i]);
+}
+
 static void answer_get(attnd_req *r) {
   attnd_server *s = r->srv;
   attn_sbuf b = {0};
@@ -179,10 +205,15 @@ static void answer_get(attnd_req *r) {
   case ATTND_R_METRICS: {
     size_t len = 0;
     char *text = attnd_metrics_render(s->metrics, &len);
+    attn_sbuf m = {.p = text, .len = len, .cap = len};
     if (text)
-      set_reply(r, 200, text, len, "text/plain; version=0.0.4; charset=utf-8");
-    else
+      render_conns(&m, &s->conns);
+    if (text && !m.oom)
+      set_reply(r, 200, m.p, m.len, "text/plain; version=0.0.4; charset=utf-8");
+    else {
+      free(m.p);
       attnd_req_error(r, 503, "out_of_memory", "out of memory rendering the metrics");
+    }
     break;
   }
   case ATTND_R_INFO: get_info(r); break;
@@ -286,11 +317,12 @@ static bool begin_post(attnd_req *r) {
   } else if (media_is(ct, "application/octet-stream")) {
     r->binary_out = true;
   } else {
-    char msg[200];
+    char msg[200], what[72];
+    attnd_escape(what, sizeof what, ct ? ct : "(none)", 60);
     snprintf(msg, sizeof msg,
-             "Content-Type \"%.60s\" is not one this server reads; send application/json or "
+             "Content-Type \"%s\" is not one this server reads; send application/json or "
              "application/octet-stream (safetensors)",
-             ct ? ct : "(none)");
+             what);
     attnd_req_error(r, 415, "unsupported_media_type", msg);
     return false;
   }
@@ -304,9 +336,10 @@ static bool begin_post(attnd_req *r) {
     want = (*cl && !*end && !errno) ? v : UINT64_MAX;
   }
   if (want > s->cfg->max_body) {
-    char msg[200];
+    char msg[200], what[40];
+    attnd_escape(what, sizeof what, cl, 24);
     snprintf(msg, sizeof msg, "Content-Length %s is over the limit of %llu bytes (--max-body)",
-             cl, (unsigned long long)s->cfg->max_body);
+             what, (unsigned long long)s->cfg->max_body);
     attnd_req_error(r, 413, "too_large", msg);
     return false;
   }
@@ -353,24 +386,165 @@ static void take_body(attnd_req *r, const char *data, size_t n) {
   r->len += n;
 }
 
-static attnd_req *new_req(attnd_server *s, struct MHD_Connection *conn, const char *url,
-                          const char *method) {
+static attnd_req *new_req(attnd_server *s, struct MHD_Connection *conn) {
   attnd_req *r = calloc(1, sizeof *r);
   if (!r)
     return NULL;
   r->srv = s;
   r->conn = conn;
   r->t_received = attnd_now();
+  r->route = ATTND_R_NONE;
+  snprintf(r->method, sizeof r->method, "-");
+  snprintf(r->path, sizeof r->path, "-");
+  const union MHD_ConnectionInfo *ci =
+      MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  r->link = ci ? ci->socket_context : NULL;
+  if (r->link)
+    r->link->req = r;
+  return r;
+}
+
+/*
+ * libmicrohttpd's first look at a request, once its request line is in and
+ * before it parses the query: the request starts here, so that a request
+ * libmicrohttpd refuses later is still logged. A target past the limits has
+ * its query cut before libmicrohttpd stores it, and is refused with 414 once
+ * the headers are in.
+ */
+static void *on_target(void *cls, const char *uri, struct MHD_Connection *conn) {
+  attnd_req *r = new_req(cls, conn);
+  if (!r)
+    return NULL;
+  snprintf(r->path, sizeof r->path, "%s", uri);
+  size_t params = 0;
+  char *q = strchr(uri, '?');
+  for (const char *p = q; p && *p; p++)
+    params += *p == '&' || p == q;
+  if (strlen(uri) > MAX_TARGET)
+    r->bad_target = "the request target is longer than 8192 bytes";
+  else if (params > MAX_QUERY_PARAMS)
+    r->bad_target = "the query string has more than 100 parameters";
+  if (r->bad_target && q)
+    q[1] = 0;
+  return r;
+}
+
+/* The path of a target in absolute form ("http://host:8080/healthz", which
+ * HTTP/1.1 servers must accept), or the target itself. */
+static const char *origin_path(const char *url) {
+  const char *p = !strncasecmp(url, "http://", 7) ? url + 7
+                  : !strncasecmp(url, "https://", 8) ? url + 8 : NULL;
+  if (!p)
+    return url;
+  p = strchr(p, '/');
+  return p ? p : "/";
+}
+
+/* ---- framing: one reading of where a request ends (RFC 9112 §6) ---------- */
+
+typedef struct framing {
+  int n_cl, n_te;
+  const char *cl, *te;
+  bool cl_differ;
+} framing;
+
+static enum MHD_Result count_framing(void *cls, enum MHD_ValueKind kind, const char *key,
+                                     const char *value) {
+  (void)kind;
+  framing *f = cls;
+  if (!strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) {
+    if (f->n_cl++ == 0)
+      f->cl = value;
+    else if (strcmp(value ? value : "", f->cl ? f->cl : ""))
+      f->cl_differ = true;
+  } else if (!strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) && f->n_te++ == 0) {
+    f->te = value;
+  }
+  return MHD_YES;
+}
+
+/*
+ * Refuses headers that two HTTP parsers could frame differently (a proxy in
+ * front and libmicrohttpd here), which is how a second request is smuggled
+ * inside a body: answered at once, the connection is closed and no byte
+ * after the headers is read. false when r has its reply.
+ */
+static bool check_framing(attnd_req *r) {
+  framing f = {0};
+  MHD_get_connection_values(r->conn, MHD_HEADER_KIND, count_framing, &f);
+  char msg[200], te[72];
+  if (f.cl_differ) {
+    attnd_req_error(r, 400, "bad_request",
+                    "the request has Content-Length headers with different values");
+  } else if (f.n_cl && f.n_te) {
+    attnd_req_error(r, 400, "bad_request",
+                    "the request has both Content-Length and Transfer-Encoding; send one");
+  } else if (f.n_te && (f.n_te > 1 || strcasecmp(f.te ? f.te : "", "chunked"))) {
+    attnd_escape(te, sizeof te, f.te ? f.te : "", 60);
+    snprintf(msg, sizeof msg,
+             "Transfer-Encoding \"%s\" is not supported; send the body with Content-Length or "
+             "Transfer-Encoding: chunked",
+             f.n_te > 1 ? "(more than one header)" : te);
+    attnd_req_error(r, 501, "not_implemented", msg);
+  } else {
+    return true;
+  }
+  return false;
+}
+
+static void route_of(attnd_req *r, const char *url, const char *method) {
+  const char *path = origin_path(url);
   snprintf(r->method, sizeof r->method, "%s", method);
-  snprintf(r->path, sizeof r->path, "%s", url);
+  snprintf(r->path, sizeof r->path, "%s", path);
   r->route = ATTND_R_NONE;
   for (size_t i = 0; i < sizeof routes / sizeof *routes; i++)
-    if (!strcmp(url, routes[i].path))
+    if (!strcmp(path, routes[i].path))
       r->route = routes[i].route;
   attn_sbuf q = {0};
-  MHD_get_connection_values(conn, MHD_GET_ARGUMENT_KIND, add_arg, &q);
+  MHD_get_connection_values(r->conn, MHD_GET_ARGUMENT_KIND, add_arg, &q);
   r->query = q.oom ? NULL : q.p;
-  return r;
+}
+
+/* The first callback, once the headers are in: route, and decide what can
+ * be decided before the body. */
+static enum MHD_Result first_call(attnd_req *r, const char *url, const char *method) {
+  attnd_server *s = r->srv;
+  r->started = true;
+  if (r->link)
+    attnd_conns_set(&s->conns, r->link, ATTND_CONN_BUSY, attnd_now());
+  route_of(r, url, method);
+  bool post = !strcmp(method, MHD_HTTP_METHOD_POST);
+  bool get = !strcmp(method, MHD_HTTP_METHOD_GET) || !strcmp(method, MHD_HTTP_METHOD_HEAD);
+  if (r->bad_target) {
+    attnd_req_error(r, 414, "uri_too_long", r->bad_target);
+    return queue_reply(r);
+  }
+  if (!check_framing(r))
+    return queue_reply(r);
+  if (r->route == ATTND_R_NONE) {
+    char msg[240], path[96];
+    attnd_escape(path, sizeof path, r->path, 80);
+    snprintf(msg, sizeof msg,
+             "no such path \"%s\" (try POST /attention, GET /attention/plan, /healthz, "
+             "/readyz, /metrics, /v1/info)",
+             path);
+    attnd_req_error(r, 404, "not_found", msg);
+  } else if (r->route == ATTND_R_ATTENTION ? !post : !get) {
+    char msg[200], m[24];
+    attnd_escape(m, sizeof m, method, 16);
+    snprintf(msg, sizeof msg, "%s is not allowed on %.60s (use %s)", m, r->path,
+             r->route == ATTND_R_ATTENTION ? "POST" : "GET");
+    attnd_req_error(r, 405, "method_not_allowed", msg);
+  } else if (r->route != ATTND_R_ATTENTION) {
+    answer_get(r);
+  } else if (!begin_post(r)) {
+    /* Refused before the body: reply now, and libmicrohttpd closes the
+     * connection rather than read a body nobody wants. */
+    return queue_reply(r);
+  }
+  /* Other replies go out once the request is complete, which keeps the
+   * connection alive for the next one. */
+  return MHD_YES;
 }
 
 /* Bytes of body read and dropped after a reply was decided (413 on a
@@ -385,35 +559,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   (void)version;
   attnd_server *s = cls;
   attnd_req *r = *con_cls;
-  if (!r) {
-    r = *con_cls = new_req(s, conn, url, method);
-    if (!r)
-      return MHD_NO;
-    bool post = !strcmp(method, MHD_HTTP_METHOD_POST);
-    bool get = !strcmp(method, MHD_HTTP_METHOD_GET) || !strcmp(method, MHD_HTTP_METHOD_HEAD);
-    if (r->route == ATTND_R_NONE) {
-      char msg[200];
-      snprintf(msg, sizeof msg,
-               "no such path \"%.80s\" (try POST /attention, GET /attention/plan, /healthz, "
-               "/readyz, /metrics, /v1/info)",
-               url);
-      attnd_req_error(r, 404, "not_found", msg);
-    } else if (r->route == ATTND_R_ATTENTION ? !post : !get) {
-      char msg[120];
-      snprintf(msg, sizeof msg, "%.16s is not allowed on %.60s (use %s)", method, url,
-               r->route == ATTND_R_ATTENTION ? "POST" : "GET");
-      attnd_req_error(r, 405, "method_not_allowed", msg);
-    } else if (r->route != ATTND_R_ATTENTION) {
-      answer_get(r);
-    } else if (!begin_post(r)) {
-      /* Refused before the body: reply now, and libmicrohttpd closes the
-       * connection rather than read a body nobody wants. */
-      return queue_reply(r);
-    }
-    /* Other replies go out once the request is complete, which keeps the
-     * connection alive for the next one. */
-    return MHD_YES;
-  }
+  if (!r && !(r = *con_cls = new_req(s, conn)))
+    return MHD_NO;
+  if (!r->started)
+    return first_call(r, url, method);
   if (r->queued) {
     *upload_size = 0;
     return MHD_YES;
@@ -439,16 +588,22 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   return MHD_YES;
 }
 
+/* One line per request. The method and path are the client's bytes: escaped,
+ * so that no request can end the line early and forge the next one, or send
+ * terminal escapes or invalid UTF-8 to whoever reads the log. */
 static void log_line(attnd_server *s, const attnd_req *r, double total) {
   double queue = r->t_started > 0 ? r->t_started - r->t_admitted : 0;
   double compute = r->t_done > 0 && r->t_started > 0 ? r->t_done - r->t_started : 0;
+  char method[80], path[560];
+  attnd_escape(method, sizeof method, r->method, 16);
+  attnd_escape(path, sizeof path, r->path, 128);
   pthread_mutex_lock(&s->log_mu);
   if (s->cfg->log_json) {
     attn_sbuf b = {0};
     attn_sbuf_puts(&b, "{\"method\": ");
-    attn_sbuf_json_str(&b, r->method);
+    attn_sbuf_json_str(&b, method);
     attn_sbuf_puts(&b, ", \"path\": ");
-    attn_sbuf_json_str(&b, r->path);
+    attn_sbuf_json_str(&b, path);
     attn_sbuf_printf(&b,
                      ", \"status\": %d, \"bytes_in\": %zu, \"bytes_out\": %llu, "
                      "\"queue_us\": %.0f, \"compute_us\": %.0f, \"total_us\": %.0f}\n",
@@ -460,10 +615,16 @@ static void log_line(attnd_server *s, const attnd_req *r, double total) {
   } else {
     fprintf(stderr, "attnd: %s %s %d in=%zu out=%llu queue_us=%.0f compute_us=%.0f "
                     "total_us=%.0f\n",
-            r->method, r->path, r->status, r->len, (unsigned long long)r->bytes_out,
-            queue * 1e6, compute * 1e6, total * 1e6);
+            method, path, r->status, r->len, (unsigned long long)r->bytes_out, queue * 1e6,
+            compute * 1e6, total * 1e6);
   }
   pthread_mutex_unlock(&s->log_mu);
+}
+
+static void account(attnd_server *s, const attnd_req *r) {
+  double total = attnd_now() - r->t_received;
+  attnd_metrics_request(s->metrics, r->path, r->status, total, r->len, r->bytes_out);
+  log_line(s, r, total);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
@@ -475,9 +636,11 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     return;
   if (!r->queued) /* the client left before a reply */
     r->status = why == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED ? 408 : 499;
-  double total = attnd_now() - r->t_received;
-  attnd_metrics_request(s->metrics, r->path, r->status, total, r->len, r->bytes_out);
-  log_line(s, r, total);
+  account(s, r);
+  if (r->link) {
+    r->link->req = NULL;
+    attnd_conns_set(&s->conns, r->link, ATTND_CONN_IDLE, attnd_now());
+  }
   attn_proto_req_free(&r->pr);
   free(r->body);
   attnd_body_release(r);
@@ -489,13 +652,145 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
   *con_cls = NULL;
 }
 
+/* ---- libmicrohttpd's own refusals ------------------------------------------ */
+
+static const struct refusal {
+  unsigned status;
+  const char *reason, *code, *message;
+} refusals[] = {
+    {400, "Bad Request", "bad_request",
+     "malformed HTTP request: the request line, a header, Content-Length or the chunked "
+     "framing cannot be parsed"},
+    {413, "Content Too Large", "too_large", "Content-Length or a chunk size is too large"},
+    {414, "URI Too Long", "uri_too_long", "the request line is too long"},
+    {431, "Request Header Fields Too Large", "headers_too_large",
+     "the request headers are too large"},
+    {505, "HTTP Version Not Supported", "http_version_not_supported",
+     "this HTTP version is not supported; use HTTP/1.1 or HTTP/1.0"},
+    {500, "Internal Server Error", "internal", "the server cannot process this request"},
+};
+
+static const struct refusal *refusal_of(unsigned status) {
+  size_t n = sizeof refusals / sizeof *refusals;
+  for (size_t i = 0; i < n; i++)
+    if (refusals[i].status == status)
+      return &refusals[i];
+  return &refusals[n - 1];
+}
+
+/* Writes the refusal straight to the socket; what the client sent after it
+ * is read and dropped first where it is already there, so that closing does
+ * not reset the connection before the client reads the reply. */
+static size_t send_refusal(int fd, unsigned status, const struct refusal *f) {
+  size_t blen = 0;
+  char *body = attn_proto_error_body(f->code, f->message, &blen);
+  char msg[1024];
+  int n = snprintf(msg, sizeof msg,
+                   "HTTP/1.1 %u %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                   "Connection: close\r\n\r\n%s",
+                   status, f->reason, body ? blen : 0, body ? body : "");
+  free(body);
+  size_t len = n > 0 && (size_t)n < sizeof msg ? (size_t)n : 0;
+  ssize_t sent = send(fd, msg, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+  sent = sent == (ssize_t)len ? (ssize_t)blen : 0; /* bytes_out counts the body */
+  shutdown(fd, SHUT_WR);
+  char sink[4096];
+  for (int i = 0; i < 16 && recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++)
+    ;
+  return sent > 0 ? (size_t)sent : 0;
+}
+
+enum MHD_Result attnd_http_refuse(struct MHD_Connection *conn, unsigned status) {
+  const union MHD_ConnectionInfo *ci =
+      MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  attnd_conn *k = ci ? ci->socket_context : NULL;
+  if (!k)
+    return MHD_NO;
+  attnd_server *s = k->owner;
+  size_t out = send_refusal(k->fd, status, refusal_of(status));
+  attnd_req *r = k->req;
+  if (r) { /* on_completed logs it */
+    r->status = (int)status;
+    r->queued = true;
+    r->bytes_out = out;
+    return MHD_NO;
+  }
+  attnd_req line = {.t_received = attnd_now(), .status = (int)status, .bytes_out = out};
+  snprintf(line.method, sizeof line.method, "-");
+  snprintf(line.path, sizeof line.path, "-");
+  account(s, &line);
+  return MHD_NO;
+}
+
+/* libmicrohttpd's diagnostics, one escaped line each. Its notes on
+ * refusals are left out: attnd_http_refuse() logs each refused request. */
+__attribute__((format(printf, 2, 0))) static void on_mhd_log(void *cls, const char *fmt,
+                                                              va_list ap) {
+  attnd_server *s = cls;
+  char msg[512], esc[600];
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  msg[strcspn(msg, "\n")] = 0;
+  if (!strncmp(msg, "Error processing request", 24) || !strncmp(msg, "Closing connection (", 20))
+    return;
+  attnd_escape(esc, sizeof esc, msg, 400);
+  pthread_mutex_lock(&s->log_mu);
+  if (s->cfg->log_json) {
+    attn_sbuf b = {0};
+    attn_sbuf_puts(&b, "{\"source\": \"libmicrohttpd\", \"message\": ");
+    attn_sbuf_json_str(&b, esc);
+    attn_sbuf_puts(&b, "}\n");
+    if (!b.oom)
+      fputs(b.p, stderr);
+    free(b.p);
+  } else {
+    fprintf(stderr, "attnd: libmicrohttpd: %s\n", esc);
+  }
+  pthread_mutex_unlock(&s->log_mu);
+}
+
+/* ---- connections ------------------------------------------------------------- */
+
+static void client_text(const struct sockaddr *a, char *out, size_t cap) {
+  if (a && a->sa_family == AF_INET)
+    inet_ntop(AF_INET, &((const struct sockaddr_in *)(const void *)a)->sin_addr, out,
+              (socklen_t)cap);
+  else if (a && a->sa_family == AF_INET6)
+    inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)(const void *)a)->sin6_addr, out,
+              (socklen_t)cap);
+  else
+    snprintf(out, cap, "?");
+}
+
+/* Before accepting: room is made by closing the oldest idle connections. */
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen_t len) {
+  (void)len;
+  attnd_server *s = cls;
+  char client[48];
+  client_text(addr, client, sizeof client);
+  return attnd_conns_admit(&s->conns, client, attnd_now()) ? MHD_YES : MHD_NO;
+}
+
 static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_ctx,
                           enum MHD_ConnectionNotificationCode code) {
-  (void)conn;
-  (void)socket_ctx;
   attnd_server *s = cls;
-  attnd_metrics_gauge_add(s->metrics, ATTND_GAUGE_CONNECTIONS,
-                          code == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1);
+  if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+    attnd_metrics_gauge_add(s->metrics, ATTND_GAUGE_CONNECTIONS, 1);
+    const union MHD_ConnectionInfo *fd =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    const union MHD_ConnectionInfo *addr =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    char client[48];
+    client_text(addr ? addr->client_addr : NULL, client, sizeof client);
+    attnd_conn *k = fd ? attnd_conns_open(&s->conns, fd->connect_fd, client, attnd_now()) : NULL;
+    if (k)
+      k->owner = s;
+    *socket_ctx = k;
+    return;
+  }
+  attnd_metrics_gauge_add(s->metrics, ATTND_GAUGE_CONNECTIONS, -1);
+  if (*socket_ctx)
+    attnd_conns_close(&s->conns, *socket_ctx);
+  *socket_ctx = NULL;
 }
 
 /* Binds the socket ourselves: a port in use is reported with its reason,
@@ -526,19 +821,67 @@ static int bind_listen(attnd_server *s) {
   return 0;
 }
 
+/* Descriptors attnd needs besides its connections: stdio, the listening
+ * socket, epoll, libuv's and the engine's wake-ups, a GPU driver's. */
+#define RESERVED_FDS 32
+
+/* Connections the registry has shut down and libmicrohttpd has not yet
+ * closed still count against libmicrohttpd's own limit: it is set this much
+ * above --max-connections, so eviction always finds room. */
+static int eviction_slack(int max) { return max / 8 > 8 ? max / 8 : 8; }
+
+/*
+ * Raises the open-file limit to what --max-connections needs; where the
+ * hard limit does not allow it, lowers the connections served to fit and
+ * says so, rather than let accept() fail and park clients in the backlog.
+ */
+static void fit_open_files(attnd_server *s) {
+  int max = s->cfg->max_connections;
+  rlim_t need = (rlim_t)max + (rlim_t)eviction_slack(max) + RESERVED_FDS;
+  struct rlimit rl;
+  s->max_connections = max;
+  if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur >= need)
+    return;
+  struct rlimit want = {need, rl.rlim_max >= need ? rl.rlim_max : need};
+  if (setrlimit(RLIMIT_NOFILE, &want) == 0)
+    return;
+  want.rlim_max = rl.rlim_max;
+  want.rlim_cur = rl.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &want);
+  getrlimit(RLIMIT_NOFILE, &rl);
+  long room = (long)rl.rlim_cur - RESERVED_FDS;
+  int fit = room > 9 ? (int)(room * 8 / 9) : 1;
+  if (fit < max)
+    s->max_connections = fit;
+  fprintf(stderr,
+          "attnd: the open-file limit is %llu (ulimit -n) and cannot be raised to %llu: "
+          "serving at most %d connections instead of %d\n",
+          (unsigned long long)rl.rlim_cur, (unsigned long long)need, s->max_connections, max);
+}
+
 int attnd_http_start(attnd_server *s) {
   if (bind_listen(s) < 0)
     return -1;
+  const attnd_config *c = s->cfg;
+  fit_open_files(s);
+  int per_client = c->max_connections_per_client;
+  attnd_conns_init(&s->conns, s->max_connections, per_client, c->header_timeout,
+                   c->idle_timeout);
   unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
                    MHD_USE_ERROR_LOG;
+  unsigned limit = (unsigned)(s->max_connections + eviction_slack(s->max_connections));
+  /* The logger must come first, or libmicrohttpd prints its first notes
+   * itself. */
   s->mhd = MHD_start_daemon(
-      flags, 0, NULL, NULL, on_request, s, MHD_OPTION_LISTEN_SOCKET, s->listen_fd,
+      flags, 0, on_accept, s, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s,
+      MHD_OPTION_LISTEN_SOCKET, s->listen_fd,
       MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION,
-      on_connection, s, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->cfg->idle_timeout,
-      MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg->max_connections,
-      MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024), MHD_OPTION_END);
+      on_connection, s, MHD_OPTION_URI_LOG_CALLBACK, on_target, s, MHD_OPTION_CONNECTION_TIMEOUT,
+      (unsigned)c->idle_timeout, MHD_OPTION_CONNECTION_LIMIT, limit,
+      MHD_OPTION_CONNECTION_MEMORY_LIMIT, CONNECTION_MEMORY, MHD_OPTION_END);
   if (!s->mhd) {
-    fprintf(stderr, "attnd: cannot start the HTTP daemon on %s:%d\n", s->cfg->host, s->port);
+    fprintf(stderr, "attnd: cannot start the HTTP daemon on %s:%d\n", c->host, s->port);
+    attnd_conns_destroy(&s->conns);
     close(s->listen_fd);
     return -1;
   }
@@ -552,7 +895,9 @@ void attnd_http_quiesce(attnd_server *s) {
 }
 
 void attnd_http_stop(attnd_server *s) {
-  if (s->mhd)
-    MHD_stop_daemon(s->mhd);
+  if (!s->mhd)
+    return;
+  MHD_stop_daemon(s->mhd);
   s->mhd = NULL;
+  attnd_conns_destroy(&s->conns);
 }

@@ -345,12 +345,24 @@ int attnd_loop_init(attnd_server *s) {
   uv_signal_init(&s->loop, &s->sigterm);
   uv_signal_init(&s->loop, &s->sigint);
   uv_timer_init(&s->loop, &s->drain_timer);
+  uv_timer_init(&s->loop, &s->sweep_timer);
+  s->sweep_timer.data = s;
   uv_signal_start(&s->sigterm, on_signal, SIGTERM);
   uv_signal_start(&s->sigint, on_signal, SIGINT);
   return 0;
 }
 
-void attnd_loop_run(attnd_server *s) { uv_run(&s->loop, UV_RUN_DEFAULT); }
+/* Connections past their header or idle deadline are closed by the
+ * registry; a quarter second is finer than any deadline a flag can set. */
+static void sweep(uv_timer_t *t) {
+  attnd_server *s = t->data;
+  attnd_conns_sweep(&s->conns, attnd_now());
+}
+
+void attnd_loop_run(attnd_server *s) {
+  uv_timer_start(&s->sweep_timer, sweep, 250, 250);
+  uv_run(&s->loop, UV_RUN_DEFAULT);
+}
 
 void attnd_loop_close(attnd_server *s) {
   uv_walk(&s->loop, close_handle, NULL);

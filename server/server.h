@@ -14,6 +14,7 @@
 #define ATTND_SERVER_H
 
 #include "config.h"
+#include "conns.h"
 #include "engine.h"
 #include "metrics.h"
 #include "proto.h"
@@ -37,6 +38,9 @@ typedef enum attnd_route {
 typedef struct attnd_req {
   struct attnd_server *srv;
   struct MHD_Connection *conn;
+  attnd_conn *link;     /* the connection's registry record */
+  bool started;         /* the first request callback has run */
+  const char *bad_target; /* why the request target is refused (414), or NULL */
   attnd_route route;
   char method[16];
   char path[128];
@@ -75,6 +79,9 @@ typedef struct attnd_server {
   const char *backend;     /* the name requests ask the engine for */
   const char *backend_note; /* why, when auto chose; "" otherwise */
   struct MHD_Daemon *mhd;
+  attnd_conns conns;       /* open connections, their deadlines and eviction */
+  int max_connections;     /* --max-connections, lowered to fit the open-file limit */
+  uv_timer_t sweep_timer;  /* closes connections past their deadlines */
   int listen_fd;
   int port;                /* the bound port (--listen ...:0 picks one) */
   uv_loop_t loop;
@@ -107,6 +114,15 @@ double attnd_now(void);
 int attnd_http_start(attnd_server *s);         /* 0, or -1 after one line */
 void attnd_http_quiesce(attnd_server *s);      /* stop accepting connections */
 void attnd_http_stop(attnd_server *s);
+/* libmicrohttpd's own refusal of a malformed request (an error page it built,
+ * without Content-Type): answered here with the JSON error instead, and the
+ * connection closed. */
+enum MHD_Result attnd_http_refuse(struct MHD_Connection *conn, unsigned status);
+/* Copies src into dst (cap bytes, NUL-terminated) for a log line or an error
+ * message: valid UTF-8 and printable ASCII as they are, anything else (control
+ * bytes, invalid UTF-8, backslash) as \xHH; cut at a character boundary with
+ * "..." when longer than max_out characters or cap. */
+void attnd_escape(char *dst, size_t cap, const char *src, size_t max_out);
 /* Sets r's reply to an error body. */
 void attnd_req_error(attnd_req *r, int status, const char *code, const char *message);
 /* Sets r's reply to the error of an engine or proto code. */

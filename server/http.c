@@ -131,10 +131,12 @@ static void get_info(attnd_req *r) {
 #endif
   attn_sbuf_printf(&b,
                    "], \"limits\": {\"max_body\": %llu, \"max_queue\": %d, \"timeout\": %g, "
-                   "\"idle_timeout\": %d, \"max_connections\": %d, \"drain_timeout\": %g, "
+                   "\"idle_timeout\": %d, \"header_timeout\": %g, \"max_connections\": %d, "
+                   "\"max_connections_per_client\": %d, \"drain_timeout\": %g, "
                    "\"max_head_dim\": %d}, \"build\": {\"cuda\": %s, \"compiler\": ",
                    (unsigned long long)c->max_body, c->max_queue, c->timeout, c->idle_timeout,
-                   c->max_connections, c->drain_timeout, ATTN_MAX_HEAD_DIM, cuda);
+                   c->header_timeout, s->max_connections, c->max_connections_per_client,
+                   c->drain_timeout, ATTN_MAX_HEAD_DIM, cuda);
   attn_sbuf_json_str(&b, __VERSION__);
   attn_sbuf_printf(&b, ", \"threads\": %d}}\n", attn_engine_threads(s->engine));
   set_json(r, 200, &b);

@@ -154,7 +154,8 @@ SERVER_SRC = server/main.c server/config.c server/http.c server/loop.c server/me
              server/conns.c server/escape.c server/mhd_shim.c
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/obj/%.o)
 
-.PHONY: all deps bench-deps test test-gpu test-image bench bench-server fuzz run clean FORCE
+.PHONY: all deps bench-deps test test-gpu test-image bench bench-server bench-memory fuzz run \
+        clean FORCE
 all: $(BUILD)/attn $(BUILD)/attnd
 
 $(BUILD)/.flags: FORCE
@@ -326,6 +327,12 @@ bench: deps bench-deps
 bench-server: deps bench-deps
 	$(MAKE) --no-print-directory $(BUILD)/attnd $(BUILD)/bench-server
 	$(BUILD)/bench-server $(BUILD)/attnd $(BUILD)/bench
+
+# Peak and settled RSS under a burst of huge JSON bodies and of parallel
+# uploads near --max-body (tests/bench/memory.py).
+bench-memory: deps
+	$(MAKE) --no-print-directory $(BUILD)/attnd
+	ATTND_BIN=$(BUILD)/attnd /usr/bin/python3 tests/bench/memory.py
 
 # docker/Dockerfile.cpu's steps in a debootstrapped chroot, then attnd from
 # it (root; not part of make test: it downloads a Debian base, ~1 minute).

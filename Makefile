@@ -150,7 +150,7 @@ FUZZ_FLAGS    = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover
 FUZZ_LIB_SRC  = engine/dtype.c engine/request.c $(PROTO_SRC)
 
 # ---- the server ---------------------------------------------------------------
-SERVER_SRC = server/main.c server/config.c server/http.c server/loop.c server/metrics.c
+SERVER_SRC = server/main.c server/config.c server/http.c server/loop.c server/deadline.c server/metrics.c
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/obj/%.o)
 
 .PHONY: all deps bench-deps test test-gpu test-image bench bench-server fuzz run clean FORCE

@@ -269,11 +269,29 @@ static void over_budget(attnd_req *r) {
   attnd_req_error(r, 503, "queue_full", msg);
 }
 
+/* A POST whose headers arrived and whose body is still being read: a drain
+ * waits for it. Counted before the drain check in begin_post, so a drain
+ * that begins meanwhile either sees the count or is seen by the check. */
+static void upload_begin(attnd_req *r) {
+  r->uploading = true;
+  attnd_upload_track(r, true);
+  attnd_metrics_gauge_add(r->srv->metrics, ATTND_GAUGE_UPLOADS, 1);
+}
+
+static void upload_end(attnd_req *r) {
+  if (!r->uploading)
+    return;
+  r->uploading = false;
+  attnd_upload_track(r, false);
+  attnd_metrics_gauge_add(r->srv->metrics, ATTND_GAUGE_UPLOADS, -1);
+}
+
 /* The first callback of a POST /attention: refuse what can be refused
  * before the body; returns false when r already has its reply. */
 static bool begin_post(attnd_req *r) {
   attnd_server *s = r->srv;
   struct MHD_Connection *conn = r->conn;
+  upload_begin(r);
   if (atomic_load(&s->draining)) {
     attnd_req_error(r, 503, "shutting_down", "the server is draining and takes no new work");
     return false;
@@ -360,6 +378,7 @@ static attnd_req *new_req(attnd_server *s, struct MHD_Connection *conn, const ch
     return NULL;
   r->srv = s;
   r->conn = conn;
+  atomic_init(&r->refs, 1); /* the connection's */
   r->t_received = attnd_now();
   snprintf(r->method, sizeof r->method, "%s", method);
   snprintf(r->path, sizeof r->path, "%s", url);
@@ -428,6 +447,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     take_body(r, upload, n);
     return MHD_YES;
   }
+  if (r->gone) /* the client reset while its job ran: close, send nothing */
+    return MHD_NO;
   if (r->status)
     return queue_reply(r);
   if (!r->submitted) {
@@ -435,6 +456,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     atomic_fetch_add(&s->replying, 1);
     MHD_suspend_connection(conn);
     attnd_loop_submit(s, r);
+    upload_end(r); /* after the handoff: a drain sees one or the other */
   }
   return MHD_YES;
 }
@@ -478,14 +500,12 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
   double total = attnd_now() - r->t_received;
   attnd_metrics_request(s->metrics, r->path, r->status, total, r->len, r->bytes_out);
   log_line(s, r, total);
-  attn_proto_req_free(&r->pr);
-  free(r->body);
-  attnd_body_release(r);
-  free(r->query);
-  free(r->resp);
+  upload_end(r);
   if (r->submitted)
     atomic_fetch_sub(&s->replying, 1);
-  free(r);
+  /* A job answered early may still be in the engine: the last reference
+   * frees r. */
+  attnd_req_unref(r);
   *con_cls = NULL;
 }
 

@@ -312,7 +312,10 @@ Test(load, clients_gone_mid_job) {
   tcase c;
   size_t len;
   char *body = slow_body(&c, 4, 700, &len);
-  /* Three clients send a slow job and hang up before the reply. */
+  /* Three clients send a slow job and close before the reply. Their FIN
+   * cannot be told from a half-close (shutdown(SHUT_WR)), whose client
+   * still reads: the jobs run, and the replies fail (499 in the log). Resets
+   * are what cancel a job (test_cancel.c). */
   int fds[3];
   for (int i = 0; i < 3; i++) {
     fds[i] = raw_connect(S.port);

@@ -64,6 +64,11 @@ extern const struct attn_backend_ops attn__cuda_backend;
 /* Ends a job: fills the result, calls the user's callback, frees the job. */
 void attn__job_complete(attn_job *job, const attn_status *st);
 
+/* Whether the job's caller canceled it (attn_request.cancel). */
+bool attn__job_canceled(const attn_job *job);
+/* Fills st with ECANCELED and returns the code. */
+int attn__canceled(attn_status *st);
+
 /* Fills all-zero strides with the contiguous layout; r must be valid. */
 void attn__request_fill_strides(attn_request *r);
 

@@ -7,7 +7,8 @@
  * a backend and queues; the backend completes the job through
  * attn__job_complete(), which also lets close() know when the last job is
  * done. close() waits for in-flight jobs rather than cancelling them: a
- * caller that closes has already stopped submitting.
+ * caller that closes has already stopped submitting (callers cancel their
+ * own jobs through attn_request.cancel).
  */
 #define _GNU_SOURCE
 #include "backend.h"
@@ -197,11 +198,27 @@ static int pick_backend(attn_engine *e, const attn_request *r,
                          name, names);
 }
 
+/* The flag is a plain int so that engine.h stays C++-clean (nvcc reads it);
+ * the GCC atomics make every access to it atomic. */
+void attn_cancel_set(int *flag) { __atomic_store_n(flag, 1, __ATOMIC_RELEASE); }
+
+bool attn_cancel_is_set(const int *flag) {
+  return flag && __atomic_load_n(flag, __ATOMIC_ACQUIRE);
+}
+
+bool attn__job_canceled(const attn_job *job) { return attn_cancel_is_set(job->req.cancel); }
+
+int attn__canceled(attn_status *st) {
+  return attn_status_set(st, ATTN_ECANCELED, "the job was canceled by its caller");
+}
+
 int attn_engine_submit(attn_engine *e, const attn_request *r, attn_done_fn done,
                        void *arg, attn_status *st) {
   int rc = attn_request_validate(r, st);
   if (rc < 0)
     return rc;
+  if (attn_cancel_is_set(r->cancel))
+    return attn_status_set(st, ATTN_ECANCELED, "the job was canceled before it was queued");
   if (!done)
     return attn_status_set(st, ATTN_EINVAL, "no completion callback");
   backend_slot *s;

@@ -25,6 +25,17 @@
  * names the offending field and value (e.g. "heads_q (6) is not a multiple of
  * heads_kv (4)"). attn_strerror() and attn_err_name() describe a bare code.
  *
+ * Cancellation. A caller that may give up on a job (a deadline, a client
+ * that left) points attn_request.cancel at an int it owns, zero at submit,
+ * and later calls attn_cancel_set() on it from any thread. The engine reads
+ * the flag between work items: the CPU backends before each item (a block of
+ * query rows, a head of the reference), the CUDA backend before it stages a
+ * job, after packing it and before unpacking the result (a kernel already
+ * launched runs to its end). A job canceled in time still completes exactly
+ * once, with ATTN_ECANCELED and its outputs partly written; one whose work
+ * was all done may complete normally. Submitting with the flag already set
+ * fails with ATTN_ECANCELED. The flag must stay valid until the callback.
+ *
  * Threads. attn_engine_submit() and attn_engine_run() may be called from any
  * thread, concurrently. All requests share one worker pool sized by
  * attn_config.threads, so concurrent requests queue for cores instead of
@@ -162,7 +173,16 @@ typedef struct attn_request {
 
   /* "auto" (or NULL), "cpu", "cuda" or "reference". */
   const char *backend;
+
+  /* NULL, or a flag the caller sets with attn_cancel_set() to stop the job
+   * early (see "Cancellation" above). */
+  const int *cancel;
 } attn_request;
+
+/* Sets a cancel flag (atomically; any thread). */
+void attn_cancel_set(int *flag);
+/* Whether a cancel flag (NULL: none) is set (an atomic read). */
+bool attn_cancel_is_set(const int *flag);
 
 /* Zeroes r and sets the defaults: F32, scale NaN (default), windows -1. */
 void attn_request_init(attn_request *r);

@@ -148,6 +148,14 @@ static void ref_run(attn_pool_task *t, int64_t item, void *ws) {
   const attn_request *r = &rj->job->req;
   if (atomic_load(&rj->failed))
     return;
+  /* A head is the unit of work: a canceled job skips the heads not begun. */
+  if (attn__job_canceled(rj->job)) {
+    attn_status st;
+    attn__canceled(&st);
+    if (atomic_exchange(&rj->failed, 1) == 0)
+      rj->err = st;
+    return;
+  }
   int64_t b = item / r->heads_q, h = item % r->heads_q;
   const int64_t nq = r->seq_q, D = r->head_dim;
   attn_status st = {0};

@@ -302,11 +302,29 @@ static void over_budget(attnd_req *r) {
   attnd_req_error(r, 503, "queue_full", msg);
 }
 
+/* A POST whose headers arrived and whose body is still being read: a drain
+ * waits for it. Counted before the drain check in begin_post, so a drain
+ * that begins meanwhile either sees the count or is seen by the check. */
+static void upload_begin(attnd_req *r) {
+  r->uploading = true;
+  attnd_upload_track(r, true);
+  attnd_metrics_gauge_add(r->srv->metrics, ATTND_GAUGE_UPLOADS, 1);
+}
+
+static void upload_end(attnd_req *r) {
+  if (!r->uploading)
+    return;
+  r->uploading = false;
+  attnd_upload_track(r, false);
+  attnd_metrics_gauge_add(r->srv->metrics, ATTND_GAUGE_UPLOADS, -1);
+}
+
 /* The first callback of a POST /attention: refuse what can be refused
  * before the body; returns false when r already has its reply. */
 static bool begin_post(attnd_req *r) {
   attnd_server *s = r->srv;
   struct MHD_Connection *conn = r->conn;
+  upload_begin(r);
   if (atomic_load(&s->draining)) {
     attnd_req_error(r, 503, "shutting_down", "the server is draining and takes no new work");
     return false;
@@ -394,6 +412,7 @@ static attnd_req *new_req(attnd_server *s, struct MHD_Connection *conn) {
     return NULL;
   r->srv = s;
   r->conn = conn;
+  atomic_init(&r->refs, 1); /* the connection's */
   r->t_received = attnd_now();
   r->route = ATTND_R_NONE;
   snprintf(r->method, sizeof r->method, "-");
@@ -579,6 +598,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     take_body(r, upload, n);
     return MHD_YES;
   }
+  if (r->gone) /* the client reset while its job ran: close, send nothing */
+    return MHD_NO;
   if (r->status)
     return queue_reply(r);
   if (!r->submitted) {
@@ -586,6 +607,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     atomic_fetch_add(&s->replying, 1);
     MHD_suspend_connection(conn);
     attnd_loop_submit(s, r);
+    upload_end(r); /* after the handoff: a drain sees one or the other */
   }
   return MHD_YES;
 }
@@ -642,15 +664,14 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
   if (r->link) {
     r->link->req = NULL;
     attnd_conns_set(&s->conns, r->link, ATTND_CONN_IDLE, attnd_now());
+    r->link = NULL;
   }
-  attn_proto_req_free(&r->pr);
-  free(r->body);
-  attnd_body_release(r);
-  free(r->query);
-  free(r->resp);
+  upload_end(r);
   if (r->submitted)
     atomic_fetch_sub(&s->replying, 1);
-  free(r);
+  /* A job answered early may still be in the engine: the last reference
+   * frees r. */
+  attnd_req_unref(r);
   *con_cls = NULL;
 }
 
@@ -724,15 +745,26 @@ enum MHD_Result attnd_http_refuse(struct MHD_Connection *conn, unsigned status) 
   return MHD_NO;
 }
 
-/* libmicrohttpd's diagnostics, one escaped line each. Its notes on
- * refusals are left out: attnd_http_refuse() logs each refused request. */
+/* libmicrohttpd's notes that attnd logs better itself: each refused
+ * request has its request line, and a connection closed on purpose (a client
+ * that reset during its job) has its cancel line. */
+static bool said_already(const char *msg) {
+  static const char *const notes[] = {"Error processing request", "Closing connection (",
+                                      "Application reported internal error"};
+  for (size_t i = 0; i < sizeof notes / sizeof *notes; i++)
+    if (!strncmp(msg, notes[i], strlen(notes[i])))
+      return true;
+  return false;
+}
+
+/* libmicrohttpd's diagnostics, one escaped line each. */
 __attribute__((format(printf, 2, 0))) static void on_mhd_log(void *cls, const char *fmt,
                                                               va_list ap) {
   attnd_server *s = cls;
   char msg[512], esc[600];
   vsnprintf(msg, sizeof msg, fmt, ap);
   msg[strcspn(msg, "\n")] = 0;
-  if (!strncmp(msg, "Error processing request", 24) || !strncmp(msg, "Closing connection (", 20))
+  if (said_already(msg))
     return;
   attnd_escape(esc, sizeof esc, msg, 400);
   pthread_mutex_lock(&s->log_mu);

@@ -5,17 +5,22 @@
  * list and uv_async_send; sends coalesce, so the callback drains the list
  * whole. Admission bounds the jobs admitted and not finished at
  * --max-queue (more get 503 with Retry-After). Admitted jobs wait in FIFO
- * order until one of max_running slots frees; a job that waited past
- * --timeout gets 504, and one whose client already hung up is dropped
- * without computing. A running job decodes and is submitted to the engine
- * on libuv's threadpool; the engine computes on its own threads (CPU
- * workers sized to the cores, or CUDA streams) and its completion callback
- * hands the job back here with uv_async_send; the reply is encoded on the
- * threadpool, and its completion here resumes the connection.
+ * order until one of max_running slots frees. A running job decodes and is
+ * submitted to the engine on libuv's threadpool; the engine computes on its
+ * own threads (CPU workers sized to the cores, or CUDA streams) and its
+ * completion callback hands the job back here with uv_async_send; the reply
+ * is encoded on the threadpool, and its completion here resumes the
+ * connection.
+ *
+ * Deadlines and hang-ups (deadline.c) cut this short at any stage: the reply
+ * (504, or a close for a client that reset) goes out at once, the engine job
+ * is canceled through its flag, and the job's end is still awaited before
+ * its slot and memory are given back; its result is dropped.
  *
  * SIGTERM or SIGINT starts a drain: /readyz turns 503, the listening socket
- * closes, queued and running jobs finish, and the loop stops when nothing is
- * left or --drain-timeout passes.
+ * closes, bodies whose headers came before it are read, queued and running
+ * jobs finish, and the loop stops when nothing is left or --drain-timeout
+ * passes (what is left then is answered 503 and canceled).
  */
 #include "server.h"
 
@@ -44,10 +49,47 @@ double attnd_now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* The reply is set: give the connection back to the HTTP thread. */
-static void finish(attnd_req *r) { MHD_resume_connection(r->conn); }
+/* The reply is set (or, for a client that reset, the close decided): give
+ * the connection back to the HTTP thread, once. From here on the reply
+ * fields belong to that thread, and r->conn may be gone. */
+static void finish(attnd_req *r) {
+  r->answered = true;
+  MHD_resume_connection(r->conn);
+}
+
+void attnd_req_unref(attnd_req *r) {
+  if (atomic_fetch_sub(&r->refs, 1) != 1)
+    return;
+  attn_proto_req_free(&r->pr);
+  free(r->body);
+  attnd_body_release(r);
+  free(r->query);
+  free(r->resp);
+  free(r->out);
+  free(r);
+}
 
 static void dispatch(attnd_server *s);
+
+/* ---- the loop's list of admitted jobs (for deadline.c) ------------------------ */
+
+static void act_add(attnd_server *s, attnd_req *r) {
+  r->act_prev = NULL;
+  r->act_next = s->act_head;
+  if (s->act_head)
+    s->act_head->act_prev = r;
+  s->act_head = r;
+}
+
+static void act_remove(attnd_server *s, attnd_req *r) {
+  if (r->act_prev)
+    r->act_prev->act_next = r->act_next;
+  else
+    s->act_head = r->act_next;
+  if (r->act_next)
+    r->act_next->act_prev = r->act_prev;
+  r->act_prev = r->act_next = NULL;
+}
 
 /* ---- the job: decode and submit, compute, encode ---------------------------- */
 
@@ -88,6 +130,8 @@ static void decode_submit(uv_work_t *w) {
     /* "auto" means the server's backend; a named one is the client's call */
     if (!strcmp(r->pr.req.backend, "auto"))
       r->pr.req.backend = s->backend;
+    /* a job canceled while it decoded is refused by the engine */
+    r->pr.req.cancel = &r->cancel;
     /* Set before submitting: once submitted, the job may complete (and r be
      * touched by the loop) before this thread returns. */
     r->in_engine = true;
@@ -96,8 +140,8 @@ static void decode_submit(uv_work_t *w) {
       return;
     r->in_engine = false;
   }
-  r->t_done = attnd_now();
-  attnd_req_fail(r, &st);
+  r->t_engine = attnd_now();
+  r->job_st = st;
   drop_inputs(r);
 }
 
@@ -106,53 +150,91 @@ static void engine_done(const attn_result *res, void *arg) {
   attnd_req *r = arg;
   attnd_server *s = r->srv;
   r->res = *res;
-  r->t_done = attnd_now();
+  r->t_engine = attnd_now();
   pthread_mutex_lock(&s->mu);
   push(&s->done_head, &s->done_tail, r);
   pthread_mutex_unlock(&s->mu);
   uv_async_send(&s->completed);
 }
 
+/* The threadpool: the result into r->out, or the failure into r->job_st. */
 static void encode(uv_work_t *w) {
   attnd_req *r = w->data;
   attn_status st;
+  int rc;
   if (r->res.status.code) {
-    attnd_req_fail(r, &r->res.status);
+    st = r->res.status;
+    rc = -1;
   } else if (r->binary_out) {
-    void *buf;
-    size_t len;
-    if (attn_proto_encode_safetensors(&r->pr, &buf, &len, &st) < 0)
-      attnd_req_fail(r, &st);
-    else {
-      r->status = 200;
-      r->resp = buf;
-      r->resp_len = len;
-      r->ctype = "application/octet-stream";
-    }
+    void *buf = NULL;
+    rc = attn_proto_encode_safetensors(&r->pr, &buf, &r->out_len, &st);
+    r->out = buf;
+    r->out_ctype = "application/octet-stream";
   } else {
-    char *buf;
-    size_t len;
-    if (attn_proto_encode_json(&r->pr, r->res.backend, &buf, &len, &st) < 0)
-      attnd_req_fail(r, &st);
-    else {
-      r->status = 200;
-      r->resp = buf;
-      r->resp_len = len;
-      r->ctype = "application/json";
-    }
+    rc = attn_proto_encode_json(&r->pr, r->res.backend, &r->out, &r->out_len, &st);
+    r->out_ctype = "application/json";
   }
+  if (rc < 0)
+    r->job_st = st;
   drop_inputs(r);
 }
 
-/* The reply is set: account for the job and start the next. */
+/* The job's outcome becomes the reply. */
+static void reply_from_job(attnd_req *r) {
+  r->t_done = r->t_engine;
+  if (r->job_st.code) {
+    attnd_req_fail(r, &r->job_st);
+    return;
+  }
+  free(r->resp);
+  r->status = 200;
+  r->resp = r->out;
+  r->resp_len = r->out_len;
+  r->ctype = r->out_ctype;
+  r->out = NULL;
+}
+
+static void log_canceled(attnd_req *r, const char *what) {
+  attnd_server *s = r->srv;
+  pthread_mutex_lock(&s->log_mu);
+  fprintf(stderr, "attnd: %s %s canceled (%s): %s\n", r->method, r->path,
+          attnd_cancel_reason_name(r->cancel_why), what);
+  pthread_mutex_unlock(&s->log_mu);
+}
+
+/* A job answered early has ended: say whether the cancel cut it short. */
+static void note_canceled_job(attnd_req *r) {
+  if (!r->canceled)
+    return;
+  bool cut = r->job_st.code == ATTN_ECANCELED || r->res.status.code == ATTN_ECANCELED;
+  char what[160];
+  if (cut) {
+    attnd_metrics_canceled(r->srv->metrics, r->cancel_why, ATTND_STAGE_RUNNING);
+    snprintf(what, sizeof what, "the engine stopped the job %.3f s after it started",
+             r->t_engine - r->t_started);
+  } else {
+    snprintf(what, sizeof what, "the job had already run to its end; its result was dropped");
+  }
+  log_canceled(r, what);
+}
+
+/* The job has ended: account for it and start the next. */
 static void complete(attnd_req *r) {
   attnd_server *s = r->srv;
   s->running--;
   s->admitted--;
+  act_remove(s, r);
   attnd_metrics_gauge_add(s->metrics, ATTND_GAUGE_INFLIGHT, -1);
-  if (r->status == 200)
-    attnd_metrics_engine(s->metrics, r->res.backend, r->res.engine_seconds, r->res.flops);
-  finish(r);
+  if (!r->answered) {
+    reply_from_job(r);
+    if (r->status == 200)
+      attnd_metrics_engine(s->metrics, r->res.backend, r->res.engine_seconds, r->res.flops);
+    finish(r);
+  } else {
+    note_canceled_job(r);
+  }
+  attnd_req_unref(r);
+  attnd_deadline_arm(s);
   dispatch(s);
 }
 
@@ -185,47 +267,94 @@ static void on_completed(uv_async_t *h) {
   pthread_mutex_unlock(&s->mu);
   while (r) {
     attnd_req *next = r->next;
-    r->work2.data = r;
-    uv_queue_work(&s->loop, &r->work2, encode, after_encode);
+    if (r->answered) { /* nobody waits for this result: skip the encoding */
+      drop_inputs(r);
+      stage_done(r);
+    } else {
+      r->work2.data = r;
+      uv_queue_work(&s->loop, &r->work2, encode, after_encode);
+    }
     r = next;
   }
 }
 
-/* Whether the client closed its end while the job waited (a peek that sees
- * end-of-file). Data in the socket means a live, pipelining client. */
-static bool client_gone(attnd_req *r) {
-  const union MHD_ConnectionInfo *ci =
-      MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-  if (!ci)
-    return false;
-  char c;
-  return recv(ci->connect_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+/* ---- canceling ------------------------------------------------------------- */
+
+static void pend_remove(attnd_server *s, attnd_req *r) {
+  attnd_req **pp = &s->pend_head, *prev = NULL;
+  while (*pp && *pp != r) {
+    prev = *pp;
+    pp = &(*pp)->next;
+  }
+  if (!*pp)
+    return;
+  *pp = r->next;
+  if (s->pend_tail == r)
+    s->pend_tail = prev;
+  attnd_metrics_gauge_add(s->metrics, ATTND_GAUGE_QUEUE_DEPTH, -1);
 }
+
+/* The early reply of a canceled job; none for a client that reset (a 499
+ * is only ever logged, never sent). */
+static void cancel_reply(attnd_req *r, attnd_cancel_reason why) {
+  const char *where = r->dispatched ? "running" : "queued";
+  char msg[200];
+  if (why == ATTND_CANCEL_CLIENT_CLOSED) {
+    r->gone = true;
+  } else if (why == ATTND_CANCEL_TIMEOUT) {
+    snprintf(msg, sizeof msg,
+             "no reply within the %g s deadline (--timeout); the request was %s after %.3f s "
+             "and its job was canceled",
+             r->srv->cfg->timeout, where, attnd_now() - r->t_received);
+    attnd_req_error(r, 504, "timeout", msg);
+  } else {
+    snprintf(msg, sizeof msg,
+             "the server shut down (--drain-timeout) while this request was %s", where);
+    attnd_req_error(r, 503, "shutting_down", msg);
+  }
+}
+
+void attnd_loop_cancel(attnd_server *s, attnd_req *r, attnd_cancel_reason why) {
+  if (r->answered)
+    return;
+  attn_cancel_set(&r->cancel);
+  r->canceled = true;
+  r->cancel_why = why;
+  r->t_done = attnd_now();
+  cancel_reply(r, why);
+  if (r->dispatched) { /* the job's end is awaited in complete() */
+    finish(r);
+    return;
+  }
+  pend_remove(s, r);
+  act_remove(s, r);
+  s->admitted--;
+  attnd_metrics_canceled(s->metrics, why, ATTND_STAGE_QUEUED);
+  log_canceled(r, "dropped from the queue before it ran");
+  finish(r);
+  attnd_req_unref(r);
+}
+
+/* ---- admission and dispatch ----------------------------------------------- */
 
 static void dispatch(attnd_server *s) {
   while (s->running < s->max_running && s->pend_head) {
     attnd_req *r = s->pend_head;
+    double now = attnd_now();
+    /* What the timer would find at its next tick, found now. */
+    if (now >= r->t_received + s->cfg->timeout) {
+      attnd_loop_cancel(s, r, ATTND_CANCEL_TIMEOUT);
+      continue;
+    }
+    if (attnd_client_reset(r)) {
+      attnd_loop_cancel(s, r, ATTND_CANCEL_CLIENT_CLOSED);
+      continue;
+    }
     s->pend_head = r->next;
     if (!s->pend_head)
       s->pend_tail = NULL;
     attnd_metrics_gauge_add(s->metrics, ATTND_GAUGE_QUEUE_DEPTH, -1);
-    double now = attnd_now();
-    if (now - r->t_received > s->cfg->timeout) {
-      char msg[160];
-      snprintf(msg, sizeof msg,
-               "the request waited %.3f s in the queue, past the %g s deadline (--timeout)",
-               now - r->t_received, s->cfg->timeout);
-      attnd_req_error(r, 504, "timeout", msg);
-      s->admitted--;
-      finish(r);
-      continue;
-    }
-    if (client_gone(r)) {
-      attnd_req_error(r, 499, "client_closed", "the client closed the connection");
-      s->admitted--;
-      finish(r);
-      continue;
-    }
+    r->dispatched = true;
     r->t_started = now;
     attnd_metrics_queue_wait(s->metrics, now - r->t_admitted);
     s->running++;
@@ -237,20 +366,30 @@ static void dispatch(attnd_server *s) {
   }
 }
 
+static void refuse(attnd_req *r, const char *code, const char *msg) {
+  attnd_req_error(r, 503, code, msg);
+  finish(r);
+  attnd_req_unref(r);
+}
+
 static void admit(attnd_server *s, attnd_req *r) {
   r->t_admitted = attnd_now();
+  if (s->drain_expired) {
+    refuse(r, "shutting_down", "the server shut down before this request ran");
+    return;
+  }
   if (s->admitted >= s->cfg->max_queue) {
     char msg[160];
     snprintf(msg, sizeof msg,
              "the queue is full (%d requests admitted, --max-queue %d); retry shortly",
              s->admitted, s->cfg->max_queue);
-    attnd_req_error(r, 503, "queue_full", msg);
-    finish(r);
+    refuse(r, "queue_full", msg);
     return;
   }
   s->admitted++;
   attnd_metrics_gauge_add(s->metrics, ATTND_GAUGE_QUEUE_DEPTH, 1);
   push(&s->pend_head, &s->pend_tail, r);
+  act_add(s, r);
 }
 
 static void on_incoming(uv_async_t *h) {
@@ -265,9 +404,36 @@ static void on_incoming(uv_async_t *h) {
     r = next;
   }
   dispatch(s);
+  attnd_deadline_arm(s);
+}
+
+void attnd_upload_track(attnd_req *r, bool on) {
+  attnd_server *s = r->srv;
+  if (on) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    r->fd = ci ? ci->connect_fd : -1;
+  }
+  pthread_mutex_lock(&s->mu);
+  if (on) {
+    r->up_prev = NULL;
+    r->up_next = s->up_head;
+    if (s->up_head)
+      s->up_head->up_prev = r;
+    s->up_head = r;
+  } else {
+    if (r->up_prev)
+      r->up_prev->up_next = r->up_next;
+    else
+      s->up_head = r->up_next;
+    if (r->up_next)
+      r->up_next->up_prev = r->up_prev;
+  }
+  pthread_mutex_unlock(&s->mu);
 }
 
 void attnd_loop_submit(attnd_server *s, attnd_req *r) {
+  atomic_fetch_add(&r->refs, 1); /* the job's, dropped when it ends */
   pthread_mutex_lock(&s->mu);
   push(&s->in_head, &s->in_tail, r);
   pthread_mutex_unlock(&s->mu);
@@ -283,38 +449,58 @@ static void close_handle(uv_handle_t *h, void *arg) {
 }
 
 /*
- * Every 20 ms of a drain: stop once no job is left and their replies are
- * out. A reply normally completes in microseconds; one to a client that is
- * gone may only complete when the idle timeout reaps its connection, so the
- * wait for replies is capped (2 s; 0.5 s past the drain deadline).
+ * Uploads the drain waits for; s->mu held (the HTTP thread cannot end one
+ * meanwhile, so its socket is still its own). One whose client closed or
+ * reset in mid-body can never complete, and libmicrohttpd may not notice
+ * until --idle-timeout: it is not waited for.
+ */
+static int live_uploads(attnd_server *s) {
+  int n = 0;
+  for (attnd_req *r = s->up_head; r; r = r->up_next)
+    n += r->fd < 0 || attnd_peek(r->fd) > 0;
+  return n;
+}
+
+/* Past --drain-timeout: every job still queued or running is answered 503
+ * and its engine work canceled; main() exits without waiting for jobs the
+ * engine has not yet stopped. */
+static void expire_drain(attnd_server *s) {
+  s->drain_expired = true;
+  int running = s->running;
+  attnd_req *next;
+  for (attnd_req *r = s->act_head; r; r = next) {
+    next = r->act_next;
+    attnd_loop_cancel(s, r, ATTND_CANCEL_SHUTDOWN);
+  }
+  fprintf(stderr, "attnd: drain timeout: %d running jobs canceled; uploads still under way "
+                  "are cut off\n",
+          running);
+  s->jobs_done_at = 0;
+}
+
+/*
+ * Every 20 ms of a drain: stop once no upload that began before the drain
+ * is still being read, no job is left and their replies are out. A reply
+ * normally completes in microseconds; one to a client that is gone may only
+ * complete when the idle timeout reaps its connection, so the wait for
+ * replies is capped (2 s; 0.5 s past the drain deadline).
  */
 static void check_drain(uv_timer_t *t) {
   attnd_server *s = t->data;
   double now = attnd_now();
-  if (!s->drain_expired && now >= s->drain_deadline) {
-    /* Out of time: whatever still waits is told so; running jobs cannot be
-     * stopped, and main() exits without waiting for them. */
-    s->drain_expired = true;
-    while (s->pend_head) {
-      attnd_req *r = s->pend_head;
-      s->pend_head = r->next;
-      attnd_req_error(r, 503, "shutting_down", "the server shut down before this request ran");
-      s->admitted--;
-      attnd_metrics_gauge_add(s->metrics, ATTND_GAUGE_QUEUE_DEPTH, -1);
-      finish(r);
-    }
-    s->pend_tail = NULL;
-    fprintf(stderr, "attnd: drain timeout: %d jobs still running\n", s->running);
-    s->jobs_done_at = 0;
-  }
+  if (!s->drain_expired && now >= s->drain_deadline)
+    expire_drain(s);
+  /* One lock for both lists: an upload that ends is on the incoming list
+   * before it leaves the uploads'. */
   pthread_mutex_lock(&s->mu);
+  int uploads = live_uploads(s);
   bool incoming = s->in_head != NULL;
   pthread_mutex_unlock(&s->mu);
-  if (incoming || (!s->drain_expired && s->admitted > 0))
+  if (incoming || (!s->drain_expired && (s->admitted > 0 || uploads > 0)))
     return;
   if (s->jobs_done_at == 0)
     s->jobs_done_at = now;
-  int left = atomic_load(&s->replying) - (s->drain_expired ? s->running : 0);
+  int left = atomic_load(&s->replying);
   if (left <= 0 || now - s->jobs_done_at > (s->drain_expired ? 0.5 : 2.0)) {
     if (left > 0)
       fprintf(stderr, "attnd: %d replies not confirmed sent; stopping\n", left);
@@ -347,6 +533,7 @@ int attnd_loop_init(attnd_server *s) {
   uv_timer_init(&s->loop, &s->drain_timer);
   uv_timer_init(&s->loop, &s->sweep_timer);
   s->sweep_timer.data = s;
+  attnd_deadline_init(s);
   uv_signal_start(&s->sigterm, on_signal, SIGTERM);
   uv_signal_start(&s->sigint, on_signal, SIGINT);
   return 0;

@@ -85,8 +85,8 @@ int main(int argc, char **argv) {
           (unsigned long long)cfg.max_body, cfg.max_queue);
   attnd_loop_run(&s);
   if (s.running > 0) {
-    /* Jobs past the drain timeout hold suspended connections and engine
-     * work that cannot be cancelled: leave without waiting for them. */
+    /* Jobs canceled at the drain timeout may still be finishing an engine
+     * work item: leave without waiting for them. */
     fflush(stderr);
     _exit(0);
   }

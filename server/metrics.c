@@ -76,6 +76,7 @@ typedef struct state {
   backend_stats overflow; /* backends past the first MAX_BACKENDS, as "other" */
   int64_t gauges[ATTND_GAUGE_COUNT];
   uint64_t bytes_in, bytes_out;
+  uint64_t canceled[ATTND_CANCEL_REASONS][ATTND_STAGES];
 } state;
 
 struct attnd_metrics {
@@ -191,6 +192,20 @@ void attnd_metrics_engine(attnd_metrics *m, const char *backend, double seconds,
     b->seconds += seconds;
   if (isfinite(flops) && flops > 0)
     b->flops += flops;
+  pthread_mutex_unlock(&m->mu);
+}
+
+const char *attnd_cancel_reason_name(attnd_cancel_reason why) {
+  static const char *const names[ATTND_CANCEL_REASONS] = {"timeout", "client_closed",
+                                                          "shutting_down"};
+  return (unsigned)why < ATTND_CANCEL_REASONS ? names[why] : "other";
+}
+
+void attnd_metrics_canceled(attnd_metrics *m, attnd_cancel_reason why, attnd_cancel_stage stage) {
+  if ((unsigned)why >= ATTND_CANCEL_REASONS || (unsigned)stage >= ATTND_STAGES)
+    return;
+  pthread_mutex_lock(&m->mu);
+  m->s.canceled[why][stage]++;
   pthread_mutex_unlock(&m->mu);
 }
 
@@ -392,6 +407,15 @@ char *attnd_metrics_render(attnd_metrics *m, size_t *plen) {
                 "Floating-point operations of completed jobs, by backend.");
   render_backends(&b, s, "attnd_flops_total", 1);
 
+  family_header(&b, "attnd_jobs_canceled_total", "counter",
+                "Jobs cut short (deadline, client reset, shutdown), by reason and by where "
+                "they were: dropped from the queue, or stopped in the engine.");
+  for (int why = 0; why < ATTND_CANCEL_REASONS; why++)
+    for (int st = 0; st < ATTND_STAGES; st++)
+      buf_printf(&b, "attnd_jobs_canceled_total{reason=\"%s\",stage=\"%s\"} %" PRIu64 "\n",
+                 attnd_cancel_reason_name((attnd_cancel_reason)why),
+                 st == ATTND_STAGE_QUEUED ? "queued" : "running", s->canceled[why][st]);
+
   static const struct {
     attnd_gauge g;
     const char *name, *help;
@@ -399,6 +423,8 @@ char *attnd_metrics_render(attnd_metrics *m, size_t *plen) {
       {ATTND_GAUGE_QUEUE_DEPTH, "attnd_queue_depth", "Jobs admitted, not yet started."},
       {ATTND_GAUGE_INFLIGHT, "attnd_inflight", "Jobs running in the engine."},
       {ATTND_GAUGE_CONNECTIONS, "attnd_connections", "Open HTTP connections."},
+      {ATTND_GAUGE_UPLOADS, "attnd_uploads",
+       "POST requests whose headers arrived and whose body is still being read."},
   };
   for (size_t i = 0; i < sizeof gauges / sizeof gauges[0]; i++) {
     family_header(&b, gauges[i].name, "gauge", gauges[i].help);

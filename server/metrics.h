@@ -14,8 +14,10 @@
  *   attnd_queue_wait_seconds                   histogram
  *   attnd_engine_seconds_total{backend}        counter
  *   attnd_flops_total{backend}                 counter
+ *   attnd_jobs_canceled_total{reason,stage}    counter
  *   attnd_queue_depth                          gauge
  *   attnd_inflight                             gauge
+ *   attnd_uploads                              gauge
  *   attnd_connections                          gauge
  *   attnd_bytes_received_total                 counter
  *   attnd_bytes_sent_total                     counter
@@ -32,6 +34,7 @@ typedef enum attnd_gauge {
   ATTND_GAUGE_QUEUE_DEPTH, /* jobs admitted, not yet started */
   ATTND_GAUGE_INFLIGHT,    /* jobs running in the engine */
   ATTND_GAUGE_CONNECTIONS, /* open HTTP connections */
+  ATTND_GAUGE_UPLOADS,     /* POST bodies being read (headers in, body not) */
   ATTND_GAUGE_COUNT
 } attnd_gauge;
 
@@ -49,6 +52,23 @@ void attnd_metrics_queue_wait(attnd_metrics *m, double seconds);
 /* A job the engine completed. */
 void attnd_metrics_engine(attnd_metrics *m, const char *backend, double seconds,
                           double flops);
+/* Why a job was canceled, and where it was then. */
+typedef enum attnd_cancel_reason {
+  ATTND_CANCEL_TIMEOUT,       /* past --timeout */
+  ATTND_CANCEL_CLIENT_CLOSED, /* the client reset the connection */
+  ATTND_CANCEL_SHUTDOWN,      /* past --drain-timeout */
+  ATTND_CANCEL_REASONS
+} attnd_cancel_reason;
+typedef enum attnd_cancel_stage {
+  ATTND_STAGE_QUEUED,  /* dropped from the queue: never started */
+  ATTND_STAGE_RUNNING, /* stopped by the engine before its end */
+  ATTND_STAGES
+} attnd_cancel_stage;
+/* A job cut short: counted once, when it ends. */
+void attnd_metrics_canceled(attnd_metrics *m, attnd_cancel_reason why, attnd_cancel_stage stage);
+/* "timeout", "client_closed", "shutting_down". */
+const char *attnd_cancel_reason_name(attnd_cancel_reason why);
+
 void attnd_metrics_gauge_add(attnd_metrics *m, attnd_gauge g, int64_t delta);
 int64_t attnd_metrics_gauge(attnd_metrics *m, attnd_gauge g);
 

@@ -61,6 +61,16 @@ typedef struct attnd_req {
   bool retry_after;
   bool queued;          /* the reply was queued to libmicrohttpd */
   uint64_t bytes_out;
+  /* Lifetime: the connection holds a reference from the first callback to
+   * on_completed(), the loop another from the handoff to the job's end; the
+   * last one frees r (attnd_req_unref). A reply sent early (deadline, reset,
+   * shutdown) ends the connection while the engine may still be finishing
+   * its current work item on r's tensors. */
+  atomic_int refs;
+  bool uploading;       /* on s->up_head's list; HTTP thread only */
+  int fd;               /* its socket, for the drain's peek */
+  struct attnd_req *up_prev, *up_next; /* s->up_head's list, under s->mu */
+  bool gone;            /* set by the loop: the client reset, close unanswered */
   /* the job, while the loop owns it */
   attn_proto_req pr;
   attn_result res;
@@ -68,7 +78,22 @@ typedef struct attnd_req {
   uv_work_t work2;      /* encode */
   bool in_engine;       /* submitted: the engine will report back */
   int stages_left;      /* loop callbacks still due before it completes */
+  int cancel;           /* the engine's cancel flag (attn_cancel_set) */
+  /* What the threadpool and engine produce; the loop turns it into the
+   * reply unless one was already sent (the reply fields then belong to the
+   * HTTP thread). */
+  attn_status job_st;   /* a decode, submit, engine or encode failure */
+  char *out;            /* the encoded reply body */
+  size_t out_len;
+  const char *out_ctype;
+  double t_engine;      /* when decoding failed or the engine completed */
+  /* loop only */
+  bool dispatched;      /* left the queue for decode and the engine */
+  bool answered;        /* the reply is set and the connection resumed */
+  bool canceled;
+  attnd_cancel_reason cancel_why;
   struct attnd_req *next;
+  struct attnd_req *act_prev, *act_next; /* the loop's admitted jobs */
 } attnd_req;
 
 typedef struct attnd_server {
@@ -92,10 +117,15 @@ typedef struct attnd_server {
   attnd_req *done_head, *done_tail; /* under mu */
   int max_running;         /* jobs between dispatch and reply at once */
   attnd_req *pend_head, *pend_tail; /* loop only */
+  attnd_req *act_head;     /* every admitted job, queued or running; loop only */
+  uv_timer_t tick;         /* deadlines and client resets (deadline.c) */
   int admitted;            /* pending + running; loop only */
   int running;             /* loop only */
   atomic_bool draining;
   atomic_int replying;     /* requests handed to the loop, not yet completed */
+  /* POST /attention requests whose headers arrived and whose body is still
+   * being read, under mu: the drain waits for them too. */
+  attnd_req *up_head;
   /* Bytes of request bodies held (allocated capacity), bounded by
    * max_queue x max_body whatever mix of uploads and queued jobs. */
   _Atomic uint64_t body_bytes;
@@ -140,5 +170,29 @@ void attnd_loop_submit(attnd_server *s, attnd_req *r);
 /* Runs until a drain completes. */
 void attnd_loop_run(attnd_server *s);
 void attnd_loop_close(attnd_server *s);
+/* From the HTTP thread: r's headers arrived and its body is being read
+ * (on), or that ended (off). */
+void attnd_upload_track(attnd_req *r, bool on);
+/* Drops a reference to r; the last one frees it (any thread). */
+void attnd_req_unref(attnd_req *r);
+/* Answers an admitted job now (504 timeout, 503 shutting_down, or for a
+ * client that reset, no reply) and cancels its engine work; the job's end
+ * is still awaited. Loop only. */
+void attnd_loop_cancel(attnd_server *s, attnd_req *r, attnd_cancel_reason why);
+
+/* deadline.c: one timer for every admitted job, due at the earliest
+ * --timeout deadline and at least every ATTND_POLL_MS to look for clients
+ * that reset their connection. */
+#define ATTND_POLL_MS 100
+void attnd_deadline_init(attnd_server *s);
+/* (Re)arms the timer after jobs were admitted or ended. Loop only. */
+void attnd_deadline_arm(attnd_server *s);
+/* Whether r's client reset the connection. End-of-file is a half-close
+ * (shutdown(SHUT_WR) after the request), not a hang-up: such a client still
+ * reads the reply. */
+bool attnd_client_reset(attnd_req *r);
+/* A peek at a client's socket: 1 data waiting or nothing yet, 0 end of
+ * file, -1 an error (a reset). */
+int attnd_peek(int fd);
 
 #endif

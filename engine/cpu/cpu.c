@@ -62,6 +62,10 @@ static void scan_run(attn_pool_task *task, int64_t item, void *ws) {
   (void)ws;
   cpu_job *cj = (cpu_job *)task;
   const attn_request *r = &cj->job->req;
+  /* Canceled: the remaining items are claimed and skipped, which ends the
+   * task within one item's time on each worker. */
+  if (attn__job_canceled(cj->job))
+    return;
   int t;
   int64_t b, h;
   scan_item(r, item, &t, &b, &h);
@@ -79,6 +83,8 @@ static void scan_run(attn_pool_task *task, int64_t item, void *ws) {
 static void compute_run(attn_pool_task *task, int64_t item, void *ws) {
   cpu_job *cj = (cpu_job *)task;
   const attn_request *r = &cj->job->req;
+  if (attn__job_canceled(cj->job))
+    return;
   const int64_t g = cj->args.group;
   int64_t qblk = cj->nqt - 1 - item % cj->nqt;
   item /= cj->nqt;
@@ -95,7 +101,11 @@ static void compute_run(attn_pool_task *task, int64_t item, void *ws) {
 
 static void compute_finish(attn_pool_task *task) {
   cpu_job *cj = (cpu_job *)task;
-  attn__job_complete(cj->job, NULL);
+  attn_status st = {0};
+  /* Items may have been skipped: a canceled job's outputs are not whole. */
+  if (attn__job_canceled(cj->job))
+    attn__canceled(&st);
+  attn__job_complete(cj->job, st.code ? &st : NULL);
   free(cj);
 }
 
@@ -118,7 +128,7 @@ static int scan_verdict(cpu_job *cj, attn_status *st) {
 static void scan_finish(attn_pool_task *task) {
   cpu_job *cj = (cpu_job *)task;
   attn_status st = {0};
-  int rc = scan_verdict(cj, &st);
+  int rc = attn__job_canceled(cj->job) ? attn__canceled(&st) : scan_verdict(cj, &st);
   free(cj->maxabs);
   free(cj->bad);
   cj->maxabs = NULL;

@@ -20,6 +20,10 @@
  * that copy at the price of pinning every body. Only the staging variant is
  * built; the two were not measured against each other.
  *
+ * A canceled job (attn_request.cancel) is checked before it is staged,
+ * after packing (before anything is queued on the stream) and before its
+ * outputs are unpacked; work already queued on a stream runs to its end.
+ *
  * Errors never abort. An allocation that does not fit is ENOMEM (the server
  * answers 503: retry later). Any other CUDA error fails the job with
  * EDEVICE and marks the device unhealthy: its context may be corrupt, so it
@@ -231,6 +235,9 @@ static int start(cu_slot *sl, attn_status *st) {
   const attn_request *r = &sl->job->req;
   cudaError_t e;
   const char *what = "cudaSetDevice";
+  /* A job canceled while it waited for a slot is never staged. */
+  if (attn__job_canceled(sl->job))
+    return attn__canceled(st);
   if ((e = cudaSetDevice(d->ordinal)) != cudaSuccess)
     goto device_error;
   shape_of(r, &sl->prm);
@@ -250,6 +257,9 @@ static int start(cu_slot *sl, attn_status *st) {
   attn_cu_scan_result *scan = (attn_cu_scan_result *)(sl->pinned + sl->off_scan);
   for (int t = 0; t < 3; t++)
     scan[t] = (attn_cu_scan_result){.first_bad = ~0ull, .maxabs_bits = 0, .pad_ = 0};
+  /* Packing is the host's long step: one canceled meanwhile launches nothing. */
+  if (attn__job_canceled(sl->job))
+    return attn__canceled(st);
 
   what = "cudaMallocFromPoolAsync";
   sl->dmem = NULL;
@@ -324,6 +334,8 @@ static int finish(cu_slot *sl, attn_status *st) {
   const attn_cu_params *p = &sl->prm;
   const attn_cu_scan_result *scan = (const attn_cu_scan_result *)(sl->pinned + sl->off_scan);
   static const char *const names[3] = {"q", "k", "v"};
+  if (attn__job_canceled(sl->job)) /* nobody wants the outputs: skip the copy */
+    return attn__canceled(st);
   double mx[3];
   for (int t = 0; t < 3; t++) {
     if (scan[t].first_bad != ~0ull) {

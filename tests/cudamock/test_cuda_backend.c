@@ -331,3 +331,44 @@ Test(cuda_backend, a_faulting_stream_fails_its_job_without_hanging, .init = rese
   tcase_free(&c);
   attn_engine_close(e);
 }
+
+/* The cancel flag: on one stream, job B waits for job A's slot; A's
+ * completion callback cancels B, which is then never staged and ends once
+ * with ECANCELED, its memory given back. */
+typedef struct cancel_outcome {
+  int calls;
+  attn_result res;
+  int *cancel_other;
+} cancel_outcome;
+
+static void cancel_done(const attn_result *res, void *arg) {
+  cancel_outcome *o = arg;
+  o->res = *res;
+  if (o->cancel_other)
+    attn_cancel_set(o->cancel_other);
+  __atomic_add_fetch(&o->calls, 1, __ATOMIC_SEQ_CST);
+}
+
+Test(cuda_backend, a_canceled_job_is_never_staged, .init = reset, .timeout = 30) {
+  attn_engine *e = open_cuda(1, NULL);
+  tprob p = tprob_make(1, 2, 1, 20, 30, 64, ATTN_F16);
+  tcase a, b;
+  tcase_init(&a, &p, 11);
+  tcase_init(&b, &p, 12);
+  int flag = 0;
+  b.req.cancel = &flag;
+  a.req.backend = b.req.backend = "cuda";
+  cancel_outcome oa = {.cancel_other = &flag}, ob = {0};
+  attn_status st;
+  cr_assert_eq(attn_engine_submit(e, &a.req, cancel_done, &oa, &st), 0, "%s", st.message);
+  cr_assert_eq(attn_engine_submit(e, &b.req, cancel_done, &ob, &st), 0, "%s", st.message);
+  attn_engine_close(e);
+  cr_expect_eq(oa.calls, 1);
+  cr_expect_eq(oa.res.status.code, 0, "job A: %s", oa.res.status.message);
+  cr_expect_eq(ob.calls, 1, "job B completed %d times", ob.calls);
+  cr_expect_eq(ob.res.status.code, ATTN_ECANCELED, "job B: %d %s", ob.res.status.code,
+               ob.res.status.message);
+  cr_expect_eq(mock_device_bytes(), 0);
+  tcase_free(&a);
+  tcase_free(&b);
+}

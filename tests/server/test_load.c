@@ -138,7 +138,8 @@ Test(load, queue_full_503_with_retry_after) {
   }
   n200 = check_ok_replies(js, N, &c, "--max-queue 1");
   cr_log_info("--max-queue 1: %d x 200, %d x 503 of %d", n200, n503, N);
-  cr_expect_geq(n200, 1, "no job succeeded");
+  /* No "some job succeeded": since --timeout also cancels running jobs, on
+   * a slow machine (or under sanitizers) every job may pass its deadline. */
   cr_expect_geq(n503, 1, "no job was refused with 503 (6 concurrent slow jobs, --max-queue 1)");
   cr_expect_eq(n200 + n503, N, "statuses other than 200 and 503: %d + %d of %d", n200, n503, N);
   for (int i = 0; i < N; i++)
@@ -188,7 +189,8 @@ Test(load, queue_timeout_504) {
   for (int i = 0; i < N; i++)
     cr_log_info("--timeout 1: job %d status %ld after %.2f s", i, js[i].r.status,
                 js[i].t1 - js[i].t0);
-  cr_expect_geq(n200, 1, "no job succeeded");
+  /* No "some job succeeded": since --timeout also cancels running jobs, on
+   * a slow machine (or under sanitizers) every job may pass its deadline. */
   cr_expect_geq(n504, 1, "no 504 among %d jobs of ~0.4 s each on one thread with --timeout 1", N);
   cr_expect_eq(n200 + n504, N, "statuses other than 200 and 504: %d + %d of %d", n200, n504, N);
   for (int i = 0; i < N; i++)
@@ -312,7 +314,10 @@ Test(load, clients_gone_mid_job) {
   tcase c;
   size_t len;
   char *body = slow_body(&c, 4, 700, &len);
-  /* Three clients send a slow job and hang up before the reply. */
+  /* Three clients send a slow job and close before the reply. Their FIN
+   * cannot be told from a half-close (shutdown(SHUT_WR)), whose client
+   * still reads: the jobs run, and the replies fail (499 in the log). Resets
+   * are what cancel a job (test_cancel.c). */
   int fds[3];
   for (int i = 0; i < 3; i++) {
     fds[i] = raw_connect(S.port);

@@ -318,6 +318,8 @@ Test(metrics, every_family_has_help_and_type) {
       {"attnd_queue_depth", "gauge"},
       {"attnd_inflight", "gauge"},
       {"attnd_connections", "gauge"},
+      {"attnd_uploads", "gauge"},
+      {"attnd_jobs_canceled_total", "counter"},
       {"attnd_bytes_received_total", "counter"},
       {"attnd_bytes_sent_total", "counter"},
   };

@@ -1,8 +1,8 @@
 /*
- * text.c — how the codecs put client bytes and JSON types into messages.
- * Messages name what was wrong, but what a client sent is arbitrary bytes
- * of any length: quote it escaped and cut so the message stays readable
- * and inside attn_status.
+ * text.c — how the codecs put client bytes and JSON types into messages,
+ * and the UTF-8 check both codecs' JSON readers share. Messages name what
+ * was wrong, but what a client sent is arbitrary bytes of any length: quote
+ * it escaped and cut so the message stays readable and inside attn_status.
  */
 #include "internal.h"
 

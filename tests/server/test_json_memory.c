@@ -55,8 +55,8 @@ static bool rss_checked(void) {
 #ifdef ATTND_TEST_ASAN
   static bool said;
   if (!said)
-    printf("json_memory: skipped: the RSS bounds (AddressSanitizer inflates and "
-           "quarantines memory)\n");
+    printf("json_memory: skipped: the RSS bounds (ASan inflates RSS and "
+           "quarantines freed memory)\n");
   said = true;
   return false;
 #else

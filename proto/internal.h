@@ -16,8 +16,48 @@ struct cJSON;
  * backslashes as \xNN, cut with "..." to fit cap. Returns dst. */
 const char *attn__quote(char *dst, size_t cap, const char *s, size_t len);
 
+/* Length of the UTF-8 sequence at s[0..n), or 0 when it is not well formed
+ * (overlong forms and surrogates included, as RFC 3629 says). */
+size_t attn__utf8_len(const unsigned char *s, size_t n);
+
 /* "an object", "a string", ... for messages about a JSON value's type. */
 const char *attn__json_type(const struct cJSON *j);
+
+/* ---- jsonread.c: JSON read in place ----------------------------------- */
+
+/* Checks that s[0..len) is one JSON value (RFC 8259: strict numbers,
+ * escapes, UTF-8, nothing but whitespace after it); 0, or ATTN_PROTO_EJSON
+ * naming the byte offset. Nesting must already be bounded (the JSON codec's
+ * pre-scan). */
+int attn__json_check(const char *s, size_t len, attn_status *st);
+
+/* A cursor over text attn__json_check() accepted whose top-level value is
+ * an object; pos is at a value unless a function below says otherwise.
+ * Nothing here allocates. */
+typedef struct attn__jr {
+  const char *s;
+  size_t len, pos;
+} attn__jr;
+
+void attn__jr_ws(attn__jr *j);
+/* Steps past the value at pos. */
+void attn__jr_skip(attn__jr *j);
+/* "an object", "a number", ... for the value at pos. */
+const char *attn__jr_type(const attn__jr *j);
+bool attn__jr_is_number(const attn__jr *j);
+/* The number at pos (strtod: the double nearest its text); steps past it. */
+double attn__jr_number(attn__jr *j);
+/* The string at pos unescaped into buf, cut to cap - 1 bytes and
+ * NUL-terminated; returns its whole length (it may hold NUL bytes). */
+size_t attn__jr_string(attn__jr *j, char *buf, size_t cap);
+/* Iteration: with pos at '[' (or '{'), each call steps to the next element
+ * (member: reads its key as attn__jr_string does into key, *klen its whole
+ * length, and steps to its value); false once past the container. The
+ * caller reads or skips each value before the next call. */
+bool attn__jr_elem(attn__jr *j);
+bool attn__jr_member(attn__jr *j, char *key, size_t cap, size_t *klen);
+/* Elements of the array at pos (pos does not move). */
+size_t attn__jr_count(const attn__jr *j);
 
 /* Calls fn for each name=value pair of a URL query string, both
  * percent-decoded and NUL-terminated; has_value is false for a bare "name".

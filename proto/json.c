@@ -6,15 +6,24 @@
  * is checked, every key is known (an unknown key is an error, never silently
  * ignored, so a typo such as "casual" cannot change a result unnoticed), and
  * each message names the tensor, key, index or byte offset. Decoding goes
- * body -> a bounded pre-scan -> cJSON tree -> typed buffers of the request's
- * dtype (pr->owned[0..2]) -> attn_proto_build(), which holds the shape rules
- * both codecs share. Options in the body go through the one option parser,
- * attn_options_set(), after their JSON type is checked, and override the
- * query string's.
+ * body -> a bounded pre-scan -> a grammar check of the whole body -> typed
+ * buffers of the request's dtype (pr->owned[0..2]), each number converted
+ * from the body's text straight into its tensor -> attn_proto_build(),
+ * which holds the shape rules both codecs share. Options in the body go
+ * through the one option parser, attn_options_set(), after their JSON type
+ * is checked, and override the query string's.
  *
- * The pre-scan bounds what cJSON would otherwise allocate and recurse into:
- * nesting deeper than ATTN_PROTO_MAX_DEPTH and more than
- * ATTN_PROTO_MAX_JSON_ELEMS numbers are refused before a tree is built.
+ * Nothing but the tensors is allocated (jsonread.c reads the body in
+ * place), so a decode costs at most attn_proto_json_decode_bound() bytes
+ * beyond the body, whether it succeeds or fails: the server counts that
+ * against its memory budget before it decodes. A tree parser would cost a
+ * node per number, 16 times the tensor.
+ *
+ * The checks run in a fixed order, the same for every body: the pre-scan
+ * (nesting deeper than ATTN_PROTO_MAX_DEPTH, more than
+ * ATTN_PROTO_MAX_JSON_ELEMS numbers), then the grammar, then the keys of the
+ * body in order (duplicates, options), then q, k and v in that order, each
+ * counted before its buffer is allocated.
  *
  * Encoding writes the reply straight into one growing buffer (outputs can
  * hold millions of numbers; a cJSON tree would cost a node per number).
@@ -27,7 +36,6 @@
 #include "internal.h"
 #include "proto.h"
 
-#include <cjson/cJSON.h>
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
@@ -52,9 +60,9 @@ static const char *path_str(char *buf, size_t cap, const size_t *idx, int n) {
 /*
  * One pass over the bytes, outside strings, counting nesting and number
  * tokens. For valid JSON the counts are exact; for invalid JSON either this
- * or cJSON refuses the body, both with a 4xx. cJSON's own nesting limit
- * (1000) is far above ours, and it would allocate ~64 bytes per number
- * before we could count them.
+ * or the grammar check refuses the body, both with a 4xx. It runs first so
+ * that a deep body ("{{{{...") is named for its depth rather than for its
+ * first bad token, and it bounds the grammar check's recursion.
  */
 static int prescan(const char *s, size_t len, attn_status *st) {
   int depth = 0;
@@ -159,86 +167,109 @@ static void *alloc_elems(size_t n, attn_dtype dt) {
   return malloc(n ? n * attn_dtype_size(dt) : 1);
 }
 
-/* Form (a): {"shape": [...], "dtype": "...", "data": [flat numbers]}. */
-static int tensor_object(const cJSON *obj, attn_proto_tensor *t, void **pbuf,
-                         attn_status *st) {
-  const char *name = t->name;
-  const cJSON *shape = NULL, *dtype = NULL, *data = NULL;
-  char qk[48];
-  for (const cJSON *c = obj->child; c; c = c->next) {
-    const cJSON **slot = !strcmp(c->string, "shape")   ? &shape
-                         : !strcmp(c->string, "dtype") ? &dtype
-                         : !strcmp(c->string, "data")  ? &data
-                                                       : NULL;
-    attn__quote(qk, sizeof qk, c->string, strlen(c->string));
-    if (!slot)
+/* The key of a member for messages: cut, escaped. */
+static const char *quote_key(char *dst, size_t cap, const char *key, size_t klen,
+                             size_t kcap) {
+  return attn__quote(dst, cap, key, klen < kcap ? klen : kcap - 1);
+}
+
+static bool key_is(const char *key, size_t klen, const char *want) {
+  return klen == strlen(want) && !memcmp(key, want, klen);
+}
+
+/* The tensor object's keys: where each of shape, dtype and data starts (0:
+ * absent; no value starts at byte 0, which is the body's '{'). */
+static int tensor_fields(attn__jr *j, const char *name, size_t at[3], attn_status *st) {
+  static const char *const fields[3] = {"shape", "dtype", "data"};
+  char key[64], qk[48];
+  size_t klen;
+  while (attn__jr_member(j, key, sizeof key, &klen)) {
+    int f = 0;
+    while (f < 3 && !key_is(key, klen, fields[f]))
+      f++;
+    quote_key(qk, sizeof qk, key, klen, sizeof key);
+    if (f == 3)
       return attn_status_set(st, ATTN_PROTO_ETENSOR,
                              "tensor \"%s\": unknown key \"%s\" (keys: shape, dtype, data)",
                              name, qk);
-    if (*slot)
+    if (at[f])
       return attn_status_set(st, ATTN_PROTO_EJSON, "tensor \"%s\": duplicate key \"%s\"",
                              name, qk);
-    *slot = c;
+    at[f] = j->pos;
+    attn__jr_skip(j);
   }
-  if (!shape || !data)
+  if (!at[0] || !at[2])
     return attn_status_set(st, ATTN_PROTO_ETENSOR, "tensor \"%s\": missing key \"%s\"", name,
-                           !shape ? "shape" : "data");
+                           !at[0] ? "shape" : "data");
+  return 0;
+}
 
-  t->dtype = ATTN_F32;
-  if (dtype) {
-    if (!cJSON_IsString(dtype))
-      return attn_status_set(st, ATTN_PROTO_ETENSOR,
-                             "tensor \"%s\": dtype must be a string (F32, F16 or BF16), "
-                             "not %s",
-                             name, attn__json_type(dtype));
-    if (attn_dtype_parse(dtype->valuestring, &t->dtype) < 0) {
-      attn__quote(qk, sizeof qk, dtype->valuestring, strlen(dtype->valuestring));
-      return attn_status_set(st, ATTN_PROTO_ETENSOR,
-                             "tensor \"%s\": unknown dtype \"%s\" (use F32, F16 or BF16)",
-                             name, qk);
-    }
-  }
+static int tensor_dtype(attn__jr v, attn_proto_tensor *t, attn_status *st) {
+  if (v.s[v.pos] != '"')
+    return attn_status_set(st, ATTN_PROTO_ETENSOR,
+                           "tensor \"%s\": dtype must be a string (F32, F16 or BF16), not %s",
+                           t->name, attn__jr_type(&v));
+  char s[64], qs[48];
+  size_t n = attn__jr_string(&v, s, sizeof s);
+  /* a NUL inside ("F32\u0000x") or a cut string names no dtype */
+  if (n >= sizeof s || strlen(s) != n || attn_dtype_parse(s, &t->dtype) < 0)
+    return attn_status_set(st, ATTN_PROTO_ETENSOR,
+                           "tensor \"%s\": unknown dtype \"%s\" (use F32, F16 or BF16)",
+                           t->name, quote_key(qs, sizeof qs, s, n, sizeof s));
+  return 0;
+}
 
-  if (!cJSON_IsArray(shape))
+/* shape: 2 to 4 integers >= 0; *pn gets their product. */
+static int tensor_shape(attn__jr v, attn_proto_tensor *t, size_t *pn, attn_status *st) {
+  const char *name = t->name;
+  if (v.s[v.pos] != '[')
     return attn_status_set(st, ATTN_PROTO_ETENSOR,
                            "tensor \"%s\": shape must be an array of integers, not %s", name,
-                           attn__json_type(shape));
-  int rank = cJSON_GetArraySize(shape), rc;
+                           attn__jr_type(&v));
+  int rank = (int)attn__jr_count(&v), rc;
   if ((rc = check_rank(name, rank, st)) < 0)
     return rc;
   t->rank = rank;
   size_t n = 1;
-  int i = 0;
-  for (const cJSON *d = shape->child; d; d = d->next, i++) {
-    double v = d->valuedouble;
-    if (!cJSON_IsNumber(d))
+  for (int i = 0; attn__jr_elem(&v); i++) {
+    if (!attn__jr_is_number(&v))
       return attn_status_set(st, ATTN_PROTO_ETENSOR,
                              "tensor \"%s\": shape[%d] must be an integer, not %s", name, i,
-                             attn__json_type(d));
-    if (!(v >= 0) || v != floor(v))
+                             attn__jr_type(&v));
+    double d = attn__jr_number(&v);
+    if (!(d >= 0) || d != floor(d))
       return attn_status_set(st, ATTN_PROTO_ETENSOR,
                              "tensor \"%s\": shape[%d] = %.17g must be an integer >= 0", name,
-                             i, v);
+                             i, d);
     /* Beyond ATTN_MAX_DIM no count of JSON numbers could fill it; also keeps
      * the conversion to int64_t defined. */
-    if (v > (double)ATTN_MAX_DIM)
+    if (d > (double)ATTN_MAX_DIM)
       return attn_status_set(st, ATTN_PROTO_ETENSOR,
-                             "tensor \"%s\": shape[%d] = %.17g is too large", name, i, v);
-    t->shape[i] = (int64_t)v;
+                             "tensor \"%s\": shape[%d] = %.17g is too large", name, i, d);
+    t->shape[i] = (int64_t)d;
     if (__builtin_mul_overflow(n, (size_t)t->shape[i], &n))
       return attn_status_set(st, ATTN_PROTO_ETENSOR,
                              "tensor \"%s\": the shape's element count overflows", name);
   }
+  *pn = n;
+  return 0;
+}
 
-  if (!cJSON_IsArray(data))
+/* data: exactly n numbers, converted straight into a new buffer of the
+ * tensor's dtype. Counted before anything is allocated, so a body cannot
+ * make the decoder allocate for numbers it does not hold. */
+static int tensor_data(attn__jr v, attn_proto_tensor *t, size_t n, void **pbuf,
+                       attn_status *st) {
+  const char *name = t->name;
+  if (v.s[v.pos] != '[')
     return attn_status_set(st, ATTN_PROTO_ETENSOR,
                            "tensor \"%s\": data must be a flat array of numbers, not %s",
-                           name, attn__json_type(data));
-  size_t have = (size_t)cJSON_GetArraySize(data);
+                           name, attn__jr_type(&v));
+  size_t have = attn__jr_count(&v);
   if (have != n) {
     char s[128];
     size_t o = (size_t)snprintf(s, sizeof s, "[");
-    for (int k = 0; k < rank && o < sizeof s; k++)
+    for (int k = 0; k < t->rank && o < sizeof s; k++)
       o += (size_t)snprintf(s + o, sizeof s - o, k ? ", %lld" : "%lld",
                             (long long)t->shape[k]);
     if (o < sizeof s)
@@ -250,30 +281,53 @@ static int tensor_object(const cJSON *obj, attn_proto_tensor *t, void **pbuf,
   void *buf = *pbuf = alloc_elems(n, t->dtype);
   if (!buf)
     return attn_status_set(st, ATTN_PROTO_ENOMEM, "out of memory for tensor \"%s\"", name);
-  size_t k = 0;
-  for (const cJSON *e = data->child; e; e = e->next, k++) {
-    if (!cJSON_IsNumber(e))
+  for (size_t k = 0; attn__jr_elem(&v); k++) {
+    if (!attn__jr_is_number(&v))
       return attn_status_set(st, ATTN_PROTO_ETENSOR,
                              "tensor \"%s\": data[%zu] must be a number, not %s", name, k,
-                             attn__json_type(e));
-    if (store(buf, t->dtype, k, e->valuedouble) < 0) {
+                             attn__jr_type(&v));
+    double x = attn__jr_number(&v);
+    if (store(buf, t->dtype, k, x) < 0) {
       char where[48];
       snprintf(where, sizeof where, "data[%zu]", k);
-      return store_error(e->valuedouble, t->dtype, name, where, st);
+      return store_error(x, t->dtype, name, where, st);
     }
   }
   t->data = buf;
   return 0;
 }
 
+/* Form (a): {"shape": [...], "dtype": "...", "data": [flat numbers]}. The
+ * keys come in any order; they are checked in this one. */
+static int tensor_object(attn__jr j, attn_proto_tensor *t, void **pbuf, attn_status *st) {
+  size_t at[3] = {0, 0, 0}, n = 0;
+  int rc = tensor_fields(&j, t->name, at, st);
+  if (rc < 0)
+    return rc;
+  t->dtype = ATTN_F32;
+  attn__jr v = j;
+  if (at[1]) {
+    v.pos = at[1];
+    if ((rc = tensor_dtype(v, t, st)) < 0)
+      return rc;
+  }
+  v.pos = at[0];
+  if ((rc = tensor_shape(v, t, &n, st)) < 0)
+    return rc;
+  v.pos = at[2];
+  return tensor_data(v, t, n, pbuf, st);
+}
+
 /* Walks nested arrays of the inferred shape, checking each level against it
  * and, when out is not NULL, storing the leaves in order. idx is the index
- * path so far. */
-static int nested_walk(const cJSON *a, const attn_proto_tensor *t, int level, size_t *idx,
+ * path so far. The checking pass counts each row before looking inside it,
+ * so a ragged row is named before anything it holds; the storing pass
+ * follows a checked structure and only converts numbers. */
+static int nested_walk(attn__jr *j, const attn_proto_tensor *t, int level, size_t *idx,
                        float *out, size_t *pos, attn_status *st) {
   char p[96], p0[96];
   size_t zero[4] = {0, 0, 0, 0};
-  size_t n = (size_t)cJSON_GetArraySize(a);
+  size_t n = out ? (size_t)t->shape[level] : attn__jr_count(j);
   if (n != (size_t)t->shape[level])
     return attn_status_set(st, ATTN_PROTO_ETENSOR,
                            "tensor \"%s\": row %s has %zu elements, row %s has %lld "
@@ -281,190 +335,199 @@ static int nested_walk(const cJSON *a, const attn_proto_tensor *t, int level, si
                            t->name, path_str(p, sizeof p, idx, level), n,
                            path_str(p0, sizeof p0, zero, level), (long long)t->shape[level]);
   bool leaf = level == t->rank - 1;
-  size_t i = 0;
-  for (const cJSON *c = a->child; c; c = c->next, i++) {
+  for (size_t i = 0; attn__jr_elem(j); i++) {
     idx[level] = i;
-    if (leaf) {
-      if (!cJSON_IsNumber(c))
-        return attn_status_set(st, ATTN_PROTO_ETENSOR,
-                               "tensor \"%s\": element %s must be a number, not %s", t->name,
-                               path_str(p, sizeof p, idx, level + 1), attn__json_type(c));
-      if (out) {
-        if (store(out, ATTN_F32, *pos, c->valuedouble) < 0) {
-          char where[112];
-          snprintf(where, sizeof where, "element %s", path_str(p, sizeof p, idx, level + 1));
-          return store_error(c->valuedouble, ATTN_F32, t->name, where, st);
-        }
-        ++*pos;
+    int rc = 0;
+    if (leaf && !attn__jr_is_number(j))
+      return attn_status_set(st, ATTN_PROTO_ETENSOR,
+                             "tensor \"%s\": element %s must be a number, not %s", t->name,
+                             path_str(p, sizeof p, idx, level + 1), attn__jr_type(j));
+    if (leaf && !out) {
+      attn__jr_skip(j);
+    } else if (leaf) {
+      double x = attn__jr_number(j);
+      if (store(out, ATTN_F32, *pos, x) < 0) {
+        char where[112];
+        snprintf(where, sizeof where, "element %s", path_str(p, sizeof p, idx, level + 1));
+        return store_error(x, ATTN_F32, t->name, where, st);
       }
-    } else {
-      if (!cJSON_IsArray(c))
-        return attn_status_set(st, ATTN_PROTO_ETENSOR,
-                               "tensor \"%s\": element %s is %s where an array belongs "
-                               "(ragged arrays have no shape)",
-                               t->name, path_str(p, sizeof p, idx, level + 1), attn__json_type(c));
-      int rc = nested_walk(c, t, level + 1, idx, out, pos, st);
-      if (rc < 0)
-        return rc;
+      ++*pos;
+    } else if (j->s[j->pos] != '[') {
+      return attn_status_set(st, ATTN_PROTO_ETENSOR,
+                             "tensor \"%s\": element %s is %s where an array belongs "
+                             "(ragged arrays have no shape)",
+                             t->name, path_str(p, sizeof p, idx, level + 1), attn__jr_type(j));
+    } else if ((rc = nested_walk(j, t, level + 1, idx, out, pos, st)) < 0) {
+      return rc;
     }
   }
   return 0;
 }
 
-/* Form (b): nested arrays of numbers, F32; the shape follows the first
- * element down each level, and every other element must agree with it. */
-static int tensor_nested(const cJSON *a, attn_proto_tensor *t, void **pbuf,
-                         attn_status *st) {
+/* The shape of nested arrays: the length of each level's first element. */
+static int nested_shape(attn__jr c, attn_proto_tensor *t, attn_status *st) {
   int rank = 0;
-  const cJSON *c = a;
-  while (cJSON_IsArray(c)) {
+  while (c.s[c.pos] == '[') {
     if (rank == 4)
       return attn_status_set(st, ATTN_PROTO_ETENSOR,
                              "tensor \"%s\": nested arrays deeper than 4 levels; use [N, D], "
                              "[H, N, D] or [B, H, N, D]",
                              t->name);
-    t->shape[rank++] = cJSON_GetArraySize(c);
-    c = c->child;
+    t->shape[rank++] = (int64_t)attn__jr_count(&c);
+    if (!attn__jr_elem(&c)) /* an empty array has no first element */
+      break;
   }
   int rc = check_rank(t->name, rank, st);
   if (rc < 0)
     return rc;
   t->rank = rank;
   t->dtype = ATTN_F32;
+  return 0;
+}
+
+/* Form (b): nested arrays of numbers, F32; the shape follows the first
+ * element down each level, and every other element must agree with it. */
+static int tensor_nested(attn__jr j, attn_proto_tensor *t, void **pbuf, attn_status *st) {
+  int rc = nested_shape(j, t, st);
+  if (rc < 0)
+    return rc;
   /* The shape comes from the first element of each level, so a ragged body
    * ([[1, ... 1e5 numbers], [], [], ...]) could claim far more elements
    * than it holds: check the structure first, allocate after. Once it is
    * checked, the product is the leaf count and cannot overflow. */
   size_t idx[4] = {0, 0, 0, 0}, pos = 0, n = 1;
-  if ((rc = nested_walk(a, t, 0, idx, NULL, &pos, st)) < 0)
+  attn__jr w = j;
+  if ((rc = nested_walk(&w, t, 0, idx, NULL, &pos, st)) < 0)
     return rc;
-  for (int i = 0; i < rank; i++)
+  for (int i = 0; i < t->rank; i++)
     n *= (size_t)t->shape[i];
   float *buf = alloc_elems(n, ATTN_F32);
   *pbuf = buf;
   if (!buf)
     return attn_status_set(st, ATTN_PROTO_ENOMEM, "out of memory for tensor \"%s\"",
                            t->name);
-  if ((rc = nested_walk(a, t, 0, idx, buf, &pos, st)) < 0)
+  w = j;
+  if ((rc = nested_walk(&w, t, 0, idx, buf, &pos, st)) < 0)
     return rc;
   t->data = buf;
   return 0;
 }
 
-static int tensor(const cJSON *j, attn_proto_tensor *t, void **pbuf, attn_status *st) {
-  if (cJSON_IsObject(j))
+static int tensor(attn__jr j, attn_proto_tensor *t, void **pbuf, attn_status *st) {
+  if (j.s[j.pos] == '{')
     return tensor_object(j, t, pbuf, st);
-  if (cJSON_IsArray(j))
+  if (j.s[j.pos] == '[')
     return tensor_nested(j, t, pbuf, st);
   return attn_status_set(st, ATTN_PROTO_ETENSOR,
                          "tensor \"%s\" must be an object {\"shape\", \"dtype\", \"data\"} or "
                          "nested arrays of numbers, not %s",
-                         t->name, attn__json_type(j));
+                         t->name, attn__jr_type(&j));
 }
 
 /* ---- options ------------------------------------------------------------ */
 
 /* Checks a body field's JSON type against its option's kind, then hands its
  * canonical text to attn_options_set(), so values, ranges and messages are
- * the same as the query string's. */
-static int option(attn_options *o, const cJSON *f, attn_status *st) {
-  const char *key = f->string;
-  size_t klen = strlen(key);
+ * the same as the query string's. key is a known name or, when cut, longer
+ * than any; v is at the value. */
+static int option(attn_options *o, const char *key, size_t klen, attn__jr v,
+                  attn_status *st) {
   attn_option_kind kind = attn_option_kind_of(key, klen);
-  char text[64];
+  char text[128];
   const char *want = NULL;
+  char c = v.s[v.pos];
   switch (kind) {
   case ATTN_OPTK_NONE: /* attn_options_set() words the error */
     return attn_options_set(o, key, klen, "", 0, "JSON field", st);
   case ATTN_OPTK_BOOL:
-    if (!cJSON_IsBool(f)) {
+    if (c != 't' && c != 'f') {
       want = "true or false";
       break;
     }
-    return attn_options_set(o, key, klen, cJSON_IsTrue(f) ? "true" : "false",
-                            cJSON_IsTrue(f) ? 4 : 5, "JSON field", st);
+    return attn_options_set(o, key, klen, c == 't' ? "true" : "false", c == 't' ? 4 : 5,
+                            "JSON field", st);
   case ATTN_OPTK_NUMBER:
   case ATTN_OPTK_INT: {
-    if (!cJSON_IsNumber(f)) {
+    if (!attn__jr_is_number(&v)) {
       want = kind == ATTN_OPTK_INT ? "an integer" : "a number";
       break;
     }
-    double v = f->valuedouble;
+    double x = attn__jr_number(&v);
     /* Integers print as such; anything else prints as a double, which the
      * option parser then refuses for an integer option with its usual
      * message (e.g. got "2.5"). */
-    int len = kind == ATTN_OPTK_INT && v == floor(v) && fabs(v) < 0x1p62
-                  ? snprintf(text, sizeof text, "%lld", (long long)v)
-                  : snprintf(text, sizeof text, "%.17g", v);
+    int len = kind == ATTN_OPTK_INT && x == floor(x) && fabs(x) < 0x1p62
+                  ? snprintf(text, sizeof text, "%lld", (long long)x)
+                  : snprintf(text, sizeof text, "%.17g", x);
     return attn_options_set(o, key, klen, text, (size_t)len, "JSON field", st);
   }
-  case ATTN_OPTK_STRING:
-    if (!cJSON_IsString(f)) {
+  case ATTN_OPTK_STRING: {
+    if (c != '"') {
       want = "a string";
       break;
     }
-    return attn_options_set(o, key, klen, f->valuestring, strlen(f->valuestring),
+    /* A value cut to fit text is longer than any valid one, and the option
+     * parser quotes only its start. */
+    size_t n = attn__jr_string(&v, text, sizeof text);
+    return attn_options_set(o, key, klen, text, n < sizeof text ? n : sizeof text - 1,
                             "JSON field", st);
+  }
   }
   return attn_status_set(st, ATTN_PROTO_EOPTVALUE,
                          "option \"%s\" in the JSON field must be %s, not %s", key, want,
-                         attn__json_type(f));
+                         attn__jr_type(&v));
 }
 
 /* ---- decode ------------------------------------------------------------- */
 
+/* The body object's members: where q, k and v start (0: absent), and the
+ * options, in body order. Every key accepted so far is q, k, v or an option
+ * (at most nine short names), which is what the duplicate check compares. */
+static int body_fields(attn__jr *j, size_t tat[3], attn_options *opts, attn_status *st) {
+  char key[128], seen[9][16], qk[48];
+  size_t klen;
+  int nseen = 0, rc;
+  while (attn__jr_member(j, key, sizeof key, &klen)) {
+    size_t kl = klen < sizeof key ? klen : sizeof key - 1;
+    for (int i = 0; i < nseen; i++)
+      if (key_is(key, klen, seen[i]))
+        return attn_status_set(st, ATTN_PROTO_EJSON, "duplicate key \"%s\" in the JSON body",
+                               quote_key(qk, sizeof qk, key, klen, sizeof key));
+    int which = 0;
+    while (which < 3 && !key_is(key, klen, tensor_names[which]))
+      which++;
+    if (which < 3)
+      tat[which] = j->pos;
+    else if ((rc = option(opts, key, kl, *j, st)) < 0)
+      return rc;
+    attn__jr_skip(j);
+    if (nseen < 9 && klen < sizeof seen[0])
+      memcpy(seen[nseen++], key, klen + 1);
+  }
+  return 0;
+}
+
 static int decode(const char *body, size_t len, const attn_options *query,
-                  attn_proto_req *pr, cJSON **proot, attn_status *st) {
+                  attn_proto_req *pr, attn_status *st) {
   int rc;
   if (len == 0)
     return attn_status_set(st, ATTN_PROTO_EEMPTY, "the request has no body");
-  if ((rc = prescan(body, len, st)) < 0)
+  if ((rc = prescan(body, len, st)) < 0 || (rc = attn__json_check(body, len, st)) < 0)
     return rc;
-  /* Not require_null_terminated: with an exact length cJSON 1.7 would look
-   * past the end for the NUL. Trailing bytes are checked here instead. */
-  const char *end = NULL;
-  cJSON *root = *proot = cJSON_ParseWithLengthOpts(body, len, &end, 0);
-  if (!root) {
-    size_t at = end && end >= body && end <= body + len ? (size_t)(end - body) : len;
-    return attn_status_set(st, ATTN_PROTO_EJSON, "invalid JSON at byte %zu%s", at,
-                           at >= len ? " (the body ends early)" : "");
-  }
-  while (end < body + len && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r'))
-    end++;
-  if (end < body + len)
-    return attn_status_set(st, ATTN_PROTO_EJSON,
-                           "invalid JSON at byte %zu: trailing characters after the value",
-                           (size_t)(end - body));
-  if (!cJSON_IsObject(root))
+  attn__jr j = {body, len, 0};
+  attn__jr_ws(&j);
+  if (body[j.pos] != '{')
     return attn_status_set(st, ATTN_PROTO_EJSON,
                            "the JSON body must be an object {\"q\": ..., \"k\": ..., "
                            "\"v\": ...}, not %s",
-                           attn__json_type(root));
-
-  const cJSON *tj[3] = {NULL, NULL, NULL};
+                           attn__jr_type(&j));
+  size_t tat[3] = {0, 0, 0};
   attn_options body_opts;
   attn_options_init(&body_opts);
-  for (const cJSON *c = root->child; c; c = c->next) {
-    /* Every key before c was accepted (q, k, v or an option), so this scan
-     * is over at most nine keys. */
-    for (const cJSON *p = root->child; p != c; p = p->next)
-      if (!strcmp(p->string, c->string)) {
-        char qk[48];
-        attn__quote(qk, sizeof qk, c->string, strlen(c->string));
-        return attn_status_set(st, ATTN_PROTO_EJSON, "duplicate key \"%s\" in the JSON body",
-                               qk);
-      }
-    int which = -1;
-    for (int i = 0; i < 3; i++)
-      if (!strcmp(c->string, tensor_names[i]))
-        which = i;
-    if (which >= 0)
-      tj[which] = c;
-    else if ((rc = option(&body_opts, c, st)) < 0)
-      return rc;
-  }
+  if ((rc = body_fields(&j, tat, &body_opts, st)) < 0)
+    return rc;
   for (int i = 0; i < 3; i++)
-    if (!tj[i])
+    if (!tat[i])
       return attn_status_set(st, ATTN_PROTO_EMISSING,
                              "tensor \"%s\" is missing (the body needs q, k and v)",
                              tensor_names[i]);
@@ -473,14 +536,10 @@ static int decode(const char *body, size_t len, const attn_options *query,
   memset(t, 0, sizeof t);
   for (int i = 0; i < 3; i++) {
     t[i].name = tensor_names[i];
-    if ((rc = tensor(tj[i], &t[i], &pr->owned[i], st)) < 0)
+    j.pos = tat[i];
+    if ((rc = tensor(j, &t[i], &pr->owned[i], st)) < 0)
       return rc;
   }
-  /* The numbers are in our buffers now; the tree can go before the output
-   * is allocated. */
-  cJSON_Delete(root);
-  *proot = NULL;
-
   attn_options opts;
   if (query)
     opts = *query;
@@ -493,12 +552,21 @@ static int decode(const char *body, size_t len, const attn_options *query,
 int attn_proto_decode_json(const char *body, size_t len, const attn_options *query,
                            attn_proto_req *pr, attn_status *st) {
   memset(pr, 0, sizeof *pr);
-  cJSON *root = NULL;
-  int rc = decode(body, len, query, pr, &root, st);
-  cJSON_Delete(root);
+  int rc = decode(body, len, query, pr, st);
   if (rc < 0)
     attn_proto_req_free(pr);
   return rc;
+}
+
+size_t attn_proto_json_decode_bound(size_t len) {
+  /* The reader allocates nothing; the tensors are all there is. A number
+   * stored in a tensor is followed by ',' or ']', so the body holds at most
+   * len / 2 of them, and the pre-scan refuses more than
+   * ATTN_PROTO_MAX_JSON_ELEMS. F32 is the widest dtype. */
+  size_t n = len / 2;
+  if (n > ATTN_PROTO_MAX_JSON_ELEMS)
+    n = ATTN_PROTO_MAX_JSON_ELEMS;
+  return n * sizeof(float);
 }
 
 /* ---- encode ------------------------------------------------------------- */

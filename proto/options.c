@@ -65,7 +65,8 @@ int attn_options_set(attn_options *o, const char *name, size_t name_len,
                            "window_left, window_right, stats, backend)",
                            qn, source);
   attn__quote(qv, sizeof qv, value, value_len);
-  if (value_len >= sizeof buf)
+  /* a NUL would end the text early: "cpu\0x" must not read as "cpu" */
+  if (value_len >= sizeof buf || memchr(value, 0, value_len))
     goto bad;
   memcpy(buf, value, value_len);
   buf[value_len] = 0;

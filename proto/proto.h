@@ -71,8 +71,8 @@ const char *attn_proto_code_name(int code);
 
 #define ATTN_PROTO_MAX_HEADER (100u << 20) /* safetensors JSON header bytes */
 #define ATTN_PROTO_MAX_DEPTH 6             /* JSON nesting: object, tensor, 4 dims */
-/* Numbers in one JSON body: cJSON spends about 64 bytes a number on its tree,
- * so 2^24 numbers (a ~1 GiB tree) is the most one request may cost. */
+/* Numbers in one JSON body: 2^24 (64 MiB of F32 tensors) bounds what
+ * one JSON decode may allocate, whatever the body size. */
 #define ATTN_PROTO_MAX_JSON_ELEMS ((size_t)1 << 24)
 
 /* ---- options ----------------------------------------------------------- */
@@ -182,6 +182,16 @@ int attn_proto_encode_safetensors(const attn_proto_req *pr, void **pbuf, size_t 
  */
 int attn_proto_decode_json(const char *body, size_t len, const attn_options *query,
                            attn_proto_req *pr, attn_status *st);
+/*
+ * The most memory a JSON decode of a len-byte body allocates beyond the
+ * body, whether it succeeds or fails: the input tensors, at most
+ * min(len / 2, ATTN_PROTO_MAX_JSON_ELEMS) numbers of 4 bytes (each number
+ * takes two bytes of text at least, its separator included), so at most 2x
+ * the body and at most 64 MiB. The reader itself allocates nothing. Not
+ * counted: the outputs attn_proto_build() allocates (O, the size of q, and
+ * 12 bytes a query row with stats), which every codec needs.
+ */
+size_t attn_proto_json_decode_bound(size_t len);
 /* {"o": {shape, dtype, data}, "m"|"l"|"lse": {...} when stats, "backend":
  * backend}. Each number is the shortest %.Ng text that reads back to the
  * same value in its dtype (proto/README.md says how shortest); a non-finite value (the -inf m and lse of a row with

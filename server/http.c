@@ -293,7 +293,7 @@ void attnd_body_release(attnd_req *r) {
   r->reserved = 0;
 }
 
-static void over_budget(attnd_req *r) {
+void attnd_body_over_budget(attnd_req *r) {
   char msg[200];
   snprintf(msg, sizeof msg,
            "request bodies already hold the server's memory budget (--max-queue x "
@@ -365,7 +365,7 @@ static bool begin_post(attnd_req *r) {
   }
   r->cap = cl ? (size_t)want : 64 * 1024;
   if (!attnd_body_reserve(r, r->cap)) {
-    over_budget(r);
+    attnd_body_over_budget(r);
     return false;
   }
   r->body = malloc(r->cap ? r->cap : 1);
@@ -391,7 +391,7 @@ static void take_body(attnd_req *r, const char *data, size_t n) {
     if (cap > max)
       cap = (size_t)max;
     if (!attnd_body_reserve(r, cap - r->cap)) {
-      over_budget(r);
+      attnd_body_over_budget(r);
       return;
     }
     char *b = realloc(r->body, cap);

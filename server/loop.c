@@ -123,6 +123,15 @@ static void decode_submit(uv_work_t *w) {
   attn_status st;
   attn_options_init(&q);
   int rc = attn_options_parse_query(&q, r->query, &st);
+  /* A JSON decode allocates its tensors beyond the body (up to twice its
+   * size): they count against the budget, like the body, until
+   * drop_inputs(). */
+  if (rc == 0 && r->json_in && !attnd_body_reserve(r, attn_proto_json_decode_bound(r->len))) {
+    r->t_done = attnd_now();
+    attnd_body_over_budget(r);
+    drop_inputs(r);
+    return;
+  }
   if (rc == 0)
     rc = r->json_in ? attn_proto_decode_json(r->body, r->len, &q, &r->pr, &st)
                     : attn_proto_decode_safetensors(r->body, r->len, &q, &r->pr, &st);

@@ -4,6 +4,7 @@
  */
 #include "server.h"
 
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,12 +48,26 @@ static int choose_backend(attnd_server *s) {
   return 0;
 }
 
+/*
+ * Large blocks (bodies, tensors, replies) are mapped on their own and given
+ * back to the system when freed. glibc maps blocks above M_MMAP_THRESHOLD,
+ * but after freeing one it raises the threshold to that block's size (up to
+ * 32 MiB), so later blocks of a burst come from the heap and stay in the
+ * process after free: RSS only grows. A fixed threshold turns that off.
+ */
+static void return_freed_memory(void) {
+#ifdef __GLIBC__
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
+#endif
+}
+
 int main(int argc, char **argv) {
   attnd_config cfg;
   int rc = attnd_config_parse(&cfg, argc, argv);
   if (rc != 0)
     return rc > 0 ? 0 : 2;
   signal(SIGPIPE, SIG_IGN);
+  return_freed_memory();
   static attnd_server s; /* lives as long as the process */
   s.cfg = &cfg;
   s.backend_note = "";

@@ -162,6 +162,8 @@ void attnd_req_fail(attnd_req *r, const attn_status *st);
  * back all r holds. */
 bool attnd_body_reserve(attnd_req *r, size_t n);
 void attnd_body_release(attnd_req *r);
+/* Sets r's reply to 503 queue_full: a reservation did not fit. */
+void attnd_body_over_budget(attnd_req *r);
 
 /* loop.c */
 int attnd_loop_init(attnd_server *s);

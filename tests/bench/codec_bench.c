@@ -5,8 +5,9 @@
  *  safetensors: decode and encode of a ~64 MB body (q, k, v F32), against
  *  memcpy of the body. Decoding is zero-copy when the data is aligned, so it
  *  should beat memcpy; encoding copies O once.
- *  JSON: decode of a ~10 MB body against cJSON_Parse of the same text (the
- *  codec parses with cJSON and then converts), and encode of O.
+ *  JSON: decode of a ~10 MB body against cJSON_Parse of the same text (a
+ *  tree parser's cost; the codec reads in place and converts each number
+ *  into its tensor), and encode of O.
  * MB/s are of the body bytes (decode) or of the reply bytes (encode).
  */
 #include "benchlib.h"

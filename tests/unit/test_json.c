@@ -658,3 +658,121 @@ Test(json, encode_refuses_empty_request) {
   cr_expect_null(out);
   cr_expect_eq(len, 0);
 }
+
+/* ---- the in-place reader ------------------------------------------------- */
+
+Test(json, grammar_is_strict) {
+  /* strings: UTF-8, control bytes, escapes, surrogate pairs */
+  expect_err("{\"q\xc3\": 1}", ATTN_PROTO_EJSON, "invalid JSON at byte 3: invalid UTF-8");
+  expect_err("{\"\xed\xa0\x80\": 1}", ATTN_PROTO_EJSON, "invalid UTF-8"); /* a surrogate */
+  expect_err("{\"a\nb\": 1}", ATTN_PROTO_EJSON, "byte 3: a control byte in a string");
+  expect_err("{\"\\q\": 1}", ATTN_PROTO_EJSON, "byte 3: unknown escape");
+  expect_err("{\"\\u12g4\": 1}", ATTN_PROTO_EJSON, "byte 6: \\u needs four hex digits");
+  expect_err("{\"\\udc00\": 1}", ATTN_PROTO_EJSON, "byte 2: a \\u escape of half a UTF-16");
+  expect_err("{\"\\ud800x\": 1}", ATTN_PROTO_EJSON, "half a UTF-16 surrogate pair");
+  expect_err("{\"\\ud800\\u0041\": 1}", ATTN_PROTO_EJSON, "half a UTF-16 surrogate pair");
+  /* numbers are JSON's, not strtod's */
+  const char *nums[] = {"01", "1.", ".5", "-", "1e", "1e+", "+1", "0x10", "NaN", "Infinity",
+                        "-Infinity", "1.5.2"};
+  for (size_t i = 0; i < sizeof nums / sizeof *nums; i++) {
+    char body[128];
+    snprintf(body, sizeof body, "{\"scale\": %s}", nums[i]);
+    expect_err(body, ATTN_PROTO_EJSON, "invalid JSON at byte");
+  }
+  expect_err("{\"causal\": tru}", ATTN_PROTO_EJSON, "byte 14: expected a value");
+  expect_err("{\"causal\": nul", ATTN_PROTO_EJSON, "byte 14 (the body ends early)");
+  expect_err("{\"q\" 1}", ATTN_PROTO_EJSON, "byte 5: expected ':'");
+  expect_err("{\"q\": 1 2}", ATTN_PROTO_EJSON, "byte 8: expected ',' or '}'");
+  expect_err("{\"q\": [1 2]}", ATTN_PROTO_EJSON, "byte 9: expected ',' or ']'");
+  expect_err("{1: 2}", ATTN_PROTO_EJSON, "byte 1: expected a key");
+  expect_err("{\"q\": 1,}", ATTN_PROTO_EJSON, "byte 8: expected a key");
+  /* only the four JSON whitespace bytes separate tokens */
+  static const char nul_body[] = "{\"q\": 1,\0 \"k\": 2}";
+  attn_proto_req pr;
+  attn_status st;
+  cr_expect_eq(attn_proto_decode_json(nul_body, sizeof nul_body - 1, NULL, &pr, &st),
+               ATTN_PROTO_EJSON);
+  cr_expect(strstr(st.message, "byte 8: expected a key"), "%s", st.message);
+  /* A body that is not JSON is refused as such, whatever comes before the
+   * fault: the whole body is checked before any key is looked at. */
+  expect_err("{\"foo\": 1, \"q\": [1,, 2]}", ATTN_PROTO_EJSON, "invalid JSON at byte 19");
+}
+
+Test(json, strings_are_unescaped) {
+  /* Escaped keys and values are the characters they spell; a NUL inside
+   * one is part of it (cJSON cut strings there, so "q\u0000x" read as "q"). */
+  const char *ok = "{\"\\u0071\": " T22 ", \"k\": " T22 ", \"\\u0076\": " T22
+                   ", \"backend\": \"c\\u0070u\", \"\\u0063a\\u0075sal\": true}";
+  attn_proto_req pr;
+  attn_status st;
+  cr_assert_eq(attn_proto_decode_json(ok, strlen(ok), NULL, &pr, &st), 0, "%s", st.message);
+  cr_expect_str_eq(pr.req.backend, "cpu");
+  cr_expect(pr.req.causal);
+  attn_proto_req_free(&pr);
+  expect_err("{\"c\\/ausal\": true, " QKV "}", ATTN_PROTO_EOPTION, "unknown option \"c/ausal\"");
+  expect_err("{\"q\\u0000\": 1, " QKV "}", ATTN_PROTO_EOPTION, "unknown option \"q\\x00\"");
+  expect_err("{\"\\ud83d\\ude00\": 1}", ATTN_PROTO_EOPTION,
+             "unknown option \"\\xf0\\x9f\\x98\\x80\"");
+  expect_err("{" QKV ", \"backend\": \"cpu\\u0000\"}", ATTN_PROTO_EOPTVALUE,
+             "(got \"cpu\\x00\")");
+  expect_err("{\"q\": {\"shape\": [2, 2], \"dtype\": \"F32\\u0000\", \"data\": [1, 2, 3, 4]}" KV,
+             ATTN_PROTO_ETENSOR, "unknown dtype \"F32\\x00\"");
+  expect_err("{\"q\": {\"shape\": [2, 2], \"dtype\": \"\\n\", \"data\": [1, 2, 3, 4]}" KV,
+             ATTN_PROTO_ETENSOR, "unknown dtype \"\\x0a\"");
+  /* Long strings are quoted cut, and never match a name. */
+  char body[1024], val[401];
+  memset(val, 'x', 400);
+  val[400] = 0;
+  snprintf(body, sizeof body, "{" QKV ", \"backend\": \"%s\"}", val);
+  expect_err(body, ATTN_PROTO_EOPTVALUE, "(got \"xxxxxxxxxxxxxxxxxxxx");
+  snprintf(body, sizeof body, "{" QKV ", \"%s\": 1}", val);
+  expect_err(body, ATTN_PROTO_EOPTION, "xxxxxxxxxxxxxxxxxxxx...\"");
+  snprintf(body, sizeof body, "{\"q\": {\"shape\": [2, 2], \"%s\": 1}" KV, val);
+  expect_err(body, ATTN_PROTO_ETENSOR, "unknown key \"xxxxxxxxxx");
+}
+
+Test(json, layout_is_free) {
+  /* Keys in any order, any JSON whitespace anywhere. */
+  const char *body = "\r\n{ \"v\" :{\"data\":[ 1 ,2,\t3,4 ] ,\"dtype\":\"F16\",\"shape\":[2,2]},"
+                     "\n\"k\":{\"dtype\":\"F16\",\"data\":[1,2,3,4],\"shape\":[2,2]} ,"
+                     "\"q\":{\"shape\":[ 2 , 2 ],\"data\":[-0.5,2e0,3E+0,4.0e-0],\"dtype\":"
+                     "\"F16\"} }\n\t ";
+  attn_proto_req pr;
+  attn_status st;
+  cr_assert_eq(attn_proto_decode_json(body, strlen(body), NULL, &pr, &st), 0, "%s",
+               st.message);
+  cr_expect_eq(pr.req.dtype, ATTN_F16);
+  const uint16_t *q = pr.req.q;
+  cr_expect(q[0] == attn_f64_to_f16(-0.5) && q[1] == attn_f64_to_f16(2) &&
+            q[2] == attn_f64_to_f16(3) && q[3] == attn_f64_to_f16(4));
+  attn_proto_req_free(&pr);
+  const char *nested = "{\"q\": [ [ 1 , 2 ] ,\n [3,4] ], \"k\": [[1,2]], \"v\": [[5 ,6]]}";
+  cr_assert_eq(attn_proto_decode_json(nested, strlen(nested), NULL, &pr, &st), 0, "%s",
+               st.message);
+  cr_expect_eq(((const float *)pr.req.q)[3], 4.0f);
+  cr_expect_eq(((const float *)pr.req.v)[1], 6.0f);
+  attn_proto_req_free(&pr);
+}
+
+Test(json, decode_bound) {
+  /* Two bytes of text at least per stored number, 4 bytes per F32, and no
+   * more than ATTN_PROTO_MAX_JSON_ELEMS numbers whatever the length. */
+  cr_expect_eq(attn_proto_json_decode_bound(0), 0);
+  cr_expect_eq(attn_proto_json_decode_bound(1001), 2000);
+  cr_expect_eq(attn_proto_json_decode_bound((size_t)1 << 40), ATTN_PROTO_MAX_JSON_ELEMS * 4);
+  /* The tightest body: "[0,0,...,0]" data; its tensors fit the bound. */
+  size_t len;
+  char *body;
+  FILE *f = open_memstream(&body, &len);
+  fputs("{\"q\":{\"shape\":[1000,4],\"data\":[0", f);
+  for (int i = 1; i < 4000; i++)
+    fputs(",0", f);
+  fputs("]},\"k\":[[0]],\"v\":[[0]]}", f);
+  fclose(f);
+  attn_proto_req pr;
+  attn_status st;
+  int rc = attn_proto_decode_json(body, len, NULL, &pr, &st);
+  cr_expect_eq(rc, ATTN_PROTO_ESHAPE, "%s", st.message); /* D 4 against 1 */
+  cr_expect_leq(4002 * sizeof(float), attn_proto_json_decode_bound(len));
+  free(body);
+}

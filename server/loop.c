@@ -116,6 +116,31 @@ static void push(attnd_req **head, attnd_req **tail, attnd_req *r) {
   *tail = r;
 }
 
+/* Reserves what decoding r's JSON body will hold (its tensors, up to twice
+ * the body), held like the body until drop_inputs(); false with r's reply
+ * set. A body whose decode could not fit even in an idle server is too large
+ * (a retry would never help); one that does not fit now is asked to retry. */
+static bool reserve_decode(attnd_req *r) {
+  const attnd_config *c = r->srv->cfg;
+  uint64_t need = attn_proto_json_decode_bound(r->len);
+  uint64_t budget = (uint64_t)c->max_queue * c->max_body;
+  if (r->reserved + need > budget) {
+    char msg[320];
+    snprintf(msg, sizeof msg,
+             "decoding this %zu-byte JSON body needs %llu bytes beside it, past the server's "
+             "memory budget (--max-queue x --max-body = %llu bytes); send it as safetensors "
+             "(application/octet-stream), which needs no copy, or raise --max-queue",
+             r->len, (unsigned long long)need, (unsigned long long)budget);
+    attnd_req_error(r, 413, "too_large", msg);
+    return false;
+  }
+  if (!attnd_body_reserve(r, need)) {
+    attnd_body_over_budget(r);
+    return false;
+  }
+  return true;
+}
+
 static void decode_submit(uv_work_t *w) {
   attnd_req *r = w->data;
   attnd_server *s = r->srv;
@@ -123,15 +148,6 @@ static void decode_submit(uv_work_t *w) {
   attn_status st;
   attn_options_init(&q);
   int rc = attn_options_parse_query(&q, r->query, &st);
-  /* A JSON decode allocates its tensors beyond the body (up to twice its
-   * size): they count against the budget, like the body, until
-   * drop_inputs(). */
-  if (rc == 0 && r->json_in && !attnd_body_reserve(r, attn_proto_json_decode_bound(r->len))) {
-    r->t_done = attnd_now();
-    attnd_body_over_budget(r);
-    drop_inputs(r);
-    return;
-  }
   if (rc == 0)
     rc = r->json_in ? attn_proto_decode_json(r->body, r->len, &q, &r->pr, &st)
                     : attn_proto_decode_safetensors(r->body, r->len, &q, &r->pr, &st);
@@ -393,6 +409,11 @@ static void admit(attnd_server *s, attnd_req *r) {
              "the queue is full (%d requests admitted, --max-queue %d); retry shortly",
              s->admitted, s->cfg->max_queue);
     refuse(r, "queue_full", msg);
+    return;
+  }
+  if (r->json_in && !reserve_decode(r)) {
+    finish(r);
+    attnd_req_unref(r);
     return;
   }
   s->admitted++;

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #if defined(__SANITIZE_ADDRESS__)
 #define ATTND_TEST_ASAN 1
@@ -211,7 +212,8 @@ Test(json_memory, concurrent_bursts_give_memory_back) {
 
 /* The tensors a JSON decode allocates (up to twice the body) count against
  * --max-queue x --max-body: with 1 x 1 MiB, a 300 KB body fits with its
- * tensors, a 600 KB one does not and gets 503 before it is decoded. */
+ * tensors; a 600 KB one never can, and gets 413 (a retry would not help)
+ * before it is decoded. */
 Test(json_memory, decode_counts_against_the_budget) {
   srv_start(&S, "--max-queue", "1", "--max-body", "1M", NULL);
   size_t len;
@@ -223,9 +225,51 @@ Test(json_memory, decode_counts_against_the_budget) {
   free(small);
   char *big = zeros_body(1600, 1600, NULL, &len);
   http_post(&S, "/attention", "application/json", big, len, &r);
-  cr_expect(expect_error(&r, 503, "queue_full", "a JSON body whose tensors exceed the budget"));
-  cr_expect(r.body && strstr(r.body, "memory budget"), "%.200s", r.body);
+  cr_expect(expect_error(&r, 413, "too_large", "a JSON body whose tensors exceed the budget"));
+  cr_expect(r.body && strstr(r.body, "memory budget") && strstr(r.body, "safetensors"), "%.200s",
+            r.body);
   http_res_free(&r);
   free(big);
+  cr_expect_eq(srv_stop(&S, 10), 0);
+}
+
+/* A decode that would fit in an idle server but not beside an upload in
+ * progress gets 503 queue_full: retrying later helps. */
+Test(json_memory, decode_waits_for_room_with_503) {
+  srv_start(&S, "--max-queue", "2", "--max-body", "1M", NULL);
+  int a = raw_connect(S.port);
+  cr_assert_geq(a, 0);
+  raw_sends(a, "POST /attention HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+               "Content-Length: 716800\r\n\r\n");
+  raw_send(a, "\x10\0\0\0\0\0\0\0", 8);
+  /* wait until the server holds the upload's 700 KiB */
+  for (int i = 0; i < 200; i++) {
+    http_res m;
+    http_get(&S, "/metrics", &m);
+    double up = prom_sum(m.body, "attnd_uploads", NULL, NULL);
+    http_res_free(&m);
+    if (up >= 1)
+      break;
+    sleep_s(0.05);
+  }
+  size_t len;
+  char *body = zeros_body(1300, 1300, NULL, &len); /* about 450 KB, 900 KB decoded */
+  http_res r;
+  http_post(&S, "/attention", "application/json", body, len, &r);
+  cr_expect(expect_error(&r, 503, "queue_full", "a decode beside an upload"));
+  cr_expect(r.body && strstr(r.body, "retry"), "%.200s", r.body);
+  http_res_free(&r);
+  close(a);
+  /* the upload gone, the same body fits: retrying helped */
+  bool ok = false;
+  for (int i = 0; i < 100 && !ok; i++) {
+    http_post(&S, "/attention", "application/json", body, len, &r);
+    ok = r.status == 200;
+    http_res_free(&r);
+    if (!ok)
+      sleep_s(0.1);
+  }
+  cr_expect(ok, "the body never fit after the upload left");
+  free(body);
   cr_expect_eq(srv_stop(&S, 10), 0);
 }

@@ -490,7 +490,7 @@ static enum MHD_Result count_framing(void *cls, enum MHD_ValueKind kind, const c
  * inside a body: answered at once, the connection is closed and no byte
  * after the headers is read. false when r has its reply.
  */
-static bool check_framing(attnd_req *r) {
+static bool check_framing(attnd_req *r, const char *version) {
   framing f = {0};
   MHD_get_connection_values(r->conn, MHD_HEADER_KIND, count_framing, &f);
   char msg[200], te[72];
@@ -500,6 +500,9 @@ static bool check_framing(attnd_req *r) {
   } else if (f.n_cl && f.n_te) {
     attnd_req_error(r, 400, "bad_request",
                     "the request has both Content-Length and Transfer-Encoding; send one");
+  } else if (!strcmp(version, MHD_HTTP_VERSION_1_1) &&
+             !MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST)) {
+    attnd_req_error(r, 400, "bad_request", "an HTTP/1.1 request needs a Host header");
   } else if (f.n_te && (f.n_te > 1 || strcasecmp(f.te ? f.te : "", "chunked"))) {
     attnd_escape(te, sizeof te, f.te ? f.te : "", 60);
     snprintf(msg, sizeof msg,
@@ -528,7 +531,8 @@ static void route_of(attnd_req *r, const char *url, const char *method) {
 
 /* The first callback, once the headers are in: route, and decide what can
  * be decided before the body. */
-static enum MHD_Result first_call(attnd_req *r, const char *url, const char *method) {
+static enum MHD_Result first_call(attnd_req *r, const char *url, const char *method,
+                                  const char *version) {
   attnd_server *s = r->srv;
   r->started = true;
   if (r->link)
@@ -540,7 +544,7 @@ static enum MHD_Result first_call(attnd_req *r, const char *url, const char *met
     attnd_req_error(r, 414, "uri_too_long", r->bad_target);
     return queue_reply(r);
   }
-  if (!check_framing(r))
+  if (!check_framing(r, version))
     return queue_reply(r);
   if (r->route == ATTND_R_NONE) {
     char msg[240], path[96];
@@ -577,13 +581,12 @@ static enum MHD_Result first_call(attnd_req *r, const char *url, const char *met
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version,
                                   const char *upload, size_t *upload_size, void **con_cls) {
-  (void)version;
   attnd_server *s = cls;
   attnd_req *r = *con_cls;
   if (!r && !(r = *con_cls = new_req(s, conn)))
     return MHD_NO;
   if (!r->started)
-    return first_call(r, url, method);
+    return first_call(r, url, method, version);
   if (r->queued) {
     *upload_size = 0;
     return MHD_YES;

@@ -195,6 +195,7 @@ Test(hardening, versions_and_malformed_lines_get_json, .fini = teardown, .timeou
   REFUSE("GET /healthz HTTP/2.0\r\nHost: x\r\n\r\n", 505, "http_version_not_supported");
   REFUSE("GET /healthz HTTP/0.9\r\nHost: x\r\n\r\n", 505, "http_version_not_supported");
   REFUSE("GET /healthz HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n", 400, "bad_request");
+  REFUSE("GET /healthz HTTP/1.1\r\n\r\n", 400, "bad_request"); /* no Host */
   REFUSE("POST /attention HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
          "Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
          400, "bad_request");

@@ -38,38 +38,6 @@ typedef struct entry {
   uint64_t begin, end;
 } entry;
 
-/* Length of the UTF-8 sequence at s, or 0 when it is not well formed
- * (overlong forms and surrogates included, as RFC 3629 says). */
-static size_t utf8_len(const unsigned char *s, size_t n) {
-  unsigned c = s[0];
-  size_t len;
-  uint32_t cp;
-  if (c >= 0xc2 && c <= 0xdf) {
-    len = 2;
-    cp = c & 0x1f;
-  } else if (c >= 0xe0 && c <= 0xef) {
-    len = 3;
-    cp = c & 0x0f;
-  } else if (c >= 0xf0 && c <= 0xf4) {
-    len = 4;
-    cp = c & 0x07;
-  } else {
-    return 0;
-  }
-  if (n < len)
-    return 0;
-  for (size_t i = 1; i < len; i++) {
-    if ((s[i] & 0xc0) != 0x80)
-      return 0;
-    cp = cp << 6 | (s[i] & 0x3f);
-  }
-  if (len == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff)))
-    return 0;
-  if (len == 4 && (cp < 0x10000 || cp > 0x10ffff))
-    return 0;
-  return len;
-}
-
 static bool is_ws(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
 /*
@@ -96,7 +64,7 @@ static int scan_header(const unsigned char *h, size_t n, attn_status *st) {
                              "0x%02x, which JSON does not allow there",
                              i, i + 8, c);
     if (c >= 0x80) {
-      size_t k = utf8_len(h + i, n - i);
+      size_t k = attn__utf8_len(h + i, n - i);
       if (!k)
         return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
                                "header byte %zu (file offset %zu) starts invalid UTF-8", i,

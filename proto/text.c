@@ -7,6 +7,7 @@
 #include "internal.h"
 
 #include <cjson/cJSON.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -25,6 +26,38 @@ const char *attn__quote(char *dst, size_t cap, const char *s, size_t len) {
   }
   dst[o] = 0;
   return dst;
+}
+
+/* Length of the UTF-8 sequence at s, or 0 when it is not well formed
+ * (overlong forms and surrogates included, as RFC 3629 says). */
+size_t attn__utf8_len(const unsigned char *s, size_t n) {
+  unsigned c = s[0];
+  size_t len;
+  uint32_t cp;
+  if (c >= 0xc2 && c <= 0xdf) {
+    len = 2;
+    cp = c & 0x1f;
+  } else if (c >= 0xe0 && c <= 0xef) {
+    len = 3;
+    cp = c & 0x0f;
+  } else if (c >= 0xf0 && c <= 0xf4) {
+    len = 4;
+    cp = c & 0x07;
+  } else {
+    return 0;
+  }
+  if (n < len)
+    return 0;
+  for (size_t i = 1; i < len; i++) {
+    if ((s[i] & 0xc0) != 0x80)
+      return 0;
+    cp = cp << 6 | (s[i] & 0x3f);
+  }
+  if (len == 3 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff)))
+    return 0;
+  if (len == 4 && (cp < 0x10000 || cp > 0x10ffff))
+    return 0;
+  return len;
 }
 
 const char *attn__json_type(const cJSON *j) {

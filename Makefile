@@ -3,6 +3,7 @@
 #   make               build/libattn.a and build/attn
 #   make deps          install the missing Debian packages (apt-get, as root)
 #   make test          deps + build + every test          (SAN=1: ASan + UBSan)
+#                      (the first run makes build/venv from PyPI: Schemathesis)
 #   make bench         the CPU benchmark against OpenBLAS (not part of test)
 #   make test-gpu      the CUDA tests (tests/gpu/; they say skipped without a GPU)
 #   make test-image    the CPU container image built and run without Docker
@@ -28,7 +29,7 @@ CUDA_ARCHS ?= 80 89 90
 # runtime); the benchmark adds OpenBLAS.
 DEPS       = gcc make libc6-dev libcriterion-dev libcjson-dev clang libclang-rt-dev \
              libmicrohttpd-dev libuv1-dev libcurl4-openssl-dev wrk curl \
-             python3 python3-numpy python3-pytest python3-yaml
+             python3 python3-numpy python3-pytest python3-yaml python3-venv
 BENCH_DEPS = libopenblas-dev
 # make test-image builds the CPU image's filesystem without a Docker engine.
 IMAGE_DEPS = debootstrap
@@ -240,7 +241,7 @@ $(BUILD)/obj/tests/bench/cpu_vs_blas.o: tests/bench/cpu_vs_blas.c $(BUILD)/.flag
 $(BUILD)/bench-cpu: $(BENCH_OBJ) $(LIB)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ -lopenblas -lmvec $(LDLIBS_ALL)
 
-$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_SRC) $(wildcard proto/*.h engine/*.h)
+$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_SRC) $(wildcard proto/*.h engine/*.h) tests/unit/strict_json.h
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $< $(FUZZ_LIB_SRC) -lcjson -lm -pthread
 
@@ -256,6 +257,24 @@ fuzz: deps
 	    > $(BUILD)/fuzz/$$t.log 2>&1 || { tail -40 $(BUILD)/fuzz/$$t.log; exit 1; }; \
 	  grep -E 'stat::number_of_executed_units|stat::new_units_added' $(BUILD)/fuzz/$$t.log; \
 	done
+
+# ---- the test venv (PyPI packages the tests need: Schemathesis, ...) -------
+# Made with Debian's interpreter (a pyenv python3 on PATH is not what CI
+# has) and filled from the pinned requirements; the stamp makes a later run
+# skip pip entirely until the requirements file changes.
+TEST_VENV = $(BUILD)/venv
+TEST_REQS = tests/python/requirements-test.txt
+
+$(TEST_VENV)/.stamp: $(TEST_REQS)
+	@rm -f $@
+	@[ -x $(TEST_VENV)/bin/python ] || /usr/bin/python3 -m venv $(TEST_VENV)
+	@echo "make: installing $(TEST_REQS) into $(TEST_VENV)"
+	@$(TEST_VENV)/bin/python -m pip install --disable-pip-version-check -q \
+	    --retries 2 --timeout 30 -r $(TEST_REQS) || { \
+	  echo "make: could not install $(TEST_REQS) from PyPI into $(TEST_VENV) (see pip's" \
+	       "error above); the schema tests need it: check the network or proxy" >&2; \
+	  exit 1; }
+	@touch $@
 
 # Installs with apt-get what dpkg does not list as installed.
 define install_missing
@@ -280,7 +299,7 @@ bench-deps:
 
 test: deps
 	$(MAKE) --no-print-directory $(BUILD)/attn $(BUILD)/attnd $(TEST_BIN) \
-	  $(if $(SRVTEST_SRC),$(SRVTEST_BIN)) $(GPUTEST_BIN) $(CUDAMOCK_BIN)
+	  $(if $(SRVTEST_SRC),$(SRVTEST_BIN)) $(GPUTEST_BIN) $(CUDAMOCK_BIN) $(TEST_VENV)/.stamp
 	@set -o pipefail; ATTN_BIN=$(BUILD)/attn $(TEST_BIN) --jobs 1 2>&1 | tee $(BUILD)/test.log
 	@if [ -n "$(CUDAMOCK_BIN)" ]; then set -o pipefail; \
 	  $(CUDAMOCK_BIN) --jobs 1 2>&1 | tee -a $(BUILD)/test.log; fi
@@ -292,6 +311,9 @@ test: deps
 	@if [ -d tests/python ]; then set -o pipefail; \
 	  ATTND_BIN=$(BUILD)/attnd /usr/bin/python3 -m pytest -q tests/python 2>&1 | \
 	    tee -a $(BUILD)/test.log; fi
+	@# openapi.yaml against the live server (Schemathesis, tests/schema/).
+	@set -o pipefail; tests/schema/run.sh $(BUILD)/attnd $(TEST_VENV) 2>&1 | \
+	    tee -a $(BUILD)/test.log
 	@# Criterion has reported a test before LeakSanitizer runs at its exit:
 	@# a sanitizer report anywhere in the log fails the run.
 	@if grep -q 'Sanitizer' $(BUILD)/test.log; then \

@@ -6,6 +6,7 @@
 #include "proto.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct http_err {
   int status;
@@ -67,7 +68,7 @@ char *attn_proto_error_body(const char *code, const char *message, size_t *plen)
   attn_sbuf_puts(&b, "{\"error\": {\"code\": ");
   attn_sbuf_json_str(&b, code);
   attn_sbuf_puts(&b, ", \"message\": ");
-  attn_sbuf_json_str(&b, message);
+  attn_sbuf_json_strn(&b, message, strlen(message), ATTN_PROTO_MAX_MESSAGE);
   attn_sbuf_puts(&b, "}}\n");
   if (b.oom) {
     free(b.p);

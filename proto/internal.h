@@ -16,8 +16,10 @@ struct cJSON;
  * backslashes as \xNN, cut with "..." to fit cap. Returns dst. */
 const char *attn__quote(char *dst, size_t cap, const char *s, size_t len);
 
-/* Length of the UTF-8 sequence at s[0..n), or 0 when it is not well formed
- * (overlong forms and surrogates included, as RFC 3629 says). */
+/* Length of the well-formed UTF-8 sequence of 2 to 4 bytes at s (n bytes
+ * left), or 0 when there is none: an ASCII byte, a stray continuation byte,
+ * a cut sequence, an overlong form, a surrogate or a code point past
+ * U+10FFFF (RFC 3629). */
 size_t attn__utf8_len(const unsigned char *s, size_t n);
 
 /* "an object", "a string", ... for messages about a JSON value's type. */

@@ -215,11 +215,22 @@ void attn_sbuf_put(attn_sbuf *b, const char *s, size_t n);
 void attn_sbuf_puts(attn_sbuf *b, const char *s);
 void attn_sbuf_printf(attn_sbuf *b, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
-/* s as a quoted JSON string, escaped. */
+/* s[0..len) as a quoted JSON string any strict decoder accepts, whatever
+ * the bytes: '"' and '\\' escaped, control bytes (and DEL) as \\u00XX,
+ * well-formed UTF-8 kept, each byte of invalid UTF-8 as U+FFFD. Over max
+ * bytes of s it is cut between two characters and ends in "...". */
+void attn_sbuf_json_strn(attn_sbuf *b, const char *s, size_t len, size_t max);
+/* The NUL-terminated s, whole, as attn_sbuf_json_strn writes it. */
 void attn_sbuf_json_str(attn_sbuf *b, const char *s);
 
+/* Bytes of an error message that go into an error body; the rest is cut. */
+#define ATTN_PROTO_MAX_MESSAGE 1024
+
 /* The error body {"error": {"code": code, "message": message}}, malloc'd
- * and NUL-terminated; NULL when out of memory. */
+ * and NUL-terminated; NULL when out of memory. Every error body of the
+ * server and the clients comes from here, and messages quote what clients
+ * sent, so both strings go through attn_sbuf_json_strn: the body is strict
+ * JSON for any bytes, the message at most ATTN_PROTO_MAX_MESSAGE bytes. */
 char *attn_proto_error_body(const char *code, const char *message, size_t *plen);
 
 /*

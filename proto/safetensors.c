@@ -376,21 +376,23 @@ int attn_proto_decode_safetensors(const void *body, size_t len, const attn_optio
   uint64_t n = 0;
   for (int i = 0; i < 8; i++)
     n |= (uint64_t)b[i] << (8 * i);
-  /* The cap comes first: the verdict on a length must not depend on how
-   * much of the body has arrived, so a streaming reader can give it after
-   * eight bytes. */
-  if (n > ATTN_PROTO_MAX_HEADER)
-    return attn_status_set(st, ATTN_PROTO_ETOOLARGE,
-                           "header length %llu is over the limit of %u bytes",
-                           (unsigned long long)n, ATTN_PROTO_MAX_HEADER);
   if (n == 0)
     return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
                            "header length is 0; the header must be a JSON object");
+  /* A length the body cannot hold means the bytes are not safetensors (ten
+   * bytes of text or an image read as a length give ~2^60): malformed, 400.
+   * Only a header the body really holds can be over the cap, 413; a
+   * streaming reader that knows the body's length (Content-Length) can still
+   * give either verdict after eight bytes. */
   if (n > len - 8)
     return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
                            "header length %llu runs past the end of the body: only %zu "
                            "bytes follow the 8-byte length",
                            (unsigned long long)n, len - 8);
+  if (n > ATTN_PROTO_MAX_HEADER)
+    return attn_status_set(st, ATTN_PROTO_ETOOLARGE,
+                           "header length %llu is over the limit of %u bytes",
+                           (unsigned long long)n, ATTN_PROTO_MAX_HEADER);
   const unsigned char *hdr = b + 8, *data = hdr + n;
   uint64_t data_len = len - 8 - n;
   int rc = scan_header(hdr, (size_t)n, st);

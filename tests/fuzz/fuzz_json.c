@@ -5,12 +5,22 @@
  * thousands of inputs a second); the outputs are zeroed instead.
  */
 #include "proto.h"
+#include "../unit/strict_json.h"
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* Whatever the input, the error body the server would send is strict JSON. */
+static void check_error_body(const attn_status *st) {
+  size_t len = 0;
+  char *b = attn_proto_error_body(attn_proto_code_name(st->code), st->message, &len);
+  if (b && !strict_error_body(b, len, NULL, 0))
+    abort();
+  free(b);
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   attn_proto_req pr;
@@ -22,6 +32,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         abort(); /* not a code of either table */
     if (st.code != rc || !memchr(st.message, 0, sizeof st.message))
       abort();
+    check_error_body(&st);
     return 0;
   }
   const attn_request *r = &pr.req;

@@ -4,11 +4,21 @@
  * to attn_options_set() directly, as __metadata__ and JSON fields are.
  */
 #include "proto.h"
+#include "../unit/strict_json.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* Whatever the input, the error body the server would send is strict JSON. */
+static void check_error_body(const attn_status *st) {
+  size_t len = 0;
+  char *b = attn_proto_error_body(attn_proto_code_name(st->code), st->message, &len);
+  if (b && !strict_error_body(b, len, NULL, 0))
+    abort();
+  free(b);
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   char *s = malloc(size + 1);
@@ -19,7 +29,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   attn_options o, p;
   attn_status st;
   attn_options_init(&o);
-  attn_options_parse_query(&o, s, &st);
+  if (attn_options_parse_query(&o, s, &st) < 0)
+    check_error_body(&st);
   attn_options_init(&p);
   const char *line = (const char *)data, *end = line + size;
   while (line < end) {
@@ -27,8 +38,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     size_t len = nl ? (size_t)(nl - line) : (size_t)(end - line);
     const char *eq = memchr(line, '=', len);
     if (eq)
-      attn_options_set(&p, line, (size_t)(eq - line), eq + 1, len - (size_t)(eq - line) - 1,
-                       "fuzz", &st);
+      if (attn_options_set(&p, line, (size_t)(eq - line), eq + 1,
+                           len - (size_t)(eq - line) - 1, "fuzz", &st) < 0)
+        check_error_body(&st);
     line += len + 1;
   }
   attn_options_merge(&o, &p);

@@ -5,16 +5,28 @@
  * each input costs microseconds and the fuzzer explores the header.
  */
 #include "proto.h"
+#include "../unit/strict_json.h"
 
 #include <stdlib.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
+/* Whatever the input, the error body the server would send is strict JSON. */
+static void check_error_body(const attn_status *st) {
+  size_t len = 0;
+  char *b = attn_proto_error_body(attn_proto_code_name(st->code), st->message, &len);
+  if (b && !strict_error_body(b, len, NULL, 0))
+    abort();
+  free(b);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   attn_proto_req pr;
   attn_status st;
-  if (attn_proto_decode_safetensors(data, size, NULL, &pr, &st) < 0)
+  if (attn_proto_decode_safetensors(data, size, NULL, &pr, &st) < 0) {
+    check_error_body(&st);
     return 0;
+  }
   void *out = NULL;
   size_t len = 0;
   if (attn_proto_encode_safetensors(&pr, &out, &len, &st) == 0 && len < 16)

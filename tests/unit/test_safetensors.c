@@ -434,17 +434,45 @@ Test(safetensors, malformed_framing) {
   expect_fail(b, 0, ATTN_PROTO_EEMPTY, "empty");
   expect_fail(NULL, 0, ATTN_PROTO_EEMPTY, "empty");
   expect_fail(b, 3, ATTN_PROTO_ESAFETENSORS, "body of 3 bytes is shorter than the 8-byte");
+  /* A length the body cannot hold is a broken file, not a large one: the
+   * client sent few bytes, so "too large" would send them looking for a
+   * limit they are nowhere near. */
   put_le64(b, (uint64_t)1 << 63);
-  expect_fail(b, 16, ATTN_PROTO_ETOOLARGE, "header length 9223372036854775808 is over the limit");
+  expect_fail(b, 16, ATTN_PROTO_ESAFETENSORS,
+              "header length 9223372036854775808 runs past the end of the body: only 8 bytes");
   put_le64(b, UINT64_MAX);
-  expect_fail(b, 16, ATTN_PROTO_ETOOLARGE, "18446744073709551615");
+  expect_fail(b, 16, ATTN_PROTO_ESAFETENSORS, "18446744073709551615 runs past the end");
   put_le64(b, (uint64_t)ATTN_PROTO_MAX_HEADER + 1);
-  expect_fail(b, 64, ATTN_PROTO_ETOOLARGE, "over the limit of 104857600 bytes");
+  expect_fail(b, 64, ATTN_PROTO_ESAFETENSORS, "runs past the end of the body: only 56 bytes");
   put_le64(b, 57);
   expect_fail(b, 64, ATTN_PROTO_ESAFETENSORS,
               "header length 57 runs past the end of the body: only 56 bytes");
   put_le64(b, 0);
   expect_fail(b, 64, ATTN_PROTO_ESAFETENSORS, "header length is 0");
+}
+
+/* Ten bytes of anything that is not safetensors (here a PNG's signature,
+ * whose first eight bytes read as a length of ~2^60) are malformed. */
+Test(safetensors, garbage_body_is_malformed_not_too_large) {
+  static const unsigned char png[10] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n', 0, 0};
+  expect_fail(png, sizeof png, ATTN_PROTO_ESAFETENSORS, "runs past the end of the body");
+  const char *json = "{\"q\": [[1]], \"k\": [[1]], \"v\": [[1]]}"; /* sent as octet-stream */
+  expect_fail(json, strlen(json), ATTN_PROTO_ESAFETENSORS, "runs past the end of the body");
+}
+
+/* The cap is a 413 only for a header the body really holds. The bytes after
+ * the length are never read before the cap refuses them, so the 100 MiB
+ * buffer costs address space only (malloc'd, left untouched). */
+Test(safetensors, header_within_the_body_but_over_the_cap_is_too_large) {
+  size_t n = (size_t)ATTN_PROTO_MAX_HEADER + 1, len = 8 + n;
+  unsigned char *b = malloc(len);
+  cr_assert(b);
+  put_le64(b, n);
+  expect_fail(b, len, ATTN_PROTO_ETOOLARGE, "header length 104857601 is over the limit of "
+                                            "104857600 bytes");
+  /* one byte short of holding it: malformed, as any length past the body */
+  expect_fail(b, len - 1, ATTN_PROTO_ESAFETENSORS, "runs past the end of the body");
+  free(b);
 }
 
 Test(safetensors, malformed_truncated) {

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# tests/schema/run.sh ATTND VENV — proto/openapi.yaml against a live attnd,
+# checked by Schemathesis (from the test venv VENV, see requirements-test.txt).
+#
+# Every check is on, in both modes: schema-valid requests (must not be
+# refused beyond what the spec says) and schema-violating ones (must be
+# refused with a 4xx). Generation is derandomized and bounded, so each run
+# sends the same requests and takes a few seconds; tests/schema/
+# schemathesis.toml says which refusals the spec allows and why.
+# The server gets port 0 and we read the port from its startup line, so
+# nothing can take the port between choosing and binding it. At the end the
+# server must still be alive and exit 0 on SIGTERM (a crash fails the run).
+set -euo pipefail
+
+attnd=$(realpath "$1")
+venv=$(realpath "$2")
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+work=$(mktemp -d)
+pid=
+
+cleanup() {
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+fail() {
+  echo "tests/schema: $*" >&2
+  echo "---- attnd log ----" >&2
+  cat "$work/attnd.log" >&2 || true
+  exit 1
+}
+
+"$attnd" --listen 127.0.0.1:0 --threads 2 >"$work/attnd.log" 2>&1 </dev/null &
+pid=$!
+
+url=
+for _ in $(seq 200); do  # up to ~10 s for the startup line
+  url=$(sed -n 's/^attnd [^:]*: listening on \(http:\/\/[0-9.]*:[0-9]*\).*/\1/p' \
+        "$work/attnd.log" | head -n1)
+  [ -n "$url" ] && break
+  kill -0 "$pid" 2>/dev/null || fail "attnd exited before listening"
+  sleep 0.05
+done
+[ -n "$url" ] || fail "no 'listening on' line from attnd within 10 s"
+
+# From a scratch directory: Schemathesis writes nothing into the checkout.
+# too_slow is Hypothesis timing its own data generation, not a check of the
+# API: on a loaded machine (or under SAN=1) it would fail runs at random.
+status=0
+(cd "$work" && "$venv/bin/st" --config-file "$here/schemathesis.toml" run \
+   "$root/proto/openapi.yaml" --url "$url" \
+   --checks all --mode all --generation-deterministic --max-examples 50 \
+   --suppress-health-check too_slow \
+   --request-timeout 10 --workers 1 --no-color) || status=$?
+
+kill -0 "$pid" 2>/dev/null || fail "attnd died during the run"
+kill -TERM "$pid"
+rc=0
+wait "$pid" || rc=$?
+pid=
+[ "$rc" = 0 ] || fail "attnd exited with status $rc after SIGTERM"
+if grep -q Sanitizer "$work/attnd.log"; then
+  fail "sanitizer report in attnd's log"
+fi
+[ "$status" = 0 ] || fail "schemathesis found the failures above"
+echo "tests/schema: openapi.yaml matches attnd (schemathesis passed)"

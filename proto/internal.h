@@ -12,9 +12,6 @@
 
 struct cJSON;
 
-/* Client bytes s[0..len) for a message: non-printing bytes, quotes and
- * backslashes as \xNN, cut with "..." to fit cap. Returns dst. */
-const char *attn__quote(char *dst, size_t cap, const char *s, size_t len);
 
 /* Length of the well-formed UTF-8 sequence of 2 to 4 bytes at s (n bytes
  * left), or 0 when there is none: an ASCII byte, a stray continuation byte,

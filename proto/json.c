@@ -170,7 +170,7 @@ static void *alloc_elems(size_t n, attn_dtype dt) {
 /* The key of a member for messages: cut, escaped. */
 static const char *quote_key(char *dst, size_t cap, const char *key, size_t klen,
                              size_t kcap) {
-  return attn__quote(dst, cap, key, klen < kcap ? klen : kcap - 1);
+  return attn_quote(dst, cap, key, klen < kcap ? klen : kcap - 1);
 }
 
 static bool key_is(const char *key, size_t klen, const char *want) {

@@ -58,13 +58,13 @@ int attn_options_set(attn_options *o, const char *name, size_t name_len,
                      attn_status *st) {
   char qn[48], qv[48], buf[64];
   const opt_def *d = find(name, name_len);
-  attn__quote(qn, sizeof qn, name, name_len);
+  attn_quote(qn, sizeof qn, name, name_len);
   if (!d)
     return attn_status_set(st, ATTN_PROTO_EOPTION,
                            "unknown option \"%s\" in the %s (options: causal, scale, "
                            "window_left, window_right, stats, backend)",
                            qn, source);
-  attn__quote(qv, sizeof qv, value, value_len);
+  attn_quote(qv, sizeof qv, value, value_len);
   /* a NUL would end the text early: "cpu\0x" must not read as "cpu" */
   if (value_len >= sizeof buf || memchr(value, 0, value_len))
     goto bad;

@@ -19,8 +19,8 @@ static int set_param(void *ctx, const char *name, size_t nlen, const char *value
   plan_parse *pl = ctx;
   attn_plan_params *pp = pl->pp;
   char qn[48], qv[48];
-  attn__quote(qn, sizeof qn, name, nlen);
-  attn__quote(qv, sizeof qv, value, vlen);
+  attn_quote(qn, sizeof qn, name, nlen);
+  attn_quote(qv, sizeof qv, value, vlen);
   if (!strcmp(name, "dtype")) {
     if (attn_dtype_parse(value, &pp->dtype) < 0)
       return attn_status_set(st, ATTN_PROTO_EOPTVALUE,

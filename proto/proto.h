@@ -223,6 +223,12 @@ void attn_sbuf_json_strn(attn_sbuf *b, const char *s, size_t len, size_t max);
 /* The NUL-terminated s, whole, as attn_sbuf_json_strn writes it. */
 void attn_sbuf_json_str(attn_sbuf *b, const char *s);
 
+/* Client bytes s[0..len) made safe to quote in a message or a log line:
+ * printable ASCII as it is; control bytes, DEL, bytes past ASCII, quotes and
+ * backslashes as \xNN (so no line can be ended early and no UTF-8 character
+ * split), cut with "..." to fit cap. Returns dst. */
+const char *attn_quote(char *dst, size_t cap, const char *s, size_t len);
+
 /* Bytes of an error message that go into an error body; the rest is cut. */
 #define ATTN_PROTO_MAX_MESSAGE 1024
 

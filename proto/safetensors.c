@@ -144,7 +144,7 @@ static int parse_entry(const cJSON *j, const char *name, uint64_t data_len, entr
       return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
                              "tensor \"%s\" has the unknown field \"%s\" (fields: dtype, "
                              "shape, data_offsets)",
-                             name, attn__quote(q, sizeof q, c->string, strlen(c->string)));
+                             name, attn_quote(q, sizeof q, c->string, strlen(c->string)));
     if (f[i])
       return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
                              "tensor \"%s\" has the field \"%s\" twice", name,
@@ -163,7 +163,7 @@ static int parse_entry(const cJSON *j, const char *name, uint64_t data_len, entr
   if (attn_dtype_parse(f[0]->valuestring, &e->dtype) < 0)
     return attn_status_set(st, ATTN_PROTO_ETENSOR,
                            "tensor \"%s\": dtype \"%s\" is not supported (F32, F16 or BF16)",
-                           name, attn__quote(q, sizeof q, f[0]->valuestring, strlen(f[0]->valuestring)));
+                           name, attn_quote(q, sizeof q, f[0]->valuestring, strlen(f[0]->valuestring)));
   uint64_t es = attn_dtype_size(e->dtype);
 
   if (!cJSON_IsArray(f[1]))
@@ -265,11 +265,11 @@ static int parse_metadata(const cJSON *j, attn_options *meta, attn_status *st) {
       if (!strcmp(p->string, c->string))
         return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
                                "__metadata__ has the key \"%s\" twice",
-                               attn__quote(q, sizeof q, c->string, strlen(c->string)));
+                               attn_quote(q, sizeof q, c->string, strlen(c->string)));
     if (!cJSON_IsString(c))
       return attn_status_set(st, ATTN_PROTO_EOPTVALUE,
                              "__metadata__ value of \"%s\" must be a string, not %s",
-                             attn__quote(q, sizeof q, c->string, strlen(c->string)), attn__json_type(c));
+                             attn_quote(q, sizeof q, c->string, strlen(c->string)), attn__json_type(c));
     /* Writers such as PyTorch's tag files {"format": "pt"}: a convention of
      * the format, not an option, so it is the one key let through. */
     if (!strcmp(c->string, "format"))
@@ -347,7 +347,7 @@ static int parse_root(const cJSON *root, uint64_t data_len, entry e[3], attn_opt
     if (i == 3)
       return attn_status_set(st, ATTN_PROTO_EUNKNOWNTENSOR,
                              "unknown tensor \"%s\"; send exactly q, k and v",
-                             attn__quote(q, sizeof q, c->string, strlen(c->string)));
+                             attn_quote(q, sizeof q, c->string, strlen(c->string)));
     if (e[i].seen)
       return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
                              "the header has the tensor \"%s\" twice", tensor_names[i]);

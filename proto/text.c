@@ -5,13 +5,14 @@
  * it escaped and cut so the message stays readable and inside attn_status.
  */
 #include "internal.h"
+#include "proto.h"
 
 #include <cjson/cJSON.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
-const char *attn__quote(char *dst, size_t cap, const char *s, size_t len) {
+const char *attn_quote(char *dst, size_t cap, const char *s, size_t len) {
   size_t o = 0, i = 0;
   for (; i < len && o + 8 < cap; i++) { /* room for one escape and "..." */
     unsigned char c = (unsigned char)s[i];

@@ -338,7 +338,8 @@ static bool begin_post(attnd_req *r) {
     r->binary_out = true;
   } else {
     char msg[200], what[72];
-    attnd_escape(what, sizeof what, ct ? ct : "(none)", 60);
+    const char *given = ct ? ct : "(none)";
+    attn_quote(what, sizeof what, given, strlen(given));
     snprintf(msg, sizeof msg,
              "Content-Type \"%s\" is not one this server reads; send application/json or "
              "application/octet-stream (safetensors)",
@@ -357,7 +358,7 @@ static bool begin_post(attnd_req *r) {
   }
   if (want > s->cfg->max_body) {
     char msg[200], what[40];
-    attnd_escape(what, sizeof what, cl, 24);
+    attn_quote(what, sizeof what, cl, strlen(cl));
     snprintf(msg, sizeof msg, "Content-Length %s is over the limit of %llu bytes (--max-body)",
              what, (unsigned long long)s->cfg->max_body);
     attnd_req_error(r, 413, "too_large", msg);
@@ -504,7 +505,7 @@ static bool check_framing(attnd_req *r, const char *version) {
              !MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST)) {
     attnd_req_error(r, 400, "bad_request", "an HTTP/1.1 request needs a Host header");
   } else if (f.n_te && (f.n_te > 1 || strcasecmp(f.te ? f.te : "", "chunked"))) {
-    attnd_escape(te, sizeof te, f.te ? f.te : "", 60);
+    attn_quote(te, sizeof te, f.te ? f.te : "", f.te ? strlen(f.te) : 0);
     snprintf(msg, sizeof msg,
              "Transfer-Encoding \"%s\" is not supported; send the body with Content-Length or "
              "Transfer-Encoding: chunked",
@@ -548,7 +549,7 @@ static enum MHD_Result first_call(attnd_req *r, const char *url, const char *met
     return queue_reply(r);
   if (r->route == ATTND_R_NONE) {
     char msg[240], path[96];
-    attnd_escape(path, sizeof path, r->path, 80);
+    attn_quote(path, sizeof path, r->path, strlen(r->path));
     snprintf(msg, sizeof msg,
              "no such path \"%s\" (try POST /attention, GET /attention/plan, /healthz, "
              "/readyz, /metrics, /v1/info)",
@@ -556,7 +557,7 @@ static enum MHD_Result first_call(attnd_req *r, const char *url, const char *met
     attnd_req_error(r, 404, "not_found", msg);
   } else if (r->route == ATTND_R_ATTENTION ? !post : !get) {
     char msg[200], m[24];
-    attnd_escape(m, sizeof m, method, 16);
+    attn_quote(m, sizeof m, method, strlen(method));
     snprintf(msg, sizeof msg, "%s is not allowed on %.60s (use %s)", m, r->path,
              r->route == ATTND_R_ATTENTION ? "POST" : "GET");
     attnd_req_error(r, 405, "method_not_allowed", msg);
@@ -622,8 +623,8 @@ static void log_line(attnd_server *s, const attnd_req *r, double total) {
   double queue = r->t_started > 0 ? r->t_started - r->t_admitted : 0;
   double compute = r->t_done > 0 && r->t_started > 0 ? r->t_done - r->t_started : 0;
   char method[80], path[560];
-  attnd_escape(method, sizeof method, r->method, 16);
-  attnd_escape(path, sizeof path, r->path, 128);
+  attn_quote(method, sizeof method, r->method, strlen(r->method));
+  attn_quote(path, sizeof path, r->path, strlen(r->path));
   pthread_mutex_lock(&s->log_mu);
   if (s->cfg->log_json) {
     attn_sbuf b = {0};
@@ -769,7 +770,7 @@ __attribute__((format(printf, 2, 0))) static void on_mhd_log(void *cls, const ch
   msg[strcspn(msg, "\n")] = 0;
   if (said_already(msg))
     return;
-  attnd_escape(esc, sizeof esc, msg, 400);
+  attn_quote(esc, sizeof esc, msg, strlen(msg));
   pthread_mutex_lock(&s->log_mu);
   if (s->cfg->log_json) {
     attn_sbuf b = {0};

@@ -148,11 +148,6 @@ void attnd_http_stop(attnd_server *s);
  * without Content-Type): answered here with the JSON error instead, and the
  * connection closed. */
 enum MHD_Result attnd_http_refuse(struct MHD_Connection *conn, unsigned status);
-/* Copies src into dst (cap bytes, NUL-terminated) for a log line or an error
- * message: valid UTF-8 and printable ASCII as they are, anything else (control
- * bytes, invalid UTF-8, backslash) as \xHH; cut at a character boundary with
- * "..." when longer than max_out characters or cap. */
-void attnd_escape(char *dst, size_t cap, const char *src, size_t max_out);
 /* Sets r's reply to an error body. */
 void attnd_req_error(attnd_req *r, int status, const char *code, const char *message);
 /* Sets r's reply to the error of an engine or proto code. */

@@ -152,7 +152,7 @@ FUZZ_LIB_SRC  = engine/dtype.c engine/request.c $(PROTO_SRC)
 
 # ---- the server ---------------------------------------------------------------
 SERVER_SRC = server/main.c server/config.c server/http.c server/loop.c server/deadline.c \
-             server/metrics.c server/conns.c server/mhd_shim.c
+             server/metrics.c server/conns.c server/mhd_shim.c server/errors.c
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/obj/%.o)
 
 .PHONY: all deps bench-deps test test-gpu test-image bench bench-server bench-memory fuzz run \

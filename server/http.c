@@ -61,22 +61,27 @@ static void set_reply(attnd_req *r, int status, char *buf, size_t len, const cha
   r->ctype = ctype;
 }
 
-void attnd_req_error(attnd_req *r, int status, const char *code, const char *message) {
+/* The one way an error reply is set: the body, Retry-After on a 503, and
+ * the count by code. A client that reset gets no reply at all: the
+ * connection is closed and the 499 only logged. */
+void attnd_req_fail(attnd_req *r, int code, const char *message) {
+  const char *name = attnd_err_code(code);
+  attnd_metrics_error(r->srv->metrics, name);
+  if (code == ATTND_ECLIENT_CLOSED) {
+    r->gone = true;
+    return;
+  }
+  int status = attnd_err_status(code);
   size_t len = 0;
-  char *b = attn_proto_error_body(code, message, &len);
+  char *b = attn_proto_error_body(name, message, &len);
   set_reply(r, status, b, b ? len : 0, json_type);
   r->retry_after = status == 503;
-}
-
-void attnd_req_fail(attnd_req *r, const attn_status *st) {
-  attnd_req_error(r, attn_proto_http_status(st->code), attn_proto_code_name(st->code),
-                  st->message);
 }
 
 static void set_json(attnd_req *r, int status, attn_sbuf *b) {
   if (b->oom) {
     free(b->p);
-    attnd_req_error(r, 503, "out_of_memory", "out of memory building the reply");
+    attnd_req_fail(r, ATTND_EOUT_OF_MEMORY, "out of memory building the reply");
     return;
   }
   set_reply(r, status, b->p, b->len, json_type);
@@ -85,7 +90,7 @@ static void set_json(attnd_req *r, int status, attn_sbuf *b) {
 /* Hands r's reply to libmicrohttpd. */
 static enum MHD_Result queue_reply(attnd_req *r) {
   if (!r->resp) /* out of memory for the error body itself */
-    attnd_req_error(r, 503, "out_of_memory", "out of memory");
+    attnd_req_fail(r, ATTND_EOUT_OF_MEMORY, "out of memory");
   struct MHD_Response *resp = MHD_create_response_from_buffer_with_free_callback(
       r->resp_len, r->resp ? r->resp : (char *)"", r->resp ? free : NULL);
   if (!resp)
@@ -149,7 +154,7 @@ static void get_plan(attnd_req *r) {
   if (attn_proto_parse_plan_query(r->query, &pp, &st) < 0 ||
       (pp.threads = attn_engine_threads(r->srv->engine),
        attn_plan_compute(&pp, &pl, &st) < 0)) {
-    attnd_req_fail(r, &st);
+    attnd_req_fail(r, st.code, st.message);
     return;
   }
   attn_sbuf b = {0};
@@ -195,9 +200,9 @@ static void answer_get(attnd_req *r) {
   case ATTND_R_READYZ: {
     char why[200];
     if (atomic_load(&s->draining))
-      attnd_req_error(r, 503, "shutting_down", "the server is draining and takes no new work");
+      attnd_req_fail(r, ATTND_ESHUTTING_DOWN, "the server is draining and takes no new work");
     else if (!backend_ready(s, why, sizeof why))
-      attnd_req_error(r, 503, "backend_unavailable", why);
+      attnd_req_fail(r, ATTND_EBACKEND_UNAVAILABLE, why);
     else {
       attn_sbuf_puts(&b, "{\"status\": \"ready\"}\n");
       set_json(r, 200, &b);
@@ -214,7 +219,7 @@ static void answer_get(attnd_req *r) {
       set_reply(r, 200, m.p, m.len, "text/plain; version=0.0.4; charset=utf-8");
     else {
       free(m.p);
-      attnd_req_error(r, 503, "out_of_memory", "out of memory rendering the metrics");
+      attnd_req_fail(r, ATTND_EOUT_OF_MEMORY, "out of memory rendering the metrics");
     }
     break;
   }
@@ -299,7 +304,7 @@ void attnd_body_over_budget(attnd_req *r) {
            "request bodies already hold the server's memory budget (--max-queue x "
            "--max-body = %llu bytes); retry shortly",
            (unsigned long long)r->srv->cfg->max_queue * r->srv->cfg->max_body);
-  attnd_req_error(r, 503, "queue_full", msg);
+  attnd_req_fail(r, ATTND_EQUEUE_FULL, msg);
 }
 
 /* A POST whose headers arrived and whose body is still being read: a drain
@@ -326,7 +331,7 @@ static bool begin_post(attnd_req *r) {
   struct MHD_Connection *conn = r->conn;
   upload_begin(r);
   if (atomic_load(&s->draining)) {
-    attnd_req_error(r, 503, "shutting_down", "the server is draining and takes no new work");
+    attnd_req_fail(r, ATTND_ESHUTTING_DOWN, "the server is draining and takes no new work");
     return false;
   }
   const char *ct = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
@@ -344,7 +349,7 @@ static bool begin_post(attnd_req *r) {
              "Content-Type \"%s\" is not one this server reads; send application/json or "
              "application/octet-stream (safetensors)",
              what);
-    attnd_req_error(r, 415, "unsupported_media_type", msg);
+    attnd_req_fail(r, ATTND_EUNSUPPORTED_MEDIA_TYPE, msg);
     return false;
   }
   const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
@@ -361,7 +366,7 @@ static bool begin_post(attnd_req *r) {
     attn_quote(what, sizeof what, cl, strlen(cl));
     snprintf(msg, sizeof msg, "Content-Length %s is over the limit of %llu bytes (--max-body)",
              what, (unsigned long long)s->cfg->max_body);
-    attnd_req_error(r, 413, "too_large", msg);
+    attnd_req_fail(r, ATTND_ETOO_LARGE, msg);
     return false;
   }
   r->cap = cl ? (size_t)want : 64 * 1024;
@@ -371,7 +376,7 @@ static bool begin_post(attnd_req *r) {
   }
   r->body = malloc(r->cap ? r->cap : 1);
   if (!r->body) {
-    attnd_req_error(r, 503, "out_of_memory", "out of memory for the request body");
+    attnd_req_fail(r, ATTND_EOUT_OF_MEMORY, "out of memory for the request body");
     return false;
   }
   return true;
@@ -384,7 +389,7 @@ static void take_body(attnd_req *r, const char *data, size_t n) {
     char msg[160];
     snprintf(msg, sizeof msg, "the body grew past the limit of %llu bytes (--max-body)",
              (unsigned long long)max);
-    attnd_req_error(r, 413, "too_large", msg);
+    attnd_req_fail(r, ATTND_ETOO_LARGE, msg);
     return;
   }
   if (r->len + n > r->cap) {
@@ -397,7 +402,7 @@ static void take_body(attnd_req *r, const char *data, size_t n) {
     }
     char *b = realloc(r->body, cap);
     if (!b) {
-      attnd_req_error(r, 503, "out_of_memory", "out of memory for the request body");
+      attnd_req_fail(r, ATTND_EOUT_OF_MEMORY, "out of memory for the request body");
       return;
     }
     r->body = b;
@@ -496,21 +501,21 @@ static bool check_framing(attnd_req *r, const char *version) {
   MHD_get_connection_values(r->conn, MHD_HEADER_KIND, count_framing, &f);
   char msg[200], te[72];
   if (f.cl_differ) {
-    attnd_req_error(r, 400, "bad_request",
+    attnd_req_fail(r, ATTND_EBAD_REQUEST,
                     "the request has Content-Length headers with different values");
   } else if (f.n_cl && f.n_te) {
-    attnd_req_error(r, 400, "bad_request",
+    attnd_req_fail(r, ATTND_EBAD_REQUEST,
                     "the request has both Content-Length and Transfer-Encoding; send one");
   } else if (!strcmp(version, MHD_HTTP_VERSION_1_1) &&
              !MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST)) {
-    attnd_req_error(r, 400, "bad_request", "an HTTP/1.1 request needs a Host header");
+    attnd_req_fail(r, ATTND_EBAD_REQUEST, "an HTTP/1.1 request needs a Host header");
   } else if (f.n_te && (f.n_te > 1 || strcasecmp(f.te ? f.te : "", "chunked"))) {
     attn_quote(te, sizeof te, f.te ? f.te : "", f.te ? strlen(f.te) : 0);
     snprintf(msg, sizeof msg,
              "Transfer-Encoding \"%s\" is not supported; send the body with Content-Length or "
              "Transfer-Encoding: chunked",
              f.n_te > 1 ? "(more than one header)" : te);
-    attnd_req_error(r, 501, "not_implemented", msg);
+    attnd_req_fail(r, ATTND_ENOT_IMPLEMENTED, msg);
   } else {
     return true;
   }
@@ -542,7 +547,7 @@ static enum MHD_Result first_call(attnd_req *r, const char *url, const char *met
   bool post = !strcmp(method, MHD_HTTP_METHOD_POST);
   bool get = !strcmp(method, MHD_HTTP_METHOD_GET) || !strcmp(method, MHD_HTTP_METHOD_HEAD);
   if (r->bad_target) {
-    attnd_req_error(r, 414, "uri_too_long", r->bad_target);
+    attnd_req_fail(r, ATTND_EURI_TOO_LONG, r->bad_target);
     return queue_reply(r);
   }
   if (!check_framing(r, version))
@@ -554,13 +559,13 @@ static enum MHD_Result first_call(attnd_req *r, const char *url, const char *met
              "no such path \"%s\" (try POST /attention, GET /attention/plan, /healthz, "
              "/readyz, /metrics, /v1/info)",
              path);
-    attnd_req_error(r, 404, "not_found", msg);
+    attnd_req_fail(r, ATTND_ENOT_FOUND, msg);
   } else if (r->route == ATTND_R_ATTENTION ? !post : !get) {
     char msg[200], m[24];
     attn_quote(m, sizeof m, method, strlen(method));
     snprintf(msg, sizeof msg, "%s is not allowed on %.60s (use %s)", m, r->path,
              r->route == ATTND_R_ATTENTION ? "POST" : "GET");
-    attnd_req_error(r, 405, "method_not_allowed", msg);
+    attnd_req_fail(r, ATTND_EMETHOD_NOT_ALLOWED, msg);
   } else if (r->route != ATTND_R_ATTENTION) {
     answer_get(r);
   } else if (!begin_post(r)) {
@@ -681,34 +686,10 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 
 /* ---- libmicrohttpd's own refusals ------------------------------------------ */
 
-static const struct refusal {
-  unsigned status;
-  const char *reason, *code, *message;
-} refusals[] = {
-    {400, "Bad Request", "bad_request",
-     "malformed HTTP request: the request line, a header, Content-Length or the chunked "
-     "framing cannot be parsed"},
-    {413, "Content Too Large", "too_large", "Content-Length or a chunk size is too large"},
-    {414, "URI Too Long", "uri_too_long", "the request line is too long"},
-    {431, "Request Header Fields Too Large", "headers_too_large",
-     "the request headers are too large"},
-    {505, "HTTP Version Not Supported", "http_version_not_supported",
-     "this HTTP version is not supported; use HTTP/1.1 or HTTP/1.0"},
-    {500, "Internal Server Error", "internal", "the server cannot process this request"},
-};
-
-static const struct refusal *refusal_of(unsigned status) {
-  size_t n = sizeof refusals / sizeof *refusals;
-  for (size_t i = 0; i < n; i++)
-    if (refusals[i].status == status)
-      return &refusals[i];
-  return &refusals[n - 1];
-}
-
 /* Writes the refusal straight to the socket; what the client sent after it
  * is read and dropped first where it is already there, so that closing does
  * not reset the connection before the client reads the reply. */
-static size_t send_refusal(int fd, unsigned status, const struct refusal *f) {
+static size_t send_refusal(int fd, unsigned status, const attnd_refusal *f) {
   size_t blen = 0;
   char *body = attn_proto_error_body(f->code, f->message, &blen);
   char msg[1024];
@@ -734,7 +715,9 @@ enum MHD_Result attnd_http_refuse(struct MHD_Connection *conn, unsigned status) 
   if (!k)
     return MHD_NO;
   attnd_server *s = k->owner;
-  size_t out = send_refusal(k->fd, status, refusal_of(status));
+  const attnd_refusal *f = attnd_err_refusal((int)status);
+  size_t out = send_refusal(k->fd, status, f);
+  attnd_metrics_error(s->metrics, f->code);
   attnd_req *r = k->req;
   if (r) { /* on_completed logs it */
     r->status = (int)status;

@@ -131,7 +131,7 @@ static bool reserve_decode(attnd_req *r) {
              "memory budget (--max-queue x --max-body = %llu bytes); send it as safetensors "
              "(application/octet-stream), which needs no copy, or raise --max-queue",
              r->len, (unsigned long long)need, (unsigned long long)budget);
-    attnd_req_error(r, 413, "too_large", msg);
+    attnd_req_fail(r, ATTND_ETOO_LARGE, msg);
     return false;
   }
   if (!attnd_body_reserve(r, need)) {
@@ -208,7 +208,7 @@ static void encode(uv_work_t *w) {
 static void reply_from_job(attnd_req *r) {
   r->t_done = r->t_engine;
   if (r->job_st.code) {
-    attnd_req_fail(r, &r->job_st);
+    attnd_req_fail(r, r->job_st.code, r->job_st.message);
     return;
   }
   free(r->resp);
@@ -325,17 +325,17 @@ static void cancel_reply(attnd_req *r, attnd_cancel_reason why) {
   const char *where = r->dispatched ? "running" : "queued";
   char msg[200];
   if (why == ATTND_CANCEL_CLIENT_CLOSED) {
-    r->gone = true;
+    attnd_req_fail(r, ATTND_ECLIENT_CLOSED, "the client reset the connection");
   } else if (why == ATTND_CANCEL_TIMEOUT) {
     snprintf(msg, sizeof msg,
              "no reply within the %g s deadline (--timeout); the request was %s after %.3f s "
              "and its job was canceled",
              r->srv->cfg->timeout, where, attnd_now() - r->t_received);
-    attnd_req_error(r, 504, "timeout", msg);
+    attnd_req_fail(r, ATTND_ETIMEOUT, msg);
   } else {
     snprintf(msg, sizeof msg,
              "the server shut down (--drain-timeout) while this request was %s", where);
-    attnd_req_error(r, 503, "shutting_down", msg);
+    attnd_req_fail(r, ATTND_ESHUTTING_DOWN, msg);
   }
 }
 
@@ -391,8 +391,8 @@ static void dispatch(attnd_server *s) {
   }
 }
 
-static void refuse(attnd_req *r, const char *code, const char *msg) {
-  attnd_req_error(r, 503, code, msg);
+static void refuse(attnd_req *r, int code, const char *msg) {
+  attnd_req_fail(r, code, msg);
   finish(r);
   attnd_req_unref(r);
 }
@@ -400,7 +400,7 @@ static void refuse(attnd_req *r, const char *code, const char *msg) {
 static void admit(attnd_server *s, attnd_req *r) {
   r->t_admitted = attnd_now();
   if (s->drain_expired) {
-    refuse(r, "shutting_down", "the server shut down before this request ran");
+    refuse(r, ATTND_ESHUTTING_DOWN, "the server shut down before this request ran");
     return;
   }
   if (s->admitted >= s->cfg->max_queue) {
@@ -408,7 +408,7 @@ static void admit(attnd_server *s, attnd_req *r) {
     snprintf(msg, sizeof msg,
              "the queue is full (%d requests admitted, --max-queue %d); retry shortly",
              s->admitted, s->cfg->max_queue);
-    refuse(r, "queue_full", msg);
+    refuse(r, ATTND_EQUEUE_FULL, msg);
     return;
   }
   if (r->json_in && !reserve_decode(r)) {

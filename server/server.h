@@ -16,6 +16,7 @@
 #include "config.h"
 #include "conns.h"
 #include "engine.h"
+#include "errors.h"
 #include "metrics.h"
 #include "proto.h"
 
@@ -148,10 +149,11 @@ void attnd_http_stop(attnd_server *s);
  * without Content-Type): answered here with the JSON error instead, and the
  * connection closed. */
 enum MHD_Result attnd_http_refuse(struct MHD_Connection *conn, unsigned status);
-/* Sets r's reply to an error body. */
-void attnd_req_error(attnd_req *r, int status, const char *code, const char *message);
-/* Sets r's reply to the error of an engine or proto code. */
-void attnd_req_fail(attnd_req *r, const attn_status *st);
+/* The only way to set an error reply: r's reply becomes the JSON error of
+ * code (a server code of errors.h, or an engine or codec code) with this
+ * message, and the error is counted by code. ATTND_ECLIENT_CLOSED sets no
+ * reply: the connection is closed unanswered. */
+void attnd_req_fail(attnd_req *r, int code, const char *message);
 
 /* Takes n bytes of the body budget for r (false: over budget), or gives
  * back all r holds. */

@@ -15,7 +15,7 @@
  * on_completed(): one log line, the metrics, and freeing its state.
  */
 #define _GNU_SOURCE
-#include "server.h"
+#include "http.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -49,34 +49,16 @@ static const struct {
  * their index. */
 #define CONNECTION_MEMORY ((size_t)64 * 1024)
 
-static const char json_type[] = "application/json";
+/* The first buffer of a chunked body (no Content-Length), doubled as it
+ * grows. */
+#define CHUNKED_BODY_START ((size_t)64 * 1024)
+
+/* Connections the kernel queues before attnd accepts them. */
+#define LISTEN_BACKLOG 1024
+
+static const char json_type[] = ATTND_JSON_TYPE;
 
 /* ---- replies ------------------------------------------------------------- */
-
-static void set_reply(attnd_req *r, int status, char *buf, size_t len, const char *ctype) {
-  free(r->resp);
-  r->status = status;
-  r->resp = buf;
-  r->resp_len = len;
-  r->ctype = ctype;
-}
-
-/* The one way an error reply is set: the body, Retry-After on a 503, and
- * the count by code. A client that reset gets no reply at all: the
- * connection is closed and the 499 only logged. */
-void attnd_req_fail(attnd_req *r, int code, const char *message) {
-  const char *name = attnd_err_code(code);
-  attnd_metrics_error(r->srv->metrics, name);
-  if (code == ATTND_ECLIENT_CLOSED) {
-    r->gone = true;
-    return;
-  }
-  int status = attnd_err_status(code);
-  size_t len = 0;
-  char *b = attn_proto_error_body(name, message, &len);
-  set_reply(r, status, b, b ? len : 0, json_type);
-  r->retry_after = status == 503;
-}
 
 static void set_json(attnd_req *r, int status, attn_sbuf *b) {
   if (b->oom) {
@@ -84,7 +66,7 @@ static void set_json(attnd_req *r, int status, attn_sbuf *b) {
     attnd_req_fail(r, ATTND_EOUT_OF_MEMORY, "out of memory building the reply");
     return;
   }
-  set_reply(r, status, b->p, b->len, json_type);
+  attnd_req_reply(r, status, b->p, b->len, json_type);
 }
 
 /* Hands r's reply to libmicrohttpd. */
@@ -118,9 +100,9 @@ static void get_info(attnd_req *r) {
   attn_sbuf_printf(&b, "{\"version\": \"%s\", \"backend\": ", ATTN_VERSION);
   attn_sbuf_json_str(&b, s->engine_detail);
   attn_sbuf_puts(&b, ", \"backends\": [");
-  attn_backend_info info[8];
-  int n = attn_engine_backends(s->engine, info, 8);
-  for (int i = 0; i < n && i < 8; i++) {
+  attn_backend_info info[ATTND_MAX_BACKENDS];
+  int n = attn_engine_backends(s->engine, info, ATTND_MAX_BACKENDS);
+  for (int i = 0; i < n && i < ATTND_MAX_BACKENDS; i++) {
     attn_sbuf_puts(&b, i ? ", {\"name\": " : "{\"name\": ");
     attn_sbuf_json_str(&b, info[i].name);
     attn_sbuf_printf(&b, ", \"available\": %s, \"detail\": ", info[i].available ? "true" : "false");
@@ -165,9 +147,9 @@ static void get_plan(attnd_req *r) {
 /* Whether the backend requests run on can still take jobs (a CUDA device
  * that failed cannot). */
 static bool backend_ready(attnd_server *s, char *why, size_t cap) {
-  attn_backend_info info[8];
-  int n = attn_engine_backends(s->engine, info, 8);
-  for (int i = 0; i < n && i < 8; i++)
+  attn_backend_info info[ATTND_MAX_BACKENDS];
+  int n = attn_engine_backends(s->engine, info, ATTND_MAX_BACKENDS);
+  for (int i = 0; i < n && i < ATTND_MAX_BACKENDS; i++)
     if (!strcmp(info[i].name, s->backend) && !info[i].available) {
       snprintf(why, cap, "the %s backend cannot run jobs: %.150s", info[i].name, info[i].detail);
       return false;
@@ -216,7 +198,7 @@ static void answer_get(attnd_req *r) {
     if (text)
       render_conns(&m, &s->conns);
     if (text && !m.oom)
-      set_reply(r, 200, m.p, m.len, "text/plain; version=0.0.4; charset=utf-8");
+      attnd_req_reply(r, 200, m.p, m.len, "text/plain; version=0.0.4; charset=utf-8");
     else {
       free(m.p);
       attnd_req_fail(r, ATTND_EOUT_OF_MEMORY, "out of memory rendering the metrics");
@@ -281,55 +263,15 @@ static bool accepts_binary(struct MHD_Connection *conn) {
   return bin && (!js || bin < js);
 }
 
-bool attnd_body_reserve(attnd_req *r, size_t n) {
-  attnd_server *s = r->srv;
-  uint64_t budget = (uint64_t)s->cfg->max_queue * s->cfg->max_body;
-  uint64_t held = atomic_fetch_add(&s->body_bytes, n);
-  if (held + n > budget) {
-    atomic_fetch_sub(&s->body_bytes, n);
-    return false;
-  }
-  r->reserved += n;
-  return true;
-}
-
-void attnd_body_release(attnd_req *r) {
-  atomic_fetch_sub(&r->srv->body_bytes, r->reserved);
-  r->reserved = 0;
-}
-
-void attnd_body_over_budget(attnd_req *r) {
-  char msg[200];
-  snprintf(msg, sizeof msg,
-           "request bodies already hold the server's memory budget (--max-queue x "
-           "--max-body = %llu bytes); retry shortly",
-           (unsigned long long)r->srv->cfg->max_queue * r->srv->cfg->max_body);
-  attnd_req_fail(r, ATTND_EQUEUE_FULL, msg);
-}
-
-/* A POST whose headers arrived and whose body is still being read: a drain
- * waits for it. Counted before the drain check in begin_post, so a drain
- * that begins meanwhile either sees the count or is seen by the check. */
-static void upload_begin(attnd_req *r) {
-  r->uploading = true;
-  attnd_upload_track(r, true);
-  attnd_metrics_gauge_add(r->srv->metrics, ATTND_GAUGE_UPLOADS, 1);
-}
-
-static void upload_end(attnd_req *r) {
-  if (!r->uploading)
-    return;
-  r->uploading = false;
-  attnd_upload_track(r, false);
-  attnd_metrics_gauge_add(r->srv->metrics, ATTND_GAUGE_UPLOADS, -1);
-}
-
 /* The first callback of a POST /attention: refuse what can be refused
  * before the body; returns false when r already has its reply. */
 static bool begin_post(attnd_req *r) {
   attnd_server *s = r->srv;
   struct MHD_Connection *conn = r->conn;
-  upload_begin(r);
+  const union MHD_ConnectionInfo *ci =
+      MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+  r->fd = ci ? ci->connect_fd : -1;
+  attnd_upload_begin(r);
   if (atomic_load(&s->draining)) {
     attnd_req_fail(r, ATTND_ESHUTTING_DOWN, "the server is draining and takes no new work");
     return false;
@@ -369,7 +311,7 @@ static bool begin_post(attnd_req *r) {
     attnd_req_fail(r, ATTND_ETOO_LARGE, msg);
     return false;
   }
-  r->cap = cl ? (size_t)want : 64 * 1024;
+  r->cap = cl ? (size_t)want : CHUNKED_BODY_START;
   if (!attnd_body_reserve(r, r->cap)) {
     attnd_body_over_budget(r);
     return false;
@@ -413,16 +355,10 @@ static void take_body(attnd_req *r, const char *data, size_t n) {
 }
 
 static attnd_req *new_req(attnd_server *s, struct MHD_Connection *conn) {
-  attnd_req *r = calloc(1, sizeof *r);
+  attnd_req *r = attnd_req_new(s);
   if (!r)
     return NULL;
-  r->srv = s;
   r->conn = conn;
-  atomic_init(&r->refs, 1); /* the connection's */
-  r->t_received = attnd_now();
-  r->route = ATTND_R_NONE;
-  snprintf(r->method, sizeof r->method, "-");
-  snprintf(r->path, sizeof r->path, "-");
   const union MHD_ConnectionInfo *ci =
       MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
   r->link = ci ? ci->socket_context : NULL;
@@ -542,7 +478,7 @@ static enum MHD_Result first_call(attnd_req *r, const char *url, const char *met
   attnd_server *s = r->srv;
   r->started = true;
   if (r->link)
-    attnd_conns_set(&s->conns, r->link, ATTND_CONN_BUSY, attnd_now());
+    attnd_conns_set(&s->conns, r->link, ATTND_CONN_BUSY, attn_now());
   route_of(r, url, method);
   bool post = !strcmp(method, MHD_HTTP_METHOD_POST);
   bool get = !strcmp(method, MHD_HTTP_METHOD_GET) || !strcmp(method, MHD_HTTP_METHOD_HEAD);
@@ -616,48 +552,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     atomic_fetch_add(&s->replying, 1);
     MHD_suspend_connection(conn);
     attnd_loop_submit(s, r);
-    upload_end(r); /* after the handoff: a drain sees one or the other */
+    attnd_upload_end(r); /* after the handoff: a drain sees one or the other */
   }
   return MHD_YES;
-}
-
-/* One line per request. The method and path are the client's bytes: escaped,
- * so that no request can end the line early and forge the next one, or send
- * terminal escapes or invalid UTF-8 to whoever reads the log. */
-static void log_line(attnd_server *s, const attnd_req *r, double total) {
-  double queue = r->t_started > 0 ? r->t_started - r->t_admitted : 0;
-  double compute = r->t_done > 0 && r->t_started > 0 ? r->t_done - r->t_started : 0;
-  char method[80], path[560];
-  attn_quote(method, sizeof method, r->method, strlen(r->method));
-  attn_quote(path, sizeof path, r->path, strlen(r->path));
-  pthread_mutex_lock(&s->log_mu);
-  if (s->cfg->log_json) {
-    attn_sbuf b = {0};
-    attn_sbuf_puts(&b, "{\"method\": ");
-    attn_sbuf_json_str(&b, method);
-    attn_sbuf_puts(&b, ", \"path\": ");
-    attn_sbuf_json_str(&b, path);
-    attn_sbuf_printf(&b,
-                     ", \"status\": %d, \"bytes_in\": %zu, \"bytes_out\": %llu, "
-                     "\"queue_us\": %.0f, \"compute_us\": %.0f, \"total_us\": %.0f}\n",
-                     r->status, r->len, (unsigned long long)r->bytes_out, queue * 1e6,
-                     compute * 1e6, total * 1e6);
-    if (!b.oom)
-      fputs(b.p, stderr);
-    free(b.p);
-  } else {
-    fprintf(stderr, "attnd: %s %s %d in=%zu out=%llu queue_us=%.0f compute_us=%.0f "
-                    "total_us=%.0f\n",
-            method, path, r->status, r->len, (unsigned long long)r->bytes_out, queue * 1e6,
-            compute * 1e6, total * 1e6);
-  }
-  pthread_mutex_unlock(&s->log_mu);
-}
-
-static void account(attnd_server *s, const attnd_req *r) {
-  double total = attnd_now() - r->t_received;
-  attnd_metrics_request(s->metrics, r->path, r->status, total, r->len, r->bytes_out);
-  log_line(s, r, total);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
@@ -669,13 +566,13 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     return;
   if (!r->queued) /* the client left before a reply */
     r->status = why == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED ? 408 : 499;
-  account(s, r);
+  attnd_req_account(s, r);
   if (r->link) {
     r->link->req = NULL;
-    attnd_conns_set(&s->conns, r->link, ATTND_CONN_IDLE, attnd_now());
+    attnd_conns_set(&s->conns, r->link, ATTND_CONN_IDLE, attn_now());
     r->link = NULL;
   }
-  upload_end(r);
+  attnd_upload_end(r);
   if (r->submitted)
     atomic_fetch_sub(&s->replying, 1);
   /* A job answered early may still be in the engine: the last reference
@@ -725,10 +622,10 @@ enum MHD_Result attnd_http_refuse(struct MHD_Connection *conn, unsigned status) 
     r->bytes_out = out;
     return MHD_NO;
   }
-  attnd_req line = {.t_received = attnd_now(), .status = (int)status, .bytes_out = out};
+  attnd_req line = {.t_received = attn_now(), .status = (int)status, .bytes_out = out};
   snprintf(line.method, sizeof line.method, "-");
   snprintf(line.path, sizeof line.path, "-");
-  account(s, &line);
+  attnd_req_account(s, &line);
   return MHD_NO;
 }
 
@@ -788,7 +685,7 @@ static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen
   attnd_server *s = cls;
   char client[48];
   client_text(addr, client, sizeof client);
-  return attnd_conns_admit(&s->conns, client, attnd_now()) ? MHD_YES : MHD_NO;
+  return attnd_conns_admit(&s->conns, client, attn_now()) ? MHD_YES : MHD_NO;
 }
 
 static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_ctx,
@@ -802,7 +699,7 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
     char client[48];
     client_text(addr ? addr->client_addr : NULL, client, sizeof client);
-    attnd_conn *k = fd ? attnd_conns_open(&s->conns, fd->connect_fd, client, attnd_now()) : NULL;
+    attnd_conn *k = fd ? attnd_conns_open(&s->conns, fd->connect_fd, client, attn_now()) : NULL;
     if (k)
       k->owner = s;
     *socket_ctx = k;
@@ -828,7 +725,7 @@ static int bind_listen(attnd_server *s) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   int one = 1;
   if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
-      bind(fd, (struct sockaddr *)&a, sizeof a) < 0 || listen(fd, 1024) < 0) {
+      bind(fd, (struct sockaddr *)&a, sizeof a) < 0 || listen(fd, LISTEN_BACKLOG) < 0) {
     fprintf(stderr, "attnd: cannot listen on %s:%d: %s\n", s->cfg->host, s->cfg->port,
             strerror(errno));
     if (fd >= 0)
@@ -909,7 +806,7 @@ int attnd_http_start(attnd_server *s) {
   return 0;
 }
 
-void attnd_http_quiesce(attnd_server *s) {
+static void quiesce(attnd_server *s) {
   MHD_socket fd = MHD_quiesce_daemon(s->mhd);
   if (fd != MHD_INVALID_SOCKET)
     close(fd);
@@ -922,3 +819,20 @@ void attnd_http_stop(attnd_server *s) {
   s->mhd = NULL;
   attnd_conns_destroy(&s->conns);
 }
+
+static void resume(attnd_req *r) { MHD_resume_connection(r->conn); }
+
+static bool client_reset(attnd_req *r) {
+  const union MHD_ConnectionInfo *ci =
+      MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+  /* Data is a pipelining client; end-of-file is a client that half-closed
+   * after its request (nc, some HTTP/1.0 clients) and still reads the
+   * reply. Only an error (a reset) means nobody is there. */
+  return ci && attnd_peek(ci->connect_fd) < 0;
+}
+
+const attnd_transport attnd_http_transport = {
+    .resume = resume,
+    .client_reset = client_reset,
+    .quiesce = quiesce,
+};

@@ -152,7 +152,7 @@ FUZZ_LIB_SRC  = engine/dtype.c engine/request.c $(PROTO_SRC)
 
 # ---- the server ---------------------------------------------------------------
 SERVER_SRC = server/main.c server/config.c server/http.c server/loop.c server/deadline.c \
-             server/metrics.c server/conns.c server/mhd_shim.c
+             server/metrics.c server/conns.c server/mhd_shim.c server/errors.c server/request.c
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/obj/%.o)
 
 .PHONY: all deps bench-deps test test-gpu test-image bench bench-server bench-memory fuzz run \
@@ -224,14 +224,15 @@ $(BUILD)/bench-gpu: $(BUILD)/obj/tests/gpu/bench_gpu.o $(LIB)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
 
 # The unit tests also cover server modules that need no daemon (metrics, the
-# connection registry).
+# connection registry, and the scheduler on a fake transport).
 $(BUILD)/obj/tests/unit/%.o: CPPFLAGS += -Iclients
 
-$(TEST_BIN): $(TEST_OBJ) $(BUILD)/obj/server/metrics.o $(BUILD)/obj/server/conns.o \
+TEST_SERVER_OBJ = $(patsubst %,$(BUILD)/obj/server/%.o,metrics conns loop deadline request errors)
+$(TEST_BIN): $(TEST_OBJ) $(TEST_SERVER_OBJ) \
             $(BUILD)/obj/clients/benchlib.o \
             $(BUILD)/obj/clients/hist.o $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -o $@ $^ -lcriterion $(LDLIBS_ALL)
+	$(CC) $(ALL_CFLAGS) -o $@ $^ -lcriterion -luv $(LDLIBS_ALL)
 
 # The baseline's softmax is vectorized (AVX2, glibc's libmvec) as numpy's is.
 $(BUILD)/obj/tests/bench/cpu_vs_blas.o: tests/bench/cpu_vs_blas.c $(BUILD)/.flags

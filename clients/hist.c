@@ -50,14 +50,6 @@ void attn_hist_free(attn_hist *h) {
   h->counts = NULL;
 }
 
-void attn_hist_reset(attn_hist *h) {
-  memset(h->counts, 0, ATTN_HIST_BUCKETS * sizeof *h->counts);
-  h->total = 0;
-  h->max = 0;
-  h->min = UINT64_MAX;
-  h->sum = 0;
-}
-
 void attn_hist_record_n(attn_hist *h, uint64_t v, uint64_t n) {
   if (!n)
     return;

@@ -31,7 +31,6 @@ typedef struct attn_hist {
 /* 0, or -1 when out of memory. */
 int attn_hist_init(attn_hist *h);
 void attn_hist_free(attn_hist *h);
-void attn_hist_reset(attn_hist *h);
 
 void attn_hist_record(attn_hist *h, uint64_t value);
 /* The same value n times. */

@@ -83,7 +83,4 @@ int attn__check_magnitudes(const attn_request *r, const double maxabs[3], attn_s
 /* CPUs this process may run on (affinity), at least 1. */
 int attn__online_cores(void);
 
-/* Monotonic seconds. */
-double attn__now(void);
-
 #endif

@@ -48,7 +48,7 @@ struct attn_engine {
   int64_t inflight;
 };
 
-double attn__now(void) {
+double attn_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
@@ -233,7 +233,7 @@ int attn_engine_submit(attn_engine *e, const attn_request *r, attn_done_fn done,
   job->arg = arg;
   job->engine = e;
   job->backend = s->ops->name;
-  job->t_start = attn__now();
+  job->t_start = attn_now();
   pthread_mutex_lock(&e->mu);
   e->inflight++;
   pthread_mutex_unlock(&e->mu);
@@ -253,7 +253,7 @@ void attn__job_complete(attn_job *job, const attn_status *st) {
   if (st && st->code)
     res.status = *st;
   res.backend = job->backend;
-  res.engine_seconds = attn__now() - job->t_start;
+  res.engine_seconds = attn_now() - job->t_start;
   res.flops = res.status.code ? 0 : attn_request_flops(&job->req);
   attn_engine *e = job->engine;
   job->done(&res, job->arg);

@@ -97,6 +97,10 @@ const char *attn_strerror(int code);
 /* Symbolic name of a code ("EHEADS"); never NULL. */
 const char *attn_err_name(int code);
 
+/* Seconds on the monotonic clock (CLOCK_MONOTONIC): the one clock of the
+ * engine and the server, for durations and deadlines only. */
+double attn_now(void);
+
 #define ATTN_MSG_MAX 256
 
 /* A code and a message a user can act on. */

@@ -13,27 +13,32 @@ typedef struct http_err {
   const char *code;
 } http_err;
 
-/* In the order of ATTN_ERRNO_MAP (engine/engine.h); the assertion below
- * fails the build when the two drift apart. */
+/* Indexed by code (designated initializers), so reordering ATTN_ERRNO_MAP
+ * cannot change a mapping; the assertion below fails the build when a code
+ * is added there and not here, and lookup() refuses a hole. */
+#define ENGINE_ERR(name) [ATTN_##name - ATTN__ERRNO_BASE - 1]
 static const http_err engine_errs[] = {
-    {422, "invalid_request"},       /* EINVAL */
-    {422, "invalid_shape"},         /* ESHAPE */
-    {422, "invalid_heads"},         /* EHEADS */
-    {422, "invalid_dtype"},         /* EDTYPE */
-    {422, "invalid_scale"},         /* ESCALE */
-    {422, "invalid_window"},        /* EWINDOW */
-    {422, "non_finite"},            /* ENONFINITE */
-    {413, "too_large"},             /* EOVERFLOW */
-    {422, "out_of_range"},          /* ERANGE */
-    {413, "too_large_for_backend"}, /* ETOOBIG */
-    {503, "out_of_memory"},         /* ENOMEM */
-    {422, "unknown_backend"},       /* EBACKEND */
-    {422, "unsupported"},           /* EUNSUPPORTED */
-    {422, "backend_unavailable"},   /* ENODEV */
-    {500, "engine_failure"},        /* EDEVICE */
-    {503, "shutting_down"},         /* ESHUTDOWN */
-    {503, "canceled"},              /* ECANCELED */
+    ENGINE_ERR(EINVAL) = {422, "invalid_request"},
+    ENGINE_ERR(ESHAPE) = {422, "invalid_shape"},
+    ENGINE_ERR(EHEADS) = {422, "invalid_heads"},
+    ENGINE_ERR(EDTYPE) = {422, "invalid_dtype"},
+    ENGINE_ERR(ESCALE) = {422, "invalid_scale"},
+    ENGINE_ERR(EWINDOW) = {422, "invalid_window"},
+    ENGINE_ERR(ENONFINITE) = {422, "non_finite"},
+    ENGINE_ERR(EOVERFLOW) = {413, "too_large"},
+    ENGINE_ERR(ERANGE) = {422, "out_of_range"},
+    ENGINE_ERR(ETOOBIG) = {413, "too_large_for_backend"},
+    ENGINE_ERR(ENOMEM) = {503, "out_of_memory"},
+    ENGINE_ERR(EBACKEND) = {422, "unknown_backend"},
+    ENGINE_ERR(EUNSUPPORTED) = {422, "unsupported"},
+    /* a backend that cannot run now (no device, or one that failed): the
+     * same answer as /readyz gives, and another server may have one */
+    ENGINE_ERR(ENODEV) = {503, "backend_unavailable"},
+    ENGINE_ERR(EDEVICE) = {500, "engine_failure"},
+    ENGINE_ERR(ESHUTDOWN) = {503, "shutting_down"},
+    ENGINE_ERR(ECANCELED) = {503, "canceled"},
 };
+#undef ENGINE_ERR
 _Static_assert(sizeof engine_errs / sizeof *engine_errs ==
                    ATTN__ERRNO_END - ATTN__ERRNO_BASE - 1,
                "engine_errs must list every code of ATTN_ERRNO_MAP");
@@ -43,7 +48,8 @@ static const http_err proto_errs[] = {ATTN_PROTO_ERRNO_MAP(PROTO_ERR)};
 
 static const http_err *lookup(int code) {
   if (code > ATTN__ERRNO_BASE && code < ATTN__ERRNO_END)
-    return &engine_errs[code - ATTN__ERRNO_BASE - 1];
+    return engine_errs[code - ATTN__ERRNO_BASE - 1].code ? &engine_errs[code - ATTN__ERRNO_BASE - 1]
+                                                         : NULL;
   if (code > ATTN_PROTO__ERRNO_BASE && code < ATTN_PROTO__ERRNO_END)
     return &proto_errs[code - ATTN_PROTO__ERRNO_BASE - 1];
   return NULL;

@@ -29,18 +29,9 @@ int attnd_peek(int fd) {
   return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 1 : -1;
 }
 
-bool attnd_client_reset(attnd_req *r) {
-  const union MHD_ConnectionInfo *ci =
-      MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-  /* Data is a pipelining client; end-of-file is a client that half-closed
-   * after its request (nc, some HTTP/1.0 clients) and still reads the
-   * reply. Only an error (a reset) means nobody is there. */
-  return ci && attnd_peek(ci->connect_fd) < 0;
-}
-
 static void on_tick(uv_timer_t *t) {
   attnd_server *s = t->data;
-  double now = attnd_now();
+  double now = attn_now();
   attnd_req *next;
   for (attnd_req *r = s->act_head; r; r = next) {
     next = r->act_next; /* canceling a queued job unlinks (and may free) it */
@@ -48,7 +39,7 @@ static void on_tick(uv_timer_t *t) {
       continue;
     if (now >= r->t_received + s->cfg->timeout)
       attnd_loop_cancel(s, r, ATTND_CANCEL_TIMEOUT);
-    else if (attnd_client_reset(r))
+    else if (s->transport->client_reset(r))
       attnd_loop_cancel(s, r, ATTND_CANCEL_CLIENT_CLOSED);
   }
   attnd_deadline_arm(s);
@@ -63,7 +54,7 @@ void attnd_deadline_arm(attnd_server *s) {
     uv_timer_stop(&s->tick);
     return;
   }
-  double ms = ceil((due - attnd_now()) * 1e3);
+  double ms = ceil((due - attn_now()) * 1e3);
   uint64_t delay = ms <= 0 ? 0 : ms >= ATTND_POLL_MS ? ATTND_POLL_MS : (uint64_t)ms;
   /* Never postpone a tick already due sooner: a steady stream of
    * admissions must not starve the polling for resets. */
@@ -72,7 +63,7 @@ void attnd_deadline_arm(attnd_server *s) {
   uv_timer_start(&s->tick, on_tick, delay, 0);
 }
 
-void attnd_deadline_init(attnd_server *s) {
-  uv_timer_init(&s->loop, &s->tick);
+int attnd_deadline_init(attnd_server *s) {
   s->tick.data = s;
+  return uv_timer_init(&s->loop, &s->tick);
 }

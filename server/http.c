@@ -15,7 +15,7 @@
  * on_completed(): one log line, the metrics, and freeing its state.
  */
 #define _GNU_SOURCE
-#include "server.h"
+#include "http.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -49,43 +49,30 @@ static const struct {
  * their index. */
 #define CONNECTION_MEMORY ((size_t)64 * 1024)
 
-static const char json_type[] = "application/json";
+/* The first buffer of a chunked body (no Content-Length), doubled as it
+ * grows. */
+#define CHUNKED_BODY_START ((size_t)64 * 1024)
+
+/* Connections the kernel queues before attnd accepts them. */
+#define LISTEN_BACKLOG 1024
+
+static const char json_type[] = ATTND_JSON_TYPE;
 
 /* ---- replies ------------------------------------------------------------- */
-
-static void set_reply(attnd_req *r, int status, char *buf, size_t len, const char *ctype) {
-  free(r->resp);
-  r->status = status;
-  r->resp = buf;
-  r->resp_len = len;
-  r->ctype = ctype;
-}
-
-void attnd_req_error(attnd_req *r, int status, const char *code, const char *message) {
-  size_t len = 0;
-  char *b = attn_proto_error_body(code, message, &len);
-  set_reply(r, status, b, b ? len : 0, json_type);
-  r->retry_after = status == 503;
-}
-
-void attnd_req_fail(attnd_req *r, const attn_status *st) {
-  attnd_req_error(r, attn_proto_http_status(st->code), attn_proto_code_name(st->code),
-                  st->message);
-}
 
 static void set_json(attnd_req *r, int status, attn_sbuf *b) {
   if (b->oom) {
     free(b->p);
-    attnd_req_error(r, 503, "out_of_memory", "out of memory building the reply");
+    attnd_req_fail(r, ATTND_EOUT_OF_MEMORY, "out of memory building the reply");
     return;
   }
-  set_reply(r, status, b->p, b->len, json_type);
+  attnd_req_reply(r, status, b->p, b->len, json_type);
 }
 
 /* Hands r's reply to libmicrohttpd. */
 static enum MHD_Result queue_reply(attnd_req *r) {
   if (!r->resp) /* out of memory for the error body itself */
-    attnd_req_error(r, 503, "out_of_memory", "out of memory");
+    attnd_req_fail(r, ATTND_EOUT_OF_MEMORY, "out of memory");
   struct MHD_Response *resp = MHD_create_response_from_buffer_with_free_callback(
       r->resp_len, r->resp ? r->resp : (char *)"", r->resp ? free : NULL);
   if (!resp)
@@ -113,9 +100,9 @@ static void get_info(attnd_req *r) {
   attn_sbuf_printf(&b, "{\"version\": \"%s\", \"backend\": ", ATTN_VERSION);
   attn_sbuf_json_str(&b, s->engine_detail);
   attn_sbuf_puts(&b, ", \"backends\": [");
-  attn_backend_info info[8];
-  int n = attn_engine_backends(s->engine, info, 8);
-  for (int i = 0; i < n && i < 8; i++) {
+  attn_backend_info info[ATTND_MAX_BACKENDS];
+  int n = attn_engine_backends(s->engine, info, ATTND_MAX_BACKENDS);
+  for (int i = 0; i < n && i < ATTND_MAX_BACKENDS; i++) {
     attn_sbuf_puts(&b, i ? ", {\"name\": " : "{\"name\": ");
     attn_sbuf_json_str(&b, info[i].name);
     attn_sbuf_printf(&b, ", \"available\": %s, \"detail\": ", info[i].available ? "true" : "false");
@@ -149,7 +136,7 @@ static void get_plan(attnd_req *r) {
   if (attn_proto_parse_plan_query(r->query, &pp, &st) < 0 ||
       (pp.threads = attn_engine_threads(r->srv->engine),
        attn_plan_compute(&pp, &pl, &st) < 0)) {
-    attnd_req_fail(r, &st);
+    attnd_req_fail(r, st.code, st.message);
     return;
   }
   attn_sbuf b = {0};
@@ -160,9 +147,9 @@ static void get_plan(attnd_req *r) {
 /* Whether the backend requests run on can still take jobs (a CUDA device
  * that failed cannot). */
 static bool backend_ready(attnd_server *s, char *why, size_t cap) {
-  attn_backend_info info[8];
-  int n = attn_engine_backends(s->engine, info, 8);
-  for (int i = 0; i < n && i < 8; i++)
+  attn_backend_info info[ATTND_MAX_BACKENDS];
+  int n = attn_engine_backends(s->engine, info, ATTND_MAX_BACKENDS);
+  for (int i = 0; i < n && i < ATTND_MAX_BACKENDS; i++)
     if (!strcmp(info[i].name, s->backend) && !info[i].available) {
       snprintf(why, cap, "the %s backend cannot run jobs: %.150s", info[i].name, info[i].detail);
       return false;
@@ -195,9 +182,9 @@ static void answer_get(attnd_req *r) {
   case ATTND_R_READYZ: {
     char why[200];
     if (atomic_load(&s->draining))
-      attnd_req_error(r, 503, "shutting_down", "the server is draining and takes no new work");
+      attnd_req_fail(r, ATTND_ESHUTTING_DOWN, "the server is draining and takes no new work");
     else if (!backend_ready(s, why, sizeof why))
-      attnd_req_error(r, 503, "backend_unavailable", why);
+      attnd_req_fail(r, ATTND_EBACKEND_UNAVAILABLE, why);
     else {
       attn_sbuf_puts(&b, "{\"status\": \"ready\"}\n");
       set_json(r, 200, &b);
@@ -211,10 +198,10 @@ static void answer_get(attnd_req *r) {
     if (text)
       render_conns(&m, &s->conns);
     if (text && !m.oom)
-      set_reply(r, 200, m.p, m.len, "text/plain; version=0.0.4; charset=utf-8");
+      attnd_req_reply(r, 200, m.p, m.len, "text/plain; version=0.0.4; charset=utf-8");
     else {
       free(m.p);
-      attnd_req_error(r, 503, "out_of_memory", "out of memory rendering the metrics");
+      attnd_req_fail(r, ATTND_EOUT_OF_MEMORY, "out of memory rendering the metrics");
     }
     break;
   }
@@ -276,57 +263,17 @@ static bool accepts_binary(struct MHD_Connection *conn) {
   return bin && (!js || bin < js);
 }
 
-bool attnd_body_reserve(attnd_req *r, size_t n) {
-  attnd_server *s = r->srv;
-  uint64_t budget = (uint64_t)s->cfg->max_queue * s->cfg->max_body;
-  uint64_t held = atomic_fetch_add(&s->body_bytes, n);
-  if (held + n > budget) {
-    atomic_fetch_sub(&s->body_bytes, n);
-    return false;
-  }
-  r->reserved += n;
-  return true;
-}
-
-void attnd_body_release(attnd_req *r) {
-  atomic_fetch_sub(&r->srv->body_bytes, r->reserved);
-  r->reserved = 0;
-}
-
-void attnd_body_over_budget(attnd_req *r) {
-  char msg[200];
-  snprintf(msg, sizeof msg,
-           "request bodies already hold the server's memory budget (--max-queue x "
-           "--max-body = %llu bytes); retry shortly",
-           (unsigned long long)r->srv->cfg->max_queue * r->srv->cfg->max_body);
-  attnd_req_error(r, 503, "queue_full", msg);
-}
-
-/* A POST whose headers arrived and whose body is still being read: a drain
- * waits for it. Counted before the drain check in begin_post, so a drain
- * that begins meanwhile either sees the count or is seen by the check. */
-static void upload_begin(attnd_req *r) {
-  r->uploading = true;
-  attnd_upload_track(r, true);
-  attnd_metrics_gauge_add(r->srv->metrics, ATTND_GAUGE_UPLOADS, 1);
-}
-
-static void upload_end(attnd_req *r) {
-  if (!r->uploading)
-    return;
-  r->uploading = false;
-  attnd_upload_track(r, false);
-  attnd_metrics_gauge_add(r->srv->metrics, ATTND_GAUGE_UPLOADS, -1);
-}
-
 /* The first callback of a POST /attention: refuse what can be refused
  * before the body; returns false when r already has its reply. */
 static bool begin_post(attnd_req *r) {
   attnd_server *s = r->srv;
   struct MHD_Connection *conn = r->conn;
-  upload_begin(r);
+  const union MHD_ConnectionInfo *ci =
+      MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+  r->fd = ci ? ci->connect_fd : -1;
+  attnd_upload_begin(r);
   if (atomic_load(&s->draining)) {
-    attnd_req_error(r, 503, "shutting_down", "the server is draining and takes no new work");
+    attnd_req_fail(r, ATTND_ESHUTTING_DOWN, "the server is draining and takes no new work");
     return false;
   }
   const char *ct = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
@@ -344,7 +291,7 @@ static bool begin_post(attnd_req *r) {
              "Content-Type \"%s\" is not one this server reads; send application/json or "
              "application/octet-stream (safetensors)",
              what);
-    attnd_req_error(r, 415, "unsupported_media_type", msg);
+    attnd_req_fail(r, ATTND_EUNSUPPORTED_MEDIA_TYPE, msg);
     return false;
   }
   const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
@@ -361,17 +308,17 @@ static bool begin_post(attnd_req *r) {
     attn_quote(what, sizeof what, cl, strlen(cl));
     snprintf(msg, sizeof msg, "Content-Length %s is over the limit of %llu bytes (--max-body)",
              what, (unsigned long long)s->cfg->max_body);
-    attnd_req_error(r, 413, "too_large", msg);
+    attnd_req_fail(r, ATTND_ETOO_LARGE, msg);
     return false;
   }
-  r->cap = cl ? (size_t)want : 64 * 1024;
+  r->cap = cl ? (size_t)want : CHUNKED_BODY_START;
   if (!attnd_body_reserve(r, r->cap)) {
     attnd_body_over_budget(r);
     return false;
   }
   r->body = malloc(r->cap ? r->cap : 1);
   if (!r->body) {
-    attnd_req_error(r, 503, "out_of_memory", "out of memory for the request body");
+    attnd_req_fail(r, ATTND_EOUT_OF_MEMORY, "out of memory for the request body");
     return false;
   }
   return true;
@@ -384,7 +331,7 @@ static void take_body(attnd_req *r, const char *data, size_t n) {
     char msg[160];
     snprintf(msg, sizeof msg, "the body grew past the limit of %llu bytes (--max-body)",
              (unsigned long long)max);
-    attnd_req_error(r, 413, "too_large", msg);
+    attnd_req_fail(r, ATTND_ETOO_LARGE, msg);
     return;
   }
   if (r->len + n > r->cap) {
@@ -397,7 +344,7 @@ static void take_body(attnd_req *r, const char *data, size_t n) {
     }
     char *b = realloc(r->body, cap);
     if (!b) {
-      attnd_req_error(r, 503, "out_of_memory", "out of memory for the request body");
+      attnd_req_fail(r, ATTND_EOUT_OF_MEMORY, "out of memory for the request body");
       return;
     }
     r->body = b;
@@ -408,16 +355,10 @@ static void take_body(attnd_req *r, const char *data, size_t n) {
 }
 
 static attnd_req *new_req(attnd_server *s, struct MHD_Connection *conn) {
-  attnd_req *r = calloc(1, sizeof *r);
+  attnd_req *r = attnd_req_new(s);
   if (!r)
     return NULL;
-  r->srv = s;
   r->conn = conn;
-  atomic_init(&r->refs, 1); /* the connection's */
-  r->t_received = attnd_now();
-  r->route = ATTND_R_NONE;
-  snprintf(r->method, sizeof r->method, "-");
-  snprintf(r->path, sizeof r->path, "-");
   const union MHD_ConnectionInfo *ci =
       MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
   r->link = ci ? ci->socket_context : NULL;
@@ -496,21 +437,21 @@ static bool check_framing(attnd_req *r, const char *version) {
   MHD_get_connection_values(r->conn, MHD_HEADER_KIND, count_framing, &f);
   char msg[200], te[72];
   if (f.cl_differ) {
-    attnd_req_error(r, 400, "bad_request",
+    attnd_req_fail(r, ATTND_EBAD_REQUEST,
                     "the request has Content-Length headers with different values");
   } else if (f.n_cl && f.n_te) {
-    attnd_req_error(r, 400, "bad_request",
+    attnd_req_fail(r, ATTND_EBAD_REQUEST,
                     "the request has both Content-Length and Transfer-Encoding; send one");
   } else if (!strcmp(version, MHD_HTTP_VERSION_1_1) &&
              !MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST)) {
-    attnd_req_error(r, 400, "bad_request", "an HTTP/1.1 request needs a Host header");
+    attnd_req_fail(r, ATTND_EBAD_REQUEST, "an HTTP/1.1 request needs a Host header");
   } else if (f.n_te && (f.n_te > 1 || strcasecmp(f.te ? f.te : "", "chunked"))) {
     attn_quote(te, sizeof te, f.te ? f.te : "", f.te ? strlen(f.te) : 0);
     snprintf(msg, sizeof msg,
              "Transfer-Encoding \"%s\" is not supported; send the body with Content-Length or "
              "Transfer-Encoding: chunked",
              f.n_te > 1 ? "(more than one header)" : te);
-    attnd_req_error(r, 501, "not_implemented", msg);
+    attnd_req_fail(r, ATTND_ENOT_IMPLEMENTED, msg);
   } else {
     return true;
   }
@@ -537,12 +478,12 @@ static enum MHD_Result first_call(attnd_req *r, const char *url, const char *met
   attnd_server *s = r->srv;
   r->started = true;
   if (r->link)
-    attnd_conns_set(&s->conns, r->link, ATTND_CONN_BUSY, attnd_now());
+    attnd_conns_set(&s->conns, r->link, ATTND_CONN_BUSY, attn_now());
   route_of(r, url, method);
   bool post = !strcmp(method, MHD_HTTP_METHOD_POST);
   bool get = !strcmp(method, MHD_HTTP_METHOD_GET) || !strcmp(method, MHD_HTTP_METHOD_HEAD);
   if (r->bad_target) {
-    attnd_req_error(r, 414, "uri_too_long", r->bad_target);
+    attnd_req_fail(r, ATTND_EURI_TOO_LONG, r->bad_target);
     return queue_reply(r);
   }
   if (!check_framing(r, version))
@@ -554,13 +495,13 @@ static enum MHD_Result first_call(attnd_req *r, const char *url, const char *met
              "no such path \"%s\" (try POST /attention, GET /attention/plan, /healthz, "
              "/readyz, /metrics, /v1/info)",
              path);
-    attnd_req_error(r, 404, "not_found", msg);
+    attnd_req_fail(r, ATTND_ENOT_FOUND, msg);
   } else if (r->route == ATTND_R_ATTENTION ? !post : !get) {
     char msg[200], m[24];
     attn_quote(m, sizeof m, method, strlen(method));
     snprintf(msg, sizeof msg, "%s is not allowed on %.60s (use %s)", m, r->path,
              r->route == ATTND_R_ATTENTION ? "POST" : "GET");
-    attnd_req_error(r, 405, "method_not_allowed", msg);
+    attnd_req_fail(r, ATTND_EMETHOD_NOT_ALLOWED, msg);
   } else if (r->route != ATTND_R_ATTENTION) {
     answer_get(r);
   } else if (!begin_post(r)) {
@@ -611,48 +552,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     atomic_fetch_add(&s->replying, 1);
     MHD_suspend_connection(conn);
     attnd_loop_submit(s, r);
-    upload_end(r); /* after the handoff: a drain sees one or the other */
+    attnd_upload_end(r); /* after the handoff: a drain sees one or the other */
   }
   return MHD_YES;
-}
-
-/* One line per request. The method and path are the client's bytes: escaped,
- * so that no request can end the line early and forge the next one, or send
- * terminal escapes or invalid UTF-8 to whoever reads the log. */
-static void log_line(attnd_server *s, const attnd_req *r, double total) {
-  double queue = r->t_started > 0 ? r->t_started - r->t_admitted : 0;
-  double compute = r->t_done > 0 && r->t_started > 0 ? r->t_done - r->t_started : 0;
-  char method[80], path[560];
-  attn_quote(method, sizeof method, r->method, strlen(r->method));
-  attn_quote(path, sizeof path, r->path, strlen(r->path));
-  pthread_mutex_lock(&s->log_mu);
-  if (s->cfg->log_json) {
-    attn_sbuf b = {0};
-    attn_sbuf_puts(&b, "{\"method\": ");
-    attn_sbuf_json_str(&b, method);
-    attn_sbuf_puts(&b, ", \"path\": ");
-    attn_sbuf_json_str(&b, path);
-    attn_sbuf_printf(&b,
-                     ", \"status\": %d, \"bytes_in\": %zu, \"bytes_out\": %llu, "
-                     "\"queue_us\": %.0f, \"compute_us\": %.0f, \"total_us\": %.0f}\n",
-                     r->status, r->len, (unsigned long long)r->bytes_out, queue * 1e6,
-                     compute * 1e6, total * 1e6);
-    if (!b.oom)
-      fputs(b.p, stderr);
-    free(b.p);
-  } else {
-    fprintf(stderr, "attnd: %s %s %d in=%zu out=%llu queue_us=%.0f compute_us=%.0f "
-                    "total_us=%.0f\n",
-            method, path, r->status, r->len, (unsigned long long)r->bytes_out, queue * 1e6,
-            compute * 1e6, total * 1e6);
-  }
-  pthread_mutex_unlock(&s->log_mu);
-}
-
-static void account(attnd_server *s, const attnd_req *r) {
-  double total = attnd_now() - r->t_received;
-  attnd_metrics_request(s->metrics, r->path, r->status, total, r->len, r->bytes_out);
-  log_line(s, r, total);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
@@ -664,13 +566,13 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     return;
   if (!r->queued) /* the client left before a reply */
     r->status = why == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED ? 408 : 499;
-  account(s, r);
+  attnd_req_account(s, r);
   if (r->link) {
     r->link->req = NULL;
-    attnd_conns_set(&s->conns, r->link, ATTND_CONN_IDLE, attnd_now());
+    attnd_conns_set(&s->conns, r->link, ATTND_CONN_IDLE, attn_now());
     r->link = NULL;
   }
-  upload_end(r);
+  attnd_upload_end(r);
   if (r->submitted)
     atomic_fetch_sub(&s->replying, 1);
   /* A job answered early may still be in the engine: the last reference
@@ -681,34 +583,10 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 
 /* ---- libmicrohttpd's own refusals ------------------------------------------ */
 
-static const struct refusal {
-  unsigned status;
-  const char *reason, *code, *message;
-} refusals[] = {
-    {400, "Bad Request", "bad_request",
-     "malformed HTTP request: the request line, a header, Content-Length or the chunked "
-     "framing cannot be parsed"},
-    {413, "Content Too Large", "too_large", "Content-Length or a chunk size is too large"},
-    {414, "URI Too Long", "uri_too_long", "the request line is too long"},
-    {431, "Request Header Fields Too Large", "headers_too_large",
-     "the request headers are too large"},
-    {505, "HTTP Version Not Supported", "http_version_not_supported",
-     "this HTTP version is not supported; use HTTP/1.1 or HTTP/1.0"},
-    {500, "Internal Server Error", "internal", "the server cannot process this request"},
-};
-
-static const struct refusal *refusal_of(unsigned status) {
-  size_t n = sizeof refusals / sizeof *refusals;
-  for (size_t i = 0; i < n; i++)
-    if (refusals[i].status == status)
-      return &refusals[i];
-  return &refusals[n - 1];
-}
-
 /* Writes the refusal straight to the socket; what the client sent after it
  * is read and dropped first where it is already there, so that closing does
  * not reset the connection before the client reads the reply. */
-static size_t send_refusal(int fd, unsigned status, const struct refusal *f) {
+static size_t send_refusal(int fd, unsigned status, const attnd_refusal *f) {
   size_t blen = 0;
   char *body = attn_proto_error_body(f->code, f->message, &blen);
   char msg[1024];
@@ -734,7 +612,9 @@ enum MHD_Result attnd_http_refuse(struct MHD_Connection *conn, unsigned status) 
   if (!k)
     return MHD_NO;
   attnd_server *s = k->owner;
-  size_t out = send_refusal(k->fd, status, refusal_of(status));
+  const attnd_refusal *f = attnd_err_refusal((int)status);
+  size_t out = send_refusal(k->fd, status, f);
+  attnd_metrics_error(s->metrics, f->code);
   attnd_req *r = k->req;
   if (r) { /* on_completed logs it */
     r->status = (int)status;
@@ -742,10 +622,10 @@ enum MHD_Result attnd_http_refuse(struct MHD_Connection *conn, unsigned status) 
     r->bytes_out = out;
     return MHD_NO;
   }
-  attnd_req line = {.t_received = attnd_now(), .status = (int)status, .bytes_out = out};
+  attnd_req line = {.t_received = attn_now(), .status = (int)status, .bytes_out = out};
   snprintf(line.method, sizeof line.method, "-");
   snprintf(line.path, sizeof line.path, "-");
-  account(s, &line);
+  attnd_req_account(s, &line);
   return MHD_NO;
 }
 
@@ -805,7 +685,7 @@ static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen
   attnd_server *s = cls;
   char client[48];
   client_text(addr, client, sizeof client);
-  return attnd_conns_admit(&s->conns, client, attnd_now()) ? MHD_YES : MHD_NO;
+  return attnd_conns_admit(&s->conns, client, attn_now()) ? MHD_YES : MHD_NO;
 }
 
 static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_ctx,
@@ -819,7 +699,7 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
     char client[48];
     client_text(addr ? addr->client_addr : NULL, client, sizeof client);
-    attnd_conn *k = fd ? attnd_conns_open(&s->conns, fd->connect_fd, client, attnd_now()) : NULL;
+    attnd_conn *k = fd ? attnd_conns_open(&s->conns, fd->connect_fd, client, attn_now()) : NULL;
     if (k)
       k->owner = s;
     *socket_ctx = k;
@@ -845,7 +725,7 @@ static int bind_listen(attnd_server *s) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   int one = 1;
   if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
-      bind(fd, (struct sockaddr *)&a, sizeof a) < 0 || listen(fd, 1024) < 0) {
+      bind(fd, (struct sockaddr *)&a, sizeof a) < 0 || listen(fd, LISTEN_BACKLOG) < 0) {
     fprintf(stderr, "attnd: cannot listen on %s:%d: %s\n", s->cfg->host, s->cfg->port,
             strerror(errno));
     if (fd >= 0)
@@ -926,7 +806,7 @@ int attnd_http_start(attnd_server *s) {
   return 0;
 }
 
-void attnd_http_quiesce(attnd_server *s) {
+static void quiesce(attnd_server *s) {
   MHD_socket fd = MHD_quiesce_daemon(s->mhd);
   if (fd != MHD_INVALID_SOCKET)
     close(fd);
@@ -939,3 +819,20 @@ void attnd_http_stop(attnd_server *s) {
   s->mhd = NULL;
   attnd_conns_destroy(&s->conns);
 }
+
+static void resume(attnd_req *r) { MHD_resume_connection(r->conn); }
+
+static bool client_reset(attnd_req *r) {
+  const union MHD_ConnectionInfo *ci =
+      MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+  /* Data is a pipelining client; end-of-file is a client that half-closed
+   * after its request (nc, some HTTP/1.0 clients) and still reads the
+   * reply. Only an error (a reset) means nobody is there. */
+  return ci && attnd_peek(ci->connect_fd) < 0;
+}
+
+const attnd_transport attnd_http_transport = {
+    .resume = resume,
+    .client_reset = client_reset,
+    .quiesce = quiesce,
+};

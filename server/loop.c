@@ -28,7 +28,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 
 /*
  * Jobs between dispatch and reply at once. The CPU engine gives each job
@@ -43,30 +42,12 @@ static int max_running(const attnd_server *s) {
   return 2;
 }
 
-double attnd_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* The reply is set (or, for a client that reset, the close decided): give
  * the connection back to the HTTP thread, once. From here on the reply
  * fields belong to that thread, and r->conn may be gone. */
 static void finish(attnd_req *r) {
   r->answered = true;
-  MHD_resume_connection(r->conn);
-}
-
-void attnd_req_unref(attnd_req *r) {
-  if (atomic_fetch_sub(&r->refs, 1) != 1)
-    return;
-  attn_proto_req_free(&r->pr);
-  free(r->body);
-  attnd_body_release(r);
-  free(r->query);
-  free(r->resp);
-  free(r->out);
-  free(r);
+  r->srv->transport->resume(r);
 }
 
 static void dispatch(attnd_server *s);
@@ -131,7 +112,7 @@ static bool reserve_decode(attnd_req *r) {
              "memory budget (--max-queue x --max-body = %llu bytes); send it as safetensors "
              "(application/octet-stream), which needs no copy, or raise --max-queue",
              r->len, (unsigned long long)need, (unsigned long long)budget);
-    attnd_req_error(r, 413, "too_large", msg);
+    attnd_req_fail(r, ATTND_ETOO_LARGE, msg);
     return false;
   }
   if (!attnd_body_reserve(r, need)) {
@@ -165,7 +146,7 @@ static void decode_submit(uv_work_t *w) {
       return;
     r->in_engine = false;
   }
-  r->t_engine = attnd_now();
+  r->t_engine = attn_now();
   r->job_st = st;
   drop_inputs(r);
 }
@@ -175,7 +156,7 @@ static void engine_done(const attn_result *res, void *arg) {
   attnd_req *r = arg;
   attnd_server *s = r->srv;
   r->res = *res;
-  r->t_engine = attnd_now();
+  r->t_engine = attn_now();
   pthread_mutex_lock(&s->mu);
   push(&s->done_head, &s->done_tail, r);
   pthread_mutex_unlock(&s->mu);
@@ -208,7 +189,7 @@ static void encode(uv_work_t *w) {
 static void reply_from_job(attnd_req *r) {
   r->t_done = r->t_engine;
   if (r->job_st.code) {
-    attnd_req_fail(r, &r->job_st);
+    attnd_req_fail(r, r->job_st.code, r->job_st.message);
     return;
   }
   free(r->resp);
@@ -325,17 +306,17 @@ static void cancel_reply(attnd_req *r, attnd_cancel_reason why) {
   const char *where = r->dispatched ? "running" : "queued";
   char msg[200];
   if (why == ATTND_CANCEL_CLIENT_CLOSED) {
-    r->gone = true;
+    attnd_req_fail(r, ATTND_ECLIENT_CLOSED, "the client reset the connection");
   } else if (why == ATTND_CANCEL_TIMEOUT) {
     snprintf(msg, sizeof msg,
              "no reply within the %g s deadline (--timeout); the request was %s after %.3f s "
              "and its job was canceled",
-             r->srv->cfg->timeout, where, attnd_now() - r->t_received);
-    attnd_req_error(r, 504, "timeout", msg);
+             r->srv->cfg->timeout, where, attn_now() - r->t_received);
+    attnd_req_fail(r, ATTND_ETIMEOUT, msg);
   } else {
     snprintf(msg, sizeof msg,
              "the server shut down (--drain-timeout) while this request was %s", where);
-    attnd_req_error(r, 503, "shutting_down", msg);
+    attnd_req_fail(r, ATTND_ESHUTTING_DOWN, msg);
   }
 }
 
@@ -345,7 +326,7 @@ void attnd_loop_cancel(attnd_server *s, attnd_req *r, attnd_cancel_reason why) {
   attn_cancel_set(&r->cancel);
   r->canceled = true;
   r->cancel_why = why;
-  r->t_done = attnd_now();
+  r->t_done = attn_now();
   cancel_reply(r, why);
   if (r->dispatched) { /* the job's end is awaited in complete() */
     finish(r);
@@ -365,13 +346,13 @@ void attnd_loop_cancel(attnd_server *s, attnd_req *r, attnd_cancel_reason why) {
 static void dispatch(attnd_server *s) {
   while (s->running < s->max_running && s->pend_head) {
     attnd_req *r = s->pend_head;
-    double now = attnd_now();
+    double now = attn_now();
     /* What the timer would find at its next tick, found now. */
     if (now >= r->t_received + s->cfg->timeout) {
       attnd_loop_cancel(s, r, ATTND_CANCEL_TIMEOUT);
       continue;
     }
-    if (attnd_client_reset(r)) {
+    if (s->transport->client_reset(r)) {
       attnd_loop_cancel(s, r, ATTND_CANCEL_CLIENT_CLOSED);
       continue;
     }
@@ -391,16 +372,16 @@ static void dispatch(attnd_server *s) {
   }
 }
 
-static void refuse(attnd_req *r, const char *code, const char *msg) {
-  attnd_req_error(r, 503, code, msg);
+static void refuse(attnd_req *r, int code, const char *msg) {
+  attnd_req_fail(r, code, msg);
   finish(r);
   attnd_req_unref(r);
 }
 
 static void admit(attnd_server *s, attnd_req *r) {
-  r->t_admitted = attnd_now();
+  r->t_admitted = attn_now();
   if (s->drain_expired) {
-    refuse(r, "shutting_down", "the server shut down before this request ran");
+    refuse(r, ATTND_ESHUTTING_DOWN, "the server shut down before this request ran");
     return;
   }
   if (s->admitted >= s->cfg->max_queue) {
@@ -408,7 +389,7 @@ static void admit(attnd_server *s, attnd_req *r) {
     snprintf(msg, sizeof msg,
              "the queue is full (%d requests admitted, --max-queue %d); retry shortly",
              s->admitted, s->cfg->max_queue);
-    refuse(r, "queue_full", msg);
+    refuse(r, ATTND_EQUEUE_FULL, msg);
     return;
   }
   if (r->json_in && !reserve_decode(r)) {
@@ -435,31 +416,6 @@ static void on_incoming(uv_async_t *h) {
   }
   dispatch(s);
   attnd_deadline_arm(s);
-}
-
-void attnd_upload_track(attnd_req *r, bool on) {
-  attnd_server *s = r->srv;
-  if (on) {
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-    r->fd = ci ? ci->connect_fd : -1;
-  }
-  pthread_mutex_lock(&s->mu);
-  if (on) {
-    r->up_prev = NULL;
-    r->up_next = s->up_head;
-    if (s->up_head)
-      s->up_head->up_prev = r;
-    s->up_head = r;
-  } else {
-    if (r->up_prev)
-      r->up_prev->up_next = r->up_next;
-    else
-      s->up_head = r->up_next;
-    if (r->up_next)
-      r->up_next->up_prev = r->up_prev;
-  }
-  pthread_mutex_unlock(&s->mu);
 }
 
 void attnd_loop_submit(attnd_server *s, attnd_req *r) {
@@ -508,8 +464,14 @@ static void expire_drain(attnd_server *s) {
   s->jobs_done_at = 0;
 }
 
+/* How often a drain looks whether it is done, and how long it waits for
+ * replies to be confirmed sent once no job is left (check_drain). */
+#define DRAIN_CHECK_MS 20
+#define REPLY_WAIT_S 2.0
+#define REPLY_WAIT_EXPIRED_S 0.5
+
 /*
- * Every 20 ms of a drain: stop once no upload that began before the drain
+ * Every DRAIN_CHECK_MS of a drain: stop once no upload that began before the drain
  * is still being read, no job is left and their replies are out. A reply
  * normally completes in microseconds; one to a client that is gone may only
  * complete when the idle timeout reaps its connection, so the wait for
@@ -517,7 +479,7 @@ static void expire_drain(attnd_server *s) {
  */
 static void check_drain(uv_timer_t *t) {
   attnd_server *s = t->data;
-  double now = attnd_now();
+  double now = attn_now();
   if (!s->drain_expired && now >= s->drain_deadline)
     expire_drain(s);
   /* One lock for both lists: an upload that ends is on the incoming list
@@ -531,7 +493,7 @@ static void check_drain(uv_timer_t *t) {
   if (s->jobs_done_at == 0)
     s->jobs_done_at = now;
   int left = atomic_load(&s->replying);
-  if (left <= 0 || now - s->jobs_done_at > (s->drain_expired ? 0.5 : 2.0)) {
+  if (left <= 0 || now - s->jobs_done_at > (s->drain_expired ? REPLY_WAIT_EXPIRED_S : REPLY_WAIT_S)) {
     if (left > 0)
       fprintf(stderr, "attnd: %d replies not confirmed sent; stopping\n", left);
     uv_stop(&s->loop);
@@ -544,40 +506,55 @@ static void on_signal(uv_signal_t *h, int signum) {
     return;
   fprintf(stderr, "attnd: %s: draining (up to %g s)\n", signum == SIGTERM ? "SIGTERM" : "SIGINT",
           s->cfg->drain_timeout);
-  attnd_http_quiesce(s);
-  s->drain_deadline = attnd_now() + s->cfg->drain_timeout;
-  uv_timer_start(&s->drain_timer, check_drain, 0, 20);
+  s->transport->quiesce(s);
+  s->drain_deadline = attn_now() + s->cfg->drain_timeout;
+  uv_timer_start(&s->drain_timer, check_drain, 0, DRAIN_CHECK_MS);
+}
+
+/* Every handle the loop owns, set up; the first libuv error, if any. */
+static int init_handles(attnd_server *s) {
+  int rc;
+  s->incoming.data = s->completed.data = s;
+  s->sigterm.data = s->sigint.data = s->drain_timer.data = s->sweep_timer.data = s;
+  if ((rc = uv_async_init(&s->loop, &s->incoming, on_incoming)) < 0 ||
+      (rc = uv_async_init(&s->loop, &s->completed, on_completed)) < 0 ||
+      (rc = uv_signal_init(&s->loop, &s->sigterm)) < 0 ||
+      (rc = uv_signal_init(&s->loop, &s->sigint)) < 0 ||
+      (rc = uv_timer_init(&s->loop, &s->drain_timer)) < 0 ||
+      (rc = uv_timer_init(&s->loop, &s->sweep_timer)) < 0 ||
+      (rc = attnd_deadline_init(s)) < 0 ||
+      (rc = uv_signal_start(&s->sigterm, on_signal, SIGTERM)) < 0 ||
+      (rc = uv_signal_start(&s->sigint, on_signal, SIGINT)) < 0)
+    return rc;
+  return 0;
 }
 
 int attnd_loop_init(attnd_server *s) {
-  if (uv_loop_init(&s->loop) < 0)
+  int rc = uv_loop_init(&s->loop);
+  if (rc < 0) {
+    fprintf(stderr, "attnd: cannot start the event loop: %s\n", uv_strerror(rc));
     return -1;
+  }
   pthread_mutex_init(&s->mu, NULL);
-  s->incoming.data = s->sigterm.data = s->sigint.data = s->drain_timer.data = s;
-  s->completed.data = s;
   s->max_running = max_running(s);
-  uv_async_init(&s->loop, &s->incoming, on_incoming);
-  uv_async_init(&s->loop, &s->completed, on_completed);
-  uv_signal_init(&s->loop, &s->sigterm);
-  uv_signal_init(&s->loop, &s->sigint);
-  uv_timer_init(&s->loop, &s->drain_timer);
-  uv_timer_init(&s->loop, &s->sweep_timer);
-  s->sweep_timer.data = s;
-  attnd_deadline_init(s);
-  uv_signal_start(&s->sigterm, on_signal, SIGTERM);
-  uv_signal_start(&s->sigint, on_signal, SIGINT);
+  if ((rc = init_handles(s)) < 0) {
+    fprintf(stderr, "attnd: cannot set up the event loop: %s\n", uv_strerror(rc));
+    attnd_loop_close(s);
+    return -1;
+  }
   return 0;
 }
 
 /* Connections past their header or idle deadline are closed by the
  * registry; a quarter second is finer than any deadline a flag can set. */
+#define SWEEP_MS 250
 static void sweep(uv_timer_t *t) {
   attnd_server *s = t->data;
-  attnd_conns_sweep(&s->conns, attnd_now());
+  attnd_conns_sweep(&s->conns, attn_now());
 }
 
 void attnd_loop_run(attnd_server *s) {
-  uv_timer_start(&s->sweep_timer, sweep, 250, 250);
+  uv_timer_start(&s->sweep_timer, sweep, SWEEP_MS, SWEEP_MS);
   uv_run(&s->loop, UV_RUN_DEFAULT);
 }
 

@@ -14,10 +14,10 @@
 /* Picks the backend auto requests will use and says why; -1 when the one
  * asked for cannot run here. */
 static int choose_backend(attnd_server *s) {
-  attn_backend_info info[8];
-  int n = attn_engine_backends(s->engine, info, 8);
+  attn_backend_info info[ATTND_MAX_BACKENDS];
+  int n = attn_engine_backends(s->engine, info, ATTND_MAX_BACKENDS);
   const attn_backend_info *cpu = NULL, *cuda = NULL;
-  for (int i = 0; i < n && i < 8; i++) {
+  for (int i = 0; i < n && i < ATTND_MAX_BACKENDS; i++) {
     if (!strcmp(info[i].name, "cpu"))
       cpu = &info[i];
     if (!strcmp(info[i].name, "cuda"))
@@ -55,9 +55,10 @@ static int choose_backend(attnd_server *s) {
  * 32 MiB), so later blocks of a burst come from the heap and stay in the
  * process after free: RSS only grows. A fixed threshold turns that off.
  */
+#define MMAP_THRESHOLD (1 << 20)
 static void return_freed_memory(void) {
 #ifdef __GLIBC__
-  mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD);
 #endif
 }
 
@@ -70,6 +71,7 @@ int main(int argc, char **argv) {
   return_freed_memory();
   static attnd_server s; /* lives as long as the process */
   s.cfg = &cfg;
+  s.transport = &attnd_http_transport;
   s.backend_note = "";
   pthread_mutex_init(&s.log_mu, NULL);
   attn_config ec;
@@ -83,6 +85,8 @@ int main(int argc, char **argv) {
     return 2;
   }
   s.metrics = attnd_metrics_new();
+  if (!s.metrics)
+    fprintf(stderr, "attnd: out of memory for the metrics\n");
   if (!s.metrics || choose_backend(&s) < 0 || attnd_loop_init(&s) < 0) {
     attn_engine_close(s.engine);
     attnd_metrics_free(s.metrics);

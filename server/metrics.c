@@ -24,6 +24,7 @@ enum {
   ROUTE_OTHER = N_ROUTES - 1,
   MAX_CODES = 64,     /* distinct status codes kept per route */
   MAX_BACKENDS = 8,
+  MAX_ERROR_CODES = 64, /* distinct error codes; the lists hold about 50 */
   N_BUCKETS = 17      /* 16 finite bounds and +Inf */
 };
 
@@ -77,6 +78,10 @@ typedef struct state {
   int64_t gauges[ATTND_GAUGE_COUNT];
   uint64_t bytes_in, bytes_out;
   uint64_t canceled[ATTND_CANCEL_REASONS][ATTND_STAGES];
+  const char *error_codes[MAX_ERROR_CODES]; /* static strings, in first-seen order */
+  uint64_t errors[MAX_ERROR_CODES];
+  int nerrors;
+  uint64_t other_errors; /* codes past the first MAX_ERROR_CODES distinct ones */
 } state;
 
 struct attnd_metrics {
@@ -206,6 +211,25 @@ void attnd_metrics_canceled(attnd_metrics *m, attnd_cancel_reason why, attnd_can
     return;
   pthread_mutex_lock(&m->mu);
   m->s.canceled[why][stage]++;
+  pthread_mutex_unlock(&m->mu);
+}
+
+void attnd_metrics_error(attnd_metrics *m, const char *code) {
+  if (!code)
+    return;
+  pthread_mutex_lock(&m->mu);
+  state *s = &m->s;
+  int i = 0;
+  while (i < s->nerrors && strcmp(s->error_codes[i], code) != 0)
+    i++;
+  if (i < s->nerrors)
+    s->errors[i]++;
+  else if (s->nerrors < MAX_ERROR_CODES) {
+    s->error_codes[s->nerrors] = code;
+    s->errors[s->nerrors++] = 1;
+  } else {
+    s->other_errors++;
+  }
   pthread_mutex_unlock(&m->mu);
 }
 
@@ -415,6 +439,17 @@ char *attnd_metrics_render(attnd_metrics *m, size_t *plen) {
       buf_printf(&b, "attnd_jobs_canceled_total{reason=\"%s\",stage=\"%s\"} %" PRIu64 "\n",
                  attnd_cancel_reason_name((attnd_cancel_reason)why),
                  st == ATTND_STAGE_QUEUED ? "queued" : "running", s->canceled[why][st]);
+
+  family_header(&b, "attnd_errors_total", "counter",
+                "Error replies by error code (client_closed: a client that reset while its "
+                "job ran, logged and never answered).");
+  for (int i = 0; i < s->nerrors; i++) {
+    buf_put(&b, "attnd_errors_total{code=\"");
+    buf_put_label_value(&b, s->error_codes[i]);
+    buf_printf(&b, "\"} %" PRIu64 "\n", s->errors[i]);
+  }
+  if (s->other_errors)
+    buf_printf(&b, "attnd_errors_total{code=\"other\"} %" PRIu64 "\n", s->other_errors);
 
   static const struct {
     attnd_gauge g;

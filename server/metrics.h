@@ -4,9 +4,10 @@
  *
  * Every function is thread-safe: the HTTP thread, the libuv loop and engine
  * completion threads all record. Label values are bounded: `path` is one of
- * the routes or "other", `code` an HTTP status, `backend` an engine backend
- * name (at most 8 distinct), so the number of series is bounded whatever
- * clients send.
+ * the routes or "other", `code` an HTTP status (of requests) or an error
+ * code of the fixed lists (of errors, at most 64 distinct), `backend` an
+ * engine backend name (at most 8 distinct), so the number of series is
+ * bounded whatever clients send.
  *
  * Series:
  *   attnd_requests_total{path,code}            counter
@@ -15,6 +16,7 @@
  *   attnd_engine_seconds_total{backend}        counter
  *   attnd_flops_total{backend}                 counter
  *   attnd_jobs_canceled_total{reason,stage}    counter
+ *   attnd_errors_total{code}                   counter
  *   attnd_queue_depth                          gauge
  *   attnd_inflight                             gauge
  *   attnd_uploads                              gauge
@@ -68,6 +70,11 @@ typedef enum attnd_cancel_stage {
 void attnd_metrics_canceled(attnd_metrics *m, attnd_cancel_reason why, attnd_cancel_stage stage);
 /* "timeout", "client_closed", "shutting_down". */
 const char *attnd_cancel_reason_name(attnd_cancel_reason why);
+
+/* An error reply (or a close for a client that reset) with this code.
+ * code must be a static string from the error lists (server/errors.h,
+ * proto/errors.c): it is kept, not copied, and the set stays bounded. */
+void attnd_metrics_error(attnd_metrics *m, const char *code);
 
 void attnd_metrics_gauge_add(attnd_metrics *m, attnd_gauge g, int64_t delta);
 int64_t attnd_metrics_gauge(attnd_metrics *m, attnd_gauge g);

@@ -14,7 +14,7 @@
  * connection. Everything else goes on to the library's function.
  */
 #define _GNU_SOURCE
-#include "server.h"
+#include "http.h"
 
 #include <dlfcn.h>
 

@@ -4,7 +4,9 @@
  * Threads: libmicrohttpd's polling thread runs http.c (parsing, the cheap
  * GET endpoints, body accumulation) and never computes; the libuv loop on
  * the main thread runs loop.c (admission, the bounded queue, dispatch,
- * completion, signals); libuv's threadpool decodes and submits to the
+ * completion, signals) and deadline.c, which reach the connection only
+ * through the transport (request.c holds what both threads do to a
+ * request); libuv's threadpool decodes and submits to the
  * engine, and later encodes; the engine computes on its own threads (CPU
  * workers, or CUDA streams) and reports back through uv_async_send. A POST
  * /attention connection is suspended from its last body byte until its
@@ -16,13 +18,38 @@
 #include "config.h"
 #include "conns.h"
 #include "engine.h"
+#include "errors.h"
 #include "metrics.h"
 #include "proto.h"
 
-#include <microhttpd.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <uv.h>
+
+/* The HTTP library's types, opaque here: only http.c (and mhd_shim.c) know
+ * libmicrohttpd; the loop and the deadlines reach a connection through the
+ * transport below. */
+struct MHD_Connection;
+struct MHD_Daemon;
+struct attnd_req;
+struct attnd_server;
+
+/* What the loop needs of the HTTP front. http.c fills it with
+ * libmicrohttpd's calls; tests/unit/test_loop.c with fakes. */
+typedef struct attnd_transport {
+  /* r's reply is set, or the close decided (r->gone): give its connection
+   * back to the HTTP thread. Loop thread; once per request. */
+  void (*resume)(struct attnd_req *r);
+  /* Whether r's client reset its connection (end-of-file is a half-close,
+   * not a reset: such a client still reads the reply). Loop thread. */
+  bool (*client_reset)(struct attnd_req *r);
+  /* A drain began: stop accepting connections. Loop thread. */
+  void (*quiesce)(struct attnd_server *s);
+} attnd_transport;
+
+#define ATTND_JSON_TYPE "application/json"
+/* Backends an engine lists at most (attn_engine_backends). */
+#define ATTND_MAX_BACKENDS 8
 
 typedef enum attnd_route {
   ATTND_R_ATTENTION,
@@ -103,6 +130,7 @@ typedef struct attnd_server {
   char engine_detail[160]; /* the backend in use, for logs and /v1/info */
   const char *backend;     /* the name requests ask the engine for */
   const char *backend_note; /* why, when auto chose; "" otherwise */
+  const attnd_transport *transport;
   struct MHD_Daemon *mhd;
   attnd_conns conns;       /* open connections, their deadlines and eviction */
   int max_connections;     /* --max-connections, lowered to fit the open-file limit */
@@ -137,41 +165,46 @@ typedef struct attnd_server {
   pthread_mutex_t log_mu;
 } attnd_server;
 
-/* Monotonic seconds. */
-double attnd_now(void);
 
-/* http.c */
+/* http.c: the HTTP front on libmicrohttpd, and its transport. */
+extern const attnd_transport attnd_http_transport;
 int attnd_http_start(attnd_server *s);         /* 0, or -1 after one line */
-void attnd_http_quiesce(attnd_server *s);      /* stop accepting connections */
 void attnd_http_stop(attnd_server *s);
-/* libmicrohttpd's own refusal of a malformed request (an error page it built,
- * without Content-Type): answered here with the JSON error instead, and the
- * connection closed. */
-enum MHD_Result attnd_http_refuse(struct MHD_Connection *conn, unsigned status);
-/* Sets r's reply to an error body. */
-void attnd_req_error(attnd_req *r, int status, const char *code, const char *message);
-/* Sets r's reply to the error of an engine or proto code. */
-void attnd_req_fail(attnd_req *r, const attn_status *st);
 
+/* request.c */
+/* A request as its first callback finds it, holding the connection's
+ * reference; NULL when out of memory. */
+attnd_req *attnd_req_new(attnd_server *s);
+/* Drops a reference to r; the last one frees it (any thread). */
+void attnd_req_unref(attnd_req *r);
+/* Sets r's reply; buf (malloc'd) becomes r's. */
+void attnd_req_reply(attnd_req *r, int status, char *buf, size_t len, const char *ctype);
+/* The only way to set an error reply: r's reply becomes the JSON error of
+ * code (a server code of errors.h, or an engine or codec code) with this
+ * message, and the error is counted by code. ATTND_ECLIENT_CLOSED sets no
+ * reply: the connection is closed unanswered. */
+void attnd_req_fail(attnd_req *r, int code, const char *message);
 /* Takes n bytes of the body budget for r (false: over budget), or gives
  * back all r holds. */
 bool attnd_body_reserve(attnd_req *r, size_t n);
 void attnd_body_release(attnd_req *r);
 /* Sets r's reply to 503 queue_full: a reservation did not fit. */
 void attnd_body_over_budget(attnd_req *r);
+/* HTTP thread: r's headers arrived and its body is being read (r->fd set),
+ * which a drain waits for; or that ended (a no-op when it never began). */
+void attnd_upload_begin(attnd_req *r);
+void attnd_upload_end(attnd_req *r);
+/* r has ended: its metrics and its log line. */
+void attnd_req_account(attnd_server *s, const attnd_req *r);
 
 /* loop.c */
+/* 0, or -1 after one line to stderr. */
 int attnd_loop_init(attnd_server *s);
 /* From the HTTP thread: hand a complete POST /attention to the loop. */
 void attnd_loop_submit(attnd_server *s, attnd_req *r);
 /* Runs until a drain completes. */
 void attnd_loop_run(attnd_server *s);
 void attnd_loop_close(attnd_server *s);
-/* From the HTTP thread: r's headers arrived and its body is being read
- * (on), or that ended (off). */
-void attnd_upload_track(attnd_req *r, bool on);
-/* Drops a reference to r; the last one frees it (any thread). */
-void attnd_req_unref(attnd_req *r);
 /* Answers an admitted job now (504 timeout, 503 shutting_down, or for a
  * client that reset, no reply) and cancels its engine work; the job's end
  * is still awaited. Loop only. */
@@ -181,13 +214,10 @@ void attnd_loop_cancel(attnd_server *s, attnd_req *r, attnd_cancel_reason why);
  * --timeout deadline and at least every ATTND_POLL_MS to look for clients
  * that reset their connection. */
 #define ATTND_POLL_MS 100
-void attnd_deadline_init(attnd_server *s);
+/* 0, or a libuv error code. */
+int attnd_deadline_init(attnd_server *s);
 /* (Re)arms the timer after jobs were admitted or ended. Loop only. */
 void attnd_deadline_arm(attnd_server *s);
-/* Whether r's client reset the connection. End-of-file is a half-close
- * (shutdown(SHUT_WR) after the request), not a hang-up: such a client still
- * reads the reply. */
-bool attnd_client_reset(attnd_req *r);
 /* A peek at a client's socket: 1 data waiting or nothing yet, 0 end of
  * file, -1 an error (a reset). */
 int attnd_peek(int fd);

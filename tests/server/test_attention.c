@@ -420,7 +420,7 @@ Test(attention, cuda_backend_when_unavailable) {
   if (cuda)
     expect_correct(&r, &c, 4, true, "backend=cuda on a CUDA server");
   else
-    expect_error(&r, 422, "backend_unavailable", "backend=cuda without CUDA");
+    expect_error(&r, 503, "backend_unavailable", "backend=cuda without CUDA");
   http_res_free(&r);
   free(body);
   tcase_free(&c);

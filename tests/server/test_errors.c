@@ -322,3 +322,29 @@ Test(errors, garbage_http_does_not_hurt) {
   close(fd);
   expect_healthy(&S, "a TLS hello");
 }
+
+/* Every error reply is counted by its code in /metrics, whichever path set
+ * it; a success counts nothing. */
+Test(errors, counted_by_code_in_metrics) {
+  srv_start(&S, NULL);
+  http_res r;
+  for (int i = 0; i < 2; i++) {
+    http_get(&S, "/nope", &r);
+    expect_error(&r, 404, "not_found", "GET /nope");
+    http_res_free(&r);
+  }
+  http_req rq = {.method = "DELETE", .path = "/healthz"};
+  http_do(&S, &rq, &r);
+  expect_error(&r, 405, "method_not_allowed", "DELETE /healthz");
+  http_res_free(&r);
+  http_post(&S, "/attention", "text/plain", "x", 1, &r);
+  expect_error(&r, 415, "unsupported_media_type", "text/plain");
+  http_res_free(&r);
+  http_get(&S, "/metrics", &r);
+  cr_assert_eq(r.status, 200);
+  cr_expect_not_null(strstr(r.body, "\nattnd_errors_total{code=\"not_found\"} 2\n"), "%s", r.body);
+  cr_expect_not_null(strstr(r.body, "\nattnd_errors_total{code=\"method_not_allowed\"} 1\n"));
+  cr_expect_not_null(strstr(r.body, "\nattnd_errors_total{code=\"unsupported_media_type\"} 1\n"));
+  cr_expect_not_null(strstr(r.body, "# TYPE attnd_errors_total counter\n"));
+  http_res_free(&r);
+}

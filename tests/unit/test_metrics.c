@@ -306,6 +306,34 @@ Test(metrics, gauges) {
   attnd_metrics_free(m);
 }
 
+Test(metrics, errors_by_code) {
+  attnd_metrics *m = attnd_metrics_new();
+  cr_assert_not_null(m);
+  char *out = render(m);
+  cr_expect_eq(count_prefix(out, "attnd_errors_total{"), 0);
+  free(out);
+  attnd_metrics_error(m, "queue_full");
+  attnd_metrics_error(m, "not_found");
+  attnd_metrics_error(m, "queue_full");
+  attnd_metrics_error(m, NULL); /* ignored */
+  out = render(m);
+  expect_line(out, "attnd_errors_total{code=\"queue_full\"} 2");
+  expect_line(out, "attnd_errors_total{code=\"not_found\"} 1");
+  cr_expect_eq(count_prefix(out, "attnd_errors_total{"), 2);
+  free(out);
+  /* the label set is bounded: codes past the table fold into "other" */
+  static char names[70][8];
+  for (int i = 0; i < 70; i++) {
+    snprintf(names[i], sizeof names[i], "c%d", i);
+    attnd_metrics_error(m, names[i]);
+  }
+  out = render(m);
+  cr_expect_eq(count_prefix(out, "attnd_errors_total{"), 65);
+  expect_line(out, "attnd_errors_total{code=\"other\"} 8");
+  free(out);
+  attnd_metrics_free(m);
+}
+
 Test(metrics, every_family_has_help_and_type) {
   static const struct {
     const char *name, *type;
@@ -320,6 +348,7 @@ Test(metrics, every_family_has_help_and_type) {
       {"attnd_connections", "gauge"},
       {"attnd_uploads", "gauge"},
       {"attnd_jobs_canceled_total", "counter"},
+      {"attnd_errors_total", "counter"},
       {"attnd_bytes_received_total", "counter"},
       {"attnd_bytes_sent_total", "counter"},
   };

@@ -1,0 +1,173 @@
+/*
+ * request.c — one HTTP request's life, apart from the HTTP library and the
+ * scheduler: its creation and references, its reply (attnd_req_fail is the
+ * only way to set an error), the body budget it draws on, the uploads a
+ * drain waits for, and its accounting (metrics and the log line) once it
+ * ends.
+ */
+#include "server.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+attnd_req *attnd_req_new(attnd_server *s) {
+  attnd_req *r = calloc(1, sizeof *r);
+  if (!r)
+    return NULL;
+  r->srv = s;
+  r->fd = -1;
+  atomic_init(&r->refs, 1); /* the connection's */
+  r->t_received = attn_now();
+  r->route = ATTND_R_NONE;
+  snprintf(r->method, sizeof r->method, "-");
+  snprintf(r->path, sizeof r->path, "-");
+  return r;
+}
+
+void attnd_req_unref(attnd_req *r) {
+  if (atomic_fetch_sub(&r->refs, 1) != 1)
+    return;
+  attn_proto_req_free(&r->pr);
+  free(r->body);
+  attnd_body_release(r);
+  free(r->query);
+  free(r->resp);
+  free(r->out);
+  free(r);
+}
+
+/* ---- the reply ------------------------------------------------------------ */
+
+void attnd_req_reply(attnd_req *r, int status, char *buf, size_t len, const char *ctype) {
+  free(r->resp);
+  r->status = status;
+  r->resp = buf;
+  r->resp_len = len;
+  r->ctype = ctype;
+}
+
+/* The one way an error reply is set: the body, Retry-After on a 503, and
+ * the count by code. A client that reset gets no reply at all: the
+ * connection is closed and the 499 only logged. */
+void attnd_req_fail(attnd_req *r, int code, const char *message) {
+  const char *name = attnd_err_code(code);
+  attnd_metrics_error(r->srv->metrics, name);
+  if (code == ATTND_ECLIENT_CLOSED) {
+    r->gone = true;
+    return;
+  }
+  int status = attnd_err_status(code);
+  size_t len = 0;
+  char *b = attn_proto_error_body(name, message, &len);
+  attnd_req_reply(r, status, b, b ? len : 0, ATTND_JSON_TYPE);
+  r->retry_after = status == 503;
+}
+
+/* ---- the body budget and uploads ----------------------------------------------- */
+
+/* Links r into (on) or out of the uploads a drain waits for. */
+static void upload_track(attnd_req *r, bool on) {
+  attnd_server *s = r->srv;
+  pthread_mutex_lock(&s->mu);
+  if (on) {
+    r->up_prev = NULL;
+    r->up_next = s->up_head;
+    if (s->up_head)
+      s->up_head->up_prev = r;
+    s->up_head = r;
+  } else {
+    if (r->up_prev)
+      r->up_prev->up_next = r->up_next;
+    else
+      s->up_head = r->up_next;
+    if (r->up_next)
+      r->up_next->up_prev = r->up_prev;
+  }
+  pthread_mutex_unlock(&s->mu);
+}
+
+bool attnd_body_reserve(attnd_req *r, size_t n) {
+  attnd_server *s = r->srv;
+  uint64_t budget = (uint64_t)s->cfg->max_queue * s->cfg->max_body;
+  uint64_t held = atomic_fetch_add(&s->body_bytes, n);
+  if (held + n > budget) {
+    atomic_fetch_sub(&s->body_bytes, n);
+    return false;
+  }
+  r->reserved += n;
+  return true;
+}
+
+void attnd_body_release(attnd_req *r) {
+  atomic_fetch_sub(&r->srv->body_bytes, r->reserved);
+  r->reserved = 0;
+}
+
+void attnd_body_over_budget(attnd_req *r) {
+  char msg[200];
+  snprintf(msg, sizeof msg,
+           "request bodies already hold the server's memory budget (--max-queue x "
+           "--max-body = %llu bytes); retry shortly",
+           (unsigned long long)r->srv->cfg->max_queue * r->srv->cfg->max_body);
+  attnd_req_fail(r, ATTND_EQUEUE_FULL, msg);
+}
+
+/* A POST whose headers arrived and whose body is still being read: a drain
+ * waits for it. Counted before the drain check in begin_post, so a drain
+ * that begins meanwhile either sees the count or is seen by the check. */
+void attnd_upload_begin(attnd_req *r) {
+  r->uploading = true;
+  upload_track(r, true);
+  attnd_metrics_gauge_add(r->srv->metrics, ATTND_GAUGE_UPLOADS, 1);
+}
+
+void attnd_upload_end(attnd_req *r) {
+  if (!r->uploading)
+    return;
+  r->uploading = false;
+  upload_track(r, false);
+  attnd_metrics_gauge_add(r->srv->metrics, ATTND_GAUGE_UPLOADS, -1);
+}
+
+/* ---- accounting ------------------------------------------------------------- */
+
+/* One line per request. The method and path are the client's bytes: escaped,
+ * so that no request can end the line early and forge the next one, or send
+ * terminal escapes or invalid UTF-8 to whoever reads the log. */
+static void log_line(attnd_server *s, const attnd_req *r, double total) {
+  double queue = r->t_started > 0 ? r->t_started - r->t_admitted : 0;
+  double compute = r->t_done > 0 && r->t_started > 0 ? r->t_done - r->t_started : 0;
+  char method[80], path[560];
+  attn_quote(method, sizeof method, r->method, strlen(r->method));
+  attn_quote(path, sizeof path, r->path, strlen(r->path));
+  pthread_mutex_lock(&s->log_mu);
+  if (s->cfg->log_json) {
+    attn_sbuf b = {0};
+    attn_sbuf_puts(&b, "{\"method\": ");
+    attn_sbuf_json_str(&b, method);
+    attn_sbuf_puts(&b, ", \"path\": ");
+    attn_sbuf_json_str(&b, path);
+    attn_sbuf_printf(&b,
+                     ", \"status\": %d, \"bytes_in\": %zu, \"bytes_out\": %llu, "
+                     "\"queue_us\": %.0f, \"compute_us\": %.0f, \"total_us\": %.0f}\n",
+                     r->status, r->len, (unsigned long long)r->bytes_out, queue * 1e6,
+                     compute * 1e6, total * 1e6);
+    if (!b.oom)
+      fputs(b.p, stderr);
+    free(b.p);
+  } else {
+    fprintf(stderr, "attnd: %s %s %d in=%zu out=%llu queue_us=%.0f compute_us=%.0f "
+                    "total_us=%.0f\n",
+            method, path, r->status, r->len, (unsigned long long)r->bytes_out, queue * 1e6,
+            compute * 1e6, total * 1e6);
+  }
+  pthread_mutex_unlock(&s->log_mu);
+}
+
+void attnd_req_account(attnd_server *s, const attnd_req *r) {
+  double total = attn_now() - r->t_received;
+  attnd_metrics_request(s->metrics, r->path, r->status, total, r->len, r->bytes_out);
+  log_line(s, r, total);
+}
+

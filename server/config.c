@@ -27,7 +27,7 @@ static const char usage[] =
     "  --streams N            CUDA streams per device (4) [ATTND_STREAMS]\n"
     "  --devices LIST         CUDA devices to use, e.g. 0,1 (0) [ATTND_DEVICES]\n"
     "  --max-body SIZE        largest request body, suffix K, M or G (1G) [ATTND_MAX_BODY]\n"
-    "  --max-queue N          requests admitted and not finished; more get 503 (64)\n"
+    "  --max-queue N          requests admitted and not finished; more get 503, 0 = all (64)\n"
     "                         [ATTND_MAX_QUEUE]\n"
     "  --timeout SECONDS      a request not answered this long after its headers gets 504\n"
     "                         and its job is canceled (60) [ATTND_TIMEOUT]\n"
@@ -169,7 +169,7 @@ static int apply(attnd_config *c, int o, const char *v, const char *what) {
   case O_STREAMS: return parse_int(what, v, 1, 64, &c->streams);
   case O_DEVICES: return parse_devices(what, v, c);
   case O_MAX_BODY: return parse_size(what, v, &c->max_body);
-  case O_MAX_QUEUE: return parse_int(what, v, 1, 1000000, &c->max_queue);
+  case O_MAX_QUEUE: return parse_int(what, v, 0, 1000000, &c->max_queue);
   case O_TIMEOUT: return parse_seconds(what, v, 0.001, &c->timeout);
   case O_IDLE: return parse_int(what, v, 1, 86400, &c->idle_timeout);
   case O_MAX_CONN: return parse_int(what, v, 1, 1000000, &c->max_connections);

@@ -10,7 +10,7 @@
  * (throughput). The overhead is the one-connection mean latency over the
  * engine-only time. Then /healthz requests/s on 32 connections. Last, the
  * load generator against wrk: `attn load` and wrk on the same closed loop
- * (4 connections, the tiny body) and their request rates' ratio, printed
+ * (4 connections, a [1, 2, 64, 64] F32 body) and their request rates' ratio, printed
  * and not asserted (a shared machine moves both).
  */
 #include "benchlib.h"
@@ -141,7 +141,7 @@ static void load_vs_wrk(const char *attnd, const char *attn, const char *body, i
             ours);
     return;
   }
-  printf("\nclosed loop, 4 connections, tiny body: wrk %.1f requests/s, attn load %.1f "
+  printf("\nclosed loop, 4 connections, [1,2,64,64] F32: wrk %.1f requests/s, attn load %.1f "
          "(ratio %.3f)\n",
          w.rps, ours, ours / w.rps);
 }
@@ -226,9 +226,22 @@ int main(int argc, char **argv) {
       printf("\n/healthz: %.0f requests/s (wrk -t2 -c32)\n", h.rps);
     stop_attnd(pid);
   }
-  char tiny[256];
-  snprintf(tiny, sizeof tiny, "%s/tiny.safetensors", dir);
-  load_vs_wrk(attnd, attn, tiny, seconds);
+  /* The body the old make test comparison used: [1, 2, 64, 64] F32. */
+  attn_bench_case lc;
+  char lpath[256];
+  snprintf(lpath, sizeof lpath, "%s/load.safetensors", dir);
+  if (attn_bench_case_init(&lc, 1, 2, 2, 64, 64, 64, ATTN_F32, false, 7) == 0) {
+    size_t len;
+    char *body = attn_bench_safetensors(&lc.req, NULL, &len);
+    FILE *f = fopen(lpath, "wb");
+    int ok = body && f && fwrite(body, 1, len, f) == len;
+    if (f)
+      ok = fclose(f) == 0 && ok;
+    if (ok)
+      load_vs_wrk(attnd, attn, lpath, seconds);
+    free(body);
+    attn_bench_case_free(&lc);
+  }
   printf("overhead: mean latency on one connection over the engine-only time (median of 20).\n");
   return rc;
 }

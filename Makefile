@@ -348,8 +348,8 @@ bench: deps bench-deps
 
 # attnd under wrk against the engine alone (tests/bench/server_bench.c).
 bench-server: deps bench-deps
-	$(MAKE) --no-print-directory $(BUILD)/attnd $(BUILD)/bench-server
-	$(BUILD)/bench-server $(BUILD)/attnd $(BUILD)/bench
+	$(MAKE) --no-print-directory $(BUILD)/attnd $(BUILD)/attn $(BUILD)/bench-server
+	$(BUILD)/bench-server $(BUILD)/attnd $(BUILD)/bench $(BUILD)/attn
 
 # Peak and settled RSS under a burst of huge JSON bodies and of parallel
 # uploads near --max-body (tests/bench/memory.py).

@@ -126,7 +126,7 @@ static int apply_streams(attnd_config *c, const char *what, const char *v) {
   return parse_int(what, v, 1, 64, &c->streams);
 }
 static int apply_max_queue(attnd_config *c, const char *what, const char *v) {
-  return parse_int(what, v, 1, 1000000, &c->max_queue);
+  return parse_int(what, v, 0, 1000000, &c->max_queue);
 }
 static int apply_timeout(attnd_config *c, const char *what, const char *v) {
   return parse_seconds(what, v, 0.001, &c->timeout);
@@ -163,7 +163,8 @@ static const flag flags[] = {
     {"streams", "N", "4", "CUDA streams per device", apply_streams},
     {"devices", "LIST", "0", "CUDA devices to use, e.g. 0,1", apply_devices},
     {"max-body", "SIZE", "1G", "largest request body, suffix K, M or G", apply_max_body},
-    {"max-queue", "N", "64", "requests admitted and not finished; more get 503", apply_max_queue},
+    {"max-queue", "N", "64", "requests admitted and not finished; more get 503, 0 = all",
+     apply_max_queue},
     {"timeout", "SECONDS", "60",
      "a request not answered this long after its headers gets 504 and its job is canceled",
      apply_timeout},

@@ -106,6 +106,10 @@ void attnd_body_release(attnd_req *r) {
 
 void attnd_body_over_budget(attnd_req *r) {
   char msg[200];
+  if (r->srv->cfg->max_queue == 0) {
+    attnd_req_fail(r, ATTND_EQUEUE_FULL, "this server admits no requests (--max-queue 0)");
+    return;
+  }
   snprintf(msg, sizeof msg,
            "request bodies already hold the server's memory budget (--max-queue x "
            "--max-body = %llu bytes); retry shortly",

@@ -8,7 +8,10 @@
  * connection (each request's latency is the server's whole time for it:
  * receive, decode, queue, compute, encode, send) and then on 4 connections
  * (throughput). The overhead is the one-connection mean latency over the
- * engine-only time. Last, /healthz requests/s on 32 connections.
+ * engine-only time. Then /healthz requests/s on 32 connections. Last, the
+ * load generator against wrk: `attn load` and wrk on the same closed loop
+ * (4 connections, a [1, 2, 64, 64] F32 body) and their request rates' ratio, printed
+ * and not asserted (a shared machine moves both).
  */
 #include "benchlib.h"
 
@@ -96,9 +99,57 @@ static int run_wrk(const char *args, const char *body, wrk_result *w) {
   return got && rc == 0 ? 0 : -1;
 }
 
+/* attn load's requests_per_s from its --json output; -1 when absent. */
+static double attn_load_rate(const char *attn, const char *body, int port, int seconds) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd,
+           "%s load http://127.0.0.1:%d --concurrency 4 --duration %d --body %s --json", attn,
+           port, seconds, body);
+  FILE *f = popen(cmd, "r");
+  if (!f)
+    return -1;
+  char out[8192];
+  size_t n = fread(out, 1, sizeof out - 1, f);
+  out[n] = 0;
+  int rc = pclose(f);
+  const char *k = strstr(out, "\"requests_per_s\":");
+  double v = -1;
+  if (rc == 0 && k)
+    v = strtod(k + strlen("\"requests_per_s\":"), NULL);
+  return v;
+}
+
+/* wrk and attn load, one after the other, on one fresh attnd: the ratio
+ * says whether attn load's numbers can be compared with wrk's (it was
+ * within 20% here). */
+static void load_vs_wrk(const char *attnd, const char *attn, const char *body, int seconds) {
+  int port = free_port();
+  pid_t pid = port > 0 ? start_attnd(attnd, port) : -1;
+  if (pid < 0) {
+    fprintf(stderr, "bench-server: attnd did not start for attn load vs wrk\n");
+    return;
+  }
+  char args[512];
+  wrk_result w;
+  snprintf(args, sizeof args, "-t1 -c4 -d%ds -s clients/wrk/post.lua http://127.0.0.1:%d/attention",
+           seconds, port);
+  int rw = run_wrk(args, body, &w);
+  double ours = attn_load_rate(attn, body, port, seconds);
+  stop_attnd(pid);
+  if (rw < 0 || ours <= 0 || w.rps <= 0) {
+    fprintf(stderr, "bench-server: attn load vs wrk failed (wrk %.1f, attn load %.1f)\n", w.rps,
+            ours);
+    return;
+  }
+  printf("\nclosed loop, 4 connections, [1,2,64,64] F32: wrk %.1f requests/s, attn load %.1f "
+         "(ratio %.3f)\n",
+         w.rps, ours, ours / w.rps);
+}
+
 int main(int argc, char **argv) {
   const char *attnd = argc > 1 ? argv[1] : "build/attnd";
   const char *dir = argc > 2 ? argv[2] : "build/bench";
+  const char *attn = argc > 3 ? argv[3] : "build/attn";
   const int seconds = 5;
   static const struct {
     const char *name;
@@ -174,6 +225,22 @@ int main(int argc, char **argv) {
     if (run_wrk(args, NULL, &h) == 0)
       printf("\n/healthz: %.0f requests/s (wrk -t2 -c32)\n", h.rps);
     stop_attnd(pid);
+  }
+  /* The body the old make test comparison used: [1, 2, 64, 64] F32. */
+  attn_bench_case lc;
+  char lpath[256];
+  snprintf(lpath, sizeof lpath, "%s/load.safetensors", dir);
+  if (attn_bench_case_init(&lc, 1, 2, 2, 64, 64, 64, ATTN_F32, false, 7) == 0) {
+    size_t len;
+    char *body = attn_bench_safetensors(&lc.req, NULL, &len);
+    FILE *f = fopen(lpath, "wb");
+    int ok = body && f && fwrite(body, 1, len, f) == len;
+    if (f)
+      ok = fclose(f) == 0 && ok;
+    if (ok)
+      load_vs_wrk(attnd, attn, lpath, seconds);
+    free(body);
+    attn_bench_case_free(&lc);
   }
   printf("overhead: mean latency on one connection over the engine-only time (median of 20).\n");
   return rc;

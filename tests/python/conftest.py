@@ -100,8 +100,9 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def small_queue_server(tmp_path_factory):
-    """attnd --threads 2 --max-queue 1: a second request in flight gets 503 queue_full."""
-    yield from _serve(["--threads", "2", "--max-queue", "1"], tmp_path_factory)
+    """attnd --max-queue 0: every POST /attention gets 503 queue_full, with no
+    race between requests (the tests must pass on a loaded machine)."""
+    yield from _serve(["--max-queue", "0"], tmp_path_factory)
 
 
 @pytest.fixture

@@ -1144,3 +1144,93 @@ double prom_sum(const char *text, const char *name, const char *const *labels, i
     *pn = n;
   return sum;
 }
+
+/* ---- waiting on /metrics ------------------------------------------------- */
+
+double srv_metric(const srv *s, const char *name, const char *const *labels) {
+  http_res r;
+  http_req rq = {.path = "/metrics", .timeout_ms = 30000};
+  double v = -1;
+  if (http_do(s, &rq, &r) == 0 && r.status == 200)
+    v = prom_sum(r.body, name, labels, NULL);
+  http_res_free(&r);
+  return v;
+}
+
+/* Polls rather than sleeping a guessed time: the machine may be loaded, so
+ * only the event counts, and the deadline is there to turn a hang into a
+ * failure. */
+static bool wait_metric_cmp(const srv *s, const char *name, const char *const *labels,
+                            double want, bool at_least, double timeout_s) {
+  double deadline = now_s() + timeout_s;
+  for (;;) {
+    double v = srv_metric(s, name, labels);
+    if (v >= 0 && (at_least ? v >= want : v <= want))
+      return true;
+    if (now_s() >= deadline)
+      return false;
+    sleep_s(0.02);
+  }
+}
+
+bool srv_wait_metric_ge(const srv *s, const char *name, const char *const *labels, double want,
+                        double timeout_s) {
+  return wait_metric_cmp(s, name, labels, want, true, timeout_s);
+}
+
+bool srv_wait_metric_le(const srv *s, const char *name, const char *const *labels, double want,
+                        double timeout_s) {
+  return wait_metric_cmp(s, name, labels, want, false, timeout_s);
+}
+
+int srv_jobs(const srv *s) {
+  double q = srv_metric(s, "attnd_queue_depth", NULL);
+  double f = srv_metric(s, "attnd_inflight", NULL);
+  return q < 0 || f < 0 ? -1 : (int)(q + f);
+}
+
+bool srv_wait_jobs(const srv *s, int want, bool at_least, double timeout_s) {
+  double deadline = now_s() + timeout_s;
+  for (;;) {
+    int n = srv_jobs(s);
+    if (n >= 0 && (at_least ? n >= want : n <= want))
+      return true;
+    if (now_s() >= deadline)
+      return false;
+    sleep_s(0.02);
+  }
+}
+
+bool srv_wait_listener_closed(const srv *s, double timeout_s) {
+  double deadline = now_s() + timeout_s;
+  for (;;) {
+    int fd = raw_connect(s->port);
+    if (fd < 0)
+      return true;
+    close(fd);
+    if (now_s() >= deadline)
+      return false;
+    sleep_s(0.02);
+  }
+}
+
+void raw_reset(int fd) {
+  struct linger lg = {.l_onoff = 1, .l_linger = 0};
+  setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+  close(fd);
+}
+
+int raw_post(int port, const char *ctype, const void *body, size_t len) {
+  int fd = raw_connect(port);
+  if (fd < 0)
+    return -1;
+  char h[256];
+  snprintf(h, sizeof h,
+           "POST /attention HTTP/1.1\r\nHost: x\r\nContent-Type: %s\r\nContent-Length: %zu\r\n\r\n",
+           ctype, len);
+  if (raw_sends(fd, h) < 0 || raw_send(fd, body, len) < 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}

@@ -23,7 +23,9 @@ Test(budget, uploads_count_against_the_budget, .fini = teardown, .timeout = 60) 
   raw_sends(a, "POST /attention HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
                "Content-Length: 716800\r\n\r\n");
   raw_send(a, "\x10\0\0\0\0\0\0\0", 8);
-  sleep_s(0.2);
+  /* the server holds the upload's buffer once the gauge shows it */
+  cr_assert(srv_wait_metric_ge(&S, "attnd_uploads", NULL, 1, 60),
+            "the first upload never showed in attnd_uploads");
   /* A second that would need another 700 KiB is over 1 x 1 MiB: 503 now. */
   int b = raw_connect(S.port);
   cr_assert_geq(b, 0);
@@ -39,7 +41,10 @@ Test(budget, uploads_count_against_the_budget, .fini = teardown, .timeout = 60) 
   close(b);
   /* the first upload gone, its bytes are free again */
   close(a);
-  sleep_s(0.3);
+  /* its buffer is released in the callback that drops the gauge, on the one
+   * HTTP thread that also answers /metrics: a gauge of 0 means it is free */
+  cr_assert(srv_wait_metric_le(&S, "attnd_uploads", NULL, 0, 60),
+            "the abandoned upload never left attnd_uploads");
   cr_expect(expect_healthy(&S, "the budget test"));
   http_res ok;
   const char *body = "{\"q\": [[1, 0]], \"k\": [[1, 0]], \"v\": [[1, 2]]}";

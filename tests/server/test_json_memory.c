@@ -92,6 +92,16 @@ static char *zeros_body(size_t rows, size_t v_rows, const char *extra, size_t *p
   return b;
 }
 
+/* Waits until the server holds no request: no upload, no job, no
+ * connection but the /metrics one asking. What a request held is freed by
+ * then, so RSS can be read without guessing a settling time. */
+static void wait_idle(void) {
+  cr_expect(srv_wait_metric_le(&S, "attnd_uploads", NULL, 0, 60), "uploads never ended");
+  cr_expect(srv_wait_jobs(&S, 0, false, 60), "jobs never left the server");
+  cr_expect(srv_wait_metric_le(&S, "attnd_connections", NULL, 1, 60),
+            "connections never closed");
+}
+
 /* Starts the server and measures its idle RSS after one small request (the
  * first request touches the engine's threads and pools). */
 static double start_warm(void) {
@@ -102,7 +112,7 @@ static double start_warm(void) {
                "%s", r.error);
   cr_assert_eq(r.status, 200, "warm-up: %s", r.body);
   http_res_free(&r);
-  sleep_s(0.2);
+  wait_idle();
   return proc_bytes(S.pid, "VmRSS");
 }
 
@@ -120,7 +130,7 @@ Test(json_memory, failed_decodes_give_memory_back) {
     cr_expect(r.body && strstr(r.body, "tensor \\\"v\\\""), "%.200s", r.body);
     http_res_free(&r);
   }
-  sleep_s(0.3);
+  wait_idle();
   double rss = proc_bytes(S.pid, "VmRSS"), hwm = proc_bytes(S.pid, "VmHWM");
   printf("json_memory: body %.1f MiB, idle RSS %.1f MiB, after 4 requests %.1f MiB, "
          "peak %.1f MiB (%.2fx the body over idle)\n",
@@ -197,7 +207,7 @@ Test(json_memory, concurrent_bursts_give_memory_back) {
       cr_expect_eq(p[i].status, 422, "round %d, body %d: status %ld", round, i, p[i].status);
     }
   }
-  sleep_s(0.5);
+  wait_idle();
   double rss = proc_bytes(S.pid, "VmRSS");
   printf("json_memory: idle RSS %.1f MiB, after 3 bursts of %d concurrent bodies %.1f MiB\n",
          idle / MiB, N, rss / MiB);
@@ -243,15 +253,8 @@ Test(json_memory, decode_waits_for_room_with_503) {
                "Content-Length: 716800\r\n\r\n");
   raw_send(a, "\x10\0\0\0\0\0\0\0", 8);
   /* wait until the server holds the upload's 700 KiB */
-  for (int i = 0; i < 200; i++) {
-    http_res m;
-    http_get(&S, "/metrics", &m);
-    double up = prom_sum(m.body, "attnd_uploads", NULL, NULL);
-    http_res_free(&m);
-    if (up >= 1)
-      break;
-    sleep_s(0.05);
-  }
+  cr_assert(srv_wait_metric_ge(&S, "attnd_uploads", NULL, 1, 60),
+            "the upload never showed in attnd_uploads");
   size_t len;
   char *body = zeros_body(1300, 1300, NULL, &len); /* about 450 KB, 900 KB decoded */
   http_res r;
@@ -260,16 +263,14 @@ Test(json_memory, decode_waits_for_room_with_503) {
   cr_expect(r.body && strstr(r.body, "retry"), "%.200s", r.body);
   http_res_free(&r);
   close(a);
-  /* the upload gone, the same body fits: retrying helped */
-  bool ok = false;
-  for (int i = 0; i < 100 && !ok; i++) {
-    http_post(&S, "/attention", "application/json", body, len, &r);
-    ok = r.status == 200;
-    http_res_free(&r);
-    if (!ok)
-      sleep_s(0.1);
-  }
-  cr_expect(ok, "the body never fit after the upload left");
+  /* the upload gone, the same body fits: retrying helped. Its bytes are
+   * released in the callback that drops the gauge, on the one HTTP thread
+   * that also answers /metrics, so a gauge of 0 means they are free. */
+  cr_assert(srv_wait_metric_le(&S, "attnd_uploads", NULL, 0, 60),
+            "the abandoned upload never left attnd_uploads");
+  http_post(&S, "/attention", "application/json", body, len, &r);
+  cr_expect_eq(r.status, 200, "the body did not fit after the upload left: %.200s", r.body);
+  http_res_free(&r);
   free(body);
   cr_expect_eq(srv_stop(&S, 10), 0);
 }

@@ -3,6 +3,11 @@
  * (503 + Retry-After), queue deadlines (504), graceful SIGTERM with jobs in
  * flight, the drain deadline, idle keep-alive connections, and 200 slow
  * clients that must not starve normal ones.
+ *
+ * Nothing here asserts a duration (make test must pass beside CPU hogs):
+ * each test creates its condition (a job holding the only queue slot, a
+ * deadline far shorter than the job) and waits for the event within a
+ * generous bound. Speed belongs to make bench-server.
  */
 #include "harness.h"
 
@@ -14,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 static srv S;
@@ -31,7 +37,6 @@ typedef struct job {
   pthread_barrier_t *bar;
   long timeout_ms;
   http_res r;
-  double t0, t1;
 } job;
 
 static void *job_run(void *arg) {
@@ -41,9 +46,7 @@ static void *job_run(void *arg) {
   const char *hdrs[] = {"Content-Type: " ST_CT, NULL};
   http_req rq = {.method = "POST", .path = "/attention", .headers = hdrs, .body = j->body,
                  .len = j->len, .timeout_ms = j->timeout_ms ? j->timeout_ms : 60000};
-  j->t0 = now_s();
   http_do(j->s, &rq, &j->r);
-  j->t1 = now_s();
   return NULL;
 }
 
@@ -87,115 +90,127 @@ static int check_ok_replies(job *js, int n, tcase *c, const char *what) {
   return ok;
 }
 
-/* Sums queue depth and in-flight jobs from /metrics. */
-static int jobs_in_server(void) {
-  http_res r;
-  http_req rq = {.path = "/metrics", .timeout_ms = 5000};
-  if (http_do(&S, &rq, &r) < 0 || r.status != 200) {
-    http_res_free(&r);
-    return -1;
-  }
-  int n = (int)(prom_sum(r.body, "attnd_queue_depth", NULL, NULL) +
-                prom_sum(r.body, "attnd_inflight", NULL, NULL));
-  http_res_free(&r);
-  return n;
-}
+static bool wait_jobs(int want, double timeout_s) { return srv_wait_jobs(&S, want, true, timeout_s); }
 
-static bool wait_jobs(int want, double timeout_s) {
-  double t0 = now_s();
-  while (now_s() - t0 < timeout_s) {
-    if (jobs_in_server() >= want)
-      return true;
-    sleep_s(0.02);
-  }
-  return false;
-}
-
-Test(load, queue_full_503_with_retry_after) {
-  srv_start(&S, "--max-queue", "1", "--threads", "1", NULL);
+/* A job far longer than anything a test waits for beside it: 24 heads of
+ * 1200 x 1200 on the float64 reference (seconds on one thread, longer under
+ * load, which only helps), sent on a raw connection so that raw_reset()
+ * cancels it between heads. Returns the connection once /metrics shows the
+ * job in the server. */
+static int hold_job(void) {
   tcase c;
   size_t len;
-  char *body = slow_body(&c, 4, 700, &len);
-  enum { N = 6 };
-  pthread_t th[N];
-  job *js = start_jobs(th, N, body, len, 0);
-  join_jobs(th, js, N);
-  int n200 = 0, n503 = 0;
+  char *body = slow_body(&c, 24, 1200, &len);
+  int fd = raw_post(S.port, ST_CT, body, len);
+  free(body);
+  tcase_free(&c);
+  cr_assert_geq(fd, 0, "the holding job could not be sent");
+  cr_assert(wait_jobs(1, 60), "the holding job never showed in /metrics");
+  return fd;
+}
+
+/* A small safetensors job and its case, for requests that must be quick to
+ * send (the refusals beside a held job). */
+static char *small_body(tcase *c, size_t *len) {
+  tprob p = tprob_make(1, 2, 2, 32, 32, 32, ATTN_F32);
+  tcase_init(c, &p, 9001);
+  return st_body(c, 4, NULL, len);
+}
+
+static void expect_queue_full(const http_res *r, const char *what) {
+  expect_error(r, 503, "queue_full", what);
+  char ra[64] = "";
+  bool has = http_header(r, "Retry-After", ra, sizeof ra);
+  char *end = NULL;
+  long v = has ? strtol(ra, &end, 10) : -1;
+  cr_expect(has && *ra && end && !*end && v >= 0, "%s: Retry-After \"%s\"", what,
+            has ? ra : "(missing)");
+}
+
+static double requests_with_code(const char *code) {
+  char lc[32];
+  snprintf(lc, sizeof lc, "code=%s", code);
+  const char *l[] = {"path=/attention", lc, NULL};
+  return srv_metric(&S, "attnd_requests_total", l);
+}
+
+/* --max-queue 1 with the slot held by a long job: every other request is
+ * refused with 503 at once, the metrics count them, and once the holder is
+ * gone (reset, so canceled) the next job runs. */
+Test(load, queue_full_503_with_retry_after) {
+  srv_start(&S, "--max-queue", "1", "--threads", "1", NULL);
+  int hold = hold_job();
+  tcase c;
+  size_t len;
+  char *body = small_body(&c, &len);
+  enum { N = 5 };
   for (int i = 0; i < N; i++) {
-    if (js[i].r.status == 503) {
-      n503++;
-      char what[64], ra[64] = "";
-      snprintf(what, sizeof what, "job %d of %d under --max-queue 1", i, N);
-      expect_error(&js[i].r, 503, "queue_full", what);
-      bool has = http_header(&js[i].r, "Retry-After", ra, sizeof ra);
-      char *end = NULL;
-      long v = has ? strtol(ra, &end, 10) : -1;
-      cr_expect(has && *ra && end && !*end && v >= 0, "%s: Retry-After \"%s\"", what,
-                has ? ra : "(missing)");
-      cr_expect_lt(js[i].t1 - js[i].t0, 2.0, "%s: the 503 took %.2f s", what,
-                   js[i].t1 - js[i].t0);
-    }
+    char what[64];
+    snprintf(what, sizeof what, "request %d beside a held slot, --max-queue 1", i);
+    http_res r;
+    http_post(&S, "/attention", ST_CT, body, len, &r);
+    expect_queue_full(&r, what);
+    http_res_free(&r);
   }
-  n200 = check_ok_replies(js, N, &c, "--max-queue 1");
-  cr_log_info("--max-queue 1: %d x 200, %d x 503 of %d", n200, n503, N);
-  /* No "some job succeeded": since --timeout also cancels running jobs, on
-   * a slow machine (or under sanitizers) every job may pass its deadline. */
-  cr_expect_geq(n503, 1, "no job was refused with 503 (6 concurrent slow jobs, --max-queue 1)");
-  cr_expect_eq(n200 + n503, N, "statuses other than 200 and 503: %d + %d of %d", n200, n503, N);
-  for (int i = 0; i < N; i++)
-    http_res_free(&js[i].r);
-  free(js);
-  /* The metrics count what the clients saw. */
-  http_res m;
-  http_get(&S, "/metrics", &m);
-  const char *l503[] = {"path=/attention", "code=503", NULL};
-  const char *l200[] = {"path=/attention", "code=200", NULL};
-  cr_expect_eq(prom_sum(m.body, "attnd_requests_total", l503, NULL), n503,
-               "attnd_requests_total 503s: %g, clients saw %d",
-               prom_sum(m.body, "attnd_requests_total", l503, NULL), n503);
-  cr_expect_eq(prom_sum(m.body, "attnd_requests_total", l200, NULL), n200,
-               "attnd_requests_total 200s: %g, clients saw %d",
-               prom_sum(m.body, "attnd_requests_total", l200, NULL), n200);
-  http_res_free(&m);
-  /* The queue frees up: the next job runs. */
+  cr_expect_eq(srv_jobs(&S), 1, "the holding job left the server while the 503s were sent");
+  cr_expect_eq(requests_with_code("503"), N, "attnd_requests_total 503s: %g, clients saw %d",
+               requests_with_code("503"), N);
+  raw_reset(hold);
+  cr_expect(srv_wait_jobs(&S, 0, false, 60), "the reset holding job never left the server");
   http_res r;
   http_post(&S, "/attention", ST_CT, body, len, &r);
-  expect_correct(&r, &c, 4, true, "a job after the burst");
+  expect_correct(&r, &c, 4, true, "a job once the slot is free");
   http_res_free(&r);
+  cr_expect_eq(requests_with_code("200"), 1, "attnd_requests_total 200s: %g, want 1",
+               requests_with_code("200"));
   free(body);
   tcase_free(&c);
 }
 
+/* --max-queue 0 admits nothing: every POST /attention gets 503 queue_full
+ * (both codecs), and the server stays healthy. */
+Test(load, queue_of_zero_refuses_every_job) {
+  srv_start(&S, "--max-queue", "0", NULL);
+  tcase c;
+  size_t len;
+  char *body = small_body(&c, &len);
+  http_res r;
+  http_post(&S, "/attention", ST_CT, body, len, &r);
+  expect_queue_full(&r, "safetensors under --max-queue 0");
+  http_res_free(&r);
+  const char *js = "{\"q\": [[1, 0]], \"k\": [[1, 0]], \"v\": [[1, 2]]}";
+  http_post(&S, "/attention", "application/json", js, strlen(js), &r);
+  expect_queue_full(&r, "JSON under --max-queue 0");
+  http_res_free(&r);
+  cr_expect_eq(requests_with_code("503"), 2, "attnd_requests_total 503s: %g",
+               requests_with_code("503"));
+  expect_healthy(&S, "--max-queue 0");
+  cr_expect_eq(srv_stop(&S, 30), 0, "exit status");
+  free(body);
+  tcase_free(&c);
+}
+
+/* A deadline three orders of magnitude shorter than the jobs (1 ms against
+ * ~0.5 s of float64 work each, more under load): every job gets 504, queued
+ * or running, and the server serves on. */
 Test(load, queue_timeout_504) {
-  srv_start(&S, "--timeout", "1", "--max-queue", "10", "--threads", "1", NULL);
+  srv_start(&S, "--timeout", "0.001", "--max-queue", "10", "--threads", "1", NULL);
   tcase c;
   size_t len;
   char *body = slow_body(&c, 4, 1000, &len);
-  enum { N = 8 };
+  enum { N = 4 };
   pthread_t th[N];
   job *js = start_jobs(th, N, body, len, 0);
   join_jobs(th, js, N);
-  int n504 = 0;
-  for (int i = 0; i < N; i++)
-    if (js[i].r.status == 504) {
-      n504++;
-      char what[64];
-      snprintf(what, sizeof what, "job %d of %d under --timeout 1", i, N);
-      expect_error(&js[i].r, 504, "timeout", what);
-      cr_expect_lt(js[i].t1 - js[i].t0, 3.0, "%s: the 504 came after %.2f s", what,
-                   js[i].t1 - js[i].t0);
-    }
-  int n200 = check_ok_replies(js, N, &c, "--timeout 1");
-  for (int i = 0; i < N; i++)
-    cr_log_info("--timeout 1: job %d status %ld after %.2f s", i, js[i].r.status,
-                js[i].t1 - js[i].t0);
-  /* No "some job succeeded": since --timeout also cancels running jobs, on
-   * a slow machine (or under sanitizers) every job may pass its deadline. */
-  cr_expect_geq(n504, 1, "no 504 among %d jobs of ~0.4 s each on one thread with --timeout 1", N);
-  cr_expect_eq(n200 + n504, N, "statuses other than 200 and 504: %d + %d of %d", n200, n504, N);
-  for (int i = 0; i < N; i++)
+  for (int i = 0; i < N; i++) {
+    char what[64];
+    snprintf(what, sizeof what, "job %d of %d under --timeout 0.001", i, N);
+    expect_error(&js[i].r, 504, "timeout", what);
     http_res_free(&js[i].r);
+  }
   free(js);
+  cr_expect_eq(requests_with_code("504"), N, "attnd_requests_total 504s: %g, clients saw %d",
+               requests_with_code("504"), N);
   expect_healthy(&S, "504s");
   free(body);
   tcase_free(&c);
@@ -209,30 +224,18 @@ Test(load, sigterm_answers_jobs_in_flight) {
   enum { N = 4 };
   pthread_t th[N];
   job *js = start_jobs(th, N, body, len, 0);
-  cr_expect(wait_jobs(N, 5), "the %d jobs never showed in queue_depth + inflight", N);
-  double ts = now_s();
+  cr_expect(wait_jobs(N, 60), "the %d jobs never showed in queue_depth + inflight", N);
   kill(S.pid, SIGTERM);
-  sleep_s(0.1);
-  /* New connections are refused while draining. */
-  int fd = raw_connect(S.port);
-  if (fd >= 0) {
-    raw_sends(fd, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
-    http_res r;
-    int st = raw_response(fd, 3000, &r);
-    cr_expect(st == -1 || st == 503, "a new connection during the drain got %d", st);
-    http_res_free(&r);
-    close(fd);
-  }
+  /* New connections are refused while draining: the listener closes. */
+  cr_expect(srv_wait_listener_closed(&S, 60), "the listener still accepts after SIGTERM");
   join_jobs(th, js, N);
   for (int i = 0; i < N; i++)
     cr_expect_eq(js[i].r.status, 200, "job %d in flight at SIGTERM: status %ld (%s) %s", i,
                  js[i].r.status, js[i].r.error, js[i].r.body);
   check_ok_replies(js, N, &c, "jobs in flight at SIGTERM");
-  for (int i = 0; i < N; i++)
-    cr_log_info("SIGTERM: job %d answered %.2f s after the signal", i, js[i].t1 - ts);
-  int st = srv_wait(&S, 30);
-  cr_expect_eq(st, 0, "exit status %d after SIGTERM with jobs in flight", st);
-  cr_expect_lt(now_s() - ts, 15, "exit %.1f s after SIGTERM", now_s() - ts);
+  int st = srv_wait(&S, 60);
+  cr_expect_eq(st, 0, "exit status %d after SIGTERM with jobs in flight (-1: still running)",
+               st);
   for (int i = 0; i < N; i++)
     http_res_free(&js[i].r);
   free(js);
@@ -240,26 +243,22 @@ Test(load, sigterm_answers_jobs_in_flight) {
   tcase_free(&c);
 }
 
+/* While a drain waits for a job, a kept-alive connection asking /readyz is
+ * told 503 shutting_down; the job here is held until the test resets it. */
 Test(load, draining_readyz_503) {
   srv_start(&S, "--threads", "1", NULL);
   int fd = raw_connect(S.port);
   cr_assert(fd >= 0);
   raw_sends(fd, "GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n");
   http_res r;
-  cr_expect_eq(raw_response(fd, 5000, &r), 200, "readyz before SIGTERM");
+  cr_expect_eq(raw_response(fd, 30000, &r), 200, "readyz before SIGTERM");
   http_res_free(&r);
-  tcase c;
-  size_t len;
-  char *body = slow_body(&c, 4, 1000, &len);
-  enum { N = 3 };
-  pthread_t th[N];
-  job *js = start_jobs(th, N, body, len, 0);
-  cr_expect(wait_jobs(N, 5), "the jobs never showed in the metrics");
+  int hold = hold_job();
   kill(S.pid, SIGTERM);
-  sleep_s(0.1);
+  cr_expect(srv_wait_listener_closed(&S, 60), "the listener still accepts after SIGTERM");
   /* The kept-alive connection still asks: not ready. */
   raw_sends(fd, "GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n");
-  int st = raw_response(fd, 5000, &r);
+  int st = raw_response(fd, 30000, &r);
   cr_expect_eq(st, 503, "readyz while draining: %d (%s)", st, r.error);
   if (st > 0) {
     expect_error(&r, 503, "shutting_down", "readyz while draining");
@@ -268,40 +267,36 @@ Test(load, draining_readyz_503) {
   }
   http_res_free(&r);
   close(fd);
-  join_jobs(th, js, N);
-  for (int i = 0; i < N; i++)
-    cr_expect_eq(js[i].r.status, 200, "job %d: %ld", i, js[i].r.status);
-  check_ok_replies(js, N, &c, "jobs while draining");
-  cr_expect_eq(srv_wait(&S, 30), 0, "exit status");
-  for (int i = 0; i < N; i++)
-    http_res_free(&js[i].r);
-  free(js);
-  free(body);
-  tcase_free(&c);
+  cr_expect(srv_running(&S), "the server exited with a job in flight");
+  raw_reset(hold);
+  cr_expect_eq(srv_wait(&S, 60), 0, "exit status once the held job was reset");
 }
 
+/* --drain-timeout 1 with three jobs that each run for seconds: the drain
+ * gives up on them (the log says so) and the server exits instead of
+ * finishing them; no job is answered 200. */
 Test(load, drain_timeout_bounds_the_exit) {
   srv_start(&S, "--threads", "1", "--drain-timeout", "1", NULL);
   tcase c;
   size_t len;
-  char *body = slow_body(&c, 4, 1500, &len); /* ~0.9 s each at -O2, 3 of them */
+  char *body = slow_body(&c, 24, 1200, &len);
   enum { N = 3 };
   pthread_t th[N];
-  job *js = start_jobs(th, N, body, len, 20000);
-  cr_expect(wait_jobs(N, 5), "the jobs never showed in the metrics");
-  double ts = now_s();
+  job *js = start_jobs(th, N, body, len, 120000);
+  cr_expect(wait_jobs(N, 60), "the jobs never showed in the metrics");
   kill(S.pid, SIGTERM);
-  int st = srv_wait(&S, 10);
-  double dt = now_s() - ts;
-  cr_expect_neq(st, -1, "still running 10 s after SIGTERM with --drain-timeout 1");
-  cr_expect_lt(dt, 2.5, "exit %.2f s after SIGTERM with --drain-timeout 1", dt);
+  int st = srv_wait(&S, 60);
+  cr_expect_neq(st, -1, "still running 60 s after SIGTERM with --drain-timeout 1");
   join_jobs(th, js, N);
-  cr_log_info("--drain-timeout 1: exit %.2f s after SIGTERM, status %d", dt, st);
+  char *log = srv_log(&S);
+  cr_expect(log && strstr(log, "attnd: drain timeout:"), "no drain-timeout line in the log:\n%s",
+            log ? log : "");
+  free(log);
   for (int i = 0; i < N; i++) {
-    cr_log_info("--drain-timeout 1: job %d status %ld (%s) %.2f s after SIGTERM", i,
-                js[i].r.status, js[i].r.error, js[i].t1 - ts);
-    /* Answered (200 or 503), or cut off at exit; never left hanging. */
-    cr_expect_lt(js[i].t1 - ts, 5, "job %d ended %.1f s after SIGTERM", i, js[i].t1 - ts);
+    /* Answered 503 (canceled) or cut off at exit; never a finished job. */
+    cr_expect(js[i].r.status == 503 || js[i].r.status == 0,
+              "job %d: status %ld (%s) past the drain deadline", i, js[i].r.status,
+              js[i].r.error);
     http_res_free(&js[i].r);
   }
   free(js);
@@ -330,7 +325,7 @@ Test(load, clients_gone_mid_job) {
     raw_sends(fds[i], h);
     raw_send(fds[i], body, len);
   }
-  cr_expect(wait_jobs(1, 5), "the jobs never showed in the metrics");
+  cr_expect(wait_jobs(1, 60), "the jobs never showed in the metrics");
   for (int i = 0; i < 3; i++)
     close(fds[i]);
   /* A client that hangs up in the middle of its body. */
@@ -348,17 +343,13 @@ Test(load, clients_gone_mid_job) {
   http_post(&S, "/attention", ST_CT, body, len, &r);
   expect_correct(&r, &c, 4, true, "a job after clients hung up");
   http_res_free(&r);
-  double t0 = now_s();
-  int n = -1;
-  while (now_s() - t0 < 5 && (n = jobs_in_server()) != 0)
-    sleep_s(0.05);
-  cr_expect_eq(n, 0, "queue_depth + inflight stuck at %d after the clients left", n);
-  double ts = now_s();
-  int st = srv_stop(&S, 15);
+  cr_expect(srv_wait_jobs(&S, 0, false, 60),
+            "queue_depth + inflight stuck at %d after the clients left", srv_jobs(&S));
+  int st = srv_stop(&S, 60);
   cr_expect_eq(st, 0,
-               "SIGTERM with no job left: exit status %d after %.1f s (-1: still running, "
-               "killed); clients that hung up mid-job must not hold the drain",
-               st, now_s() - ts);
+               "SIGTERM with no job left: exit status %d (-1: still running, killed); "
+               "clients that hung up mid-job must not hold the drain",
+               st);
   free(body);
   tcase_free(&c);
 }
@@ -441,27 +432,27 @@ Test(load, sixty_four_parallel_clients) {
 
 /* ---- idle and slow connections -------------------------------------------- */
 
+/* --idle-timeout 1: a keep-alive connection serves a second request right
+ * after the first (it is not closed at once), and is closed once idle; so
+ * is one that never sends anything. */
 Test(load, idle_keep_alive_closed) {
   srv_start(&S, "--idle-timeout", "1", NULL);
   int fd = raw_connect(S.port);
   cr_assert(fd >= 0);
-  raw_sends(fd, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
-  http_res r;
-  cr_expect_eq(raw_response(fd, 5000, &r), 200);
-  http_res_free(&r);
-  double t = raw_wait_close(fd, 5000);
-  cr_log_info("idle keep-alive connection closed after %.2f s", t);
-  cr_expect(t >= 0 && t <= 3.0, "the idle keep-alive connection was closed after %.2f s "
-                                "(-1: still open after 5 s), want within 3 s",
-            t);
-  cr_expect(t < 0 || t >= 0.5, "the keep-alive connection was closed at once (%.2f s)", t);
+  for (int i = 0; i < 2; i++) {
+    raw_sends(fd, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    http_res r;
+    cr_expect_eq(raw_response(fd, 30000, &r), 200, "request %d on the keep-alive connection",
+                 i + 1);
+    http_res_free(&r);
+  }
+  cr_expect_geq(raw_wait_close(fd, 60000), 0,
+                "the idle keep-alive connection was still open after 60 s");
   close(fd);
   /* A connection that never sends anything. */
   fd = raw_connect(S.port);
   cr_assert(fd >= 0);
-  t = raw_wait_close(fd, 5000);
-  cr_expect(t >= 0 && t <= 3.0, "a silent connection was closed after %.2f s, want within 3 s",
-            t);
+  cr_expect_geq(raw_wait_close(fd, 60000), 0, "a silent connection was still open after 60 s");
   close(fd);
   expect_healthy(&S, "idle connections");
 }
@@ -514,31 +505,24 @@ Test(load, slow_clients_do_not_starve_others) {
   tcase_init(&c, &p, 9001);
   size_t len;
   char *b = st_body(&c, 4, NULL, &len);
-  double t0 = now_s(), worst = 0;
-  int n = 0;
-  while (now_s() - t0 < 6) {
+  /* Starved requests would never be answered (the test's timeout); served
+   * ones are, however slow the machine. The rounds interleave with the
+   * dribbler's passes. */
+  enum { ROUNDS = 10 };
+  for (int n = 0; n < ROUNDS; n++) {
     http_res r;
-    http_req rq = {.path = "/healthz", .timeout_ms = 10000};
-    double a = now_s();
+    http_req rq = {.path = "/healthz", .timeout_ms = 60000};
     http_do(&S, &rq, &r);
-    double d1 = now_s() - a;
     cr_expect_eq(r.status, 200, "healthz among slow clients: %ld (%s)", r.status, r.error);
     http_res_free(&r);
-    a = now_s();
     http_post(&S, "/attention", ST_CT, b, len, &r);
-    double d2 = now_s() - a;
     expect_correct(&r, &c, 4, true, "attention among slow clients");
     http_res_free(&r);
-    cr_expect_lt(d1, 2.0, "healthz took %.2f s among 200 slow clients", d1);
-    cr_expect_lt(d2, 2.0, "attention took %.2f s among 200 slow clients", d2);
-    worst = d1 > worst ? d1 : worst;
-    worst = d2 > worst ? d2 : worst;
-    n++;
     sleep_s(0.2);
   }
   x.stop = 1;
   pthread_join(th, NULL);
-  cr_log_info("slow clients: %d rounds, worst %.3f s, %d slow bytes sent", n, worst, x.sent_ok);
+  cr_log_info("slow clients: %d rounds, %d slow bytes sent", ROUNDS, x.sent_ok);
   for (int i = 0; i < N; i++)
     close(fds[i]);
   expect_healthy(&S, "slow clients");
@@ -546,27 +530,44 @@ Test(load, slow_clients_do_not_starve_others) {
   tcase_free(&c);
 }
 
-Test(load, more_connections_than_max) {
-  srv_start(&S, "--max-connections", "8", NULL);
-  enum { N = 20 };
-  int fds[N];
-  for (int i = 0; i < N; i++)
-    fds[i] = raw_connect(S.port);
-  sleep_s(0.3);
-  cr_expect(srv_running(&S), "the server died with %d connections open", N);
-  for (int i = 0; i < N; i++)
-    if (fds[i] >= 0)
-      close(fds[i]);
-  sleep_s(0.3);
-  double t0 = now_s();
-  bool ok = false;
-  while (!ok && now_s() - t0 < 3) {
-    http_res r;
-    http_req rq = {.path = "/healthz", .timeout_ms = 2000};
-    ok = http_do(&S, &rq, &r) == 0 && r.status == 200;
-    http_res_free(&r);
-    if (!ok)
-      sleep_s(0.1);
+/* How many of fds the server has not closed (recv(MSG_DONTWAIT) == 0 or
+ * a reset means closed; EAGAIN means open). */
+static int open_count(const int *fds, int n) {
+  int open = 0;
+  for (int i = 0; i < n; i++) {
+    if (fds[i] < 0)
+      continue;
+    char ch;
+    ssize_t r = recv(fds[i], &ch, 1, MSG_DONTWAIT);
+    open += r > 0 || (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
   }
-  cr_expect(ok, "/healthz does not answer after the extra connections closed");
+  return open;
+}
+
+/* --max-connections 8 and 20 silent connections: the server closes the
+ * oldest idle ones to make room, so at most 8 stay open, and it still serves
+ * /healthz (whose own connection evicts one more). */
+Test(load, more_connections_than_max) {
+  srv_start(&S, "--max-connections", "8", "--max-connections-per-client", "0", NULL);
+  enum { N = 20, MAX = 8 };
+  int fds[N];
+  for (int i = 0; i < N; i++) {
+    fds[i] = raw_connect(S.port);
+    cr_assert(fds[i] >= 0, "connect %d: %s", i, strerror(errno));
+  }
+  double deadline = now_s() + 60;
+  int open = open_count(fds, N);
+  while (open > MAX && now_s() < deadline) {
+    sleep_s(0.02);
+    open = open_count(fds, N);
+  }
+  cr_expect_leq(open, MAX, "%d of %d connections still open with --max-connections %d", open,
+                N, MAX);
+  cr_expect(srv_running(&S), "the server died with %d connections open", N);
+  expect_healthy(&S, "more connections than --max-connections");
+  const char *ev[] = {"reason=evicted", NULL};
+  cr_expect_geq(srv_metric(&S, "attnd_connections_closed_total", ev), N - MAX,
+                "evictions counted");
+  for (int i = 0; i < N; i++)
+    close(fds[i]);
 }

@@ -1,15 +1,16 @@
 /*
  * test_load_client.c — `attn load` (clients/load_cmd.c) against a real attnd:
- * the closed loop's counts, the open loop's schedule, HTTP errors counted by
- * status (503 from a full queue), exit 1 when nothing listens, and request
- * rates that agree with wrk's on the same closed-loop load.
+ * the closed loop's counts, the open loop's bookkeeping, HTTP errors counted
+ * by status (503 from a queue of 0), exit 1 when nothing listens.
+ *
+ * No rates or durations are asserted (make test must pass on a loaded
+ * machine); how attn load's request rate compares with wrk's is printed by
+ * make bench-server (tests/bench/server_bench.c).
  *
  * The CLI is $ATTN_BIN (default build/attn), run as `$ATTN_BIN load ...
  * --json`; its one JSON object is parsed with cJSON.
  */
 #include "harness.h"
-
-#include "benchlib.h"
 
 #include <criterion/criterion.h>
 #include <cjson/cJSON.h>
@@ -20,13 +21,7 @@
 #include <unistd.h>
 
 static srv S;
-static char body_path[64];
-static void teardown(void) {
-  srv_cleanup(&S);
-  if (body_path[0])
-    unlink(body_path);
-  body_path[0] = 0;
-}
+static void teardown(void) { srv_cleanup(&S); }
 TestSuite(load_client, .fini = teardown, .timeout = 60);
 
 static const char *attn_bin(void) {
@@ -58,7 +53,7 @@ static int run_load(const char *url, const char *args, cJSON **pj) {
   snprintf(cmd, sizeof cmd, "%s load %s %s --json", attn_bin(), url, args);
   int rc = run_cmd(cmd, &out);
   *pj = cJSON_Parse(out);
-  if (pj && !*pj)
+  if (!*pj)
     cr_log_error("%s: not JSON: %s", cmd, out);
   free(out);
   return rc;
@@ -121,16 +116,19 @@ Test(load_client, closed_loop_requests) {
   cJSON_Delete(j);
 }
 
-Test(load_client, open_loop_rate) {
+/* An open loop for a duration: how many it sends depends on the machine,
+ * so only the bookkeeping is checked (every answer a success, counts adding
+ * up, the rate asked for echoed). */
+Test(load_client, open_loop_duration) {
   srv_start(&S, NULL);
   cJSON *j;
   int rc = run_load(S.url, "--rate 100 --duration 2 --shape 1,1,16,64", &j);
   cr_assert_eq(rc, 0);
   cr_assert(j);
   double sent = num(j, "sent");
-  cr_expect(sent >= 170 && sent <= 230, "sent %g, about 200 expected", sent);
-  cr_expect_geq(num(j, "answered"), sent - 2);
+  cr_expect_geq(sent, 1, "nothing sent in 2 s at 100 requests/s");
   cr_expect_eq(num(j, "successful"), num(j, "answered"));
+  cr_expect_eq(num(j, "status.200"), num(j, "answered"));
   cr_expect_eq(num(j, "transport_errors"), 0);
   double r = num(j, "rate");
   cr_expect_eq(r, 100);
@@ -155,13 +153,12 @@ Test(load_client, open_loop_requests_and_json_body) {
   cJSON_Delete(j);
 }
 
+/* --max-queue 0 refuses every job: all 40 are answered 503, counted by
+ * status and not as successes. */
 Test(load_client, errors_by_status) {
-  srv_start(&S, "--max-queue", "1", NULL);
+  srv_start(&S, "--max-queue", "0", NULL);
   cJSON *j;
-  int rc = run_load(S.url,
-                    "--concurrency 8 --requests 40 --shape 1,4,512,64 "
-                    "--query backend=reference",
-                    &j);
+  int rc = run_load(S.url, "--concurrency 8 --requests 40 --shape 1,4,64,64", &j);
   cr_assert_eq(rc, 0);
   cr_assert(j);
   double sent = num(j, "sent"), ans = num(j, "answered"), ok = num(j, "successful"),
@@ -169,7 +166,7 @@ Test(load_client, errors_by_status) {
   const cJSON *st = cJSON_GetObjectItemCaseSensitive(
       cJSON_GetObjectItemCaseSensitive(j, "errors"), "status");
   const cJSON *e503 = cJSON_GetObjectItemCaseSensitive(st, "503");
-  cr_expect(cJSON_IsNumber(e503) && e503->valuedouble > 0, "some 503s");
+  cr_expect(cJSON_IsNumber(e503) && e503->valuedouble == 40, "40 x 503");
   double http_err = 0;
   const cJSON *e;
   cJSON_ArrayForEach(e, st) http_err += e->valuedouble;
@@ -177,7 +174,8 @@ Test(load_client, errors_by_status) {
   cr_expect_eq(num(j, "in_flight"), 0);
   cr_expect_eq(sent, ans + te, "sent = answered + transport errors");
   cr_expect_eq(ans, ok + http_err, "answered = successful + HTTP errors");
-  cr_expect_geq(ok, 1, "the admitted ones succeed");
+  cr_expect_eq(ok, 0, "nothing was admitted, yet %g successes", ok);
+  cr_expect_eq(te, 0, "transport errors");
   expect_invariant(j);
   cJSON_Delete(j);
 }
@@ -185,20 +183,19 @@ Test(load_client, errors_by_status) {
 Test(load_client, server_down) {
   char url[64], cmd[256], *out;
   snprintf(url, sizeof url, "http://127.0.0.1:%d", free_port());
-  snprintf(cmd, sizeof cmd, "%s load %s --duration 2 --shape 1,1,16,64 --json 2>/dev/null",
+  /* An hour's run: only giving up at once ends it within the test's
+   * timeout. */
+  snprintf(cmd, sizeof cmd, "%s load %s --duration 3600 --shape 1,1,16,64 --json 2>/dev/null",
            attn_bin(), url);
-  double t0 = now_s();
   int rc = run_cmd(cmd, &out);
   cr_expect_eq(rc, 1, "exit status %d", rc);
-  cr_expect_lt(now_s() - t0, 1.5, "gives up at once");
   cJSON *j = cJSON_Parse(out);
-  if (j) {
-    cr_expect_eq(num(j, "answered"), 0);
-    cr_expect_gt(num(j, "errors.transport.connect"), 0);
-    expect_invariant(j);
-    cJSON_Delete(j);
-  }
+  cr_assert(j, "server down: the output is not JSON: %s", out);
   free(out);
+  cr_expect_eq(num(j, "answered"), 0);
+  cr_expect_gt(num(j, "errors.transport.connect"), 0);
+  expect_invariant(j);
+  cJSON_Delete(j);
 }
 
 Test(load_client, bad_usage) {
@@ -219,65 +216,4 @@ Test(load_client, bad_usage) {
     cr_expect_eq(rc, 2, "\"%s\": exit %d", bad[i], rc);
     free(out);
   }
-}
-
-/* wrk's request rate from its RESULT line (clients/wrk/post.lua) or its
- * "Requests/sec:" line; -1 when neither is there. */
-static double wrk_rate(const char *out) {
-  long req, dur;
-  const char *r = strstr(out, "RESULT ");
-  if (r && sscanf(r, "RESULT requests=%ld duration_us=%ld", &req, &dur) == 2 && dur > 0)
-    return (double)req / ((double)dur * 1e-6);
-  const char *q = strstr(out, "Requests/sec:");
-  double v;
-  if (q && sscanf(q, "Requests/sec: %lf", &v) == 1)
-    return v;
-  return -1;
-}
-
-Test(load_client, agrees_with_wrk, .timeout = 60) {
-  if (system("command -v wrk >/dev/null 2>&1") != 0)
-    cr_skip_test("wrk is not installed");
-  if (access("clients/wrk/post.lua", R_OK) != 0)
-    cr_skip_test("clients/wrk/post.lua not found (run from the repository root)");
-  attn_bench_case bc;
-  cr_assert_eq(attn_bench_case_init(&bc, 1, 2, 2, 64, 64, 64, ATTN_F32, false, 7), 0);
-  size_t len;
-  char *body = attn_bench_safetensors(&bc.req, NULL, &len);
-  attn_bench_case_free(&bc);
-  cr_assert(body);
-  snprintf(body_path, sizeof body_path, "/tmp/attn-load-test-%d.safetensors", (int)getpid());
-  FILE *f = fopen(body_path, "wb");
-  cr_assert(f && fwrite(body, 1, len, f) == len);
-  fclose(f);
-  free(body);
-
-  srv_start(&S, NULL);
-  char cmd[1024], *out;
-  snprintf(cmd, sizeof cmd,
-           "ATTND_BODY=%s wrk -t1 -c4 -d3s -s clients/wrk/post.lua %s/attention 2>&1", body_path,
-           S.url);
-  int rc = run_cmd(cmd, &out);
-  double wrk = wrk_rate(out);
-  cr_assert(rc == 0 && wrk > 0, "wrk: exit %d, output %s", rc, out);
-  free(out);
-
-  cJSON *j;
-  char args[256];
-  snprintf(args, sizeof args, "--concurrency 4 --duration 3 --body %s", body_path);
-  rc = run_load(S.url, args, &j);
-  cr_assert_eq(rc, 0);
-  cr_assert(j);
-  double ours = num(j, "requests_per_s");
-  cr_expect_eq(num(j, "successful"), num(j, "answered"));
-  cr_expect_eq(num(j, "transport_errors"), 0);
-  cr_expect_gt(num(j, "gflops"), 0, "the shape was read from the safetensors file");
-  expect_invariant(j);
-  cJSON_Delete(j);
-  cr_log_info("closed loop, 4 connections, 3 s: wrk %.1f requests/s, attn load %.1f", wrk,
-              ours);
-  fprintf(stderr, "wrk %.1f requests/s, attn load %.1f requests/s (ratio %.3f)\n", wrk, ours,
-          ours / wrk);
-  cr_expect(ours >= 0.8 * wrk && ours <= 1.2 * wrk,
-            "attn load %.1f requests/s vs wrk %.1f: more than 20%% apart", ours, wrk);
 }

@@ -109,9 +109,6 @@ static size_t on_header(char *data, size_t size, size_t nmemb, void *arg) {
   return size * nmemb;
 }
 
-/* The four tensors a reply may hold; stats only when the options ask. */
-static const char *const tensor_names[4] = {"o", "m", "l", "lse"};
-
 static int fail(char *err, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int fail(char *err, size_t cap, const char *fmt, ...) {
   va_list ap;
@@ -121,174 +118,11 @@ static int fail(char *err, size_t cap, const char *fmt, ...) {
   return -1;
 }
 
-/* Expected shape of reply tensor i (o: q's shape; the statistics drop D). */
-static int want_shape(const attn_proto_req *pr, int i, int64_t shape[4]) {
-  int rank = i == 0 ? pr->rank : pr->rank - 1;
-  memcpy(shape, pr->shape_q, sizeof pr->shape_q);
-  return rank;
-}
-
-static int check_shape(const cJSON *sh, const int64_t *want, int rank, const char *name,
-                       char *err, size_t cap) {
-  bool ok = cJSON_IsArray(sh) && cJSON_GetArraySize(sh) == rank;
-  for (int d = 0; ok && d < rank; d++) {
-    const cJSON *x = cJSON_GetArrayItem(sh, d);
-    ok = cJSON_IsNumber(x) && x->valuedouble == (double)want[d];
-  }
-  if (ok)
-    return 0;
-  char w[96];
-  size_t o = (size_t)snprintf(w, sizeof w, "[");
-  for (int d = 0; d < rank && o < sizeof w; d++)
-    o += (size_t)snprintf(w + o, sizeof w - o, d ? ", %lld" : "%lld", (long long)want[d]);
-  if (o < sizeof w)
-    snprintf(w + o, sizeof w - o, "]");
-  char *got = sh ? cJSON_PrintUnformatted(sh) : NULL;
-  fail(err, cap, "tensor \"%s\" has shape %s, expected %s", name, got ? got : "(none)", w);
-  cJSON_free(got);
-  return -1;
-}
-
 /* Element count of reply tensor i. */
 static size_t tensor_count(const attn_proto_req *pr, int i) {
   const attn_request *r = &pr->req;
   size_t rows = (size_t)(r->batch * r->heads_q * r->seq_q);
   return i == 0 ? rows * (size_t)r->head_dim : rows;
-}
-
-static void *tensor_dst(const attn_proto_req *pr, int i) {
-  const attn_request *r = &pr->req;
-  return i == 0 ? r->o : i == 1 ? (void *)r->m : i == 2 ? (void *)r->l : (void *)r->lse;
-}
-
-/*
- * A safetensors reply into pr's output buffers (o in the request's dtype,
- * m, l, lse F32), checking names, dtypes, shapes and offsets: exactly the
- * tensors the request asked for, nothing else.
- */
-static int parse_st_reply(const char *body, size_t len, attn_proto_req *pr, char *err,
-                          size_t cap) {
-  if (len < 8)
-    return fail(err, cap, "%zu bytes: shorter than a safetensors header length", len);
-  uint64_t n = 0;
-  for (int i = 0; i < 8; i++)
-    n |= (uint64_t)(unsigned char)body[i] << (8 * i);
-  if (n > len - 8)
-    return fail(err, cap, "header length %llu runs past the %zu-byte reply",
-                (unsigned long long)n, len);
-  cJSON *h = cJSON_ParseWithLength(body + 8, (size_t)n);
-  if (!cJSON_IsObject(h)) {
-    cJSON_Delete(h);
-    return fail(err, cap, "the safetensors header is not a JSON object");
-  }
-  const char *data = body + 8 + n;
-  size_t dlen = len - 8 - (size_t)n;
-  int want = pr->opts.stats ? 4 : 1, found = 0, rc = 0;
-  for (const cJSON *e = h->child; e && rc == 0; e = e->next) {
-    if (!strcmp(e->string, "__metadata__"))
-      continue;
-    int i = 0;
-    while (i < want && strcmp(e->string, tensor_names[i]))
-      i++;
-    if (i == want) {
-      rc = fail(err, cap, "unexpected tensor \"%s\"", e->string);
-      break;
-    }
-    found++;
-    attn_dtype wdt = i == 0 ? pr->req.dtype : ATTN_F32, dt;
-    const cJSON *jd = cJSON_GetObjectItemCaseSensitive(e, "dtype");
-    const cJSON *off = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
-    int64_t shape[4];
-    int rank = want_shape(pr, i, shape);
-    if (!cJSON_IsString(jd) || attn_dtype_parse(jd->valuestring, &dt) < 0 || dt != wdt) {
-      rc = fail(err, cap, "tensor \"%s\" is not %s", e->string, attn_dtype_name(wdt));
-      break;
-    }
-    if ((rc = check_shape(cJSON_GetObjectItemCaseSensitive(e, "shape"), shape, rank,
-                          e->string, err, cap)) < 0)
-      break;
-    size_t count = tensor_count(pr, i), es = attn_dtype_size(dt);
-    const cJSON *b0 = cJSON_GetArrayItem(off, 0), *b1 = cJSON_GetArrayItem(off, 1);
-    if (!cJSON_IsArray(off) || cJSON_GetArraySize(off) != 2 || !cJSON_IsNumber(b0) ||
-        !cJSON_IsNumber(b1) || b0->valuedouble < 0 || b1->valuedouble > (double)dlen ||
-        b1->valuedouble - b0->valuedouble != (double)(count * es)) {
-      rc = fail(err, cap, "tensor \"%s\": data_offsets do not hold its %zu bytes within the "
-                "%zu bytes of data", e->string, count * es, dlen);
-      break;
-    }
-    /* memcpy: the reply buffer's alignment is the server's business */
-    memcpy(tensor_dst(pr, i), data + (size_t)b0->valuedouble, count * es);
-  }
-  if (rc == 0 && found != want)
-    rc = fail(err, cap, "the reply holds %d of the %d tensors %s", found, want,
-              want == 4 ? "o, m, l, lse" : "o");
-  cJSON_Delete(h);
-  return rc;
-}
-
-/* A JSON reply {"o": {shape, dtype, data}, "m", "l", "lse", "backend"} into
- * pr's output buffers; null (JSON has no infinity) is -inf. */
-static int parse_json_reply(const char *body, size_t len, attn_proto_req *pr, char *backend,
-                            size_t bcap, char *err, size_t cap) {
-  cJSON *j = cJSON_ParseWithLength(body, len);
-  if (!cJSON_IsObject(j)) {
-    cJSON_Delete(j);
-    return fail(err, cap, "the reply is not a JSON object");
-  }
-  int want = pr->opts.stats ? 4 : 1, rc = 0;
-  const cJSON *be = cJSON_GetObjectItemCaseSensitive(j, "backend");
-  if (cJSON_IsString(be))
-    snprintf(backend, bcap, "%s", be->valuestring);
-  for (int i = 0; i < 4 && rc == 0; i++) {
-    const char *name = tensor_names[i];
-    const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, name);
-    if (i >= want) {
-      if (t)
-        rc = fail(err, cap, "unexpected tensor \"%s\" (stats were not asked for)", name);
-      break;
-    }
-    if (!cJSON_IsObject(t)) {
-      rc = fail(err, cap, "tensor \"%s\" is missing", name);
-      break;
-    }
-    attn_dtype wdt = i == 0 ? pr->req.dtype : ATTN_F32, dt;
-    const cJSON *jd = cJSON_GetObjectItemCaseSensitive(t, "dtype");
-    if (!cJSON_IsString(jd) || attn_dtype_parse(jd->valuestring, &dt) < 0 || dt != wdt) {
-      rc = fail(err, cap, "tensor \"%s\" is not %s", name, attn_dtype_name(wdt));
-      break;
-    }
-    int64_t shape[4];
-    int rank = want_shape(pr, i, shape);
-    if ((rc = check_shape(cJSON_GetObjectItemCaseSensitive(t, "shape"), shape, rank, name,
-                          err, cap)) < 0)
-      break;
-    const cJSON *data = cJSON_GetObjectItemCaseSensitive(t, "data");
-    size_t count = tensor_count(pr, i), k = 0;
-    if (!cJSON_IsArray(data)) {
-      rc = fail(err, cap, "tensor \"%s\" has no data array", name);
-      break;
-    }
-    void *dst = tensor_dst(pr, i);
-    for (const cJSON *x = data->child; x; x = x->next, k++) {
-      double v = cJSON_IsNull(x) ? -INFINITY : x->valuedouble;
-      if (k >= count || !(cJSON_IsNumber(x) || cJSON_IsNull(x))) {
-        rc = fail(err, cap, "tensor \"%s\": element %zu is not a number or is one too many",
-                  name, k);
-        break;
-      }
-      /* the text reads back to the dtype's value when rounded once */
-      if (dt == ATTN_F32) {
-        ((float *)dst)[k] = (float)v;
-      } else {
-        uint16_t u = dt == ATTN_F16 ? attn_f64_to_f16(v) : attn_f64_to_bf16(v);
-        memcpy((char *)dst + 2 * k, &u, 2);
-      }
-    }
-    if (rc == 0 && k != count)
-      rc = fail(err, cap, "tensor \"%s\" has %zu numbers, expected %zu", name, k, count);
-  }
-  cJSON_Delete(j);
-  return rc;
 }
 
 /* ---- --check ------------------------------------------------------------ */
@@ -544,11 +378,14 @@ static int make_random(infer_args *a, attn_bench_case *bc, char **pbody, size_t 
   *local_ok = attn_proto_build(pr, t, &a->opts, &st) == 0;
   if (!*local_ok)
     snprintf(local_err, cap, "%s", st.message);
-  *pbody = a->json ? attn_bench_json(r, NULL, plen) : attn_bench_safetensors(r, NULL, plen);
-  if (!*pbody) {
-    fprintf(stderr, ME ": out of memory for the request body\n");
+  void *b;
+  if ((a->json ? attn_proto_encode_request_json(r, NULL, pbody, plen, &st)
+               : attn_proto_encode_request_safetensors(r, NULL, &b, plen, &st)) < 0) {
+    fprintf(stderr, ME ": %s\n", st.message);
     return 1;
   }
+  if (!a->json)
+    *pbody = b;
   return 0;
 }
 
@@ -726,11 +563,12 @@ int attn_cmd_infer(int argc, char **argv) {
     status = 1;
     goto out;
   }
-  if ((st_reply ? parse_st_reply(reply.p, reply.len, &pr, err, sizeof err)
-                : parse_json_reply(reply.p, reply.len, &pr, backend, sizeof backend, err,
-                                   sizeof err)) < 0) {
+  attn_status rst;
+  if ((st_reply ? attn_proto_decode_reply_safetensors(reply.p, reply.len, &pr, &rst)
+                : attn_proto_decode_reply_json(reply.p, reply.len, &pr, backend, sizeof backend,
+                                               &rst)) < 0) {
     fprintf(stderr, ME ": HTTP %ld with a malformed %s reply: %s\n", http,
-            st_reply ? "safetensors" : "JSON", err);
+            st_reply ? "safetensors" : "JSON", rst.message);
     status = 1;
     goto out;
   }

@@ -1140,13 +1140,18 @@ int attn_cmd_load(int argc, char **argv) {
       fprintf(stderr, "attn load: out of memory for the inputs\n");
       return 1;
     }
-    body = json_body ? attn_bench_json(&bc.req, NULL, &body_len)
-                     : attn_bench_safetensors(&bc.req, NULL, &body_len);
+    attn_status st;
+    void *sb = NULL;
+    int erc = json_body ? attn_proto_encode_request_json(&bc.req, NULL, &body, &body_len, &st)
+                        : attn_proto_encode_request_safetensors(&bc.req, NULL, &sb, &body_len,
+                                                                &st);
     attn_bench_case_free(&bc);
-    if (!body) {
-      fprintf(stderr, "attn load: out of memory for the body\n");
+    if (erc < 0) {
+      fprintf(stderr, "attn load: %s\n", st.message);
       return 1;
     }
+    if (!json_body)
+      body = sb;
   }
   if (body_len > UINT32_MAX) {
     fprintf(stderr, "attn load: the body is larger than 4 GiB\n");

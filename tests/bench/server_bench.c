@@ -11,6 +11,7 @@
  * engine-only time. Last, /healthz requests/s on 32 connections.
  */
 #include "benchlib.h"
+#include "proto.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -121,7 +122,9 @@ int main(int argc, char **argv) {
                              sizes[i].seq, sizes[i].dim, sizes[i].dt, false, 5) < 0)
       return 1;
     size_t len;
-    char *body = attn_bench_safetensors(&c.req, NULL, &len);
+    void *body = NULL;
+    attn_status st;
+    attn_proto_encode_request_safetensors(&c.req, NULL, &body, &len, &st);
     char path[256];
     snprintf(path, sizeof path, "%s/%s.safetensors", dir, sizes[i].name);
     FILE *f = fopen(path, "wb");

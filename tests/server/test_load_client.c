@@ -10,6 +10,7 @@
 #include "harness.h"
 
 #include "benchlib.h"
+#include "proto.h"
 
 #include <criterion/criterion.h>
 #include <cjson/cJSON.h>
@@ -243,9 +244,10 @@ Test(load_client, agrees_with_wrk, .timeout = 60) {
   attn_bench_case bc;
   cr_assert_eq(attn_bench_case_init(&bc, 1, 2, 2, 64, 64, 64, ATTN_F32, false, 7), 0);
   size_t len;
-  char *body = attn_bench_safetensors(&bc.req, NULL, &len);
+  void *body;
+  attn_status st;
+  cr_assert_eq(attn_proto_encode_request_safetensors(&bc.req, NULL, &body, &len, &st), 0);
   attn_bench_case_free(&bc);
-  cr_assert(body);
   snprintf(body_path, sizeof body_path, "/tmp/attn-load-test-%d.safetensors", (int)getpid());
   FILE *f = fopen(body_path, "wb");
   cr_assert(f && fwrite(body, 1, len, f) == len);

@@ -71,10 +71,11 @@ static int check_shape(const cJSON *t, const attn_proto_req *pr, int i, attn_sta
     snprintf(w + o, sizeof w - o, "]");
   char *got = sh ? cJSON_PrintUnformatted(sh) : NULL;
   char q[96];
-  attn_status_set(st, ATTN_PROTO_ESHAPE, "tensor \"%s\" has shape %s, expected %s",
-                  reply_names[i], got ? attn_quote(q, sizeof q, got, strlen(got)) : "(none)", w);
+  int rc = attn_status_set(st, ATTN_PROTO_ESHAPE, "tensor \"%s\" has shape %s, expected %s",
+                           reply_names[i], got ? attn_quote(q, sizeof q, got, strlen(got)) : "(none)",
+                           w);
   cJSON_free(got);
-  return st->code;
+  return rc;
 }
 
 /* ---- safetensors ---------------------------------------------------------- */
@@ -92,8 +93,9 @@ static int st_entry(const cJSON *e, const char *data, size_t dlen, attn_proto_re
                            attn_quote(q, sizeof q, e->string, strlen(e->string)));
   }
   (*found)++;
-  if (check_dtype(e, pr, i, st) < 0 || check_shape(e, pr, i, st) < 0)
-    return st->code;
+  int rc;
+  if ((rc = check_dtype(e, pr, i, st)) < 0 || (rc = check_shape(e, pr, i, st)) < 0)
+    return rc;
   size_t bytes = tensor_count(pr, i) * attn_dtype_size(want_dtype(pr, i));
   const cJSON *off = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
   const cJSON *b0 = cJSON_GetArrayItem(off, 0), *b1 = cJSON_GetArrayItem(off, 1);
@@ -178,8 +180,9 @@ static int json_tensor(const cJSON *j, attn_proto_req *pr, int i, attn_status *s
              : 0;
   if (!cJSON_IsObject(t))
     return attn_status_set(st, ATTN_PROTO_EMISSING, "tensor \"%s\" is missing", name);
-  if (check_dtype(t, pr, i, st) < 0 || check_shape(t, pr, i, st) < 0)
-    return st->code;
+  int rc;
+  if ((rc = check_dtype(t, pr, i, st)) < 0 || (rc = check_shape(t, pr, i, st)) < 0)
+    return rc;
   return json_data(t, pr, i, st);
 }
 

@@ -101,8 +101,9 @@ int attn_proto_encode_request_safetensors(const attn_request *r, const attn_opti
   *plen = 0;
   int64_t sq[4], skv[4];
   size_t b[2];
-  if (shapes(r, sq, skv, b, st) < 0)
-    return st->code;
+  int rc = shapes(r, sq, skv, b, st);
+  if (rc < 0)
+    return rc;
   char h[1024];
   size_t n = (size_t)snprintf(h, sizeof h, "{");
   if (opts && opts->set)
@@ -125,8 +126,9 @@ int attn_proto_encode_request_json(const attn_request *r, const attn_options *op
   *plen = 0;
   int64_t sq[4], skv[4];
   size_t b[2];
-  if (shapes(r, sq, skv, b, st) < 0)
-    return st->code;
+  int rc = shapes(r, sq, skv, b, st);
+  if (rc < 0)
+    return rc;
   attn_sbuf s = {0};
   /* Most numbers take 8 to 14 bytes; start near the final size. */
   attn_sbuf_reserve(&s, (b[0] + 2 * b[1]) / attn_dtype_size(r->dtype) * 12 + 256);

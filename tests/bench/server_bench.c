@@ -123,8 +123,8 @@ int main(int argc, char **argv) {
       return 1;
     size_t len;
     void *body = NULL;
-    attn_status st;
-    attn_proto_encode_request_safetensors(&c.req, NULL, &body, &len, &st);
+    attn_status est;
+    attn_proto_encode_request_safetensors(&c.req, NULL, &body, &len, &est);
     char path[256];
     snprintf(path, sizeof path, "%s/%s.safetensors", dir, sizes[i].name);
     FILE *f = fopen(path, "wb");

@@ -109,7 +109,8 @@ LIB = $(BUILD)/libattn.a
 # ---- programs ---------------------------------------------------------------
 ATTN_SRC = clients/attn.c clients/plan_cmd.c clients/bench_cmd.c clients/compute_cmd.c \
            clients/infer_cmd.c clients/load_cmd.c clients/hist.c clients/benchlib.c \
-           clients/args.c clients/files.c
+           clients/args.c clients/files.c clients/http_reply.c clients/load_report.c \
+           clients/infer_send.c clients/infer_report.c clients/infer_check.c
 ATTN_OBJ = $(ATTN_SRC:%.c=$(BUILD)/obj/%.o)
 
 TEST_SRC = $(wildcard tests/unit/*.c)
@@ -149,6 +150,8 @@ FUZZ_CC      ?= clang
 FUZZ_FLAGS    = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
                 -Iengine -Iproto
 FUZZ_LIB_SRC  = engine/dtype.c engine/request.c $(PROTO_SRC)
+# Client modules a target needs besides the library (FUZZ_SRC_<name>).
+FUZZ_SRC_http_reply = clients/http_reply.c
 
 # ---- the server ---------------------------------------------------------------
 SERVER_SRC = server/main.c server/config.c server/http.c server/loop.c server/deadline.c \
@@ -229,7 +232,7 @@ $(BUILD)/obj/tests/unit/%.o: CPPFLAGS += -Iclients
 
 TEST_SERVER_OBJ = $(patsubst %,$(BUILD)/obj/server/%.o,metrics conns loop deadline request errors)
 $(TEST_BIN): $(TEST_OBJ) $(TEST_SERVER_OBJ) \
-            $(BUILD)/obj/clients/benchlib.o \
+            $(BUILD)/obj/clients/benchlib.o $(BUILD)/obj/clients/http_reply.o \
             $(BUILD)/obj/clients/hist.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ -lcriterion -luv $(LDLIBS_ALL)
@@ -242,9 +245,12 @@ $(BUILD)/obj/tests/bench/cpu_vs_blas.o: tests/bench/cpu_vs_blas.c $(BUILD)/.flag
 $(BUILD)/bench-cpu: $(BENCH_OBJ) $(LIB)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ -lopenblas -lmvec $(LDLIBS_ALL)
 
-$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_SRC) $(wildcard proto/*.h engine/*.h) tests/unit/strict_json.h
+# (second expansion: the rule's prerequisites name FUZZ_SRC_<name> by its stem)
+.SECONDEXPANSION:
+$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_SRC) $(wildcard proto/*.h engine/*.h tests/fuzz/*.h) \
+                      tests/unit/strict_json.h $$(FUZZ_SRC_$$*) $(wildcard clients/*.h)
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_FLAGS) -o $@ $< $(FUZZ_LIB_SRC) -lcjson -lm -pthread
+	$(FUZZ_CC) $(FUZZ_FLAGS) -Iclients -o $@ $< $(FUZZ_LIB_SRC) $(FUZZ_SRC_$*) -lcjson -lm -pthread
 
 # Each target runs FUZZ_SECONDS from its seed corpus (tests/fuzz/NAME/);
 # new inputs it finds go to build/fuzz/corpus-NAME, crashes to build/fuzz/.

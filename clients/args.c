@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 int attn_arg_i64(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out) {
   char *end;
@@ -70,4 +71,23 @@ int attn_arg_dims(const char *flag, const char *s, int64_t out[4]) {
     p = end + 1;
   }
   return 0;
+}
+
+int attn_arg_api_option(int c, const char *arg, const char *me, attn_options *o,
+                        const char **name, const char **value) {
+  /* The option names as the query string spells them. */
+  static const char *const names[128] = {['c'] = "causal",      ['s'] = "scale",
+                                         ['L'] = "window_left", ['R'] = "window_right",
+                                         ['S'] = "stats",       ['B'] = "backend"};
+  if (c < 0 || c >= 128 || !names[c])
+    return 0;
+  const char *v = c == 'c' || c == 'S' ? "true" : arg ? arg : "";
+  attn_status st;
+  if (attn_options_set(o, names[c], strlen(names[c]), v, strlen(v), "flags", &st) < 0) {
+    fprintf(stderr, "%s: %s\n", me, st.message);
+    return -1;
+  }
+  *name = names[c];
+  *value = v;
+  return 1;
 }

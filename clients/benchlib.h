@@ -1,6 +1,7 @@
 /*
  * benchlib.h — what `attn bench` and the OpenBLAS comparison share: random
- * inputs for a shape, and timing of engine runs.
+ * inputs for a shape, and timing of engine runs. (Request bodies of these
+ * inputs come from proto's request encoders, attn_proto_encode_request_*.)
  */
 #ifndef ATTN_BENCHLIB_H
 #define ATTN_BENCHLIB_H
@@ -22,16 +23,6 @@ void attn_bench_case_free(attn_bench_case *c);
 /* An engine with `threads` workers (0: cores) and CPU kernel isa (NULL:
  * best), or NULL with st filled. */
 attn_engine *attn_bench_open(int threads, const char *isa, attn_status *st);
-
-/* r's q, k, v (contiguous [B, H, N, D], r's dtype) as a safetensors request
- * body with an optional __metadata__ object text; malloc'd, NULL when out of
- * memory. */
-char *attn_bench_safetensors(const attn_request *r, const char *metadata, size_t *plen);
-
-/* The same as a JSON request body {"q": {"shape", "dtype", "data"}, ...}
- * followed by `extra` (more top-level fields, e.g. "\"causal\": true", or
- * NULL); numbers are the shortest text that reads back. malloc'd. */
-char *attn_bench_json(const attn_request *r, const char *extra, size_t *plen);
 
 /* Monotonic seconds. */
 double attn_bench_now(void);

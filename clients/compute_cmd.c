@@ -29,47 +29,87 @@ static const char usage[] =
     "(and m, l, lse with --stats) to OUT. Flags are options as in the HTTP query\n"
     "string; IN's __metadata__, when it sets the same option, wins (as over HTTP).\n";
 
-int attn_cmd_compute(int argc, char **argv) {
-  static const struct option opts[] = {
-      {"causal", no_argument, 0, 'c'},       {"scale", required_argument, 0, 's'},
-      {"window-left", required_argument, 0, 'L'}, {"window-right", required_argument, 0, 'R'},
-      {"stats", no_argument, 0, 'S'},        {"threads", required_argument, 0, 'T'},
-      {"backend", required_argument, 0, 'B'}, {"help", no_argument, 0, 'x'},
-      {0, 0, 0, 0}};
-  attn_options flags;
-  attn_options_init(&flags);
+/* Encodes pr's result, writes it to OUT and says so; the exit status. */
+static int write_reply(const attn_proto_req *pr, const attn_result *res, const char *in,
+                       const char *out) {
+  void *obuf;
+  size_t olen;
   attn_status st;
-  int threads = 0, c, rc = 0;
+  if (attn_proto_encode_safetensors(pr, &obuf, &olen, &st) < 0) {
+    fprintf(stderr, "attn compute: %s\n", st.message);
+    return 1;
+  }
+  int status = 0;
+  if (attn_write_file(out, obuf, olen) < 0) {
+    fprintf(stderr, "attn compute: cannot write %s: %s\n", out, strerror(errno));
+    status = 1;
+  } else {
+    const attn_request *r = &pr->req;
+    printf("%s: B=%lld Hq=%lld Hkv=%lld Nq=%lld Nkv=%lld D=%lld %s on %s: %.3f ms, "
+           "%.1f GFLOP/s -> %s (%zu bytes)\n",
+           in, (long long)r->batch, (long long)r->heads_q, (long long)r->heads_kv,
+           (long long)r->seq_q, (long long)r->seq_kv, (long long)r->head_dim,
+           attn_dtype_name(r->dtype), res->backend, res->engine_seconds * 1e3,
+           res->engine_seconds > 0 ? res->flops / res->engine_seconds * 1e-9 : 0.0, out, olen);
+  }
+  free(obuf);
+  return status;
+}
+
+/* Flags into *flags and *threads; 0, 2 after a message, or -1 for --help. */
+static int parse_flags(int argc, char **argv, attn_options *flags, int *threads) {
+  static const struct option opts[] = {ATTN_API_OPTIONS,
+                                       {"threads", required_argument, 0, 'T'},
+                                       {"help", no_argument, 0, 'x'},
+                                       {0, 0, 0, 0}};
+  attn_options_init(flags);
+  int c;
   optind = 1;
-  while (rc == 0 && (c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    const char *name, *value;
     /* Flags go through the option parser, as the query string does. */
-    static const char *const names[] = {['c'] = "causal", ['s'] = "scale",
-                                        ['L'] = "window_left", ['R'] = "window_right",
-                                        ['S'] = "stats", ['B'] = "backend"};
+    int rc = attn_arg_api_option(c, optarg, "attn compute", flags, &name, &value);
+    if (rc < 0)
+      return 2;
+    if (rc > 0)
+      continue;
     switch (c) {
-    case 'c':
-    case 'S':
-      rc = attn_options_set(&flags, names[c], strlen(names[c]), "true", 4, "flags", &st);
-      break;
-    case 's':
-    case 'L':
-    case 'R':
-    case 'B':
-      rc = attn_options_set(&flags, names[c], strlen(names[c]), optarg, strlen(optarg),
-                            "flags", &st);
-      break;
     case 'T':
-      if (attn_arg_int("--threads", optarg, 0, 1024, &threads) < 0)
+      if (attn_arg_int("--threads", optarg, 0, 1024, threads) < 0)
         return 2;
       break;
-    case 'x': fputs(usage, stdout); return 0;
+    case 'x': fputs(usage, stdout); return -1;
     default: fputs(usage, stderr); return 2;
     }
   }
-  if (rc < 0) {
+  return 0;
+}
+
+/* Runs the engine on pr and writes OUT; the exit status. */
+static int compute(attn_proto_req *pr, int threads, const char *in, const char *out) {
+  attn_status st;
+  int status = 0;
+  attn_engine *e = attn_bench_open(threads, NULL, &st);
+  attn_result res;
+  if (!e) {
     fprintf(stderr, "attn compute: %s\n", st.message);
-    return 2;
+    status = 1;
+  } else if (attn_engine_run(e, &pr->req, &res, &st) < 0) {
+    fprintf(stderr, "attn compute: %s: %s\n", in, st.message);
+    /* what the input asked for is wrong (4xx), or the engine failed (5xx) */
+    status = attn_proto_http_status(st.code) < 500 ? 2 : 1;
+  } else {
+    status = write_reply(pr, &res, in, out);
   }
+  attn_engine_close(e);
+  return status;
+}
+
+int attn_cmd_compute(int argc, char **argv) {
+  attn_options flags;
+  int threads = 0, rc = parse_flags(argc, argv, &flags, &threads);
+  if (rc != 0)
+    return rc < 0 ? 0 : rc;
   if (argc - optind != 2) {
     fprintf(stderr, "attn compute: expected IN and OUT files\n%s", usage);
     return 2;
@@ -82,45 +122,13 @@ int attn_cmd_compute(int argc, char **argv) {
     return 2;
   }
   attn_proto_req pr;
+  attn_status st;
   if (attn_proto_decode_safetensors(body, len, &flags, &pr, &st) < 0) {
     fprintf(stderr, "attn compute: %s: %s\n", in, st.message);
     free(body);
     return 2;
   }
-  int status = 0;
-  attn_engine *e = attn_bench_open(threads, NULL, &st);
-  attn_result res;
-  if (!e) {
-    fprintf(stderr, "attn compute: %s\n", st.message);
-    status = 1;
-  } else if (attn_engine_run(e, &pr.req, &res, &st) < 0) {
-    fprintf(stderr, "attn compute: %s: %s\n", in, st.message);
-    /* what the input asked for is wrong (4xx), or the engine failed (5xx) */
-    status = attn_proto_http_status(st.code) < 500 ? 2 : 1;
-  } else {
-    void *obuf;
-    size_t olen;
-    if (attn_proto_encode_safetensors(&pr, &obuf, &olen, &st) < 0) {
-      fprintf(stderr, "attn compute: %s\n", st.message);
-      status = 1;
-    } else {
-      if (attn_write_file(out, obuf, olen) < 0) {
-        fprintf(stderr, "attn compute: cannot write %s: %s\n", out, strerror(errno));
-        status = 1;
-      } else {
-        const attn_request *r = &pr.req;
-        printf("%s: B=%lld Hq=%lld Hkv=%lld Nq=%lld Nkv=%lld D=%lld %s on %s: %.3f ms, "
-               "%.1f GFLOP/s -> %s (%zu bytes)\n",
-               in, (long long)r->batch, (long long)r->heads_q, (long long)r->heads_kv,
-               (long long)r->seq_q, (long long)r->seq_kv, (long long)r->head_dim,
-               attn_dtype_name(r->dtype), res.backend, res.engine_seconds * 1e3,
-               res.engine_seconds > 0 ? res.flops / res.engine_seconds * 1e-9 : 0.0, out,
-               olen);
-      }
-      free(obuf);
-    }
-  }
-  attn_engine_close(e);
+  int status = compute(&pr, threads, in, out);
   attn_proto_req_free(&pr);
   free(body);
   return status;

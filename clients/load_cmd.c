@@ -26,8 +26,11 @@
  */
 #include "args.h"
 #include "cmds.h"
+#include "files.h"
 #include "benchlib.h"
 #include "hist.h"
+#include "http_reply.h"
+#include "load_report.h"
 #include "proto.h"
 
 #include <errno.h>
@@ -73,16 +76,11 @@ static const char usage[] =
 
 #define MAX_POOL 1024
 #define RBUF_SIZE 65536
-#define MAX_HEADER 65536
 #define RETRY_MS 100 /* wait before reconnecting after a failed connect */
 #define TICK_MS 100
 
-enum { T_CONNECT, T_WRITE, T_READ, T_TIMEOUT, T_PROTOCOL, T_COUNT };
-static const char *const terr_name[T_COUNT] = {"connect", "write", "read", "timeout",
-                                               "protocol"};
 
 enum { C_FREE, C_CONNECTING, C_OPEN, C_CLOSING };
-enum { P_IDLE, P_HEAD, P_CL, P_CHUNK_SIZE, P_CHUNK_DATA, P_CHUNK_CRLF, P_TRAILER, P_EOF };
 
 typedef struct load load;
 
@@ -95,19 +93,11 @@ typedef struct conn {
   bool active;        /* a request is in flight on it */
   bool write_pending;
   bool want_next;     /* answered while its write was pending */
-  bool close_after;   /* the reply said Connection: close (or HTTP/1.0) */
   bool connect_failed;
   uint64_t start_ns;  /* latency origin: the intended start */
   uint64_t sent_ns;   /* when it was handed to the connection */
   uint64_t retry_ns;  /* no reconnect before this */
-  /* the reply parser */
-  int pstate;
-  int status;
-  uint64_t remaining;
-  char *hbuf;
-  size_t hlen;
-  char line[64];
-  size_t llen;
+  attn_http_reply rp; /* the reply parser */
   char *rbuf;
 } conn;
 
@@ -138,10 +128,7 @@ struct load {
   bool stopping, ever_connected, no_connect;
   int connect_err;
   int open_handles;
-  /* counts */
-  uint64_t sent, answered, ok, terr[T_COUNT], in_flight_end, backlog_end;
-  uint64_t status[600], status_other;
-  uint64_t bytes_sent, bytes_recv;
+  attn_load_counts n;
   attn_hist hist;
   /* progress */
   uint64_t last_prog_ns, last_prog_answered;
@@ -157,14 +144,14 @@ static void load_stop(load *L);
 /* ---- request life ------------------------------------------------------- */
 
 static bool limit_reached(const load *L) {
-  return L->max_requests > 0 && L->sent >= (uint64_t)L->max_requests;
+  return L->max_requests > 0 && L->n.sent >= (uint64_t)L->max_requests;
 }
 
 static void check_done(load *L) {
   if (L->max_requests > 0 && !L->stopping) {
-    uint64_t ended = L->answered;
-    for (int t = 0; t < T_COUNT; t++)
-      ended += L->terr[t];
+    uint64_t ended = L->n.answered;
+    for (int t = 0; t < ATTN_TERR_COUNT; t++)
+      ended += L->n.terr[t];
     if (ended >= (uint64_t)L->max_requests)
       load_stop(L);
   }
@@ -174,7 +161,7 @@ static void transport_error(conn *c, int kind) {
   load *L = c->L;
   if (c->active) {
     c->active = false;
-    L->terr[kind]++;
+    L->n.terr[kind]++;
   }
   conn_close(c);
   check_done(L);
@@ -211,12 +198,12 @@ static void on_write(uv_write_t *w, int status) {
     return; /* the handle is closing */
   if (status < 0) {
     if (c->active)
-      transport_error(c, T_WRITE);
+      transport_error(c, ATTN_TERR_WRITE);
     else
       conn_close(c); /* answered early (say 503), then the peer closed */
     return;
   }
-  L->bytes_sent += L->head_len + L->body_len;
+  L->n.bytes_sent += L->head_len + L->body_len;
   if (c->want_next && c->state == C_OPEN) {
     c->want_next = false;
     conn_next(c);
@@ -227,15 +214,13 @@ static void conn_send(conn *c) {
   load *L = c->L;
   uv_buf_t b[2] = {uv_buf_init(L->head, (unsigned)L->head_len),
                    uv_buf_init((char *)(uintptr_t)L->body, (unsigned)L->body_len)};
-  c->pstate = P_HEAD;
-  c->hlen = 0;
-  c->close_after = false;
+  attn_http_reply_start(&c->rp);
   c->want_next = false;
   c->wreq.data = c;
   c->sent_ns = now_ns();
   int rc = uv_write(&c->wreq, (uv_stream_t *)&c->tcp, b, L->body_len ? 2 : 1, on_write);
   if (rc < 0) {
-    transport_error(c, T_WRITE);
+    transport_error(c, ATTN_TERR_WRITE);
     return;
   }
   c->write_pending = true;
@@ -258,7 +243,7 @@ static void conn_connect(conn *c) {
     L->connect_err = rc;
     if (c->active) {
       c->active = false;
-      L->terr[T_CONNECT]++;
+      L->n.terr[ATTN_TERR_CONNECT]++;
     }
     c->state = C_OPEN; /* so that conn_close closes it */
     conn_close(c);
@@ -270,7 +255,7 @@ static void conn_connect(conn *c) {
  * latency counts from start. */
 static void conn_start(conn *c, uint64_t start) {
   load *L = c->L;
-  L->sent++;
+  L->n.sent++;
   c->active = true;
   c->start_ns = start;
   c->sent_ns = now_ns();
@@ -295,23 +280,22 @@ static void conn_issue(conn *c) {
 
 static void response_done(conn *c) {
   load *L = c->L;
-  c->pstate = P_IDLE;
   if (!c->active)
     return;
   c->active = false;
   uint64_t t = now_ns();
-  L->answered++;
-  if (c->status >= 200 && c->status < 300)
-    L->ok++;
-  if (c->status >= 100 && c->status < 600)
-    L->status[c->status]++;
+  L->n.answered++;
+  if (c->rp.status >= 200 && c->rp.status < 300)
+    L->n.ok++;
+  if (c->rp.status >= 100 && c->rp.status < 600)
+    L->n.status[c->rp.status]++;
   else
-    L->status_other++;
+    L->n.status_other++;
   attn_hist_record(&L->hist, t > c->start_ns ? (t - c->start_ns + 500) / 1000 : 0);
   check_done(L);
   if (L->stopping)
     return;
-  if (c->close_after) {
+  if (c->rp.close_after) {
     conn_close(c);
   } else if (c->write_pending) {
     c->want_next = true;
@@ -320,212 +304,21 @@ static void response_done(conn *c) {
   }
 }
 
-static bool header_is(const char *name, size_t nlen, const char *want) {
-  return nlen == strlen(want) && strncasecmp(name, want, nlen) == 0;
-}
-
-static bool value_has(const char *v, size_t vlen, const char *tok) {
-  size_t tl = strlen(tok);
-  for (size_t i = 0; i + tl <= vlen; i++)
-    if (strncasecmp(v + i, tok, tl) == 0)
-      return true;
-  return false;
-}
-
-/* Parses c->hbuf[0 .. len) (status line and headers, without the blank
- * line); sets the body mode. -1 when malformed. */
-static int parse_head(conn *c, size_t len) {
-  const char *h = c->hbuf, *end = h + len;
-  const char *eol = memchr(h, '\n', len);
-  if (!eol)
-    eol = end;
-  if (eol - h < 12 || strncmp(h, "HTTP/1.", 7) != 0 || h[8] != ' ')
-    return -1;
-  bool http10 = h[7] == '0';
-  int st = 0;
-  for (int i = 9; i < 12; i++) {
-    if (h[i] < '0' || h[i] > '9')
-      return -1;
-    st = st * 10 + (h[i] - '0');
-  }
-  c->status = st;
-  bool chunked = false, have_cl = false, keep_alive = false, hdr_close = false;
-  uint64_t cl = 0;
-  for (const char *p = eol < end ? eol + 1 : end; p < end;) {
-    const char *e = memchr(p, '\n', (size_t)(end - p));
-    if (!e)
-      e = end;
-    const char *le = e;
-    if (le > p && le[-1] == '\r')
-      le--;
-    const char *colon = memchr(p, ':', (size_t)(le - p));
-    if (colon) {
-      size_t nlen = (size_t)(colon - p);
-      const char *v = colon + 1;
-      while (v < le && (*v == ' ' || *v == '\t'))
-        v++;
-      size_t vlen = (size_t)(le - v);
-      if (header_is(p, nlen, "content-length")) {
-        cl = 0;
-        have_cl = vlen > 0;
-        for (size_t i = 0; i < vlen; i++) {
-          if (v[i] == ' ' || v[i] == '\t')
-            break;
-          if (v[i] < '0' || v[i] > '9' || cl > UINT64_MAX / 10 - 10)
-            return -1;
-          cl = cl * 10 + (uint64_t)(v[i] - '0');
-        }
-      } else if (header_is(p, nlen, "transfer-encoding")) {
-        chunked = value_has(v, vlen, "chunked");
-      } else if (header_is(p, nlen, "connection")) {
-        hdr_close |= value_has(v, vlen, "close");
-        keep_alive |= value_has(v, vlen, "keep-alive");
-      }
-    }
-    p = e < end ? e + 1 : end;
-  }
-  c->close_after = hdr_close || (http10 && !keep_alive);
-  if (st >= 100 && st < 200) {
-    c->pstate = P_HEAD; /* an interim reply: the real one follows */
-    return 0;
-  }
-  if (st == 204 || st == 304) {
-    c->pstate = P_IDLE;
-    response_done(c);
-  } else if (chunked) {
-    c->pstate = P_CHUNK_SIZE;
-    c->llen = 0;
-  } else if (have_cl) {
-    c->remaining = cl;
-    c->pstate = P_CL;
-    if (cl == 0)
-      response_done(c);
-  } else {
-    c->pstate = P_EOF;
-    c->close_after = true;
-  }
-  return 0;
-}
-
-/* Appends one byte to the chunk line buffer; true when a line is complete
- * (its text, without CR LF, in c->line). */
-static bool line_byte(conn *c, char ch, bool *overflow) {
-  if (ch == '\n') {
-    if (c->llen && c->line[c->llen - 1] == '\r')
-      c->llen--;
-    c->line[c->llen] = 0;
-    return true;
-  }
-  if (c->llen + 1 >= sizeof c->line) {
-    if (c->pstate == P_TRAILER) /* long trailer lines are skipped */
-      return false;
-    *overflow = true;
-    return false;
-  }
-  c->line[c->llen++] = ch;
-  return false;
-}
-
-/* Feeds n bytes; -1 on a protocol error. May end the response (and even
- * close or reuse the connection) part way. */
+/* Feeds read bytes to the reply parser; each reply that ends is counted
+ * (and may close the connection or send its next request) before the bytes
+ * after it are fed. -1 on a protocol error. */
 static int parse(conn *c, const char *p, size_t n) {
   while (n > 0) {
-    switch (c->pstate) {
-    case P_IDLE:
-      return -1; /* bytes nobody asked for */
-    case P_HEAD: {
-      size_t old = c->hlen, take = n;
-      if (old + take > MAX_HEADER)
-        take = MAX_HEADER - old;
-      memcpy(c->hbuf + old, p, take);
-      c->hlen += take;
-      size_t from = old >= 3 ? old - 3 : 0;
-      char *e = NULL;
-      for (size_t i = from; i + 4 <= c->hlen; i++)
-        if (memcmp(c->hbuf + i, "\r\n\r\n", 4) == 0) {
-          e = c->hbuf + i;
-          break;
-        }
-      if (!e) {
-        if (c->hlen >= MAX_HEADER)
-          return -1;
-        return 0;
-      }
-      size_t hend = (size_t)(e - c->hbuf) + 4; /* bytes of head in hbuf */
-      size_t used = hend - old;                /* of them from p */
-      p += used;
-      n -= used;
-      c->hlen = 0;
-      if (parse_head(c, hend - 2) < 0)
-        return -1;
+    size_t used;
+    int rc = attn_http_reply_feed(&c->rp, p, n, &used);
+    if (rc == ATTN_HTTP_ERROR)
+      return -1;
+    p += used;
+    n -= used;
+    if (rc == ATTN_HTTP_DONE) {
+      response_done(c);
       if (c->state != C_OPEN)
         return 0;
-      break;
-    }
-    case P_CL: {
-      size_t take = n < c->remaining ? n : (size_t)c->remaining;
-      c->remaining -= take;
-      p += take;
-      n -= take;
-      if (c->remaining == 0)
-        response_done(c);
-      if (c->state != C_OPEN)
-        return 0;
-      break;
-    }
-    case P_CHUNK_SIZE:
-    case P_TRAILER: {
-      bool over = false, line = false;
-      while (n > 0 && !line && !over) {
-        line = line_byte(c, *p, &over);
-        p++;
-        n--;
-      }
-      if (over)
-        return -1;
-      if (!line)
-        return 0;
-      if (c->pstate == P_TRAILER) {
-        if (c->llen == 0)
-          response_done(c);
-        c->llen = 0;
-      } else {
-        char *q;
-        errno = 0;
-        unsigned long long sz = strtoull(c->line, &q, 16);
-        if (q == c->line || errno || (*q && *q != ';' && *q != ' '))
-          return -1;
-        c->llen = 0;
-        c->remaining = sz;
-        c->pstate = sz ? P_CHUNK_DATA : P_TRAILER;
-      }
-      if (c->state != C_OPEN)
-        return 0;
-      break;
-    }
-    case P_CHUNK_DATA: {
-      size_t take = n < c->remaining ? n : (size_t)c->remaining;
-      c->remaining -= take;
-      p += take;
-      n -= take;
-      if (c->remaining == 0) {
-        c->pstate = P_CHUNK_CRLF;
-        c->llen = 0;
-      }
-      break;
-    }
-    case P_CHUNK_CRLF:
-      while (n > 0 && c->pstate == P_CHUNK_CRLF) {
-        if (*p == '\n')
-          c->pstate = P_CHUNK_SIZE;
-        else if (*p != '\r')
-          return -1;
-        p++;
-        n--;
-      }
-      break;
-    case P_EOF:
-      return 0; /* the body runs to the close */
     }
   }
   return 0;
@@ -543,20 +336,20 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   if (nread == 0 || c->state != C_OPEN)
     return;
   if (nread < 0) {
-    if (nread == UV_EOF && c->pstate == P_EOF && c->active) {
-      c->close_after = true;
+    if (nread == UV_EOF && attn_http_reply_until_close(&c->rp) && c->active) {
+      attn_http_reply_reset(&c->rp);
       response_done(c);
       conn_close(c);
     } else if (c->active) {
-      transport_error(c, T_READ);
+      transport_error(c, ATTN_TERR_READ);
     } else {
       conn_close(c); /* an idle connection the server closed */
     }
     return;
   }
-  L->bytes_recv += (uint64_t)nread;
+  L->n.bytes_recv += (uint64_t)nread;
   if (parse(c, buf->base, (size_t)nread) < 0)
-    transport_error(c, T_PROTOCOL);
+    transport_error(c, ATTN_TERR_PROTOCOL);
 }
 
 static void on_connect(uv_connect_t *req, int status) {
@@ -573,19 +366,19 @@ static void on_connect(uv_connect_t *req, int status) {
       /* nothing has ever connected: the server is not there */
       if (c->active) {
         c->active = false;
-        L->terr[T_CONNECT]++;
+        L->n.terr[ATTN_TERR_CONNECT]++;
       }
       L->no_connect = true;
       load_stop(L);
       return;
     }
-    transport_error(c, T_CONNECT);
+    transport_error(c, ATTN_TERR_CONNECT);
     return;
   }
   L->ever_connected = true;
   c->connect_failed = false;
   c->state = C_OPEN;
-  c->pstate = P_IDLE;
+  attn_http_reply_reset(&c->rp);
   uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
   if (c->active)
     conn_send(c);
@@ -597,7 +390,7 @@ static void on_close(uv_handle_t *h) {
   conn *c = h->data;
   load *L = c->L;
   c->state = C_FREE;
-  c->pstate = P_IDLE;
+  attn_http_reply_reset(&c->rp);
   c->write_pending = false;
   c->want_next = false;
   L->open_handles--;
@@ -620,10 +413,9 @@ static conn *conn_new(load *L) {
   conn *c = calloc(1, sizeof *c);
   if (!c)
     return NULL;
-  c->hbuf = malloc(MAX_HEADER);
   c->rbuf = malloc(RBUF_SIZE);
-  if (!c->hbuf || !c->rbuf) {
-    free(c->hbuf);
+  if (attn_http_reply_init(&c->rp) < 0 || !c->rbuf) {
+    attn_http_reply_free(&c->rp);
     free(c->rbuf);
     free(c);
     return NULL;
@@ -654,7 +446,7 @@ static conn *pool_get(load *L) {
     conn *c = L->pool[i];
     if (c->active || c->write_pending)
       continue;
-    if (c->state == C_OPEN && c->pstate == P_IDLE)
+    if (c->state == C_OPEN && attn_http_reply_idle(&c->rp))
       return c;
     if (!free_c && c->state == C_FREE && (!c->connect_failed || t >= c->retry_ns))
       free_c = c;
@@ -695,16 +487,14 @@ static void dispatch_due(load *L) {
 static void print_progress(load *L, uint64_t t) {
   double secs = (double)(t - L->t0) * 1e-9;
   double dt = (double)(t - L->last_prog_ns) * 1e-9;
-  double rps = dt > 0 ? (double)(L->answered - L->last_prog_answered) / dt : 0;
-  uint64_t terr = 0;
-  for (int i = 0; i < T_COUNT; i++)
-    terr += L->terr[i];
+  double rps = dt > 0 ? (double)(L->n.answered - L->last_prog_answered) / dt : 0;
+  uint64_t terr = attn_load_transport_errors(&L->n);
   printf("\r%6.1f s  %9.1f requests/s  p99 %9.3f ms  answered %llu  errors %llu\033[K", secs,
-         rps, attn_hist_percentile(&L->hist, 99) / 1e3, (unsigned long long)L->answered,
-         (unsigned long long)(L->answered - L->ok + terr));
+         rps, attn_hist_percentile(&L->hist, 99) / 1e3, (unsigned long long)L->n.answered,
+         (unsigned long long)(L->n.answered - L->n.ok + terr));
   fflush(stdout);
   L->last_prog_ns = t;
-  L->last_prog_answered = L->answered;
+  L->last_prog_answered = L->n.answered;
 }
 
 static void on_tick(uv_timer_t *tm) {
@@ -714,7 +504,7 @@ static void on_tick(uv_timer_t *tm) {
   for (int i = 0; i < L->npool && !L->stopping; i++) {
     conn *c = L->pool[i];
     if (c->active && t - c->sent_ns > limit)
-      transport_error(c, T_TIMEOUT);
+      transport_error(c, ATTN_TERR_TIMEOUT);
     else if (!L->open_loop && !c->active && c->state == C_FREE)
       conn_issue(c); /* retries after a failed connect */
   }
@@ -739,16 +529,16 @@ static void load_stop(load *L) {
   for (int i = 0; i < L->npool; i++) {
     conn *c = L->pool[i];
     if (c->active && L->no_connect && c->state == C_CONNECTING)
-      L->terr[T_CONNECT]++; /* it would fail the same way */
+      L->n.terr[ATTN_TERR_CONNECT]++; /* it would fail the same way */
     else if (c->active)
-      L->in_flight_end++;
+      L->n.in_flight_end++;
     c->active = false;
     conn_close(c);
   }
   if (L->open_loop && sched_more(L)) {
     uint64_t t = L->t_end;
     while (sched_more(L) && due_ns(L, L->next_i) <= t) {
-      L->backlog_end++;
+      L->n.backlog_end++;
       L->next_i++;
     }
   }
@@ -836,37 +626,6 @@ static int resolve(const char *host, int port, struct sockaddr_in *out) {
   return 0;
 }
 
-static char *read_whole(const char *path, size_t *plen) {
-  FILE *f = fopen(path, "rb");
-  if (!f)
-    return NULL;
-  size_t cap = 1 << 16, len = 0;
-  char *b = malloc(cap);
-  for (;;) {
-    if (!b)
-      break;
-    size_t n = fread(b + len, 1, cap - len, f);
-    len += n;
-    if (len < cap)
-      break;
-    char *nb = realloc(b, cap * 2);
-    if (!nb) {
-      free(b);
-      b = NULL;
-      break;
-    }
-    b = nb;
-    cap *= 2;
-  }
-  if (b && ferror(f)) {
-    free(b);
-    b = NULL;
-  }
-  fclose(f);
-  *plen = len;
-  return b;
-}
-
 /* FLOPs of one request as the server will see it (the body decoded with the
  * query's options), or -1 when the body cannot be decoded here. */
 static double body_flops(const char *body, size_t len, bool json, const char *query,
@@ -897,158 +656,20 @@ static double body_flops(const char *body, size_t len, bool json, const char *qu
   return f;
 }
 
-/* ---- the report ------------------------------------------------------------ */
-
-static void fmt_bytes(char *b, size_t cap, uint64_t n) {
-  if (n >= 1000000000ull)
-    snprintf(b, cap, "%.2f GB", (double)n * 1e-9);
-  else if (n >= 1000000)
-    snprintf(b, cap, "%.2f MB", (double)n * 1e-6);
-  else if (n >= 1000)
-    snprintf(b, cap, "%.2f kB", (double)n * 1e-3);
-  else
-    snprintf(b, cap, "%llu B", (unsigned long long)n);
-}
-
-typedef struct report {
-  const char *url, *body_kind, *body_desc;
-  double flops, elapsed;
-} report;
-
-static void print_text(const load *L, const report *R, uint64_t terr) {
-  const attn_hist *h = &L->hist;
-  printf("attn load %s: ", R->url);
-  if (L->open_loop)
-    printf("open loop, %g requests/s, up to %d connections (%d used)", L->rate, L->max_pool,
-           L->npool);
-  else
-    printf("closed loop, %d connections", L->concurrency);
-  if (L->max_requests > 0)
-    printf(", %lld requests\n", (long long)L->max_requests);
-  else
-    printf(", %g s\n", L->duration);
-  printf("body       %s %zu bytes, %s\n", R->body_kind, L->body_len, R->body_desc);
-  printf("requests   sent %llu, answered %llu, successful (2xx) %llu, in flight at the end %llu\n",
-         (unsigned long long)L->sent, (unsigned long long)L->answered,
-         (unsigned long long)L->ok, (unsigned long long)L->in_flight_end);
-  bool holds = L->sent == L->answered + terr + L->in_flight_end;
-  printf("invariant  sent %llu = answered %llu + transport errors %llu + in flight %llu: %s\n",
-         (unsigned long long)L->sent, (unsigned long long)L->answered,
-         (unsigned long long)terr, (unsigned long long)L->in_flight_end,
-         holds ? "holds" : "BROKEN");
-  printf("errors     HTTP:");
-  bool any = false;
-  for (int s = 0; s < 600; s++)
-    if (L->status[s] && (s < 200 || s >= 300)) {
-      printf(" %d x%llu", s, (unsigned long long)L->status[s]);
-      any = true;
-    }
-  if (L->status_other) {
-    printf(" other x%llu", (unsigned long long)L->status_other);
-    any = true;
-  }
-  printf("%s; transport:", any ? "" : " none");
-  for (int t = 0; t < T_COUNT; t++)
-    printf(" %s %llu%s", terr_name[t], (unsigned long long)L->terr[t], t + 1 < T_COUNT ? "," : "");
-  printf("\n");
-  if (L->backlog_end)
-    printf("backlog    %llu requests were due but never sent (all %d connections busy)\n",
-           (unsigned long long)L->backlog_end, L->max_pool);
-  printf("throughput %.1f requests/s, %.1f successful/s, ", (double)L->answered / R->elapsed,
-         (double)L->ok / R->elapsed);
-  if (R->flops >= 0)
-    printf("%.2f GFLOP/s served", (double)L->ok * R->flops / R->elapsed * 1e-9);
-  else
-    printf("GFLOP/s unknown");
-  printf(" over %.3f s\n", R->elapsed);
-  printf("latency ms p50 %.3f  p90 %.3f  p99 %.3f  p99.9 %.3f  max %.3f  (min %.3f, mean %.3f%s)\n",
-         attn_hist_percentile(h, 50) / 1e3, attn_hist_percentile(h, 90) / 1e3,
-         attn_hist_percentile(h, 99) / 1e3, attn_hist_percentile(h, 99.9) / 1e3,
-         (double)attn_hist_max(h) / 1e3, (double)attn_hist_min(h) / 1e3,
-         attn_hist_mean(h) / 1e3, L->open_loop ? ", from the intended start" : "");
-  char bs[32], br[32];
-  fmt_bytes(bs, sizeof bs, L->bytes_sent);
-  fmt_bytes(br, sizeof br, L->bytes_recv);
-  printf("bytes      sent %s (%llu), received %s (%llu)\n", bs,
-         (unsigned long long)L->bytes_sent, br, (unsigned long long)L->bytes_recv);
-}
-
-static void json_str(const char *s) {
-  putchar('"');
-  for (; *s; s++) {
-    unsigned char ch = (unsigned char)*s;
-    if (ch == '"' || ch == '\\')
-      printf("\\%c", ch);
-    else if (ch < 0x20)
-      printf("\\u%04x", ch);
-    else
-      putchar(ch);
-  }
-  putchar('"');
-}
-
-static void print_json(const load *L, const report *R, uint64_t terr) {
-  const attn_hist *h = &L->hist;
-  printf("{\"url\": ");
-  json_str(R->url);
-  printf(", \"mode\": \"%s\", \"concurrency\": %d, \"rate\": ",
-         L->open_loop ? "open" : "closed", L->open_loop ? L->npool : L->concurrency);
-  if (L->open_loop)
-    printf("%.17g", L->rate);
-  else
-    printf("null");
-  printf(", \"connections\": %d, \"duration_s\": %.6f, \"body_bytes\": %zu, \"body\": ",
-         L->npool, R->elapsed, L->body_len);
-  json_str(R->body_desc);
-  printf(",\n \"sent\": %llu, \"answered\": %llu, \"successful\": %llu, \"in_flight\": %llu, "
-         "\"backlog\": %llu, \"transport_errors\": %llu",
-         (unsigned long long)L->sent, (unsigned long long)L->answered,
-         (unsigned long long)L->ok, (unsigned long long)L->in_flight_end,
-         (unsigned long long)L->backlog_end, (unsigned long long)terr);
-  printf(",\n \"errors\": {\"status\": {");
-  bool first = true;
-  for (int s = 0; s < 600; s++)
-    if (L->status[s] && (s < 200 || s >= 300)) {
-      printf("%s\"%d\": %llu", first ? "" : ", ", s, (unsigned long long)L->status[s]);
-      first = false;
-    }
-  if (L->status_other)
-    printf("%s\"other\": %llu", first ? "" : ", ", (unsigned long long)L->status_other);
-  printf("}, \"transport\": {");
-  for (int t = 0; t < T_COUNT; t++)
-    printf("%s\"%s\": %llu", t ? ", " : "", terr_name[t], (unsigned long long)L->terr[t]);
-  printf("}},\n \"status\": {");
-  first = true;
-  for (int s = 0; s < 600; s++)
-    if (L->status[s]) {
-      printf("%s\"%d\": %llu", first ? "" : ", ", s, (unsigned long long)L->status[s]);
-      first = false;
-    }
-  printf("},\n \"requests_per_s\": %.3f, \"successful_per_s\": %.3f, \"gflops\": ",
-         (double)L->answered / R->elapsed, (double)L->ok / R->elapsed);
-  if (R->flops >= 0)
-    printf("%.4f, \"flops_per_request\": %.17g", (double)L->ok * R->flops / R->elapsed * 1e-9,
-           R->flops);
-  else
-    printf("null, \"flops_per_request\": null");
-  printf(",\n \"latency_ms\": {\"p50\": %.4f, \"p90\": %.4f, \"p99\": %.4f, \"p99.9\": %.4f, "
-         "\"max\": %.4f, \"min\": %.4f, \"mean\": %.4f, \"count\": %llu}",
-         attn_hist_percentile(h, 50) / 1e3, attn_hist_percentile(h, 90) / 1e3,
-         attn_hist_percentile(h, 99) / 1e3, attn_hist_percentile(h, 99.9) / 1e3,
-         (double)attn_hist_max(h) / 1e3, (double)attn_hist_min(h) / 1e3,
-         attn_hist_mean(h) / 1e3, (unsigned long long)attn_hist_count(h));
-  printf(",\n \"bytes_sent\": %llu, \"bytes_received\": %llu",
-         (unsigned long long)L->bytes_sent, (unsigned long long)L->bytes_recv);
-  printf(",\n \"invariant\": {\"holds\": %s, \"text\": \"sent %llu = answered %llu + transport "
-         "errors %llu + in flight %llu\"}}\n",
-         L->sent == L->answered + terr + L->in_flight_end ? "true" : "false",
-         (unsigned long long)L->sent, (unsigned long long)L->answered,
-         (unsigned long long)terr, (unsigned long long)L->in_flight_end);
-}
-
 /* ---- the command ----------------------------------------------------------- */
 
-int attn_cmd_load(int argc, char **argv) {
+typedef struct load_args {
+  int concurrency;
+  double rate, duration, timeout;
+  int64_t nreq, shape[4], shape_kv[4];
+  bool have_c, have_r, have_d, have_n, have_shape, have_kv, have_dt, json_body, json_out;
+  attn_dtype dt;
+  const char *body_file, *path, *query;
+  url_parts u;
+} load_args;
+
+/* getopt over argv into a; 0, 2 after a message, or -1 for --help. */
+static int parse_flags(int argc, char **argv, load_args *a) {
   static const struct option opts[] = {
       {"concurrency", required_argument, 0, 'c'}, {"rate", required_argument, 0, 'r'},
       {"duration", required_argument, 0, 'd'},    {"requests", required_argument, 0, 'n'},
@@ -1058,146 +679,151 @@ int attn_cmd_load(int argc, char **argv) {
       {"query", required_argument, 0, 'q'},       {"timeout", required_argument, 0, 'T'},
       {"json", no_argument, 0, 'j'},              {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0}};
-  int concurrency = 8, c, bad = 0;
-  double rate = 0, duration = 10, timeout = 30;
-  int64_t nreq = 0, shape[4] = {1, 8, 512, 64}, shape_kv[4];
-  bool have_c = false, have_r = false, have_d = false, have_n = false, have_shape = false,
-       have_kv = false, have_dt = false, json_body = false, json_out = false;
-  attn_dtype dt = ATTN_F32;
-  const char *body_file = NULL, *path = NULL, *query = NULL;
+  int c, bad = 0;
   optind = 1;
   while (!bad && (c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
     switch (c) {
     case 'c':
-      bad = attn_arg_int("--concurrency", optarg, 1, MAX_POOL, &concurrency);
-      have_c = true;
+      bad = attn_arg_int("--concurrency", optarg, 1, MAX_POOL, &a->concurrency);
+      a->have_c = true;
       break;
-    case 'r': bad = parse_double("--rate", optarg, 1e-3, 1e7, &rate); have_r = true; break;
-    case 'd': bad = parse_double("--duration", optarg, 1e-3, 1e7, &duration); have_d = true; break;
+    case 'r': bad = parse_double("--rate", optarg, 1e-3, 1e7, &a->rate); a->have_r = true; break;
+    case 'd':
+      bad = parse_double("--duration", optarg, 1e-3, 1e7, &a->duration);
+      a->have_d = true;
+      break;
     case 'n':
-      bad = attn_arg_i64("--requests", optarg, 1, INT64_MAX / 2, &nreq);
-      have_n = true;
+      bad = attn_arg_i64("--requests", optarg, 1, INT64_MAX / 2, &a->nreq);
+      a->have_n = true;
       break;
-    case 'b': body_file = optarg; break;
-    case 's': bad = attn_arg_dims("--shape", optarg, shape); have_shape = true; break;
-    case 'k': bad = attn_arg_dims("--shape-kv", optarg, shape_kv); have_kv = true; break;
-    case 't': bad = attn_arg_dtype("--dtype", optarg, &dt); have_dt = true; break;
-    case 'J': json_body = true; break;
-    case 'p': path = optarg; break;
-    case 'q': query = optarg; break;
-    case 'T': bad = parse_double("--timeout", optarg, 1e-3, 1e7, &timeout); break;
-    case 'j': json_out = true; break;
-    case 'h': fputs(usage, stdout); return 0;
+    case 'b': a->body_file = optarg; break;
+    case 's': bad = attn_arg_dims("--shape", optarg, a->shape); a->have_shape = true; break;
+    case 'k': bad = attn_arg_dims("--shape-kv", optarg, a->shape_kv); a->have_kv = true; break;
+    case 't': bad = attn_arg_dtype("--dtype", optarg, &a->dt); a->have_dt = true; break;
+    case 'J': a->json_body = true; break;
+    case 'p': a->path = optarg; break;
+    case 'q': a->query = optarg; break;
+    case 'T': bad = parse_double("--timeout", optarg, 1e-3, 1e7, &a->timeout); break;
+    case 'j': a->json_out = true; break;
+    case 'h': fputs(usage, stdout); return -1;
     default: fputs(usage, stderr); return 2;
     }
   }
-  if (bad)
-    return 2;
+  return bad ? 2 : 0;
+}
+
+/* The flags and the URL together; 0, 2 after a message, or -1 for --help. */
+static int parse_load_args(int argc, char **argv, load_args *a) {
+  int rc = parse_flags(argc, argv, a);
+  if (rc != 0)
+    return rc;
   const char *why = NULL;
   if (optind >= argc)
     why = "no URL";
   else if (optind + 1 < argc)
     why = "more than one URL";
-  else if (have_c && have_r)
+  else if (a->have_c && a->have_r)
     why = "--concurrency and --rate exclude each other";
-  else if (have_d && have_n)
+  else if (a->have_d && a->have_n)
     why = "--duration and --requests exclude each other";
-  else if (body_file && (have_shape || have_kv || have_dt))
+  else if (a->body_file && (a->have_shape || a->have_kv || a->have_dt))
     why = "--body excludes --shape, --shape-kv and --dtype";
-  else if (have_kv && (shape_kv[0] != shape[0] || shape_kv[3] != shape[3]))
+  else if (a->have_kv && (a->shape_kv[0] != a->shape[0] || a->shape_kv[3] != a->shape[3]))
     why = "--shape-kv must have the batch and head dim of --shape";
-  else if (path && path[0] != '/')
+  else if (a->path && a->path[0] != '/')
     why = "--path must start with /";
   if (why) {
     fprintf(stderr, "attn load: %s\n%s", why, usage);
     return 2;
   }
-  url_parts u;
-  if (parse_url(argv[optind], &u) < 0)
+  if (parse_url(argv[optind], &a->u) < 0)
     return 2;
-  if (!path)
-    path = u.path[0] ? u.path : "/attention";
-  if (!query)
-    query = u.query;
-  if (query[0] == '?')
-    query++;
+  if (!a->path)
+    a->path = a->u.path[0] ? a->u.path : "/attention";
+  if (!a->query)
+    a->query = a->u.query;
+  if (a->query[0] == '?')
+    a->query++;
+  return 0;
+}
 
-  /* the body */
-  char *body = NULL;
-  size_t body_len = 0;
-  if (body_file) {
-    body = read_whole(body_file, &body_len);
-    if (!body) {
-      fprintf(stderr, "attn load: cannot read %s: %s\n", body_file, strerror(errno));
+/* The body to send: --body's file, or random tensors encoded by proto.
+ * 0, or the exit status after a message. */
+static int make_body(load_args *a, char **pbody, size_t *plen) {
+  if (a->body_file) {
+    void *fb;
+    if (attn_read_file(a->body_file, &fb, plen) < 0) {
+      fprintf(stderr, "attn load: cannot read %s: %s\n", a->body_file, strerror(errno));
       return 2;
     }
+    *pbody = fb;
   } else {
-    if (!have_kv)
-      memcpy(shape_kv, shape, sizeof shape_kv);
+    if (!a->have_kv)
+      memcpy(a->shape_kv, a->shape, sizeof a->shape_kv);
     attn_bench_case bc;
-    if (attn_bench_case_init(&bc, shape[0], shape[1], shape_kv[1], shape[2], shape_kv[2],
-                             shape[3], dt, false, 42) < 0) {
+    if (attn_bench_case_init(&bc, a->shape[0], a->shape[1], a->shape_kv[1], a->shape[2],
+                             a->shape_kv[2], a->shape[3], a->dt, false, 42) < 0) {
       fprintf(stderr, "attn load: out of memory for the inputs\n");
       return 1;
     }
-    body = json_body ? attn_bench_json(&bc.req, NULL, &body_len)
-                     : attn_bench_safetensors(&bc.req, NULL, &body_len);
+    attn_status st;
+    void *sb = NULL;
+    int erc = a->json_body
+                  ? attn_proto_encode_request_json(&bc.req, NULL, pbody, plen, &st)
+                  : attn_proto_encode_request_safetensors(&bc.req, NULL, &sb, plen, &st);
     attn_bench_case_free(&bc);
-    if (!body) {
-      fprintf(stderr, "attn load: out of memory for the body\n");
+    if (erc < 0) {
+      fprintf(stderr, "attn load: %s\n", st.message);
       return 1;
     }
+    if (!a->json_body)
+      *pbody = sb;
   }
-  if (body_len > UINT32_MAX) {
+  if (*plen > UINT32_MAX) {
     fprintf(stderr, "attn load: the body is larger than 4 GiB\n");
-    free(body);
     return 2;
   }
-  char body_desc[512];
-  double flops = body_flops(body, body_len, json_body, query, body_desc, sizeof body_desc);
+  return 0;
+}
 
-  static load L0;
-  load *L = &L0;
-  memset(L, 0, sizeof *L);
-  if (resolve(u.host, u.port, &L->addr) < 0) {
-    fprintf(stderr, "attn load: cannot resolve \"%s\" (IPv4)\n", u.host);
-    free(body);
+/* The plan and the request head into L (head: the caller's buffer of cap
+ * bytes); 0, or the exit status after a message. */
+static int load_setup(load *L, const load_args *a, char *head, size_t cap) {
+  if (resolve(a->u.host, a->u.port, &L->addr) < 0) {
+    fprintf(stderr, "attn load: cannot resolve \"%s\" (IPv4)\n", a->u.host);
     return 1;
   }
-  char url[2400];
-  snprintf(url, sizeof url, "http://%s:%d%s%s%s", u.host, u.port, path, query[0] ? "?" : "",
-           query);
-  char head[3000];
-  int hl = snprintf(head, sizeof head,
+  const char *q = a->query;
+  int hl = snprintf(head, cap,
                     "POST %s%s%s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: %s\r\n"
                     "Content-Length: %zu\r\nConnection: keep-alive\r\n"
                     "User-Agent: attn-load\r\n\r\n",
-                    path, query[0] ? "?" : "", query, u.host, u.port,
-                    json_body ? "application/json" : "application/octet-stream", body_len);
-  if (hl < 0 || (size_t)hl >= sizeof head) {
+                    a->path, q[0] ? "?" : "", q, a->u.host, a->u.port,
+                    a->json_body ? "application/json" : "application/octet-stream", L->body_len);
+  if (hl < 0 || (size_t)hl >= cap) {
     fprintf(stderr, "attn load: path or query too long\n");
-    free(body);
     return 2;
   }
   L->head = head;
   L->head_len = (size_t)hl;
-  L->body = body;
-  L->body_len = body_len;
-  L->open_loop = have_r;
-  L->concurrency = concurrency;
-  L->rate = rate;
-  L->duration = duration;
-  L->max_requests = have_n ? nreq : 0;
-  L->timeout = timeout;
-  L->max_pool = have_r ? MAX_POOL : concurrency;
+  L->open_loop = a->have_r;
+  L->concurrency = a->concurrency;
+  L->rate = a->rate;
+  L->duration = a->duration;
+  L->max_requests = a->have_n ? a->nreq : 0;
+  L->timeout = a->timeout;
+  L->max_pool = a->have_r ? MAX_POOL : a->concurrency;
   L->progress = isatty(STDOUT_FILENO);
   if (attn_hist_init(&L->hist) < 0) {
     fprintf(stderr, "attn load: out of memory\n");
-    free(body);
     return 1;
   }
-  signal(SIGPIPE, SIG_IGN);
+  return 0;
+}
 
+/* Runs the plan on one libuv loop until it stops; 0, or 1 when out of
+ * memory for a connection. */
+static int load_run(load *L) {
   uv_loop_t loop;
   uv_loop_init(&loop);
   L->loop = &loop;
@@ -1207,16 +833,15 @@ int attn_cmd_load(int argc, char **argv) {
   uv_signal_init(&loop, &L->sigint);
   L->tick.data = L->sched.data = L->end.data = L->sigint.data = L;
   uv_signal_start(&L->sigint, on_sigint, SIGINT);
-
   int rc = 0;
   L->t0 = L->last_prog_ns = now_ns();
   uv_timer_start(&L->tick, on_tick, TICK_MS, TICK_MS);
-  if (!have_n)
-    uv_timer_start(&L->end, on_end, (uint64_t)(duration * 1e3 + 0.5), 0);
+  if (L->max_requests == 0)
+    uv_timer_start(&L->end, on_end, (uint64_t)(L->duration * 1e3 + 0.5), 0);
   if (L->open_loop) {
     dispatch_due(L);
   } else {
-    for (int i = 0; i < concurrency && !L->stopping; i++) {
+    for (int i = 0; i < L->concurrency && !L->stopping; i++) {
       conn *cn = conn_new(L);
       if (!cn) {
         fprintf(stderr, "attn load: out of memory\n");
@@ -1233,36 +858,83 @@ int attn_cmd_load(int argc, char **argv) {
   uv_run(&loop, UV_RUN_DEFAULT);
   if (uv_loop_close(&loop) != 0)
     fprintf(stderr, "attn load: warning: handles left open\n");
+  return rc;
+}
 
+static void load_report(const load *L, const load_args *a, const char *body_desc,
+                        double flops) {
+  char url[2400];
+  snprintf(url, sizeof url, "http://%s:%d%s%s%s", a->u.host, a->u.port, a->path,
+           a->query[0] ? "?" : "", a->query);
   if (L->progress)
     printf("\r\033[K");
-  uint64_t terr = 0;
-  for (int t = 0; t < T_COUNT; t++)
-    terr += L->terr[t];
-  report R = {.url = url,
-              .body_kind = body_file ? body_file : json_body ? "JSON" : "safetensors",
-              .body_desc = body_desc,
-              .flops = flops,
-              .elapsed = (double)(L->t_end - L->t0) * 1e-9};
+  attn_load_report R = {
+      .url = url,
+      .body_kind = a->body_file ? a->body_file : a->json_body ? "JSON" : "safetensors",
+      .body_desc = body_desc,
+      .body_len = L->body_len,
+      .flops = flops,
+      .elapsed = (double)(L->t_end - L->t0) * 1e-9,
+      .open_loop = L->open_loop,
+      .rate = L->rate,
+      .duration = L->duration,
+      .concurrency = L->concurrency,
+      .max_pool = L->max_pool,
+      .connections = L->npool,
+      .max_requests = L->max_requests};
   if (R.elapsed <= 0)
     R.elapsed = 1e-9;
-  if (L->no_connect) {
-    fprintf(stderr, "attn load: cannot connect to %s:%d: %s\n", u.host, u.port,
-            uv_strerror(L->connect_err));
-    rc = 1;
-  }
-  if (json_out)
-    print_json(L, &R, terr);
+  if (a->json_out)
+    attn_load_print_json(&R, &L->n, &L->hist);
   else
-    print_text(L, &R, terr);
+    attn_load_print_text(&R, &L->n, &L->hist);
   fflush(stdout);
+}
 
+static void load_free(load *L) {
   for (int i = 0; i < L->npool; i++) {
-    free(L->pool[i]->hbuf);
+    attn_http_reply_free(&L->pool[i]->rp);
     free(L->pool[i]->rbuf);
     free(L->pool[i]);
   }
   attn_hist_free(&L->hist);
+}
+
+int attn_cmd_load(int argc, char **argv) {
+  load_args a = {.concurrency = 8, .duration = 10, .timeout = 30, .shape = {1, 8, 512, 64},
+                 .dt = ATTN_F32};
+  int rc = parse_load_args(argc, argv, &a);
+  if (rc != 0)
+    return rc < 0 ? 0 : rc;
+  char *body = NULL;
+  size_t body_len = 0;
+  if ((rc = make_body(&a, &body, &body_len)) != 0) {
+    free(body);
+    return rc;
+  }
+  char body_desc[512];
+  double flops = body_flops(body, body_len, a.json_body, a.query, body_desc, sizeof body_desc);
+  load *L = calloc(1, sizeof *L); /* 8 KiB of pool: not on the stack */
+  char head[3000];
+  if (!L) {
+    fprintf(stderr, "attn load: out of memory\n");
+    free(body);
+    return 1;
+  }
+  L->body = body;
+  L->body_len = body_len;
+  if ((rc = load_setup(L, &a, head, sizeof head)) == 0) {
+    signal(SIGPIPE, SIG_IGN);
+    rc = load_run(L);
+    if (L->no_connect) {
+      fprintf(stderr, "attn load: cannot connect to %s:%d: %s\n", a.u.host, a.u.port,
+              uv_strerror(L->connect_err));
+      rc = 1;
+    }
+    load_report(L, &a, body_desc, flops);
+  }
+  load_free(L);
+  free(L);
   free(body);
   return rc;
 }

@@ -9,6 +9,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 struct cJSON;
 
@@ -64,5 +65,25 @@ size_t attn__jr_count(const attn__jr *j);
 typedef int (*attn__query_fn)(void *ctx, const char *name, size_t nlen, const char *value,
                               size_t vlen, bool has_value, attn_status *st);
 int attn__query_each(const char *query, attn__query_fn fn, void *ctx, attn_status *st);
+
+/* ---- writers the request and reply encoders share -------------------- */
+
+struct attn_sbuf;
+/* "name": {"shape": [...], "dtype": "...", "data": [...]}, each number the
+ * shortest text that reads back to its dtype's value (null when not
+ * finite). */
+void attn__json_put_tensor(struct attn_sbuf *b, const char *name, const int64_t *shape,
+                           int rank, attn_dtype dt, const void *data);
+/* One safetensors header entry "name":{dtype, shape, data_offsets} at h + o
+ * (a ',' first unless o <= 1, just past the '{'); returns the new length,
+ * >= cap once the header does not fit. */
+size_t attn__st_put_entry(char *h, size_t cap, size_t o, const char *name, attn_dtype dt,
+                          const int64_t *shape, int rank, size_t begin, size_t end);
+/* A safetensors file: the 8-byte length, header h[0..n) padded with spaces
+ * to a multiple of 8 bytes, then the parts' bytes in order. *pbuf is
+ * malloc'd; `what` ("reply", "request") names it in the out-of-memory
+ * message. */
+int attn__st_frame(const char *h, size_t n, const void *const *parts, const size_t *sizes,
+                   int nparts, const char *what, void **pbuf, size_t *plen, attn_status *st);
 
 #endif

@@ -640,8 +640,7 @@ static void put_shape(attn_sbuf *b, const int64_t *shape, int rank) {
   attn_sbuf_put(b, "]", 1);
 }
 
-/* "name": {"shape": [...], "dtype": "...", "data": [...]} */
-static void put_tensor(attn_sbuf *b, const char *name, const int64_t *shape, int rank,
+void attn__json_put_tensor(attn_sbuf *b, const char *name, const int64_t *shape, int rank,
                        attn_dtype dt, const void *data) {
   size_t n = 1;
   for (int i = 0; i < rank; i++)
@@ -679,13 +678,13 @@ int attn_proto_encode_json(const attn_proto_req *pr, const char *backend, char *
     n *= (size_t)pr->shape_q[i];
   attn_sbuf_reserve(&b, n * 12 + 256);
   attn_sbuf_puts(&b, "{");
-  put_tensor(&b, "o", pr->shape_q, pr->rank, r->dtype, r->o);
+  attn__json_put_tensor(&b, "o", pr->shape_q, pr->rank, r->dtype, r->o);
   if (pr->opts.stats && r->m && r->l && r->lse) {
     const float *s[3] = {r->m, r->l, r->lse};
     static const char *const names[3] = {"m", "l", "lse"};
     for (int i = 0; i < 3; i++) {
       attn_sbuf_puts(&b, ", ");
-      put_tensor(&b, names[i], pr->shape_q, pr->rank - 1, ATTN_F32, s[i]);
+      attn__json_put_tensor(&b, names[i], pr->shape_q, pr->rank - 1, ATTN_F32, s[i]);
     }
   }
   if (backend) {

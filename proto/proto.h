@@ -200,6 +200,48 @@ size_t attn_proto_json_decode_bound(size_t len);
 int attn_proto_encode_json(const attn_proto_req *pr, const char *backend, char **pbuf,
                            size_t *plen, attn_status *st);
 
+/* ---- the client side: requests out, replies in ----------------------- */
+
+/*
+ * Request bodies from an engine request's q, k, v (contiguous [B, H, N, D]
+ * of r->dtype: batch, heads_q, seq_q, head_dim for q; heads_kv, seq_kv for
+ * k and v) and the options set in opts (NULL or none set: no options in the
+ * body; the server lets the body's options win over its query string).
+ * safetensors: the header padded to a multiple of 8 bytes, so the server
+ * reads the tensors in place, options as "__metadata__" string values.
+ * JSON: {"q": {"shape", "dtype", "data"}, "k", "v", options as typed
+ * fields}, each number the shortest text that reads back to its value.
+ * *pbuf is malloc'd (the JSON NUL-terminated, *plen without the NUL).
+ * Errors: ATTN_EINVAL for a request without tensors or with a dimension
+ * below 1, ATTN_PROTO_ETOOLARGE when the sizes overflow, ATTN_PROTO_ENOMEM.
+ */
+int attn_proto_encode_request_safetensors(const attn_request *r, const attn_options *opts,
+                                          void **pbuf, size_t *plen, attn_status *st);
+int attn_proto_encode_request_json(const attn_request *r, const attn_options *opts,
+                                   char **pbuf, size_t *plen, attn_status *st);
+
+/*
+ * A reply read into pr's output buffers (pr->req.o in the request's dtype;
+ * m, l, lse F32), pr as a request decoder or attn_proto_build made it for
+ * the request that was sent: it says the shapes and dtype the reply must
+ * have and, with pr->opts.stats, that m, l, lse are due. Exactly those
+ * tensors are accepted: a missing, extra, mistyped or misshapen tensor, or
+ * data that does not fit, is refused with a message naming the tensor
+ * (ATTN_PROTO_EJSON or ESAFETENSORS for the syntax, EMISSING,
+ * EUNKNOWNTENSOR, EDTYPE, ESHAPE, ETENSOR for the content). The output
+ * buffers may be partly written when it fails.
+ *
+ * JSON: {"o": {shape, dtype, data}, "m", "l", "lse", "backend"}; a null
+ * number is -inf (JSON has no infinity; the encoder writes non-finite
+ * statistics as null); F16 and BF16 numbers are rounded once to the dtype.
+ * The "backend" string, when present, goes to backend (cap bytes, cut);
+ * backend may be NULL.
+ */
+int attn_proto_decode_reply_safetensors(const void *body, size_t len, attn_proto_req *pr,
+                                        attn_status *st);
+int attn_proto_decode_reply_json(const char *body, size_t len, attn_proto_req *pr,
+                                 char *backend, size_t cap, attn_status *st);
+
 /* ---- JSON text helpers, errors and the memory plan -------------------- */
 
 /* A growing text buffer; zero-initialize it. A failed allocation sets oom

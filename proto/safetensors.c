@@ -460,8 +460,8 @@ int attn_proto_decode_safetensors(const void *body, size_t len, const attn_optio
 
 /* ---- encoding ------------------------------------------------------------ */
 
-static size_t put_entry(char *h, size_t cap, size_t o, const char *name, attn_dtype dt,
-                        const int64_t *shape, int rank, size_t begin, size_t end) {
+size_t attn__st_put_entry(char *h, size_t cap, size_t o, const char *name, attn_dtype dt,
+                          const int64_t *shape, int rank, size_t begin, size_t end) {
   if (o >= cap)
     return o;
   o += (size_t)snprintf(h + o, cap - o, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[",
@@ -471,6 +471,31 @@ static size_t put_entry(char *h, size_t cap, size_t o, const char *name, attn_dt
   if (o < cap)
     o += (size_t)snprintf(h + o, cap - o, "],\"data_offsets\":[%zu,%zu]}", begin, end);
   return o;
+}
+
+int attn__st_frame(const char *h, size_t n, const void *const *parts, const size_t *sizes,
+                   int nparts, const char *what, void **pbuf, size_t *plen, attn_status *st) {
+  /* Data starting at a multiple of 8 keeps every tensor of a file read
+   * whole into aligned memory usable in place. */
+  size_t padded = (n + 7) & ~(size_t)7, total = 8 + padded;
+  for (int i = 0; i < nparts; i++)
+    total += sizes[i];
+  unsigned char *buf = malloc(total);
+  if (!buf)
+    return attn_status_set(st, ATTN_PROTO_ENOMEM, "out of memory for the %zu-byte safetensors %s",
+                           total, what);
+  for (int i = 0; i < 8; i++)
+    buf[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+  memcpy(buf + 8, h, n);
+  memset(buf + 8 + n, ' ', padded - n);
+  unsigned char *d = buf + 8 + padded;
+  for (int i = 0; i < nparts; i++) {
+    memcpy(d, parts[i], sizes[i]);
+    d += sizes[i];
+  }
+  *pbuf = buf;
+  *plen = total;
+  return 0;
 }
 
 int attn_proto_encode_safetensors(const attn_proto_req *pr, void **pbuf, size_t *plen,
@@ -492,37 +517,18 @@ int attn_proto_encode_safetensors(const attn_proto_req *pr, void **pbuf, size_t 
 
   char h[1024];
   size_t n = (size_t)snprintf(h, sizeof h, "{");
-  n = put_entry(h, sizeof h, n, "o", r->dtype, pr->shape_q, pr->rank, 0, ob);
+  n = attn__st_put_entry(h, sizeof h, n, "o", r->dtype, pr->shape_q, pr->rank, 0, ob);
   if (stats) {
     static const char *const names[3] = {"m", "l", "lse"};
     for (int i = 0; i < 3; i++)
-      n = put_entry(h, sizeof h, n, names[i], ATTN_F32, pr->shape_q, pr->rank - 1,
+      n = attn__st_put_entry(h, sizeof h, n, names[i], ATTN_F32, pr->shape_q, pr->rank - 1,
                     ob + (size_t)i * sb, ob + (size_t)(i + 1) * sb);
   }
   if (n < sizeof h)
     n += (size_t)snprintf(h + n, sizeof h - n, "}");
   if (n >= sizeof h)
     return attn_status_set(st, ATTN_EINVAL, "safetensors header over %zu bytes", sizeof h);
-  /* Data starting at a multiple of 8 keeps every tensor of a file read
-   * whole into aligned memory usable in place. */
-  size_t padded = (n + 7) & ~(size_t)7;
-  size_t total = 8 + padded + ob + (stats ? 3 * sb : 0);
-  unsigned char *buf = malloc(total);
-  if (!buf)
-    return attn_status_set(st, ATTN_PROTO_ENOMEM,
-                           "out of memory for the %zu-byte safetensors reply", total);
-  for (int i = 0; i < 8; i++)
-    buf[i] = (unsigned char)((uint64_t)padded >> (8 * i));
-  memcpy(buf + 8, h, n);
-  memset(buf + 8 + n, ' ', padded - n);
-  unsigned char *d = buf + 8 + padded;
-  memcpy(d, r->o, ob);
-  if (stats) {
-    memcpy(d + ob, r->m, sb);
-    memcpy(d + ob + sb, r->l, sb);
-    memcpy(d + ob + 2 * sb, r->lse, sb);
-  }
-  *pbuf = buf;
-  *plen = total;
-  return 0;
+  const void *parts[4] = {r->o, r->m, r->l, r->lse};
+  size_t sizes[4] = {ob, sb, sb, sb};
+  return attn__st_frame(h, n, parts, sizes, stats ? 4 : 1, "reply", pbuf, plen, st);
 }

@@ -120,7 +120,10 @@ int main(void) {
   if (attn_bench_case_init(&bc, 1, 16, 16, 5461, 5461, 64, ATTN_F32, false, 3) < 0)
     return 1;
   ctx c = {0};
-  c.body = attn_bench_safetensors(&bc.req, NULL, &c.len);
+  void *sb;
+  if (attn_proto_encode_request_safetensors(&bc.req, NULL, &sb, &c.len, &st) < 0)
+    return 1;
+  c.body = sb;
   c.dst = malloc(c.len);
   memset(c.dst, 1, c.len);
   if (attn_proto_decode_safetensors(c.body, c.len, NULL, &c.pr, &st) < 0) {
@@ -140,11 +143,14 @@ int main(void) {
   free(c.dst);
   attn_bench_case_free(&bc);
 
-  /* JSON: q, k, v [1, 1, 5461, 64] F32 as %.9g text, about 10 MB */
+  /* JSON: q, k, v [1, 1, 5461, 64] F32 as the shortest text, about 10 MB */
   if (attn_bench_case_init(&bc, 1, 1, 1, 5461, 5461, 64, ATTN_F32, false, 4) < 0)
     return 1;
   c = (ctx){0};
-  c.body = attn_bench_json(&bc.req, NULL, &c.len);
+  char *jb;
+  if (attn_proto_encode_request_json(&bc.req, NULL, &jb, &c.len, &st) < 0)
+    return 1;
+  c.body = jb;
   if (attn_proto_decode_json(c.body, c.len, NULL, &c.pr, &st) < 0) {
     fprintf(stderr, "bench: %s\n", st.message);
     return 1;

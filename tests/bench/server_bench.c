@@ -14,6 +14,7 @@
  * and not asserted (a shared machine moves both).
  */
 #include "benchlib.h"
+#include "proto.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -146,6 +147,23 @@ static void load_vs_wrk(const char *attnd, const char *attn, const char *body, i
          w.rps, ours, ours / w.rps);
 }
 
+/* Writes c's request as a safetensors body to path, its length into *plen;
+ * -1 when it cannot. */
+static int save_body(const attn_bench_case *c, const char *path, size_t *plen) {
+  size_t len = 0;
+  void *body = NULL;
+  attn_status st;
+  if (attn_proto_encode_request_safetensors(&c->req, NULL, &body, &len, &st) < 0)
+    return -1;
+  FILE *f = fopen(path, "wb");
+  int ok = f && fwrite(body, 1, len, f) == len;
+  if (f)
+    ok = fclose(f) == 0 && ok;
+  free(body);
+  *plen = len;
+  return ok ? 0 : -1;
+}
+
 int main(int argc, char **argv) {
   const char *attnd = argc > 1 ? argv[1] : "build/attnd";
   const char *dir = argc > 2 ? argv[2] : "build/bench";
@@ -171,16 +189,13 @@ int main(int argc, char **argv) {
     if (attn_bench_case_init(&c, 1, sizes[i].heads, sizes[i].heads, sizes[i].seq,
                              sizes[i].seq, sizes[i].dim, sizes[i].dt, false, 5) < 0)
       return 1;
-    size_t len;
-    char *body = attn_bench_safetensors(&c.req, NULL, &len);
     char path[256];
     snprintf(path, sizeof path, "%s/%s.safetensors", dir, sizes[i].name);
-    FILE *f = fopen(path, "wb");
-    if (!body || !f || fwrite(body, 1, len, f) != len) {
+    size_t len;
+    if (save_body(&c, path, &len) < 0) {
       fprintf(stderr, "bench-server: cannot write %s\n", path);
       return 1;
     }
-    fclose(f);
     /* the engine alone, with the server's threads (one per core) */
     attn_status st;
     attn_engine *e = attn_bench_open(0, NULL, &st);
@@ -213,7 +228,6 @@ int main(int argc, char **argv) {
            (double)len * 1e-6, te * 1e3, one.mean_ms, one.p50_ms, one.p99_ms,
            one.mean_ms / (te * 1e3), four.rps);
     fflush(stdout);
-    free(body);
     attn_bench_case_free(&c);
   }
   int port = free_port();
@@ -232,14 +246,8 @@ int main(int argc, char **argv) {
   snprintf(lpath, sizeof lpath, "%s/load.safetensors", dir);
   if (attn_bench_case_init(&lc, 1, 2, 2, 64, 64, 64, ATTN_F32, false, 7) == 0) {
     size_t len;
-    char *body = attn_bench_safetensors(&lc.req, NULL, &len);
-    FILE *f = fopen(lpath, "wb");
-    int ok = body && f && fwrite(body, 1, len, f) == len;
-    if (f)
-      ok = fclose(f) == 0 && ok;
-    if (ok)
+    if (save_body(&lc, lpath, &len) == 0)
       load_vs_wrk(attnd, attn, lpath, seconds);
-    free(body);
     attn_bench_case_free(&lc);
   }
   printf("overhead: mean latency on one connection over the engine-only time (median of 20).\n");

@@ -5,6 +5,9 @@
  * problems (tests/unit/helpers.h) and check replies against the float64
  * reference.
  *
+ * Its codecs (json_body, st_body, parse_*_reply) are deliberately its own,
+ * not proto's: an oracle that shared proto's code would share its bugs.
+ *
  * The server binary is $ATTND_BIN (default build/attnd). $ATTND_START_TIMEOUT
  * (seconds, default 10) bounds the wait for /healthz after a start.
  */

@@ -1,7 +1,6 @@
 /* helpers.c — see helpers.h. */
 #include "helpers.h"
 
-#include "benchlib.h"
 #include "reference.h"
 
 #include <math.h>
@@ -317,8 +316,41 @@ const char *tdesc(const tprob *p, char *buf, size_t cap) {
   return buf;
 }
 
+/* Written here, not with proto's request encoder: the tests' bodies stay
+ * independent of the codecs under test (see harness.h). */
 char *tsafetensors(const tcase *c, const char *metadata, size_t *plen) {
-  return attn_bench_safetensors(&c->req, metadata, plen);
+  const attn_request *r = &c->req;
+  size_t es = attn_dtype_size(r->dtype);
+  size_t qb = (size_t)(r->batch * r->heads_q * r->seq_q * r->head_dim) * es;
+  size_t kb = (size_t)(r->batch * r->heads_kv * r->seq_kv * r->head_dim) * es;
+  char hdr[1024];
+  int n = snprintf(hdr, sizeof hdr, "{%s%s%s", metadata ? "\"__metadata__\":" : "",
+                   metadata ? metadata : "", metadata ? "," : "");
+  const char *names[3] = {"q", "k", "v"};
+  size_t off[4] = {0, qb, qb + kb, qb + 2 * kb};
+  for (int i = 0; i < 3 && n > 0 && (size_t)n < sizeof hdr; i++)
+    n += snprintf(hdr + n, sizeof hdr - (size_t)n,
+                  "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld,%lld,%lld,%lld],"
+                  "\"data_offsets\":[%zu,%zu]}", i ? "," : "", names[i],
+                  attn_dtype_name(r->dtype), (long long)r->batch,
+                  (long long)(i ? r->heads_kv : r->heads_q), (long long)(i ? r->seq_kv : r->seq_q),
+                  (long long)r->head_dim, off[i], off[i + 1]);
+  if (n < 0 || (size_t)n >= sizeof hdr - 8)
+    return NULL;
+  hdr[n++] = '}';
+  while (n % 8) /* data 8-byte aligned, so the decoder may read it in place */
+    hdr[n++] = ' ';
+  char *b = malloc(8 + (size_t)n + off[3]);
+  if (!b)
+    return NULL;
+  for (int i = 0; i < 8; i++)
+    b[i] = (char)((uint64_t)n >> (8 * i));
+  memcpy(b + 8, hdr, (size_t)n);
+  const void *src[3] = {r->q, r->k, r->v};
+  for (int i = 0; i < 3; i++)
+    memcpy(b + 8 + n + off[i], src[i], off[i + 1] - off[i]);
+  *plen = 8 + (size_t)n + off[3];
+  return b;
 }
 
 int tattn(const char *sub, const char *args, char *out, size_t cap) {

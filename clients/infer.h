@@ -1,0 +1,63 @@
+/*
+ * infer.h — what the parts of `attn infer` share: the parsed command line,
+ * and one HTTP exchange as infer_send.c made it (the reply's bytes, status,
+ * type and timings, with no curl handle left open). infer_cmd.c reads the
+ * arguments and runs the steps; infer_send.c sends; infer_report.c prints;
+ * infer_check.c compares the reply with float64 attention.
+ */
+#ifndef ATTN_INFER_H
+#define ATTN_INFER_H
+
+#include "proto.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define ATTN_INFER_ME "attn infer"
+
+typedef struct attn_infer_args {
+  const char *url, *in, *out;
+  int64_t shape[4], shape_kv[4];
+  bool have_shape, have_shape_kv, have_dtype, have_seed;
+  attn_dtype dtype;
+  uint64_t seed;
+  bool json, check, quiet;
+  double timeout;
+  attn_options opts; /* the flags, validated by the server's own parser */
+  attn_sbuf query;   /* the same flags as a query string */
+} attn_infer_args;
+
+typedef struct attn_infer_reply {
+  char *body; /* NUL-terminated */
+  size_t len, cap;
+  bool oom;
+  long http;
+  char ctype[128]; /* "" when the reply has none */
+  double connect, pre, first, total; /* seconds: connected, request about to
+                                        go, first reply byte, done */
+  long long up, down;                /* body bytes each way */
+} attn_infer_reply;
+
+/* URL/attention (or URL when it already ends so) with the query. */
+void attn_infer_url(const attn_infer_args *a, attn_sbuf *url);
+
+/* POSTs body to url; 0 when an HTTP reply came (any status), else the exit
+ * status after one line on stderr (2 for a URL curl cannot use). */
+int attn_infer_send(const attn_infer_args *a, const char *url, const void *body, size_t len,
+                    attn_infer_reply *r);
+void attn_infer_reply_free(attn_infer_reply *r);
+
+/* An error reply as one line: status, code and message of its body. */
+void attn_infer_print_error(const attn_infer_reply *r);
+/* The report of a successful exchange (status, problem, time, bytes,
+ * GFLOP/s served, the file written). */
+void attn_infer_print_report(const attn_infer_args *a, const attn_proto_req *pr,
+                             const attn_infer_reply *r, const char *url, bool st_reply,
+                             const char *backend, size_t up, bool wrote_out);
+
+/* --check: the reply in pr's outputs against float64 attention; prints
+ * the check line and returns the exit status (0 pass, 1 fail). */
+int attn_infer_check(const attn_infer_args *a, const attn_proto_req *pr);
+
+#endif

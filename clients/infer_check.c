@@ -1,0 +1,95 @@
+/*
+ * infer_check.c — `attn infer --check`: the reply against float64 standard
+ * attention on the same inputs (engine/reference.h), with the tolerances
+ * the usage text gives: normalized error of o per dtype, and m, l, lse
+ * within 1e-5 relative to max(1, |ref|).
+ */
+#include "infer.h"
+#include "reference.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static int fail(char *err, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t cap, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, cap, fmt, ap);
+  va_end(ap);
+  return -1;
+}
+
+/* Query rows: the statistics' element count, o's over D. */
+static size_t rows_of(const attn_request *r) { return (size_t)(r->batch * r->heads_q * r->seq_q); }
+
+static double rel_err(double x, double ref) {
+  if (isinf(ref) || isinf(x) || isnan(x))
+    return x == ref ? 0 : INFINITY;
+  return fabs(x - ref) / fmax(1.0, fabs(ref));
+}
+
+static double tolerance(attn_dtype dt) {
+  return dt == ATTN_F32 ? 1e-5 : dt == ATTN_F16 ? 1e-3 : 8e-3;
+}
+
+/*
+ * Errors of the reply (in pr's output buffers) against float64 standard
+ * attention on the same inputs: e[0] the normalized error of o, e[1..3] the
+ * largest error of m, l, lse relative to max(1, |ref|). Returns 0, or -1
+ * with the reason in err.
+ */
+static int check_reply(const attn_proto_req *pr, double e[4], char *err, size_t cap) {
+  const attn_request *r = &pr->req;
+  size_t rows = rows_of(r), n = rows * (size_t)r->head_dim;
+  double *o = malloc(n * sizeof *o), *st = malloc(3 * rows * sizeof *st);
+  attn_status s;
+  int rc = 0;
+  if (!o || !st) {
+    rc = fail(err, cap, "out of memory for the float64 reference");
+  } else if (attn_reference(r, o, st, st + rows, st + 2 * rows, &s) < 0) {
+    rc = fail(err, cap, "the float64 reference failed: %s", s.message);
+  } else {
+    double num = 0, den = 0;
+    bool nan = false;
+    for (size_t i = 0; i < n; i++) {
+      double x = attn_load_elem(r->o, r->dtype, i), d = x - o[i];
+      nan |= x != x;
+      num += d * d;
+      den += o[i] * o[i];
+    }
+    e[0] = nan ? INFINITY : den > 0 ? sqrt(num / den) : sqrt(num);
+    const float *got[3] = {r->m, r->l, r->lse};
+    for (int k = 0; k < 3; k++) {
+      e[1 + k] = 0;
+      for (size_t i = 0; pr->opts.stats && i < rows; i++)
+        e[1 + k] = fmax(e[1 + k], rel_err(got[k][i], st[k * rows + i]));
+    }
+  }
+  free(o);
+  free(st);
+  return rc;
+}
+
+int attn_infer_check(const attn_infer_args *a, const attn_proto_req *pr) {
+  double e[4];
+  double tol = tolerance(pr->req.dtype), stol = 1e-5;
+  char err[512];
+  if (check_reply(pr, e, err, sizeof err) < 0) {
+    fprintf(stderr, ATTN_INFER_ME ": --check: %s\n", err);
+    return 1;
+  }
+  bool pass = e[0] <= tol;
+  for (int k = 1; k < 4; k++)
+    pass = pass && e[k] <= stol;
+  FILE *f = pass ? stdout : stderr;
+  if (!pass || !a->quiet) {
+    fprintf(f, "check     o %.2e", e[0]);
+    if (pr->opts.stats)
+      fprintf(f, ", m %.2e, l %.2e, lse %.2e", e[1], e[2], e[3]);
+    fprintf(f, " (tolerance %s %g%s) against float64: %s\n", attn_dtype_name(pr->req.dtype),
+            tol, pr->opts.stats ? ", statistics 1e-05" : "", pass ? "PASS" : "FAIL");
+  }
+  return pass ? 0 : 1;
+}

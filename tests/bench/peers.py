@@ -128,7 +128,6 @@ def torch_worker(a):
 
     torch.set_num_threads(a.threads)
     q, k, v, causal, dt = read_file(a.file)
-    tdt = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}[dt]
 
     def to_torch(x):
         if dt == "BF16":  # numpy has no bfloat16: reinterpret the raw bits
@@ -298,7 +297,7 @@ def fmt(x, spec):
     return "-" if x is None else format(x, spec)
 
 
-def print_table(rows, best, peak, a):
+def print_table(rows, best, peak):
     hdr = ("%-24s %-4s %-6s | %8s %8s %8s | %7s %7s | %-9s %5s | %8s"
            % ("shape (B=1)", "type", "causal", "attnd", "torch", "numpy",
               "a/torch", "a/numpy", "peak path", "%peak", "diff"))
@@ -389,7 +388,7 @@ def main_driver(a):
     passes = [one_pass(rows, a, k) for k in range(a.runs)]
     best = best_of(passes)
     print()
-    worst = print_table(rows, best, peak, a)
+    worst = print_table(rows, best, peak)
     print()
     print_notes(best, peak, a)
     print("load average (1 min) at start %s, at end %s, on %d online CPUs"

@@ -5,6 +5,8 @@
 #   make test          deps + build + every test          (SAN=1: ASan + UBSan)
 #                      (the first run makes build/venv from PyPI: Schemathesis)
 #   make bench         the CPU benchmark against OpenBLAS (not part of test)
+#   make bench-peers   attnd against PyTorch and numpy (not part of test; the
+#                      first run makes build/peers-venv from PyPI: torch, ~GBs)
 #   make test-gpu      the CUDA tests (tests/gpu/; they say skipped without a GPU)
 #   make test-image    the CPU container image built and run without Docker
 #   make clean
@@ -158,14 +160,17 @@ SERVER_SRC = server/main.c server/config.c server/http.c server/loop.c server/de
              server/metrics.c server/conns.c server/mhd_shim.c server/errors.c server/request.c
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/obj/%.o)
 
-.PHONY: all deps bench-deps test test-gpu test-image bench bench-server bench-memory fuzz run \
-        clean FORCE
+.PHONY: all deps bench-deps test test-gpu test-image bench bench-peers bench-server \
+        bench-memory fuzz run clean FORCE
 all: $(BUILD)/attn $(BUILD)/attnd
 
+# Expanded here, once: a target-specific CPPFLAGS (-Iclients on some
+# objects) is inherited by prerequisites, and would otherwise rewrite
+# build/.flags and rebuild everything each time such an object is made.
+FLAGS_LINE := $(CC) $(CPPFLAGS) $(ALL_CFLAGS)
 $(BUILD)/.flags: FORCE
 	@mkdir -p $(BUILD)
-	@echo '$(CC) $(CPPFLAGS) $(ALL_CFLAGS)' | cmp -s - $@ || \
-	  echo '$(CC) $(CPPFLAGS) $(ALL_CFLAGS)' > $@
+	@echo '$(FLAGS_LINE)' | cmp -s - $@ || echo '$(FLAGS_LINE)' > $@
 
 $(BUILD)/obj/%.o: %.c $(BUILD)/.flags
 	@mkdir -p $(dir $@)
@@ -245,6 +250,21 @@ $(BUILD)/obj/tests/bench/cpu_vs_blas.o: tests/bench/cpu_vs_blas.c $(BUILD)/.flag
 $(BUILD)/bench-cpu: $(BENCH_OBJ) $(LIB)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ -lopenblas -lmvec $(LDLIBS_ALL)
 
+# make bench-peers's C side: attnd timed on a safetensors file, and the
+# per-instruction peak (its paths are chosen with target attributes, so it
+# needs no -m flags).
+# (-Iclients on the command line, not as a target variable: that one would be
+# inherited by build/.flags and rebuild every object.)
+$(BUILD)/obj/tests/bench/peers_attn.o: tests/bench/peers_attn.c $(BUILD)/.flags
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) -Iclients $(ALL_CFLAGS) -c $< -o $@
+
+$(BUILD)/bench-peers-attn: $(BUILD)/obj/tests/bench/peers_attn.o $(BUILD)/obj/clients/benchlib.o $(LIB)
+	$(CC) $(ALL_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
+
+$(BUILD)/bench-peak: $(BUILD)/obj/tests/bench/peak.o
+	$(CC) $(ALL_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
+
 # (second expansion: the rule's prerequisites name FUZZ_SRC_<name> by its stem)
 .SECONDEXPANSION:
 $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_SRC) $(wildcard proto/*.h engine/*.h tests/fuzz/*.h) \
@@ -264,6 +284,23 @@ fuzz: deps
 	    > $(BUILD)/fuzz/$$t.log 2>&1 || { tail -40 $(BUILD)/fuzz/$$t.log; exit 1; }; \
 	  grep -E 'stat::number_of_executed_units|stat::new_units_added' $(BUILD)/fuzz/$$t.log; \
 	done
+
+# ---- the peers venv (torch and numpy for make bench-peers) ------------------
+# Apart from the test venv: torch with its CUDA wheels is a few GB that only
+# this benchmark wants. Same scheme: Debian's interpreter, pinned
+# requirements, a stamp so that later runs never call pip.
+PEERS_VENV = $(BUILD)/peers-venv
+PEERS_REQS = tests/bench/requirements-peers.txt
+
+$(PEERS_VENV)/.stamp: $(PEERS_REQS)
+	@rm -f $@
+	@[ -x $(PEERS_VENV)/bin/python ] || /usr/bin/python3 -m venv $(PEERS_VENV)
+	@echo "make: installing $(PEERS_REQS) into $(PEERS_VENV) (torch: a few GB, once)"
+	@$(PEERS_VENV)/bin/python -m pip install --disable-pip-version-check -q \
+	    --retries 2 --timeout 60 -r $(PEERS_REQS) || { \
+	  echo "make: could not install $(PEERS_REQS) from PyPI into $(PEERS_VENV) (see" \
+	       "pip's error above): check the network or proxy" >&2; exit 1; }
+	@touch $@
 
 # ---- the test venv (PyPI packages the tests need: Schemathesis, ...) -------
 # Made with Debian's interpreter (a pyenv python3 on PATH is not what CI
@@ -351,6 +388,12 @@ bench: deps bench-deps
 	$(MAKE) --no-print-directory $(BUILD)/bench-cpu $(BUILD)/bench-codec $(BUILD)/attn
 	$(BUILD)/bench-cpu
 	$(BUILD)/bench-codec
+
+# attnd, torch's SDPA and numpy on the same tensors and threads
+# (tests/bench/peers.py; PEERS_FLAGS adds flags, e.g. --threads 4 --isa avx2).
+bench-peers: deps
+	$(MAKE) --no-print-directory $(BUILD)/bench-peers-attn $(BUILD)/bench-peak $(PEERS_VENV)/.stamp
+	$(PEERS_VENV)/bin/python tests/bench/peers.py --build $(BUILD) $(PEERS_FLAGS)
 
 # attnd under wrk against the engine alone (tests/bench/server_bench.c).
 bench-server: deps bench-deps

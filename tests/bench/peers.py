@@ -1,0 +1,421 @@
+"""make bench-peers: attnd against PyTorch's SDPA and numpy, same tensors, same threads.
+
+For each row of ROWS this script draws Q, K, V with numpy (fixed seed), writes them
+to one safetensors file, and times three implementations on that file, each in its
+own process so that no thread pool of one competes with another's:
+
+  attnd   build/bench-peers-attn: the engine's CPU backend through proto's
+          safetensors decoder, warm-up then the median of N runs;
+  torch   torch.nn.functional.scaled_dot_product_attention on the same values
+          (BF16/F16 as torch dtypes), torch.set_num_threads(T);
+  numpy   standard attention as a numpy user writes it, F32 rows only:
+          softmax(Q·Kᵀ·scale)·V with float32 matmul (OpenBLAS), the causal mask
+          as -inf outside np.tril; run with OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE
+          removed from its environment (they are set on some development
+          machines for an older OpenBLAS and slow the one numpy bundles).
+
+GFLOP/s is 4·D per visible (query, key) pair for every implementation, so the
+ratios are ratios of time. The peak column comes from build/bench-peak: the
+matmul instruction the attnd kernel runs (named in the engine's backend detail),
+on the same thread count. `diff` is ‖O_attnd − O_torch‖ / ‖O_torch‖.
+
+  peers.py --build build [--threads T] [--isa NAME] [--runs K] [--only SUBSTR]
+  peers.py --worker torch|numpy FILE --threads T --reps N --out O.npy   (internal)
+"""
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python"))
+import attnd  # noqa: E402  (the client's safetensors codec and bf16 rounding)
+from attnd import safetensors  # noqa: E402
+
+SEED = 20261130
+
+
+def row(name, h, hkv, nq, nkv, d, dtype, causal=False, reps=3):
+    return dict(name=name, h=h, hkv=hkv, nq=nq, nkv=nkv, d=d, dtype=dtype,
+                causal=causal, reps=reps)
+
+
+# The issue's rows (B = 1), then D=128 F32 causal, GQA decode and MQA. Decode
+# rows take milliseconds, so they get more repetitions for a stable median.
+ROWS = [
+    row("H8 N4096 D64", 8, 8, 4096, 4096, 64, "F32"),
+    row("H8 N4096 D64", 8, 8, 4096, 4096, 64, "F32", causal=True),
+    row("H8 N4096 D128", 8, 8, 4096, 4096, 128, "F32"),
+    row("H8 N4096 D128", 8, 8, 4096, 4096, 128, "F32", causal=True),
+    row("H8 N1024 D64", 8, 8, 1024, 1024, 64, "F32"),
+    row("H8 N4096 D64", 8, 8, 4096, 4096, 64, "BF16"),
+    row("H8 N4096 D128", 8, 8, 4096, 4096, 128, "BF16", causal=True),
+    row("H8 N4096 D128", 8, 8, 4096, 4096, 128, "F16"),
+    row("decode H32 Nkv8192 D128", 32, 32, 1, 8192, 128, "BF16", reps=21),
+    row("GQA 32/8 Nkv8192 D128", 32, 8, 1, 8192, 128, "BF16", reps=21),
+    row("GQA 32/8 Nkv32768 D128", 32, 8, 1, 32768, 128, "BF16", reps=21),
+    row("MQA 32/1 Nkv8192 D128", 32, 1, 1, 8192, 128, "BF16", reps=21),
+]
+
+
+def visible_pairs(r):
+    """(query, key) pairs attnd computes: causal is aligned bottom-right, as in attnd."""
+    if not r["causal"]:
+        return r["nq"] * r["nkv"]
+    off = r["nkv"] - r["nq"]
+    return sum(min(r["nkv"], i + off + 1) for i in range(r["nq"]))
+
+
+def flops(r):
+    return 4.0 * r["d"] * r["h"] * visible_pairs(r)
+
+
+# ---- inputs --------------------------------------------------------------------
+
+def make_file(r, path):
+    """Q [1,H,Nq,D], K and V [1,Hkv,Nkv,D], N(0,1) rounded to the row's dtype."""
+    rng = np.random.default_rng(SEED)
+    shapes = {"q": (1, r["h"], r["nq"], r["d"]), "k": (1, r["hkv"], r["nkv"], r["d"]),
+              "v": (1, r["hkv"], r["nkv"], r["d"])}
+    tensors = []
+    for name in ("q", "k", "v"):
+        x = rng.standard_normal(shapes[name], dtype=np.float32)
+        if r["dtype"] == "BF16":
+            x = attnd.float32_to_bf16(x)
+        elif r["dtype"] == "F16":
+            x = x.astype(np.float16)
+        tensors.append((name, r["dtype"], x))
+    meta = {"causal": "true"} if r["causal"] else None
+    with open(path, "wb") as f:
+        f.write(safetensors.encode(tensors, meta))
+
+
+def read_file(path):
+    """(q, k, v, causal, dtype) with BF16 still as uint16 bits."""
+    with open(path, "rb") as f:
+        tensors, meta = safetensors.decode(bytearray(f.read()))
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    return (tensors["q"], tensors["k"], tensors["v"], meta.get("causal") == "true",
+            header["q"]["dtype"])
+
+
+def median_time(fn, reps):
+    fn()  # warm-up: first-touch pages, thread pools, kernel selection
+    t = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        t.append(time.perf_counter() - t0)
+    return float(np.median(t))
+
+
+# ---- workers (each its own process) ---------------------------------------------
+
+def torch_worker(a):
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(a.threads)
+    q, k, v, causal, dt = read_file(a.file)
+
+    def to_torch(x):
+        if dt == "BF16":  # numpy has no bfloat16: reinterpret the raw bits
+            return torch.from_numpy(x.view(np.int16).copy()).view(torch.bfloat16)
+        return torch.from_numpy(np.ascontiguousarray(x))
+
+    q, k, v = to_torch(q), to_torch(k), to_torch(v)
+    gqa = q.shape[1] != k.shape[1]
+    native_gqa = "enable_gqa" in F.scaled_dot_product_attention.__doc__
+    if gqa and native_gqa:
+        def fn():
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    elif gqa:  # older torch: K/V expanded per query head, and that is timed too
+        g = q.shape[1] // k.shape[1]
+
+        def fn():
+            return F.scaled_dot_product_attention(q, k.repeat_interleave(g, 1),
+                                                  v.repeat_interleave(g, 1), is_causal=causal)
+    else:
+        def fn():
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    with torch.inference_mode():
+        sec = median_time(fn, a.reps)
+        o = fn()
+    np.save(a.out, o.float().numpy())
+    print(json.dumps({"seconds": sec, "version": torch.__version__,
+                      "threads": torch.get_num_threads(),
+                      "sdpa": sdpa_backend(torch, q, k, v, causal, gqa and native_gqa),
+                      "gqa": ("enable_gqa" if native_gqa else "repeat_interleave")
+                      if gqa else None}))
+
+
+def sdpa_backend(torch, q, k, v, causal, gqa):
+    """The kernel SDPA dispatches to (flash / math / ...), where torch says."""
+    try:
+        kw = {"enable_gqa": True} if gqa else {}
+        i = torch._fused_sdp_choice(q, k, v, None, 0.0, causal, **kw)
+        return torch.nn.attention.SDPBackend(i).name.lower()
+    except Exception:  # a private API: its absence is not an error
+        return "?"
+
+
+def numpy_worker(a):
+    q, k, v, causal, dt = read_file(a.file)
+    assert dt == "F32", "the numpy baseline runs F32 rows only"
+    q, k, v = (np.ascontiguousarray(x[0]) for x in (q, k, v))  # [H, N, D]
+    scale = np.float32(1.0 / math.sqrt(q.shape[-1]))
+    g = q.shape[0] // k.shape[0]
+    if g > 1:
+        k, v = np.repeat(k, g, axis=0), np.repeat(v, g, axis=0)
+    nq, nkv = q.shape[1], k.shape[1]
+    hidden = ~np.tril(np.ones((nq, nkv), dtype=bool), nkv - nq) if causal else None
+    kt = k.transpose(0, 2, 1)
+
+    def fn():
+        s = np.matmul(q, kt)
+        s *= scale
+        if hidden is not None:
+            np.copyto(s, -np.inf, where=hidden)
+        s -= s.max(axis=-1, keepdims=True)
+        np.exp(s, out=s)
+        s /= s.sum(axis=-1, keepdims=True)
+        return np.matmul(s, v)
+
+    from threadpoolctl import threadpool_info, threadpool_limits
+    with threadpool_limits(limits=a.threads, user_api="blas"):
+        sec = median_time(fn, a.reps)
+        blas = [p for p in threadpool_info() if p.get("user_api") == "blas"]
+    b = blas[0] if blas else {}
+    print(json.dumps({"seconds": sec, "version": np.__version__,
+                      "blas": "%s %s, kernel %s, %s threads" % (
+                          b.get("internal_api", "?"), b.get("version", "?"),
+                          b.get("architecture", "?"), b.get("num_threads", "?"))}))
+
+
+def run_worker(kind, path, r, threads, out):
+    env = dict(os.environ)
+    if kind == "numpy":
+        env.pop("OPENBLAS_CORETYPE", None)
+        env.pop("OPENBLAS_L2_SIZE", None)
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, path,
+           "--threads", str(threads), "--reps", str(r["reps"]), "--out", out]
+    return run_json(cmd, env)
+
+
+def run_json(cmd, env=None):
+    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        raise RuntimeError("%s failed (%d): %s" % (" ".join(cmd[:3]), p.returncode,
+                                                  p.stderr.strip()[-2000:]))
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+# ---- one pass over the rows -------------------------------------------------------
+
+def o_from_attnd(path):
+    with open(path, "rb") as f:
+        t, _ = safetensors.decode(bytearray(f.read()))
+    o = t["o"]
+    return attnd.bf16_to_float32(o) if o.dtype == np.uint16 else o.astype(np.float32)
+
+
+def rel_diff(a, b):
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def measure_row(r, a, tmp):
+    path = os.path.join(tmp, "qkv.safetensors")
+    o_attnd, o_torch = os.path.join(tmp, "o.safetensors"), os.path.join(tmp, "o_torch.npy")
+    make_file(r, path)
+    res = {}
+    res["attnd"] = run_json([os.path.join(a.build, "bench-peers-attn"), path,
+                             "--threads", str(a.threads), "--isa", a.isa,
+                             "--reps", str(r["reps"]), "--out", o_attnd])
+    res["torch"] = run_worker("torch", path, r, a.threads, o_torch)
+    if r["dtype"] == "F32":
+        res["numpy"] = run_worker("numpy", path, r, a.threads, os.devnull)
+    res["diff"] = rel_diff(o_from_attnd(o_attnd), np.load(o_torch))
+    os.remove(path)
+    return res
+
+
+def one_pass(rows, a, k):
+    out = []
+    with tempfile.TemporaryDirectory(dir=a.build, prefix="peers-") as tmp:
+        for i, r in enumerate(rows):
+            print("  run %d/%d, row %d/%d: %s %s%s" % (k + 1, a.runs, i + 1, len(rows),
+                  r["name"], r["dtype"], " causal" if r["causal"] else ""),
+                  file=sys.stderr, flush=True)
+            out.append(measure_row(r, a, tmp))
+    return out
+
+
+def best_of(passes):
+    """Per row and implementation, the fastest pass (load only ever slows a run)."""
+    best = []
+    for results in zip(*passes):
+        b = dict(results[0])
+        for res in results[1:]:
+            for kind in ("attnd", "torch", "numpy"):
+                if kind in res and res[kind]["seconds"] < b[kind]["seconds"]:
+                    b[kind] = res[kind]
+        best.append(b)
+    return best
+
+
+# ---- peak and the table ------------------------------------------------------------
+
+def peak_path(detail, dtype):
+    """The instruction the kernel named in detail ("avx512 kernel, 2 threads") runs
+    its matmuls on: the 16-bit kernels for BF16, F32 FMA otherwise (the F32
+    kernels widen F16 and BF16 inputs to F32)."""
+    kernel = detail.split()[0] if detail else "?"
+    if dtype == "BF16" and kernel == "amx":
+        return "amx_bf16"
+    if dtype == "BF16" and kernel == "avx512bf16":
+        return "vdpbf16ps"
+    if kernel.startswith("avx512") or kernel == "amx":
+        return "fma512"
+    if kernel == "avx2":
+        return "fma256"
+    return None  # generic C: no single instruction to compare with
+
+
+def fmt(x, spec):
+    return "-" if x is None else format(x, spec)
+
+
+def print_table(rows, best, peak):
+    hdr = ("%-24s %-4s %-6s | %8s %8s %8s | %7s %7s | %-9s %5s | %8s"
+           % ("shape (B=1)", "type", "causal", "attnd", "torch", "numpy",
+              "a/torch", "a/numpy", "peak path", "%peak", "diff"))
+    print(hdr)
+    print("-" * len(hdr))
+    worst = None
+    for r, b in zip(rows, best):
+        f = flops(r)
+        g = {k: f / b[k]["seconds"] * 1e-9 for k in ("attnd", "torch", "numpy") if k in b}
+        vs_torch = g["attnd"] / g["torch"]
+        vs_numpy = g["attnd"] / g["numpy"] if "numpy" in g else None
+        path = peak_path(b["attnd"].get("detail"), r["dtype"])
+        pk = peak.get(path, {}).get("gflops") if path else None
+        pct = 100.0 * g["attnd"] / pk if pk else None
+        print("%-24s %-4s %-6s | %8.1f %8.1f %8s | %7.2f %7s | %-9s %5s | %8.1e"
+              % (r["name"], r["dtype"], "yes" if r["causal"] else "no", g["attnd"],
+                 g["torch"], fmt(g.get("numpy"), ".1f"), vs_torch, fmt(vs_numpy, ".2f"),
+                 path or "-", fmt(pct, ".0f"), b["diff"]))
+        label = "%s %s%s" % (r["name"], r["dtype"], " causal" if r["causal"] else "")
+        if worst is None or vs_torch < worst[0]:
+            worst = (vs_torch, label)
+    return worst
+
+
+def cpu_model():
+    """The model name, with family and model: a hypervisor often shortens the name
+    ("AMD EPYC"), and the numbers still tell the generation (25/17: Zen 4)."""
+    info = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, val = line.partition(":")
+                info.setdefault(key.strip(), val.strip())
+    except OSError:
+        return platform.processor() or "?"
+    return "%s (family %s, model %s)" % (info.get("model name", "?"), info.get("cpu family", "?"),
+                                         info.get("model", "?"))
+
+
+def cpu_isa():
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next(line for line in f if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return "?"
+    want = ["avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16"]
+    return " ".join(x for x in want if x in flags)
+
+
+def print_notes(best, peak, a):
+    b0 = best[0]
+    t = b0["torch"]
+    n = next((b["numpy"] for b in best if "numpy" in b), None)
+    sdpa = sorted({b["torch"]["sdpa"] for b in best})
+    gqa = sorted({b["torch"]["gqa"] for b in best if b["torch"]["gqa"]})
+    print("attnd: %s (--isa %s)" % (b0["attnd"]["detail"], a.isa))
+    print("torch %s: SDPA kernel(s) %s, %d threads%s" % (
+        t["version"], ", ".join(sdpa), t["threads"],
+        "; GQA/MQA via %s" % ", ".join(gqa) if gqa else ""))
+    if n:
+        print("numpy %s: %s (OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset)"
+              % (n["version"], n["blas"]))
+    paths = ", ".join("%s %s" % (k, ("%.1f GFLOP/s" % v["gflops"]) if "gflops" in v
+                                 else "skipped: " + v["skipped"])
+                      for k, v in peak.items() if k != "threads")
+    print("peak on %d threads (bench-peak, per thread CPU time): %s" % (peak["threads"], paths))
+
+
+def loadavg():
+    """The 1-minute load average: on a shared machine it says how far to trust a run."""
+    try:
+        return "%.1f" % os.getloadavg()[0]
+    except OSError:
+        return "?"
+
+
+def main_driver(a):
+    rows = [r for r in ROWS if not a.only or a.only in "%s %s" % (r["name"], r["dtype"])]
+    if not rows:
+        sys.exit("peers.py: no row matches --only %r" % a.only)
+    print("attnd vs torch SDPA vs numpy, %s, %d threads, %s"
+          % (cpu_model(), a.threads, datetime.date.today().isoformat()))
+    print("ISA: %s; GFLOP/s = 4·D per visible (query, key) pair; best of %d run(s) per cell"
+          % (cpu_isa(), a.runs))
+    sys.stdout.flush()
+    load0 = loadavg()
+    peak = run_json([os.path.join(a.build, "bench-peak"), "--threads", str(a.threads)])
+    passes = [one_pass(rows, a, k) for k in range(a.runs)]
+    best = best_of(passes)
+    print()
+    worst = print_table(rows, best, peak)
+    print()
+    print_notes(best, peak, a)
+    print("load average (1 min) at start %s, at end %s, on %d online CPUs"
+          % (load0, loadavg(), os.cpu_count()))
+    print("worst attnd/torch: %.2f (%s)" % worst)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--build", default="build")
+    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    p.add_argument("--isa", default="auto", help="attnd's CPU kernel (attn_config.cpu_isa)")
+    p.add_argument("--runs", type=int, default=2,
+                   help="passes over the rows; each cell keeps its best (default 2)")
+    p.add_argument("--only", help="rows whose name and dtype contain this text")
+    p.add_argument("--worker", choices=("torch", "numpy"), help=argparse.SUPPRESS)
+    p.add_argument("file", nargs="?", help=argparse.SUPPRESS)
+    p.add_argument("--reps", type=int, default=3, help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.worker == "torch":
+        torch_worker(a)
+    elif a.worker == "numpy":
+        numpy_worker(a)
+    else:
+        main_driver(a)
+
+
+if __name__ == "__main__":
+    main()

@@ -58,7 +58,19 @@ attn_engine *attn_bench_open(int threads, const char *isa, attn_status *st) {
   cfg.threads = threads;
   cfg.cpu_isa = isa;
   attn_engine *e;
-  return attn_engine_open(&cfg, &e, st) < 0 ? NULL : e;
+  if (attn_engine_open(&cfg, &e, st) < 0)
+    return NULL;
+  /* A kernel asked for by name that this CPU cannot run leaves the cpu
+   * backend closed: say why now, not "no backend can run" at the first job. */
+  attn_backend_info info[8];
+  int n = attn_engine_backends(e, info, 8);
+  for (int i = 0; isa && *isa && strcmp(isa, "auto") && i < n && i < 8; i++)
+    if (!strcmp(info[i].name, "cpu") && !info[i].available) {
+      attn_status_set(st, ATTN_EUNSUPPORTED, "--isa %s: %s", isa, info[i].detail);
+      attn_engine_close(e);
+      return NULL;
+    }
+  return e;
 }
 
 double attn_bench_now(void) {

@@ -24,10 +24,19 @@ static const char usage[] =
     "usage: attn compute IN.safetensors OUT.safetensors [--causal] [--scale X]\n"
     "                    [--window-left N] [--window-right N] [--stats] [--threads N]\n"
     "                    [--backend auto|cpu|cuda|reference]\n"
+    "                    [--isa auto|amx|avx512bf16|avx512|avx2|generic]\n"
     "\n"
     "Reads tensors q, k, v from IN, computes attention in this process and writes o\n"
     "(and m, l, lse with --stats) to OUT. Flags are options as in the HTTP query\n"
-    "string; IN's __metadata__, when it sets the same option, wins (as over HTTP).\n";
+    "string; IN's __metadata__, when it sets the same option, wins (as over HTTP).\n"
+    "--isa picks the CPU kernel (default: the best this CPU runs); one the CPU lacks\n"
+    "is an error.\n";
+
+/* What the command runs with, besides the API options. */
+typedef struct run_opts {
+  int threads;
+  const char *isa; /* NULL: auto */
+} run_opts;
 
 /* Encodes pr's result, writes it to OUT and says so; the exit status. */
 static int write_reply(const attn_proto_req *pr, const attn_result *res, const char *in,
@@ -56,10 +65,11 @@ static int write_reply(const attn_proto_req *pr, const attn_result *res, const c
   return status;
 }
 
-/* Flags into *flags and *threads; 0, 2 after a message, or -1 for --help. */
-static int parse_flags(int argc, char **argv, attn_options *flags, int *threads) {
+/* Flags into *flags and *ro; 0, 2 after a message, or -1 for --help. */
+static int parse_flags(int argc, char **argv, attn_options *flags, run_opts *ro) {
   static const struct option opts[] = {ATTN_API_OPTIONS,
                                        {"threads", required_argument, 0, 'T'},
+                                       {"isa", required_argument, 0, 'I'},
                                        {"help", no_argument, 0, 'x'},
                                        {0, 0, 0, 0}};
   attn_options_init(flags);
@@ -75,9 +85,10 @@ static int parse_flags(int argc, char **argv, attn_options *flags, int *threads)
       continue;
     switch (c) {
     case 'T':
-      if (attn_arg_int("--threads", optarg, 0, 1024, threads) < 0)
+      if (attn_arg_int("--threads", optarg, 0, 1024, &ro->threads) < 0)
         return 2;
       break;
+    case 'I': ro->isa = optarg; break;
     case 'x': fputs(usage, stdout); return -1;
     default: fputs(usage, stderr); return 2;
     }
@@ -86,14 +97,14 @@ static int parse_flags(int argc, char **argv, attn_options *flags, int *threads)
 }
 
 /* Runs the engine on pr and writes OUT; the exit status. */
-static int compute(attn_proto_req *pr, int threads, const char *in, const char *out) {
+static int compute(attn_proto_req *pr, const run_opts *ro, const char *in, const char *out) {
   attn_status st;
   int status = 0;
-  attn_engine *e = attn_bench_open(threads, NULL, &st);
+  attn_engine *e = attn_bench_open(ro->threads, ro->isa, &st);
   attn_result res;
   if (!e) {
     fprintf(stderr, "attn compute: %s\n", st.message);
-    status = 1;
+    status = ro->isa ? 2 : 1; /* a kernel asked for and not here is the caller's error */
   } else if (attn_engine_run(e, &pr->req, &res, &st) < 0) {
     fprintf(stderr, "attn compute: %s: %s\n", in, st.message);
     /* what the input asked for is wrong (4xx), or the engine failed (5xx) */
@@ -107,7 +118,8 @@ static int compute(attn_proto_req *pr, int threads, const char *in, const char *
 
 int attn_cmd_compute(int argc, char **argv) {
   attn_options flags;
-  int threads = 0, rc = parse_flags(argc, argv, &flags, &threads);
+  run_opts ro = {0, NULL};
+  int rc = parse_flags(argc, argv, &flags, &ro);
   if (rc != 0)
     return rc < 0 ? 0 : rc;
   if (argc - optind != 2) {
@@ -128,7 +140,7 @@ int attn_cmd_compute(int argc, char **argv) {
     free(body);
     return 2;
   }
-  int status = compute(&pr, threads, in, out);
+  int status = compute(&pr, &ro, in, out);
   attn_proto_req_free(&pr);
   free(body);
   return status;

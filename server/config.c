@@ -103,6 +103,15 @@ static int apply_backend(attnd_config *c, const char *what, const char *v) {
   return 0;
 }
 
+/* Any name: the engine knows its kernels, and names one this CPU lacks or
+ * does not have when it opens (attnd then exits 2 with its reason). */
+static int apply_isa(attnd_config *c, const char *what, const char *v) {
+  if (!*v || strlen(v) >= sizeof c->isa)
+    return bad(what, v, "a CPU kernel: auto, amx, avx512bf16, avx512, avx2 or generic");
+  snprintf(c->isa, sizeof c->isa, "%s", v);
+  return 0;
+}
+
 static int apply_log(attnd_config *c, const char *what, const char *v) {
   if (strcmp(v, "text") && strcmp(v, "json"))
     return bad(what, v, "text or json");
@@ -160,6 +169,9 @@ static const flag flags[] = {
     {"listen", "HOST:PORT", "127.0.0.1:8080", "address to serve", apply_listen},
     {"backend", "NAME", "auto", "auto, cpu or cuda", apply_backend},
     {"threads", "N", "0", "CPU engine threads, 0 = one per core", apply_threads},
+    {"isa", "NAME", "auto",
+     "CPU kernel: auto (the best this CPU runs), amx, avx512bf16, avx512, avx2 or generic",
+     apply_isa},
     {"streams", "N", "4", "CUDA streams per device", apply_streams},
     {"devices", "LIST", "0", "CUDA devices to use, e.g. 0,1", apply_devices},
     {"max-body", "SIZE", "1G", "largest request body, suffix K, M or G", apply_max_body},

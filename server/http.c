@@ -171,6 +171,23 @@ static void render_conns(attn_sbuf *b, attnd_conns *c) {
                      (unsigned long long)n[i]);
 }
 
+/* The backend requests run on and its kernel ("avx512bf16 kernel, 2
+ * threads"), as an info series a dashboard can show beside the rates. */
+static void render_backend(attn_sbuf *b, const attnd_server *s) {
+  attn_backend_info info[8];
+  int n = attn_engine_backends(s->engine, info, 8);
+  attn_sbuf_puts(b, "# HELP attnd_backend_info The backend requests run on, and its kernel.\n"
+                    "# TYPE attnd_backend_info gauge\n");
+  for (int i = 0; i < n && i < 8; i++) {
+    if (strcmp(info[i].name, s->backend))
+      continue;
+    char detail[200];
+    attn_quote(detail, sizeof detail, info[i].detail, strlen(info[i].detail));
+    attn_sbuf_printf(b, "attnd_backend_info{backend=\"%s\",detail=\"%s\"} 1\n", info[i].name,
+                     detail);
+  }
+}
+
 static void answer_get(attnd_req *r) {
   attnd_server *s = r->srv;
   attn_sbuf b = {0};
@@ -195,8 +212,10 @@ static void answer_get(attnd_req *r) {
     size_t len = 0;
     char *text = attnd_metrics_render(s->metrics, &len);
     attn_sbuf m = {.p = text, .len = len, .cap = len};
-    if (text)
+    if (text) {
       render_conns(&m, &s->conns);
+      render_backend(&m, s);
+    }
     if (text && !m.oom)
       attnd_req_reply(r, 200, m.p, m.len, "text/plain; version=0.0.4; charset=utf-8");
     else {

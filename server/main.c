@@ -77,6 +77,7 @@ int main(int argc, char **argv) {
   attn_config ec;
   attn_config_init(&ec);
   ec.threads = cfg.threads;
+  ec.cpu_isa = cfg.isa;
   ec.cuda_streams = cfg.streams;
   ec.cuda_devices = cfg.devices;
   attn_status st;

@@ -476,6 +476,8 @@ Test(server, bad_flags_exit_2_with_one_line) {
       {"--devices", "", NULL},
       {"--streams", "0", NULL},
       {"--max-connections", "", NULL},
+      {"--isa", "mmx", NULL},
+      {"--isa", "", NULL},
       {"--threads", NULL},
       {"extra-positional", NULL},
   };
@@ -601,4 +603,36 @@ Test(server, env_fallbacks) {
   http_post(&S, "/attention", "application/json", big, sizeof big, &r);
   expect_error(&r, 422, "missing_tensor", "2 KiB body under --max-body 1M, ATTND_MAX_BODY=1K");
   http_res_free(&r);
+}
+
+/* --isa picks the CPU kernel: the startup line, /v1/info and /metrics name
+ * it, and requests are computed with it. generic runs on every CPU. */
+Test(server, isa_flag_names_the_kernel_everywhere, .fini = teardown) {
+  srv_start(&S, "--isa", "generic", "--threads", "1", NULL);
+  char *log = srv_log(&S);
+  cr_expect(strstr(log, "generic kernel"), "startup line: %s", log);
+  free(log);
+  http_res r;
+  cr_assert_eq(http_get(&S, "/v1/info", &r), 0);
+  cr_expect(strstr(r.body, "\"cpu (generic kernel"), "%s", r.body);
+  http_res_free(&r);
+  cr_assert_eq(http_get(&S, "/metrics", &r), 0);
+  cr_expect(strstr(r.body, "attnd_backend_info{backend=\"cpu\",detail=\"generic kernel"), "%s",
+            r.body);
+  http_res_free(&r);
+  const char *body = "{\"q\": [[1, 0]], \"k\": [[1, 0], [0, 1]], \"v\": [[1, 2], [3, 4]]}";
+  cr_assert_eq(http_post(&S, "/attention", "application/json", body, strlen(body), &r), 0);
+  cr_expect_eq(r.status, 200, "%s", r.body);
+  /* float64 by hand: scores (1/sqrt 2, 0), o = p0 (1, 2) + p1 (3, 4) */
+  double p0 = 1 / (1 + exp(-1 / sqrt(2.0))), want[2] = {p0 + 3 * (1 - p0), 2 * p0 + 4 * (1 - p0)};
+  cJSON *j = cJSON_Parse(r.body);
+  const cJSON *o = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "o"),
+                                                    "data");
+  cr_assert_eq(cJSON_GetArraySize(o), 2, "%s", r.body);
+  for (int i = 0; i < 2; i++)
+    cr_expect_lt(fabs(cJSON_GetArrayItem(o, i)->valuedouble - want[i]), 1e-6, "o[%d]: %s", i,
+                 r.body);
+  cJSON_Delete(j);
+  http_res_free(&r);
+  cr_expect_eq(srv_stop(&S, 30), 0);
 }

@@ -161,3 +161,30 @@ Test(compute, bad_inputs_exit_2, .init = setup, .fini = teardown) {
   free(body);
   tcase_free(&c);
 }
+
+/* --isa picks the CPU kernel; generic runs everywhere, a name the engine
+ * does not know is a usage error (exit 2, one message). */
+Test(compute, isa_flag, .init = setup, .fini = teardown) {
+  tprob p = tprob_make(1, 2, 1, 17, 29, 40, ATTN_F32);
+  tcase c;
+  tcase_init(&c, &p, 9);
+  size_t len;
+  char *body = tsafetensors(&c, NULL, &len);
+  char in[128], outp[128], args[400], msg[4096];
+  snprintf(in, sizeof in, "%s/in.safetensors", dir);
+  snprintf(outp, sizeof outp, "%s/out.safetensors", dir);
+  write_bytes(in, body, len);
+  snprintf(args, sizeof args, "%s %s --isa generic", in, outp);
+  cr_assert_eq(run(args, msg, sizeof msg), 0, "%s", msg);
+  size_t olen = 0;
+  char *out = read_bytes(outp, &olen);
+  cr_assert(out);
+  memcpy(c.o, tensor_data(out, olen, "o"), (size_t)(2 * 17 * 40) * 4);
+  cr_expect_lt(tcheck(&c).o, 1e-5);
+  free(out);
+  snprintf(args, sizeof args, "%s %s --isa mmx", in, outp);
+  cr_expect_eq(run(args, msg, sizeof msg), 2, "%s", msg);
+  cr_expect(strstr(msg, "mmx"), "%s", msg);
+  free(body);
+  tcase_free(&c);
+}

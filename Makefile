@@ -5,6 +5,7 @@
 #   make test          deps + build + every test          (SAN=1: ASan + UBSan)
 #                      (the first run makes build/venv from PyPI: Schemathesis)
 #   make bench         the CPU benchmark against OpenBLAS (not part of test)
+#   make bench-peak    the machine's F32 FMA / VDPBF16PS / AMX peak GFLOP/s
 #   make test-gpu      the CUDA tests (tests/gpu/; they say skipped without a GPU)
 #   make test-image    the CPU container image built and run without Docker
 #   make clean
@@ -80,12 +81,15 @@ PROTO_OBJ = $(PROTO_SRC:%.c=$(BUILD)/obj/%.o)
 ARCH := $(shell uname -m)
 ISA_OBJ = $(BUILD)/obj/engine/cpu/flash_generic.o
 ifeq ($(ARCH),x86_64)
-ISA_OBJ += $(BUILD)/obj/engine/cpu/flash_avx2.o $(BUILD)/obj/engine/cpu/flash_avx512.o
+ISA_OBJ += $(BUILD)/obj/engine/cpu/flash_avx2.o $(BUILD)/obj/engine/cpu/flash_avx512.o \
+           $(BUILD)/obj/engine/cpu/flash_avx512bf16.o $(BUILD)/obj/engine/cpu/flash_amx.o
 endif
 ISA_FLAGS_generic = -DATTN_ISA=0
 ISA_FLAGS_avx2    = -DATTN_ISA=256 -mavx2 -mfma -mf16c
 ISA_FLAGS_avx512  = -DATTN_ISA=512 -mavx512f -mavx512bw -mavx512vl -mavx512dq \
                     -mfma -mf16c
+ISA_FLAGS_avx512bf16 = $(ISA_FLAGS_avx512) -DATTN_DPBF16=1 -mavx512bf16
+ISA_FLAGS_amx     = $(ISA_FLAGS_avx512bf16) -DATTN_AMX=1 -mamx-tile -mamx-bf16
 
 # Machine code for every arch of CUDA_ARCHS plus PTX of the newest, which
 # the driver compiles for GPUs newer than the list. The runtime is linked
@@ -155,7 +159,7 @@ SERVER_SRC = server/main.c server/config.c server/http.c server/loop.c server/de
              server/metrics.c server/conns.c server/mhd_shim.c
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/obj/%.o)
 
-.PHONY: all deps bench-deps test test-gpu test-image bench bench-server bench-memory fuzz run \
+.PHONY: all deps bench-deps test test-gpu test-image bench bench-peak bench-server bench-memory fuzz run \
         clean FORCE
 all: $(BUILD)/attn $(BUILD)/attnd
 

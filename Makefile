@@ -172,7 +172,8 @@ $(BUILD)/obj/%.o: %.c $(BUILD)/.flags
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -c $< -o $@
 
-$(BUILD)/obj/engine/cpu/flash_%.o: engine/cpu/flash.c $(BUILD)/.flags
+$(BUILD)/obj/engine/cpu/flash_%.o: engine/cpu/flash.c engine/cpu/flash.h engine/cpu/simd.h \
+                                engine/cpu/flash_bf16.h engine/cpu/flash_amx.h $(BUILD)/.flags
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -O3 $(ISA_FLAGS_$*) -c $< -o $@
 
@@ -348,6 +349,14 @@ bench: deps bench-deps
 	$(MAKE) --no-print-directory $(BUILD)/bench-cpu $(BUILD)/bench-codec $(BUILD)/attn
 	$(BUILD)/bench-cpu
 	$(BUILD)/bench-codec
+
+# Arithmetic peak per kernel path, for the "% of peak" of the CPU kernels.
+$(BUILD)/bench-peak: tests/bench/peak.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=gnu11 -O3 -pthread -Wall -Wextra $< -o $@
+
+bench-peak: $(BUILD)/bench-peak
+	$(BUILD)/bench-peak
 
 # attnd under wrk against the engine alone (tests/bench/server_bench.c).
 bench-server: deps bench-deps

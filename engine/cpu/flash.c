@@ -279,7 +279,14 @@ typedef struct blk_ctx {
   int nv;
   bool bf16dp; /* BF16 products (flash_bf16.h) instead of F32 */
   bool amx;    /* and AMX tiles for whole tiles (flash_amx.h) */
+  bool rowwise; /* and few rows, along head_dim (flash_bf16.h) */
 } blk_ctx;
+
+static const char *q_row(const blk_ctx *c, int64_t h, int64_t i) {
+  const attn_request *r = c->a->r;
+  return (const char *)r->q + (size_t)(c->blk->b * r->q_stride[0] + h * r->q_stride[1] +
+                                       i * r->q_stride[2]) * attn_dtype_size(r->dtype);
+}
 
 #if ATTN_DPBF16 || ATTN_AMX
 #include "flash_bf16.h"
@@ -290,17 +297,16 @@ static inline void dp_load_q(blk_ctx *c, const char *src, int64_t ii) {
 }
 static inline void dp_scores(blk_ctx *c, int64_t j0, int64_t nkt) { (void)c, (void)j0, (void)nkt; }
 static inline void dp_values(blk_ctx *c, int64_t j0, int64_t nkt) { (void)c, (void)j0, (void)nkt; }
+static inline bool rw_ok(const blk_ctx *c) { (void)c; return false; }
+static inline void rw_scores(blk_ctx *c, int64_t j0, int64_t nkt) { (void)c, (void)j0, (void)nkt; }
+static inline void rw_values(blk_ctx *c, int64_t j0, int64_t nkt) { (void)c, (void)j0, (void)nkt; }
+static inline void rw_begin(blk_ctx *c) { (void)c; }
+static inline void rw_end(blk_ctx *c) { (void)c; }
 #endif
 #if !ATTN_AMX
 static inline void amx_begin(blk_ctx *c) { (void)c; }
 static inline void amx_end(blk_ctx *c) { (void)c; }
 #endif
-
-static const char *q_row(const blk_ctx *c, int64_t h, int64_t i) {
-  const attn_request *r = c->a->r;
-  return (const char *)r->q + (size_t)(c->blk->b * r->q_stride[0] + h * r->q_stride[1] +
-                                       i * r->q_stride[2]) * attn_dtype_size(r->dtype);
-}
 
 /* Qᵀ pre-scaled in F32 (or as BF16 pairs), Oᵀ = 0, m = -inf, l = 0; scans Q. */
 static void start_block(blk_ctx *c) {
@@ -365,7 +371,9 @@ static void tile_step(blk_ctx *c, int64_t j0, int64_t nkt) {
       r->v_stride[2]);
   const float *vp = NULL;
   int64_t ldv = 0;
-  if (c->bf16dp)
+  if (c->rowwise)
+    rw_scores(c, j0, nkt);
+  else if (c->bf16dp)
     dp_scores(c, j0, nkt);
   else
     f32_scores(c, j0, nkt, &vp, &ldv);
@@ -374,6 +382,10 @@ static void tile_step(blk_ctx *c, int64_t j0, int64_t nkt) {
   if (!full)
     mask_tile(c->st, a, j0, nkt, i0, c->blk->nq, c->nrows);
   softmax_tile(c->st, nkt, c->nv, c->m, c->l, c->alpha);
+  if (c->rowwise) {
+    rw_values(c, j0, nkt);
+    return;
+  }
   for (int64_t d = 0; d < D; d++)
     for (int v = 0; v < c->nv; v++) {
       float *op = c->ot + d * BQ + v * VL;
@@ -448,12 +460,17 @@ static void rows(const attn__flash_args *a, const attn__flash_block *blk, void *
   c.bf16dp = r->dtype == ATTN_BF16 && r->head_dim % 2 == 0 && (ATTN_DPBF16 || ATTN_AMX);
   c.kbase = (const char *)r->k + (size_t)(blk->b * r->k_stride[0] + c.hk * r->k_stride[1]) * es;
   c.vbase = (const char *)r->v + (size_t)(blk->b * r->v_stride[0] + c.hk * r->v_stride[1]) * es;
+  c.rowwise = rw_ok(&c);
   key_range(&c);
   start_block(&c);
+  if (c.rowwise)
+    rw_begin(&c);
   amx_begin(&c);
   for (int64_t j0 = c.jlo; j0 <= c.jhi; j0 += BK)
     tile_step(&c, j0, c.jhi - j0 + 1 < BK ? c.jhi - j0 + 1 : BK);
   amx_end(&c);
+  if (c.rowwise)
+    rw_end(&c);
   finish_block(&c);
 }
 
@@ -473,6 +490,62 @@ static void scan_keys(const attn__flash_args *a, int64_t b, int64_t hk, int64_t 
 
 /* ---- input scan ---------------------------------------------------------- */
 
+/* The first non-finite element of n rows (row·d + col), all of which hold one. */
+static int64_t first_bad(const void *p, attn_dtype dt, int64_t n, int64_t d, int64_t stride) {
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t k = 0; k < d; k++)
+      if (!isfinite(attn_load_elem(p, dt, (size_t)(i * stride + k))))
+        return i * d + k;
+  return -1; /* not reached */
+}
+
+#if ATTN_ISA == 512
+/*
+ * The scan runs on every tile the kernel loads, so it is kept to two
+ * integer operations per vector: with the sign bit cleared, the bit
+ * patterns of floats order like their magnitudes, and the non-finite ones
+ * (exponent all ones) are the largest. So the largest masked pattern gives
+ * both the largest |x| and whether any element is not finite. Row tails
+ * are masked loads.
+ */
+static int64_t scan(const void *p, attn_dtype dt, int64_t n, int64_t d,
+                    int64_t stride, float *pmax) {
+  const size_t es = attn_dtype_size(dt);
+  uint32_t top;
+  if (dt == ATTN_F32) {
+    __m512i mx = _mm512_setzero_si512(), abs = _mm512_set1_epi32(0x7fffffff);
+    for (int64_t i = 0; i < n; i++) {
+      const char *row = (const char *)p + (size_t)(i * stride) * es;
+      for (int64_t k = 0; k < d; k += 16) {
+        __mmask16 m = d - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (d - k)) - 1);
+        __m512i x = _mm512_maskz_loadu_epi32(m, row + 4 * k);
+        mx = _mm512_max_epu32(mx, _mm512_and_si512(x, abs));
+      }
+    }
+    top = (uint32_t)_mm512_reduce_max_epu32(mx);
+    if (top >= 0x7f800000u)
+      return first_bad(p, dt, n, d, stride);
+    memcpy(pmax, &top, sizeof top);
+    return -1;
+  }
+  __m512i mx = _mm512_setzero_si512(), abs = _mm512_set1_epi16(0x7fff);
+  for (int64_t i = 0; i < n; i++) {
+    const char *row = (const char *)p + (size_t)(i * stride) * es;
+    for (int64_t k = 0; k < d; k += 32) {
+      __mmask32 m = d - k >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << (d - k)) - 1);
+      __m512i x = _mm512_maskz_loadu_epi16(m, row + 2 * k);
+      mx = _mm512_max_epu16(mx, _mm512_and_si512(x, abs));
+    }
+  }
+  /* widen the 16-bit lanes to finish the reduction in 32 bits */
+  __m512i lo = _mm512_and_si512(mx, _mm512_set1_epi32(0xffff)), hi = _mm512_srli_epi32(mx, 16);
+  uint16_t t = (uint16_t)_mm512_reduce_max_epu32(_mm512_max_epu32(lo, hi));
+  if (t >= (dt == ATTN_BF16 ? 0x7f80u : 0x7c00u))
+    return first_bad(p, dt, n, d, stride);
+  *pmax = (float)attn_load_elem(&t, dt, 0);
+  return -1;
+}
+#else
 static int64_t scan(const void *p, attn_dtype dt, int64_t n, int64_t d,
                     int64_t stride, float *pmax) {
   const size_t es = attn_dtype_size(dt);
@@ -492,16 +565,13 @@ static int64_t scan(const void *p, attn_dtype dt, int64_t n, int64_t d,
       sbad += x * 0.0f;
     }
   }
-  if (vany_nan(bad) || sbad != sbad) {
-    for (int64_t i = 0; i < n; i++)
-      for (int64_t k = 0; k < d; k++)
-        if (!isfinite(attn_load_elem(p, dt, (size_t)(i * stride + k))))
-          return i * d + k;
-  }
+  if (vany_nan(bad) || sbad != sbad)
+    return first_bad(p, dt, n, d, stride);
   float vm = vhmax(mx);
   *pmax = vm > smx ? vm : smx;
   return -1;
 }
+#endif
 
 static void exp2_array(const float *x, float *y, int64_t n) {
   int64_t i = 0;

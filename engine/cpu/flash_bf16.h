@@ -158,6 +158,109 @@ static void dp_pv_tile(blk_ctx *c, const uint32_t *vp, int64_t nkt) {
   }
 }
 
+/* ---- few query rows (decoding): vectors along head_dim ------------------
+ *
+ * With nrows <= RW_MAX the transposed layout would leave most of the 16
+ * query lanes idle, so these rows run along head_dim instead (head_dim a
+ * multiple of 32): a score is a VDPBF16PS dot product of a Q row and a K
+ * row, both in place, summed across the vector; for P·V, two V rows are
+ * interleaved into key pairs by vpunpck{l,h}wd, which orders the head_dim
+ * elements within each 128-bit lane (d0+8L+{0..3} low, d0+8L+{4..7} high),
+ * so the O rows are kept in that order (rw_o, in the V workspace) and put
+ * back in Oᵀ once, at the end of the block. Scores and P still go through
+ * the transposed score tile, so masks and the softmax are shared. */
+enum { RW_MAX = 4 };
+
+static inline bool rw_ok(const blk_ctx *c) {
+  return c->bf16dp && c->nrows <= RW_MAX && c->a->r->head_dim % 32 == 0;
+}
+
+INLINE void rw_scores_n(blk_ctx *c, int64_t j0, int64_t nkt, const int nr) {
+  const attn_request *r = c->a->r;
+  const int64_t D = r->head_dim, ldk = r->k_stride[2] * 2;
+  const char *q[RW_MAX];
+  UNROLL for (int ii = 0; ii < nr; ii++)
+    q[ii] = q_row(c, c->blk->h0 + ii / c->blk->nq, c->blk->i0 + ii % c->blk->nq);
+  const char *kp = c->kbase + j0 * ldk;
+  for (int64_t j = 0; j < nkt; j++, kp += ldk) {
+    float s[VL] = {0};
+    UNROLL for (int ii = 0; ii < nr; ii++) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t d = 0; d < D; d += 32)
+        acc = dp(acc, _mm512_loadu_si512(q[ii] + 2 * d), _mm512_loadu_si512(kp + 2 * d));
+      s[ii] = _mm512_reduce_add_ps(acc) * c->a->scale2;
+    }
+    vstore(c->st + j * BQ, vload(s));
+  }
+}
+
+INLINE void rw_values_n(blk_ctx *c, int64_t j0, int64_t nkt, const int nr) {
+  const attn_request *r = c->a->r;
+  const int64_t D = r->head_dim, step = r->v_stride[2] * 2, np = (nkt + 1) / 2;
+  const uint32_t *pp = (const uint32_t *)c->kb;
+  for (int64_t d0 = 0; d0 < D; d0 += 32) {
+    __m512 acc[RW_MAX][2];
+    UNROLL for (int ii = 0; ii < nr; ii++) {
+      const __m512 al = vset1(c->alpha[ii]);
+      acc[ii][0] = vmul(vload(c->vb + ii * D + d0), al);
+      acc[ii][1] = vmul(vload(c->vb + ii * D + d0 + 16), al);
+    }
+    const char *a = c->vbase + j0 * step + 2 * d0;
+    for (int64_t jp = 0; jp < np; jp++, a += 2 * step) {
+      __m512i va = _mm512_loadu_si512(a);
+      __m512i vb = 2 * jp + 1 < nkt ? _mm512_loadu_si512(a + step) : _mm512_setzero_si512();
+      __m512i lo = _mm512_unpacklo_epi16(va, vb), hi = _mm512_unpackhi_epi16(va, vb);
+      UNROLL for (int ii = 0; ii < nr; ii++) {
+        __m512i p = _mm512_set1_epi32((int)pp[jp * BQ + ii]);
+        acc[ii][0] = dp(acc[ii][0], lo, p);
+        acc[ii][1] = dp(acc[ii][1], hi, p);
+      }
+    }
+    UNROLL for (int ii = 0; ii < nr; ii++) {
+      vstore(c->vb + ii * D + d0, acc[ii][0]);
+      vstore(c->vb + ii * D + d0 + 16, acc[ii][1]);
+    }
+  }
+}
+
+#define RW_CASES(CALL)                                                         \
+  switch (c->nrows) {                                                          \
+  case 1: CALL(1); break;                                                      \
+  case 2: CALL(2); break;                                                      \
+  case 3: CALL(3); break;                                                      \
+  default: CALL(4); break;                                                     \
+  }
+
+static void rw_scores(blk_ctx *c, int64_t j0, int64_t nkt) {
+#define RWS(N) rw_scores_n(c, j0, nkt, N)
+  RW_CASES(RWS)
+#undef RWS
+}
+
+/* O rows = alpha·O rows + P·V (O rows are rescaled here, not in Oᵀ). */
+static void rw_values(blk_ctx *c, int64_t j0, int64_t nkt) {
+  dp_pack_p(c, nkt);
+#define RWV(N) rw_values_n(c, j0, nkt, N)
+  RW_CASES(RWV)
+#undef RWV
+}
+
+static void rw_begin(blk_ctx *c) {
+  memset(c->vb, 0, (size_t)(c->nrows * c->a->r->head_dim) * sizeof *c->vb);
+}
+
+/* The O rows back into Oᵀ, undoing the unpack order. */
+static void rw_end(blk_ctx *c) {
+  const int64_t D = c->a->r->head_dim;
+  for (int64_t ii = 0; ii < c->nrows; ii++)
+    for (int64_t d0 = 0; d0 < D; d0 += 32)
+      for (int n = 0; n < 16; n++) {
+        const int64_t d = d0 + 8 * (n / 4) + n % 4;
+        c->ot[d * BQ + ii] = c->vb[ii * D + d0 + n];
+        c->ot[(d + 4) * BQ + ii] = c->vb[ii * D + d0 + 16 + n];
+      }
+}
+
 #if ATTN_AMX
 #include "flash_amx.h"
 #else

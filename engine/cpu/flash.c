@@ -276,6 +276,7 @@ typedef struct blk_ctx {
   float *qt, *ot, *st, *kb, *vb, *m, *l, *alpha;
   const char *kbase, *vbase;
   int64_t nrows, lanes, hk, jlo, jhi;
+  int64_t scan_from; /* the keys this block scans: [scan_from, jhi] */
   int nv;
   bool bf16dp; /* BF16 products (flash_bf16.h) instead of F32 */
   bool amx;    /* and AMX tiles for whole tiles (flash_amx.h) */
@@ -365,10 +366,12 @@ static void tile_step(blk_ctx *c, int64_t j0, int64_t nkt) {
   const attn_request *r = a->r;
   const int64_t D = r->head_dim, i0 = c->blk->i0, ilast = i0 + c->blk->nq - 1;
   const int64_t kvh = c->blk->b * r->heads_kv + c->hk;
-  see(a, 1, kvh, c->kbase + (size_t)(j0 * r->k_stride[2]) * attn_dtype_size(r->dtype), j0, nkt,
-      r->k_stride[2]);
-  see(a, 2, kvh, c->vbase + (size_t)(j0 * r->v_stride[2]) * attn_dtype_size(r->dtype), j0, nkt,
-      r->v_stride[2]);
+  const int64_t s0 = j0 > c->scan_from ? j0 : c->scan_from, ns = j0 + nkt - s0;
+  if (ns > 0) {
+    const size_t es = attn_dtype_size(r->dtype);
+    see(a, 1, kvh, c->kbase + (size_t)(s0 * r->k_stride[2]) * es, s0, ns, r->k_stride[2]);
+    see(a, 2, kvh, c->vbase + (size_t)(s0 * r->v_stride[2]) * es, s0, ns, r->v_stride[2]);
+  }
   const float *vp = NULL;
   int64_t ldv = 0;
   if (c->rowwise)
@@ -439,6 +442,13 @@ static void key_range(blk_ctx *c) {
   int64_t jhi = a->wr < 0 ? a->r->seq_kv - 1 : ilast + a->off + a->wr;
   c->jlo = jlo < c->blk->j0 ? c->blk->j0 : jlo;
   c->jhi = jhi > c->blk->j1 - 1 ? c->blk->j1 - 1 : jhi;
+  /* Each key of a KV head is scanned once: by the first chunk of heads
+   * only, and past the keys the previous query block (whose range ends at
+   * phi; ranges only move right) already saw. */
+  int64_t phi = i0 == 0 ? c->blk->j0 - 1 : a->wr < 0 ? a->r->seq_kv - 1 : i0 - 1 + a->off + a->wr;
+  if (c->blk->h0 % a->group != 0)
+    phi = c->jhi;
+  c->scan_from = phi + 1;
 }
 
 static void rows(const attn__flash_args *a, const attn__flash_block *blk, void *ws) {

@@ -26,7 +26,7 @@ typedef struct amx_cfg {
 static inline bool amx_tile(const blk_ctx *c, int64_t nkt) { return c->amx && nkt == BK; }
 
 static void amx_begin(blk_ctx *c) {
-  c->amx = c->bf16dp && c->a->r->head_dim % 32 == 0;
+  c->amx = c->bf16dp && !c->rowwise && c->a->r->head_dim % 32 == 0;
   if (!c->amx)
     return;
   amx_cfg cfg;

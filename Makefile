@@ -7,6 +7,7 @@
 #   make bench         the CPU benchmark against OpenBLAS (not part of test)
 #   make bench-peers   attnd against PyTorch and numpy (not part of test; the
 #                      first run makes build/peers-venv from PyPI: torch, ~GBs)
+#   make bench-peak    the machine's F32 FMA / VDPBF16PS / AMX peak GFLOP/s
 #   make test-gpu      the CUDA tests (tests/gpu/; they say skipped without a GPU)
 #   make test-image    the CPU container image built and run without Docker
 #   make clean
@@ -82,12 +83,15 @@ PROTO_OBJ = $(PROTO_SRC:%.c=$(BUILD)/obj/%.o)
 ARCH := $(shell uname -m)
 ISA_OBJ = $(BUILD)/obj/engine/cpu/flash_generic.o
 ifeq ($(ARCH),x86_64)
-ISA_OBJ += $(BUILD)/obj/engine/cpu/flash_avx2.o $(BUILD)/obj/engine/cpu/flash_avx512.o
+ISA_OBJ += $(BUILD)/obj/engine/cpu/flash_avx2.o $(BUILD)/obj/engine/cpu/flash_avx512.o \
+           $(BUILD)/obj/engine/cpu/flash_avx512bf16.o $(BUILD)/obj/engine/cpu/flash_amx.o
 endif
 ISA_FLAGS_generic = -DATTN_ISA=0
 ISA_FLAGS_avx2    = -DATTN_ISA=256 -mavx2 -mfma -mf16c
 ISA_FLAGS_avx512  = -DATTN_ISA=512 -mavx512f -mavx512bw -mavx512vl -mavx512dq \
                     -mfma -mf16c
+ISA_FLAGS_avx512bf16 = $(ISA_FLAGS_avx512) -DATTN_DPBF16=1 -mavx512bf16
+ISA_FLAGS_amx     = $(ISA_FLAGS_avx512bf16) -DATTN_AMX=1 -mamx-tile -mamx-bf16
 
 # Machine code for every arch of CUDA_ARCHS plus PTX of the newest, which
 # the driver compiles for GPUs newer than the list. The runtime is linked
@@ -160,8 +164,8 @@ SERVER_SRC = server/main.c server/config.c server/http.c server/loop.c server/de
              server/metrics.c server/conns.c server/mhd_shim.c server/errors.c server/request.c
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/obj/%.o)
 
-.PHONY: all deps bench-deps test test-gpu test-image bench bench-peers bench-server \
-        bench-memory fuzz run clean FORCE
+.PHONY: all deps bench-deps test test-gpu test-image bench bench-peak bench-peers \
+        bench-server bench-memory fuzz run clean FORCE
 all: $(BUILD)/attn $(BUILD)/attnd
 
 # Expanded here, once: a target-specific CPPFLAGS (-Iclients on some
@@ -176,7 +180,8 @@ $(BUILD)/obj/%.o: %.c $(BUILD)/.flags
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -c $< -o $@
 
-$(BUILD)/obj/engine/cpu/flash_%.o: engine/cpu/flash.c $(BUILD)/.flags
+$(BUILD)/obj/engine/cpu/flash_%.o: engine/cpu/flash.c engine/cpu/flash.h engine/cpu/simd.h \
+                                engine/cpu/flash_bf16.h engine/cpu/flash_amx.h $(BUILD)/.flags
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -O3 $(ISA_FLAGS_$*) -c $< -o $@
 
@@ -394,6 +399,11 @@ bench: deps bench-deps
 bench-peers: deps
 	$(MAKE) --no-print-directory $(BUILD)/bench-peers-attn $(BUILD)/bench-peak $(PEERS_VENV)/.stamp
 	$(PEERS_VENV)/bin/python tests/bench/peers.py --build $(BUILD) $(PEERS_FLAGS)
+
+# The machine's peak per instruction path (F32 FMA, VDPBF16PS, AMX), the
+# denominator of the kernels' "% of peak" (JSON; bench-peers prints it too).
+bench-peak: $(BUILD)/bench-peak
+	$(BUILD)/bench-peak
 
 # attnd under wrk against the engine alone (tests/bench/server_bench.c).
 bench-server: deps bench-deps

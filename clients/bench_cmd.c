@@ -18,8 +18,8 @@
 static const char usage[] =
     "usage: attn bench [--batch B] [--heads H] [--heads-kv H] [--seq N] [--seq-q N]\n"
     "                  [--seq-kv N] [--head-dim D] [--dtype F32|F16|BF16] [--causal]\n"
-    "                  [--threads T] [--repeat R] [--isa auto|avx512|avx2|generic]\n"
-    "                  [--backend cpu|cuda]\n"
+    "                  [--threads T] [--repeat R] [--backend cpu|cuda]\n"
+    "                  [--isa auto|amx|avx512bf16|avx512|avx2|generic]\n"
     "\n"
     "Times a flash backend and prints GFLOP/s (4*D per visible query-key pair).\n"
     "Without shape flags it runs H=8 N=1024 D=64, H=8 N=4096 D=64, H=8 N=4096\n"

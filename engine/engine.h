@@ -157,7 +157,8 @@ void attn_store_elem(void *p, attn_dtype dt, size_t i, float x);
  * lse = -inf.
  *
  * The request and every buffer it points to must stay valid until the
- * completion callback has run.
+ * completion callback has run. When a job fails (ENONFINITE, ERANGE,
+ * cancellation), O and the statistics hold garbage, never a result.
  */
 typedef struct attn_request {
   int64_t batch, heads_q, heads_kv, seq_q, seq_kv, head_dim;
@@ -242,9 +243,12 @@ int attn_plan_compute(const attn_plan_params *pp, attn_plan *plan,
 
 typedef struct attn_config {
   int threads; /* CPU worker threads; 0: one per online core */
-  /* CPU kernel: NULL or "auto" (the best this CPU runs), "avx512", "avx2"
-   * or "generic"; naming one the CPU lacks makes the cpu backend
-   * unavailable. */
+  /* CPU kernel: NULL or "auto" (the best this CPU runs), "amx" (AMX-BF16
+   * tiles; needs Linux's XTILEDATA permission, which the engine requests),
+   * "avx512bf16" (VDPBF16PS), "avx512", "avx2" or "generic"; naming one
+   * the CPU lacks makes the cpu backend unavailable. The first two compute
+   * BF16 inputs with BF16 products (P rounded to BF16); all others, and F16
+   * and F32 inputs everywhere, compute in F32. */
   const char *cpu_isa;
   /* Largest reference problem: S + P of one head, in bytes of float64. */
   uint64_t reference_max_bytes;

@@ -1,27 +1,47 @@
 /*
  * cpu.c — the "cpu" backend: FlashAttention on the engine's worker pool.
  *
- * A job runs in two phases on the pool. The scan phase reads Q, K and V once
- * (one item per tensor head) for non-finite values and their largest
- * magnitudes; from those it either fails the job (ENONFINITE, or ERANGE when
- * scores could overflow F32) or starts the compute phase, one item per
- * (batch, query head, block of ATTN_FLASH_BQ query rows), or, for short
- * query sequences under GQA, per block of several query heads of one KV
- * head. Items of a head are handed out last block first: under a causal
- * mask the last blocks see the most keys, and starting them early evens out
- * the tail of the job.
+ * A job is one task on the pool, one item per (batch, query head, block of
+ * ATTN_FLASH_BQ query rows), or, for short query sequences under GQA, per
+ * block of several query heads of one KV head. Items of a head are handed
+ * out last block first: under a causal mask the last blocks see the most
+ * keys, and starting them early evens out the tail of the job.
+ *
+ * Decoding (every query row of a (batch, KV head) fits one block: seq_q ·
+ * group <= ATTN_FLASH_BQ) has too few blocks to keep the threads busy and
+ * each reads all of K and V, so its keys are split into chunks of a length
+ * fixed by seq_kv alone, one item each; the partial results (unnormalized
+ * O, m, l) are merged at the end in chunk order by their log-sum-exp, as the
+ * CUDA backend's split path does.
+ *
+ * The input scan (non-finite values, magnitudes that could overflow) runs
+ * inside the kernel on every tile it loads, plus one small item per
+ * (batch, KV head) for keys that no query row can see. The verdict is taken
+ * when all items are done; a refused job's output is garbage and is never
+ * reported as a result (the job fails with the scan's error).
  *
  * Every item's arithmetic depends only on its inputs, never on which thread
- * runs it or in what order, so results are bit-identical for any thread
- * count.
+ * runs it or in what order, and the merge order is fixed, so results are
+ * bit-identical for any thread count.
  */
 #include "backend.h"
 #include "flash.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+/* Key chunks of a split: at least this many keys, at most this many chunks. */
+#define SPLIT_MIN_KEYS 512
+#define SPLIT_MAX 64
 
 typedef struct cpu_state {
   attn_pool *pool;
@@ -36,139 +56,213 @@ typedef struct cpu_job {
   int64_t nqt;     /* query blocks per head */
   int64_t hb;      /* query heads packed into one block (GQA decode), >= 1 */
   int64_t hchunks; /* blocks of hb heads per KV head: ceil(group / hb) */
-  float *maxabs;   /* scan phase: one per item */
-  int64_t *bad;    /* scan phase: first non-finite element per item, or -1 */
+  int64_t ncompute; /* compute items; the B·Hkv after them scan unseen keys */
+  int64_t nsplit;  /* key chunks per (batch, KV head); 0: no split */
+  int64_t chunk;   /* keys per chunk */
+  float *po, *pm, *pl; /* split partials, item-major */
+  int64_t *bad;        /* seen: q heads, then k heads, then v heads */
+  uint32_t *maxbits;
 } cpu_job;
 
 static const char *const scan_names[3] = {"q", "k", "v"};
 
-/* Scan item -> tensor (0 q, 1 k, 2 v), batch, head. */
-static void scan_item(const attn_request *r, int64_t item, int *t, int64_t *b,
-                      int64_t *h) {
-  int64_t nq = r->batch * r->heads_q, nkv = r->batch * r->heads_kv;
-  int64_t heads = r->heads_q;
-  *t = 0;
-  if (item >= nq) {
-    item -= nq;
-    heads = r->heads_kv;
-    *t = 1 + (int)(item / nkv);
-    item %= nkv;
-  }
-  *b = item / heads;
-  *h = item % heads;
+static void cpu_job_free(cpu_job *cj) {
+  free(cj->po);
+  free(cj->pm);
+  free(cj->pl);
+  free(cj->bad);
+  free(cj->maxbits);
+  free(cj);
 }
 
-static void scan_run(attn_pool_task *task, int64_t item, void *ws) {
-  (void)ws;
-  cpu_job *cj = (cpu_job *)task;
+/* Keys [0, lo) and (hi, seq_kv) are visible to no query row: the kernel
+ * never loads them, so they are scanned on their own. */
+static void scan_unseen(const cpu_job *cj, int64_t item) {
   const attn_request *r = &cj->job->req;
-  /* Canceled: the remaining items are claimed and skipped, which ends the
-   * task within one item's time on each worker. */
-  if (attn__job_canceled(cj->job))
+  const attn__flash_args *a = &cj->args;
+  const int64_t b = item / r->heads_kv, hk = item % r->heads_kv, nk = r->seq_kv;
+  int64_t lo = a->wl < 0 ? 0 : a->off - a->wl;
+  int64_t hi = a->wr < 0 ? nk - 1 : r->seq_q - 1 + a->off + a->wr;
+  lo = lo < 0 ? 0 : lo;
+  hi = hi > nk - 1 ? nk - 1 : hi;
+  if (lo > hi) {
+    cj->s->isa->scan_keys(a, b, hk, 0, nk);
     return;
-  int t;
-  int64_t b, h;
-  scan_item(r, item, &t, &b, &h);
-  const void *base[3] = {r->q, r->k, r->v};
-  const int64_t *s[3] = {r->q_stride, r->k_stride, r->v_stride};
-  int64_t n = t == 0 ? r->seq_q : r->seq_kv;
-  const char *p = (const char *)base[t] +
-                  (size_t)(b * s[t][0] + h * s[t][1]) * attn_dtype_size(r->dtype);
-  cj->maxabs[item] = 0;
-  cj->bad[item] = cj->s->isa->scan(p, r->dtype, n, r->head_dim, s[t][2],
-                                    &cj->maxabs[item]);
+  }
+  cj->s->isa->scan_keys(a, b, hk, 0, lo);
+  cj->s->isa->scan_keys(a, b, hk, hi + 1, nk);
+}
+
+/* Split item -> (batch, KV head, chunk): the whole group's rows, one chunk. */
+static void split_block(const cpu_job *cj, int64_t item, attn__flash_block *blk) {
+  const attn_request *r = &cj->job->req;
+  const int64_t g = cj->args.group, rows = g * r->seq_q, s = item % cj->nsplit;
+  const int64_t bh = item / cj->nsplit;
+  blk->b = bh / r->heads_kv;
+  blk->h0 = (bh % r->heads_kv) * g;
+  blk->nh = g;
+  blk->i0 = 0;
+  blk->nq = r->seq_q;
+  blk->j0 = s * cj->chunk;
+  blk->j1 = blk->j0 + cj->chunk < r->seq_kv ? blk->j0 + cj->chunk : r->seq_kv;
+  blk->po = cj->po + item * rows * r->head_dim;
+  blk->pm = cj->pm + item * rows;
+  blk->pl = cj->pl + item * rows;
 }
 
 /* Item -> (batch, KV head, chunk of hb query heads, query block). */
-static void compute_run(attn_pool_task *task, int64_t item, void *ws) {
-  cpu_job *cj = (cpu_job *)task;
+static void whole_block(const cpu_job *cj, int64_t item, attn__flash_block *blk) {
   const attn_request *r = &cj->job->req;
-  if (attn__job_canceled(cj->job))
-    return;
   const int64_t g = cj->args.group;
   int64_t qblk = cj->nqt - 1 - item % cj->nqt;
   item /= cj->nqt;
   int64_t chunk = item % cj->hchunks;
   item /= cj->hchunks;
+  blk->b = item / r->heads_kv;
+  blk->h0 = (item % r->heads_kv) * g + chunk * cj->hb;
+  blk->nh = g - chunk * cj->hb < cj->hb ? g - chunk * cj->hb : cj->hb;
+  blk->i0 = qblk * ATTN_FLASH_BQ;
+  blk->nq = r->seq_q - blk->i0 < ATTN_FLASH_BQ ? r->seq_q - blk->i0 : ATTN_FLASH_BQ;
+  blk->j0 = 0;
+  blk->j1 = r->seq_kv;
+  blk->po = blk->pm = blk->pl = NULL;
+}
+
+static void compute_run(attn_pool_task *task, int64_t item, void *ws) {
+  cpu_job *cj = (cpu_job *)task;
+  /* Canceled: the remaining items are claimed and skipped, which ends the
+   * task within one item's time on each worker. */
+  if (attn__job_canceled(cj->job))
+    return;
+  if (item >= cj->ncompute) {
+    scan_unseen(cj, item - cj->ncompute);
+    return;
+  }
   attn__flash_block blk;
-  blk.b = item / r->heads_kv;
-  blk.h0 = (item % r->heads_kv) * g + chunk * cj->hb;
-  blk.nh = g - chunk * cj->hb < cj->hb ? g - chunk * cj->hb : cj->hb;
-  blk.i0 = qblk * ATTN_FLASH_BQ;
-  blk.nq = r->seq_q - blk.i0 < ATTN_FLASH_BQ ? r->seq_q - blk.i0 : ATTN_FLASH_BQ;
+  if (cj->nsplit)
+    split_block(cj, item, &blk);
+  else
+    whole_block(cj, item, &blk);
   cj->s->isa->rows(&cj->args, &blk, ws);
+}
+
+/* What the kernel saw, in the order of the old separate scan (q, k, v heads
+ * in (batch, head) order): the first problem found, or 0. */
+static int scan_verdict(const cpu_job *cj, attn_status *st) {
+  const attn_request *r = &cj->job->req;
+  const int64_t heads[3] = {r->heads_q, r->heads_kv, r->heads_kv};
+  double mx[3] = {0, 0, 0};
+  int64_t at = 0;
+  for (int t = 0; t < 3; t++)
+    for (int64_t i = 0; i < r->batch * heads[t]; i++, at++) {
+      if (cj->bad[at] != INT64_MAX)
+        return attn__nonfinite(st, scan_names[t], i / heads[t], i % heads[t],
+                               cj->bad[at] / r->head_dim, cj->bad[at] % r->head_dim);
+      float f;
+      memcpy(&f, &cj->maxbits[at], sizeof f);
+      mx[t] = fmax(mx[t], f);
+    }
+  return attn__check_magnitudes(r, mx, st);
+}
+
+/* One query row of a split: the chunks' partials combined in chunk order,
+ * each weighted by 2^(m_s - M); chunks that saw no key have l = 0. */
+static void merge_row(const cpu_job *cj, int64_t bh, int64_t ii, float *acc) {
+  const attn_request *r = &cj->job->req;
+  const int64_t D = r->head_dim, rows = cj->args.group * r->seq_q;
+  float mx = -INFINITY, l = 0;
+  for (int64_t s = 0; s < cj->nsplit; s++)
+    mx = fmaxf(mx, cj->pm[(bh * cj->nsplit + s) * rows + ii]);
+  const float mu = fmaxf(mx, -FLT_MAX); /* no -inf - -inf */
+  memset(acc, 0, (size_t)D * sizeof *acc);
+  for (int64_t s = 0; s < cj->nsplit; s++) {
+    const int64_t it = bh * cj->nsplit + s;
+    const float w = exp2f(cj->pm[it * rows + ii] - mu);
+    l += w * cj->pl[it * rows + ii];
+    const float *po = cj->po + (it * rows + ii) * D;
+    for (int64_t d = 0; d < D; d++)
+      acc[d] += w * po[d];
+  }
+  const float inv = l > 0 ? 1.0f / l : 0.0f;
+  for (int64_t d = 0; d < D; d++)
+    acc[d] *= inv;
+  acc[D] = mx * (float)M_LN2; /* back from base 2 */
+  acc[D + 1] = l;
+}
+
+static void merge_splits(const cpu_job *cj) {
+  const attn_request *r = &cj->job->req;
+  const int64_t D = r->head_dim, g = cj->args.group, nq = r->seq_q;
+  float acc[ATTN_MAX_HEAD_DIM + 2];
+  for (int64_t bh = 0; bh < r->batch * r->heads_kv; bh++)
+    for (int64_t ii = 0; ii < g * nq; ii++) {
+      merge_row(cj, bh, ii, acc);
+      const int64_t b = bh / r->heads_kv, h = (bh % r->heads_kv) * g + ii / nq, i = ii % nq;
+      const size_t o = (size_t)(b * r->o_stride[0] + h * r->o_stride[1] + i * r->o_stride[2]);
+      for (int64_t d = 0; d < D; d++)
+        attn_store_elem(r->o, r->dtype, o + (size_t)d, acc[d]);
+      const size_t srow = (size_t)((b * r->heads_q + h) * nq + i);
+      if (r->m)
+        r->m[srow] = acc[D];
+      if (r->l)
+        r->l[srow] = acc[D + 1];
+      if (r->lse)
+        r->lse[srow] = acc[D + 1] > 0 ? acc[D] + logf(acc[D + 1]) : -INFINITY;
+    }
 }
 
 static void compute_finish(attn_pool_task *task) {
   cpu_job *cj = (cpu_job *)task;
   attn_status st = {0};
   /* Items may have been skipped: a canceled job's outputs are not whole. */
-  if (attn__job_canceled(cj->job))
-    attn__canceled(&st);
-  attn__job_complete(cj->job, st.code ? &st : NULL);
-  free(cj);
-}
-
-/* The whole scan, in item order: the first problem found, or 0. */
-static int scan_verdict(cpu_job *cj, attn_status *st) {
-  const attn_request *r = &cj->job->req;
-  double mx[3] = {0, 0, 0};
-  for (int64_t i = 0; i < cj->task.nitems; i++) {
-    int t;
-    int64_t b, h;
-    scan_item(r, i, &t, &b, &h);
-    if (cj->bad[i] >= 0)
-      return attn__nonfinite(st, scan_names[t], b, h, cj->bad[i] / r->head_dim,
-                             cj->bad[i] % r->head_dim);
-    mx[t] = fmax(mx[t], cj->maxabs[i]);
-  }
-  return attn__check_magnitudes(r, mx, st);
-}
-
-static void scan_finish(attn_pool_task *task) {
-  cpu_job *cj = (cpu_job *)task;
-  attn_status st = {0};
   int rc = attn__job_canceled(cj->job) ? attn__canceled(&st) : scan_verdict(cj, &st);
-  free(cj->maxabs);
-  free(cj->bad);
-  cj->maxabs = NULL;
-  cj->bad = NULL;
-  if (rc < 0) {
-    attn__job_complete(cj->job, &st);
-    free(cj);
-    return;
-  }
-  const attn_request *r = &cj->job->req;
-  cj->task.nitems = r->batch * r->heads_kv * cj->hchunks * cj->nqt;
-  cj->task.run = compute_run;
-  cj->task.finish = compute_finish;
-  attn_pool_submit(cj->s->pool, &cj->task);
+  if (rc == 0 && cj->nsplit)
+    merge_splits(cj);
+  attn__job_complete(cj->job, rc ? &st : NULL);
+  cpu_job_free(cj);
 }
 
-static int cpu_submit(void *state, attn_job *job, attn_status *st) {
-  cpu_state *s = state;
-  const attn_request *r = &job->req;
-  cpu_job *cj = calloc(1, sizeof *cj);
-  int64_t nscan = r->batch * (r->heads_q + 2 * r->heads_kv);
-  if (cj) {
-    cj->maxabs = malloc((size_t)nscan * sizeof *cj->maxabs);
-    cj->bad = malloc((size_t)nscan * sizeof *cj->bad);
+/* Decoding shapes get their keys split (see the top of the file); the
+ * chunk length depends on seq_kv only, never on the thread count. */
+static int plan_split(cpu_job *cj) {
+  const attn_request *r = &cj->job->req;
+  const int64_t rows = cj->args.group * r->seq_q;
+  if (rows > ATTN_FLASH_BQ || r->seq_kv < 2 * SPLIT_MIN_KEYS)
+    return 0;
+  int64_t n = r->seq_kv / SPLIT_MIN_KEYS;
+  n = n < SPLIT_MAX ? n : SPLIT_MAX;
+  cj->chunk = (r->seq_kv + n - 1) / n;
+  cj->chunk = (cj->chunk + ATTN_FLASH_BK - 1) / ATTN_FLASH_BK * ATTN_FLASH_BK;
+  cj->nsplit = (r->seq_kv + cj->chunk - 1) / cj->chunk;
+  const size_t parts = (size_t)(r->batch * r->heads_kv * cj->nsplit * rows);
+  cj->po = malloc(parts * (size_t)r->head_dim * sizeof *cj->po);
+  cj->pm = malloc(parts * sizeof *cj->pm);
+  cj->pl = malloc(parts * sizeof *cj->pl);
+  return cj->po && cj->pm && cj->pl ? 0 : -1;
+}
+
+/* The seen arrays: no non-finite element (INT64_MAX), max |x| = 0. */
+static int plan_scan(cpu_job *cj) {
+  const attn_request *r = &cj->job->req;
+  const int64_t nh[3] = {r->batch * r->heads_q, r->batch * r->heads_kv, r->batch * r->heads_kv};
+  const size_t n = (size_t)(nh[0] + nh[1] + nh[2]);
+  cj->bad = malloc(n * sizeof *cj->bad);
+  cj->maxbits = calloc(n, sizeof *cj->maxbits);
+  if (!cj->bad || !cj->maxbits)
+    return -1;
+  for (size_t i = 0; i < n; i++)
+    cj->bad[i] = INT64_MAX;
+  int64_t at = 0;
+  for (int t = 0; t < 3; t++) {
+    cj->args.seen[t].bad = cj->bad + at;
+    cj->args.seen[t].maxbits = cj->maxbits + at;
+    at += nh[t];
   }
-  if (!cj || !cj->maxabs || !cj->bad) {
-    if (cj) {
-      free(cj->maxabs);
-      free(cj->bad);
-    }
-    free(cj);
-    return attn_status_set(st, ATTN_ENOMEM, "out of memory queueing a job");
-  }
-  cj->job = job;
-  cj->s = s;
-  cj->args.r = r;
-  cj->args.scale2 = (float)(attn_request_scale(r) * M_LOG2E);
-  attn_request_window(r, &cj->args.wl, &cj->args.wr);
-  cj->args.off = r->seq_kv - r->seq_q;
-  cj->args.group = r->heads_q / r->heads_kv;
+  return 0;
+}
+
+static void plan_blocks(cpu_job *cj) {
+  const attn_request *r = &cj->job->req;
   cj->nqt = (r->seq_q + ATTN_FLASH_BQ - 1) / ATTN_FLASH_BQ;
   /* Short query sequences (decoding) pack the heads of a GQA group into one
    * block, so each K/V tile is read and converted once for the group. Long
@@ -176,45 +270,90 @@ static int cpu_submit(void *state, attn_job *job, attn_status *st) {
   int64_t fit = r->seq_q <= ATTN_FLASH_BQ / 2 ? ATTN_FLASH_BQ / r->seq_q : 1;
   cj->hb = fit < cj->args.group ? fit : cj->args.group;
   cj->hchunks = (cj->args.group + cj->hb - 1) / cj->hb;
-  cj->task.nitems = nscan;
-  cj->task.run = scan_run;
-  cj->task.finish = scan_finish;
+  cj->ncompute = cj->nsplit ? r->batch * r->heads_kv * cj->nsplit
+                            : r->batch * r->heads_kv * cj->hchunks * cj->nqt;
+}
+
+static int cpu_submit(void *state, attn_job *job, attn_status *st) {
+  cpu_state *s = state;
+  const attn_request *r = &job->req;
+  cpu_job *cj = calloc(1, sizeof *cj);
+  if (!cj)
+    return attn_status_set(st, ATTN_ENOMEM, "out of memory queueing a job");
+  cj->job = job;
+  cj->s = s;
+  cj->args.r = r;
+  cj->args.scale2 = (float)(attn_request_scale(r) * M_LOG2E);
+  attn_request_window(r, &cj->args.wl, &cj->args.wr);
+  cj->args.off = r->seq_kv - r->seq_q;
+  cj->args.group = r->heads_q / r->heads_kv;
+  if (plan_scan(cj) < 0 || plan_split(cj) < 0) {
+    cpu_job_free(cj);
+    return attn_status_set(st, ATTN_ENOMEM, "out of memory queueing a job");
+  }
+  plan_blocks(cj);
+  cj->task.nitems = cj->ncompute + r->batch * r->heads_kv;
+  cj->task.run = compute_run;
+  cj->task.finish = compute_finish;
   attn_pool_submit(s->pool, &cj->task);
   return 0;
 }
 
-const attn__flash_isa *attn__flash_select(const char *want, attn_status *st) {
-  const attn__flash_isa *best = &attn__flash_generic;
-  const attn__flash_isa *all[3] = {NULL, NULL, &attn__flash_generic};
+/* AMX-BF16 in the CPU and tile data granted by Linux, which hands it out
+ * only on request (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA). */
+static bool amx_usable(void) {
+#if defined(__x86_64__)
+  unsigned a, b, c, d;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) || !(d & (1u << 24)))
+    return false;
+  return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+#else
+  return false;
+#endif
+}
+
+enum { NISA = 5 };
+static const char *const isa_names[NISA] = {"amx", "avx512bf16", "avx512", "avx2", "generic"};
+
+/* The kernels this CPU runs, best first; NULL where it cannot. */
+static void flash_usable(const attn__flash_isa *all[NISA]) {
+  all[0] = all[1] = all[2] = all[3] = NULL;
+  all[4] = &attn__flash_generic;
 #if defined(__x86_64__)
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
       __builtin_cpu_supports("f16c"))
-    all[1] = &attn__flash_avx2;
-  if (all[1] && __builtin_cpu_supports("avx512f") &&
-      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512dq"))
-    all[0] = &attn__flash_avx512;
+    all[3] = &attn__flash_avx2;
+  if (all[3] && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+    all[2] = &attn__flash_avx512;
+  if (all[2] && __builtin_cpu_supports("avx512bf16"))
+    all[1] = &attn__flash_avx512bf16;
+  if (all[1] && amx_usable())
+    all[0] = &attn__flash_amx;
 #endif
-  for (int i = 0; i < 3; i++)
-    if (all[i]) {
-      best = all[i];
-      break;
-    }
+}
+
+const attn__flash_isa *attn__flash_select(const char *want, attn_status *st) {
+  const attn__flash_isa *all[NISA], *best = NULL;
+  flash_usable(all);
+  for (int i = NISA - 1; i >= 0; i--)
+    best = all[i] ? all[i] : best;
   if (!want || !*want || strcmp(want, "auto") == 0)
     return best;
-  for (int i = 0; i < 3; i++) {
-    static const char *const names[3] = {"avx512", "avx2", "generic"};
-    if (strcmp(want, names[i]) != 0)
+  for (int i = 0; i < NISA; i++) {
+    if (strcmp(want, isa_names[i]) != 0)
       continue;
     if (all[i])
       return all[i];
     attn_status_set(st, ATTN_EUNSUPPORTED,
-                    "this CPU cannot run the %s kernel (best: %s)", want, best->name);
+                    "this CPU cannot run the %s kernel (best: %s)%s", want, best->name,
+                    i == 0 ? "; AMX needs AMX-BF16 and Linux's XTILEDATA permission" : "");
     return NULL;
   }
   attn_status_set(st, ATTN_EINVAL,
-                  "unknown CPU kernel \"%.40s\" (choose auto, avx512, avx2 or generic)",
+                  "unknown CPU kernel \"%.40s\" (choose auto, amx, avx512bf16, avx512, avx2 "
+                  "or generic)",
                   want);
   return NULL;
 }

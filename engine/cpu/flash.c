@@ -23,12 +23,28 @@
  * stay in registers; the row and vector counts are compile-time constants
  * in each specialization so the compiler keeps them there.
  *
- * Overflow. The caller has checked that |scale·q·k| summed over D and
- * seq_kv·|v| fit in F32, so no score, sum or accumulator can become
- * infinite or NaN here.
+ * BF16 products. The avx512bf16 and amx instances compute BF16 inputs with
+ * BF16 dot products and F32 accumulation (flash_bf16.h): Q and K stay BF16
+ * (exact), P is rounded to BF16 for P·V as FlashAttention does on GPUs.
+ * F16 inputs take the F32 path (widened exactly): BF16 would drop 3 bits
+ * of their significand, and an exact hi+lo split costs 3 products per pair,
+ * no faster than F32 FMAs (tests/bench/peak.c measures both rates).
+ *
+ * Input scan. Every tile of Q, K and V is scanned for non-finite values and
+ * its largest magnitude as it is loaded for compute, into a->seen; the
+ * caller judges the job from that once every block has run (and discards
+ * the output of a refused job). Compute on such inputs makes garbage but
+ * never traps or loops longer.
  */
 #include "flash.h"
 #include "simd.h"
+
+#ifndef ATTN_DPBF16
+#define ATTN_DPBF16 0
+#endif
+#ifndef ATTN_AMX
+#define ATTN_AMX 0
+#endif
 
 #include <float.h>
 #include <math.h>
@@ -37,7 +53,15 @@
 #define BK ATTN_FLASH_BK
 #define MAXD ATTN_MAX_HEAD_DIM
 
-#if ATTN_ISA == 512
+#if ATTN_ISA == 512 && ATTN_AMX
+#define MR 4
+#define NR 4
+#define SUFFIX amx
+#elif ATTN_ISA == 512 && ATTN_DPBF16
+#define MR 4
+#define NR 4
+#define SUFFIX avx512bf16
+#elif ATTN_ISA == 512
 #define MR 4
 #define NR 4
 #define SUFFIX avx512
@@ -217,110 +241,321 @@ static void store_row(void *dst, const float *src, attn_dtype dt, int64_t n) {
     attn_store_elem(dst, dt, (size_t)k, src[k]);
 }
 
+/* ---- the fused input scan ------------------------------------------------ */
+
+static int64_t scan(const void *p, attn_dtype dt, int64_t n, int64_t d,
+                    int64_t stride, float *pmax);
+
+/* Scans n rows at p (rows `stride` apart), the first of them row `row0` of
+ * head `head` of tensor t, into a->seen. */
+static void see(const attn__flash_args *a, int t, int64_t head, const void *p,
+                int64_t row0, int64_t n, int64_t stride) {
+  const int64_t D = a->r->head_dim;
+  float mx = 0.0f;
+  int64_t bad = scan(p, a->r->dtype, n, D, stride, &mx);
+  if (bad >= 0) {
+    int64_t at = row0 * D + bad, cur = __atomic_load_n(&a->seen[t].bad[head], __ATOMIC_RELAXED);
+    while (at < cur && !__atomic_compare_exchange_n(&a->seen[t].bad[head], &cur, at, true,
+                                                    __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+      ;
+    return;
+  }
+  uint32_t bits, cur = __atomic_load_n(&a->seen[t].maxbits[head], __ATOMIC_RELAXED);
+  memcpy(&bits, &mx, sizeof bits);
+  while (bits > cur && !__atomic_compare_exchange_n(&a->seen[t].maxbits[head], &cur, bits, true,
+                                                    __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+    ;
+}
+
 /* ---- one query block ---------------------------------------------------- */
 
-static void rows(const attn__flash_args *a, const attn__flash_block *blk, void *ws) {
-  const attn_request *r = a->r;
+/* The pieces of the workspace and where the block's tensors start. */
+typedef struct blk_ctx {
+  const attn__flash_args *a;
+  const attn__flash_block *blk;
+  float *qt, *ot, *st, *kb, *vb, *m, *l, *alpha;
+  const char *kbase, *vbase;
+  int64_t nrows, lanes, hk, jlo, jhi;
+  int64_t scan_from; /* the keys this block scans: [scan_from, jhi] */
+  int nv;
+  bool bf16dp; /* BF16 products (flash_bf16.h) instead of F32 */
+  bool amx;    /* and AMX tiles for whole tiles (flash_amx.h) */
+  bool rowwise; /* and few rows, along head_dim (flash_bf16.h) */
+} blk_ctx;
+
+static const char *q_row(const blk_ctx *c, int64_t h, int64_t i) {
+  const attn_request *r = c->a->r;
+  return (const char *)r->q + (size_t)(c->blk->b * r->q_stride[0] + h * r->q_stride[1] +
+                                       i * r->q_stride[2]) * attn_dtype_size(r->dtype);
+}
+
+#if ATTN_DPBF16 || ATTN_AMX
+#include "flash_bf16.h"
+#else
+/* Without BF16 products bf16dp is always false: never called. */
+static inline void dp_load_q(blk_ctx *c, const char *src, int64_t ii) {
+  (void)c, (void)src, (void)ii;
+}
+static inline void dp_scores(blk_ctx *c, int64_t j0, int64_t nkt) { (void)c, (void)j0, (void)nkt; }
+static inline void dp_values(blk_ctx *c, int64_t j0, int64_t nkt) { (void)c, (void)j0, (void)nkt; }
+static inline bool rw_ok(const blk_ctx *c) { (void)c; return false; }
+static inline void rw_scores(blk_ctx *c, int64_t j0, int64_t nkt) { (void)c, (void)j0, (void)nkt; }
+static inline void rw_values(blk_ctx *c, int64_t j0, int64_t nkt) { (void)c, (void)j0, (void)nkt; }
+static inline void rw_begin(blk_ctx *c) { (void)c; }
+static inline void rw_end(blk_ctx *c) { (void)c; }
+#endif
+#if !ATTN_AMX
+static inline void amx_begin(blk_ctx *c) { (void)c; }
+static inline void amx_end(blk_ctx *c) { (void)c; }
+#endif
+
+/* Qᵀ pre-scaled in F32 (or as BF16 pairs), Oᵀ = 0, m = -inf, l = 0; scans Q. */
+static void start_block(blk_ctx *c) {
+  const attn__flash_args *a = c->a;
+  const int64_t D = a->r->head_dim, nq = c->blk->nq;
+  for (int64_t hh = 0; hh < c->blk->nh; hh++) {
+    const int64_t h = c->blk->h0 + hh;
+    see(a, 0, c->blk->b * a->r->heads_q + h, q_row(c, h, c->blk->i0), c->blk->i0, nq,
+        a->r->q_stride[2]);
+  }
+  /* Lane ii is query position i0 + ii % nq of head h0 + ii / nq. */
+  for (int64_t ii = 0; ii < c->lanes; ii++) {
+    const bool real = ii < c->nrows;
+    const char *src = real ? q_row(c, c->blk->h0 + ii / nq, c->blk->i0 + ii % nq) : NULL;
+    if (c->bf16dp) {
+      dp_load_q(c, src, ii);
+    } else {
+      if (real)
+        load_row(c->kb, src, a->r->dtype, D);
+      for (int64_t d = 0; d < D; d++) /* padding lanes: finite, unused */
+        c->qt[d * BQ + ii] = real ? c->kb[d] * a->scale2 : 0.0f;
+    }
+    for (int64_t d = 0; d < D; d++)
+      c->ot[d * BQ + ii] = 0.0f;
+    c->m[ii] = -INFINITY;
+    c->l[ii] = 0.0f;
+  }
+}
+
+/* S = Q·Kᵀ for keys j0 .. j0 + nkt - 1 in F32, converting narrow tiles. */
+static void f32_scores(blk_ctx *c, int64_t j0, int64_t nkt, const float **vp,
+                       int64_t *ldv) {
+  const attn_request *r = c->a->r;
   const attn_dtype dt = r->dtype;
   const size_t es = attn_dtype_size(dt);
-  const int64_t b = blk->b, i0 = blk->i0, nq = blk->nq, nrows = blk->nh * nq;
-  const int64_t D = r->head_dim, nk = r->seq_kv, hk = blk->h0 / a->group;
-  float *qt = ws, *ot = qt + MAXD * BQ, *st = ot + MAXD * BQ;
-  float *kb = st + BK * BQ, *vb = kb + BK * MAXD;
-  float *m = vb + BK * MAXD, *l = m + BQ, *alpha = l + BQ;
-  const int nv = (int)((nrows + VL - 1) / VL);
-  const int64_t lanes = (int64_t)nv * VL;
-
-  /* Lane ii is query position i0 + ii % nq of head h0 + ii / nq. */
-  for (int64_t ii = 0; ii < nrows; ii++) {
-    const int64_t h = blk->h0 + ii / nq, i = i0 + ii % nq;
-    load_row(kb, (const char *)r->q + (size_t)(b * r->q_stride[0] + h * r->q_stride[1] +
-                                                 i * r->q_stride[2]) * es,
-             dt, D);
-    for (int64_t d = 0; d < D; d++)
-      qt[d * BQ + ii] = kb[d] * a->scale2;
-  }
-  for (int64_t d = 0; d < D; d++) {
-    for (int64_t ii = nrows; ii < lanes; ii++) /* padding lanes: finite, unused */
-      qt[d * BQ + ii] = 0.0f;
-    for (int64_t ii = 0; ii < lanes; ii++)
-      ot[d * BQ + ii] = 0.0f;
-  }
-  for (int64_t ii = 0; ii < lanes; ii++) {
-    m[ii] = -INFINITY;
-    l[ii] = 0.0f;
-  }
-
-  /* The keys any row of the block can see (every head's rows share the
-   * positions i0 .. i0 + nq - 1). */
-  const int64_t ilast = i0 + nq - 1;
-  int64_t jlo = a->wl < 0 ? 0 : i0 + a->off - a->wl;
-  int64_t jhi = a->wr < 0 ? nk - 1 : ilast + a->off + a->wr;
-  if (jlo < 0)
-    jlo = 0;
-  if (jhi > nk - 1)
-    jhi = nk - 1;
-
-  const int64_t kstep = r->k_stride[2], vstep = r->v_stride[2];
-  const char *kbase = (const char *)r->k +
-                      (size_t)(b * r->k_stride[0] + hk * r->k_stride[1]) * es;
-  const char *vbase = (const char *)r->v +
-                      (size_t)(b * r->v_stride[0] + hk * r->v_stride[1]) * es;
-  for (int64_t j0 = jlo; j0 <= jhi; j0 += BK) {
-    const int64_t nkt = jhi - j0 + 1 < BK ? jhi - j0 + 1 : BK;
-    const float *kp, *vp;
-    int64_t ldk, ldv;
-    if (dt == ATTN_F32) {
-      kp = (const float *)(kbase + (size_t)(j0 * kstep) * es);
-      vp = (const float *)(vbase + (size_t)(j0 * vstep) * es);
-      ldk = kstep;
-      ldv = vstep;
-    } else {
-      for (int64_t jj = 0; jj < nkt; jj++) {
-        load_row(kb + jj * D, kbase + (size_t)((j0 + jj) * kstep) * es, dt, D);
-        load_row(vb + jj * D, vbase + (size_t)((j0 + jj) * vstep) * es, dt, D);
-      }
-      kp = kb;
-      vp = vb;
-      ldk = ldv = D;
+  const int64_t D = r->head_dim, kstep = r->k_stride[2], vstep = r->v_stride[2];
+  const float *kp = (const float *)(c->kbase + (size_t)(j0 * kstep) * es);
+  int64_t ldk = kstep;
+  *vp = (const float *)(c->vbase + (size_t)(j0 * vstep) * es);
+  *ldv = vstep;
+  if (dt != ATTN_F32) {
+    for (int64_t jj = 0; jj < nkt; jj++) {
+      load_row(c->kb + jj * D, c->kbase + (size_t)((j0 + jj) * kstep) * es, dt, D);
+      load_row(c->vb + jj * D, c->vbase + (size_t)((j0 + jj) * vstep) * es, dt, D);
     }
-    qk_tile(qt, kp, ldk, st, D, nkt, nv);
-    bool full = (a->wl < 0 || j0 >= ilast + a->off - a->wl) &&
-                (a->wr < 0 || j0 + nkt - 1 <= i0 + a->off + a->wr);
-    if (!full)
-      mask_tile(st, a, j0, nkt, i0, nq, nrows);
-    softmax_tile(st, nkt, nv, m, l, alpha);
-    for (int64_t d = 0; d < D; d++)
-      for (int c = 0; c < nv; c++) {
-        float *op = ot + d * BQ + c * VL;
-        vstore(op, vmul(vload(op), vload(alpha + c * VL)));
-      }
-    pv_tile(st, vp, ldv, ot, D, nkt, nv);
+    kp = c->kb;
+    *vp = c->vb;
+    ldk = *ldv = D;
   }
+  qk_tile(c->qt, kp, ldk, c->st, D, nkt, c->nv);
+}
 
-  /* Normalize once; a row with l = 0 saw no key and stays O = 0. */
-  for (int64_t ii = 0; ii < lanes; ii++)
-    alpha[ii] = l[ii] > 0 ? 1.0f / l[ii] : 0.0f;
-  for (int64_t ii = 0; ii < nrows; ii++) {
-    const int64_t h = blk->h0 + ii / nq, i = i0 + ii % nq;
+/* One key tile: scan it, scores, mask, online softmax, O += P·V. */
+static void tile_step(blk_ctx *c, int64_t j0, int64_t nkt) {
+  const attn__flash_args *a = c->a;
+  const attn_request *r = a->r;
+  const int64_t D = r->head_dim, i0 = c->blk->i0, ilast = i0 + c->blk->nq - 1;
+  const int64_t kvh = c->blk->b * r->heads_kv + c->hk;
+  const int64_t s0 = j0 > c->scan_from ? j0 : c->scan_from, ns = j0 + nkt - s0;
+  if (ns > 0) {
+    const size_t es = attn_dtype_size(r->dtype);
+    see(a, 1, kvh, c->kbase + (size_t)(s0 * r->k_stride[2]) * es, s0, ns, r->k_stride[2]);
+    see(a, 2, kvh, c->vbase + (size_t)(s0 * r->v_stride[2]) * es, s0, ns, r->v_stride[2]);
+  }
+  const float *vp = NULL;
+  int64_t ldv = 0;
+  if (c->rowwise)
+    rw_scores(c, j0, nkt);
+  else if (c->bf16dp)
+    dp_scores(c, j0, nkt);
+  else
+    f32_scores(c, j0, nkt, &vp, &ldv);
+  bool full = (a->wl < 0 || j0 >= ilast + a->off - a->wl) &&
+              (a->wr < 0 || j0 + nkt - 1 <= i0 + a->off + a->wr);
+  if (!full)
+    mask_tile(c->st, a, j0, nkt, i0, c->blk->nq, c->nrows);
+  softmax_tile(c->st, nkt, c->nv, c->m, c->l, c->alpha);
+  if (c->rowwise) {
+    rw_values(c, j0, nkt);
+    return;
+  }
+  for (int64_t d = 0; d < D; d++)
+    for (int v = 0; v < c->nv; v++) {
+      float *op = c->ot + d * BQ + v * VL;
+      vstore(op, vmul(vload(op), vload(c->alpha + v * VL)));
+    }
+  if (c->bf16dp)
+    dp_values(c, j0, nkt);
+  else
+    pv_tile(c->st, vp, ldv, c->ot, D, nkt, c->nv);
+}
+
+/* A whole block: normalize once (a row with l = 0 saw no key and stays
+ * O = 0) and write O and the statistics. A key-split block leaves its
+ * unnormalized partial for the caller instead. */
+static void finish_block(blk_ctx *c) {
+  const attn_request *r = c->a->r;
+  const attn__flash_block *blk = c->blk;
+  const int64_t D = r->head_dim, nq = blk->nq;
+  const size_t es = attn_dtype_size(r->dtype);
+  for (int64_t ii = 0; ii < c->nrows; ii++) {
+    const float inv = blk->po ? 1.0f : c->l[ii] > 0 ? 1.0f / c->l[ii] : 0.0f;
+    float *row = blk->po ? blk->po + ii * D : c->kb;
     for (int64_t d = 0; d < D; d++)
-      kb[d] = ot[d * BQ + ii] * alpha[ii];
-    store_row((char *)r->o + (size_t)(b * r->o_stride[0] + h * r->o_stride[1] +
+      row[d] = c->ot[d * BQ + ii] * inv;
+    if (blk->po) {
+      blk->pm[ii] = c->m[ii];
+      blk->pl[ii] = c->l[ii];
+      continue;
+    }
+    const int64_t h = blk->h0 + ii / nq, i = blk->i0 + ii % nq;
+    store_row((char *)r->o + (size_t)(blk->b * r->o_stride[0] + h * r->o_stride[1] +
                                       i * r->o_stride[2]) * es,
-              kb, dt, D);
-    const size_t srow = (size_t)((b * r->heads_q + h) * r->seq_q + i);
-    float mm = m[ii] * (float)M_LN2; /* back from base 2; -inf stays -inf */
+              row, r->dtype, D);
+    const size_t srow = (size_t)((blk->b * r->heads_q + h) * r->seq_q + i);
+    float mm = c->m[ii] * (float)M_LN2; /* back from base 2; -inf stays -inf */
     if (r->m)
       r->m[srow] = mm;
     if (r->l)
-      r->l[srow] = l[ii];
+      r->l[srow] = c->l[ii];
     if (r->lse)
-      r->lse[srow] = l[ii] > 0 ? mm + logf(l[ii]) : -INFINITY;
+      r->lse[srow] = c->l[ii] > 0 ? mm + logf(c->l[ii]) : -INFINITY;
   }
+}
+
+/* The keys any row of the block can see (every head's rows share the
+ * positions i0 .. i0 + nq - 1), within the block's key range. */
+static void key_range(blk_ctx *c) {
+  const attn__flash_args *a = c->a;
+  const int64_t i0 = c->blk->i0, ilast = i0 + c->blk->nq - 1;
+  int64_t jlo = a->wl < 0 ? 0 : i0 + a->off - a->wl;
+  int64_t jhi = a->wr < 0 ? a->r->seq_kv - 1 : ilast + a->off + a->wr;
+  c->jlo = jlo < c->blk->j0 ? c->blk->j0 : jlo;
+  c->jhi = jhi > c->blk->j1 - 1 ? c->blk->j1 - 1 : jhi;
+  /* Each key of a KV head is scanned once: by the first chunk of heads
+   * only, and past the keys the previous query block (whose range ends at
+   * phi; ranges only move right) already saw. */
+  int64_t phi = i0 == 0 ? c->blk->j0 - 1 : a->wr < 0 ? a->r->seq_kv - 1 : i0 - 1 + a->off + a->wr;
+  if (c->blk->h0 % a->group != 0)
+    phi = c->jhi;
+  c->scan_from = phi + 1;
+}
+
+static void rows(const attn__flash_args *a, const attn__flash_block *blk, void *ws) {
+  const attn_request *r = a->r;
+  const size_t es = attn_dtype_size(r->dtype);
+  blk_ctx c = {.a = a, .blk = blk};
+  c.qt = ws;
+  c.ot = c.qt + MAXD * BQ;
+  c.st = c.ot + MAXD * BQ;
+  c.kb = c.st + BK * BQ;
+  c.vb = c.kb + BK * MAXD;
+  c.m = c.vb + BK * MAXD;
+  c.l = c.m + BQ;
+  c.alpha = c.l + BQ;
+  c.nrows = blk->nh * blk->nq;
+  c.nv = (int)((c.nrows + VL - 1) / VL);
+  c.lanes = (int64_t)c.nv * VL;
+  c.hk = blk->h0 / a->group;
+  c.bf16dp = r->dtype == ATTN_BF16 && r->head_dim % 2 == 0 && (ATTN_DPBF16 || ATTN_AMX);
+  c.kbase = (const char *)r->k + (size_t)(blk->b * r->k_stride[0] + c.hk * r->k_stride[1]) * es;
+  c.vbase = (const char *)r->v + (size_t)(blk->b * r->v_stride[0] + c.hk * r->v_stride[1]) * es;
+  c.rowwise = rw_ok(&c);
+  key_range(&c);
+  start_block(&c);
+  if (c.rowwise)
+    rw_begin(&c);
+  amx_begin(&c);
+  for (int64_t j0 = c.jlo; j0 <= c.jhi; j0 += BK)
+    tile_step(&c, j0, c.jhi - j0 + 1 < BK ? c.jhi - j0 + 1 : BK);
+  amx_end(&c);
+  if (c.rowwise)
+    rw_end(&c);
+  finish_block(&c);
+}
+
+static void scan_keys(const attn__flash_args *a, int64_t b, int64_t hk, int64_t j0,
+                      int64_t j1) {
+  const attn_request *r = a->r;
+  const size_t es = attn_dtype_size(r->dtype);
+  if (j1 <= j0)
+    return;
+  const char *k = (const char *)r->k +
+                  (size_t)(b * r->k_stride[0] + hk * r->k_stride[1] + j0 * r->k_stride[2]) * es;
+  const char *v = (const char *)r->v +
+                  (size_t)(b * r->v_stride[0] + hk * r->v_stride[1] + j0 * r->v_stride[2]) * es;
+  see(a, 1, b * r->heads_kv + hk, k, j0, j1 - j0, r->k_stride[2]);
+  see(a, 2, b * r->heads_kv + hk, v, j0, j1 - j0, r->v_stride[2]);
 }
 
 /* ---- input scan ---------------------------------------------------------- */
 
+/* The first non-finite element of n rows (row·d + col), all of which hold one. */
+static int64_t first_bad(const void *p, attn_dtype dt, int64_t n, int64_t d, int64_t stride) {
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t k = 0; k < d; k++)
+      if (!isfinite(attn_load_elem(p, dt, (size_t)(i * stride + k))))
+        return i * d + k;
+  return -1; /* not reached */
+}
+
+#if ATTN_ISA == 512
+/*
+ * The scan runs on every tile the kernel loads, so it is kept to two
+ * integer operations per vector: with the sign bit cleared, the bit
+ * patterns of floats order like their magnitudes, and the non-finite ones
+ * (exponent all ones) are the largest. So the largest masked pattern gives
+ * both the largest |x| and whether any element is not finite. Row tails
+ * are masked loads.
+ */
+static int64_t scan(const void *p, attn_dtype dt, int64_t n, int64_t d,
+                    int64_t stride, float *pmax) {
+  const size_t es = attn_dtype_size(dt);
+  uint32_t top;
+  if (dt == ATTN_F32) {
+    __m512i mx = _mm512_setzero_si512(), abs = _mm512_set1_epi32(0x7fffffff);
+    for (int64_t i = 0; i < n; i++) {
+      const char *row = (const char *)p + (size_t)(i * stride) * es;
+      for (int64_t k = 0; k < d; k += 16) {
+        __mmask16 m = d - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (d - k)) - 1);
+        __m512i x = _mm512_maskz_loadu_epi32(m, row + 4 * k);
+        mx = _mm512_max_epu32(mx, _mm512_and_si512(x, abs));
+      }
+    }
+    top = (uint32_t)_mm512_reduce_max_epu32(mx);
+    if (top >= 0x7f800000u)
+      return first_bad(p, dt, n, d, stride);
+    memcpy(pmax, &top, sizeof top);
+    return -1;
+  }
+  __m512i mx = _mm512_setzero_si512(), abs = _mm512_set1_epi16(0x7fff);
+  for (int64_t i = 0; i < n; i++) {
+    const char *row = (const char *)p + (size_t)(i * stride) * es;
+    for (int64_t k = 0; k < d; k += 32) {
+      __mmask32 m = d - k >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << (d - k)) - 1);
+      __m512i x = _mm512_maskz_loadu_epi16(m, row + 2 * k);
+      mx = _mm512_max_epu16(mx, _mm512_and_si512(x, abs));
+    }
+  }
+  /* widen the 16-bit lanes to finish the reduction in 32 bits */
+  __m512i lo = _mm512_and_si512(mx, _mm512_set1_epi32(0xffff)), hi = _mm512_srli_epi32(mx, 16);
+  uint16_t t = (uint16_t)_mm512_reduce_max_epu32(_mm512_max_epu32(lo, hi));
+  if (t >= (dt == ATTN_BF16 ? 0x7f80u : 0x7c00u))
+    return first_bad(p, dt, n, d, stride);
+  *pmax = (float)attn_load_elem(&t, dt, 0);
+  return -1;
+}
+#else
 static int64_t scan(const void *p, attn_dtype dt, int64_t n, int64_t d,
                     int64_t stride, float *pmax) {
   const size_t es = attn_dtype_size(dt);
@@ -340,16 +575,13 @@ static int64_t scan(const void *p, attn_dtype dt, int64_t n, int64_t d,
       sbad += x * 0.0f;
     }
   }
-  if (vany_nan(bad) || sbad != sbad) {
-    for (int64_t i = 0; i < n; i++)
-      for (int64_t k = 0; k < d; k++)
-        if (!isfinite(attn_load_elem(p, dt, (size_t)(i * stride + k))))
-          return i * d + k;
-  }
+  if (vany_nan(bad) || sbad != sbad)
+    return first_bad(p, dt, n, d, stride);
   float vm = vhmax(mx);
   *pmax = vm > smx ? vm : smx;
   return -1;
 }
+#endif
 
 static void exp2_array(const float *x, float *y, int64_t n) {
   int64_t i = 0;
@@ -363,9 +595,18 @@ static void exp2_array(const float *x, float *y, int64_t n) {
   }
 }
 
+#if ATTN_AMX
+#define KERNEL_NAME "amx"
+#elif ATTN_DPBF16
+#define KERNEL_NAME "avx512bf16"
+#else
+#define KERNEL_NAME ISA_NAME
+#endif
+
 const attn__flash_isa CAT(attn__flash_, SUFFIX) = {
-    /* .name = */ ISA_NAME,
-    /* .rows = */ rows,
-    /* .scan = */ scan,
-    /* .exp2 = */ exp2_array,
+    /* .name      = */ KERNEL_NAME,
+    /* .rows      = */ rows,
+    /* .scan_keys = */ scan_keys,
+    /* .scan      = */ scan,
+    /* .exp2      = */ exp2_array,
 };

@@ -16,8 +16,19 @@
 #define ATTN_FLASH_BQ 64
 #define ATTN_FLASH_BK 64
 
+/* What the kernel saw of one tensor while loading it for compute, per
+ * (batch, head) of that tensor: the first non-finite element (n·D + d;
+ * INT64_MAX when none) and the bits of the largest |x| (non-negative floats
+ * order like their bits). Both are order-independent, so the verdict is the
+ * same whichever thread loaded which tile. */
+typedef struct attn__flash_seen {
+  int64_t *bad;
+  uint32_t *maxbits;
+} attn__flash_seen;
+
 typedef struct attn__flash_args {
   const attn_request *r; /* validated, strides filled */
+  attn__flash_seen seen[3]; /* q, k, v; updated with GCC atomics */
   float scale2;          /* scale·log2(e): scores come out in base 2 */
   int64_t wl, wr;        /* effective window, causal folded in */
   int64_t off;           /* seq_kv - seq_q */
@@ -28,14 +39,25 @@ typedef struct attn__flash_args {
  * h0 .. h0 + nh - 1 of batch b, which all read one KV head; nh·nq <=
  * ATTN_FLASH_BQ. Packing the heads of a GQA group into one block lets a
  * decode step (nq = 1) read each K/V tile once for the whole group. */
+/* A block may also cover only the keys [j0, j1) (decode splits its keys
+ * across threads); it then leaves its unnormalized O rows (nh·nq × D, row
+ * ii at po + ii·D), running max m (base 2) and sum l in po, pm, pl for the
+ * caller to merge. po == NULL: the block is whole and writes the request's
+ * O and statistics. */
 typedef struct attn__flash_block {
   int64_t b, h0, nh, i0, nq;
+  int64_t j0, j1;
+  float *po, *pm, *pl;
 } attn__flash_block;
 
 typedef struct attn__flash_isa {
   const char *name;
   /* Computes one block: writes its rows of O and the requested statistics. */
   void (*rows)(const attn__flash_args *a, const attn__flash_block *blk, void *ws);
+  /* Scans keys [j0, j1) of K and V of (batch b, KV head hk) into a->seen
+   * without computing: for keys no block visits. */
+  void (*scan_keys)(const attn__flash_args *a, int64_t b, int64_t hk, int64_t j0,
+                    int64_t j1);
   /* n rows of d elements, rows `stride` elements apart: the largest |x| into
    * *pmax; returns the index (row·d + col) of the first non-finite element,
    * or -1 when all are finite. */
@@ -45,10 +67,13 @@ typedef struct attn__flash_isa {
   void (*exp2)(const float *x, float *y, int64_t n);
 } attn__flash_isa;
 
-/* The kernel for want (NULL or "auto": the best this CPU runs; "avx512",
- * "avx2", "generic"), or NULL with a message when the CPU lacks it. */
+/* The kernel for want (NULL or "auto": the best this CPU runs; "amx",
+ * "avx512bf16", "avx512", "avx2", "generic"), or NULL with a message when
+ * the CPU (or, for AMX, the kernel's permission) lacks it. */
 const attn__flash_isa *attn__flash_select(const char *want, attn_status *st);
 
+extern const attn__flash_isa attn__flash_amx;
+extern const attn__flash_isa attn__flash_avx512bf16;
 extern const attn__flash_isa attn__flash_avx512;
 extern const attn__flash_isa attn__flash_avx2;
 extern const attn__flash_isa attn__flash_generic;

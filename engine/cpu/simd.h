@@ -162,7 +162,8 @@ static inline vf vmax(vf a, vf b) { return a > b ? a : b; }
 static inline vf vabs(vf a) { return fabsf(a); }
 static inline vf vexp2_clamp(vf x) { return x < -150.0f ? -150.0f : x > 128.0f ? 128.0f : x; }
 static inline vf vround(vf x) { return rintf(x); }
-static inline vf vldexp(vf p, vf n) { return ldexpf(p, (int)n); }
+/* NaN only reaches here from inputs the scan refuses; (int)NaN is undefined. */
+static inline vf vldexp(vf p, vf n) { return n != n ? n : ldexpf(p, (int)n); }
 static inline vf vload_cvt(const void *p, attn_dtype dt) {
   return (float)attn_load_elem(p, dt, 0);
 }

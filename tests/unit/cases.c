@@ -87,3 +87,25 @@ int tcases_masked_rows(tprob *ps) {
     ps[i].stats = true;
   return 3;
 }
+
+/* Decoding: few query rows per (batch, KV head) over enough keys that they
+ * are split across threads; GQA and MQA, masks and windows that leave
+ * whole chunks invisible, every dtype, odd head_dim. */
+int tcases_decode(tprob *ps) {
+  static const int64_t hs[][2] = {{4, 4}, {8, 2}, {16, 1}}; /* MHA, GQA 4:1, MQA */
+  static const int64_t win[][3] = {{0, -1, -1}, {1, -1, -1}, {1, 700, -1}, {0, 40, 3000}};
+  int n = 0;
+  for (int64_t nq = 1; nq <= 4; nq++)
+    for (int h = 0; h < 3; h++) {
+      const int w = (int)((nq + h) % 4);
+      tprob p = tprob_make(1 + (nq == 2), hs[h][0], hs[h][1], nq, 1024 + 700 * nq + 37 * h,
+                           (nq + h) % 3 ? 128 : 37, (attn_dtype)((nq + h) % 3));
+      p.causal = win[w][0];
+      p.wl = win[w][1];
+      p.wr = win[w][2];
+      p.stats = true;
+      p.strided = nq == 3;
+      ps[n++] = p;
+    }
+  return n;
+}

@@ -24,6 +24,8 @@ int tcases_shapes(tprob *ps);
 /* Rows with no visible key (causal with Nq > Nkv, a window that falls off
  * the keys), and a diagonal-only window; the first problem's rows 0..69 see
  * nothing. */
+/* Decode shapes whose keys the CPU backend splits across threads. */
+int tcases_decode(tprob *ps);
 int tcases_masked_rows(tprob *ps);
 
 #endif

@@ -12,7 +12,8 @@
 #include <stdio.h>
 #include <string.h>
 
-static const char *const isas[] = {"generic", "avx2", "avx512"};
+static const char *const isas[] = {"generic", "avx2", "avx512", "avx512bf16", "amx"};
+enum { NISAS = sizeof isas / sizeof *isas };
 
 static attn_engine *open_isa(const char *isa) {
   attn_config cfg;
@@ -32,7 +33,8 @@ static attn_engine *open_isa(const char *isa) {
             info[cpu].detail);
   if (!info[cpu].available) {
     attn_engine_close(e);
-    cr_skip_test("CPU kernel %s not supported here: %s", isa, info[cpu].detail);
+    printf("skipped: this CPU has no %s (%s)\n", isa, info[cpu].detail);
+    cr_skip_test("skipped: this CPU has no %s: %s", isa, info[cpu].detail);
   }
   return e;
 }
@@ -75,11 +77,14 @@ static void run_group(int isa, int (*gen)(tprob *), uint64_t seed) {
 #define GROUP_TESTS(isa_idx, isa_name)                                         \
   Test(conformance_##isa_name, sizes, .timeout = 300) { run_group(isa_idx, tcases_sizes, 100); } \
   Test(conformance_##isa_name, masks, .timeout = 300) { run_group(isa_idx, tcases_masks, 200); } \
-  Test(conformance_##isa_name, shapes, .timeout = 300) { run_group(isa_idx, tcases_shapes, 300); }
+  Test(conformance_##isa_name, shapes, .timeout = 300) { run_group(isa_idx, tcases_shapes, 300); } \
+  Test(conformance_##isa_name, decode, .timeout = 300) { run_group(isa_idx, tcases_decode, 400); }
 
 GROUP_TESTS(0, generic)
 GROUP_TESTS(1, avx2)
 GROUP_TESTS(2, avx512)
+GROUP_TESTS(3, avx512bf16)
+GROUP_TESTS(4, amx)
 
 /* Rows with no visible key (causal with Nq > Nkv, a zero-width window that
  * falls off the keys) give O = 0, m = lse = -inf, l = 0 and never NaN. */
@@ -103,39 +108,52 @@ Test(conformance, fully_masked_rows) {
   attn_engine_close(e);
 }
 
-/* The same problem on 1 and on 2 threads: the same bits. */
-Test(conformance, bit_identical_across_threads, .timeout = 120) {
-  for (int isa = 0; isa < 3; isa++) {
-    attn_config cfg;
-    attn_config_init(&cfg);
-    cfg.cpu_isa = isas[isa];
-    attn_engine *e1, *e2;
-    attn_status st;
-    cfg.threads = 1;
-    cr_assert_eq(attn_engine_open(&cfg, &e1, &st), 0);
-    cfg.threads = 2;
-    cr_assert_eq(attn_engine_open(&cfg, &e2, &st), 0);
-    tprob p = tprob_make(2, 4, 2, 300, 333, 64, ATTN_F32);
-    p.causal = true;
-    p.stats = true;
-    tcase a, b;
-    tcase_init(&a, &p, 11);
-    tcase_init(&b, &p, 11);
-    int r1 = trun(e1, &a, "cpu", &st), r2 = trun(e2, &b, "cpu", &st);
-    if (r1 == 0 && r2 == 0) {
-      size_t n = (size_t)(2 * 4 * 300 * 64) * 4, rows = 2 * 4 * 300 * 4;
-      cr_expect_eq(memcmp(a.o, b.o, n), 0, "%s: O differs between 1 and 2 threads", isas[isa]);
-      cr_expect_eq(memcmp(a.m, b.m, rows), 0);
-      cr_expect_eq(memcmp(a.l, b.l, rows), 0);
-      cr_expect_eq(memcmp(a.lse, b.lse, rows), 0);
-    } else {
-      cr_expect_eq(r1, r2, "%s: different verdicts on 1 and 2 threads", isas[isa]);
-    }
-    tcase_free(&a);
-    tcase_free(&b);
-    attn_engine_close(e1);
-    attn_engine_close(e2);
+/* The same problem on 1 and on 2 threads: the same bits, for every kernel
+ * and dtype, and for a decode shape whose keys are split across threads. */
+static void same_bits(int isa, tprob p) {
+  attn_config cfg;
+  attn_config_init(&cfg);
+  cfg.cpu_isa = isas[isa];
+  attn_engine *e1, *e2;
+  attn_status st;
+  cfg.threads = 1;
+  cr_assert_eq(attn_engine_open(&cfg, &e1, &st), 0);
+  cfg.threads = 2;
+  cr_assert_eq(attn_engine_open(&cfg, &e2, &st), 0);
+  tcase a, b;
+  tcase_init(&a, &p, 11);
+  tcase_init(&b, &p, 11);
+  int r1 = trun(e1, &a, "cpu", &st), r2 = trun(e2, &b, "cpu", &st);
+  if (r1 == 0 && r2 == 0) {
+    size_t rows = (size_t)(p.b * p.hq * p.nq) * 4;
+    size_t n = rows / 4 * (size_t)p.d * attn_dtype_size(p.dt);
+    cr_expect_eq(memcmp(a.o, b.o, n), 0, "%s: O differs between 1 and 2 threads", isas[isa]);
+    cr_expect_eq(memcmp(a.m, b.m, rows), 0);
+    cr_expect_eq(memcmp(a.l, b.l, rows), 0);
+    cr_expect_eq(memcmp(a.lse, b.lse, rows), 0);
+  } else {
+    cr_expect_eq(r1, r2, "%s: different verdicts on 1 and 2 threads", isas[isa]);
+    if (r1 == r2)
+      printf("skipped: this CPU has no %s (%s)\n", isas[isa], st.message);
   }
+  tcase_free(&a);
+  tcase_free(&b);
+  attn_engine_close(e1);
+  attn_engine_close(e2);
+}
+
+Test(conformance, bit_identical_across_threads, .timeout = 300) {
+  for (int isa = 0; isa < NISAS; isa++)
+    for (int dt = 0; dt < 3; dt++) {
+      tprob p = tprob_make(2, 4, 2, 300, 333, 64, (attn_dtype)dt);
+      p.causal = true;
+      p.stats = true;
+      same_bits(isa, p);
+      p = tprob_make(1, 8, 2, 2, 5000, 128, (attn_dtype)dt); /* key split */
+      p.wl = 3000;
+      p.stats = true;
+      same_bits(isa, p);
+    }
 }
 
 /* The reference backend, as users select it, agrees with the float64 one it

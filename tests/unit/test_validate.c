@@ -244,3 +244,54 @@ Test(engine_errors, cuda_device_lists) {
     cr_expect(strstr(st.message, bad[i][1]), "%s: %s", bad[i][0], st.message);
   }
 }
+
+/* The CPU kernels scan each tile as they load it: a non-finite value is
+ * still found, with the coordinates of the first one in (tensor, batch,
+ * head, row, column) order, where only a late query block loads it, where
+ * no query row can see it, and in a decode job whose keys are split. */
+static void scan_case(const char *isa, tprob p, int t, const size_t *at, int nat,
+                      const char *want) {
+  attn_config cfg;
+  attn_config_init(&cfg);
+  cfg.threads = 2;
+  cfg.cpu_isa = isa;
+  attn_engine *e;
+  attn_status st;
+  cr_assert_eq(attn_engine_open(&cfg, &e, &st), 0);
+  tcase c;
+  tcase_init(&c, &p, 4);
+  void *tensor = t == 0 ? c.q : t == 1 ? c.k : c.v;
+  for (int i = 0; i < nat; i++)
+    attn_store_elem(tensor, p.dt, at[i], i % 2 ? INFINITY : NAN);
+  int rc = run_err(e, &c, "cpu", &st);
+  if (rc != ATTN_ENONFINITE && strstr(st.message, "cannot run"))
+    printf("skipped: this CPU has no %s\n", isa);
+  else
+    cr_expect(rc == ATTN_ENONFINITE && strstr(st.message, want), "%s %s: %s (want %s)", isa,
+              attn_dtype_name(p.dt), st.message, want);
+  tcase_free(&c);
+  attn_engine_close(e);
+}
+
+Test(engine_errors, fused_scan_coordinates, .timeout = 120) {
+  static const char *const isas[] = {"generic", "avx2", "avx512", "avx512bf16", "amx"};
+  for (int i = 0; i < 5; i++)
+    for (int dt = 0; dt < 3; dt++) {
+      /* causal, 300 rows: key 290 is loaded by the last query block only;
+       * key 100 of the same head comes first */
+      tprob p = tprob_make(1, 2, 1, 300, 300, 64, (attn_dtype)dt);
+      p.causal = true;
+      size_t k1[] = {290 * 64 + 5, 100 * 64 + 63};
+      scan_case(isas[i], p, 1, k1, 2, "tensor k holds a non-finite value at [0, 0, 100, 63]");
+      /* a diagonal window with 40 more keys than rows: keys 0..39 are
+       * visible to no row */
+      p = tprob_make(2, 2, 2, 100, 140, 32, (attn_dtype)dt);
+      p.wl = p.wr = 0;
+      size_t v1[] = {((1 * 2 + 1) * 140 + 7) * 32 + 3};
+      scan_case(isas[i], p, 2, v1, 1, "tensor v holds a non-finite value at [1, 1, 7, 3]");
+      /* decode with split keys, MQA */
+      p = tprob_make(1, 8, 1, 1, 5000, 128, (attn_dtype)dt);
+      size_t k2[] = {4999 * 128 + 127, 2500 * 128};
+      scan_case(isas[i], p, 1, k2, 2, "tensor k holds a non-finite value at [0, 0, 2500, 0]");
+    }
+}

@@ -4,6 +4,7 @@
 #   make deps          install the missing Debian packages (apt-get, as root)
 #   make test          deps + build + every test          (SAN=1: ASan + UBSan)
 #                      (the first run makes build/venv from PyPI: Schemathesis)
+#   make format        apply .clang-format (make test checks it)
 #   make bench         the CPU benchmark against OpenBLAS (not part of test)
 #   make bench-peers   attnd against PyTorch and numpy (not part of test; the
 #                      first run makes build/peers-venv from PyPI: torch, ~GBs)
@@ -30,7 +31,7 @@ CUDA_ARCHS ?= 80 89 90
 
 # Packages the build and tests need (the fuzzers need clang and its
 # runtime); the benchmark adds OpenBLAS.
-DEPS       = gcc make libc6-dev libcriterion-dev libcjson-dev clang libclang-rt-dev \
+DEPS       = gcc make libc6-dev libcriterion-dev libcjson-dev clang libclang-rt-dev clang-format \
              libmicrohttpd-dev libuv1-dev libcurl4-openssl-dev wrk curl \
              python3 python3-numpy python3-pytest python3-yaml python3-venv
 BENCH_DEPS = libopenblas-dev
@@ -165,7 +166,7 @@ SERVER_SRC = server/main.c server/config.c server/http.c server/loop.c server/de
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/obj/%.o)
 
 .PHONY: all deps bench-deps test test-gpu test-image bench bench-peak bench-peers \
-        bench-server bench-memory fuzz run clean FORCE
+        bench-server bench-memory fuzz run format format-check clean FORCE
 all: $(BUILD)/attn $(BUILD)/attnd
 
 # Expanded here, once: a target-specific CPPFLAGS (-Iclients on some
@@ -368,6 +369,20 @@ test: deps
 	@if grep -q 'Sanitizer' $(BUILD)/test.log; then \
 	  echo "make test: sanitizer errors above (see $(BUILD)/test.log)" >&2; exit 1; fi
 	$(MAKE) --no-print-directory fuzz
+	$(MAKE) --no-print-directory format-check
+
+# The C, CUDA and test sources git tracks, formatted by .clang-format:
+# `make format` applies it, `make format-check` (part of make test) lists
+# what it would change and fails.
+FORMAT_SRC = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cuh' 2>/dev/null)
+format:
+	clang-format -i $(FORMAT_SRC)
+
+format-check:
+	@clang-format --dry-run -Werror $(FORMAT_SRC) 2>&1 | grep -E '^[^ ].*: (error|warning)' \
+	  | sed 's/:.*//' | sort -u | sed 's/^/make format-check: not formatted: /'; \
+	clang-format --dry-run -Werror $(FORMAT_SRC) >/dev/null 2>&1 || \
+	  { echo "make format-check: run make format" >&2; exit 1; }
 
 # The GPU tests alone (see tests/gpu/check.sh for the whole GPU check).
 test-gpu: deps

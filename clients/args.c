@@ -11,8 +11,8 @@ int attn_arg_i64(const char *flag, const char *s, int64_t lo, int64_t hi, int64_
   errno = 0;
   long long v = s ? strtoll(s, &end, 10) : 0;
   if (!s || !*s || *end || errno || v < lo || v > hi) {
-    fprintf(stderr, "attn: %s expects an integer from %lld to %lld (got \"%s\")\n",
-            flag, (long long)lo, (long long)hi, s ? s : "");
+    fprintf(stderr, "attn: %s expects an integer from %lld to %lld (got \"%s\")\n", flag,
+            (long long)lo, (long long)hi, s ? s : "");
     return -1;
   }
   *out = v;
@@ -29,8 +29,7 @@ int attn_arg_int(const char *flag, const char *s, int lo, int hi, int *out) {
 
 int attn_arg_dtype(const char *flag, const char *s, attn_dtype *out) {
   if (attn_dtype_parse(s, out) < 0) {
-    fprintf(stderr, "attn: %s expects F32, F16 or BF16 (got \"%s\")\n", flag,
-            s ? s : "");
+    fprintf(stderr, "attn: %s expects F32, F16 or BF16 (got \"%s\")\n", flag, s ? s : "");
     return -1;
   }
   return 0;
@@ -73,12 +72,12 @@ int attn_arg_dims(const char *flag, const char *s, int64_t out[4]) {
   return 0;
 }
 
-int attn_arg_api_option(int c, const char *arg, const char *me, attn_options *o,
-                        const char **name, const char **value) {
+int attn_arg_api_option(int c, const char *arg, const char *me, attn_options *o, const char **name,
+                        const char **value) {
   /* The option names as the query string spells them. */
-  static const char *const names[128] = {['c'] = "causal",      ['s'] = "scale",
-                                         ['L'] = "window_left", ['R'] = "window_right",
-                                         ['S'] = "stats",       ['B'] = "backend"};
+  static const char *const names[128] = {
+      ['c'] = "causal",       ['s'] = "scale", ['L'] = "window_left",
+      ['R'] = "window_right", ['S'] = "stats", ['B'] = "backend"};
   if (c < 0 || c >= 128 || !names[c])
     return 0;
   const char *v = c == 'c' || c == 'S' ? "true" : arg ? arg : "";

@@ -29,13 +29,13 @@ typedef struct attn_shape_args {
 
 /* getopt_long entries for --batch --heads --heads-kv --seq --seq-q --seq-kv
  * --head-dim --dtype, values 'b' 'h' 'H' 'n' 'q' 'k' 'd' 't'. */
-#define ATTN_SHAPE_OPTIONS                                                     \
-  {"batch", required_argument, 0, 'b'}, {"heads", required_argument, 0, 'h'}, \
-      {"heads-kv", required_argument, 0, 'H'},                                 \
-      {"seq", required_argument, 0, 'n'}, {"seq-q", required_argument, 0, 'q'}, \
-      {"seq-kv", required_argument, 0, 'k'},                                   \
-      {"head-dim", required_argument, 0, 'd'},                                 \
-      {"dtype", required_argument, 0, 't'}
+#define ATTN_SHAPE_OPTIONS                                                         \
+  {"batch", required_argument, 0, 'b'}, {"heads", required_argument, 0, 'h'},      \
+      {"heads-kv", required_argument, 0, 'H'}, {"seq", required_argument, 0, 'n'}, \
+      {"seq-q", required_argument, 0, 'q'}, {"seq-kv", required_argument, 0, 'k'}, \
+      {"head-dim", required_argument, 0, 'd'}, {                                   \
+    "dtype", required_argument, 0, 't'                                             \
+  }
 
 /* Applies option c with its argument: 1 when c is a shape option, 0 when it
  * is not, -1 (after a message) when its value is bad. */
@@ -44,18 +44,19 @@ int attn_arg_shape(int c, const char *arg, attn_shape_args *s);
 /* getopt_long entries for the API options of DESIGN.md (--causal --scale
  * --window-left --window-right --stats --backend, values 'c' 's' 'L' 'R'
  * 'S' 'B'): the one table `attn compute` and `attn infer` share. */
-#define ATTN_API_OPTIONS                                                          \
-  {"causal", no_argument, 0, 'c'}, {"scale", required_argument, 0, 's'},          \
-      {"window-left", required_argument, 0, 'L'},                                 \
-      {"window-right", required_argument, 0, 'R'}, {"stats", no_argument, 0, 'S'}, \
-      {"backend", required_argument, 0, 'B'}
+#define ATTN_API_OPTIONS                                                                       \
+  {"causal", no_argument, 0, 'c'}, {"scale", required_argument, 0, 's'},                       \
+      {"window-left", required_argument, 0, 'L'}, {"window-right", required_argument, 0, 'R'}, \
+      {"stats", no_argument, 0, 'S'}, {                                                        \
+    "backend", required_argument, 0, 'B'                                                       \
+  }
 
 /* Applies API option c with its argument through the server's own option
  * parser (so a flag takes exactly what a query string takes): 1 when c is
  * one, with the option's query-string *name and *value set; 0 when c is
  * not one; -1 after one line on stderr starting with `me` when the value
  * is bad. */
-int attn_arg_api_option(int c, const char *arg, const char *me, attn_options *o,
-                        const char **name, const char **value);
+int attn_arg_api_option(int c, const char *arg, const char *me, attn_options *o, const char **name,
+                        const char **value);
 
 #endif

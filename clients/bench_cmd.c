@@ -53,10 +53,9 @@ static int run_one(const attn_shape_args *s, bool causal, int threads, const cha
     int n = attn_engine_backends(e, info, 4), b = 0;
     while (b < n - 1 && strcmp(info[b].name, backend))
       b++;
-    printf("%5lld %4lld %6lld %6lld %4lld %5s %-6s %7d %10.2f %9.1f   %s\n",
-           (long long)s->batch, (long long)s->heads, (long long)s->seq_q,
-           (long long)s->seq_kv, (long long)s->head_dim, attn_dtype_name(s->dtype),
-           causal ? "yes" : "no", attn_engine_threads(e), t * 1e3,
+    printf("%5lld %4lld %6lld %6lld %4lld %5s %-6s %7d %10.2f %9.1f   %s\n", (long long)s->batch,
+           (long long)s->heads, (long long)s->seq_q, (long long)s->seq_kv, (long long)s->head_dim,
+           attn_dtype_name(s->dtype), causal ? "yes" : "no", attn_engine_threads(e), t * 1e3,
            attn_request_flops(&c.req) / t * 1e-9, info[b].detail);
     fflush(stdout);
   }
@@ -66,14 +65,16 @@ static int run_one(const attn_shape_args *s, bool causal, int threads, const cha
 }
 
 int attn_cmd_bench(int argc, char **argv) {
-  static const struct option opts[] = {
-      ATTN_SHAPE_OPTIONS,
-      {"causal", no_argument, 0, 'c'},         {"threads", required_argument, 0, 'T'},
-      {"repeat", required_argument, 0, 'r'},   {"isa", required_argument, 0, 'i'},
-      {"backend", required_argument, 0, 'B'},  {"help", no_argument, 0, 'x'},
-      {0, 0, 0, 0}};
-  attn_shape_args s = {.batch = 1, .heads = 8, .seq_q = 4096, .seq_kv = 4096,
-                       .head_dim = 64, .dtype = ATTN_F32};
+  static const struct option opts[] = {ATTN_SHAPE_OPTIONS,
+                                       {"causal", no_argument, 0, 'c'},
+                                       {"threads", required_argument, 0, 'T'},
+                                       {"repeat", required_argument, 0, 'r'},
+                                       {"isa", required_argument, 0, 'i'},
+                                       {"backend", required_argument, 0, 'B'},
+                                       {"help", no_argument, 0, 'x'},
+                                       {0, 0, 0, 0}};
+  attn_shape_args s = {
+      .batch = 1, .heads = 8, .seq_q = 4096, .seq_kv = 4096, .head_dim = 64, .dtype = ATTN_F32};
   int threads = -1, reps = 3, c, bad = 0;
   bool custom = false, causal = false;
   const char *isa = NULL, *backend = "cpu";
@@ -107,8 +108,8 @@ int attn_cmd_bench(int argc, char **argv) {
     fprintf(stderr, "attn bench: unexpected argument \"%s\"\n%s", argv[optind], usage);
     return 2;
   }
-  printf("%5s %4s %6s %6s %4s %5s %-6s %7s %10s %9s   %s\n", "batch", "H", "Nq", "Nkv",
-         "D", "dtype", "causal", "threads", "ms", "GFLOP/s", "kernel");
+  printf("%5s %4s %6s %6s %4s %5s %-6s %7s %10s %9s   %s\n", "batch", "H", "Nq", "Nkv", "D",
+         "dtype", "causal", "threads", "ms", "GFLOP/s", "kernel");
   if (custom)
     return run_one(&s, causal, threads < 0 ? 0 : threads, isa, backend, reps);
   static const int64_t set[][3] = {{8, 1024, 64}, {8, 4096, 64}, {8, 4096, 128}, {1, 16384, 64}};

@@ -15,9 +15,9 @@ static uint64_t next(uint64_t *s) { /* splitmix64 */
   return z ^ (z >> 31);
 }
 
-int attn_bench_case_init(attn_bench_case *c, int64_t batch, int64_t heads,
-                         int64_t heads_kv, int64_t seq_q, int64_t seq_kv,
-                         int64_t head_dim, attn_dtype dt, bool causal, uint64_t seed) {
+int attn_bench_case_init(attn_bench_case *c, int64_t batch, int64_t heads, int64_t heads_kv,
+                         int64_t seq_q, int64_t seq_kv, int64_t head_dim, attn_dtype dt,
+                         bool causal, uint64_t seed) {
   attn_request *r = &c->req;
   attn_request_init(r);
   r->batch = batch;
@@ -89,8 +89,7 @@ double attn_bench_median(double *v, int n) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-double attn_bench_engine(attn_engine *e, const attn_request *r, int reps,
-                         attn_status *st) {
+double attn_bench_engine(attn_engine *e, const attn_request *r, int reps, attn_status *st) {
   double t[64];
   if (reps < 1)
     reps = 1;

@@ -15,9 +15,9 @@ typedef struct attn_bench_case {
 
 /* Q [B,H,N,D], K and V [B,Hkv,Nkv,D] uniform in [-1, 1) from seed; O
  * allocated. Returns 0 or ATTN_ENOMEM. */
-int attn_bench_case_init(attn_bench_case *c, int64_t batch, int64_t heads,
-                         int64_t heads_kv, int64_t seq_q, int64_t seq_kv,
-                         int64_t head_dim, attn_dtype dt, bool causal, uint64_t seed);
+int attn_bench_case_init(attn_bench_case *c, int64_t batch, int64_t heads, int64_t heads_kv,
+                         int64_t seq_q, int64_t seq_kv, int64_t head_dim, attn_dtype dt,
+                         bool causal, uint64_t seed);
 void attn_bench_case_free(attn_bench_case *c);
 
 /* An engine with `threads` workers (0: cores) and CPU kernel isa (NULL:
@@ -29,8 +29,7 @@ double attn_bench_now(void);
 
 /* Runs r once to warm up, then reps times; the median seconds per run, or a
  * negative error code (st says why). */
-double attn_bench_engine(attn_engine *e, const attn_request *r, int reps,
-                         attn_status *st);
+double attn_bench_engine(attn_engine *e, const attn_request *r, int reps, attn_status *st);
 
 /* Median of n values (sorts v). */
 double attn_bench_median(double *v, int n);

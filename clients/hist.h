@@ -19,13 +19,13 @@
 #include <stdint.h>
 
 #define ATTN_HIST_SUB_BITS 7 /* 128 sub-buckets per power of two */
-#define ATTN_HIST_BUCKETS                                                      \
+#define ATTN_HIST_BUCKETS \
   ((2u << ATTN_HIST_SUB_BITS) + (64u - ATTN_HIST_SUB_BITS - 1u) * (1u << ATTN_HIST_SUB_BITS))
 
 typedef struct attn_hist {
   uint64_t *counts; /* ATTN_HIST_BUCKETS */
   uint64_t total, min, max;
-  long double sum;  /* exact up to 2^64 for integer sums */
+  long double sum; /* exact up to 2^64 for integer sums */
 } attn_hist;
 
 /* 0, or -1 when out of memory. */

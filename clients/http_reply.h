@@ -33,10 +33,10 @@ enum {
 };
 
 typedef struct attn_http_reply {
-  int state;        /* where in a reply (http_reply.c); idle between replies */
-  int status;       /* of the last reply head read */
-  bool close_after; /* the reply said Connection: close, is HTTP/1.0 without
-                       keep-alive, or runs to the close */
+  int state;          /* where in a reply (http_reply.c); idle between replies */
+  int status;         /* of the last reply head read */
+  bool close_after;   /* the reply said Connection: close, is HTTP/1.0 without
+                         keep-alive, or runs to the close */
   uint64_t remaining; /* bytes left of a Content-Length body or a chunk */
   char *head;         /* ATTN_HTTP_MAX_HEAD bytes */
   size_t head_len;

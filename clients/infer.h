@@ -33,7 +33,7 @@ typedef struct attn_infer_reply {
   size_t len, cap;
   bool oom;
   long http;
-  char ctype[128]; /* "" when the reply has none */
+  char ctype[128];                   /* "" when the reply has none */
   double connect, pre, first, total; /* seconds: connected, request about to
                                         go, first reply byte, done */
   long long up, down;                /* body bytes each way */

@@ -88,8 +88,8 @@ int attn_infer_check(const attn_infer_args *a, const attn_proto_req *pr) {
     fprintf(f, "check     o %.2e", e[0]);
     if (pr->opts.stats)
       fprintf(f, ", m %.2e, l %.2e, lse %.2e", e[1], e[2], e[3]);
-    fprintf(f, " (tolerance %s %g%s) against float64: %s\n", attn_dtype_name(pr->req.dtype),
-            tol, pr->opts.stats ? ", statistics 1e-05" : "", pass ? "PASS" : "FAIL");
+    fprintf(f, " (tolerance %s %g%s) against float64: %s\n", attn_dtype_name(pr->req.dtype), tol,
+            pr->opts.stats ? ", statistics 1e-05" : "", pass ? "PASS" : "FAIL");
   }
   return pass ? 0 : 1;
 }

@@ -79,15 +79,11 @@ static void query_add(attn_sbuf *q, const char *name, const char *value) {
  * message. */
 static int infer_flag(int c, attn_infer_args *a) {
   switch (c) {
-  case 'p':
-    a->have_shape = true;
-    return attn_arg_dims("--shape", optarg, a->shape) < 0 ? 2 : 0;
+  case 'p': a->have_shape = true; return attn_arg_dims("--shape", optarg, a->shape) < 0 ? 2 : 0;
   case 'P':
     a->have_shape_kv = true;
     return attn_arg_dims("--shape-kv", optarg, a->shape_kv) < 0 ? 2 : 0;
-  case 't':
-    a->have_dtype = true;
-    return attn_arg_dtype("--dtype", optarg, &a->dtype) < 0 ? 2 : 0;
+  case 't': a->have_dtype = true; return attn_arg_dtype("--dtype", optarg, &a->dtype) < 0 ? 2 : 0;
   case 'r': {
     int64_t v;
     if (attn_arg_i64("--seed", optarg, 0, INT64_MAX, &v) < 0)
@@ -162,22 +158,25 @@ static int parse_args(int argc, char **argv, attn_infer_args *a) {
   a->url = argv[optind];
   a->in = npos == 2 ? argv[optind + 1] : NULL;
   if (!*a->url || strpbrk(a->url, "?# \t\r\n")) {
-    fprintf(stderr, ME ": URL \"%s\" must be the server's base, like http://127.0.0.1:8080 "
-            "(options are flags)\n", a->url);
+    fprintf(stderr,
+            ME ": URL \"%s\" must be the server's base, like http://127.0.0.1:8080 "
+               "(options are flags)\n",
+            a->url);
     return 2;
   }
   if (a->in && (a->have_shape || a->have_shape_kv || a->have_dtype || a->have_seed || a->json)) {
     fprintf(stderr, ME ": --shape, --shape-kv, --dtype, --seed and --json make random "
-            "tensors; IN is sent as it is\n");
+                       "tensors; IN is sent as it is\n");
     return 2;
   }
   if (!a->have_shape_kv)
     memcpy(a->shape_kv, a->shape, sizeof a->shape);
   if (a->shape_kv[0] != a->shape[0] || a->shape_kv[3] != a->shape[3]) {
-    fprintf(stderr, ME ": --shape-kv %lld,%lld,%lld,%lld must have --shape's batch (%lld) and "
-            "head dim (%lld)\n", (long long)a->shape_kv[0], (long long)a->shape_kv[1],
-            (long long)a->shape_kv[2], (long long)a->shape_kv[3], (long long)a->shape[0],
-            (long long)a->shape[3]);
+    fprintf(stderr,
+            ME ": --shape-kv %lld,%lld,%lld,%lld must have --shape's batch (%lld) and "
+               "head dim (%lld)\n",
+            (long long)a->shape_kv[0], (long long)a->shape_kv[1], (long long)a->shape_kv[2],
+            (long long)a->shape_kv[3], (long long)a->shape[0], (long long)a->shape[3]);
     return 2;
   }
   if (a->query.oom) {
@@ -186,7 +185,6 @@ static int parse_args(int argc, char **argv, attn_infer_args *a) {
   }
   return 0;
 }
-
 
 /* Elements of a tensor, or 0 when the count overflows (or passes 2^40:
  * nobody sends a terabyte, and random generation must not wrap). */
@@ -267,9 +265,9 @@ static int handle_reply(const attn_infer_args *a, attn_proto_req *pr, const attn
   bool st_reply = !strncasecmp(r->ctype, "application/octet-stream", 24);
   char backend[32] = "";
   attn_status st;
-  if ((st_reply ? attn_proto_decode_reply_safetensors(r->body, r->len, pr, &st)
-                : attn_proto_decode_reply_json(r->body, r->len, pr, backend, sizeof backend,
-                                               &st)) < 0) {
+  if ((st_reply
+           ? attn_proto_decode_reply_safetensors(r->body, r->len, pr, &st)
+           : attn_proto_decode_reply_json(r->body, r->len, pr, backend, sizeof backend, &st)) < 0) {
     fprintf(stderr, ME ": HTTP %ld with a malformed %s reply: %s\n", r->http,
             st_reply ? "safetensors" : "JSON", st.message);
     return 1;
@@ -291,8 +289,8 @@ static int handle_reply(const attn_infer_args *a, attn_proto_req *pr, const attn
 }
 
 /* Sends the request and judges the reply; the exit status. */
-static int exchange(const attn_infer_args *a, attn_proto_req *pr, const char *body,
-                    size_t len, bool local_ok, const char *local_err) {
+static int exchange(const attn_infer_args *a, attn_proto_req *pr, const char *body, size_t len,
+                    bool local_ok, const char *local_err) {
   attn_sbuf url = {0};
   attn_infer_url(a, &url);
   attn_infer_reply r = {0};

@@ -82,8 +82,10 @@ static int transfer_error(const attn_infer_args *a, CURL *h, CURLcode cc, const 
   if (r->oom)
     fprintf(stderr, ATTN_INFER_ME ": out of memory for the reply from %s\n", url);
   else if (cc == CURLE_COULDNT_CONNECT)
-    fprintf(stderr, ATTN_INFER_ME ": cannot connect to %.*s: %s\n", (int)base_len(a->url),
-            a->url, oserr ? strerror((int)oserr) : *curl_err ? curl_err : curl_easy_strerror(cc));
+    fprintf(stderr, ATTN_INFER_ME ": cannot connect to %.*s: %s\n", (int)base_len(a->url), a->url,
+            oserr       ? strerror((int)oserr)
+            : *curl_err ? curl_err
+                        : curl_easy_strerror(cc));
   else if (cc == CURLE_OPERATION_TIMEDOUT)
     fprintf(stderr, ATTN_INFER_ME ": no complete reply from %s within %g s (--timeout)\n", url,
             a->timeout);
@@ -115,8 +117,8 @@ static void collect(CURL *h, double first, attn_infer_reply *r) {
  * trip (curl adds it to large bodies), so the upload timing measures the
  * upload, not a wait for a 100. */
 static struct curl_slist *request_headers(const attn_infer_args *a) {
-  struct curl_slist *hdrs = curl_slist_append(NULL, a->json ? "Content-Type: application/json"
-                                                           : "Content-Type: application/octet-stream");
+  struct curl_slist *hdrs = curl_slist_append(
+      NULL, a->json ? "Content-Type: application/json" : "Content-Type: application/octet-stream");
   /* A JSON request's reply is JSON unless asked otherwise; --out wants a
    * safetensors file, so ask for the binary form rather than convert. */
   if (hdrs && a->json && a->out)
@@ -124,8 +126,8 @@ static struct curl_slist *request_headers(const attn_infer_args *a) {
   return hdrs ? curl_slist_append(hdrs, "Expect:") : NULL;
 }
 
-static int perform(const attn_infer_args *a, CURL *h, const char *url, const void *body,
-                   size_t len, struct curl_slist *hdrs, attn_infer_reply *r) {
+static int perform(const attn_infer_args *a, CURL *h, const char *url, const void *body, size_t len,
+                   struct curl_slist *hdrs, attn_infer_reply *r) {
   char curl_err[CURL_ERROR_SIZE] = "";
   double t_first = 0;
   curl_easy_setopt(h, CURLOPT_URL, url);

@@ -79,7 +79,6 @@ static const char usage[] =
 #define RETRY_MS 100 /* wait before reconnecting after a failed connect */
 #define TICK_MS 100
 
-
 enum { C_FREE, C_CONNECTING, C_OPEN, C_CLOSING };
 
 typedef struct load load;
@@ -90,9 +89,9 @@ typedef struct conn {
   uv_write_t wreq;
   load *L;
   int state;
-  bool active;        /* a request is in flight on it */
+  bool active; /* a request is in flight on it */
   bool write_pending;
-  bool want_next;     /* answered while its write was pending */
+  bool want_next; /* answered while its write was pending */
   bool connect_failed;
   uint64_t start_ns;  /* latency origin: the intended start */
   uint64_t sent_ns;   /* when it was handed to the connection */
@@ -489,8 +488,8 @@ static void print_progress(load *L, uint64_t t) {
   double dt = (double)(t - L->last_prog_ns) * 1e-9;
   double rps = dt > 0 ? (double)(L->n.answered - L->last_prog_answered) / dt : 0;
   uint64_t terr = attn_load_transport_errors(&L->n);
-  printf("\r%6.1f s  %9.1f requests/s  p99 %9.3f ms  answered %llu  errors %llu\033[K", secs,
-         rps, attn_hist_percentile(&L->hist, 99) / 1e3, (unsigned long long)L->n.answered,
+  printf("\r%6.1f s  %9.1f requests/s  p99 %9.3f ms  answered %llu  errors %llu\033[K", secs, rps,
+         attn_hist_percentile(&L->hist, 99) / 1e3, (unsigned long long)L->n.answered,
          (unsigned long long)(L->n.answered - L->n.ok + terr));
   fflush(stdout);
   L->last_prog_ns = t;
@@ -555,8 +554,7 @@ static int parse_double(const char *flag, const char *s, double lo, double hi, d
   errno = 0;
   double v = strtod(s, &e);
   if (e == s || *e || errno || !isfinite(v) || v < lo || v > hi) {
-    fprintf(stderr, "attn load: %s expects a number from %g to %g, not \"%s\"\n", flag, lo,
-            hi, s);
+    fprintf(stderr, "attn load: %s expects a number from %g to %g, not \"%s\"\n", flag, lo, hi, s);
     return -1;
   }
   *out = v;
@@ -628,8 +626,8 @@ static int resolve(const char *host, int port, struct sockaddr_in *out) {
 
 /* FLOPs of one request as the server will see it (the body decoded with the
  * query's options), or -1 when the body cannot be decoded here. */
-static double body_flops(const char *body, size_t len, bool json, const char *query,
-                         char *desc, size_t cap) {
+static double body_flops(const char *body, size_t len, bool json, const char *query, char *desc,
+                         size_t cap) {
   attn_options q;
   attn_status st;
   attn_options_init(&q);
@@ -648,10 +646,9 @@ static double body_flops(const char *body, size_t len, bool json, const char *qu
   const attn_request *r = &pr.req;
   double f = attn_request_flops(r);
   snprintf(desc, cap, "q [%lld,%lld,%lld,%lld] kv [%lld,%lld,%lld,%lld] %s%s, %.4g GFLOP a request",
-           (long long)r->batch, (long long)r->heads_q, (long long)r->seq_q,
-           (long long)r->head_dim, (long long)r->batch, (long long)r->heads_kv,
-           (long long)r->seq_kv, (long long)r->head_dim, attn_dtype_name(r->dtype),
-           r->causal ? " causal" : "", f * 1e-9);
+           (long long)r->batch, (long long)r->heads_q, (long long)r->seq_q, (long long)r->head_dim,
+           (long long)r->batch, (long long)r->heads_kv, (long long)r->seq_kv,
+           (long long)r->head_dim, attn_dtype_name(r->dtype), r->causal ? " causal" : "", f * 1e-9);
   attn_proto_req_free(&pr);
   return f;
 }
@@ -670,15 +667,21 @@ typedef struct load_args {
 
 /* getopt over argv into a; 0, 2 after a message, or -1 for --help. */
 static int parse_flags(int argc, char **argv, load_args *a) {
-  static const struct option opts[] = {
-      {"concurrency", required_argument, 0, 'c'}, {"rate", required_argument, 0, 'r'},
-      {"duration", required_argument, 0, 'd'},    {"requests", required_argument, 0, 'n'},
-      {"body", required_argument, 0, 'b'},        {"shape", required_argument, 0, 's'},
-      {"shape-kv", required_argument, 0, 'k'},    {"dtype", required_argument, 0, 't'},
-      {"json-body", no_argument, 0, 'J'},         {"path", required_argument, 0, 'p'},
-      {"query", required_argument, 0, 'q'},       {"timeout", required_argument, 0, 'T'},
-      {"json", no_argument, 0, 'j'},              {"help", no_argument, 0, 'h'},
-      {0, 0, 0, 0}};
+  static const struct option opts[] = {{"concurrency", required_argument, 0, 'c'},
+                                       {"rate", required_argument, 0, 'r'},
+                                       {"duration", required_argument, 0, 'd'},
+                                       {"requests", required_argument, 0, 'n'},
+                                       {"body", required_argument, 0, 'b'},
+                                       {"shape", required_argument, 0, 's'},
+                                       {"shape-kv", required_argument, 0, 'k'},
+                                       {"dtype", required_argument, 0, 't'},
+                                       {"json-body", no_argument, 0, 'J'},
+                                       {"path", required_argument, 0, 'p'},
+                                       {"query", required_argument, 0, 'q'},
+                                       {"timeout", required_argument, 0, 'T'},
+                                       {"json", no_argument, 0, 'j'},
+                                       {"help", no_argument, 0, 'h'},
+                                       {0, 0, 0, 0}};
   int c, bad = 0;
   optind = 1;
   while (!bad && (c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -687,7 +690,10 @@ static int parse_flags(int argc, char **argv, load_args *a) {
       bad = attn_arg_int("--concurrency", optarg, 1, MAX_POOL, &a->concurrency);
       a->have_c = true;
       break;
-    case 'r': bad = parse_double("--rate", optarg, 1e-3, 1e7, &a->rate); a->have_r = true; break;
+    case 'r':
+      bad = parse_double("--rate", optarg, 1e-3, 1e7, &a->rate);
+      a->have_r = true;
+      break;
     case 'd':
       bad = parse_double("--duration", optarg, 1e-3, 1e7, &a->duration);
       a->have_d = true;
@@ -697,9 +703,18 @@ static int parse_flags(int argc, char **argv, load_args *a) {
       a->have_n = true;
       break;
     case 'b': a->body_file = optarg; break;
-    case 's': bad = attn_arg_dims("--shape", optarg, a->shape); a->have_shape = true; break;
-    case 'k': bad = attn_arg_dims("--shape-kv", optarg, a->shape_kv); a->have_kv = true; break;
-    case 't': bad = attn_arg_dtype("--dtype", optarg, &a->dt); a->have_dt = true; break;
+    case 's':
+      bad = attn_arg_dims("--shape", optarg, a->shape);
+      a->have_shape = true;
+      break;
+    case 'k':
+      bad = attn_arg_dims("--shape-kv", optarg, a->shape_kv);
+      a->have_kv = true;
+      break;
+    case 't':
+      bad = attn_arg_dtype("--dtype", optarg, &a->dt);
+      a->have_dt = true;
+      break;
     case 'J': a->json_body = true; break;
     case 'p': a->path = optarg; break;
     case 'q': a->query = optarg; break;
@@ -768,9 +783,8 @@ static int make_body(load_args *a, char **pbody, size_t *plen) {
     }
     attn_status st;
     void *sb = NULL;
-    int erc = a->json_body
-                  ? attn_proto_encode_request_json(&bc.req, NULL, pbody, plen, &st)
-                  : attn_proto_encode_request_safetensors(&bc.req, NULL, &sb, plen, &st);
+    int erc = a->json_body ? attn_proto_encode_request_json(&bc.req, NULL, pbody, plen, &st)
+                           : attn_proto_encode_request_safetensors(&bc.req, NULL, &sb, plen, &st);
     attn_bench_case_free(&bc);
     if (erc < 0) {
       fprintf(stderr, "attn load: %s\n", st.message);
@@ -861,27 +875,27 @@ static int load_run(load *L) {
   return rc;
 }
 
-static void load_report(const load *L, const load_args *a, const char *body_desc,
-                        double flops) {
+static void load_report(const load *L, const load_args *a, const char *body_desc, double flops) {
   char url[2400];
   snprintf(url, sizeof url, "http://%s:%d%s%s%s", a->u.host, a->u.port, a->path,
            a->query[0] ? "?" : "", a->query);
   if (L->progress)
     printf("\r\033[K");
-  attn_load_report R = {
-      .url = url,
-      .body_kind = a->body_file ? a->body_file : a->json_body ? "JSON" : "safetensors",
-      .body_desc = body_desc,
-      .body_len = L->body_len,
-      .flops = flops,
-      .elapsed = (double)(L->t_end - L->t0) * 1e-9,
-      .open_loop = L->open_loop,
-      .rate = L->rate,
-      .duration = L->duration,
-      .concurrency = L->concurrency,
-      .max_pool = L->max_pool,
-      .connections = L->npool,
-      .max_requests = L->max_requests};
+  attn_load_report R = {.url = url,
+                        .body_kind = a->body_file   ? a->body_file
+                                     : a->json_body ? "JSON"
+                                                    : "safetensors",
+                        .body_desc = body_desc,
+                        .body_len = L->body_len,
+                        .flops = flops,
+                        .elapsed = (double)(L->t_end - L->t0) * 1e-9,
+                        .open_loop = L->open_loop,
+                        .rate = L->rate,
+                        .duration = L->duration,
+                        .concurrency = L->concurrency,
+                        .max_pool = L->max_pool,
+                        .connections = L->npool,
+                        .max_requests = L->max_requests};
   if (R.elapsed <= 0)
     R.elapsed = 1e-9;
   if (a->json_out)
@@ -901,8 +915,8 @@ static void load_free(load *L) {
 }
 
 int attn_cmd_load(int argc, char **argv) {
-  load_args a = {.concurrency = 8, .duration = 10, .timeout = 30, .shape = {1, 8, 512, 64},
-                 .dt = ATTN_F32};
+  load_args a = {
+      .concurrency = 8, .duration = 10, .timeout = 30, .shape = {1, 8, 512, 64}, .dt = ATTN_F32};
   int rc = parse_load_args(argc, argv, &a);
   if (rc != 0)
     return rc < 0 ? 0 : rc;

@@ -19,7 +19,7 @@ static void fmt_bytes(char *b, size_t cap, uint64_t n) {
 }
 
 static const char *const terr_name[ATTN_TERR_COUNT] = {"connect", "write", "read", "timeout",
-                                                        "protocol"};
+                                                       "protocol"};
 
 uint64_t attn_load_transport_errors(const attn_load_counts *n) {
   uint64_t t = 0;
@@ -43,13 +43,12 @@ void attn_load_print_text(const attn_load_report *R, const attn_load_counts *n,
     printf(", %g s\n", R->duration);
   printf("body       %s %zu bytes, %s\n", R->body_kind, R->body_len, R->body_desc);
   printf("requests   sent %llu, answered %llu, successful (2xx) %llu, in flight at the end %llu\n",
-         (unsigned long long)n->sent, (unsigned long long)n->answered,
-         (unsigned long long)n->ok, (unsigned long long)n->in_flight_end);
+         (unsigned long long)n->sent, (unsigned long long)n->answered, (unsigned long long)n->ok,
+         (unsigned long long)n->in_flight_end);
   bool holds = n->sent == n->answered + terr + n->in_flight_end;
   printf("invariant  sent %llu = answered %llu + transport errors %llu + in flight %llu: %s\n",
-         (unsigned long long)n->sent, (unsigned long long)n->answered,
-         (unsigned long long)terr, (unsigned long long)n->in_flight_end,
-         holds ? "holds" : "BROKEN");
+         (unsigned long long)n->sent, (unsigned long long)n->answered, (unsigned long long)terr,
+         (unsigned long long)n->in_flight_end, holds ? "holds" : "BROKEN");
   printf("errors     HTTP:");
   bool any = false;
   for (int s = 0; s < 600; s++)
@@ -63,7 +62,8 @@ void attn_load_print_text(const attn_load_report *R, const attn_load_counts *n,
   }
   printf("%s; transport:", any ? "" : " none");
   for (int t = 0; t < ATTN_TERR_COUNT; t++)
-    printf(" %s %llu%s", terr_name[t], (unsigned long long)n->terr[t], t + 1 < ATTN_TERR_COUNT ? "," : "");
+    printf(" %s %llu%s", terr_name[t], (unsigned long long)n->terr[t],
+           t + 1 < ATTN_TERR_COUNT ? "," : "");
   printf("\n");
   if (n->backlog_end)
     printf("backlog    %llu requests were due but never sent (all %d connections busy)\n",
@@ -78,13 +78,13 @@ void attn_load_print_text(const attn_load_report *R, const attn_load_counts *n,
   printf("latency ms p50 %.3f  p90 %.3f  p99 %.3f  p99.9 %.3f  max %.3f  (min %.3f, mean %.3f%s)\n",
          attn_hist_percentile(h, 50) / 1e3, attn_hist_percentile(h, 90) / 1e3,
          attn_hist_percentile(h, 99) / 1e3, attn_hist_percentile(h, 99.9) / 1e3,
-         (double)attn_hist_max(h) / 1e3, (double)attn_hist_min(h) / 1e3,
-         attn_hist_mean(h) / 1e3, R->open_loop ? ", from the intended start" : "");
+         (double)attn_hist_max(h) / 1e3, (double)attn_hist_min(h) / 1e3, attn_hist_mean(h) / 1e3,
+         R->open_loop ? ", from the intended start" : "");
   char bs[32], br[32];
   fmt_bytes(bs, sizeof bs, n->bytes_sent);
   fmt_bytes(br, sizeof br, n->bytes_recv);
-  printf("bytes      sent %s (%llu), received %s (%llu)\n", bs,
-         (unsigned long long)n->bytes_sent, br, (unsigned long long)n->bytes_recv);
+  printf("bytes      sent %s (%llu), received %s (%llu)\n", bs, (unsigned long long)n->bytes_sent,
+         br, (unsigned long long)n->bytes_recv);
 }
 
 static void json_str(const char *s) {
@@ -106,8 +106,8 @@ void attn_load_print_json(const attn_load_report *R, const attn_load_counts *n,
   uint64_t terr = attn_load_transport_errors(n);
   printf("{\"url\": ");
   json_str(R->url);
-  printf(", \"mode\": \"%s\", \"concurrency\": %d, \"rate\": ",
-         R->open_loop ? "open" : "closed", R->open_loop ? R->connections : R->concurrency);
+  printf(", \"mode\": \"%s\", \"concurrency\": %d, \"rate\": ", R->open_loop ? "open" : "closed",
+         R->open_loop ? R->connections : R->concurrency);
   if (R->open_loop)
     printf("%.17g", R->rate);
   else
@@ -117,9 +117,9 @@ void attn_load_print_json(const attn_load_report *R, const attn_load_counts *n,
   json_str(R->body_desc);
   printf(",\n \"sent\": %llu, \"answered\": %llu, \"successful\": %llu, \"in_flight\": %llu, "
          "\"backlog\": %llu, \"transport_errors\": %llu",
-         (unsigned long long)n->sent, (unsigned long long)n->answered,
-         (unsigned long long)n->ok, (unsigned long long)n->in_flight_end,
-         (unsigned long long)n->backlog_end, (unsigned long long)terr);
+         (unsigned long long)n->sent, (unsigned long long)n->answered, (unsigned long long)n->ok,
+         (unsigned long long)n->in_flight_end, (unsigned long long)n->backlog_end,
+         (unsigned long long)terr);
   printf(",\n \"errors\": {\"status\": {");
   bool first = true;
   for (int s = 0; s < 600; s++)
@@ -150,13 +150,13 @@ void attn_load_print_json(const attn_load_report *R, const attn_load_counts *n,
          "\"max\": %.4f, \"min\": %.4f, \"mean\": %.4f, \"count\": %llu}",
          attn_hist_percentile(h, 50) / 1e3, attn_hist_percentile(h, 90) / 1e3,
          attn_hist_percentile(h, 99) / 1e3, attn_hist_percentile(h, 99.9) / 1e3,
-         (double)attn_hist_max(h) / 1e3, (double)attn_hist_min(h) / 1e3,
-         attn_hist_mean(h) / 1e3, (unsigned long long)attn_hist_count(h));
-  printf(",\n \"bytes_sent\": %llu, \"bytes_received\": %llu",
-         (unsigned long long)n->bytes_sent, (unsigned long long)n->bytes_recv);
+         (double)attn_hist_max(h) / 1e3, (double)attn_hist_min(h) / 1e3, attn_hist_mean(h) / 1e3,
+         (unsigned long long)attn_hist_count(h));
+  printf(",\n \"bytes_sent\": %llu, \"bytes_received\": %llu", (unsigned long long)n->bytes_sent,
+         (unsigned long long)n->bytes_recv);
   printf(",\n \"invariant\": {\"holds\": %s, \"text\": \"sent %llu = answered %llu + transport "
          "errors %llu + in flight %llu\"}}\n",
          n->sent == n->answered + terr + n->in_flight_end ? "true" : "false",
-         (unsigned long long)n->sent, (unsigned long long)n->answered,
-         (unsigned long long)terr, (unsigned long long)n->in_flight_end);
+         (unsigned long long)n->sent, (unsigned long long)n->answered, (unsigned long long)terr,
+         (unsigned long long)n->in_flight_end);
 }

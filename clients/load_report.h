@@ -41,9 +41,7 @@ typedef struct attn_load_report {
 } attn_load_report;
 
 uint64_t attn_load_transport_errors(const attn_load_counts *n);
-void attn_load_print_text(const attn_load_report *R, const attn_load_counts *n,
-                          const attn_hist *h);
-void attn_load_print_json(const attn_load_report *R, const attn_load_counts *n,
-                          const attn_hist *h);
+void attn_load_print_text(const attn_load_report *R, const attn_load_counts *n, const attn_hist *h);
+void attn_load_print_json(const attn_load_report *R, const attn_load_counts *n, const attn_hist *h);
 
 #endif

@@ -62,8 +62,7 @@ static void print_table(const attn_plan_params *p, const attn_plan *pl) {
   snprintf(ws, sizeof ws, "workspace (%d thr)", pl->threads);
   row(ws, pl->workspace);
   row("total", pl->flash_total);
-  printf("\nQ : S = 1:%.6g   (S and P grow as seq_q*seq_kv, Q as seq*head_dim)\n",
-         pl->s_over_q);
+  printf("\nQ : S = 1:%.6g   (S and P grow as seq_q*seq_kv, Q as seq*head_dim)\n", pl->s_over_q);
   printf("standard / flash memory = %.2fx\n", pl->standard_over_flash);
 }
 
@@ -80,12 +79,13 @@ static int print_json(const attn_plan_params *p, const attn_plan *pl) {
 }
 
 int attn_cmd_plan(int argc, char **argv) {
-  static const struct option opts[] = {
-      ATTN_SHAPE_OPTIONS,
-      {"threads", required_argument, 0, 'T'}, {"json", no_argument, 0, 'j'},
-      {"help", no_argument, 0, 'x'},          {0, 0, 0, 0}};
-  attn_shape_args sh = {.batch = 1, .heads = 1, .seq_q = 4096, .seq_kv = 4096,
-                        .head_dim = 64, .dtype = ATTN_F32};
+  static const struct option opts[] = {ATTN_SHAPE_OPTIONS,
+                                       {"threads", required_argument, 0, 'T'},
+                                       {"json", no_argument, 0, 'j'},
+                                       {"help", no_argument, 0, 'x'},
+                                       {0, 0, 0, 0}};
+  attn_shape_args sh = {
+      .batch = 1, .heads = 1, .seq_q = 4096, .seq_kv = 4096, .head_dim = 64, .dtype = ATTN_F32};
   int threads = 0;
   bool json = false;
   int c, bad = 0;
@@ -109,9 +109,14 @@ int attn_cmd_plan(int argc, char **argv) {
     fprintf(stderr, "attn plan: unexpected argument \"%s\"\n%s", argv[optind], usage);
     return 2;
   }
-  attn_plan_params p = {.batch = sh.batch, .heads_q = sh.heads, .heads_kv = sh.heads_kv,
-                        .seq_q = sh.seq_q, .seq_kv = sh.seq_kv, .head_dim = sh.head_dim,
-                        .dtype = sh.dtype, .threads = threads};
+  attn_plan_params p = {.batch = sh.batch,
+                        .heads_q = sh.heads,
+                        .heads_kv = sh.heads_kv,
+                        .seq_q = sh.seq_q,
+                        .seq_kv = sh.seq_kv,
+                        .head_dim = sh.head_dim,
+                        .dtype = sh.dtype,
+                        .threads = threads};
   attn_plan pl;
   attn_status st;
   if (attn_plan_compute(&p, &pl, &st) < 0) {

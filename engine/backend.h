@@ -18,13 +18,13 @@
 #include "pool.h"
 
 typedef struct attn_job {
-  attn_request req;        /* a copy, strides always filled in */
+  attn_request req; /* a copy, strides always filled in */
   attn_done_fn done;
   void *arg;
   struct attn_engine *engine;
-  const char *backend;     /* name of the backend running it */
+  const char *backend; /* name of the backend running it */
   double t_start;
-  struct attn_job *next;   /* for a backend's own queues */
+  struct attn_job *next; /* for a backend's own queues */
 } attn_job;
 
 /* What open() receives: the config and the engine's shared worker pool. */

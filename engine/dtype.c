@@ -35,8 +35,16 @@ size_t attn_dtype_size(attn_dtype dt) {
   }
 }
 
-static uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static uint32_t f2u(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+static float u2f(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
 
 float attn_f16_to_f32(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000) << 16;
@@ -58,10 +66,10 @@ uint16_t attn_f32_to_f16(float f) {
     return sign | (a > 0x7f800000u ? 0x7e00 : 0x7c00);
   if (a >= 0x477ff000u) /* rounds to 65520 or more: overflow */
     return sign | 0x7c00;
-  if (a < 0x38800000u) { /* below 2^-14: subnormal half; let the FPU round */
-    float v = u2f(a) * 0x1p24f; /* exact scaling into [0, 1024) */
+  if (a < 0x38800000u) {              /* below 2^-14: subnormal half; let the FPU round */
+    float v = u2f(a) * 0x1p24f;       /* exact scaling into [0, 1024) */
     uint32_t m = (uint32_t)lrintf(v); /* ties to even in the default mode */
-    return sign | (uint16_t)m; /* m == 1024 becomes the smallest normal */
+    return sign | (uint16_t)m;        /* m == 1024 becomes the smallest normal */
   }
   uint32_t r = a + 0xfffu + ((a >> 13) & 1); /* round mantissa to 10 bits */
   return sign | (uint16_t)((r - 0x38000000u) >> 13);

@@ -35,7 +35,7 @@ static const struct attn_backend_ops *const backend_table[] = {
 
 typedef struct backend_slot {
   const struct attn_backend_ops *ops;
-  void *state;          /* NULL when it could not open */
+  void *state; /* NULL when it could not open */
   attn_status open_status;
 } backend_slot;
 
@@ -118,8 +118,7 @@ int attn_engine_open(const attn_config *cfg, attn_engine **pe, attn_status *st) 
     }
   if (attn_pool_open(e->cfg.threads, ws, &e->pool) < 0) {
     free(e);
-    return attn_status_set(st, ATTN_ENOMEM, "cannot start %d worker threads",
-                           cfg->threads);
+    return attn_status_set(st, ATTN_ENOMEM, "cannot start %d worker threads", cfg->threads);
   }
   pthread_mutex_init(&e->mu, NULL);
   pthread_cond_init(&e->idle, NULL);
@@ -152,8 +151,7 @@ void attn_engine_close(attn_engine *e) {
 
 int attn_engine_threads(const attn_engine *e) { return e->cfg.threads; }
 
-static int pick_backend(attn_engine *e, const attn_request *r,
-                        backend_slot **ps, attn_status *st) {
+static int pick_backend(attn_engine *e, const attn_request *r, backend_slot **ps, attn_status *st) {
   const char *name = r->backend;
   if (!name || !*name || strcmp(name, "auto") == 0) {
     attn_status why = {0};
@@ -176,8 +174,7 @@ static int pick_backend(attn_engine *e, const attn_request *r,
       continue;
     if (!s->state)
       return attn_status_set(st, s->open_status.code ? s->open_status.code : ATTN_ENODEV,
-                             "backend \"%s\" is not available: %s", name,
-                             s->open_status.message);
+                             "backend \"%s\" is not available: %s", name, s->open_status.message);
     int rc = s->ops->supports(s->state, r, st);
     if (rc < 0)
       return rc;
@@ -194,17 +191,14 @@ static int pick_backend(attn_engine *e, const attn_request *r,
     strncat(names, ", ", sizeof names - strlen(names) - 1);
     strncat(names, backend_table[i]->name, sizeof names - strlen(names) - 1);
   }
-  return attn_status_set(st, ATTN_EBACKEND, "unknown backend \"%.40s\" (choose %s)",
-                         name, names);
+  return attn_status_set(st, ATTN_EBACKEND, "unknown backend \"%.40s\" (choose %s)", name, names);
 }
 
 /* The flag is a plain int so that engine.h stays C++-clean (nvcc reads it);
  * the GCC atomics make every access to it atomic. */
 void attn_cancel_set(int *flag) { __atomic_store_n(flag, 1, __ATOMIC_RELEASE); }
 
-bool attn_cancel_is_set(const int *flag) {
-  return flag && __atomic_load_n(flag, __ATOMIC_ACQUIRE);
-}
+bool attn_cancel_is_set(const int *flag) { return flag && __atomic_load_n(flag, __ATOMIC_ACQUIRE); }
 
 bool attn__job_canceled(const attn_job *job) { return attn_cancel_is_set(job->req.cancel); }
 
@@ -212,8 +206,8 @@ int attn__canceled(attn_status *st) {
   return attn_status_set(st, ATTN_ECANCELED, "the job was canceled by its caller");
 }
 
-int attn_engine_submit(attn_engine *e, const attn_request *r, attn_done_fn done,
-                       void *arg, attn_status *st) {
+int attn_engine_submit(attn_engine *e, const attn_request *r, attn_done_fn done, void *arg,
+                       attn_status *st) {
   int rc = attn_request_validate(r, st);
   if (rc < 0)
     return rc;
@@ -280,8 +274,7 @@ static void wake(const attn_result *res, void *arg) {
   pthread_mutex_unlock(&w->mu);
 }
 
-int attn_engine_run(attn_engine *e, const attn_request *r, attn_result *res,
-                    attn_status *st) {
+int attn_engine_run(attn_engine *e, const attn_request *r, attn_result *res, attn_status *st) {
   waiter w = {.done = false};
   pthread_mutex_init(&w.mu, NULL);
   pthread_cond_init(&w.cv, NULL);

@@ -64,23 +64,23 @@ extern "C" {
  * server maps each to an HTTP status in one table (server/), so a new code
  * here must be added there too.
  */
-#define ATTN_ERRNO_MAP(XX)                                                     \
-  XX(EINVAL, "invalid argument")                                               \
-  XX(ESHAPE, "invalid shape")                                                  \
-  XX(EHEADS, "heads_q is not a multiple of heads_kv")                          \
-  XX(EDTYPE, "unknown or mismatched dtype")                                    \
-  XX(ESCALE, "scale is not a finite number")                                   \
-  XX(EWINDOW, "invalid attention window")                                      \
-  XX(ENONFINITE, "input holds a non-finite value")                             \
-  XX(EOVERFLOW, "sizes overflow 64-bit arithmetic")                            \
-  XX(ERANGE, "attention scores overflow float32")                              \
-  XX(ETOOBIG, "problem too large for this backend")                            \
-  XX(ENOMEM, "out of memory")                                                  \
-  XX(EBACKEND, "unknown backend")                                              \
-  XX(EUNSUPPORTED, "request not supported by this backend")                    \
-  XX(ENODEV, "no device available for this backend")                          \
-  XX(EDEVICE, "device failure")                                                \
-  XX(ESHUTDOWN, "engine is shutting down")                                     \
+#define ATTN_ERRNO_MAP(XX)                                  \
+  XX(EINVAL, "invalid argument")                            \
+  XX(ESHAPE, "invalid shape")                               \
+  XX(EHEADS, "heads_q is not a multiple of heads_kv")       \
+  XX(EDTYPE, "unknown or mismatched dtype")                 \
+  XX(ESCALE, "scale is not a finite number")                \
+  XX(EWINDOW, "invalid attention window")                   \
+  XX(ENONFINITE, "input holds a non-finite value")          \
+  XX(EOVERFLOW, "sizes overflow 64-bit arithmetic")         \
+  XX(ERANGE, "attention scores overflow float32")           \
+  XX(ETOOBIG, "problem too large for this backend")         \
+  XX(ENOMEM, "out of memory")                               \
+  XX(EBACKEND, "unknown backend")                           \
+  XX(EUNSUPPORTED, "request not supported by this backend") \
+  XX(ENODEV, "no device available for this backend")        \
+  XX(EDEVICE, "device failure")                             \
+  XX(ESHUTDOWN, "engine is shutting down")                  \
   XX(ECANCELED, "request canceled")
 
 typedef enum attn_errno {
@@ -89,7 +89,7 @@ typedef enum attn_errno {
 #define ATTN_ERRNO_DEF(name, msg) ATTN_##name,
   ATTN_ERRNO_MAP(ATTN_ERRNO_DEF)
 #undef ATTN_ERRNO_DEF
-  ATTN__ERRNO_END
+      ATTN__ERRNO_END
 } attn_errno;
 
 /* Default message for a code; never NULL. */
@@ -115,12 +115,7 @@ int attn_status_set(attn_status *st, int code, const char *fmt, ...)
 
 /* ---- dtypes ----------------------------------------------------------- */
 
-typedef enum attn_dtype {
-  ATTN_F32 = 0,
-  ATTN_F16 = 1,
-  ATTN_BF16 = 2,
-  ATTN_DTYPE_COUNT
-} attn_dtype;
+typedef enum attn_dtype { ATTN_F32 = 0, ATTN_F16 = 1, ATTN_BF16 = 2, ATTN_DTYPE_COUNT } attn_dtype;
 
 /* safetensors name ("F32", "F16", "BF16"), or "?" for an unknown value. */
 const char *attn_dtype_name(attn_dtype dt);
@@ -236,8 +231,7 @@ typedef struct attn_plan {
   double standard_over_flash;
 } attn_plan;
 
-int attn_plan_compute(const attn_plan_params *pp, attn_plan *plan,
-                      attn_status *st);
+int attn_plan_compute(const attn_plan_params *pp, attn_plan *plan, attn_status *st);
 
 /* ---- the engine ------------------------------------------------------- */
 
@@ -281,10 +275,10 @@ int attn_engine_threads(const attn_engine *e);
 
 /* What a completed job reports. */
 typedef struct attn_result {
-  attn_status status;   /* code 0 on success */
-  const char *backend;  /* name of the backend that ran it, or NULL */
+  attn_status status;    /* code 0 on success */
+  const char *backend;   /* name of the backend that ran it, or NULL */
   double engine_seconds; /* wall time from the job's start to its end */
-  double flops;         /* attn_request_flops() of the request */
+  double flops;          /* attn_request_flops() of the request */
 } attn_result;
 
 /*
@@ -301,12 +295,11 @@ typedef void (*attn_done_fn)(const attn_result *res, void *arg);
  * and queues the job. On failure nothing is queued, the callback is not
  * called, and the error is returned. On success the callback will run.
  */
-int attn_engine_submit(attn_engine *e, const attn_request *r, attn_done_fn done,
-                       void *arg, attn_status *st);
+int attn_engine_submit(attn_engine *e, const attn_request *r, attn_done_fn done, void *arg,
+                       attn_status *st);
 
 /* Submits and waits; res (optional) receives the result. */
-int attn_engine_run(attn_engine *e, const attn_request *r, attn_result *res,
-                    attn_status *st);
+int attn_engine_run(attn_engine *e, const attn_request *r, attn_result *res, attn_status *st);
 
 /* Backends compiled in, in preference order, and whether each can run now. */
 typedef struct attn_backend_info {

@@ -36,8 +36,7 @@ int attn_plan_compute(const attn_plan_params *pp, attn_plan *plan, attn_status *
   if (rc < 0)
     return rc;
   if (pp->threads < 0)
-    return attn_status_set(st, ATTN_EINVAL, "threads must be at least 0 (got %d)",
-                           pp->threads);
+    return attn_status_set(st, ATTN_EINVAL, "threads must be at least 0 (got %d)", pp->threads);
   const u128 es = attn_dtype_size(r.dtype);
   const u128 bq = (u128)r.batch * (u128)r.heads_q, bk = (u128)r.batch * (u128)r.heads_kv;
   const u128 D = (u128)r.head_dim;
@@ -50,8 +49,7 @@ int attn_plan_compute(const attn_plan_params *pp, attn_plan *plan, attn_status *
       (rc = fit(st, "V", bk * (u128)r.seq_kv * D * es, &plan->v)) ||
       (rc = fit(st, "O", bq * (u128)r.seq_q * D * es, &plan->o)) ||
       (rc = fit(st, "S", bq * (u128)r.seq_q * (u128)r.seq_kv * es, &plan->s)) ||
-      (rc = fit(st, "S + P", 2 * bq * (u128)r.seq_q * (u128)r.seq_kv * es,
-                &plan->s_plus_p)) ||
+      (rc = fit(st, "S + P", 2 * bq * (u128)r.seq_q * (u128)r.seq_kv * es, &plan->s_plus_p)) ||
       (rc = fit(st, "m", bq * (u128)r.seq_q * 4, &plan->m)))
     return rc;
   plan->p = plan->s;

@@ -21,9 +21,8 @@
 
 /* One head of a tensor widened to float64 rows of D; rejects non-finite
  * values with the element's coordinates. */
-static int load_head(const attn_request *r, const char *name, const void *base,
-                     const int64_t s[3], int64_t b, int64_t h, int64_t n,
-                     double *dst, attn_status *st) {
+static int load_head(const attn_request *r, const char *name, const void *base, const int64_t s[3],
+                     int64_t b, int64_t h, int64_t n, double *dst, attn_status *st) {
   const int64_t D = r->head_dim;
   for (int64_t i = 0; i < n; i++)
     for (int64_t d = 0; d < D; d++) {
@@ -33,16 +32,14 @@ static int load_head(const attn_request *r, const char *name, const void *base,
         return attn_status_set(st, ATTN_ENONFINITE,
                                "tensor %s holds a non-finite value (%g) at "
                                "[%lld, %lld, %lld, %lld]; inputs must be finite",
-                               name, x, (long long)b, (long long)h, (long long)i,
-                               (long long)d);
+                               name, x, (long long)b, (long long)h, (long long)i, (long long)d);
       dst[i * D + d] = x;
     }
   return 0;
 }
 
-int attn_reference_head(const attn_request *r, int64_t b, int64_t h, double *S,
-                        double *P, double *o, double *m, double *l, double *lse,
-                        attn_status *st) {
+int attn_reference_head(const attn_request *r, int64_t b, int64_t h, double *S, double *P,
+                        double *o, double *m, double *l, double *lse, attn_status *st) {
   const int64_t nq = r->seq_q, nk = r->seq_kv, D = r->head_dim;
   const int64_t hk = h / (r->heads_q / r->heads_kv);
   const double scale = attn_request_scale(r);
@@ -75,9 +72,12 @@ int attn_reference_head(const attn_request *r, int64_t b, int64_t h, double *S,
   for (int64_t i = 0; i < nq; i++) {
     double mi, li;
     attn_softmax_safe(&S[i * nk], (size_t)nk, &P[i * nk], &mi, &li);
-    if (m) m[i] = mi;
-    if (l) l[i] = li;
-    if (lse) lse[i] = li > 0 ? mi + log(li) : -INFINITY;
+    if (m)
+      m[i] = mi;
+    if (l)
+      l[i] = li;
+    if (lse)
+      lse[i] = li > 0 ? mi + log(li) : -INFINITY;
     for (int64_t d = 0; d < D; d++)
       o[i * D + d] = 0;
     for (int64_t j = 0; j < nk; j++) {
@@ -98,15 +98,14 @@ static int alloc_sp(const attn_request *r, double **S, double **P, attn_status *
   if (!*S || !*P) {
     free(*S);
     free(*P);
-    return attn_status_set(st, ATTN_ENOMEM,
-                           "out of memory for the reference's S and P (%zu bytes)",
+    return attn_status_set(st, ATTN_ENOMEM, "out of memory for the reference's S and P (%zu bytes)",
                            2 * n * sizeof(double));
   }
   return 0;
 }
 
-int attn_reference(const attn_request *r0, double *o, double *m, double *l,
-                   double *lse, attn_status *st) {
+int attn_reference(const attn_request *r0, double *o, double *m, double *l, double *lse,
+                   attn_status *st) {
   int rc = attn_request_validate(r0, st);
   if (rc < 0)
     return rc;
@@ -119,9 +118,8 @@ int attn_reference(const attn_request *r0, double *o, double *m, double *l,
   for (int64_t b = 0; b < r.batch && rc == 0; b++)
     for (int64_t h = 0; h < r.heads_q && rc == 0; h++) {
       size_t row = (size_t)((b * r.heads_q + h) * nq);
-      rc = attn_reference_head(&r, b, h, S, P, o + row * (size_t)D,
-                               m ? m + row : NULL, l ? l + row : NULL,
-                               lse ? lse + row : NULL, st);
+      rc = attn_reference_head(&r, b, h, S, P, o + row * (size_t)D, m ? m + row : NULL,
+                               l ? l + row : NULL, lse ? lse + row : NULL, st);
     }
   free(S);
   free(P);
@@ -177,9 +175,12 @@ static void ref_run(attn_pool_task *t, int64_t item, void *ws) {
       size_t base = (size_t)(b * r->o_stride[0] + h * r->o_stride[1] + i * r->o_stride[2]);
       for (int64_t d = 0; d < D; d++)
         attn_store_elem(r->o, r->dtype, base + (size_t)d, (float)o[i * D + d]);
-      if (r->m) r->m[row + i] = (float)m[i];
-      if (r->l) r->l[row + i] = (float)l[i];
-      if (r->lse) r->lse[row + i] = (float)lse[i];
+      if (r->m)
+        r->m[row + i] = (float)m[i];
+      if (r->l)
+        r->l[row + i] = (float)l[i];
+      if (r->lse)
+        r->lse[row + i] = (float)lse[i];
     }
   } else if (atomic_exchange(&rj->failed, 1) == 0) {
     rj->err = st;
@@ -217,8 +218,8 @@ static int ref_supports(void *state, const attn_request *r, attn_status *st) {
                            "its limit of %llu; use backend cpu",
                            bytes, (long long)r->seq_q, (long long)r->seq_kv,
                            (unsigned long long)s->max_bytes);
-  double macs = 2.0 * (double)r->batch * (double)r->heads_q * (double)r->seq_q *
-                (double)r->seq_kv * (double)r->head_dim;
+  double macs = 2.0 * (double)r->batch * (double)r->heads_q * (double)r->seq_q * (double)r->seq_kv *
+                (double)r->head_dim;
   if (macs > (double)REFERENCE_MAX_MACS)
     return attn_status_set(st, ATTN_ETOOBIG,
                            "the reference backend is for small problems: %.3g "

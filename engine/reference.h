@@ -19,16 +19,15 @@
  * or ATTN_ENONFINITE (message names the tensor and element) when an input
  * element this head reads is not finite.
  */
-int attn_reference_head(const attn_request *r, int64_t b, int64_t h, double *S,
-                        double *P, double *o, double *m, double *l, double *lse,
-                        attn_status *st);
+int attn_reference_head(const attn_request *r, int64_t b, int64_t h, double *S, double *P,
+                        double *o, double *m, double *l, double *lse, attn_status *st);
 
 /*
  * The whole request: o is [B, Hq, Nq, D] and m, l, lse [B, Hq, Nq], all
  * contiguous doubles (the statistics may be NULL). Allocates S and P for one
  * head at a time. Returns 0 or an error.
  */
-int attn_reference(const attn_request *r, double *o, double *m, double *l,
-                   double *lse, attn_status *st);
+int attn_reference(const attn_request *r, double *o, double *m, double *l, double *lse,
+                   attn_status *st);
 
 #endif

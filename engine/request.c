@@ -68,33 +68,29 @@ void attn_request_window(const attn_request *r, int64_t *pleft, int64_t *pright)
 
 static int check_dim(attn_status *st, const char *name, int64_t v) {
   if (v < 1)
-    return attn_status_set(st, ATTN_ESHAPE, "%s must be at least 1 (got %lld)",
-                           name, (long long)v);
+    return attn_status_set(st, ATTN_ESHAPE, "%s must be at least 1 (got %lld)", name, (long long)v);
   if (v > ATTN_MAX_DIM)
-    return attn_status_set(st, ATTN_ESHAPE, "%s = %lld is larger than %lld",
-                           name, (long long)v, (long long)ATTN_MAX_DIM);
+    return attn_status_set(st, ATTN_ESHAPE, "%s = %lld is larger than %lld", name, (long long)v,
+                           (long long)ATTN_MAX_DIM);
   return 0;
 }
 
 /* Bytes spanned by a [B, H, N, D] tensor with strides s; -1 on overflow. */
-static int64_t span_bytes(int64_t b, int64_t h, int64_t n, int64_t d,
-                          const int64_t s[3], size_t esize) {
+static int64_t span_bytes(int64_t b, int64_t h, int64_t n, int64_t d, const int64_t s[3],
+                          size_t esize) {
   int64_t last = d - 1, t;
   const int64_t dims[3] = {b, h, n};
   for (int i = 0; i < 3; i++) {
-    if (__builtin_mul_overflow(dims[i] - 1, s[i], &t) ||
-        __builtin_add_overflow(last, t, &last))
+    if (__builtin_mul_overflow(dims[i] - 1, s[i], &t) || __builtin_add_overflow(last, t, &last))
       return -1;
   }
-  if (__builtin_add_overflow(last, 1, &last) ||
-      __builtin_mul_overflow(last, (int64_t)esize, &t))
+  if (__builtin_add_overflow(last, 1, &last) || __builtin_mul_overflow(last, (int64_t)esize, &t))
     return -1;
   return t;
 }
 
-static int check_tensor(attn_status *st, const char *name, const void *p,
-                        int64_t b, int64_t h, int64_t n, int64_t d,
-                        const int64_t s[3], size_t esize) {
+static int check_tensor(attn_status *st, const char *name, const void *p, int64_t b, int64_t h,
+                        int64_t n, int64_t d, const int64_t s[3], size_t esize) {
   if (!p)
     return attn_status_set(st, ATTN_EINVAL, "tensor %s has no data (NULL)", name);
   bool zero = s[0] == 0 && s[1] == 0 && s[2] == 0;
@@ -102,17 +98,14 @@ static int check_tensor(attn_status *st, const char *name, const void *p,
     return attn_status_set(st, ATTN_EINVAL,
                            "tensor %s: strides [%lld, %lld, %lld] are invalid "
                            "(negative, or a row stride under head_dim %lld)",
-                           name, (long long)s[0], (long long)s[1],
-                           (long long)s[2], (long long)d);
+                           name, (long long)s[0], (long long)s[1], (long long)s[2], (long long)d);
   int64_t cs[3] = {0, 0, d};
-  bool ovf = __builtin_mul_overflow(n, d, &cs[1]) ||
-             __builtin_mul_overflow(h, cs[1], &cs[0]);
+  bool ovf = __builtin_mul_overflow(n, d, &cs[1]) || __builtin_mul_overflow(h, cs[1], &cs[0]);
   if (ovf || span_bytes(b, h, n, d, zero ? cs : s, esize) < 0)
     return attn_status_set(st, ATTN_EOVERFLOW,
                            "tensor %s: [%lld, %lld, %lld, %lld] overflows "
                            "64-bit byte sizes",
-                           name, (long long)b, (long long)h, (long long)n,
-                           (long long)d);
+                           name, (long long)b, (long long)h, (long long)n, (long long)d);
   return 0;
 }
 
@@ -120,27 +113,22 @@ int attn_request_validate(const attn_request *r, attn_status *st) {
   int rc;
   if (!r)
     return attn_status_set(st, ATTN_EINVAL, "no request");
-  if ((rc = check_dim(st, "batch", r->batch)) ||
-      (rc = check_dim(st, "heads_q", r->heads_q)) ||
-      (rc = check_dim(st, "heads_kv", r->heads_kv)) ||
-      (rc = check_dim(st, "seq_q", r->seq_q)) ||
+  if ((rc = check_dim(st, "batch", r->batch)) || (rc = check_dim(st, "heads_q", r->heads_q)) ||
+      (rc = check_dim(st, "heads_kv", r->heads_kv)) || (rc = check_dim(st, "seq_q", r->seq_q)) ||
       (rc = check_dim(st, "seq_kv", r->seq_kv)))
     return rc;
   if (r->head_dim < 1 || r->head_dim > ATTN_MAX_HEAD_DIM)
-    return attn_status_set(st, ATTN_ESHAPE,
-                           "head_dim must be between 1 and %d (got %lld)",
+    return attn_status_set(st, ATTN_ESHAPE, "head_dim must be between 1 and %d (got %lld)",
                            ATTN_MAX_HEAD_DIM, (long long)r->head_dim);
   if (r->heads_q % r->heads_kv)
-    return attn_status_set(st, ATTN_EHEADS,
-                           "heads_q (%lld) is not a multiple of heads_kv (%lld)",
+    return attn_status_set(st, ATTN_EHEADS, "heads_q (%lld) is not a multiple of heads_kv (%lld)",
                            (long long)r->heads_q, (long long)r->heads_kv);
   size_t es = attn_dtype_size(r->dtype);
   if (!es)
     return attn_status_set(st, ATTN_EDTYPE, "unknown dtype %d (use F32, F16 or BF16)",
                            (int)r->dtype);
   if (isinf(r->scale))
-    return attn_status_set(st, ATTN_ESCALE, "scale must be a finite number (got %g)",
-                           r->scale);
+    return attn_status_set(st, ATTN_ESCALE, "scale must be a finite number (got %g)", r->scale);
   if (r->window_left < -1 || r->window_right < -1)
     return attn_status_set(st, ATTN_EWINDOW,
                            "window_left and window_right must be -1 (unbounded) "
@@ -152,8 +140,7 @@ int attn_request_validate(const attn_request *r, attn_status *st) {
                            "contradicts it",
                            (long long)r->window_right);
   int64_t t;
-  if (__builtin_mul_overflow(r->seq_q, r->seq_kv, &t) ||
-      __builtin_mul_overflow(t, r->batch, &t) ||
+  if (__builtin_mul_overflow(r->seq_q, r->seq_kv, &t) || __builtin_mul_overflow(t, r->batch, &t) ||
       __builtin_mul_overflow(t, r->heads_q, &t))
     return attn_status_set(st, ATTN_EOVERFLOW,
                            "batch x heads_q x seq_q x seq_kv overflows 64 bits");

@@ -48,8 +48,8 @@ static const char *backend_literal(const char *name) {
   return "auto";
 }
 
-int attn_proto_build(attn_proto_req *pr, const attn_proto_tensor t[3],
-                     const attn_options *opts, attn_status *st) {
+int attn_proto_build(attn_proto_req *pr, const attn_proto_tensor t[3], const attn_options *opts,
+                     attn_status *st) {
   int rc;
   for (int i = 0; i < 3; i++)
     if ((rc = check_one(&t[i], st)) < 0)
@@ -59,8 +59,7 @@ int attn_proto_build(attn_proto_req *pr, const attn_proto_tensor t[3],
       return attn_status_set(st, ATTN_PROTO_EDTYPE,
                              "tensor \"%s\" is %s but \"q\" is %s; q, k and v must share "
                              "one dtype",
-                             t[i].name, attn_dtype_name(t[i].dtype),
-                             attn_dtype_name(t[0].dtype));
+                             t[i].name, attn_dtype_name(t[i].dtype), attn_dtype_name(t[0].dtype));
   char a[128], b[128];
   if (t[1].rank != t[0].rank || t[2].rank != t[0].rank)
     return attn_status_set(st, ATTN_PROTO_ESHAPE,
@@ -71,8 +70,7 @@ int attn_proto_build(attn_proto_req *pr, const attn_proto_tensor t[3],
     shape_str(a, sizeof a, &t[1]);
     shape_str(b, sizeof b, &t[2]);
     return attn_status_set(st, ATTN_PROTO_ESHAPE,
-                           "tensor \"v\" has shape %s but \"k\" has %s; they must match", b,
-                           a);
+                           "tensor \"v\" has shape %s but \"k\" has %s; they must match", b, a);
   }
   int64_t q[4], k[4];
   bhnd(&t[0], q);
@@ -81,12 +79,12 @@ int attn_proto_build(attn_proto_req *pr, const attn_proto_tensor t[3],
   shape_str(b, sizeof b, &t[1]);
   if (q[3] != k[3])
     return attn_status_set(st, ATTN_PROTO_ESHAPE,
-                           "head dims differ: q %s ends in %lld, k %s in %lld", a,
-                           (long long)q[3], b, (long long)k[3]);
+                           "head dims differ: q %s ends in %lld, k %s in %lld", a, (long long)q[3],
+                           b, (long long)k[3]);
   if (q[0] != k[0])
     return attn_status_set(st, ATTN_PROTO_ESHAPE,
-                           "batch sizes differ: q %s has %lld, k %s has %lld", a,
-                           (long long)q[0], b, (long long)k[0]);
+                           "batch sizes differ: q %s has %lld, k %s has %lld", a, (long long)q[0],
+                           b, (long long)k[0]);
   if (q[1] % k[1])
     return attn_status_set(st, ATTN_PROTO_ESHAPE,
                            "q %s has %lld heads, k %s has %lld: query heads must be a "
@@ -122,8 +120,7 @@ int attn_proto_build(attn_proto_req *pr, const attn_proto_tensor t[3],
   size_t total = on + (opts->stats ? 3 * rows * sizeof(float) : 0);
   pr->out = malloc(total ? total : 1);
   if (!pr->out)
-    return attn_status_set(st, ATTN_PROTO_ENOMEM, "out of memory for the %zu-byte result",
-                           total);
+    return attn_status_set(st, ATTN_PROTO_ENOMEM, "out of memory for the %zu-byte result", total);
   r->o = pr->out;
   if (opts->stats) {
     r->m = (float *)((char *)pr->out + on);

@@ -39,8 +39,7 @@ static const http_err engine_errs[] = {
     ENGINE_ERR(ECANCELED) = {503, "canceled"},
 };
 #undef ENGINE_ERR
-_Static_assert(sizeof engine_errs / sizeof *engine_errs ==
-                   ATTN__ERRNO_END - ATTN__ERRNO_BASE - 1,
+_Static_assert(sizeof engine_errs / sizeof *engine_errs == ATTN__ERRNO_END - ATTN__ERRNO_BASE - 1,
                "engine_errs must list every code of ATTN_ERRNO_MAP");
 
 #define PROTO_ERR(name, status, code, msg) {status, code},

@@ -13,7 +13,6 @@
 
 struct cJSON;
 
-
 /* Length of the well-formed UTF-8 sequence of 2 to 4 bytes at s (n bytes
  * left), or 0 when there is none: an ASCII byte, a stray continuation byte,
  * a cut sequence, an overlong form, a surrogate or a code point past
@@ -72,8 +71,8 @@ struct attn_sbuf;
 /* "name": {"shape": [...], "dtype": "...", "data": [...]}, each number the
  * shortest text that reads back to its dtype's value (null when not
  * finite). */
-void attn__json_put_tensor(struct attn_sbuf *b, const char *name, const int64_t *shape,
-                           int rank, attn_dtype dt, const void *data);
+void attn__json_put_tensor(struct attn_sbuf *b, const char *name, const int64_t *shape, int rank,
+                           attn_dtype dt, const void *data);
 /* One safetensors header entry "name":{dtype, shape, data_offsets} at h + o
  * (a ',' first unless o <= 1, just past the '{'); returns the new length,
  * >= cap once the header does not fit. */

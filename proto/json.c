@@ -159,8 +159,8 @@ static int store_error(double x, attn_dtype dt, const char *name, const char *wh
                            "1e999 and the like overflow)",
                            name, where);
   return attn_status_set(st, ATTN_PROTO_ENONFINITE,
-                         "tensor \"%s\": %s = %.9g overflows %s (rounds to infinity)", name,
-                         where, x, attn_dtype_name(dt));
+                         "tensor \"%s\": %s = %.9g overflows %s (rounds to infinity)", name, where,
+                         x, attn_dtype_name(dt));
 }
 
 static void *alloc_elems(size_t n, attn_dtype dt) {
@@ -168,8 +168,7 @@ static void *alloc_elems(size_t n, attn_dtype dt) {
 }
 
 /* The key of a member for messages: cut, escaped. */
-static const char *quote_key(char *dst, size_t cap, const char *key, size_t klen,
-                             size_t kcap) {
+static const char *quote_key(char *dst, size_t cap, const char *key, size_t klen, size_t kcap) {
   return attn_quote(dst, cap, key, klen < kcap ? klen : kcap - 1);
 }
 
@@ -190,11 +189,10 @@ static int tensor_fields(attn__jr *j, const char *name, size_t at[3], attn_statu
     quote_key(qk, sizeof qk, key, klen, sizeof key);
     if (f == 3)
       return attn_status_set(st, ATTN_PROTO_ETENSOR,
-                             "tensor \"%s\": unknown key \"%s\" (keys: shape, dtype, data)",
-                             name, qk);
+                             "tensor \"%s\": unknown key \"%s\" (keys: shape, dtype, data)", name,
+                             qk);
     if (at[f])
-      return attn_status_set(st, ATTN_PROTO_EJSON, "tensor \"%s\": duplicate key \"%s\"",
-                             name, qk);
+      return attn_status_set(st, ATTN_PROTO_EJSON, "tensor \"%s\": duplicate key \"%s\"", name, qk);
     at[f] = j->pos;
     attn__jr_skip(j);
   }
@@ -214,8 +212,8 @@ static int tensor_dtype(attn__jr v, attn_proto_tensor *t, attn_status *st) {
   /* a NUL inside ("F32\u0000x") or a cut string names no dtype */
   if (n >= sizeof s || strlen(s) != n || attn_dtype_parse(s, &t->dtype) < 0)
     return attn_status_set(st, ATTN_PROTO_ETENSOR,
-                           "tensor \"%s\": unknown dtype \"%s\" (use F32, F16 or BF16)",
-                           t->name, quote_key(qs, sizeof qs, s, n, sizeof s));
+                           "tensor \"%s\": unknown dtype \"%s\" (use F32, F16 or BF16)", t->name,
+                           quote_key(qs, sizeof qs, s, n, sizeof s));
   return 0;
 }
 
@@ -239,8 +237,8 @@ static int tensor_shape(attn__jr v, attn_proto_tensor *t, size_t *pn, attn_statu
     double d = attn__jr_number(&v);
     if (!(d >= 0) || d != floor(d))
       return attn_status_set(st, ATTN_PROTO_ETENSOR,
-                             "tensor \"%s\": shape[%d] = %.17g must be an integer >= 0", name,
-                             i, d);
+                             "tensor \"%s\": shape[%d] = %.17g must be an integer >= 0", name, i,
+                             d);
     /* Beyond ATTN_MAX_DIM no count of JSON numbers could fill it; also keeps
      * the conversion to int64_t defined. */
     if (d > (double)ATTN_MAX_DIM)
@@ -258,25 +256,23 @@ static int tensor_shape(attn__jr v, attn_proto_tensor *t, size_t *pn, attn_statu
 /* data: exactly n numbers, converted straight into a new buffer of the
  * tensor's dtype. Counted before anything is allocated, so a body cannot
  * make the decoder allocate for numbers it does not hold. */
-static int tensor_data(attn__jr v, attn_proto_tensor *t, size_t n, void **pbuf,
-                       attn_status *st) {
+static int tensor_data(attn__jr v, attn_proto_tensor *t, size_t n, void **pbuf, attn_status *st) {
   const char *name = t->name;
   if (v.s[v.pos] != '[')
     return attn_status_set(st, ATTN_PROTO_ETENSOR,
-                           "tensor \"%s\": data must be a flat array of numbers, not %s",
-                           name, attn__jr_type(&v));
+                           "tensor \"%s\": data must be a flat array of numbers, not %s", name,
+                           attn__jr_type(&v));
   size_t have = attn__jr_count(&v);
   if (have != n) {
     char s[128];
     size_t o = (size_t)snprintf(s, sizeof s, "[");
     for (int k = 0; k < t->rank && o < sizeof s; k++)
-      o += (size_t)snprintf(s + o, sizeof s - o, k ? ", %lld" : "%lld",
-                            (long long)t->shape[k]);
+      o += (size_t)snprintf(s + o, sizeof s - o, k ? ", %lld" : "%lld", (long long)t->shape[k]);
     if (o < sizeof s)
       snprintf(s + o, sizeof s - o, "]");
     return attn_status_set(st, ATTN_PROTO_ETENSOR,
-                           "tensor \"%s\": shape %s needs %zu values, data has %zu", name, s,
-                           n, have);
+                           "tensor \"%s\": shape %s needs %zu values, data has %zu", name, s, n,
+                           have);
   }
   void *buf = *pbuf = alloc_elems(n, t->dtype);
   if (!buf)
@@ -323,8 +319,8 @@ static int tensor_object(attn__jr j, attn_proto_tensor *t, void **pbuf, attn_sta
  * path so far. The checking pass counts each row before looking inside it,
  * so a ragged row is named before anything it holds; the storing pass
  * follows a checked structure and only converts numbers. */
-static int nested_walk(attn__jr *j, const attn_proto_tensor *t, int level, size_t *idx,
-                       float *out, size_t *pos, attn_status *st) {
+static int nested_walk(attn__jr *j, const attn_proto_tensor *t, int level, size_t *idx, float *out,
+                       size_t *pos, attn_status *st) {
   char p[96], p0[96];
   size_t zero[4] = {0, 0, 0, 0};
   size_t n = out ? (size_t)t->shape[level] : attn__jr_count(j);
@@ -404,8 +400,7 @@ static int tensor_nested(attn__jr j, attn_proto_tensor *t, void **pbuf, attn_sta
   float *buf = alloc_elems(n, ATTN_F32);
   *pbuf = buf;
   if (!buf)
-    return attn_status_set(st, ATTN_PROTO_ENOMEM, "out of memory for tensor \"%s\"",
-                           t->name);
+    return attn_status_set(st, ATTN_PROTO_ENOMEM, "out of memory for tensor \"%s\"", t->name);
   w = j;
   if ((rc = nested_walk(&w, t, 0, idx, buf, &pos, st)) < 0)
     return rc;
@@ -430,8 +425,7 @@ static int tensor(attn__jr j, attn_proto_tensor *t, void **pbuf, attn_status *st
  * canonical text to attn_options_set(), so values, ranges and messages are
  * the same as the query string's. key is a known name or, when cut, longer
  * than any; v is at the value. */
-static int option(attn_options *o, const char *key, size_t klen, attn__jr v,
-                  attn_status *st) {
+static int option(attn_options *o, const char *key, size_t klen, attn__jr v, attn_status *st) {
   attn_option_kind kind = attn_option_kind_of(key, klen);
   char text[128];
   const char *want = NULL;
@@ -469,8 +463,8 @@ static int option(attn_options *o, const char *key, size_t klen, attn__jr v,
     /* A value cut to fit text is longer than any valid one, and the option
      * parser quotes only its start. */
     size_t n = attn__jr_string(&v, text, sizeof text);
-    return attn_options_set(o, key, klen, text, n < sizeof text ? n : sizeof text - 1,
-                            "JSON field", st);
+    return attn_options_set(o, key, klen, text, n < sizeof text ? n : sizeof text - 1, "JSON field",
+                            st);
   }
   }
   return attn_status_set(st, ATTN_PROTO_EOPTVALUE,
@@ -507,8 +501,8 @@ static int body_fields(attn__jr *j, size_t tat[3], attn_options *opts, attn_stat
   return 0;
 }
 
-static int decode(const char *body, size_t len, const attn_options *query,
-                  attn_proto_req *pr, attn_status *st) {
+static int decode(const char *body, size_t len, const attn_options *query, attn_proto_req *pr,
+                  attn_status *st) {
   int rc;
   if (len == 0)
     return attn_status_set(st, ATTN_PROTO_EEMPTY, "the request has no body");
@@ -641,7 +635,7 @@ static void put_shape(attn_sbuf *b, const int64_t *shape, int rank) {
 }
 
 void attn__json_put_tensor(attn_sbuf *b, const char *name, const int64_t *shape, int rank,
-                       attn_dtype dt, const void *data) {
+                           attn_dtype dt, const void *data) {
   size_t n = 1;
   for (int i = 0; i < rank; i++)
     n *= (size_t)shape[i];
@@ -661,8 +655,8 @@ void attn__json_put_tensor(attn_sbuf *b, const char *name, const int64_t *shape,
   attn_sbuf_puts(b, "]}");
 }
 
-int attn_proto_encode_json(const attn_proto_req *pr, const char *backend, char **pbuf,
-                           size_t *plen, attn_status *st) {
+int attn_proto_encode_json(const attn_proto_req *pr, const char *backend, char **pbuf, size_t *plen,
+                           attn_status *st) {
   *pbuf = NULL;
   *plen = 0;
   const attn_request *r = &pr->req;

@@ -40,8 +40,7 @@ static int bad(chk *c, const char *why) {
   if (c->pos >= c->len)
     return attn_status_set(c->st, ATTN_PROTO_EJSON,
                            "invalid JSON at byte %zu (the body ends early)", c->len);
-  return attn_status_set(c->st, ATTN_PROTO_EJSON, "invalid JSON at byte %zu: %s", c->pos,
-                         why);
+  return attn_status_set(c->st, ATTN_PROTO_EJSON, "invalid JSON at byte %zu: %s", c->pos, why);
 }
 
 static void chk_ws(chk *c) {
@@ -56,9 +55,9 @@ static int hex4(chk *c, unsigned *cp) {
     if (c->pos >= c->len)
       return bad(c, NULL);
     char h = c->s[c->pos];
-    unsigned d = is_digit(h) ? (unsigned)(h - '0')
+    unsigned d = is_digit(h)                              ? (unsigned)(h - '0')
                  : (h | 0x20) >= 'a' && (h | 0x20) <= 'f' ? (unsigned)((h | 0x20) - 'a' + 10)
-                                                           : 16u;
+                                                          : 16u;
     if (d == 16)
       return bad(c, "\\u needs four hex digits");
     *cp = *cp << 4 | d;
@@ -216,16 +215,11 @@ static int check_value(chk *c, int depth) {
     return bad(c, NULL);
   switch (c->s[c->pos]) {
   case '{':
-  case '[':
-    return check_container(c, depth + 1);
-  case '"':
-    return check_string(c);
-  case 't':
-    return check_literal(c, "true");
-  case 'f':
-    return check_literal(c, "false");
-  case 'n':
-    return check_literal(c, "null");
+  case '[': return check_container(c, depth + 1);
+  case '"': return check_string(c);
+  case 't': return check_literal(c, "true");
+  case 'f': return check_literal(c, "false");
+  case 'n': return check_literal(c, "null");
   default:
     if (c->s[c->pos] == '-' || is_digit(c->s[c->pos]))
       return check_number(c);
@@ -241,8 +235,7 @@ int attn__json_check(const char *s, size_t len, attn_status *st) {
   chk_ws(&c);
   if (c.pos < len)
     return attn_status_set(st, ATTN_PROTO_EJSON,
-                           "invalid JSON at byte %zu: trailing characters after the value",
-                           c.pos);
+                           "invalid JSON at byte %zu: trailing characters after the value", c.pos);
   return 0;
 }
 
@@ -283,25 +276,17 @@ void attn__jr_skip(attn__jr *j) {
 
 const char *attn__jr_type(const attn__jr *j) {
   switch (j->s[j->pos]) {
-  case '{':
-    return "an object";
-  case '[':
-    return "an array";
-  case '"':
-    return "a string";
+  case '{': return "an object";
+  case '[': return "an array";
+  case '"': return "a string";
   case 't':
-  case 'f':
-    return "a boolean";
-  case 'n':
-    return "null";
-  default:
-    return "a number";
+  case 'f': return "a boolean";
+  case 'n': return "null";
+  default: return "a number";
   }
 }
 
-bool attn__jr_is_number(const attn__jr *j) {
-  return j->s[j->pos] == '-' || is_digit(j->s[j->pos]);
-}
+bool attn__jr_is_number(const attn__jr *j) { return j->s[j->pos] == '-' || is_digit(j->s[j->pos]); }
 
 double attn__jr_number(attn__jr *j) {
   char *end;

@@ -53,9 +53,8 @@ attn_option_kind attn_option_kind_of(const char *name, size_t len) {
   return d ? d->kind : ATTN_OPTK_NONE;
 }
 
-int attn_options_set(attn_options *o, const char *name, size_t name_len,
-                     const char *value, size_t value_len, const char *source,
-                     attn_status *st) {
+int attn_options_set(attn_options *o, const char *name, size_t name_len, const char *value,
+                     size_t value_len, const char *source, attn_status *st) {
   char qn[48], qv[48], buf[64];
   const opt_def *d = find(name, name_len);
   attn_quote(qn, sizeof qn, name, name_len);
@@ -180,8 +179,8 @@ int attn__query_each(const char *query, attn__query_fn fn, void *ctx, attn_statu
   return 0;
 }
 
-static int set_from_query(void *ctx, const char *name, size_t nlen, const char *value,
-                          size_t vlen, bool has_value, attn_status *st) {
+static int set_from_query(void *ctx, const char *name, size_t nlen, const char *value, size_t vlen,
+                          bool has_value, attn_status *st) {
   /* A bare flag ("?causal") means true, as curl users expect. */
   return has_value ? attn_options_set(ctx, name, nlen, value, vlen, "query string", st)
                    : attn_options_set(ctx, name, nlen, "true", 4, "query string", st);

@@ -14,8 +14,8 @@ typedef struct plan_parse {
   bool have_seq_q, have_seq_kv, have_head_dim;
 } plan_parse;
 
-static int set_param(void *ctx, const char *name, size_t nlen, const char *value,
-                     size_t vlen, bool has_value, attn_status *st) {
+static int set_param(void *ctx, const char *name, size_t nlen, const char *value, size_t vlen,
+                     bool has_value, attn_status *st) {
   plan_parse *pl = ctx;
   attn_plan_params *pp = pl->pp;
   char qn[48], qv[48];
@@ -27,10 +27,9 @@ static int set_param(void *ctx, const char *name, size_t nlen, const char *value
                              "parameter \"dtype\" must be F32, F16 or BF16 (got \"%s\")", qv);
     return 0;
   }
-  static const char *const names[] = {"batch", "heads", "heads_kv", "seq_q", "seq_kv",
-                                      "head_dim"};
+  static const char *const names[] = {"batch", "heads", "heads_kv", "seq_q", "seq_kv", "head_dim"};
   int64_t *slots[] = {&pp->batch, &pp->heads_q, &pp->heads_kv,
-                      &pp->seq_q, &pp->seq_kv, &pp->head_dim};
+                      &pp->seq_q, &pp->seq_kv,  &pp->head_dim};
   for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
     if (strcmp(name, names[i]))
       continue;
@@ -39,8 +38,8 @@ static int set_param(void *ctx, const char *name, size_t nlen, const char *value
     long long v = has_value ? strtoll(value, &end, 10) : 0;
     if (!has_value || !*value || *end || errno || v < 1)
       return attn_status_set(st, ATTN_PROTO_EOPTVALUE,
-                             "parameter \"%s\" must be an integer of at least 1 (got \"%s\")",
-                             qn, qv);
+                             "parameter \"%s\" must be an integer of at least 1 (got \"%s\")", qn,
+                             qv);
     *slots[i] = v;
     pl->have_seq_q |= i == 3;
     pl->have_seq_kv |= i == 4;
@@ -81,9 +80,8 @@ void attn_proto_plan_json(attn_sbuf *b, const attn_plan_params *p, const attn_pl
                    "\"s\": %llu, \"p\": %llu, \"s_plus_p\": %llu, \"m\": %llu, \"l\": %llu, "
                    "\"workspace_per_thread\": %llu, \"workspace\": %llu, "
                    "\"standard_total\": %llu, \"flash_total\": %llu},\n",
-                   (unsigned long long)pl->q, (unsigned long long)pl->k,
-                   (unsigned long long)pl->v, (unsigned long long)pl->o,
-                   (unsigned long long)pl->s, (unsigned long long)pl->p,
+                   (unsigned long long)pl->q, (unsigned long long)pl->k, (unsigned long long)pl->v,
+                   (unsigned long long)pl->o, (unsigned long long)pl->s, (unsigned long long)pl->p,
                    (unsigned long long)pl->s_plus_p, (unsigned long long)pl->m,
                    (unsigned long long)pl->l, (unsigned long long)pl->workspace_per_thread,
                    (unsigned long long)pl->workspace, (unsigned long long)pl->standard_total,

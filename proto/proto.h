@@ -38,20 +38,20 @@ extern "C" {
 #endif
 
 /* name, HTTP status, code string of the JSON error body, default message */
-#define ATTN_PROTO_ERRNO_MAP(XX)                                                         \
-  XX(EJSON, 400, "malformed_json", "the body is not valid JSON")                         \
+#define ATTN_PROTO_ERRNO_MAP(XX)                                                             \
+  XX(EJSON, 400, "malformed_json", "the body is not valid JSON")                             \
   XX(ESAFETENSORS, 400, "malformed_safetensors", "the body is not a valid safetensors file") \
-  XX(EEMPTY, 400, "empty_body", "the request has no body")                              \
-  XX(ETOOLARGE, 413, "too_large", "the body or a tensor is over a limit")               \
-  XX(EMEDIATYPE, 415, "unsupported_media_type", "unknown content type")                 \
-  XX(EMISSING, 422, "missing_tensor", "a tensor q, k or v is missing")                  \
-  XX(EUNKNOWNTENSOR, 422, "unknown_tensor", "a tensor other than q, k, v")              \
-  XX(ETENSOR, 422, "invalid_tensor", "a tensor's shape, dtype or data is invalid")      \
-  XX(ESHAPE, 422, "shape_mismatch", "tensor shapes do not fit together")                \
-  XX(EDTYPE, 422, "dtype_mismatch", "tensors have different dtypes")                    \
-  XX(ENONFINITE, 422, "non_finite", "a tensor holds NaN or infinity")                   \
-  XX(EOPTION, 422, "unknown_option", "an option this API does not have")                \
-  XX(EOPTVALUE, 422, "invalid_option", "an option's value has the wrong type or range") \
+  XX(EEMPTY, 400, "empty_body", "the request has no body")                                   \
+  XX(ETOOLARGE, 413, "too_large", "the body or a tensor is over a limit")                    \
+  XX(EMEDIATYPE, 415, "unsupported_media_type", "unknown content type")                      \
+  XX(EMISSING, 422, "missing_tensor", "a tensor q, k or v is missing")                       \
+  XX(EUNKNOWNTENSOR, 422, "unknown_tensor", "a tensor other than q, k, v")                   \
+  XX(ETENSOR, 422, "invalid_tensor", "a tensor's shape, dtype or data is invalid")           \
+  XX(ESHAPE, 422, "shape_mismatch", "tensor shapes do not fit together")                     \
+  XX(EDTYPE, 422, "dtype_mismatch", "tensors have different dtypes")                         \
+  XX(ENONFINITE, 422, "non_finite", "a tensor holds NaN or infinity")                        \
+  XX(EOPTION, 422, "unknown_option", "an option this API does not have")                     \
+  XX(EOPTVALUE, 422, "invalid_option", "an option's value has the wrong type or range")      \
   XX(ENOMEM, 503, "out_of_memory", "out of memory")
 
 typedef enum attn_proto_errno {
@@ -59,7 +59,7 @@ typedef enum attn_proto_errno {
 #define ATTN_PROTO_ERRNO_DEF(name, status, code, msg) ATTN_PROTO_##name,
   ATTN_PROTO_ERRNO_MAP(ATTN_PROTO_ERRNO_DEF)
 #undef ATTN_PROTO_ERRNO_DEF
-  ATTN_PROTO__ERRNO_END
+      ATTN_PROTO__ERRNO_END
 } attn_proto_errno;
 
 /* HTTP status for a proto or engine error code (200 for 0, 500 unknown). */
@@ -115,9 +115,8 @@ attn_option_kind attn_option_kind_of(const char *name, size_t len);
  * ATTN_PROTO_EOPTVALUE, naming the option and its source ("query",
  * "__metadata__", "JSON field").
  */
-int attn_options_set(attn_options *o, const char *name, size_t name_len,
-                     const char *value, size_t value_len, const char *source,
-                     attn_status *st);
+int attn_options_set(attn_options *o, const char *name, size_t name_len, const char *value,
+                     size_t value_len, const char *source, attn_status *st);
 
 /* A URL query string ("causal=true&scale=0.125", percent-encoding and '+'
  * decoded); NULL or "" sets nothing. */
@@ -153,8 +152,8 @@ typedef struct attn_proto_req {
  * allocating O and the statistics. Codecs call this; it is public so clients
  * that build tensors themselves get the same checks.
  */
-int attn_proto_build(attn_proto_req *pr, const attn_proto_tensor t[3],
-                     const attn_options *opts, attn_status *st);
+int attn_proto_build(attn_proto_req *pr, const attn_proto_tensor t[3], const attn_options *opts,
+                     attn_status *st);
 
 void attn_proto_req_free(attn_proto_req *pr);
 
@@ -166,9 +165,8 @@ void attn_proto_req_free(attn_proto_req *pr);
  * optional "__metadata__" of string values (options), then the data, offsets
  * relative to its start. Options: the query's, overridden by __metadata__.
  */
-int attn_proto_decode_safetensors(const void *body, size_t len,
-                                  const attn_options *query, attn_proto_req *pr,
-                                  attn_status *st);
+int attn_proto_decode_safetensors(const void *body, size_t len, const attn_options *query,
+                                  attn_proto_req *pr, attn_status *st);
 /* Writes o (and m, l, lse as F32 when pr->opts.stats) with the header padded
  * with spaces to a multiple of 8 bytes. *pbuf is malloc'd. */
 int attn_proto_encode_safetensors(const attn_proto_req *pr, void **pbuf, size_t *plen,
@@ -194,11 +192,11 @@ int attn_proto_decode_json(const char *body, size_t len, const attn_options *que
 size_t attn_proto_json_decode_bound(size_t len);
 /* {"o": {shape, dtype, data}, "m"|"l"|"lse": {...} when stats, "backend":
  * backend}. Each number is the shortest %.Ng text that reads back to the
- * same value in its dtype (proto/README.md says how shortest); a non-finite value (the -inf m and lse of a row with
- * no visible key) is written as null. *pbuf is malloc'd and NUL-terminated;
- * *plen excludes the NUL. */
-int attn_proto_encode_json(const attn_proto_req *pr, const char *backend, char **pbuf,
-                           size_t *plen, attn_status *st);
+ * same value in its dtype (proto/README.md says how shortest); a non-finite value (the -inf m and
+ * lse of a row with no visible key) is written as null. *pbuf is malloc'd and NUL-terminated; *plen
+ * excludes the NUL. */
+int attn_proto_encode_json(const attn_proto_req *pr, const char *backend, char **pbuf, size_t *plen,
+                           attn_status *st);
 
 /* ---- the client side: requests out, replies in ----------------------- */
 
@@ -217,8 +215,8 @@ int attn_proto_encode_json(const attn_proto_req *pr, const char *backend, char *
  */
 int attn_proto_encode_request_safetensors(const attn_request *r, const attn_options *opts,
                                           void **pbuf, size_t *plen, attn_status *st);
-int attn_proto_encode_request_json(const attn_request *r, const attn_options *opts,
-                                   char **pbuf, size_t *plen, attn_status *st);
+int attn_proto_encode_request_json(const attn_request *r, const attn_options *opts, char **pbuf,
+                                   size_t *plen, attn_status *st);
 
 /*
  * A reply read into pr's output buffers (pr->req.o in the request's dtype;
@@ -239,8 +237,8 @@ int attn_proto_encode_request_json(const attn_request *r, const attn_options *op
  */
 int attn_proto_decode_reply_safetensors(const void *body, size_t len, attn_proto_req *pr,
                                         attn_status *st);
-int attn_proto_decode_reply_json(const char *body, size_t len, attn_proto_req *pr,
-                                 char *backend, size_t cap, attn_status *st);
+int attn_proto_decode_reply_json(const char *body, size_t len, attn_proto_req *pr, char *backend,
+                                 size_t cap, attn_status *st);
 
 /* ---- JSON text helpers, errors and the memory plan -------------------- */
 
@@ -255,8 +253,7 @@ typedef struct attn_sbuf {
 bool attn_sbuf_reserve(attn_sbuf *b, size_t n);
 void attn_sbuf_put(attn_sbuf *b, const char *s, size_t n);
 void attn_sbuf_puts(attn_sbuf *b, const char *s);
-void attn_sbuf_printf(attn_sbuf *b, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+void attn_sbuf_printf(attn_sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* s[0..len) as a quoted JSON string any strict decoder accepts, whatever
  * the bytes: '"' and '\\' escaped, control bytes (and DEL) as \\u00XX,
  * well-formed UTF-8 kept, each byte of invalid UTF-8 as U+FFFD. Over max
@@ -287,8 +284,7 @@ char *attn_proto_error_body(const char *code, const char *message, size_t *plen)
  * defaults to seq_q, heads and batch to 1, dtype to F32). Unknown names are
  * ATTN_PROTO_EOPTION, bad or missing values ATTN_PROTO_EOPTVALUE.
  */
-int attn_proto_parse_plan_query(const char *query, attn_plan_params *pp,
-                                attn_status *st);
+int attn_proto_parse_plan_query(const char *query, attn_plan_params *pp, attn_status *st);
 /* The plan as JSON (what `attn plan --json` prints), into b. */
 void attn_proto_plan_json(attn_sbuf *b, const attn_plan_params *pp, const attn_plan *pl);
 

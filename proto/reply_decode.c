@@ -72,8 +72,8 @@ static int check_shape(const cJSON *t, const attn_proto_req *pr, int i, attn_sta
   char *got = sh ? cJSON_PrintUnformatted(sh) : NULL;
   char q[96];
   int rc = attn_status_set(st, ATTN_PROTO_ESHAPE, "tensor \"%s\" has shape %s, expected %s",
-                           reply_names[i], got ? attn_quote(q, sizeof q, got, strlen(got)) : "(none)",
-                           w);
+                           reply_names[i],
+                           got ? attn_quote(q, sizeof q, got, strlen(got)) : "(none)", w);
   cJSON_free(got);
   return rc;
 }
@@ -82,8 +82,8 @@ static int check_shape(const cJSON *t, const attn_proto_req *pr, int i, attn_sta
 
 /* Entry e of the header (the tensor's name) into its place in pr; *found
  * counts the tensors seen. */
-static int st_entry(const cJSON *e, const char *data, size_t dlen, attn_proto_req *pr,
-                    int *found, attn_status *st) {
+static int st_entry(const cJSON *e, const char *data, size_t dlen, attn_proto_req *pr, int *found,
+                    attn_status *st) {
   int want = wanted(pr), i = 0;
   while (i < want && strcmp(e->string, reply_names[i]))
     i++;
@@ -104,7 +104,8 @@ static int st_entry(const cJSON *e, const char *data, size_t dlen, attn_proto_re
       b1->valuedouble - b0->valuedouble != (double)bytes)
     return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
                            "tensor \"%s\": data_offsets do not hold its %zu bytes within the "
-                           "%zu bytes of data", reply_names[i], bytes, dlen);
+                           "%zu bytes of data",
+                           reply_names[i], bytes, dlen);
   /* memcpy: the reply buffer's alignment is the server's business */
   memcpy(tensor_dst(pr, i), data + (size_t)b0->valuedouble, bytes);
   return 0;
@@ -121,8 +122,8 @@ int attn_proto_decode_reply_safetensors(const void *bodyv, size_t len, attn_prot
     n |= (uint64_t)(unsigned char)body[i] << (8 * i);
   if (n > len - 8)
     return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
-                           "header length %llu runs past the %zu-byte reply",
-                           (unsigned long long)n, len);
+                           "header length %llu runs past the %zu-byte reply", (unsigned long long)n,
+                           len);
   cJSON *h = cJSON_ParseWithLength(body + 8, (size_t)n);
   if (!cJSON_IsObject(h)) {
     cJSON_Delete(h);
@@ -134,8 +135,8 @@ int attn_proto_decode_reply_safetensors(const void *bodyv, size_t len, attn_prot
     if (strcmp(e->string, "__metadata__"))
       rc = st_entry(e, body + 8 + n, len - 8 - (size_t)n, pr, &found, st);
   if (rc == 0 && found != want)
-    rc = attn_status_set(st, ATTN_PROTO_EMISSING, "the reply holds %d of the %d tensors %s",
-                         found, want, want == 4 ? "o, m, l, lse" : "o");
+    rc = attn_status_set(st, ATTN_PROTO_EMISSING, "the reply holds %d of the %d tensors %s", found,
+                         want, want == 4 ? "o, m, l, lse" : "o");
   cJSON_Delete(h);
   return rc;
 }
@@ -154,8 +155,8 @@ static int json_data(const cJSON *t, attn_proto_req *pr, int i, attn_status *st)
   for (const cJSON *x = data->child; x; x = x->next, k++) {
     if (k >= count || !(cJSON_IsNumber(x) || cJSON_IsNull(x)))
       return attn_status_set(st, ATTN_PROTO_ETENSOR,
-                             "tensor \"%s\": element %zu is not a number or is one too many",
-                             name, k);
+                             "tensor \"%s\": element %zu is not a number or is one too many", name,
+                             k);
     double v = cJSON_IsNull(x) ? -INFINITY : x->valuedouble;
     /* the text reads back to the dtype's value when rounded once */
     if (dt == ATTN_F32) {
@@ -186,8 +187,8 @@ static int json_tensor(const cJSON *j, attn_proto_req *pr, int i, attn_status *s
   return json_data(t, pr, i, st);
 }
 
-int attn_proto_decode_reply_json(const char *body, size_t len, attn_proto_req *pr,
-                                 char *backend, size_t cap, attn_status *st) {
+int attn_proto_decode_reply_json(const char *body, size_t len, attn_proto_req *pr, char *backend,
+                                 size_t cap, attn_status *st) {
   cJSON *j = cJSON_ParseWithLength(body, len);
   if (!cJSON_IsObject(j)) {
     cJSON_Delete(j);

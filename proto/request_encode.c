@@ -35,8 +35,8 @@ static int shapes(const attn_request *r, int64_t sq[4], int64_t skv[4], size_t b
                                "encode request: %s has dimension %d of %lld (at least 1)",
                                t ? "k" : "q", i, (long long)s[i]);
       if (__builtin_mul_overflow(n, (size_t)s[i], &n))
-        return attn_status_set(st, ATTN_PROTO_ETOOLARGE,
-                               "encode request: %s's size overflows", t ? "k" : "q");
+        return attn_status_set(st, ATTN_PROTO_ETOOLARGE, "encode request: %s's size overflows",
+                               t ? "k" : "q");
     }
     bytes[t] = n;
   }
@@ -54,8 +54,14 @@ static bool option_text(const attn_options *o, unsigned bit, const char **name, 
     return false;
   *quoted = false;
   switch (bit) {
-  case ATTN_OPT_CAUSAL: *name = "causal"; snprintf(val, cap, o->causal ? "true" : "false"); break;
-  case ATTN_OPT_SCALE: *name = "scale"; snprintf(val, cap, "%.17g", o->scale); break;
+  case ATTN_OPT_CAUSAL:
+    *name = "causal";
+    snprintf(val, cap, o->causal ? "true" : "false");
+    break;
+  case ATTN_OPT_SCALE:
+    *name = "scale";
+    snprintf(val, cap, "%.17g", o->scale);
+    break;
   case ATTN_OPT_WINDOW_LEFT:
     *name = "window_left";
     snprintf(val, cap, "%lld", (long long)o->window_left);
@@ -64,7 +70,10 @@ static bool option_text(const attn_options *o, unsigned bit, const char **name, 
     *name = "window_right";
     snprintf(val, cap, "%lld", (long long)o->window_right);
     break;
-  case ATTN_OPT_STATS: *name = "stats"; snprintf(val, cap, o->stats ? "true" : "false"); break;
+  case ATTN_OPT_STATS:
+    *name = "stats";
+    snprintf(val, cap, o->stats ? "true" : "false");
+    break;
   default:
     *name = "backend";
     snprintf(val, cap, "%s", o->backend);
@@ -74,7 +83,7 @@ static bool option_text(const attn_options *o, unsigned bit, const char **name, 
   return true;
 }
 
-static const unsigned option_bits[] = {ATTN_OPT_CAUSAL, ATTN_OPT_SCALE, ATTN_OPT_WINDOW_LEFT,
+static const unsigned option_bits[] = {ATTN_OPT_CAUSAL,       ATTN_OPT_SCALE, ATTN_OPT_WINDOW_LEFT,
                                        ATTN_OPT_WINDOW_RIGHT, ATTN_OPT_STATS, ATTN_OPT_BACKEND};
 #define NOPTS (sizeof option_bits / sizeof option_bits[0])
 
@@ -120,8 +129,8 @@ int attn_proto_encode_request_safetensors(const attn_request *r, const attn_opti
   return attn__st_frame(h, n, parts, sizes, 3, "request", pbuf, plen, st);
 }
 
-int attn_proto_encode_request_json(const attn_request *r, const attn_options *opts,
-                                   char **pbuf, size_t *plen, attn_status *st) {
+int attn_proto_encode_request_json(const attn_request *r, const attn_options *opts, char **pbuf,
+                                   size_t *plen, attn_status *st) {
   *pbuf = NULL;
   *plen = 0;
   int64_t sq[4], skv[4];

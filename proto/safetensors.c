@@ -67,8 +67,7 @@ static int scan_header(const unsigned char *h, size_t n, attn_status *st) {
       size_t k = attn__utf8_len(h + i, n - i);
       if (!k)
         return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
-                               "header byte %zu (file offset %zu) starts invalid UTF-8", i,
-                               i + 8);
+                               "header byte %zu (file offset %zu) starts invalid UTF-8", i, i + 8);
       i += k - 1;
       if (closed)
         goto trailing;
@@ -147,23 +146,22 @@ static int parse_entry(const cJSON *j, const char *name, uint64_t data_len, entr
                              name, attn_quote(q, sizeof q, c->string, strlen(c->string)));
     if (f[i])
       return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
-                             "tensor \"%s\" has the field \"%s\" twice", name,
-                             field_names[i]);
+                             "tensor \"%s\" has the field \"%s\" twice", name, field_names[i]);
     f[i] = c;
   }
   for (int i = 0; i < 3; i++)
     if (!f[i])
-      return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
-                             "tensor \"%s\" lacks the field \"%s\"", name, field_names[i]);
+      return attn_status_set(st, ATTN_PROTO_ESAFETENSORS, "tensor \"%s\" lacks the field \"%s\"",
+                             name, field_names[i]);
 
   if (!cJSON_IsString(f[0]))
     return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
-                           "tensor \"%s\": dtype must be a string such as \"F32\", not %s",
-                           name, attn__json_type(f[0]));
+                           "tensor \"%s\": dtype must be a string such as \"F32\", not %s", name,
+                           attn__json_type(f[0]));
   if (attn_dtype_parse(f[0]->valuestring, &e->dtype) < 0)
     return attn_status_set(st, ATTN_PROTO_ETENSOR,
-                           "tensor \"%s\": dtype \"%s\" is not supported (F32, F16 or BF16)",
-                           name, attn_quote(q, sizeof q, f[0]->valuestring, strlen(f[0]->valuestring)));
+                           "tensor \"%s\": dtype \"%s\" is not supported (F32, F16 or BF16)", name,
+                           attn_quote(q, sizeof q, f[0]->valuestring, strlen(f[0]->valuestring)));
   uint64_t es = attn_dtype_size(e->dtype);
 
   if (!cJSON_IsArray(f[1]))
@@ -175,12 +173,11 @@ static int parse_entry(const cJSON *j, const char *name, uint64_t data_len, entr
   for (const cJSON *c = f[1]->child; c; c = c->next, rank++) {
     if (rank == MAX_RANK)
       return attn_status_set(st, ATTN_PROTO_ETENSOR,
-                             "tensor \"%s\": shape has more than %d dimensions", name,
-                             MAX_RANK);
+                             "tensor \"%s\": shape has more than %d dimensions", name, MAX_RANK);
     if (!cJSON_IsNumber(c))
       return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
-                             "tensor \"%s\": shape[%d] must be an integer, not %s", name,
-                             rank, attn__json_type(c));
+                             "tensor \"%s\": shape[%d] must be an integer, not %s", name, rank,
+                             attn__json_type(c));
     if (!as_index(c, &dims[rank]))
       return attn_status_set(st, ATTN_PROTO_ETENSOR,
                              "tensor \"%s\": shape[%d] is %.17g; a dimension is an integer "
@@ -221,8 +218,8 @@ static int parse_entry(const cJSON *j, const char *name, uint64_t data_len, entr
   for (const cJSON *c = off->child; c; c = c->next, i++) {
     if (!cJSON_IsNumber(c))
       return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
-                             "tensor \"%s\": data_offsets[%d] must be an integer, not %s",
-                             name, i, attn__json_type(c));
+                             "tensor \"%s\": data_offsets[%d] must be an integer, not %s", name, i,
+                             attn__json_type(c));
     if (!as_index(c, &be[i]))
       return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
                              "tensor \"%s\": data_offsets[%d] is %.17g; an offset is an "
@@ -232,8 +229,8 @@ static int parse_entry(const cJSON *j, const char *name, uint64_t data_len, entr
   unsigned long long b = be[0], en = be[1];
   if (b > en)
     return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
-                           "tensor \"%s\": data_offsets [%llu, %llu] begin after they end",
-                           name, b, en);
+                           "tensor \"%s\": data_offsets [%llu, %llu] begin after they end", name, b,
+                           en);
   if (en > data_len)
     return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
                            "tensor \"%s\": data_offsets [%llu, %llu] end past the %llu bytes "
@@ -263,13 +260,12 @@ static int parse_metadata(const cJSON *j, attn_options *meta, attn_status *st) {
      * of them: the quadratic look-back stays cheap whatever the header. */
     for (const cJSON *p = j->child; p != c; p = p->next)
       if (!strcmp(p->string, c->string))
-        return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
-                               "__metadata__ has the key \"%s\" twice",
+        return attn_status_set(st, ATTN_PROTO_ESAFETENSORS, "__metadata__ has the key \"%s\" twice",
                                attn_quote(q, sizeof q, c->string, strlen(c->string)));
     if (!cJSON_IsString(c))
-      return attn_status_set(st, ATTN_PROTO_EOPTVALUE,
-                             "__metadata__ value of \"%s\" must be a string, not %s",
-                             attn_quote(q, sizeof q, c->string, strlen(c->string)), attn__json_type(c));
+      return attn_status_set(
+          st, ATTN_PROTO_EOPTVALUE, "__metadata__ value of \"%s\" must be a string, not %s",
+          attn_quote(q, sizeof q, c->string, strlen(c->string)), attn__json_type(c));
     /* Writers such as PyTorch's tag files {"format": "pt"}: a convention of
      * the format, not an option, so it is the one key let through. */
     if (!strcmp(c->string, "format"))
@@ -349,8 +345,8 @@ static int parse_root(const cJSON *root, uint64_t data_len, entry e[3], attn_opt
                              "unknown tensor \"%s\"; send exactly q, k and v",
                              attn_quote(q, sizeof q, c->string, strlen(c->string)));
     if (e[i].seen)
-      return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
-                             "the header has the tensor \"%s\" twice", tensor_names[i]);
+      return attn_status_set(st, ATTN_PROTO_ESAFETENSORS, "the header has the tensor \"%s\" twice",
+                             tensor_names[i]);
     e[i].seen = true;
     if ((rc = parse_entry(c, tensor_names[i], data_len, &e[i], st)) < 0)
       return rc;
@@ -441,8 +437,8 @@ int attn_proto_decode_safetensors(const void *body, size_t len, const attn_optio
       if (!pr->owned[i]) {
         attn_proto_req_free(pr);
         return attn_status_set(st, ATTN_PROTO_ENOMEM,
-                               "out of memory copying tensor \"%s\" (%zu bytes)",
-                               tensor_names[i], nb);
+                               "out of memory copying tensor \"%s\" (%zu bytes)", tensor_names[i],
+                               nb);
       }
       memcpy(pr->owned[i], p, nb);
       p = pr->owned[i];
@@ -464,8 +460,8 @@ size_t attn__st_put_entry(char *h, size_t cap, size_t o, const char *name, attn_
                           const int64_t *shape, int rank, size_t begin, size_t end) {
   if (o >= cap)
     return o;
-  o += (size_t)snprintf(h + o, cap - o, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[",
-                        o > 1 ? "," : "", name, attn_dtype_name(dt));
+  o += (size_t)snprintf(h + o, cap - o, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[", o > 1 ? "," : "",
+                        name, attn_dtype_name(dt));
   for (int i = 0; i < rank && o < cap; i++)
     o += (size_t)snprintf(h + o, cap - o, i ? ",%lld" : "%lld", (long long)shape[i]);
   if (o < cap)
@@ -505,8 +501,7 @@ int attn_proto_encode_safetensors(const attn_proto_req *pr, void **pbuf, size_t 
   const attn_request *r = &pr->req;
   size_t es = attn_dtype_size(r->dtype);
   bool stats = pr->opts.stats;
-  if (!r->o || !es || pr->rank < 1 || pr->rank > 4 ||
-      (stats && (!r->m || !r->l || !r->lse)))
+  if (!r->o || !es || pr->rank < 1 || pr->rank > 4 || (stats && (!r->m || !r->l || !r->lse)))
     return attn_status_set(st, ATTN_EINVAL,
                            "nothing to encode: the request holds no decoded result");
   /* attn_proto_build allocated these very sizes, so they cannot overflow. */
@@ -522,7 +517,7 @@ int attn_proto_encode_safetensors(const attn_proto_req *pr, void **pbuf, size_t 
     static const char *const names[3] = {"m", "l", "lse"};
     for (int i = 0; i < 3; i++)
       n = attn__st_put_entry(h, sizeof h, n, names[i], ATTN_F32, pr->shape_q, pr->rank - 1,
-                    ob + (size_t)i * sb, ob + (size_t)(i + 1) * sb);
+                             ob + (size_t)i * sb, ob + (size_t)(i + 1) * sb);
   }
   if (n < sizeof h)
     n += (size_t)snprintf(h + n, sizeof h - n, "}");

@@ -54,8 +54,8 @@ void attn_sbuf_printf(attn_sbuf *b, const char *fmt, ...) {
 }
 
 /* One character of s (n bytes left) as strict JSON text into out, its
- * length in *pout; returns the bytes of s it took. Invalid UTF-8 is one U+FFFD per byte: whoever reads the text can
- * see that bytes were lost, and no byte a strict decoder refuses (nor a cut
+ * length in *pout; returns the bytes of s it took. Invalid UTF-8 is one U+FFFD per byte: whoever
+ * reads the text can see that bytes were lost, and no byte a strict decoder refuses (nor a cut
  * multi-byte character, as a %.60s in a message can leave) goes out. */
 static size_t json_char(const unsigned char *s, size_t n, char out[8], size_t *pout) {
   unsigned char c = s[0];

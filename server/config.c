@@ -88,7 +88,9 @@ static int parse_devices(const char *what, const char *s, attnd_config *c) {
   int n = attn_cuda_devices_parse(s, ord, ATTN_MAX_CUDA_DEVICES, &st);
   if (!*s || n < 0 || strlen(s) >= sizeof c->devices) {
     fprintf(stderr, "attnd: %s: %s\n", what,
-            !*s ? "expected device numbers such as 0 or 0,1" : n < 0 ? st.message : "list too long");
+            !*s     ? "expected device numbers such as 0 or 0,1"
+            : n < 0 ? st.message
+                    : "list too long");
     return -1;
   }
   c->ndevices = n;
@@ -157,10 +159,10 @@ static int apply_drain(attnd_config *c, const char *what, const char *v) {
 }
 
 typedef struct flag {
-  const char *name;  /* --name; its variable is ATTND_NAME */
-  const char *arg;   /* what the usage calls its value */
-  const char *def;   /* the default, applied like any value */
-  const char *help;  /* the usage text, before "(default) [variable]" */
+  const char *name; /* --name; its variable is ATTND_NAME */
+  const char *arg;  /* what the usage calls its value */
+  const char *def;  /* the default, applied like any value */
+  const char *help; /* the usage text, before "(default) [variable]" */
   int (*apply)(attnd_config *c, const char *what, const char *value);
 } flag;
 
@@ -182,8 +184,7 @@ static const flag flags[] = {
      apply_timeout},
     {"idle-timeout", "SECONDS", "30", "idle keep-alive connections are closed", apply_idle},
     {"max-connections", "N", "1024",
-     "open connections at most; when full, a new one closes the oldest idle one",
-     apply_max_conn},
+     "open connections at most; when full, a new one closes the oldest idle one", apply_max_conn},
     {"max-connections-per-client", "N", "256",
      "open connections of one client address, 0 = no own limit", apply_max_conn_client},
     {"header-timeout", "SECONDS", "10", "a request's headers must arrive whole within this",
@@ -236,7 +237,8 @@ static void print_flag(FILE *out, const flag *f) {
   int at = USAGE_COLUMN;
   if (n <= USAGE_COLUMN - USAGE_INDENT) {
     fprintf(out, "%*s%-*s ", USAGE_INDENT, "", USAGE_COLUMN - USAGE_INDENT - 1, head);
-    at = USAGE_INDENT + (n > USAGE_COLUMN - USAGE_INDENT - 1 ? n : USAGE_COLUMN - USAGE_INDENT - 1) + 1;
+    at = USAGE_INDENT +
+         (n > USAGE_COLUMN - USAGE_INDENT - 1 ? n : USAGE_COLUMN - USAGE_INDENT - 1) + 1;
   } else {
     fprintf(out, "%*s%s\n%*s", USAGE_INDENT, "", head, USAGE_COLUMN, "");
   }

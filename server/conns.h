@@ -33,12 +33,12 @@ typedef enum attnd_conn_state {
 
 typedef struct attnd_conn {
   int fd;
-  char client[48];        /* the peer's address: the per-client key */
+  char client[48]; /* the peer's address: the per-client key */
   attnd_conn_state state;
-  double since;           /* when the state began (monotonic seconds) */
-  bool closing;           /* shut down by the registry, not yet closed */
-  void *owner;            /* the HTTP layer's server */
-  void *req;              /* the HTTP layer's request being read, if any */
+  double since; /* when the state began (monotonic seconds) */
+  bool closing; /* shut down by the registry, not yet closed */
+  void *owner;  /* the HTTP layer's server */
+  void *req;    /* the HTTP layer's request being read, if any */
   struct attnd_conn *prev, *next;
 } attnd_conn;
 
@@ -56,8 +56,8 @@ typedef struct attnd_conns {
   attnd_conn *head, *tail; /* in order of `since`, oldest first */
   int open;                /* registered, closing ones included */
   int closing;
-  int max;                 /* open and not closing, at most */
-  int per_client;          /* of one address, at most */
+  int max;        /* open and not closing, at most */
+  int per_client; /* of one address, at most */
   double header_timeout, idle_timeout;
   uint64_t closed[ATTND_CLOSE_REASONS];
 } attnd_conns;

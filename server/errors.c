@@ -7,7 +7,7 @@
 
 #include <stddef.h>
 
-#define ATTND_ERRNO_ROW(name, status, reason, code, refusal)                                \
+#define ATTND_ERRNO_ROW(name, status, reason, code, refusal) \
   [ATTND_E##name - ATTND__ERRNO_BASE - 1] = {status, reason, code, refusal},
 static const attnd_refusal errs[] = {ATTND_ERRNO_MAP(ATTND_ERRNO_ROW)};
 #undef ATTND_ERRNO_ROW
@@ -15,9 +15,8 @@ static const attnd_refusal errs[] = {ATTND_ERRNO_MAP(ATTND_ERRNO_ROW)};
 enum { N_ERRS = sizeof errs / sizeof *errs };
 
 static const attnd_refusal *own(int code) {
-  return code > ATTND__ERRNO_BASE && code < ATTND__ERRNO_END
-             ? &errs[code - ATTND__ERRNO_BASE - 1]
-             : NULL;
+  return code > ATTND__ERRNO_BASE && code < ATTND__ERRNO_END ? &errs[code - ATTND__ERRNO_BASE - 1]
+                                                             : NULL;
 }
 
 int attnd_err_status(int code) {

@@ -13,28 +13,27 @@
 #ifndef ATTND_ERRORS_H
 #define ATTND_ERRORS_H
 
-#define ATTND_ERRNO_MAP(XX)                                                                 \
-  XX(BAD_REQUEST, 400, "Bad Request", "bad_request",                                      \
-     "malformed HTTP request: the request line, a header, Content-Length or the chunked " \
-     "framing cannot be parsed")                                                          \
-  XX(NOT_FOUND, 404, "Not Found", "not_found", NULL)                                      \
-  XX(METHOD_NOT_ALLOWED, 405, "Method Not Allowed", "method_not_allowed", NULL)           \
-  XX(TOO_LARGE, 413, "Content Too Large", "too_large",                                    \
-     "Content-Length or a chunk size is too large")                                       \
-  XX(URI_TOO_LONG, 414, "URI Too Long", "uri_too_long", "the request line is too long")   \
-  XX(UNSUPPORTED_MEDIA_TYPE, 415, "Unsupported Media Type", "unsupported_media_type", NULL) \
-  XX(HEADERS_TOO_LARGE, 431, "Request Header Fields Too Large", "headers_too_large",     \
-     "the request headers are too large")                                                 \
-  XX(CLIENT_CLOSED, 499, "Client Closed Request", "client_closed", NULL)                  \
-  XX(INTERNAL, 500, "Internal Server Error", "internal",                                  \
-     "the server cannot process this request")                                            \
-  XX(NOT_IMPLEMENTED, 501, "Not Implemented", "not_implemented", NULL)                    \
-  XX(QUEUE_FULL, 503, "Service Unavailable", "queue_full", NULL)                          \
-  XX(SHUTTING_DOWN, 503, "Service Unavailable", "shutting_down", NULL)                    \
-  XX(OUT_OF_MEMORY, 503, "Service Unavailable", "out_of_memory", NULL)                    \
-  XX(BACKEND_UNAVAILABLE, 503, "Service Unavailable", "backend_unavailable", NULL)        \
-  XX(TIMEOUT, 504, "Gateway Timeout", "timeout", NULL)                                    \
-  XX(HTTP_VERSION, 505, "HTTP Version Not Supported", "http_version_not_supported",      \
+#define ATTND_ERRNO_MAP(XX)                                                                        \
+  XX(BAD_REQUEST, 400, "Bad Request", "bad_request",                                               \
+     "malformed HTTP request: the request line, a header, Content-Length or the chunked "          \
+     "framing cannot be parsed")                                                                   \
+  XX(NOT_FOUND, 404, "Not Found", "not_found", NULL)                                               \
+  XX(METHOD_NOT_ALLOWED, 405, "Method Not Allowed", "method_not_allowed", NULL)                    \
+  XX(TOO_LARGE, 413, "Content Too Large", "too_large",                                             \
+     "Content-Length or a chunk size is too large")                                                \
+  XX(URI_TOO_LONG, 414, "URI Too Long", "uri_too_long", "the request line is too long")            \
+  XX(UNSUPPORTED_MEDIA_TYPE, 415, "Unsupported Media Type", "unsupported_media_type", NULL)        \
+  XX(HEADERS_TOO_LARGE, 431, "Request Header Fields Too Large", "headers_too_large",               \
+     "the request headers are too large")                                                          \
+  XX(CLIENT_CLOSED, 499, "Client Closed Request", "client_closed", NULL)                           \
+  XX(INTERNAL, 500, "Internal Server Error", "internal", "the server cannot process this request") \
+  XX(NOT_IMPLEMENTED, 501, "Not Implemented", "not_implemented", NULL)                             \
+  XX(QUEUE_FULL, 503, "Service Unavailable", "queue_full", NULL)                                   \
+  XX(SHUTTING_DOWN, 503, "Service Unavailable", "shutting_down", NULL)                             \
+  XX(OUT_OF_MEMORY, 503, "Service Unavailable", "out_of_memory", NULL)                             \
+  XX(BACKEND_UNAVAILABLE, 503, "Service Unavailable", "backend_unavailable", NULL)                 \
+  XX(TIMEOUT, 504, "Gateway Timeout", "timeout", NULL)                                             \
+  XX(HTTP_VERSION, 505, "HTTP Version Not Supported", "http_version_not_supported",                \
      "this HTTP version is not supported; use HTTP/1.1 or HTTP/1.0")
 
 /* Below the engine's (-1000) and the codecs' (-2000) ranges. */
@@ -43,7 +42,7 @@ typedef enum attnd_errno {
 #define ATTND_ERRNO_DEF(name, status, reason, code, refusal) ATTND_E##name,
   ATTND_ERRNO_MAP(ATTND_ERRNO_DEF)
 #undef ATTND_ERRNO_DEF
-  ATTND__ERRNO_END
+      ATTND__ERRNO_END
 } attnd_errno;
 
 /* HTTP status of a server, engine or codec error code (500 unknown). */

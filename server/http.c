@@ -134,8 +134,7 @@ static void get_plan(attnd_req *r) {
   attn_plan pl;
   attn_status st;
   if (attn_proto_parse_plan_query(r->query, &pp, &st) < 0 ||
-      (pp.threads = attn_engine_threads(r->srv->engine),
-       attn_plan_compute(&pp, &pl, &st) < 0)) {
+      (pp.threads = attn_engine_threads(r->srv->engine), attn_plan_compute(&pp, &pl, &st) < 0)) {
     attnd_req_fail(r, st.code, st.message);
     return;
   }
@@ -295,8 +294,7 @@ static bool begin_post(attnd_req *r) {
     attnd_req_fail(r, ATTND_ESHUTTING_DOWN, "the server is draining and takes no new work");
     return false;
   }
-  const char *ct = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
-                                               MHD_HTTP_HEADER_CONTENT_TYPE);
+  const char *ct = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
   if (media_is(ct, "application/json")) {
     r->json_in = true;
     r->binary_out = accepts_binary(conn);
@@ -313,8 +311,8 @@ static bool begin_post(attnd_req *r) {
     attnd_req_fail(r, ATTND_EUNSUPPORTED_MEDIA_TYPE, msg);
     return false;
   }
-  const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
-                                               MHD_HTTP_HEADER_CONTENT_LENGTH);
+  const char *cl =
+      MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
   uint64_t want = 0;
   if (cl) {
     char *end;
@@ -414,8 +412,9 @@ static void *on_target(void *cls, const char *uri, struct MHD_Connection *conn) 
 /* The path of a target in absolute form ("http://host:8080/healthz", which
  * HTTP/1.1 servers must accept), or the target itself. */
 static const char *origin_path(const char *url) {
-  const char *p = !strncasecmp(url, "http://", 7) ? url + 7
-                  : !strncasecmp(url, "https://", 8) ? url + 8 : NULL;
+  const char *p = !strncasecmp(url, "http://", 7)    ? url + 7
+                  : !strncasecmp(url, "https://", 8) ? url + 8
+                                                     : NULL;
   if (!p)
     return url;
   p = strchr(p, '/');
@@ -457,10 +456,10 @@ static bool check_framing(attnd_req *r, const char *version) {
   char msg[200], te[72];
   if (f.cl_differ) {
     attnd_req_fail(r, ATTND_EBAD_REQUEST,
-                    "the request has Content-Length headers with different values");
+                   "the request has Content-Length headers with different values");
   } else if (f.n_cl && f.n_te) {
     attnd_req_fail(r, ATTND_EBAD_REQUEST,
-                    "the request has both Content-Length and Transfer-Encoding; send one");
+                   "the request has both Content-Length and Transfer-Encoding; send one");
   } else if (!strcmp(version, MHD_HTTP_VERSION_1_1) &&
              !MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST)) {
     attnd_req_fail(r, ATTND_EBAD_REQUEST, "an HTTP/1.1 request needs a Host header");
@@ -540,8 +539,8 @@ static enum MHD_Result first_call(attnd_req *r, const char *url, const char *met
 #define DISCARD_LIMIT ((size_t)64 << 20)
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
-                                  const char *method, const char *version,
-                                  const char *upload, size_t *upload_size, void **con_cls) {
+                                  const char *method, const char *version, const char *upload,
+                                  size_t *upload_size, void **con_cls) {
   attnd_server *s = cls;
   attnd_req *r = *con_cls;
   if (!r && !(r = *con_cls = new_req(s, conn)))
@@ -662,7 +661,7 @@ static bool said_already(const char *msg) {
 
 /* libmicrohttpd's diagnostics, one escaped line each. */
 __attribute__((format(printf, 2, 0))) static void on_mhd_log(void *cls, const char *fmt,
-                                                              va_list ap) {
+                                                             va_list ap) {
   attnd_server *s = cls;
   char msg[512], esc[600];
   vsnprintf(msg, sizeof msg, fmt, ap);
@@ -802,8 +801,7 @@ int attnd_http_start(attnd_server *s) {
   const attnd_config *c = s->cfg;
   fit_open_files(s);
   int per_client = c->max_connections_per_client;
-  attnd_conns_init(&s->conns, s->max_connections, per_client, c->header_timeout,
-                   c->idle_timeout);
+  attnd_conns_init(&s->conns, s->max_connections, per_client, c->header_timeout, c->idle_timeout);
   unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
                    MHD_USE_ERROR_LOG;
   unsigned limit = (unsigned)(s->max_connections + eviction_slack(s->max_connections));
@@ -811,10 +809,9 @@ int attnd_http_start(attnd_server *s) {
    * itself. */
   s->mhd = MHD_start_daemon(
       flags, 0, on_accept, s, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s,
-      MHD_OPTION_LISTEN_SOCKET, s->listen_fd,
-      MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION,
-      on_connection, s, MHD_OPTION_URI_LOG_CALLBACK, on_target, s, MHD_OPTION_CONNECTION_TIMEOUT,
-      (unsigned)c->idle_timeout, MHD_OPTION_CONNECTION_LIMIT, limit,
+      MHD_OPTION_LISTEN_SOCKET, s->listen_fd, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+      MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_URI_LOG_CALLBACK, on_target, s,
+      MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)c->idle_timeout, MHD_OPTION_CONNECTION_LIMIT, limit,
       MHD_OPTION_CONNECTION_MEMORY_LIMIT, CONNECTION_MEMORY, MHD_OPTION_END);
   if (!s->mhd) {
     fprintf(stderr, "attnd: cannot start the HTTP daemon on %s:%d\n", c->host, s->port);

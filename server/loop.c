@@ -314,8 +314,8 @@ static void cancel_reply(attnd_req *r, attnd_cancel_reason why) {
              r->srv->cfg->timeout, where, attn_now() - r->t_received);
     attnd_req_fail(r, ATTND_ETIMEOUT, msg);
   } else {
-    snprintf(msg, sizeof msg,
-             "the server shut down (--drain-timeout) while this request was %s", where);
+    snprintf(msg, sizeof msg, "the server shut down (--drain-timeout) while this request was %s",
+             where);
     attnd_req_fail(r, ATTND_ESHUTTING_DOWN, msg);
   }
 }
@@ -387,8 +387,8 @@ static void admit(attnd_server *s, attnd_req *r) {
   if (s->admitted >= s->cfg->max_queue) {
     char msg[160];
     snprintf(msg, sizeof msg,
-             "the queue is full (%d requests admitted, --max-queue %d); retry shortly",
-             s->admitted, s->cfg->max_queue);
+             "the queue is full (%d requests admitted, --max-queue %d); retry shortly", s->admitted,
+             s->cfg->max_queue);
     refuse(r, ATTND_EQUEUE_FULL, msg);
     return;
   }
@@ -458,8 +458,9 @@ static void expire_drain(attnd_server *s) {
     next = r->act_next;
     attnd_loop_cancel(s, r, ATTND_CANCEL_SHUTDOWN);
   }
-  fprintf(stderr, "attnd: drain timeout: %d running jobs canceled; uploads still under way "
-                  "are cut off\n",
+  fprintf(stderr,
+          "attnd: drain timeout: %d running jobs canceled; uploads still under way "
+          "are cut off\n",
           running);
   s->jobs_done_at = 0;
 }
@@ -493,7 +494,8 @@ static void check_drain(uv_timer_t *t) {
   if (s->jobs_done_at == 0)
     s->jobs_done_at = now;
   int left = atomic_load(&s->replying);
-  if (left <= 0 || now - s->jobs_done_at > (s->drain_expired ? REPLY_WAIT_EXPIRED_S : REPLY_WAIT_S)) {
+  if (left <= 0 ||
+      now - s->jobs_done_at > (s->drain_expired ? REPLY_WAIT_EXPIRED_S : REPLY_WAIT_S)) {
     if (left > 0)
       fprintf(stderr, "attnd: %d replies not confirmed sent; stopping\n", left);
     uv_stop(&s->loop);
@@ -521,8 +523,7 @@ static int init_handles(attnd_server *s) {
       (rc = uv_signal_init(&s->loop, &s->sigterm)) < 0 ||
       (rc = uv_signal_init(&s->loop, &s->sigint)) < 0 ||
       (rc = uv_timer_init(&s->loop, &s->drain_timer)) < 0 ||
-      (rc = uv_timer_init(&s->loop, &s->sweep_timer)) < 0 ||
-      (rc = attnd_deadline_init(s)) < 0 ||
+      (rc = uv_timer_init(&s->loop, &s->sweep_timer)) < 0 || (rc = attnd_deadline_init(s)) < 0 ||
       (rc = uv_signal_start(&s->sigterm, on_signal, SIGTERM)) < 0 ||
       (rc = uv_signal_start(&s->sigint, on_signal, SIGINT)) < 0)
     return rc;

@@ -99,8 +99,9 @@ int main(int argc, char **argv) {
     attnd_metrics_free(s.metrics);
     return 2;
   }
-  fprintf(stderr, "attnd %s: listening on http://%s:%d, backend %s%s, max body %llu bytes, "
-                  "max queue %d\n",
+  fprintf(stderr,
+          "attnd %s: listening on http://%s:%d, backend %s%s, max body %llu bytes, "
+          "max queue %d\n",
           ATTN_VERSION, cfg.host, s.port, s.engine_detail, s.backend_note,
           (unsigned long long)cfg.max_body, cfg.max_queue);
   attnd_loop_run(&s);

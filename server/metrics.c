@@ -20,29 +20,26 @@
 #include <string.h>
 
 enum {
-  N_ROUTES = 7,       /* the six routes and "other" */
+  N_ROUTES = 7, /* the six routes and "other" */
   ROUTE_OTHER = N_ROUTES - 1,
-  MAX_CODES = 64,     /* distinct status codes kept per route */
+  MAX_CODES = 64, /* distinct status codes kept per route */
   MAX_BACKENDS = 8,
   MAX_ERROR_CODES = 64, /* distinct error codes; the lists hold about 50 */
-  N_BUCKETS = 17      /* 16 finite bounds and +Inf */
+  N_BUCKETS = 17        /* 16 finite bounds and +Inf */
 };
 
 static const char *const route_names[N_ROUTES] = {
-    "/attention", "/attention/plan", "/healthz", "/readyz",
-    "/metrics",   "/v1/info",        "other",
+    "/attention", "/attention/plan", "/healthz", "/readyz", "/metrics", "/v1/info", "other",
 };
 
 /* Bounds and their printed form side by side: printing the doubles would
  * need care to come out as "0.0005" rather than "0.00050000000000000001". */
 static const double bucket_bounds[N_BUCKETS - 1] = {
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-    0.25,   0.5,   1,      2.5,   5,    10,    30,   60,
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
 };
 static const char *const bucket_les[N_BUCKETS] = {
-    "0.0005", "0.001", "0.0025", "0.005", "0.01", "0.025",
-    "0.05",   "0.1",   "0.25",   "0.5",   "1",    "2.5",
-    "5",      "10",    "30",     "60",    "+Inf",
+    "0.0005", "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1",  "0.25",
+    "0.5",    "1",     "2.5",    "5",     "10",   "30",    "60",   "+Inf",
 };
 
 typedef struct histogram {
@@ -135,8 +132,8 @@ static void histogram_observe(histogram *h, double v) {
   h->sum += v;
 }
 
-void attnd_metrics_request(attnd_metrics *m, const char *path, int status,
-                           double seconds, uint64_t bytes_in, uint64_t bytes_out) {
+void attnd_metrics_request(attnd_metrics *m, const char *path, int status, double seconds,
+                           uint64_t bytes_in, uint64_t bytes_out) {
   int r = route_index(path);
   if (status < 100 || status > 599)
     status = 0;
@@ -188,8 +185,7 @@ static backend_stats *backend_slot(state *s, const char *name) {
   return &s->overflow;
 }
 
-void attnd_metrics_engine(attnd_metrics *m, const char *backend, double seconds,
-                          double flops) {
+void attnd_metrics_engine(attnd_metrics *m, const char *backend, double seconds, double flops) {
   pthread_mutex_lock(&m->mu);
   backend_stats *b = backend_slot(&m->s, backend);
   /* Counters must never go down or turn NaN, or rate() breaks. */
@@ -276,8 +272,7 @@ static int buf_reserve(buf *b, size_t extra) {
   return 1;
 }
 
-__attribute__((format(printf, 2, 3)))
-static void buf_printf(buf *b, const char *fmt, ...) {
+__attribute__((format(printf, 2, 3))) static void buf_printf(buf *b, const char *fmt, ...) {
   if (!buf_reserve(b, 64))
     return;
   va_list ap;
@@ -342,14 +337,12 @@ static void family_header(buf *b, const char *name, const char *type, const char
 }
 
 /* label is "" or `key="value"` already escaped, without braces. */
-static void render_histogram(buf *b, const char *name, const char *label,
-                             const histogram *h) {
+static void render_histogram(buf *b, const char *name, const char *label, const histogram *h) {
   const char *sep = *label ? "," : "";
   uint64_t cum = 0;
   for (int i = 0; i < N_BUCKETS; i++) {
     cum += h->buckets[i];
-    buf_printf(b, "%s_bucket{%s%sle=\"%s\"} %" PRIu64 "\n", name, label, sep,
-               bucket_les[i], cum);
+    buf_printf(b, "%s_bucket{%s%sle=\"%s\"} %" PRIu64 "\n", name, label, sep, bucket_les[i], cum);
   }
   if (*label)
     buf_printf(b, "%s_sum{%s} ", name, label);
@@ -367,8 +360,7 @@ static int code_cmp(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-static void render_backend_counter(buf *b, const char *name, const backend_stats *bs,
-                                   double v) {
+static void render_backend_counter(buf *b, const char *name, const backend_stats *bs, double v) {
   buf_printf(b, "%s{backend=\"", name);
   buf_put_label_value(b, bs->name ? bs->name : "other");
   buf_put(b, "\"} ");
@@ -381,8 +373,7 @@ static void render_backends(buf *b, const state *s, const char *name, int flops)
     render_backend_counter(b, name, &s->backends[i],
                            flops ? s->backends[i].flops : s->backends[i].seconds);
   if (s->overflow.seconds > 0 || s->overflow.flops > 0)
-    render_backend_counter(b, name, &s->overflow,
-                           flops ? s->overflow.flops : s->overflow.seconds);
+    render_backend_counter(b, name, &s->overflow, flops ? s->overflow.flops : s->overflow.seconds);
 }
 
 char *attnd_metrics_render(attnd_metrics *m, size_t *plen) {
@@ -402,8 +393,8 @@ char *attnd_metrics_render(attnd_metrics *m, size_t *plen) {
     route_stats *rs = &s->routes[r];
     qsort(rs->codes, (size_t)rs->ncodes, sizeof rs->codes[0], code_cmp);
     for (int i = 0; i < rs->ncodes; i++)
-      buf_printf(&b, "attnd_requests_total{path=\"%s\",code=\"%d\"} %" PRIu64 "\n",
-                 route_names[r], rs->codes[i].code, rs->codes[i].n);
+      buf_printf(&b, "attnd_requests_total{path=\"%s\",code=\"%d\"} %" PRIu64 "\n", route_names[r],
+                 rs->codes[i].code, rs->codes[i].n);
     if (rs->other_codes)
       buf_printf(&b, "attnd_requests_total{path=\"%s\",code=\"other\"} %" PRIu64 "\n",
                  route_names[r], rs->other_codes);
@@ -466,8 +457,7 @@ char *attnd_metrics_render(attnd_metrics *m, size_t *plen) {
     buf_printf(&b, "%s %" PRId64 "\n", gauges[i].name, s->gauges[gauges[i].g]);
   }
 
-  family_header(&b, "attnd_bytes_received_total", "counter",
-                "Bytes of HTTP requests received.");
+  family_header(&b, "attnd_bytes_received_total", "counter", "Bytes of HTTP requests received.");
   buf_printf(&b, "attnd_bytes_received_total %" PRIu64 "\n", s->bytes_in);
   family_header(&b, "attnd_bytes_sent_total", "counter", "Bytes of HTTP responses sent.");
   buf_printf(&b, "attnd_bytes_sent_total %" PRIu64 "\n", s->bytes_out);

@@ -47,13 +47,12 @@ void attnd_metrics_free(attnd_metrics *m);
 /* One finished HTTP request: counts it under (path, status), observes its
  * duration, adds its bytes. path is the request's path; anything that is not
  * a known route is counted as "other". */
-void attnd_metrics_request(attnd_metrics *m, const char *path, int status,
-                           double seconds, uint64_t bytes_in, uint64_t bytes_out);
+void attnd_metrics_request(attnd_metrics *m, const char *path, int status, double seconds,
+                           uint64_t bytes_in, uint64_t bytes_out);
 /* Time a job waited between admission and the engine. */
 void attnd_metrics_queue_wait(attnd_metrics *m, double seconds);
 /* A job the engine completed. */
-void attnd_metrics_engine(attnd_metrics *m, const char *backend, double seconds,
-                          double flops);
+void attnd_metrics_engine(attnd_metrics *m, const char *backend, double seconds, double flops);
 /* Why a job was canceled, and where it was then. */
 typedef enum attnd_cancel_reason {
   ATTND_CANCEL_TIMEOUT,       /* past --timeout */

@@ -18,8 +18,7 @@
 
 #include <dlfcn.h>
 
-typedef enum MHD_Result (*queue_fn)(struct MHD_Connection *, unsigned int,
-                                    struct MHD_Response *);
+typedef enum MHD_Result (*queue_fn)(struct MHD_Connection *, unsigned int, struct MHD_Response *);
 
 enum MHD_Result MHD_queue_response(struct MHD_Connection *connection, unsigned int status_code,
                                    struct MHD_Response *response) {

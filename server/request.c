@@ -161,8 +161,9 @@ static void log_line(attnd_server *s, const attnd_req *r, double total) {
       fputs(b.p, stderr);
     free(b.p);
   } else {
-    fprintf(stderr, "attnd: %s %s %d in=%zu out=%llu queue_us=%.0f compute_us=%.0f "
-                    "total_us=%.0f\n",
+    fprintf(stderr,
+            "attnd: %s %s %d in=%zu out=%llu queue_us=%.0f compute_us=%.0f "
+            "total_us=%.0f\n",
             method, path, r->status, r->len, (unsigned long long)r->bytes_out, queue * 1e6,
             compute * 1e6, total * 1e6);
   }
@@ -174,4 +175,3 @@ void attnd_req_account(attnd_server *s, const attnd_req *r) {
   attnd_metrics_request(s->metrics, r->path, r->status, total, r->len, r->bytes_out);
   log_line(s, r, total);
 }
-

@@ -65,28 +65,28 @@ typedef enum attnd_route {
 typedef struct attnd_req {
   struct attnd_server *srv;
   struct MHD_Connection *conn;
-  attnd_conn *link;     /* the connection's registry record */
-  bool started;         /* the first request callback has run */
+  attnd_conn *link;       /* the connection's registry record */
+  bool started;           /* the first request callback has run */
   const char *bad_target; /* why the request target is refused (414), or NULL */
   attnd_route route;
   char method[16];
   char path[128];
-  char *query;          /* re-encoded query string, for the proto parsers */
-  bool json_in;         /* Content-Type application/json (else safetensors) */
-  bool binary_out;      /* reply as safetensors */
-  char *body;           /* the whole body, one buffer */
+  char *query;     /* re-encoded query string, for the proto parsers */
+  bool json_in;    /* Content-Type application/json (else safetensors) */
+  bool binary_out; /* reply as safetensors */
+  char *body;      /* the whole body, one buffer */
   size_t len, cap;
-  size_t discarded;     /* body bytes dropped after an early reply */
-  size_t reserved;      /* of the server's body budget */
+  size_t discarded; /* body bytes dropped after an early reply */
+  size_t reserved;  /* of the server's body budget */
   double t_received, t_admitted, t_started, t_done;
-  bool submitted;       /* handed to the loop, connection suspended */
+  bool submitted; /* handed to the loop, connection suspended */
   /* the reply, set once; the HTTP thread queues it */
   int status;
-  char *resp;           /* malloc'd; ownership passes to libmicrohttpd */
+  char *resp; /* malloc'd; ownership passes to libmicrohttpd */
   size_t resp_len;
   const char *ctype;
   bool retry_after;
-  bool queued;          /* the reply was queued to libmicrohttpd */
+  bool queued; /* the reply was queued to libmicrohttpd */
   uint64_t bytes_out;
   /* Lifetime: the connection holds a reference from the first callback to
    * on_completed(), the loop another from the handoff to the job's end; the
@@ -94,29 +94,29 @@ typedef struct attnd_req {
    * shutdown) ends the connection while the engine may still be finishing
    * its current work item on r's tensors. */
   atomic_int refs;
-  bool uploading;       /* on s->up_head's list; HTTP thread only */
-  int fd;               /* its socket, for the drain's peek */
+  bool uploading;                      /* on s->up_head's list; HTTP thread only */
+  int fd;                              /* its socket, for the drain's peek */
   struct attnd_req *up_prev, *up_next; /* s->up_head's list, under s->mu */
-  bool gone;            /* set by the loop: the client reset, close unanswered */
+  bool gone;                           /* set by the loop: the client reset, close unanswered */
   /* the job, while the loop owns it */
   attn_proto_req pr;
   attn_result res;
-  uv_work_t work;       /* decode and submit */
-  uv_work_t work2;      /* encode */
-  bool in_engine;       /* submitted: the engine will report back */
-  int stages_left;      /* loop callbacks still due before it completes */
-  int cancel;           /* the engine's cancel flag (attn_cancel_set) */
+  uv_work_t work;  /* decode and submit */
+  uv_work_t work2; /* encode */
+  bool in_engine;  /* submitted: the engine will report back */
+  int stages_left; /* loop callbacks still due before it completes */
+  int cancel;      /* the engine's cancel flag (attn_cancel_set) */
   /* What the threadpool and engine produce; the loop turns it into the
    * reply unless one was already sent (the reply fields then belong to the
    * HTTP thread). */
-  attn_status job_st;   /* a decode, submit, engine or encode failure */
-  char *out;            /* the encoded reply body */
+  attn_status job_st; /* a decode, submit, engine or encode failure */
+  char *out;          /* the encoded reply body */
   size_t out_len;
   const char *out_ctype;
-  double t_engine;      /* when decoding failed or the engine completed */
+  double t_engine; /* when decoding failed or the engine completed */
   /* loop only */
-  bool dispatched;      /* left the queue for decode and the engine */
-  bool answered;        /* the reply is set and the connection resumed */
+  bool dispatched; /* left the queue for decode and the engine */
+  bool answered;   /* the reply is set and the connection resumed */
   bool canceled;
   attnd_cancel_reason cancel_why;
   struct attnd_req *next;
@@ -127,30 +127,30 @@ typedef struct attnd_server {
   const attnd_config *cfg;
   attn_engine *engine;
   attnd_metrics *metrics;
-  char engine_detail[160]; /* the backend in use, for logs and /v1/info */
-  const char *backend;     /* the name requests ask the engine for */
+  char engine_detail[160];  /* the backend in use, for logs and /v1/info */
+  const char *backend;      /* the name requests ask the engine for */
   const char *backend_note; /* why, when auto chose; "" otherwise */
   const attnd_transport *transport;
   struct MHD_Daemon *mhd;
-  attnd_conns conns;       /* open connections, their deadlines and eviction */
-  int max_connections;     /* --max-connections, lowered to fit the open-file limit */
-  uv_timer_t sweep_timer;  /* closes connections past their deadlines */
+  attnd_conns conns;      /* open connections, their deadlines and eviction */
+  int max_connections;    /* --max-connections, lowered to fit the open-file limit */
+  uv_timer_t sweep_timer; /* closes connections past their deadlines */
   int listen_fd;
-  int port;                /* the bound port (--listen ...:0 picks one) */
+  int port; /* the bound port (--listen ...:0 picks one) */
   uv_loop_t loop;
-  uv_async_t incoming;     /* the HTTP thread's handoff */
+  uv_async_t incoming; /* the HTTP thread's handoff */
   pthread_mutex_t mu;
-  attnd_req *in_head, *in_tail; /* under mu */
-  uv_async_t completed;    /* the engine's handoff */
+  attnd_req *in_head, *in_tail;     /* under mu */
+  uv_async_t completed;             /* the engine's handoff */
   attnd_req *done_head, *done_tail; /* under mu */
-  int max_running;         /* jobs between dispatch and reply at once */
+  int max_running;                  /* jobs between dispatch and reply at once */
   attnd_req *pend_head, *pend_tail; /* loop only */
-  attnd_req *act_head;     /* every admitted job, queued or running; loop only */
-  uv_timer_t tick;         /* deadlines and client resets (deadline.c) */
-  int admitted;            /* pending + running; loop only */
-  int running;             /* loop only */
+  attnd_req *act_head;              /* every admitted job, queued or running; loop only */
+  uv_timer_t tick;                  /* deadlines and client resets (deadline.c) */
+  int admitted;                     /* pending + running; loop only */
+  int running;                      /* loop only */
   atomic_bool draining;
-  atomic_int replying;     /* requests handed to the loop, not yet completed */
+  atomic_int replying; /* requests handed to the loop, not yet completed */
   /* POST /attention requests whose headers arrived and whose body is still
    * being read, under mu: the drain waits for them too. */
   attnd_req *up_head;
@@ -160,15 +160,14 @@ typedef struct attnd_server {
   uv_signal_t sigterm, sigint;
   uv_timer_t drain_timer;
   double drain_deadline;
-  bool drain_expired;      /* past --drain-timeout: stop waiting for jobs */
-  double jobs_done_at;     /* when the drain first found no job left */
+  bool drain_expired;  /* past --drain-timeout: stop waiting for jobs */
+  double jobs_done_at; /* when the drain first found no job left */
   pthread_mutex_t log_mu;
 } attnd_server;
 
-
 /* http.c: the HTTP front on libmicrohttpd, and its transport. */
 extern const attnd_transport attnd_http_transport;
-int attnd_http_start(attnd_server *s);         /* 0, or -1 after one line */
+int attnd_http_start(attnd_server *s); /* 0, or -1 after one line */
 void attnd_http_stop(attnd_server *s);
 
 /* request.c */

@@ -53,12 +53,12 @@ typedef struct cpu_job {
   attn_job *job;
   cpu_state *s;
   attn__flash_args args;
-  int64_t nqt;     /* query blocks per head */
-  int64_t hb;      /* query heads packed into one block (GQA decode), >= 1 */
-  int64_t hchunks; /* blocks of hb heads per KV head: ceil(group / hb) */
-  int64_t ncompute; /* compute items; the B·Hkv after them scan unseen keys */
-  int64_t nsplit;  /* key chunks per (batch, KV head); 0: no split */
-  int64_t chunk;   /* keys per chunk */
+  int64_t nqt;         /* query blocks per head */
+  int64_t hb;          /* query heads packed into one block (GQA decode), >= 1 */
+  int64_t hchunks;     /* blocks of hb heads per KV head: ceil(group / hb) */
+  int64_t ncompute;    /* compute items; the B·Hkv after them scan unseen keys */
+  int64_t nsplit;      /* key chunks per (batch, KV head); 0: no split */
+  int64_t chunk;       /* keys per chunk */
   float *po, *pm, *pl; /* split partials, item-major */
   int64_t *bad;        /* seen: q heads, then k heads, then v heads */
   uint32_t *maxbits;
@@ -346,8 +346,8 @@ const attn__flash_isa *attn__flash_select(const char *want, attn_status *st) {
       continue;
     if (all[i])
       return all[i];
-    attn_status_set(st, ATTN_EUNSUPPORTED,
-                    "this CPU cannot run the %s kernel (best: %s)%s", want, best->name,
+    attn_status_set(st, ATTN_EUNSUPPORTED, "this CPU cannot run the %s kernel (best: %s)%s", want,
+                    best->name,
                     i == 0 ? "; AMX needs AMX-BF16 and Linux's XTILEDATA permission" : "");
     return NULL;
   }
@@ -387,8 +387,7 @@ static int cpu_supports(void *state, const attn_request *r, attn_status *st) {
 
 static void cpu_describe(void *state, char *buf, size_t cap) {
   cpu_state *s = state;
-  snprintf(buf, cap, "%s kernel, %d threads", s->isa->name,
-           attn_pool_threads(s->pool));
+  snprintf(buf, cap, "%s kernel, %d threads", s->isa->name, attn_pool_threads(s->pool));
 }
 
 const struct attn_backend_ops attn__cpu_backend = {

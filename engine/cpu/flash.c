@@ -83,9 +83,8 @@
 /* ---- micro-kernels ------------------------------------------------------ */
 
 /* Sᵀ rows j..j+mr, query vectors c0..c0+nr: Σ_d K[j][d]·Qᵀ[d][:]. */
-INLINE void qk_micro(const float *restrict qt, const float *restrict kp,
-                     int64_t ldk, float *restrict st, int64_t D, int64_t j,
-                     int c0, const int mr, const int nr) {
+INLINE void qk_micro(const float *restrict qt, const float *restrict kp, int64_t ldk,
+                     float *restrict st, int64_t D, int64_t j, int c0, const int mr, const int nr) {
   vf acc[MR][NR];
   const float *kr[MR];
   UNROLL for (int r = 0; r < mr; r++) {
@@ -101,19 +100,17 @@ INLINE void qk_micro(const float *restrict qt, const float *restrict kp,
       UNROLL for (int c = 0; c < nr; c++) acc[r][c] = vfma(kv, q[c], acc[r][c]);
     }
   }
-  UNROLL for (int r = 0; r < mr; r++)
-    UNROLL for (int c = 0; c < nr; c++)
+  UNROLL for (int r = 0; r < mr; r++) UNROLL for (int c = 0; c < nr; c++)
       vstore(st + (j + r) * BQ + (c0 + c) * VL, acc[r][c]);
 }
 
 /* Oᵀ rows d0..d0+mr, query vectors c0..c0+nr: += Σ_j V[j][d]·Pᵀ[j][:]. */
-INLINE void pv_micro(const float *restrict st, const float *restrict vp,
-                     int64_t ldv, float *restrict ot, int64_t nkt, int64_t d0,
-                     int c0, const int mr, const int nr) {
+INLINE void pv_micro(const float *restrict st, const float *restrict vp, int64_t ldv,
+                     float *restrict ot, int64_t nkt, int64_t d0, int c0, const int mr,
+                     const int nr) {
   vf acc[MR][NR];
-  UNROLL for (int r = 0; r < mr; r++)
-    UNROLL for (int c = 0; c < nr; c++)
-      acc[r][c] = vload(ot + (d0 + r) * BQ + (c0 + c) * VL);
+  UNROLL for (int r = 0; r < mr; r++) UNROLL for (int c = 0; c < nr; c++) acc[r][c] =
+      vload(ot + (d0 + r) * BQ + (c0 + c) * VL);
   const float *pp = st + c0 * VL;
   const float *vr = vp + d0;
   for (int64_t j = 0; j < nkt; j++, pp += BQ, vr += ldv) {
@@ -124,29 +121,28 @@ INLINE void pv_micro(const float *restrict st, const float *restrict vp,
       UNROLL for (int c = 0; c < nr; c++) acc[r][c] = vfma(vv, p[c], acc[r][c]);
     }
   }
-  UNROLL for (int r = 0; r < mr; r++)
-    UNROLL for (int c = 0; c < nr; c++)
+  UNROLL for (int r = 0; r < mr; r++) UNROLL for (int c = 0; c < nr; c++)
       vstore(ot + (d0 + r) * BQ + (c0 + c) * VL, acc[r][c]);
 }
 
 /* Each switch turns a run-time (mr, nr) into a specialization. */
-#define NR_CASES(CALL, MRV)                                                    \
-  switch (nr) {                                                                \
-  case 1: CALL(MRV, 1); break;                                                 \
-  case 2: CALL(MRV, 2 <= NR ? 2 : 1); break;                                   \
-  case 3: CALL(MRV, 3 <= NR ? 3 : 1); break;                                   \
-  default: CALL(MRV, 4 <= NR ? 4 : 1); break;                                  \
+#define NR_CASES(CALL, MRV)                   \
+  switch (nr) {                               \
+  case 1: CALL(MRV, 1); break;                \
+  case 2: CALL(MRV, 2 <= NR ? 2 : 1); break;  \
+  case 3: CALL(MRV, 3 <= NR ? 3 : 1); break;  \
+  default: CALL(MRV, 4 <= NR ? 4 : 1); break; \
   }
-#define MR_CASES(CALL, mr)                                                     \
-  switch (mr) {                                                                \
-  case 1: NR_CASES(CALL, 1) break;                                             \
-  case 2: NR_CASES(CALL, 2 <= MR ? 2 : 1) break;                               \
-  case 3: NR_CASES(CALL, 3 <= MR ? 3 : 1) break;                               \
-  default: NR_CASES(CALL, 4 <= MR ? 4 : 1) break;                              \
+#define MR_CASES(CALL, mr)                        \
+  switch (mr) {                                   \
+  case 1: NR_CASES(CALL, 1) break;                \
+  case 2: NR_CASES(CALL, 2 <= MR ? 2 : 1) break;  \
+  case 3: NR_CASES(CALL, 3 <= MR ? 3 : 1) break;  \
+  default: NR_CASES(CALL, 4 <= MR ? 4 : 1) break; \
   }
 
-static void qk_tile(const float *qt, const float *kp, int64_t ldk, float *st,
-                    int64_t D, int64_t nkt, int nv) {
+static void qk_tile(const float *qt, const float *kp, int64_t ldk, float *st, int64_t D,
+                    int64_t nkt, int nv) {
   for (int c0 = 0; c0 < nv; c0 += NR) {
     const int nr = nv - c0 < NR ? nv - c0 : NR;
     for (int64_t j = 0; j < nkt; j += MR) {
@@ -158,8 +154,8 @@ static void qk_tile(const float *qt, const float *kp, int64_t ldk, float *st,
   }
 }
 
-static void pv_tile(const float *st, const float *vp, int64_t ldv, float *ot,
-                    int64_t D, int64_t nkt, int nv) {
+static void pv_tile(const float *st, const float *vp, int64_t ldv, float *ot, int64_t D,
+                    int64_t nkt, int nv) {
   for (int c0 = 0; c0 < nv; c0 += NR) {
     const int nr = nv - c0 < NR ? nv - c0 : NR;
     for (int64_t d0 = 0; d0 < D; d0 += MR) {
@@ -180,8 +176,7 @@ static void pv_tile(const float *st, const float *vp, int64_t ldv, float *ot,
  * key so far has m = -inf; using max(m, -FLT_MAX) as the subtrahend keeps
  * -inf - -inf (NaN) out, and gives P = 0 and alpha = 0 for it.
  */
-static void softmax_tile(float *st, int64_t nkt, int nv, float *m, float *l,
-                         float *alpha) {
+static void softmax_tile(float *st, int64_t nkt, int nv, float *m, float *l, float *alpha) {
   for (int c = 0; c < nv; c++) {
     vf mt = vset1(-INFINITY);
     for (int64_t j = 0; j < nkt; j++)
@@ -205,8 +200,8 @@ static void softmax_tile(float *st, int64_t nkt, int nv, float *m, float *l,
 
 /* Sets the scores of invisible (query, key) pairs of a boundary tile to -inf;
  * lane ii holds query position i0 + ii % nq. */
-static void mask_tile(float *st, const attn__flash_args *a, int64_t j0,
-                      int64_t nkt, int64_t i0, int64_t nq, int64_t lanes) {
+static void mask_tile(float *st, const attn__flash_args *a, int64_t j0, int64_t nkt, int64_t i0,
+                      int64_t nq, int64_t lanes) {
   for (int64_t jj = 0; jj < nkt; jj++) {
     const int64_t j = j0 + jj;
     /* Query i sees key j iff j - off - wr <= i <= j - off + wl. */
@@ -243,13 +238,13 @@ static void store_row(void *dst, const float *src, attn_dtype dt, int64_t n) {
 
 /* ---- the fused input scan ------------------------------------------------ */
 
-static int64_t scan(const void *p, attn_dtype dt, int64_t n, int64_t d,
-                    int64_t stride, float *pmax);
+static int64_t scan(const void *p, attn_dtype dt, int64_t n, int64_t d, int64_t stride,
+                    float *pmax);
 
 /* Scans n rows at p (rows `stride` apart), the first of them row `row0` of
  * head `head` of tensor t, into a->seen. */
-static void see(const attn__flash_args *a, int t, int64_t head, const void *p,
-                int64_t row0, int64_t n, int64_t stride) {
+static void see(const attn__flash_args *a, int t, int64_t head, const void *p, int64_t row0,
+                int64_t n, int64_t stride) {
   const int64_t D = a->r->head_dim;
   float mx = 0.0f;
   int64_t bad = scan(p, a->r->dtype, n, D, stride, &mx);
@@ -278,15 +273,16 @@ typedef struct blk_ctx {
   int64_t nrows, lanes, hk, jlo, jhi;
   int64_t scan_from; /* the keys this block scans: [scan_from, jhi] */
   int nv;
-  bool bf16dp; /* BF16 products (flash_bf16.h) instead of F32 */
-  bool amx;    /* and AMX tiles for whole tiles (flash_amx.h) */
+  bool bf16dp;  /* BF16 products (flash_bf16.h) instead of F32 */
+  bool amx;     /* and AMX tiles for whole tiles (flash_amx.h) */
   bool rowwise; /* and few rows, along head_dim (flash_bf16.h) */
 } blk_ctx;
 
 static const char *q_row(const blk_ctx *c, int64_t h, int64_t i) {
   const attn_request *r = c->a->r;
-  return (const char *)r->q + (size_t)(c->blk->b * r->q_stride[0] + h * r->q_stride[1] +
-                                       i * r->q_stride[2]) * attn_dtype_size(r->dtype);
+  return (const char *)r->q +
+         (size_t)(c->blk->b * r->q_stride[0] + h * r->q_stride[1] + i * r->q_stride[2]) *
+             attn_dtype_size(r->dtype);
 }
 
 #if ATTN_DPBF16 || ATTN_AMX
@@ -298,7 +294,10 @@ static inline void dp_load_q(blk_ctx *c, const char *src, int64_t ii) {
 }
 static inline void dp_scores(blk_ctx *c, int64_t j0, int64_t nkt) { (void)c, (void)j0, (void)nkt; }
 static inline void dp_values(blk_ctx *c, int64_t j0, int64_t nkt) { (void)c, (void)j0, (void)nkt; }
-static inline bool rw_ok(const blk_ctx *c) { (void)c; return false; }
+static inline bool rw_ok(const blk_ctx *c) {
+  (void)c;
+  return false;
+}
 static inline void rw_scores(blk_ctx *c, int64_t j0, int64_t nkt) { (void)c, (void)j0, (void)nkt; }
 static inline void rw_values(blk_ctx *c, int64_t j0, int64_t nkt) { (void)c, (void)j0, (void)nkt; }
 static inline void rw_begin(blk_ctx *c) { (void)c; }
@@ -338,8 +337,7 @@ static void start_block(blk_ctx *c) {
 }
 
 /* S = Q·Kᵀ for keys j0 .. j0 + nkt - 1 in F32, converting narrow tiles. */
-static void f32_scores(blk_ctx *c, int64_t j0, int64_t nkt, const float **vp,
-                       int64_t *ldv) {
+static void f32_scores(blk_ctx *c, int64_t j0, int64_t nkt, const float **vp, int64_t *ldv) {
   const attn_request *r = c->a->r;
   const attn_dtype dt = r->dtype;
   const size_t es = attn_dtype_size(dt);
@@ -419,8 +417,8 @@ static void finish_block(blk_ctx *c) {
       continue;
     }
     const int64_t h = blk->h0 + ii / nq, i = blk->i0 + ii % nq;
-    store_row((char *)r->o + (size_t)(blk->b * r->o_stride[0] + h * r->o_stride[1] +
-                                      i * r->o_stride[2]) * es,
+    store_row((char *)r->o +
+                  (size_t)(blk->b * r->o_stride[0] + h * r->o_stride[1] + i * r->o_stride[2]) * es,
               row, r->dtype, D);
     const size_t srow = (size_t)((blk->b * r->heads_q + h) * r->seq_q + i);
     float mm = c->m[ii] * (float)M_LN2; /* back from base 2; -inf stays -inf */
@@ -484,8 +482,7 @@ static void rows(const attn__flash_args *a, const attn__flash_block *blk, void *
   finish_block(&c);
 }
 
-static void scan_keys(const attn__flash_args *a, int64_t b, int64_t hk, int64_t j0,
-                      int64_t j1) {
+static void scan_keys(const attn__flash_args *a, int64_t b, int64_t hk, int64_t j0, int64_t j1) {
   const attn_request *r = a->r;
   const size_t es = attn_dtype_size(r->dtype);
   if (j1 <= j0)
@@ -518,8 +515,8 @@ static int64_t first_bad(const void *p, attn_dtype dt, int64_t n, int64_t d, int
  * both the largest |x| and whether any element is not finite. Row tails
  * are masked loads.
  */
-static int64_t scan(const void *p, attn_dtype dt, int64_t n, int64_t d,
-                    int64_t stride, float *pmax) {
+static int64_t scan(const void *p, attn_dtype dt, int64_t n, int64_t d, int64_t stride,
+                    float *pmax) {
   const size_t es = attn_dtype_size(dt);
   uint32_t top;
   if (dt == ATTN_F32) {
@@ -556,8 +553,8 @@ static int64_t scan(const void *p, attn_dtype dt, int64_t n, int64_t d,
   return -1;
 }
 #else
-static int64_t scan(const void *p, attn_dtype dt, int64_t n, int64_t d,
-                    int64_t stride, float *pmax) {
+static int64_t scan(const void *p, attn_dtype dt, int64_t n, int64_t d, int64_t stride,
+                    float *pmax) {
   const size_t es = attn_dtype_size(dt);
   vf mx = vset1(0.0f), bad = vset1(0.0f);
   float smx = 0.0f, sbad = 0.0f;

@@ -27,12 +27,12 @@ typedef struct attn__flash_seen {
 } attn__flash_seen;
 
 typedef struct attn__flash_args {
-  const attn_request *r; /* validated, strides filled */
+  const attn_request *r;    /* validated, strides filled */
   attn__flash_seen seen[3]; /* q, k, v; updated with GCC atomics */
-  float scale2;          /* scale·log2(e): scores come out in base 2 */
-  int64_t wl, wr;        /* effective window, causal folded in */
-  int64_t off;           /* seq_kv - seq_q */
-  int64_t group;         /* heads_q / heads_kv */
+  float scale2;             /* scale·log2(e): scores come out in base 2 */
+  int64_t wl, wr;           /* effective window, causal folded in */
+  int64_t off;              /* seq_kv - seq_q */
+  int64_t group;            /* heads_q / heads_kv */
 } attn__flash_args;
 
 /* A block of query rows: positions [i0, i0 + nq) of the nh query heads
@@ -56,13 +56,11 @@ typedef struct attn__flash_isa {
   void (*rows)(const attn__flash_args *a, const attn__flash_block *blk, void *ws);
   /* Scans keys [j0, j1) of K and V of (batch b, KV head hk) into a->seen
    * without computing: for keys no block visits. */
-  void (*scan_keys)(const attn__flash_args *a, int64_t b, int64_t hk, int64_t j0,
-                    int64_t j1);
+  void (*scan_keys)(const attn__flash_args *a, int64_t b, int64_t hk, int64_t j0, int64_t j1);
   /* n rows of d elements, rows `stride` elements apart: the largest |x| into
    * *pmax; returns the index (row·d + col) of the first non-finite element,
    * or -1 when all are finite. */
-  int64_t (*scan)(const void *p, attn_dtype dt, int64_t n, int64_t d,
-                  int64_t stride, float *pmax);
+  int64_t (*scan)(const void *p, attn_dtype dt, int64_t n, int64_t d, int64_t stride, float *pmax);
   /* y = 2^x with the kernel's vector exp2, for the tests of its error. */
   void (*exp2)(const float *x, float *y, int64_t n);
 } attn__flash_isa;
@@ -81,8 +79,8 @@ extern const attn__flash_isa attn__flash_generic;
 /* Workspace one worker needs, for any head_dim up to the maximum: Qᵀ and
  * Oᵀ (D × BQ each), the score tile (BK × BQ), converted K and V tiles
  * (BK × D each), and m, l, alpha (BQ each). */
-#define ATTN_FLASH_WS_FLOATS                                                   \
-  (2 * ATTN_MAX_HEAD_DIM * ATTN_FLASH_BQ + ATTN_FLASH_BK * ATTN_FLASH_BQ +     \
+#define ATTN_FLASH_WS_FLOATS                                               \
+  (2 * ATTN_MAX_HEAD_DIM * ATTN_FLASH_BQ + ATTN_FLASH_BK * ATTN_FLASH_BQ + \
    2 * ATTN_FLASH_BK * ATTN_MAX_HEAD_DIM + 3 * ATTN_FLASH_BQ)
 
 #endif

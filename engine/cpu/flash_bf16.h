@@ -45,8 +45,8 @@ static void dp_load_q(blk_ctx *c, const char *src, int64_t ii) {
 
 /* Sᵀ rows j..j+mr, query vectors c0..c0+nr, times the scale. */
 INLINE void dp_qk_micro(const uint32_t *restrict qp, const char *kp, int64_t ldk,
-                        float *restrict st, int64_t D2, int64_t j, int c0, float sc,
-                        const int mr, const int nr) {
+                        float *restrict st, int64_t D2, int64_t j, int c0, float sc, const int mr,
+                        const int nr) {
   __m512 acc[MR][NR];
   const char *kr[MR];
   UNROLL for (int r = 0; r < mr; r++) {
@@ -62,18 +62,17 @@ INLINE void dp_qk_micro(const uint32_t *restrict qp, const char *kp, int64_t ldk
       UNROLL for (int c = 0; c < nr; c++) acc[r][c] = dp(acc[r][c], qv[c], kv);
     }
   }
-  UNROLL for (int r = 0; r < mr; r++)
-    UNROLL for (int c = 0; c < nr; c++)
+  UNROLL for (int r = 0; r < mr; r++) UNROLL for (int c = 0; c < nr; c++)
       vstore(st + (j + r) * BQ + (c0 + c) * VL, vmul(acc[r][c], vset1(sc)));
 }
 
 /* Oᵀ rows d0..d0+mr, query vectors c0..c0+nr: += Σ_jp V pairs · P pairs. */
-INLINE void dp_pv_micro(const uint32_t *restrict pp, const uint32_t *restrict vp,
-                        int64_t D, float *restrict ot, int64_t np, int64_t d0, int c0,
-                        const int mr, const int nr) {
+INLINE void dp_pv_micro(const uint32_t *restrict pp, const uint32_t *restrict vp, int64_t D,
+                        float *restrict ot, int64_t np, int64_t d0, int c0, const int mr,
+                        const int nr) {
   __m512 acc[MR][NR];
-  UNROLL for (int r = 0; r < mr; r++)
-    UNROLL for (int c = 0; c < nr; c++) acc[r][c] = vload(ot + (d0 + r) * BQ + (c0 + c) * VL);
+  UNROLL for (int r = 0; r < mr; r++) UNROLL for (int c = 0; c < nr; c++) acc[r][c] =
+      vload(ot + (d0 + r) * BQ + (c0 + c) * VL);
   const uint32_t *p = pp + c0 * VL, *v = vp + d0;
   for (int64_t jp = 0; jp < np; jp++, p += BQ, v += D) {
     __m512i pv[NR];
@@ -83,8 +82,7 @@ INLINE void dp_pv_micro(const uint32_t *restrict pp, const uint32_t *restrict vp
       UNROLL for (int c = 0; c < nr; c++) acc[r][c] = dp(acc[r][c], pv[c], vv);
     }
   }
-  UNROLL for (int r = 0; r < mr; r++)
-    UNROLL for (int c = 0; c < nr; c++)
+  UNROLL for (int r = 0; r < mr; r++) UNROLL for (int c = 0; c < nr; c++)
       vstore(ot + (d0 + r) * BQ + (c0 + c) * VL, acc[r][c]);
 }
 
@@ -106,15 +104,14 @@ static void dp_qk_tile(blk_ctx *c, const char *kp, int64_t ldk, int64_t nkt) {
 /* P (F32, transposed in st) to BF16 pairs of keys: cvtne2ps puts row 2jp in
  * the low 16 words and row 2jp+1 in the high ones; vpermw interleaves them. */
 static void dp_pack_p(blk_ctx *c, int64_t nkt) {
-  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
-                                       24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
-                                       16, 0);
+  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                       23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   uint32_t *pp = (uint32_t *)c->kb;
   for (int64_t jp = 0; 2 * jp < nkt; jp++)
     for (int v = 0; v < c->nv; v++) {
       __m512 lo = vload(c->st + 2 * jp * BQ + v * VL);
-      __m512 hi = 2 * jp + 1 < nkt ? vload(c->st + (2 * jp + 1) * BQ + v * VL)
-                                   : _mm512_setzero_ps();
+      __m512 hi =
+          2 * jp + 1 < nkt ? vload(c->st + (2 * jp + 1) * BQ + v * VL) : _mm512_setzero_ps();
       __m512i w = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
       _mm512_storeu_si512(pp + jp * BQ + v * VL, _mm512_permutexvar_epi16(idx, w));
     }
@@ -179,8 +176,8 @@ INLINE void rw_scores_n(blk_ctx *c, int64_t j0, int64_t nkt, const int nr) {
   const attn_request *r = c->a->r;
   const int64_t D = r->head_dim, ldk = r->k_stride[2] * 2;
   const char *q[RW_MAX];
-  UNROLL for (int ii = 0; ii < nr; ii++)
-    q[ii] = q_row(c, c->blk->h0 + ii / c->blk->nq, c->blk->i0 + ii % c->blk->nq);
+  UNROLL for (int ii = 0; ii < nr; ii++) q[ii] =
+      q_row(c, c->blk->h0 + ii / c->blk->nq, c->blk->i0 + ii % c->blk->nq);
   const char *kp = c->kbase + j0 * ldk;
   for (int64_t j = 0; j < nkt; j++, kp += ldk) {
     float s[VL] = {0};
@@ -223,12 +220,12 @@ INLINE void rw_values_n(blk_ctx *c, int64_t j0, int64_t nkt, const int nr) {
   }
 }
 
-#define RW_CASES(CALL)                                                         \
-  switch (c->nrows) {                                                          \
-  case 1: CALL(1); break;                                                      \
-  case 2: CALL(2); break;                                                      \
-  case 3: CALL(3); break;                                                      \
-  default: CALL(4); break;                                                     \
+#define RW_CASES(CALL)     \
+  switch (c->nrows) {      \
+  case 1: CALL(1); break;  \
+  case 2: CALL(2); break;  \
+  case 3: CALL(3); break;  \
+  default: CALL(4); break; \
   }
 
 static void rw_scores(blk_ctx *c, int64_t j0, int64_t nkt) {
@@ -264,8 +261,13 @@ static void rw_end(blk_ctx *c) {
 #if ATTN_AMX
 #include "flash_amx.h"
 #else
-static inline bool amx_tile(const blk_ctx *c, int64_t nkt) { (void)c, (void)nkt; return false; }
-static inline void amx_scores(blk_ctx *c, const char *kp, int64_t ldk) { (void)c, (void)kp, (void)ldk; }
+static inline bool amx_tile(const blk_ctx *c, int64_t nkt) {
+  (void)c, (void)nkt;
+  return false;
+}
+static inline void amx_scores(blk_ctx *c, const char *kp, int64_t ldk) {
+  (void)c, (void)kp, (void)ldk;
+}
 static inline void amx_values(blk_ctx *c, int64_t j0) { (void)c, (void)j0; }
 #endif
 

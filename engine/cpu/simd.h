@@ -57,13 +57,11 @@ static inline vf vldexp(vf p, vf n) { return _mm512_scalef_ps(p, n); }
 /* VL elements of dtype dt at p, widened to F32. */
 static inline vf vload_cvt(const void *p, attn_dtype dt) {
   switch (dt) {
-  case ATTN_F16:
-    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+  case ATTN_F16: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
   case ATTN_BF16:
-    return _mm512_castsi512_ps(_mm512_slli_epi32(
-        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-  default:
-    return _mm512_loadu_ps((const float *)p);
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+  default: return _mm512_loadu_ps((const float *)p);
   }
 }
 /* Stores VL floats rounded (to nearest even) to dtype dt. */
@@ -80,8 +78,7 @@ static inline void vstore_cvt(void *p, vf x, attn_dtype dt) {
     _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
     break;
   }
-  default:
-    _mm512_storeu_ps((float *)p, x);
+  default: _mm512_storeu_ps((float *)p, x);
   }
 }
 
@@ -98,9 +95,7 @@ static inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
 static inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
 static inline vf vsub(vf a, vf b) { return _mm256_sub_ps(a, b); }
 static inline vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }
-static inline vf vabs(vf a) {
-  return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a);
-}
+static inline vf vabs(vf a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
 static inline vf vexp2_clamp(vf x) {
   return _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(128.0f));
 }
@@ -110,19 +105,17 @@ static inline vf vround(vf x) {
 /* 2^n through the exponent field: n = -127 gives the bit pattern of 0,
  * n = 128 that of +inf. */
 static inline vf vldexp(vf p, vf n) {
-  __m256i e = _mm256_slli_epi32(
-      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 static inline vf vload_cvt(const void *p, attn_dtype dt) {
   switch (dt) {
-  case ATTN_F16:
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+  case ATTN_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
   case ATTN_BF16:
-    return _mm256_castsi256_ps(_mm256_slli_epi32(
-        _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
-  default:
-    return _mm256_loadu_ps((const float *)p);
+    return _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+  default: return _mm256_loadu_ps((const float *)p);
   }
 }
 static inline void vstore_cvt(void *p, vf x, attn_dtype dt) {
@@ -134,16 +127,15 @@ static inline void vstore_cvt(void *p, vf x, attn_dtype dt) {
   case ATTN_BF16: {
     __m256i u = _mm256_castps_si256(x);
     __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    u = _mm256_srli_epi32(
-        _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+    u = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))),
+                          16);
     /* packus works within 128-bit lanes: pack, then put the quads in order */
     __m256i packed = _mm256_packus_epi32(u, u);
     packed = _mm256_permute4x64_epi64(packed, 0x08);
     _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(packed));
     break;
   }
-  default:
-    _mm256_storeu_ps((float *)p, x);
+  default: _mm256_storeu_ps((float *)p, x);
   }
 }
 
@@ -164,12 +156,8 @@ static inline vf vexp2_clamp(vf x) { return x < -150.0f ? -150.0f : x > 128.0f ?
 static inline vf vround(vf x) { return rintf(x); }
 /* NaN only reaches here from inputs the scan refuses; (int)NaN is undefined. */
 static inline vf vldexp(vf p, vf n) { return n != n ? n : ldexpf(p, (int)n); }
-static inline vf vload_cvt(const void *p, attn_dtype dt) {
-  return (float)attn_load_elem(p, dt, 0);
-}
-static inline void vstore_cvt(void *p, vf x, attn_dtype dt) {
-  attn_store_elem(p, dt, 0, x);
-}
+static inline vf vload_cvt(const void *p, attn_dtype dt) { return (float)attn_load_elem(p, dt, 0); }
+static inline void vstore_cvt(void *p, vf x, attn_dtype dt) { attn_store_elem(p, dt, 0, x); }
 #endif
 
 /* 2^x: x = n + f, 2^f by Horner's rule on the polynomial, times 2^n. */

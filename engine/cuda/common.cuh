@@ -24,8 +24,8 @@ __device__ __forceinline__ uint32_t smem_addr(const void *p) {
 // then not read, but must still be a valid address).
 __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
   int n = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
-               "l"(src), "r"(n));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(n));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() {

@@ -154,8 +154,8 @@ static bool layout(cu_slot *sl, const attn_request *r) {
 /* ---- packing ---------------------------------------------------------------- */
 
 /* Tensor (dtype elements, strides s) -> packed [B, H, N, dp], zero padded. */
-static void pack(unsigned char *dst, const void *src, const int64_t s[3], int64_t B,
-                 int64_t H, int64_t N, int64_t D, int dp, size_t es) {
+static void pack(unsigned char *dst, const void *src, const int64_t s[3], int64_t B, int64_t H,
+                 int64_t N, int64_t D, int dp, size_t es) {
   const unsigned char *sp = src;
   if (dp == D && s[2] == D && s[1] == N * D && s[0] == H * N * D) {
     memcpy(dst, sp, (size_t)(B * H * N * D) * es);
@@ -171,8 +171,8 @@ static void pack(unsigned char *dst, const void *src, const int64_t s[3], int64_
 }
 
 /* Packed [B, H, N, dp] -> tensor with strides s, padding dropped. */
-static void unpack(void *dst, const unsigned char *src, const int64_t s[3], int64_t B,
-                   int64_t H, int64_t N, int64_t D, int dp, size_t es) {
+static void unpack(void *dst, const unsigned char *src, const int64_t s[3], int64_t B, int64_t H,
+                   int64_t N, int64_t D, int dp, size_t es) {
   unsigned char *dp8 = dst;
   if (dp == D && s[2] == D && s[1] == N * D && s[0] == H * N * D) {
     memcpy(dp8, src, (size_t)(B * H * N * D) * es);
@@ -221,8 +221,8 @@ static int grow_pinned(cu_slot *sl, size_t need, attn_status *st) {
   if (e != cudaSuccess) {
     cudaGetLastError();
     return attn_status_set(st, ATTN_ENOMEM,
-                           "cuda: cannot pin %zu MiB of host memory for staging: %s",
-                           cap >> 20, cudaGetErrorString(e));
+                           "cuda: cannot pin %zu MiB of host memory for staging: %s", cap >> 20,
+                           cudaGetErrorString(e));
   }
   sl->pinned_cap = cap;
   return 0;
@@ -351,8 +351,8 @@ static int finish(cu_slot *sl, attn_status *st) {
   int rc = attn__check_magnitudes(r, mx, st);
   if (rc < 0)
     return rc;
-  unpack(r->o, sl->pinned + sl->off_o, r->o_stride, r->batch, r->heads_q, r->seq_q,
-         r->head_dim, p->dp, attn_dtype_size(r->dtype));
+  unpack(r->o, sl->pinned + sl->off_o, r->o_stride, r->batch, r->heads_q, r->seq_q, r->head_dim,
+         p->dp, attn_dtype_size(r->dtype));
   float *const out[3] = {r->m, r->l, r->lse};
   size_t rows = (size_t)r->batch * r->heads_q * r->seq_q;
   for (int i = 0; i < 3; i++)
@@ -532,10 +532,10 @@ static void cuda_describe(void *state, char *buf, size_t cap) {
   buf[0] = 0;
   for (int i = 0; i < s->ndev && n < cap; i++) {
     const cu_dev *d = &s->devs[i];
-    int w = snprintf(buf + n, cap - n, "%sdevice %d: %s (sm_%d%d, %d SMs, %zu MiB)%s%s",
-                     i ? "; " : "", d->ordinal, d->name, d->major, d->minor, d->sms,
-                     d->mem_total >> 20, d->healthy ? "" : " unhealthy: ",
-                     d->healthy ? "" : d->why);
+    int w =
+        snprintf(buf + n, cap - n, "%sdevice %d: %s (sm_%d%d, %d SMs, %zu MiB)%s%s", i ? "; " : "",
+                 d->ordinal, d->name, d->major, d->minor, d->sms, d->mem_total >> 20,
+                 d->healthy ? "" : " unhealthy: ", d->healthy ? "" : d->why);
     n += w > 0 ? (size_t)w : 0;
   }
   if (n < cap)

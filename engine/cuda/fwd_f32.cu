@@ -19,9 +19,9 @@ static_assert(BN == 4 * 8, "8 scores per thread");
 __global__ void __launch_bounds__(NT) fwd_f32(const attn_cu_params p, int nsplit) {
   extern __shared__ __align__(16) float smem_f[];
   const int dp = p.dp, ks = dp + 1;
-  float *sQ = smem_f;          // [BM][dp]
-  float *sK = sQ + BM * dp;    // [BN][dp + 1]
-  float *sV = sK + BN * ks;    // [BN][dp]
+  float *sQ = smem_f;       // [BM][dp]
+  float *sK = sQ + BM * dp; // [BN][dp + 1]
+  float *sV = sK + BN * ks; // [BN][dp]
 
   const int r = threadIdx.x / 4, sub = threadIdx.x % 4;
   const int qt = gridDim.x - 1 - blockIdx.x;
@@ -35,8 +35,8 @@ __global__ void __launch_bounds__(NT) fwd_f32(const attn_cu_params p, int nsplit
   const float *gV = (const float *)p.v + ((size_t)b * p.heads_kv + hkv) * p.seq_kv * dp;
 
   int t0, t1, lo, hi;
-  attn_cu_block_tiles(i0, i1, off, p.window_left, p.window_right, p.seq_kv, BN, nsplit, split,
-                      &t0, &t1);
+  attn_cu_block_tiles(i0, i1, off, p.window_left, p.window_right, p.seq_kv, BN, nsplit, split, &t0,
+                      &t1);
   attn_cu_row_bounds(i, off, p.window_left, p.window_right, p.seq_kv, &lo, &hi);
 
   float acc[PER];

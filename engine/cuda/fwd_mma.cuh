@@ -59,8 +59,8 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32)
   const T *gV = (const T *)p.v + ((size_t)b * p.heads_kv + hkv) * p.seq_kv * p.dp;
 
   int t0, t1;
-  attn_cu_block_tiles(i0, i1, off, p.window_left, p.window_right, p.seq_kv, BN, nsplit, split,
-                      &t0, &t1);
+  attn_cu_block_tiles(i0, i1, off, p.window_left, p.window_right, p.seq_kv, BN, nsplit, split, &t0,
+                      &t1);
 
   // This lane's two rows: g and g + 8 of the warp's 16.
   const int ra = i0 + warp * 16 + lane / 4, rb = ra + 8;
@@ -134,8 +134,8 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32)
 
     // Scale into log2 units; mask where the tile is not wholly visible.
     const int j0 = t * BN;
-    const bool full = attn_cu_tile_full(j0, BN, i0, i1, off, p.window_left, p.window_right,
-                                        p.seq_kv);
+    const bool full =
+        attn_cu_tile_full(j0, BN, i0, i1, off, p.window_left, p.window_right, p.seq_kv);
 #pragma unroll
     for (int n = 0; n < NB; n++)
 #pragma unroll

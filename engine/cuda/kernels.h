@@ -54,14 +54,14 @@ typedef enum attn_cu_kernel {
 typedef struct attn_cu_params {
   const void *q, *k, *v;
   void *o;
-  float *m, *l, *lse;  /* F32 [B, Hq, Nq], or NULL */
+  float *m, *l, *lse; /* F32 [B, Hq, Nq], or NULL */
   /* Split-KV scratch, attn_cu_split_bytes() of it (NULL when nsplit is 1):
    * per split, F32 partial outputs [B, Hq, Nq, dp] normalized by their own
    * l, and (m in log2 units, l) pairs [B, Hq, Nq, 2]. */
   void *split_ws;
   attn_dtype dtype;
   int batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, dp;
-  float scale_log2;    /* scale * log2(e) */
+  float scale_log2; /* scale * log2(e) */
   /* Effective window, causal folded in; -1 unbounded (as is anything past
    * 2^40, beyond every sequence the kernels take). */
   int64_t window_left, window_right;
@@ -71,9 +71,9 @@ typedef struct attn_cu_params {
 typedef struct attn_cu_choice {
   attn_cu_kernel kernel;
   int block_m, block_n, warps;
-  int nsplit;          /* key ranges computed apart and merged by lse; >= 1 */
-  size_t smem_bytes;   /* dynamic shared memory of one block */
-  unsigned grid[3];    /* query tiles, heads_q, batch * nsplit */
+  int nsplit;        /* key ranges computed apart and merged by lse; >= 1 */
+  size_t smem_bytes; /* dynamic shared memory of one block */
+  unsigned grid[3];  /* query tiles, heads_q, batch * nsplit */
 } attn_cu_choice;
 
 /* Names of the kernels, for logs and the benchmark ("mma_d128", ...). */
@@ -119,8 +119,7 @@ typedef struct attn_cu_scan_result {
   unsigned int maxabs_bits;
   unsigned int pad_;
 } attn_cu_scan_result;
-int attn_cu_scan(const void *x, attn_dtype dt, size_t n, attn_cu_scan_result *res,
-                 void *stream);
+int attn_cu_scan(const void *x, attn_dtype dt, size_t n, attn_cu_scan_result *res, void *stream);
 
 #ifdef __cplusplus
 }

@@ -69,7 +69,8 @@ __global__ void __launch_bounds__(256) scan(const T *x, size_t n, attn_cu_scan_r
   }
 }
 
-template <typename T> cudaError_t launch_merge(const attn_cu_params &p, int nsplit, cudaStream_t s) {
+template <typename T>
+cudaError_t launch_merge(const attn_cu_params &p, int nsplit, cudaStream_t s) {
   size_t rows = (size_t)p.batch * p.heads_q * p.seq_q;
   merge_splits<T><<<(unsigned)rows, 128, 0, s>>>(p, nsplit);
   return cudaGetLastError();
@@ -114,9 +115,7 @@ extern "C" int attn_cu_scan(const void *x, attn_dtype dt, size_t n, attn_cu_scan
   unsigned grid = (unsigned)(blocks < 4096 ? (blocks ? blocks : 1) : 4096);
   switch (dt) {
   case ATTN_F16: scan<__half><<<grid, 256, 0, s>>>((const __half *)x, n, res); break;
-  case ATTN_BF16:
-    scan<__nv_bfloat16><<<grid, 256, 0, s>>>((const __nv_bfloat16 *)x, n, res);
-    break;
+  case ATTN_BF16: scan<__nv_bfloat16><<<grid, 256, 0, s>>>((const __nv_bfloat16 *)x, n, res); break;
   default: scan<float><<<grid, 256, 0, s>>>((const float *)x, n, res); break;
   }
   return (int)cudaGetLastError();

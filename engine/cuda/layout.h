@@ -107,8 +107,8 @@ ATTN_HD int attn_cu_smem_stride(int cols) { return cols + 8; }
  * Visible keys of query row i: [*lo, *hi], clamped to [0, nkv - 1]; empty
  * when *lo > *hi. wl, wr: effective window sides, -1 unbounded.
  */
-ATTN_HD void attn_cu_row_bounds(int64_t i, int64_t off, int64_t wl, int64_t wr,
-                                int64_t nkv, int *lo, int *hi) {
+ATTN_HD void attn_cu_row_bounds(int64_t i, int64_t off, int64_t wl, int64_t wr, int64_t nkv,
+                                int *lo, int *hi) {
   /* Sides past 2^40 reach beyond any sequence the kernels take (2^30) and
    * are unbounded; this keeps the sums below in int64. */
   const int64_t far = (int64_t)1 << 40;
@@ -125,9 +125,8 @@ ATTN_HD void attn_cu_row_bounds(int64_t i, int64_t off, int64_t wl, int64_t wr,
  * nsplit ways: split s gets tiles [*t0, *t1), possibly empty. Tiles wholly
  * outside every row's window are never visited.
  */
-ATTN_HD void attn_cu_block_tiles(int64_t i0, int64_t i1, int64_t off, int64_t wl,
-                                 int64_t wr, int64_t nkv, int bn, int nsplit, int s,
-                                 int *t0, int *t1) {
+ATTN_HD void attn_cu_block_tiles(int64_t i0, int64_t i1, int64_t off, int64_t wl, int64_t wr,
+                                 int64_t nkv, int bn, int nsplit, int s, int *t0, int *t1) {
   int lo, hi, lo2, hi2;
   attn_cu_row_bounds(i0, off, wl, wr, nkv, &lo, &hi2);
   attn_cu_row_bounds(i1 - 1, off, wl, wr, nkv, &lo2, &hi);
@@ -147,8 +146,8 @@ ATTN_HD void attn_cu_block_tiles(int64_t i0, int64_t i1, int64_t off, int64_t wl
 
 /* Whether every key of tile [j0, j0 + bn) is visible to every query row of
  * [i0, i1): such a tile needs no mask. */
-ATTN_HD int attn_cu_tile_full(int64_t j0, int bn, int64_t i0, int64_t i1, int64_t off,
-                              int64_t wl, int64_t wr, int64_t nkv) {
+ATTN_HD int attn_cu_tile_full(int64_t j0, int bn, int64_t i0, int64_t i1, int64_t off, int64_t wl,
+                              int64_t wr, int64_t nkv) {
   int lo, hi, lo_last, hi_first;
   attn_cu_row_bounds(i0, off, wl, wr, nkv, &lo, &hi_first);
   attn_cu_row_bounds(i1 - 1, off, wl, wr, nkv, &lo_last, &hi);

@@ -53,8 +53,8 @@ static void softmax_rows(float *S, int64_t n, bool causal) {
       m = row[j] > m ? row[j] : m;
     int64_t j = 0;
     for (; j + 8 <= w; j += 8)
-      _mm256_storeu_ps(row + j, _ZGVdN8v_expf(_mm256_sub_ps(_mm256_loadu_ps(row + j),
-                                                            _mm256_set1_ps(m))));
+      _mm256_storeu_ps(row + j,
+                       _ZGVdN8v_expf(_mm256_sub_ps(_mm256_loadu_ps(row + j), _mm256_set1_ps(m))));
     for (; j < w; j++)
       row[j] = expf(row[j] - m);
     memset(row + w, 0, (size_t)(n - w) * sizeof *row);
@@ -76,12 +76,12 @@ static double standard(const attn_request *r, float *S, float *out, bool with_so
     const float *q = (const float *)r->q + h * n * d, *k = (const float *)r->k + h * n * d;
     const float *v = (const float *)r->v + h * n * d;
     float *o = out + h * n * d;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)n, (int)d, scale,
-                q, (int)d, k, (int)d, 0.0f, S, (int)n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)n, (int)d, scale, q, (int)d,
+                k, (int)d, 0.0f, S, (int)n);
     if (with_softmax)
       softmax_rows(S, n, r->causal);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)d, (int)n, 1.0f,
-                S, (int)n, v, (int)d, 0.0f, o, (int)d);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)d, (int)n, 1.0f, S, (int)n,
+                v, (int)d, 0.0f, o, (int)d);
   }
   return attn_bench_now() - t0;
 }
@@ -116,8 +116,10 @@ static void pick_openblas_kernel(char **argv) {
     want = "Haswell";
   if (!want)
     return;
-  fprintf(stderr, "bench: OpenBLAS did not recognize this CPU (kernel %s); re-running "
-                  "with OPENBLAS_CORETYPE=%s\n", core, want);
+  fprintf(stderr,
+          "bench: OpenBLAS did not recognize this CPU (kernel %s); re-running "
+          "with OPENBLAS_CORETYPE=%s\n",
+          core, want);
   setenv("OPENBLAS_CORETYPE", want, 1);
   execv("/proc/self/exe", argv);
   perror("bench: re-exec failed; continuing with the generic kernel");
@@ -131,9 +133,9 @@ int main(int argc, char **argv) {
   static const shape shapes[] = {{8, 1024, 64}, {8, 4096, 64}, {8, 4096, 128}, {1, 16384, 64}};
   printf("CPU flash engine vs OpenBLAS (%s), F32, batch 1, median of %d runs\n",
          openblas_get_corename(), reps);
-  printf("%3s %6s %4s %-6s %3s | %9s %9s | %9s | %9s %9s | %11s %13s | %8s\n", "H", "N",
-         "D", "causal", "thr", "flash ms", "GFLOP/s", "sgemm GF/s", "std ms", "GFLOP/s",
-         "flash/sgemm", "std/flash time", "diff");
+  printf("%3s %6s %4s %-6s %3s | %9s %9s | %9s | %9s %9s | %11s %13s | %8s\n", "H", "N", "D",
+         "causal", "thr", "flash ms", "GFLOP/s", "sgemm GF/s", "std ms", "GFLOP/s", "flash/sgemm",
+         "std/flash time", "diff");
   int rc = 0;
   for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
     const shape *s = &shapes[si];
@@ -147,8 +149,8 @@ int main(int argc, char **argv) {
     for (int causal = 0; causal < 2; causal++)
       for (int threads = 1; threads <= 2; threads++) {
         attn_bench_case c;
-        if (attn_bench_case_init(&c, 1, s->heads, s->heads, s->seq, s->seq, s->dim,
-                                 ATTN_F32, causal, 7) < 0) {
+        if (attn_bench_case_init(&c, 1, s->heads, s->heads, s->seq, s->seq, s->dim, ATTN_F32,
+                                 causal, 7) < 0) {
           fprintf(stderr, "bench: out of memory\n");
           return 1;
         }
@@ -175,9 +177,9 @@ int main(int argc, char **argv) {
         double diff = nerr(c.req.o, out, (size_t)(s->heads * s->seq * s->dim));
         printf("%3lld %6lld %4lld %-6s %3d | %9.1f %9.1f | %9.1f | %9.1f %9.1f | %11.2f "
                "%13.2f | %8.1e\n",
-               (long long)s->heads, (long long)s->seq, (long long)s->dim,
-               causal ? "yes" : "no", threads, tf * 1e3, flops / tf * 1e-9, full / tg * 1e-9,
-               ts * 1e3, flops / ts * 1e-9, (flops / tf) / (full / tg), ts / tf, diff);
+               (long long)s->heads, (long long)s->seq, (long long)s->dim, causal ? "yes" : "no",
+               threads, tf * 1e3, flops / tf * 1e-9, full / tg * 1e-9, ts * 1e3, flops / ts * 1e-9,
+               (flops / tf) / (full / tg), ts / tf, diff);
         fflush(stdout);
         attn_bench_case_free(&c);
       }

@@ -107,9 +107,9 @@ static void print_json(const peers_args *a, const attn_request *r, const attn_en
          "\"isa\": \"%s\", \"detail\": \"%s\", \"dtype\": \"%s\", \"causal\": %s, "
          "\"reps\": %d, \"shape\": [%lld, %lld, %lld, %lld, %lld, %lld]}\n",
          sec, flops / sec * 1e-9, flops, attn_engine_threads(e), a->isa, detail,
-         attn_dtype_name(r->dtype), r->causal ? "true" : "false", a->reps,
-         (long long)r->batch, (long long)r->heads_q, (long long)r->heads_kv,
-         (long long)r->seq_q, (long long)r->seq_kv, (long long)r->head_dim);
+         attn_dtype_name(r->dtype), r->causal ? "true" : "false", a->reps, (long long)r->batch,
+         (long long)r->heads_q, (long long)r->heads_kv, (long long)r->seq_q, (long long)r->seq_kv,
+         (long long)r->head_dim);
 }
 
 static int run(const peers_args *a, attn_proto_req *pr) {

@@ -82,8 +82,10 @@ static int run_wrk(const char *args, const char *body, wrk_result *w) {
   while (fgets(line, sizeof line, f)) {
     long req, dur, err, p50, p99;
     double mean, rps;
-    if (sscanf(line, "RESULT requests=%ld duration_us=%ld errors=%ld p50_us=%ld p99_us=%ld "
-                     "mean_us=%lf", &req, &dur, &err, &p50, &p99, &mean) == 6) {
+    if (sscanf(line,
+               "RESULT requests=%ld duration_us=%ld errors=%ld p50_us=%ld p99_us=%ld "
+               "mean_us=%lf",
+               &req, &dur, &err, &p50, &p99, &mean) == 6) {
       w->requests = req;
       w->errors = err;
       w->rps = (double)req / ((double)dur * 1e-6);
@@ -104,8 +106,8 @@ static int run_wrk(const char *args, const char *body, wrk_result *w) {
 static double attn_load_rate(const char *attn, const char *body, int port, int seconds) {
   char cmd[1024];
   snprintf(cmd, sizeof cmd,
-           "%s load http://127.0.0.1:%d --concurrency 4 --duration %d --body %s --json", attn,
-           port, seconds, body);
+           "%s load http://127.0.0.1:%d --concurrency 4 --duration %d --body %s --json", attn, port,
+           seconds, body);
   FILE *f = popen(cmd, "r");
   if (!f)
     return -1;
@@ -181,13 +183,13 @@ int main(int argc, char **argv) {
   if (system(cmd) != 0)
     return 1;
   printf("attnd under wrk (%d s per run, safetensors bodies, clients/wrk/post.lua)\n", seconds);
-  printf("%-7s %-22s %9s | %9s %9s %9s %9s | %9s | %9s\n", "size", "shape", "body MB",
-         "engine ms", "c=1 mean", "c=1 p50", "c=1 p99", "overhead", "c=4 req/s");
+  printf("%-7s %-22s %9s | %9s %9s %9s %9s | %9s | %9s\n", "size", "shape", "body MB", "engine ms",
+         "c=1 mean", "c=1 p50", "c=1 p99", "overhead", "c=4 req/s");
   int rc = 0;
   for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
     attn_bench_case c;
-    if (attn_bench_case_init(&c, 1, sizes[i].heads, sizes[i].heads, sizes[i].seq,
-                             sizes[i].seq, sizes[i].dim, sizes[i].dt, false, 5) < 0)
+    if (attn_bench_case_init(&c, 1, sizes[i].heads, sizes[i].heads, sizes[i].seq, sizes[i].seq,
+                             sizes[i].dim, sizes[i].dt, false, 5) < 0)
       return 1;
     char path[256];
     snprintf(path, sizeof path, "%s/%s.safetensors", dir, sizes[i].name);
@@ -209,11 +211,11 @@ int main(int argc, char **argv) {
     }
     char args[512];
     wrk_result one, four;
-    snprintf(args, sizeof args, "-t1 -c1 -d%ds -s clients/wrk/post.lua http://127.0.0.1:%d/attention",
-             seconds, port);
+    snprintf(args, sizeof args,
+             "-t1 -c1 -d%ds -s clients/wrk/post.lua http://127.0.0.1:%d/attention", seconds, port);
     int r1 = run_wrk(args, path, &one);
-    snprintf(args, sizeof args, "-t2 -c4 -d%ds -s clients/wrk/post.lua http://127.0.0.1:%d/attention",
-             seconds, port);
+    snprintf(args, sizeof args,
+             "-t2 -c4 -d%ds -s clients/wrk/post.lua http://127.0.0.1:%d/attention", seconds, port);
     int r4 = run_wrk(args, path, &four);
     stop_attnd(pid);
     char shape[40];

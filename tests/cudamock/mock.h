@@ -17,12 +17,12 @@
 #include <stddef.h>
 
 typedef struct mock_knobs {
-  int devices;           /* what cudaGetDeviceCount reports (0: no device) */
-  int major;             /* compute capability of every device */
-  size_t mem_total;      /* bytes per device */
-  int fail_alloc;        /* the next N device allocations fail as out of memory */
-  int fail_launch;       /* the next N kernel launches fail at launch */
-  int fault_stream;      /* the next N kernels fault on their stream */
+  int devices;      /* what cudaGetDeviceCount reports (0: no device) */
+  int major;        /* compute capability of every device */
+  size_t mem_total; /* bytes per device */
+  int fail_alloc;   /* the next N device allocations fail as out of memory */
+  int fail_launch;  /* the next N kernel launches fail at launch */
+  int fault_stream; /* the next N kernels fault on their stream */
 } mock_knobs;
 
 /* Sets the knobs; call before opening an engine. */

@@ -73,7 +73,7 @@ typedef struct op {
   void (*fn)(void *arg);
   void *arg;
   bool owns_arg;
-  bool fault; /* the "kernel" faults: the stream is broken from here on */
+  bool fault;  /* the "kernel" faults: the stream is broken from here on */
   bool always; /* runs after a fault too (memory the dead context releases) */
   struct op *next;
 } op;
@@ -224,8 +224,7 @@ static void dev_free(void *ptr) {
   free(p);
 }
 
-cudaError_t cudaMallocFromPoolAsync(void **ptr, size_t size, cudaMemPool_t pool,
-                                    cudaStream_t s) {
+cudaError_t cudaMallocFromPoolAsync(void **ptr, size_t size, cudaMemPool_t pool, cudaStream_t s) {
   (void)pool;
   (void)s;
   pthread_mutex_lock(&g_mu);
@@ -414,13 +413,14 @@ typedef struct fwd_arg {
 static void fwd_op(void *arg) {
   const attn_cu_params *p = &((fwd_arg *)arg)->p;
   const attn_cu_choice *c = &((fwd_arg *)arg)->c;
-  const int64_t B = p->batch, Hq = p->heads_q, Hkv = p->heads_kv, Nq = p->seq_q,
-                Nk = p->seq_kv, D = p->head_dim, dp = p->dp;
+  const int64_t B = p->batch, Hq = p->heads_q, Hkv = p->heads_kv, Nq = p->seq_q, Nk = p->seq_kv,
+                D = p->head_dim, dp = p->dp;
   const int64_t off = Nk - Nq, wl = p->window_left, wr = p->window_right;
   const double scale = (double)p->scale_log2 * M_LN2;
   /* What the real kernels rely on; a broken contract poisons the output. */
-  bool contract = ((uintptr_t)p->q | (uintptr_t)p->k | (uintptr_t)p->v | (uintptr_t)p->o) % 16 == 0 &&
-                  (c->nsplit == 1 || (p->split_ws && (uintptr_t)p->split_ws % 16 == 0));
+  bool contract =
+      ((uintptr_t)p->q | (uintptr_t)p->k | (uintptr_t)p->v | (uintptr_t)p->o) % 16 == 0 &&
+      (c->nsplit == 1 || (p->split_ws && (uintptr_t)p->split_ws % 16 == 0));
   double *s = malloc((size_t)Nk * sizeof *s);
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < Hq; h++) {

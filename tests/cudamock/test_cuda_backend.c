@@ -68,8 +68,7 @@ static double work(const tprob *p) {
 
 Test(cuda_backend, conformance_lists_through_staging, .init = reset) {
   attn_engine *e = open_cuda(3, NULL);
-  int (*const lists[])(tprob *) = {tcases_sizes, tcases_masks, tcases_shapes,
-                                   tcases_masked_rows};
+  int (*const lists[])(tprob *) = {tcases_sizes, tcases_masks, tcases_shapes, tcases_masked_rows};
   tprob ps[TCASES_MAX];
   int ran = 0, strided = 0, padded = 0, narrow = 0;
   for (size_t l = 0; l < sizeof lists / sizeof *lists; l++) {
@@ -85,8 +84,8 @@ Test(cuda_backend, conformance_lists_through_staging, .init = reset) {
     }
   }
   cr_expect_geq(ran, 60, "only %d problems ran", ran);
-  cr_expect(strided > 0 && padded > 0 && narrow > 0, "strided %d, padded %d, F16/BF16 %d",
-            strided, padded, narrow);
+  cr_expect(strided > 0 && padded > 0 && narrow > 0, "strided %d, padded %d, F16/BF16 %d", strided,
+            padded, narrow);
   attn_engine_close(e);
   cr_expect_eq(mock_device_bytes(), 0, "device memory left allocated");
   cr_expect_eq(mock_pinned_buffers(), 0, "pinned buffers left");
@@ -135,8 +134,9 @@ Test(cuda_backend, nonfinite_inputs_name_their_element, .init = reset) {
         attn_status st = {0};
         int rc = trun(e, &c, "cuda", &st);
         char want[128];
-        snprintf(want, sizeof want, "tensor %s holds a non-finite value at [%lld, %lld, %lld, %lld]",
-                 tn[t], (long long)b, (long long)h, (long long)n, (long long)d);
+        snprintf(want, sizeof want,
+                 "tensor %s holds a non-finite value at [%lld, %lld, %lld, %lld]", tn[t],
+                 (long long)b, (long long)h, (long long)n, (long long)d);
         cr_expect(rc == ATTN_ENONFINITE && strstr(st.message, want), "%s %s strided %d: %s: %s",
                   attn_dtype_name(p.dt), tn[t], strided, attn_err_name(rc), st.message);
         tcase_free(&c);
@@ -208,8 +208,8 @@ Test(cuda_backend, pool_of_4_streams_under_64_jobs, .init = reset) {
       terr err = tcheck(&jobs[i].c);
       cr_expect(err.o <= ttol(jobs[i].c.p.dt) && err.masked_ok &&
                     (!jobs[i].c.p.stats || err.stats <= 1e-5),
-                "job %d (%s): O error %.3g, stats %.3g", i,
-                tdesc(&jobs[i].c.p, desc, sizeof desc), err.o, err.stats);
+                "job %d (%s): O error %.3g, stats %.3g", i, tdesc(&jobs[i].c.p, desc, sizeof desc),
+                err.o, err.stats);
       tcase_free(&jobs[i].c);
     }
     cr_expect_eq(mock_launches() - launches, JOBS);
@@ -255,7 +255,8 @@ Test(cuda_backend, devices_and_their_failures, .init = reset) {
   cr_expect_eq(mock_streams(), 4);
   cr_expect_eq(trun(e, &c, "cuda", &st), 0, "%s", st.message);
   attn_engine_close(e);
-  const char *bad[][2] = {{"5", "does not exist"}, {"0,0", "listed twice"}, {"x", "device numbers"}};
+  const char *bad[][2] = {
+      {"5", "does not exist"}, {"0,0", "listed twice"}, {"x", "device numbers"}};
   for (int i = 0; i < 3; i++) {
     e = open_cuda(0, bad[i][0]);
     ci = cuda_info(e, info);
@@ -314,8 +315,7 @@ Test(cuda_backend, a_failed_launch_retires_the_device, .init = reset) {
   cr_expect_eq(mock_device_bytes(), 0);
 }
 
-Test(cuda_backend, a_faulting_stream_fails_its_job_without_hanging, .init = reset,
-     .timeout = 30) {
+Test(cuda_backend, a_faulting_stream_fails_its_job_without_hanging, .init = reset, .timeout = 30) {
   attn_engine *e = open_cuda(2, NULL);
   tprob p = tprob_make(1, 2, 1, 20, 30, 64, ATTN_BF16);
   tcase c;

@@ -38,8 +38,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     size_t len = nl ? (size_t)(nl - line) : (size_t)(end - line);
     const char *eq = memchr(line, '=', len);
     if (eq)
-      if (attn_options_set(&p, line, (size_t)(eq - line), eq + 1,
-                           len - (size_t)(eq - line) - 1, "fuzz", &st) < 0)
+      if (attn_options_set(&p, line, (size_t)(eq - line), eq + 1, len - (size_t)(eq - line) - 1,
+                           "fuzz", &st) < 0)
         check_error_body(&st);
     line += len + 1;
   }

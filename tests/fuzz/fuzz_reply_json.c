@@ -18,8 +18,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     abort();
   attn_status st;
   char backend[16];
-  if (attn_proto_decode_reply_json((const char *)data + 1, size - 1, &pr, backend,
-                                   sizeof backend, &st) < 0 &&
+  if (attn_proto_decode_reply_json((const char *)data + 1, size - 1, &pr, backend, sizeof backend,
+                                   &st) < 0 &&
       (st.code >= 0 || !st.message[0]))
     abort(); /* a refusal has a code and says why */
   attn_proto_req_free(&pr);

@@ -287,10 +287,14 @@ out:
   for (int i = 0; i < nev; i++)
     CK(cudaEventDestroy(ev[i]));
   for (int i = 0; i < nsets; i++) {
-    if (sets[i].q) CK(cudaFree(sets[i].q));
-    if (sets[i].k) CK(cudaFree(sets[i].k));
-    if (sets[i].v) CK(cudaFree(sets[i].v));
-    if (sets[i].o) CK(cudaFree(sets[i].o));
+    if (sets[i].q)
+      CK(cudaFree(sets[i].q));
+    if (sets[i].k)
+      CK(cudaFree(sets[i].k));
+    if (sets[i].v)
+      CK(cudaFree(sets[i].v));
+    if (sets[i].o)
+      CK(cudaFree(sets[i].o));
   }
   if (ws)
     CK(cudaFree(ws));
@@ -379,8 +383,8 @@ int main(int argc, char **argv) {
     printf("\n");
     fflush(stdout);
     if (csv)
-      fprintf(csv, "%s,%d,%d,%d,%d,%d,%d,%s,%d,%s,%d,%d,%d,%.6f,%.6f,%.3f,%.1f,%s\n", s->kind,
-              s->b, s->hq, s->hkv, s->nq, s->nkv, s->d, attn_dtype_name(s->dt), s->causal,
+      fprintf(csv, "%s,%d,%d,%d,%d,%d,%d,%s,%d,%s,%d,%d,%d,%.6f,%.6f,%.3f,%.1f,%s\n", s->kind, s->b,
+              s->hq, s->hkv, s->nq, s->nkv, s->d, attn_dtype_name(s->dt), s->causal,
               attn_cu_kernel_name(r.ch.kernel), r.ch.nsplit, r.sets, r.reps, r.med_ms, r.min_ms,
               tflops, dec ? gbps : 0.0, r.status);
     if (rc != 0) {

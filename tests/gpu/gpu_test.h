@@ -52,8 +52,7 @@ double g_tol_stats(attn_dtype dt);
 /* Whether e passes for a problem of dtype dt (with or without stats). */
 bool g_pass(const terr *e, attn_dtype dt, bool stats);
 /* Records run's errors in g and judges them; on failure writes why. */
-bool g_judge(tgroup *g, attn_dtype dt, bool stats, const terr *e, int run, char *why,
-             size_t cap);
+bool g_judge(tgroup *g, attn_dtype dt, bool stats, const terr *e, int run, char *why, size_t cap);
 
 /* Seed of case idx of group grp, run `run`. */
 uint64_t g_seed(int grp, int idx, int run);

@@ -126,8 +126,7 @@ bool g_pass(const terr *e, attn_dtype dt, bool stats) {
   return e->o <= g_tol_o(dt) && e->masked_ok && (!stats || e->stats <= g_tol_stats(dt));
 }
 
-bool g_judge(tgroup *g, attn_dtype dt, bool stats, const terr *e, int run, char *why,
-             size_t cap) {
+bool g_judge(tgroup *g, attn_dtype dt, bool stats, const terr *e, int run, char *why, size_t cap) {
   tg_errors(g, dt, e, stats);
   if (g_pass(e, dt, stats))
     return true;
@@ -241,8 +240,8 @@ bool g_choice(const tprob *p, attn_cu_choice *ch) {
 /* A case plus what its layout needs for poisoning and the gap check. */
 typedef struct gcase {
   tcase c;
-  size_t o_elems;      /* elements of the whole O buffer, gaps included */
-  bool o_gaps;         /* O has gaps that the engine must leave untouched */
+  size_t o_elems; /* elements of the whole O buffer, gaps included */
+  bool o_gaps;    /* O has gaps that the engine must leave untouched */
 } gcase;
 
 static void gcase_init(gcase *gc, const tprob *p, uint64_t seed) {
@@ -341,8 +340,8 @@ static bool run_case(tgroup *g, attn_engine *e, gcase *gc, const tref *ref, uint
     size_t touched = gaps_touched(gc);
     if (touched) {
       snprintf(why + strlen(why), sizeof why - strlen(why),
-               "%srun %d: %zu elements in the gaps of O were written", why[0] ? "; " : "",
-               run + 1, touched);
+               "%srun %d: %zu elements in the gaps of O were written", why[0] ? "; " : "", run + 1,
+               touched);
       ok = false;
     }
     if (first && run == 0) {
@@ -367,8 +366,8 @@ static bool run_case(tgroup *g, attn_engine *e, gcase *gc, const tref *ref, uint
   if (p->stats)
     snprintf(sb, sizeof sb, "%.2e", fmax(err[0].stats, err[1].stats));
   if (ok)
-    tg_case(g, true, "%s %s O %.2e stats %s %.1f ms%s", desc, kn, fmax(err[0].o, err[1].o), sb,
-            ms, same ? "" : " (runs differ in bits)");
+    tg_case(g, true, "%s %s O %.2e stats %s %.1f ms%s", desc, kn, fmax(err[0].o, err[1].o), sb, ms,
+            same ? "" : " (runs differ in bits)");
   else
     tg_case(g, false, "%s %s seed %#" PRIx64 ": %s", desc, kn, seed, why);
   return ok;
@@ -401,7 +400,8 @@ static void run_list(tgroup *g, int grp, attn_engine *e, const tprob *ps, int n)
 /* ---- problem lists of the GPU's own ------------------------------------- */
 
 static int list_headdims(tprob *ps) {
-  static const int64_t ds[] = {1, 7, 8, 37, 63, 64, 65, 80, 96, 100, 127, 128, 129, 160, 200, 255, 256};
+  static const int64_t ds[] = {1,   7,   8,   37,  63,  64,  65,  80, 96,
+                               100, 127, 128, 129, 160, 200, 255, 256};
   int n = 0;
   for (int i = 0; i < (int)(sizeof ds / sizeof *ds); i++)
     for (int t = 0; t < ATTN_DTYPE_COUNT; t++) {
@@ -427,32 +427,82 @@ static int list_decode(tprob *ps) {
   int n = 0;
   tprob p;
   for (int i = 0; i < 4; i++) {
-    p = tprob_make(2, 32, 8, 1, nkv[i], 128, ATTN_BF16); p.stats = 1; ps[n++] = p;
-    p = tprob_make(1, 8, 1, 1, nkv[i], 64, ATTN_F16); p.stats = 1; p.strided = 1; ps[n++] = p;
-    p = tprob_make(1, 4, 4, 1, nkv[i], 37, ATTN_F32); p.stats = 1; ps[n++] = p;
-    p = tprob_make(1, 16, 2, 1, nkv[i], 256, ATTN_F16); p.causal = 1; ps[n++] = p;
+    p = tprob_make(2, 32, 8, 1, nkv[i], 128, ATTN_BF16);
+    p.stats = 1;
+    ps[n++] = p;
+    p = tprob_make(1, 8, 1, 1, nkv[i], 64, ATTN_F16);
+    p.stats = 1;
+    p.strided = 1;
+    ps[n++] = p;
+    p = tprob_make(1, 4, 4, 1, nkv[i], 37, ATTN_F32);
+    p.stats = 1;
+    ps[n++] = p;
+    p = tprob_make(1, 16, 2, 1, nkv[i], 256, ATTN_F16);
+    p.causal = 1;
+    ps[n++] = p;
   }
   /* windows that leave most key ranges of a split empty */
-  p = tprob_make(1, 8, 2, 1, 32768, 128, ATTN_F16); p.wl = 3000; p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 8, 2, 1, 32768, 128, ATTN_BF16); p.wl = 0; p.wr = 0; p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 4, 1, 1, 20000, 80, ATTN_F32); p.wl = 700; p.stats = 1; ps[n++] = p;
+  p = tprob_make(1, 8, 2, 1, 32768, 128, ATTN_F16);
+  p.wl = 3000;
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(1, 8, 2, 1, 32768, 128, ATTN_BF16);
+  p.wl = 0;
+  p.wr = 0;
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(1, 4, 1, 1, 20000, 80, ATTN_F32);
+  p.wl = 700;
+  p.stats = 1;
+  ps[n++] = p;
   /* short queries (speculative decoding), causal across the split */
-  p = tprob_make(2, 8, 8, 4, 4096, 128, ATTN_F16); p.causal = 1; p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 32, 8, 16, 32768, 128, ATTN_BF16); p.causal = 1; p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 6, 3, 3, 5000, 100, ATTN_BF16); p.causal = 1; p.wl = 1000; p.stats = 1; ps[n++] = p;
+  p = tprob_make(2, 8, 8, 4, 4096, 128, ATTN_F16);
+  p.causal = 1;
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(1, 32, 8, 16, 32768, 128, ATTN_BF16);
+  p.causal = 1;
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(1, 6, 3, 3, 5000, 100, ATTN_BF16);
+  p.causal = 1;
+  p.wl = 1000;
+  p.stats = 1;
+  ps[n++] = p;
   return n;
 }
 
 static int list_long(tprob *ps) {
   int n = 0;
   tprob p;
-  p = tprob_make(1, 4, 2, 2048, 2048, 128, ATTN_F16); p.causal = 1; p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 2, 2, 4096, 4096, 64, ATTN_BF16); p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 2, 1, 8192, 8192, 64, ATTN_F16); p.causal = 1; p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 1, 1, 8192, 8192, 128, ATTN_BF16); p.wl = 1024; p.wr = 0; p.strided = 1; p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 2, 1, 2048, 8192, 128, ATTN_F32); p.causal = 1; p.stats = 1; ps[n++] = p;
-  p = tprob_make(2, 2, 2, 3000, 3000, 96, ATTN_BF16); p.causal = 1; ps[n++] = p;
-  p = tprob_make(1, 2, 2, 8192, 2048, 64, ATTN_F16); p.causal = 1; p.stats = 1; ps[n++] = p;
+  p = tprob_make(1, 4, 2, 2048, 2048, 128, ATTN_F16);
+  p.causal = 1;
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(1, 2, 2, 4096, 4096, 64, ATTN_BF16);
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(1, 2, 1, 8192, 8192, 64, ATTN_F16);
+  p.causal = 1;
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(1, 1, 1, 8192, 8192, 128, ATTN_BF16);
+  p.wl = 1024;
+  p.wr = 0;
+  p.strided = 1;
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(1, 2, 1, 2048, 8192, 128, ATTN_F32);
+  p.causal = 1;
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(2, 2, 2, 3000, 3000, 96, ATTN_BF16);
+  p.causal = 1;
+  ps[n++] = p;
+  p = tprob_make(1, 2, 2, 8192, 2048, 64, ATTN_F16);
+  p.causal = 1;
+  p.stats = 1;
+  ps[n++] = p;
   return n;
 }
 
@@ -460,14 +510,35 @@ static int list_long(tprob *ps) {
 static int list_small(tprob *ps) {
   int n = 0;
   tprob p;
-  p = tprob_make(2, 4, 2, 65, 65, 64, ATTN_F32); ps[n++] = p;
-  p = tprob_make(1, 4, 2, 77, 50, 128, ATTN_F16); p.causal = 1; p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 2, 1, 40, 60, 37, ATTN_F16); p.strided = 1; p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 6, 2, 33, 90, 80, ATTN_BF16); p.wl = 20; p.wr = 2; p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 2, 1, 70, 30, 16, ATTN_BF16); p.causal = 1; p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 4, 1, 1, 4096, 128, ATTN_BF16); p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 2, 2, 1, 3000, 7, ATTN_F16); p.wl = 500; p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 2, 1, 50, 50, 256, ATTN_BF16); p.causal = 1; ps[n++] = p;
+  p = tprob_make(2, 4, 2, 65, 65, 64, ATTN_F32);
+  ps[n++] = p;
+  p = tprob_make(1, 4, 2, 77, 50, 128, ATTN_F16);
+  p.causal = 1;
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(1, 2, 1, 40, 60, 37, ATTN_F16);
+  p.strided = 1;
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(1, 6, 2, 33, 90, 80, ATTN_BF16);
+  p.wl = 20;
+  p.wr = 2;
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(1, 2, 1, 70, 30, 16, ATTN_BF16);
+  p.causal = 1;
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(1, 4, 1, 1, 4096, 128, ATTN_BF16);
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(1, 2, 2, 1, 3000, 7, ATTN_F16);
+  p.wl = 500;
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(1, 2, 1, 50, 50, 256, ATTN_BF16);
+  p.causal = 1;
+  ps[n++] = p;
   return n;
 }
 
@@ -561,12 +632,32 @@ static void group_layouts(tgroup *g, int grp, attn_engine *e) {
   } L[6];
   int n = 0;
   tprob p;
-  p = tprob_make(2, 4, 2, 70, 90, 40, ATTN_F16); p.causal = 1; p.stats = 1; L[n].p = p; L[n++].packed = false;
-  p = tprob_make(1, 2, 1, 1, 3000, 128, ATTN_BF16); p.stats = 1; L[n].p = p; L[n++].packed = false;
-  p = tprob_make(2, 2, 2, 33, 33, 7, ATTN_F32); p.wl = 4; p.wr = 1; L[n].p = p; L[n++].packed = false;
-  p = tprob_make(2, 4, 4, 129, 129, 64, ATTN_BF16); p.causal = 1; p.stats = 1; L[n].p = p; L[n++].packed = true;
-  p = tprob_make(1, 3, 3, 200, 200, 128, ATTN_F16); L[n].p = p; L[n++].packed = true;
-  p = tprob_make(1, 2, 2, 50, 50, 24, ATTN_F32); p.stats = 1; L[n].p = p; L[n++].packed = true;
+  p = tprob_make(2, 4, 2, 70, 90, 40, ATTN_F16);
+  p.causal = 1;
+  p.stats = 1;
+  L[n].p = p;
+  L[n++].packed = false;
+  p = tprob_make(1, 2, 1, 1, 3000, 128, ATTN_BF16);
+  p.stats = 1;
+  L[n].p = p;
+  L[n++].packed = false;
+  p = tprob_make(2, 2, 2, 33, 33, 7, ATTN_F32);
+  p.wl = 4;
+  p.wr = 1;
+  L[n].p = p;
+  L[n++].packed = false;
+  p = tprob_make(2, 4, 4, 129, 129, 64, ATTN_BF16);
+  p.causal = 1;
+  p.stats = 1;
+  L[n].p = p;
+  L[n++].packed = true;
+  p = tprob_make(1, 3, 3, 200, 200, 128, ATTN_F16);
+  L[n].p = p;
+  L[n++].packed = true;
+  p = tprob_make(1, 2, 2, 50, 50, 24, ATTN_F32);
+  p.stats = 1;
+  L[n].p = p;
+  L[n++].packed = true;
   if (g_opt.small)
     n = 2;
   for (int i = 0; i < n; i++) {
@@ -626,14 +717,16 @@ static void group_errors(tgroup *g, int grp, attn_engine *e) {
         tcase_init(&c, &p, g_seed(grp, idx, 0));
         int64_t b = 1, h = t == 0 ? 3 : 1, n = t == 0 ? 17 : 29, d = 5 + t;
         plant(&c, t, b, h, n, d, bad[t]);
-        snprintf(want, sizeof want, "tensor %s holds a non-finite value at [%lld, %lld, %lld, %lld]",
-                 tn[t], (long long)b, (long long)h, (long long)n, (long long)d);
+        snprintf(want, sizeof want,
+                 "tensor %s holds a non-finite value at [%lld, %lld, %lld, %lld]", tn[t],
+                 (long long)b, (long long)h, (long long)n, (long long)d);
         attn_status st = {0};
         g_set_current("errors: %s", want);
         int rc = g_dead ? ATTN_EDEVICE : trun(e, &c, g_backend, &st);
         bool ok = rc == ATTN_ENONFINITE && strstr(st.message, want) != NULL;
-        tg_case(g, ok, "%g in %s %s: %s: %s%s%s", (double)bad[t], tn[t], tdesc(&p, desc, sizeof desc),
-                attn_err_name(rc), st.message, ok ? "" : "; expected ENONFINITE with: ", ok ? "" : want);
+        tg_case(g, ok, "%g in %s %s: %s: %s%s%s", (double)bad[t], tn[t],
+                tdesc(&p, desc, sizeof desc), attn_err_name(rc), st.message,
+                ok ? "" : "; expected ENONFINITE with: ", ok ? "" : want);
         tcase_free(&c);
       }
   /* A non-finite key that no query sees is rejected all the same (DESIGN.md:
@@ -901,8 +994,8 @@ static int pool_cycle(tgroup *g, int grp, int cycle, pjob *jobs, int njobs) {
       g->nondet++;
     }
     tg_case(g, ok, "cycle %d job %2d %s: %s%s%s, %d callback(s), backend %s, O %.2e stats %.2e",
-            cycle, i, desc, j->rc == 0 ? "OK" : attn_err_name(j->rc), j->msg[0] ? ": " : "",
-            j->msg, j->calls, j->backend ? j->backend : "-", er.o, er.stats);
+            cycle, i, desc, j->rc == 0 ? "OK" : attn_err_name(j->rc), j->msg[0] ? ": " : "", j->msg,
+            j->calls, j->backend ? j->backend : "-", er.o, er.stats);
     fails += !ok;
   }
   return fails;
@@ -951,9 +1044,12 @@ static void group_pool(tgroup *g, int grp) {
     printf("  device memory free: %.0f MiB before, %.0f after cycle 0, %.0f after cycle 1"
            " (stack limit %zu -> %zu bytes)\n",
            (double)f0 / (1 << 20), (double)f1 / (1 << 20), (double)f2 / (1 << 20), stack0, stack1);
-    tg_case(g, d1 < 64, "device memory after the first open/close: %.0f MiB less free (limit 64)", d1);
-    tg_case(g, d2 < 16, "device memory after the second open/close: %.0f MiB less free (limit 16)", d2);
-    snprintf(g->note, sizeof g->note, "memory lost: %.0f MiB after cycle 0, %.0f after cycle 1", d1, d2);
+    tg_case(g, d1 < 64, "device memory after the first open/close: %.0f MiB less free (limit 64)",
+            d1);
+    tg_case(g, d2 < 16, "device memory after the second open/close: %.0f MiB less free (limit 16)",
+            d2);
+    snprintf(g->note, sizeof g->note, "memory lost: %.0f MiB after cycle 0, %.0f after cycle 1", d1,
+             d2);
   } else if (!g_opt.small && on_gpu()) {
     tg_case(g, false, "device memory could not be measured");
   }
@@ -968,8 +1064,19 @@ static void group_pool(tgroup *g, int grp) {
 /* ---- main ------------------------------------------------------------------- */
 
 enum {
-  G_SIZES, G_MASKS, G_SHAPES, G_MASKED, G_HEADDIMS, G_DECODE, G_LONG, G_LAYOUTS,
-  G_ERRORS, G_KAPI, G_POOL, G_SMALL, G_COUNT
+  G_SIZES,
+  G_MASKS,
+  G_SHAPES,
+  G_MASKED,
+  G_HEADDIMS,
+  G_DECODE,
+  G_LONG,
+  G_LAYOUTS,
+  G_ERRORS,
+  G_KAPI,
+  G_POOL,
+  G_SMALL,
+  G_COUNT
 };
 static const char *const gnames[G_COUNT] = {
     "conf/sizes", "conf/masks", "conf/shapes", "conf/masked", "headdims", "decode",
@@ -991,25 +1098,24 @@ static bool wanted(const char *filter, const char *name) {
 }
 
 static void usage(FILE *f) {
-  fprintf(f,
-          "usage: tests/gpu [--small] [--group NAME[,NAME...]] [--seed N] [--quiet]\n"
-          "                 [--timeout SECONDS] [--list]\n"
-          "  --small    a handful of small cases per group (for compute-sanitizer)\n"
-          "  --group    only these groups (a trailing * matches a prefix: conf/*)\n"
-          "  --seed     base seed of the inputs (printed by every run)\n"
-          "  --quiet    print failed cases only\n"
-          "  --timeout  watchdog for the whole run (default 600 s)\n"
-          "  --backend  cpu: run the engine groups on the CPU backend (a self-check of\n"
-          "             this program on a machine without a GPU)\n"
-          "Without a usable CUDA device it prints 'gpu tests: skipped: ...' and exits 0;\n"
-          "with ATTN_GPU_REQUIRE=1 in the environment that is a failure instead.\n");
+  fprintf(f, "usage: tests/gpu [--small] [--group NAME[,NAME...]] [--seed N] [--quiet]\n"
+             "                 [--timeout SECONDS] [--list]\n"
+             "  --small    a handful of small cases per group (for compute-sanitizer)\n"
+             "  --group    only these groups (a trailing * matches a prefix: conf/*)\n"
+             "  --seed     base seed of the inputs (printed by every run)\n"
+             "  --quiet    print failed cases only\n"
+             "  --timeout  watchdog for the whole run (default 600 s)\n"
+             "  --backend  cpu: run the engine groups on the CPU backend (a self-check of\n"
+             "             this program on a machine without a GPU)\n"
+             "Without a usable CUDA device it prints 'gpu tests: skipped: ...' and exits 0;\n"
+             "with ATTN_GPU_REQUIRE=1 in the environment that is a failure instead.\n");
 }
 
 static void summary(tgroup *gs, int n, double secs) {
   int cases = 0, failed = 0;
   printf("\ngpu tests: summary (seed %#" PRIx64 ", %.1f s)\n", g_opt.seed, secs);
-  printf("%-12s %5s %5s %5s  %-9s %-9s %-9s %-9s %6s %5s %6s\n", "group", "cases", "pass",
-         "fail", "O F32", "O F16", "O BF16", "stats", "split", "nondet", "secs");
+  printf("%-12s %5s %5s %5s  %-9s %-9s %-9s %-9s %6s %5s %6s\n", "group", "cases", "pass", "fail",
+         "O F32", "O F16", "O BF16", "stats", "split", "nondet", "secs");
   for (int i = 0; i < n; i++) {
     tgroup *g = &gs[i];
     char w[4][16];
@@ -1022,8 +1128,8 @@ static void summary(tgroup *gs, int n, double secs) {
       snprintf(w[3], sizeof w[3], "-");
     else
       snprintf(w[3], sizeof w[3], "%.2e", g->worst_stats);
-    printf("%-12s %5d %5d %5d  %-9s %-9s %-9s %-9s %6d %5d %6.1f\n", g->name, g->cases,
-           g->passed, g->failed, w[0], w[1], w[2], w[3], g->split, g->nondet, g->seconds);
+    printf("%-12s %5d %5d %5d  %-9s %-9s %-9s %-9s %6d %5d %6.1f\n", g->name, g->cases, g->passed,
+           g->failed, w[0], w[1], w[2], w[3], g->split, g->nondet, g->seconds);
     cases += g->cases;
     failed += g->failed;
   }
@@ -1108,12 +1214,14 @@ int main(int argc, char **argv) {
     const char *req = getenv("ATTN_GPU_REQUIRE");
     if (cu && de == cudaSuccess && ndev > 0) {
       printf("gpu tests: FAIL: the CUDA runtime sees %d device(s) but backend cuda is "
-             "unavailable: %s\n", ndev, why);
+             "unavailable: %s\n",
+             ndev, why);
       return 1;
     }
     if (req && *req && strcmp(req, "0") != 0) {
       printf("gpu tests: FAIL: no usable CUDA device (%s; runtime: %s) and ATTN_GPU_REQUIRE "
-             "is set\n", why, de == cudaSuccess ? "no device" : cudaGetErrorString(de));
+             "is set\n",
+             why, de == cudaSuccess ? "no device" : cudaGetErrorString(de));
       return 1;
     }
     printf("gpu tests: skipped: %s\n", why);
@@ -1149,9 +1257,8 @@ int main(int argc, char **argv) {
   tgroup groups[G_COUNT];
   int ng = 0;
   tprob ps[TCASES_MAX];
-  static const int order[G_COUNT] = {G_SMALL,  G_SIZES,  G_MASKS,   G_SHAPES,
-                                     G_MASKED, G_HEADDIMS, G_DECODE, G_LONG,
-                                     G_LAYOUTS, G_ERRORS, G_KAPI,   G_POOL};
+  static const int order[G_COUNT] = {G_SMALL,  G_SIZES, G_MASKS,   G_SHAPES, G_MASKED, G_HEADDIMS,
+                                     G_DECODE, G_LONG,  G_LAYOUTS, G_ERRORS, G_KAPI,   G_POOL};
   for (int oi = 0; oi < G_COUNT; oi++) {
     int gi = order[oi];
     /* --small replaces the long case lists by "small"; the rest shrink */

@@ -77,16 +77,38 @@ static void unpad_rows(void *y, const unsigned char *x, size_t rows, int64_t d, 
 static int kapi_list(tprob *ps) {
   int n = 0;
   tprob p;
-  p = tprob_make(1, 2, 1, 77, 200, 37, ATTN_F32); p.wl = 16; p.wr = 3; p.stats = 1; ps[n++] = p;
-  p = tprob_make(2, 4, 4, 1, 4096, 64, ATTN_F16); ps[n++] = p;
-  p = tprob_make(1, 1, 1, 100, 100, 7, ATTN_F16); p.stats = 1; ps[n++] = p;
-  p = tprob_make(2, 8, 2, 300, 300, 64, ATTN_F16); p.causal = 1; p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 4, 4, 1000, 1000, 128, ATTN_BF16); ps[n++] = p;
-  p = tprob_make(1, 32, 8, 1, 32768, 128, ATTN_BF16); p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 4, 2, 513, 513, 256, ATTN_F16); p.causal = 1; p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 2, 2, 256, 256, 80, ATTN_BF16); p.causal = 1; ps[n++] = p;
-  p = tprob_make(1, 4, 4, 1024, 1024, 64, ATTN_BF16); p.stats = 1; ps[n++] = p;
-  p = tprob_make(4, 16, 16, 1024, 1024, 128, ATTN_F16); p.causal = 1; ps[n++] = p;
+  p = tprob_make(1, 2, 1, 77, 200, 37, ATTN_F32);
+  p.wl = 16;
+  p.wr = 3;
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(2, 4, 4, 1, 4096, 64, ATTN_F16);
+  ps[n++] = p;
+  p = tprob_make(1, 1, 1, 100, 100, 7, ATTN_F16);
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(2, 8, 2, 300, 300, 64, ATTN_F16);
+  p.causal = 1;
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(1, 4, 4, 1000, 1000, 128, ATTN_BF16);
+  ps[n++] = p;
+  p = tprob_make(1, 32, 8, 1, 32768, 128, ATTN_BF16);
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(1, 4, 2, 513, 513, 256, ATTN_F16);
+  p.causal = 1;
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(1, 2, 2, 256, 256, 80, ATTN_BF16);
+  p.causal = 1;
+  ps[n++] = p;
+  p = tprob_make(1, 4, 4, 1024, 1024, 64, ATTN_BF16);
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(4, 16, 16, 1024, 1024, 128, ATTN_F16);
+  p.causal = 1;
+  ps[n++] = p;
   return n;
 }
 
@@ -188,8 +210,8 @@ static void kapi_case(tgroup *g, const tprob *p, uint64_t seed, cudaStream_t s, 
     goto out;
   }
   if (dalloc(&kc.q, qbytes) || dalloc(&kc.k, kvbytes) || dalloc(&kc.v, kvbytes) ||
-      dalloc(&kc.o, qbytes) || (p->stats && (dalloc(&kc.m, rq * 4) || dalloc(&kc.l, rq * 4) ||
-                                             dalloc(&kc.lse, rq * 4))) ||
+      dalloc(&kc.o, qbytes) ||
+      (p->stats && (dalloc(&kc.m, rq * 4) || dalloc(&kc.l, rq * 4) || dalloc(&kc.lse, rq * 4))) ||
       (wsb && dalloc(&kc.ws, wsb))) {
     snprintf(why, sizeof why, "device allocation failed (%zu + 2 x %zu bytes)", qbytes, kvbytes);
     goto out;
@@ -261,8 +283,8 @@ static void kapi_case(tgroup *g, const tprob *p, uint64_t seed, cudaStream_t s, 
     for (int i = 0; i < 8 && ok; i++) {
       dmg = guard_damage(all[i]);
       if (dmg) {
-        snprintf(why, sizeof why, "%ld guard bytes around %s were overwritten (or unreadable)",
-                 dmg, names[i]);
+        snprintf(why, sizeof why, "%ld guard bytes around %s were overwritten (or unreadable)", dmg,
+                 names[i]);
         ok = false;
       }
     }

@@ -12,21 +12,21 @@
 
 typedef struct bad_case {
   const char *name;
-  const char *method;  /* NULL: POST */
-  const char *path;    /* NULL: /attention */
-  const char *ctype;   /* NULL: no Content-Type header */
-  bool st;             /* text is a safetensors header; the body is built */
-  const char *text;    /* body text, or the safetensors header (NULL: no body) */
-  size_t dlen;         /* safetensors: data bytes (filled with finite values) */
-  uint64_t hlen;       /* safetensors: header length field, if not 0 */
-  bool zero_hlen;      /* safetensors: header length field 0 */
-  size_t cut;          /* bytes dropped from the end of the body */
-  size_t poff;         /* patch: pbytes written at data offset poff */
+  const char *method; /* NULL: POST */
+  const char *path;   /* NULL: /attention */
+  const char *ctype;  /* NULL: no Content-Type header */
+  bool st;            /* text is a safetensors header; the body is built */
+  const char *text;   /* body text, or the safetensors header (NULL: no body) */
+  size_t dlen;        /* safetensors: data bytes (filled with finite values) */
+  uint64_t hlen;      /* safetensors: header length field, if not 0 */
+  bool zero_hlen;     /* safetensors: header length field 0 */
+  size_t cut;         /* bytes dropped from the end of the body */
+  size_t poff;        /* patch: pbytes written at data offset poff */
   const char *pbytes;
   size_t plen;
   long status;
   const char *code;
-  const char *allow;   /* 405: a method the Allow header must list */
+  const char *allow; /* 405: a method the Allow header must list */
 } bad_case;
 
 extern const bad_case bad_cases[];

@@ -203,8 +203,7 @@ static double start_timeout(void) {
 }
 
 void srv_startv(srv *s, const char *const *args, const char *const *env, bool listen) {
-  cr_assert(access(srv_bin(), X_OK) == 0, "server binary %s not found (set ATTND_BIN)",
-            srv_bin());
+  cr_assert(access(srv_bin(), X_OK) == 0, "server binary %s not found (set ATTND_BIN)", srv_bin());
   for (int attempt = 0; attempt < 3; attempt++) {
     cr_assert(srv_spawn(s, args, env, listen) > 0, "fork failed");
     double t0 = now_s(), limit = start_timeout();
@@ -479,16 +478,16 @@ int http_get(const srv *s, const char *path, http_res *rs) {
   return http_do(s, &rq, rs);
 }
 
-int http_post(const srv *s, const char *path, const char *ctype, const void *body,
-              size_t len, http_res *rs) {
+int http_post(const srv *s, const char *path, const char *ctype, const void *body, size_t len,
+              http_res *rs) {
   char ct[256];
   const char *hdrs[2] = {ct, NULL};
   if (ctype)
     snprintf(ct, sizeof ct, "Content-Type: %s", ctype);
   else
     snprintf(ct, sizeof ct, "Content-Type:"); /* no Content-Type at all */
-  http_req rq = {.method = "POST", .path = path, .headers = hdrs, .body = body ? body : "",
-                 .len = len};
+  http_req rq = {
+      .method = "POST", .path = path, .headers = hdrs, .body = body ? body : "", .len = len};
   return http_do(s, &rq, rs);
 }
 
@@ -822,8 +821,8 @@ char *st_body(const tcase *c, int rank, const char *metadata, size_t *plen) {
   const char *names[3] = {"q", "k", "v"};
   size_t off[4] = {0, nq, nq + nk, nq + 2 * nk};
   for (int i = 0; i < 3; i++) {
-    int n = snprintf(t, sizeof t, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":", i ? "," : "",
-                     names[i], attn_dtype_name(p->dt));
+    int n = snprintf(t, sizeof t, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":", i ? "," : "", names[i],
+                     attn_dtype_name(p->dt));
     buf_add(&h, t, (size_t)n);
     shape_txt(&h, i ? sk : sq, rank);
     n = snprintf(t, sizeof t, ",\"data_offsets\":[%zu,%zu]}", off[i], off[i + 1]);
@@ -873,8 +872,8 @@ static const char *rank_shape(const int64_t *s, int rank, char *b, size_t cap) {
 
 /* The "shape" and "dtype" of a reply tensor (JSON object or safetensors
  * header entry) against what the request implies; false with err set. */
-static bool check_entry(const cJSON *x, const char *name, const int64_t *sq, int r,
-                        attn_dtype dt, char *err, size_t cap) {
+static bool check_entry(const cJSON *x, const char *name, const int64_t *sq, int r, attn_dtype dt,
+                        char *err, size_t cap) {
   char sb[96];
   const cJSON *sh = cJSON_GetObjectItemCaseSensitive(x, "shape");
   const cJSON *dtj = cJSON_GetObjectItemCaseSensitive(x, "dtype");
@@ -893,9 +892,7 @@ static bool check_entry(const cJSON *x, const char *name, const int64_t *sq, int
   return true;
 }
 
-
-int parse_json_reply(const char *body, size_t len, tcase *c, int rank, char *err,
-                     size_t cap) {
+int parse_json_reply(const char *body, size_t len, tcase *c, int rank, char *err, size_t cap) {
   cJSON *j = cJSON_ParseWithLength(body, len);
   int rc = -1;
   if (!cJSON_IsObject(j)) {
@@ -988,8 +985,8 @@ int parse_st_reply(const void *bodyv, size_t len, tcase *c, int rank, char *err,
   const char *names[4] = {"o", "m", "l", "lse"};
   for (cJSON *e = j->child; e; e = e->next)
     if (strcmp(e->string, "__metadata__") && strcmp(e->string, "o") &&
-        (!c->p.stats || (strcmp(e->string, "m") && strcmp(e->string, "l") &&
-                         strcmp(e->string, "lse")))) {
+        (!c->p.stats ||
+         (strcmp(e->string, "m") && strcmp(e->string, "l") && strcmp(e->string, "lse")))) {
       snprintf(err, cap, "safetensors reply has an unexpected tensor \"%s\"", e->string);
       goto out;
     }
@@ -1012,7 +1009,8 @@ int parse_st_reply(const void *bodyv, size_t len, tcase *c, int rank, char *err,
       snprintf(err, cap, "tensor \"%s\" has no data_offsets pair", names[t]);
       goto out;
     }
-    double b0 = cJSON_GetArrayItem(off, 0)->valuedouble, b1 = cJSON_GetArrayItem(off, 1)->valuedouble;
+    double b0 = cJSON_GetArrayItem(off, 0)->valuedouble,
+           b1 = cJSON_GetArrayItem(off, 1)->valuedouble;
     if (b0 < 0 || b1 < b0 || b1 > (double)dlen || (size_t)(b1 - b0) != want) {
       snprintf(err, cap, "tensor \"%s\" data_offsets [%.0f, %.0f] (data %zu bytes), want %zu bytes",
                names[t], b0, b1, dlen, want);
@@ -1023,8 +1021,7 @@ int parse_st_reply(const void *bodyv, size_t len, tcase *c, int rank, char *err,
     memcpy(dst, data + (size_t)b0, want);
   }
   if (covered != dlen) {
-    snprintf(err, cap, "safetensors reply data is %zu bytes, its tensors cover %zu", dlen,
-             covered);
+    snprintf(err, cap, "safetensors reply data is %zu bytes, its tensors cover %zu", dlen, covered);
     goto out;
   }
   rc = 0;
@@ -1038,8 +1035,8 @@ const char *check_correct(const http_res *rs, tcase *c, int rank, bool st_reply,
   char ct[128] = "", sn[300], d[256];
   tdesc(&c->p, d, sizeof d);
   if (rs->status != 200) {
-    snprintf(err, cap, "%s: status %ld (%s), body: %s", d, rs->status,
-             rs->status ? "" : rs->error, snip(rs->body ? rs->body : "", rs->len, sn, sizeof sn));
+    snprintf(err, cap, "%s: status %ld (%s), body: %s", d, rs->status, rs->status ? "" : rs->error,
+             snip(rs->body ? rs->body : "", rs->len, sn, sizeof sn));
     return err;
   }
   http_header(rs, "Content-Type", ct, sizeof ct);
@@ -1160,8 +1157,8 @@ double srv_metric(const srv *s, const char *name, const char *const *labels) {
 /* Polls rather than sleeping a guessed time: the machine may be loaded, so
  * only the event counts, and the deadline is there to turn a hang into a
  * failure. */
-static bool wait_metric_cmp(const srv *s, const char *name, const char *const *labels,
-                            double want, bool at_least, double timeout_s) {
+static bool wait_metric_cmp(const srv *s, const char *name, const char *const *labels, double want,
+                            bool at_least, double timeout_s) {
   double deadline = now_s() + timeout_s;
   for (;;) {
     double v = srv_metric(s, name, labels);

@@ -24,12 +24,12 @@
 /* ---- the server process ------------------------------------------------ */
 
 typedef struct srv {
-  pid_t pid;         /* 0 once reaped */
+  pid_t pid; /* 0 once reaped */
   int port;
-  char log[128];     /* file holding the server's stderr */
-  char out[128];     /* file holding its stdout */
-  char url[64];      /* http://127.0.0.1:PORT */
-  int status;        /* exit status once reaped: code, or 128 + signal */
+  char log[128]; /* file holding the server's stderr */
+  char out[128]; /* file holding its stdout */
+  char url[64];  /* http://127.0.0.1:PORT */
+  int status;    /* exit status once reaped: code, or 128 + signal */
 } srv;
 
 /* $ATTND_BIN or build/attnd. */
@@ -65,8 +65,8 @@ char *srv_log(const srv *s);
 /* Runs attnd with args to completion (at most timeout_s, then kills it).
  * Returns the exit status (-1: killed on timeout); *out and *err (optional)
  * receive stdout and stderr, malloc'd. */
-int run_attnd(const char *const *args, const char *const *env, double timeout_s,
-              char **out, char **err);
+int run_attnd(const char *const *args, const char *const *env, double timeout_s, char **out,
+              char **err);
 
 /* Kills every server this process started (also registered with atexit). */
 void srv_kill_all(void);
@@ -74,24 +74,24 @@ void srv_kill_all(void);
 /* ---- HTTP with libcurl ------------------------------------------------- */
 
 typedef struct http_res {
-  long status;      /* 0: no response (curl error) */
-  int curl_rc;      /* CURLcode */
-  char error[256];  /* curl's error text */
-  char *body;       /* NUL-terminated */
+  long status;     /* 0: no response (curl error) */
+  int curl_rc;     /* CURLcode */
+  char error[256]; /* curl's error text */
+  char *body;      /* NUL-terminated */
   size_t len;
-  char *hdrs;       /* the final response's header block, NUL-terminated */
+  char *hdrs; /* the final response's header block, NUL-terminated */
   size_t hlen;
-  double secs;      /* total time */
+  double secs; /* total time */
 } http_res;
 
 typedef struct http_req {
-  const char *method;          /* default GET, or POST when a body is given */
-  const char *path;            /* "/attention?causal=true" */
-  const char *const *headers;  /* NULL-terminated; "Name:" removes curl's own */
-  const void *body;            /* NULL: none */
+  const char *method;         /* default GET, or POST when a body is given */
+  const char *path;           /* "/attention?causal=true" */
+  const char *const *headers; /* NULL-terminated; "Name:" removes curl's own */
+  const void *body;           /* NULL: none */
   size_t len;
-  bool chunked;                /* Transfer-Encoding: chunked, 64 KiB pieces */
-  long timeout_ms;             /* default 30000 */
+  bool chunked;    /* Transfer-Encoding: chunked, 64 KiB pieces */
+  long timeout_ms; /* default 30000 */
 } http_req;
 
 /* One request on a fresh connection; returns 0, or -1 with rs->error set. */
@@ -104,8 +104,8 @@ int http_do_h(void *h, const srv *s, const http_req *rq, http_res *rs);
 
 int http_get(const srv *s, const char *path, http_res *rs);
 /* POST with a Content-Type (NULL: none at all). */
-int http_post(const srv *s, const char *path, const char *ctype, const void *body,
-              size_t len, http_res *rs);
+int http_post(const srv *s, const char *path, const char *ctype, const void *body, size_t len,
+              http_res *rs);
 /* The value of a header of the response (case-insensitive name), trimmed,
  * into buf; false when absent. */
 bool http_header(const http_res *rs, const char *name, char *buf, size_t cap);
@@ -150,8 +150,7 @@ char *st_body(const tcase *c, int rank, const char *metadata, size_t *plen);
 /* Parse a reply into c->o (and c->m, c->l, c->lse when c->p.stats), checking
  * the shapes (q's shape at rank) and dtypes; stats present iff c->p.stats.
  * Return 0 or -1 with a message in err. */
-int parse_json_reply(const char *body, size_t len, tcase *c, int rank, char *err,
-                     size_t cap);
+int parse_json_reply(const char *body, size_t len, tcase *c, int rank, char *err, size_t cap);
 int parse_st_reply(const void *body, size_t len, tcase *c, int rank, char *err, size_t cap);
 
 /* Checks (cr_expect) that rs is a 200 reply of the expected codec whose

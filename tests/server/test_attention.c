@@ -23,8 +23,7 @@ TestSuite(attention, .fini = teardown, .timeout = 60);
 
 /* Posts c as JSON (extra fields appended) or safetensors (metadata) to path,
  * and checks the reply of the expected codec. */
-static bool post_json(tcase *c, int rank, const char *path, const char *extra,
-                      const char *what) {
+static bool post_json(tcase *c, int rank, const char *path, const char *extra, const char *what) {
   size_t len;
   char *b = json_body(c, rank, extra, &len);
   http_res r;
@@ -276,8 +275,11 @@ Test(attention, accept_negotiation) {
     char ct[128];
     snprintf(ct, sizeof ct, "Content-Type: %s", k[i].ctype);
     const char *hdrs[] = {ct, k[i].accept ? k[i].accept : "Accept:", NULL};
-    http_req rq = {.method = "POST", .path = "/attention", .headers = hdrs,
-                   .body = k[i].st_body ? sb : jb, .len = k[i].st_body ? sl : jl};
+    http_req rq = {.method = "POST",
+                   .path = "/attention",
+                   .headers = hdrs,
+                   .body = k[i].st_body ? sb : jb,
+                   .len = k[i].st_body ? sl : jl};
     http_res r;
     http_do(&S, &rq, &r);
     char what[256];
@@ -356,8 +358,7 @@ Test(attention, nested_array_tensors) {
   double want0 = (1 * e1 + 3 + 5 * e1) / w;
   if (cJSON_IsArray(d) && cJSON_GetArraySize(d) == 4)
     cr_expect(fabs(cJSON_GetArrayItem(d, 0)->valuedouble - want0) < 1e-5,
-              "README example o[0][0] = %g, want %g", cJSON_GetArrayItem(d, 0)->valuedouble,
-              want0);
+              "README example o[0][0] = %g, want %g", cJSON_GetArrayItem(d, 0)->valuedouble, want0);
   cJSON_Delete(j);
   http_res_free(&r);
 }
@@ -435,7 +436,11 @@ Test(attention, chunked_request_body) {
   size_t len;
   char *b = st_body(&c, 4, "{\"stats\":\"true\"}", &len);
   const char *hdrs[] = {"Content-Type: application/octet-stream", NULL};
-  http_req rq = {.method = "POST", .path = "/attention", .headers = hdrs, .body = b, .len = len,
+  http_req rq = {.method = "POST",
+                 .path = "/attention",
+                 .headers = hdrs,
+                 .body = b,
+                 .len = len,
                  .chunked = true};
   http_res r;
   http_do(&S, &rq, &r);
@@ -444,7 +449,11 @@ Test(attention, chunked_request_body) {
   free(b);
   b = json_body(&c, 4, ",\"stats\":true", &len);
   const char *jh[] = {"Content-Type: application/json", NULL};
-  http_req rj = {.method = "POST", .path = "/attention", .headers = jh, .body = b, .len = len,
+  http_req rj = {.method = "POST",
+                 .path = "/attention",
+                 .headers = jh,
+                 .body = b,
+                 .len = len,
                  .chunked = true};
   http_do(&S, &rj, &r);
   expect_correct(&r, &c, 4, false, "chunked JSON");
@@ -481,15 +490,14 @@ Test(attention, keep_alive_reuse) {
     char ct[64];
     snprintf(ct, sizeof ct, "Content-Type: %s", (i % 2) ? ST_CT : JSON_CT);
     const char *hdrs[] = {ct, NULL};
-    http_req rq = {.method = "POST", .path = "/attention", .headers = hdrs, .body = b,
-                   .len = len};
+    http_req rq = {.method = "POST", .path = "/attention", .headers = hdrs, .body = b, .len = len};
     http_res r;
     http_do_h(h, &S, &rq, &r);
     expect_correct(&r, &c, 4, i % 2, "keep-alive");
     http_res_free(&r);
     /* errors keep the connection usable too */
-    http_req bad = {.method = "POST", .path = "/attention?causal=2", .headers = hdrs, .body = b,
-                    .len = len};
+    http_req bad = {
+        .method = "POST", .path = "/attention?causal=2", .headers = hdrs, .body = b, .len = len};
     http_do_h(h, &S, &bad, &r);
     expect_error(&r, 422, "invalid_option", "keep-alive causal=2");
     http_res_free(&r);

@@ -140,8 +140,12 @@ typedef struct job {
 static void *job_run(void *arg) {
   job *j = arg;
   const char *hdrs[] = {"Content-Type: " ST_CT, NULL};
-  http_req rq = {.method = "POST", .path = "/attention", .headers = hdrs, .body = j->body,
-                 .len = j->len, .timeout_ms = 90000};
+  http_req rq = {.method = "POST",
+                 .path = "/attention",
+                 .headers = hdrs,
+                 .body = j->body,
+                 .len = j->len,
+                 .timeout_ms = 90000};
   http_do(&S, &rq, &j->r);
   return NULL;
 }

@@ -82,15 +82,9 @@ static char *mutate(const char *src, size_t len, size_t *plen) {
   int kind = (int)(trand(&rng) % 6);
   size_t at = (size_t)(trand(&rng) % (len ? len : 1));
   switch (kind) {
-  case 0: /* flip a bit */
-    b[at] ^= (char)(1u << (trand(&rng) % 8));
-    break;
-  case 1: /* truncate */
-    n = at;
-    break;
-  case 2: /* overwrite a byte */
-    b[at] = (char)trand(&rng);
-    break;
+  case 0: /* flip a bit */ b[at] ^= (char)(1u << (trand(&rng) % 8)); break;
+  case 1: /* truncate */ n = at; break;
+  case 2: /* overwrite a byte */ b[at] = (char)trand(&rng); break;
   case 3: /* insert a byte from JSON's alphabet */
     memmove(b + at + 1, b + at, len - at);
     b[at] = "{}[],:\"-0e9.x\\ "[trand(&rng) % 15];
@@ -112,9 +106,7 @@ static char *mutate(const char *src, size_t len, size_t *plen) {
   return b;
 }
 
-static bool status_ok(long s) {
-  return s == 200 || s == 400 || s == 413 || s == 415 || s == 422;
-}
+static bool status_ok(long s) { return s == 200 || s == 400 || s == 413 || s == 415 || s == 422; }
 
 static void fuzz(const char *ctype, const char *body, size_t len, int rounds, bool header_only,
                  size_t hdr_end) {
@@ -229,8 +221,8 @@ Test(errors, content_length_over_max_body) {
   char *big = malloc(1 << 20);
   memset(big, ' ', 1 << 20);
   const char *hdrs[] = {"Content-Type: application/octet-stream", "Expect: 100-continue", NULL};
-  http_req rq = {.method = "POST", .path = "/attention", .headers = hdrs, .body = big,
-                 .len = 1 << 20};
+  http_req rq = {
+      .method = "POST", .path = "/attention", .headers = hdrs, .body = big, .len = 1 << 20};
   http_do(&S, &rq, &r);
   expect_error(&r, 413, "too_large", "1 MiB body with Expect: 100-continue");
   http_res_free(&r);
@@ -270,8 +262,12 @@ Test(errors, chunked_body_over_max_body) {
   big[0] = '{';
   big[8191] = '}';
   const char *hdrs[] = {"Content-Type: application/json", NULL};
-  http_req rq = {.method = "POST", .path = "/attention", .headers = hdrs, .body = big,
-                 .len = 8192, .chunked = true};
+  http_req rq = {.method = "POST",
+                 .path = "/attention",
+                 .headers = hdrs,
+                 .body = big,
+                 .len = 8192,
+                 .chunked = true};
   http_do(&S, &rq, &r);
   expect_error(&r, 413, "too_large", "curl chunked 8 KiB under --max-body 1K");
   http_res_free(&r);

@@ -79,8 +79,8 @@ static void expect_refusal(const char *req, size_t len, int status, const char *
   close(fd);
   char line[32];
   snprintf(line, sizeof line, "HTTP/1.1 %d ", status);
-  cr_expect_eq(strncmp(all, line, strlen(line)), 0, "want %d for %.60s, got: %.300s", status,
-               req, all);
+  cr_expect_eq(strncmp(all, line, strlen(line)), 0, "want %d for %.60s, got: %.300s", status, req,
+               all);
   cr_expect_eq(count_of(all, "\r\nContent-Length:"), 1, "one header block, got: %.400s", all);
   http_res rs = {0};
   char *body = strstr(all, "\r\n\r\n");
@@ -259,15 +259,13 @@ static void check_log_clean(const char *forged) {
   size_t n;
   char *log = read_file_all(S.log, &n);
   cr_assert(log);
-  cr_expect(clean_utf8((const unsigned char *)log, n), "the log has raw control bytes:\n%s",
-            log);
+  cr_expect(clean_utf8((const unsigned char *)log, n), "the log has raw control bytes:\n%s", log);
   /* the only /healthz lines are the harness's own, each alone on its line */
   for (char *line = log; line && *line;) {
     char *end = strchr(line, '\n');
     if (end)
       *end = 0;
-    cr_expect(!strstr(line, "forged") || strstr(line, "404"),
-              "a line the client forged: %s", line);
+    cr_expect(!strstr(line, "forged") || strstr(line, "404"), "a line the client forged: %s", line);
     line = end ? end + 1 : NULL;
   }
   free(log);
@@ -343,8 +341,7 @@ static void expect_served(const char *after) {
   close(fd);
 }
 
-Test(hardening, two_thousand_idle_connections_lock_nobody_out, .fini = teardown,
-     .timeout = 120) {
+Test(hardening, two_thousand_idle_connections_lock_nobody_out, .fini = teardown, .timeout = 120) {
   struct rlimit rl;
   getrlimit(RLIMIT_NOFILE, &rl);
   if (rl.rlim_cur < 2200) {
@@ -403,8 +400,8 @@ Test(hardening, idle_connections_under_a_low_file_limit, .fini = teardown, .time
   char script[600];
   char *real = realpath(srv_bin(), NULL);
   cr_assert(real, "%s", srv_bin());
-  int n = snprintf(script, sizeof script, "#!/bin/sh\nulimit -n 64 || exit 97\nexec %s \"$@\"\n",
-                   real);
+  int n =
+      snprintf(script, sizeof script, "#!/bin/sh\nulimit -n 64 || exit 97\nexec %s \"$@\"\n", real);
   free(real);
   cr_assert_eq(write(fd, script, (size_t)n), n);
   close(fd);

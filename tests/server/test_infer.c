@@ -121,8 +121,8 @@ static int lines(const char *s) {
 static void expect_pass(int rc, const char *out, const char *what) {
   cr_expect_eq(rc, 0, "%s: exit status %d, output:\n%s", what, rc, out);
   cr_expect(strstr(out, "HTTP 200") != NULL, "%s: no HTTP 200 in:\n%s", what, out);
-  cr_expect(strstr(out, "connect ") && strstr(out, "upload+server ") &&
-                strstr(out, "download ") && strstr(out, "total "),
+  cr_expect(strstr(out, "connect ") && strstr(out, "upload+server ") && strstr(out, "download ") &&
+                strstr(out, "total "),
             "%s: no timings in:\n%s", what, out);
   cr_expect(strstr(out, "MB/s") && strstr(out, "GFLOP/s"), "%s: no rates in:\n%s", what, out);
   cr_expect(strstr(out, ": PASS") != NULL, "%s: no PASS in:\n%s", what, out);
@@ -169,16 +169,14 @@ Test(infer, default_shape) {
   char *out;
   int rc = infer(&out, S.url, "--check", NULL);
   expect_pass(rc, out, "defaults");
-  cr_expect(strstr(out, "Nq=128") && strstr(out, "D=64"), "default shape not 1,1,128,64:\n%s",
-            out);
+  cr_expect(strstr(out, "Nq=128") && strstr(out, "D=64"), "default shape not 1,1,128,64:\n%s", out);
   free(out);
 }
 
 Test(infer, gqa) {
   srv_start(&S, NULL);
   char *out;
-  int rc = infer(&out, S.url, "--shape", "1,8,64,64", "--shape-kv", "1,2,100,64", "--check",
-                 NULL);
+  int rc = infer(&out, S.url, "--shape", "1,8,64,64", "--shape-kv", "1,2,100,64", "--check", NULL);
   expect_pass(rc, out, "GQA 8 query heads on 2 KV heads");
   cr_expect(strstr(out, "Hq=8 Hkv=2 Nq=64 Nkv=100") != NULL, "shape not reported:\n%s", out);
   free(out);
@@ -192,8 +190,8 @@ Test(infer, causal_and_windows) {
   expect_pass(rc, out, "causal, Nq < Nkv");
   cr_expect(strstr(out, "causal=true") != NULL, "causal not in the query:\n%s", out);
   free(out);
-  rc = infer(&out, S.url, "--shape", "1,2,90,32", "--shape-kv", "1,2,70,32", "--window-left",
-             "7", "--window-right", "3", "--scale", "+0.25", "--check", NULL);
+  rc = infer(&out, S.url, "--shape", "1,2,90,32", "--shape-kv", "1,2,70,32", "--window-left", "7",
+             "--window-right", "3", "--scale", "+0.25", "--check", NULL);
   expect_pass(rc, out, "sliding window, explicit scale with a '+'");
   cr_expect(strstr(out, "scale=%2B0.25") != NULL, "'+' not percent-encoded:\n%s", out);
   free(out);
@@ -305,8 +303,7 @@ Test(infer, json_with_out_asks_for_safetensors) {
   int rc = infer(&out, S.url, "--json", "--shape", "1,2,40,16", "--dtype", "BF16", "--seed", "7",
                  "--out", outp, "--check", NULL);
   expect_pass(rc, out, "--json --out");
-  cr_expect(strstr(out, "safetensors reply") != NULL, "--json --out: reply not binary:\n%s",
-            out);
+  cr_expect(strstr(out, "safetensors reply") != NULL, "--json --out: reply not binary:\n%s", out);
   free(out);
   size_t rlen = 0;
   char *reply = read_file_all(outp, &rlen);
@@ -390,8 +387,12 @@ typedef struct bg_job {
 static void *bg_run(void *arg) {
   bg_job *j = arg;
   const char *hdrs[] = {"Content-Type: application/octet-stream", NULL};
-  http_req rq = {.method = "POST", .path = "/attention", .headers = hdrs, .body = j->body,
-                 .len = j->len, .timeout_ms = 120000};
+  http_req rq = {.method = "POST",
+                 .path = "/attention",
+                 .headers = hdrs,
+                 .body = j->body,
+                 .len = j->len,
+                 .timeout_ms = 120000};
   http_do(j->s, &rq, &j->r);
   return NULL;
 }
@@ -520,8 +521,8 @@ Test(infer, foreign_and_malformed_replies) {
     int rc = infer(&out, url, "--json", "--shape", "1,1,4,8", NULL);
     fake_stop(&f, th);
     cr_expect_eq(rc, 1, "[%d] status %d:\n%s", i, rc, out);
-    cr_expect(!strncmp(out, want[i], strlen(want[i])), "[%d] expected \"%s\", got:\n%s", i,
-              want[i], out);
+    cr_expect(!strncmp(out, want[i], strlen(want[i])), "[%d] expected \"%s\", got:\n%s", i, want[i],
+              out);
     cr_expect_eq(lines(out), 1, "[%d] not one line:\n%s", i, out);
     free(out);
   }

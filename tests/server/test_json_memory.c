@@ -98,8 +98,7 @@ static char *zeros_body(size_t rows, size_t v_rows, const char *extra, size_t *p
 static void wait_idle(void) {
   cr_expect(srv_wait_metric_le(&S, "attnd_uploads", NULL, 0, 60), "uploads never ended");
   cr_expect(srv_wait_jobs(&S, 0, false, 60), "jobs never left the server");
-  cr_expect(srv_wait_metric_le(&S, "attnd_connections", NULL, 1, 60),
-            "connections never closed");
+  cr_expect(srv_wait_metric_le(&S, "attnd_connections", NULL, 1, 60), "connections never closed");
 }
 
 /* Starts the server and measures its idle RSS after one small request (the
@@ -108,8 +107,8 @@ static double start_warm(void) {
   srv_start(&S, NULL);
   const char *warm = "{\"q\": [[1, 0]], \"k\": [[1, 0]], \"v\": [[1, 2]]}";
   http_res r;
-  cr_assert_eq(http_post(&S, "/attention", "application/json", warm, strlen(warm), &r), 0,
-               "%s", r.error);
+  cr_assert_eq(http_post(&S, "/attention", "application/json", warm, strlen(warm), &r), 0, "%s",
+               r.error);
   cr_assert_eq(r.status, 200, "warm-up: %s", r.body);
   http_res_free(&r);
   wait_idle();
@@ -140,8 +139,8 @@ Test(json_memory, failed_decodes_give_memory_back) {
     cr_expect_leq(rss - idle, allowed, "RSS %.1f MiB after the burst, %.1f MiB idle", rss / MiB,
                   idle / MiB);
     cr_expect_leq(hwm - idle, 4.0 * (double)len + SLACK,
-                  "peak %.1f MiB for a %.1f MiB body (idle %.1f MiB)", hwm / MiB,
-                  (double)len / MiB, idle / MiB);
+                  "peak %.1f MiB for a %.1f MiB body (idle %.1f MiB)", hwm / MiB, (double)len / MiB,
+                  idle / MiB);
   }
   cr_expect(expect_healthy(&S, "the burst"));
   free(body);
@@ -163,8 +162,8 @@ Test(json_memory, decode_peak_is_bounded_by_the_body) {
          (double)len / MiB, 3 * 52083 * 64, (hwm - idle) / MiB, (hwm - idle) / (double)len);
   if (rss_checked())
     cr_expect_leq(hwm - idle, 4.0 * (double)len + SLACK,
-                  "peak %.1f MiB for a %.1f MiB body (idle %.1f MiB)", hwm / MiB,
-                  (double)len / MiB, idle / MiB);
+                  "peak %.1f MiB for a %.1f MiB body (idle %.1f MiB)", hwm / MiB, (double)len / MiB,
+                  idle / MiB);
   free(body);
 }
 
@@ -193,8 +192,7 @@ Test(json_memory, concurrent_bursts_give_memory_back) {
   poster p[N];
   char *bodies[N];
   for (int i = 0; i < N; i++) {
-    bodies[i] = zeros_body(rows[i], rows[i], ", \"causal\": true, \"window_right\": 1",
-                           &p[i].len);
+    bodies[i] = zeros_body(rows[i], rows[i], ", \"causal\": true, \"window_right\": 1", &p[i].len);
     p[i].body = bodies[i];
   }
   double idle = start_warm();
@@ -213,8 +211,8 @@ Test(json_memory, concurrent_bursts_give_memory_back) {
          idle / MiB, N, rss / MiB);
   if (rss_checked()) {
     double allowed = idle * 0.1 > SLACK ? idle * 0.1 : SLACK;
-    cr_expect_leq(rss - idle, allowed, "RSS %.1f MiB after the bursts, %.1f MiB idle",
-                  rss / MiB, idle / MiB);
+    cr_expect_leq(rss - idle, allowed, "RSS %.1f MiB after the bursts, %.1f MiB idle", rss / MiB,
+                  idle / MiB);
   }
   for (int i = 0; i < N; i++)
     free(bodies[i]);

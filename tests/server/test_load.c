@@ -44,8 +44,12 @@ static void *job_run(void *arg) {
   if (j->bar)
     pthread_barrier_wait(j->bar);
   const char *hdrs[] = {"Content-Type: " ST_CT, NULL};
-  http_req rq = {.method = "POST", .path = "/attention", .headers = hdrs, .body = j->body,
-                 .len = j->len, .timeout_ms = j->timeout_ms ? j->timeout_ms : 60000};
+  http_req rq = {.method = "POST",
+                 .path = "/attention",
+                 .headers = hdrs,
+                 .body = j->body,
+                 .len = j->len,
+                 .timeout_ms = j->timeout_ms ? j->timeout_ms : 60000};
   http_do(j->s, &rq, &j->r);
   return NULL;
 }
@@ -90,7 +94,9 @@ static int check_ok_replies(job *js, int n, tcase *c, const char *what) {
   return ok;
 }
 
-static bool wait_jobs(int want, double timeout_s) { return srv_wait_jobs(&S, want, true, timeout_s); }
+static bool wait_jobs(int want, double timeout_s) {
+  return srv_wait_jobs(&S, want, true, timeout_s);
+}
 
 /* A job far longer than anything a test waits for beside it: 24 heads of
  * 1200 x 1200 on the float64 reference (seconds on one thread, longer under
@@ -234,8 +240,7 @@ Test(load, sigterm_answers_jobs_in_flight) {
                  js[i].r.status, js[i].r.error, js[i].r.body);
   check_ok_replies(js, N, &c, "jobs in flight at SIGTERM");
   int st = srv_wait(&S, 60);
-  cr_expect_eq(st, 0, "exit status %d after SIGTERM with jobs in flight (-1: still running)",
-               st);
+  cr_expect_eq(st, 0, "exit status %d after SIGTERM with jobs in flight (-1: still running)", st);
   for (int i = 0; i < N; i++)
     http_res_free(&js[i].r);
   free(js);
@@ -295,8 +300,7 @@ Test(load, drain_timeout_bounds_the_exit) {
   for (int i = 0; i < N; i++) {
     /* Answered 503 (canceled) or cut off at exit; never a finished job. */
     cr_expect(js[i].r.status == 503 || js[i].r.status == 0,
-              "job %d: status %ld (%s) past the drain deadline", i, js[i].r.status,
-              js[i].r.error);
+              "job %d: status %ld (%s) past the drain deadline", i, js[i].r.status, js[i].r.error);
     http_res_free(&js[i].r);
   }
   free(js);
@@ -389,8 +393,12 @@ static void *client_run(void *arg) {
     size_t len;
     char *b = st ? st_body(&c, 4, meta, &len) : json_body(&c, 4, extra, &len);
     const char *hdrs[] = {st ? "Content-Type: " ST_CT : "Content-Type: application/json", NULL};
-    http_req rq = {.method = "POST", .path = "/attention", .headers = hdrs, .body = b,
-                   .len = len, .timeout_ms = 60000};
+    http_req rq = {.method = "POST",
+                   .path = "/attention",
+                   .headers = hdrs,
+                   .body = b,
+                   .len = len,
+                   .timeout_ms = 60000};
     http_res r;
     http_do_h(h, &S, &rq, &r);
     char e[900];
@@ -561,13 +569,12 @@ Test(load, more_connections_than_max) {
     sleep_s(0.02);
     open = open_count(fds, N);
   }
-  cr_expect_leq(open, MAX, "%d of %d connections still open with --max-connections %d", open,
-                N, MAX);
+  cr_expect_leq(open, MAX, "%d of %d connections still open with --max-connections %d", open, N,
+                MAX);
   cr_expect(srv_running(&S), "the server died with %d connections open", N);
   expect_healthy(&S, "more connections than --max-connections");
   const char *ev[] = {"reason=evicted", NULL};
-  cr_expect_geq(srv_metric(&S, "attnd_connections_closed_total", ev), N - MAX,
-                "evictions counted");
+  cr_expect_geq(srv_metric(&S, "attnd_connections_closed_total", ev), N - MAX, "evictions counted");
   for (int i = 0; i < N; i++)
     close(fds[i]);
 }

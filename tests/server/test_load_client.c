@@ -77,13 +77,13 @@ static double num(const cJSON *j, const char *path) {
 static void expect_invariant(const cJSON *j) {
   double sent = num(j, "sent"), ans = num(j, "answered"), te = num(j, "transport_errors"),
          fl = num(j, "in_flight");
-  cr_expect_eq(sent, ans + te + fl, "sent %g = answered %g + transport %g + in flight %g",
-               sent, ans, te, fl);
+  cr_expect_eq(sent, ans + te + fl, "sent %g = answered %g + transport %g + in flight %g", sent,
+               ans, te, fl);
   const cJSON *inv = cJSON_GetObjectItemCaseSensitive(j, "invariant");
   cr_expect(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(inv, "holds")));
   double tsum = 0;
-  const cJSON *t = cJSON_GetObjectItemCaseSensitive(
-      cJSON_GetObjectItemCaseSensitive(j, "errors"), "transport");
+  const cJSON *t =
+      cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "errors"), "transport");
   const cJSON *e;
   cJSON_ArrayForEach(e, t) tsum += e->valuedouble;
   cr_expect_eq(tsum, te, "transport errors by kind add up");
@@ -139,9 +139,8 @@ Test(load_client, open_loop_duration) {
 Test(load_client, open_loop_requests_and_json_body) {
   srv_start(&S, NULL);
   cJSON *j;
-  int rc = run_load(S.url,
-                    "--rate 200 --requests 50 --shape 1,2,8,16 --json-body --query causal=true",
-                    &j);
+  int rc = run_load(
+      S.url, "--rate 200 --requests 50 --shape 1,2,8,16 --json-body --query causal=true", &j);
   cr_assert_eq(rc, 0);
   cr_assert(j);
   cr_expect_eq(num(j, "sent"), 50);
@@ -163,8 +162,8 @@ Test(load_client, errors_by_status) {
   cr_assert(j);
   double sent = num(j, "sent"), ans = num(j, "answered"), ok = num(j, "successful"),
          te = num(j, "transport_errors");
-  const cJSON *st = cJSON_GetObjectItemCaseSensitive(
-      cJSON_GetObjectItemCaseSensitive(j, "errors"), "status");
+  const cJSON *st =
+      cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "errors"), "status");
   const cJSON *e503 = cJSON_GetObjectItemCaseSensitive(st, "503");
   cr_expect(cJSON_IsNumber(e503) && e503->valuedouble == 40, "40 x 503");
   double http_err = 0;

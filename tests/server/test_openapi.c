@@ -30,17 +30,16 @@ Test(openapi, paths_match_the_server, .fini = teardown, .timeout = 60) {
     if (in_paths && line[0] != ' ' && line[0] != '\n')
       break; /* the next top-level key */
     char path[64];
-    if (!in_paths || sscanf(line, "  %63[^: ]:", path) != 1 || path[0] != '/' ||
-        line[2] != '/')
+    if (!in_paths || sscanf(line, "  %63[^: ]:", path) != 1 || path[0] != '/' || line[2] != '/')
       continue;
     cr_assert_lt(n, 16);
     snprintf(documented[n++], sizeof documented[0], "%s", path);
     http_res rs;
     int rc = !strcmp(path, "/attention")
                  ? http_post(&S, path, "application/json", "{}", 2, &rs)
-                 : http_get(&S, !strcmp(path, "/attention/plan")
-                                    ? "/attention/plan?seq_q=8&head_dim=8"
-                                    : path,
+                 : http_get(&S,
+                            !strcmp(path, "/attention/plan") ? "/attention/plan?seq_q=8&head_dim=8"
+                                                             : path,
                             &rs);
     cr_assert_eq(rc, 0);
     cr_expect_neq(rs.status, 404, "%s is documented but not routed", path);
@@ -53,14 +52,13 @@ Test(openapi, paths_match_the_server, .fini = teardown, .timeout = 60) {
       if (strstr(line, key))
         listed = true;
     fseek(f, here, SEEK_SET);
-    cr_expect(listed, "%s answered %ld, which openapi.yaml does not list for it", path,
-              rs.status);
+    cr_expect(listed, "%s answered %ld, which openapi.yaml does not list for it", path, rs.status);
     http_res_free(&rs);
   }
   fclose(f);
   cr_expect_eq(n, 6, "openapi.yaml documents %d paths", n);
   static const char *const routed[] = {"/attention", "/attention/plan", "/healthz",
-                                        "/readyz", "/metrics", "/v1/info"};
+                                       "/readyz",    "/metrics",        "/v1/info"};
   for (size_t i = 0; i < sizeof routed / sizeof *routed; i++) {
     bool found = false;
     for (int j = 0; j < n; j++)

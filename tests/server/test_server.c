@@ -73,8 +73,8 @@ Test(server, sigint_exits_zero) {
 /* ---- v1/info ------------------------------------------------------------- */
 
 Test(server, info_fields_and_limits) {
-  srv_start(&S, "--max-body", "2M", "--max-queue", "7", "--timeout", "9", "--idle-timeout",
-            "11", "--max-connections", "50", "--drain-timeout", "13", NULL);
+  srv_start(&S, "--max-body", "2M", "--max-queue", "7", "--timeout", "9", "--idle-timeout", "11",
+            "--max-connections", "50", "--drain-timeout", "13", NULL);
   cJSON *j = get_json("/v1/info", 200);
   const char *ver = jstr(j, "version");
   cr_expect(ver && *ver, "version missing");
@@ -94,7 +94,8 @@ Test(server, info_fields_and_limits) {
   cr_expect(cpu_ok, "the cpu backend is not listed as available");
   cJSON *lim = cJSON_GetObjectItemCaseSensitive(j, "limits");
   cr_assert(cJSON_IsObject(lim), "limits is not an object");
-  cr_expect_eq(jnum(lim, "max_body"), 2.0 * 1024 * 1024, "limits.max_body %g", jnum(lim, "max_body"));
+  cr_expect_eq(jnum(lim, "max_body"), 2.0 * 1024 * 1024, "limits.max_body %g",
+               jnum(lim, "max_body"));
   cr_expect_eq(jnum(lim, "max_queue"), 7, "limits.max_queue %g", jnum(lim, "max_queue"));
   cr_expect_eq(jnum(lim, "timeout"), 9, "limits.timeout %g", jnum(lim, "timeout"));
   cr_expect_eq(jnum(lim, "idle_timeout"), 11, "limits.idle_timeout %g", jnum(lim, "idle_timeout"));
@@ -155,8 +156,15 @@ static void check_plan(const char *query, const attn_plan_params *pp) {
   struct {
     const char *k;
     uint64_t v;
-  } f[] = {{"q", pl.q}, {"k", pl.k}, {"v", pl.v}, {"o", pl.o}, {"s", pl.s}, {"p", pl.p},
-           {"s_plus_p", pl.s_plus_p}, {"m", pl.m}, {"l", pl.l}};
+  } f[] = {{"q", pl.q},
+           {"k", pl.k},
+           {"v", pl.v},
+           {"o", pl.o},
+           {"s", pl.s},
+           {"p", pl.p},
+           {"s_plus_p", pl.s_plus_p},
+           {"m", pl.m},
+           {"l", pl.l}};
   for (size_t i = 0; i < sizeof f / sizeof *f; i++)
     cr_expect_eq(jnum(by, f[i].k), (double)f[i].v, "%s: bytes.%s is %.17g, want %llu", query,
                  f[i].k, jnum(by, f[i].k), (unsigned long long)f[i].v);
@@ -167,8 +175,7 @@ static void check_plan(const char *query, const attn_plan_params *pp) {
   if (!isnan(thr) && !isnan(wpt))
     cr_expect_eq(jnum(by, "workspace"), wpt * thr, "%s: workspace", query);
   double ft = jnum(by, "flash_total"), stt = jnum(by, "standard_total");
-  cr_expect_eq(stt, (double)(pl.q + pl.k + pl.v + pl.o + pl.s + pl.p), "%s: standard_total",
-               query);
+  cr_expect_eq(stt, (double)(pl.q + pl.k + pl.v + pl.o + pl.s + pl.p), "%s: standard_total", query);
   if (!isnan(ft) && !isnan(stt))
     cr_expect(fabs(jnum(ra, "standard_over_flash") - stt / ft) <= 1e-9 * stt / ft,
               "%s: standard_over_flash", query);
@@ -202,9 +209,9 @@ Test(server, plan_errors) {
     long status;
     const char *code;
   } c[] = {
-      {"head_dim=64", 422, "invalid_option"},                 /* seq_q missing */
-      {"seq_q=64", 422, "invalid_option"},                    /* head_dim missing */
-      {"", 422, "invalid_option"},                            /* both missing */
+      {"head_dim=64", 422, "invalid_option"}, /* seq_q missing */
+      {"seq_q=64", 422, "invalid_option"},    /* head_dim missing */
+      {"", 422, "invalid_option"},            /* both missing */
       {"seq_q=abc&head_dim=64", 422, "invalid_option"},
       {"seq_q=64&head_dim=6.5", 422, "invalid_option"},
       {"seq_q=64&head_dim=", 422, "invalid_option"},
@@ -244,8 +251,8 @@ static bool allow_has(const char *allow, const char *m) {
 
 Test(server, not_found_and_method_not_allowed) {
   srv_start(&S, NULL);
-  const char *paths404[] = {"/", "/nope", "/healthz/x", "/v1", "/v1/info/x", "/metricsx",
-                            "/attention/plan/x", "/ATTENTION"};
+  const char *paths404[] = {"/",          "/nope",     "/healthz/x",        "/v1",
+                            "/v1/info/x", "/metricsx", "/attention/plan/x", "/ATTENTION"};
   for (size_t i = 0; i < sizeof paths404 / sizeof *paths404; i++) {
     http_res r;
     char what[128];
@@ -278,8 +285,7 @@ Test(server, not_found_and_method_not_allowed) {
       expect_error(&r, 405, "method_not_allowed", what);
     }
     cr_expect(http_header(&r, "Allow", allow, sizeof allow), "%s: no Allow header", what);
-    cr_expect(allow_has(allow, m[i].allow), "%s: Allow \"%s\" lacks %s", what, allow,
-              m[i].allow);
+    cr_expect(allow_has(allow, m[i].allow), "%s: Allow \"%s\" lacks %s", what, allow, m[i].allow);
     http_res_free(&r);
   }
   expect_healthy(&S, "404 and 405");
@@ -317,8 +323,8 @@ Test(server, metrics_after_requests) {
   cr_assert_eq(r.status, 200, "/metrics status %ld", r.status);
   char ct[128] = "";
   http_header(&r, "Content-Type", ct, sizeof ct);
-  cr_expect(strstr(ct, "text/plain") && strstr(ct, "version=0.0.4"),
-            "/metrics Content-Type \"%s\"", ct);
+  cr_expect(strstr(ct, "text/plain") && strstr(ct, "version=0.0.4"), "/metrics Content-Type \"%s\"",
+            ct);
   const char *t = r.body;
   int n;
   const char *info200[] = {"path=/v1/info", "code=200", NULL};
@@ -326,11 +332,11 @@ Test(server, metrics_after_requests) {
                "attnd_requests_total{path=\"/v1/info\",code=\"200\"} is %g (%d samples)",
                prom_sum(t, "attnd_requests_total", info200, NULL), n);
   const char *att200[] = {"path=/attention", "code=200", NULL};
-  cr_expect_eq(prom_sum(t, "attnd_requests_total", att200, NULL), 1,
-               "attention 200 count %g", prom_sum(t, "attnd_requests_total", att200, NULL));
+  cr_expect_eq(prom_sum(t, "attnd_requests_total", att200, NULL), 1, "attention 200 count %g",
+               prom_sum(t, "attnd_requests_total", att200, NULL));
   const char *att422[] = {"path=/attention", "code=422", NULL};
-  cr_expect_eq(prom_sum(t, "attnd_requests_total", att422, NULL), 1,
-               "attention 422 count %g", prom_sum(t, "attnd_requests_total", att422, NULL));
+  cr_expect_eq(prom_sum(t, "attnd_requests_total", att422, NULL), 1, "attention 422 count %g",
+               prom_sum(t, "attnd_requests_total", att422, NULL));
   const char *health[] = {"path=/healthz", "code=200", NULL};
   cr_expect_geq(prom_sum(t, "attnd_requests_total", health, NULL), 1, "healthz count");
   const char *other[] = {"code=404", NULL};
@@ -626,8 +632,8 @@ Test(server, isa_flag_names_the_kernel_everywhere, .fini = teardown) {
   /* float64 by hand: scores (1/sqrt 2, 0), o = p0 (1, 2) + p1 (3, 4) */
   double p0 = 1 / (1 + exp(-1 / sqrt(2.0))), want[2] = {p0 + 3 * (1 - p0), 2 * p0 + 4 * (1 - p0)};
   cJSON *j = cJSON_Parse(r.body);
-  const cJSON *o = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "o"),
-                                                    "data");
+  const cJSON *o =
+      cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "o"), "data");
   cr_assert_eq(cJSON_GetArraySize(o), 2, "%s", r.body);
   for (int i = 0; i < 2; i++)
     cr_expect_lt(fabs(cJSON_GetArrayItem(o, i)->valuedouble - want[i]), 1e-6, "o[%d]: %s", i,

@@ -17,10 +17,10 @@ int tcases_sizes(tprob *ps) {
 
 /* Masks on square and cross shapes, both ways, in all dtypes. */
 int tcases_masks(tprob *ps) {
-  static const int64_t nn[][2] = {{1, 1},   {7, 63},    {65, 64},  {113, 257},
+  static const int64_t nn[][2] = {{1, 1},     {7, 63},    {65, 64},   {113, 257},
                                   {257, 113}, {64, 1000}, {1000, 64}, {1, 1000}};
   static const int64_t win[][3] = {/* causal, left, right */
-                                   {1, -1, -1}, {0, 16, 0}, {0, 3, 5}, {0, 0, 0},
+                                   {1, -1, -1}, {0, 16, 0},   {0, 3, 5},  {0, 0, 0},
                                    {0, -1, 7},  {0, 100, -1}, {1, 40, -1}};
   int n = 0;
   for (size_t i = 0; i < sizeof nn / sizeof *nn; i++)
@@ -41,29 +41,82 @@ int tcases_masks(tprob *ps) {
 int tcases_shapes(tprob *ps) {
   int n = 0;
   tprob p;
-  p = tprob_make(3, 8, 2, 65, 65, 64, ATTN_F32); ps[n++] = p;           /* GQA 4:1 */
-  p = tprob_make(2, 4, 1, 113, 113, 128, ATTN_F32); p.causal = 1; ps[n++] = p; /* MQA */
-  p = tprob_make(2, 6, 3, 63, 257, 80, ATTN_BF16); p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 4, 2, 257, 63, 128, ATTN_F16); p.causal = 1; p.stats = 1; ps[n++] = p;
-  p = tprob_make(2, 4, 2, 100, 130, 64, ATTN_F32); p.strided = 1; p.causal = 1; ps[n++] = p;
-  p = tprob_make(1, 2, 1, 77, 77, 37, ATTN_F16); p.strided = 1; p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 1, 1, 64, 64, 64, ATTN_F32); p.scale = 0.5; p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 1, 1, 65, 65, 64, ATTN_F32); p.scale = -0.3; ps[n++] = p;
-  p = tprob_make(1, 1, 1, 33, 33, 16, ATTN_F32); p.scale = 0; p.stats = 1; ps[n++] = p;
+  p = tprob_make(3, 8, 2, 65, 65, 64, ATTN_F32);
+  ps[n++] = p; /* GQA 4:1 */
+  p = tprob_make(2, 4, 1, 113, 113, 128, ATTN_F32);
+  p.causal = 1;
+  ps[n++] = p; /* MQA */
+  p = tprob_make(2, 6, 3, 63, 257, 80, ATTN_BF16);
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(1, 4, 2, 257, 63, 128, ATTN_F16);
+  p.causal = 1;
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(2, 4, 2, 100, 130, 64, ATTN_F32);
+  p.strided = 1;
+  p.causal = 1;
+  ps[n++] = p;
+  p = tprob_make(1, 2, 1, 77, 77, 37, ATTN_F16);
+  p.strided = 1;
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(1, 1, 1, 64, 64, 64, ATTN_F32);
+  p.scale = 0.5;
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(1, 1, 1, 65, 65, 64, ATTN_F32);
+  p.scale = -0.3;
+  ps[n++] = p;
+  p = tprob_make(1, 1, 1, 33, 33, 16, ATTN_F32);
+  p.scale = 0;
+  p.stats = 1;
+  ps[n++] = p;
   /* short query sequences under GQA pack several heads into one block,
    * including groups that do not split evenly (12 heads, 9 per block) */
-  p = tprob_make(2, 8, 2, 1, 300, 64, ATTN_F32); p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 8, 2, 3, 200, 37, ATTN_F16); p.causal = 1; p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 12, 1, 7, 150, 32, ATTN_BF16); p.wl = 20; p.wr = 2; p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 4, 2, 32, 90, 16, ATTN_F32); p.causal = 1; p.wl = 5; p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 6, 3, 40, 40, 8, ATTN_F32); p.strided = 1; p.causal = 1; ps[n++] = p;
+  p = tprob_make(2, 8, 2, 1, 300, 64, ATTN_F32);
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(1, 8, 2, 3, 200, 37, ATTN_F16);
+  p.causal = 1;
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(1, 12, 1, 7, 150, 32, ATTN_BF16);
+  p.wl = 20;
+  p.wr = 2;
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(1, 4, 2, 32, 90, 16, ATTN_F32);
+  p.causal = 1;
+  p.wl = 5;
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(1, 6, 3, 40, 40, 8, ATTN_F32);
+  p.strided = 1;
+  p.causal = 1;
+  ps[n++] = p;
   /* decoding-like shapes: few query rows over many keys, windows that leave
    * most tiles invisible to some rows */
-  p = tprob_make(1, 1, 1, 1, 2000, 64, ATTN_F32); p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 1, 1, 5, 3000, 37, ATTN_F16); p.causal = 1; p.wl = 100; p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 4, 1, 1, 1500, 128, ATTN_BF16); p.stats = 1; ps[n++] = p;
-  p = tprob_make(1, 1, 1, 70, 1100, 16, ATTN_F32); p.causal = 1; p.stats = 1; ps[n++] = p;
-  p = tprob_make(2, 2, 2, 3, 4100, 8, ATTN_F32); p.wl = 0; p.wr = 600; p.stats = 1; ps[n++] = p;
+  p = tprob_make(1, 1, 1, 1, 2000, 64, ATTN_F32);
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(1, 1, 1, 5, 3000, 37, ATTN_F16);
+  p.causal = 1;
+  p.wl = 100;
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(1, 4, 1, 1, 1500, 128, ATTN_BF16);
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(1, 1, 1, 70, 1100, 16, ATTN_F32);
+  p.causal = 1;
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(2, 2, 2, 3, 4100, 8, ATTN_F32);
+  p.wl = 0;
+  p.wr = 600;
+  p.stats = 1;
+  ps[n++] = p;
   static const int64_t ds[] = {1, 37, 64, 80, 128, 256};
   for (int i = 0; i < 6; i++) {
     p = tprob_make(1, 2, 1, 65 + 48 * i, 65 + 48 * i, ds[i], i % 2 ? ATTN_F16 : ATTN_BF16);

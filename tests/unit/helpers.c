@@ -19,10 +19,18 @@ uint64_t trand(uint64_t *s) {
 
 double tuniform(uint64_t *s) { return (double)(trand(s) >> 11) * 0x1p-52 - 1.0; }
 
-tprob tprob_make(int64_t b, int64_t hq, int64_t hkv, int64_t nq, int64_t nkv,
-                 int64_t d, attn_dtype dt) {
-  tprob p = {.b = b, .hq = hq, .hkv = hkv, .nq = nq, .nkv = nkv, .d = d, .dt = dt,
-             .wl = -1, .wr = -1, .scale = NAN};
+tprob tprob_make(int64_t b, int64_t hq, int64_t hkv, int64_t nq, int64_t nkv, int64_t d,
+                 attn_dtype dt) {
+  tprob p = {.b = b,
+             .hq = hq,
+             .hkv = hkv,
+             .nq = nq,
+             .nkv = nkv,
+             .d = d,
+             .dt = dt,
+             .wl = -1,
+             .wr = -1,
+             .scale = NAN};
   return p;
 }
 
@@ -179,8 +187,7 @@ static void *ref_worker(void *arg) {
     int64_t item = rp->rc ? rp->items : rp->next++;
     if (!S || !P) {
       if (!rp->rc)
-        rp->rc = attn_status_set(&rp->st, ATTN_ENOMEM,
-                                 "out of memory for the reference's S and P");
+        rp->rc = attn_status_set(&rp->st, ATTN_ENOMEM, "out of memory for the reference's S and P");
       item = rp->items;
     }
     pthread_mutex_unlock(&rp->mu);
@@ -189,8 +196,8 @@ static void *ref_worker(void *arg) {
     int64_t b = item / r->heads_q, h = item % r->heads_q;
     size_t row = (size_t)item * (size_t)nq;
     attn_status st = {0};
-    int rc = attn_reference_head(r, b, h, S, P, rp->ref->o + row * (size_t)D,
-                                 rp->ref->m + row, rp->ref->l + row, rp->ref->lse + row, &st);
+    int rc = attn_reference_head(r, b, h, S, P, rp->ref->o + row * (size_t)D, rp->ref->m + row,
+                                 rp->ref->l + row, rp->ref->lse + row, &st);
     if (rc < 0) {
       pthread_mutex_lock(&rp->mu);
       if (!rp->rc) {
@@ -282,8 +289,10 @@ terr tref_check(const tcase *c, const tref *ref) {
           double el = l[row] > 0 ? fabs(c->l[row] / l[row] - 1) : (c->l[row] == 0 ? 0 : INFINITY);
           if (isnan(el))
             el = INFINITY;
-          e.stats = fmax(e.stats, fmax(rel(c->m[row], m[row]), fmax(rel(c->lse[row], lse[row]), el)));
-          if (l[row] == 0 && !(c->m[row] == -INFINITY && c->lse[row] == -INFINITY && c->l[row] == 0))
+          e.stats =
+              fmax(e.stats, fmax(rel(c->m[row], m[row]), fmax(rel(c->lse[row], lse[row]), el)));
+          if (l[row] == 0 &&
+              !(c->m[row] == -INFINITY && c->lse[row] == -INFINITY && c->l[row] == 0))
             e.masked_ok = false;
         }
       }
@@ -310,9 +319,8 @@ const char *tdesc(const tprob *p, char *buf, size_t cap) {
   snprintf(buf, cap,
            "B=%lld Hq=%lld Hkv=%lld Nq=%lld Nkv=%lld D=%lld %s causal=%d window=(%lld,%lld)%s%s",
            (long long)p->b, (long long)p->hq, (long long)p->hkv, (long long)p->nq,
-           (long long)p->nkv, (long long)p->d, attn_dtype_name(p->dt), p->causal,
-           (long long)p->wl, (long long)p->wr, p->strided ? " strided" : "",
-           isnan(p->scale) ? "" : " scale");
+           (long long)p->nkv, (long long)p->d, attn_dtype_name(p->dt), p->causal, (long long)p->wl,
+           (long long)p->wr, p->strided ? " strided" : "", isnan(p->scale) ? "" : " scale");
   return buf;
 }
 
@@ -331,8 +339,8 @@ char *tsafetensors(const tcase *c, const char *metadata, size_t *plen) {
   for (int i = 0; i < 3 && n > 0 && (size_t)n < sizeof hdr; i++)
     n += snprintf(hdr + n, sizeof hdr - (size_t)n,
                   "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld,%lld,%lld,%lld],"
-                  "\"data_offsets\":[%zu,%zu]}", i ? "," : "", names[i],
-                  attn_dtype_name(r->dtype), (long long)r->batch,
+                  "\"data_offsets\":[%zu,%zu]}",
+                  i ? "," : "", names[i], attn_dtype_name(r->dtype), (long long)r->batch,
                   (long long)(i ? r->heads_kv : r->heads_q), (long long)(i ? r->seq_kv : r->seq_q),
                   (long long)r->head_dim, off[i], off[i + 1]);
   if (n < 0 || (size_t)n >= sizeof hdr - 8)

@@ -14,7 +14,7 @@ typedef struct tprob {
   int64_t wl, wr; /* -1 unbounded */
   double scale;   /* NaN: default */
   bool stats;
-  bool strided;   /* lay tensors out [B, N, H, D] (as FlashAttention's API does) */
+  bool strided; /* lay tensors out [B, N, H, D] (as FlashAttention's API does) */
 } tprob;
 
 /* A problem with inputs filled, outputs poisoned (NaN) and allocated. */
@@ -25,8 +25,8 @@ typedef struct tcase {
   float *m, *l, *lse;
 } tcase;
 
-tprob tprob_make(int64_t b, int64_t hq, int64_t hkv, int64_t nq, int64_t nkv,
-                 int64_t d, attn_dtype dt);
+tprob tprob_make(int64_t b, int64_t hq, int64_t hkv, int64_t nq, int64_t nkv, int64_t d,
+                 attn_dtype dt);
 void tcase_init(tcase *c, const tprob *p, uint64_t seed);
 void tcase_poison(tcase *c);
 void tcase_free(tcase *c);
@@ -39,9 +39,9 @@ int trun(attn_engine *e, tcase *c, const char *backend, attn_status *st);
 
 /* Errors of c's outputs against the float64 reference of the same inputs. */
 typedef struct terr {
-  double o;     /* ||O - ref||_2 / ||ref||_2 (absolute when ref is 0) */
-  double stats; /* max over rows of |m - ref|, |lse - ref| and |l/ref_l - 1|,
-                   each relative to max(1, |ref|); a NaN counts as infinite */
+  double o;       /* ||O - ref||_2 / ||ref||_2 (absolute when ref is 0) */
+  double stats;   /* max over rows of |m - ref|, |lse - ref| and |l/ref_l - 1|,
+                     each relative to max(1, |ref|); a NaN counts as infinite */
   bool masked_ok; /* rows with no visible key: O == 0, m = lse = -inf, l = 0 */
 } terr;
 terr tcheck(const tcase *c);
@@ -55,7 +55,7 @@ terr tcheck(const tcase *c);
  * one head, 16 * seq_q * seq_kv bytes, are allocated per thread.
  */
 typedef struct tref {
-  double *o;          /* [B, Hq, Nq, D] */
+  double *o;           /* [B, Hq, Nq, D] */
   double *m, *l, *lse; /* [B, Hq, Nq] */
 } tref;
 int tref_compute(const tcase *c, int threads, tref *ref, attn_status *st);

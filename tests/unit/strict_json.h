@@ -19,8 +19,11 @@ static inline bool strict_utf8(const char *s, size_t n) {
   const unsigned char *u = (const unsigned char *)s;
   for (size_t i = 0; i < n;) {
     unsigned c = u[i];
-    size_t k = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3
-             : (c & 0xf8) == 0xf0 ? 4 : 0;
+    size_t k = c < 0x80             ? 1
+               : (c & 0xe0) == 0xc0 ? 2
+               : (c & 0xf0) == 0xe0 ? 3
+               : (c & 0xf8) == 0xf0 ? 4
+                                    : 0;
     if (!k || i + k > n)
       return false;
     uint32_t cp = k == 1 ? c : c & (0x7fu >> k);

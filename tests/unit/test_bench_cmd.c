@@ -7,9 +7,7 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
-static int bench(const char *args, char *out, size_t cap) {
-  return tattn("bench", args, out, cap);
-}
+static int bench(const char *args, char *out, size_t cap) { return tattn("bench", args, out, cap); }
 
 Test(bench_cmd, custom_shape_prints_one_row) {
   char out[4096];

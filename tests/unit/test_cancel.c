@@ -42,8 +42,7 @@ Test(cancel, before_submit_is_refused) {
     attn_status st = {0};
     c.req.backend = backends[i];
     int rc = attn_engine_submit(e, &c.req, on_done, &o, &st);
-    cr_expect_eq(rc, ATTN_ECANCELED, "%s: submit returned %d (%s)", backends[i], rc,
-                 st.message);
+    cr_expect_eq(rc, ATTN_ECANCELED, "%s: submit returned %d (%s)", backends[i], rc, st.message);
     cr_expect_eq(st.code, ATTN_ECANCELED);
     cr_expect(st.message[0], "no message");
     cr_expect_eq(atomic_load(&o.calls), 0, "a refused job's callback ran");

@@ -62,16 +62,14 @@ static void request_round_trip(attn_dtype dt, bool json, bool with_opts) {
   size_t len;
   if (json) {
     char *jb;
-    cr_assert_eq(attn_proto_encode_request_json(&bc.req, po, &jb, &len, &st), 0, "%s",
-                 st.message);
+    cr_assert_eq(attn_proto_encode_request_json(&bc.req, po, &jb, &len, &st), 0, "%s", st.message);
     cr_assert_eq(strlen(jb), len);
     body = jb;
     cr_assert_eq(attn_proto_decode_json(body, len, NULL, &pr, &st), 0, "%s", st.message);
   } else {
-    cr_assert_eq(attn_proto_encode_request_safetensors(&bc.req, po, &body, &len, &st), 0,
-                 "%s", st.message);
-    cr_assert_eq(attn_proto_decode_safetensors(body, len, NULL, &pr, &st), 0, "%s",
+    cr_assert_eq(attn_proto_encode_request_safetensors(&bc.req, po, &body, &len, &st), 0, "%s",
                  st.message);
+    cr_assert_eq(attn_proto_decode_safetensors(body, len, NULL, &pr, &st), 0, "%s", st.message);
   }
   expect_same_request(&bc.req, &pr, po);
   attn_proto_req_free(&pr);
@@ -123,8 +121,7 @@ static void fixture(reply_fixture *f, attn_dtype dt, bool stats) {
     cr_assert_eq(attn_options_parse_query(&o, "stats=true", &st), 0);
   size_t len;
   cr_assert_eq(attn_proto_encode_request_safetensors(&f->bc.req, &o, &f->body, &len, &st), 0);
-  cr_assert_eq(attn_proto_decode_safetensors(f->body, len, NULL, &f->pr, &st), 0, "%s",
-               st.message);
+  cr_assert_eq(attn_proto_decode_safetensors(f->body, len, NULL, &f->pr, &st), 0, "%s", st.message);
   attn_request *r = &f->pr.req;
   size_t rows = 6;
   for (size_t i = 0; i < rows * 5; i++)
@@ -190,12 +187,13 @@ static void expect_json_refused(const char *reply, bool stats, int code, const c
   attn_status st;
   cr_expect_eq(attn_proto_decode_reply_json(reply, strlen(reply), &f.pr, NULL, 0, &st), code,
                "%s: code %d (%s)", reply, st.code, st.message);
-  cr_expect(strstr(st.message, says) != NULL, "%s: message \"%s\" lacks \"%s\"", reply,
-            st.message, says);
+  cr_expect(strstr(st.message, says) != NULL, "%s: message \"%s\" lacks \"%s\"", reply, st.message,
+            says);
   fixture_free(&f);
 }
 
-#define O_OK "\"o\": {\"shape\": [1, 2, 3, 5], \"dtype\": \"F32\", \"data\": [" \
+#define O_OK                                                         \
+  "\"o\": {\"shape\": [1, 2, 3, 5], \"dtype\": \"F32\", \"data\": [" \
   "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30]}"
 
 Test(client_codecs, malformed_json_replies_are_refused) {
@@ -216,8 +214,8 @@ Test(client_codecs, malformed_json_replies_are_refused) {
                       ATTN_PROTO_ESHAPE, "expected [1, 2, 3, 5]");
   expect_json_refused("{\"o\": {\"shape\": [1, 2, 3, 5], \"dtype\": \"F16\", \"data\": []}}", false,
                       ATTN_PROTO_EDTYPE, "not F32");
-  expect_json_refused("{\"o\": {\"shape\": [1, 2, 3, 5], \"dtype\": \"F32\", \"data\": [1]}}", false,
-                      ATTN_PROTO_ETENSOR, "has 1 numbers, expected 30");
+  expect_json_refused("{\"o\": {\"shape\": [1, 2, 3, 5], \"dtype\": \"F32\", \"data\": [1]}}",
+                      false, ATTN_PROTO_ETENSOR, "has 1 numbers, expected 30");
   expect_json_refused("{\"o\": {\"shape\": [1, 2, 3, 5], \"dtype\": \"F32\", \"data\": [\"x\"]}}",
                       false, ATTN_PROTO_ETENSOR, "element 0");
   expect_json_refused("{\"o\": {\"shape\": [1, 2, 3, 5], \"dtype\": \"F32\"}}", false,
@@ -228,8 +226,8 @@ static void expect_st_refused(const void *reply, size_t len, int code, const cha
   reply_fixture f;
   fixture(&f, ATTN_F32, false);
   attn_status st;
-  cr_expect_eq(attn_proto_decode_reply_safetensors(reply, len, &f.pr, &st), code,
-               "code %d (%s)", st.code, st.message);
+  cr_expect_eq(attn_proto_decode_reply_safetensors(reply, len, &f.pr, &st), code, "code %d (%s)",
+               st.code, st.message);
   cr_expect(strstr(st.message, says) != NULL, "message \"%s\" lacks \"%s\"", st.message, says);
   fixture_free(&f);
 }

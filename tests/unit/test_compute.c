@@ -29,9 +29,7 @@ static void teardown(void) {
   cr_expect_eq(system(cmd), 0);
 }
 
-static int run(const char *args, char *out, size_t cap) {
-  return tattn("compute", args, out, cap);
-}
+static int run(const char *args, char *out, size_t cap) { return tattn("compute", args, out, cap); }
 
 static void write_bytes(const char *path, const void *b, size_t n) {
   FILE *f = fopen(path, "wb");

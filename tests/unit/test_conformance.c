@@ -51,8 +51,7 @@ static int check_all(attn_engine *e, const tprob *ps, int n, uint64_t seed) {
     cr_expect_eq(rc, 0, "%s: engine failed: %s", tdesc(&ps[i], desc, sizeof desc), st.message);
     if (rc == 0) {
       terr err = tcheck(&c);
-      bool ok = err.o <= ttol(ps[i].dt) && err.masked_ok &&
-                (!ps[i].stats || err.stats <= 1e-5);
+      bool ok = err.o <= ttol(ps[i].dt) && err.masked_ok && (!ps[i].stats || err.stats <= 1e-5);
       cr_expect(ok, "%s: O error %.3g (tol %.0e), stats error %.3g, masked rows %s",
                 tdesc(&ps[i], desc, sizeof desc), err.o, ttol(ps[i].dt), err.stats,
                 err.masked_ok ? "ok" : "WRONG");
@@ -74,9 +73,9 @@ static void run_group(int isa, int (*gen)(tprob *), uint64_t seed) {
   cr_assert_eq(fails, 0, "%d of %d problems out of tolerance on %s", fails, n, isas[isa]);
 }
 
-#define GROUP_TESTS(isa_idx, isa_name)                                         \
-  Test(conformance_##isa_name, sizes, .timeout = 300) { run_group(isa_idx, tcases_sizes, 100); } \
-  Test(conformance_##isa_name, masks, .timeout = 300) { run_group(isa_idx, tcases_masks, 200); } \
+#define GROUP_TESTS(isa_idx, isa_name)                                                             \
+  Test(conformance_##isa_name, sizes, .timeout = 300) { run_group(isa_idx, tcases_sizes, 100); }   \
+  Test(conformance_##isa_name, masks, .timeout = 300) { run_group(isa_idx, tcases_masks, 200); }   \
   Test(conformance_##isa_name, shapes, .timeout = 300) { run_group(isa_idx, tcases_shapes, 300); } \
   Test(conformance_##isa_name, decode, .timeout = 300) { run_group(isa_idx, tcases_decode, 400); }
 

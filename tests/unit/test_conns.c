@@ -41,8 +41,8 @@ Test(conns, full_server_closes_the_oldest_idle_first) {
     p[i] = mkpair();
     k[i] = attnd_conns_open(&c, p[i].near, "10.0.0.1", i);
   }
-  attnd_conns_set(&c, k[0], ATTND_CONN_BUSY, 3);  /* oldest, but busy */
-  attnd_conns_set(&c, k[1], ATTND_CONN_IDLE, 4);  /* idle since 4 */
+  attnd_conns_set(&c, k[0], ATTND_CONN_BUSY, 3); /* oldest, but busy */
+  attnd_conns_set(&c, k[1], ATTND_CONN_IDLE, 4); /* idle since 4 */
   /* k[2] waits for headers since 2: the oldest that is not busy */
   cr_assert(attnd_conns_admit(&c, "10.0.0.2", 5));
   cr_expect(was_closed(p[2]), "the oldest non-busy connection was kept");
@@ -103,11 +103,11 @@ Test(conns, deadlines_are_absolute) {
   attnd_conns c;
   attnd_conns_init(&c, 10, 0, 2, 5);
   pair w = mkpair(), idle = mkpair(), busy = mkpair();
-  attnd_conns_open(&c, w.near, "a", 0);                     /* headers due by 2 */
+  attnd_conns_open(&c, w.near, "a", 0); /* headers due by 2 */
   attnd_conn *i = attnd_conns_open(&c, idle.near, "a", 0);
-  attnd_conns_set(&c, i, ATTND_CONN_IDLE, 1);               /* idle: due by 1 + 5 + 2 */
+  attnd_conns_set(&c, i, ATTND_CONN_IDLE, 1); /* idle: due by 1 + 5 + 2 */
   attnd_conn *b = attnd_conns_open(&c, busy.near, "a", 0);
-  attnd_conns_set(&c, b, ATTND_CONN_BUSY, 0);               /* never due */
+  attnd_conns_set(&c, b, ATTND_CONN_BUSY, 0); /* never due */
   cr_expect_eq(attnd_conns_sweep(&c, 1.9), 0);
   cr_expect_eq(attnd_conns_sweep(&c, 2.0), 1);
   cr_expect(was_closed(w), "headers past the deadline");

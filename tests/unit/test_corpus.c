@@ -73,6 +73,8 @@ static void replay_options(const char *data, size_t len) {
   free(s);
 }
 
-Test(corpus, safetensors) { cr_expect_gt(replay_dir("tests/fuzz/safetensors", replay_safetensors), 0); }
+Test(corpus, safetensors) {
+  cr_expect_gt(replay_dir("tests/fuzz/safetensors", replay_safetensors), 0);
+}
 Test(corpus, json) { cr_expect_gt(replay_dir("tests/fuzz/json", replay_json), 0); }
 Test(corpus, options) { cr_expect_gt(replay_dir("tests/fuzz/options", replay_options), 0); }

@@ -79,8 +79,8 @@ static void emu_ldsm(const float *const addr[32], bool trans, reg2 out[32][4]) {
   for (int l = 0; l < 32; l++)
     for (int j = 0; j < 4; j++)
       for (int h = 0; h < 2; h++)
-        out[l][j][h] = trans ? addr[8 * j + 2 * (l % 4) + h][l / 4]
-                             : addr[8 * j + l / 4][2 * (l % 4) + h];
+        out[l][j][h] =
+            trans ? addr[8 * j + 2 * (l % 4) + h][l / 4] : addr[8 * j + l / 4][2 * (l % 4) + h];
 }
 
 /* mma.m16n8k16: D = A B + C, fragments placed by the PTX tables. */
@@ -140,8 +140,8 @@ static void warp_tile(int dpad, int dp, int bn, uint64_t seed) {
       sK[r * str + c] = c < dp ? (float)tuniform(&seed) : c < dpad ? 0.0f : NAN;
       sV[r * str + c] = c < dp ? (float)tuniform(&seed) : c < dpad ? 0.0f : NAN;
     }
-  float (*s)[32][4] = calloc((size_t)nb, sizeof *s);
-  float (*o)[32][4] = calloc((size_t)db, sizeof *o);
+  float(*s)[32][4] = calloc((size_t)nb, sizeof *s);
+  float(*o)[32][4] = calloc((size_t)db, sizeof *o);
   const float *addr[32];
   reg2 q[32][4], bk[32][4], bv[32][4], a[32][4];
   for (int kk = 0; kk < kd; kk++) {
@@ -216,8 +216,7 @@ static void warp_tile(int dpad, int dp, int bn, uint64_t seed) {
         for (int j = 0; j < bn && col < dp; j++)
           ref += S[r][j] * sV[j * str + col];
         cr_assert(fabs(o[d][l][e] - ref) <= 1e-3 * (1 + fabs(ref)),
-                  "O[%d][%d]: %g, expected %g (dpad %d, dp %d)", r, col, o[d][l][e], ref,
-                  dpad, dp);
+                  "O[%d][%d]: %g, expected %g (dpad %d, dp %d)", r, col, o[d][l][e], ref, dpad, dp);
       }
   free(sQ), free(sK), free(sV), free(s), free(o);
 }
@@ -265,8 +264,8 @@ Test(cuda_layout, row_bounds_match_the_rule) {
       for (int64_t j = 0; j < nkv; j++)
         cr_assert_eq(j >= lo && j <= hi, visible(i, j, off, wl, wr),
                      "nq %lld nkv %lld wl %lld wr %lld i %lld j %lld: [%d, %d]", (long long)nq,
-                     (long long)nkv, (long long)wl, (long long)wr, (long long)i, (long long)j,
-                     lo, hi);
+                     (long long)nkv, (long long)wl, (long long)wr, (long long)i, (long long)j, lo,
+                     hi);
     }
   }
 }
@@ -313,8 +312,7 @@ Test(cuda_layout, block_tiles_cover_every_visible_key_once) {
       for (int64_t i = i0; i < i1; i++)
         for (int64_t j = 0; j < nkv; j++)
           if (visible(i, j, off, wl, wr))
-            cr_assert(owner[j / bn], "visible (%lld, %lld) in no tile", (long long)i,
-                      (long long)j);
+            cr_assert(owner[j / bn], "visible (%lld, %lld) in no tile", (long long)i, (long long)j);
     }
   }
   cr_assert_gt(full_seen, 1000, "interior tiles should need no mask");
@@ -416,10 +414,10 @@ Test(cuda_layout, selection) {
     for (int dt = 0; dt < ATTN_DTYPE_COUNT; dt++) {
       attn_cu_params p = shape((attn_dtype)dt, 2, 8, 2, 300, 500, d);
       cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0, "%s", st.message);
-      attn_cu_kernel want = dt == ATTN_F32    ? ATTN_CU_SIMT_F32
-                            : p.dp <= 64  ? ATTN_CU_MMA_D64
-                            : p.dp <= 128 ? ATTN_CU_MMA_D128
-                                          : ATTN_CU_MMA_D256;
+      attn_cu_kernel want = dt == ATTN_F32 ? ATTN_CU_SIMT_F32
+                            : p.dp <= 64   ? ATTN_CU_MMA_D64
+                            : p.dp <= 128  ? ATTN_CU_MMA_D128
+                                           : ATTN_CU_MMA_D256;
       cr_assert_eq(c.kernel, want, "d %d %s: %s", d, attn_dtype_name((attn_dtype)dt),
                    attn_cu_kernel_name(c.kernel));
       /* 99 KiB is what a block may opt into on sm_86 and sm_89, the

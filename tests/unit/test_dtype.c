@@ -29,8 +29,9 @@ Test(dtype, f16_every_pattern_round_trips) {
   for (uint32_t h = 0; h < 65536; h++) {
     float f = attn_f16_to_f32((uint16_t)h);
     uint32_t e = (h >> 10) & 31, m = h & 1023;
-    double want = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY)
-                                                   : ldexp(1024 + m, (int)e - 25);
+    double want = e == 0    ? ldexp(m, -24)
+                  : e == 31 ? (m ? NAN : INFINITY)
+                            : ldexp(1024 + m, (int)e - 25);
     if (h & 0x8000)
       want = -want;
     if (e == 31 && m) {
@@ -65,11 +66,11 @@ Test(dtype, narrowing_rounds_to_nearest_even) {
   cr_expect_eq(attn_f32_to_f16(65519.0f), 0x7bff); /* below the overflow threshold */
   cr_expect_eq(attn_f32_to_f16(65520.0f), 0x7c00); /* rounds to infinity */
   cr_expect_eq(attn_f32_to_f16(-1e9f), 0xfc00);
-  cr_expect_eq(attn_f32_to_f16(0x1p-24f), 0x0001);      /* smallest subnormal */
-  cr_expect_eq(attn_f32_to_f16(0x1p-25f), 0x0000);      /* tie -> even (0) */
-  cr_expect_eq(attn_f32_to_f16(0x1.8p-24f), 0x0002);    /* 1.5 ulp: tie -> even (2) */
-  cr_expect_eq(attn_f32_to_f16(0x1.ff8p-15f), 0x03ff);  /* the largest subnormal */
-  cr_expect_eq(attn_f32_to_f16(0x1.ffcp-15f), 0x0400);  /* tie -> even: the smallest normal */
+  cr_expect_eq(attn_f32_to_f16(0x1p-24f), 0x0001);     /* smallest subnormal */
+  cr_expect_eq(attn_f32_to_f16(0x1p-25f), 0x0000);     /* tie -> even (0) */
+  cr_expect_eq(attn_f32_to_f16(0x1.8p-24f), 0x0002);   /* 1.5 ulp: tie -> even (2) */
+  cr_expect_eq(attn_f32_to_f16(0x1.ff8p-15f), 0x03ff); /* the largest subnormal */
+  cr_expect_eq(attn_f32_to_f16(0x1.ffcp-15f), 0x0400); /* tie -> even: the smallest normal */
   cr_expect_eq(attn_f32_to_f16(-0.0f), 0x8000);
   /* BF16 around 1: spacing 2^-7. */
   cr_expect_eq(attn_f32_to_bf16(1.0f + 0x1p-8f), 0x3f80);
@@ -95,9 +96,9 @@ Test(dtype, load_and_store_elements) {
 /* Doubles round once: a value just above an F16 tie rounds up even though
  * rounding it to float first would land exactly on the tie. */
 Test(dtype, doubles_round_once) {
-  double tie = 1.0 + 0x1p-11; /* halfway between F16 1.0 and its successor */
-  cr_expect_eq(attn_f64_to_f16(tie), 0x3c00);                 /* tie -> even */
-  cr_expect_eq(attn_f64_to_f16(tie + 0x1p-40), 0x3c01);       /* float would say tie */
+  double tie = 1.0 + 0x1p-11;                 /* halfway between F16 1.0 and its successor */
+  cr_expect_eq(attn_f64_to_f16(tie), 0x3c00); /* tie -> even */
+  cr_expect_eq(attn_f64_to_f16(tie + 0x1p-40), 0x3c01);          /* float would say tie */
   cr_expect_eq(attn_f32_to_f16((float)(tie + 0x1p-40)), 0x3c00); /* the double rounding */
   cr_expect_eq(attn_f64_to_f16(tie - 0x1p-40), 0x3c00);
   double btie = 1.0 + 0x1p-8;

@@ -36,8 +36,8 @@ static void *submit_all(void *arg) {
   for (int i = 0; i < s->n; i++) {
     attn_status st;
     s->jobs[i].submitter = pthread_self();
-    cr_assert_eq(attn_engine_submit(s->e, &s->jobs[i].c.req, on_done, &s->jobs[i], &st), 0,
-                 "%s", st.message);
+    cr_assert_eq(attn_engine_submit(s->e, &s->jobs[i].c.req, on_done, &s->jobs[i], &st), 0, "%s",
+                 st.message);
   }
   return NULL;
 }
@@ -109,8 +109,7 @@ Test(engine, backends_are_listed) {
 #ifdef ATTN_HAVE_CUDA
   cr_assert_eq(n, 3);
   cr_expect_str_eq(info[0].name, "cuda");
-  cr_expect(info[0].available || strstr(info[0].detail, "no CUDA device"), "%s",
-            info[0].detail);
+  cr_expect(info[0].available || strstr(info[0].detail, "no CUDA device"), "%s", info[0].detail);
   int c = 1;
 #else
   cr_assert_eq(n, 2);
@@ -127,9 +126,9 @@ Test(engine, backends_are_listed) {
 /* attn_request_visible_pairs against a brute-force count of the mask. */
 Test(engine, visible_pairs) {
   static const int64_t cfg[][5] = {/* nq, nkv, causal, wl, wr */
-                                   {7, 7, 0, -1, -1}, {7, 7, 1, -1, -1}, {10, 4, 1, -1, -1},
+                                   {7, 7, 0, -1, -1},  {7, 7, 1, -1, -1}, {10, 4, 1, -1, -1},
                                    {4, 10, 1, -1, -1}, {20, 20, 0, 3, 2}, {20, 9, 0, 0, 0},
-                                   {5, 30, 1, 4, -1}, {30, 5, 0, -1, 0}};
+                                   {5, 30, 1, 4, -1},  {30, 5, 0, -1, 0}};
   for (size_t t = 0; t < sizeof cfg / sizeof *cfg; t++) {
     attn_request r;
     attn_request_init(&r);

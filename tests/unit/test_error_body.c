@@ -30,8 +30,7 @@ Test(error_body, a_character_cut_by_a_precision_becomes_fffd) {
   char ctype[80], message[128], msg[256];
   memset(ctype, 'a', 59);
   strcpy(ctype + 59, "\xc3\xa9tc");
-  snprintf(message, sizeof message, "Content-Type \"%.60s\" is not one this server reads",
-           ctype);
+  snprintf(message, sizeof message, "Content-Type \"%.60s\" is not one this server reads", ctype);
   body_of(message, msg, sizeof msg);
   cr_expect(strstr(msg, "a" FFFD "\" is not one") != NULL, "decoded: %s", msg);
 }
@@ -40,14 +39,14 @@ Test(error_body, invalid_utf8_is_replaced_byte_by_byte) {
   static const struct {
     const char *in, *out;
   } cases[] = {
-      {"x\xffy", "x" FFFD "y"},                      /* never a UTF-8 byte */
-      {"x\x80y", "x" FFFD "y"},                      /* a stray continuation */
-      {"\xc0\xaf", FFFD FFFD},                       /* overlong '/' */
-      {"\xe0\x80\xaf", FFFD FFFD FFFD},              /* overlong, three bytes */
-      {"\xed\xa0\x80", FFFD FFFD FFFD},              /* a surrogate, U+D800 */
-      {"\xf4\x90\x80\x80", FFFD FFFD FFFD FFFD},     /* past U+10FFFF */
-      {"\xe2\x82", FFFD FFFD},                       /* "€" cut at the end */
-      {"\xe2\x82x", FFFD FFFD "x"},                  /* ... and in the middle */
+      {"x\xffy", "x" FFFD "y"},                  /* never a UTF-8 byte */
+      {"x\x80y", "x" FFFD "y"},                  /* a stray continuation */
+      {"\xc0\xaf", FFFD FFFD},                   /* overlong '/' */
+      {"\xe0\x80\xaf", FFFD FFFD FFFD},          /* overlong, three bytes */
+      {"\xed\xa0\x80", FFFD FFFD FFFD},          /* a surrogate, U+D800 */
+      {"\xf4\x90\x80\x80", FFFD FFFD FFFD FFFD}, /* past U+10FFFF */
+      {"\xe2\x82", FFFD FFFD},                   /* "€" cut at the end */
+      {"\xe2\x82x", FFFD FFFD "x"},              /* ... and in the middle */
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     char msg[64];
@@ -58,8 +57,12 @@ Test(error_body, invalid_utf8_is_replaced_byte_by_byte) {
 
 Test(error_body, well_formed_utf8_and_escapes_round_trip) {
   static const char *const kept[] = {
-      "caf\xc3\xa9", "\xe2\x82\xac 5", "\xf0\x9f\x98\x80", "\xef\xbf\xbf",
-      "quote \" backslash \\ slash /", "tab\tnew\nline\rcr \x01\x1f del\x7f",
+      "caf\xc3\xa9",
+      "\xe2\x82\xac 5",
+      "\xf0\x9f\x98\x80",
+      "\xef\xbf\xbf",
+      "quote \" backslash \\ slash /",
+      "tab\tnew\nline\rcr \x01\x1f del\x7f",
   };
   for (size_t i = 0; i < sizeof kept / sizeof *kept; i++) {
     char msg[64];

@@ -57,8 +57,8 @@ static void check_all(uint64_t *v, size_t n, const char *what) {
   for (size_t i = 0; i < sizeof ps / sizeof *ps; i++) {
     double got = attn_hist_percentile(&h, ps[i]);
     double want = (double)exact_pct(v, n, ps[i]);
-    cr_expect(fabs(got - want) <= BOUND * want, "%s: p%g = %.1f, exact %.0f (error %.3f%%)",
-              what, ps[i], got, want, want ? 100 * fabs(got - want) / want : 0);
+    cr_expect(fabs(got - want) <= BOUND * want, "%s: p%g = %.1f, exact %.0f (error %.3f%%)", what,
+              ps[i], got, want, want ? 100 * fabs(got - want) / want : 0);
     cr_expect(fabs(got - want) <= 0.01 * want, "%s: p%g beyond 1%%", what, ps[i]);
   }
   attn_hist_free(&h);
@@ -96,7 +96,7 @@ Test(hist, exponential) {
 Test(hist, bimodal) {
   uint64_t *v = malloc(N * sizeof *v);
   for (size_t i = 0; i < N; i++)
-    v[i] = unif() < 0.9 ? 200 + (uint64_t)(unif() * 100)          /* 0.2-0.3 ms */
+    v[i] = unif() < 0.9 ? 200 + (uint64_t)(unif() * 100)         /* 0.2-0.3 ms */
                         : 500000 + (uint64_t)(unif() * 1000000); /* 0.5-1.5 s */
   check_all(v, N, "bimodal");
   free(v);

@@ -99,16 +99,17 @@ Test(http_reply, interim_and_bodiless_replies) {
 Test(http_reply, connection_close_and_http10) {
   attn_http_reply p = parser();
   size_t used;
-  cr_expect_eq(feed(&p, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n", 0,
-                    &used), ATTN_HTTP_DONE);
+  cr_expect_eq(
+      feed(&p, "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n", 0, &used),
+      ATTN_HTTP_DONE);
   cr_expect(p.close_after);
   attn_http_reply_start(&p);
-  cr_expect_eq(feed(&p, "HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n", 0, &used),
-               ATTN_HTTP_DONE);
+  cr_expect_eq(feed(&p, "HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n", 0, &used), ATTN_HTTP_DONE);
   cr_expect(p.close_after, "HTTP/1.0 without keep-alive closes");
   attn_http_reply_start(&p);
-  cr_expect_eq(feed(&p, "HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n",
-                    0, &used), ATTN_HTTP_DONE);
+  cr_expect_eq(
+      feed(&p, "HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n", 0, &used),
+      ATTN_HTTP_DONE);
   cr_expect(!p.close_after);
   attn_http_reply_free(&p);
 }

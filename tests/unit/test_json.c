@@ -20,18 +20,18 @@ static void expect_err(const char *body, int code, const char *needle) {
   attn_proto_req pr;
   attn_status st = {0};
   int rc = attn_proto_decode_json(body, strlen(body), NULL, &pr, &st);
-  cr_expect_eq(rc, code, "body %.80s: want %s, got %d (%s)", body,
-               attn_proto_code_name(code), rc, st.message);
+  cr_expect_eq(rc, code, "body %.80s: want %s, got %d (%s)", body, attn_proto_code_name(code), rc,
+               st.message);
   cr_expect_eq(st.code, code, "status code of %.80s", body);
-  cr_expect(strstr(st.message, needle) != NULL, "body %.80s: message \"%s\" lacks \"%s\"",
-            body, st.message, needle);
+  cr_expect(strstr(st.message, needle) != NULL, "body %.80s: message \"%s\" lacks \"%s\"", body,
+            st.message, needle);
   cr_expect_null(pr.out, "a failed decode leaves nothing allocated");
 }
 
 /* A random tensor as JSON text, either {shape, dtype, data} or nested
  * arrays; vals receives the doubles written (at full precision). */
-static void put_tensor(FILE *f, const char *name, const int64_t *shape, int rank,
-                       attn_dtype dt, bool nested, double *vals, uint64_t *seed) {
+static void put_tensor(FILE *f, const char *name, const int64_t *shape, int rank, attn_dtype dt,
+                       bool nested, double *vals, uint64_t *seed) {
   size_t n = 1;
   for (int i = 0; i < rank; i++)
     n *= (size_t)shape[i];
@@ -81,8 +81,7 @@ static uint16_t round_to(attn_dtype dt, double x) {
 /* The number texts of "key"'s data in an encoded reply, read as the exact
  * bits of dtype dt (F32 through strtof, F16/BF16 through strtod and one
  * rounding); null reads as -inf. Returns how many were read. */
-static size_t read_data(const char *json, const char *key, attn_dtype dt, void *out,
-                        size_t cap) {
+static size_t read_data(const char *json, const char *key, attn_dtype dt, void *out, size_t cap) {
   char pat[32];
   snprintf(pat, sizeof pat, "\"%s\": {", key);
   const char *p = strstr(json, pat);
@@ -134,8 +133,8 @@ static void expect_shape(const cJSON *t, const int64_t *shape, int rank, const c
 }
 
 /* Decode -> check -> run -> encode -> parse, for one problem. */
-static void roundtrip(attn_dtype dt, int rank, const int64_t *sq, const int64_t *skv,
-                      bool nested, const char *extra) {
+static void roundtrip(attn_dtype dt, int rank, const int64_t *sq, const int64_t *skv, bool nested,
+                      const char *extra) {
   uint64_t seed = 42 + (uint64_t)dt * 7 + (uint64_t)rank;
   size_t nq = 1, nk = 1;
   for (int i = 0; i < rank; i++) {
@@ -181,8 +180,8 @@ static void roundtrip(attn_dtype dt, int rank, const int64_t *sq, const int64_t 
       if (dt == ATTN_F32)
         cr_assert_eq(((const float *)in[t])[i], (float)want[t][i], "tensor %d [%zu]", t, i);
       else
-        cr_assert_eq(((const uint16_t *)in[t])[i], round_to(dt, want[t][i]),
-                     "tensor %d [%zu]", t, i);
+        cr_assert_eq(((const uint16_t *)in[t])[i], round_to(dt, want[t][i]), "tensor %d [%zu]", t,
+                     i);
     }
 
   attn_engine *e = topen(2, NULL);
@@ -248,8 +247,7 @@ Test(json, nested_shape_inferred) {
   const char *body = "{\"q\": [[1, 2], [3, 4], [5, 6]], \"k\": [[1, 0]], \"v\": [[0.5, -0.5]]}";
   attn_proto_req pr;
   attn_status st;
-  cr_assert_eq(attn_proto_decode_json(body, strlen(body), NULL, &pr, &st), 0, "%s",
-               st.message);
+  cr_assert_eq(attn_proto_decode_json(body, strlen(body), NULL, &pr, &st), 0, "%s", st.message);
   cr_expect_eq(pr.rank, 2);
   cr_expect_eq(pr.shape_q[0], 3);
   cr_expect_eq(pr.shape_q[1], 2);
@@ -261,15 +259,13 @@ Test(json, nested_shape_inferred) {
 
 /* q seq 4, k seq 2, causal, bottom-right aligned: rows 0 and 1 see no key. */
 Test(json, stats_masked_rows_are_null) {
-  const char *body =
-      "{\"q\": {\"shape\": [1, 1, 4, 2], \"data\": [1, 2, 3, 4, 5, 6, 7, 8]},"
-      " \"k\": {\"shape\": [1, 1, 2, 2], \"data\": [1, 0, 0, 1]},"
-      " \"v\": {\"shape\": [1, 1, 2, 2], \"data\": [1, 2, 3, 4]},"
-      " \"causal\": true, \"stats\": true}";
+  const char *body = "{\"q\": {\"shape\": [1, 1, 4, 2], \"data\": [1, 2, 3, 4, 5, 6, 7, 8]},"
+                     " \"k\": {\"shape\": [1, 1, 2, 2], \"data\": [1, 0, 0, 1]},"
+                     " \"v\": {\"shape\": [1, 1, 2, 2], \"data\": [1, 2, 3, 4]},"
+                     " \"causal\": true, \"stats\": true}";
   attn_proto_req pr;
   attn_status st;
-  cr_assert_eq(attn_proto_decode_json(body, strlen(body), NULL, &pr, &st), 0, "%s",
-               st.message);
+  cr_assert_eq(attn_proto_decode_json(body, strlen(body), NULL, &pr, &st), 0, "%s", st.message);
   attn_engine *e = topen(2, NULL);
   cr_assert_eq(attn_engine_run(e, &pr.req, NULL, &st), 0, "%s", st.message);
   char *out;
@@ -354,10 +350,10 @@ Test(json, f32_text_is_shortest_and_exact) {
     while ((u & 0x7f800000u) == 0x7f800000u);
     in[i] = u;
   }
-  in[0] = 0x80000000u;        /* -0 */
-  in[1] = 0x7f7fffffu;        /* FLT_MAX */
-  in[2] = 0x00000001u;        /* smallest subnormal */
-  in[3] = 0x3f800000u;        /* 1 */
+  in[0] = 0x80000000u; /* -0 */
+  in[1] = 0x7f7fffffu; /* FLT_MAX */
+  in[2] = 0x00000001u; /* smallest subnormal */
+  in[3] = 0x3f800000u; /* 1 */
   char *out = encode_values(ATTN_F32, in, 256 * 256);
   cr_assert_eq(read_data(out, "o", ATTN_F32, got, 256 * 256), 256 * 256);
   cr_expect(memcmp(got, in, sizeof in) == 0, "every F32 value reads back exactly");
@@ -403,26 +399,23 @@ Test(json, narrow_dtypes_round_once) {
 }
 
 Test(json, f32_limits) {
-#define F32_FMT                                                                    \
-  "{\"q\": {\"shape\": [1, 1], \"data\": [%s]}, "                                    \
+#define F32_FMT                                   \
+  "{\"q\": {\"shape\": [1, 1], \"data\": [%s]}, " \
   "\"k\": {\"shape\": [1, 1], \"data\": [0]}, \"v\": {\"shape\": [1, 1], \"data\": [0]}}"
   char body[256];
   attn_proto_req pr;
   attn_status st;
   /* The shortest text of FLT_MAX is just above it: it must decode. */
   snprintf(body, sizeof body, F32_FMT, "3.4028235e38");
-  cr_assert_eq(attn_proto_decode_json(body, strlen(body), NULL, &pr, &st), 0, "%s",
-               st.message);
+  cr_assert_eq(attn_proto_decode_json(body, strlen(body), NULL, &pr, &st), 0, "%s", st.message);
   cr_expect_eq(((const float *)pr.req.q)[0], 0x1.fffffep127f);
   attn_proto_req_free(&pr);
   snprintf(body, sizeof body, F32_FMT, "-3.4028235e38");
-  cr_assert_eq(attn_proto_decode_json(body, strlen(body), NULL, &pr, &st), 0, "%s",
-               st.message);
+  cr_assert_eq(attn_proto_decode_json(body, strlen(body), NULL, &pr, &st), 0, "%s", st.message);
   cr_expect_eq(((const float *)pr.req.q)[0], -0x1.fffffep127f);
   attn_proto_req_free(&pr);
   snprintf(body, sizeof body, F32_FMT, "1e-50"); /* underflows to 0: fine */
-  cr_assert_eq(attn_proto_decode_json(body, strlen(body), NULL, &pr, &st), 0, "%s",
-               st.message);
+  cr_assert_eq(attn_proto_decode_json(body, strlen(body), NULL, &pr, &st), 0, "%s", st.message);
   cr_expect_eq(((const float *)pr.req.q)[0], 0.0f);
   attn_proto_req_free(&pr);
   snprintf(body, sizeof body, F32_FMT, "3.4028236e38");
@@ -450,8 +443,7 @@ Test(json, options_body_wins_over_query) {
   cr_expect_eq(pr.req.window_right, -1);
   cr_expect(pr.opts.stats && pr.req.m && pr.req.l && pr.req.lse);
   cr_expect_str_eq(pr.req.backend, "reference");
-  cr_expect_eq(pr.opts.set & (ATTN_OPT_CAUSAL | ATTN_OPT_SCALE),
-               ATTN_OPT_CAUSAL | ATTN_OPT_SCALE);
+  cr_expect_eq(pr.opts.set & (ATTN_OPT_CAUSAL | ATTN_OPT_SCALE), ATTN_OPT_CAUSAL | ATTN_OPT_SCALE);
   attn_proto_req_free(&pr);
 
   const char *b2 = "{" QKV ", \"scale\": 0.5, \"window_right\": -1, \"causal\": true}";
@@ -490,8 +482,8 @@ Test(json, every_truncation_is_malformed) {
 }
 
 Test(json, keys) {
-  expect_err("{\"q\": " T22 ", \"q\": " T22 ", \"k\": " T22 ", \"v\": " T22 "}",
-             ATTN_PROTO_EJSON, "duplicate key \"q\"");
+  expect_err("{\"q\": " T22 ", \"q\": " T22 ", \"k\": " T22 ", \"v\": " T22 "}", ATTN_PROTO_EJSON,
+             "duplicate key \"q\"");
   expect_err("{" QKV ", \"causal\": true, \"causal\": false}", ATTN_PROTO_EJSON,
              "duplicate key \"causal\"");
   expect_err("{\"q\": {\"shape\": [2, 2], \"shape\": [2, 2], \"data\": [1, 2, 3, 4]}, "
@@ -501,7 +493,8 @@ Test(json, keys) {
   expect_err("{\"q\": " T22 ", \"v\": " T22 "}", ATTN_PROTO_EMISSING, "tensor \"k\" is missing");
   expect_err("{\"q\": " T22 ", \"k\": " T22 "}", ATTN_PROTO_EMISSING, "tensor \"v\" is missing");
   expect_err("{}", ATTN_PROTO_EMISSING, "tensor \"q\" is missing");
-  expect_err("{" QKV ", \"foo\": 1}", ATTN_PROTO_EOPTION, "unknown option \"foo\" in the JSON field");
+  expect_err("{" QKV ", \"foo\": 1}", ATTN_PROTO_EOPTION,
+             "unknown option \"foo\" in the JSON field");
   expect_err("{\"casual\": true, " QKV "}", ATTN_PROTO_EOPTION, "unknown option \"casual\"");
   expect_err("{" QKV ", \"Q\": 1}", ATTN_PROTO_EOPTION, "unknown option \"Q\"");
 }
@@ -509,7 +502,8 @@ Test(json, keys) {
 Test(json, option_values) {
   expect_err("{" QKV ", \"causal\": \"true\"}", ATTN_PROTO_EOPTVALUE,
              "option \"causal\" in the JSON field must be true or false, not a string");
-  expect_err("{" QKV ", \"stats\": 1}", ATTN_PROTO_EOPTVALUE, "\"stats\" in the JSON field must "
+  expect_err("{" QKV ", \"stats\": 1}", ATTN_PROTO_EOPTVALUE,
+             "\"stats\" in the JSON field must "
              "be true or false, not a number");
   expect_err("{" QKV ", \"window_left\": 2.5}", ATTN_PROTO_EOPTVALUE, "got \"2.5\"");
   expect_err("{" QKV ", \"window_left\": -2}", ATTN_PROTO_EOPTVALUE, "got \"-2\"");
@@ -544,8 +538,8 @@ Test(json, tensor_objects) {
              "shape must be an array of integers, not a number");
   expect_err("{\"q\": {\"shape\": [2, 0], \"data\": []}" KV, ATTN_PROTO_ETENSOR,
              "has a dimension below 1");
-  expect_err("{\"k\": {\"shape\": [2, 3], \"data\": [1, 2, 3, 4, 5]}, \"q\": " T22
-             ", \"v\": " T22 "}",
+  expect_err("{\"k\": {\"shape\": [2, 3], \"data\": [1, 2, 3, 4, 5]}, \"q\": " T22 ", \"v\": " T22
+             "}",
              ATTN_PROTO_ETENSOR, "tensor \"k\": shape [2, 3] needs 6 values, data has 5");
   expect_err("{\"q\": {\"shape\": [2, 2], \"data\": [1, \"1\", 3, 4]}" KV, ATTN_PROTO_ETENSOR,
              "tensor \"q\": data[1] must be a number, not a string");
@@ -557,10 +551,10 @@ Test(json, tensor_objects) {
              "needs 4 values, data has 2");
   expect_err("{\"q\": {\"shape\": [2, 2], \"data\": {}}" KV, ATTN_PROTO_ETENSOR,
              "data must be a flat array of numbers, not an object");
-  expect_err("{\"q\": {\"shape\": [2, 2], \"data\": [1, 2, 1e999, 4]}" KV,
-             ATTN_PROTO_ENONFINITE, "tensor \"q\": data[2] is not finite");
-  expect_err("{\"q\": {\"shape\": [2, 2], \"data\": [1, 2, 3, -1e39]}" KV,
-             ATTN_PROTO_ENONFINITE, "data[3] = -1e+39 overflows F32");
+  expect_err("{\"q\": {\"shape\": [2, 2], \"data\": [1, 2, 1e999, 4]}" KV, ATTN_PROTO_ENONFINITE,
+             "tensor \"q\": data[2] is not finite");
+  expect_err("{\"q\": {\"shape\": [2, 2], \"data\": [1, 2, 3, -1e39]}" KV, ATTN_PROTO_ENONFINITE,
+             "data[3] = -1e+39 overflows F32");
   expect_err("{\"q\": {\"shape\": [2, 2], \"dtype\": \"F16\", \"data\": [1, 70000, 3, 4]}, "
              "\"k\": {\"shape\": [2, 2], \"dtype\": \"F16\", \"data\": [1, 2, 3, 4]}, "
              "\"v\": {\"shape\": [2, 2], \"dtype\": \"F16\", \"data\": [1, 2, 3, 4]}}",
@@ -672,8 +666,8 @@ Test(json, grammar_is_strict) {
   expect_err("{\"\\ud800x\": 1}", ATTN_PROTO_EJSON, "half a UTF-16 surrogate pair");
   expect_err("{\"\\ud800\\u0041\": 1}", ATTN_PROTO_EJSON, "half a UTF-16 surrogate pair");
   /* numbers are JSON's, not strtod's */
-  const char *nums[] = {"01", "1.", ".5", "-", "1e", "1e+", "+1", "0x10", "NaN", "Infinity",
-                        "-Infinity", "1.5.2"};
+  const char *nums[] = {"01", "1.",   ".5",  "-",        "1e",        "1e+",
+                        "+1", "0x10", "NaN", "Infinity", "-Infinity", "1.5.2"};
   for (size_t i = 0; i < sizeof nums / sizeof *nums; i++) {
     char body[128];
     snprintf(body, sizeof body, "{\"scale\": %s}", nums[i]);
@@ -713,8 +707,7 @@ Test(json, strings_are_unescaped) {
   expect_err("{\"q\\u0000\": 1, " QKV "}", ATTN_PROTO_EOPTION, "unknown option \"q\\x00\"");
   expect_err("{\"\\ud83d\\ude00\": 1}", ATTN_PROTO_EOPTION,
              "unknown option \"\\xf0\\x9f\\x98\\x80\"");
-  expect_err("{" QKV ", \"backend\": \"cpu\\u0000\"}", ATTN_PROTO_EOPTVALUE,
-             "(got \"cpu\\x00\")");
+  expect_err("{" QKV ", \"backend\": \"cpu\\u0000\"}", ATTN_PROTO_EOPTVALUE, "(got \"cpu\\x00\")");
   expect_err("{\"q\": {\"shape\": [2, 2], \"dtype\": \"F32\\u0000\", \"data\": [1, 2, 3, 4]}" KV,
              ATTN_PROTO_ETENSOR, "unknown dtype \"F32\\x00\"");
   expect_err("{\"q\": {\"shape\": [2, 2], \"dtype\": \"\\n\", \"data\": [1, 2, 3, 4]}" KV,
@@ -739,16 +732,14 @@ Test(json, layout_is_free) {
                      "\"F16\"} }\n\t ";
   attn_proto_req pr;
   attn_status st;
-  cr_assert_eq(attn_proto_decode_json(body, strlen(body), NULL, &pr, &st), 0, "%s",
-               st.message);
+  cr_assert_eq(attn_proto_decode_json(body, strlen(body), NULL, &pr, &st), 0, "%s", st.message);
   cr_expect_eq(pr.req.dtype, ATTN_F16);
   const uint16_t *q = pr.req.q;
   cr_expect(q[0] == attn_f64_to_f16(-0.5) && q[1] == attn_f64_to_f16(2) &&
             q[2] == attn_f64_to_f16(3) && q[3] == attn_f64_to_f16(4));
   attn_proto_req_free(&pr);
   const char *nested = "{\"q\": [ [ 1 , 2 ] ,\n [3,4] ], \"k\": [[1,2]], \"v\": [[5 ,6]]}";
-  cr_assert_eq(attn_proto_decode_json(nested, strlen(nested), NULL, &pr, &st), 0, "%s",
-               st.message);
+  cr_assert_eq(attn_proto_decode_json(nested, strlen(nested), NULL, &pr, &st), 0, "%s", st.message);
   cr_expect_eq(((const float *)pr.req.q)[3], 4.0f);
   cr_expect_eq(((const float *)pr.req.v)[1], 6.0f);
   attn_proto_req_free(&pr);

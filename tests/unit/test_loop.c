@@ -18,9 +18,8 @@
 
 enum { MAX_JOBS = 8, FAKE_RESET_FD = 4242 };
 
-static const char body_ok[] =
-    "{\"q\": [[1, 0], [0, 1]], \"k\": [[1, 0], [0, 1], [1, 1]], "
-    "\"v\": [[1, 2], [3, 4], [5, 6]]}";
+static const char body_ok[] = "{\"q\": [[1, 0], [0, 1]], \"k\": [[1, 0], [0, 1], [1, 1]], "
+                              "\"v\": [[1, 2], [3, 4], [5, 6]]}";
 
 typedef struct rig {
   attnd_config cfg;
@@ -30,9 +29,7 @@ typedef struct rig {
 } rig;
 
 /* The transport's callbacks get only r or s: the rig is found from s. */
-static rig *rig_of(attnd_server *s) {
-  return (rig *)(void *)((char *)s - offsetof(rig, s));
-}
+static rig *rig_of(attnd_server *s) { return (rig *)(void *)((char *)s - offsetof(rig, s)); }
 
 static void fake_resume(attnd_req *r) {
   rig *g = rig_of(r->srv);

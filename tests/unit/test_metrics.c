@@ -129,10 +129,8 @@ Test(metrics, requests_by_route_and_code) {
   const char *c100 = strstr(out, "path=\"/metrics\",code=\"100\"");
   const char *c599 = strstr(out, "path=\"/metrics\",code=\"599\"");
   cr_expect(c100 && c599 && c100 < c599, "codes out of order");
-  check_histogram(out, "attnd_request_duration_seconds", "path=\"/attention\",", 4,
-                  0.061, NULL);
-  check_histogram(out, "attnd_request_duration_seconds", "path=\"other\",", 4, 0.0004,
-                  NULL);
+  check_histogram(out, "attnd_request_duration_seconds", "path=\"/attention\",", 4, 0.061, NULL);
+  check_histogram(out, "attnd_request_duration_seconds", "path=\"other\",", 4, 0.0004, NULL);
   /* A route that saw no request has no duration series. */
   cr_expect_null(strstr(out, "attnd_request_duration_seconds_count{path=\"/healthz\"} 0"));
   free(out);
@@ -152,8 +150,7 @@ Test(metrics, codes_past_the_table_fold_into_other) {
   expect_line(out, "attnd_requests_total{path=\"/healthz\",code=\"163\"} 1");
   expect_line(out, "attnd_requests_total{path=\"/healthz\",code=\"other\"} 7");
   cr_expect_null(strstr(out, "code=\"164\""));
-  check_histogram(out, "attnd_request_duration_seconds", "path=\"/healthz\",", 72,
-                  0.072, NULL);
+  check_histogram(out, "attnd_request_duration_seconds", "path=\"/healthz\",", 72, 0.072, NULL);
   free(out);
   attnd_metrics_free(m);
 }
@@ -548,8 +545,7 @@ Test(metrics, concurrent_recording_loses_nothing) {
     snprintf(series, sizeof series, "attnd_requests_total{path=\"%s\",code=\"503\"}", route[r]);
     cr_expect_eq(value_of(out, series), half, "%s", series);
     snprintf(series, sizeof series, "path=\"%s\",", route[r]);
-    check_histogram(out, "attnd_request_duration_seconds", series, 2 * half, 0.25 * 2 * half,
-                    NULL);
+    check_histogram(out, "attnd_request_duration_seconds", series, 2 * half, 0.25 * 2 * half, NULL);
   }
   const double total = (double)N_THREADS * PER_THREAD;
   check_histogram(out, "attnd_queue_wait_seconds", "", total, 0.5 * total, NULL);
@@ -567,6 +563,4 @@ Test(metrics, concurrent_recording_loses_nothing) {
   attnd_metrics_free(m);
 }
 
-Test(metrics, free_null_is_a_no_op) {
-  attnd_metrics_free(NULL);
-}
+Test(metrics, free_null_is_a_no_op) { attnd_metrics_free(NULL); }

@@ -25,9 +25,10 @@ Test(options, query_string) {
   attn_options o;
   attn_status st;
   attn_options_init(&o);
-  cr_assert_eq(attn_options_parse_query(
-                   &o, "causal=true&scale=0.125&window_left=64&window_right=0&stats=1&backend=cpu",
-                   &st), 0, "%s", st.message);
+  cr_assert_eq(
+      attn_options_parse_query(
+          &o, "causal=true&scale=0.125&window_left=64&window_right=0&stats=1&backend=cpu", &st),
+      0, "%s", st.message);
   cr_expect(o.causal && o.stats);
   cr_expect_eq(o.scale, 0.125);
   cr_expect_eq(o.window_left, 64);
@@ -56,7 +57,8 @@ static void bad(const char *query, int code, const char *needle) {
 
 Test(options, errors_name_the_option) {
   bad("frobnicate=1", ATTN_PROTO_EOPTION, "unknown option \"frobnicate\" in the query string");
-  bad("causal=yes", ATTN_PROTO_EOPTVALUE, "option \"causal\" in the query string must be true or false (got \"yes\")");
+  bad("causal=yes", ATTN_PROTO_EOPTVALUE,
+      "option \"causal\" in the query string must be true or false (got \"yes\")");
   bad("stats=", ATTN_PROTO_EOPTVALUE, "\"stats\"");
   bad("scale=abc", ATTN_PROTO_EOPTVALUE, "must be a finite number");
   bad("scale=inf", ATTN_PROTO_EOPTVALUE, "finite");
@@ -66,8 +68,8 @@ Test(options, errors_name_the_option) {
   bad("window_right=1.5", ATTN_PROTO_EOPTVALUE, "\"window_right\"");
   bad("window_left=99999999999999999999", ATTN_PROTO_EOPTVALUE, "\"window_left\"");
   bad("backend=tpu", ATTN_PROTO_EOPTVALUE, "auto, cpu, cuda or reference");
-  bad("Causal=true", ATTN_PROTO_EOPTION, "\"Causal\""); /* names are case-sensitive */
-  bad("caus%00al=1", ATTN_PROTO_EOPTION, "caus\\x00al");   /* bytes shown escaped */
+  bad("Causal=true", ATTN_PROTO_EOPTION, "\"Causal\"");  /* names are case-sensitive */
+  bad("caus%00al=1", ATTN_PROTO_EOPTION, "caus\\x00al"); /* bytes shown escaped */
 }
 
 Test(options, set_directly_and_kinds) {

@@ -11,18 +11,23 @@
 #include <sys/wait.h>
 
 Test(plan, seed_exercise_one) {
-  attn_plan_params p = {.batch = 1, .heads_q = 1, .seq_q = 4096, .seq_kv = 4096,
-                        .head_dim = 64, .dtype = ATTN_F32, .threads = 2};
+  attn_plan_params p = {.batch = 1,
+                        .heads_q = 1,
+                        .seq_q = 4096,
+                        .seq_kv = 4096,
+                        .head_dim = 64,
+                        .dtype = ATTN_F32,
+                        .threads = 2};
   attn_plan pl;
   attn_status st;
   cr_assert_eq(attn_plan_compute(&p, &pl, &st), 0, "%s", st.message);
-  cr_expect_eq(pl.q, 1048576);      /* N·d·4 = 1 MiB */
+  cr_expect_eq(pl.q, 1048576); /* N·d·4 = 1 MiB */
   cr_expect_eq(pl.k, 1048576);
   cr_expect_eq(pl.o, 1048576);
-  cr_expect_eq(pl.s, 67108864);     /* N·N·4 = 64 MiB */
+  cr_expect_eq(pl.s, 67108864); /* N·N·4 = 64 MiB */
   cr_expect_eq(pl.p, 67108864);
   cr_expect_eq(pl.s_plus_p, 134217728); /* 128 MiB */
-  cr_expect_eq(pl.s_over_q, 64.0);  /* 1:64 */
+  cr_expect_eq(pl.s_over_q, 64.0);      /* 1:64 */
   cr_expect_eq(pl.m, 4096 * 4);
   cr_expect_eq(pl.l, 4096 * 4);
   cr_expect_eq(pl.threads, 2);
@@ -33,8 +38,14 @@ Test(plan, seed_exercise_one) {
 }
 
 Test(plan, gqa_cross_attention_bf16) {
-  attn_plan_params p = {.batch = 2, .heads_q = 8, .heads_kv = 2, .seq_q = 100,
-                        .seq_kv = 300, .head_dim = 128, .dtype = ATTN_BF16, .threads = 1};
+  attn_plan_params p = {.batch = 2,
+                        .heads_q = 8,
+                        .heads_kv = 2,
+                        .seq_q = 100,
+                        .seq_kv = 300,
+                        .head_dim = 128,
+                        .dtype = ATTN_BF16,
+                        .threads = 1};
   attn_plan pl;
   attn_status st;
   cr_assert_eq(attn_plan_compute(&p, &pl, &st), 0, "%s", st.message);
@@ -48,8 +59,8 @@ Test(plan, gqa_cross_attention_bf16) {
 Test(plan, bad_shapes_are_refused) {
   attn_plan pl;
   attn_status st;
-  attn_plan_params p = {.batch = 1, .heads_q = 6, .heads_kv = 4, .seq_q = 1, .seq_kv = 1,
-                        .head_dim = 64};
+  attn_plan_params p = {
+      .batch = 1, .heads_q = 6, .heads_kv = 4, .seq_q = 1, .seq_kv = 1, .head_dim = 64};
   cr_expect_eq(attn_plan_compute(&p, &pl, &st), ATTN_EHEADS);
   p.heads_kv = 0;
   p.seq_q = p.seq_kv = (int64_t)1 << 40;
@@ -76,18 +87,19 @@ static int attn_cli(const char *args, char *out, size_t cap) {
 
 Test(plan, cli_table) {
   char out[8192];
-  cr_assert_eq(attn_cli("plan --batch 1 --heads 1 --seq 4096 --head-dim 64 --dtype F32", out,
-                        sizeof out), 0, "%s", out);
-  const char *want[] = {"1048576", "1.00 MiB", "67108864", "64.00 MiB", "134217728",
-                        "128.00 MiB", "1:64"};
+  cr_assert_eq(
+      attn_cli("plan --batch 1 --heads 1 --seq 4096 --head-dim 64 --dtype F32", out, sizeof out), 0,
+      "%s", out);
+  const char *want[] = {"1048576",   "1.00 MiB",   "67108864", "64.00 MiB",
+                        "134217728", "128.00 MiB", "1:64"};
   for (size_t i = 0; i < sizeof want / sizeof *want; i++)
     cr_expect(strstr(out, want[i]), "attn plan output lacks \"%s\":\n%s", want[i], out);
 }
 
 Test(plan, cli_json_and_cross) {
   char out[8192];
-  cr_assert_eq(attn_cli("plan --json --seq-q 128 --seq-kv 4096 --head-dim 64", out,
-                        sizeof out), 0, "%s", out);
+  cr_assert_eq(attn_cli("plan --json --seq-q 128 --seq-kv 4096 --head-dim 64", out, sizeof out), 0,
+               "%s", out);
   cr_expect(strstr(out, "\"q\": 32768,"), "%s", out);
   cr_expect(strstr(out, "\"s\": 2097152,"), "%s", out);
   cr_expect(strstr(out, "\"s_over_q\": 64,"), "%s", out);

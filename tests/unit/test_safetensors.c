@@ -60,8 +60,8 @@ static unsigned char *write_file(const wtensor *t, int n, const char *meta, size
     o += (size_t)snprintf(hdr + o, sizeof hdr - o, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[",
                           i ? "," : "", t[i].name, t[i].dtype);
     for (int d = 0; d < t[i].rank; d++)
-      o += (size_t)snprintf(hdr + o, sizeof hdr - o, d ? ",%lld" : "%lld",
-                            (long long)t[i].shape[d]);
+      o +=
+          (size_t)snprintf(hdr + o, sizeof hdr - o, d ? ",%lld" : "%lld", (long long)t[i].shape[d]);
     o += (size_t)snprintf(hdr + o, sizeof hdr - o, "],\"data_offsets\":[%zu,%zu]}", off,
                           off + t[i].nbytes);
     memcpy(data + off, t[i].data, t[i].nbytes);
@@ -375,8 +375,7 @@ static int expect_fail(const void *body, size_t len, int code, const char *needl
   cr_expect_eq(rc, code, "want %s, got %s (%s)", attn_proto_code_name(code),
                attn_proto_code_name(rc), st.message);
   cr_expect_eq(st.code, code);
-  cr_expect(strstr(st.message, needle) != NULL, "message \"%s\" lacks \"%s\"", st.message,
-            needle);
+  cr_expect(strstr(st.message, needle) != NULL, "message \"%s\" lacks \"%s\"", st.message, needle);
   cr_expect(!pr.out && !pr.owned[0] && !pr.owned[1] && !pr.owned[2] && !pr.req.q,
             "a failed decode leaves nothing behind");
   if (rc == 0)
@@ -468,8 +467,9 @@ Test(safetensors, header_within_the_body_but_over_the_cap_is_too_large) {
   unsigned char *b = malloc(len);
   cr_assert(b);
   put_le64(b, n);
-  expect_fail(b, len, ATTN_PROTO_ETOOLARGE, "header length 104857601 is over the limit of "
-                                            "104857600 bytes");
+  expect_fail(b, len, ATTN_PROTO_ETOOLARGE,
+              "header length 104857601 is over the limit of "
+              "104857600 bytes");
   /* one byte short of holding it: malformed, as any length past the body */
   expect_fail(b, len - 1, ATTN_PROTO_ESAFETENSORS, "runs past the end of the body");
   free(b);
@@ -519,7 +519,8 @@ Test(safetensors, malformed_json) {
   expect_hdr("{\"q\\u0000x\":1}", 0, ATTN_PROTO_ESAFETENSORS, "\\u0000");
   expect_hdr("{\x01}", 0, ATTN_PROTO_ESAFETENSORS, "control byte 0x01");
   expect_hdr("{\"a\tb\":1}", 0, ATTN_PROTO_ESAFETENSORS, "control byte 0x09");
-  expect_hdr("{\"\xff\":1}", 0, ATTN_PROTO_ESAFETENSORS, "header byte 2 (file offset 10) starts invalid UTF-8");
+  expect_hdr("{\"\xff\":1}", 0, ATTN_PROTO_ESAFETENSORS,
+             "header byte 2 (file offset 10) starts invalid UTF-8");
   expect_hdr("{\"\xc0\x80\":1}", 0, ATTN_PROTO_ESAFETENSORS, "invalid UTF-8");
   expect_hdr("{\"q\":[[[[[[1]]]]]]}", 0, ATTN_PROTO_ESAFETENSORS, "nests deeper than 6");
 }
@@ -529,13 +530,16 @@ Test(safetensors, malformed_keys) {
              "the header has the tensor \"q\" twice");
   expect_hdr("{" TQ "," TK "," TV ",\"__metadata__\":{},\"__metadata__\":{}}", 48,
              ATTN_PROTO_ESAFETENSORS, "\"__metadata__\" twice");
-  expect_hdr("{\"q\":{\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]},"
-             TK "," TV "}", 48, ATTN_PROTO_ESAFETENSORS, "tensor \"q\" has the field \"dtype\" twice");
+  expect_hdr(
+      "{\"q\":{\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]}," TK
+      "," TV "}",
+      48, ATTN_PROTO_ESAFETENSORS, "tensor \"q\" has the field \"dtype\" twice");
   expect_hdr("{" TQ "," TK "}", 48, ATTN_PROTO_EMISSING, "tensor \"v\" is missing");
   expect_hdr("{" TK "," TV "}", 48, ATTN_PROTO_EMISSING, "tensor \"q\" is missing");
   expect_hdr("{}", 0, ATTN_PROTO_EMISSING, "tensor \"q\" is missing");
   expect_hdr("{" TQ "," TK "," TV ",\"x\":{\"dtype\":\"F32\",\"shape\":[1],"
-             "\"data_offsets\":[48,52]}}", 52, ATTN_PROTO_EUNKNOWNTENSOR, "unknown tensor \"x\"");
+             "\"data_offsets\":[48,52]}}",
+             52, ATTN_PROTO_EUNKNOWNTENSOR, "unknown tensor \"x\"");
   expect_hdr("{\"Q\":1}", 0, ATTN_PROTO_EUNKNOWNTENSOR, "unknown tensor \"Q\"");
 }
 
@@ -548,40 +552,49 @@ Test(safetensors, malformed_entries) {
              ATTN_PROTO_ESAFETENSORS, "tensor \"k\" lacks the field \"shape\"");
   expect_hdr("{" TQ "," TK ",\"v\":{\"dtype\":\"F32\",\"shape\":[2,2]}}", 48,
              ATTN_PROTO_ESAFETENSORS, "tensor \"v\" lacks the field \"data_offsets\"");
-  expect_hdr("{\"q\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16],\"name\":\"q\"},"
-             TK "," TV "}", 48, ATTN_PROTO_ESAFETENSORS, "tensor \"q\" has the unknown field \"name\"");
+  expect_hdr("{\"q\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16],\"name\":\"q\"}," TK
+             "," TV "}",
+             48, ATTN_PROTO_ESAFETENSORS, "tensor \"q\" has the unknown field \"name\"");
   expect_hdr("{\"q\":{\"dtype\":\"F64\",\"shape\":[2,2],\"data_offsets\":[0,32]}," TK "," TV "}",
              48, ATTN_PROTO_ETENSOR, "tensor \"q\": dtype \"F64\" is not supported");
   expect_hdr("{" TQ ",\"k\":{\"dtype\":\"I32\",\"shape\":[2,2],\"data_offsets\":[16,32]}," TV "}",
              48, ATTN_PROTO_ETENSOR, "tensor \"k\": dtype \"I32\"");
   expect_hdr("{\"q\":{\"dtype\":4,\"shape\":[2,2],\"data_offsets\":[0,16]}," TK "," TV "}", 48,
-             ATTN_PROTO_ESAFETENSORS, "tensor \"q\": dtype must be a string such as \"F32\", not a number");
+             ATTN_PROTO_ESAFETENSORS,
+             "tensor \"q\": dtype must be a string such as \"F32\", not a number");
   expect_hdr("{\"q\":{\"dtype\":\"F32\",\"shape\":{},\"data_offsets\":[0,16]}," TK "," TV "}", 48,
              ATTN_PROTO_ESAFETENSORS, "shape must be an array of integers, not an object");
   expect_hdr("{\"q\":{\"dtype\":\"F32\",\"shape\":[-2,2],\"data_offsets\":[0,16]}," TK "," TV "}",
              48, ATTN_PROTO_ETENSOR, "tensor \"q\": shape[0] is -2");
   expect_hdr("{\"q\":{\"dtype\":\"F32\",\"shape\":[2,2.5],\"data_offsets\":[0,20]}," TK "," TV "}",
              48, ATTN_PROTO_ETENSOR, "tensor \"q\": shape[1] is 2.5");
-  expect_hdr("{\"q\":{\"dtype\":\"F32\",\"shape\":[2,\"4\"],\"data_offsets\":[0,16]}," TK "," TV
-             "}", 48, ATTN_PROTO_ESAFETENSORS, "tensor \"q\": shape[1] must be an integer, not a string");
-  expect_hdr("{\"q\":{\"dtype\":\"F32\",\"shape\":[2,null],\"data_offsets\":[0,16]}," TK "," TV
-             "}", 48, ATTN_PROTO_ESAFETENSORS, "not null");
-  expect_hdr("{\"q\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904,8],\"data_offsets\":[0,16]},"
-             TK "," TV "}", 48, ATTN_PROTO_ETENSOR, "shape[0] is 4.6116860184273879e+18");
+  expect_hdr(
+      "{\"q\":{\"dtype\":\"F32\",\"shape\":[2,\"4\"],\"data_offsets\":[0,16]}," TK "," TV "}", 48,
+      ATTN_PROTO_ESAFETENSORS, "tensor \"q\": shape[1] must be an integer, not a string");
+  expect_hdr("{\"q\":{\"dtype\":\"F32\",\"shape\":[2,null],\"data_offsets\":[0,16]}," TK "," TV "}",
+             48, ATTN_PROTO_ESAFETENSORS, "not null");
+  expect_hdr(
+      "{\"q\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904,8],\"data_offsets\":[0,16]}," TK
+      "," TV "}",
+      48, ATTN_PROTO_ETENSOR, "shape[0] is 4.6116860184273879e+18");
   expect_hdr("{\"q\":{\"dtype\":\"F32\",\"shape\":[1099511627776,1099511627776,16],"
-             "\"data_offsets\":[0,16]}," TK "," TV "}", 48, ATTN_PROTO_ETENSOR,
-             "holds more bytes than 64-bit sizes can count");
-  expect_hdr("{\"q\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]},"
-             TK "," TV "}", 48, ATTN_PROTO_ETENSOR, "more than 8 dimensions");
+             "\"data_offsets\":[0,16]}," TK "," TV "}",
+             48, ATTN_PROTO_ETENSOR, "holds more bytes than 64-bit sizes can count");
+  expect_hdr("{\"q\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}," TK
+             "," TV "}",
+             48, ATTN_PROTO_ETENSOR, "more than 8 dimensions");
 }
 
 Test(safetensors, malformed_offsets) {
   expect_hdr("{\"q\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[16,0]}," TK "," TV "}",
-             48, ATTN_PROTO_ESAFETENSORS, "tensor \"q\": data_offsets [16, 0] begin after they end");
+             48, ATTN_PROTO_ESAFETENSORS,
+             "tensor \"q\": data_offsets [16, 0] begin after they end");
   expect_hdr("{" TQ ",\"k\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,4000]}," TV "}",
-             48, ATTN_PROTO_ESAFETENSORS, "tensor \"k\": data_offsets [0, 4000] end past the 48 bytes of data");
+             48, ATTN_PROTO_ESAFETENSORS,
+             "tensor \"k\": data_offsets [0, 4000] end past the 48 bytes of data");
   expect_hdr("{\"q\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,12]}," TK "," TV "}",
-             48, ATTN_PROTO_ESAFETENSORS, "data_offsets [0, 12] span 12 bytes but F32 [2, 2] needs 16");
+             48, ATTN_PROTO_ESAFETENSORS,
+             "data_offsets [0, 12] span 12 bytes but F32 [2, 2] needs 16");
   expect_hdr("{\"q\":{\"dtype\":\"F16\",\"shape\":[2,2],\"data_offsets\":[0,16]}," TK "," TV "}",
              48, ATTN_PROTO_ESAFETENSORS, "span 16 bytes but F16 [2, 2] needs 8");
   expect_hdr("{" TQ ",\"k\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[8,24]}," TV "}",
@@ -590,27 +603,30 @@ Test(safetensors, malformed_offsets) {
   expect_hdr("{" TQ "," TK ",\"v\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]}}",
              48, ATTN_PROTO_ESAFETENSORS, "overlap");
   expect_hdr("{\"q\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0]}," TK "," TV "}", 48,
-             ATTN_PROTO_ESAFETENSORS, "data_offsets must be an array [begin, end], not an array of another length");
+             ATTN_PROTO_ESAFETENSORS,
+             "data_offsets must be an array [begin, end], not an array of another length");
   expect_hdr("{\"q\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":\"0-16\"}," TK "," TV "}",
              48, ATTN_PROTO_ESAFETENSORS, "not a string");
   expect_hdr("{\"q\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[-16,0]}," TK "," TV "}",
              48, ATTN_PROTO_ESAFETENSORS, "data_offsets[0] is -16");
   expect_hdr("{\"q\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,\"16\"]}," TK "," TV
-             "}", 48, ATTN_PROTO_ESAFETENSORS, "data_offsets[1] must be an integer, not a string");
+             "}",
+             48, ATTN_PROTO_ESAFETENSORS, "data_offsets[1] must be an integer, not a string");
 }
 
 Test(safetensors, malformed_from_build) {
   expect_hdr("{" TQ ",\"k\":{\"dtype\":\"F16\",\"shape\":[2,2],\"data_offsets\":[16,24]},"
              "\"v\":{\"dtype\":\"F16\",\"shape\":[2,2],\"data_offsets\":[24,32]}}",
              32, ATTN_PROTO_EDTYPE, "tensor \"k\" is F16 but \"q\" is F32");
-  expect_hdr("{\"q\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}," TK "," TV "}",
-             48, ATTN_PROTO_ETENSOR, "tensor \"q\" has 1 dimensions");
+  expect_hdr("{\"q\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}," TK "," TV "}", 48,
+             ATTN_PROTO_ETENSOR, "tensor \"q\" has 1 dimensions");
   expect_hdr("{\"q\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,4]},"
              "\"k\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[4,20]},"
              "\"v\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[20,36]}}",
              36, ATTN_PROTO_ETENSOR, "has 0 dimensions");
-  expect_hdr("{\"q\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,4],\"data_offsets\":[0,16]}," TK ","
-             TV "}", 48, ATTN_PROTO_ETENSOR, "has 5 dimensions");
+  expect_hdr("{\"q\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,4],\"data_offsets\":[0,16]}," TK "," TV
+             "}",
+             48, ATTN_PROTO_ETENSOR, "has 5 dimensions");
   expect_hdr("{\"q\":{\"dtype\":\"F32\",\"shape\":[0,2],\"data_offsets\":[0,0]},"
              "\"k\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]},"
              "\"v\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[16,32]}}",
@@ -620,18 +636,19 @@ Test(safetensors, malformed_from_build) {
 }
 
 Test(safetensors, malformed_metadata) {
-  expect_hdr("{" TQ "," TK "," TV ",\"__metadata__\":{\"causal\":true}}", 48,
-             ATTN_PROTO_EOPTVALUE, "__metadata__ value of \"causal\" must be a string, not a boolean");
-  expect_hdr("{" TQ "," TK "," TV ",\"__metadata__\":{\"scale\":0.5}}", 48,
-             ATTN_PROTO_EOPTVALUE, "\"scale\" must be a string, not a number");
-  expect_hdr("{" TQ "," TK "," TV ",\"__metadata__\":{\"dtype\":\"F16\"}}", 48,
-             ATTN_PROTO_EOPTION, "unknown option \"dtype\" in the __metadata__");
+  expect_hdr("{" TQ "," TK "," TV ",\"__metadata__\":{\"causal\":true}}", 48, ATTN_PROTO_EOPTVALUE,
+             "__metadata__ value of \"causal\" must be a string, not a boolean");
+  expect_hdr("{" TQ "," TK "," TV ",\"__metadata__\":{\"scale\":0.5}}", 48, ATTN_PROTO_EOPTVALUE,
+             "\"scale\" must be a string, not a number");
+  expect_hdr("{" TQ "," TK "," TV ",\"__metadata__\":{\"dtype\":\"F16\"}}", 48, ATTN_PROTO_EOPTION,
+             "unknown option \"dtype\" in the __metadata__");
   expect_hdr("{" TQ "," TK "," TV ",\"__metadata__\":{\"causal\":\"yes\"}}", 48,
-             ATTN_PROTO_EOPTVALUE, "option \"causal\" in the __metadata__ must be true or false (got \"yes\")");
+             ATTN_PROTO_EOPTVALUE,
+             "option \"causal\" in the __metadata__ must be true or false (got \"yes\")");
   expect_hdr("{" TQ "," TK "," TV ",\"__metadata__\":{\"stats\":\"1\",\"stats\":\"0\"}}", 48,
              ATTN_PROTO_ESAFETENSORS, "__metadata__ has the key \"stats\" twice");
-  expect_hdr("{" TQ "," TK "," TV ",\"__metadata__\":[\"causal\"]}", 48,
-             ATTN_PROTO_ESAFETENSORS, "__metadata__ must be an object of strings, not an array");
+  expect_hdr("{" TQ "," TK "," TV ",\"__metadata__\":[\"causal\"]}", 48, ATTN_PROTO_ESAFETENSORS,
+             "__metadata__ must be an object of strings, not an array");
   /* a valid option the engine refuses still fails, with the engine's code */
   expect_hdr("{" TQ "," TK "," TV ",\"__metadata__\":{\"causal\":\"true\",\"window_right\":\"3\"}}",
              48, ATTN_EWINDOW, "contradicts");
@@ -653,13 +670,12 @@ Test(safetensors, encode_padding_and_errors) {
     n |= (uint64_t)o[i] << (8 * i);
   cr_expect_eq((8 + n) % 8, 0);
   cr_expect_eq(olen, 8 + n + 32 + 3 * 8);
-  static const char want[] =
-      "{\"o\":{\"dtype\":\"F32\",\"shape\":[2,4],\"data_offsets\":[0,32]},"
-      "\"m\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[32,40]},"
-      "\"l\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[40,48]},"
-      "\"lse\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[48,56]}}";
-  cr_expect(n >= sizeof want - 1 && !memcmp(o + 8, want, sizeof want - 1), "header %.*s",
-            (int)n, (const char *)o + 8);
+  static const char want[] = "{\"o\":{\"dtype\":\"F32\",\"shape\":[2,4],\"data_offsets\":[0,32]},"
+                             "\"m\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[32,40]},"
+                             "\"l\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[40,48]},"
+                             "\"lse\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[48,56]}}";
+  cr_expect(n >= sizeof want - 1 && !memcmp(o + 8, want, sizeof want - 1), "header %.*s", (int)n,
+            (const char *)o + 8);
   for (size_t i = 8 + sizeof want - 1; i < 8 + n; i++)
     cr_expect_eq(o[i], ' ');
   free(out);

@@ -31,8 +31,7 @@ static void expect_err(const attn_request *r, int code, const char *needle) {
   cr_expect_eq(rc, code, "want %s, got %s (%s)", attn_err_name(code), attn_err_name(rc),
                st.message);
   cr_expect_eq(st.code, code);
-  cr_expect(strstr(st.message, needle) != NULL, "message \"%s\" lacks \"%s\"", st.message,
-            needle);
+  cr_expect(strstr(st.message, needle) != NULL, "message \"%s\" lacks \"%s\"", st.message, needle);
 }
 
 Test(validate, good_request_passes) {
@@ -43,48 +42,99 @@ Test(validate, good_request_passes) {
 
 Test(validate, dimensions) {
   attn_request r;
-  r = good(); r.batch = 0; expect_err(&r, ATTN_ESHAPE, "batch must be at least 1 (got 0)");
-  r = good(); r.heads_q = -3; expect_err(&r, ATTN_ESHAPE, "heads_q");
-  r = good(); r.heads_kv = 0; expect_err(&r, ATTN_ESHAPE, "heads_kv");
-  r = good(); r.seq_q = 0; expect_err(&r, ATTN_ESHAPE, "seq_q");
-  r = good(); r.seq_kv = -1; expect_err(&r, ATTN_ESHAPE, "seq_kv");
-  r = good(); r.seq_kv = ATTN_MAX_DIM + 1; expect_err(&r, ATTN_ESHAPE, "larger than");
-  r = good(); r.head_dim = 0; expect_err(&r, ATTN_ESHAPE, "head_dim must be between 1 and 256 (got 0)");
-  r = good(); r.head_dim = 257; expect_err(&r, ATTN_ESHAPE, "(got 257)");
+  r = good();
+  r.batch = 0;
+  expect_err(&r, ATTN_ESHAPE, "batch must be at least 1 (got 0)");
+  r = good();
+  r.heads_q = -3;
+  expect_err(&r, ATTN_ESHAPE, "heads_q");
+  r = good();
+  r.heads_kv = 0;
+  expect_err(&r, ATTN_ESHAPE, "heads_kv");
+  r = good();
+  r.seq_q = 0;
+  expect_err(&r, ATTN_ESHAPE, "seq_q");
+  r = good();
+  r.seq_kv = -1;
+  expect_err(&r, ATTN_ESHAPE, "seq_kv");
+  r = good();
+  r.seq_kv = ATTN_MAX_DIM + 1;
+  expect_err(&r, ATTN_ESHAPE, "larger than");
+  r = good();
+  r.head_dim = 0;
+  expect_err(&r, ATTN_ESHAPE, "head_dim must be between 1 and 256 (got 0)");
+  r = good();
+  r.head_dim = 257;
+  expect_err(&r, ATTN_ESHAPE, "(got 257)");
 }
 
 Test(validate, heads_dtype_scale_window) {
   attn_request r;
-  r = good(); r.heads_q = 6; r.heads_kv = 4;
+  r = good();
+  r.heads_q = 6;
+  r.heads_kv = 4;
   expect_err(&r, ATTN_EHEADS, "heads_q (6) is not a multiple of heads_kv (4)");
-  r = good(); r.dtype = (attn_dtype)7; expect_err(&r, ATTN_EDTYPE, "dtype");
-  r = good(); r.scale = INFINITY; expect_err(&r, ATTN_ESCALE, "scale must be a finite number");
-  r = good(); r.scale = -INFINITY; expect_err(&r, ATTN_ESCALE, "scale");
-  r = good(); r.window_left = -2; expect_err(&r, ATTN_EWINDOW, "window_left");
-  r = good(); r.window_right = -5; expect_err(&r, ATTN_EWINDOW, "(got -1, -5)");
-  r = good(); r.causal = true; r.window_right = 3; expect_err(&r, ATTN_EWINDOW, "contradicts");
-  r = good(); r.causal = true; r.window_right = 0;
+  r = good();
+  r.dtype = (attn_dtype)7;
+  expect_err(&r, ATTN_EDTYPE, "dtype");
+  r = good();
+  r.scale = INFINITY;
+  expect_err(&r, ATTN_ESCALE, "scale must be a finite number");
+  r = good();
+  r.scale = -INFINITY;
+  expect_err(&r, ATTN_ESCALE, "scale");
+  r = good();
+  r.window_left = -2;
+  expect_err(&r, ATTN_EWINDOW, "window_left");
+  r = good();
+  r.window_right = -5;
+  expect_err(&r, ATTN_EWINDOW, "(got -1, -5)");
+  r = good();
+  r.causal = true;
+  r.window_right = 3;
+  expect_err(&r, ATTN_EWINDOW, "contradicts");
+  r = good();
+  r.causal = true;
+  r.window_right = 0;
   attn_status st;
   cr_expect_eq(attn_request_validate(&r, &st), 0, "causal with window_right=0 is consistent");
 }
 
 Test(validate, tensors_and_strides) {
   attn_request r;
-  r = good(); r.q = NULL; expect_err(&r, ATTN_EINVAL, "tensor q has no data");
-  r = good(); r.o = NULL; expect_err(&r, ATTN_EINVAL, "tensor o");
-  r = good(); r.k_stride[0] = -1; r.k_stride[2] = 16; expect_err(&r, ATTN_EINVAL, "tensor k: strides");
-  r = good(); r.v_stride[1] = 128; r.v_stride[2] = 8; expect_err(&r, ATTN_EINVAL, "row stride under head_dim");
+  r = good();
+  r.q = NULL;
+  expect_err(&r, ATTN_EINVAL, "tensor q has no data");
+  r = good();
+  r.o = NULL;
+  expect_err(&r, ATTN_EINVAL, "tensor o");
+  r = good();
+  r.k_stride[0] = -1;
+  r.k_stride[2] = 16;
+  expect_err(&r, ATTN_EINVAL, "tensor k: strides");
+  r = good();
+  r.v_stride[1] = 128;
+  r.v_stride[2] = 8;
+  expect_err(&r, ATTN_EINVAL, "row stride under head_dim");
 }
 
 Test(validate, sizes_overflow) {
   attn_request r;
-  r = good(); r.batch = r.seq_q = r.seq_kv = (int64_t)1 << 30;
+  r = good();
+  r.batch = r.seq_q = r.seq_kv = (int64_t)1 << 30;
   expect_err(&r, ATTN_EOVERFLOW, "overflows 64 bits");
-  r = good(); r.seq_q = 1; r.seq_kv = (int64_t)1 << 40; r.head_dim = 256;
+  r = good();
+  r.seq_q = 1;
+  r.seq_kv = (int64_t)1 << 40;
+  r.head_dim = 256;
   r.heads_kv = r.heads_q = (int64_t)1 << 16;
   expect_err(&r, ATTN_EOVERFLOW, "tensor k");
-  r = good(); r.q_stride[0] = INT64_MAX / 2; r.q_stride[1] = 1 << 20; r.q_stride[2] = 16;
-  r.batch = 4; expect_err(&r, ATTN_EOVERFLOW, "tensor q");
+  r = good();
+  r.q_stride[0] = INT64_MAX / 2;
+  r.q_stride[1] = 1 << 20;
+  r.q_stride[2] = 16;
+  r.batch = 4;
+  expect_err(&r, ATTN_EOVERFLOW, "tensor q");
 }
 
 Test(validate, error_names_are_distinct) {
@@ -192,8 +242,8 @@ Test(engine_errors, non_finite_inputs) {
         size_t at = t == 0 ? ((1 * 2 + 0) * 10 + 3) * 20 + 17 : ((1 * 1 + 0) * 12 + 3) * 20 + 17;
         attn_store_elem(tensor, (attn_dtype)dt, at, t == 1 ? -INFINITY : NAN);
         attn_status st;
-        cr_expect_eq(run_err(e, &c, be[b], &st), ATTN_ENONFINITE, "%s %s tensor %d",
-                     be[b], attn_dtype_name((attn_dtype)dt), t);
+        cr_expect_eq(run_err(e, &c, be[b], &st), ATTN_ENONFINITE, "%s %s tensor %d", be[b],
+                     attn_dtype_name((attn_dtype)dt), t);
         char want[64];
         snprintf(want, sizeof want, "tensor %s", t == 0 ? "q" : t == 1 ? "k" : "v");
         cr_expect(strstr(st.message, want) && strstr(st.message, "[1, 0, 3, 17]"), "%s",
@@ -236,9 +286,12 @@ Test(engine_errors, cuda_device_lists) {
   cr_expect_eq(ord[0], 0);
   cr_expect_eq(attn_cuda_devices_parse("3,0,7", ord, 4, &st), 3);
   cr_expect(ord[0] == 3 && ord[1] == 0 && ord[2] == 7);
-  const char *bad[][2] = {{"0,x", "expected comma-separated"}, {"1,1", "listed twice"},
-                          {"-1", "expected"},    {"0,", "expected"},
-                          {"0,1,2,3,4", "at most 4"}, {"99999999999", "expected"}};
+  const char *bad[][2] = {{"0,x", "expected comma-separated"},
+                          {"1,1", "listed twice"},
+                          {"-1", "expected"},
+                          {"0,", "expected"},
+                          {"0,1,2,3,4", "at most 4"},
+                          {"99999999999", "expected"}};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     cr_expect_eq(attn_cuda_devices_parse(bad[i][0], ord, 4, &st), ATTN_EINVAL, "%s", bad[i][0]);
     cr_expect(strstr(st.message, bad[i][1]), "%s: %s", bad[i][0], st.message);

@@ -5,6 +5,8 @@
  */
 #include "proto.h"
 
+#include "errors.h"
+
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -144,5 +146,14 @@ Test(errors, openapi_lists_every_code) {
       snprintf(want, sizeof want, "        - %s\n", attn_proto_code_name(c));
       cr_expect(strstr(text, want), "openapi.yaml's ErrorCode lacks %s", attn_proto_code_name(c));
     }
+    /* and every code of the server's own that goes on the wire */
+#define WANT_CODE(name, status, reason, code, refusal)                        \
+  if (status != 499) {                                                        \
+    char want[80];                                                            \
+    snprintf(want, sizeof want, "        - %s\n", code);                      \
+    cr_expect(strstr(text, want), "openapi.yaml's ErrorCode lacks %s", code); \
+  }
+  ATTND_ERRNO_MAP(WANT_CODE)
+#undef WANT_CODE
   free(text);
 }

@@ -47,7 +47,8 @@ DEPS_NOT_IN_IMAGE = {
     "libcriterion-dev": "Criterion: the unit and integration tests only",
     "clang": "the libFuzzer targets (make fuzz) only; attnd and attn build with gcc",
     "libclang-rt-dev": "libFuzzer's runtime for make fuzz only",
-    "wrk": "make bench-server and the attn-load-vs-wrk test only",
+    "wrk": "make bench-server only",
+    "clang-format": "make test's format check only",
     "curl": "the tests only (the runtime stages install curl for HEALTHCHECK)",
 }
 

@@ -166,7 +166,7 @@ SERVER_SRC = server/main.c server/config.c server/http.c server/loop.c server/de
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/obj/%.o)
 
 .PHONY: all deps bench-deps test test-gpu test-image bench bench-peak bench-peers \
-        bench-server bench-memory fuzz run format format-check clean FORCE
+        bench-server bench-memory bench-idle fuzz run format format-check clean FORCE
 all: $(BUILD)/attn $(BUILD)/attnd
 
 # Expanded here, once: a target-specific CPPFLAGS (-Iclients on some
@@ -430,6 +430,13 @@ bench-server: deps bench-deps
 bench-memory: deps
 	$(MAKE) --no-print-directory $(BUILD)/attnd
 	ATTND_BIN=$(BUILD)/attnd /usr/bin/python3 tests/bench/memory.py
+
+# /healthz and a small POST with 2,000 idle connections open, and with 200
+# under ulimit -n 64 (tests/bench/idle_flood.py).
+bench-idle: deps
+	$(MAKE) --no-print-directory $(BUILD)/attnd
+	ATTND_BIN=$(BUILD)/attnd /usr/bin/python3 tests/bench/idle_flood.py
+	ATTND_BIN=$(BUILD)/attnd /usr/bin/python3 tests/bench/idle_flood.py --connections 200 --ulimit 64
 
 # docker/Dockerfile.cpu's steps in a debootstrapped chroot, then attnd from
 # it (root; not part of make test: it downloads a Debian base, ~1 minute).

@@ -47,6 +47,17 @@ static char *read_bytes(const char *path, size_t *n) {
   return b;
 }
 
+/* c's tensors (with optional __metadata__) into DIR/in.safetensors; the
+ * input and output paths into in and outp (128 bytes each). */
+static void write_case(const tcase *c, const char *meta, char *in, char *outp) {
+  size_t len;
+  char *body = tsafetensors(c, meta, &len);
+  snprintf(in, 128, "%s/in.safetensors", dir);
+  snprintf(outp, 128, "%s/out.safetensors", dir);
+  write_bytes(in, body, len);
+  free(body);
+}
+
 /* The "o" (and "lse") tensors of a reply file, by a plain read of its
  * header: the tests do not trust the decoder they test. */
 static const char *tensor_data(const char *file, size_t len, const char *name) {
@@ -70,12 +81,8 @@ Test(compute, file_to_file, .init = setup, .fini = teardown) {
   p.stats = true;
   tcase c;
   tcase_init(&c, &p, 5);
-  size_t len;
-  char *body = tsafetensors(&c, NULL, &len);
   char in[128], outp[128], args[400], msg[4096];
-  snprintf(in, sizeof in, "%s/in.safetensors", dir);
-  snprintf(outp, sizeof outp, "%s/out.safetensors", dir);
-  write_bytes(in, body, len);
+  write_case(&c, NULL, in, outp);
   snprintf(args, sizeof args, "%s %s --causal --stats --threads 2", in, outp);
   cr_assert_eq(run(args, msg, sizeof msg), 0, "%s", msg);
   cr_expect(strstr(msg, "GFLOP/s"), "%s", msg);
@@ -92,7 +99,6 @@ Test(compute, file_to_file, .init = setup, .fini = teardown) {
   cr_expect_lt(e.stats, 1e-5);
   cr_expect(e.masked_ok);
   free(out);
-  free(body);
   tcase_free(&c);
 }
 
@@ -102,12 +108,8 @@ Test(compute, metadata_options, .init = setup, .fini = teardown) {
   p.causal = true;
   tcase c;
   tcase_init(&c, &p, 6);
-  size_t len;
-  char *body = tsafetensors(&c, "{\"causal\":\"true\"}", &len);
   char in[128], outp[128], args[400], msg[4096];
-  snprintf(in, sizeof in, "%s/in.safetensors", dir);
-  snprintf(outp, sizeof outp, "%s/out.safetensors", dir);
-  write_bytes(in, body, len);
+  write_case(&c, "{\"causal\":\"true\"}", in, outp);
   snprintf(args, sizeof args, "%s %s", in, outp);
   cr_assert_eq(run(args, msg, sizeof msg), 0, "%s", msg);
   size_t olen = 0;
@@ -116,7 +118,6 @@ Test(compute, metadata_options, .init = setup, .fini = teardown) {
   memcpy(c.o, tensor_data(out, olen, "o"), 20 * 8 * 2);
   cr_expect_lt(tcheck(&c).o, ttol(ATTN_BF16));
   free(out);
-  free(body);
   tcase_free(&c);
 }
 
@@ -166,12 +167,8 @@ Test(compute, isa_flag, .init = setup, .fini = teardown) {
   tprob p = tprob_make(1, 2, 1, 17, 29, 40, ATTN_F32);
   tcase c;
   tcase_init(&c, &p, 9);
-  size_t len;
-  char *body = tsafetensors(&c, NULL, &len);
   char in[128], outp[128], args[400], msg[4096];
-  snprintf(in, sizeof in, "%s/in.safetensors", dir);
-  snprintf(outp, sizeof outp, "%s/out.safetensors", dir);
-  write_bytes(in, body, len);
+  write_case(&c, NULL, in, outp);
   snprintf(args, sizeof args, "%s %s --isa generic", in, outp);
   cr_assert_eq(run(args, msg, sizeof msg), 0, "%s", msg);
   size_t olen = 0;
@@ -183,6 +180,5 @@ Test(compute, isa_flag, .init = setup, .fini = teardown) {
   snprintf(args, sizeof args, "%s %s --isa mmx", in, outp);
   cr_expect_eq(run(args, msg, sizeof msg), 2, "%s", msg);
   cr_expect(strstr(msg, "mmx"), "%s", msg);
-  free(body);
   tcase_free(&c);
 }

@@ -73,7 +73,7 @@ endif
 
 # ---- the engine library ---------------------------------------------------
 ENGINE_SRC = engine/engine.c engine/request.c engine/dtype.c engine/pool.c \
-             engine/plan.c engine/softmax.c engine/reference.c engine/cpu/cpu.c \
+             engine/plan.c engine/softmax.c engine/reference.c engine/reference_bwd.c engine/cpu/cpu.c \
              engine/cuda/select.c
 ENGINE_OBJ = $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
 

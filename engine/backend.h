@@ -80,6 +80,11 @@ int attn__nonfinite(attn_status *st, const char *tensor, int64_t b, int64_t h, i
                     int64_t d);
 int attn__check_magnitudes(const attn_request *r, const double maxabs[3], attn_status *st);
 
+/* A backward request's lse_in, when given: ENONFINITE for NaN or +inf,
+ * EINVAL for -inf on a row that sees keys (only a row with no visible key
+ * has lse -inf). Every backend calls it before computing. */
+int attn__check_lse(const attn_request *r, attn_status *st);
+
 /* CPUs this process may run on (affinity), at least 1. */
 int attn__online_cores(void);
 

@@ -155,7 +155,10 @@ void attn_store_elem(void *p, attn_dtype dt, size_t i, float x);
  * completion callback has run. When a job fails (ENONFINITE, ERANGE,
  * cancellation), O and the statistics hold garbage, never a result.
  */
+typedef enum attn_pass { ATTN_FORWARD = 0, ATTN_BACKWARD = 1 } attn_pass;
+
 typedef struct attn_request {
+  attn_pass pass; /* ATTN_FORWARD (the default) or ATTN_BACKWARD, below */
   int64_t batch, heads_q, heads_kv, seq_q, seq_kv, head_dim;
   attn_dtype dtype;
   double scale; /* NaN (set by attn_request_init) means 1/sqrt(head_dim) */
@@ -177,6 +180,19 @@ typedef struct attn_request {
   /* NULL, or a flag the caller sets with attn_cancel_set() to stop the job
    * early (see "Cancellation" above). */
   const int *cancel;
+
+  /* Backward pass (seed exercise 5), when pass == ATTN_BACKWARD. Reads q, k,
+   * v, o (the forward output: an input here, never written) and dout = dL/dO
+   * [B, Hq, Nq, D]; writes dq [B, Hq, Nq, D], dk and dv [B, Hkv, Nkv, D], all
+   * in the request's dtype, with the same stride rules as above. lse_in is
+   * the forward's lse (F32 [B, Hq, Nq], contiguous) or NULL, in which case
+   * the backend recomputes it. m, l and lse must be NULL: a backward pass
+   * returns no statistics. With GQA, dk and dv sum over the query heads of a
+   * group; a row with no visible key contributes nothing. */
+  const void *dout;
+  const float *lse_in;
+  void *dq, *dk, *dv;
+  int64_t do_stride[3], dq_stride[3], dk_stride[3], dv_stride[3];
 } attn_request;
 
 /* Sets a cancel flag (atomically; any thread). */
@@ -189,7 +205,8 @@ void attn_request_init(attn_request *r);
 
 /*
  * Checks every rule of DESIGN.md that can be checked without reading the
- * tensors (values are checked when the job runs: ATTN_ENONFINITE). Returns 0
+ * tensors (values are checked when the job runs: ATTN_ENONFINITE, and for a
+ * backward pass's lse_in, ATTN_EINVAL on a -inf where the row sees keys). Returns 0
  * or the first error found, with a message naming the field.
  */
 int attn_request_validate(const attn_request *r, attn_status *st);
@@ -203,7 +220,9 @@ void attn_request_window(const attn_request *r, int64_t *pleft, int64_t *pright)
 /* Number of (query, key) pairs that are visible, summed over batch and heads. */
 uint64_t attn_request_visible_pairs(const attn_request *r);
 
-/* Forward FLOPs actually needed: 4 * D * visible pairs (two matrix products). */
+/* FLOPs actually needed: 4 * D * visible pairs for a forward pass (two
+ * matrix products), 2.5 times that for a backward pass (five: S again, dV,
+ * dP, dK and dQ), the convention of FlashAttention's papers. */
 double attn_request_flops(const attn_request *r);
 
 /* ---- the memory plan (seed exercise 1) --------------------------------- */

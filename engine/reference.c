@@ -19,10 +19,9 @@
 /* A budget of multiply-adds: about ten seconds of plain double loops. */
 #define REFERENCE_MAX_MACS ((uint64_t)1 << 34)
 
-/* One head of a tensor widened to float64 rows of D; rejects non-finite
- * values with the element's coordinates. */
-static int load_head(const attn_request *r, const char *name, const void *base, const int64_t s[3],
-                     int64_t b, int64_t h, int64_t n, double *dst, attn_status *st) {
+int attn_reference_load(const attn_request *r, const char *name, const void *base,
+                        const int64_t s[3], int64_t b, int64_t h, int64_t n, double *dst,
+                        attn_status *st) {
   const int64_t D = r->head_dim;
   for (int64_t i = 0; i < n; i++)
     for (int64_t d = 0; d < D; d++) {
@@ -51,9 +50,9 @@ int attn_reference_head(const attn_request *r, int64_t b, int64_t h, double *S, 
     return attn_status_set(st, ATTN_ENOMEM, "out of memory in the reference");
   double *k = q + nq * D, *v = k + nk * D;
   int rc;
-  if ((rc = load_head(r, "q", r->q, r->q_stride, b, h, nq, q, st)) ||
-      (rc = load_head(r, "k", r->k, r->k_stride, b, hk, nk, k, st)) ||
-      (rc = load_head(r, "v", r->v, r->v_stride, b, hk, nk, v, st))) {
+  if ((rc = attn_reference_load(r, "q", r->q, r->q_stride, b, h, nq, q, st)) ||
+      (rc = attn_reference_load(r, "k", r->k, r->k_stride, b, hk, nk, k, st)) ||
+      (rc = attn_reference_load(r, "v", r->v, r->v_stride, b, hk, nk, v, st))) {
     free(q);
     return rc;
   }
@@ -128,6 +127,14 @@ int attn_reference(const attn_request *r0, double *o, double *m, double *l, doub
 
 /* ---- the backend: one pool item per (batch, head) ----------------------- */
 
+/* Row (b, h, i) of an output tensor, from D doubles. */
+static void store_row(const attn_request *r, void *base, const int64_t s[3], int64_t b, int64_t h,
+                      int64_t i, const double *x) {
+  size_t off = (size_t)(b * s[0] + h * s[1] + i * s[2]);
+  for (int64_t d = 0; d < r->head_dim; d++)
+    attn_store_elem(base, r->dtype, off + (size_t)d, (float)x[d]);
+}
+
 typedef struct ref_job {
   attn_pool_task task;
   attn_job *job;
@@ -140,41 +147,19 @@ typedef struct ref_state {
   uint64_t max_bytes;
 } ref_state;
 
-static void ref_run(attn_pool_task *t, int64_t item, void *ws) {
-  (void)ws;
-  ref_job *rj = (ref_job *)t;
-  const attn_request *r = &rj->job->req;
-  if (atomic_load(&rj->failed))
-    return;
-  /* A head is the unit of work: a canceled job skips the heads not begun. */
-  if (attn__job_canceled(rj->job)) {
-    attn_status st;
-    attn__canceled(&st);
-    if (atomic_exchange(&rj->failed, 1) == 0)
-      rj->err = st;
-    return;
-  }
+/* Forward item (b, h): computes in float64, stores rounded to the dtype. */
+static int ref_forward_item(const attn_request *r, int64_t item, attn_status *st) {
   int64_t b = item / r->heads_q, h = item % r->heads_q;
   const int64_t nq = r->seq_q, D = r->head_dim;
-  attn_status st = {0};
   double *S = NULL, *P = NULL;
   double *o = malloc((size_t)(nq * D + 3 * nq) * sizeof *o);
-  int rc = o ? alloc_sp(r, &S, &P, &st)
-             : attn_status_set(&st, ATTN_ENOMEM, "out of memory in the reference");
-  double *m = NULL, *l = NULL, *lse = NULL;
-  if (o) {
-    m = o + nq * D;
-    l = m + nq;
-    lse = l + nq;
-  }
-  if (rc == 0)
-    rc = attn_reference_head(r, b, h, S, P, o, m, l, lse, &st);
-  if (rc == 0) {
+  int rc = o ? alloc_sp(r, &S, &P, st)
+             : attn_status_set(st, ATTN_ENOMEM, "out of memory in the reference");
+  double *m = rc == 0 ? o + nq * D : NULL, *l = m ? m + nq : NULL, *lse = l ? l + nq : NULL;
+  if (rc == 0 && (rc = attn_reference_head(r, b, h, S, P, o, m, l, lse, st)) == 0) {
     size_t row = (size_t)((b * r->heads_q + h) * nq);
     for (int64_t i = 0; i < nq; i++) {
-      size_t base = (size_t)(b * r->o_stride[0] + h * r->o_stride[1] + i * r->o_stride[2]);
-      for (int64_t d = 0; d < D; d++)
-        attn_store_elem(r->o, r->dtype, base + (size_t)d, (float)o[i * D + d]);
+      store_row(r, r->o, r->o_stride, b, h, i, o + i * D);
       if (r->m)
         r->m[row + i] = (float)m[i];
       if (r->l)
@@ -182,12 +167,51 @@ static void ref_run(attn_pool_task *t, int64_t item, void *ws) {
       if (r->lse)
         r->lse[row + i] = (float)lse[i];
     }
-  } else if (atomic_exchange(&rj->failed, 1) == 0) {
-    rj->err = st;
   }
   free(S);
   free(P);
   free(o);
+  return rc;
+}
+
+/* Backward item (b, hk): the group's dq rows, and dk, dv of the KV head. */
+static int ref_backward_item(const attn_request *r, int64_t item, attn_status *st) {
+  int64_t b = item / r->heads_kv, hk = item % r->heads_kv;
+  const int64_t nq = r->seq_q, nk = r->seq_kv, D = r->head_dim;
+  const int64_t group = r->heads_q / r->heads_kv;
+  double *S = NULL, *P = NULL;
+  double *dq = malloc((size_t)((group * nq + 2 * nk) * D) * sizeof *dq);
+  int rc = dq ? alloc_sp(r, &S, &P, st)
+              : attn_status_set(st, ATTN_ENOMEM, "out of memory in the reference");
+  double *dk = rc == 0 ? dq + group * nq * D : NULL, *dv = dk ? dk + nk * D : NULL;
+  if (rc == 0 && (rc = attn_reference_backward_group(r, b, hk, S, P, dq, dk, dv, st)) == 0) {
+    for (int64_t g = 0; g < group; g++)
+      for (int64_t i = 0; i < nq; i++)
+        store_row(r, r->dq, r->dq_stride, b, hk * group + g, i, dq + (g * nq + i) * D);
+    for (int64_t j = 0; j < nk; j++) {
+      store_row(r, r->dk, r->dk_stride, b, hk, j, dk + j * D);
+      store_row(r, r->dv, r->dv_stride, b, hk, j, dv + j * D);
+    }
+  }
+  free(S);
+  free(P);
+  free(dq);
+  return rc;
+}
+
+static void ref_run(attn_pool_task *t, int64_t item, void *ws) {
+  (void)ws;
+  ref_job *rj = (ref_job *)t;
+  const attn_request *r = &rj->job->req;
+  if (atomic_load(&rj->failed))
+    return;
+  attn_status st = {0};
+  /* A head is the unit of work: a canceled job skips the heads not begun. */
+  int rc = attn__job_canceled(rj->job)    ? attn__canceled(&st)
+           : r->pass == ATTN_BACKWARD ? ref_backward_item(r, item, &st)
+                                      : ref_forward_item(r, item, &st);
+  if (rc < 0 && atomic_exchange(&rj->failed, 1) == 0)
+    rj->err = st;
 }
 
 static void ref_finish(attn_pool_task *t) {
@@ -234,7 +258,8 @@ static int ref_submit(void *state, attn_job *job, attn_status *st) {
   if (!rj)
     return attn_status_set(st, ATTN_ENOMEM, "out of memory queueing a job");
   rj->job = job;
-  rj->task.nitems = job->req.batch * job->req.heads_q;
+  const attn_request *r = &job->req;
+  rj->task.nitems = r->batch * (r->pass == ATTN_BACKWARD ? r->heads_kv : r->heads_q);
   rj->task.run = ref_run;
   rj->task.finish = ref_finish;
   attn_pool_submit(s->pool, &rj->task);

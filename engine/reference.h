@@ -30,4 +30,29 @@ int attn_reference_head(const attn_request *r, int64_t b, int64_t h, double *S, 
 int attn_reference(const attn_request *r, double *o, double *m, double *l, double *lse,
                    attn_status *st);
 
+/*
+ * Rows [0, n) of one (batch b, head h) of a tensor (base, strides s, the
+ * request's dtype) widened to float64, n × D row-major into dst. Refuses a
+ * non-finite element with ATTN_ENONFINITE, naming `name` and the element.
+ */
+int attn_reference_load(const attn_request *r, const char *name, const void *base,
+                        const int64_t s[3], int64_t b, int64_t h, int64_t n, double *dst,
+                        attn_status *st);
+
+/*
+ * The backward pass of one (batch b, KV head hk) of a validated backward
+ * request with strides filled in: its query heads' dq (group × seq_q × D),
+ * and dk, dv (seq_kv × D each, summed over the group), contiguous doubles.
+ * S and P are caller buffers of seq_q·seq_kv doubles (S ends up holding dS).
+ */
+int attn_reference_backward_group(const attn_request *r, int64_t b, int64_t hk, double *S,
+                                  double *P, double *dq, double *dk, double *dv, attn_status *st);
+
+/*
+ * The whole backward request: dq [B, Hq, Nq, D], dk and dv [B, Hkv, Nkv, D],
+ * contiguous doubles. Returns 0 or an error.
+ */
+int attn_reference_backward(const attn_request *r, double *dq, double *dk, double *dv,
+                            attn_status *st);
+
 #endif

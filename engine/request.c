@@ -109,6 +109,24 @@ static int check_tensor(attn_status *st, const char *name, const void *p, int64_
   return 0;
 }
 
+/* The backward pass's own tensors; the shared ones were checked already. */
+static int validate_backward(const attn_request *r, size_t es, attn_status *st) {
+  if (r->pass != ATTN_BACKWARD)
+    return attn_status_set(st, ATTN_EINVAL, "unknown pass %d (forward or backward)", (int)r->pass);
+  if (r->m || r->l || r->lse)
+    return attn_status_set(st, ATTN_EINVAL,
+                           "a backward pass returns dq, dk and dv, not m, l or lse; "
+                           "pass the forward's lse as an input instead");
+  int64_t b = r->batch, hq = r->heads_q, hk = r->heads_kv, d = r->head_dim;
+  int rc;
+  if ((rc = check_tensor(st, "do", r->dout, b, hq, r->seq_q, d, r->do_stride, es)) ||
+      (rc = check_tensor(st, "dq", r->dq, b, hq, r->seq_q, d, r->dq_stride, es)) ||
+      (rc = check_tensor(st, "dk", r->dk, b, hk, r->seq_kv, d, r->dk_stride, es)) ||
+      (rc = check_tensor(st, "dv", r->dv, b, hk, r->seq_kv, d, r->dv_stride, es)))
+    return rc;
+  return 0;
+}
+
 int attn_request_validate(const attn_request *r, attn_status *st) {
   int rc;
   if (!r)
@@ -150,7 +168,7 @@ int attn_request_validate(const attn_request *r, attn_status *st) {
       (rc = check_tensor(st, "v", r->v, b, hk, r->seq_kv, d, r->v_stride, es)) ||
       (rc = check_tensor(st, "o", r->o, b, hq, r->seq_q, d, r->o_stride, es)))
     return rc;
-  return 0;
+  return r->pass == ATTN_FORWARD ? 0 : validate_backward(r, es, st);
 }
 
 static void fill(int64_t s[3], int64_t h, int64_t n, int64_t d) {
@@ -167,6 +185,12 @@ void attn__request_fill_strides(attn_request *r) {
   fill(r->k_stride, r->heads_kv, r->seq_kv, d);
   fill(r->v_stride, r->heads_kv, r->seq_kv, d);
   fill(r->o_stride, r->heads_q, r->seq_q, d);
+  if (r->pass == ATTN_BACKWARD) {
+    fill(r->do_stride, r->heads_q, r->seq_q, d);
+    fill(r->dq_stride, r->heads_q, r->seq_q, d);
+    fill(r->dk_stride, r->heads_kv, r->seq_kv, d);
+    fill(r->dv_stride, r->heads_kv, r->seq_kv, d);
+  }
 }
 
 /* Keys visible to query row i: [lo, hi], empty when lo > hi. */
@@ -193,7 +217,27 @@ uint64_t attn_request_visible_pairs(const attn_request *r) {
 }
 
 double attn_request_flops(const attn_request *r) {
-  return 4.0 * (double)r->head_dim * (double)attn_request_visible_pairs(r);
+  double fwd = 4.0 * (double)r->head_dim * (double)attn_request_visible_pairs(r);
+  return r->pass == ATTN_BACKWARD ? 2.5 * fwd : fwd;
+}
+
+int attn__check_lse(const attn_request *r, attn_status *st) {
+  if (!r->lse_in)
+    return 0;
+  for (int64_t bh = 0; bh < r->batch * r->heads_q; bh++)
+    for (int64_t i = 0; i < r->seq_q; i++) {
+      float x = r->lse_in[bh * r->seq_q + i];
+      int64_t lo, hi;
+      row_range(r, i, &lo, &hi);
+      if (isnan(x) || x == INFINITY || (x == -INFINITY && hi >= lo))
+        return attn_status_set(st, x == -INFINITY ? ATTN_EINVAL : ATTN_ENONFINITE,
+                               "tensor lse holds %g at [%lld, %lld, %lld], a row that %s; "
+                               "pass the lse of the forward call on the same inputs",
+                               (double)x, (long long)(bh / r->heads_q),
+                               (long long)(bh % r->heads_q), (long long)i,
+                               hi >= lo ? "sees keys" : "sees no key");
+    }
+  return 0;
 }
 
 int attn__nonfinite(attn_status *st, const char *tensor, int64_t b, int64_t h, int64_t n,

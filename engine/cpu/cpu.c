@@ -380,9 +380,10 @@ static void cpu_close(void *state) { free(state); }
 
 static int cpu_supports(void *state, const attn_request *r, attn_status *st) {
   (void)state;
-  (void)r;
-  (void)st;
-  return 0; /* every valid request */
+  if (r->pass == ATTN_BACKWARD)
+    return attn_status_set(st, ATTN_EUNSUPPORTED,
+                           "backend cpu has no backward pass yet; use backend reference");
+  return 0; /* every valid forward request */
 }
 
 static void cpu_describe(void *state, char *buf, size_t cap) {

@@ -501,6 +501,8 @@ static int cuda_submit(void *state, attn_job *job, attn_status *st) {
 
 static int cuda_supports(void *state, const attn_request *r, attn_status *st) {
   cu_state *s = state;
+  if (r->pass == ATTN_BACKWARD)
+    return attn_status_set(st, ATTN_EUNSUPPORTED, "backend cuda has no backward pass yet");
   int sms = 0;
   size_t mem = 0;
   bool ok = false;

@@ -230,23 +230,38 @@ double attn_request_flops(const attn_request *r);
 typedef struct attn_plan_params {
   int64_t batch, heads_q, heads_kv, seq_q, seq_kv, head_dim;
   attn_dtype dtype;
-  int threads; /* worker threads the flash workspace is counted for; 0: cores */
+  int threads;    /* worker threads the flash workspace is counted for; 0: cores */
+  attn_pass pass; /* ATTN_FORWARD (the default) or ATTN_BACKWARD */
 } attn_plan_params;
 
 /*
  * Bytes of each buffer. Standard attention materializes S = scale·QKᵀ and
  * P = softmax(S), both [B, Hq, Nq, Nkv] in the input dtype; the flash path
  * keeps m and l ([B, Hq, Nq], F32) and a per-thread tile workspace instead.
+ *
+ * A backward plan adds the gradients (dO in; dQ, dK, dV out, each the size
+ * of its tensor). Standard backward holds S, P, dP = dO·Vᵀ and
+ * dS = P∘(dP − rowsum(P∘dP)), all four [B, Hq, Nq, Nkv]; flash backward
+ * holds per query row the forward's lse and D = rowsum(dO∘O) (F32), its
+ * F32 dQ accumulators and the per-thread tile workspace, and recomputes S
+ * and P tile by tile.
  */
 typedef struct attn_plan {
+  attn_pass pass;
   uint64_t q, k, v, o;
   uint64_t s, p, s_plus_p;
   uint64_t m, l, lse;
+  uint64_t dout, dq, dk, dv; /* backward only (0 for forward) */
+  uint64_t dp, ds, delta, dq_accum;
   uint64_t workspace_per_thread, workspace;
   int threads;
-  uint64_t standard_total; /* q + k + v + o + s + p */
-  uint64_t flash_total;    /* q + k + v + o + m + l + workspace */
-  double s_over_q;         /* S : Q, the seed's 1:N/D */
+  /* Forward: q + k + v + o + s + p. Backward: q + k + v + o + dout + dq + dk
+   * + dv + s + p + dp + ds. */
+  uint64_t standard_total;
+  /* Forward: q + k + v + o + m + l + workspace. Backward: the same tensors
+   * and gradients + lse + delta + dq_accum + workspace. */
+  uint64_t flash_total;
+  double s_over_q; /* S : Q, the seed's 1:N/D */
   double standard_over_flash;
 } attn_plan;
 

@@ -21,6 +21,16 @@ static int set_param(void *ctx, const char *name, size_t nlen, const char *value
   char qn[48], qv[48];
   attn_quote(qn, sizeof qn, name, nlen);
   attn_quote(qv, sizeof qv, value, vlen);
+  if (!strcmp(name, "pass")) {
+    if (has_value && !strcmp(value, "forward"))
+      pp->pass = ATTN_FORWARD;
+    else if (has_value && !strcmp(value, "backward"))
+      pp->pass = ATTN_BACKWARD;
+    else
+      return attn_status_set(st, ATTN_PROTO_EOPTVALUE,
+                             "parameter \"pass\" must be forward or backward (got \"%s\")", qv);
+    return 0;
+  }
   if (!strcmp(name, "dtype")) {
     if (attn_dtype_parse(value, &pp->dtype) < 0)
       return attn_status_set(st, ATTN_PROTO_EOPTVALUE,
@@ -48,7 +58,7 @@ static int set_param(void *ctx, const char *name, size_t nlen, const char *value
   }
   return attn_status_set(st, ATTN_PROTO_EOPTION,
                          "unknown parameter \"%s\" (parameters: batch, heads, heads_kv, "
-                         "seq_q, seq_kv, head_dim, dtype)",
+                         "seq_q, seq_kv, head_dim, dtype, pass)",
                          qn);
 }
 
@@ -70,11 +80,12 @@ int attn_proto_parse_plan_query(const char *query, attn_plan_params *pp, attn_st
 void attn_proto_plan_json(attn_sbuf *b, const attn_plan_params *p, const attn_plan *pl) {
   attn_sbuf_printf(b,
                    "{\"batch\": %lld, \"heads_q\": %lld, \"heads_kv\": %lld, \"seq_q\": %lld, "
-                   "\"seq_kv\": %lld, \"head_dim\": %lld, \"dtype\": \"%s\", \"threads\": %d,\n",
+                   "\"seq_kv\": %lld, \"head_dim\": %lld, \"dtype\": \"%s\", \"threads\": %d, "
+                   "\"pass\": \"%s\",\n",
                    (long long)p->batch, (long long)p->heads_q,
                    (long long)(p->heads_kv ? p->heads_kv : p->heads_q), (long long)p->seq_q,
                    (long long)p->seq_kv, (long long)p->head_dim, attn_dtype_name(p->dtype),
-                   pl->threads);
+                   pl->threads, pl->pass == ATTN_BACKWARD ? "backward" : "forward");
   attn_sbuf_printf(b,
                    " \"bytes\": {\"q\": %llu, \"k\": %llu, \"v\": %llu, \"o\": %llu, "
                    "\"s\": %llu, \"p\": %llu, \"s_plus_p\": %llu, \"m\": %llu, \"l\": %llu, "
@@ -86,6 +97,16 @@ void attn_proto_plan_json(attn_sbuf *b, const attn_plan_params *p, const attn_pl
                    (unsigned long long)pl->l, (unsigned long long)pl->workspace_per_thread,
                    (unsigned long long)pl->workspace, (unsigned long long)pl->standard_total,
                    (unsigned long long)pl->flash_total);
+  if (pl->pass == ATTN_BACKWARD)
+    attn_sbuf_printf(b,
+                     " \"backward_bytes\": {\"do\": %llu, \"dq\": %llu, \"dk\": %llu, "
+                     "\"dv\": %llu, \"dp\": %llu, \"ds\": %llu, \"lse\": %llu, "
+                     "\"delta\": %llu, \"dq_accum\": %llu},\n",
+                     (unsigned long long)pl->dout, (unsigned long long)pl->dq,
+                     (unsigned long long)pl->dk, (unsigned long long)pl->dv,
+                     (unsigned long long)pl->dp, (unsigned long long)pl->ds,
+                     (unsigned long long)pl->lse, (unsigned long long)pl->delta,
+                     (unsigned long long)pl->dq_accum);
   attn_sbuf_printf(b, " \"ratios\": {\"s_over_q\": %.17g, \"standard_over_flash\": %.17g}}\n",
                    pl->s_over_q, pl->standard_over_flash);
 }

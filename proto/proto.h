@@ -280,8 +280,9 @@ char *attn_proto_error_body(const char *code, const char *message, size_t *plen)
 
 /*
  * The memory plan's parameters from a query string (batch, heads, heads_kv,
- * seq_q, seq_kv, head_dim, dtype; seq_q and head_dim required; seq_kv
- * defaults to seq_q, heads and batch to 1, dtype to F32). Unknown names are
+ * seq_q, seq_kv, head_dim, dtype, pass; seq_q and head_dim required; seq_kv
+ * defaults to seq_q, heads and batch to 1, dtype to F32, pass to forward,
+ * backward being the other choice). Unknown names are
  * ATTN_PROTO_EOPTION, bad or missing values ATTN_PROTO_EOPTVALUE.
  */
 int attn_proto_parse_plan_query(const char *query, attn_plan_params *pp, attn_status *st);

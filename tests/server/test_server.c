@@ -194,12 +194,51 @@ Test(server, plan_numbers) {
   cr_expect_eq(jnum(ra, "s_over_q"), 64, "s_over_q %g", jnum(ra, "s_over_q"));
   cr_expect_eq(jnum(j, "seq_kv"), 4096, "seq_kv defaults to seq_q");
   cJSON_Delete(j);
-  attn_plan_params p1 = {1, 1, 0, 4096, 4096, 64, ATTN_F32, 0};
+  attn_plan_params p1 = {1, 1, 0, 4096, 4096, 64, ATTN_F32, 0, ATTN_FORWARD};
   check_plan("seq_q=4096&head_dim=64", &p1); /* defaults */
-  attn_plan_params p2 = {2, 8, 2, 100, 300, 128, ATTN_F16, 0};
+  attn_plan_params p2 = {2, 8, 2, 100, 300, 128, ATTN_F16, 0, ATTN_FORWARD};
   check_plan("batch=2&heads=8&heads_kv=2&seq_q=100&seq_kv=300&head_dim=128&dtype=F16", &p2);
-  attn_plan_params p3 = {3, 4, 1, 1, 77, 256, ATTN_BF16, 0};
+  attn_plan_params p3 = {3, 4, 1, 1, 77, 256, ATTN_BF16, 0, ATTN_FORWARD};
   check_plan("head_dim=256&seq_kv=77&seq_q=1&heads=4&heads_kv=1&batch=3&dtype=BF16", &p3);
+}
+
+/* ?pass=backward: the backward fields match the library's plan. */
+Test(server, plan_backward) {
+  srv_start(&S, NULL);
+  cJSON *j = get_json("/attention/plan?seq_q=512&seq_kv=1024&head_dim=32&heads=4&heads_kv=2"
+                      "&dtype=BF16&pass=backward",
+                      200);
+  attn_plan_params pp = {.batch = 1,
+                         .heads_q = 4,
+                         .heads_kv = 2,
+                         .seq_q = 512,
+                         .seq_kv = 1024,
+                         .head_dim = 32,
+                         .dtype = ATTN_BF16,
+                         .threads = (int)jnum(j, "threads"),
+                         .pass = ATTN_BACKWARD};
+  attn_plan pl;
+  attn_status st;
+  cr_assert_eq(attn_plan_compute(&pp, &pl, &st), 0, "%s", st.message);
+  const char *pass = jstr(j, "pass");
+  cr_expect(pass && !strcmp(pass, "backward"), "pass %s", pass);
+  cJSON *bw = cJSON_GetObjectItemCaseSensitive(j, "backward_bytes");
+  cr_assert(cJSON_IsObject(bw), "backward_bytes missing");
+  struct {
+    const char *k;
+    uint64_t v;
+  } f[] = {{"do", pl.dout}, {"dq", pl.dq},       {"dk", pl.dk},
+           {"dv", pl.dv},   {"dp", pl.dp},       {"ds", pl.ds},
+           {"lse", pl.lse}, {"delta", pl.delta}, {"dq_accum", pl.dq_accum}};
+  for (size_t i = 0; i < sizeof f / sizeof *f; i++)
+    cr_expect_eq(jnum(bw, f[i].k), (double)f[i].v, "backward_bytes.%s is %.17g, want %llu", f[i].k,
+                 jnum(bw, f[i].k), (unsigned long long)f[i].v);
+  cJSON *by = cJSON_GetObjectItemCaseSensitive(j, "bytes");
+  cr_expect_eq(jnum(by, "standard_total"), (double)pl.standard_total);
+  cr_expect_eq(jnum(by, "flash_total"), (double)pl.flash_total);
+  cJSON_Delete(j);
+  j = get_json("/attention/plan?seq_q=8&head_dim=8&pass=sideways", 422);
+  cJSON_Delete(j);
 }
 
 Test(server, plan_errors) {

@@ -56,6 +56,44 @@ Test(plan, gqa_cross_attention_bf16) {
   cr_expect_eq(pl.s_over_q, 300.0 / 128.0);
 }
 
+/* Seed exercise 5's analysis: standard backward holds four N×N matrices
+ * (S, P, dP, dS); flash backward holds two F32 numbers per query row (lse
+ * and D) and F32 dQ accumulators instead. Numbers worked out by hand. */
+Test(plan, backward_holds_four_matrices_or_two_rows) {
+  attn_plan_params p = {.batch = 1,
+                        .heads_q = 2,
+                        .heads_kv = 1,
+                        .seq_q = 1024,
+                        .seq_kv = 2048,
+                        .head_dim = 64,
+                        .dtype = ATTN_F16,
+                        .threads = 3,
+                        .pass = ATTN_BACKWARD};
+  attn_plan pl;
+  attn_status st;
+  cr_assert_eq(attn_plan_compute(&p, &pl, &st), 0, "%s", st.message);
+  const uint64_t q = 2 * 1024 * 64 * 2, k = 1 * 2048 * 64 * 2, nn = 2ull * 1024 * 2048 * 2;
+  cr_expect_eq(pl.pass, ATTN_BACKWARD);
+  cr_expect_eq(pl.dout, q);
+  cr_expect_eq(pl.dq, q);
+  cr_expect_eq(pl.dk, k);
+  cr_expect_eq(pl.dv, k);
+  cr_expect_eq(pl.dp, nn);
+  cr_expect_eq(pl.ds, nn);
+  cr_expect_eq(pl.lse, 2 * 1024 * 4);
+  cr_expect_eq(pl.delta, 2 * 1024 * 4);
+  cr_expect_eq(pl.dq_accum, 2 * 1024 * 64 * 4);
+  const uint64_t io = 4 * q + 4 * k; /* q, o, do, dq and k, v, dk, dv */
+  cr_expect_eq(pl.standard_total, io + 4 * nn);
+  cr_expect_eq(pl.flash_total, io + 2 * 2 * 1024 * 4 + pl.dq_accum + 3 * pl.workspace_per_thread);
+  p.pass = ATTN_FORWARD;
+  cr_assert_eq(attn_plan_compute(&p, &pl, &st), 0, "%s", st.message);
+  cr_expect_eq(pl.dq, 0, "a forward plan has no gradients");
+  cr_expect_eq(pl.standard_total, 2 * q + 2 * k + 2 * nn);
+  p.pass = (attn_pass)7;
+  cr_expect_eq(attn_plan_compute(&p, &pl, &st), ATTN_EINVAL);
+}
+
 Test(plan, bad_shapes_are_refused) {
   attn_plan pl;
   attn_status st;
@@ -103,6 +141,20 @@ Test(plan, cli_json_and_cross) {
   cr_expect(strstr(out, "\"q\": 32768,"), "%s", out);
   cr_expect(strstr(out, "\"s\": 2097152,"), "%s", out);
   cr_expect(strstr(out, "\"s_over_q\": 64,"), "%s", out);
+}
+
+Test(plan, cli_backward) {
+  char out[8192];
+  cr_assert_eq(attn_cli("plan --backward --seq 4096 --head-dim 64", out, sizeof out), 0, "%s", out);
+  const char *want[] = {"backward memory plan", "dP = dO*V^T", "67108864", "D = rowsum(dO*O)",
+                        "16384"};
+  for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+    cr_expect(strstr(out, want[i]), "attn plan --backward output lacks \"%s\":\n%s", want[i], out);
+  cr_assert_eq(attn_cli("plan --backward --json --seq 1024 --head-dim 64", out, sizeof out), 0,
+               "%s", out);
+  cr_expect(strstr(out, "\"pass\": \"backward\""), "%s", out);
+  cr_expect(strstr(out, "\"ds\": 4194304,"), "%s", out);
+  cr_expect(strstr(out, "\"delta\": 4096,"), "%s", out);
 }
 
 Test(plan, cli_errors_exit_2) {

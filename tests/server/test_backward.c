@@ -293,8 +293,7 @@ static bool expect_grads(const http_res *rs, const bcase *bc, int rank, bool st_
                          const char *what, double *got[3]) {
   char ct[128] = "";
   http_header(rs, "Content-Type", ct, sizeof ct);
-  cr_expect_eq(rs->status, 200, "%s: HTTP %ld: %.300s", what, rs->status,
-               rs->body ? rs->body : "");
+  cr_expect_eq(rs->status, 200, "%s: HTTP %ld: %.300s", what, rs->status, rs->body ? rs->body : "");
   if (rs->status != 200)
     return false;
   cr_expect(!strncmp(ct, st_reply ? ST_CT : JSON_CT, strlen(st_reply ? ST_CT : JSON_CT)),
@@ -309,8 +308,7 @@ static bool expect_grads(const http_res *rs, const bcase *bc, int rank, bool st_
   for (int i = 0; i < 3 && ok; i++) {
     double e = norm_err(g[i], ref[i], i ? n_kv(&bc->c.p) : n_q(&bc->c.p));
     ok = e <= ttol(bc->c.p.dt);
-    cr_expect(ok, "%s: %s normalized error %.3g over %g", what, grad_names[i], e,
-              ttol(bc->c.p.dt));
+    cr_expect(ok, "%s: %s normalized error %.3g over %g", what, grad_names[i], e, ttol(bc->c.p.dt));
   }
   for (int i = 0; i < 3; i++) {
     if (got)
@@ -344,7 +342,7 @@ static bool post_case(const bcase *bc, int rank, bool st, bool with_lse, const c
 static tprob shape_for_rank(int rank, attn_dtype dt) {
   switch (rank) {
   case 2: return tprob_make(1, 1, 1, 13, 17, 16, dt);
-  case 3: return tprob_make(1, 4, 2, 9, 11, 32, dt); /* GQA, 2 query heads a KV head */
+  case 3: return tprob_make(1, 4, 2, 9, 11, 32, dt);  /* GQA, 2 query heads a KV head */
   default: return tprob_make(2, 3, 1, 7, 10, 24, dt); /* MQA */
   }
 }
@@ -581,10 +579,11 @@ Test(backward, deadline_answers_504) {
   tcase c; /* only q, k, v are used: o and do need not be right to be slow */
   tprob p = tprob_make(1, 16, 16, 1200, 1200, 64, ATTN_F32);
   tcase_init(&c, &p, 29);
-  part t[5] = {
-      {"q", ATTN_F32, {16, 1200, 64}, 3, c.q}, {"k", ATTN_F32, {16, 1200, 64}, 3, c.k},
-      {"v", ATTN_F32, {16, 1200, 64}, 3, c.v}, {"o", ATTN_F32, {16, 1200, 64}, 3, c.q},
-      {"do", ATTN_F32, {16, 1200, 64}, 3, c.k}};
+  part t[5] = {{"q", ATTN_F32, {16, 1200, 64}, 3, c.q},
+               {"k", ATTN_F32, {16, 1200, 64}, 3, c.k},
+               {"v", ATTN_F32, {16, 1200, 64}, 3, c.v},
+               {"o", ATTN_F32, {16, 1200, 64}, 3, c.q},
+               {"do", ATTN_F32, {16, 1200, 64}, 3, c.k}};
   size_t len;
   char *body = bst(t, 5, "{\"backend\":\"reference\"}", &len);
   http_req rq = {.path = "/attention/backward",

@@ -164,7 +164,7 @@ static char *bjson(const part *t, int n, const char *extra, size_t *plen) {
  * object text. */
 static char *bst(const part *t, int n, const char *meta, size_t *plen) {
   attn_sbuf h = {0};
-  size_t off = 0, sizes[6];
+  size_t off = 0, sizes[7]; /* six tensors, and one unknown in the refusal tests */
   attn_sbuf_puts(&h, "{");
   if (meta)
     attn_sbuf_printf(&h, "\"__metadata__\":%s,", meta);

@@ -1,9 +1,12 @@
 /*
- * build.c — from three decoded tensors and the options to an engine request
- * with its output buffers; the shape rules both codecs share.
+ * build.c — from the decoded tensors and the options to an engine request
+ * with its output buffers; the tensor table of each pass (q, k, v; for a
+ * backward pass also o, do and lse) and the shape rules both codecs share.
  */
+#include "internal.h"
 #include "proto.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,12 +19,32 @@ static void shape_str(char *buf, size_t cap, const attn_proto_tensor *t) {
     snprintf(buf + o, cap - o, "]");
 }
 
-static int check_one(const attn_proto_tensor *t, attn_status *st) {
+/* ---- the tensor table ------------------------------------------------------ */
+
+static const char *const tensor_names[ATTN_PROTO_MAX_TENSORS] = {"q", "k", "v", "o", "do", "lse"};
+
+const char *attn_proto_tensor_name(int i) {
+  return i >= 0 && i < ATTN_PROTO_MAX_TENSORS ? tensor_names[i] : NULL;
+}
+
+int attn_proto_tensor_count(attn_pass pass) { return pass == ATTN_BACKWARD ? 6 : 3; }
+
+bool attn_proto_tensor_optional(int i) { return i == ATTN_PROTO_T_LSE; }
+
+const char *attn_proto_tensor_list(attn_pass pass) {
+  return pass == ATTN_BACKWARD ? "q, k, v, o, do and optionally lse" : "q, k and v";
+}
+
+/* Tensor t alone: its rank from lo to lo + 2 (lse drops q's last dimension,
+ * so its lo is 1, the others' 2) and every dimension at least 1. */
+static int check_one(const attn_proto_tensor *t, int lo, attn_status *st) {
   char s[128];
-  if (t->rank < 2 || t->rank > 4)
+  if (t->rank < lo || t->rank > lo + 2)
     return attn_status_set(st, ATTN_PROTO_ETENSOR,
-                           "tensor \"%s\" has %d dimensions; use [N, D], [H, N, D] or "
-                           "[B, H, N, D]",
+                           lo == 2 ? "tensor \"%s\" has %d dimensions; use [N, D], [H, N, D] or "
+                                     "[B, H, N, D]"
+                                   : "tensor \"%s\" has %d dimensions; use [N], [H, N] or "
+                                     "[B, H, N] (q's shape without D)",
                            t->name, t->rank);
   for (int i = 0; i < t->rank; i++)
     if (t->shape[i] < 1) {
@@ -48,12 +71,9 @@ static const char *backend_literal(const char *name) {
   return "auto";
 }
 
-int attn_proto_build(attn_proto_req *pr, const attn_proto_tensor t[3], const attn_options *opts,
-                     attn_status *st) {
-  int rc;
-  for (int i = 0; i < 3; i++)
-    if ((rc = check_one(&t[i], st)) < 0)
-      return rc;
+/* q, k and v together: one dtype and rank, k and v alike, matching B and D,
+ * Hq a multiple of Hkv. */
+static int check_qkv(const attn_proto_tensor t[3], attn_status *st) {
   for (int i = 1; i < 3; i++)
     if (t[i].dtype != t[0].dtype)
       return attn_status_set(st, ATTN_PROTO_EDTYPE,
@@ -90,11 +110,62 @@ int attn_proto_build(attn_proto_req *pr, const attn_proto_tensor t[3], const att
                            "q %s has %lld heads, k %s has %lld: query heads must be a "
                            "multiple of key/value heads",
                            a, (long long)q[1], b, (long long)k[1]);
+  return 0;
+}
+
+/* Tensor x must have q's dtype (lse: F32) and q's shape (lse: less D). */
+static int check_like_q(const attn_proto_tensor *x, bool lse, const attn_proto_tensor *q,
+                        attn_status *st) {
+  attn_dtype want = lse ? ATTN_F32 : q->dtype;
+  if (x->dtype != want)
+    return attn_status_set(st, ATTN_PROTO_EDTYPE, "tensor \"%s\" is %s; it must be %s%s", x->name,
+                           attn_dtype_name(x->dtype), attn_dtype_name(want),
+                           lse ? " (statistics are always F32)" : ", q's dtype");
+  int rank = lse ? q->rank - 1 : q->rank;
+  if (x->rank == rank && !memcmp(x->shape, q->shape, (size_t)rank * sizeof *x->shape))
+    return 0;
+  char a[128], b[128];
+  attn_proto_tensor want_shape = *q;
+  want_shape.rank = rank;
+  shape_str(a, sizeof a, x);
+  shape_str(b, sizeof b, &want_shape);
+  return attn_status_set(st, ATTN_PROTO_ESHAPE, "tensor \"%s\" has shape %s; it must be %s (%s)",
+                         x->name, a, b, lse ? "q's shape without its last dimension" : "q's shape");
+}
+
+/* A backward request's own tensors (o, do, lse if given) and options. */
+static int check_backward(const attn_proto_tensor *t, const attn_options *opts, attn_status *st) {
+  if (opts->set & ATTN_OPT_STATS)
+    return attn_status_set(st, ATTN_PROTO_EOPTVALUE,
+                           "option \"stats\" is not one of a backward pass, which returns dq, "
+                           "dk and dv only; leave it out");
+  int rc;
+  for (int i = ATTN_PROTO_T_O; i <= ATTN_PROTO_T_LSE; i++) {
+    bool lse = i == ATTN_PROTO_T_LSE;
+    if (!t[i].data && !lse)
+      return attn_status_set(st, ATTN_PROTO_EMISSING,
+                             "tensor \"%s\" is missing; a backward pass needs %s", tensor_names[i],
+                             attn_proto_tensor_list(ATTN_BACKWARD));
+    if (t[i].data && ((rc = check_one(&t[i], lse ? 1 : 2, st)) < 0 ||
+                      (rc = check_like_q(&t[i], lse, t, st)) < 0))
+      return rc;
+  }
+  return 0;
+}
+
+/* pr->req from the tensors and options, outputs not yet allocated. */
+static void fill_request(attn_proto_req *pr, attn_pass pass, const attn_proto_tensor *t,
+                         const attn_options *opts) {
+  int64_t q[4], k[4];
+  bhnd(&t[0], q);
+  bhnd(&t[1], k);
   pr->opts = *opts;
   pr->rank = t[0].rank;
   memcpy(pr->shape_q, t[0].shape, sizeof pr->shape_q);
+  memcpy(pr->shape_kv, t[1].shape, sizeof pr->shape_kv);
   attn_request *r = &pr->req;
   attn_request_init(r);
+  r->pass = pass;
   r->batch = q[0];
   r->heads_q = q[1];
   r->heads_kv = k[1];
@@ -110,28 +181,103 @@ int attn_proto_build(attn_proto_req *pr, const attn_proto_tensor t[3], const att
   r->q = t[0].data;
   r->k = t[1].data;
   r->v = t[2].data;
+  if (pass == ATTN_BACKWARD) {
+    /* o is an input of a backward pass, which never writes it; the request
+     * keeps the forward's non-const field. */
+    r->o = (void *)(uintptr_t)t[ATTN_PROTO_T_O].data;
+    r->dout = t[ATTN_PROTO_T_DO].data;
+    r->lse_in = t[ATTN_PROTO_T_LSE].data;
+  }
+}
+
+/* Validation wants the outputs to exist; the real ones come after it. */
+static void probe_outputs(attn_request *r) {
   static char probe;
-  r->o = &probe; /* validation wants an output; the real one comes below */
-  if ((rc = attn_request_validate(r, st)) < 0)
-    return rc;
-  size_t on = (size_t)(q[0] * q[1] * q[2] * q[3]) * attn_dtype_size(r->dtype);
-  size_t rows = (size_t)(q[0] * q[1] * q[2]);
-  on = (on + 3) & ~(size_t)3; /* statistics follow O, 4-byte aligned */
-  size_t total = on + (opts->stats ? 3 * rows * sizeof(float) : 0);
-  pr->out = malloc(total ? total : 1);
-  if (!pr->out)
+  if (r->pass == ATTN_BACKWARD)
+    r->dq = r->dk = r->dv = &probe;
+  else
+    r->o = &probe;
+}
+
+/* One buffer for the outputs, each part 4-byte aligned: forward O and, with
+ * stats, m, l, lse; backward dq, dk, dv. */
+static int alloc_outputs(attn_proto_req *pr, attn_status *st) {
+  attn_request *r = &pr->req;
+  size_t es = attn_dtype_size(r->dtype), rows = (size_t)(r->batch * r->heads_q * r->seq_q);
+  size_t qn = ((rows * (size_t)r->head_dim * es) + 3) & ~(size_t)3;
+  size_t kn = (((size_t)(r->batch * r->heads_kv * r->seq_kv * r->head_dim) * es) + 3) & ~(size_t)3;
+  bool bwd = r->pass == ATTN_BACKWARD, stats = !bwd && pr->opts.stats;
+  size_t total = qn + (bwd ? 2 * kn : stats ? 3 * rows * sizeof(float) : 0);
+  char *out = pr->out = malloc(total ? total : 1);
+  if (!out)
     return attn_status_set(st, ATTN_PROTO_ENOMEM, "out of memory for the %zu-byte result", total);
-  r->o = pr->out;
-  if (opts->stats) {
-    r->m = (float *)((char *)pr->out + on);
+  if (bwd) {
+    r->dq = out;
+    r->dk = out + qn;
+    r->dv = out + qn + kn;
+    return 0;
+  }
+  r->o = out;
+  if (stats) {
+    r->m = (float *)(void *)(out + qn);
     r->l = r->m + rows;
     r->lse = r->l + rows;
   }
   return 0;
 }
 
+int attn_proto_build_pass(attn_proto_req *pr, attn_pass pass, const attn_proto_tensor *t,
+                          const attn_options *opts, attn_status *st) {
+  int rc;
+  for (int i = 0; i < 3; i++)
+    if ((rc = check_one(&t[i], 2, st)) < 0)
+      return rc;
+  if ((rc = check_qkv(t, st)) < 0 ||
+      (pass == ATTN_BACKWARD && (rc = check_backward(t, opts, st)) < 0))
+    return rc;
+  fill_request(pr, pass, t, opts);
+  probe_outputs(&pr->req);
+  if ((rc = attn_request_validate(&pr->req, st)) < 0)
+    return rc;
+  return alloc_outputs(pr, st);
+}
+
+int attn_proto_build(attn_proto_req *pr, const attn_proto_tensor t[3], const attn_options *opts,
+                     attn_status *st) {
+  return attn_proto_build_pass(pr, ATTN_FORWARD, t, opts, st);
+}
+
+static size_t elems(const int64_t *shape, int rank) {
+  size_t n = 1;
+  for (int i = 0; i < rank; i++)
+    n *= (size_t)shape[i];
+  return n;
+}
+
+static void set_out(attn__out *t, const char *name, attn_dtype dt, const int64_t *shape, int rank,
+                    void *data) {
+  *t = (attn__out){name, dt, shape, rank, elems(shape, rank), data};
+}
+
+int attn__reply_outs(const attn_proto_req *pr, bool all, attn__out t[ATTN__MAX_OUTS]) {
+  const attn_request *r = &pr->req;
+  if (r->pass == ATTN_BACKWARD) {
+    set_out(&t[0], "dq", r->dtype, pr->shape_q, pr->rank, r->dq);
+    set_out(&t[1], "dk", r->dtype, pr->shape_kv, pr->rank, r->dk);
+    set_out(&t[2], "dv", r->dtype, pr->shape_kv, pr->rank, r->dv);
+    return 3;
+  }
+  set_out(&t[0], "o", r->dtype, pr->shape_q, pr->rank, r->o);
+  if (!all && !pr->opts.stats)
+    return 1;
+  set_out(&t[1], "m", ATTN_F32, pr->shape_q, pr->rank - 1, r->m);
+  set_out(&t[2], "l", ATTN_F32, pr->shape_q, pr->rank - 1, r->l);
+  set_out(&t[3], "lse", ATTN_F32, pr->shape_q, pr->rank - 1, r->lse);
+  return 4;
+}
+
 void attn_proto_req_free(attn_proto_req *pr) {
-  for (int i = 0; i < 4; i++)
+  for (int i = 0; i < ATTN_PROTO_MAX_TENSORS; i++)
     free(pr->owned[i]);
   free(pr->out);
   memset(pr, 0, sizeof *pr);

@@ -6,6 +6,7 @@
 #define ATTN_PROTO_INTERNAL_H
 
 #include "engine.h"
+#include "proto.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -64,6 +65,27 @@ size_t attn__jr_count(const attn__jr *j);
 typedef int (*attn__query_fn)(void *ctx, const char *name, size_t nlen, const char *value,
                               size_t vlen, bool has_value, attn_status *st);
 int attn__query_each(const char *query, attn__query_fn fn, void *ctx, attn_status *st);
+
+/* ---- the tensors of a reply (build.c) ------------------------------- */
+
+/* One tensor of a reply: what the reply encoders write and the reply
+ * decoders expect, from the request (pr) it answers. */
+typedef struct attn__out {
+  const char *name;
+  attn_dtype dtype;
+  const int64_t *shape;
+  int rank;
+  size_t count; /* elements */
+  void *data;   /* pr's output buffer */
+} attn__out;
+
+#define ATTN__MAX_OUTS 4
+/* The tensors of pr's reply into t: forward o, and m, l, lse (F32, q's
+ * shape less D) when pr->opts.stats; backward dq (q's shape), dk and dv
+ * (k's), in the request's dtype. Returns how many. With all, a forward
+ * request lists m, l, lse even without stats (data NULL), so that a reply
+ * decoder can name one that came unasked. */
+int attn__reply_outs(const attn_proto_req *pr, bool all, attn__out t[ATTN__MAX_OUTS]);
 
 /* ---- writers the request and reply encoders share -------------------- */
 

@@ -42,7 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const tensor_names[3] = {"q", "k", "v"};
+#define NT ATTN_PROTO_MAX_TENSORS
 
 /* ---- messages ------------------------------------------------------------ */
 
@@ -90,7 +90,8 @@ static int prescan(const char *s, size_t len, attn_status *st) {
     } else if (c == ']' || c == '}') {
       if (depth > 0)
         depth--;
-    } else if ((digit || c == '-') && !in_num) {
+    } else if (((digit || c == '-') && !in_num) || c == 'n') {
+      /* a null is an element too (lse's -inf), so it counts like a number */
       if (++numbers > ATTN_PROTO_MAX_JSON_ELEMS)
         return attn_status_set(st, ATTN_PROTO_ETOOLARGE,
                                "the JSON body holds more than %zu numbers",
@@ -103,13 +104,44 @@ static int prescan(const char *s, size_t len, attn_status *st) {
 
 /* ---- tensors ------------------------------------------------------------ */
 
-static int check_rank(const char *name, int rank, attn_status *st) {
-  if (rank < 2 || rank > 4)
+static int store(void *buf, attn_dtype dt, size_t i, double x);
+
+/* lse, a backward pass's statistic: one dimension less than q, and null
+ * elements (-inf, a row with no visible key), since JSON has no infinity. */
+static bool is_lse(const attn_proto_tensor *t) { return !strcmp(t->name, "lse"); }
+
+static int check_rank(const attn_proto_tensor *t, int rank, attn_status *st) {
+  int lo = is_lse(t) ? 1 : 2;
+  if (rank < lo || rank > lo + 2)
     return attn_status_set(st, ATTN_PROTO_ETENSOR,
-                           "tensor \"%s\" has %d dimensions; use [N, D], [H, N, D] or "
-                           "[B, H, N, D]",
-                           name, rank);
+                           lo == 2 ? "tensor \"%s\" has %d dimensions; use [N, D], [H, N, D] or "
+                                     "[B, H, N, D]"
+                                   : "tensor \"%s\" has %d dimensions; use [N], [H, N] or "
+                                     "[B, H, N] (q's shape without D)",
+                           t->name, rank);
   return 0;
+}
+
+/* Whether the element at j is a number, or for lse a null. */
+static bool elem_ok(const attn__jr *j, const attn_proto_tensor *t) {
+  return attn__jr_is_number(j) || (is_lse(t) && j->s[j->pos] == 'n');
+}
+
+/* The element at j, which elem_ok() accepted (a null is -inf); steps past it. */
+static double elem_value(attn__jr *j) {
+  if (attn__jr_is_number(j))
+    return attn__jr_number(j);
+  attn__jr_skip(j);
+  return -INFINITY;
+}
+
+/* store() for one element of t: lse keeps the -inf a null stands for. */
+static int store_elem(void *buf, const attn_proto_tensor *t, size_t i, double x) {
+  if (x == -INFINITY && is_lse(t)) {
+    ((float *)buf)[i] = -INFINITY;
+    return 0;
+  }
+  return store(buf, t->dtype, i, x);
 }
 
 /*
@@ -225,7 +257,7 @@ static int tensor_shape(attn__jr v, attn_proto_tensor *t, size_t *pn, attn_statu
                            "tensor \"%s\": shape must be an array of integers, not %s", name,
                            attn__jr_type(&v));
   int rank = (int)attn__jr_count(&v), rc;
-  if ((rc = check_rank(name, rank, st)) < 0)
+  if ((rc = check_rank(t, rank, st)) < 0)
     return rc;
   t->rank = rank;
   size_t n = 1;
@@ -278,12 +310,12 @@ static int tensor_data(attn__jr v, attn_proto_tensor *t, size_t n, void **pbuf, 
   if (!buf)
     return attn_status_set(st, ATTN_PROTO_ENOMEM, "out of memory for tensor \"%s\"", name);
   for (size_t k = 0; attn__jr_elem(&v); k++) {
-    if (!attn__jr_is_number(&v))
+    if (!elem_ok(&v, t))
       return attn_status_set(st, ATTN_PROTO_ETENSOR,
-                             "tensor \"%s\": data[%zu] must be a number, not %s", name, k,
-                             attn__jr_type(&v));
-    double x = attn__jr_number(&v);
-    if (store(buf, t->dtype, k, x) < 0) {
+                             "tensor \"%s\": data[%zu] must be a number%s, not %s", name, k,
+                             is_lse(t) ? " or null" : "", attn__jr_type(&v));
+    double x = elem_value(&v);
+    if (store_elem(buf, t, k, x) < 0) {
       char where[48];
       snprintf(where, sizeof where, "data[%zu]", k);
       return store_error(x, t->dtype, name, where, st);
@@ -334,15 +366,15 @@ static int nested_walk(attn__jr *j, const attn_proto_tensor *t, int level, size_
   for (size_t i = 0; attn__jr_elem(j); i++) {
     idx[level] = i;
     int rc = 0;
-    if (leaf && !attn__jr_is_number(j))
-      return attn_status_set(st, ATTN_PROTO_ETENSOR,
-                             "tensor \"%s\": element %s must be a number, not %s", t->name,
-                             path_str(p, sizeof p, idx, level + 1), attn__jr_type(j));
+    if (leaf && !elem_ok(j, t))
+      return attn_status_set(
+          st, ATTN_PROTO_ETENSOR, "tensor \"%s\": element %s must be a number%s, not %s", t->name,
+          path_str(p, sizeof p, idx, level + 1), is_lse(t) ? " or null" : "", attn__jr_type(j));
     if (leaf && !out) {
       attn__jr_skip(j);
     } else if (leaf) {
-      double x = attn__jr_number(j);
-      if (store(out, ATTN_F32, *pos, x) < 0) {
+      double x = elem_value(j);
+      if (store_elem(out, t, *pos, x) < 0) {
         char where[112];
         snprintf(where, sizeof where, "element %s", path_str(p, sizeof p, idx, level + 1));
         return store_error(x, ATTN_F32, t->name, where, st);
@@ -373,7 +405,7 @@ static int nested_shape(attn__jr c, attn_proto_tensor *t, attn_status *st) {
     if (!attn__jr_elem(&c)) /* an empty array has no first element */
       break;
   }
-  int rc = check_rank(t->name, rank, st);
+  int rc = check_rank(t, rank, st);
   if (rc < 0)
     return rc;
   t->rank = rank;
@@ -474,13 +506,17 @@ static int option(attn_options *o, const char *key, size_t klen, attn__jr v, att
 
 /* ---- decode ------------------------------------------------------------- */
 
-/* The body object's members: where q, k and v start (0: absent), and the
- * options, in body order. Every key accepted so far is q, k, v or an option
- * (at most nine short names), which is what the duplicate check compares. */
-static int body_fields(attn__jr *j, size_t tat[3], attn_options *opts, attn_status *st) {
-  char key[128], seen[9][16], qk[48];
+/* The body object's members: where each tensor of the pass starts (0:
+ * absent), and the options, in body order. Every key accepted so far is a
+ * tensor or an option (at most twelve short names), which is what the
+ * duplicate check compares. A key that is neither names an unknown tensor
+ * when its value is an object or array (what a tensor looks like), else an
+ * unknown option. */
+static int body_fields(attn__jr *j, attn_pass pass, size_t tat[NT], attn_options *opts,
+                       attn_status *st) {
+  char key[128], seen[12][16], qk[48];
   size_t klen;
-  int nseen = 0, rc;
+  int nseen = 0, rc, nt = attn_proto_tensor_count(pass);
   while (attn__jr_member(j, key, sizeof key, &klen)) {
     size_t kl = klen < sizeof key ? klen : sizeof key - 1;
     for (int i = 0; i < nseen; i++)
@@ -488,21 +524,46 @@ static int body_fields(attn__jr *j, size_t tat[3], attn_options *opts, attn_stat
         return attn_status_set(st, ATTN_PROTO_EJSON, "duplicate key \"%s\" in the JSON body",
                                quote_key(qk, sizeof qk, key, klen, sizeof key));
     int which = 0;
-    while (which < 3 && !key_is(key, klen, tensor_names[which]))
+    while (which < nt && !key_is(key, klen, attn_proto_tensor_name(which)))
       which++;
-    if (which < 3)
+    char c = j->s[j->pos];
+    if (which < nt)
       tat[which] = j->pos;
+    else if ((c == '{' || c == '[') && attn_option_kind_of(key, kl) == ATTN_OPTK_NONE)
+      return attn_status_set(
+          st, ATTN_PROTO_EUNKNOWNTENSOR, "unknown tensor \"%s\"; send exactly %s",
+          quote_key(qk, sizeof qk, key, klen, sizeof key), attn_proto_tensor_list(pass));
     else if ((rc = option(opts, key, kl, *j, st)) < 0)
       return rc;
     attn__jr_skip(j);
-    if (nseen < 9 && klen < sizeof seen[0])
+    if (nseen < 12 && klen < sizeof seen[0])
       memcpy(seen[nseen++], key, klen + 1);
   }
   return 0;
 }
 
-static int decode(const char *body, size_t len, const attn_options *query, attn_proto_req *pr,
-                  attn_status *st) {
+/* Each tensor the body holds, in the table's order, into t[] (data NULL
+ * for one it does not hold), a required one missing refused. */
+static int body_tensors(attn__jr j, attn_pass pass, const size_t tat[NT], attn_proto_req *pr,
+                        attn_proto_tensor t[NT], attn_status *st) {
+  int rc, nt = attn_proto_tensor_count(pass);
+  for (int i = 0; i < nt; i++)
+    if (!tat[i] && !attn_proto_tensor_optional(i))
+      return attn_status_set(st, ATTN_PROTO_EMISSING,
+                             "tensor \"%s\" is missing (the body needs %s)",
+                             attn_proto_tensor_name(i), attn_proto_tensor_list(pass));
+  memset(t, 0, NT * sizeof *t);
+  for (int i = 0; i < nt; i++) {
+    t[i].name = attn_proto_tensor_name(i);
+    j.pos = tat[i];
+    if (tat[i] && (rc = tensor(j, &t[i], &pr->owned[i], st)) < 0)
+      return rc;
+  }
+  return 0;
+}
+
+static int decode(const char *body, size_t len, attn_pass pass, const attn_options *query,
+                  attn_proto_req *pr, attn_status *st) {
   int rc;
   if (len == 0)
     return attn_status_set(st, ATTN_PROTO_EEMPTY, "the request has no body");
@@ -515,48 +576,42 @@ static int decode(const char *body, size_t len, const attn_options *query, attn_
                            "the JSON body must be an object {\"q\": ..., \"k\": ..., "
                            "\"v\": ...}, not %s",
                            attn__jr_type(&j));
-  size_t tat[3] = {0, 0, 0};
+  size_t tat[NT] = {0};
   attn_options body_opts;
   attn_options_init(&body_opts);
-  if ((rc = body_fields(&j, tat, &body_opts, st)) < 0)
+  attn_proto_tensor t[NT];
+  if ((rc = body_fields(&j, pass, tat, &body_opts, st)) < 0 ||
+      (rc = body_tensors(j, pass, tat, pr, t, st)) < 0)
     return rc;
-  for (int i = 0; i < 3; i++)
-    if (!tat[i])
-      return attn_status_set(st, ATTN_PROTO_EMISSING,
-                             "tensor \"%s\" is missing (the body needs q, k and v)",
-                             tensor_names[i]);
-
-  attn_proto_tensor t[3];
-  memset(t, 0, sizeof t);
-  for (int i = 0; i < 3; i++) {
-    t[i].name = tensor_names[i];
-    j.pos = tat[i];
-    if ((rc = tensor(j, &t[i], &pr->owned[i], st)) < 0)
-      return rc;
-  }
   attn_options opts;
   if (query)
     opts = *query;
   else
     attn_options_init(&opts);
   attn_options_merge(&opts, &body_opts);
-  return attn_proto_build(pr, t, &opts, st);
+  return attn_proto_build_pass(pr, pass, t, &opts, st);
 }
 
-int attn_proto_decode_json(const char *body, size_t len, const attn_options *query,
-                           attn_proto_req *pr, attn_status *st) {
+int attn_proto_decode_json_pass(const char *body, size_t len, attn_pass pass,
+                                const attn_options *query, attn_proto_req *pr, attn_status *st) {
   memset(pr, 0, sizeof *pr);
-  int rc = decode(body, len, query, pr, st);
+  int rc = decode(body, len, pass, query, pr, st);
   if (rc < 0)
     attn_proto_req_free(pr);
   return rc;
 }
 
+int attn_proto_decode_json(const char *body, size_t len, const attn_options *query,
+                           attn_proto_req *pr, attn_status *st) {
+  return attn_proto_decode_json_pass(body, len, ATTN_FORWARD, query, pr, st);
+}
+
 size_t attn_proto_json_decode_bound(size_t len) {
-  /* The reader allocates nothing; the tensors are all there is. A number
-   * stored in a tensor is followed by ',' or ']', so the body holds at most
-   * len / 2 of them, and the pre-scan refuses more than
-   * ATTN_PROTO_MAX_JSON_ELEMS. F32 is the widest dtype. */
+  /* The reader allocates nothing; the tensors are all there is, however
+   * many a pass takes. An element stored in a tensor (a number, or a null of
+   * lse) is followed by ',' or ']', so the body holds at most len / 2 of
+   * them, and the pre-scan refuses more than ATTN_PROTO_MAX_JSON_ELEMS,
+   * nulls counted. F32 is the widest dtype. */
   size_t n = len / 2;
   if (n > ATTN_PROTO_MAX_JSON_ELEMS)
     n = ATTN_PROTO_MAX_JSON_ELEMS;
@@ -659,27 +714,28 @@ int attn_proto_encode_json(const attn_proto_req *pr, const char *backend, char *
                            attn_status *st) {
   *pbuf = NULL;
   *plen = 0;
-  const attn_request *r = &pr->req;
-  if (pr->rank < 1 || pr->rank > 4 || !r->o || attn_dtype_size(r->dtype) == 0)
-    return attn_status_set(st, ATTN_EINVAL, "encode_json: the request has no result");
+  attn__out t[ATTN__MAX_OUTS];
+  int n = pr->rank < 1 || pr->rank > 4 || !attn_dtype_size(pr->req.dtype)
+              ? 0
+              : attn__reply_outs(pr, false, t);
   for (int i = 0; i < pr->rank; i++)
     if (pr->shape_q[i] < 0)
       return attn_status_set(st, ATTN_EINVAL, "encode_json: negative dimension");
+  if (!n || !t[0].data)
+    return attn_status_set(st, ATTN_EINVAL, "encode_json: the request has no result");
   attn_sbuf b = {0};
   /* Most numbers take 8 to 14 bytes; start near the final size. */
-  size_t n = 1;
-  for (int i = 0; i < pr->rank; i++)
-    n *= (size_t)pr->shape_q[i];
-  attn_sbuf_reserve(&b, n * 12 + 256);
+  size_t total = 0;
+  for (int i = 0; i < n; i++)
+    total += t[i].data ? t[i].count : 0;
+  attn_sbuf_reserve(&b, total * 12 + 256);
   attn_sbuf_puts(&b, "{");
-  attn__json_put_tensor(&b, "o", pr->shape_q, pr->rank, r->dtype, r->o);
-  if (pr->opts.stats && r->m && r->l && r->lse) {
-    const float *s[3] = {r->m, r->l, r->lse};
-    static const char *const names[3] = {"m", "l", "lse"};
-    for (int i = 0; i < 3; i++) {
-      attn_sbuf_puts(&b, ", ");
-      attn__json_put_tensor(&b, names[i], pr->shape_q, pr->rank - 1, ATTN_F32, s[i]);
-    }
+  for (int i = 0, first = 1; i < n; i++) {
+    if (!t[i].data) /* statistics asked for but not computed */
+      continue;
+    attn_sbuf_puts(&b, first ? "" : ", ");
+    attn__json_put_tensor(&b, t[i].name, t[i].shape, t[i].rank, t[i].dtype, t[i].data);
+    first = 0;
   }
   if (backend) {
     attn_sbuf_puts(&b, ", \"backend\": ");

@@ -128,22 +128,48 @@ void attn_options_merge(attn_options *base, const attn_options *over);
 
 /* ---- decoded requests -------------------------------------------------- */
 
+/*
+ * The tensors of a request, by pass, in this order: q, k, v, and for a
+ * backward pass also o (the forward's output), do (dL/dO) and lse (the
+ * forward's, optional). The table is the one both codecs, both directions,
+ * read: a name's index is its place in attn_proto_build's array.
+ */
+enum {
+  ATTN_PROTO_T_Q,
+  ATTN_PROTO_T_K,
+  ATTN_PROTO_T_V,
+  ATTN_PROTO_T_O,
+  ATTN_PROTO_T_DO,
+  ATTN_PROTO_T_LSE,
+  ATTN_PROTO_MAX_TENSORS
+};
+/* "q", "k", "v", "o", "do", "lse"; NULL past the end. */
+const char *attn_proto_tensor_name(int i);
+/* Tensors a request of this pass may hold: 3 forward, 6 backward. */
+int attn_proto_tensor_count(attn_pass pass);
+/* Whether tensor i may be left out (lse). */
+bool attn_proto_tensor_optional(int i);
+/* The request's tensors of this pass for messages: "q, k and v" or "q, k,
+ * v, o, do and optionally lse". */
+const char *attn_proto_tensor_list(attn_pass pass);
+
 /* One tensor as a codec found it, before the shapes are checked together. */
 typedef struct attn_proto_tensor {
-  const char *name; /* "q", "k" or "v" */
+  const char *name; /* "q", "k", "v", "o", "do" or "lse" */
   attn_dtype dtype;
-  int rank; /* 2 [N, D], 3 [H, N, D] or 4 [B, H, N, D] */
+  int rank; /* 2 [N, D], 3 [H, N, D] or 4 [B, H, N, D]; lse one less */
   int64_t shape[4];
-  const void *data; /* rank-major contiguous elements of dtype */
+  const void *data; /* rank-major contiguous elements of dtype; NULL: absent */
 } attn_proto_tensor;
 
 typedef struct attn_proto_req {
-  attn_request req;   /* ready for attn_engine_submit() */
-  attn_options opts;  /* the effective options */
-  int rank;           /* of q, k, v and o */
-  int64_t shape_q[4]; /* o has this shape; statistics drop the last dim */
-  void *owned[4];     /* decoder-made buffers (converted or realigned data) */
-  void *out;          /* O, then m, l, lse when opts.stats */
+  attn_request req;    /* ready for attn_engine_submit(); req.pass says which */
+  attn_options opts;   /* the effective options */
+  int rank;            /* of q, k, v (and o, do, dq, dk, dv) */
+  int64_t shape_q[4];  /* o, do and dq have this shape; m, l, lse drop the last dim */
+  int64_t shape_kv[4]; /* k's and v's, so dk's and dv's */
+  void *owned[ATTN_PROTO_MAX_TENSORS]; /* decoder-made buffers (converted or realigned data) */
+  void *out; /* forward: O, then m, l, lse when opts.stats; backward: dq, dk, dv */
 } attn_proto_req;
 
 /*
@@ -154,6 +180,16 @@ typedef struct attn_proto_req {
  */
 int attn_proto_build(attn_proto_req *pr, const attn_proto_tensor t[3], const attn_options *opts,
                      attn_status *st);
+/*
+ * The same for either pass: t holds attn_proto_tensor_count(pass) tensors
+ * in the table's order. A backward pass also checks that o and do have q's
+ * shape and dtype (ATTN_PROTO_ESHAPE, EDTYPE) and lse, when t[5].data is not
+ * NULL, F32 of q's shape without its last dimension; refuses the option
+ * stats (ATTN_PROTO_EOPTVALUE: a backward pass returns no statistics); and
+ * allocates dq, dk and dv in the input dtype.
+ */
+int attn_proto_build_pass(attn_proto_req *pr, attn_pass pass, const attn_proto_tensor *t,
+                          const attn_options *opts, attn_status *st);
 
 void attn_proto_req_free(attn_proto_req *pr);
 
@@ -167,8 +203,14 @@ void attn_proto_req_free(attn_proto_req *pr);
  */
 int attn_proto_decode_safetensors(const void *body, size_t len, const attn_options *query,
                                   attn_proto_req *pr, attn_status *st);
-/* Writes o (and m, l, lse as F32 when pr->opts.stats) with the header padded
- * with spaces to a multiple of 8 bytes. *pbuf is malloc'd. */
+/* Either pass: a backward request holds q, k, v, o, do and optionally lse
+ * (F32), exactly those. attn_proto_decode_safetensors is the forward pass. */
+int attn_proto_decode_safetensors_pass(const void *body, size_t len, attn_pass pass,
+                                       const attn_options *query, attn_proto_req *pr,
+                                       attn_status *st);
+/* Writes o (and m, l, lse as F32 when pr->opts.stats), or for a backward
+ * request dq, dk, dv, with the header padded with spaces to a multiple of 8
+ * bytes. *pbuf is malloc'd. */
 int attn_proto_encode_safetensors(const attn_proto_req *pr, void **pbuf, size_t *plen,
                                   attn_status *st);
 
@@ -180,21 +222,29 @@ int attn_proto_encode_safetensors(const attn_proto_req *pr, void **pbuf, size_t 
  */
 int attn_proto_decode_json(const char *body, size_t len, const attn_options *query,
                            attn_proto_req *pr, attn_status *st);
+/* Either pass: a backward body is {"q", "k", "v", "o", "do", "lse"?,
+ * options...}, where lse is F32 and a null element is -inf (a row with no
+ * visible key). attn_proto_decode_json is the forward pass. */
+int attn_proto_decode_json_pass(const char *body, size_t len, attn_pass pass,
+                                const attn_options *query, attn_proto_req *pr, attn_status *st);
 /*
  * The most memory a JSON decode of a len-byte body allocates beyond the
  * body, whether it succeeds or fails: the input tensors, at most
  * min(len / 2, ATTN_PROTO_MAX_JSON_ELEMS) numbers of 4 bytes (each number
  * takes two bytes of text at least, its separator included), so at most 2x
- * the body and at most 64 MiB. The reader itself allocates nothing. Not
- * counted: the outputs attn_proto_build() allocates (O, the size of q, and
- * 12 bytes a query row with stats), which every codec needs.
+ * the body and at most 64 MiB. The reader itself allocates nothing. It
+ * holds for either pass: it counts stored elements (numbers and the nulls of
+ * a backward lse), not tensors. Not counted: the outputs attn_proto_build()
+ * allocates (forward: O, the size of q, and 12 bytes a query row with stats;
+ * backward: dq, dk, dv, the size of q, k and v, so never more than the
+ * inputs), which every codec needs.
  */
 size_t attn_proto_json_decode_bound(size_t len);
 /* {"o": {shape, dtype, data}, "m"|"l"|"lse": {...} when stats, "backend":
- * backend}. Each number is the shortest %.Ng text that reads back to the
- * same value in its dtype (proto/README.md says how shortest); a non-finite value (the -inf m and
- * lse of a row with no visible key) is written as null. *pbuf is malloc'd and NUL-terminated; *plen
- * excludes the NUL. */
+ * backend}; for a backward request {"dq", "dk", "dv", "backend"}. Each number is the shortest %.Ng
+ * text that reads back to the same value in its dtype (proto/README.md says how shortest); a
+ * non-finite value (the -inf m and lse of a row with no visible key) is written as null. *pbuf is
+ * malloc'd and NUL-terminated; *plen excludes the NUL. */
 int attn_proto_encode_json(const attn_proto_req *pr, const char *backend, char **pbuf, size_t *plen,
                            attn_status *st);
 
@@ -212,6 +262,9 @@ int attn_proto_encode_json(const attn_proto_req *pr, const char *backend, char *
  * *pbuf is malloc'd (the JSON NUL-terminated, *plen without the NUL).
  * Errors: ATTN_EINVAL for a request without tensors or with a dimension
  * below 1, ATTN_PROTO_ETOOLARGE when the sizes overflow, ATTN_PROTO_ENOMEM.
+ * A backward request (r->pass) also writes o (r->o), do (r->dout) and, when
+ * r->lse_in is not NULL, lse (F32 [B, Hq, Nq]; -inf as JSON null); send it
+ * to POST /attention/backward.
  */
 int attn_proto_encode_request_safetensors(const attn_request *r, const attn_options *opts,
                                           void **pbuf, size_t *plen, attn_status *st);
@@ -228,6 +281,9 @@ int attn_proto_encode_request_json(const attn_request *r, const attn_options *op
  * (ATTN_PROTO_EJSON or ESAFETENSORS for the syntax, EMISSING,
  * EUNKNOWNTENSOR, EDTYPE, ESHAPE, ETENSOR for the content). The output
  * buffers may be partly written when it fails.
+ *
+ * A backward request's reply (pr->req.pass) is dq, dk and dv, in the
+ * request's dtype, into pr->req.dq, dk, dv, exactly those three.
  *
  * JSON: {"o": {shape, dtype, data}, "m", "l", "lse", "backend"}; a null
  * number is -inf (JSON has no infinity; the encoder writes non-finite

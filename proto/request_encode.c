@@ -1,7 +1,8 @@
 /*
- * request_encode.c — the client's side of the request codecs: q, k, v and
- * options written as the bodies the server's decoders read (json.c and
- * safetensors.c hold the other direction).
+ * request_encode.c — the client's side of the request codecs: q, k, v (and
+ * for a backward request o, do and lse) and options written as the bodies
+ * the server's decoders read (json.c and safetensors.c hold the other
+ * direction).
  *
  * The tensor and header writers are the reply encoders' (internal.h), so a
  * request and a reply of the same tensors are written the same way. Options
@@ -17,32 +18,57 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The shapes of q and of k, v and their element counts; 0, or an error when
- * the request has no tensors, a dimension below 1 or sizes that overflow. */
-static int shapes(const attn_request *r, int64_t sq[4], int64_t skv[4], size_t bytes[2],
-                  attn_status *st) {
-  size_t es = attn_dtype_size(r->dtype);
-  int64_t q[4] = {r->batch, r->heads_q, r->seq_q, r->head_dim};
-  int64_t kv[4] = {r->batch, r->heads_kv, r->seq_kv, r->head_dim};
-  if (!r->q || !r->k || !r->v || !es)
-    return attn_status_set(st, ATTN_EINVAL, "encode request: q, k, v or the dtype is missing");
-  for (int t = 0; t < 2; t++) {
-    const int64_t *s = t ? kv : q;
-    size_t n = es;
-    for (int i = 0; i < 4; i++) {
-      if (s[i] < 1)
-        return attn_status_set(st, ATTN_EINVAL,
-                               "encode request: %s has dimension %d of %lld (at least 1)",
-                               t ? "k" : "q", i, (long long)s[i]);
-      if (__builtin_mul_overflow(n, (size_t)s[i], &n))
-        return attn_status_set(st, ATTN_PROTO_ETOOLARGE, "encode request: %s's size overflows",
-                               t ? "k" : "q");
-    }
-    bytes[t] = n;
+/* One tensor of a request body. */
+typedef struct in_tensor {
+  const char *name;
+  attn_dtype dtype;
+  int64_t shape[4];
+  int rank;
+  const void *data;
+  size_t bytes;
+} in_tensor;
+
+/* Bytes of an es-byte-element tensor of this shape; 0, or an error when a
+ * dimension is below 1 or the size overflows. */
+static int tensor_bytes(const in_tensor *t, size_t *pn, attn_status *st) {
+  size_t n = attn_dtype_size(t->dtype);
+  for (int i = 0; i < t->rank; i++) {
+    if (t->shape[i] < 1)
+      return attn_status_set(st, ATTN_EINVAL,
+                             "encode request: %s has dimension %d of %lld (at least 1)", t->name, i,
+                             (long long)t->shape[i]);
+    if (__builtin_mul_overflow(n, (size_t)t->shape[i], &n))
+      return attn_status_set(st, ATTN_PROTO_ETOOLARGE, "encode request: %s's size overflows",
+                             t->name);
   }
-  memcpy(sq, q, sizeof q);
-  memcpy(skv, kv, sizeof kv);
+  *pn = n;
   return 0;
+}
+
+/* The tensors of r's body in the table's order: q, k, v, and for a
+ * backward request o, do and, when given, lse. Returns how many, or an
+ * error when one is missing or its size is wrong. */
+static int inputs(const attn_request *r, in_tensor t[ATTN_PROTO_MAX_TENSORS], attn_status *st) {
+  const int64_t sq[4] = {r->batch, r->heads_q, r->seq_q, r->head_dim};
+  const int64_t skv[4] = {r->batch, r->heads_kv, r->seq_kv, r->head_dim};
+  bool bwd = r->pass == ATTN_BACKWARD;
+  const void *data[ATTN_PROTO_MAX_TENSORS] = {r->q, r->k, r->v, r->o, r->dout, r->lse_in};
+  int n = bwd ? (r->lse_in ? 6 : 5) : 3, rc;
+  if (!attn_dtype_size(r->dtype))
+    return attn_status_set(st, ATTN_EINVAL, "encode request: the dtype is missing");
+  for (int i = 0; i < n; i++) {
+    in_tensor *x = &t[i];
+    bool kv = i == ATTN_PROTO_T_K || i == ATTN_PROTO_T_V, lse = i == ATTN_PROTO_T_LSE;
+    *x = (in_tensor){
+        attn_proto_tensor_name(i), lse ? ATTN_F32 : r->dtype, {0}, lse ? 3 : 4, data[i], 0};
+    memcpy(x->shape, kv ? skv : sq, sizeof x->shape);
+    if (!x->data)
+      return attn_status_set(st, ATTN_EINVAL, "encode request: %s or the dtype is missing",
+                             attn_proto_tensor_list(r->pass));
+    if ((rc = tensor_bytes(x, &x->bytes, st)) < 0)
+      return rc;
+  }
+  return n;
 }
 
 /* Option `bit` of o as text: its name, and its value as a JSON value
@@ -108,45 +134,49 @@ int attn_proto_encode_request_safetensors(const attn_request *r, const attn_opti
                                           void **pbuf, size_t *plen, attn_status *st) {
   *pbuf = NULL;
   *plen = 0;
-  int64_t sq[4], skv[4];
-  size_t b[2];
-  int rc = shapes(r, sq, skv, b, st);
-  if (rc < 0)
-    return rc;
+  in_tensor t[ATTN_PROTO_MAX_TENSORS];
+  int n = inputs(r, t, st);
+  if (n < 0)
+    return n;
   char h[1024];
-  size_t n = (size_t)snprintf(h, sizeof h, "{");
+  size_t hn = (size_t)snprintf(h, sizeof h, "{"), off = 0;
   if (opts && opts->set)
-    n = put_metadata(h, sizeof h, n, opts);
-  n = attn__st_put_entry(h, sizeof h, n, "q", r->dtype, sq, 4, 0, b[0]);
-  n = attn__st_put_entry(h, sizeof h, n, "k", r->dtype, skv, 4, b[0], b[0] + b[1]);
-  n = attn__st_put_entry(h, sizeof h, n, "v", r->dtype, skv, 4, b[0] + b[1], b[0] + 2 * b[1]);
-  if (n < sizeof h)
-    n += (size_t)snprintf(h + n, sizeof h - n, "}");
-  if (n >= sizeof h) /* the header holds three entries and six short options */
+    hn = put_metadata(h, sizeof h, hn, opts);
+  const void *parts[ATTN_PROTO_MAX_TENSORS];
+  size_t sizes[ATTN_PROTO_MAX_TENSORS];
+  for (int i = 0; i < n; i++) {
+    hn = attn__st_put_entry(h, sizeof h, hn, t[i].name, t[i].dtype, t[i].shape, t[i].rank, off,
+                            off + t[i].bytes);
+    parts[i] = t[i].data;
+    sizes[i] = t[i].bytes;
+    off += t[i].bytes;
+  }
+  if (hn < sizeof h)
+    hn += (size_t)snprintf(h + hn, sizeof h - hn, "}");
+  if (hn >= sizeof h) /* the header holds six entries and six short options */
     return attn_status_set(st, ATTN_EINVAL, "safetensors header over %zu bytes", sizeof h);
-  const void *parts[3] = {r->q, r->k, r->v};
-  size_t sizes[3] = {b[0], b[1], b[1]};
-  return attn__st_frame(h, n, parts, sizes, 3, "request", pbuf, plen, st);
+  return attn__st_frame(h, hn, parts, sizes, n, "request", pbuf, plen, st);
 }
 
 int attn_proto_encode_request_json(const attn_request *r, const attn_options *opts, char **pbuf,
                                    size_t *plen, attn_status *st) {
   *pbuf = NULL;
   *plen = 0;
-  int64_t sq[4], skv[4];
-  size_t b[2];
-  int rc = shapes(r, sq, skv, b, st);
-  if (rc < 0)
-    return rc;
+  in_tensor t[ATTN_PROTO_MAX_TENSORS];
+  int n = inputs(r, t, st);
+  if (n < 0)
+    return n;
   attn_sbuf s = {0};
   /* Most numbers take 8 to 14 bytes; start near the final size. */
-  attn_sbuf_reserve(&s, (b[0] + 2 * b[1]) / attn_dtype_size(r->dtype) * 12 + 256);
+  size_t total = 0;
+  for (int i = 0; i < n; i++)
+    total += t[i].bytes / attn_dtype_size(t[i].dtype);
+  attn_sbuf_reserve(&s, total * 12 + 256);
   attn_sbuf_puts(&s, "{");
-  attn__json_put_tensor(&s, "q", sq, 4, r->dtype, r->q);
-  attn_sbuf_puts(&s, ", ");
-  attn__json_put_tensor(&s, "k", skv, 4, r->dtype, r->k);
-  attn_sbuf_puts(&s, ", ");
-  attn__json_put_tensor(&s, "v", skv, 4, r->dtype, r->v);
+  for (int i = 0; i < n; i++) {
+    attn_sbuf_puts(&s, i ? ", " : "");
+    attn__json_put_tensor(&s, t[i].name, t[i].shape, t[i].rank, t[i].dtype, t[i].data);
+  }
   for (size_t i = 0; opts && i < NOPTS; i++) {
     const char *name;
     char val[64];

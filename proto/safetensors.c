@@ -27,7 +27,7 @@
  * larger one may already have been rounded, so it cannot be trusted. */
 #define EXACT_LIMIT 9007199254740992.0
 
-static const char *const tensor_names[3] = {"q", "k", "v"};
+#define NT ATTN_PROTO_MAX_TENSORS
 static const char *const field_names[3] = {"dtype", "shape", "data_offsets"};
 
 typedef struct entry {
@@ -282,9 +282,9 @@ static int parse_metadata(const cJSON *j, attn_options *meta, attn_status *st) {
  * requires: sharing bytes would alias one input with another, and a hole
  * or a tail of bytes belonging to no tensor is how polyglot files hide
  * content. Empty tensors occupy nothing, wherever they point. */
-static int check_layout(const entry e[3], uint64_t data_len, attn_status *st) {
-  int idx[3], n = 0;
-  for (int i = 0; i < 3; i++)
+static int check_layout(const entry e[NT], uint64_t data_len, attn_status *st) {
+  int idx[NT], n = 0;
+  for (int i = 0; i < NT; i++)
     if (e[i].end > e[i].begin)
       idx[n++] = i;
   for (int i = 1; i < n; i++)
@@ -299,15 +299,15 @@ static int check_layout(const entry e[3], uint64_t data_len, attn_status *st) {
       return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
                              "tensors \"%s\" at data_offsets [%llu, %llu] and \"%s\" at "
                              "[%llu, %llu] overlap",
-                             tensor_names[idx[i - 1]], (unsigned long long)a->begin,
-                             (unsigned long long)a->end, tensor_names[idx[i]],
+                             attn_proto_tensor_name(idx[i - 1]), (unsigned long long)a->begin,
+                             (unsigned long long)a->end, attn_proto_tensor_name(idx[i]),
                              (unsigned long long)b->begin, (unsigned long long)b->end);
     if (b->begin > a->end)
       return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
                              "data bytes [%llu, %llu) between tensors \"%s\" and \"%s\" "
                              "belong to no tensor",
                              (unsigned long long)a->end, (unsigned long long)b->begin,
-                             tensor_names[idx[i - 1]], tensor_names[idx[i]]);
+                             attn_proto_tensor_name(idx[i - 1]), attn_proto_tensor_name(idx[i]));
   }
   uint64_t first = n ? e[idx[0]].begin : 0, last = n ? e[idx[n - 1]].end : 0;
   if (first > 0)
@@ -321,54 +321,111 @@ static int check_layout(const entry e[3], uint64_t data_len, attn_status *st) {
   return 0;
 }
 
-/* Walks the parsed header: tensors into e[], options into meta. */
-static int parse_root(const cJSON *root, uint64_t data_len, entry e[3], attn_options *meta,
-                      attn_status *st) {
+/* Header entry c, a tensor: which of the pass's it is, into e[]. */
+static int tensor_entry(const cJSON *c, attn_pass pass, uint64_t data_len, entry e[NT],
+                        attn_status *st) {
   char q[48];
+  int n = attn_proto_tensor_count(pass), i = 0;
+  while (i < n && strcmp(c->string, attn_proto_tensor_name(i)))
+    i++;
+  if (i == n)
+    return attn_status_set(st, ATTN_PROTO_EUNKNOWNTENSOR, "unknown tensor \"%s\"; send exactly %s",
+                           attn_quote(q, sizeof q, c->string, strlen(c->string)),
+                           attn_proto_tensor_list(pass));
+  if (e[i].seen)
+    return attn_status_set(st, ATTN_PROTO_ESAFETENSORS, "the header has the tensor \"%s\" twice",
+                           attn_proto_tensor_name(i));
+  e[i].seen = true;
+  return parse_entry(c, attn_proto_tensor_name(i), data_len, &e[i], st);
+}
+
+/* Walks the parsed header: tensors into e[], options into meta. */
+static int parse_root(const cJSON *root, attn_pass pass, uint64_t data_len, entry e[NT],
+                      attn_options *meta, attn_status *st) {
   bool have_meta = false;
   int rc;
   for (const cJSON *c = root->child; c; c = c->next) {
-    if (!strcmp(c->string, "__metadata__")) {
-      if (have_meta)
-        return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
-                               "the header has the key \"__metadata__\" twice");
-      have_meta = true;
-      if ((rc = parse_metadata(c, meta, st)) < 0)
+    if (strcmp(c->string, "__metadata__")) {
+      if ((rc = tensor_entry(c, pass, data_len, e, st)) < 0)
         return rc;
       continue;
     }
-    int i = 0;
-    while (i < 3 && strcmp(c->string, tensor_names[i]))
-      i++;
-    if (i == 3)
-      return attn_status_set(st, ATTN_PROTO_EUNKNOWNTENSOR,
-                             "unknown tensor \"%s\"; send exactly q, k and v",
-                             attn_quote(q, sizeof q, c->string, strlen(c->string)));
-    if (e[i].seen)
-      return attn_status_set(st, ATTN_PROTO_ESAFETENSORS, "the header has the tensor \"%s\" twice",
-                             tensor_names[i]);
-    e[i].seen = true;
-    if ((rc = parse_entry(c, tensor_names[i], data_len, &e[i], st)) < 0)
+    if (have_meta)
+      return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                             "the header has the key \"__metadata__\" twice");
+    have_meta = true;
+    if ((rc = parse_metadata(c, meta, st)) < 0)
       return rc;
   }
-  for (int i = 0; i < 3; i++)
-    if (!e[i].seen)
+  for (int i = 0; i < attn_proto_tensor_count(pass); i++)
+    if (!e[i].seen && !attn_proto_tensor_optional(i))
       return attn_status_set(st, ATTN_PROTO_EMISSING,
-                             "tensor \"%s\" is missing; the file must hold q, k and v",
-                             tensor_names[i]);
+                             "tensor \"%s\" is missing; the file must hold %s",
+                             attn_proto_tensor_name(i), attn_proto_tensor_list(pass));
   return check_layout(e, data_len, st);
 }
 
-int attn_proto_decode_safetensors(const void *body, size_t len, const attn_options *query,
-                                  attn_proto_req *pr, attn_status *st) {
-  memset(pr, 0, sizeof *pr);
-  if (len == 0 || !body)
+/* The header's JSON: checked bytes, parsed, walked. */
+static int parse_header(const unsigned char *hdr, size_t n, attn_pass pass, uint64_t data_len,
+                        entry e[NT], attn_options *meta, attn_status *st) {
+  int rc = scan_header(hdr, n, st);
+  if (rc < 0)
+    return rc;
+  const char *end = NULL;
+  cJSON *root = cJSON_ParseWithLengthOpts((const char *)hdr, n, &end, 0);
+  if (!root) {
+    size_t at = end ? (size_t)(end - (const char *)hdr) : 0;
+    return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                           "the header is not valid JSON (error near header byte %zu, file "
+                           "offset %zu)",
+                           at, at + 8);
+  }
+  if (!cJSON_IsObject(root))
+    rc = attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                         "the header is %s, not a JSON object of tensors", attn__json_type(root));
+  else
+    rc = parse_root(root, pass, data_len, e, meta, st);
+  cJSON_Delete(root);
+  return rc;
+}
+
+/* The tensors e[] found, in place where aligned, else copied into
+ * pr->owned[]; a tensor not sent has data NULL. */
+static int place_tensors(const unsigned char *data, const entry e[NT], attn_pass pass,
+                         attn_proto_req *pr, attn_proto_tensor t[NT], attn_status *st) {
+  memset(t, 0, NT * sizeof *t);
+  for (int i = 0; i < attn_proto_tensor_count(pass); i++) {
+    t[i].name = attn_proto_tensor_name(i);
+    if (!e[i].seen)
+      continue;
+    const unsigned char *p = data + e[i].begin;
+    size_t nb = (size_t)(e[i].end - e[i].begin), es = attn_dtype_size(e[i].dtype);
+    /* Kernels load whole elements; reading a misaligned one is undefined
+     * behaviour, so such a tensor gets an aligned copy. */
+    if ((uintptr_t)p % es) {
+      pr->owned[i] = malloc(nb ? nb : 1);
+      if (!pr->owned[i])
+        return attn_status_set(st, ATTN_PROTO_ENOMEM,
+                               "out of memory copying tensor \"%s\" (%zu bytes)", t[i].name, nb);
+      memcpy(pr->owned[i], p, nb);
+      p = pr->owned[i];
+    }
+    t[i].dtype = e[i].dtype;
+    t[i].rank = e[i].rank;
+    memcpy(t[i].shape, e[i].shape, sizeof t[i].shape);
+    t[i].data = p;
+  }
+  return 0;
+}
+
+/* The 8-byte header length, checked against the body; 0 or an error. */
+static int header_length(const unsigned char *b, size_t len, uint64_t *pn, attn_status *st) {
+  if (len == 0 || !b)
     return attn_status_set(st, ATTN_PROTO_EEMPTY,
                            "the request body is empty; send a safetensors file");
   if (len < 8)
     return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
                            "body of %zu bytes is shorter than the 8-byte header length", len);
-  const unsigned char *b = body;
   uint64_t n = 0;
   for (int i = 0; i < 8; i++)
     n |= (uint64_t)b[i] << (8 * i);
@@ -389,69 +446,48 @@ int attn_proto_decode_safetensors(const void *body, size_t len, const attn_optio
     return attn_status_set(st, ATTN_PROTO_ETOOLARGE,
                            "header length %llu is over the limit of %u bytes",
                            (unsigned long long)n, ATTN_PROTO_MAX_HEADER);
-  const unsigned char *hdr = b + 8, *data = hdr + n;
-  uint64_t data_len = len - 8 - n;
-  int rc = scan_header(hdr, (size_t)n, st);
+  *pn = n;
+  return 0;
+}
+
+static int decode_st(const unsigned char *b, size_t len, attn_pass pass, const attn_options *query,
+                     attn_proto_req *pr, attn_status *st) {
+  uint64_t n = 0;
+  int rc = header_length(b, len, &n, st);
   if (rc < 0)
     return rc;
-
-  const char *end = NULL;
-  cJSON *root = cJSON_ParseWithLengthOpts((const char *)hdr, (size_t)n, &end, 0);
-  if (!root) {
-    size_t at = end ? (size_t)(end - (const char *)hdr) : 0;
-    return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
-                           "the header is not valid JSON (error near header byte %zu, file "
-                           "offset %zu)",
-                           at, at + 8);
-  }
-  if (!cJSON_IsObject(root)) {
-    rc = attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
-                         "the header is %s, not a JSON object of tensors", attn__json_type(root));
-    cJSON_Delete(root);
-    return rc;
-  }
-  entry e[3];
+  const unsigned char *hdr = b + 8, *data = hdr + n;
+  entry e[NT];
   memset(e, 0, sizeof e);
   attn_options meta;
   attn_options_init(&meta);
-  rc = parse_root(root, data_len, e, &meta, st);
-  cJSON_Delete(root);
-  if (rc < 0)
+  if ((rc = parse_header(hdr, (size_t)n, pass, len - 8 - n, e, &meta, st)) < 0)
     return rc;
-
   attn_options opts;
   if (query)
     opts = *query;
   else
     attn_options_init(&opts);
   attn_options_merge(&opts, &meta);
+  attn_proto_tensor t[NT];
+  if ((rc = place_tensors(data, e, pass, pr, t, st)) < 0)
+    return rc;
+  return attn_proto_build_pass(pr, pass, t, &opts, st);
+}
 
-  attn_proto_tensor t[3];
-  for (int i = 0; i < 3; i++) {
-    const unsigned char *p = data + e[i].begin;
-    size_t nb = (size_t)(e[i].end - e[i].begin), es = attn_dtype_size(e[i].dtype);
-    /* Kernels load whole elements; reading a misaligned one is undefined
-     * behaviour, so such a tensor gets an aligned copy. */
-    if ((uintptr_t)p % es) {
-      pr->owned[i] = malloc(nb ? nb : 1);
-      if (!pr->owned[i]) {
-        attn_proto_req_free(pr);
-        return attn_status_set(st, ATTN_PROTO_ENOMEM,
-                               "out of memory copying tensor \"%s\" (%zu bytes)", tensor_names[i],
-                               nb);
-      }
-      memcpy(pr->owned[i], p, nb);
-      p = pr->owned[i];
-    }
-    t[i].name = tensor_names[i];
-    t[i].dtype = e[i].dtype;
-    t[i].rank = e[i].rank;
-    memcpy(t[i].shape, e[i].shape, sizeof t[i].shape);
-    t[i].data = p;
-  }
-  if ((rc = attn_proto_build(pr, t, &opts, st)) < 0)
+int attn_proto_decode_safetensors_pass(const void *body, size_t len, attn_pass pass,
+                                       const attn_options *query, attn_proto_req *pr,
+                                       attn_status *st) {
+  memset(pr, 0, sizeof *pr);
+  int rc = decode_st(body, len, pass, query, pr, st);
+  if (rc < 0)
     attn_proto_req_free(pr);
   return rc;
+}
+
+int attn_proto_decode_safetensors(const void *body, size_t len, const attn_options *query,
+                                  attn_proto_req *pr, attn_status *st) {
+  return attn_proto_decode_safetensors_pass(body, len, ATTN_FORWARD, query, pr, st);
 }
 
 /* ---- encoding ------------------------------------------------------------ */
@@ -498,32 +534,31 @@ int attn_proto_encode_safetensors(const attn_proto_req *pr, void **pbuf, size_t 
                                   attn_status *st) {
   *pbuf = NULL;
   *plen = 0;
-  const attn_request *r = &pr->req;
-  size_t es = attn_dtype_size(r->dtype);
-  bool stats = pr->opts.stats;
-  if (!r->o || !es || pr->rank < 1 || pr->rank > 4 || (stats && (!r->m || !r->l || !r->lse)))
+  attn__out t[ATTN__MAX_OUTS];
+  int n = pr->rank < 1 || pr->rank > 4 || !attn_dtype_size(pr->req.dtype)
+              ? 0
+              : attn__reply_outs(pr, false, t);
+  for (int i = 0; i < n; i++)
+    if (!t[i].data)
+      n = 0;
+  if (!n)
     return attn_status_set(st, ATTN_EINVAL,
                            "nothing to encode: the request holds no decoded result");
   /* attn_proto_build allocated these very sizes, so they cannot overflow. */
-  size_t rows = 1;
-  for (int i = 0; i < pr->rank - 1; i++)
-    rows *= (size_t)pr->shape_q[i];
-  size_t ob = rows * (size_t)pr->shape_q[pr->rank - 1] * es, sb = rows * sizeof(float);
-
+  const void *parts[ATTN__MAX_OUTS];
+  size_t sizes[ATTN__MAX_OUTS], off = 0;
   char h[1024];
-  size_t n = (size_t)snprintf(h, sizeof h, "{");
-  n = attn__st_put_entry(h, sizeof h, n, "o", r->dtype, pr->shape_q, pr->rank, 0, ob);
-  if (stats) {
-    static const char *const names[3] = {"m", "l", "lse"};
-    for (int i = 0; i < 3; i++)
-      n = attn__st_put_entry(h, sizeof h, n, names[i], ATTN_F32, pr->shape_q, pr->rank - 1,
-                             ob + (size_t)i * sb, ob + (size_t)(i + 1) * sb);
+  size_t hn = (size_t)snprintf(h, sizeof h, "{");
+  for (int i = 0; i < n; i++) {
+    parts[i] = t[i].data;
+    sizes[i] = t[i].count * attn_dtype_size(t[i].dtype);
+    hn = attn__st_put_entry(h, sizeof h, hn, t[i].name, t[i].dtype, t[i].shape, t[i].rank, off,
+                            off + sizes[i]);
+    off += sizes[i];
   }
-  if (n < sizeof h)
-    n += (size_t)snprintf(h + n, sizeof h - n, "}");
-  if (n >= sizeof h)
+  if (hn < sizeof h)
+    hn += (size_t)snprintf(h + hn, sizeof h - hn, "}");
+  if (hn >= sizeof h)
     return attn_status_set(st, ATTN_EINVAL, "safetensors header over %zu bytes", sizeof h);
-  const void *parts[4] = {r->o, r->m, r->l, r->lse};
-  size_t sizes[4] = {ob, sb, sb, sb};
-  return attn__st_frame(h, n, parts, sizes, stats ? 4 : 1, "reply", pbuf, plen, st);
+  return attn__st_frame(h, hn, parts, sizes, n, "reply", pbuf, plen, st);
 }

@@ -249,7 +249,8 @@ static void print_usage(FILE *out) {
   fputs("usage: attnd [options]\n"
         "\n"
         "Serves exact attention (FlashAttention) over HTTP: POST /attention with q, k, v\n"
-        "as JSON or safetensors; GET /attention/plan, /healthz, /readyz, /metrics, /v1/info.\n"
+        "as JSON or safetensors; POST /attention/backward with q, k, v, o, do [, lse] for\n"
+        "dq, dk, dv; GET /attention/plan, /healthz, /readyz, /metrics, /v1/info.\n"
         "\n"
         "options (environment fallback in brackets):\n",
         out);

@@ -33,9 +33,10 @@ static const struct {
   const char *path;
   attnd_route route;
 } routes[] = {
-    {"/attention", ATTND_R_ATTENTION}, {"/attention/plan", ATTND_R_PLAN},
-    {"/healthz", ATTND_R_HEALTHZ},     {"/readyz", ATTND_R_READYZ},
-    {"/metrics", ATTND_R_METRICS},     {"/v1/info", ATTND_R_INFO},
+    {"/attention", ATTND_R_ATTENTION}, {"/attention/backward", ATTND_R_BACKWARD},
+    {"/attention/plan", ATTND_R_PLAN}, {"/healthz", ATTND_R_HEALTHZ},
+    {"/readyz", ATTND_R_READYZ},       {"/metrics", ATTND_R_METRICS},
+    {"/v1/info", ATTND_R_INFO},
 };
 
 /* A request target longer than this, or with more query parameters, is
@@ -84,7 +85,7 @@ static enum MHD_Result queue_reply(attnd_req *r) {
     MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
   if (r->status == MHD_HTTP_METHOD_NOT_ALLOWED)
     MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW,
-                            r->route == ATTND_R_ATTENTION ? "POST" : "GET, HEAD");
+                            attnd_req_computes(r) ? "POST" : "GET, HEAD");
   enum MHD_Result ok = MHD_queue_response(r->conn, (unsigned)r->status, resp);
   MHD_destroy_response(resp);
   r->queued = true;
@@ -510,17 +511,17 @@ static enum MHD_Result first_call(attnd_req *r, const char *url, const char *met
     char msg[240], path[96];
     attn_quote(path, sizeof path, r->path, strlen(r->path));
     snprintf(msg, sizeof msg,
-             "no such path \"%s\" (try POST /attention, GET /attention/plan, /healthz, "
-             "/readyz, /metrics, /v1/info)",
+             "no such path \"%s\" (try POST /attention, POST /attention/backward, GET "
+             "/attention/plan, /healthz, /readyz, /metrics, /v1/info)",
              path);
     attnd_req_fail(r, ATTND_ENOT_FOUND, msg);
-  } else if (r->route == ATTND_R_ATTENTION ? !post : !get) {
+  } else if (attnd_req_computes(r) ? !post : !get) {
     char msg[200], m[24];
     attn_quote(m, sizeof m, method, strlen(method));
     snprintf(msg, sizeof msg, "%s is not allowed on %.60s (use %s)", m, r->path,
-             r->route == ATTND_R_ATTENTION ? "POST" : "GET");
+             attnd_req_computes(r) ? "POST" : "GET");
     attnd_req_fail(r, ATTND_EMETHOD_NOT_ALLOWED, msg);
-  } else if (r->route != ATTND_R_ATTENTION) {
+  } else if (!attnd_req_computes(r)) {
     answer_get(r);
   } else if (!begin_post(r)) {
     /* Refused before the body: reply now, and libmicrohttpd closes the

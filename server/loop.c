@@ -129,9 +129,10 @@ static void decode_submit(uv_work_t *w) {
   attn_status st;
   attn_options_init(&q);
   int rc = attn_options_parse_query(&q, r->query, &st);
+  attn_pass pass = attnd_req_pass(r);
   if (rc == 0)
-    rc = r->json_in ? attn_proto_decode_json(r->body, r->len, &q, &r->pr, &st)
-                    : attn_proto_decode_safetensors(r->body, r->len, &q, &r->pr, &st);
+    rc = r->json_in ? attn_proto_decode_json_pass(r->body, r->len, pass, &q, &r->pr, &st)
+                    : attn_proto_decode_safetensors_pass(r->body, r->len, pass, &q, &r->pr, &st);
   if (rc == 0) {
     /* "auto" means the server's backend; a named one is the client's call */
     if (!strcmp(r->pr.req.backend, "auto"))

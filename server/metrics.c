@@ -20,7 +20,7 @@
 #include <string.h>
 
 enum {
-  N_ROUTES = 7, /* the six routes and "other" */
+  N_ROUTES = 8, /* the seven routes and "other" */
   ROUTE_OTHER = N_ROUTES - 1,
   MAX_CODES = 64, /* distinct status codes kept per route */
   MAX_BACKENDS = 8,
@@ -29,7 +29,10 @@ enum {
 };
 
 static const char *const route_names[N_ROUTES] = {
-    "/attention", "/attention/plan", "/healthz", "/readyz", "/metrics", "/v1/info", "other",
+    "/attention",      "/attention/backward",
+    "/attention/plan", "/healthz",
+    "/readyz",         "/metrics",
+    "/v1/info",        "other",
 };
 
 /* Bounds and their printed form side by side: printing the doubles would

@@ -37,6 +37,14 @@ void attnd_req_unref(attnd_req *r) {
   free(r);
 }
 
+bool attnd_req_computes(const attnd_req *r) {
+  return r->route == ATTND_R_ATTENTION || r->route == ATTND_R_BACKWARD;
+}
+
+attn_pass attnd_req_pass(const attnd_req *r) {
+  return r->route == ATTND_R_BACKWARD ? ATTN_BACKWARD : ATTN_FORWARD;
+}
+
 /* ---- the reply ------------------------------------------------------------ */
 
 void attnd_req_reply(attnd_req *r, int status, char *buf, size_t len, const char *ctype) {

@@ -10,7 +10,8 @@
  * engine, and later encodes; the engine computes on its own threads (CPU
  * workers, or CUDA streams) and reports back through uv_async_send. A POST
  * /attention connection is suspended from its last body byte until its
- * reply is ready.
+ * reply is ready; so is a POST /attention/backward, which takes the same
+ * path with the backward pass's codecs.
  */
 #ifndef ATTND_SERVER_H
 #define ATTND_SERVER_H
@@ -53,6 +54,7 @@ typedef struct attnd_transport {
 
 typedef enum attnd_route {
   ATTND_R_ATTENTION,
+  ATTND_R_BACKWARD, /* POST /attention/backward: like ATTND_R_ATTENTION, the other pass */
   ATTND_R_PLAN,
   ATTND_R_HEALTHZ,
   ATTND_R_READYZ,
@@ -189,6 +191,11 @@ bool attnd_body_reserve(attnd_req *r, size_t n);
 void attnd_body_release(attnd_req *r);
 /* Sets r's reply to 503 queue_full: a reservation did not fit. */
 void attnd_body_over_budget(attnd_req *r);
+/* Whether r is a POST of a pass (/attention or /attention/backward), which
+ * the loop computes; every other route is answered on the HTTP thread. */
+bool attnd_req_computes(const attnd_req *r);
+/* The pass r asks for: backward for /attention/backward. */
+attn_pass attnd_req_pass(const attnd_req *r);
 /* HTTP thread: r's headers arrived and its body is being read (r->fd set),
  * which a drain waits for; or that ended (a no-op when it never began). */
 void attnd_upload_begin(attnd_req *r);
@@ -199,7 +206,8 @@ void attnd_req_account(attnd_server *s, const attnd_req *r);
 /* loop.c */
 /* 0, or -1 after one line to stderr. */
 int attnd_loop_init(attnd_server *s);
-/* From the HTTP thread: hand a complete POST /attention to the loop. */
+/* From the HTTP thread: hand a complete POST /attention (or
+ * /attention/backward) to the loop. */
 void attnd_loop_submit(attnd_server *s, attnd_req *r);
 /* Runs until a drain completes. */
 void attnd_loop_run(attnd_server *s);

@@ -1,7 +1,8 @@
 /*
  * compute_cmd.c — `attn compute IN.safetensors OUT.safetensors`: decode a
  * request file with the same codec the server uses, run the engine in this
- * process, write the reply file.
+ * process, write the reply file; with --backward, the backward pass (q, k,
+ * v, o, do [, lse] in; dq, dk, dv out) as POST /attention/backward.
  *
  * Flags carry options the way a URL query string does, so a file's
  * __metadata__ overrides them exactly as it would over HTTP. The output is
@@ -23,12 +24,15 @@
 static const char usage[] =
     "usage: attn compute IN.safetensors OUT.safetensors [--causal] [--scale X]\n"
     "                    [--window-left N] [--window-right N] [--stats] [--threads N]\n"
-    "                    [--backend auto|cpu|cuda|reference]\n"
+    "                    [--backend auto|cpu|cuda|reference] [--backward]\n"
     "                    [--isa auto|amx|avx512bf16|avx512|avx2|generic]\n"
     "\n"
     "Reads tensors q, k, v from IN, computes attention in this process and writes o\n"
     "(and m, l, lse with --stats) to OUT. Flags are options as in the HTTP query\n"
     "string; IN's __metadata__, when it sets the same option, wins (as over HTTP).\n"
+    "--backward computes the backward pass instead, as POST /attention/backward does:\n"
+    "IN holds q, k, v, o (the forward's output), do (dL/dO) and optionally lse (the\n"
+    "forward's, F32), and OUT gets dq, dk, dv (--stats is refused).\n"
     "--isa picks the CPU kernel (default: the best this CPU runs); one the CPU lacks\n"
     "is an error.\n";
 
@@ -36,6 +40,7 @@ static const char usage[] =
 typedef struct run_opts {
   int threads;
   const char *isa; /* NULL: auto */
+  attn_pass pass;  /* --backward */
 } run_opts;
 
 /* Encodes pr's result, writes it to OUT and says so; the exit status. */
@@ -54,11 +59,12 @@ static int write_reply(const attn_proto_req *pr, const attn_result *res, const c
     status = 1;
   } else {
     const attn_request *r = &pr->req;
-    printf("%s: B=%lld Hq=%lld Hkv=%lld Nq=%lld Nkv=%lld D=%lld %s on %s: %.3f ms, "
+    printf("%s: %sB=%lld Hq=%lld Hkv=%lld Nq=%lld Nkv=%lld D=%lld %s on %s: %.3f ms, "
            "%.1f GFLOP/s -> %s (%zu bytes)\n",
-           in, (long long)r->batch, (long long)r->heads_q, (long long)r->heads_kv,
-           (long long)r->seq_q, (long long)r->seq_kv, (long long)r->head_dim,
-           attn_dtype_name(r->dtype), res->backend, res->engine_seconds * 1e3,
+           in, r->pass == ATTN_BACKWARD ? "backward " : "", (long long)r->batch,
+           (long long)r->heads_q, (long long)r->heads_kv, (long long)r->seq_q, (long long)r->seq_kv,
+           (long long)r->head_dim, attn_dtype_name(r->dtype), res->backend,
+           res->engine_seconds * 1e3,
            res->engine_seconds > 0 ? res->flops / res->engine_seconds * 1e-9 : 0.0, out, olen);
   }
   free(obuf);
@@ -70,6 +76,7 @@ static int parse_flags(int argc, char **argv, attn_options *flags, run_opts *ro)
   static const struct option opts[] = {ATTN_API_OPTIONS,
                                        {"threads", required_argument, 0, 'T'},
                                        {"isa", required_argument, 0, 'I'},
+                                       {"backward", no_argument, 0, 'W'},
                                        {"help", no_argument, 0, 'x'},
                                        {0, 0, 0, 0}};
   attn_options_init(flags);
@@ -89,6 +96,7 @@ static int parse_flags(int argc, char **argv, attn_options *flags, run_opts *ro)
         return 2;
       break;
     case 'I': ro->isa = optarg; break;
+    case 'W': ro->pass = ATTN_BACKWARD; break;
     case 'x': fputs(usage, stdout); return -1;
     default: fputs(usage, stderr); return 2;
     }
@@ -118,7 +126,7 @@ static int compute(attn_proto_req *pr, const run_opts *ro, const char *in, const
 
 int attn_cmd_compute(int argc, char **argv) {
   attn_options flags;
-  run_opts ro = {0, NULL};
+  run_opts ro = {0, NULL, ATTN_FORWARD};
   int rc = parse_flags(argc, argv, &flags, &ro);
   if (rc != 0)
     return rc < 0 ? 0 : rc;
@@ -135,7 +143,7 @@ int attn_cmd_compute(int argc, char **argv) {
   }
   attn_proto_req pr;
   attn_status st;
-  if (attn_proto_decode_safetensors(body, len, &flags, &pr, &st) < 0) {
+  if (attn_proto_decode_safetensors_pass(body, len, ro.pass, &flags, &pr, &st) < 0) {
     fprintf(stderr, "attn compute: %s: %s\n", in, st.message);
     free(body);
     return 2;

@@ -23,6 +23,7 @@ typedef struct attn_infer_args {
   attn_dtype dtype;
   uint64_t seed;
   bool json, check, quiet;
+  attn_pass pass; /* --backward: POST /attention/backward */
   double timeout;
   attn_options opts; /* the flags, validated by the server's own parser */
   attn_sbuf query;   /* the same flags as a query string */
@@ -39,7 +40,8 @@ typedef struct attn_infer_reply {
   long long up, down;                /* body bytes each way */
 } attn_infer_reply;
 
-/* URL/attention (or URL when it already ends so) with the query. */
+/* URL/attention, or URL/attention/backward for a backward pass (or URL
+ * when it already ends so), with the query. */
 void attn_infer_url(const attn_infer_args *a, attn_sbuf *url);
 
 /* POSTs body to url; 0 when an HTTP reply came (any status), else the exit
@@ -56,8 +58,9 @@ void attn_infer_print_report(const attn_infer_args *a, const attn_proto_req *pr,
                              const attn_infer_reply *r, const char *url, bool st_reply,
                              const char *backend, size_t up, bool wrote_out);
 
-/* --check: the reply in pr's outputs against float64 attention; prints
- * the check line and returns the exit status (0 pass, 1 fail). */
+/* --check: the reply in pr's outputs against float64 attention (for a
+ * backward request, dq, dk, dv against the float64 reference backward);
+ * prints the check line and returns the exit status (0 pass, 1 fail). */
 int attn_infer_check(const attn_infer_args *a, const attn_proto_req *pr);
 
 #endif

@@ -2,7 +2,9 @@
  * infer_check.c — `attn infer --check`: the reply against float64 standard
  * attention on the same inputs (engine/reference.h), with the tolerances
  * the usage text gives: normalized error of o per dtype, and m, l, lse
- * within 1e-5 relative to max(1, |ref|).
+ * within 1e-5 relative to max(1, |ref|); for a backward reply, the
+ * normalized errors of dq, dk and dv against the float64 reference backward
+ * (engine/reference.h) with o's tolerance.
  */
 #include "infer.h"
 #include "reference.h"
@@ -72,7 +74,51 @@ static int check_reply(const attn_proto_req *pr, double e[4], char *err, size_t 
   return rc;
 }
 
+/* ||x - ref|| / ||ref|| of a reply buffer (dtype dt) against doubles
+ * (absolute when ref is 0; a NaN counts as infinite). */
+static double norm_err(const void *x, attn_dtype dt, const double *ref, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; i++) {
+    double v = attn_load_elem(x, dt, i), d = v - ref[i];
+    if (v != v)
+      return INFINITY;
+    num += d * d;
+    den += ref[i] * ref[i];
+  }
+  return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* A backward reply: dq, dk, dv against the float64 reference backward on
+ * the same inputs (which reads neither o nor lse but checks them). */
+static int check_backward(const attn_infer_args *a, const attn_proto_req *pr) {
+  const attn_request *r = &pr->req;
+  size_t nq = rows_of(r) * (size_t)r->head_dim;
+  size_t nk = (size_t)(r->batch * r->heads_kv * r->seq_kv * r->head_dim);
+  double *g = malloc((nq + 2 * nk) * sizeof *g), e[3] = {0, 0, 0};
+  attn_status s;
+  int rc = g ? attn_reference_backward(r, g, g + nq, g + nq + nk, &s) : -1;
+  if (rc < 0)
+    fprintf(stderr, ATTN_INFER_ME ": --check: %s\n",
+            g ? s.message : "out of memory for the float64 reference");
+  const void *got[3] = {r->dq, r->dk, r->dv};
+  for (int i = 0; i < 3 && rc == 0; i++)
+    e[i] = norm_err(got[i], r->dtype, g + (i ? nq + (size_t)(i - 1) * nk : 0), i ? nk : nq);
+  free(g);
+  if (rc < 0)
+    return 1;
+  double tol = tolerance(r->dtype);
+  bool pass = e[0] <= tol && e[1] <= tol && e[2] <= tol;
+  if (!pass || !a->quiet)
+    fprintf(pass ? stdout : stderr,
+            "check     dq %.2e, dk %.2e, dv %.2e (tolerance %s %g) against the float64 "
+            "backward: %s\n",
+            e[0], e[1], e[2], attn_dtype_name(r->dtype), tol, pass ? "PASS" : "FAIL");
+  return pass ? 0 : 1;
+}
+
 int attn_infer_check(const attn_infer_args *a, const attn_proto_req *pr) {
+  if (pr->req.pass == ATTN_BACKWARD)
+    return check_backward(a, pr);
   double e[4];
   double tol = tolerance(pr->req.dtype), stol = 1e-5;
   char err[512];

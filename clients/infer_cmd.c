@@ -13,6 +13,10 @@
  * request is also decoded here with the server's codec: that gives the
  * FLOP count, the shapes the reply must have, and the inputs of --check.
  *
+ * With --backward the same goes to POST /attention/backward: q, k, v, o,
+ * do [, lse] out, dq, dk, dv back, checked against the float64 reference
+ * backward.
+ *
  * Exit status: 0 success (and --check passed), 1 an error reply, no reply,
  * a malformed reply or a failed check, 2 bad usage or an unreadable IN.
  */
@@ -33,7 +37,7 @@ static const char usage[] =
     "                  [--dtype F32|F16|BF16] [--seed N] [--json] [--causal] [--scale X]\n"
     "                  [--window-left N] [--window-right N] [--stats]\n"
     "                  [--backend auto|cpu|cuda|reference] [--check] [--out FILE]\n"
-    "                  [--timeout SECONDS] [--quiet]\n"
+    "                  [--timeout SECONDS] [--quiet] [--backward]\n"
     "\n"
     "Sends one attention request to the attnd at URL (e.g. http://127.0.0.1:8080;\n"
     "the request goes to URL/attention) and prints the status, the time spent\n"
@@ -53,6 +57,11 @@ static const char usage[] =
     "                  error of o within 1e-5 (F32), 1e-3 (F16), 8e-3 (BF16); m, l,\n"
     "                  lse within 1e-5 relative to max(1, |ref|)\n"
     "  --out FILE      write the reply as a safetensors file (atomically)\n"
+    "  --backward      the backward pass: POST URL/attention/backward with q, k, v,\n"
+    "                  o, do [, lse] (IN must hold them; without IN, o and lse come\n"
+    "                  from a forward pass run here and do is random); the reply is\n"
+    "                  dq, dk, dv, and --check compares them with the float64\n"
+    "                  reference backward (same tolerances as o)\n"
     "  --timeout S     give up after S seconds (default 300; 0: never)\n"
     "  --quiet         print only errors\n"
     "\n"
@@ -95,6 +104,7 @@ static int infer_flag(int c, attn_infer_args *a) {
   case 'j': a->json = true; return 0;
   case 'k': a->check = true; return 0;
   case 'Q': a->quiet = true; return 0;
+  case 'W': a->pass = ATTN_BACKWARD; return 0;
   case 'o': a->out = optarg; return 0;
   case 'T': {
     char *end;
@@ -113,13 +123,19 @@ static int infer_flag(int c, attn_infer_args *a) {
 
 /* getopt over argv; 0, 2 after a message, or -1 for --help (printed). */
 static int parse_flags(int argc, char **argv, attn_infer_args *a) {
-  static const struct option lopts[] = {
-      {"shape", required_argument, 0, 'p'},   {"shape-kv", required_argument, 0, 'P'},
-      {"dtype", required_argument, 0, 't'},   {"seed", required_argument, 0, 'r'},
-      {"json", no_argument, 0, 'j'},          ATTN_API_OPTIONS,
-      {"check", no_argument, 0, 'k'},         {"out", required_argument, 0, 'o'},
-      {"timeout", required_argument, 0, 'T'}, {"quiet", no_argument, 0, 'Q'},
-      {"help", no_argument, 0, 'x'},          {0, 0, 0, 0}};
+  static const struct option lopts[] = {{"shape", required_argument, 0, 'p'},
+                                        {"shape-kv", required_argument, 0, 'P'},
+                                        {"dtype", required_argument, 0, 't'},
+                                        {"seed", required_argument, 0, 'r'},
+                                        {"json", no_argument, 0, 'j'},
+                                        ATTN_API_OPTIONS,
+                                        {"check", no_argument, 0, 'k'},
+                                        {"out", required_argument, 0, 'o'},
+                                        {"timeout", required_argument, 0, 'T'},
+                                        {"quiet", no_argument, 0, 'Q'},
+                                        {"backward", no_argument, 0, 'W'},
+                                        {"help", no_argument, 0, 'x'},
+                                        {0, 0, 0, 0}};
   int c;
   optind = 1;
   opterr = 1;
@@ -196,14 +212,68 @@ static size_t elems(const int64_t s[4]) {
   return (size_t)n;
 }
 
+/* The random tensors of a request: q, k, v (and o) in bc; a backward
+ * request's do and lse beside them. */
+typedef struct infer_bufs {
+  attn_bench_case bc;
+  void *dout;
+  float *lse;
+} infer_bufs;
+
+static void infer_bufs_free(infer_bufs *b) {
+  attn_bench_case_free(&b->bc);
+  free(b->dout);
+  free(b->lse);
+}
+
+/* A backward request's own inputs for b's q, k, v: o and lse from a forward
+ * pass run here with the flags' options (as a training step has them), do
+ * random from the seed. A forward the options make impossible leaves o zero
+ * and lse out: the server then says what is wrong. Returns 0, or the exit
+ * status after a message. */
+static int backward_inputs(const attn_infer_args *a, infer_bufs *b) {
+  attn_request *r = &b->bc.req;
+  size_t nq = (size_t)(r->batch * r->heads_q * r->seq_q * r->head_dim);
+  size_t rows = (size_t)(r->batch * r->heads_q * r->seq_q);
+  b->dout = malloc(nq * attn_dtype_size(r->dtype));
+  b->lse = malloc(rows * sizeof *b->lse);
+  if (!b->dout || !b->lse) {
+    fprintf(stderr, ME ": out of memory for the random tensors\n");
+    return 1;
+  }
+  uint64_t seed = a->seed ^ 0x9e3779b97f4a7c15u;
+  for (size_t i = 0; i < nq; i++)
+    attn_store_elem(b->dout, r->dtype, i,
+                    (float)((double)(seed = seed * 6364136223846793005u + 1) / 0x1p64 * 2 - 1));
+  attn_request f = *r;
+  f.scale = a->opts.scale;
+  f.causal = a->opts.causal;
+  f.window_left = a->opts.window_left;
+  f.window_right = a->opts.window_right;
+  f.lse = b->lse;
+  attn_status st;
+  attn_engine *e = attn_bench_open(0, NULL, &st);
+  bool ok = e && attn_engine_run(e, &f, NULL, &st) == 0;
+  attn_engine_close(e);
+  if (!ok && !a->quiet)
+    fprintf(stderr, ME ": no local forward pass for o (%s); sending o = 0\n", st.message);
+  if (!ok)
+    memset(r->o, 0, nq * attn_dtype_size(r->dtype));
+  r->pass = ATTN_BACKWARD;
+  r->dout = b->dout;
+  r->lse_in = ok ? b->lse : NULL;
+  return 0;
+}
+
 /*
  * Random tensors for the shapes: the body to send in *pbody, and pr built
  * from the same tensors with the flags' options (the checks a codec makes;
  * *local_err gets the message when they refuse, and the server is asked
  * anyway). Returns 0, or the exit status after a message.
  */
-static int make_random(attn_infer_args *a, attn_bench_case *bc, char **pbody, size_t *plen,
+static int make_random(attn_infer_args *a, infer_bufs *ib, char **pbody, size_t *plen,
                        attn_proto_req *pr, bool *local_ok, char *local_err, size_t cap) {
+  attn_bench_case *bc = &ib->bc;
   if (!elems(a->shape) || !elems(a->shape_kv)) {
     fprintf(stderr, ME ": --shape/--shape-kv: too many elements to generate\n");
     return 2;
@@ -213,13 +283,21 @@ static int make_random(attn_infer_args *a, attn_bench_case *bc, char **pbody, si
     fprintf(stderr, ME ": out of memory for the random tensors\n");
     return 1;
   }
+  int rc;
+  if (a->pass == ATTN_BACKWARD && (rc = backward_inputs(a, ib)) != 0)
+    return rc;
   const attn_request *r = &bc->req;
-  attn_proto_tensor t[3] = {
-      {"q", r->dtype, 4, {r->batch, r->heads_q, r->seq_q, r->head_dim}, r->q},
-      {"k", r->dtype, 4, {r->batch, r->heads_kv, r->seq_kv, r->head_dim}, r->k},
-      {"v", r->dtype, 4, {r->batch, r->heads_kv, r->seq_kv, r->head_dim}, r->v}};
+  const int64_t sq[4] = {r->batch, r->heads_q, r->seq_q, r->head_dim};
+  const int64_t skv[4] = {r->batch, r->heads_kv, r->seq_kv, r->head_dim};
+  attn_proto_tensor t[ATTN_PROTO_MAX_TENSORS] = {
+      {"q", r->dtype, 4, {sq[0], sq[1], sq[2], sq[3]}, r->q},
+      {"k", r->dtype, 4, {skv[0], skv[1], skv[2], skv[3]}, r->k},
+      {"v", r->dtype, 4, {skv[0], skv[1], skv[2], skv[3]}, r->v},
+      {"o", r->dtype, 4, {sq[0], sq[1], sq[2], sq[3]}, r->o},
+      {"do", r->dtype, 4, {sq[0], sq[1], sq[2], sq[3]}, r->dout},
+      {"lse", ATTN_F32, 3, {sq[0], sq[1], sq[2], 0}, r->lse_in}};
   attn_status st;
-  *local_ok = attn_proto_build(pr, t, &a->opts, &st) == 0;
+  *local_ok = attn_proto_build_pass(pr, a->pass, t, &a->opts, &st) == 0;
   if (!*local_ok)
     snprintf(local_err, cap, "%s", st.message);
   void *b = NULL;
@@ -237,10 +315,10 @@ static int make_random(attn_infer_args *a, attn_bench_case *bc, char **pbody, si
  * the reply's expected shapes, the FLOPs, --check's inputs); a body the
  * codec refuses is still sent, with *local_ok false and the reason in
  * local_err. 0, or the exit status after a message. */
-static int make_request(attn_infer_args *a, attn_bench_case *bc, char **pbody, size_t *plen,
+static int make_request(attn_infer_args *a, infer_bufs *ib, char **pbody, size_t *plen,
                         attn_proto_req *pr, bool *local_ok, char *local_err, size_t cap) {
   if (!a->in)
-    return make_random(a, bc, pbody, plen, pr, local_ok, local_err, cap);
+    return make_random(a, ib, pbody, plen, pr, local_ok, local_err, cap);
   void *body;
   if (attn_read_file(a->in, &body, plen) < 0) {
     fprintf(stderr, ME ": cannot read %s: %s\n", a->in, strerror(errno));
@@ -251,7 +329,7 @@ static int make_request(attn_infer_args *a, attn_bench_case *bc, char **pbody, s
    * the server. A file the codec refuses is still sent: the server's
    * answer to it may be the point. */
   attn_status st;
-  *local_ok = attn_proto_decode_safetensors(body, *plen, &a->opts, pr, &st) == 0;
+  *local_ok = attn_proto_decode_safetensors_pass(body, *plen, a->pass, &a->opts, pr, &st) == 0;
   if (!*local_ok)
     snprintf(local_err, cap, "%s: %s", a->in, st.message);
   return 0;
@@ -326,16 +404,16 @@ int attn_cmd_infer(int argc, char **argv) {
   }
   char *body = NULL;
   size_t body_len = 0;
-  attn_bench_case bc = {0};
+  infer_bufs ib = {0};
   attn_proto_req pr;
   memset(&pr, 0, sizeof pr);
   bool local_ok = false;
   char local_err[ATTN_MSG_MAX + 64] = "";
-  status = make_request(&a, &bc, &body, &body_len, &pr, &local_ok, local_err, sizeof local_err);
+  status = make_request(&a, &ib, &body, &body_len, &pr, &local_ok, local_err, sizeof local_err);
   if (status == 0)
     status = exchange(&a, &pr, body, body_len, local_ok, local_err);
   attn_proto_req_free(&pr);
-  attn_bench_case_free(&bc);
+  infer_bufs_free(&ib);
   free(body);
   free(a.query.p);
   return status;

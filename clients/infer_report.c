@@ -38,6 +38,8 @@ static void print_problem(const attn_infer_args *a, const attn_proto_req *pr, co
     printf(" scale=%g", r->scale);
   if (pr->opts.stats)
     printf(" stats");
+  if (r->pass == ATTN_BACKWARD)
+    printf(" backward%s", r->lse_in ? " (lse sent)" : "");
   printf(", %s body of %s%s\n", fmt_name, human_bytes((double)up, hb, sizeof hb),
          a->in ? " from IN" : "");
 }
@@ -87,9 +89,10 @@ void attn_infer_print_report(const attn_infer_args *a, const attn_proto_req *pr,
          human_bytes((double)r->down, hb2, sizeof hb2), r->down,
          total > first ? (double)r->down / (total - first) * 1e-6 : 0.0);
   double flops = attn_request_flops(&pr->req);
-  printf("served    %.4g GFLOP in %.3f ms: %.2f GFLOP/s (4*D per visible pair over the "
+  printf("served    %.4g GFLOP in %.3f ms: %.2f GFLOP/s (4*D per visible pair%s over the "
          "total time)\n",
-         flops * 1e-9, total * 1e3, total > 0 ? flops / total * 1e-9 : 0.0);
+         flops * 1e-9, total * 1e3, total > 0 ? flops / total * 1e-9 : 0.0,
+         pr->req.pass == ATTN_BACKWARD ? ", times 2.5 for the backward pass," : "");
   if (wrote_out)
     printf("out       %s (%zu bytes)\n", a->out, r->len);
   fflush(stdout);

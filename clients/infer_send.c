@@ -62,8 +62,12 @@ static bool ends_with(const char *s, size_t n, const char *suffix) {
 void attn_infer_url(const attn_infer_args *a, attn_sbuf *url) {
   size_t ul = base_len(a->url);
   attn_sbuf_put(url, a->url, ul);
-  if (!ends_with(a->url, ul, "/attention")) /* a full endpoint URL works too */
-    attn_sbuf_puts(url, "/attention");
+  bool bwd = a->pass == ATTN_BACKWARD;
+  /* a full endpoint URL works too */
+  if (bwd && ends_with(a->url, ul, "/attention"))
+    attn_sbuf_puts(url, "/backward");
+  else if (!ends_with(a->url, ul, bwd ? "/attention/backward" : "/attention"))
+    attn_sbuf_puts(url, bwd ? "/attention/backward" : "/attention");
   if (a->query.p)
     attn_sbuf_puts(url, a->query.p);
 }

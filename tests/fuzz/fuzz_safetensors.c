@@ -20,18 +20,27 @@ static void check_error_body(const attn_status *st) {
   free(b);
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+/* One decode of the body as a request of this pass. */
+static void one_pass(const uint8_t *data, size_t size, attn_pass pass) {
   attn_proto_req pr;
   attn_status st;
-  if (attn_proto_decode_safetensors(data, size, NULL, &pr, &st) < 0) {
+  if (attn_proto_decode_safetensors_pass(data, size, pass, NULL, &pr, &st) < 0) {
     check_error_body(&st);
-    return 0;
+    return;
   }
+  if (pr.req.pass != pass)
+    abort();
   void *out = NULL;
   size_t len = 0;
   if (attn_proto_encode_safetensors(&pr, &out, &len, &st) == 0 && len < 16)
     abort(); /* a reply holds at least its length and "{}" */
   free(out);
   attn_proto_req_free(&pr);
+}
+
+/* Each body is decoded as both passes (q, k, v; q, k, v, o, do, lse). */
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  one_pass(data, size, ATTN_FORWARD);
+  one_pass(data, size, ATTN_BACKWARD);
   return 0;
 }

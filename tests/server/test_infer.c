@@ -589,3 +589,57 @@ Test(infer, bad_usage_exits_2_before_sending) {
   cr_expect(strstr(out, "usage: attn infer") != NULL, "--help:\n%s", out);
   free(out);
 }
+
+/* --backward: POST /attention/backward, dq, dk, dv checked against the
+ * float64 reference backward; backend=reference until the CPU backward
+ * kernel lands (the default backend answers 422 unsupported until then). */
+Test(infer, backward_check) {
+  srv_start(&S, "--threads", "2", NULL);
+  const char *const cases[][8] = {
+      {"--dtype", "F32", "--shape", "1,4,40,32", "--shape-kv", "1,2,56,32", NULL},
+      {"--dtype", "BF16", "--shape", "2,2,30,16", "--causal", "--json", NULL},
+      {"--dtype", "F16", "--shape", "1,2,24,64", "--window-left", "3", "--window-right", "1"}};
+  for (int i = 0; i < 3; i++) {
+    const char *const *c = cases[i];
+    char *out;
+    int rc = infer(&out, S.url, "--backward", "--check", "--backend", "reference", c[0], c[1], c[2],
+                   c[3], c[4], c[5], c[6], c[7], NULL);
+    expect_pass(rc, out, c[1]);
+    cr_expect(strstr(out, "/attention/backward") && strstr(out, "dq ") && strstr(out, "dv "),
+              "%s: no backward check line in:\n%s", c[1], out);
+    free(out);
+  }
+  char *out;
+  int rc = infer(&out, S.url, "--backward", "--stats", "--backend", "reference", NULL);
+  cr_expect_eq(rc, 1, "--backward --stats: status %d:\n%s", rc, out);
+  cr_expect(strstr(out, "invalid_option") != NULL, "--backward --stats:\n%s", out);
+  free(out);
+}
+
+Test(infer, backward_check_fails_on_a_wrong_reply) {
+  /* dq, dk, dv all zeros for a [1, 1, 4, 8] F32 problem: well-formed, wrong */
+  char hdr[] = "{\"dq\":{\"dtype\":\"F32\",\"shape\":[1,1,4,8],\"data_offsets\":[0,128]},"
+               "\"dk\":{\"dtype\":\"F32\",\"shape\":[1,1,4,8],\"data_offsets\":[128,256]},"
+               "\"dv\":{\"dtype\":\"F32\",\"shape\":[1,1,4,8],\"data_offsets\":[256,384]}}";
+  size_t hn = strlen(hdr), body_len = 8 + hn + 384;
+  char *reply = calloc(1, 256 + body_len);
+  int n = snprintf(reply, 256,
+                   "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
+                   "Content-Length: %zu\r\nConnection: close\r\n\r\n",
+                   body_len);
+  for (int i = 0; i < 8; i++)
+    reply[n + i] = (char)((uint64_t)hn >> (8 * i));
+  memcpy(reply + n + 8, hdr, hn);
+  fake f;
+  pthread_t th;
+  fake_start(&f, &th, reply, (size_t)n + body_len);
+  char url[64];
+  snprintf(url, sizeof url, "http://127.0.0.1:%d", f.port);
+  char *out;
+  int rc = infer(&out, url, "--backward", "--shape", "1,1,4,8", "--check", NULL);
+  fake_stop(&f, th);
+  cr_expect_eq(rc, 1, "wrong reply: status %d:\n%s", rc, out);
+  cr_expect(strstr(out, ": FAIL") != NULL, "wrong reply: no FAIL:\n%s", out);
+  free(out);
+  free(reply);
+}

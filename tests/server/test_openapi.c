@@ -35,7 +35,7 @@ Test(openapi, paths_match_the_server, .fini = teardown, .timeout = 60) {
     cr_assert_lt(n, 16);
     snprintf(documented[n++], sizeof documented[0], "%s", path);
     http_res rs;
-    int rc = !strcmp(path, "/attention")
+    int rc = !strcmp(path, "/attention") || !strcmp(path, "/attention/backward")
                  ? http_post(&S, path, "application/json", "{}", 2, &rs)
                  : http_get(&S,
                             !strcmp(path, "/attention/plan") ? "/attention/plan?seq_q=8&head_dim=8"
@@ -56,9 +56,10 @@ Test(openapi, paths_match_the_server, .fini = teardown, .timeout = 60) {
     http_res_free(&rs);
   }
   fclose(f);
-  cr_expect_eq(n, 6, "openapi.yaml documents %d paths", n);
-  static const char *const routed[] = {"/attention", "/attention/plan", "/healthz",
-                                       "/readyz",    "/metrics",        "/v1/info"};
+  cr_expect_eq(n, 7, "openapi.yaml documents %d paths", n);
+  static const char *const routed[] = {
+      "/attention", "/attention/backward", "/attention/plan", "/healthz", "/readyz", "/metrics",
+      "/v1/info"};
   for (size_t i = 0; i < sizeof routed / sizeof *routed; i++) {
     bool found = false;
     for (int j = 0; j < n; j++)

@@ -263,3 +263,201 @@ Test(client_codecs, malformed_safetensors_replies_are_refused) {
       b, st_reply(b, "{\"o\":{\"dtype\":\"F32\",\"shape\":[1,2,3,4],\"data_offsets\":[0,96]}}", 96),
       ATTN_PROTO_ESHAPE, "expected [1, 2, 3, 5]");
 }
+
+/* ---- the backward pass ------------------------------------------------------- */
+
+/* A backward request [2, 4, 5, 8] with KV [2, 2, 7, 8]: q, k, v from the
+ * bench case, o and do made up, lse with a -inf (a row that sees no key). */
+typedef struct bwd_fixture {
+  attn_bench_case bc;
+  void *o, *dout;
+  float lse[40];
+} bwd_fixture;
+
+static void bwd_fixture_init(bwd_fixture *f, attn_dtype dt, bool with_lse) {
+  cr_assert_eq(attn_bench_case_init(&f->bc, 2, 4, 2, 5, 7, 8, dt, false, 5), 0);
+  size_t n = 2 * 4 * 5 * 8;
+  f->o = malloc(n * attn_dtype_size(dt));
+  f->dout = malloc(n * attn_dtype_size(dt));
+  for (size_t i = 0; i < n; i++) {
+    attn_store_elem(f->o, dt, i, (float)((double)i * 0.01 - 1));
+    attn_store_elem(f->dout, dt, i, (float)((double)i * -0.02 + 3));
+  }
+  for (int i = 0; i < 40; i++)
+    f->lse[i] = i == 3 ? -INFINITY : (float)i * 0.25f;
+  attn_request *r = &f->bc.req;
+  r->pass = ATTN_BACKWARD;
+  r->o = f->o;
+  r->dout = f->dout;
+  r->lse_in = with_lse ? f->lse : NULL;
+}
+
+static void bwd_fixture_free(bwd_fixture *f) {
+  free(f->o);
+  free(f->dout);
+  attn_bench_case_free(&f->bc);
+}
+
+/* Encodes f's request in a codec and decodes it as the server does. */
+static int bwd_round_trip(const bwd_fixture *f, bool json, const attn_options *o, void **pbody,
+                          attn_proto_req *pr, attn_status *st) {
+  size_t len;
+  if (json) {
+    char *jb;
+    cr_assert_eq(attn_proto_encode_request_json(&f->bc.req, o, &jb, &len, st), 0, "%s",
+                 st->message);
+    *pbody = jb;
+    return attn_proto_decode_json_pass(jb, len, ATTN_BACKWARD, NULL, pr, st);
+  }
+  cr_assert_eq(attn_proto_encode_request_safetensors(&f->bc.req, o, pbody, &len, st), 0, "%s",
+               st->message);
+  return attn_proto_decode_safetensors_pass(*pbody, len, ATTN_BACKWARD, NULL, pr, st);
+}
+
+Test(client_codecs, backward_requests_round_trip) {
+  for (int dt = ATTN_F32; dt <= ATTN_BF16; dt++)
+    for (int json = 0; json < 2; json++)
+      for (int lse = 0; lse < 2; lse++) {
+        bwd_fixture f;
+        bwd_fixture_init(&f, (attn_dtype)dt, lse);
+        attn_proto_req pr;
+        attn_status st;
+        void *body;
+        cr_assert_eq(bwd_round_trip(&f, json, NULL, &body, &pr, &st), 0, "%s", st.message);
+        expect_same_request(&f.bc.req, &pr, NULL);
+        size_t nb = 320 * attn_dtype_size((attn_dtype)dt);
+        const attn_request *r = &pr.req;
+        cr_expect_eq(r->pass, ATTN_BACKWARD);
+        cr_expect(!memcmp(r->o, f.o, nb), "o differs");
+        cr_expect(!memcmp(r->dout, f.dout, nb), "do differs");
+        cr_expect(lse ? r->lse_in && !memcmp(r->lse_in, f.lse, sizeof f.lse) : !r->lse_in,
+                  "lse differs (given: %d, json: %d)", lse, json);
+        cr_expect(r->dq && r->dk && r->dv && !r->m && !r->lse, "outputs are not dq, dk, dv");
+        cr_expect_eq(pr.shape_kv[1], 2);
+        attn_proto_req_free(&pr);
+        free(body);
+        bwd_fixture_free(&f);
+      }
+}
+
+/* The forward decoders refuse a backward body, and the backward ones a
+ * body without o or do, or with stats. */
+Test(client_codecs, backward_request_refusals) {
+  bwd_fixture f;
+  bwd_fixture_init(&f, ATTN_F32, true);
+  attn_proto_req pr;
+  attn_status st;
+  size_t len;
+  char *jb;
+  cr_assert_eq(attn_proto_encode_request_json(&f.bc.req, NULL, &jb, &len, &st), 0);
+  cr_expect_eq(attn_proto_decode_json(jb, len, NULL, &pr, &st), ATTN_PROTO_EUNKNOWNTENSOR, "%s",
+               st.message);
+  cr_expect(strstr(st.message, "\"o\"") != NULL, "%s", st.message);
+  free(jb);
+  attn_options o;
+  attn_options_init(&o);
+  cr_assert_eq(attn_options_parse_query(&o, "stats=false", &st), 0);
+  for (int json = 0; json < 2; json++) {
+    void *body;
+    cr_expect_eq(bwd_round_trip(&f, json, &o, &body, &pr, &st), ATTN_PROTO_EOPTVALUE, "%s",
+                 st.message);
+    cr_expect(strstr(st.message, "stats") != NULL, "%s", st.message);
+    free(body);
+  }
+  f.bc.req.pass = ATTN_FORWARD; /* q, k, v only: o and do are missing */
+  for (int json = 0; json < 2; json++) {
+    void *body;
+    cr_expect_eq(bwd_round_trip(&f, json, NULL, &body, &pr, &st), ATTN_PROTO_EMISSING, "%s",
+                 st.message);
+    cr_expect(strstr(st.message, "\"o\" is missing") != NULL, "%s", st.message);
+    free(body);
+  }
+  bwd_fixture_free(&f);
+}
+
+/* dq, dk, dv encoded by the server's encoders decode back bit for bit. */
+Test(client_codecs, backward_replies_round_trip) {
+  for (int dt = ATTN_F32; dt <= ATTN_BF16; dt++) {
+    bwd_fixture f;
+    bwd_fixture_init(&f, (attn_dtype)dt, false);
+    attn_proto_req pr, back;
+    attn_status st;
+    void *body, *body2;
+    cr_assert_eq(bwd_round_trip(&f, false, NULL, &body, &pr, &st), 0, "%s", st.message);
+    cr_assert_eq(bwd_round_trip(&f, false, NULL, &body2, &back, &st), 0, "%s", st.message);
+    size_t es = attn_dtype_size((attn_dtype)dt), nq = 320, nk = 2 * 2 * 7 * 8;
+    for (size_t i = 0; i < nq; i++)
+      attn_store_elem(pr.req.dq, (attn_dtype)dt, i, (float)i * 0.125f - 7);
+    for (size_t i = 0; i < nk; i++) {
+      attn_store_elem(pr.req.dk, (attn_dtype)dt, i, (float)i * -0.5f);
+      attn_store_elem(pr.req.dv, (attn_dtype)dt, i, (float)i * 1e-3f);
+    }
+    char *j;
+    void *s;
+    size_t jl, sl;
+    cr_assert_eq(attn_proto_encode_json(&pr, "reference", &j, &jl, &st), 0, "%s", st.message);
+    cr_assert_eq(attn_proto_encode_safetensors(&pr, &s, &sl, &st), 0, "%s", st.message);
+    cr_expect(strstr(j, "\"dq\": {\"shape\": [2, 4, 5, 8]") && strstr(j, "\"dk\": {\"shape\": [2, "
+                                                                         "2, 7, 8]"),
+              "%.200s", j);
+    for (int json = 0; json < 2; json++) {
+      memset(back.req.dq, 0, nq * es);
+      memset(back.req.dk, 0, nk * es);
+      memset(back.req.dv, 0, nk * es);
+      char be[16] = "";
+      int rc = json ? attn_proto_decode_reply_json(j, jl, &back, be, sizeof be, &st)
+                    : attn_proto_decode_reply_safetensors(s, sl, &back, &st);
+      cr_assert_eq(rc, 0, "%s", st.message);
+      cr_expect(!memcmp(back.req.dq, pr.req.dq, nq * es), "dq differs (json %d)", json);
+      cr_expect(!memcmp(back.req.dk, pr.req.dk, nk * es), "dk differs (json %d)", json);
+      cr_expect(!memcmp(back.req.dv, pr.req.dv, nk * es), "dv differs (json %d)", json);
+    }
+    free(j);
+    free(s);
+    attn_proto_req_free(&pr);
+    attn_proto_req_free(&back);
+    free(body);
+    free(body2);
+    bwd_fixture_free(&f);
+  }
+}
+
+/* A backward reply must hold exactly dq, dk, dv of the right shapes. */
+Test(client_codecs, malformed_backward_replies_are_refused) {
+  bwd_fixture f;
+  bwd_fixture_init(&f, ATTN_F32, false);
+  attn_proto_req pr;
+  attn_status st;
+  void *body;
+  cr_assert_eq(bwd_round_trip(&f, false, NULL, &body, &pr, &st), 0, "%s", st.message);
+  const char *o_only = "{\"o\": {\"shape\": [2, 4, 5, 8], \"dtype\": \"F32\", \"data\": []}}";
+  cr_expect_eq(attn_proto_decode_reply_json(o_only, strlen(o_only), &pr, NULL, 0, &st),
+               ATTN_PROTO_EMISSING);
+  cr_expect(strstr(st.message, "\"dq\" is missing") != NULL, "%s", st.message);
+  char b[512];
+  const char *dk_wrong =
+      "{\"dq\":{\"dtype\":\"F32\",\"shape\":[2,4,5,8],\"data_offsets\":[0,1280]},"
+      "\"dk\":{\"dtype\":\"F32\",\"shape\":[2,4,5,8],\"data_offsets\":[1280,"
+      "2560]}}";
+  size_t n = strlen(dk_wrong);
+  char *sb = calloc(1, 8 + n + 2560);
+  for (int i = 0; i < 8; i++)
+    sb[i] = (char)((uint64_t)n >> (8 * i));
+  memcpy(sb + 8, dk_wrong, n);
+  cr_expect_eq(attn_proto_decode_reply_safetensors(sb, 8 + n + 2560, &pr, &st), ATTN_PROTO_ESHAPE);
+  cr_expect(strstr(st.message, "\"dk\" has shape [2,4,5,8], expected [2, 2, 7, 8]") != NULL, "%s",
+            st.message);
+  n = (size_t)snprintf(b, sizeof b,
+                       "{\"o\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}");
+  char *sb2 = calloc(1, 8 + n + 4);
+  for (int i = 0; i < 8; i++)
+    sb2[i] = (char)((uint64_t)n >> (8 * i));
+  memcpy(sb2 + 8, b, n);
+  cr_expect_eq(attn_proto_decode_reply_safetensors(sb2, 8 + n + 4, &pr, &st),
+               ATTN_PROTO_EUNKNOWNTENSOR, "%s", st.message);
+  free(sb);
+  free(sb2);
+  attn_proto_req_free(&pr);
+  free(body);
+  bwd_fixture_free(&f);
+}

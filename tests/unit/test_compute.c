@@ -6,6 +6,7 @@
  * an unwritable OUT status 1, and OUT is never left half-written.
  */
 #include "helpers.h"
+#include "reference.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
@@ -180,5 +181,79 @@ Test(compute, isa_flag, .init = setup, .fini = teardown) {
   snprintf(args, sizeof args, "%s %s --isa mmx", in, outp);
   cr_expect_eq(run(args, msg, sizeof msg), 2, "%s", msg);
   cr_expect(strstr(msg, "mmx"), "%s", msg);
+  tcase_free(&c);
+}
+
+/* --backward: q, k, v, o, do in; dq, dk, dv out, against the float64
+ * reference backward (o need not be the forward's for it, which reads o
+ * only to check it). backend=reference until the CPU backward kernel lands. */
+Test(compute, backward_file_to_file, .init = setup, .fini = teardown) {
+  tprob p = tprob_make(1, 4, 2, 9, 12, 16, ATTN_F32);
+  p.causal = true;
+  tcase c;
+  tcase_init(&c, &p, 7);
+  size_t nq = 4 * 9 * 16, nk = 2 * 12 * 16;
+  float *dout = malloc(nq * 4), *o = c.o;
+  uint64_t seed = 3;
+  for (size_t i = 0; i < nq; i++) {
+    dout[i] = (float)tuniform(&seed);
+    o[i] = (float)tuniform(&seed);
+  }
+  /* the file: q, k, v, o, do back to back, written here */
+  char h[512];
+  int n = snprintf(h, sizeof h,
+                   "{\"q\":{\"dtype\":\"F32\",\"shape\":[4,9,16],\"data_offsets\":[0,%zu]},"
+                   "\"k\":{\"dtype\":\"F32\",\"shape\":[2,12,16],\"data_offsets\":[%zu,%zu]},"
+                   "\"v\":{\"dtype\":\"F32\",\"shape\":[2,12,16],\"data_offsets\":[%zu,%zu]},"
+                   "\"o\":{\"dtype\":\"F32\",\"shape\":[4,9,16],\"data_offsets\":[%zu,%zu]},"
+                   "\"do\":{\"dtype\":\"F32\",\"shape\":[4,9,16],\"data_offsets\":[%zu,%zu]}}",
+                   nq * 4, nq * 4, nq * 4 + nk * 4, nq * 4 + nk * 4, nq * 4 + nk * 8,
+                   nq * 4 + nk * 8, nq * 8 + nk * 8, nq * 8 + nk * 8, nq * 12 + nk * 8);
+  size_t len = 8 + (size_t)n + nq * 12 + nk * 8;
+  char *file = malloc(len), *d = file + 8 + n;
+  for (int i = 0; i < 8; i++)
+    file[i] = (char)((uint64_t)n >> (8 * i));
+  memcpy(file + 8, h, (size_t)n);
+  const void *parts[5] = {c.q, c.k, c.v, o, dout};
+  size_t sizes[5] = {nq * 4, nk * 4, nk * 4, nq * 4, nq * 4};
+  for (int i = 0; i < 5; i++, d += sizes[i - 1])
+    memcpy(d, parts[i], sizes[i]);
+  char in[128], outp[128], args[400], msg[4096];
+  snprintf(in, sizeof in, "%s/in.safetensors", dir);
+  snprintf(outp, sizeof outp, "%s/out.safetensors", dir);
+  write_bytes(in, file, len);
+  snprintf(args, sizeof args, "%s %s --backward --causal --backend reference", in, outp);
+  cr_assert_eq(run(args, msg, sizeof msg), 0, "%s", msg);
+  cr_expect(strstr(msg, "backward"), "%s", msg);
+  size_t olen = 0;
+  char *out = read_bytes(outp, &olen);
+  cr_assert(out);
+  attn_request br = c.req;
+  br.pass = ATTN_BACKWARD;
+  br.dout = dout;
+  double *ref = malloc((nq + 2 * nk) * sizeof *ref);
+  br.dq = br.dk = br.dv = ref;
+  attn_status st;
+  cr_assert_eq(attn_reference_backward(&br, ref, ref + nq, ref + nq + nk, &st), 0, "%s",
+               st.message);
+  static const char *const names[3] = {"dq", "dk", "dv"};
+  for (int g = 0; g < 3; g++) {
+    size_t cnt = g ? nk : nq, base = g ? nq + (size_t)(g - 1) * nk : 0;
+    const char *x = tensor_data(out, olen, names[g]);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < cnt; i++) {
+      float v;
+      memcpy(&v, x + 4 * i, 4);
+      num += (v - ref[base + i]) * (v - ref[base + i]);
+      den += ref[base + i] * ref[base + i];
+    }
+    cr_expect_lt(sqrt(num / den), 1e-5, "%s", names[g]);
+  }
+  snprintf(args, sizeof args, "%s %s --backward --stats --backend reference", in, outp);
+  cr_expect_eq(run(args, msg, sizeof msg), 2, "--backward --stats: %s", msg);
+  free(ref);
+  free(out);
+  free(file);
+  free(dout);
   tcase_free(&c);
 }

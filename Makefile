@@ -356,10 +356,9 @@ test: deps
 	@set -o pipefail; $(GPUTEST_BIN) 2>&1 | tee -a $(BUILD)/test.log
 	@if [ -n "$(SRVTEST_SRC)" ]; then set -o pipefail; \
 	  ATTN_BIN=$(BUILD)/attn ATTND_BIN=$(BUILD)/attnd $(SRVTEST_BIN) --jobs 1 2>&1 | tee -a $(BUILD)/test.log; fi
-	@# Debian's interpreter, which sees python3-numpy and python3-pytest (a
-	@# pyenv python3 earlier on PATH would not).
+	@# The test venv: pytest, numpy and ml_dtypes, pinned (torch's tests skip).
 	@if [ -d tests/python ]; then set -o pipefail; \
-	  ATTND_BIN=$(BUILD)/attnd /usr/bin/python3 -m pytest -q tests/python 2>&1 | \
+	  ATTND_BIN=$(BUILD)/attnd $(TEST_VENV)/bin/python -m pytest -q tests/python 2>&1 | \
 	    tee -a $(BUILD)/test.log; fi
 	@# openapi.yaml against the live server (Schemathesis, tests/schema/).
 	@set -o pipefail; tests/schema/run.sh $(BUILD)/attnd $(TEST_VENV) 2>&1 | \

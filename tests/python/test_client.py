@@ -15,56 +15,9 @@ import pytest
 import attnd
 from attnd import safetensors
 
+from attn_ref import BF16, CASES, TOL, TOL_BF16, rand, reference, rel_err
 from conftest import ROOT
 
-
-# ---------------------------------------------------------------------------------------
-# float64 reference (DESIGN.md): softmax(scale * q.k) over the bottom-right aligned window
-
-def reference(q, k, v, causal=False, scale=None, window=(-1, -1)):
-    """Returns (o, m, l, lse) in float64, o of q's shape, statistics q's shape minus D."""
-    q = np.asarray(q, np.float64)
-    k = np.asarray(k, np.float64)
-    v = np.asarray(v, np.float64)
-    shape = q.shape
-    lift = (1,) * (4 - q.ndim)
-    q, k, v = q.reshape(lift + q.shape), k.reshape(lift + k.shape), v.reshape(lift + v.shape)
-    _, hq, nq, d = q.shape
-    hkv, nkv = k.shape[1], k.shape[2]
-    assert hq % hkv == 0
-    k = np.repeat(k, hq // hkv, axis=1)     # query head h reads kv head h // (hq // hkv)
-    v = np.repeat(v, hq // hkv, axis=1)
-    if scale is None:
-        scale = 1.0 / math.sqrt(d)
-    wl, wr = window
-    if causal:
-        wr = 0
-    i = np.arange(nq)[:, None]
-    j = np.arange(nkv)[None, :]
-    off = nkv - nq
-    visible = np.ones((nq, nkv), bool)
-    if wl >= 0:
-        visible &= j >= i + off - wl
-    if wr >= 0:
-        visible &= j <= i + off + wr
-    s = scale * np.einsum("bhqd,bhkd->bhqk", q, k)
-    s = np.where(visible, s, -np.inf)
-    m = s.max(axis=-1)
-    p = np.exp(s - np.where(np.isfinite(m), m, 0.0)[..., None])
-    l = p.sum(axis=-1)
-    o = np.einsum("bhqk,bhkd->bhqd", p, v) / np.where(l > 0, l, 1.0)[..., None]
-    with np.errstate(divide="ignore"):
-        lse = np.where(l > 0, m + np.log(np.where(l > 0, l, 1.0)), -np.inf)
-    return o.reshape(shape), m.reshape(shape[:-1]), l.reshape(shape[:-1]), lse.reshape(shape[:-1])
-
-
-def rel_err(x, ref):
-    x = np.asarray(x, np.float64)
-    den = np.linalg.norm(ref)
-    return np.linalg.norm(x - ref) / (den if den > 0 else 1.0)
-
-
-TOL = {np.float32: 1e-5, np.float16: 1e-3}
 
 
 def check(got, ref, dtype, stats):
@@ -85,23 +38,6 @@ def check(got, ref, dtype, stats):
     assert o.shape == ro.shape
     assert np.all(np.isfinite(o))
     assert rel_err(o, ro) <= TOL[dtype], rel_err(o, ro)
-
-
-def rand(rng, shape, dtype=np.float32):
-    return rng.standard_normal(shape).astype(dtype)
-
-
-# (q shape, kv shape, options)
-CASES = {
-    "2d": ((7, 16), (7, 16), {}),
-    "2d-cross-causal": ((5, 16), (9, 16), {"causal": True}),
-    "3d-gqa": ((4, 6, 8), (2, 6, 8), {}),
-    "3d-causal-window-left": ((2, 12, 8), (2, 12, 8), {"causal": True, "window": (3, -1)}),
-    "4d-gqa-causal": ((2, 4, 10, 12), (2, 2, 13, 12), {"causal": True}),
-    "4d-mqa-window": ((2, 4, 20, 8), (2, 1, 20, 8), {"window": (3, 2)}),
-    "4d-scale-window-right": ((1, 2, 9, 5), (1, 2, 6, 5), {"scale": 0.3, "window": (-1, 1)}),
-    "4d-d256": ((1, 1, 3, 256), (1, 1, 70, 256), {"scale": 0.01}),
-}
 
 
 # ---------------------------------------------------------------------------------------
@@ -227,13 +163,14 @@ def test_bf16(client, wire):
     q, k, v = (attnd.float32_to_bf16(x) for x in (qf, kf, vf))
     o, m, l, lse = client.attention(q, k, v, causal=True, stats=True, bf16=True,
                                     json=(wire == "json"))
-    assert o.dtype == np.uint16 and o.shape == (2, 10, 16)
+    # numpy has no bfloat16: ml_dtypes' when it is installed, else the raw bits
+    assert o.dtype == (BF16 if BF16 is not None else np.uint16) and o.shape == (2, 10, 16)
     ref = reference(*(attnd.bf16_to_float32(x) for x in (q, k, v)), causal=True)
-    assert rel_err(attnd.bf16_to_float32(o), ref[0]) <= 8e-3
+    assert rel_err(attnd.bf16_to_float32(o), ref[0]) <= TOL_BF16
     np.testing.assert_allclose(lse, ref[3], rtol=2e-5, atol=2e-5)
     # float inputs with bf16=True are rounded client-side: the same request
     o2 = client.attention(qf, kf, vf, causal=True, bf16=True)
-    np.testing.assert_array_equal(o2, o)
+    np.testing.assert_array_equal(o2.view(np.uint16), o.view(np.uint16))
 
 
 def test_bf16_helpers():
@@ -271,32 +208,49 @@ def test_shared_client_many_threads(server):
 
 
 # ---------------------------------------------------------------------------------------
-# torch (skipped without it)
+# optional packages
 
-def test_torch_inputs(client):
-    torch = pytest.importorskip("torch")
-    g = torch.Generator().manual_seed(0)
-    for tdt, ndt in ((torch.float32, np.float32), (torch.float16, np.float16)):
-        q = torch.randn(1, 4, 9, 16, generator=g).to(tdt).requires_grad_(tdt == torch.float32)
-        k = torch.randn(1, 2, 9, 16, generator=g).to(tdt)
-        v = torch.randn(1, 2, 9, 16, generator=g).to(tdt)
-        o = client.attention(q, k, v, causal=True)
-        assert isinstance(o, np.ndarray) and o.dtype == ndt
-        ref = reference(*(t.detach().double().numpy() for t in (q, k, v)), causal=True)
-        assert rel_err(o, ref[0]) <= TOL[ndt]
-    q, k, v = (torch.randn(2, 7, 16, generator=g).to(torch.bfloat16) for _ in range(3))
-    o = client.attention(q, k, v)
-    assert o.dtype == np.uint16
-    ref = reference(*(t.double().numpy() for t in (q, k, v)))
-    assert rel_err(attnd.bf16_to_float32(o), ref[0]) <= 8e-3
-
-
-def test_torch_is_not_imported():
-    code = "import sys, attnd; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+def _run_python(code, *args):
+    out = subprocess.run([sys.executable, "-c", code] + list(args), capture_output=True,
+                         text=True,
                          env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "clients", "python")))
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "False"
+    return out.stdout.strip()
+
+
+def test_optional_packages_are_not_imported():
+    code = ("import sys, attnd, numpy as np; "
+            "print('torch' in sys.modules, 'ml_dtypes' in sys.modules)")
+    assert _run_python(code) == "False False"
+
+
+def test_ml_dtypes_bf16(client):
+    ml_dtypes = pytest.importorskip("ml_dtypes", reason="ml_dtypes is not installed here")
+    rng = np.random.default_rng(10)
+    q, k, v = (rand(rng, (2, 9, 16)).astype(ml_dtypes.bfloat16) for _ in range(3))
+    o, m, l, lse = client.attention(q, k, v, causal=True, stats=True)   # no bf16=True needed
+    assert o.dtype == ml_dtypes.bfloat16 and o.shape == (2, 9, 16)
+    assert lse.dtype == np.float32
+    ref = reference(*(x.astype(np.float64) for x in (q, k, v)), causal=True)
+    assert rel_err(o.astype(np.float64), ref[0]) <= TOL_BF16
+    # the same request as raw bits with bf16=True
+    bits = client.attention(*(x.view(np.uint16) for x in (q, k, v)), causal=True, bf16=True,
+                            json=True)
+    np.testing.assert_array_equal(bits.view(np.uint16), o.view(np.uint16))
+    np.testing.assert_array_equal(attnd.bf16_to_float32(o), o.astype(np.float32))
+
+
+def test_bf16_bits_without_ml_dtypes(server):
+    """Where ml_dtypes cannot be imported, BF16 results are uint16 raw bits."""
+    code = """if True:
+        import sys
+        sys.modules["ml_dtypes"] = None     # import ml_dtypes now raises ImportError
+        import numpy as np, attnd
+        x = attnd.float32_to_bf16(np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8))
+        o = attnd.Client(sys.argv[1]).attention(x, x, x, bf16=True)
+        print(o.dtype, o.shape)
+    """
+    assert _run_python(code, server.url) == "uint16 (4, 8)"
 
 
 # ---------------------------------------------------------------------------------------

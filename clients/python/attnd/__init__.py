@@ -5,9 +5,11 @@
 >>> q = np.random.randn(8, 128, 64).astype(np.float32)      # [H, N, D]
 >>> o = c.attention(q, q, q, causal=True)                    # float32 [8, 128, 64]
 >>> o, m, l, lse = c.attention(q, q, q, stats=True)          # statistics: float32 [8, 128]
+>>> dq, dk, dv = c.attention_backward(q, q, q, o, np.ones_like(o), lse)
 
-Only the standard library and numpy are used; torch tensors are accepted when torch is
-installed (it is never imported by this package). Formats and semantics: the server's
+Only the standard library and numpy are needed. torch tensors are accepted, and returned,
+when torch is installed (this module never imports it; :mod:`attnd.torch` is the autograd
+function); ``ml_dtypes.bfloat16`` arrays likewise. Formats and semantics: the server's
 ``proto/README.md`` and ``DESIGN.md``.
 """
 
@@ -15,12 +17,13 @@ import http.client
 import json as _json
 import math
 import socket
-import sys
 import urllib.parse
 
 import numpy as np
 
 from . import safetensors
+from ._tensors import bf16_to_float32, float32_to_bf16, from_wire, result_device, to_wire, \
+    f32_to_wire
 
 __version__ = "0.1.0"
 __all__ = ["Client", "AttndError", "bf16_to_float32", "float32_to_bf16", "__version__"]
@@ -50,59 +53,32 @@ class AttndError(Exception):
         self.retry_after = retry_after
 
 
-# ---------------------------------------------------------------------------------------
-# bfloat16 helpers (numpy has no bfloat16: BF16 tensors travel as uint16 raw bits)
-
-def bf16_to_float32(bits):
-    """Widen bfloat16 raw bits (a ``uint16``/``int16`` array) to ``float32``, exactly."""
-    b = np.asarray(bits)
-    return (b.astype(np.uint16).astype(np.uint32) << 16).view(np.float32)
-
-
-def float32_to_bf16(x):
-    """Round ``float32`` values to bfloat16, to nearest even; returns ``uint16`` raw bits."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    nan = (u & 0x7FFFFFFF) > 0x7F800000
-    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    return np.where(nan, ((u >> 16) | 0x40).astype(np.uint16), r)
-
-
-# ---------------------------------------------------------------------------------------
-# inputs
-
-def _is_torch_tensor(x):
-    # Decide without importing torch: only a torch tensor can come from the torch module.
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(x, torch.Tensor)
-
-
-def _as_wire(x, name, bf16):
-    """Turn one input into ``(dtype_name, array)``, ``array`` in that dtype's storage type."""
-    if _is_torch_tensor(x):
-        torch = sys.modules["torch"]
-        t = x.detach().cpu().contiguous()
-        if t.dtype == torch.bfloat16:
-            return "BF16", t.view(torch.int16).numpy().view(np.uint16)
-        x = t.numpy()
-    a = np.asarray(x)
-    if bf16:
-        if a.dtype in (np.uint16, np.int16):
-            return "BF16", a.view(np.uint16)
-        if a.dtype.kind in "fiub":
-            return "BF16", float32_to_bf16(a.astype(np.float32))
-        raise TypeError("%s: cannot send dtype %s as BF16" % (name, a.dtype))
-    if a.dtype == np.float16:
-        return "F16", a
-    if a.dtype == np.float32:
-        return "F32", a
-    if a.dtype.kind in "fiub":   # float64, ints, bools, nested lists: F32
-        return "F32", a.astype(np.float32)
-    raise TypeError("%s: unsupported dtype %s (use float32, float16, or bf16=True)"
-                    % (name, a.dtype))
-
-
 def _fmt_bool(b):
     return "true" if b else "false"
+
+
+def _window(window, window_left, window_right):
+    """``(left, right)`` from either ``window`` or ``window_left``/``window_right``."""
+    if window is None:
+        window = (-1, -1)
+    try:
+        wl, wr = window
+    except (TypeError, ValueError):
+        raise TypeError("window must be a pair (left, right), got %r" % (window,)) from None
+    if window_left is not None or window_right is not None:
+        if (wl, wr) not in ((-1, -1), (None, None)):
+            raise TypeError("give window=(left, right) or window_left/window_right, not both")
+        wl, wr = window_left, window_right
+    return (-1 if wl is None else int(wl)), (-1 if wr is None else int(wr))
+
+
+def _wants_json(json, binary):
+    """The wire format: ``json=True`` or ``binary=False`` mean JSON."""
+    if binary is None:
+        return bool(json)
+    if json and binary:
+        raise TypeError("json=True and binary=True contradict each other")
+    return not binary
 
 
 def _options(causal, scale, window, stats, backend):
@@ -112,20 +88,11 @@ def _options(causal, scale, window, stats, backend):
         opts["causal"] = True
     if scale is not None:
         opts["scale"] = float(scale)
-    if window is None:
-        window = (-1, -1)
-    try:
-        wl, wr = window
-    except (TypeError, ValueError):
-        raise TypeError("window must be a pair (left, right), got %r" % (window,)) from None
-    if wl is None:
-        wl = -1
-    if wr is None:
-        wr = -1
-    if int(wl) != -1:
-        opts["window_left"] = int(wl)
-    if int(wr) != -1:
-        opts["window_right"] = int(wr)
+    wl, wr = window
+    if wl != -1:
+        opts["window_left"] = wl
+    if wr != -1:
+        opts["window_right"] = wr
     if stats:
         opts["stats"] = True
     if backend is not None:
@@ -145,9 +112,23 @@ def _query_string(opts):
     return urllib.parse.urlencode(parts)
 
 
-def _json_number_list(a):
-    """A flat list of Python floats (exact for F32, F16 and BF16 values)."""
-    return a.astype(np.float64).reshape(-1).tolist()
+def _json_tensor(dtype_name, a, null_is_neg_inf):
+    """``{"shape", "dtype", "data"}``; data as Python floats (exact for F32, F16, BF16)."""
+    vals = bf16_to_float32(a) if dtype_name == "BF16" else a
+    data = vals.astype(np.float64).reshape(-1).tolist()
+    if null_is_neg_inf:   # a statistic: JSON has no -inf, the wire's null stands for it
+        data = [None if x == -math.inf else x for x in data]
+    return {"shape": [int(d) for d in a.shape], "dtype": dtype_name, "data": data}
+
+
+def _json_body(wire, opts):
+    doc = {name: _json_tensor(dtype_name, a, name == "lse") for name, dtype_name, a in wire}
+    doc.update(opts)
+    try:
+        return _json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
+    except ValueError:
+        raise ValueError("attnd: JSON cannot carry NaN or infinity; "
+                         "send json=False to have the server check the values") from None
 
 
 # ---------------------------------------------------------------------------------------
@@ -264,64 +245,16 @@ class Client:
 
     # -- endpoints ----------------------------------------------------------------------
 
-    def attention(self, q, k, v, *, causal=False, scale=None, window=(-1, -1), stats=False,
-                  backend=None, json=False, bf16=False):
-        """Compute ``O = softmax(scale·Q·Kᵀ + mask)·V`` on the server (POST /attention).
-
-        Args:
-            q: queries, ``[N, D]``, ``[H, N, D]`` or ``[B, H, N, D]``.
-            k, v: keys and values, ``[Nkv, D]``, ``[Hkv, Nkv, D]`` or ``[B, Hkv, Nkv, D]``
-                (the same rank as q; Hq a multiple of Hkv for GQA/MQA).
-                Each may be a numpy array, a nested list (sent as float32) or a torch
-                tensor (any device; detached and copied to the CPU). ``float32`` and
-                ``float16`` are sent as they are, other numeric numpy dtypes (float64,
-                ints) as float32, a torch ``bfloat16`` tensor as BF16. Shapes are sent as
-                given; the server checks them.
-            causal: bottom-right aligned causal mask (``window_right = 0``).
-            scale: score scale; the server's default is ``1/sqrt(D)``.
-            window: ``(left, right)`` keys visible either side of the aligned diagonal;
-                -1 (or None) is unbounded.
-            stats: also return the softmax statistics m, l and lse.
-            backend: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"reference"`` (float64, small
-                problems only); None leaves the choice to the server.
-            json: send and receive the JSON format instead of safetensors (slower, larger;
-                NaN and infinity cannot be sent this way and raise ValueError).
-            bf16: send BF16. numpy has no bfloat16: ``uint16``/``int16`` inputs are taken as
-                raw bfloat16 bits, floating inputs are rounded to bfloat16 (nearest even)
-                first. The returned O is then ``uint16`` raw bits; widen it with
-                :func:`bf16_to_float32`.
-
-        Returns:
-            O as a numpy array of q's shape and dtype (``uint16`` bits for BF16), or, with
-            ``stats=True``, a tuple ``(o, m, l, lse)`` whose statistics are ``float32`` of
-            q's shape minus the last dimension. A row with no visible key has o = 0,
-            m = lse = -inf and l = 0.
-
-        Raises:
-            AttndError: the server refused the request (``.status``, ``.code``,
-                ``.message``), or could not be reached (status 0).
-        """
-        wire = [("q",) + _as_wire(q, "q", bf16), ("k",) + _as_wire(k, "k", bf16),
-                ("v",) + _as_wire(v, "v", bf16)]
-        opts = _options(causal, scale, window, stats, backend)
-        if json:
-            doc = {}
-            for name, dtype_name, a in wire:
-                vals = bf16_to_float32(a) if dtype_name == "BF16" else a
-                doc[name] = {"shape": [int(d) for d in a.shape], "dtype": dtype_name,
-                             "data": _json_number_list(vals)}
-            doc.update(opts)
-            try:
-                body = _json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
-            except ValueError:
-                raise ValueError("attnd: JSON cannot carry NaN or infinity; "
-                                 "send json=False to have the server check the values")
-            path = "/attention"
+    def _compute(self, path, wire, opts, as_json, names):
+        """POST ``wire`` tensors with ``opts``; returns the reply's tensors ``names`` (all
+        of them, else AttndError bad_reply) as wire arrays (``uint16`` bits for BF16)."""
+        if as_json:
+            body = _json_body(wire, opts)
             headers = {"Content-Type": "application/json", "Accept": "application/json"}
         else:
             body = safetensors.encode(wire)
             qs = _query_string(opts)
-            path = "/attention" + ("?" + qs if qs else "")
+            path += "?" + qs if qs else ""
             headers = {"Content-Type": "application/octet-stream",
                        "Accept": "application/octet-stream"}
         status, resp, data = self._request("POST", path, body=body, headers=headers)
@@ -333,21 +266,107 @@ class Client:
                 reply = _json.loads(bytes(data).decode("utf-8"))
             except ValueError as e:
                 raise AttndError(status, "bad_reply", "reply is not JSON: %s" % e)
-            out = {n: _from_json_tensor(reply[n], n) for n in ("o", "m", "l", "lse")
-                   if n in reply}
+            out = {n: _from_json_tensor(reply[n], n) for n in names if n in reply}
         else:
             try:
                 out, _ = safetensors.decode(data)
             except safetensors.SafetensorsError as e:
                 raise AttndError(status, "bad_reply", str(e))
-        if "o" not in out:
-            raise AttndError(status, "bad_reply", "the reply holds no tensor o")
-        if not stats:
-            return out["o"]
-        try:
-            return out["o"], out["m"], out["l"], out["lse"]
-        except KeyError as e:
-            raise AttndError(status, "bad_reply", "the reply holds no statistic %s" % e)
+        missing = [n for n in names if n not in out]
+        if missing:
+            raise AttndError(status, "bad_reply", "the reply holds no tensor %s" % missing[0])
+        return out
+
+    def attention(self, q, k, v, *, causal=False, scale=None, window=(-1, -1),
+                  window_left=None, window_right=None, stats=False, backend=None, json=False,
+                  binary=None, bf16=False):
+        """Compute ``O = softmax(scale·Q·Kᵀ + mask)·V`` on the server (POST /attention).
+
+        Args:
+            q: queries, ``[N, D]``, ``[H, N, D]`` or ``[B, H, N, D]``.
+            k, v: keys and values, ``[Nkv, D]``, ``[Hkv, Nkv, D]`` or ``[B, Hkv, Nkv, D]``
+                (the same rank as q; Hq a multiple of Hkv for GQA/MQA).
+                Each may be a numpy array, a nested list (sent as float32) or a torch
+                tensor (any device, any strides; detached and copied to the CPU).
+                ``float32`` and ``float16`` are sent as they are, a torch ``bfloat16``
+                tensor or an ``ml_dtypes.bfloat16`` array as BF16, other numeric dtypes
+                (float64, ints) as float32. Shapes are sent as given; the server checks
+                them.
+            causal: bottom-right aligned causal mask (``window_right = 0``).
+            scale: score scale; the server's default is ``1/sqrt(D)``.
+            window: ``(left, right)`` keys visible either side of the aligned diagonal;
+                -1 (or None) is unbounded.
+            window_left, window_right: the same two numbers given one by one (then leave
+                ``window`` out).
+            stats: also return the softmax statistics m, l and lse.
+            backend: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"reference"`` (float64, small
+                problems only); None leaves the choice to the server.
+            json: send and receive the JSON format instead of safetensors (slower, larger;
+                NaN and infinity cannot be sent this way and raise ValueError).
+            binary: the other way to say it: ``binary=False`` is ``json=True``.
+            bf16: send BF16 whatever the inputs' dtype: ``uint16``/``int16`` inputs are
+                taken as raw bfloat16 bits, other numeric inputs are rounded to bfloat16
+                (nearest even) first.
+
+        Returns:
+            O of q's shape, or, with ``stats=True``, a tuple ``(o, m, l, lse)`` whose
+            statistics are float32 of q's shape minus the last dimension. A row with no
+            visible key has o = 0, m = lse = -inf and l = 0. When an input is a torch
+            tensor, every result is a torch tensor on that input's device, O in the dtype
+            sent (float32, float16 or bfloat16); otherwise numpy arrays, BF16 as
+            ``ml_dtypes.bfloat16`` when ml_dtypes can be imported and as ``uint16`` raw
+            bits (widen with :func:`bf16_to_float32`) when it cannot.
+
+        Raises:
+            AttndError: the server refused the request (``.status``, ``.code``,
+                ``.message``), or could not be reached (status 0).
+        """
+        wire = [(n,) + to_wire(x, n, bf16) for n, x in (("q", q), ("k", k), ("v", v))]
+        opts = _options(causal, scale, _window(window, window_left, window_right), stats,
+                        backend)
+        names = ("o", "m", "l", "lse") if stats else ("o",)
+        out = self._compute("/attention", wire, opts, _wants_json(json, binary), names)
+        device = result_device(q, k, v)
+        got = tuple(from_wire(out[n], device) for n in names)
+        return got if stats else got[0]
+
+    def attention_backward(self, q, k, v, o, do, lse=None, *, causal=False, scale=None,
+                           window=(-1, -1), window_left=None, window_right=None, backend=None,
+                           json=False, binary=None, bf16=False):
+        """The gradients of attention (POST /attention/backward).
+
+        Args:
+            q, k, v: the forward pass's inputs, as for :meth:`attention`.
+            o: the forward pass's output (q's shape and dtype).
+            do: dL/dO, the gradient of the loss with respect to o (q's shape and dtype).
+            lse: optionally the forward pass's log-sum-exp statistic (``stats=True``), float32
+                of q's shape minus the last dimension, -inf for a row with no visible key;
+                without it the server recomputes it.
+            causal, scale, window, window_left, window_right, backend, json, binary, bf16:
+                as for :meth:`attention`, and the same as in the forward pass. The
+                ``"auto"`` backend needs a backend with a backward kernel; ``"reference"``
+                (float64, small problems) always has one.
+
+        Returns:
+            ``(dq, dk, dv)``: dq of q's shape, dk and dv of k's shape (with GQA, summed over
+            the query heads that read each kv head), in the kind and dtype rules of
+            :meth:`attention`'s O. A row with no visible key contributes nothing.
+
+        Raises:
+            AttndError: as for :meth:`attention` (e.g. ``422 shape_mismatch`` when o or do
+                does not have q's shape).
+        """
+        inputs = (("q", q), ("k", k), ("v", v), ("o", o), ("do", do))
+        wire = [(n,) + to_wire(x, n, bf16) for n, x in inputs]
+        if lse is not None:
+            wire.append(("lse",) + f32_to_wire(lse, "lse"))
+        opts = _options(causal, scale, _window(window, window_left, window_right), False,
+                        backend)
+        names = ("dq", "dk", "dv")
+        out = self._compute("/attention/backward", wire, opts, _wants_json(json, binary),
+                            names)
+        device = result_device(q, k, v, o, do)
+        return tuple(from_wire(out[n], device) for n in names)
 
     def plan(self, seq_q, head_dim, *, batch=1, heads=1, heads_kv=None, seq_kv=None,
              dtype="F32"):

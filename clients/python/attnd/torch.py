@@ -1,0 +1,73 @@
+"""attnd as a differentiable torch attention.
+
+>>> import torch, attnd, attnd.torch
+>>> c = attnd.Client("http://127.0.0.1:8080")
+>>> q = torch.randn(1, 8, 128, 64, requires_grad=True)    # [B, Hq, Nq, D]
+>>> k = torch.randn(1, 2, 128, 64, requires_grad=True)    # [B, Hkv, Nkv, D]: GQA
+>>> v = torch.randn(1, 2, 128, 64, requires_grad=True)
+>>> o = attnd.torch.attention(q, k, v, causal=True, client=c)
+>>> o.square().sum().backward()                            # q.grad, k.grad, v.grad
+
+The forward pass is POST /attention with ``stats=True``; it saves q, k, v, o and the
+log-sum-exp, and the backward pass sends them with dL/dO to POST /attention/backward, so the
+server recomputes the probabilities from lse instead of keeping them (FlashAttention's
+backward). Importing this module imports torch; ``import attnd`` alone never does.
+"""
+
+import torch
+
+from . import Client
+
+__all__ = ["attention", "Attention"]
+
+
+class Attention(torch.autograd.Function):
+    """The autograd function behind :func:`attention`: ``apply(q, k, v, client, options)``
+    with ``options`` the keyword arguments of :meth:`attnd.Client.attention` (no ``stats``)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, client, options):
+        o, _, _, lse = client.attention(q, k, v, stats=True, **options)
+        # The wire has F32, F16 and BF16; anything else (float64) went as F32 and comes back
+        # in q's dtype, as torch's own attention would give it.
+        o = o.to(q.device, q.dtype)
+        ctx.client, ctx.options = client, options
+        ctx.save_for_backward(q, k, v, o, lse)
+        return o
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = ctx.client.attention_backward(q, k, v, o, do, lse, **ctx.options)
+        # On the inputs' device already; autograd casts a float32 gradient of a float64
+        # input back to float64.
+        return dq, dk, dv, None, None
+
+
+def attention(q, k, v, causal=False, scale=None, window_left=-1, window_right=-1, client=None,
+              backend=None, binary=True):
+    """Exact attention computed by an attnd server, differentiable with respect to q, k, v.
+
+    Args:
+        q: ``[B, Hq, Nq, D]`` (or ``[Hq, Nq, D]``, ``[Nq, D]``), float32, float16 or
+            bfloat16 (float64 is computed in float32), any device and strides.
+        k, v: ``[B, Hkv, Nkv, D]`` in q's dtype; Hq a multiple of Hkv (GQA/MQA).
+        causal, scale, window_left, window_right: the mask and scale as in
+            :meth:`attnd.Client.attention` (the mask aligned bottom-right; -1 unbounded;
+            scale None is ``1/sqrt(D)``).
+        client: an :class:`attnd.Client`, or a URL; None is ``attnd.Client()``
+            (``http://127.0.0.1:8080``).
+        backend: the server backend for both passes (None: the server's choice).
+        binary: safetensors on the wire (False: JSON, slower).
+
+    Returns:
+        O, q's shape, dtype and device. ``backward()`` through it calls the server once
+        for dq, dk and dv (dk, dv summed over each GQA group); a row with no visible key
+        gets O = 0 and no gradient. Double backward is not supported.
+    """
+    if client is None or isinstance(client, str):
+        client = Client() if client is None else Client(client)
+    options = {"causal": causal, "scale": scale, "window_left": window_left,
+               "window_right": window_right, "backend": backend, "binary": binary}
+    return Attention.apply(q, k, v, client, options)

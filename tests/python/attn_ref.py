@@ -1,0 +1,111 @@
+"""float64 attention in numpy, forward and backward, written from DESIGN.md alone.
+
+Standard attention with every N x N matrix materialized (S, P, and in the backward pass dP
+and dS): the opposite of what the server does, so that the two share no idea but the math.
+"""
+
+import math
+
+import numpy as np
+
+try:
+    from ml_dtypes import bfloat16 as BF16    # numpy's bfloat16 when ml_dtypes is installed
+except ImportError:
+    BF16 = None
+
+
+def _problem(q, k, v, causal, scale, window):
+    """q, k, v as float64 [B, H, N, D] (k, v repeated to Hq heads), the scale, the visible
+    mask [Nq, Nkv] and the group size Hq / Hkv."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    lift = (1,) * (4 - q.ndim)
+    q, k, v = q.reshape(lift + q.shape), k.reshape(lift + k.shape), v.reshape(lift + v.shape)
+    hq, nq, d = q.shape[1:]
+    hkv, nkv = k.shape[1], k.shape[2]
+    assert hq % hkv == 0
+    group = hq // hkv
+    k = np.repeat(k, group, axis=1)     # query head h reads kv head h // (hq // hkv)
+    v = np.repeat(v, group, axis=1)
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    wl, wr = window
+    if causal:
+        wr = 0
+    i = np.arange(nq)[:, None]
+    j = np.arange(nkv)[None, :]
+    off = nkv - nq
+    visible = np.ones((nq, nkv), bool)
+    if wl >= 0:
+        visible &= j >= i + off - wl
+    if wr >= 0:
+        visible &= j <= i + off + wr
+    return q, k, v, scale, visible, group
+
+
+def _probabilities(q, k, scale, visible):
+    """S, P [B, H, Nq, Nkv] and the statistics m, l [B, H, Nq]; a row with no visible key
+    has P = 0, m = -inf, l = 0."""
+    s = scale * np.einsum("bhqd,bhkd->bhqk", q, k)
+    s = np.where(visible, s, -np.inf)
+    m = s.max(axis=-1)
+    p = np.exp(s - np.where(np.isfinite(m), m, 0.0)[..., None])
+    l = p.sum(axis=-1)
+    return s, p / np.where(l > 0, l, 1.0)[..., None], m, l
+
+
+def reference(q, k, v, causal=False, scale=None, window=(-1, -1)):
+    """Returns (o, m, l, lse) in float64, o of q's shape, statistics q's shape minus D."""
+    shape = np.shape(q)
+    q, k, v, scale, visible, _ = _problem(q, k, v, causal, scale, window)
+    _, p, m, l = _probabilities(q, k, scale, visible)
+    o = np.einsum("bhqk,bhkd->bhqd", p, v)
+    with np.errstate(divide="ignore"):
+        lse = np.where(l > 0, m + np.log(np.where(l > 0, l, 1.0)), -np.inf)
+    return o.reshape(shape), m.reshape(shape[:-1]), l.reshape(shape[:-1]), lse.reshape(shape[:-1])
+
+
+def reference_backward(q, k, v, do, causal=False, scale=None, window=(-1, -1)):
+    """(dq, dk, dv) in float64 for the loss L with dL/dO = do: dq of q's shape, dk and dv
+    of k's shape (summed over the query heads of each GQA group)."""
+    qshape, kshape = np.shape(q), np.shape(k)
+    q, k, v, scale, visible, group = _problem(q, k, v, causal, scale, window)
+    do = np.asarray(do, np.float64).reshape(q.shape)
+    _, p, _, _ = _probabilities(q, k, scale, visible)
+    dv = np.einsum("bhqk,bhqd->bhkd", p, do)                 # dV = P^T dO
+    dp = np.einsum("bhqd,bhkd->bhqk", do, v)                 # dP = dO V^T
+    ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True))    # softmax's Jacobian, row by row
+    dq = scale * np.einsum("bhqk,bhkd->bhqd", ds, k)         # S = scale Q K^T
+    dk = scale * np.einsum("bhqk,bhqd->bhkd", ds, q)
+    b, hq, nkv, d = dk.shape
+    dk = dk.reshape(b, hq // group, group, nkv, d).sum(axis=2)   # the heads of a group
+    dv = dv.reshape(b, hq // group, group, nkv, d).sum(axis=2)
+    return dq.reshape(qshape), dk.reshape(kshape), dv.reshape(kshape)
+
+
+#: the normalized error allowed against the float64 reference, by the dtype sent
+TOL = {np.float32: 1e-5, np.float16: 1e-3}
+TOL_BF16 = 8e-3
+
+
+def rand(rng, shape, dtype=np.float32):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+# (q shape, kv shape, options)
+CASES = {
+    "2d": ((7, 16), (7, 16), {}),
+    "2d-cross-causal": ((5, 16), (9, 16), {"causal": True}),
+    "3d-gqa": ((4, 6, 8), (2, 6, 8), {}),
+    "3d-causal-window-left": ((2, 12, 8), (2, 12, 8), {"causal": True, "window": (3, -1)}),
+    "4d-gqa-causal": ((2, 4, 10, 12), (2, 2, 13, 12), {"causal": True}),
+    "4d-mqa-window": ((2, 4, 20, 8), (2, 1, 20, 8), {"window": (3, 2)}),
+    "4d-scale-window-right": ((1, 2, 9, 5), (1, 2, 6, 5), {"scale": 0.3, "window": (-1, 1)}),
+    "4d-d256": ((1, 1, 3, 256), (1, 1, 70, 256), {"scale": 0.01}),
+}
+
+
+def rel_err(x, ref):
+    """||x - ref|| / ||ref|| (the norm of the difference alone when ref is zero)."""
+    x = np.asarray(x, np.float64)
+    den = np.linalg.norm(ref)
+    return np.linalg.norm(x - ref) / (den if den > 0 else 1.0)

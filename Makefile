@@ -193,13 +193,14 @@ $(BUILD)/.cuflags: FORCE
 	@echo '$(NVCC) $(NVCCFLAGS)' | cmp -s - $@ || echo '$(NVCC) $(NVCCFLAGS)' > $@
 
 # ptxas's register and spill report goes to the build log and beside the
-# object; a tensor-core kernel (fwd_mma) that spills fails the build.
+# object; a tensor-core forward kernel (fwd_mma) or any backward kernel
+# (bwd_*) that spills fails the build.
 $(BUILD)/obj/%.o: %.cu $(BUILD)/.cuflags
 	@mkdir -p $(dir $@)
 	@set -o pipefail; $(NVCC) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@ 2>&1 | tee $(@:.o=.ptxas.log)
-	@if grep -A1 "entry function '_ZN7attn_cu7fwd_mma" $(@:.o=.ptxas.log) | \
+	@if grep -A1 -E "entry function '_ZN7attn_cu(7fwd_mma|[^']*bwd_)" $(@:.o=.ptxas.log) | \
 	    grep -E 'bytes spill (stores|loads)' | grep -vq ' 0 bytes spill stores, 0 bytes spill loads'; then \
-	  echo "$<: a tensor-core kernel spills registers (see $(@:.o=.ptxas.log))" >&2; \
+	  echo "$<: a kernel that must not spill spills registers (see $(@:.o=.ptxas.log))" >&2; \
 	  rm -f $@; exit 1; fi
 
 $(BUILD)/obj/engine/cuda/cuda.o: CPPFLAGS += $(CUDA_INC)

@@ -12,10 +12,10 @@
 #include "helpers.h"
 
 typedef struct tbwd {
-  tcase c;           /* q, k, v, o and the request (pass ATTN_BACKWARD) */
+  tcase c; /* q, k, v, o and the request (pass ATTN_BACKWARD) */
   void *dout, *dq, *dk, *dv;
-  float *lse;        /* the forward's lse, [B, Hq, Nq]; req.lse_in when given */
-  double *ref;       /* reference dq [B,Hq,Nq,D], then dk, dv [B,Hkv,Nkv,D] */
+  float *lse;  /* the forward's lse, [B, Hq, Nq]; req.lse_in when given */
+  double *ref; /* reference dq [B,Hq,Nq,D], then dk, dv [B,Hkv,Nkv,D] */
 } tbwd;
 
 /* Makes the case (p->stats is ignored); with_lse passes the forward's lse

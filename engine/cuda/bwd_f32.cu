@@ -36,8 +36,8 @@ __device__ __forceinline__ void load_f32(float *s, const float *g, int rows, int
 // sub + G·c (c < STEP / G) of two other tiles: x[c] = a·A[sub + G·c],
 // y[c] = b·B[sub + G·c].
 template <int G>
-__device__ __forceinline__ void dots(const float *a, const float *b, const float *A,
-                                     const float *B, int sub, int dp, float *x, float *y) {
+__device__ __forceinline__ void dots(const float *a, const float *b, const float *A, const float *B,
+                                     int sub, int dp, float *x, float *y) {
   const int ks = dp + 1;
 #pragma unroll
   for (int c = 0; c < STEP / G; c++)

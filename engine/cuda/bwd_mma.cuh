@@ -69,8 +69,7 @@ __device__ __forceinline__ void mma_abt(float (*acc)[4], const T *a, const T *b,
 // at `b` (16·KS rows, row stride STR; columns from b on), read through
 // ldmatrix.trans as V in O += P V.
 template <typename T, int KS, int DB, int STR>
-__device__ __forceinline__ void mma_xb(float (*acc)[4], const float (*x)[4], const T *b,
-                                       int lane) {
+__device__ __forceinline__ void mma_xb(float (*acc)[4], const float (*x)[4], const T *b, int lane) {
   using M = mma_t<T>;
   int vr, vc;
   attn_cu_ldsm_v(lane, &vr, &vc);
@@ -136,8 +135,8 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32) bwd_dkdv(const attn_cu
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T *sK = reinterpret_cast<T *>(smem_raw);
   T *sV = sK + BN * STR;
-  T *sQ = sV + BN * STR;         // [STAGES][BM][STR]
-  T *sO = sQ + STAGES * BM * STR; // dO, [STAGES][BM][STR]
+  T *sQ = sV + BN * STR;                                         // [STAGES][BM][STR]
+  T *sO = sQ + STAGES * BM * STR;                                // dO, [STAGES][BM][STR]
   float *sL = reinterpret_cast<float *>(sO + STAGES * BM * STR); // [STAGES][BM]
   float *sD = sL + STAGES * BM;
 
@@ -163,12 +162,12 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32) bwd_dkdv(const attn_cu
   auto load_step = [&](int s, int buf) {
     bwd_step st = step_of(s, nqt, qt0, hkv, group, BM);
     const size_t qrow = ((size_t)b * p.heads_q + st.h) * p.seq_q + st.i0;
-    load_tile<T, BM, DPAD, NT>(sQ + buf * BM * STR, (const T *)p.q + qrow * p.dp,
-                               p.seq_q - st.i0, p.dp);
+    load_tile<T, BM, DPAD, NT>(sQ + buf * BM * STR, (const T *)p.q + qrow * p.dp, p.seq_q - st.i0,
+                               p.dp);
     load_tile<T, BM, DPAD, NT>(sO + buf * BM * STR, (const T *)p.dout + qrow * p.dp,
                                p.seq_q - st.i0, p.dp);
-    load_rowstats<BM>(sL + buf * BM, sD + buf * BM, lse2 + (qrow - st.i0), p.bwd_ws + (qrow - st.i0),
-                      st.i0, p.seq_q);
+    load_rowstats<BM>(sL + buf * BM, sD + buf * BM, lse2 + (qrow - st.i0),
+                      p.bwd_ws + (qrow - st.i0), st.i0, p.seq_q);
   };
 
   float dk[DB][4], dv[DB][4];
@@ -197,9 +196,9 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32) bwd_dkdv(const attn_cu
     const T *sQb = sQ + buf * BM * STR, *sOb = sO + buf * BM * STR;
     const float *sLb = sL + buf * BM, *sDb = sD + buf * BM;
     const int i0 = step_of(s, nqt, qt0, hkv, group, BM).i0;
-    const bool full = i0 + BM <= p.seq_q && j0 + BN <= p.seq_kv &&
-                      attn_cu_tile_full(j0, BN, i0, i0 + BM, off, p.window_left, p.window_right,
-                                        p.seq_kv);
+    const bool full =
+        i0 + BM <= p.seq_q && j0 + BN <= p.seq_kv &&
+        attn_cu_tile_full(j0, BN, i0, i0 + BM, off, p.window_left, p.window_right, p.seq_kv);
 
     // Pᵀ for this warp's 16 keys and the step's BM queries.
     float st[NB][4];
@@ -248,8 +247,8 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32) bwd_dq(const attn_cu_p
   static_assert(BM == 16 * NW, "warps of 16 query rows");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T *sQ = reinterpret_cast<T *>(smem_raw);
-  T *sO = sQ + BM * STR;         // dO
-  T *sK = sO + BM * STR;         // [STAGES][BN][STR]
+  T *sO = sQ + BM * STR;          // dO
+  T *sK = sO + BM * STR;          // [STAGES][BN][STR]
   T *sV = sK + STAGES * BN * STR; // [STAGES][BN][STR]
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -275,10 +274,10 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32) bwd_dq(const attn_cu_p
   const float db = rb < p.seq_q ? p.bwd_ws[qrow0 + rb] : 0.0f;
 
   auto load_kv = [&](int t, int buf) {
-    load_tile<T, BN, DPAD, NT>(sK + buf * BN * STR, gK + (size_t)t * BN * p.dp,
-                               p.seq_kv - t * BN, p.dp);
-    load_tile<T, BN, DPAD, NT>(sV + buf * BN * STR, gV + (size_t)t * BN * p.dp,
-                               p.seq_kv - t * BN, p.dp);
+    load_tile<T, BN, DPAD, NT>(sK + buf * BN * STR, gK + (size_t)t * BN * p.dp, p.seq_kv - t * BN,
+                               p.dp);
+    load_tile<T, BN, DPAD, NT>(sV + buf * BN * STR, gV + (size_t)t * BN * p.dp, p.seq_kv - t * BN,
+                               p.dp);
   };
 
   float dq[DB][4];
@@ -369,8 +368,7 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32) bwd_dq(const attn_cu_p
     __syncthreads(); // the next iteration refills the buffer read here
   }
 
-  store_tile<T, DB>((T *)p.dq + qrow0 * p.dp, dq, i0 + warp * 16, p.seq_q, 0, p.dp, p.scale,
-                    lane);
+  store_tile<T, DB>((T *)p.dq + qrow0 * p.dp, dq, i0 + warp * 16, p.seq_q, 0, p.dp, p.scale, lane);
 }
 
 template <int DPAD, int BN, int DSPLIT, int STAGES, int QBN, bool QREG, int QSTAGES>

@@ -136,6 +136,7 @@ SRVTEST_BIN = $(BUILD)/tests/server
 # or without a device they print one "skipped" line and exit 0.
 GPUTEST_OBJ = $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/gpu/test_*.c)) \
               $(BUILD)/obj/tests/unit/helpers.o $(BUILD)/obj/tests/unit/cases.o \
+              $(BUILD)/obj/tests/unit/bwdcase.o \
               $(BUILD)/obj/clients/benchlib.o
 GPUTEST_BIN = $(BUILD)/tests/gpu
 
@@ -148,7 +149,7 @@ endif
 CUDAMOCK_OBJ = $(BUILD)/obj/tests/cudamock/mock_cudart.o \
                $(BUILD)/obj/tests/cudamock/test_cuda_backend.o \
                $(BUILD)/obj/tests/unit/helpers.o $(BUILD)/obj/tests/unit/cases.o \
-               $(BUILD)/obj/clients/benchlib.o
+               $(BUILD)/obj/tests/unit/bwdcase.o $(BUILD)/obj/clients/benchlib.o
 
 # ---- fuzzing (libFuzzer, clang) ---------------------------------------------
 FUZZ_TARGETS = $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
@@ -193,13 +194,14 @@ $(BUILD)/.cuflags: FORCE
 	@echo '$(NVCC) $(NVCCFLAGS)' | cmp -s - $@ || echo '$(NVCC) $(NVCCFLAGS)' > $@
 
 # ptxas's register and spill report goes to the build log and beside the
-# object; a tensor-core kernel (fwd_mma) that spills fails the build.
+# object; a tensor-core forward kernel (fwd_mma) or any backward kernel
+# (bwd_*) that spills fails the build.
 $(BUILD)/obj/%.o: %.cu $(BUILD)/.cuflags
 	@mkdir -p $(dir $@)
 	@set -o pipefail; $(NVCC) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@ 2>&1 | tee $(@:.o=.ptxas.log)
-	@if grep -A1 "entry function '_ZN7attn_cu7fwd_mma" $(@:.o=.ptxas.log) | \
+	@if grep -A1 -E "entry function '_ZN7attn_cu(7fwd_mma|[^']*bwd_)" $(@:.o=.ptxas.log) | \
 	    grep -E 'bytes spill (stores|loads)' | grep -vq ' 0 bytes spill stores, 0 bytes spill loads'; then \
-	  echo "$<: a tensor-core kernel spills registers (see $(@:.o=.ptxas.log))" >&2; \
+	  echo "$<: a kernel that must not spill spills registers (see $(@:.o=.ptxas.log))" >&2; \
 	  rm -f $@; exit 1; fi
 
 $(BUILD)/obj/engine/cuda/cuda.o: CPPFLAGS += $(CUDA_INC)

@@ -146,10 +146,18 @@ cudaError_t launch_mma_d64(const attn_cu_params &p, const attn_cu_choice &c, cud
 cudaError_t launch_mma_d128(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s);
 cudaError_t launch_mma_d256(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s);
 cudaError_t launch_simt_f32(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s);
+cudaError_t launch_bwd_d64(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s);
+cudaError_t launch_bwd_d128(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s);
+cudaError_t launch_bwd_d256(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s);
+cudaError_t launch_bwd_f32(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s);
 cudaError_t prepare_mma_d64();
 cudaError_t prepare_mma_d128();
 cudaError_t prepare_mma_d256();
 cudaError_t prepare_simt_f32();
+cudaError_t prepare_bwd_d64();
+cudaError_t prepare_bwd_d128();
+cudaError_t prepare_bwd_d256();
+cudaError_t prepare_bwd_f32();
 
 } // namespace attn_cu
 

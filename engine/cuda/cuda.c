@@ -14,6 +14,11 @@
  * scan, unpacks O and the statistics into the caller's buffers and
  * completes the job.
  *
+ * A backward job stages Q, K, V, O and dO (and the caller's lse when it
+ * has one), scans all five, runs the forward with statistics first when it
+ * must recompute lse (its O goes to dQ's buffer, which the backward
+ * overwrites), then the backward kernels, and downloads dQ, dK and dV.
+ *
  * Staging through a reusable pinned buffer keeps the backend independent of
  * how callers allocate (the server's request bodies are ordinary memory) and
  * costs one host copy each way; pinning request bodies instead would save
@@ -57,13 +62,18 @@ typedef struct cu_slot {
   unsigned char *pinned;
   size_t pinned_cap;
   attn_job *job; /* NULL when free */
-  /* The job's layout: [q k v | scan o m l lse] in pinned and device memory;
-   * the upload covers [0, up_end), the download [down_start, down_end);
-   * device memory also holds the split-KV scratch after that. */
-  size_t off[3], off_scan, off_o, off_stats[3], up_end, down_start, down_end, dev_bytes;
+  /* The job's layout in pinned and device memory: the inputs (q k v, and o
+   * do for a backward pass; then a caller's lse), the scan results, the
+   * outputs (o m l lse, or dq dk dv); the upload covers [0, up_end), the
+   * download [down_start, down_end); device memory also holds scratch after
+   * that (split-KV partials, or a recomputed lse and the backward's D). */
+  int nin, nout;
+  size_t off[5], off_scan, off_out[3], off_stats[3], off_lse, off_ws;
+  size_t up_end, down_start, down_end, dev_bytes;
   void *dmem;
   attn_cu_params prm;
   attn_cu_choice ch;
+  attn_cu_choice fch; /* backward without lse: the forward that computes it */
   struct cu_slot *next_done;
 } cu_slot;
 
@@ -104,9 +114,41 @@ static int cuda_fail(attn_status *st, int code, const char *what, cudaError_t e)
 
 /* ---- shapes ---------------------------------------------------------------- */
 
+/* The tensors a job stages in and copies out, in layout order. */
+typedef struct cu_tensor {
+  const char *name;
+  const void *in; /* an input's data */
+  void *out;      /* an output's buffer */
+  const int64_t *stride;
+  bool kv; /* shaped like K (heads_kv, seq_kv), else like Q */
+} cu_tensor;
+
+static int job_inputs(const attn_request *r, cu_tensor t[5]) {
+  t[0] = (cu_tensor){"q", r->q, NULL, r->q_stride, false};
+  t[1] = (cu_tensor){"k", r->k, NULL, r->k_stride, true};
+  t[2] = (cu_tensor){"v", r->v, NULL, r->v_stride, true};
+  if (r->pass != ATTN_BACKWARD)
+    return 3;
+  t[3] = (cu_tensor){"o", r->o, NULL, r->o_stride, false};
+  t[4] = (cu_tensor){"do", r->dout, NULL, r->do_stride, false};
+  return 5;
+}
+
+static int job_outputs(const attn_request *r, cu_tensor t[3]) {
+  if (r->pass != ATTN_BACKWARD) {
+    t[0] = (cu_tensor){"o", NULL, r->o, r->o_stride, false};
+    return 1;
+  }
+  t[0] = (cu_tensor){"dq", NULL, r->dq, r->dq_stride, false};
+  t[1] = (cu_tensor){"dk", NULL, r->dk, r->dk_stride, true};
+  t[2] = (cu_tensor){"dv", NULL, r->dv, r->dv_stride, true};
+  return 3;
+}
+
 /* The kernels' view of a request (device pointers filled in later). */
 static void shape_of(const attn_request *r, attn_cu_params *p) {
   memset(p, 0, sizeof *p);
+  p->pass = r->pass;
   p->dtype = r->dtype;
   p->batch = (int)r->batch;
   p->heads_q = (int)r->heads_q;
@@ -116,30 +158,44 @@ static void shape_of(const attn_request *r, attn_cu_params *p) {
   p->head_dim = (int)r->head_dim;
   p->dp = attn_cu_dp(r->head_dim);
   p->scale_log2 = (float)(attn_request_scale(r) * M_LOG2E);
+  p->scale = (float)attn_request_scale(r);
   attn_request_window(r, &p->window_left, &p->window_right);
+}
+
+/* Bytes of one packed tensor of the job. */
+static size_t packed_bytes(const cu_slot *sl, bool kv, size_t es) {
+  const attn_cu_params *p = &sl->prm;
+  size_t rows = (size_t)p->batch * (kv ? p->heads_kv : p->heads_q) * (kv ? p->seq_kv : p->seq_q);
+  return rows * (size_t)p->dp * es;
 }
 
 /* Byte layout of a job in a slot; returns false on size overflow. */
 static bool layout(cu_slot *sl, const attn_request *r) {
   const attn_cu_params *p = &sl->prm;
+  const bool bwd = r->pass == ATTN_BACKWARD;
   size_t es = attn_dtype_size(r->dtype);
   size_t nq = (size_t)p->batch * p->heads_q * p->seq_q;
   size_t nkv = (size_t)p->batch * p->heads_kv * p->seq_kv;
-  if (nq > SIZE_MAX / 2 / ((size_t)p->dp * es) || nkv > SIZE_MAX / 4 / ((size_t)p->dp * es))
+  if (nq > SIZE_MAX / 16 / ((size_t)p->dp * es) || nkv > SIZE_MAX / 16 / ((size_t)p->dp * es))
     return false;
-  size_t x = 0;
-  sl->off[0] = x;
-  x = align_up(x + nq * p->dp * es);
-  sl->off[1] = x;
-  x = align_up(x + nkv * p->dp * es);
-  sl->off[2] = x;
-  x = align_up(x + nkv * p->dp * es);
+  cu_tensor in[5], out[3];
+  sl->nin = job_inputs(r, in);
+  sl->nout = job_outputs(r, out);
+  size_t x = 0, lse_bytes = align_up(nq * sizeof(float));
+  for (int i = 0; i < sl->nin; i++) {
+    sl->off[i] = x;
+    x = align_up(x + packed_bytes(sl, in[i].kv, es));
+  }
+  sl->off_lse = bwd && r->lse_in ? x : SIZE_MAX;
+  x += bwd && r->lse_in ? lse_bytes : 0;
   sl->off_scan = x;
-  x = align_up(x + 3 * sizeof(attn_cu_scan_result));
+  x = align_up(x + (size_t)sl->nin * sizeof(attn_cu_scan_result));
   sl->up_end = x;
   sl->down_start = sl->off_scan;
-  sl->off_o = x;
-  x = align_up(x + nq * p->dp * es);
+  for (int i = 0; i < sl->nout; i++) {
+    sl->off_out[i] = x;
+    x = align_up(x + packed_bytes(sl, out[i].kv, es));
+  }
   float *const want[3] = {r->m, r->l, r->lse};
   for (int i = 0; i < 3; i++) {
     sl->off_stats[i] = want[i] ? x : SIZE_MAX;
@@ -147,8 +203,33 @@ static bool layout(cu_slot *sl, const attn_request *r) {
       x = align_up(x + nq * sizeof(float));
   }
   sl->down_end = x;
+  if (bwd && !r->lse_in) {
+    sl->off_lse = x;
+    x += lse_bytes;
+  }
+  sl->off_ws = x;
+  x += align_up(attn_cu_bwd_bytes(p));
   sl->dev_bytes = x + align_up(attn_cu_split_bytes(p, &sl->ch));
   return true;
+}
+
+/* The kernels, their tiles and the job's layout, for a device with sms
+ * multiprocessors; no device call. */
+static int plan_job(cu_slot *sl, const attn_request *r, int sms, attn_status *st) {
+  shape_of(r, &sl->prm);
+  int rc = attn_cu_select(&sl->prm, sms, &sl->ch, st);
+  if (rc < 0)
+    return rc;
+  if (r->pass == ATTN_BACKWARD && !r->lse_in) {
+    /* The forward that recomputes lse runs unsplit: it needs no scratch. */
+    attn_cu_params fp = sl->prm;
+    fp.pass = ATTN_FORWARD;
+    if ((rc = attn_cu_select(&fp, 0, &sl->fch, st)) < 0)
+      return rc;
+  }
+  if (!layout(sl, r))
+    return attn_status_set(st, ATTN_EOVERFLOW, "cuda: the request's buffers overflow size_t");
+  return 0;
 }
 
 /* ---- packing ---------------------------------------------------------------- */
@@ -228,6 +309,113 @@ static int grow_pinned(cu_slot *sl, size_t need, attn_status *st) {
   return 0;
 }
 
+/* Packs the job's inputs (and a caller's lse) into the pinned buffer and
+ * resets the scan results. */
+static void stage(cu_slot *sl, const attn_request *r) {
+  size_t es = attn_dtype_size(r->dtype);
+  cu_tensor in[5];
+  job_inputs(r, in);
+  for (int t = 0; t < sl->nin; t++)
+    pack(sl->pinned + sl->off[t], in[t].in, in[t].stride, r->batch,
+         in[t].kv ? r->heads_kv : r->heads_q, in[t].kv ? r->seq_kv : r->seq_q, r->head_dim,
+         sl->prm.dp, es);
+  if (r->pass == ATTN_BACKWARD && r->lse_in)
+    memcpy(sl->pinned + sl->off_lse, r->lse_in,
+           (size_t)(r->batch * r->heads_q * r->seq_q) * sizeof(float));
+  attn_cu_scan_result *scan = (attn_cu_scan_result *)(sl->pinned + sl->off_scan);
+  for (int t = 0; t < sl->nin; t++)
+    scan[t] = (attn_cu_scan_result){.first_bad = ~0ull, .maxabs_bits = 0, .pad_ = 0};
+}
+
+/* The kernels' device pointers into the job's allocation dm. */
+static void set_pointers(cu_slot *sl, const attn_request *r, unsigned char *dm) {
+  attn_cu_params *p = &sl->prm;
+  p->q = dm + sl->off[0];
+  p->k = dm + sl->off[1];
+  p->v = dm + sl->off[2];
+  if (r->pass == ATTN_BACKWARD) {
+    p->o = dm + sl->off[3];
+    p->dout = dm + sl->off[4];
+    p->dq = dm + sl->off_out[0];
+    p->dk = dm + sl->off_out[1];
+    p->dv = dm + sl->off_out[2];
+    p->lse = (float *)(dm + sl->off_lse);
+    p->bwd_ws = (float *)(dm + sl->off_ws);
+    return;
+  }
+  p->o = dm + sl->off_out[0];
+  p->m = r->m ? (float *)(dm + sl->off_stats[0]) : NULL;
+  p->l = r->l ? (float *)(dm + sl->off_stats[1]) : NULL;
+  p->lse = r->lse ? (float *)(dm + sl->off_stats[2]) : NULL;
+  p->split_ws = sl->ch.nsplit > 1 ? dm + sl->down_end : NULL;
+}
+
+/* A backward job without the caller's lse: the forward with statistics
+ * writes it, and its O goes to dQ's buffer (overwritten later). */
+static cudaError_t launch_lse(cu_slot *sl) {
+  attn_cu_params fp = sl->prm;
+  fp.pass = ATTN_FORWARD;
+  fp.o = fp.dq;
+  fp.m = fp.l = NULL;
+  fp.split_ws = NULL;
+  return (cudaError_t)attn_cu_launch(&fp, &sl->fch, sl->stream);
+}
+
+/* Queues upload, scans, kernels, download, free and the host function; on
+ * an error *what names the step. */
+static cudaError_t queue_work(cu_slot *sl, const attn_request *r, const char **what) {
+  unsigned char *dm = sl->dmem;
+  attn_cu_scan_result *dscan = (attn_cu_scan_result *)(dm + sl->off_scan);
+  cu_tensor in[5];
+  cudaError_t e;
+  job_inputs(r, in);
+  *what = "the upload";
+  if ((e = cudaMemcpyAsync(dm, sl->pinned, sl->up_end, cudaMemcpyHostToDevice, sl->stream)))
+    return e;
+  *what = "the input scan";
+  for (int t = 0; t < sl->nin; t++) {
+    size_t n = packed_bytes(sl, in[t].kv, 1);
+    if ((e = (cudaError_t)attn_cu_scan(dm + sl->off[t], r->dtype, n, &dscan[t], sl->stream)))
+      return e;
+  }
+  *what = "the forward pass that recomputes lse";
+  if (r->pass == ATTN_BACKWARD && !r->lse_in && (e = launch_lse(sl)))
+    return e;
+  *what = "the attention kernel";
+  if ((e = (cudaError_t)attn_cu_launch(&sl->prm, &sl->ch, sl->stream)))
+    return e;
+  *what = "the download";
+  if ((e = cudaMemcpyAsync(sl->pinned + sl->down_start, dm + sl->down_start,
+                           sl->down_end - sl->down_start, cudaMemcpyDeviceToHost, sl->stream)))
+    return e;
+  *what = "cudaFreeAsync";
+  if ((e = cudaFreeAsync(sl->dmem, sl->stream)))
+    return e;
+  sl->dmem = NULL;
+  *what = "cudaLaunchHostFunc";
+  return cudaLaunchHostFunc(sl->stream, on_stream_done, sl);
+}
+
+/* Device memory for the job from the device's pool: 0, ATTN_ENOMEM
+ * (retryable) when it does not fit, or -1 for another CUDA error, which
+ * *pe holds. */
+static int alloc_job(cu_slot *sl, cudaError_t *pe, attn_status *st) {
+  cu_dev *d = sl->dev;
+  sl->dmem = NULL;
+  cudaError_t e = cudaMallocFromPoolAsync(&sl->dmem, sl->dev_bytes, d->pool, sl->stream);
+  *pe = e;
+  if (e != cudaErrorMemoryAllocation)
+    return e == cudaSuccess ? 0 : -1;
+  cudaGetLastError();
+  size_t fr = 0, tot = 0;
+  cudaMemGetInfo(&fr, &tot);
+  sl->dmem = NULL;
+  return attn_status_set(st, ATTN_ENOMEM,
+                         "cuda: device %d is out of memory for this request (needs %zu MiB, "
+                         "%zu MiB free of %zu); retry later or send a smaller request",
+                         d->ordinal, sl->dev_bytes >> 20, fr >> 20, tot >> 20);
+}
+
 /* Queues the job on the slot's stream; on failure nothing is left queued
  * that still uses the slot's memory, and st says why. */
 static int start(cu_slot *sl, attn_status *st) {
@@ -235,87 +423,28 @@ static int start(cu_slot *sl, attn_status *st) {
   const attn_request *r = &sl->job->req;
   cudaError_t e;
   const char *what = "cudaSetDevice";
+  int rc;
   /* A job canceled while it waited for a slot is never staged. */
   if (attn__job_canceled(sl->job))
     return attn__canceled(st);
   if ((e = cudaSetDevice(d->ordinal)) != cudaSuccess)
     goto device_error;
-  shape_of(r, &sl->prm);
-  if (attn_cu_select(&sl->prm, d->sms, &sl->ch, st) < 0)
-    return st->code;
-  if (!layout(sl, r))
-    return attn_status_set(st, ATTN_EOVERFLOW, "cuda: the request's buffers overflow size_t");
-  if (grow_pinned(sl, sl->down_end, st) < 0)
-    return st->code;
-
-  size_t es = attn_dtype_size(r->dtype);
-  const void *src[3] = {r->q, r->k, r->v};
-  const int64_t *str[3] = {r->q_stride, r->k_stride, r->v_stride};
-  for (int t = 0; t < 3; t++)
-    pack(sl->pinned + sl->off[t], src[t], str[t], r->batch, t ? r->heads_kv : r->heads_q,
-         t ? r->seq_kv : r->seq_q, r->head_dim, sl->prm.dp, es);
-  attn_cu_scan_result *scan = (attn_cu_scan_result *)(sl->pinned + sl->off_scan);
-  for (int t = 0; t < 3; t++)
-    scan[t] = (attn_cu_scan_result){.first_bad = ~0ull, .maxabs_bits = 0, .pad_ = 0};
+  if ((rc = plan_job(sl, r, d->sms, st)) < 0 || (rc = attn__check_lse(r, st)) < 0 ||
+      (rc = grow_pinned(sl, sl->down_end, st)) < 0)
+    return rc;
+  stage(sl, r);
   /* Packing is the host's long step: one canceled meanwhile launches nothing. */
   if (attn__job_canceled(sl->job))
     return attn__canceled(st);
-
   what = "cudaMallocFromPoolAsync";
-  sl->dmem = NULL;
-  e = cudaMallocFromPoolAsync(&sl->dmem, sl->dev_bytes, d->pool, sl->stream);
-  if (e == cudaErrorMemoryAllocation) {
-    cudaGetLastError();
-    size_t fr = 0, tot = 0;
-    cudaMemGetInfo(&fr, &tot);
-    sl->dmem = NULL;
-    return attn_status_set(st, ATTN_ENOMEM,
-                           "cuda: device %d is out of memory for this request (needs %zu MiB, "
-                           "%zu MiB free of %zu); retry later or send a smaller request",
-                           d->ordinal, sl->dev_bytes >> 20, fr >> 20, tot >> 20);
-  }
-  if (e != cudaSuccess)
+  if ((rc = alloc_job(sl, &e, st)) != 0) {
+    if (rc < -1)
+      return rc;
     goto device_error;
-  unsigned char *dm = sl->dmem;
-  attn_cu_params *p = &sl->prm;
-  p->q = dm + sl->off[0];
-  p->k = dm + sl->off[1];
-  p->v = dm + sl->off[2];
-  p->o = dm + sl->off_o;
-  p->m = r->m ? (float *)(dm + sl->off_stats[0]) : NULL;
-  p->l = r->l ? (float *)(dm + sl->off_stats[1]) : NULL;
-  p->lse = r->lse ? (float *)(dm + sl->off_stats[2]) : NULL;
-  p->split_ws = sl->ch.nsplit > 1 ? dm + sl->down_end : NULL;
-  attn_cu_scan_result *dscan = (attn_cu_scan_result *)(dm + sl->off_scan);
-
-  what = "the upload";
-  if ((e = cudaMemcpyAsync(dm, sl->pinned, sl->up_end, cudaMemcpyHostToDevice, sl->stream)))
-    goto queued_error;
-  what = "the input scan";
-  size_t nel[3] = {(size_t)p->batch * p->heads_q * p->seq_q * p->dp,
-                   (size_t)p->batch * p->heads_kv * p->seq_kv * p->dp,
-                   (size_t)p->batch * p->heads_kv * p->seq_kv * p->dp};
-  const void *dsrc[3] = {p->q, p->k, p->v};
-  for (int t = 0; t < 3; t++)
-    if ((e = (cudaError_t)attn_cu_scan(dsrc[t], r->dtype, nel[t], &dscan[t], sl->stream)))
-      goto queued_error;
-  what = "the attention kernel";
-  if ((e = (cudaError_t)attn_cu_launch(p, &sl->ch, sl->stream)))
-    goto queued_error;
-  what = "the download";
-  if ((e = cudaMemcpyAsync(sl->pinned + sl->down_start, dm + sl->down_start,
-                           sl->down_end - sl->down_start, cudaMemcpyDeviceToHost, sl->stream)))
-    goto queued_error;
-  what = "cudaFreeAsync";
-  if ((e = cudaFreeAsync(sl->dmem, sl->stream)))
-    goto queued_error;
-  sl->dmem = NULL;
-  what = "cudaLaunchHostFunc";
-  if ((e = cudaLaunchHostFunc(sl->stream, on_stream_done, sl)))
-    goto queued_error;
-  return 0;
-
-queued_error:
+  }
+  set_pointers(sl, r, sl->dmem);
+  if ((e = queue_work(sl, r, &what)) == cudaSuccess)
+    return 0;
   /* Work already queued may still read the staging buffer: wait it out. */
   cudaStreamSynchronize(sl->stream);
   if (sl->dmem)
@@ -327,37 +456,48 @@ device_error:
   return cuda_fail(st, ATTN_EDEVICE, what, e);
 }
 
+/* The scan's verdict on the job's inputs: ENONFINITE with the element's
+ * coordinates, or ERANGE from the largest magnitudes of q, k and v. */
+static int check_scan(cu_slot *sl, const attn_request *r, attn_status *st) {
+  const attn_cu_scan_result *scan = (const attn_cu_scan_result *)(sl->pinned + sl->off_scan);
+  const unsigned dp = (unsigned)sl->prm.dp;
+  cu_tensor in[5];
+  job_inputs(r, in);
+  double mx[3];
+  for (int t = 0; t < sl->nin; t++) {
+    if (scan[t].first_bad != ~0ull) {
+      int64_t H = in[t].kv ? r->heads_kv : r->heads_q, N = in[t].kv ? r->seq_kv : r->seq_q;
+      int64_t row = (int64_t)(scan[t].first_bad / dp), dcol = (int64_t)(scan[t].first_bad % dp);
+      return attn__nonfinite(st, in[t].name, row / (H * N), row / N % H, row % N, dcol);
+    }
+    float f;
+    memcpy(&f, &scan[t].maxabs_bits, sizeof f);
+    if (t < 3)
+      mx[t] = f;
+  }
+  return attn__check_magnitudes(r, mx, st);
+}
+
 /* The job's outcome once its stream has run: the scan's verdict, then the
  * outputs copied out of the staging buffer. */
 static int finish(cu_slot *sl, attn_status *st) {
   const attn_request *r = &sl->job->req;
-  const attn_cu_params *p = &sl->prm;
-  const attn_cu_scan_result *scan = (const attn_cu_scan_result *)(sl->pinned + sl->off_scan);
-  static const char *const names[3] = {"q", "k", "v"};
   if (attn__job_canceled(sl->job)) /* nobody wants the outputs: skip the copy */
     return attn__canceled(st);
-  double mx[3];
-  for (int t = 0; t < 3; t++) {
-    if (scan[t].first_bad != ~0ull) {
-      int64_t H = t ? r->heads_kv : r->heads_q, N = t ? r->seq_kv : r->seq_q;
-      int64_t row = (int64_t)(scan[t].first_bad / (unsigned)p->dp);
-      int64_t dcol = (int64_t)(scan[t].first_bad % (unsigned)p->dp);
-      return attn__nonfinite(st, names[t], row / (H * N), row / N % H, row % N, dcol);
-    }
-    float f;
-    memcpy(&f, &scan[t].maxabs_bits, sizeof f);
-    mx[t] = f;
-  }
-  int rc = attn__check_magnitudes(r, mx, st);
+  int rc = check_scan(sl, r, st);
   if (rc < 0)
     return rc;
-  unpack(r->o, sl->pinned + sl->off_o, r->o_stride, r->batch, r->heads_q, r->seq_q, r->head_dim,
-         p->dp, attn_dtype_size(r->dtype));
-  float *const out[3] = {r->m, r->l, r->lse};
+  cu_tensor out[3];
+  int nout = job_outputs(r, out);
+  for (int t = 0; t < nout; t++)
+    unpack(out[t].out, sl->pinned + sl->off_out[t], out[t].stride, r->batch,
+           out[t].kv ? r->heads_kv : r->heads_q, out[t].kv ? r->seq_kv : r->seq_q, r->head_dim,
+           sl->prm.dp, attn_dtype_size(r->dtype));
+  float *const stats[3] = {r->m, r->l, r->lse};
   size_t rows = (size_t)r->batch * r->heads_q * r->seq_q;
   for (int i = 0; i < 3; i++)
-    if (out[i])
-      memcpy(out[i], sl->pinned + sl->off_stats[i], rows * sizeof(float));
+    if (stats[i])
+      memcpy(stats[i], sl->pinned + sl->off_stats[i], rows * sizeof(float));
   return 0;
 }
 
@@ -501,8 +641,6 @@ static int cuda_submit(void *state, attn_job *job, attn_status *st) {
 
 static int cuda_supports(void *state, const attn_request *r, attn_status *st) {
   cu_state *s = state;
-  if (r->pass == ATTN_BACKWARD)
-    return attn_status_set(st, ATTN_EUNSUPPORTED, "backend cuda has no backward pass yet");
   int sms = 0;
   size_t mem = 0;
   bool ok = false;
@@ -516,11 +654,10 @@ static int cuda_supports(void *state, const attn_request *r, attn_status *st) {
     return attn_status_set(st, ATTN_ENODEV, "cuda: no healthy device is left");
   cu_slot probe;
   memset(&probe, 0, sizeof probe);
-  shape_of(r, &probe.prm);
-  int rc = attn_cu_select(&probe.prm, sms, &probe.ch, st);
-  if (rc < 0)
+  int rc = plan_job(&probe, r, sms, st);
+  if (rc < 0 && rc != ATTN_EOVERFLOW)
     return rc;
-  if (!layout(&probe, r) || probe.dev_bytes > mem)
+  if (rc < 0 || probe.dev_bytes > mem)
     return attn_status_set(st, ATTN_ETOOBIG,
                            "cuda: the request needs %zu MiB of device memory; the device has "
                            "%zu MiB",

@@ -14,6 +14,18 @@
  * attn_cu_select() is the one place that decides which kernel runs a
  * request, with which tiles and how many key splits; the backend's
  * supports() is defined through it, and attn_cu_launch() runs what it chose.
+ *
+ * The backward pass (params.pass == ATTN_BACKWARD) reads the same packed Q,
+ * K, V and O plus dO [B, Hq, Nq, dp] and the forward's lse (F32
+ * [B, Hq, Nq], in p->lse), and writes packed dQ, dK, dV in the input dtype
+ * (padding columns zero). It runs three kernels in one attn_cu_launch(): a
+ * preprocess (D = rowsum(dO∘O) and lse in log2 units, into bwd_ws), one
+ * block per (key block, KV head, batch) that owns dK and dV of its keys and
+ * loops over the query blocks of every query head of its group, and one
+ * block per (query block, query head, batch) that owns dQ: every output
+ * element has one writer, so the result is deterministic (no atomics). A
+ * caller without the forward's lse computes it first with a forward launch
+ * (stats into p->lse).
  */
 #ifndef ATTN_CUDA_KERNELS_H
 #define ATTN_CUDA_KERNELS_H
@@ -42,19 +54,47 @@ extern "C" {
 /* Most key splits of one query block. */
 #define ATTN_CU_MAX_SPLITS 64
 
+/* Backward tiles. The dK/dV kernel: 4 warps; a block owns BN keys (each
+ * warp 16 keys and dpad / DSPLIT of the head dims: the 256 instance splits
+ * the dims over two warps so its dK and dV accumulators fit in registers)
+ * and steps through query rows ATTN_CU_BWD_BM at a time. The dQ kernel: 4
+ * warps of 16 query rows, stepping through keys BN at a time. */
+#define ATTN_CU_BWD_BM 32
+#define ATTN_CU_BWD_BN_D64 64
+#define ATTN_CU_BWD_BN_D128 64
+#define ATTN_CU_BWD_BN_D256 32
+#define ATTN_CU_BWDQ_BM 64
+#define ATTN_CU_BWDQ_BN_D64 64
+#define ATTN_CU_BWDQ_BN_D128 32
+#define ATTN_CU_BWDQ_BN_D256 16
+/* The F32 backward: a quad of threads per key (dK/dV) or per query row
+ * (dQ), 32 of them per block, stepping 16 rows or keys at a time. */
+#define ATTN_CU_BWD_F32_BN 32
+#define ATTN_CU_BWD_F32_STEP 16
+
 typedef enum attn_cu_kernel {
   ATTN_CU_MMA_D64 = 0, /* tensor cores, dp <= 64, Q fragments in registers */
   ATTN_CU_MMA_D128,    /* tensor cores, dp <= 128, Q fragments in registers */
   ATTN_CU_MMA_D256,    /* tensor cores, any dp <= 256 (the generic instance) */
   ATTN_CU_SIMT_F32,    /* F32 on the FMA units, exact F32, any dp <= 256 */
+  ATTN_CU_BWD_MMA_D64, /* backward on tensor cores, dp <= 64 */
+  ATTN_CU_BWD_MMA_D128,
+  ATTN_CU_BWD_MMA_D256,
+  ATTN_CU_BWD_SIMT_F32, /* backward in F32 on the FMA units */
   ATTN_CU_KERNEL_COUNT
 } attn_cu_kernel;
 
 /* What a launch needs, on device pointers. */
 typedef struct attn_cu_params {
+  attn_pass pass; /* ATTN_FORWARD (0) or ATTN_BACKWARD */
   const void *q, *k, *v;
-  void *o;
-  float *m, *l, *lse; /* F32 [B, Hq, Nq], or NULL */
+  void *o;            /* forward: written; backward: read */
+  float *m, *l, *lse; /* F32 [B, Hq, Nq], or NULL; backward: lse is read */
+  /* Backward only: dO (read), dQ, dK, dV (written), and attn_cu_bwd_bytes()
+   * of scratch (D and lse·log2 e, F32 [B, Hq, Nq] each). */
+  const void *dout;
+  void *dq, *dk, *dv;
+  float *bwd_ws;
   /* Split-KV scratch, attn_cu_split_bytes() of it (NULL when nsplit is 1):
    * per split, F32 partial outputs [B, Hq, Nq, dp] normalized by their own
    * l, and (m in log2 units, l) pairs [B, Hq, Nq, 2]. */
@@ -62,6 +102,7 @@ typedef struct attn_cu_params {
   attn_dtype dtype;
   int batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, dp;
   float scale_log2; /* scale * log2(e) */
+  float scale;      /* the scale itself (the backward's dQ and dK) */
   /* Effective window, causal folded in; -1 unbounded (as is anything past
    * 2^40, beyond every sequence the kernels take). */
   int64_t window_left, window_right;
@@ -74,6 +115,13 @@ typedef struct attn_cu_choice {
   int nsplit;        /* key ranges computed apart and merged by lse; >= 1 */
   size_t smem_bytes; /* dynamic shared memory of one block */
   unsigned grid[3];  /* query tiles, heads_q, batch * nsplit */
+  /* Backward: block_n keys per dK/dV block, block_m query rows per step,
+   * smem_bytes and grid (key blocks, heads_kv, batch) of that kernel; the
+   * dQ kernel's tiles, shared memory and grid (query tiles, heads_q,
+   * batch). Zero for a forward pass. */
+  int dq_block_m, dq_block_n;
+  size_t dq_smem_bytes;
+  unsigned dq_grid[3];
 } attn_cu_choice;
 
 /* Names of the kernels, for logs and the benchmark ("mma_d128", ...). */
@@ -94,6 +142,9 @@ int attn_cu_select(const attn_cu_params *p, int sms, attn_cu_choice *c, attn_sta
 /* Bytes of split-KV scratch the choice needs (0 when nsplit is 1). */
 size_t attn_cu_split_bytes(const attn_cu_params *p, const attn_cu_choice *c);
 
+/* Bytes of the backward's scratch (bwd_ws; 0 for a forward pass). */
+size_t attn_cu_bwd_bytes(const attn_cu_params *p);
+
 /*
  * Once per device, with that device current: raises the kernels' dynamic
  * shared memory limits. Returns a cudaError_t (0 on success).
@@ -101,7 +152,8 @@ size_t attn_cu_split_bytes(const attn_cu_params *p, const attn_cu_choice *c);
 int attn_cu_prepare(void);
 
 /*
- * Queues the forward pass (and the split-KV merge) on a cudaStream_t.
+ * Queues the forward pass (and the split-KV merge), or for a backward
+ * choice the backward's three kernels, on a cudaStream_t.
  * Returns a cudaError_t from the launch (0 on success); faults inside the
  * kernel surface later, on the stream.
  */

@@ -1,5 +1,6 @@
 // launch.cu — the C entry points of kernels.h: dispatch to the chosen
-// forward kernel, the split-KV merge, and the input scan.
+// forward kernel, the split-KV merge, the backward's preprocess and
+// kernels, and the input scan.
 #include "common.cuh"
 
 using namespace attn_cu;
@@ -69,6 +70,52 @@ __global__ void __launch_bounds__(256) scan(const T *x, size_t n, attn_cu_scan_r
   }
 }
 
+// The backward's preprocess, one warp per query row: D = rowsum(dO∘O) in
+// F32, and lse in log2 units, +inf for a row with no visible key (lse
+// -inf), so that every weight exp2(s - lse2) of such a row is 0.
+template <typename T> __global__ void __launch_bounds__(256) bwd_prep(const attn_cu_params p) {
+  const size_t nrows = (size_t)p.batch * p.heads_q * p.seq_q;
+  const int lane = threadIdx.x % 32;
+  const T *o = (const T *)p.o, *dout = (const T *)p.dout;
+  for (size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; row < nrows;
+       row += (size_t)gridDim.x * blockDim.x / 32) {
+    float acc = 0.0f;
+    for (int d = lane; d < p.dp; d += 32)
+      acc += widen<T>(o[row * p.dp + d]) * widen<T>(dout[row * p.dp + d]);
+    for (int x = 16; x > 0; x /= 2)
+      acc += __shfl_xor_sync(0xffffffffu, acc, x);
+    if (lane == 0) {
+      const float lse = p.lse[row];
+      p.bwd_ws[row] = acc;
+      p.bwd_ws[nrows + row] = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+    }
+  }
+}
+
+template <typename T> cudaError_t launch_prep(const attn_cu_params &p, cudaStream_t s) {
+  size_t rows = (size_t)p.batch * p.heads_q * p.seq_q, blocks = (rows + 7) / 8;
+  bwd_prep<T><<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0, s>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_backward(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s) {
+  cudaError_t e;
+  switch (p.dtype) {
+  case ATTN_F16: e = launch_prep<__half>(p, s); break;
+  case ATTN_BF16: e = launch_prep<__nv_bfloat16>(p, s); break;
+  default: e = launch_prep<float>(p, s); break;
+  }
+  if (e != cudaSuccess)
+    return e;
+  switch (c.kernel) {
+  case ATTN_CU_BWD_MMA_D64: return launch_bwd_d64(p, c, s);
+  case ATTN_CU_BWD_MMA_D128: return launch_bwd_d128(p, c, s);
+  case ATTN_CU_BWD_MMA_D256: return launch_bwd_d256(p, c, s);
+  case ATTN_CU_BWD_SIMT_F32: return launch_bwd_f32(p, c, s);
+  default: return cudaErrorInvalidValue;
+  }
+}
+
 template <typename T>
 cudaError_t launch_merge(const attn_cu_params &p, int nsplit, cudaStream_t s) {
   size_t rows = (size_t)p.batch * p.heads_q * p.seq_q;
@@ -86,11 +133,21 @@ extern "C" int attn_cu_prepare(void) {
     e = prepare_mma_d256();
   if (e == cudaSuccess)
     e = prepare_simt_f32();
+  if (e == cudaSuccess)
+    e = prepare_bwd_d64();
+  if (e == cudaSuccess)
+    e = prepare_bwd_d128();
+  if (e == cudaSuccess)
+    e = prepare_bwd_d256();
+  if (e == cudaSuccess)
+    e = prepare_bwd_f32();
   return (int)e;
 }
 
 extern "C" int attn_cu_launch(const attn_cu_params *p, const attn_cu_choice *c, void *stream) {
   cudaStream_t s = (cudaStream_t)stream;
+  if (p->pass == ATTN_BACKWARD)
+    return (int)launch_backward(*p, *c, s);
   cudaError_t e;
   switch (c->kernel) {
   case ATTN_CU_MMA_D64: e = launch_mma_d64(*p, *c, s); break;

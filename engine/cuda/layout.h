@@ -98,6 +98,28 @@ ATTN_HD void attn_cu_ldsm_v(int lane, int *row, int *col) {
   *col = (lane / 16) * 8;
 }
 
+/*
+ * The backward's operand loads are these three patterns again, named by the
+ * shape of the operand in shared memory (row-major tiles, rows padded):
+ *
+ *   an A operand whose rows are the tile's rows (K or V in the dK/dV kernel,
+ *     Q or dO in the dQ kernel): attn_cu_ldsm_q, plain;
+ *   a B operand whose n index runs along the tile's rows (Qᵀ and dOᵀ in
+ *     Sᵀ = K Qᵀ and dPᵀ = V dOᵀ; Kᵀ and Vᵀ in S = Q Kᵀ and dP = dO Vᵀ):
+ *     attn_cu_ldsm_k, plain;
+ *   a B operand whose k index runs along the tile's rows (dO in dV += Pᵀ dO,
+ *     Q in dK += dSᵀ Q, K in dQ += dS K): attn_cu_ldsm_v with .trans.
+ *
+ * In the dK/dV kernel warp w owns keys [16 (w / dsplit), +16) of the block
+ * and head dims [(w % dsplit) dpad / dsplit, +dpad / dsplit) of dK and dV:
+ * with dsplit 2 the two warps of a key slice both compute its Sᵀ and dPᵀ
+ * over every dim, and each accumulates half of the dims.
+ */
+ATTN_HD void attn_cu_bwd_warp(int warp, int dsplit, int dpad, int *key0, int *dim0) {
+  *key0 = 16 * (warp / dsplit);
+  *dim0 = (warp % dsplit) * (dpad / dsplit);
+}
+
 /* Row stride, in elements, of a padded shared-memory tile of width cols. */
 ATTN_HD int attn_cu_smem_stride(int cols) { return cols + 8; }
 
@@ -142,6 +164,46 @@ ATTN_HD void attn_cu_block_tiles(int64_t i0, int64_t i1, int64_t off, int64_t wl
   b = b < end ? b : end;
   *t0 = a < b ? a : b;
   *t1 = b;
+}
+
+/*
+ * Query rows that see key j: [*lo, *hi] (i + off - wl <= j <= i + off + wr
+ * solved for i), clamped to [0, nq - 1]; empty (*lo > *hi) when none does
+ * or when j >= nkv (a padding key of the last block).
+ */
+ATTN_HD void attn_cu_key_bounds(int64_t j, int64_t off, int64_t wl, int64_t wr, int64_t nq,
+                                int64_t nkv, int *lo, int *hi) {
+  const int64_t far = (int64_t)1 << 40;
+  int64_t a = wr < 0 || wr > far ? 0 : j - off - wr;
+  int64_t b = wl < 0 || wl > far ? nq - 1 : j - off + wl;
+  a = a < 0 ? 0 : a > nq ? nq : a;
+  b = b > nq - 1 ? nq - 1 : b < -1 ? -1 : b;
+  if (j >= nkv) {
+    a = 1;
+    b = 0;
+  }
+  *lo = (int)a;
+  *hi = (int)b;
+}
+
+/*
+ * The query tiles (of bm rows) that see any key of [j0, j1), j1 <= nkv:
+ * [*t0, *t1), possibly empty. Both bounds of attn_cu_key_bounds grow with
+ * j, so the first key's lower and the last key's upper bound suffice.
+ */
+ATTN_HD void attn_cu_key_block_qtiles(int64_t j0, int64_t j1, int64_t off, int64_t wl, int64_t wr,
+                                      int64_t nq, int64_t nkv, int bm, int *t0, int *t1) {
+  int lo, hi, lo2, hi2;
+  attn_cu_key_bounds(j0, off, wl, wr, nq, nkv, &lo, &hi2);
+  attn_cu_key_bounds(j1 - 1, off, wl, wr, nq, nkv, &lo2, &hi);
+  (void)hi2;
+  (void)lo2;
+  if (j0 >= j1 || lo > hi) {
+    *t0 = *t1 = 0;
+    return;
+  }
+  *t0 = lo / bm;
+  *t1 = hi / bm + 1;
 }
 
 /* Whether every key of tile [j0, j0 + bn) is visible to every query row of

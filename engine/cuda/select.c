@@ -8,13 +8,19 @@
  * splits each block's keys into ranges computed by separate blocks and
  * merged by their log-sum-exp, aiming at two blocks per multiprocessor
  * while keeping at least four key tiles per range.
+ *
+ * A backward pass picks the backward instance of the same head-dim class
+ * (or the F32 one) and never splits: its dK/dV blocks are as many as key
+ * blocks times KV heads, its dQ blocks as many as the forward's.
  */
 #include "kernels.h"
 
 #include <stdio.h>
+#include <string.h>
 
-static const char *const names[ATTN_CU_KERNEL_COUNT] = {"mma_d64", "mma_d128", "mma_d256",
-                                                        "simt_f32"};
+static const char *const names[ATTN_CU_KERNEL_COUNT] = {
+    "mma_d64",     "mma_d128",     "mma_d256",     "simt_f32",
+    "bwd_mma_d64", "bwd_mma_d128", "bwd_mma_d256", "bwd_simt_f32"};
 
 const char *attn_cu_kernel_name(attn_cu_kernel k) {
   return (unsigned)k < ATTN_CU_KERNEL_COUNT ? names[k] : "?";
@@ -37,11 +43,65 @@ static size_t f32_smem(int dp) {
               (size_t)ATTN_CU_F32_BN * (size_t)dp);
 }
 
-int attn_cu_select(const attn_cu_params *p, int sms, attn_cu_choice *c, attn_status *st) {
-  if (p->seq_q < 1 || p->seq_kv < 1 || p->head_dim < 1 || p->head_dim > ATTN_MAX_HEAD_DIM ||
-      p->dp != attn_cu_dp(p->head_dim) || p->batch < 1 || p->heads_kv < 1 ||
-      p->heads_q % p->heads_kv != 0)
-    return attn_status_set(st, ATTN_EINVAL, "cuda: inconsistent launch parameters");
+/* The backward's tensor-core shared memory. dK/dV: K and V of the block,
+ * Q and dO of `stages` query steps, and each step's lse and D (F32). dQ: Q
+ * and dO of the block, K and V of `stages` key steps. */
+static size_t bwd_smem(int dpad, int bn, int stages) {
+  return (size_t)(2 * bn + 2 * stages * ATTN_CU_BWD_BM) * (size_t)(dpad + 8) * 2 +
+         (size_t)stages * 2 * ATTN_CU_BWD_BM * sizeof(float);
+}
+static size_t bwdq_smem(int dpad, int bn, int stages) {
+  return (size_t)(2 * ATTN_CU_BWDQ_BM + 2 * stages * bn) * (size_t)(dpad + 8) * 2;
+}
+
+/* F32 backward: four tiles with rows padded by one float, block rows
+ * (ATTN_CU_BWD_F32_BN) of two tensors and step rows of the other two, plus
+ * the step's lse and D in the dK/dV kernel. */
+static size_t bwd_f32_smem(int dp) {
+  return 4 * ((size_t)(2 * ATTN_CU_BWD_F32_BN + 2 * ATTN_CU_BWD_F32_STEP) * (size_t)(dp + 1) +
+              2 * ATTN_CU_BWD_F32_STEP);
+}
+
+static void select_backward(const attn_cu_params *p, attn_cu_choice *c) {
+  c->warps = ATTN_CU_MMA_WARPS;
+  c->block_m = ATTN_CU_BWD_BM;
+  c->dq_block_m = ATTN_CU_BWDQ_BM;
+  if (p->dtype == ATTN_F32) {
+    c->kernel = ATTN_CU_BWD_SIMT_F32;
+    c->block_m = ATTN_CU_BWD_F32_STEP;
+    c->block_n = ATTN_CU_BWD_F32_BN;
+    c->dq_block_m = ATTN_CU_BWD_F32_BN;
+    c->dq_block_n = ATTN_CU_BWD_F32_STEP;
+    c->smem_bytes = c->dq_smem_bytes = bwd_f32_smem(p->dp);
+  } else if (p->dp <= 64) {
+    c->kernel = ATTN_CU_BWD_MMA_D64;
+    c->block_n = ATTN_CU_BWD_BN_D64;
+    c->dq_block_n = ATTN_CU_BWDQ_BN_D64;
+    c->smem_bytes = bwd_smem(64, ATTN_CU_BWD_BN_D64, 2);
+    c->dq_smem_bytes = bwdq_smem(64, ATTN_CU_BWDQ_BN_D64, 2);
+  } else if (p->dp <= 128) {
+    c->kernel = ATTN_CU_BWD_MMA_D128;
+    c->block_n = ATTN_CU_BWD_BN_D128;
+    c->dq_block_n = ATTN_CU_BWDQ_BN_D128;
+    c->smem_bytes = bwd_smem(128, ATTN_CU_BWD_BN_D128, 2);
+    c->dq_smem_bytes = bwdq_smem(128, ATTN_CU_BWDQ_BN_D128, 2);
+  } else {
+    c->kernel = ATTN_CU_BWD_MMA_D256;
+    c->block_n = ATTN_CU_BWD_BN_D256;
+    c->dq_block_n = ATTN_CU_BWDQ_BN_D256;
+    c->smem_bytes = bwd_smem(256, ATTN_CU_BWD_BN_D256, 1);
+    c->dq_smem_bytes = bwdq_smem(256, ATTN_CU_BWDQ_BN_D256, 1);
+  }
+  c->nsplit = 1;
+  c->grid[0] = (unsigned)((p->seq_kv + c->block_n - 1) / c->block_n);
+  c->grid[1] = (unsigned)p->heads_kv;
+  c->grid[2] = (unsigned)p->batch;
+  c->dq_grid[0] = (unsigned)((p->seq_q + c->dq_block_m - 1) / c->dq_block_m);
+  c->dq_grid[1] = (unsigned)p->heads_q;
+  c->dq_grid[2] = (unsigned)p->batch;
+}
+
+static void select_forward(const attn_cu_params *p, int sms, attn_cu_choice *c) {
   c->warps = ATTN_CU_MMA_WARPS;
   c->block_m = ATTN_CU_MMA_BM;
   if (p->dtype == ATTN_F32) {
@@ -75,19 +135,31 @@ int attn_cu_select(const attn_cu_params *p, int sms, attn_cu_choice *c, attn_sta
       nsplit = 1;
   }
   c->nsplit = (int)nsplit;
+  c->grid[0] = (unsigned)qtiles;
+  c->grid[1] = (unsigned)p->heads_q;
+  c->grid[2] = (unsigned)(p->batch * nsplit);
+}
+
+int attn_cu_select(const attn_cu_params *p, int sms, attn_cu_choice *c, attn_status *st) {
+  if (p->seq_q < 1 || p->seq_kv < 1 || p->head_dim < 1 || p->head_dim > ATTN_MAX_HEAD_DIM ||
+      p->dp != attn_cu_dp(p->head_dim) || p->batch < 1 || p->heads_kv < 1 ||
+      p->heads_q % p->heads_kv != 0)
+    return attn_status_set(st, ATTN_EINVAL, "cuda: inconsistent launch parameters");
+  memset(c, 0, sizeof *c);
   if (p->seq_q > ATTN_CU_MAX_SEQ || p->seq_kv > ATTN_CU_MAX_SEQ)
     return attn_status_set(st, ATTN_EUNSUPPORTED,
                            "the cuda backend takes sequences of at most %lld (got seq_q %d, "
                            "seq_kv %d)",
                            (long long)ATTN_CU_MAX_SEQ, p->seq_q, p->seq_kv);
-  if (p->heads_q > 65535 || (int64_t)p->batch * nsplit > 65535)
+  if (p->pass == ATTN_BACKWARD)
+    select_backward(p, c);
+  else
+    select_forward(p, sms, c);
+  if (p->heads_q > 65535 || (int64_t)p->batch * c->nsplit > 65535)
     return attn_status_set(st, ATTN_EUNSUPPORTED,
                            "the cuda backend takes at most 65535 query heads and 65535 "
                            "batch entries (got %d and %d)",
                            p->heads_q, p->batch);
-  c->grid[0] = (unsigned)qtiles;
-  c->grid[1] = (unsigned)p->heads_q;
-  c->grid[2] = (unsigned)(p->batch * nsplit);
   return 0;
 }
 
@@ -96,4 +168,10 @@ size_t attn_cu_split_bytes(const attn_cu_params *p, const attn_cu_choice *c) {
     return 0;
   size_t rows = (size_t)p->batch * (size_t)p->heads_q * (size_t)p->seq_q;
   return (size_t)c->nsplit * rows * ((size_t)p->dp + 2) * sizeof(float);
+}
+
+size_t attn_cu_bwd_bytes(const attn_cu_params *p) {
+  if (p->pass != ATTN_BACKWARD)
+    return 0;
+  return 2 * (size_t)p->batch * (size_t)p->heads_q * (size_t)p->seq_q * sizeof(float);
 }

@@ -461,6 +461,86 @@ static void fwd_op(void *arg) {
   free(s);
 }
 
+/* Whether the packed pointers the kernels take are 16-byte aligned. */
+static bool aligned16(const void *const *ptrs, int n) {
+  uintptr_t x = 0;
+  for (int i = 0; i < n; i++)
+    x |= (uintptr_t)ptrs[i];
+  return x % 16 == 0;
+}
+
+/* One (batch, query head, row)'s contribution to the backward, in float64
+ * by the definition: P from the device's lse, D = rowsum(dO∘O) from the
+ * device's O (as the kernels do), dS = P∘(dP − D); dq gets its row, dk and
+ * dv (float64 accumulators of the KV head) the row's terms. */
+static void bwd_row(const attn_cu_params *p, size_t qrow, size_t kb, int64_t i, double *dq,
+                    double *dk, double *dv) {
+  const int64_t Nk = p->seq_kv, D = p->head_dim, dp = p->dp, off = Nk - p->seq_q;
+  const int64_t wl = p->window_left, wr = p->window_right;
+  const double scale = p->scale, lse = p->lse[qrow];
+  double delta = 0;
+  for (int64_t d = 0; d < D; d++)
+    delta += attn_load_elem(p->o, p->dtype, qrow * (size_t)dp + (size_t)d) *
+             attn_load_elem(p->dout, p->dtype, qrow * (size_t)dp + (size_t)d);
+  for (int64_t j = 0; j < Nk; j++) {
+    bool vis = (wl < 0 || j >= i + off - wl) && (wr < 0 || j <= i + off + wr);
+    if (!vis || lse == -INFINITY)
+      continue;
+    size_t kr = (kb + (size_t)j) * (size_t)dp;
+    double s = 0, dpv = 0;
+    for (int64_t d = 0; d < D; d++) {
+      s += attn_load_elem(p->q, p->dtype, qrow * (size_t)dp + (size_t)d) *
+           attn_load_elem(p->k, p->dtype, kr + (size_t)d);
+      dpv += attn_load_elem(p->dout, p->dtype, qrow * (size_t)dp + (size_t)d) *
+             attn_load_elem(p->v, p->dtype, kr + (size_t)d);
+    }
+    double P = exp(scale * s - lse), ds = P * (dpv - delta);
+    for (int64_t d = 0; d < D; d++) {
+      dq[d] += scale * ds * attn_load_elem(p->k, p->dtype, kr + (size_t)d);
+      dk[j * D + d] += scale * ds * attn_load_elem(p->q, p->dtype, qrow * (size_t)dp + (size_t)d);
+      dv[j * D + d] += P * attn_load_elem(p->dout, p->dtype, qrow * (size_t)dp + (size_t)d);
+    }
+  }
+}
+
+/* Rows [0, n) of D doubles into a packed tensor of dp columns (padding
+ * zero); NaN everywhere when the launch broke the kernels' contract. */
+static void store_rows(void *dst, attn_dtype dt, size_t row0, int64_t n, int64_t D, int64_t dp,
+                       const double *x, bool ok) {
+  for (int64_t r = 0; r < n; r++)
+    for (int64_t d = 0; d < dp; d++)
+      attn_store_elem(dst, dt, (row0 + (size_t)r) * (size_t)dp + (size_t)d,
+                      !ok     ? NAN
+                      : d < D ? (float)x[r * D + d]
+                              : 0.0f);
+}
+
+static void bwd_op(void *arg) {
+  const attn_cu_params *p = &((fwd_arg *)arg)->p;
+  const attn_cu_choice *c = &((fwd_arg *)arg)->c;
+  const int64_t B = p->batch, Hq = p->heads_q, Hkv = p->heads_kv, Nq = p->seq_q, Nk = p->seq_kv,
+                D = p->head_dim;
+  const void *ptrs[] = {p->q, p->k, p->v, p->o, p->dout, p->dq, p->dk, p->dv, p->lse, p->bwd_ws};
+  bool ok = aligned16(ptrs, 10) && p->lse && p->bwd_ws && c->nsplit == 1 &&
+            c->kernel >= ATTN_CU_BWD_MMA_D64;
+  double *dk = malloc((size_t)(2 * Nk * D + D) * sizeof *dk), *dv = dk + Nk * D, *dq = dv + Nk * D;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t hk = 0; hk < Hkv; hk++) {
+      size_t kb = (size_t)((b * Hkv + hk) * Nk);
+      memset(dk, 0, (size_t)(2 * Nk * D) * sizeof *dk);
+      for (int64_t h = hk * (Hq / Hkv); h < (hk + 1) * (Hq / Hkv); h++)
+        for (int64_t i = 0; i < Nq; i++) {
+          size_t qrow = (size_t)((b * Hq + h) * Nq + i);
+          memset(dq, 0, (size_t)D * sizeof *dq);
+          bwd_row(p, qrow, kb, i, dq, dk, dv);
+          store_rows(p->dq, p->dtype, qrow, 1, D, p->dp, dq, ok);
+        }
+      store_rows(p->dk, p->dtype, kb, Nk, D, p->dp, dk, ok);
+      store_rows(p->dv, p->dtype, kb, Nk, D, p->dp, dv, ok);
+    }
+  free(dk);
+}
+
 int attn_cu_launch(const attn_cu_params *p, const attn_cu_choice *c, void *stream) {
   pthread_mutex_lock(&g_mu);
   g_launches++;
@@ -475,6 +555,7 @@ int attn_cu_launch(const attn_cu_params *p, const attn_cu_choice *c, void *strea
   fwd_arg *a = malloc(sizeof *a);
   a->p = *p;
   a->c = *c;
-  enqueue((cudaStream_t)stream, fwd_op, a, true, faults ? OP_FAULT : 0);
+  enqueue((cudaStream_t)stream, p->pass == ATTN_BACKWARD ? bwd_op : fwd_op, a, true,
+          faults ? OP_FAULT : 0);
   return 0;
 }

@@ -5,9 +5,13 @@
  * concurrent jobs, device and pinned memory given back, and every failure
  * the backend must turn into an engine error instead of an abort or a hang:
  * no device, an old device, bad --devices, out of device memory, a failed
- * launch, a stream that faults. The kernels themselves are tested elsewhere
+ * launch, a stream that faults. The backward pass's host path too: o, do
+ * and lse staged, lse recomputed by a forward launch when absent, dq, dk,
+ * dv unpacked through strides, its own errors and sizes, and cancellation.
+ * The kernels themselves are tested elsewhere
  * (tests/unit/test_cuda_layout.c here, tests/gpu on a GPU).
  */
+#include "bwdcase.h"
 #include "cases.h"
 #include "cuda/kernels.h"
 #include "helpers.h"
@@ -371,4 +375,185 @@ Test(cuda_backend, a_canceled_job_is_never_staged, .init = reset, .timeout = 30)
   cr_expect_eq(mock_device_bytes(), 0);
   tcase_free(&a);
   tcase_free(&b);
+}
+
+/* ---- the backward pass ------------------------------------------------------ */
+
+/* Runs a backward case on backend cuda; checks it against float64 and how
+ * many kernel launches it took (a forward first when lse is absent). */
+static bool check_bwd(attn_engine *e, const tprob *p, uint64_t seed, bool with_lse) {
+  tbwd t;
+  char desc[200];
+  attn_status st = {0};
+  tdesc(p, desc, sizeof desc);
+  cr_assert_eq(tbwd_init(&t, p, seed, with_lse, &st), 0, "%s: %s", desc, st.message);
+  long launches = mock_launches();
+  int rc = trun(e, &t.c, "cuda", &st);
+  bool ok = rc == 0;
+  cr_expect_eq(rc, 0, "%s lse %d: %s", desc, with_lse, st.message);
+  if (ok) {
+    tbwd_err err = tbwd_check(&t);
+    ok = tbwd_pass(&err, ttol(p->dt)) && mock_launches() - launches == (with_lse ? 1 : 2);
+    cr_expect(ok, "%s lse %d: dq %.3g dk %.3g dv %.3g (tol %.0e), %ld launches", desc, with_lse,
+              err.dq, err.dk, err.dv, ttol(p->dt), mock_launches() - launches);
+  }
+  tbwd_free(&t);
+  return ok;
+}
+
+/* Awkward shapes of the backward: every dtype, GQA and MQA, masks and
+ * windows, rows with no visible key, strided layouts, padded head dims. */
+static int bwd_problems(tprob *ps) {
+  int n = 0;
+  for (int dt = 0; dt < ATTN_DTYPE_COUNT; dt++) {
+    tprob p = tprob_make(2, 4, 2, 19, 23, 37, (attn_dtype)dt);
+    ps[n++] = p;
+    p = tprob_make(1, 6, 2, 33, 17, 64, (attn_dtype)dt);
+    p.causal = true; /* Nq > Nkv: the first 16 rows see no key */
+    p.strided = true;
+    ps[n++] = p;
+    p = tprob_make(1, 3, 1, 40, 40, 8, (attn_dtype)dt);
+    p.wl = 5;
+    p.wr = 2;
+    ps[n++] = p;
+    p = tprob_make(2, 2, 2, 1, 70, 80, (attn_dtype)dt);
+    p.scale = 0.3;
+    ps[n++] = p;
+    p = tprob_make(1, 2, 1, 9, 30, 16, (attn_dtype)dt);
+    p.wl = 0;
+    p.wr = 0; /* the diagonal only */
+    p.strided = true;
+    ps[n++] = p;
+  }
+  return n;
+}
+
+Test(cuda_backend, backward_through_staging, .init = reset) {
+  attn_engine *e = open_cuda(2, NULL);
+  tprob ps[TCASES_MAX];
+  int n = bwd_problems(ps), passed = 0;
+  for (int i = 0; i < n; i++)
+    for (int with_lse = 0; with_lse < 2; with_lse++)
+      passed += check_bwd(e, &ps[i], 500 + 2 * (uint64_t)i + (uint64_t)with_lse, with_lse);
+  cr_expect_eq(passed, 2 * n);
+  attn_engine_close(e);
+  cr_expect_eq(mock_device_bytes(), 0, "device memory left allocated");
+  cr_expect_eq(mock_pinned_buffers(), 0, "pinned buffers left");
+}
+
+/* A value planted in tensor `name` ("o", "do") of t at (b, h, n, d). */
+static void plant_q_shaped(tbwd *t, const char *name, int64_t b, int64_t h, int64_t n, int64_t d,
+                           float x) {
+  const attn_request *r = &t->c.req;
+  const int64_t *s = !strcmp(name, "o") ? r->o_stride : r->do_stride;
+  int64_t s0 = s[0], s1 = s[1], s2 = s[2];
+  if (!s0 && !s1 && !s2)
+    s2 = t->c.p.d, s1 = t->c.p.nq * s2, s0 = t->c.p.hq * s1;
+  void *base = !strcmp(name, "o") ? t->c.o : t->dout;
+  attn_store_elem(base, t->c.p.dt, (size_t)(b * s0 + h * s1 + n * s2 + d), x);
+}
+
+Test(cuda_backend, backward_refuses_what_forward_refuses, .init = reset) {
+  attn_engine *e = open_cuda(2, NULL);
+  static const char *const tn[2] = {"o", "do"};
+  for (int dt = 0; dt < ATTN_DTYPE_COUNT; dt++)
+    for (int t = 0; t < 2; t++)
+      for (int strided = 0; strided < 2; strided++) {
+        tprob p = tprob_make(2, 4, 2, 9, 11, 37, (attn_dtype)dt);
+        p.strided = strided;
+        tbwd c;
+        attn_status st = {0};
+        cr_assert_eq(tbwd_init(&c, &p, 21, true, &st), 0, "%s", st.message);
+        plant_q_shaped(&c, tn[t], 1, 3 - t, 8 - t, 36 - t, INFINITY);
+        int rc = trun(e, &c.c, "cuda", &st);
+        char want[128];
+        snprintf(want, sizeof want, "tensor %s holds a non-finite value at [1, %d, %d, %d]", tn[t],
+                 3 - t, 8 - t, 36 - t);
+        cr_expect(rc == ATTN_ENONFINITE && strstr(st.message, want), "%s %s strided %d: %s: %s",
+                  attn_dtype_name(p.dt), tn[t], strided, attn_err_name(rc), st.message);
+        tbwd_free(&c);
+      }
+  /* lse: NaN is non-finite; -inf on a row that sees keys is a wrong lse */
+  tprob p = tprob_make(1, 2, 1, 6, 6, 16, ATTN_BF16);
+  tbwd c;
+  attn_status st = {0};
+  cr_assert_eq(tbwd_init(&c, &p, 22, true, &st), 0, "%s", st.message);
+  long launches = mock_launches();
+  c.lse[7] = NAN;
+  cr_expect_eq(trun(e, &c.c, "cuda", &st), ATTN_ENONFINITE, "%s", st.message);
+  cr_expect(strstr(st.message, "tensor lse") && strstr(st.message, "[0, 1, 1]"), "%s", st.message);
+  c.lse[7] = -INFINITY;
+  cr_expect_eq(trun(e, &c.c, "cuda", &st), ATTN_EINVAL, "%s", st.message);
+  cr_expect_eq(mock_launches(), launches, "a refused lse launches nothing");
+  /* m, l or lse outputs: a backward pass returns no statistics */
+  c.lse[7] = 0;
+  float stat[12];
+  c.c.req.lse = stat;
+  cr_expect_eq(trun(e, &c.c, "cuda", &st), ATTN_EINVAL, "%s", st.message);
+  tbwd_free(&c);
+  attn_engine_close(e);
+}
+
+Test(cuda_backend, backward_sizes_and_device_failures, .init = reset) {
+  attn_engine *e = open_cuda(2, NULL);
+  tprob p = tprob_make(1, 2, 1, 20, 30, 64, ATTN_F16);
+  /* out of device memory: retryable, the device stays */
+  mock_knobs k = {1, 9, (size_t)8 << 30, 1, 0, 0};
+  mock_set(&k);
+  tbwd c;
+  attn_status st = {0};
+  cr_assert_eq(tbwd_init(&c, &p, 31, false, &st), 0, "%s", st.message);
+  cr_expect_eq(trun(e, &c.c, "cuda", &st), ATTN_ENOMEM, "%s", st.message);
+  cr_expect(check_bwd(e, &p, 32, false), "the next backward runs");
+  /* the forward that recomputes lse fails to launch: the device is done */
+  k.fail_alloc = 0;
+  k.fail_launch = 1;
+  mock_set(&k);
+  cr_expect_eq(trun(e, &c.c, "cuda", &st), ATTN_EDEVICE, "%s", st.message);
+  cr_expect(strstr(st.message, "the forward pass that recomputes lse"), "%s", st.message);
+  tbwd_free(&c);
+  attn_engine_close(e);
+  cr_expect_eq(mock_device_bytes(), 0);
+  /* bigger than the card: refused up front; a forward of the same shape
+   * (fewer buffers) still fits */
+  mock_defaults();
+  k = (mock_knobs){1, 9, (size_t)3 << 20, 0, 0, 0};
+  mock_set(&k);
+  e = open_cuda(2, NULL);
+  tprob big = tprob_make(1, 8, 8, 256, 256, 64, ATTN_F32);
+  cr_assert_eq(tbwd_init(&c, &big, 33, true, &st), 0, "%s", st.message);
+  cr_expect_eq(trun(e, &c.c, "cuda", &st), ATTN_ETOOBIG, "%s", st.message);
+  cr_expect(strstr(st.message, "MiB of device memory"), "%s", st.message);
+  tcase f;
+  tcase_init(&f, &big, 34);
+  cr_expect_eq(trun(e, &f, "cuda", &st), 0, "forward: %s", st.message);
+  tcase_free(&f);
+  tbwd_free(&c);
+  attn_engine_close(e);
+}
+
+Test(cuda_backend, a_canceled_backward_is_never_staged, .init = reset, .timeout = 30) {
+  attn_engine *e = open_cuda(1, NULL);
+  tprob p = tprob_make(1, 2, 1, 20, 30, 64, ATTN_BF16);
+  tbwd a, b;
+  attn_status st = {0};
+  cr_assert_eq(tbwd_init(&a, &p, 41, true, &st), 0, "%s", st.message);
+  cr_assert_eq(tbwd_init(&b, &p, 42, false, &st), 0, "%s", st.message);
+  int flag = 0;
+  b.c.req.cancel = &flag;
+  a.c.req.backend = b.c.req.backend = "cuda";
+  cancel_outcome oa = {.cancel_other = &flag}, ob = {0};
+  long launches = mock_launches();
+  cr_assert_eq(attn_engine_submit(e, &a.c.req, cancel_done, &oa, &st), 0, "%s", st.message);
+  cr_assert_eq(attn_engine_submit(e, &b.c.req, cancel_done, &ob, &st), 0, "%s", st.message);
+  attn_engine_close(e);
+  cr_expect(oa.calls == 1 && oa.res.status.code == 0, "job A: %s", oa.res.status.message);
+  tbwd_err err = tbwd_check(&a);
+  cr_expect(tbwd_pass(&err, ttol(p.dt)), "job A: dq %.3g dk %.3g dv %.3g", err.dq, err.dk, err.dv);
+  cr_expect(ob.calls == 1 && ob.res.status.code == ATTN_ECANCELED, "job B: %d calls, %s", ob.calls,
+            ob.res.status.message);
+  cr_expect_eq(mock_launches() - launches, 1, "only job A launched");
+  cr_expect_eq(mock_device_bytes(), 0);
+  tbwd_free(&a);
+  tbwd_free(&b);
 }

@@ -7,6 +7,10 @@
  *            causal and not; FLOPs 4*B*H*Nq*Nkv*D, halved for causal
  *   decode   B=1 and 4, Hq=32, Hkv=8, Nq=1, Nkv=32768, D=128 (BF16; F16 at
  *            B=1): time in microseconds and GB/s of K and V read
+ *   backward B=4, H=16, N in 1024, 4096, D in 64, 128, F16 and BF16, causal
+ *            and not: the three backward kernels (preprocess, dK/dV, dQ),
+ *            given the forward's O and lse; FLOPs 2.5 times the forward's
+ *            (FlashAttention's convention)
  *
  * Method (.library/device/METHOD.md): random inputs (uniform in [-1, 1),
  * never zeros) copied from a host pool; warm-up launches until 30 ms of
@@ -49,7 +53,7 @@ static int check(cudaError_t e, const char *what, int line) {
 #define CK(call) check((cudaError_t)(call), #call, __LINE__)
 
 typedef struct bshape {
-  const char *kind; /* "prefill" or "decode" */
+  const char *kind; /* "prefill", "decode" or "backward" */
   int b, hq, hkv, nq, nkv, d;
   attn_dtype dt;
   bool causal;
@@ -85,6 +89,14 @@ static int shapes(bshape *s, bool quick) {
     s[n++] = (bshape){"decode", 4, 32, 8, 1, 32768, 128, ATTN_BF16, false};
     s[n++] = (bshape){"decode", 1, 32, 8, 1, 32768, 128, ATTN_F16, false};
   }
+  for (int t = 0; t < 2; t++)
+    for (int j = 0; j < 2; j++)
+      for (int i = 0; i < 2; i++)
+        for (int c = 0; c < 2; c++) {
+          if (quick && (ds[j] != 128 || ns[i + 1] != 4096))
+            continue;
+          s[n++] = (bshape){"backward", 4, 16, 16, ns[i], ns[i], ds[j], dts[t], c == 1};
+        }
   return n;
 }
 
@@ -145,7 +157,36 @@ static int fill(void *dev, size_t rows, int d, int dp, attn_dtype dt, size_t *po
 
 typedef struct bset {
   void *q, *k, *v, *o;
+  void *dout, *dq, *dk, *dv; /* backward only */
+  float *lse;
 } bset;
+
+static void point(attn_cu_params *p, const bset *b) {
+  p->q = b->q, p->k = b->k, p->v = b->v, p->o = b->o;
+  p->dout = b->dout, p->dq = b->dq, p->dk = b->dk, p->dv = b->dv, p->lse = b->lse;
+}
+
+/* A backward set: dO random, dQ/dK/dV poisoned, and O and lse from the
+ * forward on the set's Q, K, V (unsplit, so it needs no scratch). */
+static int fill_backward(bset *b, const attn_cu_params *p0, size_t rq, size_t qb, size_t kvb,
+                         size_t *pos, cudaStream_t st) {
+  attn_cu_params fp = *p0;
+  attn_cu_choice fch;
+  attn_status as = {0};
+  fp.pass = ATTN_FORWARD;
+  if (CK(cudaMalloc(&b->dout, qb)) || CK(cudaMalloc(&b->dq, qb)) || CK(cudaMalloc(&b->dk, kvb)) ||
+      CK(cudaMalloc(&b->dv, kvb)) || CK(cudaMalloc((void **)&b->lse, rq * sizeof(float))) ||
+      fill(b->dout, rq, p0->head_dim, p0->dp, p0->dtype, pos) || CK(cudaMemset(b->dq, 0xff, qb)) ||
+      CK(cudaMemset(b->dk, 0xff, kvb)) || CK(cudaMemset(b->dv, 0xff, kvb)))
+    return -1;
+  if (attn_cu_select(&fp, 0, &fch, &as) != 0) {
+    fprintf(stderr, "bench-gpu: attn_cu_select: %s\n", as.message);
+    return -1;
+  }
+  point(&fp, b);
+  fp.split_ws = NULL;
+  return CK(attn_cu_launch(&fp, &fch, st)) || CK(cudaStreamSynchronize(st)) ? -1 : 0;
+}
 
 #define MAX_SETS 8
 
@@ -192,6 +233,9 @@ static int run_shape(const bshape *s, int sms, size_t l2, cudaStream_t st, bresu
   p.head_dim = s->d;
   p.dp = attn_cu_dp(s->d);
   p.scale_log2 = (float)(1.0 / sqrt((double)s->d) * M_LOG2E);
+  p.scale = (float)(1.0 / sqrt((double)s->d));
+  const bool bwd = strcmp(s->kind, "backward") == 0;
+  p.pass = bwd ? ATTN_BACKWARD : ATTN_FORWARD;
   p.window_left = -1;
   p.window_right = s->causal ? 0 : -1;
   attn_status as = {0};
@@ -202,7 +246,7 @@ static int run_shape(const bshape *s, int sms, size_t l2, cudaStream_t st, bresu
   size_t es = attn_dtype_size(s->dt);
   size_t rq = (size_t)s->b * s->hq * s->nq, rkv = (size_t)s->b * s->hkv * s->nkv;
   size_t qb = rq * p.dp * es, kvb = rkv * p.dp * es;
-  size_t set_bytes = 2 * qb + 2 * kvb;
+  size_t set_bytes = (bwd ? 4 : 2) * qb + (bwd ? 4 : 2) * kvb;
   int nsets = 1;
   if (set_bytes < 3 * l2) {
     nsets = (int)((3 * l2 + set_bytes - 1) / set_bytes);
@@ -225,20 +269,22 @@ static int run_shape(const bshape *s, int sms, size_t l2, cudaStream_t st, bresu
     if (CK(cudaMalloc(&b->q, qb)) || CK(cudaMalloc(&b->k, kvb)) || CK(cudaMalloc(&b->v, kvb)) ||
         CK(cudaMalloc(&b->o, qb)) || fill(b->q, rq, s->d, p.dp, s->dt, &pos) ||
         fill(b->k, rkv, s->d, p.dp, s->dt, &pos) || fill(b->v, rkv, s->d, p.dp, s->dt, &pos) ||
-        CK(cudaMemset(b->o, 0xff, qb)))
+        CK(cudaMemset(b->o, 0xff, qb)) || (bwd && fill_backward(b, &p, rq, qb, kvb, &pos, st)))
       goto out;
   }
+  wsb += attn_cu_bwd_bytes(&p);
   if (wsb && CK(cudaMalloc(&ws, wsb)))
     goto out;
   for (; nev < 65; nev++)
     if (CK(cudaEventCreate(&ev[nev])))
       goto out;
-  p.split_ws = ws;
+  p.split_ws = bwd ? NULL : ws;
+  p.bwd_ws = bwd ? (float *)ws : NULL;
   /* warm-up: until 30 ms of device time (clocks up, code loaded) */
   double warm = 0;
   for (int it = 0; it < 200 && warm < 30; it++) {
     bset *b = &sets[it % nsets];
-    p.q = b->q, p.k = b->k, p.v = b->v, p.o = b->o;
+    point(&p, b);
     float ms = 0;
     if (CK(cudaEventRecord(ev[0], st)) || CK(attn_cu_launch(&p, &res->ch, st)) ||
         CK(cudaEventRecord(ev[1], st)) || CK(cudaEventSynchronize(ev[1])) ||
@@ -246,10 +292,12 @@ static int run_shape(const bshape *s, int sms, size_t l2, cudaStream_t st, bresu
       goto out;
     warm += ms;
   }
-  long bad = nonfinite(sets[0].o, rq, s->d, p.dp, s->dt);
+  long bad = nonfinite(bwd ? sets[0].dq : sets[0].o, rq, s->d, p.dp, s->dt);
+  if (bad == 0 && bwd)
+    bad = nonfinite(sets[0].dk, (size_t)s->b * s->hkv * s->nkv, s->d, p.dp, s->dt);
   if (bad != 0) {
-    fprintf(stderr, "bench-gpu: %ld non-finite elements in O (poisoned before the launches)\n",
-            bad);
+    fprintf(stderr, "bench-gpu: %ld non-finite elements in %s (poisoned before the launches)\n",
+            bad, bwd ? "dQ or dK" : "O");
     res->status = "BAD";
     goto out;
   }
@@ -262,7 +310,7 @@ static int run_shape(const bshape *s, int sms, size_t l2, cudaStream_t st, bresu
       goto out;
     for (int i = 0; i < k; i++) {
       bset *b = &sets[(reps + i) % nsets];
-      p.q = b->q, p.k = b->k, p.v = b->v, p.o = b->o;
+      point(&p, b);
       if (CK(attn_cu_launch(&p, &res->ch, st)) || CK(cudaEventRecord(ev[i + 1], st)))
         goto out;
     }
@@ -295,6 +343,10 @@ out:
       CK(cudaFree(sets[i].v));
     if (sets[i].o)
       CK(cudaFree(sets[i].o));
+    void *extra[5] = {sets[i].dout, sets[i].dq, sets[i].dk, sets[i].dv, sets[i].lse};
+    for (int j = 0; j < 5; j++)
+      if (extra[j])
+        CK(cudaFree(extra[j]));
   }
   if (ws)
     CK(cudaFree(ws));
@@ -304,7 +356,8 @@ out:
 
 static void usage(FILE *f) {
   fprintf(f, "usage: bench-gpu [--quick] [--csv FILE] [--min-ms MS] [--min-reps N]\n"
-             "  --quick     N=4096, D=128 prefill (both dtypes, causal and not) and one decode\n"
+             "  --quick     N=4096, D=128 prefill and backward (both dtypes, causal and not)\n"
+             "              and one decode\n"
              "  --csv FILE  also write the results as CSV\n"
              "  --min-ms    time each shape at least this long (default 200)\n"
              "  --min-reps  and at least this many launches (default 20)\n");
@@ -360,22 +413,23 @@ int main(int argc, char **argv) {
     fprintf(csv, "kind,b,hq,hkv,nq,nkv,d,dtype,causal,kernel,nsplit,sets,reps,median_ms,min_ms,"
                  "tflops,gbps,status\n");
   }
-  printf("%-7s %2s %3s %3s %5s %6s %4s %-5s %6s %-9s %6s %4s %5s %10s %9s %8s %6s\n", "kind", "B",
+  printf("%-8s %2s %3s %3s %5s %6s %4s %-5s %6s %-12s %6s %4s %5s %10s %9s %8s %6s\n", "kind", "B",
          "Hq", "Hkv", "Nq", "Nkv", "D", "dtype", "causal", "kernel", "nsplit", "sets", "reps",
          "median_ms", "TFLOP/s", "GB/s", "status");
-  bshape sh[40];
+  bshape sh[64];
   int n = shapes(sh, o.quick), fails = 0;
   for (int i = 0; i < n; i++) {
     const bshape *s = &sh[i];
     bresult r;
     int rc = run_shape(s, prop.multiProcessorCount, (size_t)prop.l2CacheSize, st, &r);
-    double flops = 4.0 * s->b * s->hq * (double)s->nq * s->nkv * s->d * (s->causal ? 0.5 : 1.0);
+    double flops = 4.0 * s->b * s->hq * (double)s->nq * s->nkv * s->d * (s->causal ? 0.5 : 1.0) *
+                   (strcmp(s->kind, "backward") == 0 ? 2.5 : 1.0);
     double kvbytes = 2.0 * s->b * s->hkv * (double)s->nkv * s->d * (double)attn_dtype_size(s->dt);
     double tflops = rc == 0 ? flops / (r.med_ms * 1e-3) / 1e12 : 0;
     double gbps = rc == 0 ? kvbytes / (r.med_ms * 1e-3) / 1e9 : 0;
     bool dec = strcmp(s->kind, "decode") == 0;
-    printf("%-7s %2d %3d %3d %5d %6d %4d %-5s %6d %-9s %6d %4d %5d %10.4f %9.1f %8.0f %6s", s->kind,
-           s->b, s->hq, s->hkv, s->nq, s->nkv, s->d, attn_dtype_name(s->dt), s->causal,
+    printf("%-8s %2d %3d %3d %5d %6d %4d %-5s %6d %-12s %6d %4d %5d %10.4f %9.1f %8.0f %6s",
+           s->kind, s->b, s->hq, s->hkv, s->nq, s->nkv, s->d, attn_dtype_name(s->dt), s->causal,
            attn_cu_kernel_name(r.ch.kernel), r.ch.nsplit, r.sets, r.reps, r.med_ms, tflops,
            dec ? gbps : 0.0, r.status);
     if (dec && rc == 0)

@@ -271,18 +271,20 @@ table() {
           r = (k in sm && sm[k] > 0 && $14 > 0) ? sprintf("%.2f", sm[k] / $14) : "-"
           extra = sprintf("  %.0f GB/s", $17)
         } else {
-          shape = sprintf("prefill B%d H%d N%d D%d", $2, $3, $5, $7)
+          shape = sprintf("%s B%d H%d N%d D%d", $1, $2, $3, $5, $7)
           ours = sprintf("%.1f", $16); sd = (k in st && st[k] > 0) ? sprintf("%.1f", st[k]) : "-"
           r = (k in st && st[k] > 0 && $16 > 0) ? sprintf("%.2f", $16 / st[k]) : "-"
-          if (r != "-") { lg += log(r); nr++ }
+          if (r != "-" && $1 == "prefill") { lg += log(r); nr++ }
+          if (r != "-" && $1 == "backward") { lgb += log(r); nrb++ }
           extra = ""
         }
         if ($18 != "ok") extra = extra "  " $18
         printf "%-34s %-5s %1s %10s %10s %6s  %-14s %s%s\n", shape, $8, $9, ours, sd, r, $10 "/" $11, sdk, extra
       }
       END {
-        if (header) print "(prefill: TFLOP/s, ratio = ours/sdpa; decode: median time, ratio = sdpa time/ours; >1: ours faster)"
+        if (header) print "(prefill, backward: TFLOP/s, ratio = ours/sdpa; decode: median time, ratio = sdpa time/ours; >1: ours faster)"
         if (nr) printf "prefill geometric mean of ours/sdpa over %d shapes: %.2f\n", nr, exp(lg / nr)
+        if (nrb) printf "backward geometric mean of ours/sdpa over %d shapes: %.2f\n", nrb, exp(lgb / nrb)
       }' "$OUT/bench.csv" ||
       echo "(table failed)"
     if [ ! -s "$OUT/sdpa.csv" ]; then echo "(no SDPA numbers: see bench.log)"; fi

@@ -17,8 +17,11 @@ profiler is not available.
     python3 tests/gpu/sdpa_bench.py [--quick] [--csv FILE]
 
 Prints "sdpa: skipped: ..." and exits 0 when torch or a CUDA device is
-missing. FLOPs are 4*B*H*Nq*Nkv*D, halved for causal; decode also reports GB/s
-of K and V read. Causal shapes are all square, so torch's top-left causal
+missing. FLOPs are 4*B*H*Nq*Nkv*D, halved for causal, times 2.5 for backward
+(FlashAttention's convention); decode also reports GB/s of K and V read. The
+backward rows time torch.autograd.grad of SDPA's output for dq, dk, dv given
+a random dO, with the forward (and its saved state) run once per input set
+outside the timing: SDPA's own backward kernel, as bench-gpu times ours. Causal shapes are all square, so torch's top-left causal
 mask and attnd's bottom-right one agree.
 """
 import argparse
@@ -38,6 +41,13 @@ def shapes(quick):
     if not quick:
         out.append(("decode", 4, 32, 8, 1, 32768, 128, "BF16", False))
         out.append(("decode", 1, 32, 8, 1, 32768, 128, "F16", False))
+    for dt in ("F16", "BF16"):
+        for d in (64, 128):
+            for n in (1024, 4096):
+                for causal in (False, True):
+                    if quick and (d != 128 or n != 4096):
+                        continue
+                    out.append(("backward", 4, 16, 16, n, n, d, dt, causal))
     return out
 
 
@@ -168,16 +178,16 @@ def main():
         csv = open(args.csv, "w")
         csv.write("kind,b,hq,hkv,nq,nkv,d,dtype,causal,kernel,nsplit,sets,reps,median_ms,min_ms,"
                   "tflops,gbps,status\n")
-    print("%-7s %2s %3s %3s %5s %6s %4s %-5s %6s %-44s %4s %5s %10s %9s %8s %6s" % (
+    print("%-8s %2s %3s %3s %5s %6s %4s %-5s %6s %-44s %4s %5s %10s %9s %8s %6s" % (
         "kind", "B", "Hq", "Hkv", "Nq", "Nkv", "D", "dtype", "causal", "kernel", "sets", "reps",
         "median_ms", "TFLOP/s", "GB/s", "status"))
     fails = 0
-    with torch.inference_mode():
-        for (kind, b, hq, hkv, nq, nkv, d, dt, causal) in shapes(args.quick):
+    for (kind, b, hq, hkv, nq, nkv, d, dt, causal) in shapes(args.quick):
+        with torch.inference_mode(kind != "backward"):
             status, kernel, med, mn, reps, nsets = "ok", "-", 0.0, 0.0, 0, 1
             try:
                 es = 2
-                set_bytes = es * d * (2 * b * hq * nq + 2 * b * hkv * nkv)
+                set_bytes = es * d * (2 * b * hq * nq + 2 * b * hkv * nkv) * (2 if kind == "backward" else 1)
                 if set_bytes < 3 * l2:
                     nsets = max(2, min(MAX_SETS, -(-3 * l2 // set_bytes)))
                 gen = torch.Generator(device=dev)
@@ -203,13 +213,25 @@ def main():
                     q, k, v = sets[i]
                     return F.scaled_dot_product_attention(q, k, v, **kw)
 
+                if kind == "backward":
+                    grads = []
+                    for (q, k, v) in sets:
+                        for x in (q, k, v):
+                            x.requires_grad_(True)
+                        o = F.scaled_dot_product_attention(q, k, v, **kw)
+                        grads.append((o, rnd(b, hq, nq, d), (q, k, v)))
+
+                    def call(i, grads=grads):  # noqa: F811 (the backward's timed call)
+                        o, do, inputs = grads[i]
+                        return torch.autograd.grad(o, inputs, do, retain_graph=True)[0]
+
                 out = call(0)
                 if not bool(torch.isfinite(out).all()):
                     status = "BAD"
                 del out
                 med, mn, reps = time_eager(torch, call, nsets)
                 how = ""
-                if med < 0.3:
+                if med < 0.3 and kind != "backward":
                     try:
                         gmed, gmn, greps = time_graph(torch, call, nsets)
                         if gmed < med:
@@ -219,15 +241,16 @@ def main():
                 name = "?" if args.no_profile else backend_of(torch, call)
                 kernel = (kernel if kernel != "-" else "") + name + how
                 del sets
+                grads = None
             except Exception as ex:
                 status, kernel = "ERROR", "%s: %s" % (type(ex).__name__, str(ex).split("\n")[0][:60])
                 fails += 1
-            flops = 4.0 * b * hq * nq * nkv * d * (0.5 if causal else 1.0)
+            flops = 4.0 * b * hq * nq * nkv * d * (0.5 if causal else 1.0) * (2.5 if kind == "backward" else 1.0)
             kvbytes = 2.0 * b * hkv * nkv * d * 2
             tflops = flops / (med * 1e-3) / 1e12 if med > 0 else 0.0
             gbps = kvbytes / (med * 1e-3) / 1e9 if med > 0 and kind == "decode" else 0.0
             extra = "  (%.1f us)" % (med * 1e3) if kind == "decode" and med > 0 else ""
-            print("%-7s %2d %3d %3d %5d %6d %4d %-5s %6d %-44s %4d %5d %10.4f %9.1f %8.0f %6s%s" % (
+            print("%-8s %2d %3d %3d %5d %6d %4d %-5s %6d %-44s %4d %5d %10.4f %9.1f %8.0f %6s%s" % (
                 kind, b, hq, hkv, nq, nkv, d, dt, int(causal), kernel[:44], nsets, reps, med, tflops,
                 gbps, status, extra), flush=True)
             if csv:

@@ -13,6 +13,10 @@
  *   layouts    strides with gaps holding NaN, Q/K/V interleaved in one buffer
  *   errors     non-finite inputs (ENONFINITE with coordinates), overflow (ERANGE)
  *   kapi       attn_cu_select + attn_cu_launch on device buffers of our own
+ *   backward   the backward pass (dq, dk, dv) against the float64 reference
+ *              backward: head dims 1..256, all dtypes, GQA, masks and windows,
+ *              rows with no visible key, strides, with and without the
+ *              forward's lse (without it the backend recomputes it)
  *   pool       64 concurrent jobs on 4 streams, device memory back afterwards
  *
  * Every case draws fresh inputs from a seed printed at the start (--seed
@@ -27,6 +31,7 @@
  * Exit status: 0 all passed or skipped, 1 a case failed, 2 usage, 3 watchdog.
  */
 #define _GNU_SOURCE
+#include "bwdcase.h"
 #include "gpu_test.h"
 
 #include <inttypes.h>
@@ -224,6 +229,7 @@ void g_params(const tprob *p, attn_cu_params *prm) {
   prm->head_dim = (int)p->d;
   prm->dp = attn_cu_dp(p->d);
   prm->scale_log2 = (float)(attn_request_scale(&r) * M_LOG2E);
+  prm->scale = (float)attn_request_scale(&r);
   attn_request_window(&r, &prm->window_left, &prm->window_right);
 }
 
@@ -1061,6 +1067,92 @@ static void group_pool(tgroup *g, int grp) {
   }
 }
 
+/* ---- the backward pass ---------------------------------------------------------- */
+
+static int list_backward(tprob *ps) {
+  static const int64_t ds[] = {1, 16, 37, 64, 80, 128, 200, 256};
+  int n = 0;
+  for (int i = 0; i < (int)(sizeof ds / sizeof *ds); i++)
+    for (int t = 0; t < ATTN_DTYPE_COUNT; t++) {
+      int k = i * 3 + t;
+      int64_t hkv = 1 + k % 2, hq = hkv * (1 + k % 3);
+      int64_t nq = 1 + 37 * (k % 5) + (k % 3) * 64,
+              nkv = k % 4 == 3 ? nq / 2 + 1 : nq + 19 * (k % 4);
+      tprob p = tprob_make(1 + k % 2, hq, hkv, nq, nkv, ds[i], (attn_dtype)t);
+      p.causal = k % 4 == 1 || k % 4 == 3; /* k % 4 == 3: Nq > Nkv, rows with no key */
+      if (k % 4 == 2) {
+        p.wl = 40;
+        p.wr = 3;
+      }
+      p.strided = k % 3 == 1;
+      ps[n++] = p;
+    }
+  return n;
+}
+
+/* One backward problem on the backend, with and without the forward's
+ * lse, each run twice after poisoning dq, dk, dv. */
+static void backward_problem(tgroup *g, attn_engine *e, const tprob *p, uint64_t seed) {
+  char desc[200], kn[48];
+  tdesc(p, desc, sizeof desc);
+  tprob bp = *p;
+  for (int with_lse = 0; with_lse < 2; with_lse++) {
+    tbwd t;
+    attn_status st = {0};
+    if (tbwd_init(&t, &bp, seed, with_lse, &st) < 0) {
+      tg_case(g, false, "%s: the reference failed: %s", desc, st.message);
+      tbwd_free(&t);
+      continue;
+    }
+    attn_cu_params prm;
+    attn_cu_choice ch;
+    g_params(p, &prm);
+    prm.pass = ATTN_BACKWARD;
+    snprintf(kn, sizeof kn, "[%s]",
+             attn_cu_select(&prm, g_sms, &ch, &st) ? "select refuses"
+                                                   : attn_cu_kernel_name(ch.kernel));
+    g_set_current("%s: %s lse %d", g->name, desc, with_lse);
+    bool ok = !g_dead;
+    char why[300] = "";
+    tbwd_err worst = {0, 0, 0};
+    for (int run = 0; run < 2 && ok; run++) {
+      tbwd_poison(&t);
+      int rc = trun(e, &t.c, g_backend, &st);
+      if (rc != 0) {
+        snprintf(why, sizeof why, "run %d: %s: %s", run + 1, attn_err_name(rc), st.message);
+        if (on_gpu() && (rc == ATTN_EDEVICE || rc == ATTN_ENODEV))
+          probe_context();
+        ok = false;
+        break;
+      }
+      tbwd_err err = tbwd_check(&t);
+      worst.dq = fmax(worst.dq, err.dq), worst.dk = fmax(worst.dk, err.dk);
+      worst.dv = fmax(worst.dv, err.dv);
+      terr te = {.o = fmax(err.dq, fmax(err.dk, err.dv)), .masked_ok = true};
+      tg_errors(g, p->dt, &te, false);
+      if (!tbwd_pass(&err, g_tol_o(p->dt))) {
+        snprintf(why, sizeof why, "run %d: dq %.3g dk %.3g dv %.3g (tol %.0e)", run + 1, err.dq,
+                 err.dk, err.dv, g_tol_o(p->dt));
+        ok = false;
+      }
+    }
+    if (ok)
+      tg_case(g, true, "%s %s lse %d: dq %.2e dk %.2e dv %.2e", desc, kn, with_lse, worst.dq,
+              worst.dk, worst.dv);
+    else
+      tg_case(g, false, "%s %s lse %d seed %#" PRIx64 ": %s", desc, kn, with_lse, seed,
+              g_dead ? "not run (CUDA context broken earlier)" : why);
+    tbwd_free(&t);
+  }
+}
+
+static void group_backward(tgroup *g, int grp, attn_engine *e) {
+  tprob ps[TCASES_MAX];
+  int n = list_backward(ps);
+  for (int i = 0; i < n && (!g_opt.small || i < 6); i++)
+    backward_problem(g, e, &ps[i], g_seed(grp, i, 0));
+}
+
 /* ---- main ------------------------------------------------------------------- */
 
 enum {
@@ -1075,12 +1167,13 @@ enum {
   G_ERRORS,
   G_KAPI,
   G_POOL,
+  G_BACKWARD,
   G_SMALL,
   G_COUNT
 };
 static const char *const gnames[G_COUNT] = {
-    "conf/sizes", "conf/masks", "conf/shapes", "conf/masked", "headdims", "decode",
-    "long",       "layouts",    "errors",      "kapi",        "pool",     "small"};
+    "conf/sizes", "conf/masks", "conf/shapes", "conf/masked", "headdims", "decode", "long",
+    "layouts",    "errors",     "kapi",        "pool",        "backward", "small"};
 
 static bool wanted(const char *filter, const char *name) {
   if (!filter)
@@ -1257,8 +1350,9 @@ int main(int argc, char **argv) {
   tgroup groups[G_COUNT];
   int ng = 0;
   tprob ps[TCASES_MAX];
-  static const int order[G_COUNT] = {G_SMALL,  G_SIZES, G_MASKS,   G_SHAPES, G_MASKED, G_HEADDIMS,
-                                     G_DECODE, G_LONG,  G_LAYOUTS, G_ERRORS, G_KAPI,   G_POOL};
+  static const int order[G_COUNT] = {G_SMALL,    G_SIZES,  G_MASKS,   G_SHAPES,  G_MASKED,
+                                     G_HEADDIMS, G_DECODE, G_LONG,    G_LAYOUTS, G_ERRORS,
+                                     G_KAPI,     G_POOL,   G_BACKWARD};
   for (int oi = 0; oi < G_COUNT; oi++) {
     int gi = order[oi];
     /* --small replaces the long case lists by "small"; the rest shrink */
@@ -1282,6 +1376,7 @@ int main(int argc, char **argv) {
     case G_ERRORS: group_errors(g, gi, e); break;
     case G_KAPI: group_kapi(g, gi); break;
     case G_POOL: group_pool(g, gi); break;
+    case G_BACKWARD: group_backward(g, gi, e); break;
     default: break;
     }
     if (n)

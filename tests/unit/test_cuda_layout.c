@@ -449,3 +449,316 @@ Test(cuda_layout, selection) {
   p = shape(ATTN_F16, 1, 70000, 1, 1, 100, 64);
   cr_assert_eq(attn_cu_select(&p, 132, &c, &st), ATTN_EUNSUPPORTED);
 }
+
+/* ---- the backward pass ------------------------------------------------------ */
+
+/* A tile of rows x str floats: columns < dp random, dp..dpad zero (as
+ * cp.async's zero-fill leaves them), the row padding NaN (never read). */
+static float *bwd_tile(int rows, int str, int dp, int dpad, uint64_t *seed) {
+  float *t = calloc((size_t)rows * str, sizeof *t);
+  for (int r = 0; r < rows; r++)
+    for (int c = 0; c < str; c++)
+      t[r * str + c] = c < dp ? (float)tuniform(seed) : c < dpad ? 0.0f : NAN;
+  return t;
+}
+
+/* bwd_mma.cuh's mma_abt: acc (16 x 8nb) += A Bᵀ, A the 16 rows at a, B the
+ * nb·8 rows at b (both row-major, width 16kd), plain ldmatrix with the
+ * addresses attn_cu_ldsm_q and attn_cu_ldsm_k give, as the kernel issues
+ * them. rows_b bounds b's rows. */
+static void emu_abt(float (*acc)[32][4], const float *a, const float *b, int str, int kd, int nb,
+                    int rows_b) {
+  const float *addr[32];
+  reg2 af[32][4], bf[32][4];
+  for (int kk = 0; kk < kd; kk++) {
+    for (int l = 0; l < 32; l++) {
+      int r, c;
+      attn_cu_ldsm_q(l, &r, &c);
+      cr_assert(r < 16 && kk * 16 + c + 8 <= 16 * kd);
+      addr[l] = a + r * str + kk * 16 + c;
+    }
+    emu_ldsm(addr, false, af);
+    for (int n2 = 0; n2 < nb / 2; n2++) {
+      for (int l = 0; l < 32; l++) {
+        int r, c;
+        attn_cu_ldsm_k(l, &r, &c);
+        cr_assert(n2 * 16 + r < rows_b && kk * 16 + c + 8 <= 16 * kd);
+        addr[l] = b + (n2 * 16 + r) * str + kk * 16 + c;
+      }
+      emu_ldsm(addr, false, bf);
+      reg2 b0[32], b1[32], b2[32], b3[32];
+      split_regs(bf, b0, b1, b2, b3);
+      emu_mma(acc[2 * n2], af, b0, b1);
+      emu_mma(acc[2 * n2 + 1], af, b2, b3);
+    }
+  }
+}
+
+/* bwd_mma.cuh's mma_xb: acc (16 x 8db) += X B, X (16 x 16ks) held in C
+ * layout as x[2ks], B the 16ks rows at b read by ldmatrix.trans at the
+ * addresses of attn_cu_ldsm_v; cols bounds the columns read from b on. */
+static void emu_xb(float (*acc)[32][4], float (*x)[32][4], const float *b, int str, int ks, int db,
+                   int cols) {
+  const float *addr[32];
+  reg2 a[32][4], bv[32][4];
+  for (int k = 0; k < ks; k++) {
+    for (int l = 0; l < 32; l++) {
+      a[l][0][0] = x[2 * k][l][0], a[l][0][1] = x[2 * k][l][1];
+      a[l][1][0] = x[2 * k][l][2], a[l][1][1] = x[2 * k][l][3];
+      a[l][2][0] = x[2 * k + 1][l][0], a[l][2][1] = x[2 * k + 1][l][1];
+      a[l][3][0] = x[2 * k + 1][l][2], a[l][3][1] = x[2 * k + 1][l][3];
+    }
+    for (int d2 = 0; d2 < db / 2; d2++) {
+      for (int l = 0; l < 32; l++) {
+        int r, c;
+        attn_cu_ldsm_v(l, &r, &c);
+        cr_assert(d2 * 16 + c + 8 <= cols && r < 16);
+        addr[l] = b + (k * 16 + r) * str + d2 * 16 + c;
+      }
+      emu_ldsm(addr, true, bv);
+      reg2 b0[32], b1[32], b2[32], b3[32];
+      split_regs(bv, b0, b1, b2, b3);
+      emu_mma(acc[2 * d2], a, b0, b1);
+      emu_mma(acc[2 * d2 + 1], a, b2, b3);
+    }
+  }
+}
+
+/* acc (C layout, n blocks of 8 columns) against want(row, col). */
+static void expect_tile(float (*acc)[32][4], int n, double (*want)(int, int, void *), void *ctx,
+                        const char *what) {
+  for (int b = 0; b < n; b++)
+    for (int l = 0; l < 32; l++)
+      for (int e = 0; e < 4; e++) {
+        int r, c;
+        attn_cu_frag_c(l, e, &r, &c);
+        double w = want(r, b * 8 + c, ctx);
+        cr_assert(fabs(acc[b][l][e] - w) <= 1e-3 * (1 + fabs(w)), "%s[%d][%d]: %g, expected %g",
+                  what, r, b * 8 + c, acc[b][l][e], w);
+      }
+}
+
+/* float64 products of row-major tiles: Σ_k A[ra + r][ka + k] B[rb + c][kb + k]
+ * (transposed B) or Σ_k X[r][k] B[k][cb + c]. */
+typedef struct prod_ctx {
+  const float *a, *b;
+  int str, ra, rb, cb, n;
+  float (*x)[32][4];
+} prod_ctx;
+static double dot_abt(int r, int c, void *v) {
+  prod_ctx *p = v;
+  double s = 0;
+  for (int k = 0; k < p->n; k++)
+    s += (double)p->a[(p->ra + r) * p->str + k] * p->b[(p->rb + c) * p->str + k];
+  return s;
+}
+/* Element (r, k) of an accumulator tile in C layout. */
+static double c_elem(float (*x)[32][4], int r, int k) {
+  for (int l = 0; l < 32; l++)
+    for (int e = 0; e < 4; e++) {
+      int rr, cc;
+      attn_cu_frag_c(l, e, &rr, &cc);
+      if (rr == r && cc == k % 8)
+        return x[k / 8][l][e];
+    }
+  return NAN;
+}
+static double dot_xb(int r, int c, void *v) {
+  prod_ctx *p = v;
+  double s = 0;
+  for (int k = 0; k < p->n; k++)
+    s += c_elem(p->x, r, k) * p->b[k * p->str + p->cb + c];
+  return s;
+}
+
+/* One warp of the dK/dV kernel (bwd_dkdv) on one query step: Sᵀ = K Qᵀ,
+ * dV += Pᵀ dO (P taken as Sᵀ: the products are linear in it), dPᵀ = V dOᵀ,
+ * dK += dSᵀ Q (dS as dPᵀ), with the kernel's warp slice and addresses. */
+static void warp_dkdv(int dpad, int dp, int bn, int dsplit, int warp, uint64_t seed) {
+  const int bm = ATTN_CU_BWD_BM, str = attn_cu_smem_stride(dpad), kd = dpad / 16, nb = bm / 8;
+  const int db = dpad / dsplit / 8;
+  float *sK = bwd_tile(bn, str, dp, dpad, &seed), *sV = bwd_tile(bn, str, dp, dpad, &seed);
+  float *sQ = bwd_tile(bm, str, dp, dpad, &seed), *sO = bwd_tile(bm, str, dp, dpad, &seed);
+  int key0, dim0;
+  attn_cu_bwd_warp(warp, dsplit, dpad, &key0, &dim0);
+  cr_assert(key0 + 16 <= bn && dim0 + 8 * db <= dpad, "warp %d: keys %d, dims %d", warp, key0,
+            dim0);
+  float(*st)[32][4] = calloc((size_t)nb, sizeof *st),
+  (*dpt)[32][4] = calloc((size_t)nb, sizeof *dpt);
+  float(*dk)[32][4] = calloc((size_t)db, sizeof *dk), (*dv)[32][4] = calloc((size_t)db, sizeof *dv);
+  emu_abt(st, sK + key0 * str, sQ, str, kd, nb, bm);
+  prod_ctx c = {sK, sQ, str, key0, 0, 0, dp, NULL};
+  expect_tile(st, nb, dot_abt, &c, "S^T");
+  emu_xb(dv, st, sO + dim0, str, bm / 16, db, dpad - dim0);
+  c = (prod_ctx){NULL, sO, str, 0, 0, dim0, bm, st};
+  expect_tile(dv, db, dot_xb, &c, "dV");
+  emu_abt(dpt, sV + key0 * str, sO, str, kd, nb, bm);
+  c = (prod_ctx){sV, sO, str, key0, 0, 0, dp, NULL};
+  expect_tile(dpt, nb, dot_abt, &c, "dP^T");
+  emu_xb(dk, dpt, sQ + dim0, str, bm / 16, db, dpad - dim0);
+  c = (prod_ctx){NULL, sQ, str, 0, 0, dim0, bm, dpt};
+  expect_tile(dk, db, dot_xb, &c, "dK");
+  free(sK), free(sV), free(sQ), free(sO), free(st), free(dpt), free(dk), free(dv);
+}
+
+/* One warp of the dQ kernel (bwd_dq) on one key step: S = Q Kᵀ, dP = dO Vᵀ,
+ * dQ += dS K (dS taken as dP). */
+static void warp_dq(int dpad, int dp, int bn, int warp, uint64_t seed) {
+  const int bm = ATTN_CU_BWDQ_BM, str = attn_cu_smem_stride(dpad), kd = dpad / 16, nb = bn / 8;
+  const int db = dpad / 8;
+  float *sQ = bwd_tile(bm, str, dp, dpad, &seed), *sO = bwd_tile(bm, str, dp, dpad, &seed);
+  float *sK = bwd_tile(bn, str, dp, dpad, &seed), *sV = bwd_tile(bn, str, dp, dpad, &seed);
+  float(*s)[32][4] = calloc((size_t)nb, sizeof *s), (*dpv)[32][4] = calloc((size_t)nb, sizeof *dpv);
+  float(*dq)[32][4] = calloc((size_t)db, sizeof *dq);
+  emu_abt(s, sQ + warp * 16 * str, sK, str, kd, nb, bn);
+  prod_ctx c = {sQ, sK, str, warp * 16, 0, 0, dp, NULL};
+  expect_tile(s, nb, dot_abt, &c, "S");
+  emu_abt(dpv, sO + warp * 16 * str, sV, str, kd, nb, bn);
+  c = (prod_ctx){sO, sV, str, warp * 16, 0, 0, dp, NULL};
+  expect_tile(dpv, nb, dot_abt, &c, "dP");
+  emu_xb(dq, dpv, sK, str, bn / 16, db, dpad);
+  c = (prod_ctx){NULL, sK, str, 0, 0, 0, bn, dpv};
+  expect_tile(dq, db, dot_xb, &c, "dQ");
+  free(sQ), free(sO), free(sK), free(sV), free(s), free(dpv), free(dq);
+}
+
+Test(cuda_layout, backward_warp_emulation_d64) {
+  for (int w = 0; w < ATTN_CU_MMA_WARPS; w++) {
+    warp_dkdv(64, w % 2 ? 64 : 40, ATTN_CU_BWD_BN_D64, 1, w, 100 + (uint64_t)w);
+    warp_dq(64, w % 2 ? 64 : 24, ATTN_CU_BWDQ_BN_D64, w, 110 + (uint64_t)w);
+  }
+}
+Test(cuda_layout, backward_warp_emulation_d128) {
+  for (int w = 0; w < ATTN_CU_MMA_WARPS; w++) {
+    warp_dkdv(128, w % 2 ? 128 : 72, ATTN_CU_BWD_BN_D128, 1, w, 120 + (uint64_t)w);
+    warp_dq(128, w % 2 ? 128 : 96, ATTN_CU_BWDQ_BN_D128, w, 130 + (uint64_t)w);
+  }
+}
+Test(cuda_layout, backward_warp_emulation_d256) {
+  for (int w = 0; w < ATTN_CU_MMA_WARPS; w++) {
+    warp_dkdv(256, w % 2 ? 256 : 136, ATTN_CU_BWD_BN_D256, 2, w, 140 + (uint64_t)w);
+    warp_dq(256, w % 2 ? 256 : 200, ATTN_CU_BWDQ_BN_D256, w, 150 + (uint64_t)w);
+  }
+}
+
+Test(cuda_layout, backward_warps_cover_every_key_and_dim_once) {
+  const int dsplit[3] = {1, 1, 2}, dpad[3] = {64, 128, 256};
+  const int bn[3] = {ATTN_CU_BWD_BN_D64, ATTN_CU_BWD_BN_D128, ATTN_CU_BWD_BN_D256};
+  for (int i = 0; i < 3; i++) {
+    static int seen[64][256];
+    memset(seen, 0, sizeof seen);
+    for (int w = 0; w < ATTN_CU_MMA_WARPS; w++) {
+      int k0, d0;
+      attn_cu_bwd_warp(w, dsplit[i], dpad[i], &k0, &d0);
+      for (int k = k0; k < k0 + 16; k++)
+        for (int d = d0; d < d0 + dpad[i] / dsplit[i]; d++)
+          seen[k][d]++;
+    }
+    for (int k = 0; k < bn[i]; k++)
+      for (int d = 0; d < dpad[i]; d++)
+        cr_assert_eq(seen[k][d], 1, "dpad %d: dK[%d][%d] owned %d times", dpad[i], k, d,
+                     seen[k][d]);
+  }
+}
+
+Test(cuda_layout, key_bounds_match_the_rule) {
+  uint64_t seed = 17;
+  for (int it = 0; it < 3000; it++) {
+    int64_t nq = 1 + (int64_t)(trand(&seed) % 40), nkv = 1 + (int64_t)(trand(&seed) % 40);
+    int64_t wl = (int64_t)(trand(&seed) % 12) - 1, wr = (int64_t)(trand(&seed) % 12) - 1;
+    int64_t off = nkv - nq;
+    for (int64_t j = 0; j < nkv + 3; j++) {
+      int lo, hi;
+      attn_cu_key_bounds(j, off, wl, wr, nq, nkv, &lo, &hi);
+      for (int64_t i = 0; i < nq; i++)
+        cr_assert_eq(i >= lo && i <= hi, j < nkv && visible(i, j, off, wl, wr),
+                     "nq %lld nkv %lld wl %lld wr %lld j %lld i %lld: [%d, %d]", (long long)nq,
+                     (long long)nkv, (long long)wl, (long long)wr, (long long)j, (long long)i, lo,
+                     hi);
+    }
+  }
+  int lo, hi;
+  attn_cu_key_bounds(5, 3, INT64_MAX, (int64_t)1 << 41, 100, 100, &lo, &hi);
+  cr_assert(lo == 0 && hi == 99, "huge windows are unbounded: [%d, %d]", lo, hi);
+}
+
+/* The dK/dV kernel's walk: for each key block, the query tiles of
+ * attn_cu_key_block_qtiles hold every row that sees one of its keys, the
+ * first and last hold one, and a step it calls full (the kernel's test)
+ * has every pair visible. */
+Test(cuda_layout, key_block_query_tiles_cover_every_visible_pair) {
+  uint64_t seed = 19;
+  int full_seen = 0;
+  for (int it = 0; it < 1500; it++) {
+    int64_t nq = 1 + (int64_t)(trand(&seed) % 200), nkv = 1 + (int64_t)(trand(&seed) % 200);
+    int64_t wl = (int64_t)(trand(&seed) % 80) - 1, wr = (int64_t)(trand(&seed) % 80) - 1;
+    if (trand(&seed) % 3 == 0)
+      wl = wr = -1;
+    int bn = trand(&seed) % 2 ? 64 : 32, bm = trand(&seed) % 2 ? 32 : 16;
+    int64_t off = nkv - nq;
+    for (int64_t j0 = 0; j0 < nkv; j0 += bn) {
+      int64_t j1 = j0 + bn < nkv ? j0 + bn : nkv;
+      int t0, t1;
+      attn_cu_key_block_qtiles(j0, j1, off, wl, wr, nq, nkv, bm, &t0, &t1);
+      cr_assert(t0 >= 0 && t0 <= t1 && t1 <= (nq + bm - 1) / bm);
+      bool first = false, last = false;
+      for (int64_t i = 0; i < nq; i++)
+        for (int64_t j = j0; j < j1; j++)
+          if (visible(i, j, off, wl, wr)) {
+            cr_assert(i / bm >= t0 && i / bm < t1, "(%lld, %lld) outside tiles [%d, %d)",
+                      (long long)i, (long long)j, t0, t1);
+            first |= i / bm == t0;
+            last |= i / bm == t1 - 1;
+          }
+      cr_assert(t0 == t1 || (first && last), "tiles [%d, %d) wider than needed", t0, t1);
+      for (int t = t0; t < t1; t++) {
+        int64_t i0 = (int64_t)t * bm;
+        int full = i0 + bm <= nq && j0 + bn <= nkv &&
+                   attn_cu_tile_full(j0, bn, i0, i0 + bm, off, wl, wr, nkv);
+        full_seen += full;
+        for (int64_t i = i0; full && i < i0 + bm; i++)
+          for (int64_t j = j0; j < j0 + bn; j++)
+            cr_assert(visible(i, j, off, wl, wr), "step (%lld, %lld) called full", (long long)i0,
+                      (long long)j0);
+      }
+    }
+  }
+  cr_assert_gt(full_seen, 1000, "interior steps should need no mask");
+}
+
+Test(cuda_layout, backward_selection) {
+  attn_cu_choice c;
+  attn_status st;
+  for (int d = 1; d <= 256; d++)
+    for (int dt = 0; dt < ATTN_DTYPE_COUNT; dt++) {
+      attn_cu_params p = shape((attn_dtype)dt, 2, 8, 2, 300, 500, d);
+      p.pass = ATTN_BACKWARD;
+      cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0, "%s", st.message);
+      attn_cu_kernel want = dt == ATTN_F32 ? ATTN_CU_BWD_SIMT_F32
+                            : p.dp <= 64   ? ATTN_CU_BWD_MMA_D64
+                            : p.dp <= 128  ? ATTN_CU_BWD_MMA_D128
+                                           : ATTN_CU_BWD_MMA_D256;
+      cr_assert_eq(c.kernel, want, "d %d %s: %s", d, attn_dtype_name((attn_dtype)dt),
+                   attn_cu_kernel_name(c.kernel));
+      cr_assert(c.smem_bytes <= 101376 && c.dq_smem_bytes <= 101376, "d %d: %zu, %zu bytes", d,
+                c.smem_bytes, c.dq_smem_bytes);
+      cr_assert_eq(c.nsplit, 1);
+      cr_assert(c.grid[0] == (unsigned)((500 + c.block_n - 1) / c.block_n) && c.grid[1] == 2 &&
+                c.grid[2] == 2);
+      cr_assert(c.dq_grid[0] == (unsigned)((300 + c.dq_block_m - 1) / c.dq_block_m) &&
+                c.dq_grid[1] == 8 && c.dq_grid[2] == 2);
+      cr_assert_eq(attn_cu_split_bytes(&p, &c), 0);
+      cr_assert_eq(attn_cu_bwd_bytes(&p), 2 * 2 * 8 * 300 * sizeof(float));
+    }
+  /* A forward never takes a backward kernel, and has no backward scratch. */
+  attn_cu_params p = shape(ATTN_BF16, 1, 32, 8, 1, 32768, 128);
+  cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0);
+  cr_assert(c.kernel == ATTN_CU_MMA_D128 && attn_cu_bwd_bytes(&p) == 0);
+  /* Decoding shapes do not split in the backward. */
+  p.pass = ATTN_BACKWARD;
+  cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0);
+  cr_assert(c.kernel == ATTN_CU_BWD_MMA_D128 && c.nsplit == 1);
+  p.seq_q = (int)ATTN_CU_MAX_SEQ + 1;
+  cr_assert_eq(attn_cu_select(&p, 132, &c, &st), ATTN_EUNSUPPORTED);
+  cr_assert_str_eq(attn_cu_kernel_name(ATTN_CU_BWD_SIMT_F32), "bwd_simt_f32");
+}

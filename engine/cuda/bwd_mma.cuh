@@ -1,0 +1,405 @@
+// bwd_mma.cuh — the FlashAttention-2 backward pass on tensor cores
+// (mma.sync m16n8k16, F16/BF16 inputs, F32 accumulators).
+//
+// Two kernels, each the only writer of its outputs (deterministic: no
+// atomics), after the preprocess in launch.cu has stored D = rowsum(dO∘O)
+// and lse·log2 e per query row:
+//
+// bwd_dkdv: one block per (key block of BN keys, KV head, batch). K and V
+// of the block stay in shared memory; the block walks the query tiles of
+// BM rows that see any of its keys, for every query head of its GQA group,
+// with Q, dO, lse and D of the next tile prefetched by cp.async (STAGES 2)
+// while the current one is computed. Per tile each warp recomputes, for its
+// 16 keys, Sᵀ = K Qᵀ, Pᵀ = exp2(Sᵀ·scale·log2 e − lse·log2 e) (0 where
+// masked), accumulates dV += Pᵀ dO, forms dPᵀ = V dOᵀ and
+// dSᵀ = Pᵀ∘(dPᵀ − D), and accumulates dK += dSᵀ Q; the accumulator layout
+// of Pᵀ and dSᵀ is the A layout of the next product, so neither leaves
+// registers. dK is scaled once at the end.
+//
+// bwd_dq: one block per (query tile, query head, batch), warps of 16 rows
+// as in the forward: per key tile S = Q Kᵀ, P, dP = dO Vᵀ, dS = P∘(dP − D),
+// dQ += dS K (K through ldmatrix.trans); dQ is scaled once at the end.
+//
+// Rows with no visible key have every P masked to 0 (and lse·log2 e = +inf
+// from the preprocess, so exp2 gives 0 even unmasked): they contribute
+// nothing and get dQ = 0.
+#ifndef ATTN_CUDA_BWD_MMA_CUH
+#define ATTN_CUDA_BWD_MMA_CUH
+
+#include "fwd_mma.cuh"
+
+namespace attn_cu {
+
+// lse·log2 e and D of query rows [i0, i0 + BM) into shared memory; rows past
+// nq get +inf and 0 (P = 0 there).
+template <int BM>
+__device__ __forceinline__ void load_rowstats(float *sL, float *sD, const float *lse2,
+                                              const float *delta, int i0, int nq) {
+  for (int r = threadIdx.x; r < BM; r += blockDim.x) {
+    bool ok = i0 + r < nq;
+    sL[r] = ok ? lse2[i0 + r] : INFINITY;
+    sD[r] = ok ? delta[i0 + r] : 0.0f;
+  }
+}
+
+// acc[NB][4] (16 x 8·NB, C layout) += A (16 x 16·KD, smem rows `a`, row
+// stride STR) times the transpose of the tile at `b` (8·NB rows x 16·KD):
+// both operands plain ldmatrix, as S = Q Kᵀ in the forward.
+template <typename T, int KD, int NB, int STR>
+__device__ __forceinline__ void mma_abt(float (*acc)[4], const T *a, const T *b, int lane) {
+  int ar, ac, br, bc;
+  attn_cu_ldsm_q(lane, &ar, &ac);
+  attn_cu_ldsm_k(lane, &br, &bc);
+#pragma unroll
+  for (int kk = 0; kk < KD; kk++) {
+    uint32_t af[4];
+    ldsm_x4(af, a + ar * STR + kk * 16 + ac);
+#pragma unroll
+    for (int n2 = 0; n2 < NB / 2; n2++) {
+      uint32_t bf[4];
+      ldsm_x4(bf, b + (n2 * 16 + br) * STR + kk * 16 + bc);
+      mma_t<T>::run(acc[2 * n2], af, bf[0], bf[1]);
+      mma_t<T>::run(acc[2 * n2 + 1], af, bf[2], bf[3]);
+    }
+  }
+}
+
+// acc[DB][4] (16 x 8·DB) += X B, where X (16 x 16·KS) is held in C layout
+// as x[2·KS][4] (the accumulators of a previous product) and B is the tile
+// at `b` (16·KS rows, row stride STR; columns from b on), read through
+// ldmatrix.trans as V in O += P V.
+template <typename T, int KS, int DB, int STR>
+__device__ __forceinline__ void mma_xb(float (*acc)[4], const float (*x)[4], const T *b, int lane) {
+  using M = mma_t<T>;
+  int vr, vc;
+  attn_cu_ldsm_v(lane, &vr, &vc);
+#pragma unroll
+  for (int k = 0; k < KS; k++) {
+    uint32_t a[4];
+    a[0] = M::pack(x[2 * k][0], x[2 * k][1]);
+    a[1] = M::pack(x[2 * k][2], x[2 * k][3]);
+    a[2] = M::pack(x[2 * k + 1][0], x[2 * k + 1][1]);
+    a[3] = M::pack(x[2 * k + 1][2], x[2 * k + 1][3]);
+#pragma unroll
+    for (int d2 = 0; d2 < DB / 2; d2++) {
+      uint32_t bv[4];
+      ldsm_x4_t(bv, b + (k * 16 + vr) * STR + d2 * 16 + vc);
+      M::run(acc[2 * d2], a, bv[0], bv[1]);
+      M::run(acc[2 * d2 + 1], a, bv[2], bv[3]);
+    }
+  }
+}
+
+template <int N> __device__ __forceinline__ void zero(float (*x)[4]) {
+#pragma unroll
+  for (int n = 0; n < N; n++)
+    x[n][0] = x[n][1] = x[n][2] = x[n][3] = 0.0f;
+}
+
+// Stores a warp's 16 x 8·DB accumulator tile (times mul) as rows r0 + (g,
+// g + 8) of a packed [.., dp] tensor of T, columns col0 on; rows >= nrows
+// and columns >= dp are left out.
+template <typename T, int DB>
+__device__ __forceinline__ void store_tile(T *out, const float (*acc)[4], int r0, int nrows,
+                                           int col0, int dp, float mul, int lane) {
+  int row, col;
+  attn_cu_frag_c(lane, 0, &row, &col);
+#pragma unroll
+  for (int d = 0; d < DB; d++) {
+    int c = col0 + d * 8 + col;
+    if (c >= dp)
+      continue;
+    if (r0 + row < nrows)
+      *reinterpret_cast<uint32_t *>(out + (size_t)(r0 + row) * dp + c) =
+          mma_t<T>::pack(acc[d][0] * mul, acc[d][1] * mul);
+    if (r0 + row + 8 < nrows)
+      *reinterpret_cast<uint32_t *>(out + (size_t)(r0 + row + 8) * dp + c) =
+          mma_t<T>::pack(acc[d][2] * mul, acc[d][3] * mul);
+  }
+}
+
+// Where one query step of the dK/dV kernel reads: query head h, tile qt.
+struct bwd_step {
+  int h, i0;
+};
+__device__ __forceinline__ bwd_step step_of(int step, int nqt, int qt0, int hkv, int group,
+                                            int bm) {
+  return bwd_step{hkv * group + step / nqt, (qt0 + step % nqt) * bm};
+}
+
+template <typename T, int DPAD, int BN, int DSPLIT, int STAGES>
+__global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32) bwd_dkdv(const attn_cu_params p) {
+  constexpr int NW = ATTN_CU_MMA_WARPS, NT = NW * 32, BM = ATTN_CU_BWD_BM;
+  constexpr int STR = DPAD + 8, KD = DPAD / 16, NB = BM / 8, DB = DPAD / DSPLIT / 8;
+  static_assert(BN == 16 * NW / DSPLIT, "each warp owns 16 keys and 1/DSPLIT of the dims");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T *sK = reinterpret_cast<T *>(smem_raw);
+  T *sV = sK + BN * STR;
+  T *sQ = sV + BN * STR;                                         // [STAGES][BM][STR]
+  T *sO = sQ + STAGES * BM * STR;                                // dO, [STAGES][BM][STR]
+  float *sL = reinterpret_cast<float *>(sO + STAGES * BM * STR); // [STAGES][BM]
+  float *sD = sL + STAGES * BM;
+
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int hkv = blockIdx.y, b = blockIdx.z, group = p.heads_q / p.heads_kv;
+  const int j0 = blockIdx.x * BN, nvalid = min(BN, p.seq_kv - j0);
+  const int64_t off = (int64_t)p.seq_kv - p.seq_q;
+  const size_t krow0 = ((size_t)b * p.heads_kv + hkv) * p.seq_kv + j0;
+  int key0, dim0;
+  attn_cu_bwd_warp(warp, DSPLIT, DPAD, &key0, &dim0);
+  int qt0, qt1;
+  attn_cu_key_block_qtiles(j0, j0 + nvalid, off, p.window_left, p.window_right, p.seq_q, p.seq_kv,
+                           BM, &qt0, &qt1);
+  const int nqt = qt1 - qt0, nsteps = nqt * group;
+  // This lane's two keys and the query rows that see each.
+  const int ja = j0 + key0 + lane / 4, jb = ja + 8;
+  int lo_a, hi_a, lo_b, hi_b;
+  attn_cu_key_bounds(ja, off, p.window_left, p.window_right, p.seq_q, p.seq_kv, &lo_a, &hi_a);
+  attn_cu_key_bounds(jb, off, p.window_left, p.window_right, p.seq_q, p.seq_kv, &lo_b, &hi_b);
+  const float *lse2 = p.bwd_ws + (size_t)p.batch * p.heads_q * p.seq_q;
+
+  // Query step s's tiles into stage buffer buf (cp.async; lse and D plain).
+  auto load_step = [&](int s, int buf) {
+    bwd_step st = step_of(s, nqt, qt0, hkv, group, BM);
+    const size_t qrow = ((size_t)b * p.heads_q + st.h) * p.seq_q + st.i0;
+    load_tile<T, BM, DPAD, NT>(sQ + buf * BM * STR, (const T *)p.q + qrow * p.dp, p.seq_q - st.i0,
+                               p.dp);
+    load_tile<T, BM, DPAD, NT>(sO + buf * BM * STR, (const T *)p.dout + qrow * p.dp,
+                               p.seq_q - st.i0, p.dp);
+    load_rowstats<BM>(sL + buf * BM, sD + buf * BM, lse2 + (qrow - st.i0),
+                      p.bwd_ws + (qrow - st.i0), st.i0, p.seq_q);
+  };
+
+  float dk[DB][4], dv[DB][4];
+  zero<DB>(dk);
+  zero<DB>(dv);
+  if (nsteps > 0) {
+    load_tile<T, BN, DPAD, NT>(sK, (const T *)p.k + krow0 * p.dp, nvalid, p.dp);
+    load_tile<T, BN, DPAD, NT>(sV, (const T *)p.v + krow0 * p.dp, nvalid, p.dp);
+    load_step(0, 0);
+    cp_async_commit();
+  }
+  for (int s = 0; s < nsteps; s++) {
+    const int buf = STAGES == 2 ? s & 1 : 0;
+    if (STAGES == 1 && s > 0) {
+      load_step(s, 0);
+      cp_async_commit();
+    }
+    if (STAGES == 2 && s + 1 < nsteps) {
+      load_step(s + 1, buf ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const T *sQb = sQ + buf * BM * STR, *sOb = sO + buf * BM * STR;
+    const float *sLb = sL + buf * BM, *sDb = sD + buf * BM;
+    const int i0 = step_of(s, nqt, qt0, hkv, group, BM).i0;
+    const bool full =
+        i0 + BM <= p.seq_q && j0 + BN <= p.seq_kv &&
+        attn_cu_tile_full(j0, BN, i0, i0 + BM, off, p.window_left, p.window_right, p.seq_kv);
+
+    // Pᵀ for this warp's 16 keys and the step's BM queries.
+    float st[NB][4];
+    zero<NB>(st);
+    mma_abt<T, KD, NB, STR>(st, sK + key0 * STR, sQb, lane);
+#pragma unroll
+    for (int n = 0; n < NB; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        int row, col;
+        attn_cu_frag_c(lane, e, &row, &col);
+        const int q = n * 8 + col, i = i0 + q;
+        float x = fast_exp2(st[n][e] * p.scale_log2 - sLb[q]);
+        if (!full) {
+          bool vis = row < 8 ? (i >= lo_a && i <= hi_a) : (i >= lo_b && i <= hi_b);
+          x = vis ? x : 0.0f;
+        }
+        st[n][e] = x;
+      }
+    mma_xb<T, BM / 16, DB, STR>(dv, st, sOb + dim0, lane);
+
+    // dSᵀ = Pᵀ∘(dPᵀ − D), dPᵀ = V dOᵀ.
+    float dpt[NB][4];
+    zero<NB>(dpt);
+    mma_abt<T, KD, NB, STR>(dpt, sV + key0 * STR, sOb, lane);
+#pragma unroll
+    for (int n = 0; n < NB; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        int row, col;
+        attn_cu_frag_c(lane, e, &row, &col);
+        dpt[n][e] = st[n][e] * (dpt[n][e] - sDb[n * 8 + col]);
+      }
+    mma_xb<T, BM / 16, DB, STR>(dk, dpt, sQb + dim0, lane);
+    __syncthreads(); // the next step refills the buffer read here
+  }
+
+  store_tile<T, DB>((T *)p.dk + krow0 * p.dp, dk, key0, nvalid, dim0, p.dp, p.scale, lane);
+  store_tile<T, DB>((T *)p.dv + krow0 * p.dp, dv, key0, nvalid, dim0, p.dp, 1.0f, lane);
+}
+
+template <typename T, int DPAD, int BN, bool QREG, int STAGES>
+__global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32) bwd_dq(const attn_cu_params p) {
+  constexpr int NW = ATTN_CU_MMA_WARPS, NT = NW * 32, BM = ATTN_CU_BWDQ_BM;
+  constexpr int STR = DPAD + 8, KD = DPAD / 16, NB = BN / 8, DB = DPAD / 8;
+  static_assert(BM == 16 * NW, "warps of 16 query rows");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T *sQ = reinterpret_cast<T *>(smem_raw);
+  T *sO = sQ + BM * STR;          // dO
+  T *sK = sO + BM * STR;          // [STAGES][BN][STR]
+  T *sV = sK + STAGES * BN * STR; // [STAGES][BN][STR]
+
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int qt = gridDim.x - 1 - blockIdx.x; // longest (causal) tiles first
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int i0 = qt * BM, i1 = min(i0 + BM, p.seq_q);
+  const int hkv = h / (p.heads_q / p.heads_kv);
+  const int64_t off = (int64_t)p.seq_kv - p.seq_q;
+  const size_t qrow0 = ((size_t)b * p.heads_q + h) * p.seq_q;
+  const size_t kbase = ((size_t)b * p.heads_kv + hkv) * p.seq_kv * p.dp;
+  const T *gK = (const T *)p.k + kbase, *gV = (const T *)p.v + kbase;
+  int t0, t1;
+  attn_cu_block_tiles(i0, i1, off, p.window_left, p.window_right, p.seq_kv, BN, 1, 0, &t0, &t1);
+
+  const int ra = i0 + warp * 16 + lane / 4, rb = ra + 8;
+  int lo_a, hi_a, lo_b, hi_b;
+  attn_cu_row_bounds(ra, off, p.window_left, p.window_right, p.seq_kv, &lo_a, &hi_a);
+  attn_cu_row_bounds(rb, off, p.window_left, p.window_right, p.seq_kv, &lo_b, &hi_b);
+  const float *lse2 = p.bwd_ws + (size_t)p.batch * p.heads_q * p.seq_q;
+  const float l2a = ra < p.seq_q ? lse2[qrow0 + ra] : INFINITY;
+  const float l2b = rb < p.seq_q ? lse2[qrow0 + rb] : INFINITY;
+  const float da = ra < p.seq_q ? p.bwd_ws[qrow0 + ra] : 0.0f;
+  const float db = rb < p.seq_q ? p.bwd_ws[qrow0 + rb] : 0.0f;
+
+  auto load_kv = [&](int t, int buf) {
+    load_tile<T, BN, DPAD, NT>(sK + buf * BN * STR, gK + (size_t)t * BN * p.dp, p.seq_kv - t * BN,
+                               p.dp);
+    load_tile<T, BN, DPAD, NT>(sV + buf * BN * STR, gV + (size_t)t * BN * p.dp, p.seq_kv - t * BN,
+                               p.dp);
+  };
+
+  float dq[DB][4];
+  zero<DB>(dq);
+  uint32_t qf[QREG ? KD : 1][4], of[QREG ? KD : 1][4];
+  int ar, ac, br, bc;
+  attn_cu_ldsm_q(lane, &ar, &ac);
+  attn_cu_ldsm_k(lane, &br, &bc);
+  const T *sQw = sQ + (warp * 16 + ar) * STR + ac, *sOw = sO + (warp * 16 + ar) * STR + ac;
+  if (t0 < t1) {
+    load_tile<T, BM, DPAD, NT>(sQ, (const T *)p.q + (qrow0 + i0) * p.dp, i1 - i0, p.dp);
+    load_tile<T, BM, DPAD, NT>(sO, (const T *)p.dout + (qrow0 + i0) * p.dp, i1 - i0, p.dp);
+    load_kv(t0, 0);
+    cp_async_commit();
+  }
+  for (int t = t0; t < t1; t++) {
+    const int buf = STAGES == 2 ? (t - t0) & 1 : 0;
+    if (STAGES == 1 && t > t0) {
+      load_kv(t, 0);
+      cp_async_commit();
+    }
+    if (STAGES == 2 && t + 1 < t1) {
+      load_kv(t + 1, buf ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    if (QREG && t == t0) {
+#pragma unroll
+      for (int kk = 0; kk < (QREG ? KD : 1); kk++) {
+        ldsm_x4(qf[kk], sQw + kk * 16);
+        ldsm_x4(of[kk], sOw + kk * 16);
+      }
+    }
+    const T *sKb = sK + buf * BN * STR, *sVb = sV + buf * BN * STR;
+
+    // S = Q Kᵀ and dP = dO Vᵀ, sharing the loop over head dims.
+    float s[NB][4], dp[NB][4];
+    zero<NB>(s);
+    zero<NB>(dp);
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++) {
+      uint32_t a[4], o[4];
+      if (QREG) {
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+          a[r] = qf[QREG ? kk : 0][r];
+          o[r] = of[QREG ? kk : 0][r];
+        }
+      } else {
+        ldsm_x4(a, sQw + kk * 16);
+        ldsm_x4(o, sOw + kk * 16);
+      }
+#pragma unroll
+      for (int n2 = 0; n2 < NB / 2; n2++) {
+        uint32_t bk[4], bv[4];
+        ldsm_x4(bk, sKb + (n2 * 16 + br) * STR + kk * 16 + bc);
+        ldsm_x4(bv, sVb + (n2 * 16 + br) * STR + kk * 16 + bc);
+        mma_t<T>::run(s[2 * n2], a, bk[0], bk[1]);
+        mma_t<T>::run(s[2 * n2 + 1], a, bk[2], bk[3]);
+        mma_t<T>::run(dp[2 * n2], o, bv[0], bv[1]);
+        mma_t<T>::run(dp[2 * n2 + 1], o, bv[2], bv[3]);
+      }
+    }
+
+    // dS = P∘(dP − D), P = 0 where masked.
+    const int j0 = t * BN;
+    const bool full =
+        attn_cu_tile_full(j0, BN, i0, i1, off, p.window_left, p.window_right, p.seq_kv);
+#pragma unroll
+    for (int n = 0; n < NB; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        int row, col;
+        attn_cu_frag_c(lane, e, &row, &col);
+        const bool lo = row < 8;
+        float x = fast_exp2(s[n][e] * p.scale_log2 - (lo ? l2a : l2b));
+        if (!full) {
+          int j = j0 + n * 8 + col;
+          bool vis = lo ? (j >= lo_a && j <= hi_a) : (j >= lo_b && j <= hi_b);
+          x = vis ? x : 0.0f;
+        }
+        dp[n][e] = x * (dp[n][e] - (lo ? da : db));
+      }
+    mma_xb<T, BN / 16, DB, STR>(dq, dp, sKb, lane);
+    __syncthreads(); // the next iteration refills the buffer read here
+  }
+
+  store_tile<T, DB>((T *)p.dq + qrow0 * p.dp, dq, i0 + warp * 16, p.seq_q, 0, p.dp, p.scale, lane);
+}
+
+template <int DPAD, int BN, int DSPLIT, int STAGES, int QBN, bool QREG, int QSTAGES>
+cudaError_t launch_bwd(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s) {
+  dim3 g1(c.grid[0], c.grid[1], c.grid[2]), g2(c.dq_grid[0], c.dq_grid[1], c.dq_grid[2]);
+  dim3 block(ATTN_CU_MMA_WARPS * 32);
+  if (p.dtype == ATTN_F16) {
+    bwd_dkdv<__half, DPAD, BN, DSPLIT, STAGES><<<g1, block, c.smem_bytes, s>>>(p);
+    bwd_dq<__half, DPAD, QBN, QREG, QSTAGES><<<g2, block, c.dq_smem_bytes, s>>>(p);
+  } else {
+    bwd_dkdv<__nv_bfloat16, DPAD, BN, DSPLIT, STAGES><<<g1, block, c.smem_bytes, s>>>(p);
+    bwd_dq<__nv_bfloat16, DPAD, QBN, QREG, QSTAGES><<<g2, block, c.dq_smem_bytes, s>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+template <int DPAD, int BN, int DSPLIT, int STAGES, int QBN, bool QREG, int QSTAGES>
+cudaError_t prepare_bwd() {
+  constexpr int STR2 = (DPAD + 8) * 2, BM = ATTN_CU_BWD_BM, QBM = ATTN_CU_BWDQ_BM;
+  int b1 = (2 * BN + 2 * STAGES * BM) * STR2 + STAGES * 2 * BM * 4;
+  int b2 = (2 * QBM + 2 * QSTAGES * QBN) * STR2;
+  cudaError_t e;
+  const cudaFuncAttribute a = cudaFuncAttributeMaxDynamicSharedMemorySize;
+  if ((e = cudaFuncSetAttribute(bwd_dkdv<__half, DPAD, BN, DSPLIT, STAGES>, a, b1)) ||
+      (e = cudaFuncSetAttribute(bwd_dkdv<__nv_bfloat16, DPAD, BN, DSPLIT, STAGES>, a, b1)) ||
+      (e = cudaFuncSetAttribute(bwd_dq<__half, DPAD, QBN, QREG, QSTAGES>, a, b2)) ||
+      (e = cudaFuncSetAttribute(bwd_dq<__nv_bfloat16, DPAD, QBN, QREG, QSTAGES>, a, b2)))
+    return e;
+  return cudaSuccess;
+}
+
+} // namespace attn_cu
+
+#endif

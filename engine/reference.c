@@ -207,9 +207,9 @@ static void ref_run(attn_pool_task *t, int64_t item, void *ws) {
     return;
   attn_status st = {0};
   /* A head is the unit of work: a canceled job skips the heads not begun. */
-  int rc = attn__job_canceled(rj->job)    ? attn__canceled(&st)
-           : r->pass == ATTN_BACKWARD ? ref_backward_item(r, item, &st)
-                                      : ref_forward_item(r, item, &st);
+  int rc = attn__job_canceled(rj->job) ? attn__canceled(&st)
+           : r->pass == ATTN_BACKWARD  ? ref_backward_item(r, item, &st)
+                                       : ref_forward_item(r, item, &st);
   if (rc < 0 && atomic_exchange(&rj->failed, 1) == 0)
     rj->err = st;
 }

@@ -52,8 +52,8 @@ static void softmax_grad(const attn_request *r, const bwd_head *x, const double 
 }
 
 /* dq = scale·dS·K for this head; dk += scale·dSᵀ·Q, dv += Pᵀ·dO. */
-static void accumulate(const attn_request *r, const bwd_head *x, const double *P,
-                       const double *dS, double *dq, double *dk, double *dv) {
+static void accumulate(const attn_request *r, const bwd_head *x, const double *P, const double *dS,
+                       double *dq, double *dk, double *dv) {
   const int64_t nq = r->seq_q, nk = r->seq_kv, D = r->head_dim;
   const double scale = attn_request_scale(r);
   memset(dq, 0, (size_t)(nq * D) * sizeof *dq);

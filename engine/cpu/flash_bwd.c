@@ -53,8 +53,8 @@
 
 /* C rows 0..mr, vectors 0..nr: (C +) Σ_k A[r·sar + k·sak]·B[k·ldb + lanes]. */
 INLINE void mm_micro(const float *restrict A, int64_t sar, int64_t sak, const float *restrict B,
-                     int64_t ldb, float *restrict C, int64_t ldc, int64_t K, bool acc,
-                     const int mr, const int nr) {
+                     int64_t ldb, float *restrict C, int64_t ldc, int64_t K, bool acc, const int mr,
+                     const int nr) {
   vf c[MR][NR];
   UNROLL for (int r = 0; r < mr; r++) UNROLL for (int v = 0; v < nr; v++) c[r][v] =
       acc ? vload(C + r * ldc + v * VL) : vset1(0.0f);
@@ -78,9 +78,8 @@ static void mm(float *C, int64_t ldc, int64_t M, int nv, int64_t K, const float 
     const int nr = nv - c0 < NR ? nv - c0 : NR;
     for (int64_t r0 = 0; r0 < M; r0 += MR) {
       const int mr = M - r0 < MR ? (int)(M - r0) : MR;
-#define MM(MV, NV)                                                                          \
-  mm_micro(A + r0 * sar, sar, sak, B + c0 * VL, ldb, C + r0 * ldc + c0 * VL, ldc, K, acc, MV, \
-           NV)
+#define MM(MV, NV) \
+  mm_micro(A + r0 * sar, sar, sak, B + c0 * VL, ldb, C + r0 * ldc + c0 * VL, ldc, K, acc, MV, NV)
       MR_CASES(MM, mr)
 #undef MM
     }

@@ -45,8 +45,8 @@ typedef struct attn__bwd_args {
 /* A workspace for phase 2: Kᵀ, Vᵀ, dKᵀ, dVᵀ (D × BK each), K rows
  * (BK × D), S/P and dP/dS (BQ × BK each), Q and dO rows (BQ × D each),
  * and two vectors of BQ. */
-#define ATTN_BWD_WS_FLOATS                                                                   \
-  (5 * ATTN_MAX_HEAD_DIM * ATTN_BWD_BK + 2 * ATTN_BWD_BQ * ATTN_BWD_BK +                   \
+#define ATTN_BWD_WS_FLOATS                                               \
+  (5 * ATTN_MAX_HEAD_DIM * ATTN_BWD_BK + 2 * ATTN_BWD_BQ * ATTN_BWD_BK + \
    2 * ATTN_BWD_BQ * ATTN_MAX_HEAD_DIM + ATTN_BWD_BK * ATTN_MAX_HEAD_DIM + 2 * ATTN_BWD_BQ)
 
 typedef struct attn__bwd_kernel {
@@ -56,8 +56,7 @@ typedef struct attn__bwd_kernel {
    * of dK and dV (zero for keys no query sees) and its dQ partial. */
   void (*keys)(const attn__bwd_args *a, int64_t b, int64_t hk, int64_t c, void *ws);
   /* Rows [i0, i0 + n) of dQ for (b, h) from the partials; ws holds D floats. */
-  void (*store_dq)(const attn__bwd_args *a, int64_t b, int64_t h, int64_t i0, int64_t n,
-                   void *ws);
+  void (*store_dq)(const attn__bwd_args *a, int64_t b, int64_t h, int64_t i0, int64_t n, void *ws);
 } attn__bwd_kernel;
 
 extern const attn__bwd_kernel attn__bwd_amx;

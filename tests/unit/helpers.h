@@ -78,7 +78,7 @@ void tcase_poison_grads(tcase *c);
 
 /* The float64 reference backward of a backward tcase: contiguous doubles. */
 typedef struct tref_bwd {
-  double *dq;     /* [B, Hq, Nq, D] */
+  double *dq;      /* [B, Hq, Nq, D] */
   double *dk, *dv; /* [B, Hkv, Nkv, D] */
 } tref_bwd;
 int tref_bwd_compute(const tcase *c, tref_bwd *ref, attn_status *st);

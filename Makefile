@@ -74,6 +74,7 @@ endif
 # ---- the engine library ---------------------------------------------------
 ENGINE_SRC = engine/engine.c engine/request.c engine/dtype.c engine/pool.c \
              engine/plan.c engine/softmax.c engine/reference.c engine/reference_bwd.c engine/cpu/cpu.c \
+             engine/cpu/cpu_bwd.c \
              engine/cuda/select.c
 ENGINE_OBJ = $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
 
@@ -82,11 +83,12 @@ PROTO_SRC = $(wildcard proto/*.c)
 PROTO_OBJ = $(PROTO_SRC:%.c=$(BUILD)/obj/%.o)
 
 ARCH := $(shell uname -m)
-ISA_OBJ = $(BUILD)/obj/engine/cpu/flash_generic.o
+# The forward (flash.c) and backward (flash_bwd.c) kernels, once per ISA.
+ISAS = generic
 ifeq ($(ARCH),x86_64)
-ISA_OBJ += $(BUILD)/obj/engine/cpu/flash_avx2.o $(BUILD)/obj/engine/cpu/flash_avx512.o \
-           $(BUILD)/obj/engine/cpu/flash_avx512bf16.o $(BUILD)/obj/engine/cpu/flash_amx.o
+ISAS += avx2 avx512 avx512bf16 amx
 endif
+ISA_OBJ = $(ISAS:%=$(BUILD)/obj/engine/cpu/flash_%.o) $(ISAS:%=$(BUILD)/obj/engine/cpu/bwd_%.o)
 ISA_FLAGS_generic = -DATTN_ISA=0
 ISA_FLAGS_avx2    = -DATTN_ISA=256 -mavx2 -mfma -mf16c
 ISA_FLAGS_avx512  = -DATTN_ISA=512 -mavx512f -mavx512bw -mavx512vl -mavx512dq \
@@ -184,6 +186,11 @@ $(BUILD)/obj/%.o: %.c $(BUILD)/.flags
 
 $(BUILD)/obj/engine/cpu/flash_%.o: engine/cpu/flash.c engine/cpu/flash.h engine/cpu/simd.h \
                                 engine/cpu/flash_bf16.h engine/cpu/flash_amx.h $(BUILD)/.flags
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -O3 $(ISA_FLAGS_$*) -c $< -o $@
+
+$(BUILD)/obj/engine/cpu/bwd_%.o: engine/cpu/flash_bwd.c engine/cpu/flash.h engine/cpu/flash_bwd.h \
+                                engine/cpu/simd.h $(BUILD)/.flags
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -O3 $(ISA_FLAGS_$*) -c $< -o $@
 

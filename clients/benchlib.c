@@ -44,12 +44,42 @@ int attn_bench_case_init(attn_bench_case *c, int64_t batch, int64_t heads, int64
     attn_store_elem(m, dt, i, x);
   }
   memset(r->o, 0, nq * es);
+  c->bmem = NULL;
   return 0;
 }
 
 void attn_bench_case_free(attn_bench_case *c) {
   free(c->mem);
-  c->mem = NULL;
+  free(c->bmem);
+  c->mem = c->bmem = NULL;
+}
+
+int attn_bench_case_backward(attn_bench_case *c, attn_engine *e, uint64_t seed, attn_status *st) {
+  attn_request *r = &c->req;
+  size_t es = attn_dtype_size(r->dtype);
+  size_t nq = (size_t)(r->batch * r->heads_q * r->seq_q * r->head_dim);
+  size_t nk = (size_t)(r->batch * r->heads_kv * r->seq_kv * r->head_dim);
+  size_t rows = (size_t)(r->batch * r->heads_q * r->seq_q);
+  char *m = malloc((2 * nq + 2 * nk) * es + rows * sizeof(float));
+  if (!m)
+    return attn_status_set(st, ATTN_ENOMEM, "out of memory for the backward's buffers");
+  c->bmem = m;
+  float *lse = (float *)(void *)(m + (2 * nq + 2 * nk) * es);
+  for (size_t i = 0; i < nq; i++)
+    attn_store_elem(m, r->dtype, i, (float)((double)(next(&seed) >> 40) * 0x1p-23 - 1.0));
+  r->backend = "cpu";
+  r->lse = lse;
+  int rc = attn_engine_run(e, r, NULL, st);
+  r->lse = NULL;
+  if (rc < 0)
+    return rc;
+  r->pass = ATTN_BACKWARD;
+  r->dout = m;
+  r->dq = m + nq * es;
+  r->dk = m + 2 * nq * es;
+  r->dv = m + (2 * nq + nk) * es;
+  r->lse_in = lse;
+  return 0;
 }
 
 attn_engine *attn_bench_open(int threads, const char *isa, attn_status *st) {

@@ -10,7 +10,8 @@
 
 typedef struct attn_bench_case {
   attn_request req;
-  void *mem; /* q, k, v, o in one allocation */
+  void *mem;  /* q, k, v, o in one allocation */
+  void *bmem; /* a backward case's do, dq, dk, dv and lse, or NULL */
 } attn_bench_case;
 
 /* Q [B,H,N,D], K and V [B,Hkv,Nkv,D] uniform in [-1, 1) from seed; O
@@ -19,6 +20,12 @@ int attn_bench_case_init(attn_bench_case *c, int64_t batch, int64_t heads, int64
                          int64_t seq_q, int64_t seq_kv, int64_t head_dim, attn_dtype dt,
                          bool causal, uint64_t seed);
 void attn_bench_case_free(attn_bench_case *c);
+
+/* Makes c a backward case: dO uniform in [-1, 1) from seed, O and lse_in
+ * from a forward run on e (backend cpu), dq, dk, dv allocated; the request
+ * becomes pass = ATTN_BACKWARD with lse_in given, as a training step that
+ * kept the forward's lse runs it. Returns 0 or an error (st says why). */
+int attn_bench_case_backward(attn_bench_case *c, attn_engine *e, uint64_t seed, attn_status *st);
 
 /* An engine with `threads` workers (0: cores) and CPU kernel isa (NULL:
  * best), or NULL with st filled. */

@@ -79,6 +79,10 @@ void attn__request_fill_strides(attn_request *r);
 int attn__nonfinite(attn_status *st, const char *tensor, int64_t b, int64_t h, int64_t n,
                     int64_t d);
 int attn__check_magnitudes(const attn_request *r, const double maxabs[3], attn_status *st);
+/* The same for a backward pass, maxabs[q, k, v, o, do]: the forward's
+ * checks, then dP = dO·Vᵀ and Dᵢ = rowsum(dO∘O) (sums of D products), and
+ * dK, dV (sums over the group's query rows) and dQ (over keys, P <= 1). */
+int attn__check_magnitudes_bwd(const attn_request *r, const double maxabs[5], attn_status *st);
 
 /* A backward request's lse_in, when given: ENONFINITE for NaN or +inf,
  * EINVAL for -inf on a row that sees keys (only a row with no visible key

@@ -267,3 +267,27 @@ int attn__check_magnitudes(const attn_request *r, const double maxabs[3], attn_s
                            maxabs[2] * (double)r->seq_kv);
   return 0;
 }
+
+int attn__check_magnitudes_bwd(const attn_request *r, const double maxabs[5], attn_status *st) {
+  int rc = attn__check_magnitudes(r, maxabs, st);
+  if (rc)
+    return rc;
+  const double lim = FLT_MAX / 2, D = (double)r->head_dim;
+  const double rows = (double)r->seq_q * (double)(r->heads_q / r->heads_kv);
+  const double sc = fmax(1.0, fabs(attn_request_scale(r)));
+  /* |dS| <= P·(|dP| + |Dᵢ|) with P <= 1; dQ sums P-weighted terms of a row
+   * (Σ P = 1), dK and dV sum over every query row of the group. */
+  double dp = maxabs[4] * maxabs[2] * D, di = maxabs[4] * maxabs[3] * D, ds = dp + di;
+  if (dp > lim || di > lim || ds > lim)
+    return attn_status_set(st, ATTN_ERANGE,
+                           "gradients could overflow float32: max|do| x max(|v|, |o|) x "
+                           "head_dim = %.3g; scale do down",
+                           fmax(dp, di));
+  double dk = sc * ds * maxabs[0] * rows, dq = sc * ds * maxabs[1], dv = maxabs[4] * rows;
+  if (dk > lim || dq > lim || dv > lim)
+    return attn_status_set(st, ATTN_ERANGE,
+                           "gradients could overflow float32 when summed over %.0f query rows: "
+                           "dk up to %.3g, dq up to %.3g, dv up to %.3g; scale do down",
+                           rows, dk, dq, dv);
+  return 0;
+}

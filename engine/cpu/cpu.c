@@ -25,6 +25,7 @@
  * bit-identical for any thread count.
  */
 #include "backend.h"
+#include "cpu_bwd.h"
 #include "flash.h"
 
 #include <float.h>
@@ -274,9 +275,26 @@ static void plan_blocks(cpu_job *cj) {
                             : r->batch * r->heads_kv * cj->hchunks * cj->nqt;
 }
 
+void attn__seen_record(const attn__flash_seen *s, int64_t head, int64_t bad, float maxabs) {
+  if (bad >= 0) {
+    int64_t cur = __atomic_load_n(&s->bad[head], __ATOMIC_RELAXED);
+    while (bad < cur && !__atomic_compare_exchange_n(&s->bad[head], &cur, bad, true,
+                                                     __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+      ;
+    return;
+  }
+  uint32_t bits, cur = __atomic_load_n(&s->maxbits[head], __ATOMIC_RELAXED);
+  memcpy(&bits, &maxabs, sizeof bits);
+  while (bits > cur && !__atomic_compare_exchange_n(&s->maxbits[head], &cur, bits, true,
+                                                    __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+    ;
+}
+
 static int cpu_submit(void *state, attn_job *job, attn_status *st) {
   cpu_state *s = state;
   const attn_request *r = &job->req;
+  if (r->pass == ATTN_BACKWARD)
+    return attn__cpu_bwd_submit(s->pool, s->isa, job, st);
   cpu_job *cj = calloc(1, sizeof *cj);
   if (!cj)
     return attn_status_set(st, ATTN_ENOMEM, "out of memory queueing a job");
@@ -360,7 +378,8 @@ const attn__flash_isa *attn__flash_select(const char *want, attn_status *st) {
 
 static size_t cpu_workspace_bytes(const attn_config *cfg) {
   (void)cfg;
-  return ATTN_FLASH_WS_FLOATS * sizeof(float);
+  size_t fwd = ATTN_FLASH_WS_FLOATS, bwd = ATTN_BWD_WS_FLOATS;
+  return (fwd > bwd ? fwd : bwd) * sizeof(float);
 }
 
 static int cpu_open(const attn_backend_env *env, void **pstate, attn_status *st) {
@@ -379,11 +398,8 @@ static int cpu_open(const attn_backend_env *env, void **pstate, attn_status *st)
 static void cpu_close(void *state) { free(state); }
 
 static int cpu_supports(void *state, const attn_request *r, attn_status *st) {
-  (void)state;
-  if (r->pass == ATTN_BACKWARD)
-    return attn_status_set(st, ATTN_EUNSUPPORTED,
-                           "backend cpu has no backward pass yet; use backend reference");
-  return 0; /* every valid forward request */
+  (void)state, (void)r, (void)st;
+  return 0; /* every valid request, forward or backward */
 }
 
 static void cpu_describe(void *state, char *buf, size_t cap) {

@@ -53,32 +53,14 @@
 #define BK ATTN_FLASH_BK
 #define MAXD ATTN_MAX_HEAD_DIM
 
-#if ATTN_ISA == 512 && ATTN_AMX
-#define MR 4
-#define NR 4
-#define SUFFIX amx
-#elif ATTN_ISA == 512 && ATTN_DPBF16
-#define MR 4
-#define NR 4
-#define SUFFIX avx512bf16
-#elif ATTN_ISA == 512
-#define MR 4
-#define NR 4
-#define SUFFIX avx512
-#elif ATTN_ISA == 256
+/* Register blocking of the micro-kernels (MR rows broadcast, NR vectors). */
+#if ATTN_ISA == 256
 #define MR 4
 #define NR 2
-#define SUFFIX avx2
 #else
 #define MR 4
 #define NR 4
-#define SUFFIX generic
 #endif
-
-#define CAT2(a, b) a##b
-#define CAT(a, b) CAT2(a, b)
-#define INLINE static inline __attribute__((always_inline))
-#define UNROLL _Pragma("GCC unroll 16")
 
 /* ---- micro-kernels ------------------------------------------------------ */
 
@@ -124,22 +106,6 @@ INLINE void pv_micro(const float *restrict st, const float *restrict vp, int64_t
   UNROLL for (int r = 0; r < mr; r++) UNROLL for (int c = 0; c < nr; c++)
       vstore(ot + (d0 + r) * BQ + (c0 + c) * VL, acc[r][c]);
 }
-
-/* Each switch turns a run-time (mr, nr) into a specialization. */
-#define NR_CASES(CALL, MRV)                   \
-  switch (nr) {                               \
-  case 1: CALL(MRV, 1); break;                \
-  case 2: CALL(MRV, 2 <= NR ? 2 : 1); break;  \
-  case 3: CALL(MRV, 3 <= NR ? 3 : 1); break;  \
-  default: CALL(MRV, 4 <= NR ? 4 : 1); break; \
-  }
-#define MR_CASES(CALL, mr)                        \
-  switch (mr) {                                   \
-  case 1: NR_CASES(CALL, 1) break;                \
-  case 2: NR_CASES(CALL, 2 <= MR ? 2 : 1) break;  \
-  case 3: NR_CASES(CALL, 3 <= MR ? 3 : 1) break;  \
-  default: NR_CASES(CALL, 4 <= MR ? 4 : 1) break; \
-  }
 
 static void qk_tile(const float *qt, const float *kp, int64_t ldk, float *st, int64_t D,
                     int64_t nkt, int nv) {
@@ -216,26 +182,6 @@ static void mask_tile(float *st, const attn__flash_args *a, int64_t j0, int64_t 
   }
 }
 
-/* ---- conversions -------------------------------------------------------- */
-
-static void load_row(float *dst, const void *src, attn_dtype dt, int64_t n) {
-  const size_t es = attn_dtype_size(dt);
-  int64_t k = 0;
-  for (; k + VL <= n; k += VL)
-    vstore(dst + k, vload_cvt((const char *)src + k * es, dt));
-  for (; k < n; k++)
-    dst[k] = (float)attn_load_elem(src, dt, (size_t)k);
-}
-
-static void store_row(void *dst, const float *src, attn_dtype dt, int64_t n) {
-  const size_t es = attn_dtype_size(dt);
-  int64_t k = 0;
-  for (; k + VL <= n; k += VL)
-    vstore_cvt((char *)dst + k * es, vload(src + k), dt);
-  for (; k < n; k++)
-    attn_store_elem(dst, dt, (size_t)k, src[k]);
-}
-
 /* ---- the fused input scan ------------------------------------------------ */
 
 static int64_t scan(const void *p, attn_dtype dt, int64_t n, int64_t d, int64_t stride,
@@ -248,18 +194,7 @@ static void see(const attn__flash_args *a, int t, int64_t head, const void *p, i
   const int64_t D = a->r->head_dim;
   float mx = 0.0f;
   int64_t bad = scan(p, a->r->dtype, n, D, stride, &mx);
-  if (bad >= 0) {
-    int64_t at = row0 * D + bad, cur = __atomic_load_n(&a->seen[t].bad[head], __ATOMIC_RELAXED);
-    while (at < cur && !__atomic_compare_exchange_n(&a->seen[t].bad[head], &cur, at, true,
-                                                    __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-      ;
-    return;
-  }
-  uint32_t bits, cur = __atomic_load_n(&a->seen[t].maxbits[head], __ATOMIC_RELAXED);
-  memcpy(&bits, &mx, sizeof bits);
-  while (bits > cur && !__atomic_compare_exchange_n(&a->seen[t].maxbits[head], &cur, bits, true,
-                                                    __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-    ;
+  attn__seen_record(&a->seen[t], head, bad < 0 ? -1 : row0 * D + bad, mx);
 }
 
 /* ---- one query block ---------------------------------------------------- */
@@ -417,9 +352,11 @@ static void finish_block(blk_ctx *c) {
       continue;
     }
     const int64_t h = blk->h0 + ii / nq, i = blk->i0 + ii % nq;
-    store_row((char *)r->o +
-                  (size_t)(blk->b * r->o_stride[0] + h * r->o_stride[1] + i * r->o_stride[2]) * es,
-              row, r->dtype, D);
+    if (r->o) /* NULL: only the statistics are wanted (the backward's lse) */
+      store_row((char *)r->o +
+                    (size_t)(blk->b * r->o_stride[0] + h * r->o_stride[1] + i * r->o_stride[2]) *
+                        es,
+                row, r->dtype, D);
     const size_t srow = (size_t)((blk->b * r->heads_q + h) * r->seq_q + i);
     float mm = c->m[ii] * (float)M_LN2; /* back from base 2; -inf stays -inf */
     if (r->m)
@@ -606,4 +543,5 @@ const attn__flash_isa CAT(attn__flash_, SUFFIX) = {
     /* .scan_keys = */ scan_keys,
     /* .scan      = */ scan,
     /* .exp2      = */ exp2_array,
+    /* .bwd       = */ &CAT(attn__bwd_, SUFFIX),
 };

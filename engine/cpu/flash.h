@@ -26,6 +26,12 @@ typedef struct attn__flash_seen {
   uint32_t *maxbits;
 } attn__flash_seen;
 
+/* Records one scanned piece of head `head`: the index of its first
+ * non-finite element (-1: none), else its largest |x| (cpu.c; atomic). */
+void attn__seen_record(const attn__flash_seen *s, int64_t head, int64_t bad, float maxabs);
+
+#include "flash_bwd.h"
+
 typedef struct attn__flash_args {
   const attn_request *r;    /* validated, strides filled */
   attn__flash_seen seen[3]; /* q, k, v; updated with GCC atomics */
@@ -63,6 +69,8 @@ typedef struct attn__flash_isa {
   int64_t (*scan)(const void *p, attn_dtype dt, int64_t n, int64_t d, int64_t stride, float *pmax);
   /* y = 2^x with the kernel's vector exp2, for the tests of its error. */
   void (*exp2)(const float *x, float *y, int64_t n);
+  /* The backward pass (flash_bwd.h), from flash_bwd.c's instance. */
+  const attn__bwd_kernel *bwd;
 } attn__flash_isa;
 
 /* The kernel for want (NULL or "auto": the best this CPU runs; "amx",

@@ -195,4 +195,60 @@ static inline int vany_nan(vf x) {
   return 0;
 }
 
+/* The instance's symbol suffix: flash.c and flash_bwd.c are compiled once
+ * per kernel (the Makefile's ISA_FLAGS_*), and cpu.c picks one at run time. */
+#if ATTN_ISA == 512 && defined(ATTN_AMX) && ATTN_AMX
+#define SUFFIX amx
+#elif ATTN_ISA == 512 && defined(ATTN_DPBF16) && ATTN_DPBF16
+#define SUFFIX avx512bf16
+#elif ATTN_ISA == 512
+#define SUFFIX avx512
+#elif ATTN_ISA == 256
+#define SUFFIX avx2
+#else
+#define SUFFIX generic
+#endif
+
+#define CAT2(a, b) a##b
+#define CAT(a, b) CAT2(a, b)
+#define INLINE static inline __attribute__((always_inline))
+#define UNROLL _Pragma("GCC unroll 16")
+
+/* Each switch turns a run-time (mr, nr) into a micro-kernel specialization,
+ * for the kernel file's register blocking MR × NR (at most 4 × 4). */
+#define NR_CASES(CALL, MRV)                   \
+  switch (nr) {                               \
+  case 1: CALL(MRV, 1); break;                \
+  case 2: CALL(MRV, 2 <= NR ? 2 : 1); break;  \
+  case 3: CALL(MRV, 3 <= NR ? 3 : 1); break;  \
+  default: CALL(MRV, 4 <= NR ? 4 : 1); break; \
+  }
+#define MR_CASES(CALL, mr)                        \
+  switch (mr) {                                   \
+  case 1: NR_CASES(CALL, 1) break;                \
+  case 2: NR_CASES(CALL, 2 <= MR ? 2 : 1) break;  \
+  case 3: NR_CASES(CALL, 3 <= MR ? 3 : 1) break;  \
+  default: NR_CASES(CALL, 4 <= MR ? 4 : 1) break; \
+  }
+
+/* n elements of dtype dt at src widened to F32 at dst, and back (rounded to
+ * nearest even); whole vectors, then the tail one by one. */
+static inline void load_row(float *dst, const void *src, attn_dtype dt, int64_t n) {
+  const size_t es = attn_dtype_size(dt);
+  int64_t k = 0;
+  for (; k + VL <= n; k += VL)
+    vstore(dst + k, vload_cvt((const char *)src + k * es, dt));
+  for (; k < n; k++)
+    dst[k] = (float)attn_load_elem(src, dt, (size_t)k);
+}
+
+static inline void store_row(void *dst, const float *src, attn_dtype dt, int64_t n) {
+  const size_t es = attn_dtype_size(dt);
+  int64_t k = 0;
+  for (; k + VL <= n; k += VL)
+    vstore_cvt((char *)dst + k * es, vload(src + k), dt);
+  for (; k < n; k++)
+    attn_store_elem(dst, dt, (size_t)k, src[k]);
+}
+
 #endif

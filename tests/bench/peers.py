@@ -19,8 +19,15 @@ ratios are ratios of time. The peak column comes from build/bench-peak: the
 matmul instruction the attnd kernel runs (named in the engine's backend detail),
 on the same thread count. `diff` is ‖O_attnd − O_torch‖ / ‖O_torch‖.
 
-  peers.py --build build [--threads T] [--isa NAME] [--runs K] [--only SUBSTR]
-  peers.py --worker torch|numpy FILE --threads T --reps N --out O.npy   (internal)
+With --backward it times the backward pass instead (BWD_ROWS): attnd's dq, dk,
+dv from q, k, v, o, dO and the forward's lse (bench-peers-attn --backward), against
+torch autograd of the same SDPA call (torch.autograd.grad of its output with the
+same dO; the forward runs once, untimed, and saves what its backward needs, as
+attnd's forward saved the lse). GFLOP/s is 2.5 times the forward's 4·D per
+visible pair; `diff` is over dq, dk and dv together.
+
+  peers.py --build build [--threads T] [--isa NAME] [--runs K] [--only SUBSTR] [--backward]
+  peers.py --worker torch|numpy|torch-bwd FILE --threads T --reps N --out O.npy   (internal)
 """
 
 import argparse
@@ -67,6 +74,19 @@ ROWS = [
 ]
 
 
+# The backward's rows: the forward's reference point and N=1024, causal and not,
+# D=128, a BF16 row and a GQA row.
+BWD_ROWS = [
+    row("H8 N1024 D64", 8, 8, 1024, 1024, 64, "F32", reps=5),
+    row("H8 N1024 D64", 8, 8, 1024, 1024, 64, "F32", causal=True, reps=5),
+    row("H8 N4096 D64", 8, 8, 4096, 4096, 64, "F32"),
+    row("H8 N4096 D64", 8, 8, 4096, 4096, 64, "F32", causal=True),
+    row("H8 N4096 D128", 8, 8, 4096, 4096, 128, "F32"),
+    row("H8 N4096 D64", 8, 8, 4096, 4096, 64, "BF16"),
+    row("GQA 8/2 N4096 D64", 8, 2, 4096, 4096, 64, "F32", causal=True),
+]
+
+
 def visible_pairs(r):
     """(query, key) pairs attnd computes: causal is aligned bottom-right, as in attnd."""
     if not r["causal"]:
@@ -97,6 +117,17 @@ def make_file(r, path):
     meta = {"causal": "true"} if r["causal"] else None
     with open(path, "wb") as f:
         f.write(safetensors.encode(tensors, meta))
+
+
+def make_dout(r, path):
+    """dO in q's shape, N(0,1) rounded to the row's dtype, raw (numpy's tofile)."""
+    rng = np.random.default_rng(SEED + 1)
+    x = rng.standard_normal((1, r["h"], r["nq"], r["d"]), dtype=np.float32)
+    if r["dtype"] == "BF16":
+        x = attnd.float32_to_bf16(x)
+    elif r["dtype"] == "F16":
+        x = x.astype(np.float16)
+    x.tofile(path)
 
 
 def read_file(path):
@@ -160,6 +191,38 @@ def torch_worker(a):
                       if gqa else None}))
 
 
+def torch_bwd_worker(a):
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(a.threads)
+    q, k, v, causal, dt = read_file(a.file)
+    raw = np.fromfile(a.dout, dtype=np.uint16 if dt in ("BF16", "F16") else np.float32)
+
+    def to_torch(x):
+        if dt == "BF16":  # numpy has no bfloat16: reinterpret the raw bits
+            t = torch.from_numpy(x.view(np.int16).copy()).view(torch.bfloat16)
+        elif dt == "F16":
+            t = torch.from_numpy(x.view(np.float16).copy())
+        else:
+            t = torch.from_numpy(np.ascontiguousarray(x))
+        return t
+
+    q, k, v = (to_torch(x).requires_grad_(True) for x in (q, k, v))
+    g = to_torch(raw).reshape(q.shape)
+    kw = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, **kw)
+
+    def fn():
+        return torch.autograd.grad(o, (q, k, v), g, retain_graph=True)
+
+    sec = median_time(fn, a.reps)
+    grads = fn()
+    np.save(a.out, np.concatenate([x.float().numpy().ravel() for x in grads]))
+    print(json.dumps({"seconds": sec, "version": torch.__version__,
+                      "threads": torch.get_num_threads(), "sdpa": "autograd", "gqa": None}))
+
+
 def sdpa_backend(torch, q, k, v, causal, gqa):
     """The kernel SDPA dispatches to (flash / math / ...), where torch says."""
     try:
@@ -203,13 +266,15 @@ def numpy_worker(a):
                           b.get("architecture", "?"), b.get("num_threads", "?"))}))
 
 
-def run_worker(kind, path, r, threads, out):
+def run_worker(kind, path, r, threads, out, dout=None):
     env = dict(os.environ)
     if kind == "numpy":
         env.pop("OPENBLAS_CORETYPE", None)
         env.pop("OPENBLAS_L2_SIZE", None)
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", kind, path,
            "--threads", str(threads), "--reps", str(r["reps"]), "--out", out]
+    if dout:
+        cmd += ["--dout", dout]
     return run_json(cmd, env)
 
 
@@ -251,6 +316,27 @@ def measure_row(r, a, tmp):
     return res
 
 
+def grads_from_attnd(path, dtype):
+    raw = np.fromfile(path, dtype=np.float32 if dtype == "F32" else np.uint16)
+    if dtype == "BF16":
+        return attnd.bf16_to_float32(raw)
+    return raw.view(np.float16).astype(np.float32) if dtype == "F16" else raw
+
+
+def measure_bwd_row(r, a, tmp):
+    path, dout = os.path.join(tmp, "qkv.safetensors"), os.path.join(tmp, "do.bin")
+    g_attnd, g_torch = os.path.join(tmp, "grads.bin"), os.path.join(tmp, "grads_torch.npy")
+    make_file(r, path)
+    make_dout(r, dout)
+    res = {}
+    res["attnd"] = run_json([os.path.join(a.build, "bench-peers-attn"), path,
+                             "--threads", str(a.threads), "--isa", a.isa,
+                             "--reps", str(r["reps"]), "--backward", dout, "--out", g_attnd])
+    res["torch"] = run_worker("torch-bwd", path, r, a.threads, g_torch, dout)
+    res["diff"] = rel_diff(grads_from_attnd(g_attnd, r["dtype"]), np.load(g_torch))
+    return res
+
+
 def one_pass(rows, a, k):
     out = []
     with tempfile.TemporaryDirectory(dir=a.build, prefix="peers-") as tmp:
@@ -258,7 +344,7 @@ def one_pass(rows, a, k):
             print("  run %d/%d, row %d/%d: %s %s%s" % (k + 1, a.runs, i + 1, len(rows),
                   r["name"], r["dtype"], " causal" if r["causal"] else ""),
                   file=sys.stderr, flush=True)
-            out.append(measure_row(r, a, tmp))
+            out.append(measure_bwd_row(r, a, tmp) if a.backward else measure_row(r, a, tmp))
     return out
 
 
@@ -322,6 +408,25 @@ def print_table(rows, best, peak):
     return worst
 
 
+def print_bwd_table(rows, best):
+    hdr = ("%-24s %-4s %-6s | %8s %8s | %7s | %8s"
+           % ("backward (B=1)", "type", "causal", "attnd", "torch", "a/torch", "diff"))
+    print(hdr)
+    print("-" * len(hdr))
+    worst = None
+    for r, b in zip(rows, best):
+        f = 2.5 * flops(r)
+        g = {k: f / b[k]["seconds"] * 1e-9 for k in ("attnd", "torch")}
+        ratio = g["attnd"] / g["torch"]
+        print("%-24s %-4s %-6s | %8.1f %8.1f | %7.2f | %8.1e"
+              % (r["name"], r["dtype"], "yes" if r["causal"] else "no", g["attnd"], g["torch"],
+                 ratio, b["diff"]))
+        label = "%s %s%s" % (r["name"], r["dtype"], " causal" if r["causal"] else "")
+        if worst is None or ratio < worst[0]:
+            worst = (ratio, label)
+    return worst
+
+
 def cpu_model():
     """The model name, with family and model: a hypervisor often shortens the name
     ("AMD EPYC"), and the numbers still tell the generation (25/17: Zen 4)."""
@@ -375,22 +480,29 @@ def loadavg():
 
 
 def main_driver(a):
-    rows = [r for r in ROWS if not a.only or a.only in "%s %s" % (r["name"], r["dtype"])]
+    rows = [r for r in (BWD_ROWS if a.backward else ROWS)
+            if not a.only or a.only in "%s %s" % (r["name"], r["dtype"])]
     if not rows:
         sys.exit("peers.py: no row matches --only %r" % a.only)
-    print("attnd vs torch SDPA vs numpy, %s, %d threads, %s"
-          % (cpu_model(), a.threads, datetime.date.today().isoformat()))
-    print("ISA: %s; GFLOP/s = 4·D per visible (query, key) pair; best of %d run(s) per cell"
-          % (cpu_isa(), a.runs))
+    print("attnd vs torch SDPA%s, %s, %d threads, %s"
+          % (" autograd, backward pass" if a.backward else " vs numpy", cpu_model(), a.threads,
+             datetime.date.today().isoformat()))
+    print("ISA: %s; GFLOP/s = %s per visible (query, key) pair; best of %d run(s) per cell"
+          % (cpu_isa(), "2.5 × 4·D" if a.backward else "4·D", a.runs))
     sys.stdout.flush()
     load0 = loadavg()
     peak = run_json([os.path.join(a.build, "bench-peak"), "--threads", str(a.threads)])
     passes = [one_pass(rows, a, k) for k in range(a.runs)]
     best = best_of(passes)
     print()
-    worst = print_table(rows, best, peak)
+    worst = print_bwd_table(rows, best) if a.backward else print_table(rows, best, peak)
     print()
-    print_notes(best, peak, a)
+    if a.backward:
+        print("attnd: %s (--isa %s); torch %s autograd, %d threads"
+              % (best[0]["attnd"]["detail"], a.isa, best[0]["torch"]["version"],
+                 best[0]["torch"]["threads"]))
+    else:
+        print_notes(best, peak, a)
     print("load average (1 min) at start %s, at end %s, on %d online CPUs"
           % (load0, loadavg(), os.cpu_count()))
     print("worst attnd/torch: %.2f (%s)" % worst)
@@ -404,13 +516,18 @@ def main():
     p.add_argument("--runs", type=int, default=2,
                    help="passes over the rows; each cell keeps its best (default 2)")
     p.add_argument("--only", help="rows whose name and dtype contain this text")
-    p.add_argument("--worker", choices=("torch", "numpy"), help=argparse.SUPPRESS)
+    p.add_argument("--backward", action="store_true",
+                   help="time the backward pass (BWD_ROWS) against torch autograd")
+    p.add_argument("--worker", choices=("torch", "numpy", "torch-bwd"), help=argparse.SUPPRESS)
+    p.add_argument("--dout", help=argparse.SUPPRESS)
     p.add_argument("file", nargs="?", help=argparse.SUPPRESS)
     p.add_argument("--reps", type=int, default=3, help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker == "torch":
         torch_worker(a)
+    elif a.worker == "torch-bwd":
+        torch_bwd_worker(a)
     elif a.worker == "numpy":
         numpy_worker(a)
     else:

@@ -2,7 +2,7 @@
  * peers_attn.c — attnd's side of `make bench-peers` (tests/bench/peers.py).
  *
  *   bench-peers-attn FILE.safetensors [--threads T] [--isa NAME] [--reps N]
- *                    [--causal] [--out O.safetensors]
+ *                    [--causal] [--out O.safetensors] [--backward DO.bin]
  *
  * Reads q, k, v from a safetensors file that peers.py wrote (the same bytes
  * torch and numpy then run on), decodes it with proto's safetensors decoder
@@ -12,6 +12,13 @@
  * kernel the engine chose ("avx512 kernel, 2 threads"), which peers.py needs
  * to pick the matching peak. --out writes O so peers.py can check that the
  * three implementations agree on the same input.
+ *
+ * --backward DO.bin times the backward pass instead: dO is DO.bin's raw
+ * little-endian elements (q's shape and dtype, as numpy's tofile writes
+ * them); O and the lse come from one untimed forward run, and each timed
+ * run is the backward given that lse (what torch's autograd does with the
+ * lse its forward saved). GFLOP/s uses attn_request_flops (2.5 times the
+ * forward's), and --out then writes dq, dk and dv raw, one after another.
  */
 #include "benchlib.h"
 #include "proto.h"
@@ -22,22 +29,26 @@
 #include <string.h>
 
 typedef struct peers_args {
-  const char *in, *out, *isa;
+  const char *in, *out, *isa, *dout;
   int threads, reps;
   bool causal;
 } peers_args;
 
 static int usage(void) {
   fprintf(stderr, "usage: bench-peers-attn FILE.safetensors [--threads T] [--isa "
-                  "auto|avx512|avx2|generic|...] [--reps N] [--causal] [--out FILE]\n");
+                  "auto|avx512|avx2|generic|...] [--reps N] [--causal] [--out FILE] "
+                  "[--backward DO.bin]\n");
   return 2;
 }
 
 static int parse_args(int argc, char **argv, peers_args *a) {
-  static const struct option opts[] = {
-      {"threads", required_argument, 0, 't'}, {"isa", required_argument, 0, 'i'},
-      {"reps", required_argument, 0, 'r'},    {"causal", no_argument, 0, 'c'},
-      {"out", required_argument, 0, 'o'},     {0, 0, 0, 0}};
+  static const struct option opts[] = {{"threads", required_argument, 0, 't'},
+                                       {"isa", required_argument, 0, 'i'},
+                                       {"reps", required_argument, 0, 'r'},
+                                       {"causal", no_argument, 0, 'c'},
+                                       {"out", required_argument, 0, 'o'},
+                                       {"backward", required_argument, 0, 'b'},
+                                       {0, 0, 0, 0}};
   *a = (peers_args){.isa = "auto", .threads = 0, .reps = 5};
   int c;
   while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -47,6 +58,7 @@ static int parse_args(int argc, char **argv, peers_args *a) {
     case 'r': a->reps = atoi(optarg); break;
     case 'c': a->causal = true; break;
     case 'o': a->out = optarg; break;
+    case 'b': a->dout = optarg; break;
     default: return -1;
     }
   }
@@ -112,6 +124,49 @@ static void print_json(const peers_args *a, const attn_request *r, const attn_en
          (long long)r->head_dim);
 }
 
+/* The backward's buffers: dO from the file, dq, dk, dv and the lse, and O
+ * and the lse from one forward run on e. Returns the allocation or NULL. */
+static char *setup_backward(const peers_args *a, attn_engine *e, attn_request *r, char **pdout) {
+  size_t es = attn_dtype_size(r->dtype);
+  size_t nq = (size_t)(r->batch * r->heads_q * r->seq_q * r->head_dim) * es;
+  size_t nk = (size_t)(r->batch * r->heads_kv * r->seq_kv * r->head_dim) * es;
+  size_t rows = (size_t)(r->batch * r->heads_q * r->seq_q), len = 0;
+  char *dout = slurp(a->dout, &len);
+  char *m = dout && len == nq ? malloc(nq + 2 * nk + rows * sizeof(float)) : NULL;
+  attn_status st = {0};
+  if (m) {
+    r->lse = (float *)(void *)(m + nq + 2 * nk);
+    if (attn_engine_run(e, r, NULL, &st) < 0) {
+      fprintf(stderr, "bench-peers-attn: forward: %s\n", st.message);
+      free(m);
+      m = NULL;
+    }
+  } else if (dout) {
+    fprintf(stderr, "bench-peers-attn: %s holds %zu bytes, q's shape needs %zu\n", a->dout, len,
+            nq);
+  }
+  if (!m) {
+    free(dout);
+    return NULL;
+  }
+  r->pass = ATTN_BACKWARD;
+  r->lse_in = r->lse;
+  r->lse = NULL;
+  r->dout = *pdout = dout;
+  r->dq = m;
+  r->dk = m + nq;
+  r->dv = m + nq + nk;
+  r->m = r->l = NULL;
+  return m;
+}
+
+static int write_grads(const peers_args *a, const attn_request *r) {
+  size_t es = attn_dtype_size(r->dtype);
+  size_t nq = (size_t)(r->batch * r->heads_q * r->seq_q * r->head_dim) * es;
+  size_t nk = (size_t)(r->batch * r->heads_kv * r->seq_kv * r->head_dim) * es;
+  return write_file(a->out, r->dq, nq + 2 * nk); /* dq, dk, dv are adjacent */
+}
+
 static int run(const peers_args *a, attn_proto_req *pr) {
   attn_status st = {0};
   attn_engine *e = attn_bench_open(a->threads, a->isa, &st);
@@ -124,6 +179,11 @@ static int run(const peers_args *a, attn_proto_req *pr) {
   pr->req.backend = "cpu";
   if (a->causal)
     pr->req.causal = true;
+  char *dout = NULL, *grads = a->dout ? setup_backward(a, e, &pr->req, &dout) : NULL;
+  if (a->dout && !grads) {
+    attn_engine_close(e);
+    return 1;
+  }
   double sec = attn_bench_engine(e, &pr->req, a->reps, &st);
   int rc = 0;
   if (sec < 0) {
@@ -133,6 +193,12 @@ static int run(const peers_args *a, attn_proto_req *pr) {
     print_json(a, &pr->req, e, sec);
   }
   attn_engine_close(e);
+  if (grads) {
+    rc = rc || (a->out && write_grads(a, &pr->req) < 0);
+    free(dout);
+    free(grads);
+    return rc;
+  }
   if (rc == 0 && a->out) {
     void *buf;
     size_t len;

@@ -105,6 +105,11 @@ void tcase_poison(tcase *c) {
 }
 
 void tcase_free(tcase *c) {
+  free(c->dout);
+  free(c->dq);
+  free(c->dk);
+  free(c->dv);
+  free(c->lse_in);
   free(c->q);
   free(c->k);
   free(c->v);
@@ -389,4 +394,156 @@ bool tcuda_available(void) {
     up |= !strcmp(info[i].name, "cuda") && info[i].available;
   attn_engine_close(e);
   return up;
+}
+
+/* ---- backward cases ---------------------------------------------------------- */
+
+/* Element (b, h, i, d) of a [B, H, N, D] tensor with strides s (zero:
+ * contiguous). */
+static size_t at4(const int64_t s[3], int64_t h, int64_t n, int64_t d, int64_t b, int64_t hh,
+                  int64_t i, int64_t dd) {
+  int64_t t[3] = {s[0], s[1], s[2]};
+  fill_strides(t, h, n, d);
+  return (size_t)(b * t[0] + hh * t[1] + i * t[2] + dd);
+}
+
+void tcase_poison_grads(tcase *c) {
+  size_t es = attn_dtype_size(c->p.dt);
+  memset(c->dq, 0xff, (size_t)(c->p.b * c->p.hq * c->p.nq * c->p.d) * es);
+  memset(c->dk, 0xff, (size_t)(c->p.b * c->p.hkv * c->p.nkv * c->p.d) * es);
+  memset(c->dv, 0xff, (size_t)(c->p.b * c->p.hkv * c->p.nkv * c->p.d) * es);
+}
+
+/* O (rounded to the dtype, at c's strides) and lse_in from the float64 forward. */
+static int fill_forward(tcase *c, bool with_lse, attn_status *st) {
+  const tprob *p = &c->p;
+  tref ref;
+  int rc = tref_compute(c, 2, &ref, st);
+  if (rc < 0)
+    return rc;
+  for (int64_t b = 0; b < p->b; b++)
+    for (int64_t h = 0; h < p->hq; h++)
+      for (int64_t i = 0; i < p->nq; i++)
+        for (int64_t d = 0; d < p->d; d++) {
+          size_t row = (size_t)((b * p->hq + h) * p->nq + i);
+          double x = ref.o[row * (size_t)p->d + (size_t)d];
+          size_t at = at4(c->req.o_stride, p->hq, p->nq, p->d, b, h, i, d);
+          if (p->dt == ATTN_F32)
+            ((float *)c->o)[at] = (float)x;
+          else
+            ((uint16_t *)c->o)[at] = p->dt == ATTN_F16 ? attn_f64_to_f16(x) : attn_f64_to_bf16(x);
+        }
+  size_t rows = (size_t)(p->b * p->hq * p->nq);
+  if (with_lse && (c->lse_in = malloc(rows * sizeof *c->lse_in)))
+    for (size_t i = 0; i < rows; i++)
+      c->lse_in[i] = (float)ref.lse[i];
+  tref_free(&ref);
+  return with_lse && !c->lse_in ? attn_status_set(st, ATTN_ENOMEM, "out of memory") : 0;
+}
+
+int tcase_backward(tcase *c, bool with_lse, uint64_t seed, attn_status *st) {
+  const tprob *p = &c->p;
+  attn_request *r = &c->req;
+  size_t es = attn_dtype_size(p->dt);
+  size_t nq = (size_t)(p->b * p->hq * p->nq * p->d), nk = (size_t)(p->b * p->hkv * p->nkv * p->d);
+  r->m = r->l = r->lse = NULL; /* a backward pass returns no statistics */
+  int rc = fill_forward(c, with_lse, st);
+  if (rc < 0)
+    return rc;
+  c->dout = malloc(nq * es);
+  c->dq = malloc(nq * es);
+  c->dk = malloc(nk * es);
+  c->dv = malloc(nk * es);
+  if (!c->dout || !c->dq || !c->dk || !c->dv)
+    return attn_status_set(st, ATTN_ENOMEM, "out of memory");
+  for (size_t i = 0; i < nq; i++)
+    attn_store_elem(c->dout, p->dt, i, (float)tuniform(&seed));
+  r->pass = ATTN_BACKWARD;
+  r->dout = c->dout;
+  r->dq = c->dq;
+  r->dk = c->dk;
+  r->dv = c->dv;
+  r->lse_in = c->lse_in;
+  if (p->strided) {
+    bnhd(r->do_stride, p->hq, p->nq, p->d);
+    bnhd(r->dq_stride, p->hq, p->nq, p->d);
+    bnhd(r->dk_stride, p->hkv, p->nkv, p->d);
+    bnhd(r->dv_stride, p->hkv, p->nkv, p->d);
+  }
+  tcase_poison_grads(c);
+  return 0;
+}
+
+int tref_bwd_compute(const tcase *c, tref_bwd *ref, attn_status *st) {
+  const tprob *p = &c->p;
+  size_t nq = (size_t)(p->b * p->hq * p->nq * p->d), nk = (size_t)(p->b * p->hkv * p->nkv * p->d);
+  ref->dq = malloc(nq * sizeof *ref->dq);
+  ref->dk = malloc(nk * sizeof *ref->dk);
+  ref->dv = malloc(nk * sizeof *ref->dv);
+  int rc = ref->dq && ref->dk && ref->dv
+               ? attn_reference_backward(&c->req, ref->dq, ref->dk, ref->dv, st)
+               : attn_status_set(st, ATTN_ENOMEM, "out of memory for the reference");
+  if (rc < 0)
+    tref_bwd_free(ref);
+  return rc;
+}
+
+void tref_bwd_free(tref_bwd *ref) {
+  free(ref->dq);
+  free(ref->dk);
+  free(ref->dv);
+  memset(ref, 0, sizeof *ref);
+}
+
+/* Whether row n of a query tensor (keys: is_key) sees anything: a query
+ * row some key, a key some query row (DESIGN.md's bottom-right rule). */
+static bool sees(const tprob *p, bool is_key, int64_t n) {
+  const int64_t off = p->nkv - p->nq, wl = p->wl, wr = p->causal ? 0 : p->wr;
+  int64_t lo, hi, last;
+  if (is_key) { /* query i sees key n iff n - off - wr <= i <= n - off + wl */
+    lo = wr < 0 ? 0 : n - off - wr;
+    hi = wl < 0 ? p->nq - 1 : n - off + wl;
+    last = p->nq - 1;
+  } else {
+    lo = wl < 0 ? 0 : n + off - wl;
+    hi = wr < 0 ? p->nkv - 1 : n + off + wr;
+    last = p->nkv - 1;
+  }
+  return (lo < 0 ? 0 : lo) <= (hi > last ? last : hi);
+}
+
+/* One tensor's normalized error; clears *zeros_ok where a row that sees
+ * nothing is not exactly 0. */
+static double grad_err(const tcase *c, const void *x, const int64_t s[3], bool is_key,
+                       const double *ref, bool *zeros_ok) {
+  const tprob *p = &c->p;
+  const int64_t h = is_key ? p->hkv : p->hq, n = is_key ? p->nkv : p->nq;
+  double num = 0, den = 0;
+  bool nan = false;
+  for (int64_t b = 0; b < p->b; b++)
+    for (int64_t hh = 0; hh < h; hh++)
+      for (int64_t i = 0; i < n; i++) {
+        const bool zero = !sees(p, is_key, i);
+        for (int64_t d = 0; d < p->d; d++) {
+          double v = attn_load_elem(x, p->dt, at4(s, h, n, p->d, b, hh, i, d));
+          double y = ref[(size_t)(((b * h + hh) * n + i) * p->d + d)];
+          nan |= v != v;
+          if (zero && v != 0)
+            *zeros_ok = false;
+          num += (v - y) * (v - y);
+          den += y * y;
+        }
+      }
+  if (nan)
+    return INFINITY;
+  return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+terr_bwd tref_bwd_check(const tcase *c, const tref_bwd *ref) {
+  const attn_request *r = &c->req;
+  terr_bwd e = {.zeros_ok = true};
+  e.dq = grad_err(c, c->dq, r->dq_stride, false, ref->dq, &e.zeros_ok);
+  e.dk = grad_err(c, c->dk, r->dk_stride, true, ref->dk, &e.zeros_ok);
+  e.dv = grad_err(c, c->dv, r->dv_stride, true, ref->dv, &e.zeros_ok);
+  return e;
 }

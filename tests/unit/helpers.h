@@ -17,12 +17,15 @@ typedef struct tprob {
   bool strided; /* lay tensors out [B, N, H, D] (as FlashAttention's API does) */
 } tprob;
 
-/* A problem with inputs filled, outputs poisoned (NaN) and allocated. */
+/* A problem with inputs filled, outputs poisoned (NaN) and allocated. The
+ * backward's buffers are NULL until tcase_backward(). */
 typedef struct tcase {
   tprob p;
   attn_request req;
   void *q, *k, *v, *o;
   float *m, *l, *lse;
+  void *dout, *dq, *dk, *dv;
+  float *lse_in;
 } tcase;
 
 tprob tprob_make(int64_t b, int64_t hq, int64_t hkv, int64_t nq, int64_t nkv, int64_t d,
@@ -61,6 +64,35 @@ typedef struct tref {
 int tref_compute(const tcase *c, int threads, tref *ref, attn_status *st);
 terr tref_check(const tcase *c, const tref *ref);
 void tref_free(tref *ref);
+
+/*
+ * Makes c (from tcase_init) a backward case: dO drawn from seed, O the
+ * float64 forward of c's inputs rounded to the dtype, lse_in (F32) that
+ * forward's lse when with_lse (else NULL: the backend recomputes it), dq, dk
+ * and dv allocated and poisoned, strides as c's layout, statistics NULL.
+ * Returns 0 or the reference's error.
+ */
+int tcase_backward(tcase *c, bool with_lse, uint64_t seed, attn_status *st);
+/* NaN into dq, dk and dv again (before another run). */
+void tcase_poison_grads(tcase *c);
+
+/* The float64 reference backward of a backward tcase: contiguous doubles. */
+typedef struct tref_bwd {
+  double *dq;      /* [B, Hq, Nq, D] */
+  double *dk, *dv; /* [B, Hkv, Nkv, D] */
+} tref_bwd;
+int tref_bwd_compute(const tcase *c, tref_bwd *ref, attn_status *st);
+void tref_bwd_free(tref_bwd *ref);
+
+/* Normalized errors ||x - ref||_2 / ||ref||_2 (absolute when ref is 0; a NaN
+ * counts as infinite) of dq, dk, dv; zeros_ok: the rows that see nothing
+ * (dq of a query row with no visible key, dk and dv of a key no query row
+ * sees) are exactly 0. */
+typedef struct terr_bwd {
+  double dq, dk, dv;
+  bool zeros_ok;
+} terr_bwd;
+terr_bwd tref_bwd_check(const tcase *c, const tref_bwd *ref);
 
 /* Threshold on terr.o for a dtype (F32 1e-5; F16 1e-3; BF16 8e-3). */
 double ttol(attn_dtype dt);

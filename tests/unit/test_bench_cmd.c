@@ -14,7 +14,15 @@ Test(bench_cmd, custom_shape_prints_one_row) {
   int rc = bench("--heads 2 --seq 128 --head-dim 32 --repeat 1 --threads 1", out, sizeof out);
   cr_assert_eq(rc, 0, "%s", out);
   cr_expect(strstr(out, "GFLOP/s"), "%s", out);
-  cr_expect(strstr(out, "    1    2    128    128   32   F32 no           1"), "%s", out);
+  cr_expect(strstr(out, "    1    2    128    128   32   F32 no      fwd       1"), "%s", out);
+}
+
+Test(bench_cmd, backward_row) {
+  char out[4096];
+  int rc = bench("--backward --heads 2 --heads-kv 1 --seq 100 --head-dim 32 --repeat 1 --threads 1",
+                 out, sizeof out);
+  cr_assert_eq(rc, 0, "%s", out);
+  cr_expect(strstr(out, "    1    2    100    100   32   F32 no      bwd       1"), "%s", out);
 }
 
 Test(bench_cmd, backend_choice) {

@@ -1,0 +1,339 @@
+/*
+ * flash_bwd.c — FlashAttention-2 backward on the CPU, one key block at a time.
+ *
+ * Compiled once per instruction set, like flash.c (see simd.h); cpu_bwd.c
+ * runs the phases (flash_bwd.h). All arithmetic is F32 whatever the dtype:
+ * narrow inputs are widened exactly, outputs rounded once at the end.
+ *
+ * Layout choice. The forward keeps its tiles transposed (keys × queries) so
+ * that the online softmax runs down vector lanes; the backward needs no
+ * online softmax (P comes from the lse), so its tiles are query rows × key
+ * lanes: S[i][j] = Σ_d Q[i][d]·Kᵀ[d][j] broadcasts Q elements (read in
+ * place when F32) against Kᵀ vectors, and Kᵀ, Vᵀ are packed once per key
+ * block and reused by every query block of the group. The five products
+ * are then one micro-kernel, C[r][lanes] (+)= Σ_k A[r, k]·B[k][lanes], with
+ * A read at any two strides:
+ *   S    = Q·Kᵀ        rows i, lanes j, over d   (A = Q rows, B = Kᵀ)
+ *   dP   = dO·Vᵀ       rows i, lanes j, over d   (A = dO rows, B = Vᵀ)
+ *   dVᵀ += dOᵀ·P       rows d, lanes j, over i   (A = dO by column, B = P)
+ *   dKᵀ += Qᵀ·dS       rows d, lanes j, over i   (A = Q by column, B = dS)
+ *   dQ  += dS·K        rows i, lanes d, over j   (A = dS, B = K rows)
+ * dK and dV stay transposed in the workspace until their key block is done;
+ * dQ goes to the chunk's F32 partial, rows padded to a whole vector.
+ *
+ * Masks. A key block visits only the query rows that see one of its keys;
+ * a pair of blocks wholly inside every row's window runs unmasked, others
+ * zero P outside each row's window (and past the last key), so dS = 0 there
+ * too. A row with no visible key has lse = -inf; its P is computed against
+ * FLT_MAX instead, which gives 0, never -inf - -inf.
+ *
+ * Scale. P uses scale·log2(e) on the scores; dQ and dK are sums of dS times
+ * K or Q, multiplied by scale once when they are written.
+ */
+#include "flash.h"
+#include "simd.h"
+
+#include <float.h>
+#include <math.h>
+
+#define BQ ATTN_BWD_BQ
+#define BK ATTN_BWD_BK
+#define MAXD ATTN_MAX_HEAD_DIM
+#define NVK (BK / VL) /* vectors across a key block */
+
+#if ATTN_ISA == 256
+#define MR 4
+#define NR 2
+#else
+#define MR 4
+#define NR 4
+#endif
+
+/* ---- the one micro-kernel and its tile loop -------------------------------- */
+
+/* C rows 0..mr, vectors 0..nr: (C +) Σ_k A[r·sar + k·sak]·B[k·ldb + lanes]. */
+INLINE void mm_micro(const float *restrict A, int64_t sar, int64_t sak, const float *restrict B,
+                     int64_t ldb, float *restrict C, int64_t ldc, int64_t K, bool acc, const int mr,
+                     const int nr) {
+  vf c[MR][NR];
+  UNROLL for (int r = 0; r < mr; r++) UNROLL for (int v = 0; v < nr; v++) c[r][v] =
+      acc ? vload(C + r * ldc + v * VL) : vset1(0.0f);
+  const float *ap = A, *bp = B;
+  for (int64_t k = 0; k < K; k++, ap += sak, bp += ldb) {
+    vf b[NR];
+    UNROLL for (int v = 0; v < nr; v++) b[v] = vload(bp + v * VL);
+    UNROLL for (int r = 0; r < mr; r++) {
+      vf x = vset1(ap[r * sar]);
+      UNROLL for (int v = 0; v < nr; v++) c[r][v] = vfma(x, b[v], c[r][v]);
+    }
+  }
+  UNROLL for (int r = 0; r < mr; r++) UNROLL for (int v = 0; v < nr; v++)
+      vstore(C + r * ldc + v * VL, c[r][v]);
+}
+
+/* C (M rows of nv vectors, rows ldc apart) (+)= A·B over K. */
+static void mm(float *C, int64_t ldc, int64_t M, int nv, int64_t K, const float *A, int64_t sar,
+               int64_t sak, const float *B, int64_t ldb, bool acc) {
+  for (int c0 = 0; c0 < nv; c0 += NR) {
+    const int nr = nv - c0 < NR ? nv - c0 : NR;
+    for (int64_t r0 = 0; r0 < M; r0 += MR) {
+      const int mr = M - r0 < MR ? (int)(M - r0) : MR;
+#define MM(MV, NV) \
+  mm_micro(A + r0 * sar, sar, sak, B + c0 * VL, ldb, C + r0 * ldc + c0 * VL, ldc, K, acc, MV, NV)
+      MR_CASES(MM, mr)
+#undef MM
+    }
+  }
+}
+
+/* ---- one key block ----------------------------------------------------------- */
+
+typedef struct kb_ctx {
+  const attn__bwd_args *a;
+  int64_t b, hk, c;
+  float *kt, *vt, *dkt, *dvt, *kr, *s, *dp, *qr, *dor, *mu, *di;
+  const char *kbase, *vbase;
+  int64_t j0, nkt;
+} kb_ctx;
+
+static const char *row_at(const attn_request *r, const void *base, const int64_t st[3], int64_t b,
+                          int64_t h, int64_t i) {
+  return (const char *)base +
+         (size_t)(b * st[0] + h * st[1] + i * st[2]) * attn_dtype_size(r->dtype);
+}
+
+static void *out_row(const attn_request *r, void *base, const int64_t st[3], int64_t b, int64_t h,
+                     int64_t i) {
+  return (char *)base + (size_t)(b * st[0] + h * st[1] + i * st[2]) * attn_dtype_size(r->dtype);
+}
+
+/* Row i of (b, h) of the dQ partial of chunk c. */
+static float *dq_part(const attn__bwd_args *a, int64_t c, int64_t b, int64_t h, int64_t i) {
+  const attn_request *r = a->r;
+  const int64_t rows = r->batch * r->heads_q * r->seq_q;
+  return a->dqp + ((c * rows) + (b * r->heads_q + h) * r->seq_q + i) * a->dld;
+}
+
+/* Kᵀ and Vᵀ (D × BK, keys past nkt zero) and K rows (padded with zeros). */
+static void pack_kv(kb_ctx *x) {
+  const attn_request *r = x->a->r;
+  const int64_t D = r->head_dim, dld = x->a->dld, es = (int64_t)attn_dtype_size(r->dtype);
+  for (int64_t jj = 0; jj < BK; jj++) {
+    float *kr = x->kr + jj * dld, *vr = x->qr;
+    if (jj < x->nkt) {
+      load_row(kr, x->kbase + (x->j0 + jj) * r->k_stride[2] * es, r->dtype, D);
+      load_row(vr, x->vbase + (x->j0 + jj) * r->v_stride[2] * es, r->dtype, D);
+    } else {
+      for (int64_t d = 0; d < D; d++)
+        kr[d] = vr[d] = 0.0f;
+    }
+    for (int64_t d = D; d < dld; d++)
+      kr[d] = 0.0f;
+    for (int64_t d = 0; d < D; d++) {
+      x->kt[d * BK + jj] = kr[d];
+      x->vt[d * BK + jj] = vr[d];
+    }
+  }
+}
+
+/* Zeroes P outside row i's window and past the block's last key. */
+static void mask_row(const kb_ctx *x, int64_t i, float *p) {
+  const attn__bwd_args *a = x->a;
+  int64_t lo = a->wl < 0 ? 0 : i + a->off - a->wl;
+  int64_t hi = a->wr < 0 ? a->r->seq_kv - 1 : i + a->off + a->wr;
+  hi = hi < x->j0 + x->nkt - 1 ? hi : x->j0 + x->nkt - 1;
+  for (int64_t jj = 0; jj < BK; jj++)
+    if (x->j0 + jj < lo || x->j0 + jj > hi)
+      p[jj] = 0.0f;
+}
+
+/* P = 2^(S·scale2 − mu) in place of S, then dS = P∘(dP − Dᵢ) in place of dP. */
+static void softmax_grad(const kb_ctx *x, int64_t i0, int64_t n, bool full) {
+  const vf sc = vset1(x->a->scale2);
+  for (int64_t ii = 0; ii < n; ii++) {
+    float *s = x->s + ii * BK, *dp = x->dp + ii * BK;
+    const vf nmu = vset1(-x->mu[ii]), di = vset1(x->di[ii]);
+    for (int v = 0; v < NVK; v++)
+      vstore(s + v * VL, vexp2(vfma(vload(s + v * VL), sc, nmu)));
+    if (!full)
+      mask_row(x, i0 + ii, s);
+    for (int v = 0; v < NVK; v++)
+      vstore(dp + v * VL, vmul(vload(s + v * VL), vsub(vload(dp + v * VL), di)));
+  }
+}
+
+/* Rows [i0, i0 + n) of a query tensor as F32: in place, or widened into buf. */
+static const float *rows_f32(const kb_ctx *x, const void *base, const int64_t st[3], int64_t h,
+                             int64_t i0, int64_t n, float *buf, int64_t *ld) {
+  const attn_request *r = x->a->r;
+  const char *p = row_at(r, base, st, x->b, h, i0);
+  if (r->dtype == ATTN_F32) {
+    *ld = st[2];
+    return (const float *)p;
+  }
+  const int64_t D = r->head_dim, es = (int64_t)attn_dtype_size(r->dtype);
+  for (int64_t ii = 0; ii < n; ii++)
+    load_row(buf + ii * D, p + ii * st[2] * es, r->dtype, D);
+  *ld = D;
+  return buf;
+}
+
+/* Query rows [i0, i0 + n) of head h against the key block. */
+static void pair(kb_ctx *x, int64_t h, int64_t i0, int64_t n) {
+  const attn__bwd_args *a = x->a;
+  const attn_request *r = a->r;
+  const int64_t D = r->head_dim, ilast = i0 + n - 1;
+  int64_t ldq, ldo;
+  const float *q = rows_f32(x, r->q, r->q_stride, h, i0, n, x->qr, &ldq);
+  const float *g = rows_f32(x, r->dout, r->do_stride, h, i0, n, x->dor, &ldo);
+  const int64_t row = (x->b * r->heads_q + h) * r->seq_q + i0;
+  for (int64_t ii = 0; ii < n; ii++) {
+    const float lse = a->lse[row + ii];
+    x->mu[ii] = lse == -INFINITY ? FLT_MAX : lse * (float)M_LOG2E;
+    x->di[ii] = a->di[row + ii];
+  }
+  const bool full = x->nkt == BK && (a->wl < 0 || x->j0 >= ilast + a->off - a->wl) &&
+                    (a->wr < 0 || x->j0 + BK - 1 <= i0 + a->off + a->wr);
+  mm(x->s, BK, n, NVK, D, q, ldq, 1, x->kt, BK, false);
+  mm(x->dp, BK, n, NVK, D, g, ldo, 1, x->vt, BK, false);
+  softmax_grad(x, i0, n, full);
+  mm(x->dvt, BK, D, NVK, n, g, 1, ldo, x->s, BK, true);
+  mm(x->dkt, BK, D, NVK, n, q, 1, ldq, x->dp, BK, true);
+  mm(dq_part(a, x->c, x->b, h, i0), a->dld, n, (int)(a->dld / VL), x->nkt, x->dp, BK, 1, x->kr,
+     a->dld, true);
+}
+
+static bool finite_row(const float *p, int64_t n) {
+  float z = 0.0f;
+  for (int64_t i = 0; i < n; i++)
+    z += p[i] * 0.0f; /* NaN iff some p[i] is not finite */
+  return z == z;
+}
+
+/* The block's rows of dK (times scale) and dV, from their transposes. */
+static void store_kv(const kb_ctx *x) {
+  const attn__bwd_args *a = x->a;
+  const attn_request *r = a->r;
+  const int64_t D = r->head_dim;
+  float *t = x->qr;
+  bool ok = true;
+  for (int64_t jj = 0; jj < x->nkt; jj++) {
+    const int64_t j = x->j0 + jj;
+    for (int64_t d = 0; d < D; d++)
+      t[d] = x->dkt[d * BK + jj] * a->scale;
+    ok &= finite_row(t, D);
+    store_row(out_row(r, r->dk, r->dk_stride, x->b, x->hk, j), t, r->dtype, D);
+    for (int64_t d = 0; d < D; d++)
+      t[d] = x->dvt[d * BK + jj];
+    ok &= finite_row(t, D);
+    store_row(out_row(r, r->dv, r->dv_stride, x->b, x->hk, j), t, r->dtype, D);
+  }
+  if (!ok)
+    __atomic_store_n(a->overflow, 1, __ATOMIC_RELAXED);
+}
+
+/* Every query row of the group that sees a key of [j0, j0 + nkt). */
+static void key_block(kb_ctx *x) {
+  const attn__bwd_args *a = x->a;
+  const attn_request *r = a->r;
+  const int64_t D = r->head_dim, jlast = x->j0 + x->nkt - 1;
+  pack_kv(x);
+  for (int64_t e = 0; e < D * BK; e++)
+    x->dkt[e] = x->dvt[e] = 0.0f;
+  /* Query i sees key j iff j - off - wr <= i <= j - off + wl. */
+  int64_t ilo = a->wr < 0 ? 0 : x->j0 - a->off - a->wr;
+  int64_t ihi = a->wl < 0 ? r->seq_q - 1 : jlast - a->off + a->wl;
+  ilo = ilo < 0 ? 0 : ilo;
+  ihi = ihi > r->seq_q - 1 ? r->seq_q - 1 : ihi;
+  for (int64_t g = 0; g < a->group; g++)
+    for (int64_t i0 = ilo; i0 <= ihi; i0 += BQ)
+      pair(x, x->hk * a->group + g, i0, ihi - i0 + 1 < BQ ? ihi - i0 + 1 : BQ);
+  store_kv(x);
+}
+
+static void keys(const attn__bwd_args *a, int64_t b, int64_t hk, int64_t c, void *ws) {
+  const attn_request *r = a->r;
+  const int64_t es = (int64_t)attn_dtype_size(r->dtype);
+  kb_ctx x = {.a = a, .b = b, .hk = hk, .c = c};
+  x.kt = ws;
+  x.vt = x.kt + MAXD * BK;
+  x.dkt = x.vt + MAXD * BK;
+  x.dvt = x.dkt + MAXD * BK;
+  x.kr = x.dvt + MAXD * BK;
+  x.s = x.kr + BK * MAXD;
+  x.dp = x.s + BQ * BK;
+  x.qr = x.dp + BQ * BK;
+  x.dor = x.qr + BQ * MAXD;
+  x.mu = x.dor + BQ * MAXD;
+  x.di = x.mu + BQ;
+  x.kbase = (const char *)r->k + (b * r->k_stride[0] + hk * r->k_stride[1]) * es;
+  x.vbase = (const char *)r->v + (b * r->v_stride[0] + hk * r->v_stride[1]) * es;
+  /* This item alone writes chunk c of the group's dQ partial. */
+  for (int64_t g = 0; g < a->group; g++) {
+    float *p = dq_part(a, c, b, hk * a->group + g, 0);
+    for (int64_t e = 0; e < r->seq_q * a->dld; e++)
+      p[e] = 0.0f;
+  }
+  const int64_t nkb = (r->seq_kv + BK - 1) / BK, kb0 = c * a->chunk_blocks;
+  const int64_t kb1 = kb0 + a->chunk_blocks < nkb ? kb0 + a->chunk_blocks : nkb;
+  for (int64_t kb = kb0; kb < kb1; kb++) {
+    x.j0 = kb * BK;
+    x.nkt = r->seq_kv - x.j0 < BK ? r->seq_kv - x.j0 : BK;
+    key_block(&x);
+  }
+}
+
+/* ---- phases 1 and 3 ------------------------------------------------------------ */
+
+/* Horizontal sum, lanes in order (off the hot path). */
+static float vhsum(vf x) {
+  float t[VL], s = 0.0f;
+  memcpy(t, &x, sizeof t);
+  for (int i = 0; i < VL; i++)
+    s += t[i];
+  return s;
+}
+
+static void rowdot(const attn__bwd_args *a, int64_t b, int64_t h, int64_t i0, int64_t n) {
+  const attn_request *r = a->r;
+  const int64_t D = r->head_dim;
+  float o[MAXD], g[MAXD];
+  for (int64_t i = i0; i < i0 + n; i++) {
+    load_row(o, row_at(r, r->o, r->o_stride, b, h, i), r->dtype, D);
+    load_row(g, row_at(r, r->dout, r->do_stride, b, h, i), r->dtype, D);
+    vf acc = vset1(0.0f);
+    int64_t d = 0;
+    for (; d + VL <= D; d += VL)
+      acc = vfma(vload(o + d), vload(g + d), acc);
+    float s = vhsum(acc);
+    for (; d < D; d++)
+      s += o[d] * g[d];
+    a->di[(b * r->heads_q + h) * r->seq_q + i] = s;
+  }
+}
+
+static void store_dq(const attn__bwd_args *a, int64_t b, int64_t h, int64_t i0, int64_t n,
+                     void *ws) {
+  const attn_request *r = a->r;
+  float *t = ws;
+  const vf sc = vset1(a->scale);
+  bool ok = true;
+  for (int64_t i = i0; i < i0 + n; i++) {
+    for (int64_t d = 0; d < a->dld; d += VL) {
+      vf s = vload(dq_part(a, 0, b, h, i) + d);
+      for (int64_t c = 1; c < a->nchunk; c++)
+        s = vadd(s, vload(dq_part(a, c, b, h, i) + d));
+      vstore(t + d, vmul(s, sc));
+    }
+    ok &= finite_row(t, r->head_dim);
+    store_row(out_row(r, r->dq, r->dq_stride, b, h, i), t, r->dtype, r->head_dim);
+  }
+  if (!ok)
+    __atomic_store_n(a->overflow, 1, __ATOMIC_RELAXED);
+}
+
+const attn__bwd_kernel CAT(attn__bwd_, SUFFIX) = {
+    /* .rowdot   = */ rowdot,
+    /* .keys     = */ keys,
+    /* .store_dq = */ store_dq,
+};

@@ -10,7 +10,9 @@
  * wrap; results that do not fit 64 bits are refused.
  */
 #include "backend.h"
+#include "cpu/cpu_bwd.h"
 #include "cpu/flash.h"
+#include "cpu/flash_bwd.h"
 
 typedef unsigned __int128 u128;
 
@@ -52,9 +54,15 @@ static int plan_backward(const attn_request *r, attn_plan *plan, attn_status *st
   plan->dv = plan->v;
   plan->dp = plan->ds = plan->s;
   plan->delta = plan->lse;
-  if ((rc = fit(st, "the dq accumulators", bq * (u128)r->seq_q * (u128)r->head_dim * 4,
+  /* What the CPU backend holds: one F32 copy of dQ (rows padded to its
+   * vector width) per key chunk, and a larger tile workspace. */
+  int64_t chunk_blocks, nchunk = attn__cpu_bwd_chunks(r, &chunk_blocks);
+  const u128 dld = (u128)((r->head_dim + ATTN_BWD_DALIGN - 1) / ATTN_BWD_DALIGN * ATTN_BWD_DALIGN);
+  if ((rc = fit(st, "the dq accumulators", (u128)nchunk * bq * (u128)r->seq_q * dld * 4,
                 &plan->dq_accum)))
     return rc;
+  plan->workspace_per_thread = ATTN_BWD_WS_FLOATS * sizeof(float);
+  plan->workspace = plan->workspace_per_thread * (uint64_t)plan->threads;
   u128 io =
       (u128)plan->q + plan->k + plan->v + plan->o + plan->dout + plan->dq + plan->dk + plan->dv;
   u128 sp4 = 2 * (u128)plan->s_plus_p;

@@ -197,15 +197,13 @@ static void prep_finish(attn_pool_task *task) {
   attn_pool_submit(bj->pool, &bj->task);
 }
 
-/* Key chunks per (batch, KV head): a function of the shape only. */
-static void plan_chunks(bwd_job *bj) {
-  const attn_request *r = &bj->job->req;
+int64_t attn__cpu_bwd_chunks(const attn_request *r, int64_t *pchunk_blocks) {
   const int64_t nkb = (r->seq_kv + BK - 1) / BK, bhk = r->batch * r->heads_kv;
   int64_t n = (TARGET_ITEMS + bhk - 1) / bhk;
   n = n < MAX_CHUNKS ? n : MAX_CHUNKS;
   n = n < nkb ? n : nkb;
-  bj->args.chunk_blocks = (nkb + n - 1) / n;
-  bj->args.nchunk = (nkb + bj->args.chunk_blocks - 1) / bj->args.chunk_blocks;
+  *pchunk_blocks = (nkb + n - 1) / n;
+  return (nkb + *pchunk_blocks - 1) / *pchunk_blocks;
 }
 
 /* The forward request whose only output is the lse. */
@@ -259,7 +257,7 @@ static int plan(bwd_job *bj) {
   a->group = r->heads_q / r->heads_kv;
   a->dld = (r->head_dim + ATTN_BWD_DALIGN - 1) / ATTN_BWD_DALIGN * ATTN_BWD_DALIGN;
   a->overflow = &bj->overflow;
-  plan_chunks(bj);
+  a->nchunk = attn__cpu_bwd_chunks(r, &a->chunk_blocks);
   bj->nqb = (r->seq_q + BQ - 1) / BQ;
   bj->nrow = r->batch * r->heads_q * bj->nqb;
   bj->di = malloc(rows * sizeof *bj->di);

@@ -547,3 +547,7 @@ terr_bwd tref_bwd_check(const tcase *c, const tref_bwd *ref) {
   e.dv = grad_err(c, c->dv, r->dv_stride, true, ref->dv, &e.zeros_ok);
   return e;
 }
+
+bool terr_bwd_within(const terr_bwd *e, double tol) {
+  return e->dq <= tol && e->dk <= tol && e->dv <= tol;
+}

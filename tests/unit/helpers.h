@@ -93,6 +93,8 @@ typedef struct terr_bwd {
   bool zeros_ok;
 } terr_bwd;
 terr_bwd tref_bwd_check(const tcase *c, const tref_bwd *ref);
+/* Whether dq, dk and dv are each within tol (zeros_ok is not looked at). */
+bool terr_bwd_within(const terr_bwd *e, double tol);
 
 /* Threshold on terr.o for a dtype (F32 1e-5; F16 1e-3; BF16 8e-3). */
 double ttol(attn_dtype dt);

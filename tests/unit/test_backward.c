@@ -63,7 +63,7 @@ static int check_run(attn_engine *e, tcase *c, const tref_bwd *ref, const char *
     return 1;
   terr_bwd err = tref_bwd_check(c, ref);
   const double tol = ttol(c->p.dt);
-  bool ok = err.dq <= tol && err.dk <= tol && err.dv <= tol && err.zeros_ok;
+  bool ok = terr_bwd_within(&err, tol) && err.zeros_ok;
   cr_expect(ok, "%s, %s: errors dq %.3g dk %.3g dv %.3g (tol %.0e), zeros %s",
             tdesc(&c->p, desc, sizeof desc), what, err.dq, err.dk, err.dv, tol,
             err.zeros_ok ? "ok" : "WRONG");

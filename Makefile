@@ -138,7 +138,6 @@ SRVTEST_BIN = $(BUILD)/tests/server
 # or without a device they print one "skipped" line and exit 0.
 GPUTEST_OBJ = $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/gpu/test_*.c)) \
               $(BUILD)/obj/tests/unit/helpers.o $(BUILD)/obj/tests/unit/cases.o \
-              $(BUILD)/obj/tests/unit/bwdcase.o \
               $(BUILD)/obj/clients/benchlib.o
 GPUTEST_BIN = $(BUILD)/tests/gpu
 
@@ -151,7 +150,7 @@ endif
 CUDAMOCK_OBJ = $(BUILD)/obj/tests/cudamock/mock_cudart.o \
                $(BUILD)/obj/tests/cudamock/test_cuda_backend.o \
                $(BUILD)/obj/tests/unit/helpers.o $(BUILD)/obj/tests/unit/cases.o \
-               $(BUILD)/obj/tests/unit/bwdcase.o $(BUILD)/obj/clients/benchlib.o
+               $(BUILD)/obj/clients/benchlib.o
 
 # ---- fuzzing (libFuzzer, clang) ---------------------------------------------
 FUZZ_TARGETS = $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))

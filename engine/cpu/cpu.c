@@ -153,17 +153,8 @@ static int scan_verdict(const cpu_job *cj, attn_status *st) {
   const attn_request *r = &cj->job->req;
   const int64_t heads[3] = {r->heads_q, r->heads_kv, r->heads_kv};
   double mx[3] = {0, 0, 0};
-  int64_t at = 0;
-  for (int t = 0; t < 3; t++)
-    for (int64_t i = 0; i < r->batch * heads[t]; i++, at++) {
-      if (cj->bad[at] != INT64_MAX)
-        return attn__nonfinite(st, scan_names[t], i / heads[t], i % heads[t],
-                               cj->bad[at] / r->head_dim, cj->bad[at] % r->head_dim);
-      float f;
-      memcpy(&f, &cj->maxbits[at], sizeof f);
-      mx[t] = fmax(mx[t], f);
-    }
-  return attn__check_magnitudes(r, mx, st);
+  int rc = attn__seen_verdict(r, cj->args.seen, 3, scan_names, heads, mx, st);
+  return rc ? rc : attn__check_magnitudes(r, mx, st);
 }
 
 /* One query row of a split: the chunks' partials combined in chunk order,
@@ -242,24 +233,11 @@ static int plan_split(cpu_job *cj) {
   return cj->po && cj->pm && cj->pl ? 0 : -1;
 }
 
-/* The seen arrays: no non-finite element (INT64_MAX), max |x| = 0. */
+/* The seen arrays of q, k and v. */
 static int plan_scan(cpu_job *cj) {
   const attn_request *r = &cj->job->req;
-  const int64_t nh[3] = {r->batch * r->heads_q, r->batch * r->heads_kv, r->batch * r->heads_kv};
-  const size_t n = (size_t)(nh[0] + nh[1] + nh[2]);
-  cj->bad = malloc(n * sizeof *cj->bad);
-  cj->maxbits = calloc(n, sizeof *cj->maxbits);
-  if (!cj->bad || !cj->maxbits)
-    return -1;
-  for (size_t i = 0; i < n; i++)
-    cj->bad[i] = INT64_MAX;
-  int64_t at = 0;
-  for (int t = 0; t < 3; t++) {
-    cj->args.seen[t].bad = cj->bad + at;
-    cj->args.seen[t].maxbits = cj->maxbits + at;
-    at += nh[t];
-  }
-  return 0;
+  const int64_t heads[3] = {r->heads_q, r->heads_kv, r->heads_kv};
+  return attn__seen_init(r, cj->args.seen, 3, heads, &cj->bad, &cj->maxbits);
 }
 
 static void plan_blocks(cpu_job *cj) {
@@ -273,6 +251,42 @@ static void plan_blocks(cpu_job *cj) {
   cj->hchunks = (cj->args.group + cj->hb - 1) / cj->hb;
   cj->ncompute = cj->nsplit ? r->batch * r->heads_kv * cj->nsplit
                             : r->batch * r->heads_kv * cj->hchunks * cj->nqt;
+}
+
+int attn__seen_init(const attn_request *r, attn__flash_seen *seen, int nt, const int64_t *heads,
+                    int64_t **bad, uint32_t **maxbits) {
+  size_t n = 0;
+  for (int t = 0; t < nt; t++)
+    n += (size_t)(r->batch * heads[t]);
+  *bad = malloc(n * sizeof **bad);
+  *maxbits = calloc(n, sizeof **maxbits);
+  if (!*bad || !*maxbits)
+    return -1;
+  for (size_t i = 0; i < n; i++)
+    (*bad)[i] = INT64_MAX;
+  int64_t at = 0;
+  for (int t = 0; t < nt; t++) {
+    seen[t].bad = *bad + at;
+    seen[t].maxbits = *maxbits + at;
+    at += r->batch * heads[t];
+  }
+  return 0;
+}
+
+int attn__seen_verdict(const attn_request *r, const attn__flash_seen *seen, int nt,
+                       const char *const *names, const int64_t *heads, double *mx,
+                       attn_status *st) {
+  for (int t = 0; t < nt; t++)
+    for (int64_t i = 0; i < r->batch * heads[t]; i++) {
+      const int64_t bad = seen[t].bad[i];
+      if (bad != INT64_MAX)
+        return attn__nonfinite(st, names[t], i / heads[t], i % heads[t], bad / r->head_dim,
+                               bad % r->head_dim);
+      float f;
+      memcpy(&f, &seen[t].maxbits[i], sizeof f);
+      mx[t] = fmax(mx[t], f);
+    }
+  return 0;
 }
 
 void attn__seen_record(const attn__flash_seen *s, int64_t head, int64_t bad, float maxabs) {

@@ -109,23 +109,12 @@ static void prep_run(attn_pool_task *task, int64_t item, void *ws) {
  * head) order), then magnitudes. */
 static int verdict(const bwd_job *bj, attn_status *st) {
   const attn_request *r = &bj->job->req;
-  int rc = attn__check_lse(r, st);
-  if (rc)
-    return rc;
+  const int64_t heads[NTENSORS] = {r->heads_q, r->heads_kv, r->heads_kv, r->heads_q, r->heads_q};
   double mx[NTENSORS] = {0};
-  for (int t = 0; t < NTENSORS; t++) {
-    const int64_t nh = t == T_K || t == T_V ? r->heads_kv : r->heads_q;
-    for (int64_t i = 0; i < r->batch * nh; i++) {
-      const int64_t bad = bj->seen[t].bad[i];
-      if (bad != INT64_MAX)
-        return attn__nonfinite(st, tensor_names[t], i / nh, i % nh, bad / r->head_dim,
-                               bad % r->head_dim);
-      float f;
-      memcpy(&f, &bj->seen[t].maxbits[i], sizeof f);
-      mx[t] = fmax(mx[t], f);
-    }
-  }
-  return attn__check_magnitudes_bwd(r, mx, st);
+  int rc = attn__check_lse(r, st);
+  if (!rc)
+    rc = attn__seen_verdict(r, bj->seen, NTENSORS, tensor_names, heads, mx, st);
+  return rc ? rc : attn__check_magnitudes_bwd(r, mx, st);
 }
 
 static void keys_run(attn_pool_task *task, int64_t item, void *ws) {
@@ -225,24 +214,11 @@ static void plan_forward(bwd_job *bj) {
   bj->fargs.group = bj->args.group;
 }
 
-/* The seen arrays: no non-finite element (INT64_MAX), max |x| = 0. */
+/* The seen arrays of q, k, v, o and do. */
 static int plan_seen(bwd_job *bj) {
   const attn_request *r = &bj->job->req;
-  const int64_t nq = r->batch * r->heads_q, nk = r->batch * r->heads_kv;
-  const size_t n = (size_t)(3 * nq + 2 * nk);
-  bj->bad = malloc(n * sizeof *bj->bad);
-  bj->maxbits = calloc(n, sizeof *bj->maxbits);
-  if (!bj->bad || !bj->maxbits)
-    return -1;
-  for (size_t i = 0; i < n; i++)
-    bj->bad[i] = INT64_MAX;
-  int64_t at = 0;
-  for (int t = 0; t < NTENSORS; t++) {
-    bj->seen[t].bad = bj->bad + at;
-    bj->seen[t].maxbits = bj->maxbits + at;
-    at += t == T_K || t == T_V ? nk : nq;
-  }
-  return 0;
+  const int64_t heads[NTENSORS] = {r->heads_q, r->heads_kv, r->heads_kv, r->heads_q, r->heads_q};
+  return attn__seen_init(r, bj->seen, NTENSORS, heads, &bj->bad, &bj->maxbits);
 }
 
 static int plan(bwd_job *bj) {

@@ -30,6 +30,18 @@ typedef struct attn__flash_seen {
  * non-finite element (-1: none), else its largest |x| (cpu.c; atomic). */
 void attn__seen_record(const attn__flash_seen *s, int64_t head, int64_t bad, float maxabs);
 
+/* Points seen[t] (t < nt) at r->batch·heads[t] entries, cut from one pair
+ * of allocations (*bad, *maxbits: the caller frees them) that say no
+ * non-finite element (INT64_MAX) and max |x| = 0. Returns -1 out of memory. */
+int attn__seen_init(const attn_request *r, attn__flash_seen *seen, int nt, const int64_t *heads,
+                    int64_t **bad, uint32_t **maxbits);
+
+/* What seen[] recorded of nt tensors (names[t], heads[t] heads a batch):
+ * ENONFINITE for the first non-finite element, the tensors in order and
+ * (batch, head) order within each; else 0 with mx[t] tensor t's max |x|. */
+int attn__seen_verdict(const attn_request *r, const attn__flash_seen *seen, int nt,
+                       const char *const *names, const int64_t *heads, double *mx, attn_status *st);
+
 #include "flash_bwd.h"
 
 typedef struct attn__flash_args {

@@ -11,7 +11,6 @@
  * The kernels themselves are tested elsewhere
  * (tests/unit/test_cuda_layout.c here, tests/gpu on a GPU).
  */
-#include "bwdcase.h"
 #include "cases.h"
 #include "cuda/kernels.h"
 #include "helpers.h"
@@ -382,22 +381,26 @@ Test(cuda_backend, a_canceled_job_is_never_staged, .init = reset, .timeout = 30)
 /* Runs a backward case on backend cuda; checks it against float64 and how
  * many kernel launches it took (a forward first when lse is absent). */
 static bool check_bwd(attn_engine *e, const tprob *p, uint64_t seed, bool with_lse) {
-  tbwd t;
+  tcase c;
+  tref_bwd ref;
   char desc[200];
   attn_status st = {0};
   tdesc(p, desc, sizeof desc);
-  cr_assert_eq(tbwd_init(&t, p, seed, with_lse, &st), 0, "%s: %s", desc, st.message);
+  tcase_init(&c, p, seed);
+  cr_assert_eq(tcase_backward(&c, with_lse, ~seed, &st), 0, "%s: %s", desc, st.message);
+  cr_assert_eq(tref_bwd_compute(&c, &ref, &st), 0, "%s: %s", desc, st.message);
   long launches = mock_launches();
-  int rc = trun(e, &t.c, "cuda", &st);
+  int rc = trun(e, &c, "cuda", &st);
   bool ok = rc == 0;
   cr_expect_eq(rc, 0, "%s lse %d: %s", desc, with_lse, st.message);
   if (ok) {
-    tbwd_err err = tbwd_check(&t);
-    ok = tbwd_pass(&err, ttol(p->dt)) && mock_launches() - launches == (with_lse ? 1 : 2);
+    terr_bwd err = tref_bwd_check(&c, &ref);
+    ok = terr_bwd_within(&err, ttol(p->dt)) && mock_launches() - launches == (with_lse ? 1 : 2);
     cr_expect(ok, "%s lse %d: dq %.3g dk %.3g dv %.3g (tol %.0e), %ld launches", desc, with_lse,
               err.dq, err.dk, err.dv, ttol(p->dt), mock_launches() - launches);
   }
-  tbwd_free(&t);
+  tref_bwd_free(&ref);
+  tcase_free(&c);
   return ok;
 }
 
@@ -441,16 +444,16 @@ Test(cuda_backend, backward_through_staging, .init = reset) {
   cr_expect_eq(mock_pinned_buffers(), 0, "pinned buffers left");
 }
 
-/* A value planted in tensor `name` ("o", "do") of t at (b, h, n, d). */
-static void plant_q_shaped(tbwd *t, const char *name, int64_t b, int64_t h, int64_t n, int64_t d,
+/* A value planted in tensor `name` ("o", "do") of c at (b, h, n, d). */
+static void plant_q_shaped(tcase *c, const char *name, int64_t b, int64_t h, int64_t n, int64_t d,
                            float x) {
-  const attn_request *r = &t->c.req;
+  const attn_request *r = &c->req;
   const int64_t *s = !strcmp(name, "o") ? r->o_stride : r->do_stride;
   int64_t s0 = s[0], s1 = s[1], s2 = s[2];
   if (!s0 && !s1 && !s2)
-    s2 = t->c.p.d, s1 = t->c.p.nq * s2, s0 = t->c.p.hq * s1;
-  void *base = !strcmp(name, "o") ? t->c.o : t->dout;
-  attn_store_elem(base, t->c.p.dt, (size_t)(b * s0 + h * s1 + n * s2 + d), x);
+    s2 = c->p.d, s1 = c->p.nq * s2, s0 = c->p.hq * s1;
+  void *base = !strcmp(name, "o") ? c->o : c->dout;
+  attn_store_elem(base, c->p.dt, (size_t)(b * s0 + h * s1 + n * s2 + d), x);
 }
 
 Test(cuda_backend, backward_refuses_what_forward_refuses, .init = reset) {
@@ -461,36 +464,38 @@ Test(cuda_backend, backward_refuses_what_forward_refuses, .init = reset) {
       for (int strided = 0; strided < 2; strided++) {
         tprob p = tprob_make(2, 4, 2, 9, 11, 37, (attn_dtype)dt);
         p.strided = strided;
-        tbwd c;
+        tcase c;
         attn_status st = {0};
-        cr_assert_eq(tbwd_init(&c, &p, 21, true, &st), 0, "%s", st.message);
+        tcase_init(&c, &p, 21);
+        cr_assert_eq(tcase_backward(&c, true, ~21ull, &st), 0, "%s", st.message);
         plant_q_shaped(&c, tn[t], 1, 3 - t, 8 - t, 36 - t, INFINITY);
-        int rc = trun(e, &c.c, "cuda", &st);
+        int rc = trun(e, &c, "cuda", &st);
         char want[128];
         snprintf(want, sizeof want, "tensor %s holds a non-finite value at [1, %d, %d, %d]", tn[t],
                  3 - t, 8 - t, 36 - t);
         cr_expect(rc == ATTN_ENONFINITE && strstr(st.message, want), "%s %s strided %d: %s: %s",
                   attn_dtype_name(p.dt), tn[t], strided, attn_err_name(rc), st.message);
-        tbwd_free(&c);
+        tcase_free(&c);
       }
   /* lse: NaN is non-finite; -inf on a row that sees keys is a wrong lse */
   tprob p = tprob_make(1, 2, 1, 6, 6, 16, ATTN_BF16);
-  tbwd c;
+  tcase c;
   attn_status st = {0};
-  cr_assert_eq(tbwd_init(&c, &p, 22, true, &st), 0, "%s", st.message);
+  tcase_init(&c, &p, 22);
+  cr_assert_eq(tcase_backward(&c, true, ~22ull, &st), 0, "%s", st.message);
   long launches = mock_launches();
-  c.lse[7] = NAN;
-  cr_expect_eq(trun(e, &c.c, "cuda", &st), ATTN_ENONFINITE, "%s", st.message);
+  c.lse_in[7] = NAN;
+  cr_expect_eq(trun(e, &c, "cuda", &st), ATTN_ENONFINITE, "%s", st.message);
   cr_expect(strstr(st.message, "tensor lse") && strstr(st.message, "[0, 1, 1]"), "%s", st.message);
-  c.lse[7] = -INFINITY;
-  cr_expect_eq(trun(e, &c.c, "cuda", &st), ATTN_EINVAL, "%s", st.message);
+  c.lse_in[7] = -INFINITY;
+  cr_expect_eq(trun(e, &c, "cuda", &st), ATTN_EINVAL, "%s", st.message);
   cr_expect_eq(mock_launches(), launches, "a refused lse launches nothing");
   /* m, l or lse outputs: a backward pass returns no statistics */
-  c.lse[7] = 0;
+  c.lse_in[7] = 0;
   float stat[12];
-  c.c.req.lse = stat;
-  cr_expect_eq(trun(e, &c.c, "cuda", &st), ATTN_EINVAL, "%s", st.message);
-  tbwd_free(&c);
+  c.req.lse = stat;
+  cr_expect_eq(trun(e, &c, "cuda", &st), ATTN_EINVAL, "%s", st.message);
+  tcase_free(&c);
   attn_engine_close(e);
 }
 
@@ -500,18 +505,19 @@ Test(cuda_backend, backward_sizes_and_device_failures, .init = reset) {
   /* out of device memory: retryable, the device stays */
   mock_knobs k = {1, 9, (size_t)8 << 30, 1, 0, 0};
   mock_set(&k);
-  tbwd c;
+  tcase c;
   attn_status st = {0};
-  cr_assert_eq(tbwd_init(&c, &p, 31, false, &st), 0, "%s", st.message);
-  cr_expect_eq(trun(e, &c.c, "cuda", &st), ATTN_ENOMEM, "%s", st.message);
+  tcase_init(&c, &p, 31);
+  cr_assert_eq(tcase_backward(&c, false, ~31ull, &st), 0, "%s", st.message);
+  cr_expect_eq(trun(e, &c, "cuda", &st), ATTN_ENOMEM, "%s", st.message);
   cr_expect(check_bwd(e, &p, 32, false), "the next backward runs");
   /* the forward that recomputes lse fails to launch: the device is done */
   k.fail_alloc = 0;
   k.fail_launch = 1;
   mock_set(&k);
-  cr_expect_eq(trun(e, &c.c, "cuda", &st), ATTN_EDEVICE, "%s", st.message);
+  cr_expect_eq(trun(e, &c, "cuda", &st), ATTN_EDEVICE, "%s", st.message);
   cr_expect(strstr(st.message, "the forward pass that recomputes lse"), "%s", st.message);
-  tbwd_free(&c);
+  tcase_free(&c);
   attn_engine_close(e);
   cr_expect_eq(mock_device_bytes(), 0);
   /* bigger than the card: refused up front; a forward of the same shape
@@ -521,39 +527,46 @@ Test(cuda_backend, backward_sizes_and_device_failures, .init = reset) {
   mock_set(&k);
   e = open_cuda(2, NULL);
   tprob big = tprob_make(1, 8, 8, 256, 256, 64, ATTN_F32);
-  cr_assert_eq(tbwd_init(&c, &big, 33, true, &st), 0, "%s", st.message);
-  cr_expect_eq(trun(e, &c.c, "cuda", &st), ATTN_ETOOBIG, "%s", st.message);
+  tcase_init(&c, &big, 33);
+  cr_assert_eq(tcase_backward(&c, true, ~33ull, &st), 0, "%s", st.message);
+  cr_expect_eq(trun(e, &c, "cuda", &st), ATTN_ETOOBIG, "%s", st.message);
   cr_expect(strstr(st.message, "MiB of device memory"), "%s", st.message);
   tcase f;
   tcase_init(&f, &big, 34);
   cr_expect_eq(trun(e, &f, "cuda", &st), 0, "forward: %s", st.message);
   tcase_free(&f);
-  tbwd_free(&c);
+  tcase_free(&c);
   attn_engine_close(e);
 }
 
 Test(cuda_backend, a_canceled_backward_is_never_staged, .init = reset, .timeout = 30) {
   attn_engine *e = open_cuda(1, NULL);
   tprob p = tprob_make(1, 2, 1, 20, 30, 64, ATTN_BF16);
-  tbwd a, b;
+  tcase a, b;
+  tref_bwd ref;
   attn_status st = {0};
-  cr_assert_eq(tbwd_init(&a, &p, 41, true, &st), 0, "%s", st.message);
-  cr_assert_eq(tbwd_init(&b, &p, 42, false, &st), 0, "%s", st.message);
+  tcase_init(&a, &p, 41);
+  tcase_init(&b, &p, 42);
+  cr_assert_eq(tcase_backward(&a, true, ~41ull, &st), 0, "%s", st.message);
+  cr_assert_eq(tcase_backward(&b, false, ~42ull, &st), 0, "%s", st.message);
+  cr_assert_eq(tref_bwd_compute(&a, &ref, &st), 0, "%s", st.message);
   int flag = 0;
-  b.c.req.cancel = &flag;
-  a.c.req.backend = b.c.req.backend = "cuda";
+  b.req.cancel = &flag;
+  a.req.backend = b.req.backend = "cuda";
   cancel_outcome oa = {.cancel_other = &flag}, ob = {0};
   long launches = mock_launches();
-  cr_assert_eq(attn_engine_submit(e, &a.c.req, cancel_done, &oa, &st), 0, "%s", st.message);
-  cr_assert_eq(attn_engine_submit(e, &b.c.req, cancel_done, &ob, &st), 0, "%s", st.message);
+  cr_assert_eq(attn_engine_submit(e, &a.req, cancel_done, &oa, &st), 0, "%s", st.message);
+  cr_assert_eq(attn_engine_submit(e, &b.req, cancel_done, &ob, &st), 0, "%s", st.message);
   attn_engine_close(e);
   cr_expect(oa.calls == 1 && oa.res.status.code == 0, "job A: %s", oa.res.status.message);
-  tbwd_err err = tbwd_check(&a);
-  cr_expect(tbwd_pass(&err, ttol(p.dt)), "job A: dq %.3g dk %.3g dv %.3g", err.dq, err.dk, err.dv);
+  terr_bwd err = tref_bwd_check(&a, &ref);
+  cr_expect(terr_bwd_within(&err, ttol(p.dt)), "job A: dq %.3g dk %.3g dv %.3g", err.dq, err.dk,
+            err.dv);
   cr_expect(ob.calls == 1 && ob.res.status.code == ATTN_ECANCELED, "job B: %d calls, %s", ob.calls,
             ob.res.status.message);
   cr_expect_eq(mock_launches() - launches, 1, "only job A launched");
   cr_expect_eq(mock_device_bytes(), 0);
-  tbwd_free(&a);
-  tbwd_free(&b);
+  tref_bwd_free(&ref);
+  tcase_free(&a);
+  tcase_free(&b);
 }

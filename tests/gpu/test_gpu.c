@@ -31,7 +31,6 @@
  * Exit status: 0 all passed or skipped, 1 a case failed, 2 usage, 3 watchdog.
  */
 #define _GNU_SOURCE
-#include "bwdcase.h"
 #include "gpu_test.h"
 
 #include <inttypes.h>
@@ -1095,13 +1094,14 @@ static int list_backward(tprob *ps) {
 static void backward_problem(tgroup *g, attn_engine *e, const tprob *p, uint64_t seed) {
   char desc[200], kn[48];
   tdesc(p, desc, sizeof desc);
-  tprob bp = *p;
   for (int with_lse = 0; with_lse < 2; with_lse++) {
-    tbwd t;
+    tcase c;
+    tref_bwd ref = {0};
     attn_status st = {0};
-    if (tbwd_init(&t, &bp, seed, with_lse, &st) < 0) {
+    tcase_init(&c, p, seed);
+    if (tcase_backward(&c, with_lse, ~seed, &st) < 0 || tref_bwd_compute(&c, &ref, &st) < 0) {
       tg_case(g, false, "%s: the reference failed: %s", desc, st.message);
-      tbwd_free(&t);
+      tcase_free(&c);
       continue;
     }
     attn_cu_params prm;
@@ -1114,10 +1114,10 @@ static void backward_problem(tgroup *g, attn_engine *e, const tprob *p, uint64_t
     g_set_current("%s: %s lse %d", g->name, desc, with_lse);
     bool ok = !g_dead;
     char why[300] = "";
-    tbwd_err worst = {0, 0, 0};
+    terr_bwd worst = {0, 0, 0, true};
     for (int run = 0; run < 2 && ok; run++) {
-      tbwd_poison(&t);
-      int rc = trun(e, &t.c, g_backend, &st);
+      tcase_poison_grads(&c);
+      int rc = trun(e, &c, g_backend, &st);
       if (rc != 0) {
         snprintf(why, sizeof why, "run %d: %s: %s", run + 1, attn_err_name(rc), st.message);
         if (on_gpu() && (rc == ATTN_EDEVICE || rc == ATTN_ENODEV))
@@ -1125,12 +1125,12 @@ static void backward_problem(tgroup *g, attn_engine *e, const tprob *p, uint64_t
         ok = false;
         break;
       }
-      tbwd_err err = tbwd_check(&t);
+      terr_bwd err = tref_bwd_check(&c, &ref);
       worst.dq = fmax(worst.dq, err.dq), worst.dk = fmax(worst.dk, err.dk);
       worst.dv = fmax(worst.dv, err.dv);
       terr te = {.o = fmax(err.dq, fmax(err.dk, err.dv)), .masked_ok = true};
       tg_errors(g, p->dt, &te, false);
-      if (!tbwd_pass(&err, g_tol_o(p->dt))) {
+      if (!terr_bwd_within(&err, g_tol_o(p->dt))) {
         snprintf(why, sizeof why, "run %d: dq %.3g dk %.3g dv %.3g (tol %.0e)", run + 1, err.dq,
                  err.dk, err.dv, g_tol_o(p->dt));
         ok = false;
@@ -1142,7 +1142,8 @@ static void backward_problem(tgroup *g, attn_engine *e, const tprob *p, uint64_t
     else
       tg_case(g, false, "%s %s lse %d seed %#" PRIx64 ": %s", desc, kn, with_lse, seed,
               g_dead ? "not run (CUDA context broken earlier)" : why);
-    tbwd_free(&t);
+    tref_bwd_free(&ref);
+    tcase_free(&c);
   }
 }
 

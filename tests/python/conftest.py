@@ -108,3 +108,10 @@ def small_queue_server(tmp_path_factory):
 @pytest.fixture
 def client(server):
     return server.client()
+
+
+def attnd_error(fn, *a, **kw):
+    """The AttndError that fn(*a, **kw) raises (the test fails if it raises none)."""
+    with pytest.raises(attnd.AttndError) as e:
+        fn(*a, **kw)
+    return e.value

@@ -9,6 +9,7 @@ import attnd
 
 from attn_ref import (BF16, CASES, TOL, TOL_BF16, rand, reference, reference_backward,
                       rel_err)
+from conftest import attnd_error
 
 BACKEND = None   # the default (auto): the cpu backend here, cuda with a device
 
@@ -124,22 +125,16 @@ def test_backward_ml_dtypes(client):
 # ---------------------------------------------------------------------------------------
 # errors: the server's code and message, as for the forward pass
 
-def _error(fn, *a, **kw):
-    with pytest.raises(attnd.AttndError) as e:
-        fn(*a, **kw)
-    return e.value
-
-
 @pytest.mark.parametrize("wire", ["binary", "json"])
 def test_backward_shape_mismatch(client, wire):
     q, k, v, do = _inputs(26, (2, 4, 8), (2, 5, 8))
     o = client.attention(q, k, v)
-    e = _error(client.attention_backward, q, k, v, o, do[:, :3], backend=BACKEND,
-               json=(wire == "json"))
+    e = attnd_error(client.attention_backward, q, k, v, o, do[:, :3], backend=BACKEND,
+                    json=(wire == "json"))
     assert (e.status, e.code) == (422, "shape_mismatch")
     assert "do" in e.message and str(e).startswith("422 shape_mismatch")
-    e = _error(client.attention_backward, q, k, v, o, do, np.zeros((2, 3), np.float32),
-               backend=BACKEND, json=(wire == "json"))
+    e = attnd_error(client.attention_backward, q, k, v, o, do, np.zeros((2, 3), np.float32),
+                    backend=BACKEND, json=(wire == "json"))
     assert (e.status, e.code) == (422, "shape_mismatch")
     assert "lse" in e.message
 
@@ -151,11 +146,11 @@ def test_backward_lse_values_reach_the_server(client):
     bad = lse.copy()
     bad[1] = -np.inf
     for json in (False, True):
-        e = _error(client.attention_backward, q, k, v, o, do, bad, backend=BACKEND, json=json)
+        e = attnd_error(client.attention_backward, q, k, v, o, do, bad, backend=BACKEND, json=json)
         assert (e.status, e.code) == (422, "invalid_request"), e
         assert "lse" in e.message
     bad[1] = np.inf
-    e = _error(client.attention_backward, q, k, v, o, do, bad, backend=BACKEND)
+    e = attnd_error(client.attention_backward, q, k, v, o, do, bad, backend=BACKEND)
     assert (e.status, e.code) == (422, "non_finite")
     with pytest.raises(ValueError):   # JSON has no +inf
         client.attention_backward(q, k, v, o, do, bad, backend=BACKEND, json=True)
@@ -165,7 +160,7 @@ def test_backward_non_finite_do(client):
     q, k, v, do = _inputs(28, (4, 8), (4, 8))
     o = client.attention(q, k, v)
     do[2, 3] = np.nan
-    e = _error(client.attention_backward, q, k, v, o, do, backend=BACKEND)
+    e = attnd_error(client.attention_backward, q, k, v, o, do, backend=BACKEND)
     assert (e.status, e.code) == (422, "non_finite")
     assert "do" in e.message
     with pytest.raises(ValueError):
@@ -175,7 +170,7 @@ def test_backward_non_finite_do(client):
 def test_backward_dtype_mismatch(client):
     q, k, v, do = _inputs(29, (4, 8), (4, 8))
     o = client.attention(q, k, v)
-    e = _error(client.attention_backward, q, k, v, o, do.astype(np.float16), backend=BACKEND)
+    e = attnd_error(client.attention_backward, q, k, v, o, do.astype(np.float16), backend=BACKEND)
     assert (e.status, e.code) == (422, "dtype_mismatch")
 
 
@@ -185,5 +180,5 @@ def test_backward_server_down():
         port = s.getsockname()[1]
     c = attnd.Client("http://127.0.0.1:%d" % port, timeout=2)
     x = np.ones((4, 8), np.float32)
-    e = _error(c.attention_backward, x, x, x, x, x)
+    e = attnd_error(c.attention_backward, x, x, x, x, x)
     assert (e.status, e.code) == (0, "unreachable")

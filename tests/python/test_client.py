@@ -16,7 +16,7 @@ import attnd
 from attnd import safetensors
 
 from attn_ref import BF16, CASES, TOL, TOL_BF16, rand, reference, rel_err
-from conftest import ROOT
+from conftest import ROOT, attnd_error
 
 
 
@@ -256,16 +256,10 @@ def test_bf16_bits_without_ml_dtypes(server):
 # ---------------------------------------------------------------------------------------
 # errors
 
-def _error(fn, *a, **kw):
-    with pytest.raises(attnd.AttndError) as e:
-        fn(*a, **kw)
-    return e.value
-
-
 @pytest.mark.parametrize("wire", ["binary", "json"])
 def test_shape_mismatch(client, wire):
     q, k, v = np.ones((2, 4, 8), np.float32), np.ones((2, 5, 8), np.float32), np.ones((2, 6, 8), np.float32)
-    e = _error(client.attention, q, k, v, json=(wire == "json"))
+    e = attnd_error(client.attention, q, k, v, json=(wire == "json"))
     assert (e.status, e.code) == (422, "shape_mismatch")
     assert "v" in e.message and str(e).startswith("422 shape_mismatch")
 
@@ -273,27 +267,28 @@ def test_shape_mismatch(client, wire):
 @pytest.mark.parametrize("wire", ["binary", "json"])
 def test_unknown_backend(client, wire):
     x = np.ones((4, 8), np.float32)
-    e = _error(client.attention, x, x, x, backend="tpu", json=(wire == "json"))
+    e = attnd_error(client.attention, x, x, x, backend="tpu", json=(wire == "json"))
     assert (e.status, e.code) == (422, "invalid_option")
     assert "backend" in e.message
 
 
 def test_other_422s(client):
     x32, x16 = np.ones((4, 8), np.float32), np.ones((4, 8), np.float16)
-    e = _error(client.attention, x16, x32, x32)
+    e = attnd_error(client.attention, x16, x32, x32)
     assert (e.status, e.code) == (422, "dtype_mismatch")
-    e = _error(client.attention, np.ones((3, 4, 8), np.float32), np.ones((2, 4, 8), np.float32),
-               np.ones((2, 4, 8), np.float32))
+    e = attnd_error(client.attention, np.ones((3, 4, 8), np.float32),
+                    np.ones((2, 4, 8), np.float32), np.ones((2, 4, 8), np.float32))
     # the codec checks Hq % Hkv before the engine does (proto/build.c)
     assert (e.status, e.code) == (422, "shape_mismatch")
     assert "multiple" in e.message
     bad = x32.copy()
     bad[1, 2] = np.nan
-    e = _error(client.attention, x32, bad, x32)
+    e = attnd_error(client.attention, x32, bad, x32)
     assert (e.status, e.code) == (422, "non_finite")
-    e = _error(client.attention, x32, x32, x32, causal=True, window=(-1, 2))
+    e = attnd_error(client.attention, x32, x32, x32, causal=True, window=(-1, 2))
     assert (e.status, e.code) == (422, "invalid_window")
-    e = _error(client.attention, np.ones(8, np.float32), np.ones(8, np.float32), np.ones(8, np.float32))
+    x8 = np.ones(8, np.float32)
+    e = attnd_error(client.attention, x8, x8, x8)
     assert (e.status, e.code) == (422, "invalid_tensor")
 
 
@@ -307,7 +302,7 @@ def test_json_cannot_carry_nan(client):
 
 def test_reference_backend_too_large(client):
     x = np.zeros((1, 1, 8192, 8), np.float32)
-    e = _error(client.attention, x, x, x, backend="reference")
+    e = attnd_error(client.attention, x, x, x, backend="reference")
     assert (e.status, e.code) == (413, "too_large_for_backend")
 
 
@@ -332,9 +327,9 @@ def test_server_down():
         port = s.getsockname()[1]
     c = attnd.Client("http://127.0.0.1:%d" % port, timeout=2)
     x = np.ones((4, 8), np.float32)
-    e = _error(c.attention, x, x, x)
+    e = attnd_error(c.attention, x, x, x)
     assert (e.status, e.code) == (0, "unreachable")
-    assert _error(c.info).status == 0
+    assert attnd_error(c.info).status == 0
     assert c.health() is False and c.ready() is False
 
 
@@ -343,7 +338,7 @@ def test_server_silent_times_out():
         s.bind(("127.0.0.1", 0))
         s.listen(4)
         c = attnd.Client("http://127.0.0.1:%d" % s.getsockname()[1], timeout=0.3)
-        e = _error(c.info)
+        e = attnd_error(c.info)
         assert (e.status, e.code) == (0, "timeout")
 
 
@@ -366,7 +361,7 @@ def test_non_json_error_body():
     t.start()
     try:
         c = attnd.Client("http://127.0.0.1:%d" % httpd.server_address[1], timeout=5)
-        e = _error(c.info)
+        e = attnd_error(c.info)
         assert (e.status, e.code) == (502, "http_error")
         assert "upstream went away" in e.message
         assert c.health() is False
@@ -377,7 +372,7 @@ def test_non_json_error_body():
 
 def test_not_found_is_json_error(server):
     c = attnd.Client(server.url + "/nowhere")
-    e = _error(c.info)
+    e = attnd_error(c.info)
     assert (e.status, e.code) == (404, "not_found")
 
 

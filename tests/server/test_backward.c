@@ -15,7 +15,6 @@
  */
 #include "harness.h"
 #include "proto.h" /* attn_sbuf only, a text buffer: no codec */
-#include "reference.h"
 
 #include <criterion/criterion.h>
 #include <cjson/cJSON.h>
@@ -37,60 +36,24 @@ TestSuite(backward, .fini = teardown, .timeout = 120);
 /* ---- a problem and its float64 gradients ------------------------------------ */
 
 typedef struct bcase {
-  tcase c;              /* q, k, v; c.o is the forward's output in the dtype */
-  void *dout;           /* dL/dO: q's shape and dtype */
-  float *lse;           /* the forward's lse, F32 [B, Hq, Nq] */
-  double *dq, *dk, *dv; /* the float64 reference backward */
+  tcase c;      /* a backward case (tcase_backward): o the forward's output in the
+                   dtype, dout, lse_in the forward's lse (F32 [B, Hq, Nq]) */
+  tref_bwd ref; /* the float64 reference backward */
 } bcase;
 
 static size_t n_q(const tprob *p) { return (size_t)(p->b * p->hq * p->nq * p->d); }
 static size_t n_kv(const tprob *p) { return (size_t)(p->b * p->hkv * p->nkv * p->d); }
-static size_t n_rows(const tprob *p) { return (size_t)(p->b * p->hq * p->nq); }
-
-/* o and lse from the float64 forward, rounded as a forward call returns them. */
-static void forward_outputs(bcase *bc) {
-  tcase *c = &bc->c;
-  size_t nq = n_q(&c->p), rows = n_rows(&c->p);
-  double *o = malloc(nq * sizeof *o), *lse = malloc(rows * sizeof *lse);
-  attn_status st;
-  cr_assert_eq(attn_reference(&c->req, o, NULL, NULL, lse, &st), 0, "%s", st.message);
-  for (size_t i = 0; i < nq; i++)
-    attn_store_elem(c->o, c->p.dt, i, (float)o[i]);
-  bc->lse = malloc(rows * sizeof *bc->lse);
-  for (size_t i = 0; i < rows; i++)
-    bc->lse[i] = (float)lse[i];
-  free(o);
-  free(lse);
-}
 
 static void bcase_init(bcase *bc, const tprob *p, uint64_t seed) {
-  memset(bc, 0, sizeof *bc);
-  tcase_init(&bc->c, p, seed);
-  forward_outputs(bc);
-  size_t nq = n_q(p), nk = n_kv(p);
-  bc->dout = malloc(nq * attn_dtype_size(p->dt));
-  for (size_t i = 0; i < nq; i++)
-    attn_store_elem(bc->dout, p->dt, i, (float)tuniform(&seed));
-  bc->dq = malloc(nq * sizeof(double));
-  bc->dk = malloc(nk * sizeof(double));
-  bc->dv = malloc(nk * sizeof(double));
-  attn_request br = bc->c.req;
-  br.pass = ATTN_BACKWARD;
-  br.m = br.l = br.lse = NULL;
-  br.dout = bc->dout;
-  br.dq = bc->dq; /* validation wants outputs; the reference writes doubles */
-  br.dk = bc->dk;
-  br.dv = bc->dv;
   attn_status st;
-  cr_assert_eq(attn_reference_backward(&br, bc->dq, bc->dk, bc->dv, &st), 0, "%s", st.message);
+  tcase_init(&bc->c, p, seed);
+  cr_assert_eq(tcase_backward(&bc->c, true, ~seed, &st), 0, "%s", st.message);
+  bc->c.req.lse_in = NULL; /* the reference's own float64 lse, whether a request sends one or not */
+  cr_assert_eq(tref_bwd_compute(&bc->c, &bc->ref, &st), 0, "%s", st.message);
 }
 
 static void bcase_free(bcase *bc) {
-  free(bc->dout);
-  free(bc->lse);
-  free(bc->dq);
-  free(bc->dk);
-  free(bc->dv);
+  tref_bwd_free(&bc->ref);
   tcase_free(&bc->c);
 }
 
@@ -115,7 +78,7 @@ static size_t part_elems(const part *t) {
 /* q, k, v, o, do (and lse when with_lse) of bc at rank; returns how many. */
 static int bparts(const bcase *bc, int rank, bool with_lse, part t[6]) {
   const tprob *p = &bc->c.p;
-  const void *data[6] = {bc->c.q, bc->c.k, bc->c.v, bc->c.o, bc->dout, bc->lse};
+  const void *data[6] = {bc->c.q, bc->c.k, bc->c.v, bc->c.o, bc->c.dout, bc->c.lse_in};
   static const char *const names[6] = {"q", "k", "v", "o", "do", "lse"};
   int n = with_lse ? 6 : 5;
   for (int i = 0; i < n; i++) {
@@ -298,7 +261,7 @@ static bool expect_grads(const http_res *rs, const bcase *bc, int rank, bool st_
   cr_expect(!strncmp(ct, st_reply ? ST_CT : JSON_CT, strlen(st_reply ? ST_CT : JSON_CT)),
             "%s: Content-Type %s", what, ct);
   double *g[3];
-  const double *ref[3] = {bc->dq, bc->dk, bc->dv};
+  const double *ref[3] = {bc->ref.dq, bc->ref.dk, bc->ref.dv};
   for (int i = 0; i < 3; i++)
     g[i] = calloc(i ? n_kv(&bc->c.p) : n_q(&bc->c.p), sizeof(double));
   const char *why = st_reply ? read_st(rs, bc, rank, g) : read_json(rs, bc, rank, g);
@@ -391,7 +354,7 @@ Test(backward, causal_and_window_from_each_source) {
   p.causal = true;
   bcase bc;
   bcase_init(&bc, &p, 11);
-  cr_assert(isinf(bc.lse[0]) && bc.lse[0] < 0, "the test wants rows with no visible key");
+  cr_assert(isinf(bc.c.lse_in[0]) && bc.c.lse_in[0] < 0, "the test wants rows with no visible key");
   post_case(&bc, 3, false, true, PATH "&causal=true", NULL, "causal in the query", NULL);
   post_case(&bc, 3, false, true, PATH, ",\"causal\":true", "causal in the body", NULL);
   post_case(&bc, 3, true, true, "/attention/backward", "{\"causal\":\"true\"}",

@@ -476,10 +476,11 @@ static void fake_stop(fake *f, pthread_t th) {
   close(f->lfd);
 }
 
-Test(infer, check_fails_on_a_wrong_reply) {
-  /* o all zeros for a [1, 1, 4, 8] F32 problem: a well-formed, wrong reply */
-  char hdr[] = "{\"o\":{\"dtype\":\"F32\",\"shape\":[1,1,4,8],\"data_offsets\":[0,128]}}";
-  size_t hn = strlen(hdr), body_len = 8 + hn + 128;
+/* attn infer --check [--backward] against a fake server whose 200 reply is a
+ * well-formed safetensors file of header hdr and data_len zero bytes: wrong
+ * values, which --check must fail. */
+static void expect_check_fails(const char *hdr, size_t data_len, bool backward) {
+  size_t hn = strlen(hdr), body_len = 8 + hn + data_len;
   char *reply = calloc(1, 256 + body_len);
   int n = snprintf(reply, 256,
                    "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
@@ -494,12 +495,18 @@ Test(infer, check_fails_on_a_wrong_reply) {
   char url[64];
   snprintf(url, sizeof url, "http://127.0.0.1:%d", f.port);
   char *out;
-  int rc = infer(&out, url, "--shape", "1,1,4,8", "--check", NULL);
+  int rc = infer(&out, url, "--shape", "1,1,4,8", "--check", backward ? "--backward" : NULL, NULL);
   fake_stop(&f, th);
   cr_expect_eq(rc, 1, "wrong reply: status %d:\n%s", rc, out);
   cr_expect(strstr(out, ": FAIL") != NULL, "wrong reply: no FAIL:\n%s", out);
   free(out);
   free(reply);
+}
+
+Test(infer, check_fails_on_a_wrong_reply) {
+  /* o all zeros for a [1, 1, 4, 8] F32 problem: a well-formed, wrong reply */
+  expect_check_fails("{\"o\":{\"dtype\":\"F32\",\"shape\":[1,1,4,8],\"data_offsets\":[0,128]}}",
+                     128, false);
 }
 
 Test(infer, foreign_and_malformed_replies) {
@@ -618,28 +625,8 @@ Test(infer, backward_check) {
 
 Test(infer, backward_check_fails_on_a_wrong_reply) {
   /* dq, dk, dv all zeros for a [1, 1, 4, 8] F32 problem: well-formed, wrong */
-  char hdr[] = "{\"dq\":{\"dtype\":\"F32\",\"shape\":[1,1,4,8],\"data_offsets\":[0,128]},"
-               "\"dk\":{\"dtype\":\"F32\",\"shape\":[1,1,4,8],\"data_offsets\":[128,256]},"
-               "\"dv\":{\"dtype\":\"F32\",\"shape\":[1,1,4,8],\"data_offsets\":[256,384]}}";
-  size_t hn = strlen(hdr), body_len = 8 + hn + 384;
-  char *reply = calloc(1, 256 + body_len);
-  int n = snprintf(reply, 256,
-                   "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
-                   "Content-Length: %zu\r\nConnection: close\r\n\r\n",
-                   body_len);
-  for (int i = 0; i < 8; i++)
-    reply[n + i] = (char)((uint64_t)hn >> (8 * i));
-  memcpy(reply + n + 8, hdr, hn);
-  fake f;
-  pthread_t th;
-  fake_start(&f, &th, reply, (size_t)n + body_len);
-  char url[64];
-  snprintf(url, sizeof url, "http://127.0.0.1:%d", f.port);
-  char *out;
-  int rc = infer(&out, url, "--backward", "--shape", "1,1,4,8", "--check", NULL);
-  fake_stop(&f, th);
-  cr_expect_eq(rc, 1, "wrong reply: status %d:\n%s", rc, out);
-  cr_expect(strstr(out, ": FAIL") != NULL, "wrong reply: no FAIL:\n%s", out);
-  free(out);
-  free(reply);
+  expect_check_fails("{\"dq\":{\"dtype\":\"F32\",\"shape\":[1,1,4,8],\"data_offsets\":[0,128]},"
+                     "\"dk\":{\"dtype\":\"F32\",\"shape\":[1,1,4,8],\"data_offsets\":[128,256]},"
+                     "\"dv\":{\"dtype\":\"F32\",\"shape\":[1,1,4,8],\"data_offsets\":[256,384]}}",
+                     384, true);
 }

@@ -133,6 +133,36 @@ attn_engine *topen(int threads, const char *isa) {
   return e;
 }
 
+/* Backend `name` as e lists it; false when e does not list it. */
+static bool backend_info(const attn_engine *e, const char *name, attn_backend_info *out) {
+  attn_backend_info info[8];
+  int n = attn_engine_backends(e, info, 8);
+  for (int i = 0; i < n && i < 8; i++)
+    if (!strcmp(info[i].name, name)) {
+      *out = info[i];
+      return true;
+    }
+  return false;
+}
+
+attn_engine *topen_isa(const char *isa, int threads) {
+  attn_engine *e = topen(threads, isa);
+  attn_backend_info cpu;
+  if (!backend_info(e, "cpu", &cpu)) {
+    fprintf(stderr, "no cpu backend listed\n");
+    abort();
+  }
+  if (cpu.available)
+    return e;
+  if (!strcmp(isa, "generic")) {
+    fprintf(stderr, "the generic kernel is unavailable: %s\n", cpu.detail);
+    abort();
+  }
+  printf("skipped: this CPU has no %s (%s)\n", isa, cpu.detail);
+  attn_engine_close(e);
+  return NULL;
+}
+
 int trun(attn_engine *e, tcase *c, const char *backend, attn_status *st) {
   c->req.backend = backend;
   return attn_engine_run(e, &c->req, NULL, st);
@@ -387,13 +417,31 @@ bool tcuda_available(void) {
   cfg.threads = 1;
   if (attn_engine_open(&cfg, &e, &st) < 0)
     return false;
-  attn_backend_info info[8];
-  int n = attn_engine_backends(e, info, 8);
-  bool up = false;
-  for (int i = 0; i < n && i < 8; i++)
-    up |= !strcmp(info[i].name, "cuda") && info[i].available;
+  attn_backend_info cuda;
+  bool up = backend_info(e, "cuda", &cuda) && cuda.available;
   attn_engine_close(e);
   return up;
+}
+
+long tproc_kib(const char *field) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  long v = -1;
+  size_t n = strlen(field);
+  while (f && fgets(line, sizeof line, f))
+    if (strncmp(line, field, n) == 0 && line[n] == ':')
+      v = strtol(line + n + 1, NULL, 10);
+  if (f)
+    fclose(f);
+  return v;
+}
+
+bool treset_peak_rss(void) {
+  FILE *f = fopen("/proc/self/clear_refs", "w"); /* "5" resets VmHWM to VmRSS */
+  if (!f)
+    return false;
+  bool ok = fputs("5", f) >= 0;
+  return fclose(f) == 0 && ok;
 }
 
 /* ---- backward cases ---------------------------------------------------------- */
@@ -546,4 +594,8 @@ terr_bwd tref_bwd_check(const tcase *c, const tref_bwd *ref) {
   e.dk = grad_err(c, c->dk, r->dk_stride, true, ref->dk, &e.zeros_ok);
   e.dv = grad_err(c, c->dv, r->dv_stride, true, ref->dv, &e.zeros_ok);
   return e;
+}
+
+bool terr_bwd_within(const terr_bwd *e, double tol) {
+  return e->dq <= tol && e->dk <= tol && e->dv <= tol;
 }

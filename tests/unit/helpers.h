@@ -37,6 +37,11 @@ void tcase_free(tcase *c);
 /* Engine with `threads` workers and CPU kernel `isa` (NULL: best). */
 attn_engine *topen(int threads, const char *isa);
 
+/* An engine of `threads` workers on CPU kernel isa, or NULL (after printing
+ * "skipped: ...") when this CPU lacks it; aborts when the engine lists no
+ * cpu backend or lacks "generic", the kernel that runs everywhere. */
+attn_engine *topen_isa(const char *isa, int threads);
+
 /* Runs c on backend; returns the engine's code. */
 int trun(attn_engine *e, tcase *c, const char *backend, attn_status *st);
 
@@ -93,6 +98,8 @@ typedef struct terr_bwd {
   bool zeros_ok;
 } terr_bwd;
 terr_bwd tref_bwd_check(const tcase *c, const tref_bwd *ref);
+/* Whether dq, dk and dv are each within tol (zeros_ok is not looked at). */
+bool terr_bwd_within(const terr_bwd *e, double tol);
 
 /* Threshold on terr.o for a dtype (F32 1e-5; F16 1e-3; BF16 8e-3). */
 double ttol(attn_dtype dt);
@@ -110,6 +117,12 @@ int tattn(const char *sub, const char *args, char *out, size_t cap);
 
 /* Whether this machine's engine has a working CUDA device. */
 bool tcuda_available(void);
+
+/* A field of /proc/self/status ("VmRSS", "VmHWM") in KiB, or -1. */
+long tproc_kib(const char *field);
+/* Resets the peak RSS (VmHWM) to the current RSS (VmRSS); false when this
+ * kernel does not let us (no /proc/self/clear_refs). */
+bool treset_peak_rss(void);
 
 uint64_t trand(uint64_t *s);
 double tuniform(uint64_t *s); /* [-1, 1) */

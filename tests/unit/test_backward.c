@@ -27,30 +27,6 @@
 static const char *const isas[] = {"generic", "avx2", "avx512", "avx512bf16", "amx"};
 enum { NISAS = sizeof isas / sizeof *isas };
 
-/* An engine on kernel isa, or NULL (printed as skipped) when the CPU lacks it. */
-static attn_engine *open_isa(const char *isa, int threads) {
-  attn_config cfg;
-  attn_config_init(&cfg);
-  cfg.threads = threads;
-  cfg.cpu_isa = isa;
-  attn_engine *e;
-  attn_status st;
-  cr_assert_eq(attn_engine_open(&cfg, &e, &st), 0, "%s", st.message);
-  attn_backend_info info[4];
-  int n = attn_engine_backends(e, info, 4), cpu = 0;
-  while (cpu < n && strcmp(info[cpu].name, "cpu"))
-    cpu++;
-  cr_assert_lt(cpu, n, "no cpu backend listed");
-  cr_assert(info[cpu].available || strcmp(isa, "generic"), "the generic kernel is unavailable: %s",
-            info[cpu].detail);
-  if (!info[cpu].available) {
-    printf("skipped: this CPU has no %s (%s)\n", isa, info[cpu].detail);
-    attn_engine_close(e);
-    return NULL;
-  }
-  return e;
-}
-
 /* Runs c on e's cpu backend and checks it against ref; returns 1 on a failure. */
 static int check_run(attn_engine *e, tcase *c, const tref_bwd *ref, const char *what) {
   char desc[200];
@@ -63,7 +39,7 @@ static int check_run(attn_engine *e, tcase *c, const tref_bwd *ref, const char *
     return 1;
   terr_bwd err = tref_bwd_check(c, ref);
   const double tol = ttol(c->p.dt);
-  bool ok = err.dq <= tol && err.dk <= tol && err.dv <= tol && err.zeros_ok;
+  bool ok = terr_bwd_within(&err, tol) && err.zeros_ok;
   cr_expect(ok, "%s, %s: errors dq %.3g dk %.3g dv %.3g (tol %.0e), zeros %s",
             tdesc(&c->p, desc, sizeof desc), what, err.dq, err.dk, err.dv, tol,
             err.zeros_ok ? "ok" : "WRONG");
@@ -74,7 +50,7 @@ static int check_run(attn_engine *e, tcase *c, const tref_bwd *ref, const char *
 static void run_group(int (*gen)(tprob *), uint64_t seed) {
   attn_engine *e[NISAS];
   for (int i = 0; i < NISAS; i++)
-    e[i] = open_isa(isas[i], 2);
+    e[i] = topen_isa(isas[i], 2);
   tprob ps[TCASES_MAX];
   int n = gen(ps), fails = 0;
   for (int i = 0; i < n; i++) {
@@ -316,20 +292,6 @@ Test(backward, canceled_between_phases) {
 
 /* ---- memory ------------------------------------------------------------------------- */
 
-/* A field of /proc/self/status in KiB, or -1. */
-static long status_kib(const char *field) {
-  FILE *f = fopen("/proc/self/status", "r");
-  char line[256];
-  long v = -1;
-  size_t n = strlen(field);
-  while (f && fgets(line, sizeof line, f))
-    if (strncmp(line, field, n) == 0 && line[n] == ':')
-      v = strtol(line + n + 1, NULL, 10);
-  if (f)
-    fclose(f);
-  return v;
-}
-
 /* dV and dK of key j directly from the definition in float64, for a causal
  * window of wl keys on one head with Nq = Nkv = n; Dᵢ = rowsum(dO∘O) of the
  * caller's o, as the kernel defines it. */
@@ -389,12 +351,11 @@ Test(backward, n65536_memory_is_linear, .timeout = 600) {
   }
   c.req.dout = c.dout, c.req.dq = c.dq, c.req.dk = c.dk, c.req.dv = c.dv;
   tcase_poison_grads(&c);
-  FILE *f = fopen("/proc/self/clear_refs", "w"); /* resets VmHWM to VmRSS */
-  if (!f || fputs("5", f) < 0 || fclose(f) != 0)
+  if (!treset_peak_rss())
     cr_skip_test("cannot reset the peak RSS counter (/proc/self/clear_refs)");
-  long before = status_kib("VmRSS");
+  long before = tproc_kib("VmRSS");
   cr_assert_eq(trun(e, &c, "cpu", &st), 0, "%s", st.message);
-  long peak = status_kib("VmHWM");
+  long peak = tproc_kib("VmHWM");
   cr_assert_gt(before, 8 * 16 * 1024, "the eight tensors (128 MiB) should be resident");
   cr_expect_lt(peak - before, (64 + 32) * 1024, "the run added %ld KiB to the peak RSS",
                peak - before);

@@ -13,32 +13,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A field of /proc/self/status in KiB, or -1. */
-static long status_kib(const char *field) {
-  FILE *f = fopen("/proc/self/status", "r");
-  char line[256];
-  long v = -1;
-  size_t n = strlen(field);
-  while (f && fgets(line, sizeof line, f))
-    if (strncmp(line, field, n) == 0 && line[n] == ':')
-      v = strtol(line + n + 1, NULL, 10);
-  if (f)
-    fclose(f);
-  return v;
-}
-
 Test(memory, n65536_runs_in_tile_memory, .timeout = 600) {
   attn_engine *e = topen(0, NULL); /* workspaces are allocated here */
   tprob p = tprob_make(1, 1, 1, 65536, 65536, 64, ATTN_F32);
   tcase c;
   tcase_init(&c, &p, 77); /* writes every input and poisons O: all resident */
-  FILE *f = fopen("/proc/self/clear_refs", "w"); /* resets VmHWM to VmRSS */
-  if (!f || fputs("5", f) < 0 || fclose(f) != 0)
+  if (!treset_peak_rss())
     cr_skip_test("cannot reset the peak RSS counter (/proc/self/clear_refs)");
-  long before = status_kib("VmRSS");
+  long before = tproc_kib("VmRSS");
   attn_status st;
   cr_assert_eq(trun(e, &c, "cpu", &st), 0, "%s", st.message);
-  long peak = status_kib("VmHWM");
+  long peak = tproc_kib("VmHWM");
   cr_assert_gt(before, 64 * 1024, "inputs and outputs (64 MiB) should be resident");
   cr_expect_lt(peak - before, 64 * 1024, "the run added %ld KiB to the peak RSS", peak - before);
 

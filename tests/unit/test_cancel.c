@@ -4,23 +4,36 @@
  * phases completes once with ECANCELED, and neither leaks (the sanitizer
  * build checks the frees). Ordering, not timing, makes the cancel land
  * mid-job: on one worker, job B's scan runs before job A's compute, and A's
- * completion callback cancels B before B computes.
+ * completion callback cancels B before B computes (waiting, if A was quick,
+ * until the test has queued B).
  */
 #include "helpers.h"
 
 #include <criterion/criterion.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct outcome {
   atomic_int calls;
   attn_result res;
-  int *cancel_other; /* set from this job's callback, when not NULL */
+  int *cancel_other;     /* set from this job's callback, when not NULL */
+  atomic_int *submitted; /* the other job is queued; the callback waits for it */
 } outcome;
+
+/* Waits (a bounded while) until *flag is set: job A may finish before the
+ * test thread has queued job B, and must not cancel B before B is queued. */
+static void wait_for(atomic_int *flag) {
+  const struct timespec ms = {0, 1000000};
+  for (int i = 0; i < 60000 && !atomic_load(flag); i++)
+    nanosleep(&ms, NULL);
+}
 
 static void on_done(const attn_result *res, void *arg) {
   outcome *o = arg;
   o->res = *res;
+  if (o->submitted)
+    wait_for(o->submitted);
   if (o->cancel_other)
     attn_cancel_set(o->cancel_other);
   atomic_fetch_add(&o->calls, 1);
@@ -61,10 +74,12 @@ static void cancel_mid_job(const char *backend) {
   int flag = 0;
   b.req.cancel = &flag;
   a.req.backend = b.req.backend = backend;
-  outcome oa = {.cancel_other = &flag}, ob = {0};
+  atomic_int b_queued = 0;
+  outcome oa = {.cancel_other = &flag, .submitted = &b_queued}, ob = {0};
   attn_status st;
   cr_assert_eq(attn_engine_submit(e, &a.req, on_done, &oa, &st), 0, "%s", st.message);
   cr_assert_eq(attn_engine_submit(e, &b.req, on_done, &ob, &st), 0, "%s", st.message);
+  atomic_store(&b_queued, 1);
   attn_engine_close(e); /* waits for both */
   cr_expect_eq(atomic_load(&oa.calls), 1, "%s: job A completed %d times", backend,
                atomic_load(&oa.calls));

@@ -184,9 +184,9 @@ Test(compute, isa_flag, .init = setup, .fini = teardown) {
   tcase_free(&c);
 }
 
-/* --backward: q, k, v, o, do in; dq, dk, dv out, against the float64
- * reference backward (o need not be the forward's for it, which reads o
- * only to check it). backend=reference until the CPU backward kernel lands. */
+/* --backward: q, k, v, o, do in; dq, dk, dv out on the default backend,
+ * against the float64 reference backward; o is the float64 forward's,
+ * rounded to F32, as a caller would pass it. */
 Test(compute, backward_file_to_file, .init = setup, .fini = teardown) {
   tprob p = tprob_make(1, 4, 2, 9, 12, 16, ATTN_F32);
   p.causal = true;
@@ -194,11 +194,15 @@ Test(compute, backward_file_to_file, .init = setup, .fini = teardown) {
   tcase_init(&c, &p, 7);
   size_t nq = 4 * 9 * 16, nk = 2 * 12 * 16;
   float *dout = malloc(nq * 4), *o = c.o;
+  double *o64 = malloc(nq * sizeof *o64);
+  attn_status st;
+  cr_assert_eq(attn_reference(&c.req, o64, NULL, NULL, NULL, &st), 0, "%s", st.message);
   uint64_t seed = 3;
   for (size_t i = 0; i < nq; i++) {
     dout[i] = (float)tuniform(&seed);
-    o[i] = (float)tuniform(&seed);
+    o[i] = (float)o64[i];
   }
+  free(o64);
   /* the file: q, k, v, o, do back to back, written here */
   char h[512];
   int n = snprintf(h, sizeof h,
@@ -222,7 +226,7 @@ Test(compute, backward_file_to_file, .init = setup, .fini = teardown) {
   snprintf(in, sizeof in, "%s/in.safetensors", dir);
   snprintf(outp, sizeof outp, "%s/out.safetensors", dir);
   write_bytes(in, file, len);
-  snprintf(args, sizeof args, "%s %s --backward --causal --backend reference", in, outp);
+  snprintf(args, sizeof args, "%s %s --backward --causal", in, outp);
   cr_assert_eq(run(args, msg, sizeof msg), 0, "%s", msg);
   cr_expect(strstr(msg, "backward"), "%s", msg);
   size_t olen = 0;
@@ -233,7 +237,6 @@ Test(compute, backward_file_to_file, .init = setup, .fini = teardown) {
   br.dout = dout;
   double *ref = malloc((nq + 2 * nk) * sizeof *ref);
   br.dq = br.dk = br.dv = ref;
-  attn_status st;
   cr_assert_eq(attn_reference_backward(&br, ref, ref + nq, ref + nq + nk, &st), 0, "%s",
                st.message);
   static const char *const names[3] = {"dq", "dk", "dv"};
@@ -249,7 +252,7 @@ Test(compute, backward_file_to_file, .init = setup, .fini = teardown) {
     }
     cr_expect_lt(sqrt(num / den), 1e-5, "%s", names[g]);
   }
-  snprintf(args, sizeof args, "%s %s --backward --stats --backend reference", in, outp);
+  snprintf(args, sizeof args, "%s %s --backward --stats", in, outp);
   cr_expect_eq(run(args, msg, sizeof msg), 2, "--backward --stats: %s", msg);
   free(ref);
   free(out);

@@ -394,8 +394,8 @@ Test(backward, causal_and_window_from_each_source) {
   cr_assert(isinf(bc.lse[0]) && bc.lse[0] < 0, "the test wants rows with no visible key");
   post_case(&bc, 3, false, true, PATH "&causal=true", NULL, "causal in the query", NULL);
   post_case(&bc, 3, false, true, PATH, ",\"causal\":true", "causal in the body", NULL);
-  post_case(&bc, 3, true, true, "/attention/backward",
-            "{\"causal\":\"true\"}", "causal in __metadata__", NULL);
+  post_case(&bc, 3, true, true, "/attention/backward", "{\"causal\":\"true\"}",
+            "causal in __metadata__", NULL);
   bcase_free(&bc);
 
   p = tprob_make(2, 2, 2, 10, 10, 8, ATTN_BF16);

@@ -37,8 +37,8 @@ static inline uint32_t ld32(const char *p) {
 
 /* C rows 0..mr, vectors 0..nr: (C +) Σ_k pair(A + r·sar + k·sak)·B[k·ldb + lanes]. */
 INLINE void dp_micro(const char *A, int64_t sar, int64_t sak, const uint32_t *restrict B,
-                     int64_t ldb, float *restrict C, int64_t ldc, int64_t K, bool acc,
-                     const int mr, const int nr) {
+                     int64_t ldb, float *restrict C, int64_t ldc, int64_t K, bool acc, const int mr,
+                     const int nr) {
   __m512 c[MR][NR];
   UNROLL for (int r = 0; r < mr; r++) UNROLL for (int v = 0; v < nr; v++) c[r][v] =
       acc ? vload(C + r * ldc + v * VL) : vset1(0.0f);
@@ -49,8 +49,7 @@ INLINE void dp_micro(const char *A, int64_t sar, int64_t sak, const uint32_t *re
     UNROLL for (int v = 0; v < nr; v++) b[v] = _mm512_loadu_si512(bp + v * VL);
     UNROLL for (int r = 0; r < mr; r++) {
       const __m512bh x = (__m512bh)_mm512_set1_epi32((int)ld32(ap + r * sar));
-      UNROLL for (int v = 0; v < nr; v++) c[r][v] =
-          _mm512_dpbf16_ps(c[r][v], x, (__m512bh)b[v]);
+      UNROLL for (int v = 0; v < nr; v++) c[r][v] = _mm512_dpbf16_ps(c[r][v], x, (__m512bh)b[v]);
     }
   }
   UNROLL for (int r = 0; r < mr; r++) UNROLL for (int v = 0; v < nr; v++)
@@ -64,9 +63,8 @@ static void dmm(float *C, int64_t ldc, int64_t M, int nv, int64_t K, const char 
     const int nr = nv - c0 < NR ? nv - c0 : NR;
     for (int64_t r0 = 0; r0 < M; r0 += MR) {
       const int mr = M - r0 < MR ? (int)(M - r0) : MR;
-#define DM(MV, NV)                                                                             \
-  dp_micro(A + r0 * sar, sar, sak, B + c0 * VL, ldb, C + r0 * ldc + c0 * VL, ldc, K, acc, MV, \
-           NV)
+#define DM(MV, NV) \
+  dp_micro(A + r0 * sar, sar, sak, B + c0 * VL, ldb, C + r0 * ldc + c0 * VL, ldc, K, acc, MV, NV)
       MR_CASES(DM, mr)
 #undef DM
     }

@@ -33,6 +33,13 @@
 #include "flash.h"
 #include "simd.h"
 
+#ifndef ATTN_DPBF16
+#define ATTN_DPBF16 0
+#endif
+#ifndef ATTN_AMX
+#define ATTN_AMX 0
+#endif
+
 #include <float.h>
 #include <math.h>
 
@@ -94,6 +101,10 @@ typedef struct kb_ctx {
   float *kt, *vt, *dkt, *dvt, *kr, *s, *dp, *qr, *dor, *mu, *di;
   const char *kbase, *vbase;
   int64_t j0, nkt;
+  bool bf16; /* BF16 products (flash_bwd_bf16.h) instead of F32 */
+  /* The BF16 path's views of the regions above (kb_bf16_carve). */
+  uint32_t *ktp, *vtp, *kjp, *qip, *gip, *pip, *sip;
+  uint16_t *dsr;
 } kb_ctx;
 
 static const char *row_at(const attn_request *r, const void *base, const int64_t st[3], int64_t b,
@@ -178,22 +189,30 @@ static const float *rows_f32(const kb_ctx *x, const void *base, const int64_t st
   return buf;
 }
 
-/* Query rows [i0, i0 + n) of head h against the key block. */
-static void pair(kb_ctx *x, int64_t h, int64_t i0, int64_t n) {
+/* mu and Dᵢ of rows [i0, i0 + n) of head h; whether the pair of blocks is
+ * wholly inside every row's window (no mask). */
+static bool pair_stats(kb_ctx *x, int64_t h, int64_t i0, int64_t n) {
   const attn__bwd_args *a = x->a;
   const attn_request *r = a->r;
-  const int64_t D = r->head_dim, ilast = i0 + n - 1;
-  int64_t ldq, ldo;
-  const float *q = rows_f32(x, r->q, r->q_stride, h, i0, n, x->qr, &ldq);
-  const float *g = rows_f32(x, r->dout, r->do_stride, h, i0, n, x->dor, &ldo);
-  const int64_t row = (x->b * r->heads_q + h) * r->seq_q + i0;
+  const int64_t row = (x->b * r->heads_q + h) * r->seq_q + i0, ilast = i0 + n - 1;
   for (int64_t ii = 0; ii < n; ii++) {
     const float lse = a->lse[row + ii];
     x->mu[ii] = lse == -INFINITY ? FLT_MAX : lse * (float)M_LOG2E;
     x->di[ii] = a->di[row + ii];
   }
-  const bool full = x->nkt == BK && (a->wl < 0 || x->j0 >= ilast + a->off - a->wl) &&
-                    (a->wr < 0 || x->j0 + BK - 1 <= i0 + a->off + a->wr);
+  return x->nkt == BK && (a->wl < 0 || x->j0 >= ilast + a->off - a->wl) &&
+         (a->wr < 0 || x->j0 + BK - 1 <= i0 + a->off + a->wr);
+}
+
+/* Query rows [i0, i0 + n) of head h against the key block. */
+static void pair(kb_ctx *x, int64_t h, int64_t i0, int64_t n) {
+  const attn__bwd_args *a = x->a;
+  const attn_request *r = a->r;
+  const int64_t D = r->head_dim;
+  int64_t ldq, ldo;
+  const float *q = rows_f32(x, r->q, r->q_stride, h, i0, n, x->qr, &ldq);
+  const float *g = rows_f32(x, r->dout, r->do_stride, h, i0, n, x->dor, &ldo);
+  const bool full = pair_stats(x, h, i0, n);
   mm(x->s, BK, n, NVK, D, q, ldq, 1, x->kt, BK, false);
   mm(x->dp, BK, n, NVK, D, g, ldo, 1, x->vt, BK, false);
   softmax_grad(x, i0, n, full);
@@ -202,6 +221,17 @@ static void pair(kb_ctx *x, int64_t h, int64_t i0, int64_t n) {
   mm(dq_part(a, x->c, x->b, h, i0), a->dld, n, (int)(a->dld / VL), x->nkt, x->dp, BK, 1, x->kr,
      a->dld, true);
 }
+
+#if ATTN_DPBF16 || ATTN_AMX
+#include "flash_bwd_bf16.h"
+#else
+/* Without BF16 products x->bf16 is always false: never called. */
+static void kb_bf16_carve(kb_ctx *x) { (void)x; }
+static void pack_kv_bf16(kb_ctx *x) { (void)x; }
+static void pair_bf16(kb_ctx *x, int64_t h, int64_t i0, int64_t n) {
+  (void)x, (void)h, (void)i0, (void)n;
+}
+#endif
 
 static bool finite_row(const float *p, int64_t n) {
   float z = 0.0f;
@@ -237,7 +267,10 @@ static void key_block(kb_ctx *x) {
   const attn__bwd_args *a = x->a;
   const attn_request *r = a->r;
   const int64_t D = r->head_dim, jlast = x->j0 + x->nkt - 1;
-  pack_kv(x);
+  if (x->bf16)
+    pack_kv_bf16(x);
+  else
+    pack_kv(x);
   for (int64_t e = 0; e < D * BK; e++)
     x->dkt[e] = x->dvt[e] = 0.0f;
   /* Query i sees key j iff j - off - wr <= i <= j - off + wl. */
@@ -247,7 +280,8 @@ static void key_block(kb_ctx *x) {
   ihi = ihi > r->seq_q - 1 ? r->seq_q - 1 : ihi;
   for (int64_t g = 0; g < a->group; g++)
     for (int64_t i0 = ilo; i0 <= ihi; i0 += BQ)
-      pair(x, x->hk * a->group + g, i0, ihi - i0 + 1 < BQ ? ihi - i0 + 1 : BQ);
+      (x->bf16 ? pair_bf16 : pair)(x, x->hk * a->group + g, i0,
+                                   ihi - i0 + 1 < BQ ? ihi - i0 + 1 : BQ);
   store_kv(x);
 }
 
@@ -266,6 +300,9 @@ static void keys(const attn__bwd_args *a, int64_t b, int64_t hk, int64_t c, void
   x.dor = x.qr + BQ * MAXD;
   x.mu = x.dor + BQ * MAXD;
   x.di = x.mu + BQ;
+  x.bf16 = r->dtype == ATTN_BF16 && r->head_dim % 2 == 0 && (ATTN_DPBF16 || ATTN_AMX);
+  if (x.bf16)
+    kb_bf16_carve(&x);
   x.kbase = (const char *)r->k + (b * r->k_stride[0] + hk * r->k_stride[1]) * es;
   x.vbase = (const char *)r->v + (b * r->v_stride[0] + hk * r->v_stride[1]) * es;
   /* This item alone writes chunk c of the group's dQ partial. */

@@ -165,7 +165,7 @@ FUZZ_SRC_http_reply = clients/http_reply.c
 
 # ---- the server ---------------------------------------------------------------
 SERVER_SRC = server/main.c server/config.c server/http.c server/loop.c server/deadline.c \
-             server/metrics.c server/conns.c server/mhd_shim.c server/errors.c server/request.c
+             server/metrics.c server/conns.c server/mhd_shim.c server/errors.c server/request.c server/v2.c
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/obj/%.o)
 
 .PHONY: all deps bench-deps test test-gpu test-image bench bench-peak bench-peers \

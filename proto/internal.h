@@ -59,6 +59,24 @@ bool attn__jr_member(attn__jr *j, char *key, size_t cap, size_t *klen);
 /* Elements of the array at pos (pos does not move). */
 size_t attn__jr_count(const attn__jr *j);
 
+/* ---- json.c: pieces the KServe v2 codec (v2.c) shares ---------------- */
+
+/* One pass outside strings: nesting up to max_depth, at most
+ * ATTN_PROTO_MAX_JSON_ELEMS numbers (and nulls); run before
+ * attn__json_check(), which it bounds. 0, or EJSON / ETOOLARGE. */
+int attn__json_prescan(const char *s, size_t len, int max_depth, attn_status *st);
+/* x as element i of dt, rounded once; ATTN_PROTO_ENONFINITE (nothing
+ * stored) for a value that is not finite or overflows dt. */
+int attn__json_store(void *buf, attn_dtype dt, size_t i, double x);
+/* The message for a value attn__json_store() refused: tensor name, where
+ * ("data[3]"). */
+int attn__json_store_error(double x, attn_dtype dt, const char *name, const char *where,
+                           attn_status *st);
+/* Option key = the JSON value at v: its JSON type checked against the
+ * option's kind, then attn_options_set() with source ("JSON field"). */
+int attn__json_option(attn_options *o, const char *key, size_t klen, attn__jr v, const char *source,
+                      attn_status *st);
+
 /* Calls fn for each name=value pair of a URL query string, both
  * percent-decoded and NUL-terminated; has_value is false for a bare "name".
  * Stops at, and returns, the first error fn returns. */
@@ -95,6 +113,9 @@ struct attn_sbuf;
  * finite). */
 void attn__json_put_tensor(struct attn_sbuf *b, const char *name, const int64_t *shape, int rank,
                            attn_dtype dt, const void *data);
+/* n elements of data, comma-separated, each as attn__json_put_tensor
+ * writes them. */
+void attn__json_put_elems(struct attn_sbuf *b, attn_dtype dt, const void *data, size_t n);
 /* One safetensors header entry "name":{dtype, shape, data_offsets} at h + o
  * (a ',' first unless o <= 1, just past the '{'); returns the new length,
  * >= cap once the header does not fit. */

@@ -25,6 +25,9 @@ const char *attn__json_type(const struct cJSON *j);
 
 /* ---- jsonread.c: JSON read in place ----------------------------------- */
 
+/* The deepest nesting any codec's pre-scan lets through (v2's). */
+#define ATTN__JSON_MAX_DEPTH ATTN_V2_MAX_DEPTH
+
 /* Checks that s[0..len) is one JSON value (RFC 8259: strict numbers,
  * escapes, UTF-8, nothing but whitespace after it); 0, or ATTN_PROTO_EJSON
  * naming the byte offset. Nesting must already be bounded (the JSON codec's

@@ -28,10 +28,16 @@ static const char *const out_names[ATTN_V2_NOUTS] = {"o", "m", "l", "lse"};
 
 /* Parameters the protocol reserves for features attnd does not have: named
  * as such rather than as unknown, so the user learns it is not a typo. */
-static const char *const reserved_request[] = {
-    "sequence_id", "sequence_start",          "sequence_end",           "priority",
-    "timeout",     "shared_memory_region",    "shared_memory_byte_size", "shared_memory_offset",
-    "headers",     "triton_enable_empty_final_response"};
+static const char *const reserved_request[] = {"sequence_id",
+                                               "sequence_start",
+                                               "sequence_end",
+                                               "priority",
+                                               "timeout",
+                                               "shared_memory_region",
+                                               "shared_memory_byte_size",
+                                               "shared_memory_offset",
+                                               "headers",
+                                               "triton_enable_empty_final_response"};
 static const char *const reserved_tensor[] = {"shared_memory_region", "shared_memory_byte_size",
                                               "shared_memory_offset", "classification"};
 
@@ -81,9 +87,9 @@ static const char *qkey(char *dst, size_t cap, const char *key, size_t klen, siz
 
 typedef struct v2_input {
   attn_proto_tensor t;
-  size_t at_data;     /* where "data" starts (0: absent) */
-  int64_t binary;     /* binary_data_size, or -1 */
-  size_t count;       /* elements of the shape */
+  size_t at_data; /* where "data" starts (0: absent) */
+  int64_t binary; /* binary_data_size, or -1 */
+  size_t count;   /* elements of the shape */
 } v2_input;
 
 typedef struct v2_dec {
@@ -200,8 +206,8 @@ static int input_shape(attn__jr v, v2_input *in, attn_status *st) {
     double x = attn__jr_is_number(&v) ? attn__jr_number(&v) : -1;
     if (!(x >= 0) || x != floor(x) || x > (double)ATTN_MAX_DIM)
       return attn_status_set(st, ATTN_PROTO_ETENSOR,
-                             "input \"%s\": shape[%d] must be an integer from 0 to %lld", name,
-                             i, (long long)ATTN_MAX_DIM);
+                             "input \"%s\": shape[%d] must be an integer from 0 to %lld", name, i,
+                             (long long)ATTN_MAX_DIM);
     in->t.shape[i] = (int64_t)x;
     if (__builtin_mul_overflow(n, (size_t)x, &n))
       return attn_status_set(st, ATTN_PROTO_ETENSOR,
@@ -244,8 +250,7 @@ static int input_params(attn__jr v, v2_input *in, attn_status *st) {
     double x = attn__jr_is_number(&v) ? attn__jr_number(&v) : -1;
     if (!(x >= 0) || x != floor(x) || x > 0x1p53)
       return attn_status_set(st, ATTN_PROTO_EOPTVALUE,
-                             "input \"%s\": binary_data_size must be an integer >= 0",
-                             in->t.name);
+                             "input \"%s\": binary_data_size must be an integer >= 0", in->t.name);
     in->binary = (int64_t)x;
   }
   return 0;
@@ -348,7 +353,8 @@ static int data_walk(v2_input *in, attn__jr *v, int level, bool flat, void *out,
                            flat ? "input \"%s\": the shape needs %zu values, data has %zu"
                                 : "input \"%s\": a row of data has %zu elements where the shape "
                                   "says %zu",
-                           t->name, flat ? want : attn__jr_count(v), flat ? attn__jr_count(v) : want);
+                           t->name, flat ? want : attn__jr_count(v),
+                           flat ? attn__jr_count(v) : want);
   bool leaf = flat || level == t->rank - 1;
   int rc;
   while (attn__jr_elem(v)) {
@@ -450,7 +456,8 @@ static int input_data(v2_dec *d) {
   for (int k = 0; k < n; k++) {
     v2_input *in = &d->in[order[k]];
     void **owned = &d->pr->owned[order[k]];
-    if ((rc = in->binary >= 0 ? input_binary(d, in, &off, owned) : input_json_data(d, in, owned)) < 0)
+    if ((rc = in->binary >= 0 ? input_binary(d, in, &off, owned) : input_json_data(d, in, owned)) <
+        0)
       return rc;
   }
   if (off != d->len - d->json_len)
@@ -620,8 +627,8 @@ static int reply_json(attn_sbuf *b, const attn_proto_req *pr, const attn_v2_info
   for (int i = 0, first = 1; i < n; i++) {
     if (!(info->outputs & 1u << i) || !t[i].data)
       continue;
-    attn_sbuf_printf(b, "%s{\"name\": \"%s\", \"datatype\": \"%s\", \"shape\": ",
-                     first ? "" : ", ", t[i].name, attn_proto_v2_datatype(t[i].dtype));
+    attn_sbuf_printf(b, "%s{\"name\": \"%s\", \"datatype\": \"%s\", \"shape\": ", first ? "" : ", ",
+                     t[i].name, attn_proto_v2_datatype(t[i].dtype));
     put_dims(b, t[i].shape, t[i].rank);
     size_t bytes = t[i].count * attn_dtype_size(t[i].dtype);
     if (info->binary & 1u << i) {

@@ -29,8 +29,8 @@ enum {
 };
 
 static const char *const route_names[N_ROUTES] = {
-    "/attention", "/attention/backward",      "/attention/plan", "/healthz", "/readyz", "/metrics",
-    "/v1/info",   "/v2/models/{model}/infer", "/v2/*",           "other",
+    "/attention", "/attention/backward", "/attention/plan", "/healthz", "/readyz", "/metrics",
+    "/v1/info",   "/v2/models/*/infer",  "/v2/*",           "other",
 };
 
 /* Bounds and their printed form side by side: printing the doubles would

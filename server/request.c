@@ -186,7 +186,7 @@ static void log_line(attnd_server *s, const attnd_req *r, double total) {
 const char *attnd_req_route_label(const attnd_req *r) {
   if (!r->v2)
     return r->path;
-  return r->route == ATTND_R_V2_INFER ? "/v2/models/{model}/infer" : "/v2/*";
+  return r->route == ATTND_R_V2_INFER ? "/v2/models/*/infer" : "/v2/*";
 }
 
 void attnd_req_account(attnd_server *s, const attnd_req *r) {

@@ -33,7 +33,8 @@ CUDA_ARCHS ?= 80 89 90
 # runtime); the benchmark adds OpenBLAS.
 DEPS       = gcc make libc6-dev libcriterion-dev libcjson-dev clang libclang-rt-dev clang-format \
              libmicrohttpd-dev libuv1-dev libcurl4-openssl-dev wrk curl \
-             python3 python3-numpy python3-pytest python3-yaml python3-venv
+             python3 python3-numpy python3-pytest python3-yaml python3-venv \
+             libb64-0d
 BENCH_DEPS = libopenblas-dev
 # make test-image builds the CPU image's filesystem without a Docker engine.
 IMAGE_DEPS = debootstrap

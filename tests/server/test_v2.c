@@ -243,8 +243,12 @@ static cJSON *expect_infer(const http_res *rs, tcase *c, int rank, const char *m
   cJSON *o;
   cJSON_ArrayForEach(o, cJSON_GetObjectItem(j, "outputs")) {
     const char *name = cJSON_GetStringValue(cJSON_GetObjectItem(o, "name"));
-    int t = !name ? -1 : !strcmp(name, "o") ? 0 : !strcmp(name, "m") ? 1 : !strcmp(name, "l") ? 2
-                     : !strcmp(name, "lse") ? 3 : -1;
+    int t = !name                  ? -1
+            : !strcmp(name, "o")   ? 0
+            : !strcmp(name, "m")   ? 1
+            : !strcmp(name, "l")   ? 2
+            : !strcmp(name, "lse") ? 3
+                                   : -1;
     cr_assert(t >= 0, "%s: output without a known name", what);
     got |= 1u << t;
     got_bin |= cJSON_GetObjectItem(o, "parameters") ? 1u << t : 0;
@@ -349,9 +353,9 @@ Test(v2, model_metadata_config_and_ready) {
     cr_expect_eq(cJSON_GetObjectItem(j, "max_batch_size")->valuedouble, 0);
     char want[32];
     snprintf(want, sizeof want, "TYPE_%s", dts[m]);
-    cr_expect_str_eq(
-        cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "input"), 0), "data_type")),
-        want);
+    cr_expect_str_eq(cJSON_GetStringValue(cJSON_GetObjectItem(
+                         cJSON_GetArrayItem(cJSON_GetObjectItem(j, "input"), 0), "data_type")),
+                     want);
     cJSON_Delete(j);
   }
 }
@@ -396,7 +400,8 @@ static void infer_case(tprob p, int rank, const how *h, const char *params, bool
   char *b = v2_body(&c, rank, h, prm, NULL, &len, &json);
   http_res rs;
   cr_assert_eq(post_v2(INFER, NULL, b, len, json, &rs), 0);
-  cJSON *j = expect_infer(&rs, &c, rank, "attention", 0xf, bin_out ? 0xf : 0, params ? params : "infer");
+  cJSON *j =
+      expect_infer(&rs, &c, rank, "attention", 0xf, bin_out ? 0xf : 0, params ? params : "infer");
   cJSON_Delete(j);
   http_res_free(&rs);
   free(b);
@@ -407,8 +412,8 @@ Test(v2, json_every_dtype_and_rank) {
   attn_dtype dts[3] = {ATTN_F32, ATTN_F16, ATTN_BF16};
   for (int d = 0; d < 3; d++)
     for (int rank = 2; rank <= 4; rank++) {
-      tprob p = tprob_make(rank == 4 ? 2 : 1, rank >= 3 ? 4 : 1, rank >= 3 ? 2 : 1, 13, 17, 24,
-                           dts[d]);
+      tprob p =
+          tprob_make(rank == 4 ? 2 : 1, rank >= 3 ? 4 : 1, rank >= 3 ? 2 : 1, 13, 17, 24, dts[d]);
       infer_case(p, rank, &(how){0}, NULL, false);
     }
 }

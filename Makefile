@@ -8,6 +8,7 @@
 #   make bench         the CPU benchmark against OpenBLAS (not part of test)
 #   make bench-peers   attnd against PyTorch and numpy (not part of test; the
 #                      first run makes build/peers-venv from PyPI: torch, ~GBs)
+#   make bench-v2      perf_analyzer over /v2 beside attn load, same shape
 #   make bench-peak    the machine's F32 FMA / VDPBF16PS / AMX peak GFLOP/s
 #   make test-gpu      the CUDA tests (tests/gpu/; they say skipped without a GPU)
 #   make test-image    the CPU container image built and run without Docker
@@ -170,7 +171,7 @@ SERVER_SRC = server/main.c server/config.c server/http.c server/loop.c server/de
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/obj/%.o)
 
 .PHONY: all deps bench-deps test test-gpu test-image bench bench-peak bench-peers \
-        bench-server bench-memory bench-idle fuzz run format format-check clean FORCE
+        bench-server bench-v2 bench-memory bench-idle fuzz run format format-check clean FORCE
 all: $(BUILD)/attn $(BUILD)/attnd
 
 # Expanded here, once: a target-specific CPPFLAGS (-Iclients on some
@@ -432,6 +433,12 @@ bench-peak: $(BUILD)/bench-peak
 bench-server: deps bench-deps
 	$(MAKE) --no-print-directory $(BUILD)/attnd $(BUILD)/attn $(BUILD)/bench-server
 	$(BUILD)/bench-server $(BUILD)/attnd $(BUILD)/bench $(BUILD)/attn
+
+# perf_analyzer over /v2 beside attn load over /attention, same shape
+# (tests/bench/bench_v2.sh; BENCH_V2_* variables change the run).
+bench-v2: deps
+	$(MAKE) --no-print-directory $(BUILD)/attnd $(BUILD)/attn $(TEST_VENV)/.stamp
+	tests/bench/bench_v2.sh $(BUILD) $(TEST_VENV)
 
 # Peak and settled RSS under a burst of huge JSON bodies and of parallel
 # uploads near --max-body (tests/bench/memory.py).

@@ -8,6 +8,7 @@
 #   make bench         the CPU benchmark against OpenBLAS (not part of test)
 #   make bench-peers   attnd against PyTorch and numpy (not part of test; the
 #                      first run makes build/peers-venv from PyPI: torch, ~GBs)
+#   make bench-v2      perf_analyzer over /v2 beside attn load, same shape
 #   make bench-peak    the machine's F32 FMA / VDPBF16PS / AMX peak GFLOP/s
 #   make test-gpu      the CUDA tests (tests/gpu/; they say skipped without a GPU)
 #   make test-image    the CPU container image built and run without Docker
@@ -33,7 +34,8 @@ CUDA_ARCHS ?= 80 89 90
 # runtime); the benchmark adds OpenBLAS.
 DEPS       = gcc make libc6-dev libcriterion-dev libcjson-dev clang libclang-rt-dev clang-format \
              libmicrohttpd-dev libuv1-dev libcurl4-openssl-dev wrk curl \
-             python3 python3-numpy python3-pytest python3-yaml python3-venv
+             python3 python3-numpy python3-pytest python3-yaml python3-venv \
+             libb64-0d
 BENCH_DEPS = libopenblas-dev
 # make test-image builds the CPU image's filesystem without a Docker engine.
 IMAGE_DEPS = debootstrap
@@ -164,11 +166,11 @@ FUZZ_SRC_http_reply = clients/http_reply.c
 
 # ---- the server ---------------------------------------------------------------
 SERVER_SRC = server/main.c server/config.c server/http.c server/loop.c server/deadline.c \
-             server/metrics.c server/conns.c server/mhd_shim.c server/errors.c server/request.c
+             server/metrics.c server/conns.c server/mhd_shim.c server/errors.c server/request.c server/v2.c
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/obj/%.o)
 
 .PHONY: all deps bench-deps test test-gpu test-image bench bench-peak bench-peers \
-        bench-server bench-memory bench-idle fuzz run format format-check clean FORCE
+        bench-server bench-v2 bench-memory bench-idle fuzz run format format-check clean FORCE
 all: $(BUILD)/attn $(BUILD)/attnd
 
 # Expanded here, once: a target-specific CPPFLAGS (-Iclients on some
@@ -431,6 +433,12 @@ bench-peak: $(BUILD)/bench-peak
 bench-server: deps bench-deps
 	$(MAKE) --no-print-directory $(BUILD)/attnd $(BUILD)/attn $(BUILD)/bench-server
 	$(BUILD)/bench-server $(BUILD)/attnd $(BUILD)/bench $(BUILD)/attn
+
+# perf_analyzer over /v2 beside attn load over /attention, same shape
+# (tests/bench/bench_v2.sh; BENCH_V2_* variables change the run).
+bench-v2: deps
+	$(MAKE) --no-print-directory $(BUILD)/attnd $(BUILD)/attn $(TEST_VENV)/.stamp
+	tests/bench/bench_v2.sh $(BUILD) $(TEST_VENV)
 
 # Peak and settled RSS under a burst of huge JSON bodies and of parallel
 # uploads near --max-body (tests/bench/memory.py).

@@ -25,6 +25,9 @@ const char *attn__json_type(const struct cJSON *j);
 
 /* ---- jsonread.c: JSON read in place ----------------------------------- */
 
+/* The deepest nesting any codec's pre-scan lets through (v2's). */
+#define ATTN__JSON_MAX_DEPTH ATTN_V2_MAX_DEPTH
+
 /* Checks that s[0..len) is one JSON value (RFC 8259: strict numbers,
  * escapes, UTF-8, nothing but whitespace after it); 0, or ATTN_PROTO_EJSON
  * naming the byte offset. Nesting must already be bounded (the JSON codec's
@@ -58,6 +61,24 @@ bool attn__jr_elem(attn__jr *j);
 bool attn__jr_member(attn__jr *j, char *key, size_t cap, size_t *klen);
 /* Elements of the array at pos (pos does not move). */
 size_t attn__jr_count(const attn__jr *j);
+
+/* ---- json.c: pieces the KServe v2 codec (v2.c) shares ---------------- */
+
+/* One pass outside strings: nesting up to max_depth, at most
+ * ATTN_PROTO_MAX_JSON_ELEMS numbers (and nulls); run before
+ * attn__json_check(), which it bounds. 0, or EJSON / ETOOLARGE. */
+int attn__json_prescan(const char *s, size_t len, int max_depth, attn_status *st);
+/* x as element i of dt, rounded once; ATTN_PROTO_ENONFINITE (nothing
+ * stored) for a value that is not finite or overflows dt. */
+int attn__json_store(void *buf, attn_dtype dt, size_t i, double x);
+/* The message for a value attn__json_store() refused: tensor name, where
+ * ("data[3]"). */
+int attn__json_store_error(double x, attn_dtype dt, const char *name, const char *where,
+                           attn_status *st);
+/* Option key = the JSON value at v: its JSON type checked against the
+ * option's kind, then attn_options_set() with source ("JSON field"). */
+int attn__json_option(attn_options *o, const char *key, size_t klen, attn__jr v, const char *source,
+                      attn_status *st);
 
 /* Calls fn for each name=value pair of a URL query string, both
  * percent-decoded and NUL-terminated; has_value is false for a bare "name".
@@ -95,6 +116,9 @@ struct attn_sbuf;
  * finite). */
 void attn__json_put_tensor(struct attn_sbuf *b, const char *name, const int64_t *shape, int rank,
                            attn_dtype dt, const void *data);
+/* n elements of data, comma-separated, each as attn__json_put_tensor
+ * writes them. */
+void attn__json_put_elems(struct attn_sbuf *b, attn_dtype dt, const void *data, size_t n);
 /* One safetensors header entry "name":{dtype, shape, data_offsets} at h + o
  * (a ',' first unless o <= 1, just past the '{'); returns the new length,
  * >= cap once the header does not fit. */

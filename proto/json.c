@@ -64,7 +64,7 @@ static const char *path_str(char *buf, size_t cap, const size_t *idx, int n) {
  * that a deep body ("{{{{...") is named for its depth rather than for its
  * first bad token, and it bounds the grammar check's recursion.
  */
-static int prescan(const char *s, size_t len, attn_status *st) {
+int attn__json_prescan(const char *s, size_t len, int max_depth, attn_status *st) {
   int depth = 0;
   bool in_str = false, esc = false, in_num = false;
   size_t numbers = 0;
@@ -83,10 +83,9 @@ static int prescan(const char *s, size_t len, attn_status *st) {
     if (c == '"') {
       in_str = true;
     } else if (c == '[' || c == '{') {
-      if (++depth > ATTN_PROTO_MAX_DEPTH)
+      if (++depth > max_depth)
         return attn_status_set(st, ATTN_PROTO_EJSON,
-                               "invalid JSON at byte %zu: nesting deeper than %d", i,
-                               ATTN_PROTO_MAX_DEPTH);
+                               "invalid JSON at byte %zu: nesting deeper than %d", i, max_depth);
     } else if (c == ']' || c == '}') {
       if (depth > 0)
         depth--;
@@ -103,8 +102,6 @@ static int prescan(const char *s, size_t len, attn_status *st) {
 }
 
 /* ---- tensors ------------------------------------------------------------ */
-
-static int store(void *buf, attn_dtype dt, size_t i, double x);
 
 /* lse, a backward pass's statistic: one dimension less than q, and null
  * elements (-inf, a row with no visible key), since JSON has no infinity. */
@@ -141,7 +138,7 @@ static int store_elem(void *buf, const attn_proto_tensor *t, size_t i, double x)
     ((float *)buf)[i] = -INFINITY;
     return 0;
   }
-  return store(buf, t->dtype, i, x);
+  return attn__json_store(buf, t->dtype, i, x);
 }
 
 /*
@@ -151,7 +148,7 @@ static int store_elem(void *buf, const attn_proto_tensor *t, size_t i, double x)
  * message quotes it. F32 is rounded by hand above FLT_MAX because a double
  * outside float's range converts with undefined behaviour in C.
  */
-static int store(void *buf, attn_dtype dt, size_t i, double x) {
+int attn__json_store(void *buf, attn_dtype dt, size_t i, double x) {
   if (!isfinite(x))
     return ATTN_PROTO_ENONFINITE;
   switch (dt) {
@@ -183,8 +180,8 @@ static int store(void *buf, attn_dtype dt, size_t i, double x) {
 
 /* The message for a value store() refused; `where` is only formatted then,
  * off the per-element path. */
-static int store_error(double x, attn_dtype dt, const char *name, const char *where,
-                       attn_status *st) {
+int attn__json_store_error(double x, attn_dtype dt, const char *name, const char *where,
+                           attn_status *st) {
   if (!isfinite(x))
     return attn_status_set(st, ATTN_PROTO_ENONFINITE,
                            "tensor \"%s\": %s is not finite (JSON has no infinity; "
@@ -318,7 +315,7 @@ static int tensor_data(attn__jr v, attn_proto_tensor *t, size_t n, void **pbuf, 
     if (store_elem(buf, t, k, x) < 0) {
       char where[48];
       snprintf(where, sizeof where, "data[%zu]", k);
-      return store_error(x, t->dtype, name, where, st);
+      return attn__json_store_error(x, t->dtype, name, where, st);
     }
   }
   t->data = buf;
@@ -377,7 +374,7 @@ static int nested_walk(attn__jr *j, const attn_proto_tensor *t, int level, size_
       if (store_elem(out, t, *pos, x) < 0) {
         char where[112];
         snprintf(where, sizeof where, "element %s", path_str(p, sizeof p, idx, level + 1));
-        return store_error(x, ATTN_F32, t->name, where, st);
+        return attn__json_store_error(x, ATTN_F32, t->name, where, st);
       }
       ++*pos;
     } else if (j->s[j->pos] != '[') {
@@ -457,21 +454,22 @@ static int tensor(attn__jr j, attn_proto_tensor *t, void **pbuf, attn_status *st
  * canonical text to attn_options_set(), so values, ranges and messages are
  * the same as the query string's. key is a known name or, when cut, longer
  * than any; v is at the value. */
-static int option(attn_options *o, const char *key, size_t klen, attn__jr v, attn_status *st) {
+int attn__json_option(attn_options *o, const char *key, size_t klen, attn__jr v, const char *source,
+                      attn_status *st) {
   attn_option_kind kind = attn_option_kind_of(key, klen);
   char text[128];
   const char *want = NULL;
   char c = v.s[v.pos];
   switch (kind) {
   case ATTN_OPTK_NONE: /* attn_options_set() words the error */
-    return attn_options_set(o, key, klen, "", 0, "JSON field", st);
+    return attn_options_set(o, key, klen, "", 0, source, st);
   case ATTN_OPTK_BOOL:
     if (c != 't' && c != 'f') {
       want = "true or false";
       break;
     }
-    return attn_options_set(o, key, klen, c == 't' ? "true" : "false", c == 't' ? 4 : 5,
-                            "JSON field", st);
+    return attn_options_set(o, key, klen, c == 't' ? "true" : "false", c == 't' ? 4 : 5, source,
+                            st);
   case ATTN_OPTK_NUMBER:
   case ATTN_OPTK_INT: {
     if (!attn__jr_is_number(&v)) {
@@ -485,7 +483,7 @@ static int option(attn_options *o, const char *key, size_t klen, attn__jr v, att
     int len = kind == ATTN_OPTK_INT && x == floor(x) && fabs(x) < 0x1p62
                   ? snprintf(text, sizeof text, "%lld", (long long)x)
                   : snprintf(text, sizeof text, "%.17g", x);
-    return attn_options_set(o, key, klen, text, (size_t)len, "JSON field", st);
+    return attn_options_set(o, key, klen, text, (size_t)len, source, st);
   }
   case ATTN_OPTK_STRING: {
     if (c != '"') {
@@ -495,8 +493,7 @@ static int option(attn_options *o, const char *key, size_t klen, attn__jr v, att
     /* A value cut to fit text is longer than any valid one, and the option
      * parser quotes only its start. */
     size_t n = attn__jr_string(&v, text, sizeof text);
-    return attn_options_set(o, key, klen, text, n < sizeof text ? n : sizeof text - 1, "JSON field",
-                            st);
+    return attn_options_set(o, key, klen, text, n < sizeof text ? n : sizeof text - 1, source, st);
   }
   }
   return attn_status_set(st, ATTN_PROTO_EOPTVALUE,
@@ -533,7 +530,7 @@ static int body_fields(attn__jr *j, attn_pass pass, size_t tat[NT], attn_options
       return attn_status_set(
           st, ATTN_PROTO_EUNKNOWNTENSOR, "unknown tensor \"%s\"; send exactly %s",
           quote_key(qk, sizeof qk, key, klen, sizeof key), attn_proto_tensor_list(pass));
-    else if ((rc = option(opts, key, kl, *j, st)) < 0)
+    else if ((rc = attn__json_option(opts, key, kl, *j, "JSON field", st)) < 0)
       return rc;
     attn__jr_skip(j);
     if (nseen < 12 && klen < sizeof seen[0])
@@ -567,7 +564,8 @@ static int decode(const char *body, size_t len, attn_pass pass, const attn_optio
   int rc;
   if (len == 0)
     return attn_status_set(st, ATTN_PROTO_EEMPTY, "the request has no body");
-  if ((rc = prescan(body, len, st)) < 0 || (rc = attn__json_check(body, len, st)) < 0)
+  if ((rc = attn__json_prescan(body, len, ATTN_PROTO_MAX_DEPTH, st)) < 0 ||
+      (rc = attn__json_check(body, len, st)) < 0)
     return rc;
   attn__jr j = {body, len, 0};
   attn__jr_ws(&j);
@@ -700,6 +698,11 @@ void attn__json_put_tensor(attn_sbuf *b, const char *name, const int64_t *shape,
   attn_sbuf_puts(b, ", \"dtype\": ");
   attn_sbuf_json_str(b, attn_dtype_name(dt));
   attn_sbuf_puts(b, ", \"data\": [");
+  attn__json_put_elems(b, dt, data, n);
+  attn_sbuf_puts(b, "]}");
+}
+
+void attn__json_put_elems(attn_sbuf *b, attn_dtype dt, const void *data, size_t n) {
   for (size_t i = 0; i < n; i++) {
     if (!attn_sbuf_reserve(b, 40))
       return;
@@ -707,7 +710,6 @@ void attn__json_put_tensor(attn_sbuf *b, const char *name, const int64_t *shape,
       b->p[b->len++] = ',';
     b->len += fmt_elem(b->p + b->len, data, dt, i);
   }
-  attn_sbuf_puts(b, "]}");
 }
 
 int attn_proto_encode_json(const attn_proto_req *pr, const char *backend, char **pbuf, size_t *plen,

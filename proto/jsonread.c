@@ -170,9 +170,9 @@ static int check_value(chk *c, int depth);
 
 /* An object or array at c->pos. */
 static int check_container(chk *c, int depth) {
-  /* The pre-scan refuses deeper bodies first; this keeps the recursion
-   * bounded on its own. */
-  if (depth > ATTN_PROTO_MAX_DEPTH)
+  /* The codecs' pre-scans refuse deeper bodies first; this keeps the
+   * recursion bounded on its own. */
+  if (depth > ATTN__JSON_MAX_DEPTH)
     return bad(c, "nesting too deep");
   bool obj = c->s[c->pos] == '{';
   char close = obj ? '}' : ']';

@@ -52,7 +52,8 @@ extern "C" {
   XX(ENONFINITE, 422, "non_finite", "a tensor holds NaN or infinity")                        \
   XX(EOPTION, 422, "unknown_option", "an option this API does not have")                     \
   XX(EOPTVALUE, 422, "invalid_option", "an option's value has the wrong type or range")      \
-  XX(ENOMEM, 503, "out_of_memory", "out of memory")
+  XX(ENOMEM, 503, "out_of_memory", "out of memory")                                          \
+  XX(EFRAMING, 400, "malformed_binary", "binary tensor data does not match its JSON header")
 
 typedef enum attn_proto_errno {
   ATTN_PROTO__ERRNO_BASE = -2000,
@@ -247,6 +248,84 @@ size_t attn_proto_json_decode_bound(size_t len);
  * malloc'd and NUL-terminated; *plen excludes the NUL. */
 int attn_proto_encode_json(const attn_proto_req *pr, const char *backend, char **pbuf, size_t *plen,
                            attn_status *st);
+
+/* ---- the Open Inference Protocol (KServe v2, Triton's HTTP API) ------- */
+
+/*
+ * POST /v2/models/{model}/infer: a JSON request {"id"?, "inputs": [{"name":
+ * "q"|"k"|"v", "shape", "datatype": "FP32"|"FP16"|"BF16", "data": [flat or
+ * nested numbers] | "parameters": {"binary_data_size": n}}], "outputs"?:
+ * [{"name": "o"|"m"|"l"|"lse", "parameters"?: {"binary_data": bool}}],
+ * "parameters"?: {options, "binary_data_output": bool}}, optionally followed
+ * by binary tensor data (Triton's binary_data extension): the JSON is the
+ * first json_len bytes (the Inference-Header-Content-Length header), the
+ * inputs with binary_data_size take the bytes after it in their order,
+ * little-endian, row-major, and must use them all. proto/README.md is the
+ * prose spec. The models are three names for one computation, differing
+ * only in the datatype their metadata declare (tools such as perf_analyzer
+ * generate data of that type): every model accepts all three datatypes.
+ */
+enum { ATTN_V2_O, ATTN_V2_M, ATTN_V2_L, ATTN_V2_LSE, ATTN_V2_NOUTS };
+#define ATTN_V2_NMODELS 3
+#define ATTN_V2_MAX_ID 256  /* bytes of a request's "id" */
+#define ATTN_V2_MAX_DEPTH 7 /* request, inputs, input, data and 3 nested levels */
+
+/* The model named name[0..len), 0 to ATTN_V2_NMODELS - 1, or -1. */
+int attn_proto_v2_model(const char *name, size_t len);
+/* "attention", "attention_fp16", "attention_bf16"; NULL past the end. */
+const char *attn_proto_v2_model_name(int model);
+/* "FP32", "FP16", "BF16": the protocol's datatype names. */
+const char *attn_proto_v2_datatype(attn_dtype dt);
+
+/* What a v2 request asks of its reply besides the tensors. */
+typedef struct attn_v2_info {
+  char id[ATTN_V2_MAX_ID + 1]; /* the request's "id", or "" */
+  bool has_id;
+  unsigned outputs; /* bits 1 << ATTN_V2_*: the outputs to return */
+  unsigned binary;  /* those of them sent as binary data */
+} attn_v2_info;
+
+/*
+ * Decodes body[0..len) whose JSON is its first json_len bytes (json_len ==
+ * len: no binary data) into pr (as the other decoders do; opts.stats is set
+ * when m, l or lse is asked for) and info. Options come from "parameters"
+ * only; "stats" is refused there (outputs decide) and so are the protocol's
+ * reserved parameters attnd does not implement (sequence_*, priority,
+ * timeout, shared_memory_*, classification). Errors: EEMPTY, EJSON (syntax,
+ * unknown or duplicate keys), EFRAMING (binary sizes that do not add up),
+ * ETENSOR (datatype, shape, data), EMISSING, EUNKNOWNTENSOR (an input or
+ * output name), EOPTION, EOPTVALUE, ENONFINITE, ETOOLARGE, and
+ * attn_proto_build()'s. The body must outlive pr.
+ */
+int attn_proto_decode_v2(const void *body, size_t len, size_t json_len, attn_proto_req *pr,
+                         attn_v2_info *info, attn_status *st);
+/* The most a v2 decode allocates beyond the body: the JSON decode's bound
+ * of its JSON part, plus an aligned copy of every binary byte. */
+size_t attn_proto_v2_decode_bound(size_t len, size_t json_len);
+/*
+ * The reply {"model_name", "model_version": "1", "id"?, "parameters":
+ * {"backend"}, "outputs": [...]} with the outputs info asks for, in the
+ * order o, m, l, lse, those of info->binary as binary data appended after
+ * the JSON. id: info's, else fallback (NULL: none). *pjson_len gets the
+ * JSON's length when binary data follows (the reply's
+ * Inference-Header-Content-Length), else 0. *pbuf is malloc'd.
+ */
+int attn_proto_encode_v2(const attn_proto_req *pr, const attn_v2_info *info, const char *model,
+                         const char *fallback_id, const char *backend, void **pbuf, size_t *plen,
+                         size_t *pjson_len, attn_status *st);
+/* The protocol's error body {"error": message}, malloc'd, as
+ * attn_proto_error_body() makes its own; NULL when out of memory. */
+char *attn_proto_v2_error_body(const char *message, size_t *plen);
+
+struct attn_sbuf;
+/* GET /v2: {"name": "attnd", "version", "extensions": [...]}. */
+void attn_proto_v2_server_metadata(struct attn_sbuf *b);
+/* GET /v2/models/{model}: name, versions, platform, inputs q, k, v and
+ * outputs o, m, l, lse with the model's datatype and shapes of -1. */
+void attn_proto_v2_model_metadata(struct attn_sbuf *b, int model);
+/* GET /v2/models/{model}/config: the same as Triton's model configuration
+ * (max_batch_size 0: the shapes are whole, batch included). */
+void attn_proto_v2_model_config(struct attn_sbuf *b, int model);
 
 /* ---- the client side: requests out, replies in ----------------------- */
 

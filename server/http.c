@@ -83,6 +83,11 @@ static enum MHD_Result queue_reply(attnd_req *r) {
   MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r->ctype ? r->ctype : json_type);
   if (r->retry_after)
     MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+  if (r->resp_json_len) {
+    char n[24];
+    snprintf(n, sizeof n, "%zu", r->resp_json_len);
+    MHD_add_response_header(resp, "Inference-Header-Content-Length", n);
+  }
   if (r->status == MHD_HTTP_METHOD_NOT_ALLOWED)
     MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW,
                             attnd_req_computes(r) ? "POST" : "GET, HEAD");
@@ -157,6 +162,14 @@ static bool backend_ready(attnd_server *s, char *why, size_t cap) {
   return true;
 }
 
+int attnd_server_ready(attnd_server *s, char *why, size_t cap) {
+  if (atomic_load(&s->draining)) {
+    snprintf(why, cap, "the server is draining and takes no new work");
+    return ATTND_ESHUTTING_DOWN;
+  }
+  return backend_ready(s, why, cap) ? 0 : ATTND_EBACKEND_UNAVAILABLE;
+}
+
 /* The registry's counters, after the other series of /metrics. */
 static void render_conns(attn_sbuf *b, attnd_conns *c) {
   static const char *const reasons[ATTND_CLOSE_REASONS] = {"evicted", "header_timeout",
@@ -198,10 +211,9 @@ static void answer_get(attnd_req *r) {
     break;
   case ATTND_R_READYZ: {
     char why[200];
-    if (atomic_load(&s->draining))
-      attnd_req_fail(r, ATTND_ESHUTTING_DOWN, "the server is draining and takes no new work");
-    else if (!backend_ready(s, why, sizeof why))
-      attnd_req_fail(r, ATTND_EBACKEND_UNAVAILABLE, why);
+    int code = attnd_server_ready(s, why, sizeof why);
+    if (code)
+      attnd_req_fail(r, code, why);
     else {
       attn_sbuf_puts(&b, "{\"status\": \"ready\"}\n");
       set_json(r, 200, &b);
@@ -226,7 +238,7 @@ static void answer_get(attnd_req *r) {
   }
   case ATTND_R_INFO: get_info(r); break;
   case ATTND_R_PLAN: get_plan(r); break;
-  default: break;
+  default: attnd_v2_answer_get(r); break;
   }
 }
 
@@ -282,6 +294,42 @@ static bool accepts_binary(struct MHD_Connection *conn) {
   return bin && (!js || bin < js);
 }
 
+/*
+ * A /v2 infer request: JSON, optionally followed by binary tensors whose
+ * start Inference-Header-Content-Length gives. tritonclient sends no
+ * Content-Type, so none is needed; one that names neither JSON nor binary
+ * data is refused. false when r has its reply.
+ */
+static bool v2_framing(attnd_req *r, const char *ct) {
+  char msg[240], what[72];
+  if (ct && !media_is(ct, "application/json") && !media_is(ct, "application/octet-stream")) {
+    attn_quote(what, sizeof what, ct, strlen(ct));
+    snprintf(msg, sizeof msg,
+             "Content-Type \"%s\" is not one the inference protocol reads; send "
+             "application/json, application/octet-stream or none",
+             what);
+    attnd_req_fail(r, ATTND_EUNSUPPORTED_MEDIA_TYPE, msg);
+    return false;
+  }
+  const char *h =
+      MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Inference-Header-Content-Length");
+  if (!h)
+    return true;
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(h, &end, 10);
+  if (*h < '0' || *h > '9' || *end || errno || v > SIZE_MAX - 1) {
+    attn_quote(what, sizeof what, h, strlen(h));
+    snprintf(msg, sizeof msg,
+             "Inference-Header-Content-Length \"%s\" is not a byte count (the JSON's length)",
+             what);
+    attnd_req_fail(r, ATTN_PROTO_EFRAMING, msg);
+    return false;
+  }
+  r->v2_json_len = (size_t)v;
+  return true;
+}
+
 /* The first callback of a POST /attention: refuse what can be refused
  * before the body; returns false when r already has its reply. */
 static bool begin_post(attnd_req *r) {
@@ -296,7 +344,11 @@ static bool begin_post(attnd_req *r) {
     return false;
   }
   const char *ct = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
-  if (media_is(ct, "application/json")) {
+  if (r->v2 && !v2_framing(r, ct)) {
+    return false;
+  } else if (r->v2) {
+    /* the inference protocol's codec reads the body whatever it is called */
+  } else if (media_is(ct, "application/json")) {
     r->json_in = true;
     r->binary_out = accepts_binary(conn);
   } else if (media_is(ct, "application/octet-stream")) {
@@ -485,6 +537,7 @@ static void route_of(attnd_req *r, const char *url, const char *method) {
   for (size_t i = 0; i < sizeof routes / sizeof *routes; i++)
     if (!strcmp(path, routes[i].path))
       r->route = routes[i].route;
+  attnd_v2_route(r, path);
   attn_sbuf q = {0};
   MHD_get_connection_values(r->conn, MHD_GET_ARGUMENT_KIND, add_arg, &q);
   r->query = q.oom ? NULL : q.p;
@@ -507,12 +560,14 @@ static enum MHD_Result first_call(attnd_req *r, const char *url, const char *met
   }
   if (!check_framing(r, version))
     return queue_reply(r);
-  if (r->route == ATTND_R_NONE) {
-    char msg[240], path[96];
+  if (r->route == ATTND_R_NONE && r->v2) {
+    attnd_v2_not_found(r);
+  } else if (r->route == ATTND_R_NONE) {
+    char msg[280], path[96];
     attn_quote(path, sizeof path, r->path, strlen(r->path));
     snprintf(msg, sizeof msg,
              "no such path \"%s\" (try POST /attention, POST /attention/backward, GET "
-             "/attention/plan, /healthz, /readyz, /metrics, /v1/info)",
+             "/attention/plan, /healthz, /readyz, /metrics, /v1/info, /v2)",
              path);
     attnd_req_fail(r, ATTND_ENOT_FOUND, msg);
   } else if (attnd_req_computes(r) ? !post : !get) {

@@ -97,21 +97,34 @@ static void push(attnd_req **head, attnd_req **tail, attnd_req *r) {
   *tail = r;
 }
 
-/* Reserves what decoding r's JSON body will hold (its tensors, up to twice
- * the body), held like the body until drop_inputs(); false with r's reply
- * set. A body whose decode could not fit even in an idle server is too large
- * (a retry would never help); one that does not fit now is asked to retry. */
+/* What decoding r's body allocates beside it: nothing for safetensors
+ * (read in place), the tensors of a JSON body (up to twice the body), and
+ * for /v2 those of its JSON part plus an aligned copy of its binary part. */
+static uint64_t decode_need(const attnd_req *r) {
+  if (r->route == ATTND_R_V2_INFER)
+    return attn_proto_v2_decode_bound(r->len, r->v2_json_len < r->len ? r->v2_json_len : r->len);
+  return r->json_in ? attn_proto_json_decode_bound(r->len) : 0;
+}
+
+/* Reserves what decoding r's body will hold (decode_need), held like the
+ * body until drop_inputs(); false with r's reply set. A body whose decode
+ * could not fit even in an idle server is too large (a retry would never
+ * help); one that does not fit now is asked to retry. */
 static bool reserve_decode(attnd_req *r) {
   const attnd_config *c = r->srv->cfg;
-  uint64_t need = attn_proto_json_decode_bound(r->len);
+  uint64_t need = decode_need(r);
   uint64_t budget = (uint64_t)c->max_queue * c->max_body;
+  if (need == 0)
+    return true;
   if (r->reserved + need > budget) {
     char msg[320];
     snprintf(msg, sizeof msg,
-             "decoding this %zu-byte JSON body needs %llu bytes beside it, past the server's "
-             "memory budget (--max-queue x --max-body = %llu bytes); send it as safetensors "
-             "(application/octet-stream), which needs no copy, or raise --max-queue",
-             r->len, (unsigned long long)need, (unsigned long long)budget);
+             "decoding this %zu-byte body needs %llu bytes beside it, past the server's "
+             "memory budget (--max-queue x --max-body = %llu bytes); %s",
+             r->len, (unsigned long long)need, (unsigned long long)budget,
+             r->v2 ? "send the tensors as binary data, or raise --max-queue"
+                   : "send it as safetensors (application/octet-stream), which needs no copy, "
+                     "or raise --max-queue");
     attnd_req_fail(r, ATTND_ETOO_LARGE, msg);
     return false;
   }
@@ -122,17 +135,29 @@ static bool reserve_decode(attnd_req *r) {
   return true;
 }
 
+/* r's body into r->pr with its codec. The inference protocol takes its
+ * options from the body's "parameters" only. (Hook: a Content-Encoding
+ * inflation of the body, branch oip-ops, runs before this.) */
+static int decode_body(attnd_req *r, attn_status *st) {
+  if (r->route == ATTND_R_V2_INFER) {
+    size_t json_len = r->v2_json_len == SIZE_MAX ? r->len : r->v2_json_len;
+    return attn_proto_decode_v2(r->body, r->len, json_len, &r->pr, &r->v2_info, st);
+  }
+  attn_options q;
+  attn_options_init(&q);
+  int rc = attn_options_parse_query(&q, r->query, st);
+  attn_pass pass = attnd_req_pass(r);
+  if (rc == 0)
+    rc = r->json_in ? attn_proto_decode_json_pass(r->body, r->len, pass, &q, &r->pr, st)
+                    : attn_proto_decode_safetensors_pass(r->body, r->len, pass, &q, &r->pr, st);
+  return rc;
+}
+
 static void decode_submit(uv_work_t *w) {
   attnd_req *r = w->data;
   attnd_server *s = r->srv;
-  attn_options q;
   attn_status st;
-  attn_options_init(&q);
-  int rc = attn_options_parse_query(&q, r->query, &st);
-  attn_pass pass = attnd_req_pass(r);
-  if (rc == 0)
-    rc = r->json_in ? attn_proto_decode_json_pass(r->body, r->len, pass, &q, &r->pr, &st)
-                    : attn_proto_decode_safetensors_pass(r->body, r->len, pass, &q, &r->pr, &st);
+  int rc = decode_body(r, &st);
   if (rc == 0) {
     /* "auto" means the server's backend; a named one is the client's call */
     if (!strcmp(r->pr.req.backend, "auto"))
@@ -172,6 +197,14 @@ static void encode(uv_work_t *w) {
   if (r->res.status.code) {
     st = r->res.status;
     rc = -1;
+  } else if (r->route == ATTND_R_V2_INFER) {
+    /* Hook: the request's X-Request-Id (branch oip-ops) becomes the reply's
+     * "id" when the body had none; until then, none. */
+    void *buf = NULL;
+    rc = attn_proto_encode_v2(&r->pr, &r->v2_info, attn_proto_v2_model_name(r->v2_model), NULL,
+                              r->res.backend, &buf, &r->out_len, &r->out_json_len, &st);
+    r->out = buf;
+    r->out_ctype = r->out_json_len ? "application/octet-stream" : "application/json";
   } else if (r->binary_out) {
     void *buf = NULL;
     rc = attn_proto_encode_safetensors(&r->pr, &buf, &r->out_len, &st);
@@ -198,6 +231,7 @@ static void reply_from_job(attnd_req *r) {
   r->resp = r->out;
   r->resp_len = r->out_len;
   r->ctype = r->out_ctype;
+  r->resp_json_len = r->out_json_len;
   r->out = NULL;
 }
 
@@ -393,7 +427,7 @@ static void admit(attnd_server *s, attnd_req *r) {
     refuse(r, ATTND_EQUEUE_FULL, msg);
     return;
   }
-  if (r->json_in && !reserve_decode(r)) {
+  if (!reserve_decode(r)) {
     finish(r);
     attnd_req_unref(r);
     return;

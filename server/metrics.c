@@ -20,7 +20,7 @@
 #include <string.h>
 
 enum {
-  N_ROUTES = 8, /* the seven routes and "other" */
+  N_ROUTES = 10, /* the seven routes, /v2 infer, the rest of /v2, and "other" */
   ROUTE_OTHER = N_ROUTES - 1,
   MAX_CODES = 64, /* distinct status codes kept per route */
   MAX_BACKENDS = 8,
@@ -29,10 +29,8 @@ enum {
 };
 
 static const char *const route_names[N_ROUTES] = {
-    "/attention",      "/attention/backward",
-    "/attention/plan", "/healthz",
-    "/readyz",         "/metrics",
-    "/v1/info",        "other",
+    "/attention", "/attention/backward", "/attention/plan", "/healthz", "/readyz", "/metrics",
+    "/v1/info",   "/v2/models/*/infer",  "/v2/*",           "other",
 };
 
 /* Bounds and their printed form side by side: printing the doubles would

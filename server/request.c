@@ -38,7 +38,8 @@ void attnd_req_unref(attnd_req *r) {
 }
 
 bool attnd_req_computes(const attnd_req *r) {
-  return r->route == ATTND_R_ATTENTION || r->route == ATTND_R_BACKWARD;
+  return r->route == ATTND_R_ATTENTION || r->route == ATTND_R_BACKWARD ||
+         r->route == ATTND_R_V2_INFER;
 }
 
 attn_pass attnd_req_pass(const attnd_req *r) {
@@ -53,6 +54,7 @@ void attnd_req_reply(attnd_req *r, int status, char *buf, size_t len, const char
   r->resp = buf;
   r->resp_len = len;
   r->ctype = ctype;
+  r->resp_json_len = 0;
 }
 
 /* The one way an error reply is set: the body, Retry-After on a 503, and
@@ -67,7 +69,10 @@ void attnd_req_fail(attnd_req *r, int code, const char *message) {
   }
   int status = attnd_err_status(code);
   size_t len = 0;
-  char *b = attn_proto_error_body(name, message, &len);
+  /* /v2 speaks the inference protocol's error shape; the code is still
+   * counted, and the status is the same. */
+  char *b =
+      r->v2 ? attn_proto_v2_error_body(message, &len) : attn_proto_error_body(name, message, &len);
   attnd_req_reply(r, status, b, b ? len : 0, ATTND_JSON_TYPE);
   r->retry_after = status == 503;
 }
@@ -178,8 +183,15 @@ static void log_line(attnd_server *s, const attnd_req *r, double total) {
   pthread_mutex_unlock(&s->log_mu);
 }
 
+const char *attnd_req_route_label(const attnd_req *r) {
+  if (!r->v2)
+    return r->path;
+  return r->route == ATTND_R_V2_INFER ? "/v2/models/*/infer" : "/v2/*";
+}
+
 void attnd_req_account(attnd_server *s, const attnd_req *r) {
   double total = attn_now() - r->t_received;
-  attnd_metrics_request(s->metrics, r->path, r->status, total, r->len, r->bytes_out);
+  attnd_metrics_request(s->metrics, attnd_req_route_label(r), r->status, total, r->len,
+                        r->bytes_out);
   log_line(s, r, total);
 }

@@ -60,6 +60,14 @@ typedef enum attnd_route {
   ATTND_R_READYZ,
   ATTND_R_METRICS,
   ATTND_R_INFO,
+  /* the Open Inference Protocol (v2.c) */
+  ATTND_R_V2_SERVER,      /* GET /v2 */
+  ATTND_R_V2_LIVE,        /* GET /v2/health/live */
+  ATTND_R_V2_READY,       /* GET /v2/health/ready */
+  ATTND_R_V2_MODEL,       /* GET /v2/models/{model}[/versions/1] */
+  ATTND_R_V2_MODEL_READY, /* GET .../ready */
+  ATTND_R_V2_CONFIG,      /* GET .../config */
+  ATTND_R_V2_INFER,       /* POST .../infer: computed like POST /attention */
   ATTND_R_NONE
 } attnd_route;
 
@@ -73,10 +81,15 @@ typedef struct attnd_req {
   attnd_route route;
   char method[16];
   char path[128];
-  char *query;     /* re-encoded query string, for the proto parsers */
-  bool json_in;    /* Content-Type application/json (else safetensors) */
-  bool binary_out; /* reply as safetensors */
-  char *body;      /* the whole body, one buffer */
+  char *query;  /* re-encoded query string, for the proto parsers */
+  bool json_in; /* Content-Type application/json (else safetensors) */
+  /* /v2: errors in the protocol's shape {"error": message} */
+  bool v2;
+  int v2_model;         /* attn_proto_v2_model() of the path, or -1 */
+  size_t v2_json_len;   /* Inference-Header-Content-Length; SIZE_MAX: the whole body */
+  attn_v2_info v2_info; /* what the request asks of its reply */
+  bool binary_out;      /* reply as safetensors */
+  char *body;           /* the whole body, one buffer */
   size_t len, cap;
   size_t discarded; /* body bytes dropped after an early reply */
   size_t reserved;  /* of the server's body budget */
@@ -87,6 +100,7 @@ typedef struct attnd_req {
   char *resp; /* malloc'd; ownership passes to libmicrohttpd */
   size_t resp_len;
   const char *ctype;
+  size_t resp_json_len; /* /v2: JSON bytes before binary outputs (0: none) */
   bool retry_after;
   bool queued; /* the reply was queued to libmicrohttpd */
   uint64_t bytes_out;
@@ -115,7 +129,8 @@ typedef struct attnd_req {
   char *out;          /* the encoded reply body */
   size_t out_len;
   const char *out_ctype;
-  double t_engine; /* when decoding failed or the engine completed */
+  size_t out_json_len; /* /v2: as resp_json_len */
+  double t_engine;     /* when decoding failed or the engine completed */
   /* loop only */
   bool dispatched; /* left the queue for decode and the engine */
   bool answered;   /* the reply is set and the connection resumed */
@@ -172,6 +187,19 @@ extern const attnd_transport attnd_http_transport;
 int attnd_http_start(attnd_server *s); /* 0, or -1 after one line */
 void attnd_http_stop(attnd_server *s);
 
+/* The server's readiness, for GET /readyz and /v2/health/ready: 0, or
+ * ATTND_ESHUTTING_DOWN (draining) or ATTND_EBACKEND_UNAVAILABLE with why. */
+int attnd_server_ready(attnd_server *s, char *why, size_t cap);
+
+/* v2.c: the Open Inference Protocol's routes (KServe v2, Triton). */
+/* r's route for a path under /v2 (r->v2 set); false for any other path. A
+ * model or version that does not exist leaves ATTND_R_NONE, and
+ * attnd_v2_not_found() words the 404. */
+bool attnd_v2_route(attnd_req *r, const char *path);
+void attnd_v2_not_found(attnd_req *r);
+/* Answers r's GET route (metadata, health, readiness). */
+void attnd_v2_answer_get(attnd_req *r);
+
 /* request.c */
 /* A request as its first callback finds it, holding the connection's
  * reference; NULL when out of memory. */
@@ -200,6 +228,9 @@ attn_pass attnd_req_pass(const attnd_req *r);
  * which a drain waits for; or that ended (a no-op when it never began). */
 void attnd_upload_begin(attnd_req *r);
 void attnd_upload_end(attnd_req *r);
+/* The metrics' label of r's path: a /v2 path is labeled by its route, never
+ * by the client's bytes (model names would make labels without bound). */
+const char *attnd_req_route_label(const attnd_req *r);
 /* r has ended: its metrics and its log line. */
 void attnd_req_account(attnd_server *s, const attnd_req *r);
 

@@ -50,6 +50,7 @@ DEPS_NOT_IN_IMAGE = {
     "wrk": "make bench-server only",
     "clang-format": "make test's format check only",
     "curl": "the tests only (the runtime stages install curl for HEALTHCHECK)",
+    "libb64-0d": "perf_analyzer (tritonclient's wheel) in the /v2 tests and make bench-v2 only",
 }
 
 

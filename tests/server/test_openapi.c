@@ -35,12 +35,20 @@ Test(openapi, paths_match_the_server, .fini = teardown, .timeout = 60) {
     cr_assert_lt(n, 16);
     snprintf(documented[n++], sizeof documented[0], "%s", path);
     http_res rs;
-    int rc = !strcmp(path, "/attention") || !strcmp(path, "/attention/backward")
-                 ? http_post(&S, path, "application/json", "{}", 2, &rs)
-                 : http_get(&S,
-                            !strcmp(path, "/attention/plan") ? "/attention/plan?seq_q=8&head_dim=8"
-                                                             : path,
-                            &rs);
+    /* a templated path is tried with the first value of its parameter */
+    char target[96];
+    const char *model = strstr(path, "{model}");
+    if (model)
+      snprintf(target, sizeof target, "%.*sattention%s", (int)(model - path), path, model + 7);
+    else
+      snprintf(target, sizeof target, "%s", path);
+    bool post = !strcmp(path, "/attention") || !strcmp(path, "/attention/backward") ||
+                strstr(path, "/infer");
+    int rc = post ? http_post(&S, target, "application/json", "{}", 2, &rs)
+                  : http_get(&S,
+                             !strcmp(path, "/attention/plan") ? "/attention/plan?seq_q=8&head_dim=8"
+                                                              : target,
+                             &rs);
     cr_assert_eq(rc, 0);
     cr_expect_neq(rs.status, 404, "%s is documented but not routed", path);
     /* the status must be one the spec lists under this path */
@@ -56,10 +64,21 @@ Test(openapi, paths_match_the_server, .fini = teardown, .timeout = 60) {
     http_res_free(&rs);
   }
   fclose(f);
-  cr_expect_eq(n, 7, "openapi.yaml documents %d paths", n);
-  static const char *const routed[] = {
-      "/attention", "/attention/backward", "/attention/plan", "/healthz", "/readyz", "/metrics",
-      "/v1/info"};
+  cr_expect_eq(n, 14, "openapi.yaml documents %d paths", n);
+  static const char *const routed[] = {"/attention",
+                                       "/attention/backward",
+                                       "/attention/plan",
+                                       "/healthz",
+                                       "/readyz",
+                                       "/metrics",
+                                       "/v1/info",
+                                       "/v2",
+                                       "/v2/health/live",
+                                       "/v2/health/ready",
+                                       "/v2/models/{model}",
+                                       "/v2/models/{model}/ready",
+                                       "/v2/models/{model}/config",
+                                       "/v2/models/{model}/infer"};
   for (size_t i = 0; i < sizeof routed / sizeof *routed; i++) {
     bool found = false;
     for (int j = 0; j < n; j++)

@@ -32,7 +32,8 @@ CUDA_ARCHS ?= 80 89 90
 # Packages the build and tests need (the fuzzers need clang and its
 # runtime); the benchmark adds OpenBLAS.
 DEPS       = gcc make libc6-dev libcriterion-dev libcjson-dev clang libclang-rt-dev clang-format \
-             libmicrohttpd-dev libuv1-dev libcurl4-openssl-dev wrk curl \
+             libmicrohttpd-dev libuv1-dev libcurl4-openssl-dev zlib1g-dev libgnutls28-dev \
+             openssl wrk curl \
              python3 python3-numpy python3-pytest python3-yaml python3-venv
 BENCH_DEPS = libopenblas-dev
 # make test-image builds the CPU image's filesystem without a Docker engine.
@@ -165,7 +166,8 @@ FUZZ_SRC_http_reply = clients/http_reply.c
 
 # ---- the server ---------------------------------------------------------------
 SERVER_SRC = server/main.c server/config.c server/http.c server/loop.c server/deadline.c \
-             server/metrics.c server/conns.c server/mhd_shim.c server/errors.c server/request.c
+             server/metrics.c server/conns.c server/mhd_shim.c server/errors.c server/request.c \
+             server/reqid.c server/auth.c server/inflate.c server/log.c server/tls.c
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/obj/%.o)
 
 .PHONY: all deps bench-deps test test-gpu test-image bench bench-peak bench-peers \
@@ -223,10 +225,10 @@ $(BUILD)/obj/tests/server/%.o: CPPFLAGS += -Itests/unit -Iclients
 
 $(SRVTEST_BIN): $(SRVTEST_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -o $@ $^ -lcriterion -lcurl $(LDLIBS_ALL)
+	$(CC) $(ALL_CFLAGS) -o $@ $^ -lcriterion -lcurl -lz $(LDLIBS_ALL)
 
 $(BUILD)/attnd: $(SERVER_OBJ) $(LIB)
-	$(CC) $(ALL_CFLAGS) -o $@ $^ -lmicrohttpd -luv $(LDLIBS_ALL)
+	$(CC) $(ALL_CFLAGS) -o $@ $^ -lmicrohttpd -luv -lgnutls -lz $(LDLIBS_ALL)
 
 $(BUILD)/obj/tests/gpu/%.o: CPPFLAGS += -Iengine/cuda -Itests/unit $(if $(filter 1,$(USE_CUDA)),$(CUDA_INC))
 
@@ -249,12 +251,13 @@ $(BUILD)/bench-gpu: $(BUILD)/obj/tests/gpu/bench_gpu.o $(LIB)
 # connection registry, and the scheduler on a fake transport).
 $(BUILD)/obj/tests/unit/%.o: CPPFLAGS += -Iclients
 
-TEST_SERVER_OBJ = $(patsubst %,$(BUILD)/obj/server/%.o,metrics conns loop deadline request errors)
+TEST_SERVER_OBJ = $(patsubst %,$(BUILD)/obj/server/%.o,metrics conns loop deadline request errors \
+                    reqid auth inflate log)
 $(TEST_BIN): $(TEST_OBJ) $(TEST_SERVER_OBJ) \
             $(BUILD)/obj/clients/benchlib.o $(BUILD)/obj/clients/http_reply.o \
             $(BUILD)/obj/clients/hist.o $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -o $@ $^ -lcriterion -luv $(LDLIBS_ALL)
+	$(CC) $(ALL_CFLAGS) -o $@ $^ -lcriterion -luv -lz $(LDLIBS_ALL)
 
 # The baseline's softmax is vectorized (AVX2, glibc's libmvec) as numpy's is.
 $(BUILD)/obj/tests/bench/cpu_vs_blas.o: tests/bench/cpu_vs_blas.c $(BUILD)/.flags

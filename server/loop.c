@@ -80,6 +80,8 @@ static void drop_inputs(attnd_req *r) {
   attn_proto_req_free(&r->pr);
   free(r->body);
   r->body = NULL;
+  free(r->plain);
+  r->plain = NULL;
   attnd_body_release(r);
 }
 
@@ -122,6 +124,32 @@ static bool reserve_decode(attnd_req *r) {
   return true;
 }
 
+/* The decoded body draws on the body budget as the body did. */
+static bool grow_plain(void *ctx, size_t more) { return attnd_body_reserve(ctx, more); }
+
+/* A gzip or deflate body decoded into r->plain (threadpool), with what its
+ * JSON decode holds reserved beyond what the encoded size already did; the
+ * encoded body is freed. 0, or -1 with *st set. */
+static int inflate_body(attnd_req *r, attn_status *st) {
+  const attnd_config *c = r->srv->cfg;
+  st->code = attnd_inflate(r->encoding, r->body, r->len, (size_t)c->max_body, grow_plain, r,
+                           &r->plain, &r->plain_len, st->message, sizeof st->message);
+  if (st->code)
+    return -1;
+  free(r->body);
+  r->body = NULL;
+  uint64_t had = attn_proto_json_decode_bound(r->len);
+  uint64_t need = attn_proto_json_decode_bound(r->plain_len);
+  if (!r->json_in || need <= had || attnd_body_reserve(r, (size_t)(need - had)))
+    return 0;
+  st->code = ATTND_EQUEUE_FULL;
+  snprintf(st->message, sizeof st->message,
+           "decoding this JSON body (%zu bytes after Content-Encoding) would pass the server's "
+           "memory budget (--max-queue x --max-body); retry shortly, or send safetensors",
+           r->plain_len);
+  return -1;
+}
+
 static void decode_submit(uv_work_t *w) {
   attnd_req *r = w->data;
   attnd_server *s = r->srv;
@@ -130,9 +158,13 @@ static void decode_submit(uv_work_t *w) {
   attn_options_init(&q);
   int rc = attn_options_parse_query(&q, r->query, &st);
   attn_pass pass = attnd_req_pass(r);
+  if (rc == 0 && r->encoding != ATTND_ENC_IDENTITY)
+    rc = inflate_body(r, &st);
+  const char *body = r->plain ? r->plain : r->body;
+  size_t len = r->plain ? r->plain_len : r->len;
   if (rc == 0)
-    rc = r->json_in ? attn_proto_decode_json_pass(r->body, r->len, pass, &q, &r->pr, &st)
-                    : attn_proto_decode_safetensors_pass(r->body, r->len, pass, &q, &r->pr, &st);
+    rc = r->json_in ? attn_proto_decode_json_pass(body, len, pass, &q, &r->pr, &st)
+                    : attn_proto_decode_safetensors_pass(body, len, pass, &q, &r->pr, &st);
   if (rc == 0) {
     /* "auto" means the server's backend; a named one is the client's call */
     if (!strcmp(r->pr.req.backend, "auto"))
@@ -202,11 +234,11 @@ static void reply_from_job(attnd_req *r) {
 }
 
 static void log_canceled(attnd_req *r, const char *what) {
-  attnd_server *s = r->srv;
-  pthread_mutex_lock(&s->log_mu);
-  fprintf(stderr, "attnd: %s %s canceled (%s): %s\n", r->method, r->path,
-          attnd_cancel_reason_name(r->cancel_why), what);
-  pthread_mutex_unlock(&s->log_mu);
+  char method[80], path[560];
+  attn_quote(method, sizeof method, r->method, strlen(r->method));
+  attn_quote(path, sizeof path, r->path, strlen(r->path));
+  attnd_log_note(r->srv, ATTND_WARN, NULL, r->id, "%s %s canceled (%s): %s id=%s", method, path,
+                 attnd_cancel_reason_name(r->cancel_why), what, r->id);
 }
 
 /* A job answered early has ended: say whether the cancel cut it short. */

@@ -15,6 +15,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +24,7 @@ enum {
   N_ROUTES = 8, /* the seven routes and "other" */
   ROUTE_OTHER = N_ROUTES - 1,
   MAX_CODES = 64,        /* distinct status codes kept per route */
-  MAX_MODEL_SERIES = 16, /* (route, model) pairs with a model; more count as model "other" */
+  MAX_MODEL_SERIES = 16, /* (route, model) pairs, the last kept for model "other" */
   N_SERIES = N_ROUTES + MAX_MODEL_SERIES,
   MODEL_CAP = 48,
   MAX_BACKENDS = 8,
@@ -148,7 +149,8 @@ static void histogram_observe(histogram *h, double v) {
 }
 
 /* The series of (route, model), with the lock held: added when new and
- * there is room, else the pair (route, "other"), else the route's own. */
+ * there is room, else the pair (route, "other"), else (no room even for
+ * that) the route's own. */
 static route_stats *series_of(state *s, int route, const char *model) {
   if (!model || !*model)
     return &s->routes[route];
@@ -156,7 +158,9 @@ static route_stats *series_of(state *s, int route, const char *model) {
     for (int i = N_ROUTES; i < s->nseries; i++)
       if (s->routes[i].route == route && !strcmp(s->routes[i].model, model))
         return &s->routes[i];
-    if (s->nseries < N_SERIES && strlen(model) < MODEL_CAP) {
+    /* the last slot is kept for "other", so the overflow has a series */
+    bool room = s->nseries < N_SERIES - (pass == 0);
+    if (room && strlen(model) < MODEL_CAP) {
       route_stats *rs = &s->routes[s->nseries++];
       rs->route = route;
       snprintf(rs->model, sizeof rs->model, "%s", model);

@@ -491,10 +491,9 @@ static void expire_drain(attnd_server *s) {
     next = r->act_next;
     attnd_loop_cancel(s, r, ATTND_CANCEL_SHUTDOWN);
   }
-  fprintf(stderr,
-          "attnd: drain timeout: %d running jobs canceled; uploads still under way "
-          "are cut off\n",
-          running);
+  attnd_log_note(s, ATTND_WARN, NULL, NULL,
+                 "drain timeout: %d running jobs canceled; uploads still under way are cut off",
+                 running);
   s->jobs_done_at = 0;
 }
 
@@ -530,7 +529,7 @@ static void check_drain(uv_timer_t *t) {
   if (left <= 0 ||
       now - s->jobs_done_at > (s->drain_expired ? REPLY_WAIT_EXPIRED_S : REPLY_WAIT_S)) {
     if (left > 0)
-      fprintf(stderr, "attnd: %d replies not confirmed sent; stopping\n", left);
+      attnd_log_note(s, ATTND_WARN, NULL, NULL, "%d replies not confirmed sent; stopping", left);
     uv_stop(&s->loop);
   }
 }
@@ -539,8 +538,8 @@ static void on_signal(uv_signal_t *h, int signum) {
   attnd_server *s = h->data;
   if (atomic_exchange(&s->draining, true))
     return;
-  fprintf(stderr, "attnd: %s: draining (up to %g s)\n", signum == SIGTERM ? "SIGTERM" : "SIGINT",
-          s->cfg->drain_timeout);
+  attnd_log_note(s, ATTND_INFO, NULL, NULL, "%s: draining (up to %g s)",
+                 signum == SIGTERM ? "SIGTERM" : "SIGINT", s->cfg->drain_timeout);
   s->transport->quiesce(s);
   s->drain_deadline = attn_now() + s->cfg->drain_timeout;
   uv_timer_start(&s->drain_timer, check_drain, 0, DRAIN_CHECK_MS);

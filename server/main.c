@@ -134,9 +134,9 @@ int main(int argc, char **argv) {
   attnd_loop_close(&s);
   attn_engine_close(s.engine);
   attnd_metrics_free(s.metrics);
+  attnd_log_note(&s, ATTND_INFO, NULL, NULL, "drained, exiting");
   pthread_mutex_destroy(&s.log_mu);
   free(s.tls_cert_pem);
   free(s.tls_key_pem);
-  fprintf(stderr, "attnd: drained, exiting\n");
   return 0;
 }

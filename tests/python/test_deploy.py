@@ -50,6 +50,7 @@ DEPS_NOT_IN_IMAGE = {
     "wrk": "make bench-server only",
     "clang-format": "make test's format check only",
     "curl": "the tests only (the runtime stages install curl for HEALTHCHECK)",
+    "openssl": "the HTTPS tests' throwaway certificates only",
 }
 
 
@@ -71,6 +72,8 @@ UBUNTU_NOBLE_NAME = {
     "libuv1": "libuv1t64",
     "libcurl4": "libcurl4t64",
     "libcjson1": "libcjson1",
+    "libgnutls30": "libgnutls30t64",
+    "zlib1g": "zlib1g",
 }
 # Runtime packages not linked by the binaries, with the reason.
 RUNTIME_EXTRAS = {"curl": "the HEALTHCHECK command"}
@@ -812,9 +815,10 @@ def free_port():
         return s.getsockname()[1]
 
 
-def http_get(url, timeout=2):
+def http_get(url, timeout=2, headers=None):
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        req = urllib.request.Request(url, headers=headers or {})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, r.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode("utf-8", "replace")
@@ -1105,6 +1109,14 @@ def test_server_accepts_the_configuration(which, server_help, tmp_path):
     paths, passes its health check, and exits 0 on SIGTERM within the drain
     timeout."""
     env = effective_envs()[which]
+    auth = {}
+    if env.get("ATTND_API_KEY_FILE"):
+        # the Secret the manifest mounts, made here at a path of our own
+        key = os.path.join(str(tmp_path), "api-key")
+        with open(key, "w") as f:
+            f.write("test-key-0123\n")
+        env = dict(env, ATTND_API_KEY_FILE=key)
+        auth = {"Authorization": "Bearer test-key-0123"}
     srv = start_attnd(env, tmp_path)
     try:
         assert srv.proc.poll() is None, "attnd exited %s with %s:\n%s" % (
@@ -1113,11 +1125,13 @@ def test_server_accepts_the_configuration(which, server_help, tmp_path):
         if srv.fell_back:
             assert re.search(r"--backend .*\bcuda\b", server_help["text"]), \
                 "cuda is not a backend attnd --help lists"
-        for path in ("/healthz", "/readyz", "/metrics"):
+        for path in ("/healthz", "/readyz"):
             status, body = http_get(srv.url + path)
             assert status == 200, (path, status, body)
-        assert "attnd_requests_total" in http_get(srv.url + "/metrics")[1]
-        assert http_get(srv.url + "/no-such-route")[0] == 404
+        assert "attnd_requests_total" in http_get(srv.url + "/metrics", headers=auth)[1]
+        if auth:
+            assert http_get(srv.url + "/metrics")[0] == 401, "the key is not required"
+        assert http_get(srv.url + "/no-such-route", headers=auth)[0] == 404
         checks = []
         if which.startswith("Dockerfile"):
             checks.append(parse_healthcheck(runtime_stage(which).last("HEALTHCHECK"))[1])

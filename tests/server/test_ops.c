@@ -69,6 +69,18 @@ static void write_file(const char *path, const char *text) {
   fclose(f);
 }
 
+/* Waits up to timeout_s for needle in the server's log (a request's line
+ * is written when it ends, which may be just after its reply arrived). */
+static bool wait_log(const char *needle, double timeout_s) {
+  for (double end = now_s() + timeout_s;; sleep_s(0.02)) {
+    char *log = srv_log(&S);
+    bool found = log && strstr(log, needle);
+    free(log);
+    if (found || now_s() > end)
+      return found;
+  }
+}
+
 /* ---- request ids --------------------------------------------------------------- */
 
 Test(ops, request_id_echoed_or_made) {
@@ -81,17 +93,18 @@ Test(ops, request_id_echoed_or_made) {
 
   /* none, or one not fit for a log line: a made one, new each time */
   char first[64] = "", v[512] = "";
-  const char *bad_ids[][2] = {{NULL, NULL},
-                              {"X-Request-Id: has space", NULL},
-                              {"X-Request-Id: a\"quote", NULL},
-                              {"X-Request-Id: "
-                               "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
-                               "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
-                               NULL}};
+  const char *bad_ids[][2] = {
+      {NULL, NULL},
+      {"X-Request-Id: has space", NULL},
+      {"X-Request-Id: a\"quote", NULL},
+      {"X-Request-Id: "
+       "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+       "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+       NULL}};
   for (int i = 0; i < 4; i++) {
     do_req("GET", "/healthz", bad_ids[i][0] ? bad_ids[i] : NULL, NULL, 0, &r);
-    cr_expect(http_header(&r, "X-Request-Id", v, sizeof v) && made_id(v), "case %d: id \"%s\"",
-              i, v);
+    cr_expect(http_header(&r, "X-Request-Id", v, sizeof v) && made_id(v), "case %d: id \"%s\"", i,
+              v);
     cr_expect(strcmp(v, first), "case %d: the same id twice: %s", i, v);
     snprintf(first, sizeof first, "%s", v);
     http_res_free(&r);
@@ -133,11 +146,11 @@ Test(ops, request_id_echoed_or_made) {
   free(jb);
   tcase_free(&c);
 
+  cr_expect(wait_log(" id=job-7\n", 10), "no log line with the POST's id");
   char *log = srv_log(&S);
   cr_expect(strstr(log, "GET /healthz 200") && strstr(log, " id=trace-42.a_b\n"),
             "the id in the log line:\n%s", log);
-  cr_expect(strstr(log, "POST /attention 200") && strstr(log, " id=job-7\n"), "POST's id:\n%s",
-            log);
+  cr_expect(strstr(log, "POST /attention 200"), "POST's line:\n%s", log);
   cr_expect(strstr(log, " id=e-413\n"), "the 413's id:\n%s", log);
   cr_expect(!strstr(log, "has space"), "a refused id must not reach the log:\n%s", log);
   free(log);
@@ -231,8 +244,8 @@ Test(ops, json_log_lines) {
 
 /* ---- the API key -------------------------------------------------------------------- */
 
-static void expect_401(const char *method, const char *path, const char *const *h,
-                       const void *body, size_t len, const char *what) {
+static void expect_401(const char *method, const char *path, const char *const *h, const void *body,
+                       size_t len, const char *what) {
   http_res r;
   do_req(method, path, h, body, len, &r);
   expect_error(&r, 401, "unauthorized", what);
@@ -295,6 +308,7 @@ Test(ops, api_key_required_except_probes) {
   do_req("GET", "/metrics", good, NULL, 0, &r);
   cr_expect_eq(prom_sum(r.body, "attnd_errors_total", ul, NULL), 7, "401s counted by code");
   http_res_free(&r);
+  cr_expect(wait_log("GET /metrics 200", 10), "no log line for /metrics");
   char *log = srv_log(&S);
   cr_expect(!strstr(log, KEY), "the key in the log:\n%s", log);
   cr_expect(strstr(log, "GET /v1/info 401"), "401s logged:\n%s", log);
@@ -351,8 +365,8 @@ Test(ops, api_key_sources) {
   /* a flag beats both variables */
   const char *flag[] = {"--api-key", "flagkey", NULL};
   srv_startv(&S, flag, from_env, true);
-  cr_expect_eq(status_of("GET", "/v1/info", (const char *[]){"Authorization: Bearer flagkey", NULL}),
-               200);
+  cr_expect_eq(
+      status_of("GET", "/v1/info", (const char *[]){"Authorization: Bearer flagkey", NULL}), 200);
   cr_expect_eq(status_of("GET", "/v1/info", good), 401);
 }
 
@@ -377,8 +391,8 @@ static size_t on_data(char *d, size_t sz, size_t nm, void *ud) {
 
 /* One request over HTTPS to 127.0.0.1:port, trusting ca; r as http_do
  * fills it (status 0 when no reply). */
-static void tls_do(int port, const char *ca, const char *path, const char *ctype,
-                   const void *body, size_t len, http_res *r) {
+static void tls_do(int port, const char *ca, const char *path, const char *ctype, const void *body,
+                   size_t len, http_res *r) {
   memset(r, 0, sizeof *r);
   char url[128];
   snprintf(url, sizeof url, "https://127.0.0.1:%d%s", port, path);
@@ -512,8 +526,8 @@ Test(ops, cors_preflight_and_headers) {
   header_is(&r, "Access-Control-Allow-Origin", "https://app.example");
   header_is(&r, "Vary", "Origin");
   char v[512] = "";
-  cr_expect(http_header(&r, "Access-Control-Allow-Methods", v, sizeof v) && strstr(v, "POST"),
-            "%s", v);
+  cr_expect(http_header(&r, "Access-Control-Allow-Methods", v, sizeof v) && strstr(v, "POST"), "%s",
+            v);
   cr_expect(http_header(&r, "Access-Control-Allow-Headers", v, sizeof v) &&
                 strcasestr(v, "authorization") && strcasestr(v, "content-type") &&
                 strcasestr(v, "x-request-id") && strcasestr(v, "content-encoding"),
@@ -600,8 +614,11 @@ Test(ops, gzip_and_deflate_bodies) {
     int wbits;
     const char *enc;
     bool st;
-  } cases[] = {{31, "gzip", false},   {31, "x-gzip", true},   {15, "deflate", false},
-               {15, "Deflate", true}, {-15, "deflate", false}};
+  } cases[] = {{31, "gzip", false},
+               {31, "x-gzip", true},
+               {15, "deflate", false},
+               {15, "Deflate", true},
+               {-15, "deflate", false}};
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     unsigned char *z = pack(cases[i].st ? sb : jb, cases[i].st ? sl : jl, cases[i].wbits, &zn);
     char ce[64], what[96];
@@ -719,10 +736,10 @@ Test(ops, help_lists_the_new_flags) {
   const char *args[] = {"--help", NULL};
   char *out = NULL;
   cr_expect_eq(run_attnd(args, NULL, 10, &out, NULL), 0);
-  static const char *const want[] = {"--api-key KEY",   "ATTND_API_KEY]",  "--api-key-file FILE",
-                                     "ATTND_API_KEY_FILE", "--tls-cert FILE", "ATTND_TLS_CERT",
-                                     "--tls-key FILE",  "ATTND_TLS_KEY",   "--cors-origin ORIGIN",
-                                     "ATTND_CORS_ORIGIN", "ATTND_LOG_FORMAT"};
+  static const char *const want[] = {
+      "--api-key KEY",        "ATTND_API_KEY]",    "--api-key-file FILE", "ATTND_API_KEY_FILE",
+      "--tls-cert FILE",      "ATTND_TLS_CERT",    "--tls-key FILE",      "ATTND_TLS_KEY",
+      "--cors-origin ORIGIN", "ATTND_CORS_ORIGIN", "ATTND_LOG_FORMAT"};
   for (size_t i = 0; i < sizeof want / sizeof *want; i++)
     cr_expect(out && strstr(out, want[i]), "--help lacks %s:\n%s", want[i], out);
   free(out);

@@ -271,6 +271,9 @@ Test(ops, api_key_required_except_probes) {
   const char *basic[] = {"Authorization: Basic " KEY, NULL};
   expect_401("GET", "/v1/info", NULL, NULL, 0, "no key");
   expect_401("GET", "/v1/info", wrong, NULL, 0, "a wrong key");
+  /* as long as the key, one byte off */
+  const char *same_len[] = {"Authorization: Bearer k3y-Sup3r.s3cret~43", NULL};
+  expect_401("GET", "/v1/info", same_len, NULL, 0, "a key of the same length");
   expect_401("GET", "/v1/info", basic, NULL, 0, "another scheme");
   expect_401("GET", "/metrics", NULL, NULL, 0, "metrics without a key");
   expect_401("GET", "/nope", NULL, NULL, 0, "an unknown path without a key");
@@ -306,7 +309,7 @@ Test(ops, api_key_required_except_probes) {
 
   const char *ul[] = {"code=unauthorized", NULL};
   do_req("GET", "/metrics", good, NULL, 0, &r);
-  cr_expect_eq(prom_sum(r.body, "attnd_errors_total", ul, NULL), 7, "401s counted by code");
+  cr_expect_eq(prom_sum(r.body, "attnd_errors_total", ul, NULL), 8, "401s counted by code");
   http_res_free(&r);
   cr_expect(wait_log("GET /metrics 200", 10), "no log line for /metrics");
   char *log = srv_log(&S);

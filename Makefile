@@ -163,6 +163,9 @@ FUZZ_FLAGS    = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover
 FUZZ_LIB_SRC  = engine/dtype.c engine/request.c $(PROTO_SRC)
 # Client modules a target needs besides the library (FUZZ_SRC_<name>).
 FUZZ_SRC_http_reply = clients/http_reply.c
+FUZZ_SRC_inflate = server/inflate.c
+# Flags and libraries a target needs besides those (FUZZ_EXTRA_<name>).
+FUZZ_EXTRA_inflate = -Iserver -lz
 
 # ---- the server ---------------------------------------------------------------
 SERVER_SRC = server/main.c server/config.c server/http.c server/loop.c server/deadline.c \
@@ -287,7 +290,8 @@ $(BUILD)/bench-peak: $(BUILD)/obj/tests/bench/peak.o
 $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_SRC) $(wildcard proto/*.h engine/*.h tests/fuzz/*.h) \
                       tests/unit/strict_json.h $$(FUZZ_SRC_$$*) $(wildcard clients/*.h)
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_FLAGS) -Iclients -o $@ $< $(FUZZ_LIB_SRC) $(FUZZ_SRC_$*) -lcjson -lm -pthread
+	$(FUZZ_CC) $(FUZZ_FLAGS) -Iclients -o $@ $< $(FUZZ_LIB_SRC) $(FUZZ_SRC_$*) $(FUZZ_EXTRA_$*) \
+	  -lcjson -lm -pthread
 
 # Each target runs FUZZ_SECONDS from its seed corpus (tests/fuzz/NAME/);
 # new inputs it finds go to build/fuzz/corpus-NAME, crashes to build/fuzz/.

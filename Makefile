@@ -33,7 +33,8 @@ CUDA_ARCHS ?= 80 89 90
 # Packages the build and tests need (the fuzzers need clang and its
 # runtime); the benchmark adds OpenBLAS.
 DEPS       = gcc make libc6-dev libcriterion-dev libcjson-dev clang libclang-rt-dev clang-format \
-             libmicrohttpd-dev libuv1-dev libcurl4-openssl-dev wrk curl \
+             libmicrohttpd-dev libuv1-dev libcurl4-openssl-dev zlib1g-dev libgnutls28-dev \
+             openssl wrk curl \
              python3 python3-numpy python3-pytest python3-yaml python3-venv \
              libb64-0d
 BENCH_DEPS = libopenblas-dev
@@ -163,10 +164,14 @@ FUZZ_FLAGS    = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover
 FUZZ_LIB_SRC  = engine/dtype.c engine/request.c $(PROTO_SRC)
 # Client modules a target needs besides the library (FUZZ_SRC_<name>).
 FUZZ_SRC_http_reply = clients/http_reply.c
+FUZZ_SRC_inflate = server/inflate.c
+# Flags and libraries a target needs besides those (FUZZ_EXTRA_<name>).
+FUZZ_EXTRA_inflate = -Iserver -lz
 
 # ---- the server ---------------------------------------------------------------
 SERVER_SRC = server/main.c server/config.c server/http.c server/loop.c server/deadline.c \
-             server/metrics.c server/conns.c server/mhd_shim.c server/errors.c server/request.c server/v2.c
+             server/metrics.c server/conns.c server/mhd_shim.c server/errors.c server/request.c \
+             server/v2.c server/reqid.c server/auth.c server/inflate.c server/log.c server/tls.c
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/obj/%.o)
 
 .PHONY: all deps bench-deps test test-gpu test-image bench bench-peak bench-peers \
@@ -225,10 +230,10 @@ $(BUILD)/obj/tests/server/%.o: CPPFLAGS += -Itests/unit -Iclients
 
 $(SRVTEST_BIN): $(SRVTEST_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -o $@ $^ -lcriterion -lcurl $(LDLIBS_ALL)
+	$(CC) $(ALL_CFLAGS) -o $@ $^ -lcriterion -lcurl -lz $(LDLIBS_ALL)
 
 $(BUILD)/attnd: $(SERVER_OBJ) $(LIB)
-	$(CC) $(ALL_CFLAGS) -o $@ $^ -lmicrohttpd -luv $(LDLIBS_ALL)
+	$(CC) $(ALL_CFLAGS) -o $@ $^ -lmicrohttpd -luv -lgnutls -lz $(LDLIBS_ALL)
 
 $(BUILD)/obj/tests/gpu/%.o: CPPFLAGS += -Iengine/cuda -Itests/unit $(if $(filter 1,$(USE_CUDA)),$(CUDA_INC))
 
@@ -251,12 +256,13 @@ $(BUILD)/bench-gpu: $(BUILD)/obj/tests/gpu/bench_gpu.o $(LIB)
 # connection registry, and the scheduler on a fake transport).
 $(BUILD)/obj/tests/unit/%.o: CPPFLAGS += -Iclients
 
-TEST_SERVER_OBJ = $(patsubst %,$(BUILD)/obj/server/%.o,metrics conns loop deadline request errors)
+TEST_SERVER_OBJ = $(patsubst %,$(BUILD)/obj/server/%.o,metrics conns loop deadline request errors \
+                    reqid auth inflate log)
 $(TEST_BIN): $(TEST_OBJ) $(TEST_SERVER_OBJ) \
             $(BUILD)/obj/clients/benchlib.o $(BUILD)/obj/clients/http_reply.o \
             $(BUILD)/obj/clients/hist.o $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -o $@ $^ -lcriterion -luv $(LDLIBS_ALL)
+	$(CC) $(ALL_CFLAGS) -o $@ $^ -lcriterion -luv -lz $(LDLIBS_ALL)
 
 # The baseline's softmax is vectorized (AVX2, glibc's libmvec) as numpy's is.
 $(BUILD)/obj/tests/bench/cpu_vs_blas.o: tests/bench/cpu_vs_blas.c $(BUILD)/.flags
@@ -286,7 +292,8 @@ $(BUILD)/bench-peak: $(BUILD)/obj/tests/bench/peak.o
 $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_SRC) $(wildcard proto/*.h engine/*.h tests/fuzz/*.h) \
                       tests/unit/strict_json.h $$(FUZZ_SRC_$$*) $(wildcard clients/*.h)
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_FLAGS) -Iclients -o $@ $< $(FUZZ_LIB_SRC) $(FUZZ_SRC_$*) -lcjson -lm -pthread
+	$(FUZZ_CC) $(FUZZ_FLAGS) -Iclients -o $@ $< $(FUZZ_LIB_SRC) $(FUZZ_SRC_$*) $(FUZZ_EXTRA_$*) \
+	  -lcjson -lm -pthread
 
 # Each target runs FUZZ_SECONDS from its seed corpus (tests/fuzz/NAME/);
 # new inputs it finds go to build/fuzz/corpus-NAME, crashes to build/fuzz/.

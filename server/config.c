@@ -121,6 +121,85 @@ static int apply_log(attnd_config *c, const char *what, const char *v) {
   return 0;
 }
 
+/* A key a header can carry: visible ASCII, bounded. The value is never
+ * echoed in the message, even when refused. */
+static int check_key(const char *what, const char *v, size_t cap) {
+  size_t n = strlen(v);
+  bool ok = n > 0 && n < cap;
+  for (size_t i = 0; ok && i < n; i++)
+    ok = v[i] > 0x20 && v[i] < 0x7f;
+  if (!ok)
+    fprintf(stderr,
+            "attnd: %s expects a key of 1 to %zu visible ASCII characters, no spaces (the value "
+            "given is not shown)\n",
+            what, cap - 1);
+  return ok ? 0 : -1;
+}
+
+static int apply_api_key(attnd_config *c, const char *what, const char *v) {
+  if (*v && check_key(what, v, sizeof c->api_key) < 0)
+    return -1;
+  snprintf(c->api_key, sizeof c->api_key, "%s", v);
+  return 0;
+}
+
+/* The key is the file's text without trailing whitespace (a secret mounted
+ * from Kubernetes or written by echo ends in a newline). */
+static int read_key_file(attnd_config *c, const char *what, const char *path) {
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    fprintf(stderr, "attnd: %s: cannot read \"%s\": %s\n", what, path, strerror(errno));
+    return -1;
+  }
+  char buf[sizeof c->api_key + 64];
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  while (n > 0 && isspace((unsigned char)buf[n - 1]))
+    buf[--n] = 0;
+  char where[1100];
+  snprintf(where, sizeof where, "%s (the file %s)", what, path);
+  if (strlen(buf) != n || check_key(where, buf, sizeof c->api_key) < 0)
+    return strlen(buf) != n ? bad(what, path, "a file holding the key as text") : -1;
+  snprintf(c->api_key, sizeof c->api_key, "%s", buf);
+  return 0;
+}
+
+static int apply_api_key_file(attnd_config *c, const char *what, const char *v) {
+  if (strlen(v) >= sizeof c->api_key_file)
+    return bad(what, v, "a shorter path");
+  snprintf(c->api_key_file, sizeof c->api_key_file, "%s", v);
+  return *v ? read_key_file(c, what, v) : 0;
+}
+
+static int apply_path(char *out, size_t cap, const char *what, const char *v) {
+  if (strlen(v) >= cap)
+    return bad(what, v, "a shorter path");
+  snprintf(out, cap, "%s", v);
+  return 0;
+}
+static int apply_tls_cert(attnd_config *c, const char *what, const char *v) {
+  return apply_path(c->tls_cert, sizeof c->tls_cert, what, v);
+}
+static int apply_tls_key(attnd_config *c, const char *what, const char *v) {
+  return apply_path(c->tls_key, sizeof c->tls_key, what, v);
+}
+
+/* "*" or one origin as browsers send it: scheme://host[:port], no path. */
+static int apply_cors(attnd_config *c, const char *what, const char *v) {
+  const char *host = strstr(v, "://");
+  bool ok =
+      !*v || !strcmp(v, "*") ||
+      (host && host > v && host[3] && !strchr(host + 3, '/') && strlen(v) < sizeof c->cors_origin);
+  for (const char *p = v; ok && *p; p++)
+    ok = *p > 0x20 && *p < 0x7f && *p != ',';
+  if (!ok)
+    return bad(what, v,
+               "* or an origin such as https://app.example.com (scheme and host, no path)");
+  snprintf(c->cors_origin, sizeof c->cors_origin, "%s", v);
+  return 0;
+}
+
 static int apply_listen(attnd_config *c, const char *what, const char *v) {
   return parse_listen(what, v, c);
 }
@@ -191,7 +270,20 @@ static const flag flags[] = {
      apply_header_timeout},
     {"drain-timeout", "SECONDS", "30",
      "on SIGTERM/SIGINT, finish queued work for at most this long", apply_drain},
-    {"log-format", "FORMAT", "text", "text or json, one line per request", apply_log},
+    {"log-format", "FORMAT", "text",
+     "text or json (one object per line: RFC 3339 time, level, request id...)", apply_log},
+    {"api-key", "KEY", "",
+     "requests need \"Authorization: Bearer KEY\" (health and readiness stay open); "
+     "prefer the variable or --api-key-file, which ps cannot show",
+     apply_api_key},
+    {"api-key-file", "FILE", "", "read the API key from FILE (trailing newline ignored)",
+     apply_api_key_file},
+    {"tls-cert", "FILE", "", "serve HTTPS with this PEM certificate (chain); needs --tls-key",
+     apply_tls_cert},
+    {"tls-key", "FILE", "", "the PEM private key of --tls-cert", apply_tls_key},
+    {"cors-origin", "ORIGIN", "",
+     "answer CORS preflights and allow this origin (or *) to call the API from a browser",
+     apply_cors},
 };
 enum { N_FLAGS = sizeof flags / sizeof *flags, OPT_HELP = N_FLAGS, OPT_VERSION };
 
@@ -228,10 +320,10 @@ static void print_wrapped(FILE *out, const char *text, int at) {
 }
 
 static void print_flag(FILE *out, const flag *f) {
-  char head[64], env[64], text[256];
+  char head[64], env[64], text[320];
   int n = snprintf(head, sizeof head, "--%s %s", f->name, f->arg);
   env_name(f, env, sizeof env);
-  snprintf(text, sizeof text, "%s (%s) [%s]", f->help, f->def, env);
+  snprintf(text, sizeof text, "%s (%s) [%s]", f->help, *f->def ? f->def : "none", env);
   /* A head one column too wide still fits when the help starts a column
    * later; a longer one gets a line of its own. */
   int at = USAGE_COLUMN;
@@ -281,6 +373,44 @@ static void make_options(struct option *opts) {
   opts[OPT_VERSION + 1] = (struct option){0, 0, 0, 0};
 }
 
+static int flag_index(const char *name) {
+  for (int i = 0; i < N_FLAGS; i++)
+    if (!strcmp(flags[i].name, name))
+      return i;
+  return -1;
+}
+
+/* --api-key and --api-key-file are one setting: either given on the
+ * command line wins over both variables. */
+static bool overridden(int i, const bool *given) {
+  int key = flag_index("api-key"), file = flag_index("api-key-file");
+  return (i == key && given[file]) || (i == file && given[key]);
+}
+
+/* The key comes from one place: both flags, or both variables with
+ * neither flag, is a mistake worth a line rather than a silent choice. */
+static int check_key_sources(const bool *given) {
+  int key = flag_index("api-key"), file = flag_index("api-key-file");
+  const char *ek = getenv("ATTND_API_KEY"), *ef = getenv("ATTND_API_KEY_FILE");
+  if (given[key] && given[file]) {
+    fprintf(stderr, "attnd: give --api-key or --api-key-file, not both\n");
+    return -1;
+  }
+  if (!given[key] && !given[file] && ek && *ek && ef && *ef) {
+    fprintf(stderr, "attnd: ATTND_API_KEY and ATTND_API_KEY_FILE are both set; set one\n");
+    return -1;
+  }
+  return 0;
+}
+
+static int check_tls_pair(const attnd_config *c) {
+  if (!*c->tls_cert == !*c->tls_key)
+    return 0;
+  fprintf(stderr, "attnd: %s is given without %s: HTTPS needs the certificate and its key\n",
+          *c->tls_cert ? "--tls-cert" : "--tls-key", *c->tls_cert ? "--tls-key" : "--tls-cert");
+  return -1;
+}
+
 int attnd_config_parse(attnd_config *c, int argc, char **argv) {
   memset(c, 0, sizeof *c);
   struct option opts[N_FLAGS + 3];
@@ -312,8 +442,10 @@ int attnd_config_parse(attnd_config *c, int argc, char **argv) {
     fprintf(stderr, "attnd: unexpected argument \"%s\" (see attnd --help)\n", argv[optind]);
     return -1;
   }
+  if (check_key_sources(given) < 0)
+    return -1;
   for (int i = 0; i < N_FLAGS; i++)
-    if (!given[i] && apply_fallback(c, &flags[i]) < 0)
+    if (!given[i] && !overridden(i, given) && apply_fallback(c, &flags[i]) < 0)
       return -1;
-  return 0;
+  return check_tls_pair(c);
 }

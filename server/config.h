@@ -27,6 +27,13 @@ typedef struct attnd_config {
   double header_timeout;          /* seconds to send a request's headers whole */
   double drain_timeout;           /* seconds */
   bool log_json;
+  /* Bearer token every request but the open routes needs; "" for none.
+   * Never printed: not in logs, errors or /v1/info. */
+  char api_key[256];
+  char api_key_file[1024]; /* where api_key was read from, "" when given inline */
+  char tls_cert[1024];     /* PEM files; both or neither ("" for plain HTTP) */
+  char tls_key[1024];
+  char cors_origin[256]; /* "" off, "*" or one origin */
 } attnd_config;
 
 /*

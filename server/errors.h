@@ -17,6 +17,7 @@
   XX(BAD_REQUEST, 400, "Bad Request", "bad_request",                                               \
      "malformed HTTP request: the request line, a header, Content-Length or the chunked "          \
      "framing cannot be parsed")                                                                   \
+  XX(UNAUTHORIZED, 401, "Unauthorized", "unauthorized", NULL)                                      \
   XX(NOT_FOUND, 404, "Not Found", "not_found", NULL)                                               \
   XX(METHOD_NOT_ALLOWED, 405, "Method Not Allowed", "method_not_allowed", NULL)                    \
   XX(TOO_LARGE, 413, "Content Too Large", "too_large",                                             \

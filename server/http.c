@@ -16,6 +16,7 @@
  */
 #define _GNU_SOURCE
 #include "http.h"
+#include "auth.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -70,6 +71,34 @@ static void set_json(attnd_req *r, int status, attn_sbuf *b) {
   attnd_req_reply(r, status, b->p, b->len, json_type);
 }
 
+/* ---- CORS ----------------------------------------------------------------- */
+
+/* What a browser may send and read beyond the CORS-safelisted headers. */
+#define CORS_ALLOW_HEADERS                                                \
+  "Authorization, Content-Type, Content-Encoding, Accept, X-Request-Id, " \
+  "Inference-Header-Content-Length"
+#define CORS_EXPOSE_HEADERS "X-Request-Id, Retry-After, Inference-Header-Content-Length"
+/* Seconds a browser may cache a preflight's answer. */
+#define CORS_MAX_AGE "600"
+
+/* --cors-origin's headers on every reply: the origin allowed, and Vary:
+ * Origin when it is one origin, so that caches do not serve one origin's
+ * reply to another. */
+static void add_cors(const attnd_req *r, struct MHD_Response *resp) {
+  const char *origin = r->srv->cfg->cors_origin;
+  if (!*origin)
+    return;
+  MHD_add_response_header(resp, "Access-Control-Allow-Origin", origin);
+  MHD_add_response_header(resp, "Access-Control-Expose-Headers", CORS_EXPOSE_HEADERS);
+  if (strcmp(origin, "*"))
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_VARY, "Origin");
+  if (r->status == MHD_HTTP_NO_CONTENT && !strcmp(r->method, MHD_HTTP_METHOD_OPTIONS)) {
+    MHD_add_response_header(resp, "Access-Control-Allow-Methods", "GET, HEAD, POST, OPTIONS");
+    MHD_add_response_header(resp, "Access-Control-Allow-Headers", CORS_ALLOW_HEADERS);
+    MHD_add_response_header(resp, "Access-Control-Max-Age", CORS_MAX_AGE);
+  }
+}
+
 /* Hands r's reply to libmicrohttpd. */
 static enum MHD_Result queue_reply(attnd_req *r) {
   if (!r->resp) /* out of memory for the error body itself */
@@ -80,7 +109,13 @@ static enum MHD_Result queue_reply(attnd_req *r) {
     return MHD_NO;
   r->bytes_out = r->resp_len;
   r->resp = NULL; /* libmicrohttpd frees it with the response */
-  MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r->ctype ? r->ctype : json_type);
+  /* mhd_shim.c tells attnd's replies from libmicrohttpd's own by these */
+  if (r->status != MHD_HTTP_NO_CONTENT)
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r->ctype ? r->ctype : json_type);
+  MHD_add_response_header(resp, ATTND_REQID_HEADER, r->id);
+  add_cors(r, resp);
+  if (r->status == MHD_HTTP_UNAUTHORIZED)
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"attnd\"");
   if (r->retry_after)
     MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
   if (r->resp_json_len) {
@@ -131,7 +166,15 @@ static void get_info(attnd_req *r) {
                    c->header_timeout, s->max_connections, c->max_connections_per_client,
                    c->drain_timeout, ATTN_MAX_HEAD_DIM, cuda);
   attn_sbuf_json_str(&b, __VERSION__);
-  attn_sbuf_printf(&b, ", \"threads\": %d}}\n", attn_engine_threads(s->engine));
+  attn_sbuf_printf(&b, ", \"threads\": %d}, \"security\": {\"api_key\": %s, \"tls\": %s, ",
+                   attn_engine_threads(s->engine), *c->api_key ? "true" : "false",
+                   s->tls_cert_pem ? "true" : "false");
+  attn_sbuf_puts(&b, "\"cors_origin\": ");
+  if (*c->cors_origin)
+    attn_sbuf_json_str(&b, c->cors_origin);
+  else
+    attn_sbuf_puts(&b, "null");
+  attn_sbuf_puts(&b, "}}\n");
   set_json(r, 200, &b);
 }
 
@@ -201,6 +244,22 @@ static void render_backend(attn_sbuf *b, const attnd_server *s) {
   }
 }
 
+/* attnd_build_info: the version and the backends compiled in, one series
+ * whose value is 1 (joined onto others in queries). */
+static void render_build(attn_sbuf *b, const attnd_server *s) {
+  attn_backend_info info[ATTND_MAX_BACKENDS];
+  int n = attn_engine_backends(s->engine, info, ATTND_MAX_BACKENDS);
+  char names[128] = "";
+  size_t at = 0;
+  for (int i = 0; i < n && i < ATTND_MAX_BACKENDS && at < sizeof names; i++)
+    at += (size_t)snprintf(names + at, sizeof names - at, "%s%s", i ? "," : "", info[i].name);
+  char esc[160];
+  attn_quote(esc, sizeof esc, names, strlen(names));
+  attn_sbuf_puts(b, "# HELP attnd_build_info The version and the engine backends of this build.\n"
+                    "# TYPE attnd_build_info gauge\n");
+  attn_sbuf_printf(b, "attnd_build_info{version=\"%s\",backends=\"%s\"} 1\n", ATTN_VERSION, esc);
+}
+
 static void answer_get(attnd_req *r) {
   attnd_server *s = r->srv;
   attn_sbuf b = {0};
@@ -227,6 +286,7 @@ static void answer_get(attnd_req *r) {
     if (text) {
       render_conns(&m, &s->conns);
       render_backend(&m, s);
+      render_build(&m, s);
     }
     if (text && !m.oom)
       attnd_req_reply(r, 200, m.p, m.len, "text/plain; version=0.0.4; charset=utf-8");
@@ -330,6 +390,24 @@ static bool v2_framing(attnd_req *r, const char *ct) {
   return true;
 }
 
+/* Content-Encoding: gzip and deflate bodies are decoded before the codec
+ * (loop.c), others are refused with 415 (RFC 9110 15.5.16). false when r
+ * has its reply. */
+static bool accept_encoding(attnd_req *r) {
+  const char *ce =
+      MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_ENCODING);
+  r->encoding = attnd_encoding_of(ce);
+  if (r->encoding != ATTND_ENC_UNKNOWN)
+    return true;
+  char msg[200], what[72];
+  attn_quote(what, sizeof what, ce, strlen(ce));
+  snprintf(msg, sizeof msg,
+           "Content-Encoding \"%s\" is not one this server reads; send gzip, deflate or none",
+           what);
+  attnd_req_fail(r, ATTND_EUNSUPPORTED_MEDIA_TYPE, msg);
+  return false;
+}
+
 /* The first callback of a POST /attention: refuse what can be refused
  * before the body; returns false when r already has its reply. */
 static bool begin_post(attnd_req *r) {
@@ -364,6 +442,8 @@ static bool begin_post(attnd_req *r) {
     attnd_req_fail(r, ATTND_EUNSUPPORTED_MEDIA_TYPE, msg);
     return false;
   }
+  if (!accept_encoding(r))
+    return false;
   const char *cl =
       MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
   uint64_t want = 0;
@@ -543,6 +623,34 @@ static void route_of(attnd_req *r, const char *url, const char *method) {
   r->query = q.oom ? NULL : q.p;
 }
 
+/* A CORS preflight (OPTIONS, with --cors-origin): answered 204 on any
+ * path, before the key check, since browsers send preflights without
+ * credentials. true when r has its reply. */
+static bool preflight(attnd_req *r) {
+  if (!*r->srv->cfg->cors_origin || strcmp(r->method, MHD_HTTP_METHOD_OPTIONS))
+    return false;
+  /* an empty body, but not NULL: queue_reply reads NULL as out of memory */
+  attnd_req_reply(r, MHD_HTTP_NO_CONTENT, malloc(1), 0, NULL);
+  return true;
+}
+
+/* The API key check (--api-key): true when r may go on; else r has its
+ * 401. Probes (attnd_auth_open) need no key. */
+static bool authorized(attnd_req *r) {
+  const char *key = r->srv->cfg->api_key;
+  if (!*key || attnd_auth_open(r->path))
+    return true;
+  const char *h =
+      MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+  if (attnd_auth_check(h, key))
+    return true;
+  attnd_req_fail(r, ATTND_EUNAUTHORIZED,
+                 h ? "the API key in the Authorization header is not this server's"
+                   : "this server needs an API key: send the header \"Authorization: Bearer "
+                     "<key>\"");
+  return false;
+}
+
 /* The first callback, once the headers are in: route, and decide what can
  * be decided before the body. */
 static enum MHD_Result first_call(attnd_req *r, const char *url, const char *method,
@@ -552,6 +660,9 @@ static enum MHD_Result first_call(attnd_req *r, const char *url, const char *met
   if (r->link)
     attnd_conns_set(&s->conns, r->link, ATTND_CONN_BUSY, attn_now());
   route_of(r, url, method);
+  const char *id = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, ATTND_REQID_HEADER);
+  if (attnd_reqid_valid(id))
+    snprintf(r->id, sizeof r->id, "%s", id);
   bool post = !strcmp(method, MHD_HTTP_METHOD_POST);
   bool get = !strcmp(method, MHD_HTTP_METHOD_GET) || !strcmp(method, MHD_HTTP_METHOD_HEAD);
   if (r->bad_target) {
@@ -560,6 +671,8 @@ static enum MHD_Result first_call(attnd_req *r, const char *url, const char *met
   }
   if (!check_framing(r, version))
     return queue_reply(r);
+  if (preflight(r) || !authorized(r))
+    return post ? queue_reply(r) : MHD_YES;
   if (r->route == ATTND_R_NONE && r->v2) {
     attnd_v2_not_found(r);
   } else if (r->route == ATTND_R_NONE) {
@@ -660,14 +773,15 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 /* Writes the refusal straight to the socket; what the client sent after it
  * is read and dropped first where it is already there, so that closing does
  * not reset the connection before the client reads the reply. */
-static size_t send_refusal(int fd, unsigned status, const attnd_refusal *f) {
+static size_t send_refusal(int fd, unsigned status, const attnd_refusal *f, const char *id) {
   size_t blen = 0;
   char *body = attn_proto_error_body(f->code, f->message, &blen);
   char msg[1024];
   int n = snprintf(msg, sizeof msg,
                    "HTTP/1.1 %u %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
-                   "Connection: close\r\n\r\n%s",
-                   status, f->reason, body ? blen : 0, body ? body : "");
+                   "%s%s%sConnection: close\r\n\r\n%s",
+                   status, f->reason, body ? blen : 0, id ? ATTND_REQID_HEADER ": " : "",
+                   id ? id : "", id ? "\r\n" : "", body ? body : "");
   free(body);
   size_t len = n > 0 && (size_t)n < sizeof msg ? (size_t)n : 0;
   ssize_t sent = send(fd, msg, len, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -687,9 +801,11 @@ enum MHD_Result attnd_http_refuse(struct MHD_Connection *conn, unsigned status) 
     return MHD_NO;
   attnd_server *s = k->owner;
   const attnd_refusal *f = attnd_err_refusal((int)status);
-  size_t out = send_refusal(k->fd, status, f);
-  attnd_metrics_error(s->metrics, f->code);
   attnd_req *r = k->req;
+  attnd_metrics_error(s->metrics, f->code);
+  /* Over TLS the socket carries records, not text: libmicrohttpd closes
+   * the connection unanswered instead. */
+  size_t out = s->tls_cert_pem ? 0 : send_refusal(k->fd, status, f, r ? r->id : NULL);
   if (r) { /* on_completed logs it */
     r->status = (int)status;
     r->queued = true;
@@ -725,19 +841,7 @@ __attribute__((format(printf, 2, 0))) static void on_mhd_log(void *cls, const ch
   if (said_already(msg))
     return;
   attn_quote(esc, sizeof esc, msg, strlen(msg));
-  pthread_mutex_lock(&s->log_mu);
-  if (s->cfg->log_json) {
-    attn_sbuf b = {0};
-    attn_sbuf_puts(&b, "{\"source\": \"libmicrohttpd\", \"message\": ");
-    attn_sbuf_json_str(&b, esc);
-    attn_sbuf_puts(&b, "}\n");
-    if (!b.oom)
-      fputs(b.p, stderr);
-    free(b.p);
-  } else {
-    fprintf(stderr, "attnd: libmicrohttpd: %s\n", esc);
-  }
-  pthread_mutex_unlock(&s->log_mu);
+  attnd_log_note(s, ATTND_WARN, "libmicrohttpd", NULL, "%s", esc);
 }
 
 /* ---- connections ------------------------------------------------------------- */
@@ -860,6 +964,18 @@ int attnd_http_start(attnd_server *s) {
   attnd_conns_init(&s->conns, s->max_connections, per_client, c->header_timeout, c->idle_timeout);
   unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
                    MHD_USE_ERROR_LOG;
+  struct MHD_OptionItem tls[3] = {{MHD_OPTION_END, 0, NULL}};
+  if (s->tls_cert_pem) {
+    if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
+      fprintf(stderr, "attnd: --tls-cert: this libmicrohttpd was built without TLS (GnuTLS)\n");
+      close(s->listen_fd);
+      return -1;
+    }
+    flags |= MHD_USE_TLS;
+    tls[0] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0, s->tls_cert_pem};
+    tls[1] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0, s->tls_key_pem};
+    tls[2] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
+  }
   unsigned limit = (unsigned)(s->max_connections + eviction_slack(s->max_connections));
   /* The logger must come first, or libmicrohttpd prints its first notes
    * itself. */
@@ -868,9 +984,10 @@ int attnd_http_start(attnd_server *s) {
       MHD_OPTION_LISTEN_SOCKET, s->listen_fd, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
       MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_URI_LOG_CALLBACK, on_target, s,
       MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)c->idle_timeout, MHD_OPTION_CONNECTION_LIMIT, limit,
-      MHD_OPTION_CONNECTION_MEMORY_LIMIT, CONNECTION_MEMORY, MHD_OPTION_END);
+      MHD_OPTION_CONNECTION_MEMORY_LIMIT, CONNECTION_MEMORY, MHD_OPTION_ARRAY, tls, MHD_OPTION_END);
   if (!s->mhd) {
-    fprintf(stderr, "attnd: cannot start the HTTP daemon on %s:%d\n", c->host, s->port);
+    fprintf(stderr, "attnd: cannot start the HTTP%s daemon on %s:%d\n", s->tls_cert_pem ? "S" : "",
+            c->host, s->port);
     attnd_conns_destroy(&s->conns);
     close(s->listen_fd);
     return -1;

@@ -80,6 +80,8 @@ static void drop_inputs(attnd_req *r) {
   attn_proto_req_free(&r->pr);
   free(r->body);
   r->body = NULL;
+  free(r->plain);
+  r->plain = NULL;
   attnd_body_release(r);
 }
 
@@ -100,10 +102,10 @@ static void push(attnd_req **head, attnd_req **tail, attnd_req *r) {
 /* What decoding r's body allocates beside it: nothing for safetensors
  * (read in place), the tensors of a JSON body (up to twice the body), and
  * for /v2 those of its JSON part plus an aligned copy of its binary part. */
-static uint64_t decode_need(const attnd_req *r) {
+static uint64_t decode_need(const attnd_req *r, size_t len) {
   if (r->route == ATTND_R_V2_INFER)
-    return attn_proto_v2_decode_bound(r->len, r->v2_json_len < r->len ? r->v2_json_len : r->len);
-  return r->json_in ? attn_proto_json_decode_bound(r->len) : 0;
+    return attn_proto_v2_decode_bound(len, r->v2_json_len < len ? r->v2_json_len : len);
+  return r->json_in ? attn_proto_json_decode_bound(len) : 0;
 }
 
 /* Reserves what decoding r's body will hold (decode_need), held like the
@@ -112,7 +114,7 @@ static uint64_t decode_need(const attnd_req *r) {
  * help); one that does not fit now is asked to retry. */
 static bool reserve_decode(attnd_req *r) {
   const attnd_config *c = r->srv->cfg;
-  uint64_t need = decode_need(r);
+  uint64_t need = decode_need(r, r->len);
   uint64_t budget = (uint64_t)c->max_queue * c->max_body;
   if (need == 0)
     return true;
@@ -135,21 +137,50 @@ static bool reserve_decode(attnd_req *r) {
   return true;
 }
 
-/* r's body into r->pr with its codec. The inference protocol takes its
- * options from the body's "parameters" only. (Hook: a Content-Encoding
- * inflation of the body, branch oip-ops, runs before this.) */
+/* The decoded body draws on the body budget as the body did. */
+static bool grow_plain(void *ctx, size_t more) { return attnd_body_reserve(ctx, more); }
+
+/* A gzip or deflate body decoded into r->plain (threadpool), with what its
+ * decode holds reserved beyond what the encoded size already did; the
+ * encoded body is freed. 0, or -1 with *st set. */
+static int inflate_body(attnd_req *r, attn_status *st) {
+  const attnd_config *c = r->srv->cfg;
+  st->code = attnd_inflate(r->encoding, r->body, r->len, (size_t)c->max_body, grow_plain, r,
+                           &r->plain, &r->plain_len, st->message, sizeof st->message);
+  if (st->code)
+    return -1;
+  free(r->body);
+  r->body = NULL;
+  uint64_t had = decode_need(r, r->len), need = decode_need(r, r->plain_len);
+  if (need <= had || attnd_body_reserve(r, (size_t)(need - had)))
+    return 0;
+  st->code = ATTND_EQUEUE_FULL;
+  snprintf(st->message, sizeof st->message,
+           "decoding this body (%zu bytes after Content-Encoding) would pass the server's "
+           "memory budget (--max-queue x --max-body); retry shortly, or send binary tensors",
+           r->plain_len);
+  return -1;
+}
+
+/* r's body into r->pr with its codec, once any Content-Encoding is undone.
+ * The inference protocol takes its options from the body's "parameters"
+ * only. */
 static int decode_body(attnd_req *r, attn_status *st) {
+  if (r->encoding != ATTND_ENC_IDENTITY && inflate_body(r, st) < 0)
+    return st->code;
+  const char *body = r->plain ? r->plain : r->body;
+  size_t len = r->plain ? r->plain_len : r->len;
   if (r->route == ATTND_R_V2_INFER) {
-    size_t json_len = r->v2_json_len == SIZE_MAX ? r->len : r->v2_json_len;
-    return attn_proto_decode_v2(r->body, r->len, json_len, &r->pr, &r->v2_info, st);
+    size_t json_len = r->v2_json_len == SIZE_MAX ? len : r->v2_json_len;
+    return attn_proto_decode_v2(body, len, json_len, &r->pr, &r->v2_info, st);
   }
   attn_options q;
   attn_options_init(&q);
   int rc = attn_options_parse_query(&q, r->query, st);
   attn_pass pass = attnd_req_pass(r);
   if (rc == 0)
-    rc = r->json_in ? attn_proto_decode_json_pass(r->body, r->len, pass, &q, &r->pr, st)
-                    : attn_proto_decode_safetensors_pass(r->body, r->len, pass, &q, &r->pr, st);
+    rc = r->json_in ? attn_proto_decode_json_pass(body, len, pass, &q, &r->pr, st)
+                    : attn_proto_decode_safetensors_pass(body, len, pass, &q, &r->pr, st);
   return rc;
 }
 
@@ -198,10 +229,9 @@ static void encode(uv_work_t *w) {
     st = r->res.status;
     rc = -1;
   } else if (r->route == ATTND_R_V2_INFER) {
-    /* Hook: the request's X-Request-Id (branch oip-ops) becomes the reply's
-     * "id" when the body had none; until then, none. */
+    /* the request's id (X-Request-Id, or made) when the body had none */
     void *buf = NULL;
-    rc = attn_proto_encode_v2(&r->pr, &r->v2_info, attn_proto_v2_model_name(r->v2_model), NULL,
+    rc = attn_proto_encode_v2(&r->pr, &r->v2_info, attn_proto_v2_model_name(r->v2_model), r->id,
                               r->res.backend, &buf, &r->out_len, &r->out_json_len, &st);
     r->out = buf;
     r->out_ctype = r->out_json_len ? "application/octet-stream" : "application/json";
@@ -236,11 +266,11 @@ static void reply_from_job(attnd_req *r) {
 }
 
 static void log_canceled(attnd_req *r, const char *what) {
-  attnd_server *s = r->srv;
-  pthread_mutex_lock(&s->log_mu);
-  fprintf(stderr, "attnd: %s %s canceled (%s): %s\n", r->method, r->path,
-          attnd_cancel_reason_name(r->cancel_why), what);
-  pthread_mutex_unlock(&s->log_mu);
+  char method[80], path[560];
+  attn_quote(method, sizeof method, r->method, strlen(r->method));
+  attn_quote(path, sizeof path, r->path, strlen(r->path));
+  attnd_log_note(r->srv, ATTND_WARN, NULL, r->id, "%s %s canceled (%s): %s id=%s", method, path,
+                 attnd_cancel_reason_name(r->cancel_why), what, r->id);
 }
 
 /* A job answered early has ended: say whether the cancel cut it short. */
@@ -493,10 +523,9 @@ static void expire_drain(attnd_server *s) {
     next = r->act_next;
     attnd_loop_cancel(s, r, ATTND_CANCEL_SHUTDOWN);
   }
-  fprintf(stderr,
-          "attnd: drain timeout: %d running jobs canceled; uploads still under way "
-          "are cut off\n",
-          running);
+  attnd_log_note(s, ATTND_WARN, NULL, NULL,
+                 "drain timeout: %d running jobs canceled; uploads still under way are cut off",
+                 running);
   s->jobs_done_at = 0;
 }
 
@@ -532,7 +561,7 @@ static void check_drain(uv_timer_t *t) {
   if (left <= 0 ||
       now - s->jobs_done_at > (s->drain_expired ? REPLY_WAIT_EXPIRED_S : REPLY_WAIT_S)) {
     if (left > 0)
-      fprintf(stderr, "attnd: %d replies not confirmed sent; stopping\n", left);
+      attnd_log_note(s, ATTND_WARN, NULL, NULL, "%d replies not confirmed sent; stopping", left);
     uv_stop(&s->loop);
   }
 }
@@ -541,8 +570,8 @@ static void on_signal(uv_signal_t *h, int signum) {
   attnd_server *s = h->data;
   if (atomic_exchange(&s->draining, true))
     return;
-  fprintf(stderr, "attnd: %s: draining (up to %g s)\n", signum == SIGTERM ? "SIGTERM" : "SIGINT",
-          s->cfg->drain_timeout);
+  attnd_log_note(s, ATTND_INFO, NULL, NULL, "%s: draining (up to %g s)",
+                 signum == SIGTERM ? "SIGTERM" : "SIGINT", s->cfg->drain_timeout);
   s->transport->quiesce(s);
   s->drain_deadline = attn_now() + s->cfg->drain_timeout;
   uv_timer_start(&s->drain_timer, check_drain, 0, DRAIN_CHECK_MS);

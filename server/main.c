@@ -3,6 +3,7 @@
  * started in that order and stopped in reverse once a drain completes.
  */
 #include "server.h"
+#include "tls.h"
 
 #include <malloc.h>
 #include <signal.h>
@@ -62,6 +63,24 @@ static void return_freed_memory(void) {
 #endif
 }
 
+/* The startup line: where, on what, and which of the optional guards are
+ * on (never the key itself). */
+static void say_listening(attnd_server *s) {
+  const attnd_config *c = s->cfg;
+  char line[600];
+  snprintf(line, sizeof line,
+           "attnd %s: listening on %s://%s:%d, backend %s%s, max body %llu bytes, max queue "
+           "%d%s%s%s",
+           ATTN_VERSION, s->tls_cert_pem ? "https" : "http", c->host, s->port, s->engine_detail,
+           s->backend_note, (unsigned long long)c->max_body, c->max_queue,
+           *c->api_key ? ", API key required" : "", *c->cors_origin ? ", CORS origin " : "",
+           c->cors_origin);
+  if (c->log_json)
+    attnd_log_note(s, ATTND_INFO, NULL, NULL, "%s", line);
+  else
+    fprintf(stderr, "%s\n", line);
+}
+
 int main(int argc, char **argv) {
   attnd_config cfg;
   int rc = attnd_config_parse(&cfg, argc, argv);
@@ -74,6 +93,10 @@ int main(int argc, char **argv) {
   s.transport = &attnd_http_transport;
   s.backend_note = "";
   pthread_mutex_init(&s.log_mu, NULL);
+  attnd_reqid_init(&s.ids);
+  if (*cfg.tls_cert &&
+      attnd_tls_load(cfg.tls_cert, cfg.tls_key, &s.tls_cert_pem, &s.tls_key_pem) < 0)
+    return 2;
   attn_config ec;
   attn_config_init(&ec);
   ec.threads = cfg.threads;
@@ -99,11 +122,7 @@ int main(int argc, char **argv) {
     attnd_metrics_free(s.metrics);
     return 2;
   }
-  fprintf(stderr,
-          "attnd %s: listening on http://%s:%d, backend %s%s, max body %llu bytes, "
-          "max queue %d\n",
-          ATTN_VERSION, cfg.host, s.port, s.engine_detail, s.backend_note,
-          (unsigned long long)cfg.max_body, cfg.max_queue);
+  say_listening(&s);
   attnd_loop_run(&s);
   if (s.running > 0) {
     /* Jobs canceled at the drain timeout may still be finishing an engine
@@ -115,7 +134,9 @@ int main(int argc, char **argv) {
   attnd_loop_close(&s);
   attn_engine_close(s.engine);
   attnd_metrics_free(s.metrics);
+  attnd_log_note(&s, ATTND_INFO, NULL, NULL, "drained, exiting");
   pthread_mutex_destroy(&s.log_mu);
-  fprintf(stderr, "attnd: drained, exiting\n");
+  free(s.tls_cert_pem);
+  free(s.tls_key_pem);
   return 0;
 }

@@ -15,6 +15,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +23,10 @@
 enum {
   N_ROUTES = 10, /* the seven routes, /v2 infer, the rest of /v2, and "other" */
   ROUTE_OTHER = N_ROUTES - 1,
-  MAX_CODES = 64, /* distinct status codes kept per route */
+  MAX_CODES = 64,        /* distinct status codes kept per route */
+  MAX_MODEL_SERIES = 16, /* (route, model) pairs, the last kept for model "other" */
+  N_SERIES = N_ROUTES + MAX_MODEL_SERIES,
+  MODEL_CAP = 48,
   MAX_BACKENDS = 8,
   MAX_ERROR_CODES = 64, /* distinct error codes; the lists hold about 50 */
   N_BUCKETS = 17        /* 16 finite bounds and +Inf */
@@ -54,7 +58,10 @@ typedef struct code_count {
   uint64_t n;
 } code_count;
 
+/* One route, or one (route, model) pair. */
 typedef struct route_stats {
+  int route;
+  char model[MODEL_CAP]; /* "" for the route's requests that name no model */
   code_count codes[MAX_CODES];
   int ncodes;
   uint64_t other_codes; /* statuses past the first MAX_CODES distinct ones */
@@ -68,7 +75,10 @@ typedef struct backend_stats {
 } backend_stats;
 
 typedef struct state {
-  route_stats routes[N_ROUTES];
+  /* The first N_ROUTES are the routes without a model, in route order;
+   * pairs with a model follow as they are first seen. */
+  route_stats routes[N_SERIES];
+  int nseries;
   histogram queue_wait;
   backend_stats backends[MAX_BACKENDS];
   int nbackends;
@@ -95,6 +105,9 @@ attnd_metrics *attnd_metrics_new(void) {
     free(m);
     return NULL;
   }
+  for (int r = 0; r < N_ROUTES; r++)
+    m->s.routes[r].route = r;
+  m->s.nseries = N_ROUTES;
   return m;
 }
 
@@ -133,13 +146,41 @@ static void histogram_observe(histogram *h, double v) {
   h->sum += v;
 }
 
+/* The series of (route, model), with the lock held: added when new and
+ * there is room, else the pair (route, "other"), else (no room even for
+ * that) the route's own. */
+static route_stats *series_of(state *s, int route, const char *model) {
+  if (!model || !*model)
+    return &s->routes[route];
+  for (int pass = 0; pass < 2; pass++) {
+    for (int i = N_ROUTES; i < s->nseries; i++)
+      if (s->routes[i].route == route && !strcmp(s->routes[i].model, model))
+        return &s->routes[i];
+    /* the last slot is kept for "other", so the overflow has a series */
+    bool room = s->nseries < N_SERIES - (pass == 0);
+    if (room && strlen(model) < MODEL_CAP) {
+      route_stats *rs = &s->routes[s->nseries++];
+      rs->route = route;
+      snprintf(rs->model, sizeof rs->model, "%s", model);
+      return rs;
+    }
+    model = "other";
+  }
+  return &s->routes[route];
+}
+
 void attnd_metrics_request(attnd_metrics *m, const char *path, int status, double seconds,
                            uint64_t bytes_in, uint64_t bytes_out) {
+  attnd_metrics_request_model(m, path, NULL, status, seconds, bytes_in, bytes_out);
+}
+
+void attnd_metrics_request_model(attnd_metrics *m, const char *path, const char *model, int status,
+                                 double seconds, uint64_t bytes_in, uint64_t bytes_out) {
   int r = route_index(path);
   if (status < 100 || status > 599)
     status = 0;
   pthread_mutex_lock(&m->mu);
-  route_stats *rs = &m->s.routes[r];
+  route_stats *rs = series_of(&m->s, r, model);
   int i = 0;
   while (i < rs->ncodes && rs->codes[i].code != status)
     i++;
@@ -377,8 +418,22 @@ static void render_backends(buf *b, const state *s, const char *name, int flops)
     render_backend_counter(b, name, &s->overflow, flops ? s->overflow.flops : s->overflow.seconds);
 }
 
+/* path="/attention", plus ,model="..." for a series with a model (escaped
+ * as a label value). */
+static void series_label(const route_stats *rs, char *out, size_t cap) {
+  buf b = {0};
+  buf_printf(&b, "path=\"%s\"", route_names[rs->route]);
+  if (rs->model[0]) {
+    buf_put(&b, ",model=\"");
+    buf_put_label_value(&b, rs->model);
+    buf_put(&b, "\"");
+  }
+  snprintf(out, cap, "%s", b.oom || !b.p ? "path=\"other\"" : b.p);
+  free(b.p);
+}
+
 char *attnd_metrics_render(attnd_metrics *m, size_t *plen) {
-  /* On the heap: the snapshot is some 9 KiB, too much for small thread
+  /* On the heap: the snapshot is some 30 KiB, too much for small thread
    * stacks. Backend names may be shared: they never change once set. */
   state *s = malloc(sizeof *s);
   if (!s)
@@ -389,25 +444,27 @@ char *attnd_metrics_render(attnd_metrics *m, size_t *plen) {
 
   buf b = {0};
   family_header(&b, "attnd_requests_total", "counter",
-                "HTTP requests finished, by route and status code.");
-  for (int r = 0; r < N_ROUTES; r++) {
+                "HTTP requests finished, by route, model (routes that serve one) and status code.");
+  for (int r = 0; r < s->nseries; r++) {
     route_stats *rs = &s->routes[r];
+    char label[160];
+    series_label(rs, label, sizeof label);
     qsort(rs->codes, (size_t)rs->ncodes, sizeof rs->codes[0], code_cmp);
     for (int i = 0; i < rs->ncodes; i++)
-      buf_printf(&b, "attnd_requests_total{path=\"%s\",code=\"%d\"} %" PRIu64 "\n", route_names[r],
-                 rs->codes[i].code, rs->codes[i].n);
+      buf_printf(&b, "attnd_requests_total{%s,code=\"%d\"} %" PRIu64 "\n", label, rs->codes[i].code,
+                 rs->codes[i].n);
     if (rs->other_codes)
-      buf_printf(&b, "attnd_requests_total{path=\"%s\",code=\"other\"} %" PRIu64 "\n",
-                 route_names[r], rs->other_codes);
+      buf_printf(&b, "attnd_requests_total{%s,code=\"other\"} %" PRIu64 "\n", label,
+                 rs->other_codes);
   }
 
   family_header(&b, "attnd_request_duration_seconds", "histogram",
-                "Time spent handling HTTP requests, by route.");
-  for (int r = 0; r < N_ROUTES; r++) {
+                "Time spent handling HTTP requests, by route and model.");
+  for (int r = 0; r < s->nseries; r++) {
     if (!s->routes[r].duration.count)
       continue;
-    char label[64];
-    snprintf(label, sizeof label, "path=\"%s\"", route_names[r]);
+    char label[160];
+    series_label(&s->routes[r], label, sizeof label);
     render_histogram(&b, "attnd_request_duration_seconds", label, &s->routes[r].duration);
   }
 

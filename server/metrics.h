@@ -7,11 +7,15 @@
  * the routes or "other", `code` an HTTP status (of requests) or an error
  * code of the fixed lists (of errors, at most 64 distinct), `backend` an
  * engine backend name (at most 8 distinct), so the number of series is
- * bounded whatever clients send.
+ * bounded whatever clients send. `model` appears only on the requests of
+ * routes that serve a named model (the /v2 front): its series are the pairs
+ * (path, model) first seen, at most 16, then model="other"; requests without
+ * a model (/attention) have no model label. Server-wide series (build and
+ * backend info, connections) are rendered by the HTTP front.
  *
  * Series:
- *   attnd_requests_total{path,code}            counter
- *   attnd_request_duration_seconds{path}       histogram
+ *   attnd_requests_total{path,[model,]code}    counter
+ *   attnd_request_duration_seconds{path[,model]} histogram
  *   attnd_queue_wait_seconds                   histogram
  *   attnd_engine_seconds_total{backend}        counter
  *   attnd_flops_total{backend}                 counter
@@ -49,6 +53,9 @@ void attnd_metrics_free(attnd_metrics *m);
  * a known route is counted as "other". */
 void attnd_metrics_request(attnd_metrics *m, const char *path, int status, double seconds,
                            uint64_t bytes_in, uint64_t bytes_out);
+/* The same for a request that served model (NULL or "": none, as above). */
+void attnd_metrics_request_model(attnd_metrics *m, const char *path, const char *model, int status,
+                                 double seconds, uint64_t bytes_in, uint64_t bytes_out);
 /* Time a job waited between admission and the engine. */
 void attnd_metrics_queue_wait(attnd_metrics *m, double seconds);
 /* A job the engine completed. */

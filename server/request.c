@@ -20,6 +20,7 @@ attnd_req *attnd_req_new(attnd_server *s) {
   atomic_init(&r->refs, 1); /* the connection's */
   r->t_received = attn_now();
   r->route = ATTND_R_NONE;
+  attnd_reqid_make(&s->ids, r->id);
   snprintf(r->method, sizeof r->method, "-");
   snprintf(r->path, sizeof r->path, "-");
   return r;
@@ -30,6 +31,7 @@ void attnd_req_unref(attnd_req *r) {
     return;
   attn_proto_req_free(&r->pr);
   free(r->body);
+  free(r->plain);
   attnd_body_release(r);
   free(r->query);
   free(r->resp);
@@ -149,40 +151,6 @@ void attnd_upload_end(attnd_req *r) {
 
 /* ---- accounting ------------------------------------------------------------- */
 
-/* One line per request. The method and path are the client's bytes: escaped,
- * so that no request can end the line early and forge the next one, or send
- * terminal escapes or invalid UTF-8 to whoever reads the log. */
-static void log_line(attnd_server *s, const attnd_req *r, double total) {
-  double queue = r->t_started > 0 ? r->t_started - r->t_admitted : 0;
-  double compute = r->t_done > 0 && r->t_started > 0 ? r->t_done - r->t_started : 0;
-  char method[80], path[560];
-  attn_quote(method, sizeof method, r->method, strlen(r->method));
-  attn_quote(path, sizeof path, r->path, strlen(r->path));
-  pthread_mutex_lock(&s->log_mu);
-  if (s->cfg->log_json) {
-    attn_sbuf b = {0};
-    attn_sbuf_puts(&b, "{\"method\": ");
-    attn_sbuf_json_str(&b, method);
-    attn_sbuf_puts(&b, ", \"path\": ");
-    attn_sbuf_json_str(&b, path);
-    attn_sbuf_printf(&b,
-                     ", \"status\": %d, \"bytes_in\": %zu, \"bytes_out\": %llu, "
-                     "\"queue_us\": %.0f, \"compute_us\": %.0f, \"total_us\": %.0f}\n",
-                     r->status, r->len, (unsigned long long)r->bytes_out, queue * 1e6,
-                     compute * 1e6, total * 1e6);
-    if (!b.oom)
-      fputs(b.p, stderr);
-    free(b.p);
-  } else {
-    fprintf(stderr,
-            "attnd: %s %s %d in=%zu out=%llu queue_us=%.0f compute_us=%.0f "
-            "total_us=%.0f\n",
-            method, path, r->status, r->len, (unsigned long long)r->bytes_out, queue * 1e6,
-            compute * 1e6, total * 1e6);
-  }
-  pthread_mutex_unlock(&s->log_mu);
-}
-
 const char *attnd_req_route_label(const attnd_req *r) {
   if (!r->v2)
     return r->path;
@@ -191,7 +159,7 @@ const char *attnd_req_route_label(const attnd_req *r) {
 
 void attnd_req_account(attnd_server *s, const attnd_req *r) {
   double total = attn_now() - r->t_received;
-  attnd_metrics_request(s->metrics, attnd_req_route_label(r), r->status, total, r->len,
-                        r->bytes_out);
-  log_line(s, r, total);
+  attnd_metrics_request_model(s->metrics, attnd_req_route_label(r), r->model, r->status, total,
+                              r->len, r->bytes_out);
+  attnd_log_request(s, r, total);
 }

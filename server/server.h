@@ -20,8 +20,11 @@
 #include "conns.h"
 #include "engine.h"
 #include "errors.h"
+#include "inflate.h"
+#include "log.h"
 #include "metrics.h"
 #include "proto.h"
+#include "reqid.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -79,6 +82,13 @@ typedef struct attnd_req {
   bool started;           /* the first request callback has run */
   const char *bad_target; /* why the request target is refused (414), or NULL */
   attnd_route route;
+  /* Its id: the client's X-Request-Id when valid (reqid.h), else one made
+   * when the request began. Echoed in every reply and log line; routes that
+   * carry an id of their own (the /v2 "id") may read it. */
+  char id[ATTND_REQID_MAX + 1];
+  /* The model a route served ("" for /attention): a label of the metrics
+   * and the log line. Set by the route, before the request ends. */
+  char model[64];
   char method[16];
   char path[128];
   char *query;  /* re-encoded query string, for the proto parsers */
@@ -89,8 +99,13 @@ typedef struct attnd_req {
   size_t v2_json_len;   /* Inference-Header-Content-Length; SIZE_MAX: the whole body */
   attn_v2_info v2_info; /* what the request asks of its reply */
   bool binary_out;      /* reply as safetensors */
-  char *body;           /* the whole body, one buffer */
+  char *body;           /* the whole body, one buffer, as received */
   size_t len, cap;
+  attnd_encoding encoding; /* its Content-Encoding */
+  /* A gzip or deflate body decoded (by the threadpool, before the codec);
+   * NULL for identity. len stays the bytes received, for the logs. */
+  char *plain;
+  size_t plain_len;
   size_t discarded; /* body bytes dropped after an early reply */
   size_t reserved;  /* of the server's body budget */
   double t_received, t_admitted, t_started, t_done;
@@ -180,6 +195,9 @@ typedef struct attnd_server {
   bool drain_expired;  /* past --drain-timeout: stop waiting for jobs */
   double jobs_done_at; /* when the drain first found no job left */
   pthread_mutex_t log_mu;
+  attnd_reqid_gen ids; /* made request ids */
+  /* HTTPS: the PEM texts libmicrohttpd serves with (tls.c), or NULL. */
+  char *tls_cert_pem, *tls_key_pem;
 } attnd_server;
 
 /* http.c: the HTTP front on libmicrohttpd, and its transport. */

@@ -79,6 +79,8 @@ bool attnd_v2_route(attnd_req *r, const char *path) {
     if (model >= 0 && version_ok && route != ATTND_R_NONE) {
       r->route = route;
       r->v2_model = model;
+      /* the metrics' and the log line's model label */
+      snprintf(r->model, sizeof r->model, "%s", attn_proto_v2_model_name(model));
     }
   }
   return true;

@@ -51,6 +51,7 @@ DEPS_NOT_IN_IMAGE = {
     "clang-format": "make test's format check only",
     "curl": "the tests only (the runtime stages install curl for HEALTHCHECK)",
     "libb64-0d": "perf_analyzer (tritonclient's wheel) in the /v2 tests and make bench-v2 only",
+    "openssl": "the HTTPS tests' throwaway certificates only",
 }
 
 
@@ -72,6 +73,8 @@ UBUNTU_NOBLE_NAME = {
     "libuv1": "libuv1t64",
     "libcurl4": "libcurl4t64",
     "libcjson1": "libcjson1",
+    "libgnutls30": "libgnutls30t64",
+    "zlib1g": "zlib1g",
 }
 # Runtime packages not linked by the binaries, with the reason.
 RUNTIME_EXTRAS = {"curl": "the HEALTHCHECK command"}
@@ -813,9 +816,10 @@ def free_port():
         return s.getsockname()[1]
 
 
-def http_get(url, timeout=2):
+def http_get(url, timeout=2, headers=None):
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        req = urllib.request.Request(url, headers=headers or {})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, r.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode("utf-8", "replace")
@@ -939,7 +943,8 @@ def test_yaml_files_parse():
         docs = [d for d in yaml.safe_load_all(read(f)) if d is not None]
         assert docs and all(isinstance(d, dict) for d in docs), f
     kinds = sorted(d["kind"] for _, d in k8s_docs())
-    assert kinds == ["ConfigMap", "Deployment", "HorizontalPodAutoscaler", "Service"], kinds
+    assert kinds == ["ConfigMap", "Deployment", "HorizontalPodAutoscaler", "Secret",
+                     "Service"], kinds
 
 
 @pytest.mark.parametrize("name", DOCKERFILES)
@@ -1106,6 +1111,14 @@ def test_server_accepts_the_configuration(which, server_help, tmp_path):
     paths, passes its health check, and exits 0 on SIGTERM within the drain
     timeout."""
     env = effective_envs()[which]
+    auth = {}
+    if env.get("ATTND_API_KEY_FILE"):
+        # the Secret the manifest mounts, made here at a path of our own
+        key = os.path.join(str(tmp_path), "api-key")
+        with open(key, "w") as f:
+            f.write("test-key-0123\n")
+        env = dict(env, ATTND_API_KEY_FILE=key)
+        auth = {"Authorization": "Bearer test-key-0123"}
     srv = start_attnd(env, tmp_path)
     try:
         assert srv.proc.poll() is None, "attnd exited %s with %s:\n%s" % (
@@ -1114,11 +1127,13 @@ def test_server_accepts_the_configuration(which, server_help, tmp_path):
         if srv.fell_back:
             assert re.search(r"--backend .*\bcuda\b", server_help["text"]), \
                 "cuda is not a backend attnd --help lists"
-        for path in ("/healthz", "/readyz", "/metrics"):
+        for path in ("/healthz", "/readyz"):
             status, body = http_get(srv.url + path)
             assert status == 200, (path, status, body)
-        assert "attnd_requests_total" in http_get(srv.url + "/metrics")[1]
-        assert http_get(srv.url + "/no-such-route")[0] == 404
+        assert "attnd_requests_total" in http_get(srv.url + "/metrics", headers=auth)[1]
+        if auth:
+            assert http_get(srv.url + "/metrics")[0] == 401, "the key is not required"
+        assert http_get(srv.url + "/no-such-route", headers=auth)[0] == 404
         checks = []
         if which.startswith("Dockerfile"):
             checks.append(parse_healthcheck(runtime_stage(which).last("HEALTHCHECK"))[1])
@@ -1220,7 +1235,8 @@ def test_catches_package_drift():
     assert check_build_packages("x", pkgs, deps + ["libnuma-dev"])
     assert check_build_packages("x", [p for p in pkgs if p != "libuv1-dev"], deps)
     assert check_build_packages("x", pkgs + ["libcriterion-dev"], deps)
-    needed = {"libc6", "libmicrohttpd12", "libuv1", "libcjson1", "libcurl4"}
+    needed = {"libc6", "libmicrohttpd12", "libuv1", "libcjson1", "libcurl4", "libgnutls30",
+              "zlib1g"}
     run = [p for i in runtime_stage("Dockerfile").all("RUN") for p in apt_packages(i.args)]
     assert check_runtime_packages("Dockerfile", run, needed) == []
     assert check_runtime_packages("Dockerfile", [p for p in run if p != "libuv1t64"], needed)

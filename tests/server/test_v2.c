@@ -472,12 +472,17 @@ Test(v2, subset_of_outputs_and_id) {
   cJSON_Delete(j);
   http_res_free(&rs);
   free(b);
-  /* o alone, binary through binary_data_output; no id in the reply */
+  /* o alone, binary through binary_data_output; the body has no id, so
+   * the reply's is the request's (X-Request-Id, here one the server made) */
   b = v2_body(&c, 4, &(how){0}, "{\"binary_data_output\": true}", "[{\"name\": \"o\"}]", &len,
               &json);
   cr_assert_eq(post_v2("/v2/models/attention_bf16/versions/1/infer", NULL, b, len, json, &rs), 0);
   j = expect_infer(&rs, &c, 4, "attention_bf16", 1u, 1u, "o alone");
-  cr_expect_null(cJSON_GetObjectItem(j, "id"));
+  char rid[160] = "";
+  cr_expect(http_header(&rs, "X-Request-Id", rid, sizeof rid), "no X-Request-Id in the reply");
+  cr_expect(rid[0] && cJSON_GetStringValue(cJSON_GetObjectItem(j, "id")) &&
+                !strcmp(cJSON_GetStringValue(cJSON_GetObjectItem(j, "id")), rid),
+            "the reply's id is not the request's %s", rid);
   cJSON_Delete(j);
   http_res_free(&rs);
   free(b);
@@ -490,7 +495,7 @@ Test(v2, metrics_label_the_route) {
   http_res rs;
   cr_assert_eq(http_get(&S, "/v2/models/whatever-1", &rs), 0);
   http_res_free(&rs);
-  const char *infer[] = {"path=/v2/models/*/infer", "code=200", NULL};
+  const char *infer[] = {"path=/v2/models/*/infer", "model=attention", "code=200", NULL};
   const char *rest[] = {"path=/v2/*", "code=404", NULL};
   /* a request is counted once its connection finishes with it: wait */
   cr_expect(srv_wait_metric_ge(&S, "attnd_requests_total", infer, 1, 10));

@@ -564,3 +564,39 @@ Test(metrics, concurrent_recording_loses_nothing) {
 }
 
 Test(metrics, free_null_is_a_no_op) { attnd_metrics_free(NULL); }
+
+/* A model label only where a route served one; 15 (path, model) pairs,
+ * then model="other"; a hostile model name is escaped. */
+Test(metrics, model_label_where_it_applies) {
+  attnd_metrics *m = attnd_metrics_new();
+  attnd_metrics_request_model(m, "/attention", NULL, 200, 0.001, 1, 1);
+  attnd_metrics_request_model(m, "/attention", "", 200, 0.001, 1, 1);
+  attnd_metrics_request_model(m, "/attention", "attention", 200, 0.001, 1, 1);
+  attnd_metrics_request_model(m, "/attention", "attention", 422, 0.001, 1, 1);
+  attnd_metrics_request_model(m, "/attention", "attention_fp16", 200, 0.001, 1, 1);
+  attnd_metrics_request_model(m, "/healthz", "a\"b\\c\nd", 200, 0.001, 1, 1);
+  char name[32];
+  for (int i = 0; i < 40; i++) {
+    snprintf(name, sizeof name, "m%d", i);
+    attnd_metrics_request_model(m, "/metrics", name, 200, 0.001, 1, 1);
+  }
+  attnd_metrics_request_model(m, "/v1/info", "late", 200, 0.001, 1, 1);
+  char *out = render(m);
+  expect_line(out, "attnd_requests_total{path=\"/attention\",code=\"200\"} 2");
+  expect_line(out, "attnd_requests_total{path=\"/attention\",model=\"attention\",code=\"200\"} 1");
+  expect_line(out, "attnd_requests_total{path=\"/attention\",model=\"attention\",code=\"422\"} 1");
+  expect_line(out,
+              "attnd_requests_total{path=\"/attention\",model=\"attention_fp16\",code=\"200\"} 1");
+  expect_line(out,
+              "attnd_request_duration_seconds_count{path=\"/attention\",model=\"attention\"} 2");
+  expect_line(out,
+              "attnd_requests_total{path=\"/healthz\",model=\"a\\\"b\\\\c\\nd\",code=\"200\"} 1");
+  /* 3 pairs before: m0..m11 take the other 12 of 15, m12.. fold into other */
+  expect_line(out, "attnd_requests_total{path=\"/metrics\",model=\"m11\",code=\"200\"} 1");
+  cr_expect(!strstr(out, "model=\"m12\""), "past 15 pairs a model must fold into other");
+  expect_line(out, "attnd_requests_total{path=\"/metrics\",model=\"other\",code=\"200\"} 28");
+  /* no slot left even for other: the request still counts, under its path */
+  expect_line(out, "attnd_requests_total{path=\"/v1/info\",code=\"200\"} 1");
+  free(out);
+  attnd_metrics_free(m);
+}

@@ -1,0 +1,39 @@
+/*
+ * log.h — attnd's log lines on stderr: one per request, and notes (the
+ * HTTP library's diagnostics, canceled jobs, the startup line).
+ *
+ * --log-format text writes "attnd: ..." lines for people; json writes one
+ * object per line for collectors, each with "ts" (RFC 3339, UTC,
+ * microseconds), "level" and, for a request, "request_id". Every string a
+ * client chose (method, path, id) is escaped first, so no request can end a
+ * line early, forge the next one or send terminal escapes. Lines are
+ * written whole under s->log_mu.
+ */
+#ifndef ATTND_LOG_H
+#define ATTND_LOG_H
+
+#include <stddef.h>
+
+struct attnd_server;
+struct attnd_req;
+
+/* "info", "warn" or "error". */
+typedef const char *attnd_level;
+#define ATTND_INFO "info"
+#define ATTND_WARN "warn"
+#define ATTND_ERROR "error"
+
+/* The time now as RFC 3339 with microseconds: 2025-01-31T12:00:00.123456Z. */
+void attnd_log_time(char *out, size_t cap);
+
+/* A note: text "attnd: <source>: <message>", or {"ts", "level", "source",
+ * "request_id" (when id is not NULL), "message"}. Bytes a client chose must
+ * be escaped in the message by the caller (attn_quote). */
+__attribute__((format(printf, 5, 6))) void attnd_log_note(struct attnd_server *s, attnd_level level,
+                                                          const char *source, const char *id,
+                                                          const char *fmt, ...);
+
+/* The line of a request that has ended, total seconds after it arrived. */
+void attnd_log_request(struct attnd_server *s, const struct attnd_req *r, double total);
+
+#endif

@@ -740,7 +740,11 @@ Test(ops, metrics_build_info_and_errors_by_code) {
          &r);
   http_res_free(&r);
   do_req("GET", "/metrics", NULL, NULL, 0, &r);
+#ifdef ATTN_HAVE_CUDA
+  const char *bl[] = {"backends=cuda,cpu,reference", NULL}; /* compiled in, device or not */
+#else
   const char *bl[] = {"backends=cpu,reference", NULL};
+#endif
   int n = 0;
   cr_expect_eq(prom_sum(r.body, "attnd_build_info", bl, &n), 1, "%s", r.body);
   cr_expect_eq(n, 1);

@@ -90,3 +90,25 @@ int attn_arg_api_option(int c, const char *arg, const char *me, attn_options *o,
   *value = v;
   return 1;
 }
+
+const char *attn_arg_api_key(const char *me, bool *bad) {
+  const char *k = getenv("ATTND_API_KEY");
+  *bad = false;
+  if (!k || !*k)
+    return NULL;
+  if (strlen(k) > 500) {
+    fprintf(stderr, "%s: ATTND_API_KEY is over 500 characters\n", me);
+    *bad = true;
+    return NULL;
+  }
+  for (const char *p = k; *p; p++)
+    if ((unsigned char)*p < 0x21 || (unsigned char)*p > 0x7e) {
+      fprintf(stderr,
+              "%s: ATTND_API_KEY holds a space or control character; a key is printable "
+              "ASCII without spaces\n",
+              me);
+      *bad = true;
+      return NULL;
+    }
+  return k;
+}

@@ -17,6 +17,12 @@ int attn_arg_i64(const char *flag, const char *s, int64_t lo, int64_t hi, int64_
 int attn_arg_int(const char *flag, const char *s, int lo, int hi, int *out);
 int attn_arg_dtype(const char *flag, const char *s, attn_dtype *out);
 
+/* The API key the clients send as "Authorization: Bearer KEY": the
+ * ATTND_API_KEY variable the server reads too (a flag would show the key
+ * to every user of ps). NULL when unset or empty; *bad when it holds a
+ * character a header cannot carry (after a message naming `me`). */
+const char *attn_arg_api_key(const char *me, bool *bad);
+
 /* "B,H,N,D" (four positive integers) into out. */
 int attn_arg_dims(const char *flag, const char *s, int64_t out[4]);
 

@@ -4,6 +4,7 @@
  * for the first byte of the reply. Nothing of curl outlives the call: the
  * reply's status, type, bytes and timings are copied out.
  */
+#include "args.h"
 #include "benchlib.h"
 #include "infer.h"
 
@@ -117,12 +118,17 @@ static void collect(CURL *h, double first, attn_infer_reply *r) {
   r->down = (long long)downb;
 }
 
-/* The request's headers: its type, and no "Expect: 100-continue" round
- * trip (curl adds it to large bodies), so the upload timing measures the
- * upload, not a wait for a 100. */
-static struct curl_slist *request_headers(const attn_infer_args *a) {
+/* The request's headers: its type, the API key when ATTND_API_KEY is set,
+ * and no "Expect: 100-continue" round trip (curl adds it to large bodies),
+ * so the upload timing measures the upload, not a wait for a 100. */
+static struct curl_slist *request_headers(const attn_infer_args *a, const char *key) {
   struct curl_slist *hdrs = curl_slist_append(
       NULL, a->json ? "Content-Type: application/json" : "Content-Type: application/octet-stream");
+  if (hdrs && key) {
+    char auth[600];
+    snprintf(auth, sizeof auth, "Authorization: Bearer %.500s", key);
+    hdrs = curl_slist_append(hdrs, auth);
+  }
   /* A JSON request's reply is JSON unless asked otherwise; --out wants a
    * safetensors file, so ask for the binary form rather than convert. */
   if (hdrs && a->json && a->out)
@@ -165,10 +171,14 @@ int attn_infer_send(const attn_infer_args *a, const char *url, const void *body,
   CURL *h = curl_easy_init();
   struct curl_slist *hdrs = NULL;
   int status;
-  if (!h) {
+  bool bad_key;
+  const char *key = attn_arg_api_key(ATTN_INFER_ME, &bad_key);
+  if (bad_key) {
+    status = 2;
+  } else if (!h) {
     fprintf(stderr, ATTN_INFER_ME ": cannot initialize libcurl\n");
     status = 1;
-  } else if (!(hdrs = request_headers(a))) {
+  } else if (!(hdrs = request_headers(a, key))) {
     fprintf(stderr, ATTN_INFER_ME ": out of memory\n");
     status = 1;
   } else {

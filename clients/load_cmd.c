@@ -808,12 +808,17 @@ static int load_setup(load *L, const load_args *a, char *head, size_t cap) {
     return 1;
   }
   const char *q = a->query;
+  bool bad_key;
+  const char *key = attn_arg_api_key("attn load", &bad_key);
+  if (bad_key)
+    return 2;
   int hl = snprintf(head, cap,
                     "POST %s%s%s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: %s\r\n"
                     "Content-Length: %zu\r\nConnection: keep-alive\r\n"
-                    "User-Agent: attn-load\r\n\r\n",
+                    "User-Agent: attn-load\r\n%s%.500s%s\r\n",
                     a->path, q[0] ? "?" : "", q, a->u.host, a->u.port,
-                    a->json_body ? "application/json" : "application/octet-stream", L->body_len);
+                    a->json_body ? "application/json" : "application/octet-stream", L->body_len,
+                    key ? "Authorization: Bearer " : "", key ? key : "", key ? "\r\n" : "");
   if (hl < 0 || (size_t)hl >= cap) {
     fprintf(stderr, "attn load: path or query too long\n");
     return 2;

@@ -630,3 +630,26 @@ Test(infer, backward_check_fails_on_a_wrong_reply) {
                      "\"dv\":{\"dtype\":\"F32\",\"shape\":[1,1,4,8],\"data_offsets\":[256,384]}}",
                      384, true);
 }
+
+/* A server started with --api-key: attn infer sends ATTND_API_KEY (the
+ * variable the server reads too) as a Bearer token, and says 401 without. */
+Test(infer, api_key_from_the_environment) {
+  srv_start(&S, "--api-key", "infer-key-123", NULL);
+  char *out;
+  unsetenv("ATTND_API_KEY");
+  int rc = infer(&out, S.url, "--shape", "1,2,16,8", "--check", NULL);
+  cr_expect_eq(rc, 1, "without the key: exit %d\n%s", rc, out);
+  cr_expect(strstr(out, "401"), "%s", out);
+  free(out);
+  setenv("ATTND_API_KEY", "infer-key-123", 1);
+  rc = infer(&out, S.url, "--shape", "1,2,16,8", "--check", NULL);
+  cr_expect_eq(rc, 0, "with the key: exit %d\n%s", rc, out);
+  cr_expect(strstr(out, "PASS"), "%s", out);
+  free(out);
+  setenv("ATTND_API_KEY", "two words", 1);
+  rc = infer(&out, S.url, "--shape", "1,2,16,8", NULL);
+  cr_expect_eq(rc, 2, "a key with a space: exit %d\n%s", rc, out);
+  cr_expect(strstr(out, "ATTND_API_KEY"), "%s", out);
+  free(out);
+  unsetenv("ATTND_API_KEY");
+}

@@ -216,3 +216,21 @@ Test(load_client, bad_usage) {
     free(out);
   }
 }
+
+/* A server started with --api-key: attn load sends ATTND_API_KEY as a
+ * Bearer token on every request; without it every answer is a 401. */
+Test(load_client, api_key_from_the_environment) {
+  srv_start(&S, "--api-key", "load-key-456", NULL);
+  cJSON *j;
+  setenv("ATTND_API_KEY", "load-key-456", 1);
+  int rc = run_load(S.url, "--requests 20 --concurrency 2 --shape 1,1,16,64", &j);
+  cr_assert_eq(rc, 0);
+  cr_assert(j);
+  cr_expect_eq(num(j, "status.200"), 20);
+  cJSON_Delete(j);
+  unsetenv("ATTND_API_KEY");
+  rc = run_load(S.url, "--requests 20 --concurrency 2 --shape 1,1,16,64", &j);
+  cr_assert(j);
+  cr_expect_eq(num(j, "status.401"), 20);
+  cJSON_Delete(j);
+}

@@ -16,6 +16,7 @@ function); ``ml_dtypes.bfloat16`` arrays likewise. Formats and semantics: the se
 import http.client
 import json as _json
 import math
+import os
 import socket
 import urllib.parse
 
@@ -161,11 +162,14 @@ class Client:
         url: the server's base URL, ``http://host:port`` (``https://`` works too, as does a
             path prefix behind a proxy).
         timeout: seconds to wait for connecting and for each read; ``None`` waits forever.
+        api_key: the key of a server started with ``--api-key``, sent as ``Authorization:
+            Bearer KEY``; ``None`` takes ``ATTND_API_KEY`` from the environment (the variable
+            the server reads too), and no key is sent when that is unset or empty.
 
     Each call opens its own connection, so one client may be shared by many threads.
     """
 
-    def __init__(self, url="http://127.0.0.1:8080", timeout=60.0):
+    def __init__(self, url="http://127.0.0.1:8080", timeout=60.0, api_key=None):
         u = urllib.parse.urlsplit(url if "://" in url else "http://" + url)
         if u.scheme not in ("http", "https"):
             raise ValueError("attnd.Client: unsupported URL scheme %r" % u.scheme)
@@ -177,6 +181,10 @@ class Client:
         self._host = u.hostname
         self._port = u.port or (443 if self._https else 80)
         self._prefix = u.path.rstrip("/")
+        key = os.environ.get("ATTND_API_KEY") if api_key is None else api_key
+        if key and any(not ("!" <= c <= "~") for c in key):
+            raise ValueError("attnd.Client: an API key is printable ASCII without spaces")
+        self._auth = {"Authorization": "Bearer " + key} if key else {}
 
     def __repr__(self):
         return "attnd.Client(%r, timeout=%r)" % (self.url, self.timeout)
@@ -190,7 +198,7 @@ class Client:
         target = self._prefix + path
         try:
             try:
-                conn.request(method, target, body=body, headers=headers or {})
+                conn.request(method, target, body=body, headers={**(headers or {}), **self._auth})
             except (BrokenPipeError, ConnectionResetError) as send_err:
                 # The server may answer before reading the whole body (413 from
                 # Content-Length, 503 queue_full) and close: its reply is still readable.

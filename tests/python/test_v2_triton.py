@@ -186,9 +186,12 @@ def test_perf_analyzer_zero_errors(server, tmp_path):
     if not os.access(binary, os.X_OK):
         pytest.fail("no perf_analyzer beside %s: tritonclient 2.51.0 ships it" % sys.executable)
     shape = "1,2,32,64"
+    # A fixed count of requests, not perf_analyzer's default search for a stable window:
+    # stability is a judgment of timing, which a loaded machine can fail (no test here
+    # may depend on timing); the stability bound is lifted for the same reason.
     cmd = [binary, "-m", "attention_fp16", "-u", server.url[len("http://"):], "-i", "http",
            "--input-data", "zero", "--concurrency-range", "2",
-           "--measurement-mode", "count_windows", "--measurement-request-count", "50",
+           "--request-count", "100", "--stability-percentage", "100000",
            "-f", str(tmp_path / "perf.csv")]
     for name in "qkv":
         cmd += ["--shape", "%s:%s" % (name, shape)]

@@ -10,6 +10,7 @@
 #                      first run makes build/peers-venv from PyPI: torch, ~GBs)
 #   make bench-v2      perf_analyzer over /v2 beside attn load, same shape
 #   make bench-peak    the machine's F32 FMA / VDPBF16PS / AMX peak GFLOP/s
+#   make bench-f16split  F16 products: F32 FMA against an exact hi/lo BF16 split
 #   make test-gpu      the CUDA tests (tests/gpu/; they say skipped without a GPU)
 #   make test-image    the CPU container image built and run without Docker
 #   make clean
@@ -174,7 +175,7 @@ SERVER_SRC = server/main.c server/config.c server/http.c server/loop.c server/de
              server/v2.c server/reqid.c server/auth.c server/inflate.c server/log.c server/tls.c
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/obj/%.o)
 
-.PHONY: all deps bench-deps test test-gpu test-image bench bench-peak bench-peers \
+.PHONY: all deps bench-deps test test-gpu test-image bench bench-peak bench-f16split bench-peers \
         bench-server bench-v2 bench-memory bench-idle fuzz run format format-check clean FORCE
 all: $(BUILD)/attn $(BUILD)/attnd
 
@@ -285,6 +286,15 @@ $(BUILD)/bench-peers-attn: $(BUILD)/obj/tests/bench/peers_attn.o $(BUILD)/obj/cl
 	$(CC) $(ALL_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
 
 $(BUILD)/bench-peak: $(BUILD)/obj/tests/bench/peak.o
+	$(CC) $(ALL_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
+
+# F16 products two ways (tests/bench/f16split.c): -O3 as the engine's
+# kernels; its AVX-512 paths use target attributes, so no -m flags.
+$(BUILD)/obj/tests/bench/f16split.o: tests/bench/f16split.c $(BUILD)/.flags
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -O3 -c $< -o $@
+
+$(BUILD)/bench-f16split: $(BUILD)/obj/tests/bench/f16split.o
 	$(CC) $(ALL_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
 
 # (second expansion: the rule's prerequisites name FUZZ_SRC_<name> by its stem)
@@ -435,6 +445,11 @@ bench-peers: deps
 # denominator of the kernels' "% of peak" (JSON; bench-peers prints it too).
 bench-peak: $(BUILD)/bench-peak
 	$(BUILD)/bench-peak
+
+# F16 attention products: widened to F32 on FMAs (the engine) against an
+# exact hi/lo BF16 split on VDPBF16PS, with their errors; one thread.
+bench-f16split: $(BUILD)/bench-f16split
+	$(BUILD)/bench-f16split
 
 # attnd under wrk against the engine alone (tests/bench/server_bench.c).
 bench-server: deps bench-deps

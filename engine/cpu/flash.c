@@ -53,15 +53,6 @@
 #define BK ATTN_FLASH_BK
 #define MAXD ATTN_MAX_HEAD_DIM
 
-/* Register blocking of the micro-kernels (MR rows broadcast, NR vectors). */
-#if ATTN_ISA == 256
-#define MR 4
-#define NR 2
-#else
-#define MR 4
-#define NR 4
-#endif
-
 /* ---- micro-kernels ------------------------------------------------------ */
 
 /* Sᵀ rows j..j+mr, query vectors c0..c0+nr: Σ_d K[j][d]·Qᵀ[d][:]. */

@@ -48,14 +48,6 @@
 #define MAXD ATTN_MAX_HEAD_DIM
 #define NVK (BK / VL) /* vectors across a key block */
 
-#if ATTN_ISA == 256
-#define MR 4
-#define NR 2
-#else
-#define MR 4
-#define NR 4
-#endif
-
 /* ---- the one micro-kernel and its tile loop -------------------------------- */
 
 /* C rows 0..mr, vectors 0..nr: (C +) Σ_k A[r·sar + k·sak]·B[k·ldb + lanes]. */

@@ -214,8 +214,19 @@ static inline int vany_nan(vf x) {
 #define INLINE static inline __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 16")
 
+/* Register blocking of the micro-kernels of both passes: MR rows broadcast
+ * against NR vectors, MR·NR accumulators plus NR operands in registers
+ * (AVX2 has 16 vector registers, AVX-512 32). */
+#if ATTN_ISA == 256
+#define MR 4
+#define NR 2
+#else
+#define MR 4
+#define NR 4
+#endif
+
 /* Each switch turns a run-time (mr, nr) into a micro-kernel specialization,
- * for the kernel file's register blocking MR × NR (at most 4 × 4). */
+ * for the register blocking MR × NR (at most 4 × 4). */
 #define NR_CASES(CALL, MRV)                   \
   switch (nr) {                               \
   case 1: CALL(MRV, 1); break;                \

@@ -55,14 +55,12 @@ static int plan_backward(const attn_request *r, attn_plan *plan, attn_status *st
   plan->dp = plan->ds = plan->s;
   plan->delta = plan->lse;
   /* What the CPU backend holds: one F32 copy of dQ (rows padded to its
-   * vector width) per key chunk, and a larger tile workspace. */
+   * vector width) per key chunk. */
   int64_t chunk_blocks, nchunk = attn__cpu_bwd_chunks(r, &chunk_blocks);
   const u128 dld = (u128)((r->head_dim + ATTN_BWD_DALIGN - 1) / ATTN_BWD_DALIGN * ATTN_BWD_DALIGN);
   if ((rc = fit(st, "the dq accumulators", (u128)nchunk * bq * (u128)r->seq_q * dld * 4,
                 &plan->dq_accum)))
     return rc;
-  plan->workspace_per_thread = ATTN_BWD_WS_FLOATS * sizeof(float);
-  plan->workspace = plan->workspace_per_thread * (uint64_t)plan->threads;
   u128 io =
       (u128)plan->q + plan->k + plan->v + plan->o + plan->dout + plan->dq + plan->dk + plan->dv;
   u128 sp4 = 2 * (u128)plan->s_plus_p;
@@ -97,7 +95,9 @@ int attn_plan_compute(const attn_plan_params *pp, attn_plan *plan, attn_status *
     return rc;
   plan->p = plan->s;
   plan->l = plan->lse = plan->m;
-  plan->workspace_per_thread = ATTN_FLASH_WS_FLOATS * sizeof(float);
+  /* the tile workspace of the pass's CPU kernel, per worker */
+  plan->workspace_per_thread =
+      (pp->pass == ATTN_BACKWARD ? ATTN_BWD_WS_FLOATS : ATTN_FLASH_WS_FLOATS) * sizeof(float);
   plan->workspace = plan->workspace_per_thread * (uint64_t)plan->threads;
   u128 io = (u128)plan->q + plan->k + plan->v + plan->o;
   if (pp->pass == ATTN_BACKWARD)

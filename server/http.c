@@ -422,10 +422,10 @@ static bool begin_post(attnd_req *r) {
     return false;
   }
   const char *ct = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
-  if (r->v2 && !v2_framing(r, ct)) {
-    return false;
-  } else if (r->v2) {
+  if (r->v2) {
     /* the inference protocol's codec reads the body whatever it is called */
+    if (!v2_framing(r, ct))
+      return false;
   } else if (media_is(ct, "application/json")) {
     r->json_in = true;
     r->binary_out = accepts_binary(conn);

@@ -124,7 +124,7 @@
 
   function intOf(id, lo) {
     const v = Number($(id).value);
-    if (!Number.isInteger(v) || v < lo) throw new Error($(id).closest("label").textContent.trim().split("\n")[0] + " must be an integer of at least " + lo);
+    if (!Number.isInteger(v) || v < lo) throw new Error($(id).closest("label").firstElementChild.textContent + " must be an integer of at least " + lo);
     return v;
   }
 
@@ -419,9 +419,12 @@
       shape = { batch: intOf("pg-batch", 1), heads: intOf("pg-heads", 1), heads_kv: intOf("pg-heads-kv", 1), head_dim: intOf("pg-d", 1), dtype: $("pg-dtype").value };
     } catch (e) { st.textContent = e.message; return; }
     st.textContent = "asking the server…";
-    const calls = PLAN_NS.map((n) => api(planQuery(Object.assign({}, shape, { seq_q: n }))));
+    // one call first: a shape the server refuses is refused once, not 13 times
+    const first = await api(planQuery(Object.assign({}, shape, { seq_q: PLAN_NS[0] })));
+    if (first.status !== 200) { st.textContent = "the plan failed: " + errorText(first); return; }
+    const calls = PLAN_NS.slice(1).map((n) => api(planQuery(Object.assign({}, shape, { seq_q: n }))));
     calls.push(api(planQuery(SEED)));
-    const rs = await Promise.all(calls);
+    const rs = [first].concat(await Promise.all(calls));
     const bad = rs.find((r) => r.status !== 200);
     if (bad) { st.textContent = "the plan failed: " + errorText(bad); return; }
     const point = (n, j) => ({
@@ -436,6 +439,10 @@
     state.plan = { shape: shape, points: points, seed: seed };
     st.textContent = "batch " + shape.batch + ", heads " + shape.heads + " (kv " + shape.heads_kv + "), D " + shape.head_dim + ", " + shape.dtype + "; workspace for " + rs[0].body.threads + " threads";
     drawPlan();
+  }
+
+  function ratio(x) {
+    return (x >= 100 ? Math.round(x).toLocaleString("en") : x.toPrecision(3)) + "×";
   }
 
   function drawPlan() {
@@ -475,12 +482,12 @@
     svgEl(svg, "text", { x: x(s.n) + 12, y: y(s.standard) - 10 }, "seed: N = 4096, D = 64, F32: S + P = " + bytes(s.standard));
     const at = P.points.find((p) => p.n === 4096);
     $("plan-ratio").textContent = "At N = 4096 for this shape: S + P = " + bytes(at.standard) + ", m + l + workspace = " + bytes(at.flash)
-      + ": " + fmt(at.ratio) + "× less; all buffers (Q, K, V, O included): " + fmt(at.total_ratio) + "×. At N = 1M: " + fmt(P.points[P.points.length - 1].ratio) + "×.";
+      + ": " + ratio(at.ratio) + " less; all buffers (Q, K, V, O included): " + ratio(at.total_ratio) + ". At N = 1M: " + ratio(P.points[P.points.length - 1].ratio) + ".";
     const tb = $("plan-table").tBodies[0];
     tb.textContent = "";
     for (const p of P.points) {
       const tr = tb.insertRow();
-      for (const v of [String(p.n), bytes(p.standard), bytes(p.flash), fmt(p.ratio) + "×"]) tr.insertCell().textContent = v;
+      for (const v of [String(p.n), bytes(p.standard), bytes(p.flash), ratio(p.ratio)]) tr.insertCell().textContent = v;
     }
   }
 
@@ -578,7 +585,14 @@
     const top = niceCeil(max);
     for (const k of keys) {
       let pts = [];
-      const flush = () => { if (pts.length) svgEl(svg, "polyline", { class: k, points: pts.join(" ") }); pts = []; };
+      const flush = () => {
+        if (pts.length > 1) svgEl(svg, "polyline", { class: k, points: pts.join(" ") });
+        else if (pts.length) { // a lone value between gaps: a dot, not an invisible line
+          const [cx, cy] = pts[0].split(",");
+          svgEl(svg, "circle", { class: k, cx: cx, cy: cy, r: 1.8 });
+        }
+        pts = [];
+      };
       for (const s of samples) {
         if (s[k] === null) { flush(); continue; }
         pts.push((300 - (now - s.t) * 300 / WINDOW_S).toFixed(1) + "," + (78 - s[k] / top * 72).toFixed(1));

@@ -37,7 +37,7 @@ DEPS       = gcc make libc6-dev libcriterion-dev libcjson-dev clang libclang-rt-
              libmicrohttpd-dev libuv1-dev libcurl4-openssl-dev zlib1g-dev libgnutls28-dev \
              openssl wrk curl \
              python3 python3-numpy python3-pytest python3-yaml python3-venv \
-             libb64-0d
+             libb64-0d chromium chromium-driver
 BENCH_DEPS = libopenblas-dev
 # make test-image builds the CPU image's filesystem without a Docker engine.
 IMAGE_DEPS = debootstrap
@@ -172,8 +172,19 @@ FUZZ_EXTRA_inflate = -Iserver -lz
 # ---- the server ---------------------------------------------------------------
 SERVER_SRC = server/main.c server/config.c server/http.c server/loop.c server/deadline.c \
              server/metrics.c server/conns.c server/mhd_shim.c server/errors.c server/request.c \
-             server/v2.c server/reqid.c server/auth.c server/inflate.c server/log.c server/tls.c
-SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/obj/%.o)
+             server/v2.c server/reqid.c server/auth.c server/inflate.c server/log.c server/tls.c \
+             server/console.c
+SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/obj/%.o) $(CONSOLE_OBJ)
+
+# ---- the web console (GET /): its files compiled into attnd ---------------------
+# server/console/embed.c, a build tool run here, writes them as C arrays with
+# their paths, Content-Types and ETags (URL TYPE FILE, three words each).
+CONSOLE_FILES = / "text/html; charset=utf-8" server/console/index.html \
+                /console/console.css "text/css; charset=utf-8" server/console/console.css \
+                /console/console.js "text/javascript; charset=utf-8" server/console/console.js
+CONSOLE_DEPS = $(wildcard server/console/index.html server/console/console.css \
+                          server/console/console.js)
+CONSOLE_OBJ = $(BUILD)/obj/gen/console_assets.o
 
 .PHONY: all deps bench-deps test test-gpu test-image bench bench-peak bench-f16split bench-peers \
         bench-server bench-v2 bench-memory bench-idle fuzz run format format-check clean FORCE
@@ -236,6 +247,18 @@ $(SRVTEST_BIN): $(SRVTEST_OBJ) $(LIB)
 $(BUILD)/attnd: $(SERVER_OBJ) $(LIB)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ -lmicrohttpd -luv -lgnutls -lz $(LDLIBS_ALL)
 
+$(BUILD)/embed: server/console/embed.c
+	@mkdir -p $(dir $@)
+	$(CC) $(STD) -O1 $(WARN) -o $@ $<
+
+$(BUILD)/gen/console_assets.c: $(BUILD)/embed $(CONSOLE_DEPS)
+	@mkdir -p $(dir $@)
+	$(BUILD)/embed $@ $(CONSOLE_FILES)
+
+$(CONSOLE_OBJ): $(BUILD)/gen/console_assets.c $(BUILD)/.flags
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -c $< -o $@
+
 $(BUILD)/obj/tests/gpu/%.o: CPPFLAGS += -Iengine/cuda -Itests/unit $(if $(filter 1,$(USE_CUDA)),$(CUDA_INC))
 
 $(GPUTEST_BIN): $(GPUTEST_OBJ) $(LIB)
@@ -258,7 +281,7 @@ $(BUILD)/bench-gpu: $(BUILD)/obj/tests/gpu/bench_gpu.o $(LIB)
 $(BUILD)/obj/tests/unit/%.o: CPPFLAGS += -Iclients
 
 TEST_SERVER_OBJ = $(patsubst %,$(BUILD)/obj/server/%.o,metrics conns loop deadline request errors \
-                    reqid auth inflate log)
+                    reqid auth inflate log console) $(CONSOLE_OBJ)
 $(TEST_BIN): $(TEST_OBJ) $(TEST_SERVER_OBJ) \
             $(BUILD)/obj/clients/benchlib.o $(BUILD)/obj/clients/http_reply.o \
             $(BUILD)/obj/clients/hist.o $(LIB)

@@ -77,7 +77,8 @@ static void set_json(attnd_req *r, int status, attn_sbuf *b) {
 #define CORS_ALLOW_HEADERS                                                \
   "Authorization, Content-Type, Content-Encoding, Accept, X-Request-Id, " \
   "Inference-Header-Content-Length"
-#define CORS_EXPOSE_HEADERS "X-Request-Id, Retry-After, Inference-Header-Content-Length"
+#define CORS_EXPOSE_HEADERS \
+  "X-Request-Id, Retry-After, Inference-Header-Content-Length, Server-Timing"
 /* Seconds a browser may cache a preflight's answer. */
 #define CORS_MAX_AGE "600"
 
@@ -99,6 +100,28 @@ static void add_cors(const attnd_req *r, struct MHD_Response *resp) {
   }
 }
 
+/* A computed request's time in the server (RFC's Server-Timing, which a
+ * browser's fetch can read): queued, decoding + engine + encoding, and
+ * from its first byte until now, in milliseconds. */
+static void add_server_timing(const attnd_req *r, struct MHD_Response *resp) {
+  if (!attnd_req_computes(r) || r->t_started <= 0 || r->t_done <= 0)
+    return;
+  char v[160];
+  snprintf(v, sizeof v, "queue;dur=%.3f, compute;dur=%.3f, total;dur=%.3f",
+           (r->t_started - r->t_admitted) * 1e3, (r->t_done - r->t_started) * 1e3,
+           (attn_now() - r->t_received) * 1e3);
+  MHD_add_response_header(resp, "Server-Timing", v);
+}
+
+/* The console's security and caching headers, and its ETag. */
+static void add_console_headers(const attnd_req *r, struct MHD_Response *resp) {
+  if (r->route != ATTND_R_CONSOLE || (r->status != 200 && r->status != MHD_HTTP_NOT_MODIFIED))
+    return;
+  for (const attnd_console_header *h = attnd_console_headers; h->name; h++)
+    MHD_add_response_header(resp, h->name, h->value);
+  MHD_add_response_header(resp, MHD_HTTP_HEADER_ETAG, r->asset->etag);
+}
+
 /* Hands r's reply to libmicrohttpd. */
 static enum MHD_Result queue_reply(attnd_req *r) {
   if (!r->resp) /* out of memory for the error body itself */
@@ -114,6 +137,8 @@ static enum MHD_Result queue_reply(attnd_req *r) {
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r->ctype ? r->ctype : json_type);
   MHD_add_response_header(resp, ATTND_REQID_HEADER, r->id);
   add_cors(r, resp);
+  add_server_timing(r, resp);
+  add_console_headers(r, resp);
   if (r->status == MHD_HTTP_UNAUTHORIZED)
     MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"attnd\"");
   if (r->retry_after)
@@ -260,6 +285,24 @@ static void render_build(attn_sbuf *b, const attnd_server *s) {
   attn_sbuf_printf(b, "attnd_build_info{version=\"%s\",backends=\"%s\"} 1\n", ATTN_VERSION, esc);
 }
 
+/* A console file, or 304 when the browser holds these bytes already. */
+static void get_console(attnd_req *r) {
+  const attnd_console_asset *a = r->asset;
+  const char *inm =
+      MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_IF_NONE_MATCH);
+  if (attnd_console_not_modified(inm, a->etag)) {
+    attnd_req_reply(r, MHD_HTTP_NOT_MODIFIED, malloc(1), 0, a->type);
+    return;
+  }
+  char *b = malloc(a->len ? a->len : 1);
+  if (!b) {
+    attnd_req_fail(r, ATTND_EOUT_OF_MEMORY, "out of memory for the console page");
+    return;
+  }
+  memcpy(b, a->data, a->len);
+  attnd_req_reply(r, 200, b, a->len, a->type);
+}
+
 static void answer_get(attnd_req *r) {
   attnd_server *s = r->srv;
   attn_sbuf b = {0};
@@ -298,6 +341,7 @@ static void answer_get(attnd_req *r) {
   }
   case ATTND_R_INFO: get_info(r); break;
   case ATTND_R_PLAN: get_plan(r); break;
+  case ATTND_R_CONSOLE: get_console(r); break;
   default: attnd_v2_answer_get(r); break;
   }
 }
@@ -617,6 +661,8 @@ static void route_of(attnd_req *r, const char *url, const char *method) {
   for (size_t i = 0; i < sizeof routes / sizeof *routes; i++)
     if (!strcmp(path, routes[i].path))
       r->route = routes[i].route;
+  if ((r->asset = attnd_console_find(path)))
+    r->route = ATTND_R_CONSOLE;
   attnd_v2_route(r, path);
   attn_sbuf q = {0};
   MHD_get_connection_values(r->conn, MHD_GET_ARGUMENT_KIND, add_arg, &q);
@@ -635,10 +681,11 @@ static bool preflight(attnd_req *r) {
 }
 
 /* The API key check (--api-key): true when r may go on; else r has its
- * 401. Probes (attnd_auth_open) need no key. */
+ * 401. Probes (attnd_auth_open) need no key, nor does the console, which
+ * holds no data and asks for the key its API calls send. */
 static bool authorized(attnd_req *r) {
   const char *key = r->srv->cfg->api_key;
-  if (!*key || attnd_auth_open(r->path))
+  if (!*key || attnd_auth_open(r->path) || r->route == ATTND_R_CONSOLE)
     return true;
   const char *h =
       MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
@@ -680,7 +727,8 @@ static enum MHD_Result first_call(attnd_req *r, const char *url, const char *met
     attn_quote(path, sizeof path, r->path, strlen(r->path));
     snprintf(msg, sizeof msg,
              "no such path \"%s\" (try POST /attention, POST /attention/backward, GET "
-             "/attention/plan, /healthz, /readyz, /metrics, /v1/info, /v2)",
+             "/attention/plan, /healthz, /readyz, /metrics, /v1/info, /v2, or / for the web "
+             "console)",
              path);
     attnd_req_fail(r, ATTND_ENOT_FOUND, msg);
   } else if (attnd_req_computes(r) ? !post : !get) {

@@ -18,6 +18,7 @@
 
 #include "config.h"
 #include "conns.h"
+#include "console.h"
 #include "engine.h"
 #include "errors.h"
 #include "inflate.h"
@@ -63,6 +64,7 @@ typedef enum attnd_route {
   ATTND_R_READYZ,
   ATTND_R_METRICS,
   ATTND_R_INFO,
+  ATTND_R_CONSOLE, /* GET / and the console's files (console.h) */
   /* the Open Inference Protocol (v2.c) */
   ATTND_R_V2_SERVER,      /* GET /v2 */
   ATTND_R_V2_LIVE,        /* GET /v2/health/live */
@@ -82,6 +84,7 @@ typedef struct attnd_req {
   bool started;           /* the first request callback has run */
   const char *bad_target; /* why the request target is refused (414), or NULL */
   attnd_route route;
+  const attnd_console_asset *asset; /* ATTND_R_CONSOLE: the file served */
   /* Its id: the client's X-Request-Id when valid (reqid.h), else one made
    * when the request began. Echoed in every reply and log line; routes that
    * carry an id of their own (the /v2 "id") may read it. */

@@ -52,6 +52,8 @@ DEPS_NOT_IN_IMAGE = {
     "curl": "the tests only (the runtime stages install curl for HEALTHCHECK)",
     "libb64-0d": "perf_analyzer (tritonclient's wheel) in the /v2 tests and make bench-v2 only",
     "openssl": "the HTTPS tests' throwaway certificates only",
+    "chromium": "the web console's browser test (tests/python/test_console.py) only",
+    "chromium-driver": "the web console's browser test (tests/python/test_console.py) only",
 }
 
 

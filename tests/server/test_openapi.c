@@ -64,8 +64,9 @@ Test(openapi, paths_match_the_server, .fini = teardown, .timeout = 60) {
     http_res_free(&rs);
   }
   fclose(f);
-  cr_expect_eq(n, 14, "openapi.yaml documents %d paths", n);
-  static const char *const routed[] = {"/attention",
+  cr_expect_eq(n, 15, "openapi.yaml documents %d paths", n);
+  static const char *const routed[] = {"/",
+                                       "/attention",
                                        "/attention/backward",
                                        "/attention/plan",
                                        "/healthz",

@@ -145,21 +145,32 @@ static int job_outputs(const attn_request *r, cu_tensor t[3]) {
   return 3;
 }
 
-/* The kernels' view of a request (device pointers filled in later). */
-static void shape_of(const attn_request *r, attn_cu_params *p) {
+/* The kernels' view of a request (device pointers filled in later). The
+ * request may carry counts up to 2^40: they are checked against the grid
+ * before they are narrowed to int, or a count of 2^32 + 1 would become 1
+ * and the staging buffer would be sized for it. */
+static int shape_of(const attn_request *r, attn_cu_params *p, attn_status *st) {
   memset(p, 0, sizeof *p);
+  if (r->batch > ATTN_CU_MAX_GRID_YZ || r->heads_q > ATTN_CU_MAX_GRID_YZ)
+    return attn_status_set(st, ATTN_EUNSUPPORTED,
+                           "the cuda backend takes at most %d query heads and %d batch entries "
+                           "(got %lld and %lld)",
+                           ATTN_CU_MAX_GRID_YZ, ATTN_CU_MAX_GRID_YZ, (long long)r->heads_q,
+                           (long long)r->batch);
   p->pass = r->pass;
   p->dtype = r->dtype;
   p->batch = (int)r->batch;
   p->heads_q = (int)r->heads_q;
-  p->heads_kv = (int)r->heads_kv;
-  p->seq_q = (int)(r->seq_q < ATTN_CU_MAX_SEQ ? r->seq_q : ATTN_CU_MAX_SEQ + 1);
-  p->seq_kv = (int)(r->seq_kv < ATTN_CU_MAX_SEQ ? r->seq_kv : ATTN_CU_MAX_SEQ + 1);
+  p->heads_kv = (int)r->heads_kv; /* divides heads_q: no larger */
+  /* Past the maximum, one more than it: attn_cu_select refuses it. */
+  p->seq_q = (int)(r->seq_q <= ATTN_CU_MAX_SEQ ? r->seq_q : ATTN_CU_MAX_SEQ + 1);
+  p->seq_kv = (int)(r->seq_kv <= ATTN_CU_MAX_SEQ ? r->seq_kv : ATTN_CU_MAX_SEQ + 1);
   p->head_dim = (int)r->head_dim;
   p->dp = attn_cu_dp(r->head_dim);
   p->scale_log2 = (float)(attn_request_scale(r) * M_LOG2E);
   p->scale = (float)attn_request_scale(r);
   attn_request_window(r, &p->window_left, &p->window_right);
+  return 0;
 }
 
 /* Bytes of one packed tensor of the job. */
@@ -216,9 +227,8 @@ static bool layout(cu_slot *sl, const attn_request *r) {
 /* The kernels, their tiles and the job's layout, for a device with sms
  * multiprocessors; no device call. */
 static int plan_job(cu_slot *sl, const attn_request *r, int sms, attn_status *st) {
-  shape_of(r, &sl->prm);
-  int rc = attn_cu_select(&sl->prm, sms, &sl->ch, st);
-  if (rc < 0)
+  int rc = shape_of(r, &sl->prm, st);
+  if (rc < 0 || (rc = attn_cu_select(&sl->prm, sms, &sl->ch, st)) < 0)
     return rc;
   if (r->pass == ATTN_BACKWARD && !r->lse_in) {
     /* The forward that recomputes lse runs unsplit: it needs no scratch. */

@@ -38,6 +38,8 @@ extern "C" {
 
 /* Head dims are padded to this many elements. */
 #define ATTN_CU_DPAD_ALIGN 8
+/* gridDim.y and .z: query heads, and batch entries times key splits. */
+#define ATTN_CU_MAX_GRID_YZ 65535
 /* Sequence lengths at most this keep every in-kernel index in 32 bits. */
 #define ATTN_CU_MAX_SEQ ((int64_t)1 << 30)
 

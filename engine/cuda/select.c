@@ -155,11 +155,11 @@ int attn_cu_select(const attn_cu_params *p, int sms, attn_cu_choice *c, attn_sta
     select_backward(p, c);
   else
     select_forward(p, sms, c);
-  if (p->heads_q > 65535 || (int64_t)p->batch * c->nsplit > 65535)
+  if (p->heads_q > ATTN_CU_MAX_GRID_YZ || (int64_t)p->batch * c->nsplit > ATTN_CU_MAX_GRID_YZ)
     return attn_status_set(st, ATTN_EUNSUPPORTED,
-                           "the cuda backend takes at most 65535 query heads and 65535 "
-                           "batch entries (got %d and %d)",
-                           p->heads_q, p->batch);
+                           "the cuda backend takes at most %d query heads and %d batch entries "
+                           "(got %d and %d)",
+                           ATTN_CU_MAX_GRID_YZ, ATTN_CU_MAX_GRID_YZ, p->heads_q, p->batch);
   return 0;
 }
 

@@ -35,7 +35,8 @@
  * takes no more jobs, and when no device is left the backend reports itself
  * unhealthy (the server's /readyz turns 503). A host function does not run
  * after a fault in its context, so the dispatcher also polls busy streams
- * once a second and fails the jobs of a stream that reports an error.
+ * once a second (by the monotonic clock, however often it is woken) and
+ * fails the jobs of a stream that reports an error.
  */
 #define _GNU_SOURCE
 #include "backend.h"
@@ -51,6 +52,8 @@
 #include <time.h>
 
 #define DEFAULT_STREAMS 4
+/* How often busy streams are polled for faults. */
+#define POLL_SECONDS 1
 /* Regions of a job's buffers start on this boundary. */
 #define ALIGN 256
 
@@ -102,7 +105,8 @@ struct cu_state {
   int busy;
   bool stop;
   pthread_t thread;
-  int next_dev; /* round-robin start */
+  int next_dev;              /* round-robin start */
+  struct timespec next_poll; /* CLOCK_MONOTONIC: when busy streams are next polled */
 };
 
 static size_t align_up(size_t x) { return (x + ALIGN - 1) / ALIGN * ALIGN; }
@@ -541,31 +545,75 @@ static bool any_healthy(cu_state *s) {
   return false;
 }
 
-/* Busy streams that report an error: their host functions will never run. */
+/* Whether the slot's host function has put it on the done list; mu held. */
+static bool on_done_list(const cu_state *s, const cu_slot *sl) {
+  for (const cu_slot *x = s->done; x; x = x->next_done)
+    if (x == sl)
+      return true;
+  return false;
+}
+
+/* Fails the job of a busy stream that reports an error: its host function
+ * will never run. The query runs without the mutex, and the host function
+ * may run meanwhile (the context poisoned by another stream after this
+ * one's work ended): the job is then on the done list, ends there, and is
+ * not completed here a second time. */
+static void poll_slot(cu_state *s, cu_slot *sl) {
+  pthread_mutex_lock(&s->mu);
+  attn_job *job = sl->job;
+  bool skip = !job || on_done_list(s, sl);
+  pthread_mutex_unlock(&s->mu);
+  if (skip)
+    return;
+  cudaSetDevice(sl->dev->ordinal);
+  cudaError_t e = cudaStreamQuery(sl->stream);
+  if (e == cudaSuccess || e == cudaErrorNotReady)
+    return;
+  cudaGetLastError();
+  mark_unhealthy(sl->dev, "a running job", e);
+  pthread_mutex_lock(&s->mu);
+  bool mine = sl->job == job && !on_done_list(s, sl);
+  pthread_mutex_unlock(&s->mu);
+  if (!mine)
+    return;
+  attn_status st;
+  cuda_fail(&st, ATTN_EDEVICE, "the job's stream failed", e);
+  release(s, sl);
+  attn__job_complete(job, &st);
+}
+
 static void poll_faults(cu_state *s) {
-  for (int i = 0; i < s->ndev; i++) {
-    cu_dev *d = &s->devs[i];
-    for (int j = 0; j < d->nslots; j++) {
-      cu_slot *sl = &d->slots[j];
-      pthread_mutex_lock(&s->mu);
-      attn_job *job = sl->job;
-      bool queued_done = false;
-      for (cu_slot *x = s->done; x; x = x->next_done)
-        queued_done |= x == sl;
-      pthread_mutex_unlock(&s->mu);
-      if (!job || queued_done)
-        continue;
-      cudaSetDevice(d->ordinal);
-      cudaError_t e = cudaStreamQuery(sl->stream);
-      if (e == cudaSuccess || e == cudaErrorNotReady)
-        continue;
-      cudaGetLastError();
-      mark_unhealthy(d, "a running job", e);
-      attn_status st;
-      cuda_fail(&st, ATTN_EDEVICE, "the job's stream failed", e);
-      release(s, sl);
-      attn__job_complete(job, &st);
-    }
+  for (int i = 0; i < s->ndev; i++)
+    for (int j = 0; j < s->devs[i].nslots; j++)
+      poll_slot(s, &s->devs[i].slots[j]);
+}
+
+/* Now plus sec seconds on the monotonic clock (the condition variable's). */
+static struct timespec deadline_in(int sec) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  ts.tv_sec += sec;
+  return ts;
+}
+
+static bool deadline_passed(const struct timespec *t) {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return now.tv_sec > t->tv_sec || (now.tv_sec == t->tv_sec && now.tv_nsec >= t->tv_nsec);
+}
+
+/* The done list's jobs: outcomes copied out, slots freed; mu not held. */
+static void finish_done(cu_state *s, cu_slot *list) {
+  while (list) {
+    cu_slot *sl = list;
+    list = sl->next_done;
+    attn_job *job = sl->job;
+    if (!job) /* already failed by the fault poll */
+      continue;
+    attn_status st = {0};
+    int rc = finish(sl, &st);
+    release(s, sl);
+    attn__job_complete(job, rc < 0 ? &st : NULL);
   }
 }
 
@@ -577,15 +625,7 @@ static void *dispatcher(void *arg) {
       cu_slot *list = s->done;
       s->done = NULL;
       pthread_mutex_unlock(&s->mu);
-      while (list) {
-        cu_slot *sl = list;
-        list = sl->next_done;
-        attn_status st = {0};
-        attn_job *job = sl->job;
-        int rc = finish(sl, &st);
-        release(s, sl);
-        attn__job_complete(job, rc < 0 ? &st : NULL);
-      }
+      finish_done(s, list);
       pthread_mutex_lock(&s->mu);
       continue;
     }
@@ -599,7 +639,8 @@ static void *dispatcher(void *arg) {
         if (sl) {
           sl->job = job;
           sl->dev->busy++;
-          s->busy++;
+          if (s->busy++ == 0)
+            s->next_poll = deadline_in(POLL_SECONDS);
         }
         pthread_mutex_unlock(&s->mu);
         attn_status st = {0};
@@ -615,15 +656,15 @@ static void *dispatcher(void *arg) {
     }
     if (s->stop && !s->pend_head && s->busy == 0)
       break;
-    if (s->busy > 0) {
-      struct timespec ts;
-      clock_gettime(CLOCK_REALTIME, &ts);
-      ts.tv_sec += 1;
-      if (pthread_cond_timedwait(&s->cv, &s->mu, &ts) == ETIMEDOUT && !s->done) {
-        pthread_mutex_unlock(&s->mu);
-        poll_faults(s);
-        pthread_mutex_lock(&s->mu);
-      }
+    if (s->busy > 0 && deadline_passed(&s->next_poll)) {
+      /* By the clock, not by a timed-out wait: requests that keep waking
+       * the thread must not keep a fault from being noticed. */
+      pthread_mutex_unlock(&s->mu);
+      poll_faults(s);
+      pthread_mutex_lock(&s->mu);
+      s->next_poll = deadline_in(POLL_SECONDS);
+    } else if (s->busy > 0) {
+      pthread_cond_timedwait(&s->cv, &s->mu, &s->next_poll);
     } else {
       pthread_cond_wait(&s->cv, &s->mu);
     }
@@ -801,7 +842,11 @@ static int cuda_open(const attn_backend_env *env, void **pstate, attn_status *st
     rc = open_dev(s, &s->devs[i], ord[i], st);
   if (rc == 0) {
     pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->cv, &ca);
+    pthread_condattr_destroy(&ca);
     if (pthread_create(&s->thread, NULL, dispatcher, s) != 0) {
       pthread_cond_destroy(&s->cv);
       pthread_mutex_destroy(&s->mu);

@@ -30,10 +30,11 @@
  * outputs are unpacked; work already queued on a stream runs to its end.
  *
  * Errors never abort. An allocation that does not fit is ENOMEM (the server
- * answers 503: retry later). Any other CUDA error fails the job with
- * EDEVICE and marks the device unhealthy: its context may be corrupt, so it
- * takes no more jobs, and when no device is left the backend reports itself
- * unhealthy (the server's /readyz turns 503). A host function does not run
+ * answers 503: retry later). A launch the runtime refuses (or the kernels'
+ * contract check, attn_cu_launch_ok) fails its job with EDEVICE alone. Any
+ * other CUDA error fails the job with EDEVICE and marks the device
+ * unhealthy: its context may be corrupt, so it takes no more jobs, and when no device is left the
+ * backend reports itself unhealthy (the server's /readyz turns 503). A host function does not run
  * after a fault in its context, so the dispatcher also polls busy streams
  * once a second (by the monotonic clock, however often it is woken) and
  * fails the jobs of a stream that reports an error.
@@ -295,7 +296,23 @@ static void CUDART_CB on_stream_done(void *arg) {
 
 /* ---- the dispatcher's work ---------------------------------------------------- */
 
-/* A device error other than running out of memory: the device is done. */
+/* Whether an error leaves the context unusable (a fault in a kernel, or
+ * one CUDA cannot attribute). A launch the runtime refuses (a broken
+ * contract, a bad configuration, no machine code for this device, too few
+ * registers) leaves it usable: only its job fails. */
+static bool cuda_sticky(cudaError_t e) {
+  switch (e) {
+  case cudaErrorInvalidValue:
+  case cudaErrorInvalidConfiguration:
+  case cudaErrorLaunchOutOfResources:
+  case cudaErrorInvalidDeviceFunction:
+  case cudaErrorNoKernelImageForDevice:
+  case cudaErrorNotSupported: return false;
+  default: return true;
+  }
+}
+
+/* A sticky device error: the device is done. */
 static void mark_unhealthy(cu_dev *d, const char *what, cudaError_t e) {
   if (d->healthy)
     fprintf(stderr, "attn: cuda device %d (%s) failed in %s: %s; it takes no more jobs\n",
@@ -459,14 +476,20 @@ static int start(cu_slot *sl, attn_status *st) {
   set_pointers(sl, r, sl->dmem);
   if ((e = queue_work(sl, r, &what)) == cudaSuccess)
     return 0;
-  /* Work already queued may still read the staging buffer: wait it out. */
-  cudaStreamSynchronize(sl->stream);
+  /* Work already queued may still read the staging buffer: wait it out.
+   * A refused launch fails its job alone, unless the wait shows the
+   * context broken after all. */
+  cudaGetLastError();
+  cudaError_t se = cudaStreamSynchronize(sl->stream);
   if (sl->dmem)
     cudaFree(sl->dmem);
   sl->dmem = NULL;
+  if (se != cudaSuccess && !cuda_sticky(e))
+    e = se, what = "the stream after a refused launch";
 device_error:
   cudaGetLastError();
-  mark_unhealthy(d, what, e);
+  if (cuda_sticky(e))
+    mark_unhealthy(d, what, e);
   return cuda_fail(st, ATTN_EDEVICE, what, e);
 }
 

@@ -154,9 +154,21 @@ size_t attn_cu_bwd_bytes(const attn_cu_params *p);
 int attn_cu_prepare(void);
 
 /*
+ * Whether a launch keeps the kernels' contract: every tensor the choice
+ * reads or writes through cp.async or vector stores (q k v o, dout dq dk
+ * dv, split_ws, bwd_ws) non-NULL and 16-byte aligned, the F32 statistics
+ * 4-byte aligned, dp the head dim padded to a multiple of 8. A launch that
+ * breaks it would fault inside the kernel and poison the context, so
+ * attn_cu_launch() refuses it first (cudaErrorInvalidValue), which fails
+ * the job alone.
+ */
+bool attn_cu_launch_ok(const attn_cu_params *p, const attn_cu_choice *c);
+
+/*
  * Queues the forward pass (and the split-KV merge), or for a backward
  * choice the backward's three kernels, on a cudaStream_t.
- * Returns a cudaError_t from the launch (0 on success); faults inside the
+ * Returns a cudaError_t from the launch (0 on success; cudaErrorInvalidValue
+ * without launching when attn_cu_launch_ok() is false); faults inside the
  * kernel surface later, on the stream.
  */
 int attn_cu_launch(const attn_cu_params *p, const attn_cu_choice *c, void *stream);

@@ -15,6 +15,7 @@
  */
 #include "kernels.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -174,4 +175,20 @@ size_t attn_cu_bwd_bytes(const attn_cu_params *p) {
   if (p->pass != ATTN_BACKWARD)
     return 0;
   return 2 * (size_t)p->batch * (size_t)p->heads_q * (size_t)p->seq_q * sizeof(float);
+}
+
+static bool aligned(const void *x, uintptr_t a) { return x && (uintptr_t)x % a == 0; }
+
+bool attn_cu_launch_ok(const attn_cu_params *p, const attn_cu_choice *c) {
+  if (p->dp % ATTN_CU_DPAD_ALIGN != 0 || p->dp != attn_cu_dp(p->head_dim) || !aligned(p->q, 16) ||
+      !aligned(p->k, 16) || !aligned(p->v, 16) || !aligned(p->o, 16))
+    return false;
+  if (p->pass == ATTN_BACKWARD)
+    return aligned(p->dout, 16) && aligned(p->dq, 16) && aligned(p->dk, 16) && aligned(p->dv, 16) &&
+           aligned(p->lse, 4) && aligned(p->bwd_ws, 16);
+  const float *const stats[3] = {p->m, p->l, p->lse};
+  for (int i = 0; i < 3; i++)
+    if (stats[i] && !aligned(stats[i], 4))
+      return false;
+  return c->nsplit <= 1 || aligned(p->split_ws, 16);
 }

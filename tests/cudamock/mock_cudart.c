@@ -405,6 +405,7 @@ const char *cudaGetErrorString(cudaError_t e) {
   switch (e) {
   case cudaSuccess: return "no error";
   case cudaErrorMemoryAllocation: return "out of memory";
+  case cudaErrorInvalidValue: return "invalid argument";
   case cudaErrorNoDevice: return "no CUDA-capable device is detected";
   case cudaErrorLaunchFailure: return "unspecified launch failure";
   case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
@@ -415,6 +416,7 @@ const char *cudaGetErrorName(cudaError_t e) {
   switch (e) {
   case cudaSuccess: return "cudaSuccess";
   case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+  case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
   case cudaErrorNoDevice: return "cudaErrorNoDevice";
   case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
   case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
@@ -621,6 +623,8 @@ int attn_cu_launch(const attn_cu_params *p, const attn_cu_choice *c, void *strea
   pthread_mutex_unlock(&g_mu);
   if (launch_fails)
     return (int)fail(launch_error);
+  if (!attn_cu_launch_ok(p, c)) /* as the real entry point does */
+    return (int)fail(cudaErrorInvalidValue);
   fwd_arg *a = malloc(sizeof *a);
   a->p = *p;
   a->c = *c;

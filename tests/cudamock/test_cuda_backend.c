@@ -17,6 +17,7 @@
 #include "mock.h"
 
 #include <criterion/criterion.h>
+#include <cuda_runtime_api.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -702,4 +703,25 @@ Test(cuda_backend, the_fault_poll_and_a_host_function_race_once, .init = reset, 
   cr_expect_eq(o.calls, 1, "the job completed %d times", o.calls);
   cr_expect_eq(mock_device_bytes(), 0);
   tcase_free(&c);
+}
+
+Test(cuda_backend, a_refused_launch_fails_its_job_alone, .init = reset) {
+  attn_engine *e = open_cuda(2, NULL);
+  tprob p = tprob_make(1, 2, 1, 20, 30, 64, ATTN_F16);
+  tcase c;
+  tcase_init(&c, &p, 71);
+  mock_knobs k = MOCK_KNOBS(1, 9, (size_t)8 << 30, 0, 1, 0);
+  k.launch_error = cudaErrorInvalidValue;
+  mock_set(&k);
+  attn_status st;
+  cr_expect_eq(trun(e, &c, "cuda", &st), ATTN_EDEVICE);
+  cr_expect(strstr(st.message, "the attention kernel") && strstr(st.message, "InvalidValue"), "%s",
+            st.message);
+  attn_backend_info info[4];
+  const attn_backend_info *ci = cuda_info(e, info);
+  cr_expect(ci->available, "a refused launch retired the device: %s", ci->detail);
+  tcase_free(&c);
+  cr_expect(check_one(e, &p, 72), "the next job runs on the device");
+  attn_engine_close(e);
+  cr_expect_eq(mock_device_bytes(), 0);
 }

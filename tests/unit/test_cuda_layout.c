@@ -762,3 +762,47 @@ Test(cuda_layout, backward_selection) {
   cr_assert_eq(attn_cu_select(&p, 132, &c, &st), ATTN_EUNSUPPORTED);
   cr_assert_str_eq(attn_cu_kernel_name(ATTN_CU_BWD_SIMT_F32), "bwd_simt_f32");
 }
+
+Test(cuda_layout, launch_contract) {
+  /* 16-byte aligned tensors and dp = head_dim padded to 8, or no launch. */
+  static _Alignas(16) unsigned char buf[4096];
+  attn_cu_params p;
+  memset(&p, 0, sizeof p);
+  p.dtype = ATTN_F16, p.batch = 1, p.heads_q = 2, p.heads_kv = 1, p.seq_q = 5, p.seq_kv = 9;
+  p.head_dim = 61, p.dp = 64, p.window_left = p.window_right = -1;
+  attn_cu_choice c;
+  attn_status st;
+  cr_assert_eq(attn_cu_select(&p, 0, &c, &st), 0, "%s", st.message);
+  p.q = buf, p.k = buf + 1024, p.v = buf + 2048, p.o = buf + 3072;
+  cr_expect(attn_cu_launch_ok(&p, &c));
+  attn_cu_params x = p;
+  x.k = buf + 1032; /* 8-byte aligned */
+  cr_expect(!attn_cu_launch_ok(&x, &c), "a misaligned K");
+  x = p;
+  x.o = NULL;
+  cr_expect(!attn_cu_launch_ok(&x, &c), "no O");
+  x = p;
+  x.dp = 62;
+  cr_expect(!attn_cu_launch_ok(&x, &c), "dp not a multiple of 8");
+  x = p;
+  x.dp = 72;
+  cr_expect(!attn_cu_launch_ok(&x, &c), "dp not head_dim's padding");
+  x = p;
+  x.lse = (float *)(void *)(buf + 2);
+  cr_expect(!attn_cu_launch_ok(&x, &c), "a misaligned lse");
+  attn_cu_choice cs = c;
+  cs.nsplit = 2;
+  cr_expect(!attn_cu_launch_ok(&p, &cs), "split without scratch");
+  x = p;
+  x.split_ws = buf + 8;
+  cr_expect(!attn_cu_launch_ok(&x, &cs), "misaligned split scratch");
+  x.split_ws = buf;
+  cr_expect(attn_cu_launch_ok(&x, &cs));
+  x = p;
+  x.pass = ATTN_BACKWARD;
+  x.dout = buf, x.dq = buf, x.dk = buf, x.dv = buf, x.lse = (float *)(void *)buf;
+  x.bwd_ws = (float *)(void *)buf;
+  cr_expect(attn_cu_launch_ok(&x, &c));
+  x.dv = buf + 4;
+  cr_expect(!attn_cu_launch_ok(&x, &c), "a misaligned dV");
+}

@@ -110,7 +110,8 @@ CUDA_INC   = -I$(CUDA_HOME)/include
 CUDA_LIBS  = -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 CU_OBJ =
 ifeq ($(USE_CUDA),1)
-CU_OBJ = $(CU_SRC:%.cu=$(BUILD)/obj/%.o) $(BUILD)/obj/engine/cuda/cuda.o
+CU_OBJ = $(CU_SRC:%.cu=$(BUILD)/obj/%.o) $(BUILD)/obj/engine/cuda/cuda.o \
+         $(BUILD)/obj/engine/cuda/selfcheck.o
 CPPFLAGS += -DATTN_HAVE_CUDA
 CU_PTX_ARCH = $(lastword $(sort $(filter-out %a,$(CUDA_ARCHS))))
 NVCCFLAGS = -O3 -std=c++17 -Iengine -Xptxas -v -Xcompiler -Wall \

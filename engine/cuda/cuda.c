@@ -25,6 +25,14 @@
  * that copy at the price of pinning every body. Only the staging variant is
  * built; the two were not measured against each other.
  *
+ * When a device is opened, a self-check (selfcheck.h) runs every kernel
+ * instance the selection can choose on small awkward shapes against the
+ * float64 reference, through the same staging and launch path as a job;
+ * an instance that fails is disabled (attn_cu_select_masked skips it, so a
+ * request falls back to another instance or, refused, to the CPU) and
+ * attn_engine_backends() lists it with why. attn_config's
+ * cuda_self_check_off skips it.
+ *
  * A canceled job (attn_request.cancel) is checked before it is staged,
  * after packing (before anything is queued on the stream) and before its
  * outputs are unpacked; work already queued on a stream runs to its end.
@@ -42,6 +50,7 @@
 #define _GNU_SOURCE
 #include "backend.h"
 #include "kernels.h"
+#include "selfcheck.h"
 
 #include <cuda_runtime_api.h>
 #include <errno.h>
@@ -106,6 +115,10 @@ struct cu_state {
   int busy;
   bool stop;
   pthread_t thread;
+  /* Kernels the self-check disabled (attn_cu_select_masked's bits) on any
+   * device, and why; set before the dispatcher starts, read-only after. */
+  unsigned off;
+  char off_why[ATTN_CU_KERNEL_COUNT + 1][160];
   int next_dev;              /* round-robin start */
   struct timespec next_poll; /* CLOCK_MONOTONIC: when busy streams are next polled */
 };
@@ -231,15 +244,15 @@ static bool layout(cu_slot *sl, const attn_request *r) {
 
 /* The kernels, their tiles and the job's layout, for a device with sms
  * multiprocessors; no device call. */
-static int plan_job(cu_slot *sl, const attn_request *r, int sms, attn_status *st) {
+static int plan_job(cu_slot *sl, const attn_request *r, int sms, unsigned off, attn_status *st) {
   int rc = shape_of(r, &sl->prm, st);
-  if (rc < 0 || (rc = attn_cu_select(&sl->prm, sms, &sl->ch, st)) < 0)
+  if (rc < 0 || (rc = attn_cu_select_masked(&sl->prm, sms, off, &sl->ch, st)) < 0)
     return rc;
   if (r->pass == ATTN_BACKWARD && !r->lse_in) {
     /* The forward that recomputes lse runs unsplit: it needs no scratch. */
     attn_cu_params fp = sl->prm;
     fp.pass = ATTN_FORWARD;
-    if ((rc = attn_cu_select(&fp, 0, &sl->fch, st)) < 0)
+    if ((rc = attn_cu_select_masked(&fp, 0, off, &sl->fch, st)) < 0)
       return rc;
   }
   if (!layout(sl, r))
@@ -392,9 +405,9 @@ static cudaError_t launch_lse(cu_slot *sl) {
   return (cudaError_t)attn_cu_launch(&fp, &sl->fch, sl->stream);
 }
 
-/* Queues upload, scans, kernels, download, free and the host function; on
- * an error *what names the step. */
-static cudaError_t queue_work(cu_slot *sl, const attn_request *r, const char **what) {
+/* Queues upload, scans, kernels, download, free and (when host_fn) the
+ * host function; on an error *what names the step. */
+static cudaError_t queue_work(cu_slot *sl, const attn_request *r, bool host_fn, const char **what) {
   unsigned char *dm = sl->dmem;
   attn_cu_scan_result *dscan = (attn_cu_scan_result *)(dm + sl->off_scan);
   cu_tensor in[5];
@@ -424,7 +437,7 @@ static cudaError_t queue_work(cu_slot *sl, const attn_request *r, const char **w
     return e;
   sl->dmem = NULL;
   *what = "cudaLaunchHostFunc";
-  return cudaLaunchHostFunc(sl->stream, on_stream_done, sl);
+  return host_fn ? cudaLaunchHostFunc(sl->stream, on_stream_done, sl) : cudaSuccess;
 }
 
 /* Device memory for the job from the device's pool: 0, ATTN_ENOMEM
@@ -460,7 +473,7 @@ static int start(cu_slot *sl, attn_status *st) {
     return attn__canceled(st);
   if ((e = cudaSetDevice(d->ordinal)) != cudaSuccess)
     goto device_error;
-  if ((rc = plan_job(sl, r, d->sms, st)) < 0 || (rc = attn__check_lse(r, st)) < 0 ||
+  if ((rc = plan_job(sl, r, d->sms, d->state->off, st)) < 0 || (rc = attn__check_lse(r, st)) < 0 ||
       (rc = grow_pinned(sl, sl->down_end, st)) < 0)
     return rc;
   stage(sl, r);
@@ -474,7 +487,7 @@ static int start(cu_slot *sl, attn_status *st) {
     goto device_error;
   }
   set_pointers(sl, r, sl->dmem);
-  if ((e = queue_work(sl, r, &what)) == cudaSuccess)
+  if ((e = queue_work(sl, r, true, &what)) == cudaSuccess)
     return 0;
   /* Work already queued may still read the staging buffer: wait it out.
    * A refused launch fails its job alone, unless the wait shows the
@@ -515,15 +528,8 @@ static int check_scan(cu_slot *sl, const attn_request *r, attn_status *st) {
   return attn__check_magnitudes(r, mx, st);
 }
 
-/* The job's outcome once its stream has run: the scan's verdict, then the
- * outputs copied out of the staging buffer. */
-static int finish(cu_slot *sl, attn_status *st) {
-  const attn_request *r = &sl->job->req;
-  if (attn__job_canceled(sl->job)) /* nobody wants the outputs: skip the copy */
-    return attn__canceled(st);
-  int rc = check_scan(sl, r, st);
-  if (rc < 0)
-    return rc;
+/* The job's outputs, copied out of the staging buffer. */
+static void unpack_outputs(cu_slot *sl, const attn_request *r) {
   cu_tensor out[3];
   int nout = job_outputs(r, out);
   for (int t = 0; t < nout; t++)
@@ -535,6 +541,18 @@ static int finish(cu_slot *sl, attn_status *st) {
   for (int i = 0; i < 3; i++)
     if (stats[i])
       memcpy(stats[i], sl->pinned + sl->off_stats[i], rows * sizeof(float));
+}
+
+/* The job's outcome once its stream has run: the scan's verdict, then the
+ * outputs. */
+static int finish(cu_slot *sl, attn_status *st) {
+  const attn_request *r = &sl->job->req;
+  if (attn__job_canceled(sl->job)) /* nobody wants the outputs: skip the copy */
+    return attn__canceled(st);
+  int rc = check_scan(sl, r, st);
+  if (rc < 0)
+    return rc;
+  unpack_outputs(sl, r);
   return 0;
 }
 
@@ -728,7 +746,7 @@ static int cuda_supports(void *state, const attn_request *r, attn_status *st) {
     return attn_status_set(st, ATTN_ENODEV, "cuda: no healthy device is left");
   cu_slot probe;
   memset(&probe, 0, sizeof probe);
-  int rc = plan_job(&probe, r, sms, st);
+  int rc = plan_job(&probe, r, sms, s->off, st);
   if (rc < 0 && rc != ATTN_EOVERFLOW)
     return rc;
   if (rc < 0 || probe.dev_bytes > mem)
@@ -836,6 +854,104 @@ static int open_dev(cu_state *s, cu_dev *d, int ordinal, attn_status *st) {
   return 0;
 }
 
+/* ---- the start-up self-check ------------------------------------------------------ */
+
+/* Runs a self-check case on the slot's device and waits for it: 0, the
+ * selection's refusal, or ATTN_EDEVICE with *sticky saying whether the
+ * device is done. */
+static int run_case(cu_slot *sl, const attn_request *r, unsigned off, bool *sticky,
+                    attn_status *st) {
+  cudaError_t e, se = cudaSuccess;
+  const char *what = "cudaMallocFromPoolAsync";
+  int rc;
+  *sticky = false;
+  if ((rc = plan_job(sl, r, sl->dev->sms, off, st)) < 0 ||
+      (rc = grow_pinned(sl, sl->down_end, st)) < 0)
+    return rc;
+  stage(sl, r);
+  if ((rc = alloc_job(sl, &e, st)) != 0) {
+    if (rc < -1)
+      return rc;
+    goto fail;
+  }
+  set_pointers(sl, r, sl->dmem);
+  e = queue_work(sl, r, false, &what);
+  se = cudaStreamSynchronize(sl->stream);
+  if (e == cudaSuccess && se == cudaSuccess) {
+    unpack_outputs(sl, r);
+    return 0;
+  }
+  if (e == cudaSuccess)
+    e = se, what = "a self-check kernel";
+  if (sl->dmem)
+    cudaFree(sl->dmem);
+  sl->dmem = NULL;
+fail:
+  cudaGetLastError();
+  *sticky = cuda_sticky(e) || (se != cudaSuccess && cuda_sticky(se));
+  return cuda_fail(st, ATTN_EDEVICE, what, e);
+}
+
+/* Turns off what the failed case ran (its kernel, or the split-KV path),
+ * with why, for every device: the selection then falls back. */
+static void disable(cu_state *s, const cu_dev *d, const attn_cu_choice *ch, const char *why) {
+  bool split = ch->nsplit > 1;
+  int bit = split ? ATTN_CU_KERNEL_COUNT : (int)ch->kernel;
+  if (s->off & (1u << bit))
+    return;
+  s->off |= 1u << bit;
+  const char *name = split ? "split-KV merge" : attn_cu_kernel_name(ch->kernel);
+  snprintf(s->off_why[bit], sizeof s->off_why[bit], "device %d: %s", d->ordinal, why);
+  fprintf(stderr,
+          "attn: cuda device %d (%s): the self-check disabled %s: %s; requests it would run "
+          "take another kernel or the CPU\n",
+          d->ordinal, d->name, name, why);
+}
+
+/* Runs every case on the device (see selfcheck.h); a case that fails or is
+ * refused at launch disables what it ran, a sticky error the device. */
+static void self_check(cu_state *s, cu_dev *d) {
+  for (int i = 0; i < attn_cu_check_count() && d->healthy; i++) {
+    attn_cu_check c;
+    attn_status st = {0};
+    if (attn_cu_check_make(i, &c, &st) < 0) {
+      fprintf(stderr, "attn: cuda self-check case %d skipped: %s\n", i, st.message);
+      continue;
+    }
+    cu_slot *sl = &d->slots[0];
+    bool sticky;
+    char why[160];
+    int rc = run_case(sl, &c.req, s->off, &sticky, &st);
+    if (rc == 0 && !attn_cu_check_verify(&c, why, sizeof why))
+      disable(s, d, &sl->ch, why);
+    else if (rc == ATTN_EDEVICE && !sticky)
+      disable(s, d, &sl->ch, st.message);
+    else if (rc == ATTN_EDEVICE) {
+      d->healthy = false;
+      snprintf(d->why, sizeof d->why, "failed its start-up self-check: %.120s", st.message);
+      fprintf(stderr, "attn: cuda device %d (%s) %s; it takes no jobs\n", d->ordinal, d->name,
+              d->why);
+    }
+    attn_cu_check_free(&c);
+  }
+}
+
+static int cuda_disabled(void *state, attn_disabled *out, int cap) {
+  cu_state *s = state;
+  int n = 0;
+  for (int k = 0; k <= ATTN_CU_KERNEL_COUNT; k++)
+    if (s->off & (1u << k)) {
+      if (n < cap) {
+        snprintf(out[n].kernel, sizeof out[n].kernel, "%s",
+                 k == ATTN_CU_KERNEL_COUNT ? "split_kv_merge"
+                                           : attn_cu_kernel_name((attn_cu_kernel)k));
+        snprintf(out[n].why, sizeof out[n].why, "%s", s->off_why[k]);
+      }
+      n++;
+    }
+  return n;
+}
+
 static int cuda_open(const attn_backend_env *env, void **pstate, attn_status *st) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
@@ -863,6 +979,8 @@ static int cuda_open(const attn_backend_env *env, void **pstate, attn_status *st
   int rc = 0;
   for (int i = 0; i < n && rc == 0; i++)
     rc = open_dev(s, &s->devs[i], ord[i], st);
+  for (int i = 0; i < n && rc == 0 && !env->cfg->cuda_self_check_off; i++)
+    self_check(s, &s->devs[i]);
   if (rc == 0) {
     pthread_mutex_init(&s->mu, NULL);
     pthread_condattr_t ca;
@@ -896,4 +1014,5 @@ const struct attn_backend_ops attn__cuda_backend = {
     /* .describe        = */ cuda_describe,
     /* .automatic       = */ true,
     /* .healthy         = */ cuda_healthy,
+    /* .disabled        = */ cuda_disabled,
 };

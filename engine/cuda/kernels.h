@@ -141,6 +141,16 @@ int attn_cu_dp(int64_t head_dim);
  */
 int attn_cu_select(const attn_cu_params *p, int sms, attn_cu_choice *c, attn_status *st);
 
+/*
+ * The same, skipping what a start-up self-check disabled: bit k of off
+ * (1u << ATTN_CU_MMA_D64, ...) turns kernel k off, and ATTN_CU_SPLIT_BIT
+ * the split-KV path (its merge). A disabled head-dim instance falls back to
+ * the next larger one; ATTN_EUNSUPPORTED when none is left.
+ */
+#define ATTN_CU_SPLIT_BIT (1u << ATTN_CU_KERNEL_COUNT)
+int attn_cu_select_masked(const attn_cu_params *p, int sms, unsigned off, attn_cu_choice *c,
+                          attn_status *st);
+
 /* Bytes of split-KV scratch the choice needs (0 when nsplit is 1). */
 size_t attn_cu_split_bytes(const attn_cu_params *p, const attn_cu_choice *c);
 

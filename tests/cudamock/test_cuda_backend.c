@@ -615,9 +615,10 @@ Test(cuda_backend, a_sequence_of_exactly_2_30_is_taken, .init = reset, .timeout 
   /* Accepted at submission, then canceled while it waits for the one slot
    * (job a holds it), so the broadcast buffer is never staged. */
   mock_knobs k = MOCK_KNOBS(1, 9, (size_t)1 << 42, 0, 0, 0);
-  k.hold_kernels = true;
   mock_set(&k);
   attn_engine *e = open_cuda(1, NULL);
+  k.hold_kernels = true; /* after the self-check */
+  mock_set(&k);
   tprob p = tprob_make(1, 1, 1, 4, 4, 8, ATTN_F16);
   tcase a;
   tcase_init(&a, &p, 51);
@@ -724,4 +725,118 @@ Test(cuda_backend, a_refused_launch_fails_its_job_alone, .init = reset) {
   cr_expect(check_one(e, &p, 72), "the next job runs on the device");
   attn_engine_close(e);
   cr_expect_eq(mock_device_bytes(), 0);
+}
+
+/* ---- the start-up self-check ------------------------------------------------ */
+
+static attn_engine *open_checked(bool check) {
+  attn_config cfg;
+  attn_config_init(&cfg);
+  cfg.threads = 2;
+  cfg.cuda_streams = 2;
+  cfg.cuda_self_check_off = !check;
+  attn_engine *e;
+  attn_status st;
+  cr_assert_eq(attn_engine_open(&cfg, &e, &st), 0, "%s", st.message);
+  return e;
+}
+
+/* Whether the engine's cuda entry lists `kernel` as disabled, with a why. */
+static bool lists_disabled(attn_engine *e, const char *kernel) {
+  attn_backend_info info[4];
+  const attn_backend_info *ci = cuda_info(e, info);
+  for (int i = 0; i < ci->ndisabled; i++)
+    if (!strcmp(ci->disabled[i].kernel, kernel))
+      return strstr(ci->disabled[i].why, "device 0: ") && strstr(ci->disabled[i].why, "error");
+  return false;
+}
+
+Test(cuda_backend, self_check_passes_every_instance, .init = reset) {
+  long before = mock_launches();
+  attn_engine *e = open_checked(true);
+  attn_backend_info info[4];
+  const attn_backend_info *ci = cuda_info(e, info);
+  cr_expect(ci->available && ci->ndisabled == 0, "%d disabled, first %s: %s", ci->ndisabled,
+            ci->ndisabled ? ci->disabled[0].kernel : "", ci->ndisabled ? ci->disabled[0].why : "");
+  cr_expect_geq(mock_launches() - before, 10, "every case launched");
+  attn_engine_close(e);
+  before = mock_launches();
+  e = open_checked(false);
+  cr_expect_eq(mock_launches(), before, "--gpu-self-check off launches nothing");
+  attn_engine_close(e);
+}
+
+Test(cuda_backend, a_wrong_head_dim_instance_falls_back_to_the_next, .init = reset) {
+  mock_knobs k = MOCK_KNOBS(1, 9, (size_t)8 << 30, 0, 0, 0);
+  k.wrong_kernel = ATTN_CU_MMA_D64 + 1;
+  mock_set(&k);
+  attn_engine *e = open_checked(true);
+  cr_expect(lists_disabled(e, "mma_d64"), "mma_d64 not listed");
+  cr_expect(!lists_disabled(e, "mma_d128"));
+  tprob p = tprob_make(1, 4, 2, 19, 40, 64, ATTN_F16);
+  p.causal = true;
+  cr_expect(check_one(e, &p, 81), "a head dim of 64 still runs, right");
+  cr_expect_eq(mock_last_kernel(NULL), ATTN_CU_MMA_D128, "ran on %s",
+               attn_cu_kernel_name((attn_cu_kernel)mock_last_kernel(NULL)));
+  attn_engine_close(e);
+  /* unchecked, the same kernel answers wrong: the check is what guards */
+  e = open_checked(false);
+  tcase c;
+  tcase_init(&c, &p, 81);
+  attn_status st;
+  cr_assert_eq(trun(e, &c, "cuda", &st), 0, "%s", st.message);
+  cr_expect_gt(tcheck(&c).o, ttol(p.dt), "the wrong kernel was right after all");
+  tcase_free(&c);
+  attn_engine_close(e);
+}
+
+Test(cuda_backend, a_wrong_f32_kernel_leaves_f32_to_the_cpu, .init = reset) {
+  mock_knobs k = MOCK_KNOBS(1, 9, (size_t)8 << 30, 0, 0, 0);
+  k.wrong_kernel = ATTN_CU_SIMT_F32 + 1;
+  mock_set(&k);
+  attn_engine *e = open_checked(true);
+  cr_expect(lists_disabled(e, "simt_f32"));
+  tprob p = tprob_make(1, 2, 1, 9, 30, 40, ATTN_F32);
+  tcase c;
+  tcase_init(&c, &p, 82);
+  attn_status st;
+  cr_expect_eq(trun(e, &c, "cuda", &st), ATTN_EUNSUPPORTED, "%s", st.message);
+  cr_expect(strstr(st.message, "self-check"), "%s", st.message);
+  attn_result res;
+  c.req.backend = "auto";
+  cr_expect_eq(attn_engine_run(e, &c.req, &res, &st), 0, "%s", st.message);
+  cr_expect_str_eq(res.backend, "cpu");
+  tcase_free(&c);
+  tprob h = tprob_make(1, 2, 1, 9, 30, 40, ATTN_BF16);
+  cr_expect(check_one(e, &h, 83), "BF16 still runs on the device");
+  attn_engine_close(e);
+}
+
+Test(cuda_backend, a_wrong_merge_turns_split_kv_off, .init = reset) {
+  mock_knobs k = MOCK_KNOBS(1, 9, (size_t)8 << 30, 0, 0, 0);
+  k.wrong_merge = true;
+  mock_set(&k);
+  attn_engine *e = open_checked(true);
+  cr_expect(lists_disabled(e, "split_kv_merge"));
+  cr_expect(!lists_disabled(e, "mma_d64") && !lists_disabled(e, "simt_f32"));
+  tprob p = tprob_make(1, 2, 1, 1, 1500, 64, ATTN_BF16);
+  p.stats = true;
+  cr_expect(check_one(e, &p, 84), "the decode runs unsplit");
+  int nsplit = 0;
+  mock_last_kernel(&nsplit);
+  cr_expect_eq(nsplit, 1);
+  attn_engine_close(e);
+}
+
+Test(cuda_backend, a_wrong_backward_instance_falls_back, .init = reset) {
+  mock_knobs k = MOCK_KNOBS(1, 9, (size_t)8 << 30, 0, 0, 0);
+  k.wrong_kernel = ATTN_CU_BWD_MMA_D128 + 1;
+  mock_set(&k);
+  attn_engine *e = open_checked(true);
+  cr_expect(lists_disabled(e, "bwd_mma_d128"));
+  cr_expect(!lists_disabled(e, "mma_d128"), "the forward instance is fine");
+  tprob p = tprob_make(1, 4, 2, 19, 23, 120, ATTN_BF16);
+  cr_expect(check_bwd(e, &p, 85, true));
+  cr_expect_eq(mock_last_kernel(NULL), ATTN_CU_BWD_MMA_D256);
+  attn_engine_close(e);
 }

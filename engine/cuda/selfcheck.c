@@ -161,8 +161,8 @@ static bool describe(const attn_cu_check *c, const char *tensor, double e, doubl
   const attn_request *r = &c->req;
   snprintf(why, cap, "%s error %.2g > %.0e on %s %s [%lld, %lld, %lld, %lld, %lld]%s", tensor, e,
            tol, attn_dtype_name(r->dtype), r->pass == ATTN_BACKWARD ? "backward" : "forward",
-           (long long)r->heads_q, (long long)r->heads_kv, (long long)r->seq_q,
-           (long long)r->seq_kv, (long long)r->head_dim, r->causal ? " causal" : "");
+           (long long)r->heads_q, (long long)r->heads_kv, (long long)r->seq_q, (long long)r->seq_kv,
+           (long long)r->head_dim, r->causal ? " causal" : "");
   return false;
 }
 

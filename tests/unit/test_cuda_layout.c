@@ -806,3 +806,48 @@ Test(cuda_layout, launch_contract) {
   x.dv = buf + 4;
   cr_expect(!attn_cu_launch_ok(&x, &c), "a misaligned dV");
 }
+
+Test(cuda_layout, split_kv_counts_only_visible_tiles) {
+  /* A decode row over 8192 keys with a 256-key window sees 5 tiles of 64
+   * (the window straddles a tile edge): at most one split of >= 4 tiles,
+   * not the 32 that all 128 tiles would give. */
+  attn_cu_params p;
+  memset(&p, 0, sizeof p);
+  p.dtype = ATTN_BF16, p.batch = 1, p.heads_q = 2, p.heads_kv = 1, p.seq_q = 1, p.seq_kv = 8192;
+  p.head_dim = 64, p.dp = 64, p.window_left = 256, p.window_right = 0;
+  attn_cu_choice c;
+  attn_status st;
+  cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0, "%s", st.message);
+  cr_expect_eq(c.nsplit, 1, "windowed decode split %d ways", c.nsplit);
+  p.window_left = 4096; /* 65 tiles: 16 splits of >= 4 */
+  cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0);
+  cr_expect_eq(c.nsplit, 16);
+  p.window_left = -1;
+  cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0);
+  cr_expect_eq(c.nsplit, 32);
+}
+
+Test(cuda_layout, disabled_instances_fall_back) {
+  attn_cu_params p;
+  memset(&p, 0, sizeof p);
+  p.dtype = ATTN_F16, p.batch = 1, p.heads_q = 2, p.heads_kv = 1, p.seq_q = 1, p.seq_kv = 4096;
+  p.head_dim = 64, p.dp = 64, p.window_left = p.window_right = -1;
+  attn_cu_choice c;
+  attn_status st;
+  cr_assert_eq(attn_cu_select_masked(&p, 132, 1u << ATTN_CU_MMA_D64, &c, &st), 0);
+  cr_expect_eq(c.kernel, ATTN_CU_MMA_D128);
+  cr_assert_eq(attn_cu_select_masked(&p, 132, 3u << ATTN_CU_MMA_D64, &c, &st), 0);
+  cr_expect_eq(c.kernel, ATTN_CU_MMA_D256);
+  cr_expect_gt(c.nsplit, 1);
+  cr_assert_eq(attn_cu_select_masked(&p, 132, ATTN_CU_SPLIT_BIT, &c, &st), 0);
+  cr_expect(c.kernel == ATTN_CU_MMA_D64 && c.nsplit == 1);
+  cr_expect_eq(attn_cu_select_masked(&p, 132, 7u << ATTN_CU_MMA_D64, &c, &st), ATTN_EUNSUPPORTED);
+  p.pass = ATTN_BACKWARD;
+  cr_assert_eq(attn_cu_select_masked(&p, 132, 1u << ATTN_CU_MMA_D64, &c, &st), 0);
+  cr_expect_eq(c.kernel, ATTN_CU_BWD_MMA_D64, "a forward bit leaves the backward alone");
+  cr_assert_eq(attn_cu_select_masked(&p, 132, 1u << ATTN_CU_BWD_MMA_D64, &c, &st), 0);
+  cr_expect_eq(c.kernel, ATTN_CU_BWD_MMA_D128);
+  p.dtype = ATTN_F32;
+  cr_expect_eq(attn_cu_select_masked(&p, 132, 1u << ATTN_CU_BWD_SIMT_F32, &c, &st),
+               ATTN_EUNSUPPORTED);
+}

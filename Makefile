@@ -17,7 +17,7 @@
 #
 # Variables: SAN=1 sanitizers, WERROR=1 warnings are errors, CUDA=auto|0|1
 # (auto: build engine/cuda/*.cu when nvcc is found), CUDA_ARCHS (default
-# "80 89 90"). Objects record the flags they were built with (build/.flags),
+# "80 89 90 90a"). Objects record the flags they were built with (build/.flags),
 # so switching SAN or WERROR rebuilds what it must and nothing else.
 
 SHELL := /bin/bash
@@ -29,7 +29,7 @@ CC       ?= cc
 SAN      ?= 0
 WERROR   ?= 0
 CUDA     ?= auto
-CUDA_ARCHS ?= 80 89 90
+CUDA_ARCHS ?= 80 89 90 90a
 
 # Packages the build and tests need (the fuzzers need clang and its
 # runtime); the benchmark adds OpenBLAS.
@@ -101,16 +101,19 @@ ISA_FLAGS_avx512bf16 = $(ISA_FLAGS_avx512) -DATTN_DPBF16=1 -mavx512bf16
 ISA_FLAGS_amx     = $(ISA_FLAGS_avx512bf16) -DATTN_AMX=1 -mamx-tile -mamx-bf16
 
 # Machine code for every arch of CUDA_ARCHS plus PTX of the newest, which
-# the driver compiles for GPUs newer than the list. The runtime is linked
+# the driver compiles for GPUs newer than the list. An arch-specific target
+# (90a: Hopper's wgmma and setmaxnreg) gets machine code only: its PTX runs
+# on that arch alone, so the PTX is the newest portable arch's. The runtime is linked
 # statically, so the binaries need only the driver on the target machine.
 CUDA_HOME ?= $(if $(NVCC),$(patsubst %/bin/,%,$(dir $(NVCC))),/usr/local/cuda)
 CUDA_INC   = -I$(CUDA_HOME)/include
 CUDA_LIBS  = -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 CU_OBJ =
 ifeq ($(USE_CUDA),1)
-CU_OBJ = $(CU_SRC:%.cu=$(BUILD)/obj/%.o) $(BUILD)/obj/engine/cuda/cuda.o
+CU_OBJ = $(CU_SRC:%.cu=$(BUILD)/obj/%.o) $(BUILD)/obj/engine/cuda/cuda.o \
+         $(BUILD)/obj/engine/cuda/selfcheck.o
 CPPFLAGS += -DATTN_HAVE_CUDA
-CU_PTX_ARCH = $(lastword $(sort $(CUDA_ARCHS)))
+CU_PTX_ARCH = $(lastword $(sort $(filter-out %a,$(CUDA_ARCHS))))
 NVCCFLAGS = -O3 -std=c++17 -Iengine -Xptxas -v -Xcompiler -Wall \
             $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
             -gencode arch=compute_$(CU_PTX_ARCH),code=compute_$(CU_PTX_ARCH)

@@ -53,6 +53,9 @@ struct attn_backend_ops {
   /* Whether an open backend can still run jobs (a device that failed can
    * not); NULL means always. */
   bool (*healthy)(void *state);
+  /* What a start-up self-check turned off, up to cap entries; returns how
+   * many there are. NULL means none. */
+  int (*disabled)(void *state, attn_disabled *out, int cap);
 };
 
 extern const struct attn_backend_ops attn__cpu_backend;

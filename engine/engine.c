@@ -300,6 +300,11 @@ int attn_engine_backends(const attn_engine *e, attn_backend_info *out, int cap) 
     const backend_slot *s = &e->be[i];
     out[i].name = s->ops->name;
     out[i].available = s->state && (!s->ops->healthy || s->ops->healthy(s->state));
+    out[i].ndisabled = 0;
+    if (s->state && s->ops->disabled) {
+      int n = s->ops->disabled(s->state, out[i].disabled, ATTN_MAX_DISABLED);
+      out[i].ndisabled = n < ATTN_MAX_DISABLED ? n : ATTN_MAX_DISABLED;
+    }
     if (s->state)
       s->ops->describe(s->state, out[i].detail, sizeof out[i].detail);
     else

@@ -284,6 +284,10 @@ typedef struct attn_config {
    * comma-separated list of ordinals ("0,1"); NULL or "" means device 0. */
   int cuda_streams;
   const char *cuda_devices;
+  /* Skips the CUDA backend's start-up self-check, which runs every kernel
+   * instance on small shapes against the float64 reference and disables
+   * those that fail (see attn_backend_info.disabled). */
+  bool cuda_self_check_off;
 } attn_config;
 
 void attn_config_init(attn_config *cfg);
@@ -335,11 +339,22 @@ int attn_engine_submit(attn_engine *e, const attn_request *r, attn_done_fn done,
 /* Submits and waits; res (optional) receives the result. */
 int attn_engine_run(attn_engine *e, const attn_request *r, attn_result *res, attn_status *st);
 
+/* A kernel a backend's start-up self-check found wrong and turned off:
+ * requests it would have run take another kernel or another backend. */
+typedef struct attn_disabled {
+  char kernel[24]; /* e.g. "mma_d128", "split_kv_merge" */
+  char why[160];   /* e.g. "device 0: o error 0.31 > 4e-03 on F16 forward [...]" */
+} attn_disabled;
+
+#define ATTN_MAX_DISABLED 10
+
 /* Backends compiled in, in preference order, and whether each can run now. */
 typedef struct attn_backend_info {
   const char *name;
   bool available;
   char detail[128]; /* e.g. "avx512, 2 threads" or "no CUDA device found" */
+  int ndisabled;    /* entries of disabled[] (at most ATTN_MAX_DISABLED) */
+  attn_disabled disabled[ATTN_MAX_DISABLED];
 } attn_backend_info;
 
 /* Fills up to cap entries; returns how many backends there are. */

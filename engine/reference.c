@@ -282,4 +282,5 @@ const struct attn_backend_ops attn__reference_backend = {
     /* .describe        = */ ref_describe,
     /* .automatic       = */ false,
     /* .healthy         = */ NULL,
+    /* .disabled        = */ NULL,
 };

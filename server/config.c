@@ -114,6 +114,12 @@ static int apply_isa(attnd_config *c, const char *what, const char *v) {
   return 0;
 }
 
+static int apply_self_check(attnd_config *c, const char *what, const char *v) {
+  if (strcmp(v, "on") && strcmp(v, "off"))
+    return bad(what, v, "on or off");
+  c->gpu_self_check = !strcmp(v, "on");
+  return 0;
+}
 static int apply_log(attnd_config *c, const char *what, const char *v) {
   if (strcmp(v, "text") && strcmp(v, "json"))
     return bad(what, v, "text or json");
@@ -255,6 +261,10 @@ static const flag flags[] = {
      apply_isa},
     {"streams", "N", "4", "CUDA streams per device", apply_streams},
     {"devices", "LIST", "0", "CUDA devices to use, e.g. 0,1", apply_devices},
+    {"gpu-self-check", "on|off", "on",
+     "at start-up, run every CUDA kernel on small shapes against the float64 reference and "
+     "disable those that fail (/v1/info lists them)",
+     apply_self_check},
     {"max-body", "SIZE", "1G", "largest request body, suffix K, M or G", apply_max_body},
     {"max-queue", "N", "64", "requests admitted and not finished; more get 503, 0 = all",
      apply_max_queue},

@@ -173,14 +173,22 @@ static void get_info(attnd_req *r) {
     attn_sbuf_json_str(&b, info[i].name);
     attn_sbuf_printf(&b, ", \"available\": %s, \"detail\": ", info[i].available ? "true" : "false");
     attn_sbuf_json_str(&b, info[i].detail);
-    attn_sbuf_puts(&b, "}");
+    attn_sbuf_puts(&b, ", \"disabled\": [");
+    for (int k = 0; k < info[i].ndisabled; k++) {
+      attn_sbuf_puts(&b, k ? ", {\"kernel\": " : "{\"kernel\": ");
+      attn_sbuf_json_str(&b, info[i].disabled[k].kernel);
+      attn_sbuf_puts(&b, ", \"why\": ");
+      attn_sbuf_json_str(&b, info[i].disabled[k].why);
+      attn_sbuf_puts(&b, "}");
+    }
+    attn_sbuf_puts(&b, "]}");
   }
 #ifdef ATTN_HAVE_CUDA
   const char *cuda = "true";
 #else
   const char *cuda = "false";
   attn_sbuf_puts(&b, ", {\"name\": \"cuda\", \"available\": false, \"detail\": "
-                     "\"not compiled into this build\"}");
+                     "\"not compiled into this build\", \"disabled\": []}");
 #endif
   attn_sbuf_printf(&b,
                    "], \"limits\": {\"max_body\": %llu, \"max_queue\": %d, \"timeout\": %g, "
@@ -228,6 +236,22 @@ static bool backend_ready(attnd_server *s, char *why, size_t cap) {
       return false;
     }
   return true;
+}
+
+/* What the start-up self-check disabled in the backend requests run on,
+ * as one line; false when nothing. */
+static bool disabled_kernels(attnd_server *s, char *out, size_t cap) {
+  attn_backend_info info[ATTND_MAX_BACKENDS];
+  int n = attn_engine_backends(s->engine, info, ATTND_MAX_BACKENDS);
+  size_t at = 0;
+  out[0] = 0;
+  for (int i = 0; i < n && i < ATTND_MAX_BACKENDS; i++)
+    for (int k = 0; k < info[i].ndisabled && at < cap; k++)
+      if (!strcmp(s->backend, "auto") || !strcmp(info[i].name, s->backend))
+        at += (size_t)snprintf(out + at, cap - at, "%sthe %s self-check disabled %s (%s)",
+                               at ? "; " : "", info[i].name, info[i].disabled[k].kernel,
+                               info[i].disabled[k].why);
+  return at > 0;
 }
 
 int attnd_server_ready(attnd_server *s, char *why, size_t cap) {
@@ -317,7 +341,12 @@ static void answer_get(attnd_req *r) {
     if (code)
       attnd_req_fail(r, code, why);
     else {
-      attn_sbuf_puts(&b, "{\"status\": \"ready\"}\n");
+      attn_sbuf_puts(&b, "{\"status\": \"ready\"");
+      if (disabled_kernels(s, why, sizeof why)) {
+        attn_sbuf_puts(&b, ", \"detail\": ");
+        attn_sbuf_json_str(&b, why);
+      }
+      attn_sbuf_puts(&b, "}\n");
       set_json(r, 200, &b);
     }
     break;

@@ -103,6 +103,7 @@ int main(int argc, char **argv) {
   ec.cpu_isa = cfg.isa;
   ec.cuda_streams = cfg.streams;
   ec.cuda_devices = cfg.devices;
+  ec.cuda_self_check_off = !cfg.gpu_self_check;
   attn_status st;
   if (attn_engine_open(&ec, &s.engine, &st) < 0) {
     fprintf(stderr, "attnd: cannot start the engine: %s\n", st.message);

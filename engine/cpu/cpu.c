@@ -431,4 +431,5 @@ const struct attn_backend_ops attn__cpu_backend = {
     /* .describe        = */ cpu_describe,
     /* .automatic       = */ true,
     /* .healthy         = */ NULL,
+    /* .disabled        = */ NULL,
 };

@@ -25,21 +25,32 @@
  * that copy at the price of pinning every body. Only the staging variant is
  * built; the two were not measured against each other.
  *
+ * When a device is opened, a self-check (selfcheck.h) runs every kernel
+ * instance the selection can choose on small awkward shapes against the
+ * float64 reference, through the same staging and launch path as a job;
+ * an instance that fails is disabled (attn_cu_select_masked skips it, so a
+ * request falls back to another instance or, refused, to the CPU) and
+ * attn_engine_backends() lists it with why. attn_config's
+ * cuda_self_check_off skips it.
+ *
  * A canceled job (attn_request.cancel) is checked before it is staged,
  * after packing (before anything is queued on the stream) and before its
  * outputs are unpacked; work already queued on a stream runs to its end.
  *
  * Errors never abort. An allocation that does not fit is ENOMEM (the server
- * answers 503: retry later). Any other CUDA error fails the job with
- * EDEVICE and marks the device unhealthy: its context may be corrupt, so it
- * takes no more jobs, and when no device is left the backend reports itself
- * unhealthy (the server's /readyz turns 503). A host function does not run
+ * answers 503: retry later). A launch the runtime refuses (or the kernels'
+ * contract check, attn_cu_launch_ok) fails its job with EDEVICE alone. Any
+ * other CUDA error fails the job with EDEVICE and marks the device
+ * unhealthy: its context may be corrupt, so it takes no more jobs, and when no device is left the
+ * backend reports itself unhealthy (the server's /readyz turns 503). A host function does not run
  * after a fault in its context, so the dispatcher also polls busy streams
- * once a second and fails the jobs of a stream that reports an error.
+ * once a second (by the monotonic clock, however often it is woken) and
+ * fails the jobs of a stream that reports an error.
  */
 #define _GNU_SOURCE
 #include "backend.h"
 #include "kernels.h"
+#include "selfcheck.h"
 
 #include <cuda_runtime_api.h>
 #include <errno.h>
@@ -51,6 +62,8 @@
 #include <time.h>
 
 #define DEFAULT_STREAMS 4
+/* How often busy streams are polled for faults. */
+#define POLL_SECONDS 1
 /* Regions of a job's buffers start on this boundary. */
 #define ALIGN 256
 
@@ -102,7 +115,12 @@ struct cu_state {
   int busy;
   bool stop;
   pthread_t thread;
-  int next_dev; /* round-robin start */
+  /* Kernels the self-check disabled (attn_cu_select_masked's bits) on any
+   * device, and why; set before the dispatcher starts, read-only after. */
+  unsigned off;
+  char off_why[ATTN_CU_KERNEL_COUNT + 1][160];
+  int next_dev;              /* round-robin start */
+  struct timespec next_poll; /* CLOCK_MONOTONIC: when busy streams are next polled */
 };
 
 static size_t align_up(size_t x) { return (x + ALIGN - 1) / ALIGN * ALIGN; }
@@ -145,21 +163,32 @@ static int job_outputs(const attn_request *r, cu_tensor t[3]) {
   return 3;
 }
 
-/* The kernels' view of a request (device pointers filled in later). */
-static void shape_of(const attn_request *r, attn_cu_params *p) {
+/* The kernels' view of a request (device pointers filled in later). The
+ * request may carry counts up to 2^40: they are checked against the grid
+ * before they are narrowed to int, or a count of 2^32 + 1 would become 1
+ * and the staging buffer would be sized for it. */
+static int shape_of(const attn_request *r, attn_cu_params *p, attn_status *st) {
   memset(p, 0, sizeof *p);
+  if (r->batch > ATTN_CU_MAX_GRID_YZ || r->heads_q > ATTN_CU_MAX_GRID_YZ)
+    return attn_status_set(st, ATTN_EUNSUPPORTED,
+                           "the cuda backend takes at most %d query heads and %d batch entries "
+                           "(got %lld and %lld)",
+                           ATTN_CU_MAX_GRID_YZ, ATTN_CU_MAX_GRID_YZ, (long long)r->heads_q,
+                           (long long)r->batch);
   p->pass = r->pass;
   p->dtype = r->dtype;
   p->batch = (int)r->batch;
   p->heads_q = (int)r->heads_q;
-  p->heads_kv = (int)r->heads_kv;
-  p->seq_q = (int)(r->seq_q < ATTN_CU_MAX_SEQ ? r->seq_q : ATTN_CU_MAX_SEQ + 1);
-  p->seq_kv = (int)(r->seq_kv < ATTN_CU_MAX_SEQ ? r->seq_kv : ATTN_CU_MAX_SEQ + 1);
+  p->heads_kv = (int)r->heads_kv; /* divides heads_q: no larger */
+  /* Past the maximum, one more than it: attn_cu_select refuses it. */
+  p->seq_q = (int)(r->seq_q <= ATTN_CU_MAX_SEQ ? r->seq_q : ATTN_CU_MAX_SEQ + 1);
+  p->seq_kv = (int)(r->seq_kv <= ATTN_CU_MAX_SEQ ? r->seq_kv : ATTN_CU_MAX_SEQ + 1);
   p->head_dim = (int)r->head_dim;
   p->dp = attn_cu_dp(r->head_dim);
   p->scale_log2 = (float)(attn_request_scale(r) * M_LOG2E);
   p->scale = (float)attn_request_scale(r);
   attn_request_window(r, &p->window_left, &p->window_right);
+  return 0;
 }
 
 /* Bytes of one packed tensor of the job. */
@@ -215,16 +244,15 @@ static bool layout(cu_slot *sl, const attn_request *r) {
 
 /* The kernels, their tiles and the job's layout, for a device with sms
  * multiprocessors; no device call. */
-static int plan_job(cu_slot *sl, const attn_request *r, int sms, attn_status *st) {
-  shape_of(r, &sl->prm);
-  int rc = attn_cu_select(&sl->prm, sms, &sl->ch, st);
-  if (rc < 0)
+static int plan_job(cu_slot *sl, const attn_request *r, int sms, unsigned off, attn_status *st) {
+  int rc = shape_of(r, &sl->prm, st);
+  if (rc < 0 || (rc = attn_cu_select_masked(&sl->prm, sms, off, &sl->ch, st)) < 0)
     return rc;
   if (r->pass == ATTN_BACKWARD && !r->lse_in) {
     /* The forward that recomputes lse runs unsplit: it needs no scratch. */
     attn_cu_params fp = sl->prm;
     fp.pass = ATTN_FORWARD;
-    if ((rc = attn_cu_select(&fp, 0, &sl->fch, st)) < 0)
+    if ((rc = attn_cu_select_masked(&fp, 0, off, &sl->fch, st)) < 0)
       return rc;
   }
   if (!layout(sl, r))
@@ -281,7 +309,23 @@ static void CUDART_CB on_stream_done(void *arg) {
 
 /* ---- the dispatcher's work ---------------------------------------------------- */
 
-/* A device error other than running out of memory: the device is done. */
+/* Whether an error leaves the context unusable (a fault in a kernel, or
+ * one CUDA cannot attribute). A launch the runtime refuses (a broken
+ * contract, a bad configuration, no machine code for this device, too few
+ * registers) leaves it usable: only its job fails. */
+static bool cuda_sticky(cudaError_t e) {
+  switch (e) {
+  case cudaErrorInvalidValue:
+  case cudaErrorInvalidConfiguration:
+  case cudaErrorLaunchOutOfResources:
+  case cudaErrorInvalidDeviceFunction:
+  case cudaErrorNoKernelImageForDevice:
+  case cudaErrorNotSupported: return false;
+  default: return true;
+  }
+}
+
+/* A sticky device error: the device is done. */
 static void mark_unhealthy(cu_dev *d, const char *what, cudaError_t e) {
   if (d->healthy)
     fprintf(stderr, "attn: cuda device %d (%s) failed in %s: %s; it takes no more jobs\n",
@@ -361,9 +405,9 @@ static cudaError_t launch_lse(cu_slot *sl) {
   return (cudaError_t)attn_cu_launch(&fp, &sl->fch, sl->stream);
 }
 
-/* Queues upload, scans, kernels, download, free and the host function; on
- * an error *what names the step. */
-static cudaError_t queue_work(cu_slot *sl, const attn_request *r, const char **what) {
+/* Queues upload, scans, kernels, download, free and (when host_fn) the
+ * host function; on an error *what names the step. */
+static cudaError_t queue_work(cu_slot *sl, const attn_request *r, bool host_fn, const char **what) {
   unsigned char *dm = sl->dmem;
   attn_cu_scan_result *dscan = (attn_cu_scan_result *)(dm + sl->off_scan);
   cu_tensor in[5];
@@ -393,7 +437,7 @@ static cudaError_t queue_work(cu_slot *sl, const attn_request *r, const char **w
     return e;
   sl->dmem = NULL;
   *what = "cudaLaunchHostFunc";
-  return cudaLaunchHostFunc(sl->stream, on_stream_done, sl);
+  return host_fn ? cudaLaunchHostFunc(sl->stream, on_stream_done, sl) : cudaSuccess;
 }
 
 /* Device memory for the job from the device's pool: 0, ATTN_ENOMEM
@@ -429,7 +473,7 @@ static int start(cu_slot *sl, attn_status *st) {
     return attn__canceled(st);
   if ((e = cudaSetDevice(d->ordinal)) != cudaSuccess)
     goto device_error;
-  if ((rc = plan_job(sl, r, d->sms, st)) < 0 || (rc = attn__check_lse(r, st)) < 0 ||
+  if ((rc = plan_job(sl, r, d->sms, d->state->off, st)) < 0 || (rc = attn__check_lse(r, st)) < 0 ||
       (rc = grow_pinned(sl, sl->down_end, st)) < 0)
     return rc;
   stage(sl, r);
@@ -443,16 +487,22 @@ static int start(cu_slot *sl, attn_status *st) {
     goto device_error;
   }
   set_pointers(sl, r, sl->dmem);
-  if ((e = queue_work(sl, r, &what)) == cudaSuccess)
+  if ((e = queue_work(sl, r, true, &what)) == cudaSuccess)
     return 0;
-  /* Work already queued may still read the staging buffer: wait it out. */
-  cudaStreamSynchronize(sl->stream);
+  /* Work already queued may still read the staging buffer: wait it out.
+   * A refused launch fails its job alone, unless the wait shows the
+   * context broken after all. */
+  cudaGetLastError();
+  cudaError_t se = cudaStreamSynchronize(sl->stream);
   if (sl->dmem)
     cudaFree(sl->dmem);
   sl->dmem = NULL;
+  if (se != cudaSuccess && !cuda_sticky(e))
+    e = se, what = "the stream after a refused launch";
 device_error:
   cudaGetLastError();
-  mark_unhealthy(d, what, e);
+  if (cuda_sticky(e))
+    mark_unhealthy(d, what, e);
   return cuda_fail(st, ATTN_EDEVICE, what, e);
 }
 
@@ -478,15 +528,8 @@ static int check_scan(cu_slot *sl, const attn_request *r, attn_status *st) {
   return attn__check_magnitudes(r, mx, st);
 }
 
-/* The job's outcome once its stream has run: the scan's verdict, then the
- * outputs copied out of the staging buffer. */
-static int finish(cu_slot *sl, attn_status *st) {
-  const attn_request *r = &sl->job->req;
-  if (attn__job_canceled(sl->job)) /* nobody wants the outputs: skip the copy */
-    return attn__canceled(st);
-  int rc = check_scan(sl, r, st);
-  if (rc < 0)
-    return rc;
+/* The job's outputs, copied out of the staging buffer. */
+static void unpack_outputs(cu_slot *sl, const attn_request *r) {
   cu_tensor out[3];
   int nout = job_outputs(r, out);
   for (int t = 0; t < nout; t++)
@@ -498,6 +541,18 @@ static int finish(cu_slot *sl, attn_status *st) {
   for (int i = 0; i < 3; i++)
     if (stats[i])
       memcpy(stats[i], sl->pinned + sl->off_stats[i], rows * sizeof(float));
+}
+
+/* The job's outcome once its stream has run: the scan's verdict, then the
+ * outputs. */
+static int finish(cu_slot *sl, attn_status *st) {
+  const attn_request *r = &sl->job->req;
+  if (attn__job_canceled(sl->job)) /* nobody wants the outputs: skip the copy */
+    return attn__canceled(st);
+  int rc = check_scan(sl, r, st);
+  if (rc < 0)
+    return rc;
+  unpack_outputs(sl, r);
   return 0;
 }
 
@@ -531,31 +586,75 @@ static bool any_healthy(cu_state *s) {
   return false;
 }
 
-/* Busy streams that report an error: their host functions will never run. */
+/* Whether the slot's host function has put it on the done list; mu held. */
+static bool on_done_list(const cu_state *s, const cu_slot *sl) {
+  for (const cu_slot *x = s->done; x; x = x->next_done)
+    if (x == sl)
+      return true;
+  return false;
+}
+
+/* Fails the job of a busy stream that reports an error: its host function
+ * will never run. The query runs without the mutex, and the host function
+ * may run meanwhile (the context poisoned by another stream after this
+ * one's work ended): the job is then on the done list, ends there, and is
+ * not completed here a second time. */
+static void poll_slot(cu_state *s, cu_slot *sl) {
+  pthread_mutex_lock(&s->mu);
+  attn_job *job = sl->job;
+  bool skip = !job || on_done_list(s, sl);
+  pthread_mutex_unlock(&s->mu);
+  if (skip)
+    return;
+  cudaSetDevice(sl->dev->ordinal);
+  cudaError_t e = cudaStreamQuery(sl->stream);
+  if (e == cudaSuccess || e == cudaErrorNotReady)
+    return;
+  cudaGetLastError();
+  mark_unhealthy(sl->dev, "a running job", e);
+  pthread_mutex_lock(&s->mu);
+  bool mine = sl->job == job && !on_done_list(s, sl);
+  pthread_mutex_unlock(&s->mu);
+  if (!mine)
+    return;
+  attn_status st;
+  cuda_fail(&st, ATTN_EDEVICE, "the job's stream failed", e);
+  release(s, sl);
+  attn__job_complete(job, &st);
+}
+
 static void poll_faults(cu_state *s) {
-  for (int i = 0; i < s->ndev; i++) {
-    cu_dev *d = &s->devs[i];
-    for (int j = 0; j < d->nslots; j++) {
-      cu_slot *sl = &d->slots[j];
-      pthread_mutex_lock(&s->mu);
-      attn_job *job = sl->job;
-      bool queued_done = false;
-      for (cu_slot *x = s->done; x; x = x->next_done)
-        queued_done |= x == sl;
-      pthread_mutex_unlock(&s->mu);
-      if (!job || queued_done)
-        continue;
-      cudaSetDevice(d->ordinal);
-      cudaError_t e = cudaStreamQuery(sl->stream);
-      if (e == cudaSuccess || e == cudaErrorNotReady)
-        continue;
-      cudaGetLastError();
-      mark_unhealthy(d, "a running job", e);
-      attn_status st;
-      cuda_fail(&st, ATTN_EDEVICE, "the job's stream failed", e);
-      release(s, sl);
-      attn__job_complete(job, &st);
-    }
+  for (int i = 0; i < s->ndev; i++)
+    for (int j = 0; j < s->devs[i].nslots; j++)
+      poll_slot(s, &s->devs[i].slots[j]);
+}
+
+/* Now plus sec seconds on the monotonic clock (the condition variable's). */
+static struct timespec deadline_in(int sec) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  ts.tv_sec += sec;
+  return ts;
+}
+
+static bool deadline_passed(const struct timespec *t) {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return now.tv_sec > t->tv_sec || (now.tv_sec == t->tv_sec && now.tv_nsec >= t->tv_nsec);
+}
+
+/* The done list's jobs: outcomes copied out, slots freed; mu not held. */
+static void finish_done(cu_state *s, cu_slot *list) {
+  while (list) {
+    cu_slot *sl = list;
+    list = sl->next_done;
+    attn_job *job = sl->job;
+    if (!job) /* already failed by the fault poll */
+      continue;
+    attn_status st = {0};
+    int rc = finish(sl, &st);
+    release(s, sl);
+    attn__job_complete(job, rc < 0 ? &st : NULL);
   }
 }
 
@@ -567,15 +666,7 @@ static void *dispatcher(void *arg) {
       cu_slot *list = s->done;
       s->done = NULL;
       pthread_mutex_unlock(&s->mu);
-      while (list) {
-        cu_slot *sl = list;
-        list = sl->next_done;
-        attn_status st = {0};
-        attn_job *job = sl->job;
-        int rc = finish(sl, &st);
-        release(s, sl);
-        attn__job_complete(job, rc < 0 ? &st : NULL);
-      }
+      finish_done(s, list);
       pthread_mutex_lock(&s->mu);
       continue;
     }
@@ -589,7 +680,8 @@ static void *dispatcher(void *arg) {
         if (sl) {
           sl->job = job;
           sl->dev->busy++;
-          s->busy++;
+          if (s->busy++ == 0)
+            s->next_poll = deadline_in(POLL_SECONDS);
         }
         pthread_mutex_unlock(&s->mu);
         attn_status st = {0};
@@ -605,15 +697,15 @@ static void *dispatcher(void *arg) {
     }
     if (s->stop && !s->pend_head && s->busy == 0)
       break;
-    if (s->busy > 0) {
-      struct timespec ts;
-      clock_gettime(CLOCK_REALTIME, &ts);
-      ts.tv_sec += 1;
-      if (pthread_cond_timedwait(&s->cv, &s->mu, &ts) == ETIMEDOUT && !s->done) {
-        pthread_mutex_unlock(&s->mu);
-        poll_faults(s);
-        pthread_mutex_lock(&s->mu);
-      }
+    if (s->busy > 0 && deadline_passed(&s->next_poll)) {
+      /* By the clock, not by a timed-out wait: requests that keep waking
+       * the thread must not keep a fault from being noticed. */
+      pthread_mutex_unlock(&s->mu);
+      poll_faults(s);
+      pthread_mutex_lock(&s->mu);
+      s->next_poll = deadline_in(POLL_SECONDS);
+    } else if (s->busy > 0) {
+      pthread_cond_timedwait(&s->cv, &s->mu, &s->next_poll);
     } else {
       pthread_cond_wait(&s->cv, &s->mu);
     }
@@ -654,7 +746,7 @@ static int cuda_supports(void *state, const attn_request *r, attn_status *st) {
     return attn_status_set(st, ATTN_ENODEV, "cuda: no healthy device is left");
   cu_slot probe;
   memset(&probe, 0, sizeof probe);
-  int rc = plan_job(&probe, r, sms, st);
+  int rc = plan_job(&probe, r, sms, s->off, st);
   if (rc < 0 && rc != ATTN_EOVERFLOW)
     return rc;
   if (rc < 0 || probe.dev_bytes > mem)
@@ -762,6 +854,104 @@ static int open_dev(cu_state *s, cu_dev *d, int ordinal, attn_status *st) {
   return 0;
 }
 
+/* ---- the start-up self-check ------------------------------------------------------ */
+
+/* Runs a self-check case on the slot's device and waits for it: 0, the
+ * selection's refusal, or ATTN_EDEVICE with *sticky saying whether the
+ * device is done. */
+static int run_case(cu_slot *sl, const attn_request *r, unsigned off, bool *sticky,
+                    attn_status *st) {
+  cudaError_t e, se = cudaSuccess;
+  const char *what = "cudaMallocFromPoolAsync";
+  int rc;
+  *sticky = false;
+  if ((rc = plan_job(sl, r, sl->dev->sms, off, st)) < 0 ||
+      (rc = grow_pinned(sl, sl->down_end, st)) < 0)
+    return rc;
+  stage(sl, r);
+  if ((rc = alloc_job(sl, &e, st)) != 0) {
+    if (rc < -1)
+      return rc;
+    goto fail;
+  }
+  set_pointers(sl, r, sl->dmem);
+  e = queue_work(sl, r, false, &what);
+  se = cudaStreamSynchronize(sl->stream);
+  if (e == cudaSuccess && se == cudaSuccess) {
+    unpack_outputs(sl, r);
+    return 0;
+  }
+  if (e == cudaSuccess)
+    e = se, what = "a self-check kernel";
+  if (sl->dmem)
+    cudaFree(sl->dmem);
+  sl->dmem = NULL;
+fail:
+  cudaGetLastError();
+  *sticky = cuda_sticky(e) || (se != cudaSuccess && cuda_sticky(se));
+  return cuda_fail(st, ATTN_EDEVICE, what, e);
+}
+
+/* Turns off what the failed case ran (its kernel, or the split-KV path),
+ * with why, for every device: the selection then falls back. */
+static void disable(cu_state *s, const cu_dev *d, const attn_cu_choice *ch, const char *why) {
+  bool split = ch->nsplit > 1;
+  int bit = split ? ATTN_CU_KERNEL_COUNT : (int)ch->kernel;
+  if (s->off & (1u << bit))
+    return;
+  s->off |= 1u << bit;
+  const char *name = split ? "split-KV merge" : attn_cu_kernel_name(ch->kernel);
+  snprintf(s->off_why[bit], sizeof s->off_why[bit], "device %d: %s", d->ordinal, why);
+  fprintf(stderr,
+          "attn: cuda device %d (%s): the self-check disabled %s: %s; requests it would run "
+          "take another kernel or the CPU\n",
+          d->ordinal, d->name, name, why);
+}
+
+/* Runs every case on the device (see selfcheck.h); a case that fails or is
+ * refused at launch disables what it ran, a sticky error the device. */
+static void self_check(cu_state *s, cu_dev *d) {
+  for (int i = 0; i < attn_cu_check_count() && d->healthy; i++) {
+    attn_cu_check c;
+    attn_status st = {0};
+    if (attn_cu_check_make(i, &c, &st) < 0) {
+      fprintf(stderr, "attn: cuda self-check case %d skipped: %s\n", i, st.message);
+      continue;
+    }
+    cu_slot *sl = &d->slots[0];
+    bool sticky;
+    char why[160];
+    int rc = run_case(sl, &c.req, s->off, &sticky, &st);
+    if (rc == 0 && !attn_cu_check_verify(&c, why, sizeof why))
+      disable(s, d, &sl->ch, why);
+    else if (rc == ATTN_EDEVICE && !sticky)
+      disable(s, d, &sl->ch, st.message);
+    else if (rc == ATTN_EDEVICE) {
+      d->healthy = false;
+      snprintf(d->why, sizeof d->why, "failed its start-up self-check: %.120s", st.message);
+      fprintf(stderr, "attn: cuda device %d (%s) %s; it takes no jobs\n", d->ordinal, d->name,
+              d->why);
+    }
+    attn_cu_check_free(&c);
+  }
+}
+
+static int cuda_disabled(void *state, attn_disabled *out, int cap) {
+  cu_state *s = state;
+  int n = 0;
+  for (int k = 0; k <= ATTN_CU_KERNEL_COUNT; k++)
+    if (s->off & (1u << k)) {
+      if (n < cap) {
+        snprintf(out[n].kernel, sizeof out[n].kernel, "%s",
+                 k == ATTN_CU_KERNEL_COUNT ? "split_kv_merge"
+                                           : attn_cu_kernel_name((attn_cu_kernel)k));
+        snprintf(out[n].why, sizeof out[n].why, "%s", s->off_why[k]);
+      }
+      n++;
+    }
+  return n;
+}
+
 static int cuda_open(const attn_backend_env *env, void **pstate, attn_status *st) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
@@ -789,9 +979,15 @@ static int cuda_open(const attn_backend_env *env, void **pstate, attn_status *st
   int rc = 0;
   for (int i = 0; i < n && rc == 0; i++)
     rc = open_dev(s, &s->devs[i], ord[i], st);
+  for (int i = 0; i < n && rc == 0 && !env->cfg->cuda_self_check_off; i++)
+    self_check(s, &s->devs[i]);
   if (rc == 0) {
     pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->cv, &ca);
+    pthread_condattr_destroy(&ca);
     if (pthread_create(&s->thread, NULL, dispatcher, s) != 0) {
       pthread_cond_destroy(&s->cv);
       pthread_mutex_destroy(&s->mu);
@@ -818,4 +1014,5 @@ const struct attn_backend_ops attn__cuda_backend = {
     /* .describe        = */ cuda_describe,
     /* .automatic       = */ true,
     /* .healthy         = */ cuda_healthy,
+    /* .disabled        = */ cuda_disabled,
 };

@@ -38,6 +38,8 @@ extern "C" {
 
 /* Head dims are padded to this many elements. */
 #define ATTN_CU_DPAD_ALIGN 8
+/* gridDim.y and .z: query heads, and batch entries times key splits. */
+#define ATTN_CU_MAX_GRID_YZ 65535
 /* Sequence lengths at most this keep every in-kernel index in 32 bits. */
 #define ATTN_CU_MAX_SEQ ((int64_t)1 << 30)
 
@@ -139,6 +141,16 @@ int attn_cu_dp(int64_t head_dim);
  */
 int attn_cu_select(const attn_cu_params *p, int sms, attn_cu_choice *c, attn_status *st);
 
+/*
+ * The same, skipping what a start-up self-check disabled: bit k of off
+ * (1u << ATTN_CU_MMA_D64, ...) turns kernel k off, and ATTN_CU_SPLIT_BIT
+ * the split-KV path (its merge). A disabled head-dim instance falls back to
+ * the next larger one; ATTN_EUNSUPPORTED when none is left.
+ */
+#define ATTN_CU_SPLIT_BIT (1u << ATTN_CU_KERNEL_COUNT)
+int attn_cu_select_masked(const attn_cu_params *p, int sms, unsigned off, attn_cu_choice *c,
+                          attn_status *st);
+
 /* Bytes of split-KV scratch the choice needs (0 when nsplit is 1). */
 size_t attn_cu_split_bytes(const attn_cu_params *p, const attn_cu_choice *c);
 
@@ -152,9 +164,21 @@ size_t attn_cu_bwd_bytes(const attn_cu_params *p);
 int attn_cu_prepare(void);
 
 /*
+ * Whether a launch keeps the kernels' contract: every tensor the choice
+ * reads or writes through cp.async or vector stores (q k v o, dout dq dk
+ * dv, split_ws, bwd_ws) non-NULL and 16-byte aligned, the F32 statistics
+ * 4-byte aligned, dp the head dim padded to a multiple of 8. A launch that
+ * breaks it would fault inside the kernel and poison the context, so
+ * attn_cu_launch() refuses it first (cudaErrorInvalidValue), which fails
+ * the job alone.
+ */
+bool attn_cu_launch_ok(const attn_cu_params *p, const attn_cu_choice *c);
+
+/*
  * Queues the forward pass (and the split-KV merge), or for a backward
  * choice the backward's three kernels, on a cudaStream_t.
- * Returns a cudaError_t from the launch (0 on success); faults inside the
+ * Returns a cudaError_t from the launch (0 on success; cudaErrorInvalidValue
+ * without launching when attn_cu_launch_ok() is false); faults inside the
  * kernel surface later, on the stream.
  */
 int attn_cu_launch(const attn_cu_params *p, const attn_cu_choice *c, void *stream);

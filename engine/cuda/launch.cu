@@ -148,6 +148,8 @@ extern "C" int attn_cu_prepare(void) {
 
 extern "C" int attn_cu_launch(const attn_cu_params *p, const attn_cu_choice *c, void *stream) {
   cudaStream_t s = (cudaStream_t)stream;
+  if (!attn_cu_launch_ok(p, c)) // refused here, the context stays usable
+    return (int)cudaErrorInvalidValue;
   if (p->pass == ATTN_BACKWARD)
     return (int)launch_backward(*p, *c, s);
   cudaError_t e;

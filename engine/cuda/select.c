@@ -12,9 +12,16 @@
  * A backward pass picks the backward instance of the same head-dim class
  * (or the F32 one) and never splits: its dK/dV blocks are as many as key
  * blocks times KV heads, its dQ blocks as many as the forward's.
+ *
+ * Instances a device's start-up self-check found wrong are skipped: a
+ * head-dim class falls back to the next larger instance (256 holds every
+ * dp), split-KV to one range; with nothing left the request is refused
+ * and backend "auto" leaves it to the CPU.
  */
 #include "kernels.h"
+#include "layout.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -62,31 +69,41 @@ static size_t bwd_f32_smem(int dp) {
               2 * ATTN_CU_BWD_F32_STEP);
 }
 
-static void select_backward(const attn_cu_params *p, attn_cu_choice *c) {
+/* The instance for the request's dtype and head-dim class, or the next
+ * larger head-dim instance when that one is disabled (bit k of off turns
+ * kernel k off); ATTN_CU_KERNEL_COUNT when none is left. */
+static attn_cu_kernel pick(const attn_cu_params *p, unsigned off) {
+  const int base = p->pass == ATTN_BACKWARD ? ATTN_CU_BWD_MMA_D64 : ATTN_CU_MMA_D64;
+  if (p->dtype == ATTN_F32)
+    return off & (1u << (base + 3)) ? ATTN_CU_KERNEL_COUNT : (attn_cu_kernel)(base + 3);
+  for (int i = p->dp <= 64 ? 0 : p->dp <= 128 ? 1 : 2; i < 3; i++)
+    if (!(off & (1u << (base + i))))
+      return (attn_cu_kernel)(base + i);
+  return ATTN_CU_KERNEL_COUNT;
+}
+
+static void select_backward(const attn_cu_params *p, attn_cu_kernel k, attn_cu_choice *c) {
+  c->kernel = k;
   c->warps = ATTN_CU_MMA_WARPS;
   c->block_m = ATTN_CU_BWD_BM;
   c->dq_block_m = ATTN_CU_BWDQ_BM;
-  if (p->dtype == ATTN_F32) {
-    c->kernel = ATTN_CU_BWD_SIMT_F32;
+  if (k == ATTN_CU_BWD_SIMT_F32) {
     c->block_m = ATTN_CU_BWD_F32_STEP;
     c->block_n = ATTN_CU_BWD_F32_BN;
     c->dq_block_m = ATTN_CU_BWD_F32_BN;
     c->dq_block_n = ATTN_CU_BWD_F32_STEP;
     c->smem_bytes = c->dq_smem_bytes = bwd_f32_smem(p->dp);
-  } else if (p->dp <= 64) {
-    c->kernel = ATTN_CU_BWD_MMA_D64;
+  } else if (k == ATTN_CU_BWD_MMA_D64) {
     c->block_n = ATTN_CU_BWD_BN_D64;
     c->dq_block_n = ATTN_CU_BWDQ_BN_D64;
     c->smem_bytes = bwd_smem(64, ATTN_CU_BWD_BN_D64, 2);
     c->dq_smem_bytes = bwdq_smem(64, ATTN_CU_BWDQ_BN_D64, 2);
-  } else if (p->dp <= 128) {
-    c->kernel = ATTN_CU_BWD_MMA_D128;
+  } else if (k == ATTN_CU_BWD_MMA_D128) {
     c->block_n = ATTN_CU_BWD_BN_D128;
     c->dq_block_n = ATTN_CU_BWDQ_BN_D128;
     c->smem_bytes = bwd_smem(128, ATTN_CU_BWD_BN_D128, 2);
     c->dq_smem_bytes = bwdq_smem(128, ATTN_CU_BWDQ_BN_D128, 2);
   } else {
-    c->kernel = ATTN_CU_BWD_MMA_D256;
     c->block_n = ATTN_CU_BWD_BN_D256;
     c->dq_block_n = ATTN_CU_BWDQ_BN_D256;
     c->smem_bytes = bwd_smem(256, ATTN_CU_BWD_BN_D256, 1);
@@ -101,33 +118,42 @@ static void select_backward(const attn_cu_params *p, attn_cu_choice *c) {
   c->dq_grid[2] = (unsigned)p->batch;
 }
 
-static void select_forward(const attn_cu_params *p, int sms, attn_cu_choice *c) {
+/* Key tiles of bn keys that some query row sees: from the first row's
+ * lowest visible key to the last row's highest (both bounds grow with the
+ * row), so a windowed decode does not count the tiles outside its window. */
+static int64_t visible_tiles(const attn_cu_params *p, int bn) {
+  int lo, hi, lo2, hi2;
+  const int64_t off = (int64_t)p->seq_kv - p->seq_q;
+  attn_cu_row_bounds(0, off, p->window_left, p->window_right, p->seq_kv, &lo, &hi2);
+  attn_cu_row_bounds(p->seq_q - 1, off, p->window_left, p->window_right, p->seq_kv, &lo2, &hi);
+  return lo > hi ? 0 : hi / bn - lo / bn + 1;
+}
+
+static void select_forward(const attn_cu_params *p, int sms, attn_cu_kernel k, bool split,
+                           attn_cu_choice *c) {
+  c->kernel = k;
   c->warps = ATTN_CU_MMA_WARPS;
   c->block_m = ATTN_CU_MMA_BM;
-  if (p->dtype == ATTN_F32) {
-    c->kernel = ATTN_CU_SIMT_F32;
+  if (k == ATTN_CU_SIMT_F32) {
     c->block_m = ATTN_CU_F32_BM;
     c->block_n = ATTN_CU_F32_BN;
     c->warps = ATTN_CU_F32_THREADS / 32;
     c->smem_bytes = f32_smem(p->dp);
-  } else if (p->dp <= 64) {
-    c->kernel = ATTN_CU_MMA_D64;
+  } else if (k == ATTN_CU_MMA_D64) {
     c->block_n = ATTN_CU_BN_D64;
     c->smem_bytes = mma_smem(64, ATTN_CU_BN_D64);
-  } else if (p->dp <= 128) {
-    c->kernel = ATTN_CU_MMA_D128;
+  } else if (k == ATTN_CU_MMA_D128) {
     c->block_n = ATTN_CU_BN_D128;
     c->smem_bytes = mma_smem(128, ATTN_CU_BN_D128);
   } else {
-    c->kernel = ATTN_CU_MMA_D256;
     c->block_n = ATTN_CU_BN_D256;
     c->smem_bytes = mma_smem(256, ATTN_CU_BN_D256);
   }
   int64_t qtiles = (p->seq_q + c->block_m - 1) / c->block_m;
   int64_t blocks = qtiles * p->heads_q * p->batch;
-  int64_t tiles = (p->seq_kv + c->block_n - 1) / c->block_n;
+  int64_t tiles = visible_tiles(p, c->block_n);
   int64_t nsplit = 1;
-  if (sms > 0 && blocks < sms) {
+  if (split && sms > 0 && blocks < sms) {
     int64_t want = (2 * (int64_t)sms + blocks - 1) / blocks;
     int64_t most = tiles / 4 < ATTN_CU_MAX_SPLITS ? tiles / 4 : ATTN_CU_MAX_SPLITS;
     nsplit = want < most ? want : most;
@@ -141,6 +167,11 @@ static void select_forward(const attn_cu_params *p, int sms, attn_cu_choice *c) 
 }
 
 int attn_cu_select(const attn_cu_params *p, int sms, attn_cu_choice *c, attn_status *st) {
+  return attn_cu_select_masked(p, sms, 0, c, st);
+}
+
+int attn_cu_select_masked(const attn_cu_params *p, int sms, unsigned off, attn_cu_choice *c,
+                          attn_status *st) {
   if (p->seq_q < 1 || p->seq_kv < 1 || p->head_dim < 1 || p->head_dim > ATTN_MAX_HEAD_DIM ||
       p->dp != attn_cu_dp(p->head_dim) || p->batch < 1 || p->heads_kv < 1 ||
       p->heads_q % p->heads_kv != 0)
@@ -151,15 +182,20 @@ int attn_cu_select(const attn_cu_params *p, int sms, attn_cu_choice *c, attn_sta
                            "the cuda backend takes sequences of at most %lld (got seq_q %d, "
                            "seq_kv %d)",
                            (long long)ATTN_CU_MAX_SEQ, p->seq_q, p->seq_kv);
-  if (p->pass == ATTN_BACKWARD)
-    select_backward(p, c);
-  else
-    select_forward(p, sms, c);
-  if (p->heads_q > 65535 || (int64_t)p->batch * c->nsplit > 65535)
+  attn_cu_kernel k = pick(p, off);
+  if (k == ATTN_CU_KERNEL_COUNT)
     return attn_status_set(st, ATTN_EUNSUPPORTED,
-                           "the cuda backend takes at most 65535 query heads and 65535 "
-                           "batch entries (got %d and %d)",
-                           p->heads_q, p->batch);
+                           "the cuda kernels for this dtype and head dim failed the device's "
+                           "start-up self-check and are disabled");
+  if (p->pass == ATTN_BACKWARD)
+    select_backward(p, k, c);
+  else
+    select_forward(p, sms, k, !(off & ATTN_CU_SPLIT_BIT), c);
+  if (p->heads_q > ATTN_CU_MAX_GRID_YZ || (int64_t)p->batch * c->nsplit > ATTN_CU_MAX_GRID_YZ)
+    return attn_status_set(st, ATTN_EUNSUPPORTED,
+                           "the cuda backend takes at most %d query heads and %d batch entries "
+                           "(got %d and %d)",
+                           ATTN_CU_MAX_GRID_YZ, ATTN_CU_MAX_GRID_YZ, p->heads_q, p->batch);
   return 0;
 }
 
@@ -174,4 +210,20 @@ size_t attn_cu_bwd_bytes(const attn_cu_params *p) {
   if (p->pass != ATTN_BACKWARD)
     return 0;
   return 2 * (size_t)p->batch * (size_t)p->heads_q * (size_t)p->seq_q * sizeof(float);
+}
+
+static bool aligned(const void *x, uintptr_t a) { return x && (uintptr_t)x % a == 0; }
+
+bool attn_cu_launch_ok(const attn_cu_params *p, const attn_cu_choice *c) {
+  if (p->dp % ATTN_CU_DPAD_ALIGN != 0 || p->dp != attn_cu_dp(p->head_dim) || !aligned(p->q, 16) ||
+      !aligned(p->k, 16) || !aligned(p->v, 16) || !aligned(p->o, 16))
+    return false;
+  if (p->pass == ATTN_BACKWARD)
+    return aligned(p->dout, 16) && aligned(p->dq, 16) && aligned(p->dk, 16) && aligned(p->dv, 16) &&
+           aligned(p->lse, 4) && aligned(p->bwd_ws, 16);
+  const float *const stats[3] = {p->m, p->l, p->lse};
+  for (int i = 0; i < 3; i++)
+    if (stats[i] && !aligned(stats[i], 4))
+      return false;
+  return c->nsplit <= 1 || aligned(p->split_ws, 16);
 }

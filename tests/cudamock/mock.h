@@ -24,7 +24,30 @@ typedef struct mock_knobs {
   int fail_alloc;   /* the next N device allocations fail as out of memory */
   int fail_launch;  /* the next N kernel launches fail at launch */
   int fault_stream; /* the next N kernels fault on their stream */
+  /* What a failed launch returns (0: cudaErrorLaunchFailure, a sticky
+   * error; cudaErrorInvalidValue is a refused launch, not sticky). */
+  int launch_error;
+  /* Kernels wait at a gate until a racing stream query opens it. */
+  bool hold_kernels;
+  /* The next N queries of a busy stream open the gate, wait until the
+   * stream has run its host function, then find the context poisoned
+   * (cudaErrorIllegalAddress, on every query from then on): the host
+   * function and the fault poll race. */
+  int race_query;
+  /* A kernel that computes wrong output: ATTN_CU_* + 1 (0: none), or, for
+   * wrong_merge, every split launch (its merge is wrong). */
+  int wrong_kernel;
+  bool wrong_merge;
 } mock_knobs;
+
+/* Knobs with the failure counters given and nothing else injected. */
+#define MOCK_KNOBS(ndev, cc_major, mem, allocs, launches, faults) \
+  ((mock_knobs){.devices = (ndev),                                \
+                .major = (cc_major),                              \
+                .mem_total = (mem),                               \
+                .fail_alloc = (allocs),                           \
+                .fail_launch = (launches),                        \
+                .fault_stream = (faults)})
 
 /* Sets the knobs; call before opening an engine. */
 void mock_set(const mock_knobs *k);
@@ -36,5 +59,9 @@ size_t mock_device_bytes(void);
 int mock_pinned_buffers(void);
 int mock_streams(void);
 long mock_launches(void);
+/* The kernel of the latest launch, and its number of key splits. */
+int mock_last_kernel(int *nsplit);
+/* Lets kernels held by hold_kernels run. */
+void mock_open_gate(void);
 
 #endif

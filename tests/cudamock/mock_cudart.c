@@ -19,12 +19,16 @@
 #include <string.h>
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
-static mock_knobs g_k = {1, 9, (size_t)8 << 30, 0, 0, 0};
+static mock_knobs g_k = {.devices = 1, .major = 9, .mem_total = (size_t)8 << 30};
 static size_t g_dev_bytes;
 static int g_pinned, g_streams;
 static long g_launches;
 static cudaError_t g_last;
 static int g_current;
+/* hold_kernels' gate, race_query's poisoned context, the latest launch. */
+static pthread_cond_t g_gate_cv = PTHREAD_COND_INITIALIZER;
+static bool g_gate_open, g_poisoned;
+static int g_last_kernel = -1, g_last_nsplit;
 
 void mock_set(const mock_knobs *k) {
   pthread_mutex_lock(&g_mu);
@@ -32,8 +36,26 @@ void mock_set(const mock_knobs *k) {
   pthread_mutex_unlock(&g_mu);
 }
 void mock_defaults(void) {
-  mock_knobs k = {1, 9, (size_t)8 << 30, 0, 0, 0};
+  mock_knobs k = MOCK_KNOBS(1, 9, (size_t)8 << 30, 0, 0, 0);
   mock_set(&k);
+  pthread_mutex_lock(&g_mu);
+  g_gate_open = g_poisoned = false;
+  g_last_kernel = -1;
+  pthread_mutex_unlock(&g_mu);
+}
+void mock_open_gate(void) {
+  pthread_mutex_lock(&g_mu);
+  g_gate_open = true;
+  pthread_cond_broadcast(&g_gate_cv);
+  pthread_mutex_unlock(&g_mu);
+}
+int mock_last_kernel(int *nsplit) {
+  pthread_mutex_lock(&g_mu);
+  int k = g_last_kernel;
+  if (nsplit)
+    *nsplit = g_last_nsplit;
+  pthread_mutex_unlock(&g_mu);
+  return k;
 }
 size_t mock_device_bytes(void) {
   pthread_mutex_lock(&g_mu);
@@ -161,7 +183,36 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   return e ? fail(e) : cudaSuccess;
 }
 
+/* race_query: the stream's work and host function run to their end while
+ * the caller is inside this query, and the context is then poisoned. */
+static bool race_this_query(cudaStream_t s) {
+  pthread_mutex_lock(&g_mu);
+  bool race = g_k.race_query > 0 && s->pending > 0;
+  if (race) {
+    g_k.race_query--;
+    g_gate_open = true;
+    pthread_cond_broadcast(&g_gate_cv);
+  }
+  pthread_mutex_unlock(&g_mu);
+  if (!race)
+    return false;
+  pthread_mutex_lock(&s->mu);
+  while (s->pending > 0)
+    pthread_cond_wait(&s->cv, &s->mu);
+  pthread_mutex_unlock(&s->mu);
+  pthread_mutex_lock(&g_mu);
+  g_poisoned = true;
+  pthread_mutex_unlock(&g_mu);
+  return true;
+}
+
 cudaError_t cudaStreamQuery(cudaStream_t s) {
+  race_this_query(s);
+  pthread_mutex_lock(&g_mu);
+  bool poisoned = g_poisoned;
+  pthread_mutex_unlock(&g_mu);
+  if (poisoned)
+    return cudaErrorIllegalAddress;
   pthread_mutex_lock(&s->mu);
   cudaError_t e = s->fault ? s->fault : s->pending ? cudaErrorNotReady : cudaSuccess;
   pthread_mutex_unlock(&s->mu);
@@ -354,6 +405,7 @@ const char *cudaGetErrorString(cudaError_t e) {
   switch (e) {
   case cudaSuccess: return "no error";
   case cudaErrorMemoryAllocation: return "out of memory";
+  case cudaErrorInvalidValue: return "invalid argument";
   case cudaErrorNoDevice: return "no CUDA-capable device is detected";
   case cudaErrorLaunchFailure: return "unspecified launch failure";
   case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
@@ -364,6 +416,7 @@ const char *cudaGetErrorName(cudaError_t e) {
   switch (e) {
   case cudaSuccess: return "cudaSuccess";
   case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+  case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
   case cudaErrorNoDevice: return "cudaErrorNoDevice";
   case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
   case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
@@ -407,14 +460,25 @@ int attn_cu_scan(const void *x, attn_dtype dt, size_t n, attn_cu_scan_result *re
 typedef struct fwd_arg {
   attn_cu_params p;
   attn_cu_choice c;
+  float bias; /* added to every output: a deliberately wrong kernel */
 } fwd_arg;
+
+/* hold_kernels: a kernel waits until a racing query opens the gate. */
+static void kernel_gate(void) {
+  pthread_mutex_lock(&g_mu);
+  while (g_k.hold_kernels && !g_gate_open)
+    pthread_cond_wait(&g_gate_cv, &g_mu);
+  pthread_mutex_unlock(&g_mu);
+}
 
 /* Attention on the packed layout, in float64, from DESIGN.md's rule. */
 static void fwd_op(void *arg) {
   const attn_cu_params *p = &((fwd_arg *)arg)->p;
   const attn_cu_choice *c = &((fwd_arg *)arg)->c;
+  const float bias = ((fwd_arg *)arg)->bias;
   const int64_t B = p->batch, Hq = p->heads_q, Hkv = p->heads_kv, Nq = p->seq_q, Nk = p->seq_kv,
                 D = p->head_dim, dp = p->dp;
+  kernel_gate();
   const int64_t off = Nk - Nq, wl = p->window_left, wr = p->window_right;
   const double scale = (double)p->scale_log2 * M_LN2;
   /* What the real kernels rely on; a broken contract poisons the output. */
@@ -448,7 +512,7 @@ static void fwd_op(void *arg) {
               acc += exp(s[j] - m) *
                      attn_load_elem(p->v, p->dtype, (kb + (size_t)j) * (size_t)dp + (size_t)d);
           attn_store_elem(p->o, p->dtype, row * (size_t)dp + (size_t)d,
-                          contract ? (float)(l > 0 ? acc / l : 0) : NAN);
+                          contract ? (float)(l > 0 ? acc / l : 0) + bias : NAN);
         }
         if (p->m)
           p->m[row] = l > 0 ? (float)m : -INFINITY;
@@ -506,20 +570,22 @@ static void bwd_row(const attn_cu_params *p, size_t qrow, size_t kb, int64_t i, 
 /* Rows [0, n) of D doubles into a packed tensor of dp columns (padding
  * zero); NaN everywhere when the launch broke the kernels' contract. */
 static void store_rows(void *dst, attn_dtype dt, size_t row0, int64_t n, int64_t D, int64_t dp,
-                       const double *x, bool ok) {
+                       const double *x, bool ok, float bias) {
   for (int64_t r = 0; r < n; r++)
     for (int64_t d = 0; d < dp; d++)
       attn_store_elem(dst, dt, (row0 + (size_t)r) * (size_t)dp + (size_t)d,
                       !ok     ? NAN
-                      : d < D ? (float)x[r * D + d]
+                      : d < D ? (float)x[r * D + d] + bias
                               : 0.0f);
 }
 
 static void bwd_op(void *arg) {
   const attn_cu_params *p = &((fwd_arg *)arg)->p;
   const attn_cu_choice *c = &((fwd_arg *)arg)->c;
+  const float bias = ((fwd_arg *)arg)->bias;
   const int64_t B = p->batch, Hq = p->heads_q, Hkv = p->heads_kv, Nq = p->seq_q, Nk = p->seq_kv,
                 D = p->head_dim;
+  kernel_gate();
   const void *ptrs[] = {p->q, p->k, p->v, p->o, p->dout, p->dq, p->dk, p->dv, p->lse, p->bwd_ws};
   bool ok = aligned16(ptrs, 10) && p->lse && p->bwd_ws && c->nsplit == 1 &&
             c->kernel >= ATTN_CU_BWD_MMA_D64;
@@ -533,10 +599,10 @@ static void bwd_op(void *arg) {
           size_t qrow = (size_t)((b * Hq + h) * Nq + i);
           memset(dq, 0, (size_t)D * sizeof *dq);
           bwd_row(p, qrow, kb, i, dq, dk, dv);
-          store_rows(p->dq, p->dtype, qrow, 1, D, p->dp, dq, ok);
+          store_rows(p->dq, p->dtype, qrow, 1, D, p->dp, dq, ok, bias);
         }
-      store_rows(p->dk, p->dtype, kb, Nk, D, p->dp, dk, ok);
-      store_rows(p->dv, p->dtype, kb, Nk, D, p->dp, dv, ok);
+      store_rows(p->dk, p->dtype, kb, Nk, D, p->dp, dk, ok, bias);
+      store_rows(p->dv, p->dtype, kb, Nk, D, p->dp, dv, ok, bias);
     }
   free(dk);
 }
@@ -549,12 +615,20 @@ int attn_cu_launch(const attn_cu_params *p, const attn_cu_choice *c, void *strea
     g_k.fail_launch--;
   if (faults)
     g_k.fault_stream--;
+  cudaError_t launch_error =
+      g_k.launch_error ? (cudaError_t)g_k.launch_error : cudaErrorLaunchFailure;
+  bool wrong = g_k.wrong_kernel == (int)c->kernel + 1 || (g_k.wrong_merge && c->nsplit > 1);
+  g_last_kernel = (int)c->kernel;
+  g_last_nsplit = c->nsplit;
   pthread_mutex_unlock(&g_mu);
   if (launch_fails)
-    return (int)fail(cudaErrorLaunchFailure);
+    return (int)fail(launch_error);
+  if (!attn_cu_launch_ok(p, c)) /* as the real entry point does */
+    return (int)fail(cudaErrorInvalidValue);
   fwd_arg *a = malloc(sizeof *a);
   a->p = *p;
   a->c = *c;
+  a->bias = wrong ? 0.25f : 0.0f;
   enqueue((cudaStream_t)stream, p->pass == ATTN_BACKWARD ? bwd_op : fwd_op, a, true,
           faults ? OP_FAULT : 0);
   return 0;

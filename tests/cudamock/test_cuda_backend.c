@@ -17,10 +17,12 @@
 #include "mock.h"
 
 #include <criterion/criterion.h>
+#include <cuda_runtime_api.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 static void reset(void) { mock_defaults(); }
 
@@ -226,7 +228,7 @@ Test(cuda_backend, pool_of_4_streams_under_64_jobs, .init = reset) {
 Test(cuda_backend, devices_and_their_failures, .init = reset) {
   attn_backend_info info[4];
   /* no device */
-  mock_knobs k = {0, 9, (size_t)8 << 30, 0, 0, 0};
+  mock_knobs k = MOCK_KNOBS(0, 9, (size_t)8 << 30, 0, 0, 0);
   mock_set(&k);
   attn_engine *e = open_cuda(0, NULL);
   const attn_backend_info *ci = cuda_info(e, info);
@@ -275,7 +277,7 @@ Test(cuda_backend, out_of_memory_is_retryable, .init = reset) {
   tprob p = tprob_make(1, 2, 1, 20, 30, 64, ATTN_BF16);
   tcase c;
   tcase_init(&c, &p, 2);
-  mock_knobs k = {1, 9, (size_t)8 << 30, 1, 0, 0};
+  mock_knobs k = MOCK_KNOBS(1, 9, (size_t)8 << 30, 1, 0, 0);
   mock_set(&k);
   attn_status st;
   cr_expect_eq(trun(e, &c, "cuda", &st), ATTN_ENOMEM);
@@ -303,7 +305,7 @@ Test(cuda_backend, a_failed_launch_retires_the_device, .init = reset) {
   tprob p = tprob_make(1, 2, 1, 20, 30, 64, ATTN_F16);
   tcase c;
   tcase_init(&c, &p, 5);
-  mock_knobs k = {1, 9, (size_t)8 << 30, 0, 1, 0};
+  mock_knobs k = MOCK_KNOBS(1, 9, (size_t)8 << 30, 0, 1, 0);
   mock_set(&k);
   attn_status st;
   cr_expect_eq(trun(e, &c, "cuda", &st), ATTN_EDEVICE);
@@ -323,7 +325,7 @@ Test(cuda_backend, a_faulting_stream_fails_its_job_without_hanging, .init = rese
   tprob p = tprob_make(1, 2, 1, 20, 30, 64, ATTN_BF16);
   tcase c;
   tcase_init(&c, &p, 6);
-  mock_knobs k = {1, 9, (size_t)8 << 30, 0, 0, 1};
+  mock_knobs k = MOCK_KNOBS(1, 9, (size_t)8 << 30, 0, 0, 1);
   mock_set(&k);
   attn_status st;
   cr_expect_eq(trun(e, &c, "cuda", &st), ATTN_EDEVICE);
@@ -503,7 +505,7 @@ Test(cuda_backend, backward_sizes_and_device_failures, .init = reset) {
   attn_engine *e = open_cuda(2, NULL);
   tprob p = tprob_make(1, 2, 1, 20, 30, 64, ATTN_F16);
   /* out of device memory: retryable, the device stays */
-  mock_knobs k = {1, 9, (size_t)8 << 30, 1, 0, 0};
+  mock_knobs k = MOCK_KNOBS(1, 9, (size_t)8 << 30, 1, 0, 0);
   mock_set(&k);
   tcase c;
   attn_status st = {0};
@@ -523,7 +525,7 @@ Test(cuda_backend, backward_sizes_and_device_failures, .init = reset) {
   /* bigger than the card: refused up front; a forward of the same shape
    * (fewer buffers) still fits */
   mock_defaults();
-  k = (mock_knobs){1, 9, (size_t)3 << 20, 0, 0, 0};
+  k = MOCK_KNOBS(1, 9, (size_t)3 << 20, 0, 0, 0);
   mock_set(&k);
   e = open_cuda(2, NULL);
   tprob big = tprob_make(1, 8, 8, 256, 256, 64, ATTN_F32);
@@ -569,4 +571,272 @@ Test(cuda_backend, a_canceled_backward_is_never_staged, .init = reset, .timeout 
   tref_bwd_free(&ref);
   tcase_free(&a);
   tcase_free(&b);
+}
+
+/* ---- issue 18: host-code bugs ---------------------------------------------- */
+
+/* A request whose every tensor is one broadcast row (strides {0, 0, D}):
+ * any batch and head count validate while needing D elements of memory. */
+static void broadcast_request(attn_request *r, void *buf, int64_t b, int64_t hq, int64_t hkv,
+                              int64_t nq, int64_t nkv) {
+  attn_request_init(r);
+  r->batch = b, r->heads_q = hq, r->heads_kv = hkv, r->seq_q = nq, r->seq_kv = nkv;
+  r->head_dim = 8;
+  r->dtype = ATTN_F16;
+  r->q = r->k = r->v = r->o = buf;
+  const int64_t s[3] = {0, 0, 8};
+  memcpy(r->q_stride, s, sizeof s);
+  memcpy(r->k_stride, s, sizeof s);
+  memcpy(r->v_stride, s, sizeof s);
+  memcpy(r->o_stride, s, sizeof s);
+  r->backend = "cuda";
+}
+
+Test(cuda_backend, batch_and_heads_past_the_grid_are_refused_before_narrowing, .init = reset,
+     .timeout = 30) {
+  /* 2^32 + 1 narrowed to int is 1: the staging buffer would be sized for
+   * one batch entry and packing would write 2^32 + 1 rows into it. */
+  attn_engine *e = open_cuda(1, NULL);
+  static uint16_t buf[8];
+  const int64_t big = ((int64_t)1 << 32) + 1;
+  const int64_t shapes[][3] = {{big, 1, 1}, {1, big + 1, 2}, {1, big - 1, big - 1}};
+  for (int i = 0; i < 3; i++) {
+    attn_request r;
+    broadcast_request(&r, buf, shapes[i][0], shapes[i][1], shapes[i][2], 1, 1);
+    attn_status st = {0};
+    int rc = attn_engine_run(e, &r, NULL, &st);
+    cr_expect(rc == ATTN_EUNSUPPORTED && strstr(st.message, "65535"), "shape %d: %s: %s", i,
+              attn_err_name(rc), st.message);
+  }
+  attn_engine_close(e);
+}
+
+Test(cuda_backend, a_sequence_of_exactly_2_30_is_taken, .init = reset, .timeout = 30) {
+  /* Accepted at submission, then canceled while it waits for the one slot
+   * (job a holds it), so the broadcast buffer is never staged. */
+  mock_knobs k = MOCK_KNOBS(1, 9, (size_t)1 << 42, 0, 0, 0);
+  mock_set(&k);
+  attn_engine *e = open_cuda(1, NULL);
+  k.hold_kernels = true; /* after the self-check */
+  mock_set(&k);
+  tprob p = tprob_make(1, 1, 1, 4, 4, 8, ATTN_F16);
+  tcase a;
+  tcase_init(&a, &p, 51);
+  a.req.backend = "cuda";
+  cancel_outcome oa = {0}, ob = {0};
+  attn_status st = {0};
+  cr_assert_eq(attn_engine_submit(e, &a.req, cancel_done, &oa, &st), 0, "%s", st.message);
+  static uint16_t buf[8];
+  attn_request r;
+  const int64_t max = (int64_t)1 << 30;
+  int flag = 0;
+  broadcast_request(&r, buf, 1, 1, 1, 1, max);
+  r.cancel = &flag;
+  int rc = attn_engine_submit(e, &r, cancel_done, &ob, &st);
+  cr_expect_eq(rc, 0, "2^30 keys: %s: %s", attn_err_name(rc), st.message);
+  attn_cancel_set(&flag);
+  mock_open_gate();
+  broadcast_request(&r, buf, 1, 1, 1, max + 1, 1);
+  rc = attn_engine_submit(e, &r, cancel_done, &ob, &st);
+  cr_expect(rc == ATTN_EUNSUPPORTED && strstr(st.message, "at most 1073741824") &&
+                strstr(st.message, "seq_q 1073741825"),
+            "2^30 + 1 queries: %s: %s", attn_err_name(rc), st.message);
+  attn_engine_close(e);
+  cr_expect_eq(oa.res.status.code, 0, "%s", oa.res.status.message);
+  cr_expect_eq(ob.res.status.code, ATTN_ECANCELED, "%s", ob.res.status.message);
+  tcase_free(&a);
+}
+
+/* Jobs submitted until `flag` is set or `rounds` ran: each wakes the
+ * dispatcher well within its poll interval. */
+static int keep_waking(attn_engine *e, const int *flag, int rounds) {
+  tprob p = tprob_make(1, 1, 1, 4, 4, 8, ATTN_F16);
+  int n = 0;
+  for (; n < rounds && !__atomic_load_n(flag, __ATOMIC_SEQ_CST); n++) {
+    tcase c;
+    tcase_init(&c, &p, (uint64_t)n);
+    attn_status st;
+    trun(e, &c, "cuda", &st);
+    tcase_free(&c);
+    struct timespec ts = {0, 5 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  return n;
+}
+
+Test(cuda_backend, a_fault_is_noticed_while_requests_keep_arriving, .init = reset, .timeout = 60) {
+  attn_engine *e = open_cuda(2, NULL);
+  tprob p = tprob_make(1, 2, 1, 20, 30, 64, ATTN_BF16);
+  tcase c;
+  tcase_init(&c, &p, 61);
+  c.req.backend = "cuda";
+  mock_knobs k = MOCK_KNOBS(1, 9, (size_t)8 << 30, 0, 0, 1);
+  mock_set(&k);
+  cancel_outcome o = {0};
+  attn_status st;
+  cr_assert_eq(attn_engine_submit(e, &c.req, cancel_done, &o, &st), 0, "%s", st.message);
+  /* about 10 s of wake-ups, far past the one-second poll */
+  keep_waking(e, &o.calls, 2000);
+  cr_expect_eq(__atomic_load_n(&o.calls, __ATOMIC_SEQ_CST), 1,
+               "the faulted job is still pending while other jobs arrive");
+  attn_engine_close(e);
+  cr_expect_eq(o.res.status.code, ATTN_EDEVICE, "%s", o.res.status.message);
+  tcase_free(&c);
+}
+
+Test(cuda_backend, the_fault_poll_and_a_host_function_race_once, .init = reset, .timeout = 60) {
+  /* The poll finds the slot busy and not done, the host function runs
+   * before the poll's query, and the query then reports the poisoned
+   * context: the job must complete exactly once. */
+  attn_engine *e = open_cuda(1, NULL);
+  tprob p = tprob_make(1, 2, 1, 20, 30, 64, ATTN_F16);
+  tcase c;
+  tcase_init(&c, &p, 62);
+  c.req.backend = "cuda";
+  mock_knobs k = MOCK_KNOBS(1, 9, (size_t)8 << 30, 0, 0, 0);
+  k.hold_kernels = true;
+  k.race_query = 1;
+  mock_set(&k);
+  cancel_outcome o = {0};
+  attn_status st;
+  cr_assert_eq(attn_engine_submit(e, &c.req, cancel_done, &o, &st), 0, "%s", st.message);
+  attn_engine_close(e);
+  cr_expect_eq(o.calls, 1, "the job completed %d times", o.calls);
+  cr_expect_eq(mock_device_bytes(), 0);
+  tcase_free(&c);
+}
+
+Test(cuda_backend, a_refused_launch_fails_its_job_alone, .init = reset) {
+  attn_engine *e = open_cuda(2, NULL);
+  tprob p = tprob_make(1, 2, 1, 20, 30, 64, ATTN_F16);
+  tcase c;
+  tcase_init(&c, &p, 71);
+  mock_knobs k = MOCK_KNOBS(1, 9, (size_t)8 << 30, 0, 1, 0);
+  k.launch_error = cudaErrorInvalidValue;
+  mock_set(&k);
+  attn_status st;
+  cr_expect_eq(trun(e, &c, "cuda", &st), ATTN_EDEVICE);
+  cr_expect(strstr(st.message, "the attention kernel") && strstr(st.message, "InvalidValue"), "%s",
+            st.message);
+  attn_backend_info info[4];
+  const attn_backend_info *ci = cuda_info(e, info);
+  cr_expect(ci->available, "a refused launch retired the device: %s", ci->detail);
+  tcase_free(&c);
+  cr_expect(check_one(e, &p, 72), "the next job runs on the device");
+  attn_engine_close(e);
+  cr_expect_eq(mock_device_bytes(), 0);
+}
+
+/* ---- the start-up self-check ------------------------------------------------ */
+
+static attn_engine *open_checked(bool check) {
+  attn_config cfg;
+  attn_config_init(&cfg);
+  cfg.threads = 2;
+  cfg.cuda_streams = 2;
+  cfg.cuda_self_check_off = !check;
+  attn_engine *e;
+  attn_status st;
+  cr_assert_eq(attn_engine_open(&cfg, &e, &st), 0, "%s", st.message);
+  return e;
+}
+
+/* Whether the engine's cuda entry lists `kernel` as disabled, with a why. */
+static bool lists_disabled(attn_engine *e, const char *kernel) {
+  attn_backend_info info[4];
+  const attn_backend_info *ci = cuda_info(e, info);
+  for (int i = 0; i < ci->ndisabled; i++)
+    if (!strcmp(ci->disabled[i].kernel, kernel))
+      return strstr(ci->disabled[i].why, "device 0: ") && strstr(ci->disabled[i].why, "error");
+  return false;
+}
+
+Test(cuda_backend, self_check_passes_every_instance, .init = reset) {
+  long before = mock_launches();
+  attn_engine *e = open_checked(true);
+  attn_backend_info info[4];
+  const attn_backend_info *ci = cuda_info(e, info);
+  cr_expect(ci->available && ci->ndisabled == 0, "%d disabled, first %s: %s", ci->ndisabled,
+            ci->ndisabled ? ci->disabled[0].kernel : "", ci->ndisabled ? ci->disabled[0].why : "");
+  cr_expect_geq(mock_launches() - before, 10, "every case launched");
+  attn_engine_close(e);
+  before = mock_launches();
+  e = open_checked(false);
+  cr_expect_eq(mock_launches(), before, "--gpu-self-check off launches nothing");
+  attn_engine_close(e);
+}
+
+Test(cuda_backend, a_wrong_head_dim_instance_falls_back_to_the_next, .init = reset) {
+  mock_knobs k = MOCK_KNOBS(1, 9, (size_t)8 << 30, 0, 0, 0);
+  k.wrong_kernel = ATTN_CU_MMA_D64 + 1;
+  mock_set(&k);
+  attn_engine *e = open_checked(true);
+  cr_expect(lists_disabled(e, "mma_d64"), "mma_d64 not listed");
+  cr_expect(!lists_disabled(e, "mma_d128"));
+  tprob p = tprob_make(1, 4, 2, 19, 40, 64, ATTN_F16);
+  p.causal = true;
+  cr_expect(check_one(e, &p, 81), "a head dim of 64 still runs, right");
+  cr_expect_eq(mock_last_kernel(NULL), ATTN_CU_MMA_D128, "ran on %s",
+               attn_cu_kernel_name((attn_cu_kernel)mock_last_kernel(NULL)));
+  attn_engine_close(e);
+  /* unchecked, the same kernel answers wrong: the check is what guards */
+  e = open_checked(false);
+  tcase c;
+  tcase_init(&c, &p, 81);
+  attn_status st;
+  cr_assert_eq(trun(e, &c, "cuda", &st), 0, "%s", st.message);
+  cr_expect_gt(tcheck(&c).o, ttol(p.dt), "the wrong kernel was right after all");
+  tcase_free(&c);
+  attn_engine_close(e);
+}
+
+Test(cuda_backend, a_wrong_f32_kernel_leaves_f32_to_the_cpu, .init = reset) {
+  mock_knobs k = MOCK_KNOBS(1, 9, (size_t)8 << 30, 0, 0, 0);
+  k.wrong_kernel = ATTN_CU_SIMT_F32 + 1;
+  mock_set(&k);
+  attn_engine *e = open_checked(true);
+  cr_expect(lists_disabled(e, "simt_f32"));
+  tprob p = tprob_make(1, 2, 1, 9, 30, 40, ATTN_F32);
+  tcase c;
+  tcase_init(&c, &p, 82);
+  attn_status st;
+  cr_expect_eq(trun(e, &c, "cuda", &st), ATTN_EUNSUPPORTED, "%s", st.message);
+  cr_expect(strstr(st.message, "self-check"), "%s", st.message);
+  attn_result res;
+  c.req.backend = "auto";
+  cr_expect_eq(attn_engine_run(e, &c.req, &res, &st), 0, "%s", st.message);
+  cr_expect_str_eq(res.backend, "cpu");
+  tcase_free(&c);
+  tprob h = tprob_make(1, 2, 1, 9, 30, 40, ATTN_BF16);
+  cr_expect(check_one(e, &h, 83), "BF16 still runs on the device");
+  attn_engine_close(e);
+}
+
+Test(cuda_backend, a_wrong_merge_turns_split_kv_off, .init = reset) {
+  mock_knobs k = MOCK_KNOBS(1, 9, (size_t)8 << 30, 0, 0, 0);
+  k.wrong_merge = true;
+  mock_set(&k);
+  attn_engine *e = open_checked(true);
+  cr_expect(lists_disabled(e, "split_kv_merge"));
+  cr_expect(!lists_disabled(e, "mma_d64") && !lists_disabled(e, "simt_f32"));
+  tprob p = tprob_make(1, 2, 1, 1, 1500, 64, ATTN_BF16);
+  p.stats = true;
+  cr_expect(check_one(e, &p, 84), "the decode runs unsplit");
+  int nsplit = 0;
+  mock_last_kernel(&nsplit);
+  cr_expect_eq(nsplit, 1);
+  attn_engine_close(e);
+}
+
+Test(cuda_backend, a_wrong_backward_instance_falls_back, .init = reset) {
+  mock_knobs k = MOCK_KNOBS(1, 9, (size_t)8 << 30, 0, 0, 0);
+  k.wrong_kernel = ATTN_CU_BWD_MMA_D128 + 1;
+  mock_set(&k);
+  attn_engine *e = open_checked(true);
+  cr_expect(lists_disabled(e, "bwd_mma_d128"));
+  cr_expect(!lists_disabled(e, "mma_d128"), "the forward instance is fine");
+  tprob p = tprob_make(1, 4, 2, 19, 23, 120, ATTN_BF16);
+  cr_expect(check_bwd(e, &p, 85, true));
+  cr_expect_eq(mock_last_kernel(NULL), ATTN_CU_BWD_MMA_D256);
+  attn_engine_close(e);
 }

@@ -74,7 +74,7 @@ Test(server, sigint_exits_zero) {
 
 Test(server, info_fields_and_limits) {
   srv_start(&S, "--max-body", "2M", "--max-queue", "7", "--timeout", "9", "--idle-timeout", "11",
-            "--max-connections", "50", "--drain-timeout", "13", NULL);
+            "--max-connections", "50", "--drain-timeout", "13", "--gpu-self-check", "off", NULL);
   cJSON *j = get_json("/v1/info", 200);
   const char *ver = jstr(j, "version");
   cr_expect(ver && *ver, "version missing");
@@ -87,6 +87,8 @@ Test(server, info_fields_and_limits) {
     cr_expect(cJSON_IsBool(cJSON_GetObjectItemCaseSensitive(b, "available")),
               "backend without a boolean available");
     cr_expect(jstr(b, "detail"), "backend without a detail string");
+    cr_expect(cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(b, "disabled")),
+              "backend without a disabled list");
     if (jstr(b, "name") && !strcmp(jstr(b, "name"), "cpu") &&
         cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(b, "available")))
       cpu_ok = true;
@@ -521,6 +523,7 @@ Test(server, bad_flags_exit_2_with_one_line) {
       {"--devices", "-1", NULL},
       {"--devices", "", NULL},
       {"--streams", "0", NULL},
+      {"--gpu-self-check", "maybe", NULL},
       {"--max-connections", "", NULL},
       {"--isa", "mmx", NULL},
       {"--isa", "", NULL},

@@ -762,3 +762,92 @@ Test(cuda_layout, backward_selection) {
   cr_assert_eq(attn_cu_select(&p, 132, &c, &st), ATTN_EUNSUPPORTED);
   cr_assert_str_eq(attn_cu_kernel_name(ATTN_CU_BWD_SIMT_F32), "bwd_simt_f32");
 }
+
+Test(cuda_layout, launch_contract) {
+  /* 16-byte aligned tensors and dp = head_dim padded to 8, or no launch. */
+  static _Alignas(16) unsigned char buf[4096];
+  attn_cu_params p;
+  memset(&p, 0, sizeof p);
+  p.dtype = ATTN_F16, p.batch = 1, p.heads_q = 2, p.heads_kv = 1, p.seq_q = 5, p.seq_kv = 9;
+  p.head_dim = 61, p.dp = 64, p.window_left = p.window_right = -1;
+  attn_cu_choice c;
+  attn_status st;
+  cr_assert_eq(attn_cu_select(&p, 0, &c, &st), 0, "%s", st.message);
+  p.q = buf, p.k = buf + 1024, p.v = buf + 2048, p.o = buf + 3072;
+  cr_expect(attn_cu_launch_ok(&p, &c));
+  attn_cu_params x = p;
+  x.k = buf + 1032; /* 8-byte aligned */
+  cr_expect(!attn_cu_launch_ok(&x, &c), "a misaligned K");
+  x = p;
+  x.o = NULL;
+  cr_expect(!attn_cu_launch_ok(&x, &c), "no O");
+  x = p;
+  x.dp = 62;
+  cr_expect(!attn_cu_launch_ok(&x, &c), "dp not a multiple of 8");
+  x = p;
+  x.dp = 72;
+  cr_expect(!attn_cu_launch_ok(&x, &c), "dp not head_dim's padding");
+  x = p;
+  x.lse = (float *)(void *)(buf + 2);
+  cr_expect(!attn_cu_launch_ok(&x, &c), "a misaligned lse");
+  attn_cu_choice cs = c;
+  cs.nsplit = 2;
+  cr_expect(!attn_cu_launch_ok(&p, &cs), "split without scratch");
+  x = p;
+  x.split_ws = buf + 8;
+  cr_expect(!attn_cu_launch_ok(&x, &cs), "misaligned split scratch");
+  x.split_ws = buf;
+  cr_expect(attn_cu_launch_ok(&x, &cs));
+  x = p;
+  x.pass = ATTN_BACKWARD;
+  x.dout = buf, x.dq = buf, x.dk = buf, x.dv = buf, x.lse = (float *)(void *)buf;
+  x.bwd_ws = (float *)(void *)buf;
+  cr_expect(attn_cu_launch_ok(&x, &c));
+  x.dv = buf + 4;
+  cr_expect(!attn_cu_launch_ok(&x, &c), "a misaligned dV");
+}
+
+Test(cuda_layout, split_kv_counts_only_visible_tiles) {
+  /* A decode row over 8192 keys with a 256-key window sees 5 tiles of 64
+   * (the window straddles a tile edge): at most one split of >= 4 tiles,
+   * not the 32 that all 128 tiles would give. */
+  attn_cu_params p;
+  memset(&p, 0, sizeof p);
+  p.dtype = ATTN_BF16, p.batch = 1, p.heads_q = 2, p.heads_kv = 1, p.seq_q = 1, p.seq_kv = 8192;
+  p.head_dim = 64, p.dp = 64, p.window_left = 256, p.window_right = 0;
+  attn_cu_choice c;
+  attn_status st;
+  cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0, "%s", st.message);
+  cr_expect_eq(c.nsplit, 1, "windowed decode split %d ways", c.nsplit);
+  p.window_left = 4096; /* 65 tiles: 16 splits of >= 4 */
+  cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0);
+  cr_expect_eq(c.nsplit, 16);
+  p.window_left = -1;
+  cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0);
+  cr_expect_eq(c.nsplit, 32);
+}
+
+Test(cuda_layout, disabled_instances_fall_back) {
+  attn_cu_params p;
+  memset(&p, 0, sizeof p);
+  p.dtype = ATTN_F16, p.batch = 1, p.heads_q = 2, p.heads_kv = 1, p.seq_q = 1, p.seq_kv = 4096;
+  p.head_dim = 64, p.dp = 64, p.window_left = p.window_right = -1;
+  attn_cu_choice c;
+  attn_status st;
+  cr_assert_eq(attn_cu_select_masked(&p, 132, 1u << ATTN_CU_MMA_D64, &c, &st), 0);
+  cr_expect_eq(c.kernel, ATTN_CU_MMA_D128);
+  cr_assert_eq(attn_cu_select_masked(&p, 132, 3u << ATTN_CU_MMA_D64, &c, &st), 0);
+  cr_expect_eq(c.kernel, ATTN_CU_MMA_D256);
+  cr_expect_gt(c.nsplit, 1);
+  cr_assert_eq(attn_cu_select_masked(&p, 132, ATTN_CU_SPLIT_BIT, &c, &st), 0);
+  cr_expect(c.kernel == ATTN_CU_MMA_D64 && c.nsplit == 1);
+  cr_expect_eq(attn_cu_select_masked(&p, 132, 7u << ATTN_CU_MMA_D64, &c, &st), ATTN_EUNSUPPORTED);
+  p.pass = ATTN_BACKWARD;
+  cr_assert_eq(attn_cu_select_masked(&p, 132, 1u << ATTN_CU_MMA_D64, &c, &st), 0);
+  cr_expect_eq(c.kernel, ATTN_CU_BWD_MMA_D64, "a forward bit leaves the backward alone");
+  cr_assert_eq(attn_cu_select_masked(&p, 132, 1u << ATTN_CU_BWD_MMA_D64, &c, &st), 0);
+  cr_expect_eq(c.kernel, ATTN_CU_BWD_MMA_D128);
+  p.dtype = ATTN_F32;
+  cr_expect_eq(attn_cu_select_masked(&p, 132, 1u << ATTN_CU_BWD_SIMT_F32, &c, &st),
+               ATTN_EUNSUPPORTED);
+}

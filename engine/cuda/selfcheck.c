@@ -1,0 +1,197 @@
+/*
+ * selfcheck.c — the start-up self-check's cases (see selfcheck.h).
+ *
+ * Shapes are chosen so that the selection with nothing disabled reaches
+ * each instance once in an unsplit case (listed first) and the split-KV
+ * path in the decode cases (a query row over 700 keys splits on any device
+ * with fewer query blocks than twice its multiprocessors). Errors are
+ * normalized like the tests' (sqrt of the squared error over the squared
+ * reference) and allowed four times the tests' per-dtype threshold: the
+ * check is there to catch a wrong kernel, not rounding.
+ */
+#include "selfcheck.h"
+
+#include "backend.h"
+#include "reference.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct check_shape {
+  attn_pass pass;
+  attn_dtype dt;
+  int hq, hkv, nq, nkv, d;
+  bool causal;
+  int wl; /* window_left, -1: unbounded */
+} check_shape;
+
+static const check_shape shapes[] = {
+    /* unsplit: each instance, GQA 4:2, masks, padded head dims */
+    {ATTN_FORWARD, ATTN_F16, 4, 2, 37, 70, 61, true, -1},
+    {ATTN_FORWARD, ATTN_BF16, 4, 2, 37, 70, 125, false, 20},
+    {ATTN_FORWARD, ATTN_F16, 2, 1, 37, 70, 253, true, 30},
+    {ATTN_FORWARD, ATTN_F32, 4, 2, 37, 70, 45, true, -1},
+    {ATTN_BACKWARD, ATTN_F16, 4, 2, 37, 70, 61, true, -1},
+    {ATTN_BACKWARD, ATTN_BF16, 4, 2, 37, 70, 125, false, 20},
+    {ATTN_BACKWARD, ATTN_F16, 2, 1, 37, 70, 253, true, -1},
+    {ATTN_BACKWARD, ATTN_F32, 4, 2, 37, 70, 45, false, 9},
+    /* decode rows: split-KV and the merge */
+    {ATTN_FORWARD, ATTN_BF16, 4, 2, 1, 700, 64, false, -1},
+    {ATTN_FORWARD, ATTN_F32, 2, 1, 1, 700, 40, true, -1},
+};
+enum { NSHAPES = sizeof shapes / sizeof *shapes };
+
+int attn_cu_check_count(void) { return NSHAPES; }
+
+static double tolerance(attn_dtype dt) {
+  return 4 * (dt == ATTN_F16 ? 1e-3 : dt == ATTN_BF16 ? 8e-3 : 1e-5);
+}
+
+/* n elements of dtype dt at p, uniform in [-1, 1), from an xorshift. */
+static void fill(void *p, attn_dtype dt, size_t n, uint64_t *x) {
+  for (size_t i = 0; i < n; i++) {
+    *x ^= *x << 13, *x ^= *x >> 7, *x ^= *x << 17;
+    attn_store_elem(p, dt, i, (float)((double)(*x >> 11) / (double)(1ull << 52) - 1.0));
+  }
+}
+
+static void request_of(const check_shape *s, attn_request *r) {
+  attn_request_init(r);
+  r->pass = s->pass;
+  r->dtype = s->dt;
+  r->batch = 1, r->heads_q = s->hq, r->heads_kv = s->hkv;
+  r->seq_q = s->nq, r->seq_kv = s->nkv, r->head_dim = s->d;
+  r->causal = s->causal;
+  r->window_left = s->wl;
+}
+
+/* Points the request's tensors into one buffer (inputs filled). */
+static int lay_out(attn_cu_check *c, attn_status *st) {
+  attn_request *r = &c->req;
+  size_t es = attn_dtype_size(r->dtype);
+  size_t nq = (size_t)(r->heads_q * r->seq_q * r->head_dim);
+  size_t nk = (size_t)(r->heads_kv * r->seq_kv * r->head_dim);
+  bool bwd = r->pass == ATTN_BACKWARD;
+  size_t n = bwd ? 4 * nq + 4 * nk : 2 * nq + 2 * nk;
+  unsigned char *b = calloc(n, es);
+  if (!b)
+    return attn_status_set(st, ATTN_ENOMEM, "out of memory for the cuda self-check");
+  c->buf = b;
+  uint64_t x = 0x9e3779b97f4a7c15ull ^ (uint64_t)n;
+  /* q k v o, then do dq dk dv; the inputs random */
+  const size_t lens[] = {nq, nk, nk, nq, nq, nq, nk, nk};
+  void *at[8];
+  for (int i = 0; i < (bwd ? 8 : 4); i++) {
+    at[i] = b;
+    if (i < 3 || i == 4)
+      fill(b, r->dtype, lens[i], &x);
+    b += lens[i] * es;
+  }
+  r->q = at[0], r->k = at[1], r->v = at[2], r->o = at[3];
+  if (bwd)
+    r->dout = at[4], r->dq = at[5], r->dk = at[6], r->dv = at[7];
+  attn__request_fill_strides(r);
+  return 0;
+}
+
+/* A backward case's O and lse_in: the reference forward, O rounded to the
+ * dtype. */
+static int forward_inputs(attn_cu_check *c, attn_status *st) {
+  attn_request f = c->req;
+  f.pass = ATTN_FORWARD;
+  f.dout = NULL, f.dq = f.dk = f.dv = NULL;
+  size_t n = (size_t)(f.heads_q * f.seq_q * f.head_dim);
+  double *o = malloc(n * sizeof *o), lse[256];
+  if (!o)
+    return attn_status_set(st, ATTN_ENOMEM, "out of memory for the cuda self-check");
+  int rc = attn_reference(&f, o, NULL, NULL, lse, st);
+  for (size_t i = 0; rc == 0 && i < n; i++)
+    attn_store_elem(c->req.o, f.dtype, i, (float)o[i]);
+  for (int64_t i = 0; i < f.heads_q * f.seq_q; i++)
+    c->lse[i] = (float)lse[i];
+  c->req.lse_in = c->lse;
+  free(o);
+  return rc;
+}
+
+int attn_cu_check_make(int i, attn_cu_check *c, attn_status *st) {
+  memset(c, 0, sizeof *c);
+  request_of(&shapes[i], &c->req);
+  attn_request *r = &c->req;
+  size_t nq = (size_t)(r->heads_q * r->seq_q * r->head_dim);
+  size_t nk = (size_t)(r->heads_kv * r->seq_kv * r->head_dim);
+  int rc = lay_out(c, st);
+  if (rc < 0)
+    return rc;
+  c->ref = malloc((nq + 2 * nk + 256) * sizeof *c->ref);
+  if (!c->ref) {
+    attn_cu_check_free(c);
+    return attn_status_set(st, ATTN_ENOMEM, "out of memory for the cuda self-check");
+  }
+  if (r->pass == ATTN_FORWARD) {
+    r->lse = c->lse; /* the device's statistics, checked too */
+    rc = attn_reference(r, c->ref, NULL, NULL, c->ref + nq, st);
+  } else if ((rc = forward_inputs(c, st)) == 0) {
+    rc = attn_reference_backward(r, c->ref, c->ref + nq, c->ref + nq + nk, st);
+  }
+  if (rc < 0)
+    attn_cu_check_free(c);
+  return rc;
+}
+
+/* sqrt(sum (x - y)^2 / sum y^2) over n elements of x (dtype dt, or F32
+ * statistics when f32 is set); NaN counts as infinite. */
+static double norm_err(const void *x, attn_dtype dt, bool f32, const double *y, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; i++) {
+    double a = f32 ? ((const float *)x)[i] : attn_load_elem(x, dt, i);
+    if (isnan(a))
+      return INFINITY;
+    num += (a - y[i]) * (a - y[i]);
+    den += y[i] * y[i];
+  }
+  return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* Why a case failed: the tensor, its error and the shape; returns false. */
+static bool describe(const attn_cu_check *c, const char *tensor, double e, double tol, char *why,
+                     size_t cap) {
+  const attn_request *r = &c->req;
+  snprintf(why, cap, "%s error %.2g > %.0e on %s %s [%lld, %lld, %lld, %lld, %lld]%s", tensor, e,
+           tol, attn_dtype_name(r->dtype), r->pass == ATTN_BACKWARD ? "backward" : "forward",
+           (long long)r->heads_q, (long long)r->heads_kv, (long long)r->seq_q, (long long)r->seq_kv,
+           (long long)r->head_dim, r->causal ? " causal" : "");
+  return false;
+}
+
+bool attn_cu_check_verify(const attn_cu_check *c, char *why, size_t cap) {
+  const attn_request *r = &c->req;
+  size_t nq = (size_t)(r->heads_q * r->seq_q * r->head_dim);
+  size_t nk = (size_t)(r->heads_kv * r->seq_kv * r->head_dim);
+  const void *out[3] = {r->o, NULL, NULL};
+  const size_t len[3] = {nq, nk, nk};
+  const char *name[3] = {"o", "dk", "dv"};
+  if (r->pass == ATTN_BACKWARD)
+    out[0] = r->dq, out[1] = r->dk, out[2] = r->dv, name[0] = "dq";
+  const double tol = tolerance(r->dtype);
+  for (size_t t = 0, at = 0; t < 3 && out[t]; at += len[t], t++) {
+    double e = norm_err(out[t], r->dtype, false, c->ref + at, len[t]);
+    if (!(e <= tol))
+      return describe(c, name[t], e, tol, why, cap);
+  }
+  if (r->pass == ATTN_FORWARD) {
+    double e = norm_err(r->lse, r->dtype, true, c->ref + nq, (size_t)(r->heads_q * r->seq_q));
+    if (!(e <= 1e-4))
+      return describe(c, "lse", e, 1e-4, why, cap);
+  }
+  return true;
+}
+
+void attn_cu_check_free(attn_cu_check *c) {
+  free(c->buf);
+  free(c->ref);
+  c->buf = NULL;
+  c->ref = NULL;
+}

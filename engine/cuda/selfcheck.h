@@ -1,0 +1,36 @@
+/*
+ * selfcheck.h — the cases of the CUDA backend's start-up self-check.
+ *
+ * Small, awkward problems that together reach every kernel instance the
+ * selection (attn_cu_select) can choose: each head-dim instance of the
+ * forward and the backward pass, F16, BF16 and F32, GQA, causal and
+ * windowed masks, and a decode row long enough to take the split-KV path
+ * and its merge. Each case comes with its inputs and its float64 answer;
+ * the backend (cuda.c) runs it on a device and asks whether the outputs
+ * match. Host code only, no CUDA call.
+ */
+#ifndef ATTN_CUDA_SELFCHECK_H
+#define ATTN_CUDA_SELFCHECK_H
+
+#include "engine.h"
+
+typedef struct attn_cu_check {
+  attn_request req; /* contiguous tensors; outputs written by the device */
+  void *buf;        /* every tensor of req, one allocation */
+  double *ref;      /* the float64 answer: o (+ lse), or dq dk dv */
+  float lse[256];   /* the forward's lse (a backward case's lse_in, or stats) */
+} attn_cu_check;
+
+/* How many cases there are. */
+int attn_cu_check_count(void);
+
+/* Case i with its inputs and reference; 0 or an error (out of memory). */
+int attn_cu_check_make(int i, attn_cu_check *c, attn_status *st);
+
+/* Whether the device's outputs match the reference within the dtype's
+ * tolerance; when not, why (the tensor and its normalized error). */
+bool attn_cu_check_verify(const attn_cu_check *c, char *why, size_t cap);
+
+void attn_cu_check_free(attn_cu_check *c);
+
+#endif

@@ -51,6 +51,7 @@ typedef struct attn__flash_args {
   int64_t wl, wr;           /* effective window, causal folded in */
   int64_t off;              /* seq_kv - seq_q */
   int64_t group;            /* heads_q / heads_kv */
+  attn__variants var;       /* softcap and ALiBi */
 } attn__flash_args;
 
 /* A block of query rows: positions [i0, i0 + nq) of the nh query heads
@@ -98,7 +99,8 @@ extern const attn__flash_isa attn__flash_generic;
 
 /* Workspace one worker needs, for any head_dim up to the maximum: Qᵀ and
  * Oᵀ (D × BQ each), the score tile (BK × BQ), converted K and V tiles
- * (BK × D each), and m, l, alpha (BQ each). */
+ * (BK × D each), and m, l, alpha (BQ each). ALiBi's per-lane slopes and
+ * positions live on the stack (2 × BQ floats). */
 #define ATTN_FLASH_WS_FLOATS                                               \
   (2 * ATTN_MAX_HEAD_DIM * ATTN_FLASH_BQ + ATTN_FLASH_BK * ATTN_FLASH_BQ + \
    2 * ATTN_FLASH_BK * ATTN_MAX_HEAD_DIM + 3 * ATTN_FLASH_BQ)

@@ -559,6 +559,18 @@ static void exp2_array(const float *x, float *y, int64_t n) {
   }
 }
 
+static void tanh_array(const float *x, float *y, int64_t n) {
+  int64_t i = 0;
+  for (; i + VL <= n; i += VL)
+    vstore(y + i, vtanh(vload(x + i)));
+  for (; i < n; i++) {
+    float t[VL] = {0};
+    t[0] = x[i];
+    vstore(t, vtanh(vload(t)));
+    y[i] = t[0];
+  }
+}
+
 #if ATTN_AMX
 #define KERNEL_NAME "amx"
 #elif ATTN_DPBF16
@@ -573,5 +585,6 @@ const attn__flash_isa CAT(attn__flash_, SUFFIX) = {
     /* .scan_keys = */ scan_keys,
     /* .scan      = */ scan,
     /* .exp2      = */ exp2_array,
+    /* .tanh      = */ tanh_array,
     /* .bwd       = */ &CAT(attn__bwd_, SUFFIX),
 };

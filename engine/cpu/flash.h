@@ -82,6 +82,8 @@ typedef struct attn__flash_isa {
   int64_t (*scan)(const void *p, attn_dtype dt, int64_t n, int64_t d, int64_t stride, float *pmax);
   /* y = 2^x with the kernel's vector exp2, for the tests of its error. */
   void (*exp2)(const float *x, float *y, int64_t n);
+  /* y = tanh(x) with the kernel's vector tanh (softcap), for the same tests. */
+  void (*tanh)(const float *x, float *y, int64_t n);
   /* The backward pass (flash_bwd.h), from flash_bwd.c's instance. */
   const attn__bwd_kernel *bwd;
 } attn__flash_isa;

@@ -26,6 +26,8 @@ typedef struct attn_infer_args {
   attn_pass pass; /* --backward: POST /attention/backward */
   double timeout;
   attn_options opts; /* the flags, validated by the server's own parser */
+  float *alibi;      /* --alibi-slopes (malloc'd), or NULL */
+  int64_t nalibi;
   attn_sbuf query;   /* the same flags as a query string */
 } attn_infer_args;
 

@@ -102,8 +102,8 @@ static int parse_slopes(const char *s, attn_infer_args *a) {
     errno = 0;
     double v = strtod(p, &end);
     if (end == p || errno || !isfinite(v) || *end != (i + 1 < a->nalibi ? ',' : 0)) {
-      fprintf(stderr, ME ": --alibi-slopes expects finite numbers separated by commas (got \"%s\")\n",
-              s);
+      fprintf(stderr,
+              ME ": --alibi-slopes expects finite numbers separated by commas (got \"%s\")\n", s);
       return 2;
     }
     a->alibi[i] = (float)v;
@@ -152,20 +152,14 @@ static int infer_flag(int c, attn_infer_args *a) {
 
 /* getopt over argv; 0, 2 after a message, or -1 for --help (printed). */
 static int parse_flags(int argc, char **argv, attn_infer_args *a) {
-  static const struct option lopts[] = {{"shape", required_argument, 0, 'p'},
-                                        {"shape-kv", required_argument, 0, 'P'},
-                                        {"dtype", required_argument, 0, 't'},
-                                        {"seed", required_argument, 0, 'r'},
-                                        {"json", no_argument, 0, 'j'},
-                                        ATTN_API_OPTIONS,
-                                        {"check", no_argument, 0, 'k'},
-                                        {"out", required_argument, 0, 'o'},
-                                        {"timeout", required_argument, 0, 'T'},
-                                        {"quiet", no_argument, 0, 'Q'},
-                                        {"backward", no_argument, 0, 'W'},
-                                        {"alibi-slopes", required_argument, 0, 'A'},
-                                        {"help", no_argument, 0, 'x'},
-                                        {0, 0, 0, 0}};
+  static const struct option lopts[] = {
+      {"shape", required_argument, 0, 'p'},   {"shape-kv", required_argument, 0, 'P'},
+      {"dtype", required_argument, 0, 't'},   {"seed", required_argument, 0, 'r'},
+      {"json", no_argument, 0, 'j'},          ATTN_API_OPTIONS,
+      {"check", no_argument, 0, 'k'},         {"out", required_argument, 0, 'o'},
+      {"timeout", required_argument, 0, 'T'}, {"quiet", no_argument, 0, 'Q'},
+      {"backward", no_argument, 0, 'W'},      {"alibi-slopes", required_argument, 0, 'A'},
+      {"help", no_argument, 0, 'x'},          {0, 0, 0, 0}};
   int c;
   optind = 1;
   opterr = 1;
@@ -341,8 +335,11 @@ static int make_random(attn_infer_args *a, infer_bufs *ib, char **pbody, size_t 
       {"o", r->dtype, 4, {sq[0], sq[1], sq[2], sq[3]}, r->o},
       {"do", r->dtype, 4, {sq[0], sq[1], sq[2], sq[3]}, r->dout},
       {"lse", ATTN_F32, 3, {sq[0], sq[1], sq[2], 0}, r->lse_in},
-      {"alibi_slopes", ATTN_F32, r->alibi_stride_b ? 2 : 1,
-       {r->alibi_stride_b ? r->batch : r->heads_q, r->heads_q}, r->alibi_slopes}};
+      {"alibi_slopes",
+       ATTN_F32,
+       r->alibi_stride_b ? 2 : 1,
+       {r->alibi_stride_b ? r->batch : r->heads_q, r->heads_q},
+       r->alibi_slopes}};
   attn_status st;
   *local_ok = attn_proto_build_pass(pr, a->pass, t, &a->opts, &st) == 0;
   if (!*local_ok)

@@ -21,9 +21,8 @@ static void shape_str(char *buf, size_t cap, const attn_proto_tensor *t) {
 
 /* ---- the tensor table ------------------------------------------------------ */
 
-static const char *const tensor_names[ATTN_PROTO_MAX_TENSORS] = {"q",  "k",   "v",
-                                                                  "o",  "do",  "lse",
-                                                                  "alibi_slopes"};
+static const char *const tensor_names[ATTN_PROTO_MAX_TENSORS] = {"q",  "k",   "v",           "o",
+                                                                 "do", "lse", "alibi_slopes"};
 
 const char *attn_proto_tensor_name(int i) {
   return i >= 0 && i < ATTN_PROTO_MAX_TENSORS ? tensor_names[i] : NULL;

@@ -124,11 +124,9 @@ bad:;
   static const char *const expect[] = {"", "true or false", "a finite number",
                                        "an integer >= -1 (-1: unbounded)",
                                        "auto, cpu, cuda or reference"};
-  return attn_status_set(st, ATTN_PROTO_EOPTVALUE,
-                         "option \"%s\" in the %s must be %s (got \"%s\")", qn, source,
-                         d->bit == ATTN_OPT_SOFTCAP ? "a finite number >= 0 (0: off)"
-                                                    : expect[d->kind],
-                         qv);
+  return attn_status_set(
+      st, ATTN_PROTO_EOPTVALUE, "option \"%s\" in the %s must be %s (got \"%s\")", qn, source,
+      d->bit == ATTN_OPT_SOFTCAP ? "a finite number >= 0 (0: off)" : expect[d->kind], qv);
 }
 
 static int hexval(char c) {

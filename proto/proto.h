@@ -190,15 +190,13 @@ typedef struct attn_proto_req {
  * that build tensors themselves get the same checks.
  */
 int attn_proto_build(attn_proto_req *pr, const attn_proto_tensor t[ATTN_PROTO_MAX_TENSORS],
-                     const attn_options *opts,
-                     attn_status *st);
+                     const attn_options *opts, attn_status *st);
 /*
  * The same for either pass: t holds ATTN_PROTO_MAX_TENSORS tensors in the
- * table's order (those not of the pass are not looked at). A backward pass also checks that o and do have q's
- * shape and dtype (ATTN_PROTO_ESHAPE, EDTYPE) and lse, when t[5].data is not
- * NULL, F32 of q's shape without its last dimension; refuses the option
- * stats (ATTN_PROTO_EOPTVALUE: a backward pass returns no statistics); and
- * allocates dq, dk and dv in the input dtype.
+ * table's order (those not of the pass are not looked at). A backward pass also checks that o and
+ * do have q's shape and dtype (ATTN_PROTO_ESHAPE, EDTYPE) and lse, when t[5].data is not NULL, F32
+ * of q's shape without its last dimension; refuses the option stats (ATTN_PROTO_EOPTVALUE: a
+ * backward pass returns no statistics); and allocates dq, dk and dv in the input dtype.
  */
 int attn_proto_build_pass(attn_proto_req *pr, attn_pass pass, const attn_proto_tensor *t,
                           const attn_options *opts, attn_status *st);

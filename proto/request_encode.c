@@ -126,7 +126,7 @@ static bool option_text(const attn_options *o, unsigned bit, const char **name, 
   return true;
 }
 
-static const unsigned option_bits[] = {ATTN_OPT_CAUSAL, ATTN_OPT_SCALE,   ATTN_OPT_WINDOW_LEFT,
+static const unsigned option_bits[] = {ATTN_OPT_CAUSAL,       ATTN_OPT_SCALE, ATTN_OPT_WINDOW_LEFT,
                                        ATTN_OPT_WINDOW_RIGHT, ATTN_OPT_STATS, ATTN_OPT_BACKEND,
                                        ATTN_OPT_SOFTCAP};
 #define NOPTS (sizeof option_bits / sizeof option_bits[0])

@@ -326,8 +326,8 @@ static int tensor_entry(const cJSON *c, attn_pass pass, uint64_t data_len, entry
                         attn_status *st) {
   char q[48];
   int i = 0;
-  while (i < NT && !(attn_proto_tensor_in_pass(i, pass) &&
-                     !strcmp(c->string, attn_proto_tensor_name(i))))
+  while (i < NT &&
+         !(attn_proto_tensor_in_pass(i, pass) && !strcmp(c->string, attn_proto_tensor_name(i))))
     i++;
   if (i == NT)
     return attn_status_set(st, ATTN_PROTO_EUNKNOWNTENSOR, "unknown tensor \"%s\"; send exactly %s",
@@ -392,8 +392,8 @@ static int parse_header(const unsigned char *hdr, size_t n, attn_pass pass, uint
 
 /* The tensors e[] found, in place where aligned, else copied into
  * pr->owned[]; a tensor not sent has data NULL. */
-static int place_tensors(const unsigned char *data, const entry e[NT],
-                         attn_proto_req *pr, attn_proto_tensor t[NT], attn_status *st) {
+static int place_tensors(const unsigned char *data, const entry e[NT], attn_proto_req *pr,
+                         attn_proto_tensor t[NT], attn_status *st) {
   memset(t, 0, NT * sizeof *t);
   for (int i = 0; i < NT; i++) {
     t[i].name = attn_proto_tensor_name(i);

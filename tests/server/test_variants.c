@@ -61,7 +61,8 @@ Test(variants, json_and_query_match_the_reference) {
     post(&c, "/attention", extra, what);
     if (p.softcap > 0) { /* the same softcap from the query string */
       extra[n] = 0;
-      snprintf(extra + n, sizeof extra - n, ",\"stats\":true%s", p.causal ? ",\"causal\":true" : "");
+      snprintf(extra + n, sizeof extra - n, ",\"stats\":true%s",
+               p.causal ? ",\"causal\":true" : "");
       post(&c, "/attention?softcap=2.5", extra, what);
     }
     tcase_free(&c);

@@ -14,7 +14,7 @@ typedef struct tprob {
   int64_t wl, wr; /* -1 unbounded */
   double scale;   /* NaN: default */
   bool stats;
-  bool strided; /* lay tensors out [B, N, H, D] (as FlashAttention's API does) */
+  bool strided;   /* lay tensors out [B, N, H, D] (as FlashAttention's API does) */
   double softcap; /* 0: off */
   int alibi;      /* 0: off; 1: slopes [Hq]; 2: slopes [B, Hq] (tcase_init draws them) */
 } tprob;

@@ -101,11 +101,11 @@ static void check_case(const fdcase *c, uint64_t seed) {
 
 Test(backward_ref, finite_differences) {
   static const fdcase cases[] = {
-      {1, 1, 1, 3, 4, 5, false, -1, -1, 0, 0}, /* plain, Nq < Nkv */
-      {1, 2, 1, 4, 4, 3, true, -1, -1, 0, 0},  /* causal, GQA 2:1 */
-      {2, 2, 2, 5, 3, 4, true, -1, -1, 0, 0},  /* causal with Nq > Nkv: rows see nothing */
-      {1, 3, 1, 4, 6, 2, false, 1, 1, 0, 0},   /* sliding window, MQA */
-      {1, 1, 1, 6, 6, 7, false, 0, 0, 0, 0},   /* diagonal only: P is one-hot */
+      {1, 1, 1, 3, 4, 5, false, -1, -1, 0, 0},   /* plain, Nq < Nkv */
+      {1, 2, 1, 4, 4, 3, true, -1, -1, 0, 0},    /* causal, GQA 2:1 */
+      {2, 2, 2, 5, 3, 4, true, -1, -1, 0, 0},    /* causal with Nq > Nkv: rows see nothing */
+      {1, 3, 1, 4, 6, 2, false, 1, 1, 0, 0},     /* sliding window, MQA */
+      {1, 1, 1, 6, 6, 7, false, 0, 0, 0, 0},     /* diagonal only: P is one-hot */
       {1, 2, 1, 4, 5, 6, false, -1, -1, 0.5, 0}, /* softcap */
       {2, 2, 1, 5, 4, 3, true, -1, -1, 0, 2},    /* ALiBi [B, Hq], causal, Nq > Nkv */
       {1, 3, 3, 4, 7, 4, false, 2, 1, 0.3, 1},   /* both, in a window */

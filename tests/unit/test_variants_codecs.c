@@ -128,7 +128,7 @@ static int v2(const char *body, attn_proto_req *pr, attn_status *st) {
   return attn_proto_decode_v2(body, strlen(body), strlen(body), pr, &info, st);
 }
 
-#define V2QKV                                                                                   \
+#define V2QKV                                                                                    \
   "{\"name\": \"q\", \"shape\": [1, 2, 1, 2], \"datatype\": \"FP32\", \"data\": [1, 2, 3, 4]}, " \
   "{\"name\": \"k\", \"shape\": [1, 1, 1, 2], \"datatype\": \"FP32\", \"data\": [1, 2]}, "       \
   "{\"name\": \"v\", \"shape\": [1, 1, 1, 2], \"datatype\": \"FP32\", \"data\": [1, 2]}"

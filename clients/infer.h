@@ -26,7 +26,9 @@ typedef struct attn_infer_args {
   attn_pass pass; /* --backward: POST /attention/backward */
   double timeout;
   attn_options opts; /* the flags, validated by the server's own parser */
-  attn_sbuf query;   /* the same flags as a query string */
+  float *alibi;      /* --alibi-slopes (malloc'd), or NULL */
+  int64_t nalibi;
+  attn_sbuf query; /* the same flags as a query string */
 } attn_infer_args;
 
 typedef struct attn_infer_reply {

@@ -27,6 +27,7 @@
 #include "infer.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,7 +36,8 @@
 static const char usage[] =
     "usage: attn infer URL [IN.safetensors] [--shape B,H,N,D] [--shape-kv B,H,N,D]\n"
     "                  [--dtype F32|F16|BF16] [--seed N] [--json] [--causal] [--scale X]\n"
-    "                  [--window-left N] [--window-right N] [--stats]\n"
+    "                  [--window-left N] [--window-right N] [--stats] [--softcap X]\n"
+    "                  [--alibi-slopes S1,S2,...]\n"
     "                  [--backend auto|cpu|cuda|reference] [--check] [--out FILE]\n"
     "                  [--timeout SECONDS] [--quiet] [--backward]\n"
     "\n"
@@ -50,9 +52,12 @@ static const char usage[] =
     "  --shape-kv      k and v (default: --shape; B and D must match it)\n"
     "  --dtype, --seed the random tensors' dtype (default F32) and seed (default 1)\n"
     "  --json          send a JSON body instead of safetensors\n"
-    "  --causal, --scale, --window-left, --window-right, --stats, --backend\n"
-    "                  options, checked here, sent in the query string (IN's\n"
+    "  --causal, --scale, --window-left, --window-right, --stats, --backend,\n"
+    "  --softcap       options, checked here, sent in the query string (IN's\n"
     "                  __metadata__ wins over them, as always over HTTP)\n"
+    "  --alibi-slopes  without IN: ALiBi slopes sent as the F32 tensor alibi_slopes,\n"
+    "                  a comma list of Hq numbers ([Hq]) or B*Hq ([B, Hq]); with IN,\n"
+    "                  put the tensor alibi_slopes in IN instead\n"
     "  --check         compare the reply with float64 standard attention: normalized\n"
     "                  error of o within 1e-5 (F32), 1e-3 (F16), 8e-3 (BF16); m, l,\n"
     "                  lse within 1e-5 relative to max(1, |ref|)\n"
@@ -84,6 +89,29 @@ static void query_add(attn_sbuf *q, const char *name, const char *value) {
   }
 }
 
+/* --alibi-slopes: a comma list of finite numbers; 0, or 2 after a message. */
+static int parse_slopes(const char *s, attn_infer_args *a) {
+  free(a->alibi);
+  a->nalibi = 1;
+  for (const char *p = s; *p; p++)
+    a->nalibi += *p == ',';
+  a->alibi = malloc((size_t)a->nalibi * sizeof *a->alibi);
+  const char *p = s;
+  for (int64_t i = 0; a->alibi && i < a->nalibi; i++) {
+    char *end;
+    errno = 0;
+    double v = strtod(p, &end);
+    if (end == p || errno || !isfinite(v) || *end != (i + 1 < a->nalibi ? ',' : 0)) {
+      fprintf(stderr,
+              ME ": --alibi-slopes expects finite numbers separated by commas (got \"%s\")\n", s);
+      return 2;
+    }
+    a->alibi[i] = (float)v;
+    p = end + 1;
+  }
+  return a->alibi ? 0 : 2;
+}
+
 /* One flag of attn infer's own (not an API option); 0, or 2 after a
  * message. */
 static int infer_flag(int c, attn_infer_args *a) {
@@ -106,6 +134,7 @@ static int infer_flag(int c, attn_infer_args *a) {
   case 'Q': a->quiet = true; return 0;
   case 'W': a->pass = ATTN_BACKWARD; return 0;
   case 'o': a->out = optarg; return 0;
+  case 'A': return parse_slopes(optarg, a);
   case 'T': {
     char *end;
     errno = 0;
@@ -123,19 +152,14 @@ static int infer_flag(int c, attn_infer_args *a) {
 
 /* getopt over argv; 0, 2 after a message, or -1 for --help (printed). */
 static int parse_flags(int argc, char **argv, attn_infer_args *a) {
-  static const struct option lopts[] = {{"shape", required_argument, 0, 'p'},
-                                        {"shape-kv", required_argument, 0, 'P'},
-                                        {"dtype", required_argument, 0, 't'},
-                                        {"seed", required_argument, 0, 'r'},
-                                        {"json", no_argument, 0, 'j'},
-                                        ATTN_API_OPTIONS,
-                                        {"check", no_argument, 0, 'k'},
-                                        {"out", required_argument, 0, 'o'},
-                                        {"timeout", required_argument, 0, 'T'},
-                                        {"quiet", no_argument, 0, 'Q'},
-                                        {"backward", no_argument, 0, 'W'},
-                                        {"help", no_argument, 0, 'x'},
-                                        {0, 0, 0, 0}};
+  static const struct option lopts[] = {
+      {"shape", required_argument, 0, 'p'},   {"shape-kv", required_argument, 0, 'P'},
+      {"dtype", required_argument, 0, 't'},   {"seed", required_argument, 0, 'r'},
+      {"json", no_argument, 0, 'j'},          ATTN_API_OPTIONS,
+      {"check", no_argument, 0, 'k'},         {"out", required_argument, 0, 'o'},
+      {"timeout", required_argument, 0, 'T'}, {"quiet", no_argument, 0, 'Q'},
+      {"backward", no_argument, 0, 'W'},      {"alibi-slopes", required_argument, 0, 'A'},
+      {"help", no_argument, 0, 'x'},          {0, 0, 0, 0}};
   int c;
   optind = 1;
   opterr = 1;
@@ -173,6 +197,11 @@ static int parse_args(int argc, char **argv, attn_infer_args *a) {
   }
   a->url = argv[optind];
   a->in = npos == 2 ? argv[optind + 1] : NULL;
+  if (a->in && a->alibi) {
+    fprintf(stderr, ME ": --alibi-slopes goes with random tensors; with IN, put the tensor "
+                       "alibi_slopes in IN\n");
+    return 2;
+  }
   if (!*a->url || strpbrk(a->url, "?# \t\r\n")) {
     fprintf(stderr,
             ME ": URL \"%s\" must be the server's base, like http://127.0.0.1:8080 "
@@ -250,6 +279,7 @@ static int backward_inputs(const attn_infer_args *a, infer_bufs *b) {
   f.causal = a->opts.causal;
   f.window_left = a->opts.window_left;
   f.window_right = a->opts.window_right;
+  f.softcap = a->opts.softcap;
   f.lse = b->lse;
   attn_status st;
   attn_engine *e = attn_bench_open(0, NULL, &st);
@@ -284,6 +314,15 @@ static int make_random(attn_infer_args *a, infer_bufs *ib, char **pbody, size_t 
     return 1;
   }
   int rc;
+  if (a->alibi) { /* [Hq] or [B, Hq]: the encoder reads that many */
+    if (a->nalibi != a->shape[1] && a->nalibi != a->shape[0] * a->shape[1]) {
+      fprintf(stderr, ME ": --alibi-slopes has %lld numbers; give Hq = %lld or B*Hq = %lld\n",
+              (long long)a->nalibi, (long long)a->shape[1], (long long)(a->shape[0] * a->shape[1]));
+      return 2;
+    }
+    bc->req.alibi_slopes = a->alibi;
+    bc->req.alibi_stride_b = a->nalibi == a->shape[1] ? 0 : a->shape[1];
+  }
   if (a->pass == ATTN_BACKWARD && (rc = backward_inputs(a, ib)) != 0)
     return rc;
   const attn_request *r = &bc->req;
@@ -295,7 +334,12 @@ static int make_random(attn_infer_args *a, infer_bufs *ib, char **pbody, size_t 
       {"v", r->dtype, 4, {skv[0], skv[1], skv[2], skv[3]}, r->v},
       {"o", r->dtype, 4, {sq[0], sq[1], sq[2], sq[3]}, r->o},
       {"do", r->dtype, 4, {sq[0], sq[1], sq[2], sq[3]}, r->dout},
-      {"lse", ATTN_F32, 3, {sq[0], sq[1], sq[2], 0}, r->lse_in}};
+      {"lse", ATTN_F32, 3, {sq[0], sq[1], sq[2], 0}, r->lse_in},
+      {"alibi_slopes",
+       ATTN_F32,
+       r->alibi_stride_b ? 2 : 1,
+       {r->alibi_stride_b ? r->batch : r->heads_q, r->heads_q},
+       r->alibi_slopes}};
   attn_status st;
   *local_ok = attn_proto_build_pass(pr, a->pass, t, &a->opts, &st) == 0;
   if (!*local_ok)
@@ -400,6 +444,7 @@ int attn_cmd_infer(int argc, char **argv) {
   int status = parse_args(argc, argv, &a);
   if (status != 0) {
     free(a.query.p);
+    free(a.alibi);
     return status < 0 ? 0 : status;
   }
   char *body = NULL;
@@ -416,5 +461,6 @@ int attn_cmd_infer(int argc, char **argv) {
   infer_bufs_free(&ib);
   free(body);
   free(a.query.p);
+  free(a.alibi);
   return status;
 }

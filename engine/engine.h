@@ -164,6 +164,12 @@ typedef struct attn_request {
   double scale; /* NaN (set by attn_request_init) means 1/sqrt(head_dim) */
   bool causal;
   int64_t window_left, window_right; /* -1: unbounded */
+  /* Variants (FlashAttention's definitions), applied in this order to each
+   * scaled score s before the mask and the softmax: soft-capping, then the
+   * ALiBi bias -slope·|i + off - j| (off as in the mask rule above). */
+  double softcap;            /* 0: off; > 0: softcap * tanh(s / softcap) */
+  const float *alibi_slopes; /* NULL: off; F32 slopes, [Hq] or [B, Hq] */
+  int64_t alibi_stride_b;    /* 0: one [Hq] vector shared by every batch; Hq: [B, Hq] */
 
   const void *q, *k, *v; /* inputs, dtype elements */
   void *o;               /* output, dtype elements */
@@ -207,12 +213,18 @@ void attn_request_init(attn_request *r);
  * Checks every rule of DESIGN.md that can be checked without reading the
  * tensors (values are checked when the job runs: ATTN_ENONFINITE, and for a
  * backward pass's lse_in, ATTN_EINVAL on a -inf where the row sees keys). Returns 0
- * or the first error found, with a message naming the field.
+ * or the first error found, with a message naming the field. The ALiBi
+ * slopes, a few floats, are the exception: they are read here (ENONFINITE
+ * naming the slope, ERANGE when a bias could overflow float32), so every
+ * backend refuses the same slopes.
  */
 int attn_request_validate(const attn_request *r, attn_status *st);
 
 /* Effective scale: r->scale, or 1/sqrt(head_dim) when it is NaN. */
 double attn_request_scale(const attn_request *r);
+
+/* The ALiBi slope of (batch b, query head h); 0 when ALiBi is off. */
+double attn_request_alibi_slope(const attn_request *r, int64_t b, int64_t h);
 
 /* Effective window; causal folded in. */
 void attn_request_window(const attn_request *r, int64_t *pleft, int64_t *pright);

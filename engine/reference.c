@@ -45,6 +45,7 @@ int attn_reference_head(const attn_request *r, int64_t b, int64_t h, double *S, 
   int64_t wl, wr;
   attn_request_window(r, &wl, &wr);
   const int64_t off = nk - nq;
+  const double slope = attn_request_alibi_slope(r, b, h);
   double *q = malloc((size_t)((nq + 2 * nk) * D) * sizeof *q);
   if (!q)
     return attn_status_set(st, ATTN_ENOMEM, "out of memory in the reference");
@@ -65,6 +66,9 @@ int attn_reference_head(const attn_request *r, int64_t b, int64_t h, double *S, 
         for (int64_t d = 0; d < D; d++)
           s += q[i * D + d] * k[j * D + d];
         s *= scale;
+        if (r->softcap > 0)
+          s = r->softcap * tanh(s / r->softcap);
+        s -= slope * fabs((double)(i + off - j));
       }
       S[i * nk + j] = s;
     }

@@ -51,6 +51,24 @@ static void softmax_grad(const attn_request *r, const bwd_head *x, const double 
   }
 }
 
+/* With softcap, the scores the softmax saw are cap·tanh(s/cap) of the
+ * scaled scores s: dS picks up the factor 1 - tanh²(s/cap), s recomputed
+ * here by the definition. (ALiBi adds a constant: dS is unchanged.) */
+static void softcap_grad(const attn_request *r, const bwd_head *x, double *dS) {
+  const int64_t nq = r->seq_q, nk = r->seq_kv, D = r->head_dim;
+  const double scale = attn_request_scale(r), cap = r->softcap;
+  for (int64_t i = 0; i < nq; i++)
+    for (int64_t j = 0; j < nk; j++) {
+      if (dS[i * nk + j] == 0)
+        continue;
+      double s = 0;
+      for (int64_t d = 0; d < D; d++)
+        s += x->q[i * D + d] * x->k[j * D + d];
+      double t = tanh(scale * s / cap);
+      dS[i * nk + j] *= 1 - t * t;
+    }
+}
+
 /* dq = scale·dS·K for this head; dk += scale·dSᵀ·Q, dv += Pᵀ·dO. */
 static void accumulate(const attn_request *r, const bwd_head *x, const double *P, const double *dS,
                        double *dq, double *dk, double *dv) {
@@ -89,6 +107,8 @@ int attn_reference_backward_group(const attn_request *r, int64_t b, int64_t hk, 
     if ((rc = load_inputs(r, b, h, hk, &x, st)) == 0 &&
         (rc = attn_reference_head(r, b, h, S, P, o_fwd, NULL, NULL, NULL, st)) == 0) {
       softmax_grad(r, &x, P, S);
+      if (r->softcap > 0)
+        softcap_grad(r, &x, S);
       accumulate(r, &x, P, S, dq + g * nq * D, dk, dv);
     }
   }

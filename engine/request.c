@@ -11,6 +11,7 @@
 #include <float.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -66,6 +67,13 @@ void attn_request_window(const attn_request *r, int64_t *pleft, int64_t *pright)
   *pright = r->causal ? 0 : r->window_right;
 }
 
+double attn_request_alibi_slope(const attn_request *r, int64_t b, int64_t h) {
+  return r->alibi_slopes ? (double)r->alibi_slopes[b * r->alibi_stride_b + h] : 0.0;
+}
+
+/* The diagonal offset of the mask and of ALiBi. */
+static int64_t request_off(const attn_request *r) { return r->seq_kv - r->seq_q; }
+
 static int check_dim(attn_status *st, const char *name, int64_t v) {
   if (v < 1)
     return attn_status_set(st, ATTN_ESHAPE, "%s must be at least 1 (got %lld)", name, (long long)v);
@@ -106,6 +114,46 @@ static int check_tensor(attn_status *st, const char *name, const void *p, int64_
                            "tensor %s: [%lld, %lld, %lld, %lld] overflows "
                            "64-bit byte sizes",
                            name, (long long)b, (long long)h, (long long)n, (long long)d);
+  return 0;
+}
+
+/* softcap and the ALiBi slopes. A slope's bias reaches |slope|·(largest
+ * |i + off - j|); kept under a quarter of FLT_MAX (in base 2, as the CPU
+ * kernels compute), it cannot overflow float32 added to a score. */
+static int validate_variants(const attn_request *r, attn_status *st) {
+  if (!(r->softcap == 0 || (r->softcap >= 1e-12 && r->softcap <= 1e12)))
+    return attn_status_set(st, ATTN_EINVAL,
+                           "softcap must be 0 (off) or a number between 1e-12 and 1e12 "
+                           "(got %g)",
+                           r->softcap);
+  if (!r->alibi_slopes)
+    return 0;
+  if (r->alibi_stride_b != 0 && r->alibi_stride_b != r->heads_q)
+    return attn_status_set(st, ATTN_EINVAL,
+                           "alibi_stride_b must be 0 (slopes [Hq]) or heads_q = %lld "
+                           "(slopes [B, Hq]); got %lld",
+                           (long long)r->heads_q, (long long)r->alibi_stride_b);
+  const int64_t nb = r->alibi_stride_b ? r->batch : 1, off = request_off(r);
+  const double far = (double)llabs(off) + (double)r->seq_q + (double)r->seq_kv;
+  for (int64_t b = 0; b < nb; b++)
+    for (int64_t h = 0; h < r->heads_q; h++) {
+      double x = attn_request_alibi_slope(r, b, h);
+      if (!isfinite(x))
+        return r->alibi_stride_b
+                   ? attn_status_set(st, ATTN_ENONFINITE,
+                                     "tensor alibi_slopes holds a non-finite value (%g) at "
+                                     "[%lld, %lld]; slopes must be finite",
+                                     x, (long long)b, (long long)h)
+                   : attn_status_set(st, ATTN_ENONFINITE,
+                                     "tensor alibi_slopes holds a non-finite value (%g) at "
+                                     "[%lld]; slopes must be finite",
+                                     x, (long long)h);
+      if (fabs(x) * far * M_LOG2E > FLT_MAX / 4)
+        return attn_status_set(st, ATTN_ERANGE,
+                               "alibi_slopes: slope %g times a distance of up to %.0f "
+                               "overflows float32; use smaller slopes",
+                               x, far);
+    }
   return 0;
 }
 
@@ -157,6 +205,8 @@ int attn_request_validate(const attn_request *r, attn_status *st) {
                            "causal=true means window_right=0; window_right=%lld "
                            "contradicts it",
                            (long long)r->window_right);
+  if ((rc = validate_variants(r, st)))
+    return rc;
   int64_t t;
   if (__builtin_mul_overflow(r->seq_q, r->seq_kv, &t) || __builtin_mul_overflow(t, r->batch, &t) ||
       __builtin_mul_overflow(t, r->heads_q, &t))
@@ -195,7 +245,7 @@ void attn__request_fill_strides(attn_request *r) {
 
 /* Keys visible to query row i: [lo, hi], empty when lo > hi. */
 static void row_range(const attn_request *r, int64_t i, int64_t *lo, int64_t *hi) {
-  int64_t wl, wr, off = r->seq_kv - r->seq_q;
+  int64_t wl, wr, off = request_off(r);
   attn_request_window(r, &wl, &wr);
   *lo = wl < 0 ? 0 : i + off - wl;
   *hi = wr < 0 ? r->seq_kv - 1 : i + off + wr;

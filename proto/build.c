@@ -21,18 +21,24 @@ static void shape_str(char *buf, size_t cap, const attn_proto_tensor *t) {
 
 /* ---- the tensor table ------------------------------------------------------ */
 
-static const char *const tensor_names[ATTN_PROTO_MAX_TENSORS] = {"q", "k", "v", "o", "do", "lse"};
+static const char *const tensor_names[ATTN_PROTO_MAX_TENSORS] = {"q",  "k",   "v",           "o",
+                                                                 "do", "lse", "alibi_slopes"};
 
 const char *attn_proto_tensor_name(int i) {
   return i >= 0 && i < ATTN_PROTO_MAX_TENSORS ? tensor_names[i] : NULL;
 }
 
-int attn_proto_tensor_count(attn_pass pass) { return pass == ATTN_BACKWARD ? 6 : 3; }
+bool attn_proto_tensor_in_pass(int i, attn_pass pass) {
+  if (i < 0 || i >= ATTN_PROTO_MAX_TENSORS)
+    return false;
+  return pass == ATTN_BACKWARD || i <= ATTN_PROTO_T_V || i == ATTN_PROTO_T_ALIBI;
+}
 
-bool attn_proto_tensor_optional(int i) { return i == ATTN_PROTO_T_LSE; }
+bool attn_proto_tensor_optional(int i) { return i == ATTN_PROTO_T_LSE || i == ATTN_PROTO_T_ALIBI; }
 
 const char *attn_proto_tensor_list(attn_pass pass) {
-  return pass == ATTN_BACKWARD ? "q, k, v, o, do and optionally lse" : "q, k and v";
+  return pass == ATTN_BACKWARD ? "q, k, v, o, do and optionally lse and alibi_slopes"
+                               : "q, k and v (and optionally alibi_slopes)";
 }
 
 /* Tensor t alone: its rank from lo to lo + 2 (lse drops q's last dimension,
@@ -153,6 +159,27 @@ static int check_backward(const attn_proto_tensor *t, const attn_options *opts, 
   return 0;
 }
 
+/* alibi_slopes, when sent: F32, [Hq] or [B, Hq] of q's B and Hq. */
+static int check_alibi(const attn_proto_tensor *a, const attn_proto_tensor *q, attn_status *st) {
+  if (!a->data)
+    return 0;
+  if (a->dtype != ATTN_F32)
+    return attn_status_set(st, ATTN_PROTO_EDTYPE, "tensor \"alibi_slopes\" is %s; it must be F32",
+                           attn_dtype_name(a->dtype));
+  int64_t d[4];
+  bhnd(q, d);
+  bool ok = (a->rank == 1 && a->shape[0] == d[1]) ||
+            (a->rank == 2 && a->shape[0] == d[0] && a->shape[1] == d[1]);
+  if (ok)
+    return 0;
+  char s[128];
+  shape_str(s, sizeof s, a);
+  return attn_status_set(st, ATTN_PROTO_ESHAPE,
+                         "tensor \"alibi_slopes\" has shape %s; it must be [%lld] (one slope a "
+                         "query head) or [%lld, %lld] (one a batch and query head)",
+                         s, (long long)d[1], (long long)d[0], (long long)d[1]);
+}
+
 /* pr->req from the tensors and options, outputs not yet allocated. */
 static void fill_request(attn_proto_req *pr, attn_pass pass, const attn_proto_tensor *t,
                          const attn_options *opts) {
@@ -177,6 +204,9 @@ static void fill_request(attn_proto_req *pr, attn_pass pass, const attn_proto_te
   r->causal = opts->causal;
   r->window_left = opts->window_left;
   r->window_right = opts->window_right;
+  r->softcap = opts->softcap;
+  r->alibi_slopes = t[ATTN_PROTO_T_ALIBI].data;
+  r->alibi_stride_b = t[ATTN_PROTO_T_ALIBI].rank == 2 ? q[1] : 0;
   r->backend = backend_literal(opts->backend);
   r->q = t[0].data;
   r->k = t[1].data;
@@ -232,7 +262,7 @@ int attn_proto_build_pass(attn_proto_req *pr, attn_pass pass, const attn_proto_t
   for (int i = 0; i < 3; i++)
     if ((rc = check_one(&t[i], 2, st)) < 0)
       return rc;
-  if ((rc = check_qkv(t, st)) < 0 ||
+  if ((rc = check_qkv(t, st)) < 0 || (rc = check_alibi(&t[ATTN_PROTO_T_ALIBI], t, st)) < 0 ||
       (pass == ATTN_BACKWARD && (rc = check_backward(t, opts, st)) < 0))
     return rc;
   fill_request(pr, pass, t, opts);
@@ -242,8 +272,8 @@ int attn_proto_build_pass(attn_proto_req *pr, attn_pass pass, const attn_proto_t
   return alloc_outputs(pr, st);
 }
 
-int attn_proto_build(attn_proto_req *pr, const attn_proto_tensor t[3], const attn_options *opts,
-                     attn_status *st) {
+int attn_proto_build(attn_proto_req *pr, const attn_proto_tensor t[ATTN_PROTO_MAX_TENSORS],
+                     const attn_options *opts, attn_status *st) {
   return attn_proto_build_pass(pr, ATTN_FORWARD, t, opts, st);
 }
 

@@ -108,6 +108,12 @@ int attn__json_prescan(const char *s, size_t len, int max_depth, attn_status *st
 static bool is_lse(const attn_proto_tensor *t) { return !strcmp(t->name, "lse"); }
 
 static int check_rank(const attn_proto_tensor *t, int rank, attn_status *st) {
+  if (!strcmp(t->name, "alibi_slopes"))
+    return rank == 1 || rank == 2
+               ? 0
+               : attn_status_set(st, ATTN_PROTO_ETENSOR,
+                                 "tensor \"alibi_slopes\" has %d dimensions; use [Hq] or [B, Hq]",
+                                 rank);
   int lo = is_lse(t) ? 1 : 2;
   if (rank < lo || rank > lo + 2)
     return attn_status_set(st, ATTN_PROTO_ETENSOR,
@@ -513,7 +519,7 @@ static int body_fields(attn__jr *j, attn_pass pass, size_t tat[NT], attn_options
                        attn_status *st) {
   char key[128], seen[12][16], qk[48];
   size_t klen;
-  int nseen = 0, rc, nt = attn_proto_tensor_count(pass);
+  int nseen = 0, rc;
   while (attn__jr_member(j, key, sizeof key, &klen)) {
     size_t kl = klen < sizeof key ? klen : sizeof key - 1;
     for (int i = 0; i < nseen; i++)
@@ -521,10 +527,11 @@ static int body_fields(attn__jr *j, attn_pass pass, size_t tat[NT], attn_options
         return attn_status_set(st, ATTN_PROTO_EJSON, "duplicate key \"%s\" in the JSON body",
                                quote_key(qk, sizeof qk, key, klen, sizeof key));
     int which = 0;
-    while (which < nt && !key_is(key, klen, attn_proto_tensor_name(which)))
+    while (which < NT && !(attn_proto_tensor_in_pass(which, pass) &&
+                           key_is(key, klen, attn_proto_tensor_name(which))))
       which++;
     char c = j->s[j->pos];
-    if (which < nt)
+    if (which < NT)
       tat[which] = j->pos;
     else if ((c == '{' || c == '[') && attn_option_kind_of(key, kl) == ATTN_OPTK_NONE)
       return attn_status_set(
@@ -543,14 +550,14 @@ static int body_fields(attn__jr *j, attn_pass pass, size_t tat[NT], attn_options
  * for one it does not hold), a required one missing refused. */
 static int body_tensors(attn__jr j, attn_pass pass, const size_t tat[NT], attn_proto_req *pr,
                         attn_proto_tensor t[NT], attn_status *st) {
-  int rc, nt = attn_proto_tensor_count(pass);
-  for (int i = 0; i < nt; i++)
-    if (!tat[i] && !attn_proto_tensor_optional(i))
+  int rc;
+  for (int i = 0; i < NT; i++)
+    if (attn_proto_tensor_in_pass(i, pass) && !tat[i] && !attn_proto_tensor_optional(i))
       return attn_status_set(st, ATTN_PROTO_EMISSING,
                              "tensor \"%s\" is missing (the body needs %s)",
                              attn_proto_tensor_name(i), attn_proto_tensor_list(pass));
   memset(t, 0, NT * sizeof *t);
-  for (int i = 0; i < nt; i++) {
+  for (int i = 0; i < NT; i++) {
     t[i].name = attn_proto_tensor_name(i);
     j.pos = tat[i];
     if (tat[i] && (rc = tensor(j, &t[i], &pr->owned[i], st)) < 0)

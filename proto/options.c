@@ -29,6 +29,7 @@ static const opt_def defs[] = {
     {"window_right", ATTN_OPTK_INT, ATTN_OPT_WINDOW_RIGHT},
     {"stats", ATTN_OPTK_BOOL, ATTN_OPT_STATS},
     {"backend", ATTN_OPTK_STRING, ATTN_OPT_BACKEND},
+    {"softcap", ATTN_OPTK_NUMBER, ATTN_OPT_SOFTCAP},
 };
 #define NDEFS (sizeof defs / sizeof *defs)
 
@@ -61,7 +62,7 @@ int attn_options_set(attn_options *o, const char *name, size_t name_len, const c
   if (!d)
     return attn_status_set(st, ATTN_PROTO_EOPTION,
                            "unknown option \"%s\" in the %s (options: causal, scale, "
-                           "window_left, window_right, stats, backend)",
+                           "window_left, window_right, stats, backend, softcap)",
                            qn, source);
   attn_quote(qv, sizeof qv, value, value_len);
   /* a NUL would end the text early: "cpu\0x" must not read as "cpu" */
@@ -88,9 +89,12 @@ int attn_options_set(attn_options *o, const char *name, size_t name_len, const c
     char *end;
     errno = 0;
     double v = strtod(buf, &end);
-    if (!*buf || *end || errno || !isfinite(v))
+    if (!*buf || *end || errno || !isfinite(v) || (d->bit == ATTN_OPT_SOFTCAP && v < 0))
       goto bad;
-    o->scale = v;
+    if (d->bit == ATTN_OPT_SOFTCAP)
+      o->softcap = v;
+    else
+      o->scale = v;
     break;
   }
   case ATTN_OPTK_INT: {
@@ -120,9 +124,9 @@ bad:;
   static const char *const expect[] = {"", "true or false", "a finite number",
                                        "an integer >= -1 (-1: unbounded)",
                                        "auto, cpu, cuda or reference"};
-  return attn_status_set(st, ATTN_PROTO_EOPTVALUE,
-                         "option \"%s\" in the %s must be %s (got \"%s\")", qn, source,
-                         expect[d->kind], qv);
+  return attn_status_set(
+      st, ATTN_PROTO_EOPTVALUE, "option \"%s\" in the %s must be %s (got \"%s\")", qn, source,
+      d->bit == ATTN_OPT_SOFTCAP ? "a finite number >= 0 (0: off)" : expect[d->kind], qv);
 }
 
 static int hexval(char c) {
@@ -201,6 +205,8 @@ void attn_options_merge(attn_options *base, const attn_options *over) {
     base->window_right = over->window_right;
   if (over->set & ATTN_OPT_STATS)
     base->stats = over->stats;
+  if (over->set & ATTN_OPT_SOFTCAP)
+    base->softcap = over->softcap;
   if (over->set & ATTN_OPT_BACKEND)
     strcpy(base->backend, over->backend);
   base->set |= over->set;

@@ -86,11 +86,13 @@ enum {
   ATTN_OPT_WINDOW_RIGHT = 1u << 3,
   ATTN_OPT_STATS = 1u << 4,
   ATTN_OPT_BACKEND = 1u << 5,
+  ATTN_OPT_SOFTCAP = 1u << 6,
 };
 
 typedef struct attn_options {
   bool causal, stats;
-  double scale; /* NaN: 1/sqrt(D) */
+  double scale;   /* NaN: 1/sqrt(D) */
+  double softcap; /* 0: off */
   int64_t window_left, window_right;
   char backend[16]; /* "auto", "cpu", "cuda", "reference" */
   unsigned set;     /* ATTN_OPT_* bits of the options given */
@@ -111,7 +113,8 @@ attn_option_kind attn_option_kind_of(const char *name, size_t len);
 /*
  * The one option parser: sets option `name` from its text form (as a query
  * string or __metadata__ carries it). Booleans are true/false/1/0; scale a
- * finite number; windows an integer >= -1; backend auto, cpu, cuda or
+ * finite number; softcap a finite number >= 0 (0: off; the engine bounds
+ * it further); windows an integer >= -1; backend auto, cpu, cuda or
  * reference. Returns 0, ATTN_PROTO_EOPTION (unknown name) or
  * ATTN_PROTO_EOPTVALUE, naming the option and its source ("query",
  * "__metadata__", "JSON field").
@@ -132,8 +135,11 @@ void attn_options_merge(attn_options *base, const attn_options *over);
 /*
  * The tensors of a request, by pass, in this order: q, k, v, and for a
  * backward pass also o (the forward's output), do (dL/dO) and lse (the
- * forward's, optional). The table is the one both codecs, both directions,
- * read: a name's index is its place in attn_proto_build's array.
+ * forward's, optional); then, in either pass, the optional alibi_slopes
+ * (F32 [Hq] or [B, Hq]). The table is the one both codecs, both directions,
+ * read: a name's index is its place in attn_proto_build's array, which has
+ * ATTN_PROTO_MAX_TENSORS entries whatever the pass (those not of the pass,
+ * or not sent, have data NULL).
  */
 enum {
   ATTN_PROTO_T_Q,
@@ -142,16 +148,19 @@ enum {
   ATTN_PROTO_T_O,
   ATTN_PROTO_T_DO,
   ATTN_PROTO_T_LSE,
+  ATTN_PROTO_T_ALIBI,
   ATTN_PROTO_MAX_TENSORS
 };
-/* "q", "k", "v", "o", "do", "lse"; NULL past the end. */
+/* "q", "k", "v", "o", "do", "lse", "alibi_slopes"; NULL past the end. */
 const char *attn_proto_tensor_name(int i);
-/* Tensors a request of this pass may hold: 3 forward, 6 backward. */
-int attn_proto_tensor_count(attn_pass pass);
-/* Whether tensor i may be left out (lse). */
+/* Whether a request of this pass may hold tensor i (q, k, v and
+ * alibi_slopes in both; o, do and lse in a backward pass). */
+bool attn_proto_tensor_in_pass(int i, attn_pass pass);
+/* Whether tensor i may be left out (lse, alibi_slopes). */
 bool attn_proto_tensor_optional(int i);
-/* The request's tensors of this pass for messages: "q, k and v" or "q, k,
- * v, o, do and optionally lse". */
+/* The request's tensors of this pass for messages: "q, k and v (and
+ * optionally alibi_slopes)" or "q, k, v, o, do and optionally lse and
+ * alibi_slopes". */
 const char *attn_proto_tensor_list(attn_pass pass);
 
 /* One tensor as a codec found it, before the shapes are checked together. */
@@ -175,19 +184,19 @@ typedef struct attn_proto_req {
 
 /*
  * Checks q, k, v together (same rank and dtype, matching B, D and Nkv, Hq a
- * multiple of Hkv, every dim >= 1) and fills pr->req from them and from opts,
+ * multiple of Hkv, every dim >= 1), alibi_slopes when t[ATTN_PROTO_T_ALIBI]
+ * has data (F32, [Hq] or [B, Hq]), and fills pr->req from them and from opts,
  * allocating O and the statistics. Codecs call this; it is public so clients
  * that build tensors themselves get the same checks.
  */
-int attn_proto_build(attn_proto_req *pr, const attn_proto_tensor t[3], const attn_options *opts,
-                     attn_status *st);
+int attn_proto_build(attn_proto_req *pr, const attn_proto_tensor t[ATTN_PROTO_MAX_TENSORS],
+                     const attn_options *opts, attn_status *st);
 /*
- * The same for either pass: t holds attn_proto_tensor_count(pass) tensors
- * in the table's order. A backward pass also checks that o and do have q's
- * shape and dtype (ATTN_PROTO_ESHAPE, EDTYPE) and lse, when t[5].data is not
- * NULL, F32 of q's shape without its last dimension; refuses the option
- * stats (ATTN_PROTO_EOPTVALUE: a backward pass returns no statistics); and
- * allocates dq, dk and dv in the input dtype.
+ * The same for either pass: t holds ATTN_PROTO_MAX_TENSORS tensors in the
+ * table's order (those not of the pass are not looked at). A backward pass also checks that o and
+ * do have q's shape and dtype (ATTN_PROTO_ESHAPE, EDTYPE) and lse, when t[5].data is not NULL, F32
+ * of q's shape without its last dimension; refuses the option stats (ATTN_PROTO_EOPTVALUE: a
+ * backward pass returns no statistics); and allocates dq, dk and dv in the input dtype.
  */
 int attn_proto_build_pass(attn_proto_req *pr, attn_pass pass, const attn_proto_tensor *t,
                           const attn_options *opts, attn_status *st);

@@ -46,7 +46,8 @@ static int tensor_bytes(const in_tensor *t, size_t *pn, attn_status *st) {
 }
 
 /* The tensors of r's body in the table's order: q, k, v, and for a
- * backward request o, do and, when given, lse. Returns how many, or an
+ * backward request o, do and, when given, lse; then alibi_slopes when r has
+ * them. Returns how many, or an
  * error when one is missing or its size is wrong. */
 static int inputs(const attn_request *r, in_tensor t[ATTN_PROTO_MAX_TENSORS], attn_status *st) {
   const int64_t sq[4] = {r->batch, r->heads_q, r->seq_q, r->head_dim};
@@ -65,6 +66,18 @@ static int inputs(const attn_request *r, in_tensor t[ATTN_PROTO_MAX_TENSORS], at
     if (!x->data)
       return attn_status_set(st, ATTN_EINVAL, "encode request: %s or the dtype is missing",
                              attn_proto_tensor_list(r->pass));
+    if ((rc = tensor_bytes(x, &x->bytes, st)) < 0)
+      return rc;
+  }
+  if (r->alibi_slopes) { /* [Hq], or [B, Hq] when each batch has its own */
+    in_tensor *x = &t[n++];
+    const bool per_b = r->alibi_stride_b != 0;
+    *x = (in_tensor){attn_proto_tensor_name(ATTN_PROTO_T_ALIBI),
+                     ATTN_F32,
+                     {per_b ? r->batch : r->heads_q, r->heads_q},
+                     per_b ? 2 : 1,
+                     r->alibi_slopes,
+                     0};
     if ((rc = tensor_bytes(x, &x->bytes, st)) < 0)
       return rc;
   }
@@ -100,6 +113,10 @@ static bool option_text(const attn_options *o, unsigned bit, const char **name, 
     *name = "stats";
     snprintf(val, cap, o->stats ? "true" : "false");
     break;
+  case ATTN_OPT_SOFTCAP:
+    *name = "softcap";
+    snprintf(val, cap, "%.17g", o->softcap);
+    break;
   default:
     *name = "backend";
     snprintf(val, cap, "%s", o->backend);
@@ -110,7 +127,8 @@ static bool option_text(const attn_options *o, unsigned bit, const char **name, 
 }
 
 static const unsigned option_bits[] = {ATTN_OPT_CAUSAL,       ATTN_OPT_SCALE, ATTN_OPT_WINDOW_LEFT,
-                                       ATTN_OPT_WINDOW_RIGHT, ATTN_OPT_STATS, ATTN_OPT_BACKEND};
+                                       ATTN_OPT_WINDOW_RIGHT, ATTN_OPT_STATS, ATTN_OPT_BACKEND,
+                                       ATTN_OPT_SOFTCAP};
 #define NOPTS (sizeof option_bits / sizeof option_bits[0])
 
 /* "__metadata__":{"name":"value",...} at h + o; returns the new length. */
@@ -138,7 +156,7 @@ int attn_proto_encode_request_safetensors(const attn_request *r, const attn_opti
   int n = inputs(r, t, st);
   if (n < 0)
     return n;
-  char h[1024];
+  char h[1536];
   size_t hn = (size_t)snprintf(h, sizeof h, "{"), off = 0;
   if (opts && opts->set)
     hn = put_metadata(h, sizeof h, hn, opts);
@@ -153,7 +171,7 @@ int attn_proto_encode_request_safetensors(const attn_request *r, const attn_opti
   }
   if (hn < sizeof h)
     hn += (size_t)snprintf(h + hn, sizeof h - hn, "}");
-  if (hn >= sizeof h) /* the header holds six entries and six short options */
+  if (hn >= sizeof h) /* the header holds seven entries and seven short options */
     return attn_status_set(st, ATTN_EINVAL, "safetensors header over %zu bytes", sizeof h);
   return attn__st_frame(h, hn, parts, sizes, n, "request", pbuf, plen, st);
 }

@@ -325,10 +325,11 @@ static int check_layout(const entry e[NT], uint64_t data_len, attn_status *st) {
 static int tensor_entry(const cJSON *c, attn_pass pass, uint64_t data_len, entry e[NT],
                         attn_status *st) {
   char q[48];
-  int n = attn_proto_tensor_count(pass), i = 0;
-  while (i < n && strcmp(c->string, attn_proto_tensor_name(i)))
+  int i = 0;
+  while (i < NT &&
+         !(attn_proto_tensor_in_pass(i, pass) && !strcmp(c->string, attn_proto_tensor_name(i))))
     i++;
-  if (i == n)
+  if (i == NT)
     return attn_status_set(st, ATTN_PROTO_EUNKNOWNTENSOR, "unknown tensor \"%s\"; send exactly %s",
                            attn_quote(q, sizeof q, c->string, strlen(c->string)),
                            attn_proto_tensor_list(pass));
@@ -357,8 +358,8 @@ static int parse_root(const cJSON *root, attn_pass pass, uint64_t data_len, entr
     if ((rc = parse_metadata(c, meta, st)) < 0)
       return rc;
   }
-  for (int i = 0; i < attn_proto_tensor_count(pass); i++)
-    if (!e[i].seen && !attn_proto_tensor_optional(i))
+  for (int i = 0; i < NT; i++)
+    if (attn_proto_tensor_in_pass(i, pass) && !e[i].seen && !attn_proto_tensor_optional(i))
       return attn_status_set(st, ATTN_PROTO_EMISSING,
                              "tensor \"%s\" is missing; the file must hold %s",
                              attn_proto_tensor_name(i), attn_proto_tensor_list(pass));
@@ -391,10 +392,10 @@ static int parse_header(const unsigned char *hdr, size_t n, attn_pass pass, uint
 
 /* The tensors e[] found, in place where aligned, else copied into
  * pr->owned[]; a tensor not sent has data NULL. */
-static int place_tensors(const unsigned char *data, const entry e[NT], attn_pass pass,
-                         attn_proto_req *pr, attn_proto_tensor t[NT], attn_status *st) {
+static int place_tensors(const unsigned char *data, const entry e[NT], attn_proto_req *pr,
+                         attn_proto_tensor t[NT], attn_status *st) {
   memset(t, 0, NT * sizeof *t);
-  for (int i = 0; i < attn_proto_tensor_count(pass); i++) {
+  for (int i = 0; i < NT; i++) {
     t[i].name = attn_proto_tensor_name(i);
     if (!e[i].seen)
       continue;
@@ -470,7 +471,7 @@ static int decode_st(const unsigned char *b, size_t len, attn_pass pass, const a
     attn_options_init(&opts);
   attn_options_merge(&opts, &meta);
   attn_proto_tensor t[NT];
-  if ((rc = place_tensors(data, e, pass, pr, t, st)) < 0)
+  if ((rc = place_tensors(data, e, pr, t, st)) < 0)
     return rc;
   return attn_proto_build_pass(pr, pass, t, &opts, st);
 }

@@ -85,6 +85,11 @@ static const char *qkey(char *dst, size_t cap, const char *key, size_t klen, siz
 
 /* ---- decoding: the pieces --------------------------------------------------- */
 
+/* The inputs: q, k, v and the optional alibi_slopes, in that order here;
+ * v2_slot() gives each one's place in the codecs' tensor table. */
+enum { V2_NIN = 4, V2_ALIBI = 3 };
+static int v2_slot(int i) { return i == V2_ALIBI ? ATTN_PROTO_T_ALIBI : i; }
+
 typedef struct v2_input {
   attn_proto_tensor t;
   size_t at_data; /* where "data" starts (0: absent) */
@@ -100,7 +105,7 @@ typedef struct v2_dec {
   attn_v2_info *info;
   attn_options opts;
   bool bin_out, bin_out_set;
-  v2_input in[3];
+  v2_input in[V2_NIN];
   size_t at_inputs, at_outputs, at_params;
   attn_status *st;
 } v2_dec;
@@ -136,11 +141,12 @@ static int request_params(v2_dec *d, attn__jr v) {
                              "feature attnd does not implement; leave it out",
                              qk);
     } else if (key_is(key, klen, "stats") || attn_option_kind_of(key, kl) == ATTN_OPTK_NONE) {
-      return attn_status_set(d->st, ATTN_PROTO_EOPTION,
-                             "unknown parameter \"%s\" (parameters: causal, scale, window_left, "
-                             "window_right, backend, binary_data_output; name the statistics "
-                             "m, l, lse in \"outputs\" to get them)",
-                             qk);
+      return attn_status_set(
+          d->st, ATTN_PROTO_EOPTION,
+          "unknown parameter \"%s\" (parameters: causal, scale, window_left, "
+          "window_right, softcap, backend, binary_data_output; name the statistics "
+          "m, l, lse in \"outputs\" to get them)",
+          qk);
     } else if ((rc = attn__json_option(&d->opts, key, kl, v, "parameters", d->st)) < 0) {
       return rc;
     }
@@ -188,7 +194,8 @@ static int request_keys(v2_dec *d) {
   return 0;
 }
 
-/* "shape": 2 to 4 integers >= 0 (attn_proto_build() refuses zeros). */
+/* "shape": 2 to 4 integers >= 0 (attn_proto_build() refuses zeros);
+ * alibi_slopes 1 or 2 ([Hq] or [B, Hq]). */
 static int input_shape(attn__jr v, v2_input *in, attn_status *st) {
   const char *name = in->t.name;
   if (v.s[v.pos] != '[')
@@ -196,10 +203,12 @@ static int input_shape(attn__jr v, v2_input *in, attn_status *st) {
                            "input \"%s\": shape must be an array of integers, not %s", name,
                            attn__jr_type(&v));
   int rank = (int)attn__jr_count(&v);
-  if (rank < 2 || rank > 4)
+  const bool alibi = !strcmp(name, "alibi_slopes");
+  if (alibi ? rank < 1 || rank > 2 : rank < 2 || rank > 4)
     return attn_status_set(st, ATTN_PROTO_ETENSOR,
-                           "input \"%s\" has %d dimensions; use [N, D], [H, N, D] or "
-                           "[B, H, N, D]",
+                           alibi ? "input \"%s\" has %d dimensions; use [Hq] or [B, Hq]"
+                                 : "input \"%s\" has %d dimensions; use [N, D], [H, N, D] or "
+                                   "[B, H, N, D]",
                            name, rank);
   size_t n = 1;
   for (int i = 0; attn__jr_elem(&v); i++) {
@@ -285,16 +294,18 @@ static int input_fields(v2_dec *d, attn__jr v, int k) {
   char name[16];
   size_t n = x.s[x.pos] == '"' ? attn__jr_string(&x, name, sizeof name) : sizeof name;
   int i = 0;
-  while (i < 3 && !(n < sizeof name && !strcmp(name, attn_proto_tensor_name(i))))
+  while (i < V2_NIN && !(n < sizeof name && !strcmp(name, attn_proto_tensor_name(v2_slot(i)))))
     i++;
-  if (i == 3)
+  if (i == V2_NIN)
     return attn_status_set(d->st, ATTN_PROTO_EUNKNOWNTENSOR,
-                           "inputs[%d]: the name must be \"q\", \"k\" or \"v\"", k);
+                           "inputs[%d]: the name must be \"q\", \"k\", \"v\" or "
+                           "\"alibi_slopes\"",
+                           k);
   v2_input *in = &d->in[i];
   if (in->t.name)
     return attn_status_set(d->st, ATTN_PROTO_ETENSOR, "input \"%s\" is given twice",
-                           attn_proto_tensor_name(i));
-  in->t.name = attn_proto_tensor_name(i);
+                           attn_proto_tensor_name(v2_slot(i)));
+  in->t.name = attn_proto_tensor_name(v2_slot(i));
   in->at_data = at[3];
   int rc;
   x.pos = at[2];
@@ -321,7 +332,7 @@ static int inputs(v2_dec *d) {
     return attn_status_set(d->st, d->at_inputs ? ATTN_PROTO_EJSON : ATTN_PROTO_EMISSING,
                            d->at_inputs ? "\"inputs\" must be an array of q, k and v"
                                         : "the request has no \"inputs\" (it needs q, k and v)");
-  for (int i = 0; i < 3; i++)
+  for (int i = 0; i < V2_NIN; i++)
     d->in[i].binary = -1;
   int rc;
   for (int k = 0; attn__jr_elem(&v); k++) {
@@ -439,23 +450,23 @@ static int input_binary(v2_dec *d, v2_input *in, size_t *off, void **owned) {
 
 /* Binary inputs take their bytes in the order they appear in "inputs". */
 static int input_data(v2_dec *d) {
-  int order[3], n = 0, rc;
+  int order[V2_NIN], n = 0, rc;
   attn__jr v = d->j;
   v.pos = d->at_inputs;
-  while (attn__jr_elem(&v) && n < 3) {
+  while (attn__jr_elem(&v) && n < V2_NIN) {
     attn__jr x = v;
     char key[8], name[16];
     size_t klen;
     while (attn__jr_member(&x, key, sizeof key, &klen) && !key_is(key, klen, "name"))
       attn__jr_skip(&x);
     attn__jr_string(&x, name, sizeof name);
-    order[n++] = name[0] == 'q' ? 0 : name[0] == 'k' ? 1 : 2;
+    order[n++] = name[0] == 'q' ? 0 : name[0] == 'k' ? 1 : name[0] == 'v' ? 2 : V2_ALIBI;
     attn__jr_skip(&v);
   }
   size_t off = 0;
   for (int k = 0; k < n; k++) {
     v2_input *in = &d->in[order[k]];
-    void **owned = &d->pr->owned[order[k]];
+    void **owned = &d->pr->owned[v2_slot(order[k])];
     if ((rc = in->binary >= 0 ? input_binary(d, in, &off, owned) : input_json_data(d, in, owned)) <
         0)
       return rc;
@@ -577,7 +588,8 @@ static int decode(v2_dec *d) {
     return rc;
   d->opts.stats = (d->info->outputs & ~(1u << ATTN_V2_O)) != 0;
   d->opts.set |= ATTN_OPT_STATS;
-  attn_proto_tensor t[3] = {d->in[0].t, d->in[1].t, d->in[2].t};
+  attn_proto_tensor t[ATTN_PROTO_MAX_TENSORS] = {d->in[0].t, d->in[1].t, d->in[2].t};
+  t[ATTN_PROTO_T_ALIBI] = d->in[V2_ALIBI].t;
   return attn_proto_build(d->pr, t, &d->opts, d->st);
 }
 

@@ -304,6 +304,14 @@ void attn__seen_record(const attn__flash_seen *s, int64_t head, int64_t bad, flo
     ;
 }
 
+void attn__variants_init(const attn_request *r, attn__variants *v) {
+  const double cap2 = r->softcap * M_LOG2E;
+  v->cap2 = (float)cap2;
+  v->inv_cap2 = r->softcap > 0 ? (float)(1.0 / cap2) : 0.0f;
+  v->alibi = r->alibi_slopes != NULL;
+  v->on = r->softcap > 0 || v->alibi;
+}
+
 static int cpu_submit(void *state, attn_job *job, attn_status *st) {
   cpu_state *s = state;
   const attn_request *r = &job->req;
@@ -319,6 +327,7 @@ static int cpu_submit(void *state, attn_job *job, attn_status *st) {
   attn_request_window(r, &cj->args.wl, &cj->args.wr);
   cj->args.off = r->seq_kv - r->seq_q;
   cj->args.group = r->heads_q / r->heads_kv;
+  attn__variants_init(r, &cj->args.var);
   if (plan_scan(cj) < 0 || plan_split(cj) < 0) {
     cpu_job_free(cj);
     return attn_status_set(st, ATTN_ENOMEM, "out of memory queueing a job");

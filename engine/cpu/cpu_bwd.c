@@ -212,6 +212,7 @@ static void plan_forward(bwd_job *bj) {
   bj->fargs.wr = bj->args.wr;
   bj->fargs.off = bj->args.off;
   bj->fargs.group = bj->args.group;
+  bj->fargs.var = bj->args.var;
 }
 
 /* The seen arrays of q, k, v, o and do. */
@@ -231,6 +232,7 @@ static int plan(bwd_job *bj) {
   attn_request_window(r, &a->wl, &a->wr);
   a->off = r->seq_kv - r->seq_q;
   a->group = r->heads_q / r->heads_kv;
+  attn__variants_init(r, &a->var);
   a->dld = (r->head_dim + ATTN_BWD_DALIGN - 1) / ATTN_BWD_DALIGN * ATTN_BWD_DALIGN;
   a->overflow = &bj->overflow;
   a->nchunk = attn__cpu_bwd_chunks(r, &a->chunk_blocks);

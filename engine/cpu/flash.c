@@ -284,6 +284,43 @@ static void f32_scores(blk_ctx *c, int64_t j0, int64_t nkt, const float **vp, in
   qk_tile(c->qt, kp, ldk, c->st, D, nkt, c->nv);
 }
 
+/*
+ * The variants on a tile's scores (base 2): softcap, then the ALiBi bias.
+ * Lane ii is query i0 + ii % nq of head h0 + ii / nq, so the bias is
+ * -slope2[ii]·|pos[ii] + (i0 + off - j0) - jj|, exact in F32 while the
+ * distances stay under 2^24. Only requests with a variant come here, so
+ * a plain request pays one branch per tile.
+ */
+static void variant_tile(blk_ctx *c, int64_t j0, int64_t nkt) {
+  const attn__variants *var = &c->a->var;
+  const attn__flash_block *blk = c->blk;
+  if (var->cap2 > 0) {
+    const vf cap = vset1(var->cap2), inv = vset1(var->inv_cap2);
+    for (int64_t jj = 0; jj < nkt; jj++)
+      for (int v = 0; v < c->nv; v++) {
+        float *p = c->st + jj * BQ + v * VL;
+        vstore(p, vmul(cap, vtanh(vmul(vload(p), inv))));
+      }
+  }
+  if (!var->alibi)
+    return;
+  float slope2[BQ], pos[BQ];
+  for (int64_t ii = 0; ii < c->lanes; ii++) {
+    const bool real = ii < c->nrows;
+    const int64_t h = blk->h0 + ii / blk->nq;
+    slope2[ii] = real ? (float)(-attn_request_alibi_slope(c->a->r, blk->b, h) * M_LOG2E) : 0.0f;
+    pos[ii] = real ? (float)(ii % blk->nq) : 0.0f;
+  }
+  const int64_t base = blk->i0 + c->a->off - j0;
+  for (int64_t jj = 0; jj < nkt; jj++) {
+    const vf t = vset1((float)(base - jj));
+    for (int v = 0; v < c->nv; v++) {
+      float *p = c->st + jj * BQ + v * VL;
+      vstore(p, vfma(vload(slope2 + v * VL), vabs(vadd(vload(pos + v * VL), t)), vload(p)));
+    }
+  }
+}
+
 /* One key tile: scan it, scores, mask, online softmax, O += P·V. */
 static void tile_step(blk_ctx *c, int64_t j0, int64_t nkt) {
   const attn__flash_args *a = c->a;
@@ -304,6 +341,8 @@ static void tile_step(blk_ctx *c, int64_t j0, int64_t nkt) {
     dp_scores(c, j0, nkt);
   else
     f32_scores(c, j0, nkt, &vp, &ldv);
+  if (a->var.on)
+    variant_tile(c, j0, nkt);
   bool full = (a->wl < 0 || j0 >= ilast + a->off - a->wl) &&
               (a->wr < 0 || j0 + nkt - 1 <= i0 + a->off + a->wr);
   if (!full)
@@ -520,6 +559,18 @@ static void exp2_array(const float *x, float *y, int64_t n) {
   }
 }
 
+static void tanh_array(const float *x, float *y, int64_t n) {
+  int64_t i = 0;
+  for (; i + VL <= n; i += VL)
+    vstore(y + i, vtanh(vload(x + i)));
+  for (; i < n; i++) {
+    float t[VL] = {0};
+    t[0] = x[i];
+    vstore(t, vtanh(vload(t)));
+    y[i] = t[0];
+  }
+}
+
 #if ATTN_AMX
 #define KERNEL_NAME "amx"
 #elif ATTN_DPBF16
@@ -534,5 +585,6 @@ const attn__flash_isa CAT(attn__flash_, SUFFIX) = {
     /* .scan_keys = */ scan_keys,
     /* .scan      = */ scan,
     /* .exp2      = */ exp2_array,
+    /* .tanh      = */ tanh_array,
     /* .bwd       = */ &CAT(attn__bwd_, SUFFIX),
 };

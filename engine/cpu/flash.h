@@ -51,6 +51,7 @@ typedef struct attn__flash_args {
   int64_t wl, wr;           /* effective window, causal folded in */
   int64_t off;              /* seq_kv - seq_q */
   int64_t group;            /* heads_q / heads_kv */
+  attn__variants var;       /* softcap and ALiBi */
 } attn__flash_args;
 
 /* A block of query rows: positions [i0, i0 + nq) of the nh query heads
@@ -81,6 +82,8 @@ typedef struct attn__flash_isa {
   int64_t (*scan)(const void *p, attn_dtype dt, int64_t n, int64_t d, int64_t stride, float *pmax);
   /* y = 2^x with the kernel's vector exp2, for the tests of its error. */
   void (*exp2)(const float *x, float *y, int64_t n);
+  /* y = tanh(x) with the kernel's vector tanh (softcap), for the same tests. */
+  void (*tanh)(const float *x, float *y, int64_t n);
   /* The backward pass (flash_bwd.h), from flash_bwd.c's instance. */
   const attn__bwd_kernel *bwd;
 } attn__flash_isa;
@@ -98,7 +101,8 @@ extern const attn__flash_isa attn__flash_generic;
 
 /* Workspace one worker needs, for any head_dim up to the maximum: Qᵀ and
  * Oᵀ (D × BQ each), the score tile (BK × BQ), converted K and V tiles
- * (BK × D each), and m, l, alpha (BQ each). */
+ * (BK × D each), and m, l, alpha (BQ each). ALiBi's per-lane slopes and
+ * positions live on the stack (2 × BQ floats). */
 #define ATTN_FLASH_WS_FLOATS                                               \
   (2 * ATTN_MAX_HEAD_DIM * ATTN_FLASH_BQ + ATTN_FLASH_BK * ATTN_FLASH_BQ + \
    2 * ATTN_FLASH_BK * ATTN_MAX_HEAD_DIM + 3 * ATTN_FLASH_BQ)

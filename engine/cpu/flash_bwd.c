@@ -42,6 +42,7 @@
 
 #include <float.h>
 #include <math.h>
+#include <stdlib.h>
 
 #define BQ ATTN_BWD_BQ
 #define BK ATTN_BWD_BK
@@ -150,8 +151,47 @@ static void mask_row(const kb_ctx *x, int64_t i, float *p) {
       p[jj] = 0.0f;
 }
 
+/*
+ * softmax_grad with the variants: s2 = S·scale2 goes through softcap,
+ * t = tanh(s2 / cap2), s2 = cap2·t, and gets the ALiBi bias before P is
+ * formed; dS = P∘(dP − Dᵢ)∘(1 − t²) is the gradient of the scaled score
+ * before the cap. (dP − Dᵢ)(1 − t²) goes into dP first, so the mask, which
+ * zeroes P, still zeroes dS.
+ */
+static void softmax_grad_variant(const kb_ctx *x, int64_t h, int64_t i0, int64_t n, bool full) {
+  const attn__bwd_args *a = x->a;
+  const vf sc = vset1(a->scale2), cap = vset1(a->var.cap2), inv = vset1(a->var.inv_cap2);
+  const float slope2 = (float)(-attn_request_alibi_slope(a->r, x->b, h) * M_LOG2E);
+  float dist[BK];
+  for (int64_t ii = 0; ii < n; ii++) {
+    float *s = x->s + ii * BK, *dp = x->dp + ii * BK;
+    const vf nmu = vset1(-x->mu[ii]), di = vset1(x->di[ii]);
+    for (int64_t jj = 0; jj < BK; jj++) /* |i + off - j|, exact below 2^24 */
+      dist[jj] = (float)llabs(i0 + ii + a->off - x->j0 - jj);
+    for (int v = 0; v < NVK; v++) {
+      vf s2 = vmul(vload(s + v * VL), sc), g = vsub(vload(dp + v * VL), di);
+      if (a->var.cap2 > 0) {
+        const vf t = vtanh(vmul(s2, inv));
+        s2 = vmul(cap, t);
+        g = vmul(g, vsub(vset1(1.0f), vmul(t, t)));
+      }
+      s2 = vfma(vset1(slope2), vload(dist + v * VL), s2);
+      vstore(s + v * VL, vexp2(vadd(s2, nmu)));
+      vstore(dp + v * VL, g);
+    }
+    if (!full)
+      mask_row(x, i0 + ii, s);
+    for (int v = 0; v < NVK; v++)
+      vstore(dp + v * VL, vmul(vload(s + v * VL), vload(dp + v * VL)));
+  }
+}
+
 /* P = 2^(S·scale2 − mu) in place of S, then dS = P∘(dP − Dᵢ) in place of dP. */
-static void softmax_grad(const kb_ctx *x, int64_t i0, int64_t n, bool full) {
+static void softmax_grad(const kb_ctx *x, int64_t h, int64_t i0, int64_t n, bool full) {
+  if (x->a->var.on) {
+    softmax_grad_variant(x, h, i0, n, full);
+    return;
+  }
   const vf sc = vset1(x->a->scale2);
   for (int64_t ii = 0; ii < n; ii++) {
     float *s = x->s + ii * BK, *dp = x->dp + ii * BK;
@@ -207,7 +247,7 @@ static void pair(kb_ctx *x, int64_t h, int64_t i0, int64_t n) {
   const bool full = pair_stats(x, h, i0, n);
   mm(x->s, BK, n, NVK, D, q, ldq, 1, x->kt, BK, false);
   mm(x->dp, BK, n, NVK, D, g, ldo, 1, x->vt, BK, false);
-  softmax_grad(x, i0, n, full);
+  softmax_grad(x, h, i0, n, full);
   mm(x->dvt, BK, D, NVK, n, g, 1, ldo, x->s, BK, true);
   mm(x->dkt, BK, D, NVK, n, q, 1, ldq, x->dp, BK, true);
   mm(dq_part(a, x->c, x->b, h, i0), a->dld, n, (int)(a->dld / VL), x->nkt, x->dp, BK, 1, x->kr,

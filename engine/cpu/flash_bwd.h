@@ -29,6 +29,18 @@
  * (a multiple of every ISA's vector length). */
 #define ATTN_BWD_DALIGN 16
 
+/* The score variants as the kernels (forward and backward) apply them, in
+ * their base-2 units: s2 = s·log2(e) becomes cap2·tanh(s2 / cap2), then
+ * gets -slope·log2(e)·|i + off - j|. */
+typedef struct attn__variants {
+  float cap2, inv_cap2; /* softcap·log2(e) and its inverse; 0: no softcap */
+  bool alibi;           /* the request has alibi_slopes */
+  bool on;              /* either: the tiles' scores go through the variant step */
+} attn__variants;
+
+/* The variants of a validated request r (cpu.c). */
+void attn__variants_init(const attn_request *r, attn__variants *v);
+
 typedef struct attn__bwd_args {
   const attn_request *r; /* validated backward request, strides filled */
   const float *lse;      /* [B, Hq, Nq], natural log: lse_in or recomputed */
@@ -39,6 +51,7 @@ typedef struct attn__bwd_args {
   int64_t chunk_blocks;  /* key blocks of ATTN_BWD_BK per chunk */
   float scale, scale2;   /* scale, and scale·log2(e) */
   int64_t wl, wr, off, group;
+  attn__variants var;
   int *overflow; /* set (atomically) when an output is not finite */
 } attn__bwd_args;
 

@@ -165,7 +165,7 @@ static void pair_bf16(kb_ctx *x, int64_t h, int64_t i0, int64_t n) {
   const bool full = pair_stats(x, h, i0, n);
   dmm(x->s, BK, n, NVK, D / 2, q, ldq, 4, x->ktp, BK, false);
   dmm(x->dp, BK, n, NVK, D / 2, g, ldo, 4, x->vtp, BK, false);
-  softmax_grad(x, i0, n, full);
+  softmax_grad(x, h, i0, n, full);
   pack_p_ds(x, n);
   pair_rows(x->qip, D, q, ldq, n, D);
   pair_rows(x->gip, D, g, ldo, n, D);

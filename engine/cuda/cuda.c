@@ -744,6 +744,12 @@ static int cuda_supports(void *state, const attn_request *r, attn_status *st) {
     }
   if (!ok)
     return attn_status_set(st, ATTN_ENODEV, "cuda: no healthy device is left");
+  /* Not in the CUDA kernels yet: refused, never ignored; "auto" then picks
+   * the cpu backend, which has them. */
+  if (r->softcap > 0 || r->alibi_slopes)
+    return attn_status_set(st, ATTN_EUNSUPPORTED,
+                           "cuda: softcap and alibi_slopes are not supported by the CUDA kernels "
+                           "yet; use backend cpu or auto");
   cu_slot probe;
   memset(&probe, 0, sizeof probe);
   int rc = plan_job(&probe, r, sms, s->off, st);

@@ -42,10 +42,23 @@ def _problem(q, k, v, causal, scale, window):
     return q, k, v, scale, visible, group
 
 
-def _probabilities(q, k, scale, visible):
+def _alibi_bias(alibi_slopes, shape):
+    """-slope * |i + Nkv - Nq - j| as [B, H, Nq, Nkv] (0 without slopes)."""
+    b, h, nq, nkv = shape
+    if alibi_slopes is None:
+        return np.zeros(shape)
+    slopes = np.broadcast_to(np.asarray(alibi_slopes, np.float64).reshape(-1, h), (b, h))
+    dist = np.abs(np.arange(nq)[:, None] + (nkv - nq) - np.arange(nkv)[None, :])
+    return -slopes[:, :, None, None] * dist
+
+
+def _probabilities(q, k, scale, visible, softcap=None, alibi_slopes=None):
     """S, P [B, H, Nq, Nkv] and the statistics m, l [B, H, Nq]; a row with no visible key
-    has P = 0, m = -inf, l = 0."""
+    has P = 0, m = -inf, l = 0. FlashAttention's order: scale, softcap, + ALiBi, mask."""
     s = scale * np.einsum("bhqd,bhkd->bhqk", q, k)
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
+    s = s + _alibi_bias(alibi_slopes, s.shape)
     s = np.where(visible, s, -np.inf)
     m = s.max(axis=-1)
     p = np.exp(s - np.where(np.isfinite(m), m, 0.0)[..., None])
@@ -53,27 +66,31 @@ def _probabilities(q, k, scale, visible):
     return s, p / np.where(l > 0, l, 1.0)[..., None], m, l
 
 
-def reference(q, k, v, causal=False, scale=None, window=(-1, -1)):
+def reference(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=None,
+              alibi_slopes=None):
     """Returns (o, m, l, lse) in float64, o of q's shape, statistics q's shape minus D."""
     shape = np.shape(q)
     q, k, v, scale, visible, _ = _problem(q, k, v, causal, scale, window)
-    _, p, m, l = _probabilities(q, k, scale, visible)
+    _, p, m, l = _probabilities(q, k, scale, visible, softcap, alibi_slopes)
     o = np.einsum("bhqk,bhkd->bhqd", p, v)
     with np.errstate(divide="ignore"):
         lse = np.where(l > 0, m + np.log(np.where(l > 0, l, 1.0)), -np.inf)
     return o.reshape(shape), m.reshape(shape[:-1]), l.reshape(shape[:-1]), lse.reshape(shape[:-1])
 
 
-def reference_backward(q, k, v, do, causal=False, scale=None, window=(-1, -1)):
+def reference_backward(q, k, v, do, causal=False, scale=None, window=(-1, -1), softcap=None,
+                       alibi_slopes=None):
     """(dq, dk, dv) in float64 for the loss L with dL/dO = do: dq of q's shape, dk and dv
     of k's shape (summed over the query heads of each GQA group)."""
     qshape, kshape = np.shape(q), np.shape(k)
     q, k, v, scale, visible, group = _problem(q, k, v, causal, scale, window)
     do = np.asarray(do, np.float64).reshape(q.shape)
-    _, p, _, _ = _probabilities(q, k, scale, visible)
+    _, p, _, _ = _probabilities(q, k, scale, visible, softcap, alibi_slopes)
     dv = np.einsum("bhqk,bhqd->bhkd", p, do)                 # dV = P^T dO
     dp = np.einsum("bhqd,bhkd->bhqk", do, v)                 # dP = dO V^T
     ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True))    # softmax's Jacobian, row by row
+    if softcap:   # through softcap * tanh(s / softcap); ALiBi adds a constant
+        ds = ds * (1 - np.tanh(scale * np.einsum("bhqd,bhkd->bhqk", q, k) / softcap) ** 2)
     dq = scale * np.einsum("bhqk,bhkd->bhqd", ds, k)         # S = scale Q K^T
     dk = scale * np.einsum("bhqk,bhqd->bhkd", ds, q)
     b, hq, nkv, d = dk.shape

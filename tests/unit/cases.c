@@ -162,3 +162,40 @@ int tcases_decode(tprob *ps) {
     }
   return n;
 }
+
+int tcases_variants(tprob *ps) {
+  /* b, hq, hkv, nq, nkv, d, causal, wl, wr, softcap, alibi */
+  static const struct {
+    int64_t b, hq, hkv, nq, nkv, d;
+    bool causal;
+    int64_t wl, wr;
+    double softcap;
+    int alibi;
+  } v[] = {
+      {1, 4, 2, 200, 200, 64, false, -1, -1, 2.0, 0}, /* softcap on tanh's curve */
+      {2, 2, 2, 77, 130, 37, true, -1, -1, 0.5, 0},   /* hard cap, odd D, cross */
+      {1, 8, 8, 150, 150, 128, true, -1, -1, 0, 1},   /* ALiBi [Hq], causal */
+      {3, 4, 1, 65, 90, 80, false, -1, -1, 0, 2},     /* ALiBi [B, Hq], MQA, both sides */
+      {2, 6, 2, 129, 70, 64, true, -1, -1, 30.0, 2},  /* both; Nq > Nkv: rows see nothing */
+      {1, 4, 4, 300, 333, 96, false, 40, 7, 1.5, 1},  /* both in a window */
+      {1, 8, 2, 1, 3000, 128, false, -1, -1, 3.0, 2}, /* decode, keys split */
+      {2, 16, 4, 3, 2500, 64, true, 900, -1, 0, 1},   /* decode rows, ALiBi, window */
+      {1, 4, 1, 4, 2000, 128, false, -1, -1, 1.0, 1}, /* group of 4 decode rows */
+  };
+  int n = 0;
+  for (size_t i = 0; i < sizeof v / sizeof *v; i++)
+    for (int dt = 0; dt < ATTN_DTYPE_COUNT; dt++) {
+      tprob p = tprob_make(v[i].b, v[i].hq, v[i].hkv, v[i].nq, v[i].nkv, v[i].d, (attn_dtype)dt);
+      p.causal = v[i].causal;
+      p.wl = v[i].wl;
+      p.wr = v[i].wr;
+      p.softcap = v[i].softcap;
+      p.alibi = v[i].alibi;
+      p.stats = true;
+      p.strided = i % 3 == 1;
+      if (i == 5)
+        p.scale = 0.3;
+      ps[n++] = p;
+    }
+  return n;
+}

@@ -27,5 +27,8 @@ int tcases_shapes(tprob *ps);
 /* Decode shapes whose keys the CPU backend splits across threads. */
 int tcases_decode(tprob *ps);
 int tcases_masked_rows(tprob *ps);
+/* softcap and ALiBi (slopes [Hq] and [B, Hq]), alone and together, with
+ * masks, GQA, cross and decode shapes (keys split), in every dtype. */
+int tcases_variants(tprob *ps);
 
 #endif

@@ -83,6 +83,18 @@ void tcase_init(tcase *c, const tprob *p, uint64_t seed) {
   r->m = c->m;
   r->l = c->l;
   r->lse = c->lse;
+  r->softcap = p->softcap;
+  if (p->alibi) {
+    /* ALiBi's geometric slopes 2^(-8(h+1)/Hq), each batch's halved again
+     * when they are [B, Hq], so a wrong batch index shows. */
+    const int64_t nb = p->alibi == 2 ? p->b : 1;
+    c->alibi = malloc((size_t)(nb * p->hq) * sizeof *c->alibi);
+    for (int64_t b = 0; b < nb; b++)
+      for (int64_t h = 0; h < p->hq; h++)
+        c->alibi[b * p->hq + h] = (float)(exp2(-8.0 * (double)(h + 1) / (double)p->hq) / (b + 1));
+    r->alibi_slopes = c->alibi;
+    r->alibi_stride_b = p->alibi == 2 ? p->hq : 0;
+  }
   if (p->strided) {
     bnhd(r->q_stride, p->hq, p->nq, p->d);
     bnhd(r->o_stride, p->hq, p->nq, p->d);
@@ -110,6 +122,7 @@ void tcase_free(tcase *c) {
   free(c->dk);
   free(c->dv);
   free(c->lse_in);
+  free(c->alibi);
   free(c->q);
   free(c->k);
   free(c->v);
@@ -352,10 +365,12 @@ terr tcheck(const tcase *c) {
 
 const char *tdesc(const tprob *p, char *buf, size_t cap) {
   snprintf(buf, cap,
-           "B=%lld Hq=%lld Hkv=%lld Nq=%lld Nkv=%lld D=%lld %s causal=%d window=(%lld,%lld)%s%s",
+           "B=%lld Hq=%lld Hkv=%lld Nq=%lld Nkv=%lld D=%lld %s causal=%d window=(%lld,%lld)%s%s"
+           " softcap=%g alibi=%d",
            (long long)p->b, (long long)p->hq, (long long)p->hkv, (long long)p->nq,
            (long long)p->nkv, (long long)p->d, attn_dtype_name(p->dt), p->causal, (long long)p->wl,
-           (long long)p->wr, p->strided ? " strided" : "", isnan(p->scale) ? "" : " scale");
+           (long long)p->wr, p->strided ? " strided" : "", isnan(p->scale) ? "" : " scale",
+           p->softcap, p->alibi);
   return buf;
 }
 

@@ -14,7 +14,9 @@ typedef struct tprob {
   int64_t wl, wr; /* -1 unbounded */
   double scale;   /* NaN: default */
   bool stats;
-  bool strided; /* lay tensors out [B, N, H, D] (as FlashAttention's API does) */
+  bool strided;   /* lay tensors out [B, N, H, D] (as FlashAttention's API does) */
+  double softcap; /* 0: off */
+  int alibi;      /* 0: off; 1: slopes [Hq]; 2: slopes [B, Hq] (tcase_init draws them) */
 } tprob;
 
 /* A problem with inputs filled, outputs poisoned (NaN) and allocated. The
@@ -26,6 +28,7 @@ typedef struct tcase {
   float *m, *l, *lse;
   void *dout, *dq, *dk, *dv;
   float *lse_in;
+  float *alibi; /* the slopes when p.alibi */
 } tcase;
 
 tprob tprob_make(int64_t b, int64_t hq, int64_t hkv, int64_t nq, int64_t nkv, int64_t d,

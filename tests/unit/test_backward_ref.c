@@ -15,6 +15,8 @@ typedef struct fdcase {
   int64_t b, hq, hkv, nq, nkv, d;
   bool causal;
   int64_t wl, wr;
+  double softcap; /* 0: off */
+  int alibi;      /* 0: off; 1: slopes [Hq]; 2: slopes [B, Hq] */
 } fdcase;
 
 /* L = Σ O∘dO of the float64 forward on r's current inputs. */
@@ -68,6 +70,16 @@ static void check_case(const fdcase *c, uint64_t seed) {
   r.seq_q = c->nq, r.seq_kv = c->nkv, r.head_dim = c->d;
   r.causal = c->causal, r.window_left = c->wl, r.window_right = c->wr;
   r.q = q, r.k = k, r.v = v, r.o = o;
+  /* Scores of about ±1 against a cap of 0.5 put the pairs on tanh's curve,
+   * where its derivative is far from 1. */
+  r.softcap = c->softcap;
+  float slopes[16];
+  for (int64_t i = 0; i < c->b * c->hq; i++)
+    slopes[i] = (float)(0.5 * (1 + tuniform(&seed)));
+  if (c->alibi) {
+    r.alibi_slopes = slopes;
+    r.alibi_stride_b = c->alibi == 2 ? c->hq : 0;
+  }
   double *g = malloc((nq + 2 * nk) * sizeof *g);
   attn_status st;
   /* The forward output is an input of the backward: any finite o will do for
@@ -89,11 +101,14 @@ static void check_case(const fdcase *c, uint64_t seed) {
 
 Test(backward_ref, finite_differences) {
   static const fdcase cases[] = {
-      {1, 1, 1, 3, 4, 5, false, -1, -1}, /* plain, Nq < Nkv */
-      {1, 2, 1, 4, 4, 3, true, -1, -1},  /* causal, GQA 2:1 */
-      {2, 2, 2, 5, 3, 4, true, -1, -1},  /* causal with Nq > Nkv: rows see nothing */
-      {1, 3, 1, 4, 6, 2, false, 1, 1},   /* sliding window, MQA */
-      {1, 1, 1, 6, 6, 7, false, 0, 0},   /* diagonal only: P is one-hot */
+      {1, 1, 1, 3, 4, 5, false, -1, -1, 0, 0},   /* plain, Nq < Nkv */
+      {1, 2, 1, 4, 4, 3, true, -1, -1, 0, 0},    /* causal, GQA 2:1 */
+      {2, 2, 2, 5, 3, 4, true, -1, -1, 0, 0},    /* causal with Nq > Nkv: rows see nothing */
+      {1, 3, 1, 4, 6, 2, false, 1, 1, 0, 0},     /* sliding window, MQA */
+      {1, 1, 1, 6, 6, 7, false, 0, 0, 0, 0},     /* diagonal only: P is one-hot */
+      {1, 2, 1, 4, 5, 6, false, -1, -1, 0.5, 0}, /* softcap */
+      {2, 2, 1, 5, 4, 3, true, -1, -1, 0, 2},    /* ALiBi [B, Hq], causal, Nq > Nkv */
+      {1, 3, 3, 4, 7, 4, false, 2, 1, 0.3, 1},   /* both, in a window */
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
     check_case(&cases[i], 1000 + i);

@@ -62,6 +62,43 @@ Test(kernel, exp2_avx512) { exp2_bound("avx512"); }
 Test(kernel, exp2_avx512bf16) { exp2_bound("avx512bf16"); }
 Test(kernel, exp2_amx) { exp2_bound("amx"); }
 
+/* simd.h documents vtanh (softcap): relative error < 5e-7 over [-20, 20],
+ * the smallest inputs included, and within that of ±1 far out (the clamp
+ * leaves 1 - 2 ulp there). */
+static void tanh_bound(const char *name) {
+  const attn__flash_isa *k = isa_or_skip(name);
+  enum { N = 1 << 22 };
+  float *x = malloc(N * sizeof *x), *y = malloc(N * sizeof *y);
+  for (int i = 0; i < N; i++)
+    x[i] = -20.0f + 40.0f * (float)i / (float)(N - 1);
+  k->tanh(x, y, N);
+  double worst = 0;
+  float at = 0;
+  for (int i = 0; i < N; i++) {
+    double ref = tanh((double)x[i]);
+    double e = ref == 0 ? fabs(y[i]) : fabs(y[i] - ref) / fabs(ref);
+    if (e > worst) {
+      worst = e;
+      at = x[i];
+    }
+  }
+  cr_expect_lt(worst, 5e-7, "%s: tanh relative error %.3g at x = %.9g", name, worst, at);
+  float special[] = {1e-30f, -3e-8f, 1e-4f, 100.0f, -1e30f};
+  float out[5];
+  k->tanh(special, out, 5);
+  for (int i = 0; i < 3; i++)
+    cr_expect_lt(fabs(out[i] / tanh((double)special[i]) - 1), 5e-7, "%s: tanh(%g) = %.9g", name,
+                 special[i], out[i]);
+  cr_expect_lt(fabs(out[3] - 1.0), 5e-7, "%s: tanh(100) = %.9g", name, out[3]);
+  cr_expect_lt(fabs(out[4] + 1.0), 5e-7, "%s: tanh(-1e30) = %.9g", name, out[4]);
+  free(x);
+  free(y);
+}
+
+Test(kernel, tanh_generic) { tanh_bound("generic"); }
+Test(kernel, tanh_avx2) { tanh_bound("avx2"); }
+Test(kernel, tanh_avx512) { tanh_bound("avx512"); }
+
 /* The scan finds the largest magnitude and the first non-finite element, in
  * every dtype, in the vector body and in the tail. */
 Test(kernel, scan) {

@@ -348,3 +348,37 @@ Test(engine_errors, fused_scan_coordinates, .timeout = 120) {
       scan_case(isas[i], p, 1, k2, 2, "tensor k holds a non-finite value at [0, 0, 2500, 0]");
     }
 }
+
+Test(validate, softcap) {
+  attn_request r = good();
+  attn_status st;
+  r.softcap = 50;
+  cr_expect_eq(attn_request_validate(&r, &st), 0, "%s", st.message);
+  const double bad[] = {-1, NAN, INFINITY, 1e13, 1e-13};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    r.softcap = bad[i];
+    expect_err(&r, ATTN_EINVAL, "softcap must be 0 (off) or a number between");
+  }
+}
+
+Test(validate, alibi_slopes) {
+  attn_request r = good();
+  attn_status st;
+  float slopes[4] = {0.5f, 0.25f, 0.125f, -0.5f}; /* [B=2, Hq=2] */
+  r.batch = 2;
+  r.alibi_slopes = slopes;
+  cr_expect_eq(attn_request_validate(&r, &st), 0, "%s", st.message);
+  r.alibi_stride_b = 2;
+  cr_expect_eq(attn_request_validate(&r, &st), 0, "%s", st.message);
+  r.alibi_stride_b = 3;
+  expect_err(&r, ATTN_EINVAL, "alibi_stride_b must be 0 (slopes [Hq]) or heads_q = 2");
+  r.alibi_stride_b = 2;
+  slopes[3] = NAN;
+  expect_err(&r, ATTN_ENONFINITE, "tensor alibi_slopes holds a non-finite value (nan) at [1, 1]");
+  r.alibi_stride_b = 0; /* [Hq]: the bad slope is not read */
+  cr_expect_eq(attn_request_validate(&r, &st), 0, "%s", st.message);
+  slopes[1] = -INFINITY;
+  expect_err(&r, ATTN_ENONFINITE, "at [1]; slopes must be finite");
+  slopes[1] = 1e37f;
+  expect_err(&r, ATTN_ERANGE, "alibi_slopes: slope 1e+37 times a distance of up to 16");
+}

@@ -82,13 +82,15 @@ def _wants_json(json, binary):
     return not binary
 
 
-def _options(causal, scale, window, stats, backend):
+def _options(causal, scale, window, stats, backend, softcap=None):
     """The request's options as an ordered dict of Python values (only non-defaults)."""
     opts = {}
     if causal:
         opts["causal"] = True
     if scale is not None:
         opts["scale"] = float(scale)
+    if softcap:   # None and 0 both mean off
+        opts["softcap"] = float(softcap)
     wl, wr = window
     if wl != -1:
         opts["window_left"] = wl
@@ -287,7 +289,7 @@ class Client:
 
     def attention(self, q, k, v, *, causal=False, scale=None, window=(-1, -1),
                   window_left=None, window_right=None, stats=False, backend=None, json=False,
-                  binary=None, bf16=False):
+                  binary=None, bf16=False, softcap=None, alibi_slopes=None):
         """Compute ``O = softmax(scale·Q·Kᵀ + mask)·V`` on the server (POST /attention).
 
         Args:
@@ -315,6 +317,11 @@ class Client:
             bf16: send BF16 whatever the inputs' dtype: ``uint16``/``int16`` inputs are
                 taken as raw bfloat16 bits, other numeric inputs are rounded to bfloat16
                 (nearest even) first.
+            softcap: FlashAttention's ``softcap`` (Gemma-2): each scaled score s becomes
+                ``softcap * tanh(s / softcap)``; None or 0 is off.
+            alibi_slopes: FlashAttention's ``alibi_slopes``, float32 ``[Hq]`` or
+                ``[B, Hq]``: the bias ``-slope * |i + Nkv - Nq - j|`` is added to the
+                scaled (and capped) scores before the mask; sent as F32 whatever its dtype.
 
         Returns:
             O of q's shape, or, with ``stats=True``, a tuple ``(o, m, l, lse)`` whose
@@ -330,8 +337,10 @@ class Client:
                 ``.message``), or could not be reached (status 0).
         """
         wire = [(n,) + to_wire(x, n, bf16) for n, x in (("q", q), ("k", k), ("v", v))]
+        if alibi_slopes is not None:
+            wire.append(("alibi_slopes",) + f32_to_wire(alibi_slopes, "alibi_slopes"))
         opts = _options(causal, scale, _window(window, window_left, window_right), stats,
-                        backend)
+                        backend, softcap)
         names = ("o", "m", "l", "lse") if stats else ("o",)
         out = self._compute("/attention", wire, opts, _wants_json(json, binary), names)
         device = result_device(q, k, v)
@@ -340,7 +349,8 @@ class Client:
 
     def attention_backward(self, q, k, v, o, do, lse=None, *, causal=False, scale=None,
                            window=(-1, -1), window_left=None, window_right=None, backend=None,
-                           json=False, binary=None, bf16=False):
+                           json=False, binary=None, bf16=False, softcap=None,
+                           alibi_slopes=None):
         """The gradients of attention (POST /attention/backward).
 
         Args:
@@ -350,8 +360,9 @@ class Client:
             lse: optionally the forward pass's log-sum-exp statistic (``stats=True``), float32
                 of q's shape minus the last dimension, -inf for a row with no visible key;
                 without it the server recomputes it.
-            causal, scale, window, window_left, window_right, backend, json, binary, bf16:
-                as for :meth:`attention`, and the same as in the forward pass. The
+            causal, scale, window, window_left, window_right, backend, json, binary, bf16,
+                softcap, alibi_slopes: as for :meth:`attention`, and the same as in the
+                forward pass. The
                 ``"auto"`` backend needs a backend with a backward kernel; ``"reference"``
                 (float64, small problems) always has one.
 
@@ -368,8 +379,10 @@ class Client:
         wire = [(n,) + to_wire(x, n, bf16) for n, x in inputs]
         if lse is not None:
             wire.append(("lse",) + f32_to_wire(lse, "lse"))
+        if alibi_slopes is not None:
+            wire.append(("alibi_slopes",) + f32_to_wire(alibi_slopes, "alibi_slopes"))
         opts = _options(causal, scale, _window(window, window_left, window_right), False,
-                        backend)
+                        backend, softcap)
         names = ("dq", "dk", "dv")
         out = self._compute("/attention/backward", wire, opts, _wants_json(json, binary),
                             names)

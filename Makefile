@@ -76,7 +76,7 @@ USE_CUDA = 0
 endif
 
 # ---- the engine library ---------------------------------------------------
-ENGINE_SRC = engine/engine.c engine/request.c engine/dtype.c engine/pool.c \
+ENGINE_SRC = engine/engine.c engine/request.c engine/varlen.c engine/dtype.c engine/pool.c \
              engine/plan.c engine/softmax.c engine/reference.c engine/reference_bwd.c engine/cpu/cpu.c \
              engine/cpu/cpu_bwd.c \
              engine/cuda/select.c

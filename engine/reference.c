@@ -44,7 +44,7 @@ int attn_reference_head(const attn_request *r, int64_t b, int64_t h, double *S, 
   const double scale = attn_request_scale(r);
   int64_t wl, wr;
   attn_request_window(r, &wl, &wr);
-  const int64_t off = nk - nq;
+  const int64_t off = attn_request_offset(r);
   double *q = malloc((size_t)((nq + 2 * nk) * D) * sizeof *q);
   if (!q)
     return attn_status_set(st, ATTN_ENOMEM, "out of memory in the reference");

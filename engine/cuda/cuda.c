@@ -160,6 +160,7 @@ static void shape_of(const attn_request *r, attn_cu_params *p) {
   p->scale_log2 = (float)(attn_request_scale(r) * M_LOG2E);
   p->scale = (float)attn_request_scale(r);
   attn_request_window(r, &p->window_left, &p->window_right);
+  p->off = attn_request_offset(r);
 }
 
 /* Bytes of one packed tensor of the job. */

@@ -27,5 +27,9 @@ int tcases_shapes(tprob *ps);
 /* Decode shapes whose keys the CPU backend splits across threads. */
 int tcases_decode(tprob *ps);
 int tcases_masked_rows(tprob *ps);
+/* Explicit diag_offset: 0 (torch's top-left is_causal) on cross shapes,
+ * negative and positive offsets with causal and windows, offsets that mask
+ * whole rows or every row, GQA, every dtype, decode splits. */
+int tcases_diag(tprob *ps);
 
 #endif

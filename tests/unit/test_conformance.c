@@ -55,7 +55,8 @@ static void run_group(int isa, int (*gen)(tprob *), uint64_t seed) {
   Test(conformance_##isa_name, sizes, .timeout = 300) { run_group(isa_idx, tcases_sizes, 100); }   \
   Test(conformance_##isa_name, masks, .timeout = 300) { run_group(isa_idx, tcases_masks, 200); }   \
   Test(conformance_##isa_name, shapes, .timeout = 300) { run_group(isa_idx, tcases_shapes, 300); } \
-  Test(conformance_##isa_name, decode, .timeout = 300) { run_group(isa_idx, tcases_decode, 400); }
+  Test(conformance_##isa_name, decode, .timeout = 300) { run_group(isa_idx, tcases_decode, 400); } \
+  Test(conformance_##isa_name, diag, .timeout = 300) { run_group(isa_idx, tcases_diag, 450); }
 
 GROUP_TESTS(0, generic)
 GROUP_TESTS(1, avx2)

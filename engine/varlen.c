@@ -218,8 +218,8 @@ static void queue_seqs(varlen_job *vj, const void *slot) {
   }
 }
 
-int attn__varlen_submit(struct attn_engine *e, const attn_request *r, attn_done_fn done,
-                        void *arg, attn_status *st) {
+int attn__varlen_submit(struct attn_engine *e, const attn_request *r, attn_done_fn done, void *arg,
+                        attn_status *st) {
   varlen_job *vj = calloc(1, sizeof *vj);
   if (!vj || !(vj->seqs = calloc((size_t)r->batch, sizeof *vj->seqs))) {
     free(vj);

@@ -219,8 +219,8 @@ static int run_backward(attn_engine *e, vcase *v, const char *backend, bool with
 /* The case list: empty sides, GQA, masks, every dtype, decode-like rows. */
 static int vspecs(vspec *out) {
   int n = 0;
-  out[n++] = (vspec){6, {5, 0, 70, 1, 33, 64}, {5, 9, 0, 200, 20, 64}, 4, 2, 37, ATTN_F32,
-                     true, -1, -1};
+  out[n++] =
+      (vspec){6, {5, 0, 70, 1, 33, 64}, {5, 9, 0, 200, 20, 64}, 4, 2, 37, ATTN_F32, true, -1, -1};
   out[n++] = (vspec){3, {100, 3, 0}, {130, 3, 7}, 2, 1, 64, ATTN_BF16, false, 8, 0};
   out[n++] = (vspec){4, {1, 1, 1, 2}, {1500, 1, 2, 50}, 3, 3, 16, ATTN_F16, false, -1, -1};
   out[n++] = (vspec){2, {0, 4}, {3, 0}, 2, 2, 8, ATTN_F32, false, -1, -1}; /* nothing to run */

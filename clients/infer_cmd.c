@@ -35,7 +35,7 @@
 static const char usage[] =
     "usage: attn infer URL [IN.safetensors] [--shape B,H,N,D] [--shape-kv B,H,N,D]\n"
     "                  [--dtype F32|F16|BF16] [--seed N] [--json] [--causal] [--scale X]\n"
-    "                  [--window-left N] [--window-right N] [--stats]\n"
+    "                  [--window-left N] [--window-right N] [--diag-offset N] [--stats]\n"
     "                  [--backend auto|cpu|cuda|reference] [--check] [--out FILE]\n"
     "                  [--timeout SECONDS] [--quiet] [--backward]\n"
     "\n"
@@ -50,7 +50,8 @@ static const char usage[] =
     "  --shape-kv      k and v (default: --shape; B and D must match it)\n"
     "  --dtype, --seed the random tensors' dtype (default F32) and seed (default 1)\n"
     "  --json          send a JSON body instead of safetensors\n"
-    "  --causal, --scale, --window-left, --window-right, --stats, --backend\n"
+    "  --causal, --scale, --window-left, --window-right, --diag-offset, --stats,\n"
+    "  --backend\n"
     "                  options, checked here, sent in the query string (IN's\n"
     "                  __metadata__ wins over them, as always over HTTP)\n"
     "  --check         compare the reply with float64 standard attention: normalized\n"
@@ -250,6 +251,7 @@ static int backward_inputs(const attn_infer_args *a, infer_bufs *b) {
   f.causal = a->opts.causal;
   f.window_left = a->opts.window_left;
   f.window_right = a->opts.window_right;
+  f.diag_offset = a->opts.diag_offset;
   f.lse = b->lse;
   attn_status st;
   attn_engine *e = attn_bench_open(0, NULL, &st);

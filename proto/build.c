@@ -177,6 +177,7 @@ static void fill_request(attn_proto_req *pr, attn_pass pass, const attn_proto_te
   r->causal = opts->causal;
   r->window_left = opts->window_left;
   r->window_right = opts->window_right;
+  r->diag_offset = opts->diag_offset;
   r->backend = backend_literal(opts->backend);
   r->q = t[0].data;
   r->k = t[1].data;

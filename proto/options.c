@@ -29,6 +29,7 @@ static const opt_def defs[] = {
     {"window_right", ATTN_OPTK_INT, ATTN_OPT_WINDOW_RIGHT},
     {"stats", ATTN_OPTK_BOOL, ATTN_OPT_STATS},
     {"backend", ATTN_OPTK_STRING, ATTN_OPT_BACKEND},
+    {"diag_offset", ATTN_OPTK_INT, ATTN_OPT_DIAG_OFFSET},
 };
 #define NDEFS (sizeof defs / sizeof *defs)
 
@@ -38,6 +39,7 @@ void attn_options_init(attn_options *o) {
   memset(o, 0, sizeof *o);
   o->scale = NAN;
   o->window_left = o->window_right = -1;
+  o->diag_offset = ATTN_DIAG_AUTO;
   strcpy(o->backend, "auto");
 }
 
@@ -61,7 +63,7 @@ int attn_options_set(attn_options *o, const char *name, size_t name_len, const c
   if (!d)
     return attn_status_set(st, ATTN_PROTO_EOPTION,
                            "unknown option \"%s\" in the %s (options: causal, scale, "
-                           "window_left, window_right, stats, backend)",
+                           "window_left, window_right, diag_offset, stats, backend)",
                            qn, source);
   attn_quote(qv, sizeof qv, value, value_len);
   /* a NUL would end the text early: "cpu\0x" must not read as "cpu" */
@@ -97,9 +99,12 @@ int attn_options_set(attn_options *o, const char *name, size_t name_len, const c
     char *end;
     errno = 0;
     long long v = strtoll(buf, &end, 10);
-    if (!*buf || *end || errno || v < -1)
+    bool diag = d->bit == ATTN_OPT_DIAG_OFFSET;
+    if (!*buf || *end || errno || (diag ? v > ATTN_MAX_DIM || v < -ATTN_MAX_DIM : v < -1))
       goto bad;
-    if (d->bit == ATTN_OPT_WINDOW_LEFT)
+    if (diag)
+      o->diag_offset = v;
+    else if (d->bit == ATTN_OPT_WINDOW_LEFT)
       o->window_left = v;
     else
       o->window_right = v;
@@ -120,9 +125,11 @@ bad:;
   static const char *const expect[] = {"", "true or false", "a finite number",
                                        "an integer >= -1 (-1: unbounded)",
                                        "auto, cpu, cuda or reference"};
-  return attn_status_set(st, ATTN_PROTO_EOPTVALUE,
-                         "option \"%s\" in the %s must be %s (got \"%s\")", qn, source,
-                         expect[d->kind], qv);
+  return attn_status_set(
+      st, ATTN_PROTO_EOPTVALUE, "option \"%s\" in the %s must be %s (got \"%s\")", qn, source,
+      d->bit == ATTN_OPT_DIAG_OFFSET ? "an integer from -2^40 to 2^40 (0: top-left causal)"
+                                     : expect[d->kind],
+      qv);
 }
 
 static int hexval(char c) {
@@ -203,5 +210,7 @@ void attn_options_merge(attn_options *base, const attn_options *over) {
     base->stats = over->stats;
   if (over->set & ATTN_OPT_BACKEND)
     strcpy(base->backend, over->backend);
+  if (over->set & ATTN_OPT_DIAG_OFFSET)
+    base->diag_offset = over->diag_offset;
   base->set |= over->set;
 }

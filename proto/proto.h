@@ -86,14 +86,16 @@ enum {
   ATTN_OPT_WINDOW_RIGHT = 1u << 3,
   ATTN_OPT_STATS = 1u << 4,
   ATTN_OPT_BACKEND = 1u << 5,
+  ATTN_OPT_DIAG_OFFSET = 1u << 7,
 };
 
 typedef struct attn_options {
   bool causal, stats;
   double scale; /* NaN: 1/sqrt(D) */
   int64_t window_left, window_right;
-  char backend[16]; /* "auto", "cpu", "cuda", "reference" */
-  unsigned set;     /* ATTN_OPT_* bits of the options given */
+  int64_t diag_offset; /* ATTN_DIAG_AUTO unless set */
+  char backend[16];    /* "auto", "cpu", "cuda", "reference" */
+  unsigned set;        /* ATTN_OPT_* bits of the options given */
 } attn_options;
 
 /* The kind of value an option takes, for typed sources (JSON). */

@@ -136,11 +136,12 @@ static int request_params(v2_dec *d, attn__jr v) {
                              "feature attnd does not implement; leave it out",
                              qk);
     } else if (key_is(key, klen, "stats") || attn_option_kind_of(key, kl) == ATTN_OPTK_NONE) {
-      return attn_status_set(d->st, ATTN_PROTO_EOPTION,
-                             "unknown parameter \"%s\" (parameters: causal, scale, window_left, "
-                             "window_right, backend, binary_data_output; name the statistics "
-                             "m, l, lse in \"outputs\" to get them)",
-                             qk);
+      return attn_status_set(
+          d->st, ATTN_PROTO_EOPTION,
+          "unknown parameter \"%s\" (parameters: causal, scale, window_left, "
+          "window_right, diag_offset, backend, binary_data_output; name the statistics "
+          "m, l, lse in \"outputs\" to get them)",
+          qk);
     } else if ((rc = attn__json_option(&d->opts, key, kl, v, "parameters", d->st)) < 0) {
       return rc;
     }

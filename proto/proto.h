@@ -75,6 +75,10 @@ const char *attn_proto_code_name(int code);
 /* Numbers in one JSON body: 2^24 (64 MiB of F32 tensors) bounds what
  * one JSON decode may allocate, whatever the body size. */
 #define ATTN_PROTO_MAX_JSON_ELEMS ((size_t)1 << 24)
+/* Most offsets a JSON cu_seqlens tensor may hold (B + 1: 65536 sequences);
+ * stored as int64, they are the one part of a JSON decode over 4 bytes a
+ * number, so attn_proto_json_decode_bound() adds both tensors' worst case. */
+#define ATTN_PROTO_MAX_JSON_CU ((size_t)65537)
 
 /* ---- options ----------------------------------------------------------- */
 
@@ -144,14 +148,25 @@ enum {
   ATTN_PROTO_T_O,
   ATTN_PROTO_T_DO,
   ATTN_PROTO_T_LSE,
+  ATTN_PROTO_T_CU_Q,  /* cu_seqlens_q and cu_seqlens_kv: either pass, optional, */
+  ATTN_PROTO_T_CU_KV, /* I32 or I64 [B+1] on the wire, int64 once decoded */
   ATTN_PROTO_MAX_TENSORS
 };
-/* "q", "k", "v", "o", "do", "lse"; NULL past the end. */
+/* "q", "k", "v", "o", "do", "lse", "cu_seqlens_q", "cu_seqlens_kv"; NULL
+ * past the end. */
 const char *attn_proto_tensor_name(int i);
-/* Tensors a request of this pass may hold: 3 forward, 6 backward. */
+/* The pass's own tensors: 3 forward (q, k, v), 6 backward; the two
+ * cu_seqlens tensors come after them in the table and belong to both. */
 int attn_proto_tensor_count(attn_pass pass);
-/* Whether tensor i may be left out (lse). */
+/* Whether a request of this pass may hold tensor i. */
+bool attn_proto_tensor_in_pass(attn_pass pass, int i);
+/* Whether tensor i may be left out (lse, cu_seqlens_q, cu_seqlens_kv). */
 bool attn_proto_tensor_optional(int i);
+/* Element bytes of a cu_seqlens dtype name ("I32" 4, "I64" 8), else 0. */
+int attn_proto_cu_dtype_bytes(const char *name);
+/* n little-endian integers of `bytes` (4 or 8) at src as a new int64
+ * array in *pout (malloc'd); ATTN_PROTO_ENOMEM. */
+int attn_proto_cu_widen(const void *src, size_t n, int bytes, int64_t **pout, attn_status *st);
 /* The request's tensors of this pass for messages: "q, k and v" or "q, k,
  * v, o, do and optionally lse". */
 const char *attn_proto_tensor_list(attn_pass pass);
@@ -184,12 +199,12 @@ typedef struct attn_proto_req {
 int attn_proto_build(attn_proto_req *pr, const attn_proto_tensor t[3], const attn_options *opts,
                      attn_status *st);
 /*
- * The same for either pass: t holds attn_proto_tensor_count(pass) tensors
- * in the table's order. A backward pass also checks that o and do have q's
- * shape and dtype (ATTN_PROTO_ESHAPE, EDTYPE) and lse, when t[5].data is not
- * NULL, F32 of q's shape without its last dimension; refuses the option
- * stats (ATTN_PROTO_EOPTVALUE: a backward pass returns no statistics); and
- * allocates dq, dk and dv in the input dtype.
+ * The same for either pass: t holds ATTN_PROTO_MAX_TENSORS tensors in the
+ * table's order (data NULL for those absent; cu_seqlens data int64: a
+ * variable-length batch, checked as [B+1] both, q not rank 4). A backward pass also checks that o
+ * and do have q's shape and dtype (ATTN_PROTO_ESHAPE, EDTYPE) and lse, when t[5].data is not NULL,
+ * F32 of q's shape without its last dimension; refuses the option stats (ATTN_PROTO_EOPTVALUE: a
+ * backward pass returns no statistics); and allocates dq, dk and dv in the input dtype.
  */
 int attn_proto_build_pass(attn_proto_req *pr, attn_pass pass, const attn_proto_tensor *t,
                           const attn_options *opts, attn_status *st);
@@ -235,7 +250,8 @@ int attn_proto_decode_json_pass(const char *body, size_t len, attn_pass pass,
  * body, whether it succeeds or fails: the input tensors, at most
  * min(len / 2, ATTN_PROTO_MAX_JSON_ELEMS) numbers of 4 bytes (each number
  * takes two bytes of text at least, its separator included), so at most 2x
- * the body and at most 64 MiB. The reader itself allocates nothing. It
+ * the body and at most 64 MiB, plus 2 x 8 x ATTN_PROTO_MAX_JSON_CU bytes
+ * for cu_seqlens (int64). The reader itself allocates nothing. It
  * holds for either pass: it counts stored elements (numbers and the nulls of
  * a backward lse), not tensors. Not counted: the outputs attn_proto_build()
  * allocates (forward: O, the size of q, and 12 bytes a query row with stats;

@@ -681,7 +681,8 @@ size_t attn_proto_json_decode_bound(size_t len) {
   size_t n = len / 2;
   if (n > ATTN_PROTO_MAX_JSON_ELEMS)
     n = ATTN_PROTO_MAX_JSON_ELEMS;
-  return n * sizeof(float) + 2 * ATTN_PROTO_MAX_JSON_CU * sizeof(int64_t);
+  size_t cu = n < 2 * ATTN_PROTO_MAX_JSON_CU ? n : 2 * ATTN_PROTO_MAX_JSON_CU;
+  return n * sizeof(float) + cu * (sizeof(int64_t) - sizeof(float));
 }
 
 /* ---- encode ------------------------------------------------------------- */

@@ -75,10 +75,11 @@ const char *attn_proto_code_name(int code);
 /* Numbers in one JSON body: 2^24 (64 MiB of F32 tensors) bounds what
  * one JSON decode may allocate, whatever the body size. */
 #define ATTN_PROTO_MAX_JSON_ELEMS ((size_t)1 << 24)
-/* Most offsets a JSON cu_seqlens tensor may hold (B + 1: 65536 sequences);
- * stored as int64, they are the one part of a JSON decode over 4 bytes a
- * number, so attn_proto_json_decode_bound() adds both tensors' worst case. */
-#define ATTN_PROTO_MAX_JSON_CU ((size_t)65537)
+/* Most offsets a JSON cu_seqlens tensor may hold (B + 1: 4096 sequences;
+ * safetensors takes more). Stored as int64, they are the one part of a JSON
+ * decode over 4 bytes a number: attn_proto_json_decode_bound() adds 4 bytes
+ * for each number that could be one. */
+#define ATTN_PROTO_MAX_JSON_CU ((size_t)4097)
 
 /* ---- options ----------------------------------------------------------- */
 
@@ -250,8 +251,9 @@ int attn_proto_decode_json_pass(const char *body, size_t len, attn_pass pass,
  * body, whether it succeeds or fails: the input tensors, at most
  * min(len / 2, ATTN_PROTO_MAX_JSON_ELEMS) numbers of 4 bytes (each number
  * takes two bytes of text at least, its separator included), so at most 2x
- * the body and at most 64 MiB, plus 2 x 8 x ATTN_PROTO_MAX_JSON_CU bytes
- * for cu_seqlens (int64). The reader itself allocates nothing. It
+ * the body and at most 64 MiB, plus 4 more bytes for each of at most
+ * 2 x ATTN_PROTO_MAX_JSON_CU numbers that could be cu_seqlens offsets
+ * (int64). The reader itself allocates nothing. It
  * holds for either pass: it counts stored elements (numbers and the nulls of
  * a backward lse), not tensors. Not counted: the outputs attn_proto_build()
  * allocates (forward: O, the size of q, and 12 bytes a query row with stats;

@@ -133,3 +133,36 @@ def test_diag_offset_and_sharding_name_in_errors(client):
                     {"diag_ofset": 1}, False, ("o",))
     assert e.status == 422 and "diag_offset" in e.message
     assert attnd.sharded_attention is not None
+
+
+def test_v2_diag_offset(server):
+    """/v2 takes diag_offset as a request parameter (0: top-left causal) and refuses a
+    non-integer one with the option parser's message."""
+    import json as _json
+    import urllib.error
+    import urllib.request
+
+    def infer(params):
+        body = {"inputs": [
+            {"name": "q", "shape": [2, 2], "datatype": "FP32", "data": [1, 0, 0, 1]},
+            {"name": "k", "shape": [3, 2], "datatype": "FP32", "data": [1, 0, 0, 1, 1, 1]},
+            {"name": "v", "shape": [3, 2], "datatype": "FP32", "data": [1, 2, 3, 4, 5, 6]}],
+            "parameters": params, "outputs": [{"name": "o"}]}
+        req = urllib.request.Request(server.url + "/v2/models/attention/infer",
+                                     data=_json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, _json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, _json.loads(e.read())
+
+    status, reply = infer({"causal": True, "diag_offset": 0})
+    assert status == 200
+    o = np.array(reply["outputs"][0]["data"]).reshape(2, 2)
+    q = np.array([[1, 0], [0, 1]], np.float32)
+    k = np.array([[1, 0], [0, 1], [1, 1]], np.float32)
+    v = np.array([[1, 2], [3, 4], [5, 6]], np.float32)
+    assert _err(o, reference(q, k[:2], v[:2], causal=True)[0]) <= TOL
+    status, reply = infer({"diag_offset": 1.5})
+    assert status == 422 and "diag_offset" in reply["error"]

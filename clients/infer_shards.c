@@ -25,10 +25,10 @@
 typedef struct shard {
   const attn_infer_args *a;
   char url[512];
-  int64_t k0, nk;       /* keys [k0, k0 + nk) of the whole problem */
-  void *kv;             /* this shard's K then V, contiguous */
-  attn_proto_req pr;    /* its request as this client's codec reads it: the reply's shapes */
-  void *body;           /* the safetensors request */
+  int64_t k0, nk;    /* keys [k0, k0 + nk) of the whole problem */
+  void *kv;          /* this shard's K then V, contiguous */
+  attn_proto_req pr; /* its request as this client's codec reads it: the reply's shapes */
+  void *body;        /* the safetensors request */
   size_t len;
   attn_infer_reply rep; /* the reply */
   int status;           /* exit status of this shard's exchange */
@@ -171,12 +171,17 @@ int attn_infer_sharded(const attn_infer_args *a, attn_proto_req *whole) {
     free(sh);
     return 2;
   }
+  if (whole->req.cu_seqlens_q) {
+    fprintf(stderr, ATTN_INFER_ME ": --shards splits one problem's keys, not a variable-length "
+                                  "batch\n");
+    free(sh);
+    return 2;
+  }
   if (n > whole->req.seq_kv)
     n = (int)whole->req.seq_kv; /* a shard of no key would be no request */
   int status = run(a, sh, n, whole);
   if (status == 0 && !a->quiet)
-    printf("sharded   %d shards over %lld keys, merged by lse\n", n,
-           (long long)whole->req.seq_kv);
+    printf("sharded   %d shards over %lld keys, merged by lse\n", n, (long long)whole->req.seq_kv);
   if (status == 0 && a->check)
     status = attn_infer_check(a, whole);
   for (int i = 0; i < MAX_SHARDS; i++) {

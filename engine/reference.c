@@ -108,6 +108,10 @@ int attn_reference(const attn_request *r0, double *o, double *m, double *l, doub
   int rc = attn_request_validate(r0, st);
   if (rc < 0)
     return rc;
+  if (r0->cu_seqlens_q) /* the engine splits a varlen batch before any backend */
+    return attn_status_set(st, ATTN_EUNSUPPORTED,
+                           "the float64 reference takes one problem, not a variable-length "
+                           "batch; run it on each sequence");
   attn_request r = *r0;
   attn__request_fill_strides(&r);
   double *S, *P;

@@ -77,11 +77,12 @@ static int run_one(const attn_shape_args *s, bool causal, int threads, const cha
     int n = attn_engine_backends(e, info, 4), b = 0;
     while (b < n - 1 && strcmp(info[b].name, backend))
       b++;
-    printf("%5lld %4lld %6lld %6lld %4lld %5s %-6s %6s %7d %10.2f %9.1f   %s\n",
+    printf("%5lld %4lld %6lld %6lld %4lld %5s %-6s %4s %7d %10.2f %9.1f   %s%s\n",
            (long long)s->batch, (long long)s->heads, (long long)s->seq_q, (long long)s->seq_kv,
            (long long)s->head_dim, attn_dtype_name(s->dtype), causal ? "yes" : "no",
-           backward ? (cu ? "bwd/vl" : "bwd") : (cu ? "fwd/vl" : "fwd"), attn_engine_threads(e),
-           t * 1e3, attn_request_flops(&c.req) / t * 1e-9, info[b].detail);
+           backward ? "bwd" : "fwd", attn_engine_threads(e), t * 1e3,
+           attn_request_flops(&c.req) / t * 1e-9, info[b].detail,
+           cu ? ", varlen (one request of B sequences)" : "");
     fflush(stdout);
   }
   free(cu);
@@ -138,7 +139,7 @@ int attn_cmd_bench(int argc, char **argv) {
     fprintf(stderr, "attn bench: unexpected argument \"%s\"\n%s", argv[optind], usage);
     return 2;
   }
-  printf("%5s %4s %6s %6s %4s %5s %-6s %6s %7s %10s %9s   %s\n", "batch", "H", "Nq", "Nkv", "D",
+  printf("%5s %4s %6s %6s %4s %5s %-6s %4s %7s %10s %9s   %s\n", "batch", "H", "Nq", "Nkv", "D",
          "dtype", "causal", "pass", "threads", "ms", "GFLOP/s", "kernel");
   if (custom)
     return run_one(&s, causal, threads < 0 ? 0 : threads, isa, backend, reps, backward, varlen);

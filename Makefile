@@ -76,7 +76,7 @@ USE_CUDA = 0
 endif
 
 # ---- the engine library ---------------------------------------------------
-ENGINE_SRC = engine/engine.c engine/request.c engine/dtype.c engine/pool.c \
+ENGINE_SRC = engine/engine.c engine/request.c engine/varlen.c engine/dtype.c engine/pool.c \
              engine/plan.c engine/softmax.c engine/reference.c engine/reference_bwd.c engine/cpu/cpu.c \
              engine/cpu/cpu_bwd.c \
              engine/cuda/select.c
@@ -126,7 +126,8 @@ LIB = $(BUILD)/libattn.a
 ATTN_SRC = clients/attn.c clients/plan_cmd.c clients/bench_cmd.c clients/compute_cmd.c \
            clients/infer_cmd.c clients/load_cmd.c clients/hist.c clients/benchlib.c \
            clients/args.c clients/files.c clients/http_reply.c clients/load_report.c \
-           clients/infer_send.c clients/infer_report.c clients/infer_check.c
+           clients/infer_send.c clients/infer_report.c clients/infer_check.c \
+           clients/infer_shards.c
 ATTN_OBJ = $(ATTN_SRC:%.c=$(BUILD)/obj/%.o)
 
 TEST_SRC = $(wildcard tests/unit/*.c)

@@ -77,7 +77,7 @@ int attn_arg_api_option(int c, const char *arg, const char *me, attn_options *o,
   /* The option names as the query string spells them. */
   static const char *const names[128] = {
       ['c'] = "causal", ['s'] = "scale",   ['L'] = "window_left", ['R'] = "window_right",
-      ['S'] = "stats",  ['B'] = "backend", ['C'] = "softcap"};
+      ['S'] = "stats",  ['B'] = "backend", ['C'] = "softcap",     ['O'] = "diag_offset"};
   if (c < 0 || c >= 128 || !names[c])
     return 0;
   const char *v = c == 'c' || c == 'S' ? "true" : arg ? arg : "";

@@ -53,8 +53,9 @@ int attn_arg_shape(int c, const char *arg, attn_shape_args *s);
 #define ATTN_API_OPTIONS                                                                       \
   {"causal", no_argument, 0, 'c'}, {"scale", required_argument, 0, 's'},                       \
       {"window-left", required_argument, 0, 'L'}, {"window-right", required_argument, 0, 'R'}, \
-      {"stats", no_argument, 0, 'S'}, {"backend", required_argument, 0, 'B'}, {                \
-    "softcap", required_argument, 0, 'C'                                                       \
+      {"stats", no_argument, 0, 'S'}, {"backend", required_argument, 0, 'B'},                  \
+      {"softcap", required_argument, 0, 'C'}, {                                                \
+    "diag-offset", required_argument, 0, 'O'                                                   \
   }
 
 /* Applies API option c with its argument through the server's own option

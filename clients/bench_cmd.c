@@ -21,19 +21,35 @@ static const char usage[] =
     "usage: attn bench [--batch B] [--heads H] [--heads-kv H] [--seq N] [--seq-q N]\n"
     "                  [--seq-kv N] [--head-dim D] [--dtype F32|F16|BF16] [--causal]\n"
     "                  [--threads T] [--repeat R] [--backend cpu|cuda] [--backward]\n"
-    "                  [--isa auto|amx|avx512bf16|avx512|avx2|generic]\n"
+    "                  [--isa auto|amx|avx512bf16|avx512|avx2|generic] [--varlen]\n"
     "\n"
     "Times a flash backend and prints GFLOP/s (4*D per visible query-key pair).\n"
     "--backward times the backward pass instead (dq, dk, dv from q, k, v, o, do\n"
     "and the forward's lse), credited with 2.5 times the forward's FLOPs.\n"
+    "--varlen runs the B sequences as one variable-length request instead\n"
+    "(packed along N with cu_seqlens; the same work, to compare with the\n"
+    "batched run).\n"
     "Without shape flags it runs H=8 N=1024 D=64, H=8 N=4096 D=64, H=8 N=4096\n"
     "D=128 and H=1 N=16384 D=64, causal and not, on 1 thread and on every core.\n"
     "Defaults: batch 1, F32, repeat 3, backend cpu. With --backend cuda the time\n"
     "is the engine's whole job: host staging, transfers, input scan and kernels\n"
     "(tests/gpu's bench-gpu times the kernels alone).\n";
 
+/* The B sequences of c as one varlen request over the same buffers. */
+static void make_varlen(attn_bench_case *c, int64_t *cuq, int64_t *cuk) {
+  attn_request *r = &c->req;
+  for (int64_t b = 0; b <= r->batch; b++) {
+    cuq[b] = b * r->seq_q;
+    cuk[b] = b * r->seq_kv;
+  }
+  r->seq_q *= r->batch;
+  r->seq_kv *= r->batch;
+  r->cu_seqlens_q = cuq;
+  r->cu_seqlens_kv = cuk;
+}
+
 static int run_one(const attn_shape_args *s, bool causal, int threads, const char *isa,
-                   const char *backend, int reps, bool backward) {
+                   const char *backend, int reps, bool backward, bool varlen) {
   attn_status st;
   attn_engine *e = attn_bench_open(threads, isa, &st);
   if (!e) {
@@ -49,6 +65,9 @@ static int run_one(const attn_shape_args *s, bool causal, int threads, const cha
     return 1;
   }
   int brc = backward ? attn_bench_case_backward(&c, e, 43, &st) : 0;
+  int64_t *cu = varlen ? malloc(2 * (size_t)(s->batch + 1) * sizeof *cu) : NULL;
+  if (cu)
+    make_varlen(&c, cu, cu + s->batch + 1);
   c.req.backend = backend;
   double t = brc < 0 ? brc : attn_bench_engine(e, &c.req, reps, &st);
   if (t < 0) {
@@ -58,13 +77,15 @@ static int run_one(const attn_shape_args *s, bool causal, int threads, const cha
     int n = attn_engine_backends(e, info, 4), b = 0;
     while (b < n - 1 && strcmp(info[b].name, backend))
       b++;
-    printf("%5lld %4lld %6lld %6lld %4lld %5s %-6s %4s %7d %10.2f %9.1f   %s\n",
+    printf("%5lld %4lld %6lld %6lld %4lld %5s %-6s %4s %7d %10.2f %9.1f   %s%s\n",
            (long long)s->batch, (long long)s->heads, (long long)s->seq_q, (long long)s->seq_kv,
            (long long)s->head_dim, attn_dtype_name(s->dtype), causal ? "yes" : "no",
            backward ? "bwd" : "fwd", attn_engine_threads(e), t * 1e3,
-           attn_request_flops(&c.req) / t * 1e-9, info[b].detail);
+           attn_request_flops(&c.req) / t * 1e-9, info[b].detail,
+           cu ? ", varlen (one request of B sequences)" : "");
     fflush(stdout);
   }
+  free(cu);
   attn_bench_case_free(&c);
   attn_engine_close(e);
   return t < 0 ? 1 : 0;
@@ -78,16 +99,17 @@ int attn_cmd_bench(int argc, char **argv) {
                                        {"isa", required_argument, 0, 'i'},
                                        {"backend", required_argument, 0, 'B'},
                                        {"backward", no_argument, 0, 'w'},
+                                       {"varlen", no_argument, 0, 'V'},
                                        {"help", no_argument, 0, 'x'},
                                        {0, 0, 0, 0}};
   attn_shape_args s = {
       .batch = 1, .heads = 8, .seq_q = 4096, .seq_kv = 4096, .head_dim = 64, .dtype = ATTN_F32};
   int threads = -1, reps = 3, c, bad = 0;
-  bool custom = false, causal = false, backward = false;
+  bool custom = false, causal = false, backward = false, varlen = false;
   const char *isa = NULL, *backend = "cpu";
   optind = 1;
   while (!bad && (c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-    custom |= c != 'T' && c != 'r' && c != 'i' && c != 'B' && c != 'w';
+    custom |= c != 'T' && c != 'r' && c != 'i' && c != 'B' && c != 'w' && c != 'V';
     int r = attn_arg_shape(c, optarg, &s);
     if (r) {
       bad = r < 0;
@@ -96,6 +118,7 @@ int attn_cmd_bench(int argc, char **argv) {
     switch (c) {
     case 'c': causal = true; break;
     case 'w': backward = true; break;
+    case 'V': varlen = true; break;
     case 'T': bad = attn_arg_int("--threads", optarg, 0, 1024, &threads); break;
     case 'r': bad = attn_arg_int("--repeat", optarg, 1, 64, &reps); break;
     case 'i': isa = optarg; break;
@@ -119,7 +142,7 @@ int attn_cmd_bench(int argc, char **argv) {
   printf("%5s %4s %6s %6s %4s %5s %-6s %4s %7s %10s %9s   %s\n", "batch", "H", "Nq", "Nkv", "D",
          "dtype", "causal", "pass", "threads", "ms", "GFLOP/s", "kernel");
   if (custom)
-    return run_one(&s, causal, threads < 0 ? 0 : threads, isa, backend, reps, backward);
+    return run_one(&s, causal, threads < 0 ? 0 : threads, isa, backend, reps, backward, varlen);
   static const int64_t set[][3] = {{8, 1024, 64}, {8, 4096, 64}, {8, 4096, 128}, {1, 16384, 64}};
   int rc = 0;
   for (size_t i = 0; i < sizeof set / sizeof *set; i++)
@@ -135,7 +158,7 @@ int attn_cmd_bench(int argc, char **argv) {
                       threads >= 0 ? threads
                       : tpass == 0 ? 1
                                    : 0,
-                      isa, backend, reps, backward);
+                      isa, backend, reps, backward, varlen);
       }
   return rc;
 }

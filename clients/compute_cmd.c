@@ -23,7 +23,8 @@
 
 static const char usage[] =
     "usage: attn compute IN.safetensors OUT.safetensors [--causal] [--scale X]\n"
-    "                    [--window-left N] [--window-right N] [--stats] [--threads N]\n"
+    "                    [--window-left N] [--window-right N] [--diag-offset N] [--stats]\n"
+    "                    [--threads N]\n"
     "                    [--backend auto|cpu|cuda|reference] [--backward]\n"
     "                    [--isa auto|amx|avx512bf16|avx512|avx2|generic]\n"
     "\n"

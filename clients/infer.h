@@ -18,6 +18,7 @@
 
 typedef struct attn_infer_args {
   const char *url, *in, *out;
+  const char *shards; /* --shards URL1,URL2,...: K/V split across servers */
   int64_t shape[4], shape_kv[4];
   bool have_shape, have_shape_kv, have_dtype, have_seed;
   attn_dtype dtype;
@@ -64,5 +65,11 @@ void attn_infer_print_report(const attn_infer_args *a, const attn_proto_req *pr,
  * backward request, dq, dk, dv against the float64 reference backward);
  * prints the check line and returns the exit status (0 pass, 1 fail). */
 int attn_infer_check(const attn_infer_args *a, const attn_proto_req *pr);
+
+/* --shards (infer_shards.c): whole's K/V split along Nkv across the listed
+ * servers, each shard with diag_offset = off - its first key and stats,
+ * sent in parallel and merged by lse into whole's outputs; then the report
+ * line and --check. The exit status. */
+int attn_infer_sharded(const attn_infer_args *a, attn_proto_req *whole);
 
 #endif

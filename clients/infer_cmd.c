@@ -35,9 +35,10 @@
 
 static const char usage[] =
     "usage: attn infer URL [IN.safetensors] [--shape B,H,N,D] [--shape-kv B,H,N,D]\n"
+    "       attn infer --shards URL1,URL2,... [IN.safetensors] [flags as above]\n"
     "                  [--dtype F32|F16|BF16] [--seed N] [--json] [--causal] [--scale X]\n"
-    "                  [--window-left N] [--window-right N] [--stats] [--softcap X]\n"
-    "                  [--alibi-slopes S1,S2,...]\n"
+    "                  [--window-left N] [--window-right N] [--diag-offset N] [--stats]\n"
+    "                  [--softcap X] [--alibi-slopes S1,S2,...]\n"
     "                  [--backend auto|cpu|cuda|reference] [--check] [--out FILE]\n"
     "                  [--timeout SECONDS] [--quiet] [--backward]\n"
     "\n"
@@ -52,8 +53,9 @@ static const char usage[] =
     "  --shape-kv      k and v (default: --shape; B and D must match it)\n"
     "  --dtype, --seed the random tensors' dtype (default F32) and seed (default 1)\n"
     "  --json          send a JSON body instead of safetensors\n"
-    "  --causal, --scale, --window-left, --window-right, --stats, --backend,\n"
-    "  --softcap       options, checked here, sent in the query string (IN's\n"
+    "  --causal, --scale, --window-left, --window-right, --diag-offset, --stats,\n"
+    "  --backend, --softcap\n"
+    "                  options, checked here, sent in the query string (IN's\n"
     "                  __metadata__ wins over them, as always over HTTP)\n"
     "  --alibi-slopes  without IN: ALiBi slopes sent as the F32 tensor alibi_slopes,\n"
     "                  a comma list of Hq numbers ([Hq]) or B*Hq ([B, Hq]); with IN,\n"
@@ -67,6 +69,10 @@ static const char usage[] =
     "                  from a forward pass run here and do is random); the reply is\n"
     "                  dq, dk, dv, and --check compares them with the float64\n"
     "                  reference backward (same tolerances as o)\n"
+    "  --shards URLS   exact attention with K/V split along Nkv across these servers\n"
+    "                  (comma-separated base URLs, no URL argument): shard [a, b) goes\n"
+    "                  to one server with diag_offset = off - a and stats, all in\n"
+    "                  parallel, and the answers are merged by lse (forward only)\n"
     "  --timeout S     give up after S seconds (default 300; 0: never)\n"
     "  --quiet         print only errors\n"
     "\n"
@@ -135,6 +141,7 @@ static int infer_flag(int c, attn_infer_args *a) {
   case 'W': a->pass = ATTN_BACKWARD; return 0;
   case 'o': a->out = optarg; return 0;
   case 'A': return parse_slopes(optarg, a);
+  case 'D': a->shards = optarg; return 0;
   case 'T': {
     char *end;
     errno = 0;
@@ -152,14 +159,21 @@ static int infer_flag(int c, attn_infer_args *a) {
 
 /* getopt over argv; 0, 2 after a message, or -1 for --help (printed). */
 static int parse_flags(int argc, char **argv, attn_infer_args *a) {
-  static const struct option lopts[] = {
-      {"shape", required_argument, 0, 'p'},   {"shape-kv", required_argument, 0, 'P'},
-      {"dtype", required_argument, 0, 't'},   {"seed", required_argument, 0, 'r'},
-      {"json", no_argument, 0, 'j'},          ATTN_API_OPTIONS,
-      {"check", no_argument, 0, 'k'},         {"out", required_argument, 0, 'o'},
-      {"timeout", required_argument, 0, 'T'}, {"quiet", no_argument, 0, 'Q'},
-      {"backward", no_argument, 0, 'W'},      {"alibi-slopes", required_argument, 0, 'A'},
-      {"help", no_argument, 0, 'x'},          {0, 0, 0, 0}};
+  static const struct option lopts[] = {{"shape", required_argument, 0, 'p'},
+                                        {"shape-kv", required_argument, 0, 'P'},
+                                        {"dtype", required_argument, 0, 't'},
+                                        {"seed", required_argument, 0, 'r'},
+                                        {"json", no_argument, 0, 'j'},
+                                        ATTN_API_OPTIONS,
+                                        {"check", no_argument, 0, 'k'},
+                                        {"out", required_argument, 0, 'o'},
+                                        {"timeout", required_argument, 0, 'T'},
+                                        {"quiet", no_argument, 0, 'Q'},
+                                        {"backward", no_argument, 0, 'W'},
+                                        {"alibi-slopes", required_argument, 0, 'A'},
+                                        {"shards", required_argument, 0, 'D'},
+                                        {"help", no_argument, 0, 'x'},
+                                        {0, 0, 0, 0}};
   int c;
   optind = 1;
   opterr = 1;
@@ -190,13 +204,19 @@ static int parse_args(int argc, char **argv, attn_infer_args *a) {
   int rc = parse_flags(argc, argv, a);
   if (rc != 0)
     return rc;
-  int npos = argc - optind;
-  if (npos < 1 || npos > 2) {
-    fprintf(stderr, ME ": expected URL and at most one IN file\n%s", usage);
+  int npos = argc - optind, nurl = a->shards ? 0 : 1;
+  if (npos < nurl || npos > nurl + 1) {
+    fprintf(stderr, ME ": expected %s\n%s",
+            a->shards ? "at most one IN file with --shards" : "URL and at most one IN file", usage);
     return 2;
   }
-  a->url = argv[optind];
-  a->in = npos == 2 ? argv[optind + 1] : NULL;
+  if (a->shards && (a->pass == ATTN_BACKWARD || a->out)) {
+    fprintf(stderr, ME ": --shards runs the forward pass and has no single reply to write; "
+                       "leave out --backward and --out\n");
+    return 2;
+  }
+  a->url = a->shards ? "http://shards" : argv[optind];
+  a->in = npos > nurl ? argv[optind + nurl] : NULL;
   if (a->in && a->alibi) {
     fprintf(stderr, ME ": --alibi-slopes goes with random tensors; with IN, put the tensor "
                        "alibi_slopes in IN\n");
@@ -280,6 +300,7 @@ static int backward_inputs(const attn_infer_args *a, infer_bufs *b) {
   f.window_left = a->opts.window_left;
   f.window_right = a->opts.window_right;
   f.softcap = a->opts.softcap;
+  f.diag_offset = a->opts.diag_offset;
   f.lse = b->lse;
   attn_status st;
   attn_engine *e = attn_bench_open(0, NULL, &st);
@@ -455,8 +476,14 @@ int attn_cmd_infer(int argc, char **argv) {
   bool local_ok = false;
   char local_err[ATTN_MSG_MAX + 64] = "";
   status = make_request(&a, &ib, &body, &body_len, &pr, &local_ok, local_err, sizeof local_err);
-  if (status == 0)
+  if (status == 0 && a.shards && !local_ok) {
+    fprintf(stderr, ME ": --shards: %s\n", local_err);
+    status = 1;
+  } else if (status == 0 && a.shards) {
+    status = attn_infer_sharded(&a, &pr);
+  } else if (status == 0) {
     status = exchange(&a, &pr, body, body_len, local_ok, local_err);
+  }
   attn_proto_req_free(&pr);
   infer_bufs_free(&ib);
   free(body);

@@ -92,6 +92,30 @@ int attn__check_magnitudes_bwd(const attn_request *r, const double maxabs[5], at
  * has lse -inf). Every backend calls it before computing. */
 int attn__check_lse(const attn_request *r, attn_status *st);
 
+/* Sequence b of a valid variable-length request r as a problem of its own:
+ * batch 1, the sequence's own seq_q and seq_kv (either may be 0), pointers
+ * advanced to its first rows, strides filled, no cu_seqlens and no
+ * statistics (m, l, lse and lse_in NULL: they are packed [Hq, total] in r
+ * and the caller gathers them). */
+void attn__varlen_sub(const attn_request *r, int64_t b, attn_request *sub);
+
+/* Queues a valid variable-length request as one job per sequence on one
+ * backend (engine/varlen.c); attn_engine_submit()'s contract. */
+int attn__varlen_submit(struct attn_engine *e, const attn_request *r, attn_done_fn done, void *arg,
+                        attn_status *st);
+
+/* What varlen.c needs of the engine: the backend for a request (an opaque
+ * slot) and its name, queueing a job there, the pool, and the count of
+ * jobs in flight that close() waits for. */
+int attn__engine_pick(struct attn_engine *e, const attn_request *r, const void **slot,
+                      attn_status *st);
+int attn__engine_supports(const void *slot, const attn_request *r, attn_status *st);
+const char *attn__engine_slot_name(const void *slot);
+int attn__engine_queue(struct attn_engine *e, const void *slot, const attn_request *r,
+                       attn_done_fn done, void *arg, attn_status *st);
+attn_pool *attn__engine_pool(struct attn_engine *e);
+void attn__engine_hold(struct attn_engine *e, int delta);
+
 /* CPUs this process may run on (affinity), at least 1. */
 int attn__online_cores(void);
 

@@ -206,18 +206,35 @@ int attn__canceled(attn_status *st) {
   return attn_status_set(st, ATTN_ECANCELED, "the job was canceled by its caller");
 }
 
-int attn_engine_submit(attn_engine *e, const attn_request *r, attn_done_fn done, void *arg,
-                       attn_status *st) {
-  int rc = attn_request_validate(r, st);
-  if (rc < 0)
-    return rc;
-  if (attn_cancel_is_set(r->cancel))
-    return attn_status_set(st, ATTN_ECANCELED, "the job was canceled before it was queued");
-  if (!done)
-    return attn_status_set(st, ATTN_EINVAL, "no completion callback");
+void attn__engine_hold(attn_engine *e, int delta) {
+  pthread_mutex_lock(&e->mu);
+  e->inflight += delta;
+  if (e->inflight == 0)
+    pthread_cond_broadcast(&e->idle);
+  pthread_mutex_unlock(&e->mu);
+}
+
+attn_pool *attn__engine_pool(attn_engine *e) { return e->pool; }
+
+int attn__engine_pick(attn_engine *e, const attn_request *r, const void **slot, attn_status *st) {
   backend_slot *s;
-  if ((rc = pick_backend(e, r, &s, st)) < 0)
-    return rc;
+  int rc = pick_backend(e, r, &s, st);
+  *slot = rc < 0 ? NULL : s;
+  return rc;
+}
+
+int attn__engine_supports(const void *slot, const attn_request *r, attn_status *st) {
+  const backend_slot *s = slot;
+  return s->ops->supports(s->state, r, st);
+}
+
+const char *attn__engine_slot_name(const void *slot) {
+  return ((const backend_slot *)slot)->ops->name;
+}
+
+int attn__engine_queue(attn_engine *e, const void *slot, const attn_request *r, attn_done_fn done,
+                       void *arg, attn_status *st) {
+  const backend_slot *s = slot;
   attn_job *job = calloc(1, sizeof *job);
   if (!job)
     return attn_status_set(st, ATTN_ENOMEM, "out of memory queueing a job");
@@ -228,18 +245,30 @@ int attn_engine_submit(attn_engine *e, const attn_request *r, attn_done_fn done,
   job->engine = e;
   job->backend = s->ops->name;
   job->t_start = attn_now();
-  pthread_mutex_lock(&e->mu);
-  e->inflight++;
-  pthread_mutex_unlock(&e->mu);
-  if ((rc = s->ops->submit(s->state, job, st)) < 0) {
-    pthread_mutex_lock(&e->mu);
-    if (--e->inflight == 0)
-      pthread_cond_broadcast(&e->idle);
-    pthread_mutex_unlock(&e->mu);
+  attn__engine_hold(e, 1);
+  int rc = s->ops->submit(s->state, job, st);
+  if (rc < 0) {
+    attn__engine_hold(e, -1);
     free(job);
-    return rc;
   }
-  return 0;
+  return rc;
+}
+
+int attn_engine_submit(attn_engine *e, const attn_request *r, attn_done_fn done, void *arg,
+                       attn_status *st) {
+  int rc = attn_request_validate(r, st);
+  if (rc < 0)
+    return rc;
+  if (attn_cancel_is_set(r->cancel))
+    return attn_status_set(st, ATTN_ECANCELED, "the job was canceled before it was queued");
+  if (!done)
+    return attn_status_set(st, ATTN_EINVAL, "no completion callback");
+  if (r->cu_seqlens_q)
+    return attn__varlen_submit(e, r, done, arg, st);
+  const void *slot;
+  if ((rc = attn__engine_pick(e, r, &slot, st)) < 0)
+    return rc;
+  return attn__engine_queue(e, slot, r, done, arg, st);
 }
 
 void attn__job_complete(attn_job *job, const attn_status *st) {
@@ -252,10 +281,7 @@ void attn__job_complete(attn_job *job, const attn_status *st) {
   attn_engine *e = job->engine;
   job->done(&res, job->arg);
   free(job);
-  pthread_mutex_lock(&e->mu);
-  if (--e->inflight == 0)
-    pthread_cond_broadcast(&e->idle);
-  pthread_mutex_unlock(&e->mu);
+  attn__engine_hold(e, -1);
 }
 
 typedef struct waiter {

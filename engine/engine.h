@@ -144,8 +144,9 @@ void attn_store_elem(void *p, attn_dtype dt, size_t i, float x);
  * One forward pass. Shapes: Q [B, Hq, Nq, D], K and V [B, Hkv, Nkv, D],
  * O [B, Hq, Nq, D]; query head h reads KV head h / (Hq / Hkv).
  *
- * Masking is aligned to the bottom-right: with off = Nkv - Nq, key j is
- * visible to query i when i + off - window_left <= j <= i + off + window_right;
+ * Masking is aligned to the bottom-right: with off = Nkv - Nq (or
+ * diag_offset when set; attn_request_offset()), key j is visible to query i
+ * when i + off - window_left <= j <= i + off + window_right;
  * a window side of -1 is unbounded. causal = true means window_right = 0 (a
  * window_right other than -1 or 0 together with causal is refused as
  * contradictory). A row with no visible key yields O = 0, m = -inf, l = 0,
@@ -156,6 +157,9 @@ void attn_store_elem(void *p, attn_dtype dt, size_t i, float x);
  * cancellation), O and the statistics hold garbage, never a result.
  */
 typedef enum attn_pass { ATTN_FORWARD = 0, ATTN_BACKWARD = 1 } attn_pass;
+
+/* diag_offset's default: off = seq_kv - seq_q (bottom-right alignment). */
+#define ATTN_DIAG_AUTO INT64_MIN
 
 typedef struct attn_request {
   attn_pass pass; /* ATTN_FORWARD (the default) or ATTN_BACKWARD, below */
@@ -170,6 +174,23 @@ typedef struct attn_request {
   double softcap;            /* 0: off; > 0: softcap * tanh(s / softcap) */
   const float *alibi_slopes; /* NULL: off; F32 slopes, [Hq] or [B, Hq] */
   int64_t alibi_stride_b;    /* 0: one [Hq] vector shared by every batch; Hq: [B, Hq] */
+
+  /* ATTN_DIAG_AUTO (set by attn_request_init): off = Nkv - Nq. Otherwise
+   * the off of the mask rule, |off| <= 2^40: 0 is torch's top-left
+   * is_causal; a shard holding keys [a, b) of a longer K/V uses the whole
+   * problem's off minus a. Refused with cu_seqlens (each sequence has its
+   * own off). */
+  int64_t diag_offset;
+  /*
+   * Variable-length batch (FlashAttention's cu_seqlens): NULL, or both set
+   * to [batch + 1] non-decreasing offsets from 0 to seq_q (seq_kv). Q and O
+   * are then [Hq, seq_q, D] and K, V [Hkv, seq_kv, D] (the batch strides
+   * are ignored) with the batch's sequences concatenated along N; sequence
+   * b is its own problem on rows [cu_seqlens_q[b], cu_seqlens_q[b + 1]) and
+   * keys [cu_seqlens_kv[b], cu_seqlens_kv[b + 1]) with its own off, and may
+   * have no query or no key. Statistics (and lse_in) are packed [Hq, seq_q].
+   */
+  const int64_t *cu_seqlens_q, *cu_seqlens_kv;
 
   const void *q, *k, *v; /* inputs, dtype elements */
   void *o;               /* output, dtype elements */
@@ -226,8 +247,14 @@ double attn_request_scale(const attn_request *r);
 /* The ALiBi slope of (batch b, query head h); 0 when ALiBi is off. */
 double attn_request_alibi_slope(const attn_request *r, int64_t b, int64_t h);
 
-/* Effective window; causal folded in. */
+/* Effective window; causal folded in, and a side so wide that it bounds no
+ * key of any valid request (past 2^42) folded into -1, so that sums such as
+ * i + off + right never overflow. */
 void attn_request_window(const attn_request *r, int64_t *pleft, int64_t *pright);
+
+/* The off of the mask rule: diag_offset, or seq_kv - seq_q when it is
+ * ATTN_DIAG_AUTO. */
+int64_t attn_request_offset(const attn_request *r);
 
 /* Number of (query, key) pairs that are visible, summed over batch and heads. */
 uint64_t attn_request_visible_pairs(const attn_request *r);

@@ -44,7 +44,7 @@ int attn_reference_head(const attn_request *r, int64_t b, int64_t h, double *S, 
   const double scale = attn_request_scale(r);
   int64_t wl, wr;
   attn_request_window(r, &wl, &wr);
-  const int64_t off = nk - nq;
+  const int64_t off = attn_request_offset(r);
   const double slope = attn_request_alibi_slope(r, b, h);
   double *q = malloc((size_t)((nq + 2 * nk) * D) * sizeof *q);
   if (!q)
@@ -112,6 +112,10 @@ int attn_reference(const attn_request *r0, double *o, double *m, double *l, doub
   int rc = attn_request_validate(r0, st);
   if (rc < 0)
     return rc;
+  if (r0->cu_seqlens_q) /* the engine splits a varlen batch before any backend */
+    return attn_status_set(st, ATTN_EUNSUPPORTED,
+                           "the float64 reference takes one problem, not a variable-length "
+                           "batch; run it on each sequence");
   attn_request r = *r0;
   attn__request_fill_strides(&r);
   double *S, *P;

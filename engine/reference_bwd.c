@@ -123,6 +123,10 @@ int attn_reference_backward(const attn_request *r0, double *dq, double *dk, doub
     return rc;
   if (r0->pass != ATTN_BACKWARD)
     return attn_status_set(st, ATTN_EINVAL, "attn_reference_backward needs a backward request");
+  if (r0->cu_seqlens_q)
+    return attn_status_set(st, ATTN_EUNSUPPORTED,
+                           "the float64 reference takes one problem, not a variable-length "
+                           "batch; run it on each sequence");
   attn_request r = *r0;
   attn__request_fill_strides(&r);
   size_t n = (size_t)r.seq_q * (size_t)r.seq_kv;

@@ -56,23 +56,31 @@ void attn_request_init(attn_request *r) {
   r->scale = NAN;
   r->window_left = -1;
   r->window_right = -1;
+  r->diag_offset = ATTN_DIAG_AUTO;
 }
 
 double attn_request_scale(const attn_request *r) {
   return isnan(r->scale) ? 1.0 / sqrt((double)r->head_dim) : r->scale;
 }
 
+/* |i + off| <= 2^41 and 0 <= j < 2^40 in every valid request, so a side past
+ * 2^42 excludes no key: it is unbounded, and i + off +- side stays far from
+ * int64's limits. */
+#define WINDOW_FAR ((int64_t)1 << 42)
+
 void attn_request_window(const attn_request *r, int64_t *pleft, int64_t *pright) {
-  *pleft = r->window_left;
-  *pright = r->causal ? 0 : r->window_right;
+  int64_t wl = r->window_left, wr = r->causal ? 0 : r->window_right;
+  *pleft = wl > WINDOW_FAR ? -1 : wl;
+  *pright = wr > WINDOW_FAR ? -1 : wr;
+}
+
+int64_t attn_request_offset(const attn_request *r) {
+  return r->diag_offset == ATTN_DIAG_AUTO ? r->seq_kv - r->seq_q : r->diag_offset;
 }
 
 double attn_request_alibi_slope(const attn_request *r, int64_t b, int64_t h) {
   return r->alibi_slopes ? (double)r->alibi_slopes[b * r->alibi_stride_b + h] : 0.0;
 }
-
-/* The diagonal offset of the mask and of ALiBi. */
-static int64_t request_off(const attn_request *r) { return r->seq_kv - r->seq_q; }
 
 static int check_dim(attn_status *st, const char *name, int64_t v) {
   if (v < 1)
@@ -133,7 +141,7 @@ static int validate_variants(const attn_request *r, attn_status *st) {
                            "alibi_stride_b must be 0 (slopes [Hq]) or heads_q = %lld "
                            "(slopes [B, Hq]); got %lld",
                            (long long)r->heads_q, (long long)r->alibi_stride_b);
-  const int64_t nb = r->alibi_stride_b ? r->batch : 1, off = request_off(r);
+  const int64_t nb = r->alibi_stride_b ? r->batch : 1, off = attn_request_offset(r);
   const double far = (double)llabs(off) + (double)r->seq_q + (double)r->seq_kv;
   for (int64_t b = 0; b < nb; b++)
     for (int64_t h = 0; h < r->heads_q; h++) {
@@ -158,14 +166,14 @@ static int validate_variants(const attn_request *r, attn_status *st) {
 }
 
 /* The backward pass's own tensors; the shared ones were checked already. */
-static int validate_backward(const attn_request *r, size_t es, attn_status *st) {
+static int validate_backward(const attn_request *r, int64_t b, size_t es, attn_status *st) {
   if (r->pass != ATTN_BACKWARD)
     return attn_status_set(st, ATTN_EINVAL, "unknown pass %d (forward or backward)", (int)r->pass);
   if (r->m || r->l || r->lse)
     return attn_status_set(st, ATTN_EINVAL,
                            "a backward pass returns dq, dk and dv, not m, l or lse; "
                            "pass the forward's lse as an input instead");
-  int64_t b = r->batch, hq = r->heads_q, hk = r->heads_kv, d = r->head_dim;
+  int64_t hq = r->heads_q, hk = r->heads_kv, d = r->head_dim;
   int rc;
   if ((rc = check_tensor(st, "do", r->dout, b, hq, r->seq_q, d, r->do_stride, es)) ||
       (rc = check_tensor(st, "dq", r->dq, b, hq, r->seq_q, d, r->dq_stride, es)) ||
@@ -173,6 +181,47 @@ static int validate_backward(const attn_request *r, size_t es, attn_status *st) 
       (rc = check_tensor(st, "dv", r->dv, b, hk, r->seq_kv, d, r->dv_stride, es)))
     return rc;
   return 0;
+}
+
+/* One cu_seqlens array: starts at 0, never decreases, ends at total. */
+static int check_cu(attn_status *st, const char *name, const int64_t *cu, int64_t batch,
+                    int64_t total, const char *axis) {
+  if (cu[0] != 0)
+    return attn_status_set(st, ATTN_ESHAPE, "%s[0] is %lld; the offsets must start at 0", name,
+                           (long long)cu[0]);
+  for (int64_t b = 1; b <= batch; b++)
+    if (cu[b] < cu[b - 1])
+      return attn_status_set(st, ATTN_ESHAPE,
+                             "%s[%lld] = %lld is below %s[%lld] = %lld; the offsets must not "
+                             "decrease",
+                             name, (long long)b, (long long)cu[b], name, (long long)(b - 1),
+                             (long long)cu[b - 1]);
+  if (cu[batch] != total)
+    return attn_status_set(st, ATTN_ESHAPE,
+                           "%s[%lld] = %lld but %s is %lld; the last offset must equal the "
+                           "total length",
+                           name, (long long)batch, (long long)cu[batch], axis, (long long)total);
+  return 0;
+}
+
+/* diag_offset's range and the variable-length batch's offsets. */
+static int validate_offsets(const attn_request *r, attn_status *st) {
+  int64_t d = r->diag_offset;
+  if (d != ATTN_DIAG_AUTO && (d > ATTN_MAX_DIM || d < -ATTN_MAX_DIM))
+    return attn_status_set(st, ATTN_EWINDOW, "diag_offset = %lld is beyond +-%lld", (long long)d,
+                           (long long)ATTN_MAX_DIM);
+  if (!r->cu_seqlens_q != !r->cu_seqlens_kv)
+    return attn_status_set(st, ATTN_EINVAL,
+                           "cu_seqlens_q and cu_seqlens_kv come together; %s is missing",
+                           r->cu_seqlens_q ? "cu_seqlens_kv" : "cu_seqlens_q");
+  if (!r->cu_seqlens_q)
+    return 0;
+  if (d != ATTN_DIAG_AUTO)
+    return attn_status_set(st, ATTN_EINVAL,
+                           "diag_offset cannot be combined with cu_seqlens: each sequence of a "
+                           "variable-length batch is aligned bottom-right on its own");
+  int rc = check_cu(st, "cu_seqlens_q", r->cu_seqlens_q, r->batch, r->seq_q, "seq_q");
+  return rc ? rc : check_cu(st, "cu_seqlens_kv", r->cu_seqlens_kv, r->batch, r->seq_kv, "seq_kv");
 }
 
 int attn_request_validate(const attn_request *r, attn_status *st) {
@@ -205,20 +254,22 @@ int attn_request_validate(const attn_request *r, attn_status *st) {
                            "causal=true means window_right=0; window_right=%lld "
                            "contradicts it",
                            (long long)r->window_right);
-  if ((rc = validate_variants(r, st)))
+  if ((rc = validate_offsets(r, st)) || (rc = validate_variants(r, st)))
     return rc;
-  int64_t t;
-  if (__builtin_mul_overflow(r->seq_q, r->seq_kv, &t) || __builtin_mul_overflow(t, r->batch, &t) ||
+  /* A variable-length batch is one [H, N, D] tensor per input: batch 1 for
+   * the size checks (the sum of its problems is at most seq_q x seq_kv). */
+  int64_t t, b = r->cu_seqlens_q ? 1 : r->batch;
+  if (__builtin_mul_overflow(r->seq_q, r->seq_kv, &t) || __builtin_mul_overflow(t, b, &t) ||
       __builtin_mul_overflow(t, r->heads_q, &t))
     return attn_status_set(st, ATTN_EOVERFLOW,
                            "batch x heads_q x seq_q x seq_kv overflows 64 bits");
-  int64_t b = r->batch, hq = r->heads_q, hk = r->heads_kv, d = r->head_dim;
+  int64_t hq = r->heads_q, hk = r->heads_kv, d = r->head_dim;
   if ((rc = check_tensor(st, "q", r->q, b, hq, r->seq_q, d, r->q_stride, es)) ||
       (rc = check_tensor(st, "k", r->k, b, hk, r->seq_kv, d, r->k_stride, es)) ||
       (rc = check_tensor(st, "v", r->v, b, hk, r->seq_kv, d, r->v_stride, es)) ||
       (rc = check_tensor(st, "o", r->o, b, hq, r->seq_q, d, r->o_stride, es)))
     return rc;
-  return r->pass == ATTN_FORWARD ? 0 : validate_backward(r, es, st);
+  return r->pass == ATTN_FORWARD ? 0 : validate_backward(r, b, es, st);
 }
 
 static void fill(int64_t s[3], int64_t h, int64_t n, int64_t d) {
@@ -243,9 +294,40 @@ void attn__request_fill_strides(attn_request *r) {
   }
 }
 
+static const void *rows_at(const void *p, int64_t row, const int64_t s[3], size_t es) {
+  return p ? (const char *)p + (size_t)(row * s[2]) * es : NULL;
+}
+
+void attn__varlen_sub(const attn_request *r, int64_t b, attn_request *sub) {
+  const int64_t q0 = r->cu_seqlens_q[b], k0 = r->cu_seqlens_kv[b];
+  const size_t es = attn_dtype_size(r->dtype);
+  *sub = *r;
+  attn__request_fill_strides(sub); /* the whole tensors' strides, before N shrinks */
+  sub->batch = 1;
+  sub->seq_q = r->cu_seqlens_q[b + 1] - q0;
+  sub->seq_kv = r->cu_seqlens_kv[b + 1] - k0;
+  sub->cu_seqlens_q = sub->cu_seqlens_kv = NULL;
+  if (r->alibi_slopes) { /* sequence b's row of [B, Hq], or the shared [Hq] */
+    sub->alibi_slopes = r->alibi_slopes + b * r->alibi_stride_b;
+    sub->alibi_stride_b = 0;
+  }
+  sub->q = rows_at(r->q, q0, sub->q_stride, es);
+  sub->k = rows_at(r->k, k0, sub->k_stride, es);
+  sub->v = rows_at(r->v, k0, sub->v_stride, es);
+  /* o is the forward's output and the backward's input; the others are
+   * NULL in the pass that does not use them */
+  sub->o = (void *)(uintptr_t)rows_at(r->o, q0, sub->o_stride, es);
+  sub->dout = rows_at(r->dout, q0, sub->do_stride, es);
+  sub->dq = (void *)(uintptr_t)rows_at(r->dq, q0, sub->dq_stride, es);
+  sub->dk = (void *)(uintptr_t)rows_at(r->dk, k0, sub->dk_stride, es);
+  sub->dv = (void *)(uintptr_t)rows_at(r->dv, k0, sub->dv_stride, es);
+  sub->m = sub->l = sub->lse = NULL;
+  sub->lse_in = NULL;
+}
+
 /* Keys visible to query row i: [lo, hi], empty when lo > hi. */
 static void row_range(const attn_request *r, int64_t i, int64_t *lo, int64_t *hi) {
-  int64_t wl, wr, off = request_off(r);
+  int64_t wl, wr, off = attn_request_offset(r);
   attn_request_window(r, &wl, &wr);
   *lo = wl < 0 ? 0 : i + off - wl;
   *hi = wr < 0 ? r->seq_kv - 1 : i + off + wr;
@@ -256,6 +338,16 @@ static void row_range(const attn_request *r, int64_t i, int64_t *lo, int64_t *hi
 }
 
 uint64_t attn_request_visible_pairs(const attn_request *r) {
+  if (r->cu_seqlens_q) {
+    uint64_t sum = 0;
+    for (int64_t b = 0; b < r->batch; b++) {
+      attn_request sub;
+      attn__varlen_sub(r, b, &sub);
+      if (sub.seq_q > 0 && sub.seq_kv > 0)
+        sum += attn_request_visible_pairs(&sub);
+    }
+    return sum;
+  }
   uint64_t per_head = 0;
   for (int64_t i = 0; i < r->seq_q; i++) {
     int64_t lo, hi;

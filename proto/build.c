@@ -21,8 +21,8 @@ static void shape_str(char *buf, size_t cap, const attn_proto_tensor *t) {
 
 /* ---- the tensor table ------------------------------------------------------ */
 
-static const char *const tensor_names[ATTN_PROTO_MAX_TENSORS] = {"q",  "k",   "v",           "o",
-                                                                 "do", "lse", "alibi_slopes"};
+static const char *const tensor_names[ATTN_PROTO_MAX_TENSORS] = {
+    "q", "k", "v", "o", "do", "lse", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_kv"};
 
 const char *attn_proto_tensor_name(int i) {
   return i >= 0 && i < ATTN_PROTO_MAX_TENSORS ? tensor_names[i] : NULL;
@@ -31,14 +31,34 @@ const char *attn_proto_tensor_name(int i) {
 bool attn_proto_tensor_in_pass(int i, attn_pass pass) {
   if (i < 0 || i >= ATTN_PROTO_MAX_TENSORS)
     return false;
-  return pass == ATTN_BACKWARD || i <= ATTN_PROTO_T_V || i == ATTN_PROTO_T_ALIBI;
+  return pass == ATTN_BACKWARD || i <= ATTN_PROTO_T_V || i >= ATTN_PROTO_T_ALIBI;
 }
 
-bool attn_proto_tensor_optional(int i) { return i == ATTN_PROTO_T_LSE || i == ATTN_PROTO_T_ALIBI; }
+bool attn_proto_tensor_optional(int i) { return i >= ATTN_PROTO_T_LSE; }
+
+int attn_proto_cu_dtype_bytes(const char *name) {
+  return !strcmp(name, "I32") ? 4 : !strcmp(name, "I64") ? 8 : 0;
+}
+
+int attn_proto_cu_widen(const void *src, size_t n, int bytes, int64_t **pout, attn_status *st) {
+  int64_t *out = *pout = malloc(n ? n * sizeof *out : 1);
+  if (!out)
+    return attn_status_set(st, ATTN_PROTO_ENOMEM, "out of memory for cu_seqlens");
+  const unsigned char *p = src;
+  for (size_t i = 0; i < n; i++, p += bytes) {
+    uint64_t u = 0;
+    for (int b = bytes - 1; b >= 0; b--)
+      u = u << 8 | p[b];
+    out[i] = bytes == 4 ? (int64_t)(int32_t)(uint32_t)u : (int64_t)u;
+  }
+  return 0;
+}
 
 const char *attn_proto_tensor_list(attn_pass pass) {
-  return pass == ATTN_BACKWARD ? "q, k, v, o, do and optionally lse and alibi_slopes"
-                               : "q, k and v (and optionally alibi_slopes)";
+  return pass == ATTN_BACKWARD ? "q, k, v, o, do and optionally lse, alibi_slopes (and "
+                                 "cu_seqlens_q, cu_seqlens_kv for a variable-length batch)"
+                               : "q, k and v (and optionally alibi_slopes, and cu_seqlens_q, "
+                                 "cu_seqlens_kv for a variable-length batch)";
 }
 
 /* Tensor t alone: its rank from lo to lo + 2 (lse drops q's last dimension,
@@ -160,14 +180,16 @@ static int check_backward(const attn_proto_tensor *t, const attn_options *opts, 
 }
 
 /* alibi_slopes, when sent: F32, [Hq] or [B, Hq] of q's B and Hq. */
-static int check_alibi(const attn_proto_tensor *a, const attn_proto_tensor *q, attn_status *st) {
+static int check_alibi(const attn_proto_tensor *a, const attn_proto_tensor *t, attn_status *st) {
   if (!a->data)
     return 0;
   if (a->dtype != ATTN_F32)
     return attn_status_set(st, ATTN_PROTO_EDTYPE, "tensor \"alibi_slopes\" is %s; it must be F32",
                            attn_dtype_name(a->dtype));
   int64_t d[4];
-  bhnd(q, d);
+  bhnd(&t[0], d);
+  if (t[ATTN_PROTO_T_CU_Q].data) /* a variable-length batch: B is its sequence count */
+    d[0] = t[ATTN_PROTO_T_CU_Q].shape[0] - 1;
   bool ok = (a->rank == 1 && a->shape[0] == d[1]) ||
             (a->rank == 2 && a->shape[0] == d[0] && a->shape[1] == d[1]);
   if (ok)
@@ -178,6 +200,37 @@ static int check_alibi(const attn_proto_tensor *a, const attn_proto_tensor *q, a
                          "tensor \"alibi_slopes\" has shape %s; it must be [%lld] (one slope a "
                          "query head) or [%lld, %lld] (one a batch and query head)",
                          s, (long long)d[1], (long long)d[0], (long long)d[1]);
+}
+
+/* cu_seqlens_q and cu_seqlens_kv: both or neither, each [B+1], B >= 1, and
+ * q, k, v with their sequences concatenated (no batch dimension). The
+ * offsets themselves are the engine's to check. */
+static int check_cu(const attn_proto_tensor *t, attn_status *st) {
+  const attn_proto_tensor *cq = &t[ATTN_PROTO_T_CU_Q], *ck = &t[ATTN_PROTO_T_CU_KV];
+  if (!cq->data && !ck->data)
+    return 0;
+  if (!cq->data || !ck->data)
+    return attn_status_set(st, ATTN_PROTO_EMISSING,
+                           "tensor \"%s\" is missing; a variable-length batch needs both "
+                           "cu_seqlens_q and cu_seqlens_kv",
+                           cq->data ? "cu_seqlens_kv" : "cu_seqlens_q");
+  for (int i = 0; i < 2; i++) {
+    const attn_proto_tensor *c = i ? ck : cq;
+    if (c->rank != 1 || c->shape[0] < 2)
+      return attn_status_set(st, ATTN_PROTO_ETENSOR,
+                             "tensor \"%s\" must be [B+1] offsets with B >= 1 (%d dimensions, "
+                             "%lld elements)",
+                             c->name, c->rank, (long long)(c->rank ? c->shape[0] : 0));
+  }
+  if (cq->shape[0] != ck->shape[0])
+    return attn_status_set(st, ATTN_PROTO_ESHAPE,
+                           "cu_seqlens_q has %lld offsets but cu_seqlens_kv %lld; both are [B+1]",
+                           (long long)cq->shape[0], (long long)ck->shape[0]);
+  if (t[0].rank == 4)
+    return attn_status_set(st, ATTN_PROTO_ESHAPE,
+                           "with cu_seqlens, q, k and v hold their sequences concatenated along "
+                           "N: [H, total, D] or [total, D], not rank 4");
+  return 0;
 }
 
 /* pr->req from the tensors and options, outputs not yet allocated. */
@@ -207,6 +260,7 @@ static void fill_request(attn_proto_req *pr, attn_pass pass, const attn_proto_te
   r->softcap = opts->softcap;
   r->alibi_slopes = t[ATTN_PROTO_T_ALIBI].data;
   r->alibi_stride_b = t[ATTN_PROTO_T_ALIBI].rank == 2 ? q[1] : 0;
+  r->diag_offset = opts->diag_offset;
   r->backend = backend_literal(opts->backend);
   r->q = t[0].data;
   r->k = t[1].data;
@@ -217,6 +271,11 @@ static void fill_request(attn_proto_req *pr, attn_pass pass, const attn_proto_te
     r->o = (void *)(uintptr_t)t[ATTN_PROTO_T_O].data;
     r->dout = t[ATTN_PROTO_T_DO].data;
     r->lse_in = t[ATTN_PROTO_T_LSE].data;
+  }
+  if (t[ATTN_PROTO_T_CU_Q].data) {
+    r->batch = t[ATTN_PROTO_T_CU_Q].shape[0] - 1;
+    r->cu_seqlens_q = t[ATTN_PROTO_T_CU_Q].data;
+    r->cu_seqlens_kv = t[ATTN_PROTO_T_CU_KV].data;
   }
 }
 
@@ -233,9 +292,10 @@ static void probe_outputs(attn_request *r) {
  * stats, m, l, lse; backward dq, dk, dv. */
 static int alloc_outputs(attn_proto_req *pr, attn_status *st) {
   attn_request *r = &pr->req;
-  size_t es = attn_dtype_size(r->dtype), rows = (size_t)(r->batch * r->heads_q * r->seq_q);
+  const int64_t nb = r->cu_seqlens_q ? 1 : r->batch; /* varlen: one [H, total, D] */
+  size_t es = attn_dtype_size(r->dtype), rows = (size_t)(nb * r->heads_q * r->seq_q);
   size_t qn = ((rows * (size_t)r->head_dim * es) + 3) & ~(size_t)3;
-  size_t kn = (((size_t)(r->batch * r->heads_kv * r->seq_kv * r->head_dim) * es) + 3) & ~(size_t)3;
+  size_t kn = (((size_t)(nb * r->heads_kv * r->seq_kv * r->head_dim) * es) + 3) & ~(size_t)3;
   bool bwd = r->pass == ATTN_BACKWARD, stats = !bwd && pr->opts.stats;
   size_t total = qn + (bwd ? 2 * kn : stats ? 3 * rows * sizeof(float) : 0);
   char *out = pr->out = malloc(total ? total : 1);
@@ -262,7 +322,8 @@ int attn_proto_build_pass(attn_proto_req *pr, attn_pass pass, const attn_proto_t
   for (int i = 0; i < 3; i++)
     if ((rc = check_one(&t[i], 2, st)) < 0)
       return rc;
-  if ((rc = check_qkv(t, st)) < 0 || (rc = check_alibi(&t[ATTN_PROTO_T_ALIBI], t, st)) < 0 ||
+  if ((rc = check_qkv(t, st)) < 0 || (rc = check_cu(t, st)) < 0 ||
+      (rc = check_alibi(&t[ATTN_PROTO_T_ALIBI], t, st)) < 0 ||
       (pass == ATTN_BACKWARD && (rc = check_backward(t, opts, st)) < 0))
     return rc;
   fill_request(pr, pass, t, opts);

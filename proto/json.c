@@ -443,7 +443,74 @@ static int tensor_nested(attn__jr j, attn_proto_tensor *t, void **pbuf, attn_sta
   return 0;
 }
 
+/* cu_seqlens data: n integers (I32 ones within int32) into a new int64
+ * buffer. */
+static int cu_data(attn__jr v, attn_proto_tensor *t, size_t n, int bytes, void **pbuf,
+                   attn_status *st) {
+  if (v.s[v.pos] != '[' || attn__jr_count(&v) != n)
+    return attn_status_set(st, ATTN_PROTO_ETENSOR,
+                           "tensor \"%s\": data must be an array of %zu integers", t->name, n);
+  if (n > ATTN_PROTO_MAX_JSON_CU)
+    return attn_status_set(st, ATTN_PROTO_ETENSOR,
+                           "tensor \"%s\" holds %zu offsets; JSON takes at most %zu (send "
+                           "safetensors for more sequences)",
+                           t->name, n, ATTN_PROTO_MAX_JSON_CU);
+  int64_t *out = *pbuf = malloc(n ? n * sizeof *out : 1);
+  if (!out)
+    return attn_status_set(st, ATTN_PROTO_ENOMEM, "out of memory for tensor \"%s\"", t->name);
+  const double lim = bytes == 4 ? 0x1p31 : 0x1p62;
+  for (size_t k = 0; attn__jr_elem(&v); k++) {
+    double x = attn__jr_is_number(&v) ? attn__jr_number(&v) : NAN;
+    if (!(x >= -lim && x < lim) || x != floor(x))
+      return attn_status_set(st, ATTN_PROTO_ETENSOR,
+                             "tensor \"%s\": data[%zu] must be an integer%s", t->name, k,
+                             bytes == 4 ? " within I32" : "");
+    out[k] = (int64_t)x;
+  }
+  t->rank = 1;
+  t->shape[0] = (int64_t)n;
+  t->data = out;
+  return 0;
+}
+
+/* cu_seqlens_q or cu_seqlens_kv: {"shape": [B+1], "dtype": "I32"|"I64"
+ * (default I64), "data": [...]}, or a bare array of integers. */
+static int cu_tensor(attn__jr j, attn_proto_tensor *t, void **pbuf, attn_status *st) {
+  if (j.s[j.pos] == '[')
+    return cu_data(j, t, attn__jr_count(&j), 8, pbuf, st);
+  if (j.s[j.pos] != '{')
+    return attn_status_set(st, ATTN_PROTO_ETENSOR,
+                           "tensor \"%s\" must be {\"shape\", \"dtype\", \"data\"} or an array "
+                           "of integers, not %s",
+                           t->name, attn__jr_type(&j));
+  size_t at[3] = {0, 0, 0};
+  int rc = tensor_fields(&j, t->name, at, st), bytes = 8;
+  if (rc < 0)
+    return rc;
+  attn__jr v = j;
+  if (at[1]) {
+    char s[16] = "";
+    v.pos = at[1];
+    if (v.s[v.pos] == '"')
+      attn__jr_string(&v, s, sizeof s);
+    if (!(bytes = attn_proto_cu_dtype_bytes(s)))
+      return attn_status_set(st, ATTN_PROTO_ETENSOR, "tensor \"%s\": dtype must be I32 or I64",
+                             t->name);
+  }
+  v.pos = at[0];
+  double n = -1;
+  if (v.s[v.pos] == '[' && attn__jr_count(&v) == 1 && attn__jr_elem(&v) && attn__jr_is_number(&v))
+    n = attn__jr_number(&v);
+  if (!(n >= 0 && n <= (double)ATTN_MAX_DIM) || n != floor(n))
+    return attn_status_set(st, ATTN_PROTO_ETENSOR,
+                           "tensor \"%s\": shape must be [B+1], one integer", t->name);
+  v.pos = at[2];
+  return cu_data(v, t, (size_t)n, bytes, pbuf, st);
+}
+
 static int tensor(attn__jr j, attn_proto_tensor *t, void **pbuf, attn_status *st) {
+  if (!strncmp(t->name, "cu_seqlens_", 11))
+    return cu_tensor(j, t, pbuf, st);
   if (j.s[j.pos] == '{')
     return tensor_object(j, t, pbuf, st);
   if (j.s[j.pos] == '[')
@@ -620,7 +687,8 @@ size_t attn_proto_json_decode_bound(size_t len) {
   size_t n = len / 2;
   if (n > ATTN_PROTO_MAX_JSON_ELEMS)
     n = ATTN_PROTO_MAX_JSON_ELEMS;
-  return n * sizeof(float);
+  size_t cu = n < 2 * ATTN_PROTO_MAX_JSON_CU ? n : 2 * ATTN_PROTO_MAX_JSON_CU;
+  return n * sizeof(float) + cu * (sizeof(int64_t) - sizeof(float));
 }
 
 /* ---- encode ------------------------------------------------------------- */

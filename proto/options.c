@@ -30,6 +30,7 @@ static const opt_def defs[] = {
     {"stats", ATTN_OPTK_BOOL, ATTN_OPT_STATS},
     {"backend", ATTN_OPTK_STRING, ATTN_OPT_BACKEND},
     {"softcap", ATTN_OPTK_NUMBER, ATTN_OPT_SOFTCAP},
+    {"diag_offset", ATTN_OPTK_INT, ATTN_OPT_DIAG_OFFSET},
 };
 #define NDEFS (sizeof defs / sizeof *defs)
 
@@ -39,6 +40,7 @@ void attn_options_init(attn_options *o) {
   memset(o, 0, sizeof *o);
   o->scale = NAN;
   o->window_left = o->window_right = -1;
+  o->diag_offset = ATTN_DIAG_AUTO;
   strcpy(o->backend, "auto");
 }
 
@@ -62,7 +64,7 @@ int attn_options_set(attn_options *o, const char *name, size_t name_len, const c
   if (!d)
     return attn_status_set(st, ATTN_PROTO_EOPTION,
                            "unknown option \"%s\" in the %s (options: causal, scale, "
-                           "window_left, window_right, stats, backend, softcap)",
+                           "window_left, window_right, diag_offset, stats, backend, softcap)",
                            qn, source);
   attn_quote(qv, sizeof qv, value, value_len);
   /* a NUL would end the text early: "cpu\0x" must not read as "cpu" */
@@ -101,9 +103,12 @@ int attn_options_set(attn_options *o, const char *name, size_t name_len, const c
     char *end;
     errno = 0;
     long long v = strtoll(buf, &end, 10);
-    if (!*buf || *end || errno || v < -1)
+    bool diag = d->bit == ATTN_OPT_DIAG_OFFSET;
+    if (!*buf || *end || errno || (diag ? v > ATTN_MAX_DIM || v < -ATTN_MAX_DIM : v < -1))
       goto bad;
-    if (d->bit == ATTN_OPT_WINDOW_LEFT)
+    if (diag)
+      o->diag_offset = v;
+    else if (d->bit == ATTN_OPT_WINDOW_LEFT)
       o->window_left = v;
     else
       o->window_right = v;
@@ -126,7 +131,10 @@ bad:;
                                        "auto, cpu, cuda or reference"};
   return attn_status_set(
       st, ATTN_PROTO_EOPTVALUE, "option \"%s\" in the %s must be %s (got \"%s\")", qn, source,
-      d->bit == ATTN_OPT_SOFTCAP ? "a finite number >= 0 (0: off)" : expect[d->kind], qv);
+      d->bit == ATTN_OPT_SOFTCAP       ? "a finite number >= 0 (0: off)"
+      : d->bit == ATTN_OPT_DIAG_OFFSET ? "an integer from -2^40 to 2^40 (0: top-left causal)"
+                                       : expect[d->kind],
+      qv);
 }
 
 static int hexval(char c) {
@@ -209,5 +217,7 @@ void attn_options_merge(attn_options *base, const attn_options *over) {
     base->softcap = over->softcap;
   if (over->set & ATTN_OPT_BACKEND)
     strcpy(base->backend, over->backend);
+  if (over->set & ATTN_OPT_DIAG_OFFSET)
+    base->diag_offset = over->diag_offset;
   base->set |= over->set;
 }

@@ -75,6 +75,11 @@ const char *attn_proto_code_name(int code);
 /* Numbers in one JSON body: 2^24 (64 MiB of F32 tensors) bounds what
  * one JSON decode may allocate, whatever the body size. */
 #define ATTN_PROTO_MAX_JSON_ELEMS ((size_t)1 << 24)
+/* Most offsets a JSON cu_seqlens tensor may hold (B + 1: 4096 sequences;
+ * safetensors takes more). Stored as int64, they are the one part of a JSON
+ * decode over 4 bytes a number: attn_proto_json_decode_bound() adds 4 bytes
+ * for each number that could be one. */
+#define ATTN_PROTO_MAX_JSON_CU ((size_t)4097)
 
 /* ---- options ----------------------------------------------------------- */
 
@@ -87,6 +92,7 @@ enum {
   ATTN_OPT_STATS = 1u << 4,
   ATTN_OPT_BACKEND = 1u << 5,
   ATTN_OPT_SOFTCAP = 1u << 6,
+  ATTN_OPT_DIAG_OFFSET = 1u << 7,
 };
 
 typedef struct attn_options {
@@ -94,8 +100,9 @@ typedef struct attn_options {
   double scale;   /* NaN: 1/sqrt(D) */
   double softcap; /* 0: off */
   int64_t window_left, window_right;
-  char backend[16]; /* "auto", "cpu", "cuda", "reference" */
-  unsigned set;     /* ATTN_OPT_* bits of the options given */
+  int64_t diag_offset; /* ATTN_DIAG_AUTO unless set */
+  char backend[16];    /* "auto", "cpu", "cuda", "reference" */
+  unsigned set;        /* ATTN_OPT_* bits of the options given */
 } attn_options;
 
 /* The kind of value an option takes, for typed sources (JSON). */
@@ -149,18 +156,25 @@ enum {
   ATTN_PROTO_T_DO,
   ATTN_PROTO_T_LSE,
   ATTN_PROTO_T_ALIBI,
+  ATTN_PROTO_T_CU_Q,  /* cu_seqlens_q and cu_seqlens_kv: either pass, optional, */
+  ATTN_PROTO_T_CU_KV, /* I32 or I64 [B+1] on the wire, int64 once decoded */
   ATTN_PROTO_MAX_TENSORS
 };
-/* "q", "k", "v", "o", "do", "lse", "alibi_slopes"; NULL past the end. */
+/* "q", "k", "v", "o", "do", "lse", "alibi_slopes", "cu_seqlens_q",
+ * "cu_seqlens_kv"; NULL past the end. */
 const char *attn_proto_tensor_name(int i);
-/* Whether a request of this pass may hold tensor i (q, k, v and
- * alibi_slopes in both; o, do and lse in a backward pass). */
+/* Whether a request of this pass may hold tensor i (q, k, v, alibi_slopes
+ * and the cu_seqlens in both; o, do and lse in a backward pass). */
 bool attn_proto_tensor_in_pass(int i, attn_pass pass);
-/* Whether tensor i may be left out (lse, alibi_slopes). */
+/* Whether tensor i may be left out (lse, alibi_slopes, the cu_seqlens). */
 bool attn_proto_tensor_optional(int i);
+/* Element bytes of a cu_seqlens dtype name ("I32" 4, "I64" 8), else 0. */
+int attn_proto_cu_dtype_bytes(const char *name);
+/* n little-endian integers of `bytes` (4 or 8) at src as a new int64
+ * array in *pout (malloc'd); ATTN_PROTO_ENOMEM. */
+int attn_proto_cu_widen(const void *src, size_t n, int bytes, int64_t **pout, attn_status *st);
 /* The request's tensors of this pass for messages: "q, k and v (and
- * optionally alibi_slopes)" or "q, k, v, o, do and optionally lse and
- * alibi_slopes". */
+ * optionally ...)" or "q, k, v, o, do and optionally ...". */
 const char *attn_proto_tensor_list(attn_pass pass);
 
 /* One tensor as a codec found it, before the shapes are checked together. */
@@ -193,10 +207,12 @@ int attn_proto_build(attn_proto_req *pr, const attn_proto_tensor t[ATTN_PROTO_MA
                      const attn_options *opts, attn_status *st);
 /*
  * The same for either pass: t holds ATTN_PROTO_MAX_TENSORS tensors in the
- * table's order (those not of the pass are not looked at). A backward pass also checks that o and
- * do have q's shape and dtype (ATTN_PROTO_ESHAPE, EDTYPE) and lse, when t[5].data is not NULL, F32
- * of q's shape without its last dimension; refuses the option stats (ATTN_PROTO_EOPTVALUE: a
- * backward pass returns no statistics); and allocates dq, dk and dv in the input dtype.
+ * table's order (data NULL for those absent, and those not of the pass not looked at; cu_seqlens
+ * data int64: a variable-length batch, checked as [B+1] both, q not rank 4). A backward pass also
+ * checks that o and do have q's shape and dtype (ATTN_PROTO_ESHAPE, EDTYPE) and lse, when t[5].data
+ * is not NULL, F32 of q's shape without its last dimension; refuses the option stats
+ * (ATTN_PROTO_EOPTVALUE: a backward pass returns no statistics); and allocates dq, dk and dv in
+ * the input dtype.
  */
 int attn_proto_build_pass(attn_proto_req *pr, attn_pass pass, const attn_proto_tensor *t,
                           const attn_options *opts, attn_status *st);
@@ -242,7 +258,9 @@ int attn_proto_decode_json_pass(const char *body, size_t len, attn_pass pass,
  * body, whether it succeeds or fails: the input tensors, at most
  * min(len / 2, ATTN_PROTO_MAX_JSON_ELEMS) numbers of 4 bytes (each number
  * takes two bytes of text at least, its separator included), so at most 2x
- * the body and at most 64 MiB. The reader itself allocates nothing. It
+ * the body and at most 64 MiB, plus 4 more bytes for each of at most
+ * 2 x ATTN_PROTO_MAX_JSON_CU numbers that could be cu_seqlens offsets
+ * (int64). The reader itself allocates nothing. It
  * holds for either pass: it counts stored elements (numbers and the nulls of
  * a backward lse), not tensors. Not counted: the outputs attn_proto_build()
  * allocates (forward: O, the size of q, and 12 bytes a query row with stats;

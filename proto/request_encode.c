@@ -109,6 +109,10 @@ static bool option_text(const attn_options *o, unsigned bit, const char **name, 
     *name = "window_right";
     snprintf(val, cap, "%lld", (long long)o->window_right);
     break;
+  case ATTN_OPT_DIAG_OFFSET:
+    *name = "diag_offset";
+    snprintf(val, cap, "%lld", (long long)o->diag_offset);
+    break;
   case ATTN_OPT_STATS:
     *name = "stats";
     snprintf(val, cap, o->stats ? "true" : "false");
@@ -126,9 +130,9 @@ static bool option_text(const attn_options *o, unsigned bit, const char **name, 
   return true;
 }
 
-static const unsigned option_bits[] = {ATTN_OPT_CAUSAL,       ATTN_OPT_SCALE, ATTN_OPT_WINDOW_LEFT,
-                                       ATTN_OPT_WINDOW_RIGHT, ATTN_OPT_STATS, ATTN_OPT_BACKEND,
-                                       ATTN_OPT_SOFTCAP};
+static const unsigned option_bits[] = {
+    ATTN_OPT_CAUSAL, ATTN_OPT_SCALE,   ATTN_OPT_WINDOW_LEFT, ATTN_OPT_WINDOW_RIGHT,
+    ATTN_OPT_STATS,  ATTN_OPT_BACKEND, ATTN_OPT_SOFTCAP,     ATTN_OPT_DIAG_OFFSET};
 #define NOPTS (sizeof option_bits / sizeof option_bits[0])
 
 /* "__metadata__":{"name":"value",...} at h + o; returns the new length. */

@@ -33,6 +33,7 @@ static const char *const field_names[3] = {"dtype", "shape", "data_offsets"};
 typedef struct entry {
   bool seen;
   attn_dtype dtype;
+  int cu_bytes; /* cu_seqlens: 4 (I32) or 8 (I64); 0 for the others */
   int rank;
   int64_t shape[4]; /* the first four dims; attn_proto_build refuses more */
   uint64_t begin, end;
@@ -158,11 +159,13 @@ static int parse_entry(const cJSON *j, const char *name, uint64_t data_len, entr
     return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
                            "tensor \"%s\": dtype must be a string such as \"F32\", not %s", name,
                            attn__json_type(f[0]));
-  if (attn_dtype_parse(f[0]->valuestring, &e->dtype) < 0)
-    return attn_status_set(st, ATTN_PROTO_ETENSOR,
-                           "tensor \"%s\": dtype \"%s\" is not supported (F32, F16 or BF16)", name,
-                           attn_quote(q, sizeof q, f[0]->valuestring, strlen(f[0]->valuestring)));
-  uint64_t es = attn_dtype_size(e->dtype);
+  const char *dtn = f[0]->valuestring;
+  bool cu = !strncmp(name, "cu_seqlens_", 11);
+  if (cu ? !(e->cu_bytes = attn_proto_cu_dtype_bytes(dtn)) : attn_dtype_parse(dtn, &e->dtype) < 0)
+    return attn_status_set(
+        st, ATTN_PROTO_ETENSOR, "tensor \"%s\": dtype \"%s\" is not supported (%s)", name,
+        attn_quote(q, sizeof q, dtn, strlen(dtn)), cu ? "I32 or I64" : "F32, F16 or BF16");
+  uint64_t es = cu ? (uint64_t)e->cu_bytes : attn_dtype_size(e->dtype);
 
   if (!cJSON_IsArray(f[1]))
     return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
@@ -241,7 +244,7 @@ static int parse_entry(const cJSON *j, const char *name, uint64_t data_len, entr
     return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
                            "tensor \"%s\": data_offsets [%llu, %llu] span %llu bytes but %s "
                            "%s needs %llu",
-                           name, b, en, en - b, attn_dtype_name(e->dtype), sh,
+                           name, b, en, en - b, cu ? dtn : attn_dtype_name(e->dtype), sh,
                            (unsigned long long)nbytes);
   }
   e->begin = b;
@@ -400,6 +403,18 @@ static int place_tensors(const unsigned char *data, const entry e[NT], attn_prot
     if (!e[i].seen)
       continue;
     const unsigned char *p = data + e[i].begin;
+    if (e[i].cu_bytes) { /* offsets: widened to int64 whatever their width */
+      int64_t *w;
+      int rc = attn_proto_cu_widen(p, (size_t)(e[i].end - e[i].begin) / (size_t)e[i].cu_bytes,
+                                   e[i].cu_bytes, &w, st);
+      pr->owned[i] = rc < 0 ? NULL : w;
+      if (rc < 0)
+        return rc;
+      t[i].rank = e[i].rank;
+      memcpy(t[i].shape, e[i].shape, sizeof t[i].shape);
+      t[i].data = pr->owned[i];
+      continue;
+    }
     size_t nb = (size_t)(e[i].end - e[i].begin), es = attn_dtype_size(e[i].dtype);
     /* Kernels load whole elements; reading a misaligned one is undefined
      * behaviour, so such a tensor gets an aligned copy. */

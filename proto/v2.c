@@ -144,7 +144,7 @@ static int request_params(v2_dec *d, attn__jr v) {
       return attn_status_set(
           d->st, ATTN_PROTO_EOPTION,
           "unknown parameter \"%s\" (parameters: causal, scale, window_left, "
-          "window_right, softcap, backend, binary_data_output; name the statistics "
+          "window_right, softcap, diag_offset, backend, binary_data_output; name the statistics "
           "m, l, lse in \"outputs\" to get them)",
           qk);
     } else if ((rc = attn__json_option(&d->opts, key, kl, v, "parameters", d->st)) < 0) {

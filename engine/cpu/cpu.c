@@ -325,7 +325,7 @@ static int cpu_submit(void *state, attn_job *job, attn_status *st) {
   cj->args.r = r;
   cj->args.scale2 = (float)(attn_request_scale(r) * M_LOG2E);
   attn_request_window(r, &cj->args.wl, &cj->args.wr);
-  cj->args.off = r->seq_kv - r->seq_q;
+  cj->args.off = attn_request_offset(r);
   cj->args.group = r->heads_q / r->heads_kv;
   attn__variants_init(r, &cj->args.var);
   if (plan_scan(cj) < 0 || plan_split(cj) < 0) {

@@ -230,7 +230,7 @@ static int plan(bwd_job *bj) {
   a->scale = (float)attn_request_scale(r);
   a->scale2 = (float)(attn_request_scale(r) * M_LOG2E);
   attn_request_window(r, &a->wl, &a->wr);
-  a->off = r->seq_kv - r->seq_q;
+  a->off = attn_request_offset(r);
   a->group = r->heads_q / r->heads_kv;
   attn__variants_init(r, &a->var);
   a->dld = (r->head_dim + ATTN_BWD_DALIGN - 1) / ATTN_BWD_DALIGN * ATTN_BWD_DALIGN;

@@ -49,7 +49,7 @@ typedef struct attn__flash_args {
   attn__flash_seen seen[3]; /* q, k, v; updated with GCC atomics */
   float scale2;             /* scale·log2(e): scores come out in base 2 */
   int64_t wl, wr;           /* effective window, causal folded in */
-  int64_t off;              /* seq_kv - seq_q */
+  int64_t off;              /* attn_request_offset() */
   int64_t group;            /* heads_q / heads_kv */
   attn__variants var;       /* softcap and ALiBi */
 } attn__flash_args;

@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(NT_KV) bwd_dkdv_f32(const attn_cu_params p) {
   const int r = threadIdx.x / G, sub = threadIdx.x % G, lead = (threadIdx.x % 32) & ~(G - 1);
   const int hkv = blockIdx.y, b = blockIdx.z, group = p.heads_q / p.heads_kv;
   const int j0 = blockIdx.x * BN, nvalid = min(BN, p.seq_kv - j0), j = j0 + r;
-  const int64_t off = (int64_t)p.seq_kv - p.seq_q;
+  const int64_t off = p.off;
   const size_t krow0 = ((size_t)b * p.heads_kv + hkv) * p.seq_kv + j0;
   const float *lse2 = p.bwd_ws + (size_t)p.batch * p.heads_q * p.seq_q;
   int qt0, qt1, lo, hi;
@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(NT_Q) bwd_dq_f32(const attn_cu_params p) {
   const int h = blockIdx.y, b = blockIdx.z;
   const int i0 = qt * BN, i1 = min(i0 + BN, p.seq_q), i = i0 + r;
   const int hkv = h / (p.heads_q / p.heads_kv);
-  const int64_t off = (int64_t)p.seq_kv - p.seq_q;
+  const int64_t off = p.off;
   const size_t qrow0 = ((size_t)b * p.heads_q + h) * p.seq_q;
   const size_t kbase = ((size_t)b * p.heads_kv + hkv) * p.seq_kv * dp;
   const float *lse2 = p.bwd_ws + (size_t)p.batch * p.heads_q * p.seq_q;

@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32) bwd_dkdv(const attn_cu
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int hkv = blockIdx.y, b = blockIdx.z, group = p.heads_q / p.heads_kv;
   const int j0 = blockIdx.x * BN, nvalid = min(BN, p.seq_kv - j0);
-  const int64_t off = (int64_t)p.seq_kv - p.seq_q;
+  const int64_t off = p.off;
   const size_t krow0 = ((size_t)b * p.heads_kv + hkv) * p.seq_kv + j0;
   int key0, dim0;
   attn_cu_bwd_warp(warp, DSPLIT, DPAD, &key0, &dim0);
@@ -256,7 +256,7 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32) bwd_dq(const attn_cu_p
   const int h = blockIdx.y, b = blockIdx.z;
   const int i0 = qt * BM, i1 = min(i0 + BM, p.seq_q);
   const int hkv = h / (p.heads_q / p.heads_kv);
-  const int64_t off = (int64_t)p.seq_kv - p.seq_q;
+  const int64_t off = p.off;
   const size_t qrow0 = ((size_t)b * p.heads_q + h) * p.seq_q;
   const size_t kbase = ((size_t)b * p.heads_kv + hkv) * p.seq_kv * p.dp;
   const T *gK = (const T *)p.k + kbase, *gV = (const T *)p.v + kbase;

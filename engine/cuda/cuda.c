@@ -188,6 +188,7 @@ static int shape_of(const attn_request *r, attn_cu_params *p, attn_status *st) {
   p->scale_log2 = (float)(attn_request_scale(r) * M_LOG2E);
   p->scale = (float)attn_request_scale(r);
   attn_request_window(r, &p->window_left, &p->window_right);
+  p->off = attn_request_offset(r);
   return 0;
 }
 

@@ -28,7 +28,7 @@ __global__ void __launch_bounds__(NT) fwd_f32(const attn_cu_params p, int nsplit
   const int h = blockIdx.y, b = blockIdx.z / nsplit, split = blockIdx.z % nsplit;
   const int i0 = qt * BM, i1 = min(i0 + BM, p.seq_q), i = i0 + r;
   const int hkv = h / (p.heads_q / p.heads_kv);
-  const int64_t off = (int64_t)p.seq_kv - p.seq_q;
+  const int64_t off = p.off;
   const size_t qrow0 = ((size_t)b * p.heads_q + h) * p.seq_q;
   const float *gQ = (const float *)p.q + (qrow0 + i0) * dp;
   const float *gK = (const float *)p.k + ((size_t)b * p.heads_kv + hkv) * p.seq_kv * dp;

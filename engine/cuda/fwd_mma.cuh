@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32)
   const int h = blockIdx.y, b = blockIdx.z / nsplit, split = blockIdx.z % nsplit;
   const int i0 = qt * BM, i1 = min(i0 + BM, p.seq_q);
   const int hkv = h / (p.heads_q / p.heads_kv);
-  const int64_t off = (int64_t)p.seq_kv - p.seq_q;
+  const int64_t off = p.off;
   const size_t qrow0 = ((size_t)b * p.heads_q + h) * p.seq_q;
   const T *gQ = (const T *)p.q + (qrow0 + i0) * p.dp;
   const T *gK = (const T *)p.k + ((size_t)b * p.heads_kv + hkv) * p.seq_kv * p.dp;

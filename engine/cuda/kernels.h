@@ -108,6 +108,7 @@ typedef struct attn_cu_params {
   /* Effective window, causal folded in; -1 unbounded (as is anything past
    * 2^40, beyond every sequence the kernels take). */
   int64_t window_left, window_right;
+  int64_t off; /* the mask's diagonal offset, attn_request_offset() */
 } attn_cu_params;
 
 /* The kernel chosen for a request and its launch shape. */

@@ -22,7 +22,7 @@
  * bytes), so the 8 rows one ldmatrix phase reads start in 8 different bank
  * quads and no swizzle is needed.
  *
- * Masks: with off = Nkv - Nq, key j is visible to query i when
+ * Masks: with off = Nkv - Nq (or the request's diag_offset), key j is visible to query i when
  * i + off - wl <= j <= i + off + wr (a side of -1 is unbounded; DESIGN.md).
  * Both bounds grow with i, which is what lets a block of rows skip or fully
  * accept whole key tiles.

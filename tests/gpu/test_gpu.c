@@ -1086,6 +1086,15 @@ static int list_backward(tprob *ps) {
       p.strided = k % 3 == 1;
       ps[n++] = p;
     }
+  /* explicit diag_offset: top-left causal, and shifts that mask whole rows */
+  static const int64_t diag[] = {0, -50, 90};
+  for (int i = 0; i < 3; i++) {
+    tprob p = tprob_make(1, 4, 2, 130, 200 - 60 * i, i == 1 ? 37 : 64, (attn_dtype)i);
+    p.diag = diag[i];
+    p.causal = true;
+    p.wl = i == 2 ? 30 : -1;
+    ps[n++] = p;
+  }
   return n;
 }
 
@@ -1161,6 +1170,7 @@ enum {
   G_MASKS,
   G_SHAPES,
   G_MASKED,
+  G_DIAG,
   G_HEADDIMS,
   G_DECODE,
   G_LONG,
@@ -1173,8 +1183,8 @@ enum {
   G_COUNT
 };
 static const char *const gnames[G_COUNT] = {
-    "conf/sizes", "conf/masks", "conf/shapes", "conf/masked", "headdims", "decode", "long",
-    "layouts",    "errors",     "kapi",        "pool",        "backward", "small"};
+    "conf/sizes", "conf/masks", "conf/shapes", "conf/masked", "conf/diag", "headdims", "decode",
+    "long",       "layouts",    "errors",      "kapi",        "pool",      "backward", "small"};
 
 static bool wanted(const char *filter, const char *name) {
   if (!filter)
@@ -1351,9 +1361,9 @@ int main(int argc, char **argv) {
   tgroup groups[G_COUNT];
   int ng = 0;
   tprob ps[TCASES_MAX];
-  static const int order[G_COUNT] = {G_SMALL,    G_SIZES,  G_MASKS,   G_SHAPES,  G_MASKED,
-                                     G_HEADDIMS, G_DECODE, G_LONG,    G_LAYOUTS, G_ERRORS,
-                                     G_KAPI,     G_POOL,   G_BACKWARD};
+  static const int order[G_COUNT] = {G_SMALL,  G_SIZES,    G_MASKS,  G_SHAPES,  G_MASKED,
+                                     G_DIAG,   G_HEADDIMS, G_DECODE, G_LONG,    G_LAYOUTS,
+                                     G_ERRORS, G_KAPI,     G_POOL,   G_BACKWARD};
   for (int oi = 0; oi < G_COUNT; oi++) {
     int gi = order[oi];
     /* --small replaces the long case lists by "small"; the rest shrink */
@@ -1369,6 +1379,7 @@ int main(int argc, char **argv) {
     case G_MASKS: n = tcases_masks(ps); break;
     case G_SHAPES: n = tcases_shapes(ps); break;
     case G_MASKED: n = tcases_masked_rows(ps); break;
+    case G_DIAG: n = tcases_diag(ps); break;
     case G_HEADDIMS: n = list_headdims(ps); break;
     case G_DECODE: n = list_decode(ps); break;
     case G_LONG: n = list_long(ps); break;

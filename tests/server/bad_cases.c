@@ -114,6 +114,10 @@ const bad_case bad_cases[] = {
     J("json: scale 1e999", "{" JQKV ",\"scale\":1e999}", 422, "invalid_option"),
     J("json: window_left -2", "{" JQKV ",\"window_left\":-2}", 422, "invalid_option"),
     J("json: window_right 1.5", "{" JQKV ",\"window_right\":1.5}", 422, "invalid_option"),
+    J("json: diag_offset past 2^40", "{" JQKV ",\"diag_offset\":1099511627777}", 422,
+      "invalid_option"),
+    J("json: diag_offset 0.5", "{" JQKV ",\"diag_offset\":0.5}", 422, "invalid_option"),
+    J("json: diag_offset a string", "{" JQKV ",\"diag_offset\":\"0\"}", 422, "invalid_option"),
     J("json: backend tpu", "{" JQKV ",\"backend\":\"tpu\"}", 422, "invalid_option"),
     J("json: backend 3", "{" JQKV ",\"backend\":3}", 422, "invalid_option"),
     /* ---- the engine's checks (422) ---- */
@@ -127,6 +131,8 @@ const bad_case bad_cases[] = {
     JP("query: scale=inf", "/attention?scale=inf", "{" JQKV "}", 422, "invalid_option"),
     JP("query: window_right=-5", "/attention?window_right=-5", "{" JQKV "}", 422, "invalid_option"),
     JP("query: window_left=abc", "/attention?window_left=abc", "{" JQKV "}", 422, "invalid_option"),
+    JP("query: diag_offset=-2^40-1", "/attention?diag_offset=-1099511627777", "{" JQKV "}", 422,
+       "invalid_option"),
     JP("query: backend=tpu", "/attention?backend=tpu", "{" JQKV "}", 422, "invalid_option"),
     JP("query: stats=%ZZ", "/attention?stats=%ZZ", "{" JQKV "}", 422, "invalid_option"),
     /* ---- content types and empty bodies ---- */

@@ -199,3 +199,34 @@ int tcases_variants(tprob *ps) {
     }
   return n;
 }
+
+/* Explicit diag_offset; see cases.h. */
+int tcases_diag(tprob *ps) {
+  static const int64_t nn[][2] = {{64, 1000}, {1000, 64}, {65, 65}, {7, 300}, {200, 33}};
+  static const int64_t cfg[][4] = {/* diag, causal, left, right */
+                                   {0, 1, -1, -1},    {-5, 1, -1, -1},  {17, 0, 3, 5},
+                                   {-40, 0, 10, 0},   {100, 1, 40, -1}, {-3000, 0, -1, -1},
+                                   {3000, 1, -1, -1}, {-70, 1, 20, -1}};
+  int n = 0;
+  for (size_t i = 0; i < sizeof nn / sizeof *nn; i++)
+    for (size_t w = 0; w < sizeof cfg / sizeof *cfg; w++) {
+      tprob p = tprob_make(1 + (i == 2), 4, 2, nn[i][0], nn[i][1], (i + w) % 2 ? 64 : 37,
+                           (attn_dtype)((i + w) % 3));
+      p.diag = cfg[w][0];
+      p.causal = cfg[w][1];
+      p.wl = cfg[w][2];
+      p.wr = cfg[w][3];
+      p.stats = true;
+      p.strided = w == 2;
+      ps[n++] = p;
+    }
+  /* a decode step whose keys the CPU splits, top-left and shifted */
+  for (int64_t d = -1; d <= 1; d++) {
+    tprob p = tprob_make(1, 8, 2, 2, 2500, 128, ATTN_F32);
+    p.diag = d * 900;
+    p.causal = true;
+    p.stats = true;
+    ps[n++] = p;
+  }
+  return n;
+}

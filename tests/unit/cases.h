@@ -30,5 +30,9 @@ int tcases_masked_rows(tprob *ps);
 /* softcap and ALiBi (slopes [Hq] and [B, Hq]), alone and together, with
  * masks, GQA, cross and decode shapes (keys split), in every dtype. */
 int tcases_variants(tprob *ps);
+/* Explicit diag_offset: 0 (torch's top-left is_causal) on cross shapes,
+ * negative and positive offsets with causal and windows, offsets that mask
+ * whole rows or every row, GQA, every dtype, decode splits. */
+int tcases_diag(tprob *ps);
 
 #endif

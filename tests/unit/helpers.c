@@ -30,9 +30,12 @@ tprob tprob_make(int64_t b, int64_t hq, int64_t hkv, int64_t nq, int64_t nkv, in
              .dt = dt,
              .wl = -1,
              .wr = -1,
-             .scale = NAN};
+             .scale = NAN,
+             .diag = ATTN_DIAG_AUTO};
   return p;
 }
+
+int64_t tprob_off(const tprob *p) { return p->diag == ATTN_DIAG_AUTO ? p->nkv - p->nq : p->diag; }
 
 /* Strides of a [B, N, H, D] layout seen as [B, H, N, D]. */
 static void bnhd(int64_t s[3], int64_t h, int64_t n, int64_t d) {
@@ -76,6 +79,7 @@ void tcase_init(tcase *c, const tprob *p, uint64_t seed) {
   r->causal = p->causal;
   r->window_left = p->wl;
   r->window_right = p->wr;
+  r->diag_offset = p->diag;
   r->q = c->q;
   r->k = c->k;
   r->v = c->v;
@@ -365,12 +369,12 @@ terr tcheck(const tcase *c) {
 
 const char *tdesc(const tprob *p, char *buf, size_t cap) {
   snprintf(buf, cap,
-           "B=%lld Hq=%lld Hkv=%lld Nq=%lld Nkv=%lld D=%lld %s causal=%d window=(%lld,%lld)%s%s"
-           " softcap=%g alibi=%d",
+           "B=%lld Hq=%lld Hkv=%lld Nq=%lld Nkv=%lld D=%lld %s causal=%d window=(%lld,%lld)%s%s "
+           "off=%lld softcap=%g alibi=%d",
            (long long)p->b, (long long)p->hq, (long long)p->hkv, (long long)p->nq,
            (long long)p->nkv, (long long)p->d, attn_dtype_name(p->dt), p->causal, (long long)p->wl,
            (long long)p->wr, p->strided ? " strided" : "", isnan(p->scale) ? "" : " scale",
-           p->softcap, p->alibi);
+           (long long)tprob_off(p), p->softcap, p->alibi);
   return buf;
 }
 
@@ -561,7 +565,7 @@ void tref_bwd_free(tref_bwd *ref) {
 /* Whether row n of a query tensor (keys: is_key) sees anything: a query
  * row some key, a key some query row (DESIGN.md's bottom-right rule). */
 static bool sees(const tprob *p, bool is_key, int64_t n) {
-  const int64_t off = p->nkv - p->nq, wl = p->wl, wr = p->causal ? 0 : p->wr;
+  const int64_t off = tprob_off(p), wl = p->wl, wr = p->causal ? 0 : p->wr;
   int64_t lo, hi, last;
   if (is_key) { /* query i sees key n iff n - off - wr <= i <= n - off + wl */
     lo = wr < 0 ? 0 : n - off - wr;

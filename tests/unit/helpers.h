@@ -17,6 +17,7 @@ typedef struct tprob {
   bool strided;   /* lay tensors out [B, N, H, D] (as FlashAttention's API does) */
   double softcap; /* 0: off */
   int alibi;      /* 0: off; 1: slopes [Hq]; 2: slopes [B, Hq] (tcase_init draws them) */
+  int64_t diag;   /* the request's diag_offset; ATTN_DIAG_AUTO: Nkv - Nq */
 } tprob;
 
 /* A problem with inputs filled, outputs poisoned (NaN) and allocated. The
@@ -103,6 +104,9 @@ typedef struct terr_bwd {
 terr_bwd tref_bwd_check(const tcase *c, const tref_bwd *ref);
 /* Whether dq, dk and dv are each within tol (zeros_ok is not looked at). */
 bool terr_bwd_within(const terr_bwd *e, double tol);
+
+/* The mask's off of a problem: diag, or Nkv - Nq when it is ATTN_DIAG_AUTO. */
+int64_t tprob_off(const tprob *p);
 
 /* Threshold on terr.o for a dtype (F32 1e-5; F16 1e-3; BF16 8e-3). */
 double ttol(attn_dtype dt);

@@ -94,6 +94,7 @@ Test(backward, shapes, .timeout = 600) { run_group(tcases_shapes, 300); }
 Test(backward, decode, .timeout = 600) { run_group(tcases_decode, 400); }
 Test(backward, masked_rows, .timeout = 600) { run_group(tcases_masked_rows, 500); }
 Test(backward, variants, .timeout = 600) { run_group(tcases_variants, 700); }
+Test(backward, diag, .timeout = 600) { run_group(tcases_diag, 550); }
 
 /* BF16 shapes for the pairs of the avx512bf16 kernel's products: head_dim
  * 2 (one pair), 24 and 40 (a tail after whole vectors of 16) and 256 (the

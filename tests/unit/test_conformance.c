@@ -58,7 +58,8 @@ static void run_group(int isa, int (*gen)(tprob *), uint64_t seed) {
   Test(conformance_##isa_name, decode, .timeout = 300) { run_group(isa_idx, tcases_decode, 400); } \
   Test(conformance_##isa_name, variants, .timeout = 300) {                                         \
     run_group(isa_idx, tcases_variants, 500);                                                      \
-  }
+  }                                                                                                \
+  Test(conformance_##isa_name, diag, .timeout = 300) { run_group(isa_idx, tcases_diag, 450); }
 
 GROUP_TESTS(0, generic)
 GROUP_TESTS(1, avx2)

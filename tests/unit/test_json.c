@@ -747,10 +747,13 @@ Test(json, layout_is_free) {
 
 Test(json, decode_bound) {
   /* Two bytes of text at least per stored number, 4 bytes per F32, and no
-   * more than ATTN_PROTO_MAX_JSON_ELEMS numbers whatever the length. */
+   * more than ATTN_PROTO_MAX_JSON_ELEMS numbers whatever the length; 4 bytes
+   * more for each number that could be a cu_seqlens offset (int64), at most
+   * 2 x ATTN_PROTO_MAX_JSON_CU of them. */
+  const size_t cu = 2 * ATTN_PROTO_MAX_JSON_CU * 4;
   cr_expect_eq(attn_proto_json_decode_bound(0), 0);
-  cr_expect_eq(attn_proto_json_decode_bound(1001), 2000);
-  cr_expect_eq(attn_proto_json_decode_bound((size_t)1 << 40), ATTN_PROTO_MAX_JSON_ELEMS * 4);
+  cr_expect_eq(attn_proto_json_decode_bound(1001), 2000 + 2000);
+  cr_expect_eq(attn_proto_json_decode_bound((size_t)1 << 40), ATTN_PROTO_MAX_JSON_ELEMS * 4 + cu);
   /* The tightest body: "[0,0,...,0]" data; its tensors fit the bound. */
   size_t len;
   char *body;
@@ -765,5 +768,22 @@ Test(json, decode_bound) {
   int rc = attn_proto_decode_json(body, len, NULL, &pr, &st);
   cr_expect_eq(rc, ATTN_PROTO_ESHAPE, "%s", st.message); /* D 4 against 1 */
   cr_expect_leq(4002 * sizeof(float), attn_proto_json_decode_bound(len));
+  free(body);
+  /* The tightest body of offsets: two cu_seqlens tensors of 4097 zeros
+   * (int64 each), beside three one-number tensors. */
+  f = open_memstream(&body, &len);
+  fputs("{\"q\":[[0]],\"k\":[[0]],\"v\":[[0]]", f);
+  for (int t = 0; t < 2; t++) {
+    fputs(t ? ",\"cu_seqlens_kv\":[0" : ",\"cu_seqlens_q\":[0", f);
+    for (size_t i = 1; i < ATTN_PROTO_MAX_JSON_CU; i++)
+      fputs(",0", f);
+    fputs("]", f);
+  }
+  fputs("}", f);
+  fclose(f);
+  rc = attn_proto_decode_json(body, len, NULL, &pr, &st);
+  cr_expect_eq(rc, ATTN_ESHAPE, "%s", st.message); /* offsets that end at 0, not 1 */
+  cr_expect_leq(3 * sizeof(float) + 2 * ATTN_PROTO_MAX_JSON_CU * sizeof(int64_t),
+                attn_proto_json_decode_bound(len));
   free(body);
 }

@@ -157,3 +157,30 @@ Test(errors, openapi_lists_every_code) {
 #undef WANT_CODE
   free(text);
 }
+
+/* diag_offset: any integer within +-2^40 (negative ones too), default
+ * "auto", the body's over the query's, and through the request encoders. */
+Test(options, diag_offset) {
+  attn_options o, b;
+  attn_status st;
+  attn_options_init(&o);
+  cr_expect_eq(o.diag_offset, ATTN_DIAG_AUTO);
+  cr_assert_eq(attn_options_parse_query(&o, "diag_offset=-1099511627776", &st), 0, "%s",
+               st.message);
+  cr_expect_eq(o.diag_offset, -((int64_t)1 << 40));
+  cr_expect(o.set & ATTN_OPT_DIAG_OFFSET);
+  cr_expect_eq(attn_options_parse_query(&o, "diag_offset=1099511627777", &st),
+               ATTN_PROTO_EOPTVALUE);
+  cr_expect(strstr(st.message, "diag_offset") && strstr(st.message, "2^40"), "%s", st.message);
+  cr_expect_eq(attn_options_parse_query(&o, "diag_offset=1.5", &st), ATTN_PROTO_EOPTVALUE);
+  attn_options_init(&b);
+  attn_options_parse_query(&b, "diag_offset=0", &st);
+  attn_options_merge(&o, &b);
+  cr_expect_eq(o.diag_offset, 0);
+  /* -7 through the JSON body into the engine request */
+  const char *body = "{\"q\":[[1,2]],\"k\":[[1,0],[0,1]],\"v\":[[1,2],[3,4]],\"diag_offset\":-7}";
+  attn_proto_req pr;
+  cr_assert_eq(attn_proto_decode_json(body, strlen(body), NULL, &pr, &st), 0, "%s", st.message);
+  cr_expect_eq(pr.req.diag_offset, -7);
+  attn_proto_req_free(&pr);
+}

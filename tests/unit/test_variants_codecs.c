@@ -69,7 +69,7 @@ Test(variants_codecs, json_refusals) {
   expect_json_err("{" QKV ", \"alibi_slopes\": [1e38, 1]}", ATTN_ERANGE,
                   "alibi_slopes: slope 1e+38");
   expect_json_err("{" QKV ", \"alibi\": [1, 1]}", ATTN_PROTO_EUNKNOWNTENSOR,
-                  "send exactly q, k and v (and optionally alibi_slopes)");
+                  "send exactly q, k and v (and optionally alibi_slopes,");
 }
 
 Test(variants_codecs, query_and_metadata_softcap) {

@@ -24,10 +24,11 @@ import numpy as np
 
 from . import safetensors
 from ._tensors import bf16_to_float32, float32_to_bf16, from_wire, result_device, to_wire, \
-    f32_to_wire
+    f32_to_wire, is_torch_tensor
 
 __version__ = "0.1.0"
-__all__ = ["Client", "AttndError", "bf16_to_float32", "float32_to_bf16", "__version__"]
+__all__ = ["Client", "AttndError", "sharded_attention", "bf16_to_float32", "float32_to_bf16",
+           "__version__"]
 
 _BACKENDS = ("auto", "cpu", "cuda", "reference")
 
@@ -82,9 +83,11 @@ def _wants_json(json, binary):
     return not binary
 
 
-def _options(causal, scale, window, stats, backend, softcap=None):
+def _options(causal, scale, window, stats, backend, softcap=None, diag_offset=None):
     """The request's options as an ordered dict of Python values (only non-defaults)."""
     opts = {}
+    if diag_offset is not None:
+        opts["diag_offset"] = int(diag_offset)
     if causal:
         opts["causal"] = True
     if scale is not None:
@@ -115,8 +118,28 @@ def _query_string(opts):
     return urllib.parse.urlencode(parts)
 
 
+def _cu_seqlens(wire, cu_seqlens_q, cu_seqlens_kv):
+    """Appends the offsets of a variable-length batch to ``wire`` (I32 stays I32, any
+    other integer type goes as I64)."""
+    if (cu_seqlens_q is None) != (cu_seqlens_kv is None):
+        raise TypeError("give both cu_seqlens_q and cu_seqlens_kv, or neither")
+    for name, x in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_kv", cu_seqlens_kv)):
+        if x is None:
+            continue
+        if is_torch_tensor(x):
+            x = x.detach().to("cpu").numpy()
+        a = np.asarray(x)
+        if a.dtype.kind not in "iu":
+            raise TypeError("%s: offsets must be integers, not %s" % (name, a.dtype))
+        wire.append((name, "I32", a.astype(np.int32)) if a.dtype == np.int32
+                    else (name, "I64", a.astype(np.int64)))
+
+
 def _json_tensor(dtype_name, a, null_is_neg_inf):
     """``{"shape", "dtype", "data"}``; data as Python floats (exact for F32, F16, BF16)."""
+    if dtype_name in ("I32", "I64"):
+        return {"shape": [int(d) for d in a.shape], "dtype": dtype_name,
+                "data": [int(x) for x in a.reshape(-1)]}
     vals = bf16_to_float32(a) if dtype_name == "BF16" else a
     data = vals.astype(np.float64).reshape(-1).tolist()
     if null_is_neg_inf:   # a statistic: JSON has no -inf, the wire's null stands for it
@@ -289,7 +312,8 @@ class Client:
 
     def attention(self, q, k, v, *, causal=False, scale=None, window=(-1, -1),
                   window_left=None, window_right=None, stats=False, backend=None, json=False,
-                  binary=None, bf16=False, softcap=None, alibi_slopes=None):
+                  binary=None, bf16=False, softcap=None, alibi_slopes=None, diag_offset=None,
+                  cu_seqlens_q=None, cu_seqlens_kv=None):
         """Compute ``O = softmax(scale·Q·Kᵀ + mask)·V`` on the server (POST /attention).
 
         Args:
@@ -322,6 +346,13 @@ class Client:
             alibi_slopes: FlashAttention's ``alibi_slopes``, float32 ``[Hq]`` or
                 ``[B, Hq]``: the bias ``-slope * |i + Nkv - Nq - j|`` is added to the
                 scaled (and capped) scores before the mask; sent as F32 whatever its dtype.
+            diag_offset: the mask's diagonal ``off`` (key j visible to query i when
+                ``i + off - left <= j <= i + off + right``); None keeps ``Nkv - Nq``
+                (bottom-right), 0 is torch's top-left ``is_causal``.
+            cu_seqlens_q, cu_seqlens_kv: a variable-length batch (FlashAttention's
+                ``cu_seqlens``): ``[B+1]`` integer offsets into the sequence axis of q
+                ``[Hq, total_q, D]`` and k, v ``[Hkv, total_kv, D]``; each sequence is its
+                own problem and O and the statistics come back packed the same way.
 
         Returns:
             O of q's shape, or, with ``stats=True``, a tuple ``(o, m, l, lse)`` whose
@@ -339,8 +370,9 @@ class Client:
         wire = [(n,) + to_wire(x, n, bf16) for n, x in (("q", q), ("k", k), ("v", v))]
         if alibi_slopes is not None:
             wire.append(("alibi_slopes",) + f32_to_wire(alibi_slopes, "alibi_slopes"))
+        _cu_seqlens(wire, cu_seqlens_q, cu_seqlens_kv)
         opts = _options(causal, scale, _window(window, window_left, window_right), stats,
-                        backend, softcap)
+                        backend, softcap, diag_offset)
         names = ("o", "m", "l", "lse") if stats else ("o",)
         out = self._compute("/attention", wire, opts, _wants_json(json, binary), names)
         device = result_device(q, k, v)
@@ -350,7 +382,8 @@ class Client:
     def attention_backward(self, q, k, v, o, do, lse=None, *, causal=False, scale=None,
                            window=(-1, -1), window_left=None, window_right=None, backend=None,
                            json=False, binary=None, bf16=False, softcap=None,
-                           alibi_slopes=None):
+                           alibi_slopes=None, diag_offset=None, cu_seqlens_q=None,
+                           cu_seqlens_kv=None):
         """The gradients of attention (POST /attention/backward).
 
         Args:
@@ -361,8 +394,8 @@ class Client:
                 of q's shape minus the last dimension, -inf for a row with no visible key;
                 without it the server recomputes it.
             causal, scale, window, window_left, window_right, backend, json, binary, bf16,
-                softcap, alibi_slopes: as for :meth:`attention`, and the same as in the
-                forward pass. The
+                softcap, alibi_slopes, diag_offset, cu_seqlens_q, cu_seqlens_kv:
+                as for :meth:`attention`, and the same as in the forward pass. The
                 ``"auto"`` backend needs a backend with a backward kernel; ``"reference"``
                 (float64, small problems) always has one.
 
@@ -381,8 +414,9 @@ class Client:
             wire.append(("lse",) + f32_to_wire(lse, "lse"))
         if alibi_slopes is not None:
             wire.append(("alibi_slopes",) + f32_to_wire(alibi_slopes, "alibi_slopes"))
+        _cu_seqlens(wire, cu_seqlens_q, cu_seqlens_kv)
         opts = _options(causal, scale, _window(window, window_left, window_right), False,
-                        backend, softcap)
+                        backend, softcap, diag_offset)
         names = ("dq", "dk", "dv")
         out = self._compute("/attention/backward", wire, opts, _wants_json(json, binary),
                             names)
@@ -432,3 +466,96 @@ class Client:
         except AttndError:
             return False
         return status == 200
+
+
+# ---------------------------------------------------------------------------------------
+# sharded attention
+
+def _f64(x):
+    """A result (numpy, BF16 bits or ml_dtypes, torch) as a float64 numpy array."""
+    if is_torch_tensor(x):
+        return x.detach().to("cpu").double().numpy()
+    a = np.asarray(x)
+    if a.dtype == np.uint16:   # BF16 bits, ml_dtypes absent
+        a = bf16_to_float32(a)
+    return a.astype(np.float64)
+
+
+def _like(merged, example):
+    """merged (float64) in the kind, dtype and device of a shard's O."""
+    if is_torch_tensor(example):
+        torch = __import__("torch")
+        return torch.from_numpy(merged).to(device=example.device, dtype=example.dtype)
+    a = np.asarray(example)
+    if a.dtype == np.uint16:
+        return float32_to_bf16(merged.astype(np.float32))
+    return merged.astype(a.dtype)
+
+
+def merge_shards(outs, lses):
+    """Exact attention over the union of key shards from each shard's O and lse (float64
+    numpy arrays): ``lse = log Σ exp(lseᵢ)``, ``O = Σ exp(lseᵢ − lse)·Oᵢ``. Rows no shard
+    sees keep O = 0 and lse = -inf."""
+    lse_all = np.stack(lses)
+    top = np.max(lse_all, axis=0)
+    safe = np.where(np.isfinite(top), top, 0.0)
+    w = np.exp(lse_all - safe)                        # -inf shards weigh 0
+    total = np.sum(w, axis=0)
+    lse = np.where(total > 0, safe + np.log(np.where(total > 0, total, 1.0)), -np.inf)
+    norm = np.where(total > 0, total, 1.0)
+    o = sum(wi[..., None] * oi for wi, oi in zip(w, outs)) / norm[..., None]
+    return o, lse
+
+
+def sharded_attention(clients, q, k, v, *, causal=False, scale=None, window=(-1, -1),
+                      window_left=None, window_right=None, softcap=None, alibi_slopes=None,
+                      diag_offset=None, backend=None, json=False, binary=None, bf16=False,
+                      return_lse=False):
+    """Exact attention with K/V split along the sequence across servers.
+
+    The keys and values are cut into ``len(clients)`` contiguous shards along Nkv (the
+    axis before D); shard ``[a, b)`` goes to one server with ``diag_offset = off − a``
+    (``off`` the whole problem's, ``Nkv − Nq`` unless ``diag_offset`` is given) and the
+    same window, scale, ``softcap`` and ``alibi_slopes``, so that its mask and bias are
+    the unsharded ones restricted to its keys. The shards are sent in parallel (one thread
+    each) with ``stats=True`` and merged in float64 by :func:`merge_shards`.
+
+    Args:
+        clients: :class:`Client` objects or URLs, one per shard (fewer shards when Nkv is
+            smaller than their number).
+        q, k, v, causal, scale, window, window_left, window_right, backend, json, binary,
+        bf16, diag_offset: as for :meth:`Client.attention`.
+        softcap, alibi_slopes: passed to every shard when given (servers that lack them
+            refuse with 422).
+        return_lse: also return the merged lse (float32 numpy, q's shape minus D).
+
+    Returns:
+        O in the dtype (and kind) a single server would return, or ``(o, lse)``.
+    """
+    import concurrent.futures
+    cs = [c if isinstance(c, Client) else Client(c) for c in clients]
+    if not cs:
+        raise ValueError("sharded_attention: no clients")
+    nq, nkv = int(q.shape[-2]), int(k.shape[-2])
+    off = nkv - nq if diag_offset is None else int(diag_offset)
+    n = min(len(cs), nkv)
+    bounds = [(i * nkv // n, (i + 1) * nkv // n) for i in range(n)]
+    extra = {}
+    if softcap is not None:
+        extra["softcap"] = softcap
+    if alibi_slopes is not None:
+        extra["alibi_slopes"] = alibi_slopes
+
+    def one(i):
+        a, b = bounds[i]
+        return cs[i].attention(q, k[..., a:b, :], v[..., a:b, :], causal=causal, scale=scale,
+                               window=window, window_left=window_left,
+                               window_right=window_right, stats=True, backend=backend,
+                               json=json, binary=binary, bf16=bf16, diag_offset=off - a,
+                               **extra)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=n) as pool:
+        results = list(pool.map(one, range(n)))
+    o, lse = merge_shards([_f64(r[0]) for r in results], [_f64(r[3]) for r in results])
+    o = _like(o, results[0][0])
+    return (o, lse.astype(np.float32)) if return_lse else o

@@ -25,6 +25,8 @@ DTYPES = {
     "F32": np.dtype("<f4"),
     "F16": np.dtype("<f2"),
     "BF16": np.dtype("<u2"),  # raw bfloat16 bits
+    "I32": np.dtype("<i4"),   # the offsets of a variable-length batch (cu_seqlens_*)
+    "I64": np.dtype("<i8"),
 }
 
 _ALIGN = 8

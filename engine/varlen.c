@@ -1,0 +1,249 @@
+/*
+ * varlen.c — a variable-length batch (FlashAttention's cu_seqlens) as one
+ * job per sequence.
+ *
+ * Each sequence is a problem of its own (attn__varlen_sub(): batch 1, its
+ * own lengths and bottom-right offset, pointers advanced to its rows), so
+ * every backend runs both passes of a varlen batch with its ordinary
+ * kernels and no padding is computed. The jobs of one request go to one
+ * backend and share its cancel flag; the request completes when the last
+ * of them does. Its statistics are packed [Hq, total_q], a sequence's
+ * [1, Hq, nq]: they pass through a small buffer per sequence (12 bytes a
+ * query row), gathered (backward lse_in) before and scattered (forward m,
+ * l, lse) after. A sequence with no key, or in a backward pass with no
+ * query, is written here: O = 0, m = lse = -inf, l = 0; dq, or dk and dv, 0.
+ */
+#include "backend.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct varlen_job varlen_job;
+
+typedef struct varlen_seq {
+  varlen_job *vj;
+  int64_t b;
+  attn_request req; /* the sequence's problem */
+  float *stats;     /* forward m, l, lse [Hq, nq] each; backward lse_in */
+} varlen_seq;
+
+struct varlen_job {
+  attn_pool_task task; /* completes the job on a worker (never in submit) */
+  struct attn_engine *e;
+  attn_request req; /* the whole request, strides filled */
+  attn_done_fn done;
+  void *arg;
+  const char *backend;
+  double t_start;
+  int64_t refs; /* running sequences, plus one while submitting */
+  pthread_mutex_t mu;
+  attn_status status; /* the first failure */
+  varlen_seq *seqs;
+  float *stats; /* every sequence's buffer, one allocation */
+};
+
+static bool has_work(const attn_request *sub) { return sub->seq_q > 0 && sub->seq_kv > 0; }
+
+static void vj_free(varlen_job *vj) {
+  pthread_mutex_destroy(&vj->mu);
+  free(vj->stats);
+  free(vj->seqs);
+  free(vj);
+}
+
+static void vj_finish(varlen_job *vj) {
+  attn_result res = {0};
+  res.status = vj->status;
+  res.backend = vj->backend;
+  res.engine_seconds = attn_now() - vj->t_start;
+  res.flops = res.status.code ? 0 : attn_request_flops(&vj->req);
+  struct attn_engine *e = vj->e;
+  vj->done(&res, vj->arg);
+  vj_free(vj);
+  attn__engine_hold(e, -1);
+}
+
+static void noop_run(attn_pool_task *t, int64_t item, void *ws) { (void)t, (void)item, (void)ws; }
+
+static void task_finish(attn_pool_task *t) { vj_finish((varlen_job *)t); }
+
+/* Drops one reference; the last completes the job, through the pool when
+ * the submitter holds it (the callback never runs inside submit). */
+static void vj_release(varlen_job *vj, bool submitter) {
+  if (__atomic_sub_fetch(&vj->refs, 1, __ATOMIC_ACQ_REL) != 0)
+    return;
+  if (!submitter) {
+    vj_finish(vj);
+    return;
+  }
+  vj->task.nitems = 1;
+  vj->task.run = noop_run;
+  vj->task.finish = task_finish;
+  attn_pool_submit(attn__engine_pool(vj->e), &vj->task);
+}
+
+static void vj_fail(varlen_job *vj, int64_t b, const attn_status *st) {
+  pthread_mutex_lock(&vj->mu);
+  if (!vj->status.code)
+    attn_status_set(&vj->status, st->code, "sequence %lld of the batch: %s", (long long)b,
+                    st->message);
+  pthread_mutex_unlock(&vj->mu);
+}
+
+/* Rows [row0, row0 + n) of every head of a packed [H, total] statistic. */
+static void stat_rows(float *dst, const float *src, float fill, const attn_request *r, int64_t row0,
+                      int64_t n) {
+  if (!dst)
+    return;
+  for (int64_t h = 0; h < r->heads_q; h++)
+    for (int64_t i = 0; i < n; i++)
+      dst[h * r->seq_q + row0 + i] = src ? src[h * n + i] : fill;
+}
+
+static void seq_done(const attn_result *res, void *arg) {
+  varlen_seq *sq = arg;
+  varlen_job *vj = sq->vj;
+  const attn_request *r = &vj->req, *s = &sq->req;
+  if (res->status.code) {
+    vj_fail(vj, sq->b, &res->status);
+  } else if (r->pass == ATTN_FORWARD && sq->stats) {
+    const int64_t n = s->seq_q, row0 = r->cu_seqlens_q[sq->b], per = r->heads_q * n;
+    stat_rows(r->m, sq->stats, 0, r, row0, n);
+    stat_rows(r->l, sq->stats + per, 0, r, row0, n);
+    stat_rows(r->lse, sq->stats + 2 * per, 0, r, row0, n);
+  }
+  vj_release(vj, false);
+}
+
+static void zero_rows(void *base, const int64_t s[3], const attn_request *r, int64_t heads,
+                      int64_t n) {
+  const size_t es = attn_dtype_size(r->dtype);
+  for (int64_t h = 0; h < heads; h++)
+    for (int64_t i = 0; i < n; i++)
+      memset((char *)base + (size_t)(h * s[1] + i * s[2]) * es, 0, (size_t)r->head_dim * es);
+}
+
+/* The outputs of a sequence no kernel runs: no key (forward O and stats,
+ * backward dq) or, backward, no query (dk and dv). */
+static void write_empty(const attn_request *r, const attn_request *s, int64_t row0) {
+  if (s->seq_kv == 0 && r->pass == ATTN_FORWARD) {
+    zero_rows(s->o, s->o_stride, s, s->heads_q, s->seq_q);
+    stat_rows(r->m, NULL, -INFINITY, r, row0, s->seq_q);
+    stat_rows(r->l, NULL, 0, r, row0, s->seq_q);
+    stat_rows(r->lse, NULL, -INFINITY, r, row0, s->seq_q);
+  } else if (s->seq_kv == 0) {
+    zero_rows(s->dq, s->dq_stride, s, s->heads_q, s->seq_q);
+  } else if (r->pass == ATTN_BACKWARD) {
+    zero_rows(s->dk, s->dk_stride, s, s->heads_kv, s->seq_kv);
+    zero_rows(s->dv, s->dv_stride, s, s->heads_kv, s->seq_kv);
+  }
+}
+
+/* The sequences' problems, and one backend that supports them all: the one
+ * picked for the largest (a 1 x 1 stand-in when none has work, so that the
+ * backend's name is still checked and reported). */
+static int plan_seqs(varlen_job *vj, const void **slot, attn_status *st) {
+  const attn_request *r = &vj->req;
+  int64_t big = -1, most = -1;
+  for (int64_t b = 0; b < r->batch; b++) {
+    varlen_seq *sq = &vj->seqs[b];
+    sq->vj = vj;
+    sq->b = b;
+    attn__varlen_sub(r, b, &sq->req);
+    int64_t size = sq->req.seq_q * sq->req.seq_kv;
+    if (has_work(&sq->req) && size > most) {
+      most = size;
+      big = b;
+    }
+  }
+  attn_request probe = vj->seqs[big < 0 ? 0 : big].req;
+  if (big < 0)
+    probe.seq_q = probe.seq_kv = 1;
+  int rc = attn__engine_pick(vj->e, &probe, slot, st);
+  for (int64_t b = 0; rc == 0 && b < r->batch; b++)
+    if (b != big && has_work(&vj->seqs[b].req))
+      rc = attn__engine_supports(*slot, &vj->seqs[b].req, st);
+  return rc;
+}
+
+/* Statistics buffers (and the gathered lse_in) of the sequences with work. */
+static int alloc_stats(varlen_job *vj, attn_status *st) {
+  const attn_request *r = &vj->req;
+  const bool fwd = r->pass == ATTN_FORWARD;
+  const int per = fwd ? (r->m || r->l || r->lse ? 3 : 0) : (r->lse_in ? 1 : 0);
+  if (!per)
+    return 0;
+  vj->stats = malloc((size_t)(per * r->heads_q * r->seq_q) * sizeof(float) + 1);
+  if (!vj->stats)
+    return attn_status_set(st, ATTN_ENOMEM, "out of memory for a variable-length batch");
+  float *p = vj->stats;
+  for (int64_t b = 0; b < r->batch; b++) {
+    varlen_seq *sq = &vj->seqs[b];
+    const int64_t n = sq->req.seq_q, row0 = r->cu_seqlens_q[b], rows = r->heads_q * n;
+    sq->stats = p;
+    p += per * rows;
+    if (fwd) {
+      sq->req.m = r->m ? sq->stats : NULL;
+      sq->req.l = r->l ? sq->stats + rows : NULL;
+      sq->req.lse = r->lse ? sq->stats + 2 * rows : NULL;
+      continue;
+    }
+    for (int64_t h = 0; h < r->heads_q; h++)
+      memcpy(sq->stats + h * n, r->lse_in + h * r->seq_q + row0, (size_t)n * sizeof(float));
+    sq->req.lse_in = sq->stats;
+  }
+  return 0;
+}
+
+/* Queues the sequences with work; a failure after the first is the job's
+ * result (its callback still runs once), as jobs already queued cannot be
+ * taken back. */
+static void queue_seqs(varlen_job *vj, const void *slot) {
+  const attn_request *r = &vj->req;
+  for (int64_t b = 0; b < r->batch; b++) {
+    varlen_seq *sq = &vj->seqs[b];
+    if (!has_work(&sq->req)) {
+      write_empty(r, &sq->req, r->cu_seqlens_q[b]);
+      continue;
+    }
+    attn_status st = {0};
+    __atomic_add_fetch(&vj->refs, 1, __ATOMIC_ACQ_REL);
+    if (attn__engine_queue(vj->e, slot, &sq->req, seq_done, sq, &st) < 0) {
+      vj_fail(vj, b, &st);
+      __atomic_sub_fetch(&vj->refs, 1, __ATOMIC_ACQ_REL);
+      break;
+    }
+  }
+}
+
+int attn__varlen_submit(struct attn_engine *e, const attn_request *r, attn_done_fn done, void *arg,
+                        attn_status *st) {
+  varlen_job *vj = calloc(1, sizeof *vj);
+  if (!vj || !(vj->seqs = calloc((size_t)r->batch, sizeof *vj->seqs))) {
+    free(vj);
+    return attn_status_set(st, ATTN_ENOMEM, "out of memory for a variable-length batch");
+  }
+  pthread_mutex_init(&vj->mu, NULL);
+  vj->e = e;
+  vj->req = *r;
+  attn__request_fill_strides(&vj->req);
+  vj->done = done;
+  vj->arg = arg;
+  vj->t_start = attn_now();
+  const void *slot;
+  int rc = plan_seqs(vj, &slot, st);
+  if (rc == 0)
+    rc = alloc_stats(vj, st);
+  if (rc < 0) {
+    vj_free(vj);
+    return rc;
+  }
+  vj->backend = attn__engine_slot_name(slot);
+  vj->refs = 1;
+  attn__engine_hold(e, 1);
+  queue_seqs(vj, slot);
+  vj_release(vj, true);
+  return 0;
+}

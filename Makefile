@@ -29,7 +29,7 @@ CC       ?= cc
 SAN      ?= 0
 WERROR   ?= 0
 CUDA     ?= auto
-CUDA_ARCHS ?= 80 89 90
+CUDA_ARCHS ?= 80 89 90 90a
 
 # Packages the build and tests need (the fuzzers need clang and its
 # runtime); the benchmark adds OpenBLAS.
@@ -79,7 +79,7 @@ endif
 ENGINE_SRC = engine/engine.c engine/request.c engine/dtype.c engine/pool.c \
              engine/plan.c engine/softmax.c engine/reference.c engine/reference_bwd.c engine/cpu/cpu.c \
              engine/cpu/cpu_bwd.c \
-             engine/cuda/select.c
+             engine/cuda/select.c engine/cuda/hopper_select.c
 ENGINE_OBJ = $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
 
 # ---- the wire formats (proto/) ---------------------------------------------
@@ -110,10 +110,22 @@ CU_OBJ =
 ifeq ($(USE_CUDA),1)
 CU_OBJ = $(CU_SRC:%.cu=$(BUILD)/obj/%.o) $(BUILD)/obj/engine/cuda/cuda.o
 CPPFLAGS += -DATTN_HAVE_CUDA
-CU_PTX_ARCH = $(lastword $(sort $(CUDA_ARCHS)))
-NVCCFLAGS = -O3 -std=c++17 -Iengine -Xptxas -v -Xcompiler -Wall \
-            $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+# Arch-specific targets (90a: wgmma, setmaxnreg) run on one compute
+# capability only and their PTX does not carry forward: the PTX is of the
+# newest plain arch, and only the Hopper instance (hopper_*.cu) is built for
+# 90a, and for nothing else, so no stub of it can be picked on a 9.0 card.
+CU_PLAIN_ARCHS = $(filter-out %a,$(CUDA_ARCHS))
+CU_PTX_ARCH = $(lastword $(sort $(CU_PLAIN_ARCHS)))
+NVCC_COMMON = -O3 -std=c++17 -Iengine -Xptxas -v -Xcompiler -Wall
+NVCCFLAGS = $(NVCC_COMMON) \
+            $(foreach a,$(CU_PLAIN_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
             -gencode arch=compute_$(CU_PTX_ARCH),code=compute_$(CU_PTX_ARCH)
+ifneq ($(filter 90a,$(CUDA_ARCHS)),)
+CPPFLAGS += -DATTN_CU_HOPPER
+NVCCFLAGS_HOPPER = $(NVCC_COMMON) -gencode arch=compute_90a,code=sm_90a
+else
+NVCCFLAGS_HOPPER = $(NVCCFLAGS)
+endif
 LDLIBS += $(CUDA_LIBS)
 endif
 
@@ -206,13 +218,15 @@ $(BUILD)/obj/engine/cpu/bwd_%.o: engine/cpu/flash_bwd.c engine/cpu/flash.h engin
 # change device code, so switching them does not recompile it.
 $(BUILD)/.cuflags: FORCE
 	@mkdir -p $(BUILD)
-	@echo '$(NVCC) $(NVCCFLAGS)' | cmp -s - $@ || echo '$(NVCC) $(NVCCFLAGS)' > $@
+	@echo '$(NVCC) $(NVCCFLAGS) $(NVCCFLAGS_HOPPER)' | cmp -s - $@ || \
+	  echo '$(NVCC) $(NVCCFLAGS) $(NVCCFLAGS_HOPPER)' > $@
 
 # ptxas's register and spill report goes to the build log and beside the
 # object; any kernel that spills, on any architecture, fails the build.
+$(BUILD)/obj/engine/cuda/hopper_%.o: CU_FLAGS = $(NVCCFLAGS_HOPPER)
 $(BUILD)/obj/%.o: %.cu $(BUILD)/.cuflags
 	@mkdir -p $(dir $@)
-	@set -o pipefail; $(NVCC) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@ 2>&1 | tee $(@:.o=.ptxas.log)
+	@set -o pipefail; $(NVCC) $(or $(CU_FLAGS),$(NVCCFLAGS)) -MMD -MP -MF $(@:.o=.d) -c $< -o $@ 2>&1 | tee $(@:.o=.ptxas.log)
 	@if grep -E 'bytes spill (stores|loads)' $(@:.o=.ptxas.log) | \
 	    grep -vq ' 0 bytes spill stores, 0 bytes spill loads'; then \
 	  echo "$<: a kernel that must not spill spills registers (see $(@:.o=.ptxas.log))" >&2; \

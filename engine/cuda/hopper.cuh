@@ -81,8 +81,8 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, i
 __device__ __forceinline__ void tma_store(const CUtensorMap *map, uint32_t src, int c0, int c1,
                                           int c2) {
   asm volatile(
-      "cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
-          reinterpret_cast<uint64_t>(map)),
+      "cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::
+          "l"(reinterpret_cast<uint64_t>(map)),
       "r"(src), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
 }
@@ -275,8 +275,8 @@ __device__ __forceinline__ void hp_issue_pv(hp_rows<T, DPAD, BN> &r, uint32_t sv
 // The epilogue of consumer c: O / l through stmatrix into its Q rows, one
 // TMA store per panel, then the statistics.
 template <typename T, int DPAD, int BN>
-__device__ void hp_epilogue(hp_rows<T, DPAD, BN> &r, const attn_cu_params &p,
-                            const CUtensorMap *to, uint32_t base, const hp_unit &w, int c, int x) {
+__device__ void hp_epilogue(hp_rows<T, DPAD, BN> &r, const attn_cu_params &p, const CUtensorMap *to,
+                            uint32_t base, const hp_unit &w, int c, int x) {
   r.l_a = quad_sum(r.l_a);
   r.l_b = quad_sum(r.l_b);
   const float inv_a = r.l_a > 0.0f ? 1.0f / r.l_a : 0.0f;
@@ -321,8 +321,8 @@ __device__ void hp_epilogue(hp_rows<T, DPAD, BN> &r, const attn_cu_params &p,
 // Each is straight-line code (no wgmma under a condition), so ptxas keeps
 // them asynchronous.
 template <typename T, int DPAD, int BN, int STAGES>
-__device__ void hp_consume_unit(hp_rows<T, DPAD, BN> &r, const attn_cu_params &p,
-                                const hp_unit &w, uint32_t base, int c, int x, int64_t &it) {
+__device__ void hp_consume_unit(hp_rows<T, DPAD, BN> &r, const attn_cu_params &p, const hp_unit &w,
+                                uint32_t base, int c, int x, int64_t &it) {
   const uint32_t bars = base + attn_cu_hp_bar_off(DPAD, BN, STAGES);
   const int n = w.t1 - w.t0, steps = attn_cu_hp_pp_steps(n);
   if (n == 0)
@@ -346,8 +346,8 @@ __device__ void hp_consume_unit(hp_rows<T, DPAD, BN> &r, const attn_cu_params &p
     bar_arrive(other, pair);
   wg_wait<0>();
   wg_hold(s);
-  bool full = attn_cu_tile_full((int64_t)w.t0 * BN, BN, r0, r1, off, p.window_left,
-                                p.window_right, p.seq_kv);
+  bool full = attn_cu_tile_full((int64_t)w.t0 * BN, BN, r0, r1, off, p.window_left, p.window_right,
+                                p.seq_kv);
   r.softmax(s, p, w.t0 * BN, full, x, &al_a, &al_b); // O is still zero
   r.to_p(s);
 
@@ -372,7 +372,7 @@ __device__ void hp_consume_unit(hp_rows<T, DPAD, BN> &r, const attn_cu_params &p
     r.softmax(s, p, t * BN, full, x, &al_a, &al_b);
     wg_wait<0>();
     wg_hold(r.o);
-    if (x == 0)
+    if (x % 32 == 0) // each warp has seen the wgmmas reading the slot complete
       mbar_arrive(hp_empty(bars, pslot));
     r.rescale(al_a, al_b);
     r.to_p(s);
@@ -387,7 +387,7 @@ __device__ void hp_consume_unit(hp_rows<T, DPAD, BN> &r, const attn_cu_params &p
     bar_arrive(other, pair);
   wg_wait<0>();
   wg_hold(r.o);
-  if (x == 0)
+  if (x % 32 == 0)
     mbar_arrive(hp_empty(bars, slot));
   it += n;
 }
@@ -408,7 +408,7 @@ __global__ void __launch_bounds__(ATTN_CU_HP_THREADS, 1)
     for (int sl = 0; sl < STAGES; sl++) {
       mbar_init(hp_kfull(bars, sl), 1);
       mbar_init(hp_vfull(bars, sl), 1);
-      mbar_init(hp_empty(bars, sl), 2); // one arrival per consumer
+      mbar_init(hp_empty(bars, sl), 8); // one arrival per consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -458,8 +458,8 @@ inline cudaError_t hp_encode(CUtensorMap *m, const attn_cu_params &p, const attn
                              attn_cu_tmap_which which) {
   void *fn = nullptr;
   cudaDriverEntryPointQueryResult q;
-  cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
-                                                   cudaEnableDefault, &q);
+  cudaError_t e =
+      cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q);
   if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !fn)
     return e != cudaSuccess ? e : cudaErrorNotSupported;
   attn_cu_tmap_spec s;
@@ -483,13 +483,12 @@ cudaError_t hp_launch_t(const attn_cu_params &p, const attn_cu_choice &c, cudaSt
     if (e != cudaSuccess)
       return e;
   }
-  cudaError_t e = cudaFuncSetAttribute(hopper_fwd<T, DPAD>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)c.smem_bytes);
+  cudaError_t e = cudaFuncSetAttribute(
+      hopper_fwd<T, DPAD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c.smem_bytes);
   if (e != cudaSuccess)
     return e;
-  hopper_fwd<T, DPAD><<<c.grid[0], ATTN_CU_HP_THREADS, c.smem_bytes, st>>>(m[0], m[1], m[2], m[3],
-                                                                          p);
+  hopper_fwd<T, DPAD>
+      <<<c.grid[0], ATTN_CU_HP_THREADS, c.smem_bytes, st>>>(m[0], m[1], m[2], m[3], p);
   return cudaGetLastError();
 }
 

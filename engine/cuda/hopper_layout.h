@@ -148,8 +148,7 @@ ATTN_HD int attn_cu_hp_empty_parity(int64_t it, int stages) { return (int)((it /
  * row) they see the most keys, so the longest units start first and the
  * short ones fill the tail.
  */
-ATTN_HD void attn_cu_hp_unit(int64_t u, int qtiles, int heads, int batch, int *qt, int *h,
-                             int *b) {
+ATTN_HD void attn_cu_hp_unit(int64_t u, int qtiles, int heads, int batch, int *qt, int *h, int *b) {
   int64_t hb = (int64_t)heads * batch, r = u % hb;
   *qt = qtiles - 1 - (int)(u / hb);
   *h = (int)(r % heads);

@@ -17,8 +17,8 @@ int attn_cu_hopper_built(void) {
 /* A persistent grid: one CTA per multiprocessor (each takes all of the
  * shared memory), walking work units as attn_cu_hp_unit orders them. */
 int attn_cu_select_hopper(const attn_cu_params *p, int sms, attn_cu_choice *c) {
-  if (p->pass != ATTN_FORWARD || (p->dtype != ATTN_F16 && p->dtype != ATTN_BF16) ||
-      p->dp > 256 || c->nsplit != 1 || sms < 1)
+  if (p->pass != ATTN_FORWARD || (p->dtype != ATTN_F16 && p->dtype != ATTN_BF16) || p->dp > 256 ||
+      c->nsplit != 1 || sms < 1)
     return 0;
   int bn, stages;
   if (p->dp <= 64) {
@@ -46,9 +46,10 @@ void attn_cu_hp_tmap_spec(const attn_cu_params *p, const attn_cu_choice *c,
   int kv = which == ATTN_CU_TM_K || which == ATTN_CU_TM_V;
   int rows = kv ? p->seq_kv : p->seq_q, heads = kv ? p->heads_kv : p->heads_q;
   static const int box_rows[] = {ATTN_CU_HP_BM, 0, 0, ATTN_CU_HP_WG_ROWS};
-  s->base = which == ATTN_CU_TM_Q ? p->q : which == ATTN_CU_TM_K ? p->k
-                                       : which == ATTN_CU_TM_V ? p->v
-                                                               : p->o;
+  s->base = which == ATTN_CU_TM_Q   ? p->q
+            : which == ATTN_CU_TM_K ? p->k
+            : which == ATTN_CU_TM_V ? p->v
+                                    : p->o;
   s->dims[0] = (unsigned long long)p->dp;
   s->dims[1] = (unsigned long long)rows;
   s->dims[2] = (unsigned long long)heads * (unsigned long long)p->batch;

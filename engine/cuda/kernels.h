@@ -181,7 +181,12 @@ int attn_cu_select_hopper(const attn_cu_params *p, int sms, attn_cu_choice *c);
  * bytes (dims 1 and 2), box in elements (64 columns: the 128-byte swizzle's
  * width).
  */
-typedef enum attn_cu_tmap_which { ATTN_CU_TM_Q, ATTN_CU_TM_K, ATTN_CU_TM_V, ATTN_CU_TM_O } attn_cu_tmap_which;
+typedef enum attn_cu_tmap_which {
+  ATTN_CU_TM_Q,
+  ATTN_CU_TM_K,
+  ATTN_CU_TM_V,
+  ATTN_CU_TM_O
+} attn_cu_tmap_which;
 typedef struct attn_cu_tmap_spec {
   const void *base;
   unsigned long long dims[3], strides[2];

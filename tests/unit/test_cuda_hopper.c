@@ -306,8 +306,8 @@ static void wg_tile(int dpad, int dp, int bn, int c, uint64_t seed) {
       for (int d = 0; d < 64; d++) {
         float got = *at(&m, swz(box + (uint32_t)r * 128 + (uint32_t)d * 2));
         double ref = O[r][64 * pn + d];
-        cr_assert(fabs(got - ref) <= 1e-3 * (1 + fabs(ref)), "stored O[%d][%d]: %g, expected %g",
-                  r, 64 * pn + d, got, ref);
+        cr_assert(fabs(got - ref) <= 1e-3 * (1 + fabs(ref)), "stored O[%d][%d]: %g, expected %g", r,
+                  64 * pn + d, got, ref);
       }
   }
   free(m.v), free(Q), free(K), free(V), free(s), free(o);
@@ -351,7 +351,7 @@ Test(cuda_hopper, ring_phases_keep_producer_and_consumers_in_step) {
       mbar full[4], empty[4];
       int data[4], filled = 0;
       for (int s = 0; s < stages; s++)
-        mb_init(&full[s], 1), mb_init(&empty[s], 2), data[s] = -1;
+        mb_init(&full[s], 1), mb_init(&empty[s], 8), data[s] = -1; /* 4 warps x 2 */
       int64_t next[2] = {0, 0}; /* the consumers' tile counters */
       /* Random interleaving: the producer or a consumer tries one step. */
       for (int guard = 0; guard < 100000 && (next[0] < TILES || next[1] < TILES); guard++) {
@@ -372,7 +372,8 @@ Test(cuda_hopper, ring_phases_keep_producer_and_consumers_in_step) {
           cr_assert_eq(data[slot], next[who], "consumer %d read tile %d for %lld", who, data[slot],
                        (long long)next[who]);
           next[who]++;
-          mb_arrive(&empty[slot]);
+          for (int w = 0; w < 4; w++)
+            mb_arrive(&empty[slot]);
         }
       }
       cr_assert(next[0] == TILES && next[1] == TILES, "stalled: stages %d", stages);
@@ -437,7 +438,8 @@ Test(cuda_hopper, schedule_covers_every_unit_longest_first) {
     cr_assert_eq(seen[qt][h][b]++, 0, "unit (%d,%d,%d) twice", qt, h, b);
     /* Causal (wr = 0): key tiles per unit never grow along the order. */
     int t0, t1;
-    int64_t i0 = (int64_t)qt * ATTN_CU_HP_BM, i1 = i0 + ATTN_CU_HP_BM < nq ? i0 + ATTN_CU_HP_BM : nq;
+    int64_t i0 = (int64_t)qt * ATTN_CU_HP_BM,
+            i1 = i0 + ATTN_CU_HP_BM < nq ? i0 + ATTN_CU_HP_BM : nq;
     attn_cu_block_tiles(i0, i1, nkv - nq, -1, 0, nkv, bn, 1, 0, &t0, &t1);
     cr_assert_leq(t1 - t0, prev, "unit %lld has more tiles than the one before", (long long)u);
     prev = t1 - t0;
@@ -557,7 +559,10 @@ Test(cuda_hopper, tensor_maps) {
     attn_cu_tmap_spec s;
     attn_cu_hp_tmap_spec(&p, &c, (attn_cu_tmap_which)w, &s);
     bool kv = w == ATTN_CU_TM_K || w == ATTN_CU_TM_V;
-    const void *want = w == ATTN_CU_TM_Q ? &q : w == ATTN_CU_TM_K ? &k : w == ATTN_CU_TM_V ? &v : &o;
+    const void *want = w == ATTN_CU_TM_Q   ? &q
+                       : w == ATTN_CU_TM_K ? &k
+                       : w == ATTN_CU_TM_V ? &v
+                                           : &o;
     cr_assert_eq(s.base, want);
     cr_assert_eq(s.dims[0], 72);
     cr_assert_eq(s.dims[1], kv ? 700 : 1000, "rows of one head: a box past them is zero-filled");

@@ -79,7 +79,7 @@ endif
 ENGINE_SRC = engine/engine.c engine/request.c engine/varlen.c engine/dtype.c engine/pool.c \
              engine/plan.c engine/softmax.c engine/reference.c engine/reference_bwd.c engine/cpu/cpu.c \
              engine/cpu/cpu_bwd.c \
-             engine/cuda/select.c
+             engine/cuda/select.c engine/cuda/hopper_select.c
 ENGINE_OBJ = $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
 
 # ---- the wire formats (proto/) ---------------------------------------------
@@ -100,11 +100,10 @@ ISA_FLAGS_avx512  = -DATTN_ISA=512 -mavx512f -mavx512bw -mavx512vl -mavx512dq \
 ISA_FLAGS_avx512bf16 = $(ISA_FLAGS_avx512) -DATTN_DPBF16=1 -mavx512bf16
 ISA_FLAGS_amx     = $(ISA_FLAGS_avx512bf16) -DATTN_AMX=1 -mamx-tile -mamx-bf16
 
-# Machine code for every arch of CUDA_ARCHS plus PTX of the newest, which
-# the driver compiles for GPUs newer than the list. An arch-specific target
-# (90a: Hopper's wgmma and setmaxnreg) gets machine code only: its PTX runs
-# on that arch alone, so the PTX is the newest portable arch's. The runtime is linked
-# statically, so the binaries need only the driver on the target machine.
+# Machine code for every arch of CUDA_ARCHS plus PTX of the newest plain
+# one, which the driver compiles for GPUs newer than the list (90a: see
+# below). The runtime is linked statically, so the binaries need only the
+# driver on the target machine.
 CUDA_HOME ?= $(if $(NVCC),$(patsubst %/bin/,%,$(dir $(NVCC))),/usr/local/cuda)
 CUDA_INC   = -I$(CUDA_HOME)/include
 CUDA_LIBS  = -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
@@ -113,10 +112,22 @@ ifeq ($(USE_CUDA),1)
 CU_OBJ = $(CU_SRC:%.cu=$(BUILD)/obj/%.o) $(BUILD)/obj/engine/cuda/cuda.o \
          $(BUILD)/obj/engine/cuda/selfcheck.o
 CPPFLAGS += -DATTN_HAVE_CUDA
-CU_PTX_ARCH = $(lastword $(sort $(filter-out %a,$(CUDA_ARCHS))))
-NVCCFLAGS = -O3 -std=c++17 -Iengine -Xptxas -v -Xcompiler -Wall \
-            $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+# Arch-specific targets (90a: wgmma, setmaxnreg) run on one compute
+# capability only and their PTX does not carry forward: the PTX is of the
+# newest plain arch, and only the Hopper instance (hopper_*.cu) is built for
+# 90a, and for nothing else, so no stub of it can be picked on a 9.0 card.
+CU_PLAIN_ARCHS = $(filter-out %a,$(CUDA_ARCHS))
+CU_PTX_ARCH = $(lastword $(sort $(CU_PLAIN_ARCHS)))
+NVCC_COMMON = -O3 -std=c++17 -Iengine -Xptxas -v -Xcompiler -Wall
+NVCCFLAGS = $(NVCC_COMMON) \
+            $(foreach a,$(CU_PLAIN_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
             -gencode arch=compute_$(CU_PTX_ARCH),code=compute_$(CU_PTX_ARCH)
+ifneq ($(filter 90a,$(CUDA_ARCHS)),)
+CPPFLAGS += -DATTN_CU_HOPPER
+NVCCFLAGS_HOPPER = $(NVCC_COMMON) -gencode arch=compute_90a,code=sm_90a
+else
+NVCCFLAGS_HOPPER = $(NVCCFLAGS)
+endif
 LDLIBS += $(CUDA_LIBS)
 endif
 
@@ -221,13 +232,15 @@ $(BUILD)/obj/engine/cpu/bwd_%.o: engine/cpu/flash_bwd.c engine/cpu/flash.h engin
 # change device code, so switching them does not recompile it.
 $(BUILD)/.cuflags: FORCE
 	@mkdir -p $(BUILD)
-	@echo '$(NVCC) $(NVCCFLAGS)' | cmp -s - $@ || echo '$(NVCC) $(NVCCFLAGS)' > $@
+	@echo '$(NVCC) $(NVCCFLAGS) $(NVCCFLAGS_HOPPER)' | cmp -s - $@ || \
+	  echo '$(NVCC) $(NVCCFLAGS) $(NVCCFLAGS_HOPPER)' > $@
 
 # ptxas's register and spill report goes to the build log and beside the
 # object; any kernel that spills, on any architecture, fails the build.
+$(BUILD)/obj/engine/cuda/hopper_%.o: CU_FLAGS = $(NVCCFLAGS_HOPPER)
 $(BUILD)/obj/%.o: %.cu $(BUILD)/.cuflags
 	@mkdir -p $(dir $@)
-	@set -o pipefail; $(NVCC) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@ 2>&1 | tee $(@:.o=.ptxas.log)
+	@set -o pipefail; $(NVCC) $(or $(CU_FLAGS),$(NVCCFLAGS)) -MMD -MP -MF $(@:.o=.d) -c $< -o $@ 2>&1 | tee $(@:.o=.ptxas.log)
 	@if grep -E 'bytes spill (stores|loads)' $(@:.o=.ptxas.log) | \
 	    grep -vq ' 0 bytes spill stores, 0 bytes spill loads'; then \
 	  echo "$<: a kernel that must not spill spills registers (see $(@:.o=.ptxas.log))" >&2; \

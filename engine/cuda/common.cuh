@@ -150,6 +150,11 @@ cudaError_t launch_bwd_d64(const attn_cu_params &p, const attn_cu_choice &c, cud
 cudaError_t launch_bwd_d128(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s);
 cudaError_t launch_bwd_d256(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s);
 cudaError_t launch_bwd_f32(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s);
+// The Hopper instance sets its own shared-memory limit at launch: it has
+// code only for compute capability 9.0.
+cudaError_t launch_hopper_d64(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s);
+cudaError_t launch_hopper_d128(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s);
+cudaError_t launch_hopper_d256(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s);
 cudaError_t prepare_mma_d64();
 cudaError_t prepare_mma_d128();
 cudaError_t prepare_mma_d256();

@@ -83,6 +83,11 @@ typedef enum attn_cu_kernel {
   ATTN_CU_BWD_MMA_D128,
   ATTN_CU_BWD_MMA_D256,
   ATTN_CU_BWD_SIMT_F32, /* backward in F32 on the FMA units */
+  /* Hopper (sm_90a) forward: TMA, wgmma, warp specialization; chosen only
+   * through attn_cu_select_hopper(), never by attn_cu_select(). */
+  ATTN_CU_HOPPER_D64,
+  ATTN_CU_HOPPER_D128,
+  ATTN_CU_HOPPER_D256,
   ATTN_CU_KERNEL_COUNT
 } attn_cu_kernel;
 
@@ -157,6 +162,51 @@ size_t attn_cu_split_bytes(const attn_cu_params *p, const attn_cu_choice *c);
 
 /* Bytes of the backward's scratch (bwd_ws; 0 for a forward pass). */
 size_t attn_cu_bwd_bytes(const attn_cu_params *p);
+
+/*
+ * The Hopper instance (hopper.cuh): the hook the start-up self-check uses.
+ * It is compile-verified only, so nothing selects it by default: a caller
+ * that has run it against the CPU engine on this device and seen it pass
+ * turns a forward choice of attn_cu_select() into the Hopper one with
+ * attn_cu_select_hopper(), which returns 1 when it did (F16/BF16 forward,
+ * dp <= 256, no key split) and 0, leaving c alone, otherwise.
+ * attn_cu_hopper_built() says whether this build holds its sm_90a code
+ * (CUDA_ARCHS with 90a); its launch returns cudaErrorNotSupported when not,
+ * or when the device is not compute capability 9.0.
+ */
+int attn_cu_hopper_built(void);
+int attn_cu_select_hopper(const attn_cu_params *p, int sms, attn_cu_choice *c);
+
+/* Keys per K/V tile and ring depth of the Hopper instance of a padded head
+ * dim class (64, 128, 256). */
+#define ATTN_CU_HP_BN_D64 128
+#define ATTN_CU_HP_BN_D128 128
+#define ATTN_CU_HP_BN_D256 64
+#define ATTN_CU_HP_STAGES_D64 3
+#define ATTN_CU_HP_STAGES_D128 2
+#define ATTN_CU_HP_STAGES_D256 2
+
+/*
+ * A TMA tensor map of the Hopper instance, as the host encodes it: a 3-D
+ * view (dp, rows of a head, heads x batch) of a packed tensor, so a box
+ * that runs past a head's last row is zero-filled (loads) or clipped
+ * (stores) instead of touching the next head. dims in elements, strides in
+ * bytes (dims 1 and 2), box in elements (64 columns: the 128-byte swizzle's
+ * width).
+ */
+typedef enum attn_cu_tmap_which {
+  ATTN_CU_TM_Q,
+  ATTN_CU_TM_K,
+  ATTN_CU_TM_V,
+  ATTN_CU_TM_O
+} attn_cu_tmap_which;
+typedef struct attn_cu_tmap_spec {
+  const void *base;
+  unsigned long long dims[3], strides[2];
+  unsigned box[3];
+} attn_cu_tmap_spec;
+void attn_cu_hp_tmap_spec(const attn_cu_params *p, const attn_cu_choice *c,
+                          attn_cu_tmap_which which, attn_cu_tmap_spec *s);
 
 /*
  * Once per device, with that device current: raises the kernels' dynamic

@@ -26,8 +26,8 @@
 #include <string.h>
 
 static const char *const names[ATTN_CU_KERNEL_COUNT] = {
-    "mma_d64",     "mma_d128",     "mma_d256",     "simt_f32",
-    "bwd_mma_d64", "bwd_mma_d128", "bwd_mma_d256", "bwd_simt_f32"};
+    "mma_d64",      "mma_d128",     "mma_d256",   "simt_f32",    "bwd_mma_d64", "bwd_mma_d128",
+    "bwd_mma_d256", "bwd_simt_f32", "hopper_d64", "hopper_d128", "hopper_d256"};
 
 const char *attn_cu_kernel_name(attn_cu_kernel k) {
   return (unsigned)k < ATTN_CU_KERNEL_COUNT ? names[k] : "?";

@@ -21,7 +21,15 @@
  * O is poisoned before the warm-up and checked for non-finite values after
  * it: a case whose output is garbage is reported BAD, not timed quietly.
  *
- *   bench-gpu [--quick] [--csv FILE] [--min-ms MS] [--min-reps N]
+ * With --hopper (or --hopper-full) the shapes are instead the Hopper
+ * instance's table (issue 19): B=4, H=16, BF16, causal and not, each timed
+ * as "prefill" (the mma.sync instance attn_cu_select picks) and as
+ * "hopper" (the sm_90a instance, turned on by attn_cu_select_hopper as the
+ * self-check would); --hopper-full is N in 1k, 2k, 4k, 8k, 16k and D in 64,
+ * 128, 256, --hopper N in 4k, 8k, 16k at D=128 and N=8k at D=64 and 256.
+ *
+ *   bench-gpu [--quick | --hopper | --hopper-full] [--csv FILE] [--min-ms MS]
+ *             [--min-reps N]
  *
  * Without a device: "bench-gpu: skipped: no CUDA device (...)", exit 0.
  * Exit status 1 when a case failed (a CUDA error or a BAD output).
@@ -61,6 +69,7 @@ typedef struct bshape {
 
 typedef struct bopts {
   bool quick;
+  int hopper; /* 1: --hopper, 2: --hopper-full */
   const char *csv;
   double min_ms;
   int min_reps, max_reps;
@@ -97,6 +106,22 @@ static int shapes(bshape *s, bool quick) {
             continue;
           s[n++] = (bshape){"backward", 4, 16, 16, ns[i], ns[i], ds[j], dts[t], c == 1};
         }
+  return n;
+}
+
+/* The Hopper table: each shape as "prefill" and as "hopper". */
+static int hopper_shapes(bshape *s, bool full) {
+  static const int ns[] = {1024, 2048, 4096, 8192, 16384};
+  static const int ds[] = {64, 128, 256};
+  int n = 0;
+  for (int j = 0; j < 3; j++)
+    for (int i = 0; i < 5; i++)
+      for (int c = 0; c < 2; c++) {
+        if (!full && !(ds[j] == 128 ? ns[i] >= 4096 : ns[i] == 8192))
+          continue;
+        s[n++] = (bshape){"prefill", 4, 16, 16, ns[i], ns[i], ds[j], ATTN_BF16, c == 1};
+        s[n++] = (bshape){"hopper", 4, 16, 16, ns[i], ns[i], ds[j], ATTN_BF16, c == 1};
+      }
   return n;
 }
 
@@ -243,6 +268,10 @@ static int run_shape(const bshape *s, int sms, size_t l2, cudaStream_t st, bresu
     fprintf(stderr, "bench-gpu: attn_cu_select: %s\n", as.message);
     return -1;
   }
+  if (strcmp(s->kind, "hopper") == 0 && !attn_cu_select_hopper(&p, sms, &res->ch)) {
+    fprintf(stderr, "bench-gpu: attn_cu_select_hopper refused the shape\n");
+    return -1;
+  }
   size_t es = attn_dtype_size(s->dt);
   size_t rq = (size_t)s->b * s->hq * s->nq, rkv = (size_t)s->b * s->hkv * s->nkv;
   size_t qb = rq * p.dp * es, kvb = rkv * p.dp * es;
@@ -355,9 +384,12 @@ out:
 }
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: bench-gpu [--quick] [--csv FILE] [--min-ms MS] [--min-reps N]\n"
+  fprintf(f, "usage: bench-gpu [--quick | --hopper | --hopper-full] [--csv FILE] [--min-ms MS]\n"
+             "                 [--min-reps N]\n"
              "  --quick     N=4096, D=128 prefill and backward (both dtypes, causal and not)\n"
              "              and one decode\n"
+             "  --hopper    the sm_90a instance beside mma.sync (BF16, B=4, H=16): N=4k..16k\n"
+             "              at D=128, N=8k at D=64 and 256; --hopper-full: N=1k..16k, D=64..256\n"
              "  --csv FILE  also write the results as CSV\n"
              "  --min-ms    time each shape at least this long (default 200)\n"
              "  --min-reps  and at least this many launches (default 20)\n");
@@ -365,7 +397,11 @@ static void usage(FILE *f) {
 
 int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--quick") == 0)
+    if (strcmp(argv[i], "--hopper") == 0)
+      o.hopper = 1;
+    else if (strcmp(argv[i], "--hopper-full") == 0)
+      o.hopper = 2;
+    else if (strcmp(argv[i], "--quick") == 0)
       o.quick = true;
     else if (strcmp(argv[i], "--csv") == 0 && i + 1 < argc)
       o.csv = argv[++i];
@@ -417,7 +453,7 @@ int main(int argc, char **argv) {
          "Hq", "Hkv", "Nq", "Nkv", "D", "dtype", "causal", "kernel", "nsplit", "sets", "reps",
          "median_ms", "TFLOP/s", "GB/s", "status");
   bshape sh[64];
-  int n = shapes(sh, o.quick), fails = 0;
+  int n = o.hopper ? hopper_shapes(sh, o.hopper == 2) : shapes(sh, o.quick), fails = 0;
   for (int i = 0; i < n; i++) {
     const bshape *s = &sh[i];
     bresult r;

@@ -10,10 +10,14 @@
 #
 # Files in OUTDIR (the device tool returns at most 8): build.log (with the
 # ptxas register/spill report), tests.log, sanitizer.log, bench.log,
-# bench.csv, sdpa.csv, summary.txt (the final table).
+# bench.csv, sdpa.csv, hopper.csv (bench-gpu --hopper-full: the sm_90a
+# instance beside mma.sync, with SDPA's numbers for the same shapes joined
+# in), summary.txt (the final table).
 #
 # Environment: CHECK_BUDGET_S (seconds for the whole script), CHECK_CUDA_ARCHS
-# (default 90), CHECK_JOBS (make -j, default nproc). No network is needed. If
+# (default "90 90a": the sm_90a Hopper instance is built, and its test group
+# and table run, only with 90a), CHECK_HOPPER=0 (skip the Hopper table),
+# CHECK_JOBS (make -j, default nproc). No network is needed. If
 # the machine lacks a library the build needs (libcjson-dev above all:
 # libattn.a's codecs use it), carry the Debian packages in a folder .debs/
 # at the repository root: they are unpacked under /tmp/attn-deps and put on
@@ -31,7 +35,7 @@ ROOT=$(pwd)
 
 T0=$(date +%s)
 BUDGET=${CHECK_BUDGET_S:-420}
-ARCHS=${CHECK_CUDA_ARCHS:-90}
+ARCHS=${CHECK_CUDA_ARCHS:-90 90a}
 JOBS=${CHECK_JOBS:-$(nproc 2>/dev/null || echo 8)}
 BUILD=build-gpu
 export ARCHS JOBS BUILD
@@ -215,7 +219,7 @@ elif [ ! -x "$BUILD/tests/gpu" ]; then
   skip_stage sanitizer "$BUILD/tests/gpu was not built"
 else
   sanitize memcheck 60 75 "--tool memcheck --leak-check full" "--small"
-  sanitize racecheck 60 50 "--tool racecheck" "--small --group small,kapi"
+  sanitize racecheck 60 50 "--tool racecheck" "--small --group small,kapi,hopper"
   if [ "$(left)" -gt 110 ]; then
     sanitize initcheck 35 75 "--tool initcheck" "--small --group small"
   else
@@ -234,6 +238,20 @@ else
   skip_stage bench "$BUILD/bench-gpu was not built"
 fi
 stage sdpa 90 5 "$OUT/bench.log" python3 tests/gpu/sdpa_bench.py $QUICK --csv "$OUT/sdpa.csv"
+# The Hopper instance's table (issue 19): bench-gpu times each shape as
+# mma.sync and as the sm_90a instance; SDPA the same shapes, joined in.
+if [ "${CHECK_HOPPER:-1}" != 0 ] && [ -x "$BUILD/bench-gpu" ] && [ "$(left)" -gt 60 ]; then
+  stage hopper 90 20 "$OUT/bench.log" "$BUILD/bench-gpu" --hopper-full --csv "$OUT/hopper.csv"
+  stage hsdpa 60 10 "$OUT/bench.log" python3 tests/gpu/sdpa_bench.py --hopper-full \
+    --csv "$OUT/hopper_sdpa.csv"
+  if [ -s "$OUT/hopper_sdpa.csv" ]; then
+    # one file comes back instead of two: SDPA's rows appended as kind "sdpa"
+    sed -n '2,$s/^prefill,/sdpa,/p' "$OUT/hopper_sdpa.csv" >>"$OUT/hopper.csv"
+    rm -f "$OUT/hopper_sdpa.csv"
+  fi
+else
+  skip_stage hopper "CHECK_HOPPER=0, no bench-gpu, or not enough time left"
+fi
 grep -E 'ERROR|BAD|skipped|Error' "$OUT/bench.log" | head -8
 
 # ---- 5. the summary: the last lines of the output ---------------------------------
@@ -292,7 +310,33 @@ table() {
     echo "bench: no results (see bench.log)"
   fi
 }
-table | tee -a "$OUT/summary.txt"
+# The Hopper table: TFLOP/s of mma.sync, the sm_90a instance and SDPA per
+# shape, and the issue's targets (BF16, D=128: >= 700 non-causal at
+# N >= 4096, >= 600 causal at N >= 8192, ahead of SDPA on every row).
+hopper_table() {
+  [ -s "$OUT/hopper.csv" ] || return 0
+  echo "--- Hopper (sm_90a) instance, BF16 B=4 H=16, TFLOP/s:"
+  awk -F, '
+    $1 == "kind" { next }
+    { k = $5 FS $7 FS $9; if (!(k in seen)) { seen[k] = 1; order[n++] = k } }
+    $1 == "prefill" { mma[k] = $16; mst[k] = $18 }
+    $1 == "hopper" { hp[k] = $16; hst[k] = $18 }
+    $1 == "sdpa" { sd[k] = $16; sk[k] = $10; sub(/:.*/, "", sk[k]) }
+    END {
+      printf "%6s %4s %1s %9s %9s %9s %6s  %s\n", "N", "D", "c", "mma.sync", "hopper", "sdpa", "hp/sd", "verdict"
+      for (i = 0; i < n; i++) {
+        split(order[i], f, FS); k = order[i]
+        h = (k in hp) ? hp[k] : 0; s = (k in sd) ? sd[k] : 0
+        v = (k in hst && hst[k] != "ok") ? hst[k] : ""
+        if (h > 0 && s > 0 && h <= s) v = v " behind-sdpa"
+        if (f[2] == 128 && f[1] >= 4096 && f[3] == 0) v = v (h >= 700 ? " target-met" : " target-missed(700)")
+        if (f[2] == 128 && f[1] >= 8192 && f[3] == 1) v = v (h >= 600 ? " target-met" : " target-missed(600)")
+        printf "%6d %4d %1d %9.1f %9.1f %9.1f %6s %s\n", f[1], f[2], f[3], (k in mma) ? mma[k] : 0, h, s,
+               (h > 0 && s > 0) ? sprintf("%.2f", h / s) : "-", v
+      }
+    }' "$OUT/hopper.csv"
+}
+{ table; hopper_table; } | tee -a "$OUT/summary.txt"
 
 FAIL=0
 [ "$BUILD_RC" = 0 ] || FAIL=1

@@ -71,5 +71,7 @@ bool g_choice(const tprob *p, attn_cu_choice *ch);
 
 /* Group d: attn_cu_select + attn_cu_launch on buffers of our own. */
 void group_kapi(tgroup *g, int grp);
+/* Group "hopper": the same on the Hopper instance (skipped off sm_90a). */
+void group_hopper(tgroup *g, int grp);
 
 #endif

@@ -14,7 +14,10 @@ The kernel column names the backend SDPA ran (from one profiled call: flash,
 cudnn, mem_efficient or math, with the kernel's name), or "?" if the
 profiler is not available.
 
-    python3 tests/gpu/sdpa_bench.py [--quick] [--csv FILE]
+    python3 tests/gpu/sdpa_bench.py [--quick | --hopper | --hopper-full] [--csv FILE]
+
+--hopper and --hopper-full time bench-gpu's Hopper table (its "prefill"
+rows; bench-gpu also times them as "hopper").
 
 Prints "sdpa: skipped: ..." and exits 0 when torch or a CUDA device is
 missing. FLOPs are 4*B*H*Nq*Nkv*D, halved for causal, times 2.5 for backward
@@ -26,6 +29,16 @@ mask and attnd's bottom-right one agree.
 """
 import argparse
 import sys
+
+
+def hopper_shapes(full):
+    out = []
+    for d in (64, 128, 256):
+        for n in (1024, 2048, 4096, 8192, 16384):
+            for causal in (False, True):
+                if full or (n >= 4096 if d == 128 else n == 8192):
+                    out.append(("prefill", 4, 16, 16, n, n, d, "BF16", causal))
+    return out
 
 
 def shapes(quick):
@@ -149,6 +162,8 @@ def backend_of(torch, call):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="bench-gpu --quick's shapes")
+    ap.add_argument("--hopper", action="store_true", help="bench-gpu --hopper's shapes")
+    ap.add_argument("--hopper-full", action="store_true", help="bench-gpu --hopper-full's shapes")
     ap.add_argument("--csv", help="also write the results to this CSV file")
     ap.add_argument("--no-profile", action="store_true", help="do not name the SDPA backend")
     args = ap.parse_args()
@@ -182,7 +197,8 @@ def main():
         "kind", "B", "Hq", "Hkv", "Nq", "Nkv", "D", "dtype", "causal", "kernel", "sets", "reps",
         "median_ms", "TFLOP/s", "GB/s", "status"))
     fails = 0
-    for (kind, b, hq, hkv, nq, nkv, d, dt, causal) in shapes(args.quick):
+    todo = hopper_shapes(args.hopper_full) if (args.hopper or args.hopper_full) else shapes(args.quick)
+    for (kind, b, hq, hkv, nq, nkv, d, dt, causal) in todo:
         with torch.inference_mode(kind != "backward"):
             status, kernel, med, mn, reps, nsets = "ok", "-", 0.0, 0.0, 0, 1
             try:

@@ -13,6 +13,8 @@
  *   layouts    strides with gaps holding NaN, Q/K/V interleaved in one buffer
  *   errors     non-finite inputs (ENONFINITE with coordinates), overflow (ERANGE)
  *   kapi       attn_cu_select + attn_cu_launch on device buffers of our own
+ *   hopper     the same on the sm_90a instance (attn_cu_select_hopper), with
+ *              the conformance lists' F16/BF16 problems; skipped off 9.0
  *   backward   the backward pass (dq, dk, dv) against the float64 reference
  *              backward: head dims 1..256, all dtypes, GQA, masks and windows,
  *              rows with no visible key, strides, with and without the
@@ -1177,6 +1179,7 @@ enum {
   G_LAYOUTS,
   G_ERRORS,
   G_KAPI,
+  G_HOPPER,
   G_POOL,
   G_BACKWARD,
   G_SMALL,
@@ -1184,7 +1187,8 @@ enum {
 };
 static const char *const gnames[G_COUNT] = {
     "conf/sizes", "conf/masks", "conf/shapes", "conf/masked", "conf/diag", "headdims", "decode",
-    "long",       "layouts",    "errors",      "kapi",        "pool",      "backward", "small"};
+    "long",       "layouts",    "errors",      "kapi",        "hopper",    "pool",     "backward",
+    "small"};
 
 static bool wanted(const char *filter, const char *name) {
   if (!filter)
@@ -1361,15 +1365,15 @@ int main(int argc, char **argv) {
   tgroup groups[G_COUNT];
   int ng = 0;
   tprob ps[TCASES_MAX];
-  static const int order[G_COUNT] = {G_SMALL,  G_SIZES,    G_MASKS,  G_SHAPES,  G_MASKED,
-                                     G_DIAG,   G_HEADDIMS, G_DECODE, G_LONG,    G_LAYOUTS,
-                                     G_ERRORS, G_KAPI,     G_POOL,   G_BACKWARD};
+  static const int order[G_COUNT] = {G_SMALL,  G_SIZES,    G_MASKS,  G_SHAPES, G_MASKED,
+                                     G_DIAG,   G_HEADDIMS, G_DECODE, G_LONG,   G_LAYOUTS,
+                                     G_ERRORS, G_KAPI,     G_HOPPER, G_POOL,   G_BACKWARD};
   for (int oi = 0; oi < G_COUNT; oi++) {
     int gi = order[oi];
     /* --small replaces the long case lists by "small"; the rest shrink */
     if (g_opt.small ? gi <= G_LONG : gi == G_SMALL)
       continue;
-    if (!wanted(filter, gnames[gi]) || (gi == G_KAPI && !on_gpu()))
+    if (!wanted(filter, gnames[gi]) || ((gi == G_KAPI || gi == G_HOPPER) && !on_gpu()))
       continue;
     tgroup *g = &groups[ng++];
     tg_begin(g, gnames[gi]);
@@ -1387,6 +1391,7 @@ int main(int argc, char **argv) {
     case G_LAYOUTS: group_layouts(g, gi, e); break;
     case G_ERRORS: group_errors(g, gi, e); break;
     case G_KAPI: group_kapi(g, gi); break;
+    case G_HOPPER: group_hopper(g, gi); break;
     case G_POOL: group_pool(g, gi); break;
     case G_BACKWARD: group_backward(g, gi, e); break;
     default: break;

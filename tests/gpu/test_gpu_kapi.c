@@ -4,6 +4,13 @@
  * attn_cu_select for a shape, buffers of our own in the packed layout
  * (head dim padded to dp with zero columns), attn_cu_launch on a stream.
  *
+ * Group "hopper" runs the same cases on the Hopper instance, turned on by
+ * attn_cu_select_hopper() as the start-up self-check turns it on: its own
+ * list (head dims 64/128/256 and odd ones, both 16-bit dtypes, causal,
+ * windows, GQA, tails, rows with no visible key, more work units than
+ * CTAs) and every F16/BF16 problem of the conformance lists, packed. It is
+ * skipped where the build has no sm_90a code or the device is not 9.0.
+ *
  * Every device buffer sits between two guard zones of a known pattern, so a
  * kernel that writes past a tensor (or its split-KV scratch) fails the case
  * even where compute-sanitizer is not run; the inputs are read back and
@@ -150,7 +157,8 @@ static bool inputs_intact(kcase *kc, size_t qbytes, size_t kvbytes) {
   return ok;
 }
 
-static void kapi_case(tgroup *g, const tprob *p, uint64_t seed, cudaStream_t s, int smem_max) {
+static void kapi_case(tgroup *g, const tprob *p, uint64_t seed, cudaStream_t s, int smem_max,
+                      bool hopper) {
   char desc[200], why[400] = "", kdesc[160] = "";
   tdesc(p, desc, sizeof desc);
   g_set_current("kapi: %s", desc);
@@ -176,6 +184,10 @@ static void kapi_case(tgroup *g, const tprob *p, uint64_t seed, cudaStream_t s, 
   int rc = attn_cu_select(&prm, g_sms, &ch, &st);
   if (rc != 0) {
     snprintf(why, sizeof why, "attn_cu_select: %s: %s", attn_err_name(rc), st.message);
+    goto out;
+  }
+  if (hopper && !attn_cu_select_hopper(&prm, g_sms, &ch)) {
+    snprintf(why, sizeof why, "attn_cu_select_hopper refused the problem");
     goto out;
   }
   snprintf(kdesc, sizeof kdesc, "[%s/%d %dx%d %dw %zuB (%u,%u,%u)]", attn_cu_kernel_name(ch.kernel),
@@ -325,12 +337,95 @@ void group_kapi(tgroup *g, int grp) {
   if (g_opt.small)
     n = 3;
   for (int i = 0; i < n; i++)
-    kapi_case(g, &ps[i], g_seed(grp, i, 0), s, smem_max);
+    kapi_case(g, &ps[i], g_seed(grp, i, 0), s, smem_max, false);
+  GCK(cudaStreamDestroy(s));
+}
+
+static int hopper_list(tprob *ps) {
+  static const int dims[] = {64, 128, 256, 40, 72, 136, 200, 8};
+  int n = 0;
+  for (int i = 0; i < 8; i++)
+    for (int dt = 0; dt < 2; dt++) {
+      tprob p = tprob_make(1 + i % 2, 4, i % 3 ? 2 : 4, 300 + 67 * i, 300 + 41 * i, dims[i],
+                           dt ? ATTN_BF16 : ATTN_F16);
+      p.causal = (i + dt) % 2;
+      p.stats = dt;
+      ps[n++] = p;
+    }
+  tprob p = tprob_make(2, 16, 4, 2048, 2048, 128, ATTN_BF16); /* units > CTAs */
+  p.causal = 1;
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(1, 8, 8, 1000, 3000, 64, ATTN_F16); /* Nq < Nkv, window */
+  p.wl = 200;
+  p.wr = 30;
+  ps[n++] = p;
+  p = tprob_make(1, 4, 1, 700, 130, 128, ATTN_BF16); /* Nq > Nkv: rows see nothing */
+  p.causal = 1;
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(1, 2, 2, 1, 1, 256, ATTN_F16);
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(4, 16, 16, 4096, 4096, 128, ATTN_BF16);
+  ps[n++] = p;
+  return n;
+}
+
+/* The 16-bit problems of a conformance list, packed (the kernels never see
+ * strides: the backend packs). */
+static int hopper_conformance(tprob *ps, int n) {
+  int m = 0;
+  for (int i = 0; i < n; i++)
+    if (ps[i].dt == ATTN_F16 || ps[i].dt == ATTN_BF16) {
+      ps[m] = ps[i];
+      ps[m++].strided = false;
+    }
+  return m;
+}
+
+void group_hopper(tgroup *g, int grp) {
+  int smem_max = 0, major = 0, minor = 0;
+  cudaStream_t s = NULL;
+  if (GCK(cudaSetDevice(0)) ||
+      GCK(cudaDeviceGetAttribute(&smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0)) ||
+      GCK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0)) ||
+      GCK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0))) {
+    tg_case(g, false, "setup failed (device attributes)");
+    return;
+  }
+  if (!attn_cu_hopper_built() || major != 9 || minor != 0) {
+    snprintf(g->note, sizeof g->note, "skipped: %s",
+             attn_cu_hopper_built() ? "the device is not compute capability 9.0"
+                                    : "this build has no sm_90a code (CUDA_ARCHS lacks 90a)");
+    return;
+  }
+  if (GCK(attn_cu_prepare()) || GCK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking))) {
+    tg_case(g, false, "setup failed (attn_cu_prepare or stream)");
+    return;
+  }
+  static tprob ps[TCASES_MAX];
+  int (*const lists[])(tprob *) = {hopper_list, tcases_sizes, tcases_masks, tcases_shapes,
+                                   tcases_masked_rows};
+  int idx = 0;
+  for (int li = 0; li < 5 && !g_dead; li++) {
+    int n = lists[li](ps);
+    if (li > 0)
+      n = hopper_conformance(ps, n);
+    if (g_opt.small)
+      n = n < 3 ? n : 3;
+    for (int i = 0; i < n; i++, idx++)
+      kapi_case(g, &ps[i], g_seed(grp, idx, 0), s, smem_max, true);
+  }
   GCK(cudaStreamDestroy(s));
 }
 #else
 /* Not called: without CUDA, test_gpu.c's main only reports itself skipped. */
 void group_kapi(tgroup *g, int grp) {
+  (void)g;
+  (void)grp;
+}
+void group_hopper(tgroup *g, int grp) {
   (void)g;
   (void)grp;
 }

@@ -1,0 +1,519 @@
+// hopper.cuh — the forward pass for Hopper (sm_90a): TMA loads into
+// 128-byte-swizzled shared memory, wgmma, and warp specialization, after
+// FlashAttention-3's design. COMPILE-VERIFIED ONLY: it has never run on a
+// GPU, and nothing selects it until the start-up self-check has passed it
+// (kernels.h, attn_cu_select_hopper).
+//
+// A CTA is three warpgroups on a persistent grid. Warpgroup 0, the
+// producer, gives up registers (setmaxnreg) and one of its threads issues
+// TMA loads: the work unit's Q tile once (128 rows), then its K and V tiles
+// through a ring of STAGES slots guarded by full and empty mbarriers.
+// Warpgroups 1 and 2, the consumers, take the registers and 64 query rows
+// each: S = Q Kᵀ by wgmma with both operands in shared memory, the online
+// softmax in registers (a row's 4 values live in one quad, as in
+// fwd_mma.cuh), P kept in registers as the A operand of O += P V, V read
+// N-major from shared memory. Within a consumer, QKᵀ of tile n + 1 is issued
+// with PV of tile n, and the softmax of n + 1 runs while PV is in flight;
+// between consumers, named barriers alternate the bursts of wgmmas so one
+// computes its softmax while the other uses the tensor cores. The epilogue
+// writes O with stmatrix into its Q rows (same swizzle) and a TMA store;
+// the statistics go out as fwd_mma.cuh writes them. The index arithmetic is
+// in hopper_layout.h, tested on the CPU.
+#ifndef ATTN_CUDA_HOPPER_CUH
+#define ATTN_CUDA_HOPPER_CUH
+
+#include "common.cuh"
+#include "hopper_layout.h"
+#include "hopper_wgmma.cuh"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+namespace attn_cu {
+
+template <int DPAD> struct hp_cfg;
+template <> struct hp_cfg<64> {
+  static constexpr int BN = ATTN_CU_HP_BN_D64, STAGES = ATTN_CU_HP_STAGES_D64;
+};
+template <> struct hp_cfg<128> {
+  static constexpr int BN = ATTN_CU_HP_BN_D128, STAGES = ATTN_CU_HP_STAGES_D128;
+};
+template <> struct hp_cfg<256> {
+  static constexpr int BN = ATTN_CU_HP_BN_D256, STAGES = ATTN_CU_HP_STAGES_D256;
+};
+
+// Named barriers: 0 is __syncthreads; consumer c's turn is HP_BAR_TURN + c,
+// its own epilogue HP_BAR_EPI + c.
+constexpr int HP_BAR_TURN = 1, HP_BAR_EPI = 3;
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// ---- PTX wrappers (sm_90a) ------------------------------------------------
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
+  uint32_t done;
+  do {
+    asm volatile("{\n.reg .pred p;\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
+  } while (!done);
+}
+
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap *map, int c0, int c1,
+                                         int c2, uint32_t bar) {
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+               "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ void tma_store(const CUtensorMap *map, uint32_t src, int c0, int c1,
+                                          int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::
+          "l"(reinterpret_cast<uint64_t>(map)),
+      "r"(src), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+__device__ __forceinline__ void tma_store_drain() {
+  asm volatile("cp.async.bulk.commit_group;\ncp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void wg_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wg_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving reads or writes of an accumulator across
+// the wgmma issue and wait (the asm above does not name the registers).
+template <int N> __device__ __forceinline__ void wg_hold(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; i++)
+    asm volatile("" : "+f"(d[i])::"memory");
+}
+
+__device__ __forceinline__ void bar_sync(int id, int n) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(int id, int n) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
+__device__ __forceinline__ void stsm_x4(uint32_t addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
+// The K full, V full and K/V empty barriers of ring slot sl.
+__device__ __forceinline__ uint32_t hp_kfull(uint32_t bars, int sl) { return bars + 16 + 24 * sl; }
+__device__ __forceinline__ uint32_t hp_vfull(uint32_t bars, int sl) { return bars + 24 + 24 * sl; }
+__device__ __forceinline__ uint32_t hp_empty(uint32_t bars, int sl) { return bars + 32 + 24 * sl; }
+
+// ---- the two roles -----------------------------------------------------------
+
+// What both roles derive from a work unit.
+struct hp_unit {
+  int qt, h, b, t0, t1;
+  __device__ hp_unit(const attn_cu_params &p, int64_t u, int qtiles, int bn) {
+    attn_cu_hp_unit(u, qtiles, p.heads_q, p.batch, &qt, &h, &b);
+    const int i0 = qt * ATTN_CU_HP_BM, i1 = min(i0 + ATTN_CU_HP_BM, p.seq_q);
+    attn_cu_block_tiles(i0, i1, (int64_t)p.seq_kv - p.seq_q, p.window_left, p.window_right,
+                        p.seq_kv, bn, 1, 0, &t0, &t1);
+  }
+};
+
+template <int DPAD, int BN, int STAGES>
+__device__ void hp_produce(const attn_cu_params &p, const CUtensorMap *tq, const CUtensorMap *tk,
+                           const CUtensorMap *tv, uint32_t base) {
+  constexpr int PANELS = DPAD / ATTN_CU_HP_PANEL;
+  const uint32_t bars = base + attn_cu_hp_bar_off(DPAD, BN, STAGES);
+  const uint32_t q_full = bars, q_empty = bars + 8;
+  const int qtiles = (p.seq_q + ATTN_CU_HP_BM - 1) / ATTN_CU_HP_BM;
+  const int64_t units = (int64_t)qtiles * p.heads_q * p.batch;
+  const int group = p.heads_q / p.heads_kv;
+  int64_t it = 0, done = 0;
+  for (int64_t u = blockIdx.x; u < units; u += gridDim.x, done++) {
+    const hp_unit w(p, u, qtiles, BN);
+    mbar_wait(q_empty, attn_cu_hp_empty_parity(done, 1));
+    mbar_expect_tx(q_full, ATTN_CU_HP_BM * DPAD * 2);
+#pragma unroll
+    for (int pn = 0; pn < PANELS; pn++)
+      tma_load(base + pn * ATTN_CU_HP_BM * 128, tq, pn * ATTN_CU_HP_PANEL, w.qt * ATTN_CU_HP_BM,
+               w.b * p.heads_q + w.h, q_full);
+    const int zkv = w.b * p.heads_kv + w.h / group;
+    for (int t = w.t0; t < w.t1; t++, it++) {
+      int slot, parity;
+      attn_cu_hp_ring(it, STAGES, &slot, &parity);
+      const uint32_t kf = hp_kfull(bars, slot), vf = hp_vfull(bars, slot);
+      mbar_wait(hp_empty(bars, slot), attn_cu_hp_empty_parity(it, STAGES));
+      const uint32_t sk = base + attn_cu_hp_k_off(DPAD, BN, slot);
+      const uint32_t sv = base + attn_cu_hp_v_off(DPAD, BN, slot);
+      mbar_expect_tx(kf, BN * DPAD * 2);
+#pragma unroll
+      for (int pn = 0; pn < PANELS; pn++)
+        tma_load(sk + pn * BN * 128, tk, pn * ATTN_CU_HP_PANEL, t * BN, zkv, kf);
+      mbar_expect_tx(vf, BN * DPAD * 2);
+#pragma unroll
+      for (int pn = 0; pn < PANELS; pn++)
+        tma_load(sv + pn * BN * 128, tv, pn * ATTN_CU_HP_PANEL, t * BN, zkv, vf);
+    }
+  }
+}
+
+// One consumer's running state for its 64 rows: this thread's rows a (g)
+// and b (g + 8) of its warp's 16.
+template <typename T, int DPAD, int BN> struct hp_rows {
+  float o[DPAD / 2];
+  uint32_t pf[BN / 16][4];
+  float m_a, m_b, l_a, l_b;
+  int ra, rb, lo_a, hi_a, lo_b, hi_b;
+
+  __device__ void start(const attn_cu_params &p, int r0, int x) {
+#pragma unroll
+    for (int i = 0; i < DPAD / 2; i++)
+      o[i] = 0.0f;
+    m_a = m_b = -INFINITY;
+    l_a = l_b = 0.0f;
+    int row, col;
+    attn_cu_hp_acc(x, 0, &row, &col);
+    ra = r0 + row, rb = ra + 8;
+    const int64_t off = (int64_t)p.seq_kv - p.seq_q;
+    attn_cu_row_bounds(ra, off, p.window_left, p.window_right, p.seq_kv, &lo_a, &hi_a);
+    attn_cu_row_bounds(rb, off, p.window_left, p.window_right, p.seq_kv, &lo_b, &hi_b);
+  }
+
+  // Scale, mask unless the tile is wholly visible, and fold S into the
+  // running max and sum; S becomes the weights, and the returned factors
+  // rescale O (once the PV in flight has finished).
+  __device__ void softmax(float (&s)[BN / 2], const attn_cu_params &p, int j0, bool full, int x,
+                          float *al_a, float *al_b) {
+    float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++) {
+      float v = s[i] * p.scale_log2;
+      int row, col;
+      attn_cu_hp_acc(x, i, &row, &col);
+      const bool a = i / 2 % 2 == 0;
+      const int j = j0 + col;
+      if (!full && !(a ? (j >= lo_a && j <= hi_a) : (j >= lo_b && j <= hi_b)))
+        v = -INFINITY;
+      s[i] = v;
+      if (a)
+        mx_a = fmaxf(mx_a, v);
+      else
+        mx_b = fmaxf(mx_b, v);
+    }
+    mx_a = fmaxf(m_a, quad_max(mx_a));
+    mx_b = fmaxf(m_b, quad_max(mx_b));
+    const float use_a = attn_cu_max_for_exp(mx_a), use_b = attn_cu_max_for_exp(mx_b);
+    *al_a = fast_exp2(m_a - use_a);
+    *al_b = fast_exp2(m_b - use_b);
+    m_a = mx_a, m_b = mx_b;
+    float sum_a = 0.0f, sum_b = 0.0f;
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++) {
+      const bool a = i / 2 % 2 == 0;
+      s[i] = fast_exp2(s[i] - (a ? use_a : use_b));
+      if (a)
+        sum_a += s[i];
+      else
+        sum_b += s[i];
+    }
+    l_a = l_a * *al_a + sum_a; // this lane's share; the quad sums at the end
+    l_b = l_b * *al_b + sum_b;
+  }
+
+  __device__ void rescale(float al_a, float al_b) {
+#pragma unroll
+    for (int i = 0; i < DPAD / 2; i++)
+      o[i] *= i / 2 % 2 == 0 ? al_a : al_b;
+  }
+  __device__ void to_p(const float (&s)[BN / 2]) {
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++)
+#pragma unroll
+      for (int r = 0; r < 4; r++) {
+        const int i = attn_cu_hp_acc_pair(kk, r);
+        pf[kk][r] = mma_t<T>::pack(s[i], s[i + 1]);
+      }
+  }
+};
+
+template <typename T, int DPAD, int BN>
+__device__ __forceinline__ void hp_issue_qk(float (&s)[BN / 2], uint32_t sq, int c, uint32_t sk) {
+#pragma unroll
+  for (int kk = 0; kk < DPAD / 16; kk++)
+    wgmma_ss<T, BN>::run(s, attn_cu_hp_desc_k(sq, ATTN_CU_HP_BM, ATTN_CU_HP_WG_ROWS * c, kk),
+                         attn_cu_hp_desc_k(sk, BN, 0, kk), kk > 0);
+}
+template <typename T, int DPAD, int BN>
+__device__ __forceinline__ void hp_issue_pv(hp_rows<T, DPAD, BN> &r, uint32_t sv) {
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; kk++)
+    wgmma_rs<T, DPAD>::run(r.o, r.pf[kk], attn_cu_hp_desc_mn(sv, BN, kk), 1);
+}
+
+// The epilogue of consumer c: O / l through stmatrix into its Q rows, one
+// TMA store per panel, then the statistics.
+template <typename T, int DPAD, int BN>
+__device__ void hp_epilogue(hp_rows<T, DPAD, BN> &r, const attn_cu_params &p, const CUtensorMap *to,
+                            uint32_t base, const hp_unit &w, int c, int x) {
+  r.l_a = quad_sum(r.l_a);
+  r.l_b = quad_sum(r.l_b);
+  const float inv_a = r.l_a > 0.0f ? 1.0f / r.l_a : 0.0f;
+  const float inv_b = r.l_b > 0.0f ? 1.0f / r.l_b : 0.0f;
+  int lr, lc;
+  attn_cu_ldsm_q(x % 32, &lr, &lc);
+  const int row = ATTN_CU_HP_WG_ROWS * c + 16 * (x / 32) + lr;
+#pragma unroll
+  for (int kk = 0; kk < DPAD / 16; kk++) {
+    uint32_t v[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const int i = attn_cu_hp_acc_pair(kk, j);
+      const float inv = j % 2 == 0 ? inv_a : inv_b;
+      v[j] = mma_t<T>::pack(r.o[i] * inv, r.o[i + 1] * inv);
+    }
+    stsm_x4(base + attn_cu_hp_off(row, 16 * kk + lc, ATTN_CU_HP_BM), v);
+  }
+  fence_proxy_async(); // the TMA store reads what stmatrix wrote
+  bar_sync(HP_BAR_EPI + c, ATTN_CU_HP_WG);
+  if (x == 0) {
+    const int i0 = w.qt * ATTN_CU_HP_BM + ATTN_CU_HP_WG_ROWS * c;
+#pragma unroll
+    for (int pn = 0; pn < DPAD / ATTN_CU_HP_PANEL; pn++)
+      tma_store(to, base + pn * ATTN_CU_HP_BM * 128 + ATTN_CU_HP_WG_ROWS * c * 128,
+                pn * ATTN_CU_HP_PANEL, i0, w.b * p.heads_q + w.h);
+    tma_store_drain(); // Q's space is free for the next unit's load
+  }
+  const size_t qrow0 = ((size_t)w.b * p.heads_q + w.h) * p.seq_q;
+  rows_out out{&p, 1, 0, (size_t)p.batch * p.heads_q * p.seq_q};
+  if (x % 4 == 0) {
+    if (r.ra < p.seq_q)
+      out.stats(qrow0 + r.ra, r.m_a, r.l_a);
+    if (r.rb < p.seq_q)
+      out.stats(qrow0 + r.rb, r.m_b, r.l_b);
+  }
+}
+
+// One work unit of consumer c (0, 1), thread x of its warpgroup; `it`
+// counts K/V tiles as the producer does. The bursts of wgmmas: QKᵀ of the
+// first tile; QKᵀ of tile n with PV of tile n - 1; PV of the last tile.
+// Each is straight-line code (no wgmma under a condition), so ptxas keeps
+// them asynchronous.
+template <typename T, int DPAD, int BN, int STAGES>
+__device__ void hp_consume_unit(hp_rows<T, DPAD, BN> &r, const attn_cu_params &p, const hp_unit &w,
+                                uint32_t base, int c, int x, int64_t &it) {
+  const uint32_t bars = base + attn_cu_hp_bar_off(DPAD, BN, STAGES);
+  const int n = w.t1 - w.t0, steps = attn_cu_hp_pp_steps(n);
+  if (n == 0)
+    return;
+  const int r0 = w.qt * ATTN_CU_HP_BM + ATTN_CU_HP_WG_ROWS * c;
+  const int r1 = max(min(r0 + ATTN_CU_HP_WG_ROWS, p.seq_q), r0 + 1);
+  const int64_t off = (int64_t)p.seq_kv - p.seq_q;
+  const int mine = HP_BAR_TURN + c, other = HP_BAR_TURN + 1 - c, pair = 2 * ATTN_CU_HP_WG;
+  if (attn_cu_hp_pp_opens(c, steps))
+    bar_arrive(other, pair);
+  float s[BN / 2], al_a, al_b;
+  int slot, parity, pslot, pparity;
+
+  attn_cu_hp_ring(it, STAGES, &slot, &parity);
+  mbar_wait(hp_kfull(bars, slot), parity);
+  bar_sync(mine, pair);
+  wg_fence();
+  hp_issue_qk<T, DPAD, BN>(s, base, c, base + attn_cu_hp_k_off(DPAD, BN, slot));
+  wg_commit();
+  if (attn_cu_hp_pp_arrives(c, 0, steps))
+    bar_arrive(other, pair);
+  wg_wait<0>();
+  wg_hold(s);
+  bool full = attn_cu_tile_full((int64_t)w.t0 * BN, BN, r0, r1, off, p.window_left, p.window_right,
+                                p.seq_kv);
+  r.softmax(s, p, w.t0 * BN, full, x, &al_a, &al_b); // O is still zero
+  r.to_p(s);
+
+  for (int step = 1; step < n; step++) {
+    const int t = w.t0 + step;
+    pslot = slot, pparity = parity;
+    attn_cu_hp_ring(it + step, STAGES, &slot, &parity);
+    mbar_wait(hp_vfull(bars, pslot), pparity);
+    mbar_wait(hp_kfull(bars, slot), parity);
+    bar_sync(mine, pair);
+    wg_fence();
+    hp_issue_qk<T, DPAD, BN>(s, base, c, base + attn_cu_hp_k_off(DPAD, BN, slot));
+    wg_commit();
+    hp_issue_pv<T, DPAD, BN>(r, base + attn_cu_hp_v_off(DPAD, BN, pslot));
+    wg_commit();
+    if (attn_cu_hp_pp_arrives(c, step, steps))
+      bar_arrive(other, pair);
+    wg_wait<1>();
+    wg_hold(s);
+    full = attn_cu_tile_full((int64_t)t * BN, BN, r0, r1, off, p.window_left, p.window_right,
+                             p.seq_kv);
+    r.softmax(s, p, t * BN, full, x, &al_a, &al_b);
+    wg_wait<0>();
+    wg_hold(r.o);
+    if (x % 32 == 0) // each warp has seen the wgmmas reading the slot complete
+      mbar_arrive(hp_empty(bars, pslot));
+    r.rescale(al_a, al_b);
+    r.to_p(s);
+  }
+
+  mbar_wait(hp_vfull(bars, slot), parity);
+  bar_sync(mine, pair);
+  wg_fence();
+  hp_issue_pv<T, DPAD, BN>(r, base + attn_cu_hp_v_off(DPAD, BN, slot));
+  wg_commit();
+  if (attn_cu_hp_pp_arrives(c, steps - 1, steps))
+    bar_arrive(other, pair);
+  wg_wait<0>();
+  wg_hold(r.o);
+  if (x % 32 == 0)
+    mbar_arrive(hp_empty(bars, slot));
+  it += n;
+}
+
+template <typename T, int DPAD>
+__global__ void __launch_bounds__(ATTN_CU_HP_THREADS, 1)
+    hopper_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+               const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap to,
+               const attn_cu_params p) {
+  constexpr int BN = hp_cfg<DPAD>::BN, STAGES = hp_cfg<DPAD>::STAGES;
+  extern __shared__ __align__(1024) unsigned char hp_smem[];
+  const uint32_t base = (smem_addr(hp_smem) + 1023u) & ~1023u;
+  const uint32_t bars = base + attn_cu_hp_bar_off(DPAD, BN, STAGES);
+  const int wg = threadIdx.x / ATTN_CU_HP_WG, x = threadIdx.x % ATTN_CU_HP_WG;
+  if (threadIdx.x == 0) {
+    mbar_init(bars, 1);     // Q full: the producer's expect_tx
+    mbar_init(bars + 8, 2); // Q empty: one arrival per consumer
+    for (int sl = 0; sl < STAGES; sl++) {
+      mbar_init(hp_kfull(bars, sl), 1);
+      mbar_init(hp_vfull(bars, sl), 1);
+      mbar_init(hp_empty(bars, sl), 8); // one arrival per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    if (x == 0)
+      hp_produce<DPAD, BN, STAGES>(p, &tq, &tk, &tv, base);
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+    const int c = wg - 1;
+    const int qtiles = (p.seq_q + ATTN_CU_HP_BM - 1) / ATTN_CU_HP_BM;
+    const int64_t units = (int64_t)qtiles * p.heads_q * p.batch;
+    int64_t it = 0, done = 0;
+    hp_rows<T, DPAD, BN> r;
+    for (int64_t u = blockIdx.x; u < units; u += gridDim.x, done++) {
+      const hp_unit w(p, u, qtiles, BN);
+      r.start(p, w.qt * ATTN_CU_HP_BM + ATTN_CU_HP_WG_ROWS * c, x);
+      mbar_wait(bars, (int)(done % 2));
+      hp_consume_unit<T, DPAD, BN, STAGES>(r, p, w, base, c, x, it);
+      hp_epilogue<T, DPAD, BN>(r, p, &to, base, w, c, x);
+      if (x == 0)
+        mbar_arrive(bars + 8);
+    }
+  }
+}
+#else
+// Built for another architecture: never launched (the host checks the
+// device), and a trap if it ever were.
+template <typename T, int DPAD>
+__global__ void __launch_bounds__(ATTN_CU_HP_THREADS, 1)
+    hopper_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+               const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap to,
+               const attn_cu_params p) {
+#ifdef __CUDA_ARCH__
+  __trap();
+#endif
+}
+#endif
+
+// ---- the host side -------------------------------------------------------------
+
+// Encodes one tensor map as attn_cu_hp_tmap_spec describes it: 2-byte
+// elements, 128-byte swizzle, zero fill out of bounds. The driver's
+// function comes through the runtime, so the static runtime suffices.
+inline cudaError_t hp_encode(CUtensorMap *m, const attn_cu_params &p, const attn_cu_choice &c,
+                             attn_cu_tmap_which which) {
+  void *fn = nullptr;
+  cudaDriverEntryPointQueryResult q;
+  cudaError_t e =
+      cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q);
+  if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !fn)
+    return e != cudaSuccess ? e : cudaErrorNotSupported;
+  attn_cu_tmap_spec s;
+  attn_cu_hp_tmap_spec(&p, &c, which, &s);
+  const cuuint64_t dims[3] = {s.dims[0], s.dims[1], s.dims[2]};
+  const cuuint64_t strides[2] = {s.strides[0], s.strides[1]};
+  const cuuint32_t box[3] = {s.box[0], s.box[1], s.box[2]}, unit[3] = {1, 1, 1};
+  CUresult r = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn)(
+      m, p.dtype == ATTN_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+      3, const_cast<void *>(s.base), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+template <typename T, int DPAD>
+cudaError_t hp_launch_t(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t st) {
+  CUtensorMap m[4];
+  for (int w = 0; w < 4; w++) {
+    cudaError_t e = hp_encode(&m[w], p, c, (attn_cu_tmap_which)w);
+    if (e != cudaSuccess)
+      return e;
+  }
+  cudaError_t e = cudaFuncSetAttribute(
+      hopper_fwd<T, DPAD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c.smem_bytes);
+  if (e != cudaSuccess)
+    return e;
+  hopper_fwd<T, DPAD>
+      <<<c.grid[0], ATTN_CU_HP_THREADS, c.smem_bytes, st>>>(m[0], m[1], m[2], m[3], p);
+  return cudaGetLastError();
+}
+
+// Only with the sm_90a code built and on a compute capability 9.0 device.
+template <int DPAD>
+cudaError_t hp_launch(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t st) {
+  if (!attn_cu_hopper_built())
+    return cudaErrorNotSupported;
+  int dev, major, minor;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess)
+    e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (e == cudaSuccess)
+    e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (e != cudaSuccess)
+    return e;
+  if (major != 9 || minor != 0 || p.pass != ATTN_FORWARD || c.nsplit != 1)
+    return cudaErrorNotSupported;
+  if (p.dtype == ATTN_F16)
+    return hp_launch_t<__half, DPAD>(p, c, st);
+  if (p.dtype == ATTN_BF16)
+    return hp_launch_t<__nv_bfloat16, DPAD>(p, c, st);
+  return cudaErrorNotSupported;
+}
+
+} // namespace attn_cu
+
+#endif

@@ -119,6 +119,7 @@ struct cu_state {
    * device, and why; set before the dispatcher starts, read-only after. */
   unsigned off;
   char off_why[ATTN_CU_KERNEL_COUNT + 1][160];
+  unsigned hopper_failed;    /* Hopper instances a self-check case failed */
   int next_dev;              /* round-robin start */
   struct timespec next_poll; /* CLOCK_MONOTONIC: when busy streams are next polled */
 };
@@ -915,25 +916,49 @@ static void disable(cu_state *s, const cu_dev *d, const attn_cu_choice *ch, cons
           d->ordinal, d->name, name, why);
 }
 
+/* A Hopper case's outcome: the instance of its head dim stays off (the
+ * bits start set) when the case failed or never reached it. */
+static void hopper_outcome(cu_state *s, const cu_dev *d, const attn_request *r,
+                           const attn_cu_choice *ch, int rc, const char *why) {
+  int dp = attn_cu_dp(r->head_dim);
+  int bit = dp <= 64 ? ATTN_CU_HOPPER_D64 : dp <= 128 ? ATTN_CU_HOPPER_D128 : ATTN_CU_HOPPER_D256;
+  if (rc == 0 && !why && (int)ch->kernel == bit)
+    return;
+  s->hopper_failed |= 1u << bit;
+  snprintf(s->off_why[bit], sizeof s->off_why[bit], "device %d: %.140s", d->ordinal,
+           why  ? why
+           : rc ? "its self-check case was refused"
+                : "its self-check case ran another kernel");
+  fprintf(stderr, "attn: cuda device %d (%s): %s stays off: %s\n", d->ordinal, d->name,
+          attn_cu_kernel_name((attn_cu_kernel)bit), s->off_why[bit]);
+}
+
 /* Runs every case on the device (see selfcheck.h); a case that fails or is
- * refused at launch disables what it ran, a sticky error the device. */
-static void self_check(cu_state *s, cu_dev *d) {
+ * refused at launch disables what it ran, a sticky error the device. The
+ * Hopper cases run only when hopper is set (hopper_gate), with that
+ * instance allowed. */
+static void self_check(cu_state *s, cu_dev *d, bool hopper) {
   for (int i = 0; i < attn_cu_check_count() && d->healthy; i++) {
+    bool hp = attn_cu_check_is_hopper(i);
     attn_cu_check c;
     attn_status st = {0};
-    if (attn_cu_check_make(i, &c, &st) < 0) {
-      fprintf(stderr, "attn: cuda self-check case %d skipped: %s\n", i, st.message);
+    if ((hp && !hopper) || attn_cu_check_make(i, &c, &st) < 0) {
+      if (!hp || hopper)
+        fprintf(stderr, "attn: cuda self-check case %d skipped: %s\n", i, st.message);
       continue;
     }
     cu_slot *sl = &d->slots[0];
     bool sticky;
     char why[160];
-    int rc = run_case(sl, &c.req, s->off, &sticky, &st);
-    if (rc == 0 && !attn_cu_check_verify(&c, why, sizeof why))
+    int rc = run_case(sl, &c.req, hp ? s->off & ~ATTN_CU_HOPPER_OFF : s->off, &sticky, &st);
+    bool ok = rc == 0 && attn_cu_check_verify(&c, why, sizeof why);
+    if (hp)
+      hopper_outcome(s, d, &c.req, &sl->ch, rc, ok ? NULL : rc == 0 ? why : st.message);
+    if (rc == 0 && !ok && !hp)
       disable(s, d, &sl->ch, why);
-    else if (rc == ATTN_EDEVICE && !sticky)
+    else if (rc == ATTN_EDEVICE && !sticky && !hp)
       disable(s, d, &sl->ch, st.message);
-    else if (rc == ATTN_EDEVICE) {
+    else if (rc == ATTN_EDEVICE && sticky) {
       d->healthy = false;
       snprintf(d->why, sizeof d->why, "failed its start-up self-check: %.120s", st.message);
       fprintf(stderr, "attn: cuda device %d (%s) %s; it takes no jobs\n", d->ordinal, d->name,
@@ -941,6 +966,25 @@ static void self_check(cu_state *s, cu_dev *d) {
     }
     attn_cu_check_free(&c);
   }
+}
+
+/* The Hopper instances start off, each with why; 1 when they may be
+ * tried: this build holds their sm_90a code, the self-check runs, and
+ * every device is compute capability 9.0. */
+static bool hopper_gate(cu_state *s, bool checking) {
+  const char *why = !attn_cu_hopper_built()
+                        ? "this build has no sm_90a code (CUDA_ARCHS without 90a)"
+                    : !checking ? "compile-verified only: served after it passes the start-up "
+                                  "self-check, which is off (--gpu-self-check off)"
+                                : NULL;
+  for (int i = 0; !why && i < s->ndev; i++)
+    if (s->devs[i].major != 9 || s->devs[i].minor != 0)
+      why = "needs compute capability 9.0 on every device (sm_90a)";
+  s->off |= ATTN_CU_HOPPER_OFF;
+  for (int k = ATTN_CU_HOPPER_D64; k <= ATTN_CU_HOPPER_D256; k++)
+    snprintf(s->off_why[k], sizeof s->off_why[k], "%s",
+             why ? why : "compile-verified only: served after it passes the start-up self-check");
+  return !why;
 }
 
 static int cuda_disabled(void *state, attn_disabled *out, int cap) {
@@ -986,8 +1030,11 @@ static int cuda_open(const attn_backend_env *env, void **pstate, attn_status *st
   int rc = 0;
   for (int i = 0; i < n && rc == 0; i++)
     rc = open_dev(s, &s->devs[i], ord[i], st);
+  bool hopper = rc == 0 && hopper_gate(s, !env->cfg->cuda_self_check_off);
   for (int i = 0; i < n && rc == 0 && !env->cfg->cuda_self_check_off; i++)
-    self_check(s, &s->devs[i]);
+    self_check(s, &s->devs[i], hopper);
+  if (hopper)
+    s->off &= ~(ATTN_CU_HOPPER_OFF & ~s->hopper_failed);
   if (rc == 0) {
     pthread_mutex_init(&s->mu, NULL);
     pthread_condattr_t ca;

@@ -151,9 +151,15 @@ int attn_cu_select(const attn_cu_params *p, int sms, attn_cu_choice *c, attn_sta
  * The same, skipping what a start-up self-check disabled: bit k of off
  * (1u << ATTN_CU_MMA_D64, ...) turns kernel k off, and ATTN_CU_SPLIT_BIT
  * the split-KV path (its merge). A disabled head-dim instance falls back to
- * the next larger one; ATTN_EUNSUPPORTED when none is left.
+ * the next larger one; ATTN_EUNSUPPORTED when none is left. The Hopper
+ * instances are the other way round: a clear bit (ATTN_CU_HOPPER_OFF)
+ * lets an F16/BF16 forward choice that needs no key split take the Hopper
+ * instance of its head dim, which the backend allows only after the
+ * self-check passed it; attn_cu_select() passes ATTN_CU_HOPPER_OFF.
  */
 #define ATTN_CU_SPLIT_BIT (1u << ATTN_CU_KERNEL_COUNT)
+#define ATTN_CU_HOPPER_OFF \
+  (1u << ATTN_CU_HOPPER_D64 | 1u << ATTN_CU_HOPPER_D128 | 1u << ATTN_CU_HOPPER_D256)
 int attn_cu_select_masked(const attn_cu_params *p, int sms, unsigned off, attn_cu_choice *c,
                           attn_status *st);
 
@@ -164,12 +170,12 @@ size_t attn_cu_split_bytes(const attn_cu_params *p, const attn_cu_choice *c);
 size_t attn_cu_bwd_bytes(const attn_cu_params *p);
 
 /*
- * The Hopper instance (hopper.cuh): the hook the start-up self-check uses.
- * It is compile-verified only, so nothing selects it by default: a caller
- * that has run it against the CPU engine on this device and seen it pass
- * turns a forward choice of attn_cu_select() into the Hopper one with
- * attn_cu_select_hopper(), which returns 1 when it did (F16/BF16 forward,
- * dp <= 256, no key split) and 0, leaving c alone, otherwise.
+ * The Hopper instance (hopper.cuh). It is compile-verified only, so
+ * nothing selects it by default: attn_cu_select_masked() with its bit clear
+ * (after the backend's self-check passed it on the device) turns a forward
+ * choice into the Hopper one with attn_cu_select_hopper(), which returns 1
+ * when it did (F16/BF16 forward, dp <= 256, no key split) and 0, leaving c
+ * alone, otherwise.
  * attn_cu_hopper_built() says whether this build holds its sm_90a code
  * (CUDA_ARCHS with 90a); its launch returns cudaErrorNotSupported when not,
  * or when the device is not compute capability 9.0.

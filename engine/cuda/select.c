@@ -167,7 +167,17 @@ static void select_forward(const attn_cu_params *p, int sms, attn_cu_kernel k, b
 }
 
 int attn_cu_select(const attn_cu_params *p, int sms, attn_cu_choice *c, attn_status *st) {
-  return attn_cu_select_masked(p, sms, 0, c, st);
+  return attn_cu_select_masked(p, sms, ATTN_CU_HOPPER_OFF, c, st);
+}
+
+/* The Hopper instance of the head dim takes over the forward choice when
+ * off allows it (kernels.h). */
+static void maybe_hopper(const attn_cu_params *p, int sms, unsigned off, attn_cu_choice *c) {
+  attn_cu_kernel h = p->dp <= 64    ? ATTN_CU_HOPPER_D64
+                     : p->dp <= 128 ? ATTN_CU_HOPPER_D128
+                                    : ATTN_CU_HOPPER_D256;
+  if (!(off & (1u << h)))
+    attn_cu_select_hopper(p, sms, c);
 }
 
 int attn_cu_select_masked(const attn_cu_params *p, int sms, unsigned off, attn_cu_choice *c,
@@ -189,8 +199,10 @@ int attn_cu_select_masked(const attn_cu_params *p, int sms, unsigned off, attn_c
                            "start-up self-check and are disabled");
   if (p->pass == ATTN_BACKWARD)
     select_backward(p, k, c);
-  else
+  else {
     select_forward(p, sms, k, !(off & ATTN_CU_SPLIT_BIT), c);
+    maybe_hopper(p, sms, off, c);
+  }
   if (p->heads_q > ATTN_CU_MAX_GRID_YZ || (int64_t)p->batch * c->nsplit > ATTN_CU_MAX_GRID_YZ)
     return attn_status_set(st, ATTN_EUNSUPPORTED,
                            "the cuda backend takes at most %d query heads and %d batch entries "

@@ -7,7 +7,8 @@
  * with fewer query blocks than twice its multiprocessors). Errors are
  * normalized like the tests' (sqrt of the squared error over the squared
  * reference) and allowed four times the tests' per-dtype threshold: the
- * check is there to catch a wrong kernel, not rounding.
+ * check is there to catch a wrong kernel, not rounding. The Hopper cases
+ * come last; the backend runs them only where that instance may run.
  */
 #include "selfcheck.h"
 
@@ -24,26 +25,34 @@ typedef struct check_shape {
   attn_dtype dt;
   int hq, hkv, nq, nkv, d;
   bool causal;
-  int wl; /* window_left, -1: unbounded */
+  int wl;      /* window_left, -1: unbounded */
+  bool hopper; /* a case of the Hopper instance (kernels.h) */
 } check_shape;
 
 static const check_shape shapes[] = {
     /* unsplit: each instance, GQA 4:2, masks, padded head dims */
-    {ATTN_FORWARD, ATTN_F16, 4, 2, 37, 70, 61, true, -1},
-    {ATTN_FORWARD, ATTN_BF16, 4, 2, 37, 70, 125, false, 20},
-    {ATTN_FORWARD, ATTN_F16, 2, 1, 37, 70, 253, true, 30},
-    {ATTN_FORWARD, ATTN_F32, 4, 2, 37, 70, 45, true, -1},
-    {ATTN_BACKWARD, ATTN_F16, 4, 2, 37, 70, 61, true, -1},
-    {ATTN_BACKWARD, ATTN_BF16, 4, 2, 37, 70, 125, false, 20},
-    {ATTN_BACKWARD, ATTN_F16, 2, 1, 37, 70, 253, true, -1},
-    {ATTN_BACKWARD, ATTN_F32, 4, 2, 37, 70, 45, false, 9},
+    {ATTN_FORWARD, ATTN_F16, 4, 2, 37, 70, 61, true, -1, false},
+    {ATTN_FORWARD, ATTN_BF16, 4, 2, 37, 70, 125, false, 20, false},
+    {ATTN_FORWARD, ATTN_F16, 2, 1, 37, 70, 253, true, 30, false},
+    {ATTN_FORWARD, ATTN_F32, 4, 2, 37, 70, 45, true, -1, false},
+    {ATTN_BACKWARD, ATTN_F16, 4, 2, 37, 70, 61, true, -1, false},
+    {ATTN_BACKWARD, ATTN_BF16, 4, 2, 37, 70, 125, false, 20, false},
+    {ATTN_BACKWARD, ATTN_F16, 2, 1, 37, 70, 253, true, -1, false},
+    {ATTN_BACKWARD, ATTN_F32, 4, 2, 37, 70, 45, false, 9, false},
     /* decode rows: split-KV and the merge */
-    {ATTN_FORWARD, ATTN_BF16, 4, 2, 1, 700, 64, false, -1},
-    {ATTN_FORWARD, ATTN_F32, 2, 1, 1, 700, 40, true, -1},
+    {ATTN_FORWARD, ATTN_BF16, 4, 2, 1, 700, 64, false, -1, false},
+    {ATTN_FORWARD, ATTN_F32, 2, 1, 1, 700, 40, true, -1, false},
+    /* the Hopper instance, each head dim: a tail query tile and several
+     * key tiles through the ring (too few to split) */
+    {ATTN_FORWARD, ATTN_F16, 2, 1, 100, 250, 61, true, -1, true},
+    {ATTN_FORWARD, ATTN_BF16, 2, 1, 120, 250, 125, false, 20, true},
+    {ATTN_FORWARD, ATTN_F16, 2, 1, 90, 200, 253, true, -1, true},
 };
 enum { NSHAPES = sizeof shapes / sizeof *shapes };
 
 int attn_cu_check_count(void) { return NSHAPES; }
+
+bool attn_cu_check_is_hopper(int i) { return shapes[i].hopper; }
 
 static double tolerance(attn_dtype dt) {
   return 4 * (dt == ATTN_F16 ? 1e-3 : dt == ATTN_BF16 ? 8e-3 : 1e-5);

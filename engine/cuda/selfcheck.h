@@ -24,6 +24,10 @@ typedef struct attn_cu_check {
 /* How many cases there are. */
 int attn_cu_check_count(void);
 
+/* Whether case i is one of the Hopper instance's (run with that instance
+ * allowed, and passed only when the selection reached it). */
+bool attn_cu_check_is_hopper(int i);
+
 /* Case i with its inputs and reference; 0 or an error (out of memory). */
 int attn_cu_check_make(int i, attn_cu_check *c, attn_status *st);
 

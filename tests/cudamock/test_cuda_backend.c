@@ -767,7 +767,9 @@ Test(cuda_backend, self_check_passes_every_instance, .init = reset) {
 }
 
 Test(cuda_backend, a_wrong_head_dim_instance_falls_back_to_the_next, .init = reset) {
-  mock_knobs k = MOCK_KNOBS(1, 9, (size_t)8 << 30, 0, 0, 0);
+  /* compute capability 8: the Hopper instance, which would take this F16
+   * forward on a 9.0 device, is out of the picture */
+  mock_knobs k = MOCK_KNOBS(1, 8, (size_t)8 << 30, 0, 0, 0);
   k.wrong_kernel = ATTN_CU_MMA_D64 + 1;
   mock_set(&k);
   attn_engine *e = open_checked(true);
@@ -838,29 +840,89 @@ Test(cuda_backend, a_wrong_backward_instance_falls_back, .init = reset) {
   tprob p = tprob_make(1, 4, 2, 19, 23, 120, ATTN_BF16);
   cr_expect(check_bwd(e, &p, 85, true));
   cr_expect_eq(mock_last_kernel(NULL), ATTN_CU_BWD_MMA_D256);
-  /* softcap and ALiBi are not in the CUDA kernels: asked of the cuda backend
-   * they are refused as unsupported (never silently dropped), forward and
-   * backward, and "auto" runs them on the cpu backend instead. */
-  Test(cuda_backend, variants_refused_and_auto_falls_back, .init = reset) {
-    attn_engine *e = open_cuda(2, NULL);
-    for (int v = 0; v < 2; v++) {
-      tprob p = tprob_make(1, 2, 1, 20, 30, 64, ATTN_F16);
-      p.softcap = v ? 0 : 5.0;
-      p.alibi = v;
-      tcase c;
-      tcase_init(&c, &p, 9);
-      attn_status st = {0};
-      cr_expect_eq(trun(e, &c, "cuda", &st), ATTN_EUNSUPPORTED, "%s", st.message);
-      cr_expect(strstr(st.message, "softcap and alibi_slopes are not supported"), "%s", st.message);
-      attn_result res;
-      c.req.backend = "auto";
-      cr_assert_eq(attn_engine_run(e, &c.req, &res, &st), 0, "%s", st.message);
-      cr_expect_str_eq(res.backend, "cpu");
-      terr err = tcheck(&c);
-      cr_expect_leq(err.o, ttol(p.dt));
-      cr_assert_eq(tcase_backward(&c, true, 4, &st), 0, "%s", st.message);
-      cr_expect_eq(trun(e, &c, "cuda", &st), ATTN_EUNSUPPORTED, "%s", st.message);
-      tcase_free(&c);
-    }
-    attn_engine_close(e);
+  attn_engine_close(e);
+}
+
+/* Whether the disabled list has `kernel` with `why` in its reason. */
+static bool disabled_because(attn_engine *e, const char *kernel, const char *why) {
+  attn_backend_info info[4];
+  const attn_backend_info *ci = cuda_info(e, info);
+  for (int i = 0; i < ci->ndisabled; i++)
+    if (!strcmp(ci->disabled[i].kernel, kernel))
+      return strstr(ci->disabled[i].why, why) != NULL;
+  return false;
+}
+
+/* The Hopper instance is compile-verified only: it serves an F16/BF16
+ * forward only on a 9.0 device, with the sm_90a code built in, after it
+ * passed its self-check cases there. */
+Test(cuda_backend, hopper_serves_only_after_its_self_check, .init = reset) {
+  if (!attn_cu_hopper_built()) {
+    printf("skipped: this build has no sm_90a code (CUDA_ARCHS without 90a)\n");
+    return;
   }
+  tprob p = tprob_make(1, 4, 2, 19, 40, 64, ATTN_F16);
+  attn_engine *e = open_checked(false);
+  cr_expect(disabled_because(e, "hopper_d64", "self-check, which is off"));
+  cr_expect(check_one(e, &p, 91));
+  cr_expect_eq(mock_last_kernel(NULL), ATTN_CU_MMA_D64, "unchecked, the Hopper instance serves");
+  attn_engine_close(e);
+  e = open_checked(true);
+  cr_expect(!disabled_because(e, "hopper_d64", ""), "passed, yet still listed");
+  cr_expect(check_one(e, &p, 91));
+  cr_expect_eq(mock_last_kernel(NULL), ATTN_CU_HOPPER_D64, "ran on %s",
+               attn_cu_kernel_name((attn_cu_kernel)mock_last_kernel(NULL)));
+  attn_engine_close(e);
+}
+
+Test(cuda_backend, a_wrong_hopper_instance_stays_off, .init = reset) {
+  if (!attn_cu_hopper_built()) {
+    printf("skipped: this build has no sm_90a code (CUDA_ARCHS without 90a)\n");
+    return;
+  }
+  mock_knobs k = MOCK_KNOBS(1, 9, (size_t)8 << 30, 0, 0, 0);
+  k.wrong_kernel = ATTN_CU_HOPPER_D128 + 1;
+  mock_set(&k);
+  attn_engine *e = open_checked(true);
+  cr_expect(disabled_because(e, "hopper_d128", "error"), "hopper_d128 not listed as failing");
+  cr_expect(!disabled_because(e, "hopper_d64", ""), "the D=64 instance passed");
+  cr_expect(!disabled_because(e, "mma_d128", ""), "the mma.sync instance is fine");
+  tprob p = tprob_make(1, 4, 2, 19, 40, 128, ATTN_BF16);
+  cr_expect(check_one(e, &p, 92));
+  cr_expect_eq(mock_last_kernel(NULL), ATTN_CU_MMA_D128, "ran on %s",
+               attn_cu_kernel_name((attn_cu_kernel)mock_last_kernel(NULL)));
+  attn_engine_close(e);
+  k.wrong_kernel = 0;
+  k.major = 8;
+  mock_set(&k);
+  e = open_checked(true);
+  cr_expect(disabled_because(e, "hopper_d64", "compute capability 9.0"));
+  attn_engine_close(e);
+}
+
+/* softcap and ALiBi are not in the CUDA kernels: asked of the cuda backend
+ * they are refused as unsupported (never silently dropped), forward and
+ * backward, and "auto" runs them on the cpu backend instead. */
+Test(cuda_backend, variants_refused_and_auto_falls_back, .init = reset) {
+  attn_engine *e = open_cuda(2, NULL);
+  for (int v = 0; v < 2; v++) {
+    tprob p = tprob_make(1, 2, 1, 20, 30, 64, ATTN_F16);
+    p.softcap = v ? 0 : 5.0;
+    p.alibi = v;
+    tcase c;
+    tcase_init(&c, &p, 9);
+    attn_status st = {0};
+    cr_expect_eq(trun(e, &c, "cuda", &st), ATTN_EUNSUPPORTED, "%s", st.message);
+    cr_expect(strstr(st.message, "softcap and alibi_slopes are not supported"), "%s", st.message);
+    attn_result res;
+    c.req.backend = "auto";
+    cr_assert_eq(attn_engine_run(e, &c.req, &res, &st), 0, "%s", st.message);
+    cr_expect_str_eq(res.backend, "cpu");
+    terr err = tcheck(&c);
+    cr_expect_leq(err.o, ttol(p.dt));
+    cr_assert_eq(tcase_backward(&c, true, 4, &st), 0, "%s", st.message);
+    cr_expect_eq(trun(e, &c, "cuda", &st), ATTN_EUNSUPPORTED, "%s", st.message);
+    tcase_free(&c);
+  }
+  attn_engine_close(e);
+}

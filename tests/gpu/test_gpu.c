@@ -1186,9 +1186,9 @@ enum {
   G_COUNT
 };
 static const char *const gnames[G_COUNT] = {
-    "conf/sizes", "conf/masks", "conf/shapes", "conf/masked", "conf/diag", "headdims", "decode",
-    "long",       "layouts",    "errors",      "kapi",        "hopper",    "pool",     "backward",
-    "small"};
+    "conf/sizes", "conf/masks", "conf/shapes", "conf/masked", "conf/diag",
+    "headdims",   "decode",     "long",        "layouts",     "errors",
+    "kapi",       "hopper",     "pool",        "backward",    "small"};
 
 static bool wanted(const char *filter, const char *name) {
   if (!filter)

@@ -839,8 +839,12 @@ Test(cuda_layout, disabled_instances_fall_back) {
   cr_assert_eq(attn_cu_select_masked(&p, 132, 3u << ATTN_CU_MMA_D64, &c, &st), 0);
   cr_expect_eq(c.kernel, ATTN_CU_MMA_D256);
   cr_expect_gt(c.nsplit, 1);
-  cr_assert_eq(attn_cu_select_masked(&p, 132, ATTN_CU_SPLIT_BIT, &c, &st), 0);
+  cr_assert_eq(attn_cu_select_masked(&p, 132, ATTN_CU_SPLIT_BIT | ATTN_CU_HOPPER_OFF, &c, &st), 0);
   cr_expect(c.kernel == ATTN_CU_MMA_D64 && c.nsplit == 1);
+  /* a clear Hopper bit (the self-check passed it) lets that instance take
+   * the unsplit F16 forward */
+  cr_assert_eq(attn_cu_select_masked(&p, 132, ATTN_CU_SPLIT_BIT, &c, &st), 0);
+  cr_expect(c.kernel == ATTN_CU_HOPPER_D64 && c.nsplit == 1);
   cr_expect_eq(attn_cu_select_masked(&p, 132, 7u << ATTN_CU_MMA_D64, &c, &st), ATTN_EUNSUPPORTED);
   p.pass = ATTN_BACKWARD;
   cr_assert_eq(attn_cu_select_masked(&p, 132, 1u << ATTN_CU_MMA_D64, &c, &st), 0);

@@ -432,18 +432,8 @@ static void series_label(const route_stats *rs, char *out, size_t cap) {
   free(b.p);
 }
 
-char *attnd_metrics_render(attnd_metrics *m, size_t *plen) {
-  /* On the heap: the snapshot is some 30 KiB, too much for small thread
-   * stacks. Backend names may be shared: they never change once set. */
-  state *s = malloc(sizeof *s);
-  if (!s)
-    return NULL;
-  pthread_mutex_lock(&m->mu);
-  *s = m->s;
-  pthread_mutex_unlock(&m->mu);
-
-  buf b = {0};
-  family_header(&b, "attnd_requests_total", "counter",
+static void render_requests(buf *b, state *s) {
+  family_header(b, "attnd_requests_total", "counter",
                 "HTTP requests finished, by route, model (routes that serve one) and status code.");
   for (int r = 0; r < s->nseries; r++) {
     route_stats *rs = &s->routes[r];
@@ -451,55 +441,57 @@ char *attnd_metrics_render(attnd_metrics *m, size_t *plen) {
     series_label(rs, label, sizeof label);
     qsort(rs->codes, (size_t)rs->ncodes, sizeof rs->codes[0], code_cmp);
     for (int i = 0; i < rs->ncodes; i++)
-      buf_printf(&b, "attnd_requests_total{%s,code=\"%d\"} %" PRIu64 "\n", label, rs->codes[i].code,
+      buf_printf(b, "attnd_requests_total{%s,code=\"%d\"} %" PRIu64 "\n", label, rs->codes[i].code,
                  rs->codes[i].n);
     if (rs->other_codes)
-      buf_printf(&b, "attnd_requests_total{%s,code=\"other\"} %" PRIu64 "\n", label,
+      buf_printf(b, "attnd_requests_total{%s,code=\"other\"} %" PRIu64 "\n", label,
                  rs->other_codes);
   }
-
-  family_header(&b, "attnd_request_duration_seconds", "histogram",
+  family_header(b, "attnd_request_duration_seconds", "histogram",
                 "Time spent handling HTTP requests, by route and model.");
   for (int r = 0; r < s->nseries; r++) {
     if (!s->routes[r].duration.count)
       continue;
     char label[160];
     series_label(&s->routes[r], label, sizeof label);
-    render_histogram(&b, "attnd_request_duration_seconds", label, &s->routes[r].duration);
+    render_histogram(b, "attnd_request_duration_seconds", label, &s->routes[r].duration);
   }
+}
 
-  family_header(&b, "attnd_queue_wait_seconds", "histogram",
+static void render_jobs(buf *b, const state *s) {
+  family_header(b, "attnd_queue_wait_seconds", "histogram",
                 "Time jobs waited between admission and the engine.");
-  render_histogram(&b, "attnd_queue_wait_seconds", "", &s->queue_wait);
-
-  family_header(&b, "attnd_engine_seconds_total", "counter",
+  render_histogram(b, "attnd_queue_wait_seconds", "", &s->queue_wait);
+  family_header(b, "attnd_engine_seconds_total", "counter",
                 "Engine time spent on completed jobs, by backend.");
-  render_backends(&b, s, "attnd_engine_seconds_total", 0);
-
-  family_header(&b, "attnd_flops_total", "counter",
+  render_backends(b, s, "attnd_engine_seconds_total", 0);
+  family_header(b, "attnd_flops_total", "counter",
                 "Floating-point operations of completed jobs, by backend.");
-  render_backends(&b, s, "attnd_flops_total", 1);
-
-  family_header(&b, "attnd_jobs_canceled_total", "counter",
+  render_backends(b, s, "attnd_flops_total", 1);
+  family_header(b, "attnd_jobs_canceled_total", "counter",
                 "Jobs cut short (deadline, client reset, shutdown), by reason and by where "
                 "they were: dropped from the queue, or stopped in the engine.");
   for (int why = 0; why < ATTND_CANCEL_REASONS; why++)
     for (int st = 0; st < ATTND_STAGES; st++)
-      buf_printf(&b, "attnd_jobs_canceled_total{reason=\"%s\",stage=\"%s\"} %" PRIu64 "\n",
+      buf_printf(b, "attnd_jobs_canceled_total{reason=\"%s\",stage=\"%s\"} %" PRIu64 "\n",
                  attnd_cancel_reason_name((attnd_cancel_reason)why),
                  st == ATTND_STAGE_QUEUED ? "queued" : "running", s->canceled[why][st]);
+}
 
-  family_header(&b, "attnd_errors_total", "counter",
+static void render_errors(buf *b, const state *s) {
+  family_header(b, "attnd_errors_total", "counter",
                 "Error replies by error code (client_closed: a client that reset while its "
                 "job ran, logged and never answered).");
   for (int i = 0; i < s->nerrors; i++) {
-    buf_put(&b, "attnd_errors_total{code=\"");
-    buf_put_label_value(&b, s->error_codes[i]);
-    buf_printf(&b, "\"} %" PRIu64 "\n", s->errors[i]);
+    buf_put(b, "attnd_errors_total{code=\"");
+    buf_put_label_value(b, s->error_codes[i]);
+    buf_printf(b, "\"} %" PRIu64 "\n", s->errors[i]);
   }
   if (s->other_errors)
-    buf_printf(&b, "attnd_errors_total{code=\"other\"} %" PRIu64 "\n", s->other_errors);
+    buf_printf(b, "attnd_errors_total{code=\"other\"} %" PRIu64 "\n", s->other_errors);
+}
 
+static void render_gauges(buf *b, const state *s) {
   static const struct {
     attnd_gauge g;
     const char *name, *help;
@@ -511,15 +503,29 @@ char *attnd_metrics_render(attnd_metrics *m, size_t *plen) {
        "POST requests whose headers arrived and whose body is still being read."},
   };
   for (size_t i = 0; i < sizeof gauges / sizeof gauges[0]; i++) {
-    family_header(&b, gauges[i].name, "gauge", gauges[i].help);
-    buf_printf(&b, "%s %" PRId64 "\n", gauges[i].name, s->gauges[gauges[i].g]);
+    family_header(b, gauges[i].name, "gauge", gauges[i].help);
+    buf_printf(b, "%s %" PRId64 "\n", gauges[i].name, s->gauges[gauges[i].g]);
   }
+  family_header(b, "attnd_bytes_received_total", "counter", "Bytes of HTTP requests received.");
+  buf_printf(b, "attnd_bytes_received_total %" PRIu64 "\n", s->bytes_in);
+  family_header(b, "attnd_bytes_sent_total", "counter", "Bytes of HTTP responses sent.");
+  buf_printf(b, "attnd_bytes_sent_total %" PRIu64 "\n", s->bytes_out);
+}
 
-  family_header(&b, "attnd_bytes_received_total", "counter", "Bytes of HTTP requests received.");
-  buf_printf(&b, "attnd_bytes_received_total %" PRIu64 "\n", s->bytes_in);
-  family_header(&b, "attnd_bytes_sent_total", "counter", "Bytes of HTTP responses sent.");
-  buf_printf(&b, "attnd_bytes_sent_total %" PRIu64 "\n", s->bytes_out);
-
+char *attnd_metrics_render(attnd_metrics *m, size_t *plen) {
+  /* On the heap: the snapshot is some 30 KiB, too much for small thread
+   * stacks. Backend names may be shared: they never change once set. */
+  state *s = malloc(sizeof *s);
+  if (!s)
+    return NULL;
+  pthread_mutex_lock(&m->mu);
+  *s = m->s;
+  pthread_mutex_unlock(&m->mu);
+  buf b = {0};
+  render_requests(&b, s);
+  render_jobs(&b, s);
+  render_errors(&b, s);
+  render_gauges(&b, s);
   free(s);
   if (b.oom) {
     free(b.p);

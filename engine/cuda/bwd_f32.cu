@@ -70,6 +70,7 @@ __global__ void __launch_bounds__(NT_KV) bwd_dkdv_f32(const attn_cu_params p) {
                            STEP, &qt0, &qt1);
   attn_cu_key_bounds(j, off, p.window_left, p.window_right, p.seq_q, p.seq_kv, &lo, &hi);
   const int nqt = qt1 - qt0;
+  const bool var = p.cap2 > 0.0f || p.alibi2;
 
   float dk[PER], dv[PER];
 #pragma unroll
@@ -95,12 +96,26 @@ __global__ void __launch_bounds__(NT_KV) bwd_dkdv_f32(const attn_cu_params p) {
     // Sᵀ and dPᵀ for key j and queries i0 + sub + G·c, then P and dS.
     float pt[NC], ds[NC];
     dots<G>(sK + r * ks, sV + r * ks, sQ, sO, sub, dp, pt, ds);
+    float g[NC];
+#pragma unroll
+    for (int c = 0; c < NC; c++) {
+      pt[c] *= p.scale_log2;
+      g[c] = 1.0f;
+    }
+    if (var) { // softcap and ALiBi: a uniform branch per step when off
+      const float d0 = attn_cu_dist0(i0, off, j);
+      const float slope2 = p.alibi2 ? p.alibi2[(size_t)b * p.heads_q + h] : 0.0f;
+#pragma unroll
+      for (int c = 0; c < NC; c++)
+        pt[c] = attn_cu_variant(pt[c], p.cap2, p.inv_cap2, slope2, attn_cu_dist(d0, -(sub + G * c)),
+                                &g[c]);
+    }
 #pragma unroll
     for (int c = 0; c < NC; c++) {
       const int q = sub + G * c, i = i0 + q;
-      float x = i >= lo && i <= hi ? exp2f(pt[c] * p.scale_log2 - sL[q]) : 0.0f;
+      float x = i >= lo && i <= hi ? exp2f(pt[c] - sL[q]) : 0.0f;
       pt[c] = x;
-      ds[c] = x * (ds[c] - sD[q]);
+      ds[c] = x * g[c] * (ds[c] - sD[q]);
     }
     // dV += Pᵀ dO, dK += dSᵀ Q: query c's weights sit in register c / G of
     // group lane c % G.
@@ -148,6 +163,8 @@ __global__ void __launch_bounds__(NT_Q) bwd_dq_f32(const attn_cu_params p) {
   attn_cu_row_bounds(i, off, p.window_left, p.window_right, p.seq_kv, &lo, &hi);
   const float l2 = i < p.seq_q ? lse2[qrow0 + i] : INFINITY;
   const float dd = i < p.seq_q ? p.bwd_ws[qrow0 + i] : 0.0f;
+  const bool var = p.cap2 > 0.0f || p.alibi2;
+  const float slope2 = p.alibi2 ? p.alibi2[(size_t)b * p.heads_q + h] : 0.0f;
 
   float dq[PER];
 #pragma unroll
@@ -166,11 +183,24 @@ __global__ void __launch_bounds__(NT_Q) bwd_dq_f32(const attn_cu_params p) {
 
     float s[NC], ds[NC];
     dots<G>(sQ + r * ks, sO + r * ks, sK, sV, sub, dp, s, ds);
+    float g[NC];
+#pragma unroll
+    for (int c = 0; c < NC; c++) {
+      s[c] *= p.scale_log2;
+      g[c] = 1.0f;
+    }
+    if (var) { // softcap and ALiBi: a uniform branch per tile when off
+      const float d0 = attn_cu_dist0(i, off, j0);
+#pragma unroll
+      for (int c = 0; c < NC; c++)
+        s[c] =
+            attn_cu_variant(s[c], p.cap2, p.inv_cap2, slope2, attn_cu_dist(d0, sub + G * c), &g[c]);
+    }
 #pragma unroll
     for (int c = 0; c < NC; c++) {
       const int jj = j0 + sub + G * c;
-      float x = jj >= lo && jj <= hi ? exp2f(s[c] * p.scale_log2 - l2) : 0.0f;
-      ds[c] = x * (ds[c] - dd);
+      float x = jj >= lo && jj <= hi ? exp2f(s[c] - l2) : 0.0f;
+      ds[c] = x * g[c] * (ds[c] - dd);
     }
     // dQ += dS K: key c's weight sits in register c / G of group lane c % G.
 #pragma unroll

@@ -12,9 +12,10 @@
 // while the current one is computed. Per tile each warp recomputes, for its
 // 16 keys, Sᵀ = K Qᵀ, Pᵀ = exp2(Sᵀ·scale·log2 e − lse·log2 e) (0 where
 // masked), accumulates dV += Pᵀ dO, forms dPᵀ = V dOᵀ and
-// dSᵀ = Pᵀ∘(dPᵀ − D), and accumulates dK += dSᵀ Q; the accumulator layout
-// of Pᵀ and dSᵀ is the A layout of the next product, so neither leaves
-// registers. dK is scaled once at the end.
+// dSᵀ = Pᵀ∘(dPᵀ − D) (softcap: times 1 − tanh² of the score; ALiBi adds
+// −slope·|i + off − j| to the score before exp2), and accumulates dK += dSᵀ Q; the accumulator
+// layout of Pᵀ and dSᵀ is the A layout of the next product, so neither leaves registers. dK is
+// scaled once at the end.
 //
 // bwd_dq: one block per (query tile, query head, batch), warps of 16 rows
 // as in the forward: per key tile S = Q Kᵀ, P, dP = dO Vᵀ, dS = P∘(dP − D),
@@ -170,6 +171,7 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32) bwd_dkdv(const attn_cu
                       p.bwd_ws + (qrow - st.i0), st.i0, p.seq_q);
   };
 
+  const bool var = p.cap2 > 0.0f || p.alibi2;
   float dk[DB][4], dv[DB][4];
   zero<DB>(dk);
   zero<DB>(dv);
@@ -200,39 +202,63 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32) bwd_dkdv(const attn_cu
         i0 + BM <= p.seq_q && j0 + BN <= p.seq_kv &&
         attn_cu_tile_full(j0, BN, i0, i0 + BM, off, p.window_left, p.window_right, p.seq_kv);
 
-    // Pᵀ for this warp's 16 keys and the step's BM queries.
-    float st[NB][4];
-    zero<NB>(st);
-    mma_abt<T, KD, NB, STR>(st, sK + key0 * STR, sQb, lane);
+    // Sᵀ for this warp's 16 keys and the step's BM queries, Pᵀ from it,
+    // dV += Pᵀ dO; dSᵀ = Pᵀ∘(dPᵀ − D), dPᵀ = V dOᵀ, and dK += dSᵀ Q. With
+    // softcap dSᵀ takes the factor 1 − tanh² of each score, so the variant
+    // path (one uniform branch per step) forms dPᵀ before Pᵀ and both in
+    // one pass; the plain path keeps the order that holds fewer registers.
+    auto body = [&](auto var_tag) {
+      constexpr bool VAR = decltype(var_tag)::value;
+      float st[NB][4], dpt[NB][4];
+      zero<NB>(st);
+      mma_abt<T, KD, NB, STR>(st, sK + key0 * STR, sQb, lane);
+      float d0 = 0.0f, slope2 = 0.0f;
+      if constexpr (VAR) {
+        zero<NB>(dpt);
+        mma_abt<T, KD, NB, STR>(dpt, sV + key0 * STR, sOb, lane);
+        d0 = attn_cu_dist0(i0, off, ja); // key ja to query i0; key jb is 8 nearer
+        if (p.alibi2)
+          slope2 = p.alibi2[(size_t)b * p.heads_q + step_of(s, nqt, qt0, hkv, group, BM).h];
+      }
 #pragma unroll
-    for (int n = 0; n < NB; n++)
+      for (int n = 0; n < NB; n++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) {
-        int row, col;
-        attn_cu_frag_c(lane, e, &row, &col);
-        const int q = n * 8 + col, i = i0 + q;
-        float x = fast_exp2(st[n][e] * p.scale_log2 - sLb[q]);
-        if (!full) {
-          bool vis = row < 8 ? (i >= lo_a && i <= hi_a) : (i >= lo_b && i <= hi_b);
-          x = vis ? x : 0.0f;
+        for (int e = 0; e < 4; e++) {
+          int row, col;
+          attn_cu_frag_c(lane, e, &row, &col);
+          const int q = n * 8 + col, i = i0 + q;
+          float x = st[n][e] * p.scale_log2, g = 1.0f;
+          if constexpr (VAR)
+            x = attn_cu_variant(x, p.cap2, p.inv_cap2, slope2, attn_cu_frag_dist(d0, -1, row, q),
+                                &g);
+          x = fast_exp2(x - sLb[q]);
+          if (!full) {
+            bool vis = row < 8 ? (i >= lo_a && i <= hi_a) : (i >= lo_b && i <= hi_b);
+            x = vis ? x : 0.0f;
+          }
+          st[n][e] = x;
+          if constexpr (VAR)
+            dpt[n][e] = x * g * (dpt[n][e] - sDb[q]);
         }
-        st[n][e] = x;
-      }
-    mma_xb<T, BM / 16, DB, STR>(dv, st, sOb + dim0, lane);
-
-    // dSᵀ = Pᵀ∘(dPᵀ − D), dPᵀ = V dOᵀ.
-    float dpt[NB][4];
-    zero<NB>(dpt);
-    mma_abt<T, KD, NB, STR>(dpt, sV + key0 * STR, sOb, lane);
+      mma_xb<T, BM / 16, DB, STR>(dv, st, sOb + dim0, lane);
+      if constexpr (!VAR) {
+        zero<NB>(dpt);
+        mma_abt<T, KD, NB, STR>(dpt, sV + key0 * STR, sOb, lane);
 #pragma unroll
-    for (int n = 0; n < NB; n++)
+        for (int n = 0; n < NB; n++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) {
-        int row, col;
-        attn_cu_frag_c(lane, e, &row, &col);
-        dpt[n][e] = st[n][e] * (dpt[n][e] - sDb[n * 8 + col]);
+          for (int e = 0; e < 4; e++) {
+            int row, col;
+            attn_cu_frag_c(lane, e, &row, &col);
+            dpt[n][e] = st[n][e] * (dpt[n][e] - sDb[n * 8 + col]);
+          }
       }
-    mma_xb<T, BM / 16, DB, STR>(dk, dpt, sQb + dim0, lane);
+      mma_xb<T, BM / 16, DB, STR>(dk, dpt, sQb + dim0, lane);
+    };
+    if (var)
+      body(std::true_type{});
+    else
+      body(std::false_type{});
     __syncthreads(); // the next step refills the buffer read here
   }
 
@@ -280,6 +306,7 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32) bwd_dq(const attn_cu_p
                                p.dp);
   };
 
+  const bool var = p.cap2 > 0.0f || p.alibi2;
   float dq[DB][4];
   zero<DB>(dq);
   uint32_t qf[QREG ? KD : 1][4], of[QREG ? KD : 1][4];
@@ -345,10 +372,32 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32) bwd_dq(const attn_cu_p
       }
     }
 
-    // dS = P∘(dP − D), P = 0 where masked.
+    // dS = P∘(dP − D), P = 0 where masked. With a variant, a pass first
+    // (one uniform branch per tile) turns S into the variant's scores in
+    // log2 units and dP − D into (dP − D)(1 − tanh²), so the common loop
+    // below then scales by 1 and subtracts 0: the plain path keeps its
+    // instructions, and the variant's registers stay out of that loop.
     const int j0 = t * BN;
     const bool full =
         attn_cu_tile_full(j0, BN, i0, i1, off, p.window_left, p.window_right, p.seq_kv);
+    float sc = p.scale_log2, sub_a = da, sub_b = db;
+    if (var) {
+      const float d0 = attn_cu_dist0(ra, off, j0);
+      const float slope2 = p.alibi2 ? p.alibi2[(size_t)b * p.heads_q + h] : 0.0f;
+#pragma unroll
+      for (int n = 0; n < NB; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          int row, col;
+          attn_cu_frag_c(lane, e, &row, &col);
+          const bool lo = row < 8;
+          float g;
+          s[n][e] = attn_cu_variant(s[n][e] * p.scale_log2, p.cap2, p.inv_cap2, slope2,
+                                    attn_cu_frag_dist(d0, 1, row, n * 8 + col), &g);
+          dp[n][e] = (dp[n][e] - (lo ? da : db)) * g;
+        }
+      sc = 1.0f, sub_a = sub_b = 0.0f;
+    }
 #pragma unroll
     for (int n = 0; n < NB; n++)
 #pragma unroll
@@ -356,13 +405,13 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32) bwd_dq(const attn_cu_p
         int row, col;
         attn_cu_frag_c(lane, e, &row, &col);
         const bool lo = row < 8;
-        float x = fast_exp2(s[n][e] * p.scale_log2 - (lo ? l2a : l2b));
+        float x = fast_exp2(s[n][e] * sc - (lo ? l2a : l2b));
         if (!full) {
           int j = j0 + n * 8 + col;
           bool vis = lo ? (j >= lo_a && j <= hi_a) : (j >= lo_b && j <= hi_b);
           x = vis ? x : 0.0f;
         }
-        dp[n][e] = x * (dp[n][e] - (lo ? da : db));
+        dp[n][e] = x * (dp[n][e] - (lo ? sub_a : sub_b));
       }
     mma_xb<T, BN / 16, DB, STR>(dq, dp, sKb, lane);
     __syncthreads(); // the next iteration refills the buffer read here

@@ -82,6 +82,7 @@ typedef struct cu_slot {
    * that (split-KV partials, or a recomputed lse and the backward's D). */
   int nin, nout;
   size_t off[5], off_scan, off_out[3], off_stats[3], off_lse, off_ws;
+  size_t off_alibi; /* the slopes in log2 units, F32 [B, Hq]; SIZE_MAX: none */
   size_t up_end, down_start, down_end, dev_bytes;
   void *dmem;
   attn_cu_params prm;
@@ -190,6 +191,9 @@ static int shape_of(const attn_request *r, attn_cu_params *p, attn_status *st) {
   p->scale = (float)attn_request_scale(r);
   attn_request_window(r, &p->window_left, &p->window_right);
   p->off = attn_request_offset(r);
+  /* softcap and ALiBi in log2 units, as the kernels keep scores */
+  p->cap2 = (float)(r->softcap * M_LOG2E);
+  p->inv_cap2 = r->softcap > 0 ? (float)(1.0 / (r->softcap * M_LOG2E)) : 0.0f;
   return 0;
 }
 
@@ -219,6 +223,8 @@ static bool layout(cu_slot *sl, const attn_request *r) {
   }
   sl->off_lse = bwd && r->lse_in ? x : SIZE_MAX;
   x += bwd && r->lse_in ? lse_bytes : 0;
+  sl->off_alibi = r->alibi_slopes ? x : SIZE_MAX;
+  x += r->alibi_slopes ? align_up((size_t)p->batch * p->heads_q * sizeof(float)) : 0;
   sl->off_scan = x;
   x = align_up(x + (size_t)sl->nin * sizeof(attn_cu_scan_result));
   sl->up_end = x;
@@ -247,6 +253,8 @@ static bool layout(cu_slot *sl, const attn_request *r) {
 /* The kernels, their tiles and the job's layout, for a device with sms
  * multiprocessors; no device call. */
 static int plan_job(cu_slot *sl, const attn_request *r, int sms, unsigned off, attn_status *st) {
+  if (r->softcap > 0 || r->alibi_slopes) /* the Hopper instance has no variant path */
+    off |= ATTN_CU_HOPPER_OFF;
   int rc = shape_of(r, &sl->prm, st);
   if (rc < 0 || (rc = attn_cu_select_masked(&sl->prm, sms, off, &sl->ch, st)) < 0)
     return rc;
@@ -368,6 +376,12 @@ static void stage(cu_slot *sl, const attn_request *r) {
   if (r->pass == ATTN_BACKWARD && r->lse_in)
     memcpy(sl->pinned + sl->off_lse, r->lse_in,
            (size_t)(r->batch * r->heads_q * r->seq_q) * sizeof(float));
+  if (r->alibi_slopes) { /* expanded to [B, Hq]: the kernels index b·Hq + h */
+    float *a2 = (float *)(sl->pinned + sl->off_alibi);
+    for (int64_t b = 0; b < r->batch; b++)
+      for (int64_t h = 0; h < r->heads_q; h++)
+        a2[b * r->heads_q + h] = (float)(-attn_request_alibi_slope(r, b, h) * M_LOG2E);
+  }
   attn_cu_scan_result *scan = (attn_cu_scan_result *)(sl->pinned + sl->off_scan);
   for (int t = 0; t < sl->nin; t++)
     scan[t] = (attn_cu_scan_result){.first_bad = ~0ull, .maxabs_bits = 0, .pad_ = 0};
@@ -379,6 +393,7 @@ static void set_pointers(cu_slot *sl, const attn_request *r, unsigned char *dm) 
   p->q = dm + sl->off[0];
   p->k = dm + sl->off[1];
   p->v = dm + sl->off[2];
+  p->alibi2 = r->alibi_slopes ? (const float *)(dm + sl->off_alibi) : NULL;
   if (r->pass == ATTN_BACKWARD) {
     p->o = dm + sl->off[3];
     p->dout = dm + sl->off[4];
@@ -746,12 +761,6 @@ static int cuda_supports(void *state, const attn_request *r, attn_status *st) {
     }
   if (!ok)
     return attn_status_set(st, ATTN_ENODEV, "cuda: no healthy device is left");
-  /* Not in the CUDA kernels yet: refused, never ignored; "auto" then picks
-   * the cpu backend, which has them. */
-  if (r->softcap > 0 || r->alibi_slopes)
-    return attn_status_set(st, ATTN_EUNSUPPORTED,
-                           "cuda: softcap and alibi_slopes are not supported by the CUDA kernels "
-                           "yet; use backend cpu or auto");
   cu_slot probe;
   memset(&probe, 0, sizeof probe);
   int rc = plan_job(&probe, r, sms, s->off, st);

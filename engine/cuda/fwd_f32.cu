@@ -39,6 +39,9 @@ __global__ void __launch_bounds__(NT) fwd_f32(const attn_cu_params p, int nsplit
                       &t1);
   attn_cu_row_bounds(i, off, p.window_left, p.window_right, p.seq_kv, &lo, &hi);
 
+  const bool var = p.cap2 > 0.0f || p.alibi2;
+  const float slope2 = p.alibi2 ? p.alibi2[(size_t)b * p.heads_q + h] : 0.0f;
+
   float acc[PER];
 #pragma unroll
   for (int k = 0; k < PER; k++)
@@ -70,11 +73,22 @@ __global__ void __launch_bounds__(NT) fwd_f32(const attn_cu_params p, int nsplit
       for (int c = 0; c < 8; c++)
         s[c] = fmaf(q, sK[(sub + 4 * c) * ks + d], s[c]);
     }
+#pragma unroll
+    for (int c = 0; c < 8; c++)
+      s[c] *= p.scale_log2;
+    if (var) { // softcap and ALiBi: one uniform branch per tile when off
+      const float d0 = attn_cu_dist0(i, off, j0);
+#pragma unroll
+      for (int c = 0; c < 8; c++) {
+        float g;
+        s[c] = attn_cu_variant(s[c], p.cap2, p.inv_cap2, slope2, attn_cu_dist(d0, sub + 4 * c), &g);
+      }
+    }
     float mx = -INFINITY;
 #pragma unroll
     for (int c = 0; c < 8; c++) {
       int j = j0 + sub + 4 * c;
-      s[c] = j >= lo && j <= hi ? s[c] * p.scale_log2 : -INFINITY;
+      s[c] = j >= lo && j <= hi ? s[c] : -INFINITY;
       mx = fmaxf(mx, s[c]);
     }
     mx = fmaxf(m, quad_max(mx));

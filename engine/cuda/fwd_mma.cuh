@@ -6,7 +6,8 @@
 // lanes of one quad and need only two shuffles, never shared memory. Q is
 // staged once; K and V tiles of BN keys are double-buffered in shared memory
 // by cp.async while the previous tile is computed. Per tile a warp computes
-// S = Q Kᵀ into registers, scales it by scale·log2 e, masks it only when the
+// S = Q Kᵀ into registers, scales it by scale·log2 e, applies softcap and
+// ALiBi when the launch asks (a uniform branch per tile), masks it only when the
 // tile straddles a window or the sequence end, updates the running max m and
 // sum l, rescales O, turns P into A fragments without leaving registers
 // (the accumulator layout of S is the A layout of P) and accumulates O += P V
@@ -34,6 +35,25 @@ __device__ __forceinline__ void load_tile(T *s, const T *g, int valid, int dp) {
     bool ok = r < valid && c < dp;
     cp_async16(s + r * STR + c, ok ? g + (size_t)r * dp + c : g, ok);
   }
+}
+
+// softcap and ALiBi (attn_cu_variant) on a warp's 16 x 8·NB scores in C
+// layout, log2 units, rows queries and columns keys: row g of the tile is
+// at distance |d0 − c| from key column c (d0 = i + off − j0), row g + 8 at
+// |d0 + 8 − c|.
+template <int NB>
+__device__ __forceinline__ void score_variants(float (*s)[4], const attn_cu_params &p, float slope2,
+                                               float d0, int lane) {
+#pragma unroll
+  for (int n = 0; n < NB; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      int row, col;
+      attn_cu_frag_c(lane, e, &row, &col);
+      float g;
+      s[n][e] = attn_cu_variant(s[n][e], p.cap2, p.inv_cap2, slope2,
+                                attn_cu_frag_dist(d0, 1, row, n * 8 + col), &g);
+    }
 }
 
 template <typename T, int DPAD, int BN, bool QREG>
@@ -67,6 +87,9 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32)
   int lo_a, hi_a, lo_b, hi_b;
   attn_cu_row_bounds(ra, off, p.window_left, p.window_right, p.seq_kv, &lo_a, &hi_a);
   attn_cu_row_bounds(rb, off, p.window_left, p.window_right, p.seq_kv, &lo_b, &hi_b);
+
+  const bool var = p.cap2 > 0.0f || p.alibi2;
+  const float slope2 = p.alibi2 ? p.alibi2[(size_t)b * p.heads_q + h] : 0.0f;
 
   float o[DB][4];
 #pragma unroll
@@ -132,24 +155,30 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32)
       }
     }
 
-    // Scale into log2 units; mask where the tile is not wholly visible.
+    // Scale into log2 units, the variants when asked (one uniform branch
+    // per tile), and the mask where the tile is not wholly visible.
     const int j0 = t * BN;
     const bool full =
         attn_cu_tile_full(j0, BN, i0, i1, off, p.window_left, p.window_right, p.seq_kv);
 #pragma unroll
     for (int n = 0; n < NB; n++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) {
-        float x = s[n][e] * p.scale_log2;
-        if (!full) {
+      for (int e = 0; e < 4; e++)
+        s[n][e] *= p.scale_log2;
+    if (var)
+      score_variants<NB>(s, p, slope2, attn_cu_dist0(ra, off, j0), lane);
+    if (!full) {
+#pragma unroll
+      for (int n = 0; n < NB; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
           int row, col;
           attn_cu_frag_c(lane, e, &row, &col);
           int j = j0 + n * 8 + col;
           bool vis = row < 8 ? (j >= lo_a && j <= hi_a) : (j >= lo_b && j <= hi_b);
-          x = vis ? x : -INFINITY;
+          s[n][e] = vis ? s[n][e] : -INFINITY;
         }
-        s[n][e] = x;
-      }
+    }
 
     // Online softmax: new running max, rescale, weights and their sums.
     float mx_a = -INFINITY, mx_b = -INFINITY;

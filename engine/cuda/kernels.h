@@ -114,6 +114,13 @@ typedef struct attn_cu_params {
    * 2^40, beyond every sequence the kernels take). */
   int64_t window_left, window_right;
   int64_t off; /* the mask's diagonal offset, attn_request_offset() */
+  /* Issue 17's variants, in log2 units like scale_log2 (attn_cu_variant()
+   * in layout.h): cap2 = softcap · log2 e (0: off) and its inverse; alibi2,
+   * NULL when off, the per-(batch, head) −slope · log2 e, F32 [B, Hq] on
+   * the device (4-byte aligned). Uniform per launch: a plain request's
+   * kernels take one branch per tile, never per element. */
+  float cap2, inv_cap2;
+  const float *alibi2;
 } attn_cu_params;
 
 /* The kernel chosen for a request and its launch shape. */

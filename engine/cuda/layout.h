@@ -216,6 +216,64 @@ ATTN_HD int attn_cu_tile_full(int64_t j0, int bn, int64_t i0, int64_t i1, int64_
   return j0 >= lo_last && j0 + bn - 1 <= hi_first;
 }
 
+/* ---- issue 17's variants on a score -------------------------------------------- */
+
+/*
+ * A score in log2 units, x = q·k · scale · log2 e, through FlashAttention's
+ * variants in their order: softcap (cap2 = softcap · log2 e, 0 off; then
+ * cap2 · tanh(x / cap2) is softcap · tanh(s / softcap) in log2 units), then
+ * ALiBi (slope2 = −slope · log2 e, dist = |i + off − j|). *dcap gets
+ * 1 − tanh², the factor by which the backward scales dS (1 without softcap;
+ * the bias is a constant and leaves dS alone). Not tanh.approx: its 2^-11
+ * error, times a cap of 30, would move weights past F16's tolerance.
+ */
+/* tanh as 1 − 2 / (e^2|x| + 1) with the sign put back: absolute error a
+ * few ulp of 1 everywhere (all that a capped score cap·tanh needs), and
+ * none of tanhf's branches; the fast division, because IEEE division's
+ * slow-path call made the tensor-core backward spill. */
+ATTN_HD float attn_cu_tanh(float x) {
+  float e = expf(2.0f * fabsf(x)) + 1.0f;
+#ifdef __CUDA_ARCH__
+  float t = 1.0f - __fdividef(2.0f, e); /* 0 past 2^126: t = 1, as it should */
+#else
+  float t = 1.0f - 2.0f / e;
+#endif
+  return copysignf(t, x);
+}
+
+ATTN_HD float attn_cu_variant(float x, float cap2, float inv_cap2, float slope2, float dist,
+                              float *dcap) {
+  float g = 1.0f;
+  if (cap2 > 0.0f) {
+    float t = attn_cu_tanh(x * inv_cap2);
+    x = cap2 * t;
+    g = 1.0f - t * t;
+  }
+  *dcap = g;
+  return fmaf(slope2, dist, x);
+}
+
+/*
+ * i + off − j0 for a row i and a tile's first key j0, as a float: a lane's
+ * distances within the tile are then |d0 − jj| (attn_cu_dist), exact while
+ * they stay under 2^24, as in the CPU kernels; one int64 sum per row and
+ * tile instead of one per element.
+ */
+ATTN_HD float attn_cu_dist0(int64_t i, int64_t off, int64_t j0) { return (float)(i + off - j0); }
+ATTN_HD float attn_cu_dist(float d0, int jj) { return fabsf(d0 - (float)jj); }
+
+/*
+ * The distance of accumulator element (row, c) of a warp's tile, row from
+ * attn_cu_frag_c and c the tile column (n·8 + col), from d0 of the lane's
+ * row g. sign 1: rows are queries and columns keys (S in the forward and
+ * dQ kernels; d0 = i_g + off − j0); −1: rows are keys and columns queries
+ * (Sᵀ in the dK/dV kernel; d0 = i0 + off − j_g). Row g + 8 is 8 further
+ * along the rows' axis.
+ */
+ATTN_HD float attn_cu_frag_dist(float d0, int sign, int row, int c) {
+  return attn_cu_dist(row < 8 ? d0 : d0 + 8.0f * (float)sign, sign * c);
+}
+
 /* ---- the online softmax and the split-KV merge ----------------------------- */
 
 /*

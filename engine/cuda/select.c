@@ -228,7 +228,8 @@ static bool aligned(const void *x, uintptr_t a) { return x && (uintptr_t)x % a =
 
 bool attn_cu_launch_ok(const attn_cu_params *p, const attn_cu_choice *c) {
   if (p->dp % ATTN_CU_DPAD_ALIGN != 0 || p->dp != attn_cu_dp(p->head_dim) || !aligned(p->q, 16) ||
-      !aligned(p->k, 16) || !aligned(p->v, 16) || !aligned(p->o, 16))
+      !aligned(p->k, 16) || !aligned(p->v, 16) || !aligned(p->o, 16) ||
+      (p->alibi2 && !aligned(p->alibi2, 4)))
     return false;
   if (p->pass == ATTN_BACKWARD)
     return aligned(p->dout, 16) && aligned(p->dq, 16) && aligned(p->dk, 16) && aligned(p->dv, 16) &&

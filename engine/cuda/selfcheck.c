@@ -25,28 +25,41 @@ typedef struct check_shape {
   attn_dtype dt;
   int hq, hkv, nq, nkv, d;
   bool causal;
-  int wl;      /* window_left, -1: unbounded */
-  bool hopper; /* a case of the Hopper instance (kernels.h) */
+  int wl;         /* window_left, -1: unbounded */
+  double softcap; /* issue 17's variants: 0 off */
+  bool alibi;     /* slopes [Hq], ALiBi's geometric sequence */
+  bool hopper;    /* a case of the Hopper instance (kernels.h) */
 } check_shape;
 
 static const check_shape shapes[] = {
     /* unsplit: each instance, GQA 4:2, masks, padded head dims */
-    {ATTN_FORWARD, ATTN_F16, 4, 2, 37, 70, 61, true, -1, false},
-    {ATTN_FORWARD, ATTN_BF16, 4, 2, 37, 70, 125, false, 20, false},
-    {ATTN_FORWARD, ATTN_F16, 2, 1, 37, 70, 253, true, 30, false},
-    {ATTN_FORWARD, ATTN_F32, 4, 2, 37, 70, 45, true, -1, false},
-    {ATTN_BACKWARD, ATTN_F16, 4, 2, 37, 70, 61, true, -1, false},
-    {ATTN_BACKWARD, ATTN_BF16, 4, 2, 37, 70, 125, false, 20, false},
-    {ATTN_BACKWARD, ATTN_F16, 2, 1, 37, 70, 253, true, -1, false},
-    {ATTN_BACKWARD, ATTN_F32, 4, 2, 37, 70, 45, false, 9, false},
+    {ATTN_FORWARD, ATTN_F16, 4, 2, 37, 70, 61, true, -1, 0, false, false},
+    {ATTN_FORWARD, ATTN_BF16, 4, 2, 37, 70, 125, false, 20, 0, false, false},
+    {ATTN_FORWARD, ATTN_F16, 2, 1, 37, 70, 253, true, 30, 0, false, false},
+    {ATTN_FORWARD, ATTN_F32, 4, 2, 37, 70, 45, true, -1, 0, false, false},
+    {ATTN_BACKWARD, ATTN_F16, 4, 2, 37, 70, 61, true, -1, 0, false, false},
+    {ATTN_BACKWARD, ATTN_BF16, 4, 2, 37, 70, 125, false, 20, 0, false, false},
+    {ATTN_BACKWARD, ATTN_F16, 2, 1, 37, 70, 253, true, -1, 0, false, false},
+    {ATTN_BACKWARD, ATTN_F32, 4, 2, 37, 70, 45, false, 9, 0, false, false},
     /* decode rows: split-KV and the merge */
-    {ATTN_FORWARD, ATTN_BF16, 4, 2, 1, 700, 64, false, -1, false},
-    {ATTN_FORWARD, ATTN_F32, 2, 1, 1, 700, 40, true, -1, false},
+    {ATTN_FORWARD, ATTN_BF16, 4, 2, 1, 700, 64, false, -1, 0, false, false},
+    {ATTN_FORWARD, ATTN_F32, 2, 1, 1, 700, 40, true, -1, 0, false, false},
+    /* softcap and ALiBi, through every instance and the split path (a
+     * wrong variant path disables the instance it ran on) */
+    {ATTN_FORWARD, ATTN_F16, 4, 2, 37, 70, 61, true, -1, 2.0, true, false},
+    {ATTN_FORWARD, ATTN_BF16, 4, 2, 37, 70, 125, false, 20, 1.5, false, false},
+    {ATTN_FORWARD, ATTN_F16, 2, 1, 37, 70, 253, false, -1, 0, true, false},
+    {ATTN_FORWARD, ATTN_F32, 4, 2, 37, 70, 45, true, -1, 1.5, true, false},
+    {ATTN_BACKWARD, ATTN_F16, 4, 2, 37, 70, 61, true, -1, 2.0, true, false},
+    {ATTN_BACKWARD, ATTN_BF16, 4, 2, 37, 70, 125, false, 20, 1.5, true, false},
+    {ATTN_BACKWARD, ATTN_F16, 2, 1, 37, 70, 253, true, -1, 2.0, false, false},
+    {ATTN_BACKWARD, ATTN_F32, 4, 2, 37, 70, 45, false, 9, 1.5, true, false},
+    {ATTN_FORWARD, ATTN_BF16, 4, 2, 1, 700, 64, false, -1, 2.0, true, false},
     /* the Hopper instance, each head dim: a tail query tile and several
      * key tiles through the ring (too few to split) */
-    {ATTN_FORWARD, ATTN_F16, 2, 1, 100, 250, 61, true, -1, true},
-    {ATTN_FORWARD, ATTN_BF16, 2, 1, 120, 250, 125, false, 20, true},
-    {ATTN_FORWARD, ATTN_F16, 2, 1, 90, 200, 253, true, -1, true},
+    {ATTN_FORWARD, ATTN_F16, 2, 1, 100, 250, 61, true, -1, 0, false, true},
+    {ATTN_FORWARD, ATTN_BF16, 2, 1, 120, 250, 125, false, 20, 0, false, true},
+    {ATTN_FORWARD, ATTN_F16, 2, 1, 90, 200, 253, true, -1, 0, false, true},
 };
 enum { NSHAPES = sizeof shapes / sizeof *shapes };
 
@@ -74,6 +87,7 @@ static void request_of(const check_shape *s, attn_request *r) {
   r->seq_q = s->nq, r->seq_kv = s->nkv, r->head_dim = s->d;
   r->causal = s->causal;
   r->window_left = s->wl;
+  r->softcap = s->softcap;
 }
 
 /* Points the request's tensors into one buffer (inputs filled). */
@@ -129,6 +143,11 @@ int attn_cu_check_make(int i, attn_cu_check *c, attn_status *st) {
   memset(c, 0, sizeof *c);
   request_of(&shapes[i], &c->req);
   attn_request *r = &c->req;
+  if (shapes[i].alibi) { /* 2^(-8 (h + 1) / Hq), as ALiBi's paper sets them */
+    for (int h = 0; h < shapes[i].hq; h++)
+      c->slopes[h] = (float)exp2(-8.0 * (h + 1) / shapes[i].hq);
+    r->alibi_slopes = c->slopes;
+  }
   size_t nq = (size_t)(r->heads_q * r->seq_q * r->head_dim);
   size_t nk = (size_t)(r->heads_kv * r->seq_kv * r->head_dim);
   int rc = lay_out(c, st);
@@ -168,10 +187,11 @@ static double norm_err(const void *x, attn_dtype dt, bool f32, const double *y, 
 static bool describe(const attn_cu_check *c, const char *tensor, double e, double tol, char *why,
                      size_t cap) {
   const attn_request *r = &c->req;
-  snprintf(why, cap, "%s error %.2g > %.0e on %s %s [%lld, %lld, %lld, %lld, %lld]%s", tensor, e,
+  snprintf(why, cap, "%s error %.2g > %.0e on %s %s [%lld, %lld, %lld, %lld, %lld]%s%s", tensor, e,
            tol, attn_dtype_name(r->dtype), r->pass == ATTN_BACKWARD ? "backward" : "forward",
            (long long)r->heads_q, (long long)r->heads_kv, (long long)r->seq_q, (long long)r->seq_kv,
-           (long long)r->head_dim, r->causal ? " causal" : "");
+           (long long)r->head_dim, r->causal ? " causal" : "",
+           r->softcap > 0 || r->alibi_slopes ? " with softcap/alibi" : "");
   return false;
 }
 

@@ -471,6 +471,23 @@ static void kernel_gate(void) {
   pthread_mutex_unlock(&g_mu);
 }
 
+/* softcap and ALiBi on a visible score s of row (b·Hq + h)·Nq + i, in
+ * float64 from the launch's log2-unit parameters; *dcap gets the factor
+ * 1 − tanh² the backward scales dS by. */
+static double variant(const attn_cu_params *p, size_t qrow, int64_t i, int64_t j, int64_t off,
+                      double s, double *dcap) {
+  const double cap = (double)p->cap2 * M_LN2;
+  *dcap = 1;
+  if (cap > 0) {
+    double t = tanh(s / cap);
+    s = cap * t;
+    *dcap = 1 - t * t;
+  }
+  if (p->alibi2)
+    s += (double)p->alibi2[qrow / (size_t)p->seq_q] * M_LN2 * fabs((double)(i + off - j));
+  return s;
+}
+
 /* Attention on the packed layout, in float64, from DESIGN.md's rule. */
 static void fwd_op(void *arg) {
   const attn_cu_params *p = &((fwd_arg *)arg)->p;
@@ -498,7 +515,8 @@ static void fwd_op(void *arg) {
           for (int64_t d = 0; vis && d < D; d++)
             acc += attn_load_elem(p->q, p->dtype, (qb + (size_t)i) * (size_t)dp + (size_t)d) *
                    attn_load_elem(p->k, p->dtype, (kb + (size_t)j) * (size_t)dp + (size_t)d);
-          s[j] = vis ? acc * scale : -INFINITY;
+          double g;
+          s[j] = vis ? variant(p, qb + (size_t)i, i, j, off, acc * scale, &g) : -INFINITY;
           m = s[j] > m ? s[j] : m;
         }
         double l = 0;
@@ -558,7 +576,8 @@ static void bwd_row(const attn_cu_params *p, size_t qrow, size_t kb, int64_t i, 
       dpv += attn_load_elem(p->dout, p->dtype, qrow * (size_t)dp + (size_t)d) *
              attn_load_elem(p->v, p->dtype, kr + (size_t)d);
     }
-    double P = exp(scale * s - lse), ds = P * (dpv - delta);
+    double g, x = variant(p, qrow, i, j, off, scale * s, &g);
+    double P = exp(x - lse), ds = P * (dpv - delta) * g;
     for (int64_t d = 0; d < D; d++) {
       dq[d] += scale * ds * attn_load_elem(p->k, p->dtype, kr + (size_t)d);
       dk[j * D + d] += scale * ds * attn_load_elem(p->q, p->dtype, qrow * (size_t)dp + (size_t)d);

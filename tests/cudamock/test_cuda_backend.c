@@ -872,6 +872,14 @@ Test(cuda_backend, hopper_serves_only_after_its_self_check, .init = reset) {
   cr_expect(check_one(e, &p, 91));
   cr_expect_eq(mock_last_kernel(NULL), ATTN_CU_HOPPER_D64, "ran on %s",
                attn_cu_kernel_name((attn_cu_kernel)mock_last_kernel(NULL)));
+  /* it has no softcap or ALiBi path: such a request takes mma.sync */
+  for (int v = 1; v <= 2; v++) {
+    p.softcap = v == 1 ? 3.0 : 0;
+    p.alibi = v == 2;
+    cr_expect(check_one(e, &p, 93));
+    cr_expect_eq(mock_last_kernel(NULL), ATTN_CU_MMA_D64, "variant %d ran on %s", v,
+                 attn_cu_kernel_name((attn_cu_kernel)mock_last_kernel(NULL)));
+  }
   attn_engine_close(e);
 }
 
@@ -900,29 +908,20 @@ Test(cuda_backend, a_wrong_hopper_instance_stays_off, .init = reset) {
   attn_engine_close(e);
 }
 
-/* softcap and ALiBi are not in the CUDA kernels: asked of the cuda backend
- * they are refused as unsupported (never silently dropped), forward and
- * backward, and "auto" runs them on the cpu backend instead. */
-Test(cuda_backend, variants_refused_and_auto_falls_back, .init = reset) {
+/* softcap and ALiBi run on the cuda backend, forward and backward: the
+ * host path sets the launch's log2-unit parameters and uploads the slopes
+ * ([Hq] and [B, Hq], expanded to [B, Hq] in log2 units), which the mock
+ * kernels read to match the float64 reference; a decode row takes the
+ * split path with them. */
+Test(cuda_backend, variants_run_on_cuda, .init = reset) {
   attn_engine *e = open_cuda(2, NULL);
-  for (int v = 0; v < 2; v++) {
-    tprob p = tprob_make(1, 2, 1, 20, 30, 64, ATTN_F16);
-    p.softcap = v ? 0 : 5.0;
-    p.alibi = v;
-    tcase c;
-    tcase_init(&c, &p, 9);
-    attn_status st = {0};
-    cr_expect_eq(trun(e, &c, "cuda", &st), ATTN_EUNSUPPORTED, "%s", st.message);
-    cr_expect(strstr(st.message, "softcap and alibi_slopes are not supported"), "%s", st.message);
-    attn_result res;
-    c.req.backend = "auto";
-    cr_assert_eq(attn_engine_run(e, &c.req, &res, &st), 0, "%s", st.message);
-    cr_expect_str_eq(res.backend, "cpu");
-    terr err = tcheck(&c);
-    cr_expect_leq(err.o, ttol(p.dt));
-    cr_assert_eq(tcase_backward(&c, true, 4, &st), 0, "%s", st.message);
-    cr_expect_eq(trun(e, &c, "cuda", &st), ATTN_EUNSUPPORTED, "%s", st.message);
-    tcase_free(&c);
+  for (int v = 0; v < 4; v++) {
+    tprob p = tprob_make(2, 4, 2, v == 3 ? 1 : 20, v == 3 ? 1500 : 30, 64, ATTN_F16);
+    p.softcap = v == 1 ? 0 : 5.0;
+    p.alibi = v % 3;
+    p.causal = v == 2;
+    cr_expect(check_one(e, &p, 9 + (uint64_t)v), "variant case %d", v);
+    cr_expect(check_bwd(e, &p, 19 + (uint64_t)v, v % 2 == 0), "variant case %d", v);
   }
   attn_engine_close(e);
 }

@@ -426,6 +426,19 @@ static int list_headdims(tprob *ps) {
       p.stats = k % 2 == 0;
       ps[n++] = p;
     }
+  /* issue 17's softcap and ALiBi ([Hq] and [B, Hq] slopes) on each
+   * instance, with causal and windowed masks */
+  static const int64_t vd[] = {61, 64, 125, 128, 253};
+  for (int i = 0; i < 5; i++)
+    for (int t = 0; t < ATTN_DTYPE_COUNT; t++) {
+      tprob p = tprob_make(2, 4, 2, 77, 150, vd[i], (attn_dtype)t);
+      p.softcap = (i + t) % 3 == 2 ? 0 : 2.0 + i;
+      p.alibi = 1 + (i + t) % 2;
+      p.causal = t == 1;
+      p.wl = t == 2 ? 40 : -1;
+      p.stats = true;
+      ps[n++] = p;
+    }
   return n;
 }
 
@@ -476,6 +489,14 @@ static int list_decode(tprob *ps) {
   p.wl = 1000;
   p.stats = 1;
   ps[n++] = p;
+  /* softcap and ALiBi through the split path and its merge */
+  for (int t = 0; t < ATTN_DTYPE_COUNT; t++) {
+    p = tprob_make(2, 32, 8, 1, 8192, t == 2 ? 64 : 128, (attn_dtype)t);
+    p.softcap = 30;
+    p.alibi = 2;
+    p.stats = 1;
+    ps[n++] = p;
+  }
   return n;
 }
 
@@ -1097,6 +1118,16 @@ static int list_backward(tprob *ps) {
     p.wl = i == 2 ? 30 : -1;
     ps[n++] = p;
   }
+  /* softcap (dS times 1 − tanh²) and ALiBi on every backward instance */
+  static const int64_t vd[] = {61, 128, 253};
+  for (int i = 0; i < 3; i++)
+    for (int t = 0; t < ATTN_DTYPE_COUNT; t++) {
+      tprob p = tprob_make(2, 4, 2, 90, 130, vd[i], (attn_dtype)t);
+      p.softcap = (i + t) % 3 == 2 ? 0 : 1.5 + i;
+      p.alibi = 1 + (i + t) % 2;
+      p.causal = (i + t) % 2 == 0;
+      ps[n++] = p;
+    }
   return n;
 }
 

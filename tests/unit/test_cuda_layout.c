@@ -318,6 +318,49 @@ Test(cuda_layout, block_tiles_cover_every_visible_key_once) {
   cr_assert_gt(full_seen, 1000, "interior tiles should need no mask");
 }
 
+/* ---- issue 17's variants on the kernels' scores ------------------------------ */
+
+/* attn_cu_variant against the float64 definition in natural units (the
+ * reference's order: softcap, then ALiBi), including both signs, scores
+ * far past the cap and no cap at all. */
+Test(cuda_layout, variant_matches_float64) {
+  uint64_t seed = 17;
+  for (int it = 0; it < 20000; it++) {
+    double cap = it % 5 == 0 ? 0 : 0.05 + 60 * (tuniform(&seed) + 1) / 2;
+    double s = 200 * tuniform(&seed) * (it % 3 ? 0.05 : 1), slope = tuniform(&seed);
+    double dist = (double)(trand(&seed) % 5000), cap2 = cap * M_LOG2E;
+    float g,
+        x = attn_cu_variant((float)(s * M_LOG2E), (float)cap2, cap > 0 ? (float)(1 / cap2) : 0.0f,
+                            (float)(-slope * M_LOG2E), (float)dist, &g);
+    double t = cap > 0 ? tanh(s / cap) : 0, want = (cap > 0 ? cap * t : s) - slope * dist;
+    double gwant = cap > 0 ? 1 - t * t : 1;
+    cr_assert(fabs(x * M_LN2 - want) <= 2e-6 * (cap + fabs(s) + fabs(slope) * dist + 1),
+              "cap %g s %g slope %g dist %g: %g, expected %g", cap, s, slope, dist, x * M_LN2,
+              want);
+    cr_assert(fabs(g - gwant) <= 1e-6, "cap %g s %g: 1 - tanh^2 %g, expected %g", cap, s, g, gwant);
+  }
+}
+
+/* The distance each accumulator element gets, in both layouts the kernels
+ * use, is |i + off − j| of the query and key that element holds. */
+Test(cuda_layout, variant_distances_follow_the_fragments) {
+  const int64_t offs[] = {0, 7, -5, 1000, -300};
+  for (int o = 0; o < 5; o++)
+    for (int lane = 0; lane < 32; lane++)
+      for (int n = 0; n < 8; n++)
+        for (int e = 0; e < 4; e++) {
+          const int64_t off = offs[o], i0 = 64, j0 = 128;
+          int row, col;
+          attn_cu_frag_c(lane, e, &row, &col);
+          /* S: rows queries i0 + row, columns keys j0 + n·8 + col */
+          float d = attn_cu_frag_dist(attn_cu_dist0(i0 + lane / 4, off, j0), 1, row, n * 8 + col);
+          cr_assert_eq(d, (float)llabs(i0 + row + off - (j0 + n * 8 + col)));
+          /* Sᵀ: rows keys j0 + row, columns queries i0 + n·8 + col */
+          d = attn_cu_frag_dist(attn_cu_dist0(i0, off, j0 + lane / 4), -1, row, n * 8 + col);
+          cr_assert_eq(d, (float)llabs(i0 + n * 8 + col + off - (j0 + row)));
+        }
+}
+
 /* ---- the split-KV merge ---------------------------------------------------- */
 
 Test(cuda_layout, lse_merge_matches_float64_softmax) {

@@ -1021,8 +1021,10 @@ def test_build_stage_copies_what_make_needs(name, tmp_path):
                     os.makedirs(target, exist_ok=True)
                 shutil.copy(s, target)
     # Under `make test BUILD=... SAN=1` those variables reach this make through
-    # MAKEFLAGS; the image's build sees none of them.
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    # MAKEFLAGS and the environment; the image's build sees none of them.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "BUILD", "SAN", "WERROR", "CUDA",
+                        "CUDA_ARCHS")}
     r = subprocess.run(["make", "-n", "-B", "CUDA=0", "build/attnd", "build/attn"],
                        cwd=str(ctx), capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 0, r.stderr

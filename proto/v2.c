@@ -739,34 +739,31 @@ void attn_proto_v2_server_metadata(attn_sbuf *b) {
 }
 
 /* One tensor of the metadata, or with cfg of Triton's configuration,
- * which spells it differently (data_type TYPE_FP32, dims) and alone can
- * say an input is optional (ModelInput.optional; the protocol's metadata
- * has no such field). */
-static void put_meta(attn_sbuf *b, bool cfg, bool first, const char *name, const char *dt, int rank,
-                     bool optional) {
-  static const char *const dims[5] = {"", "[-1]", "[-1, -1]", "[-1, -1, -1]", "[-1, -1, -1, -1]"};
+ * which spells it differently (data_type TYPE_FP32, dims). */
+static void put_meta(attn_sbuf *b, bool cfg, bool first, const char *name, const char *dt,
+                     int rank) {
   attn_sbuf_printf(b, "%s{\"name\": \"%s\", ", first ? "" : ", ", name);
   if (cfg)
-    attn_sbuf_printf(b, "\"data_type\": \"TYPE_%s\", \"dims\": %s%s}", dt, dims[rank],
-                     optional ? ", \"optional\": true" : "");
+    attn_sbuf_printf(b, "\"data_type\": \"TYPE_%s\", \"dims\": ", dt);
   else
-    attn_sbuf_printf(b, "\"datatype\": \"%s\", \"shape\": %s}", dt, dims[rank]);
+    attn_sbuf_printf(b, "\"datatype\": \"%s\", \"shape\": ", dt);
+  attn_sbuf_puts(b, rank == 4 ? "[-1, -1, -1, -1]}" : "[-1, -1, -1]}");
 }
 
-/* inputs q, k, v, then the optional alibi_slopes ([Hq]; [B, Hq] is taken
- * too) and cu_seqlens_q/kv ([B+1], INT32; INT64 is taken too); outputs o,
- * m, l, lse (statistics FP32, q's shape less its last dimension). */
+/* inputs q, k, v and outputs o, m, l, lse (statistics FP32, q's shape less
+ * its last dimension). The optional inputs (alibi_slopes, cu_seqlens_q/kv)
+ * are left out: perf_analyzer generates data for every input listed, even
+ * one marked optional, and stops at their dynamic shapes ("input
+ * alibi_slopes contains dynamic shape"), while made-up offsets would be
+ * refused; proto/README.md documents them instead. */
 static void put_tensors(attn_sbuf *b, int model, bool cfg) {
   const char *dt = attn_proto_v2_datatype(model_dtypes[model]);
   attn_sbuf_puts(b, cfg ? "\"input\": [" : "\"inputs\": [");
   for (int i = 0; i < 3; i++)
-    put_meta(b, cfg, i == 0, attn_proto_tensor_name(i), dt, 4, false);
-  for (int i = V2_ALIBI; i < V2_NIN; i++)
-    put_meta(b, cfg, false, attn_proto_tensor_name(v2_slot(i)), v2_is_cu(i) ? "INT32" : "FP32", 1,
-             true);
+    put_meta(b, cfg, i == 0, attn_proto_tensor_name(i), dt, 4);
   attn_sbuf_puts(b, cfg ? "], \"output\": [" : "], \"outputs\": [");
   for (int i = 0; i < ATTN_V2_NOUTS; i++)
-    put_meta(b, cfg, i == 0, out_names[i], i ? "FP32" : dt, i ? 3 : 4, false);
+    put_meta(b, cfg, i == 0, out_names[i], i ? "FP32" : dt, i ? 3 : 4);
   attn_sbuf_puts(b, "]");
 }
 

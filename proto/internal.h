@@ -80,6 +80,11 @@ int attn__json_store_error(double x, attn_dtype dt, const char *name, const char
 int attn__json_option(attn_options *o, const char *key, size_t klen, attn__jr v, const char *source,
                       attn_status *st);
 
+/* cu_seqlens data at v: an array of n integers (I32 ones within int32, at
+ * most ATTN_PROTO_MAX_JSON_CU) into a new int64 buffer *pbuf, t then rank
+ * 1, shape [n]; the /attention codec's and /v2's JSON data alike. */
+int attn__json_cu_data(attn__jr v, attn_proto_tensor *t, size_t n, int bytes, void **pbuf,
+                       attn_status *st);
 /* Calls fn for each name=value pair of a URL query string, both
  * percent-decoded and NUL-terminated; has_value is false for a bare "name".
  * Stops at, and returns, the first error fn returns. */

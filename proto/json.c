@@ -443,10 +443,8 @@ static int tensor_nested(attn__jr j, attn_proto_tensor *t, void **pbuf, attn_sta
   return 0;
 }
 
-/* cu_seqlens data: n integers (I32 ones within int32) into a new int64
- * buffer. */
-static int cu_data(attn__jr v, attn_proto_tensor *t, size_t n, int bytes, void **pbuf,
-                   attn_status *st) {
+int attn__json_cu_data(attn__jr v, attn_proto_tensor *t, size_t n, int bytes, void **pbuf,
+                       attn_status *st) {
   if (v.s[v.pos] != '[' || attn__jr_count(&v) != n)
     return attn_status_set(st, ATTN_PROTO_ETENSOR,
                            "tensor \"%s\": data must be an array of %zu integers", t->name, n);
@@ -477,7 +475,7 @@ static int cu_data(attn__jr v, attn_proto_tensor *t, size_t n, int bytes, void *
  * (default I64), "data": [...]}, or a bare array of integers. */
 static int cu_tensor(attn__jr j, attn_proto_tensor *t, void **pbuf, attn_status *st) {
   if (j.s[j.pos] == '[')
-    return cu_data(j, t, attn__jr_count(&j), 8, pbuf, st);
+    return attn__json_cu_data(j, t, attn__jr_count(&j), 8, pbuf, st);
   if (j.s[j.pos] != '{')
     return attn_status_set(st, ATTN_PROTO_ETENSOR,
                            "tensor \"%s\" must be {\"shape\", \"dtype\", \"data\"} or an array "
@@ -505,7 +503,7 @@ static int cu_tensor(attn__jr j, attn_proto_tensor *t, void **pbuf, attn_status 
     return attn_status_set(st, ATTN_PROTO_ETENSOR,
                            "tensor \"%s\": shape must be [B+1], one integer", t->name);
   v.pos = at[2];
-  return cu_data(v, t, (size_t)n, bytes, pbuf, st);
+  return attn__json_cu_data(v, t, (size_t)n, bytes, pbuf, st);
 }
 
 static int tensor(attn__jr j, attn_proto_tensor *t, void **pbuf, attn_status *st) {

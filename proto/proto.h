@@ -327,7 +327,8 @@ typedef struct attn_v2_info {
 int attn_proto_decode_v2(const void *body, size_t len, size_t json_len, attn_proto_req *pr,
                          attn_v2_info *info, attn_status *st);
 /* The most a v2 decode allocates beyond the body: the JSON decode's bound
- * of its JSON part, plus an aligned copy of every binary byte. */
+ * of its JSON part, plus twice every binary byte (an aligned copy, or
+ * INT32 cu_seqlens widened to int64). */
 size_t attn_proto_v2_decode_bound(size_t len, size_t json_len);
 /*
  * The reply {"model_name", "model_version": "1", "id"?, "parameters":

@@ -85,16 +85,19 @@ static const char *qkey(char *dst, size_t cap, const char *key, size_t klen, siz
 
 /* ---- decoding: the pieces --------------------------------------------------- */
 
-/* The inputs: q, k, v and the optional alibi_slopes, in that order here;
- * v2_slot() gives each one's place in the codecs' tensor table. */
-enum { V2_NIN = 4, V2_ALIBI = 3 };
-static int v2_slot(int i) { return i == V2_ALIBI ? ATTN_PROTO_T_ALIBI : i; }
+/* The inputs: q, k, v and the optional alibi_slopes, cu_seqlens_q and
+ * cu_seqlens_kv, in that order here; v2_slot() gives each one's place in
+ * the codecs' tensor table. */
+enum { V2_NIN = 6, V2_ALIBI = 3, V2_CU_Q = 4 };
+static int v2_slot(int i) { return i < V2_ALIBI ? i : ATTN_PROTO_T_ALIBI + (i - V2_ALIBI); }
+static bool v2_is_cu(int i) { return i >= V2_CU_Q; }
 
 typedef struct v2_input {
   attn_proto_tensor t;
   size_t at_data; /* where "data" starts (0: absent) */
   int64_t binary; /* binary_data_size, or -1 */
   size_t count;   /* elements of the shape */
+  int cu_bytes;   /* cu_seqlens: 4 (INT32) or 8 (INT64) on the wire; else 0 */
 } v2_input;
 
 typedef struct v2_dec {
@@ -195,7 +198,7 @@ static int request_keys(v2_dec *d) {
 }
 
 /* "shape": 2 to 4 integers >= 0 (attn_proto_build() refuses zeros);
- * alibi_slopes 1 or 2 ([Hq] or [B, Hq]). */
+ * alibi_slopes 1 or 2 ([Hq] or [B, Hq]); cu_seqlens 1 ([B+1]). */
 static int input_shape(attn__jr v, v2_input *in, attn_status *st) {
   const char *name = in->t.name;
   if (v.s[v.pos] != '[')
@@ -203,12 +206,13 @@ static int input_shape(attn__jr v, v2_input *in, attn_status *st) {
                            "input \"%s\": shape must be an array of integers, not %s", name,
                            attn__jr_type(&v));
   int rank = (int)attn__jr_count(&v);
-  const bool alibi = !strcmp(name, "alibi_slopes");
-  if (alibi ? rank < 1 || rank > 2 : rank < 2 || rank > 4)
+  const bool alibi = !strcmp(name, "alibi_slopes"), cu = in->cu_bytes != 0;
+  if (cu ? rank != 1 : alibi ? rank < 1 || rank > 2 : rank < 2 || rank > 4)
     return attn_status_set(st, ATTN_PROTO_ETENSOR,
-                           alibi ? "input \"%s\" has %d dimensions; use [Hq] or [B, Hq]"
-                                 : "input \"%s\" has %d dimensions; use [N, D], [H, N, D] or "
-                                   "[B, H, N, D]",
+                           cu      ? "input \"%s\" has %d dimensions; use [B+1] (offsets)"
+                           : alibi ? "input \"%s\" has %d dimensions; use [Hq] or [B, Hq]"
+                                   : "input \"%s\" has %d dimensions; use [N, D], [H, N, D] or "
+                                     "[B, H, N, D]",
                            name, rank);
   size_t n = 1;
   for (int i = 0; attn__jr_elem(&v); i++) {
@@ -227,18 +231,25 @@ static int input_shape(attn__jr v, v2_input *in, attn_status *st) {
   return 0;
 }
 
-static int input_datatype(attn__jr v, v2_input *in, attn_status *st) {
+/* FP32, FP16 or BF16; for cu_seqlens (cu set) INT32 or INT64, which are
+ * the codecs' I32 and I64. */
+static int input_datatype(attn__jr v, v2_input *in, bool cu, attn_status *st) {
   char s[32], qs[48];
   if (v.s[v.pos] != '"')
     return attn_status_set(st, ATTN_PROTO_ETENSOR,
                            "input \"%s\": datatype must be a string, not %s", in->t.name,
                            attn__jr_type(&v));
   size_t n = attn__jr_string(&v, s, sizeof s);
-  if (n >= sizeof s || strlen(s) != n || parse_datatype(s, &in->t.dtype) < 0)
+  bool ok = n < sizeof s && strlen(s) == n;
+  if (cu)
+    ok = ok && (in->cu_bytes = !strcmp(s, "INT32") ? 4 : !strcmp(s, "INT64") ? 8 : 0) != 0;
+  else
+    ok = ok && parse_datatype(s, &in->t.dtype) == 0;
+  if (!ok)
     return attn_status_set(st, ATTN_PROTO_ETENSOR,
-                           "input \"%s\": datatype \"%s\" is not supported (use FP32, FP16 or "
-                           "BF16)",
-                           in->t.name, qkey(qs, sizeof qs, s, n, sizeof s));
+                           "input \"%s\": datatype \"%s\" is not supported (use %s)", in->t.name,
+                           qkey(qs, sizeof qs, s, n, sizeof s),
+                           cu ? "INT32 or INT64" : "FP32, FP16 or BF16");
   return 0;
 }
 
@@ -298,8 +309,8 @@ static int input_fields(v2_dec *d, attn__jr v, int k) {
     i++;
   if (i == V2_NIN)
     return attn_status_set(d->st, ATTN_PROTO_EUNKNOWNTENSOR,
-                           "inputs[%d]: the name must be \"q\", \"k\", \"v\" or "
-                           "\"alibi_slopes\"",
+                           "inputs[%d]: the name must be \"q\", \"k\", \"v\", "
+                           "\"alibi_slopes\", \"cu_seqlens_q\" or \"cu_seqlens_kv\"",
                            k);
   v2_input *in = &d->in[i];
   if (in->t.name)
@@ -309,7 +320,7 @@ static int input_fields(v2_dec *d, attn__jr v, int k) {
   in->at_data = at[3];
   int rc;
   x.pos = at[2];
-  if ((rc = input_datatype(x, in, d->st)) < 0)
+  if ((rc = input_datatype(x, in, v2_is_cu(i), d->st)) < 0)
     return rc;
   x.pos = at[1];
   if ((rc = input_shape(x, in, d->st)) < 0)
@@ -396,6 +407,8 @@ static int data_walk(v2_input *in, attn__jr *v, int level, bool flat, void *out,
 static int input_json_data(v2_dec *d, v2_input *in, void **owned) {
   attn__jr v = d->j;
   v.pos = in->at_data;
+  if (in->cu_bytes) /* the /attention codec's reader: int64 offsets */
+    return attn__json_cu_data(v, &in->t, in->count, in->cu_bytes, owned, d->st);
   if (v.s[v.pos] != '[')
     return attn_status_set(d->st, ATTN_PROTO_ETENSOR,
                            "input \"%s\": data must be an array of numbers, not %s", in->t.name,
@@ -422,7 +435,8 @@ static int input_json_data(v2_dec *d, v2_input *in, void **owned) {
 /* The binary inputs' bytes, in the order of "inputs" (*off: where the next
  * one starts, from the end of the JSON). */
 static int input_binary(v2_dec *d, v2_input *in, size_t *off, void **owned) {
-  size_t esz = attn_dtype_size(in->t.dtype), want = in->count * esz;
+  size_t esz = in->cu_bytes ? (size_t)in->cu_bytes : attn_dtype_size(in->t.dtype);
+  size_t want = in->count * esz;
   size_t have = d->len - d->json_len - *off;
   if ((uint64_t)in->binary != want)
     return attn_status_set(d->st, ATTN_PROTO_EFRAMING,
@@ -436,6 +450,11 @@ static int input_binary(v2_dec *d, v2_input *in, size_t *off, void **owned) {
                            in->t.name, want, have, d->json_len);
   const char *p = d->body + d->json_len + *off;
   *off += want;
+  if (in->cu_bytes) { /* offsets: widened to int64 whatever their width */
+    int rc = attn_proto_cu_widen(p, in->count, in->cu_bytes, (int64_t **)owned, d->st);
+    in->t.data = *owned;
+    return rc;
+  }
   /* Kernels load whole elements: a misaligned input gets an aligned copy. */
   if ((uintptr_t)p % esz) {
     if (!(*owned = malloc(want ? want : 1)))
@@ -459,8 +478,11 @@ static int input_data(v2_dec *d) {
     size_t klen;
     while (attn__jr_member(&x, key, sizeof key, &klen) && !key_is(key, klen, "name"))
       attn__jr_skip(&x);
-    attn__jr_string(&x, name, sizeof name);
-    order[n++] = name[0] == 'q' ? 0 : name[0] == 'k' ? 1 : name[0] == 'v' ? 2 : V2_ALIBI;
+    attn__jr_string(&x, name, sizeof name); /* input_fields() knows it */
+    int i = 0;
+    while (i < V2_NIN - 1 && strcmp(name, attn_proto_tensor_name(v2_slot(i))))
+      i++;
+    order[n++] = i;
     attn__jr_skip(&v);
   }
   size_t off = 0;
@@ -589,7 +611,8 @@ static int decode(v2_dec *d) {
   d->opts.stats = (d->info->outputs & ~(1u << ATTN_V2_O)) != 0;
   d->opts.set |= ATTN_OPT_STATS;
   attn_proto_tensor t[ATTN_PROTO_MAX_TENSORS] = {d->in[0].t, d->in[1].t, d->in[2].t};
-  t[ATTN_PROTO_T_ALIBI] = d->in[V2_ALIBI].t;
+  for (int i = V2_ALIBI; i < V2_NIN; i++)
+    t[v2_slot(i)] = d->in[i].t;
   return attn_proto_build(d->pr, t, &d->opts, d->st);
 }
 
@@ -608,7 +631,9 @@ int attn_proto_decode_v2(const void *body, size_t len, size_t json_len, attn_pro
 size_t attn_proto_v2_decode_bound(size_t len, size_t json_len) {
   if (json_len > len)
     json_len = len;
-  return attn_proto_json_decode_bound(json_len) + (len - json_len);
+  /* Binary inputs: an aligned copy at most (1x), and INT32 offsets widened
+   * to int64 (2x). */
+  return attn_proto_json_decode_bound(json_len) + 2 * (len - json_len);
 }
 
 /* ---- the reply ---------------------------------------------------------------- */
@@ -726,7 +751,11 @@ static void put_meta(attn_sbuf *b, bool cfg, bool first, const char *name, const
 }
 
 /* inputs q, k, v and outputs o, m, l, lse (statistics FP32, q's shape less
- * its last dimension). */
+ * its last dimension). The optional inputs (alibi_slopes, cu_seqlens_q/kv)
+ * are left out: perf_analyzer generates data for every input listed, even
+ * one marked optional, and stops at their dynamic shapes ("input
+ * alibi_slopes contains dynamic shape"), while made-up offsets would be
+ * refused; proto/README.md documents them instead. */
 static void put_tensors(attn_sbuf *b, int model, bool cfg) {
   const char *dt = attn_proto_v2_datatype(model_dtypes[model]);
   attn_sbuf_puts(b, cfg ? "\"input\": [" : "\"inputs\": [");

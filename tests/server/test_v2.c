@@ -63,7 +63,10 @@ static void putf(body *b, const char *fmt, ...) {
 typedef struct how {
   unsigned binary_in;
   bool nested;
-  const char *extra; /* appended inside the request object, e.g. ", \"id\": \"x\"" */
+  const char *extra;    /* appended inside the request object, e.g. ", \"id\": \"x\"" */
+  const char *more_in;  /* appended inside "inputs" after q, k, v (", {...}") */
+  const void *more_bin; /* their binary data, after q, k, v's */
+  size_t more_bin_len;
 } how;
 
 /* JSON data of one tensor: flat, or nested to its shape. */
@@ -129,6 +132,8 @@ static char *v2_body(const tcase *c, int rank, const how *h, const char *params,
       put(&b, "}", 1);
     }
   }
+  if (h->more_in)
+    put(&b, h->more_in, strlen(h->more_in));
   put(&b, "]", 1);
   if (params)
     putf(&b, ", \"parameters\": %s", params);
@@ -141,6 +146,8 @@ static char *v2_body(const tcase *c, int rank, const how *h, const char *params,
   for (int i = 0; i < 3; i++)
     if (h->binary_in & 1u << i)
       put(&b, data[i], bytes[i]);
+  if (h->more_bin)
+    put(&b, h->more_bin, h->more_bin_len);
   *plen = b.len;
   return b.p;
 }
@@ -218,10 +225,11 @@ static bool read_output(cJSON *o, const http_res *rs, size_t json_len, size_t *o
 }
 
 /* Checks a 200 reply: outputs exactly `want` (bits o, m, l, lse), those in
- * `binary` as binary data, values against the float64 reference; returns
- * the parsed JSON part (the caller frees it). */
-static cJSON *expect_infer(const http_res *rs, tcase *c, int rank, const char *model, unsigned want,
-                           unsigned binary, const char *what) {
+ * `binary` as binary data, read into c's outputs; with check, their values
+ * against the float64 reference of c. Returns the parsed JSON part (the
+ * caller frees it). */
+static cJSON *read_infer(const http_res *rs, tcase *c, int rank, const char *model, unsigned want,
+                         unsigned binary, bool check, const char *what) {
   char err[400] = "", hl[32] = "", ct[64] = "", d[200];
   tdesc(&c->p, d, sizeof d);
   cr_assert_eq(rs->status, 200, "%s %s: status %ld: %.300s", what, d, rs->status,
@@ -258,6 +266,8 @@ static cJSON *expect_infer(const http_res *rs, tcase *c, int rank, const char *m
   cr_expect_eq(got, want, "%s: outputs %#x, want %#x", what, got, want);
   cr_expect_eq(got_bin, binary, "%s: binary outputs %#x, want %#x", what, got_bin, binary);
   cr_expect_eq(json_len + off, rs->len, "%s: bytes past the outputs", what);
+  if (!check)
+    return j;
   terr e = tcheck(c);
   if (want & 1)
     cr_expect(e.o <= ttol(c->p.dt), "%s %s: O error %.3g (tol %.0e)", what, d, e.o, ttol(c->p.dt));
@@ -265,6 +275,11 @@ static cJSON *expect_infer(const http_res *rs, tcase *c, int rank, const char *m
     cr_expect(e.stats <= 1e-5 && e.masked_ok, "%s %s: stats error %.3g, masked %d", what, d,
               e.stats, e.masked_ok);
   return j;
+}
+
+static cJSON *expect_infer(const http_res *rs, tcase *c, int rank, const char *model, unsigned want,
+                           unsigned binary, const char *what) {
+  return read_infer(rs, c, rank, model, want, binary, true, what);
 }
 
 /* An error reply of the protocol: status, JSON {"error": "<message>"} and
@@ -325,6 +340,8 @@ Test(v2, model_metadata_config_and_ready) {
       cJSON *j = get_json(path, 200);
       cr_expect_str_eq(cJSON_GetStringValue(cJSON_GetObjectItem(j, "name")), models[m]);
       cJSON *ins = cJSON_GetObjectItem(j, "inputs"), *outs = cJSON_GetObjectItem(j, "outputs");
+      /* q, k, v: the optional inputs are not listed (perf_analyzer would
+       * generate data for them; see put_tensors() in proto/v2.c) */
       cr_expect_eq(cJSON_GetArraySize(ins), 3);
       cr_expect_eq(cJSON_GetArraySize(outs), 4);
       for (int i = 0; i < 3; i++) {
@@ -663,4 +680,188 @@ Test(v2, too_large, .init = NULL) {
   cr_assert_eq(post_v2(INFER, NULL, big, sizeof big, sizeof big, &rs), 0);
   expect_v2_error(&rs, 413, "--max-body", "over --max-body");
   http_res_free(&rs);
+}
+
+/* ---- variable-length batches ------------------------------------------------ */
+
+enum { VSEQ = 4 };
+/* A sequence with no query and one with no key among them. */
+static const int64_t vlq[VSEQ] = {5, 0, 17, 9}, vlk[VSEQ] = {5, 9, 30, 0};
+
+/* Rows [r0, r0 + n) of every head of a packed [H, T, W] buffer to (out) or
+ * from a contiguous [H, n, W] one. */
+static void rows_copy(void *packed, void *alone, int64_t h, int64_t t, int64_t r0, int64_t n,
+                      size_t w, bool out) {
+  for (int64_t i = 0; i < h; i++) {
+    char *p = (char *)packed + (size_t)(i * t + r0) * w, *a = (char *)alone + (size_t)(i * n) * w;
+    memcpy(out ? a : p, out ? p : a, (size_t)n * w);
+  }
+}
+
+/* The packed reply in all, sequence by sequence against the float64
+ * reference of that sequence alone (its inputs copied out of the packed
+ * ones, so the check does not share the engine's splitting). */
+static void check_varlen(const tcase *all, const int64_t *cuq, const int64_t *cuk,
+                         const char *what) {
+  const tprob *ap = &all->p;
+  const size_t row = (size_t)ap->d * attn_dtype_size(ap->dt);
+  for (int b = 0; b < VSEQ; b++) {
+    if (!vlq[b])
+      continue;
+    if (!vlk[b]) { /* no key: O = 0 and lse = -inf */
+      bool ok = true;
+      for (int64_t h = 0; h < ap->hq; h++)
+        for (int64_t i = 0; i < vlq[b]; i++) {
+          int64_t at = h * ap->nq + cuq[b] + i;
+          ok &=
+              all->lse[at] == -INFINITY && attn_load_elem(all->o, ap->dt, (size_t)at * ap->d) == 0;
+        }
+      cr_expect(ok, "%s: sequence %d with no key is not O = 0, lse = -inf", what, b);
+      continue;
+    }
+    tprob p = *ap;
+    p.nq = vlq[b];
+    p.nkv = vlk[b];
+    tcase c;
+    tcase_init(&c, &p, 90 + (uint64_t)b);
+    rows_copy(all->q, c.q, p.hq, ap->nq, cuq[b], p.nq, row, true);
+    rows_copy(all->k, c.k, p.hkv, ap->nkv, cuk[b], p.nkv, row, true);
+    rows_copy(all->v, c.v, p.hkv, ap->nkv, cuk[b], p.nkv, row, true);
+    rows_copy(all->o, c.o, p.hq, ap->nq, cuq[b], p.nq, row, true);
+    rows_copy(all->m, c.m, p.hq, ap->nq, cuq[b], p.nq, 4, true);
+    rows_copy(all->l, c.l, p.hq, ap->nq, cuq[b], p.nq, 4, true);
+    rows_copy(all->lse, c.lse, p.hq, ap->nq, cuq[b], p.nq, 4, true);
+    terr e = tcheck(&c);
+    cr_expect(e.o <= ttol(p.dt) && e.stats <= 1e-5 && e.masked_ok,
+              "%s: sequence %d: O error %.3g (tol %.0e), stats %.3g, masked rows %s", what, b, e.o,
+              ttol(p.dt), e.stats, e.masked_ok ? "ok" : "WRONG");
+    tcase_free(&c);
+  }
+}
+
+/* The cu_seqlens inputs' text (JSON data, or binary of 4 or 8 bytes an
+ * offset into bin) for offsets cuq, cuk. */
+static void cu_inputs(char *txt, size_t cap, unsigned char *bin, size_t *blen, const int64_t *cuq,
+                      const int64_t *cuk, int bytes, bool binary) {
+  size_t o = 0;
+  *blen = 0;
+  for (int t = 0; t < 2; t++) {
+    const int64_t *cu = t ? cuk : cuq;
+    o +=
+        (size_t)snprintf(txt + o, cap - o,
+                         ", {\"name\": \"cu_seqlens_%s\", \"datatype\": \"INT%d\", \"shape\": [%d]",
+                         t ? "kv" : "q", bytes * 8, VSEQ + 1);
+    if (binary) {
+      o += (size_t)snprintf(txt + o, cap - o, ", \"parameters\": {\"binary_data_size\": %d}}",
+                            bytes * (VSEQ + 1));
+      for (int i = 0; i <= VSEQ; i++) {
+        int32_t x32 = (int32_t)cu[i];
+        memcpy(bin + *blen, bytes == 4 ? (const void *)&x32 : (const void *)&cu[i], (size_t)bytes);
+        *blen += (size_t)bytes;
+      }
+      continue;
+    }
+    o += (size_t)snprintf(txt + o, cap - o, ", \"data\": [");
+    for (int i = 0; i <= VSEQ; i++)
+      o += (size_t)snprintf(txt + o, cap - o, i ? ", %lld" : "%lld", (long long)cu[i]);
+    o += (size_t)snprintf(txt + o, cap - o, "]}");
+  }
+}
+
+Test(v2, varlen_json_and_binary_int32_and_int64) {
+  int64_t cuq[VSEQ + 1] = {0}, cuk[VSEQ + 1] = {0};
+  for (int b = 0; b < VSEQ; b++) {
+    cuq[b + 1] = cuq[b] + vlq[b];
+    cuk[b + 1] = cuk[b] + vlk[b];
+  }
+  for (int k = 0; k < 8; k++) {
+    bool binary = k & 1, causal = k & 4;
+    int bytes = k & 2 ? 8 : 4;
+    tprob p = tprob_make(1, 4, 2, cuq[VSEQ], cuk[VSEQ], 16, k == 5 ? ATTN_BF16 : ATTN_F32);
+    p.causal = causal;
+    p.stats = true;
+    tcase all;
+    tcase_init(&all, &p, 80 + (uint64_t)k);
+    char txt[1024], what[96];
+    unsigned char bin[2 * 8 * (VSEQ + 1)];
+    size_t blen, len, json;
+    cu_inputs(txt, sizeof txt, bin, &blen, cuq, cuk, bytes, binary);
+    how h = {.binary_in = binary ? 7 : 0, .more_in = txt, .more_bin = bin, .more_bin_len = blen};
+    char *b = v2_body(&all, 3, &h, causal ? "{\"causal\": true}" : NULL, NULL, &len, &json);
+    snprintf(what, sizeof what, "varlen %s INT%d%s %s", binary ? "binary" : "JSON", bytes * 8,
+             causal ? " causal" : "", attn_dtype_name(p.dt));
+    http_res rs;
+    cr_assert_eq(post_v2(INFER, binary ? NULL : "application/json", b, len, json, &rs), 0);
+    cJSON *j = read_infer(&rs, &all, 3, "attention", 0xf, 0, false, what);
+    check_varlen(&all, cuq, cuk, what);
+    cJSON_Delete(j);
+    http_res_free(&rs);
+    free(b);
+    tcase_free(&all);
+  }
+}
+
+Test(v2, varlen_refusals) {
+  static const struct {
+    const char *cu;
+    long status;
+    const char *part;
+  } cases[] = {
+      {", {\"name\": \"cu_seqlens_q\", \"datatype\": \"FP32\", \"shape\": [2], \"data\": [0, 4]}",
+       422, "use INT32 or INT64"},
+      {", {\"name\": \"cu_seqlens_q\", \"datatype\": \"INT32\", \"shape\": [2], \"data\": [0, 4]}",
+       422, "needs both cu_seqlens_q and cu_seqlens_kv"},
+      {", {\"name\": \"cu_seqlens_q\", \"datatype\": \"INT32\", \"shape\": [1, 2], \"data\": [0, "
+       "4]}",
+       422, "use [B+1]"},
+      {", {\"name\": \"cu_seqlens_q\", \"datatype\": \"INT32\", \"shape\": [2], \"data\": [0, "
+       "3e9]}",
+       422, "within I32"},
+      {", {\"name\": \"cu_seqlens_q\", \"datatype\": \"INT64\", \"shape\": [3], \"data\": [0, 2]}",
+       422, "data must be an array of 3 integers"},
+      {", {\"name\": \"cu_seqlens_q\", \"datatype\": \"INT32\", \"shape\": [2], \"data\": [0, 3]}, "
+       "{\"name\": \"cu_seqlens_kv\", \"datatype\": \"INT32\", \"shape\": [2], \"data\": [0, 4]}",
+       422, "the last offset must equal"},
+      {", {\"name\": \"cu_seqlens_q\", \"datatype\": \"INT32\", \"shape\": [3], \"data\": [0, 3, "
+       "4]}, {\"name\": \"cu_seqlens_kv\", \"datatype\": \"INT32\", \"shape\": [2], \"data\": [0, "
+       "4]}",
+       422, "cu_seqlens_q has 3 offsets but cu_seqlens_kv 2"},
+      {", {\"name\": \"cu_seqlens_q\", \"datatype\": \"INT32\", \"shape\": [3], \"data\": [0, 3, "
+       "1]}, {\"name\": \"cu_seqlens_kv\", \"datatype\": \"INT32\", \"shape\": [3], \"data\": [0, "
+       "2, 4]}",
+       422, "cu_seqlens_q"},
+      {", {\"name\": \"cu_seqlens_q\", \"datatype\": \"INT32\", \"shape\": [2], \"parameters\": "
+       "{\"binary_data_size\": 16}}",
+       400, "binary_data_size 16 does not match"},
+      {", {\"name\": \"cu_seqlens_kv\", \"datatype\": \"INT32\", \"shape\": [2], \"data\": [0, "
+       "4]}, "
+       "{\"name\": \"cu_seqlens_kv\", \"datatype\": \"INT32\", \"shape\": [2], \"data\": [0, 4]}",
+       422, "given twice"},
+  };
+  tprob p = tprob_make(1, 2, 1, 4, 4, 8, ATTN_F32);
+  tcase c;
+  tcase_init(&c, &p, 3);
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    size_t len, json;
+    char *b = v2_body(&c, 3, &(how){.more_in = cases[i].cu}, NULL, NULL, &len, &json);
+    http_res rs;
+    cr_assert_eq(post_v2(INFER, "application/json", b, len, json, &rs), 0);
+    expect_v2_error(&rs, cases[i].status, cases[i].part, cases[i].cu);
+    http_res_free(&rs);
+    free(b);
+  }
+  /* q, k, v of rank 4 with offsets: the sequences must be concatenated */
+  size_t len, json;
+  char *b = v2_body(&c, 4,
+                    &(how){.more_in = ", {\"name\": \"cu_seqlens_q\", \"datatype\": \"INT32\", "
+                                      "\"shape\": [2], \"data\": [0, 4]}, {\"name\": "
+                                      "\"cu_seqlens_kv\", \"datatype\": \"INT64\", \"shape\": [2], "
+                                      "\"data\": [0, 4]}"},
+                    NULL, NULL, &len, &json);
+  http_res rs;
+  cr_assert_eq(post_v2(INFER, "application/json", b, len, json, &rs), 0);
+  expect_v2_error(&rs, 422, "not rank 4", "rank 4 with cu_seqlens");
+  http_res_free(&rs);
+  free(b);
+  tcase_free(&c);
 }

@@ -508,12 +508,12 @@ int attn_proto_decode_safetensors(const void *body, size_t len, const attn_optio
 
 /* ---- encoding ------------------------------------------------------------ */
 
-size_t attn__st_put_entry(char *h, size_t cap, size_t o, const char *name, attn_dtype dt,
+size_t attn__st_put_entry(char *h, size_t cap, size_t o, const char *name, const char *dtype,
                           const int64_t *shape, int rank, size_t begin, size_t end) {
   if (o >= cap)
     return o;
   o += (size_t)snprintf(h + o, cap - o, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[", o > 1 ? "," : "",
-                        name, attn_dtype_name(dt));
+                        name, dtype);
   for (int i = 0; i < rank && o < cap; i++)
     o += (size_t)snprintf(h + o, cap - o, i ? ",%lld" : "%lld", (long long)shape[i]);
   if (o < cap)
@@ -568,8 +568,8 @@ int attn_proto_encode_safetensors(const attn_proto_req *pr, void **pbuf, size_t 
   for (int i = 0; i < n; i++) {
     parts[i] = t[i].data;
     sizes[i] = t[i].count * attn_dtype_size(t[i].dtype);
-    hn = attn__st_put_entry(h, sizeof h, hn, t[i].name, t[i].dtype, t[i].shape, t[i].rank, off,
-                            off + sizes[i]);
+    hn = attn__st_put_entry(h, sizeof h, hn, t[i].name, attn_dtype_name(t[i].dtype), t[i].shape,
+                            t[i].rank, off, off + sizes[i]);
     off += sizes[i];
   }
   if (hn < sizeof h)

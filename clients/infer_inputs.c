@@ -35,8 +35,7 @@ int attn_infer_parse_offsets(const char *flag, const char *s, int64_t **pv, int6
     char *end;
     errno = 0;
     long long v = strtoll(p, &end, 10);
-    if (end == p || errno || v < 0 || v > (1LL << 40) || *end != (i + 1 < n ? ',' : 0) ||
-        n < 2) {
+    if (end == p || errno || v < 0 || v > (1LL << 40) || *end != (i + 1 < n ? ',' : 0) || n < 2) {
       fprintf(stderr,
               ME ": %s expects B+1 offsets (B >= 1), integers from 0 to 2^40 separated by "
                  "commas, like 0,3,7 (got \"%s\")\n",
@@ -69,11 +68,11 @@ static int varlen_dims(const char *flag, bool given, int64_t s[4], int64_t nseq,
 int attn_infer_varlen_shapes(attn_infer_args *a) {
   if (!a->cu_q && !a->cu_kv)
     return 0;
-  const char *why = !a->cu_q || !a->cu_kv ? "give both --cu-seqlens-q and --cu-seqlens-kv"
+  const char *why = !a->cu_q || !a->cu_kv   ? "give both --cu-seqlens-q and --cu-seqlens-kv"
                     : a->ncu_q != a->ncu_kv ? "--cu-seqlens-q and --cu-seqlens-kv must have "
                                               "the same number of offsets (B + 1 each)"
-                    : a->in    ? "--cu-seqlens-q/kv make random tensors; with IN, put the "
-                                 "tensors cu_seqlens_q and cu_seqlens_kv in IN"
+                    : a->in     ? "--cu-seqlens-q/kv make random tensors; with IN, put the "
+                                  "tensors cu_seqlens_q and cu_seqlens_kv in IN"
                     : a->shards ? "--shards does not split a variable-length batch"
                                 : NULL;
   if (why) {
@@ -111,12 +110,12 @@ static int slopes_file(const char *path, attn_infer_args *a) {
   attn_status st;
   int rc = attn_proto_safetensors_tensor(body, len, ATTN_PROTO_T_ALIBI, &t, &copy, &st);
   free(body);
-  const char *why = rc < 0        ? st.message
-                    : !t.data     ? "it holds no tensor alibi_slopes"
-                    
+  const char *why = rc < 0    ? st.message
+                    : !t.data ? "it holds no tensor alibi_slopes"
+
                     : t.dtype != ATTN_F32 ? "its alibi_slopes is not F32"
-                    : t.rank > 2 ? "its alibi_slopes is not [Hq] or [B, Hq]"
-                                  : NULL;
+                    : t.rank > 2          ? "its alibi_slopes is not [Hq] or [B, Hq]"
+                                          : NULL;
   if (why) {
     fprintf(stderr, ME ": --alibi-slopes %s: %s\n", path, why);
     free(copy);

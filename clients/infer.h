@@ -29,6 +29,10 @@ typedef struct attn_infer_args {
   attn_options opts; /* the flags, validated by the server's own parser */
   float *alibi;      /* --alibi-slopes (malloc'd), or NULL */
   int64_t nalibi;
+  int alibi_rank;         /* 0: a comma list; 1 or 2: a file's [Hq] or [B, Hq] */
+  int64_t alibi_shape[2]; /* the file's */
+  int64_t *cu_q, *cu_kv;  /* --cu-seqlens-q/kv (malloc'd), or NULL */
+  int64_t ncu_q, ncu_kv;
   attn_sbuf query; /* the same flags as a query string */
 } attn_infer_args;
 
@@ -65,6 +69,19 @@ void attn_infer_print_report(const attn_infer_args *a, const attn_proto_req *pr,
  * backward request, dq, dk, dv against the float64 reference backward);
  * prints the check line and returns the exit status (0 pass, 1 fail). */
 int attn_infer_check(const attn_infer_args *a, const attn_proto_req *pr);
+
+/* infer_inputs.c: a flag's comma list of offsets into *pv (malloc'd, *pn
+ * of them); --alibi-slopes as a comma list or a FILE.safetensors; 0, or 2
+ * after a message. */
+int attn_infer_parse_offsets(const char *flag, const char *s, int64_t **pv, int64_t *pn);
+int attn_infer_parse_slopes(const char *s, attn_infer_args *a);
+/* With --cu-seqlens-q/kv: both given, no IN or --shards, and a->shape,
+ * a->shape_kv with B the sequence count and N the totals (a --shape or
+ * --shape-kv saying otherwise is refused). 0, or 2 after a message. */
+int attn_infer_varlen_shapes(attn_infer_args *a);
+/* The slopes against a->shape: 0 with *stride_b (0: [Hq], Hq: [B, Hq]),
+ * or 2 after a message. */
+int attn_infer_alibi_shape(const attn_infer_args *a, int64_t *stride_b);
 
 /* --shards (infer_shards.c): whole's K/V split along Nkv across the listed
  * servers, each shard with diag_offset = off - its first key and stats,

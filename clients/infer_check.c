@@ -6,6 +6,7 @@
  * normalized errors of dq, dk and dv against the float64 reference backward
  * (engine/reference.h) with o's tolerance.
  */
+#include "backend.h" /* attn__varlen_sub(): a sequence as the engine splits it */
 #include "infer.h"
 #include "reference.h"
 
@@ -23,8 +24,11 @@ static int fail(char *err, size_t cap, const char *fmt, ...) {
   return -1;
 }
 
-/* Query rows: the statistics' element count, o's over D. */
-static size_t rows_of(const attn_request *r) { return (size_t)(r->batch * r->heads_q * r->seq_q); }
+/* Query rows: the statistics' element count, o's over D (a variable-length
+ * batch's are [Hq, total]). */
+static size_t rows_of(const attn_request *r) {
+  return (size_t)((r->cu_seqlens_q ? 1 : r->batch) * r->heads_q * r->seq_q);
+}
 
 static double rel_err(double x, double ref) {
   if (isinf(ref) || isinf(x) || isnan(x))
@@ -36,39 +40,85 @@ static double tolerance(attn_dtype dt) {
   return dt == ATTN_F32 ? 1e-5 : dt == ATTN_F16 ? 1e-3 : 8e-3;
 }
 
+/* The running errors of a forward reply: o's squared differences and
+ * norm, and the largest error of each statistic. */
+typedef struct fwd_err {
+  double num, den, stat[3];
+  bool nan;
+} fwd_err;
+
+/* Rows [q0, q0 + nq) of each of g row groups (total rows each) of the
+ * reply in pr against the float64 ones: o [g, nq, D], statistics
+ * [3][g * nq]. A whole request is g = B·Hq groups of all Nq rows; one
+ * sequence of a variable-length batch Hq groups of its rows. */
+static void add_rows(const attn_proto_req *pr, int64_t g, int64_t total, int64_t q0, int64_t nq,
+                     const double *o, const double *st, fwd_err *e) {
+  const attn_request *r = &pr->req;
+  const float *got[3] = {r->m, r->l, r->lse};
+  const size_t D = (size_t)r->head_dim, rows = (size_t)(g * nq);
+  for (int64_t h = 0; h < g; h++)
+    for (int64_t i = 0; i < nq; i++) {
+      size_t at = (size_t)(h * total + q0 + i), ref = (size_t)(h * nq + i);
+      for (size_t d = 0; d < D; d++) {
+        double x = attn_load_elem(r->o, r->dtype, at * D + d), diff = x - o[ref * D + d];
+        e->nan |= x != x;
+        e->num += diff * diff;
+        e->den += o[ref * D + d] * o[ref * D + d];
+      }
+      for (int k = 0; pr->opts.stats && k < 3; k++)
+        e->stat[k] = fmax(e->stat[k], rel_err(got[k][at], st[(size_t)k * rows + ref]));
+    }
+}
+
+/* Float64 attention of one problem into o and st (as add_rows() reads
+ * them); a problem with no key is the definition's O = 0, m = lse = -inf,
+ * l = 0 (the reference takes at least one key). */
+static int reference(const attn_request *r, double *o, double *st, attn_status *s) {
+  const size_t rows = (size_t)(r->batch * r->heads_q * r->seq_q);
+  if (r->seq_kv > 0)
+    return attn_reference(r, o, st, st + rows, st + 2 * rows, s);
+  for (size_t i = 0; i < rows * (size_t)r->head_dim; i++)
+    o[i] = 0;
+  for (size_t i = 0; i < rows; i++) {
+    st[i] = st[2 * rows + i] = -INFINITY;
+    st[rows + i] = 0;
+  }
+  return 0;
+}
+
 /*
  * Errors of the reply (in pr's output buffers) against float64 standard
- * attention on the same inputs: e[0] the normalized error of o, e[1..3] the
- * largest error of m, l, lse relative to max(1, |ref|). Returns 0, or -1
- * with the reason in err.
+ * attention on the same inputs, a variable-length batch one sequence at a
+ * time (its own problem, as the engine splits it): e[0] the normalized
+ * error of o, e[1..3] the largest error of m, l, lse relative to max(1,
+ * |ref|). Returns 0, or -1 with the reason in err.
  */
 static int check_reply(const attn_proto_req *pr, double e[4], char *err, size_t cap) {
   const attn_request *r = &pr->req;
+  const bool varlen = r->cu_seqlens_q != NULL;
   size_t rows = rows_of(r), n = rows * (size_t)r->head_dim;
-  double *o = malloc(n * sizeof *o), *st = malloc(3 * rows * sizeof *st);
+  double *o = malloc(n * sizeof *o + 1), *st = malloc(3 * rows * sizeof *st + 1);
+  fwd_err acc = {0};
   attn_status s;
   int rc = 0;
-  if (!o || !st) {
+  if (!o || !st)
     rc = fail(err, cap, "out of memory for the float64 reference");
-  } else if (attn_reference(r, o, st, st + rows, st + 2 * rows, &s) < 0) {
-    rc = fail(err, cap, "the float64 reference failed: %s", s.message);
-  } else {
-    double num = 0, den = 0;
-    bool nan = false;
-    for (size_t i = 0; i < n; i++) {
-      double x = attn_load_elem(r->o, r->dtype, i), d = x - o[i];
-      nan |= x != x;
-      num += d * d;
-      den += o[i] * o[i];
-    }
-    e[0] = nan ? INFINITY : den > 0 ? sqrt(num / den) : sqrt(num);
-    const float *got[3] = {r->m, r->l, r->lse};
-    for (int k = 0; k < 3; k++) {
-      e[1 + k] = 0;
-      for (size_t i = 0; pr->opts.stats && i < rows; i++)
-        e[1 + k] = fmax(e[1 + k], rel_err(got[k][i], st[k * rows + i]));
-    }
+  for (int64_t b = 0; rc == 0 && b < (varlen ? r->batch : 1); b++) {
+    attn_request one = *r;
+    if (varlen)
+      attn__varlen_sub(r, b, &one);
+    if (one.seq_q == 0)
+      continue;
+    if (reference(&one, o, st, &s) < 0)
+      rc = fail(err, cap, "the float64 reference failed: %s", s.message);
+    else if (varlen)
+      add_rows(pr, r->heads_q, r->seq_q, r->cu_seqlens_q[b], one.seq_q, o, st, &acc);
+    else
+      add_rows(pr, r->batch * r->heads_q, r->seq_q, 0, r->seq_q, o, st, &acc);
   }
+  e[0] = acc.nan ? INFINITY : acc.den > 0 ? sqrt(acc.num / acc.den) : sqrt(acc.num);
+  for (int k = 0; k < 3; k++)
+    e[1 + k] = acc.stat[k];
   free(o);
   free(st);
   return rc;
@@ -117,10 +167,9 @@ static int check_backward(const attn_infer_args *a, const attn_proto_req *pr) {
 }
 
 int attn_infer_check(const attn_infer_args *a, const attn_proto_req *pr) {
-  if (pr->req.cu_seqlens_q) {
-    fprintf(stderr, ATTN_INFER_ME ": --check does not check a variable-length batch (its "
-                                  "sequences are checked by the tests against the float64 "
-                                  "reference one by one)\n");
+  if (pr->req.cu_seqlens_q && pr->req.pass == ATTN_BACKWARD) {
+    fprintf(stderr, ATTN_INFER_ME ": --check does not check the backward pass of a "
+                                  "variable-length batch yet (its forward, yes)\n");
     return 1;
   }
   if (pr->req.pass == ATTN_BACKWARD)

@@ -38,7 +38,8 @@ static const char usage[] =
     "       attn infer --shards URL1,URL2,... [IN.safetensors] [flags as above]\n"
     "                  [--dtype F32|F16|BF16] [--seed N] [--json] [--causal] [--scale X]\n"
     "                  [--window-left N] [--window-right N] [--diag-offset N] [--stats]\n"
-    "                  [--softcap X] [--alibi-slopes S1,S2,...]\n"
+    "                  [--softcap X] [--alibi-slopes S1,S2,...|FILE.safetensors]\n"
+    "                  [--cu-seqlens-q a,b,... --cu-seqlens-kv a,b,...]\n"
     "                  [--backend auto|cpu|cuda|reference] [--check] [--out FILE]\n"
     "                  [--timeout SECONDS] [--quiet] [--backward]\n"
     "\n"
@@ -58,9 +59,17 @@ static const char usage[] =
     "                  options, checked here, sent in the query string (IN's\n"
     "                  __metadata__ wins over them, as always over HTTP)\n"
     "  --alibi-slopes  without IN: ALiBi slopes sent as the F32 tensor alibi_slopes,\n"
-    "                  a comma list of Hq numbers ([Hq]) or B*Hq ([B, Hq]); with IN,\n"
-    "                  put the tensor alibi_slopes in IN instead\n"
-    "  --check         compare the reply with float64 standard attention: normalized\n"
+    "                  a comma list of Hq numbers ([Hq]) or B*Hq ([B, Hq]), or a\n"
+    "                  NAME.safetensors file holding alibi_slopes (F32 [Hq] or [B, Hq]);\n"
+    "                  with IN, IN's own tensor alibi_slopes is used\n"
+    "  --cu-seqlens-q, --cu-seqlens-kv\n"
+    "                  without IN: a variable-length batch, B+1 offsets each (sent as I64\n"
+    "                  tensors cu_seqlens_q/kv); q is [Hq, total_q, D], k and v [Hkv,\n"
+    "                  total_kv, D]. B and the totals come from the offsets (count - 1,\n"
+    "                  last value), Hq, Hkv and D from --shape/--shape-kv, whose B and N,\n"
+    "                  when given, must agree.\n"
+    "  --check         compare the reply with float64 standard attention (a varlen\n"
+    "                  batch one sequence at a time, forward only): normalized\n"
     "                  error of o within 1e-5 (F32), 1e-3 (F16), 8e-3 (BF16); m, l,\n"
     "                  lse within 1e-5 relative to max(1, |ref|)\n"
     "  --out FILE      write the reply as a safetensors file (atomically)\n"
@@ -95,29 +104,6 @@ static void query_add(attn_sbuf *q, const char *name, const char *value) {
   }
 }
 
-/* --alibi-slopes: a comma list of finite numbers; 0, or 2 after a message. */
-static int parse_slopes(const char *s, attn_infer_args *a) {
-  free(a->alibi);
-  a->nalibi = 1;
-  for (const char *p = s; *p; p++)
-    a->nalibi += *p == ',';
-  a->alibi = malloc((size_t)a->nalibi * sizeof *a->alibi);
-  const char *p = s;
-  for (int64_t i = 0; a->alibi && i < a->nalibi; i++) {
-    char *end;
-    errno = 0;
-    double v = strtod(p, &end);
-    if (end == p || errno || !isfinite(v) || *end != (i + 1 < a->nalibi ? ',' : 0)) {
-      fprintf(stderr,
-              ME ": --alibi-slopes expects finite numbers separated by commas (got \"%s\")\n", s);
-      return 2;
-    }
-    a->alibi[i] = (float)v;
-    p = end + 1;
-  }
-  return a->alibi ? 0 : 2;
-}
-
 /* One flag of attn infer's own (not an API option); 0, or 2 after a
  * message. */
 static int infer_flag(int c, attn_infer_args *a) {
@@ -140,7 +126,9 @@ static int infer_flag(int c, attn_infer_args *a) {
   case 'Q': a->quiet = true; return 0;
   case 'W': a->pass = ATTN_BACKWARD; return 0;
   case 'o': a->out = optarg; return 0;
-  case 'A': return parse_slopes(optarg, a);
+  case 'A': return attn_infer_parse_slopes(optarg, a);
+  case 'U': return attn_infer_parse_offsets("--cu-seqlens-q", optarg, &a->cu_q, &a->ncu_q);
+  case 'V': return attn_infer_parse_offsets("--cu-seqlens-kv", optarg, &a->cu_kv, &a->ncu_kv);
   case 'D': a->shards = optarg; return 0;
   case 'T': {
     char *end;
@@ -172,6 +160,8 @@ static int parse_flags(int argc, char **argv, attn_infer_args *a) {
                                         {"backward", no_argument, 0, 'W'},
                                         {"alibi-slopes", required_argument, 0, 'A'},
                                         {"shards", required_argument, 0, 'D'},
+                                        {"cu-seqlens-q", required_argument, 0, 'U'},
+                                        {"cu-seqlens-kv", required_argument, 0, 'V'},
                                         {"help", no_argument, 0, 'x'},
                                         {0, 0, 0, 0}};
   int c;
@@ -218,8 +208,8 @@ static int parse_args(int argc, char **argv, attn_infer_args *a) {
   a->url = a->shards ? "http://shards" : argv[optind];
   a->in = npos > nurl ? argv[optind + nurl] : NULL;
   if (a->in && a->alibi) {
-    fprintf(stderr, ME ": --alibi-slopes goes with random tensors; with IN, put the tensor "
-                       "alibi_slopes in IN\n");
+    fprintf(stderr, ME ": --alibi-slopes goes with random tensors; with IN, IN's own tensor "
+                       "alibi_slopes is used: put it there\n");
     return 2;
   }
   if (!*a->url || strpbrk(a->url, "?# \t\r\n")) {
@@ -234,7 +224,9 @@ static int parse_args(int argc, char **argv, attn_infer_args *a) {
                        "tensors; IN is sent as it is\n");
     return 2;
   }
-  if (!a->have_shape_kv)
+  if (attn_infer_varlen_shapes(a) != 0)
+    return 2;
+  if (!a->have_shape_kv && !a->cu_q)
     memcpy(a->shape_kv, a->shape, sizeof a->shape);
   if (a->shape_kv[0] != a->shape[0] || a->shape_kv[3] != a->shape[3]) {
     fprintf(stderr,
@@ -282,8 +274,9 @@ static void infer_bufs_free(infer_bufs *b) {
  * status after a message. */
 static int backward_inputs(const attn_infer_args *a, infer_bufs *b) {
   attn_request *r = &b->bc.req;
-  size_t nq = (size_t)(r->batch * r->heads_q * r->seq_q * r->head_dim);
-  size_t rows = (size_t)(r->batch * r->heads_q * r->seq_q);
+  const int64_t nb = r->cu_seqlens_q ? 1 : r->batch; /* varlen: [Hq, total, D] */
+  size_t nq = (size_t)(nb * r->heads_q * r->seq_q * r->head_dim);
+  size_t rows = (size_t)(nb * r->heads_q * r->seq_q);
   b->dout = malloc(nq * attn_dtype_size(r->dtype));
   b->lse = malloc(rows * sizeof *b->lse);
   if (!b->dout || !b->lse) {
@@ -316,6 +309,34 @@ static int backward_inputs(const attn_infer_args *a, infer_bufs *b) {
   return 0;
 }
 
+/* r's tensors as a codec would hand them to attn_proto_build_pass(): [B, H,
+ * N, D], or for a variable-length batch [H, total, D] and the offsets. */
+static void tensor_table(const attn_request *r, attn_proto_tensor t[ATTN_PROTO_MAX_TENSORS]) {
+  const int drop = r->cu_seqlens_q ? 1 : 0; /* no B dimension */
+  const int64_t sq[4] = {r->batch, r->heads_q, r->seq_q, r->head_dim};
+  const int64_t skv[4] = {r->batch, r->heads_kv, r->seq_kv, r->head_dim};
+  const void *data[ATTN_PROTO_T_ALIBI] = {r->q, r->k, r->v, r->o, r->dout, r->lse_in};
+  memset(t, 0, ATTN_PROTO_MAX_TENSORS * sizeof *t);
+  for (int i = 0; i < ATTN_PROTO_T_ALIBI; i++) {
+    bool kv = i == ATTN_PROTO_T_K || i == ATTN_PROTO_T_V, lse = i == ATTN_PROTO_T_LSE;
+    t[i] = (attn_proto_tensor){
+        attn_proto_tensor_name(i), lse ? ATTN_F32 : r->dtype, (lse ? 3 : 4) - drop, {0}, data[i]};
+    memcpy(t[i].shape, (kv ? skv : sq) + drop, (size_t)t[i].rank * sizeof *t[i].shape);
+  }
+  t[ATTN_PROTO_T_ALIBI] =
+      (attn_proto_tensor){"alibi_slopes",
+                          ATTN_F32,
+                          r->alibi_stride_b ? 2 : 1,
+                          {r->alibi_stride_b ? r->batch : r->heads_q, r->heads_q},
+                          r->alibi_slopes};
+  for (int i = 0; i < 2; i++)
+    t[ATTN_PROTO_T_CU_Q + i] = (attn_proto_tensor){attn_proto_tensor_name(ATTN_PROTO_T_CU_Q + i),
+                                                   ATTN_F32,
+                                                   1,
+                                                   {r->batch + 1},
+                                                   i ? r->cu_seqlens_kv : r->cu_seqlens_q};
+}
+
 /*
  * Random tensors for the shapes: the body to send in *pbody, and pr built
  * from the same tensors with the flags' options (the checks a codec makes;
@@ -329,38 +350,28 @@ static int make_random(attn_infer_args *a, infer_bufs *ib, char **pbody, size_t 
     fprintf(stderr, ME ": --shape/--shape-kv: too many elements to generate\n");
     return 2;
   }
-  if (attn_bench_case_init(bc, a->shape[0], a->shape[1], a->shape_kv[1], a->shape[2],
+  /* A variable-length batch is one [H, total, D] problem in memory. */
+  if (attn_bench_case_init(bc, a->cu_q ? 1 : a->shape[0], a->shape[1], a->shape_kv[1], a->shape[2],
                            a->shape_kv[2], a->shape[3], a->dtype, false, a->seed) < 0) {
     fprintf(stderr, ME ": out of memory for the random tensors\n");
     return 1;
   }
   int rc;
+  if (a->cu_q) { /* one [H, total, D] tensor each, sequences concatenated */
+    bc->req.batch = a->shape[0];
+    bc->req.cu_seqlens_q = a->cu_q;
+    bc->req.cu_seqlens_kv = a->cu_kv;
+  }
   if (a->alibi) { /* [Hq] or [B, Hq]: the encoder reads that many */
-    if (a->nalibi != a->shape[1] && a->nalibi != a->shape[0] * a->shape[1]) {
-      fprintf(stderr, ME ": --alibi-slopes has %lld numbers; give Hq = %lld or B*Hq = %lld\n",
-              (long long)a->nalibi, (long long)a->shape[1], (long long)(a->shape[0] * a->shape[1]));
+    if (attn_infer_alibi_shape(a, &bc->req.alibi_stride_b) != 0)
       return 2;
-    }
     bc->req.alibi_slopes = a->alibi;
-    bc->req.alibi_stride_b = a->nalibi == a->shape[1] ? 0 : a->shape[1];
   }
   if (a->pass == ATTN_BACKWARD && (rc = backward_inputs(a, ib)) != 0)
     return rc;
   const attn_request *r = &bc->req;
-  const int64_t sq[4] = {r->batch, r->heads_q, r->seq_q, r->head_dim};
-  const int64_t skv[4] = {r->batch, r->heads_kv, r->seq_kv, r->head_dim};
-  attn_proto_tensor t[ATTN_PROTO_MAX_TENSORS] = {
-      {"q", r->dtype, 4, {sq[0], sq[1], sq[2], sq[3]}, r->q},
-      {"k", r->dtype, 4, {skv[0], skv[1], skv[2], skv[3]}, r->k},
-      {"v", r->dtype, 4, {skv[0], skv[1], skv[2], skv[3]}, r->v},
-      {"o", r->dtype, 4, {sq[0], sq[1], sq[2], sq[3]}, r->o},
-      {"do", r->dtype, 4, {sq[0], sq[1], sq[2], sq[3]}, r->dout},
-      {"lse", ATTN_F32, 3, {sq[0], sq[1], sq[2], 0}, r->lse_in},
-      {"alibi_slopes",
-       ATTN_F32,
-       r->alibi_stride_b ? 2 : 1,
-       {r->alibi_stride_b ? r->batch : r->heads_q, r->heads_q},
-       r->alibi_slopes}};
+  attn_proto_tensor t[ATTN_PROTO_MAX_TENSORS];
+  tensor_table(r, t);
   attn_status st;
   *local_ok = attn_proto_build_pass(pr, a->pass, t, &a->opts, &st) == 0;
   if (!*local_ok)
@@ -466,6 +477,8 @@ int attn_cmd_infer(int argc, char **argv) {
   if (status != 0) {
     free(a.query.p);
     free(a.alibi);
+    free(a.cu_q);
+    free(a.cu_kv);
     return status < 0 ? 0 : status;
   }
   char *body = NULL;
@@ -489,5 +502,7 @@ int attn_cmd_infer(int argc, char **argv) {
   free(body);
   free(a.query.p);
   free(a.alibi);
+  free(a.cu_q);
+  free(a.cu_kv);
   return status;
 }

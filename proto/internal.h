@@ -125,9 +125,10 @@ void attn__json_put_tensor(struct attn_sbuf *b, const char *name, const int64_t 
  * writes them. */
 void attn__json_put_elems(struct attn_sbuf *b, attn_dtype dt, const void *data, size_t n);
 /* One safetensors header entry "name":{dtype, shape, data_offsets} at h + o
- * (a ',' first unless o <= 1, just past the '{'); returns the new length,
- * >= cap once the header does not fit. */
-size_t attn__st_put_entry(char *h, size_t cap, size_t o, const char *name, attn_dtype dt,
+ * (a ',' first unless o <= 1, just past the '{'), dtype by its name ("F32",
+ * ..., or the cu_seqlens' "I64"); returns the new length, >= cap once the
+ * header does not fit. */
+size_t attn__st_put_entry(char *h, size_t cap, size_t o, const char *name, const char *dtype,
                           const int64_t *shape, int rank, size_t begin, size_t end);
 /* A safetensors file: the 8-byte length, header h[0..n) padded with spaces
  * to a multiple of 8 bytes, then the parts' bytes in order. *pbuf is

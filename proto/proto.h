@@ -234,6 +234,14 @@ int attn_proto_decode_safetensors(const void *body, size_t len, const attn_optio
 int attn_proto_decode_safetensors_pass(const void *body, size_t len, attn_pass pass,
                                        const attn_options *query, attn_proto_req *pr,
                                        attn_status *st);
+/* Tensor `which` (ATTN_PROTO_T_*) of a safetensors file that holds any of
+ * the request tensors but need not hold them all (a client's file of one
+ * input, e.g. `attn infer --alibi-slopes FILE`): the header and layout get
+ * the decoder's checks, the shapes none. *t with its data in *pcopy
+ * (malloc'd, the caller frees it), or t->data NULL when the file does not
+ * hold that tensor. 0 or an error. */
+int attn_proto_safetensors_tensor(const void *body, size_t len, int which, attn_proto_tensor *t,
+                                  void **pcopy, attn_status *st);
 /* Writes o (and m, l, lse as F32 when pr->opts.stats), or for a backward
  * request dq, dk, dv, with the header padded with spaces to a multiple of 8
  * bytes. *pbuf is malloc'd. */

@@ -21,7 +21,8 @@
 /* One tensor of a request body. */
 typedef struct in_tensor {
   const char *name;
-  attn_dtype dtype;
+  attn_dtype dtype; /* q's and the others'; unused when i64 */
+  bool i64;         /* cu_seqlens: int64 offsets, "I64" on the wire */
   int64_t shape[4];
   int rank;
   const void *data;
@@ -31,7 +32,7 @@ typedef struct in_tensor {
 /* Bytes of an es-byte-element tensor of this shape; 0, or an error when a
  * dimension is below 1 or the size overflows. */
 static int tensor_bytes(const in_tensor *t, size_t *pn, attn_status *st) {
-  size_t n = attn_dtype_size(t->dtype);
+  size_t n = t->i64 ? sizeof(int64_t) : attn_dtype_size(t->dtype);
   for (int i = 0; i < t->rank; i++) {
     if (t->shape[i] < 1)
       return attn_status_set(st, ATTN_EINVAL,
@@ -45,13 +46,52 @@ static int tensor_bytes(const in_tensor *t, size_t *pn, attn_status *st) {
   return 0;
 }
 
+/* alibi_slopes when r has them ([Hq], or [B, Hq] when each batch has its
+ * own) and the cu_seqlens of a variable-length batch ([B+1] int64 each),
+ * after the n tensors already in t. Returns the new count, or an error. */
+static int optional_inputs(const attn_request *r, in_tensor *t, int n, attn_status *st) {
+  int rc;
+  if (r->alibi_slopes) {
+    in_tensor *x = &t[n++];
+    const bool per_b = r->alibi_stride_b != 0;
+    *x = (in_tensor){attn_proto_tensor_name(ATTN_PROTO_T_ALIBI),
+                     ATTN_F32,
+                     false,
+                     {per_b ? r->batch : r->heads_q, r->heads_q},
+                     per_b ? 2 : 1,
+                     r->alibi_slopes,
+                     0};
+    if ((rc = tensor_bytes(x, &x->bytes, st)) < 0)
+      return rc;
+  }
+  if (!r->cu_seqlens_q != !r->cu_seqlens_kv)
+    return attn_status_set(st, ATTN_EINVAL,
+                           "encode request: a variable-length batch needs both cu_seqlens_q "
+                           "and cu_seqlens_kv");
+  for (int i = 0; r->cu_seqlens_q && i < 2; i++) {
+    in_tensor *x = &t[n++];
+    *x = (in_tensor){attn_proto_tensor_name(i ? ATTN_PROTO_T_CU_KV : ATTN_PROTO_T_CU_Q),
+                     ATTN_F32,
+                     true,
+                     {r->batch + 1},
+                     1,
+                     i ? r->cu_seqlens_kv : r->cu_seqlens_q,
+                     0};
+    if ((rc = tensor_bytes(x, &x->bytes, st)) < 0)
+      return rc;
+  }
+  return n;
+}
+
 /* The tensors of r's body in the table's order: q, k, v, and for a
- * backward request o, do and, when given, lse; then alibi_slopes when r has
- * them. Returns how many, or an
- * error when one is missing or its size is wrong. */
+ * backward request o, do and, when given, lse; then alibi_slopes and the
+ * cu_seqlens when r has them. A variable-length batch's q, k, v (o, do)
+ * are [H, total, D] and its lse [Hq, total]: no batch dimension. Returns
+ * how many, or an error when one is missing or its size is wrong. */
 static int inputs(const attn_request *r, in_tensor t[ATTN_PROTO_MAX_TENSORS], attn_status *st) {
   const int64_t sq[4] = {r->batch, r->heads_q, r->seq_q, r->head_dim};
   const int64_t skv[4] = {r->batch, r->heads_kv, r->seq_kv, r->head_dim};
+  const int drop = r->cu_seqlens_q ? 1 : 0; /* varlen: no B */
   bool bwd = r->pass == ATTN_BACKWARD;
   const void *data[ATTN_PROTO_MAX_TENSORS] = {r->q, r->k, r->v, r->o, r->dout, r->lse_in};
   int n = bwd ? (r->lse_in ? 6 : 5) : 3, rc;
@@ -60,28 +100,21 @@ static int inputs(const attn_request *r, in_tensor t[ATTN_PROTO_MAX_TENSORS], at
   for (int i = 0; i < n; i++) {
     in_tensor *x = &t[i];
     bool kv = i == ATTN_PROTO_T_K || i == ATTN_PROTO_T_V, lse = i == ATTN_PROTO_T_LSE;
-    *x = (in_tensor){
-        attn_proto_tensor_name(i), lse ? ATTN_F32 : r->dtype, {0}, lse ? 3 : 4, data[i], 0};
-    memcpy(x->shape, kv ? skv : sq, sizeof x->shape);
+    *x = (in_tensor){attn_proto_tensor_name(i),
+                     lse ? ATTN_F32 : r->dtype,
+                     false,
+                     {0},
+                     (lse ? 3 : 4) - drop,
+                     data[i],
+                     0};
+    memcpy(x->shape, (kv ? skv : sq) + drop, (size_t)x->rank * sizeof *x->shape);
     if (!x->data)
       return attn_status_set(st, ATTN_EINVAL, "encode request: %s or the dtype is missing",
                              attn_proto_tensor_list(r->pass));
     if ((rc = tensor_bytes(x, &x->bytes, st)) < 0)
       return rc;
   }
-  if (r->alibi_slopes) { /* [Hq], or [B, Hq] when each batch has its own */
-    in_tensor *x = &t[n++];
-    const bool per_b = r->alibi_stride_b != 0;
-    *x = (in_tensor){attn_proto_tensor_name(ATTN_PROTO_T_ALIBI),
-                     ATTN_F32,
-                     {per_b ? r->batch : r->heads_q, r->heads_q},
-                     per_b ? 2 : 1,
-                     r->alibi_slopes,
-                     0};
-    if ((rc = tensor_bytes(x, &x->bytes, st)) < 0)
-      return rc;
-  }
-  return n;
+  return optional_inputs(r, t, n, st);
 }
 
 /* Option `bit` of o as text: its name, and its value as a JSON value
@@ -167,17 +200,30 @@ int attn_proto_encode_request_safetensors(const attn_request *r, const attn_opti
   const void *parts[ATTN_PROTO_MAX_TENSORS];
   size_t sizes[ATTN_PROTO_MAX_TENSORS];
   for (int i = 0; i < n; i++) {
-    hn = attn__st_put_entry(h, sizeof h, hn, t[i].name, t[i].dtype, t[i].shape, t[i].rank, off,
-                            off + t[i].bytes);
+    hn = attn__st_put_entry(h, sizeof h, hn, t[i].name,
+                            t[i].i64 ? "I64" : attn_dtype_name(t[i].dtype), t[i].shape, t[i].rank,
+                            off, off + t[i].bytes);
     parts[i] = t[i].data;
     sizes[i] = t[i].bytes;
     off += t[i].bytes;
   }
   if (hn < sizeof h)
     hn += (size_t)snprintf(h + hn, sizeof h - hn, "}");
-  if (hn >= sizeof h) /* the header holds seven entries and seven short options */
+  if (hn >= sizeof h) /* the header holds nine entries and eight short options */
     return attn_status_set(st, ATTN_EINVAL, "safetensors header over %zu bytes", sizeof h);
   return attn__st_frame(h, hn, parts, sizes, n, "request", pbuf, plen, st);
+}
+
+/* "name": {"shape": [n], "dtype": "I64", "data": [...]}: a cu_seqlens
+ * tensor, whose offsets the float writer cannot hold exactly. */
+static void put_i64_tensor(attn_sbuf *s, const in_tensor *t) {
+  const int64_t *v = t->data;
+  attn_sbuf_json_str(s, t->name);
+  attn_sbuf_printf(s, ": {\"shape\": [%lld], \"dtype\": \"I64\", \"data\": [",
+                   (long long)t->shape[0]);
+  for (int64_t i = 0; i < t->shape[0]; i++)
+    attn_sbuf_printf(s, i ? ",%lld" : "%lld", (long long)v[i]);
+  attn_sbuf_puts(s, "]}");
 }
 
 int attn_proto_encode_request_json(const attn_request *r, const attn_options *opts, char **pbuf,
@@ -192,12 +238,15 @@ int attn_proto_encode_request_json(const attn_request *r, const attn_options *op
   /* Most numbers take 8 to 14 bytes; start near the final size. */
   size_t total = 0;
   for (int i = 0; i < n; i++)
-    total += t[i].bytes / attn_dtype_size(t[i].dtype);
+    total += t[i].i64 ? (size_t)t[i].shape[0] * 2 : t[i].bytes / attn_dtype_size(t[i].dtype);
   attn_sbuf_reserve(&s, total * 12 + 256);
   attn_sbuf_puts(&s, "{");
   for (int i = 0; i < n; i++) {
     attn_sbuf_puts(&s, i ? ", " : "");
-    attn__json_put_tensor(&s, t[i].name, t[i].shape, t[i].rank, t[i].dtype, t[i].data);
+    if (t[i].i64)
+      put_i64_tensor(&s, &t[i]);
+    else
+      attn__json_put_tensor(&s, t[i].name, t[i].shape, t[i].rank, t[i].dtype, t[i].data);
   }
   for (size_t i = 0; opts && i < NOPTS; i++) {
     const char *name;

@@ -345,7 +345,7 @@ static int tensor_entry(const cJSON *c, attn_pass pass, uint64_t data_len, entry
 
 /* Walks the parsed header: tensors into e[], options into meta. */
 static int parse_root(const cJSON *root, attn_pass pass, uint64_t data_len, entry e[NT],
-                      attn_options *meta, attn_status *st) {
+                      attn_options *meta, bool partial, attn_status *st) {
   bool have_meta = false;
   int rc;
   for (const cJSON *c = root->child; c; c = c->next) {
@@ -361,7 +361,7 @@ static int parse_root(const cJSON *root, attn_pass pass, uint64_t data_len, entr
     if ((rc = parse_metadata(c, meta, st)) < 0)
       return rc;
   }
-  for (int i = 0; i < NT; i++)
+  for (int i = 0; i < NT && !partial; i++)
     if (attn_proto_tensor_in_pass(i, pass) && !e[i].seen && !attn_proto_tensor_optional(i))
       return attn_status_set(st, ATTN_PROTO_EMISSING,
                              "tensor \"%s\" is missing; the file must hold %s",
@@ -369,9 +369,10 @@ static int parse_root(const cJSON *root, attn_pass pass, uint64_t data_len, entr
   return check_layout(e, data_len, st);
 }
 
-/* The header's JSON: checked bytes, parsed, walked. */
+/* The header's JSON: checked bytes, parsed, walked (partial: a file that
+ * may leave out any tensor). */
 static int parse_header(const unsigned char *hdr, size_t n, attn_pass pass, uint64_t data_len,
-                        entry e[NT], attn_options *meta, attn_status *st) {
+                        entry e[NT], attn_options *meta, bool partial, attn_status *st) {
   int rc = scan_header(hdr, n, st);
   if (rc < 0)
     return rc;
@@ -388,7 +389,7 @@ static int parse_header(const unsigned char *hdr, size_t n, attn_pass pass, uint
     rc = attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
                          "the header is %s, not a JSON object of tensors", attn__json_type(root));
   else
-    rc = parse_root(root, pass, data_len, e, meta, st);
+    rc = parse_root(root, pass, data_len, e, meta, partial, st);
   cJSON_Delete(root);
   return rc;
 }
@@ -477,7 +478,7 @@ static int decode_st(const unsigned char *b, size_t len, attn_pass pass, const a
   memset(e, 0, sizeof e);
   attn_options meta;
   attn_options_init(&meta);
-  if ((rc = parse_header(hdr, (size_t)n, pass, len - 8 - n, e, &meta, st)) < 0)
+  if ((rc = parse_header(hdr, (size_t)n, pass, len - 8 - n, e, &meta, false, st)) < 0)
     return rc;
   attn_options opts;
   if (query)
@@ -506,14 +507,49 @@ int attn_proto_decode_safetensors(const void *body, size_t len, const attn_optio
   return attn_proto_decode_safetensors_pass(body, len, ATTN_FORWARD, query, pr, st);
 }
 
+int attn_proto_safetensors_tensor(const void *body, size_t len, int which, attn_proto_tensor *t,
+                                  void **pcopy, attn_status *st) {
+  const unsigned char *b = body;
+  uint64_t n = 0;
+  entry e[NT];
+  memset(e, 0, sizeof e);
+  memset(t, 0, sizeof *t);
+  *pcopy = NULL;
+  attn_options meta;
+  attn_options_init(&meta);
+  int rc = header_length(b, len, &n, st);
+  if (rc < 0 ||
+      (rc = parse_header(b + 8, (size_t)n, ATTN_FORWARD, len - 8 - n, e, &meta, true, st)) < 0)
+    return rc;
+  if (which < 0 || which >= NT || !e[which].seen)
+    return 0;
+  attn_proto_req pr;
+  attn_proto_tensor all[NT];
+  memset(&pr, 0, sizeof pr);
+  if ((rc = place_tensors(b + 8 + n, e, &pr, all, st)) == 0) {
+    size_t nb = (size_t)(e[which].end - e[which].begin);
+    size_t es = e[which].cu_bytes ? sizeof(int64_t) : attn_dtype_size(e[which].dtype);
+    if (e[which].cu_bytes) /* widened: 8 bytes an offset */
+      nb = nb / (size_t)e[which].cu_bytes * es;
+    *t = all[which];
+    if (!(*pcopy = malloc(nb ? nb : 1)))
+      rc = attn_status_set(st, ATTN_PROTO_ENOMEM, "out of memory copying tensor \"%s\"", t->name);
+    else
+      memcpy(*pcopy, all[which].data, nb);
+    t->data = *pcopy;
+  }
+  attn_proto_req_free(&pr);
+  return rc;
+}
+
 /* ---- encoding ------------------------------------------------------------ */
 
-size_t attn__st_put_entry(char *h, size_t cap, size_t o, const char *name, attn_dtype dt,
+size_t attn__st_put_entry(char *h, size_t cap, size_t o, const char *name, const char *dtype,
                           const int64_t *shape, int rank, size_t begin, size_t end) {
   if (o >= cap)
     return o;
   o += (size_t)snprintf(h + o, cap - o, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[", o > 1 ? "," : "",
-                        name, attn_dtype_name(dt));
+                        name, dtype);
   for (int i = 0; i < rank && o < cap; i++)
     o += (size_t)snprintf(h + o, cap - o, i ? ",%lld" : "%lld", (long long)shape[i]);
   if (o < cap)
@@ -568,8 +604,8 @@ int attn_proto_encode_safetensors(const attn_proto_req *pr, void **pbuf, size_t 
   for (int i = 0; i < n; i++) {
     parts[i] = t[i].data;
     sizes[i] = t[i].count * attn_dtype_size(t[i].dtype);
-    hn = attn__st_put_entry(h, sizeof h, hn, t[i].name, t[i].dtype, t[i].shape, t[i].rank, off,
-                            off + sizes[i]);
+    hn = attn__st_put_entry(h, sizeof h, hn, t[i].name, attn_dtype_name(t[i].dtype), t[i].shape,
+                            t[i].rank, off, off + sizes[i]);
     off += sizes[i];
   }
   if (hn < sizeof h)

@@ -13,6 +13,7 @@
 #define _GNU_SOURCE
 #include "benchlib.h"
 #include "harness.h"
+#include "proto.h"
 
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
@@ -652,4 +653,216 @@ Test(infer, api_key_from_the_environment) {
   cr_expect(strstr(out, "ATTND_API_KEY"), "%s", out);
   free(out);
   unsetenv("ATTND_API_KEY");
+}
+
+/* ---- variable-length batches and ALiBi files (issue 17) ------------------------ */
+
+/* --cu-seqlens-q/kv with random tensors, checked against float64 one
+ * sequence at a time: both codecs, causal with Nq != Nkv per sequence, a
+ * sequence with no query and one with no key, GQA, statistics, BF16. */
+Test(infer, varlen_check) {
+  srv_start(&S, NULL);
+  static const struct {
+    const char *a[8];
+  } runs[] = {
+      {{"--shape", "4,4,12,16", "--shape-kv", "4,2,15,16", "--causal", "--stats", NULL}},
+      {{"--json", "--causal", "--stats", "--dtype", "BF16", NULL}},
+      {{"--window-left", "2", "--alibi-slopes", "0.5,0.25,0.125,1", "--shape", "4,1,12,8", NULL}},
+  };
+  for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
+    const char *const *x = runs[i].a;
+    char *out;
+    /* sequence 1 has no query, sequence 2 no key */
+    int rc = infer(&out, S.url, "--cu-seqlens-q", "0,5,5,9,12", "--cu-seqlens-kv", "0,3,10,10,15",
+                   "--check", x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7], NULL);
+    char what[64];
+    snprintf(what, sizeof what, "varlen run %zu", i);
+    expect_pass(rc, out, what);
+    cr_expect(strstr(out, "B=4") != NULL, "%s: 4 sequences not reported:\n%s", what, out);
+    free(out);
+  }
+}
+
+/* A safetensors IN file holding cu_seqlens (and ALiBi slopes [B, Hq]) is
+ * checked the same way. */
+Test(infer, varlen_in_file_check) {
+  srv_start(&S, NULL);
+  static const int64_t cq[4] = {0, 7, 7, 20}, ck[4] = {0, 4, 9, 9};
+  static const float slopes[6] = {0.5f, 0.25f, 1, 2, 0.125f, 4};
+  attn_bench_case bc;
+  cr_assert_eq(attn_bench_case_init(&bc, 1, 2, 1, 20, 9, 24, ATTN_F16, false, 3), 0);
+  bc.req.batch = 3;
+  bc.req.cu_seqlens_q = cq;
+  bc.req.cu_seqlens_kv = ck;
+  bc.req.alibi_slopes = slopes;
+  bc.req.alibi_stride_b = 2;
+  attn_options o;
+  attn_options_init(&o);
+  attn_status st;
+  cr_assert_eq(attn_options_parse_query(&o, "causal=true&stats=true", &st), 0);
+  void *body;
+  size_t len;
+  cr_assert_eq(attn_proto_encode_request_safetensors(&bc.req, &o, &body, &len, &st), 0, "%s",
+               st.message);
+  char in[128];
+  tmp_path("varlen.safetensors", in, sizeof in);
+  write_all(in, body, len);
+  char *out;
+  int rc = infer(&out, S.url, in, "--check", NULL);
+  expect_pass(rc, out, "varlen IN file");
+  cr_expect(strstr(out, "lse ") != NULL, "varlen IN: statistics not checked:\n%s", out);
+  free(out);
+  unlink(in);
+  free(body);
+  bc.req.batch = 1;
+  attn_bench_case_free(&bc);
+}
+
+/* A well-formed but wrong reply to a varlen request (o all zeros) fails
+ * --check. */
+Test(infer, varlen_check_fails_on_a_wrong_reply) {
+  static const char hdr[] =
+      "{\"o\":{\"dtype\":\"F32\",\"shape\":[1,4,8],\"data_offsets\":[0,128]}}";
+  size_t hn = strlen(hdr), body_len = 8 + hn + 128;
+  char *reply = calloc(1, 256 + body_len);
+  int n = snprintf(reply, 256,
+                   "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
+                   "Content-Length: %zu\r\nConnection: close\r\n\r\n",
+                   body_len);
+  for (int i = 0; i < 8; i++)
+    reply[n + i] = (char)((uint64_t)hn >> (8 * i));
+  memcpy(reply + n + 8, hdr, hn);
+  fake f;
+  pthread_t th;
+  fake_start(&f, &th, reply, (size_t)n + body_len);
+  char url[64];
+  snprintf(url, sizeof url, "http://127.0.0.1:%d", f.port);
+  char *out;
+  int rc = infer(&out, url, "--shape", "2,1,4,8", "--cu-seqlens-q", "0,1,4", "--cu-seqlens-kv",
+                 "0,3,5", "--check", NULL);
+  fake_stop(&f, th);
+  cr_expect_eq(rc, 1, "wrong varlen reply: status %d:\n%s", rc, out);
+  cr_expect(strstr(out, ": FAIL") != NULL, "wrong varlen reply: no FAIL:\n%s", out);
+  free(out);
+  free(reply);
+}
+
+/* The shapes the offsets imply: contradictions are refused before sending
+ * (exit 2, one line); offsets only the server judges get its 422. */
+Test(infer, varlen_refusals) {
+  char url[64], in[128];
+  dead_url(url, sizeof url);
+  tmp_path("in.safetensors", in, sizeof in);
+  write_all(in, "x", 1);
+  static const struct {
+    const char *args[8];
+    const char *says;
+  } cases[] = {
+      {{"--cu-seqlens-q", "0,3", NULL}, "give both --cu-seqlens-q and --cu-seqlens-kv"},
+      {{"--cu-seqlens-kv", "0,3", NULL}, "give both"},
+      {{"--cu-seqlens-q", "0,3", "--cu-seqlens-kv", "0,3,4", NULL}, "the same number of offsets"},
+      {{"--cu-seqlens-q", "0,3", "--cu-seqlens-kv", "0,x", NULL}, "--cu-seqlens-kv expects"},
+      {{"--cu-seqlens-q", "5", "--cu-seqlens-kv", "5", NULL}, "B+1 offsets (B >= 1)"},
+      {{"--cu-seqlens-q", "0,-1", "--cu-seqlens-kv", "0,3", NULL}, "--cu-seqlens-q expects"},
+      {{"--cu-seqlens-q", "0,0", "--cu-seqlens-kv", "0,3", NULL}, "at least 1"},
+      {{"--cu-seqlens-q", "0,2,6", "--cu-seqlens-kv", "0,3,4", "--shape", "3,1,6,8", NULL},
+       "--shape 3,1,6,8 contradicts the offsets"},
+      {{"--cu-seqlens-q", "0,2,6", "--cu-seqlens-kv", "0,3,4", "--shape", "2,1,5,8", NULL},
+       "its N their total (the last offset, 6)"},
+      {{"--cu-seqlens-q", "0,2,6", "--cu-seqlens-kv", "0,3,4", "--shape-kv", "2,1,6,64", NULL},
+       "--shape-kv 2,1,6,64 contradicts"},
+      {{"--cu-seqlens-q", "0,2,6", "--cu-seqlens-kv", "0,3,4", "--alibi-slopes", "1,2,3", NULL},
+       "give Hq = 1 or B*Hq = 2"},
+      {{"IN", "--cu-seqlens-q", "0,2", "--cu-seqlens-kv", "0,3", NULL}, "put the tensors"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    const char *x[8];
+    for (int k = 0; k < 8; k++)
+      x[k] = cases[i].args[k] && !strcmp(cases[i].args[k], "IN") ? in : cases[i].args[k];
+    char *out;
+    int rc = infer(&out, url, x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7], NULL);
+    cr_expect_eq(rc, 2, "[%zu] status %d:\n%s", i, rc, out);
+    cr_expect(strstr(out, cases[i].says) != NULL, "[%zu] \"%s\" not in:\n%s", i, cases[i].says,
+              out);
+    cr_expect_eq(lines(out), 1, "[%zu] not one line:\n%s", i, out);
+    free(out);
+  }
+  char *out;
+  int rc = infer(&out, "--shards", "http://127.0.0.1:1,http://127.0.0.1:2", "--cu-seqlens-q", "0,2",
+                 "--cu-seqlens-kv", "0,3", NULL);
+  cr_expect_eq(rc, 2, "--shards with varlen: status %d:\n%s", rc, out);
+  cr_expect(strstr(out, "--shards does not split a variable-length batch") != NULL, "%s", out);
+  free(out);
+  unlink(in);
+  srv_start(&S, NULL); /* decreasing offsets: the server's 422 */
+  rc = infer(&out, S.url, "--cu-seqlens-q", "0,5,3", "--cu-seqlens-kv", "0,2,4", NULL);
+  cr_expect_eq(rc, 1, "decreasing offsets: status %d:\n%s", rc, out);
+  cr_expect(strstr(out, "HTTP 422") && strstr(out, "must not decrease"), "%s", out);
+  free(out);
+}
+
+/* A safetensors file of F32 floats named alibi_slopes with this shape. */
+static void write_slopes(const char *path, const char *name, const char *dtype, const char *shape,
+                         const float *v, size_t n) {
+  char h[256];
+  int hn =
+      snprintf(h, sizeof h, "{\"%s\":{\"dtype\":\"%s\",\"shape\":%s,\"data_offsets\":[0,%zu]}}",
+               name, dtype, shape, n * 4);
+  char *b = malloc(8 + (size_t)hn + n * 4);
+  for (int i = 0; i < 8; i++)
+    b[i] = (char)((uint64_t)hn >> (8 * i));
+  memcpy(b + 8, h, (size_t)hn);
+  memcpy(b + 8 + hn, v, n * 4);
+  write_all(path, b, 8 + (size_t)hn + n * 4);
+  free(b);
+}
+
+/* --alibi-slopes FILE.safetensors: [Hq] and [B, Hq] files checked against
+ * float64 (also with a varlen batch); files that do not fit refused. */
+Test(infer, alibi_slopes_file) {
+  srv_start(&S, NULL);
+  static const float v[6] = {0.5f, 0.25f, 0.125f, 1, 2, 0.0625f};
+  char f1[128], f2[128], bad[128];
+  tmp_path("a1.safetensors", f1, sizeof f1);
+  tmp_path("a2.safetensors", f2, sizeof f2);
+  tmp_path("bad.safetensors", bad, sizeof bad);
+  write_slopes(f1, "alibi_slopes", "F32", "[3]", v, 3);
+  write_slopes(f2, "alibi_slopes", "F32", "[2,3]", v, 6);
+  char *out;
+  int rc = infer(&out, S.url, "--shape", "2,3,20,16", "--shape-kv", "2,1,30,16", "--causal",
+                 "--alibi-slopes", f1, "--stats", "--check", NULL);
+  expect_pass(rc, out, "alibi [Hq] file");
+  free(out);
+  rc = infer(&out, S.url, "--shape", "2,3,20,16", "--alibi-slopes", f2, "--json", "--check", NULL);
+  expect_pass(rc, out, "alibi [B, Hq] file");
+  free(out);
+  rc = infer(&out, S.url, "--shape", "2,3,9,16", "--cu-seqlens-q", "0,4,9", "--cu-seqlens-kv",
+             "0,6,8", "--alibi-slopes", f2, "--causal", "--check", NULL);
+  expect_pass(rc, out, "alibi [B, Hq] file, varlen");
+  free(out);
+  static const struct {
+    const char *name, *dtype, *shape;
+    size_t n;
+    const char *args[2], *says;
+  } cases[] = {
+      {"alibi_slopes", "F32", "[2,3]", 6, {"--shape", "3,3,8,8"}, "give [Hq] = [3] or [B, Hq]"},
+      {"alibi_slopes", "F32", "[3]", 3, {"--shape", "1,2,8,8"}, "alibi_slopes is [3]; give"},
+      {"alibi_slopes", "F16", "[4]", 2, {"--shape", "1,4,8,8"}, "is not F32"},
+      {"q", "F32", "[3]", 3, {"--shape", "1,3,8,8"}, "holds no tensor alibi_slopes"},
+      {"zz", "F32", "[3]", 3, {"--shape", "1,3,8,8"}, "unknown tensor"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    write_slopes(bad, cases[i].name, cases[i].dtype, cases[i].shape, v, cases[i].n);
+    rc = infer(&out, S.url, "--alibi-slopes", bad, cases[i].args[0], cases[i].args[1], NULL);
+    cr_expect_eq(rc, 2, "[%zu] status %d:\n%s", i, rc, out);
+    cr_expect(strstr(out, cases[i].says) != NULL, "[%zu] \"%s\" not in:\n%s", i, cases[i].says,
+              out);
+    free(out);
+  }
+  rc = infer(&out, S.url, "--alibi-slopes", "/nonexistent/a.safetensors", NULL);
+  cr_expect(rc == 2 && strstr(out, "cannot read /nonexistent/a.safetensors"), "%d %s", rc, out);
+  free(out);
+  unlink(f1);
+  unlink(f2);
+  unlink(bad);
 }

@@ -102,6 +102,95 @@ Test(client_codecs, request_without_tensors_is_refused) {
   cr_expect_null(b);
 }
 
+/* A variable-length batch (three sequences, the second with no query, the
+ * third with no key) with per-sequence ALiBi slopes, forward and backward:
+ * the server's decoders read back the 3-D tensors, the I64 offsets and the
+ * slopes. F16 [2, 5, 3] makes q's bytes no multiple of 8, so the offsets
+ * after it sit unaligned in a safetensors body. */
+static void varlen_round_trip(bool json, attn_pass pass) {
+  static const int64_t cq[4] = {0, 3, 3, 5}, ck[4] = {0, 2, 6, 6};
+  static const float slopes[6] = {0.5f, 0.25f, 0.125f, 1, 2, 4};
+  attn_bench_case bc;
+  cr_assert_eq(attn_bench_case_init(&bc, 1, 2, 1, 5, 6, 3, ATTN_F16, false, 5), 0);
+  float lse[10];
+  for (int i = 0; i < 10; i++)
+    lse[i] = (float)i / 4;
+  attn_request r = bc.req;
+  r.batch = 3;
+  r.cu_seqlens_q = cq;
+  r.cu_seqlens_kv = ck;
+  r.alibi_slopes = slopes;
+  r.alibi_stride_b = 2;
+  if (pass == ATTN_BACKWARD) { /* o as do too: only the bytes matter here */
+    r.pass = ATTN_BACKWARD;
+    r.dout = r.o;
+    r.lse_in = lse;
+  }
+  attn_status st;
+  attn_proto_req pr;
+  void *body;
+  size_t len;
+  if (json) {
+    char *jb;
+    cr_assert_eq(attn_proto_encode_request_json(&r, NULL, &jb, &len, &st), 0, "%s", st.message);
+    body = jb;
+    cr_assert(strstr(jb, "\"cu_seqlens_kv\": {\"shape\": [4], \"dtype\": \"I64\", \"data\": "
+                         "[0,2,6,6]}"),
+              "%s", jb);
+    cr_assert_eq(attn_proto_decode_json_pass(jb, len, pass, NULL, &pr, &st), 0, "%s", st.message);
+  } else {
+    cr_assert_eq(attn_proto_encode_request_safetensors(&r, NULL, &body, &len, &st), 0, "%s",
+                 st.message);
+    cr_assert_eq(attn_proto_decode_safetensors_pass(body, len, pass, NULL, &pr, &st), 0, "%s",
+                 st.message);
+  }
+  cr_expect_eq(pr.rank, 3);
+  cr_expect_eq(pr.shape_q[0], 2);
+  cr_expect_eq(pr.shape_q[1], 5);
+  cr_expect_eq(pr.shape_kv[1], 6);
+  attn_request got = pr.req;
+  cr_expect_eq(got.batch, 3);
+  pr.req.batch = 1;
+  expect_same_request(&bc.req, &pr, NULL);
+  cr_assert_not_null(got.cu_seqlens_q);
+  cr_assert_not_null(got.cu_seqlens_kv);
+  cr_expect(!memcmp(got.cu_seqlens_q, cq, sizeof cq), "cu_seqlens_q differs");
+  cr_expect(!memcmp(got.cu_seqlens_kv, ck, sizeof ck), "cu_seqlens_kv differs");
+  cr_assert_not_null(got.alibi_slopes);
+  cr_expect_eq(got.alibi_stride_b, 2);
+  cr_expect(!memcmp(got.alibi_slopes, slopes, sizeof slopes), "alibi_slopes differ");
+  if (pass == ATTN_BACKWARD) {
+    cr_assert_not_null(got.lse_in);
+    cr_expect(!memcmp(got.lse_in, lse, sizeof lse), "lse differs");
+  }
+  pr.req.batch = got.batch;
+  attn_proto_req_free(&pr);
+  free(body);
+  attn_bench_case_free(&bc);
+}
+
+Test(client_codecs, varlen_requests_round_trip) {
+  for (int json = 0; json < 2; json++) {
+    varlen_round_trip(json, ATTN_FORWARD);
+    varlen_round_trip(json, ATTN_BACKWARD);
+  }
+}
+
+Test(client_codecs, varlen_request_needs_both_offsets) {
+  static const int64_t cq[2] = {0, 5};
+  attn_bench_case bc;
+  cr_assert_eq(attn_bench_case_init(&bc, 1, 1, 1, 5, 5, 4, ATTN_F32, false, 5), 0);
+  bc.req.cu_seqlens_q = cq;
+  attn_status st;
+  char *jb = NULL;
+  size_t len;
+  cr_expect_lt(attn_proto_encode_request_json(&bc.req, NULL, &jb, &len, &st), 0);
+  cr_expect(strstr(st.message, "cu_seqlens_kv") != NULL, "%s", st.message);
+  cr_expect_null(jb);
+  bc.req.cu_seqlens_q = NULL;
+  attn_bench_case_free(&bc);
+}
+
 /* ---- replies ----------------------------------------------------------------- */
 
 /* A request [1, 2, 3, 5] decoded from its body (so pr has shapes and output

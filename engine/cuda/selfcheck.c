@@ -2,9 +2,10 @@
  * selfcheck.c — the start-up self-check's cases (see selfcheck.h).
  *
  * Shapes are chosen so that the selection with nothing disabled reaches
- * each instance once in an unsplit case (listed first) and the split-KV
+ * each instance once in an unsplit case (listed first), the split-KV
  * path in the decode cases (a query row over 700 keys splits on any device
- * with fewer query blocks than twice its multiprocessors). Errors are
+ * with more multiprocessors than query blocks), then the GQA packing, so
+ * that a failure is laid at the right door (cuda.c's disable()). Errors are
  * normalized like the tests' (sqrt of the squared error over the squared
  * reference) and allowed four times the tests' per-dtype threshold: the
  * check is there to catch a wrong kernel, not rounding. The Hopper cases
@@ -41,9 +42,22 @@ static const check_shape shapes[] = {
     {ATTN_BACKWARD, ATTN_BF16, 4, 2, 37, 70, 125, false, 20, 0, false, false},
     {ATTN_BACKWARD, ATTN_F16, 2, 1, 37, 70, 253, true, -1, 0, false, false},
     {ATTN_BACKWARD, ATTN_F32, 4, 2, 37, 70, 45, false, 9, 0, false, false},
-    /* decode rows: split-KV and the merge */
+    /* decode rows: split-KV and the merge, unpacked first (MHA, F32) */
+    {ATTN_FORWARD, ATTN_BF16, 2, 2, 1, 700, 64, false, -1, 0, false, false},
     {ATTN_FORWARD, ATTN_BF16, 4, 2, 1, 700, 64, false, -1, 0, false, false},
     {ATTN_FORWARD, ATTN_F32, 2, 1, 1, 700, 40, true, -1, 0, false, false},
+    /* GQA packing (a group's heads in one block's rows), each instance:
+     * 32:8 and MQA decodes unsplit (few keys) and split (the 32:8 one
+     * splits on devices with more than 8 multiprocessors), a group of 16
+     * rows of 16 queries that fills the block, and 4 x 5 rows whose
+     * heads change inside a warp's 16, with masks and ALiBi (its slope
+     * is per row) */
+    {ATTN_FORWARD, ATTN_BF16, 32, 8, 1, 70, 128, false, -1, 0, false, false},
+    {ATTN_FORWARD, ATTN_BF16, 32, 8, 1, 700, 128, false, -1, 0, true, false},
+    {ATTN_FORWARD, ATTN_F16, 8, 1, 2, 70, 64, true, 20, 2.0, true, false},
+    {ATTN_FORWARD, ATTN_F16, 8, 1, 2, 700, 64, true, -1, 0, true, false},
+    {ATTN_FORWARD, ATTN_BF16, 16, 4, 16, 70, 61, true, -1, 0, true, false},
+    {ATTN_FORWARD, ATTN_F16, 4, 1, 5, 70, 253, true, 3, 0, true, false},
     /* softcap and ALiBi, through every instance and the split path (a
      * wrong variant path disables the instance it ran on) */
     {ATTN_FORWARD, ATTN_F16, 4, 2, 37, 70, 61, true, -1, 2.0, true, false},

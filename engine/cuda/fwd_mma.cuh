@@ -102,6 +102,7 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32)
   attn_cu_row_bounds(ib, off, p.window_left, p.window_right, p.seq_kv, &lo_b, &hi_b);
 
   const bool var = p.cap2 > 0.0f || p.alibi2;
+  const float k = attn_cu_exp_factor(p.scale_log2, var); // 1: scores are scaled first
   const size_t hrow = (size_t)b * p.heads_q + h0;
   const float sla = p.alibi2 ? p.alibi2[hrow + dha] : 0.0f;
   const float slb = p.alibi2 ? p.alibi2[hrow + dhb] : 0.0f;
@@ -170,19 +171,23 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32)
       }
     }
 
-    // Scale into log2 units, the variants when asked (one uniform branch
-    // per tile), and the mask where the tile is not wholly visible.
+    // Into log2 units: folded into the exponent (k) for a positive scale
+    // without variants, else scaled here and the variants applied (one
+    // uniform branch per tile); then the mask where the tile is not wholly
+    // visible.
     const int j0 = t * BN;
     const bool full =
         attn_cu_tile_full(j0, BN, q0, q1, off, p.window_left, p.window_right, p.seq_kv);
+    if (k == 1.0f) {
 #pragma unroll
-    for (int n = 0; n < NB; n++)
+      for (int n = 0; n < NB; n++)
 #pragma unroll
-      for (int e = 0; e < 4; e++)
-        s[n][e] *= p.scale_log2;
-    if (var)
-      score_variants<NB>(s, p, sla, attn_cu_dist0(ia, off, j0), slb, attn_cu_dist0(ib, off, j0),
-                         lane);
+        for (int e = 0; e < 4; e++)
+          s[n][e] *= p.scale_log2;
+      if (var)
+        score_variants<NB>(s, p, sla, attn_cu_dist0(ia, off, j0), slb, attn_cu_dist0(ib, off, j0),
+                           lane);
+    }
     if (!full) {
 #pragma unroll
       for (int n = 0; n < NB; n++)
@@ -203,8 +208,8 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32)
       mx_a = fmaxf(mx_a, fmaxf(s[n][0], s[n][1]));
       mx_b = fmaxf(mx_b, fmaxf(s[n][2], s[n][3]));
     }
-    mx_a = fmaxf(m_a, quad_max(mx_a));
-    mx_b = fmaxf(m_b, quad_max(mx_b));
+    mx_a = fmaxf(m_a, quad_max(mx_a) * k); // k > 0: the max of k·s
+    mx_b = fmaxf(m_b, quad_max(mx_b) * k);
     const float use_a = attn_cu_max_for_exp(mx_a), use_b = attn_cu_max_for_exp(mx_b);
     const float al_a = fast_exp2(m_a - use_a), al_b = fast_exp2(m_b - use_b);
     m_a = mx_a;
@@ -212,10 +217,10 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32)
     float sum_a = 0.0f, sum_b = 0.0f;
 #pragma unroll
     for (int n = 0; n < NB; n++) {
-      s[n][0] = fast_exp2(s[n][0] - use_a);
-      s[n][1] = fast_exp2(s[n][1] - use_a);
-      s[n][2] = fast_exp2(s[n][2] - use_b);
-      s[n][3] = fast_exp2(s[n][3] - use_b);
+      s[n][0] = fast_exp2(fmaf(s[n][0], k, -use_a));
+      s[n][1] = fast_exp2(fmaf(s[n][1], k, -use_a));
+      s[n][2] = fast_exp2(fmaf(s[n][2], k, -use_b));
+      s[n][3] = fast_exp2(fmaf(s[n][3], k, -use_b));
       sum_a += s[n][0] + s[n][1];
       sum_b += s[n][2] + s[n][3];
     }

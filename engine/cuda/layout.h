@@ -319,6 +319,19 @@ ATTN_HD float attn_cu_frag_dist(float d0, int sign, int row, int c) {
 ATTN_HD float attn_cu_max_for_exp(float m) { return m == -INFINITY ? 0.0f : m; }
 
 /*
+ * The factor k by which the forward kernel's exponent scales a score it
+ * holds: weights are exp2(fmaf(s, k, -m)), one FFMA per element, and the
+ * running max is k times the max of the raw scores (masked ones -inf). That
+ * is sound only for a positive scale with no variant: softcap and ALiBi
+ * need the scaled score, a negative scale would turn the max of the raw
+ * scores into their min and a masked -inf into +inf, and a zero one would
+ * make 0 · -inf a NaN. Then k is 1 and the kernel scales the scores first.
+ */
+ATTN_HD float attn_cu_exp_factor(float scale_log2, int variants) {
+  return !variants && scale_log2 > 0.0f ? scale_log2 : 1.0f;
+}
+
+/*
  * Merges the partial statistics of n key ranges, (m2, l) pairs at
  * ml[2 * s * stride], into the row's (m2, l). Empty ranges (l = 0) weigh
  * nothing; all empty gives m2 = -inf, l = 0.

@@ -1084,3 +1084,67 @@ Test(cuda_layout, packed_blocks_see_each_rows_own_keys) {
   cr_expect_geq(packed, 30, "only %d packed launches", packed);
   cr_expect_geq(split, 10, "only %d packed and split", split);
 }
+
+/* ---- the scale folded into the exponent ---------------------------------------- */
+
+/* One row's online softmax as fwd_mma.cuh runs it over tiles of 8 raw
+ * scores q·k (masked ones -inf): scaled first unless attn_cu_exp_factor
+ * folds the scale into the exponent's FFMA; returns sum_j w_j v_j / l. */
+static double emu_row_softmax(const float *raw, const float *v, int n, float scale_log2, bool var) {
+  const float k = attn_cu_exp_factor(scale_log2, var);
+  float m = -INFINITY, l = 0, acc = 0;
+  for (int j0 = 0; j0 < n; j0 += 8) {
+    float s[8], mx = -INFINITY;
+    for (int j = 0; j < 8; j++) {
+      s[j] = j0 + j < n ? raw[j0 + j] : -INFINITY;
+      if (k == 1.0f && s[j] != -INFINITY) /* the kernel masks after scaling */
+        s[j] *= scale_log2;
+      mx = fmaxf(mx, s[j]);
+    }
+    mx = fmaxf(m, mx * k);
+    const float use = attn_cu_max_for_exp(mx), al = exp2f(m - use);
+    m = mx;
+    l *= al, acc *= al;
+    for (int j = 0; j < 8; j++) {
+      float w = exp2f(fmaf(s[j], k, -use));
+      l += w;
+      acc += w * (j0 + j < n ? v[j0 + j] : 0);
+    }
+  }
+  return l > 0 ? acc / l : 0;
+}
+
+Test(cuda_layout, folded_scale_matches_float64_for_every_sign) {
+  cr_expect_eq(attn_cu_exp_factor(0.18f, false), 0.18f);
+  cr_expect_eq(attn_cu_exp_factor(0.18f, true), 1.0f, "variants need the scaled score");
+  cr_expect_eq(attn_cu_exp_factor(-0.18f, false), 1.0f);
+  cr_expect_eq(attn_cu_exp_factor(0.0f, false), 1.0f);
+  uint64_t seed = 29;
+  static const float scales[] = {0.125f, 2.5f, -0.125f, -3.0f, 0.0f, 1.0f};
+  for (int it = 0; it < 600; it++) {
+    const int n = 1 + (int)(trand(&seed) % 70);
+    const float sl2 = scales[it % 6] * 1.4426950408889634f;
+    float raw[70], v[70];
+    int visible = 0;
+    for (int j = 0; j < n; j++) {
+      raw[j] = (float)(8 * tuniform(&seed));
+      v[j] = (float)tuniform(&seed);
+      if (trand(&seed) % 4 == 0 || it % 50 == 0) /* masked; some rows wholly */
+        raw[j] = -INFINITY;
+      visible += raw[j] != -INFINITY;
+    }
+    double m = -INFINITY, l = 0, acc = 0;
+    for (int j = 0; j < n; j++)
+      if (raw[j] != -INFINITY && (double)raw[j] * sl2 > m)
+        m = (double)raw[j] * sl2;
+    for (int j = 0; j < n; j++)
+      if (raw[j] != -INFINITY) {
+        double w = exp2((double)raw[j] * sl2 - m);
+        l += w, acc += w * v[j];
+      }
+    const double want = visible ? acc / l : 0;
+    const double got = emu_row_softmax(raw, v, n, sl2, it % 7 == 0);
+    cr_assert(fabs(got - want) <= 1e-5, "scale %g, %d keys (%d visible): %.8g, float64 %.8g",
+              scales[it % 6], n, visible, got, want);
+  }
+}

@@ -119,7 +119,7 @@ struct cu_state {
   /* Kernels the self-check disabled (attn_cu_select_masked's bits) on any
    * device, and why; set before the dispatcher starts, read-only after. */
   unsigned off;
-  char off_why[ATTN_CU_KERNEL_COUNT + 1][160];
+  char off_why[ATTN_CU_KERNEL_COUNT + 2][160];
   unsigned hopper_failed;    /* Hopper instances a self-check case failed */
   int next_dev;              /* round-robin start */
   struct timespec next_poll; /* CLOCK_MONOTONIC: when busy streams are next polled */
@@ -909,15 +909,19 @@ fail:
   return cuda_fail(st, ATTN_EDEVICE, what, e);
 }
 
-/* Turns off what the failed case ran (its kernel, or the split-KV path),
- * with why, for every device: the selection then falls back. */
+/* Turns off what the failed case ran (the GQA packing, else the split-KV
+ * path, else its kernel: the cases test each instance plain, then split,
+ * then packed), with why, for every device: the selection then falls
+ * back. */
 static void disable(cu_state *s, const cu_dev *d, const attn_cu_choice *ch, const char *why) {
-  bool split = ch->nsplit > 1;
-  int bit = split ? ATTN_CU_KERNEL_COUNT : (int)ch->kernel;
+  bool pack = ch->pack > 1, split = !pack && ch->nsplit > 1;
+  int bit = pack ? ATTN_CU_KERNEL_COUNT + 1 : split ? ATTN_CU_KERNEL_COUNT : (int)ch->kernel;
   if (s->off & (1u << bit))
     return;
   s->off |= 1u << bit;
-  const char *name = split ? "split-KV merge" : attn_cu_kernel_name(ch->kernel);
+  const char *name = pack    ? "GQA head packing"
+                     : split ? "split-KV merge"
+                             : attn_cu_kernel_name(ch->kernel);
   snprintf(s->off_why[bit], sizeof s->off_why[bit], "device %d: %s", d->ordinal, why);
   fprintf(stderr,
           "attn: cuda device %d (%s): the self-check disabled %s: %s; requests it would run "
@@ -999,12 +1003,13 @@ static bool hopper_gate(cu_state *s, bool checking) {
 static int cuda_disabled(void *state, attn_disabled *out, int cap) {
   cu_state *s = state;
   int n = 0;
-  for (int k = 0; k <= ATTN_CU_KERNEL_COUNT; k++)
+  for (int k = 0; k <= ATTN_CU_KERNEL_COUNT + 1; k++)
     if (s->off & (1u << k)) {
       if (n < cap) {
         snprintf(out[n].kernel, sizeof out[n].kernel, "%s",
-                 k == ATTN_CU_KERNEL_COUNT ? "split_kv_merge"
-                                           : attn_cu_kernel_name((attn_cu_kernel)k));
+                 k == ATTN_CU_KERNEL_COUNT + 1 ? "gqa_pack"
+                 : k == ATTN_CU_KERNEL_COUNT   ? "split_kv_merge"
+                                               : attn_cu_kernel_name((attn_cu_kernel)k));
         snprintf(out[n].why, sizeof out[n].why, "%s", s->off_why[k]);
       }
       n++;

@@ -1,7 +1,9 @@
 // fwd_mma.cuh — the FlashAttention-2 forward pass on tensor cores
 // (mma.sync m16n8k16, F16/BF16 inputs, F32 accumulators).
 //
-// One block per (query tile of BM rows, query head, batch · split); each of
+// One block per (query tile of BM rows, query head, batch · split), or for a
+// GQA decode per (the pack query heads of a KV head, batch · split), their
+// rows stacked in the block (attn_cu_block_row in layout.h); each of
 // its warps owns 16 query rows, so a row's softmax statistics live in the 4
 // lanes of one quad and need only two shuffles, never shared memory. Q is
 // staged once; K and V tiles of BN keys are double-buffered in shared memory
@@ -38,12 +40,14 @@ __device__ __forceinline__ void load_tile(T *s, const T *g, int valid, int dp) {
 }
 
 // softcap and ALiBi (attn_cu_variant) on a warp's 16 x 8·NB scores in C
-// layout, log2 units, rows queries and columns keys: row g of the tile is
-// at distance |d0 − c| from key column c (d0 = i + off − j0), row g + 8 at
-// |d0 + 8 − c|.
+// layout, log2 units, rows queries and columns keys: the lane's row g is at
+// distance |d0a − c| from key column c (d0a = i + off − j0) and has slope
+// sla, row g + 8 likewise with d0b and slb. They are given apart because a
+// packed GQA block's row g + 8 may be another head and query
+// (attn_cu_block_row); unpacked, d0b = d0a + 8 and slb = sla.
 template <int NB>
-__device__ __forceinline__ void score_variants(float (*s)[4], const attn_cu_params &p, float slope2,
-                                               float d0, int lane) {
+__device__ __forceinline__ void score_variants(float (*s)[4], const attn_cu_params &p, float sla,
+                                               float d0a, float slb, float d0b, int lane) {
 #pragma unroll
   for (int n = 0; n < NB; n++)
 #pragma unroll
@@ -51,14 +55,15 @@ __device__ __forceinline__ void score_variants(float (*s)[4], const attn_cu_para
       int row, col;
       attn_cu_frag_c(lane, e, &row, &col);
       float g;
-      s[n][e] = attn_cu_variant(s[n][e], p.cap2, p.inv_cap2, slope2,
-                                attn_cu_frag_dist(d0, 1, row, n * 8 + col), &g);
+      const bool top = row < 8;
+      s[n][e] = attn_cu_variant(s[n][e], p.cap2, p.inv_cap2, top ? sla : slb,
+                                attn_cu_dist(top ? d0a : d0b, n * 8 + col), &g);
     }
 }
 
 template <typename T, int DPAD, int BN, bool QREG>
 __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32)
-    fwd_mma(const attn_cu_params p, int nsplit) {
+    fwd_mma(const attn_cu_params p, int nsplit, int pack) {
   constexpr int NW = ATTN_CU_MMA_WARPS, BM = 16 * NW, NT = NW * 32;
   constexpr int STR = DPAD + 8, KD = DPAD / 16, NB = BN / 8, DB = DPAD / 8;
   using M = mma_t<T>;
@@ -69,27 +74,38 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32)
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int qt = gridDim.x - 1 - blockIdx.x; // longest (causal) tiles first
-  const int h = blockIdx.y, b = blockIdx.z / nsplit, split = blockIdx.z % nsplit;
-  const int i0 = qt * BM, i1 = min(i0 + BM, p.seq_q);
-  const int hkv = h / (p.heads_q / p.heads_kv);
+  const int h0 = blockIdx.y * pack, b = blockIdx.z / nsplit, split = blockIdx.z % nsplit;
+  // Block rows [i0, i1) of the pack heads' rows (attn_cu_block_row), and
+  // the queries [q0, q1) they hold.
+  const int rows = pack * p.seq_q;
+  int i0, i1, q0, q1;
+  attn_cu_block_span(qt, BM, p.seq_q, pack, &i0, &i1, &q0, &q1);
+  const int hkv = h0 / (p.heads_q / p.heads_kv);
   const int64_t off = p.off;
-  const size_t qrow0 = ((size_t)b * p.heads_q + h) * p.seq_q;
+  const size_t qrow0 = ((size_t)b * p.heads_q + h0) * p.seq_q;
   const T *gQ = (const T *)p.q + (qrow0 + i0) * p.dp;
   const T *gK = (const T *)p.k + ((size_t)b * p.heads_kv + hkv) * p.seq_kv * p.dp;
   const T *gV = (const T *)p.v + ((size_t)b * p.heads_kv + hkv) * p.seq_kv * p.dp;
 
   int t0, t1;
-  attn_cu_block_tiles(i0, i1, off, p.window_left, p.window_right, p.seq_kv, BN, nsplit, split, &t0,
+  attn_cu_block_tiles(q0, q1, off, p.window_left, p.window_right, p.seq_kv, BN, nsplit, split, &t0,
                       &t1);
 
-  // This lane's two rows: g and g + 8 of the warp's 16.
+  // This lane's two rows: g and g + 8 of the warp's 16, block rows ra and
+  // rb, queries ia and ib of heads h0 + dha and h0 + dhb.
   const int ra = i0 + warp * 16 + lane / 4, rb = ra + 8;
+  int dha, ia, dhb, ib;
+  attn_cu_block_row(ra, p.seq_q, pack, &dha, &ia);
+  attn_cu_block_row(rb, p.seq_q, pack, &dhb, &ib);
   int lo_a, hi_a, lo_b, hi_b;
-  attn_cu_row_bounds(ra, off, p.window_left, p.window_right, p.seq_kv, &lo_a, &hi_a);
-  attn_cu_row_bounds(rb, off, p.window_left, p.window_right, p.seq_kv, &lo_b, &hi_b);
+  attn_cu_row_bounds(ia, off, p.window_left, p.window_right, p.seq_kv, &lo_a, &hi_a);
+  attn_cu_row_bounds(ib, off, p.window_left, p.window_right, p.seq_kv, &lo_b, &hi_b);
 
   const bool var = p.cap2 > 0.0f || p.alibi2;
-  const float slope2 = p.alibi2 ? p.alibi2[(size_t)b * p.heads_q + h] : 0.0f;
+  const float k = attn_cu_exp_factor(p.scale_log2, var); // 1: scores are scaled first
+  const size_t hrow = (size_t)b * p.heads_q + h0;
+  const float sla = p.alibi2 ? p.alibi2[hrow + dha] : 0.0f;
+  const float slb = p.alibi2 ? p.alibi2[hrow + dhb] : 0.0f;
 
   float o[DB][4];
 #pragma unroll
@@ -155,18 +171,23 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32)
       }
     }
 
-    // Scale into log2 units, the variants when asked (one uniform branch
-    // per tile), and the mask where the tile is not wholly visible.
+    // Into log2 units: folded into the exponent (k) for a positive scale
+    // without variants, else scaled here and the variants applied (one
+    // uniform branch per tile); then the mask where the tile is not wholly
+    // visible.
     const int j0 = t * BN;
     const bool full =
-        attn_cu_tile_full(j0, BN, i0, i1, off, p.window_left, p.window_right, p.seq_kv);
+        attn_cu_tile_full(j0, BN, q0, q1, off, p.window_left, p.window_right, p.seq_kv);
+    if (k == 1.0f) {
 #pragma unroll
-    for (int n = 0; n < NB; n++)
+      for (int n = 0; n < NB; n++)
 #pragma unroll
-      for (int e = 0; e < 4; e++)
-        s[n][e] *= p.scale_log2;
-    if (var)
-      score_variants<NB>(s, p, slope2, attn_cu_dist0(ra, off, j0), lane);
+        for (int e = 0; e < 4; e++)
+          s[n][e] *= p.scale_log2;
+      if (var)
+        score_variants<NB>(s, p, sla, attn_cu_dist0(ia, off, j0), slb, attn_cu_dist0(ib, off, j0),
+                           lane);
+    }
     if (!full) {
 #pragma unroll
       for (int n = 0; n < NB; n++)
@@ -187,8 +208,8 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32)
       mx_a = fmaxf(mx_a, fmaxf(s[n][0], s[n][1]));
       mx_b = fmaxf(mx_b, fmaxf(s[n][2], s[n][3]));
     }
-    mx_a = fmaxf(m_a, quad_max(mx_a));
-    mx_b = fmaxf(m_b, quad_max(mx_b));
+    mx_a = fmaxf(m_a, quad_max(mx_a) * k); // k > 0: the max of k·s
+    mx_b = fmaxf(m_b, quad_max(mx_b) * k);
     const float use_a = attn_cu_max_for_exp(mx_a), use_b = attn_cu_max_for_exp(mx_b);
     const float al_a = fast_exp2(m_a - use_a), al_b = fast_exp2(m_b - use_b);
     m_a = mx_a;
@@ -196,10 +217,10 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32)
     float sum_a = 0.0f, sum_b = 0.0f;
 #pragma unroll
     for (int n = 0; n < NB; n++) {
-      s[n][0] = fast_exp2(s[n][0] - use_a);
-      s[n][1] = fast_exp2(s[n][1] - use_a);
-      s[n][2] = fast_exp2(s[n][2] - use_b);
-      s[n][3] = fast_exp2(s[n][3] - use_b);
+      s[n][0] = fast_exp2(fmaf(s[n][0], k, -use_a));
+      s[n][1] = fast_exp2(fmaf(s[n][1], k, -use_a));
+      s[n][2] = fast_exp2(fmaf(s[n][2], k, -use_b));
+      s[n][3] = fast_exp2(fmaf(s[n][3], k, -use_b));
       sum_a += s[n][0] + s[n][1];
       sum_b += s[n][2] + s[n][3];
     }
@@ -245,16 +266,16 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32)
     attn_cu_frag_c(lane, 0, &row, &col);
     col += d * 8;
     if (col < p.dp) {
-      if (ra < p.seq_q)
+      if (ra < rows)
         out.o2<T>(qrow0 + ra, col, o[d][0] * inv_a, o[d][1] * inv_a);
-      if (rb < p.seq_q)
+      if (rb < rows)
         out.o2<T>(qrow0 + rb, col, o[d][2] * inv_b, o[d][3] * inv_b);
     }
   }
   if (lane % 4 == 0) {
-    if (ra < p.seq_q)
+    if (ra < rows)
       out.stats(qrow0 + ra, m_a, l_a);
-    if (rb < p.seq_q)
+    if (rb < rows)
       out.stats(qrow0 + rb, m_b, l_b);
   }
 }
@@ -262,10 +283,11 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32)
 template <int DPAD, int BN, bool QREG>
 cudaError_t launch_mma(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s) {
   dim3 grid(c.grid[0], c.grid[1], c.grid[2]), block(ATTN_CU_MMA_WARPS * 32);
+  const int pack = c.pack > 1 ? c.pack : 1;
   if (p.dtype == ATTN_F16)
-    fwd_mma<__half, DPAD, BN, QREG><<<grid, block, c.smem_bytes, s>>>(p, c.nsplit);
+    fwd_mma<__half, DPAD, BN, QREG><<<grid, block, c.smem_bytes, s>>>(p, c.nsplit, pack);
   else
-    fwd_mma<__nv_bfloat16, DPAD, BN, QREG><<<grid, block, c.smem_bytes, s>>>(p, c.nsplit);
+    fwd_mma<__nv_bfloat16, DPAD, BN, QREG><<<grid, block, c.smem_bytes, s>>>(p, c.nsplit, pack);
   return cudaGetLastError();
 }
 

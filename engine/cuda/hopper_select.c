@@ -34,6 +34,7 @@ int attn_cu_select_hopper(const attn_cu_params *p, int sms, attn_cu_choice *c) {
   int64_t qtiles = (p->seq_q + ATTN_CU_HP_BM - 1) / ATTN_CU_HP_BM;
   int64_t units = qtiles * p->heads_q * p->batch;
   c->block_m = ATTN_CU_HP_BM;
+  c->pack = 1;
   c->block_n = bn;
   c->warps = ATTN_CU_HP_THREADS / 32;
   c->grid[0] = (unsigned)(units < sms ? units : sms);

@@ -129,7 +129,12 @@ typedef struct attn_cu_choice {
   int block_m, block_n, warps;
   int nsplit;        /* key ranges computed apart and merged by lse; >= 1 */
   size_t smem_bytes; /* dynamic shared memory of one block */
-  unsigned grid[3];  /* query tiles, heads_q, batch * nsplit */
+  /* Query heads per forward block: 1, or the GQA group Hq / Hkv stacked in
+   * the block's rows (attn_cu_block_row in layout.h) when group · Nq fits
+   * in block_m, so each K/V tile is read once per group (tensor-core
+   * instances only). */
+  int pack;
+  unsigned grid[3]; /* query tiles, heads_q / pack, batch * nsplit */
   /* Backward: block_n keys per dK/dV block, block_m query rows per step,
    * smem_bytes and grid (key blocks, heads_kv, batch) of that kernel; the
    * dQ kernel's tiles, shared memory and grid (query tiles, heads_q,
@@ -157,14 +162,15 @@ int attn_cu_select(const attn_cu_params *p, int sms, attn_cu_choice *c, attn_sta
 /*
  * The same, skipping what a start-up self-check disabled: bit k of off
  * (1u << ATTN_CU_MMA_D64, ...) turns kernel k off, and ATTN_CU_SPLIT_BIT
- * the split-KV path (its merge). A disabled head-dim instance falls back to
- * the next larger one; ATTN_EUNSUPPORTED when none is left. The Hopper
- * instances are the other way round: a clear bit (ATTN_CU_HOPPER_OFF)
- * lets an F16/BF16 forward choice that needs no key split take the Hopper
- * instance of its head dim, which the backend allows only after the
+ * the split-KV path (its merge), ATTN_CU_PACK_BIT the GQA packing. A disabled head-dim instance
+ * falls back to the next larger one; ATTN_EUNSUPPORTED when none is left. The Hopper instances are
+ * the other way round: a clear bit (ATTN_CU_HOPPER_OFF) lets an F16/BF16 forward choice that needs
+ * no key split take the Hopper instance of its head dim, which the backend allows only after the
  * self-check passed it; attn_cu_select() passes ATTN_CU_HOPPER_OFF.
  */
 #define ATTN_CU_SPLIT_BIT (1u << ATTN_CU_KERNEL_COUNT)
+/* ... and ATTN_CU_PACK_BIT the GQA packing (attn_cu_choice.pack). */
+#define ATTN_CU_PACK_BIT (1u << (ATTN_CU_KERNEL_COUNT + 1))
 #define ATTN_CU_HOPPER_OFF \
   (1u << ATTN_CU_HOPPER_D64 | 1u << ATTN_CU_HOPPER_D128 | 1u << ATTN_CU_HOPPER_D256)
 int attn_cu_select_masked(const attn_cu_params *p, int sms, unsigned off, attn_cu_choice *c,

@@ -123,6 +123,40 @@ ATTN_HD void attn_cu_bwd_warp(int warp, int dsplit, int dpad, int *key0, int *di
 /* Row stride, in elements, of a padded shared-memory tile of width cols. */
 ATTN_HD int attn_cu_smem_stride(int cols) { return cols + 8; }
 
+/*
+ * GQA packing (attn_cu_choice.pack): a forward block of a decode or short
+ * query may hold all pack = Hq / Hkv query heads of one KV head, each with
+ * its Nq rows, so every K/V tile it loads serves the whole group. Block row
+ * r is query i = r % Nq of head h0 + r / Nq, where h0 = kv head · pack;
+ * those heads' rows are consecutive in the packed layout ((b·Hq + h)·Nq +
+ * i), so Q and O stay one contiguous run of rows from (b·Hq + h0)·Nq, and
+ * only the mask (the query index) and ALiBi (the head) see the mapping.
+ * Rows past pack·Nq (a block's padding) repeat the last row; they are
+ * computed and never stored. pack 1 is a plain block: row r is query r.
+ */
+ATTN_HD void attn_cu_block_row(int r, int nq, int pack, int *dh, int *i) {
+  if (pack <= 1) {
+    *dh = 0;
+    *i = r;
+    return;
+  }
+  r = r < pack * nq ? r : pack * nq - 1;
+  *dh = r / nq;
+  *i = r % nq;
+}
+
+/* Block qt's rows [*i0, *i1) of its pack heads' pack·nq rows (bm per
+ * block), and the queries [*q0, *q1) they hold, which bound its key tiles
+ * and masks: all nq of them when the heads are packed. */
+ATTN_HD void attn_cu_block_span(int qt, int bm, int nq, int pack, int *i0, int *i1, int *q0,
+                                int *q1) {
+  const int rows = pack * nq;
+  *i0 = qt * bm;
+  *i1 = *i0 + bm < rows ? *i0 + bm : rows;
+  *q0 = pack > 1 ? 0 : *i0;
+  *q1 = pack > 1 ? nq : *i1;
+}
+
 /* ---- masks and key ranges ------------------------------------------------- */
 
 /*
@@ -283,6 +317,19 @@ ATTN_HD float attn_cu_frag_dist(float d0, int sign, int row, int c) {
  * (zero) accumulator, is exp2(-inf) = 0 and never NaN.
  */
 ATTN_HD float attn_cu_max_for_exp(float m) { return m == -INFINITY ? 0.0f : m; }
+
+/*
+ * The factor k by which the forward kernel's exponent scales a score it
+ * holds: weights are exp2(fmaf(s, k, -m)), one FFMA per element, and the
+ * running max is k times the max of the raw scores (masked ones -inf). That
+ * is sound only for a positive scale with no variant: softcap and ALiBi
+ * need the scaled score, a negative scale would turn the max of the raw
+ * scores into their min and a masked -inf into +inf, and a zero one would
+ * make 0 · -inf a NaN. Then k is 1 and the kernel scales the scores first.
+ */
+ATTN_HD float attn_cu_exp_factor(float scale_log2, int variants) {
+  return !variants && scale_log2 > 0.0f ? scale_log2 : 1.0f;
+}
 
 /*
  * Merges the partial statistics of n key ranges, (m2, l) pairs at

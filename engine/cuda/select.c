@@ -3,7 +3,9 @@
  * splits. Host code only (it needs no device), so the unit tests run it.
  *
  * Head dims go to the smallest tensor-core instance that holds them (64,
- * 128, else the generic 256), F32 to the FMA kernel. A launch with fewer
+ * 128, else the generic 256), F32 to the FMA kernel. On tensor cores, a
+ * GQA request whose group of query heads times Nq fits in one block's rows
+ * (decoding) packs the group into one block per KV head. A launch with fewer
  * query blocks than multiprocessors (decoding: a short query, long keys)
  * splits each block's keys into ranges computed by separate blocks and
  * merged by their log-sum-exp, aiming at two blocks per multiprocessor
@@ -109,7 +111,7 @@ static void select_backward(const attn_cu_params *p, attn_cu_kernel k, attn_cu_c
     c->smem_bytes = bwd_smem(256, ATTN_CU_BWD_BN_D256, 1);
     c->dq_smem_bytes = bwdq_smem(256, ATTN_CU_BWDQ_BN_D256, 1);
   }
-  c->nsplit = 1;
+  c->nsplit = c->pack = 1;
   c->grid[0] = (unsigned)((p->seq_kv + c->block_n - 1) / c->block_n);
   c->grid[1] = (unsigned)p->heads_kv;
   c->grid[2] = (unsigned)p->batch;
@@ -129,8 +131,9 @@ static int64_t visible_tiles(const attn_cu_params *p, int bn) {
   return lo > hi ? 0 : hi / bn - lo / bn + 1;
 }
 
-static void select_forward(const attn_cu_params *p, int sms, attn_cu_kernel k, bool split,
+static void select_forward(const attn_cu_params *p, int sms, attn_cu_kernel k, unsigned off,
                            attn_cu_choice *c) {
+  const bool split = !(off & ATTN_CU_SPLIT_BIT), pack = !(off & ATTN_CU_PACK_BIT);
   c->kernel = k;
   c->warps = ATTN_CU_MMA_WARPS;
   c->block_m = ATTN_CU_MMA_BM;
@@ -149,8 +152,12 @@ static void select_forward(const attn_cu_params *p, int sms, attn_cu_kernel k, b
     c->block_n = ATTN_CU_BN_D256;
     c->smem_bytes = mma_smem(256, ATTN_CU_BN_D256);
   }
-  int64_t qtiles = (p->seq_q + c->block_m - 1) / c->block_m;
-  int64_t blocks = qtiles * p->heads_q * p->batch;
+  const int group = p->heads_q / p->heads_kv;
+  c->pack = pack && k != ATTN_CU_SIMT_F32 && group > 1 && (int64_t)group * p->seq_q <= c->block_m
+                ? group
+                : 1;
+  int64_t qtiles = ((int64_t)c->pack * p->seq_q + c->block_m - 1) / c->block_m;
+  int64_t blocks = qtiles * (p->heads_q / c->pack) * p->batch;
   int64_t tiles = visible_tiles(p, c->block_n);
   int64_t nsplit = 1;
   if (split && sms > 0 && blocks < sms) {
@@ -162,7 +169,7 @@ static void select_forward(const attn_cu_params *p, int sms, attn_cu_kernel k, b
   }
   c->nsplit = (int)nsplit;
   c->grid[0] = (unsigned)qtiles;
-  c->grid[1] = (unsigned)p->heads_q;
+  c->grid[1] = (unsigned)(p->heads_q / c->pack);
   c->grid[2] = (unsigned)(p->batch * nsplit);
 }
 
@@ -171,8 +178,11 @@ int attn_cu_select(const attn_cu_params *p, int sms, attn_cu_choice *c, attn_sta
 }
 
 /* The Hopper instance of the head dim takes over the forward choice when
- * off allows it (kernels.h). */
+ * off allows it (kernels.h), except a packed GQA decode: the Hopper
+ * instance would read each K/V tile once per query head, not per group. */
 static void maybe_hopper(const attn_cu_params *p, int sms, unsigned off, attn_cu_choice *c) {
+  if (c->pack > 1)
+    return;
   attn_cu_kernel h = p->dp <= 64    ? ATTN_CU_HOPPER_D64
                      : p->dp <= 128 ? ATTN_CU_HOPPER_D128
                                     : ATTN_CU_HOPPER_D256;
@@ -200,7 +210,7 @@ int attn_cu_select_masked(const attn_cu_params *p, int sms, unsigned off, attn_c
   if (p->pass == ATTN_BACKWARD)
     select_backward(p, k, c);
   else {
-    select_forward(p, sms, k, !(off & ATTN_CU_SPLIT_BIT), c);
+    select_forward(p, sms, k, off, c);
     maybe_hopper(p, sms, off, c);
   }
   if (p->heads_q > ATTN_CU_MAX_GRID_YZ || (int64_t)p->batch * c->nsplit > ATTN_CU_MAX_GRID_YZ)

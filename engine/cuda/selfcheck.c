@@ -2,9 +2,10 @@
  * selfcheck.c — the start-up self-check's cases (see selfcheck.h).
  *
  * Shapes are chosen so that the selection with nothing disabled reaches
- * each instance once in an unsplit case (listed first) and the split-KV
+ * each instance once in an unsplit case (listed first), the split-KV
  * path in the decode cases (a query row over 700 keys splits on any device
- * with fewer query blocks than twice its multiprocessors). Errors are
+ * with more multiprocessors than query blocks), then the GQA packing, so
+ * that a failure is laid at the right door (cuda.c's disable()). Errors are
  * normalized like the tests' (sqrt of the squared error over the squared
  * reference) and allowed four times the tests' per-dtype threshold: the
  * check is there to catch a wrong kernel, not rounding. The Hopper cases
@@ -29,37 +30,58 @@ typedef struct check_shape {
   double softcap; /* issue 17's variants: 0 off */
   bool alibi;     /* slopes [Hq], ALiBi's geometric sequence */
   bool hopper;    /* a case of the Hopper instance (kernels.h) */
+  double scale;   /* 0: the default 1 / sqrt(head_dim) */
 } check_shape;
 
 static const check_shape shapes[] = {
     /* unsplit: each instance, GQA 4:2, masks, padded head dims */
-    {ATTN_FORWARD, ATTN_F16, 4, 2, 37, 70, 61, true, -1, 0, false, false},
-    {ATTN_FORWARD, ATTN_BF16, 4, 2, 37, 70, 125, false, 20, 0, false, false},
-    {ATTN_FORWARD, ATTN_F16, 2, 1, 37, 70, 253, true, 30, 0, false, false},
-    {ATTN_FORWARD, ATTN_F32, 4, 2, 37, 70, 45, true, -1, 0, false, false},
-    {ATTN_BACKWARD, ATTN_F16, 4, 2, 37, 70, 61, true, -1, 0, false, false},
-    {ATTN_BACKWARD, ATTN_BF16, 4, 2, 37, 70, 125, false, 20, 0, false, false},
-    {ATTN_BACKWARD, ATTN_F16, 2, 1, 37, 70, 253, true, -1, 0, false, false},
-    {ATTN_BACKWARD, ATTN_F32, 4, 2, 37, 70, 45, false, 9, 0, false, false},
-    /* decode rows: split-KV and the merge */
-    {ATTN_FORWARD, ATTN_BF16, 4, 2, 1, 700, 64, false, -1, 0, false, false},
-    {ATTN_FORWARD, ATTN_F32, 2, 1, 1, 700, 40, true, -1, 0, false, false},
+    {ATTN_FORWARD, ATTN_F16, 4, 2, 37, 70, 61, true, -1, 0, false, false, 0},
+    {ATTN_FORWARD, ATTN_BF16, 4, 2, 37, 70, 125, false, 20, 0, false, false, 0},
+    {ATTN_FORWARD, ATTN_F16, 2, 1, 37, 70, 253, true, 30, 0, false, false, 0},
+    {ATTN_FORWARD, ATTN_F32, 4, 2, 37, 70, 45, true, -1, 0, false, false, 0},
+    {ATTN_BACKWARD, ATTN_F16, 4, 2, 37, 70, 61, true, -1, 0, false, false, 0},
+    {ATTN_BACKWARD, ATTN_BF16, 4, 2, 37, 70, 125, false, 20, 0, false, false, 0},
+    {ATTN_BACKWARD, ATTN_F16, 2, 1, 37, 70, 253, true, -1, 0, false, false, 0},
+    {ATTN_BACKWARD, ATTN_F32, 4, 2, 37, 70, 45, false, 9, 0, false, false, 0},
+    /* decode rows: split-KV and the merge, unpacked first (MHA, F32) */
+    {ATTN_FORWARD, ATTN_BF16, 2, 2, 1, 700, 64, false, -1, 0, false, false, 0},
+    {ATTN_FORWARD, ATTN_BF16, 4, 2, 1, 700, 64, false, -1, 0, false, false, 0},
+    {ATTN_FORWARD, ATTN_F32, 2, 1, 1, 700, 40, true, -1, 0, false, false, 0},
+    /* GQA packing (a group's heads in one block's rows), each instance:
+     * 32:8 and MQA decodes unsplit (few keys) and split (the 32:8 one
+     * splits on devices with more than 8 multiprocessors), a group of 16
+     * rows of 16 queries that fills the block, and 4 x 5 rows whose
+     * heads change inside a warp's 16, with masks and ALiBi (its slope
+     * is per row) */
+    {ATTN_FORWARD, ATTN_BF16, 32, 8, 1, 70, 128, false, -1, 0, false, false, 0},
+    {ATTN_FORWARD, ATTN_BF16, 32, 8, 1, 700, 128, false, -1, 0, true, false, 0},
+    {ATTN_FORWARD, ATTN_F16, 8, 1, 2, 70, 64, true, 20, 2.0, true, false, 0},
+    {ATTN_FORWARD, ATTN_F16, 8, 1, 2, 700, 64, true, -1, 0, true, false, 0},
+    {ATTN_FORWARD, ATTN_BF16, 16, 4, 16, 70, 61, true, -1, 0, true, false, 0},
+    {ATTN_FORWARD, ATTN_F16, 4, 1, 5, 70, 253, true, 3, 0, true, false, 0},
     /* softcap and ALiBi, through every instance and the split path (a
      * wrong variant path disables the instance it ran on) */
-    {ATTN_FORWARD, ATTN_F16, 4, 2, 37, 70, 61, true, -1, 2.0, true, false},
-    {ATTN_FORWARD, ATTN_BF16, 4, 2, 37, 70, 125, false, 20, 1.5, false, false},
-    {ATTN_FORWARD, ATTN_F16, 2, 1, 37, 70, 253, false, -1, 0, true, false},
-    {ATTN_FORWARD, ATTN_F32, 4, 2, 37, 70, 45, true, -1, 1.5, true, false},
-    {ATTN_BACKWARD, ATTN_F16, 4, 2, 37, 70, 61, true, -1, 2.0, true, false},
-    {ATTN_BACKWARD, ATTN_BF16, 4, 2, 37, 70, 125, false, 20, 1.5, true, false},
-    {ATTN_BACKWARD, ATTN_F16, 2, 1, 37, 70, 253, true, -1, 2.0, false, false},
-    {ATTN_BACKWARD, ATTN_F32, 4, 2, 37, 70, 45, false, 9, 1.5, true, false},
-    {ATTN_FORWARD, ATTN_BF16, 4, 2, 1, 700, 64, false, -1, 2.0, true, false},
+    {ATTN_FORWARD, ATTN_F16, 4, 2, 37, 70, 61, true, -1, 2.0, true, false, 0},
+    {ATTN_FORWARD, ATTN_BF16, 4, 2, 37, 70, 125, false, 20, 1.5, false, false, 0},
+    {ATTN_FORWARD, ATTN_F16, 2, 1, 37, 70, 253, false, -1, 0, true, false, 0},
+    {ATTN_FORWARD, ATTN_F32, 4, 2, 37, 70, 45, true, -1, 1.5, true, false, 0},
+    {ATTN_BACKWARD, ATTN_F16, 4, 2, 37, 70, 61, true, -1, 2.0, true, false, 0},
+    {ATTN_BACKWARD, ATTN_BF16, 4, 2, 37, 70, 125, false, 20, 1.5, true, false, 0},
+    {ATTN_BACKWARD, ATTN_F16, 2, 1, 37, 70, 253, true, -1, 2.0, false, false, 0},
+    {ATTN_BACKWARD, ATTN_F32, 4, 2, 37, 70, 45, false, 9, 1.5, true, false, 0},
+    {ATTN_FORWARD, ATTN_BF16, 4, 2, 1, 700, 64, false, -1, 2.0, true, false, 0},
+    /* a negative scale, which the forward kernels cannot fold into the
+     * exponent (attn_cu_exp_factor): each instance, split and packed */
+    {ATTN_FORWARD, ATTN_F16, 4, 2, 37, 70, 61, true, -1, 0, false, false, -0.09},
+    {ATTN_FORWARD, ATTN_BF16, 4, 4, 37, 70, 125, false, 20, 0, false, false, -0.2},
+    {ATTN_FORWARD, ATTN_F16, 2, 2, 37, 70, 253, true, -1, 0, false, false, -0.05},
+    {ATTN_FORWARD, ATTN_F32, 4, 2, 37, 70, 45, true, -1, 0, false, false, -0.15},
+    {ATTN_FORWARD, ATTN_BF16, 8, 2, 1, 700, 64, false, -1, 0, false, false, -0.1},
     /* the Hopper instance, each head dim: a tail query tile and several
      * key tiles through the ring (too few to split) */
-    {ATTN_FORWARD, ATTN_F16, 2, 1, 100, 250, 61, true, -1, 0, false, true},
-    {ATTN_FORWARD, ATTN_BF16, 2, 1, 120, 250, 125, false, 20, 0, false, true},
-    {ATTN_FORWARD, ATTN_F16, 2, 1, 90, 200, 253, true, -1, 0, false, true},
+    {ATTN_FORWARD, ATTN_F16, 2, 1, 100, 250, 61, true, -1, 0, false, true, 0},
+    {ATTN_FORWARD, ATTN_BF16, 2, 1, 120, 250, 125, false, 20, 0, false, true, 0},
+    {ATTN_FORWARD, ATTN_F16, 2, 1, 90, 200, 253, true, -1, 0, false, true, 0},
 };
 enum { NSHAPES = sizeof shapes / sizeof *shapes };
 
@@ -88,6 +110,8 @@ static void request_of(const check_shape *s, attn_request *r) {
   r->causal = s->causal;
   r->window_left = s->wl;
   r->softcap = s->softcap;
+  if (s->scale != 0)
+    r->scale = s->scale;
 }
 
 /* Points the request's tensors into one buffer (inputs filled). */

@@ -19,7 +19,7 @@ typedef struct attn_cu_check {
   void *buf;        /* every tensor of req, one allocation */
   double *ref;      /* the float64 answer: o (+ lse), or dq dk dv */
   float lse[256];   /* the forward's lse (a backward case's lse_in, or stats) */
-  float slopes[8];  /* the ALiBi slopes of a case with them */
+  float slopes[32]; /* the ALiBi slopes of a case with them */
 } attn_cu_check;
 
 /* How many cases there are. */

@@ -38,6 +38,7 @@ typedef struct mock_knobs {
    * wrong_merge, every split launch (its merge is wrong). */
   int wrong_kernel;
   bool wrong_merge;
+  bool wrong_pack; /* every launch with GQA packing (attn_cu_choice.pack) */
 } mock_knobs;
 
 /* Knobs with the failure counters given and nothing else injected. */
@@ -61,6 +62,8 @@ int mock_streams(void);
 long mock_launches(void);
 /* The kernel of the latest launch, and its number of key splits. */
 int mock_last_kernel(int *nsplit);
+/* The GQA packing (attn_cu_choice.pack) of the latest launch. */
+int mock_last_pack(void);
 /* Lets kernels held by hold_kernels run. */
 void mock_open_gate(void);
 

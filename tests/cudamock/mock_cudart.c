@@ -28,7 +28,7 @@ static int g_current;
 /* hold_kernels' gate, race_query's poisoned context, the latest launch. */
 static pthread_cond_t g_gate_cv = PTHREAD_COND_INITIALIZER;
 static bool g_gate_open, g_poisoned;
-static int g_last_kernel = -1, g_last_nsplit;
+static int g_last_kernel = -1, g_last_nsplit, g_last_pack;
 
 void mock_set(const mock_knobs *k) {
   pthread_mutex_lock(&g_mu);
@@ -54,6 +54,12 @@ int mock_last_kernel(int *nsplit) {
   int k = g_last_kernel;
   if (nsplit)
     *nsplit = g_last_nsplit;
+  pthread_mutex_unlock(&g_mu);
+  return k;
+}
+int mock_last_pack(void) {
+  pthread_mutex_lock(&g_mu);
+  int k = g_last_pack;
   pthread_mutex_unlock(&g_mu);
   return k;
 }
@@ -488,6 +494,20 @@ static double variant(const attn_cu_params *p, size_t qrow, int64_t i, int64_t j
   return s;
 }
 
+/* Whether a forward choice's blocks hold every (head, query) row once:
+ * grid[1] blocks of pack heads each (pack 1, or a tensor-core instance's
+ * whole GQA group) and grid[0] tiles of block_m rows over their rows. */
+static bool grid_covers(const attn_cu_params *p, const attn_cu_choice *c) {
+  if (c->kernel >= ATTN_CU_HOPPER_D64) /* a persistent grid of its own */
+    return c->pack == 1;
+  int pack = c->pack, group = p->heads_q / p->heads_kv;
+  if (pack != 1 && (pack != group || c->kernel == ATTN_CU_SIMT_F32))
+    return false;
+  return (int64_t)c->grid[1] * pack == p->heads_q &&
+         (int64_t)c->grid[0] * c->block_m >= (int64_t)pack * p->seq_q &&
+         (int64_t)(c->grid[0] - 1) * c->block_m < (int64_t)pack * p->seq_q;
+}
+
 /* Attention on the packed layout, in float64, from DESIGN.md's rule. */
 static void fwd_op(void *arg) {
   const attn_cu_params *p = &((fwd_arg *)arg)->p;
@@ -501,7 +521,7 @@ static void fwd_op(void *arg) {
   /* What the real kernels rely on; a broken contract poisons the output. */
   bool contract =
       ((uintptr_t)p->q | (uintptr_t)p->k | (uintptr_t)p->v | (uintptr_t)p->o) % 16 == 0 &&
-      (c->nsplit == 1 || (p->split_ws && (uintptr_t)p->split_ws % 16 == 0));
+      (c->nsplit == 1 || (p->split_ws && (uintptr_t)p->split_ws % 16 == 0)) && grid_covers(p, c);
   double *s = malloc((size_t)Nk * sizeof *s);
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < Hq; h++) {
@@ -636,9 +656,11 @@ int attn_cu_launch(const attn_cu_params *p, const attn_cu_choice *c, void *strea
     g_k.fault_stream--;
   cudaError_t launch_error =
       g_k.launch_error ? (cudaError_t)g_k.launch_error : cudaErrorLaunchFailure;
-  bool wrong = g_k.wrong_kernel == (int)c->kernel + 1 || (g_k.wrong_merge && c->nsplit > 1);
+  bool wrong = g_k.wrong_kernel == (int)c->kernel + 1 || (g_k.wrong_merge && c->nsplit > 1) ||
+               (g_k.wrong_pack && c->pack > 1);
   g_last_kernel = (int)c->kernel;
   g_last_nsplit = c->nsplit;
+  g_last_pack = c->pack;
   pthread_mutex_unlock(&g_mu);
   if (launch_fails)
     return (int)fail(launch_error);

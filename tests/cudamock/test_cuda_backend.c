@@ -861,7 +861,9 @@ Test(cuda_backend, hopper_serves_only_after_its_self_check, .init = reset) {
     printf("skipped: this build has no sm_90a code (CUDA_ARCHS without 90a)\n");
     return;
   }
-  tprob p = tprob_make(1, 4, 2, 19, 40, 64, ATTN_F16);
+  /* MHA: a GQA group of 19-row queries would be packed into one mma.sync
+   * block, which the Hopper instance never takes (select.c) */
+  tprob p = tprob_make(1, 4, 4, 19, 40, 64, ATTN_F16);
   attn_engine *e = open_checked(false);
   cr_expect(disabled_because(e, "hopper_d64", "self-check, which is off"));
   cr_expect(check_one(e, &p, 91));
@@ -923,5 +925,44 @@ Test(cuda_backend, variants_run_on_cuda, .init = reset) {
     cr_expect(check_one(e, &p, 9 + (uint64_t)v), "variant case %d", v);
     cr_expect(check_bwd(e, &p, 19 + (uint64_t)v, v % 2 == 0), "variant case %d", v);
   }
+  attn_engine_close(e);
+}
+
+/* ---- GQA packing ------------------------------------------------------------- */
+
+Test(cuda_backend, gqa_decodes_pack_their_heads, .init = reset) {
+  attn_engine *e = open_cuda(2, NULL);
+  /* 32:8: 8 blocks of 4 heads (too many to split on the mock's 4 SMs) */
+  tprob p = tprob_make(1, 32, 8, 1, 300, 128, ATTN_BF16);
+  p.stats = true;
+  cr_expect(check_one(e, &p, 91));
+  int nsplit = 0;
+  mock_last_kernel(&nsplit);
+  cr_expect(mock_last_pack() == 4 && nsplit == 1, "pack %d, %d splits", mock_last_pack(), nsplit);
+  /* MQA, 2 queries, ALiBi per row, causal: one block of 16 rows, split */
+  p = tprob_make(2, 8, 1, 2, 1500, 64, ATTN_F16);
+  p.alibi = 2, p.causal = true, p.stats = true;
+  cr_expect(check_one(e, &p, 92));
+  mock_last_kernel(&nsplit);
+  cr_expect(mock_last_pack() == 8 && nsplit > 1, "pack %d, %d splits", mock_last_pack(), nsplit);
+  /* 4 x 17 rows do not fit a block: one head per block */
+  p = tprob_make(1, 4, 1, 17, 40, 64, ATTN_F16);
+  cr_expect(check_one(e, &p, 93));
+  cr_expect_eq(mock_last_pack(), 1);
+  attn_engine_close(e);
+}
+
+Test(cuda_backend, a_wrong_packing_turns_packing_off, .init = reset) {
+  mock_knobs k = MOCK_KNOBS(1, 9, (size_t)8 << 30, 0, 0, 0);
+  k.wrong_pack = true;
+  mock_set(&k);
+  attn_engine *e = open_checked(true);
+  cr_expect(lists_disabled(e, "gqa_pack"), "gqa_pack not listed");
+  cr_expect(!lists_disabled(e, "mma_d64") && !lists_disabled(e, "mma_d128") &&
+                !lists_disabled(e, "mma_d256") && !lists_disabled(e, "split_kv_merge"),
+            "the packing's failure was laid on an instance or the split path");
+  tprob p = tprob_make(1, 32, 8, 1, 300, 128, ATTN_BF16);
+  cr_expect(check_one(e, &p, 94), "the decode runs unpacked, right");
+  cr_expect_eq(mock_last_pack(), 1);
   attn_engine_close(e);
 }

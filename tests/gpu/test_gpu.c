@@ -439,6 +439,51 @@ static int list_headdims(tprob *ps) {
       p.stats = true;
       ps[n++] = p;
     }
+  /* scales the kernels cannot fold into the exponent (negative, zero) and
+   * one they do, on each instance */
+  static const double sc[] = {-0.09, 0.0, 0.35};
+  for (int i = 0; i < 5; i++)
+    for (int t = 0; t < ATTN_DTYPE_COUNT; t++) {
+      tprob p = tprob_make(1, 4, 2, 70, 150, vd[i], (attn_dtype)t);
+      p.scale = sc[(i + t) % 3];
+      p.causal = i % 2 == 0;
+      p.stats = true;
+      ps[n++] = p;
+    }
+  return n;
+}
+
+/* GQA packing (a group's query heads in one block's rows): 32:8 and MQA
+ * decodes unsplit and split, a group that fills the block (16 x 4 rows,
+ * and MQA's 32 x 2), 4 x 5 rows whose heads change inside a warp's 16, with
+ * masks and per-row ALiBi slopes, on each tensor-core instance. */
+static int list_packed(tprob *ps) {
+  static const struct {
+    int64_t hq, hkv, nq, nkv, d;
+    attn_dtype dt;
+    bool causal;
+    int64_t wl;
+    int alibi;
+  } c[] = {
+      {32, 8, 1, 70, 128, ATTN_BF16, false, -1, 0},
+      {32, 8, 1, 9000, 128, ATTN_BF16, false, -1, 2},
+      {32, 1, 2, 70, 64, ATTN_F16, true, 20, 1},
+      {32, 1, 2, 9000, 64, ATTN_F16, true, -1, 1},
+      {16, 4, 16, 300, 61, ATTN_BF16, true, -1, 2},
+      {4, 1, 5, 300, 253, ATTN_F16, true, 3, 1},
+      {8, 2, 3, 5000, 200, ATTN_BF16, false, 900, 0},
+      {64, 8, 8, 2000, 96, ATTN_F16, true, -1, 2},
+  };
+  int n = 0;
+  for (size_t i = 0; i < sizeof c / sizeof *c; i++) {
+    tprob p = tprob_make(2, c[i].hq, c[i].hkv, c[i].nq, c[i].nkv, c[i].d, c[i].dt);
+    p.causal = c[i].causal;
+    p.wl = c[i].wl;
+    p.alibi = c[i].alibi;
+    p.softcap = i % 3 == 1 ? 20 : 0;
+    p.stats = 1;
+    ps[n++] = p;
+  }
   return n;
 }
 
@@ -497,7 +542,7 @@ static int list_decode(tprob *ps) {
     p.stats = 1;
     ps[n++] = p;
   }
-  return n;
+  return n + list_packed(ps + n);
 }
 
 static int list_long(tprob *ps) {

@@ -873,7 +873,9 @@ Test(cuda_layout, split_kv_counts_only_visible_tiles) {
 Test(cuda_layout, disabled_instances_fall_back) {
   attn_cu_params p;
   memset(&p, 0, sizeof p);
-  p.dtype = ATTN_F16, p.batch = 1, p.heads_q = 2, p.heads_kv = 1, p.seq_q = 1, p.seq_kv = 4096;
+  /* MHA: a GQA decode would pack its heads, which the Hopper instance
+   * never takes (gqa_packing_selection) */
+  p.dtype = ATTN_F16, p.batch = 1, p.heads_q = 2, p.heads_kv = 2, p.seq_q = 1, p.seq_kv = 4096;
   p.head_dim = 64, p.dp = 64, p.window_left = p.window_right = -1;
   attn_cu_choice c;
   attn_status st;
@@ -897,4 +899,252 @@ Test(cuda_layout, disabled_instances_fall_back) {
   p.dtype = ATTN_F32;
   cr_expect_eq(attn_cu_select_masked(&p, 132, 1u << ATTN_CU_BWD_SIMT_F32, &c, &st),
                ATTN_EUNSUPPORTED);
+}
+
+/* ---- GQA packing ------------------------------------------------------------- */
+
+Test(cuda_layout, gqa_packing_selection) {
+  attn_cu_choice c;
+  attn_status st;
+  /* a 32:8 decode: 8 blocks of the 4 heads of a group, split to fill the
+   * machine (264 blocks wanted of 8, 512 tiles) */
+  attn_cu_params p = shape(ATTN_BF16, 1, 32, 8, 1, 32768, 128);
+  cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0, "%s", st.message);
+  cr_expect(c.kernel == ATTN_CU_MMA_D128 && c.pack == 4, "%s pack %d",
+            attn_cu_kernel_name(c.kernel), c.pack);
+  cr_expect(c.grid[0] == 1 && c.grid[1] == 8 && c.grid[2] == 33, "grid %u %u %u", c.grid[0],
+            c.grid[1], c.grid[2]);
+  cr_expect_eq(c.nsplit, 33);
+  cr_expect_eq(attn_cu_split_bytes(&p, &c), (size_t)33 * 32 * (128 + 2) * 4, "every head's rows");
+  /* MQA: 32 heads x 2 queries fill the 64 rows; 3 queries do not fit */
+  p = shape(ATTN_F16, 2, 32, 1, 2, 100, 64);
+  cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0);
+  cr_expect(c.pack == 32 && c.grid[0] == 1 && c.grid[1] == 1 &&
+            c.grid[2] == 2u * (unsigned)c.nsplit);
+  p.seq_q = 3;
+  cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0);
+  cr_expect(c.pack == 1 && c.grid[1] == 32);
+  /* 16:4 with 16 queries is exactly a block; 17 is not */
+  p = shape(ATTN_BF16, 1, 16, 4, 16, 300, 200);
+  cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0);
+  cr_expect(c.kernel == ATTN_CU_MMA_D256 && c.pack == 4 && c.grid[0] == 1 && c.grid[1] == 4);
+  p.seq_q = 17;
+  cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0);
+  cr_expect(c.pack == 1 && c.grid[0] == 1 && c.grid[1] == 16);
+  /* never: MHA, F32 (its own kernel), the backward, the bit off */
+  p = shape(ATTN_F16, 1, 8, 8, 1, 300, 64);
+  cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0);
+  cr_expect_eq(c.pack, 1);
+  p = shape(ATTN_F32, 1, 8, 2, 1, 300, 64);
+  cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0);
+  cr_expect(c.kernel == ATTN_CU_SIMT_F32 && c.pack == 1 && c.grid[1] == 8);
+  p = shape(ATTN_F16, 1, 8, 2, 1, 300, 64);
+  p.pass = ATTN_BACKWARD;
+  cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0);
+  cr_expect_eq(c.pack, 1);
+  p.pass = ATTN_FORWARD;
+  cr_assert_eq(attn_cu_select_masked(&p, 132, ATTN_CU_PACK_BIT | ATTN_CU_HOPPER_OFF, &c, &st), 0);
+  cr_expect(c.pack == 1 && c.grid[1] == 8, "the packing bit turns it off");
+  /* the Hopper instance, allowed, leaves a packed decode alone and takes
+   * it unpacked */
+  p.seq_kv = 100; /* too few tiles to split */
+  cr_assert_eq(attn_cu_select_masked(&p, 132, 0, &c, &st), 0);
+  cr_expect(c.kernel == ATTN_CU_MMA_D64 && c.pack == 4, "%s", attn_cu_kernel_name(c.kernel));
+  cr_assert_eq(attn_cu_select_masked(&p, 132, ATTN_CU_PACK_BIT, &c, &st), 0);
+  cr_expect(c.kernel == ATTN_CU_HOPPER_D64 && c.pack == 1);
+}
+
+/* The block row mapping against the layout: rows r < pack·nq of the block
+ * of group g are query r % nq of head g·pack + r / nq, and flat row
+ * (b·Hq + h0)·Nq + r is that head's row in Q and O. */
+Test(cuda_layout, block_rows_map_to_their_heads) {
+  for (int nq = 1; nq <= 16; nq++)
+    for (int pack = 1; pack * nq <= 64; pack *= 2) {
+      int seen[64] = {0};
+      for (int r = 0; r < 64; r++) {
+        int dh, i;
+        attn_cu_block_row(r, nq, pack, &dh, &i);
+        if (pack == 1) {
+          cr_assert(dh == 0 && i == r);
+          continue;
+        }
+        cr_assert(dh >= 0 && dh < pack && i >= 0 && i < nq, "r %d: head +%d query %d", r, dh, i);
+        if (r < pack * nq) {
+          cr_assert_eq(dh * nq + i, r, "row %d is not its head's row in the layout", r);
+          seen[r]++;
+        }
+      }
+      for (int r = 0; r < pack * nq && pack > 1; r++)
+        cr_assert_eq(seen[r], 1);
+    }
+}
+
+/* What one lane of fwd_mma computes for its two rows, with the kernel's
+ * arithmetic: every visited key (split tiles, masked unless the tile is
+ * full) of every stored row is counted in vis[row][key]. */
+typedef struct emu_launch {
+  const attn_cu_params *p;
+  const attn_cu_choice *c;
+  int64_t off;
+  unsigned char *vis; /* [B·Hq·Nq][Nkv] */
+  int *stored;        /* [B·Hq·Nq] */
+  int *slope_head;    /* [B·Hq·Nq]: the head whose ALiBi slope the row used */
+} emu_launch;
+
+static void emu_lane(const emu_launch *e, int qt, int gy, int b, int split, int warp, int lane) {
+  const attn_cu_params *p = e->p;
+  const int pack = e->c->pack, bm = e->c->block_m, bn = e->c->block_n;
+  const int h0 = gy * pack, rows = pack * p->seq_q;
+  int i0, i1, q0, q1;
+  attn_cu_block_span(qt, bm, p->seq_q, pack, &i0, &i1, &q0, &q1);
+  const size_t qrow0 = ((size_t)b * p->heads_q + h0) * p->seq_q;
+  int t0, t1;
+  attn_cu_block_tiles(q0, q1, e->off, p->window_left, p->window_right, p->seq_kv, bn, e->c->nsplit,
+                      split, &t0, &t1);
+  for (int half = 0; half < 2; half++) {
+    const int r = i0 + warp * 16 + lane / 4 + 8 * half;
+    int dh, i, lo, hi;
+    attn_cu_block_row(r, p->seq_q, pack, &dh, &i);
+    attn_cu_row_bounds(i, e->off, p->window_left, p->window_right, p->seq_kv, &lo, &hi);
+    if (r >= rows)
+      continue;
+    const size_t row = qrow0 + (size_t)r;
+    if (lane % 4 == 0 && split == 0)
+      e->stored[row]++;
+    e->slope_head[row] = (int)(((size_t)b * p->heads_q + h0 + dh) % p->heads_q);
+    for (int t = t0; t < t1; t++) {
+      int full = attn_cu_tile_full((int64_t)t * bn, bn, q0, q1, e->off, p->window_left,
+                                   p->window_right, p->seq_kv);
+      for (int c = 2 * (lane % 4); c < bn; c += 8) /* the lane's columns, 2 per 8 */
+        for (int k = c; k < c + 2; k++) {
+          int j = t * bn + k;
+          if ((full || (j >= lo && j <= hi)) && j < p->seq_kv)
+            e->vis[row * (size_t)p->seq_kv + (size_t)j]++;
+          else
+            cr_assert(full || j >= p->seq_kv || j < lo || j > hi);
+        }
+    }
+  }
+}
+
+static void emu_packed_launch(attn_cu_params *p, int64_t wl, int64_t wr, int sms) {
+  p->window_left = wl, p->window_right = wr, p->off = (int64_t)p->seq_kv - p->seq_q;
+  attn_cu_choice c;
+  attn_status st;
+  cr_assert_eq(attn_cu_select(p, sms, &c, &st), 0, "%s", st.message);
+  const size_t nrows = (size_t)p->batch * p->heads_q * p->seq_q;
+  emu_launch e = {p,
+                  &c,
+                  p->off,
+                  calloc(nrows * (size_t)p->seq_kv, 1),
+                  calloc(nrows, sizeof(int)),
+                  calloc(nrows, sizeof(int))};
+  for (unsigned z = 0; z < c.grid[2]; z++)
+    for (unsigned y = 0; y < c.grid[1]; y++)
+      for (unsigned x = 0; x < c.grid[0]; x++)
+        for (int w = 0; w < c.warps; w++)
+          for (int l = 0; l < 32; l++)
+            emu_lane(&e, (int)x, (int)y, (int)z / c.nsplit, (int)z % c.nsplit, w, l);
+  for (size_t row = 0; row < nrows; row++) {
+    const int64_t i = (int64_t)(row % (size_t)p->seq_q);
+    const int h = (int)(row / (size_t)p->seq_q % (size_t)p->heads_q);
+    cr_assert_eq(e.stored[row], 1, "row %zu stored %d times (pack %d)", row, e.stored[row], c.pack);
+    cr_assert_eq(e.slope_head[row], h, "row %zu used head %d's slope", row, e.slope_head[row]);
+    for (int64_t j = 0; j < p->seq_kv; j++)
+      cr_assert_eq(e.vis[row * (size_t)p->seq_kv + (size_t)j], visible(i, j, p->off, wl, wr),
+                   "row %zu (head %d, query %lld), key %lld: counted %d (pack %d, %d splits)", row,
+                   h, (long long)i, (long long)j, e.vis[row * (size_t)p->seq_kv + (size_t)j],
+                   c.pack, c.nsplit);
+  }
+  free(e.vis), free(e.stored), free(e.slope_head);
+}
+
+/* Packed blocks, emulated lane by lane: every row of every head is stored
+ * once and sees exactly its own query's visible keys, across splits,
+ * windows, GQA and MQA groups whose heads change inside a warp's rows. */
+Test(cuda_layout, packed_blocks_see_each_rows_own_keys) {
+  uint64_t seed = 23;
+  int packed = 0, split = 0;
+  for (int it = 0; it < 60; it++) {
+    static const int groups[][2] = {{32, 8}, {32, 1}, {8, 2}, {12, 4}, {6, 3}, {4, 4}};
+    const int *g = groups[it % 6];
+    int group = g[0] / g[1], nq = 1 + (int)(trand(&seed) % (64 / group < 20 ? 64 / group : 20));
+    attn_cu_params p = shape(it % 2 ? ATTN_F16 : ATTN_BF16, 1 + it % 2, g[0], g[1], nq,
+                             1 + (int)(trand(&seed) % 900), it % 3 ? 64 : 160);
+    int64_t wl = it % 3 ? (int64_t)(trand(&seed) % 300) - 1 : -1;
+    int64_t wr = (int64_t)(trand(&seed) % 4) - 1;
+    const int sms = it % 4 ? 132 : 4;
+    emu_packed_launch(&p, wl, wr, sms);
+    attn_cu_choice c;
+    attn_status st;
+    attn_cu_select(&p, sms, &c, &st);
+    packed += c.pack > 1;
+    split += c.pack > 1 && c.nsplit > 1;
+  }
+  cr_expect_geq(packed, 30, "only %d packed launches", packed);
+  cr_expect_geq(split, 10, "only %d packed and split", split);
+}
+
+/* ---- the scale folded into the exponent ---------------------------------------- */
+
+/* One row's online softmax as fwd_mma.cuh runs it over tiles of 8 raw
+ * scores q·k (masked ones -inf): scaled first unless attn_cu_exp_factor
+ * folds the scale into the exponent's FFMA; returns sum_j w_j v_j / l. */
+static double emu_row_softmax(const float *raw, const float *v, int n, float scale_log2, bool var) {
+  const float k = attn_cu_exp_factor(scale_log2, var);
+  float m = -INFINITY, l = 0, acc = 0;
+  for (int j0 = 0; j0 < n; j0 += 8) {
+    float s[8], mx = -INFINITY;
+    for (int j = 0; j < 8; j++) {
+      s[j] = j0 + j < n ? raw[j0 + j] : -INFINITY;
+      if (k == 1.0f && s[j] != -INFINITY) /* the kernel masks after scaling */
+        s[j] *= scale_log2;
+      mx = fmaxf(mx, s[j]);
+    }
+    mx = fmaxf(m, mx * k);
+    const float use = attn_cu_max_for_exp(mx), al = exp2f(m - use);
+    m = mx;
+    l *= al, acc *= al;
+    for (int j = 0; j < 8; j++) {
+      float w = exp2f(fmaf(s[j], k, -use));
+      l += w;
+      acc += w * (j0 + j < n ? v[j0 + j] : 0);
+    }
+  }
+  return l > 0 ? acc / l : 0;
+}
+
+Test(cuda_layout, folded_scale_matches_float64_for_every_sign) {
+  cr_expect_eq(attn_cu_exp_factor(0.18f, false), 0.18f);
+  cr_expect_eq(attn_cu_exp_factor(0.18f, true), 1.0f, "variants need the scaled score");
+  cr_expect_eq(attn_cu_exp_factor(-0.18f, false), 1.0f);
+  cr_expect_eq(attn_cu_exp_factor(0.0f, false), 1.0f);
+  uint64_t seed = 29;
+  static const float scales[] = {0.125f, 2.5f, -0.125f, -3.0f, 0.0f, 1.0f};
+  for (int it = 0; it < 600; it++) {
+    const int n = 1 + (int)(trand(&seed) % 70);
+    const float sl2 = scales[it % 6] * 1.4426950408889634f;
+    float raw[70], v[70];
+    int visible = 0;
+    for (int j = 0; j < n; j++) {
+      raw[j] = (float)(8 * tuniform(&seed));
+      v[j] = (float)tuniform(&seed);
+      if (trand(&seed) % 4 == 0 || it % 50 == 0) /* masked; some rows wholly */
+        raw[j] = -INFINITY;
+      visible += raw[j] != -INFINITY;
+    }
+    double m = -INFINITY, l = 0, acc = 0;
+    for (int j = 0; j < n; j++)
+      if (raw[j] != -INFINITY && (double)raw[j] * sl2 > m)
+        m = (double)raw[j] * sl2;
+    for (int j = 0; j < n; j++)
+      if (raw[j] != -INFINITY) {
+        double w = exp2((double)raw[j] * sl2 - m);
+        l += w, acc += w * v[j];
+      }
+    const double want = visible ? acc / l : 0;
+    const double got = emu_row_softmax(raw, v, n, sl2, it % 7 == 0);
+    cr_assert(fabs(got - want) <= 1e-5, "scale %g, %d keys (%d visible): %.8g, float64 %.8g",
+              scales[it % 6], n, visible, got, want);
+  }
 }

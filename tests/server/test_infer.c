@@ -477,10 +477,11 @@ static void fake_stop(fake *f, pthread_t th) {
   close(f->lfd);
 }
 
-/* attn infer --check [--backward] against a fake server whose 200 reply is a
- * well-formed safetensors file of header hdr and data_len zero bytes: wrong
- * values, which --check must fail. */
-static void expect_check_fails(const char *hdr, size_t data_len, bool backward) {
+/* A fake server whose 200 reply is a well-formed safetensors file of header
+ * hdr and data_len zero bytes, its URL in url; returns the reply buffer,
+ * for the caller to free after fake_stop(). */
+static char *serve_zeros(const char *hdr, size_t data_len, fake *f, pthread_t *th, char *url,
+                         size_t cap) {
   size_t hn = strlen(hdr), body_len = 8 + hn + data_len;
   char *reply = calloc(1, 256 + body_len);
   int n = snprintf(reply, 256,
@@ -490,11 +491,18 @@ static void expect_check_fails(const char *hdr, size_t data_len, bool backward) 
   for (int i = 0; i < 8; i++)
     reply[n + i] = (char)((uint64_t)hn >> (8 * i));
   memcpy(reply + n + 8, hdr, hn);
+  fake_start(f, th, reply, (size_t)n + body_len);
+  snprintf(url, cap, "http://127.0.0.1:%d", f->port);
+  return reply;
+}
+
+/* attn infer --check [--backward] against serve_zeros(): wrong values,
+ * which --check must fail. */
+static void expect_check_fails(const char *hdr, size_t data_len, bool backward) {
   fake f;
   pthread_t th;
-  fake_start(&f, &th, reply, (size_t)n + body_len);
   char url[64];
-  snprintf(url, sizeof url, "http://127.0.0.1:%d", f.port);
+  char *reply = serve_zeros(hdr, data_len, &f, &th, url, sizeof url);
   char *out;
   int rc = infer(&out, url, "--shape", "1,1,4,8", "--check", backward ? "--backward" : NULL, NULL);
   fake_stop(&f, th);
@@ -721,22 +729,12 @@ Test(infer, varlen_in_file_check) {
 /* A well-formed but wrong reply to a varlen request (o all zeros) fails
  * --check. */
 Test(infer, varlen_check_fails_on_a_wrong_reply) {
-  static const char hdr[] =
-      "{\"o\":{\"dtype\":\"F32\",\"shape\":[1,4,8],\"data_offsets\":[0,128]}}";
-  size_t hn = strlen(hdr), body_len = 8 + hn + 128;
-  char *reply = calloc(1, 256 + body_len);
-  int n = snprintf(reply, 256,
-                   "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
-                   "Content-Length: %zu\r\nConnection: close\r\n\r\n",
-                   body_len);
-  for (int i = 0; i < 8; i++)
-    reply[n + i] = (char)((uint64_t)hn >> (8 * i));
-  memcpy(reply + n + 8, hdr, hn);
   fake f;
   pthread_t th;
-  fake_start(&f, &th, reply, (size_t)n + body_len);
   char url[64];
-  snprintf(url, sizeof url, "http://127.0.0.1:%d", f.port);
+  char *reply =
+      serve_zeros("{\"o\":{\"dtype\":\"F32\",\"shape\":[1,4,8],\"data_offsets\":[0,128]}}", 128, &f,
+                  &th, url, sizeof url);
   char *out;
   int rc = infer(&out, url, "--shape", "2,1,4,8", "--cu-seqlens-q", "0,1,4", "--cu-seqlens-kv",
                  "0,3,5", "--check", NULL);

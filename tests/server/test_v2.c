@@ -688,16 +688,6 @@ enum { VSEQ = 4 };
 /* A sequence with no query and one with no key among them. */
 static const int64_t vlq[VSEQ] = {5, 0, 17, 9}, vlk[VSEQ] = {5, 9, 30, 0};
 
-/* Rows [r0, r0 + n) of every head of a packed [H, T, W] buffer to (out) or
- * from a contiguous [H, n, W] one. */
-static void rows_copy(void *packed, void *alone, int64_t h, int64_t t, int64_t r0, int64_t n,
-                      size_t w, bool out) {
-  for (int64_t i = 0; i < h; i++) {
-    char *p = (char *)packed + (size_t)(i * t + r0) * w, *a = (char *)alone + (size_t)(i * n) * w;
-    memcpy(out ? a : p, out ? p : a, (size_t)n * w);
-  }
-}
-
 /* The packed reply in all, sequence by sequence against the float64
  * reference of that sequence alone (its inputs copied out of the packed
  * ones, so the check does not share the engine's splitting). */
@@ -724,13 +714,13 @@ static void check_varlen(const tcase *all, const int64_t *cuq, const int64_t *cu
     p.nkv = vlk[b];
     tcase c;
     tcase_init(&c, &p, 90 + (uint64_t)b);
-    rows_copy(all->q, c.q, p.hq, ap->nq, cuq[b], p.nq, row, true);
-    rows_copy(all->k, c.k, p.hkv, ap->nkv, cuk[b], p.nkv, row, true);
-    rows_copy(all->v, c.v, p.hkv, ap->nkv, cuk[b], p.nkv, row, true);
-    rows_copy(all->o, c.o, p.hq, ap->nq, cuq[b], p.nq, row, true);
-    rows_copy(all->m, c.m, p.hq, ap->nq, cuq[b], p.nq, 4, true);
-    rows_copy(all->l, c.l, p.hq, ap->nq, cuq[b], p.nq, 4, true);
-    rows_copy(all->lse, c.lse, p.hq, ap->nq, cuq[b], p.nq, 4, true);
+    trows_copy(all->q, c.q, p.hq, ap->nq, cuq[b], p.nq, row, true);
+    trows_copy(all->k, c.k, p.hkv, ap->nkv, cuk[b], p.nkv, row, true);
+    trows_copy(all->v, c.v, p.hkv, ap->nkv, cuk[b], p.nkv, row, true);
+    trows_copy(all->o, c.o, p.hq, ap->nq, cuq[b], p.nq, row, true);
+    trows_copy(all->m, c.m, p.hq, ap->nq, cuq[b], p.nq, 4, true);
+    trows_copy(all->l, c.l, p.hq, ap->nq, cuq[b], p.nq, 4, true);
+    trows_copy(all->lse, c.lse, p.hq, ap->nq, cuq[b], p.nq, 4, true);
     terr e = tcheck(&c);
     cr_expect(e.o <= ttol(p.dt) && e.stats <= 1e-5 && e.masked_ok,
               "%s: sequence %d: O error %.3g (tol %.0e), stats %.3g, masked rows %s", what, b, e.o,

@@ -618,3 +618,11 @@ terr_bwd tref_bwd_check(const tcase *c, const tref_bwd *ref) {
 bool terr_bwd_within(const terr_bwd *e, double tol) {
   return e->dq <= tol && e->dk <= tol && e->dv <= tol;
 }
+
+void trows_copy(void *packed, void *alone, int64_t h, int64_t t, int64_t r0, int64_t n, size_t w,
+                bool out) {
+  for (int64_t i = 0; i < h; i++) {
+    char *p = (char *)packed + (size_t)(i * t + r0) * w, *a = (char *)alone + (size_t)(i * n) * w;
+    memcpy(out ? a : p, out ? p : a, (size_t)n * w);
+  }
+}

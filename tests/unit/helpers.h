@@ -114,6 +114,11 @@ double ttol(attn_dtype dt);
 /* Human description of a problem, for failure messages. */
 const char *tdesc(const tprob *p, char *buf, size_t cap);
 
+/* Rows [r0, r0 + n) of every head of a packed (variable-length) [H, T, W]
+ * buffer to (out) or from a contiguous [H, n, W] one; W in bytes. */
+void trows_copy(void *packed, void *alone, int64_t h, int64_t t, int64_t r0, int64_t n, size_t w,
+                bool out);
+
 /* A safetensors file of tcase c's q, k, v (contiguous [B, H, N, D]) with an optional
  * __metadata__ object text (e.g. "{\"causal\":\"true\"}"); malloc'd. */
 char *tsafetensors(const tcase *c, const char *metadata, size_t *plen);

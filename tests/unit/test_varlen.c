@@ -40,16 +40,6 @@ typedef struct vcase {
 
 static bool has_work(const vcase *v, int b) { return v->s.lq[b] > 0 && v->s.lk[b] > 0; }
 
-/* Rows [r0, r0 + n) of every head of a packed [H, T, W] buffer to or from a
- * contiguous [H, n, W] one. */
-static void rows_copy(void *packed, void *alone, int64_t h, int64_t t, int64_t r0, int64_t n,
-                      size_t w, bool out) {
-  for (int64_t i = 0; i < h; i++) {
-    char *p = (char *)packed + (size_t)(i * t + r0) * w, *a = (char *)alone + (size_t)(i * n) * w;
-    memcpy(out ? a : p, out ? p : a, (size_t)n * w);
-  }
-}
-
 static void vcase_init(vcase *v, const vspec *s, uint64_t seed) {
   memset(v, 0, sizeof *v);
   v->s = *s;
@@ -74,9 +64,9 @@ static void vcase_init(vcase *v, const vspec *s, uint64_t seed) {
     p.nq = s->lq[b];
     p.nkv = s->lk[b];
     tcase_init(&v->seq[b], &p, seed + 1 + (uint64_t)b);
-    rows_copy(v->all.q, v->seq[b].q, s->hq, r->seq_q, v->cuq[b], p.nq, row, true);
-    rows_copy(v->all.k, v->seq[b].k, s->hkv, r->seq_kv, v->cuk[b], p.nkv, row, true);
-    rows_copy(v->all.v, v->seq[b].v, s->hkv, r->seq_kv, v->cuk[b], p.nkv, row, true);
+    trows_copy(v->all.q, v->seq[b].q, s->hq, r->seq_q, v->cuq[b], p.nq, row, true);
+    trows_copy(v->all.k, v->seq[b].k, s->hkv, r->seq_kv, v->cuk[b], p.nkv, row, true);
+    trows_copy(v->all.v, v->seq[b].v, s->hkv, r->seq_kv, v->cuk[b], p.nkv, row, true);
   }
 }
 
@@ -117,10 +107,10 @@ static int check_forward(vcase *v, const char *what) {
       continue;
     }
     tcase *c = &v->seq[b];
-    rows_copy(v->all.o, c->o, s->hq, r->seq_q, v->cuq[b], s->lq[b], row, true);
-    rows_copy(v->all.m, c->m, s->hq, r->seq_q, v->cuq[b], s->lq[b], 4, true);
-    rows_copy(v->all.l, c->l, s->hq, r->seq_q, v->cuq[b], s->lq[b], 4, true);
-    rows_copy(v->all.lse, c->lse, s->hq, r->seq_q, v->cuq[b], s->lq[b], 4, true);
+    trows_copy(v->all.o, c->o, s->hq, r->seq_q, v->cuq[b], s->lq[b], row, true);
+    trows_copy(v->all.m, c->m, s->hq, r->seq_q, v->cuq[b], s->lq[b], 4, true);
+    trows_copy(v->all.l, c->l, s->hq, r->seq_q, v->cuq[b], s->lq[b], 4, true);
+    trows_copy(v->all.lse, c->lse, s->hq, r->seq_q, v->cuq[b], s->lq[b], 4, true);
     terr err = tcheck(c);
     bool ok = err.o <= ttol(s->dt) && err.masked_ok && err.stats <= 1e-5;
     char desc[200];
@@ -169,9 +159,9 @@ static void make_backward(vcase *v, uint64_t seed) {
     }
     tcase *c = &v->seq[b];
     cr_assert_eq(tcase_backward(c, true, seed + 1 + (uint64_t)b, &st), 0, "%s", st.message);
-    rows_copy(v->all.o, c->o, s->hq, r->seq_q, v->cuq[b], s->lq[b], row, false);
-    rows_copy(v->all.dout, c->dout, s->hq, r->seq_q, v->cuq[b], s->lq[b], row, false);
-    rows_copy(v->all.lse_in, c->lse_in, s->hq, r->seq_q, v->cuq[b], s->lq[b], 4, false);
+    trows_copy(v->all.o, c->o, s->hq, r->seq_q, v->cuq[b], s->lq[b], row, false);
+    trows_copy(v->all.dout, c->dout, s->hq, r->seq_q, v->cuq[b], s->lq[b], row, false);
+    trows_copy(v->all.lse_in, c->lse_in, s->hq, r->seq_q, v->cuq[b], s->lq[b], 4, false);
   }
 }
 
@@ -190,9 +180,9 @@ static int check_backward(vcase *v, const char *what) {
       continue;
     }
     tcase *c = &v->seq[b];
-    rows_copy(v->all.dq, c->dq, s->hq, r->seq_q, v->cuq[b], s->lq[b], row, true);
-    rows_copy(v->all.dk, c->dk, s->hkv, r->seq_kv, v->cuk[b], s->lk[b], row, true);
-    rows_copy(v->all.dv, c->dv, s->hkv, r->seq_kv, v->cuk[b], s->lk[b], row, true);
+    trows_copy(v->all.dq, c->dq, s->hq, r->seq_q, v->cuq[b], s->lq[b], row, true);
+    trows_copy(v->all.dk, c->dk, s->hkv, r->seq_kv, v->cuk[b], s->lk[b], row, true);
+    trows_copy(v->all.dv, c->dv, s->hkv, r->seq_kv, v->cuk[b], s->lk[b], row, true);
     tref_bwd ref;
     attn_status st;
     cr_assert_eq(tref_bwd_compute(c, &ref, &st), 0, "%s", st.message);
@@ -355,8 +345,8 @@ Test(varlen, diag_offset_is_top_left_causal) {
       p.diag = ATTN_DIAG_AUTO;
       tcase_init(&cut, &p, 6);
       memcpy(cut.q, full.q, (size_t)(2 * nq * 32) * 4);
-      rows_copy(full.k, cut.k, 1, nkv, 0, nq - s, 32 * 4, true);
-      rows_copy(full.v, cut.v, 1, nkv, 0, nq - s, 32 * 4, true);
+      trows_copy(full.k, cut.k, 1, nkv, 0, nq - s, 32 * 4, true);
+      trows_copy(full.v, cut.v, 1, nkv, 0, nq - s, 32 * 4, true);
       attn_status st;
       cr_assert_eq(trun(e, &full, backends[bi], &st), 0, "%s", st.message);
       cr_assert_eq(trun(e, &cut, "reference", &st), 0, "%s", st.message);

@@ -144,7 +144,10 @@ struct rows_out {
 
 // Host side: one launcher and one preparation per kernel file.
 cudaError_t launch_mma_d64(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s);
+cudaError_t launch_mma_d96(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s);
 cudaError_t launch_mma_d128(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s);
+cudaError_t launch_mma_d160(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s);
+cudaError_t launch_mma_d192(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s);
 cudaError_t launch_mma_d256(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s);
 cudaError_t launch_simt_f32(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s);
 cudaError_t launch_bwd_d64(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s);
@@ -157,7 +160,10 @@ cudaError_t launch_hopper_d64(const attn_cu_params &p, const attn_cu_choice &c, 
 cudaError_t launch_hopper_d128(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s);
 cudaError_t launch_hopper_d256(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s);
 cudaError_t prepare_mma_d64();
+cudaError_t prepare_mma_d96();
 cudaError_t prepare_mma_d128();
+cudaError_t prepare_mma_d160();
+cudaError_t prepare_mma_d192();
 cudaError_t prepare_mma_d256();
 cudaError_t prepare_simt_f32();
 cudaError_t prepare_bwd_d64();

@@ -43,12 +43,25 @@ extern "C" {
 /* Sequence lengths at most this keep every in-kernel index in 32 bits. */
 #define ATTN_CU_MAX_SEQ ((int64_t)1 << 30)
 
-/* Tile shapes, shared by the selection (C) and the kernels (C++): blocks
- * of ATTN_CU_MMA_WARPS warps own 16 query rows each. */
+/* Tile shapes, shared by the selection (C) and the kernels (C++). The
+ * tensor-core forward instances run blocks of ATTN_CU_MMA_WARPS warps and
+ * ATTN_CU_BM_Dx query rows, so each warp owns BM / 4 rows (16 or 32: one or
+ * two m16 tiles, FlashAttention-2's 128-row blocks where the registers and
+ * shared memory allow), and stream K and V in tiles of ATTN_CU_BN_Dx keys,
+ * double-buffered; (BM + 4 BN) (Dx + 8) 2 bytes of shared memory stays
+ * under sm_89's 99 KB per block. */
 #define ATTN_CU_MMA_WARPS 4
-#define ATTN_CU_MMA_BM (16 * ATTN_CU_MMA_WARPS)
+#define ATTN_CU_BM_D64 128
 #define ATTN_CU_BN_D64 64
-#define ATTN_CU_BN_D128 64
+#define ATTN_CU_BM_D96 128
+#define ATTN_CU_BN_D96 64
+#define ATTN_CU_BM_D128 128
+#define ATTN_CU_BN_D128 32
+#define ATTN_CU_BM_D160 128
+#define ATTN_CU_BN_D160 32
+#define ATTN_CU_BM_D192 64
+#define ATTN_CU_BN_D192 32
+#define ATTN_CU_BM_D256 64
 #define ATTN_CU_BN_D256 32
 #define ATTN_CU_F32_BM 32
 #define ATTN_CU_F32_BN 32
@@ -75,10 +88,16 @@ extern "C" {
 #define ATTN_CU_BWD_F32_STEP 16
 
 typedef enum attn_cu_kernel {
-  ATTN_CU_MMA_D64 = 0, /* tensor cores, dp <= 64, Q fragments in registers */
-  ATTN_CU_MMA_D128,    /* tensor cores, dp <= 128, Q fragments in registers */
-  ATTN_CU_MMA_D256,    /* tensor cores, any dp <= 256 (the generic instance) */
-  ATTN_CU_SIMT_F32,    /* F32 on the FMA units, exact F32, any dp <= 256 */
+  /* tensor cores, one instance per padded head dim (dp <= 64, 96, ...);
+   * Q's fragments stay in registers in the 64 instance, the others re-read
+   * them from shared memory each tile */
+  ATTN_CU_MMA_D64 = 0,
+  ATTN_CU_MMA_D96,
+  ATTN_CU_MMA_D128,
+  ATTN_CU_MMA_D160,
+  ATTN_CU_MMA_D192,
+  ATTN_CU_MMA_D256, /* any dp <= 256 (the generic instance) */
+  ATTN_CU_SIMT_F32, /* F32 on the FMA units, exact F32, any dp <= 256 */
   ATTN_CU_BWD_MMA_D64, /* backward on tensor cores, dp <= 64 */
   ATTN_CU_BWD_MMA_D128,
   ATTN_CU_BWD_MMA_D256,

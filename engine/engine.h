@@ -385,7 +385,9 @@ typedef struct attn_disabled {
   char why[160];   /* e.g. "device 0: o error 0.31 > 4e-03 on F16 forward [...]" */
 } attn_disabled;
 
-#define ATTN_MAX_DISABLED 10
+/* Room for everything the cuda backend can turn off: its 14 kernels
+ * (ATTN_CU_KERNEL_COUNT), the split-KV merge and the GQA packing. */
+#define ATTN_MAX_DISABLED 16
 
 /* Backends compiled in, in preference order, and whether each can run now. */
 typedef struct attn_backend_info {

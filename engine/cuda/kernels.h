@@ -96,8 +96,8 @@ typedef enum attn_cu_kernel {
   ATTN_CU_MMA_D128,
   ATTN_CU_MMA_D160,
   ATTN_CU_MMA_D192,
-  ATTN_CU_MMA_D256, /* any dp <= 256 (the generic instance) */
-  ATTN_CU_SIMT_F32, /* F32 on the FMA units, exact F32, any dp <= 256 */
+  ATTN_CU_MMA_D256,    /* any dp <= 256 (the generic instance) */
+  ATTN_CU_SIMT_F32,    /* F32 on the FMA units, exact F32, any dp <= 256 */
   ATTN_CU_BWD_MMA_D64, /* backward on tensor cores, dp <= 64 */
   ATTN_CU_BWD_MMA_D128,
   ATTN_CU_BWD_MMA_D256,

@@ -130,7 +130,13 @@ cudaError_t launch_merge(const attn_cu_params &p, int nsplit, cudaStream_t s) {
 extern "C" int attn_cu_prepare(void) {
   cudaError_t e = prepare_mma_d64();
   if (e == cudaSuccess)
+    e = prepare_mma_d96();
+  if (e == cudaSuccess)
     e = prepare_mma_d128();
+  if (e == cudaSuccess)
+    e = prepare_mma_d160();
+  if (e == cudaSuccess)
+    e = prepare_mma_d192();
   if (e == cudaSuccess)
     e = prepare_mma_d256();
   if (e == cudaSuccess)
@@ -155,7 +161,10 @@ extern "C" int attn_cu_launch(const attn_cu_params *p, const attn_cu_choice *c, 
   cudaError_t e;
   switch (c->kernel) {
   case ATTN_CU_MMA_D64: e = launch_mma_d64(*p, *c, s); break;
+  case ATTN_CU_MMA_D96: e = launch_mma_d96(*p, *c, s); break;
   case ATTN_CU_MMA_D128: e = launch_mma_d128(*p, *c, s); break;
+  case ATTN_CU_MMA_D160: e = launch_mma_d160(*p, *c, s); break;
+  case ATTN_CU_MMA_D192: e = launch_mma_d192(*p, *c, s); break;
   case ATTN_CU_MMA_D256: e = launch_mma_d256(*p, *c, s); break;
   case ATTN_CU_SIMT_F32: e = launch_simt_f32(*p, *c, s); break;
   case ATTN_CU_HOPPER_D64: return (int)launch_hopper_d64(*p, *c, s);

@@ -3,7 +3,8 @@
  * splits. Host code only (it needs no device), so the unit tests run it.
  *
  * Head dims go to the smallest tensor-core instance that holds them (64,
- * 128, else the generic 256), F32 to the FMA kernel. On tensor cores, a
+ * 96, 128, 160, 192, else the generic 256; each with its own query rows
+ * and key tile, from kernels.h), F32 to the FMA kernel. On tensor cores, a
  * GQA request whose group of query heads times Nq fits in one block's rows
  * (decoding) packs the group into one block per KV head. A launch with fewer
  * query blocks than multiprocessors (decoding: a short query, long keys)
@@ -11,9 +12,10 @@
  * merged by their log-sum-exp, aiming at two blocks per multiprocessor
  * while keeping at least four key tiles per range.
  *
- * A backward pass picks the backward instance of the same head-dim class
- * (or the F32 one) and never splits: its dK/dV blocks are as many as key
- * blocks times KV heads, its dQ blocks as many as the forward's.
+ * A backward pass picks the smallest backward instance that holds its head
+ * dim (64, 128, 256; or the F32 one) and never splits: its dK/dV blocks
+ * are as many as key blocks times KV heads, its dQ blocks as many as the
+ * forward's.
  *
  * Instances a device's start-up self-check found wrong are skipped: a
  * head-dim class falls back to the next larger instance (256 holds every
@@ -28,8 +30,35 @@
 #include <string.h>
 
 static const char *const names[ATTN_CU_KERNEL_COUNT] = {
-    "mma_d64",      "mma_d128",     "mma_d256",   "simt_f32",    "bwd_mma_d64", "bwd_mma_d128",
-    "bwd_mma_d256", "bwd_simt_f32", "hopper_d64", "hopper_d128", "hopper_d256"};
+    "mma_d64",      "mma_d96",    "mma_d128",    "mma_d160",     "mma_d192",
+    "mma_d256",     "simt_f32",   "bwd_mma_d64", "bwd_mma_d128", "bwd_mma_d256",
+    "bwd_simt_f32", "hopper_d64", "hopper_d128", "hopper_d256"};
+
+/* A tensor-core instance: the padded head dim it holds, its query rows and
+ * keys per tile. */
+typedef struct instance {
+  attn_cu_kernel kernel;
+  int dpad, bm, bn;
+} instance;
+
+/* In head-dim order: a request takes the first that holds its dp. The
+ * backward's tiles depend on more than these (select_backward() sets
+ * them), so its table says only which instance holds which dp. */
+static const instance fwd_instances[] = {
+    {ATTN_CU_MMA_D64, 64, ATTN_CU_BM_D64, ATTN_CU_BN_D64},
+    {ATTN_CU_MMA_D96, 96, ATTN_CU_BM_D96, ATTN_CU_BN_D96},
+    {ATTN_CU_MMA_D128, 128, ATTN_CU_BM_D128, ATTN_CU_BN_D128},
+    {ATTN_CU_MMA_D160, 160, ATTN_CU_BM_D160, ATTN_CU_BN_D160},
+    {ATTN_CU_MMA_D192, 192, ATTN_CU_BM_D192, ATTN_CU_BN_D192},
+    {ATTN_CU_MMA_D256, 256, ATTN_CU_BM_D256, ATTN_CU_BN_D256},
+};
+static const instance bwd_instances[] = {
+    {ATTN_CU_BWD_MMA_D64, 64, 0, 0},
+    {ATTN_CU_BWD_MMA_D128, 128, 0, 0},
+    {ATTN_CU_BWD_MMA_D256, 256, 0, 0},
+};
+#define NFWD (int)(sizeof fwd_instances / sizeof *fwd_instances)
+#define NBWD (int)(sizeof bwd_instances / sizeof *bwd_instances)
 
 const char *attn_cu_kernel_name(attn_cu_kernel k) {
   return (unsigned)k < ATTN_CU_KERNEL_COUNT ? names[k] : "?";
@@ -39,10 +68,10 @@ int attn_cu_dp(int64_t head_dim) {
   return (int)((head_dim + ATTN_CU_DPAD_ALIGN - 1) / ATTN_CU_DPAD_ALIGN * ATTN_CU_DPAD_ALIGN);
 }
 
-/* Shared memory of the tensor-core kernels: Q, then K and V twice (double
- * buffered), rows padded by 8 two-byte elements. */
-static size_t mma_smem(int dpad, int bn) {
-  return (size_t)(ATTN_CU_MMA_BM + 4 * bn) * (size_t)(dpad + 8) * 2;
+/* Shared memory of the tensor-core kernels: Q (bm rows), then K and V
+ * twice (double buffered), rows padded by 8 two-byte elements. */
+static size_t mma_smem(const instance *in) {
+  return (size_t)(in->bm + 4 * in->bn) * (size_t)(in->dpad + 8) * 2;
 }
 
 /* The FMA kernel's: Q and V tiles, and K with rows padded by one float (the
@@ -71,17 +100,28 @@ static size_t bwd_f32_smem(int dp) {
               2 * ATTN_CU_BWD_F32_STEP);
 }
 
-/* The instance for the request's dtype and head-dim class, or the next
- * larger head-dim instance when that one is disabled (bit k of off turns
- * kernel k off); ATTN_CU_KERNEL_COUNT when none is left. */
-static attn_cu_kernel pick(const attn_cu_params *p, unsigned off) {
-  const int base = p->pass == ATTN_BACKWARD ? ATTN_CU_BWD_MMA_D64 : ATTN_CU_MMA_D64;
-  if (p->dtype == ATTN_F32)
-    return off & (1u << (base + 3)) ? ATTN_CU_KERNEL_COUNT : (attn_cu_kernel)(base + 3);
-  for (int i = p->dp <= 64 ? 0 : p->dp <= 128 ? 1 : 2; i < 3; i++)
-    if (!(off & (1u << (base + i))))
-      return (attn_cu_kernel)(base + i);
-  return ATTN_CU_KERNEL_COUNT;
+/* The tensor-core instance for the request's pass and head dim: the
+ * smallest that holds dp, or the next larger when that one is disabled (bit
+ * k of off turns kernel k off); NULL when none is left. */
+static const instance *pick_mma(const attn_cu_params *p, unsigned off) {
+  const bool bwd = p->pass == ATTN_BACKWARD;
+  const instance *t = bwd ? bwd_instances : fwd_instances;
+  for (int i = 0, n = bwd ? NBWD : NFWD; i < n; i++)
+    if (t[i].dpad >= p->dp && !(off & (1u << t[i].kernel)))
+      return &t[i];
+  return NULL;
+}
+
+/* The kernel for the request: the F32 one of its pass, else pick_mma()'s
+ * (in *in); ATTN_CU_KERNEL_COUNT when what it needs is disabled. */
+static attn_cu_kernel pick(const attn_cu_params *p, unsigned off, const instance **in) {
+  *in = NULL;
+  if (p->dtype == ATTN_F32) {
+    attn_cu_kernel k = p->pass == ATTN_BACKWARD ? ATTN_CU_BWD_SIMT_F32 : ATTN_CU_SIMT_F32;
+    return off & (1u << k) ? ATTN_CU_KERNEL_COUNT : k;
+  }
+  *in = pick_mma(p, off);
+  return *in ? (*in)->kernel : ATTN_CU_KERNEL_COUNT;
 }
 
 static void select_backward(const attn_cu_params *p, attn_cu_kernel k, attn_cu_choice *c) {
@@ -131,26 +171,22 @@ static int64_t visible_tiles(const attn_cu_params *p, int bn) {
   return lo > hi ? 0 : hi / bn - lo / bn + 1;
 }
 
-static void select_forward(const attn_cu_params *p, int sms, attn_cu_kernel k, unsigned off,
-                           attn_cu_choice *c) {
+/* A forward choice on kernel k: the instance in's tiles (NULL: the F32
+ * kernel's), GQA packing, key splits. */
+static void select_forward(const attn_cu_params *p, int sms, attn_cu_kernel k, const instance *in,
+                           unsigned off, attn_cu_choice *c) {
   const bool split = !(off & ATTN_CU_SPLIT_BIT), pack = !(off & ATTN_CU_PACK_BIT);
   c->kernel = k;
   c->warps = ATTN_CU_MMA_WARPS;
-  c->block_m = ATTN_CU_MMA_BM;
-  if (k == ATTN_CU_SIMT_F32) {
+  if (in) {
+    c->block_m = in->bm;
+    c->block_n = in->bn;
+    c->smem_bytes = mma_smem(in);
+  } else {
     c->block_m = ATTN_CU_F32_BM;
     c->block_n = ATTN_CU_F32_BN;
     c->warps = ATTN_CU_F32_THREADS / 32;
     c->smem_bytes = f32_smem(p->dp);
-  } else if (k == ATTN_CU_MMA_D64) {
-    c->block_n = ATTN_CU_BN_D64;
-    c->smem_bytes = mma_smem(64, ATTN_CU_BN_D64);
-  } else if (k == ATTN_CU_MMA_D128) {
-    c->block_n = ATTN_CU_BN_D128;
-    c->smem_bytes = mma_smem(128, ATTN_CU_BN_D128);
-  } else {
-    c->block_n = ATTN_CU_BN_D256;
-    c->smem_bytes = mma_smem(256, ATTN_CU_BN_D256);
   }
   const int group = p->heads_q / p->heads_kv;
   c->pack = pack && k != ATTN_CU_SIMT_F32 && group > 1 && (int64_t)group * p->seq_q <= c->block_m
@@ -202,7 +238,8 @@ int attn_cu_select_masked(const attn_cu_params *p, int sms, unsigned off, attn_c
                            "the cuda backend takes sequences of at most %lld (got seq_q %d, "
                            "seq_kv %d)",
                            (long long)ATTN_CU_MAX_SEQ, p->seq_q, p->seq_kv);
-  attn_cu_kernel k = pick(p, off);
+  const instance *in;
+  attn_cu_kernel k = pick(p, off, &in);
   if (k == ATTN_CU_KERNEL_COUNT)
     return attn_status_set(st, ATTN_EUNSUPPORTED,
                            "the cuda kernels for this dtype and head dim failed the device's "
@@ -210,7 +247,7 @@ int attn_cu_select_masked(const attn_cu_params *p, int sms, unsigned off, attn_c
   if (p->pass == ATTN_BACKWARD)
     select_backward(p, k, c);
   else {
-    select_forward(p, sms, k, off, c);
+    select_forward(p, sms, k, in, off, c);
     maybe_hopper(p, sms, off, c);
   }
   if (p->heads_q > ATTN_CU_MAX_GRID_YZ || (int64_t)p->batch * c->nsplit > ATTN_CU_MAX_GRID_YZ)

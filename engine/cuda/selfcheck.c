@@ -2,8 +2,9 @@
  * selfcheck.c — the start-up self-check's cases (see selfcheck.h).
  *
  * Shapes are chosen so that the selection with nothing disabled reaches
- * each instance once in an unsplit case (listed first), the split-KV
- * path in the decode cases (a query row over 700 keys splits on any device
+ * each instance in an unsplit, unpacked case (listed first; one of them
+ * runs a full 128-row block and a partial second), the split-KV path in
+ * the decode cases (a query row over 700 keys splits on any device
  * with more multiprocessors than query blocks), then the GQA packing, so
  * that a failure is laid at the right door (cuda.c's disable()). Errors are
  * normalized like the tests' (sqrt of the squared error over the squared
@@ -34,11 +35,18 @@ typedef struct check_shape {
 } check_shape;
 
 static const check_shape shapes[] = {
-    /* unsplit: each instance, GQA 4:2, masks, padded head dims */
-    {ATTN_FORWARD, ATTN_F16, 4, 2, 37, 70, 61, true, -1, 0, false, false, 0},
-    {ATTN_FORWARD, ATTN_BF16, 4, 2, 37, 70, 125, false, 20, 0, false, false, 0},
+    /* unsplit: each instance, GQA 4:2 (65-query heads: two of them, 130
+     * rows, fill no block, so nothing packs), masks, padded head dims */
+    {ATTN_FORWARD, ATTN_F16, 4, 2, 65, 70, 61, true, -1, 0, false, false, 0},
+    {ATTN_FORWARD, ATTN_BF16, 4, 2, 65, 70, 89, true, -1, 0, false, false, 0},
+    {ATTN_FORWARD, ATTN_BF16, 4, 2, 65, 70, 125, false, 20, 0, false, false, 0},
+    {ATTN_FORWARD, ATTN_F16, 4, 2, 65, 70, 150, false, 20, 0, false, false, 0},
+    {ATTN_FORWARD, ATTN_BF16, 4, 2, 65, 70, 181, true, 30, 0, false, false, 0},
     {ATTN_FORWARD, ATTN_F16, 2, 1, 37, 70, 253, true, 30, 0, false, false, 0},
     {ATTN_FORWARD, ATTN_F32, 4, 2, 37, 70, 45, true, -1, 0, false, false, 0},
+    /* a full 128-row block and a partial second one (7 key tiles of 32:
+     * too few to split) */
+    {ATTN_FORWARD, ATTN_F16, 2, 1, 200, 220, 128, true, -1, 0, false, false, 0},
     {ATTN_BACKWARD, ATTN_F16, 4, 2, 37, 70, 61, true, -1, 0, false, false, 0},
     {ATTN_BACKWARD, ATTN_BF16, 4, 2, 37, 70, 125, false, 20, 0, false, false, 0},
     {ATTN_BACKWARD, ATTN_F16, 2, 1, 37, 70, 253, true, -1, 0, false, false, 0},
@@ -47,22 +55,28 @@ static const check_shape shapes[] = {
     {ATTN_FORWARD, ATTN_BF16, 2, 2, 1, 700, 64, false, -1, 0, false, false, 0},
     {ATTN_FORWARD, ATTN_BF16, 4, 2, 1, 700, 64, false, -1, 0, false, false, 0},
     {ATTN_FORWARD, ATTN_F32, 2, 1, 1, 700, 40, true, -1, 0, false, false, 0},
-    /* GQA packing (a group's heads in one block's rows), each instance:
+    /* GQA packing (a group's heads in one block's rows), each block size:
      * 32:8 and MQA decodes unsplit (few keys) and split (the 32:8 one
-     * splits on devices with more than 8 multiprocessors), a group of 16
-     * rows of 16 queries that fills the block, and 4 x 5 rows whose
+     * splits on devices with more than 8 multiprocessors), groups of 16
+     * queries that fill a 128-row block (8 x 16) and a 64-row one (4 x
+     * 16), 16:4 x 16 rows in half a 128-row block, and 4 x 5 rows whose
      * heads change inside a warp's 16, with masks and ALiBi (its slope
      * is per row) */
     {ATTN_FORWARD, ATTN_BF16, 32, 8, 1, 70, 128, false, -1, 0, false, false, 0},
     {ATTN_FORWARD, ATTN_BF16, 32, 8, 1, 700, 128, false, -1, 0, true, false, 0},
     {ATTN_FORWARD, ATTN_F16, 8, 1, 2, 70, 64, true, 20, 2.0, true, false, 0},
     {ATTN_FORWARD, ATTN_F16, 8, 1, 2, 700, 64, true, -1, 0, true, false, 0},
+    {ATTN_FORWARD, ATTN_F16, 8, 1, 16, 70, 150, true, -1, 0, true, false, 0},
+    {ATTN_FORWARD, ATTN_BF16, 8, 2, 16, 70, 181, false, 20, 0, false, false, 0},
     {ATTN_FORWARD, ATTN_BF16, 16, 4, 16, 70, 61, true, -1, 0, true, false, 0},
     {ATTN_FORWARD, ATTN_F16, 4, 1, 5, 70, 253, true, 3, 0, true, false, 0},
     /* softcap and ALiBi, through every instance and the split path (a
      * wrong variant path disables the instance it ran on) */
-    {ATTN_FORWARD, ATTN_F16, 4, 2, 37, 70, 61, true, -1, 2.0, true, false, 0},
-    {ATTN_FORWARD, ATTN_BF16, 4, 2, 37, 70, 125, false, 20, 1.5, false, false, 0},
+    {ATTN_FORWARD, ATTN_F16, 4, 2, 65, 70, 61, true, -1, 2.0, true, false, 0},
+    {ATTN_FORWARD, ATTN_BF16, 4, 2, 65, 70, 89, true, -1, 1.5, true, false, 0},
+    {ATTN_FORWARD, ATTN_BF16, 4, 2, 65, 70, 125, false, 20, 1.5, false, false, 0},
+    {ATTN_FORWARD, ATTN_F16, 4, 2, 65, 70, 150, false, 20, 0, true, false, 0},
+    {ATTN_FORWARD, ATTN_BF16, 4, 2, 65, 70, 181, true, -1, 2.0, false, false, 0},
     {ATTN_FORWARD, ATTN_F16, 2, 1, 37, 70, 253, false, -1, 0, true, false, 0},
     {ATTN_FORWARD, ATTN_F32, 4, 2, 37, 70, 45, true, -1, 1.5, true, false, 0},
     {ATTN_BACKWARD, ATTN_F16, 4, 2, 37, 70, 61, true, -1, 2.0, true, false, 0},
@@ -72,8 +86,11 @@ static const check_shape shapes[] = {
     {ATTN_FORWARD, ATTN_BF16, 4, 2, 1, 700, 64, false, -1, 2.0, true, false, 0},
     /* a negative scale, which the forward kernels cannot fold into the
      * exponent (attn_cu_exp_factor): each instance, split and packed */
-    {ATTN_FORWARD, ATTN_F16, 4, 2, 37, 70, 61, true, -1, 0, false, false, -0.09},
+    {ATTN_FORWARD, ATTN_F16, 4, 2, 65, 70, 61, true, -1, 0, false, false, -0.09},
+    {ATTN_FORWARD, ATTN_BF16, 4, 2, 65, 70, 89, false, 20, 0, false, false, -0.1},
     {ATTN_FORWARD, ATTN_BF16, 4, 4, 37, 70, 125, false, 20, 0, false, false, -0.2},
+    {ATTN_FORWARD, ATTN_F16, 2, 2, 37, 70, 150, true, -1, 0, false, false, -0.07},
+    {ATTN_FORWARD, ATTN_BF16, 4, 2, 65, 70, 181, true, 30, 0, false, false, -0.12},
     {ATTN_FORWARD, ATTN_F16, 2, 2, 37, 70, 253, true, -1, 0, false, false, -0.05},
     {ATTN_FORWARD, ATTN_F32, 4, 2, 37, 70, 45, true, -1, 0, false, false, -0.15},
     {ATTN_FORWARD, ATTN_BF16, 8, 2, 1, 700, 64, false, -1, 0, false, false, -0.1},
@@ -150,7 +167,7 @@ static int forward_inputs(attn_cu_check *c, attn_status *st) {
   f.pass = ATTN_FORWARD;
   f.dout = NULL, f.dq = f.dk = f.dv = NULL;
   size_t n = (size_t)(f.heads_q * f.seq_q * f.head_dim);
-  double *o = malloc(n * sizeof *o), lse[256];
+  double *o = malloc(n * sizeof *o), lse[ATTN_CU_CHECK_ROWS];
   if (!o)
     return attn_status_set(st, ATTN_ENOMEM, "out of memory for the cuda self-check");
   int rc = attn_reference(&f, o, NULL, NULL, lse, st);
@@ -165,6 +182,8 @@ static int forward_inputs(attn_cu_check *c, attn_status *st) {
 
 int attn_cu_check_make(int i, attn_cu_check *c, attn_status *st) {
   memset(c, 0, sizeof *c);
+  if (shapes[i].hq > ATTN_CU_CHECK_HEADS || shapes[i].hq * shapes[i].nq > ATTN_CU_CHECK_ROWS)
+    return attn_status_set(st, ATTN_EINVAL, "self-check case %d has more rows than its buffers", i);
   request_of(&shapes[i], &c->req);
   attn_request *r = &c->req;
   if (shapes[i].alibi) { /* 2^(-8 (h + 1) / Hq), as ALiBi's paper sets them */
@@ -177,7 +196,7 @@ int attn_cu_check_make(int i, attn_cu_check *c, attn_status *st) {
   int rc = lay_out(c, st);
   if (rc < 0)
     return rc;
-  c->ref = malloc((nq + 2 * nk + 256) * sizeof *c->ref);
+  c->ref = malloc((nq + 2 * nk + (size_t)(r->heads_q * r->seq_q)) * sizeof *c->ref);
   if (!c->ref) {
     attn_cu_check_free(c);
     return attn_status_set(st, ATTN_ENOMEM, "out of memory for the cuda self-check");

@@ -14,12 +14,17 @@
 
 #include "engine.h"
 
+/* The most query rows (heads_q x seq_q) and query heads of a case. */
+#define ATTN_CU_CHECK_ROWS 512
+#define ATTN_CU_CHECK_HEADS 32
+
 typedef struct attn_cu_check {
   attn_request req; /* contiguous tensors; outputs written by the device */
   void *buf;        /* every tensor of req, one allocation */
   double *ref;      /* the float64 answer: o (+ lse), or dq dk dv */
-  float lse[256];   /* the forward's lse (a backward case's lse_in, or stats) */
-  float slopes[32]; /* the ALiBi slopes of a case with them */
+  /* the forward's lse (a backward case's lse_in, or stats) */
+  float lse[ATTN_CU_CHECK_ROWS];
+  float slopes[ATTN_CU_CHECK_HEADS]; /* the ALiBi slopes of a case with them */
 } attn_cu_check;
 
 /* How many cases there are. */

@@ -64,6 +64,9 @@ long mock_launches(void);
 int mock_last_kernel(int *nsplit);
 /* The GQA packing (attn_cu_choice.pack) of the latest launch. */
 int mock_last_pack(void);
+/* Launches so far of kernel k that neither split nor packed, and of those
+ * the ones with more than one query tile (grid[0] > 1). */
+long mock_plain_launches(int k, long *multi_tile);
 /* Lets kernels held by hold_kernels run. */
 void mock_open_gate(void);
 

@@ -29,6 +29,8 @@ static int g_current;
 static pthread_cond_t g_gate_cv = PTHREAD_COND_INITIALIZER;
 static bool g_gate_open, g_poisoned;
 static int g_last_kernel = -1, g_last_nsplit, g_last_pack;
+/* mock_plain_launches() per kernel */
+static long g_plain[ATTN_CU_KERNEL_COUNT], g_plain_multi[ATTN_CU_KERNEL_COUNT];
 
 void mock_set(const mock_knobs *k) {
   pthread_mutex_lock(&g_mu);
@@ -62,6 +64,14 @@ int mock_last_pack(void) {
   int k = g_last_pack;
   pthread_mutex_unlock(&g_mu);
   return k;
+}
+long mock_plain_launches(int k, long *multi_tile) {
+  pthread_mutex_lock(&g_mu);
+  long n = g_plain[k];
+  if (multi_tile)
+    *multi_tile = g_plain_multi[k];
+  pthread_mutex_unlock(&g_mu);
+  return n;
 }
 size_t mock_device_bytes(void) {
   pthread_mutex_lock(&g_mu);
@@ -661,6 +671,10 @@ int attn_cu_launch(const attn_cu_params *p, const attn_cu_choice *c, void *strea
   g_last_kernel = (int)c->kernel;
   g_last_nsplit = c->nsplit;
   g_last_pack = c->pack;
+  if ((unsigned)c->kernel < ATTN_CU_KERNEL_COUNT && c->nsplit == 1 && c->pack == 1) {
+    g_plain[c->kernel]++;
+    g_plain_multi[c->kernel] += c->grid[0] > 1;
+  }
   pthread_mutex_unlock(&g_mu);
   if (launch_fails)
     return (int)fail(launch_error);

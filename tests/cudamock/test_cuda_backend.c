@@ -772,6 +772,29 @@ Test(cuda_backend, self_check_passes_every_instance, .init = reset) {
   attn_engine_close(e);
 }
 
+/* Each forward and backward instance runs at least one self-check case of
+ * its own, neither split nor packed (so a failure disables that instance,
+ * not the split or packing path), and a 128-row instance one with a full
+ * block and a partial second. */
+Test(cuda_backend, self_check_reaches_every_instance_plain, .init = reset) {
+  mock_knobs k = MOCK_KNOBS(1, 8, (size_t)8 << 30, 0, 0, 0);
+  mock_set(&k);
+  long before[ATTN_CU_KERNEL_COUNT], multi_before = 0, multi = 0;
+  for (int i = 0; i < ATTN_CU_KERNEL_COUNT; i++)
+    before[i] = mock_plain_launches(i, i == ATTN_CU_MMA_D128 ? &multi_before : NULL);
+  attn_engine *e = open_checked(true);
+  attn_backend_info info[4];
+  const attn_backend_info *ci = cuda_info(e, info);
+  for (int i = 0; i < ci->ndisabled; i++)
+    cr_expect(!strncmp(ci->disabled[i].kernel, "hopper_", 7), "%s disabled: %s",
+              ci->disabled[i].kernel, ci->disabled[i].why);
+  for (int i = ATTN_CU_MMA_D64; i <= ATTN_CU_BWD_SIMT_F32; i++)
+    cr_expect_gt(mock_plain_launches(i, i == ATTN_CU_MMA_D128 ? &multi : NULL), before[i],
+                 "no plain self-check case ran %s", attn_cu_kernel_name((attn_cu_kernel)i));
+  cr_expect_gt(multi, multi_before, "no case ran two query tiles of mma_d128's 128-row blocks");
+  attn_engine_close(e);
+}
+
 Test(cuda_backend, a_wrong_head_dim_instance_falls_back_to_the_next, .init = reset) {
   /* compute capability 8: the Hopper instance, which would take this F16
    * forward on a 9.0 device, is out of the picture */
@@ -780,11 +803,11 @@ Test(cuda_backend, a_wrong_head_dim_instance_falls_back_to_the_next, .init = res
   mock_set(&k);
   attn_engine *e = open_checked(true);
   cr_expect(lists_disabled(e, "mma_d64"), "mma_d64 not listed");
-  cr_expect(!lists_disabled(e, "mma_d128"));
+  cr_expect(!lists_disabled(e, "mma_d96"));
   tprob p = tprob_make(1, 4, 2, 19, 40, 64, ATTN_F16);
   p.causal = true;
   cr_expect(check_one(e, &p, 81), "a head dim of 64 still runs, right");
-  cr_expect_eq(mock_last_kernel(NULL), ATTN_CU_MMA_D128, "ran on %s",
+  cr_expect_eq(mock_last_kernel(NULL), ATTN_CU_MMA_D96, "ran on %s",
                attn_cu_kernel_name((attn_cu_kernel)mock_last_kernel(NULL)));
   attn_engine_close(e);
   /* unchecked, the same kernel answers wrong: the check is what guards */
@@ -795,6 +818,49 @@ Test(cuda_backend, a_wrong_head_dim_instance_falls_back_to_the_next, .init = res
   cr_assert_eq(trun(e, &c, "cuda", &st), 0, "%s", st.message);
   cr_expect_gt(tcheck(&c).o, ttol(p.dt), "the wrong kernel was right after all");
   tcase_free(&c);
+  attn_engine_close(e);
+}
+
+/* Whether the disabled list has `kernel` with `why` in its reason. */
+static bool disabled_because(attn_engine *e, const char *kernel, const char *why) {
+  attn_backend_info info[4];
+  const attn_backend_info *ci = cuda_info(e, info);
+  for (int i = 0; i < ci->ndisabled; i++)
+    if (!strcmp(ci->disabled[i].kernel, kernel))
+      return strstr(ci->disabled[i].why, why) != NULL;
+  return false;
+}
+
+/* One of the new head-dim instances: its head dims go to mma_d192, the
+ * others keep their own, and /v1/info's backends[].disabled (the engine's
+ * backend info) names it with the case that failed. */
+Test(cuda_backend, a_wrong_d160_instance_falls_back_to_d192, .init = reset) {
+  mock_knobs k = MOCK_KNOBS(1, 8, (size_t)8 << 30, 0, 0, 0);
+  k.wrong_kernel = ATTN_CU_MMA_D160 + 1;
+  mock_set(&k);
+  attn_engine *e = open_checked(true);
+  cr_expect(disabled_because(e, "mma_d160", "device 0: o error"), "mma_d160 not listed");
+  cr_expect(disabled_because(e, "mma_d160", "[4, 2, 65, 70, 150]"), "not the plain case's shape");
+  cr_expect(!lists_disabled(e, "mma_d192") && !lists_disabled(e, "mma_d128") &&
+                !lists_disabled(e, "gqa_pack") && !lists_disabled(e, "split_kv_merge"),
+            "the failure was laid on another instance or path");
+  attn_backend_info info[4];
+  const attn_backend_info *ci = cuda_info(e, info);
+  for (int i = 0; i < ci->ndisabled; i++)
+    cr_expect(!strcmp(ci->disabled[i].kernel, "mma_d160") ||
+                  !strncmp(ci->disabled[i].kernel, "hopper_", 7),
+              "%s disabled too", ci->disabled[i].kernel);
+  const int dims[] = {130, 150, 160};
+  for (int i = 0; i < 3; i++) {
+    tprob p = tprob_make(1, 4, 2, 40, 50, dims[i], i == 1 ? ATTN_BF16 : ATTN_F16);
+    p.causal = i != 2;
+    cr_expect(check_one(e, &p, 86 + (uint64_t)i), "a head dim of %d still runs, right", dims[i]);
+    cr_expect_eq(mock_last_kernel(NULL), ATTN_CU_MMA_D192, "d %d ran on %s", dims[i],
+                 attn_cu_kernel_name((attn_cu_kernel)mock_last_kernel(NULL)));
+  }
+  tprob p = tprob_make(1, 4, 2, 40, 50, 128, ATTN_F16);
+  cr_expect(check_one(e, &p, 89));
+  cr_expect_eq(mock_last_kernel(NULL), ATTN_CU_MMA_D128, "a head dim of 128 keeps its instance");
   attn_engine_close(e);
 }
 
@@ -847,16 +913,6 @@ Test(cuda_backend, a_wrong_backward_instance_falls_back, .init = reset) {
   cr_expect(check_bwd(e, &p, 85, true));
   cr_expect_eq(mock_last_kernel(NULL), ATTN_CU_BWD_MMA_D256);
   attn_engine_close(e);
-}
-
-/* Whether the disabled list has `kernel` with `why` in its reason. */
-static bool disabled_because(attn_engine *e, const char *kernel, const char *why) {
-  attn_backend_info info[4];
-  const attn_backend_info *ci = cuda_info(e, info);
-  for (int i = 0; i < ci->ndisabled; i++)
-    if (!strcmp(ci->disabled[i].kernel, kernel))
-      return strstr(ci->disabled[i].why, why) != NULL;
-  return false;
 }
 
 /* The Hopper instance is compile-verified only: it serves an F16/BF16
@@ -951,8 +1007,12 @@ Test(cuda_backend, gqa_decodes_pack_their_heads, .init = reset) {
   cr_expect(check_one(e, &p, 92));
   mock_last_kernel(&nsplit);
   cr_expect(mock_last_pack() == 8 && nsplit > 1, "pack %d, %d splits", mock_last_pack(), nsplit);
-  /* 4 x 17 rows do not fit a block: one head per block */
-  p = tprob_make(1, 4, 1, 17, 40, 64, ATTN_F16);
+  /* 8 x 16 rows fill a 128-row block; 8 x 17 do not fit: one head per
+   * block */
+  p = tprob_make(1, 8, 1, 16, 40, 64, ATTN_F16);
+  cr_expect(check_one(e, &p, 93));
+  cr_expect_eq(mock_last_pack(), 8);
+  p = tprob_make(1, 8, 1, 17, 40, 64, ATTN_F16);
   cr_expect(check_one(e, &p, 93));
   cr_expect_eq(mock_last_pack(), 1);
   attn_engine_close(e);
@@ -964,9 +1024,10 @@ Test(cuda_backend, a_wrong_packing_turns_packing_off, .init = reset) {
   mock_set(&k);
   attn_engine *e = open_checked(true);
   cr_expect(lists_disabled(e, "gqa_pack"), "gqa_pack not listed");
-  cr_expect(!lists_disabled(e, "mma_d64") && !lists_disabled(e, "mma_d128") &&
-                !lists_disabled(e, "mma_d256") && !lists_disabled(e, "split_kv_merge"),
-            "the packing's failure was laid on an instance or the split path");
+  const char *kept[] = {"mma_d64",  "mma_d96",  "mma_d128",      "mma_d160",
+                        "mma_d192", "mma_d256", "split_kv_merge"};
+  for (int i = 0; i < 7; i++)
+    cr_expect(!lists_disabled(e, kept[i]), "the packing's failure was laid on %s", kept[i]);
   tprob p = tprob_make(1, 32, 8, 1, 300, 128, ATTN_BF16);
   cr_expect(check_one(e, &p, 94), "the decode runs unpacked, right");
   cr_expect_eq(mock_last_pack(), 1);

@@ -407,8 +407,8 @@ static void run_list(tgroup *g, int grp, attn_engine *e, const tprob *ps, int n)
 /* ---- problem lists of the GPU's own ------------------------------------- */
 
 static int list_headdims(tprob *ps) {
-  static const int64_t ds[] = {1,   7,   8,   37,  63,  64,  65,  80, 96,
-                               100, 127, 128, 129, 160, 200, 255, 256};
+  static const int64_t ds[] = {1,   7,   8,   37,  63,  64,  65,  80,  96, 100,
+                               127, 128, 129, 160, 176, 192, 200, 255, 256};
   int n = 0;
   for (int i = 0; i < (int)(sizeof ds / sizeof *ds); i++)
     for (int t = 0; t < ATTN_DTYPE_COUNT; t++) {
@@ -428,8 +428,9 @@ static int list_headdims(tprob *ps) {
     }
   /* issue 17's softcap and ALiBi ([Hq] and [B, Hq] slopes) on each
    * instance, with causal and windowed masks */
-  static const int64_t vd[] = {61, 64, 125, 128, 253};
-  for (int i = 0; i < 5; i++)
+  static const int64_t vd[] = {61, 64, 89, 125, 128, 150, 181, 253};
+  enum { NVD = sizeof vd / sizeof *vd };
+  for (int i = 0; i < NVD; i++)
     for (int t = 0; t < ATTN_DTYPE_COUNT; t++) {
       tprob p = tprob_make(2, 4, 2, 77, 150, vd[i], (attn_dtype)t);
       p.softcap = (i + t) % 3 == 2 ? 0 : 2.0 + i;
@@ -442,7 +443,7 @@ static int list_headdims(tprob *ps) {
   /* scales the kernels cannot fold into the exponent (negative, zero) and
    * one they do, on each instance */
   static const double sc[] = {-0.09, 0.0, 0.35};
-  for (int i = 0; i < 5; i++)
+  for (int i = 0; i < NVD; i++)
     for (int t = 0; t < ATTN_DTYPE_COUNT; t++) {
       tprob p = tprob_make(1, 4, 2, 70, 150, vd[i], (attn_dtype)t);
       p.scale = sc[(i + t) % 3];
@@ -454,9 +455,10 @@ static int list_headdims(tprob *ps) {
 }
 
 /* GQA packing (a group's query heads in one block's rows): 32:8 and MQA
- * decodes unsplit and split, a group that fills the block (16 x 4 rows,
- * and MQA's 32 x 2), 4 x 5 rows whose heads change inside a warp's 16, with
- * masks and per-row ALiBi slopes, on each tensor-core instance. */
+ * decodes unsplit and split, groups that fill a 128-row block (MQA's 32 x
+ * 4, 8 x 16) and a 64-row one (4 x 16), half a block (4 x 16, MQA's 32 x
+ * 2), 4 x 5 rows whose heads change inside a warp's 16, with masks and
+ * per-row ALiBi slopes, on each tensor-core instance. */
 static int list_packed(tprob *ps) {
   static const struct {
     int64_t hq, hkv, nq, nkv, d;
@@ -473,6 +475,9 @@ static int list_packed(tprob *ps) {
       {4, 1, 5, 300, 253, ATTN_F16, true, 3, 1},
       {8, 2, 3, 5000, 200, ATTN_BF16, false, 900, 0},
       {64, 8, 8, 2000, 96, ATTN_F16, true, -1, 2},
+      {32, 1, 4, 300, 64, ATTN_BF16, true, 50, 1},
+      {8, 1, 16, 300, 150, ATTN_F16, true, -1, 2},
+      {8, 2, 16, 300, 181, ATTN_BF16, false, 100, 1},
   };
   int n = 0;
   for (size_t i = 0; i < sizeof c / sizeof *c; i++) {

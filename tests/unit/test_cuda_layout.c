@@ -16,6 +16,7 @@
 
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 /* ---- the PTX ISA's tables ------------------------------------------------- */
@@ -447,22 +448,70 @@ static attn_cu_params shape(attn_dtype dt, int b, int hq, int hkv, int nq, int n
   return p;
 }
 
+/* The forward tensor-core instances as kernels.h documents them, in
+ * head-dim order: the padded head dims each holds and its tiles. */
+static const struct fwd_inst {
+  attn_cu_kernel k;
+  int dpad, bm, bn;
+} fwd_insts[] = {
+    {ATTN_CU_MMA_D64, 64, ATTN_CU_BM_D64, ATTN_CU_BN_D64},
+    {ATTN_CU_MMA_D96, 96, ATTN_CU_BM_D96, ATTN_CU_BN_D96},
+    {ATTN_CU_MMA_D128, 128, ATTN_CU_BM_D128, ATTN_CU_BN_D128},
+    {ATTN_CU_MMA_D160, 160, ATTN_CU_BM_D160, ATTN_CU_BN_D160},
+    {ATTN_CU_MMA_D192, 192, ATTN_CU_BM_D192, ATTN_CU_BN_D192},
+    {ATTN_CU_MMA_D256, 256, ATTN_CU_BM_D256, ATTN_CU_BN_D256},
+};
+enum { NFWD_INSTS = sizeof fwd_insts / sizeof *fwd_insts };
+
+/* Index into fwd_insts of the smallest instance holding dp. */
+static int fwd_inst_for(int dp) {
+  int i = 0;
+  while (fwd_insts[i].dpad < dp)
+    i++;
+  return i;
+}
+
+/* Whether a forward choice has instance i's tiles: its query rows (whole
+ * m16 tiles for each of the 4 warps: 16 or 32 rows a warp), keys and
+ * shared memory, Q then K and V double-buffered, rows padded by 8. */
+static void expect_inst_tiles(const attn_cu_choice *c, int i, int d) {
+  const struct fwd_inst *w = &fwd_insts[i];
+  cr_assert_eq(c->kernel, w->k, "d %d: %s, not %s", d, attn_cu_kernel_name(c->kernel),
+               attn_cu_kernel_name(w->k));
+  cr_assert(c->block_m == w->bm && c->block_n == w->bn && c->warps == ATTN_CU_MMA_WARPS,
+            "d %d %s: tiles %d x %d, %d warps", d, attn_cu_kernel_name(c->kernel), c->block_m,
+            c->block_n, c->warps);
+  cr_assert(w->bm == 64 || w->bm == 128, "%s: %d rows", attn_cu_kernel_name(w->k), w->bm);
+  cr_assert_eq(c->smem_bytes, (size_t)(w->bm + 4 * w->bn) * (size_t)(w->dpad + 8) * 2, "d %d", d);
+}
+
 Test(cuda_layout, selection) {
   cr_assert_eq(attn_cu_dp(1), 8);
   cr_assert_eq(attn_cu_dp(37), 40);
   cr_assert_eq(attn_cu_dp(256), 256);
+  for (int i = 0; i < NFWD_INSTS; i++) {
+    char name[16];
+    snprintf(name, sizeof name, "mma_d%d", fwd_insts[i].dpad);
+    cr_assert_str_eq(attn_cu_kernel_name(fwd_insts[i].k), name);
+  }
   attn_cu_choice c;
   attn_status st;
   for (int d = 1; d <= 256; d++)
     for (int dt = 0; dt < ATTN_DTYPE_COUNT; dt++) {
       attn_cu_params p = shape((attn_dtype)dt, 2, 8, 2, 300, 500, d);
       cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0, "%s", st.message);
+      /* dp 8..64, 72..96, 104..128, 136..160, 168..192, 200..256 */
       attn_cu_kernel want = dt == ATTN_F32 ? ATTN_CU_SIMT_F32
                             : p.dp <= 64   ? ATTN_CU_MMA_D64
+                            : p.dp <= 96   ? ATTN_CU_MMA_D96
                             : p.dp <= 128  ? ATTN_CU_MMA_D128
+                            : p.dp <= 160  ? ATTN_CU_MMA_D160
+                            : p.dp <= 192  ? ATTN_CU_MMA_D192
                                            : ATTN_CU_MMA_D256;
       cr_assert_eq(c.kernel, want, "d %d %s: %s", d, attn_dtype_name((attn_dtype)dt),
                    attn_cu_kernel_name(c.kernel));
+      if (dt != ATTN_F32)
+        expect_inst_tiles(&c, fwd_inst_for(p.dp), d);
       /* 99 KiB is what a block may opt into on sm_86 and sm_89, the
        * smallest of the targets. */
       cr_assert_leq(c.smem_bytes, 101376, "d %d: %zu bytes of shared memory", d, c.smem_bytes);
@@ -471,7 +520,8 @@ Test(cuda_layout, selection) {
   /* A big prefill fills the machine without splitting. */
   attn_cu_params p = shape(ATTN_BF16, 4, 16, 16, 4096, 4096, 128);
   cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0);
-  cr_assert(c.nsplit == 1 && c.grid[0] == 64 && c.grid[1] == 16 && c.grid[2] == 4);
+  cr_assert(c.nsplit == 1 && c.grid[0] == 32 && c.grid[1] == 16 && c.grid[2] == 4,
+            "%u %u %u, %d splits", c.grid[0], c.grid[1], c.grid[2], c.nsplit);
   cr_assert_eq(attn_cu_split_bytes(&p, &c), 0);
   /* Decoding splits the keys, within bounds. */
   p = shape(ATTN_BF16, 1, 32, 8, 1, 32768, 128);
@@ -879,18 +929,42 @@ Test(cuda_layout, disabled_instances_fall_back) {
   p.head_dim = 64, p.dp = 64, p.window_left = p.window_right = -1;
   attn_cu_choice c;
   attn_status st;
-  cr_assert_eq(attn_cu_select_masked(&p, 132, 1u << ATTN_CU_MMA_D64, &c, &st), 0);
-  cr_expect_eq(c.kernel, ATTN_CU_MMA_D128);
-  cr_assert_eq(attn_cu_select_masked(&p, 132, 3u << ATTN_CU_MMA_D64, &c, &st), 0);
-  cr_expect_eq(c.kernel, ATTN_CU_MMA_D256);
-  cr_expect_gt(c.nsplit, 1);
+  /* with the first i instances off, instance i takes it, with its tiles */
+  for (int i = 1; i < NFWD_INSTS; i++) {
+    unsigned off = ((1u << i) - 1) << ATTN_CU_MMA_D64 | ATTN_CU_HOPPER_OFF;
+    cr_assert_eq(attn_cu_select_masked(&p, 132, off, &c, &st), 0);
+    expect_inst_tiles(&c, i, 64);
+    cr_expect_gt(c.nsplit, 1);
+  }
+  /* an instance off sends its head dims to the next larger one only */
+  for (int i = 0; i + 1 < NFWD_INSTS; i++) {
+    attn_cu_params q = p;
+    const unsigned off = 1u << fwd_insts[i].k | ATTN_CU_HOPPER_OFF;
+    q.head_dim = fwd_insts[i].dpad - 6 - 2 * i; /* 58, 88, 118, 148, 178 */
+    q.dp = attn_cu_dp(q.head_dim);
+    cr_assert_eq(attn_cu_select_masked(&q, 132, off, &c, &st), 0);
+    expect_inst_tiles(&c, i + 1, q.head_dim);
+    q.head_dim = q.dp = fwd_insts[i + 1].dpad;
+    cr_assert_eq(attn_cu_select_masked(&q, 132, off, &c, &st), 0);
+    expect_inst_tiles(&c, i + 1, q.head_dim);
+  }
   cr_assert_eq(attn_cu_select_masked(&p, 132, ATTN_CU_SPLIT_BIT | ATTN_CU_HOPPER_OFF, &c, &st), 0);
   cr_expect(c.kernel == ATTN_CU_MMA_D64 && c.nsplit == 1);
   /* a clear Hopper bit (the self-check passed it) lets that instance take
    * the unsplit F16 forward */
   cr_assert_eq(attn_cu_select_masked(&p, 132, ATTN_CU_SPLIT_BIT, &c, &st), 0);
   cr_expect(c.kernel == ATTN_CU_HOPPER_D64 && c.nsplit == 1);
-  cr_expect_eq(attn_cu_select_masked(&p, 132, 7u << ATTN_CU_MMA_D64, &c, &st), ATTN_EUNSUPPORTED);
+  const unsigned all_mma = ((1u << NFWD_INSTS) - 1) << ATTN_CU_MMA_D64;
+  cr_expect_eq(attn_cu_select_masked(&p, 132, all_mma, &c, &st), ATTN_EUNSUPPORTED);
+  cr_expect(strstr(st.message, "self-check"), "%s", st.message);
+  p.head_dim = p.dp = 256;
+  cr_expect_eq(attn_cu_select_masked(&p, 132, 1u << ATTN_CU_MMA_D256, &c, &st), ATTN_EUNSUPPORTED,
+               "a dp of 256 has nowhere to go");
+  p.head_dim = p.dp = 64;
+  p.dtype = ATTN_F32;
+  cr_assert_eq(attn_cu_select_masked(&p, 132, all_mma, &c, &st), 0);
+  cr_expect_eq(c.kernel, ATTN_CU_SIMT_F32, "the tensor-core bits leave F32 alone");
+  p.dtype = ATTN_F16;
   p.pass = ATTN_BACKWARD;
   cr_assert_eq(attn_cu_select_masked(&p, 132, 1u << ATTN_CU_MMA_D64, &c, &st), 0);
   cr_expect_eq(c.kernel, ATTN_CU_BWD_MMA_D64, "a forward bit leaves the backward alone");
@@ -916,21 +990,28 @@ Test(cuda_layout, gqa_packing_selection) {
             c.grid[1], c.grid[2]);
   cr_expect_eq(c.nsplit, 33);
   cr_expect_eq(attn_cu_split_bytes(&p, &c), (size_t)33 * 32 * (128 + 2) * 4, "every head's rows");
-  /* MQA: 32 heads x 2 queries fill the 64 rows; 3 queries do not fit */
-  p = shape(ATTN_F16, 2, 32, 1, 2, 100, 64);
+  /* MQA: 32 heads x 4 queries fill the 128 rows; 5 queries do not fit */
+  p = shape(ATTN_F16, 2, 32, 1, 4, 100, 64);
   cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0);
   cr_expect(c.pack == 32 && c.grid[0] == 1 && c.grid[1] == 1 &&
             c.grid[2] == 2u * (unsigned)c.nsplit);
-  p.seq_q = 3;
+  p.seq_q = 5;
   cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0);
   cr_expect(c.pack == 1 && c.grid[1] == 32);
-  /* 16:4 with 16 queries is exactly a block; 17 is not */
-  p = shape(ATTN_BF16, 1, 16, 4, 16, 300, 200);
-  cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0);
-  cr_expect(c.kernel == ATTN_CU_MMA_D256 && c.pack == 4 && c.grid[0] == 1 && c.grid[1] == 4);
-  p.seq_q = 17;
-  cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0);
-  cr_expect(c.pack == 1 && c.grid[0] == 1 && c.grid[1] == 16);
+  /* each instance: groups of 16 queries that exactly fill its block (8 of
+   * them in 128 rows, 4 in 64) pack, 17 queries do not */
+  for (int i = 0; i < NFWD_INSTS; i++) {
+    const int g = fwd_insts[i].bm / 16, d = fwd_insts[i].dpad - 3;
+    p = shape(ATTN_BF16, 1, 2 * g, 2, 16, 300, d);
+    cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0);
+    expect_inst_tiles(&c, i, d);
+    cr_expect(c.pack == g && c.grid[0] == 1 && c.grid[1] == 2, "d %d: pack %d, grid %u %u", d,
+              c.pack, c.grid[0], c.grid[1]);
+    p.seq_q = 17;
+    cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0);
+    cr_expect(c.pack == 1 && c.grid[0] == 1 && c.grid[1] == 2u * (unsigned)g, "d %d: pack %d", d,
+              c.pack);
+  }
   /* never: MHA, F32 (its own kernel), the backward, the bit off */
   p = shape(ATTN_F16, 1, 8, 8, 1, 300, 64);
   cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0);
@@ -958,10 +1039,10 @@ Test(cuda_layout, gqa_packing_selection) {
  * of group g are query r % nq of head g·pack + r / nq, and flat row
  * (b·Hq + h0)·Nq + r is that head's row in Q and O. */
 Test(cuda_layout, block_rows_map_to_their_heads) {
-  for (int nq = 1; nq <= 16; nq++)
-    for (int pack = 1; pack * nq <= 64; pack *= 2) {
-      int seen[64] = {0};
-      for (int r = 0; r < 64; r++) {
+  for (int nq = 1; nq <= 32; nq++) /* up to the 128-row blocks */
+    for (int pack = 1; pack * nq <= 128; pack *= 2) {
+      int seen[128] = {0};
+      for (int r = 0; r < 128; r++) {
         int dh, i;
         attn_cu_block_row(r, nq, pack, &dh, &i);
         if (pack == 1) {

@@ -54,7 +54,7 @@ extern "C" {
 #define ATTN_CU_BM_D64 128
 #define ATTN_CU_BN_D64 64
 #define ATTN_CU_BM_D96 128
-#define ATTN_CU_BN_D96 64
+#define ATTN_CU_BN_D96 32
 #define ATTN_CU_BM_D128 128
 #define ATTN_CU_BN_D128 32
 #define ATTN_CU_BM_D160 128
@@ -88,16 +88,14 @@ extern "C" {
 #define ATTN_CU_BWD_F32_STEP 16
 
 typedef enum attn_cu_kernel {
-  /* tensor cores, one instance per padded head dim (dp <= 64, 96, ...);
-   * Q's fragments stay in registers in the 64 instance, the others re-read
-   * them from shared memory each tile */
+  /* tensor cores, one instance per padded head dim (dp <= 64, 96, ...) */
   ATTN_CU_MMA_D64 = 0,
   ATTN_CU_MMA_D96,
   ATTN_CU_MMA_D128,
   ATTN_CU_MMA_D160,
   ATTN_CU_MMA_D192,
-  ATTN_CU_MMA_D256, /* any dp <= 256 (the generic instance) */
-  ATTN_CU_SIMT_F32, /* F32 on the FMA units, exact F32, any dp <= 256 */
+  ATTN_CU_MMA_D256,    /* any dp <= 256 (the generic instance) */
+  ATTN_CU_SIMT_F32,    /* F32 on the FMA units, exact F32, any dp <= 256 */
   ATTN_CU_BWD_MMA_D64, /* backward on tensor cores, dp <= 64 */
   ATTN_CU_BWD_MMA_D128,
   ATTN_CU_BWD_MMA_D256,

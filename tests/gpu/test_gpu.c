@@ -407,8 +407,8 @@ static void run_list(tgroup *g, int grp, attn_engine *e, const tprob *ps, int n)
 /* ---- problem lists of the GPU's own ------------------------------------- */
 
 static int list_headdims(tprob *ps) {
-  static const int64_t ds[] = {1,   7,   8,   37,  63,  64,  65,  80, 96,
-                               100, 127, 128, 129, 160, 200, 255, 256};
+  static const int64_t ds[] = {1,   7,   8,   37,  63,  64,  65,  80,  96,  100,
+                               127, 128, 129, 150, 160, 181, 192, 200, 255, 256};
   int n = 0;
   for (int i = 0; i < (int)(sizeof ds / sizeof *ds); i++)
     for (int t = 0; t < ATTN_DTYPE_COUNT; t++) {
@@ -428,8 +428,9 @@ static int list_headdims(tprob *ps) {
     }
   /* issue 17's softcap and ALiBi ([Hq] and [B, Hq] slopes) on each
    * instance, with causal and windowed masks */
-  static const int64_t vd[] = {61, 64, 125, 128, 253};
-  for (int i = 0; i < 5; i++)
+  static const int64_t vd[] = {61, 64, 89, 125, 128, 150, 181, 253};
+  enum { NVD = sizeof vd / sizeof *vd };
+  for (int i = 0; i < NVD; i++)
     for (int t = 0; t < ATTN_DTYPE_COUNT; t++) {
       tprob p = tprob_make(2, 4, 2, 77, 150, vd[i], (attn_dtype)t);
       p.softcap = (i + t) % 3 == 2 ? 0 : 2.0 + i;
@@ -442,7 +443,7 @@ static int list_headdims(tprob *ps) {
   /* scales the kernels cannot fold into the exponent (negative, zero) and
    * one they do, on each instance */
   static const double sc[] = {-0.09, 0.0, 0.35};
-  for (int i = 0; i < 5; i++)
+  for (int i = 0; i < NVD; i++)
     for (int t = 0; t < ATTN_DTYPE_COUNT; t++) {
       tprob p = tprob_make(1, 4, 2, 70, 150, vd[i], (attn_dtype)t);
       p.scale = sc[(i + t) % 3];
@@ -473,6 +474,11 @@ static int list_packed(tprob *ps) {
       {4, 1, 5, 300, 253, ATTN_F16, true, 3, 1},
       {8, 2, 3, 5000, 200, ATTN_BF16, false, 900, 0},
       {64, 8, 8, 2000, 96, ATTN_F16, true, -1, 2},
+      /* a group that fills a 128-row block (8 x 16), and the 160 and 192
+       * instances */
+      {32, 4, 16, 700, 128, ATTN_BF16, true, -1, 0},
+      {16, 2, 4, 3000, 150, ATTN_F16, false, -1, 2},
+      {12, 4, 7, 300, 181, ATTN_BF16, true, 50, 1},
   };
   int n = 0;
   for (size_t i = 0; i < sizeof c / sizeof *c; i++) {

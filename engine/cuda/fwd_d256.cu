@@ -1,11 +1,9 @@
-// fwd_d256.cu — the tensor-core forward pass for head dims up to 256 (the
-// generic instance: Q fragments are re-read from shared memory each tile, so
-// the registers hold the 16x256 F32 accumulator without spilling).
+// fwd_d256.cu — the tensor-core forward pass for head dims up to 256 (the generic instance).
 #include "fwd_mma.cuh"
 
 namespace attn_cu {
 cudaError_t launch_mma_d256(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s) {
-  return launch_mma<256, ATTN_CU_BN_D256, false>(p, c, s);
+  return launch_mma<256, ATTN_CU_BM_D256, ATTN_CU_BN_D256>(p, c, s);
 }
-cudaError_t prepare_mma_d256() { return prepare_mma<256, ATTN_CU_BN_D256, false>(); }
+cudaError_t prepare_mma_d256() { return prepare_mma<256, ATTN_CU_BM_D256, ATTN_CU_BN_D256>(); }
 } // namespace attn_cu

@@ -54,7 +54,7 @@ extern "C" {
 #define ATTN_CU_BM_D64 128
 #define ATTN_CU_BN_D64 64
 #define ATTN_CU_BM_D96 128
-#define ATTN_CU_BN_D96 64
+#define ATTN_CU_BN_D96 32
 #define ATTN_CU_BM_D128 128
 #define ATTN_CU_BN_D128 32
 #define ATTN_CU_BM_D160 128
@@ -88,9 +88,7 @@ extern "C" {
 #define ATTN_CU_BWD_F32_STEP 16
 
 typedef enum attn_cu_kernel {
-  /* tensor cores, one instance per padded head dim (dp <= 64, 96, ...);
-   * Q's fragments stay in registers in the 64 instance, the others re-read
-   * them from shared memory each tile */
+  /* tensor cores, one instance per padded head dim (dp <= 64, 96, ...) */
   ATTN_CU_MMA_D64 = 0,
   ATTN_CU_MMA_D96,
   ATTN_CU_MMA_D128,

@@ -35,8 +35,11 @@
 
 #ifdef __CUDACC__
 #define ATTN_HD static inline __host__ __device__
+/* ... and usable in the kernels' constant expressions (tile shapes). */
+#define ATTN_HDC static constexpr __host__ __device__
 #else
 #define ATTN_HD static inline
+#define ATTN_HDC static inline
 #endif
 
 /* ---- fragments ----------------------------------------------------------- */
@@ -122,6 +125,50 @@ ATTN_HD void attn_cu_bwd_warp(int warp, int dsplit, int dpad, int *key0, int *di
 
 /* Row stride, in elements, of a padded shared-memory tile of width cols. */
 ATTN_HD int attn_cu_smem_stride(int cols) { return cols + 8; }
+
+/*
+ * The forward's warps and their rows: warp w of a block owns mt m16 tiles
+ * (one, or two in the 128-row blocks), rows [16 mt w, 16 mt (w + 1)) of the
+ * block, and lane's accumulator half h (0: rows g, 1: g + 8) of tile t is
+ * block row 16 (mt w + t) + g + 8 h.
+ */
+ATTN_HD int attn_cu_lane_row(int warp, int mt, int t, int lane, int h) {
+  return 16 * (mt * warp + t) + lane / 4 + 8 * h;
+}
+
+/*
+ * Tile copies from global to shared memory, 16 bytes (8 elements, a
+ * "chunk") per cp.async, fully unrolled: a row of ch chunks is copied by
+ * tpr threads (the largest power of two dividing ch, at most 32), so each
+ * thread keeps one column for the whole tile and its chunk (pass, panel)
+ * is row tid / tpr + pass · nt / tpr, chunk tid % tpr + panel · tpr: the
+ * addresses are a per-thread base plus constants and multiples of the row
+ * stride, with no division in the loop. A tile of rows rows takes
+ * rows / (nt / tpr) passes and ch / tpr panels.
+ */
+ATTN_HDC int attn_cu_copy_tpr(int ch) {
+  int t = 1;
+  while (t < 32 && ch % (2 * t) == 0)
+    t *= 2;
+  return t;
+}
+ATTN_HD void attn_cu_copy_at(int tid, int nt, int ch, int pass, int panel, int *row, int *chunk) {
+  const int tpr = attn_cu_copy_tpr(ch);
+  *row = tid / tpr + pass * (nt / tpr);
+  *chunk = tid % tpr + panel * tpr;
+}
+
+/*
+ * The forward's epilogue stages a warp's normalized O (rows 16 mt, ch
+ * chunks each) in shared memory, then stores it 16 bytes at a time: in
+ * step it lane copies chunk idx % ch of row idx / ch, idx = lane + 32 it,
+ * so the warp's 32 lanes write consecutive chunks of consecutive rows.
+ */
+ATTN_HD void attn_cu_ostage_at(int lane, int it, int ch, int *row, int *chunk) {
+  const int idx = lane + 32 * it;
+  *row = idx / ch;
+  *chunk = idx % ch;
+}
 
 /*
  * GQA packing (attn_cu_choice.pack): a forward block of a decode or short

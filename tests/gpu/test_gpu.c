@@ -407,8 +407,8 @@ static void run_list(tgroup *g, int grp, attn_engine *e, const tprob *ps, int n)
 /* ---- problem lists of the GPU's own ------------------------------------- */
 
 static int list_headdims(tprob *ps) {
-  static const int64_t ds[] = {1,   7,   8,   37,  63,  64,  65,  80,  96, 100,
-                               127, 128, 129, 160, 176, 192, 200, 255, 256};
+  static const int64_t ds[] = {1,   7,   8,   37,  63,  64,  65,  80,  96,  100, 127,
+                               128, 129, 150, 160, 176, 181, 192, 200, 255, 256};
   int n = 0;
   for (int i = 0; i < (int)(sizeof ds / sizeof *ds); i++)
     for (int t = 0; t < ATTN_DTYPE_COUNT; t++) {
@@ -478,6 +478,9 @@ static int list_packed(tprob *ps) {
       {32, 1, 4, 300, 64, ATTN_BF16, true, 50, 1},
       {8, 1, 16, 300, 150, ATTN_F16, true, -1, 2},
       {8, 2, 16, 300, 181, ATTN_BF16, false, 100, 1},
+      {32, 4, 16, 700, 128, ATTN_BF16, true, -1, 0},
+      {16, 2, 4, 3000, 150, ATTN_F16, false, -1, 2},
+      {12, 4, 7, 300, 181, ATTN_BF16, true, 50, 1},
   };
   int n = 0;
   for (size_t i = 0; i < sizeof c / sizeof *c; i++) {

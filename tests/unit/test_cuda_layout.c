@@ -123,124 +123,210 @@ static void split_regs(reg2 r[32][4], reg2 b0[32], reg2 b1[32], reg2 b2[32], reg
   }
 }
 
-/* One warp's 16 rows of S = Q Kᵀ and O = S V for a BN-key tile, issued as
- * fwd_mma.cuh issues them, against float64. */
-static void warp_tile(int dpad, int dp, int bn, uint64_t seed) {
-  const int str = attn_cu_smem_stride(dpad), kd = dpad / 16, nb = bn / 8, db = dpad / 8;
-  float *sQ = calloc((size_t)16 * str, sizeof *sQ);
-  float *sK = calloc((size_t)bn * str, sizeof *sK);
-  float *sV = calloc((size_t)bn * str, sizeof *sV);
-  /* Padding columns (>= dp) stay zero, as cp.async's zero-fill leaves
-   * them; the 8 pad elements of each row are poisoned and must never be
-   * read. */
-  for (int r = 0; r < 16; r++)
-    for (int c = 0; c < str; c++)
-      sQ[r * str + c] = c < dp ? (float)tuniform(&seed) : c < dpad ? 0.0f : NAN;
-  for (int r = 0; r < bn; r++)
-    for (int c = 0; c < str; c++) {
-      sK[r * str + c] = c < dp ? (float)tuniform(&seed) : c < dpad ? 0.0f : NAN;
-      sV[r * str + c] = c < dp ? (float)tuniform(&seed) : c < dpad ? 0.0f : NAN;
-    }
-  float(*s)[32][4] = calloc((size_t)nb, sizeof *s);
-  float(*o)[32][4] = calloc((size_t)db, sizeof *o);
+/* A warp's mt row tiles of S = Q Kᵀ for a BN-key tile, issued as
+ * fwd_mma.cuh's qk_tile issues them: each K fragment feeds every row tile
+ * (s[t][n]: row tile t, key block n). */
+static void emu_qk(float (*s)[8][32][4], const float *sQ, const float *sK, int str, int kd, int nb,
+                   int mt) {
   const float *addr[32];
-  reg2 q[32][4], bk[32][4], bv[32][4], a[32][4];
+  reg2 q[2][32][4], bk[32][4];
   for (int kk = 0; kk < kd; kk++) {
-    for (int l = 0; l < 32; l++) {
-      int r, c;
-      attn_cu_ldsm_q(l, &r, &c);
-      cr_assert(r < 16 && kk * 16 + c + 8 <= dpad);
-      addr[l] = sQ + r * str + kk * 16 + c;
+    for (int t = 0; t < mt; t++) {
+      for (int l = 0; l < 32; l++) {
+        int r, c;
+        attn_cu_ldsm_q(l, &r, &c);
+        addr[l] = sQ + (t * 16 + r) * str + kk * 16 + c;
+      }
+      emu_ldsm(addr, false, q[t]);
     }
-    emu_ldsm(addr, false, q);
     for (int n2 = 0; n2 < nb / 2; n2++) {
       for (int l = 0; l < 32; l++) {
         int r, c;
         attn_cu_ldsm_k(l, &r, &c);
-        cr_assert(n2 * 16 + r < bn && kk * 16 + c + 8 <= dpad);
+        cr_assert(n2 * 16 + r < 8 * nb && kk * 16 + c + 8 <= 16 * kd);
         addr[l] = sK + (n2 * 16 + r) * str + kk * 16 + c;
       }
       emu_ldsm(addr, false, bk);
       reg2 b0[32], b1[32], b2[32], b3[32];
       split_regs(bk, b0, b1, b2, b3);
-      emu_mma(s[2 * n2], q, b0, b1);
-      emu_mma(s[2 * n2 + 1], q, b2, b3);
+      for (int t = 0; t < mt; t++) {
+        emu_mma(s[t][2 * n2], q[t], b0, b1);
+        emu_mma(s[t][2 * n2 + 1], q[t], b2, b3);
+      }
     }
   }
-  double S[16][64];
-  for (int r = 0; r < 16; r++)
-    for (int j = 0; j < bn; j++) {
-      double acc = 0;
-      for (int d = 0; d < dp; d++)
-        acc += (double)sQ[r * str + d] * sK[j * str + d];
-      S[r][j] = acc;
-    }
-  for (int n = 0; n < nb; n++)
-    for (int l = 0; l < 32; l++)
-      for (int e = 0; e < 4; e++) {
-        int r, c;
-        attn_cu_frag_c(l, e, &r, &c);
-        cr_assert(fabs(s[n][l][e] - S[r][n * 8 + c]) <= 1e-4 * (1 + fabs(S[r][n * 8 + c])),
-                  "S[%d][%d]: %g, expected %g (dpad %d, dp %d)", r, n * 8 + c, s[n][l][e],
-                  S[r][n * 8 + c], dpad, dp);
-      }
-  /* P = S, kept in registers: S's accumulators of key blocks 2k and 2k+1
-   * are P's A fragment for keys 16k..16k+15. */
+}
+
+/* O += P V as pv_tile issues it: S's accumulators of key blocks 2k and
+ * 2k+1 are P's A fragment for keys 16k..16k+15 (P = S here, kept in
+ * registers), and each V fragment feeds every row tile. */
+static void emu_pv(float (*o)[32][32][4], float (*s)[8][32][4], const float *sV, int str, int bn,
+                   int db, int mt) {
+  const float *addr[32];
+  reg2 a[2][32][4], bv[32][4];
   for (int k = 0; k < bn / 16; k++) {
-    for (int l = 0; l < 32; l++) {
-      a[l][0][0] = s[2 * k][l][0], a[l][0][1] = s[2 * k][l][1];
-      a[l][1][0] = s[2 * k][l][2], a[l][1][1] = s[2 * k][l][3];
-      a[l][2][0] = s[2 * k + 1][l][0], a[l][2][1] = s[2 * k + 1][l][1];
-      a[l][3][0] = s[2 * k + 1][l][2], a[l][3][1] = s[2 * k + 1][l][3];
-    }
+    for (int t = 0; t < mt; t++)
+      for (int l = 0; l < 32; l++) {
+        a[t][l][0][0] = s[t][2 * k][l][0], a[t][l][0][1] = s[t][2 * k][l][1];
+        a[t][l][1][0] = s[t][2 * k][l][2], a[t][l][1][1] = s[t][2 * k][l][3];
+        a[t][l][2][0] = s[t][2 * k + 1][l][0], a[t][l][2][1] = s[t][2 * k + 1][l][1];
+        a[t][l][3][0] = s[t][2 * k + 1][l][2], a[t][l][3][1] = s[t][2 * k + 1][l][3];
+      }
     for (int d2 = 0; d2 < db / 2; d2++) {
       for (int l = 0; l < 32; l++) {
         int r, c;
         attn_cu_ldsm_v(l, &r, &c);
-        cr_assert(k * 16 + r < bn && d2 * 16 + c + 8 <= dpad);
+        cr_assert(k * 16 + r < bn && d2 * 16 + c + 8 <= 8 * db);
         addr[l] = sV + (k * 16 + r) * str + d2 * 16 + c;
       }
       emu_ldsm(addr, true, bv);
       reg2 b0[32], b1[32], b2[32], b3[32];
       split_regs(bv, b0, b1, b2, b3);
-      emu_mma(o[2 * d2], a, b0, b1);
-      emu_mma(o[2 * d2 + 1], a, b2, b3);
+      for (int t = 0; t < mt; t++) {
+        emu_mma(o[t][2 * d2], a[t], b0, b1);
+        emu_mma(o[t][2 * d2 + 1], a[t], b2, b3);
+      }
     }
   }
-  for (int d = 0; d < db; d++)
-    for (int l = 0; l < 32; l++)
-      for (int e = 0; e < 4; e++) {
-        int r, c;
-        attn_cu_frag_c(l, e, &r, &c);
-        int col = d * 8 + c;
-        double ref = 0;
-        for (int j = 0; j < bn && col < dp; j++)
-          ref += S[r][j] * sV[j * str + col];
-        cr_assert(fabs(o[d][l][e] - ref) <= 1e-3 * (1 + fabs(ref)),
-                  "O[%d][%d]: %g, expected %g (dpad %d, dp %d)", r, col, o[d][l][e], ref, dpad, dp);
-      }
-  free(sQ), free(sK), free(sV), free(s), free(o);
 }
 
-Test(cuda_layout, warp_emulation_d64) {
-  warp_tile(64, 64, ATTN_CU_BN_D64, 1);
-  warp_tile(64, 40, ATTN_CU_BN_D64, 2);
+/* The epilogue's store_o: the warp's O fragments into its rows of shared
+ * memory (sW, poisoned beforehand), then read back 16 bytes per lane in
+ * attn_cu_ostage_at's order; every chunk below dp must be read once and
+ * hold the reference O[row][col] (ref, rows 16 mt x dp). */
+static void emu_store_o(float (*o)[32][32][4], int str, int dp, int db, int mt, const double *ref) {
+  float *sW = malloc((size_t)16 * mt * str * sizeof *sW);
+  for (int i = 0; i < 16 * mt * str; i++)
+    sW[i] = NAN;
+  for (int t = 0; t < mt; t++)
+    for (int d = 0; d < db; d++)
+      for (int l = 0; l < 32; l++)
+        for (int e = 0; e < 4; e++) {
+          int r, c;
+          attn_cu_frag_c(l, e, &r, &c);
+          sW[(t * 16 + r) * str + d * 8 + c] = o[t][d][l][e];
+        }
+  int seen[32][32] = {{0}};
+  for (int it = 0; it < 16 * mt * db / 32; it++)
+    for (int l = 0; l < 32; l++) {
+      int r, c;
+      attn_cu_ostage_at(l, it, db, &r, &c);
+      cr_assert(r < 16 * mt && c < db, "lane %d step %d: row %d chunk %d", l, it, r, c);
+      seen[r][c]++;
+      for (int e = 0; e < 8 && c * 8 < dp; e++) {
+        double want = ref[r * dp + c * 8 + e], got = sW[r * str + c * 8 + e];
+        cr_assert(fabs(got - want) <= 1e-3 * (1 + fabs(want)),
+                  "stored O[%d][%d]: %g, expected %g (mt %d, dp %d)", r, c * 8 + e, got, want, mt,
+                  dp);
+      }
+    }
+  for (int r = 0; r < 16 * mt; r++)
+    for (int c = 0; c < db; c++)
+      cr_assert_eq(seen[r][c], 1, "chunk (%d, %d) stored %d times", r, c, seen[r][c]);
+  free(sW);
 }
-Test(cuda_layout, warp_emulation_d128) {
-  warp_tile(128, 128, ATTN_CU_BN_D128, 3);
-  warp_tile(128, 72, ATTN_CU_BN_D128, 4);
+
+/* A padded shared-memory tile of rows x dpad: columns below dp random,
+ * the rest of dpad zero (cp.async's zero-fill), the 8 pad elements of each
+ * row NaN, which must never be read. */
+static float *smem_tile(int rows, int str, int dp, int dpad, uint64_t *seed) {
+  float *t = malloc((size_t)rows * str * sizeof *t);
+  for (int r = 0; r < rows; r++)
+    for (int c = 0; c < str; c++)
+      t[r * str + c] = c < dp ? (float)tuniform(seed) : c < dpad ? 0.0f : NAN;
+  return t;
 }
-Test(cuda_layout, warp_emulation_d256) {
-  warp_tile(256, 256, ATTN_CU_BN_D256, 5);
-  warp_tile(256, 136, ATTN_CU_BN_D256, 6);
+
+/* One warp of an instance for a BN-key tile: its mt row tiles of S = Q Kᵀ
+ * and O = S V, and O's staged store, against float64. */
+static void warp_tile(int dpad, int dp, int bm, int bn, uint64_t seed) {
+  const int mt = bm / (16 * ATTN_CU_MMA_WARPS), rows = 16 * mt;
+  const int str = attn_cu_smem_stride(dpad), kd = dpad / 16, nb = bn / 8, db = dpad / 8;
+  cr_assert(mt >= 1 && mt <= 2 && nb <= 8 && db <= 32);
+  float *sQ = smem_tile(rows, str, dp, dpad, &seed), *sK = smem_tile(bn, str, dp, dpad, &seed);
+  float *sV = smem_tile(bn, str, dp, dpad, &seed);
+  float(*s)[8][32][4] = calloc((size_t)mt, sizeof *s);
+  float(*o)[32][32][4] = calloc((size_t)mt, sizeof *o);
+  emu_qk(s, sQ, sK, str, kd, nb, mt);
+  double *S = malloc((size_t)rows * bn * sizeof *S), *O = calloc((size_t)rows * dp, sizeof *O);
+  for (int r = 0; r < rows; r++)
+    for (int j = 0; j < bn; j++) {
+      double acc = 0;
+      for (int d = 0; d < dp; d++)
+        acc += (double)sQ[r * str + d] * sK[j * str + d];
+      S[r * bn + j] = acc;
+      for (int d = 0; d < dp; d++)
+        O[r * dp + d] += acc * sV[j * str + d];
+    }
+  for (int t = 0; t < mt; t++)
+    for (int n = 0; n < nb; n++)
+      for (int l = 0; l < 32; l++)
+        for (int e = 0; e < 4; e++) {
+          int r, c;
+          attn_cu_frag_c(l, e, &r, &c);
+          double want = S[(t * 16 + r) * bn + n * 8 + c];
+          cr_assert(fabs(s[t][n][l][e] - want) <= 1e-4 * (1 + fabs(want)),
+                    "S[%d][%d]: %g, expected %g (dpad %d, dp %d)", t * 16 + r, n * 8 + c,
+                    s[t][n][l][e], want, dpad, dp);
+        }
+  emu_pv(o, s, sV, str, bn, db, mt);
+  emu_store_o(o, str, dp, db, mt, O);
+  free(sQ), free(sK), free(sV), free(s), free(o), free(S), free(O);
+}
+
+/* Each forward instance: (padded head dim, rows, keys per tile). */
+static const int instances[][3] = {
+    {64, ATTN_CU_BM_D64, ATTN_CU_BN_D64},    {96, ATTN_CU_BM_D96, ATTN_CU_BN_D96},
+    {128, ATTN_CU_BM_D128, ATTN_CU_BN_D128}, {160, ATTN_CU_BM_D160, ATTN_CU_BN_D160},
+    {192, ATTN_CU_BM_D192, ATTN_CU_BN_D192}, {256, ATTN_CU_BM_D256, ATTN_CU_BN_D256},
+};
+enum { NINST = sizeof instances / sizeof *instances };
+
+Test(cuda_layout, warp_emulation_every_instance) {
+  for (int i = 0; i < NINST; i++) {
+    const int *in = instances[i];
+    warp_tile(in[0], in[0], in[1], in[2], 1 + (uint64_t)i);
+    warp_tile(in[0], in[0] - 24, in[1], in[2], 100 + (uint64_t)i); /* a padded dp */
+  }
+}
+
+/* Every instance's unrolled copies (attn_cu_copy_at) cover each 16-byte
+ * chunk of a Q tile (BM rows) and of a K or V tile (BN rows) exactly
+ * once, with passes that split the rows evenly over the block's threads
+ * (the kernel's static_assert), and the block's shared memory fits
+ * sm_89's 99 KB. */
+Test(cuda_layout, tile_copies_cover_each_chunk_once) {
+  const int nt = 32 * ATTN_CU_MMA_WARPS;
+  for (int i = 0; i < NINST; i++) {
+    const int dpad = instances[i][0], ch = dpad / 8, tpr = attn_cu_copy_tpr(ch);
+    cr_assert(ch % tpr == 0 && nt % tpr == 0, "dpad %d: %d threads per row", dpad, tpr);
+    for (int w = 1; w <= 2; w++) {
+      const int rows = instances[i][w], rpp = nt / tpr;
+      cr_assert_eq(rows % rpp, 0, "dpad %d: %d rows in passes of %d", dpad, rows, rpp);
+      int *seen = calloc((size_t)rows * ch, sizeof *seen);
+      for (int tid = 0; tid < nt; tid++)
+        for (int pass = 0; pass < rows / rpp; pass++)
+          for (int panel = 0; panel < ch / tpr; panel++) {
+            int r, c;
+            attn_cu_copy_at(tid, nt, ch, pass, panel, &r, &c);
+            cr_assert(r >= 0 && r < rows && c >= 0 && c < ch);
+            seen[r * ch + c]++;
+          }
+      for (int k = 0; k < rows * ch; k++)
+        cr_assert_eq(seen[k], 1, "dpad %d: chunk %d copied %d times", dpad, k, seen[k]);
+      free(seen);
+    }
+    const int bytes = (instances[i][1] + 4 * instances[i][2]) * attn_cu_smem_stride(dpad) * 2;
+    cr_expect_leq(bytes, 99 * 1024, "dpad %d: %d bytes of shared memory", dpad, bytes);
+  }
 }
 
 Test(cuda_layout, smem_rows_hit_distinct_bank_quads) {
   /* The 8 rows one ldmatrix phase reads, 16 bytes each, must cover all 32
    * banks once: row starts (stride x 2 bytes) land in distinct 16-byte
    * quads modulo 128 bytes. */
-  for (int dpad = 64; dpad <= 256; dpad *= 2) {
-    int str = attn_cu_smem_stride(dpad), seen = 0;
+  for (int i = 0; i < NINST; i++) {
+    int dpad = instances[i][0], str = attn_cu_smem_stride(dpad), seen = 0;
     for (int r = 0; r < 8; r++)
       seen |= 1 << ((r * str * 2) % 128 / 16);
     cr_assert_eq(seen, 0xff, "dpad %d: rows share bank quads", dpad);
@@ -547,14 +633,6 @@ Test(cuda_layout, selection) {
 
 /* A tile of rows x str floats: columns < dp random, dp..dpad zero (as
  * cp.async's zero-fill leaves them), the row padding NaN (never read). */
-static float *bwd_tile(int rows, int str, int dp, int dpad, uint64_t *seed) {
-  float *t = calloc((size_t)rows * str, sizeof *t);
-  for (int r = 0; r < rows; r++)
-    for (int c = 0; c < str; c++)
-      t[r * str + c] = c < dp ? (float)tuniform(seed) : c < dpad ? 0.0f : NAN;
-  return t;
-}
-
 /* bwd_mma.cuh's mma_abt: acc (16 x 8nb) += A Bᵀ, A the 16 rows at a, B the
  * nb·8 rows at b (both row-major, width 16kd), plain ldmatrix with the
  * addresses attn_cu_ldsm_q and attn_cu_ldsm_k give, as the kernel issues
@@ -670,8 +748,8 @@ static double dot_xb(int r, int c, void *v) {
 static void warp_dkdv(int dpad, int dp, int bn, int dsplit, int warp, uint64_t seed) {
   const int bm = ATTN_CU_BWD_BM, str = attn_cu_smem_stride(dpad), kd = dpad / 16, nb = bm / 8;
   const int db = dpad / dsplit / 8;
-  float *sK = bwd_tile(bn, str, dp, dpad, &seed), *sV = bwd_tile(bn, str, dp, dpad, &seed);
-  float *sQ = bwd_tile(bm, str, dp, dpad, &seed), *sO = bwd_tile(bm, str, dp, dpad, &seed);
+  float *sK = smem_tile(bn, str, dp, dpad, &seed), *sV = smem_tile(bn, str, dp, dpad, &seed);
+  float *sQ = smem_tile(bm, str, dp, dpad, &seed), *sO = smem_tile(bm, str, dp, dpad, &seed);
   int key0, dim0;
   attn_cu_bwd_warp(warp, dsplit, dpad, &key0, &dim0);
   cr_assert(key0 + 16 <= bn && dim0 + 8 * db <= dpad, "warp %d: keys %d, dims %d", warp, key0,
@@ -699,8 +777,8 @@ static void warp_dkdv(int dpad, int dp, int bn, int dsplit, int warp, uint64_t s
 static void warp_dq(int dpad, int dp, int bn, int warp, uint64_t seed) {
   const int bm = ATTN_CU_BWDQ_BM, str = attn_cu_smem_stride(dpad), kd = dpad / 16, nb = bn / 8;
   const int db = dpad / 8;
-  float *sQ = bwd_tile(bm, str, dp, dpad, &seed), *sO = bwd_tile(bm, str, dp, dpad, &seed);
-  float *sK = bwd_tile(bn, str, dp, dpad, &seed), *sV = bwd_tile(bn, str, dp, dpad, &seed);
+  float *sQ = smem_tile(bm, str, dp, dpad, &seed), *sO = smem_tile(bm, str, dp, dpad, &seed);
+  float *sK = smem_tile(bn, str, dp, dpad, &seed), *sV = smem_tile(bn, str, dp, dpad, &seed);
   float(*s)[32][4] = calloc((size_t)nb, sizeof *s), (*dpv)[32][4] = calloc((size_t)nb, sizeof *dpv);
   float(*dq)[32][4] = calloc((size_t)db, sizeof *dq);
   emu_abt(s, sQ + warp * 16 * str, sK, str, kd, nb, bn);
@@ -1082,8 +1160,11 @@ static void emu_lane(const emu_launch *e, int qt, int gy, int b, int split, int 
   int t0, t1;
   attn_cu_block_tiles(q0, q1, e->off, p->window_left, p->window_right, p->seq_kv, bn, e->c->nsplit,
                       split, &t0, &t1);
-  for (int half = 0; half < 2; half++) {
-    const int r = i0 + warp * 16 + lane / 4 + 8 * half;
+  const int mt = bm / (16 * e->c->warps);
+  if (i0 + attn_cu_lane_row(warp, mt, 0, 0, 0) >= i1)
+    return; /* an idle warp: only loads */
+  for (int rh = 0; rh < 2 * mt; rh++) {
+    const int r = i0 + attn_cu_lane_row(warp, mt, rh / 2, lane, rh % 2);
     int dh, i, lo, hi;
     attn_cu_block_row(r, p->seq_q, pack, &dh, &i);
     attn_cu_row_bounds(i, e->off, p->window_left, p->window_right, p->seq_kv, &lo, &hi);

@@ -698,7 +698,8 @@ static void usage(FILE *f) {
              "              best of --min-reps repetitions\n"
              "  --csv FILE  also write the results as CSV\n"
              "  --min-ms    time each shape at least this long (default 200)\n"
-             "  --min-reps  and at least this many launches (default 20)\n");
+             "  --min-reps  and at least this many launches (default 20); with --staging,\n"
+             "              the repetitions of each step\n");
 }
 
 int main(int argc, char **argv) {

@@ -28,8 +28,15 @@
  * self-check would); --hopper-full is N in 1k, 2k, 4k, 8k, 16k and D in 64,
  * 128, 256, --hopper N in 4k, 8k, 16k at D=128 and N=8k at D=64 and 256.
  *
- *   bench-gpu [--quick | --hopper | --hopper-full] [--csv FILE] [--min-ms MS]
- *             [--min-reps N]
+ * With --staging it instead takes one job (B=4, H=16, N=4096, D=128, BF16)
+ * step by step, to weigh receiving request bodies into pinned memory against
+ * today's pinned staging (issue 18): the host copy into staging, the upload
+ * from staging, from pinned bodies and from pageable memory, the kernel
+ * alone, the download and the whole job through attn_engine_run; one table
+ * and "pinned bodies would save X ms of Y ms per job".
+ *
+ *   bench-gpu [--quick | --hopper | --hopper-full | --staging] [--csv FILE]
+ *             [--min-ms MS] [--min-reps N]
  *
  * Without a device: "bench-gpu: skipped: no CUDA device (...)", exit 0.
  * Exit status 1 when a case failed (a CUDA error or a BAD output).
@@ -68,7 +75,7 @@ typedef struct bshape {
 } bshape;
 
 typedef struct bopts {
-  bool quick;
+  bool quick, staging;
   int hopper; /* 1: --hopper, 2: --hopper-full */
   const char *csv;
   double min_ms;
@@ -156,21 +163,26 @@ static int make_pools(void) {
   return CK(cudaMallocHost((void **)&stage, STAGE_BYTES));
 }
 
+/* rows x d random elements into host memory as rows x dp, zero columns
+ * after d. */
+static void fill_host(uint16_t *dst, size_t rows, int d, int dp, attn_dtype dt, size_t *pos) {
+  for (size_t r = 0; r < rows; r++, dst += dp) {
+    for (int i = 0; i < d; i++) {
+      dst[i] = pool[dt][*pos];
+      if (++*pos == POOL_N)
+        *pos = 0;
+    }
+    for (int i = d; i < dp; i++)
+      dst[i] = 0;
+  }
+}
+
 /* rows x d random elements into dev as rows x dp, zero columns after d. */
 static int fill(void *dev, size_t rows, int d, int dp, attn_dtype dt, size_t *pos) {
   size_t es = 2, row_bytes = (size_t)dp * es, per = STAGE_BYTES / row_bytes;
   for (size_t r0 = 0; r0 < rows; r0 += per) {
     size_t nr = rows - r0 < per ? rows - r0 : per;
-    for (size_t r = 0; r < nr; r++) {
-      uint16_t *dst = (uint16_t *)(stage + r * row_bytes);
-      for (int i = 0; i < d; i++) {
-        dst[i] = pool[dt][*pos];
-        if (++*pos == POOL_N)
-          *pos = 0;
-      }
-      for (int i = d; i < dp; i++)
-        dst[i] = 0;
-    }
+    fill_host((uint16_t *)stage, nr, d, dp, dt, pos);
     if (CK(cudaMemcpy((unsigned char *)dev + r0 * row_bytes, stage, nr * row_bytes,
                       cudaMemcpyHostToDevice)))
       return -1;
@@ -218,6 +230,11 @@ static int fill_backward(bset *b, const attn_cu_params *p0, size_t rq, size_t qb
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
+}
+
+/* The median of n sorted values. */
+static double median(const double *t, int n) {
+  return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
 }
 
 /* Non-finite elements of a 16-bit O [rows, dp] on the device, columns < d. */
@@ -356,7 +373,7 @@ static int run_shape(const bshape *s, int sms, size_t l2, cudaStream_t st, bresu
   }
   qsort(times, (size_t)reps, sizeof *times, cmp_double);
   res->reps = reps;
-  res->med_ms = reps % 2 ? times[reps / 2] : 0.5 * (times[reps / 2 - 1] + times[reps / 2]);
+  res->med_ms = median(times, reps);
   res->min_ms = times[0];
   res->status = "ok";
   rc = 0;
@@ -383,16 +400,306 @@ out:
   return rc;
 }
 
+/* ---- --staging: pinned request bodies against pinned staging (issue 18) ---- */
+
+/*
+ * The cuda backend copies a job's Q, K and V from the caller's memory (the
+ * server's request bodies: pageable) into its slot's pinned buffer, then
+ * uploads that in one copy (engine/cuda/cuda.c: stage, queue_work).
+ * Receiving bodies straight into pinned memory would skip that copy. These
+ * rows time each step of one large job, so the saving can be set against
+ * the whole job: the best (and the median) of --min-reps repetitions after
+ * SWARM warm-up ones; GPU copies by CUDA events, host copies and the job by
+ * the wall clock.
+ */
+#define SWARM 2
+#define SB 4
+#define SH 16
+#define SN 4096
+#define SD 128
+/* A safetensors body's data follows an 8-byte length and a JSON header
+ * padded to 8 bytes: 8-byte but not 256-byte aligned, as here. */
+#define BODY_HEADER 232
+
+typedef struct sbufs {
+  size_t tb;               /* bytes of one tensor */
+  unsigned char *pageable; /* Q, K, V, O back to back (malloc, as request bodies) */
+  unsigned char *staging;  /* pinned: Q, K, V, O, as a slot lays out this job */
+  unsigned char *body;     /* pinned: a body, BODY_HEADER bytes then Q, K, V */
+  unsigned char *dev;      /* Q, K, V, O */
+  cudaStream_t st;
+  cudaEvent_t ev[2];
+  attn_engine *e;
+  attn_request req; /* the job on the pageable Q, K, V, O */
+} sbufs;
+
+/* One repetition of a row: wall-clock ms and CUDA-event ms (-1: none). */
+typedef int (*srep_fn)(sbufs *b, double *wall_ms, double *ev_ms);
+
+typedef struct srow {
+  const char *name;
+  srep_fn fn;  /* NULL: the kernel alone, by run_shape */
+  int tensors; /* bytes moved, in tensors (0: no GB/s) */
+  int reps;
+  double best, med; /* ms */
+  const char *clock;
+} srow;
+
+static int rep_pack(sbufs *b, double *wall, double *ev) {
+  double t0 = attn_now();
+  for (int i = 0; i < 3; i++) /* what pack() does with a contiguous tensor */
+    memcpy(b->staging + i * b->tb, b->pageable + i * b->tb, b->tb);
+  *wall = (attn_now() - t0) * 1e3;
+  *ev = -1;
+  return 0;
+}
+
+static int rep_unpack(sbufs *b, double *wall, double *ev) {
+  double t0 = attn_now();
+  memcpy(b->pageable + 3 * b->tb, b->staging + 3 * b->tb, b->tb);
+  *wall = (attn_now() - t0) * 1e3;
+  *ev = -1;
+  return 0;
+}
+
+/* k copies of n bytes, dst[i] <- src[i], between two events. */
+static int copies(sbufs *b, unsigned char *const *dst, const unsigned char *const *src, int k,
+                  size_t n, enum cudaMemcpyKind kind, double *wall, double *ev) {
+  float ms = 0;
+  double t0 = attn_now();
+  if (CK(cudaEventRecord(b->ev[0], b->st)))
+    return -1;
+  for (int i = 0; i < k; i++)
+    if (CK(cudaMemcpyAsync(dst[i], src[i], n, kind, b->st)))
+      return -1;
+  if (CK(cudaEventRecord(b->ev[1], b->st)) || CK(cudaEventSynchronize(b->ev[1])) ||
+      CK(cudaEventElapsedTime(&ms, b->ev[0], b->ev[1])))
+    return -1;
+  *wall = (attn_now() - t0) * 1e3;
+  *ev = ms;
+  return 0;
+}
+
+/* Today's upload: the packed Q, K, V in one copy, as queue_work does. */
+static int rep_up_staged(sbufs *b, double *wall, double *ev) {
+  unsigned char *d[1] = {b->dev};
+  const unsigned char *s[1] = {b->staging};
+  return copies(b, d, s, 1, 3 * b->tb, cudaMemcpyHostToDevice, wall, ev);
+}
+
+/* Q, K, V uploaded where they lie in host memory: one copy each. */
+static int up_from(sbufs *b, const unsigned char *base, double *wall, double *ev) {
+  unsigned char *d[3];
+  const unsigned char *s[3];
+  for (int i = 0; i < 3; i++)
+    d[i] = b->dev + i * b->tb, s[i] = base + i * b->tb;
+  return copies(b, d, s, 3, b->tb, cudaMemcpyHostToDevice, wall, ev);
+}
+
+static int rep_up_bodies(sbufs *b, double *wall, double *ev) {
+  return up_from(b, b->body + BODY_HEADER, wall, ev);
+}
+
+static int rep_up_pageable(sbufs *b, double *wall, double *ev) {
+  return up_from(b, b->pageable, wall, ev);
+}
+
+static int rep_download(sbufs *b, double *wall, double *ev) {
+  unsigned char *d[1] = {b->staging + 3 * b->tb};
+  const unsigned char *s[1] = {b->dev + 3 * b->tb};
+  return copies(b, d, s, 1, b->tb, cudaMemcpyDeviceToHost, wall, ev);
+}
+
+static int rep_job(sbufs *b, double *wall, double *ev) {
+  attn_result res;
+  attn_status st = {0};
+  double t0 = attn_now();
+  if (attn_engine_run(b->e, &b->req, &res, &st) != 0) {
+    fprintf(stderr, "bench-gpu: the engine's job failed: %s\n", st.message);
+    return -1;
+  }
+  *wall = (attn_now() - t0) * 1e3;
+  *ev = -1;
+  if (!res.backend || strcmp(res.backend, "cuda") != 0) {
+    fprintf(stderr, "bench-gpu: the job ran on %s, not cuda\n", res.backend ? res.backend : "?");
+    return -1;
+  }
+  return 0;
+}
+
+enum { R_PACK, R_UP_STAGED, R_UP_BODIES, R_UP_PAGEABLE, R_KERNEL, R_DOWN, R_UNPACK, R_JOB, R_N };
+
+static srow srows[R_N] = {
+    [R_PACK] = {"pack: pageable -> pinned staging (CPU)", rep_pack, 3},
+    [R_UP_STAGED] = {"upload: pinned staging (today)", rep_up_staged, 3},
+    [R_UP_BODIES] = {"upload: pinned bodies", rep_up_bodies, 3},
+    [R_UP_PAGEABLE] = {"upload: pageable (reference)", rep_up_pageable, 3},
+    [R_KERNEL] = {"kernel alone (non-causal)", NULL, 0},
+    [R_DOWN] = {"download: O to pinned staging", rep_download, 1},
+    [R_UNPACK] = {"unpack: O to pageable (CPU)", rep_unpack, 1},
+    [R_JOB] = {"job: attn_engine_run, cuda", rep_job, 0},
+};
+
+/* Best and median of o.min_reps repetitions after SWARM. */
+static int best_of(sbufs *b, srow *row) {
+  int n = o.min_reps, rc = 0;
+  double *t = malloc((size_t)n * sizeof *t);
+  if (!t)
+    return -1;
+  for (int i = -SWARM; i < n && rc == 0; i++) {
+    double wall = 0, ev = -1;
+    rc = row->fn(b, &wall, &ev);
+    if (i >= 0)
+      t[i] = ev >= 0 ? ev : wall;
+    row->clock = ev >= 0 ? "events" : "wall";
+  }
+  if (rc == 0) {
+    qsort(t, (size_t)n, sizeof *t, cmp_double);
+    row->reps = n;
+    row->best = t[0];
+    row->med = median(t, n);
+  }
+  free(t);
+  return rc;
+}
+
+/* The kernel on device buffers, as bench-gpu's prefill rows time it. */
+static int kernel_row(srow *row, const struct cudaDeviceProp *prop, cudaStream_t st) {
+  const bshape s = {"prefill", SB, SH, SH, SN, SN, SD, ATTN_BF16, false};
+  bresult r;
+  if (run_shape(&s, prop->multiProcessorCount, (size_t)prop->l2CacheSize, st, &r) != 0)
+    return -1;
+  row->reps = r.reps;
+  row->best = r.min_ms;
+  row->med = r.med_ms;
+  row->clock = "events";
+  return 0;
+}
+
+/* An engine with one stream (jobs run one at a time: one slot's buffer to
+ * warm up) and the job on the pageable tensors. */
+static int staging_engine(sbufs *b) {
+  attn_config cfg;
+  attn_config_init(&cfg);
+  cfg.cuda_streams = 1;
+  attn_status st = {0};
+  if (attn_engine_open(&cfg, &b->e, &st) < 0) {
+    fprintf(stderr, "bench-gpu: attn_engine_open: %s\n", st.message);
+    return -1;
+  }
+  attn_request *r = &b->req;
+  attn_request_init(r);
+  r->batch = SB, r->heads_q = r->heads_kv = SH, r->seq_q = r->seq_kv = SN, r->head_dim = SD;
+  r->dtype = ATTN_BF16;
+  r->backend = "cuda";
+  r->q = b->pageable, r->k = b->pageable + b->tb, r->v = b->pageable + 2 * b->tb;
+  r->o = b->pageable + 3 * b->tb;
+  return 0;
+}
+
+static int staging_setup(sbufs *b, cudaStream_t st) {
+  b->tb = (size_t)SB * SH * SN * SD * 2;
+  b->st = st;
+  b->pageable = malloc(4 * b->tb);
+  if (!b->pageable) {
+    fprintf(stderr, "bench-gpu: out of memory for %zu MiB of inputs\n", (4 * b->tb) >> 20);
+    return -1;
+  }
+  size_t pos = 7919;
+  fill_host((uint16_t *)b->pageable, (size_t)3 * SB * SH * SN, SD, SD, ATTN_BF16, &pos);
+  memset(b->pageable + 3 * b->tb, 0xff, b->tb); /* O: poisoned, and its pages touched */
+  if (CK(cudaHostAlloc((void **)&b->staging, 4 * b->tb, cudaHostAllocPortable)) ||
+      CK(cudaHostAlloc((void **)&b->body, BODY_HEADER + 3 * b->tb, cudaHostAllocPortable)) ||
+      CK(cudaMalloc((void **)&b->dev, 4 * b->tb)) || CK(cudaEventCreate(&b->ev[0])) ||
+      CK(cudaEventCreate(&b->ev[1])))
+    return -1;
+  memcpy(b->body + BODY_HEADER, b->pageable, 3 * b->tb); /* a received body */
+  return staging_engine(b);
+}
+
+static void staging_free(sbufs *b) {
+  if (b->e)
+    attn_engine_close(b->e);
+  for (int i = 0; i < 2; i++)
+    if (b->ev[i])
+      CK(cudaEventDestroy(b->ev[i]));
+  if (b->dev)
+    CK(cudaFree(b->dev));
+  if (b->body)
+    CK(cudaFreeHost(b->body));
+  if (b->staging)
+    CK(cudaFreeHost(b->staging));
+  free(b->pageable);
+}
+
+/* The table, the verdict line and (with --csv) the rows; "staging" begins
+ * every line, so check.sh can pick them out of its log. */
+static int staging_report(double tb) {
+  const double job = srows[R_JOB].best, mib = tb / (1 << 20);
+  FILE *csv = o.csv ? fopen(o.csv, "w") : NULL;
+  if (o.csv && !csv) {
+    perror(o.csv);
+    return -1;
+  }
+  if (csv)
+    fprintf(csv, "step,mib,reps,best_ms,median_ms,gbps,clock,pct_of_job\n");
+  printf("staging: Q, K, V [%d, %d, %d, %d] BF16, %.0f MiB each, O downloaded; best of %d\n", SB,
+         SH, SN, SD, mib, o.min_reps);
+  printf("staging  %-40s %6s %9s %9s %7s %-6s %5s\n", "step", "MiB", "best_ms", "median_ms", "GB/s",
+         "clock", "%job");
+  for (int i = 0; i < R_N; i++) {
+    const srow *r = &srows[i];
+    double gbps = r->tensors ? r->tensors * tb / (r->best * 1e-3) / 1e9 : 0;
+    char m[16] = "-", g[16] = "-";
+    if (r->tensors)
+      snprintf(m, sizeof m, "%.0f", r->tensors * mib), snprintf(g, sizeof g, "%.1f", gbps);
+    printf("staging  %-40s %6s %9.3f %9.3f %7s %-6s %5.1f\n", r->name, m, r->best, r->med, g,
+           r->clock, 100 * r->best / job);
+    if (csv)
+      fprintf(csv, "%s,%.1f,%d,%.4f,%.4f,%.2f,%s,%.2f\n", r->name, r->tensors * mib, r->reps,
+              r->best, r->med, gbps, r->clock, 100 * r->best / job);
+  }
+  if (csv)
+    fclose(csv);
+  double today = srows[R_PACK].best + srows[R_UP_STAGED].best;
+  double save = today - srows[R_UP_BODIES].best;
+  printf(
+      "staging: pack + upload today %.2f ms of a %.2f ms job (%.0f %%); the kernel alone %.2f ms\n",
+      today, job, 100 * today / job, srows[R_KERNEL].best);
+  printf("staging: pinned bodies would save %.2f ms of %.2f ms per job (%.1f %%)\n", save, job,
+         100 * save / job);
+  return 0;
+}
+
+/* --staging: the rows above, one after another; 0 or 1 (a failure). */
+static int staging_main(const struct cudaDeviceProp *prop, cudaStream_t st) {
+  sbufs b;
+  memset(&b, 0, sizeof b);
+  int rc = staging_setup(&b, st);
+  for (int i = 0; i < R_N && rc == 0; i++)
+    rc = srows[i].fn ? best_of(&b, &srows[i]) : kernel_row(&srows[i], prop, st);
+  double tb = (double)b.tb;
+  staging_free(&b);
+  if (rc == 0)
+    rc = staging_report(tb);
+  return rc ? 1 : 0;
+}
+
 static void usage(FILE *f) {
-  fprintf(f, "usage: bench-gpu [--quick | --hopper | --hopper-full] [--csv FILE] [--min-ms MS]\n"
-             "                 [--min-reps N]\n"
+  fprintf(f, "usage: bench-gpu [--quick | --hopper | --hopper-full | --staging] [--csv FILE]\n"
+             "                 [--min-ms MS] [--min-reps N]\n"
              "  --quick     N=4096, D=128 prefill and backward (both dtypes, causal and not)\n"
              "              and one decode\n"
              "  --hopper    the sm_90a instance beside mma.sync (BF16, B=4, H=16): N=4k..16k\n"
              "              at D=128, N=8k at D=64 and 256; --hopper-full: N=1k..16k, D=64..256\n"
+             "  --staging   one job (B=4, H=16, N=4096, D=128, BF16) step by step: the pack\n"
+             "              into pinned staging and its upload against uploading pinned\n"
+             "              request bodies directly, the kernel and the whole engine job;\n"
+             "              best of --min-reps repetitions\n"
              "  --csv FILE  also write the results as CSV\n"
              "  --min-ms    time each shape at least this long (default 200)\n"
-             "  --min-reps  and at least this many launches (default 20)\n");
+             "  --min-reps  and at least this many launches (default 20); with --staging,\n"
+             "              the repetitions of each step\n");
 }
 
 int main(int argc, char **argv) {
@@ -403,6 +710,8 @@ int main(int argc, char **argv) {
       o.hopper = 2;
     else if (strcmp(argv[i], "--quick") == 0)
       o.quick = true;
+    else if (strcmp(argv[i], "--staging") == 0)
+      o.staging = true;
     else if (strcmp(argv[i], "--csv") == 0 && i + 1 < argc)
       o.csv = argv[++i];
     else if (strcmp(argv[i], "--min-ms") == 0 && i + 1 < argc)
@@ -435,10 +744,15 @@ int main(int argc, char **argv) {
     return 1;
   printf("bench-gpu: %s, %d SMs, L2 %d MiB, sm_%d%d, driver %d.%d, runtime %d.%d%s\n", prop.name,
          prop.multiProcessorCount, prop.l2CacheSize >> 20, prop.major, prop.minor, drv / 1000,
-         drv % 1000 / 10, rt / 1000, rt % 1000 / 10, o.quick ? ", --quick" : "");
+         drv % 1000 / 10, rt / 1000, rt % 1000 / 10,
+         o.staging ? ", --staging"
+         : o.quick ? ", --quick"
+                   : "");
   cudaStream_t st;
   if (make_pools() || CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking)))
     return 1;
+  if (o.staging)
+    return staging_main(&prop, st);
   FILE *csv = NULL;
   if (o.csv) {
     csv = fopen(o.csv, "w");

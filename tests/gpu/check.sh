@@ -3,7 +3,8 @@
 # one call that fits the lease (.library/device/): build for sm_90 only
 # (BUILD=build-gpu, never mixed with a CPU build), the GPU tests,
 # compute-sanitizer on a few small cases, bench-gpu and PyTorch's SDPA on
-# the same shapes, then a short table. Each stage runs under `timeout`
+# the same shapes, bench-gpu --staging (pinned request bodies against pinned
+# staging for one large job, issue 18), then a short table. Each stage runs under `timeout`
 # within one overall budget (CHECK_BUDGET_S, default 420 s) and the script
 # goes on to the next stage when one fails. The LAST lines printed are the
 # summary table, since only the tail of the output comes back.
@@ -233,9 +234,15 @@ fi
 QUICK=""
 if [ "$(left)" -lt 170 ]; then QUICK="--quick"; fi
 if [ -x "$BUILD/bench-gpu" ]; then
-  stage bench 90 40 "$OUT/bench.log" "$BUILD/bench-gpu" $QUICK --csv "$OUT/bench.csv"
+  stage bench 90 80 "$OUT/bench.log" "$BUILD/bench-gpu" $QUICK --csv "$OUT/bench.csv"
+  # One large job step by step: would receiving request bodies into pinned
+  # memory beat packing them into pinned staging? Its lines (all beginning
+  # "staging") go to bench.log, since OUTDIR already holds 8 files, and into
+  # the summary.
+  stage staging 40 40 "$OUT/bench.log" "$BUILD/bench-gpu" --staging
 else
   skip_stage bench "$BUILD/bench-gpu was not built"
+  skip_stage staging "$BUILD/bench-gpu was not built"
 fi
 stage sdpa 90 5 "$OUT/bench.log" python3 tests/gpu/sdpa_bench.py $QUICK --csv "$OUT/sdpa.csv"
 # The Hopper instance's table (issue 19): bench-gpu times each shape as
@@ -308,6 +315,12 @@ table() {
     if [ ! -s "$OUT/sdpa.csv" ]; then echo "(no SDPA numbers: see bench.log)"; fi
   else
     echo "bench: no results (see bench.log)"
+  fi
+  if grep -q '^staging' "$OUT/bench.log" 2>/dev/null; then
+    echo "--- pinned request bodies against pinned staging (bench-gpu --staging):"
+    grep '^staging' "$OUT/bench.log" | cut -c1-160
+  else
+    echo "staging: no results (see bench.log)"
   fi
 }
 # The Hopper table: TFLOP/s of mma.sync, the sm_90a instance and SDPA per

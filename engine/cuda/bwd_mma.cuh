@@ -31,6 +31,21 @@
 
 namespace attn_cu {
 
+// Copies rows [0, rows) x [0, DPAD) of a tile from global memory (row stride
+// dp) into padded shared memory; rows >= valid and columns >= dp become 0.
+// A strided loop, not the forward's unrolled tile_copy: unrolled, the
+// addresses cost the d64 dK/dV kernel 16 bytes of spills on sm_90.
+template <typename T, int ROWS, int DPAD, int NT>
+__device__ __forceinline__ void load_tile(T *s, const T *g, int valid, int dp) {
+  constexpr int CH = DPAD / 8, STR = DPAD + 8;
+#pragma unroll
+  for (int idx = threadIdx.x; idx < ROWS * CH; idx += NT) {
+    int r = idx / CH, c = (idx % CH) * 8;
+    bool ok = r < valid && c < dp;
+    cp_async16(s + r * STR + c, ok ? g + (size_t)r * dp + c : g, ok);
+  }
+}
+
 // lse·log2 e and D of query rows [i0, i0 + BM) into shared memory; rows past
 // nq get +inf and 0 (P = 0 there).
 template <int BM>

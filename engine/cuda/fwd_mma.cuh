@@ -32,13 +32,18 @@ namespace attn_cu {
 
 // Rows [0, ROWS) x [0, DPAD) of a tile between global memory (row stride
 // dp) and padded shared memory, as attn_cu_copy_at lays the chunks out
-// over the NT threads: each thread's base addresses are set once.
+// over the NT threads: each thread's base addresses are set once, and a
+// (pass, panel)'s offset from them is attn_cu_copy_at of thread 0, a
+// constant.
 template <typename T, int ROWS, int DPAD, int NT> struct tile_copy {
   static constexpr int CH = DPAD / 8, STR = DPAD + 8, TPR = attn_cu_copy_tpr(CH);
   static constexpr int RPP = NT / TPR, PASSES = ROWS / RPP, PANELS = CH / TPR;
   static_assert(NT % TPR == 0 && ROWS % RPP == 0, "the tile must split evenly over the threads");
   int row0, col0;
-  __device__ explicit tile_copy(int tid) : row0(tid / TPR), col0(tid % TPR * 8) {}
+  __device__ explicit tile_copy(int tid) {
+    attn_cu_copy_at(tid, NT, CH, 0, 0, &row0, &col0);
+    col0 *= 8;
+  }
 
   // Rows >= valid (TAIL only: other tiles are whole) and columns >= dp
   // become 0.
@@ -48,12 +53,15 @@ template <typename T, int ROWS, int DPAD, int NT> struct tile_copy {
     T *st = s + row0 * STR + col0;
 #pragma unroll
     for (int pn = 0; pn < PANELS; pn++) {
-      const bool col_ok = col0 + pn * TPR * 8 < dp;
+      int dr, dc;
+      attn_cu_copy_at(0, NT, CH, 0, pn, &dr, &dc);
+      const bool col_ok = col0 + dc * 8 < dp;
 #pragma unroll
       for (int ps = 0; ps < PASSES; ps++) {
-        const bool ok = col_ok && (!TAIL || row0 + ps * RPP < valid);
-        const T *src = gt + (size_t)ps * RPP * dp + pn * TPR * 8;
-        cp_async16(st + ps * RPP * STR + pn * TPR * 8, ok ? src : g, ok);
+        attn_cu_copy_at(0, NT, CH, ps, pn, &dr, &dc);
+        const bool ok = col_ok && (!TAIL || row0 + dr < valid);
+        const T *src = gt + (size_t)dr * dp + dc * 8;
+        cp_async16(st + dr * STR + dc * 8, ok ? src : g, ok);
       }
     }
   }

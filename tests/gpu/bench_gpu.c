@@ -100,6 +100,11 @@ static int shapes(bshape *s, bool quick) {
             continue;
           s[n++] = (bshape){"prefill", 4, 16, 16, ns[i], ns[i], ds[j], dts[t], c == 1};
         }
+  /* the instances between 64, 128 and 256 (FlashAttention-2 has 96, 160, 192) */
+  static const int mids[] = {96, 160, 192};
+  for (int j = 0; j < 3 && !quick; j++)
+    for (int c = 0; c < 2; c++)
+      s[n++] = (bshape){"prefill", 4, 16, 16, 4096, 4096, mids[j], ATTN_BF16, c == 1};
   s[n++] = (bshape){"decode", 1, 32, 8, 1, 32768, 128, ATTN_BF16, false};
   if (!quick) {
     s[n++] = (bshape){"decode", 4, 32, 8, 1, 32768, 128, ATTN_BF16, false};

@@ -50,6 +50,10 @@ def shapes(quick):
                     if quick and (d != 128 or n != 4096):
                         continue
                     out.append(("prefill", 4, 16, 16, n, n, d, dt, causal))
+    if not quick:  # the instances between 64, 128 and 256 (FlashAttention-2 has 96, 160, 192)
+        for d in (96, 160, 192):
+            for causal in (False, True):
+                out.append(("prefill", 4, 16, 16, 4096, 4096, d, "BF16", causal))
     out.append(("decode", 1, 32, 8, 1, 32768, 128, "BF16", False))
     if not quick:
         out.append(("decode", 4, 32, 8, 1, 32768, 128, "BF16", False))

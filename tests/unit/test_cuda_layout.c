@@ -310,6 +310,14 @@ Test(cuda_layout, tile_copies_cover_each_chunk_once) {
             int r, c;
             attn_cu_copy_at(tid, nt, ch, pass, panel, &r, &c);
             cr_assert(r >= 0 && r < rows && c >= 0 && c < ch);
+            /* the kernel adds thread 0's (pass, panel) to its own (0, 0) */
+            int r0, c0, dr, dc;
+            attn_cu_copy_at(tid, nt, ch, 0, 0, &r0, &c0);
+            attn_cu_copy_at(0, nt, ch, pass, panel, &dr, &dc);
+            cr_assert(r == r0 + dr && c == c0 + dc,
+                      "dpad %d: thread %d's chunk is not its base "
+                      "plus a constant",
+                      dpad, tid);
             seen[r * ch + c]++;
           }
       for (int k = 0; k < rows * ch; k++)

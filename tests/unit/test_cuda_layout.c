@@ -274,19 +274,26 @@ static void warp_tile(int dpad, int dp, int bm, int bn, uint64_t seed) {
   free(sQ), free(sK), free(sV), free(s), free(o), free(S), free(O);
 }
 
-/* Each forward instance: (padded head dim, rows, keys per tile). */
-static const int instances[][3] = {
-    {64, ATTN_CU_BM_D64, ATTN_CU_BN_D64},    {96, ATTN_CU_BM_D96, ATTN_CU_BN_D96},
-    {128, ATTN_CU_BM_D128, ATTN_CU_BN_D128}, {160, ATTN_CU_BM_D160, ATTN_CU_BN_D160},
-    {192, ATTN_CU_BM_D192, ATTN_CU_BN_D192}, {256, ATTN_CU_BM_D256, ATTN_CU_BN_D256},
+/* The forward tensor-core instances as kernels.h documents them, in
+ * head-dim order: the padded head dims each holds and its tiles. */
+static const struct fwd_inst {
+  attn_cu_kernel k;
+  int dpad, bm, bn;
+} fwd_insts[] = {
+    {ATTN_CU_MMA_D64, 64, ATTN_CU_BM_D64, ATTN_CU_BN_D64},
+    {ATTN_CU_MMA_D96, 96, ATTN_CU_BM_D96, ATTN_CU_BN_D96},
+    {ATTN_CU_MMA_D128, 128, ATTN_CU_BM_D128, ATTN_CU_BN_D128},
+    {ATTN_CU_MMA_D160, 160, ATTN_CU_BM_D160, ATTN_CU_BN_D160},
+    {ATTN_CU_MMA_D192, 192, ATTN_CU_BM_D192, ATTN_CU_BN_D192},
+    {ATTN_CU_MMA_D256, 256, ATTN_CU_BM_D256, ATTN_CU_BN_D256},
 };
-enum { NINST = sizeof instances / sizeof *instances };
+enum { NFWD_INSTS = sizeof fwd_insts / sizeof *fwd_insts };
 
 Test(cuda_layout, warp_emulation_every_instance) {
-  for (int i = 0; i < NINST; i++) {
-    const int *in = instances[i];
-    warp_tile(in[0], in[0], in[1], in[2], 1 + (uint64_t)i);
-    warp_tile(in[0], in[0] - 24, in[1], in[2], 100 + (uint64_t)i); /* a padded dp */
+  for (int i = 0; i < NFWD_INSTS; i++) {
+    const struct fwd_inst *in = &fwd_insts[i];
+    warp_tile(in->dpad, in->dpad, in->bm, in->bn, 1 + (uint64_t)i);
+    warp_tile(in->dpad, in->dpad - 24, in->bm, in->bn, 100 + (uint64_t)i); /* a padded dp */
   }
 }
 
@@ -297,11 +304,11 @@ Test(cuda_layout, warp_emulation_every_instance) {
  * sm_89's 99 KB. */
 Test(cuda_layout, tile_copies_cover_each_chunk_once) {
   const int nt = 32 * ATTN_CU_MMA_WARPS;
-  for (int i = 0; i < NINST; i++) {
-    const int dpad = instances[i][0], ch = dpad / 8, tpr = attn_cu_copy_tpr(ch);
+  for (int i = 0; i < NFWD_INSTS; i++) {
+    const int dpad = fwd_insts[i].dpad, ch = dpad / 8, tpr = attn_cu_copy_tpr(ch);
     cr_assert(ch % tpr == 0 && nt % tpr == 0, "dpad %d: %d threads per row", dpad, tpr);
     for (int w = 1; w <= 2; w++) {
-      const int rows = instances[i][w], rpp = nt / tpr;
+      const int rows = w == 1 ? fwd_insts[i].bm : fwd_insts[i].bn, rpp = nt / tpr;
       cr_assert_eq(rows % rpp, 0, "dpad %d: %d rows in passes of %d", dpad, rows, rpp);
       int *seen = calloc((size_t)rows * ch, sizeof *seen);
       for (int tid = 0; tid < nt; tid++)
@@ -324,7 +331,7 @@ Test(cuda_layout, tile_copies_cover_each_chunk_once) {
         cr_assert_eq(seen[k], 1, "dpad %d: chunk %d copied %d times", dpad, k, seen[k]);
       free(seen);
     }
-    const int bytes = (instances[i][1] + 4 * instances[i][2]) * attn_cu_smem_stride(dpad) * 2;
+    const int bytes = (fwd_insts[i].bm + 4 * fwd_insts[i].bn) * attn_cu_smem_stride(dpad) * 2;
     cr_expect_leq(bytes, 99 * 1024, "dpad %d: %d bytes of shared memory", dpad, bytes);
   }
 }
@@ -333,8 +340,8 @@ Test(cuda_layout, smem_rows_hit_distinct_bank_quads) {
   /* The 8 rows one ldmatrix phase reads, 16 bytes each, must cover all 32
    * banks once: row starts (stride x 2 bytes) land in distinct 16-byte
    * quads modulo 128 bytes. */
-  for (int i = 0; i < NINST; i++) {
-    int dpad = instances[i][0], str = attn_cu_smem_stride(dpad), seen = 0;
+  for (int i = 0; i < NFWD_INSTS; i++) {
+    int dpad = fwd_insts[i].dpad, str = attn_cu_smem_stride(dpad), seen = 0;
     for (int r = 0; r < 8; r++)
       seen |= 1 << ((r * str * 2) % 128 / 16);
     cr_assert_eq(seen, 0xff, "dpad %d: rows share bank quads", dpad);
@@ -541,21 +548,6 @@ static attn_cu_params shape(attn_dtype dt, int b, int hq, int hkv, int nq, int n
   p.window_left = p.window_right = -1;
   return p;
 }
-
-/* The forward tensor-core instances as kernels.h documents them, in
- * head-dim order: the padded head dims each holds and its tiles. */
-static const struct fwd_inst {
-  attn_cu_kernel k;
-  int dpad, bm, bn;
-} fwd_insts[] = {
-    {ATTN_CU_MMA_D64, 64, ATTN_CU_BM_D64, ATTN_CU_BN_D64},
-    {ATTN_CU_MMA_D96, 96, ATTN_CU_BM_D96, ATTN_CU_BN_D96},
-    {ATTN_CU_MMA_D128, 128, ATTN_CU_BM_D128, ATTN_CU_BN_D128},
-    {ATTN_CU_MMA_D160, 160, ATTN_CU_BM_D160, ATTN_CU_BN_D160},
-    {ATTN_CU_MMA_D192, 192, ATTN_CU_BM_D192, ATTN_CU_BN_D192},
-    {ATTN_CU_MMA_D256, 256, ATTN_CU_BM_D256, ATTN_CU_BN_D256},
-};
-enum { NFWD_INSTS = sizeof fwd_insts / sizeof *fwd_insts };
 
 /* Index into fwd_insts of the smallest instance holding dp. */
 static int fwd_inst_for(int dp) {

@@ -266,116 +266,170 @@ typedef struct bresult {
   const char *status; /* "ok", "BAD" or "ERROR" */
 } bresult;
 
+/* The launch parameters of shape s (the default scale, causal or not). */
+static void shape_params(const bshape *s, attn_cu_params *p) {
+  memset(p, 0, sizeof *p);
+  p->dtype = s->dt;
+  p->batch = s->b;
+  p->heads_q = s->hq;
+  p->heads_kv = s->hkv;
+  p->seq_q = s->nq;
+  p->seq_kv = s->nkv;
+  p->head_dim = s->d;
+  p->dp = attn_cu_dp(s->d);
+  p->scale_log2 = (float)(1.0 / sqrt((double)s->d) * M_LOG2E);
+  p->scale = (float)(1.0 / sqrt((double)s->d));
+  p->pass = strcmp(s->kind, "backward") == 0 ? ATTN_BACKWARD : ATTN_FORWARD;
+  p->window_left = -1;
+  p->window_right = s->causal ? 0 : -1;
+}
+
+/* How many input sets rotate through the launches: enough that together
+ * they exceed the L2 three times, so no launch finds its inputs cached. */
+static int sets_for(size_t set_bytes, size_t l2) {
+  if (set_bytes >= 3 * l2)
+    return 1;
+  int n = (int)((3 * l2 + set_bytes - 1) / set_bytes);
+  return n < 2 ? 2 : n > MAX_SETS ? MAX_SETS : n;
+}
+
+/* Allocates and fills n input sets of shape s (0, or -1 after a CUDA
+ * error; free_sets() frees what was allocated either way). */
+static int alloc_sets(bset *sets, int n, const bshape *s, const attn_cu_params *p,
+                      cudaStream_t st) {
+  const bool bwd = p->pass == ATTN_BACKWARD;
+  size_t es = attn_dtype_size(s->dt);
+  size_t rq = (size_t)s->b * s->hq * s->nq, rkv = (size_t)s->b * s->hkv * s->nkv;
+  size_t qb = rq * p->dp * es, kvb = rkv * p->dp * es;
+  size_t pos = (size_t)s->nkv * 7919u % POOL_N;
+  for (int i = 0; i < n; i++) {
+    bset *b = &sets[i];
+    if (CK(cudaMalloc(&b->q, qb)) || CK(cudaMalloc(&b->k, kvb)) || CK(cudaMalloc(&b->v, kvb)) ||
+        CK(cudaMalloc(&b->o, qb)) || fill(b->q, rq, s->d, p->dp, s->dt, &pos) ||
+        fill(b->k, rkv, s->d, p->dp, s->dt, &pos) || fill(b->v, rkv, s->d, p->dp, s->dt, &pos) ||
+        CK(cudaMemset(b->o, 0xff, qb)) || (bwd && fill_backward(b, p, rq, qb, kvb, &pos, st)))
+      return -1;
+  }
+  return 0;
+}
+
+static void free_sets(bset *sets, int n) {
+  for (int i = 0; i < n; i++) {
+    void *all[9] = {sets[i].q,  sets[i].k,  sets[i].v,  sets[i].o,  sets[i].dout,
+                    sets[i].dq, sets[i].dk, sets[i].dv, sets[i].lse};
+    for (int j = 0; j < 9; j++)
+      if (all[j])
+        CK(cudaFree(all[j]));
+  }
+}
+
+/* Launches until 30 ms of device time have passed (clocks up, code
+ * loaded); 0, or -1 after a CUDA error. */
+static int warm_up(attn_cu_params *p, const attn_cu_choice *ch, const bset *sets, int nsets,
+                   cudaEvent_t *ev, cudaStream_t st) {
+  double warm = 0;
+  for (int it = 0; it < 200 && warm < 30; it++) {
+    point(p, &sets[it % nsets]);
+    float ms = 0;
+    if (CK(cudaEventRecord(ev[0], st)) || CK(attn_cu_launch(p, ch, st)) ||
+        CK(cudaEventRecord(ev[1], st)) || CK(cudaEventSynchronize(ev[1])) ||
+        CK(cudaGetLastError()) || CK(cudaEventElapsedTime(&ms, ev[0], ev[1])))
+      return -1;
+    warm += ms;
+  }
+  return 0;
+}
+
+/* The timed launches, an event between consecutive ones, 64 a round, into
+ * times (o.max_reps of room); the count, or -1 after a CUDA error. */
+static int time_launches(attn_cu_params *p, const attn_cu_choice *ch, const bset *sets, int nsets,
+                         cudaEvent_t *ev, cudaStream_t st, double *times) {
+  double total = 0;
+  int reps = 0;
+  while (reps < o.max_reps && (reps < o.min_reps || total < o.min_ms) && total < o.max_ms) {
+    int k = o.max_reps - reps < 64 ? o.max_reps - reps : 64;
+    if (CK(cudaEventRecord(ev[0], st)))
+      return -1;
+    for (int i = 0; i < k; i++) {
+      point(p, &sets[(reps + i) % nsets]);
+      if (CK(attn_cu_launch(p, ch, st)) || CK(cudaEventRecord(ev[i + 1], st)))
+        return -1;
+    }
+    if (CK(cudaEventSynchronize(ev[k])) || CK(cudaGetLastError()))
+      return -1;
+    for (int i = 0; i < k; i++) {
+      float ms = 0;
+      if (CK(cudaEventElapsedTime(&ms, ev[i], ev[i + 1])))
+        return -1;
+      times[reps + i] = ms;
+      total += ms;
+    }
+    reps += k;
+  }
+  return reps;
+}
+
+/* Whether the first set's outputs are all finite after the launches (they
+ * were poisoned before); says what was not. */
+static bool outputs_finite(const bshape *s, const attn_cu_params *p, const bset *b) {
+  const bool bwd = p->pass == ATTN_BACKWARD;
+  long bad = nonfinite(bwd ? b->dq : b->o, (size_t)s->b * s->hq * s->nq, s->d, p->dp, s->dt);
+  if (bad == 0 && bwd)
+    bad = nonfinite(b->dk, (size_t)s->b * s->hkv * s->nkv, s->d, p->dp, s->dt);
+  if (bad != 0)
+    fprintf(stderr, "bench-gpu: %ld non-finite elements in %s (poisoned before the launches)\n",
+            bad, bwd ? "dQ or dK" : "O");
+  return bad == 0;
+}
+
+static int choose(attn_cu_params *p, const bshape *s, int sms, attn_cu_choice *ch) {
+  attn_status as = {0};
+  if (attn_cu_select(p, sms, ch, &as) != 0) {
+    fprintf(stderr, "bench-gpu: attn_cu_select: %s\n", as.message);
+    return -1;
+  }
+  if (strcmp(s->kind, "hopper") == 0 && !attn_cu_select_hopper(p, sms, ch)) {
+    fprintf(stderr, "bench-gpu: attn_cu_select_hopper refused the shape\n");
+    return -1;
+  }
+  return 0;
+}
+
 static int run_shape(const bshape *s, int sms, size_t l2, cudaStream_t st, bresult *res) {
   memset(res, 0, sizeof *res);
   res->status = "ERROR";
   attn_cu_params p;
-  memset(&p, 0, sizeof p);
-  p.dtype = s->dt;
-  p.batch = s->b;
-  p.heads_q = s->hq;
-  p.heads_kv = s->hkv;
-  p.seq_q = s->nq;
-  p.seq_kv = s->nkv;
-  p.head_dim = s->d;
-  p.dp = attn_cu_dp(s->d);
-  p.scale_log2 = (float)(1.0 / sqrt((double)s->d) * M_LOG2E);
-  p.scale = (float)(1.0 / sqrt((double)s->d));
-  const bool bwd = strcmp(s->kind, "backward") == 0;
-  p.pass = bwd ? ATTN_BACKWARD : ATTN_FORWARD;
-  p.window_left = -1;
-  p.window_right = s->causal ? 0 : -1;
-  attn_status as = {0};
-  if (attn_cu_select(&p, sms, &res->ch, &as) != 0) {
-    fprintf(stderr, "bench-gpu: attn_cu_select: %s\n", as.message);
+  shape_params(s, &p);
+  if (choose(&p, s, sms, &res->ch) < 0)
     return -1;
-  }
-  if (strcmp(s->kind, "hopper") == 0 && !attn_cu_select_hopper(&p, sms, &res->ch)) {
-    fprintf(stderr, "bench-gpu: attn_cu_select_hopper refused the shape\n");
-    return -1;
-  }
+  const bool bwd = p.pass == ATTN_BACKWARD;
   size_t es = attn_dtype_size(s->dt);
-  size_t rq = (size_t)s->b * s->hq * s->nq, rkv = (size_t)s->b * s->hkv * s->nkv;
-  size_t qb = rq * p.dp * es, kvb = rkv * p.dp * es;
-  size_t set_bytes = (bwd ? 4 : 2) * qb + (bwd ? 4 : 2) * kvb;
-  int nsets = 1;
-  if (set_bytes < 3 * l2) {
-    nsets = (int)((3 * l2 + set_bytes - 1) / set_bytes);
-    nsets = nsets < 2 ? 2 : nsets > MAX_SETS ? MAX_SETS : nsets;
-  }
+  size_t qb = (size_t)s->b * s->hq * s->nq * p.dp * es,
+         kvb = (size_t)s->b * s->hkv * s->nkv * p.dp * es;
+  const int nsets = sets_for((bwd ? 4 : 2) * (qb + kvb), l2);
   res->sets = nsets;
   bset sets[MAX_SETS];
   memset(sets, 0, sizeof sets);
   void *ws = NULL;
-  size_t wsb = attn_cu_split_bytes(&p, &res->ch);
+  size_t wsb = attn_cu_split_bytes(&p, &res->ch) + attn_cu_bwd_bytes(&p);
   cudaEvent_t ev[65];
-  int nev = 0;
+  int nev = 0, rc = -1, reps;
   double *times = malloc((size_t)o.max_reps * sizeof *times);
-  int rc = -1;
-  size_t pos = (size_t)s->nkv * 7919u % POOL_N;
-  if (!times)
-    goto out;
-  for (int i = 0; i < nsets; i++) {
-    bset *b = &sets[i];
-    if (CK(cudaMalloc(&b->q, qb)) || CK(cudaMalloc(&b->k, kvb)) || CK(cudaMalloc(&b->v, kvb)) ||
-        CK(cudaMalloc(&b->o, qb)) || fill(b->q, rq, s->d, p.dp, s->dt, &pos) ||
-        fill(b->k, rkv, s->d, p.dp, s->dt, &pos) || fill(b->v, rkv, s->d, p.dp, s->dt, &pos) ||
-        CK(cudaMemset(b->o, 0xff, qb)) || (bwd && fill_backward(b, &p, rq, qb, kvb, &pos, st)))
-      goto out;
-  }
-  wsb += attn_cu_bwd_bytes(&p);
-  if (wsb && CK(cudaMalloc(&ws, wsb)))
+  if (!times || alloc_sets(sets, nsets, s, &p, st) < 0 || (wsb && CK(cudaMalloc(&ws, wsb))))
     goto out;
   for (; nev < 65; nev++)
     if (CK(cudaEventCreate(&ev[nev])))
       goto out;
   p.split_ws = bwd ? NULL : ws;
   p.bwd_ws = bwd ? (float *)ws : NULL;
-  /* warm-up: until 30 ms of device time (clocks up, code loaded) */
-  double warm = 0;
-  for (int it = 0; it < 200 && warm < 30; it++) {
-    bset *b = &sets[it % nsets];
-    point(&p, b);
-    float ms = 0;
-    if (CK(cudaEventRecord(ev[0], st)) || CK(attn_cu_launch(&p, &res->ch, st)) ||
-        CK(cudaEventRecord(ev[1], st)) || CK(cudaEventSynchronize(ev[1])) ||
-        CK(cudaGetLastError()) || CK(cudaEventElapsedTime(&ms, ev[0], ev[1])))
-      goto out;
-    warm += ms;
-  }
-  long bad = nonfinite(bwd ? sets[0].dq : sets[0].o, rq, s->d, p.dp, s->dt);
-  if (bad == 0 && bwd)
-    bad = nonfinite(sets[0].dk, (size_t)s->b * s->hkv * s->nkv, s->d, p.dp, s->dt);
-  if (bad != 0) {
-    fprintf(stderr, "bench-gpu: %ld non-finite elements in %s (poisoned before the launches)\n",
-            bad, bwd ? "dQ or dK" : "O");
+  if (warm_up(&p, &res->ch, sets, nsets, ev, st) < 0)
+    goto out;
+  if (!outputs_finite(s, &p, &sets[0])) {
     res->status = "BAD";
     goto out;
   }
-  /* timed: an event between consecutive launches, 64 launches a round */
-  double total = 0;
-  int reps = 0;
-  while (reps < o.max_reps && (reps < o.min_reps || total < o.min_ms) && total < o.max_ms) {
-    int k = o.max_reps - reps < 64 ? o.max_reps - reps : 64;
-    if (CK(cudaEventRecord(ev[0], st)))
-      goto out;
-    for (int i = 0; i < k; i++) {
-      bset *b = &sets[(reps + i) % nsets];
-      point(&p, b);
-      if (CK(attn_cu_launch(&p, &res->ch, st)) || CK(cudaEventRecord(ev[i + 1], st)))
-        goto out;
-    }
-    if (CK(cudaEventSynchronize(ev[k])) || CK(cudaGetLastError()))
-      goto out;
-    for (int i = 0; i < k; i++) {
-      float ms = 0;
-      if (CK(cudaEventElapsedTime(&ms, ev[i], ev[i + 1])))
-        goto out;
-      times[reps + i] = ms;
-      total += ms;
-    }
-    reps += k;
-  }
+  if ((reps = time_launches(&p, &res->ch, sets, nsets, ev, st, times)) < 0)
+    goto out;
   qsort(times, (size_t)reps, sizeof *times, cmp_double);
   res->reps = reps;
   res->med_ms = median(times, reps);
@@ -385,20 +439,7 @@ static int run_shape(const bshape *s, int sms, size_t l2, cudaStream_t st, bresu
 out:
   for (int i = 0; i < nev; i++)
     CK(cudaEventDestroy(ev[i]));
-  for (int i = 0; i < nsets; i++) {
-    if (sets[i].q)
-      CK(cudaFree(sets[i].q));
-    if (sets[i].k)
-      CK(cudaFree(sets[i].k));
-    if (sets[i].v)
-      CK(cudaFree(sets[i].v));
-    if (sets[i].o)
-      CK(cudaFree(sets[i].o));
-    void *extra[5] = {sets[i].dout, sets[i].dq, sets[i].dk, sets[i].dv, sets[i].lse};
-    for (int j = 0; j < 5; j++)
-      if (extra[j])
-        CK(cudaFree(extra[j]));
-  }
+  free_sets(sets, nsets);
   if (ws)
     CK(cudaFree(ws));
   free(times);

@@ -136,8 +136,7 @@ struct hp_unit {
   __device__ hp_unit(const attn_cu_params &p, int64_t u, int qtiles, int bn) {
     attn_cu_hp_unit(u, qtiles, p.heads_q, p.batch, &qt, &h, &b);
     const int i0 = qt * ATTN_CU_HP_BM, i1 = min(i0 + ATTN_CU_HP_BM, p.seq_q);
-    attn_cu_block_tiles(i0, i1, (int64_t)p.seq_kv - p.seq_q, p.window_left, p.window_right,
-                        p.seq_kv, bn, 1, 0, &t0, &t1);
+    attn_cu_block_tiles(i0, i1, p.off, p.window_left, p.window_right, p.seq_kv, bn, 1, 0, &t0, &t1);
   }
 };
 
@@ -196,7 +195,7 @@ template <typename T, int DPAD, int BN> struct hp_rows {
     int row, col;
     attn_cu_hp_acc(x, 0, &row, &col);
     ra = r0 + row, rb = ra + 8;
-    const int64_t off = (int64_t)p.seq_kv - p.seq_q;
+    const int64_t off = p.off; // the mask's diagonal (diag_offset or Nkv − Nq)
     attn_cu_row_bounds(ra, off, p.window_left, p.window_right, p.seq_kv, &lo_a, &hi_a);
     attn_cu_row_bounds(rb, off, p.window_left, p.window_right, p.seq_kv, &lo_b, &hi_b);
   }
@@ -329,7 +328,7 @@ __device__ void hp_consume_unit(hp_rows<T, DPAD, BN> &r, const attn_cu_params &p
     return;
   const int r0 = w.qt * ATTN_CU_HP_BM + ATTN_CU_HP_WG_ROWS * c;
   const int r1 = max(min(r0 + ATTN_CU_HP_WG_ROWS, p.seq_q), r0 + 1);
-  const int64_t off = (int64_t)p.seq_kv - p.seq_q;
+  const int64_t off = p.off;
   const int mine = HP_BAR_TURN + c, other = HP_BAR_TURN + 1 - c, pair = 2 * ATTN_CU_HP_WG;
   if (attn_cu_hp_pp_opens(c, steps))
     bar_arrive(other, pair);

@@ -32,29 +32,30 @@ typedef struct check_shape {
   bool alibi;     /* slopes [Hq], ALiBi's geometric sequence */
   bool hopper;    /* a case of the Hopper instance (kernels.h) */
   double scale;   /* 0: the default 1 / sqrt(head_dim) */
+  bool topleft;   /* diag_offset 0 (torch's top-left is_causal) instead of Nkv − Nq */
 } check_shape;
 
 static const check_shape shapes[] = {
     /* unsplit: each instance, GQA 4:2 (65-query heads: two of them, 130
      * rows, fill no block, so nothing packs), masks, padded head dims */
-    {ATTN_FORWARD, ATTN_F16, 4, 2, 65, 70, 61, true, -1, 0, false, false, 0},
-    {ATTN_FORWARD, ATTN_BF16, 4, 2, 65, 70, 89, true, -1, 0, false, false, 0},
-    {ATTN_FORWARD, ATTN_BF16, 4, 2, 65, 70, 125, false, 20, 0, false, false, 0},
-    {ATTN_FORWARD, ATTN_F16, 4, 2, 65, 70, 150, false, 20, 0, false, false, 0},
-    {ATTN_FORWARD, ATTN_BF16, 4, 2, 65, 70, 181, true, 30, 0, false, false, 0},
-    {ATTN_FORWARD, ATTN_F16, 2, 1, 37, 70, 253, true, 30, 0, false, false, 0},
-    {ATTN_FORWARD, ATTN_F32, 4, 2, 37, 70, 45, true, -1, 0, false, false, 0},
+    {ATTN_FORWARD, ATTN_F16, 4, 2, 65, 70, 61, true, -1, 0, false, false, 0, false},
+    {ATTN_FORWARD, ATTN_BF16, 4, 2, 65, 70, 89, true, -1, 0, false, false, 0, false},
+    {ATTN_FORWARD, ATTN_BF16, 4, 2, 65, 70, 125, false, 20, 0, false, false, 0, false},
+    {ATTN_FORWARD, ATTN_F16, 4, 2, 65, 70, 150, false, 20, 0, false, false, 0, false},
+    {ATTN_FORWARD, ATTN_BF16, 4, 2, 65, 70, 181, true, 30, 0, false, false, 0, false},
+    {ATTN_FORWARD, ATTN_F16, 2, 1, 37, 70, 253, true, 30, 0, false, false, 0, false},
+    {ATTN_FORWARD, ATTN_F32, 4, 2, 37, 70, 45, true, -1, 0, false, false, 0, false},
     /* a full 128-row block and a partial second one (7 key tiles of 32:
      * too few to split) */
-    {ATTN_FORWARD, ATTN_F16, 2, 1, 200, 220, 128, true, -1, 0, false, false, 0},
-    {ATTN_BACKWARD, ATTN_F16, 4, 2, 37, 70, 61, true, -1, 0, false, false, 0},
-    {ATTN_BACKWARD, ATTN_BF16, 4, 2, 37, 70, 125, false, 20, 0, false, false, 0},
-    {ATTN_BACKWARD, ATTN_F16, 2, 1, 37, 70, 253, true, -1, 0, false, false, 0},
-    {ATTN_BACKWARD, ATTN_F32, 4, 2, 37, 70, 45, false, 9, 0, false, false, 0},
+    {ATTN_FORWARD, ATTN_F16, 2, 1, 200, 220, 128, true, -1, 0, false, false, 0, false},
+    {ATTN_BACKWARD, ATTN_F16, 4, 2, 37, 70, 61, true, -1, 0, false, false, 0, false},
+    {ATTN_BACKWARD, ATTN_BF16, 4, 2, 37, 70, 125, false, 20, 0, false, false, 0, false},
+    {ATTN_BACKWARD, ATTN_F16, 2, 1, 37, 70, 253, true, -1, 0, false, false, 0, false},
+    {ATTN_BACKWARD, ATTN_F32, 4, 2, 37, 70, 45, false, 9, 0, false, false, 0, false},
     /* decode rows: split-KV and the merge, unpacked first (MHA, F32) */
-    {ATTN_FORWARD, ATTN_BF16, 2, 2, 1, 700, 64, false, -1, 0, false, false, 0},
-    {ATTN_FORWARD, ATTN_BF16, 4, 2, 1, 700, 64, false, -1, 0, false, false, 0},
-    {ATTN_FORWARD, ATTN_F32, 2, 1, 1, 700, 40, true, -1, 0, false, false, 0},
+    {ATTN_FORWARD, ATTN_BF16, 2, 2, 1, 700, 64, false, -1, 0, false, false, 0, false},
+    {ATTN_FORWARD, ATTN_BF16, 4, 2, 1, 700, 64, false, -1, 0, false, false, 0, false},
+    {ATTN_FORWARD, ATTN_F32, 2, 1, 1, 700, 40, true, -1, 0, false, false, 0, false},
     /* GQA packing (a group's heads in one block's rows), each block size:
      * 32:8 and MQA decodes unsplit (few keys) and split (the 32:8 one
      * splits on devices with more than 8 multiprocessors), groups of 16
@@ -62,43 +63,44 @@ static const check_shape shapes[] = {
      * 16), 16:4 x 16 rows in half a 128-row block, and 4 x 5 rows whose
      * heads change inside a warp's 16, with masks and ALiBi (its slope
      * is per row) */
-    {ATTN_FORWARD, ATTN_BF16, 32, 8, 1, 70, 128, false, -1, 0, false, false, 0},
-    {ATTN_FORWARD, ATTN_BF16, 32, 8, 1, 700, 128, false, -1, 0, true, false, 0},
-    {ATTN_FORWARD, ATTN_F16, 8, 1, 2, 70, 64, true, 20, 2.0, true, false, 0},
-    {ATTN_FORWARD, ATTN_F16, 8, 1, 2, 700, 64, true, -1, 0, true, false, 0},
-    {ATTN_FORWARD, ATTN_F16, 8, 1, 16, 70, 150, true, -1, 0, true, false, 0},
-    {ATTN_FORWARD, ATTN_BF16, 8, 2, 16, 70, 181, false, 20, 0, false, false, 0},
-    {ATTN_FORWARD, ATTN_BF16, 16, 4, 16, 70, 61, true, -1, 0, true, false, 0},
-    {ATTN_FORWARD, ATTN_F16, 4, 1, 5, 70, 253, true, 3, 0, true, false, 0},
+    {ATTN_FORWARD, ATTN_BF16, 32, 8, 1, 70, 128, false, -1, 0, false, false, 0, false},
+    {ATTN_FORWARD, ATTN_BF16, 32, 8, 1, 700, 128, false, -1, 0, true, false, 0, false},
+    {ATTN_FORWARD, ATTN_F16, 8, 1, 2, 70, 64, true, 20, 2.0, true, false, 0, false},
+    {ATTN_FORWARD, ATTN_F16, 8, 1, 2, 700, 64, true, -1, 0, true, false, 0, false},
+    {ATTN_FORWARD, ATTN_F16, 8, 1, 16, 70, 150, true, -1, 0, true, false, 0, false},
+    {ATTN_FORWARD, ATTN_BF16, 8, 2, 16, 70, 181, false, 20, 0, false, false, 0, false},
+    {ATTN_FORWARD, ATTN_BF16, 16, 4, 16, 70, 61, true, -1, 0, true, false, 0, false},
+    {ATTN_FORWARD, ATTN_F16, 4, 1, 5, 70, 253, true, 3, 0, true, false, 0, false},
     /* softcap and ALiBi, through every instance and the split path (a
      * wrong variant path disables the instance it ran on) */
-    {ATTN_FORWARD, ATTN_F16, 4, 2, 65, 70, 61, true, -1, 2.0, true, false, 0},
-    {ATTN_FORWARD, ATTN_BF16, 4, 2, 65, 70, 89, true, -1, 1.5, true, false, 0},
-    {ATTN_FORWARD, ATTN_BF16, 4, 2, 65, 70, 125, false, 20, 1.5, false, false, 0},
-    {ATTN_FORWARD, ATTN_F16, 4, 2, 65, 70, 150, false, 20, 0, true, false, 0},
-    {ATTN_FORWARD, ATTN_BF16, 4, 2, 65, 70, 181, true, -1, 2.0, false, false, 0},
-    {ATTN_FORWARD, ATTN_F16, 2, 1, 37, 70, 253, false, -1, 0, true, false, 0},
-    {ATTN_FORWARD, ATTN_F32, 4, 2, 37, 70, 45, true, -1, 1.5, true, false, 0},
-    {ATTN_BACKWARD, ATTN_F16, 4, 2, 37, 70, 61, true, -1, 2.0, true, false, 0},
-    {ATTN_BACKWARD, ATTN_BF16, 4, 2, 37, 70, 125, false, 20, 1.5, true, false, 0},
-    {ATTN_BACKWARD, ATTN_F16, 2, 1, 37, 70, 253, true, -1, 2.0, false, false, 0},
-    {ATTN_BACKWARD, ATTN_F32, 4, 2, 37, 70, 45, false, 9, 1.5, true, false, 0},
-    {ATTN_FORWARD, ATTN_BF16, 4, 2, 1, 700, 64, false, -1, 2.0, true, false, 0},
+    {ATTN_FORWARD, ATTN_F16, 4, 2, 65, 70, 61, true, -1, 2.0, true, false, 0, false},
+    {ATTN_FORWARD, ATTN_BF16, 4, 2, 65, 70, 89, true, -1, 1.5, true, false, 0, false},
+    {ATTN_FORWARD, ATTN_BF16, 4, 2, 65, 70, 125, false, 20, 1.5, false, false, 0, false},
+    {ATTN_FORWARD, ATTN_F16, 4, 2, 65, 70, 150, false, 20, 0, true, false, 0, false},
+    {ATTN_FORWARD, ATTN_BF16, 4, 2, 65, 70, 181, true, -1, 2.0, false, false, 0, false},
+    {ATTN_FORWARD, ATTN_F16, 2, 1, 37, 70, 253, false, -1, 0, true, false, 0, false},
+    {ATTN_FORWARD, ATTN_F32, 4, 2, 37, 70, 45, true, -1, 1.5, true, false, 0, false},
+    {ATTN_BACKWARD, ATTN_F16, 4, 2, 37, 70, 61, true, -1, 2.0, true, false, 0, false},
+    {ATTN_BACKWARD, ATTN_BF16, 4, 2, 37, 70, 125, false, 20, 1.5, true, false, 0, false},
+    {ATTN_BACKWARD, ATTN_F16, 2, 1, 37, 70, 253, true, -1, 2.0, false, false, 0, false},
+    {ATTN_BACKWARD, ATTN_F32, 4, 2, 37, 70, 45, false, 9, 1.5, true, false, 0, false},
+    {ATTN_FORWARD, ATTN_BF16, 4, 2, 1, 700, 64, false, -1, 2.0, true, false, 0, false},
     /* a negative scale, which the forward kernels cannot fold into the
      * exponent (attn_cu_exp_factor): each instance, split and packed */
-    {ATTN_FORWARD, ATTN_F16, 4, 2, 65, 70, 61, true, -1, 0, false, false, -0.09},
-    {ATTN_FORWARD, ATTN_BF16, 4, 2, 65, 70, 89, false, 20, 0, false, false, -0.1},
-    {ATTN_FORWARD, ATTN_BF16, 4, 4, 37, 70, 125, false, 20, 0, false, false, -0.2},
-    {ATTN_FORWARD, ATTN_F16, 2, 2, 37, 70, 150, true, -1, 0, false, false, -0.07},
-    {ATTN_FORWARD, ATTN_BF16, 4, 2, 65, 70, 181, true, 30, 0, false, false, -0.12},
-    {ATTN_FORWARD, ATTN_F16, 2, 2, 37, 70, 253, true, -1, 0, false, false, -0.05},
-    {ATTN_FORWARD, ATTN_F32, 4, 2, 37, 70, 45, true, -1, 0, false, false, -0.15},
-    {ATTN_FORWARD, ATTN_BF16, 8, 2, 1, 700, 64, false, -1, 0, false, false, -0.1},
+    {ATTN_FORWARD, ATTN_F16, 4, 2, 65, 70, 61, true, -1, 0, false, false, -0.09, false},
+    {ATTN_FORWARD, ATTN_BF16, 4, 2, 65, 70, 89, false, 20, 0, false, false, -0.1, false},
+    {ATTN_FORWARD, ATTN_BF16, 4, 4, 37, 70, 125, false, 20, 0, false, false, -0.2, false},
+    {ATTN_FORWARD, ATTN_F16, 2, 2, 37, 70, 150, true, -1, 0, false, false, -0.07, false},
+    {ATTN_FORWARD, ATTN_BF16, 4, 2, 65, 70, 181, true, 30, 0, false, false, -0.12, false},
+    {ATTN_FORWARD, ATTN_F16, 2, 2, 37, 70, 253, true, -1, 0, false, false, -0.05, false},
+    {ATTN_FORWARD, ATTN_F32, 4, 2, 37, 70, 45, true, -1, 0, false, false, -0.15, false},
+    {ATTN_FORWARD, ATTN_BF16, 8, 2, 1, 700, 64, false, -1, 0, false, false, -0.1, false},
     /* the Hopper instance, each head dim: a tail query tile and several
-     * key tiles through the ring (too few to split) */
-    {ATTN_FORWARD, ATTN_F16, 2, 1, 100, 250, 61, true, -1, 0, false, true, 0},
-    {ATTN_FORWARD, ATTN_BF16, 2, 1, 120, 250, 125, false, 20, 0, false, true, 0},
-    {ATTN_FORWARD, ATTN_F16, 2, 1, 90, 200, 253, true, -1, 0, false, true, 0},
+     * key tiles through the ring (too few to split); the first with a
+     * top-left diagonal (diag_offset 0), which it once ignored */
+    {ATTN_FORWARD, ATTN_F16, 2, 1, 100, 250, 61, true, -1, 0, false, true, 0, true},
+    {ATTN_FORWARD, ATTN_BF16, 2, 1, 120, 250, 125, false, 20, 0, false, true, 0, false},
+    {ATTN_FORWARD, ATTN_F16, 2, 1, 90, 200, 253, true, -1, 0, false, true, 0, false},
 };
 enum { NSHAPES = sizeof shapes / sizeof *shapes };
 
@@ -129,6 +131,8 @@ static void request_of(const check_shape *s, attn_request *r) {
   r->softcap = s->softcap;
   if (s->scale != 0)
     r->scale = s->scale;
+  if (s->topleft)
+    r->diag_offset = 0;
 }
 
 /* Points the request's tensors into one buffer (inputs filled). */

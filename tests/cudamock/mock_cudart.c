@@ -526,7 +526,7 @@ static void fwd_op(void *arg) {
   const int64_t B = p->batch, Hq = p->heads_q, Hkv = p->heads_kv, Nq = p->seq_q, Nk = p->seq_kv,
                 D = p->head_dim, dp = p->dp;
   kernel_gate();
-  const int64_t off = Nk - Nq, wl = p->window_left, wr = p->window_right;
+  const int64_t off = p->off, wl = p->window_left, wr = p->window_right;
   const double scale = (double)p->scale_log2 * M_LN2;
   /* What the real kernels rely on; a broken contract poisons the output. */
   bool contract =
@@ -587,7 +587,7 @@ static bool aligned16(const void *const *ptrs, int n) {
  * dv (float64 accumulators of the KV head) the row's terms. */
 static void bwd_row(const attn_cu_params *p, size_t qrow, size_t kb, int64_t i, double *dq,
                     double *dk, double *dv) {
-  const int64_t Nk = p->seq_kv, D = p->head_dim, dp = p->dp, off = Nk - p->seq_q;
+  const int64_t Nk = p->seq_kv, D = p->head_dim, dp = p->dp, off = p->off;
   const int64_t wl = p->window_left, wr = p->window_right;
   const double scale = p->scale, lse = p->lse[qrow];
   double delta = 0;

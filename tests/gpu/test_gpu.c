@@ -232,6 +232,7 @@ void g_params(const tprob *p, attn_cu_params *prm) {
   prm->scale_log2 = (float)(attn_request_scale(&r) * M_LOG2E);
   prm->scale = (float)attn_request_scale(&r);
   attn_request_window(&r, &prm->window_left, &prm->window_right);
+  prm->off = tprob_off(p); /* the mask's diagonal, as attn_request_offset() gives it */
 }
 
 bool g_choice(const tprob *p, attn_cu_choice *ch) {

@@ -181,7 +181,10 @@ static void kapi_case(tgroup *g, const tprob *p, uint64_t seed, cudaStream_t s, 
   g_params(p, &prm);
   attn_cu_choice ch;
   memset(&ch, 0, sizeof ch);
-  int rc = attn_cu_select(&prm, g_sms, &ch, &st);
+  /* the Hopper instance takes only unsplit, unpacked choices: ask for one */
+  const unsigned off =
+      hopper ? ATTN_CU_HOPPER_OFF | ATTN_CU_SPLIT_BIT | ATTN_CU_PACK_BIT : ATTN_CU_HOPPER_OFF;
+  int rc = attn_cu_select_masked(&prm, g_sms, off, &ch, &st);
   if (rc != 0) {
     snprintf(why, sizeof why, "attn_cu_select: %s: %s", attn_err_name(rc), st.message);
     goto out;

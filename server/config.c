@@ -206,6 +206,17 @@ static int apply_cors(attnd_config *c, const char *what, const char *v) {
   return 0;
 }
 
+/* Host names, comma-separated: "*", a name, or ".suffix". */
+static int apply_allowed_hosts(attnd_config *c, const char *what, const char *v) {
+  bool ok = strlen(v) < sizeof c->allowed_hosts;
+  for (const char *p = v; ok && *p; p++)
+    ok = *p > 0x20 && *p < 0x7f && *p != '/' && *p != ':';
+  if (!ok)
+    return bad(what, v, "host names separated by commas, such as attnd,attnd.default.svc, or *");
+  snprintf(c->allowed_hosts, sizeof c->allowed_hosts, "%s", v);
+  return 0;
+}
+
 static int apply_listen(attnd_config *c, const char *what, const char *v) {
   return parse_listen(what, v, c);
 }
@@ -238,6 +249,14 @@ static int apply_max_conn_client(attnd_config *c, const char *what, const char *
 }
 static int apply_header_timeout(attnd_config *c, const char *what, const char *v) {
   return parse_seconds(what, v, 0.1, &c->header_timeout);
+}
+/* A rate as a size per second ("1K"); 0 turns the minimum off. */
+static int apply_min_rate(attnd_config *c, const char *what, const char *v) {
+  uint64_t n = 0;
+  if (strcmp(v, "0") && parse_size(what, v, &n) < 0)
+    return -1;
+  c->min_upload_rate = (double)n;
+  return 0;
 }
 static int apply_drain(attnd_config *c, const char *what, const char *v) {
   return parse_seconds(what, v, 0, &c->drain_timeout);
@@ -278,6 +297,10 @@ static const flag flags[] = {
      "open connections of one client address, 0 = no own limit", apply_max_conn_client},
     {"header-timeout", "SECONDS", "10", "a request's headers must arrive whole within this",
      apply_header_timeout},
+    {"min-upload-rate", "SIZE", "1K",
+     "a body must arrive at this many bytes per second over each 5 s, or it gets 408 and the "
+     "connection closes; 0 = no minimum (--timeout also covers the upload)",
+     apply_min_rate},
     {"drain-timeout", "SECONDS", "30",
      "on SIGTERM/SIGINT, finish queued work for at most this long", apply_drain},
     {"log-format", "FORMAT", "text",
@@ -294,6 +317,11 @@ static const flag flags[] = {
     {"cors-origin", "ORIGIN", "",
      "answer CORS preflights and allow this origin (or *) to call the API from a browser",
      apply_cors},
+    {"allowed-hosts", "LIST", "",
+     "without an API key, answer only requests whose Host is an IP address, localhost or one "
+     "of these names (comma-separated; .example.com for every name under it; * for any): a "
+     "web page cannot reach the server through DNS rebinding",
+     apply_allowed_hosts},
 };
 enum { N_FLAGS = sizeof flags / sizeof *flags, OPT_HELP = N_FLAGS, OPT_VERSION };
 

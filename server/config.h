@@ -27,6 +27,7 @@ typedef struct attnd_config {
   int max_connections_per_client; /* of one client address; 0: no own limit */
   double header_timeout;          /* seconds to send a request's headers whole */
   double drain_timeout;           /* seconds */
+  double min_upload_rate;         /* body bytes per second at least; 0: no minimum */
   bool log_json;
   /* Bearer token every request but the open routes needs; "" for none.
    * Never printed: not in logs, errors or /v1/info. */
@@ -34,7 +35,8 @@ typedef struct attnd_config {
   char api_key_file[1024]; /* where api_key was read from, "" when given inline */
   char tls_cert[1024];     /* PEM files; both or neither ("" for plain HTTP) */
   char tls_key[1024];
-  char cors_origin[256]; /* "" off, "*" or one origin */
+  char cors_origin[256];   /* "" off, "*" or one origin */
+  char allowed_hosts[512]; /* Host names a keyless server answers to besides addresses */
 } attnd_config;
 
 /*

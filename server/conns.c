@@ -6,13 +6,29 @@
  * tail), so the oldest evictable connection is the first one from the head
  * that is neither busy nor already closing. Connections number in the
  * thousands at most: linear walks under one mutex are cheaper than the
- * accept() they accompany.
+ * accept() they accompany. Only when every connection is busy does
+ * admission count connections per client (evict_upload_for), which is
+ * quadratic in the connections; that is the rare case of a full server.
  */
 #include "conns.h"
 
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+
+static const char *const reason_names[ATTND_CLOSE_REASONS] = {
+    [ATTND_CLOSE_EVICTED] = "evicted",           [ATTND_CLOSE_HEADER_TIMEOUT] = "header_timeout",
+    [ATTND_CLOSE_IDLE_TIMEOUT] = "idle_timeout", [ATTND_CLOSE_REFUSED] = "refused",
+    [ATTND_CLOSE_BODY_TIMEOUT] = "body_timeout", [ATTND_CLOSE_BODY_TOO_SLOW] = "body_too_slow",
+    [ATTND_CLOSE_CLIENT_GONE] = "client_gone",   [ATTND_CLOSE_UPLOAD_EVICTED] = "upload_evicted",
+    [ATTND_CLOSE_BODY_REFUSED] = "body_refused",
+};
+
+const char *attnd_conns_reason_name(attnd_conn_reason why) {
+  return why < ATTND_CLOSE_REASONS && reason_names[why] ? reason_names[why] : "other";
+}
 
 void attnd_conns_init(attnd_conns *c, int max, int per_client, double header_timeout,
                       double idle_timeout) {
@@ -22,6 +38,14 @@ void attnd_conns_init(attnd_conns *c, int max, int per_client, double header_tim
   c->per_client = per_client;
   c->header_timeout = header_timeout;
   c->idle_timeout = idle_timeout;
+}
+
+void attnd_conns_uploads(attnd_conns *c, double min_rate, attnd_conn_cut_fn cut, void *ctx) {
+  pthread_mutex_lock(&c->mu);
+  c->min_rate = min_rate;
+  c->cut = cut;
+  c->cut_ctx = ctx;
+  pthread_mutex_unlock(&c->mu);
 }
 
 void attnd_conns_destroy(attnd_conns *c) {
@@ -68,8 +92,20 @@ static void shut(attnd_conns *c, attnd_conn *k, attnd_conn_reason why) {
   c->closed[why]++;
 }
 
+/* Cuts k's upload short: the hook answers, then the socket is shut down.
+ * Under the lock. */
+static void cut(attnd_conns *c, attnd_conn *k, attnd_conn_reason why, const void *arg) {
+  if (k->closing)
+    return;
+  k->cut = true;
+  if (c->cut)
+    c->cut(c->cut_ctx, k, why, arg);
+  shut(c, k, why);
+}
+
 static bool evictable(const attnd_conn *k, const char *client) {
-  return k->state != ATTND_CONN_BUSY && !k->closing && (!client || !strcmp(k->client, client));
+  return (k->state == ATTND_CONN_AWAITING || k->state == ATTND_CONN_IDLE) && !k->closing &&
+         (!client || !strcmp(k->client, client));
 }
 
 /* Closes the oldest evictable connection (of client, or of anyone when
@@ -90,10 +126,40 @@ static int live_of(const attnd_conns *c, const char *client) {
   return n;
 }
 
+/* An upload's rate so far, bytes per second. */
+static double upload_rate(const attnd_conn *k, double now) {
+  double t = now - k->up_started;
+  return t > 0 ? (double)k->up_bytes / t : (double)k->up_bytes;
+}
+
+/*
+ * Every connection busy: a client holding fewer connections than the client
+ * with the most (by more than one) is under its share, and gets in by
+ * cutting that client's slowest upload. false when there is none to cut
+ * (the connections are computing or replying, which --max-queue bounds).
+ */
+static bool evict_upload_for(attnd_conns *c, const char *client, double now) {
+  int mine = live_of(c, client), most = 0;
+  attnd_conn *pick = NULL;
+  for (attnd_conn *k = c->head; k; k = k->next) {
+    if (k->closing || k->state != ATTND_CONN_UPLOADING || !strcmp(k->client, client))
+      continue;
+    int n = live_of(c, k->client);
+    if (n > most || (n == most && upload_rate(k, now) < upload_rate(pick, now))) {
+      most = n;
+      pick = k;
+    }
+  }
+  if (!pick || most <= mine + 1)
+    return false;
+  cut(c, pick, ATTND_CLOSE_UPLOAD_EVICTED, NULL);
+  return true;
+}
+
 bool attnd_conns_admit(attnd_conns *c, const char *client, double now) {
-  (void)now;
   pthread_mutex_lock(&c->mu);
-  bool ok = c->open - c->closing < c->max || evict_oldest(c, NULL);
+  bool ok =
+      c->open - c->closing < c->max || evict_oldest(c, NULL) || evict_upload_for(c, client, now);
   if (ok && c->per_client > 0 && live_of(c, client) >= c->per_client)
     ok = evict_oldest(c, client);
   if (!ok)
@@ -126,6 +192,47 @@ void attnd_conns_set(attnd_conns *c, attnd_conn *k, attnd_conn_state st, double 
   pthread_mutex_unlock(&c->mu);
 }
 
+void attnd_conns_upload(attnd_conns *c, attnd_conn *k, const char *id, double deadline,
+                        double now) {
+  pthread_mutex_lock(&c->mu);
+  snprintf(k->id, sizeof k->id, "%s", id);
+  k->state = ATTND_CONN_UPLOADING;
+  k->since = k->up_started = k->up_mark = now;
+  k->up_deadline = deadline;
+  k->up_bytes = k->up_mark_bytes = 0;
+  unlink_conn(c, k);
+  append(c, k);
+  pthread_mutex_unlock(&c->mu);
+}
+
+void attnd_conns_upload_add(attnd_conns *c, attnd_conn *k, size_t n) {
+  pthread_mutex_lock(&c->mu);
+  k->up_bytes += n;
+  pthread_mutex_unlock(&c->mu);
+}
+
+void attnd_conns_cut(attnd_conns *c, attnd_conn *k, attnd_conn_reason why, const void *arg) {
+  pthread_mutex_lock(&c->mu);
+  cut(c, k, why, arg);
+  pthread_mutex_unlock(&c->mu);
+}
+
+bool attnd_conns_was_cut(attnd_conns *c, attnd_conn *k, int *status, size_t *bytes) {
+  pthread_mutex_lock(&c->mu);
+  bool was = k->cut;
+  *status = k->cut_status;
+  *bytes = k->cut_bytes;
+  pthread_mutex_unlock(&c->mu);
+  return was;
+}
+
+bool attnd_conns_unparsed(attnd_conns *c, attnd_conn *k, double now) {
+  pthread_mutex_lock(&c->mu);
+  bool un = k->state == ATTND_CONN_AWAITING && !k->closing && now - k->since < c->idle_timeout;
+  pthread_mutex_unlock(&c->mu);
+  return un;
+}
+
 void attnd_conns_close(attnd_conns *c, attnd_conn *k) {
   pthread_mutex_lock(&c->mu);
   unlink_conn(c, k);
@@ -136,23 +243,65 @@ void attnd_conns_close(attnd_conns *c, attnd_conn *k) {
   free(k);
 }
 
+/* Whether k's client closed or reset: a body it has not sent whole can
+ * never complete (the HTTP library may miss a close that comes right
+ * behind the last bytes it read until the idle timeout). */
+static bool peer_gone(const attnd_conn *k) {
+  char b;
+  ssize_t n = recv(k->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+/* Whether k's body fell below the minimum rate over the window that just
+ * ended; starts the next window. */
+static bool too_slow(const attnd_conns *c, attnd_conn *k, double now) {
+  double t = now - k->up_mark;
+  if (c->min_rate <= 0 || t < ATTND_RATE_WINDOW)
+    return false;
+  k->up_window_rate = (double)(k->up_bytes - k->up_mark_bytes) / t;
+  bool slow = k->up_window_rate < c->min_rate;
+  k->up_mark = now;
+  k->up_mark_bytes = k->up_bytes;
+  return slow;
+}
+
+/* Why an upload must be cut now; ATTND_CLOSE_REASONS when it may go on. */
+static attnd_conn_reason upload_verdict(const attnd_conns *c, attnd_conn *k, double now) {
+  if (peer_gone(k))
+    return ATTND_CLOSE_CLIENT_GONE;
+  if (now >= k->up_deadline)
+    return ATTND_CLOSE_BODY_TIMEOUT;
+  return too_slow(c, k, now) ? ATTND_CLOSE_BODY_TOO_SLOW : ATTND_CLOSE_REASONS;
+}
+
 /*
  * An idle keep-alive connection may wait the idle timeout for its next
  * request and then has the header deadline to send it whole: the registry
  * cannot see when a request's first byte arrives, so the two add up.
  */
+static attnd_conn_reason verdict(const attnd_conns *c, attnd_conn *k, double now) {
+  if (k->state == ATTND_CONN_UPLOADING)
+    return upload_verdict(c, k, now);
+  if (k->state == ATTND_CONN_BUSY)
+    return ATTND_CLOSE_REASONS;
+  double limit = c->header_timeout + (k->state == ATTND_CONN_IDLE ? c->idle_timeout : 0);
+  if (now - k->since < limit)
+    return ATTND_CLOSE_REASONS;
+  return k->state == ATTND_CONN_IDLE ? ATTND_CLOSE_IDLE_TIMEOUT : ATTND_CLOSE_HEADER_TIMEOUT;
+}
+
 int attnd_conns_sweep(attnd_conns *c, double now) {
   int n = 0;
   pthread_mutex_lock(&c->mu);
   for (attnd_conn *k = c->head; k; k = k->next) {
-    if (k->closing || k->state == ATTND_CONN_BUSY)
+    attnd_conn_reason why = k->closing ? ATTND_CLOSE_REASONS : verdict(c, k, now);
+    if (why == ATTND_CLOSE_REASONS)
       continue;
-    double limit = c->header_timeout + (k->state == ATTND_CONN_IDLE ? c->idle_timeout : 0);
-    if (now - k->since >= limit) {
-      shut(c, k,
-           k->state == ATTND_CONN_IDLE ? ATTND_CLOSE_IDLE_TIMEOUT : ATTND_CLOSE_HEADER_TIMEOUT);
-      n++;
-    }
+    if (k->state == ATTND_CONN_UPLOADING)
+      cut(c, k, why, NULL);
+    else
+      shut(c, k, why);
+    n++;
   }
   pthread_mutex_unlock(&c->mu);
   return n;

@@ -5,7 +5,7 @@
  * deadline of a job not yet answered, and at least every ATTND_POLL_MS
  * while any is, to peek at each client's socket. A job past its deadline
  * (counted from its headers' arrival) is answered 504 whatever it is doing
- * (queued, decoding, computing, encoding); one whose client reset the
+ * (queued, decoding, computing, encoding); one whose client closed or reset the
  * connection is closed without a reply. Either way its engine work is
  * canceled (attnd_loop_cancel).
  *

@@ -35,3 +35,10 @@ const attnd_refusal *attnd_err_refusal(int status) {
       return &errs[i];
   return own(ATTND_EINTERNAL);
 }
+
+const char *attnd_err_reason(int status) {
+  for (size_t i = 0; i < N_ERRS; i++)
+    if (errs[i].status == status)
+      return errs[i].reason;
+  return "Error";
+}

@@ -18,8 +18,10 @@
      "malformed HTTP request: the request line, a header, Content-Length or the chunked "          \
      "framing cannot be parsed")                                                                   \
   XX(UNAUTHORIZED, 401, "Unauthorized", "unauthorized", NULL)                                      \
+  XX(FORBIDDEN, 403, "Forbidden", "forbidden", NULL)                                               \
   XX(NOT_FOUND, 404, "Not Found", "not_found", NULL)                                               \
   XX(METHOD_NOT_ALLOWED, 405, "Method Not Allowed", "method_not_allowed", NULL)                    \
+  XX(REQUEST_TIMEOUT, 408, "Request Timeout", "request_timeout", NULL)                             \
   XX(TOO_LARGE, 413, "Content Too Large", "too_large",                                             \
      "Content-Length or a chunk size is too large")                                                \
   XX(URI_TOO_LONG, 414, "URI Too Long", "uri_too_long", "the request line is too long")            \
@@ -30,6 +32,7 @@
   XX(INTERNAL, 500, "Internal Server Error", "internal", "the server cannot process this request") \
   XX(NOT_IMPLEMENTED, 501, "Not Implemented", "not_implemented", NULL)                             \
   XX(QUEUE_FULL, 503, "Service Unavailable", "queue_full", NULL)                                   \
+  XX(CONNECTIONS_FULL, 503, "Service Unavailable", "connections_full", NULL)                       \
   XX(SHUTTING_DOWN, 503, "Service Unavailable", "shutting_down", NULL)                             \
   XX(OUT_OF_MEMORY, 503, "Service Unavailable", "out_of_memory", NULL)                             \
   XX(BACKEND_UNAVAILABLE, 503, "Service Unavailable", "backend_unavailable", NULL)                 \
@@ -59,5 +62,7 @@ typedef struct attnd_refusal {
   const char *reason, *code, *message;
 } attnd_refusal;
 const attnd_refusal *attnd_err_refusal(int status);
+/* The reason phrase of an HTTP status the list holds ("Error" otherwise). */
+const char *attnd_err_reason(int status);
 
 #endif

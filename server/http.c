@@ -8,19 +8,25 @@
  * codec reads and 413 when Content-Length is over --max-body are answered
  * before a byte of the body is read (libmicrohttpd then skips "100
  * Continue" and closes). A POST /attention body is read into one buffer
- * sized from Content-Length (grown for chunked bodies; past --max-body the
- * rest is dropped and the reply is 413); on its last byte the connection is
- * suspended and the request handed to the loop, which resumes it with the
- * reply set. Every request ends in
+ * that grows as bytes arrive (doubling, up to Content-Length, or to
+ * --max-body for a chunked body): memory is reserved for what came, never
+ * for what a client declares. A body is an upload in the connection
+ * registry (conns.h) until its last byte: late, too slow, or abandoned, it
+ * is cut there (on_cut answers it) whatever libmicrohttpd notices; past
+ * --max-body or the memory budget it is cut here at once. On its last
+ * byte the connection is suspended and the request handed to the loop,
+ * which resumes it with the reply set. Every request ends in
  * on_completed(): one log line, the metrics, and freeing its state.
  */
 #define _GNU_SOURCE
 #include "http.h"
 #include "auth.h"
+#include "parse.h"
 
 #include <errno.h>
 #include <stdarg.h>
 #include <netinet/in.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,14 +57,21 @@ static const struct {
  * their index. */
 #define CONNECTION_MEMORY ((size_t)64 * 1024)
 
-/* The first buffer of a chunked body (no Content-Length), doubled as it
- * grows. */
-#define CHUNKED_BODY_START ((size_t)64 * 1024)
+/* The first buffer of a body, doubled as bytes arrive. */
+#define BODY_START ((size_t)64 * 1024)
 
 /* Connections the kernel queues before attnd accepts them. */
 #define LISTEN_BACKLOG 1024
 
 static const char json_type[] = ATTND_JSON_TYPE;
+
+/* A reply this layer made for an upload it refuses in mid-body, for the
+ * registry's cut (attnd_conns_cut's arg). */
+typedef struct cut_reply {
+  int status;
+  const char *body;
+  size_t len;
+} cut_reply;
 
 /* ---- replies ------------------------------------------------------------- */
 
@@ -143,6 +156,8 @@ static enum MHD_Result queue_reply(attnd_req *r) {
     MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"attnd\"");
   if (r->retry_after)
     MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+  if (r->close)
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
   if (r->resp_json_len) {
     char n[24];
     snprintf(n, sizeof n, "%zu", r->resp_json_len);
@@ -264,16 +279,26 @@ int attnd_server_ready(attnd_server *s, char *why, size_t cap) {
 
 /* The registry's counters, after the other series of /metrics. */
 static void render_conns(attn_sbuf *b, attnd_conns *c) {
-  static const char *const reasons[ATTND_CLOSE_REASONS] = {"evicted", "header_timeout",
-                                                           "idle_timeout", "refused"};
   uint64_t n[ATTND_CLOSE_REASONS];
   attnd_conns_counts(c, n);
   attn_sbuf_puts(b, "# HELP attnd_connections_closed_total Connections the server closed or "
                     "refused to keep others from being locked out, by reason.\n"
                     "# TYPE attnd_connections_closed_total counter\n");
   for (int i = 0; i < ATTND_CLOSE_REASONS; i++)
-    attn_sbuf_printf(b, "attnd_connections_closed_total{reason=\"%s\"} %llu\n", reasons[i],
-                     (unsigned long long)n[i]);
+    attn_sbuf_printf(b, "attnd_connections_closed_total{reason=\"%s\"} %llu\n",
+                     attnd_conns_reason_name((attnd_conn_reason)i), (unsigned long long)n[i]);
+}
+
+/* The body budget in use: what uploads, queued and running jobs hold. */
+static void render_budget(attn_sbuf *b, attnd_server *s) {
+  const attnd_config *c = s->cfg;
+  attn_sbuf_printf(b,
+                   "# HELP attnd_body_bytes Bytes of request bodies (and their decodes) the "
+                   "server holds, of the budget --max-queue x --max-body (%llu): bytes that "
+                   "arrived, never what a client declared.\n"
+                   "# TYPE attnd_body_bytes gauge\nattnd_body_bytes %llu\n",
+                   (unsigned long long)c->max_queue * c->max_body,
+                   (unsigned long long)atomic_load(&s->body_bytes));
 }
 
 /* The backend requests run on and its kernel ("avx512bf16 kernel, 2
@@ -357,6 +382,7 @@ static void answer_get(attnd_req *r) {
     attn_sbuf m = {.p = text, .len = len, .cap = len};
     if (text) {
       render_conns(&m, &s->conns);
+      render_budget(&m, s);
       render_backend(&m, s);
       render_build(&m, s);
     }
@@ -534,7 +560,8 @@ static bool begin_post(attnd_req *r) {
     attnd_req_fail(r, ATTND_ETOO_LARGE, msg);
     return false;
   }
-  r->cap = cl ? (size_t)want : CHUNKED_BODY_START;
+  r->declared = cl ? want : UINT64_MAX;
+  r->cap = cl && want < BODY_START ? (size_t)want : BODY_START;
   if (!attnd_body_reserve(r, r->cap)) {
     attnd_body_over_budget(r);
     return false;
@@ -547,34 +574,43 @@ static bool begin_post(attnd_req *r) {
   return true;
 }
 
-/* Appends a chunk of body; on failure r has its error reply. */
-static void take_body(attnd_req *r, const char *data, size_t n) {
+/* r's body buffer grown to hold need bytes: doubled, up to what the body
+ * can be (its Content-Length, or --max-body); false with r's reply set. */
+static bool grow_body(attnd_req *r, size_t need) {
+  uint64_t limit = r->declared != UINT64_MAX ? r->declared : r->srv->cfg->max_body;
+  size_t cap = r->cap * 2 > need ? r->cap * 2 : need;
+  if (cap > limit)
+    cap = (size_t)limit;
+  if (!attnd_body_reserve(r, cap - r->cap)) {
+    attnd_body_over_budget(r);
+    return false;
+  }
+  /* glibc moves a block this large by remapping its pages, not copying */
+  char *b = realloc(r->body, cap);
+  if (!b) {
+    attnd_req_fail(r, ATTND_EOUT_OF_MEMORY, "out of memory for the request body");
+    return false;
+  }
+  r->body = b;
+  r->cap = cap;
+  return true;
+}
+
+/* Appends a piece of body; false when r has its error reply. */
+static bool take_body(attnd_req *r, const char *data, size_t n) {
   uint64_t max = r->srv->cfg->max_body;
   if (r->len + n > max) {
     char msg[160];
     snprintf(msg, sizeof msg, "the body grew past the limit of %llu bytes (--max-body)",
              (unsigned long long)max);
     attnd_req_fail(r, ATTND_ETOO_LARGE, msg);
-    return;
+    return false;
   }
-  if (r->len + n > r->cap) {
-    size_t cap = r->cap * 2 > r->len + n ? r->cap * 2 : r->len + n;
-    if (cap > max)
-      cap = (size_t)max;
-    if (!attnd_body_reserve(r, cap - r->cap)) {
-      attnd_body_over_budget(r);
-      return;
-    }
-    char *b = realloc(r->body, cap);
-    if (!b) {
-      attnd_req_fail(r, ATTND_EOUT_OF_MEMORY, "out of memory for the request body");
-      return;
-    }
-    r->body = b;
-    r->cap = cap;
-  }
+  if (r->len + n > r->cap && !grow_body(r, r->len + n))
+    return false;
   memcpy(r->body + r->len, data, n);
   r->len += n;
+  return true;
 }
 
 static attnd_req *new_req(attnd_server *s, struct MHD_Connection *conn) {
@@ -588,6 +624,34 @@ static attnd_req *new_req(attnd_server *s, struct MHD_Connection *conn) {
   if (r->link)
     r->link->req = r;
   return r;
+}
+
+static void target_refused(attnd_req *r, const char *why) {
+  if (r->bad_target)
+    return;
+  r->bad_target = why;
+  r->bad_target_code = ATTND_EBAD_REQUEST;
+}
+
+/*
+ * libmicrohttpd's unescaper, replaced (MHD_OPTION_UNESCAPE_CALLBACK): it
+ * runs on each query key and value, then on the path, in place. "%00"
+ * would end the string there for attnd and not for others, and "%2F" in
+ * the path would become a separator that a proxy routing by path never
+ * saw: the first is refused, the second left as it is.
+ */
+static size_t on_unescape(void *cls, struct MHD_Connection *conn, char *s) {
+  (void)cls;
+  const union MHD_ConnectionInfo *ci =
+      MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  attnd_conn *k = ci ? ci->socket_context : NULL;
+  attnd_req *r = k ? k->req : NULL;
+  bool nul = false;
+  /* the path is the string that starts where the target did */
+  size_t n = attnd_parse_unescape(s, r && s == r->target, &nul);
+  if (nul && r)
+    target_refused(r, "the request target holds %00 (a NUL byte)");
+  return n;
 }
 
 /*
@@ -606,10 +670,15 @@ static void *on_target(void *cls, const char *uri, struct MHD_Connection *conn) 
   char *q = strchr(uri, '?');
   for (const char *p = q; p && *p; p++)
     params += *p == '&' || p == q;
+  r->target = uri;
+  r->target_end = uri + strlen(uri);
+  r->bad_target_code = ATTND_EURI_TOO_LONG;
   if (strlen(uri) > MAX_TARGET)
     r->bad_target = "the request target is longer than 8192 bytes";
   else if (params > MAX_QUERY_PARAMS)
     r->bad_target = "the query string has more than 100 parameters";
+  else if (strpbrk(uri, " \t"))
+    target_refused(r, "the request target holds a space or tab; percent-encode it (%20)");
   if (r->bad_target && q)
     q[1] = 0;
   return r;
@@ -627,59 +696,67 @@ static const char *origin_path(const char *url) {
   return p ? p : "/";
 }
 
-/* ---- framing: one reading of where a request ends (RFC 9112 §6) ---------- */
+/* ---- the head: one reading of where a request ends (parse.h) ------------- */
 
-typedef struct framing {
-  int n_cl, n_te;
-  const char *cl, *te;
-  bool cl_differ;
-} framing;
+/* The walk over a request's headers: parse.h's rules, and whether a value
+ * holds a NUL byte, which C strings hide. */
+typedef struct head_walk {
+  attnd_head h;
+  const char *last; /* the previous header's value */
+  bool nul;
+} head_walk;
 
-static enum MHD_Result count_framing(void *cls, enum MHD_ValueKind kind, const char *key,
-                                     const char *value) {
+/*
+ * Whether a value ends where its line did. libmicrohttpd 0.9.75 keeps each
+ * header line where it was read, its colon and line end overwritten with
+ * NULs, one line after the other: a value's string ends one (LF) or two
+ * (CRLF) bytes before the next header's name, and the last one's is
+ * followed by NULs (its line end, then the blank line's). A NUL inside a
+ * value ends its string early; a folded line (obs-fold) is moved elsewhere.
+ * Both are refused (RFC 9112 §5.2 allows 400 for obs-fold).
+ */
+static bool value_whole(const char *value, const char *next_name) {
+  const char *end = value + strlen(value);
+  return next_name ? next_name == end + 1 || next_name == end + 2 : end[1] == 0;
+}
+
+static enum MHD_Result walk_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                   const char *value) {
   (void)kind;
-  framing *f = cls;
-  if (!strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) {
-    if (f->n_cl++ == 0)
-      f->cl = value;
-    else if (strcmp(value ? value : "", f->cl ? f->cl : ""))
-      f->cl_differ = true;
-  } else if (!strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) && f->n_te++ == 0) {
-    f->te = value;
-  }
+  head_walk *w = cls;
+  if (w->last && !value_whole(w->last, key))
+    w->nul = true;
+  attnd_head_add(&w->h, key, value);
+  w->last = value ? value : "";
   return MHD_YES;
 }
 
 /*
- * Refuses headers that two HTTP parsers could frame differently (a proxy in
- * front and libmicrohttpd here), which is how a second request is smuggled
- * inside a body: answered at once, the connection is closed and no byte
- * after the headers is read. false when r has its reply.
+ * Refuses heads that two HTTP parsers could read differently (a proxy in
+ * front and libmicrohttpd here), which is how a second request is
+ * smuggled: answered at once, the connection is closed and no byte after
+ * the headers is read. false when r has its reply.
  */
-static bool check_framing(attnd_req *r, const char *version) {
-  framing f = {0};
-  MHD_get_connection_values(r->conn, MHD_HEADER_KIND, count_framing, &f);
-  char msg[200], te[72];
-  if (f.cl_differ) {
-    attnd_req_fail(r, ATTND_EBAD_REQUEST,
-                   "the request has Content-Length headers with different values");
-  } else if (f.n_cl && f.n_te) {
-    attnd_req_fail(r, ATTND_EBAD_REQUEST,
-                   "the request has both Content-Length and Transfer-Encoding; send one");
-  } else if (!strcmp(version, MHD_HTTP_VERSION_1_1) &&
-             !MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST)) {
-    attnd_req_fail(r, ATTND_EBAD_REQUEST, "an HTTP/1.1 request needs a Host header");
-  } else if (f.n_te && (f.n_te > 1 || strcasecmp(f.te ? f.te : "", "chunked"))) {
-    attn_quote(te, sizeof te, f.te ? f.te : "", f.te ? strlen(f.te) : 0);
+static bool check_head(attnd_req *r, const char *version) {
+  head_walk w = {0};
+  MHD_get_connection_values(r->conn, MHD_HEADER_KIND, walk_header, &w);
+  if (w.last && !value_whole(w.last, NULL))
+    w.nul = true;
+  char msg[300];
+  int code = attnd_head_check(&w.h, version, msg, sizeof msg);
+  if (!code && w.nul) {
+    code = ATTND_EBAD_REQUEST;
     snprintf(msg, sizeof msg,
-             "Transfer-Encoding \"%s\" is not supported; send the body with Content-Length or "
-             "Transfer-Encoding: chunked",
-             f.n_te > 1 ? "(more than one header)" : te);
-    attnd_req_fail(r, ATTND_ENOT_IMPLEMENTED, msg);
-  } else {
-    return true;
+             "a header value holds a NUL byte, or a header is folded over two lines; send each "
+             "header on one line, without NUL");
   }
-  return false;
+  if (code) {
+    attnd_req_fail(r, code, msg);
+    return false;
+  }
+  r->has_body = attnd_head_has_body(&w.h);
+  r->host = w.h.host;
+  return true;
 }
 
 static void route_of(attnd_req *r, const char *url, const char *method) {
@@ -727,6 +804,51 @@ static bool authorized(attnd_req *r) {
   return false;
 }
 
+/* Whether a keyless server serves r: its Host is one the server is reached
+ * by (a DNS-rebinding page sends its own name), and a page of another
+ * origin computes nothing (/v2 reads bodies without a Content-Type, which
+ * browsers send without asking first). false when r has its 403. */
+static bool keyless_ok(attnd_req *r, bool post) {
+  const attnd_config *c = r->srv->cfg;
+  char msg[400], q[128];
+  if (*c->api_key)
+    return true;
+  if (!attnd_parse_host_allowed(r->host, c->allowed_hosts)) {
+    attn_quote(q, sizeof q, r->host, strlen(r->host));
+    snprintf(msg, sizeof msg,
+             "this server has no API key and answers only to IP addresses, localhost and "
+             "--allowed-hosts; Host \"%s\" is none of them: add it to --allowed-hosts, or "
+             "set an API key",
+             q);
+  } else {
+    const char *origin = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Origin");
+    if (!post || attnd_parse_origin_allowed(origin, r->host, c->cors_origin))
+      return true;
+    attn_quote(q, sizeof q, origin, strlen(origin));
+    snprintf(msg, sizeof msg,
+             "a page of origin \"%s\" may not call this server (it has no API key); allow "
+             "the origin with --cors-origin",
+             q);
+  }
+  attnd_req_fail(r, ATTND_EFORBIDDEN, msg);
+  return false;
+}
+
+/* What r's head alone refuses: its target, its headers, and what a keyless
+ * server answers. A target that libmicrohttpd read past a NUL byte has its
+ * string end before the HTTP version that followed it on the line. false
+ * when r has its reply, which then closes the connection. */
+static bool head_ok(attnd_req *r, const char *version, bool post) {
+  if (r->target_end && version != r->target_end + 1)
+    target_refused(r, "the request target holds a NUL byte");
+  if (r->bad_target)
+    attnd_req_fail(r, r->bad_target_code, r->bad_target);
+  else if (check_head(r, version) && keyless_ok(r, post))
+    return true;
+  r->close = true;
+  return false;
+}
+
 /* The first callback, once the headers are in: route, and decide what can
  * be decided before the body. */
 static enum MHD_Result first_call(attnd_req *r, const char *url, const char *method,
@@ -741,12 +863,10 @@ static enum MHD_Result first_call(attnd_req *r, const char *url, const char *met
     snprintf(r->id, sizeof r->id, "%s", id);
   bool post = !strcmp(method, MHD_HTTP_METHOD_POST);
   bool get = !strcmp(method, MHD_HTTP_METHOD_GET) || !strcmp(method, MHD_HTTP_METHOD_HEAD);
-  if (r->bad_target) {
-    attnd_req_fail(r, ATTND_EURI_TOO_LONG, r->bad_target);
+  if (!head_ok(r, version, post))
     return queue_reply(r);
-  }
-  if (!check_framing(r, version))
-    return queue_reply(r);
+  if (r->has_body && r->link)
+    attnd_conns_upload(&s->conns, r->link, r->id, r->t_received + s->cfg->timeout, attn_now());
   if (preflight(r) || !authorized(r))
     return post ? queue_reply(r) : MHD_YES;
   if (r->route == ATTND_R_NONE && r->v2) {
@@ -784,6 +904,33 @@ static enum MHD_Result first_call(attnd_req *r, const char *url, const char *met
  * of it. */
 #define DISCARD_LIMIT ((size_t)64 << 20)
 
+/* The body is whole: the registry no longer holds it as an upload. */
+static void body_done(attnd_req *r) {
+  if (!r->has_body)
+    return;
+  r->has_body = false;
+  if (r->link)
+    attnd_conns_set(&r->srv->conns, r->link, ATTND_CONN_BUSY, attn_now());
+}
+
+/* A piece of body. A body refused in mid-way (past --max-body or the
+ * memory budget) is answered and cut at once: libmicrohttpd takes a reply
+ * only before the body or after all of it. */
+static enum MHD_Result on_body(attnd_req *r, const char *data, size_t n) {
+  if (r->link)
+    attnd_conns_upload_add(&r->srv->conns, r->link, n);
+  if (r->status) { /* the reply is decided (404, 405); drop the body, up to a point */
+    r->discarded += n;
+    return r->discarded > DISCARD_LIMIT ? MHD_NO : MHD_YES;
+  }
+  if (take_body(r, data, n))
+    return MHD_YES;
+  cut_reply c = {r->status, r->resp, r->resp_len};
+  if (r->link)
+    attnd_conns_cut(&r->srv->conns, r->link, ATTND_CLOSE_BODY_REFUSED, &c);
+  return MHD_NO;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version, const char *upload,
                                   size_t *upload_size, void **con_cls) {
@@ -800,14 +947,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   if (*upload_size) {
     size_t n = *upload_size;
     *upload_size = 0;
-    if (r->status) { /* the reply is decided; drop the body, up to a point */
-      r->discarded += n;
-      return r->discarded > DISCARD_LIMIT ? MHD_NO : MHD_YES;
-    }
-    take_body(r, upload, n);
-    return MHD_YES;
+    return on_body(r, upload, n);
   }
-  if (r->gone) /* the client reset while its job ran: close, send nothing */
+  body_done(r);
+  if (r->gone) /* the client left before its reply: close, send nothing */
     return MHD_NO;
   if (r->status)
     return queue_reply(r);
@@ -821,6 +964,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   return MHD_YES;
 }
 
+/* The status a request that got no reply of its own is logged with: what
+ * the registry answered when it cut the upload (0 there: a client that was
+ * gone), 408 for libmicrohttpd's idle timeout, else 499. */
+static void unanswered(attnd_server *s, attnd_req *r, enum MHD_RequestTerminationCode why) {
+  int status = 0;
+  size_t bytes = 0;
+  if (r->link && attnd_conns_was_cut(&s->conns, r->link, &status, &bytes)) {
+    r->status = status ? status : 499;
+    r->bytes_out = bytes;
+    return;
+  }
+  r->status = why == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED ? 408 : 499;
+}
+
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                          enum MHD_RequestTerminationCode why) {
   (void)conn;
@@ -829,7 +986,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
   if (!r)
     return;
   if (!r->queued) /* the client left before a reply */
-    r->status = why == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED ? 408 : 499;
+    unanswered(s, r, why);
   attnd_req_account(s, r);
   if (r->link) {
     r->link->req = NULL;
@@ -847,19 +1004,20 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 
 /* ---- libmicrohttpd's own refusals ------------------------------------------ */
 
-/* Writes the refusal straight to the socket; what the client sent after it
- * is read and dropped first where it is already there, so that closing does
- * not reset the connection before the client reads the reply. */
-static size_t send_refusal(int fd, unsigned status, const attnd_refusal *f, const char *id) {
-  size_t blen = 0;
-  char *body = attn_proto_error_body(f->code, f->message, &blen);
-  char msg[1024];
-  int n = snprintf(msg, sizeof msg,
-                   "HTTP/1.1 %u %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
-                   "%s%s%sConnection: close\r\n\r\n%s",
-                   status, f->reason, body ? blen : 0, id ? ATTND_REQID_HEADER ": " : "",
-                   id ? id : "", id ? "\r\n" : "", body ? body : "");
-  free(body);
+/* Writes a JSON error reply straight to the socket and ends the
+ * connection's sending side; what the client sent after it is read and
+ * dropped first where it is already there, so that closing does not reset
+ * the connection before the client reads the reply. Returns the body bytes
+ * sent. */
+static size_t send_error_reply(int fd, int status, const char *body, size_t blen, const char *id) {
+  char msg[2048];
+  int n =
+      snprintf(msg, sizeof msg,
+               "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+               "%s%s%s%sConnection: close\r\n\r\n%.*s",
+               status, attnd_err_reason(status), body ? blen : 0, id ? ATTND_REQID_HEADER ": " : "",
+               id ? id : "", id ? "\r\n" : "", status == 503 ? "Retry-After: 1\r\n" : "",
+               body ? (int)blen : 0, body ? body : "");
   size_t len = n > 0 && (size_t)n < sizeof msg ? (size_t)n : 0;
   ssize_t sent = send(fd, msg, len, MSG_NOSIGNAL | MSG_DONTWAIT);
   sent = sent == (ssize_t)len ? (ssize_t)blen : 0; /* bytes_out counts the body */
@@ -870,6 +1028,89 @@ static size_t send_refusal(int fd, unsigned status, const attnd_refusal *f, cons
   return sent > 0 ? (size_t)sent : 0;
 }
 
+/* libmicrohttpd's refusal as the JSON error of its status. */
+static size_t send_refusal(int fd, unsigned status, const attnd_refusal *f, const char *id) {
+  size_t blen = 0;
+  char *body = attn_proto_error_body(f->code, f->message, &blen);
+  size_t sent = send_error_reply(fd, (int)status, body, blen, id);
+  free(body);
+  return sent;
+}
+
+/* Why the registry cut an upload, as the error code and message its reply
+ * carries. */
+static int cut_message(const attnd_server *s, const attnd_conn *k, attnd_conn_reason why, char *msg,
+                       size_t cap) {
+  double now = attn_now(), took = now - k->up_started;
+  if (why == ATTND_CLOSE_BODY_TIMEOUT) {
+    snprintf(msg, cap,
+             "the body did not arrive whole within the %g s deadline (--timeout): %llu bytes "
+             "came in %.1f s",
+             s->cfg->timeout, (unsigned long long)k->up_bytes, took);
+    return ATTND_EREQUEST_TIMEOUT;
+  }
+  if (why == ATTND_CLOSE_BODY_TOO_SLOW) {
+    snprintf(msg, cap,
+             "the body arrived at %.0f bytes/s over the last %g s, below --min-upload-rate "
+             "(%.0f bytes/s)",
+             k->up_window_rate, ATTND_RATE_WINDOW, s->cfg->min_upload_rate);
+    return ATTND_EREQUEST_TIMEOUT;
+  }
+  snprintf(msg, cap,
+           "every connection was busy and this was the slowest upload of the client holding "
+           "the most: it was closed to let another client in; retry");
+  return ATTND_ECONNECTIONS_FULL;
+}
+
+/*
+ * The registry's hook for an upload cut short (conns.h): the JSON error
+ * written straight to the socket, since libmicrohttpd takes no reply in
+ * mid-body. arg is this layer's own reply (a cut_reply); without one the
+ * registry's reason words it. A client that is gone gets nothing; over TLS
+ * nothing can be written from here, and the connection only closes.
+ */
+static void on_cut(void *ctx, attnd_conn *k, attnd_conn_reason why, const void *arg) {
+  attnd_server *s = ctx;
+  if (why == ATTND_CLOSE_CLIENT_GONE)
+    return;
+  cut_reply own = {0};
+  const cut_reply *c = arg;
+  char msg[400];
+  if (!c) {
+    int code = cut_message(s, k, why, msg, sizeof msg);
+    attnd_metrics_error(s->metrics, attnd_err_code(code));
+    own.status = attnd_err_status(code);
+    own.body = attn_proto_error_body(attnd_err_code(code), msg, &own.len);
+    c = &own;
+  }
+  k->cut_status = c->status;
+  if (!s->tls_cert_pem)
+    k->cut_bytes = send_error_reply(k->fd, c->status, c->body, c->len, k->id);
+  free((char *)(uintptr_t)own.body);
+}
+
+/* libmicrohttpd's only 500 of its own: a body's chunk-size line (with its
+ * extensions) that does not fit the connection's buffer — the client's
+ * doing, not the server's. */
+static const attnd_refusal long_chunk_line = {
+    400, "Bad Request", "bad_request",
+    "a chunk-size line (with its extensions) is longer than the connection's buffer (under 64 "
+    "KiB); send chunk sizes without long extensions or leading zeros"};
+
+/* A refusal in mid-body goes through the registry, which may be cutting
+ * the same upload on the loop thread: one reply, never two. */
+static size_t refuse_upload(attnd_server *s, attnd_conn *k, const attnd_refusal *f) {
+  cut_reply c = {f->status, NULL, 0};
+  char *body = attn_proto_error_body(f->code, f->message, &c.len);
+  int status = 0;
+  size_t out = 0;
+  c.body = body;
+  attnd_conns_cut(&s->conns, k, ATTND_CLOSE_BODY_REFUSED, &c);
+  attnd_conns_was_cut(&s->conns, k, &status, &out);
+  free(body);
+  return out;
+}
+
 enum MHD_Result attnd_http_refuse(struct MHD_Connection *conn, unsigned status) {
   const union MHD_ConnectionInfo *ci =
       MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
@@ -877,19 +1118,22 @@ enum MHD_Result attnd_http_refuse(struct MHD_Connection *conn, unsigned status) 
   if (!k)
     return MHD_NO;
   attnd_server *s = k->owner;
-  const attnd_refusal *f = attnd_err_refusal((int)status);
+  const attnd_refusal *f =
+      status == MHD_HTTP_INTERNAL_SERVER_ERROR ? &long_chunk_line : attnd_err_refusal((int)status);
   attnd_req *r = k->req;
   attnd_metrics_error(s->metrics, f->code);
   /* Over TLS the socket carries records, not text: libmicrohttpd closes
    * the connection unanswered instead. */
-  size_t out = s->tls_cert_pem ? 0 : send_refusal(k->fd, status, f, r ? r->id : NULL);
+  size_t out = r && r->has_body  ? refuse_upload(s, k, f)
+               : s->tls_cert_pem ? 0
+                                 : send_refusal(k->fd, (unsigned)f->status, f, r ? r->id : NULL);
   if (r) { /* on_completed logs it */
-    r->status = (int)status;
+    r->status = f->status;
     r->queued = true;
     r->bytes_out = out;
     return MHD_NO;
   }
-  attnd_req line = {.t_received = attn_now(), .status = (int)status, .bytes_out = out};
+  attnd_req line = {.t_received = attn_now(), .status = f->status, .bytes_out = out};
   snprintf(line.method, sizeof line.method, "-");
   snprintf(line.path, sizeof line.path, "-");
   attnd_req_account(s, &line);
@@ -901,7 +1145,8 @@ enum MHD_Result attnd_http_refuse(struct MHD_Connection *conn, unsigned status) 
  * that reset during its job) has its cancel line. */
 static bool said_already(const char *msg) {
   static const char *const notes[] = {"Error processing request", "Closing connection (",
-                                      "Application reported internal error"};
+                                      "Application reported internal error",
+                                      "Connection socket is closed when reading request"};
   for (size_t i = 0; i < sizeof notes / sizeof *notes; i++)
     if (!strncmp(msg, notes[i], strlen(notes[i])))
       return true;
@@ -943,6 +1188,24 @@ static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen
   return attnd_conns_admit(&s->conns, client, attn_now()) ? MHD_YES : MHD_NO;
 }
 
+/*
+ * libmicrohttpd 0.9.75 closes a connection whose request line has no space
+ * without calling or telling attnd, and after shutting its sending side,
+ * so no reply can be written; it is logged as the 400 it is. Seen here as
+ * a connection closed before its first request started, with its client
+ * still there, and before any deadline.
+ */
+static void note_unparsed(attnd_server *s, attnd_conn *k) {
+  if (atomic_load(&s->stopping) || s->tls_cert_pem ||
+      !attnd_conns_unparsed(&s->conns, k, attn_now()) || attnd_peek(k->fd) <= 0)
+    return;
+  attnd_metrics_error(s->metrics, attnd_err_code(ATTND_EBAD_REQUEST));
+  attnd_req line = {.t_received = attn_now(), .status = 400};
+  snprintf(line.method, sizeof line.method, "-");
+  snprintf(line.path, sizeof line.path, "(a request line libmicrohttpd could not parse)");
+  attnd_req_account(s, &line);
+}
+
 static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_ctx,
                           enum MHD_ConnectionNotificationCode code) {
   attnd_server *s = cls;
@@ -961,8 +1224,10 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
     return;
   }
   attnd_metrics_gauge_add(s->metrics, ATTND_GAUGE_CONNECTIONS, -1);
-  if (*socket_ctx)
+  if (*socket_ctx) {
+    note_unparsed(s, *socket_ctx);
     attnd_conns_close(&s->conns, *socket_ctx);
+  }
   *socket_ctx = NULL;
 }
 
@@ -1039,6 +1304,7 @@ int attnd_http_start(attnd_server *s) {
   fit_open_files(s);
   int per_client = c->max_connections_per_client;
   attnd_conns_init(&s->conns, s->max_connections, per_client, c->header_timeout, c->idle_timeout);
+  attnd_conns_uploads(&s->conns, c->min_upload_rate, on_cut, s);
   unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
                    MHD_USE_ERROR_LOG;
   struct MHD_OptionItem tls[3] = {{MHD_OPTION_END, 0, NULL}};
@@ -1060,7 +1326,8 @@ int attnd_http_start(attnd_server *s) {
       flags, 0, on_accept, s, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s,
       MHD_OPTION_LISTEN_SOCKET, s->listen_fd, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
       MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_URI_LOG_CALLBACK, on_target, s,
-      MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)c->idle_timeout, MHD_OPTION_CONNECTION_LIMIT, limit,
+      MHD_OPTION_UNESCAPE_CALLBACK, on_unescape, s, MHD_OPTION_CONNECTION_TIMEOUT,
+      (unsigned)c->idle_timeout, MHD_OPTION_CONNECTION_LIMIT, limit,
       MHD_OPTION_CONNECTION_MEMORY_LIMIT, CONNECTION_MEMORY, MHD_OPTION_ARRAY, tls, MHD_OPTION_END);
   if (!s->mhd) {
     fprintf(stderr, "attnd: cannot start the HTTP%s daemon on %s:%d\n", s->tls_cert_pem ? "S" : "",
@@ -1081,6 +1348,7 @@ static void quiesce(attnd_server *s) {
 void attnd_http_stop(attnd_server *s) {
   if (!s->mhd)
     return;
+  atomic_store(&s->stopping, true);
   MHD_stop_daemon(s->mhd);
   s->mhd = NULL;
   attnd_conns_destroy(&s->conns);
@@ -1091,10 +1359,11 @@ static void resume(attnd_req *r) { MHD_resume_connection(r->conn); }
 static bool client_reset(attnd_req *r) {
   const union MHD_ConnectionInfo *ci =
       MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-  /* Data is a pipelining client; end-of-file is a client that half-closed
-   * after its request (nc, some HTTP/1.0 clients) and still reads the
-   * reply. Only an error (a reset) means nobody is there. */
-  return ci && attnd_peek(ci->connect_fd) < 0;
+  /* Data is a pipelining client. End-of-file is a client that closed, or
+   * half-closed, before its reply: TCP cannot tell the two apart, and as
+   * nginx does for proxied requests, attnd takes both as the client
+   * abandoning the job, so that nobody's slot is spent on it. */
+  return ci && attnd_peek(ci->connect_fd) <= 0;
 }
 
 const attnd_transport attnd_http_transport = {

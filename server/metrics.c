@@ -469,7 +469,7 @@ static void render_jobs(buf *b, const state *s) {
                 "Floating-point operations of completed jobs, by backend.");
   render_backends(b, s, "attnd_flops_total", 1);
   family_header(b, "attnd_jobs_canceled_total", "counter",
-                "Jobs cut short (deadline, client reset, shutdown), by reason and by where "
+                "Jobs cut short (deadline, client gone, shutdown), by reason and by where "
                 "they were: dropped from the queue, or stopped in the engine.");
   for (int why = 0; why < ATTND_CANCEL_REASONS; why++)
     for (int st = 0; st < ATTND_STAGES; st++)
@@ -480,8 +480,8 @@ static void render_jobs(buf *b, const state *s) {
 
 static void render_errors(buf *b, const state *s) {
   family_header(b, "attnd_errors_total", "counter",
-                "Error replies by error code (client_closed: a client that reset while its "
-                "job ran, logged and never answered).");
+                "Error replies by error code (client_closed: a client that closed or reset "
+                "before its reply, logged and never answered).");
   for (int i = 0; i < s->nerrors; i++) {
     buf_put(b, "attnd_errors_total{code=\"");
     buf_put_label_value(b, s->error_codes[i]);

@@ -60,7 +60,7 @@ void attnd_req_reply(attnd_req *r, int status, char *buf, size_t len, const char
 }
 
 /* The one way an error reply is set: the body, Retry-After on a 503, and
- * the count by code. A client that reset gets no reply at all: the
+ * the count by code. A client that is gone gets no reply at all: the
  * connection is closed and the 499 only logged. */
 void attnd_req_fail(attnd_req *r, int code, const char *message) {
   const char *name = attnd_err_code(code);

@@ -45,8 +45,9 @@ typedef struct attnd_transport {
   /* r's reply is set, or the close decided (r->gone): give its connection
    * back to the HTTP thread. Loop thread; once per request. */
   void (*resume)(struct attnd_req *r);
-  /* Whether r's client reset its connection (end-of-file is a half-close,
-   * not a reset: such a client still reads the reply). Loop thread. */
+  /* Whether r's client is gone: it reset its connection, or closed (or
+   * half-closed) it before the reply, which abandons the job. Loop
+   * thread. */
   bool (*client_reset)(struct attnd_req *r);
   /* A drain began: stop accepting connections. Loop thread. */
   void (*quiesce)(struct attnd_server *s);
@@ -80,9 +81,13 @@ typedef enum attnd_route {
 typedef struct attnd_req {
   struct attnd_server *srv;
   struct MHD_Connection *conn;
-  attnd_conn *link;       /* the connection's registry record */
-  bool started;           /* the first request callback has run */
-  const char *bad_target; /* why the request target is refused (414), or NULL */
+  attnd_conn *link;                /* the connection's registry record */
+  bool started;                    /* the first request callback has run */
+  const char *bad_target;          /* why the request target is refused, or NULL */
+  int bad_target_code;             /* its error: 414 too long, 400 malformed */
+  const char *target, *target_end; /* where libmicrohttpd holds the target, its string end */
+  const char *host;                /* its Host header, or NULL (valid until it ends) */
+  bool close;                      /* its reply ends the connection (a refused head) */
   attnd_route route;
   const attnd_console_asset *asset; /* ATTND_R_CONSOLE: the file served */
   /* Its id: the client's X-Request-Id when valid (reqid.h), else one made
@@ -104,6 +109,8 @@ typedef struct attnd_req {
   bool binary_out;      /* reply as safetensors */
   char *body;           /* the whole body, one buffer, as received */
   size_t len, cap;
+  uint64_t declared;       /* its Content-Length; UINT64_MAX for a chunked body */
+  bool has_body;           /* it declared one: an upload in the registry until it is whole */
   attnd_encoding encoding; /* its Content-Encoding */
   /* A gzip or deflate body decoded (by the threadpool, before the codec);
    * NULL for identity. len stays the bytes received, for the logs. */
@@ -185,7 +192,8 @@ typedef struct attnd_server {
   int admitted;                     /* pending + running; loop only */
   int running;                      /* loop only */
   atomic_bool draining;
-  atomic_int replying; /* requests handed to the loop, not yet completed */
+  atomic_bool stopping; /* the HTTP daemon is closing every connection */
+  atomic_int replying;  /* requests handed to the loop, not yet completed */
   /* POST /attention requests whose headers arrived and whose body is still
    * being read, under mu: the drain waits for them too. */
   attnd_req *up_head;

@@ -71,8 +71,8 @@ def main():
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, a.connections + 256), hard))
     p, port, notes = start(a.ulimit)
     socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(a.connections)]
-    get = timed(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-    post = timed(port, b"POST /attention HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+    get = timed(port, b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+    post = timed(port, b"POST /attention HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json"
                        b"\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY))
     kept = still_open(socks)
     for s in socks:

@@ -1223,7 +1223,8 @@ int raw_post(int port, const char *ctype, const void *body, size_t len) {
     return -1;
   char h[256];
   snprintf(h, sizeof h,
-           "POST /attention HTTP/1.1\r\nHost: x\r\nContent-Type: %s\r\nContent-Length: %zu\r\n\r\n",
+           "POST /attention HTTP/1.1\r\nHost: localhost\r\nContent-Type: %s\r\nContent-Length: "
+           "%zu\r\n\r\n",
            ctype, len);
   if (raw_sends(fd, h) < 0 || raw_send(fd, body, len) < 0) {
     close(fd);

@@ -280,9 +280,9 @@ Test(errors, garbage_http_does_not_hurt) {
   const char *junk[] = {
       "GARBAGE\r\n\r\n",
       "GET / HTTP/9.9\r\n\r\n",
-      "POST /attention HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
-      "POST /attention HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
-      "POST /attention HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "POST /attention HTTP/1.1\r\nHost: localhost\r\nContent-Length: abc\r\n\r\n",
+      "POST /attention HTTP/1.1\r\nHost: localhost\r\nContent-Length: -5\r\n\r\n",
+      "POST /attention HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
       "Transfer-Encoding: chunked\r\n\r\nzz\r\n\r\n",
   };
   int fd;
@@ -303,7 +303,7 @@ Test(errors, garbage_http_does_not_hurt) {
   /* A body shorter than its Content-Length, then the client goes away. */
   fd = raw_connect(S.port);
   cr_assert(fd >= 0);
-  raw_sends(fd, "POST /attention HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+  raw_sends(fd, "POST /attention HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                 "Content-Length: 1000\r\n\r\n{\"q\":");
   /* hang up only once the server is reading the body */
   cr_expect(srv_wait_metric_ge(&S, "attnd_uploads", NULL, 1, 60),

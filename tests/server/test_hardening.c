@@ -114,16 +114,17 @@ static char *log_with(const char *needle, int n) {
 Test(hardening, conflicting_content_lengths_are_refused, .fini = teardown, .timeout = 60) {
   srv_start(&S, NULL);
   /* With the first length, 34 bytes would be a second request. */
-  REFUSE("POST /attention HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+  REFUSE("POST /attention HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
          "Content-Length: 5\r\nContent-Length: 39\r\n\r\n"
-         "{\"q\":GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+         "{\"q\":GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n",
          400, "bad_request");
-  REFUSE("POST /attention HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+  REFUSE("POST /attention HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
          "Content-Length: 10\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
          400, "bad_request");
-  REFUSE("GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nContent-Length: 45\r\n\r\n"
-         "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n",
-         400, "bad_request");
+  REFUSE(
+      "GET /healthz HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\nContent-Length: 45\r\n\r\n"
+      "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n",
+      400, "bad_request");
   char *log = srv_log(&S);
   cr_expect(!strstr(log, "GET /metrics"), "a smuggled request was served:\n%s", log);
   free(log);
@@ -132,13 +133,13 @@ Test(hardening, conflicting_content_lengths_are_refused, .fini = teardown, .time
 
 Test(hardening, unknown_transfer_codings_get_501_at_once, .fini = teardown, .timeout = 60) {
   srv_start(&S, NULL);
-  REFUSE("POST /attention HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+  REFUSE("POST /attention HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
          "Transfer-Encoding: gzip\r\n\r\nabc",
          501, "not_implemented");
-  REFUSE("POST /attention HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+  REFUSE("POST /attention HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
          "Transfer-Encoding: xchunked\r\n\r\nabc",
          501, "not_implemented");
-  REFUSE("POST /attention HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+  REFUSE("POST /attention HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
          "Transfer-Encoding: chunked\r\nTransfer-Encoding: gzip\r\n\r\n",
          501, "not_implemented");
 }
@@ -165,13 +166,14 @@ Test(hardening, bad_content_length_is_one_json_400, .fini = teardown, .timeout =
   const char *values[] = {"-1", "abc", "+5", "", "1 2"};
   for (size_t i = 0; i < sizeof values / sizeof *values; i++) {
     char req[200];
-    int n = snprintf(req, sizeof req,
-                     "POST /attention HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     "Content-Length: %s\r\n\r\n{}",
-                     values[i]);
+    int n =
+        snprintf(req, sizeof req,
+                 "POST /attention HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                 "Content-Length: %s\r\n\r\n{}",
+                 values[i]);
     expect_refusal(req, (size_t)n, 400, "bad_request");
   }
-  REFUSE("POST /attention HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+  REFUSE("POST /attention HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
          "Content-Length: 99999999999999999999999\r\n\r\n{}",
          413, "too_large");
   char *log = log_with(" 400 in=", 5);
@@ -182,11 +184,11 @@ Test(hardening, bad_content_length_is_one_json_400, .fini = teardown, .timeout =
 
 Test(hardening, versions_and_malformed_lines_get_json, .fini = teardown, .timeout = 90) {
   srv_start(&S, NULL);
-  REFUSE("GET /healthz HTTP/2.0\r\nHost: x\r\n\r\n", 505, "http_version_not_supported");
-  REFUSE("GET /healthz HTTP/0.9\r\nHost: x\r\n\r\n", 505, "http_version_not_supported");
-  REFUSE("GET /healthz HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n", 400, "bad_request");
+  REFUSE("GET /healthz HTTP/2.0\r\nHost: localhost\r\n\r\n", 505, "http_version_not_supported");
+  REFUSE("GET /healthz HTTP/0.9\r\nHost: localhost\r\n\r\n", 505, "http_version_not_supported");
+  REFUSE("GET /healthz HTTP/1.1\r\nHost: localhost\r\nno colon here\r\n\r\n", 400, "bad_request");
   REFUSE("GET /healthz HTTP/1.1\r\n\r\n", 400, "bad_request"); /* no Host */
-  REFUSE("POST /attention HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+  REFUSE("POST /attention HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
          "Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
          400, "bad_request");
 }
@@ -201,16 +203,16 @@ Test(hardening, oversized_targets_and_headers, .fini = teardown, .timeout = 90) 
   size_t n = (size_t)snprintf(req, cap, "GET /healthz?");
   for (int i = 0; i < 1000; i++)
     n += (size_t)snprintf(req + n, cap - n, "%sa%d=1", i ? "&" : "", i);
-  n += (size_t)snprintf(req + n, cap - n, " HTTP/1.1\r\nHost: x\r\n\r\n");
+  n += (size_t)snprintf(req + n, cap - n, " HTTP/1.1\r\nHost: localhost\r\n\r\n");
   expect_refusal(req, n, 414, "uri_too_long");
   /* a 100 KB target */
   n = (size_t)snprintf(req, cap, "GET /");
   memset(req + n, 'a', 100000);
   n += 100000;
-  n += (size_t)snprintf(req + n, cap - n, " HTTP/1.1\r\nHost: x\r\n\r\n");
+  n += (size_t)snprintf(req + n, cap - n, " HTTP/1.1\r\nHost: localhost\r\n\r\n");
   expect_refusal(req, n, 414, "uri_too_long");
   /* 100 KB of headers */
-  n = (size_t)snprintf(req, cap, "GET /healthz HTTP/1.1\r\nHost: x\r\n");
+  n = (size_t)snprintf(req, cap, "GET /healthz HTTP/1.1\r\nHost: localhost\r\n");
   for (int i = 0; i < 2000; i++)
     n += (size_t)snprintf(req + n, cap - n, "X-Pad-%d: %040d\r\n", i, i);
   n += (size_t)snprintf(req + n, cap - n, "\r\n");
@@ -273,13 +275,14 @@ static void check_log_clean(const char *forged) {
 
 Test(hardening, paths_cannot_forge_text_log_lines, .fini = teardown, .timeout = 60) {
   srv_start(&S, NULL);
-  check_log_clean("GET /x%0d%0aattnd:%20GET%20/forged%20200%1b[2J%ff HTTP/1.1\r\nHost: x\r\n\r\n");
+  check_log_clean(
+      "GET /x%0d%0aattnd:%20GET%20/forged%20200%1b[2J%ff HTTP/1.1\r\nHost: localhost\r\n\r\n");
 }
 
 Test(hardening, paths_cannot_forge_json_log_lines, .fini = teardown, .timeout = 60) {
   srv_start(&S, "--log-format", "json", NULL);
   check_log_clean("GET /x%0a{\"method\":%20\"GET\",%20\"path\":%20\"/forged\"}%ff%c3 HTTP/1.1\r\n"
-                  "Host: x\r\n\r\n");
+                  "Host: localhost\r\n\r\n");
   size_t n;
   char *log = read_file_all(S.log, &n);
   int lines = 0;
@@ -321,7 +324,7 @@ static void close_all(int *fds, int n) {
 static void expect_served(const char *after) {
   int fd = raw_connect(S.port);
   cr_assert_geq(fd, 0, "connect after %s: %s", after, strerror(errno));
-  raw_sends(fd, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+  raw_sends(fd, "GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n");
   http_res rs;
   cr_expect_eq(raw_response(fd, 15000, &rs), 200, "healthz after %s: %s", after, rs.error);
   http_res_free(&rs);
@@ -329,7 +332,7 @@ static void expect_served(const char *after) {
   const char *body = "{\"q\": [[1, 0]], \"k\": [[1, 0]], \"v\": [[1, 2]]}";
   char req[300];
   snprintf(req, sizeof req,
-           "POST /attention HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+           "POST /attention HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
            "Content-Length: %zu\r\n\r\n%s",
            strlen(body), body);
   fd = raw_connect(S.port);
@@ -428,7 +431,7 @@ Test(hardening, oldest_idle_connection_is_closed_first, .fini = teardown, .timeo
     fds[i] = raw_connect(S.port);
     cr_assert_geq(fds[i], 0);
     /* one request each, so the server has registered them in this order */
-    raw_sends(fds[i], "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    raw_sends(fds[i], "GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n");
     http_res rs;
     cr_expect_eq(raw_response(fds[i], 15000, &rs), 200);
     http_res_free(&rs);
@@ -436,7 +439,7 @@ Test(hardening, oldest_idle_connection_is_closed_first, .fini = teardown, .timeo
   expect_served("4 idle keep-alive connections with --max-connections 4");
   cr_expect_geq(raw_wait_close(fds[0], 15000), 0, "the oldest idle connection is still open");
   /* the newest keep-alive connection still works */
-  raw_sends(fds[3], "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+  raw_sends(fds[3], "GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n");
   http_res rs;
   cr_expect_eq(raw_response(fds[3], 15000, &rs), 200, "newest connection: %s", rs.error);
   http_res_free(&rs);
@@ -451,7 +454,8 @@ Test(hardening, dribbled_headers_meet_the_header_deadline, .fini = teardown, .ti
   srv_start(&S, "--header-timeout", "1", "--idle-timeout", "30", NULL);
   int fd = raw_connect(S.port);
   cr_assert_geq(fd, 0);
-  const char *hdr = "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+  const char *hdr =
+      "GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
   bool closed = false;
   for (size_t i = 0; i < 300 && !closed; i++) { /* 300 x 0.1 s: far past the 1 s deadline */
     char ch = hdr[i % strlen(hdr)];

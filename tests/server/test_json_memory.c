@@ -247,12 +247,15 @@ Test(json_memory, decode_waits_for_room_with_503) {
   srv_start(&S, "--max-queue", "2", "--max-body", "1M", NULL);
   int a = raw_connect(S.port);
   cr_assert_geq(a, 0);
-  raw_sends(a, "POST /attention HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
-               "Content-Length: 716800\r\n\r\n");
-  raw_send(a, "\x10\0\0\0\0\0\0\0", 8);
-  /* wait until the server holds the upload's 700 KiB */
-  cr_assert(srv_wait_metric_ge(&S, "attnd_uploads", NULL, 1, 60),
-            "the upload never showed in attnd_uploads");
+  raw_sends(
+      a, "POST /attention HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/octet-stream\r\n"
+         "Content-Length: 716800\r\n\r\n");
+  char *part = calloc(1, 716799);
+  raw_send(a, part, 716799);
+  free(part);
+  /* wait until the server holds the upload's 700 KiB, which arrived */
+  cr_assert(srv_wait_metric_ge(&S, "attnd_body_bytes", NULL, 716799, 60),
+            "the upload's bytes never showed in attnd_body_bytes");
   size_t len;
   char *body = zeros_body(1300, 1300, NULL, &len); /* about 450 KB, 900 KB decoded */
   http_res r;

@@ -254,7 +254,7 @@ Test(load, draining_readyz_503) {
   srv_start(&S, "--threads", "1", NULL);
   int fd = raw_connect(S.port);
   cr_assert(fd >= 0);
-  raw_sends(fd, "GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n");
+  raw_sends(fd, "GET /readyz HTTP/1.1\r\nHost: localhost\r\n\r\n");
   http_res r;
   cr_expect_eq(raw_response(fd, 30000, &r), 200, "readyz before SIGTERM");
   http_res_free(&r);
@@ -262,7 +262,7 @@ Test(load, draining_readyz_503) {
   kill(S.pid, SIGTERM);
   cr_expect(srv_wait_listener_closed(&S, 60), "the listener still accepts after SIGTERM");
   /* The kept-alive connection still asks: not ready. */
-  raw_sends(fd, "GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n");
+  raw_sends(fd, "GET /readyz HTTP/1.1\r\nHost: localhost\r\n\r\n");
   int st = raw_response(fd, 30000, &r);
   cr_expect_eq(st, 503, "readyz while draining: %d (%s)", st, r.error);
   if (st > 0) {
@@ -313,17 +313,15 @@ Test(load, clients_gone_mid_job) {
   tcase c;
   size_t len;
   char *body = slow_body(&c, 4, 700, &len);
-  /* Three clients send a slow job and close before the reply. Their FIN
-   * cannot be told from a half-close (shutdown(SHUT_WR)), whose client
-   * still reads: the jobs run, and the replies fail (499 in the log). Resets
-   * are what cancel a job (test_cancel.c). */
+  /* Three clients send a slow job and close before the reply: each FIN
+   * abandons its job, which is canceled (test_cancel.c), 499 in the log. */
   int fds[3];
   for (int i = 0; i < 3; i++) {
     fds[i] = raw_connect(S.port);
     cr_assert(fds[i] >= 0);
     char h[256];
     snprintf(h, sizeof h,
-             "POST /attention HTTP/1.1\r\nHost: x\r\nContent-Type: " ST_CT
+             "POST /attention HTTP/1.1\r\nHost: localhost\r\nContent-Type: " ST_CT
              "\r\nContent-Length: %zu\r\n\r\n",
              len);
     raw_sends(fds[i], h);
@@ -332,11 +330,14 @@ Test(load, clients_gone_mid_job) {
   cr_expect(wait_jobs(1, 60), "the jobs never showed in the metrics");
   for (int i = 0; i < 3; i++)
     close(fds[i]);
+  const char *gone[] = {"reason=client_closed", NULL};
+  cr_expect(srv_wait_metric_ge(&S, "attnd_jobs_canceled_total", gone, 1, 60),
+            "the jobs of clients that closed were not canceled");
   /* A client that hangs up in the middle of its body. */
   int fd = raw_connect(S.port);
   char h[256];
   snprintf(h, sizeof h,
-           "POST /attention HTTP/1.1\r\nHost: x\r\nContent-Type: " ST_CT
+           "POST /attention HTTP/1.1\r\nHost: localhost\r\nContent-Type: " ST_CT
            "\r\nContent-Length: %zu\r\n\r\n",
            len);
   raw_sends(fd, h);
@@ -448,7 +449,7 @@ Test(load, idle_keep_alive_closed) {
   int fd = raw_connect(S.port);
   cr_assert(fd >= 0);
   for (int i = 0; i < 2; i++) {
-    raw_sends(fd, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+    raw_sends(fd, "GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n");
     http_res r;
     cr_expect_eq(raw_response(fd, 30000, &r), 200, "request %d on the keep-alive connection",
                  i + 1);

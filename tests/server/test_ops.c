@@ -161,7 +161,7 @@ Test(ops, request_id_on_the_http_layers_refusals) {
   srv_start(&S, NULL);
   int fd = raw_connect(S.port);
   cr_assert_geq(fd, 0);
-  raw_sends(fd, "POST /attention HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+  raw_sends(fd, "POST /attention HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                 "Transfer-Encoding: chunked\r\n\r\nzz\r\n");
   http_res r;
   cr_expect_eq(raw_response(fd, 10000, &r), 400);

@@ -125,3 +125,176 @@ Test(conns, deadlines_are_absolute) {
   unpair(busy);
   attnd_conns_destroy(&c);
 }
+
+/* ---- uploads ---------------------------------------------------------------- */
+
+/* What the cut hook saw, and a mark it writes on the socket (the reply). */
+typedef struct cuts {
+  int n;
+  attnd_conn_reason why[8];
+  const void *arg[8];
+} cuts;
+
+static void record_cut(void *ctx, attnd_conn *k, attnd_conn_reason why, const void *arg) {
+  cuts *c = ctx;
+  if (c->n < 8) {
+    c->why[c->n] = why;
+    c->arg[c->n] = arg;
+  }
+  c->n++;
+  if (why != ATTND_CLOSE_CLIENT_GONE) {
+    k->cut_status = 408;
+    k->cut_bytes = (size_t)send(k->fd, "R", 1, MSG_NOSIGNAL);
+  }
+}
+
+/* Whether the far end got the hook's reply and then end-of-file. */
+static bool got_reply_then_closed(pair p) {
+  char c = 0;
+  return recv(p.far, &c, 1, MSG_DONTWAIT) == 1 && c == 'R' && was_closed(p);
+}
+
+Test(conns, a_late_upload_is_answered_and_cut) {
+  attnd_conns c;
+  cuts seen = {0};
+  attnd_conns_init(&c, 10, 0, 10, 30);
+  attnd_conns_uploads(&c, 0, record_cut, &seen);
+  pair p = mkpair();
+  attnd_conn *k = attnd_conns_open(&c, p.near, "a", 0);
+  attnd_conns_upload(&c, k, "id1", 60, 0);
+  attnd_conns_upload_add(&c, k, 100);
+  cr_expect_eq(attnd_conns_sweep(&c, 59.9), 0, "cut before its deadline");
+  cr_expect_eq(attnd_conns_sweep(&c, 60), 1);
+  cr_expect(seen.n == 1 && seen.why[0] == ATTND_CLOSE_BODY_TIMEOUT && !seen.arg[0]);
+  cr_expect_str_eq(k->id, "id1");
+  cr_expect(got_reply_then_closed(p), "no reply, or the socket stayed open");
+  int status;
+  size_t bytes;
+  cr_expect(attnd_conns_was_cut(&c, k, &status, &bytes));
+  cr_expect(status == 408 && bytes == 1);
+  cr_expect_eq(attnd_conns_sweep(&c, 1000), 0, "cut twice");
+  attnd_conns_close(&c, k);
+  unpair(p);
+  attnd_conns_destroy(&c);
+}
+
+Test(conns, a_trickling_upload_is_cut_after_a_slow_window) {
+  attnd_conns c;
+  cuts seen = {0};
+  attnd_conns_init(&c, 10, 0, 10, 30);
+  attnd_conns_uploads(&c, 100, record_cut, &seen);
+  pair fast = mkpair(), slow = mkpair();
+  attnd_conn *f = attnd_conns_open(&c, fast.near, "a", 0);
+  attnd_conn *s = attnd_conns_open(&c, slow.near, "a", 0);
+  attnd_conns_upload(&c, f, "f", 1000, 0);
+  attnd_conns_upload(&c, s, "s", 1000, 0);
+  attnd_conns_upload_add(&c, f, 600);
+  attnd_conns_upload_add(&c, s, 499); /* 100 B/s over 5 s is 500 */
+  cr_expect_eq(attnd_conns_sweep(&c, ATTND_RATE_WINDOW - 0.1), 0, "judged before a window");
+  cr_expect_eq(attnd_conns_sweep(&c, ATTND_RATE_WINDOW), 1);
+  cr_expect(seen.n == 1 && seen.why[0] == ATTND_CLOSE_BODY_TOO_SLOW);
+  cr_expect(got_reply_then_closed(slow));
+  cr_expect(!was_closed(fast), "the upload at the rate was cut");
+  /* the next window starts where the last ended: the fast one must keep up */
+  attnd_conns_upload_add(&c, f, 100);
+  cr_expect_eq(attnd_conns_sweep(&c, 2 * ATTND_RATE_WINDOW), 1, "a stalled upload kept");
+  uint64_t n[ATTND_CLOSE_REASONS];
+  attnd_conns_counts(&c, n);
+  cr_expect_eq(n[ATTND_CLOSE_BODY_TOO_SLOW], 2);
+  unpair(fast);
+  unpair(slow);
+  attnd_conns_destroy(&c);
+}
+
+Test(conns, an_upload_whose_client_left_is_cut_unanswered) {
+  attnd_conns c;
+  cuts seen = {0};
+  attnd_conns_init(&c, 10, 0, 10, 30);
+  attnd_conns_uploads(&c, 0, record_cut, &seen);
+  pair p = mkpair(), other = mkpair();
+  attnd_conn *k = attnd_conns_open(&c, p.near, "a", 0);
+  attnd_conn *o = attnd_conns_open(&c, other.near, "a", 0);
+  attnd_conns_upload(&c, k, "k", 60, 0);
+  attnd_conns_upload(&c, o, "o", 60, 0);
+  shutdown(p.far, SHUT_WR); /* the client's FIN, right behind its bytes */
+  cr_expect_eq(attnd_conns_sweep(&c, 1), 1);
+  cr_expect(seen.n == 1 && seen.why[0] == ATTND_CLOSE_CLIENT_GONE);
+  char b;
+  cr_expect_eq(recv(p.far, &b, 1, MSG_DONTWAIT), 0, "a reply was written to a client gone");
+  cr_expect(!was_closed(other));
+  int status;
+  size_t bytes;
+  cr_expect(attnd_conns_was_cut(&c, k, &status, &bytes) && status == 0);
+  cr_expect(!attnd_conns_was_cut(&c, o, &status, &bytes));
+  unpair(p);
+  unpair(other);
+  attnd_conns_destroy(&c);
+}
+
+Test(conns, the_http_layer_cut_is_answered_once) {
+  attnd_conns c;
+  cuts seen = {0};
+  attnd_conns_init(&c, 10, 0, 10, 30);
+  attnd_conns_uploads(&c, 0, record_cut, &seen);
+  pair p = mkpair();
+  attnd_conn *k = attnd_conns_open(&c, p.near, "a", 0);
+  attnd_conns_upload(&c, k, "k", 60, 0);
+  int reply = 413;
+  attnd_conns_cut(&c, k, ATTND_CLOSE_BODY_REFUSED, &reply);
+  attnd_conns_cut(&c, k, ATTND_CLOSE_BODY_REFUSED, &reply);
+  cr_expect_eq(attnd_conns_sweep(&c, 100), 0);
+  cr_expect_eq(seen.n, 1, "answered %d times", seen.n);
+  cr_expect(seen.arg[0] == &reply, "the layer's reply was not passed on");
+  unpair(p);
+  attnd_conns_destroy(&c);
+}
+
+Test(conns, a_full_server_cuts_the_slowest_upload_of_the_client_holding_most) {
+  attnd_conns c;
+  cuts seen = {0};
+  attnd_conns_init(&c, 4, 0, 10, 30);
+  attnd_conns_uploads(&c, 0, record_cut, &seen);
+  pair p[4];
+  attnd_conn *k[4];
+  const char *who[4] = {"flood", "flood", "flood", "other"};
+  size_t sent[4] = {5000, 10, 900, 1};
+  for (int i = 0; i < 4; i++) {
+    p[i] = mkpair();
+    k[i] = attnd_conns_open(&c, p[i].near, who[i], 0);
+    attnd_conns_upload(&c, k[i], "u", 1000, 0);
+    attnd_conns_upload_add(&c, k[i], sent[i]);
+  }
+  cr_expect(!attnd_conns_admit(&c, "flood", 10), "the client holding most cut its own upload");
+  cr_expect(attnd_conns_admit(&c, "newcomer", 10), "a client with none was refused");
+  cr_expect(seen.n == 1 && seen.why[0] == ATTND_CLOSE_UPLOAD_EVICTED);
+  cr_expect(got_reply_then_closed(p[1]), "not the slowest upload of the top client was cut");
+  for (int i = 0; i < 4; i++)
+    if (i != 1)
+      cr_expect(!was_closed(p[i]), "upload %d was cut too", i);
+  uint64_t n[ATTND_CLOSE_REASONS];
+  attnd_conns_counts(&c, n);
+  cr_expect_eq(n[ATTND_CLOSE_UPLOAD_EVICTED], 1);
+  cr_expect_eq(n[ATTND_CLOSE_REFUSED], 1);
+  for (int i = 0; i < 4; i++)
+    unpair(p[i]);
+  attnd_conns_destroy(&c);
+}
+
+Test(conns, computing_connections_are_never_cut_for_a_newcomer) {
+  attnd_conns c;
+  cuts seen = {0};
+  attnd_conns_init(&c, 2, 0, 10, 30);
+  attnd_conns_uploads(&c, 0, record_cut, &seen);
+  pair p[2];
+  for (int i = 0; i < 2; i++) {
+    p[i] = mkpair();
+    attnd_conn *k = attnd_conns_open(&c, p[i].near, "flood", 0);
+    attnd_conns_set(&c, k, ATTND_CONN_BUSY, 1);
+  }
+  cr_expect(!attnd_conns_admit(&c, "newcomer", 2));
+  cr_expect_eq(seen.n, 0);
+  cr_expect(!was_closed(p[0]) && !was_closed(p[1]));
+  for (int i = 0; i < 2; i++)
+    unpair(p[i]);
+  attnd_conns_destroy(&c);
+}

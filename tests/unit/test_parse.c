@@ -1,0 +1,129 @@
+/*
+ * test_parse.c — the rules a request's head must meet (server/parse.c):
+ * field names, one-value fields, framing, the unescaper, and which Host and
+ * Origin a keyless server answers.
+ */
+#include "errors.h"
+#include "parse.h"
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+
+/* The verdict on a head given as name, value pairs (NULL-terminated). */
+static int verdict(const char *version, char *msg, size_t cap, const char *const *hv) {
+  attnd_head h = {0};
+  for (int i = 0; hv[i]; i += 2)
+    attnd_head_add(&h, hv[i], hv[i + 1]);
+  return attnd_head_check(&h, version, msg, cap);
+}
+
+#define HEAD(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+Test(parse, a_plain_head_passes) {
+  char msg[300];
+  cr_expect_eq(verdict("HTTP/1.1", msg, sizeof msg,
+                       HEAD("Host", "localhost", "Content-Type", "application/json",
+                            "Content-Length", "12", "X-Request-Id", "a", "X-Request-Id", "b")),
+               0, "refused: %s", msg);
+  cr_expect_eq(verdict("HTTP/1.0", msg, sizeof msg, HEAD("Accept", "*/*")), 0,
+               "HTTP/1.0 needs no Host");
+}
+
+Test(parse, whitespace_before_the_colon_is_refused) {
+  const char *names[] = {"Content-Length ", "Content-Length\t", "Content-Length  ", "X A"};
+  for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+    char msg[300] = "";
+    int code = verdict("HTTP/1.1", msg, sizeof msg, HEAD("Host", "x", names[i], "5"));
+    cr_expect_eq(code, ATTND_EBAD_REQUEST, "\"%s\" accepted", names[i]);
+    cr_expect(strstr(msg, "whitespace before its colon"), "message: %s", msg);
+  }
+  char msg[300] = "";
+  cr_expect_eq(verdict("HTTP/1.1", msg, sizeof msg, HEAD("Host", "x", "X(y)", "1")),
+               ATTND_EBAD_REQUEST, "a name that is not a token accepted");
+  cr_expect(strstr(msg, "not a valid header name"), "message: %s", msg);
+}
+
+Test(parse, one_value_fields_given_twice_are_refused) {
+  const char *names[] = {"Host", "authorization", "Content-Type", "Content-Encoding",
+                         "Inference-Header-Content-Length"};
+  for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+    char msg[300] = "";
+    int code = verdict("HTTP/1.1", msg, sizeof msg, HEAD("Host", "h", names[i], "a", names[i], "a"));
+    cr_expect_eq(code, ATTND_EBAD_REQUEST, "two %s accepted", names[i]);
+    cr_expect(strstr(msg, "more than one"), "message: %s", msg);
+  }
+}
+
+Test(parse, framing_is_read_one_way) {
+  char msg[300];
+  cr_expect_eq(
+      verdict("HTTP/1.1", msg, sizeof msg, HEAD("Host", "x", "Content-Length", "5", "Content-Length", "6")),
+      ATTND_EBAD_REQUEST);
+  cr_expect_eq(verdict("HTTP/1.1", msg, sizeof msg,
+                       HEAD("Host", "x", "Content-Length", "5", "Transfer-Encoding", "chunked")),
+               ATTND_EBAD_REQUEST);
+  cr_expect_eq(verdict("HTTP/1.1", msg, sizeof msg, HEAD("Host", "x", "Transfer-Encoding", "gzip")),
+               ATTND_ENOT_IMPLEMENTED);
+  cr_expect_eq(verdict("HTTP/1.1", msg, sizeof msg, HEAD("Accept", "*/*")), ATTND_EBAD_REQUEST,
+               "HTTP/1.1 without Host accepted");
+  attnd_head h = {0};
+  attnd_head_add(&h, "Content-Length", "0");
+  cr_expect(!attnd_head_has_body(&h));
+  attnd_head_add(&h, "Content-Length", "0");
+  cr_expect(!attnd_head_has_body(&h));
+  attnd_head t = {0};
+  attnd_head_add(&t, "Transfer-Encoding", "chunked");
+  cr_expect(attnd_head_has_body(&t));
+}
+
+static const char *unescape(const char *in, bool path, bool *nul) {
+  static char buf[128];
+  snprintf(buf, sizeof buf, "%s", in);
+  *nul = false;
+  size_t n = attnd_parse_unescape(buf, path, nul);
+  cr_expect_eq(n, strlen(buf), "the length returned");
+  return buf;
+}
+
+Test(parse, the_unescaper_keeps_slashes_and_flags_nul) {
+  bool nul;
+  cr_expect_str_eq(unescape("/a%20b%41", true, &nul), "/a bA");
+  cr_expect(!nul);
+  cr_expect_str_eq(unescape("/v2/models/attention%2finfer", true, &nul),
+                   "/v2/models/attention%2finfer", "%%2f became a separator in a path");
+  cr_expect_str_eq(unescape("a%2Fb", false, &nul), "a/b", "a query value keeps its slash");
+  cr_expect_str_eq(unescape("/healthz%00x", true, &nul), "/healthzx");
+  cr_expect(nul, "%%00 not flagged");
+  cr_expect_str_eq(unescape("100%", true, &nul), "100%", "a bare %% stays");
+  cr_expect_str_eq(unescape("%zz%4", true, &nul), "%zz%4", "a bad escape stays");
+  cr_expect(!nul);
+}
+
+Test(parse, a_keyless_server_answers_its_addresses_and_names) {
+  const char *yes[] = {"127.0.0.1",  "127.0.0.1:8080", "10.1.2.3:80", "[::1]:8080", "[::1]",
+                       "localhost", "LOCALHOST:8080", "app.localhost", NULL};
+  for (int i = 0; yes[i]; i++)
+    cr_expect(attnd_parse_host_allowed(yes[i], ""), "%s refused", yes[i]);
+  cr_expect(attnd_parse_host_allowed(NULL, ""), "no Host (HTTP/1.0) refused");
+  const char *no[] = {"evil.example", "evil.example:8080", "localhost.evil.example",
+                      "127.0.0.1.nip.io", "attnd", "[::1", NULL};
+  for (int i = 0; no[i]; i++)
+    cr_expect(!attnd_parse_host_allowed(no[i], ""), "%s allowed", no[i]);
+  cr_expect(attnd_parse_host_allowed("attnd:8080", "db,attnd"));
+  cr_expect(attnd_parse_host_allowed("a.svc.cluster.local", "x,.svc.cluster.local"));
+  cr_expect(!attnd_parse_host_allowed("svc.cluster.local.evil", ".svc.cluster.local"));
+  cr_expect(attnd_parse_host_allowed("anything.example", "*"));
+}
+
+Test(parse, origins_are_the_page_own_or_the_cors_one) {
+  cr_expect(attnd_parse_origin_allowed(NULL, "127.0.0.1:8080", ""), "no Origin refused");
+  cr_expect(attnd_parse_origin_allowed("http://127.0.0.1:8080", "127.0.0.1:8080", ""));
+  cr_expect(attnd_parse_origin_allowed("http://localhost", "localhost:80", ""));
+  cr_expect(attnd_parse_origin_allowed("https://h.example:443", "h.example", ""));
+  cr_expect(!attnd_parse_origin_allowed("http://evil.example", "127.0.0.1:8080", ""));
+  cr_expect(!attnd_parse_origin_allowed("null", "127.0.0.1:8080", ""));
+  cr_expect(!attnd_parse_origin_allowed("http://127.0.0.1:9999", "127.0.0.1:8080", ""));
+  cr_expect(attnd_parse_origin_allowed("https://app.example", "127.0.0.1:8080", "https://app.example"));
+  cr_expect(attnd_parse_origin_allowed("http://evil.example", "127.0.0.1:8080", "*"));
+}

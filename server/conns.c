@@ -13,6 +13,9 @@
 #include "conns.h"
 
 #include <errno.h>
+#include <linux/tcp.h>
+#include <netinet/in.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -226,11 +229,21 @@ bool attnd_conns_was_cut(attnd_conns *c, attnd_conn *k, int *status, size_t *byt
   return was;
 }
 
+/* Whether the peer sent k any byte (TCP_INFO's count): a connection
+ * opened and closed without a word is no refusal. */
+static bool got_bytes(const attnd_conn *k) {
+  struct tcp_info ti;
+  socklen_t len = sizeof ti;
+  memset(&ti, 0, sizeof ti);
+  return getsockopt(k->fd, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 &&
+         len > offsetof(struct tcp_info, tcpi_bytes_received) && ti.tcpi_bytes_received > 0;
+}
+
 bool attnd_conns_unparsed(attnd_conns *c, attnd_conn *k, double now) {
   pthread_mutex_lock(&c->mu);
   bool un = k->state == ATTND_CONN_AWAITING && !k->closing && now - k->since < c->idle_timeout;
   pthread_mutex_unlock(&c->mu);
-  return un;
+  return un && got_bytes(k);
 }
 
 void attnd_conns_close(attnd_conns *c, attnd_conn *k) {

@@ -138,8 +138,8 @@ void attnd_conns_cut(attnd_conns *c, attnd_conn *k, attnd_conn_reason why, const
 /* Whether the registry cut k, with the status answered and bytes written. */
 bool attnd_conns_was_cut(attnd_conns *c, attnd_conn *k, int *status, size_t *bytes);
 /* Whether k is closing before its first request ever started, not by the
- * registry's doing and within the idle timeout: the HTTP library gave up
- * on what it was sent. */
+ * registry's doing, within the idle timeout and after its client sent
+ * bytes: the HTTP library gave up on what it was sent. */
 bool attnd_conns_unparsed(attnd_conns *c, attnd_conn *k, double now);
 /* Unregisters and frees k; call before its socket is closed. */
 void attnd_conns_close(attnd_conns *c, attnd_conn *k);

@@ -1133,6 +1133,8 @@ enum MHD_Result attnd_http_refuse(struct MHD_Connection *conn, unsigned status) 
     r->bytes_out = out;
     return MHD_NO;
   }
+  /* a refusal before any request: not a connection left waiting */
+  attnd_conns_set(&s->conns, k, ATTND_CONN_BUSY, attn_now());
   attnd_req line = {.t_received = attn_now(), .status = f->status, .bytes_out = out};
   snprintf(line.method, sizeof line.method, "-");
   snprintf(line.path, sizeof line.path, "-");
@@ -1192,12 +1194,12 @@ static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen
  * libmicrohttpd 0.9.75 closes a connection whose request line has no space
  * without calling or telling attnd, and after shutting its sending side,
  * so no reply can be written; it is logged as the 400 it is. Seen here as
- * a connection closed before its first request started, with its client
- * still there, and before any deadline.
+ * a connection closed before its first request started, after its client
+ * sent bytes, and before any deadline.
  */
 static void note_unparsed(attnd_server *s, attnd_conn *k) {
   if (atomic_load(&s->stopping) || s->tls_cert_pem ||
-      !attnd_conns_unparsed(&s->conns, k, attn_now()) || attnd_peek(k->fd) <= 0)
+      !attnd_conns_unparsed(&s->conns, k, attn_now()))
     return;
   attnd_metrics_error(s->metrics, attnd_err_code(ATTND_EBAD_REQUEST));
   attnd_req line = {.t_received = attn_now(), .status = 400};

@@ -172,8 +172,7 @@ bool attnd_parse_host_allowed(const char *host, const char *allowed) {
   if (!host_part(host, name, sizeof name))
     return false;
   return inet_pton(AF_INET, name, addr) == 1 || inet_pton(AF_INET6, name, addr) == 1 ||
-         !strcasecmp(name, "localhost") || ends_with(name, ".localhost") ||
-         in_list(name, allowed);
+         !strcasecmp(name, "localhost") || ends_with(name, ".localhost") || in_list(name, allowed);
 }
 
 /* The authority of an origin or Host value with its scheme's default port

@@ -123,6 +123,9 @@ bool expect_healthy(const srv *s, const char *after);
 
 /* Connected TCP socket to 127.0.0.1:port, or -1 (errno set). */
 int raw_connect(int port);
+/* The same from a source address of the loopback net (127.0.0.2, ...), so
+ * that the server sees another client; NULL: the default. */
+int raw_connect_from(int port, const char *source);
 /* Sends everything (MSG_NOSIGNAL); 0 or -1. */
 int raw_send(int fd, const void *buf, size_t len);
 int raw_sends(int fd, const char *s);

@@ -89,7 +89,10 @@ static void expect_refusal(const char *req, size_t len, int status, const char *
   rs.hlen = body ? (size_t)(body - all) : n;
   rs.body = body ? body + 4 : (char *)"";
   rs.len = strlen(rs.body);
-  cr_expect(expect_error(&rs, status, code, req));
+  if (code) /* NULL: /v2's error shape, {"error": message} */
+    cr_expect(expect_error(&rs, status, code, req));
+  else
+    cr_expect(!strncmp(rs.body, "{\"error\": \"", 11), "not /v2's error: %s", rs.body);
   cr_expect(clean_utf8((const unsigned char *)rs.body, rs.len), "body not clean UTF-8");
   free(all);
 }
@@ -142,6 +145,165 @@ Test(hardening, unknown_transfer_codings_get_501_at_once, .fini = teardown, .tim
   REFUSE("POST /attention HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
          "Transfer-Encoding: chunked\r\nTransfer-Encoding: gzip\r\n\r\n",
          501, "not_implemented");
+}
+
+/* Whitespace between a field name and its colon (RFC 9112 §5.1): stored as
+ * another field, it framed the POST with no body, and the body was served
+ * as a second request (two replies: 400, then 200 /v1/info). */
+Test(hardening, whitespace_before_a_colon_smuggles_nothing, .fini = teardown, .timeout = 90) {
+  srv_start(&S, NULL);
+  const char *names[] = {
+      "Content-Length :", "Content-Length\t:", "Content-Length  :", "Transfer-Encoding :"};
+  for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+    char req[300];
+    bool te = strstr(names[i], "Transfer");
+    int n =
+        snprintf(req, sizeof req,
+                 "POST /v1/info HTTP/1.1\r\nHost: localhost\r\n%s %s\r\n\r\n%s"
+                 "GET /v1/info HTTP/1.1\r\nHost: localhost\r\n\r\n%s",
+                 names[i], te ? "chunked" : "39", te ? "27\r\n" : "", te ? "\r\n0\r\n\r\n" : "");
+    expect_refusal(req, (size_t)n, 400, "bad_request");
+  }
+  char *log = log_with("GET /v1/info", 1);
+  cr_expect_eq(count_of(log, "GET /v1/info 200"), 0, "a smuggled request was served:\n%s", log);
+  free(log);
+}
+
+/* libmicrohttpd's only 500 of its own comes from a chunk-size line too long
+ * for its buffer: the client's doing, a 400, and nothing to page anyone. */
+Test(hardening, an_overlong_chunk_line_is_the_client_fault, .fini = teardown, .timeout = 90) {
+  srv_start(&S, NULL);
+  size_t cap = 120000;
+  char *req = malloc(cap);
+  const char *head =
+      "POST /attention HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+      "Transfer-Encoding: chunked\r\n\r\n";
+  for (int kind = 0; kind < 2; kind++) {
+    size_t n = (size_t)snprintf(req, cap, "%s%s", head, kind ? "" : "5;");
+    memset(req + n, kind ? '0' : 'e', 100000); /* leading zeros, or an extension */
+    n += 100000;
+    n += (size_t)snprintf(req + n, cap - n, "%s\r\nhello\r\n0\r\n\r\n", kind ? "5" : "");
+    expect_refusal(req, n, 400, "bad_request");
+  }
+  free(req);
+  const char *internal[] = {"code=internal", NULL};
+  cr_expect_eq(srv_metric(&S, "attnd_errors_total", internal), 0, "counted as internal errors");
+  expect_healthy(&S, "overlong chunk lines");
+}
+
+/* What C strings hide, and what two readers count differently: a NUL in
+ * the target or a header value, %00, fields that take one value given
+ * twice, a space in the target. Each is one 400, and the connection
+ * closes. */
+Test(hardening, nul_bytes_and_doubled_fields_are_refused, .fini = teardown, .timeout = 90) {
+  srv_start(&S, "--api-key", "k3y", NULL);
+  static const char nul_target[] = "GET /healthz\0x HTTP/1.1\r\nHost: localhost\r\n\r\n";
+  expect_refusal(nul_target, sizeof nul_target - 1, 400, "bad_request");
+  static const char nul_key[] =
+      "GET /v1/info HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer k3y\0junk\r\n\r\n";
+  expect_refusal(nul_key, sizeof nul_key - 1, 400, "bad_request");
+  static const char nul_mid[] = "GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-A: a\0b\r\n"
+                                "User-Agent: t\r\n\r\n";
+  expect_refusal(nul_mid, sizeof nul_mid - 1, 400, "bad_request");
+  REFUSE("GET /healthz%00x HTTP/1.1\r\nHost: localhost\r\n\r\n", 400, "bad_request");
+  REFUSE("GET /attention/plan?seq_q=8%00&head_dim=4 HTTP/1.1\r\nHost: localhost\r\n"
+         "Authorization: Bearer k3y\r\n\r\n",
+         400, "bad_request");
+  REFUSE("GET /heal thz HTTP/1.1\r\nHost: localhost\r\n\r\n", 400, "bad_request");
+  REFUSE("GET /healthz HTTP/1.1\r\nHost: localhost\r\nHost: evil\r\n\r\n", 400, "bad_request");
+  REFUSE("GET /v1/info HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer k3y\r\n"
+         "Authorization: Bearer other\r\n\r\n",
+         400, "bad_request");
+  REFUSE("POST /attention HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer k3y\r\n"
+         "Content-Type: application/json\r\nContent-Encoding: gzip\r\nContent-Encoding: "
+         "identity\r\nContent-Length: 2\r\n\r\n{}",
+         400, "bad_request");
+  REFUSE("POST /v2/models/attention/infer HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer "
+         "k3y\r\nInference-Header-Content-Length: 2\r\nInference-Header-Content-Length: 1\r\n"
+         "Content-Length: 2\r\n\r\n{}",
+         400, NULL);
+  REFUSE("GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Folded: a\r\n b\r\n\r\n", 400,
+         "bad_request");
+  /* what is legal still passes: bare LF line ends, empty values, repeats of
+   * a field that may repeat */
+  int fd = raw_connect(S.port);
+  cr_assert_geq(fd, 0);
+  raw_sends(fd, "GET /healthz HTTP/1.1\nHost: localhost\nX-A:\nX-B: \nAccept: a\nAccept: b\n\n");
+  http_res rs;
+  cr_expect_eq(raw_response(fd, 20000, &rs), 200, "%s", rs.body ? rs.body : rs.error);
+  http_res_free(&rs);
+  close(fd);
+}
+
+/* "%2F" in a path must not become a separator: a proxy that routes by
+ * path never saw /v2/models/attention/ready. */
+Test(hardening, an_escaped_slash_is_no_separator, .fini = teardown, .timeout = 60) {
+  srv_start(&S, NULL);
+  http_res rs;
+  cr_assert_eq(http_get(&S, "/v2/models/attention%2fready", &rs), 0);
+  cr_expect_eq(rs.status, 404, "served as a path of three segments: %s", rs.body);
+  http_res_free(&rs);
+  cr_assert_eq(http_get(&S, "/attention/plan?seq_q=8&head_dim=4&dtype=F%33%32", &rs), 0);
+  cr_expect_eq(rs.status, 200, "a query's escapes are no longer decoded: %s", rs.body);
+  http_res_free(&rs);
+}
+
+/* libmicrohttpd closes a connection whose request line has no space
+ * without a word to attnd: it is still logged as the 400 it is. */
+Test(hardening, a_request_line_without_spaces_is_logged, .fini = teardown, .timeout = 60) {
+  srv_start(&S, NULL);
+  int fd = raw_connect(S.port);
+  cr_assert_geq(fd, 0);
+  raw_sends(fd, "GARBAGE\r\n\r\n");
+  cr_expect_geq(raw_wait_close(fd, 20000), 0, "the connection stayed open");
+  close(fd);
+  char *log = log_with(" 400 ", 1);
+  cr_expect(strstr(log, "could not parse) 400"), "no log line for the request line:\n%s", log);
+  free(log);
+  const char *bad[] = {"code=bad_request", NULL};
+  cr_expect_eq(srv_metric(&S, "attnd_errors_total", bad), 1);
+}
+
+/* A keyless server answers only the hosts it is reached by: a page that
+ * rebinds its own name to 127.0.0.1 sends that name as Host. And a page of
+ * another origin computes nothing, though /v2 needs no Content-Type (a
+ * browser sends such a POST without asking first). */
+Test(hardening, a_keyless_server_answers_its_own_hosts_and_origin, .fini = teardown,
+     .timeout = 90) {
+  srv_start(&S, NULL);
+  REFUSE("GET /v1/info HTTP/1.1\r\nHost: rebind.example:8080\r\n\r\n", 403, "forbidden");
+  REFUSE("POST /v2/models/attention/infer HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+         "Origin: http://evil.example\r\nContent-Length: 2\r\n\r\n{}",
+         403, NULL);
+  const char *own[] = {"Host: localhost:8080", "Host: 127.0.0.1", "Host: [::1]:8080", NULL};
+  for (int i = 0; own[i]; i++) {
+    const char *hdrs[] = {own[i], NULL};
+    http_req rq = {.path = "/healthz", .headers = hdrs};
+    http_res rs;
+    cr_assert_eq(http_do(&S, &rq, &rs), 0);
+    cr_expect_eq(rs.status, 200, "%s refused: %s", own[i], rs.body);
+    http_res_free(&rs);
+  }
+  srv_cleanup(&S);
+  /* --allowed-hosts names more; an API key makes the Host check moot */
+  srv_start(&S, "--allowed-hosts", "attnd,.svc.example", NULL);
+  const char *named[] = {"Host: attnd:8080", "Host: a.svc.example", NULL};
+  for (int i = 0; named[i]; i++) {
+    const char *hdrs[] = {named[i], NULL};
+    http_req rq = {.path = "/healthz", .headers = hdrs};
+    http_res rs;
+    cr_assert_eq(http_do(&S, &rq, &rs), 0);
+    cr_expect_eq(rs.status, 200, "%s refused: %s", named[i], rs.body);
+    http_res_free(&rs);
+  }
+  srv_cleanup(&S);
+  srv_start(&S, "--api-key", "k3y", NULL);
+  const char *keyed[] = {"Host: rebind.example", "Authorization: Bearer k3y", NULL};
+  http_req rq = {.path = "/v1/info", .headers = keyed};
+  http_res rs;
+  cr_assert_eq(http_do(&S, &rq, &rs), 0);
+  cr_expect_eq(rs.status, 200, "a keyed server checked the Host: %s", rs.body);
+  http_res_free(&rs);
 }
 
 Test(hardening, absolute_form_targets_are_served, .fini = teardown, .timeout = 60) {

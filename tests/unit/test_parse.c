@@ -49,7 +49,8 @@ Test(parse, one_value_fields_given_twice_are_refused) {
                          "Inference-Header-Content-Length"};
   for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
     char msg[300] = "";
-    int code = verdict("HTTP/1.1", msg, sizeof msg, HEAD("Host", "h", names[i], "a", names[i], "a"));
+    int code =
+        verdict("HTTP/1.1", msg, sizeof msg, HEAD("Host", "h", names[i], "a", names[i], "a"));
     cr_expect_eq(code, ATTND_EBAD_REQUEST, "two %s accepted", names[i]);
     cr_expect(strstr(msg, "more than one"), "message: %s", msg);
   }
@@ -57,9 +58,9 @@ Test(parse, one_value_fields_given_twice_are_refused) {
 
 Test(parse, framing_is_read_one_way) {
   char msg[300];
-  cr_expect_eq(
-      verdict("HTTP/1.1", msg, sizeof msg, HEAD("Host", "x", "Content-Length", "5", "Content-Length", "6")),
-      ATTND_EBAD_REQUEST);
+  cr_expect_eq(verdict("HTTP/1.1", msg, sizeof msg,
+                       HEAD("Host", "x", "Content-Length", "5", "Content-Length", "6")),
+               ATTND_EBAD_REQUEST);
   cr_expect_eq(verdict("HTTP/1.1", msg, sizeof msg,
                        HEAD("Host", "x", "Content-Length", "5", "Transfer-Encoding", "chunked")),
                ATTND_EBAD_REQUEST);
@@ -101,13 +102,18 @@ Test(parse, the_unescaper_keeps_slashes_and_flags_nul) {
 }
 
 Test(parse, a_keyless_server_answers_its_addresses_and_names) {
-  const char *yes[] = {"127.0.0.1",  "127.0.0.1:8080", "10.1.2.3:80", "[::1]:8080", "[::1]",
+  const char *yes[] = {"127.0.0.1", "127.0.0.1:8080", "10.1.2.3:80",   "[::1]:8080", "[::1]",
                        "localhost", "LOCALHOST:8080", "app.localhost", NULL};
   for (int i = 0; yes[i]; i++)
     cr_expect(attnd_parse_host_allowed(yes[i], ""), "%s refused", yes[i]);
   cr_expect(attnd_parse_host_allowed(NULL, ""), "no Host (HTTP/1.0) refused");
-  const char *no[] = {"evil.example", "evil.example:8080", "localhost.evil.example",
-                      "127.0.0.1.nip.io", "attnd", "[::1", NULL};
+  const char *no[] = {"evil.example",
+                      "evil.example:8080",
+                      "localhost.evil.example",
+                      "127.0.0.1.nip.io",
+                      "attnd",
+                      "[::1",
+                      NULL};
   for (int i = 0; no[i]; i++)
     cr_expect(!attnd_parse_host_allowed(no[i], ""), "%s allowed", no[i]);
   cr_expect(attnd_parse_host_allowed("attnd:8080", "db,attnd"));
@@ -124,6 +130,7 @@ Test(parse, origins_are_the_page_own_or_the_cors_one) {
   cr_expect(!attnd_parse_origin_allowed("http://evil.example", "127.0.0.1:8080", ""));
   cr_expect(!attnd_parse_origin_allowed("null", "127.0.0.1:8080", ""));
   cr_expect(!attnd_parse_origin_allowed("http://127.0.0.1:9999", "127.0.0.1:8080", ""));
-  cr_expect(attnd_parse_origin_allowed("https://app.example", "127.0.0.1:8080", "https://app.example"));
+  cr_expect(
+      attnd_parse_origin_allowed("https://app.example", "127.0.0.1:8080", "https://app.example"));
   cr_expect(attnd_parse_origin_allowed("http://evil.example", "127.0.0.1:8080", "*"));
 }

@@ -181,8 +181,10 @@ FUZZ_LIB_SRC  = engine/dtype.c engine/request.c $(PROTO_SRC)
 # Client modules a target needs besides the library (FUZZ_SRC_<name>).
 FUZZ_SRC_http_reply = clients/http_reply.c
 FUZZ_SRC_inflate = server/inflate.c
+FUZZ_SRC_parse = server/parse.c
 # Flags and libraries a target needs besides those (FUZZ_EXTRA_<name>).
 FUZZ_EXTRA_inflate = -Iserver -lz
+FUZZ_EXTRA_parse = -Iserver
 
 # ---- the server ---------------------------------------------------------------
 SERVER_SRC = server/main.c server/config.c server/http.c server/loop.c server/deadline.c \

@@ -1,0 +1,62 @@
+/*
+ * fuzz_parse.c — libFuzzer target for the request head's rules
+ * (server/parse.c). The input is lines: "name: value" headers fed in
+ * order, then the verdict; each line is also a Host and an Origin to
+ * judge, and is unescaped as a path and as a query part. Whatever the
+ * input: no crash, a verdict is 0 or an error with a message, and the
+ * unescaper never lengthens a string nor leaves a NUL byte in it.
+ */
+#include "errors.h"
+#include "parse.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static void unescape_checked(const char *line, bool path) {
+  size_t n = strlen(line);
+  char *s = malloc(n + 1);
+  memcpy(s, line, n + 1);
+  bool nul = false;
+  size_t m = attnd_parse_unescape(s, path, &nul);
+  if (m > n || strlen(s) != m)
+    abort();
+  free(s);
+}
+
+static void judge_line(attnd_head *h, char *line) {
+  attnd_parse_host_allowed(line, "attnd,.svc.example");
+  attnd_parse_origin_allowed(line, "127.0.0.1:8080", "https://app.example");
+  unescape_checked(line, true);
+  unescape_checked(line, false);
+  char *colon = strchr(line, ':');
+  if (!colon)
+    return;
+  *colon = 0;
+  attnd_head_add(h, line, colon + 1);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  char *text = malloc(size + 1);
+  memcpy(text, data, size);
+  text[size] = 0;
+  attnd_head h = {0};
+  /* the header strings must outlive the head, which keeps pointers */
+  for (char *line = text, *next; line; line = next) {
+    next = strchr(line, '\n');
+    if (next)
+      *next++ = 0;
+    judge_line(&h, line);
+  }
+  char msg[300];
+  int code = attnd_head_check(&h, size & 1 ? "HTTP/1.1" : "HTTP/1.0", msg, sizeof msg);
+  if (code && (code != ATTND_EBAD_REQUEST && code != ATTND_ENOT_IMPLEMENTED))
+    abort();
+  if (code && !msg[0])
+    abort();
+  attnd_head_has_body(&h);
+  free(text);
+  return 0;
+}

@@ -37,7 +37,8 @@ static void tiny_post_works(const char *after) {
 
 static void tiny_v2_works(const char *after) {
   static const char v2[] =
-      "{\"inputs\": [{\"name\": \"q\", \"shape\": [1, 2], \"datatype\": \"FP32\", \"data\": [1, 0]},"
+      "{\"inputs\": [{\"name\": \"q\", \"shape\": [1, 2], \"datatype\": \"FP32\", \"data\": [1, "
+      "0]},"
       " {\"name\": \"k\", \"shape\": [1, 2], \"datatype\": \"FP32\", \"data\": [1, 0]},"
       " {\"name\": \"v\", \"shape\": [1, 2], \"datatype\": \"FP32\", \"data\": [1, 2]}]}";
   http_res r;
@@ -178,8 +179,8 @@ static int slow_chunked(const char *source) {
  * and should it still be waiting for them when the newcomer comes, it is
  * the one closed (as any connection that is not busy would be). */
 Test(lockout, busy_uploads_leave_room_for_another_client) {
-  srv_start(&S, "--max-connections", "8", "--max-connections-per-client", "4",
-            "--min-upload-rate", "0", NULL);
+  srv_start(&S, "--max-connections", "8", "--max-connections-per-client", "4", "--min-upload-rate",
+            "0", NULL);
   int fds[8];
   for (int i = 0; i < 7; i++)
     fds[i] = slow_chunked(i < 4 ? "127.0.0.2" : "127.0.0.3");

@@ -148,6 +148,19 @@ static void record_cut(void *ctx, attnd_conn *k, attnd_conn_reason why, const vo
   }
 }
 
+/* A registry of 10 connections whose cut uploads the hook records. */
+static void uploads_init(attnd_conns *c, double min_rate, cuts *seen) {
+  attnd_conns_init(c, 10, 0, 10, 30);
+  attnd_conns_uploads(c, min_rate, record_cut, seen);
+}
+
+/* A connection of client "a" whose body, due by deadline, began at 0. */
+static attnd_conn *upload_on(attnd_conns *c, pair p, const char *id, double deadline) {
+  attnd_conn *k = attnd_conns_open(c, p.near, "a", 0);
+  attnd_conns_upload(c, k, id, deadline, 0);
+  return k;
+}
+
 /* Whether the far end got the hook's reply and then end-of-file. */
 static bool got_reply_then_closed(pair p) {
   char c = 0;
@@ -157,11 +170,9 @@ static bool got_reply_then_closed(pair p) {
 Test(conns, a_late_upload_is_answered_and_cut) {
   attnd_conns c;
   cuts seen = {0};
-  attnd_conns_init(&c, 10, 0, 10, 30);
-  attnd_conns_uploads(&c, 0, record_cut, &seen);
+  uploads_init(&c, 0, &seen);
   pair p = mkpair();
-  attnd_conn *k = attnd_conns_open(&c, p.near, "a", 0);
-  attnd_conns_upload(&c, k, "id1", 60, 0);
+  attnd_conn *k = upload_on(&c, p, "id1", 60);
   attnd_conns_upload_add(&c, k, 100);
   cr_expect_eq(attnd_conns_sweep(&c, 59.9), 0, "cut before its deadline");
   cr_expect_eq(attnd_conns_sweep(&c, 60), 1);
@@ -181,13 +192,10 @@ Test(conns, a_late_upload_is_answered_and_cut) {
 Test(conns, a_trickling_upload_is_cut_after_a_slow_window) {
   attnd_conns c;
   cuts seen = {0};
-  attnd_conns_init(&c, 10, 0, 10, 30);
-  attnd_conns_uploads(&c, 100, record_cut, &seen);
+  uploads_init(&c, 100, &seen);
   pair fast = mkpair(), slow = mkpair();
-  attnd_conn *f = attnd_conns_open(&c, fast.near, "a", 0);
-  attnd_conn *s = attnd_conns_open(&c, slow.near, "a", 0);
-  attnd_conns_upload(&c, f, "f", 1000, 0);
-  attnd_conns_upload(&c, s, "s", 1000, 0);
+  attnd_conn *f = upload_on(&c, fast, "f", 1000);
+  attnd_conn *s = upload_on(&c, slow, "s", 1000);
   attnd_conns_upload_add(&c, f, 600);
   attnd_conns_upload_add(&c, s, 499); /* 100 B/s over 5 s is 500 */
   cr_expect_eq(attnd_conns_sweep(&c, ATTND_RATE_WINDOW - 0.1), 0, "judged before a window");
@@ -209,13 +217,10 @@ Test(conns, a_trickling_upload_is_cut_after_a_slow_window) {
 Test(conns, an_upload_whose_client_left_is_cut_unanswered) {
   attnd_conns c;
   cuts seen = {0};
-  attnd_conns_init(&c, 10, 0, 10, 30);
-  attnd_conns_uploads(&c, 0, record_cut, &seen);
+  uploads_init(&c, 0, &seen);
   pair p = mkpair(), other = mkpair();
-  attnd_conn *k = attnd_conns_open(&c, p.near, "a", 0);
-  attnd_conn *o = attnd_conns_open(&c, other.near, "a", 0);
-  attnd_conns_upload(&c, k, "k", 60, 0);
-  attnd_conns_upload(&c, o, "o", 60, 0);
+  attnd_conn *k = upload_on(&c, p, "k", 60);
+  attnd_conn *o = upload_on(&c, other, "o", 60);
   shutdown(p.far, SHUT_WR); /* the client's FIN, right behind its bytes */
   cr_expect_eq(attnd_conns_sweep(&c, 1), 1);
   cr_expect(seen.n == 1 && seen.why[0] == ATTND_CLOSE_CLIENT_GONE);
@@ -234,11 +239,9 @@ Test(conns, an_upload_whose_client_left_is_cut_unanswered) {
 Test(conns, the_http_layer_cut_is_answered_once) {
   attnd_conns c;
   cuts seen = {0};
-  attnd_conns_init(&c, 10, 0, 10, 30);
-  attnd_conns_uploads(&c, 0, record_cut, &seen);
+  uploads_init(&c, 0, &seen);
   pair p = mkpair();
-  attnd_conn *k = attnd_conns_open(&c, p.near, "a", 0);
-  attnd_conns_upload(&c, k, "k", 60, 0);
+  attnd_conn *k = upload_on(&c, p, "k", 60);
   int reply = 413;
   attnd_conns_cut(&c, k, ATTND_CLOSE_BODY_REFUSED, &reply);
   attnd_conns_cut(&c, k, ATTND_CLOSE_BODY_REFUSED, &reply);

@@ -364,13 +364,34 @@ static void print_usage(FILE *out) {
         out);
 }
 
-/* A flag not given on the command line: its variable, else its default. */
+/*
+ * Whether an empty value given (flag or variable) means "not set". Only
+ * where unset is the closed state: no CORS (and Kubernetes manifests write
+ * ATTND_CORS_ORIGIN: ""). Elsewhere an empty value is most likely a
+ * template whose variable was unset, and taking the default would serve
+ * without the key or without TLS that was meant, so it is refused.
+ */
+static bool empty_is_unset(const flag *f) { return !strcmp(f->name, "cors-origin"); }
+
+/* A value given on the command line (what: "--name") or in a variable
+ * (what: "ATTND_NAME"). */
+static int apply_given(attnd_config *c, const flag *f, const char *what, const char *v) {
+  if (*v || empty_is_unset(f))
+    return f->apply(c, what, v);
+  bool var = what[0] != '-';
+  fprintf(stderr, "attnd: %s is %s but empty: give it a value, or %s for the default (%s)\n", what,
+          var ? "set" : "given", var ? "unset it" : "leave it out", *f->def ? f->def : "none");
+  return -1;
+}
+
+/* A flag not given on the command line: its variable (set, even if
+ * empty), else its default. */
 static int apply_fallback(attnd_config *c, const flag *f) {
   char env[64];
   env_name(f, env, sizeof env);
   const char *v = getenv(env);
-  if (v && *v)
-    return f->apply(c, env, v);
+  if (v)
+    return apply_given(c, f, env, v);
   return f->apply(c, "the default", f->def);
 }
 
@@ -444,7 +465,7 @@ int attnd_config_parse(attnd_config *c, int argc, char **argv) {
     }
     char what[40];
     snprintf(what, sizeof what, "--%s", flags[o].name);
-    if (flags[o].apply(c, what, optarg) < 0)
+    if (apply_given(c, &flags[o], what, optarg) < 0)
       return -1;
     given[o] = true;
   }

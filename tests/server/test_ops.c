@@ -373,6 +373,54 @@ Test(ops, api_key_sources) {
   cr_expect_eq(status_of("GET", "/v1/info", good), 401);
 }
 
+/* Runs attnd with args and env on a port of its own choosing (so a server
+ * that wrongly starts cannot fail on a port in use instead) and checks that
+ * it exits 2 with one line naming `names` and saying the value is empty. */
+static void expect_empty_refused(const char *const *args, const char *const *env, const char *names,
+                                 const char *what) {
+  const char *argv[8] = {"--listen", "127.0.0.1:0"};
+  for (int i = 0; args && args[i] && i < 5; i++)
+    argv[2 + i] = args[i];
+  char *err = NULL;
+  int st = run_attnd(argv, env, 10, NULL, &err);
+  const char *nl = err ? strchr(err, '\n') : NULL;
+  cr_expect_eq(st, 2, "%s: exit status %d (-1: it served), stderr: %s", what, st, err);
+  cr_expect(err && strstr(err, names) && strstr(err, "empty") && nl && !nl[1],
+            "%s: want one line naming %s and saying it is empty, got: %s", what, names, err);
+  free(err);
+}
+
+/* A key that is given but empty is a mistake (a template whose variable
+ * was unset), never a server without a key: flag and variable alike. */
+Test(ops, empty_api_key_is_refused) {
+  const char *eq[] = {"--api-key=", NULL}, *apart[] = {"--api-key", "", NULL};
+  expect_empty_refused(eq, NULL, "--api-key", "--api-key=");
+  expect_empty_refused(apart, NULL, "--api-key", "--api-key \"\"");
+  const char *file_eq[] = {"--api-key-file=", NULL};
+  expect_empty_refused(file_eq, NULL, "--api-key-file", "--api-key-file=");
+  const char *key_env[] = {"ATTND_API_KEY=", NULL}, *file_env[] = {"ATTND_API_KEY_FILE=", NULL};
+  expect_empty_refused(NULL, key_env, "ATTND_API_KEY", "ATTND_API_KEY=");
+  expect_empty_refused(NULL, file_env, "ATTND_API_KEY_FILE", "ATTND_API_KEY_FILE=");
+}
+
+/* Other variables set but empty are refused rather than silently taking
+ * the default (an empty ATTND_TLS_CERT would serve plain HTTP); only
+ * ATTND_CORS_ORIGIN keeps "empty means off", which is the closed state. */
+Test(ops, empty_variables_are_refused) {
+  const char *cert[] = {"ATTND_TLS_CERT=", "ATTND_TLS_KEY=", NULL};
+  expect_empty_refused(NULL, cert, "ATTND_TLS_CERT", "ATTND_TLS_CERT= ATTND_TLS_KEY=");
+  const char *threads[] = {"ATTND_THREADS=", NULL};
+  expect_empty_refused(NULL, threads, "ATTND_THREADS", "ATTND_THREADS=");
+  const char *tls_flag[] = {"--tls-cert=", "--tls-key=", NULL};
+  expect_empty_refused(tls_flag, NULL, "--tls-cert", "--tls-cert= --tls-key=");
+  const char *cors[] = {"ATTND_CORS_ORIGIN=", NULL};
+  srv_startv(&S, NULL, cors, true);
+  http_res r;
+  const char *pre[] = {"Origin: https://app.example", "Access-Control-Request-Method: POST", NULL};
+  cr_expect_eq(do_req("OPTIONS", "/attention", pre, NULL, 0, &r), 405, "empty CORS origin: off");
+  http_res_free(&r);
+}
+
 /* ---- TLS ------------------------------------------------------------------------------ */
 
 typedef struct grow {

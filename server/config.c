@@ -360,7 +360,9 @@ static void print_usage(FILE *out) {
     print_flag(out, &flags[i]);
   fputs("  --help, --version\n"
         "\n"
-        "Memory is bounded by max-queue x max-body for request bodies, plus the replies.\n",
+        "Memory is bounded by max-queue x max-body for request bodies, plus the replies.\n"
+        "SIGTERM or SIGINT drains (finishes what was accepted) and exits 0. SIGHUP and\n"
+        "SIGUSR1 are logged and ignored: attnd reloads nothing (restart it to apply changes).\n",
         out);
 }
 

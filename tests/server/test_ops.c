@@ -72,13 +72,7 @@ static void write_file(const char *path, const char *text) {
 /* Waits up to timeout_s for needle in the server's log (a request's line
  * is written when it ends, which may be just after its reply arrived). */
 static bool wait_log(const char *needle, double timeout_s) {
-  for (double end = now_s() + timeout_s;; sleep_s(0.02)) {
-    char *log = srv_log(&S);
-    bool found = log && strstr(log, needle);
-    free(log);
-    if (found || now_s() > end)
-      return found;
-  }
+  return srv_wait_log(&S, needle, timeout_s);
 }
 
 /* ---- request ids --------------------------------------------------------------- */

@@ -105,7 +105,8 @@ int main(int argc, char **argv) {
   pthread_mutex_init(&s.log_mu, NULL);
   attnd_reqid_init(&s.ids);
   if (*cfg.tls_cert &&
-      attnd_tls_load(cfg.tls_cert, cfg.tls_key, &s.tls_cert_pem, &s.tls_key_pem) < 0)
+      (attnd_tls_check_priorities(cfg.tls_priorities) < 0 ||
+       attnd_tls_load(cfg.tls_cert, cfg.tls_key, &s.tls_cert_pem, &s.tls_key_pem) < 0))
     return 2;
   attn_config ec;
   attn_config_init(&ec);

@@ -12,6 +12,7 @@
  */
 #include "config.h"
 #include "engine.h"
+#include "tls.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -190,6 +191,14 @@ static int apply_tls_cert(attnd_config *c, const char *what, const char *v) {
 static int apply_tls_key(attnd_config *c, const char *what, const char *v) {
   return apply_path(c->tls_key, sizeof c->tls_key, what, v);
 }
+/* Parsed by GnuTLS once HTTPS is on (attnd_tls_check_priorities): a name
+ * this GnuTLS lacks must not stop a plain HTTP server. */
+static int apply_tls_priorities(attnd_config *c, const char *what, const char *v) {
+  if (strlen(v) >= sizeof c->tls_priorities)
+    return bad(what, v, "a GnuTLS priority string of at most 511 characters");
+  snprintf(c->tls_priorities, sizeof c->tls_priorities, "%s", v);
+  return 0;
+}
 
 /* "*" or one origin as browsers send it: scheme://host[:port], no path. */
 static int apply_cors(attnd_config *c, const char *what, const char *v) {
@@ -314,6 +323,10 @@ static const flag flags[] = {
     {"tls-cert", "FILE", "", "serve HTTPS with this PEM certificate (chain); needs --tls-key",
      apply_tls_cert},
     {"tls-key", "FILE", "", "the PEM private key of --tls-cert", apply_tls_key},
+    {"tls-priorities", "STRING", ATTND_TLS_PRIORITIES_DEFAULT,
+     "GnuTLS priority string for HTTPS, replacing the default (TLS 1.2 and 1.3, AEAD ciphers, "
+     "forward-secret key exchange), e.g. NORMAL to accept TLS 1.0 and 1.1 again",
+     apply_tls_priorities},
     {"cors-origin", "ORIGIN", "",
      "answer CORS preflights and allow this origin (or *) to call the API from a browser",
      apply_cors},
@@ -358,7 +371,7 @@ static void print_wrapped(FILE *out, const char *text, int at) {
 }
 
 static void print_flag(FILE *out, const flag *f) {
-  char head[64], env[64], text[320];
+  char head[64], env[64], text[640];
   int n = snprintf(head, sizeof head, "--%s %s", f->name, f->arg);
   env_name(f, env, sizeof env);
   snprintf(text, sizeof text, "%s (%s) [%s]", f->help, *f->def ? f->def : "none", env);
@@ -388,17 +401,43 @@ static void print_usage(FILE *out) {
     print_flag(out, &flags[i]);
   fputs("  --help, --version\n"
         "\n"
-        "Memory is bounded by max-queue x max-body for request bodies, plus the replies.\n",
+        "Memory is bounded by max-queue x max-body for request bodies, plus the replies.\n"
+        "SIGTERM or SIGINT drains (finishes what was accepted) and exits 0. SIGHUP and\n"
+        "SIGUSR1 are logged and ignored: attnd reloads nothing (restart it to apply changes).\n",
         out);
 }
 
-/* A flag not given on the command line: its variable, else its default. */
+/*
+ * Whether an empty value given (flag or variable) means "not set". Only
+ * where unset is the closed state: no CORS (and Kubernetes manifests write
+ * ATTND_CORS_ORIGIN: ""), no host names beyond addresses and localhost.
+ * Elsewhere an empty value is most likely a
+ * template whose variable was unset, and taking the default would serve
+ * without the key or without TLS that was meant, so it is refused.
+ */
+static bool empty_is_unset(const flag *f) {
+  return !strcmp(f->name, "cors-origin") || !strcmp(f->name, "allowed-hosts");
+}
+
+/* A value given on the command line (what: "--name") or in a variable
+ * (what: "ATTND_NAME"). */
+static int apply_given(attnd_config *c, const flag *f, const char *what, const char *v) {
+  if (*v || empty_is_unset(f))
+    return f->apply(c, what, v);
+  bool var = what[0] != '-';
+  fprintf(stderr, "attnd: %s is %s but empty: give it a value, or %s for the default (%s)\n", what,
+          var ? "set" : "given", var ? "unset it" : "leave it out", *f->def ? f->def : "none");
+  return -1;
+}
+
+/* A flag not given on the command line: its variable (set, even if
+ * empty), else its default. */
 static int apply_fallback(attnd_config *c, const flag *f) {
   char env[64];
   env_name(f, env, sizeof env);
   const char *v = getenv(env);
-  if (v && *v)
-    return f->apply(c, env, v);
+  if (v)
+    return apply_given(c, f, env, v);
   return f->apply(c, "the default", f->def);
 }
 
@@ -441,12 +480,20 @@ static int check_key_sources(const bool *given) {
   return 0;
 }
 
+/* Both TLS files or neither; and priorities only for HTTPS, since someone
+ * who sets them expects TLS, not the plain HTTP they would get. */
 static int check_tls_pair(const attnd_config *c) {
-  if (!*c->tls_cert == !*c->tls_key)
-    return 0;
-  fprintf(stderr, "attnd: %s is given without %s: HTTPS needs the certificate and its key\n",
-          *c->tls_cert ? "--tls-cert" : "--tls-key", *c->tls_cert ? "--tls-key" : "--tls-cert");
-  return -1;
+  if (!*c->tls_cert != !*c->tls_key) {
+    fprintf(stderr, "attnd: %s is given without %s: HTTPS needs the certificate and its key\n",
+            *c->tls_cert ? "--tls-cert" : "--tls-key", *c->tls_cert ? "--tls-key" : "--tls-cert");
+    return -1;
+  }
+  if (!*c->tls_cert && strcmp(c->tls_priorities, ATTND_TLS_PRIORITIES_DEFAULT)) {
+    fprintf(stderr, "attnd: --tls-priorities is given without --tls-cert and --tls-key: it "
+                    "applies to HTTPS only\n");
+    return -1;
+  }
+  return 0;
 }
 
 int attnd_config_parse(attnd_config *c, int argc, char **argv) {
@@ -472,7 +519,7 @@ int attnd_config_parse(attnd_config *c, int argc, char **argv) {
     }
     char what[40];
     snprintf(what, sizeof what, "--%s", flags[o].name);
-    if (flags[o].apply(c, what, optarg) < 0)
+    if (apply_given(c, &flags[o], what, optarg) < 0)
       return -1;
     given[o] = true;
   }

@@ -35,8 +35,9 @@ typedef struct attnd_config {
   char api_key_file[1024]; /* where api_key was read from, "" when given inline */
   char tls_cert[1024];     /* PEM files; both or neither ("" for plain HTTP) */
   char tls_key[1024];
-  char cors_origin[256];   /* "" off, "*" or one origin */
-  char allowed_hosts[512]; /* Host names a keyless server answers to besides addresses */
+  char tls_priorities[512]; /* GnuTLS priority string for HTTPS */
+  char cors_origin[256];    /* "" off, "*" or one origin */
+  char allowed_hosts[512];  /* Host names a keyless server answers to besides addresses */
 } attnd_config;
 
 /*

@@ -1309,7 +1309,7 @@ int attnd_http_start(attnd_server *s) {
   attnd_conns_uploads(&s->conns, c->min_upload_rate, on_cut, s);
   unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
                    MHD_USE_ERROR_LOG;
-  struct MHD_OptionItem tls[3] = {{MHD_OPTION_END, 0, NULL}};
+  struct MHD_OptionItem tls[4] = {{MHD_OPTION_END, 0, NULL}};
   if (s->tls_cert_pem) {
     if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
       fprintf(stderr, "attnd: --tls-cert: this libmicrohttpd was built without TLS (GnuTLS)\n");
@@ -1319,7 +1319,11 @@ int attnd_http_start(attnd_server *s) {
     flags |= MHD_USE_TLS;
     tls[0] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0, s->tls_cert_pem};
     tls[1] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0, s->tls_key_pem};
-    tls[2] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
+    /* checked at start (attnd_tls_check_priorities); libmicrohttpd's own
+     * default, NORMAL, would accept TLS 1.0 and 1.1 and CBC suites */
+    tls[2] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_PRIORITIES, 0,
+                                     (void *)(uintptr_t)c->tls_priorities};
+    tls[3] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
   }
   unsigned limit = (unsigned)(s->max_connections + eviction_slack(s->max_connections));
   /* The logger must come first, or libmicrohttpd prints its first notes

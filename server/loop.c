@@ -20,7 +20,8 @@
  * SIGTERM or SIGINT starts a drain: /readyz turns 503, the listening socket
  * closes, bodies whose headers came before it are read, queued and running
  * jobs finish, and the loop stops when nothing is left or --drain-timeout
- * passes (what is left then is answered 503 and canceled).
+ * passes (what is left then is answered 503 and canceled). SIGHUP and
+ * SIGUSR1 are logged and ignored.
  */
 #include "server.h"
 
@@ -577,19 +578,37 @@ static void on_signal(uv_signal_t *h, int signum) {
   uv_timer_start(&s->drain_timer, check_drain, 0, DRAIN_CHECK_MS);
 }
 
+/*
+ * SIGHUP and SIGUSR1 would end the process at once (their default), with
+ * the work in flight lost: a closed terminal or a habit of "kill -HUP to
+ * reload" must not do that. attnd has nothing to reload, so each is logged
+ * and otherwise ignored; SIGTERM is what drains.
+ */
+static void on_ignored_signal(uv_signal_t *h, int signum) {
+  attnd_log_note(h->data, ATTND_WARN, NULL, NULL,
+                 "%s: ignored (attnd reloads nothing; send SIGTERM to drain and stop)",
+                 signum == SIGHUP ? "SIGHUP" : "SIGUSR1");
+}
+
+static int init_signal(attnd_server *s, uv_signal_t *h, uv_signal_cb cb, int signum) {
+  h->data = s;
+  int rc = uv_signal_init(&s->loop, h);
+  return rc < 0 ? rc : uv_signal_start(h, cb, signum);
+}
+
 /* Every handle the loop owns, set up; the first libuv error, if any. */
 static int init_handles(attnd_server *s) {
   int rc;
   s->incoming.data = s->completed.data = s;
-  s->sigterm.data = s->sigint.data = s->drain_timer.data = s->sweep_timer.data = s;
+  s->drain_timer.data = s->sweep_timer.data = s;
   if ((rc = uv_async_init(&s->loop, &s->incoming, on_incoming)) < 0 ||
       (rc = uv_async_init(&s->loop, &s->completed, on_completed)) < 0 ||
-      (rc = uv_signal_init(&s->loop, &s->sigterm)) < 0 ||
-      (rc = uv_signal_init(&s->loop, &s->sigint)) < 0 ||
       (rc = uv_timer_init(&s->loop, &s->drain_timer)) < 0 ||
       (rc = uv_timer_init(&s->loop, &s->sweep_timer)) < 0 || (rc = attnd_deadline_init(s)) < 0 ||
-      (rc = uv_signal_start(&s->sigterm, on_signal, SIGTERM)) < 0 ||
-      (rc = uv_signal_start(&s->sigint, on_signal, SIGINT)) < 0)
+      (rc = init_signal(s, &s->sigterm, on_signal, SIGTERM)) < 0 ||
+      (rc = init_signal(s, &s->sigint, on_signal, SIGINT)) < 0 ||
+      (rc = init_signal(s, &s->sighup, on_ignored_signal, SIGHUP)) < 0 ||
+      (rc = init_signal(s, &s->sigusr1, on_ignored_signal, SIGUSR1)) < 0)
     return rc;
   return 0;
 }

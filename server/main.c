@@ -63,6 +63,15 @@ static void return_freed_memory(void) {
 #endif
 }
 
+/* SIGHUP and SIGUSR1 are ignored while the loop cannot log them: before it
+ * exists (the engine's start, a GPU self-check, takes seconds) and once its
+ * handles are closed (libuv then puts back the default, which would end the
+ * process with 129 in the middle of its exit). The loop logs them between. */
+static void ignore_reload_signals(void) {
+  signal(SIGHUP, SIG_IGN);
+  signal(SIGUSR1, SIG_IGN);
+}
+
 /* The startup line: where, on what, and which of the optional guards are
  * on (never the key itself). */
 static void say_listening(attnd_server *s) {
@@ -87,6 +96,7 @@ int main(int argc, char **argv) {
   if (rc != 0)
     return rc > 0 ? 0 : 2;
   signal(SIGPIPE, SIG_IGN);
+  ignore_reload_signals();
   return_freed_memory();
   static attnd_server s; /* lives as long as the process */
   s.cfg = &cfg;
@@ -95,7 +105,8 @@ int main(int argc, char **argv) {
   pthread_mutex_init(&s.log_mu, NULL);
   attnd_reqid_init(&s.ids);
   if (*cfg.tls_cert &&
-      attnd_tls_load(cfg.tls_cert, cfg.tls_key, &s.tls_cert_pem, &s.tls_key_pem) < 0)
+      (attnd_tls_check_priorities(cfg.tls_priorities) < 0 ||
+       attnd_tls_load(cfg.tls_cert, cfg.tls_key, &s.tls_cert_pem, &s.tls_key_pem) < 0))
     return 2;
   attn_config ec;
   attn_config_init(&ec);
@@ -133,6 +144,7 @@ int main(int argc, char **argv) {
   }
   attnd_http_stop(&s);
   attnd_loop_close(&s);
+  ignore_reload_signals();
   attn_engine_close(s.engine);
   attnd_metrics_free(s.metrics);
   attnd_log_note(&s, ATTND_INFO, NULL, NULL, "drained, exiting");

@@ -201,6 +201,7 @@ typedef struct attnd_server {
    * max_queue x max_body whatever mix of uploads and queued jobs. */
   _Atomic uint64_t body_bytes;
   uv_signal_t sigterm, sigint;
+  uv_signal_t sighup, sigusr1; /* ignored, with a log line (nothing reloads) */
   uv_timer_t drain_timer;
   double drain_deadline;
   bool drain_expired;  /* past --drain-timeout: stop waiting for jobs */

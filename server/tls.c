@@ -61,6 +61,25 @@ static int check_pair(const char *cert_path, const char *key_path, const char *c
   return 0;
 }
 
+int attnd_tls_check_priorities(const char *prio) {
+  gnutls_priority_t p;
+  const char *at = NULL;
+  int rc = gnutls_priority_init(&p, prio, &at);
+  if (rc >= 0) {
+    gnutls_priority_deinit(p);
+    return 0;
+  }
+  /* GnuTLS points at the element it could not use, or at the start when
+   * the string as a whole leaves nothing to negotiate. */
+  if (rc != GNUTLS_E_NO_PRIORITIES_WERE_SET && at && at >= prio && at <= prio + strlen(prio))
+    fprintf(stderr, "attnd: --tls-priorities \"%s\": GnuTLS stops at \"%.*s\" (character %d): %s\n",
+            prio, (int)strcspn(at, ":"), at, (int)(at - prio) + 1, gnutls_strerror(rc));
+  else
+    fprintf(stderr, "attnd: --tls-priorities \"%s\": GnuTLS cannot use it: %s\n", prio,
+            gnutls_strerror(rc));
+  return -1;
+}
+
 int attnd_tls_load(const char *cert_path, const char *key_path, char **cert, char **key) {
   *cert = *key = NULL;
   char *c = read_pem("--tls-cert", cert_path);

@@ -318,6 +318,16 @@ void srv_cleanup(srv *s) {
 
 char *srv_log(const srv *s) { return read_file_all(s->log, NULL); }
 
+bool srv_wait_log(const srv *s, const char *needle, double timeout_s) {
+  for (double end = now_s() + timeout_s;; sleep_s(0.02)) {
+    char *log = srv_log(s);
+    bool found = log && strstr(log, needle);
+    free(log);
+    if (found || now_s() > end)
+      return found;
+  }
+}
+
 int run_attnd(const char *const *args, const char *const *env, double timeout_s, char **out,
               char **err) {
   char op[96], ep[96];

@@ -61,6 +61,9 @@ void srv_cleanup(srv *s);
 bool srv_running(srv *s);
 /* The server's stderr so far, malloc'd. */
 char *srv_log(const srv *s);
+/* Waits up to timeout_s for needle in the server's stderr (a line may be
+ * written just after the event a test saw); whether it came. */
+bool srv_wait_log(const srv *s, const char *needle, double timeout_s);
 
 /* Runs attnd with args to completion (at most timeout_s, then kills it).
  * Returns the exit status (-1: killed on timeout); *out and *err (optional)

@@ -248,6 +248,36 @@ Test(load, sigterm_answers_jobs_in_flight) {
   tcase_free(&c);
 }
 
+/* SIGHUP and SIGUSR1 (a terminal closing, a reload habit) must not end the
+ * server or its work: a job in flight when they arrive is answered 200 with
+ * the right data, /healthz still answers, each signal is logged, and
+ * SIGTERM still drains and exits 0. */
+Test(load, sighup_and_sigusr1_are_ignored) {
+  srv_start(&S, "--threads", "1", NULL);
+  tcase c;
+  size_t len;
+  char *body = slow_body(&c, 8, 1500, &len); /* seconds of float64 work */
+  pthread_t th[1];
+  job *js = start_jobs(th, 1, body, len, 0);
+  cr_expect(wait_jobs(1, 60), "the job never showed in queue_depth + inflight");
+  kill(S.pid, SIGHUP);
+  kill(S.pid, SIGUSR1);
+  cr_expect(srv_wait_log(&S, "attnd: SIGHUP: ignored", 30), "no log line for SIGHUP");
+  cr_expect(srv_wait_log(&S, "attnd: SIGUSR1: ignored", 30), "no log line for SIGUSR1");
+  cr_expect(srv_running(&S), "the server exited on SIGHUP or SIGUSR1 (status %d)", S.status);
+  expect_healthy(&S, "SIGHUP and SIGUSR1");
+  join_jobs(th, js, 1);
+  cr_expect_eq(js[0].r.status, 200, "the job in flight at SIGHUP: status %ld (%s) %s",
+               js[0].r.status, js[0].r.error, js[0].r.body);
+  check_ok_replies(js, 1, &c, "the job in flight at SIGHUP");
+  int st = srv_stop(&S, 60);
+  cr_expect_eq(st, 0, "exit status %d after SIGTERM (-1: still running)", st);
+  http_res_free(&js[0].r);
+  free(js);
+  free(body);
+  tcase_free(&c);
+}
+
 /* While a drain waits for a job, a kept-alive connection asking /readyz is
  * told 503 shutting_down; the job here is held until the test resets it. */
 Test(load, draining_readyz_503) {

@@ -1,9 +1,11 @@
 /*
  * test_ops.c — the operations features through the real attnd: request ids
  * (echoed, made, in replies and log lines), JSON log lines, the API key
- * (401, open probes, sources, never shown), HTTPS with a throwaway
- * certificate, CORS, gzip and deflate request bodies (and the bomb that
- * must stop at --max-body), and the metrics these add.
+ * (401, open probes, sources, never shown, an empty one refused), HTTPS
+ * with a throwaway certificate (TLS 1.2 and 1.3 with AEAD suites only,
+ * --tls-priorities, checked with openssl s_client), CORS, gzip and deflate
+ * request bodies (and the bomb that must stop at --max-body), and the
+ * metrics these add.
  */
 #define _GNU_SOURCE
 #include "harness.h"
@@ -72,13 +74,7 @@ static void write_file(const char *path, const char *text) {
 /* Waits up to timeout_s for needle in the server's log (a request's line
  * is written when it ends, which may be just after its reply arrived). */
 static bool wait_log(const char *needle, double timeout_s) {
-  for (double end = now_s() + timeout_s;; sleep_s(0.02)) {
-    char *log = srv_log(&S);
-    bool found = log && strstr(log, needle);
-    free(log);
-    if (found || now_s() > end)
-      return found;
-  }
+  return srv_wait_log(&S, needle, timeout_s);
 }
 
 /* ---- request ids --------------------------------------------------------------- */
@@ -373,6 +369,54 @@ Test(ops, api_key_sources) {
   cr_expect_eq(status_of("GET", "/v1/info", good), 401);
 }
 
+/* Runs attnd with args and env on a port of its own choosing (so a server
+ * that wrongly starts cannot fail on a port in use instead) and checks that
+ * it exits 2 with one line naming `names` and saying the value is empty. */
+static void expect_empty_refused(const char *const *args, const char *const *env, const char *names,
+                                 const char *what) {
+  const char *argv[8] = {"--listen", "127.0.0.1:0"};
+  for (int i = 0; args && args[i] && i < 5; i++)
+    argv[2 + i] = args[i];
+  char *err = NULL;
+  int st = run_attnd(argv, env, 10, NULL, &err);
+  const char *nl = err ? strchr(err, '\n') : NULL;
+  cr_expect_eq(st, 2, "%s: exit status %d (-1: it served), stderr: %s", what, st, err);
+  cr_expect(err && strstr(err, names) && strstr(err, "empty") && nl && !nl[1],
+            "%s: want one line naming %s and saying it is empty, got: %s", what, names, err);
+  free(err);
+}
+
+/* A key that is given but empty is a mistake (a template whose variable
+ * was unset), never a server without a key: flag and variable alike. */
+Test(ops, empty_api_key_is_refused) {
+  const char *eq[] = {"--api-key=", NULL}, *apart[] = {"--api-key", "", NULL};
+  expect_empty_refused(eq, NULL, "--api-key", "--api-key=");
+  expect_empty_refused(apart, NULL, "--api-key", "--api-key \"\"");
+  const char *file_eq[] = {"--api-key-file=", NULL};
+  expect_empty_refused(file_eq, NULL, "--api-key-file", "--api-key-file=");
+  const char *key_env[] = {"ATTND_API_KEY=", NULL}, *file_env[] = {"ATTND_API_KEY_FILE=", NULL};
+  expect_empty_refused(NULL, key_env, "ATTND_API_KEY", "ATTND_API_KEY=");
+  expect_empty_refused(NULL, file_env, "ATTND_API_KEY_FILE", "ATTND_API_KEY_FILE=");
+}
+
+/* Other variables set but empty are refused rather than silently taking
+ * the default (an empty ATTND_TLS_CERT would serve plain HTTP); only
+ * ATTND_CORS_ORIGIN keeps "empty means off", which is the closed state. */
+Test(ops, empty_variables_are_refused) {
+  const char *cert[] = {"ATTND_TLS_CERT=", "ATTND_TLS_KEY=", NULL};
+  expect_empty_refused(NULL, cert, "ATTND_TLS_CERT", "ATTND_TLS_CERT= ATTND_TLS_KEY=");
+  const char *threads[] = {"ATTND_THREADS=", NULL};
+  expect_empty_refused(NULL, threads, "ATTND_THREADS", "ATTND_THREADS=");
+  const char *tls_flag[] = {"--tls-cert=", "--tls-key=", NULL};
+  expect_empty_refused(tls_flag, NULL, "--tls-cert", "--tls-cert= --tls-key=");
+  const char *cors[] = {"ATTND_CORS_ORIGIN=", NULL};
+  srv_startv(&S, NULL, cors, true);
+  http_res r;
+  const char *pre[] = {"Origin: https://app.example", "Access-Control-Request-Method: POST", NULL};
+  cr_expect_eq(do_req("OPTIONS", "/attention", pre, NULL, 0, &r), 405, "empty CORS origin: off");
+  http_res_free(&r);
+}
+
 /* ---- TLS ------------------------------------------------------------------------------ */
 
 typedef struct grow {
@@ -442,12 +486,11 @@ static void make_cert(const char *dir, const char *name) {
   cr_assert_eq(system(cmd), 0, "openssl could not make a certificate: %s", cmd);
 }
 
-Test(ops, tls_round_trip) {
-  char *dir = make_tmpdir(), cert[128], key[128];
-  make_cert(dir, "srv");
-  snprintf(cert, sizeof cert, "%s/srv.pem", dir);
-  snprintf(key, sizeof key, "%s/srv.key", dir);
-  const char *args[] = {"--tls-cert", cert, "--tls-key", key, NULL};
+/* Starts S over HTTPS with cert and key (and --tls-priorities prio unless
+ * NULL) and waits until GET /healthz answers over TLS. */
+static void tls_start(const char *cert, const char *key, const char *prio) {
+  const char *args[] = {"--tls-cert", cert, "--tls-key", key, prio ? "--tls-priorities" : NULL,
+                        prio,         NULL};
   srv_spawn(&S, args, NULL, true);
   http_res r = {0};
   for (int i = 0; i < 200 && r.status != 200; i++) { /* up to ~20 s for the start */
@@ -457,6 +500,15 @@ Test(ops, tls_round_trip) {
   }
   cr_assert_eq(r.status, 200, "GET /healthz over HTTPS: %s", r.error);
   http_res_free(&r);
+}
+
+Test(ops, tls_round_trip) {
+  char *dir = make_tmpdir(), cert[128], key[128];
+  make_cert(dir, "srv");
+  snprintf(cert, sizeof cert, "%s/srv.pem", dir);
+  snprintf(key, sizeof key, "%s/srv.key", dir);
+  tls_start(cert, key, NULL);
+  http_res r = {0};
 
   tprob p = tprob_make(1, 2, 2, 13, 17, 64, ATTN_BF16);
   tcase c;
@@ -486,6 +538,106 @@ Test(ops, tls_round_trip) {
   cr_expect(strstr(log, "listening on https://"), "%s", log);
   free(log);
   cr_expect_eq(srv_stop(&S, 10), 0);
+}
+
+/* One handshake with openssl s_client (opts: its protocol and cipher
+ * flags) against S; whether it was established. out gets s_client's
+ * output, for messages. */
+static bool handshake(const char *opts, char *out, size_t cap) {
+  char cmd[512];
+  snprintf(cmd, sizeof cmd,
+           "timeout 30 openssl s_client -connect 127.0.0.1:%d -brief %s </dev/null 2>&1", S.port,
+           opts);
+  FILE *p = popen(cmd, "r");
+  cr_assert(p, "cannot run %s", cmd);
+  size_t n = fread(out, 1, cap - 1, p);
+  out[n] = 0;
+  int st = pclose(p);
+  return st == 0 && strstr(out, "CONNECTION ESTABLISHED");
+}
+
+/* A handshake that must succeed with protocol version want (TLSv1.2...). */
+static void expect_handshake(const char *opts, const char *want) {
+  char out[8192], line[64];
+  bool ok = handshake(opts, out, sizeof out);
+  snprintf(line, sizeof line, "Protocol version: %s\n", want);
+  cr_expect(ok && strstr(out, line), "s_client %s: want %s, got:\n%s", opts, want, out);
+}
+
+static void expect_refused(const char *opts) {
+  char out[8192];
+  cr_expect(!handshake(opts, out, sizeof out), "s_client %s was accepted:\n%s", opts, out);
+}
+
+/* OpenSSL's own refusals, before it sends a hello: no verdict on the
+ * server. */
+static bool client_refused(const char *out) {
+  return strstr(out, "no protocols available") || strstr(out, "unsupported protocol") ||
+         strstr(out, "legacy sigalg disallowed");
+}
+
+/* The default is TLS 1.2 and 1.3 with AEAD suites only; SECLEVEL=0 lets
+ * this OpenSSL offer the old versions, so the refusal is the server's. */
+Test(ops, tls_modern_protocols_only) {
+  char *dir = make_tmpdir(), cert[128], key[128];
+  make_cert(dir, "srv");
+  snprintf(cert, sizeof cert, "%s/srv.pem", dir);
+  snprintf(key, sizeof key, "%s/srv.key", dir);
+  tls_start(cert, key, NULL);
+  expect_refused("-tls1 -cipher DEFAULT@SECLEVEL=0");
+  expect_refused("-tls1_1 -cipher DEFAULT@SECLEVEL=0");
+  expect_refused("-tls1_2 -cipher ECDHE-ECDSA-AES256-SHA");
+  expect_refused("-tls1_2 -cipher ECDHE-ECDSA-AES128-SHA256");
+  expect_handshake("-tls1_2 -cipher ECDHE-ECDSA-AES128-GCM-SHA256", "TLSv1.2");
+  expect_handshake("-tls1_2 -cipher ECDHE-ECDSA-CHACHA20-POLY1305", "TLSv1.2");
+  expect_handshake("-tls1_3", "TLSv1.3");
+  cr_expect_eq(srv_stop(&S, 10), 0);
+
+  /* --tls-priorities replaces the default: NORMAL takes TLS 1.1 again. */
+  tls_start(cert, key, "NORMAL");
+  char out[8192];
+  if (handshake("-tls1_1 -cipher DEFAULT@SECLEVEL=0", out, sizeof out))
+    cr_expect(strstr(out, "Protocol version: TLSv1.1\n"), "%s", out);
+  else if (client_refused(out))
+    printf("skipped: this OpenSSL refuses TLS 1.1 itself, even at SECLEVEL=0:\n%s", out);
+  else
+    cr_expect(false, "--tls-priorities NORMAL: TLS 1.1 refused:\n%s", out);
+  expect_handshake("-tls1_3", "TLSv1.3");
+  cr_expect_eq(srv_stop(&S, 10), 0);
+}
+
+/* A priority string GnuTLS does not parse is one line quoting where it
+ * stops; one given without --tls-cert is a mistake too (plain HTTP is not
+ * what it asks for). */
+Test(ops, tls_priorities_errors) {
+  char *dir = make_tmpdir(), cert[128], key[128];
+  make_cert(dir, "srv");
+  snprintf(cert, sizeof cert, "%s/srv.pem", dir);
+  snprintf(key, sizeof key, "%s/srv.key", dir);
+  struct {
+    const char *args[9], *says[2];
+  } cases[] = {
+      {{"--tls-cert", cert, "--tls-key", key, "--tls-priorities", "NORMAL:+BOGUS:-VERS-ALL", NULL},
+       {"--tls-priorities", "\"+BOGUS\""}},
+      {{"--tls-cert", cert, "--tls-key", key, "--tls-priorities", "NORMAL:-VERS-ALL", NULL},
+       {"--tls-priorities", "NORMAL:-VERS-ALL"}},
+      {{"--tls-priorities", "NORMAL", NULL}, {"--tls-priorities", "--tls-cert"}},
+      {{"--tls-cert", cert, "--tls-key", key, "--tls-priorities=", NULL},
+       {"--tls-priorities", "empty"}},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    const char *argv[12] = {"--listen", "127.0.0.1:0"};
+    for (int k = 0; cases[i].args[k]; k++)
+      argv[2 + k] = cases[i].args[k];
+    char *err = NULL;
+    int st = run_attnd(argv, NULL, 20, NULL, &err);
+    const char *nl = err ? strchr(err, '\n') : NULL;
+    cr_expect_eq(st, 2, "case %zu: exit %d (-1: it served): %s", i, st, err);
+    cr_expect(err && strstr(err, cases[i].says[0]) && strstr(err, cases[i].says[1]) && nl && !nl[1],
+              "case %zu: want one line with %s and %s, got: %s", i, cases[i].says[0],
+              cases[i].says[1], err);
+    free(err);
+  }
 }
 
 Test(ops, tls_errors) {
@@ -762,9 +914,13 @@ Test(ops, help_lists_the_new_flags) {
   char *out = NULL;
   cr_expect_eq(run_attnd(args, NULL, 10, &out, NULL), 0);
   static const char *const want[] = {
-      "--api-key KEY",        "ATTND_API_KEY]",    "--api-key-file FILE", "ATTND_API_KEY_FILE",
-      "--tls-cert FILE",      "ATTND_TLS_CERT",    "--tls-key FILE",      "ATTND_TLS_KEY",
-      "--cors-origin ORIGIN", "ATTND_CORS_ORIGIN", "ATTND_LOG_FORMAT"};
+      "--api-key KEY",        "ATTND_API_KEY]",
+      "--api-key-file FILE",  "ATTND_API_KEY_FILE",
+      "--tls-cert FILE",      "ATTND_TLS_CERT",
+      "--tls-key FILE",       "ATTND_TLS_KEY",
+      "--cors-origin ORIGIN", "ATTND_CORS_ORIGIN",
+      "ATTND_LOG_FORMAT",     "--tls-priorities STRING",
+      "ATTND_TLS_PRIORITIES", "SIGHUP and\nSIGUSR1 are logged and ignored"};
   for (size_t i = 0; i < sizeof want / sizeof *want; i++)
     cr_expect(out && strstr(out, want[i]), "--help lacks %s:\n%s", want[i], out);
   free(out);

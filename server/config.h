@@ -28,6 +28,9 @@ typedef struct attnd_config {
   double header_timeout;          /* seconds to send a request's headers whole */
   double drain_timeout;           /* seconds */
   bool log_json;
+  /* Jobs of one client address running at once (loop.c): -1 auto (every
+   * running slot but one), 0 no own limit. */
+  int max_running_per_client;
   /* Bearer token every request but the open routes needs; "" for none.
    * Never printed: not in logs, errors or /v1/info. */
   char api_key[256];

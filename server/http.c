@@ -735,6 +735,8 @@ static enum MHD_Result first_call(attnd_req *r, const char *url, const char *met
   r->started = true;
   if (r->link)
     attnd_conns_set(&s->conns, r->link, ATTND_CONN_BUSY, attn_now());
+  if (r->link) /* the key of its fair share of the running slots (loop.c) */
+    snprintf(r->client, sizeof r->client, "%s", r->link->client);
   route_of(r, url, method);
   const char *id = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, ATTND_REQID_HEADER);
   if (attnd_reqid_valid(id))

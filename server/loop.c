@@ -4,8 +4,11 @@
  * The HTTP thread hands each complete POST /attention over with a locked
  * list and uv_async_send; sends coalesce, so the callback drains the list
  * whole. Admission bounds the jobs admitted and not finished at
- * --max-queue (more get 503 with Retry-After). Admitted jobs wait in FIFO
- * order until one of max_running slots frees. A running job decodes and is
+ * --max-queue (more get 503 with Retry-After). Admitted jobs wait until one
+ * of max_running slots frees, which goes to the client address running the
+ * fewest jobs (its oldest job: FIFO within a client), among those under
+ * their cap (--max-running-per-client): one client cannot hold every slot
+ * while others wait. A running job decodes and is
  * submitted to the engine on libuv's threadpool; the engine computes on its
  * own threads (CPU workers sized to the cores, or CUDA streams) and its
  * completion callback hands the job back here with uv_async_send; the reply
@@ -24,6 +27,7 @@
  */
 #include "server.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +46,15 @@ static int max_running(const attnd_server *s) {
   return 2;
 }
 
+/* One client's running jobs at most: --max-running-per-client, whose auto
+ * leaves a slot for another client (on the CPU backend's two: one each). */
+static int client_cap(const attnd_server *s) {
+  int n = s->cfg->max_running_per_client;
+  if (n < 0)
+    return s->max_running > 1 ? s->max_running - 1 : 1;
+  return n == 0 ? INT_MAX : n;
+}
+
 /* The reply is set (or, for a client that reset, the close decided): give
  * the connection back to the HTTP thread, once. From here on the reply
  * fields belong to that thread, and r->conn may be gone. */
@@ -51,6 +64,57 @@ static void finish(attnd_req *r) {
 }
 
 static void dispatch(attnd_server *s);
+
+/* ---- fair shares: the running slots among client addresses ---------------- */
+
+/* addr's record with one more job, made for its first; NULL when out of
+ * memory. A client has a record only while it has jobs admitted, so there
+ * are at most --max-queue: few enough that a list searched in order beats
+ * a table. */
+static attnd_client *client_get(attnd_server *s, const char *addr) {
+  attnd_client *c = s->clients;
+  while (c && strcmp(c->addr, addr))
+    c = c->next;
+  if (!c) {
+    if (!(c = calloc(1, sizeof *c)))
+      return NULL;
+    snprintf(c->addr, sizeof c->addr, "%s", addr);
+    c->next = s->clients;
+    s->clients = c;
+  }
+  c->jobs++;
+  return c;
+}
+
+/* r's job has ended (run, or dropped from the queue): its client has one
+ * job fewer, and no record once it has none. */
+static void client_put(attnd_server *s, attnd_req *r) {
+  attnd_client *c = r->who, **pp = &s->clients;
+  r->who = NULL;
+  if (--c->jobs > 0)
+    return;
+  while (*pp != c)
+    pp = &(*pp)->next;
+  *pp = c->next;
+  free(c);
+}
+
+/* The job a free slot goes to: the oldest queued job of the client running
+ * the fewest jobs, among clients under their cap; NULL when every queued
+ * job's client is at its cap. Those jobs keep their place in the queue and
+ * their deadlines (deadline.c looks at every admitted job). */
+static attnd_req *next_job(const attnd_server *s) {
+  attnd_req *best = NULL;
+  for (attnd_req *r = s->pend_head; r; r = r->next) {
+    int n = r->who->running;
+    if (n >= s->client_cap || (best && n >= best->who->running))
+      continue;
+    best = r;
+    if (n == 0) /* no client runs fewer */
+      break;
+  }
+  return best;
+}
 
 /* ---- the loop's list of admitted jobs (for deadline.c) ------------------------ */
 
@@ -293,6 +357,8 @@ static void note_canceled_job(attnd_req *r) {
 static void complete(attnd_req *r) {
   attnd_server *s = r->srv;
   s->running--;
+  r->who->running--;
+  client_put(s, r);
   s->admitted--;
   act_remove(s, r);
   attnd_metrics_gauge_add(s->metrics, ATTND_GAUGE_INFLIGHT, -1);
@@ -399,6 +465,7 @@ void attnd_loop_cancel(attnd_server *s, attnd_req *r, attnd_cancel_reason why) {
   }
   pend_remove(s, r);
   act_remove(s, r);
+  client_put(s, r);
   s->admitted--;
   attnd_metrics_canceled(s->metrics, why, ATTND_STAGE_QUEUED);
   log_canceled(r, "dropped from the queue before it ran");
@@ -408,32 +475,32 @@ void attnd_loop_cancel(attnd_server *s, attnd_req *r, attnd_cancel_reason why) {
 
 /* ---- admission and dispatch ----------------------------------------------- */
 
+/* r leaves the queue for a slot: decode and submit on the threadpool. */
+static void start(attnd_server *s, attnd_req *r, double now) {
+  pend_remove(s, r);
+  r->dispatched = true;
+  r->t_started = now;
+  attnd_metrics_queue_wait(s->metrics, now - r->t_admitted);
+  s->running++;
+  r->who->running++;
+  attnd_metrics_gauge_add(s->metrics, ATTND_GAUGE_INFLIGHT, 1);
+  r->work.data = r;
+  r->in_engine = false;
+  r->stages_left = 2;
+  uv_queue_work(&s->loop, &r->work, decode_submit, after_submit);
+}
+
 static void dispatch(attnd_server *s) {
-  while (s->running < s->max_running && s->pend_head) {
-    attnd_req *r = s->pend_head;
+  attnd_req *r;
+  while (s->running < s->max_running && (r = next_job(s))) {
     double now = attn_now();
     /* What the timer would find at its next tick, found now. */
-    if (now >= r->t_received + s->cfg->timeout) {
+    if (now >= r->t_received + s->cfg->timeout)
       attnd_loop_cancel(s, r, ATTND_CANCEL_TIMEOUT);
-      continue;
-    }
-    if (s->transport->client_reset(r)) {
+    else if (s->transport->client_reset(r))
       attnd_loop_cancel(s, r, ATTND_CANCEL_CLIENT_CLOSED);
-      continue;
-    }
-    s->pend_head = r->next;
-    if (!s->pend_head)
-      s->pend_tail = NULL;
-    attnd_metrics_gauge_add(s->metrics, ATTND_GAUGE_QUEUE_DEPTH, -1);
-    r->dispatched = true;
-    r->t_started = now;
-    attnd_metrics_queue_wait(s->metrics, now - r->t_admitted);
-    s->running++;
-    attnd_metrics_gauge_add(s->metrics, ATTND_GAUGE_INFLIGHT, 1);
-    r->work.data = r;
-    r->in_engine = false;
-    r->stages_left = 2;
-    uv_queue_work(&s->loop, &r->work, decode_submit, after_submit);
+    else
+      start(s, r, now);
   }
 }
 
@@ -460,6 +527,10 @@ static void admit(attnd_server *s, attnd_req *r) {
   if (!reserve_decode(r)) {
     finish(r);
     attnd_req_unref(r);
+    return;
+  }
+  if (!(r->who = client_get(s, r->client))) {
+    refuse(r, ATTND_EOUT_OF_MEMORY, "out of memory admitting this request; retry shortly");
     return;
   }
   s->admitted++;
@@ -602,6 +673,7 @@ int attnd_loop_init(attnd_server *s) {
   }
   pthread_mutex_init(&s->mu, NULL);
   s->max_running = max_running(s);
+  s->client_cap = client_cap(s);
   if ((rc = init_handles(s)) < 0) {
     fprintf(stderr, "attnd: cannot set up the event loop: %s\n", uv_strerror(rc));
     attnd_loop_close(s);

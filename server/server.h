@@ -76,11 +76,21 @@ typedef enum attnd_route {
   ATTND_R_NONE
 } attnd_route;
 
+/* A client address with jobs admitted: its share of the running slots
+ * (loop.c). Loop only. */
+typedef struct attnd_client {
+  char addr[48];
+  int jobs;    /* admitted and not ended; the record is freed at 0 */
+  int running; /* of those, dispatched and not ended */
+  struct attnd_client *next;
+} attnd_client;
+
 /* One HTTP request from its first callback to its completion notice. */
 typedef struct attnd_req {
   struct attnd_server *srv;
   struct MHD_Connection *conn;
   attnd_conn *link;       /* the connection's registry record */
+  char client[48];        /* its address (link's), the key of its fair share */
   bool started;           /* the first request callback has run */
   const char *bad_target; /* why the request target is refused (414), or NULL */
   attnd_route route;
@@ -154,6 +164,7 @@ typedef struct attnd_req {
   bool answered;   /* the reply is set and the connection resumed */
   bool canceled;
   attnd_cancel_reason cancel_why;
+  attnd_client *who; /* its client's record, from admission to its end */
   struct attnd_req *next;
   struct attnd_req *act_prev, *act_next; /* the loop's admitted jobs */
 } attnd_req;
@@ -179,6 +190,8 @@ typedef struct attnd_server {
   uv_async_t completed;             /* the engine's handoff */
   attnd_req *done_head, *done_tail; /* under mu */
   int max_running;                  /* jobs between dispatch and reply at once */
+  int client_cap;                   /* of those, one client's (INT_MAX: no own limit) */
+  attnd_client *clients;            /* clients with jobs admitted; loop only */
   attnd_req *pend_head, *pend_tail; /* loop only */
   attnd_req *act_head;              /* every admitted job, queued or running; loop only */
   uv_timer_t tick;                  /* deadlines and client resets (deadline.c) */

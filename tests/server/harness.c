@@ -586,13 +586,18 @@ bool expect_healthy(const srv *s, const char *after) {
 
 /* ---- raw sockets ------------------------------------------------------- */
 
-int raw_connect(int port) {
+int raw_connect(int port) { return raw_connect_from(port, NULL); }
+
+int raw_connect_from(int port, const char *src) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0)
     return -1;
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0) {
+  struct sockaddr_in from = {.sin_family = AF_INET};
+  if ((src && inet_pton(AF_INET, src, &from.sin_addr) != 1) ||
+      (src && bind(fd, (struct sockaddr *)&from, sizeof from) < 0) ||
+      connect(fd, (struct sockaddr *)&a, sizeof a) < 0) {
     int e = errno;
     close(fd);
     errno = e;

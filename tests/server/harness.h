@@ -123,6 +123,10 @@ bool expect_healthy(const srv *s, const char *after);
 
 /* Connected TCP socket to 127.0.0.1:port, or -1 (errno set). */
 int raw_connect(int port);
+/* The same from source address src (NULL: the kernel's choice): on Linux
+ * any address of 127/8 is a loopback address of its own, so 127.0.0.2 is
+ * another client to the server. */
+int raw_connect_from(int port, const char *src);
 /* Sends everything (MSG_NOSIGNAL); 0 or -1. */
 int raw_send(int fd, const void *buf, size_t len);
 int raw_sends(int fd, const char *s);

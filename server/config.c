@@ -236,6 +236,17 @@ static int apply_max_running_client(attnd_config *c, const char *what, const cha
   c->max_running_per_client = (int)n;
   return 0;
 }
+/* Up to 2^62: far past any problem a body can carry, and no overflow in
+ * the comparisons. */
+static int apply_max_pairs(attnd_config *c, const char *what, const char *v) {
+  char *end;
+  errno = 0;
+  unsigned long long n = strtoull(v, &end, 10);
+  if (!*v || *v == '-' || *end || errno || n > 1ull << 62)
+    return bad(what, v, "an integer from 0 (no cap) to 2^62");
+  c->max_pairs = n;
+  return 0;
+}
 static int apply_timeout(attnd_config *c, const char *what, const char *v) {
   return parse_seconds(what, v, 0.001, &c->timeout);
 }
@@ -285,6 +296,10 @@ static const flag flags[] = {
      "addresses); auto = every running slot but one (1 of the CPU backend's 2), 0 = no own "
      "limit",
      apply_max_running_client},
+    {"max-pairs", "N", "0",
+     "refuse (422) a request of more score pairs than N (batch x heads x Nq x Nkv, summed "
+     "over the sequences of a variable-length batch), 0 = no cap",
+     apply_max_pairs},
     {"timeout", "SECONDS", "60",
      "a request not answered this long after its headers gets 504 and its job is canceled",
      apply_timeout},

@@ -1,5 +1,6 @@
 /*
- * test_fairness.c — one client cannot hold every compute slot.
+ * test_fairness.c — one client cannot hold every compute slot, and one
+ * request cannot ask for unbounded work.
  *
  * Two clients are two source addresses: on Linux every address of 127/8 is
  * a loopback address, so a socket bound to 127.0.0.2 reaches the server on
@@ -80,18 +81,70 @@ Test(fairness, another_client_is_served_while_one_holds_slow_jobs) {
   tcase_free(&small);
 }
 
-/* The flag is in --help with its variable; bad values exit 2 with one line
- * naming the flag. */
+/* --max-pairs (here from its variable): a request asking for more score
+ * pairs is refused with 422 too_much_work and the numbers, on /attention
+ * and /v2 alike; one within it is computed. */
+Test(fairness, max_pairs_refuses_a_request_before_it_computes) {
+  const char *env[] = {"ATTND_MAX_PAIRS=1000", NULL};
+  srv_startv(&S, NULL, env, true);
+  tcase big, ok;
+  size_t len;
+  tprob p = tprob_make(1, 2, 2, 32, 32, 32, ATTN_F32); /* 2 x 32 x 32 = 2048 pairs */
+  tcase_init(&big, &p, 1);
+  char *body = st_body(&big, 4, NULL, &len);
+  http_res r;
+  http_post(&S, "/attention", ST_CT, body, len, &r);
+  expect_error(&r, 422, "too_much_work", "2048 pairs over --max-pairs 1000");
+  cr_expect(r.body && strstr(r.body, "this request has 2048 score pairs, over --max-pairs 1000"),
+            "the message gives the numbers: %s", r.body);
+  http_res_free(&r);
+  free(body);
+  /* /v2: q [40, 2] and k, v [40, 2] are 1600 pairs */
+  char v2[2048];
+  size_t o = (size_t)snprintf(v2, sizeof v2, "{\"inputs\": [");
+  for (int t = 0; t < 3; t++) {
+    o += (size_t)snprintf(v2 + o, sizeof v2 - o,
+                          "%s{\"name\": \"%c\", \"shape\": [40, 2], \"datatype\": \"FP32\", "
+                          "\"data\": [",
+                          t ? ", " : "", "qkv"[t]);
+    for (int i = 0; i < 80; i++)
+      o += (size_t)snprintf(v2 + o, sizeof v2 - o, i ? ",1" : "1");
+    o += (size_t)snprintf(v2 + o, sizeof v2 - o, "]}");
+  }
+  o += (size_t)snprintf(v2 + o, sizeof v2 - o, "]}");
+  http_post(&S, "/v2/models/attention/infer", "application/json", v2, o, &r);
+  cr_expect_eq(r.status, 422, "/v2 over --max-pairs: %ld %s", r.status, r.body);
+  cr_expect(r.body && strstr(r.body, "this request has 1600 score pairs, over --max-pairs 1000"),
+            "/v2's message gives the numbers: %s", r.body);
+  http_res_free(&r);
+  tprob q = tprob_make(1, 1, 1, 16, 16, 32, ATTN_F32); /* 256 pairs */
+  tcase_init(&ok, &q, 2);
+  body = st_body(&ok, 4, NULL, &len);
+  http_post(&S, "/attention", ST_CT, body, len, &r);
+  expect_correct(&r, &ok, 4, true, "256 pairs under --max-pairs 1000");
+  http_res_free(&r);
+  const char *code[] = {"code=too_much_work", NULL};
+  cr_expect_eq(srv_metric(&S, "attnd_errors_total", code), 2);
+  free(body);
+  tcase_free(&big);
+  tcase_free(&ok);
+}
+
+/* Both flags are in --help with their variables; bad values exit 2 with one
+ * line naming the flag. */
 Test(fairness, flags) {
   const char *help[] = {"--help", NULL};
   char *out = NULL;
   cr_assert_eq(run_attnd(help, NULL, 10, &out, NULL), 0);
   cr_expect(out && strstr(out, "--max-running-per-client N|auto") &&
-                strstr(out, "[ATTND_MAX_RUNNING_PER_CLIENT]"),
+                strstr(out, "[ATTND_MAX_RUNNING_PER_CLIENT]") && strstr(out, "--max-pairs N") &&
+                strstr(out, "[ATTND_MAX_PAIRS]"),
             "--help:\n%s", out ? out : "");
   free(out);
   const char *bad[][3] = {{"--max-running-per-client", "-1", NULL},
-                          {"--max-running-per-client", "most", NULL}};
+                          {"--max-running-per-client", "most", NULL},
+                          {"--max-pairs", "-5", NULL},
+                          {"--max-pairs", "1e9", NULL}};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     char *err = NULL;
     cr_expect_eq(run_attnd(bad[i], NULL, 10, NULL, &err), 2, "%s %s", bad[i][0], bad[i][1]);

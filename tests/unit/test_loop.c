@@ -3,8 +3,8 @@
  * fake transport and the real CPU engine, without libmicrohttpd or a
  * socket: admission and queue_full, dispatch in FIFO order behind
  * max_running, fair shares of the slots among client addresses
- * (--max-running-per-client, round-robin), the deadline and client-reset
- * cancels, and completion.
+ * (--max-running-per-client, round-robin), --max-pairs, the deadline and
+ * client-reset cancels, and completion.
  *
  * The fake transport records each resume (the loop's "reply is ready");
  * a request whose fd is FAKE_RESET_FD is a client that reset.
@@ -44,12 +44,14 @@ static void fake_quiesce(attnd_server *s) { (void)s; }
 static const attnd_transport fake = {
     .resume = fake_resume, .client_reset = fake_client_reset, .quiesce = fake_quiesce};
 
-/* per_client is --max-running-per-client (-1 auto, 0 no own limit). */
-static rig *rig_open_with(int max_queue, double timeout, int per_client) {
+/* per_client is --max-running-per-client (-1 auto, 0 no own limit),
+ * max_pairs --max-pairs (0 no cap). */
+static rig *rig_open_with(int max_queue, double timeout, int per_client, uint64_t max_pairs) {
   rig *g = calloc(1, sizeof *g);
   cr_assert_not_null(g);
   g->cfg.max_queue = max_queue;
   g->cfg.max_running_per_client = per_client;
+  g->cfg.max_pairs = max_pairs;
   g->cfg.max_body = 1 << 20;
   g->cfg.timeout = timeout;
   g->cfg.streams = 1;
@@ -70,7 +72,9 @@ static rig *rig_open_with(int max_queue, double timeout, int per_client) {
   return g;
 }
 
-static rig *rig_open(int max_queue, double timeout) { return rig_open_with(max_queue, timeout, 0); }
+static rig *rig_open(int max_queue, double timeout) {
+  return rig_open_with(max_queue, timeout, 0, 0);
+}
 
 static void rig_close(rig *g) {
   attnd_loop_close(&g->s);
@@ -259,7 +263,7 @@ Test(loop, a_running_job_past_its_deadline_is_answered_and_its_end_awaited) {
  * running the fewest jobs, even with no per-client cap, so B's one job does
  * not wait behind A's queue. */
 Test(loop, a_free_slot_goes_to_the_client_running_fewest) {
-  rig *g = rig_open_with(8, 30, 0);
+  rig *g = rig_open_with(8, 30, 0, 0);
   attnd_req *a[3], *b;
   for (int i = 0; i < 3; i++) {
     a[i] = job_of(g, body_ok, "10.0.0.1");
@@ -284,7 +288,7 @@ Test(loop, a_free_slot_goes_to_the_client_running_fewest) {
  * a time in their order (FIFO within a client), and B's job takes the
  * other slot at once instead of queueing behind them. */
 Test(loop, a_client_at_its_cap_waits_while_another_runs) {
-  rig *g = rig_open_with(8, 30, -1);
+  rig *g = rig_open_with(8, 30, -1, 0);
   cr_assert_eq(g->s.max_running, 2);
   cr_assert_eq(g->s.client_cap, 1, "auto leaves one of the two slots to others");
   attnd_req *a[3], *b;
@@ -314,7 +318,7 @@ Test(loop, a_client_at_its_cap_waits_while_another_runs) {
  * heads of 2048 x 2048), A's second is answered 504 from the queue though a
  * slot is free, and never runs. */
 Test(loop, a_capped_clients_queued_job_still_times_out) {
-  rig *g = rig_open_with(32, 0.2, 1);
+  rig *g = rig_open_with(32, 0.2, 1, 0);
   char *body = big_body(4, 2048, 64, ", \"backend\": \"reference\"");
   attnd_req *a0 = job_of(g, body, "10.0.0.1"), *a1 = job_of(g, body, "10.0.0.1");
   free(body);
@@ -330,5 +334,31 @@ Test(loop, a_capped_clients_queued_job_still_times_out) {
   cr_expect(metrics_has(g, "attnd_jobs_canceled_total{reason=\"timeout\",stage=\"queued\"} 1\n"));
   attnd_req_unref(a0);
   attnd_req_unref(a1);
+  rig_close(g);
+}
+
+/* ---- --max-pairs --------------------------------------------------------- */
+
+/* body_ok asks for 1 x 1 x 2 x 3 = 6 score pairs: refused (422, with the
+ * numbers) before it reaches the engine over --max-pairs 5, computed at 6. */
+Test(loop, a_request_over_max_pairs_is_422_before_it_computes) {
+  rig *g = rig_open_with(8, 30, 0, 5);
+  attnd_req *r = job(g, body_ok);
+  attnd_loop_submit(&g->s, r);
+  run_until(g, 1);
+  cr_expect_eq(r->status, 422);
+  cr_expect(body_has(r, "\"too_much_work\""), "%.*s", (int)r->resp_len, r->resp);
+  cr_expect(body_has(r, "this request has 6 score pairs, over --max-pairs 5"), "%.*s",
+            (int)r->resp_len, r->resp);
+  cr_expect_not(r->in_engine, "it was submitted to the engine");
+  cr_expect(metrics_has(g, "attnd_errors_total{code=\"too_much_work\"} 1\n"));
+  attnd_req_unref(r);
+  rig_close(g);
+  g = rig_open_with(8, 30, 0, 6);
+  r = job(g, body_ok);
+  attnd_loop_submit(&g->s, r);
+  run_until(g, 1);
+  cr_expect_eq(r->status, 200, "at the cap: %d", r->status);
+  attnd_req_unref(r);
   rig_close(g);
 }

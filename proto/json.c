@@ -488,10 +488,13 @@ static int cu_tensor(attn__jr j, attn_proto_tensor *t, void **pbuf, attn_status 
   attn__jr v = j;
   if (at[1]) {
     char s[16] = "";
+    size_t n = 0;
     v.pos = at[1];
     if (v.s[v.pos] == '"')
-      attn__jr_string(&v, s, sizeof s);
-    if (!(bytes = attn_proto_cu_dtype_bytes(s)))
+      n = attn__jr_string(&v, s, sizeof s);
+    /* a NUL inside ("I32\u0000") names no dtype */
+    bytes = n < sizeof s && strlen(s) == n ? attn_proto_cu_dtype_bytes(s) : 0;
+    if (!bytes)
       return attn_status_set(st, ATTN_PROTO_ETENSOR, "tensor \"%s\": dtype must be I32 or I64",
                              t->name);
   }

@@ -312,8 +312,9 @@ static int input_fields(v2_dec *d, attn__jr v, int k) {
   x.pos = at[0];
   char name[16];
   size_t n = x.s[x.pos] == '"' ? attn__jr_string(&x, name, sizeof name) : sizeof name;
+  /* by length too: "q\u0000" is no input's name */
   int i = 0;
-  while (i < V2_NIN && !(n < sizeof name && !strcmp(name, attn_proto_tensor_name(v2_slot(i)))))
+  while (i < V2_NIN && !(n < sizeof name && key_is(name, n, attn_proto_tensor_name(v2_slot(i)))))
     i++;
   if (i == V2_NIN)
     return attn_status_set(d->st, ATTN_PROTO_EUNKNOWNTENSOR,
@@ -486,9 +487,9 @@ static int input_data(v2_dec *d) {
     size_t klen;
     while (attn__jr_member(&x, key, sizeof key, &klen) && !key_is(key, klen, "name"))
       attn__jr_skip(&x);
-    attn__jr_string(&x, name, sizeof name); /* input_fields() knows it */
+    size_t nl = attn__jr_string(&x, name, sizeof name); /* input_fields() knows it */
     int i = 0;
-    while (i < V2_NIN - 1 && strcmp(name, attn_proto_tensor_name(v2_slot(i))))
+    while (i < V2_NIN - 1 && !key_is(name, nl, attn_proto_tensor_name(v2_slot(i))))
       i++;
     order[n++] = i;
     attn__jr_skip(&v);

@@ -1,7 +1,8 @@
 /*
- * test_v2_codec.c — proto/v2.c's refusals of keys that the decoder once
- * let through: a repeated key in any "parameters" object or in an output's
- * object (the last one won). The black-box /v2 tests are
+ * test_v2_codec.c — proto/v2.c's refusals of keys and names that the
+ * decoder once let through: a repeated key in any "parameters" object or
+ * in an output's object (the last one won), and a name holding a NUL
+ * ("q\u0000" read as q). The black-box /v2 tests are
  * tests/server/test_v2.c.
  */
 #include "proto.h"
@@ -79,4 +80,22 @@ Test(v2_codec, repeated_keys_of_inputs_and_outputs_are_refused) {
   expect_err("{\"inputs\": [" QKV "], \"outputs\": [{\"name\": \"o\"}, {\"name\": \"lse\", "
              "\"parameters\": {\"binary_data\": true, \"binary_data\": false}}]}",
              ATTN_PROTO_EJSON, "outputs[1]: duplicate key \"binary_data\" in its parameters");
+}
+
+/* A name read from a JSON string compares by its whole length: with a NUL
+ * inside it names no input ("q\u0000" was taken as q) and no output, and an
+ * id holding one is refused. */
+Test(v2_codec, names_with_a_nul_are_unknown) {
+  expect_err("{\"inputs\": [" IN("q\\u0000") ", " IN("k") ", " IN("v") "]}",
+             ATTN_PROTO_EUNKNOWNTENSOR, "inputs[0]: the name must be");
+  expect_err("{\"inputs\": [" IN("q") ", " IN("k\\u0000x") ", " IN("v") "]}",
+             ATTN_PROTO_EUNKNOWNTENSOR, "inputs[1]: the name must be");
+  expect_err("{\"inputs\": [" QKV ", " IN("alibi_slopes\\u0000") "]}", ATTN_PROTO_EUNKNOWNTENSOR,
+             "inputs[3]: the name must be");
+  expect_err("{\"inputs\": [" QKV "], \"outputs\": [{\"name\": \"o\\u0000\"}]}",
+             ATTN_PROTO_EUNKNOWNTENSOR, "outputs[0]: the name must be");
+  expect_err("{\"id\": \"a\\u0000b\", \"inputs\": [" QKV "]}", ATTN_PROTO_EJSON, "without NUL");
+  expect_err("{\"inputs\": [{\"name\": \"q\", \"shape\": [1, 2], \"datatype\": \"FP32\\u0000\", "
+             "\"data\": [1, 2]}, " IN("k") ", " IN("v") "]}",
+             ATTN_PROTO_ETENSOR, "input \"q\": datatype");
 }

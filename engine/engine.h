@@ -259,6 +259,12 @@ int64_t attn_request_offset(const attn_request *r);
 /* Number of (query, key) pairs that are visible, summed over batch and heads. */
 uint64_t attn_request_visible_pairs(const attn_request *r);
 
+/* Score pairs before any mask, the work a request asks for whatever its
+ * window: batch x heads_q x seq_q x seq_kv, or for a variable-length batch
+ * heads_q times the sum of each sequence's seq_q x seq_kv. r must have
+ * passed attn_request_validate(), which keeps it within 64 bits. */
+uint64_t attn_request_pairs(const attn_request *r);
+
 /* FLOPs actually needed: 4 * D * visible pairs for a forward pass (two
  * matrix products), 2.5 times that for a backward pass (five: S again, dV,
  * dP, dK and dQ), the convention of FlashAttention's papers. */

@@ -358,6 +358,17 @@ uint64_t attn_request_visible_pairs(const attn_request *r) {
   return per_head * (uint64_t)r->batch * (uint64_t)r->heads_q;
 }
 
+uint64_t attn_request_pairs(const attn_request *r) {
+  const uint64_t hq = (uint64_t)r->heads_q;
+  if (!r->cu_seqlens_q)
+    return (uint64_t)r->batch * hq * (uint64_t)r->seq_q * (uint64_t)r->seq_kv;
+  uint64_t sum = 0;
+  for (int64_t b = 0; b < r->batch; b++)
+    sum += (uint64_t)(r->cu_seqlens_q[b + 1] - r->cu_seqlens_q[b]) *
+           (uint64_t)(r->cu_seqlens_kv[b + 1] - r->cu_seqlens_kv[b]);
+  return sum * hq;
+}
+
 double attn_request_flops(const attn_request *r) {
   double fwd = 4.0 * (double)r->head_dim * (double)attn_request_visible_pairs(r);
   return r->pass == ATTN_BACKWARD ? 2.5 * fwd : fwd;

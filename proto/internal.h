@@ -62,6 +62,24 @@ bool attn__jr_member(attn__jr *j, char *key, size_t cap, size_t *klen);
 /* Elements of the array at pos (pos does not move). */
 size_t attn__jr_count(const attn__jr *j);
 
+/* The keys of one object read so far, for refusing a repeated key (RFC
+ * 8259 leaves its meaning open; the last must not silently win). Every key
+ * a codec accepts is a known name shorter than ATTN__SEEN_KEY bytes, and no
+ * object accepts more than ATTN__SEEN_MAX (the /attention body: 9 tensors
+ * and 8 options), so the set holds all of them; a longer key is never
+ * stored, which is safe because it is refused as unknown. Zero it before
+ * the object's first key. */
+#define ATTN__SEEN_MAX 24
+#define ATTN__SEEN_KEY 24
+typedef struct attn__seen {
+  int n;
+  unsigned char len[ATTN__SEEN_MAX];
+  char key[ATTN__SEEN_MAX][ATTN__SEEN_KEY];
+} attn__seen;
+/* Whether key[0..klen) (as attn__jr_member() read it: it may hold NUL
+ * bytes) is new to s; it is added when it is. False for a repeat. */
+bool attn__seen_first(attn__seen *s, const char *key, size_t klen);
+
 /* ---- json.c: pieces the KServe v2 codec (v2.c) shares ---------------- */
 
 /* One pass outside strings: nesting up to max_depth, at most

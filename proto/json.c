@@ -488,10 +488,13 @@ static int cu_tensor(attn__jr j, attn_proto_tensor *t, void **pbuf, attn_status 
   attn__jr v = j;
   if (at[1]) {
     char s[16] = "";
+    size_t n = 0;
     v.pos = at[1];
     if (v.s[v.pos] == '"')
-      attn__jr_string(&v, s, sizeof s);
-    if (!(bytes = attn_proto_cu_dtype_bytes(s)))
+      n = attn__jr_string(&v, s, sizeof s);
+    /* a NUL inside ("I32\u0000") names no dtype */
+    bytes = n < sizeof s && strlen(s) == n ? attn_proto_cu_dtype_bytes(s) : 0;
+    if (!bytes)
       return attn_status_set(st, ATTN_PROTO_ETENSOR, "tensor \"%s\": dtype must be I32 or I64",
                              t->name);
   }
@@ -575,22 +578,21 @@ int attn__json_option(attn_options *o, const char *key, size_t klen, attn__jr v,
 /* ---- decode ------------------------------------------------------------- */
 
 /* The body object's members: where each tensor of the pass starts (0:
- * absent), and the options, in body order. Every key accepted so far is a
- * tensor or an option (at most twelve short names), which is what the
- * duplicate check compares. A key that is neither names an unknown tensor
- * when its value is an object or array (what a tensor looks like), else an
- * unknown option. */
+ * absent), and the options, in body order. Every key accepted is a tensor
+ * or an option (at most seventeen short names), and a repeat of any is
+ * refused. A key that is neither names an unknown tensor when its value is
+ * an object or array (what a tensor looks like), else an unknown option. */
 static int body_fields(attn__jr *j, attn_pass pass, size_t tat[NT], attn_options *opts,
                        attn_status *st) {
-  char key[128], seen[12][16], qk[48];
+  char key[128], qk[48];
   size_t klen;
-  int nseen = 0, rc;
+  attn__seen seen = {0};
+  int rc;
   while (attn__jr_member(j, key, sizeof key, &klen)) {
     size_t kl = klen < sizeof key ? klen : sizeof key - 1;
-    for (int i = 0; i < nseen; i++)
-      if (key_is(key, klen, seen[i]))
-        return attn_status_set(st, ATTN_PROTO_EJSON, "duplicate key \"%s\" in the JSON body",
-                               quote_key(qk, sizeof qk, key, klen, sizeof key));
+    if (!attn__seen_first(&seen, key, klen))
+      return attn_status_set(st, ATTN_PROTO_EJSON, "duplicate key \"%s\" in the JSON body",
+                             quote_key(qk, sizeof qk, key, klen, sizeof key));
     int which = 0;
     while (which < NT && !(attn_proto_tensor_in_pass(which, pass) &&
                            key_is(key, klen, attn_proto_tensor_name(which))))
@@ -605,8 +607,6 @@ static int body_fields(attn__jr *j, attn_pass pass, size_t tat[NT], attn_options
     else if ((rc = attn__json_option(opts, key, kl, *j, "JSON field", st)) < 0)
       return rc;
     attn__jr_skip(j);
-    if (nseen < 12 && klen < sizeof seen[0])
-      memcpy(seen[nseen++], key, klen + 1);
   }
   return 0;
 }

@@ -324,6 +324,17 @@ bool attn__jr_member(attn__jr *j, char *key, size_t cap, size_t *klen) {
   return true;
 }
 
+bool attn__seen_first(attn__seen *s, const char *key, size_t klen) {
+  for (int i = 0; i < s->n; i++)
+    if (s->len[i] == klen && !memcmp(s->key[i], key, klen))
+      return false;
+  if (klen < ATTN__SEEN_KEY && s->n < ATTN__SEEN_MAX) {
+    memcpy(s->key[s->n], key, klen);
+    s->len[s->n++] = (unsigned char)klen;
+  }
+  return true;
+}
+
 size_t attn__jr_count(const attn__jr *j) {
   attn__jr c = *j;
   size_t n = 0;

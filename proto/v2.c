@@ -127,6 +127,7 @@ static int get_bool(attn__jr v, const char *what, bool *out, attn_status *st) {
 static int request_params(v2_dec *d, attn__jr v) {
   char key[64], qk[48];
   size_t klen;
+  attn__seen seen = {0};
   int rc;
   if (v.s[v.pos] != '{')
     return attn_status_set(d->st, ATTN_PROTO_EJSON, "\"parameters\" must be an object, not %s",
@@ -134,6 +135,8 @@ static int request_params(v2_dec *d, attn__jr v) {
   while (attn__jr_member(&v, key, sizeof key, &klen)) {
     size_t kl = klen < sizeof key ? klen : sizeof key - 1;
     qkey(qk, sizeof qk, key, klen, sizeof key);
+    if (!attn__seen_first(&seen, key, klen)) /* refused as /attention refuses one */
+      return attn_status_set(d->st, ATTN_PROTO_EJSON, "duplicate key \"%s\" in \"parameters\"", qk);
     if (key_is(key, klen, "binary_data_output")) {
       if ((rc = get_bool(v, "parameter \"binary_data_output\"", &d->bin_out, d->st)) < 0)
         return rc;
@@ -257,11 +260,16 @@ static int input_datatype(attn__jr v, v2_input *in, bool cu, attn_status *st) {
 static int input_params(attn__jr v, v2_input *in, attn_status *st) {
   char key[64], qk[48];
   size_t klen;
+  attn__seen seen = {0};
   if (v.s[v.pos] != '{')
     return attn_status_set(st, ATTN_PROTO_EJSON, "input \"%s\": parameters must be an object",
                            in->t.name);
   while (attn__jr_member(&v, key, sizeof key, &klen)) {
     qkey(qk, sizeof qk, key, klen, sizeof key);
+    if (!attn__seen_first(&seen, key, klen))
+      return attn_status_set(st, ATTN_PROTO_EJSON,
+                             "input \"%s\": duplicate key \"%s\" in its parameters", in->t.name,
+                             qk);
     if (!key_is(key, klen, "binary_data_size"))
       return attn_status_set(st, ATTN_PROTO_EOPTION,
                              "input \"%s\": parameter \"%s\" is %s (inputs take binary_data_size)",
@@ -304,8 +312,9 @@ static int input_fields(v2_dec *d, attn__jr v, int k) {
   x.pos = at[0];
   char name[16];
   size_t n = x.s[x.pos] == '"' ? attn__jr_string(&x, name, sizeof name) : sizeof name;
+  /* by length too: "q\u0000" is no input's name */
   int i = 0;
-  while (i < V2_NIN && !(n < sizeof name && !strcmp(name, attn_proto_tensor_name(v2_slot(i)))))
+  while (i < V2_NIN && !(n < sizeof name && key_is(name, n, attn_proto_tensor_name(v2_slot(i)))))
     i++;
   if (i == V2_NIN)
     return attn_status_set(d->st, ATTN_PROTO_EUNKNOWNTENSOR,
@@ -478,9 +487,9 @@ static int input_data(v2_dec *d) {
     size_t klen;
     while (attn__jr_member(&x, key, sizeof key, &klen) && !key_is(key, klen, "name"))
       attn__jr_skip(&x);
-    attn__jr_string(&x, name, sizeof name); /* input_fields() knows it */
+    size_t nl = attn__jr_string(&x, name, sizeof name); /* input_fields() knows it */
     int i = 0;
-    while (i < V2_NIN - 1 && strcmp(name, attn_proto_tensor_name(v2_slot(i))))
+    while (i < V2_NIN - 1 && !key_is(name, nl, attn_proto_tensor_name(v2_slot(i))))
       i++;
     order[n++] = i;
     attn__jr_skip(&v);
@@ -503,46 +512,66 @@ static int input_data(v2_dec *d) {
 
 /* ---- decoding: outputs -------------------------------------------------------- */
 
+/* An output's name (the string at x): which of out_names, by its whole
+ * length ("o\u0000" is none). */
+static int output_name(v2_dec *d, attn__jr x, int k, int *which) {
+  char name[16];
+  size_t n = attn__jr_string(&x, name, sizeof name);
+  for (int i = 0; i < ATTN_V2_NOUTS && n < sizeof name; i++)
+    *which = key_is(name, n, out_names[i]) ? i : *which;
+  if (*which < 0)
+    return attn_status_set(d->st, ATTN_PROTO_EUNKNOWNTENSOR,
+                           "outputs[%d]: the name must be \"o\", \"m\", \"l\" or \"lse\"", k);
+  return 0;
+}
+
+/* An output's "parameters" (the object at x): binary_data, nothing else. */
+static int output_params(v2_dec *d, attn__jr x, int k, bool *bin) {
+  char pk[64], qp[48];
+  size_t pl;
+  attn__seen seen = {0};
+  int rc;
+  while (attn__jr_member(&x, pk, sizeof pk, &pl)) {
+    qkey(qp, sizeof qp, pk, pl, sizeof pk);
+    if (!attn__seen_first(&seen, pk, pl))
+      return attn_status_set(d->st, ATTN_PROTO_EJSON,
+                             "outputs[%d]: duplicate key \"%s\" in its parameters", k, qp);
+    if (!key_is(pk, pl, "binary_data"))
+      return attn_status_set(d->st, ATTN_PROTO_EOPTION,
+                             "outputs[%d]: parameter \"%s\" is %s (outputs take binary_data)", k,
+                             qp, in_list(pk, pl, reserved_tensor, 4) ? "not supported" : "unknown");
+    if ((rc = get_bool(x, "parameter \"binary_data\"", bin, d->st)) < 0)
+      return rc;
+    attn__jr_skip(&x);
+  }
+  return 0;
+}
+
 /* One output's object at v: its name, and parameters.binary_data. */
 static int output_one(v2_dec *d, attn__jr v, int k) {
-  char key[64], qk[48], name[16];
+  char key[64], qk[48];
   size_t klen;
-  int which = -1;
+  attn__seen seen = {0};
+  int which = -1, rc;
   bool bin = d->bin_out;
-  int rc;
   if (v.s[v.pos] != '{')
     return attn_status_set(d->st, ATTN_PROTO_EJSON, "outputs[%d] must be an object, not %s", k,
                            attn__jr_type(&v));
   while (attn__jr_member(&v, key, sizeof key, &klen)) {
     qkey(qk, sizeof qk, key, klen, sizeof key);
-    if (key_is(key, klen, "name") && v.s[v.pos] == '"') {
-      attn__jr x = v;
-      size_t n = attn__jr_string(&x, name, sizeof name);
-      for (int i = 0; i < ATTN_V2_NOUTS && n < sizeof name; i++)
-        which = !strcmp(name, out_names[i]) && strlen(name) == n ? i : which;
-      if (which < 0)
-        return attn_status_set(d->st, ATTN_PROTO_EUNKNOWNTENSOR,
-                               "outputs[%d]: the name must be \"o\", \"m\", \"l\" or \"lse\"", k);
-    } else if (key_is(key, klen, "parameters") && v.s[v.pos] == '{') {
-      attn__jr x = v;
-      char pk[64], qp[48];
-      size_t pl;
-      while (attn__jr_member(&x, pk, sizeof pk, &pl)) {
-        if (!key_is(pk, pl, "binary_data"))
-          return attn_status_set(d->st, ATTN_PROTO_EOPTION,
-                                 "outputs[%d]: parameter \"%s\" is %s (outputs take binary_data)",
-                                 k, qkey(qp, sizeof qp, pk, pl, sizeof pk),
-                                 in_list(pk, pl, reserved_tensor, 4) ? "not supported" : "unknown");
-        if ((rc = get_bool(x, "parameter \"binary_data\"", &bin, d->st)) < 0)
-          return rc;
-        attn__jr_skip(&x);
-      }
-    } else {
-      return attn_status_set(d->st, ATTN_PROTO_EJSON,
-                             "outputs[%d]: unexpected key \"%s\" (keys: name, a string, and "
-                             "parameters, an object)",
-                             k, qk);
-    }
+    if (!attn__seen_first(&seen, key, klen))
+      return attn_status_set(d->st, ATTN_PROTO_EJSON, "outputs[%d]: duplicate key \"%s\"", k, qk);
+    if (key_is(key, klen, "name") && v.s[v.pos] == '"')
+      rc = output_name(d, v, k, &which);
+    else if (key_is(key, klen, "parameters") && v.s[v.pos] == '{')
+      rc = output_params(d, v, k, &bin);
+    else
+      rc = attn_status_set(d->st, ATTN_PROTO_EJSON,
+                           "outputs[%d]: unexpected key \"%s\" (keys: name, a string, and "
+                           "parameters, an object)",
+                           k, qk);
+    if (rc < 0)
+      return rc;
     attn__jr_skip(&v);
   }
   if (which < 0)

@@ -244,6 +244,29 @@ static int apply_streams(attnd_config *c, const char *what, const char *v) {
 static int apply_max_queue(attnd_config *c, const char *what, const char *v) {
   return parse_int(what, v, 0, 1000000, &c->max_queue);
 }
+/* "auto" is -1: the loop resolves it once it knows its running slots. */
+static int apply_max_running_client(attnd_config *c, const char *what, const char *v) {
+  char *end;
+  errno = 0;
+  long n = strtol(v, &end, 10);
+  if (!strcmp(v, "auto"))
+    n = -1;
+  else if (!*v || *end || errno || n < 0 || n > 1000000)
+    return bad(what, v, "auto or an integer from 0 (no own limit) to 1000000");
+  c->max_running_per_client = (int)n;
+  return 0;
+}
+/* Up to 2^62: far past any problem a body can carry, and no overflow in
+ * the comparisons. */
+static int apply_max_pairs(attnd_config *c, const char *what, const char *v) {
+  char *end;
+  errno = 0;
+  unsigned long long n = strtoull(v, &end, 10);
+  if (!*v || *v == '-' || *end || errno || n > 1ull << 62)
+    return bad(what, v, "an integer from 0 (no cap) to 2^62");
+  c->max_pairs = n;
+  return 0;
+}
 static int apply_timeout(attnd_config *c, const char *what, const char *v) {
   return parse_seconds(what, v, 0.001, &c->timeout);
 }
@@ -296,6 +319,15 @@ static const flag flags[] = {
     {"max-body", "SIZE", "1G", "largest request body, suffix K, M or G", apply_max_body},
     {"max-queue", "N", "64", "requests admitted and not finished; more get 503, 0 = all",
      apply_max_queue},
+    {"max-running-per-client", "N|auto", "auto",
+     "jobs of one client address computed at once while others queue (round-robin across "
+     "addresses); auto = every running slot but one (1 of the CPU backend's 2), 0 = no own "
+     "limit",
+     apply_max_running_client},
+    {"max-pairs", "N", "0",
+     "refuse (422) a request of more score pairs than N (batch x heads x Nq x Nkv, summed "
+     "over the sequences of a variable-length batch), 0 = no cap",
+     apply_max_pairs},
     {"timeout", "SECONDS", "60",
      "a request not answered this long after its headers gets 504 and its job is canceled",
      apply_timeout},

@@ -29,6 +29,10 @@ typedef struct attnd_config {
   double drain_timeout;           /* seconds */
   double min_upload_rate;         /* body bytes per second at least; 0: no minimum */
   bool log_json;
+  /* Jobs of one client address running at once (loop.c): -1 auto (every
+   * running slot but one), 0 no own limit. */
+  int max_running_per_client;
+  uint64_t max_pairs; /* score pairs one request may ask for (loop.c); 0: no cap */
   /* Bearer token every request but the open routes needs; "" for none.
    * Never printed: not in logs, errors or /v1/info. */
   char api_key[256];

@@ -39,7 +39,7 @@ static void on_tick(uv_timer_t *t) {
       continue;
     if (now >= r->t_received + s->cfg->timeout)
       attnd_loop_cancel(s, r, ATTND_CANCEL_TIMEOUT);
-    else if (s->transport->client_reset(r))
+    else if (s->transport->client_gone(r))
       attnd_loop_cancel(s, r, ATTND_CANCEL_CLIENT_CLOSED);
   }
   attnd_deadline_arm(s);

@@ -26,6 +26,7 @@
      "Content-Length or a chunk size is too large")                                                \
   XX(URI_TOO_LONG, 414, "URI Too Long", "uri_too_long", "the request line is too long")            \
   XX(UNSUPPORTED_MEDIA_TYPE, 415, "Unsupported Media Type", "unsupported_media_type", NULL)        \
+  XX(TOO_MUCH_WORK, 422, "Unprocessable Content", "too_much_work", NULL)                           \
   XX(HEADERS_TOO_LARGE, 431, "Request Header Fields Too Large", "headers_too_large",               \
      "the request headers are too large")                                                          \
   XX(CLIENT_CLOSED, 499, "Client Closed Request", "client_closed", NULL)                           \

@@ -857,6 +857,8 @@ static enum MHD_Result first_call(attnd_req *r, const char *url, const char *met
   r->started = true;
   if (r->link)
     attnd_conns_set(&s->conns, r->link, ATTND_CONN_BUSY, attn_now());
+  if (r->link) /* the key of its fair share of the running slots (loop.c) */
+    snprintf(r->client, sizeof r->client, "%s", r->link->client);
   route_of(r, url, method);
   const char *id = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, ATTND_REQID_HEADER);
   if (attnd_reqid_valid(id))
@@ -1362,7 +1364,7 @@ void attnd_http_stop(attnd_server *s) {
 
 static void resume(attnd_req *r) { MHD_resume_connection(r->conn); }
 
-static bool client_reset(attnd_req *r) {
+static bool client_gone(attnd_req *r) {
   const union MHD_ConnectionInfo *ci =
       MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
   /* Data is a pipelining client. End-of-file is a client that closed, or
@@ -1374,6 +1376,6 @@ static bool client_reset(attnd_req *r) {
 
 const attnd_transport attnd_http_transport = {
     .resume = resume,
-    .client_reset = client_reset,
+    .client_gone = client_gone,
     .quiesce = quiesce,
 };

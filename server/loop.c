@@ -4,8 +4,11 @@
  * The HTTP thread hands each complete POST /attention over with a locked
  * list and uv_async_send; sends coalesce, so the callback drains the list
  * whole. Admission bounds the jobs admitted and not finished at
- * --max-queue (more get 503 with Retry-After). Admitted jobs wait in FIFO
- * order until one of max_running slots frees. A running job decodes and is
+ * --max-queue (more get 503 with Retry-After). Admitted jobs wait until one
+ * of max_running slots frees, which goes to the client address running the
+ * fewest jobs (its oldest job: FIFO within a client), among those under
+ * their cap (--max-running-per-client): one client cannot hold every slot
+ * while others wait. A running job decodes and is
  * submitted to the engine on libuv's threadpool; the engine computes on its
  * own threads (CPU workers sized to the cores, or CUDA streams) and its
  * completion callback hands the job back here with uv_async_send; the reply
@@ -13,7 +16,7 @@
  * connection.
  *
  * Deadlines and hang-ups (deadline.c) cut this short at any stage: the reply
- * (504, or a close for a client that reset) goes out at once, the engine job
+ * (504, or a close for a client that is gone) goes out at once, the engine job
  * is canceled through its flag, and the job's end is still awaited before
  * its slot and memory are given back; its result is dropped.
  *
@@ -25,6 +28,7 @@
  */
 #include "server.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,7 +47,16 @@ static int max_running(const attnd_server *s) {
   return 2;
 }
 
-/* The reply is set (or, for a client that reset, the close decided): give
+/* One client's running jobs at most: --max-running-per-client, whose auto
+ * leaves a slot for another client (on the CPU backend's two: one each). */
+static int client_cap(const attnd_server *s) {
+  int n = s->cfg->max_running_per_client;
+  if (n < 0)
+    return s->max_running > 1 ? s->max_running - 1 : 1;
+  return n == 0 ? INT_MAX : n;
+}
+
+/* The reply is set (or, for a client that is gone, the close decided): give
  * the connection back to the HTTP thread, once. From here on the reply
  * fields belong to that thread, and r->conn may be gone. */
 static void finish(attnd_req *r) {
@@ -52,6 +65,57 @@ static void finish(attnd_req *r) {
 }
 
 static void dispatch(attnd_server *s);
+
+/* ---- fair shares: the running slots among client addresses ---------------- */
+
+/* addr's record with one more job, made for its first; NULL when out of
+ * memory. A client has a record only while it has jobs admitted, so there
+ * are at most --max-queue: few enough that a list searched in order beats
+ * a table. */
+static attnd_client *client_get(attnd_server *s, const char *addr) {
+  attnd_client *c = s->clients;
+  while (c && strcmp(c->addr, addr))
+    c = c->next;
+  if (!c) {
+    if (!(c = calloc(1, sizeof *c)))
+      return NULL;
+    snprintf(c->addr, sizeof c->addr, "%s", addr);
+    c->next = s->clients;
+    s->clients = c;
+  }
+  c->jobs++;
+  return c;
+}
+
+/* r's job has ended (run, or dropped from the queue): its client has one
+ * job fewer, and no record once it has none. */
+static void client_put(attnd_server *s, attnd_req *r) {
+  attnd_client *c = r->who, **pp = &s->clients;
+  r->who = NULL;
+  if (--c->jobs > 0)
+    return;
+  while (*pp != c)
+    pp = &(*pp)->next;
+  *pp = c->next;
+  free(c);
+}
+
+/* The job a free slot goes to: the oldest queued job of the client running
+ * the fewest jobs, among clients under their cap; NULL when every queued
+ * job's client is at its cap. Those jobs keep their place in the queue and
+ * their deadlines (deadline.c looks at every admitted job). */
+static attnd_req *next_job(const attnd_server *s) {
+  attnd_req *best = NULL;
+  for (attnd_req *r = s->pend_head; r; r = r->next) {
+    int n = r->who->running;
+    if (n >= s->client_cap || (best && n >= best->who->running))
+      continue;
+    best = r;
+    if (n == 0) /* no client runs fewer */
+      break;
+  }
+  return best;
+}
 
 /* ---- the loop's list of admitted jobs (for deadline.c) ------------------------ */
 
@@ -185,11 +249,27 @@ static int decode_body(attnd_req *r, attn_status *st) {
   return rc;
 }
 
+/* --max-pairs, checked on the decoded request before it computes: a body of
+ * a few hundred kilobytes can ask for minutes of work (787 KB of F16 at
+ * N = 131072, D = 1 is 1.7e10 pairs), which no --max-body catches. */
+static int check_pairs(const attnd_req *r, attn_status *st) {
+  uint64_t cap = r->srv->cfg->max_pairs, n = attn_request_pairs(&r->pr.req);
+  if (cap == 0 || n <= cap)
+    return 0;
+  return attn_status_set(st, ATTND_ETOO_MUCH_WORK,
+                         "this request has %llu score pairs, over --max-pairs %llu (batch x "
+                         "heads x Nq x Nkv, summed over its sequences); split it into smaller "
+                         "requests",
+                         (unsigned long long)n, (unsigned long long)cap);
+}
+
 static void decode_submit(uv_work_t *w) {
   attnd_req *r = w->data;
   attnd_server *s = r->srv;
   attn_status st;
   int rc = decode_body(r, &st);
+  if (rc == 0)
+    rc = check_pairs(r, &st);
   if (rc == 0) {
     /* "auto" means the server's backend; a named one is the client's call */
     if (!strcmp(r->pr.req.backend, "auto"))
@@ -294,6 +374,8 @@ static void note_canceled_job(attnd_req *r) {
 static void complete(attnd_req *r) {
   attnd_server *s = r->srv;
   s->running--;
+  r->who->running--;
+  client_put(s, r);
   s->admitted--;
   act_remove(s, r);
   attnd_metrics_gauge_add(s->metrics, ATTND_GAUGE_INFLIGHT, -1);
@@ -366,13 +448,14 @@ static void pend_remove(attnd_server *s, attnd_req *r) {
   attnd_metrics_gauge_add(s->metrics, ATTND_GAUGE_QUEUE_DEPTH, -1);
 }
 
-/* The early reply of a canceled job; none for a client that reset (a 499
+/* The early reply of a canceled job; none for a client that is gone (a 499
  * is only ever logged, never sent). */
 static void cancel_reply(attnd_req *r, attnd_cancel_reason why) {
   const char *where = r->dispatched ? "running" : "queued";
   char msg[200];
   if (why == ATTND_CANCEL_CLIENT_CLOSED) {
-    attnd_req_fail(r, ATTND_ECLIENT_CLOSED, "the client reset the connection");
+    attnd_req_fail(r, ATTND_ECLIENT_CLOSED,
+                   "the client closed or reset the connection before its reply");
   } else if (why == ATTND_CANCEL_TIMEOUT) {
     snprintf(msg, sizeof msg,
              "no reply within the %g s deadline (--timeout); the request was %s after %.3f s "
@@ -400,6 +483,7 @@ void attnd_loop_cancel(attnd_server *s, attnd_req *r, attnd_cancel_reason why) {
   }
   pend_remove(s, r);
   act_remove(s, r);
+  client_put(s, r);
   s->admitted--;
   attnd_metrics_canceled(s->metrics, why, ATTND_STAGE_QUEUED);
   log_canceled(r, "dropped from the queue before it ran");
@@ -409,32 +493,32 @@ void attnd_loop_cancel(attnd_server *s, attnd_req *r, attnd_cancel_reason why) {
 
 /* ---- admission and dispatch ----------------------------------------------- */
 
+/* r leaves the queue for a slot: decode and submit on the threadpool. */
+static void start(attnd_server *s, attnd_req *r, double now) {
+  pend_remove(s, r);
+  r->dispatched = true;
+  r->t_started = now;
+  attnd_metrics_queue_wait(s->metrics, now - r->t_admitted);
+  s->running++;
+  r->who->running++;
+  attnd_metrics_gauge_add(s->metrics, ATTND_GAUGE_INFLIGHT, 1);
+  r->work.data = r;
+  r->in_engine = false;
+  r->stages_left = 2;
+  uv_queue_work(&s->loop, &r->work, decode_submit, after_submit);
+}
+
 static void dispatch(attnd_server *s) {
-  while (s->running < s->max_running && s->pend_head) {
-    attnd_req *r = s->pend_head;
+  attnd_req *r;
+  while (s->running < s->max_running && (r = next_job(s))) {
     double now = attn_now();
     /* What the timer would find at its next tick, found now. */
-    if (now >= r->t_received + s->cfg->timeout) {
+    if (now >= r->t_received + s->cfg->timeout)
       attnd_loop_cancel(s, r, ATTND_CANCEL_TIMEOUT);
-      continue;
-    }
-    if (s->transport->client_reset(r)) {
+    else if (s->transport->client_gone(r))
       attnd_loop_cancel(s, r, ATTND_CANCEL_CLIENT_CLOSED);
-      continue;
-    }
-    s->pend_head = r->next;
-    if (!s->pend_head)
-      s->pend_tail = NULL;
-    attnd_metrics_gauge_add(s->metrics, ATTND_GAUGE_QUEUE_DEPTH, -1);
-    r->dispatched = true;
-    r->t_started = now;
-    attnd_metrics_queue_wait(s->metrics, now - r->t_admitted);
-    s->running++;
-    attnd_metrics_gauge_add(s->metrics, ATTND_GAUGE_INFLIGHT, 1);
-    r->work.data = r;
-    r->in_engine = false;
-    r->stages_left = 2;
-    uv_queue_work(&s->loop, &r->work, decode_submit, after_submit);
+    else
+      start(s, r, now);
   }
 }
 
@@ -461,6 +545,10 @@ static void admit(attnd_server *s, attnd_req *r) {
   if (!reserve_decode(r)) {
     finish(r);
     attnd_req_unref(r);
+    return;
+  }
+  if (!(r->who = client_get(s, r->client))) {
+    refuse(r, ATTND_EOUT_OF_MEMORY, "out of memory admitting this request; retry shortly");
     return;
   }
   s->admitted++;
@@ -621,6 +709,7 @@ int attnd_loop_init(attnd_server *s) {
   }
   pthread_mutex_init(&s->mu, NULL);
   s->max_running = max_running(s);
+  s->client_cap = client_cap(s);
   if ((rc = init_handles(s)) < 0) {
     fprintf(stderr, "attnd: cannot set up the event loop: %s\n", uv_strerror(rc));
     attnd_loop_close(s);

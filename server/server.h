@@ -48,7 +48,7 @@ typedef struct attnd_transport {
   /* Whether r's client is gone: it reset its connection, or closed (or
    * half-closed) it before the reply, which abandons the job. Loop
    * thread. */
-  bool (*client_reset)(struct attnd_req *r);
+  bool (*client_gone)(struct attnd_req *r);
   /* A drain began: stop accepting connections. Loop thread. */
   void (*quiesce)(struct attnd_server *s);
 } attnd_transport;
@@ -77,11 +77,21 @@ typedef enum attnd_route {
   ATTND_R_NONE
 } attnd_route;
 
+/* A client address with jobs admitted: its share of the running slots
+ * (loop.c). Loop only. */
+typedef struct attnd_client {
+  char addr[48];
+  int jobs;    /* admitted and not ended; the record is freed at 0 */
+  int running; /* of those, dispatched and not ended */
+  struct attnd_client *next;
+} attnd_client;
+
 /* One HTTP request from its first callback to its completion notice. */
 typedef struct attnd_req {
   struct attnd_server *srv;
   struct MHD_Connection *conn;
   attnd_conn *link;                /* the connection's registry record */
+  char client[48];                 /* its address (link's), the key of its fair share */
   bool started;                    /* the first request callback has run */
   const char *bad_target;          /* why the request target is refused, or NULL */
   int bad_target_code;             /* its error: 414 too long, 400 malformed */
@@ -161,6 +171,7 @@ typedef struct attnd_req {
   bool answered;   /* the reply is set and the connection resumed */
   bool canceled;
   attnd_cancel_reason cancel_why;
+  attnd_client *who; /* its client's record, from admission to its end */
   struct attnd_req *next;
   struct attnd_req *act_prev, *act_next; /* the loop's admitted jobs */
 } attnd_req;
@@ -186,6 +197,8 @@ typedef struct attnd_server {
   uv_async_t completed;             /* the engine's handoff */
   attnd_req *done_head, *done_tail; /* under mu */
   int max_running;                  /* jobs between dispatch and reply at once */
+  int client_cap;                   /* of those, one client's (INT_MAX: no own limit) */
+  attnd_client *clients;            /* clients with jobs admitted; loop only */
   attnd_req *pend_head, *pend_tail; /* loop only */
   attnd_req *act_head;              /* every admitted job, queued or running; loop only */
   uv_timer_t tick;                  /* deadlines and client resets (deadline.c) */

@@ -159,10 +159,11 @@ static void small_request_works(const char *after) {
 }
 
 /* Two jobs of one long work item each (a 4000 x 4000 head of the float64
- * reference) fill both running slots; a third waits in the queue and must
- * get its 504 while it still waits, not once a slot frees. */
+ * reference) fill both running slots (one client may: no per-client cap);
+ * a third waits in the queue and must get its 504 while it still waits, not
+ * once a slot frees. */
 Test(cancel, queued_request_gets_504_at_its_deadline) {
-  srv_start(&S, "--timeout", "1", "--threads", "1", NULL);
+  srv_start(&S, "--timeout", "1", "--threads", "1", "--max-running-per-client", "0", NULL);
   tcase c;
   size_t len;
   char *body = slow_body(&c, 1, 4000, &len);

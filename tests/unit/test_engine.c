@@ -148,6 +148,8 @@ Test(engine, visible_pairs) {
         want += (wl < 0 || j >= i + off - wl) && (wr < 0 || j <= i + off + wr);
     cr_expect_eq(attn_request_visible_pairs(&r), want * 6, "case %zu", t);
     cr_expect_eq(attn_request_flops(&r), 4.0 * 8 * (double)(want * 6));
+    /* the work asked for, which --max-pairs caps, ignores the mask */
+    cr_expect_eq(attn_request_pairs(&r), (uint64_t)(6 * r.seq_q * r.seq_kv), "case %zu", t);
   }
 }
 

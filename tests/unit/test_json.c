@@ -499,6 +499,45 @@ Test(json, keys) {
   expect_err("{" QKV ", \"Q\": 1}", ATTN_PROTO_EOPTION, "unknown option \"Q\"");
 }
 
+/* Every key the body may hold is remembered for the duplicate check, the
+ * fourteenth as the first (the check once kept twelve, so a repeat past
+ * them won silently); a repeat spelled with an escape is a repeat. The
+ * check runs over the keys before any tensor is read, so the values here
+ * need not be tensors. */
+#define FIRST12                                                                   \
+  "{\"q\": 0, \"k\": 0, \"v\": 0, \"alibi_slopes\": 0, \"cu_seqlens_q\": 0, "     \
+  "\"cu_seqlens_kv\": 0, \"causal\": true, \"scale\": 0.5, \"window_left\": -1, " \
+  "\"window_right\": -1, \"stats\": false, \"backend\": \"cpu\", "
+Test(json, duplicate_keys_past_the_twelfth) {
+  expect_err(FIRST12 "\"softcap\": 0, \"softcap\": 1}", ATTN_PROTO_EJSON,
+             "duplicate key \"softcap\"");
+  expect_err(FIRST12 "\"softcap\": 0, \"diag_offset\": 0, \"soft\\u0063ap\": 1}", ATTN_PROTO_EJSON,
+             "duplicate key \"softcap\"");
+  expect_err(FIRST12 "\"softcap\": 0, \"diag_offset\": 0, \"diag_offset\": 1}", ATTN_PROTO_EJSON,
+             "duplicate key \"diag_offset\"");
+}
+#undef FIRST12
+
+/* A name that the decoder reads into a buffer compares by its length, not
+ * up to a NUL: "I32\u0000" is no cu_seqlens dtype. */
+Test(json, names_with_a_nul_name_nothing) {
+  static const char varlen[] =
+      "{\"q\": {\"shape\": [1, 2, 2], \"data\": [1, 2, 3, 4]}, "
+      "\"k\": {\"shape\": [1, 2, 2], \"data\": [1, 2, 3, 4]}, "
+      "\"v\": {\"shape\": [1, 2, 2], \"data\": [1, 2, 3, 4]}, \"cu_seqlens_kv\": [0, 2], "
+      "\"cu_seqlens_q\": {\"shape\": [2], \"dtype\": \"%s\", \"data\": [0, 2]}}";
+  char body[512];
+  attn_proto_req pr;
+  attn_status st;
+  snprintf(body, sizeof body, varlen, "I32");
+  cr_assert_eq(attn_proto_decode_json(body, strlen(body), NULL, &pr, &st), 0, "%s", st.message);
+  attn_proto_req_free(&pr);
+  snprintf(body, sizeof body, varlen, "I32\\u0000");
+  expect_err(body, ATTN_PROTO_ETENSOR, "tensor \"cu_seqlens_q\": dtype must be I32 or I64");
+  snprintf(body, sizeof body, varlen, "I64\\u0000x");
+  expect_err(body, ATTN_PROTO_ETENSOR, "tensor \"cu_seqlens_q\": dtype must be I32 or I64");
+}
+
 Test(json, option_values) {
   expect_err("{" QKV ", \"causal\": \"true\"}", ATTN_PROTO_EOPTVALUE,
              "option \"causal\" in the JSON field must be true or false, not a string");

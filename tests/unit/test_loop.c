@@ -2,7 +2,9 @@
  * test_loop.c — the scheduler (server/loop.c, deadline.c, request.c) on a
  * fake transport and the real CPU engine, without libmicrohttpd or a
  * socket: admission and queue_full, dispatch in FIFO order behind
- * max_running, the deadline and client-reset cancels, and completion.
+ * max_running, fair shares of the slots among client addresses
+ * (--max-running-per-client, round-robin), --max-pairs, the deadline and
+ * client-reset cancels, and completion.
  *
  * The fake transport records each resume (the loop's "reply is ready");
  * a request whose fd is FAKE_RESET_FD is a client that reset.
@@ -36,16 +38,20 @@ static void fake_resume(attnd_req *r) {
   cr_assert_lt(g->nresumed, MAX_JOBS, "more resumes than jobs");
   g->resumed[g->nresumed++] = r;
 }
-static bool fake_client_reset(attnd_req *r) { return r->fd == FAKE_RESET_FD; }
+static bool fake_client_gone(attnd_req *r) { return r->fd == FAKE_RESET_FD; }
 static void fake_quiesce(attnd_server *s) { (void)s; }
 
 static const attnd_transport fake = {
-    .resume = fake_resume, .client_reset = fake_client_reset, .quiesce = fake_quiesce};
+    .resume = fake_resume, .client_gone = fake_client_gone, .quiesce = fake_quiesce};
 
-static rig *rig_open(int max_queue, double timeout) {
+/* per_client is --max-running-per-client (-1 auto, 0 no own limit),
+ * max_pairs --max-pairs (0 no cap). */
+static rig *rig_open_with(int max_queue, double timeout, int per_client, uint64_t max_pairs) {
   rig *g = calloc(1, sizeof *g);
   cr_assert_not_null(g);
   g->cfg.max_queue = max_queue;
+  g->cfg.max_running_per_client = per_client;
+  g->cfg.max_pairs = max_pairs;
   g->cfg.max_body = 1 << 20;
   g->cfg.timeout = timeout;
   g->cfg.streams = 1;
@@ -64,6 +70,10 @@ static rig *rig_open(int max_queue, double timeout) {
   cr_assert_eq(attn_engine_open(&ec, &g->s.engine, &st), 0, "%s", st.message);
   cr_assert_eq(attnd_loop_init(&g->s), 0);
   return g;
+}
+
+static rig *rig_open(int max_queue, double timeout) {
+  return rig_open_with(max_queue, timeout, 0, 0);
 }
 
 static void rig_close(rig *g) {
@@ -87,6 +97,13 @@ static attnd_req *job(rig *g, const char *body) {
   r->body = malloc(r->cap);
   memcpy(r->body, body, r->len);
   cr_assert(attnd_body_reserve(r, r->cap));
+  return r;
+}
+
+/* The same from the client address addr. */
+static attnd_req *job_of(rig *g, const char *body, const char *addr) {
+  attnd_req *r = job(g, body);
+  snprintf(r->client, sizeof r->client, "%s", addr);
   return r;
 }
 
@@ -199,25 +216,36 @@ Test(loop, a_job_that_fails_to_decode_gets_its_codec_error) {
   rig_close(g);
 }
 
-Test(loop, a_running_job_past_its_deadline_is_answered_and_its_end_awaited) {
-  rig *g = rig_open(8, 0.05);
-  /* A job long enough to be running when the deadline passes: 2048 x 2048
-   * scores at D = 64 on one thread, after decoding a 1.6 MB body. */
-  int n = 2048, d = 64;
-  size_t cap = (size_t)3 * n * (d * 4 + 8) + 256;
+/* {"q": [H x n x d nested], "k": ..., "v": ... <extra>} of ones; malloc'd. */
+static char *big_body(int heads, int n, int d, const char *extra) {
+  size_t cap = (size_t)3 * heads * n * (2 * d + 8) + 256 + strlen(extra);
   char *b = malloc(cap);
+  cr_assert_not_null(b);
   size_t len = (size_t)snprintf(b, cap, "{");
   for (int t = 0; t < 3; t++) {
     len += (size_t)snprintf(b + len, cap - len, "%s\"%c\": [", t ? ", " : "", "qkv"[t]);
-    for (int i = 0; i < n; i++) {
-      len += (size_t)snprintf(b + len, cap - len, "%s[", i ? ", " : "");
-      for (int j = 0; j < d; j++)
-        len += (size_t)snprintf(b + len, cap - len, "%s0.5", j ? "," : "");
+    for (int h = 0; h < heads; h++) {
+      len += (size_t)snprintf(b + len, cap - len, "%s[", h ? ", " : "");
+      for (int i = 0; i < n; i++) {
+        len += (size_t)snprintf(b + len, cap - len, "%s[", i ? ", " : "");
+        for (int j = 0; j < d; j++)
+          len += (size_t)snprintf(b + len, cap - len, "%s1", j ? "," : "");
+        len += (size_t)snprintf(b + len, cap - len, "]");
+      }
       len += (size_t)snprintf(b + len, cap - len, "]");
     }
     len += (size_t)snprintf(b + len, cap - len, "]");
   }
-  snprintf(b + len, cap - len, "}");
+  snprintf(b + len, cap - len, "%s}", extra);
+  return b;
+}
+
+Test(loop, a_running_job_past_its_deadline_is_answered_and_its_end_awaited) {
+  rig *g = rig_open(8, 0.05);
+  /* A job long enough to be running when the deadline passes: 2048 x 2048
+   * scores at D = 64 on one thread, after decoding a body of 786,432
+   * numbers. */
+  char *b = big_body(1, 2048, 64, "");
   attnd_req *r = job(g, b);
   free(b);
   attnd_loop_submit(&g->s, r);
@@ -225,6 +253,112 @@ Test(loop, a_running_job_past_its_deadline_is_answered_and_its_end_awaited) {
   cr_expect_eq(r->status, 504);
   cr_expect(r->canceled);
   cr_expect(r->dispatched, "it had started");
+  attnd_req_unref(r);
+  rig_close(g);
+}
+
+/* ---- fair shares of the running slots ----------------------------------- */
+
+/* Round-robin across client addresses: a freed slot goes to the client
+ * running the fewest jobs, even with no per-client cap, so B's one job does
+ * not wait behind A's queue. */
+Test(loop, a_free_slot_goes_to_the_client_running_fewest) {
+  rig *g = rig_open_with(8, 30, 0, 0);
+  attnd_req *a[3], *b;
+  for (int i = 0; i < 3; i++) {
+    a[i] = job_of(g, body_ok, "10.0.0.1");
+    attnd_loop_submit(&g->s, a[i]);
+  }
+  b = job_of(g, body_ok, "10.0.0.2");
+  attnd_loop_submit(&g->s, b);
+  run_until(g, 4);
+  for (int i = 0; i < 3; i++)
+    cr_expect_eq(a[i]->status, 200, "A's job %d: %d", i, a[i]->status);
+  cr_expect_eq(b->status, 200);
+  /* A's first job took one slot, B's the other; A's second waited for one. */
+  cr_expect_lt(b->t_started, a[1]->t_started, "B's job started after A's second");
+  cr_expect_geq(a[1]->t_started, fmin(a[0]->t_done, b->t_done));
+  for (int i = 0; i < 3; i++)
+    attnd_req_unref(a[i]);
+  attnd_req_unref(b);
+  rig_close(g);
+}
+
+/* --max-running-per-client auto on two slots: one each. A's jobs run one at
+ * a time in their order (FIFO within a client), and B's job takes the
+ * other slot at once instead of queueing behind them. */
+Test(loop, a_client_at_its_cap_waits_while_another_runs) {
+  rig *g = rig_open_with(8, 30, -1, 0);
+  cr_assert_eq(g->s.max_running, 2);
+  cr_assert_eq(g->s.client_cap, 1, "auto leaves one of the two slots to others");
+  attnd_req *a[3], *b;
+  for (int i = 0; i < 3; i++) {
+    a[i] = job_of(g, body_ok, "10.0.0.1");
+    attnd_loop_submit(&g->s, a[i]);
+  }
+  b = job_of(g, body_ok, "10.0.0.2");
+  attnd_loop_submit(&g->s, b);
+  run_until(g, 4);
+  for (int i = 0; i < 3; i++)
+    cr_expect_eq(a[i]->status, 200, "A's job %d: %d", i, a[i]->status);
+  cr_expect_eq(b->status, 200);
+  for (int i = 1; i < 3; i++)
+    cr_expect_geq(a[i]->t_started, a[i - 1]->t_done,
+                  "A's job %d started before job %d ended: A held two slots", i, i - 1);
+  cr_expect_lt(b->t_started, a[1]->t_started, "B's job waited behind A's queue");
+  cr_expect_null(g->s.clients, "a client record outlived its jobs");
+  for (int i = 0; i < 3; i++)
+    attnd_req_unref(a[i]);
+  attnd_req_unref(b);
+  rig_close(g);
+}
+
+/* A job held in the queue by its client's cap still meets its deadline:
+ * with A's first job computing far past --timeout (float64 reference, 4
+ * heads of 2048 x 2048), A's second is answered 504 from the queue though a
+ * slot is free, and never runs. */
+Test(loop, a_capped_clients_queued_job_still_times_out) {
+  rig *g = rig_open_with(32, 0.2, 1, 0);
+  char *body = big_body(4, 2048, 64, ", \"backend\": \"reference\"");
+  attnd_req *a0 = job_of(g, body, "10.0.0.1"), *a1 = job_of(g, body, "10.0.0.1");
+  free(body);
+  a1->t_received = a0->t_received; /* one deadline: one tick cancels both */
+  attnd_loop_submit(&g->s, a0);
+  attnd_loop_submit(&g->s, a1);
+  run_until(g, 2);
+  cr_expect_eq(a0->status, 504);
+  cr_expect_eq(a1->status, 504);
+  cr_expect(body_has(a1, "\"timeout\""));
+  cr_expect(body_has(a1, "queued"), "the 504 says where it was: %.*s", (int)a1->resp_len, a1->resp);
+  cr_expect_not(a1->dispatched, "the capped job ran beside its client's other job");
+  cr_expect(metrics_has(g, "attnd_jobs_canceled_total{reason=\"timeout\",stage=\"queued\"} 1\n"));
+  attnd_req_unref(a0);
+  attnd_req_unref(a1);
+  rig_close(g);
+}
+
+/* ---- --max-pairs --------------------------------------------------------- */
+
+/* body_ok asks for 1 x 1 x 2 x 3 = 6 score pairs: refused (422, with the
+ * numbers) before it reaches the engine over --max-pairs 5, computed at 6. */
+Test(loop, a_request_over_max_pairs_is_422_before_it_computes) {
+  rig *g = rig_open_with(8, 30, 0, 5);
+  attnd_req *r = job(g, body_ok);
+  attnd_loop_submit(&g->s, r);
+  run_until(g, 1);
+  cr_expect_eq(r->status, 422);
+  cr_expect(body_has(r, "\"too_much_work\""), "%.*s", (int)r->resp_len, r->resp);
+  cr_expect(body_has(r, "this request has 6 score pairs, over --max-pairs 5"), "%.*s",
+            (int)r->resp_len, r->resp);
+  cr_expect_not(r->in_engine, "it was submitted to the engine");
+  cr_expect(metrics_has(g, "attnd_errors_total{code=\"too_much_work\"} 1\n"));
+  attnd_req_unref(r);
+  rig_close(g);
+  g = rig_open_with(8, 30, 0, 6);
+  r = job(g, body_ok);
+  attnd_loop_submit(&g->s, r);
+  run_until(g, 1);
+  cr_expect_eq(r->status, 200, "at the cap: %d", r->status);
   attnd_req_unref(r);
   rig_close(g);
 }

@@ -272,7 +272,8 @@ Test(varlen, backward_every_isa, .timeout = 300) {
   cr_assert_eq(fails, 0, "%d varlen backward checks failed", fails);
 }
 
-/* The visible pairs (and so the FLOPs) of a varlen batch are its sequences'. */
+/* The visible pairs (and so the FLOPs) of a varlen batch are its sequences', and
+ * so are the pairs it asks for. */
 Test(varlen, flops_sum_the_sequences) {
   vspec s = {3, {4, 0, 6}, {4, 5, 2}, 2, 1, 8, ATTN_F32, true, -1, -1};
   vcase *v = malloc(sizeof *v);
@@ -280,6 +281,8 @@ Test(varlen, flops_sum_the_sequences) {
   /* causal square 4x4: 10 pairs; no query: 0; 6 queries over 2 keys: the
    * last two rows see 1 and 2 keys, 3 pairs. Two heads. */
   cr_assert_eq(attn_request_visible_pairs(&v->all.req), 2 * (10 + 0 + 3));
+  /* unmasked, each sequence its own nq x nkv: not total_q x total_kv */
+  cr_assert_eq(attn_request_pairs(&v->all.req), 2 * (16 + 0 + 12));
   vcase_free(v);
   free(v);
 }

@@ -1,5 +1,6 @@
 /*
- * pool.c — a fixed set of pthreads draining a FIFO of tasks item by item.
+ * pool.c — a fixed set of pthreads draining a queue of tasks item by item,
+ * taking turns between the tasks queued.
  *
  * Items are claimed under one mutex. Items are coarse (a query tile of a
  * head: tens of microseconds at least), so the lock is not contended enough
@@ -9,6 +10,7 @@
 #include "engine.h"
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,6 +29,31 @@ struct attn_pool {
   worker *workers;
 };
 
+/*
+ * After an item of t (the head) is claimed: t leaves the queue once every
+ * item is claimed, else it goes behind the others, so that the next item
+ * claimed is another task's. A job of a few items submitted behind one of
+ * thousands then starts at once instead of after the whole of it: one
+ * client's long job cannot hold every worker while another's waits.
+ * Under the lock.
+ */
+static void take_turn(attn_pool *p, attn_pool_task *t) {
+  bool done = t->next == t->nitems;
+  if (!done && !t->qnext)
+    return; /* alone in the queue */
+  p->head = t->qnext;
+  if (!p->head)
+    p->tail = NULL;
+  if (done)
+    return;
+  t->qnext = NULL;
+  if (p->tail)
+    p->tail->qnext = t;
+  else
+    p->head = t;
+  p->tail = t;
+}
+
 static void *worker_main(void *arg) {
   worker *w = arg;
   attn_pool *p = w->pool;
@@ -40,11 +67,7 @@ static void *worker_main(void *arg) {
       return NULL;
     }
     int64_t item = t->next++;
-    if (t->next == t->nitems) { /* every item claimed: drop it from the queue */
-      p->head = t->qnext;
-      if (!p->head)
-        p->tail = NULL;
-    }
+    take_turn(p, t);
     pthread_mutex_unlock(&p->mu);
 
     /* Read the count before counting this item done: once the last item

@@ -2,10 +2,12 @@
  * pool.h — the one worker pool of an engine.
  *
  * Every CPU-side backend (cpu, reference) splits a job into independent
- * items and submits it as a task. Workers take items from the oldest task
- * first (FIFO), so concurrent requests share one set of threads sized to the
- * cores instead of oversubscribing them; a task's last items overlap with the
- * first items of the next one. Each worker owns a scratch area (its workspace) whose
+ * items and submits it as a task. Workers take items from the queued tasks
+ * in turn (round-robin: one item of each, in the order they came), so
+ * concurrent requests share one set of threads sized to the cores instead
+ * of oversubscribing them, and a small job behind a long one starts at
+ * once rather than after it; a task's last items overlap with the first
+ * items of the next one. Each worker owns a scratch area (its workspace) whose
  * size is fixed when the pool opens: per-thread memory never grows with the
  * problem.
  *

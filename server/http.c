@@ -24,6 +24,7 @@
 #include "parse.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <netinet/in.h>
 #include <stdint.h>
@@ -209,10 +210,14 @@ static void get_info(attnd_req *r) {
                    "], \"limits\": {\"max_body\": %llu, \"max_queue\": %d, \"timeout\": %g, "
                    "\"idle_timeout\": %d, \"header_timeout\": %g, \"max_connections\": %d, "
                    "\"max_connections_per_client\": %d, \"drain_timeout\": %g, "
-                   "\"max_head_dim\": %d}, \"build\": {\"cuda\": %s, \"compiler\": ",
+                   "\"max_head_dim\": %d, \"min_upload_rate\": %.0f, \"max_running\": %d, "
+                   "\"max_running_per_client\": %d, \"max_pairs\": %llu}, \"build\": "
+                   "{\"cuda\": %s, \"compiler\": ",
                    (unsigned long long)c->max_body, c->max_queue, c->timeout, c->idle_timeout,
                    c->header_timeout, s->max_connections, c->max_connections_per_client,
-                   c->drain_timeout, ATTN_MAX_HEAD_DIM, cuda);
+                   c->drain_timeout, ATTN_MAX_HEAD_DIM, c->min_upload_rate, s->max_running,
+                   s->client_cap == INT_MAX ? 0 : s->client_cap, (unsigned long long)c->max_pairs,
+                   cuda);
   attn_sbuf_json_str(&b, __VERSION__);
   attn_sbuf_printf(&b, ", \"threads\": %d}, \"security\": {\"api_key\": %s, \"tls\": %s, ",
                    attn_engine_threads(s->engine), *c->api_key ? "true" : "false",

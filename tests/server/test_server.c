@@ -126,6 +126,13 @@ Test(server, info_default_limits) {
   cr_expect_eq(jnum(lim, "max_body"), 1024.0 * 1024 * 1024, "default max_body %g",
                jnum(lim, "max_body"));
   cr_expect_eq(jnum(lim, "max_queue"), 64, "default max_queue %g", jnum(lim, "max_queue"));
+  cr_expect_eq(jnum(lim, "min_upload_rate"), 1024, "default min_upload_rate %g",
+               jnum(lim, "min_upload_rate"));
+  cr_expect_eq(jnum(lim, "max_running"), 2, "the CPU backend's running slots %g",
+               jnum(lim, "max_running"));
+  cr_expect_eq(jnum(lim, "max_running_per_client"), 1, "default max_running_per_client %g",
+               jnum(lim, "max_running_per_client"));
+  cr_expect_eq(jnum(lim, "max_pairs"), 0, "default max_pairs %g", jnum(lim, "max_pairs"));
   cr_expect_eq(jnum(lim, "idle_timeout"), 30, "default idle_timeout %g", jnum(lim, "idle_timeout"));
   cr_expect_eq(jnum(lim, "max_connections"), 1024, "default max_connections %g",
                jnum(lim, "max_connections"));

@@ -259,22 +259,28 @@ Test(loop, a_running_job_past_its_deadline_is_answered_and_its_end_awaited) {
 
 /* ---- fair shares of the running slots ----------------------------------- */
 
+/* Client A submits three jobs, then client B one; all are run to their
+ * end and answered 200. */
+static void three_jobs_of_a_then_one_of_b(rig *g, attnd_req *a[3], attnd_req **b) {
+  for (int i = 0; i < 3; i++) {
+    a[i] = job_of(g, body_ok, "10.0.0.1");
+    attnd_loop_submit(&g->s, a[i]);
+  }
+  *b = job_of(g, body_ok, "10.0.0.2");
+  attnd_loop_submit(&g->s, *b);
+  run_until(g, 4);
+  for (int i = 0; i < 3; i++)
+    cr_expect_eq(a[i]->status, 200, "A's job %d: %d", i, a[i]->status);
+  cr_expect_eq((*b)->status, 200);
+}
+
 /* Round-robin across client addresses: a freed slot goes to the client
  * running the fewest jobs, even with no per-client cap, so B's one job does
  * not wait behind A's queue. */
 Test(loop, a_free_slot_goes_to_the_client_running_fewest) {
   rig *g = rig_open_with(8, 30, 0, 0);
   attnd_req *a[3], *b;
-  for (int i = 0; i < 3; i++) {
-    a[i] = job_of(g, body_ok, "10.0.0.1");
-    attnd_loop_submit(&g->s, a[i]);
-  }
-  b = job_of(g, body_ok, "10.0.0.2");
-  attnd_loop_submit(&g->s, b);
-  run_until(g, 4);
-  for (int i = 0; i < 3; i++)
-    cr_expect_eq(a[i]->status, 200, "A's job %d: %d", i, a[i]->status);
-  cr_expect_eq(b->status, 200);
+  three_jobs_of_a_then_one_of_b(g, a, &b);
   /* A's first job took one slot, B's the other; A's second waited for one. */
   cr_expect_lt(b->t_started, a[1]->t_started, "B's job started after A's second");
   cr_expect_geq(a[1]->t_started, fmin(a[0]->t_done, b->t_done));
@@ -292,16 +298,7 @@ Test(loop, a_client_at_its_cap_waits_while_another_runs) {
   cr_assert_eq(g->s.max_running, 2);
   cr_assert_eq(g->s.client_cap, 1, "auto leaves one of the two slots to others");
   attnd_req *a[3], *b;
-  for (int i = 0; i < 3; i++) {
-    a[i] = job_of(g, body_ok, "10.0.0.1");
-    attnd_loop_submit(&g->s, a[i]);
-  }
-  b = job_of(g, body_ok, "10.0.0.2");
-  attnd_loop_submit(&g->s, b);
-  run_until(g, 4);
-  for (int i = 0; i < 3; i++)
-    cr_expect_eq(a[i]->status, 200, "A's job %d: %d", i, a[i]->status);
-  cr_expect_eq(b->status, 200);
+  three_jobs_of_a_then_one_of_b(g, a, &b);
   for (int i = 1; i < 3; i++)
     cr_expect_geq(a[i]->t_started, a[i - 1]->t_done,
                   "A's job %d started before job %d ended: A held two slots", i, i - 1);

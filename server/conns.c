@@ -256,13 +256,14 @@ void attnd_conns_close(attnd_conns *c, attnd_conn *k) {
   free(k);
 }
 
-/* Whether k's client closed or reset: a body it has not sent whole can
- * never complete (the HTTP library may miss a close that comes right
- * behind the last bytes it read until the idle timeout). */
-static bool peer_gone(const attnd_conn *k) {
-  char b;
-  ssize_t n = recv(k->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+int attnd_peek(int fd) {
+  char c;
+  ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n > 0)
+    return 1;
+  if (n == 0)
+    return 0;
+  return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 1 : -1;
 }
 
 /* Whether k's body fell below the minimum rate over the window that just
@@ -279,8 +280,11 @@ static bool too_slow(const attnd_conns *c, attnd_conn *k, double now) {
 }
 
 /* Why an upload must be cut now; ATTND_CLOSE_REASONS when it may go on. */
+/* A client that closed or reset cannot complete its body (the HTTP library
+ * may miss a close that comes right behind the last bytes it read until the
+ * idle timeout). */
 static attnd_conn_reason upload_verdict(const attnd_conns *c, attnd_conn *k, double now) {
-  if (peer_gone(k))
+  if (attnd_peek(k->fd) <= 0)
     return ATTND_CLOSE_CLIENT_GONE;
   if (now >= k->up_deadline)
     return ATTND_CLOSE_BODY_TIMEOUT;

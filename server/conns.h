@@ -148,6 +148,10 @@ void attnd_conns_close(attnd_conns *c, attnd_conn *k);
  * are late, too slow, or whose client is gone; returns how many. */
 int attnd_conns_sweep(attnd_conns *c, double now);
 
+/* A peek at a client's socket: 1 data waiting or nothing yet, 0 end of
+ * file, -1 an error (a reset). */
+int attnd_peek(int fd);
+
 /* Counters for /metrics, copied under the lock. */
 void attnd_conns_counts(attnd_conns *c, uint64_t out[ATTND_CLOSE_REASONS]);
 

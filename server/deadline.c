@@ -15,19 +15,7 @@
  */
 #include "server.h"
 
-#include <errno.h>
 #include <math.h>
-#include <sys/socket.h>
-
-int attnd_peek(int fd) {
-  char c;
-  ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-  if (n > 0)
-    return 1;
-  if (n == 0)
-    return 0;
-  return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 1 : -1;
-}
 
 static void on_tick(uv_timer_t *t) {
   attnd_server *s = t->data;

@@ -66,6 +66,8 @@ static const struct {
 
 static const char json_type[] = ATTND_JSON_TYPE;
 
+_Static_assert(ATTND_CONN_ID_MAX >= ATTND_REQID_MAX, "an upload's record must hold its request id");
+
 /* A reply this layer made for an upload it refuses in mid-body, for the
  * registry's cut (attnd_conns_cut's arg). */
 typedef struct cut_reply {
@@ -860,10 +862,11 @@ static enum MHD_Result first_call(attnd_req *r, const char *url, const char *met
                                   const char *version) {
   attnd_server *s = r->srv;
   r->started = true;
-  if (r->link)
+  if (r->link) {
     attnd_conns_set(&s->conns, r->link, ATTND_CONN_BUSY, attn_now());
-  if (r->link) /* the key of its fair share of the running slots (loop.c) */
+    /* the key of its fair share of the running slots (loop.c) */
     snprintf(r->client, sizeof r->client, "%s", r->link->client);
+  }
   route_of(r, url, method);
   const char *id = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, ATTND_REQID_HEADER);
   if (attnd_reqid_valid(id))
@@ -1036,10 +1039,10 @@ static size_t send_error_reply(int fd, int status, const char *body, size_t blen
 }
 
 /* libmicrohttpd's refusal as the JSON error of its status. */
-static size_t send_refusal(int fd, unsigned status, const attnd_refusal *f, const char *id) {
+static size_t send_refusal(int fd, const attnd_refusal *f, const char *id) {
   size_t blen = 0;
   char *body = attn_proto_error_body(f->code, f->message, &blen);
-  size_t sent = send_error_reply(fd, (int)status, body, blen, id);
+  size_t sent = send_error_reply(fd, f->status, body, blen, id);
   free(body);
   return sent;
 }
@@ -1104,6 +1107,15 @@ static const attnd_refusal long_chunk_line = {
     "a chunk-size line (with its extensions) is longer than the connection's buffer (under 64 "
     "KiB); send chunk sizes without long extensions or leading zeros"};
 
+/* The log line and metrics of a refusal no request was made for (method
+ * "-"; path names what was refused). */
+static void account_without_request(attnd_server *s, int status, size_t out, const char *path) {
+  attnd_req line = {.t_received = attn_now(), .status = status, .bytes_out = out};
+  snprintf(line.method, sizeof line.method, "-");
+  snprintf(line.path, sizeof line.path, "%s", path);
+  attnd_req_account(s, &line);
+}
+
 /* A refusal in mid-body goes through the registry, which may be cutting
  * the same upload on the loop thread: one reply, never two. */
 static size_t refuse_upload(attnd_server *s, attnd_conn *k, const attnd_refusal *f) {
@@ -1133,7 +1145,7 @@ enum MHD_Result attnd_http_refuse(struct MHD_Connection *conn, unsigned status) 
    * the connection unanswered instead. */
   size_t out = r && r->has_body  ? refuse_upload(s, k, f)
                : s->tls_cert_pem ? 0
-                                 : send_refusal(k->fd, (unsigned)f->status, f, r ? r->id : NULL);
+                                 : send_refusal(k->fd, f, r ? r->id : NULL);
   if (r) { /* on_completed logs it */
     r->status = f->status;
     r->queued = true;
@@ -1142,10 +1154,7 @@ enum MHD_Result attnd_http_refuse(struct MHD_Connection *conn, unsigned status) 
   }
   /* a refusal before any request: not a connection left waiting */
   attnd_conns_set(&s->conns, k, ATTND_CONN_BUSY, attn_now());
-  attnd_req line = {.t_received = attn_now(), .status = f->status, .bytes_out = out};
-  snprintf(line.method, sizeof line.method, "-");
-  snprintf(line.path, sizeof line.path, "-");
-  attnd_req_account(s, &line);
+  account_without_request(s, f->status, out, "-");
   return MHD_NO;
 }
 
@@ -1209,10 +1218,7 @@ static void note_unparsed(attnd_server *s, attnd_conn *k) {
       !attnd_conns_unparsed(&s->conns, k, attn_now()))
     return;
   attnd_metrics_error(s->metrics, attnd_err_code(ATTND_EBAD_REQUEST));
-  attnd_req line = {.t_received = attn_now(), .status = 400};
-  snprintf(line.method, sizeof line.method, "-");
-  snprintf(line.path, sizeof line.path, "(a request line libmicrohttpd could not parse)");
-  attnd_req_account(s, &line);
+  account_without_request(s, 400, 0, "(a request line libmicrohttpd could not parse)");
 }
 
 static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_ctx,

@@ -299,8 +299,5 @@ void attnd_loop_cancel(attnd_server *s, attnd_req *r, attnd_cancel_reason why);
 int attnd_deadline_init(attnd_server *s);
 /* (Re)arms the timer after jobs were admitted or ended. Loop only. */
 void attnd_deadline_arm(attnd_server *s);
-/* A peek at a client's socket: 1 data waiting or nothing yet, 0 end of
- * file, -1 an error (a reset). */
-int attnd_peek(int fd);
 
 #endif

@@ -141,23 +141,28 @@ ATTN_SRC = clients/attn.c clients/plan_cmd.c clients/bench_cmd.c clients/compute
            clients/infer_shards.c clients/infer_inputs.c
 ATTN_OBJ = $(ATTN_SRC:%.c=$(BUILD)/obj/%.o)
 
+# Support shared by the test binaries (tests/lib/): random problems and the
+# float64 reference (helpers, cases) and the server tests' harness.
+TESTLIB_OBJ = $(BUILD)/obj/tests/lib/helpers.o $(BUILD)/obj/tests/lib/cases.o
+HARNESS_OBJ = $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/lib/harness*.c) tests/lib/bad_cases.c)
+$(BUILD)/obj/tests/lib/%.o: CPPFLAGS += -Itests/lib -Iclients
+
 TEST_SRC = $(wildcard tests/unit/*.c)
-TEST_OBJ = $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
+TEST_OBJ = $(TEST_SRC:%.c=$(BUILD)/obj/%.o) $(TESTLIB_OBJ)
 TEST_BIN = $(BUILD)/tests/unit
 
 BENCH_OBJ = $(BUILD)/obj/tests/bench/cpu_vs_blas.o $(BUILD)/obj/clients/benchlib.o
 
 # Integration tests: the real attnd over HTTP (libcurl), one binary.
 SRVTEST_SRC = $(wildcard tests/server/*.c)
-SRVTEST_OBJ = $(SRVTEST_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/unit/helpers.o \
+SRVTEST_OBJ = $(SRVTEST_SRC:%.c=$(BUILD)/obj/%.o) $(HARNESS_OBJ) $(BUILD)/obj/tests/lib/helpers.o \
               $(BUILD)/obj/clients/benchlib.o
 SRVTEST_BIN = $(BUILD)/tests/server
 
 # GPU tests and benchmark (tests/gpu/): built in every build; without CUDA
 # or without a device they print one "skipped" line and exit 0.
 GPUTEST_OBJ = $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/gpu/test_*.c)) \
-              $(BUILD)/obj/tests/unit/helpers.o $(BUILD)/obj/tests/unit/cases.o \
-              $(BUILD)/obj/clients/benchlib.o
+              $(TESTLIB_OBJ) $(BUILD)/obj/clients/benchlib.o
 GPUTEST_BIN = $(BUILD)/tests/gpu
 
 # The CUDA backend's host code on a mock CUDA runtime (tests/cudamock/): runs
@@ -168,8 +173,7 @@ CUDAMOCK_BIN = $(BUILD)/tests/cudamock
 endif
 CUDAMOCK_OBJ = $(BUILD)/obj/tests/cudamock/mock_cudart.o \
                $(BUILD)/obj/tests/cudamock/test_cuda_backend.o \
-               $(BUILD)/obj/tests/unit/helpers.o $(BUILD)/obj/tests/unit/cases.o \
-               $(BUILD)/obj/clients/benchlib.o
+               $(TESTLIB_OBJ) $(BUILD)/obj/clients/benchlib.o
 
 # ---- fuzzing (libFuzzer, clang) ---------------------------------------------
 FUZZ_TARGETS = $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
@@ -257,7 +261,7 @@ $(LIB): $(ENGINE_OBJ) $(PROTO_OBJ) $(ISA_OBJ) $(CU_OBJ)
 $(BUILD)/attn: $(ATTN_OBJ) $(LIB)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ -lcurl -luv $(LDLIBS_ALL)
 
-$(BUILD)/obj/tests/server/%.o: CPPFLAGS += -Itests/unit -Iclients
+$(BUILD)/obj/tests/server/%.o: CPPFLAGS += -Itests/lib -Iclients
 
 $(SRVTEST_BIN): $(SRVTEST_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
@@ -278,7 +282,7 @@ $(CONSOLE_OBJ): $(BUILD)/gen/console_assets.c $(BUILD)/.flags
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -c $< -o $@
 
-$(BUILD)/obj/tests/gpu/%.o: CPPFLAGS += -Iengine/cuda -Itests/unit $(if $(filter 1,$(USE_CUDA)),$(CUDA_INC))
+$(BUILD)/obj/tests/gpu/%.o: CPPFLAGS += -Iengine/cuda -Itests/lib $(if $(filter 1,$(USE_CUDA)),$(CUDA_INC))
 
 $(GPUTEST_BIN): $(GPUTEST_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
@@ -286,7 +290,7 @@ $(GPUTEST_BIN): $(GPUTEST_OBJ) $(LIB)
 
 # The mock comes before libattn.a and defines every CUDA call and kernel
 # entry point cuda.o uses, so neither libcudart nor the kernels are linked.
-$(BUILD)/obj/tests/cudamock/%.o: CPPFLAGS += -Itests/unit $(CUDA_INC)
+$(BUILD)/obj/tests/cudamock/%.o: CPPFLAGS += -Itests/lib $(CUDA_INC)
 
 $(BUILD)/tests/cudamock: $(CUDAMOCK_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
@@ -297,7 +301,7 @@ $(BUILD)/bench-gpu: $(BUILD)/obj/tests/gpu/bench_gpu.o $(LIB)
 
 # The unit tests also cover server modules that need no daemon (metrics, the
 # connection registry, and the scheduler on a fake transport).
-$(BUILD)/obj/tests/unit/%.o: CPPFLAGS += -Iclients
+$(BUILD)/obj/tests/unit/%.o: CPPFLAGS += -Itests/lib -Iclients
 
 TEST_SERVER_OBJ = $(patsubst %,$(BUILD)/obj/server/%.o,metrics conns loop deadline request errors \
                     reqid auth inflate log console parse) $(CONSOLE_OBJ)
@@ -342,7 +346,7 @@ $(BUILD)/bench-f16split: $(BUILD)/obj/tests/bench/f16split.o
 # (second expansion: the rule's prerequisites name FUZZ_SRC_<name> by its stem)
 .SECONDEXPANSION:
 $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_SRC) $(wildcard proto/*.h engine/*.h tests/fuzz/*.h) \
-                      tests/unit/strict_json.h $$(FUZZ_SRC_$$*) $(wildcard clients/*.h)
+                      tests/lib/strict_json.h $$(FUZZ_SRC_$$*) $(wildcard clients/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) -Iclients -o $@ $< $(FUZZ_LIB_SRC) $(FUZZ_SRC_$*) $(FUZZ_EXTRA_$*) \
 	  -lcjson -lm -pthread

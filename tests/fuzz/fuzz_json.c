@@ -5,7 +5,7 @@
  * wants thousands of inputs a second); the outputs are zeroed instead.
  */
 #include "proto.h"
-#include "../unit/strict_json.h"
+#include "../lib/strict_json.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -4,7 +4,7 @@
  * to attn_options_set() directly, as __metadata__ and JSON fields are.
  */
 #include "proto.h"
-#include "../unit/strict_json.h"
+#include "../lib/strict_json.h"
 
 #include <stdlib.h>
 #include <string.h>

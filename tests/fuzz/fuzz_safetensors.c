@@ -5,7 +5,7 @@
  * each input costs microseconds and the fuzzer explores the header.
  */
 #include "proto.h"
-#include "../unit/strict_json.h"
+#include "../lib/strict_json.h"
 
 #include <stdlib.h>
 

@@ -60,7 +60,7 @@ static int count_of(const char *hay, const char *needle) {
 }
 
 /* Whether s[0..n) is what a strict JSON or log reader accepts: valid UTF-8
- * (tests/unit/strict_json.h's own decoder) and no control byte but newline. */
+ * (tests/lib/strict_json.h's own decoder) and no control byte but newline. */
 static bool clean_utf8(const unsigned char *s, size_t n) {
   for (size_t i = 0; i < n; i++)
     if ((s[i] < 0x20 && s[i] != '\n') || s[i] == 0x7F)

@@ -2,7 +2,7 @@
  * harness.h — black-box tests of attnd: start the real server binary as a
  * child process on a free port, talk HTTP to it (libcurl, or raw sockets for
  * what curl cannot do), build request bodies from the unit tests' random
- * problems (tests/unit/helpers.h) and check replies against the float64
+ * problems (tests/lib/helpers.h) and check replies against the float64
  * reference.
  *
  * Its codecs (json_body, st_body, parse_*_reply) are deliberately its own,
@@ -14,7 +14,7 @@
 #ifndef ATTND_TEST_HARNESS_H
 #define ATTND_TEST_HARNESS_H
 
-#include "../unit/helpers.h"
+#include "helpers.h"
 
 #include <stdbool.h>
 #include <stddef.h>

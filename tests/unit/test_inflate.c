@@ -1,105 +1,16 @@
 /*
- * test_ops.c — the operations modules on their own: the API key check and
- * its constant-time comparison, request ids, and bounded gzip/deflate
- * decoding (zip bombs, corrupt and truncated data, the memory budget).
- * tests/server/test_ops.c drives the same features through attnd.
+ * test_inflate.c — bounded gzip/deflate decoding (server/inflate.c) on its
+ * own: zip bombs, corrupt and truncated data, the memory budget.
+ * tests/server/test_ops.c drives compressed bodies through attnd.
  */
-#include "auth.h"
 #include "errors.h"
 #include "inflate.h"
-#include "reqid.h"
 
 #include <criterion/criterion.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zlib.h>
-
-/* ---- the key check ---------------------------------------------------------- */
-
-Test(auth, equal_is_equality) {
-  cr_expect(attnd_auth_equal("abc", 3, "abc", 3));
-  cr_expect(attnd_auth_equal("", 0, "", 0));
-  cr_expect(!attnd_auth_equal("abd", 3, "abc", 3), "last byte differs");
-  cr_expect(!attnd_auth_equal("xbc", 3, "abc", 3), "first byte differs");
-  cr_expect(!attnd_auth_equal("ab", 2, "abc", 3), "a prefix of the key");
-  cr_expect(!attnd_auth_equal("abcd", 4, "abc", 3), "the key and more");
-  cr_expect(!attnd_auth_equal("ab\0", 3, "ab", 2), "a NUL past the key");
-  cr_expect(!attnd_auth_equal("", 0, "abc", 3), "empty against a key");
-  /* every single-bit difference at every position */
-  char key[33] = "0123456789abcdefghijklmnopqrstuv";
-  for (int i = 0; i < 32; i++)
-    for (int b = 0; b < 8; b++) {
-      char g[33];
-      memcpy(g, key, 33);
-      g[i] = (char)(g[i] ^ (1 << b));
-      cr_expect(!attnd_auth_equal(g, 32, key, 32), "bit %d of byte %d", b, i);
-    }
-  cr_expect(attnd_auth_equal(key, 32, key, 32));
-}
-
-Test(auth, bearer_header) {
-  cr_expect(attnd_auth_check("Bearer s3cret", "s3cret"));
-  cr_expect(attnd_auth_check("bearer   s3cret  ", "s3cret"), "scheme in any case, spaces");
-  cr_expect(attnd_auth_check("BEARER\ts3cret", "s3cret"));
-  cr_expect(!attnd_auth_check(NULL, "s3cret"), "no header");
-  cr_expect(!attnd_auth_check("s3cret", "s3cret"), "no scheme");
-  cr_expect(!attnd_auth_check("Basic s3cret", "s3cret"), "another scheme");
-  cr_expect(!attnd_auth_check("Bearers3cret", "s3cret"), "no space after the scheme");
-  cr_expect(!attnd_auth_check("Bearer s3cre", "s3cret"));
-  cr_expect(!attnd_auth_check("Bearer s3crett", "s3cret"));
-  cr_expect(!attnd_auth_check("Bearer ", "s3cret"));
-}
-
-Test(auth, open_routes) {
-  cr_expect(attnd_auth_open("/healthz"));
-  cr_expect(attnd_auth_open("/readyz"));
-  cr_expect(attnd_auth_open("/v2/health/live"));
-  cr_expect(attnd_auth_open("/v2/health/ready"));
-  cr_expect(!attnd_auth_open("/attention"));
-  cr_expect(!attnd_auth_open("/metrics"));
-  cr_expect(!attnd_auth_open("/v1/info"));
-  cr_expect(!attnd_auth_open("/healthz/"));
-  cr_expect(!attnd_auth_open("/v2"));
-}
-
-/* ---- request ids -------------------------------------------------------------- */
-
-Test(reqid, valid_ids) {
-  cr_expect(attnd_reqid_valid("abc-123"));
-  cr_expect(attnd_reqid_valid("3f2a9c1e-7b4d-4e8a-9f00-0123456789ab"));
-  char longest[ATTND_REQID_MAX + 2];
-  memset(longest, 'a', sizeof longest);
-  longest[ATTND_REQID_MAX] = 0;
-  cr_expect(attnd_reqid_valid(longest));
-  longest[ATTND_REQID_MAX] = 'a';
-  longest[ATTND_REQID_MAX + 1] = 0;
-  cr_expect(!attnd_reqid_valid(longest), "one past the limit");
-  cr_expect(!attnd_reqid_valid(NULL));
-  cr_expect(!attnd_reqid_valid(""));
-  cr_expect(!attnd_reqid_valid("a b"));
-  cr_expect(!attnd_reqid_valid("a\nb"));
-  cr_expect(!attnd_reqid_valid("a\"b"));
-  cr_expect(!attnd_reqid_valid("a\\b"));
-  cr_expect(!attnd_reqid_valid("caf\xc3\xa9"));
-}
-
-Test(reqid, made_ids_are_unique_and_valid) {
-  attnd_reqid_gen g;
-  attnd_reqid_init(&g);
-  enum { N = 2000 };
-  static char ids[N][33];
-  for (int i = 0; i < N; i++) {
-    attnd_reqid_make(&g, ids[i]);
-    cr_assert_eq(strlen(ids[i]), 32);
-    cr_assert(attnd_reqid_valid(ids[i]));
-    cr_assert_eq(strspn(ids[i], "0123456789abcdef"), 32, "%s", ids[i]);
-  }
-  for (int i = 0; i < N; i++)
-    for (int j = i + 1; j < N; j++)
-      cr_assert(strcmp(ids[i], ids[j]), "ids %d and %d repeat: %s", i, j, ids[i]);
-}
-
-/* ---- gzip and deflate --------------------------------------------------------- */
 
 Test(inflate, encoding_names) {
   cr_expect_eq(attnd_encoding_of(NULL), ATTND_ENC_IDENTITY);

@@ -270,6 +270,15 @@ $(SRVTEST_BIN): $(SRVTEST_OBJ) $(LIB)
 $(BUILD)/attnd: $(SERVER_OBJ) $(LIB)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ -lmicrohttpd -luv -lgnutls -lz $(LDLIBS_ALL)
 
+# attnd with the reference backend behind a gate (tests/lib/hold_backend.c):
+# the server tests that need a job still running when they act use it, so
+# they wait for events, not for a problem big enough to be slow.
+HOLD_BIN = $(BUILD)/tests/attnd-hold
+$(HOLD_BIN): $(SERVER_OBJ) $(BUILD)/obj/tests/lib/hold_backend.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -Wl,--wrap=attn__reference_backend -o $@ $^ \
+	  -lmicrohttpd -luv -lgnutls -lz $(LDLIBS_ALL)
+
 $(BUILD)/embed: server/console/embed.c
 	@mkdir -p $(dir $@)
 	$(CC) $(STD) -O1 $(WARN) -o $@ $<
@@ -422,7 +431,7 @@ bench-deps:
 
 test: deps
 	$(MAKE) --no-print-directory $(BUILD)/attn $(BUILD)/attnd $(TEST_BIN) \
-	  $(if $(SRVTEST_SRC),$(SRVTEST_BIN)) $(GPUTEST_BIN) $(CUDAMOCK_BIN) $(TEST_VENV)/.stamp
+	  $(if $(SRVTEST_SRC),$(SRVTEST_BIN) $(HOLD_BIN)) $(GPUTEST_BIN) $(CUDAMOCK_BIN) $(TEST_VENV)/.stamp
 	@set -o pipefail; ATTN_BIN=$(BUILD)/attn $(TEST_BIN) --jobs 1 2>&1 | tee $(BUILD)/test.log
 	@if [ -n "$(CUDAMOCK_BIN)" ]; then set -o pipefail; \
 	  $(CUDAMOCK_BIN) --jobs 1 2>&1 | tee -a $(BUILD)/test.log; fi

@@ -8,12 +8,14 @@
  * Each job has its module: harness_proc.h (the server process),
  * harness_http.h (libcurl), harness_raw.h (raw sockets), harness_bodies.h
  * (bodies and reply checks), harness_prom.h (/metrics and waiting on it),
- * harness_util.h (clock, files). A test includes this header for all of them.
+ * harness_hold.h (attnd-hold, whose jobs wait for the test), harness_util.h
+ * (clock, files). A test includes this header for all of them.
  */
 #ifndef ATTND_TEST_HARNESS_H
 #define ATTND_TEST_HARNESS_H
 
 #include "harness_bodies.h"
+#include "harness_hold.h"
 #include "harness_http.h"
 #include "harness_proc.h"
 #include "harness_prom.h"

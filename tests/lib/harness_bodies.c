@@ -153,6 +153,8 @@ char *slow_body(tcase *c, int heads, int n, size_t *plen) {
   return st_body(c, 4, "{\"backend\":\"reference\"}", plen);
 }
 
+char *held_body(tcase *c, size_t *plen) { return slow_body(c, 1, 64, plen); }
+
 static bool shape_is(const cJSON *sh, const int64_t *want, int rank) {
   if (!cJSON_IsArray(sh) || cJSON_GetArraySize(sh) != rank)
     return false;

@@ -45,5 +45,8 @@ const char *check_correct(const http_res *rs, tcase *c, int rank, bool st_reply,
 /* Slow job bodies: backend=reference on H heads of N x 64 (F32,
  * safetensors), about H * N^2 * 64 * 4 flops of scalar float64 work. */
 char *slow_body(tcase *c, int heads, int n, size_t *plen);
+/* A small backend=reference body (one 64 x 64 head): under srv_hold_bin()
+ * its job is held, running, until it is canceled or released. */
+char *held_body(tcase *c, size_t *plen);
 
 #endif

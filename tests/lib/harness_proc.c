@@ -80,12 +80,12 @@ static int decode_status(int ws) {
 }
 
 /* Forks and execs the binary with args; stdout and stderr to the files. */
-static pid_t spawn(const char *const *args, const char *const *env, const char *out_path,
-                   const char *err_path) {
+static pid_t spawn(const char *bin, const char *const *args, const char *const *env,
+                   const char *out_path, const char *err_path) {
   harness_init();
   const char *argv[64];
   int n = 0;
-  argv[n++] = srv_bin();
+  argv[n++] = bin;
   for (int i = 0; args && args[i] && n < 63; i++)
     argv[n++] = args[i];
   argv[n] = NULL;
@@ -153,7 +153,7 @@ pid_t srv_spawn(srv *s, const char *const *args, const char *const *env, bool li
     argv[n++] = args[i];
   argv[n] = NULL;
   s->status = -1;
-  s->pid = spawn(argv, env, s->out, s->log);
+  s->pid = spawn(s->bin ? s->bin : srv_bin(), argv, env, s->out, s->log);
   return s->pid;
 }
 
@@ -164,7 +164,9 @@ static double start_timeout(void) {
 }
 
 void srv_startv(srv *s, const char *const *args, const char *const *env, bool listen) {
-  cr_assert(access(srv_bin(), X_OK) == 0, "server binary %s not found (set ATTND_BIN)", srv_bin());
+  const char *bin = s->bin ? s->bin : srv_bin();
+  cr_assert(access(bin, X_OK) == 0, "server binary %s not found (set ATTND_BIN, ATTND_HOLD_BIN)",
+            bin);
   for (int attempt = 0; attempt < 3; attempt++) {
     cr_assert(srv_spawn(s, args, env, listen) > 0, "fork failed");
     double t0 = now_s(), limit = start_timeout();
@@ -203,7 +205,9 @@ void srv_start(srv *s, ...) {
     args[n++] = a;
   va_end(ap);
   args[n] = NULL;
+  const char *bin = s->bin; /* the test's choice of binary survives */
   memset(s, 0, sizeof *s);
+  s->bin = bin;
   srv_startv(s, args, NULL, true);
 }
 
@@ -296,7 +300,7 @@ int run_attnd(const char *const *args, const char *const *env, double timeout_s,
   snprintf(op, sizeof op, "/tmp/attnd-run-%d-%d.out", (int)getpid(), seq);
   snprintf(ep, sizeof ep, "/tmp/attnd-run-%d-%d.err", (int)getpid(), seq++);
   srv s = {0};
-  s.pid = spawn(args, env, op, ep);
+  s.pid = spawn(srv_bin(), args, env, op, ep);
   if (s.pid <= 0)
     return -2;
   int st = srv_wait(&s, timeout_s);

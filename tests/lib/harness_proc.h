@@ -15,10 +15,11 @@
 typedef struct srv {
   pid_t pid; /* 0 once reaped */
   int port;
-  char log[128]; /* file holding the server's stderr */
-  char out[128]; /* file holding its stdout */
-  char url[64];  /* http://127.0.0.1:PORT */
-  int status;    /* exit status once reaped: code, or 128 + signal */
+  char log[128];   /* file holding the server's stderr */
+  char out[128];   /* file holding its stdout */
+  char url[64];    /* http://127.0.0.1:PORT */
+  int status;      /* exit status once reaped: code, or 128 + signal */
+  const char *bin; /* the binary to start; NULL: srv_bin() (see harness_hold.h) */
 } srv;
 
 /* $ATTND_BIN or build/attnd. */

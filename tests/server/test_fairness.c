@@ -4,11 +4,10 @@
  *
  * Two clients are two source addresses: on Linux every address of 127/8 is
  * a loopback address, so a socket bound to 127.0.0.2 reaches the server on
- * 127.0.0.1 as another client. Client A holds slow jobs (one head on the
- * float64 reference: a single work item, so it keeps one engine thread and
- * leaves the other free); client B's small job must be answered while A's
- * still run. Nothing here asserts a duration: what is checked is the order
- * of events (B's reply before any of A's) and the server's replies.
+ * 127.0.0.1 as another client. Client A holds jobs that stay running until
+ * canceled (build/tests/attnd-hold, tests/lib/hold_backend.c); client B's
+ * small job must be answered while A's still run. Nothing here asserts a duration: what is checked
+ * is the order of events (B's reply before any of A's) and the server's replies.
  */
 #include "harness.h"
 
@@ -47,15 +46,16 @@ static bool answered(int fd) {
 }
 
 /* The CPU backend's two slots and the default --max-running-per-client
- * (auto: one of the two): A's three slow jobs take one slot between them,
+ * (auto: one of the two): A's three held jobs take one slot between them,
  * so B's job takes the other at once and is answered while A's first still
- * computes. Before, A's jobs held both slots and B waited for two of them
+ * runs. Before, A's jobs held both slots and B waited for two of them
  * to end. */
 Test(fairness, another_client_is_served_while_one_holds_slow_jobs) {
+  S.bin = srv_hold_bin();
   srv_start(&S, "--threads", "2", NULL);
   tcase slow, small;
   size_t slen, blen;
-  char *sbody = slow_body(&slow, 1, 4000, &slen); /* seconds, longer under load */
+  char *sbody = held_body(&slow, &slen);
   tprob p = tprob_make(1, 2, 2, 32, 32, 32, ATTN_F32);
   tcase_init(&small, &p, 9001);
   char *bbody = st_body(&small, 4, NULL, &blen);
@@ -67,7 +67,7 @@ Test(fairness, another_client_is_served_while_one_holds_slow_jobs) {
   int b = post_from("127.0.0.2", bbody, blen);
   http_res r;
   raw_response(b, 60000, &r);
-  expect_correct(&r, &small, 4, true, "B's job beside A's slow ones");
+  expect_correct(&r, &small, 4, true, "B's job beside A's held ones");
   http_res_free(&r);
   for (int i = 0; i < NA; i++)
     cr_expect_not(answered(a[i]), "A's job %d was answered before B's: A held every slot", i);

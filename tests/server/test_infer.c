@@ -398,27 +398,33 @@ static void *bg_run(void *arg) {
   return NULL;
 }
 
+/* A job held by build/tests/attnd-hold (tests/lib/hold_backend.c) fills
+ * --max-queue 1 until the test releases it, however fast the machine. */
 Test(infer, queue_full_503) {
-  srv_start(&S, "--max-queue", "1", "--threads", "1", NULL);
+  hold_gate gate;
+  hold_gate_init(&gate);
+  const char *args[] = {"--max-queue", "1", "--threads", "1", NULL}, *env[] = {gate.env, NULL};
+  S.bin = srv_hold_bin();
+  srv_startv(&S, args, env, true);
   tcase c;
   bg_job j = {.s = &S};
-  j.body = slow_body(&c, 8, 1500, &j.len); /* seconds of float64 work */
+  j.body = held_body(&c, &j.len);
   pthread_t th;
   pthread_create(&th, NULL, bg_run, &j);
-  /* The job holds the only slot for seconds (more under load); attn infer's
-   * request takes milliseconds. */
-  cr_expect(srv_wait_jobs(&S, 1, true, 60), "the slow job never showed in the metrics");
+  cr_expect(srv_wait_jobs(&S, 1, true, 60), "the held job never showed in the metrics");
   char *out;
   int rc = infer(&out, S.url, "--check", NULL);
   cr_expect_eq(rc, 1, "503: status %d:\n%s", rc, out);
   cr_expect(!strncmp(out, "attnd: HTTP 503 queue_full: ", 28), "503:\n%s", out);
   cr_expect_eq(lines(out), 1, "503: not one line:\n%s", out);
   free(out);
+  hold_release(&gate);
   pthread_join(th, NULL);
-  cr_expect_eq(j.r.status, 200, "the slow job: %ld", j.r.status);
+  cr_expect_eq(j.r.status, 200, "the held job once released: %ld", j.r.status);
   http_res_free(&j.r);
   free(j.body);
   tcase_free(&c);
+  hold_gate_free(&gate);
   /* and once the queue is free, the same command succeeds */
   rc = infer(&out, S.url, "--check", NULL);
   expect_pass(rc, out, "after the 503");

@@ -22,9 +22,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+/* build/tests/attnd-hold: backend=reference jobs (held_body) stay running
+ * until canceled or released (tests/lib/hold_backend.c), so a job is in
+ * flight when a test signals or fills the queue, however fast the machine. */
 static srv S;
+static void setup(void) { S.bin = srv_hold_bin(); }
 static void teardown(void) { srv_cleanup(&S); }
-TestSuite(load, .fini = teardown, .timeout = 90);
+TestSuite(load, .init = setup, .fini = teardown, .timeout = 90);
 
 #define ST_CT "application/octet-stream"
 
@@ -98,15 +102,12 @@ static bool wait_jobs(int want, double timeout_s) {
   return srv_wait_jobs(&S, want, true, timeout_s);
 }
 
-/* A job far longer than anything a test waits for beside it: 24 heads of
- * 1200 x 1200 on the float64 reference (seconds on one thread, longer under
- * load, which only helps), sent on a raw connection so that raw_reset()
- * cancels it between heads. Returns the connection once /metrics shows the
- * job in the server. */
+/* A held job, sent on a raw connection so that raw_reset() cancels it.
+ * Returns the connection once /metrics shows the job in the server. */
 static int hold_job(void) {
   tcase c;
   size_t len;
-  char *body = slow_body(&c, 24, 1200, &len);
+  char *body = held_body(&c, &len);
   int fd = raw_post(S.port, ST_CT, body, len);
   free(body);
   tcase_free(&c);
@@ -196,14 +197,13 @@ Test(load, queue_of_zero_refuses_every_job) {
   tcase_free(&c);
 }
 
-/* A deadline three orders of magnitude shorter than the jobs (1 ms against
- * ~0.5 s of float64 work each, more under load): every job gets 504, queued
+/* A 1 ms deadline on jobs held until canceled: every job gets 504, queued
  * or running, and the server serves on. */
 Test(load, queue_timeout_504) {
   srv_start(&S, "--timeout", "0.001", "--max-queue", "10", "--threads", "1", NULL);
   tcase c;
   size_t len;
-  char *body = slow_body(&c, 4, 1000, &len);
+  char *body = held_body(&c, &len);
   enum { N = 4 };
   pthread_t th[N];
   job *js = start_jobs(th, N, body, len, 0);
@@ -222,11 +222,16 @@ Test(load, queue_timeout_504) {
   tcase_free(&c);
 }
 
+/* Held jobs in flight at SIGTERM, released once the drain has begun: each
+ * is computed and answered, then the server exits 0. */
 Test(load, sigterm_answers_jobs_in_flight) {
-  srv_start(&S, "--threads", "1", NULL);
+  hold_gate gate;
+  hold_gate_init(&gate);
+  const char *args[] = {"--threads", "1", NULL}, *env[] = {gate.env, NULL};
+  srv_startv(&S, args, env, true);
   tcase c;
   size_t len;
-  char *body = slow_body(&c, 4, 700, &len);
+  char *body = held_body(&c, &len);
   enum { N = 4 };
   pthread_t th[N];
   job *js = start_jobs(th, N, body, len, 0);
@@ -234,6 +239,7 @@ Test(load, sigterm_answers_jobs_in_flight) {
   kill(S.pid, SIGTERM);
   /* New connections are refused while draining: the listener closes. */
   cr_expect(srv_wait_listener_closed(&S, 60), "the listener still accepts after SIGTERM");
+  hold_release(&gate);
   join_jobs(th, js, N);
   for (int i = 0; i < N; i++)
     cr_expect_eq(js[i].r.status, 200, "job %d in flight at SIGTERM: status %ld (%s) %s", i,
@@ -246,6 +252,7 @@ Test(load, sigterm_answers_jobs_in_flight) {
   free(js);
   free(body);
   tcase_free(&c);
+  hold_gate_free(&gate);
 }
 
 /* SIGHUP and SIGUSR1 (a terminal closing, a reload habit) must not end the
@@ -253,10 +260,13 @@ Test(load, sigterm_answers_jobs_in_flight) {
  * the right data, /healthz still answers, each signal is logged, and
  * SIGTERM still drains and exits 0. */
 Test(load, sighup_and_sigusr1_are_ignored) {
-  srv_start(&S, "--threads", "1", NULL);
+  hold_gate gate;
+  hold_gate_init(&gate);
+  const char *args[] = {"--threads", "1", NULL}, *env[] = {gate.env, NULL};
+  srv_startv(&S, args, env, true);
   tcase c;
   size_t len;
-  char *body = slow_body(&c, 8, 1500, &len); /* seconds of float64 work */
+  char *body = held_body(&c, &len); /* held until the signals are seen */
   pthread_t th[1];
   job *js = start_jobs(th, 1, body, len, 0);
   cr_expect(wait_jobs(1, 60), "the job never showed in queue_depth + inflight");
@@ -266,6 +276,7 @@ Test(load, sighup_and_sigusr1_are_ignored) {
   cr_expect(srv_wait_log(&S, "attnd: SIGUSR1: ignored", 30), "no log line for SIGUSR1");
   cr_expect(srv_running(&S), "the server exited on SIGHUP or SIGUSR1 (status %d)", S.status);
   expect_healthy(&S, "SIGHUP and SIGUSR1");
+  hold_release(&gate);
   join_jobs(th, js, 1);
   cr_expect_eq(js[0].r.status, 200, "the job in flight at SIGHUP: status %ld (%s) %s",
                js[0].r.status, js[0].r.error, js[0].r.body);
@@ -276,6 +287,7 @@ Test(load, sighup_and_sigusr1_are_ignored) {
   free(js);
   free(body);
   tcase_free(&c);
+  hold_gate_free(&gate);
 }
 
 /* While a drain waits for a job, a kept-alive connection asking /readyz is
@@ -307,14 +319,14 @@ Test(load, draining_readyz_503) {
   cr_expect_eq(srv_wait(&S, 60), 0, "exit status once the held job was reset");
 }
 
-/* --drain-timeout 1 with three jobs that each run for seconds: the drain
+/* --drain-timeout 1 with three jobs held until canceled: the drain
  * gives up on them (the log says so) and the server exits instead of
  * finishing them; no job is answered 200. */
 Test(load, drain_timeout_bounds_the_exit) {
   srv_start(&S, "--threads", "1", "--drain-timeout", "1", NULL);
   tcase c;
   size_t len;
-  char *body = slow_body(&c, 24, 1200, &len);
+  char *body = held_body(&c, &len);
   enum { N = 3 };
   pthread_t th[N];
   job *js = start_jobs(th, N, body, len, 120000);
@@ -342,8 +354,8 @@ Test(load, clients_gone_mid_job) {
   srv_start(&S, "--threads", "1", NULL);
   tcase c;
   size_t len;
-  char *body = slow_body(&c, 4, 700, &len);
-  /* Three clients send a slow job and close before the reply: each FIN
+  char *body = held_body(&c, &len);
+  /* Three clients send a held job and close before the reply: each FIN
    * abandons its job, which is canceled (test_cancel.c), 499 in the log. */
   int fds[3];
   for (int i = 0; i < 3; i++) {
@@ -373,11 +385,15 @@ Test(load, clients_gone_mid_job) {
   raw_sends(fd, h);
   raw_send(fd, body, len / 2);
   close(fd);
-  /* The server serves on, and its gauges come back to zero. */
+  /* The server serves on (the same problem, not held: backend auto), and
+   * its gauges come back to zero. */
+  size_t olen;
+  char *ok = st_body(&c, 4, NULL, &olen);
   http_res r;
-  http_post(&S, "/attention", ST_CT, body, len, &r);
+  http_post(&S, "/attention", ST_CT, ok, olen, &r);
   expect_correct(&r, &c, 4, true, "a job after clients hung up");
   http_res_free(&r);
+  free(ok);
   cr_expect(srv_wait_jobs(&S, 0, false, 60),
             "queue_depth + inflight stuck at %d after the clients left", srv_jobs(&S));
   int st = srv_stop(&S, 60);

@@ -5,6 +5,8 @@
 #   make test          deps + build + every test          (SAN=1: ASan + UBSan)
 #                      (the first run makes build/venv from PyPI: Schemathesis)
 #   make format        apply .clang-format (make test checks it)
+#   make fuzz          each libFuzzer target FUZZ_SECONDS (20) from its seeds
+#                      (make test replays the seeds and runs each a few seconds)
 #   make bench         the CPU benchmark against OpenBLAS (not part of test)
 #   make bench-peers   attnd against PyTorch and numpy (not part of test; the
 #                      first run makes build/peers-venv from PyPI: torch, ~GBs)
@@ -178,10 +180,15 @@ CUDAMOCK_OBJ = $(BUILD)/obj/tests/cudamock/mock_cudart.o \
 # ---- fuzzing (libFuzzer, clang) ---------------------------------------------
 FUZZ_TARGETS = $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_SECONDS ?= 20
+# make test's short run of each target, after replaying its seeds.
+FUZZ_TEST_SECONDS ?= 3
 FUZZ_CC      ?= clang
-FUZZ_FLAGS    = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-                -Iengine -Iproto
+FUZZ_SAN      = -fsanitize=address,undefined -fno-sanitize-recover=undefined
+# Objects are compiled once for every target (fuzzer-no-link), then each
+# target links its own main; the includes are the union of the targets'.
+FUZZ_CFLAGS   = -g -O1 $(FUZZ_SAN) -fsanitize=fuzzer-no-link -Iengine -Iproto -Iclients -Iserver
 FUZZ_LIB_SRC  = engine/dtype.c engine/request.c $(PROTO_SRC)
+FUZZ_OBJ      = $(FUZZ_LIB_SRC:%.c=$(BUILD)/fuzz/obj/%.o)
 # Client modules a target needs besides the library (FUZZ_SRC_<name>).
 FUZZ_SRC_http_reply = clients/http_reply.c
 FUZZ_SRC_inflate = server/inflate.c
@@ -208,7 +215,7 @@ CONSOLE_DEPS = $(wildcard server/console/index.html server/console/console.css \
 CONSOLE_OBJ = $(BUILD)/obj/gen/console_assets.o
 
 .PHONY: all deps bench-deps test test-gpu test-image bench bench-peak bench-f16split bench-peers \
-        bench-server bench-v2 bench-memory bench-idle fuzz run format format-check clean FORCE
+        bench-server bench-v2 bench-memory bench-idle fuzz fuzz-replay run format format-check clean FORCE
 all: $(BUILD)/attn $(BUILD)/attnd
 
 # Expanded here, once: a target-specific CPPFLAGS (-Iclients on some
@@ -352,12 +359,20 @@ $(BUILD)/obj/tests/bench/f16split.o: tests/bench/f16split.c $(BUILD)/.flags
 $(BUILD)/bench-f16split: $(BUILD)/obj/tests/bench/f16split.o
 	$(CC) $(ALL_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
 
+$(BUILD)/fuzz/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@
+# (kept: a target's objects are intermediate to make, and the next build
+# would otherwise compile them all again)
+.PRECIOUS: $(BUILD)/fuzz/obj/%.o
+# The fuzz objects of a list of sources (called where % would be the stem).
+fuzz_obj_of = $(patsubst %.c,$(BUILD)/fuzz/obj/%.o,$(1))
+
 # (second expansion: the rule's prerequisites name FUZZ_SRC_<name> by its stem)
 .SECONDEXPANSION:
-$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_SRC) $(wildcard proto/*.h engine/*.h tests/fuzz/*.h) \
-                      tests/lib/strict_json.h $$(FUZZ_SRC_$$*) $(wildcard clients/*.h)
-	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_FLAGS) -Iclients -o $@ $< $(FUZZ_LIB_SRC) $(FUZZ_SRC_$*) $(FUZZ_EXTRA_$*) \
+$(BUILD)/fuzz/fuzz_%: $(BUILD)/fuzz/obj/tests/fuzz/fuzz_%.o $(FUZZ_OBJ) \
+                      $$(call fuzz_obj_of,$$(FUZZ_SRC_$$*))
+	$(FUZZ_CC) -g $(FUZZ_SAN) -fsanitize=fuzzer -o $@ $^ $(filter -l%,$(FUZZ_EXTRA_$*)) \
 	  -lcjson -lm -pthread
 
 # Each target runs FUZZ_SECONDS from its seed corpus (tests/fuzz/NAME/);
@@ -371,6 +386,27 @@ fuzz: deps
 	    -artifact_prefix=$(BUILD)/fuzz/$$t- $(BUILD)/fuzz/corpus-$$t tests/fuzz/$$t \
 	    > $(BUILD)/fuzz/$$t.log 2>&1 || { tail -40 $(BUILD)/fuzz/$$t.log; exit 1; }; \
 	  grep -E 'stat::number_of_executed_units|stat::new_units_added' $(BUILD)/fuzz/$$t.log; \
+	done
+
+# make test's part: every seed of tests/fuzz/NAME/ run once through its
+# target (a crash reproducer that crashes again fails), then a short run of
+# FUZZ_TEST_SECONDS from the seeds, whose new inputs go to a scratch
+# directory (never into tests/fuzz/); the long runs are make fuzz's.
+fuzz-replay:
+	$(MAKE) --no-print-directory $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz_%)
+	@for t in $(FUZZ_TARGETS); do \
+	  log=$(BUILD)/fuzz/$$t-replay.log; \
+	  $(BUILD)/fuzz/fuzz_$$t -artifact_prefix=$(BUILD)/fuzz/$$t- tests/fuzz/$$t/* \
+	    > $$log 2>&1 || { tail -40 $$log; echo "fuzz-replay: a seed of tests/fuzz/$$t fails" \
+	    "(see $$log)" >&2; exit 1; }; \
+	  rm -rf $(BUILD)/fuzz/short-$$t && mkdir -p $(BUILD)/fuzz/short-$$t; \
+	  $(BUILD)/fuzz/fuzz_$$t -max_total_time=$(FUZZ_TEST_SECONDS) -print_final_stats=1 \
+	    -artifact_prefix=$(BUILD)/fuzz/$$t- $(BUILD)/fuzz/short-$$t tests/fuzz/$$t \
+	    >> $$log 2>&1 || \
+	    { tail -40 $$log; echo "fuzz-replay: $$t failed in its short run (see $$log)" >&2; \
+	      exit 1; }; \
+	  echo "fuzz-replay: $$t: $$(ls tests/fuzz/$$t | wc -l) seeds replayed," \
+	    "$$(sed -n 's/^stat::number_of_executed_units: *//p' $$log) runs in $(FUZZ_TEST_SECONDS) s"; \
 	done
 
 # ---- the peers venv (torch and numpy for make bench-peers) ------------------
@@ -449,7 +485,7 @@ test: deps
 	@# a sanitizer report anywhere in the log fails the run.
 	@if grep -q 'Sanitizer' $(BUILD)/test.log; then \
 	  echo "make test: sanitizer errors above (see $(BUILD)/test.log)" >&2; exit 1; fi
-	$(MAKE) --no-print-directory fuzz
+	$(MAKE) --no-print-directory fuzz-replay
 	$(MAKE) --no-print-directory format-check
 
 # The C, CUDA and test sources git tracks, formatted by .clang-format:
@@ -541,4 +577,4 @@ clean:
 
 # Dependency files only ever come from compiling; never try to make them.
 %.d: ;
--include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD)/obj $(BUILD)/fuzz/obj -name '*.d' 2>/dev/null)

@@ -487,6 +487,7 @@ test: deps
 	  echo "make test: sanitizer errors above (see $(BUILD)/test.log)" >&2; exit 1; fi
 	$(MAKE) --no-print-directory fuzz-replay
 	$(MAKE) --no-print-directory format-check
+	@tests/map-check.sh
 
 # The C, CUDA and test sources git tracks, formatted by .clang-format:
 # `make format` applies it, `make format-check` (part of make test) lists

@@ -465,15 +465,25 @@ deps:
 bench-deps:
 	$(call install_missing,$(BENCH_DEPS))
 
+# make test without -j builds on every core (a -j given is kept).
+TEST_JOBS = $$(case " $(MAKEFLAGS) " in *" -j"*) ;; *) echo -j$$(nproc 2>/dev/null || echo 2);; esac)
+
 test: deps
-	$(MAKE) --no-print-directory $(BUILD)/attn $(BUILD)/attnd $(TEST_BIN) \
-	  $(if $(SRVTEST_SRC),$(SRVTEST_BIN) $(HOLD_BIN)) $(GPUTEST_BIN) $(CUDAMOCK_BIN) $(TEST_VENV)/.stamp
-	@set -o pipefail; ATTN_BIN=$(BUILD)/attn $(TEST_BIN) --jobs 1 2>&1 | tee $(BUILD)/test.log
+	$(MAKE) --no-print-directory $(TEST_JOBS) $(BUILD)/attn $(BUILD)/attnd $(TEST_BIN) \
+	  $(if $(SRVTEST_SRC),$(SRVTEST_BIN) $(HOLD_BIN)) $(GPUTEST_BIN) $(CUDAMOCK_BIN) $(TEST_VENV)/.stamp \
+	  $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz_%)
+	@# The unit tests run beside the server tests: the one is CPU work, the
+	@# other mostly waits on sockets, and no test measures time. The unit log
+	@# is printed when both are done.
+	@ATTN_BIN=$(BUILD)/attn $(TEST_BIN) --jobs 1 > $(BUILD)/test-unit.log 2>&1 & unit=$$!; rc=0; \
+	if [ -n "$(SRVTEST_SRC)" ]; then set -o pipefail; \
+	  ATTN_BIN=$(BUILD)/attn ATTND_BIN=$(BUILD)/attnd $(SRVTEST_BIN) --jobs 1 2>&1 | \
+	    tee $(BUILD)/test-server.log || rc=1; else : > $(BUILD)/test-server.log; fi; \
+	wait $$unit || rc=1; cat $(BUILD)/test-unit.log; \
+	cat $(BUILD)/test-unit.log $(BUILD)/test-server.log > $(BUILD)/test.log; exit $$rc
 	@if [ -n "$(CUDAMOCK_BIN)" ]; then set -o pipefail; \
 	  $(CUDAMOCK_BIN) --jobs 1 2>&1 | tee -a $(BUILD)/test.log; fi
 	@set -o pipefail; $(GPUTEST_BIN) 2>&1 | tee -a $(BUILD)/test.log
-	@if [ -n "$(SRVTEST_SRC)" ]; then set -o pipefail; \
-	  ATTN_BIN=$(BUILD)/attn ATTND_BIN=$(BUILD)/attnd $(SRVTEST_BIN) --jobs 1 2>&1 | tee -a $(BUILD)/test.log; fi
 	@# The test venv: pytest, numpy and ml_dtypes, pinned (torch's tests skip).
 	@if [ -d tests/python ]; then set -o pipefail; \
 	  ATTND_BIN=$(BUILD)/attnd $(TEST_VENV)/bin/python -m pytest -q tests/python 2>&1 | \

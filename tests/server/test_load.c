@@ -387,13 +387,12 @@ Test(load, clients_gone_mid_job) {
   close(fd);
   /* The server serves on (the same problem, not held: backend auto), and
    * its gauges come back to zero. */
-  size_t olen;
-  char *ok = st_body(&c, 4, NULL, &olen);
+  free(body);
+  body = st_body(&c, 4, NULL, &len);
   http_res r;
-  http_post(&S, "/attention", ST_CT, ok, olen, &r);
+  http_post(&S, "/attention", ST_CT, body, len, &r);
   expect_correct(&r, &c, 4, true, "a job after clients hung up");
   http_res_free(&r);
-  free(ok);
   cr_expect(srv_wait_jobs(&S, 0, false, 60),
             "queue_depth + inflight stuck at %d after the clients left", srv_jobs(&S));
   int st = srv_stop(&S, 60);

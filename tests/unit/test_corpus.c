@@ -106,15 +106,13 @@ static void replay_parse(const char *data, size_t len) {
   memcpy(text, data, len);
   text[len] = 0;
   attnd_head h = {0};
-  for (char *line = text, *next; line; line = next) {
-    next = strchr(line, '\n');
-    if (next)
-      *next++ = 0;
+  char *save = NULL;
+  for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
     char *colon = strchr(line, ':');
-    if (!colon)
-      continue;
-    *colon = 0;
-    attnd_head_add(&h, line, colon + 1);
+    if (colon) {
+      *colon = 0;
+      attnd_head_add(&h, line, colon + 1);
+    }
   }
   char msg[300] = "";
   int code = attnd_head_check(&h, "HTTP/1.1", msg, sizeof msg);

@@ -5,6 +5,8 @@
 #   make test          deps + build + every test          (SAN=1: ASan + UBSan)
 #                      (the first run makes build/venv from PyPI: Schemathesis)
 #   make format        apply .clang-format (make test checks it)
+#   make layout        regenerate docs/layout.md from each file's opening
+#                      comment (make test checks it: make layout-check)
 #   make bench         the CPU benchmark against OpenBLAS (not part of test)
 #   make bench-peers   attnd against PyTorch and numpy (not part of test; the
 #                      first run makes build/peers-venv from PyPI: torch, ~GBs)
@@ -438,6 +440,7 @@ test: deps
 	  echo "make test: sanitizer errors above (see $(BUILD)/test.log)" >&2; exit 1; fi
 	$(MAKE) --no-print-directory fuzz
 	$(MAKE) --no-print-directory format-check
+	$(MAKE) --no-print-directory layout-check
 
 # The C, CUDA and test sources git tracks, formatted by .clang-format:
 # `make format` applies it, `make format-check` (part of make test) lists
@@ -451,6 +454,17 @@ format-check:
 	  | sed 's/:.*//' | sort -u | sed 's/^/make format-check: not formatted: /'; \
 	clang-format --dry-run -Werror $(FORMAT_SRC) >/dev/null 2>&1 || \
 	  { echo "make format-check: run make format" >&2; exit 1; }
+
+# docs/layout.md: every tracked source with the first sentence of its opening
+# comment (docs/layout.py). `make layout` rewrites it; `make layout-check`
+# (part of make test) fails when it is stale, when a source has no opening
+# line, or when README.md or docs/*.md links to a file that is not there.
+.PHONY: layout layout-check
+layout:
+	/usr/bin/python3 docs/layout.py --write
+
+layout-check:
+	@/usr/bin/python3 docs/layout.py --check
 
 # The GPU tests alone (see tests/gpu/check.sh for the whole GPU check).
 test-gpu: deps

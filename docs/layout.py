@@ -28,7 +28,9 @@ DASH = " — "
 
 
 def tracked():
-    out = subprocess.run(["git", "ls-files"], capture_output=True, text=True, check=True)
+    out = subprocess.run(["git", "ls-files"], capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit("layout: git ls-files failed (%s): run it in a git checkout" % out.stderr.strip())
     return [p for p in out.stdout.splitlines() if not SKIP.search(p)]
 
 

@@ -87,7 +87,8 @@ def docstring(lines):
 def first_sentence(text):
     text = " ".join(text.split())
     m = re.search(r"(?<!e\.g)(?<!i\.e)(?<!etc)(?<! vs)(?<! cf)\.(?=\s|$)", text)
-    return text[: m.end()] if m else text
+    text = text[: m.end()] if m else text
+    return text[:-1] + "." if text.endswith(":") else text  # a list followed
 
 
 def describe(path):

@@ -9,8 +9,9 @@ description is that comment's first sentence.
   docs/layout.py            print the layout to stdout
   docs/layout.py --write    rewrite docs/layout.md (make layout)
   docs/layout.py --check    fail when docs/layout.md is stale, a source has no opening
-                            line, or a relative link in README.md or docs/*.md points at
-                            no file (make layout-check, part of make test)
+                            line, or a relative link in a Markdown file (README.md,
+                            docs/, proto/, ...) points at no file (make layout-check,
+                            part of make test)
 
 Debian's python3 and the standard library only: it runs before any venv exists.
 """
@@ -168,9 +169,10 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
 def broken_links():
-    docs = ["README.md"] + sorted(
-        os.path.join("docs", f) for f in os.listdir("docs") if f.endswith(".md")
-    )
+    out = subprocess.run(["git", "ls-files", "*.md"], capture_output=True, text=True)
+    docs = set(out.stdout.split()) | {"README.md"}
+    docs |= {os.path.join("docs", f) for f in os.listdir("docs") if f.endswith(".md")}
+    docs = sorted(d for d in docs if os.path.exists(d))
     bad = []
     for doc in docs:
         with open(doc, encoding="utf-8") as f:

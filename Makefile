@@ -458,7 +458,8 @@ format-check:
 # docs/layout.md: every tracked source with the first sentence of its opening
 # comment (docs/layout.py). `make layout` rewrites it; `make layout-check`
 # (part of make test) fails when it is stale, when a source has no opening
-# line, or when a Markdown file links to a file that is not there.
+# line, or when a Markdown file links to, or names in backticks, a file that
+# is not there.
 .PHONY: layout layout-check
 layout:
 	/usr/bin/python3 docs/layout.py --write

@@ -9,9 +9,10 @@ description is that comment's first sentence.
   docs/layout.py            print the layout to stdout
   docs/layout.py --write    rewrite docs/layout.md (make layout)
   docs/layout.py --check    fail when docs/layout.md is stale, a source has no opening
-                            line, or a relative link in a Markdown file (README.md,
-                            docs/, proto/, ...) points at no file (make layout-check,
-                            part of make test)
+                            line, or a Markdown file (README.md, docs/, proto/, ...)
+                            links to a file that is not there or names one in
+                            backticks, `server/loop.c` (make layout-check, part of
+                            make test)
 
 Debian's python3 and the standard library only: it runs before any venv exists.
 """
@@ -166,6 +167,8 @@ def render(paths):
 
 
 LINK = re.compile(r"\]\(([^)\s]+)\)")
+# A path in backticks that names a file of the tree, e.g. `server/loop.c`.
+NAMED = re.compile(r"`((?:\.ci|clients|docker|docs|engine|proto|server|tests)/[\w./-]*\w\.\w+)`")
 
 
 def broken_links():
@@ -183,7 +186,11 @@ def broken_links():
                 continue
             path = os.path.normpath(os.path.join(os.path.dirname(doc), target.split("#")[0]))
             if path.startswith("..") or not os.path.exists(path):
-                bad.append("%s: %s" % (doc, target))
+                bad.append("%s: a link to no file: %s" % (doc, target))
+        if doc != OUT:
+            for path in NAMED.findall(text):
+                if not os.path.exists(path):
+                    bad.append("%s: names %s, which is not in the tree" % (doc, path))
     return bad
 
 
@@ -214,7 +221,7 @@ def main():
         print("%s is stale: run make layout" % OUT, file=sys.stderr)
         status = 1
     for b in broken_links():
-        print("layout: a link to no file in %s" % b, file=sys.stderr)
+        print("layout: %s" % b, file=sys.stderr)
         status = 1
     return status
 

@@ -171,11 +171,12 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 NAMED = re.compile(r"`((?:\.ci|clients|docker|docs|engine|proto|server|tests)/[\w./-]*\w\.\w+)`")
 
 
-def broken_links():
+def broken_links(skip=None):
+    """Relative links and backticked paths in the Markdown files that point at nothing."""
     out = subprocess.run(["git", "ls-files", "*.md"], capture_output=True, text=True)
     docs = set(out.stdout.split()) | {"README.md"}
     docs |= {os.path.join("docs", f) for f in os.listdir("docs") if f.endswith(".md")}
-    docs = sorted(d for d in docs if os.path.exists(d))
+    docs = sorted(d for d in docs if os.path.exists(d) and d != skip)
     bad = []
     for doc in docs:
         with open(doc, encoding="utf-8") as f:
@@ -220,7 +221,7 @@ def main():
     if stale:
         print("%s is stale: run make layout" % OUT, file=sys.stderr)
         status = 1
-    for b in broken_links():
+    for b in broken_links(skip=OUT if stale else None):
         print("layout: %s" % b, file=sys.stderr)
         status = 1
     return status

@@ -138,7 +138,8 @@ ATTN_SRC = clients/attn.c clients/plan_cmd.c clients/bench_cmd.c clients/compute
            clients/infer_cmd.c clients/load_cmd.c clients/hist.c clients/benchlib.c \
            clients/args.c clients/files.c clients/http_reply.c clients/load_report.c \
            clients/infer_send.c clients/infer_report.c clients/infer_check.c \
-           clients/infer_shards.c clients/infer_inputs.c
+           clients/infer_shards.c clients/infer_inputs.c \
+           clients/load_conn.c clients/load_sched.c
 ATTN_OBJ = $(ATTN_SRC:%.c=$(BUILD)/obj/%.o)
 
 TEST_SRC = $(wildcard tests/unit/*.c)

@@ -130,7 +130,8 @@ int attn__v2_input_data(attn__v2_dec *d) {
       attn__jr_skip(&x);
     size_t nl = attn__jr_string(&x, name, sizeof name); /* input_fields() knows it */
     int i = 0;
-    while (i < ATTN__V2_NIN - 1 && !attn__key_is(name, nl, attn_proto_tensor_name(attn__v2_slot(i))))
+    while (i < ATTN__V2_NIN - 1 &&
+           !attn__key_is(name, nl, attn_proto_tensor_name(attn__v2_slot(i))))
       i++;
     order[n++] = i;
     attn__jr_skip(&v);

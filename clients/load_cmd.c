@@ -11,6 +11,7 @@
 #include "load_report.h"
 #include "load_sched.h"
 #include "proto.h"
+#include "url.h"
 
 #include <errno.h>
 #include <math.h>
@@ -20,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -53,63 +55,20 @@ static const char usage[] =
 
 /* ---- setup ---------------------------------------------------------------- */
 
-static int parse_double(const char *flag, const char *s, double lo, double hi, double *out) {
-  char *e;
-  errno = 0;
-  double v = strtod(s, &e);
-  if (e == s || *e || errno || !isfinite(v) || v < lo || v > hi) {
-    fprintf(stderr, "attn load: %s expects a number from %g to %g, not \"%s\"\n", flag, lo, hi, s);
+/* The URL as attn load takes it: plain HTTP to an IPv4 address or a name. */
+static int load_url(const char *s, attn_url *u) {
+  attn_status st;
+  if (strncasecmp(s, "http://", 7) != 0) {
+    fprintf(stderr, "attn load: the URL must start with http:// (\"%s\")\n", s);
     return -1;
   }
-  *out = v;
-  return 0;
-}
-
-typedef struct url_parts {
-  char host[256];
-  int port;
-  char path[1024]; /* "" when the URL has none (or just "/") */
-  char query[1024];
-} url_parts;
-
-static int parse_url(const char *u, url_parts *o) {
-  memset(o, 0, sizeof *o);
-  if (strncmp(u, "http://", 7) != 0) {
-    fprintf(stderr, "attn load: the URL must start with http:// (\"%s\")\n", u);
+  if (attn_url_parse(s, u, &st) < 0) {
+    fprintf(stderr, "attn load: %s\n", st.message);
     return -1;
   }
-  const char *h = u + 7;
-  size_t hl = strcspn(h, ":/?");
-  if (hl == 0 || hl >= sizeof o->host) {
-    fprintf(stderr, "attn load: no host in \"%s\"\n", u);
+  if (u->ipv6) {
+    fprintf(stderr, "attn load: connects over IPv4; \"%s\" names an IPv6 address\n", s);
     return -1;
-  }
-  memcpy(o->host, h, hl);
-  const char *p = h + hl;
-  o->port = 80;
-  if (*p == ':') {
-    char *e;
-    long port = strtol(p + 1, &e, 10);
-    if (e == p + 1 || port < 1 || port > 65535 || (*e && *e != '/' && *e != '?')) {
-      fprintf(stderr, "attn load: bad port in \"%s\"\n", u);
-      return -1;
-    }
-    o->port = (int)port;
-    p = e;
-  }
-  size_t pl = strcspn(p, "?");
-  if (pl >= sizeof o->path) {
-    fprintf(stderr, "attn load: path too long in \"%s\"\n", u);
-    return -1;
-  }
-  if (pl > 1)
-    memcpy(o->path, p, pl);
-  if (p[pl] == '?') {
-    if (strlen(p + pl + 1) >= sizeof o->query) {
-      fprintf(stderr, "attn load: query too long in \"%s\"\n", u);
-      return -1;
-    }
-    strcpy(o->query, p + pl + 1);
   }
   return 0;
 }
@@ -166,7 +125,7 @@ typedef struct load_args {
   bool have_c, have_r, have_d, have_n, have_shape, have_kv, have_dt, json_body, json_out;
   attn_dtype dt;
   const char *body_file, *path, *query;
-  url_parts u;
+  attn_url u;
 } load_args;
 
 /* getopt over argv into a; 0, 2 after a message, or -1 for --help. */
@@ -195,11 +154,11 @@ static int parse_flags(int argc, char **argv, load_args *a) {
       a->have_c = true;
       break;
     case 'r':
-      bad = parse_double("--rate", optarg, 1e-3, 1e7, &a->rate);
+      bad = attn_arg_double("--rate", optarg, 1e-3, 1e7, &a->rate);
       a->have_r = true;
       break;
     case 'd':
-      bad = parse_double("--duration", optarg, 1e-3, 1e7, &a->duration);
+      bad = attn_arg_double("--duration", optarg, 1e-3, 1e7, &a->duration);
       a->have_d = true;
       break;
     case 'n':
@@ -222,7 +181,7 @@ static int parse_flags(int argc, char **argv, load_args *a) {
     case 'J': a->json_body = true; break;
     case 'p': a->path = optarg; break;
     case 'q': a->query = optarg; break;
-    case 'T': bad = parse_double("--timeout", optarg, 1e-3, 1e7, &a->timeout); break;
+    case 'T': bad = attn_arg_double("--timeout", optarg, 1e-3, 1e7, &a->timeout); break;
     case 'j': a->json_out = true; break;
     case 'h': fputs(usage, stdout); return -1;
     default: fputs(usage, stderr); return 2;
@@ -255,7 +214,7 @@ static int parse_load_args(int argc, char **argv, load_args *a) {
     fprintf(stderr, "attn load: %s\n%s", why, usage);
     return 2;
   }
-  if (parse_url(argv[optind], &a->u) < 0)
+  if (load_url(argv[optind], &a->u) < 0)
     return 2;
   if (!a->path)
     a->path = a->u.path[0] ? a->u.path : "/attention";

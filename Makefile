@@ -305,7 +305,8 @@ TEST_SERVER_OBJ = $(patsubst %,$(BUILD)/obj/server/%.o,metrics conns loop deadli
 $(TEST_BIN): $(TEST_OBJ) $(TEST_SERVER_OBJ) \
             $(BUILD)/obj/clients/benchlib.o $(BUILD)/obj/clients/http_reply.o \
             $(BUILD)/obj/clients/hist.o $(BUILD)/obj/clients/url.o \
-            $(BUILD)/obj/clients/args.o $(LIB)
+            $(BUILD)/obj/clients/args.o $(BUILD)/obj/clients/load_sched.o \
+            $(BUILD)/obj/clients/load_conn.o $(BUILD)/obj/clients/load_report.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ -lcriterion -luv -lz $(LDLIBS_ALL)
 

@@ -14,7 +14,6 @@
 #include "url.h"
 
 #include <errno.h>
-#include <math.h>
 #include <netdb.h>
 #include <signal.h>
 #include <stdbool.h>

@@ -140,7 +140,8 @@ ATTN_SRC = clients/attn.c clients/plan_cmd.c clients/bench_cmd.c clients/compute
            clients/infer_cmd.c clients/load_cmd.c clients/hist.c clients/benchlib.c \
            clients/args.c clients/files.c clients/http_reply.c clients/load_report.c \
            clients/infer_send.c clients/infer_report.c clients/infer_check.c \
-           clients/infer_shards.c clients/infer_inputs.c
+           clients/infer_shards.c clients/infer_inputs.c \
+           clients/load_conn.c clients/load_sched.c clients/url.c
 ATTN_OBJ = $(ATTN_SRC:%.c=$(BUILD)/obj/%.o)
 
 TEST_SRC = $(wildcard tests/unit/*.c)
@@ -305,7 +306,9 @@ TEST_SERVER_OBJ = $(patsubst %,$(BUILD)/obj/server/%.o,metrics conns loop deadli
                     reqid auth inflate log console parse) $(CONSOLE_OBJ)
 $(TEST_BIN): $(TEST_OBJ) $(TEST_SERVER_OBJ) \
             $(BUILD)/obj/clients/benchlib.o $(BUILD)/obj/clients/http_reply.o \
-            $(BUILD)/obj/clients/hist.o $(LIB)
+            $(BUILD)/obj/clients/hist.o $(BUILD)/obj/clients/url.o \
+            $(BUILD)/obj/clients/args.o $(BUILD)/obj/clients/load_sched.o \
+            $(BUILD)/obj/clients/load_conn.o $(BUILD)/obj/clients/load_report.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ -lcriterion -luv -lz $(LDLIBS_ALL)
 

@@ -76,9 +76,10 @@ USE_CUDA = 0
 endif
 
 # ---- the engine library ---------------------------------------------------
-ENGINE_SRC = engine/engine.c engine/request.c engine/varlen.c engine/dtype.c engine/pool.c \
-             engine/plan.c engine/softmax.c engine/reference.c engine/reference_bwd.c engine/cpu/cpu.c \
-             engine/cpu/cpu_bwd.c \
+ENGINE_SRC = engine/submit.c engine/varlen.c engine/engine.c engine/backend.c engine/job.c \
+             engine/config.c engine/request.c engine/check.c engine/dtype.c engine/pool.c \
+             engine/plan.c engine/softmax.c engine/reference.c engine/reference_bwd.c \
+             engine/reference_backend.c engine/cpu/cpu.c engine/cpu/cpu_bwd.c engine/cpu/scan.c \
              engine/cuda/select.c engine/cuda/hopper_select.c
 ENGINE_OBJ = $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
 

@@ -49,6 +49,7 @@
  */
 #define _GNU_SOURCE
 #include "backend.h"
+#include "check.h"
 #include "kernels.h"
 #include "selfcheck.h"
 
@@ -1073,14 +1074,13 @@ static int cuda_open(const attn_backend_env *env, void **pstate, attn_status *st
 }
 
 const struct attn_backend_ops attn__cuda_backend = {
-    /* .name            = */ "cuda",
-    /* .workspace_bytes = */ NULL,
-    /* .open            = */ cuda_open,
-    /* .close           = */ cuda_close,
-    /* .supports        = */ cuda_supports,
-    /* .submit          = */ cuda_submit,
-    /* .describe        = */ cuda_describe,
-    /* .automatic       = */ true,
-    /* .healthy         = */ cuda_healthy,
-    /* .disabled        = */ cuda_disabled,
+    .name = "cuda",
+    .open = cuda_open,
+    .close = cuda_close,
+    .supports = cuda_supports,
+    .submit = cuda_submit,
+    .describe = cuda_describe,
+    .automatic = true,
+    .healthy = cuda_healthy,
+    .disabled = cuda_disabled,
 };

@@ -1,6 +1,6 @@
 /*
  * backend.c — a backend as an engine holds it: the ops with their
- * defaults, opened and closed.
+ * defaults, opened, closed, and given jobs.
  *
  * The defaults live here and nowhere else, so that a backend writes only
  * the ops it has something to say in, and the engine calls every op
@@ -64,4 +64,16 @@ void attn__backend_close(attn_backend *be) {
     be->ops.close(be->state);
   be->opened = false;
   be->state = NULL;
+}
+
+int attn__backend_queue(const attn_backend *be, attn_jobs *jobs, const attn_request *r,
+                        attn_done_fn done, void *arg, attn_status *st) {
+  attn_job *job = attn__job_new(jobs, r, done, arg);
+  if (!job)
+    return attn_status_set(st, ATTN_ENOMEM, "out of memory queueing a job");
+  job->backend = be->ops.name;
+  int rc = be->ops.submit(be->state, job, st);
+  if (rc < 0)
+    attn__job_drop(job);
+  return rc;
 }

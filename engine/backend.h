@@ -10,7 +10,7 @@
  * caller ever checks an op for NULL.
  *
  * The engine validates a request once, copies it into an attn_job with the
- * strides filled in (job.h), asks the chosen backend's supports() and hands
+ * strides filled in (job.h, attn__backend_queue), asks the chosen backend's supports() and hands
  * the job to submit(). The backend later calls attn__job_complete() exactly
  * once, from any thread.
  *
@@ -76,6 +76,10 @@ void attn__backend_init(attn_backend *be, const struct attn_backend_ops *ops);
 int attn__backend_open(attn_backend *be, const attn_backend_env *env);
 /* Closes an open backend (nothing for one that did not open). */
 void attn__backend_close(attn_backend *be);
+/* A new job for r (job.h), counted in jobs, queued on be (open, and
+ * supporting r). On error nothing is queued and the callback will not run. */
+int attn__backend_queue(const attn_backend *be, attn_jobs *jobs, const attn_request *r,
+                        attn_done_fn done, void *arg, attn_status *st);
 
 extern const struct attn_backend_ops attn__cpu_backend;
 extern const struct attn_backend_ops attn__reference_backend;

@@ -9,7 +9,6 @@
  */
 #include "job.h"
 
-#include "backend.h"
 #include "request_int.h"
 
 #include <stdlib.h>
@@ -74,18 +73,6 @@ void attn__job_drop(attn_job *job) {
   attn_jobs *jobs = job->jobs;
   free(job);
   jobs_add(jobs, -1);
-}
-
-int attn__job_queue(attn_jobs *jobs, const attn_backend *be, const attn_request *r,
-                    attn_done_fn done, void *arg, attn_status *st) {
-  attn_job *job = attn__job_new(jobs, r, done, arg);
-  if (!job)
-    return attn_status_set(st, ATTN_ENOMEM, "out of memory queueing a job");
-  job->backend = be->ops.name;
-  int rc = be->ops.submit(be->state, job, st);
-  if (rc < 0)
-    attn__job_drop(job);
-  return rc;
 }
 
 void attn__job_complete(attn_job *job, const attn_status *st) {

@@ -13,8 +13,6 @@
 
 #include <pthread.h>
 
-struct attn_backend;
-
 /* The jobs in flight of one engine: attn_engine_close() waits for none. */
 typedef struct attn_jobs {
   pthread_mutex_t mu;
@@ -42,11 +40,6 @@ typedef struct attn_job {
 attn_job *attn__job_new(attn_jobs *jobs, const attn_request *r, attn_done_fn done, void *arg);
 /* Frees a job that will not run, without calling its callback. */
 void attn__job_drop(attn_job *job);
-
-/* A new job for r queued on backend be (open, and supporting r). On error
- * nothing is queued and the callback will not run. */
-int attn__job_queue(attn_jobs *jobs, const struct attn_backend *be, const attn_request *r,
-                    attn_done_fn done, void *arg, attn_status *st);
 
 /* Ends a job: fills the result, calls the user's callback, frees the job. */
 void attn__job_complete(attn_job *job, const attn_status *st);

@@ -26,7 +26,7 @@ int attn_engine_submit(attn_engine *e, const attn_request *r, attn_done_fn done,
   const attn_backend *be;
   if ((rc = attn__engine_pick(e, r, &be, st)) < 0)
     return rc;
-  return attn__job_queue(attn__engine_jobs(e), be, r, done, arg, st);
+  return attn__backend_queue(be, attn__engine_jobs(e), r, done, arg, st);
 }
 
 typedef struct waiter {

@@ -15,7 +15,7 @@
  * once, from any thread.
  *
  * To add a backend: write its ops table, declare it below, and list it in
- * engine.c's backend table in preference order.
+ * handle.c's backend table in preference order.
  */
 #ifndef ATTN_BACKEND_H
 #define ATTN_BACKEND_H

@@ -7,7 +7,7 @@
  * job per sequence on one backend. Either way the caller's callback runs
  * once, through attn__job_complete() (job.c).
  */
-#include "engine_int.h"
+#include "handle.h"
 #include "varlen.h"
 
 #include <pthread.h>

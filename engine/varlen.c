@@ -19,7 +19,7 @@
  */
 #include "varlen.h"
 
-#include "engine_int.h"
+#include "handle.h"
 #include "request_int.h"
 
 #include <math.h>

@@ -1,5 +1,5 @@
 /*
- * engine.c — the engine handle: its backends, its pool, its jobs.
+ * handle.c — the engine handle: its backends, its pool, its jobs.
  *
  * Lifecycle: open() sizes the worker pool (cores, or attn_config.threads),
  * opens every compiled-in backend (one that finds no device stays listed as
@@ -8,7 +8,7 @@
  * that closes has already stopped submitting (callers cancel their own
  * jobs through attn_request.cancel).
  */
-#include "engine_int.h"
+#include "handle.h"
 
 #include <stdio.h>
 #include <stdlib.h>

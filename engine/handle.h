@@ -1,12 +1,12 @@
 /*
- * engine_int.h — the engine handle as the submission path sees it.
+ * handle.h — the engine handle as the submission path sees it.
  *
- * Internal to engine/: submit.c and varlen.c, which sit above engine.c,
- * pick a backend of the engine for a request, and count their jobs and
- * use the worker pool of the engine.
+ * Internal to engine/ (handle.c): submit.c and varlen.c, which sit above
+ * it, pick a backend of the engine for a request, count their jobs in it
+ * and use its worker pool.
  */
-#ifndef ATTN_ENGINE_INT_H
-#define ATTN_ENGINE_INT_H
+#ifndef ATTN_HANDLE_H
+#define ATTN_HANDLE_H
 
 #include "backend.h"
 

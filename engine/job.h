@@ -13,7 +13,8 @@
 
 #include <pthread.h>
 
-/* The jobs in flight of one engine: attn_engine_close() waits for none. */
+/* The jobs in flight of one engine: attn_engine_close() waits until none
+ * is left. */
 typedef struct attn_jobs {
   pthread_mutex_t mu;
   pthread_cond_t idle;

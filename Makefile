@@ -78,9 +78,10 @@ USE_CUDA = 0
 endif
 
 # ---- the engine library ---------------------------------------------------
-ENGINE_SRC = engine/engine.c engine/request.c engine/varlen.c engine/dtype.c engine/pool.c \
-             engine/plan.c engine/softmax.c engine/reference.c engine/reference_bwd.c engine/cpu/cpu.c \
-             engine/cpu/cpu_bwd.c \
+ENGINE_SRC = engine/submit.c engine/varlen.c engine/handle.c engine/backend.c engine/job.c \
+             engine/config.c engine/request.c engine/check.c engine/dtype.c engine/pool.c \
+             engine/plan.c engine/softmax.c engine/reference.c engine/reference_bwd.c \
+             engine/reference_backend.c engine/cpu/cpu.c engine/cpu/cpu_bwd.c engine/cpu/scan.c \
              engine/cuda/select.c engine/cuda/hopper_select.c
 ENGINE_OBJ = $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
 
@@ -111,8 +112,9 @@ CUDA_INC   = -I$(CUDA_HOME)/include
 CUDA_LIBS  = -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 CU_OBJ =
 ifeq ($(USE_CUDA),1)
-CU_OBJ = $(CU_SRC:%.cu=$(BUILD)/obj/%.o) $(BUILD)/obj/engine/cuda/cuda.o \
-         $(BUILD)/obj/engine/cuda/selfcheck.o
+CU_HOST_SRC = engine/cuda/cuda.c engine/cuda/device.c engine/cuda/dispatch.c \
+              engine/cuda/stream.c engine/cuda/stage.c engine/cuda/selfcheck.c
+CU_OBJ = $(CU_SRC:%.cu=$(BUILD)/obj/%.o) $(CU_HOST_SRC:%.c=$(BUILD)/obj/%.o)
 CPPFLAGS += -DATTN_HAVE_CUDA
 # Arch-specific targets (90a: wgmma, setmaxnreg) run on one compute
 # capability only and their PTX does not carry forward: the PTX is of the
@@ -251,7 +253,7 @@ $(BUILD)/obj/%.o: %.cu $(BUILD)/.cuflags
 	  echo "$<: a kernel that must not spill spills registers (see $(@:.o=.ptxas.log))" >&2; \
 	  rm -f $@; exit 1; fi
 
-$(BUILD)/obj/engine/cuda/cuda.o: CPPFLAGS += $(CUDA_INC)
+$(CU_HOST_SRC:%.c=$(BUILD)/obj/%.o): CPPFLAGS += $(CUDA_INC)
 
 $(LIB): $(ENGINE_OBJ) $(PROTO_OBJ) $(ISA_OBJ) $(CU_OBJ)
 	@rm -f $@

@@ -2,7 +2,7 @@
  * log.c — request lines and notes, as text or JSON (log.h).
  */
 #include "log.h"
-#include "server.h"
+#include "request.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -26,7 +26,10 @@
  * passes (what is left then is answered 503 and canceled). SIGHUP and
  * SIGUSR1 are logged and ignored.
  */
-#include "server.h"
+#include "loop.h"
+#include "deadline.h"
+#include "errors.h"
+#include "log.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -137,6 +140,37 @@ static void act_remove(attnd_server *s, attnd_req *r) {
   r->act_prev = r->act_next = NULL;
 }
 
+/* ---- deadlines: one timer over every admitted job (deadline.h) -------------- */
+
+static void on_tick(uv_timer_t *t);
+
+/* (Re)arms the timer after jobs were admitted or ended. Never postpones a
+ * tick already due sooner: a steady stream of admissions must not starve
+ * the polling for resets. */
+static void arm_deadlines(attnd_server *s) {
+  int64_t delay = attnd_deadline_next(s, attn_now());
+  if (delay < 0) {
+    uv_timer_stop(&s->tick);
+    return;
+  }
+  if (uv_is_active((uv_handle_t *)&s->tick) && uv_timer_get_due_in(&s->tick) <= (uint64_t)delay)
+    return;
+  uv_timer_start(&s->tick, on_tick, (uint64_t)delay, 0);
+}
+
+static void on_tick(uv_timer_t *t) {
+  attnd_server *s = t->data;
+  double now = attn_now();
+  attnd_req *next;
+  for (attnd_req *r = s->act_head; r; r = next) {
+    next = r->act_next; /* canceling a queued job unlinks (and may free) it */
+    int why = r->answered ? -1 : attnd_deadline_due(s, r, now);
+    if (why >= 0)
+      attnd_loop_cancel(s, r, (attnd_cancel_reason)why);
+  }
+  arm_deadlines(s);
+}
+
 /* ---- the job: decode and submit, compute, encode ---------------------------- */
 
 /* The tensors are no longer needed once the engine is done; the reply is
@@ -168,7 +202,7 @@ static void push(attnd_req **head, attnd_req **tail, attnd_req *r) {
  * (read in place), the tensors of a JSON body (up to twice the body), and
  * for /v2 those of its JSON part plus an aligned copy of its binary part. */
 static uint64_t decode_need(const attnd_req *r, size_t len) {
-  if (r->route == ATTND_R_V2_INFER)
+  if (r->v2)
     return attn_proto_v2_decode_bound(len, r->v2_json_len < len ? r->v2_json_len : len);
   return r->json_in ? attn_proto_json_decode_bound(len) : 0;
 }
@@ -235,7 +269,7 @@ static int decode_body(attnd_req *r, attn_status *st) {
     return st->code;
   const char *body = r->plain ? r->plain : r->body;
   size_t len = r->plain ? r->plain_len : r->len;
-  if (r->route == ATTND_R_V2_INFER) {
+  if (r->v2) {
     size_t json_len = r->v2_json_len == SIZE_MAX ? len : r->v2_json_len;
     return attn_proto_decode_v2(body, len, json_len, &r->pr, &r->v2_info, st);
   }
@@ -309,7 +343,7 @@ static void encode(uv_work_t *w) {
   if (r->res.status.code) {
     st = r->res.status;
     rc = -1;
-  } else if (r->route == ATTND_R_V2_INFER) {
+  } else if (r->v2) {
     /* the request's id (X-Request-Id, or made) when the body had none */
     void *buf = NULL;
     rc = attn_proto_encode_v2(&r->pr, &r->v2_info, attn_proto_v2_model_name(r->v2_model), r->id,
@@ -388,7 +422,7 @@ static void complete(attnd_req *r) {
     note_canceled_job(r);
   }
   attnd_req_unref(r);
-  attnd_deadline_arm(s);
+  arm_deadlines(s);
   dispatch(s);
 }
 
@@ -513,10 +547,9 @@ static void dispatch(attnd_server *s) {
   while (s->running < s->max_running && (r = next_job(s))) {
     double now = attn_now();
     /* What the timer would find at its next tick, found now. */
-    if (now >= r->t_received + s->cfg->timeout)
-      attnd_loop_cancel(s, r, ATTND_CANCEL_TIMEOUT);
-    else if (s->transport->client_gone(r))
-      attnd_loop_cancel(s, r, ATTND_CANCEL_CLIENT_CLOSED);
+    int why = attnd_deadline_due(s, r, now);
+    if (why >= 0)
+      attnd_loop_cancel(s, r, (attnd_cancel_reason)why);
     else
       start(s, r, now);
   }
@@ -569,7 +602,7 @@ static void on_incoming(uv_async_t *h) {
     r = next;
   }
   dispatch(s);
-  attnd_deadline_arm(s);
+  arm_deadlines(s);
 }
 
 void attnd_loop_submit(attnd_server *s, attnd_req *r) {
@@ -688,11 +721,11 @@ static int init_signal(attnd_server *s, uv_signal_t *h, uv_signal_cb cb, int sig
 static int init_handles(attnd_server *s) {
   int rc;
   s->incoming.data = s->completed.data = s;
-  s->drain_timer.data = s->sweep_timer.data = s;
+  s->drain_timer.data = s->sweep_timer.data = s->tick.data = s;
   if ((rc = uv_async_init(&s->loop, &s->incoming, on_incoming)) < 0 ||
       (rc = uv_async_init(&s->loop, &s->completed, on_completed)) < 0 ||
       (rc = uv_timer_init(&s->loop, &s->drain_timer)) < 0 ||
-      (rc = uv_timer_init(&s->loop, &s->sweep_timer)) < 0 || (rc = attnd_deadline_init(s)) < 0 ||
+      (rc = uv_timer_init(&s->loop, &s->sweep_timer)) < 0 || (rc = uv_timer_init(&s->loop, &s->tick)) < 0 ||
       (rc = init_signal(s, &s->sigterm, on_signal, SIGTERM)) < 0 ||
       (rc = init_signal(s, &s->sigint, on_signal, SIGINT)) < 0 ||
       (rc = init_signal(s, &s->sighup, on_ignored_signal, SIGHUP)) < 0 ||

@@ -27,6 +27,7 @@
  * SIGUSR1 are logged and ignored.
  */
 #include "loop.h"
+#include "jobs.h"
 #include "deadline.h"
 #include "errors.h"
 #include "log.h"
@@ -68,77 +69,6 @@ static void finish(attnd_req *r) {
 }
 
 static void dispatch(attnd_server *s);
-
-/* ---- fair shares: the running slots among client addresses ---------------- */
-
-/* addr's record with one more job, made for its first; NULL when out of
- * memory. A client has a record only while it has jobs admitted, so there
- * are at most --max-queue: few enough that a list searched in order beats
- * a table. */
-static attnd_client *client_get(attnd_server *s, const char *addr) {
-  attnd_client *c = s->clients;
-  while (c && strcmp(c->addr, addr))
-    c = c->next;
-  if (!c) {
-    if (!(c = calloc(1, sizeof *c)))
-      return NULL;
-    snprintf(c->addr, sizeof c->addr, "%s", addr);
-    c->next = s->clients;
-    s->clients = c;
-  }
-  c->jobs++;
-  return c;
-}
-
-/* r's job has ended (run, or dropped from the queue): its client has one
- * job fewer, and no record once it has none. */
-static void client_put(attnd_server *s, attnd_req *r) {
-  attnd_client *c = r->who, **pp = &s->clients;
-  r->who = NULL;
-  if (--c->jobs > 0)
-    return;
-  while (*pp != c)
-    pp = &(*pp)->next;
-  *pp = c->next;
-  free(c);
-}
-
-/* The job a free slot goes to: the oldest queued job of the client running
- * the fewest jobs, among clients under their cap; NULL when every queued
- * job's client is at its cap. Those jobs keep their place in the queue and
- * their deadlines (deadline.c looks at every admitted job). */
-static attnd_req *next_job(const attnd_server *s) {
-  attnd_req *best = NULL;
-  for (attnd_req *r = s->pend_head; r; r = r->next) {
-    int n = r->who->running;
-    if (n >= s->client_cap || (best && n >= best->who->running))
-      continue;
-    best = r;
-    if (n == 0) /* no client runs fewer */
-      break;
-  }
-  return best;
-}
-
-/* ---- the loop's list of admitted jobs (for deadline.c) ------------------------ */
-
-static void act_add(attnd_server *s, attnd_req *r) {
-  r->act_prev = NULL;
-  r->act_next = s->act_head;
-  if (s->act_head)
-    s->act_head->act_prev = r;
-  s->act_head = r;
-}
-
-static void act_remove(attnd_server *s, attnd_req *r) {
-  if (r->act_prev)
-    r->act_prev->act_next = r->act_next;
-  else
-    s->act_head = r->act_next;
-  if (r->act_next)
-    r->act_next->act_prev = r->act_prev;
-  r->act_prev = r->act_next = NULL;
-}
 
 /* ---- deadlines: one timer over every admitted job (deadline.h) -------------- */
 
@@ -187,16 +117,6 @@ static void drop_inputs(attnd_req *r) {
 /* The engine calls this, on one of its threads, when a submitted job ends. */
 static void engine_done(const attn_result *res, void *arg);
 
-/* Appends r to a list of requests (the handoffs under s->mu, or the
- * loop's own pending queue). */
-static void push(attnd_req **head, attnd_req **tail, attnd_req *r) {
-  r->next = NULL;
-  if (*tail)
-    (*tail)->next = r;
-  else
-    *head = r;
-  *tail = r;
-}
 
 /* What decoding r's body allocates beside it: nothing for safetensors
  * (read in place), the tensors of a JSON body (up to twice the body), and
@@ -330,7 +250,7 @@ static void engine_done(const attn_result *res, void *arg) {
   r->res = *res;
   r->t_engine = attn_now();
   pthread_mutex_lock(&s->mu);
-  push(&s->done_head, &s->done_tail, r);
+  attnd_jobs_push(&s->done_head, &s->done_tail, r);
   pthread_mutex_unlock(&s->mu);
   uv_async_send(&s->completed);
 }
@@ -409,9 +329,9 @@ static void complete(attnd_req *r) {
   attnd_server *s = r->srv;
   s->running--;
   r->who->running--;
-  client_put(s, r);
+  attnd_jobs_client_put(s, r);
   s->admitted--;
-  act_remove(s, r);
+  attnd_jobs_remove(s, r);
   attnd_metrics_gauge_add(s->metrics, ATTND_GAUGE_INFLIGHT, -1);
   if (!r->answered) {
     reply_from_job(r);
@@ -468,20 +388,6 @@ static void on_completed(uv_async_t *h) {
 
 /* ---- canceling ------------------------------------------------------------- */
 
-static void pend_remove(attnd_server *s, attnd_req *r) {
-  attnd_req **pp = &s->pend_head, *prev = NULL;
-  while (*pp && *pp != r) {
-    prev = *pp;
-    pp = &(*pp)->next;
-  }
-  if (!*pp)
-    return;
-  *pp = r->next;
-  if (s->pend_tail == r)
-    s->pend_tail = prev;
-  attnd_metrics_gauge_add(s->metrics, ATTND_GAUGE_QUEUE_DEPTH, -1);
-}
-
 /* The early reply of a canceled job; none for a client that is gone (a 499
  * is only ever logged, never sent). */
 static void cancel_reply(attnd_req *r, attnd_cancel_reason why) {
@@ -515,9 +421,9 @@ void attnd_loop_cancel(attnd_server *s, attnd_req *r, attnd_cancel_reason why) {
     finish(r);
     return;
   }
-  pend_remove(s, r);
-  act_remove(s, r);
-  client_put(s, r);
+  attnd_jobs_unqueue(s, r);
+  attnd_jobs_remove(s, r);
+  attnd_jobs_client_put(s, r);
   s->admitted--;
   attnd_metrics_canceled(s->metrics, why, ATTND_STAGE_QUEUED);
   log_canceled(r, "dropped from the queue before it ran");
@@ -529,7 +435,7 @@ void attnd_loop_cancel(attnd_server *s, attnd_req *r, attnd_cancel_reason why) {
 
 /* r leaves the queue for a slot: decode and submit on the threadpool. */
 static void start(attnd_server *s, attnd_req *r, double now) {
-  pend_remove(s, r);
+  attnd_jobs_unqueue(s, r);
   r->dispatched = true;
   r->t_started = now;
   attnd_metrics_queue_wait(s->metrics, now - r->t_admitted);
@@ -544,7 +450,7 @@ static void start(attnd_server *s, attnd_req *r, double now) {
 
 static void dispatch(attnd_server *s) {
   attnd_req *r;
-  while (s->running < s->max_running && (r = next_job(s))) {
+  while (s->running < s->max_running && (r = attnd_jobs_next(s))) {
     double now = attn_now();
     /* What the timer would find at its next tick, found now. */
     int why = attnd_deadline_due(s, r, now);
@@ -580,14 +486,14 @@ static void admit(attnd_server *s, attnd_req *r) {
     attnd_req_unref(r);
     return;
   }
-  if (!(r->who = client_get(s, r->client))) {
+  if (!(r->who = attnd_jobs_client_get(s, r->client))) {
     refuse(r, ATTND_EOUT_OF_MEMORY, "out of memory admitting this request; retry shortly");
     return;
   }
   s->admitted++;
   attnd_metrics_gauge_add(s->metrics, ATTND_GAUGE_QUEUE_DEPTH, 1);
-  push(&s->pend_head, &s->pend_tail, r);
-  act_add(s, r);
+  attnd_jobs_push(&s->pend_head, &s->pend_tail, r);
+  attnd_jobs_add(s, r);
 }
 
 static void on_incoming(uv_async_t *h) {
@@ -608,7 +514,7 @@ static void on_incoming(uv_async_t *h) {
 void attnd_loop_submit(attnd_server *s, attnd_req *r) {
   atomic_fetch_add(&r->refs, 1); /* the job's, dropped when it ends */
   pthread_mutex_lock(&s->mu);
-  push(&s->in_head, &s->in_tail, r);
+  attnd_jobs_push(&s->in_head, &s->in_tail, r);
   pthread_mutex_unlock(&s->mu);
   uv_async_send(&s->incoming);
 }

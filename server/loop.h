@@ -8,15 +8,6 @@
 
 #include "request.h"
 
-/* A client address with jobs admitted: its share of the running slots.
- * Loop only. */
-typedef struct attnd_client {
-  char addr[48];
-  int jobs;    /* admitted and not ended; the record is freed at 0 */
-  int running; /* of those, dispatched and not ended */
-  struct attnd_client *next;
-} attnd_client;
-
 /* 0, or -1 after one line to stderr. */
 int attnd_loop_init(attnd_server *s);
 /* From the HTTP thread: hand a complete computing request to the loop. */

@@ -182,7 +182,6 @@ static bool take_body(attnd_req *r, const char *data, size_t n) {
   return true;
 }
 
-
 /* Bytes of body read and dropped after a reply was decided (413 on a
  * chunked body, 404 or 405 with a body) before the connection is cut
  * instead: libmicrohttpd takes a reply only before the body or after all
@@ -211,7 +210,6 @@ bool attnd_body_add(attnd_req *r, const char *data, size_t n) {
     attnd_conns_cut(&r->srv->conns, r->link, ATTND_CLOSE_BODY_REFUSED, &c);
   return false;
 }
-
 
 /* Writes a JSON error reply straight to the socket and ends the
  * connection's sending side; what the client sent after it is read and

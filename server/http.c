@@ -52,7 +52,6 @@ static enum MHD_Result add_arg(void *cls, enum MHD_ValueKind kind, const char *k
   return MHD_YES;
 }
 
-
 static attnd_req *new_req(attnd_server *s, struct MHD_Connection *conn) {
   attnd_req *r = attnd_req_new(s);
   if (!r)
@@ -297,8 +296,8 @@ static enum MHD_Result first_call(attnd_req *r, const char *url, const char *met
 }
 
 enum MHD_Result attnd_http_on_request(void *cls, struct MHD_Connection *conn, const char *url,
-                                  const char *method, const char *version, const char *upload,
-                                  size_t *upload_size, void **con_cls) {
+                                      const char *method, const char *version, const char *upload,
+                                      size_t *upload_size, void **con_cls) {
   attnd_server *s = cls;
   attnd_req *r = *con_cls;
   if (!r && !(r = *con_cls = new_req(s, conn)))
@@ -330,7 +329,7 @@ enum MHD_Result attnd_http_on_request(void *cls, struct MHD_Connection *conn, co
 }
 
 void attnd_http_on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
-                         enum MHD_RequestTerminationCode why) {
+                             enum MHD_RequestTerminationCode why) {
   (void)conn;
   attnd_server *s = cls;
   attnd_req *r = *con_cls;

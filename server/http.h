@@ -18,8 +18,8 @@ size_t attnd_http_on_unescape(void *cls, struct MHD_Connection *conn, char *s);
 
 /* Each step of a request: its head, each piece of body, its end. */
 enum MHD_Result attnd_http_on_request(void *cls, struct MHD_Connection *conn, const char *url,
-                                      const char *method, const char *version,
-                                      const char *upload, size_t *upload_size, void **con_cls);
+                                      const char *method, const char *version, const char *upload,
+                                      size_t *upload_size, void **con_cls);
 
 /* The request has ended, answered or not (MHD_OPTION_NOTIFY_COMPLETED). */
 void attnd_http_on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,

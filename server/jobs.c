@@ -80,7 +80,6 @@ void attnd_jobs_remove(attnd_server *s, attnd_req *r) {
   r->act_prev = r->act_next = NULL;
 }
 
-
 /* Appends r to a list of requests (the handoffs under s->mu, or the
  * loop's own pending queue). */
 void attnd_jobs_push(attnd_req **head, attnd_req **tail, attnd_req *r) {

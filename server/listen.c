@@ -171,9 +171,9 @@ int attnd_http_start(attnd_server *s) {
       s, MHD_OPTION_LISTEN_SOCKET, s->listen_fd, MHD_OPTION_NOTIFY_COMPLETED,
       attnd_http_on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
       MHD_OPTION_URI_LOG_CALLBACK, attnd_http_on_target, s, MHD_OPTION_UNESCAPE_CALLBACK,
-      attnd_http_on_unescape, s, MHD_OPTION_CONNECTION_TIMEOUT,
-      (unsigned)c->idle_timeout, MHD_OPTION_CONNECTION_LIMIT, limit,
-      MHD_OPTION_CONNECTION_MEMORY_LIMIT, CONNECTION_MEMORY, MHD_OPTION_ARRAY, tls, MHD_OPTION_END);
+      attnd_http_on_unescape, s, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)c->idle_timeout,
+      MHD_OPTION_CONNECTION_LIMIT, limit, MHD_OPTION_CONNECTION_MEMORY_LIMIT, CONNECTION_MEMORY,
+      MHD_OPTION_ARRAY, tls, MHD_OPTION_END);
   if (!s->mhd) {
     fprintf(stderr, "attnd: cannot start the HTTP%s daemon on %s:%d\n", s->tls_cert_pem ? "S" : "",
             c->host, s->port);

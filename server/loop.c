@@ -117,7 +117,6 @@ static void drop_inputs(attnd_req *r) {
 /* The engine calls this, on one of its threads, when a submitted job ends. */
 static void engine_done(const attn_result *res, void *arg);
 
-
 /* What decoding r's body allocates beside it: nothing for safetensors
  * (read in place), the tensors of a JSON body (up to twice the body), and
  * for /v2 those of its JSON part plus an aligned copy of its binary part. */
@@ -631,7 +630,8 @@ static int init_handles(attnd_server *s) {
   if ((rc = uv_async_init(&s->loop, &s->incoming, on_incoming)) < 0 ||
       (rc = uv_async_init(&s->loop, &s->completed, on_completed)) < 0 ||
       (rc = uv_timer_init(&s->loop, &s->drain_timer)) < 0 ||
-      (rc = uv_timer_init(&s->loop, &s->sweep_timer)) < 0 || (rc = uv_timer_init(&s->loop, &s->tick)) < 0 ||
+      (rc = uv_timer_init(&s->loop, &s->sweep_timer)) < 0 ||
+      (rc = uv_timer_init(&s->loop, &s->tick)) < 0 ||
       (rc = init_signal(s, &s->sigterm, on_signal, SIGTERM)) < 0 ||
       (rc = init_signal(s, &s->sigint, on_signal, SIGINT)) < 0 ||
       (rc = init_signal(s, &s->sighup, on_ignored_signal, SIGHUP)) < 0 ||

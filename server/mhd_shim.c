@@ -52,7 +52,6 @@ static void account_without_request(attnd_server *s, int status, size_t out, con
   attnd_req_account(s, &line);
 }
 
-
 static enum MHD_Result refuse(struct MHD_Connection *conn, unsigned status) {
   const union MHD_ConnectionInfo *ci =
       MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);

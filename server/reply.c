@@ -71,7 +71,8 @@ enum MHD_Result attnd_reply_queue(attnd_req *r) {
   r->resp = NULL; /* libmicrohttpd frees it with the response */
   /* mhd_shim.c tells attnd's replies from libmicrohttpd's own by these */
   if (r->status != MHD_HTTP_NO_CONTENT)
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r->ctype ? r->ctype : ATTND_JSON_TYPE);
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
+                            r->ctype ? r->ctype : ATTND_JSON_TYPE);
   MHD_add_response_header(resp, ATTND_REQID_HEADER, r->id);
   add_cors(r, resp);
   add_server_timing(r, resp);
@@ -88,8 +89,7 @@ enum MHD_Result attnd_reply_queue(attnd_req *r) {
     MHD_add_response_header(resp, "Inference-Header-Content-Length", n);
   }
   if (r->status == MHD_HTTP_METHOD_NOT_ALLOWED)
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW,
-                            attnd_route_allow(r->route));
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, attnd_route_allow(r->route));
   enum MHD_Result ok = MHD_queue_response(r->conn, (unsigned)r->status, resp);
   MHD_destroy_response(resp);
   r->queued = true;

@@ -46,15 +46,15 @@ typedef struct attnd_req {
   /* The HTTP thread's: the request as it arrives (fixed before the
    * handoff; the loop and the engine read them after). */
   struct MHD_Connection *conn;
-  attnd_conn *link;                /* the connection's registry record */
-  char client[48];                 /* its address (link's), the key of its fair share */
-  bool started;                    /* the first request callback has run */
-  const char *bad_target;          /* why the request target is refused, or NULL */
-  int bad_target_code;             /* its error: 414 too long, 400 malformed */
-  const char *target, *target_end; /* where libmicrohttpd holds the target, its string end */
-  const char *host;                /* its Host header, or NULL (valid until it ends) */
-  bool close;                      /* its reply ends the connection (a refused head) */
-  const struct attnd_route *route; /* its row of the route table (routes.h), or NULL */
+  attnd_conn *link;                 /* the connection's registry record */
+  char client[48];                  /* its address (link's), the key of its fair share */
+  bool started;                     /* the first request callback has run */
+  const char *bad_target;           /* why the request target is refused, or NULL */
+  int bad_target_code;              /* its error: 414 too long, 400 malformed */
+  const char *target, *target_end;  /* where libmicrohttpd holds the target, its string end */
+  const char *host;                 /* its Host header, or NULL (valid until it ends) */
+  bool close;                       /* its reply ends the connection (a refused head) */
+  const struct attnd_route *route;  /* its row of the route table (routes.h), or NULL */
   const attnd_console_asset *asset; /* the console's file served, or NULL */
   /* The model a route served ("" for /attention): a label of the metrics
    * and the log line. Set by the route, before the request ends. */
@@ -65,10 +65,10 @@ typedef struct attnd_req {
   bool json_in; /* Content-Type application/json (else safetensors) */
   /* /v2: errors in the protocol's shape {"error": message} */
   bool v2;
-  int v2_model;            /* attn_proto_v2_model() of the path, or -1 */
-  size_t v2_json_len;      /* Inference-Header-Content-Length; SIZE_MAX: the whole body */
-  bool binary_out;         /* reply as safetensors */
-  char *body;              /* the whole body, one buffer, as received */
+  int v2_model;       /* attn_proto_v2_model() of the path, or -1 */
+  size_t v2_json_len; /* Inference-Header-Content-Length; SIZE_MAX: the whole body */
+  bool binary_out;    /* reply as safetensors */
+  char *body;         /* the whole body, one buffer, as received */
   size_t len, cap;
   uint64_t declared;       /* its Content-Length; UINT64_MAX for a chunked body */
   bool has_body;           /* it declared one: an upload in the registry until it is whole */

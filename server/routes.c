@@ -189,8 +189,7 @@ static void v2_not_found(attnd_req *r) {
   else {
     attn_quote(what, sizeof what, r->path, strlen(r->path));
     route_list(true, list, sizeof list);
-    snprintf(msg, sizeof msg, "no such path \"%s\" (the inference protocol here: %s)", what,
-             list);
+    snprintf(msg, sizeof msg, "no such path \"%s\" (the inference protocol here: %s)", what, list);
   }
   attnd_req_fail(r, ATTND_ENOT_FOUND, msg);
 }

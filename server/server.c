@@ -42,4 +42,3 @@ int attnd_server_ready(attnd_server *s, char *why, size_t cap) {
   }
   return backend_ready(s, why, cap) ? 0 : ATTND_EBACKEND_UNAVAILABLE;
 }
-

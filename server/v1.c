@@ -105,7 +105,6 @@ void attnd_v1_plan(attnd_req *r) {
   attnd_req_reply_json(r, 200, &b);
 }
 
-
 /* The registry's counters, after the other series of /metrics. */
 static void render_conns(attn_sbuf *b, attnd_conns *c) {
   uint64_t n[ATTND_CLOSE_REASONS];

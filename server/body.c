@@ -32,6 +32,17 @@ typedef struct cut_reply {
   size_t len;
 } cut_reply;
 
+/* Refuses r for a header's value: 'header "value" why', the value quoted
+ * (attn_quote) and cut short. Returns false, for the callers' returns. */
+static bool refuse_header(attnd_req *r, int code, const char *header, const char *value,
+                          const char *why) {
+  char msg[240], what[72];
+  attn_quote(what, sizeof what, value, strlen(value));
+  snprintf(msg, sizeof msg, "%s \"%s\" %s", header, what, why);
+  attnd_req_fail(r, code, msg);
+  return false;
+}
+
 /*
  * A /v2 infer request: JSON, optionally followed by binary tensors whose
  * start Inference-Header-Content-Length gives. tritonclient sends no
@@ -39,29 +50,16 @@ typedef struct cut_reply {
  * data is refused. false when r has its reply.
  */
 static bool v2_framing(attnd_req *r, const char *ct) {
-  char msg[240], what[72];
   if (ct && !attnd_parse_media_is(ct, "application/json") &&
-      !attnd_parse_media_is(ct, "application/octet-stream")) {
-    attn_quote(what, sizeof what, ct, strlen(ct));
-    snprintf(msg, sizeof msg,
-             "Content-Type \"%s\" is not one the inference protocol reads; send "
-             "application/json, application/octet-stream or none",
-             what);
-    attnd_req_fail(r, ATTND_EUNSUPPORTED_MEDIA_TYPE, msg);
-    return false;
-  }
+      !attnd_parse_media_is(ct, "application/octet-stream"))
+    return refuse_header(r, ATTND_EUNSUPPORTED_MEDIA_TYPE, "Content-Type", ct,
+                         "is not one the inference protocol reads; send application/json, "
+                         "application/octet-stream or none");
   const char *h =
       MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Inference-Header-Content-Length");
-  if (!h)
-    return true;
-  if (!attnd_parse_json_length(h, &r->v2_json_len)) {
-    attn_quote(what, sizeof what, h, strlen(h));
-    snprintf(msg, sizeof msg,
-             "Inference-Header-Content-Length \"%s\" is not a byte count (the JSON's length)",
-             what);
-    attnd_req_fail(r, ATTN_PROTO_EFRAMING, msg);
-    return false;
-  }
+  if (h && !attnd_parse_json_length(h, &r->v2_json_len))
+    return refuse_header(r, ATTN_PROTO_EFRAMING, "Inference-Header-Content-Length", h,
+                         "is not a byte count (the JSON's length)");
   return true;
 }
 
@@ -74,13 +72,8 @@ static bool accept_encoding(attnd_req *r) {
   r->encoding = attnd_encoding_of(ce);
   if (r->encoding != ATTND_ENC_UNKNOWN)
     return true;
-  char msg[200], what[72];
-  attn_quote(what, sizeof what, ce, strlen(ce));
-  snprintf(msg, sizeof msg,
-           "Content-Encoding \"%s\" is not one this server reads; send gzip, deflate or none",
-           what);
-  attnd_req_fail(r, ATTND_EUNSUPPORTED_MEDIA_TYPE, msg);
-  return false;
+  return refuse_header(r, ATTND_EUNSUPPORTED_MEDIA_TYPE, "Content-Encoding", ce,
+                       "is not one this server reads; send gzip, deflate or none");
 }
 
 bool attnd_body_begin(attnd_req *r) {
@@ -106,15 +99,9 @@ bool attnd_body_begin(attnd_req *r) {
   } else if (attnd_parse_media_is(ct, "application/octet-stream")) {
     r->binary_out = true;
   } else {
-    char msg[200], what[72];
-    const char *given = ct ? ct : "(none)";
-    attn_quote(what, sizeof what, given, strlen(given));
-    snprintf(msg, sizeof msg,
-             "Content-Type \"%s\" is not one this server reads; send application/json or "
-             "application/octet-stream (safetensors)",
-             what);
-    attnd_req_fail(r, ATTND_EUNSUPPORTED_MEDIA_TYPE, msg);
-    return false;
+    return refuse_header(r, ATTND_EUNSUPPORTED_MEDIA_TYPE, "Content-Type", ct ? ct : "(none)",
+                         "is not one this server reads; send application/json or "
+                         "application/octet-stream (safetensors)");
   }
   if (!accept_encoding(r))
     return false;

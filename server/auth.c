@@ -7,7 +7,10 @@
 #include <string.h>
 #include <strings.h>
 
-bool attnd_auth_open(const char *path) { return attnd_route_open(path); }
+bool attnd_auth_open(const char *path) {
+  const attnd_route *route = attnd_route_find(path, NULL, NULL);
+  return route && route->open;
+}
 
 bool attnd_auth_equal(const char *a, size_t a_len, const char *b, size_t b_len) {
   /* Every byte of b is visited whatever a holds; a shorter a is read as

@@ -15,6 +15,7 @@
 #include "http.h"
 #include "auth.h"
 #include "body.h"
+#include "log.h"
 #include "loop.h"
 #include "mhd_shim.h"
 #include "parse.h"
@@ -337,7 +338,7 @@ void attnd_http_on_completed(void *cls, struct MHD_Connection *conn, void **con_
     return;
   if (!r->queued) /* the client left before a reply */
     attnd_mhd_unanswered(s, r, why);
-  attnd_req_account(s, r);
+  attnd_log_ended(s, r);
   if (r->link) {
     r->link->req = NULL;
     attnd_conns_set(&s->conns, r->link, ATTND_CONN_IDLE, attn_now());

@@ -101,3 +101,10 @@ void attnd_log_request(attnd_server *s, const attnd_req *r, double total) {
   }
   emit(s, &b);
 }
+
+void attnd_log_ended(attnd_server *s, const attnd_req *r) {
+  double total = attn_now() - r->t_received;
+  attnd_metrics_request_model(s->metrics, attnd_req_route_label(r), r->model, r->status, total,
+                              r->len, r->bytes_out);
+  attnd_log_request(s, r, total);
+}

@@ -49,7 +49,7 @@ static void account_without_request(attnd_server *s, int status, size_t out, con
   attnd_req line = {.t_received = attn_now(), .status = status, .bytes_out = out};
   snprintf(line.method, sizeof line.method, "-");
   snprintf(line.path, sizeof line.path, "%s", path);
-  attnd_req_account(s, &line);
+  attnd_log_ended(s, &line);
 }
 
 static enum MHD_Result refuse(struct MHD_Connection *conn, unsigned status) {

@@ -2,13 +2,11 @@
  * request.c — one HTTP request's life, apart from the HTTP library and the
  * scheduler: its creation and references, its reply (attnd_req_fail is the
  * only way to set an error), the body budget it draws on, the uploads a
- * drain waits for, and its accounting (metrics and the log line) once it
- * ends.
+ * drain waits for, and its metrics label.
  */
 #include "request.h"
 #include "errors.h"
-#include "log.h"
-#include "routes.h"
+#include "route.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -155,17 +153,10 @@ void attnd_upload_end(attnd_req *r) {
   attnd_metrics_gauge_add(r->srv->metrics, ATTND_GAUGE_UPLOADS, -1);
 }
 
-/* ---- accounting ------------------------------------------------------------- */
+/* ---- its metrics label -------------------------------------------------------- */
 
 const char *attnd_req_route_label(const attnd_req *r) {
   if (r->route && r->route->label)
     return r->route->label;
   return r->v2 ? "/v2/*" : r->path;
-}
-
-void attnd_req_account(attnd_server *s, const attnd_req *r) {
-  double total = attn_now() - r->t_received;
-  attnd_metrics_request_model(s->metrics, attnd_req_route_label(r), r->model, r->status, total,
-                              r->len, r->bytes_out);
-  attnd_log_request(s, r, total);
 }

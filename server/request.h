@@ -3,7 +3,7 @@
  * completion notice, and what every thread does to it (request.c): its
  * references, its reply (attnd_req_fail is the only way to set an error),
  * the body budget it draws on, the uploads a drain waits for, and its
- * accounting once it ends.
+ * metrics label (log.h accounts for it once it ends).
  *
  * Its fields are grouped by the thread that owns them, as the lifetime
  * passes a request along: the HTTP thread until the handoff to the loop,
@@ -165,7 +165,5 @@ void attnd_upload_end(attnd_req *r);
  * its route, never by the client's bytes: model names would make labels
  * without bound), else the path. */
 const char *attnd_req_route_label(const attnd_req *r);
-/* r has ended: its metrics and its log line. */
-void attnd_req_account(attnd_server *s, const attnd_req *r);
 
 #endif

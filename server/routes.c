@@ -123,11 +123,6 @@ void attnd_route_of(attnd_req *r) {
     snprintf(r->model, sizeof r->model, "%s", attn_proto_v2_model_name(model));
 }
 
-bool attnd_route_open(const char *path) {
-  const attnd_route *route = attnd_route_find(path, NULL, NULL);
-  return route && route->open;
-}
-
 bool attnd_route_allows(const attnd_route *route, const char *method) {
   if (route->methods & ATTND_POST && !strcmp(method, "POST"))
     return true;

@@ -8,31 +8,8 @@
 #ifndef ATTND_ROUTES_H
 #define ATTND_ROUTES_H
 
-#include "engine.h"
 #include "request.h"
-
-#include <stdbool.h>
-
-/* The methods a route answers, a bit each; GET also answers HEAD. */
-enum { ATTND_GET = 1, ATTND_POST = 2 };
-
-typedef struct attnd_route {
-  unsigned methods;
-  /* The path, exactly; "{model}" stands for a model of the inference
-   * protocol (attn_proto_v2_model), optionally followed by
-   * "/versions/1", and "{console}" for any of the console's files. */
-  const char *pattern;
-  bool open;     /* served without the API key (probes, the console) */
-  bool computes; /* a POST that queues engine work, answered by the loop */
-  attn_pass pass;
-  /* Its series in the metrics; NULL: the path itself. */
-  const char *label;
-  /* How the 404 text of its part of the API (/v2 or the rest) names it, or
-   * NULL for a route another row's words cover. */
-  const char *hint;
-  /* Answers the route on the HTTP thread; NULL for one that computes. */
-  void (*answer)(attnd_req *r);
-} attnd_route;
+#include "route.h"
 
 /* The route whose pattern path matches (no query), or NULL. *model is the
  * model's index for a pattern with one (-1 otherwise), *asset the console's
@@ -58,8 +35,5 @@ const char *attnd_route_allow(const attnd_route *route);
  * methods), the message naming what there is. */
 void attnd_route_not_found(attnd_req *r);
 void attnd_route_not_allowed(attnd_req *r);
-
-/* Whether a path is served without the key (auth.h). */
-bool attnd_route_open(const char *path);
 
 #endif

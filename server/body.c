@@ -76,43 +76,40 @@ static bool accept_encoding(attnd_req *r) {
                        "is not one this server reads; send gzip, deflate or none");
 }
 
-bool attnd_body_begin(attnd_req *r) {
-  attnd_server *s = r->srv;
-  struct MHD_Connection *conn = r->conn;
-  const union MHD_ConnectionInfo *ci =
-      MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-  r->fd = ci ? ci->connect_fd : -1;
-  attnd_upload_begin(r);
-  if (atomic_load(&s->draining)) {
-    attnd_req_fail(r, ATTND_ESHUTTING_DOWN, "the server is draining and takes no new work");
-    return false;
-  }
-  const char *ct = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
-  if (r->v2) {
-    /* the inference protocol's codec reads the body whatever it is called */
-    if (!v2_framing(r, ct))
-      return false;
-  } else if (attnd_parse_media_is(ct, "application/json")) {
+/* What r's Content-Type says its body and reply are: false when r has its
+ * reply. */
+static bool read_media(attnd_req *r) {
+  const char *ct =
+      MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+  if (r->v2) /* the inference protocol's codec reads the body whatever it is called */
+    return v2_framing(r, ct);
+  if (attnd_parse_media_is(ct, "application/json")) {
     r->json_in = true;
     r->binary_out = attnd_parse_accepts_binary(
-        MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_ACCEPT));
-  } else if (attnd_parse_media_is(ct, "application/octet-stream")) {
-    r->binary_out = true;
-  } else {
-    return refuse_header(r, ATTND_EUNSUPPORTED_MEDIA_TYPE, "Content-Type", ct ? ct : "(none)",
-                         "is not one this server reads; send application/json or "
-                         "application/octet-stream (safetensors)");
+        MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_ACCEPT));
+    return true;
   }
-  if (!accept_encoding(r))
-    return false;
+  if (attnd_parse_media_is(ct, "application/octet-stream")) {
+    r->binary_out = true;
+    return true;
+  }
+  return refuse_header(r, ATTND_EUNSUPPORTED_MEDIA_TYPE, "Content-Type", ct ? ct : "(none)",
+                       "is not one this server reads; send application/json or "
+                       "application/octet-stream (safetensors)");
+}
+
+/* Content-Length against --max-body, and the body's first buffer: false
+ * when r has its reply. */
+static bool open_buffer(attnd_req *r) {
+  uint64_t max = r->srv->cfg->max_body;
   const char *cl =
-      MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+      MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
   uint64_t want = cl ? attnd_parse_content_length(cl) : 0;
-  if (want > s->cfg->max_body) {
+  if (want > max) {
     char msg[200], what[40];
     attn_quote(what, sizeof what, cl, strlen(cl));
     snprintf(msg, sizeof msg, "Content-Length %s is over the limit of %llu bytes (--max-body)",
-             what, (unsigned long long)s->cfg->max_body);
+             what, (unsigned long long)max);
     attnd_req_fail(r, ATTND_ETOO_LARGE, msg);
     return false;
   }
@@ -128,6 +125,18 @@ bool attnd_body_begin(attnd_req *r) {
     return false;
   }
   return true;
+}
+
+bool attnd_body_begin(attnd_req *r) {
+  const union MHD_ConnectionInfo *ci =
+      MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+  r->fd = ci ? ci->connect_fd : -1;
+  attnd_upload_begin(r);
+  if (atomic_load(&r->srv->draining)) {
+    attnd_req_fail(r, ATTND_ESHUTTING_DOWN, "the server is draining and takes no new work");
+    return false;
+  }
+  return read_media(r) && accept_encoding(r) && open_buffer(r);
 }
 
 /* r's body buffer grown to hold need bytes: doubled, up to what the body

@@ -2,7 +2,9 @@
  * main.c — attnd: configuration, the engine, the HTTP front and the loop,
  * started in that order and stopped in reverse once a drain completes.
  */
-#include "server.h"
+#include "listen.h"
+#include "log.h"
+#include "loop.h"
 #include "tls.h"
 
 #include <malloc.h>

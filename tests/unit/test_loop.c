@@ -10,7 +10,8 @@
  * a request whose fd is FAKE_RESET_FD is a client that reset.
  */
 #define _GNU_SOURCE /* memmem */
-#include "server.h"
+#include "loop.h"
+#include "routes.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
@@ -90,7 +91,7 @@ static attnd_req *job(rig *g, const char *body) {
   cr_assert_not_null(r);
   snprintf(r->method, sizeof r->method, "POST");
   snprintf(r->path, sizeof r->path, "/attention");
-  r->route = ATTND_R_ATTENTION;
+  r->route = attnd_route_find("/attention", NULL, NULL);
   r->json_in = true;
   r->query = strdup("");
   r->len = r->cap = strlen(body);

@@ -123,6 +123,19 @@ void attnd_route_of(attnd_req *r) {
     snprintf(r->model, sizeof r->model, "%s", attn_proto_v2_model_name(model));
 }
 
+int attnd_route_labels(const char **out, int cap) {
+  int n = 0;
+  for (int i = 0; i < N_ROUTES; i++) {
+    const char *l = table[i].label;
+    bool seen = !l;
+    for (int j = 0; j < i && !seen; j++)
+      seen = table[j].label && !strcmp(table[j].label, l);
+    if (!seen && n++ < cap)
+      out[n - 1] = l;
+  }
+  return n;
+}
+
 bool attnd_route_allows(const attnd_route *route, const char *method) {
   if (route->methods & ATTND_POST && !strcmp(method, "POST"))
     return true;

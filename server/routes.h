@@ -25,6 +25,10 @@ bool attnd_route_v2(const char *path);
  * the protocol's fields and the model label. */
 void attnd_route_of(attnd_req *r);
 
+/* The table's metrics labels, each once, in table order, up to cap of them
+ * (their static strings into out); returns how many there are. */
+int attnd_route_labels(const char **out, int cap);
+
 /* Whether method is one route answers. */
 bool attnd_route_allows(const attnd_route *route, const char *method);
 

@@ -62,7 +62,8 @@ static rig *rig_open_with(int max_queue, double timeout, int per_client, uint64_
   g->s.backend = "cpu";
   g->s.backend_note = "";
   pthread_mutex_init(&g->s.log_mu, NULL);
-  g->s.metrics = attnd_metrics_new();
+  const char *labels[ATTND_METRICS_MAX_ROUTES];
+  g->s.metrics = attnd_metrics_new(labels, attnd_route_labels(labels, ATTND_METRICS_MAX_ROUTES));
   cr_assert_not_null(g->s.metrics);
   attn_config ec;
   attn_config_init(&ec);

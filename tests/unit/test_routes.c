@@ -57,7 +57,8 @@ static void setup(void) {
   memset(&srv, 0, sizeof srv);
   memset(&cfg, 0, sizeof cfg);
   srv.cfg = &cfg;
-  srv.metrics = attnd_metrics_new();
+  const char *labels[ATTND_METRICS_MAX_ROUTES];
+  srv.metrics = attnd_metrics_new(labels, attnd_route_labels(labels, ATTND_METRICS_MAX_ROUTES));
   cr_assert_not_null(srv.metrics);
   attnd_reqid_init(&srv.ids);
 }
@@ -214,4 +215,28 @@ Test(routes, a_path_alone_finds_its_row) {
   cr_expect_str_eq(asset->path, "/");
   cr_expect_null(attnd_route_find("/attention?x=1", &model, NULL), "the query is not the path");
   cr_expect(attnd_route_v2("/v2") && attnd_route_v2("/v2/x") && !attnd_route_v2("/v2x"));
+}
+
+/* The series /metrics keeps: one per label, each once; the console's files
+ * and unknown paths are counted as "other". */
+Test(routes, the_metrics_series_are_the_tables_labels) {
+  static const char *const want[] = {
+      "/attention",
+      "/attention/backward",
+      "/attention/plan",
+      "/healthz",
+      "/readyz",
+      "/metrics",
+      "/v1/info",
+      "/v2/*",
+      "/v2/models/*/infer",
+  };
+  const char *got[ATTND_METRICS_MAX_ROUTES];
+  int n = attnd_route_labels(got, ATTND_METRICS_MAX_ROUTES);
+  cr_assert_eq(n, (int)(sizeof want / sizeof *want));
+  for (int i = 0; i < n; i++)
+    cr_expect_str_eq(got[i], want[i], "label %d", i);
+  const char *two[2];
+  cr_expect_eq(attnd_route_labels(two, 2), n, "the count, past cap");
+  cr_expect_str_eq(two[1], "/attention/backward");
 }

@@ -7,6 +7,8 @@
 #   make format        apply .clang-format (make test checks it)
 #   make fuzz          each libFuzzer target FUZZ_SECONDS (20) from its seeds
 #                      (make test replays the seeds and runs each a few seconds)
+#   make layout        regenerate docs/layout.md from each file's opening
+#                      comment (make test checks it: make layout-check)
 #   make bench         the CPU benchmark against OpenBLAS (not part of test)
 #   make bench-peers   attnd against PyTorch and numpy (not part of test; the
 #                      first run makes build/peers-venv from PyPI: torch, ~GBs)
@@ -78,9 +80,10 @@ USE_CUDA = 0
 endif
 
 # ---- the engine library ---------------------------------------------------
-ENGINE_SRC = engine/engine.c engine/request.c engine/varlen.c engine/dtype.c engine/pool.c \
-             engine/plan.c engine/softmax.c engine/reference.c engine/reference_bwd.c engine/cpu/cpu.c \
-             engine/cpu/cpu_bwd.c \
+ENGINE_SRC = engine/submit.c engine/varlen.c engine/handle.c engine/backend.c engine/job.c \
+             engine/config.c engine/request.c engine/check.c engine/dtype.c engine/pool.c \
+             engine/plan.c engine/softmax.c engine/reference.c engine/reference_bwd.c \
+             engine/reference_backend.c engine/cpu/cpu.c engine/cpu/cpu_bwd.c engine/cpu/scan.c \
              engine/cuda/select.c engine/cuda/hopper_select.c
 ENGINE_OBJ = $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
 
@@ -111,8 +114,9 @@ CUDA_INC   = -I$(CUDA_HOME)/include
 CUDA_LIBS  = -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 CU_OBJ =
 ifeq ($(USE_CUDA),1)
-CU_OBJ = $(CU_SRC:%.cu=$(BUILD)/obj/%.o) $(BUILD)/obj/engine/cuda/cuda.o \
-         $(BUILD)/obj/engine/cuda/selfcheck.o
+CU_HOST_SRC = engine/cuda/cuda.c engine/cuda/device.c engine/cuda/dispatch.c \
+              engine/cuda/stream.c engine/cuda/stage.c engine/cuda/selfcheck.c
+CU_OBJ = $(CU_SRC:%.cu=$(BUILD)/obj/%.o) $(CU_HOST_SRC:%.c=$(BUILD)/obj/%.o)
 CPPFLAGS += -DATTN_HAVE_CUDA
 # Arch-specific targets (90a: wgmma, setmaxnreg) run on one compute
 # capability only and their PTX does not carry forward: the PTX is of the
@@ -140,7 +144,8 @@ ATTN_SRC = clients/attn.c clients/plan_cmd.c clients/bench_cmd.c clients/compute
            clients/infer_cmd.c clients/load_cmd.c clients/hist.c clients/benchlib.c \
            clients/args.c clients/files.c clients/http_reply.c clients/load_report.c \
            clients/infer_send.c clients/infer_report.c clients/infer_check.c \
-           clients/infer_shards.c clients/infer_inputs.c
+           clients/infer_shards.c clients/infer_inputs.c \
+           clients/load_conn.c clients/load_sched.c clients/url.c
 ATTN_OBJ = $(ATTN_SRC:%.c=$(BUILD)/obj/%.o)
 
 # Support shared by the test binaries (tests/lib/): random problems and the
@@ -201,7 +206,9 @@ FUZZ_EXTRA_parse = -Iserver
 SERVER_SRC = server/main.c server/config.c server/http.c server/loop.c server/deadline.c \
              server/metrics.c server/conns.c server/mhd_shim.c server/errors.c server/request.c \
              server/v2.c server/reqid.c server/auth.c server/inflate.c server/log.c server/tls.c \
-             server/console.c server/parse.c
+             server/console.c server/parse.c server/routes.c server/v1.c server/server.c \
+             server/body.c server/listen.c server/reply.c server/jobs.c \
+             server/work.c
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/obj/%.o) $(CONSOLE_OBJ)
 
 # ---- the web console (GET /): its files compiled into attnd ---------------------
@@ -259,7 +266,7 @@ $(BUILD)/obj/%.o: %.cu $(BUILD)/.cuflags
 	  echo "$<: a kernel that must not spill spills registers (see $(@:.o=.ptxas.log))" >&2; \
 	  rm -f $@; exit 1; fi
 
-$(BUILD)/obj/engine/cuda/cuda.o: CPPFLAGS += $(CUDA_INC)
+$(CU_HOST_SRC:%.c=$(BUILD)/obj/%.o): CPPFLAGS += $(CUDA_INC)
 
 $(LIB): $(ENGINE_OBJ) $(PROTO_OBJ) $(ISA_OBJ) $(CU_OBJ)
 	@rm -f $@
@@ -320,10 +327,12 @@ $(BUILD)/bench-gpu: $(BUILD)/obj/tests/gpu/bench_gpu.o $(LIB)
 $(BUILD)/obj/tests/unit/%.o: CPPFLAGS += -Itests/lib -Iclients
 
 TEST_SERVER_OBJ = $(patsubst %,$(BUILD)/obj/server/%.o,metrics conns loop deadline request errors \
-                    reqid auth inflate log console parse) $(CONSOLE_OBJ)
+                    reqid auth inflate log console parse routes v1 v2 server jobs work) $(CONSOLE_OBJ)
 $(TEST_BIN): $(TEST_OBJ) $(TEST_SERVER_OBJ) \
             $(BUILD)/obj/clients/benchlib.o $(BUILD)/obj/clients/http_reply.o \
-            $(BUILD)/obj/clients/hist.o $(LIB)
+            $(BUILD)/obj/clients/hist.o $(BUILD)/obj/clients/url.o \
+            $(BUILD)/obj/clients/args.o $(BUILD)/obj/clients/load_sched.o \
+            $(BUILD)/obj/clients/load_conn.o $(BUILD)/obj/clients/load_report.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ -lcriterion -luv -lz $(LDLIBS_ALL)
 
@@ -498,6 +507,7 @@ test: deps
 	$(MAKE) --no-print-directory fuzz-replay
 	$(MAKE) --no-print-directory format-check
 	@tests/map-check.sh
+	$(MAKE) --no-print-directory layout-check
 
 # The C, CUDA and test sources git tracks, formatted by .clang-format:
 # `make format` applies it, `make format-check` (part of make test) lists
@@ -511,6 +521,18 @@ format-check:
 	  | sed 's/:.*//' | sort -u | sed 's/^/make format-check: not formatted: /'; \
 	clang-format --dry-run -Werror $(FORMAT_SRC) >/dev/null 2>&1 || \
 	  { echo "make format-check: run make format" >&2; exit 1; }
+
+# docs/layout.md: every tracked source with the first sentence of its opening
+# comment (docs/layout.py). `make layout` rewrites it; `make layout-check`
+# (part of make test) fails when it is stale, when a source has no opening
+# line, or when a Markdown file links to, or names in backticks, a file that
+# is not there.
+.PHONY: layout layout-check
+layout:
+	/usr/bin/python3 docs/layout.py --write
+
+layout-check:
+	@/usr/bin/python3 docs/layout.py --check
 
 # The GPU tests alone (see tests/gpu/check.sh for the whole GPU check).
 test-gpu: deps

@@ -2,17 +2,56 @@
 #include "args.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-int attn_arg_i64(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out) {
+int64_t attn_arg_list_len(const char *s) {
+  int64_t n = 1;
+  for (; *s; s++)
+    n += *s == ',';
+  return n;
+}
+
+bool attn_arg_list_i64(const char **p, int64_t lo, int64_t hi, bool last, int64_t *out) {
   char *end;
   errno = 0;
-  long long v = s ? strtoll(s, &end, 10) : 0;
-  if (!s || !*s || *end || errno || v < lo || v > hi) {
+  long long v = strtoll(*p, &end, 10);
+  if (end == *p || errno || v < lo || v > hi || *end != (last ? 0 : ','))
+    return false;
+  *out = v;
+  *p = end + !last;
+  return true;
+}
+
+bool attn_arg_list_double(const char **p, bool last, double *out) {
+  char *end;
+  errno = 0;
+  double v = strtod(*p, &end);
+  if (end == *p || errno || !isfinite(v) || *end != (last ? 0 : ','))
+    return false;
+  *out = v;
+  *p = end + !last;
+  return true;
+}
+
+int attn_arg_i64(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out) {
+  const char *p = s ? s : "";
+  if (!attn_arg_list_i64(&p, lo, hi, true, out)) {
     fprintf(stderr, "attn: %s expects an integer from %lld to %lld (got \"%s\")\n", flag,
             (long long)lo, (long long)hi, s ? s : "");
+    return -1;
+  }
+  return 0;
+}
+
+int attn_arg_double(const char *flag, const char *s, double lo, double hi, double *out) {
+  const char *p = s ? s : "";
+  double v;
+  if (!attn_arg_list_double(&p, true, &v) || v < lo || v > hi) {
+    fprintf(stderr, "attn: %s expects a number from %g to %g (got \"%s\")\n", flag, lo, hi,
+            s ? s : "");
     return -1;
   }
   *out = v;
@@ -57,18 +96,12 @@ int attn_arg_shape(int c, const char *arg, attn_shape_args *s) {
 
 int attn_arg_dims(const char *flag, const char *s, int64_t out[4]) {
   const char *p = s ? s : "";
-  for (int i = 0; i < 4; i++) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(p, &end, 10);
-    if (end == p || errno || v < 1 || v > ATTN_MAX_DIM || *end != (i < 3 ? ',' : 0)) {
+  for (int i = 0; i < 4; i++)
+    if (!attn_arg_list_i64(&p, 1, ATTN_MAX_DIM, i == 3, &out[i])) {
       fprintf(stderr, "attn: %s expects B,H,N,D: four positive integers (got \"%s\")\n", flag,
               s ? s : "");
       return -1;
     }
-    out[i] = v;
-    p = end + 1;
-  }
   return 0;
 }
 

@@ -15,6 +15,8 @@
 
 int attn_arg_i64(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out);
 int attn_arg_int(const char *flag, const char *s, int lo, int hi, int *out);
+/* A finite number from lo to hi. */
+int attn_arg_double(const char *flag, const char *s, double lo, double hi, double *out);
 int attn_arg_dtype(const char *flag, const char *s, attn_dtype *out);
 
 /* The API key the clients send as "Authorization: Bearer KEY": the
@@ -25,6 +27,15 @@ const char *attn_arg_api_key(const char *me, bool *bad);
 
 /* "B,H,N,D" (four positive integers) into out. */
 int attn_arg_dims(const char *flag, const char *s, int64_t out[4]);
+
+/* Comma lists ("0,3,7"), for flags that word their own message about the
+ * whole list: how many items s holds (its commas plus one), and the item
+ * at *p, an integer from lo to hi or a finite number, which must be
+ * followed by a comma or, when it is the last, by the end. true with *out
+ * set and *p past the comma; false, printing nothing, when it is not one. */
+int64_t attn_arg_list_len(const char *s);
+bool attn_arg_list_i64(const char **p, int64_t lo, int64_t hi, bool last, int64_t *out);
+bool attn_arg_list_double(const char **p, bool last, double *out);
 
 /* The shape of a problem as the subcommands take it; heads_kv 0 means
  * "same as heads". */

@@ -7,7 +7,7 @@
  * pass (given the forward's lse, as training runs it), credited with 2.5
  * times the forward's FLOPs (attn_request_flops). Each row is the median of
  * --repeat runs after one warm-up. With no shape flag it runs the standard
- * set (the README's table); `make bench` adds the OpenBLAS baselines.
+ * set (the table in docs/performance.md); `make bench` adds the OpenBLAS baselines.
  */
 #include "args.h"
 #include "benchlib.h"

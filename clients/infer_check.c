@@ -6,7 +6,7 @@
  * normalized errors of dq, dk and dv against the float64 reference backward
  * (engine/reference.h) with o's tolerance.
  */
-#include "backend.h" /* attn__varlen_sub(): a sequence as the engine splits it */
+#include "request_int.h" /* attn__varlen_sub(): a sequence as the engine splits it */
 #include "infer.h"
 #include "reference.h"
 

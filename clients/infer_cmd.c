@@ -25,6 +25,7 @@
 #include "cmds.h"
 #include "files.h"
 #include "infer.h"
+#include "url.h"
 
 #include <errno.h>
 #include <math.h>
@@ -130,17 +131,7 @@ static int infer_flag(int c, attn_infer_args *a) {
   case 'U': return attn_infer_parse_offsets("--cu-seqlens-q", optarg, &a->cu_q, &a->ncu_q);
   case 'V': return attn_infer_parse_offsets("--cu-seqlens-kv", optarg, &a->cu_kv, &a->ncu_kv);
   case 'D': a->shards = optarg; return 0;
-  case 'T': {
-    char *end;
-    errno = 0;
-    double v = strtod(optarg, &end);
-    if (!*optarg || *end || errno || !(v >= 0 && v <= 1e6)) {
-      fprintf(stderr, ME ": --timeout expects seconds from 0 to 1e6 (got \"%s\")\n", optarg);
-      return 2;
-    }
-    a->timeout = v;
-    return 0;
-  }
+  case 'T': return attn_arg_double("--timeout", optarg, 0, 1e6, &a->timeout) < 0 ? 2 : 0;
   default: fputs(usage, stderr); return 2;
   }
 }
@@ -212,11 +203,9 @@ static int parse_args(int argc, char **argv, attn_infer_args *a) {
                        "alibi_slopes is used: put it there\n");
     return 2;
   }
-  if (!*a->url || strpbrk(a->url, "?# \t\r\n")) {
-    fprintf(stderr,
-            ME ": URL \"%s\" must be the server's base, like http://127.0.0.1:8080 "
-               "(options are flags)\n",
-            a->url);
+  attn_status st;
+  if (attn_url_base(a->url, &st) < 0) {
+    fprintf(stderr, ME ": %s\n", st.message);
     return 2;
   }
   if (a->in && (a->have_shape || a->have_shape_kv || a->have_dtype || a->have_seed || a->json)) {

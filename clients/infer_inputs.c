@@ -10,6 +10,7 @@
  * decreasing) are the server's to judge: it answers bad ones with a 422 the
  * user can read, as for any option only the server can judge.
  */
+#include "args.h"
 #include "files.h"
 #include "infer.h"
 
@@ -24,27 +25,19 @@
 /* Offsets of a flag as a comma list of integers from 0 to 2^40; 0, or 2
  * after a message. */
 int attn_infer_parse_offsets(const char *flag, const char *s, int64_t **pv, int64_t *pn) {
-  int64_t n = 1;
-  for (const char *p = s; *p; p++)
-    n += *p == ',';
+  int64_t n = attn_arg_list_len(s);
   free(*pv);
   *pv = malloc((size_t)n * sizeof **pv);
   *pn = n;
   const char *p = s;
-  for (int64_t i = 0; *pv && i < n; i++) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(p, &end, 10);
-    if (end == p || errno || v < 0 || v > (1LL << 40) || *end != (i + 1 < n ? ',' : 0) || n < 2) {
+  for (int64_t i = 0; *pv && i < n; i++)
+    if (n < 2 || !attn_arg_list_i64(&p, 0, 1LL << 40, i + 1 == n, &(*pv)[i])) {
       fprintf(stderr,
               ME ": %s expects B+1 offsets (B >= 1), integers from 0 to 2^40 separated by "
                  "commas, like 0,3,7 (got \"%s\")\n",
               flag, s);
       return 2;
     }
-    (*pv)[i] = v;
-    p = end + 1;
-  }
   return *pv ? 0 : 2;
 }
 
@@ -136,16 +129,12 @@ int attn_infer_parse_slopes(const char *s, attn_infer_args *a) {
     return slopes_file(s, a);
   free(a->alibi);
   a->alibi_rank = 0;
-  a->nalibi = 1;
-  for (const char *p = s; *p; p++)
-    a->nalibi += *p == ',';
+  a->nalibi = attn_arg_list_len(s);
   a->alibi = malloc((size_t)a->nalibi * sizeof *a->alibi);
   const char *p = s;
   for (int64_t i = 0; a->alibi && i < a->nalibi; i++) {
-    char *end;
-    errno = 0;
-    double v = strtod(p, &end);
-    if (end == p || errno || !isfinite(v) || *end != (i + 1 < a->nalibi ? ',' : 0)) {
+    double v;
+    if (!attn_arg_list_double(&p, i + 1 == a->nalibi, &v)) {
       fprintf(stderr,
               ME ": --alibi-slopes expects a file NAME.safetensors or finite numbers "
                  "separated by commas (got \"%s\")\n",
@@ -153,7 +142,6 @@ int attn_infer_parse_slopes(const char *s, attn_infer_args *a) {
       return 2;
     }
     a->alibi[i] = (float)v;
-    p = end + 1;
   }
   return a->alibi ? 0 : 2;
 }

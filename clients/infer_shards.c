@@ -13,6 +13,7 @@
  */
 #include "infer.h"
 #include "softmax.h"
+#include "url.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -34,8 +35,9 @@ typedef struct shard {
   int status;           /* exit status of this shard's exchange */
 } shard;
 
-/* Splits a comma-separated list into sh[].url; the count, or -1. */
-static int parse_urls(const char *list, shard *sh) {
+/* Splits a comma-separated list into sh[].url; the count, or -1 (with
+ * why, when it is one URL's fault, in st). */
+static int parse_urls(const char *list, shard *sh, attn_status *st) {
   int n = 0;
   for (const char *p = list; *p;) {
     size_t len = strcspn(p, ",");
@@ -43,7 +45,7 @@ static int parse_urls(const char *list, shard *sh) {
       return -1;
     memcpy(sh[n].url, p, len);
     sh[n].url[len] = 0;
-    if (strpbrk(sh[n++].url, "?# \t\r\n"))
+    if (attn_url_base(sh[n++].url, st) < 0)
       return -1;
     p += len + (p[len] == ',');
   }
@@ -164,10 +166,12 @@ static int run(const attn_infer_args *a, shard *sh, int n, attn_proto_req *whole
 
 int attn_infer_sharded(const attn_infer_args *a, attn_proto_req *whole) {
   shard *sh = calloc(MAX_SHARDS, sizeof *sh);
-  int n = sh ? parse_urls(a->shards, sh) : -1;
+  attn_status st = {0};
+  int n = sh ? parse_urls(a->shards, sh, &st) : -1;
   if (n < 1) {
-    fprintf(stderr, ATTN_INFER_ME ": --shards expects base URLs separated by commas (at most %d)\n",
-            MAX_SHARDS);
+    fprintf(stderr,
+            ATTN_INFER_ME ": --shards expects base URLs separated by commas (at most %d)%s%s\n",
+            MAX_SHARDS, *st.message ? ": " : "", st.message);
     free(sh);
     return 2;
   }

@@ -9,10 +9,10 @@
  * Arithmetic is in unsigned 128 bits so no shape within the limits can
  * wrap; results that do not fit 64 bits are refused.
  */
-#include "backend.h"
 #include "cpu/cpu_bwd.h"
 #include "cpu/flash.h"
 #include "cpu/flash_bwd.h"
+#include "pool.h"
 
 typedef unsigned __int128 u128;
 
@@ -84,7 +84,7 @@ int attn_plan_compute(const attn_plan_params *pp, attn_plan *plan, attn_status *
   plan->pass = pp->pass;
   plan->threads = pp->threads;
   if (plan->threads == 0)
-    plan->threads = attn__online_cores();
+    plan->threads = attn_pool_cores();
   if ((rc = fit(st, "Q", bq * (u128)r.seq_q * D * es, &plan->q)) ||
       (rc = fit(st, "K", bk * (u128)r.seq_kv * D * es, &plan->k)) ||
       (rc = fit(st, "V", bk * (u128)r.seq_kv * D * es, &plan->v)) ||

@@ -6,13 +6,16 @@
  * head: tens of microseconds at least), so the lock is not contended enough
  * to matter and keeps the scheduling obvious.
  */
+#define _GNU_SOURCE
 #include "pool.h"
 #include "engine.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct worker {
   pthread_t tid;
@@ -145,3 +148,11 @@ void attn_pool_submit(attn_pool *p, attn_pool_task *t) {
 }
 
 int attn_pool_threads(const attn_pool *p) { return p->nthreads; }
+
+int attn_pool_cores(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+    return CPU_COUNT(&set);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
+}

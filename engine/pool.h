@@ -42,4 +42,8 @@ void attn_pool_close(attn_pool *p);
 void attn_pool_submit(attn_pool *p, attn_pool_task *t);
 int attn_pool_threads(const attn_pool *p);
 
+/* CPUs this process may run on (its affinity), at least 1: the threads a
+ * pool gets when none are asked for. */
+int attn_pool_cores(void);
+
 #endif

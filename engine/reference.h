@@ -5,7 +5,9 @@
  * S = scale·Q Kᵀ materialized whole, the mask applied by the definition in
  * DESIGN.md (element by element, sharing no code with the tiled kernels),
  * P = safe softmax(S) row by row, O = P V. Exposed here for the tests, which
- * need float64 outputs; the "reference" backend wraps it for users.
+ * need float64 outputs; the "reference" backend (reference_backend.c) wraps
+ * it for users. It holds no engine state: any program linking libattn.a
+ * can call it.
  */
 #ifndef ATTN_REFERENCE_H
 #define ATTN_REFERENCE_H
@@ -21,6 +23,13 @@
  */
 int attn_reference_head(const attn_request *r, int64_t b, int64_t h, double *S, double *P,
                         double *o, double *m, double *l, double *lse, attn_status *st);
+
+/*
+ * S and P for attn_reference_head() or attn_reference_backward_group():
+ * seq_q·seq_kv doubles each, for the caller to free. Returns 0 or
+ * ATTN_ENOMEM with the bytes asked for.
+ */
+int attn_reference_scratch(const attn_request *r, double **S, double **P, attn_status *st);
 
 /*
  * The whole request: o is [B, Hq, Nq, D] and m, l, lse [B, Hq, Nq], all

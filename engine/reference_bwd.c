@@ -8,8 +8,10 @@
  * shortcut rowsum(dO∘O) and without the caller's lse or o (which are only
  * checked for finiteness, so that every backend refuses the same inputs).
  */
-#include "backend.h"
 #include "reference.h"
+
+#include "check.h"
+#include "request_int.h"
 
 #include <math.h>
 #include <stdlib.h>

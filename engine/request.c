@@ -6,7 +6,7 @@
  * in. Messages name the field and the value so the server can pass them to
  * the user verbatim.
  */
-#include "backend.h"
+#include "request_int.h"
 
 #include <float.h>
 #include <math.h>
@@ -325,8 +325,7 @@ void attn__varlen_sub(const attn_request *r, int64_t b, attn_request *sub) {
   sub->lse_in = NULL;
 }
 
-/* Keys visible to query row i: [lo, hi], empty when lo > hi. */
-static void row_range(const attn_request *r, int64_t i, int64_t *lo, int64_t *hi) {
+void attn__request_keys(const attn_request *r, int64_t i, int64_t *lo, int64_t *hi) {
   int64_t wl, wr, off = attn_request_offset(r);
   attn_request_window(r, &wl, &wr);
   *lo = wl < 0 ? 0 : i + off - wl;
@@ -351,7 +350,7 @@ uint64_t attn_request_visible_pairs(const attn_request *r) {
   uint64_t per_head = 0;
   for (int64_t i = 0; i < r->seq_q; i++) {
     int64_t lo, hi;
-    row_range(r, i, &lo, &hi);
+    attn__request_keys(r, i, &lo, &hi);
     if (hi >= lo)
       per_head += (uint64_t)(hi - lo + 1);
   }
@@ -372,75 +371,4 @@ uint64_t attn_request_pairs(const attn_request *r) {
 double attn_request_flops(const attn_request *r) {
   double fwd = 4.0 * (double)r->head_dim * (double)attn_request_visible_pairs(r);
   return r->pass == ATTN_BACKWARD ? 2.5 * fwd : fwd;
-}
-
-int attn__check_lse(const attn_request *r, attn_status *st) {
-  if (!r->lse_in)
-    return 0;
-  for (int64_t bh = 0; bh < r->batch * r->heads_q; bh++)
-    for (int64_t i = 0; i < r->seq_q; i++) {
-      float x = r->lse_in[bh * r->seq_q + i];
-      int64_t lo, hi;
-      row_range(r, i, &lo, &hi);
-      if (isnan(x) || x == INFINITY || (x == -INFINITY && hi >= lo))
-        return attn_status_set(st, x == -INFINITY ? ATTN_EINVAL : ATTN_ENONFINITE,
-                               "tensor lse holds %g at [%lld, %lld, %lld], a row that %s; "
-                               "pass the lse of the forward call on the same inputs",
-                               (double)x, (long long)(bh / r->heads_q),
-                               (long long)(bh % r->heads_q), (long long)i,
-                               hi >= lo ? "sees keys" : "sees no key");
-    }
-  return 0;
-}
-
-int attn__nonfinite(attn_status *st, const char *tensor, int64_t b, int64_t h, int64_t n,
-                    int64_t d) {
-  return attn_status_set(st, ATTN_ENONFINITE,
-                         "tensor %s holds a non-finite value at [%lld, %lld, %lld, %lld]; "
-                         "inputs must be finite",
-                         tensor, (long long)b, (long long)h, (long long)n, (long long)d);
-}
-
-int attn__check_magnitudes(const attn_request *r, const double maxabs[3], attn_status *st) {
-  /* Bounds on every intermediate: a scaled query element, a score (a sum of
-   * D products, in log2 units) and an unnormalized output (a sum of seq_kv
-   * terms p·v with p <= 1). Half of FLT_MAX leaves room for rounding. */
-  const double lim = FLT_MAX / 2;
-  double sc = fabs(attn_request_scale(r)) * M_LOG2E;
-  double score = sc * maxabs[0] * maxabs[1] * (double)r->head_dim;
-  if (sc * maxabs[0] > lim || score > lim)
-    return attn_status_set(st, ATTN_ERANGE,
-                           "attention scores could overflow float32: |scale| x "
-                           "max|q| x max|k| x head_dim = %.3g; scale q or k down",
-                           score / M_LOG2E);
-  if (maxabs[2] * (double)r->seq_kv > lim)
-    return attn_status_set(st, ATTN_ERANGE,
-                           "values could overflow float32 when summed: max|v| x "
-                           "seq_kv = %.3g; scale v down",
-                           maxabs[2] * (double)r->seq_kv);
-  return 0;
-}
-
-int attn__check_magnitudes_bwd(const attn_request *r, const double maxabs[5], attn_status *st) {
-  int rc = attn__check_magnitudes(r, maxabs, st);
-  if (rc)
-    return rc;
-  const double lim = FLT_MAX / 2, D = (double)r->head_dim;
-  const double rows = (double)r->seq_q * (double)(r->heads_q / r->heads_kv);
-  const double sc = fmax(1.0, fabs(attn_request_scale(r)));
-  /* |dS| <= P·(|dP| + |Dᵢ|) with P <= 1; dQ sums P-weighted terms of a row
-   * (Σ P = 1), dK and dV sum over every query row of the group. */
-  double dp = maxabs[4] * maxabs[2] * D, di = maxabs[4] * maxabs[3] * D, ds = dp + di;
-  if (dp > lim || di > lim || ds > lim)
-    return attn_status_set(st, ATTN_ERANGE,
-                           "gradients could overflow float32: max|do| x max(|v|, |o|) x "
-                           "head_dim = %.3g; scale do down",
-                           fmax(dp, di));
-  double dk = sc * ds * maxabs[0] * rows, dq = sc * ds * maxabs[1], dv = maxabs[4] * rows;
-  if (dk > lim || dq > lim || dv > lim)
-    return attn_status_set(st, ATTN_ERANGE,
-                           "gradients could overflow float32 when summed over %.0f query rows: "
-                           "dk up to %.3g, dq up to %.3g, dv up to %.3g; scale do down",
-                           rows, dk, dq, dv);
-  return 0;
 }

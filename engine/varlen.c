@@ -12,8 +12,15 @@
  * query row), gathered (backward lse_in) before and scattered (forward m,
  * l, lse) after. A sequence with no key, or in a backward pass with no
  * query, is written here: O = 0, m = lse = -inf, l = 0; dq, or dk and dv, 0.
+ *
+ * The request is one job of its own (job.h), never handed to a backend:
+ * it is completed through attn__job_complete() like any other, once its
+ * last sequence is done, so the caller's result is built in one place.
  */
-#include "backend.h"
+#include "varlen.h"
+
+#include "handle.h"
+#include "request_int.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -31,13 +38,10 @@ typedef struct varlen_seq {
 
 struct varlen_job {
   attn_pool_task task; /* completes the job on a worker (never in submit) */
-  struct attn_engine *e;
-  attn_request req; /* the whole request, strides filled */
-  attn_done_fn done;
-  void *arg;
-  const char *backend;
-  double t_start;
-  int64_t refs; /* running sequences, plus one while submitting */
+  attn_engine *e;
+  attn_job *whole;         /* the request's own job: its callback, its result */
+  const attn_request *req; /* the whole request, strides filled: whole's */
+  int64_t refs;            /* running sequences, plus one while submitting */
   pthread_mutex_t mu;
   attn_status status; /* the first failure */
   varlen_seq *seqs;
@@ -53,16 +57,12 @@ static void vj_free(varlen_job *vj) {
   free(vj);
 }
 
+/* The whole request completes once its buffers are freed. */
 static void vj_finish(varlen_job *vj) {
-  attn_result res = {0};
-  res.status = vj->status;
-  res.backend = vj->backend;
-  res.engine_seconds = attn_now() - vj->t_start;
-  res.flops = res.status.code ? 0 : attn_request_flops(&vj->req);
-  struct attn_engine *e = vj->e;
-  vj->done(&res, vj->arg);
+  attn_job *whole = vj->whole;
+  attn_status st = vj->status;
   vj_free(vj);
-  attn__engine_hold(e, -1);
+  attn__job_complete(whole, st.code ? &st : NULL);
 }
 
 static void noop_run(attn_pool_task *t, int64_t item, void *ws) { (void)t, (void)item, (void)ws; }
@@ -105,7 +105,7 @@ static void stat_rows(float *dst, const float *src, float fill, const attn_reque
 static void seq_done(const attn_result *res, void *arg) {
   varlen_seq *sq = arg;
   varlen_job *vj = sq->vj;
-  const attn_request *r = &vj->req, *s = &sq->req;
+  const attn_request *r = vj->req, *s = &sq->req;
   if (res->status.code) {
     vj_fail(vj, sq->b, &res->status);
   } else if (r->pass == ATTN_FORWARD && sq->stats) {
@@ -144,8 +144,8 @@ static void write_empty(const attn_request *r, const attn_request *s, int64_t ro
 /* The sequences' problems, and one backend that supports them all: the one
  * picked for the largest (a 1 x 1 stand-in when none has work, so that the
  * backend's name is still checked and reported). */
-static int plan_seqs(varlen_job *vj, const void **slot, attn_status *st) {
-  const attn_request *r = &vj->req;
+static int plan_seqs(varlen_job *vj, const attn_backend **pbe, attn_status *st) {
+  const attn_request *r = vj->req;
   int64_t big = -1, most = -1;
   for (int64_t b = 0; b < r->batch; b++) {
     varlen_seq *sq = &vj->seqs[b];
@@ -161,16 +161,16 @@ static int plan_seqs(varlen_job *vj, const void **slot, attn_status *st) {
   attn_request probe = vj->seqs[big < 0 ? 0 : big].req;
   if (big < 0)
     probe.seq_q = probe.seq_kv = 1;
-  int rc = attn__engine_pick(vj->e, &probe, slot, st);
+  int rc = attn__engine_pick(vj->e, &probe, pbe, st);
   for (int64_t b = 0; rc == 0 && b < r->batch; b++)
     if (b != big && has_work(&vj->seqs[b].req))
-      rc = attn__engine_supports(*slot, &vj->seqs[b].req, st);
+      rc = (*pbe)->ops.supports((*pbe)->state, &vj->seqs[b].req, st);
   return rc;
 }
 
 /* Statistics buffers (and the gathered lse_in) of the sequences with work. */
 static int alloc_stats(varlen_job *vj, attn_status *st) {
-  const attn_request *r = &vj->req;
+  const attn_request *r = vj->req;
   const bool fwd = r->pass == ATTN_FORWARD;
   const int per = fwd ? (r->m || r->l || r->lse ? 3 : 0) : (r->lse_in ? 1 : 0);
   if (!per)
@@ -200,8 +200,8 @@ static int alloc_stats(varlen_job *vj, attn_status *st) {
 /* Queues the sequences with work; a failure after the first is the job's
  * result (its callback still runs once), as jobs already queued cannot be
  * taken back. */
-static void queue_seqs(varlen_job *vj, const void *slot) {
-  const attn_request *r = &vj->req;
+static void queue_seqs(varlen_job *vj, const attn_backend *be) {
+  const attn_request *r = vj->req;
   for (int64_t b = 0; b < r->batch; b++) {
     varlen_seq *sq = &vj->seqs[b];
     if (!has_work(&sq->req)) {
@@ -210,7 +210,7 @@ static void queue_seqs(varlen_job *vj, const void *slot) {
     }
     attn_status st = {0};
     __atomic_add_fetch(&vj->refs, 1, __ATOMIC_ACQ_REL);
-    if (attn__engine_queue(vj->e, slot, &sq->req, seq_done, sq, &st) < 0) {
+    if (attn__backend_queue(be, attn__engine_jobs(vj->e), &sq->req, seq_done, sq, &st) < 0) {
       vj_fail(vj, b, &st);
       __atomic_sub_fetch(&vj->refs, 1, __ATOMIC_ACQ_REL);
       break;
@@ -218,32 +218,31 @@ static void queue_seqs(varlen_job *vj, const void *slot) {
   }
 }
 
-int attn__varlen_submit(struct attn_engine *e, const attn_request *r, attn_done_fn done, void *arg,
+int attn__varlen_submit(attn_engine *e, const attn_request *r, attn_done_fn done, void *arg,
                         attn_status *st) {
   varlen_job *vj = calloc(1, sizeof *vj);
-  if (!vj || !(vj->seqs = calloc((size_t)r->batch, sizeof *vj->seqs))) {
+  if (!vj || !(vj->seqs = calloc((size_t)r->batch, sizeof *vj->seqs)) ||
+      !(vj->whole = attn__job_new(attn__engine_jobs(e), r, done, arg))) {
+    if (vj)
+      free(vj->seqs);
     free(vj);
     return attn_status_set(st, ATTN_ENOMEM, "out of memory for a variable-length batch");
   }
   pthread_mutex_init(&vj->mu, NULL);
   vj->e = e;
-  vj->req = *r;
-  attn__request_fill_strides(&vj->req);
-  vj->done = done;
-  vj->arg = arg;
-  vj->t_start = attn_now();
-  const void *slot;
-  int rc = plan_seqs(vj, &slot, st);
+  vj->req = &vj->whole->req;
+  const attn_backend *be;
+  int rc = plan_seqs(vj, &be, st);
   if (rc == 0)
     rc = alloc_stats(vj, st);
   if (rc < 0) {
+    attn__job_drop(vj->whole);
     vj_free(vj);
     return rc;
   }
-  vj->backend = attn__engine_slot_name(slot);
+  vj->whole->backend = be->ops.name;
   vj->refs = 1;
-  attn__engine_hold(e, 1);
-  queue_seqs(vj, slot);
+  queue_seqs(vj, be);
   vj_release(vj, true);
   return 0;
 }

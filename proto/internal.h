@@ -80,7 +80,13 @@ typedef struct attn__seen {
  * bytes) is new to s; it is added when it is. False for a repeat. */
 bool attn__seen_first(attn__seen *s, const char *key, size_t klen);
 
-/* ---- json.c: pieces the KServe v2 codec (v2.c) shares ---------------- */
+/* Whether key[0..klen) (as attn__jr_member() read it) is exactly want. */
+bool attn__key_is(const char *key, size_t klen, const char *want);
+/* A client's key for a message, cut to what attn__jr_member() kept (kcap:
+ * the size of its key buffer) and escaped into dst. */
+const char *attn__key_quote(char *dst, size_t cap, const char *key, size_t klen, size_t kcap);
+
+/* ---- json.c, json_tensor.c: pieces the KServe v2 codec (v2.c) shares --- */
 
 /* One pass outside strings: nesting up to max_depth, at most
  * ATTN_PROTO_MAX_JSON_ELEMS numbers (and nulls); run before
@@ -103,12 +109,57 @@ int attn__json_option(attn_options *o, const char *key, size_t klen, attn__jr v,
  * 1, shape [n]; the /attention codec's and /v2's JSON data alike. */
 int attn__json_cu_data(attn__jr v, attn_proto_tensor *t, size_t n, int bytes, void **pbuf,
                        attn_status *st);
+/* The tensor t->name of a JSON body at j (an object, nested arrays, or
+ * cu_seqlens' array) into a new buffer *pbuf, t's dtype, rank and shape
+ * set; 0, or the status naming what is wrong. */
+int attn__json_tensor(attn__jr j, attn_proto_tensor *t, void **pbuf, attn_status *st);
 /* Calls fn for each name=value pair of a URL query string, both
  * percent-decoded and NUL-terminated; has_value is false for a bare "name".
  * Stops at, and returns, the first error fn returns. */
 typedef int (*attn__query_fn)(void *ctx, const char *name, size_t nlen, const char *value,
                               size_t vlen, bool has_value, attn_status *st);
 int attn__query_each(const char *query, attn__query_fn fn, void *ctx, attn_status *st);
+
+/* ---- v2.c, v2_data.c, v2_reply.c: the Open Inference Protocol -------- */
+
+/* The output names "o", "m", "l", "lse", by ATTN_V2_*. */
+extern const char *const attn__v2_out_names[ATTN_V2_NOUTS];
+
+/* The inputs: q, k, v and the optional alibi_slopes, cu_seqlens_q and
+ * cu_seqlens_kv, in that order here; attn__v2_slot() gives each one's place
+ * in the codecs' tensor table. */
+enum { ATTN__V2_NIN = 6, ATTN__V2_ALIBI = 3, ATTN__V2_CU_Q = 4 };
+static inline int attn__v2_slot(int i) {
+  return i < ATTN__V2_ALIBI ? i : ATTN_PROTO_T_ALIBI + (i - ATTN__V2_ALIBI);
+}
+
+typedef struct attn__v2_input {
+  attn_proto_tensor t;
+  size_t at_data; /* where "data" starts (0: absent) */
+  int64_t binary; /* binary_data_size, or -1 */
+  size_t count;   /* elements of the shape */
+  int cu_bytes;   /* cu_seqlens: 4 (INT32) or 8 (INT64) on the wire; else 0 */
+} attn__v2_input;
+
+/* One decode of a v2 request: the body, where its parts start, and what
+ * has been read so far. */
+typedef struct attn__v2_dec {
+  const char *body;
+  size_t len, json_len;
+  attn__jr j;
+  attn_proto_req *pr;
+  attn_v2_info *info;
+  attn_options opts;
+  bool bin_out, bin_out_set;
+  attn__v2_input in[ATTN__V2_NIN];
+  size_t at_inputs, at_outputs, at_params;
+  attn_status *st;
+} attn__v2_dec;
+
+/* Every input's data, once the inputs' names, shapes and datatypes are
+ * read: JSON "data" or, for those with binary_data_size, the bytes after
+ * the JSON in the order of "inputs", which must add up to the body. */
+int attn__v2_input_data(attn__v2_dec *d);
 
 /* ---- the tensors of a reply (build.c) ------------------------------- */
 

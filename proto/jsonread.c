@@ -335,6 +335,14 @@ bool attn__seen_first(attn__seen *s, const char *key, size_t klen) {
   return true;
 }
 
+bool attn__key_is(const char *key, size_t klen, const char *want) {
+  return klen == strlen(want) && !memcmp(key, want, klen);
+}
+
+const char *attn__key_quote(char *dst, size_t cap, const char *key, size_t klen, size_t kcap) {
+  return attn_quote(dst, cap, key, klen < kcap ? klen : kcap - 1);
+}
+
 size_t attn__jr_count(const attn__jr *j) {
   attn__jr c = *j;
   size_t n = 0;

@@ -1,6 +1,6 @@
 /*
  * reply_decode.c — the client's side of the reply codecs: a server's reply
- * read back into the output buffers of the request that was sent (json.c
+ * read back into the output buffers of the request that was sent (json_encode.c
  * and safetensors.c write replies).
  *
  * A reply comes from a server the client chose to trust, but it is still

@@ -2,24 +2,14 @@
  * auth.c — the API key check (auth.h).
  */
 #include "auth.h"
+#include "routes.h"
 
 #include <string.h>
 #include <strings.h>
 
-/* Probes must answer without credentials, or a restart loop follows a key
- * rotation. A table, so the /v2 front's probes are one row each. */
-static const char *const open_paths[] = {
-    "/healthz",
-    "/readyz",
-    "/v2/health/live",
-    "/v2/health/ready",
-};
-
 bool attnd_auth_open(const char *path) {
-  for (size_t i = 0; i < sizeof open_paths / sizeof *open_paths; i++)
-    if (!strcmp(path, open_paths[i]))
-      return true;
-  return false;
+  const attnd_route *route = attnd_route_find(path, NULL, NULL);
+  return route && route->open;
 }
 
 bool attnd_auth_equal(const char *a, size_t a_len, const char *b, size_t b_len) {

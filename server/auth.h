@@ -9,8 +9,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-/* Whether path is served without a key: the liveness and readiness probes
- * (/healthz, /readyz, /v2/health/live, /v2/health/ready), which
+/* Whether path is served without a key: the routes the table (routes.h)
+ * marks open, such as the liveness and readiness probes, which
  * orchestrators call without credentials. */
 bool attnd_auth_open(const char *path);
 

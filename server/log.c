@@ -2,7 +2,7 @@
  * log.c — request lines and notes, as text or JSON (log.h).
  */
 #include "log.h"
-#include "server.h"
+#include "request.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -100,4 +100,11 @@ void attnd_log_request(attnd_server *s, const attnd_req *r, double total) {
                      compute * 1e6, total * 1e6, id);
   }
   emit(s, &b);
+}
+
+void attnd_log_ended(attnd_server *s, const attnd_req *r) {
+  double total = attn_now() - r->t_received;
+  attnd_metrics_request_model(s->metrics, attnd_req_route_label(r), r->model, r->status, total,
+                              r->len, r->bytes_out);
+  attnd_log_request(s, r, total);
 }

@@ -36,4 +36,7 @@ __attribute__((format(printf, 5, 6))) void attnd_log_note(struct attnd_server *s
 /* The line of a request that has ended, total seconds after it arrived. */
 void attnd_log_request(struct attnd_server *s, const struct attnd_req *r, double total);
 
+/* A request that has ended: its metrics and its line. */
+void attnd_log_ended(struct attnd_server *s, const struct attnd_req *r);
+
 #endif

@@ -26,7 +26,12 @@
  * passes (what is left then is answered 503 and canceled). SIGHUP and
  * SIGUSR1 are logged and ignored.
  */
-#include "server.h"
+#include "loop.h"
+#include "jobs.h"
+#include "work.h"
+#include "deadline.h"
+#include "errors.h"
+#include "log.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -66,269 +71,38 @@ static void finish(attnd_req *r) {
 
 static void dispatch(attnd_server *s);
 
-/* ---- fair shares: the running slots among client addresses ---------------- */
+/* ---- deadlines: one timer over every admitted job (deadline.h) -------------- */
 
-/* addr's record with one more job, made for its first; NULL when out of
- * memory. A client has a record only while it has jobs admitted, so there
- * are at most --max-queue: few enough that a list searched in order beats
- * a table. */
-static attnd_client *client_get(attnd_server *s, const char *addr) {
-  attnd_client *c = s->clients;
-  while (c && strcmp(c->addr, addr))
-    c = c->next;
-  if (!c) {
-    if (!(c = calloc(1, sizeof *c)))
-      return NULL;
-    snprintf(c->addr, sizeof c->addr, "%s", addr);
-    c->next = s->clients;
-    s->clients = c;
-  }
-  c->jobs++;
-  return c;
-}
+static void on_tick(uv_timer_t *t);
 
-/* r's job has ended (run, or dropped from the queue): its client has one
- * job fewer, and no record once it has none. */
-static void client_put(attnd_server *s, attnd_req *r) {
-  attnd_client *c = r->who, **pp = &s->clients;
-  r->who = NULL;
-  if (--c->jobs > 0)
+/* (Re)arms the timer after jobs were admitted or ended. Never postpones a
+ * tick already due sooner: a steady stream of admissions must not starve
+ * the polling for resets. */
+static void arm_deadlines(attnd_server *s) {
+  int64_t delay = attnd_deadline_next(s, attn_now());
+  if (delay < 0) {
+    uv_timer_stop(&s->tick);
     return;
-  while (*pp != c)
-    pp = &(*pp)->next;
-  *pp = c->next;
-  free(c);
-}
-
-/* The job a free slot goes to: the oldest queued job of the client running
- * the fewest jobs, among clients under their cap; NULL when every queued
- * job's client is at its cap. Those jobs keep their place in the queue and
- * their deadlines (deadline.c looks at every admitted job). */
-static attnd_req *next_job(const attnd_server *s) {
-  attnd_req *best = NULL;
-  for (attnd_req *r = s->pend_head; r; r = r->next) {
-    int n = r->who->running;
-    if (n >= s->client_cap || (best && n >= best->who->running))
-      continue;
-    best = r;
-    if (n == 0) /* no client runs fewer */
-      break;
   }
-  return best;
+  if (uv_is_active((uv_handle_t *)&s->tick) && uv_timer_get_due_in(&s->tick) <= (uint64_t)delay)
+    return;
+  uv_timer_start(&s->tick, on_tick, (uint64_t)delay, 0);
 }
 
-/* ---- the loop's list of admitted jobs (for deadline.c) ------------------------ */
-
-static void act_add(attnd_server *s, attnd_req *r) {
-  r->act_prev = NULL;
-  r->act_next = s->act_head;
-  if (s->act_head)
-    s->act_head->act_prev = r;
-  s->act_head = r;
-}
-
-static void act_remove(attnd_server *s, attnd_req *r) {
-  if (r->act_prev)
-    r->act_prev->act_next = r->act_next;
-  else
-    s->act_head = r->act_next;
-  if (r->act_next)
-    r->act_next->act_prev = r->act_prev;
-  r->act_prev = r->act_next = NULL;
-}
-
-/* ---- the job: decode and submit, compute, encode ---------------------------- */
-
-/* The tensors are no longer needed once the engine is done; the reply is
- * what stays. */
-static void drop_inputs(attnd_req *r) {
-  attn_proto_req_free(&r->pr);
-  free(r->body);
-  r->body = NULL;
-  free(r->plain);
-  r->plain = NULL;
-  attnd_body_release(r);
-}
-
-/* The engine calls this, on one of its threads, when a submitted job ends. */
-static void engine_done(const attn_result *res, void *arg);
-
-/* Appends r to a list of requests (the handoffs under s->mu, or the
- * loop's own pending queue). */
-static void push(attnd_req **head, attnd_req **tail, attnd_req *r) {
-  r->next = NULL;
-  if (*tail)
-    (*tail)->next = r;
-  else
-    *head = r;
-  *tail = r;
-}
-
-/* What decoding r's body allocates beside it: nothing for safetensors
- * (read in place), the tensors of a JSON body (up to twice the body), and
- * for /v2 those of its JSON part plus an aligned copy of its binary part. */
-static uint64_t decode_need(const attnd_req *r, size_t len) {
-  if (r->route == ATTND_R_V2_INFER)
-    return attn_proto_v2_decode_bound(len, r->v2_json_len < len ? r->v2_json_len : len);
-  return r->json_in ? attn_proto_json_decode_bound(len) : 0;
-}
-
-/* Reserves what decoding r's body will hold (decode_need), held like the
- * body until drop_inputs(); false with r's reply set. A body whose decode
- * could not fit even in an idle server is too large (a retry would never
- * help); one that does not fit now is asked to retry. */
-static bool reserve_decode(attnd_req *r) {
-  const attnd_config *c = r->srv->cfg;
-  uint64_t need = decode_need(r, r->len);
-  uint64_t budget = (uint64_t)c->max_queue * c->max_body;
-  if (need == 0)
-    return true;
-  if (r->reserved + need > budget) {
-    char msg[320];
-    snprintf(msg, sizeof msg,
-             "decoding this %zu-byte body needs %llu bytes beside it, past the server's "
-             "memory budget (--max-queue x --max-body = %llu bytes); %s",
-             r->len, (unsigned long long)need, (unsigned long long)budget,
-             r->v2 ? "send the tensors as binary data, or raise --max-queue"
-                   : "send it as safetensors (application/octet-stream), which needs no copy, "
-                     "or raise --max-queue");
-    attnd_req_fail(r, ATTND_ETOO_LARGE, msg);
-    return false;
+static void on_tick(uv_timer_t *t) {
+  attnd_server *s = t->data;
+  double now = attn_now();
+  attnd_req *next;
+  for (attnd_req *r = s->act_head; r; r = next) {
+    next = r->act_next; /* canceling a queued job unlinks (and may free) it */
+    int why = r->answered ? -1 : attnd_deadline_due(s, r, now);
+    if (why >= 0)
+      attnd_loop_cancel(s, r, (attnd_cancel_reason)why);
   }
-  if (!attnd_body_reserve(r, need)) {
-    attnd_body_over_budget(r);
-    return false;
-  }
-  return true;
+  arm_deadlines(s);
 }
 
-/* The decoded body draws on the body budget as the body did. */
-static bool grow_plain(void *ctx, size_t more) { return attnd_body_reserve(ctx, more); }
-
-/* A gzip or deflate body decoded into r->plain (threadpool), with what its
- * decode holds reserved beyond what the encoded size already did; the
- * encoded body is freed. 0, or -1 with *st set. */
-static int inflate_body(attnd_req *r, attn_status *st) {
-  const attnd_config *c = r->srv->cfg;
-  st->code = attnd_inflate(r->encoding, r->body, r->len, (size_t)c->max_body, grow_plain, r,
-                           &r->plain, &r->plain_len, st->message, sizeof st->message);
-  if (st->code)
-    return -1;
-  free(r->body);
-  r->body = NULL;
-  uint64_t had = decode_need(r, r->len), need = decode_need(r, r->plain_len);
-  if (need <= had || attnd_body_reserve(r, (size_t)(need - had)))
-    return 0;
-  st->code = ATTND_EQUEUE_FULL;
-  snprintf(st->message, sizeof st->message,
-           "decoding this body (%zu bytes after Content-Encoding) would pass the server's "
-           "memory budget (--max-queue x --max-body); retry shortly, or send binary tensors",
-           r->plain_len);
-  return -1;
-}
-
-/* r's body into r->pr with its codec, once any Content-Encoding is undone.
- * The inference protocol takes its options from the body's "parameters"
- * only. */
-static int decode_body(attnd_req *r, attn_status *st) {
-  if (r->encoding != ATTND_ENC_IDENTITY && inflate_body(r, st) < 0)
-    return st->code;
-  const char *body = r->plain ? r->plain : r->body;
-  size_t len = r->plain ? r->plain_len : r->len;
-  if (r->route == ATTND_R_V2_INFER) {
-    size_t json_len = r->v2_json_len == SIZE_MAX ? len : r->v2_json_len;
-    return attn_proto_decode_v2(body, len, json_len, &r->pr, &r->v2_info, st);
-  }
-  attn_options q;
-  attn_options_init(&q);
-  int rc = attn_options_parse_query(&q, r->query, st);
-  attn_pass pass = attnd_req_pass(r);
-  if (rc == 0)
-    rc = r->json_in ? attn_proto_decode_json_pass(body, len, pass, &q, &r->pr, st)
-                    : attn_proto_decode_safetensors_pass(body, len, pass, &q, &r->pr, st);
-  return rc;
-}
-
-/* --max-pairs, checked on the decoded request before it computes: a body of
- * a few hundred kilobytes can ask for minutes of work (787 KB of F16 at
- * N = 131072, D = 1 is 1.7e10 pairs), which no --max-body catches. */
-static int check_pairs(const attnd_req *r, attn_status *st) {
-  uint64_t cap = r->srv->cfg->max_pairs, n = attn_request_pairs(&r->pr.req);
-  if (cap == 0 || n <= cap)
-    return 0;
-  return attn_status_set(st, ATTND_ETOO_MUCH_WORK,
-                         "this request has %llu score pairs, over --max-pairs %llu (batch x "
-                         "heads x Nq x Nkv, summed over its sequences); split it into smaller "
-                         "requests",
-                         (unsigned long long)n, (unsigned long long)cap);
-}
-
-static void decode_submit(uv_work_t *w) {
-  attnd_req *r = w->data;
-  attnd_server *s = r->srv;
-  attn_status st;
-  int rc = decode_body(r, &st);
-  if (rc == 0)
-    rc = check_pairs(r, &st);
-  if (rc == 0) {
-    /* "auto" means the server's backend; a named one is the client's call */
-    if (!strcmp(r->pr.req.backend, "auto"))
-      r->pr.req.backend = s->backend;
-    /* a job canceled while it decoded is refused by the engine */
-    r->pr.req.cancel = &r->cancel;
-    /* Set before submitting: once submitted, the job may complete (and r be
-     * touched by the loop) before this thread returns. */
-    r->in_engine = true;
-    rc = attn_engine_submit(s->engine, &r->pr.req, engine_done, r, &st);
-    if (rc == 0)
-      return;
-    r->in_engine = false;
-  }
-  r->t_engine = attn_now();
-  r->job_st = st;
-  drop_inputs(r);
-}
-
-/* Any engine thread: hand the finished job to the loop. */
-static void engine_done(const attn_result *res, void *arg) {
-  attnd_req *r = arg;
-  attnd_server *s = r->srv;
-  r->res = *res;
-  r->t_engine = attn_now();
-  pthread_mutex_lock(&s->mu);
-  push(&s->done_head, &s->done_tail, r);
-  pthread_mutex_unlock(&s->mu);
-  uv_async_send(&s->completed);
-}
-
-/* The threadpool: the result into r->out, or the failure into r->job_st. */
-static void encode(uv_work_t *w) {
-  attnd_req *r = w->data;
-  attn_status st;
-  int rc;
-  if (r->res.status.code) {
-    st = r->res.status;
-    rc = -1;
-  } else if (r->route == ATTND_R_V2_INFER) {
-    /* the request's id (X-Request-Id, or made) when the body had none */
-    void *buf = NULL;
-    rc = attn_proto_encode_v2(&r->pr, &r->v2_info, attn_proto_v2_model_name(r->v2_model), r->id,
-                              r->res.backend, &buf, &r->out_len, &r->out_json_len, &st);
-    r->out = buf;
-    r->out_ctype = r->out_json_len ? "application/octet-stream" : "application/json";
-  } else if (r->binary_out) {
-    void *buf = NULL;
-    rc = attn_proto_encode_safetensors(&r->pr, &buf, &r->out_len, &st);
-    r->out = buf;
-    r->out_ctype = "application/octet-stream";
-  } else {
-    rc = attn_proto_encode_json(&r->pr, r->res.backend, &r->out, &r->out_len, &st);
-    r->out_ctype = "application/json";
-  }
-  if (rc < 0)
-    r->job_st = st;
-  drop_inputs(r);
-}
+/* ---- a job's end (work.h does its work between) ---------------------------- */
 
 /* The job's outcome becomes the reply. */
 static void reply_from_job(attnd_req *r) {
@@ -375,9 +149,9 @@ static void complete(attnd_req *r) {
   attnd_server *s = r->srv;
   s->running--;
   r->who->running--;
-  client_put(s, r);
+  attnd_jobs_client_put(s, r);
   s->admitted--;
-  act_remove(s, r);
+  attnd_jobs_remove(s, r);
   attnd_metrics_gauge_add(s->metrics, ATTND_GAUGE_INFLIGHT, -1);
   if (!r->answered) {
     reply_from_job(r);
@@ -388,7 +162,7 @@ static void complete(attnd_req *r) {
     note_canceled_job(r);
   }
   attnd_req_unref(r);
-  attnd_deadline_arm(s);
+  arm_deadlines(s);
   dispatch(s);
 }
 
@@ -422,31 +196,17 @@ static void on_completed(uv_async_t *h) {
   while (r) {
     attnd_req *next = r->next;
     if (r->answered) { /* nobody waits for this result: skip the encoding */
-      drop_inputs(r);
+      attnd_work_drop_inputs(r);
       stage_done(r);
     } else {
       r->work2.data = r;
-      uv_queue_work(&s->loop, &r->work2, encode, after_encode);
+      uv_queue_work(&s->loop, &r->work2, attnd_work_encode, after_encode);
     }
     r = next;
   }
 }
 
 /* ---- canceling ------------------------------------------------------------- */
-
-static void pend_remove(attnd_server *s, attnd_req *r) {
-  attnd_req **pp = &s->pend_head, *prev = NULL;
-  while (*pp && *pp != r) {
-    prev = *pp;
-    pp = &(*pp)->next;
-  }
-  if (!*pp)
-    return;
-  *pp = r->next;
-  if (s->pend_tail == r)
-    s->pend_tail = prev;
-  attnd_metrics_gauge_add(s->metrics, ATTND_GAUGE_QUEUE_DEPTH, -1);
-}
 
 /* The early reply of a canceled job; none for a client that is gone (a 499
  * is only ever logged, never sent). */
@@ -481,9 +241,9 @@ void attnd_loop_cancel(attnd_server *s, attnd_req *r, attnd_cancel_reason why) {
     finish(r);
     return;
   }
-  pend_remove(s, r);
-  act_remove(s, r);
-  client_put(s, r);
+  attnd_jobs_unqueue(s, r);
+  attnd_jobs_remove(s, r);
+  attnd_jobs_client_put(s, r);
   s->admitted--;
   attnd_metrics_canceled(s->metrics, why, ATTND_STAGE_QUEUED);
   log_canceled(r, "dropped from the queue before it ran");
@@ -495,7 +255,7 @@ void attnd_loop_cancel(attnd_server *s, attnd_req *r, attnd_cancel_reason why) {
 
 /* r leaves the queue for a slot: decode and submit on the threadpool. */
 static void start(attnd_server *s, attnd_req *r, double now) {
-  pend_remove(s, r);
+  attnd_jobs_unqueue(s, r);
   r->dispatched = true;
   r->t_started = now;
   attnd_metrics_queue_wait(s->metrics, now - r->t_admitted);
@@ -505,18 +265,17 @@ static void start(attnd_server *s, attnd_req *r, double now) {
   r->work.data = r;
   r->in_engine = false;
   r->stages_left = 2;
-  uv_queue_work(&s->loop, &r->work, decode_submit, after_submit);
+  uv_queue_work(&s->loop, &r->work, attnd_work_decode_submit, after_submit);
 }
 
 static void dispatch(attnd_server *s) {
   attnd_req *r;
-  while (s->running < s->max_running && (r = next_job(s))) {
+  while (s->running < s->max_running && (r = attnd_jobs_next(s))) {
     double now = attn_now();
     /* What the timer would find at its next tick, found now. */
-    if (now >= r->t_received + s->cfg->timeout)
-      attnd_loop_cancel(s, r, ATTND_CANCEL_TIMEOUT);
-    else if (s->transport->client_gone(r))
-      attnd_loop_cancel(s, r, ATTND_CANCEL_CLIENT_CLOSED);
+    int why = attnd_deadline_due(s, r, now);
+    if (why >= 0)
+      attnd_loop_cancel(s, r, (attnd_cancel_reason)why);
     else
       start(s, r, now);
   }
@@ -542,19 +301,19 @@ static void admit(attnd_server *s, attnd_req *r) {
     refuse(r, ATTND_EQUEUE_FULL, msg);
     return;
   }
-  if (!reserve_decode(r)) {
+  if (!attnd_work_reserve(r)) {
     finish(r);
     attnd_req_unref(r);
     return;
   }
-  if (!(r->who = client_get(s, r->client))) {
+  if (!(r->who = attnd_jobs_client_get(s, r->client))) {
     refuse(r, ATTND_EOUT_OF_MEMORY, "out of memory admitting this request; retry shortly");
     return;
   }
   s->admitted++;
   attnd_metrics_gauge_add(s->metrics, ATTND_GAUGE_QUEUE_DEPTH, 1);
-  push(&s->pend_head, &s->pend_tail, r);
-  act_add(s, r);
+  attnd_jobs_push(&s->pend_head, &s->pend_tail, r);
+  attnd_jobs_add(s, r);
 }
 
 static void on_incoming(uv_async_t *h) {
@@ -569,13 +328,13 @@ static void on_incoming(uv_async_t *h) {
     r = next;
   }
   dispatch(s);
-  attnd_deadline_arm(s);
+  arm_deadlines(s);
 }
 
 void attnd_loop_submit(attnd_server *s, attnd_req *r) {
   atomic_fetch_add(&r->refs, 1); /* the job's, dropped when it ends */
   pthread_mutex_lock(&s->mu);
-  push(&s->in_head, &s->in_tail, r);
+  attnd_jobs_push(&s->in_head, &s->in_tail, r);
   pthread_mutex_unlock(&s->mu);
   uv_async_send(&s->incoming);
 }
@@ -688,11 +447,12 @@ static int init_signal(attnd_server *s, uv_signal_t *h, uv_signal_cb cb, int sig
 static int init_handles(attnd_server *s) {
   int rc;
   s->incoming.data = s->completed.data = s;
-  s->drain_timer.data = s->sweep_timer.data = s;
+  s->drain_timer.data = s->sweep_timer.data = s->tick.data = s;
   if ((rc = uv_async_init(&s->loop, &s->incoming, on_incoming)) < 0 ||
       (rc = uv_async_init(&s->loop, &s->completed, on_completed)) < 0 ||
       (rc = uv_timer_init(&s->loop, &s->drain_timer)) < 0 ||
-      (rc = uv_timer_init(&s->loop, &s->sweep_timer)) < 0 || (rc = attnd_deadline_init(s)) < 0 ||
+      (rc = uv_timer_init(&s->loop, &s->sweep_timer)) < 0 ||
+      (rc = uv_timer_init(&s->loop, &s->tick)) < 0 ||
       (rc = init_signal(s, &s->sigterm, on_signal, SIGTERM)) < 0 ||
       (rc = init_signal(s, &s->sigint, on_signal, SIGINT)) < 0 ||
       (rc = init_signal(s, &s->sighup, on_ignored_signal, SIGHUP)) < 0 ||

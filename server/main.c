@@ -2,7 +2,10 @@
  * main.c — attnd: configuration, the engine, the HTTP front and the loop,
  * started in that order and stopped in reverse once a drain completes.
  */
-#include "server.h"
+#include "listen.h"
+#include "log.h"
+#include "loop.h"
+#include "routes.h"
 #include "tls.h"
 
 #include <malloc.h>
@@ -120,7 +123,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "attnd: cannot start the engine: %s\n", st.message);
     return 2;
   }
-  s.metrics = attnd_metrics_new();
+  const char *labels[ATTND_METRICS_MAX_ROUTES];
+  int nlabels = attnd_route_labels(labels, ATTND_METRICS_MAX_ROUTES);
+  s.metrics = attnd_metrics_new(labels, nlabels);
   if (!s.metrics)
     fprintf(stderr, "attnd: out of memory for the metrics\n");
   if (!s.metrics || choose_backend(&s) < 0 || attnd_loop_init(&s) < 0) {

@@ -21,8 +21,8 @@
 #include <string.h>
 
 enum {
-  N_ROUTES = 10, /* the seven routes, /v2 infer, the rest of /v2, and "other" */
-  ROUTE_OTHER = N_ROUTES - 1,
+  /* the route table's labels (routes.c has ten) and "other" */
+  N_ROUTES = ATTND_METRICS_MAX_ROUTES + 1,
   MAX_CODES = 64,        /* distinct status codes kept per route */
   MAX_MODEL_SERIES = 16, /* (route, model) pairs, the last kept for model "other" */
   N_SERIES = N_ROUTES + MAX_MODEL_SERIES,
@@ -30,11 +30,6 @@ enum {
   MAX_BACKENDS = 8,
   MAX_ERROR_CODES = 64, /* distinct error codes; the lists hold about 50 */
   N_BUCKETS = 17        /* 16 finite bounds and +Inf */
-};
-
-static const char *const route_names[N_ROUTES] = {
-    "/attention", "/attention/backward", "/attention/plan", "/healthz", "/readyz", "/metrics",
-    "/v1/info",   "/v2/models/*/infer",  "/v2/*",           "other",
 };
 
 /* Bounds and their printed form side by side: printing the doubles would
@@ -75,7 +70,10 @@ typedef struct backend_stats {
 } backend_stats;
 
 typedef struct state {
-  /* The first N_ROUTES are the routes without a model, in route order;
+  /* The route table's labels, then "other" (static strings). */
+  const char *route_names[N_ROUTES];
+  int nroutes; /* with "other", the last */
+  /* The first nroutes are the routes without a model, in route order;
    * pairs with a model follow as they are first seen. */
   route_stats routes[N_SERIES];
   int nseries;
@@ -97,7 +95,9 @@ struct attnd_metrics {
   state s;
 };
 
-attnd_metrics *attnd_metrics_new(void) {
+attnd_metrics *attnd_metrics_new(const char *const *labels, int n) {
+  if (n < 0 || n > ATTND_METRICS_MAX_ROUTES)
+    return NULL;
   attnd_metrics *m = calloc(1, sizeof *m);
   if (!m)
     return NULL;
@@ -105,9 +105,13 @@ attnd_metrics *attnd_metrics_new(void) {
     free(m);
     return NULL;
   }
-  for (int r = 0; r < N_ROUTES; r++)
+  for (int r = 0; r < n; r++)
+    m->s.route_names[r] = labels[r];
+  m->s.route_names[n] = "other";
+  m->s.nroutes = n + 1;
+  for (int r = 0; r < m->s.nroutes; r++)
     m->s.routes[r].route = r;
-  m->s.nseries = N_ROUTES;
+  m->s.nseries = m->s.nroutes;
   return m;
 }
 
@@ -122,14 +126,15 @@ void attnd_metrics_free(attnd_metrics *m) {
 
 /* The query string is not part of the route; matching is exact otherwise,
  * so "/attention/" is "other" just as the router treats it. */
-static int route_index(const char *path) {
+static int route_index(const state *s, const char *path) {
+  int other = s->nroutes - 1;
   if (!path)
-    return ROUTE_OTHER;
+    return other;
   size_t n = strcspn(path, "?");
-  for (int i = 0; i < ROUTE_OTHER; i++)
-    if (strlen(route_names[i]) == n && memcmp(route_names[i], path, n) == 0)
+  for (int i = 0; i < other; i++)
+    if (strlen(s->route_names[i]) == n && memcmp(s->route_names[i], path, n) == 0)
       return i;
-  return ROUTE_OTHER;
+  return other;
 }
 
 /* Durations come from a monotonic clock, so a NaN, infinite or negative one
@@ -153,11 +158,11 @@ static route_stats *series_of(state *s, int route, const char *model) {
   if (!model || !*model)
     return &s->routes[route];
   for (int pass = 0; pass < 2; pass++) {
-    for (int i = N_ROUTES; i < s->nseries; i++)
+    for (int i = s->nroutes; i < s->nseries; i++)
       if (s->routes[i].route == route && !strcmp(s->routes[i].model, model))
         return &s->routes[i];
     /* the last slot is kept for "other", so the overflow has a series */
-    bool room = s->nseries < N_SERIES - (pass == 0);
+    bool room = s->nseries < s->nroutes + MAX_MODEL_SERIES - (pass == 0);
     if (room && strlen(model) < MODEL_CAP) {
       route_stats *rs = &s->routes[s->nseries++];
       rs->route = route;
@@ -176,7 +181,7 @@ void attnd_metrics_request(attnd_metrics *m, const char *path, int status, doubl
 
 void attnd_metrics_request_model(attnd_metrics *m, const char *path, const char *model, int status,
                                  double seconds, uint64_t bytes_in, uint64_t bytes_out) {
-  int r = route_index(path);
+  int r = route_index(&m->s, path);
   if (status < 100 || status > 599)
     status = 0;
   pthread_mutex_lock(&m->mu);
@@ -420,9 +425,9 @@ static void render_backends(buf *b, const state *s, const char *name, int flops)
 
 /* path="/attention", plus ,model="..." for a series with a model (escaped
  * as a label value). */
-static void series_label(const route_stats *rs, char *out, size_t cap) {
+static void series_label(const state *s, const route_stats *rs, char *out, size_t cap) {
   buf b = {0};
-  buf_printf(&b, "path=\"%s\"", route_names[rs->route]);
+  buf_printf(&b, "path=\"%s\"", s->route_names[rs->route]);
   if (rs->model[0]) {
     buf_put(&b, ",model=\"");
     buf_put_label_value(&b, rs->model);
@@ -438,7 +443,7 @@ static void render_requests(buf *b, state *s) {
   for (int r = 0; r < s->nseries; r++) {
     route_stats *rs = &s->routes[r];
     char label[160];
-    series_label(rs, label, sizeof label);
+    series_label(s, rs, label, sizeof label);
     qsort(rs->codes, (size_t)rs->ncodes, sizeof rs->codes[0], code_cmp);
     for (int i = 0; i < rs->ncodes; i++)
       buf_printf(b, "attnd_requests_total{%s,code=\"%d\"} %" PRIu64 "\n", label, rs->codes[i].code,
@@ -453,7 +458,7 @@ static void render_requests(buf *b, state *s) {
     if (!s->routes[r].duration.count)
       continue;
     char label[160];
-    series_label(&s->routes[r], label, sizeof label);
+    series_label(s, &s->routes[r], label, sizeof label);
     render_histogram(b, "attnd_request_duration_seconds", label, &s->routes[r].duration);
   }
 }

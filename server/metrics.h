@@ -44,8 +44,13 @@ typedef enum attnd_gauge {
   ATTND_GAUGE_COUNT
 } attnd_gauge;
 
-/* NULL when out of memory. */
-attnd_metrics *attnd_metrics_new(void);
+/* The most route labels attnd_metrics_new() keeps a series for. */
+enum { ATTND_METRICS_MAX_ROUTES = 24 };
+
+/* A series for each of the n labels (the route table's: attnd_route_labels;
+ * static strings) and one for "other". NULL when out of memory or n is over
+ * ATTND_METRICS_MAX_ROUTES. */
+attnd_metrics *attnd_metrics_new(const char *const *labels, int n);
 void attnd_metrics_free(attnd_metrics *m);
 
 /* One finished HTTP request: counts it under (path, status), observes its

@@ -1,11 +1,14 @@
 /*
  * parse.c — the rules a request's head must meet (parse.h).
  */
+#define _GNU_SOURCE
 #include "parse.h"
 #include "errors.h"
 #include "proto.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -198,4 +201,73 @@ bool attnd_parse_origin_allowed(const char *origin, const char *host, const char
   char a[300], b[300];
   return authority(at + 3, https, a, sizeof a) && authority(host, https, b, sizeof b) &&
          !strcasecmp(a, b);
+}
+
+/* ---- the target, the body's framing, what a reply may be ------------------ */
+
+const char *attnd_parse_target(const char *uri, int *code) {
+  size_t params = 0;
+  const char *q = strchr(uri, '?');
+  for (const char *p = q; p && *p; p++)
+    params += *p == '&' || p == q;
+  *code = ATTND_EURI_TOO_LONG;
+  if (strlen(uri) > ATTND_MAX_TARGET)
+    return "the request target is longer than 8192 bytes";
+  if (params > ATTND_MAX_QUERY_PARAMS)
+    return "the query string has more than 100 parameters";
+  *code = ATTND_EBAD_REQUEST;
+  if (strpbrk(uri, " \t"))
+    return "the request target holds a space or tab; percent-encode it (%20)";
+  return NULL;
+}
+
+const char *attnd_parse_origin_path(const char *url) {
+  const char *p = !strncasecmp(url, "http://", 7)    ? url + 7
+                  : !strncasecmp(url, "https://", 8) ? url + 8
+                                                     : NULL;
+  if (!p)
+    return url;
+  p = strchr(p, '/');
+  return p ? p : "/";
+}
+
+bool attnd_parse_media_is(const char *v, const char *type) {
+  if (!v)
+    return false;
+  while (*v == ' ')
+    v++;
+  size_t n = strlen(type);
+  if (strncasecmp(v, type, n) != 0)
+    return false;
+  v += n;
+  while (*v == ' ' || *v == '\t')
+    v++;
+  return *v == 0 || *v == ';';
+}
+
+bool attnd_parse_accepts_binary(const char *a) {
+  if (!a)
+    return false;
+  /* A list: binary when octet-stream is in it and JSON is not preferred
+   * before it. */
+  const char *bin = strcasestr(a, "application/octet-stream");
+  const char *js = strcasestr(a, "application/json");
+  return bin && (!js || bin < js);
+}
+
+uint64_t attnd_parse_content_length(const char *cl) {
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(cl, &end, 10);
+  return (*cl && !*end && !errno) ? v : UINT64_MAX;
+}
+
+bool attnd_parse_json_length(const char *h, size_t *len) {
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(h, &end, 10);
+  if (*h < '0' || *h > '9' || *end || errno || v > SIZE_MAX - 1)
+    return false;
+  *len = (size_t)v;
+  return true;
 }

@@ -21,6 +21,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* What one pass over a request's headers found. */
 typedef struct attnd_head {
@@ -63,5 +64,41 @@ bool attnd_parse_host_allowed(const char *host, const char *allowed);
  * the CORS one (cors, "*" for any), or the page's own host and port are the
  * Host the request was sent to. */
 bool attnd_parse_origin_allowed(const char *origin, const char *host, const char *cors);
+
+/* ---- the target, the body's framing, what a reply may be ------------------ */
+
+/* A request target longer than this, or with more query parameters, is
+ * refused with 414: libmicrohttpd keeps each parameter in the connection's
+ * fixed memory pool, and one that runs out there leaves the connection
+ * without a reply. */
+#define ATTND_MAX_TARGET 8192
+#define ATTND_MAX_QUERY_PARAMS 100
+
+/* Why a request target (as libmicrohttpd first sees it, query included) is
+ * refused, or NULL: *code is ATTND_EURI_TOO_LONG past the limits above,
+ * else ATTND_EBAD_REQUEST for a space or tab in it. */
+const char *attnd_parse_target(const char *uri, int *code);
+
+/* The path of a target in absolute form ("http://host:8080/healthz", which
+ * HTTP/1.1 servers must accept), or the target itself. */
+const char *attnd_parse_origin_path(const char *url);
+
+/* Whether a header value's media type is type, ignoring case, parameters
+ * and surrounding blanks: "Application/JSON; charset=utf-8" is
+ * application/json. NULL (no header) is no type. */
+bool attnd_parse_media_is(const char *value, const char *type);
+
+/* Whether an Accept header value (NULL when absent) asks for binary
+ * tensors: application/octet-stream listed, and not after
+ * application/json. */
+bool attnd_parse_accepts_binary(const char *accept);
+
+/* A Content-Length value read strictly: its number, or UINT64_MAX when it
+ * is not one (empty, a sign, trailing bytes, out of range). */
+uint64_t attnd_parse_content_length(const char *value);
+
+/* An Inference-Header-Content-Length value (the JSON part's length of a
+ * /v2 body): true with *len, or false when it is not a plain byte count. */
+bool attnd_parse_json_length(const char *value, size_t *len);
 
 #endif

@@ -2,10 +2,11 @@
  * request.c — one HTTP request's life, apart from the HTTP library and the
  * scheduler: its creation and references, its reply (attnd_req_fail is the
  * only way to set an error), the body budget it draws on, the uploads a
- * drain waits for, and its accounting (metrics and the log line) once it
- * ends.
+ * drain waits for, and its metrics label.
  */
-#include "server.h"
+#include "request.h"
+#include "errors.h"
+#include "route.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,7 +20,6 @@ attnd_req *attnd_req_new(attnd_server *s) {
   r->fd = -1;
   atomic_init(&r->refs, 1); /* the connection's */
   r->t_received = attn_now();
-  r->route = ATTND_R_NONE;
   attnd_reqid_make(&s->ids, r->id);
   snprintf(r->method, sizeof r->method, "-");
   snprintf(r->path, sizeof r->path, "-");
@@ -39,14 +39,9 @@ void attnd_req_unref(attnd_req *r) {
   free(r);
 }
 
-bool attnd_req_computes(const attnd_req *r) {
-  return r->route == ATTND_R_ATTENTION || r->route == ATTND_R_BACKWARD ||
-         r->route == ATTND_R_V2_INFER;
-}
+bool attnd_req_computes(const attnd_req *r) { return r->route && r->route->computes; }
 
-attn_pass attnd_req_pass(const attnd_req *r) {
-  return r->route == ATTND_R_BACKWARD ? ATTN_BACKWARD : ATTN_FORWARD;
-}
+attn_pass attnd_req_pass(const attnd_req *r) { return r->route ? r->route->pass : ATTN_FORWARD; }
 
 /* ---- the reply ------------------------------------------------------------ */
 
@@ -57,6 +52,15 @@ void attnd_req_reply(attnd_req *r, int status, char *buf, size_t len, const char
   r->resp_len = len;
   r->ctype = ctype;
   r->resp_json_len = 0;
+}
+
+void attnd_req_reply_json(attnd_req *r, int status, attn_sbuf *b) {
+  if (b->oom) {
+    free(b->p);
+    attnd_req_fail(r, ATTND_EOUT_OF_MEMORY, "out of memory building the reply");
+    return;
+  }
+  attnd_req_reply(r, status, b->p, b->len, ATTND_JSON_TYPE);
 }
 
 /* The one way an error reply is set: the body, Retry-After on a 503, and
@@ -149,17 +153,10 @@ void attnd_upload_end(attnd_req *r) {
   attnd_metrics_gauge_add(r->srv->metrics, ATTND_GAUGE_UPLOADS, -1);
 }
 
-/* ---- accounting ------------------------------------------------------------- */
+/* ---- its metrics label -------------------------------------------------------- */
 
 const char *attnd_req_route_label(const attnd_req *r) {
-  if (!r->v2)
-    return r->path;
-  return r->route == ATTND_R_V2_INFER ? "/v2/models/*/infer" : "/v2/*";
-}
-
-void attnd_req_account(attnd_server *s, const attnd_req *r) {
-  double total = attn_now() - r->t_received;
-  attnd_metrics_request_model(s->metrics, attnd_req_route_label(r), r->model, r->status, total,
-                              r->len, r->bytes_out);
-  attnd_log_request(s, r, total);
+  if (r->route && r->route->label)
+    return r->route->label;
+  return r->v2 ? "/v2/*" : r->path;
 }

@@ -25,6 +25,7 @@
  * bit-identical for any thread count.
  */
 #include "backend.h"
+#include "check.h"
 #include "cpu_bwd.h"
 #include "flash.h"
 
@@ -253,65 +254,6 @@ static void plan_blocks(cpu_job *cj) {
                             : r->batch * r->heads_kv * cj->hchunks * cj->nqt;
 }
 
-int attn__seen_init(const attn_request *r, attn__flash_seen *seen, int nt, const int64_t *heads,
-                    int64_t **bad, uint32_t **maxbits) {
-  size_t n = 0;
-  for (int t = 0; t < nt; t++)
-    n += (size_t)(r->batch * heads[t]);
-  *bad = malloc(n * sizeof **bad);
-  *maxbits = calloc(n, sizeof **maxbits);
-  if (!*bad || !*maxbits)
-    return -1;
-  for (size_t i = 0; i < n; i++)
-    (*bad)[i] = INT64_MAX;
-  int64_t at = 0;
-  for (int t = 0; t < nt; t++) {
-    seen[t].bad = *bad + at;
-    seen[t].maxbits = *maxbits + at;
-    at += r->batch * heads[t];
-  }
-  return 0;
-}
-
-int attn__seen_verdict(const attn_request *r, const attn__flash_seen *seen, int nt,
-                       const char *const *names, const int64_t *heads, double *mx,
-                       attn_status *st) {
-  for (int t = 0; t < nt; t++)
-    for (int64_t i = 0; i < r->batch * heads[t]; i++) {
-      const int64_t bad = seen[t].bad[i];
-      if (bad != INT64_MAX)
-        return attn__nonfinite(st, names[t], i / heads[t], i % heads[t], bad / r->head_dim,
-                               bad % r->head_dim);
-      float f;
-      memcpy(&f, &seen[t].maxbits[i], sizeof f);
-      mx[t] = fmax(mx[t], f);
-    }
-  return 0;
-}
-
-void attn__seen_record(const attn__flash_seen *s, int64_t head, int64_t bad, float maxabs) {
-  if (bad >= 0) {
-    int64_t cur = __atomic_load_n(&s->bad[head], __ATOMIC_RELAXED);
-    while (bad < cur && !__atomic_compare_exchange_n(&s->bad[head], &cur, bad, true,
-                                                     __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-      ;
-    return;
-  }
-  uint32_t bits, cur = __atomic_load_n(&s->maxbits[head], __ATOMIC_RELAXED);
-  memcpy(&bits, &maxabs, sizeof bits);
-  while (bits > cur && !__atomic_compare_exchange_n(&s->maxbits[head], &cur, bits, true,
-                                                    __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-    ;
-}
-
-void attn__variants_init(const attn_request *r, attn__variants *v) {
-  const double cap2 = r->softcap * M_LOG2E;
-  v->cap2 = (float)cap2;
-  v->inv_cap2 = r->softcap > 0 ? (float)(1.0 / cap2) : 0.0f;
-  v->alibi = r->alibi_slopes != NULL;
-  v->on = r->softcap > 0 || v->alibi;
-}
-
 static int cpu_submit(void *state, attn_job *job, attn_status *st) {
   cpu_state *s = state;
   const attn_request *r = &job->req;
@@ -420,25 +362,19 @@ static int cpu_open(const attn_backend_env *env, void **pstate, attn_status *st)
 
 static void cpu_close(void *state) { free(state); }
 
-static int cpu_supports(void *state, const attn_request *r, attn_status *st) {
-  (void)state, (void)r, (void)st;
-  return 0; /* every valid request, forward or backward */
-}
-
 static void cpu_describe(void *state, char *buf, size_t cap) {
   cpu_state *s = state;
   snprintf(buf, cap, "%s kernel, %d threads", s->isa->name, attn_pool_threads(s->pool));
 }
 
+/* No supports(): the default takes every valid request, forward or
+ * backward. */
 const struct attn_backend_ops attn__cpu_backend = {
-    /* .name            = */ "cpu",
-    /* .workspace_bytes = */ cpu_workspace_bytes,
-    /* .open            = */ cpu_open,
-    /* .close           = */ cpu_close,
-    /* .supports        = */ cpu_supports,
-    /* .submit          = */ cpu_submit,
-    /* .describe        = */ cpu_describe,
-    /* .automatic       = */ true,
-    /* .healthy         = */ NULL,
-    /* .disabled        = */ NULL,
+    .name = "cpu",
+    .workspace_bytes = cpu_workspace_bytes,
+    .open = cpu_open,
+    .close = cpu_close,
+    .submit = cpu_submit,
+    .describe = cpu_describe,
+    .automatic = true,
 };

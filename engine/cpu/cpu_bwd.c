@@ -19,8 +19,9 @@
  * Memory beyond the per-worker workspace: lse and Dᵢ (B·Hq·Nq floats each)
  * and at most MAX_CHUNKS F32 copies of dQ.
  */
-#include "backend.h"
 #include "cpu_bwd.h"
+
+#include "check.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -23,6 +23,8 @@
 
 #include "engine.h"
 
+#include <math.h>
+
 #define ATTN_BWD_BQ 64
 #define ATTN_BWD_BK 64
 /* Row stride of dQ partials and padded K rows: head_dim rounded up to this
@@ -38,8 +40,14 @@ typedef struct attn__variants {
   bool on;              /* either: the tiles' scores go through the variant step */
 } attn__variants;
 
-/* The variants of a validated request r (cpu.c). */
-void attn__variants_init(const attn_request *r, attn__variants *v);
+/* The variants of a validated request r, as both passes' jobs set them up. */
+static inline void attn__variants_init(const attn_request *r, attn__variants *v) {
+  const double cap2 = r->softcap * M_LOG2E;
+  v->cap2 = (float)cap2;
+  v->inv_cap2 = r->softcap > 0 ? (float)(1.0 / cap2) : 0.0f;
+  v->alibi = r->alibi_slopes != NULL;
+  v->on = r->softcap > 0 || v->alibi;
+}
 
 typedef struct attn__bwd_args {
   const attn_request *r; /* validated backward request, strides filled */

@@ -14,7 +14,7 @@
  */
 #include "selfcheck.h"
 
-#include "backend.h"
+#include "request_int.h"
 #include "reference.h"
 
 #include <math.h>

@@ -152,7 +152,7 @@ Test(ops, request_id_echoed_or_made) {
   free(log);
 }
 
-/* libmicrohttpd's own refusals (answered by attnd_http_refuse) carry an id. */
+/* libmicrohttpd's own refusals (answered by server/mhd_shim.c) carry an id. */
 Test(ops, request_id_on_the_http_layers_refusals) {
   srv_start(&S, NULL);
   int fd = raw_connect(S.port);

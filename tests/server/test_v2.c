@@ -341,7 +341,7 @@ Test(v2, model_metadata_config_and_ready) {
       cr_expect_str_eq(cJSON_GetStringValue(cJSON_GetObjectItem(j, "name")), models[m]);
       cJSON *ins = cJSON_GetObjectItem(j, "inputs"), *outs = cJSON_GetObjectItem(j, "outputs");
       /* q, k, v: the optional inputs are not listed (perf_analyzer would
-       * generate data for them; see put_tensors() in proto/v2.c) */
+       * generate data for them; see put_tensors() in proto/v2_reply.c) */
       cr_expect_eq(cJSON_GetArraySize(ins), 3);
       cr_expect_eq(cJSON_GetArraySize(outs), 4);
       for (int i = 0; i < 3; i++) {

@@ -1,10 +1,10 @@
-#define _GNU_SOURCE
 /*
  * test_compute.c — `attn compute IN OUT` end to end: a request file in, a
  * reply file out that decodes to the float64 reference; options from flags
  * and from __metadata__ (which wins); bad files get one line and status 2,
  * an unwritable OUT status 1, and OUT is never left half-written.
  */
+#define _GNU_SOURCE
 #include "helpers.h"
 #include "reference.h"
 

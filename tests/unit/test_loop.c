@@ -10,7 +10,8 @@
  * a request whose fd is FAKE_RESET_FD is a client that reset.
  */
 #define _GNU_SOURCE /* memmem */
-#include "server.h"
+#include "loop.h"
+#include "routes.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
@@ -61,7 +62,8 @@ static rig *rig_open_with(int max_queue, double timeout, int per_client, uint64_
   g->s.backend = "cpu";
   g->s.backend_note = "";
   pthread_mutex_init(&g->s.log_mu, NULL);
-  g->s.metrics = attnd_metrics_new();
+  const char *labels[ATTND_METRICS_MAX_ROUTES];
+  g->s.metrics = attnd_metrics_new(labels, attnd_route_labels(labels, ATTND_METRICS_MAX_ROUTES));
   cr_assert_not_null(g->s.metrics);
   attn_config ec;
   attn_config_init(&ec);
@@ -90,7 +92,7 @@ static attnd_req *job(rig *g, const char *body) {
   cr_assert_not_null(r);
   snprintf(r->method, sizeof r->method, "POST");
   snprintf(r->path, sizeof r->path, "/attention");
-  r->route = ATTND_R_ATTENTION;
+  r->route = attnd_route_find("/attention", NULL, NULL);
   r->json_in = true;
   r->query = strdup("");
   r->len = r->cap = strlen(body);

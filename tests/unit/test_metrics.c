@@ -13,6 +13,24 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The labels attnd's route table gives (test_routes.c holds the table to
+ * them), written out here so these tests read the metrics alone. */
+static const char *const route_labels[] = {
+    "/attention",
+    "/attention/backward",
+    "/attention/plan",
+    "/healthz",
+    "/readyz",
+    "/metrics",
+    "/v1/info",
+    "/v2/*",
+    "/v2/models/*/infer",
+};
+
+static attnd_metrics *metrics_new(void) {
+  return attnd_metrics_new(route_labels, (int)(sizeof route_labels / sizeof *route_labels));
+}
+
 static char *render(attnd_metrics *m) {
   size_t len = 0;
   char *out = attnd_metrics_render(m, &len);
@@ -87,7 +105,7 @@ static void check_histogram(const char *out, const char *name, const char *label
 }
 
 Test(metrics, requests_by_route_and_code) {
-  attnd_metrics *m = attnd_metrics_new();
+  attnd_metrics *m = metrics_new();
   cr_assert_not_null(m);
   attnd_metrics_request(m, "/attention", 200, 0.01, 100, 1000);
   attnd_metrics_request(m, "/attention", 200, 0.02, 100, 1000);
@@ -138,7 +156,7 @@ Test(metrics, requests_by_route_and_code) {
 }
 
 Test(metrics, codes_past_the_table_fold_into_other) {
-  attnd_metrics *m = attnd_metrics_new();
+  attnd_metrics *m = metrics_new();
   cr_assert_not_null(m);
   for (int code = 100; code < 170; code++) /* 70 distinct codes */
     attnd_metrics_request(m, "/healthz", code, 0.001, 0, 0);
@@ -156,7 +174,7 @@ Test(metrics, codes_past_the_table_fold_into_other) {
 }
 
 Test(metrics, duration_buckets_are_cumulative_with_inclusive_bounds) {
-  attnd_metrics *m = attnd_metrics_new();
+  attnd_metrics *m = metrics_new();
   cr_assert_not_null(m);
   const double v[] = {0.0001, 0.0005, 0.003, 0.7, 1, 60, 100};
   double sum = 0;
@@ -179,7 +197,7 @@ Test(metrics, duration_buckets_are_cumulative_with_inclusive_bounds) {
 }
 
 Test(metrics, queue_wait_histogram) {
-  attnd_metrics *m = attnd_metrics_new();
+  attnd_metrics *m = metrics_new();
   cr_assert_not_null(m);
   char *out = render(m);
   check_histogram(out, "attnd_queue_wait_seconds", "", 0, 0, NULL);
@@ -204,7 +222,7 @@ Test(metrics, queue_wait_histogram) {
 }
 
 Test(metrics, bad_durations_count_as_zero) {
-  attnd_metrics *m = attnd_metrics_new();
+  attnd_metrics *m = metrics_new();
   cr_assert_not_null(m);
   attnd_metrics_queue_wait(m, NAN);
   attnd_metrics_queue_wait(m, -1);
@@ -219,7 +237,7 @@ Test(metrics, bad_durations_count_as_zero) {
 }
 
 Test(metrics, engine_counters_by_backend) {
-  attnd_metrics *m = attnd_metrics_new();
+  attnd_metrics *m = metrics_new();
   cr_assert_not_null(m);
   attnd_metrics_engine(m, "cpu", 0.5, 1e9);
   attnd_metrics_engine(m, "cuda", 0.125, 2.5e12);
@@ -239,7 +257,7 @@ Test(metrics, engine_counters_by_backend) {
 }
 
 Test(metrics, backends_past_eight_fold_into_other) {
-  attnd_metrics *m = attnd_metrics_new();
+  attnd_metrics *m = metrics_new();
   cr_assert_not_null(m);
   char name[16];
   for (int i = 0; i < 11; i++) {
@@ -257,7 +275,7 @@ Test(metrics, backends_past_eight_fold_into_other) {
   attnd_metrics_free(m);
 
   /* A real backend called "other" takes the overflow: one series, not two. */
-  m = attnd_metrics_new();
+  m = metrics_new();
   cr_assert_not_null(m);
   attnd_metrics_engine(m, "other", 1, 1);
   for (int i = 0; i < 9; i++) {
@@ -272,7 +290,7 @@ Test(metrics, backends_past_eight_fold_into_other) {
 }
 
 Test(metrics, label_values_are_escaped) {
-  attnd_metrics *m = attnd_metrics_new();
+  attnd_metrics *m = metrics_new();
   cr_assert_not_null(m);
   attnd_metrics_engine(m, "we\"ird\\name\nx", 2, 4);
   char *out = render(m);
@@ -283,7 +301,7 @@ Test(metrics, label_values_are_escaped) {
 }
 
 Test(metrics, gauges) {
-  attnd_metrics *m = attnd_metrics_new();
+  attnd_metrics *m = metrics_new();
   cr_assert_not_null(m);
   attnd_metrics_gauge_add(m, ATTND_GAUGE_QUEUE_DEPTH, 3);
   attnd_metrics_gauge_add(m, ATTND_GAUGE_QUEUE_DEPTH, -1);
@@ -304,7 +322,7 @@ Test(metrics, gauges) {
 }
 
 Test(metrics, errors_by_code) {
-  attnd_metrics *m = attnd_metrics_new();
+  attnd_metrics *m = metrics_new();
   cr_assert_not_null(m);
   char *out = render(m);
   cr_expect_eq(count_prefix(out, "attnd_errors_total{"), 0);
@@ -349,7 +367,7 @@ Test(metrics, every_family_has_help_and_type) {
       {"attnd_bytes_received_total", "counter"},
       {"attnd_bytes_sent_total", "counter"},
   };
-  attnd_metrics *m = attnd_metrics_new();
+  attnd_metrics *m = metrics_new();
   cr_assert_not_null(m);
   for (int pass = 0; pass < 2; pass++) {
     char *out = render(m);
@@ -469,7 +487,7 @@ static void check_grammar(const char *out) {
 }
 
 Test(metrics, output_follows_the_exposition_grammar) {
-  attnd_metrics *m = attnd_metrics_new();
+  attnd_metrics *m = metrics_new();
   cr_assert_not_null(m);
   char *out = render(m);
   check_grammar(out);
@@ -520,7 +538,7 @@ static void *scraper(void *p) {
 }
 
 Test(metrics, concurrent_recording_loses_nothing) {
-  attnd_metrics *m = attnd_metrics_new();
+  attnd_metrics *m = metrics_new();
   cr_assert_not_null(m);
   pthread_t t[N_THREADS], s;
   worker_arg args[N_THREADS];
@@ -568,7 +586,7 @@ Test(metrics, free_null_is_a_no_op) { attnd_metrics_free(NULL); }
 /* A model label only where a route served one; 15 (path, model) pairs,
  * then model="other"; a hostile model name is escaped. */
 Test(metrics, model_label_where_it_applies) {
-  attnd_metrics *m = attnd_metrics_new();
+  attnd_metrics *m = metrics_new();
   attnd_metrics_request_model(m, "/attention", NULL, 200, 0.001, 1, 1);
   attnd_metrics_request_model(m, "/attention", "", 200, 0.001, 1, 1);
   attnd_metrics_request_model(m, "/attention", "attention", 200, 0.001, 1, 1);
@@ -599,4 +617,24 @@ Test(metrics, model_label_where_it_applies) {
   expect_line(out, "attnd_requests_total{path=\"/v1/info\",code=\"200\"} 1");
   free(out);
   attnd_metrics_free(m);
+}
+
+/* The routes' series are the labels the metrics were made with; any other
+ * path is "other", and a list longer than the metrics keep is refused. */
+Test(metrics, the_series_are_the_labels_given) {
+  static const char *const two[] = {"/a", "/b"};
+  attnd_metrics *m = attnd_metrics_new(two, 2);
+  cr_assert_not_null(m);
+  attnd_metrics_request(m, "/b?x=1", 200, 0.01, 0, 0);
+  attnd_metrics_request(m, "/attention", 200, 0.01, 0, 0);
+  char *out = render(m);
+  expect_line(out, "attnd_requests_total{path=\"/b\",code=\"200\"} 1");
+  expect_line(out, "attnd_requests_total{path=\"other\",code=\"200\"} 1");
+  cr_expect_null(strstr(out, "path=\"/attention\""));
+  free(out);
+  attnd_metrics_free(m);
+  const char *many[ATTND_METRICS_MAX_ROUTES + 1];
+  for (int i = 0; i <= ATTND_METRICS_MAX_ROUTES; i++)
+    many[i] = "/x";
+  cr_expect_null(attnd_metrics_new(many, ATTND_METRICS_MAX_ROUTES + 1));
 }

@@ -1,13 +1,16 @@
 /*
  * test_parse.c — the rules a request's head must meet (server/parse.c):
- * field names, one-value fields, framing, the unescaper, and which Host and
- * Origin a keyless server answers.
+ * field names, one-value fields, framing, the unescaper, which Host and
+ * Origin a keyless server answers, request targets, media types, Accept
+ * and the framing numbers.
  */
 #include "errors.h"
 #include "parse.h"
 
 #include <criterion/criterion.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* The verdict on a head given as name, value pairs (NULL-terminated). */
@@ -133,4 +136,75 @@ Test(parse, origins_are_the_page_own_or_the_cors_one) {
   cr_expect(
       attnd_parse_origin_allowed("https://app.example", "127.0.0.1:8080", "https://app.example"));
   cr_expect(attnd_parse_origin_allowed("http://evil.example", "127.0.0.1:8080", "*"));
+}
+
+Test(parse, request_targets_past_the_limits_or_with_blanks_are_refused) {
+  int code = 0;
+  cr_expect_null(attnd_parse_target("/attention?batch=1&heads=2", &code));
+  char *long_one = malloc(ATTND_MAX_TARGET + 2);
+  memset(long_one, 'a', ATTND_MAX_TARGET + 1);
+  long_one[0] = '/';
+  long_one[ATTND_MAX_TARGET + 1] = 0;
+  cr_expect_str_eq(attnd_parse_target(long_one, &code),
+                   "the request target is longer than 8192 bytes");
+  cr_expect_eq(code, ATTND_EURI_TOO_LONG);
+  long_one[ATTND_MAX_TARGET] = 0; /* exactly the limit */
+  cr_expect_null(attnd_parse_target(long_one, &code));
+  free(long_one);
+  char q[512] = "/attention/plan?";
+  for (int i = 0; i < ATTND_MAX_QUERY_PARAMS; i++)
+    strcat(q, i ? "&a" : "a");
+  cr_expect_null(attnd_parse_target(q, &code), "100 parameters are allowed");
+  strcat(q, "&a");
+  cr_expect_str_eq(attnd_parse_target(q, &code), "the query string has more than 100 parameters");
+  cr_expect_eq(code, ATTND_EURI_TOO_LONG);
+  cr_expect_not_null(attnd_parse_target("/a b", &code));
+  cr_expect_eq(code, ATTND_EBAD_REQUEST);
+  cr_expect_not_null(attnd_parse_target("/a\tb", &code));
+  cr_expect_eq(code, ATTND_EBAD_REQUEST);
+}
+
+Test(parse, absolute_targets_are_read_as_their_path) {
+  cr_expect_str_eq(attnd_parse_origin_path("/healthz"), "/healthz");
+  cr_expect_str_eq(attnd_parse_origin_path("http://h:8080/healthz"), "/healthz");
+  cr_expect_str_eq(attnd_parse_origin_path("HTTPS://h/v2/models/x"), "/v2/models/x");
+  cr_expect_str_eq(attnd_parse_origin_path("http://h:8080"), "/");
+  cr_expect_str_eq(attnd_parse_origin_path("ftp://h/x"), "ftp://h/x");
+}
+
+Test(parse, media_types_ignore_case_parameters_and_blanks) {
+  cr_expect(attnd_parse_media_is("application/json", "application/json"));
+  cr_expect(attnd_parse_media_is("Application/JSON; charset=utf-8", "application/json"));
+  cr_expect(attnd_parse_media_is("  application/json \t;x=1", "application/json"));
+  cr_expect(!attnd_parse_media_is("application/jsonx", "application/json"));
+  cr_expect(!attnd_parse_media_is("application/json5", "application/json"));
+  cr_expect(!attnd_parse_media_is("text/plain", "application/json"));
+  cr_expect(!attnd_parse_media_is(NULL, "application/json"));
+}
+
+Test(parse, accept_asks_for_binary_when_octet_stream_comes_first) {
+  cr_expect(attnd_parse_accepts_binary("application/octet-stream"));
+  cr_expect(attnd_parse_accepts_binary("APPLICATION/OCTET-STREAM, application/json"));
+  cr_expect(!attnd_parse_accepts_binary("application/json, application/octet-stream"));
+  cr_expect(!attnd_parse_accepts_binary("application/json"));
+  cr_expect(!attnd_parse_accepts_binary("*/*"));
+  cr_expect(!attnd_parse_accepts_binary(NULL));
+}
+
+Test(parse, framing_numbers_are_read_strictly) {
+  cr_expect_eq(attnd_parse_content_length("0"), 0);
+  cr_expect_eq(attnd_parse_content_length("1048576"), 1048576);
+  cr_expect_eq(attnd_parse_content_length(""), UINT64_MAX);
+  cr_expect_eq(attnd_parse_content_length("12x"), UINT64_MAX);
+  cr_expect_eq(attnd_parse_content_length("99999999999999999999999"), UINT64_MAX);
+  size_t n = 7;
+  cr_expect(attnd_parse_json_length("0", &n) && n == 0);
+  cr_expect(attnd_parse_json_length("123", &n) && n == 123);
+  cr_expect(!attnd_parse_json_length("", &n));
+  cr_expect(!attnd_parse_json_length("-1", &n));
+  cr_expect(!attnd_parse_json_length("+1", &n));
+  cr_expect(!attnd_parse_json_length(" 1", &n));
+  cr_expect(!attnd_parse_json_length("1 ", &n));
+  cr_expect(!attnd_parse_json_length("18446744073709551615", &n), "SIZE_MAX is the whole body");
+  cr_expect_eq(n, 123);
 }

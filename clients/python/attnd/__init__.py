@@ -10,7 +10,7 @@
 Only the standard library and numpy are needed. torch tensors are accepted, and returned,
 when torch is installed (this module never imports it; :mod:`attnd.torch` is the autograd
 function); ``ml_dtypes.bfloat16`` arrays likewise. Formats and semantics: the server's
-``proto/README.md`` and ``DESIGN.md``.
+``proto/README.md`` and ``docs/design.md``.
 """
 
 import http.client

@@ -1,0 +1,210 @@
+/*
+ * device.c — opening and closing one CUDA device, and its start-up
+ * self-check.
+ *
+ * Opening reads the device's properties, refuses one older than compute
+ * capability 8.0, makes its memory pool and its streams. The self-check
+ * runs every case of selfcheck.h through the same staging and launch path
+ * as a job and turns off what fails (a kernel, the split-KV merge, the GQA
+ * packing; the Hopper instances start off and are turned on only by their
+ * passing cases), with why, for attn_engine_backends().
+ */
+#include "cuda_int.h"
+
+#include "selfcheck.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void attn__cu_close_dev(cu_dev *d) {
+  if (!d->slots && !d->pool_made)
+    return;
+  cudaSetDevice(d->ordinal);
+  for (int i = 0; i < d->nslots; i++) {
+    cu_slot *sl = &d->slots[i];
+    if (sl->stream) {
+      cudaStreamSynchronize(sl->stream);
+      cudaStreamDestroy(sl->stream);
+    }
+    if (sl->pinned)
+      cudaFreeHost(sl->pinned);
+  }
+  free(d->slots);
+  d->slots = NULL;
+  if (d->pool_made)
+    cudaMemPoolDestroy(d->pool);
+  d->pool_made = false;
+}
+
+int attn__cu_open_dev(cu_state *s, cu_dev *d, int ordinal, attn_status *st) {
+  cudaError_t e;
+  struct cudaDeviceProp prop;
+  d->state = s;
+  d->ordinal = ordinal;
+  if ((e = cudaSetDevice(ordinal)) || (e = cudaGetDeviceProperties(&prop, ordinal)))
+    return attn__cu_fail(st, ATTN_ENODEV, "opening the device", e);
+  snprintf(d->name, sizeof d->name, "%.95s", prop.name);
+  d->sms = prop.multiProcessorCount;
+  d->major = prop.major;
+  d->minor = prop.minor;
+  d->mem_total = prop.totalGlobalMem;
+  if (prop.major < 8)
+    return attn_status_set(st, ATTN_ENODEV,
+                           "cuda device %d (%s) has compute capability %d.%d; the kernels "
+                           "need 8.0 or newer",
+                           ordinal, prop.name, prop.major, prop.minor);
+  if ((e = (cudaError_t)attn_cu_prepare()))
+    return attn__cu_fail(st, ATTN_ENODEV, "preparing the kernels", e);
+  struct cudaMemPoolProps pp;
+  memset(&pp, 0, sizeof pp);
+  pp.allocType = cudaMemAllocationTypePinned;
+  pp.location.type = cudaMemLocationTypeDevice;
+  pp.location.id = ordinal;
+  if ((e = cudaMemPoolCreate(&d->pool, &pp)))
+    return attn__cu_fail(st, ATTN_ENODEV, "creating the memory pool", e);
+  d->pool_made = true;
+  /* Keep up to a quarter of the card cached between jobs; more goes back
+   * to the driver at the next synchronization. */
+  uint64_t keep = prop.totalGlobalMem / 4;
+  if ((e = cudaMemPoolSetAttribute(d->pool, cudaMemPoolAttrReleaseThreshold, &keep)))
+    return attn__cu_fail(st, ATTN_ENODEV, "configuring the memory pool", e);
+  d->nslots = s->streams;
+  d->slots = calloc((size_t)d->nslots, sizeof *d->slots);
+  if (!d->slots)
+    return attn_status_set(st, ATTN_ENOMEM, "out of memory");
+  for (int i = 0; i < d->nslots; i++) {
+    d->slots[i].dev = d;
+    if ((e = cudaStreamCreateWithFlags(&d->slots[i].stream, cudaStreamNonBlocking)))
+      return attn__cu_fail(st, ATTN_ENODEV, "creating a stream", e);
+  }
+  d->healthy = true;
+  return 0;
+}
+
+/* Runs a self-check case on the slot's device and waits for it: 0, the
+ * selection's refusal, or ATTN_EDEVICE with *sticky saying whether the
+ * device is done. */
+static int run_case(cu_slot *sl, const attn_request *r, unsigned off, bool *sticky,
+                    attn_status *st) {
+  cudaError_t e, se = cudaSuccess;
+  const char *what = "cudaMallocFromPoolAsync";
+  int rc;
+  *sticky = false;
+  if ((rc = attn__cu_plan(sl, r, sl->dev->sms, off, st)) < 0 ||
+      (rc = attn__cu_grow_pinned(sl, sl->down_end, st)) < 0)
+    return rc;
+  attn__cu_stage(sl, r);
+  if ((rc = attn__cu_alloc(sl, &e, st)) != 0) {
+    if (rc < -1)
+      return rc;
+    goto fail;
+  }
+  attn__cu_set_pointers(sl, r, sl->dmem);
+  e = attn__cu_queue_work(sl, r, false, &what);
+  se = cudaStreamSynchronize(sl->stream);
+  if (e == cudaSuccess && se == cudaSuccess) {
+    attn__cu_unpack_outputs(sl, r);
+    return 0;
+  }
+  if (e == cudaSuccess)
+    e = se, what = "a self-check kernel";
+  if (sl->dmem)
+    cudaFree(sl->dmem);
+  sl->dmem = NULL;
+fail:
+  cudaGetLastError();
+  *sticky = attn__cu_sticky(e) || (se != cudaSuccess && attn__cu_sticky(se));
+  return attn__cu_fail(st, ATTN_EDEVICE, what, e);
+}
+
+/* Turns off what the failed case ran (the GQA packing, else the split-KV
+ * path, else its kernel: the cases test each instance plain, then split,
+ * then packed), with why, for every device: the selection then falls
+ * back. */
+static void disable(cu_state *s, const cu_dev *d, const attn_cu_choice *ch, const char *why) {
+  bool pack = ch->pack > 1, split = !pack && ch->nsplit > 1;
+  int bit = pack ? ATTN_CU_KERNEL_COUNT + 1 : split ? ATTN_CU_KERNEL_COUNT : (int)ch->kernel;
+  if (s->off & (1u << bit))
+    return;
+  s->off |= 1u << bit;
+  const char *name = pack    ? "GQA head packing"
+                     : split ? "split-KV merge"
+                             : attn_cu_kernel_name(ch->kernel);
+  snprintf(s->off_why[bit], sizeof s->off_why[bit], "device %d: %s", d->ordinal, why);
+  fprintf(stderr,
+          "attn: cuda device %d (%s): the self-check disabled %s: %s; requests it would run "
+          "take another kernel or the CPU\n",
+          d->ordinal, d->name, name, why);
+}
+
+/* A Hopper case's outcome: the instance of its head dim stays off (the
+ * bits start set) when the case failed or never reached it. */
+static void hopper_outcome(cu_state *s, const cu_dev *d, const attn_request *r,
+                           const attn_cu_choice *ch, int rc, const char *why) {
+  int dp = attn_cu_dp(r->head_dim);
+  int bit = dp <= 64 ? ATTN_CU_HOPPER_D64 : dp <= 128 ? ATTN_CU_HOPPER_D128 : ATTN_CU_HOPPER_D256;
+  if (rc == 0 && !why && (int)ch->kernel == bit)
+    return;
+  s->hopper_failed |= 1u << bit;
+  snprintf(s->off_why[bit], sizeof s->off_why[bit], "device %d: %.140s", d->ordinal,
+           why  ? why
+           : rc ? "its self-check case was refused"
+                : "its self-check case ran another kernel");
+  fprintf(stderr, "attn: cuda device %d (%s): %s stays off: %s\n", d->ordinal, d->name,
+          attn_cu_kernel_name((attn_cu_kernel)bit), s->off_why[bit]);
+}
+
+/* Runs every case on the device (see selfcheck.h); a case that fails or is
+ * refused at launch disables what it ran, a sticky error the device. The
+ * Hopper cases run only when hopper is set (hopper_gate), with that
+ * instance allowed. */
+void attn__cu_self_check(cu_state *s, cu_dev *d, bool hopper) {
+  for (int i = 0; i < attn_cu_check_count() && d->healthy; i++) {
+    bool hp = attn_cu_check_is_hopper(i);
+    attn_cu_check c;
+    attn_status st = {0};
+    if ((hp && !hopper) || attn_cu_check_make(i, &c, &st) < 0) {
+      if (!hp || hopper)
+        fprintf(stderr, "attn: cuda self-check case %d skipped: %s\n", i, st.message);
+      continue;
+    }
+    cu_slot *sl = &d->slots[0];
+    bool sticky;
+    char why[160];
+    int rc = run_case(sl, &c.req, hp ? s->off & ~ATTN_CU_HOPPER_OFF : s->off, &sticky, &st);
+    bool ok = rc == 0 && attn_cu_check_verify(&c, why, sizeof why);
+    if (hp)
+      hopper_outcome(s, d, &c.req, &sl->ch, rc, ok ? NULL : rc == 0 ? why : st.message);
+    if (rc == 0 && !ok && !hp)
+      disable(s, d, &sl->ch, why);
+    else if (rc == ATTN_EDEVICE && !sticky && !hp)
+      disable(s, d, &sl->ch, st.message);
+    else if (rc == ATTN_EDEVICE && sticky) {
+      d->healthy = false;
+      snprintf(d->why, sizeof d->why, "failed its start-up self-check: %.120s", st.message);
+      fprintf(stderr, "attn: cuda device %d (%s) %s; it takes no jobs\n", d->ordinal, d->name,
+              d->why);
+    }
+    attn_cu_check_free(&c);
+  }
+}
+
+/* The Hopper instances start off, each with why; 1 when they may be
+ * tried: this build holds their sm_90a code, the self-check runs, and
+ * every device is compute capability 9.0. */
+bool attn__cu_hopper_gate(cu_state *s, bool checking) {
+  const char *why = !attn_cu_hopper_built()
+                        ? "this build has no sm_90a code (CUDA_ARCHS without 90a)"
+                    : !checking ? "compile-verified only: served after it passes the start-up "
+                                  "self-check, which is off (--gpu-self-check off)"
+                                : NULL;
+  for (int i = 0; !why && i < s->ndev; i++)
+    if (s->devs[i].major != 9 || s->devs[i].minor != 0)
+      why = "needs compute capability 9.0 on every device (sm_90a)";
+  s->off |= ATTN_CU_HOPPER_OFF;
+  for (int k = ATTN_CU_HOPPER_D64; k <= ATTN_CU_HOPPER_D256; k++)
+    snprintf(s->off_why[k], sizeof s->off_why[k], "%s",
+             why ? why : "compile-verified only: served after it passes the start-up self-check");
+  return !why;
+}

@@ -1,0 +1,266 @@
+/*
+ * stage.c — a job's layout in a slot's memory, packed in and unpacked out.
+ *
+ * Host code without a CUDA call: the kernels' view of a request (its
+ * shape, the kernels the selection picks), where each tensor, the scan
+ * results and the outputs sit in the pinned staging buffer and the device
+ * allocation, and the copies between the caller's strided tensors and the
+ * packed [B, H, N, dp] layout the kernels read (head dim padded to a
+ * multiple of 8).
+ */
+#include "cuda_int.h"
+
+#include "check.h"
+
+#include <math.h>
+#include <string.h>
+
+/* Regions of a job's buffers start on this boundary. */
+#define ALIGN 256
+
+static size_t align_up(size_t x) { return (x + ALIGN - 1) / ALIGN * ALIGN; }
+
+int attn__cu_inputs(const attn_request *r, cu_tensor t[5]) {
+  t[0] = (cu_tensor){"q", r->q, NULL, r->q_stride, false};
+  t[1] = (cu_tensor){"k", r->k, NULL, r->k_stride, true};
+  t[2] = (cu_tensor){"v", r->v, NULL, r->v_stride, true};
+  if (r->pass != ATTN_BACKWARD)
+    return 3;
+  t[3] = (cu_tensor){"o", r->o, NULL, r->o_stride, false};
+  t[4] = (cu_tensor){"do", r->dout, NULL, r->do_stride, false};
+  return 5;
+}
+
+static int job_outputs(const attn_request *r, cu_tensor t[3]) {
+  if (r->pass != ATTN_BACKWARD) {
+    t[0] = (cu_tensor){"o", NULL, r->o, r->o_stride, false};
+    return 1;
+  }
+  t[0] = (cu_tensor){"dq", NULL, r->dq, r->dq_stride, false};
+  t[1] = (cu_tensor){"dk", NULL, r->dk, r->dk_stride, true};
+  t[2] = (cu_tensor){"dv", NULL, r->dv, r->dv_stride, true};
+  return 3;
+}
+
+/* The kernels' view of a request (device pointers filled in later). The
+ * request may carry counts up to 2^40: they are checked against the grid
+ * before they are narrowed to int, or a count of 2^32 + 1 would become 1
+ * and the staging buffer would be sized for it. */
+static int shape_of(const attn_request *r, attn_cu_params *p, attn_status *st) {
+  memset(p, 0, sizeof *p);
+  if (r->batch > ATTN_CU_MAX_GRID_YZ || r->heads_q > ATTN_CU_MAX_GRID_YZ)
+    return attn_status_set(st, ATTN_EUNSUPPORTED,
+                           "the cuda backend takes at most %d query heads and %d batch entries "
+                           "(got %lld and %lld)",
+                           ATTN_CU_MAX_GRID_YZ, ATTN_CU_MAX_GRID_YZ, (long long)r->heads_q,
+                           (long long)r->batch);
+  p->pass = r->pass;
+  p->dtype = r->dtype;
+  p->batch = (int)r->batch;
+  p->heads_q = (int)r->heads_q;
+  p->heads_kv = (int)r->heads_kv; /* divides heads_q: no larger */
+  /* Past the maximum, one more than it: attn_cu_select refuses it. */
+  p->seq_q = (int)(r->seq_q <= ATTN_CU_MAX_SEQ ? r->seq_q : ATTN_CU_MAX_SEQ + 1);
+  p->seq_kv = (int)(r->seq_kv <= ATTN_CU_MAX_SEQ ? r->seq_kv : ATTN_CU_MAX_SEQ + 1);
+  p->head_dim = (int)r->head_dim;
+  p->dp = attn_cu_dp(r->head_dim);
+  p->scale_log2 = (float)(attn_request_scale(r) * M_LOG2E);
+  p->scale = (float)attn_request_scale(r);
+  attn_request_window(r, &p->window_left, &p->window_right);
+  p->off = attn_request_offset(r);
+  /* softcap and ALiBi in log2 units, as the kernels keep scores */
+  p->cap2 = (float)(r->softcap * M_LOG2E);
+  p->inv_cap2 = r->softcap > 0 ? (float)(1.0 / (r->softcap * M_LOG2E)) : 0.0f;
+  return 0;
+}
+
+/* Bytes of one packed tensor of the job. */
+size_t attn__cu_packed_bytes(const cu_slot *sl, bool kv, size_t es) {
+  const attn_cu_params *p = &sl->prm;
+  size_t rows = (size_t)p->batch * (kv ? p->heads_kv : p->heads_q) * (kv ? p->seq_kv : p->seq_q);
+  return rows * (size_t)p->dp * es;
+}
+
+/* Byte layout of a job in a slot; returns false on size overflow. */
+static bool layout(cu_slot *sl, const attn_request *r) {
+  const attn_cu_params *p = &sl->prm;
+  const bool bwd = r->pass == ATTN_BACKWARD;
+  size_t es = attn_dtype_size(r->dtype);
+  size_t nq = (size_t)p->batch * p->heads_q * p->seq_q;
+  size_t nkv = (size_t)p->batch * p->heads_kv * p->seq_kv;
+  if (nq > SIZE_MAX / 16 / ((size_t)p->dp * es) || nkv > SIZE_MAX / 16 / ((size_t)p->dp * es))
+    return false;
+  cu_tensor in[5], out[3];
+  sl->nin = attn__cu_inputs(r, in);
+  sl->nout = job_outputs(r, out);
+  size_t x = 0, lse_bytes = align_up(nq * sizeof(float));
+  for (int i = 0; i < sl->nin; i++) {
+    sl->off[i] = x;
+    x = align_up(x + attn__cu_packed_bytes(sl, in[i].kv, es));
+  }
+  sl->off_lse = bwd && r->lse_in ? x : SIZE_MAX;
+  x += bwd && r->lse_in ? lse_bytes : 0;
+  sl->off_alibi = r->alibi_slopes ? x : SIZE_MAX;
+  x += r->alibi_slopes ? align_up((size_t)p->batch * p->heads_q * sizeof(float)) : 0;
+  sl->off_scan = x;
+  x = align_up(x + (size_t)sl->nin * sizeof(attn_cu_scan_result));
+  sl->up_end = x;
+  sl->down_start = sl->off_scan;
+  for (int i = 0; i < sl->nout; i++) {
+    sl->off_out[i] = x;
+    x = align_up(x + attn__cu_packed_bytes(sl, out[i].kv, es));
+  }
+  float *const want[3] = {r->m, r->l, r->lse};
+  for (int i = 0; i < 3; i++) {
+    sl->off_stats[i] = want[i] ? x : SIZE_MAX;
+    if (want[i])
+      x = align_up(x + nq * sizeof(float));
+  }
+  sl->down_end = x;
+  if (bwd && !r->lse_in) {
+    sl->off_lse = x;
+    x += lse_bytes;
+  }
+  sl->off_ws = x;
+  x += align_up(attn_cu_bwd_bytes(p));
+  sl->dev_bytes = x + align_up(attn_cu_split_bytes(p, &sl->ch));
+  return true;
+}
+
+/* The kernels, their tiles and the job's layout, for a device with sms
+ * multiprocessors; no device call. */
+int attn__cu_plan(cu_slot *sl, const attn_request *r, int sms, unsigned off, attn_status *st) {
+  if (r->softcap > 0 || r->alibi_slopes) /* the Hopper instance has no variant path */
+    off |= ATTN_CU_HOPPER_OFF;
+  int rc = shape_of(r, &sl->prm, st);
+  if (rc < 0 || (rc = attn_cu_select_masked(&sl->prm, sms, off, &sl->ch, st)) < 0)
+    return rc;
+  if (r->pass == ATTN_BACKWARD && !r->lse_in) {
+    /* The forward that recomputes lse runs unsplit: it needs no scratch. */
+    attn_cu_params fp = sl->prm;
+    fp.pass = ATTN_FORWARD;
+    if ((rc = attn_cu_select_masked(&fp, 0, off, &sl->fch, st)) < 0)
+      return rc;
+  }
+  if (!layout(sl, r))
+    return attn_status_set(st, ATTN_EOVERFLOW, "cuda: the request's buffers overflow size_t");
+  return 0;
+}
+
+/* Tensor (dtype elements, strides s) -> packed [B, H, N, dp], zero padded. */
+static void pack(unsigned char *dst, const void *src, const int64_t s[3], int64_t B, int64_t H,
+                 int64_t N, int64_t D, int dp, size_t es) {
+  const unsigned char *sp = src;
+  if (dp == D && s[2] == D && s[1] == N * D && s[0] == H * N * D) {
+    memcpy(dst, sp, (size_t)(B * H * N * D) * es);
+    return;
+  }
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H; h++)
+      for (int64_t n = 0; n < N; n++) {
+        memcpy(dst, sp + (size_t)(b * s[0] + h * s[1] + n * s[2]) * es, (size_t)D * es);
+        memset(dst + (size_t)D * es, 0, (size_t)(dp - D) * es);
+        dst += (size_t)dp * es;
+      }
+}
+
+/* Packed [B, H, N, dp] -> tensor with strides s, padding dropped. */
+static void unpack(void *dst, const unsigned char *src, const int64_t s[3], int64_t B, int64_t H,
+                   int64_t N, int64_t D, int dp, size_t es) {
+  unsigned char *dp8 = dst;
+  if (dp == D && s[2] == D && s[1] == N * D && s[0] == H * N * D) {
+    memcpy(dp8, src, (size_t)(B * H * N * D) * es);
+    return;
+  }
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H; h++)
+      for (int64_t n = 0; n < N; n++) {
+        memcpy(dp8 + (size_t)(b * s[0] + h * s[1] + n * s[2]) * es, src, (size_t)D * es);
+        src += (size_t)dp * es;
+      }
+}
+
+/* Packs the job's inputs (and a caller's lse) into the pinned buffer and
+ * resets the scan results. */
+void attn__cu_stage(cu_slot *sl, const attn_request *r) {
+  size_t es = attn_dtype_size(r->dtype);
+  cu_tensor in[5];
+  attn__cu_inputs(r, in);
+  for (int t = 0; t < sl->nin; t++)
+    pack(sl->pinned + sl->off[t], in[t].in, in[t].stride, r->batch,
+         in[t].kv ? r->heads_kv : r->heads_q, in[t].kv ? r->seq_kv : r->seq_q, r->head_dim,
+         sl->prm.dp, es);
+  if (r->pass == ATTN_BACKWARD && r->lse_in)
+    memcpy(sl->pinned + sl->off_lse, r->lse_in,
+           (size_t)(r->batch * r->heads_q * r->seq_q) * sizeof(float));
+  if (r->alibi_slopes) { /* expanded to [B, Hq]: the kernels index b·Hq + h */
+    float *a2 = (float *)(sl->pinned + sl->off_alibi);
+    for (int64_t b = 0; b < r->batch; b++)
+      for (int64_t h = 0; h < r->heads_q; h++)
+        a2[b * r->heads_q + h] = (float)(-attn_request_alibi_slope(r, b, h) * M_LOG2E);
+  }
+  attn_cu_scan_result *scan = (attn_cu_scan_result *)(sl->pinned + sl->off_scan);
+  for (int t = 0; t < sl->nin; t++)
+    scan[t] = (attn_cu_scan_result){.first_bad = ~0ull, .maxabs_bits = 0, .pad_ = 0};
+}
+
+/* The kernels' device pointers into the job's allocation dm. */
+void attn__cu_set_pointers(cu_slot *sl, const attn_request *r, unsigned char *dm) {
+  attn_cu_params *p = &sl->prm;
+  p->q = dm + sl->off[0];
+  p->k = dm + sl->off[1];
+  p->v = dm + sl->off[2];
+  p->alibi2 = r->alibi_slopes ? (const float *)(dm + sl->off_alibi) : NULL;
+  if (r->pass == ATTN_BACKWARD) {
+    p->o = dm + sl->off[3];
+    p->dout = dm + sl->off[4];
+    p->dq = dm + sl->off_out[0];
+    p->dk = dm + sl->off_out[1];
+    p->dv = dm + sl->off_out[2];
+    p->lse = (float *)(dm + sl->off_lse);
+    p->bwd_ws = (float *)(dm + sl->off_ws);
+    return;
+  }
+  p->o = dm + sl->off_out[0];
+  p->m = r->m ? (float *)(dm + sl->off_stats[0]) : NULL;
+  p->l = r->l ? (float *)(dm + sl->off_stats[1]) : NULL;
+  p->lse = r->lse ? (float *)(dm + sl->off_stats[2]) : NULL;
+  p->split_ws = sl->ch.nsplit > 1 ? dm + sl->down_end : NULL;
+}
+
+/* The scan's verdict on the job's inputs: ENONFINITE with the element's
+ * coordinates, or ERANGE from the largest magnitudes of q, k and v. */
+int attn__cu_check_scan(cu_slot *sl, const attn_request *r, attn_status *st) {
+  const attn_cu_scan_result *scan = (const attn_cu_scan_result *)(sl->pinned + sl->off_scan);
+  const unsigned dp = (unsigned)sl->prm.dp;
+  cu_tensor in[5];
+  attn__cu_inputs(r, in);
+  double mx[3];
+  for (int t = 0; t < sl->nin; t++) {
+    if (scan[t].first_bad != ~0ull) {
+      int64_t H = in[t].kv ? r->heads_kv : r->heads_q, N = in[t].kv ? r->seq_kv : r->seq_q;
+      int64_t row = (int64_t)(scan[t].first_bad / dp), dcol = (int64_t)(scan[t].first_bad % dp);
+      return attn__nonfinite(st, in[t].name, row / (H * N), row / N % H, row % N, dcol);
+    }
+    float f;
+    memcpy(&f, &scan[t].maxabs_bits, sizeof f);
+    if (t < 3)
+      mx[t] = f;
+  }
+  return attn__check_magnitudes(r, mx, st);
+}
+
+/* The job's outputs, copied out of the staging buffer. */
+void attn__cu_unpack_outputs(cu_slot *sl, const attn_request *r) {
+  cu_tensor out[3];
+  int nout = job_outputs(r, out);
+  for (int t = 0; t < nout; t++)
+    unpack(out[t].out, sl->pinned + sl->off_out[t], out[t].stride, r->batch,
+           out[t].kv ? r->heads_kv : r->heads_q, out[t].kv ? r->seq_kv : r->seq_q, r->head_dim,
+           sl->prm.dp, attn_dtype_size(r->dtype));
+  float *const stats[3] = {r->m, r->l, r->lse};
+  size_t rows = (size_t)r->batch * r->heads_q * r->seq_q;
+  for (int i = 0; i < 3; i++)
+    if (stats[i])
+      memcpy(stats[i], sl->pinned + sl->off_stats[i], rows * sizeof(float));
+}

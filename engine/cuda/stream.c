@@ -1,0 +1,200 @@
+/*
+ * stream.c — a job on a slot's stream: its memory, its queued work, and
+ * the errors that end it.
+ *
+ * The dispatcher starts a staged job here (device memory from the
+ * device's pool, then the upload, scans, kernels, download and free queued
+ * on the slot's stream, and a host function that reports it done) and
+ * takes its outcome here once the stream has run. Which CUDA errors leave
+ * the device usable is decided here too (attn__cu_sticky).
+ */
+#include "cuda_int.h"
+
+#include "check.h"
+
+#include <stdio.h>
+
+int attn__cu_fail(attn_status *st, int code, const char *what, cudaError_t e) {
+  return attn_status_set(st, code, "cuda: %s: %s (%s)", what, cudaGetErrorString(e),
+                         cudaGetErrorName(e));
+}
+
+/* Whether an error leaves the context unusable (a fault in a kernel, or
+ * one CUDA cannot attribute). A launch the runtime refuses (a broken
+ * contract, a bad configuration, no machine code for this device, too few
+ * registers) leaves it usable: only its job fails. */
+bool attn__cu_sticky(cudaError_t e) {
+  switch (e) {
+  case cudaErrorInvalidValue:
+  case cudaErrorInvalidConfiguration:
+  case cudaErrorLaunchOutOfResources:
+  case cudaErrorInvalidDeviceFunction:
+  case cudaErrorNoKernelImageForDevice:
+  case cudaErrorNotSupported: return false;
+  default: return true;
+  }
+}
+
+/* A sticky device error: the device is done. */
+void attn__cu_mark_unhealthy(cu_dev *d, const char *what, cudaError_t e) {
+  if (d->healthy)
+    fprintf(stderr, "attn: cuda device %d (%s) failed in %s: %s; it takes no more jobs\n",
+            d->ordinal, d->name, what, cudaGetErrorString(e));
+  d->healthy = false;
+  snprintf(d->why, sizeof d->why, "failed in %s: %s", what, cudaGetErrorString(e));
+}
+
+int attn__cu_grow_pinned(cu_slot *sl, size_t need, attn_status *st) {
+  if (sl->pinned_cap >= need)
+    return 0;
+  if (sl->pinned)
+    cudaFreeHost(sl->pinned);
+  sl->pinned = NULL;
+  sl->pinned_cap = 0;
+  size_t cap = need + need / 4;
+  cudaError_t e = cudaHostAlloc((void **)&sl->pinned, cap, cudaHostAllocPortable);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return attn_status_set(st, ATTN_ENOMEM,
+                           "cuda: cannot pin %zu MiB of host memory for staging: %s", cap >> 20,
+                           cudaGetErrorString(e));
+  }
+  sl->pinned_cap = cap;
+  return 0;
+}
+
+static void CUDART_CB on_stream_done(void *arg) {
+  cu_slot *sl = arg;
+  cu_state *s = sl->dev->state;
+  pthread_mutex_lock(&s->mu);
+  sl->next_done = s->done;
+  s->done = sl;
+  pthread_cond_signal(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+}
+
+/* A backward job without the caller's lse: the forward with statistics
+ * writes it, and its O goes to dQ's buffer (overwritten later). */
+static cudaError_t launch_lse(cu_slot *sl) {
+  attn_cu_params fp = sl->prm;
+  fp.pass = ATTN_FORWARD;
+  fp.o = fp.dq;
+  fp.m = fp.l = NULL;
+  fp.split_ws = NULL;
+  return (cudaError_t)attn_cu_launch(&fp, &sl->fch, sl->stream);
+}
+
+/* Queues upload, scans, kernels, download, free and (when host_fn) the
+ * host function; on an error *what names the step. */
+cudaError_t attn__cu_queue_work(cu_slot *sl, const attn_request *r, bool host_fn,
+                                const char **what) {
+  unsigned char *dm = sl->dmem;
+  attn_cu_scan_result *dscan = (attn_cu_scan_result *)(dm + sl->off_scan);
+  cu_tensor in[5];
+  cudaError_t e;
+  attn__cu_inputs(r, in);
+  *what = "the upload";
+  if ((e = cudaMemcpyAsync(dm, sl->pinned, sl->up_end, cudaMemcpyHostToDevice, sl->stream)))
+    return e;
+  *what = "the input scan";
+  for (int t = 0; t < sl->nin; t++) {
+    size_t n = attn__cu_packed_bytes(sl, in[t].kv, 1);
+    if ((e = (cudaError_t)attn_cu_scan(dm + sl->off[t], r->dtype, n, &dscan[t], sl->stream)))
+      return e;
+  }
+  *what = "the forward pass that recomputes lse";
+  if (r->pass == ATTN_BACKWARD && !r->lse_in && (e = launch_lse(sl)))
+    return e;
+  *what = "the attention kernel";
+  if ((e = (cudaError_t)attn_cu_launch(&sl->prm, &sl->ch, sl->stream)))
+    return e;
+  *what = "the download";
+  if ((e = cudaMemcpyAsync(sl->pinned + sl->down_start, dm + sl->down_start,
+                           sl->down_end - sl->down_start, cudaMemcpyDeviceToHost, sl->stream)))
+    return e;
+  *what = "cudaFreeAsync";
+  if ((e = cudaFreeAsync(sl->dmem, sl->stream)))
+    return e;
+  sl->dmem = NULL;
+  *what = "cudaLaunchHostFunc";
+  return host_fn ? cudaLaunchHostFunc(sl->stream, on_stream_done, sl) : cudaSuccess;
+}
+
+/* Device memory for the job from the device's pool: 0, ATTN_ENOMEM
+ * (retryable) when it does not fit, or -1 for another CUDA error, which
+ * *pe holds. */
+int attn__cu_alloc(cu_slot *sl, cudaError_t *pe, attn_status *st) {
+  cu_dev *d = sl->dev;
+  sl->dmem = NULL;
+  cudaError_t e = cudaMallocFromPoolAsync(&sl->dmem, sl->dev_bytes, d->pool, sl->stream);
+  *pe = e;
+  if (e != cudaErrorMemoryAllocation)
+    return e == cudaSuccess ? 0 : -1;
+  cudaGetLastError();
+  size_t fr = 0, tot = 0;
+  cudaMemGetInfo(&fr, &tot);
+  sl->dmem = NULL;
+  return attn_status_set(st, ATTN_ENOMEM,
+                         "cuda: device %d is out of memory for this request (needs %zu MiB, "
+                         "%zu MiB free of %zu); retry later or send a smaller request",
+                         d->ordinal, sl->dev_bytes >> 20, fr >> 20, tot >> 20);
+}
+
+/* Queues the job on the slot's stream; on failure nothing is left queued
+ * that still uses the slot's memory, and st says why. */
+int attn__cu_start(cu_slot *sl, attn_status *st) {
+  cu_dev *d = sl->dev;
+  const attn_request *r = &sl->job->req;
+  cudaError_t e;
+  const char *what = "cudaSetDevice";
+  int rc;
+  /* A job canceled while it waited for a slot is never staged. */
+  if (attn__job_canceled(sl->job))
+    return attn__canceled(st);
+  if ((e = cudaSetDevice(d->ordinal)) != cudaSuccess)
+    goto device_error;
+  if ((rc = attn__cu_plan(sl, r, d->sms, d->state->off, st)) < 0 ||
+      (rc = attn__check_lse(r, st)) < 0 || (rc = attn__cu_grow_pinned(sl, sl->down_end, st)) < 0)
+    return rc;
+  attn__cu_stage(sl, r);
+  /* Packing is the host's long step: one canceled meanwhile launches nothing. */
+  if (attn__job_canceled(sl->job))
+    return attn__canceled(st);
+  what = "cudaMallocFromPoolAsync";
+  if ((rc = attn__cu_alloc(sl, &e, st)) != 0) {
+    if (rc < -1)
+      return rc;
+    goto device_error;
+  }
+  attn__cu_set_pointers(sl, r, sl->dmem);
+  if ((e = attn__cu_queue_work(sl, r, true, &what)) == cudaSuccess)
+    return 0;
+  /* Work already queued may still read the staging buffer: wait it out.
+   * A refused launch fails its job alone, unless the wait shows the
+   * context broken after all. */
+  cudaGetLastError();
+  cudaError_t se = cudaStreamSynchronize(sl->stream);
+  if (sl->dmem)
+    cudaFree(sl->dmem);
+  sl->dmem = NULL;
+  if (se != cudaSuccess && !attn__cu_sticky(e))
+    e = se, what = "the stream after a refused launch";
+device_error:
+  cudaGetLastError();
+  if (attn__cu_sticky(e))
+    attn__cu_mark_unhealthy(d, what, e);
+  return attn__cu_fail(st, ATTN_EDEVICE, what, e);
+}
+
+/* The job's outcome once its stream has run: the scan's verdict, then the
+ * outputs. */
+int attn__cu_finish(cu_slot *sl, attn_status *st) {
+  const attn_request *r = &sl->job->req;
+  if (attn__job_canceled(sl->job)) /* nobody wants the outputs: skip the copy */
+    return attn__canceled(st);
+  int rc = attn__cu_check_scan(sl, r, st);
+  if (rc < 0)
+    return rc;
+  attn__cu_unpack_outputs(sl, r);
+  return 0;
+}

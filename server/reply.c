@@ -1,0 +1,97 @@
+/*
+ * reply.c — an answer's way out to libmicrohttpd (reply.h): the body set
+ * on the request, and the headers every reply or some routes carry: the
+ * request id, CORS, Server-Timing, the console's, Allow, Retry-After.
+ */
+#include "reply.h"
+#include "errors.h"
+#include "routes.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* What a browser may send and read beyond the CORS-safelisted headers. */
+#define CORS_ALLOW_HEADERS                                                \
+  "Authorization, Content-Type, Content-Encoding, Accept, X-Request-Id, " \
+  "Inference-Header-Content-Length"
+#define CORS_EXPOSE_HEADERS \
+  "X-Request-Id, Retry-After, Inference-Header-Content-Length, Server-Timing"
+/* Seconds a browser may cache a preflight's answer. */
+#define CORS_MAX_AGE "600"
+
+/* --cors-origin's headers on every reply: the origin allowed, and Vary:
+ * Origin when it is one origin, so that caches do not serve one origin's
+ * reply to another. */
+static void add_cors(const attnd_req *r, struct MHD_Response *resp) {
+  const char *origin = r->srv->cfg->cors_origin;
+  if (!*origin)
+    return;
+  MHD_add_response_header(resp, "Access-Control-Allow-Origin", origin);
+  MHD_add_response_header(resp, "Access-Control-Expose-Headers", CORS_EXPOSE_HEADERS);
+  if (strcmp(origin, "*"))
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_VARY, "Origin");
+  if (r->status == MHD_HTTP_NO_CONTENT && !strcmp(r->method, MHD_HTTP_METHOD_OPTIONS)) {
+    MHD_add_response_header(resp, "Access-Control-Allow-Methods", "GET, HEAD, POST, OPTIONS");
+    MHD_add_response_header(resp, "Access-Control-Allow-Headers", CORS_ALLOW_HEADERS);
+    MHD_add_response_header(resp, "Access-Control-Max-Age", CORS_MAX_AGE);
+  }
+}
+
+/* A computed request's time in the server (RFC's Server-Timing, which a
+ * browser's fetch can read): queued, decoding + engine + encoding, and
+ * from its first byte until now, in milliseconds. */
+static void add_server_timing(const attnd_req *r, struct MHD_Response *resp) {
+  if (!attnd_req_computes(r) || r->t_started <= 0 || r->t_done <= 0)
+    return;
+  char v[160];
+  snprintf(v, sizeof v, "queue;dur=%.3f, compute;dur=%.3f, total;dur=%.3f",
+           (r->t_started - r->t_admitted) * 1e3, (r->t_done - r->t_started) * 1e3,
+           (attn_now() - r->t_received) * 1e3);
+  MHD_add_response_header(resp, "Server-Timing", v);
+}
+
+/* The console's security and caching headers, and its ETag. */
+static void add_console_headers(const attnd_req *r, struct MHD_Response *resp) {
+  if (!r->asset || (r->status != 200 && r->status != MHD_HTTP_NOT_MODIFIED))
+    return;
+  for (const attnd_console_header *h = attnd_console_headers; h->name; h++)
+    MHD_add_response_header(resp, h->name, h->value);
+  MHD_add_response_header(resp, MHD_HTTP_HEADER_ETAG, r->asset->etag);
+}
+
+enum MHD_Result attnd_reply_queue(attnd_req *r) {
+  if (!r->resp) /* out of memory for the error body itself */
+    attnd_req_fail(r, ATTND_EOUT_OF_MEMORY, "out of memory");
+  struct MHD_Response *resp = MHD_create_response_from_buffer_with_free_callback(
+      r->resp_len, r->resp ? r->resp : (char *)"", r->resp ? free : NULL);
+  if (!resp)
+    return MHD_NO;
+  r->bytes_out = r->resp_len;
+  r->resp = NULL; /* libmicrohttpd frees it with the response */
+  /* mhd_shim.c tells attnd's replies from libmicrohttpd's own by these */
+  if (r->status != MHD_HTTP_NO_CONTENT)
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
+                            r->ctype ? r->ctype : ATTND_JSON_TYPE);
+  MHD_add_response_header(resp, ATTND_REQID_HEADER, r->id);
+  add_cors(r, resp);
+  add_server_timing(r, resp);
+  add_console_headers(r, resp);
+  if (r->status == MHD_HTTP_UNAUTHORIZED)
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"attnd\"");
+  if (r->retry_after)
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+  if (r->close)
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+  if (r->resp_json_len) {
+    char n[24];
+    snprintf(n, sizeof n, "%zu", r->resp_json_len);
+    MHD_add_response_header(resp, "Inference-Header-Content-Length", n);
+  }
+  if (r->status == MHD_HTTP_METHOD_NOT_ALLOWED)
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, attnd_route_allow(r->route));
+  enum MHD_Result ok = MHD_queue_response(r->conn, (unsigned)r->status, resp);
+  MHD_destroy_response(resp);
+  r->queued = true;
+  return ok;
+}

@@ -1,0 +1,215 @@
+/*
+ * routes.c — the route table (routes.h), and the words of its 404 and 405
+ * replies.
+ *
+ * The inference protocol's routes (KServe v2, as Triton serves them) sit
+ * beside attnd's own, so that tritonclient and perf_analyzer work against
+ * attnd unchanged:
+ *
+ *   /v2                                  server metadata
+ *   /v2/health/live, /v2/health/ready    as /healthz and /readyz
+ *   /v2/models/{model}[/versions/1]      model metadata
+ *     .../ready, .../config, .../infer   readiness, Triton's config, inference
+ */
+#include "routes.h"
+#include "errors.h"
+#include "v1.h"
+#include "v2.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+/* The order is the 404 text's: attnd's own routes, then /v2's, then the
+ * console. Probes are open, or a restart loop follows a key rotation; the
+ * console holds no data and asks for the key its API calls send. */
+static const attnd_route table[] = {
+    {ATTND_POST, "/attention", false, true, ATTN_FORWARD, "/attention", "POST /attention", NULL},
+    {ATTND_POST, "/attention/backward", false, true, ATTN_BACKWARD, "/attention/backward",
+     "POST /attention/backward", NULL},
+    {ATTND_GET, "/attention/plan", false, false, ATTN_FORWARD, "/attention/plan",
+     "GET /attention/plan", attnd_v1_plan},
+    {ATTND_GET, "/healthz", true, false, ATTN_FORWARD, "/healthz", "/healthz", attnd_v1_healthz},
+    {ATTND_GET, "/readyz", true, false, ATTN_FORWARD, "/readyz", "/readyz", attnd_v1_readyz},
+    {ATTND_GET, "/metrics", false, false, ATTN_FORWARD, "/metrics", "/metrics", attnd_v1_metrics},
+    {ATTND_GET, "/v1/info", false, false, ATTN_FORWARD, "/v1/info", "/v1/info", attnd_v1_info},
+    {ATTND_GET, "/v2", false, false, ATTN_FORWARD, "/v2/*", "GET /v2", attnd_v2_server},
+    {ATTND_GET, "/v2/health/live", true, false, ATTN_FORWARD, "/v2/*", "/v2/health/live",
+     attnd_v2_live},
+    {ATTND_GET, "/v2/health/ready", true, false, ATTN_FORWARD, "/v2/*", "/v2/health/ready",
+     attnd_v2_ready},
+    {ATTND_GET, "/v2/models/{model}", false, false, ATTN_FORWARD, "/v2/*",
+     "/v2/models/{model}[/versions/1][/ready|/config]", attnd_v2_model},
+    {ATTND_GET, "/v2/models/{model}/ready", false, false, ATTN_FORWARD, "/v2/*", NULL,
+     attnd_v2_model_ready},
+    {ATTND_GET, "/v2/models/{model}/config", false, false, ATTN_FORWARD, "/v2/*", NULL,
+     attnd_v2_config},
+    {ATTND_POST, "/v2/models/{model}/infer", false, true, ATTN_FORWARD, "/v2/models/*/infer",
+     "POST /v2/models/{model}[/versions/1]/infer", NULL},
+    {ATTND_GET, "{console}", true, false, ATTN_FORWARD, NULL, "/ for the web console",
+     attnd_v1_console},
+};
+enum { N_ROUTES = sizeof table / sizeof *table };
+
+#define MODEL "{model}"
+#define MODELS "/v2/models/"
+
+bool attnd_route_v2(const char *path) {
+  return !strncmp(path, "/v2", 3) && (!path[3] || path[3] == '/');
+}
+
+/* The part of p up to the next '/' (or its end): its length. */
+static size_t segment(const char *p) { return strcspn(p, "/"); }
+
+/* {model}[/versions/{version}]{rest}: the model's index (-1 for none such),
+ * whether the version is one there is ("1", or none given), and the
+ * rest. */
+static const char *split_model(const char *p, int *model, bool *version_ok) {
+  size_t n = segment(p);
+  *model = attn_proto_v2_model(p, n);
+  *version_ok = true;
+  p += n;
+  if (!strncmp(p, "/versions/", 10)) {
+    size_t v = segment(p + 10);
+    *version_ok = v == 1 && p[10] == '1';
+    p += 10 + v;
+  }
+  return p;
+}
+
+/* Whether path matches pattern; *model is set at a "{model}". */
+static bool match(const char *pattern, const char *path, int *model,
+                  const attnd_console_asset **asset) {
+  if (!strcmp(pattern, "{console}"))
+    return (*asset = attnd_console_find(path)) != NULL;
+  const char *m = strstr(pattern, MODEL);
+  if (!m)
+    return !strcmp(pattern, path);
+  size_t pre = (size_t)(m - pattern);
+  if (strncmp(pattern, path, pre))
+    return false;
+  bool version_ok;
+  const char *rest = split_model(path + pre, model, &version_ok);
+  if (*model >= 0 && version_ok && !strcmp(rest, m + strlen(MODEL)))
+    return true;
+  *model = -1;
+  return false;
+}
+
+const attnd_route *attnd_route_find(const char *path, int *model,
+                                    const attnd_console_asset **asset) {
+  int m = -1;
+  const attnd_console_asset *a = NULL;
+  const attnd_route *found = NULL;
+  for (int i = 0; i < N_ROUTES && !found; i++)
+    if (match(table[i].pattern, path, &m, &a))
+      found = &table[i];
+  if (model)
+    *model = found ? m : -1;
+  if (asset)
+    *asset = a;
+  return found;
+}
+
+void attnd_route_of(attnd_req *r) {
+  int model;
+  r->route = attnd_route_find(r->path, &model, &r->asset);
+  if (!attnd_route_v2(r->path))
+    return;
+  r->v2 = true;
+  r->v2_model = model;
+  r->v2_json_len = SIZE_MAX;
+  if (model >= 0) /* the metrics' and the log line's model label */
+    snprintf(r->model, sizeof r->model, "%s", attn_proto_v2_model_name(model));
+}
+
+int attnd_route_labels(const char **out, int cap) {
+  int n = 0;
+  for (int i = 0; i < N_ROUTES; i++) {
+    const char *l = table[i].label;
+    bool seen = !l;
+    for (int j = 0; j < i && !seen; j++)
+      seen = table[j].label && !strcmp(table[j].label, l);
+    if (!seen && n++ < cap)
+      out[n - 1] = l;
+  }
+  return n;
+}
+
+bool attnd_route_allows(const attnd_route *route, const char *method) {
+  if (route->methods & ATTND_POST && !strcmp(method, "POST"))
+    return true;
+  return route->methods & ATTND_GET && (!strcmp(method, "GET") || !strcmp(method, "HEAD"));
+}
+
+const char *attnd_route_allow(const attnd_route *route) {
+  return route && route->methods & ATTND_POST ? "POST" : "GET, HEAD";
+}
+
+void attnd_route_not_allowed(attnd_req *r) {
+  char msg[200], m[24];
+  attn_quote(m, sizeof m, r->method, strlen(r->method));
+  snprintf(msg, sizeof msg, "%s is not allowed on %.60s (use %s)", m, r->path,
+           r->route->methods & ATTND_POST ? "POST" : "GET");
+  attnd_req_fail(r, ATTND_EMETHOD_NOT_ALLOWED, msg);
+}
+
+/* The words of every route of one part of the API (v2: the inference
+ * protocol's), joined with ", " ("or " before the last for attnd's own,
+ * where the whole of /v2 is one entry). */
+static void route_list(bool v2, char *out, size_t cap) {
+  const char *words[N_ROUTES];
+  int n = 0;
+  bool v2_named = false;
+  for (int i = 0; i < N_ROUTES; i++) {
+    bool in_v2 = attnd_route_v2(table[i].pattern);
+    if (!v2 && in_v2 && !v2_named) {
+      words[n++] = "/v2";
+      v2_named = true;
+    } else if (v2 == in_v2 && table[i].hint) {
+      words[n++] = table[i].hint;
+    }
+  }
+  size_t at = 0;
+  out[0] = 0;
+  for (int i = 0; i < n && at < cap; i++)
+    at += (size_t)snprintf(out + at, cap - at, "%s%s%s", i ? ", " : "",
+                           !v2 && i == n - 1 && n > 1 ? "or " : "", words[i]);
+}
+
+/* A path under /v2 that names no route: an unknown model, a version
+ * other than 1, or no such path. */
+static void v2_not_found(attnd_req *r) {
+  char msg[720], what[96], list[300];
+  const char *p = r->path + strlen(MODELS);
+  int model = -1;
+  bool version_ok = true;
+  bool models = !strncmp(r->path, MODELS, strlen(MODELS));
+  if (models) {
+    split_model(p, &model, &version_ok);
+    attn_quote(what, sizeof what, p, segment(p));
+  }
+  if (models && model < 0)
+    snprintf(msg, sizeof msg,
+             "unknown model \"%s\" (models: attention, attention_fp16, attention_bf16)", what);
+  else if (model >= 0 && !version_ok)
+    snprintf(msg, sizeof msg, "model \"%s\" has only version 1", what);
+  else {
+    attn_quote(what, sizeof what, r->path, strlen(r->path));
+    route_list(true, list, sizeof list);
+    snprintf(msg, sizeof msg, "no such path \"%s\" (the inference protocol here: %s)", what, list);
+  }
+  attnd_req_fail(r, ATTND_ENOT_FOUND, msg);
+}
+
+void attnd_route_not_found(attnd_req *r) {
+  if (r->v2) {
+    v2_not_found(r);
+    return;
+  }
+  char msg[512], path[96], list[200];
+  attn_quote(path, sizeof path, r->path, strlen(r->path));
+  route_list(false, list, sizeof list);
+  snprintf(msg, sizeof msg, "no such path \"%s\" (try %s)", path, list);
+  attnd_req_fail(r, ATTND_ENOT_FOUND, msg);
+}

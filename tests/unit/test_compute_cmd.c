@@ -1,5 +1,5 @@
 /*
- * test_compute.c — `attn compute IN OUT` end to end: a request file in, a
+ * test_compute_cmd.c — `attn compute IN OUT` end to end: a request file in, a
  * reply file out that decodes to the float64 reference; options from flags
  * and from __metadata__ (which wins); bad files get one line and status 2,
  * an unwritable OUT status 1, and OUT is never left half-written.

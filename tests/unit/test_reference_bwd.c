@@ -1,5 +1,5 @@
 /*
- * test_backward_ref.c — the float64 reference backward against an oracle that
+ * test_reference_bwd.c — the float64 reference backward against an oracle that
  * shares no algebra with it: central finite differences of the float64
  * forward. With L = Σ O∘dO, dL/dx for every input element x of q, k and v
  * is (L(x + h) − L(x − h)) / 2h, which must match dq, dk, dv.

@@ -1,5 +1,5 @@
 /*
- * test_validate.c — every way a request can be wrong gets its own error
+ * test_request.c — every way a request can be wrong gets its own error
  * code and a message naming the field; the engine never runs a bad one.
  */
 #include "helpers.h"

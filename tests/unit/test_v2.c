@@ -1,5 +1,5 @@
 /*
- * test_v2_codec.c — proto/v2.c's refusals of keys and names that the
+ * test_v2.c — proto/v2.c's refusals of keys and names that the
  * decoder once let through: a repeated key in any "parameters" object or
  * in an output's object (the last one won), and a name holding a NUL
  * ("q\u0000" read as q). The black-box /v2 tests are

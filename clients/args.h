@@ -58,7 +58,7 @@ typedef struct attn_shape_args {
  * is not, -1 (after a message) when its value is bad. */
 int attn_arg_shape(int c, const char *arg, attn_shape_args *s);
 
-/* getopt_long entries for the API options of DESIGN.md (--causal --scale
+/* getopt_long entries for the API options of docs/design.md (--causal --scale
  * --window-left --window-right --stats --backend, values 'c' 's' 'L' 'R'
  * 'S' 'B'): the one table `attn compute` and `attn infer` share. */
 #define ATTN_API_OPTIONS                                                                       \

@@ -4,7 +4,7 @@
  * This is the only engine header the rest of attnd (server, codecs, clients)
  * includes. It describes one forward pass of scaled-dot-product attention as a
  * plain struct (struct attn_request), validates it against the rules of
- * DESIGN.md, and runs it asynchronously on a backend chosen by name or
+ * docs/design.md, and runs it asynchronously on a backend chosen by name or
  * automatically:
  *
  *   attn_engine *e;  attn_status st;
@@ -54,7 +54,7 @@ extern "C" {
 
 #define ATTN_VERSION "0.1.0"
 
-/* Limits of the contract (DESIGN.md, "Attention semantics"). */
+/* Limits of the contract (docs/design.md, "Attention semantics"). */
 #define ATTN_MAX_HEAD_DIM 256
 /* Dimensions above this are refused as too large before any arithmetic. */
 #define ATTN_MAX_DIM ((int64_t)1 << 40)
@@ -231,7 +231,7 @@ bool attn_cancel_is_set(const int *flag);
 void attn_request_init(attn_request *r);
 
 /*
- * Checks every rule of DESIGN.md that can be checked without reading the
+ * Checks every rule of docs/design.md that can be checked without reading the
  * tensors (values are checked when the job runs: ATTN_ENONFINITE, and for a
  * backward pass's lse_in, ATTN_EINVAL on a -inf where the row sees keys). Returns 0
  * or the first error found, with a message naming the field. The ALiBi

@@ -3,7 +3,7 @@
  *
  * It does what the seed's "standard attention" does, one head at a time:
  * S = scale·Q Kᵀ materialized whole, the mask applied by the definition in
- * DESIGN.md (element by element, sharing no code with the tiled kernels),
+ * docs/design.md (element by element, sharing no code with the tiled kernels),
  * P = safe softmax(S) row by row, O = P V. Exposed here for the tests, which
  * need float64 outputs; the "reference" backend (reference_backend.c) wraps
  * it for users. It holds no engine state: any program linking libattn.a

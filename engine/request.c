@@ -1,5 +1,5 @@
 /*
- * request.c — the rules of DESIGN.md for one request, checked once.
+ * request.c — the rules of docs/design.md for one request, checked once.
  *
  * Backends may assume a request that passed attn_request_validate(): every
  * dimension in range, every size product free of overflow, strides filled

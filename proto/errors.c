@@ -1,5 +1,5 @@
 /*
- * errors.c — the error table of DESIGN.md: every engine and wire-format
+ * errors.c — the error table of docs/design.md: every engine and wire-format
  * error code with its HTTP status and the stable "code" string of the JSON
  * error body. The server and the clients read it from here only.
  */

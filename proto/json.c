@@ -1,5 +1,5 @@
 /*
- * json.c — the JSON wire format of POST /attention (DESIGN.md, "HTTP API"):
+ * json.c — the JSON wire format of POST /attention (docs/api.md):
  * the request decoder. Its tensors are read by json_tensor.c and its
  * replies written by json_encode.c.
  *

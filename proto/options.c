@@ -1,5 +1,5 @@
 /*
- * options.c — the request options of DESIGN.md, parsed in one place.
+ * options.c — the request options of docs/design.md, parsed in one place.
  *
  * Every source (the URL query string, safetensors __metadata__, JSON body
  * fields) ends in attn_options_set() with the option's text; JSON first

@@ -22,7 +22,7 @@
  * ATTN_E* codes) with a message naming the field, tensor or byte offset.
  * Each code has a fixed HTTP status and a stable string for the JSON error
  * body; attn_proto_http_status() and attn_proto_code_name() also map the
- * engine's codes, so this file holds the whole error table of DESIGN.md.
+ * engine's codes, so this file holds the whole error table of docs/design.md.
  */
 #ifndef ATTN_PROTO_H
 #define ATTN_PROTO_H

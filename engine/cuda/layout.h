@@ -23,7 +23,7 @@
  * quads and no swizzle is needed.
  *
  * Masks: with off = Nkv - Nq (or the request's diag_offset), key j is visible to query i when
- * i + off - wl <= j <= i + off + wr (a side of -1 is unbounded; DESIGN.md).
+ * i + off - wl <= j <= i + off + wr (a side of -1 is unbounded; docs/design.md).
  * Both bounds grow with i, which is what lets a block of rows skip or fully
  * accept whole key tiles.
  */

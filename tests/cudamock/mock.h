@@ -6,7 +6,7 @@
  * "Device" memory is host memory; each stream is a thread running its
  * queued operations in order, and host functions run on it as CUDA runs
  * them on its own threads. The forward kernel is a plain float64 attention
- * on the packed layout written from DESIGN.md's rule, independent of the
+ * on the packed layout written from docs/design.md's rule, independent of the
  * kernels' code; the backward likewise (reading the device's O and lse, as
  * the kernels do); the scan is a plain loop. Knobs inject the failures the
  * backend must survive.

@@ -518,7 +518,7 @@ static bool grid_covers(const attn_cu_params *p, const attn_cu_choice *c) {
          (int64_t)(c->grid[0] - 1) * c->block_m < (int64_t)pack * p->seq_q;
 }
 
-/* Attention on the packed layout, in float64, from DESIGN.md's rule. */
+/* Attention on the packed layout, in float64, from docs/design.md's rule. */
 static void fwd_op(void *arg) {
   const attn_cu_params *p = &((fwd_arg *)arg)->p;
   const attn_cu_choice *c = &((fwd_arg *)arg)->c;

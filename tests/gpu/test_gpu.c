@@ -811,7 +811,7 @@ static void group_errors(tgroup *g, int grp, attn_engine *e) {
                 ok ? "" : "; expected ENONFINITE with: ", ok ? "" : want);
         tcase_free(&c);
       }
-  /* A non-finite key that no query sees is rejected all the same (DESIGN.md:
+  /* A non-finite key that no query sees is rejected all the same (docs/design.md:
    * inputs must be finite), as the CPU backend does. */
   {
     tprob p = tprob_make(1, 2, 1, 5, 50, 32, ATTN_F16);

@@ -1,4 +1,4 @@
-"""float64 attention in numpy, forward and backward, written from DESIGN.md alone.
+"""float64 attention in numpy, forward and backward, written from docs/design.md alone.
 
 Standard attention with every N x N matrix materialized (S, P, and in the backward pass dP
 and dS): the opposite of what the server does, so that the two share no idea but the math.

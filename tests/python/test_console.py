@@ -183,7 +183,7 @@ def check_heatmap(d, req, reply, b, h):
     q, k = tensor(req["q"]), tensor(req["k"])
     nq, nkv = q.shape[2], k.shape[2]
     assert p.shape == (nq, nkv)
-    # the mask from DESIGN.md, written again here
+    # the mask from docs/design.md, written again here
     wl, wr = req["window_left"], 0 if req["causal"] else req["window_right"]
     i, j = np.arange(nq)[:, None], np.arange(nkv)[None, :]
     off = nkv - nq

@@ -31,7 +31,7 @@ def _err(x, ref):
 
 
 def _visible(nq, nkv, causal, window_left, window_right):
-    """DESIGN.md's mask, aligned bottom-right, as SDPA's boolean attn_mask (True: attend);
+    """docs/design.md's mask, aligned bottom-right, as SDPA's boolean attn_mask (True: attend);
     SDPA's own is_causal is aligned top-left, which differs when Nq != Nkv."""
     i = torch.arange(nq)[:, None]
     j = torch.arange(nkv)[None, :]

@@ -4,6 +4,7 @@
  * text, and no lost updates when many threads record at once.
  */
 #include "metrics.h"
+#include "routes.h"
 
 #include <criterion/criterion.h>
 #include <ctype.h>
@@ -13,22 +14,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The labels attnd's route table gives (test_routes.c holds the table to
- * them), written out here so these tests read the metrics alone. */
-static const char *const route_labels[] = {
-    "/attention",
-    "/attention/backward",
-    "/attention/plan",
-    "/healthz",
-    "/readyz",
-    "/metrics",
-    "/v1/info",
-    "/v2/*",
-    "/v2/models/*/infer",
-};
-
+/* Made with the route table's labels, as attnd makes them (test_routes.c
+ * holds the table to the API's list). */
 static attnd_metrics *metrics_new(void) {
-  return attnd_metrics_new(route_labels, (int)(sizeof route_labels / sizeof *route_labels));
+  const char *labels[ATTND_METRICS_MAX_ROUTES];
+  return attnd_metrics_new(labels, attnd_route_labels(labels, ATTND_METRICS_MAX_ROUTES));
 }
 
 static char *render(attnd_metrics *m) {

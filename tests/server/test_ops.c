@@ -21,17 +21,9 @@
 #include <zlib.h>
 
 static srv S;
-static char tmpdir[64];
-
 static void teardown(void) {
   srv_cleanup(&S);
-  if (tmpdir[0]) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    if (system(cmd) != 0)
-      fprintf(stderr, "test_ops: could not remove %s\n", tmpdir);
-    tmpdir[0] = 0;
-  }
+  remove_tmpdir();
 }
 
 TestSuite(ops, .fini = teardown, .timeout = 120);
@@ -39,52 +31,14 @@ TestSuite(ops, .fini = teardown, .timeout = 120);
 #define JSON_CT "Content-Type: application/json"
 #define ST_CT "Content-Type: application/octet-stream"
 
-static long do_req(const char *method, const char *path, const char *const *headers,
-                   const void *body, size_t len, http_res *r) {
-  http_req rq = {.method = method, .path = path, .headers = headers, .body = body, .len = len};
-  http_do(&S, &rq, r);
-  return r->status;
-}
-
-static bool header_is(const http_res *r, const char *name, const char *want) {
-  char v[512] = "";
-  bool has = http_header(r, name, v, sizeof v);
-  cr_expect(has && !strcmp(v, want), "%s: \"%s\", want \"%s\"", name, has ? v : "(absent)", want);
-  return has && !strcmp(v, want);
-}
-
-/* A made id: 32 lowercase hex digits. */
-static bool made_id(const char *v) {
-  return strlen(v) == 32 && strspn(v, "0123456789abcdef") == 32;
-}
-
-static char *make_tmpdir(void) {
-  snprintf(tmpdir, sizeof tmpdir, "/tmp/attnd-ops-XXXXXX");
-  cr_assert(mkdtemp(tmpdir), "mkdtemp");
-  return tmpdir;
-}
-
-static void write_file(const char *path, const char *text) {
-  FILE *f = fopen(path, "w");
-  cr_assert(f, "cannot write %s", path);
-  fputs(text, f);
-  fclose(f);
-}
-
-/* Waits up to timeout_s for needle in the server's log (a request's line
- * is written when it ends, which may be just after its reply arrived). */
-static bool wait_log(const char *needle, double timeout_s) {
-  return srv_wait_log(&S, needle, timeout_s);
-}
-
 /* ---- request ids --------------------------------------------------------------- */
 
 Test(ops, request_id_echoed_or_made) {
   srv_start(&S, "--max-body", "1M", NULL);
   http_res r;
   const char *mine[] = {"X-Request-Id: trace-42.a_b", NULL};
-  cr_expect_eq(do_req("GET", "/healthz", mine, NULL, 0, &r), 200);
-  header_is(&r, "X-Request-Id", "trace-42.a_b");
+  cr_expect_eq(http_call(&S, "GET", "/healthz", mine, NULL, 0, &r), 200);
+  expect_header(&r, "X-Request-Id", "trace-42.a_b");
   http_res_free(&r);
 
   /* none, or one not fit for a log line: a made one, new each time */
@@ -98,7 +52,7 @@ Test(ops, request_id_echoed_or_made) {
        "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
        NULL}};
   for (int i = 0; i < 4; i++) {
-    do_req("GET", "/healthz", bad_ids[i][0] ? bad_ids[i] : NULL, NULL, 0, &r);
+    http_call(&S, "GET", "/healthz", bad_ids[i][0] ? bad_ids[i] : NULL, NULL, 0, &r);
     cr_expect(http_header(&r, "X-Request-Id", v, sizeof v) && made_id(v), "case %d: id \"%s\"", i,
               v);
     cr_expect(strcmp(v, first), "case %d: the same id twice: %s", i, v);
@@ -108,23 +62,23 @@ Test(ops, request_id_echoed_or_made) {
 
   /* on errors too: 404, 405, 415 and 413 refused before the body */
   const char *h404[] = {"X-Request-Id: e-404", NULL};
-  cr_expect_eq(do_req("GET", "/nope", h404, NULL, 0, &r), 404);
-  header_is(&r, "X-Request-Id", "e-404");
+  cr_expect_eq(http_call(&S, "GET", "/nope", h404, NULL, 0, &r), 404);
+  expect_header(&r, "X-Request-Id", "e-404");
   http_res_free(&r);
   const char *h405[] = {"X-Request-Id: e-405", NULL};
-  cr_expect_eq(do_req("GET", "/attention", h405, NULL, 0, &r), 405);
-  header_is(&r, "X-Request-Id", "e-405");
+  cr_expect_eq(http_call(&S, "GET", "/attention", h405, NULL, 0, &r), 405);
+  expect_header(&r, "X-Request-Id", "e-405");
   http_res_free(&r);
   const char *h415[] = {"X-Request-Id: e-415", "Content-Type: text/plain", NULL};
-  cr_expect_eq(do_req("POST", "/attention", h415, "x", 1, &r), 415);
-  header_is(&r, "X-Request-Id", "e-415");
+  cr_expect_eq(http_call(&S, "POST", "/attention", h415, "x", 1, &r), 415);
+  expect_header(&r, "X-Request-Id", "e-415");
   http_res_free(&r);
   size_t big = (size_t)2 << 20;
   char *body = calloc(1, big);
   /* with Expect: 100-continue, so the refusal is read before any body */
   const char *h413[] = {"X-Request-Id: e-413", JSON_CT, "Expect: 100-continue", NULL};
-  cr_expect_eq(do_req("POST", "/attention", h413, body, big, &r), 413);
-  header_is(&r, "X-Request-Id", "e-413");
+  cr_expect_eq(http_call(&S, "POST", "/attention", h413, body, big, &r), 413);
+  expect_header(&r, "X-Request-Id", "e-413");
   http_res_free(&r);
   free(body);
 
@@ -135,14 +89,14 @@ Test(ops, request_id_echoed_or_made) {
   size_t len;
   char *jb = json_body(&c, 2, NULL, &len);
   const char *hp[] = {"X-Request-Id: job-7", JSON_CT, NULL};
-  do_req("POST", "/attention", hp, jb, len, &r);
+  http_call(&S, "POST", "/attention", hp, jb, len, &r);
   expect_correct(&r, &c, 2, false, "POST with an id");
-  header_is(&r, "X-Request-Id", "job-7");
+  expect_header(&r, "X-Request-Id", "job-7");
   http_res_free(&r);
   free(jb);
   tcase_free(&c);
 
-  cr_expect(wait_log(" id=job-7\n", 10), "no log line with the POST's id");
+  cr_expect(srv_wait_log(&S, " id=job-7\n", 10), "no log line with the POST's id");
   char *log = srv_log(&S);
   cr_expect(strstr(log, "GET /healthz 200") && strstr(log, " id=trace-42.a_b\n"),
             "the id in the log line:\n%s", log);
@@ -177,11 +131,6 @@ static bool rfc3339(const char *t) {
   return t && strlen(t) == 27 &&
          sscanf(t, "%4d-%2d-%2dT%2d:%2d:%2d.%6d%c", &y, &mo, &d, &h, &mi, &s, &us, &z) == 8 &&
          z == 'Z' && mo >= 1 && mo <= 12 && d >= 1 && d <= 31 && h < 24 && mi < 60 && s <= 60;
-}
-
-static const char *jstr(const cJSON *o, const char *k) {
-  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-  return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
 /* Every line of the log is one JSON object with ts and level; returns how
@@ -219,14 +168,14 @@ Test(ops, json_log_lines) {
   srv_startv(&S, NULL, env, true);
   http_res r;
   const char *h[] = {"X-Request-Id: json-1", NULL};
-  do_req("GET", "/v1/info", h, NULL, 0, &r);
+  http_call(&S, "GET", "/v1/info", h, NULL, 0, &r);
   http_res_free(&r);
   /* a path with a quote, a backslash and a byte past ASCII must still make
    * one valid JSON line */
-  do_req("GET", "/a\"b\\c\xc3", NULL, NULL, 0, &r);
+  http_call(&S, "GET", "/a\"b\\c\xc3", NULL, NULL, 0, &r);
   cr_expect_eq(r.status, 404);
   http_res_free(&r);
-  do_req("POST", "/attention", (const char *[]){JSON_CT, NULL}, "{", 1, &r);
+  http_call(&S, "POST", "/attention", (const char *[]){JSON_CT, NULL}, "{", 1, &r);
   http_res_free(&r);
   srv_stop(&S, 10);
   char *log = srv_log(&S), id[160];
@@ -243,7 +192,7 @@ Test(ops, json_log_lines) {
 static void expect_401(const char *method, const char *path, const char *const *h, const void *body,
                        size_t len, const char *what) {
   http_res r;
-  do_req(method, path, h, body, len, &r);
+  http_call(&S, method, path, h, body, len, &r);
   expect_error(&r, 401, "unauthorized", what);
   char v[128] = "";
   cr_expect(http_header(&r, "WWW-Authenticate", v, sizeof v) && !strncmp(v, "Bearer", 6),
@@ -253,7 +202,7 @@ static void expect_401(const char *method, const char *path, const char *const *
 
 static long status_of(const char *method, const char *path, const char *const *h) {
   http_res r;
-  long st = do_req(method, path, h, NULL, 0, &r);
+  long st = http_call(&S, method, path, h, NULL, 0, &r);
   http_res_free(&r);
   return st;
 }
@@ -287,13 +236,13 @@ Test(ops, api_key_required_except_probes) {
   char *jb = json_body(&c, 3, NULL, &len);
   const char *hp[] = {"Authorization: bearer  " KEY, JSON_CT, NULL};
   http_res r;
-  do_req("POST", "/attention", hp, jb, len, &r);
+  http_call(&S, "POST", "/attention", hp, jb, len, &r);
   expect_correct(&r, &c, 3, false, "POST with the key");
   http_res_free(&r);
   free(jb);
   tcase_free(&c);
 
-  do_req("GET", "/v1/info", good, NULL, 0, &r);
+  http_call(&S, "GET", "/v1/info", good, NULL, 0, &r);
   cr_expect_eq(r.status, 200);
   cr_expect(!strstr(r.body, KEY), "the key in /v1/info: %s", r.body);
   cJSON *j = cJSON_Parse(r.body);
@@ -304,10 +253,10 @@ Test(ops, api_key_required_except_probes) {
   http_res_free(&r);
 
   const char *ul[] = {"code=unauthorized", NULL};
-  do_req("GET", "/metrics", good, NULL, 0, &r);
+  http_call(&S, "GET", "/metrics", good, NULL, 0, &r);
   cr_expect_eq(prom_sum(r.body, "attnd_errors_total", ul, NULL), 8, "401s counted by code");
   http_res_free(&r);
-  cr_expect(wait_log("GET /metrics 200", 10), "no log line for /metrics");
+  cr_expect(srv_wait_log(&S, "GET /metrics 200", 10), "no log line for /metrics");
   char *log = srv_log(&S);
   cr_expect(!strstr(log, KEY), "the key in the log:\n%s", log);
   cr_expect(strstr(log, "GET /v1/info 401"), "401s logged:\n%s", log);
@@ -413,7 +362,8 @@ Test(ops, empty_variables_are_refused) {
   srv_startv(&S, NULL, cors, true);
   http_res r;
   const char *pre[] = {"Origin: https://app.example", "Access-Control-Request-Method: POST", NULL};
-  cr_expect_eq(do_req("OPTIONS", "/attention", pre, NULL, 0, &r), 405, "empty CORS origin: off");
+  cr_expect_eq(http_call(&S, "OPTIONS", "/attention", pre, NULL, 0, &r), 405,
+               "empty CORS origin: off");
   http_res_free(&r);
 }
 
@@ -676,10 +626,10 @@ Test(ops, cors_preflight_and_headers) {
   const char *pre[] = {"Origin: https://app.example", "Access-Control-Request-Method: POST",
                        "Access-Control-Request-Headers: authorization, content-type", NULL};
   http_res r;
-  cr_expect_eq(do_req("OPTIONS", "/attention", pre, NULL, 0, &r), 204,
+  cr_expect_eq(http_call(&S, "OPTIONS", "/attention", pre, NULL, 0, &r), 204,
                "a preflight needs no key: %s", r.body);
-  header_is(&r, "Access-Control-Allow-Origin", "https://app.example");
-  header_is(&r, "Vary", "Origin");
+  expect_header(&r, "Access-Control-Allow-Origin", "https://app.example");
+  expect_header(&r, "Vary", "Origin");
   char v[512] = "";
   cr_expect(http_header(&r, "Access-Control-Allow-Methods", v, sizeof v) && strstr(v, "POST"), "%s",
             v);
@@ -692,9 +642,9 @@ Test(ops, cors_preflight_and_headers) {
   http_res_free(&r);
 
   const char *get[] = {"Origin: https://app.example", "Authorization: Bearer " KEY, NULL};
-  cr_expect_eq(do_req("GET", "/v1/info", get, NULL, 0, &r), 200);
-  header_is(&r, "Access-Control-Allow-Origin", "https://app.example");
-  header_is(&r, "Vary", "Origin");
+  cr_expect_eq(http_call(&S, "GET", "/v1/info", get, NULL, 0, &r), 200);
+  expect_header(&r, "Access-Control-Allow-Origin", "https://app.example");
+  expect_header(&r, "Vary", "Origin");
   cr_expect(http_header(&r, "Access-Control-Expose-Headers", v, sizeof v) &&
                 strcasestr(v, "x-request-id"),
             "%s", v);
@@ -704,22 +654,23 @@ Test(ops, cors_preflight_and_headers) {
   cJSON_Delete(j);
   http_res_free(&r);
   /* errors carry the headers too, so a browser can read them */
-  do_req("GET", "/v1/info", (const char *[]){"Origin: https://app.example", NULL}, NULL, 0, &r);
+  http_call(&S, "GET", "/v1/info", (const char *[]){"Origin: https://app.example", NULL}, NULL, 0,
+            &r);
   cr_expect_eq(r.status, 401);
-  header_is(&r, "Access-Control-Allow-Origin", "https://app.example");
+  expect_header(&r, "Access-Control-Allow-Origin", "https://app.example");
   http_res_free(&r);
   srv_cleanup(&S);
 
   srv_start(&S, "--cors-origin", "*", NULL);
-  do_req("GET", "/healthz", NULL, NULL, 0, &r);
-  header_is(&r, "Access-Control-Allow-Origin", "*");
+  http_call(&S, "GET", "/healthz", NULL, NULL, 0, &r);
+  expect_header(&r, "Access-Control-Allow-Origin", "*");
   cr_expect(!http_header(&r, "Vary", v, sizeof v), "Vary with *: %s", v);
   http_res_free(&r);
   srv_cleanup(&S);
 
   /* off: no headers, and OPTIONS is not a method of the routes */
   srv_start(&S, NULL);
-  cr_expect_eq(do_req("OPTIONS", "/attention", pre, NULL, 0, &r), 405);
+  cr_expect_eq(http_call(&S, "OPTIONS", "/attention", pre, NULL, 0, &r), 405);
   cr_expect(!http_header(&r, "Access-Control-Allow-Origin", v, sizeof v), "CORS off: %s", v);
   http_res_free(&r);
   srv_cleanup(&S);
@@ -781,7 +732,7 @@ Test(ops, gzip_and_deflate_bodies) {
     snprintf(what, sizeof what, "%s (wbits %d)", ce, cases[i].wbits);
     const char *h[] = {cases[i].st ? ST_CT : JSON_CT, ce, NULL};
     http_res r;
-    do_req("POST", "/attention", h, z, zn, &r);
+    http_call(&S, "POST", "/attention", h, z, zn, &r);
     expect_correct(&r, &c, 3, cases[i].st, what);
     http_res_free(&r);
     free(z);
@@ -794,21 +745,21 @@ Test(ops, gzip_and_deflate_bodies) {
   unsigned char *z = pack(jb, jl, 31, &zn);
   const char *hg[] = {JSON_CT, "Content-Encoding: gzip", NULL};
   http_res r;
-  do_req("POST", "/attention/backward", hg, z, zn, &r);
+  http_call(&S, "POST", "/attention/backward", hg, z, zn, &r);
   expect_error(&r, 422, "missing_tensor", "gzip backward without o and do");
   http_res_free(&r);
 
   /* corrupt, truncated, not compressed, unknown coding */
   z[zn / 2] ^= 0x5a;
-  do_req("POST", "/attention", hg, z, zn, &r);
+  http_call(&S, "POST", "/attention", hg, z, zn, &r);
   expect_error(&r, 400, "bad_request", "corrupt gzip");
   cr_expect(strstr(r.body, "gzip"), "%s", r.body);
   http_res_free(&r);
   z[zn / 2] ^= 0x5a;
-  do_req("POST", "/attention", hg, z, zn - 9, &r);
+  http_call(&S, "POST", "/attention", hg, z, zn - 9, &r);
   expect_error(&r, 400, "bad_request", "truncated gzip");
   http_res_free(&r);
-  do_req("POST", "/attention", hg, jb, jl, &r);
+  http_call(&S, "POST", "/attention", hg, jb, jl, &r);
   expect_error(&r, 400, "bad_request", "plain JSON sent as gzip");
   http_res_free(&r);
   /* /v2 infer too, with the protocol's error shape when the coding is bad */
@@ -818,19 +769,19 @@ Test(ops, gzip_and_deflate_bodies) {
       "\"datatype\": \"FP32\", \"data\": [1, 0, 0, 1]}, {\"name\": \"v\", "
       "\"shape\": [2, 2], \"datatype\": \"FP32\", \"data\": [1, 2, 3, 4]}]}";
   unsigned char *zv = pack(v2, sizeof v2 - 1, 31, &zn);
-  do_req("POST", "/v2/models/attention/infer", hg, zv, zn, &r);
+  http_call(&S, "POST", "/v2/models/attention/infer", hg, zv, zn, &r);
   cr_expect_eq(r.status, 200, "gzip /v2 infer: %ld %s", r.status, r.body);
   cr_expect(r.body && strstr(r.body, "\"model_name\""), "gzip /v2 infer: %s", r.body);
   http_res_free(&r);
   zv[zn / 2] ^= 0x5a;
-  do_req("POST", "/v2/models/attention/infer", hg, zv, zn, &r);
+  http_call(&S, "POST", "/v2/models/attention/infer", hg, zv, zn, &r);
   cr_expect_eq(r.status, 400, "corrupt gzip /v2 infer: %ld %s", r.status, r.body);
   cr_expect(r.body && !strncmp(r.body, "{\"error\": \"", 11), "not the protocol's shape: %s",
             r.body);
   http_res_free(&r);
   free(zv);
   const char *hb[] = {JSON_CT, "Content-Encoding: br", NULL};
-  do_req("POST", "/attention", hb, jb, jl, &r);
+  http_call(&S, "POST", "/attention", hb, jb, jl, &r);
   expect_error(&r, 415, "unsupported_media_type", "Content-Encoding: br");
   http_res_free(&r);
   free(z);
@@ -866,14 +817,14 @@ Test(ops, gzip_bomb_is_413_not_memory) {
   const char *h[] = {JSON_CT, "Content-Encoding: gzip", NULL};
   for (int i = 0; i < 3; i++) {
     http_res r;
-    do_req("POST", "/attention", h, z, zn, &r);
+    http_call(&S, "POST", "/attention", h, z, zn, &r);
     expect_error(&r, 413, "too_large", "gzip bomb");
     cr_expect(strstr(r.body, "--max-body"), "%s", r.body);
     http_res_free(&r);
   }
   const char *hd[] = {ST_CT, "Content-Encoding: gzip", NULL};
   http_res r;
-  do_req("POST", "/attention/backward", hd, z, zn, &r);
+  http_call(&S, "POST", "/attention/backward", hd, z, zn, &r);
   expect_error(&r, 413, "too_large", "gzip bomb on backward");
   http_res_free(&r);
   long long after = peak_rss(S.pid);
@@ -888,10 +839,10 @@ Test(ops, gzip_bomb_is_413_not_memory) {
 Test(ops, metrics_build_info_and_errors_by_code) {
   srv_start(&S, NULL);
   http_res r;
-  do_req("POST", "/attention", (const char *[]){JSON_CT, "Content-Encoding: gzip", NULL}, "xx", 2,
-         &r);
+  http_call(&S, "POST", "/attention", (const char *[]){JSON_CT, "Content-Encoding: gzip", NULL},
+            "xx", 2, &r);
   http_res_free(&r);
-  do_req("GET", "/metrics", NULL, NULL, 0, &r);
+  http_call(&S, "GET", "/metrics", NULL, NULL, 0, &r);
 #ifdef ATTN_HAVE_CUDA
   const char *bl[] = {"backends=cuda,cpu,reference", NULL}; /* compiled in, device or not */
 #else

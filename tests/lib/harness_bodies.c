@@ -374,3 +374,8 @@ bool expect_correct(const http_res *rs, tcase *c, int rank, bool st_reply, const
   cr_expect(m == NULL, "%s: %s", what, m ? m : "");
   return m == NULL;
 }
+
+const char *jstr(const cJSON *o, const char *k) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+  return cJSON_IsString(v) ? v->valuestring : NULL;
+}

@@ -12,6 +12,7 @@
 #include "harness_http.h"
 #include "helpers.h"
 
+#include <cjson/cJSON.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -41,6 +42,10 @@ bool expect_correct(const http_res *rs, tcase *c, int rank, bool st_reply, const
  * else a message in err. */
 const char *check_correct(const http_res *rs, tcase *c, int rank, bool st_reply, char *err,
                           size_t cap);
+
+/* The string member k of o, or NULL when absent or not a string: replies'
+ * fields read without a NULL check at each step. */
+const char *jstr(const cJSON *o, const char *k);
 
 /* Slow job bodies: backend=reference on H heads of N x 64 (F32,
  * safetensors), about H * N^2 * 64 * 4 flops of scalar float64 work. */

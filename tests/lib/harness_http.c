@@ -135,6 +135,13 @@ int http_do(const srv *s, const http_req *rq, http_res *rs) {
   return rc;
 }
 
+long http_call(const srv *s, const char *method, const char *path, const char *const *headers,
+               const void *body, size_t len, http_res *rs) {
+  http_req rq = {.method = method, .path = path, .headers = headers, .body = body, .len = len};
+  http_do(s, &rq, rs);
+  return rs->status;
+}
+
 int http_get(const srv *s, const char *path, http_res *rs) {
   http_req rq = {.path = path};
   return http_do(s, &rq, rs);
@@ -225,6 +232,15 @@ bool expect_error(const http_res *rs, long status, const char *code, const char 
   cJSON_Delete(j);
   return ok;
 }
+
+bool expect_header(const http_res *rs, const char *name, const char *want) {
+  char v[512] = "";
+  bool has = http_header(rs, name, v, sizeof v);
+  cr_expect(has && !strcmp(v, want), "%s: \"%s\", want \"%s\"", name, has ? v : "(absent)", want);
+  return has && !strcmp(v, want);
+}
+
+bool made_id(const char *v) { return strlen(v) == 32 && strspn(v, "0123456789abcdef") == 32; }
 
 bool expect_healthy(const srv *s, const char *after) {
   http_res r;

@@ -44,6 +44,10 @@ void *http_handle(void);
 void http_handle_free(void *h);
 int http_do_h(void *h, const srv *s, const http_req *rq, http_res *rs);
 
+/* One request from its parts, returning the status: what most checks of a
+ * header or a status need, in one line. */
+long http_call(const srv *s, const char *method, const char *path, const char *const *headers,
+               const void *body, size_t len, http_res *rs);
 int http_get(const srv *s, const char *path, http_res *rs);
 /* POST with a Content-Type (NULL: none at all). */
 int http_post(const srv *s, const char *path, const char *ctype, const void *body, size_t len,
@@ -57,6 +61,13 @@ void http_res_free(http_res *rs);
  * application/json and {"error": {"code": code, "message": non-empty}}.
  * Returns whether everything held. what names the request in messages. */
 bool expect_error(const http_res *rs, long status, const char *code, const char *what);
+
+/* Checks (cr_expect) that header name is there with exactly want, the
+ * operations suites' CORS and request-id headers; returns whether it was. */
+bool expect_header(const http_res *rs, const char *name, const char *want);
+/* Whether v is an id attnd made (32 lowercase hex digits), as replies
+ * carry when the client sent none or one unfit for a log line. */
+bool made_id(const char *v);
 
 /* GET /healthz answers 200 (cr_expect); returns whether it did. */
 bool expect_healthy(const srv *s, const char *after);

@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "harness_util.h"
 
+#include <criterion/criterion.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,4 +39,32 @@ char *read_file_all(const char *path, size_t *plen) {
   if (plen)
     *plen = n;
   return b;
+}
+
+/* Each test runs in a process of its own: one directory per test. */
+static char tmpdir[64];
+
+char *make_tmpdir(void) {
+  if (!tmpdir[0]) {
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/attnd-files-XXXXXX");
+    cr_assert(mkdtemp(tmpdir), "mkdtemp");
+  }
+  return tmpdir;
+}
+
+void remove_tmpdir(void) {
+  if (!tmpdir[0])
+    return;
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+  if (system(cmd) != 0)
+    fprintf(stderr, "harness: could not remove %s\n", tmpdir);
+  tmpdir[0] = 0;
+}
+
+void write_file(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  cr_assert(f, "cannot write %s", path);
+  fputs(text, f);
+  fclose(f);
 }

@@ -1,7 +1,7 @@
 /*
  * test_auth.c — the API key check (server/auth.c) on its own: the
  * constant-time comparison, the Authorization header, the open probes.
- * tests/server/test_ops.c drives the key through attnd.
+ * tests/server/test_api_key.c drives the key through attnd.
  */
 #include "auth.h"
 

@@ -1,7 +1,7 @@
 /*
  * test_inflate.c — bounded gzip/deflate decoding (server/inflate.c) on its
  * own: zip bombs, corrupt and truncated data, the memory budget.
- * tests/server/test_ops.c drives compressed bodies through attnd.
+ * tests/server/test_compression.c drives compressed bodies through attnd.
  */
 #include "errors.h"
 #include "inflate.h"

@@ -1,7 +1,7 @@
 /*
  * test_reqid.c — request ids (server/reqid.c) on their own: which ids a
  * client may send, and that made ones are unique and valid.
- * tests/server/test_ops.c checks them echoed and logged by attnd.
+ * tests/server/test_request_ids.c checks them echoed and logged by attnd.
  */
 #include "reqid.h"
 

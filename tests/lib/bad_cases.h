@@ -1,7 +1,7 @@
 /*
  * bad_cases.h — the malformed-request table of the server tests: each entry
  * is one request (method, path, Content-Type, body) and the status and error
- * code DESIGN.md and proto/README.md give it.
+ * code docs/design.md and proto/README.md give it.
  */
 #ifndef ATTND_TEST_BAD_CASES_H
 #define ATTND_TEST_BAD_CASES_H

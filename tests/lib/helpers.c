@@ -563,7 +563,7 @@ void tref_bwd_free(tref_bwd *ref) {
 }
 
 /* Whether row n of a query tensor (keys: is_key) sees anything: a query
- * row some key, a key some query row (DESIGN.md's bottom-right rule). */
+ * row some key, a key some query row (docs/design.md's bottom-right rule). */
 static bool sees(const tprob *p, bool is_key, int64_t n) {
   const int64_t off = tprob_off(p), wl = p->wl, wr = p->causal ? 0 : p->wr;
   int64_t lo, hi, last;

@@ -36,3 +36,10 @@ void hold_release(const hold_gate *g) {
 }
 
 void hold_gate_free(hold_gate *g) { unlink(g->path); }
+
+void srv_start_gated(srv *s, hold_gate *g, const char *const *args) {
+  hold_gate_init(g);
+  const char *env[] = {g->env, NULL};
+  s->bin = srv_hold_bin();
+  srv_startv(s, args, env, true);
+}

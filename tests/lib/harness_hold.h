@@ -24,4 +24,10 @@ void hold_release(const hold_gate *g);
 /* Removes the file. */
 void hold_gate_free(hold_gate *g);
 
+struct srv;
+/* Opens gate g and starts build/tests/attnd-hold with args (NULL-ended,
+ * may be NULL), its held jobs waiting for g: the one start every gated
+ * test makes. */
+void srv_start_gated(struct srv *s, hold_gate *g, const char *const *args);
+
 #endif

@@ -169,10 +169,8 @@ static void small_request_works(const char *after) {
  * queue and must get its 504 while it still waits, not once a slot frees. */
 Test(cancel, queued_request_gets_504_at_its_deadline) {
   hold_gate gate;
-  hold_gate_init(&gate);
   const char *args[] = {"--timeout", "1", "--threads", "1", "--max-running-per-client", "0", NULL};
-  const char *env[] = {gate.env, NULL};
-  srv_startv(&S, args, env, true);
+  srv_start_gated(&S, &gate, args);
   tcase c;
   size_t len;
   char *body = held_body(&c, &len);

@@ -402,10 +402,8 @@ static void *bg_run(void *arg) {
  * --max-queue 1 until the test releases it, however fast the machine. */
 Test(infer, queue_full_503) {
   hold_gate gate;
-  hold_gate_init(&gate);
-  const char *args[] = {"--max-queue", "1", "--threads", "1", NULL}, *env[] = {gate.env, NULL};
-  S.bin = srv_hold_bin();
-  srv_startv(&S, args, env, true);
+  const char *args[] = {"--max-queue", "1", "--threads", "1", NULL};
+  srv_start_gated(&S, &gate, args);
   tcase c;
   bg_job j = {.s = &S};
   j.body = held_body(&c, &j.len);

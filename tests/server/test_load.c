@@ -226,9 +226,8 @@ Test(load, queue_timeout_504) {
  * is computed and answered, then the server exits 0. */
 Test(load, sigterm_answers_jobs_in_flight) {
   hold_gate gate;
-  hold_gate_init(&gate);
-  const char *args[] = {"--threads", "1", NULL}, *env[] = {gate.env, NULL};
-  srv_startv(&S, args, env, true);
+  const char *args[] = {"--threads", "1", NULL};
+  srv_start_gated(&S, &gate, args);
   tcase c;
   size_t len;
   char *body = held_body(&c, &len);
@@ -261,9 +260,8 @@ Test(load, sigterm_answers_jobs_in_flight) {
  * SIGTERM still drains and exits 0. */
 Test(load, sighup_and_sigusr1_are_ignored) {
   hold_gate gate;
-  hold_gate_init(&gate);
-  const char *args[] = {"--threads", "1", NULL}, *env[] = {gate.env, NULL};
-  srv_startv(&S, args, env, true);
+  const char *args[] = {"--threads", "1", NULL};
+  srv_start_gated(&S, &gate, args);
   tcase c;
   size_t len;
   char *body = held_body(&c, &len); /* held until the signals are seen */

@@ -5,11 +5,13 @@
  * --max-body are answered before a byte of the body is read (libmicrohttpd
  * then skips "100 Continue" and closes). The body is read into one buffer
  * that grows as bytes arrive (doubling, up to Content-Length, or to
- * --max-body for a chunked body): memory is reserved for what came, never
- * for what a client declares. A body is an upload in the connection
- * registry (conns.h) until its last byte: late, too slow, or abandoned, it
- * is cut there (attnd_body_cut answers it) whatever libmicrohttpd notices;
- * past --max-body or the memory budget it is cut here at once.
+ * --max-body for a chunked body); a body of ATTND_BODYBUF_MIN or more whose
+ * Content-Length is known is read into one mapping of that size
+ * (bodybuf.h), whose pages are only filled as bytes arrive. Either way the
+ * budget is drawn for what came, never for what a client declares. A body is an upload in the
+ * connection registry (conns.h) until its last byte: late, too slow, or abandoned, it is cut there
+ * (attnd_body_cut answers it) whatever libmicrohttpd notices; past --max-body or the memory budget
+ * it is cut here at once.
  */
 #include "body.h"
 #include "errors.h"
@@ -98,6 +100,19 @@ static bool read_media(attnd_req *r) {
                        "application/octet-stream (safetensors)");
 }
 
+/* A large body's one buffer, of its Content-Length: the budget is drawn as
+ * its bytes arrive (take_body). */
+static bool map_body(attnd_req *r, size_t len) {
+  r->body = attnd_bodybuf_get(&r->srv->bufs, len);
+  if (!r->body) {
+    attnd_req_fail(r, ATTND_EOUT_OF_MEMORY, "out of memory for the request body");
+    return false;
+  }
+  r->cap = len;
+  r->body_mapped = true;
+  return true;
+}
+
 /* Content-Length against --max-body, and the body's first buffer: false
  * when r has its reply. */
 static bool open_buffer(attnd_req *r) {
@@ -114,6 +129,8 @@ static bool open_buffer(attnd_req *r) {
     return false;
   }
   r->declared = cl ? want : UINT64_MAX;
+  if (cl && want >= ATTND_BODYBUF_MIN)
+    return map_body(r, (size_t)want);
   r->cap = cl && want < BODY_START ? (size_t)want : BODY_START;
   if (!attnd_body_reserve(r, r->cap)) {
     attnd_body_over_budget(r);
@@ -171,8 +188,15 @@ static bool take_body(attnd_req *r, const char *data, size_t n) {
     attnd_req_fail(r, ATTND_ETOO_LARGE, msg);
     return false;
   }
-  if (r->len + n > r->cap && !grow_body(r, r->len + n))
+  if (r->body_mapped) {
+    /* libmicrohttpd passes no byte past Content-Length, the mapping's size */
+    if (r->len + n > r->cap || !attnd_body_reserve(r, n)) {
+      attnd_body_over_budget(r);
+      return false;
+    }
+  } else if (r->len + n > r->cap && !grow_body(r, r->len + n)) {
     return false;
+  }
   memcpy(r->body + r->len, data, n);
   r->len += n;
   return true;

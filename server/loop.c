@@ -468,6 +468,7 @@ int attnd_loop_init(attnd_server *s) {
     return -1;
   }
   pthread_mutex_init(&s->mu, NULL);
+  attnd_bodybufs_init(&s->bufs);
   s->max_running = max_running(s);
   s->client_cap = client_cap(s);
   if ((rc = init_handles(s)) < 0) {
@@ -481,11 +482,14 @@ int attnd_loop_init(attnd_server *s) {
 /* Connections past their header or idle deadline, and uploads that are
  * late, too slow or abandoned, are closed by the registry; a tenth of a
  * second is finer than any deadline a flag can set, and gives an abandoned
- * body's memory back as good as at once. */
+ * body's memory back as good as at once. Body buffers idle too long are
+ * unmapped on the same beat. */
 #define SWEEP_MS 100
 static void sweep(uv_timer_t *t) {
   attnd_server *s = t->data;
-  attnd_conns_sweep(&s->conns, attn_now());
+  double now = attn_now();
+  attnd_conns_sweep(&s->conns, now);
+  attnd_bodybufs_trim(&s->bufs, now);
 }
 
 void attnd_loop_run(attnd_server *s) {
@@ -498,4 +502,5 @@ void attnd_loop_close(attnd_server *s) {
   uv_run(&s->loop, UV_RUN_DEFAULT);
   uv_loop_close(&s->loop);
   pthread_mutex_destroy(&s->mu);
+  attnd_bodybufs_close(&s->bufs);
 }

@@ -30,7 +30,7 @@ void attnd_req_unref(attnd_req *r) {
   if (atomic_fetch_sub(&r->refs, 1) != 1)
     return;
   attn_proto_req_free(&r->pr);
-  free(r->body);
+  attnd_req_drop_body(r);
   free(r->plain);
   attnd_body_release(r);
   free(r->query);
@@ -104,6 +104,15 @@ static void upload_track(attnd_req *r, bool on) {
       r->up_next->up_prev = r->up_prev;
   }
   pthread_mutex_unlock(&s->mu);
+}
+
+void attnd_req_drop_body(attnd_req *r) {
+  if (r->body_mapped)
+    attnd_bodybuf_put(&r->srv->bufs, r->body);
+  else
+    free(r->body);
+  r->body = NULL;
+  r->body_mapped = false;
 }
 
 bool attnd_body_reserve(attnd_req *r, size_t n) {

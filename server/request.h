@@ -69,6 +69,7 @@ typedef struct attnd_req {
   size_t v2_json_len; /* Inference-Header-Content-Length; SIZE_MAX: the whole body */
   bool binary_out;    /* reply as safetensors */
   char *body;         /* the whole body, one buffer, as received */
+  bool body_mapped;   /* body is a bodybuf.h mapping (else the heap's) */
   size_t len, cap;
   uint64_t declared;       /* its Content-Length; UINT64_MAX for a chunked body */
   bool has_body;           /* it declared one: an upload in the registry until it is whole */
@@ -146,6 +147,8 @@ void attnd_req_reply_json(attnd_req *r, int status, attn_sbuf *b);
  * message, and the error is counted by code. ATTND_ECLIENT_CLOSED sets no
  * reply: the connection is closed unanswered. */
 void attnd_req_fail(attnd_req *r, int code, const char *message);
+/* Gives r's body buffer back (the heap's, or a mapping to keep warm). */
+void attnd_req_drop_body(attnd_req *r);
 /* Takes n bytes of the body budget for r (false: over budget), or gives
  * back all r holds. */
 bool attnd_body_reserve(attnd_req *r, size_t n);

@@ -16,6 +16,7 @@
 #ifndef ATTND_SERVER_H
 #define ATTND_SERVER_H
 
+#include "bodybuf.h"
 #include "config.h"
 #include "conns.h"
 #include "engine.h"
@@ -105,9 +106,11 @@ typedef struct attnd_server {
   atomic_bool draining;
   atomic_bool stopping; /* the HTTP daemon is closing every connection */
   atomic_int replying;  /* requests handed to the loop, not yet completed */
-  /* Bytes of request bodies held (allocated capacity), bounded by
+  /* Bytes of request bodies held (allocated capacity; for a mapped body,
+   * the bytes received), bounded by
    * max_queue x max_body whatever mix of uploads and queued jobs. */
   _Atomic uint64_t body_bytes;
+  attnd_bodybufs bufs;    /* large bodies' buffers; locks itself */
   pthread_mutex_t log_mu; /* one log line at a time */
 } attnd_server;
 

@@ -18,8 +18,7 @@
  * what stays. */
 void attnd_work_drop_inputs(attnd_req *r) {
   attn_proto_req_free(&r->pr);
-  free(r->body);
-  r->body = NULL;
+  attnd_req_drop_body(r);
   free(r->plain);
   r->plain = NULL;
   attnd_body_release(r);
@@ -78,8 +77,7 @@ static int inflate_body(attnd_req *r, attn_status *st) {
                            &r->plain, &r->plain_len, st->message, sizeof st->message);
   if (st->code)
     return -1;
-  free(r->body);
-  r->body = NULL;
+  attnd_req_drop_body(r);
   uint64_t had = decode_need(r, r->len), need = decode_need(r, r->plain_len);
   if (need <= had || attnd_body_reserve(r, (size_t)(need - had)))
     return 0;

@@ -1,0 +1,69 @@
+/*
+ * test_bodybuf.c — large bodies' buffers (server/bodybuf.c) on their own:
+ * sized and aligned as asked, reused while warm, bounded in number, and
+ * unmapped once idle. tests/server/test_attention.c sends bodies through
+ * them.
+ */
+#include "bodybuf.h"
+#include "engine.h"
+
+#include <criterion/criterion.h>
+#include <stdint.h>
+#include <string.h>
+
+static int idle_count(const attnd_bodybufs *c) {
+  int n = 0;
+  for (int i = 0; i < ATTND_BODYBUF_KEEP; i++)
+    n += c->idle[i].base != NULL;
+  return n;
+}
+
+Test(bodybuf, sized_aligned_and_writable) {
+  attnd_bodybufs c;
+  attnd_bodybufs_init(&c);
+  size_t n = 3 * ATTND_BODYBUF_MIN + 7;
+  char *p = attnd_bodybuf_get(&c, n);
+  cr_assert_not_null(p);
+  cr_expect_eq((uintptr_t)p % 64, 0, "64-byte aligned");
+  memset(p, 0xab, n); /* every byte asked for is there */
+  cr_expect_eq((unsigned char)p[n - 1], 0xab);
+  attnd_bodybuf_put(&c, p);
+  attnd_bodybufs_close(&c);
+}
+
+Test(bodybuf, reused_while_warm_then_unmapped) {
+  attnd_bodybufs c;
+  attnd_bodybufs_init(&c);
+  char *p = attnd_bodybuf_get(&c, 4 * ATTND_BODYBUF_MIN);
+  cr_assert_not_null(p);
+  p[0] = 42;
+  attnd_bodybuf_put(&c, p);
+  cr_expect_eq(idle_count(&c), 1);
+  char *q = attnd_bodybuf_get(&c, 3 * ATTND_BODYBUF_MIN);
+  cr_expect_eq(q, p, "the idle buffer that fits is handed out again");
+  cr_expect_eq(idle_count(&c), 0);
+  char *big = attnd_bodybuf_get(&c, 64 * ATTND_BODYBUF_MIN);
+  cr_expect_neq(big, q, "a buffer in use is never handed out twice");
+  attnd_bodybuf_put(&c, q);
+  attnd_bodybuf_put(&c, big);
+  attnd_bodybufs_trim(&c, attn_now());
+  cr_expect_eq(idle_count(&c), 2, "buffers idle less than ATTND_BODYBUF_IDLE stay");
+  attnd_bodybufs_trim(&c, attn_now() + ATTND_BODYBUF_IDLE + 1);
+  cr_expect_eq(idle_count(&c), 0, "idle past ATTND_BODYBUF_IDLE: unmapped");
+  attnd_bodybufs_close(&c);
+}
+
+Test(bodybuf, at_most_keep_idle) {
+  attnd_bodybufs c;
+  attnd_bodybufs_init(&c);
+  char *p[ATTND_BODYBUF_KEEP + 2];
+  for (int i = 0; i < ATTND_BODYBUF_KEEP + 2; i++)
+    cr_assert_not_null(p[i] = attnd_bodybuf_get(&c, ATTND_BODYBUF_MIN));
+  for (int i = 0; i < ATTND_BODYBUF_KEEP + 2; i++)
+    attnd_bodybuf_put(&c, p[i]);
+  cr_expect_eq(idle_count(&c), ATTND_BODYBUF_KEEP);
+  attnd_bodybuf_put(&c, NULL); /* a no-op */
+  cr_expect_eq(idle_count(&c), ATTND_BODYBUF_KEEP);
+  cr_expect_null(attnd_bodybuf_get(&c, SIZE_MAX), "a size past the address space");
+  attnd_bodybufs_close(&c);
+}

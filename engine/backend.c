@@ -66,12 +66,13 @@ void attn__backend_close(attn_backend *be) {
   be->state = NULL;
 }
 
-int attn__backend_queue(const attn_backend *be, attn_jobs *jobs, const attn_request *r,
+int attn__backend_queue(const attn_backend *be, attn_jobs *jobs, const attn_request *r, bool here,
                         attn_done_fn done, void *arg, attn_status *st) {
   attn_job *job = attn__job_new(jobs, r, done, arg);
   if (!job)
     return attn_status_set(st, ATTN_ENOMEM, "out of memory queueing a job");
   job->backend = be->ops.name;
+  job->here = here;
   int rc = be->ops.submit(be->state, job, st);
   if (rc < 0)
     attn__job_drop(job);

@@ -77,8 +77,9 @@ int attn__backend_open(attn_backend *be, const attn_backend_env *env);
 /* Closes an open backend (nothing for one that did not open). */
 void attn__backend_close(attn_backend *be);
 /* A new job for r (job.h), counted in jobs, queued on be (open, and
- * supporting r). On error nothing is queued and the callback will not run. */
-int attn__backend_queue(const attn_backend *be, attn_jobs *jobs, const attn_request *r,
+ * supporting r); here: run on the calling thread if be can (job.h). On
+ * error nothing is queued and the callback will not run. */
+int attn__backend_queue(const attn_backend *be, attn_jobs *jobs, const attn_request *r, bool here,
                         attn_done_fn done, void *arg, attn_status *st);
 
 extern const struct attn_backend_ops attn__cpu_backend;

@@ -383,6 +383,11 @@ int attn_engine_submit(attn_engine *e, const attn_request *r, attn_done_fn done,
 
 /* Submits and waits; res (optional) receives the result. */
 int attn_engine_run(attn_engine *e, const attn_request *r, attn_result *res, attn_status *st);
+/* The same, computed on the calling thread where the backend allows (the
+ * CPU backend's forward pass; others queue as attn_engine_run does): for a
+ * job so small that waking a worker and waiting for it costs more than
+ * the job. The caller's thread is busy for the whole job. */
+int attn_engine_run_here(attn_engine *e, const attn_request *r, attn_result *res, attn_status *st);
 
 /* A kernel a backend's start-up self-check found wrong and turned off:
  * requests it would have run take another kernel or another backend. */

@@ -31,6 +31,7 @@ typedef struct attn_job {
   void *arg;
   attn_jobs *jobs;     /* where it is counted until it completes */
   const char *backend; /* name of the backend running it */
+  bool here;           /* run on the submitting thread where the backend can */
   double t_start;
   struct attn_job *next; /* for a backend's own queues */
 } attn_job;

@@ -30,6 +30,10 @@ struct attn_pool {
   int stopping;
   int nthreads;
   worker *workers;
+  size_t ws_bytes;
+  /* Workspaces lent to callers of attn_pool_run_here; an idle one holds
+   * the next in its first bytes. */
+  void *spare;
 };
 
 /*
@@ -96,11 +100,14 @@ int attn_pool_open(int threads, size_t workspace_bytes, attn_pool **pp) {
   pthread_mutex_init(&p->mu, NULL);
   pthread_cond_init(&p->cv, NULL);
   size_t ws = (workspace_bytes + 63) / 64 * 64;
+  /* room for the spare list's link */
+  ws = ws < sizeof(void *) ? 64 : ws;
+  p->ws_bytes = ws;
   for (int i = 0; i < threads; i++) {
     worker *w = &p->workers[i];
     w->pool = p;
-    w->workspace = ws ? aligned_alloc(64, ws) : NULL;
-    if ((ws && !w->workspace) || pthread_create(&w->tid, NULL, worker_main, w)) {
+    w->workspace = aligned_alloc(64, ws);
+    if (!w->workspace || pthread_create(&w->tid, NULL, worker_main, w)) {
       free(w->workspace);
       p->nthreads = i;
       attn_pool_close(p);
@@ -122,6 +129,11 @@ void attn_pool_close(attn_pool *p) {
   for (int i = 0; i < p->nthreads; i++) {
     pthread_join(p->workers[i].tid, NULL);
     free(p->workers[i].workspace);
+  }
+  while (p->spare) {
+    void *next = *(void **)p->spare;
+    free(p->spare);
+    p->spare = next;
   }
   pthread_cond_destroy(&p->cv);
   pthread_mutex_destroy(&p->mu);
@@ -145,6 +157,41 @@ void attn_pool_submit(attn_pool *p, attn_pool_task *t) {
   else
     pthread_cond_broadcast(&p->cv);
   pthread_mutex_unlock(&p->mu);
+}
+
+/* A workspace for a caller: an idle one, else a new one; NULL out of
+ * memory. */
+static void *borrow(attn_pool *p) {
+  pthread_mutex_lock(&p->mu);
+  void *ws = p->spare;
+  if (ws)
+    p->spare = *(void **)ws;
+  pthread_mutex_unlock(&p->mu);
+  return ws ? ws : aligned_alloc(64, p->ws_bytes);
+}
+
+static void give_back(attn_pool *p, void *ws) {
+  pthread_mutex_lock(&p->mu);
+  *(void **)ws = p->spare;
+  p->spare = ws;
+  pthread_mutex_unlock(&p->mu);
+}
+
+void attn_pool_run_here(attn_pool *p, attn_pool_task *t) {
+  void *ws = borrow(p);
+  if (!ws) {
+    attn_pool_submit(p, t);
+    return;
+  }
+  const int64_t nitems = t->nitems;
+  t->next = nitems;
+  t->qnext = NULL;
+  for (int64_t i = 0; i < nitems; i++)
+    t->run(t, i, ws);
+  atomic_store(&t->done, nitems);
+  give_back(p, ws);
+  /* last: it may free t, or submit its next phase to the workers */
+  t->finish(t);
 }
 
 int attn_pool_threads(const attn_pool *p) { return p->nthreads; }

@@ -40,6 +40,11 @@ int attn_pool_open(int threads, size_t workspace_bytes, attn_pool **pp);
 /* Lets the workers finish every queued task, then joins them. */
 void attn_pool_close(attn_pool *p);
 void attn_pool_submit(attn_pool *p, attn_pool_task *t);
+/* Runs every item of t on the calling thread, then finish(), before it
+ * returns: a job too small to be worth waking a worker for. The caller
+ * borrows a workspace of the pool's size (made on first use, kept until
+ * close); without memory for one, t is submitted instead. */
+void attn_pool_run_here(attn_pool *p, attn_pool_task *t);
 int attn_pool_threads(const attn_pool *p);
 
 /* CPUs this process may run on (its affinity), at least 1: the threads a

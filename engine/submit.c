@@ -3,7 +3,8 @@
  * validated, given a backend and queued as a job.
  *
  * The top of the engine: a plain request becomes one job on the backend
- * picked for it; a variable-length batch goes to varlen.c, which makes one
+ * picked for it (run on the caller's thread for attn_engine_run_here, where
+ * the backend can); a variable-length batch goes to varlen.c, which makes one
  * job per sequence on one backend. Either way the caller's callback runs
  * once, through attn__job_complete() (job.c).
  */
@@ -12,8 +13,8 @@
 
 #include <pthread.h>
 
-int attn_engine_submit(attn_engine *e, const attn_request *r, attn_done_fn done, void *arg,
-                       attn_status *st) {
+static int submit(attn_engine *e, const attn_request *r, bool here, attn_done_fn done, void *arg,
+                  attn_status *st) {
   int rc = attn_request_validate(r, st);
   if (rc < 0)
     return rc;
@@ -26,7 +27,12 @@ int attn_engine_submit(attn_engine *e, const attn_request *r, attn_done_fn done,
   const attn_backend *be;
   if ((rc = attn__engine_pick(e, r, &be, st)) < 0)
     return rc;
-  return attn__backend_queue(be, attn__engine_jobs(e), r, done, arg, st);
+  return attn__backend_queue(be, attn__engine_jobs(e), r, here, done, arg, st);
+}
+
+int attn_engine_submit(attn_engine *e, const attn_request *r, attn_done_fn done, void *arg,
+                       attn_status *st) {
+  return submit(e, r, false, done, arg, st);
 }
 
 typedef struct waiter {
@@ -45,11 +51,12 @@ static void wake(const attn_result *res, void *arg) {
   pthread_mutex_unlock(&w->mu);
 }
 
-int attn_engine_run(attn_engine *e, const attn_request *r, attn_result *res, attn_status *st) {
+static int run(attn_engine *e, const attn_request *r, bool here, attn_result *res,
+               attn_status *st) {
   waiter w = {.done = false};
   pthread_mutex_init(&w.mu, NULL);
   pthread_cond_init(&w.cv, NULL);
-  int rc = attn_engine_submit(e, r, wake, &w, st);
+  int rc = submit(e, r, here, wake, &w, st);
   if (rc == 0) {
     pthread_mutex_lock(&w.mu);
     while (!w.done)
@@ -64,4 +71,12 @@ int attn_engine_run(attn_engine *e, const attn_request *r, attn_result *res, att
   pthread_cond_destroy(&w.cv);
   pthread_mutex_destroy(&w.mu);
   return rc;
+}
+
+int attn_engine_run(attn_engine *e, const attn_request *r, attn_result *res, attn_status *st) {
+  return run(e, r, false, res, st);
+}
+
+int attn_engine_run_here(attn_engine *e, const attn_request *r, attn_result *res, attn_status *st) {
+  return run(e, r, true, res, st);
 }

@@ -210,7 +210,7 @@ static void queue_seqs(varlen_job *vj, const attn_backend *be) {
     }
     attn_status st = {0};
     __atomic_add_fetch(&vj->refs, 1, __ATOMIC_ACQ_REL);
-    if (attn__backend_queue(be, attn__engine_jobs(vj->e), &sq->req, seq_done, sq, &st) < 0) {
+    if (attn__backend_queue(be, attn__engine_jobs(vj->e), &sq->req, false, seq_done, sq, &st) < 0) {
       vj_fail(vj, b, &st);
       __atomic_sub_fetch(&vj->refs, 1, __ATOMIC_ACQ_REL);
       break;

@@ -278,7 +278,10 @@ static int cpu_submit(void *state, attn_job *job, attn_status *st) {
   cj->task.nitems = cj->ncompute + r->batch * r->heads_kv;
   cj->task.run = compute_run;
   cj->task.finish = compute_finish;
-  attn_pool_submit(s->pool, &cj->task);
+  if (job->here)
+    attn_pool_run_here(s->pool, &cj->task);
+  else
+    attn_pool_submit(s->pool, &cj->task);
   return 0;
 }
 

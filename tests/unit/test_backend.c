@@ -96,7 +96,7 @@ Test(backend, a_job_completes_once_with_its_result) {
   r.o = o;
   attn_result res = {.backend = NULL};
   attn_status st = {0};
-  cr_assert_eq(attn__backend_queue(&be, &jobs, &r, on_done, &res, &st), 0, "%s", st.message);
+  cr_assert_eq(attn__backend_queue(&be, &jobs, &r, false, on_done, &res, &st), 0, "%s", st.message);
   cr_assert_str_eq(res.backend, "bare");
   cr_assert_eq(res.status.code, 0);
   cr_assert_eq(res.flops, 4.0 * 4); /* 4·D per visible pair */

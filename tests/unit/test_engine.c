@@ -189,3 +189,30 @@ Test(engine, phases_with_different_item_counts, .timeout = 120) {
   cr_expect_leq(tcheck(&c).o, 1e-5);
   tcase_free(&c);
 }
+
+/* attn_engine_run_here: as right as a queued job, forward, which the CPU
+ * backend computes on the caller's thread (tests/unit/test_pool.c checks
+ * attn_pool_run_here's thread). */
+Test(engine, run_here_is_as_right_as_a_queued_job) {
+  attn_engine *e = topen(2, NULL);
+  for (int i = 0; i < 6; i++) {
+    tprob p = tprob_make(1, 2 + i % 2 * 2, 1 + i % 2, 1 + i * 5, 3 + i * 17, 16 + i * 8,
+                         (attn_dtype)(i % 3));
+    p.causal = i % 3 == 1;
+    p.stats = true;
+    tcase c;
+    tcase_init(&c, &p, 40 + (uint64_t)i);
+    attn_status st;
+    attn_result res;
+    cr_assert_eq(attn_engine_run_here(e, &c.req, &res, &st), 0, "%s", st.message);
+    cr_expect_str_eq(res.backend, "cpu");
+    cr_expect_eq(res.flops, attn_request_flops(&c.req));
+    char d[200];
+    terr err = tcheck(&c);
+    cr_expect_leq(err.o, ttol(p.dt), "%s: error %.3g", tdesc(&p, d, sizeof d), err.o);
+    cr_expect_leq(err.stats, 1e-4, "%s: statistics error %.3g", d, err.stats);
+    cr_expect(err.masked_ok, "%s: a masked row", d);
+    tcase_free(&c);
+  }
+  attn_engine_close(e);
+}

@@ -97,3 +97,46 @@ Test(pool, every_item_runs_once_and_every_task_finishes_once) {
   }
   cr_expect_eq(atomic_load(&seq), total);
 }
+
+static pthread_t here_thread;
+static atomic_int here_items_elsewhere;
+static void run_here_item(attn_pool_task *t, int64_t item, void *ws) {
+  cr_assert_not_null(ws, "a caller gets a workspace too");
+  if (!pthread_equal(pthread_self(), here_thread))
+    atomic_fetch_add(&here_items_elsewhere, 1);
+  run_item(t, item, ws);
+}
+
+Test(pool, run_here_computes_on_the_caller_while_the_workers_are_busy) {
+  attn_pool *p;
+  cr_assert_eq(attn_pool_open(1, 256, &p), 0);
+  atomic_int seq = 0;
+  pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+  bool open = false, started = false;
+  rec lng, here;
+  rec_init(&lng, 10, &seq);
+  lng.mu = &mu, lng.cv = &cv, lng.open = &open, lng.started = &started;
+  attn_pool_submit(p, &lng.t);
+  pthread_mutex_lock(&mu);
+  while (!started) /* the only worker is held */
+    pthread_cond_wait(&cv, &mu);
+  pthread_mutex_unlock(&mu);
+  here_thread = pthread_self();
+  for (int round = 0; round < 2; round++) { /* the second borrows the first's workspace */
+    rec_init(&here, 7, &seq);
+    here.t.run = run_here_item;
+    attn_pool_run_here(p, &here.t);
+    cr_expect_eq(atomic_load(&here.ran), 7, "every item ran before run_here returned");
+    cr_expect_eq(atomic_load(&here.finished), 1, "finish() ran once, before it returned");
+    free(here.order);
+  }
+  cr_expect_eq(atomic_load(&here_items_elsewhere), 0, "an item ran on a worker");
+  pthread_mutex_lock(&mu);
+  open = true;
+  pthread_cond_broadcast(&cv);
+  pthread_mutex_unlock(&mu);
+  attn_pool_close(p);
+  cr_expect_eq(atomic_load(&lng.ran), 10);
+  free(lng.order);
+}

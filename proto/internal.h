@@ -205,5 +205,9 @@ size_t attn__st_put_entry(char *h, size_t cap, size_t o, const char *name, const
  * message. */
 int attn__st_frame(const char *h, size_t n, const void *const *parts, const size_t *sizes,
                    int nparts, const char *what, void **pbuf, size_t *plen, attn_status *st);
+/* The frame's head alone: the 8-byte length and h[0..n) padded, in a
+ * malloc'd buffer of *plen bytes with room for extra more after it. */
+int attn__st_head(const char *h, size_t n, size_t extra, const char *what, void **pbuf,
+                  size_t *plen, attn_status *st);
 
 #endif

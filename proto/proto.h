@@ -247,6 +247,17 @@ int attn_proto_safetensors_tensor(const void *body, size_t len, int which, attn_
  * bytes. *pbuf is malloc'd. */
 int attn_proto_encode_safetensors(const attn_proto_req *pr, void **pbuf, size_t *plen,
                                   attn_status *st);
+/* The same reply without copying the tensors: *phead (malloc'd, *phlen
+ * bytes: the length, header and padding), then parts[0..*nparts) in order,
+ * which point into pr's outputs (pr->out) and live as long as they do. */
+#define ATTN_PROTO_MAX_PARTS 4
+typedef struct attn_proto_part {
+  const void *data;
+  size_t len;
+} attn_proto_part;
+int attn_proto_encode_safetensors_parts(const attn_proto_req *pr, void **phead, size_t *phlen,
+                                        attn_proto_part parts[ATTN_PROTO_MAX_PARTS], int *nparts,
+                                        attn_status *st);
 
 /*
  * JSON: {"q": T, "k": T, "v": T, options...} where T is {"shape": [...],

@@ -557,35 +557,47 @@ size_t attn__st_put_entry(char *h, size_t cap, size_t o, const char *name, const
   return o;
 }
 
-int attn__st_frame(const char *h, size_t n, const void *const *parts, const size_t *sizes,
-                   int nparts, const char *what, void **pbuf, size_t *plen, attn_status *st) {
+int attn__st_head(const char *h, size_t n, size_t extra, const char *what, void **pbuf,
+                  size_t *plen, attn_status *st) {
   /* Data starting at a multiple of 8 keeps every tensor of a file read
    * whole into aligned memory usable in place. */
-  size_t padded = (n + 7) & ~(size_t)7, total = 8 + padded;
-  for (int i = 0; i < nparts; i++)
-    total += sizes[i];
-  unsigned char *buf = malloc(total);
+  size_t padded = (n + 7) & ~(size_t)7, head = 8 + padded;
+  unsigned char *buf = malloc(head + extra);
   if (!buf)
     return attn_status_set(st, ATTN_PROTO_ENOMEM, "out of memory for the %zu-byte safetensors %s",
-                           total, what);
+                           head + extra, what);
   for (int i = 0; i < 8; i++)
     buf[i] = (unsigned char)((uint64_t)padded >> (8 * i));
   memcpy(buf + 8, h, n);
   memset(buf + 8 + n, ' ', padded - n);
-  unsigned char *d = buf + 8 + padded;
+  *pbuf = buf;
+  *plen = head;
+  return 0;
+}
+
+int attn__st_frame(const char *h, size_t n, const void *const *parts, const size_t *sizes,
+                   int nparts, const char *what, void **pbuf, size_t *plen, attn_status *st) {
+  size_t data = 0, head;
+  for (int i = 0; i < nparts; i++)
+    data += sizes[i];
+  int rc = attn__st_head(h, n, data, what, pbuf, &head, st);
+  if (rc < 0)
+    return rc;
+  unsigned char *d = (unsigned char *)*pbuf + head;
   for (int i = 0; i < nparts; i++) {
     memcpy(d, parts[i], sizes[i]);
     d += sizes[i];
   }
-  *pbuf = buf;
-  *plen = total;
+  *plen = head + data;
   return 0;
 }
 
-int attn_proto_encode_safetensors(const attn_proto_req *pr, void **pbuf, size_t *plen,
-                                  attn_status *st) {
-  *pbuf = NULL;
-  *plen = 0;
+_Static_assert(ATTN_PROTO_MAX_PARTS >= ATTN__MAX_OUTS, "a part per output at most");
+
+/* The reply's header (h, *hn bytes) and where its tensors lie; their
+ * count, or an error. */
+static int reply_layout(const attn_proto_req *pr, char *h, size_t cap, size_t *hn,
+                        attn_proto_part parts[ATTN__MAX_OUTS], attn_status *st) {
   attn__out t[ATTN__MAX_OUTS];
   int n = pr->rank < 1 || pr->rank > 4 || !attn_dtype_size(pr->req.dtype)
               ? 0
@@ -597,20 +609,63 @@ int attn_proto_encode_safetensors(const attn_proto_req *pr, void **pbuf, size_t 
     return attn_status_set(st, ATTN_EINVAL,
                            "nothing to encode: the request holds no decoded result");
   /* attn_proto_build allocated these very sizes, so they cannot overflow. */
-  const void *parts[ATTN__MAX_OUTS];
-  size_t sizes[ATTN__MAX_OUTS], off = 0;
-  char h[1024];
-  size_t hn = (size_t)snprintf(h, sizeof h, "{");
+  size_t off = 0, o = (size_t)snprintf(h, cap, "{");
   for (int i = 0; i < n; i++) {
-    parts[i] = t[i].data;
-    sizes[i] = t[i].count * attn_dtype_size(t[i].dtype);
-    hn = attn__st_put_entry(h, sizeof h, hn, t[i].name, attn_dtype_name(t[i].dtype), t[i].shape,
-                            t[i].rank, off, off + sizes[i]);
-    off += sizes[i];
+    parts[i] = (attn_proto_part){t[i].data, t[i].count * attn_dtype_size(t[i].dtype)};
+    o = attn__st_put_entry(h, cap, o, t[i].name, attn_dtype_name(t[i].dtype), t[i].shape, t[i].rank,
+                           off, off + parts[i].len);
+    off += parts[i].len;
   }
-  if (hn < sizeof h)
-    hn += (size_t)snprintf(h + hn, sizeof h - hn, "}");
-  if (hn >= sizeof h)
-    return attn_status_set(st, ATTN_EINVAL, "safetensors header over %zu bytes", sizeof h);
+  if (o < cap)
+    o += (size_t)snprintf(h + o, cap - o, "}");
+  if (o >= cap)
+    return attn_status_set(st, ATTN_EINVAL, "safetensors header over %zu bytes", cap);
+  *hn = o;
+  return n;
+}
+
+/* Parts that lie one after the other in memory become one: the outputs
+ * share one buffer (O, then m, l, lse), so most replies are two sends. */
+static int join_adjacent(attn_proto_part *parts, int n) {
+  int k = 0;
+  for (int i = 1; i < n; i++) {
+    if ((const char *)parts[k].data + parts[k].len == parts[i].data)
+      parts[k].len += parts[i].len;
+    else
+      parts[++k] = parts[i];
+  }
+  return n ? k + 1 : 0;
+}
+
+int attn_proto_encode_safetensors_parts(const attn_proto_req *pr, void **phead, size_t *phlen,
+                                        attn_proto_part parts[ATTN_PROTO_MAX_PARTS], int *nparts,
+                                        attn_status *st) {
+  *phead = NULL;
+  *phlen = 0;
+  *nparts = 0;
+  char h[1024];
+  size_t hn = 0;
+  int n = reply_layout(pr, h, sizeof h, &hn, parts, st);
+  int rc = n < 0 ? n : attn__st_head(h, hn, 0, "reply", phead, phlen, st);
+  if (rc < 0)
+    return rc;
+  *nparts = join_adjacent(parts, n);
+  return 0;
+}
+
+int attn_proto_encode_safetensors(const attn_proto_req *pr, void **pbuf, size_t *plen,
+                                  attn_status *st) {
+  *pbuf = NULL;
+  *plen = 0;
+  char h[1024];
+  size_t hn = 0;
+  attn_proto_part p[ATTN__MAX_OUTS];
+  int n = reply_layout(pr, h, sizeof h, &hn, p, st);
+  if (n < 0)
+    return n;
+  const void *parts[ATTN__MAX_OUTS];
+  size_t sizes[ATTN__MAX_OUTS];
+  for (int i = 0; i < n; i++)
+    parts[i] = p[i].data, sizes[i] = p[i].len;
   return attn__st_frame(h, hn, parts, sizes, n, "reply", pbuf, plen, st);
 }

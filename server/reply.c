@@ -60,14 +60,51 @@ static void add_console_headers(const attnd_req *r, struct MHD_Response *resp) {
   MHD_add_response_header(resp, MHD_HTTP_HEADER_ETAG, r->asset->etag);
 }
 
+/* What a reply in parts holds until libmicrohttpd has sent it. */
+typedef struct held {
+  void *head, *buf;
+} held;
+
+static void free_held(void *cls) {
+  held *h = cls;
+  free(h->head);
+  free(h->buf);
+  free(h);
+}
+
+/* r's body as libmicrohttpd's response, which then owns its buffers: one
+ * buffer, or the head and the parts after it, sent with one sendmsg from
+ * where they lie (no copy of the tensors into a reply buffer). */
+static struct MHD_Response *body_response(attnd_req *r) {
+  r->bytes_out = r->resp_len;
+  if (!r->nparts)
+    return MHD_create_response_from_buffer_with_free_callback(
+        r->resp_len, r->resp ? r->resp : (char *)"", r->resp ? free : NULL);
+  struct MHD_IoVec iov[1 + ATTN_PROTO_MAX_PARTS];
+  iov[0] = (struct MHD_IoVec){r->resp, r->resp_len};
+  for (int i = 0; i < r->nparts; i++) {
+    iov[1 + i] = (struct MHD_IoVec){r->parts[i].data, r->parts[i].len};
+    r->bytes_out += r->parts[i].len;
+  }
+  held *h = malloc(sizeof *h);
+  struct MHD_Response *resp =
+      h ? MHD_create_response_from_iovec(iov, (unsigned)(1 + r->nparts), free_held, h) : NULL;
+  if (!resp) {
+    free(h);
+    return NULL;
+  }
+  *h = (held){r->resp, r->parts_buf};
+  r->parts_buf = NULL;
+  r->nparts = 0;
+  return resp;
+}
+
 enum MHD_Result attnd_reply_queue(attnd_req *r) {
   if (!r->resp) /* out of memory for the error body itself */
     attnd_req_fail(r, ATTND_EOUT_OF_MEMORY, "out of memory");
-  struct MHD_Response *resp = MHD_create_response_from_buffer_with_free_callback(
-      r->resp_len, r->resp ? r->resp : (char *)"", r->resp ? free : NULL);
+  struct MHD_Response *resp = body_response(r);
   if (!resp)
     return MHD_NO;
-  r->bytes_out = r->resp_len;
   r->resp = NULL; /* libmicrohttpd frees it with the response */
   /* mhd_shim.c tells attnd's replies from libmicrohttpd's own by these */
   if (r->status != MHD_HTTP_NO_CONTENT)

@@ -35,7 +35,9 @@ void attnd_req_unref(attnd_req *r) {
   attnd_body_release(r);
   free(r->query);
   free(r->resp);
+  free(r->parts_buf);
   free(r->out);
+  free(r->out_parts_buf);
   free(r);
 }
 
@@ -47,6 +49,9 @@ attn_pass attnd_req_pass(const attnd_req *r) { return r->route ? r->route->pass 
 
 void attnd_req_reply(attnd_req *r, int status, char *buf, size_t len, const char *ctype) {
   free(r->resp);
+  free(r->parts_buf);
+  r->parts_buf = NULL;
+  r->nparts = 0;
   r->status = status;
   r->resp = buf;
   r->resp_len = len;

@@ -68,6 +68,7 @@ typedef struct attnd_req {
   int v2_model;       /* attn_proto_v2_model() of the path, or -1 */
   size_t v2_json_len; /* Inference-Header-Content-Length; SIZE_MAX: the whole body */
   bool binary_out;    /* reply as safetensors */
+  bool decoded;       /* pr holds the decoded body (a tiny job's try, tiny.h) */
   char *body;         /* the whole body, one buffer, as received */
   bool body_mapped;   /* body is a bodybuf.h mapping (else the heap's) */
   size_t len, cap;
@@ -88,6 +89,11 @@ typedef struct attnd_req {
   size_t resp_len;
   const char *ctype;
   size_t resp_json_len; /* /v2: JSON bytes before binary outputs (0: none) */
+  /* A body sent in pieces after resp (a safetensors reply's tensors, where
+   * the engine wrote them), and the buffer that holds them (malloc'd). */
+  attn_proto_part parts[ATTN_PROTO_MAX_PARTS];
+  int nparts;
+  void *parts_buf;
   bool retry_after;
   bool gone; /* the client reset: close unanswered */
 
@@ -125,8 +131,11 @@ typedef struct attnd_req {
   bool in_engine;     /* submitted: the engine will report back */
   int cancel;         /* the engine's cancel flag (attn_cancel_set), any thread */
   attn_status job_st; /* a decode, submit, engine or encode failure */
-  char *out;          /* the encoded reply body */
+  char *out;          /* the encoded reply body (a safetensors one's head) */
   size_t out_len;
+  attn_proto_part out_parts[ATTN_PROTO_MAX_PARTS]; /* then these, as parts above */
+  int out_nparts;
+  void *out_parts_buf;
   const char *out_ctype;
   size_t out_json_len; /* /v2: as resp_json_len */
   double t_engine;     /* when decoding failed or the engine completed */

@@ -44,7 +44,7 @@ bool attnd_work_reserve(attnd_req *r) {
   const attnd_config *c = r->srv->cfg;
   uint64_t need = decode_need(r, r->len);
   uint64_t budget = (uint64_t)c->max_queue * c->max_body;
-  if (need == 0)
+  if (need == 0 || r->decoded) /* a decoded body's tensors were reserved before */
     return true;
   if (r->reserved + need > budget) {
     char msg[320];
@@ -125,19 +125,27 @@ static int check_pairs(const attnd_req *r, attn_status *st) {
                          (unsigned long long)n, (unsigned long long)cap);
 }
 
+int attnd_work_decode(attnd_req *r, attn_status *st) {
+  int rc = decode_body(r, st);
+  if (rc == 0)
+    rc = check_pairs(r, st);
+  if (rc == 0) {
+    r->decoded = true;
+    /* "auto" means the server's backend; a named one is the client's call */
+    if (!strcmp(r->pr.req.backend, "auto"))
+      r->pr.req.backend = r->srv->backend;
+    /* a job canceled while it decoded is refused by the engine */
+    r->pr.req.cancel = &r->cancel;
+  }
+  return rc;
+}
+
 void attnd_work_decode_submit(uv_work_t *w) {
   attnd_req *r = w->data;
   attnd_server *s = r->srv;
   attn_status st;
-  int rc = decode_body(r, &st);
-  if (rc == 0)
-    rc = check_pairs(r, &st);
+  int rc = r->decoded ? 0 : attnd_work_decode(r, &st);
   if (rc == 0) {
-    /* "auto" means the server's backend; a named one is the client's call */
-    if (!strcmp(r->pr.req.backend, "auto"))
-      r->pr.req.backend = s->backend;
-    /* a job canceled while it decoded is refused by the engine */
-    r->pr.req.cancel = &r->cancel;
     /* Set before submitting: once submitted, the job may complete (and r be
      * touched by the loop) before this thread returns. */
     r->in_engine = true;
@@ -163,9 +171,7 @@ static void engine_done(const attn_result *res, void *arg) {
   uv_async_send(&s->completed);
 }
 
-/* The threadpool: the result into r->out, or the failure into r->job_st. */
-void attnd_work_encode(uv_work_t *w) {
-  attnd_req *r = w->data;
+void attnd_work_encode_result(attnd_req *r) {
   attn_status st;
   int rc;
   if (r->res.status.code) {
@@ -179,10 +185,15 @@ void attnd_work_encode(uv_work_t *w) {
     r->out = buf;
     r->out_ctype = r->out_json_len ? "application/octet-stream" : "application/json";
   } else if (r->binary_out) {
-    void *buf = NULL;
-    rc = attn_proto_encode_safetensors(&r->pr, &buf, &r->out_len, &st);
-    r->out = buf;
+    void *head = NULL;
+    rc = attn_proto_encode_safetensors_parts(&r->pr, &head, &r->out_len, r->out_parts,
+                                             &r->out_nparts, &st);
+    r->out = head;
     r->out_ctype = "application/octet-stream";
+    if (rc == 0) { /* the reply is sent from the outputs as they lie: keep them */
+      r->out_parts_buf = r->pr.out;
+      r->pr.out = NULL;
+    }
   } else {
     rc = attn_proto_encode_json(&r->pr, r->res.backend, &r->out, &r->out_len, &st);
     r->out_ctype = "application/json";
@@ -190,4 +201,25 @@ void attnd_work_encode(uv_work_t *w) {
   if (rc < 0)
     r->job_st = st;
   attnd_work_drop_inputs(r);
+}
+
+void attnd_work_encode(uv_work_t *w) { attnd_work_encode_result(w->data); }
+
+void attnd_work_reply(attnd_req *r) {
+  r->t_done = r->t_engine;
+  if (r->job_st.code) {
+    attnd_req_fail(r, r->job_st.code, r->job_st.message);
+    return;
+  }
+  free(r->resp);
+  r->status = 200;
+  r->resp = r->out;
+  r->resp_len = r->out_len;
+  r->ctype = r->out_ctype;
+  r->resp_json_len = r->out_json_len;
+  r->out = NULL;
+  memcpy(r->parts, r->out_parts, sizeof r->parts);
+  r->nparts = r->out_nparts;
+  r->parts_buf = r->out_parts_buf;
+  r->out_parts_buf = NULL;
 }

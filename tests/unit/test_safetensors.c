@@ -87,6 +87,31 @@ static size_t shape_count(const int64_t *s, int rank) {
 
 /* Reads an encoded reply back: checks the length, padding and one tensor's
  * entry, and returns its bytes. */
+/* The reply as parts (attn_proto_encode_safetensors_parts) is the same
+ * bytes as the whole reply, with every tensor byte read from pr's outputs
+ * where the engine wrote them, not copied. */
+static void expect_parts_same(const attn_proto_req *pr, const void *whole, size_t len) {
+  void *head;
+  size_t hlen, at;
+  attn_proto_part parts[ATTN_PROTO_MAX_PARTS];
+  int n;
+  attn_status st;
+  cr_assert_eq(attn_proto_encode_safetensors_parts(pr, &head, &hlen, parts, &n, &st), 0, "%s",
+               st.message);
+  cr_assert(n >= 1 && n <= ATTN_PROTO_MAX_PARTS);
+  cr_expect(hlen <= len && !memcmp(head, whole, hlen), "the heads differ");
+  at = hlen;
+  for (int i = 0; i < n; i++) {
+    const char *p = parts[i].data, *out = pr->out;
+    cr_expect(p >= out && p < out + len, "part %d is not in pr->out", i);
+    cr_expect(at + parts[i].len <= len && !memcmp(p, (const char *)whole + at, parts[i].len),
+              "part %d differs", i);
+    at += parts[i].len;
+  }
+  cr_expect_eq(at, len, "the parts add up to %zu bytes, the reply is %zu", at, len);
+  free(head);
+}
+
 static const unsigned char *read_entry(const unsigned char *buf, size_t len, const char *name,
                                        const char *dtype, const int64_t *shape, int rank,
                                        size_t *pbytes) {
@@ -191,6 +216,7 @@ static void round_trip(const rt_case *rc, attn_engine *e) {
   void *out;
   size_t olen, nb;
   cr_assert_eq(attn_proto_encode_safetensors(&pr, &out, &olen, &st), 0, "%s", st.message);
+  expect_parts_same(&pr, out, olen);
   const unsigned char *ob = read_entry(out, olen, "o", dn, rc->sq, rc->rank, &nb);
   cr_expect_eq(nb, qb);
   cr_expect(memcmp(ob, pr.req.o, qb) == 0, "o's bytes differ");

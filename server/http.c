@@ -21,6 +21,7 @@
 #include "parse.h"
 #include "reply.h"
 #include "routes.h"
+#include "tiny.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -319,6 +320,10 @@ enum MHD_Result attnd_http_on_request(void *cls, struct MHD_Connection *conn, co
     return MHD_NO;
   if (r->status)
     return attnd_reply_queue(r);
+  if (!r->submitted && attnd_tiny_run(r)) {
+    attnd_upload_end(r);
+    return attnd_reply_queue(r);
+  }
   if (!r->submitted) {
     r->submitted = true;
     atomic_fetch_add(&s->replying, 1);

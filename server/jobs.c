@@ -4,6 +4,7 @@
  * slots.
  */
 #include "jobs.h"
+#include "errors.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,4 +104,18 @@ void attnd_jobs_unqueue(attnd_server *s, attnd_req *r) {
   if (s->pend_tail == r)
     s->pend_tail = prev;
   attnd_metrics_gauge_add(s->metrics, ATTND_GAUGE_QUEUE_DEPTH, -1);
+}
+
+bool attnd_jobs_take_place(attnd_req *r) {
+  attnd_server *s = r->srv;
+  int had = atomic_fetch_add(&s->admitted, 1);
+  if (had < s->cfg->max_queue)
+    return true;
+  s->admitted--;
+  char msg[160];
+  snprintf(msg, sizeof msg,
+           "the queue is full (%d requests admitted, --max-queue %d); retry shortly", had,
+           s->cfg->max_queue);
+  attnd_req_fail(r, ATTND_EQUEUE_FULL, msg);
+  return false;
 }

@@ -38,4 +38,9 @@ void attnd_jobs_unqueue(attnd_server *s, attnd_req *r);
 void attnd_jobs_add(attnd_server *s, attnd_req *r);
 void attnd_jobs_remove(attnd_server *s, attnd_req *r);
 
+/* Any thread: one of --max-queue's places taken for r (the loop's jobs
+ * and tiny ones share them; s->admitted, given back with s->admitted--);
+ * false with r's 503 set. */
+bool attnd_jobs_take_place(attnd_req *r);
+
 #endif

@@ -104,22 +104,6 @@ static void on_tick(uv_timer_t *t) {
 
 /* ---- a job's end (work.h does its work between) ---------------------------- */
 
-/* The job's outcome becomes the reply. */
-static void reply_from_job(attnd_req *r) {
-  r->t_done = r->t_engine;
-  if (r->job_st.code) {
-    attnd_req_fail(r, r->job_st.code, r->job_st.message);
-    return;
-  }
-  free(r->resp);
-  r->status = 200;
-  r->resp = r->out;
-  r->resp_len = r->out_len;
-  r->ctype = r->out_ctype;
-  r->resp_json_len = r->out_json_len;
-  r->out = NULL;
-}
-
 static void log_canceled(attnd_req *r, const char *what) {
   char method[80], path[560];
   attn_quote(method, sizeof method, r->method, strlen(r->method));
@@ -154,7 +138,7 @@ static void complete(attnd_req *r) {
   attnd_jobs_remove(s, r);
   attnd_metrics_gauge_add(s->metrics, ATTND_GAUGE_INFLIGHT, -1);
   if (!r->answered) {
-    reply_from_job(r);
+    attnd_work_reply(r);
     if (r->status == 200)
       attnd_metrics_engine(s->metrics, r->res.backend, r->res.engine_seconds, r->res.flops);
     finish(r);
@@ -293,24 +277,22 @@ static void admit(attnd_server *s, attnd_req *r) {
     refuse(r, ATTND_ESHUTTING_DOWN, "the server shut down before this request ran");
     return;
   }
-  if (s->admitted >= s->cfg->max_queue) {
-    char msg[160];
-    snprintf(msg, sizeof msg,
-             "the queue is full (%d requests admitted, --max-queue %d); retry shortly", s->admitted,
-             s->cfg->max_queue);
-    refuse(r, ATTND_EQUEUE_FULL, msg);
+  if (!attnd_jobs_take_place(r)) {
+    finish(r);
+    attnd_req_unref(r);
     return;
   }
   if (!attnd_work_reserve(r)) {
+    s->admitted--;
     finish(r);
     attnd_req_unref(r);
     return;
   }
   if (!(r->who = attnd_jobs_client_get(s, r->client))) {
+    s->admitted--;
     refuse(r, ATTND_EOUT_OF_MEMORY, "out of memory admitting this request; retry shortly");
     return;
   }
-  s->admitted++;
   attnd_metrics_gauge_add(s->metrics, ATTND_GAUGE_QUEUE_DEPTH, 1);
   attnd_jobs_push(&s->pend_head, &s->pend_tail, r);
   attnd_jobs_add(s, r);

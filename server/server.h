@@ -85,7 +85,6 @@ typedef struct attnd_server {
   struct attnd_client *clients;            /* clients with jobs admitted */
   struct attnd_req *pend_head, *pend_tail; /* queued, not dispatched */
   struct attnd_req *act_head;              /* every admitted job, queued or running */
-  int admitted;                            /* pending + running */
   int running;
   uv_signal_t sigterm, sigint;
   uv_signal_t sighup, sigusr1; /* ignored, with a log line (nothing reloads) */
@@ -106,6 +105,9 @@ typedef struct attnd_server {
   atomic_bool draining;
   atomic_bool stopping; /* the HTTP daemon is closing every connection */
   atomic_int replying;  /* requests handed to the loop, not yet completed */
+  /* Jobs holding a place of --max-queue: the loop's, queued or running,
+   * and tiny ones computing on an HTTP thread (tiny.h). */
+  atomic_int admitted;
   /* Bytes of request bodies held (allocated capacity; for a mapped body,
    * the bytes received), bounded by
    * max_queue x max_body whatever mix of uploads and queued jobs. */

@@ -174,6 +174,58 @@ Test(load, queue_full_503_with_retry_after) {
   tcase_free(&c);
 }
 
+/* A tiny job (server/tiny.c) is computed on the HTTP thread at once, even
+ * while held jobs take both running slots; a small body whose job is not
+ * tiny waits for a slot as before. All of them hold places of --max-queue:
+ * with the queue full, a tiny job is refused like any other. */
+Test(load, tiny_jobs_skip_the_running_slots, .timeout = 120) {
+  hold_gate gate;
+  const char *args[] = {"--max-queue", "3", "--threads", "1", NULL};
+  srv_start_gated(&S, &gate, args);
+  tcase hc;
+  size_t hlen;
+  char *hbody = held_body(&hc, &hlen);
+  pthread_t th[2];
+  job *js = start_jobs(th, 2, hbody, hlen, 0);
+  cr_assert(wait_jobs(2, 60), "the held jobs never showed in /metrics");
+  tcase c;
+  size_t len;
+  char *body = small_body(&c, &len);
+  http_res r;
+  http_post(&S, "/attention", ST_CT, body, len, &r);
+  expect_correct(&r, &c, 4, true, "a tiny job while held jobs take every running slot");
+  http_res_free(&r);
+  /* F16 [1, 1, 128, 64]: 48 KiB, 4.2 MFLOP, over the tiny bound */
+  tprob p = tprob_make(1, 1, 1, 128, 128, 64, ATTN_F16);
+  tcase big;
+  tcase_init(&big, &p, 77);
+  size_t blen;
+  char *bbody = st_body(&big, 4, NULL, &blen);
+  pthread_t bt[1];
+  job *bj = start_jobs(bt, 1, bbody, blen, 0);
+  cr_expect(wait_jobs(3, 60), "the small job that is not tiny never queued");
+  http_post(&S, "/attention", ST_CT, body, len, &r);
+  expect_queue_full(&r, "a tiny job with every place of --max-queue 3 held");
+  http_res_free(&r);
+  hold_release(&gate);
+  join_jobs(th, js, 2);
+  join_jobs(bt, bj, 1);
+  cr_expect_eq(check_ok_replies(js, 2, &hc, "held jobs beside tiny ones"), 2);
+  expect_correct(&bj[0].r, &big, 4, true, "the queued small job");
+  for (int i = 0; i < 2; i++)
+    http_res_free(&js[i].r);
+  http_res_free(&bj[0].r);
+  free(js);
+  free(bj);
+  free(body);
+  free(bbody);
+  free(hbody);
+  tcase_free(&c);
+  tcase_free(&big);
+  tcase_free(&hc);
+  hold_gate_free(&gate);
+}
+
 /* --max-queue 0 admits nothing: every POST /attention gets 503 queue_full
  * (both codecs), and the server stays healthy. */
 Test(load, queue_of_zero_refuses_every_job) {

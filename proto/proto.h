@@ -352,14 +352,18 @@ size_t attn_proto_v2_decode_bound(size_t len, size_t json_len);
 /*
  * The reply {"model_name", "model_version": "1", "id"?, "parameters":
  * {"backend"}, "outputs": [...]} with the outputs info asks for, in the
- * order o, m, l, lse, those of info->binary as binary data appended after
- * the JSON. id: info's, else fallback (NULL: none). *pjson_len gets the
- * JSON's length when binary data follows (the reply's
- * Inference-Header-Content-Length), else 0. *pbuf is malloc'd.
+ * order o, m, l, lse, those of info->binary as binary data after the JSON
+ * (Triton's binary tensor extension). id: info's, else fallback (NULL:
+ * none). *phead (malloc'd, *phlen bytes) is the JSON; parts[0..*nparts)
+ * are the binary outputs, which point into pr's outputs and are sent from
+ * there (with parts, the JSON's length is the reply's
+ * Inference-Header-Content-Length).
  */
-int attn_proto_encode_v2(const attn_proto_req *pr, const attn_v2_info *info, const char *model,
-                         const char *fallback_id, const char *backend, void **pbuf, size_t *plen,
-                         size_t *pjson_len, attn_status *st);
+int attn_proto_encode_v2_parts(const attn_proto_req *pr, const attn_v2_info *info,
+                               const char *model, const char *fallback_id, const char *backend,
+                               void **phead, size_t *phlen,
+                               attn_proto_part parts[ATTN_PROTO_MAX_PARTS], int *nparts,
+                               attn_status *st);
 /* The protocol's error body {"error": message}, malloc'd, as
  * attn_proto_error_body() makes its own; NULL when out of memory. */
 char *attn_proto_v2_error_body(const char *message, size_t *plen);

@@ -75,33 +75,30 @@ static int reply_json(attn_sbuf *b, const attn_proto_req *pr, const attn_v2_info
   return np;
 }
 
-int attn_proto_encode_v2(const attn_proto_req *pr, const attn_v2_info *info, const char *model,
-                         const char *fallback_id, const char *backend, void **pbuf, size_t *plen,
-                         size_t *pjson_len, attn_status *st) {
-  *pbuf = NULL;
-  *plen = *pjson_len = 0;
+int attn_proto_encode_v2_parts(const attn_proto_req *pr, const attn_v2_info *info,
+                               const char *model, const char *fallback_id, const char *backend,
+                               void **phead, size_t *phlen,
+                               attn_proto_part parts[ATTN_PROTO_MAX_PARTS], int *nparts,
+                               attn_status *st) {
+  *phead = NULL;
+  *phlen = 0;
+  *nparts = 0;
   if (pr->rank < 2 || pr->rank > 4 || !pr->req.o || pr->req.pass != ATTN_FORWARD)
     return attn_status_set(st, ATTN_EINVAL, "encode_v2: the request has no forward result");
-  const void *parts[ATTN__MAX_OUTS];
-  size_t sizes[ATTN__MAX_OUTS], total = 0;
+  const void *data[ATTN__MAX_OUTS];
+  size_t sizes[ATTN__MAX_OUTS];
   attn_sbuf b = {0};
   const char *id = info->has_id ? info->id : fallback_id;
-  int np = reply_json(&b, pr, info, model, id, backend, parts, sizes);
-  for (int i = 0; i < np; i++)
-    total += sizes[i];
-  if (!b.oom && np && attn_sbuf_reserve(&b, total)) {
-    for (int i = 0; i < np; i++) {
-      memcpy(b.p + b.len, parts[i], sizes[i]);
-      b.len += sizes[i];
-    }
-  }
+  int np = reply_json(&b, pr, info, model, id, backend, data, sizes);
   if (b.oom) {
     free(b.p);
     return attn_status_set(st, ATTN_PROTO_ENOMEM, "out of memory encoding the reply");
   }
-  *pjson_len = np ? b.len - total : 0;
-  *pbuf = b.p;
-  *plen = b.len;
+  for (int i = 0; i < np; i++)
+    parts[i] = (attn_proto_part){data[i], sizes[i]};
+  *phead = b.p;
+  *phlen = b.len;
+  *nparts = np;
   return 0;
 }
 

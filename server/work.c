@@ -179,24 +179,26 @@ void attnd_work_encode_result(attnd_req *r) {
     rc = -1;
   } else if (r->v2) {
     /* the request's id (X-Request-Id, or made) when the body had none */
-    void *buf = NULL;
-    rc = attn_proto_encode_v2(&r->pr, &r->v2_info, attn_proto_v2_model_name(r->v2_model), r->id,
-                              r->res.backend, &buf, &r->out_len, &r->out_json_len, &st);
-    r->out = buf;
-    r->out_ctype = r->out_json_len ? "application/octet-stream" : "application/json";
+    void *head = NULL;
+    rc = attn_proto_encode_v2_parts(&r->pr, &r->v2_info, attn_proto_v2_model_name(r->v2_model),
+                                    r->id, r->res.backend, &head, &r->out_len, r->out_parts,
+                                    &r->out_nparts, &st);
+    r->out = head;
+    r->out_json_len = r->out_nparts ? r->out_len : 0;
+    r->out_ctype = r->out_nparts ? "application/octet-stream" : "application/json";
   } else if (r->binary_out) {
     void *head = NULL;
     rc = attn_proto_encode_safetensors_parts(&r->pr, &head, &r->out_len, r->out_parts,
                                              &r->out_nparts, &st);
     r->out = head;
     r->out_ctype = "application/octet-stream";
-    if (rc == 0) { /* the reply is sent from the outputs as they lie: keep them */
-      r->out_parts_buf = r->pr.out;
-      r->pr.out = NULL;
-    }
   } else {
     rc = attn_proto_encode_json(&r->pr, r->res.backend, &r->out, &r->out_len, &st);
     r->out_ctype = "application/json";
+  }
+  if (rc == 0 && r->out_nparts) { /* sent from the outputs as they lie: keep them */
+    r->out_parts_buf = r->pr.out;
+    r->pr.out = NULL;
   }
   if (rc < 0)
     r->job_st = st;

@@ -121,6 +121,9 @@ static int check_qkv(const attn_proto_tensor t[3], attn_status *st) {
   int64_t q[4], k[4];
   bhnd(&t[0], q);
   bhnd(&t[1], k);
+  if (q[3] == k[3] && q[0] == k[0] && q[1] % k[1] == 0)
+    return 0;
+  /* the shapes are only written for a message */
   shape_str(a, sizeof a, &t[0]);
   shape_str(b, sizeof b, &t[1]);
   if (q[3] != k[3])
@@ -131,12 +134,10 @@ static int check_qkv(const attn_proto_tensor t[3], attn_status *st) {
     return attn_status_set(st, ATTN_PROTO_ESHAPE,
                            "batch sizes differ: q %s has %lld, k %s has %lld", a, (long long)q[0],
                            b, (long long)k[0]);
-  if (q[1] % k[1])
-    return attn_status_set(st, ATTN_PROTO_ESHAPE,
-                           "q %s has %lld heads, k %s has %lld: query heads must be a "
-                           "multiple of key/value heads",
-                           a, (long long)q[1], b, (long long)k[1]);
-  return 0;
+  return attn_status_set(st, ATTN_PROTO_ESHAPE,
+                         "q %s has %lld heads, k %s has %lld: query heads must be a "
+                         "multiple of key/value heads",
+                         a, (long long)q[1], b, (long long)k[1]);
 }
 
 /* Tensor x must have q's dtype (lse: F32) and q's shape (lse: less D). */

@@ -210,4 +210,12 @@ int attn__st_frame(const char *h, size_t n, const void *const *parts, const size
 int attn__st_head(const char *h, size_t n, size_t extra, const char *what, void **pbuf,
                   size_t *plen, attn_status *st);
 
+/* numtext.c: snprintf(out, 32, "%.*g", prec, x), the same text, fast for a
+ * float's value near 1 (prec <= 17); strtod() of a JSON number's text,
+ * the same double, fast for up to 18 digits and exponents within 22; and
+ * strtof() of one. */
+size_t attn__fmt_g(char out[32], double x, int prec);
+double attn__parse_number(const char *s, char **end);
+float attn__parse_float(const char *s);
+
 #endif

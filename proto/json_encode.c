@@ -21,8 +21,9 @@
 /* Whether text parses back to the element (F32 f, or F16/BF16 bits). */
 static bool reads_back(const char *text, attn_dtype dt, float f, uint16_t bits) {
   if (dt == ATTN_F32)
-    return strtof(text, NULL) == f;
-  double y = strtod(text, NULL);
+    return attn__parse_float(text) == f;
+  char *end;
+  double y = attn__parse_number(text, &end);
   return (dt == ATTN_F16 ? attn_f64_to_f16(y) : attn_f64_to_bf16(y)) == bits;
 }
 
@@ -66,17 +67,17 @@ static size_t fmt_elem(char *out, const void *p, attn_dtype dt, size_t i) {
    * power of two, where the interval that reads back is lopsided, a shorter
    * text can lie past one that fails; the walk stops there, one digit long.) */
   char t[32];
-  int n = snprintf(out, 32, "%.*g", hi - 1, x);
+  size_t n = attn__fmt_g(out, x, hi - 1);
   if (!reads_back(out, dt, f, bits))
-    return (size_t)snprintf(out, 32, "%.*g", hi, x);
+    return attn__fmt_g(out, x, hi);
   for (int prec = hi - 2; prec >= lo; prec--) {
-    int m = snprintf(t, sizeof t, "%.*g", prec, x);
+    size_t m = attn__fmt_g(t, x, prec);
     if (!reads_back(t, dt, f, bits))
       break;
-    memcpy(out, t, (size_t)m + 1);
+    memcpy(out, t, m + 1);
     n = m;
   }
-  return (size_t)n;
+  return n;
 }
 
 static void put_shape(attn_sbuf *b, const int64_t *shape, int rank) {

@@ -290,7 +290,7 @@ bool attn__jr_is_number(const attn__jr *j) { return j->s[j->pos] == '-' || is_di
 
 double attn__jr_number(attn__jr *j) {
   char *end;
-  double x = strtod(j->s + j->pos, &end);
+  double x = attn__parse_number(j->s + j->pos, &end);
   j->pos = (size_t)(end - j->s);
   return x;
 }

@@ -194,9 +194,12 @@ static bool take_body(attnd_req *r, const char *data, size_t n) {
       attnd_body_over_budget(r);
       return false;
     }
-  } else if (r->len + n > r->cap && !grow_body(r, r->len + n)) {
-    return false;
+    attnd_bodybuf_copy(r->body + r->len, data, n);
+    r->len += n;
+    return true;
   }
+  if (r->len + n > r->cap && !grow_body(r, r->len + n))
+    return false;
   memcpy(r->body + r->len, data, n);
   r->len += n;
   return true;

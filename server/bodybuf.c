@@ -8,7 +8,11 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/mman.h>
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
 
 /* Where a mapping keeps its length, before the body it holds. */
 #define HEAD ((size_t)64)
@@ -109,4 +113,22 @@ void attnd_bodybufs_trim(attnd_bodybufs *c, double now) {
   for (int i = 0; i < ATTND_BODYBUF_KEEP; i++)
     if (stale[i].base)
       munmap(stale[i].base, stale[i].len);
+}
+
+void attnd_bodybuf_copy(char *dst, const char *src, size_t n) {
+#if defined(__x86_64__) /* SSE2: every x86-64 has it */
+  size_t head = (16 - (uintptr_t)dst % 16) % 16;
+  if (head > n)
+    head = n;
+  memcpy(dst, src, head);
+  dst += head, src += head, n -= head;
+  for (; n >= 64; n -= 64, dst += 64, src += 64)
+    for (int k = 0; k < 64; k += 16)
+      _mm_stream_si128((__m128i *)(void *)(dst + k),
+                       _mm_loadu_si128((const __m128i *)(const void *)(src + k)));
+  memcpy(dst, src, n);
+  _mm_sfence(); /* streaming stores are weakly ordered: fence them before the handoff */
+#else
+  memcpy(dst, src, n);
+#endif
 }

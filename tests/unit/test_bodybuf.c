@@ -1,8 +1,8 @@
 /*
  * test_bodybuf.c — large bodies' buffers (server/bodybuf.c) on their own:
- * sized and aligned as asked, reused while warm, bounded in number, and
- * unmapped once idle. tests/server/test_attention.c sends bodies through
- * them.
+ * sized and aligned as asked, reused while warm, bounded in number,
+ * unmapped once idle, and filled by a copy that is memcpy's bytes. tests/server/test_attention.c
+ * sends bodies through them.
  */
 #include "bodybuf.h"
 #include "engine.h"
@@ -66,4 +66,21 @@ Test(bodybuf, at_most_keep_idle) {
   cr_expect_eq(idle_count(&c), ATTND_BODYBUF_KEEP);
   cr_expect_null(attnd_bodybuf_get(&c, SIZE_MAX), "a size past the address space");
   attnd_bodybufs_close(&c);
+}
+
+Test(bodybuf, copy_is_memcpy_at_every_alignment_and_length) {
+  enum { N = 4096 };
+  static char src[N + 64], dst[N + 128], want[N + 128];
+  for (int i = 0; i < N + 64; i++)
+    src[i] = (char)(i * 131 + 7);
+  const size_t lens[] = {0, 1, 15, 16, 17, 63, 64, 65, 127, 128, 1000, N};
+  for (int so = 0; so < 17; so++)
+    for (int dof = 0; dof < 17; dof++)
+      for (size_t l = 0; l < sizeof lens / sizeof *lens; l++) {
+        memset(dst, 0x5a, sizeof dst);
+        memset(want, 0x5a, sizeof want);
+        memcpy(want + dof, src + so, lens[l]);
+        attnd_bodybuf_copy(dst + dof, src + so, lens[l]);
+        cr_assert(!memcmp(dst, want, sizeof dst), "src +%d, dst +%d, %zu bytes", so, dof, lens[l]);
+      }
 }

@@ -45,27 +45,43 @@ static void rec_init(rec *r, int64_t n, atomic_int *seq) {
   r->order = calloc((size_t)n, sizeof *r->order);
 }
 
+/* A gate that holds item 0 of a task, and so the worker running it. */
+typedef struct gate {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  bool open, started;
+} gate;
+
+/* Submits lng (n items) with its item 0 held at g, and waits until the
+ * worker holds it. */
+static void hold_worker(attn_pool *p, rec *lng, int64_t n, atomic_int *seq, gate *g) {
+  *g = (gate){.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+  rec_init(lng, n, seq);
+  lng->mu = &g->mu, lng->cv = &g->cv, lng->open = &g->open, lng->started = &g->started;
+  attn_pool_submit(p, &lng->t);
+  pthread_mutex_lock(&g->mu);
+  while (!g->started)
+    pthread_cond_wait(&g->cv, &g->mu);
+  pthread_mutex_unlock(&g->mu);
+}
+
+static void release(gate *g) {
+  pthread_mutex_lock(&g->mu);
+  g->open = true;
+  pthread_cond_broadcast(&g->cv);
+  pthread_mutex_unlock(&g->mu);
+}
+
 Test(pool, a_short_task_behind_a_long_one_runs_before_it_ends) {
   attn_pool *p;
   cr_assert_eq(attn_pool_open(1, 0, &p), 0);
   atomic_int seq = 0;
-  pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-  pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
-  bool open = false, started = false;
+  gate g;
   rec lng, shrt;
-  rec_init(&lng, 100, &seq);
+  hold_worker(p, &lng, 100, &seq, &g); /* the long task holds the only worker */
   rec_init(&shrt, 1, &seq);
-  lng.mu = &mu, lng.cv = &cv, lng.open = &open, lng.started = &started;
-  attn_pool_submit(p, &lng.t);
-  pthread_mutex_lock(&mu);
-  while (!started) /* the long task holds the only worker */
-    pthread_cond_wait(&cv, &mu);
-  pthread_mutex_unlock(&mu);
   attn_pool_submit(p, &shrt.t);
-  pthread_mutex_lock(&mu);
-  open = true;
-  pthread_cond_broadcast(&cv);
-  pthread_mutex_unlock(&mu);
+  release(&g);
   attn_pool_close(p); /* drains both */
   cr_expect_eq(atomic_load(&lng.ran), 100);
   cr_expect_eq(atomic_load(&shrt.ran), 1);
@@ -111,17 +127,9 @@ Test(pool, run_here_computes_on_the_caller_while_the_workers_are_busy) {
   attn_pool *p;
   cr_assert_eq(attn_pool_open(1, 256, &p), 0);
   atomic_int seq = 0;
-  pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-  pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
-  bool open = false, started = false;
+  gate g;
   rec lng, here;
-  rec_init(&lng, 10, &seq);
-  lng.mu = &mu, lng.cv = &cv, lng.open = &open, lng.started = &started;
-  attn_pool_submit(p, &lng.t);
-  pthread_mutex_lock(&mu);
-  while (!started) /* the only worker is held */
-    pthread_cond_wait(&cv, &mu);
-  pthread_mutex_unlock(&mu);
+  hold_worker(p, &lng, 10, &seq, &g); /* the only worker is held */
   here_thread = pthread_self();
   for (int round = 0; round < 2; round++) { /* the second borrows the first's workspace */
     rec_init(&here, 7, &seq);
@@ -132,10 +140,7 @@ Test(pool, run_here_computes_on_the_caller_while_the_workers_are_busy) {
     free(here.order);
   }
   cr_expect_eq(atomic_load(&here_items_elsewhere), 0, "an item ran on a worker");
-  pthread_mutex_lock(&mu);
-  open = true;
-  pthread_cond_broadcast(&cv);
-  pthread_mutex_unlock(&mu);
+  release(&g);
   attn_pool_close(p);
   cr_expect_eq(atomic_load(&lng.ran), 10);
   free(lng.order);

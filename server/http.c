@@ -156,6 +156,8 @@ static enum MHD_Result walk_header(void *cls, enum MHD_ValueKind kind, const cha
  */
 static bool check_head(attnd_req *r, const char *version) {
   head_walk w = {0};
+  attnd_head_line(&w.h, r->method, r->target_end ? (size_t)(r->target_end - r->target) : 0,
+                  version);
   MHD_get_connection_values(r->conn, MHD_HEADER_KIND, walk_header, &w);
   if (w.last && !value_whole(w.last, NULL))
     w.nul = true;

@@ -40,7 +40,7 @@ void attnd_mhd_unanswered(attnd_server *s, attnd_req *r, enum MHD_RequestTermina
  * doing, not the server's. */
 static const attnd_refusal long_chunk_line = {
     400, "Bad Request", "bad_request",
-    "a chunk-size line (with its extensions) is longer than the connection's buffer (under 64 "
+    "a chunk-size line (with its extensions) is longer than the connection's buffer (under 32 "
     "KiB); send chunk sizes without long extensions or leading zeros"};
 
 /* The log line and metrics of a refusal no request was made for (method

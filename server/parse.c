@@ -41,7 +41,8 @@ static void count_one_value(attnd_head *h, const char *name) {
 }
 
 void attnd_head_line(attnd_head *h, const char *method, size_t target_len, const char *version) {
-  h->bytes += strlen(method ? method : "") + 1 + target_len + 1 + strlen(version ? version : "") + 2;
+  h->bytes +=
+      strlen(method ? method : "") + 1 + target_len + 1 + strlen(version ? version : "") + 2;
 }
 
 void attnd_head_add(attnd_head *h, const char *name, const char *value) {

@@ -55,6 +55,7 @@ typedef struct attnd_req {
   const char *host;                 /* its Host header, or NULL (valid until it ends) */
   bool close;                       /* its reply ends the connection (a refused head) */
   const struct attnd_route *route;  /* its row of the route table (routes.h), or NULL */
+  int series;                       /* its route's metrics series (attnd_route_series), or -1 */
   const attnd_console_asset *asset; /* the console's file served, or NULL */
   /* The model a route served ("" for /attention): a label of the metrics
    * and the log line. Set by the route, before the request ends. */
@@ -165,5 +166,8 @@ void attnd_upload_end(attnd_req *r);
  * its route, never by the client's bytes: model names would make labels
  * without bound), else the path. */
 const char *attnd_req_route_label(const attnd_req *r);
+/* The metrics' series of r's route label (attnd_route_series), or -1 when
+ * the label is not its route's (attnd_req_route_label's path then). */
+int attnd_req_series(const attnd_req *r);
 
 #endif

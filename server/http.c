@@ -105,7 +105,7 @@ void *attnd_http_on_target(void *cls, const char *uri, struct MHD_Connection *co
   attnd_req *r = new_req(cls, conn);
   if (!r)
     return NULL;
-  snprintf(r->path, sizeof r->path, "%s", uri);
+  attnd_copy_str(r->path, sizeof r->path, uri);
   r->target = uri;
   r->target_end = uri + strlen(uri);
   r->bad_target = attnd_parse_target(uri, &r->bad_target_code);
@@ -179,8 +179,8 @@ static bool check_head(attnd_req *r, const char *version) {
 }
 
 static void route_of(attnd_req *r, const char *url, const char *method) {
-  snprintf(r->method, sizeof r->method, "%s", method);
-  snprintf(r->path, sizeof r->path, "%s", attnd_parse_origin_path(url));
+  attnd_copy_str(r->method, sizeof r->method, method);
+  attnd_copy_str(r->path, sizeof r->path, attnd_parse_origin_path(url));
   attnd_route_of(r);
   attn_sbuf q = {0};
   MHD_get_connection_values(r->conn, MHD_GET_ARGUMENT_KIND, add_arg, &q);
@@ -269,12 +269,12 @@ static enum MHD_Result first_call(attnd_req *r, const char *url, const char *met
   if (r->link) {
     attnd_conns_set(&s->conns, r->link, ATTND_CONN_BUSY, attn_now());
     /* the key of its fair share of the running slots (loop.c) */
-    snprintf(r->client, sizeof r->client, "%s", r->link->client);
+    attnd_copy_str(r->client, sizeof r->client, r->link->client);
   }
   route_of(r, url, method);
   const char *id = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, ATTND_REQID_HEADER);
   if (attnd_reqid_valid(id))
-    snprintf(r->id, sizeof r->id, "%s", id);
+    attnd_copy_str(r->id, sizeof r->id, id);
   bool post = !strcmp(method, MHD_HTTP_METHOD_POST);
   if (!head_ok(r, version, post))
     return attnd_reply_queue(r);

@@ -232,8 +232,10 @@ static bool keyless_ok(attnd_req *r, bool post) {
              "set an API key",
              q);
   } else {
+    if (!post) /* no Origin to look up */
+      return true;
     const char *origin = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Origin");
-    if (!post || attnd_parse_origin_allowed(origin, r->host, c->cors_origin))
+    if (attnd_parse_origin_allowed(origin, r->host, c->cors_origin))
       return true;
     attn_quote(q, sizeof q, origin, strlen(origin));
     snprintf(msg, sizeof msg,

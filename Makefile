@@ -222,7 +222,8 @@ CONSOLE_DEPS = $(wildcard server/console/index.html server/console/console.css \
 CONSOLE_OBJ = $(BUILD)/obj/gen/console_assets.o
 
 .PHONY: all deps bench-deps test test-gpu test-image bench bench-peak bench-f16split bench-peers \
-        bench-server bench-v2 bench-memory bench-idle fuzz fuzz-replay run format format-check clean FORCE
+        bench-server bench-v2 bench-memory bench-idle bench-small fuzz fuzz-replay run format \
+        format-check clean FORCE
 all: $(BUILD)/attn $(BUILD)/attnd
 
 # Expanded here, once: a target-specific CPPFLAGS (-Iclients on some
@@ -591,6 +592,12 @@ bench-v2: deps
 bench-memory: deps
 	$(MAKE) --no-print-directory $(BUILD)/attnd
 	ATTND_BIN=$(BUILD)/attnd /usr/bin/python3 tests/bench/memory.py
+
+# Instructions per GET /healthz and per tiny POST, by callgrind
+# (tests/bench/small_requests.py; needs valgrind).
+bench-small: deps
+	$(MAKE) --no-print-directory $(BUILD)/attnd
+	ATTND_BIN=$(BUILD)/attnd /usr/bin/python3 tests/bench/small_requests.py --top 15
 
 # /healthz and a small POST with 2,000 idle connections open, and with 200
 # under ulimit -n 64 (tests/bench/idle_flood.py).

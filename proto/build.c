@@ -122,8 +122,7 @@ static int check_qkv(const attn_proto_tensor t[3], attn_status *st) {
   bhnd(&t[0], q);
   bhnd(&t[1], k);
   if (q[3] == k[3] && q[0] == k[0] && q[1] % k[1] == 0)
-    return 0;
-  /* the shapes are only written for a message */
+    return 0; /* the shapes are written only for the message of a refusal */
   shape_str(a, sizeof a, &t[0]);
   shape_str(b, sizeof b, &t[1]);
   if (q[3] != k[3])

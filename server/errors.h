@@ -24,11 +24,13 @@
   XX(REQUEST_TIMEOUT, 408, "Request Timeout", "request_timeout", NULL)                             \
   XX(TOO_LARGE, 413, "Content Too Large", "too_large",                                             \
      "Content-Length or a chunk size is too large")                                                \
-  XX(URI_TOO_LONG, 414, "URI Too Long", "uri_too_long", "the request line is too long")            \
+  XX(URI_TOO_LONG, 414, "URI Too Long", "uri_too_long",                                            \
+     "the request line is too long: the target may be at most 8192 bytes")                         \
   XX(UNSUPPORTED_MEDIA_TYPE, 415, "Unsupported Media Type", "unsupported_media_type", NULL)        \
   XX(TOO_MUCH_WORK, 422, "Unprocessable Content", "too_much_work", NULL)                           \
   XX(HEADERS_TOO_LARGE, 431, "Request Header Fields Too Large", "headers_too_large",               \
-     "the request headers are too large")                                                          \
+     "the request line and headers are too large: this server takes at most 16384 bytes (16 "      \
+     "KiB) in at most 100 header fields; send fewer or shorter headers")                           \
   XX(CLIENT_CLOSED, 499, "Client Closed Request", "client_closed", NULL)                           \
   XX(INTERNAL, 500, "Internal Server Error", "internal", "the server cannot process this request") \
   XX(NOT_IMPLEMENTED, 501, "Not Implemented", "not_implemented", NULL)                             \

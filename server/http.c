@@ -106,7 +106,7 @@ void *attnd_http_on_target(void *cls, const char *uri, struct MHD_Connection *co
   attnd_req *r = new_req(cls, conn);
   if (!r)
     return NULL;
-  snprintf(r->path, sizeof r->path, "%s", uri);
+  attnd_copy_str(r->path, sizeof r->path, uri);
   r->target = uri;
   r->target_end = uri + strlen(uri);
   r->bad_target = attnd_parse_target(uri, &r->bad_target_code);
@@ -157,6 +157,8 @@ static enum MHD_Result walk_header(void *cls, enum MHD_ValueKind kind, const cha
  */
 static bool check_head(attnd_req *r, const char *version) {
   head_walk w = {0};
+  attnd_head_line(&w.h, r->method, r->target_end ? (size_t)(r->target_end - r->target) : 0,
+                  version);
   MHD_get_connection_values(r->conn, MHD_HEADER_KIND, walk_header, &w);
   if (w.last && !value_whole(w.last, NULL))
     w.nul = true;
@@ -178,8 +180,8 @@ static bool check_head(attnd_req *r, const char *version) {
 }
 
 static void route_of(attnd_req *r, const char *url, const char *method) {
-  snprintf(r->method, sizeof r->method, "%s", method);
-  snprintf(r->path, sizeof r->path, "%s", attnd_parse_origin_path(url));
+  attnd_copy_str(r->method, sizeof r->method, method);
+  attnd_copy_str(r->path, sizeof r->path, attnd_parse_origin_path(url));
   attnd_route_of(r);
   attn_sbuf q = {0};
   MHD_get_connection_values(r->conn, MHD_GET_ARGUMENT_KIND, add_arg, &q);
@@ -231,8 +233,10 @@ static bool keyless_ok(attnd_req *r, bool post) {
              "set an API key",
              q);
   } else {
+    if (!post) /* no Origin to look up */
+      return true;
     const char *origin = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Origin");
-    if (!post || attnd_parse_origin_allowed(origin, r->host, c->cors_origin))
+    if (attnd_parse_origin_allowed(origin, r->host, c->cors_origin))
       return true;
     attn_quote(q, sizeof q, origin, strlen(origin));
     snprintf(msg, sizeof msg,
@@ -268,12 +272,12 @@ static enum MHD_Result first_call(attnd_req *r, const char *url, const char *met
   if (r->link) {
     attnd_conns_set(&s->conns, r->link, ATTND_CONN_BUSY, attn_now());
     /* the key of its fair share of the running slots (loop.c) */
-    snprintf(r->client, sizeof r->client, "%s", r->link->client);
+    attnd_copy_str(r->client, sizeof r->client, r->link->client);
   }
   route_of(r, url, method);
   const char *id = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, ATTND_REQID_HEADER);
   if (attnd_reqid_valid(id))
-    snprintf(r->id, sizeof r->id, "%s", id);
+    attnd_copy_str(r->id, sizeof r->id, id);
   bool post = !strcmp(method, MHD_HTTP_METHOD_POST);
   if (!head_ok(r, version, post))
     return attnd_reply_queue(r);

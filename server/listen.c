@@ -19,9 +19,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-/* libmicrohttpd's per-connection memory: the request line and headers, and
- * their index. */
-#define CONNECTION_MEMORY ((size_t)64 * 1024)
+/* libmicrohttpd's per-connection memory: the request line and headers,
+ * their index (some 56 bytes a field), the reply's headers, and the buffer
+ * a body is read through (the pool's free part). It holds a head at
+ * parse.h's limits (16 KiB in 100 fields) with room to spare, as nginx's
+ * 4 x 8 KiB header buffers do; libmicrohttpd 0.9.75 zeroes all of it
+ * before each request (MHD_pool_reset), so it is no bigger: 64 KiB cost
+ * some 100,000 instructions a request, most of a small request's. */
+#define CONNECTION_MEMORY ((size_t)32 * 1024)
 
 /* Connections the kernel queues before attnd accepts them. */
 #define LISTEN_BACKLOG 1024

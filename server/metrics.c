@@ -181,7 +181,14 @@ void attnd_metrics_request(attnd_metrics *m, const char *path, int status, doubl
 
 void attnd_metrics_request_model(attnd_metrics *m, const char *path, const char *model, int status,
                                  double seconds, uint64_t bytes_in, uint64_t bytes_out) {
-  int r = route_index(&m->s, path);
+  attnd_metrics_request_series(m, route_index(&m->s, path), model, status, seconds, bytes_in,
+                               bytes_out);
+}
+
+void attnd_metrics_request_series(attnd_metrics *m, int r, const char *model, int status,
+                                  double seconds, uint64_t bytes_in, uint64_t bytes_out) {
+  if (r < 0 || r >= m->s.nroutes - 1) /* nroutes is fixed once made */
+    r = m->s.nroutes - 1;
   if (status < 100 || status > 599)
     status = 0;
   pthread_mutex_lock(&m->mu);

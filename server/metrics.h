@@ -61,6 +61,11 @@ void attnd_metrics_request(attnd_metrics *m, const char *path, int status, doubl
 /* The same for a request that served model (NULL or "": none, as above). */
 void attnd_metrics_request_model(attnd_metrics *m, const char *path, const char *model, int status,
                                  double seconds, uint64_t bytes_in, uint64_t bytes_out);
+/* The same by the series' handle: the place of its label among those given
+ * to attnd_metrics_new() (attnd_route_series), found once rather than by
+ * comparing paths per request; any other number is "other". */
+void attnd_metrics_request_series(attnd_metrics *m, int series, const char *model, int status,
+                                  double seconds, uint64_t bytes_in, uint64_t bytes_out);
 /* Time a job waited between admission and the engine. */
 void attnd_metrics_queue_wait(attnd_metrics *m, double seconds);
 /* A job the engine completed. */

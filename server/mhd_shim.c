@@ -21,6 +21,7 @@
 
 #include <dlfcn.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -40,7 +41,7 @@ void attnd_mhd_unanswered(attnd_server *s, attnd_req *r, enum MHD_RequestTermina
  * doing, not the server's. */
 static const attnd_refusal long_chunk_line = {
     400, "Bad Request", "bad_request",
-    "a chunk-size line (with its extensions) is longer than the connection's buffer (under 64 "
+    "a chunk-size line (with its extensions) is longer than the connection's buffer (under 32 "
     "KiB); send chunk sizes without long extensions or leading zeros"};
 
 /* The log line and metrics of a refusal no request was made for (method
@@ -114,14 +115,26 @@ void attnd_mhd_unparsed(attnd_server *s, attnd_conn *k) {
 
 typedef enum MHD_Result (*queue_fn)(struct MHD_Connection *, unsigned int, struct MHD_Response *);
 
+/* The library's function, found once: dlsym() walks the symbol tables
+ * (some 1,000 instructions, more than the rest of the shim), and every
+ * reply comes through here. Threads that race store the same pointer. */
+static queue_fn library_queue(void) {
+  static void *_Atomic found;
+  void *f = atomic_load_explicit(&found, memory_order_acquire);
+  if (!f) {
+    f = dlsym(RTLD_NEXT, "MHD_queue_response");
+    atomic_store_explicit(&found, f, memory_order_release);
+  }
+  queue_fn next;
+  *(void **)&next = f;
+  return next;
+}
+
 enum MHD_Result MHD_queue_response(struct MHD_Connection *connection, unsigned int status_code,
                                    struct MHD_Response *response) {
   if (response && !MHD_get_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE) &&
       !MHD_get_response_header(response, ATTND_REQID_HEADER))
     return refuse(connection, status_code);
-  /* Looked up on every call rather than cached in a global: dlsym() costs
-   * about a microsecond, nothing beside a request. */
-  queue_fn next;
-  *(void **)&next = dlsym(RTLD_NEXT, "MHD_queue_response");
+  queue_fn next = library_queue();
   return next ? next(connection, status_code, response) : MHD_NO;
 }

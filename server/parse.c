@@ -40,7 +40,14 @@ static void count_one_value(attnd_head *h, const char *name) {
     }
 }
 
+void attnd_head_line(attnd_head *h, const char *method, size_t target_len, const char *version) {
+  h->bytes +=
+      strlen(method ? method : "") + 1 + target_len + 1 + strlen(version ? version : "") + 2;
+}
+
 void attnd_head_add(attnd_head *h, const char *name, const char *value) {
+  h->bytes += strlen(name) + 2 + strlen(value ? value : "") + 2;
+  h->n_fields++;
   if (!is_token(name) && !h->bad_name)
     h->bad_name = name;
   count_one_value(h, name);
@@ -71,6 +78,13 @@ static int bad_name(const char *name, char *msg, size_t cap) {
 
 int attnd_head_check(const attnd_head *h, const char *version, char *msg, size_t cap) {
   char te[72];
+  if (h->bytes + 2 > ATTND_MAX_HEAD || h->n_fields > ATTND_MAX_HEADERS) {
+    snprintf(msg, cap,
+             "the request line and headers are %zu bytes in %d header fields; this server takes "
+             "at most %d bytes (16 KiB) in at most %d fields: send fewer or shorter headers",
+             h->bytes + 2, h->n_fields, ATTND_MAX_HEAD, ATTND_MAX_HEADERS);
+    return ATTND_EHEADERS_TOO_LARGE;
+  }
   if (h->bad_name)
     return bad_name(h->bad_name, msg, cap);
   if (h->cl_differ) {

@@ -23,8 +23,20 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The most a request's head may hold: its request line and header lines
+ * together, in bytes (counting each header as "Name: value" and CRLF, and
+ * the blank line), and its header fields. Past either it gets 431; the
+ * connection's memory (listen.c) holds a head at both limits with room for
+ * the reply's headers and the body's reads. */
+#define ATTND_MAX_HEAD 16384
+#define ATTND_MAX_HEADERS 100
+
 /* What one pass over a request's headers found. */
 typedef struct attnd_head {
+  /* The head's bytes so far: the caller sets the request line's
+   * (attnd_head_line), attnd_head_add() adds each header's. */
+  size_t bytes;
+  int n_fields;
   int n_cl, n_te, n_host;
   const char *cl, *te, *host;
   bool cl_differ;
@@ -32,6 +44,10 @@ typedef struct attnd_head {
   const char *bad_name; /* a field name that is not a token, or NULL */
   unsigned seen;        /* the one-value fields seen, a bit each */
 } attnd_head;
+
+/* The request line's bytes ("METHOD target VERSION" and CRLF), counted
+ * before its headers. */
+void attnd_head_line(attnd_head *h, const char *method, size_t target_len, const char *version);
 
 /* One header of the request, in the order it came. */
 void attnd_head_add(attnd_head *h, const char *name, const char *value);

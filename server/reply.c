@@ -7,6 +7,7 @@
 #include "errors.h"
 #include "routes.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,16 +39,47 @@ static void add_cors(const attnd_req *r, struct MHD_Response *resp) {
   }
 }
 
+/* seconds as milliseconds with three decimals, as "%.3f" of seconds * 1e3
+ * writes them (rounded to even at the microsecond; printf rounds the
+ * milliseconds' own binary value, which can differ in the last digit only
+ * on an exact tie), without printf: the header is on every computed reply.
+ * Returns the end. */
+static char *put_ms(char *p, const char *end, double seconds) {
+  double ms = seconds * 1e3;
+  if (!(fabs(ms) < 1e15)) /* NaN, infinite or huge: printf's words */
+    return p + snprintf(p, (size_t)(end - p), "%.3f", ms);
+  double us = nearbyint(ms * 1e3);
+  if (signbit(us))
+    *p++ = '-';
+  unsigned long long u = (unsigned long long)fabs(us);
+  char d[24];
+  int i = (int)sizeof d;
+  for (int k = 0; k < 3; k++, u /= 10)
+    d[--i] = (char)('0' + u % 10);
+  d[--i] = '.';
+  do
+    d[--i] = (char)('0' + u % 10);
+  while (u /= 10);
+  memcpy(p, d + i, sizeof d - (size_t)i);
+  return p + sizeof d - i;
+}
+
 /* A computed request's time in the server (RFC's Server-Timing, which a
  * browser's fetch can read): queued, decoding + engine + encoding, and
  * from its first byte until now, in milliseconds. */
 static void add_server_timing(const attnd_req *r, struct MHD_Response *resp) {
   if (!attnd_req_computes(r) || r->t_started <= 0 || r->t_done <= 0)
     return;
-  char v[160];
-  snprintf(v, sizeof v, "queue;dur=%.3f, compute;dur=%.3f, total;dur=%.3f",
-           (r->t_started - r->t_admitted) * 1e3, (r->t_done - r->t_started) * 1e3,
-           (attn_now() - r->t_received) * 1e3);
+  char v[200], *p = v, *end = v + sizeof v;
+  static const char *const names[3] = {"queue;dur=", ", compute;dur=", ", total;dur="};
+  double parts[3] = {r->t_started - r->t_admitted, r->t_done - r->t_started,
+                     attn_now() - r->t_received};
+  for (int i = 0; i < 3; i++) {
+    size_t n = strlen(names[i]);
+    memcpy(p, names[i], n);
+    p = put_ms(p + n, end, parts[i]);
+  }
+  *p = 0;
   MHD_add_response_header(resp, "Server-Timing", v);
 }
 

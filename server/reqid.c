@@ -3,7 +3,6 @@
  */
 #include "reqid.h"
 
-#include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
@@ -30,7 +29,13 @@ void attnd_reqid_make(attnd_reqid_gen *g, char out[33]) {
   uint64_t n = atomic_fetch_add(&g->next, 1);
   uint64_t hi = splitmix64(g->seed ^ splitmix64(n));
   uint64_t lo = splitmix64(hi ^ n);
-  snprintf(out, 33, "%016llx%016llx", (unsigned long long)hi, (unsigned long long)lo);
+  /* "%016llx%016llx", without printf: one is made for every request */
+  static const char hex[] = "0123456789abcdef";
+  for (int i = 0; i < 16; i++) {
+    out[15 - i] = hex[(hi >> (4 * i)) & 15];
+    out[31 - i] = hex[(lo >> (4 * i)) & 15];
+  }
+  out[32] = 0;
 }
 
 bool attnd_reqid_valid(const char *v) {

@@ -18,11 +18,12 @@ attnd_req *attnd_req_new(attnd_server *s) {
     return NULL;
   r->srv = s;
   r->fd = -1;
+  r->series = -1;
   atomic_init(&r->refs, 1); /* the connection's */
   r->t_received = attn_now();
   attnd_reqid_make(&s->ids, r->id);
-  snprintf(r->method, sizeof r->method, "-");
-  snprintf(r->path, sizeof r->path, "-");
+  memcpy(r->method, "-", 2);
+  memcpy(r->path, "-", 2);
   return r;
 }
 
@@ -168,6 +169,8 @@ void attnd_upload_end(attnd_req *r) {
 }
 
 /* ---- its metrics label -------------------------------------------------------- */
+
+int attnd_req_series(const attnd_req *r) { return r->route && r->route->label ? r->series : -1; }
 
 const char *attnd_req_route_label(const attnd_req *r) {
   if (r->route && r->route->label)

@@ -21,6 +21,7 @@
 #include "server.h"
 
 #include <stdatomic.h>
+#include <string.h>
 #include <uv.h>
 
 struct MHD_Connection;
@@ -55,6 +56,7 @@ typedef struct attnd_req {
   const char *host;                 /* its Host header, or NULL (valid until it ends) */
   bool close;                       /* its reply ends the connection (a refused head) */
   const struct attnd_route *route;  /* its row of the route table (routes.h), or NULL */
+  int series;                       /* its route's metrics series (attnd_route_series), or -1 */
   const attnd_console_asset *asset; /* the console's file served, or NULL */
   /* The model a route served ("" for /attention): a label of the metrics
    * and the log line. Set by the route, before the request ends. */
@@ -141,6 +143,17 @@ typedef struct attnd_req {
   double t_engine;     /* when decoding failed or the engine completed */
 } attnd_req;
 
+/* src copied into dst[cap] and cut to fit, as snprintf(dst, cap, "%s", src)
+ * does, without printf's cost (some 600 instructions a call, several a
+ * request). */
+static inline void attnd_copy_str(char *dst, size_t cap, const char *src) {
+  if (!cap)
+    return;
+  size_t n = strnlen(src, cap - 1);
+  memcpy(dst, src, n);
+  dst[n] = 0;
+}
+
 /* A request as its first callback finds it, holding the connection's
  * reference; NULL when out of memory. */
 attnd_req *attnd_req_new(attnd_server *s);
@@ -177,5 +190,8 @@ void attnd_upload_end(attnd_req *r);
  * its route, never by the client's bytes: model names would make labels
  * without bound), else the path. */
 const char *attnd_req_route_label(const attnd_req *r);
+/* The metrics' series of r's route label (attnd_route_series), or -1 when
+ * the label is not its route's (attnd_req_route_label's path then). */
+int attnd_req_series(const attnd_req *r);
 
 #endif

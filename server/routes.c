@@ -16,6 +16,7 @@
 #include "v1.h"
 #include "v2.h"
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -114,6 +115,7 @@ const attnd_route *attnd_route_find(const char *path, int *model,
 void attnd_route_of(attnd_req *r) {
   int model;
   r->route = attnd_route_find(r->path, &model, &r->asset);
+  r->series = attnd_route_series(r->route);
   if (!attnd_route_v2(r->path))
     return;
   r->v2 = true;
@@ -134,6 +136,30 @@ int attnd_route_labels(const char **out, int cap) {
       out[n - 1] = l;
   }
   return n;
+}
+
+/* Each row's place among the distinct labels, as attnd_route_labels()
+ * lists them: a function of the constant table, worked out once. */
+static int row_series[N_ROUTES];
+static pthread_once_t series_once = PTHREAD_ONCE_INIT;
+
+static void number_series(void) {
+  int n = 0;
+  for (int i = 0; i < N_ROUTES; i++) {
+    row_series[i] = -1;
+    for (int j = 0; j < i && row_series[i] < 0; j++)
+      if (table[i].label && table[j].label && !strcmp(table[j].label, table[i].label))
+        row_series[i] = row_series[j];
+    if (table[i].label && row_series[i] < 0)
+      row_series[i] = n++;
+  }
+}
+
+int attnd_route_series(const attnd_route *route) {
+  if (!route || route < table || route >= table + N_ROUTES)
+    return -1;
+  pthread_once(&series_once, number_series);
+  return row_series[route - table];
 }
 
 bool attnd_route_allows(const attnd_route *route, const char *method) {

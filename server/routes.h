@@ -29,6 +29,12 @@ void attnd_route_of(attnd_req *r);
  * (their static strings into out); returns how many there are. */
 int attnd_route_labels(const char **out, int cap);
 
+/* Where route's label is among attnd_route_labels()' (the metrics' series
+ * of the route, attnd_metrics_request_series), or -1 for a route without
+ * a label (the console's). Numbered once, from the table: no string is
+ * compared per request. */
+int attnd_route_series(const attnd_route *route);
+
 /* Whether method is one route answers. */
 bool attnd_route_allows(const attnd_route *route, const char *method);
 

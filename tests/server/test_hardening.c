@@ -385,6 +385,81 @@ Test(hardening, oversized_targets_and_headers, .fini = teardown, .timeout = 90) 
   expect_healthy(&S, "oversized requests");
 }
 
+/* A head of exactly size bytes: the request line, Host, Connection:
+ * close, extra (the framing of a body, or ""), X-Pad fields of up to
+ * 1,000 bytes each, and the blank line. */
+static size_t head_of(char *out, size_t size, const char *line, const char *extra) {
+  size_t n = (size_t)sprintf(out, "%sHost: localhost\r\nConnection: close\r\n%s", line, extra);
+  for (int i = 0; n + 2 < size; i++) {
+    size_t left = size - 2 - n, take = left > 1000 ? 1000 : left;
+    if (left - take > 0 && left - take < 16) /* no field too short for its name */
+      take -= 16;
+    int name = sprintf(out + n, "X-Pad-%d: ", i);
+    memset(out + n + name, 'a', take - (size_t)name - 2);
+    memcpy(out + n + take - 2, "\r\n", 2);
+    n += take;
+  }
+  memcpy(out + n, "\r\n", 3);
+  return n + 2;
+}
+
+/* The reply to one raw request on its own connection. */
+static char *exchange(const char *req, size_t len) {
+  int fd = raw_connect(S.port);
+  cr_assert_geq(fd, 0);
+  raw_send(fd, req, len);
+  size_t n;
+  char *all = read_all(fd, 20000, &n);
+  close(fd);
+  return all;
+}
+
+/* A head up to 16 KiB in 100 fields is served, body and all; a byte or a
+ * field more is a JSON 431 that says the limit. */
+Test(hardening, heads_up_to_16_KiB_are_served_and_larger_get_431, .fini = teardown, .timeout = 90) {
+  srv_start(&S, NULL);
+  static char req[20000];
+  size_t n = head_of(req, 16384, "GET /healthz HTTP/1.1\r\n", "");
+  cr_assert_eq(n, 16384);
+  char *all = exchange(req, n);
+  cr_expect(!strncmp(all, "HTTP/1.1 200 ", 13), "a 16 KiB head: %.300s", all);
+  free(all);
+  /* a POST whose head is at the limit still reads its body */
+  const char *body = "{\"q\": [[1, 0], [0, 1]], \"k\": [[1, 0], [0, 1]], \"v\": [[1, 2], [3, 4]]}";
+  char framing[120];
+  snprintf(framing, sizeof framing, "Content-Type: application/json\r\nContent-Length: %zu\r\n",
+           strlen(body));
+  n = head_of(req, 16384, "POST /attention HTTP/1.1\r\n", framing);
+  memcpy(req + n, body, strlen(body));
+  all = exchange(req, n + strlen(body));
+  cr_expect(!strncmp(all, "HTTP/1.1 200 ", 13), "a POST with a 16 KiB head: %.300s", all);
+  cr_expect(strstr(all, "\"o\""), "no output: %.300s", all);
+  free(all);
+  /* one byte more */
+  n = head_of(req, 16385, "GET /healthz HTTP/1.1\r\n", "");
+  expect_refusal(req, n, 431, "headers_too_large");
+  all = exchange(req, n);
+  cr_expect(strstr(all, "16385 bytes") && strstr(all, "at most 16384 bytes"), "%.600s", all);
+  free(all);
+  /* 101 fields in a small head */
+  n = (size_t)sprintf(req, "GET /healthz HTTP/1.1\r\nHost: localhost\r\n");
+  for (int i = 0; i < 100; i++)
+    n += (size_t)sprintf(req + n, "X-%d: 1\r\n", i);
+  n += (size_t)sprintf(req + n, "\r\n");
+  expect_refusal(req, n, 431, "headers_too_large");
+  /* past what the connection's memory holds: libmicrohttpd's own 431,
+   * with the same limit in its words */
+  n = (size_t)sprintf(req, "GET /healthz HTTP/1.1\r\nHost: localhost\r\n");
+  for (int i = 0; i < 600; i++)
+    n += (size_t)sprintf(req + n, "X-%d: 1\r\n", i);
+  n += (size_t)sprintf(req + n, "\r\n");
+  all = exchange(req, n);
+  cr_expect(!strncmp(all, "HTTP/1.1 431 ", 13) && strstr(all, "at most 16384 bytes"), "%.600s",
+            all);
+  free(all);
+  expect_healthy(&S, "heads at and past the limit");
+}
+
 /* ---- error messages and logs stay clean -------------------------------------- */
 
 Test(hardening, error_messages_are_clean_utf8, .fini = teardown, .timeout = 60) {

@@ -623,6 +623,20 @@ Test(metrics, the_series_are_the_labels_given) {
   cr_expect_null(strstr(out, "path=\"/attention\""));
   free(out);
   attnd_metrics_free(m);
+  /* by handle: the place of the label; any other number is "other" */
+  m = attnd_metrics_new(two, 2);
+  cr_assert_not_null(m);
+  attnd_metrics_request_series(m, 1, NULL, 200, 0.01, 0, 0);
+  attnd_metrics_request_series(m, 1, "x", 200, 0.01, 0, 0);
+  attnd_metrics_request_series(m, 2, NULL, 200, 0.01, 0, 0);
+  attnd_metrics_request_series(m, -1, NULL, 200, 0.01, 0, 0);
+  out = render(m);
+  expect_line(out, "attnd_requests_total{path=\"/b\",code=\"200\"} 1");
+  expect_line(out, "attnd_requests_total{path=\"/b\",model=\"x\",code=\"200\"} 1");
+  expect_line(out, "attnd_requests_total{path=\"other\",code=\"200\"} 2");
+  cr_expect_null(strstr(out, "path=\"/a\",code"));
+  free(out);
+  attnd_metrics_free(m);
   const char *many[ATTND_METRICS_MAX_ROUTES + 1];
   for (int i = 0; i <= ATTND_METRICS_MAX_ROUTES; i++)
     many[i] = "/x";

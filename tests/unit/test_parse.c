@@ -208,3 +208,37 @@ Test(parse, framing_numbers_are_read_strictly) {
   cr_expect(!attnd_parse_json_length("18446744073709551615", &n), "SIZE_MAX is the whole body");
   cr_expect_eq(n, 123);
 }
+
+/* The head's size is its request line and header lines as they are sent
+ * ("Name: value" and CRLF each, the blank line): 16 KiB passes, a byte more
+ * is 431, and so is a 101st field. */
+Test(parse, heads_past_16_KiB_or_100_fields_get_431) {
+  char msg[300] = "", *value = malloc(ATTND_MAX_HEAD);
+  attnd_head h = {0};
+  /* "GET /healthz HTTP/1.1\r\n" + "Host: x\r\n" + "X-Pad: ...\r\n" + "\r\n" */
+  attnd_head_line(&h, "GET", strlen("/healthz"), "HTTP/1.1");
+  cr_expect_eq(h.bytes, strlen("GET /healthz HTTP/1.1\r\n"));
+  attnd_head_add(&h, "Host", "x");
+  size_t pad = ATTND_MAX_HEAD - h.bytes - strlen("X-Pad: \r\n") - 2;
+  memset(value, 'a', pad);
+  value[pad] = 0;
+  attnd_head at = h;
+  attnd_head_add(&at, "X-Pad", value);
+  cr_expect_eq(at.bytes + 2, (size_t)ATTND_MAX_HEAD);
+  cr_expect_eq(attnd_head_check(&at, "HTTP/1.1", msg, sizeof msg), 0, "at the limit: %s", msg);
+  value[pad] = 'a';
+  value[pad + 1] = 0;
+  attnd_head over = h;
+  attnd_head_add(&over, "X-Pad", value);
+  cr_expect_eq(attnd_head_check(&over, "HTTP/1.1", msg, sizeof msg), ATTND_EHEADERS_TOO_LARGE);
+  cr_expect(strstr(msg, "16385 bytes in 2 header fields") && strstr(msg, "at most 16384 bytes"),
+            "%s", msg);
+  free(value);
+  attnd_head many = {0};
+  for (int i = 0; i < ATTND_MAX_HEADERS; i++)
+    attnd_head_add(&many, i ? "X-A" : "Host", "1");
+  cr_expect_eq(attnd_head_check(&many, "HTTP/1.1", msg, sizeof msg), 0, "100 fields: %s", msg);
+  attnd_head_add(&many, "X-A", "1");
+  cr_expect_eq(attnd_head_check(&many, "HTTP/1.1", msg, sizeof msg), ATTND_EHEADERS_TOO_LARGE);
+  cr_expect(strstr(msg, "101 header fields") && strstr(msg, "at most 100 fields"), "%s", msg);
+}

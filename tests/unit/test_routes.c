@@ -240,3 +240,31 @@ Test(routes, the_metrics_series_are_the_tables_labels) {
   cr_expect_eq(attnd_route_labels(two, 2), n, "the count, past cap");
   cr_expect_str_eq(two[1], "/attention/backward");
 }
+
+/* Each route's series handle is its label's place in that list, so the
+ * metrics count it where counting by its label would. */
+Test(routes, series_handles_are_the_labels_places) {
+  const char *labels[ATTND_METRICS_MAX_ROUTES];
+  int n = attnd_route_labels(labels, ATTND_METRICS_MAX_ROUTES);
+  static const char *const paths[] = {"/attention",
+                                      "/attention/backward",
+                                      "/attention/plan",
+                                      "/healthz",
+                                      "/readyz",
+                                      "/metrics",
+                                      "/v1/info",
+                                      "/v2",
+                                      "/v2/health/live",
+                                      "/v2/models/attention/ready",
+                                      "/v2/models/attention/infer"};
+  for (size_t i = 0; i < sizeof paths / sizeof *paths; i++) {
+    const attnd_route *route = attnd_route_find(paths[i], NULL, NULL);
+    cr_assert_not_null(route, "%s", paths[i]);
+    int k = attnd_route_series(route);
+    cr_assert(k >= 0 && k < n, "%s: series %d", paths[i], k);
+    cr_expect_str_eq(labels[k], route->label, "%s", paths[i]);
+  }
+  const attnd_console_asset *asset;
+  cr_expect_eq(attnd_route_series(attnd_route_find("/", NULL, &asset)), -1, "the console's");
+  cr_expect_eq(attnd_route_series(NULL), -1);
+}

@@ -158,7 +158,8 @@ check_post() {
   [ "$code" = 200 ] || fail "POST /attention answered $code: $(cat "$tmp/post.out")"
 }
 
-model=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
+model="$(lscpu | sed -n 's/^Model name: *//p' | head -1) (family $(lscpu | sed -n \
+  's/^CPU family: *//p' | head -1), model $(lscpu | sed -n 's/^Model: *//p' | head -1))"
 echo "bench-http: $(date -u '+%Y-%m-%d %H:%M UTC'), $model, $(nproc) cores," \
   "load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "bench-http: $("$attnd" --version 2>&1 | head -1), $("$nginx" -v 2>&1 | sed 's/.*: //')," \

@@ -232,6 +232,9 @@ for ((i = 1; i <= uploads; i++)); do
   echo "upload $i: sink $s s, nginx $n s, attnd ${aw[-1]} s (compute $c ms)"
 done
 stop "$sink_pid"
+if grep -q 'buffered to a temporary file' "$tmp/nginx/error.log"; then
+  echo "bench-http: note: nginx wrote the body to a temporary file, not to memory" >&2
+fi
 sk_med=$(median "${sk[@]}")
 nx_med=$(median "${nx[@]}")
 an_med=$(median "${an[@]}")

@@ -312,23 +312,23 @@ fi
 
 # ---- the table
 echo
-printf '%-38s %16s   %-26s %7s  %s\n' "bench-http" attnd baseline ratio target
-printf '%-38s %10.0f req/s   nginx %14.0f req/s %6sx  >= 0.9x\n' \
+printf '%-38s %16s   %-29s %7s  %s\n' "bench-http" attnd baseline ratio target
+printf '%-38s %10.0f req/s   nginx %17.0f req/s %6sx  >= 0.9x\n' \
   "GET /healthz, wrk -t1 -c32" "$at_med" "$ng_med" "$(ratio "$at_med" "$ng_med")"
-printf '%-38s %10.0f req/s   nginx /healthz %5.0f req/s %6sx  >= 0.5x\n' \
+printf '%-38s %10.0f req/s   nginx /healthz %8.0f req/s %6sx  >= 0.5x\n' \
   "POST /attention 2x2 JSON, wrk -t1 -c4" "$po_med" "$ng_med" "$(ratio "$po_med" "$ng_med")"
-printf '%-38s %14.3f s   sink %17.3f s   %6sx  <= 1.2x\n' \
+printf '%-38s %14.3f s   sink %22.3f s %6sx  <= 1.2x\n' \
   "256 MiB upload, attnd less compute" "$an_med" "$sk_med" "$(ratio "$an_med" "$sk_med")"
-printf '%-38s %14.3f s   nginx %16.3f s   %6sx  <= 1x\n' \
+printf '%-38s %14.3f s   nginx %21.3f s %6sx  <= 1x\n' \
   "256 MiB upload, attnd less compute" "$an_med" "$nx_med" "$(ratio "$an_med" "$nx_med")"
 printf '%-38s %14.3f s   (of which compute %.1f ms)\n' \
   "256 MiB upload, attnd end to end" "$aw_med" "$ac_med"
 if [ ${#threads_rows[@]} -gt 0 ]; then
   for row in "${threads_rows[@]}"; do
     read -r t h p <<<"$row"
-    printf '%-38s %10.0f req/s   nginx %14.0f req/s %6sx  >= 0.9x\n' \
+    printf '%-38s %10.0f req/s   nginx %17.0f req/s %6sx  >= 0.9x\n' \
       "GET /healthz, --http-threads $t" "$h" "$ng_med" "$(ratio "$h" "$ng_med")"
-    printf '%-38s %10.0f req/s   nginx /healthz %5.0f req/s %6sx  >= 0.5x\n' \
+    printf '%-38s %10.0f req/s   nginx /healthz %8.0f req/s %6sx  >= 0.5x\n' \
       "POST 2x2 JSON, --http-threads $t" "$p" "$ng_med" "$(ratio "$p" "$ng_med")"
   done
 else

@@ -337,7 +337,7 @@ fi
 if [[ $ir_line == failed* ]]; then
   echo "GET /healthz instructions: $ir_line"
 elif [ -n "$ir_line" ]; then
-  printf '%-38s %10s Ir/request (callgrind, keep-alive, (Ir(2,000) - Ir(200)) / 1,800)\n' \
+  printf '%-38s %10s Ir/request   (callgrind: 2,000 keep-alive requests less 200)\n' \
     "GET /healthz instructions" "$ir_line"
 else
   echo "GET /healthz instructions: skipped: valgrind not installed"

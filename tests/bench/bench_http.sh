@@ -244,7 +244,8 @@ stop "$attnd_pid"
 
 # ---- 4. --http-threads
 threads_rows=()
-if "$attnd" --help 2>&1 | grep -q -- --http-threads; then
+help=$("$attnd" --help 2>&1 || true)
+if grep -q -- --http-threads <<<"$help"; then
   for t in 1 2; do
     start_attnd --http-threads "$t"
     check_post

@@ -13,6 +13,8 @@
 #   make bench-peers   attnd against PyTorch and numpy (not part of test; the
 #                      first run makes build/peers-venv from PyPI: torch, ~GBs)
 #   make bench-v2      perf_analyzer over /v2 beside attn load, same shape
+#   make bench-http    attnd's HTTP front against nginx and a socket sink in
+#                      the same run (/healthz, a tiny POST, a 256 MiB upload)
 #   make bench-peak    the machine's F32 FMA / VDPBF16PS / AMX peak GFLOP/s
 #   make bench-f16split  F16 products: F32 FMA against an exact hi/lo BF16 split
 #   make test-gpu      the CUDA tests (tests/gpu/; they say skipped without a GPU)
@@ -43,6 +45,9 @@ DEPS       = gcc make libc6-dev libcriterion-dev libcjson-dev clang libclang-rt-
              python3 python3-numpy python3-pytest python3-yaml python3-venv \
              libb64-0d chromium chromium-driver
 BENCH_DEPS = libopenblas-dev
+# make bench-http's baselines and load: nginx (its own config under build/, not
+# the system's), wrk, and valgrind for instructions per request.
+BENCH_HTTP_DEPS = nginx-light wrk valgrind
 # make test-image builds the CPU image's filesystem without a Docker engine.
 IMAGE_DEPS = debootstrap
 
@@ -222,8 +227,8 @@ CONSOLE_DEPS = $(wildcard server/console/index.html server/console/console.css \
 CONSOLE_OBJ = $(BUILD)/obj/gen/console_assets.o
 
 .PHONY: all deps bench-deps test test-gpu test-image bench bench-peak bench-f16split bench-peers \
-        bench-server bench-v2 bench-memory bench-idle bench-small fuzz fuzz-replay run format \
-        format-check clean FORCE
+        bench-server bench-v2 bench-http bench-memory bench-idle bench-small fuzz fuzz-replay run \
+        format format-check clean FORCE
 all: $(BUILD)/attn $(BUILD)/attnd
 
 # Expanded here, once: a target-specific CPPFLAGS (-Iclients on some
@@ -549,6 +554,14 @@ $(BUILD)/obj/tests/bench/server_bench.o: CPPFLAGS += -Iclients
 $(BUILD)/bench-server: $(BUILD)/obj/tests/bench/server_bench.o $(BUILD)/obj/clients/benchlib.o $(LIB)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
 
+# make bench-http's upload tools: the plain socket sink (the floor) and the
+# sender that times attnd and both baselines the same way.
+$(BUILD)/bench-http-sink: $(BUILD)/obj/tests/bench/http_sink.o
+	$(CC) $(ALL_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
+
+$(BUILD)/bench-http-send: $(BUILD)/obj/tests/bench/http_send.o
+	$(CC) $(ALL_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
+
 # Builds and serves on 127.0.0.1:8080 with the best backend found;
 # ATTND_FLAGS adds flags (the ATTND_* environment works too).
 run: deps
@@ -575,6 +588,14 @@ bench-peak: $(BUILD)/bench-peak
 # exact hi/lo BF16 split on VDPBF16PS, with their errors; one thread.
 bench-f16split: $(BUILD)/bench-f16split
 	$(BUILD)/bench-f16split
+
+# attnd's HTTP front against nginx and a plain socket sink, measured in the
+# same run (tests/bench/bench_http.sh; BENCH_HTTP_SECONDS, BENCH_HTTP_RUNS and
+# BENCH_HTTP_UPLOADS change it). Not part of make test.
+bench-http: deps
+	$(call install_missing,$(BENCH_HTTP_DEPS))
+	$(MAKE) --no-print-directory $(BUILD)/attnd $(BUILD)/bench-http-sink $(BUILD)/bench-http-send
+	tests/bench/bench_http.sh $(BUILD)
 
 # attnd under wrk against the engine alone (tests/bench/server_bench.c).
 bench-server: deps bench-deps

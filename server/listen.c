@@ -164,6 +164,13 @@ int attnd_http_start(attnd_server *s) {
     tls[3] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
   }
   unsigned limit = (unsigned)(s->max_connections + eviction_slack(s->max_connections));
+  /* --http-threads above 1: libmicrohttpd's thread pool, each thread with
+   * its own epoll, accepting in turn and polling the connections it
+   * accepted (its share of the limit); the registry and the rest of the
+   * front are shared and lock themselves. With 1, one polling thread. */
+  struct MHD_OptionItem pool[2] = {{MHD_OPTION_END, 0, NULL}, {MHD_OPTION_END, 0, NULL}};
+  if (c->http_threads > 1)
+    pool[0] = (struct MHD_OptionItem){MHD_OPTION_THREAD_POOL_SIZE, c->http_threads, NULL};
   /* The logger must come first, or libmicrohttpd prints its first notes
    * itself. */
   s->mhd = MHD_start_daemon(
@@ -173,7 +180,7 @@ int attnd_http_start(attnd_server *s) {
       MHD_OPTION_URI_LOG_CALLBACK, attnd_http_on_target, s, MHD_OPTION_UNESCAPE_CALLBACK,
       attnd_http_on_unescape, s, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)c->idle_timeout,
       MHD_OPTION_CONNECTION_LIMIT, limit, MHD_OPTION_CONNECTION_MEMORY_LIMIT, CONNECTION_MEMORY,
-      MHD_OPTION_ARRAY, tls, MHD_OPTION_END);
+      MHD_OPTION_ARRAY, tls, MHD_OPTION_ARRAY, pool, MHD_OPTION_END);
   if (!s->mhd) {
     fprintf(stderr, "attnd: cannot start the HTTP%s daemon on %s:%d\n", s->tls_cert_pem ? "S" : "",
             c->host, s->port);

@@ -166,11 +166,16 @@ int attnd_http_start(attnd_server *s) {
   unsigned limit = (unsigned)(s->max_connections + eviction_slack(s->max_connections));
   /* --http-threads above 1: libmicrohttpd's thread pool, each thread with
    * its own epoll, accepting in turn and polling the connections it
-   * accepted (its share of the limit); the registry and the rest of the
-   * front are shared and lock themselves. With 1, one polling thread. */
+   * accepted; the registry and the rest of the front are shared and lock
+   * themselves. With 1, one polling thread. The pool divides the limit
+   * among its threads, and a thread at its share would close what it
+   * accepts unseen by the registry, whose admission (and eviction) is the
+   * real limit: each thread gets all of it. */
   struct MHD_OptionItem pool[2] = {{MHD_OPTION_END, 0, NULL}, {MHD_OPTION_END, 0, NULL}};
-  if (c->http_threads > 1)
+  if (c->http_threads > 1) {
     pool[0] = (struct MHD_OptionItem){MHD_OPTION_THREAD_POOL_SIZE, c->http_threads, NULL};
+    limit *= (unsigned)c->http_threads;
+  }
   /* The logger must come first, or libmicrohttpd prints its first notes
    * itself. */
   s->mhd = MHD_start_daemon(
@@ -191,10 +196,20 @@ int attnd_http_start(attnd_server *s) {
   return 0;
 }
 
+/*
+ * A drain stops accepting. libmicrohttpd hands the listening socket back,
+ * but its polling threads may still be using it (an accept or an epoll_ctl
+ * under way): it must stay open until MHD_stop_daemon has joined them, or
+ * its number could be reused by a connection meanwhile. shutdown() stops
+ * the listener at once: new connections are refused, and those in the
+ * backlog are reset.
+ */
 static void quiesce(attnd_server *s) {
   MHD_socket fd = MHD_quiesce_daemon(s->mhd);
-  if (fd != MHD_INVALID_SOCKET)
-    close(fd);
+  if (fd == MHD_INVALID_SOCKET)
+    return;
+  shutdown(fd, SHUT_RDWR);
+  s->quiesced = true;
 }
 
 void attnd_http_stop(attnd_server *s) {
@@ -203,6 +218,8 @@ void attnd_http_stop(attnd_server *s) {
   atomic_store(&s->stopping, true);
   MHD_stop_daemon(s->mhd);
   s->mhd = NULL;
+  if (s->quiesced) /* handed back by the drain: ours to close */
+    close(s->listen_fd);
   attnd_conns_destroy(&s->conns);
 }
 

@@ -72,6 +72,7 @@ typedef struct attnd_server {
 
   /* The HTTP front's. */
   struct MHD_Daemon *mhd;
+  bool quiesced;       /* a drain took listen_fd back from libmicrohttpd (loop thread) */
   attnd_conns conns;   /* open connections, their deadlines and eviction; locks itself */
   attnd_reqid_gen ids; /* made request ids */
 

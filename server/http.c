@@ -2,7 +2,8 @@
  * http.c — a request's way through the HTTP front on libmicrohttpd
  * (http.h).
  *
- * Runs on libmicrohttpd's one polling thread and never computes. The first
+ * Runs on libmicrohttpd's polling threads (--http-threads; a request
+ * stays on its connection's) and never computes. The first
  * callback of a request checks its head (parse.h), routes it (routes.h) and
  * decides what it can at once: the GET endpoints (all cheap) and 404/405
  * are answered when the request is complete, which keeps the connection

@@ -254,8 +254,8 @@ static int apply_http_threads(attnd_config *c, const char *what, const char *v) 
     return 0;
   }
   cpu_set_t set;
-  long n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set)
-                                                        : sysconf(_SC_NPROCESSORS_ONLN);
+  long n =
+      sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : sysconf(_SC_NPROCESSORS_ONLN);
   c->http_threads = n >= 4 ? (int)(n / 2 < 256 ? n / 2 : 256) : 1;
   return 0;
 }

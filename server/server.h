@@ -5,7 +5,8 @@
  * Threads: libmicrohttpd's polling threads (--http-threads; a connection
  * stays on the one that accepted it) run the HTTP front (http.c and the
  * files beside it: parsing, the cheap GET endpoints, body intake) and
- * never compute; what they share below locks itself or is atomic; the libuv loop on the main thread runs loop.c
+ * never compute; what they share below locks itself or is atomic. The
+ * libuv loop on the main thread runs loop.c
  * (admission, the bounded queue, dispatch, completion, signals), which
  * reaches a connection only through the transport below; libuv's
  * threadpool decodes and submits to the engine, and later encodes; the

@@ -71,9 +71,8 @@ static bool post_small(client *c, void *h, int round, bool upload) {
   bool st = upload || round % 2;
   size_t len;
   char *b = st ? st_body(&tc, 4, NULL, &len) : json_body(&tc, 4, NULL, &len);
-  const char *hdrs[] = {st ? "Content-Type: application/octet-stream"
-                           : "Content-Type: application/json",
-                        NULL};
+  const char *hdrs[] = {
+      st ? "Content-Type: application/octet-stream" : "Content-Type: application/json", NULL};
   http_req rq = {.method = "POST",
                  .path = "/attention",
                  .headers = hdrs,

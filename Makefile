@@ -186,6 +186,9 @@ SRVTEST_BIN = $(BUILD)/tests/server
 ifeq ($(TSAN),1)
 SRVTEST_RUN  = $(BUILD)/plain/tests/server
 UNIT_RUN     =
+# tells the plain driver its servers are sanitized (test_json_memory.c
+# skips its RSS bounds)
+TSAN_TEST_ENV = ATTND_TEST_SANITIZER=thread
 else
 SRVTEST_RUN  = $(SRVTEST_BIN)
 UNIT_RUN     = $(TEST_BIN)
@@ -521,7 +524,7 @@ test: deps
 	  "run under ThreadSanitizer, Snaipe/Criterion#274; the server suites drive the sanitized" \
 	  "attnd)" > $(BUILD)/test-unit.log; fi & unit=$$!; rc=0; \
 	if [ -n "$(SRVTEST_SRC)" ]; then set -o pipefail; \
-	  ATTN_BIN=$(BUILD)/attn ATTND_BIN=$(BUILD)/attnd $(SRVTEST_RUN) --jobs 1 2>&1 | \
+	  ATTN_BIN=$(BUILD)/attn ATTND_BIN=$(BUILD)/attnd $(TSAN_TEST_ENV) $(SRVTEST_RUN) --jobs 1 2>&1 | \
 	    tee $(BUILD)/test-server.log || rc=1; else : > $(BUILD)/test-server.log; fi; \
 	wait $$unit || rc=1; cat $(BUILD)/test-unit.log; \
 	cat $(BUILD)/test-unit.log $(BUILD)/test-server.log > $(BUILD)/test.log; exit $$rc

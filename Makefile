@@ -187,11 +187,14 @@ ifeq ($(TSAN),1)
 SRVTEST_RUN  = $(BUILD)/plain/tests/server
 UNIT_RUN     =
 # tells the plain driver its servers are sanitized (test_json_memory.c
-# skips its RSS bounds)
+# skips its RSS bounds); a sanitized attnd takes longer to start
 TSAN_TEST_ENV = ATTND_TEST_SANITIZER=thread
+export ATTND_START_TIMEOUT ?= 60
+TEST_VENV_STAMP =
 else
 SRVTEST_RUN  = $(SRVTEST_BIN)
 UNIT_RUN     = $(TEST_BIN)
+TEST_VENV_STAMP = $(TEST_VENV)/.stamp
 endif
 
 # GPU tests and benchmark (tests/gpu/): built in every build; without CUDA
@@ -514,7 +517,7 @@ TEST_JOBS = $$(case " $(MAKEFLAGS) " in *" -j"*) ;; *) echo -j$$(nproc 2>/dev/nu
 
 test: deps
 	$(MAKE) --no-print-directory $(TEST_JOBS) $(BUILD)/attn $(BUILD)/attnd $(UNIT_RUN) \
-	  $(if $(SRVTEST_SRC),$(SRVTEST_RUN) $(HOLD_BIN)) $(GPUTEST_BIN) $(CUDAMOCK_BIN) $(TEST_VENV)/.stamp \
+	  $(if $(SRVTEST_SRC),$(SRVTEST_RUN) $(HOLD_BIN)) $(GPUTEST_BIN) $(CUDAMOCK_BIN) $(TEST_VENV_STAMP) \
 	  $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz_%)
 	@# The unit tests run beside the server tests: the one is CPU work, the
 	@# other mostly waits on sockets, and no test measures time. The unit log

@@ -592,6 +592,7 @@ Test(server, auto_without_a_device_says_it_uses_the_cpu) {
   cr_expect(listed, "/v1/info does not list the cuda backend");
   cJSON_Delete(j);
   http_res_free(&rs);
+  srv_wait_log(&S, "using the CPU", 30); /* the startup line may follow the first reply */
   char *log = srv_log(&S);
   cr_expect(log && strstr(log, "using the CPU"), "startup log: %s", log);
   free(log);
@@ -666,6 +667,8 @@ Test(server, env_fallbacks) {
  * it, and requests are computed with it. generic runs on every CPU. */
 Test(server, isa_flag_names_the_kernel_everywhere, .fini = teardown) {
   srv_start(&S, "--isa", "generic", "--threads", "1", NULL);
+  /* the startup line may come just after /healthz first answers */
+  srv_wait_log(&S, "generic kernel", 30);
   char *log = srv_log(&S);
   cr_expect(strstr(log, "generic kernel"), "startup line: %s", log);
   free(log);

@@ -524,7 +524,7 @@ test: deps
 	@# is printed when both are done.
 	@if [ -n "$(UNIT_RUN)" ]; then ATTN_BIN=$(BUILD)/attn $(UNIT_RUN) --jobs 1 \
 	  > $(BUILD)/test-unit.log 2>&1; else echo "tests/unit: skipped: TSAN=1 (Criterion cannot" \
-	  "run under ThreadSanitizer, Snaipe/Criterion#274; the server suites drive the sanitized" \
+	  "run in a TSan process, Snaipe/Criterion#274; the server suites drive the sanitized" \
 	  "attnd)" > $(BUILD)/test-unit.log; fi & unit=$$!; rc=0; \
 	if [ -n "$(SRVTEST_SRC)" ]; then set -o pipefail; \
 	  ATTN_BIN=$(BUILD)/attn ATTND_BIN=$(BUILD)/attnd $(TSAN_TEST_ENV) $(SRVTEST_RUN) --jobs 1 2>&1 | \

@@ -10,12 +10,15 @@
  * environment names (ATTND_ and the name in capitals, '-' as '_') and the
  * defaults are all made from it, so a new flag is one row.
  */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "config.h"
 #include "engine.h"
 #include "tls.h"
 
 #include <errno.h>
 #include <getopt.h>
+#include <sched.h>
+#include <unistd.h>
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -238,6 +241,24 @@ static int apply_max_body(attnd_config *c, const char *what, const char *v) {
 static int apply_threads(attnd_config *c, const char *what, const char *v) {
   return parse_int(what, v, 0, 1024, &c->threads);
 }
+/* The HTTP front's polling threads: "auto" is one per two cores this
+ * process may run on (its CPU affinity), at least 1. */
+static int apply_http_threads(attnd_config *c, const char *what, const char *v) {
+  if (strcmp(v, "auto")) {
+    char *end;
+    errno = 0;
+    long n = strtol(v, &end, 10);
+    if (!*v || *end || errno || n < 1 || n > 256)
+      return bad(what, v, "auto or an integer from 1 to 256 (HTTP threads)");
+    c->http_threads = (int)n;
+    return 0;
+  }
+  cpu_set_t set;
+  long n =
+      sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : sysconf(_SC_NPROCESSORS_ONLN);
+  c->http_threads = n >= 4 ? (int)(n / 2 < 256 ? n / 2 : 256) : 1;
+  return 0;
+}
 static int apply_streams(attnd_config *c, const char *what, const char *v) {
   return parse_int(what, v, 1, 64, &c->streams);
 }
@@ -307,6 +328,10 @@ static const flag flags[] = {
     {"listen", "HOST:PORT", "127.0.0.1:8080", "address to serve", apply_listen},
     {"backend", "NAME", "auto", "auto, cpu or cuda", apply_backend},
     {"threads", "N", "0", "CPU engine threads, 0 = one per core", apply_threads},
+    {"http-threads", "N|auto", "auto",
+     "HTTP threads polling the connections (libmicrohttpd's thread pool); auto = one per two "
+     "cores, at least 1",
+     apply_http_threads},
     {"isa", "NAME", "auto",
      "CPU kernel: auto (the best this CPU runs), amx, avx512bf16, avx512, avx2 or generic",
      apply_isa},

@@ -14,6 +14,7 @@ typedef struct attnd_config {
   int port;
   char backend[16];    /* auto, cpu, cuda */
   int threads;         /* 0: one per core */
+  int http_threads;    /* libmicrohttpd's polling threads (its thread pool when > 1) */
   char isa[16];        /* CPU kernel: auto, amx, avx512bf16, avx512, avx2, generic */
   int streams;         /* CUDA streams per device */
   char devices[128];   /* CUDA device numbers, "0,1" */

@@ -2,7 +2,8 @@
  * http.c — a request's way through the HTTP front on libmicrohttpd
  * (http.h).
  *
- * Runs on libmicrohttpd's one polling thread and never computes. The first
+ * Runs on libmicrohttpd's polling threads (--http-threads; a request
+ * stays on its connection's) and never computes. The first
  * callback of a request checks its head (parse.h), routes it (routes.h) and
  * decides what it can at once: the GET endpoints (all cheap) and 404/405
  * are answered when the request is complete, which keeps the connection
@@ -347,12 +348,14 @@ void attnd_http_on_completed(void *cls, struct MHD_Connection *conn, void **con_
     return;
   if (!r->queued) /* the client left before a reply */
     attnd_mhd_unanswered(s, r, why);
-  attnd_log_ended(s, r);
-  if (r->link) {
-    r->link->req = NULL;
-    attnd_conns_set(&s->conns, r->link, ATTND_CONN_IDLE, attn_now());
-    r->link = NULL;
+  /* idle before the log line, which tests wait for */
+  attnd_conn *link = r->link;
+  if (link) {
+    link->req = NULL;
+    attnd_conns_set(&s->conns, link, ATTND_CONN_IDLE, attn_now());
   }
+  attnd_log_ended(s, r);
+  r->link = NULL;
   attnd_upload_end(r);
   if (r->submitted)
     atomic_fetch_sub(&s->replying, 1);

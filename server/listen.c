@@ -11,6 +11,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -105,8 +106,10 @@ static int bind_listen(attnd_server *s) {
 }
 
 /* Descriptors attnd needs besides its connections: stdio, the listening
- * socket, epoll, libuv's and the engine's wake-ups, a GPU driver's. */
+ * socket, epoll, libuv's and the engine's wake-ups, a GPU driver's; and
+ * each polling thread of a pool its epoll and its wake-up (an eventfd). */
 #define RESERVED_FDS 32
+static int pool_fds(const attnd_config *c) { return c->http_threads > 1 ? 2 * c->http_threads : 0; }
 
 /* Connections the registry has shut down and libmicrohttpd has not yet
  * closed still count against libmicrohttpd's own limit: it is set this much
@@ -120,7 +123,7 @@ static int eviction_slack(int max) { return max / 8 > 8 ? max / 8 : 8; }
  */
 static void fit_open_files(attnd_server *s) {
   int max = s->cfg->max_connections;
-  rlim_t need = (rlim_t)max + (rlim_t)eviction_slack(max) + RESERVED_FDS;
+  rlim_t need = (rlim_t)max + (rlim_t)eviction_slack(max) + RESERVED_FDS + pool_fds(s->cfg);
   struct rlimit rl;
   s->max_connections = max;
   if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur >= need)
@@ -132,7 +135,7 @@ static void fit_open_files(attnd_server *s) {
   want.rlim_cur = rl.rlim_max;
   setrlimit(RLIMIT_NOFILE, &want);
   getrlimit(RLIMIT_NOFILE, &rl);
-  long room = (long)rl.rlim_cur - RESERVED_FDS;
+  long room = (long)rl.rlim_cur - RESERVED_FDS - pool_fds(s->cfg);
   int fit = room > 9 ? (int)(room * 8 / 9) : 1;
   if (fit < max)
     s->max_connections = fit;
@@ -169,6 +172,27 @@ int attnd_http_start(attnd_server *s) {
     tls[3] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
   }
   unsigned limit = (unsigned)(s->max_connections + eviction_slack(s->max_connections));
+  /* --http-threads above 1: libmicrohttpd's thread pool, each thread with
+   * its own epoll, accepting in turn and polling the connections it
+   * accepted; the registry and the rest of the front are shared and lock
+   * themselves. With 1, one polling thread. The pool divides the limit
+   * among its threads, and a thread at its share would close what it
+   * accepts unseen by the registry, whose admission (and eviction) is the
+   * real limit: each thread gets all of it, as far as the open-file limit
+   * allows (libmicrohttpd's limit keeps connections the registry shut down,
+   * not yet closed, from running out of descriptors). */
+  struct MHD_OptionItem pool[2] = {{MHD_OPTION_END, 0, NULL}, {MHD_OPTION_END, 0, NULL}};
+  if (c->http_threads > 1) {
+    pool[0] = (struct MHD_OptionItem){MHD_OPTION_THREAD_POOL_SIZE, c->http_threads, NULL};
+    struct rlimit rl;
+    unsigned fds = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < (rlim_t)UINT_MAX
+                       ? (unsigned)rl.rlim_cur
+                       : UINT_MAX;
+    unsigned room =
+        fds > RESERVED_FDS + (unsigned)pool_fds(c) ? fds - RESERVED_FDS - (unsigned)pool_fds(c) : 0;
+    unsigned all = limit * (unsigned)c->http_threads;
+    limit = all < room ? all : room > limit ? room : limit;
+  }
   /* The logger must come first, or libmicrohttpd prints its first notes
    * itself. */
   s->mhd = MHD_start_daemon(
@@ -178,7 +202,7 @@ int attnd_http_start(attnd_server *s) {
       MHD_OPTION_URI_LOG_CALLBACK, attnd_http_on_target, s, MHD_OPTION_UNESCAPE_CALLBACK,
       attnd_http_on_unescape, s, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)c->idle_timeout,
       MHD_OPTION_CONNECTION_LIMIT, limit, MHD_OPTION_CONNECTION_MEMORY_LIMIT, CONNECTION_MEMORY,
-      MHD_OPTION_ARRAY, tls, MHD_OPTION_END);
+      MHD_OPTION_ARRAY, tls, MHD_OPTION_ARRAY, pool, MHD_OPTION_END);
   if (!s->mhd) {
     fprintf(stderr, "attnd: cannot start the HTTP%s daemon on %s:%d\n", s->tls_cert_pem ? "S" : "",
             c->host, s->port);
@@ -189,10 +213,20 @@ int attnd_http_start(attnd_server *s) {
   return 0;
 }
 
+/*
+ * A drain stops accepting. libmicrohttpd hands the listening socket back,
+ * but its polling threads may still be using it (an accept or an epoll_ctl
+ * under way): it must stay open until MHD_stop_daemon has joined them, or
+ * its number could be reused by a connection meanwhile. shutdown() stops
+ * the listener at once: new connections are refused, and those in the
+ * backlog are reset.
+ */
 static void quiesce(attnd_server *s) {
   MHD_socket fd = MHD_quiesce_daemon(s->mhd);
-  if (fd != MHD_INVALID_SOCKET)
-    close(fd);
+  if (fd == MHD_INVALID_SOCKET)
+    return;
+  shutdown(fd, SHUT_RDWR);
+  s->quiesced = true;
 }
 
 void attnd_http_stop(attnd_server *s) {
@@ -201,6 +235,8 @@ void attnd_http_stop(attnd_server *s) {
   atomic_store(&s->stopping, true);
   MHD_stop_daemon(s->mhd);
   s->mhd = NULL;
+  if (s->quiesced) /* handed back by the drain: ours to close */
+    close(s->listen_fd);
   attnd_conns_destroy(&s->conns);
 }
 

@@ -79,14 +79,14 @@ static void ignore_reload_signals(void) {
  * on (never the key itself). */
 static void say_listening(attnd_server *s) {
   const attnd_config *c = s->cfg;
-  char line[600];
+  char line[800];
   snprintf(line, sizeof line,
            "attnd %s: listening on %s://%s:%d, backend %s%s, max body %llu bytes, max queue "
-           "%d%s%s%s",
+           "%d, %d HTTP thread%s%s%s%s",
            ATTN_VERSION, s->tls_cert_pem ? "https" : "http", c->host, s->port, s->engine_detail,
-           s->backend_note, (unsigned long long)c->max_body, c->max_queue,
-           *c->api_key ? ", API key required" : "", *c->cors_origin ? ", CORS origin " : "",
-           c->cors_origin);
+           s->backend_note, (unsigned long long)c->max_body, c->max_queue, c->http_threads,
+           c->http_threads == 1 ? "" : "s", *c->api_key ? ", API key required" : "",
+           *c->cors_origin ? ", CORS origin " : "", c->cors_origin);
   if (c->log_json)
     attnd_log_note(s, ATTND_INFO, NULL, NULL, "%s", line);
   else

@@ -2,9 +2,11 @@
  * server.h — the state one attnd process serves from, and its readiness
  * (server.c).
  *
- * Threads: libmicrohttpd's polling thread runs the HTTP front (http.c and
- * the files beside it: parsing, the cheap GET endpoints, body intake) and
- * never computes; the libuv loop on the main thread runs loop.c
+ * Threads: libmicrohttpd's polling threads (--http-threads; a connection
+ * stays on the one that accepted it) run the HTTP front (http.c and the
+ * files beside it: parsing, the cheap GET endpoints, body intake) and
+ * never compute; what they share below locks itself or is atomic. The
+ * libuv loop on the main thread runs loop.c
  * (admission, the bounded queue, dispatch, completion, signals), which
  * reaches a connection only through the transport below; libuv's
  * threadpool decodes and submits to the engine, and later encodes; the
@@ -73,8 +75,9 @@ typedef struct attnd_server {
 
   /* The HTTP front's. */
   struct MHD_Daemon *mhd;
+  bool quiesced;       /* a drain took listen_fd back from libmicrohttpd (loop thread) */
   attnd_conns conns;   /* open connections, their deadlines and eviction; locks itself */
-  attnd_reqid_gen ids; /* made request ids */
+  attnd_reqid_gen ids; /* made request ids (an atomic counter: any HTTP thread) */
 
   /* The loop thread's. */
   uv_loop_t loop;

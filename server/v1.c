@@ -79,8 +79,10 @@ void attnd_v1_info(attnd_req *r) {
                    s->client_cap == INT_MAX ? 0 : s->client_cap, (unsigned long long)c->max_pairs,
                    cuda);
   attn_sbuf_json_str(&b, __VERSION__);
-  attn_sbuf_printf(&b, ", \"threads\": %d}, \"security\": {\"api_key\": %s, \"tls\": %s, ",
-                   attn_engine_threads(s->engine), *c->api_key ? "true" : "false",
+  attn_sbuf_printf(&b,
+                   ", \"threads\": %d, \"http_threads\": %d}, \"security\": {\"api_key\": %s, "
+                   "\"tls\": %s, ",
+                   attn_engine_threads(s->engine), c->http_threads, *c->api_key ? "true" : "false",
                    s->tls_cert_pem ? "true" : "false");
   attn_sbuf_puts(&b, "\"cors_origin\": ");
   if (*c->cors_origin)

@@ -107,7 +107,13 @@ static pid_t spawn(const char *bin, const char *const *args, const char *const *
     dup2(z, 0);
     dup2(o, 1);
     dup2(e, 2);
-    /* Nothing of the test's environment leaks into the server's flags. */
+    /* Nothing of the test's environment leaks into the server's flags but
+     * ATTND_HTTP_THREADS: a whole suite run with several HTTP threads
+     * (make test TSAN=1 with ATTND_HTTP_THREADS=4); a test's own env wins. */
+    const char *ht = getenv("ATTND_HTTP_THREADS");
+    char http_threads[64] = "";
+    if (ht && *ht)
+      snprintf(http_threads, sizeof http_threads, "%s", ht);
     for (char **p = environ; *p;) {
       if (!strncmp(*p, "ATTND_", 6)) {
         char name[128];
@@ -122,6 +128,8 @@ static pid_t spawn(const char *bin, const char *const *args, const char *const *
         p++;
       }
     }
+    if (*http_threads)
+      setenv("ATTND_HTTP_THREADS", http_threads, 1);
     for (int i = 0; env && env[i]; i++)
       putenv((char *)(uintptr_t)env[i]);
     signal(SIGPIPE, SIG_DFL);

@@ -4,7 +4,9 @@
  * killed with the test process whatever ends it.
  *
  * The server binary is $ATTND_BIN (default build/attnd). $ATTND_START_TIMEOUT
- * (seconds, default 10) bounds the wait for /healthz after a start.
+ * (seconds, default 10) bounds the wait for /healthz after a start. The
+ * server gets none of the test's ATTND_* variables but ATTND_HTTP_THREADS,
+ * so that a whole suite can run with several HTTP threads.
  */
 #ifndef ATTND_TEST_HARNESS_PROC_H
 #define ATTND_TEST_HARNESS_PROC_H

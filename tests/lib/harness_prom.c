@@ -116,6 +116,11 @@ bool srv_wait_metric_le(const srv *s, const char *name, const char *const *label
   return wait_metric_cmp(s, name, labels, want, false, timeout_s);
 }
 
+double srv_metric_reach(const srv *s, const char *name, const char *const *labels, double want) {
+  srv_wait_metric_ge(s, name, labels, want, 60);
+  return srv_metric(s, name, labels);
+}
+
 int srv_jobs(const srv *s) {
   double q = srv_metric(s, "attnd_queue_depth", NULL);
   double f = srv_metric(s, "attnd_inflight", NULL);

@@ -27,6 +27,11 @@ bool srv_wait_metric_ge(const srv *s, const char *name, const char *const *label
                         double timeout_s);
 bool srv_wait_metric_le(const srv *s, const char *name, const char *const *labels, double want,
                         double timeout_s);
+/* The metric once it reaches want (or after 60 s), for a check that it is
+ * exactly want: a request is counted when it ends, which with several HTTP
+ * threads may come after its reply reached the client and after another
+ * thread answered a GET /metrics. */
+double srv_metric_reach(const srv *s, const char *name, const char *const *labels, double want);
 /* attnd_queue_depth + attnd_inflight, or -1. */
 int srv_jobs(const srv *s);
 /* Poll until srv_jobs is >= want (at_least) or <= want; false after timeout_s. */

@@ -87,6 +87,8 @@ Test(api_key, api_key_required_except_probes) {
   cr_expect_eq(prom_sum(r.body, "attnd_errors_total", ul, NULL), 8, "401s counted by code");
   http_res_free(&r);
   cr_expect(srv_wait_log(&S, "GET /metrics 200", 10), "no log line for /metrics");
+  /* each request is logged as it ends, in any order across HTTP threads */
+  srv_wait_log(&S, "GET /v1/info 401", 10);
   char *log = srv_log(&S);
   cr_expect(!strstr(log, KEY), "the key in the log:\n%s", log);
   cr_expect(strstr(log, "GET /v1/info 401"), "401s logged:\n%s", log);

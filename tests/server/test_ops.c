@@ -22,6 +22,9 @@ Test(ops, metrics_build_info_and_errors_by_code) {
   http_call(&S, "POST", "/attention", (const char *[]){JSON_CT, "Content-Encoding: gzip", NULL},
             "xx", 2, &r);
   http_res_free(&r);
+  /* counted as it ends, which may come after the client read the reply */
+  const char *rl[] = {"path=/attention", "code=400", NULL};
+  srv_wait_metric_ge(&S, "attnd_requests_total", rl, 1, 60);
   http_call(&S, "GET", "/metrics", NULL, NULL, 0, &r);
 #ifdef ATTN_HAVE_CUDA
   const char *bl[] = {"backends=cuda,cpu,reference", NULL}; /* compiled in, device or not */
@@ -34,7 +37,6 @@ Test(ops, metrics_build_info_and_errors_by_code) {
   cr_expect(strstr(r.body, "attnd_build_info{version=\""), "version label");
   const char *el[] = {"code=bad_request", NULL};
   cr_expect_eq(prom_sum(r.body, "attnd_errors_total", el, NULL), 1, "bad gzip counted");
-  const char *rl[] = {"path=/attention", "code=400", NULL};
   cr_expect_eq(prom_sum(r.body, "attnd_requests_total", rl, NULL), 1);
   cr_expect(!strstr(r.body, "model=\""), "no model label on /attention:\n%s", r.body);
   http_res_free(&r);

@@ -85,6 +85,8 @@ Test(request_ids, request_id_echoed_or_made) {
   tcase_free(&c);
 
   cr_expect(srv_wait_log(&S, " id=job-7\n", 10), "no log line with the POST's id");
+  /* each request is logged as it ends, in any order across HTTP threads */
+  srv_wait_log(&S, " id=trace-42.a_b\n", 10);
   char *log = srv_log(&S);
   cr_expect(strstr(log, "GET /healthz 200") && strstr(log, " id=trace-42.a_b\n"),
             "the id in the log line:\n%s", log);

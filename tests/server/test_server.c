@@ -362,6 +362,16 @@ Test(server, metrics_after_requests) {
   http_get(&S, "/no-such-path-xyzzy", &r);
   cr_expect_eq(r.status, 404);
   http_res_free(&r);
+  /* A request is counted as it ends, which with several HTTP threads may
+   * come after its client read the reply: wait for each count first. */
+  const char *info200[] = {"path=/v1/info", "code=200", NULL};
+  const char *att200[] = {"path=/attention", "code=200", NULL};
+  const char *att422[] = {"path=/attention", "code=422", NULL};
+  const char *other[] = {"code=404", NULL};
+  srv_wait_metric_ge(&S, "attnd_requests_total", info200, 3, 60);
+  srv_wait_metric_ge(&S, "attnd_requests_total", att200, 1, 60);
+  srv_wait_metric_ge(&S, "attnd_requests_total", att422, 1, 60);
+  srv_wait_metric_ge(&S, "attnd_requests_total", other, 1, 60);
 
   http_get(&S, "/metrics", &r);
   cr_assert_eq(r.status, 200, "/metrics status %ld", r.status);
@@ -371,19 +381,15 @@ Test(server, metrics_after_requests) {
             ct);
   const char *t = r.body;
   int n;
-  const char *info200[] = {"path=/v1/info", "code=200", NULL};
   cr_expect_eq(prom_sum(t, "attnd_requests_total", info200, &n), 3,
                "attnd_requests_total{path=\"/v1/info\",code=\"200\"} is %g (%d samples)",
                prom_sum(t, "attnd_requests_total", info200, NULL), n);
-  const char *att200[] = {"path=/attention", "code=200", NULL};
   cr_expect_eq(prom_sum(t, "attnd_requests_total", att200, NULL), 1, "attention 200 count %g",
                prom_sum(t, "attnd_requests_total", att200, NULL));
-  const char *att422[] = {"path=/attention", "code=422", NULL};
   cr_expect_eq(prom_sum(t, "attnd_requests_total", att422, NULL), 1, "attention 422 count %g",
                prom_sum(t, "attnd_requests_total", att422, NULL));
   const char *health[] = {"path=/healthz", "code=200", NULL};
   cr_expect_geq(prom_sum(t, "attnd_requests_total", health, NULL), 1, "healthz count");
-  const char *other[] = {"code=404", NULL};
   cr_expect_geq(prom_sum(t, "attnd_requests_total", other, NULL), 1, "404 count");
   cr_expect(!strstr(t, "xyzzy"), "an unknown path became a label value (unbounded series)");
   cr_expect(strstr(t, "# TYPE attnd_requests_total counter") != NULL, "no TYPE for requests_total");
@@ -525,6 +531,9 @@ Test(server, bad_flags_exit_2_with_one_line) {
       {"--devices", "-1", NULL},
       {"--devices", "", NULL},
       {"--streams", "0", NULL},
+      {"--http-threads", "0", NULL},
+      {"--http-threads", "many", NULL},
+      {"--http-threads", "", NULL},
       {"--gpu-self-check", "maybe", NULL},
       {"--max-connections", "", NULL},
       {"--isa", "mmx", NULL},
@@ -586,6 +595,7 @@ Test(server, auto_without_a_device_says_it_uses_the_cpu) {
   cr_expect(listed, "/v1/info does not list the cuda backend");
   cJSON_Delete(j);
   http_res_free(&rs);
+  srv_wait_log(&S, "using the CPU", 30); /* the startup line may follow the first reply */
   char *log = srv_log(&S);
   cr_expect(log && strstr(log, "using the CPU"), "startup log: %s", log);
   free(log);
@@ -660,6 +670,8 @@ Test(server, env_fallbacks) {
  * it, and requests are computed with it. generic runs on every CPU. */
 Test(server, isa_flag_names_the_kernel_everywhere, .fini = teardown) {
   srv_start(&S, "--isa", "generic", "--threads", "1", NULL);
+  /* the startup line may come just after /healthz first answers */
+  srv_wait_log(&S, "generic kernel", 30);
   char *log = srv_log(&S);
   cr_expect(strstr(log, "generic kernel"), "startup line: %s", log);
   free(log);

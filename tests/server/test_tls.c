@@ -144,6 +144,7 @@ Test(tls, tls_round_trip) {
   http_get(&S, "/healthz", &r);
   cr_expect_neq(r.status, 200, "plain HTTP answered on the HTTPS port");
   http_res_free(&r);
+  srv_wait_log(&S, "listening on https://", 30); /* may follow the first reply */
   char *log = srv_log(&S);
   cr_expect(strstr(log, "listening on https://"), "%s", log);
   free(log);

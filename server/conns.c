@@ -161,12 +161,16 @@ static bool evict_upload_for(attnd_conns *c, const char *client, double now) {
 
 bool attnd_conns_admit(attnd_conns *c, const char *client, double now) {
   pthread_mutex_lock(&c->mu);
-  bool ok =
-      c->open - c->closing < c->max || evict_oldest(c, NULL) || evict_upload_for(c, client, now);
+  bool ok = c->open - c->closing + c->pending < c->max || evict_oldest(c, NULL) ||
+            evict_upload_for(c, client, now);
   if (ok && c->per_client > 0 && live_of(c, client) >= c->per_client)
     ok = evict_oldest(c, client);
-  if (!ok)
+  if (ok) {
+    c->pending++;
+    c->pending_at = now;
+  } else {
     c->closed[ATTND_CLOSE_REFUSED]++;
+  }
   pthread_mutex_unlock(&c->mu);
   return ok;
 }
@@ -182,6 +186,8 @@ attnd_conn *attnd_conns_open(attnd_conns *c, int fd, const char *client, double 
   pthread_mutex_lock(&c->mu);
   append(c, k);
   c->open++;
+  if (c->pending > 0) /* the place its admission held */
+    c->pending--;
   pthread_mutex_unlock(&c->mu);
   return k;
 }
@@ -307,9 +313,15 @@ static attnd_conn_reason verdict(const attnd_conns *c, attnd_conn *k, double now
   return k->state == ATTND_CONN_IDLE ? ATTND_CLOSE_IDLE_TIMEOUT : ATTND_CLOSE_HEADER_TIMEOUT;
 }
 
+/* Places held longer than this were never taken: libmicrohttpd registers
+ * an admitted connection at once, on the thread that admitted it. */
+#define PENDING_LAPSE 1.0
+
 int attnd_conns_sweep(attnd_conns *c, double now) {
   int n = 0;
   pthread_mutex_lock(&c->mu);
+  if (c->pending > 0 && now - c->pending_at > PENDING_LAPSE)
+    c->pending = 0;
   for (attnd_conn *k = c->head; k; k = k->next) {
     attnd_conn_reason why = k->closing ? ATTND_CLOSE_REASONS : verdict(c, k, now);
     if (why == ATTND_CLOSE_REASONS)

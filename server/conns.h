@@ -100,6 +100,12 @@ typedef struct attnd_conns {
   attnd_conn *head, *tail; /* in order of `since`, oldest first */
   int open;                /* registered, closing ones included */
   int closing;
+  /* Admitted and not yet registered: several polling threads accept at
+   * once, and each admission must count the ones before it. Reservations
+   * libmicrohttpd never registers (it refused the connection after all)
+   * lapse at the sweep once the last one is a second old. */
+  int pending;
+  double pending_at;
   int max;        /* open and not closing, at most */
   int per_client; /* of one address, at most */
   double header_timeout, idle_timeout;
@@ -117,8 +123,9 @@ void attnd_conns_destroy(attnd_conns *c);
 void attnd_conns_uploads(attnd_conns *c, double min_rate, attnd_conn_cut_fn cut, void *ctx);
 
 /* Before accepting a connection from client: makes room by closing the
- * oldest connections that are not busy; false when there is none to close
- * (the caller refuses the connection). */
+ * oldest connections that are not busy, and holds a place for it until
+ * attnd_conns_open(); false when there is none to close (the caller
+ * refuses the connection). */
 bool attnd_conns_admit(attnd_conns *c, const char *client, double now);
 
 /* Registers an accepted connection (waiting for headers); NULL when out of

@@ -301,3 +301,35 @@ Test(conns, computing_connections_are_never_cut_for_a_newcomer) {
     unpair(p[i]);
   attnd_conns_destroy(&c);
 }
+
+/* Several polling threads admit connections before any is registered:
+ * each admission holds a place, so two admitted and not yet open fill a
+ * limit of 2; registering takes the place it held, and a place never taken
+ * lapses at a sweep a second on. */
+Test(conns, admitted_connections_hold_their_places_until_open) {
+  attnd_conns c;
+  attnd_conns_init(&c, 2, 0, 10, 30);
+  cr_expect(attnd_conns_admit(&c, "a", 0));
+  cr_expect(attnd_conns_admit(&c, "b", 0));
+  cr_expect(!attnd_conns_admit(&c, "c", 0), "a third admitted while two held the places");
+  pair p[2];
+  for (int i = 0; i < 2; i++) {
+    p[i] = mkpair();
+    attnd_conn *k = attnd_conns_open(&c, p[i].near, i ? "b" : "a", 0.1);
+    attnd_conns_set(&c, k, ATTND_CONN_BUSY, 0.1);
+  }
+  cr_expect_eq(c.pending, 0, "registering took the places");
+  cr_expect(!attnd_conns_admit(&c, "c", 0.2), "both busy: no room");
+  attnd_conns_sweep(&c, 5);
+  attnd_conns_destroy(&c);
+  attnd_conns_init(&c, 1, 0, 10, 30);
+  cr_expect(attnd_conns_admit(&c, "a", 0)); /* libmicrohttpd then refuses it */
+  cr_expect(!attnd_conns_admit(&c, "b", 0.5), "the held place is still held");
+  attnd_conns_sweep(&c, 0.5);
+  cr_expect(!attnd_conns_admit(&c, "b", 0.6), "a place half a second old lapsed");
+  attnd_conns_sweep(&c, 2.0);
+  cr_expect(attnd_conns_admit(&c, "b", 2.0), "a place never taken lapses at the sweep");
+  for (int i = 0; i < 2; i++)
+    unpair(p[i]);
+  attnd_conns_destroy(&c);
+}

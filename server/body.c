@@ -194,7 +194,7 @@ static bool take_body(attnd_req *r, const char *data, size_t n) {
       attnd_body_over_budget(r);
       return false;
     }
-    attnd_bodybuf_copy(r->body + r->len, data, n);
+    attnd_bodybuf_fill(r->body, r->len, data, n);
     r->len += n;
     return true;
   }

@@ -14,8 +14,15 @@
 #include <emmintrin.h>
 #endif
 
-/* Where a mapping keeps its length, before the body it holds. */
+/* What a mapping keeps before the body it holds: its length, and how much
+ * of it is faulted in (all of it once it was used). */
 #define HEAD ((size_t)64)
+typedef struct map_head {
+  size_t len, touched;
+} map_head;
+/* Pages are faulted in this far ahead of the bytes, in one call: a fault
+ * per 4 KiB page was most of a cold 256 MiB upload. */
+#define PREFAULT ((size_t)4 << 20)
 #define HUGE ((size_t)2 << 20)
 
 void attnd_bodybufs_init(attnd_bodybufs *c) {
@@ -68,9 +75,11 @@ char *attnd_bodybuf_get(attnd_bodybufs *c, size_t n) {
     return NULL;
   size_t len = (n + HEAD + HUGE - 1) / HUGE * HUGE;
   void *base = take_idle(c, len, &len);
-  if (!base && !(base = map_aligned(len)))
-    return NULL;
-  *(size_t *)base = len;
+  if (!base) {
+    if (!(base = map_aligned(len)))
+      return NULL;
+    *(map_head *)base = (map_head){len, HEAD};
+  }
   return (char *)base + HEAD;
 }
 
@@ -90,7 +99,9 @@ void attnd_bodybuf_put(attnd_bodybufs *c, char *p) {
   if (!p)
     return;
   void *base = p - HEAD;
-  size_t len = *(size_t *)base;
+  map_head *h = base;
+  size_t len = h->len;
+  h->touched = len; /* a kept buffer is faulted in: (almost) all of it was used */
   double now = attn_now();
   pthread_mutex_lock(&c->mu);
   int slot = slot_for(c);
@@ -113,6 +124,31 @@ void attnd_bodybufs_trim(attnd_bodybufs *c, double now) {
   for (int i = 0; i < ATTND_BODYBUF_KEEP; i++)
     if (stale[i].base)
       munmap(stale[i].base, stale[i].len);
+}
+
+/* The pages of [0, end) of p's mapping faulted in with one call
+ * (MADV_POPULATE_WRITE, Linux 5.14; without it the copy faults them),
+ * ahead of end by PREFAULT at most and never by more than end itself: an
+ * upload that stalls holds at most twice the bytes it sent, as a buffer
+ * doubling as they came would. */
+static void prefault(char *p, size_t end) {
+  map_head *h = (map_head *)(void *)(p - HEAD);
+  end += HEAD;
+  if (h->touched < end && h->touched < h->len) {
+    size_t from = h->touched & ~(size_t)4095;
+    size_t to = end + (end < PREFAULT ? end : PREFAULT);
+    to = to < h->len ? to : h->len;
+#ifdef MADV_POPULATE_WRITE
+    if (madvise((char *)h + from, to - from, MADV_POPULATE_WRITE) != 0)
+      to = h->len; /* not this kernel: leave it to the faults */
+#endif
+    h->touched = to;
+  }
+}
+
+void attnd_bodybuf_fill(char *p, size_t at, const char *src, size_t n) {
+  prefault(p, at + n);
+  attnd_bodybuf_copy(p + at, src, n);
 }
 
 void attnd_bodybuf_copy(char *dst, const char *src, size_t n) {

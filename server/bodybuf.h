@@ -49,6 +49,10 @@ void attnd_bodybuf_put(attnd_bodybufs *c, char *p);
  * which made this copy take twice as long as the socket read before it.
  * The bytes are visible to other threads once it returns. */
 void attnd_bodybuf_copy(char *dst, const char *src, size_t n);
+/* n bytes from src at offset at of buffer p (attnd_bodybuf_get's), its
+ * pages faulted in a few MiB ahead of them in one call rather than one
+ * fault per page; then as attnd_bodybuf_copy. */
+void attnd_bodybuf_fill(char *p, size_t at, const char *src, size_t n);
 /* Idle buffers older than ATTND_BODYBUF_IDLE at now unmapped. */
 void attnd_bodybufs_trim(attnd_bodybufs *c, double now);
 

@@ -9,7 +9,9 @@
 
 #include <criterion/criterion.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 static int idle_count(const attnd_bodybufs *c) {
   int n = 0;
@@ -83,4 +85,48 @@ Test(bodybuf, copy_is_memcpy_at_every_alignment_and_length) {
         attnd_bodybuf_copy(dst + dof, src + so, lens[l]);
         cr_assert(!memcmp(dst, want, sizeof dst), "src +%d, dst +%d, %zu bytes", so, dof, lens[l]);
       }
+}
+
+/* Pages of p[0, n) resident (mincore), rounded to whole pages. */
+static size_t resident(const char *p, size_t n) {
+  size_t page = 4096, pages = (n + page - 1) / page, in = 0;
+  uintptr_t start = (uintptr_t)p & ~(uintptr_t)(page - 1);
+  unsigned char *v = malloc(pages + 1);
+  cr_assert_eq(mincore((void *)start, pages * page, v), 0);
+  for (size_t i = 0; i < pages; i++)
+    in += v[i] & 1;
+  free(v);
+  return in * page;
+}
+
+/* A fresh buffer filled in pieces holds the bytes sent, and is faulted in
+ * ahead of them by no more than they came to (a stalled upload holds at
+ * most twice what it sent) nor than 4 MiB past them. */
+Test(bodybuf, fill_copies_and_faults_in_only_a_little_ahead) {
+  attnd_bodybufs c;
+  attnd_bodybufs_init(&c);
+  size_t n = 64 * ATTND_BODYBUF_MIN;
+  char *p = attnd_bodybuf_get(&c, n), piece[61440];
+  cr_assert_not_null(p);
+  size_t at = 0;
+  for (int k = 0; k < 2; k++, at += sizeof piece) {
+    for (size_t i = 0; i < sizeof piece; i++)
+      piece[i] = (char)((at + i) * 7);
+    attnd_bodybuf_fill(p, at, piece, sizeof piece);
+  }
+  size_t in = resident(p, n);
+  cr_expect_leq(in, 2 * at + 3 * 4096, "%zu bytes resident after %zu sent", in, at);
+  for (; at + sizeof piece <= 24 * ATTND_BODYBUF_MIN; at += sizeof piece) {
+    for (size_t i = 0; i < sizeof piece; i++)
+      piece[i] = (char)((at + i) * 7);
+    attnd_bodybuf_fill(p, at, piece, sizeof piece);
+  }
+  in = resident(p, n);
+  cr_expect_leq(in, at + 4 * ATTND_BODYBUF_MIN + 3 * 4096, "%zu bytes resident after %zu sent", in,
+                at);
+  for (size_t i = 0; i < at; i++)
+    if (p[i] != (char)(i * 7))
+      cr_assert_fail("byte %zu is %d, sent %d", i, p[i], (char)(i * 7));
+  attnd_bodybuf_put(&c, p);
+  attnd_bodybufs_close(&c);
 }

@@ -46,20 +46,40 @@ static void put_int(line *l, long long v) {
   put_u64(l, v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v);
 }
 
-/* seconds as whole microseconds, exactly as "%.0f" of seconds * 1e6
- * writes it (rounded to even, "-0" for a small negative). */
-static void put_us(line *l, double seconds) {
-  double us = seconds * 1e6;
-  if (!(fabs(us) < 1e18)) { /* NaN, infinite or huge: printf's words */
-    char t[400];
-    snprintf(t, sizeof t, "%.0f", us);
-    puts_(l, t);
-    return;
+size_t attnd_fmt_fixed(char *out, size_t cap, double v, int decimals) {
+  static const double scale[7] = {1, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6};
+  if (!cap)
+    return 0;
+  decimals = decimals < 0 ? 0 : decimals > 6 ? 6 : decimals;
+  double scaled = v * scale[decimals], units = nearbyint(scaled);
+  /* NaN, infinite or huge: printf's words. On a tie of the scaled double
+   * too: v itself may lie on either side of it, which printf rounds by. */
+  if (!(fabs(units) < 1e18) || fabs(scaled - units) == 0.5) {
+    int n = snprintf(out, cap, "%.*f", decimals, v);
+    return n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
   }
-  double r = nearbyint(us);
-  if (signbit(r))
-    put(l, "-", 1);
-  put_u64(l, (unsigned long long)fabs(r));
+  unsigned long long u = (unsigned long long)fabs(units);
+  char d[32];
+  int i = (int)sizeof d;
+  for (int k = 0; k < decimals; k++, u /= 10)
+    d[--i] = (char)('0' + u % 10);
+  if (decimals)
+    d[--i] = '.';
+  do
+    d[--i] = (char)('0' + u % 10);
+  while (u /= 10);
+  if (signbit(units))
+    d[--i] = '-';
+  line l = {out, 0, cap - 1};
+  put(&l, d + i, sizeof d - (size_t)i);
+  out[l.len] = 0;
+  return l.len;
+}
+
+/* seconds as whole microseconds, as "%.0f" of seconds * 1e6 writes it. */
+static void put_us(line *l, double seconds) {
+  char t[400];
+  put(l, t, attnd_fmt_fixed(t, sizeof t, seconds * 1e6, 0));
 }
 
 /* n as at least width digits, zero-padded. */

@@ -25,6 +25,12 @@ typedef const char *attnd_level;
 
 /* The time now as RFC 3339 with microseconds: 2025-01-31T12:00:00.123456Z. */
 void attnd_log_time(char *out, size_t cap);
+/* v with decimals digits after the point (at most 6), the text "%.*f"
+ * writes, without printf except where v times 10^decimals lands on a tie
+ * (or is NaN, infinite or huge): the durations of log lines and headers, one
+ * per request. Writes at most cap - 1 bytes and a NUL; returns what it
+ * wrote. */
+size_t attnd_fmt_fixed(char *out, size_t cap, double v, int decimals);
 
 /* A note: text "attnd: <source>: <message>", or {"ts", "level", "source",
  * "request_id" (when id is not NULL), "message"}. Bytes a client chose must

@@ -5,9 +5,9 @@
  */
 #include "reply.h"
 #include "errors.h"
+#include "log.h"
 #include "routes.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,31 +39,6 @@ static void add_cors(const attnd_req *r, struct MHD_Response *resp) {
   }
 }
 
-/* seconds as milliseconds with three decimals, as "%.3f" of seconds * 1e3
- * writes them (rounded to even at the microsecond; printf rounds the
- * milliseconds' own binary value, which can differ in the last digit only
- * on an exact tie), without printf: the header is on every computed reply.
- * Returns the end. */
-static char *put_ms(char *p, const char *end, double seconds) {
-  double ms = seconds * 1e3;
-  if (!(fabs(ms) < 1e15)) /* NaN, infinite or huge: printf's words */
-    return p + snprintf(p, (size_t)(end - p), "%.3f", ms);
-  double us = nearbyint(ms * 1e3);
-  if (signbit(us))
-    *p++ = '-';
-  unsigned long long u = (unsigned long long)fabs(us);
-  char d[24];
-  int i = (int)sizeof d;
-  for (int k = 0; k < 3; k++, u /= 10)
-    d[--i] = (char)('0' + u % 10);
-  d[--i] = '.';
-  do
-    d[--i] = (char)('0' + u % 10);
-  while (u /= 10);
-  memcpy(p, d + i, sizeof d - (size_t)i);
-  return p + sizeof d - i;
-}
-
 /* A computed request's time in the server (RFC's Server-Timing, which a
  * browser's fetch can read): queued, decoding + engine + encoding, and
  * from its first byte until now, in milliseconds. */
@@ -77,7 +52,9 @@ static void add_server_timing(const attnd_req *r, struct MHD_Response *resp) {
   for (int i = 0; i < 3; i++) {
     size_t n = strlen(names[i]);
     memcpy(p, names[i], n);
-    p = put_ms(p + n, end, parts[i]);
+    p += n;
+    /* milliseconds to the microsecond */
+    p += attnd_fmt_fixed(p, (size_t)(end - p), parts[i] * 1e3, 3);
   }
   *p = 0;
   MHD_add_response_header(resp, "Server-Timing", v);

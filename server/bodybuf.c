@@ -130,7 +130,8 @@ void attnd_bodybufs_trim(attnd_bodybufs *c, double now) {
  * (MADV_POPULATE_WRITE, Linux 5.14; without it the copy faults them),
  * ahead of end by PREFAULT at most and never by more than end itself: an
  * upload that stalls holds at most twice the bytes it sent, as a buffer
- * doubling as they came would. */
+ * doubling as they came would (plus a huge page, where the kernel's
+ * transparent huge pages are "always"). */
 static void prefault(char *p, size_t end) {
   map_head *h = (map_head *)(void *)(p - HEAD);
   end += HEAD;

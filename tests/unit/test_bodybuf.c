@@ -9,6 +9,7 @@
 
 #include <criterion/criterion.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -99,6 +100,20 @@ static size_t resident(const char *p, size_t n) {
   return in * page;
 }
 
+/* Where transparent huge pages are "always", the kernel backs an aligned
+ * mapping 2 MiB at a time whatever attnd asks: one huge page more may be
+ * resident than the bytes and the prefault account for. */
+static size_t thp_slack(void) {
+  char mode[128] = "";
+  FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+  if (f) {
+    if (!fgets(mode, sizeof mode, f))
+      mode[0] = 0;
+    fclose(f);
+  }
+  return strstr(mode, "[always]") ? (size_t)2 << 20 : 0;
+}
+
 /* A fresh buffer filled in pieces holds the bytes sent, and is faulted in
  * ahead of them by no more than they came to (a stalled upload holds at
  * most twice what it sent) nor than 4 MiB past them. */
@@ -115,15 +130,15 @@ Test(bodybuf, fill_copies_and_faults_in_only_a_little_ahead) {
     attnd_bodybuf_fill(p, at, piece, sizeof piece);
   }
   size_t in = resident(p, n);
-  cr_expect_leq(in, 2 * at + 3 * 4096, "%zu bytes resident after %zu sent", in, at);
+  cr_expect_leq(in, 2 * at + 3 * 4096 + thp_slack(), "%zu bytes resident after %zu sent", in, at);
   for (; at + sizeof piece <= 24 * ATTND_BODYBUF_MIN; at += sizeof piece) {
     for (size_t i = 0; i < sizeof piece; i++)
       piece[i] = (char)((at + i) * 7);
     attnd_bodybuf_fill(p, at, piece, sizeof piece);
   }
   in = resident(p, n);
-  cr_expect_leq(in, at + 4 * ATTND_BODYBUF_MIN + 3 * 4096, "%zu bytes resident after %zu sent", in,
-                at);
+  cr_expect_leq(in, at + 4 * ATTND_BODYBUF_MIN + 3 * 4096 + thp_slack(),
+                "%zu bytes resident after %zu sent", in, at);
   for (size_t i = 0; i < at; i++)
     if (p[i] != (char)(i * 7))
       cr_assert_fail("byte %zu is %d, sent %d", i, p[i], (char)(i * 7));

@@ -8,9 +8,10 @@
  * --max-body for a chunked body); a body of ATTND_BODYBUF_MIN or more whose
  * Content-Length is known is read into one mapping of that size
  * (bodybuf.h), whose pages are only filled as bytes arrive. Either way the
- * budget is drawn for what came, never for what a client declares. A body is an upload in the
- * connection registry (conns.h) until its last byte: late, too slow, or abandoned, it is cut there
- * (attnd_body_cut answers it) whatever libmicrohttpd notices; past --max-body or the memory budget
+ * budget is drawn for what came, never for what a client declares. A body
+ * is an upload in the connection registry (conns.h) until its last byte:
+ * late, too slow, or abandoned, it is cut there (attnd_body_cut answers
+ * it) whatever libmicrohttpd notices; past --max-body or the memory budget
  * it is cut here at once.
  */
 #include "body.h"

@@ -325,11 +325,11 @@ enum MHD_Result attnd_http_on_request(void *cls, struct MHD_Connection *conn, co
     return MHD_NO;
   if (r->status)
     return attnd_reply_queue(r);
-  if (!r->submitted && attnd_tiny_run(r)) {
-    attnd_upload_end(r);
-    return attnd_reply_queue(r);
-  }
   if (!r->submitted) {
+    if (attnd_tiny_run(r)) { /* computed here: r has its reply */
+      attnd_upload_end(r);
+      return attnd_reply_queue(r);
+    }
     r->submitted = true;
     atomic_fetch_add(&s->replying, 1);
     MHD_suspend_connection(conn);

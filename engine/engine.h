@@ -56,6 +56,8 @@ extern "C" {
 
 /* Limits of the contract (docs/design.md, "Attention semantics"). */
 #define ATTN_MAX_HEAD_DIM 256
+/* Fewest tokens a page of a paged K/V (attn_request.k_pages) holds. */
+#define ATTN_PAGE_MIN_TOKENS 64
 /* Dimensions above this are refused as too large before any arithmetic. */
 #define ATTN_MAX_DIM ((int64_t)1 << 40)
 
@@ -81,7 +83,12 @@ extern "C" {
   XX(ENODEV, "no device available for this backend")        \
   XX(EDEVICE, "device failure")                             \
   XX(ESHUTDOWN, "engine is shutting down")                  \
-  XX(ECANCELED, "request canceled")
+  XX(ECANCELED, "request canceled")                         \
+  XX(ESESSION_EXISTS, "a session with this id exists with other parameters") \
+  XX(ESESSION_NOT_FOUND, "no such session")                 \
+  XX(ESESSION_CONFLICT, "pos is not the layer's length")    \
+  XX(ESESSION_FULL, "the session's max_tokens would be passed") \
+  XX(ESESSION_MEMORY, "the session memory is fully reserved")
 
 typedef enum attn_errno {
   ATTN_OK = 0,
@@ -193,6 +200,21 @@ typedef struct attn_request {
   const int64_t *cu_seqlens_q, *cu_seqlens_kv;
 
   const void *q, *k, *v; /* inputs, dtype elements */
+  /*
+   * Paged K and V (a session's cache, attn_kv_*), used instead of k and v
+   * (which must then be NULL) when k_pages is set: key j of (batch b, KV
+   * head hk) is row j % page_tokens of page
+   * k_pages[(b * heads_kv + hk) * pages_per_head + j / page_tokens] (v
+   * likewise), rows head_dim elements apart, contiguous within a page. With
+   * cu_seqlens, b is the sequence and its keys are numbered from 0. Only
+   * the forward pass reads pages, on the cpu backend; page_tokens is at
+   * least ATTN_PAGE_MIN_TOKENS. k_stride and v_stride are ignored.
+   */
+  const void *const *k_pages, *const *v_pages;
+  int64_t page_tokens, pages_per_head; /* page_tokens: a multiple of ATTN_PAGE_MIN_TOKENS */
+  /* The pages' largest |k| and |v|: their values were checked finite when
+   * they were stored, so the kernel does not scan them again. */
+  float kv_absmax[2];
   void *o;               /* output, dtype elements */
   /* Element strides of the batch, head and sequence dimensions; all zero
    * means contiguous [B, H, N, D]. */
@@ -411,6 +433,149 @@ typedef struct attn_backend_info {
 
 /* Fills up to cap entries; returns how many backends there are. */
 int attn_engine_backends(const attn_engine *e, attn_backend_info *out, int cap);
+
+/* ---- sessions: a KV cache the engine holds (kvstore.c) ------------------ */
+
+/*
+ * A store holds sessions, each a KV cache of fixed shape that calls append
+ * to and attend over (FlashAttention's flash_attn_with_kvcache: append,
+ * then attend). Its memory is one pool of fixed-size pages sized when the
+ * store opens; a session reserves the pages of its whole max_tokens when it
+ * is made, so an append never fails for memory and no session is evicted
+ * for another. A page holds page_tokens tokens of one (session, layer, KV
+ * head), of K or of V.
+ *
+ * Sessions are named by (tenant, id): each tenant is a namespace of its own.
+ * Every function may be called from any thread. Times are attn_now()
+ * seconds, passed in so that tests control the clock.
+ */
+typedef struct attn_kv_store attn_kv_store;
+
+#define ATTN_KV_ID_MAX 128
+#define ATTN_KV_TENANT_MAX 64
+#define ATTN_KV_MAX_LAYERS 1024
+
+typedef struct attn_kv_shape {
+  int64_t heads_kv, head_dim;
+  attn_dtype dtype;
+  int64_t layers;     /* >= 1 */
+  int64_t max_tokens; /* >= 1, per layer */
+} attn_kv_shape;
+
+/* What a session is now (attn_kv_get, attn_kv_list). */
+typedef struct attn_kv_info {
+  char id[ATTN_KV_ID_MAX + 1];
+  attn_kv_shape shape;
+  double ttl_s;
+  double expires; /* attn_now() seconds at which it expires unless used */
+  uint64_t reserved_bytes;
+  int64_t tokens; /* summed over layers */
+} attn_kv_info;
+
+/* Totals of a store, for metrics and /v1/info. */
+typedef struct attn_kv_stats {
+  int64_t sessions;
+  uint64_t pool_bytes, reserved_bytes, used_bytes; /* used: pages holding tokens */
+  int64_t page_bytes;
+  uint64_t appended_tokens, replays, conflicts, expired, batches, batched_calls;
+} attn_kv_stats;
+
+/* Checks an id against the contract: 1-128 of [A-Za-z0-9._-], not starting
+ * with '_' or '.'. Returns 0 or ATTN_EINVAL with a message. */
+int attn_kv_id_check(const char *id, size_t len, attn_status *st);
+
+/* A store of `bytes` of pages on engine e (its cpu backend computes);
+ * batch: calls that arrive while the store's previous job runs are
+ * computed together as one job. */
+int attn_kv_open(attn_engine *e, uint64_t bytes, bool batch, attn_kv_store **ps,
+                 attn_status *st);
+/* Frees the store; no call may be in flight. */
+void attn_kv_close(attn_kv_store *s);
+
+/* Bytes a session of this shape reserves (whole pages). */
+uint64_t attn_kv_reserve_bytes(const attn_kv_store *s, const attn_kv_shape *sh);
+
+/* Makes session (tenant, id), or finds it made with the same shape and ttl
+ * (*created false: a retried create). ESESSION_EXISTS when it exists with
+ * other parameters, ESESSION_MEMORY when its reservation does not fit,
+ * EINVAL for a bad id or shape. */
+int attn_kv_create(attn_kv_store *s, const char *tenant, const char *id, const attn_kv_shape *sh,
+                   double ttl_s, double now, bool *created, attn_status *st);
+/* Its info and each layer's length (lengths: cap entries, may be NULL).
+ * ESESSION_NOT_FOUND for an unknown or expired one. Does not count as a use. */
+int attn_kv_get(attn_kv_store *s, const char *tenant, const char *id, double now,
+                attn_kv_info *info, int64_t *lengths, int64_t cap, attn_status *st);
+/* Deletes it; its reservation is free at once (its pages once no call reads
+ * them). */
+int attn_kv_delete(attn_kv_store *s, const char *tenant, const char *id, attn_status *st);
+/* Cuts every layer longer than length to length. */
+int attn_kv_truncate(attn_kv_store *s, const char *tenant, const char *id, int64_t length,
+                     double now, attn_status *st);
+/* Calls fn on each live session of tenant (under the store's lock: fn must
+ * not call the store); returns how many. */
+int64_t attn_kv_list(attn_kv_store *s, const char *tenant, double now,
+                     void (*fn)(const attn_kv_info *info, void *arg), void *arg);
+/* Drops the sessions whose TTL passed; returns how many. */
+int64_t attn_kv_expire(attn_kv_store *s, double now);
+void attn_kv_stats_get(attn_kv_store *s, attn_kv_stats *out);
+
+/*
+ * One call: append the new tokens to one layer of each of its sessions at
+ * pos, then attend q over the layer's keys [0, pos + n_new). A call of one
+ * entry is POST /v1/sessions/{id}/attention; of several, one layer of many
+ * sessions (a model runner's batch), all or nothing.
+ *
+ * req carries what a stateless request would: q [Hq, Nq, D] (one entry) or
+ * q packed [Hq, total_q, D] with cu_seqlens_q (several), o and the optional
+ * statistics laid out the same way, dtype, and the options (scale, causal,
+ * windows, softcap, alibi_slopes, cancel). Its k, v, seq_kv, batch,
+ * heads_kv, head_dim and cu_seqlens_kv are the store's to fill; diag_offset
+ * must be ATTN_DIAG_AUTO (off = pos + n_new - Nq per entry).
+ *
+ * Entry e's new keys are rows [kv_off[e], kv_off[e] + n_new[e]) of k_new
+ * and v_new, [Hkv, total_new, D] contiguous in the session's dtype (n_new
+ * 0: attend over the layer's whole length; pos is then ignored).
+ */
+typedef struct attn_kv_entry {
+  const char *id;
+  int64_t pos, n_new, kv_off;
+  int64_t length; /* out: the layer's length after the call */
+  bool replay;    /* out: the tokens were there already, bit for bit */
+} attn_kv_entry;
+
+typedef struct attn_kv_call {
+  const char *tenant;
+  int64_t layer;
+  int64_t nentries;
+  attn_kv_entry *entries;
+  const void *k_new, *v_new;
+  int64_t total_new;
+  attn_request req;
+} attn_kv_call;
+
+/*
+ * Applies the call (validated, appended, or refused with nothing appended:
+ * ESESSION_NOT_FOUND, ESESSION_CONFLICT whose message gives the length,
+ * ESESSION_FULL, ESHAPE or EDTYPE for what is not the session's, naming
+ * the entry), then queues its computation; done runs once the outputs are
+ * written, exactly as for attn_engine_submit. On error nothing is queued
+ * and done will not run. Calls on one layer apply in the order they reach
+ * this function; the call and its buffers must stay valid until done.
+ */
+int attn_kv_submit(attn_kv_store *s, attn_kv_call *call, double now, attn_done_fn done,
+                   void *arg, attn_status *st);
+
+/*
+ * Persistence (--session-dir). attn_kv_save writes every live session of
+ * the store to dir, one file each (temporary file, fsync, rename, then an
+ * fsync of dir), with its remaining TTL; attn_kv_load reads them back,
+ * moving a file that does not load to "<name>.bad" and reporting it through
+ * log (may be NULL). Both return how many sessions they wrote or loaded, or
+ * a negative code with st set.
+ */
+int64_t attn_kv_save(attn_kv_store *s, const char *dir, double now, attn_status *st);
+int64_t attn_kv_load(attn_kv_store *s, const char *dir, double now,
+                     void (*log)(const char *line, void *arg), void *arg, attn_status *st);
 
 #ifdef __cplusplus
 }

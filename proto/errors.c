@@ -37,6 +37,13 @@ static const http_err engine_errs[] = {
     ENGINE_ERR(EDEVICE) = {500, "engine_failure"},
     ENGINE_ERR(ESHUTDOWN) = {503, "shutting_down"},
     ENGINE_ERR(ECANCELED) = {503, "canceled"},
+    ENGINE_ERR(ESESSION_EXISTS) = {409, "session_exists"},
+    ENGINE_ERR(ESESSION_NOT_FOUND) = {404, "session_not_found"},
+    ENGINE_ERR(ESESSION_CONFLICT) = {409, "session_conflict"},
+    ENGINE_ERR(ESESSION_FULL) = {422, "session_full"},
+    /* 507 Insufficient Storage: retrying will not help until a session
+     * goes, unlike a full queue's 503 */
+    ENGINE_ERR(ESESSION_MEMORY) = {507, "session_memory_full"},
 };
 #undef ENGINE_ERR
 _Static_assert(sizeof engine_errs / sizeof *engine_errs == ATTN__ERRNO_END - ATTN__ERRNO_BASE - 1,

@@ -139,8 +139,8 @@ static int new_tokens_check(const attn_kv_call *c, int64_t e, float mx[2], attn_
   mx[0] = mx[1] = 0;
   for (int t = 0; t < 2 && en->n_new > 0; t++)
     for (int64_t h = 0; h < r->heads_kv; h++) {
-      const char *p = (const char *)(t ? c->v_new : c->k_new) +
-                      (size_t)(h * c->total_new + en->kv_off) * row;
+      const char *p =
+          (const char *)(t ? c->v_new : c->k_new) + (size_t)(h * c->total_new + en->kv_off) * row;
       float m = absmax(p, r->dtype, (size_t)(en->n_new * r->head_dim));
       if (m < 0)
         return attn_status_set(st, ATTN_ENONFINITE,
@@ -183,8 +183,8 @@ static int fits_session(const attn_kv_call *c, int64_t e, const kv_session *ks, 
   char who[80];
   entry_name(c, e, who, sizeof who);
   if (c->layer >= sh->layers)
-    return attn_status_set(st, ATTN_EINVAL, "%slayer %lld is past session '%s''s %lld layers",
-                           who, (long long)c->layer, ks->id, (long long)sh->layers);
+    return attn_status_set(st, ATTN_EINVAL, "%slayer %lld is past session '%s''s %lld layers", who,
+                           (long long)c->layer, ks->id, (long long)sh->layers);
   if (r->dtype != sh->dtype)
     return attn_status_set(st, ATTN_EDTYPE, "%sthe tensors are %s; session '%s' holds %s", who,
                            attn_dtype_name(r->dtype), ks->id, attn_dtype_name(sh->dtype));
@@ -192,8 +192,8 @@ static int fits_session(const attn_kv_call *c, int64_t e, const kv_session *ks, 
     return attn_status_set(st, ATTN_ESHAPE, "%shead_dim is %lld; session '%s' has %lld", who,
                            (long long)r->head_dim, ks->id, (long long)sh->head_dim);
   if (c->total_new > 0 && r->heads_kv != sh->heads_kv)
-    return attn_status_set(st, ATTN_ESHAPE, "%sk and v have %lld heads; session '%s' has %lld",
-                           who, (long long)r->heads_kv, ks->id, (long long)sh->heads_kv);
+    return attn_status_set(st, ATTN_ESHAPE, "%sk and v have %lld heads; session '%s' has %lld", who,
+                           (long long)r->heads_kv, ks->id, (long long)sh->heads_kv);
   if (r->heads_q % sh->heads_kv)
     return attn_status_set(st, ATTN_EHEADS,
                            "%sq's %lld heads are not a multiple of session '%s''s heads_kv %lld",
@@ -227,8 +227,7 @@ static int conflict(attn_kv_store *s, const attn_kv_call *c, int64_t e, const kv
   return attn_status_set(st, ATTN_ESESSION_CONFLICT,
                          "%spos %lld is not layer %lld's length %lld in session '%s'%s; nothing "
                          "was appended",
-                         who, (long long)en->pos, (long long)c->layer, (long long)L->length,
-                         ks->id,
+                         who, (long long)en->pos, (long long)c->layer, (long long)L->length, ks->id,
                          old ? " (and the tokens stored there differ: not a replay)" : "");
 }
 
@@ -373,11 +372,10 @@ static bool same_double(double a, double b) { return a == b || (isnan(a) && isna
 static bool mergeable(const attn_kv_call *a, const attn_kv_call *b) {
   const attn_request *x = &a->req, *y = &b->req;
   return x->dtype == y->dtype && x->heads_q == y->heads_q && x->head_dim == y->head_dim &&
-         x->heads_kv == y->heads_kv && same_double(x->scale, y->scale) &&
-         x->causal == y->causal && x->window_left == y->window_left &&
-         x->window_right == y->window_right && same_double(x->softcap, y->softcap) &&
-         !x->alibi_slopes && !y->alibi_slopes && !x->m == !y->m && !x->l == !y->l &&
-         !x->lse == !y->lse;
+         x->heads_kv == y->heads_kv && same_double(x->scale, y->scale) && x->causal == y->causal &&
+         x->window_left == y->window_left && x->window_right == y->window_right &&
+         same_double(x->softcap, y->softcap) && !x->alibi_slopes && !y->alibi_slopes &&
+         !x->m == !y->m && !x->l == !y->l && !x->lse == !y->lse;
 }
 
 static int64_t job_rows(const kv_job *j) {
@@ -407,8 +405,8 @@ static int job_tables(kv_job *j, int64_t hkv, int64_t pph) {
         memcpy(&j->vp[(b * hkv + h) * pph], &u->L->vp[h * u->ks->pages_per_head],
                (size_t)used * sizeof *j->vp);
       }
-      j->cu_q[b + 1] = q0 + (p->call->req.cu_seqlens_q ? p->call->req.cu_seqlens_q[e + 1]
-                                                       : p->call->req.seq_q);
+      j->cu_q[b + 1] =
+          q0 + (p->call->req.cu_seqlens_q ? p->call->req.cu_seqlens_q[e + 1] : p->call->req.seq_q);
       j->cu_kv[b + 1] = j->cu_kv[b] + u->extent;
       j->req.kv_absmax[0] = fmaxf(j->req.kv_absmax[0], u->L->absmax[0]);
       j->req.kv_absmax[1] = fmaxf(j->req.kv_absmax[1], u->L->absmax[1]);
@@ -430,7 +428,8 @@ static void rows_copy(char *dst, int64_t dn, int64_t d0, const char *src, int64_
 /* The batch's own q, o and statistics, q gathered from every call. */
 static int job_gather(kv_job *j) {
   attn_request *r = &j->req;
-  const size_t es = attn_dtype_size(r->dtype), qb = (size_t)(r->heads_q * r->seq_q * r->head_dim) * es;
+  const size_t es = attn_dtype_size(r->dtype),
+               qb = (size_t)(r->heads_q * r->seq_q * r->head_dim) * es;
   const size_t sb = (size_t)(r->heads_q * r->seq_q) * sizeof(float);
   j->buf = malloc(2 * qb + 3 * sb + 1);
   if (!j->buf)
@@ -495,7 +494,8 @@ static int job_build(kv_job *j) {
   r->backend = "cpu";
   if (j->ncalls > 1)
     r->cancel = NULL; /* one caller's cancel would cancel the others' */
-  if (job_tables(j, r->heads_kv, pph) < 0 || (j->gathered = j->ncalls > 1, j->gathered && job_gather(j) < 0))
+  if (job_tables(j, r->heads_kv, pph) < 0 ||
+      (j->gathered = j->ncalls > 1, j->gathered && job_gather(j) < 0))
     return -1;
   r->k_pages = (const void *const *)j->kp;
   r->v_pages = (const void *const *)j->vp;
@@ -635,8 +635,8 @@ static int admit(attn_kv_store *s, kv_pending *p, float (*mx)[2], double now, at
   return rc;
 }
 
-int attn_kv_submit(attn_kv_store *s, attn_kv_call *call, double now, attn_done_fn done,
-                   void *arg, attn_status *st) {
+int attn_kv_submit(attn_kv_store *s, attn_kv_call *call, double now, attn_done_fn done, void *arg,
+                   attn_status *st) {
   int rc = call_shape_check(call, st);
   if (rc)
     return rc;

@@ -31,8 +31,7 @@ int attn_kv_id_check(const char *id, size_t len, attn_status *st) {
   return 0;
 }
 
-int attn_kv_open(attn_engine *e, uint64_t bytes, bool batch, attn_kv_store **ps,
-                 attn_status *st) {
+int attn_kv_open(attn_engine *e, uint64_t bytes, bool batch, attn_kv_store **ps, attn_status *st) {
   attn_kv_store *s = calloc(1, sizeof *s);
   if (!s)
     return attn_status_set(st, ATTN_ENOMEM, "out of memory opening the session store");
@@ -106,13 +105,13 @@ static int shape_check(const attn_kv_shape *sh, attn_status *st) {
     return attn_status_set(st, ATTN_EINVAL, "heads_kv must be 1 to 4096, not %lld",
                            (long long)sh->heads_kv);
   if (sh->head_dim < 1 || sh->head_dim > ATTN_MAX_HEAD_DIM)
-    return attn_status_set(st, ATTN_EINVAL, "head_dim must be 1 to %d, not %lld",
-                           ATTN_MAX_HEAD_DIM, (long long)sh->head_dim);
+    return attn_status_set(st, ATTN_EINVAL, "head_dim must be 1 to %d, not %lld", ATTN_MAX_HEAD_DIM,
+                           (long long)sh->head_dim);
   if (attn_dtype_size(sh->dtype) == 0)
     return attn_status_set(st, ATTN_EDTYPE, "dtype must be F32, F16 or BF16");
   if (sh->layers < 1 || sh->layers > ATTN_KV_MAX_LAYERS)
-    return attn_status_set(st, ATTN_EINVAL, "layers must be 1 to %d, not %lld",
-                           ATTN_KV_MAX_LAYERS, (long long)sh->layers);
+    return attn_status_set(st, ATTN_EINVAL, "layers must be 1 to %d, not %lld", ATTN_KV_MAX_LAYERS,
+                           (long long)sh->layers);
   if (sh->max_tokens < 1 || sh->max_tokens > ((int64_t)1 << 30))
     return attn_status_set(st, ATTN_EINVAL, "max_tokens must be 1 to %lld, not %lld",
                            (long long)1 << 30, (long long)sh->max_tokens);
@@ -222,8 +221,8 @@ static int exists_error(const kv_session *ks, attn_status *st) {
                          "%lld, dtype %s, layers %lld, max_tokens %lld, ttl_s %g); delete it "
                          "first, or use another id",
                          ks->id, (long long)a->heads_kv, (long long)a->head_dim,
-                         attn_dtype_name(a->dtype), (long long)a->layers,
-                         (long long)a->max_tokens, ks->ttl_s);
+                         attn_dtype_name(a->dtype), (long long)a->layers, (long long)a->max_tokens,
+                         ks->ttl_s);
 }
 
 int attn_kv_create(attn_kv_store *s, const char *tenant, const char *id, const attn_kv_shape *sh,

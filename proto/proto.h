@@ -332,6 +332,22 @@ typedef struct attn_proto_session {
 
 void attn_proto_session_init(attn_proto_session *ps, bool batch);
 
+/* PUT /v1/sessions/{id}'s body {"heads_kv", "head_dim", "dtype",
+ * "max_tokens", "layers"? (1), "ttl_s"? (600, at most ttl_max)} into *sh
+ * and *ttl_s; unknown and repeated fields refused. */
+int attn_proto_session_create_decode(const char *body, size_t len, double ttl_max,
+                                     attn_kv_shape *sh, double *ttl_s, attn_status *st);
+/* POST /v1/sessions/{id}/truncate's body {"length": n}. */
+int attn_proto_session_truncate_decode(const char *body, size_t len, int64_t *length,
+                                       attn_status *st);
+struct attn_sbuf;
+/* A session as GET /v1/sessions/{id} describes it: {"id", "heads_kv",
+ * "head_dim", "dtype", "layers", "max_tokens", "ttl_s", "lengths": [one a
+ * layer], "tokens", "reserved_bytes", "expires_in_s"}; lengths may be NULL
+ * (then []). */
+void attn_proto_session_info_json(struct attn_sbuf *b, const attn_kv_info *info,
+                                  const int64_t *lengths, double now);
+
 /* ---- the Open Inference Protocol (KServe v2, Triton's HTTP API) ------- */
 
 /*

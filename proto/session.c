@@ -57,8 +57,8 @@ static int each_item(const char *v, size_t n, int cap, int *count,
     const char *comma = memchr(v + at, ',', n - at);
     size_t len = comma ? (size_t)(comma - (v + at)) : n - at;
     if (*count == cap)
-      return attn_status_set(st, ATTN_PROTO_ETOOLARGE,
-                             "a batch call names at most %d sessions", ATTN_PROTO_MAX_BATCH);
+      return attn_status_set(st, ATTN_PROTO_ETOOLARGE, "a batch call names at most %d sessions",
+                             ATTN_PROTO_MAX_BATCH);
     int rc = fn(ps, (*count)++, v + at, len, st);
     if (rc)
       return rc;
@@ -112,9 +112,9 @@ int attn__session_json(attn_proto_session *ps, const char *name, size_t nlen, at
                        attn_status *st) {
   char item[ATTN_KV_ID_MAX + 2];
   bool ids = name_is(name, nlen, "sessions");
-  const char *want = ids ? "an array of session ids" : ps->batch && !name_is(name, nlen, "layer")
-                                                           ? "an array of integers >= 0"
-                                                           : "an integer >= 0";
+  const char *want = ids                                          ? "an array of session ids"
+                     : ps->batch && !name_is(name, nlen, "layer") ? "an array of integers >= 0"
+                                                                  : "an integer >= 0";
   char key[16];
   snprintf(key, sizeof key, "%.*s", (int)nlen, name);
   if (v.s[v.pos] != '[') {
@@ -161,9 +161,9 @@ static int check_tensors(const attn_proto_tensor *t, attn_status *st) {
   if ((rc = attn__check_one(k, 2, st)) || (rc = attn__check_one(v, 2, st)))
     return rc;
   if (k->dtype != q->dtype || v->dtype != q->dtype)
-    return attn_status_set(st, ATTN_PROTO_EDTYPE, "q, k and v must share one dtype (q %s, k %s, v %s)",
-                           attn_dtype_name(q->dtype), attn_dtype_name(k->dtype),
-                           attn_dtype_name(v->dtype));
+    return attn_status_set(
+        st, ATTN_PROTO_EDTYPE, "q, k and v must share one dtype (q %s, k %s, v %s)",
+        attn_dtype_name(q->dtype), attn_dtype_name(k->dtype), attn_dtype_name(v->dtype));
   int64_t a[4], b[4];
   attn__bhnd(q, a);
   attn__bhnd(k, b);
@@ -179,8 +179,7 @@ static int check_tensors(const attn_proto_tensor *t, attn_status *st) {
 /* The fields the route needs: pos with new tokens; for a batch, the ids,
  * one pos each, and cu_seqlens_q (and cu_seqlens_kv with new tokens), one
  * sequence a session. */
-static int check_fields(const attn_proto_session *ps, const attn_proto_tensor *t,
-                        attn_status *st) {
+static int check_fields(const attn_proto_session *ps, const attn_proto_tensor *t, attn_status *st) {
   const bool kv = t[ATTN_PROTO_T_K].data != NULL;
   const attn_proto_tensor *cq = &t[ATTN_PROTO_T_CU_Q], *ck = &t[ATTN_PROTO_T_CU_KV];
   if (!ps->batch) {
@@ -227,8 +226,7 @@ int attn__build_session(attn_proto_req *pr, const attn_proto_tensor *t, const at
                         attn_status *st) {
   int rc;
   if ((rc = check_tensors(t, st)) || (rc = check_fields(opts->session, t, st)) ||
-      (rc = check_options(opts, st)) ||
-      (rc = attn__check_alibi(&t[ATTN_PROTO_T_ALIBI], t, st)))
+      (rc = check_options(opts, st)) || (rc = attn__check_alibi(&t[ATTN_PROTO_T_ALIBI], t, st)))
     return rc;
   int64_t q[4], k[4] = {0, 0, 0, 0};
   attn__bhnd(&t[ATTN_PROTO_T_Q], q);

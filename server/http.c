@@ -290,7 +290,7 @@ static enum MHD_Result first_call(attnd_req *r, const char *url, const char *met
     attnd_route_not_found(r);
   } else if (!attnd_route_allows(r->route, method)) {
     attnd_route_not_allowed(r);
-  } else if (r->route->answer) {
+  } else if (r->route->answer && !attnd_route_body_first(r->route, method)) {
     r->route->answer(r);
   } else if (!attnd_body_begin(r)) {
     /* Refused before the body: reply now, and libmicrohttpd closes the
@@ -326,7 +326,9 @@ enum MHD_Result attnd_http_on_request(void *cls, struct MHD_Connection *conn, co
   if (r->status)
     return attnd_reply_queue(r);
   if (!r->submitted) {
-    if (attnd_tiny_run(r)) { /* computed here: r has its reply */
+    if (r->route->after_body || attnd_tiny_run(r)) { /* answered here: r has its reply */
+      if (r->route->after_body)
+        r->route->after_body(r);
       attnd_upload_end(r);
       return attnd_reply_queue(r);
     }

@@ -472,6 +472,8 @@ static void sweep(uv_timer_t *t) {
   double now = attn_now();
   attnd_conns_sweep(&s->conns, now);
   attnd_bodybufs_trim(&s->bufs, now);
+  if (s->kv) /* sessions past their TTL, so their memory is free for others */
+    attn_kv_expire(s->kv, now);
 }
 
 void attnd_loop_run(attnd_server *s) {

@@ -6,6 +6,7 @@
 #include "log.h"
 #include "loop.h"
 #include "routes.h"
+#include "sessions.h"
 #include "tls.h"
 
 #include <malloc.h>
@@ -128,7 +129,8 @@ int main(int argc, char **argv) {
   s.metrics = attnd_metrics_new(labels, nlabels);
   if (!s.metrics)
     fprintf(stderr, "attnd: out of memory for the metrics\n");
-  if (!s.metrics || choose_backend(&s) < 0 || attnd_loop_init(&s) < 0) {
+  if (!s.metrics || choose_backend(&s) < 0 || attnd_sessions_open(&s) < 0 ||
+      attnd_loop_init(&s) < 0) {
     attn_engine_close(s.engine);
     attnd_metrics_free(s.metrics);
     return 2;
@@ -144,12 +146,14 @@ int main(int argc, char **argv) {
   if (s.running > 0) {
     /* Jobs canceled at the drain timeout may still be finishing an engine
      * work item: leave without waiting for them. */
+    attnd_sessions_close(&s, true);
     fflush(stderr);
     _exit(0);
   }
   attnd_http_stop(&s);
   attnd_loop_close(&s);
   ignore_reload_signals();
+  attnd_sessions_close(&s, false);
   attn_engine_close(s.engine);
   attnd_metrics_free(s.metrics);
   attnd_log_note(&s, ATTND_INFO, NULL, NULL, "drained, exiting");

@@ -62,9 +62,9 @@ typedef struct attnd_req {
    * and the log line. Set by the route, before the request ends. */
   char model[64];
   char method[16];
-  char path[128];
-  char *query;  /* re-encoded query string, for the proto parsers */
-  bool json_in; /* Content-Type application/json (else safetensors) */
+  char path[192]; /* room for /v1/sessions/ and a 128-byte id and /attention */
+  char *query;    /* re-encoded query string, for the proto parsers */
+  bool json_in;   /* Content-Type application/json (else safetensors) */
   /* /v2: errors in the protocol's shape {"error": message} */
   bool v2;
   int v2_model;       /* attn_proto_v2_model() of the path, or -1 */
@@ -129,6 +129,7 @@ typedef struct attnd_req {
   char *plain;
   size_t plain_len;
   attn_proto_req pr;
+  struct attnd_sess *sess; /* a session call's fields and call (sessions.h), or NULL */
   attn_result res;
   bool in_engine;     /* submitted: the engine will report back */
   int cancel;         /* the engine's cancel flag (attn_cancel_set), any thread */

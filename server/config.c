@@ -131,48 +131,76 @@ static int apply_log(attnd_config *c, const char *what, const char *v) {
   return 0;
 }
 
-/* A key a header can carry: visible ASCII, bounded. The value is never
- * echoed in the message, even when refused. */
-static int check_key(const char *what, const char *v, size_t cap) {
-  size_t n = strlen(v);
-  bool ok = n > 0 && n < cap;
-  for (size_t i = 0; ok && i < n; i++)
-    ok = v[i] > 0x20 && v[i] < 0x7f;
-  if (!ok)
-    fprintf(stderr,
-            "attnd: %s expects a key of 1 to %zu visible ASCII characters, no spaces (the value "
-            "given is not shown)\n",
-            what, cap - 1);
-  return ok ? 0 : -1;
+/* A key a header can carry (auth.h). The value is never echoed in the
+ * message, even when refused. */
+static int check_key(const char *what, const char *v) {
+  if (attnd_key_valid(v, strlen(v)))
+    return 0;
+  fprintf(stderr,
+          "attnd: %s expects a key of 1 to %d visible ASCII characters, no spaces (the value "
+          "given is not shown)\n",
+          what, ATTND_KEY_MAX);
+  return -1;
 }
 
+/* One key, named "default": the name its requests log and count under. */
 static int apply_api_key(attnd_config *c, const char *what, const char *v) {
-  if (*v && check_key(what, v, sizeof c->api_key) < 0)
+  char why[256];
+  int dup;
+  c->keys.n = 0;
+  if (!*v)
+    return 0;
+  if (check_key(what, v) < 0)
     return -1;
-  snprintf(c->api_key, sizeof c->api_key, "%s", v);
-  return 0;
+  if (attnd_keys_add(&c->keys, "default", v, strlen(v), &dup, why, sizeof why) == 0)
+    return 0;
+  fprintf(stderr, "attnd: %s: %s\n", what, why);
+  return -1;
 }
 
-/* The key is the file's text without trailing whitespace (a secret mounted
- * from Kubernetes or written by echo ends in a newline). */
-static int read_key_file(attnd_config *c, const char *what, const char *path) {
+/* A key file is small (ATTND_MAX_KEYS lines and their comments); a larger
+ * one is most likely not a key file at all. */
+enum { KEY_FILE_MAX = 64 << 10 };
+
+/* The file's bytes, up to KEY_FILE_MAX + 1 of them (the one more tells a
+ * file too large); NULL after a message. */
+static char *slurp_key_file(const char *what, const char *path, size_t *n) {
   FILE *f = fopen(path, "r");
   if (!f) {
     fprintf(stderr, "attnd: %s: cannot read \"%s\": %s\n", what, path, strerror(errno));
-    return -1;
+    return NULL;
   }
-  char buf[sizeof c->api_key + 64];
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  char *buf = malloc(KEY_FILE_MAX + 1);
+  *n = buf ? fread(buf, 1, KEY_FILE_MAX + 1, f) : 0;
+  int e = !buf ? ENOMEM : ferror(f) ? errno : 0; /* EISDIR for a directory */
   fclose(f);
-  buf[n] = 0;
-  while (n > 0 && isspace((unsigned char)buf[n - 1]))
-    buf[--n] = 0;
-  char where[1100];
-  snprintf(where, sizeof where, "%s (the file %s)", what, path);
-  if (strlen(buf) != n || check_key(where, buf, sizeof c->api_key) < 0)
-    return strlen(buf) != n ? bad(what, path, "a file holding the key as text") : -1;
-  snprintf(c->api_key, sizeof c->api_key, "%s", buf);
-  return 0;
+  if (!e)
+    return buf;
+  fprintf(stderr, "attnd: %s: cannot read \"%s\": %s\n", what, path, strerror(e));
+  if (buf)
+    explicit_bzero(buf, *n);
+  free(buf);
+  return NULL;
+}
+
+/* The keys are the file's lines (attnd_keys_parse); the copy read is wiped
+ * before it is freed, since it holds every key. */
+static int read_key_file(attnd_config *c, const char *what, const char *path) {
+  size_t n;
+  char *buf = slurp_key_file(what, path, &n), why[512];
+  if (!buf)
+    return -1;
+  int rc = -1;
+  if (n > KEY_FILE_MAX)
+    snprintf(why, sizeof why, "over %d KiB: a key file holds at most %d keys, one a line",
+             KEY_FILE_MAX >> 10, ATTND_MAX_KEYS);
+  else
+    rc = attnd_keys_parse(&c->keys, buf, n, why, sizeof why);
+  if (rc < 0)
+    fprintf(stderr, "attnd: %s (the file %s): %s\n", what, path, why);
+  explicit_bzero(buf, n);
+  free(buf);
+  return rc;
 }
 
 static int apply_api_key_file(attnd_config *c, const char *what, const char *v) {
@@ -372,10 +400,14 @@ static const flag flags[] = {
     {"log-format", "FORMAT", "text",
      "text or json (one object per line: RFC 3339 time, level, request id...)", apply_log},
     {"api-key", "KEY", "",
-     "requests need \"Authorization: Bearer KEY\" (health and readiness stay open); "
-     "prefer the variable or --api-key-file, which ps cannot show",
+     "requests need \"Authorization: Bearer KEY\" (health and readiness stay open), logged "
+     "and counted as the key named default; prefer the variable or --api-key-file, which ps "
+     "cannot show",
      apply_api_key},
-    {"api-key-file", "FILE", "", "read the API key from FILE (trailing newline ignored)",
+    {"api-key-file", "FILE", "",
+     "read the API keys from FILE, one a line: KEY or NAME:KEY (NAME 1-63 of A-Z a-z 0-9 . _ -; "
+     "a line without one is key1, key2... in order); blank lines and lines starting with # "
+     "are skipped. Logs and metrics name the key a request used",
      apply_api_key_file},
     {"tls-cert", "FILE", "", "serve HTTPS with this PEM certificate (chain); needs --tls-key",
      apply_tls_cert},

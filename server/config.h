@@ -6,6 +6,8 @@
 #ifndef ATTND_CONFIG_H
 #define ATTND_CONFIG_H
 
+#include "auth.h"
+
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -34,10 +36,12 @@ typedef struct attnd_config {
    * running slot but one), 0 no own limit. */
   int max_running_per_client;
   uint64_t max_pairs; /* score pairs one request may ask for (loop.c); 0: no cap */
-  /* Bearer token every request but the open routes needs; "" for none.
-   * Never printed: not in logs, errors or /v1/info. */
-  char api_key[256];
-  char api_key_file[1024]; /* where api_key was read from, "" when given inline */
+  /* The bearer tokens a request but the open routes needs one of, each
+   * with its name (auth.h); keys.n == 0: none. --api-key gives one, named
+   * "default"; --api-key-file one a line. Never printed: not in logs,
+   * errors or /v1/info (the names may be). */
+  attnd_keys keys;
+  char api_key_file[1024]; /* where the keys were read from, "" when given inline */
   char tls_cert[1024];     /* PEM files; both or neither ("" for plain HTTP) */
   char tls_key[1024];
   char tls_priorities[512]; /* GnuTLS priority string for HTTPS */

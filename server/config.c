@@ -16,8 +16,10 @@
 #include "tls.h"
 
 #include <errno.h>
+#include <fcntl.h> /* AT_FDCWD, AT_EACCESS */
 #include <getopt.h>
 #include <sched.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <ctype.h>
 #include <stdio.h>
@@ -52,7 +54,9 @@ static int parse_seconds(const char *what, const char *s, double lo, double *out
   return 0;
 }
 
-static int parse_size(const char *what, const char *s, uint64_t *out) {
+/* A size with an optional K, M or G suffix, 1 byte to 1024G; false when s
+ * is none. */
+static bool size_value(const char *s, uint64_t *out) {
   char *end;
   errno = 0;
   unsigned long long v = strtoull(s, &end, 10);
@@ -66,9 +70,15 @@ static int parse_size(const char *what, const char *s, uint64_t *out) {
   if (mul > 1)
     end++;
   if (!*s || *s == '-' || *end || errno || v == 0 || v > (1ull << 40) / mul)
-    return bad(what, s, "a size such as 1048576, 512K, 64M or 1G (at most 1024G)");
+    return false;
   *out = v * mul;
-  return 0;
+  return true;
+}
+
+static int parse_size(const char *what, const char *s, uint64_t *out) {
+  if (size_value(s, out))
+    return 0;
+  return bad(what, s, "a size such as 1048576, 512K, 64M or 1G (at most 1024G)");
 }
 
 static int parse_listen(const char *what, const char *s, attnd_config *c) {
@@ -343,6 +353,79 @@ static int apply_drain(attnd_config *c, const char *what, const char *v) {
   return parse_seconds(what, v, 0, &c->drain_timeout);
 }
 
+/* ---- sessions --------------------------------------------------------------- */
+
+/* A quarter of the machine's physical memory: room for the KV caches that
+ * leaves the rest to request bodies, replies and the engine. (In a
+ * container that is the host's memory, not the container's limit: give a
+ * size there.) */
+static int quarter_of_memory(const char *what, uint64_t *out) {
+  errno = 0;
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) {
+    fprintf(stderr, "attnd: %s: cannot tell this machine's memory (sysconf: %s): give a size\n",
+            what, errno ? strerror(errno) : "no answer");
+    return -1;
+  }
+  *out = (uint64_t)pages * (uint64_t)page / 4;
+  return 0;
+}
+
+static int apply_session_memory(attnd_config *c, const char *what, const char *v) {
+  if (!strcmp(v, "auto"))
+    return quarter_of_memory(what, &c->session_memory);
+  c->session_memory = 0;
+  if (!strcmp(v, "0") || size_value(v, &c->session_memory))
+    return 0;
+  return bad(what, v,
+             "0 (no sessions), auto (a quarter of physical memory) or a size such as 512M or 64G "
+             "(at most 1024G)");
+}
+
+/* Checked now, not at shutdown: a directory that cannot take the sessions
+ * would lose them all when the server stops. */
+static int apply_session_dir(attnd_config *c, const char *what, const char *v) {
+  struct stat st;
+  c->session_dir[0] = 0;
+  if (!*v) /* the default: none */
+    return 0;
+  if (apply_path(c->session_dir, sizeof c->session_dir, what, v) < 0)
+    return -1;
+  const char *why = NULL;
+  if (stat(v, &st) < 0)
+    why = strerror(errno);
+  else if (!S_ISDIR(st.st_mode))
+    why = "not a directory";
+  else if (faccessat(AT_FDCWD, v, W_OK | X_OK, AT_EACCESS) < 0)
+    why = errno == EROFS ? "on a read-only file system" : "not writable by attnd";
+  if (!why)
+    return 0;
+  fprintf(stderr,
+          "attnd: %s: \"%s\": %s; it must be a directory attnd can write in (leave the flag out "
+          "to keep sessions in memory only)\n",
+          what, v, why);
+  return -1;
+}
+
+static int apply_session_batch(attnd_config *c, const char *what, const char *v) {
+  if (strcmp(v, "on") && strcmp(v, "off"))
+    return bad(what, v, "on or off");
+  c->session_batch = !strcmp(v, "on");
+  return 0;
+}
+
+/* At least a second (a shorter TTL keeps nothing between two calls); a
+ * year is past any cache a decode keeps. */
+static int apply_session_ttl_max(attnd_config *c, const char *what, const char *v) {
+  char *end;
+  errno = 0;
+  double t = strtod(v, &end);
+  if (!*v || *end || errno || !(t >= 1) || t > 31536000)
+    return bad(what, v, "a number of seconds from 1 to 31536000 (a year)");
+  c->session_ttl_max = t;
+  return 0;
+}
+
 typedef struct flag {
   const char *name; /* --name; its variable is ATTND_NAME */
   const char *arg;  /* what the usage calls its value */
@@ -424,6 +507,19 @@ static const flag flags[] = {
      "of these names (comma-separated; .example.com for every name under it; * for any): a "
      "web page cannot reach the server through DNS rebinding",
      apply_allowed_hosts},
+    {"session-memory", "BYTES", "auto",
+     "memory all sessions (KV caches held by the server) may reserve, suffix K, M or G; a "
+     "create that does not fit gets 507; 0 = no sessions; auto = a quarter of physical memory",
+     apply_session_memory},
+    {"session-dir", "DIR", "",
+     "save sessions to DIR (a writable directory) on a graceful shutdown and load them at "
+     "start-up; without it, sessions live in memory only",
+     apply_session_dir},
+    {"session-batch", "on|off", "on",
+     "compute session calls that arrive together for the same backend as one batch",
+     apply_session_batch},
+    {"session-ttl-max", "SECONDS", "86400", "the largest ttl_s a session create may ask for",
+     apply_session_ttl_max},
 };
 enum { N_FLAGS = sizeof flags / sizeof *flags, OPT_HELP = N_FLAGS, OPT_VERSION };
 
@@ -490,7 +586,8 @@ static void print_usage(FILE *out) {
     print_flag(out, &flags[i]);
   fputs("  --help, --version\n"
         "\n"
-        "Memory is bounded by max-queue x max-body for request bodies, plus the replies.\n"
+        "Memory is bounded by max-queue x max-body for request bodies, plus the replies,\n"
+        "and by session-memory for sessions.\n"
         "SIGTERM or SIGINT drains (finishes what was accepted) and exits 0. SIGHUP and\n"
         "SIGUSR1 are logged and ignored: attnd reloads nothing (restart it to apply changes).\n",
         out);

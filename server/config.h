@@ -47,6 +47,11 @@ typedef struct attnd_config {
   char tls_priorities[512]; /* GnuTLS priority string for HTTPS */
   char cors_origin[256];    /* "" off, "*" or one origin */
   char allowed_hosts[512];  /* Host names a keyless server answers to besides addresses */
+  /* Sessions (the KV cache the server holds, /v1/sessions/...). */
+  uint64_t session_memory; /* bytes all sessions may reserve; 0: sessions off */
+  char session_dir[1024];  /* a writable directory sessions are saved to across restarts; "" */
+  bool session_batch;      /* session calls that arrive together may be computed as one batch */
+  double session_ttl_max;  /* seconds: the largest ttl_s a create may ask for */
 } attnd_config;
 
 /*

@@ -368,11 +368,12 @@ $(BUILD)/bench-gpu: $(BUILD)/obj/tests/gpu/bench_gpu.o $(LIB)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
 
 # The unit tests also cover server modules that need no daemon (metrics, the
-# connection registry, and the scheduler on a fake transport).
+# connection registry, the flags, and the scheduler on a fake transport).
 $(BUILD)/obj/tests/unit/%.o: CPPFLAGS += -Itests/lib -Iclients
 
 TEST_SERVER_OBJ = $(patsubst %,$(BUILD)/obj/server/%.o,metrics conns loop deadline request errors \
-                    reqid auth inflate log console parse routes v1 v2 server jobs work bodybuf sessions) $(CONSOLE_OBJ)
+                    reqid auth inflate log console parse routes v1 v2 server jobs work bodybuf sessions \
+                    config) $(CONSOLE_OBJ)
 $(TEST_BIN): $(TEST_OBJ) $(TEST_SERVER_OBJ) \
             $(BUILD)/obj/clients/benchlib.o $(BUILD)/obj/clients/http_reply.o \
             $(BUILD)/obj/clients/hist.o $(BUILD)/obj/clients/url.o \

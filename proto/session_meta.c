@@ -14,9 +14,8 @@ typedef struct field {
   bool required;
 } field;
 
-static const field create_fields[] = {{"heads_kv", true},  {"head_dim", true},
-                                      {"dtype", true},     {"max_tokens", true},
-                                      {"layers", false},   {"ttl_s", false}};
+static const field create_fields[] = {{"heads_kv", true},   {"head_dim", true}, {"dtype", true},
+                                      {"max_tokens", true}, {"layers", false},  {"ttl_s", false}};
 #define NCREATE (sizeof create_fields / sizeof *create_fields)
 
 /* The object of body, each member one of names; NULL with st set. */
@@ -41,7 +40,8 @@ static cJSON *parse_object(const char *body, size_t len, const field *names, siz
       twice |= !strcmp(p->string, c->string);
     if (i == n || twice) {
       attn_status_set(st, twice ? ATTN_PROTO_EJSON : ATTN_PROTO_EOPTION,
-                      twice ? "the key \"%.40s\" appears twice" : "unknown field \"%.40s\": send %s",
+                      twice ? "the key \"%.40s\" appears twice"
+                            : "unknown field \"%.40s\": send %s",
                       c->string, what);
       cJSON_Delete(root);
       return NULL;
@@ -72,7 +72,7 @@ static int get_int(const cJSON *root, const char *name, int64_t lo, int64_t hi, 
   return 0;
 }
 
-#define CREATE_WHAT                                                                     \
+#define CREATE_WHAT                                                                             \
   "{\"heads_kv\": n, \"head_dim\": n, \"dtype\": \"F32\"|\"F16\"|\"BF16\", \"max_tokens\": n, " \
   "\"layers\"?: n, \"ttl_s\"?: seconds}"
 
@@ -86,7 +86,8 @@ static int create_fields_of(const cJSON *root, attn_kv_shape *sh, double ttl_max
     return rc;
   const cJSON *dt = cJSON_GetObjectItemCaseSensitive(root, "dtype");
   if (!cJSON_IsString(dt) || attn_dtype_parse(dt->valuestring, &sh->dtype))
-    return attn_status_set(st, ATTN_PROTO_EOPTVALUE, "\"dtype\" must be \"F32\", \"F16\" or \"BF16\"");
+    return attn_status_set(st, ATTN_PROTO_EOPTVALUE,
+                           "\"dtype\" must be \"F32\", \"F16\" or \"BF16\"");
   const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "ttl_s");
   *ttl = 600;
   if (t && !(cJSON_IsNumber(t) && t->valuedouble > 0 && t->valuedouble <= ttl_max))

@@ -61,6 +61,10 @@ typedef struct attnd_req {
   /* The model a route served ("" for /attention): a label of the metrics
    * and the log line. Set by the route, before the request ends. */
   char model[64];
+  /* The name of the API key r authenticated with (auth.h), its tenant: the
+   * namespace of its sessions, a label of the metrics and the log line. ""
+   * when the server has no keys, and on the open routes. */
+  char tenant[64];
   char method[16];
   char path[192]; /* room for /v1/sessions/ and a 128-byte id and /attention */
   char *query;    /* re-encoded query string, for the proto parsers */

@@ -4,6 +4,7 @@
 #include "sessions.h"
 #include "errors.h"
 #include "log.h"
+#include "route.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -206,8 +207,7 @@ void attnd_sessions_reply_fields(attnd_req *r) {
     attn_sbuf_printf(&j, "\"length\": %lld, \"replay\": %s", (long long)c->entries[0].length,
                      c->entries[0].replay ? "true" : "false");
     attn_sbuf_printf(&m, "\"length\": \"%lld\"", (long long)c->entries[0].length);
-    snprintf(ss->length_header, sizeof ss->length_header, "%lld",
-             (long long)c->entries[0].length);
+    snprintf(ss->length_header, sizeof ss->length_header, "%lld", (long long)c->entries[0].length);
   } else {
     attn_sbuf_puts(&j, "\"lengths\": [");
     attn_sbuf_puts(&m, "\"lengths\": \"");
@@ -266,8 +266,8 @@ void attnd_sessions_close(attnd_server *s, bool save_only) {
   if (*c->session_dir) {
     int64_t n = attn_kv_save(s->kv, c->session_dir, attn_now(), &st);
     if (n < 0)
-      attnd_log_note(s, ATTND_ERROR, NULL, NULL, "sessions: not saved to %s: %s",
-                     c->session_dir, st.message);
+      attnd_log_note(s, ATTND_ERROR, NULL, NULL, "sessions: not saved to %s: %s", c->session_dir,
+                     st.message);
     else
       attnd_log_note(s, ATTND_INFO, NULL, NULL, "sessions: saved %lld to %s", (long long)n,
                      c->session_dir);

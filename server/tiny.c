@@ -2,6 +2,7 @@
  * tiny.c — tiny jobs computed on the HTTP thread (tiny.h).
  */
 #include "tiny.h"
+#include "route.h"
 #include "errors.h"
 #include "jobs.h"
 #include "work.h"

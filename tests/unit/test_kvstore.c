@@ -224,8 +224,7 @@ static void make(attn_kv_store *kv, const char *tenant, const char *id, const st
   attn_kv_shape sh = {s->hkv, s->d, s->dt, layers, max_tokens};
   bool created;
   attn_status st;
-  cr_assert_eq(attn_kv_create(kv, tenant, id, &sh, ttl, now, &created, &st), 0, "%s",
-               st.message);
+  cr_assert_eq(attn_kv_create(kv, tenant, id, &sh, ttl, now, &created, &st), 0, "%s", st.message);
 }
 
 /* Prefill of `pre` tokens, then one token a step to s->n, each checked. */
@@ -354,8 +353,7 @@ Test(kvstore, truncate_then_append_other_tokens) {
     memcpy((char *)b.k + (size_t)(h * 300) * w, (char *)a.k + (size_t)(h * 300) * w, 100 * w);
     memcpy((char *)b.v + (size_t)(h * 300) * w, (char *)a.v + (size_t)(h * 300) * w, 100 * w);
   }
-  cr_assert_eq(call1(kv, "", "t", &b, &plain, 100, 200, 100, 200, &y, 0, &st), 0, "%s",
-               st.message);
+  cr_assert_eq(call1(kv, "", "t", &b, &plain, 100, 200, 100, 200, &y, 0, &st), 0, "%s", st.message);
   cr_expect_eq(y.length, 300);
   cr_expect_leq(ref_error(&b, &plain, 100, 200, 300, &y), ttol(ATTN_F32));
   reply_free(&y);
@@ -465,8 +463,8 @@ Test(kvstore, ttl_counts_from_the_last_use) {
   cr_expect_eq(attn_kv_expire(kv, 109), 1);
   cr_expect_eq(attn_kv_get(kv, "", "ttl", 109, &info, NULL, 0, &st), ATTN_ESESSION_NOT_FOUND);
   make(kv, "", "ttl2", &s, 1, 8, 5, 200);
-  cr_expect_eq(call1(kv, "", "ttl2", &s, &plain, 0, 1, 0, 1, &y, 205, &st),
-               ATTN_ESESSION_NOT_FOUND, "an expired session was used");
+  cr_expect_eq(call1(kv, "", "ttl2", &s, &plain, 0, 1, 0, 1, &y, 205, &st), ATTN_ESESSION_NOT_FOUND,
+               "an expired session was used");
   reply_free(&y);
   attn_kv_stats stats;
   attn_kv_stats_get(kv, &stats);
@@ -558,8 +556,8 @@ static int call_batch(attn_kv_store *kv, const batch *bt, int n, void **po, doub
              (size_t)bt->nn[i] * w);
     }
   }
-  attn_kv_call c = {.tenant = "", .nentries = n, .entries = en, .k_new = k, .v_new = v,
-                    .total_new = tk};
+  attn_kv_call c = {
+      .tenant = "", .nentries = n, .entries = en, .k_new = k, .v_new = v, .total_new = tk};
   attn_request_init(&c.req);
   c.req.heads_q = s0->hq;
   c.req.heads_kv = s0->hkv;
@@ -581,7 +579,8 @@ Test(kvstore, batch_call_equals_single_calls_and_is_all_or_nothing, .timeout = 1
   attn_engine *e = topen(2, NULL);
   attn_kv_store *kv = open_store(e, 64 * MIB, true);
   stream s[3] = {stream_make(8, 2, 64, 1200, ATTN_BF16, 61),
-                 stream_make(8, 2, 64, 40, ATTN_BF16, 62), stream_make(8, 2, 64, 300, ATTN_BF16, 63)};
+                 stream_make(8, 2, 64, 40, ATTN_BF16, 62),
+                 stream_make(8, 2, 64, 300, ATTN_BF16, 63)};
   const char *single[3] = {"a1", "b1", "c1"}, *batched[3] = {"a2", "b2", "c2"};
   const int64_t pre[3] = {1199, 39, 250};
   reply y;
@@ -600,8 +599,8 @@ Test(kvstore, batch_call_equals_single_calls_and_is_all_or_nothing, .timeout = 1
   cr_assert_eq(call_batch(kv, &bt, 3, &bo, 0, &st), 0, "%s", st.message);
   size_t w = 64 * 2, off = 0;
   for (int i = 0; i < 3; i++) {
-    cr_assert_eq(call1(kv, "", single[i], &s[i], &plain, bt.pos[i], bt.nq[i], bt.pos[i],
-                       bt.nn[i], &y, 0, &st),
+    cr_assert_eq(call1(kv, "", single[i], &s[i], &plain, bt.pos[i], bt.nq[i], bt.pos[i], bt.nn[i],
+                       &y, 0, &st),
                  0, "%s", st.message);
     for (int64_t h = 0; h < 8; h++)
       cr_expect_eq(memcmp((char *)y.o + (size_t)(h * bt.nq[i]) * w,

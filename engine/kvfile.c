@@ -656,7 +656,8 @@ static int list_dir(kvf_ctx *c, char ***pv, size_t *pn, attn_status *st) {
     free(v);
     return rc;
   }
-  qsort(v, n, sizeof *v, names_cmp);
+  if (n > 1) /* qsort may not be given NULL, which an empty list is */
+    qsort(v, n, sizeof *v, names_cmp);
   *pv = v;
   *pn = n;
   return 0;

@@ -34,7 +34,15 @@
  * its largest magnitude as it is loaded for compute, into a->seen; the
  * caller judges the job from that once every block has run (and discards
  * the output of a refused job). Compute on such inputs makes garbage but
- * never traps or loops longer.
+ * never traps or loops longer. Paged K and V were checked when stored and
+ * are not scanned again.
+ *
+ * Paged K and V (attn_request.k_pages). Each tile reads its K and V rows
+ * from two row-0 pointers and row steps set once per tile (tile_rows): the
+ * dense tensors' rows, or a run of rows inside one page, with no gather
+ * copy and no per-element indirection. A page holds a multiple of BK keys,
+ * so a tile that would cross a page's end (tiles start at jlo, unaligned
+ * under a window) is cut there; the dense tiling is unchanged.
  */
 #include "flash.h"
 #include "simd.h"
@@ -195,7 +203,14 @@ typedef struct blk_ctx {
   const attn__flash_args *a;
   const attn__flash_block *blk;
   float *qt, *ot, *st, *kb, *vb, *m, *l, *alpha;
-  const char *kbase, *vbase;
+  const char *kbase, *vbase; /* dense K and V of (b, hk); NULL when paged */
+  /* Paged K and V: (b, hk)'s page tables; NULL when dense. */
+  const void *const *kpg, *const *vpg;
+  /* The current tile's first K and V rows and the elements between rows
+   * (tile_rows): every product reads its keys from these, so one kernel
+   * serves the dense layout and pages alike. */
+  const char *kt, *vt;
+  int64_t kstep, vstep;
   int64_t nrows, lanes, hk, jlo, jhi;
   int64_t scan_from; /* the keys this block scans: [scan_from, jhi] */
   int nv;
@@ -218,14 +233,14 @@ static const char *q_row(const blk_ctx *c, int64_t h, int64_t i) {
 static inline void dp_load_q(blk_ctx *c, const char *src, int64_t ii) {
   (void)c, (void)src, (void)ii;
 }
-static inline void dp_scores(blk_ctx *c, int64_t j0, int64_t nkt) { (void)c, (void)j0, (void)nkt; }
-static inline void dp_values(blk_ctx *c, int64_t j0, int64_t nkt) { (void)c, (void)j0, (void)nkt; }
+static inline void dp_scores(blk_ctx *c, int64_t nkt) { (void)c, (void)nkt; }
+static inline void dp_values(blk_ctx *c, int64_t nkt) { (void)c, (void)nkt; }
 static inline bool rw_ok(const blk_ctx *c) {
   (void)c;
   return false;
 }
-static inline void rw_scores(blk_ctx *c, int64_t j0, int64_t nkt) { (void)c, (void)j0, (void)nkt; }
-static inline void rw_values(blk_ctx *c, int64_t j0, int64_t nkt) { (void)c, (void)j0, (void)nkt; }
+static inline void rw_scores(blk_ctx *c, int64_t nkt) { (void)c, (void)nkt; }
+static inline void rw_values(blk_ctx *c, int64_t nkt) { (void)c, (void)nkt; }
 static inline void rw_begin(blk_ctx *c) { (void)c; }
 static inline void rw_end(blk_ctx *c) { (void)c; }
 #endif
@@ -262,20 +277,20 @@ static void start_block(blk_ctx *c) {
   }
 }
 
-/* S = Q·Kᵀ for keys j0 .. j0 + nkt - 1 in F32, converting narrow tiles. */
-static void f32_scores(blk_ctx *c, int64_t j0, int64_t nkt, const float **vp, int64_t *ldv) {
+/* S = Q·Kᵀ for the tile's nkt keys in F32, converting narrow tiles. */
+static void f32_scores(blk_ctx *c, int64_t nkt, const float **vp, int64_t *ldv) {
   const attn_request *r = c->a->r;
   const attn_dtype dt = r->dtype;
   const size_t es = attn_dtype_size(dt);
-  const int64_t D = r->head_dim, kstep = r->k_stride[2], vstep = r->v_stride[2];
-  const float *kp = (const float *)(c->kbase + (size_t)(j0 * kstep) * es);
-  int64_t ldk = kstep;
-  *vp = (const float *)(c->vbase + (size_t)(j0 * vstep) * es);
-  *ldv = vstep;
+  const int64_t D = r->head_dim;
+  const float *kp = (const float *)c->kt;
+  int64_t ldk = c->kstep;
+  *vp = (const float *)c->vt;
+  *ldv = c->vstep;
   if (dt != ATTN_F32) {
     for (int64_t jj = 0; jj < nkt; jj++) {
-      load_row(c->kb + jj * D, c->kbase + (size_t)((j0 + jj) * kstep) * es, dt, D);
-      load_row(c->vb + jj * D, c->vbase + (size_t)((j0 + jj) * vstep) * es, dt, D);
+      load_row(c->kb + jj * D, c->kt + (size_t)(jj * c->kstep) * es, dt, D);
+      load_row(c->vb + jj * D, c->vt + (size_t)(jj * c->vstep) * es, dt, D);
     }
     kp = c->kb;
     *vp = c->vb;
@@ -321,26 +336,64 @@ static void variant_tile(blk_ctx *c, int64_t j0, int64_t nkt) {
   }
 }
 
+/* Points kt, vt at key j0's rows. Dense: rows k_stride[2] apart. Paged:
+ * row j0 % page_tokens of its page, rows head_dim apart; the caller ends
+ * the tile at the page's end (tile_len), so the tile's rows are one run. */
+static void tile_rows(blk_ctx *c, int64_t j0) {
+  const attn_request *r = c->a->r;
+  const size_t es = attn_dtype_size(r->dtype);
+  if (c->kpg) {
+    const int64_t pt = r->page_tokens, row = (j0 % pt) * r->head_dim;
+    c->kt = (const char *)c->kpg[j0 / pt] + (size_t)row * es;
+    c->vt = (const char *)c->vpg[j0 / pt] + (size_t)row * es;
+    c->kstep = c->vstep = r->head_dim;
+    return;
+  }
+  c->kt = c->kbase + (size_t)(j0 * r->k_stride[2]) * es;
+  c->vt = c->vbase + (size_t)(j0 * r->v_stride[2]) * es;
+  c->kstep = r->k_stride[2];
+  c->vstep = r->v_stride[2];
+}
+
+/* Keys of the tile starting at j0: up to BK, and in paged mode never past
+ * the end of j0's page. Tiles follow jlo, which a window leaves unaligned,
+ * so a page boundary can fall inside a BK-run; the dense tiling is kept. */
+static int64_t tile_len(const blk_ctx *c, int64_t j0) {
+  int64_t n = c->jhi - j0 + 1 < BK ? c->jhi - j0 + 1 : BK;
+  if (c->kpg) {
+    const int64_t left = c->a->r->page_tokens - j0 % c->a->r->page_tokens;
+    n = n < left ? n : left;
+  }
+  return n;
+}
+
+/* The tile's K and V into a->seen, past the keys scanned already. Paged
+ * K and V were checked when they were stored: never scanned here. */
+static void see_tile(const blk_ctx *c, int64_t j0, int64_t nkt) {
+  const attn_request *r = c->a->r;
+  const int64_t s0 = j0 > c->scan_from ? j0 : c->scan_from, ns = j0 + nkt - s0;
+  if (c->kpg || ns <= 0)
+    return;
+  const size_t es = attn_dtype_size(r->dtype);
+  const int64_t kvh = c->blk->b * r->heads_kv + c->hk;
+  see(c->a, 1, kvh, c->kbase + (size_t)(s0 * r->k_stride[2]) * es, s0, ns, r->k_stride[2]);
+  see(c->a, 2, kvh, c->vbase + (size_t)(s0 * r->v_stride[2]) * es, s0, ns, r->v_stride[2]);
+}
+
 /* One key tile: scan it, scores, mask, online softmax, O += P·V. */
 static void tile_step(blk_ctx *c, int64_t j0, int64_t nkt) {
   const attn__flash_args *a = c->a;
-  const attn_request *r = a->r;
-  const int64_t D = r->head_dim, i0 = c->blk->i0, ilast = i0 + c->blk->nq - 1;
-  const int64_t kvh = c->blk->b * r->heads_kv + c->hk;
-  const int64_t s0 = j0 > c->scan_from ? j0 : c->scan_from, ns = j0 + nkt - s0;
-  if (ns > 0) {
-    const size_t es = attn_dtype_size(r->dtype);
-    see(a, 1, kvh, c->kbase + (size_t)(s0 * r->k_stride[2]) * es, s0, ns, r->k_stride[2]);
-    see(a, 2, kvh, c->vbase + (size_t)(s0 * r->v_stride[2]) * es, s0, ns, r->v_stride[2]);
-  }
+  const int64_t D = a->r->head_dim, i0 = c->blk->i0, ilast = i0 + c->blk->nq - 1;
+  see_tile(c, j0, nkt);
+  tile_rows(c, j0);
   const float *vp = NULL;
   int64_t ldv = 0;
   if (c->rowwise)
-    rw_scores(c, j0, nkt);
+    rw_scores(c, nkt);
   else if (c->bf16dp)
-    dp_scores(c, j0, nkt);
+    dp_scores(c, nkt);
   else
-    f32_scores(c, j0, nkt, &vp, &ldv);
+    f32_scores(c, nkt, &vp, &ldv);
   if (a->var.on)
     variant_tile(c, j0, nkt);
   bool full = (a->wl < 0 || j0 >= ilast + a->off - a->wl) &&
@@ -349,7 +402,7 @@ static void tile_step(blk_ctx *c, int64_t j0, int64_t nkt) {
     mask_tile(c->st, a, j0, nkt, i0, c->blk->nq, c->nrows);
   softmax_tile(c->st, nkt, c->nv, c->m, c->l, c->alpha);
   if (c->rowwise) {
-    rw_values(c, j0, nkt);
+    rw_values(c, nkt);
     return;
   }
   for (int64_t d = 0; d < D; d++)
@@ -358,7 +411,7 @@ static void tile_step(blk_ctx *c, int64_t j0, int64_t nkt) {
       vstore(op, vmul(vload(op), vload(c->alpha + v * VL)));
     }
   if (c->bf16dp)
-    dp_values(c, j0, nkt);
+    dp_values(c, nkt);
   else
     pv_tile(c->st, vp, ldv, c->ot, D, nkt, c->nv);
 }
@@ -416,9 +469,24 @@ static void key_range(blk_ctx *c) {
   c->scan_from = phi + 1;
 }
 
+/* Where K and V of the block's (batch, KV head) are: the dense tensors'
+ * rows, or that head's page tables (no pointer into r->k when it is NULL). */
+static void kv_head(blk_ctx *c) {
+  const attn_request *r = c->a->r;
+  const int64_t b = c->blk->b, hk = c->hk;
+  if (r->k_pages) {
+    const int64_t t = (b * r->heads_kv + hk) * r->pages_per_head;
+    c->kpg = r->k_pages + t;
+    c->vpg = r->v_pages + t;
+    return;
+  }
+  const size_t es = attn_dtype_size(r->dtype);
+  c->kbase = (const char *)r->k + (size_t)(b * r->k_stride[0] + hk * r->k_stride[1]) * es;
+  c->vbase = (const char *)r->v + (size_t)(b * r->v_stride[0] + hk * r->v_stride[1]) * es;
+}
+
 static void rows(const attn__flash_args *a, const attn__flash_block *blk, void *ws) {
   const attn_request *r = a->r;
-  const size_t es = attn_dtype_size(r->dtype);
   blk_ctx c = {.a = a, .blk = blk};
   c.qt = ws;
   c.ot = c.qt + MAXD * BQ;
@@ -433,16 +501,17 @@ static void rows(const attn__flash_args *a, const attn__flash_block *blk, void *
   c.lanes = (int64_t)c.nv * VL;
   c.hk = blk->h0 / a->group;
   c.bf16dp = r->dtype == ATTN_BF16 && r->head_dim % 2 == 0 && (ATTN_DPBF16 || ATTN_AMX);
-  c.kbase = (const char *)r->k + (size_t)(blk->b * r->k_stride[0] + c.hk * r->k_stride[1]) * es;
-  c.vbase = (const char *)r->v + (size_t)(blk->b * r->v_stride[0] + c.hk * r->v_stride[1]) * es;
+  kv_head(&c);
   c.rowwise = rw_ok(&c);
   key_range(&c);
   start_block(&c);
   if (c.rowwise)
     rw_begin(&c);
   amx_begin(&c);
-  for (int64_t j0 = c.jlo; j0 <= c.jhi; j0 += BK)
-    tile_step(&c, j0, c.jhi - j0 + 1 < BK ? c.jhi - j0 + 1 : BK);
+  for (int64_t j0 = c.jlo, nkt; j0 <= c.jhi; j0 += nkt) {
+    nkt = tile_len(&c, j0);
+    tile_step(&c, j0, nkt);
+  }
   amx_end(&c);
   if (c.rowwise)
     rw_end(&c);
@@ -452,7 +521,7 @@ static void rows(const attn__flash_args *a, const attn__flash_block *blk, void *
 static void scan_keys(const attn__flash_args *a, int64_t b, int64_t hk, int64_t j0, int64_t j1) {
   const attn_request *r = a->r;
   const size_t es = attn_dtype_size(r->dtype);
-  if (j1 <= j0)
+  if (j1 <= j0 || r->k_pages) /* pages were checked when stored */
     return;
   const char *k = (const char *)r->k +
                   (size_t)(b * r->k_stride[0] + hk * r->k_stride[1] + j0 * r->k_stride[2]) * es;

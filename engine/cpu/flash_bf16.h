@@ -179,6 +179,8 @@ INLINE void rw_scores_n(blk_ctx *c, int64_t nkt, const int nr) {
       q_row(c, c->blk->h0 + ii / c->blk->nq, c->blk->i0 + ii % c->blk->nq);
   const char *kp = c->kt;
   for (int64_t j = 0; j < nkt; j++, kp += ldk) {
+    if (j % 4 == 0) /* a quarter of the next tile's rows per 4 keys */
+      prefetch_next(c, j / 4, (nkt + 3) / 4);
     float s[VL] = {0};
     UNROLL for (int ii = 0; ii < nr; ii++) {
       __m512 acc = _mm512_setzero_ps();

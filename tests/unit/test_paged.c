@@ -229,8 +229,8 @@ static int run_everywhere(attn_engine *e[NISAS], tprob p, uint64_t seed) {
 }
 
 /* Decoding: one query over >= 1024 keys (the key split), seq_kv not a
- * multiple of any page; GQA and MQA; head_dim 128 (BF16's rows along
- * head_dim) and 64. */
+ * multiple of any page; GQA and MQA; head_dim 128 and 64 (rows along
+ * head_dim, in F32 and in BF16 pairs), 80 and 48. */
 Test(paged, decode, .timeout = 600) {
   attn_engine *e[NISAS];
   open_all(e);
@@ -241,6 +241,9 @@ Test(paged, decode, .timeout = 600) {
   fails += run_everywhere(e, mqa, 20);
   tprob batch = tprob_make(2, 4, 2, 2, 1030, 128, ATTN_F32); /* two tables per head */
   fails += run_everywhere(e, batch, 30);
+  /* head_dim 80 and 48: a partial chunk of O columns; 3 and 1 rows */
+  fails += run_everywhere(e, tprob_make(1, 3, 1, 1, 1030, 80, ATTN_F32), 33);
+  fails += run_everywhere(e, tprob_make(1, 2, 2, 1, 300, 48, ATTN_F32), 36);
   close_all(e);
   cr_assert_eq(fails, 0, "%d paged decode checks failed", fails);
 }

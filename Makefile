@@ -402,7 +402,7 @@ $(BUILD)/obj/tests/bench/peers_attn.o: tests/bench/peers_attn.c $(BUILD)/.flags
 $(BUILD)/bench-peers-attn: $(BUILD)/obj/tests/bench/peers_attn.o $(BUILD)/obj/clients/benchlib.o $(LIB)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
 
-$(BUILD)/bench-peak: $(BUILD)/obj/tests/bench/peak.o
+$(BUILD)/bench-peak: $(BUILD)/obj/tests/bench/peak.o $(LIB)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
 
 # F16 products two ways (tests/bench/f16split.c): -O3 as the engine's
@@ -634,7 +634,7 @@ bench-peers: deps
 # The machine's peak per instruction path (F32 FMA, VDPBF16PS, AMX), the
 # denominator of the kernels' "% of peak" (JSON; bench-peers prints it too).
 bench-peak: $(BUILD)/bench-peak
-	$(BUILD)/bench-peak
+	$(BUILD)/bench-peak --bandwidth
 
 # F16 attention products: widened to F32 on FMAs (the engine) against an
 # exact hi/lo BF16 split on VDPBF16PS, with their errors; one thread.

@@ -185,6 +185,7 @@ static double ref_error(const stream *s, const opts *op, int64_t q0, int64_t nq,
   r.q = q;
   r.k = s->k;
   r.v = s->v;
+  r.o = q; /* validation wants an output; the reference writes its own */
   int64_t ks[3] = {s->hkv * s->n * s->d, s->n * s->d, s->d};
   memcpy(r.k_stride, ks, sizeof ks);
   memcpy(r.v_stride, ks, sizeof ks);

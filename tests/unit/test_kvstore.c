@@ -613,13 +613,14 @@ Test(kvstore, batch_call_equals_single_calls_and_is_all_or_nothing, .timeout = 1
   }
   free(bo);
   /* one entry at a wrong pos refuses the call, naming it; nothing appended anywhere */
-  batch bad = {{"a2", "b2", "c2"}, {&s[0], &s[1], &s[2]}, {1200, 7, 252}, {0, 1, 0}, {0, 1, 0}};
-  bad.nq[0] = bad.nq[2] = 1;
+  batch bad = {{"a2", "b2", "c2"}, {&s[0], &s[2], &s[2]}, {1200, 30, 252}, {1, 1, 1}, {0, 1, 1}};
   cr_expect_eq(call_batch(kv, &bad, 3, &bo, 0, &st), ATTN_ESESSION_CONFLICT);
   cr_expect(strstr(st.message, "sessions[1]"), "%s", st.message);
   free(bo);
   int64_t len[2];
   attn_kv_info info;
+  cr_assert_eq(attn_kv_get(kv, "", "c2", 0, &info, len, 2, &st), 0);
+  cr_expect_eq(len[0], 252, "a refused batch appended to c2");
   cr_assert_eq(attn_kv_get(kv, "", "b2", 0, &info, len, 2, &st), 0);
   cr_expect_eq(len[0], 40);
   batch dup = {{"a2", "a2", "c2"}, {&s[0], &s[0], &s[2]}, {1200, 1200, 252}, {1, 1, 1}, {0, 0, 0}};

@@ -187,13 +187,13 @@ static int check_fields(const attn_proto_session *ps, const attn_proto_tensor *t
       return attn_status_set(st, ATTN_PROTO_EUNKNOWNTENSOR,
                              "cu_seqlens are for /v1/sessions/_batch; a session's call is one "
                              "sequence");
-    return kv && ps->npos != 1 ? attn_status_set(st, ATTN_PROTO_EMISSING,
+    return kv && ps->npos != 1 ? attn_status_set(st, ATTN_PROTO_EOPTVALUE,
                                                  "\"pos\" is missing: new k and v are appended at "
                                                  "pos, which must be the layer's length")
                                : 0;
   }
   if (ps->nids < 1)
-    return attn_status_set(st, ATTN_PROTO_EMISSING, "\"sessions\" is missing: the batch's ids");
+    return attn_status_set(st, ATTN_PROTO_EOPTVALUE, "\"sessions\" is missing: the batch's ids");
   if (!cq->data || (kv && !ck->data) || (!kv && ck->data))
     return attn_status_set(st, ATTN_PROTO_EMISSING,
                            "a batch call needs cu_seqlens_q, and cu_seqlens_kv exactly when it "

@@ -49,7 +49,7 @@ static cJSON *parse_object(const char *body, size_t len, const field *names, siz
   }
   for (size_t i = 0; i < n; i++)
     if (names[i].required && !cJSON_GetObjectItemCaseSensitive(root, names[i].name)) {
-      attn_status_set(st, ATTN_PROTO_EMISSING, "field \"%s\" is missing: send %s", names[i].name,
+      attn_status_set(st, ATTN_PROTO_EOPTVALUE, "field \"%s\" is missing: send %s", names[i].name,
                       what);
       cJSON_Delete(root);
       return NULL;

@@ -67,8 +67,7 @@ static void create(const char *id, const tcase *full, int64_t max_tokens) {
 
 /* One step on session id: queries and new tokens [pos, pos + n) of full,
  * as JSON or safetensors; checked against the reference over [0, pos + n). */
-static void step(const char *id, const tcase *full, int64_t pos, int64_t n, bool st,
-                 http_res *r) {
+static void step(const char *id, const tcase *full, int64_t pos, int64_t n, bool st, http_res *r) {
   tcase body;
   slice(full, pos, n, pos, n, &body);
   char path[200], meta[64];
@@ -174,7 +173,7 @@ static void expect_call(const char *method, const char *path, const char *body, 
 
 #define SHAPE "{\"heads_kv\": 1, \"head_dim\": 4, \"dtype\": \"F32\", \"max_tokens\": 4}"
 #define Q1 "\"q\": {\"shape\": [1, 1, 4], \"dtype\": \"F32\", \"data\": [1, 2, 3, 4]}"
-#define KV1                                                             \
+#define KV1                                                                     \
   "\"k\": {\"shape\": [1, 1, 4], \"dtype\": \"F32\", \"data\": [1, 0, 0, 0]}, " \
   "\"v\": {\"shape\": [1, 1, 4], \"dtype\": \"F32\", \"data\": [0, 1, 0, 0]}"
 
@@ -188,8 +187,9 @@ Test(sessions, refusals_and_their_statuses) {
   expect_call("PUT", "/v1/sessions/_a", SHAPE, 422, "invalid_request", "an id of the server's");
   expect_call("PUT", "/v1/sessions/b", "{\"heads_kv\": 1}", 422, "invalid_option",
               "a missing field");
-  expect_call("PUT", "/v1/sessions/b", "{\"heads_kv\": 1, \"head_dim\": 4, \"dtype\": \"F32\", "
-                                       "\"max_tokens\": 4, \"colour\": 1}",
+  expect_call("PUT", "/v1/sessions/b",
+              "{\"heads_kv\": 1, \"head_dim\": 4, \"dtype\": \"F32\", "
+              "\"max_tokens\": 4, \"colour\": 1}",
               422, "unknown_option", "an unknown field");
   expect_call("PUT", "/v1/sessions/b", "not json", 400, "malformed_json", "not JSON");
   /* 1 MiB is 16 pages: a session of 8 KV heads reserves 16 */
@@ -210,7 +210,7 @@ Test(sessions, refusals_and_their_statuses) {
   expect_call("POST", "/v1/sessions/a/attention", "{" Q1 ", " KV1 ", \"pos\": 1, \"layer\": 1}",
               422, "invalid_request", "a layer the session lacks");
   const char *four = "{\"q\": {\"shape\": [1, 1, 4], \"dtype\": \"F32\", \"data\": [1, 2, 3, 4]}, "
-                     "\"k\": {\"shape\": [1, 4, 4], \"dtype\": \"F32\", \"data\": [" 
+                     "\"k\": {\"shape\": [1, 4, 4], \"dtype\": \"F32\", \"data\": ["
                      "1,0,0,0,1,0,0,0,1,0,0,0,1,0,0,0]}, \"v\": {\"shape\": [1, 4, 4], \"dtype\": "
                      "\"F32\", \"data\": [1,0,0,0,1,0,0,0,1,0,0,0,1,0,0,0]}, \"pos\": 1}";
   expect_call("POST", "/v1/sessions/a/attention", four, 422, "session_full", "past max_tokens");
@@ -244,7 +244,8 @@ static void put_rows(cJSON *arr, const void *t, attn_dtype dt, int64_t h, int64_
                      int64_t r0, int64_t n) {
   for (int64_t i = 0; i < h; i++)
     for (int64_t j = 0; j < n * d; j++)
-      cJSON_AddItemToArray(arr, cJSON_CreateNumber(attn_load_elem(t, dt, (size_t)((i * total + r0) * d + j))));
+      cJSON_AddItemToArray(
+          arr, cJSON_CreateNumber(attn_load_elem(t, dt, (size_t)((i * total + r0) * d + j))));
 }
 
 static cJSON *int_array(const int64_t *v, int n) {

@@ -511,7 +511,8 @@ int attn_kv_get(attn_kv_store *s, const char *tenant, const char *id, double now
                 attn_kv_info *info, int64_t *lengths, int64_t cap, attn_status *st);
 /* Deletes it; its reservation is free at once (its pages once no call reads
  * them). */
-int attn_kv_delete(attn_kv_store *s, const char *tenant, const char *id, attn_status *st);
+int attn_kv_delete(attn_kv_store *s, const char *tenant, const char *id, double now,
+                   attn_status *st);
 /* Cuts every layer longer than length to length. */
 int attn_kv_truncate(attn_kv_store *s, const char *tenant, const char *id, int64_t length,
                      double now, attn_status *st);

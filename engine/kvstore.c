@@ -280,12 +280,12 @@ int attn_kv_get(attn_kv_store *s, const char *tenant, const char *id, double now
   return ks ? 0 : not_found(id, st);
 }
 
-int attn_kv_delete(attn_kv_store *s, const char *tenant, const char *id, attn_status *st) {
+int attn_kv_delete(attn_kv_store *s, const char *tenant, const char *id, double now,
+                   attn_status *st) {
   pthread_mutex_lock(&s->mu);
-  kv_session **pp = slot_of(s, tenant, id);
-  bool found = *pp != NULL;
+  bool found = attn__kv_find(s, tenant, id, now) != NULL; /* an expired one is gone */
   if (found)
-    unlink_session(s, pp);
+    unlink_session(s, slot_of(s, tenant, id));
   pthread_mutex_unlock(&s->mu);
   return found ? 0 : not_found(id, st);
 }

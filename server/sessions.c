@@ -85,7 +85,7 @@ void attnd_sessions_resource(attnd_req *r) {
     create(r, kv, id);
   } else if (!strcmp(r->method, "DELETE")) {
     attn_status st;
-    if (attn_kv_delete(kv, r->tenant, id, &st))
+    if (attn_kv_delete(kv, r->tenant, id, attn_now(), &st))
       attnd_req_fail(r, st.code, st.message);
     else
       attnd_req_reply(r, 204, malloc(1), 0, NULL);

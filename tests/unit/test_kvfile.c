@@ -300,7 +300,7 @@ Test(kvfile, save_replaces, .init = setup, .fini = teardown) {
   make(a, &p);
   save_ok(a, 1100, 1);
   attn_status st;
-  cr_assert_eq(attn_kv_delete(a, p.tenant, p.id, &st), 0);
+  cr_assert_eq(attn_kv_delete(a, p.tenant, p.id, 1100, &st), 0);
   p.len[0] = 77, p.len[1] = 200, p.len[2] = 1, p.seed = 9, p.made = 1150;
   make(a, &p);
   save_ok(a, 1200, 1);

@@ -435,8 +435,8 @@ Test(kvstore, memory_reserved_at_create_and_freed_by_delete) {
   attn_kv_shape other = sh;
   other.max_tokens = 50;
   cr_expect_eq(attn_kv_create(kv, "", "m0", &other, 60, 0, &created, &st), ATTN_ESESSION_EXISTS);
-  cr_assert_eq(attn_kv_delete(kv, "", "m1", &st), 0);
-  cr_expect_eq(attn_kv_delete(kv, "", "m1", &st), ATTN_ESESSION_NOT_FOUND);
+  cr_assert_eq(attn_kv_delete(kv, "", "m1", 0, &st), 0);
+  cr_expect_eq(attn_kv_delete(kv, "", "m1", 0, &st), ATTN_ESESSION_NOT_FOUND);
   cr_expect_eq(attn_kv_create(kv, "", "m4", &sh, 60, 0, &created, &st), 0, "%s", st.message);
   attn_kv_stats stats;
   attn_kv_stats_get(kv, &stats);
@@ -501,7 +501,7 @@ Test(kvstore, tenants_are_namespaces) {
   int na = 0, nb = 0;
   cr_expect_eq(attn_kv_list(kv, "alice", 0, count_one, &na), 1);
   cr_expect_eq(attn_kv_list(kv, "bob", 0, count_one, &nb), 2);
-  cr_expect_eq(attn_kv_delete(kv, "alice", "y", &st), ATTN_ESESSION_NOT_FOUND);
+  cr_expect_eq(attn_kv_delete(kv, "alice", "y", 0, &st), ATTN_ESESSION_NOT_FOUND);
   cr_expect_eq(attn_kv_truncate(kv, "alice", "y", 0, 0, &st), ATTN_ESESSION_NOT_FOUND);
   stream_free(&a);
   stream_free(&b);

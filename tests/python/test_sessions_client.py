@@ -1,5 +1,5 @@
-"""attnd.Session and Client.session_batch against a real attnd: a prefill and then a token-by-
-token decode, each reply checked against float64 attention (tests/python/attn_ref.py) over
+"""attnd.Session and Client.session_batch against a real attnd: a prefill and then a decode
+token by token, each reply checked against float64 attention (tests/python/attn_ref.py) over
 exactly the keys the session should hold by then; the positions the client tracks, conflicts,
 replays, truncate and re-append, the context manager's delete, a batch of sessions, and torch
 tensors in and out (skipped where torch is not installed)."""

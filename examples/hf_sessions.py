@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""hf_sessions.py — a Hugging Face transformers causal LM whose every attention layer runs on attnd's sessions.
+"""hf_sessions.py — a Hugging Face transformers LM whose attention layers run on an attnd session.
 
 A small Llama (2 layers, hidden 256, 8 query heads, 2 KV heads, vocab 1000) with seeded
 random weights (nothing is downloaded; initializer_range 0.1, so that attention is far from

@@ -27,8 +27,8 @@ from ._tensors import bf16_to_float32, float32_to_bf16, from_wire, result_device
     f32_to_wire, is_torch_tensor
 
 __version__ = "0.1.0"
-__all__ = ["Client", "AttndError", "Session", "sharded_attention", "bf16_to_float32", "float32_to_bf16",
-           "__version__"]
+__all__ = ["Client", "AttndError", "Session", "sharded_attention", "bf16_to_float32",
+           "float32_to_bf16", "__version__"]
 
 _BACKENDS = ("auto", "cpu", "cuda", "reference")
 

@@ -1,7 +1,7 @@
 /*
  * session.h — what `attn session` and `attn load --session` share: HTTP
- * calls to attnd's session routes (/v1/sessions/..., docs/api.md) on one
- * keep-alive libcurl handle, a session's parameters as GET returns them,
+ * calls to attnd's session routes (/v1/sessions/...) on one keep-alive
+ * libcurl handle, a session's parameters as GET returns them,
  * and the safetensors bodies of a call (q [Hq, Nq, D] and the new k, v
  * [Hkv, Nnew, D], random or from a file) and of its reply (o, and the
  * layer's length in X-Session-Length or the reply's __metadata__).

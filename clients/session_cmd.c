@@ -31,7 +31,7 @@ static const char usage[] =
     "\n"
     "A session is a KV cache the attnd at URL (http://HOST:PORT) holds for its client, named\n"
     "by ID (1-128 of [A-Za-z0-9._-], not starting with '_' or '.'): each call sends only q\n"
-    "and the new tokens' k and v (docs/api.md, \"Sessions\").\n"
+    "and the new tokens' k and v (the /v1/sessions/ routes; docs/clients.md).\n"
     "\n"
     "  create    PUT /v1/sessions/ID: layers (default 1) of max_tokens tokens of heads_kv x\n"
     "            head_dim in dtype (default F32), reserved at once; dropped --ttl seconds\n"

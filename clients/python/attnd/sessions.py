@@ -12,7 +12,7 @@
 ... # deleted on leaving the block
 
 The routes are ``/v1/sessions/{id}`` (PUT create, GET, DELETE), ``.../attention``,
-``.../truncate`` and ``/v1/sessions/_batch`` (docs/api.md). This module is imported by
+``.../truncate`` and ``/v1/sessions/_batch``. This module is imported by
 ``import attnd``; :meth:`attnd.Client.session` and :meth:`attnd.Client.session_batch` are its
 entry points.
 """

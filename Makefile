@@ -101,7 +101,8 @@ ENGINE_SRC = engine/submit.c engine/varlen.c engine/handle.c engine/backend.c en
              engine/config.c engine/request.c engine/check.c engine/dtype.c engine/pool.c \
              engine/plan.c engine/softmax.c engine/reference.c engine/reference_bwd.c \
              engine/reference_backend.c engine/cpu/cpu.c engine/cpu/cpu_bwd.c engine/cpu/scan.c \
-             engine/cuda/select.c engine/cuda/hopper_select.c
+             engine/cuda/select.c engine/cuda/hopper_select.c engine/kvpages.c engine/kvstore.c \
+             engine/kvcall.c engine/kvfile.c
 ENGINE_OBJ = $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
 
 # ---- the wire formats (proto/) ---------------------------------------------
@@ -248,7 +249,7 @@ SERVER_SRC = server/main.c server/config.c server/http.c server/loop.c server/de
              server/v2.c server/reqid.c server/auth.c server/inflate.c server/log.c server/tls.c \
              server/console.c server/parse.c server/routes.c server/v1.c server/server.c \
              server/body.c server/listen.c server/reply.c server/jobs.c \
-             server/work.c server/bodybuf.c server/tiny.c
+             server/work.c server/bodybuf.c server/tiny.c server/sessions.c
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/obj/%.o) $(CONSOLE_OBJ)
 
 # ---- the web console (GET /): its files compiled into attnd ---------------------
@@ -369,11 +370,12 @@ $(BUILD)/bench-gpu: $(BUILD)/obj/tests/gpu/bench_gpu.o $(LIB)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
 
 # The unit tests also cover server modules that need no daemon (metrics, the
-# connection registry, and the scheduler on a fake transport).
+# connection registry, the flags, and the scheduler on a fake transport).
 $(BUILD)/obj/tests/unit/%.o: CPPFLAGS += -Itests/lib -Iclients
 
 TEST_SERVER_OBJ = $(patsubst %,$(BUILD)/obj/server/%.o,metrics conns loop deadline request errors \
-                    reqid auth inflate log console parse routes v1 v2 server jobs work bodybuf) $(CONSOLE_OBJ)
+                    reqid auth inflate log console parse routes v1 v2 server jobs work bodybuf sessions \
+                    config) $(CONSOLE_OBJ)
 $(TEST_BIN): $(TEST_OBJ) $(TEST_SERVER_OBJ) \
             $(BUILD)/obj/clients/benchlib.o $(BUILD)/obj/clients/http_reply.o \
             $(BUILD)/obj/clients/hist.o $(BUILD)/obj/clients/url.o \
@@ -402,7 +404,7 @@ $(BUILD)/obj/tests/bench/peers_attn.o: tests/bench/peers_attn.c $(BUILD)/.flags
 $(BUILD)/bench-peers-attn: $(BUILD)/obj/tests/bench/peers_attn.o $(BUILD)/obj/clients/benchlib.o $(LIB)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
 
-$(BUILD)/bench-peak: $(BUILD)/obj/tests/bench/peak.o
+$(BUILD)/bench-peak: $(BUILD)/obj/tests/bench/peak.o $(LIB)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
 
 # F16 products two ways (tests/bench/f16split.c): -O3 as the engine's
@@ -634,7 +636,7 @@ bench-peers: deps
 # The machine's peak per instruction path (F32 FMA, VDPBF16PS, AMX), the
 # denominator of the kernels' "% of peak" (JSON; bench-peers prints it too).
 bench-peak: $(BUILD)/bench-peak
-	$(BUILD)/bench-peak
+	$(BUILD)/bench-peak --bandwidth
 
 # F16 attention products: widened to F32 on FMAs (the engine) against an
 # exact hi/lo BF16 split on VDPBF16PS, with their errors; one thread.

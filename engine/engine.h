@@ -66,28 +66,28 @@ extern "C" {
  * server maps each to an HTTP status in one table (server/), so a new code
  * here must be added there too.
  */
-#define ATTN_ERRNO_MAP(XX)                                  \
-  XX(EINVAL, "invalid argument")                            \
-  XX(ESHAPE, "invalid shape")                               \
-  XX(EHEADS, "heads_q is not a multiple of heads_kv")       \
-  XX(EDTYPE, "unknown or mismatched dtype")                 \
-  XX(ESCALE, "scale is not a finite number")                \
-  XX(EWINDOW, "invalid attention window")                   \
-  XX(ENONFINITE, "input holds a non-finite value")          \
-  XX(EOVERFLOW, "sizes overflow 64-bit arithmetic")         \
-  XX(ERANGE, "attention scores overflow float32")           \
-  XX(ETOOBIG, "problem too large for this backend")         \
-  XX(ENOMEM, "out of memory")                               \
-  XX(EBACKEND, "unknown backend")                           \
-  XX(EUNSUPPORTED, "request not supported by this backend") \
-  XX(ENODEV, "no device available for this backend")        \
-  XX(EDEVICE, "device failure")                             \
-  XX(ESHUTDOWN, "engine is shutting down")                  \
-  XX(ECANCELED, "request canceled")                         \
+#define ATTN_ERRNO_MAP(XX)                                                   \
+  XX(EINVAL, "invalid argument")                                             \
+  XX(ESHAPE, "invalid shape")                                                \
+  XX(EHEADS, "heads_q is not a multiple of heads_kv")                        \
+  XX(EDTYPE, "unknown or mismatched dtype")                                  \
+  XX(ESCALE, "scale is not a finite number")                                 \
+  XX(EWINDOW, "invalid attention window")                                    \
+  XX(ENONFINITE, "input holds a non-finite value")                           \
+  XX(EOVERFLOW, "sizes overflow 64-bit arithmetic")                          \
+  XX(ERANGE, "attention scores overflow float32")                            \
+  XX(ETOOBIG, "problem too large for this backend")                          \
+  XX(ENOMEM, "out of memory")                                                \
+  XX(EBACKEND, "unknown backend")                                            \
+  XX(EUNSUPPORTED, "request not supported by this backend")                  \
+  XX(ENODEV, "no device available for this backend")                         \
+  XX(EDEVICE, "device failure")                                              \
+  XX(ESHUTDOWN, "engine is shutting down")                                   \
+  XX(ECANCELED, "request canceled")                                          \
   XX(ESESSION_EXISTS, "a session with this id exists with other parameters") \
-  XX(ESESSION_NOT_FOUND, "no such session")                 \
-  XX(ESESSION_CONFLICT, "pos is not the layer's length")    \
-  XX(ESESSION_FULL, "the session's max_tokens would be passed") \
+  XX(ESESSION_NOT_FOUND, "no such session")                                  \
+  XX(ESESSION_CONFLICT, "pos is not the layer's length")                     \
+  XX(ESESSION_FULL, "the session's max_tokens would be passed")              \
   XX(ESESSION_MEMORY, "the session memory is fully reserved")
 
 typedef enum attn_errno {
@@ -215,7 +215,7 @@ typedef struct attn_request {
   /* The pages' largest |k| and |v|: their values were checked finite when
    * they were stored, so the kernel does not scan them again. */
   float kv_absmax[2];
-  void *o;               /* output, dtype elements */
+  void *o; /* output, dtype elements */
   /* Element strides of the batch, head and sequence dimensions; all zero
    * means contiguous [B, H, N, D]. */
   int64_t q_stride[3], k_stride[3], v_stride[3], o_stride[3];
@@ -454,6 +454,7 @@ typedef struct attn_kv_store attn_kv_store;
 #define ATTN_KV_ID_MAX 128
 #define ATTN_KV_TENANT_MAX 64
 #define ATTN_KV_MAX_LAYERS 1024
+#define ATTN_KV_BATCH_BUCKETS 8
 
 typedef struct attn_kv_shape {
   int64_t heads_kv, head_dim;
@@ -477,7 +478,11 @@ typedef struct attn_kv_stats {
   int64_t sessions;
   uint64_t pool_bytes, reserved_bytes, used_bytes; /* used: pages holding tokens */
   int64_t page_bytes;
-  uint64_t appended_tokens, replays, conflicts, expired, batches, batched_calls;
+  uint64_t appended_tokens, replays, conflicts, expired;
+  /* Engine jobs the store ran, by the calls each computed: at most 1, 2,
+   * 4, ..., 64, then more (a histogram's buckets, not cumulative). */
+  uint64_t batch_sizes[ATTN_KV_BATCH_BUCKETS];
+  uint64_t batched_calls; /* calls over all those jobs */
 } attn_kv_stats;
 
 /* Checks an id against the contract: 1-128 of [A-Za-z0-9._-], not starting
@@ -487,8 +492,7 @@ int attn_kv_id_check(const char *id, size_t len, attn_status *st);
 /* A store of `bytes` of pages on engine e (its cpu backend computes);
  * batch: calls that arrive while the store's previous job runs are
  * computed together as one job. */
-int attn_kv_open(attn_engine *e, uint64_t bytes, bool batch, attn_kv_store **ps,
-                 attn_status *st);
+int attn_kv_open(attn_engine *e, uint64_t bytes, bool batch, attn_kv_store **ps, attn_status *st);
 /* Frees the store; no call may be in flight. */
 void attn_kv_close(attn_kv_store *s);
 
@@ -507,7 +511,8 @@ int attn_kv_get(attn_kv_store *s, const char *tenant, const char *id, double now
                 attn_kv_info *info, int64_t *lengths, int64_t cap, attn_status *st);
 /* Deletes it; its reservation is free at once (its pages once no call reads
  * them). */
-int attn_kv_delete(attn_kv_store *s, const char *tenant, const char *id, attn_status *st);
+int attn_kv_delete(attn_kv_store *s, const char *tenant, const char *id, double now,
+                   attn_status *st);
 /* Cuts every layer longer than length to length. */
 int attn_kv_truncate(attn_kv_store *s, const char *tenant, const char *id, int64_t length,
                      double now, attn_status *st);
@@ -562,8 +567,8 @@ typedef struct attn_kv_call {
  * and done will not run. Calls on one layer apply in the order they reach
  * this function; the call and its buffers must stay valid until done.
  */
-int attn_kv_submit(attn_kv_store *s, attn_kv_call *call, double now, attn_done_fn done,
-                   void *arg, attn_status *st);
+int attn_kv_submit(attn_kv_store *s, attn_kv_call *call, double now, attn_done_fn done, void *arg,
+                   attn_status *st);
 
 /*
  * Persistence (--session-dir). attn_kv_save writes every live session of

@@ -110,6 +110,9 @@ int attn_reference(const attn_request *r0, double *o, double *m, double *l, doub
     return attn_status_set(st, ATTN_EUNSUPPORTED,
                            "the float64 reference takes one problem, not a variable-length "
                            "batch; run it on each sequence");
+  if (r0->k_pages) /* it reads K and V in place, the way the contract lays them out */
+    return attn_status_set(st, ATTN_EUNSUPPORTED,
+                           "the float64 reference reads whole K and V tensors, not pages");
   attn_request r = *r0;
   attn__request_fill_strides(&r);
   double *S, *P;

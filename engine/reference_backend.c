@@ -123,6 +123,10 @@ static void ref_close(void *state) { free(state); }
 
 static int ref_supports(void *state, const attn_request *r, attn_status *st) {
   ref_state *s = state;
+  /* The reference reads dense k and v only (reference.c); pages are the
+   * cpu kernel's. */
+  if (r->k_pages)
+    return attn_status_set(st, ATTN_EUNSUPPORTED, "paged K/V (sessions) runs on the cpu backend");
   double bytes = 2.0 * 8.0 * (double)r->seq_q * (double)r->seq_kv;
   if (bytes > (double)s->max_bytes)
     return attn_status_set(st, ATTN_ETOOBIG,

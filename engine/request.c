@@ -224,6 +224,68 @@ static int validate_offsets(const attn_request *r, attn_status *st) {
   return rc ? rc : check_cu(st, "cu_seqlens_kv", r->cu_seqlens_kv, r->batch, r->seq_kv, "seq_kv");
 }
 
+/* The longest sequence's keys: seq_kv, or the largest of a variable-length
+ * batch (whose offsets were checked already). */
+static int64_t longest_kv(const attn_request *r) {
+  if (!r->cu_seqlens_kv)
+    return r->seq_kv;
+  int64_t most = 0;
+  for (int64_t b = 0; b < r->batch; b++) {
+    const int64_t n = r->cu_seqlens_kv[b + 1] - r->cu_seqlens_kv[b];
+    most = n > most ? n : most;
+  }
+  return most;
+}
+
+/* Paged K and V (a session's cache), used instead of k and v: the page
+ * geometry, its tables' size, and what the pages promise (kv_absmax). */
+static int validate_pages(const attn_request *r, attn_status *st) {
+  if (!r->k_pages || !r->v_pages)
+    return attn_status_set(st, ATTN_EINVAL, "k_pages and v_pages come together; %s is missing",
+                           r->k_pages ? "v_pages" : "k_pages");
+  if (r->k || r->v)
+    return attn_status_set(st, ATTN_EINVAL,
+                           "paged K/V (k_pages, v_pages) replaces tensors k and v, which must "
+                           "then be NULL");
+  if (r->pass == ATTN_BACKWARD)
+    return attn_status_set(st, ATTN_EUNSUPPORTED,
+                           "the backward pass does not read paged K/V (sessions); pass tensors k "
+                           "and v");
+  const int64_t pt = r->page_tokens, pph = r->pages_per_head;
+  if (pt < ATTN_PAGE_MIN_TOKENS || pt % ATTN_PAGE_MIN_TOKENS || pt > ATTN_MAX_DIM)
+    return attn_status_set(st, ATTN_EINVAL,
+                           "page_tokens must be a positive multiple of %d up to %lld (got %lld)",
+                           ATTN_PAGE_MIN_TOKENS, (long long)ATTN_MAX_DIM, (long long)pt);
+  const int64_t keys = longest_kv(r), need = (keys + pt - 1) / pt;
+  int64_t t;
+  if (pph < need || pph > ATTN_MAX_DIM)
+    return attn_status_set(st, ATTN_ESHAPE,
+                           "pages_per_head = %lld does not fit %lld keys in pages of %lld tokens "
+                           "(%lld pages needed, at most %lld)",
+                           (long long)pph, (long long)keys, (long long)pt, (long long)need,
+                           (long long)ATTN_MAX_DIM);
+  if (__builtin_mul_overflow(r->batch, r->heads_kv, &t) || __builtin_mul_overflow(t, pph, &t) ||
+      t > ATTN_MAX_DIM)
+    return attn_status_set(st, ATTN_EOVERFLOW,
+                           "the page tables (batch x heads_kv x pages_per_head) are too large");
+  for (int i = 0; i < 2; i++)
+    if (!(r->kv_absmax[i] >= 0 && isfinite(r->kv_absmax[i])))
+      return attn_status_set(st, ATTN_EINVAL,
+                             "kv_absmax[%d] = %g; the pages' largest |%c| must be a finite "
+                             "number >= 0",
+                             i, (double)r->kv_absmax[i], i ? 'v' : 'k');
+  return 0;
+}
+
+/* K and V: dense tensors, or pages. */
+static int validate_kv(const attn_request *r, int64_t b, size_t es, attn_status *st) {
+  if (r->k_pages || r->v_pages)
+    return validate_pages(r, st);
+  const int64_t hk = r->heads_kv, d = r->head_dim;
+  int rc = check_tensor(st, "k", r->k, b, hk, r->seq_kv, d, r->k_stride, es);
+  return rc ? rc : check_tensor(st, "v", r->v, b, hk, r->seq_kv, d, r->v_stride, es);
+}
+
 int attn_request_validate(const attn_request *r, attn_status *st) {
   int rc;
   if (!r)
@@ -263,10 +325,9 @@ int attn_request_validate(const attn_request *r, attn_status *st) {
       __builtin_mul_overflow(t, r->heads_q, &t))
     return attn_status_set(st, ATTN_EOVERFLOW,
                            "batch x heads_q x seq_q x seq_kv overflows 64 bits");
-  int64_t hq = r->heads_q, hk = r->heads_kv, d = r->head_dim;
+  int64_t hq = r->heads_q, d = r->head_dim;
   if ((rc = check_tensor(st, "q", r->q, b, hq, r->seq_q, d, r->q_stride, es)) ||
-      (rc = check_tensor(st, "k", r->k, b, hk, r->seq_kv, d, r->k_stride, es)) ||
-      (rc = check_tensor(st, "v", r->v, b, hk, r->seq_kv, d, r->v_stride, es)) ||
+      (rc = validate_kv(r, b, es, st)) ||
       (rc = check_tensor(st, "o", r->o, b, hq, r->seq_q, d, r->o_stride, es)))
     return rc;
   return r->pass == ATTN_FORWARD ? 0 : validate_backward(r, b, es, st);
@@ -314,6 +375,10 @@ void attn__varlen_sub(const attn_request *r, int64_t b, attn_request *sub) {
   sub->q = rows_at(r->q, q0, sub->q_stride, es);
   sub->k = rows_at(r->k, k0, sub->k_stride, es);
   sub->v = rows_at(r->v, k0, sub->v_stride, es);
+  if (r->k_pages) { /* sequence b's own tables; its keys count from 0 */
+    sub->k_pages = r->k_pages + b * r->heads_kv * r->pages_per_head;
+    sub->v_pages = r->v_pages + b * r->heads_kv * r->pages_per_head;
+  }
   /* o is the forward's output and the backward's input; the others are
    * NULL in the pass that does not use them */
   sub->o = (void *)(uintptr_t)rows_at(r->o, q0, sub->o_stride, es);

@@ -19,7 +19,8 @@ void attn__request_keys(const attn_request *r, int64_t i, int64_t *lo, int64_t *
 
 /* Sequence b of a valid variable-length request r as a problem of its own:
  * batch 1, the sequence's own seq_q and seq_kv (either may be 0), pointers
- * advanced to its first rows, strides filled, no cu_seqlens and no
+ * advanced to its first rows (paged K/V: k_pages and v_pages to its own
+ * tables, its keys numbered from 0), strides filled, no cu_seqlens and no
  * statistics (m, l, lse and lse_in NULL: they are packed [Hq, total] in r
  * and the caller gathers them). */
 void attn__varlen_sub(const attn_request *r, int64_t b, attn_request *sub);

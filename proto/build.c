@@ -63,7 +63,7 @@ const char *attn_proto_tensor_list(attn_pass pass) {
 
 /* Tensor t alone: its rank from lo to lo + 2 (lse drops q's last dimension,
  * so its lo is 1, the others' 2) and every dimension at least 1. */
-static int check_one(const attn_proto_tensor *t, int lo, attn_status *st) {
+int attn__check_one(const attn_proto_tensor *t, int lo, attn_status *st) {
   char s[128];
   if (t->rank < lo || t->rank > lo + 2)
     return attn_status_set(st, ATTN_PROTO_ETENSOR,
@@ -82,7 +82,7 @@ static int check_one(const attn_proto_tensor *t, int lo, attn_status *st) {
 }
 
 /* [B, H, N, D] of a tensor of rank 2 to 4. */
-static void bhnd(const attn_proto_tensor *t, int64_t d[4]) {
+void attn__bhnd(const attn_proto_tensor *t, int64_t d[4]) {
   d[0] = t->rank == 4 ? t->shape[0] : 1;
   d[1] = t->rank >= 3 ? t->shape[t->rank - 3] : 1;
   d[2] = t->shape[t->rank - 2];
@@ -119,8 +119,8 @@ static int check_qkv(const attn_proto_tensor t[3], attn_status *st) {
                            "tensor \"v\" has shape %s but \"k\" has %s; they must match", b, a);
   }
   int64_t q[4], k[4];
-  bhnd(&t[0], q);
-  bhnd(&t[1], k);
+  attn__bhnd(&t[0], q);
+  attn__bhnd(&t[1], k);
   if (q[3] == k[3] && q[0] == k[0] && q[1] % k[1] == 0)
     return 0; /* the shapes are written only for the message of a refusal */
   shape_str(a, sizeof a, &t[0]);
@@ -172,7 +172,7 @@ static int check_backward(const attn_proto_tensor *t, const attn_options *opts, 
       return attn_status_set(st, ATTN_PROTO_EMISSING,
                              "tensor \"%s\" is missing; a backward pass needs %s", tensor_names[i],
                              attn_proto_tensor_list(ATTN_BACKWARD));
-    if (t[i].data && ((rc = check_one(&t[i], lse ? 1 : 2, st)) < 0 ||
+    if (t[i].data && ((rc = attn__check_one(&t[i], lse ? 1 : 2, st)) < 0 ||
                       (rc = check_like_q(&t[i], lse, t, st)) < 0))
       return rc;
   }
@@ -180,14 +180,14 @@ static int check_backward(const attn_proto_tensor *t, const attn_options *opts, 
 }
 
 /* alibi_slopes, when sent: F32, [Hq] or [B, Hq] of q's B and Hq. */
-static int check_alibi(const attn_proto_tensor *a, const attn_proto_tensor *t, attn_status *st) {
+int attn__check_alibi(const attn_proto_tensor *a, const attn_proto_tensor *t, attn_status *st) {
   if (!a->data)
     return 0;
   if (a->dtype != ATTN_F32)
     return attn_status_set(st, ATTN_PROTO_EDTYPE, "tensor \"alibi_slopes\" is %s; it must be F32",
                            attn_dtype_name(a->dtype));
   int64_t d[4];
-  bhnd(&t[0], d);
+  attn__bhnd(&t[0], d);
   if (t[ATTN_PROTO_T_CU_Q].data) /* a variable-length batch: B is its sequence count */
     d[0] = t[ATTN_PROTO_T_CU_Q].shape[0] - 1;
   bool ok = (a->rank == 1 && a->shape[0] == d[1]) ||
@@ -237,8 +237,8 @@ static int check_cu(const attn_proto_tensor *t, attn_status *st) {
 static void fill_request(attn_proto_req *pr, attn_pass pass, const attn_proto_tensor *t,
                          const attn_options *opts) {
   int64_t q[4], k[4];
-  bhnd(&t[0], q);
-  bhnd(&t[1], k);
+  attn__bhnd(&t[0], q);
+  attn__bhnd(&t[1], k);
   pr->opts = *opts;
   pr->rank = t[0].rank;
   memcpy(pr->shape_q, t[0].shape, sizeof pr->shape_q);
@@ -290,7 +290,7 @@ static void probe_outputs(attn_request *r) {
 
 /* One buffer for the outputs, each part 4-byte aligned: forward O and, with
  * stats, m, l, lse; backward dq, dk, dv. */
-static int alloc_outputs(attn_proto_req *pr, attn_status *st) {
+int attn__alloc_outputs(attn_proto_req *pr, attn_status *st) {
   attn_request *r = &pr->req;
   const int64_t nb = r->cu_seqlens_q ? 1 : r->batch; /* varlen: one [H, total, D] */
   size_t es = attn_dtype_size(r->dtype), rows = (size_t)(nb * r->heads_q * r->seq_q);
@@ -319,18 +319,21 @@ static int alloc_outputs(attn_proto_req *pr, attn_status *st) {
 int attn_proto_build_pass(attn_proto_req *pr, attn_pass pass, const attn_proto_tensor *t,
                           const attn_options *opts, attn_status *st) {
   int rc;
+  if (opts->session)
+    return pass == ATTN_FORWARD ? attn__build_session(pr, t, opts, st)
+                                : attn_status_set(st, ATTN_EINVAL, "a session call is forward");
   for (int i = 0; i < 3; i++)
-    if ((rc = check_one(&t[i], 2, st)) < 0)
+    if ((rc = attn__check_one(&t[i], 2, st)) < 0)
       return rc;
   if ((rc = check_qkv(t, st)) < 0 || (rc = check_cu(t, st)) < 0 ||
-      (rc = check_alibi(&t[ATTN_PROTO_T_ALIBI], t, st)) < 0 ||
+      (rc = attn__check_alibi(&t[ATTN_PROTO_T_ALIBI], t, st)) < 0 ||
       (pass == ATTN_BACKWARD && (rc = check_backward(t, opts, st)) < 0))
     return rc;
   fill_request(pr, pass, t, opts);
   probe_outputs(&pr->req);
   if ((rc = attn_request_validate(&pr->req, st)) < 0)
     return rc;
-  return alloc_outputs(pr, st);
+  return attn__alloc_outputs(pr, st);
 }
 
 int attn_proto_build(attn_proto_req *pr, const attn_proto_tensor t[ATTN_PROTO_MAX_TENSORS],
@@ -371,5 +374,7 @@ void attn_proto_req_free(attn_proto_req *pr) {
   for (int i = 0; i < ATTN_PROTO_MAX_TENSORS; i++)
     free(pr->owned[i]);
   free(pr->out);
+  free(pr->reply_json);
+  free(pr->reply_meta);
   memset(pr, 0, sizeof *pr);
 }

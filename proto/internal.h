@@ -218,4 +218,25 @@ size_t attn__fmt_g(char out[32], double x, int prec);
 double attn__parse_number(const char *s, char **end);
 float attn__parse_float(const char *s);
 
+/* build.c's checks, shared with a session call's build (session.c): a
+ * tensor alone (rank lo to lo + 2, dimensions >= 1); [B, H, N, D] of a
+ * rank 2-4 tensor; alibi_slopes against q (t[0]) and cu_seqlens_q; the
+ * outputs of pr->req allocated. */
+int attn__check_one(const attn_proto_tensor *t, int lo, attn_status *st);
+void attn__bhnd(const attn_proto_tensor *t, int64_t d[4]);
+int attn__check_alibi(const attn_proto_tensor *a, const attn_proto_tensor *t, attn_status *st);
+int attn__alloc_outputs(attn_proto_req *pr, attn_status *st);
+/* A session call's request (proto.h "sessions") from its tensors. */
+int attn__build_session(attn_proto_req *pr, const attn_proto_tensor *t, const attn_options *opts,
+                        attn_status *st);
+/* A session call's own field name (layer, pos, sessions) when o decodes
+ * one; then attn__session_field sets it from its text (a comma-separated
+ * list for pos and sessions) and attn__session_json sets it from a JSON
+ * value (a number, string or array of them). 0 or an error. */
+bool attn__session_is_field(const attn_options *o, const char *name, size_t len);
+int attn__session_field(attn_proto_session *ps, const char *name, size_t nlen, const char *value,
+                        size_t vlen, const char *source, attn_status *st);
+int attn__session_json(attn_proto_session *ps, const char *name, size_t nlen, attn__jr v,
+                       attn_status *st);
+
 #endif

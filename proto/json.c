@@ -90,6 +90,8 @@ int attn__json_prescan(const char *s, size_t len, int max_depth, attn_status *st
  * than any; v is at the value. */
 int attn__json_option(attn_options *o, const char *key, size_t klen, attn__jr v, const char *source,
                       attn_status *st) {
+  if (attn__session_is_field(o, key, klen))
+    return attn__session_json(o->session, key, klen, v, st);
   attn_option_kind kind = attn_option_kind_of(key, klen);
   char text[128];
   const char *want = NULL;
@@ -160,7 +162,8 @@ static int body_fields(attn__jr *j, attn_pass pass, size_t tat[NT], attn_options
     char c = j->s[j->pos];
     if (which < NT)
       tat[which] = j->pos;
-    else if ((c == '{' || c == '[') && attn_option_kind_of(key, kl) == ATTN_OPTK_NONE)
+    else if ((c == '{' || c == '[') && attn_option_kind_of(key, kl) == ATTN_OPTK_NONE &&
+             !attn__session_is_field(opts, key, kl))
       return attn_status_set(
           st, ATTN_PROTO_EUNKNOWNTENSOR, "unknown tensor \"%s\"; send exactly %s",
           attn__key_quote(qk, sizeof qk, key, klen, sizeof key), attn_proto_tensor_list(pass));
@@ -177,7 +180,8 @@ static int body_tensors(attn__jr j, attn_pass pass, const size_t tat[NT], attn_p
                         attn_proto_tensor t[NT], attn_status *st) {
   int rc;
   for (int i = 0; i < NT; i++)
-    if (attn_proto_tensor_in_pass(i, pass) && !tat[i] && !attn_proto_tensor_optional(i))
+    if (attn_proto_tensor_in_pass(i, pass) && !tat[i] && !attn_proto_tensor_optional(i) &&
+        !(pr->opts.session && (i == ATTN_PROTO_T_K || i == ATTN_PROTO_T_V)))
       return attn_status_set(st, ATTN_PROTO_EMISSING,
                              "tensor \"%s\" is missing (the body needs %s)",
                              attn_proto_tensor_name(i), attn_proto_tensor_list(pass));
@@ -209,6 +213,8 @@ static int decode(const char *body, size_t len, attn_pass pass, const attn_optio
   size_t tat[NT] = {0};
   attn_options body_opts;
   attn_options_init(&body_opts);
+  body_opts.session = query ? query->session : NULL;
+  pr->opts.session = body_opts.session; /* k and v are optional in a session call */
   attn_proto_tensor t[NT];
   if ((rc = body_fields(&j, pass, tat, &body_opts, st)) < 0 ||
       (rc = body_tensors(j, pass, tat, pr, t, st)) < 0)

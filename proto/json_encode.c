@@ -144,6 +144,10 @@ int attn_proto_encode_json(const attn_proto_req *pr, const char *backend, char *
     attn_sbuf_puts(&b, ", \"backend\": ");
     attn_sbuf_json_str(&b, backend);
   }
+  if (pr->reply_json && *pr->reply_json) {
+    attn_sbuf_puts(&b, ", ");
+    attn_sbuf_puts(&b, pr->reply_json);
+  }
   attn_sbuf_puts(&b, "}");
   if (b.oom) {
     free(b.p);

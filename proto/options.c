@@ -59,6 +59,8 @@ attn_option_kind attn_option_kind_of(const char *name, size_t len) {
 int attn_options_set(attn_options *o, const char *name, size_t name_len, const char *value,
                      size_t value_len, const char *source, attn_status *st) {
   char qn[48], qv[48], buf[64];
+  if (attn__session_is_field(o, name, name_len))
+    return attn__session_field(o->session, name, name_len, value, value_len, source, st);
   const opt_def *d = find(name, name_len);
   attn_quote(qn, sizeof qn, name, name_len);
   if (!d)

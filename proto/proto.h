@@ -95,6 +95,8 @@ enum {
   ATTN_OPT_DIAG_OFFSET = 1u << 7,
 };
 
+struct attn_proto_session;
+
 typedef struct attn_options {
   bool causal, stats;
   double scale;   /* NaN: 1/sqrt(D) */
@@ -103,6 +105,9 @@ typedef struct attn_options {
   int64_t diag_offset; /* ATTN_DIAG_AUTO unless set */
   char backend[16];    /* "auto", "cpu", "cuda", "reference" */
   unsigned set;        /* ATTN_OPT_* bits of the options given */
+  /* A session call's own fields go here (attn_proto_session_init): NULL
+   * for every other request, to which they are unknown options. */
+  struct attn_proto_session *session;
 } attn_options;
 
 /* The kind of value an option takes, for typed sources (JSON). */
@@ -194,6 +199,10 @@ typedef struct attn_proto_req {
   int64_t shape_kv[4]; /* k's and v's, so dk's and dv's */
   void *owned[ATTN_PROTO_MAX_TENSORS]; /* decoder-made buffers (converted or realigned data) */
   void *out; /* forward: O, then m, l, lse when opts.stats; backward: dq, dk, dv */
+  /* Members the reply adds after its tensors, or "": JSON text for a JSON
+   * reply ("\"length\": 9"), string members of __metadata__ for a
+   * safetensors one ("\"length\": \"9\""): a session call's. */
+  char *reply_json, *reply_meta; /* NULL: none; malloc'd, freed with pr */
 } attn_proto_req;
 
 /*
@@ -294,6 +303,50 @@ size_t attn_proto_json_decode_bound(size_t len);
  * malloc'd and NUL-terminated; *plen excludes the NUL. */
 int attn_proto_encode_json(const attn_proto_req *pr, const char *backend, char **pbuf, size_t *plen,
                            attn_status *st);
+
+/* ---- sessions (POST /v1/sessions/{id}/attention, /v1/sessions/_batch) -- */
+
+/*
+ * A session call's body is a forward request's (either codec, options
+ * from the query string, __metadata__ or JSON fields, the body winning)
+ * with these differences: k and v are optional (both or neither), [Hkv,
+ * Nnew, D] (or [Nnew, D]) and their Nnew need not be q's; causal defaults
+ * to true; diag_offset is refused (the mask aligns to the layer's keys);
+ * and three more fields: `layer` (an integer >= 0, default 0), `pos` (an
+ * integer >= 0, required with k and v) and, for a batch call, `sessions`
+ * (the ids) with `pos` one per session — JSON arrays, or comma-separated
+ * in a query string or __metadata__. A batch call's q is [Hq, total_q, D]
+ * with cu_seqlens_q (one sequence a session), k and v [Hkv, total_new, D]
+ * with cu_seqlens_kv. Decode by pointing attn_options.session of the query
+ * options at an attn_proto_session and calling either decoder.
+ */
+#define ATTN_PROTO_MAX_BATCH 256
+
+typedef struct attn_proto_session {
+  bool batch; /* POST /v1/sessions/_batch */
+  int64_t layer;
+  int npos, nids;
+  int64_t pos[ATTN_PROTO_MAX_BATCH];
+  char ids[ATTN_PROTO_MAX_BATCH][ATTN_KV_ID_MAX + 1];
+} attn_proto_session;
+
+void attn_proto_session_init(attn_proto_session *ps, bool batch);
+
+/* PUT /v1/sessions/{id}'s body {"heads_kv", "head_dim", "dtype",
+ * "max_tokens", "layers"? (1), "ttl_s"? (600, at most ttl_max)} into *sh
+ * and *ttl_s; unknown and repeated fields refused. */
+int attn_proto_session_create_decode(const char *body, size_t len, double ttl_max,
+                                     attn_kv_shape *sh, double *ttl_s, attn_status *st);
+/* POST /v1/sessions/{id}/truncate's body {"length": n}. */
+int attn_proto_session_truncate_decode(const char *body, size_t len, int64_t *length,
+                                       attn_status *st);
+struct attn_sbuf;
+/* A session as GET /v1/sessions/{id} describes it: {"id", "heads_kv",
+ * "head_dim", "dtype", "layers", "max_tokens", "ttl_s", "lengths": [one a
+ * layer], "tokens", "reserved_bytes", "expires_in_s"}; lengths may be NULL
+ * (then []). */
+void attn_proto_session_info_json(struct attn_sbuf *b, const attn_kv_info *info,
+                                  const int64_t *lengths, double now);
 
 /* ---- the Open Inference Protocol (KServe v2, Triton's HTTP API) ------- */
 

@@ -362,7 +362,8 @@ static int parse_root(const cJSON *root, attn_pass pass, uint64_t data_len, entr
       return rc;
   }
   for (int i = 0; i < NT && !partial; i++)
-    if (attn_proto_tensor_in_pass(i, pass) && !e[i].seen && !attn_proto_tensor_optional(i))
+    if (attn_proto_tensor_in_pass(i, pass) && !e[i].seen && !attn_proto_tensor_optional(i) &&
+        !(meta->session && (i == ATTN_PROTO_T_K || i == ATTN_PROTO_T_V)))
       return attn_status_set(st, ATTN_PROTO_EMISSING,
                              "tensor \"%s\" is missing; the file must hold %s",
                              attn_proto_tensor_name(i), attn_proto_tensor_list(pass));
@@ -478,6 +479,7 @@ static int decode_st(const unsigned char *b, size_t len, attn_pass pass, const a
   memset(e, 0, sizeof e);
   attn_options meta;
   attn_options_init(&meta);
+  meta.session = query ? query->session : NULL; /* its fields may sit in __metadata__ */
   if ((rc = parse_header(hdr, (size_t)n, pass, len - 8 - n, e, &meta, false, st)) < 0)
     return rc;
   attn_options opts;
@@ -616,6 +618,8 @@ static int reply_layout(const attn_proto_req *pr, char *h, size_t cap, size_t *h
                            off, off + parts[i].len);
     off += parts[i].len;
   }
+  if (pr->reply_meta && *pr->reply_meta && o < cap)
+    o += (size_t)snprintf(h + o, cap - o, ",\"__metadata__\":{%s}", pr->reply_meta);
   if (o < cap)
     o += (size_t)snprintf(h + o, cap - o, "}");
   if (o >= cap)
@@ -643,7 +647,7 @@ int attn_proto_encode_safetensors_parts(const attn_proto_req *pr, void **phead, 
   *phead = NULL;
   *phlen = 0;
   *nparts = 0;
-  char h[1024];
+  char h[4096]; /* a batch call's lengths ride in __metadata__ */
   size_t hn = 0;
   int n = reply_layout(pr, h, sizeof h, &hn, parts, st);
   int rc = n < 0 ? n : attn__st_head(h, hn, 0, "reply", phead, phlen, st);
@@ -657,7 +661,7 @@ int attn_proto_encode_safetensors(const attn_proto_req *pr, void **pbuf, size_t 
                                   attn_status *st) {
   *pbuf = NULL;
   *plen = 0;
-  char h[1024];
+  char h[4096]; /* a batch call's lengths ride in __metadata__ */
   size_t hn = 0;
   attn_proto_part p[ATTN__MAX_OUTS];
   int n = reply_layout(pr, h, sizeof h, &hn, p, st);

@@ -16,8 +16,10 @@
 #include "tls.h"
 
 #include <errno.h>
+#include <fcntl.h> /* AT_FDCWD, AT_EACCESS */
 #include <getopt.h>
 #include <sched.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <ctype.h>
 #include <stdio.h>
@@ -52,7 +54,9 @@ static int parse_seconds(const char *what, const char *s, double lo, double *out
   return 0;
 }
 
-static int parse_size(const char *what, const char *s, uint64_t *out) {
+/* A size with an optional K, M or G suffix, 1 byte to 1024G; false when s
+ * is none. */
+static bool size_value(const char *s, uint64_t *out) {
   char *end;
   errno = 0;
   unsigned long long v = strtoull(s, &end, 10);
@@ -66,9 +70,15 @@ static int parse_size(const char *what, const char *s, uint64_t *out) {
   if (mul > 1)
     end++;
   if (!*s || *s == '-' || *end || errno || v == 0 || v > (1ull << 40) / mul)
-    return bad(what, s, "a size such as 1048576, 512K, 64M or 1G (at most 1024G)");
+    return false;
   *out = v * mul;
-  return 0;
+  return true;
+}
+
+static int parse_size(const char *what, const char *s, uint64_t *out) {
+  if (size_value(s, out))
+    return 0;
+  return bad(what, s, "a size such as 1048576, 512K, 64M or 1G (at most 1024G)");
 }
 
 static int parse_listen(const char *what, const char *s, attnd_config *c) {
@@ -131,48 +141,76 @@ static int apply_log(attnd_config *c, const char *what, const char *v) {
   return 0;
 }
 
-/* A key a header can carry: visible ASCII, bounded. The value is never
- * echoed in the message, even when refused. */
-static int check_key(const char *what, const char *v, size_t cap) {
-  size_t n = strlen(v);
-  bool ok = n > 0 && n < cap;
-  for (size_t i = 0; ok && i < n; i++)
-    ok = v[i] > 0x20 && v[i] < 0x7f;
-  if (!ok)
-    fprintf(stderr,
-            "attnd: %s expects a key of 1 to %zu visible ASCII characters, no spaces (the value "
-            "given is not shown)\n",
-            what, cap - 1);
-  return ok ? 0 : -1;
+/* A key a header can carry (auth.h). The value is never echoed in the
+ * message, even when refused. */
+static int check_key(const char *what, const char *v) {
+  if (attnd_key_valid(v, strlen(v)))
+    return 0;
+  fprintf(stderr,
+          "attnd: %s expects a key of 1 to %d visible ASCII characters, no spaces (the value "
+          "given is not shown)\n",
+          what, ATTND_KEY_MAX);
+  return -1;
 }
 
+/* One key, named "default": the name its requests log and count under. */
 static int apply_api_key(attnd_config *c, const char *what, const char *v) {
-  if (*v && check_key(what, v, sizeof c->api_key) < 0)
+  char why[256];
+  int dup;
+  c->keys.n = 0;
+  if (!*v)
+    return 0;
+  if (check_key(what, v) < 0)
     return -1;
-  snprintf(c->api_key, sizeof c->api_key, "%s", v);
-  return 0;
+  if (attnd_keys_add(&c->keys, "default", v, strlen(v), &dup, why, sizeof why) == 0)
+    return 0;
+  fprintf(stderr, "attnd: %s: %s\n", what, why);
+  return -1;
 }
 
-/* The key is the file's text without trailing whitespace (a secret mounted
- * from Kubernetes or written by echo ends in a newline). */
-static int read_key_file(attnd_config *c, const char *what, const char *path) {
+/* A key file is small (ATTND_MAX_KEYS lines and their comments); a larger
+ * one is most likely not a key file at all. */
+enum { KEY_FILE_MAX = 64 << 10 };
+
+/* The file's bytes, up to KEY_FILE_MAX + 1 of them (the one more tells a
+ * file too large); NULL after a message. */
+static char *slurp_key_file(const char *what, const char *path, size_t *n) {
   FILE *f = fopen(path, "r");
   if (!f) {
     fprintf(stderr, "attnd: %s: cannot read \"%s\": %s\n", what, path, strerror(errno));
-    return -1;
+    return NULL;
   }
-  char buf[sizeof c->api_key + 64];
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  char *buf = malloc(KEY_FILE_MAX + 1);
+  *n = buf ? fread(buf, 1, KEY_FILE_MAX + 1, f) : 0;
+  int e = !buf ? ENOMEM : ferror(f) ? errno : 0; /* EISDIR for a directory */
   fclose(f);
-  buf[n] = 0;
-  while (n > 0 && isspace((unsigned char)buf[n - 1]))
-    buf[--n] = 0;
-  char where[1100];
-  snprintf(where, sizeof where, "%s (the file %s)", what, path);
-  if (strlen(buf) != n || check_key(where, buf, sizeof c->api_key) < 0)
-    return strlen(buf) != n ? bad(what, path, "a file holding the key as text") : -1;
-  snprintf(c->api_key, sizeof c->api_key, "%s", buf);
-  return 0;
+  if (!e)
+    return buf;
+  fprintf(stderr, "attnd: %s: cannot read \"%s\": %s\n", what, path, strerror(e));
+  if (buf)
+    explicit_bzero(buf, *n);
+  free(buf);
+  return NULL;
+}
+
+/* The keys are the file's lines (attnd_keys_parse); the copy read is wiped
+ * before it is freed, since it holds every key. */
+static int read_key_file(attnd_config *c, const char *what, const char *path) {
+  size_t n;
+  char *buf = slurp_key_file(what, path, &n), why[512];
+  if (!buf)
+    return -1;
+  int rc = -1;
+  if (n > KEY_FILE_MAX)
+    snprintf(why, sizeof why, "over %d KiB: a key file holds at most %d keys, one a line",
+             KEY_FILE_MAX >> 10, ATTND_MAX_KEYS);
+  else
+    rc = attnd_keys_parse(&c->keys, buf, n, why, sizeof why);
+  if (rc < 0)
+    fprintf(stderr, "attnd: %s (the file %s): %s\n", what, path, why);
+  explicit_bzero(buf, n);
+  free(buf);
+  return rc;
 }
 
 static int apply_api_key_file(attnd_config *c, const char *what, const char *v) {
@@ -315,6 +353,79 @@ static int apply_drain(attnd_config *c, const char *what, const char *v) {
   return parse_seconds(what, v, 0, &c->drain_timeout);
 }
 
+/* ---- sessions --------------------------------------------------------------- */
+
+/* A quarter of the machine's physical memory: room for the KV caches that
+ * leaves the rest to request bodies, replies and the engine. (In a
+ * container that is the host's memory, not the container's limit: give a
+ * size there.) */
+static int quarter_of_memory(const char *what, uint64_t *out) {
+  errno = 0;
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) {
+    fprintf(stderr, "attnd: %s: cannot tell this machine's memory (sysconf: %s): give a size\n",
+            what, errno ? strerror(errno) : "no answer");
+    return -1;
+  }
+  *out = (uint64_t)pages * (uint64_t)page / 4;
+  return 0;
+}
+
+static int apply_session_memory(attnd_config *c, const char *what, const char *v) {
+  if (!strcmp(v, "auto"))
+    return quarter_of_memory(what, &c->session_memory);
+  c->session_memory = 0;
+  if (!strcmp(v, "0") || size_value(v, &c->session_memory))
+    return 0;
+  return bad(what, v,
+             "0 (no sessions), auto (a quarter of physical memory) or a size such as 512M or 64G "
+             "(at most 1024G)");
+}
+
+/* Checked now, not at shutdown: a directory that cannot take the sessions
+ * would lose them all when the server stops. */
+static int apply_session_dir(attnd_config *c, const char *what, const char *v) {
+  struct stat st;
+  c->session_dir[0] = 0;
+  if (!*v) /* the default: none */
+    return 0;
+  if (apply_path(c->session_dir, sizeof c->session_dir, what, v) < 0)
+    return -1;
+  const char *why = NULL;
+  if (stat(v, &st) < 0)
+    why = strerror(errno);
+  else if (!S_ISDIR(st.st_mode))
+    why = "not a directory";
+  else if (faccessat(AT_FDCWD, v, W_OK | X_OK, AT_EACCESS) < 0)
+    why = errno == EROFS ? "on a read-only file system" : "not writable by attnd";
+  if (!why)
+    return 0;
+  fprintf(stderr,
+          "attnd: %s: \"%s\": %s; it must be a directory attnd can write in (leave the flag out "
+          "to keep sessions in memory only)\n",
+          what, v, why);
+  return -1;
+}
+
+static int apply_session_batch(attnd_config *c, const char *what, const char *v) {
+  if (strcmp(v, "on") && strcmp(v, "off"))
+    return bad(what, v, "on or off");
+  c->session_batch = !strcmp(v, "on");
+  return 0;
+}
+
+/* At least a second (a shorter TTL keeps nothing between two calls); a
+ * year is past any cache a decode keeps. */
+static int apply_session_ttl_max(attnd_config *c, const char *what, const char *v) {
+  char *end;
+  errno = 0;
+  double t = strtod(v, &end);
+  if (!*v || *end || errno || !(t >= 1) || t > 31536000)
+    return bad(what, v, "a number of seconds from 1 to 31536000 (a year)");
+  c->session_ttl_max = t;
+  return 0;
+}
+
 typedef struct flag {
   const char *name; /* --name; its variable is ATTND_NAME */
   const char *arg;  /* what the usage calls its value */
@@ -372,10 +483,14 @@ static const flag flags[] = {
     {"log-format", "FORMAT", "text",
      "text or json (one object per line: RFC 3339 time, level, request id...)", apply_log},
     {"api-key", "KEY", "",
-     "requests need \"Authorization: Bearer KEY\" (health and readiness stay open); "
-     "prefer the variable or --api-key-file, which ps cannot show",
+     "requests need \"Authorization: Bearer KEY\" (health and readiness stay open), logged "
+     "and counted as the key named default; prefer the variable or --api-key-file, which ps "
+     "cannot show",
      apply_api_key},
-    {"api-key-file", "FILE", "", "read the API key from FILE (trailing newline ignored)",
+    {"api-key-file", "FILE", "",
+     "read the API keys from FILE, one a line: KEY or NAME:KEY (NAME 1-63 of A-Z a-z 0-9 . _ -; "
+     "a line without one is key1, key2... in order); blank lines and lines starting with # "
+     "are skipped. Logs and metrics name the key a request used",
      apply_api_key_file},
     {"tls-cert", "FILE", "", "serve HTTPS with this PEM certificate (chain); needs --tls-key",
      apply_tls_cert},
@@ -392,6 +507,19 @@ static const flag flags[] = {
      "of these names (comma-separated; .example.com for every name under it; * for any): a "
      "web page cannot reach the server through DNS rebinding",
      apply_allowed_hosts},
+    {"session-memory", "BYTES", "auto",
+     "memory all sessions (KV caches held by the server) may reserve, suffix K, M or G; a "
+     "create that does not fit gets 507; 0 = no sessions; auto = a quarter of physical memory",
+     apply_session_memory},
+    {"session-dir", "DIR", "",
+     "save sessions to DIR (a writable directory) on a graceful shutdown and load them at "
+     "start-up; without it, sessions live in memory only",
+     apply_session_dir},
+    {"session-batch", "on|off", "on",
+     "compute session calls that arrive together for the same backend as one batch",
+     apply_session_batch},
+    {"session-ttl-max", "SECONDS", "86400", "the largest ttl_s a session create may ask for",
+     apply_session_ttl_max},
 };
 enum { N_FLAGS = sizeof flags / sizeof *flags, OPT_HELP = N_FLAGS, OPT_VERSION };
 
@@ -458,7 +586,8 @@ static void print_usage(FILE *out) {
     print_flag(out, &flags[i]);
   fputs("  --help, --version\n"
         "\n"
-        "Memory is bounded by max-queue x max-body for request bodies, plus the replies.\n"
+        "Memory is bounded by max-queue x max-body for request bodies, plus the replies,\n"
+        "and by session-memory for sessions.\n"
         "SIGTERM or SIGINT drains (finishes what was accepted) and exits 0. SIGHUP and\n"
         "SIGUSR1 are logged and ignored: attnd reloads nothing (restart it to apply changes).\n",
         out);

@@ -6,6 +6,8 @@
 #ifndef ATTND_CONFIG_H
 #define ATTND_CONFIG_H
 
+#include "auth.h"
+
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -34,15 +36,22 @@ typedef struct attnd_config {
    * running slot but one), 0 no own limit. */
   int max_running_per_client;
   uint64_t max_pairs; /* score pairs one request may ask for (loop.c); 0: no cap */
-  /* Bearer token every request but the open routes needs; "" for none.
-   * Never printed: not in logs, errors or /v1/info. */
-  char api_key[256];
-  char api_key_file[1024]; /* where api_key was read from, "" when given inline */
+  /* The bearer tokens a request but the open routes needs one of, each
+   * with its name (auth.h); keys.n == 0: none. --api-key gives one, named
+   * "default"; --api-key-file one a line. Never printed: not in logs,
+   * errors or /v1/info (the names may be). */
+  attnd_keys keys;
+  char api_key_file[1024]; /* where the keys were read from, "" when given inline */
   char tls_cert[1024];     /* PEM files; both or neither ("" for plain HTTP) */
   char tls_key[1024];
   char tls_priorities[512]; /* GnuTLS priority string for HTTPS */
   char cors_origin[256];    /* "" off, "*" or one origin */
   char allowed_hosts[512];  /* Host names a keyless server answers to besides addresses */
+  /* Sessions (the KV cache the server holds, /v1/sessions/...). */
+  uint64_t session_memory; /* bytes all sessions may reserve; 0: sessions off */
+  char session_dir[1024];  /* a writable directory sessions are saved to across restarts; "" */
+  bool session_batch;      /* session calls that arrive together may be computed as one batch */
+  double session_ttl_max;  /* seconds: the largest ttl_s a create may ask for */
 } attnd_config;
 
 /*

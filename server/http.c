@@ -200,16 +200,22 @@ static bool preflight(attnd_req *r) {
   return true;
 }
 
-/* The API key check (--api-key): true when r may go on; else r has its
- * 401. Routes open in the table (probes, the console) need no key. */
+_Static_assert(sizeof((attnd_req *)0)->tenant > ATTND_KEY_NAME_MAX, "a key's name fits tenant");
+
+/* The API key check (--api-key, --api-key-file): true when r may go on,
+ * r->tenant naming the key it carried; else r has its 401. Routes open in
+ * the table (probes, the console) need no key, and have no tenant. */
 static bool authorized(attnd_req *r) {
-  const char *key = r->srv->cfg->api_key;
-  if (!*key || (r->route && r->route->open))
+  const attnd_keys *keys = &r->srv->cfg->keys;
+  if (!keys->n || (r->route && r->route->open))
     return true;
   const char *h =
       MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-  if (attnd_auth_check(h, key))
+  int k = attnd_auth_match(h, keys);
+  if (k >= 0) {
+    attnd_copy_str(r->tenant, sizeof r->tenant, keys->k[k].name);
     return true;
+  }
   attnd_req_fail(r, ATTND_EUNAUTHORIZED,
                  h ? "the API key in the Authorization header is not this server's"
                    : "this server needs an API key: send the header \"Authorization: Bearer "
@@ -224,7 +230,7 @@ static bool authorized(attnd_req *r) {
 static bool keyless_ok(attnd_req *r, bool post) {
   const attnd_config *c = r->srv->cfg;
   char msg[400], q[128];
-  if (*c->api_key)
+  if (c->keys.n)
     return true;
   if (!attnd_parse_host_allowed(r->host, c->allowed_hosts)) {
     attn_quote(q, sizeof q, r->host, strlen(r->host));
@@ -290,7 +296,7 @@ static enum MHD_Result first_call(attnd_req *r, const char *url, const char *met
     attnd_route_not_found(r);
   } else if (!attnd_route_allows(r->route, method)) {
     attnd_route_not_allowed(r);
-  } else if (r->route->answer) {
+  } else if (r->route->answer && !attnd_route_body_first(r->route, method)) {
     r->route->answer(r);
   } else if (!attnd_body_begin(r)) {
     /* Refused before the body: reply now, and libmicrohttpd closes the
@@ -326,7 +332,9 @@ enum MHD_Result attnd_http_on_request(void *cls, struct MHD_Connection *conn, co
   if (r->status)
     return attnd_reply_queue(r);
   if (!r->submitted) {
-    if (attnd_tiny_run(r)) { /* computed here: r has its reply */
+    if (r->route->after_body || attnd_tiny_run(r)) { /* answered here: r has its reply */
+      if (r->route->after_body)
+        r->route->after_body(r);
       attnd_upload_end(r);
       return attnd_reply_queue(r);
     }

@@ -197,30 +197,41 @@ static void put_numbers(line *l, const attnd_req *r, bool json, double queue, do
   put_us(l, total);
 }
 
+/* The JSON request line; "key" (the key's name, null for none) only on a
+ * server with keys. */
+static void log_request_json(attnd_server *s, const attnd_req *r, const char *id, double queue,
+                             double compute, double total) {
+  char nums[256];
+  attn_sbuf b = {0};
+  json_head(&b, level_of(r->status));
+  json_field(&b, "request_id", id);
+  json_field(&b, "method", r->method);
+  json_field(&b, "path", r->path);
+  if (r->model[0])
+    json_field(&b, "model", r->model);
+  if (s->cfg->keys.n && r->tenant[0])
+    json_field(&b, "key", r->tenant);
+  else if (s->cfg->keys.n)
+    attn_sbuf_puts(&b, ", \"key\": null");
+  line l = {nums, 0, sizeof nums};
+  puts_(&l, ", \"status\": ");
+  put_int(&l, r->status);
+  put_numbers(&l, r, true, queue, compute, total);
+  put(&l, "}\n", 2);
+  attn_sbuf_put(&b, nums, l.len);
+  emit(s, &b);
+}
+
 void attnd_log_request(attnd_server *s, const attnd_req *r, double total) {
   double queue = r->t_started > 0 ? r->t_started - r->t_admitted : 0;
   double compute = r->t_done > 0 && r->t_started > 0 ? r->t_done - r->t_started : 0;
   const char *id = r->id[0] ? r->id : "-";
-  char nums[256];
   if (s->cfg->log_json) {
-    attn_sbuf b = {0};
-    json_head(&b, level_of(r->status));
-    json_field(&b, "request_id", id);
-    json_field(&b, "method", r->method);
-    json_field(&b, "path", r->path);
-    if (r->model[0])
-      json_field(&b, "model", r->model);
-    line l = {nums, 0, sizeof nums};
-    puts_(&l, ", \"status\": ");
-    put_int(&l, r->status);
-    put_numbers(&l, r, true, queue, compute, total);
-    put(&l, "}\n", 2);
-    attn_sbuf_put(&b, nums, l.len);
-    emit(s, &b);
+    log_request_json(s, r, id, queue, compute, total);
     return;
   }
-  /* text: on the stack, without the heap: the most it holds is some 950
-   * bytes (quoted method and path, an id of ATTND_REQID_MAX) */
+  /* text: on the stack, without the heap: the most it holds is some 1020
+   * bytes (quoted method and path, a key's name, an id of ATTND_REQID_MAX) */
   char method[80], path[560], text[1280];
   attn_quote(method, sizeof method, r->method, strlen(r->method));
   attn_quote(path, sizeof path, r->path, strlen(r->path));
@@ -232,6 +243,10 @@ void attnd_log_request(attnd_server *s, const attnd_req *r, double total) {
   put(&l, " ", 1);
   put_int(&l, r->status);
   put_numbers(&l, r, false, queue, compute, total);
+  if (s->cfg->keys.n) { /* the key's name, never the key; "-": none (a 401, an open route) */
+    puts_(&l, " key=");
+    puts_(&l, r->tenant[0] ? r->tenant : "-");
+  }
   puts_(&l, " id=");
   puts_(&l, id);
   put(&l, "\n", 1);
@@ -247,5 +262,7 @@ void attnd_log_ended(attnd_server *s, const attnd_req *r) {
   else
     attnd_metrics_request_model(s->metrics, attnd_req_route_label(r), r->model, r->status, total,
                                 r->len, r->bytes_out);
+  if (r->tenant[0])
+    attnd_metrics_request_key(s->metrics, r->tenant);
   attnd_log_request(s, r, total);
 }

@@ -4,10 +4,12 @@
  *
  * --log-format text writes "attnd: ..." lines for people; json writes one
  * object per line for collectors, each with "ts" (RFC 3339, UTC,
- * microseconds), "level" and, for a request, "request_id". Every string a
- * client chose (method, path, id) is escaped first, so no request can end a
- * line early, forge the next one or send terminal escapes. Lines are
- * written whole under s->log_mu.
+ * microseconds), "level" and, for a request, "request_id". On a server with
+ * API keys a request's line also names the key it authenticated with
+ * (attnd_req.tenant: text "key=NAME", JSON "key"), never the key itself.
+ * Every string a client chose (method, path, id) is escaped first, so no
+ * request can end a line early, forge the next one or send terminal
+ * escapes. Lines are written whole under s->log_mu.
  */
 #ifndef ATTND_LOG_H
 #define ATTND_LOG_H

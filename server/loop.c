@@ -27,6 +27,7 @@
  * SIGUSR1 are logged and ignored.
  */
 #include "loop.h"
+#include "route.h"
 #include "jobs.h"
 #include "work.h"
 #include "deadline.h"
@@ -296,6 +297,11 @@ static void admit(attnd_server *s, attnd_req *r) {
   attnd_metrics_gauge_add(s->metrics, ATTND_GAUGE_QUEUE_DEPTH, 1);
   attnd_jobs_push(&s->pend_head, &s->pend_tail, r);
   attnd_jobs_add(s, r);
+  /* A session call holds a place of --max-queue but waits for no running
+   * slot: the session store computes the calls that arrive together as
+   * one batch, which it can only do if they reach it together. */
+  if (r->route->session)
+    start(s, r, r->t_admitted);
 }
 
 static void on_incoming(uv_async_t *h) {
@@ -472,6 +478,8 @@ static void sweep(uv_timer_t *t) {
   double now = attn_now();
   attnd_conns_sweep(&s->conns, now);
   attnd_bodybufs_trim(&s->bufs, now);
+  if (s->kv) /* sessions past their TTL, so their memory is free for others */
+    attn_kv_expire(s->kv, now);
 }
 
 void attnd_loop_run(attnd_server *s) {

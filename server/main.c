@@ -6,6 +6,7 @@
 #include "log.h"
 #include "loop.h"
 #include "routes.h"
+#include "sessions.h"
 #include "tls.h"
 
 #include <malloc.h>
@@ -79,18 +80,42 @@ static void ignore_reload_signals(void) {
  * on (never the key itself). */
 static void say_listening(attnd_server *s) {
   const attnd_config *c = s->cfg;
-  char line[800];
+  char line[800], keys[64] = "";
+  if (c->keys.n)
+    snprintf(keys, sizeof keys, ", API key required (%d key%s)", c->keys.n,
+             c->keys.n == 1 ? "" : "s");
   snprintf(line, sizeof line,
            "attnd %s: listening on %s://%s:%d, backend %s%s, max body %llu bytes, max queue "
            "%d, %d HTTP thread%s%s%s%s",
            ATTN_VERSION, s->tls_cert_pem ? "https" : "http", c->host, s->port, s->engine_detail,
            s->backend_note, (unsigned long long)c->max_body, c->max_queue, c->http_threads,
-           c->http_threads == 1 ? "" : "s", *c->api_key ? ", API key required" : "",
-           *c->cors_origin ? ", CORS origin " : "", c->cors_origin);
+           c->http_threads == 1 ? "" : "s", keys, *c->cors_origin ? ", CORS origin " : "",
+           c->cors_origin);
   if (c->log_json)
     attnd_log_note(s, ATTND_INFO, NULL, NULL, "%s", line);
   else
     fprintf(stderr, "%s\n", line);
+}
+
+_Static_assert((int)ATTND_MAX_KEYS <= (int)ATTND_METRICS_MAX_KEYS &&
+                   (int)ATTND_KEY_NAME_MAX < (int)ATTND_METRICS_KEY_CAP,
+               "every key's name has its series");
+
+/* The metrics: a series for each route, and one for each API key's name
+ * (a set fixed here, so the series stay bounded). NULL after a message. */
+static attnd_metrics *open_metrics(const attnd_config *c) {
+  const char *labels[ATTND_METRICS_MAX_ROUTES], *names[ATTND_MAX_KEYS];
+  int nlabels = attnd_route_labels(labels, ATTND_METRICS_MAX_ROUTES);
+  attnd_metrics *m = attnd_metrics_new(labels, nlabels);
+  for (int i = 0; i < c->keys.n; i++)
+    names[i] = c->keys.k[i].name;
+  if (m && attnd_metrics_keys(m, names, c->keys.n) < 0) {
+    attnd_metrics_free(m);
+    m = NULL;
+  }
+  if (!m)
+    fprintf(stderr, "attnd: out of memory for the metrics\n");
+  return m;
 }
 
 int main(int argc, char **argv) {
@@ -123,12 +148,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "attnd: cannot start the engine: %s\n", st.message);
     return 2;
   }
-  const char *labels[ATTND_METRICS_MAX_ROUTES];
-  int nlabels = attnd_route_labels(labels, ATTND_METRICS_MAX_ROUTES);
-  s.metrics = attnd_metrics_new(labels, nlabels);
-  if (!s.metrics)
-    fprintf(stderr, "attnd: out of memory for the metrics\n");
-  if (!s.metrics || choose_backend(&s) < 0 || attnd_loop_init(&s) < 0) {
+  s.metrics = open_metrics(&cfg);
+  if (!s.metrics || choose_backend(&s) < 0 || attnd_sessions_open(&s) < 0 ||
+      attnd_loop_init(&s) < 0) {
     attn_engine_close(s.engine);
     attnd_metrics_free(s.metrics);
     return 2;
@@ -144,12 +166,14 @@ int main(int argc, char **argv) {
   if (s.running > 0) {
     /* Jobs canceled at the drain timeout may still be finishing an engine
      * work item: leave without waiting for them. */
+    attnd_sessions_close(&s, true);
     fflush(stderr);
     _exit(0);
   }
   attnd_http_stop(&s);
   attnd_loop_close(&s);
   ignore_reload_signals();
+  attnd_sessions_close(&s, false);
   attn_engine_close(s.engine);
   attnd_metrics_free(s.metrics);
   attnd_log_note(&s, ATTND_INFO, NULL, NULL, "drained, exiting");

@@ -88,6 +88,11 @@ typedef struct state {
   uint64_t errors[MAX_ERROR_CODES];
   int nerrors;
   uint64_t other_errors; /* codes past the first MAX_ERROR_CODES distinct ones */
+  /* The API keys' names, fixed before the threads start (so read without
+   * the lock), and their requests. */
+  char key_names[ATTND_METRICS_MAX_KEYS][ATTND_METRICS_KEY_CAP];
+  uint64_t key_requests[ATTND_METRICS_MAX_KEYS];
+  int nkeys;
 } state;
 
 struct attnd_metrics {
@@ -209,6 +214,30 @@ void attnd_metrics_request_series(attnd_metrics *m, int r, const char *model, in
   m->s.bytes_in += bytes_in;
   m->s.bytes_out += bytes_out;
   pthread_mutex_unlock(&m->mu);
+}
+
+int attnd_metrics_keys(attnd_metrics *m, const char *const *names, int n) {
+  m->s.nkeys = 0;
+  if (n < 0 || n > ATTND_METRICS_MAX_KEYS)
+    return -1;
+  for (int i = 0; i < n; i++)
+    if (strlen(names[i]) >= ATTND_METRICS_KEY_CAP)
+      return -1;
+  for (int i = 0; i < n; i++)
+    snprintf(m->s.key_names[i], ATTND_METRICS_KEY_CAP, "%s", names[i]);
+  m->s.nkeys = n;
+  return 0;
+}
+
+void attnd_metrics_request_key(attnd_metrics *m, const char *name) {
+  /* a few names at most 64: a scan costs less than the request did */
+  for (int i = 0; i < m->s.nkeys; i++)
+    if (!strcmp(m->s.key_names[i], name)) {
+      pthread_mutex_lock(&m->mu);
+      m->s.key_requests[i]++;
+      pthread_mutex_unlock(&m->mu);
+      return;
+    }
 }
 
 void attnd_metrics_queue_wait(attnd_metrics *m, double seconds) {
@@ -470,6 +499,18 @@ static void render_requests(buf *b, state *s) {
   }
 }
 
+static void render_keys(buf *b, const state *s) {
+  if (!s->nkeys)
+    return;
+  family_header(b, "attnd_requests_by_key_total", "counter",
+                "HTTP requests finished that authenticated with an API key, by the key's name.");
+  for (int i = 0; i < s->nkeys; i++) {
+    buf_put(b, "attnd_requests_by_key_total{key=\"");
+    buf_put_label_value(b, s->key_names[i]);
+    buf_printf(b, "\"} %" PRIu64 "\n", s->key_requests[i]);
+  }
+}
+
 static void render_jobs(buf *b, const state *s) {
   family_header(b, "attnd_queue_wait_seconds", "histogram",
                 "Time jobs waited between admission and the engine.");
@@ -535,6 +576,7 @@ char *attnd_metrics_render(attnd_metrics *m, size_t *plen) {
   pthread_mutex_unlock(&m->mu);
   buf b = {0};
   render_requests(&b, s);
+  render_keys(&b, s);
   render_jobs(&b, s);
   render_errors(&b, s);
   render_gauges(&b, s);

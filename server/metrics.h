@@ -13,8 +13,12 @@
  * a model (/attention) have no model label. Server-wide series (build and
  * backend info, connections) are rendered by the HTTP front.
  *
+ * `key` is the name of an API key (attnd_metrics_keys): the set is fixed
+ * at start-up, and the family is absent on a server without keys.
+ *
  * Series:
  *   attnd_requests_total{path,[model,]code}    counter
+ *   attnd_requests_by_key_total{key}           counter
  *   attnd_request_duration_seconds{path[,model]} histogram
  *   attnd_queue_wait_seconds                   histogram
  *   attnd_engine_seconds_total{backend}        counter
@@ -44,8 +48,9 @@ typedef enum attnd_gauge {
   ATTND_GAUGE_COUNT
 } attnd_gauge;
 
-/* The most route labels attnd_metrics_new() keeps a series for. */
-enum { ATTND_METRICS_MAX_ROUTES = 24 };
+/* The most route labels attnd_metrics_new() keeps a series for, and the
+ * most API key names attnd_metrics_keys() takes (and their size). */
+enum { ATTND_METRICS_MAX_ROUTES = 24, ATTND_METRICS_MAX_KEYS = 64, ATTND_METRICS_KEY_CAP = 64 };
 
 /* A series for each of the n labels (the route table's: attnd_route_labels;
  * static strings) and one for "other". NULL when out of memory or n is over
@@ -66,6 +71,14 @@ void attnd_metrics_request_model(attnd_metrics *m, const char *path, const char 
  * comparing paths per request; any other number is "other". */
 void attnd_metrics_request_series(attnd_metrics *m, int series, const char *model, int status,
                                   double seconds, uint64_t bytes_in, uint64_t bytes_out);
+/* The names of the server's API keys (copied), each a series of
+ * attnd_requests_by_key_total from 0. Called once, before any thread
+ * records. -1 (and no keys) when n is over ATTND_METRICS_MAX_KEYS or a
+ * name does not fit ATTND_METRICS_KEY_CAP. */
+int attnd_metrics_keys(attnd_metrics *m, const char *const *names, int n);
+/* One finished request that authenticated with the key of this name; a
+ * name not given to attnd_metrics_keys() is not counted. */
+void attnd_metrics_request_key(attnd_metrics *m, const char *name);
 /* Time a job waited between admission and the engine. */
 void attnd_metrics_queue_wait(attnd_metrics *m, double seconds);
 /* A job the engine completed. */

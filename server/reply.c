@@ -4,6 +4,7 @@
  * request id, CORS, Server-Timing, the console's, Allow, Retry-After.
  */
 #include "reply.h"
+#include "sessions.h"
 #include "errors.h"
 #include "log.h"
 #include "routes.h"
@@ -17,7 +18,7 @@
   "Authorization, Content-Type, Content-Encoding, Accept, X-Request-Id, " \
   "Inference-Header-Content-Length"
 #define CORS_EXPOSE_HEADERS \
-  "X-Request-Id, Retry-After, Inference-Header-Content-Length, Server-Timing"
+  "X-Request-Id, Retry-After, Inference-Header-Content-Length, Server-Timing, X-Session-Length"
 /* Seconds a browser may cache a preflight's answer. */
 #define CORS_MAX_AGE "600"
 
@@ -123,6 +124,8 @@ enum MHD_Result attnd_reply_queue(attnd_req *r) {
   add_cors(r, resp);
   add_server_timing(r, resp);
   add_console_headers(r, resp);
+  if (r->status == 200 && attnd_sessions_length_header(r))
+    MHD_add_response_header(resp, "X-Session-Length", attnd_sessions_length_header(r));
   if (r->status == MHD_HTTP_UNAUTHORIZED)
     MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"attnd\"");
   if (r->retry_after)

@@ -5,6 +5,7 @@
  * drain waits for, and its metrics label.
  */
 #include "request.h"
+#include "sessions.h"
 #include "errors.h"
 #include "route.h"
 
@@ -31,6 +32,7 @@ void attnd_req_unref(attnd_req *r) {
   if (atomic_fetch_sub(&r->refs, 1) != 1)
     return;
   attn_proto_req_free(&r->pr);
+  attnd_sessions_free(r);
   attnd_req_drop_body(r);
   free(r->plain);
   attnd_body_release(r);

@@ -61,10 +61,14 @@ typedef struct attnd_req {
   /* The model a route served ("" for /attention): a label of the metrics
    * and the log line. Set by the route, before the request ends. */
   char model[64];
+  /* The name of the API key r authenticated with (auth.h), its tenant: the
+   * namespace of its sessions, a label of the metrics and the log line. ""
+   * when the server has no keys, and on the open routes. */
+  char tenant[64];
   char method[16];
-  char path[128];
-  char *query;  /* re-encoded query string, for the proto parsers */
-  bool json_in; /* Content-Type application/json (else safetensors) */
+  char path[192]; /* room for /v1/sessions/ and a 128-byte id and /attention */
+  char *query;    /* re-encoded query string, for the proto parsers */
+  bool json_in;   /* Content-Type application/json (else safetensors) */
   /* /v2: errors in the protocol's shape {"error": message} */
   bool v2;
   int v2_model;       /* attn_proto_v2_model() of the path, or -1 */
@@ -129,6 +133,7 @@ typedef struct attnd_req {
   char *plain;
   size_t plain_len;
   attn_proto_req pr;
+  struct attnd_sess *sess; /* a session call's fields and call (sessions.h), or NULL */
   attn_result res;
   bool in_engine;     /* submitted: the engine will report back */
   int cancel;         /* the engine's cancel flag (attn_cancel_set), any thread */

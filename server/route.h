@@ -12,13 +12,15 @@
 struct attnd_req;
 
 /* The methods a route answers, a bit each; GET also answers HEAD. */
-enum { ATTND_GET = 1, ATTND_POST = 2 };
+enum { ATTND_GET = 1, ATTND_POST = 2, ATTND_PUT = 4, ATTND_DELETE = 8 };
 
 typedef struct attnd_route {
   unsigned methods;
   /* The path, exactly; "{model}" stands for a model of the inference
    * protocol (attn_proto_v2_model), optionally followed by
-   * "/versions/1", and "{console}" for any of the console's files. */
+   * "/versions/1", "{session}" for one path segment (a session's id,
+   * checked by its handler), and "{console}" for any of the console's
+   * files. */
   const char *pattern;
   bool open;     /* served without the API key (probes, the console) */
   bool computes; /* a POST that queues engine work, answered by the loop */
@@ -30,6 +32,13 @@ typedef struct attnd_route {
   const char *hint;
   /* Answers the route on the HTTP thread; NULL for one that computes. */
   void (*answer)(struct attnd_req *r);
+  /* Answers the route on the HTTP thread once its body is in (a session's
+   * create or truncate: a small JSON body and no compute); for the
+   * methods of body_methods, the others going to answer. */
+  void (*after_body)(struct attnd_req *r);
+  unsigned body_methods;
+  /* A session call: it computes through the session store (sessions.h). */
+  bool session;
 } attnd_route;
 
 #endif

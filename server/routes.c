@@ -13,6 +13,7 @@
  */
 #include "routes.h"
 #include "errors.h"
+#include "sessions.h"
 #include "v1.h"
 #include "v2.h"
 
@@ -25,34 +26,51 @@
  * console. Probes are open, or a restart loop follows a key rotation; the
  * console holds no data and asks for the key its API calls send. */
 static const attnd_route table[] = {
-    {ATTND_POST, "/attention", false, true, ATTN_FORWARD, "/attention", "POST /attention", NULL},
+    {ATTND_POST, "/attention", false, true, ATTN_FORWARD, "/attention", "POST /attention", NULL,
+     NULL, 0, false},
     {ATTND_POST, "/attention/backward", false, true, ATTN_BACKWARD, "/attention/backward",
-     "POST /attention/backward", NULL},
+     "POST /attention/backward", NULL, NULL, 0, false},
     {ATTND_GET, "/attention/plan", false, false, ATTN_FORWARD, "/attention/plan",
-     "GET /attention/plan", attnd_v1_plan},
-    {ATTND_GET, "/healthz", true, false, ATTN_FORWARD, "/healthz", "/healthz", attnd_v1_healthz},
-    {ATTND_GET, "/readyz", true, false, ATTN_FORWARD, "/readyz", "/readyz", attnd_v1_readyz},
-    {ATTND_GET, "/metrics", false, false, ATTN_FORWARD, "/metrics", "/metrics", attnd_v1_metrics},
-    {ATTND_GET, "/v1/info", false, false, ATTN_FORWARD, "/v1/info", "/v1/info", attnd_v1_info},
-    {ATTND_GET, "/v2", false, false, ATTN_FORWARD, "/v2/*", "GET /v2", attnd_v2_server},
+     "GET /attention/plan", attnd_v1_plan, NULL, 0, false},
+    {ATTND_GET, "/healthz", true, false, ATTN_FORWARD, "/healthz", "/healthz", attnd_v1_healthz,
+     NULL, 0, false},
+    {ATTND_GET, "/readyz", true, false, ATTN_FORWARD, "/readyz", "/readyz", attnd_v1_readyz, NULL,
+     0, false},
+    {ATTND_GET, "/metrics", false, false, ATTN_FORWARD, "/metrics", "/metrics", attnd_v1_metrics,
+     NULL, 0, false},
+    {ATTND_GET, "/v1/info", false, false, ATTN_FORWARD, "/v1/info", "/v1/info", attnd_v1_info, NULL,
+     0, false},
+    {ATTND_GET, "/v1/sessions", false, false, ATTN_FORWARD, "/v1/sessions", "/v1/sessions/...",
+     attnd_sessions_list, NULL, 0, false},
+    {ATTND_POST, "/v1/sessions/_batch", false, true, ATTN_FORWARD, "/v1/sessions/_batch", NULL,
+     NULL, NULL, 0, true},
+    {ATTND_GET | ATTND_PUT | ATTND_DELETE, "/v1/sessions/{session}", false, false, ATTN_FORWARD,
+     "/v1/sessions/{id}", NULL, attnd_sessions_resource, attnd_sessions_resource, ATTND_PUT, false},
+    {ATTND_POST, "/v1/sessions/{session}/attention", false, true, ATTN_FORWARD,
+     "/v1/sessions/{id}/attention", NULL, NULL, NULL, 0, true},
+    {ATTND_POST, "/v1/sessions/{session}/truncate", false, false, ATTN_FORWARD,
+     "/v1/sessions/{id}/truncate", NULL, NULL, attnd_sessions_truncate, ATTND_POST, false},
+    {ATTND_GET, "/v2", false, false, ATTN_FORWARD, "/v2/*", "GET /v2", attnd_v2_server, NULL, 0,
+     false},
     {ATTND_GET, "/v2/health/live", true, false, ATTN_FORWARD, "/v2/*", "/v2/health/live",
-     attnd_v2_live},
+     attnd_v2_live, NULL, 0, false},
     {ATTND_GET, "/v2/health/ready", true, false, ATTN_FORWARD, "/v2/*", "/v2/health/ready",
-     attnd_v2_ready},
+     attnd_v2_ready, NULL, 0, false},
     {ATTND_GET, "/v2/models/{model}", false, false, ATTN_FORWARD, "/v2/*",
-     "/v2/models/{model}[/versions/1][/ready|/config]", attnd_v2_model},
+     "/v2/models/{model}[/versions/1][/ready|/config]", attnd_v2_model, NULL, 0, false},
     {ATTND_GET, "/v2/models/{model}/ready", false, false, ATTN_FORWARD, "/v2/*", NULL,
-     attnd_v2_model_ready},
+     attnd_v2_model_ready, NULL, 0, false},
     {ATTND_GET, "/v2/models/{model}/config", false, false, ATTN_FORWARD, "/v2/*", NULL,
-     attnd_v2_config},
+     attnd_v2_config, NULL, 0, false},
     {ATTND_POST, "/v2/models/{model}/infer", false, true, ATTN_FORWARD, "/v2/models/*/infer",
-     "POST /v2/models/{model}[/versions/1]/infer", NULL},
+     "POST /v2/models/{model}[/versions/1]/infer", NULL, NULL, 0, false},
     {ATTND_GET, "{console}", true, false, ATTN_FORWARD, NULL, "/ for the web console",
-     attnd_v1_console},
+     attnd_v1_console, NULL, 0, false},
 };
 enum { N_ROUTES = sizeof table / sizeof *table };
 
 #define MODEL "{model}"
+#define SESSION "{session}"
 #define MODELS "/v2/models/"
 
 bool attnd_route_v2(const char *path) {
@@ -83,6 +101,14 @@ static bool match(const char *pattern, const char *path, int *model,
                   const attnd_console_asset **asset) {
   if (!strcmp(pattern, "{console}"))
     return (*asset = attnd_console_find(path)) != NULL;
+  const char *sid = strstr(pattern, SESSION);
+  if (sid) { /* one non-empty segment, then the rest exactly */
+    size_t pre = (size_t)(sid - pattern);
+    if (strncmp(pattern, path, pre))
+      return false;
+    size_t n = segment(path + pre);
+    return n > 0 && !strcmp(path + pre + n, sid + strlen(SESSION));
+  }
   const char *m = strstr(pattern, MODEL);
   if (!m)
     return !strcmp(pattern, path);
@@ -162,21 +188,68 @@ int attnd_route_series(const attnd_route *route) {
   return row_series[route - table];
 }
 
+static const struct {
+  unsigned bit;
+  const char *name;
+} methods[] = {
+    {ATTND_GET, "GET"}, {ATTND_PUT, "PUT"}, {ATTND_POST, "POST"}, {ATTND_DELETE, "DELETE"}};
+
 bool attnd_route_allows(const attnd_route *route, const char *method) {
-  if (route->methods & ATTND_POST && !strcmp(method, "POST"))
+  if (route->methods & ATTND_GET && !strcmp(method, "HEAD"))
     return true;
-  return route->methods & ATTND_GET && (!strcmp(method, "GET") || !strcmp(method, "HEAD"));
+  for (size_t i = 0; i < sizeof methods / sizeof *methods; i++)
+    if (route->methods & methods[i].bit && !strcmp(method, methods[i].name))
+      return true;
+  return false;
+}
+
+bool attnd_route_body_first(const attnd_route *route, const char *method) {
+  for (size_t i = 0; i < sizeof methods / sizeof *methods; i++)
+    if (route->body_methods & methods[i].bit && !strcmp(method, methods[i].name))
+      return true;
+  return false;
+}
+
+/* "GET, HEAD", "POST", "GET, HEAD, PUT, DELETE": a route's methods. */
+static const char *allow_text(unsigned m) {
+  static const char *const texts[] = {"",
+                                      "GET, HEAD",
+                                      "POST",
+                                      "GET, HEAD, POST",
+                                      "PUT",
+                                      "GET, HEAD, PUT",
+                                      "POST, PUT",
+                                      "GET, HEAD, POST, PUT",
+                                      "DELETE",
+                                      "GET, HEAD, DELETE",
+                                      "POST, DELETE",
+                                      "GET, HEAD, POST, DELETE",
+                                      "PUT, DELETE",
+                                      "GET, HEAD, PUT, DELETE",
+                                      "POST, PUT, DELETE",
+                                      "GET, HEAD, POST, PUT, DELETE"};
+  return texts[m & 15];
 }
 
 const char *attnd_route_allow(const attnd_route *route) {
-  return route && route->methods & ATTND_POST ? "POST" : "GET, HEAD";
+  return route ? allow_text(route->methods) : "GET, HEAD";
 }
 
 void attnd_route_not_allowed(attnd_req *r) {
   char msg[200], m[24];
   attn_quote(m, sizeof m, r->method, strlen(r->method));
-  snprintf(msg, sizeof msg, "%s is not allowed on %.60s (use %s)", m, r->path,
-           r->route->methods & ATTND_POST ? "POST" : "GET");
+  char use[40] = "";
+  size_t n = 0, k = 0, total = 0;
+  for (size_t i = 0; i < sizeof methods / sizeof *methods; i++)
+    total += (r->route->methods & methods[i].bit) != 0;
+  for (size_t i = 0; i < sizeof methods / sizeof *methods; i++)
+    if (r->route->methods & methods[i].bit)
+      n += (size_t)snprintf(use + n, sizeof use - n, "%s%s",
+                            k++ == 0     ? ""
+                            : k == total ? " or "
+                                         : ", ",
+                            methods[i].name);
+  snprintf(msg, sizeof msg, "%s is not allowed on %.60s (use %s)", m, r->path, use);
   attnd_req_fail(r, ATTND_EMETHOD_NOT_ALLOWED, msg);
 }
 

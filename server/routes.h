@@ -38,7 +38,10 @@ int attnd_route_series(const attnd_route *route);
 /* Whether method is one route answers. */
 bool attnd_route_allows(const attnd_route *route, const char *method);
 
-/* The Allow header of a 405 on route ("POST" or "GET, HEAD"). */
+/* Whether route reads method's body before answering it (after_body). */
+bool attnd_route_body_first(const attnd_route *route, const char *method);
+
+/* The Allow header of a 405 on route ("POST", "GET, HEAD", ...). */
 const char *attnd_route_allow(const attnd_route *route);
 
 /* Sets r's 404 (no route for its path) or 405 (its route answers other

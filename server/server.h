@@ -60,6 +60,7 @@ typedef struct attnd_server {
   /* Set before the threads start, read-only after. */
   const attnd_config *cfg;
   attn_engine *engine;
+  attn_kv_store *kv;        /* the sessions (locks itself), or NULL: --session-memory 0 */
   attnd_metrics *metrics;   /* locks itself */
   char engine_detail[160];  /* the backend in use, for logs and /v1/info */
   const char *backend;      /* the name requests ask the engine for */

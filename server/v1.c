@@ -4,6 +4,7 @@
  * and answered on the HTTP thread.
  */
 #include "v1.h"
+#include "sessions.h"
 #include "errors.h"
 
 #include <limits.h>
@@ -81,15 +82,17 @@ void attnd_v1_info(attnd_req *r) {
   attn_sbuf_json_str(&b, __VERSION__);
   attn_sbuf_printf(&b,
                    ", \"threads\": %d, \"http_threads\": %d}, \"security\": {\"api_key\": %s, "
-                   "\"tls\": %s, ",
-                   attn_engine_threads(s->engine), c->http_threads, *c->api_key ? "true" : "false",
-                   s->tls_cert_pem ? "true" : "false");
+                   "\"api_keys\": %d, \"tls\": %s, ",
+                   attn_engine_threads(s->engine), c->http_threads, c->keys.n ? "true" : "false",
+                   c->keys.n, s->tls_cert_pem ? "true" : "false");
   attn_sbuf_puts(&b, "\"cors_origin\": ");
   if (*c->cors_origin)
     attn_sbuf_json_str(&b, c->cors_origin);
   else
     attn_sbuf_puts(&b, "null");
-  attn_sbuf_puts(&b, "}}\n");
+  attn_sbuf_puts(&b, "}, ");
+  attnd_sessions_info(&b, s);
+  attn_sbuf_puts(&b, "}\n");
   attnd_req_reply_json(r, 200, &b);
 }
 
@@ -174,6 +177,7 @@ void attnd_v1_metrics(attnd_req *r) {
     render_budget(&m, s);
     render_backend(&m, s);
     render_build(&m, s);
+    attnd_sessions_metrics(&m, s);
   }
   if (text && !m.oom) {
     attnd_req_reply(r, 200, m.p, m.len, "text/plain; version=0.0.4; charset=utf-8");

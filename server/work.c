@@ -8,6 +8,8 @@
 #include "work.h"
 #include "errors.h"
 #include "jobs.h"
+#include "route.h"
+#include "sessions.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -103,7 +105,9 @@ static int decode_body(attnd_req *r, attn_status *st) {
   }
   attn_options q;
   attn_options_init(&q);
-  int rc = attn_options_parse_query(&q, r->query, st);
+  int rc = r->route->session ? attnd_sessions_prepare(r, &q, st) : 0;
+  if (rc == 0)
+    rc = attn_options_parse_query(&q, r->query, st);
   attn_pass pass = attnd_req_pass(r);
   if (rc == 0)
     rc = r->json_in ? attn_proto_decode_json_pass(body, len, pass, &q, &r->pr, st)
@@ -115,6 +119,8 @@ static int decode_body(attnd_req *r, attn_status *st) {
  * a few hundred kilobytes can ask for minutes of work (787 KB of F16 at
  * N = 131072, D = 1 is 1.7e10 pairs), which no --max-body catches. */
 static int check_pairs(const attnd_req *r, attn_status *st) {
+  if (r->route->session) /* its keys are the store's: bounded by max_tokens */
+    return 0;
   uint64_t cap = r->srv->cfg->max_pairs, n = attn_request_pairs(&r->pr.req);
   if (cap == 0 || n <= cap)
     return 0;
@@ -149,7 +155,8 @@ void attnd_work_decode_submit(uv_work_t *w) {
     /* Set before submitting: once submitted, the job may complete (and r be
      * touched by the loop) before this thread returns. */
     r->in_engine = true;
-    rc = attn_engine_submit(s->engine, &r->pr.req, engine_done, r, &st);
+    rc = r->route->session ? attnd_sessions_submit(r, engine_done, &st)
+                           : attn_engine_submit(s->engine, &r->pr.req, engine_done, r, &st);
     if (rc == 0)
       return;
     r->in_engine = false;
@@ -174,6 +181,8 @@ static void engine_done(const attn_result *res, void *arg) {
 void attnd_work_encode_result(attnd_req *r) {
   attn_status st;
   int rc;
+  if (r->res.status.code == 0 && r->route->session)
+    attnd_sessions_reply_fields(r);
   if (r->res.status.code) {
     st = r->res.status;
     rc = -1;

@@ -16,7 +16,10 @@
  *
  * The input scan (non-finite values, magnitudes that could overflow) runs
  * inside the kernel on every tile it loads, plus one small item per
- * (batch, KV head) for keys that no query row can see. The verdict is taken
+ * (batch, KV head) for keys that no query row can see. Paged K and V (a
+ * session's cache, read in place through its page tables) were checked
+ * when they were stored: only Q is scanned, and the request's kv_absmax
+ * stands for K's and V's magnitudes. The verdict is taken
  * when all items are done; a refused job's output is garbage and is never
  * reported as a result (the job fails with the scan's error).
  *
@@ -153,7 +156,9 @@ static void compute_run(attn_pool_task *task, int64_t item, void *ws) {
 static int scan_verdict(const cpu_job *cj, attn_status *st) {
   const attn_request *r = &cj->job->req;
   const int64_t heads[3] = {r->heads_q, r->heads_kv, r->heads_kv};
-  double mx[3] = {0, 0, 0};
+  /* Paged K and V are not scanned (checked finite when stored): their
+   * maxima come with the request, and the verdict takes the larger. */
+  double mx[3] = {0, r->k_pages ? r->kv_absmax[0] : 0, r->k_pages ? r->kv_absmax[1] : 0};
   int rc = attn__seen_verdict(r, cj->args.seen, 3, scan_names, heads, mx, st);
   return rc ? rc : attn__check_magnitudes(r, mx, st);
 }
@@ -275,7 +280,8 @@ static int cpu_submit(void *state, attn_job *job, attn_status *st) {
     return attn_status_set(st, ATTN_ENOMEM, "out of memory queueing a job");
   }
   plan_blocks(cj);
-  cj->task.nitems = cj->ncompute + r->batch * r->heads_kv;
+  /* Paged K and V have no unseen keys to scan: no scan items. */
+  cj->task.nitems = cj->ncompute + (r->k_pages ? 0 : r->batch * r->heads_kv);
   cj->task.run = compute_run;
   cj->task.finish = compute_finish;
   if (job->here)

@@ -34,7 +34,15 @@
  * its largest magnitude as it is loaded for compute, into a->seen; the
  * caller judges the job from that once every block has run (and discards
  * the output of a refused job). Compute on such inputs makes garbage but
- * never traps or loops longer.
+ * never traps or loops longer. Paged K and V were checked when stored and
+ * are not scanned again.
+ *
+ * Paged K and V (attn_request.k_pages). Each tile reads its K and V rows
+ * from two row-0 pointers and row steps set once per tile (tile_rows): the
+ * dense tensors' rows, or a run of rows inside one page, with no gather
+ * copy and no per-element indirection. A page holds a multiple of BK keys,
+ * so a tile that would cross a page's end (tiles start at jlo, unaligned
+ * under a window) is cut there; the dense tiling is unchanged.
  */
 #include "flash.h"
 #include "simd.h"
@@ -195,13 +203,24 @@ typedef struct blk_ctx {
   const attn__flash_args *a;
   const attn__flash_block *blk;
   float *qt, *ot, *st, *kb, *vb, *m, *l, *alpha;
-  const char *kbase, *vbase;
+  const char *kbase, *vbase; /* dense K and V of (b, hk); NULL when paged */
+  /* Paged K and V: (b, hk)'s page tables; NULL when dense. */
+  const void *const *kpg, *const *vpg;
+  /* The current tile's first K and V rows and the elements between rows
+   * (tile_rows): every product reads its keys from these, so one kernel
+   * serves the dense layout and pages alike. */
+  const char *kt, *vt;
+  int64_t kstep, vstep;
+  /* The next tile's rows, pn of them (0: none), for prefetch_next. */
+  const char *pk, *pv;
+  int64_t pks, pvs, pn;
   int64_t nrows, lanes, hk, jlo, jhi;
   int64_t scan_from; /* the keys this block scans: [scan_from, jhi] */
   int nv;
   bool bf16dp;  /* BF16 products (flash_bf16.h) instead of F32 */
   bool amx;     /* and AMX tiles for whole tiles (flash_amx.h) */
   bool rowwise; /* and few rows, along head_dim (flash_bf16.h) */
+  bool rowf;    /* few rows along head_dim in F32 (rf_*) */
 } blk_ctx;
 
 static const char *q_row(const blk_ctx *c, int64_t h, int64_t i) {
@@ -211,6 +230,23 @@ static const char *q_row(const blk_ctx *c, int64_t h, int64_t i) {
              attn_dtype_size(r->dtype);
 }
 
+#if ATTN_ISA == 512
+/* Part `part` of `parts` of the next tile's K and V rows into L2. A decode
+ * step streams K and V from memory with little arithmetic per byte, and
+ * stalled on its loads without this (measured on Zen 4: about 1.5x the
+ * rate with it). Into L2, not L1: a tile ahead is as large as L1 and would
+ * evict the tile being computed. */
+static inline void prefetch_next(const blk_ctx *c, int64_t part, int64_t parts) {
+  const size_t es = attn_dtype_size(c->a->r->dtype), row = (size_t)c->a->r->head_dim * es;
+  for (int64_t j = part * c->pn / parts; j < (part + 1) * c->pn / parts; j++)
+    for (size_t b = 0; b < row; b += 64) {
+      _mm_prefetch(c->pk + (size_t)(j * c->pks) * es + b, _MM_HINT_T1);
+      _mm_prefetch(c->pv + (size_t)(j * c->pvs) * es + b, _MM_HINT_T1);
+    }
+}
+
+#endif
+
 #if ATTN_DPBF16 || ATTN_AMX
 #include "flash_bf16.h"
 #else
@@ -218,14 +254,14 @@ static const char *q_row(const blk_ctx *c, int64_t h, int64_t i) {
 static inline void dp_load_q(blk_ctx *c, const char *src, int64_t ii) {
   (void)c, (void)src, (void)ii;
 }
-static inline void dp_scores(blk_ctx *c, int64_t j0, int64_t nkt) { (void)c, (void)j0, (void)nkt; }
-static inline void dp_values(blk_ctx *c, int64_t j0, int64_t nkt) { (void)c, (void)j0, (void)nkt; }
+static inline void dp_scores(blk_ctx *c, int64_t nkt) { (void)c, (void)nkt; }
+static inline void dp_values(blk_ctx *c, int64_t nkt) { (void)c, (void)nkt; }
 static inline bool rw_ok(const blk_ctx *c) {
   (void)c;
   return false;
 }
-static inline void rw_scores(blk_ctx *c, int64_t j0, int64_t nkt) { (void)c, (void)j0, (void)nkt; }
-static inline void rw_values(blk_ctx *c, int64_t j0, int64_t nkt) { (void)c, (void)j0, (void)nkt; }
+static inline void rw_scores(blk_ctx *c, int64_t nkt) { (void)c, (void)nkt; }
+static inline void rw_values(blk_ctx *c, int64_t nkt) { (void)c, (void)nkt; }
 static inline void rw_begin(blk_ctx *c) { (void)c; }
 static inline void rw_end(blk_ctx *c) { (void)c; }
 #endif
@@ -234,7 +270,159 @@ static inline void amx_begin(blk_ctx *c) { (void)c; }
 static inline void amx_end(blk_ctx *c) { (void)c; }
 #endif
 
-/* Qᵀ pre-scaled in F32 (or as BF16 pairs), Oᵀ = 0, m = -inf, l = 0; scans Q. */
+/* ---- few query rows in F32 (decoding): vectors along head_dim -----------
+ *
+ * A decode block has few rows (a GQA group, one query each): in the
+ * transposed layout most of the query lanes would be idle, and every K and
+ * V element would be broadcast on its own. With nrows <= RF_MAX (and
+ * head_dim a multiple of VL) the AVX-512 instances run such blocks along
+ * head_dim instead, K and V rows widened in registers from where they lie:
+ * scores for RF_KEYS keys x RF_MAX rows are RF_KEYS·RF_MAX vector dot
+ * products whose lanes one transposing reduction sums at once (rf_reduce),
+ * and O rows (in the V workspace, [nrows][D]) accumulate P·V row by row,
+ * the next tile prefetched meanwhile (prefetch_next). Scores
+ * and P still go through the transposed score tile, so masks, variants
+ * and the softmax are shared. F32 FMAs for F32 and F16 inputs (widened
+ * exactly), and for BF16 in the instance without BF16 products. */
+#if ATTN_ISA == 512
+enum { RF_MAX = 4, RF_KEYS = 4, RF_DCHUNK = 4 };
+
+static inline bool rf_ok(const blk_ctx *c) {
+  return !c->bf16dp && c->nrows <= RF_MAX && c->a->r->head_dim % VL == 0;
+}
+
+/* 16 vectors a[4·ii + jj] to one: lane 4·jj + ii holds the sum of a[4·ii +
+ * jj]'s lanes (two 256-bit, then 128-bit, then in-lane halvings). */
+INLINE __m512 rf_reduce(__m512 a[16]) {
+  __m512 b[8], d[4], e[2];
+  UNROLL for (int m = 0; m < 8; m++) b[m] =
+      _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * m], a[2 * m + 1], 0x44),
+                    _mm512_shuffle_f32x4(a[2 * m], a[2 * m + 1], 0xee));
+  UNROLL for (int m = 0; m < 4; m++) d[m] =
+      _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * m], b[2 * m + 1], 0x88),
+                    _mm512_shuffle_f32x4(b[2 * m], b[2 * m + 1], 0xdd));
+  UNROLL for (int m = 0; m < 2; m++) e[m] =
+      _mm512_add_ps(_mm512_shuffle_ps(d[2 * m], d[2 * m + 1], 0x44),
+                    _mm512_shuffle_ps(d[2 * m], d[2 * m + 1], 0xee));
+  return _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], 0x88), _mm512_shuffle_ps(e[0], e[1], 0xdd));
+}
+
+/* Scores of RF_KEYS keys (nk of them real) at kp, rows ldk elements apart,
+ * into st rows j..j+nk (lanes 0..RF_MAX-1). Q rows are pre-scaled (rf_begin). */
+INLINE void rf_scores4(const blk_ctx *c, const char *kp, int64_t ldk, int64_t j, int64_t nk) {
+  const attn_dtype dt = c->a->r->dtype;
+  const size_t es = attn_dtype_size(dt);
+  const int64_t D = c->a->r->head_dim;
+  __m512 acc[RF_MAX * RF_KEYS];
+  UNROLL for (int n = 0; n < RF_MAX * RF_KEYS; n++) acc[n] = vset1(0.0f);
+  for (int64_t d = 0; d < D; d += VL) {
+    vf k[RF_KEYS];
+    UNROLL for (int jj = 0; jj < RF_KEYS; jj++) k[jj] =
+        jj < nk ? vload_cvt(kp + (size_t)(jj * ldk + d) * es, dt) : vset1(0.0f);
+    UNROLL for (int ii = 0; ii < RF_MAX; ii++) {
+      const vf q = vload(c->qt + ii * D + d);
+      UNROLL for (int jj = 0; jj < RF_KEYS; jj++) acc[ii * RF_KEYS + jj] =
+          vfma(k[jj], q, acc[ii * RF_KEYS + jj]);
+    }
+  }
+  const __m512 s = rf_reduce(acc);
+  UNROLL for (int jj = 0; jj < RF_KEYS; jj++) if (jj < nk)
+      _mm_storeu_ps(c->st + (j + jj) * BQ, _mm512_extractf32x4_ps(s, jj));
+}
+
+static void rf_scores(blk_ctx *c, int64_t nkt) {
+  const size_t es = attn_dtype_size(c->a->r->dtype);
+  const int64_t parts = (nkt + RF_KEYS - 1) / RF_KEYS;
+  for (int64_t j = 0; j < nkt; j += RF_KEYS) {
+    prefetch_next(c, j / RF_KEYS, parts);
+    rf_scores4(c, c->kt + (size_t)(j * c->kstep) * es, c->kstep, j,
+               nkt - j < RF_KEYS ? nkt - j : RF_KEYS);
+  }
+}
+
+/* O rows d0 .. d0 + nc·VL (rf_o, [nr][D] in the V workspace) = alpha·O +
+ * P·V: nr·nc accumulators in registers, V rows widened once per key. */
+INLINE void rf_values_chunk(blk_ctx *c, int64_t nkt, int64_t d0, const int nr, const int nc) {
+  const attn_dtype dt = c->a->r->dtype;
+  const size_t es = attn_dtype_size(dt);
+  const int64_t D = c->a->r->head_dim;
+  vf acc[RF_MAX][RF_DCHUNK];
+  UNROLL for (int ii = 0; ii < nr; ii++) UNROLL for (int v = 0; v < nc; v++) acc[ii][v] =
+      vmul(vload(c->vb + ii * D + d0 + v * VL), vset1(c->alpha[ii]));
+  const char *vr = c->vt + (size_t)d0 * es;
+  for (int64_t j = 0; j < nkt; j++, vr += (size_t)c->vstep * es) {
+    vf x[RF_DCHUNK];
+    UNROLL for (int v = 0; v < nc; v++) x[v] = vload_cvt(vr + v * VL * es, dt);
+    UNROLL for (int ii = 0; ii < nr; ii++) {
+      const vf p = vset1(c->st[j * BQ + ii]);
+      UNROLL for (int v = 0; v < nc; v++) acc[ii][v] = vfma(p, x[v], acc[ii][v]);
+    }
+  }
+  UNROLL for (int ii = 0; ii < nr; ii++) UNROLL for (int v = 0; v < nc; v++)
+      vstore(c->vb + ii * D + d0 + v * VL, acc[ii][v]);
+}
+
+#define RF_NC(NR, NC)                                         \
+  switch (NC) {                                               \
+  case 1: rf_values_chunk(c, nkt, d0, NR, 1); break;          \
+  case 2: rf_values_chunk(c, nkt, d0, NR, 2); break;          \
+  case 3: rf_values_chunk(c, nkt, d0, NR, 3); break;          \
+  default: rf_values_chunk(c, nkt, d0, NR, RF_DCHUNK); break; \
+  }
+
+/* O rows = alpha·O rows + P·V, RF_DCHUNK vectors of head_dim at a time. */
+static void rf_values(blk_ctx *c, int64_t nkt) {
+  const int64_t D = c->a->r->head_dim;
+  for (int64_t d0 = 0; d0 < D; d0 += RF_DCHUNK * VL) {
+    const int nc = (D - d0) / VL < RF_DCHUNK ? (int)((D - d0) / VL) : RF_DCHUNK;
+    switch (c->nrows) {
+    case 1: RF_NC(1, nc) break;
+    case 2: RF_NC(2, nc) break;
+    case 3: RF_NC(3, nc) break;
+    default: RF_NC(4, nc) break;
+    }
+  }
+}
+#undef RF_NC
+
+/* Q rows pre-scaled in qt ([RF_MAX][D], padding rows 0), O rows 0, and the
+ * score tile's lanes 0 (lanes past RF_MAX are never written, only read). */
+static void rf_begin(blk_ctx *c) {
+  const attn__flash_block *blk = c->blk;
+  const int64_t D = c->a->r->head_dim;
+  for (int64_t ii = 0; ii < RF_MAX; ii++) {
+    float *q = c->qt + ii * D;
+    if (ii < c->nrows)
+      load_row(q, q_row(c, blk->h0 + ii / blk->nq, blk->i0 + ii % blk->nq), c->a->r->dtype, D);
+    for (int64_t d = 0; d < D; d++)
+      q[d] = ii < c->nrows ? q[d] * c->a->scale2 : 0.0f;
+  }
+  memset(c->vb, 0, (size_t)(c->nrows * D) * sizeof *c->vb);
+  for (int64_t j = 0; j < BK; j++)
+    vstore(c->st + j * BQ, vset1(0.0f));
+}
+
+/* The O rows back into Oᵀ for finish_block. */
+static void rf_end(blk_ctx *c) {
+  const int64_t D = c->a->r->head_dim;
+  for (int64_t ii = 0; ii < c->nrows; ii++)
+    for (int64_t d = 0; d < D; d++)
+      c->ot[d * BQ + ii] = c->vb[ii * D + d];
+}
+#else
+/* Only the AVX-512 instances run few rows along head_dim in F32. */
+static inline bool rf_ok(const blk_ctx *c) {
+  (void)c;
+  return false;
+}
+static inline void rf_scores(blk_ctx *c, int64_t nkt) { (void)c, (void)nkt; }
+static inline void rf_values(blk_ctx *c, int64_t nkt) { (void)c, (void)nkt; }
+static inline void rf_begin(blk_ctx *c) { (void)c; }
+static inline void rf_end(blk_ctx *c) { (void)c; }
+#endif
+
+/* Qᵀ pre-scaled in F32 (or as BF16 pairs), Oᵀ = 0, m = -inf, l = 0; scans Q.
+ * The F32 rows path (rf_begin) needs only the scan, m and l. */
 static void start_block(blk_ctx *c) {
   const attn__flash_args *a = c->a;
   const int64_t D = a->r->head_dim, nq = c->blk->nq;
@@ -245,6 +433,10 @@ static void start_block(blk_ctx *c) {
   }
   /* Lane ii is query position i0 + ii % nq of head h0 + ii / nq. */
   for (int64_t ii = 0; ii < c->lanes; ii++) {
+    c->m[ii] = -INFINITY;
+    c->l[ii] = 0.0f;
+    if (c->rowf) /* rf_begin lays out its Q and O rows itself */
+      continue;
     const bool real = ii < c->nrows;
     const char *src = real ? q_row(c, c->blk->h0 + ii / nq, c->blk->i0 + ii % nq) : NULL;
     if (c->bf16dp) {
@@ -257,25 +449,23 @@ static void start_block(blk_ctx *c) {
     }
     for (int64_t d = 0; d < D; d++)
       c->ot[d * BQ + ii] = 0.0f;
-    c->m[ii] = -INFINITY;
-    c->l[ii] = 0.0f;
   }
 }
 
-/* S = Q·Kᵀ for keys j0 .. j0 + nkt - 1 in F32, converting narrow tiles. */
-static void f32_scores(blk_ctx *c, int64_t j0, int64_t nkt, const float **vp, int64_t *ldv) {
+/* S = Q·Kᵀ for the tile's nkt keys in F32, converting narrow tiles. */
+static void f32_scores(blk_ctx *c, int64_t nkt, const float **vp, int64_t *ldv) {
   const attn_request *r = c->a->r;
   const attn_dtype dt = r->dtype;
   const size_t es = attn_dtype_size(dt);
-  const int64_t D = r->head_dim, kstep = r->k_stride[2], vstep = r->v_stride[2];
-  const float *kp = (const float *)(c->kbase + (size_t)(j0 * kstep) * es);
-  int64_t ldk = kstep;
-  *vp = (const float *)(c->vbase + (size_t)(j0 * vstep) * es);
-  *ldv = vstep;
+  const int64_t D = r->head_dim;
+  const float *kp = (const float *)c->kt;
+  int64_t ldk = c->kstep;
+  *vp = (const float *)c->vt;
+  *ldv = c->vstep;
   if (dt != ATTN_F32) {
     for (int64_t jj = 0; jj < nkt; jj++) {
-      load_row(c->kb + jj * D, c->kbase + (size_t)((j0 + jj) * kstep) * es, dt, D);
-      load_row(c->vb + jj * D, c->vbase + (size_t)((j0 + jj) * vstep) * es, dt, D);
+      load_row(c->kb + jj * D, c->kt + (size_t)(jj * c->kstep) * es, dt, D);
+      load_row(c->vb + jj * D, c->vt + (size_t)(jj * c->vstep) * es, dt, D);
     }
     kp = c->kb;
     *vp = c->vb;
@@ -321,26 +511,78 @@ static void variant_tile(blk_ctx *c, int64_t j0, int64_t nkt) {
   }
 }
 
+/* Points kt, vt at key j0's rows. Dense: rows k_stride[2] apart. Paged:
+ * row j0 % page_tokens of its page, rows head_dim apart; the caller ends
+ * the tile at the page's end (tile_len), so the tile's rows are one run. */
+static void row_ptrs(const blk_ctx *c, int64_t j0, const char **k, const char **v, int64_t *kstep,
+                     int64_t *vstep) {
+  const attn_request *r = c->a->r;
+  const size_t es = attn_dtype_size(r->dtype);
+  if (c->kpg) {
+    const int64_t pt = r->page_tokens, row = (j0 % pt) * r->head_dim;
+    *k = (const char *)c->kpg[j0 / pt] + (size_t)row * es;
+    *v = (const char *)c->vpg[j0 / pt] + (size_t)row * es;
+    *kstep = *vstep = r->head_dim;
+    return;
+  }
+  *k = c->kbase + (size_t)(j0 * r->k_stride[2]) * es;
+  *v = c->vbase + (size_t)(j0 * r->v_stride[2]) * es;
+  *kstep = r->k_stride[2];
+  *vstep = r->v_stride[2];
+}
+
+/* Keys of the tile starting at j0: up to BK, and in paged mode never past
+ * the end of j0's page. Tiles follow jlo, which a window leaves unaligned,
+ * so a page boundary can fall inside a BK-run; the dense tiling is kept. */
+static int64_t tile_len(const blk_ctx *c, int64_t j0) {
+  int64_t n = c->jhi - j0 + 1 < BK ? c->jhi - j0 + 1 : BK;
+  if (c->kpg) {
+    const int64_t left = c->a->r->page_tokens - j0 % c->a->r->page_tokens;
+    n = n < left ? n : left;
+  }
+  return n;
+}
+
+/* The tile's K and V into a->seen, past the keys scanned already. Paged
+ * K and V were checked when they were stored: never scanned here. */
+static void see_tile(const blk_ctx *c, int64_t j0, int64_t nkt) {
+  const attn_request *r = c->a->r;
+  const int64_t s0 = j0 > c->scan_from ? j0 : c->scan_from, ns = j0 + nkt - s0;
+  if (c->kpg || ns <= 0)
+    return;
+  const size_t es = attn_dtype_size(r->dtype);
+  const int64_t kvh = c->blk->b * r->heads_kv + c->hk;
+  see(c->a, 1, kvh, c->kbase + (size_t)(s0 * r->k_stride[2]) * es, s0, ns, r->k_stride[2]);
+  see(c->a, 2, kvh, c->vbase + (size_t)(s0 * r->v_stride[2]) * es, s0, ns, r->v_stride[2]);
+}
+
+/* The tile's rows (kt, vt), and the next tile's (pk, pv, pn rows; pn 0 at
+ * the last tile) for the decode path to prefetch. */
+static void tile_rows(blk_ctx *c, int64_t j0, int64_t nkt) {
+  row_ptrs(c, j0, &c->kt, &c->vt, &c->kstep, &c->vstep);
+  c->pn = 0;
+  if ((c->rowf || c->rowwise) && j0 + nkt <= c->jhi) {
+    row_ptrs(c, j0 + nkt, &c->pk, &c->pv, &c->pks, &c->pvs);
+    c->pn = tile_len(c, j0 + nkt);
+  }
+}
+
 /* One key tile: scan it, scores, mask, online softmax, O += P·V. */
 static void tile_step(blk_ctx *c, int64_t j0, int64_t nkt) {
   const attn__flash_args *a = c->a;
-  const attn_request *r = a->r;
-  const int64_t D = r->head_dim, i0 = c->blk->i0, ilast = i0 + c->blk->nq - 1;
-  const int64_t kvh = c->blk->b * r->heads_kv + c->hk;
-  const int64_t s0 = j0 > c->scan_from ? j0 : c->scan_from, ns = j0 + nkt - s0;
-  if (ns > 0) {
-    const size_t es = attn_dtype_size(r->dtype);
-    see(a, 1, kvh, c->kbase + (size_t)(s0 * r->k_stride[2]) * es, s0, ns, r->k_stride[2]);
-    see(a, 2, kvh, c->vbase + (size_t)(s0 * r->v_stride[2]) * es, s0, ns, r->v_stride[2]);
-  }
+  const int64_t D = a->r->head_dim, i0 = c->blk->i0, ilast = i0 + c->blk->nq - 1;
+  see_tile(c, j0, nkt);
+  tile_rows(c, j0, nkt);
   const float *vp = NULL;
   int64_t ldv = 0;
-  if (c->rowwise)
-    rw_scores(c, j0, nkt);
+  if (c->rowf)
+    rf_scores(c, nkt);
+  else if (c->rowwise)
+    rw_scores(c, nkt);
   else if (c->bf16dp)
-    dp_scores(c, j0, nkt);
+    dp_scores(c, nkt);
   else
-    f32_scores(c, j0, nkt, &vp, &ldv);
+    f32_scores(c, nkt, &vp, &ldv);
   if (a->var.on)
     variant_tile(c, j0, nkt);
   bool full = (a->wl < 0 || j0 >= ilast + a->off - a->wl) &&
@@ -348,8 +590,8 @@ static void tile_step(blk_ctx *c, int64_t j0, int64_t nkt) {
   if (!full)
     mask_tile(c->st, a, j0, nkt, i0, c->blk->nq, c->nrows);
   softmax_tile(c->st, nkt, c->nv, c->m, c->l, c->alpha);
-  if (c->rowwise) {
-    rw_values(c, j0, nkt);
+  if (c->rowf || c->rowwise) {
+    (c->rowf ? rf_values : rw_values)(c, nkt);
     return;
   }
   for (int64_t d = 0; d < D; d++)
@@ -358,7 +600,7 @@ static void tile_step(blk_ctx *c, int64_t j0, int64_t nkt) {
       vstore(op, vmul(vload(op), vload(c->alpha + v * VL)));
     }
   if (c->bf16dp)
-    dp_values(c, j0, nkt);
+    dp_values(c, nkt);
   else
     pv_tile(c->st, vp, ldv, c->ot, D, nkt, c->nv);
 }
@@ -416,9 +658,24 @@ static void key_range(blk_ctx *c) {
   c->scan_from = phi + 1;
 }
 
+/* Where K and V of the block's (batch, KV head) are: the dense tensors'
+ * rows, or that head's page tables (no pointer into r->k when it is NULL). */
+static void kv_head(blk_ctx *c) {
+  const attn_request *r = c->a->r;
+  const int64_t b = c->blk->b, hk = c->hk;
+  if (r->k_pages) {
+    const int64_t t = (b * r->heads_kv + hk) * r->pages_per_head;
+    c->kpg = r->k_pages + t;
+    c->vpg = r->v_pages + t;
+    return;
+  }
+  const size_t es = attn_dtype_size(r->dtype);
+  c->kbase = (const char *)r->k + (size_t)(b * r->k_stride[0] + hk * r->k_stride[1]) * es;
+  c->vbase = (const char *)r->v + (size_t)(b * r->v_stride[0] + hk * r->v_stride[1]) * es;
+}
+
 static void rows(const attn__flash_args *a, const attn__flash_block *blk, void *ws) {
   const attn_request *r = a->r;
-  const size_t es = attn_dtype_size(r->dtype);
   blk_ctx c = {.a = a, .blk = blk};
   c.qt = ws;
   c.ot = c.qt + MAXD * BQ;
@@ -433,26 +690,32 @@ static void rows(const attn__flash_args *a, const attn__flash_block *blk, void *
   c.lanes = (int64_t)c.nv * VL;
   c.hk = blk->h0 / a->group;
   c.bf16dp = r->dtype == ATTN_BF16 && r->head_dim % 2 == 0 && (ATTN_DPBF16 || ATTN_AMX);
-  c.kbase = (const char *)r->k + (size_t)(blk->b * r->k_stride[0] + c.hk * r->k_stride[1]) * es;
-  c.vbase = (const char *)r->v + (size_t)(blk->b * r->v_stride[0] + c.hk * r->v_stride[1]) * es;
+  kv_head(&c);
   c.rowwise = rw_ok(&c);
+  c.rowf = rf_ok(&c);
   key_range(&c);
   start_block(&c);
   if (c.rowwise)
     rw_begin(&c);
+  if (c.rowf)
+    rf_begin(&c);
   amx_begin(&c);
-  for (int64_t j0 = c.jlo; j0 <= c.jhi; j0 += BK)
-    tile_step(&c, j0, c.jhi - j0 + 1 < BK ? c.jhi - j0 + 1 : BK);
+  for (int64_t j0 = c.jlo, nkt; j0 <= c.jhi; j0 += nkt) {
+    nkt = tile_len(&c, j0);
+    tile_step(&c, j0, nkt);
+  }
   amx_end(&c);
   if (c.rowwise)
     rw_end(&c);
+  if (c.rowf)
+    rf_end(&c);
   finish_block(&c);
 }
 
 static void scan_keys(const attn__flash_args *a, int64_t b, int64_t hk, int64_t j0, int64_t j1) {
   const attn_request *r = a->r;
   const size_t es = attn_dtype_size(r->dtype);
-  if (j1 <= j0)
+  if (j1 <= j0 || r->k_pages) /* pages were checked when stored */
     return;
   const char *k = (const char *)r->k +
                   (size_t)(b * r->k_stride[0] + hk * r->k_stride[1] + j0 * r->k_stride[2]) * es;

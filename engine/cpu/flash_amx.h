@@ -64,13 +64,12 @@ static void amx_scores(blk_ctx *c, const char *kp, int64_t ldk) {
       vstore(c->st + j * BQ + v * VL, vmul(vload(c->st + j * BQ + v * VL), sc));
 }
 
-/* Oᵀ += Vᵀ·P for a whole tile of BK keys starting at j0 (P pairs packed). */
-static void amx_values(blk_ctx *c, int64_t j0) {
-  const attn_request *r = c->a->r;
-  const int64_t D = r->head_dim, step = r->v_stride[2] * 2;
+/* Oᵀ += Vᵀ·P for a whole tile of BK keys at c->vt (P pairs packed). */
+static void amx_values(blk_ctx *c) {
+  const int64_t D = c->a->r->head_dim, step = c->vstep * 2;
   uint32_t *vt = (uint32_t *)c->vb; /* vt[d][jp] = (v_2jp[d], v_2jp+1[d]) */
   for (int64_t jp = 0; jp < BK / 2; jp++) {
-    const char *a = c->vbase + (j0 + 2 * jp) * step;
+    const char *a = c->vt + 2 * jp * step;
     for (int64_t d = 0; d < D; d++) {
       uint16_t x, y;
       memcpy(&x, a + 2 * d, 2);

@@ -117,12 +117,12 @@ static void dp_pack_p(blk_ctx *c, int64_t nkt) {
     }
 }
 
-/* V rows j0.. (nkt of them) to pairs of keys, vp[jp][d]; a missing odd key is 0. */
-static void dp_pack_v(blk_ctx *c, int64_t j0, int64_t nkt, uint32_t *vp) {
-  const attn_request *r = c->a->r;
-  const int64_t D = r->head_dim, step = r->v_stride[2] * 2;
+/* The tile's V rows (nkt of them) to pairs of keys, vp[jp][d]; a missing
+ * odd key is 0. */
+static void dp_pack_v(blk_ctx *c, int64_t nkt, uint32_t *vp) {
+  const int64_t D = c->a->r->head_dim, step = c->vstep * 2;
   for (int64_t jp = 0; 2 * jp < nkt; jp++) {
-    const char *a = c->vbase + (j0 + 2 * jp) * step;
+    const char *a = c->vt + 2 * jp * step;
     const char *b = 2 * jp + 1 < nkt ? a + step : NULL;
     int64_t d = 0;
     for (; d + 16 <= D; d += 16) {
@@ -172,14 +172,15 @@ static inline bool rw_ok(const blk_ctx *c) {
   return c->bf16dp && c->nrows <= RW_MAX && c->a->r->head_dim % 32 == 0;
 }
 
-INLINE void rw_scores_n(blk_ctx *c, int64_t j0, int64_t nkt, const int nr) {
-  const attn_request *r = c->a->r;
-  const int64_t D = r->head_dim, ldk = r->k_stride[2] * 2;
+INLINE void rw_scores_n(blk_ctx *c, int64_t nkt, const int nr) {
+  const int64_t D = c->a->r->head_dim, ldk = c->kstep * 2;
   const char *q[RW_MAX];
   UNROLL for (int ii = 0; ii < nr; ii++) q[ii] =
       q_row(c, c->blk->h0 + ii / c->blk->nq, c->blk->i0 + ii % c->blk->nq);
-  const char *kp = c->kbase + j0 * ldk;
+  const char *kp = c->kt;
   for (int64_t j = 0; j < nkt; j++, kp += ldk) {
+    if (j % 4 == 0) /* a quarter of the next tile's rows per 4 keys */
+      prefetch_next(c, j / 4, (nkt + 3) / 4);
     float s[VL] = {0};
     UNROLL for (int ii = 0; ii < nr; ii++) {
       __m512 acc = _mm512_setzero_ps();
@@ -191,9 +192,8 @@ INLINE void rw_scores_n(blk_ctx *c, int64_t j0, int64_t nkt, const int nr) {
   }
 }
 
-INLINE void rw_values_n(blk_ctx *c, int64_t j0, int64_t nkt, const int nr) {
-  const attn_request *r = c->a->r;
-  const int64_t D = r->head_dim, step = r->v_stride[2] * 2, np = (nkt + 1) / 2;
+INLINE void rw_values_n(blk_ctx *c, int64_t nkt, const int nr) {
+  const int64_t D = c->a->r->head_dim, step = c->vstep * 2, np = (nkt + 1) / 2;
   const uint32_t *pp = (const uint32_t *)c->kb;
   for (int64_t d0 = 0; d0 < D; d0 += 32) {
     __m512 acc[RW_MAX][2];
@@ -202,7 +202,7 @@ INLINE void rw_values_n(blk_ctx *c, int64_t j0, int64_t nkt, const int nr) {
       acc[ii][0] = vmul(vload(c->vb + ii * D + d0), al);
       acc[ii][1] = vmul(vload(c->vb + ii * D + d0 + 16), al);
     }
-    const char *a = c->vbase + j0 * step + 2 * d0;
+    const char *a = c->vt + 2 * d0;
     for (int64_t jp = 0; jp < np; jp++, a += 2 * step) {
       __m512i va = _mm512_loadu_si512(a);
       __m512i vb = 2 * jp + 1 < nkt ? _mm512_loadu_si512(a + step) : _mm512_setzero_si512();
@@ -228,16 +228,16 @@ INLINE void rw_values_n(blk_ctx *c, int64_t j0, int64_t nkt, const int nr) {
   default: CALL(4); break; \
   }
 
-static void rw_scores(blk_ctx *c, int64_t j0, int64_t nkt) {
-#define RWS(N) rw_scores_n(c, j0, nkt, N)
+static void rw_scores(blk_ctx *c, int64_t nkt) {
+#define RWS(N) rw_scores_n(c, nkt, N)
   RW_CASES(RWS)
 #undef RWS
 }
 
 /* O rows = alpha·O rows + P·V (O rows are rescaled here, not in Oᵀ). */
-static void rw_values(blk_ctx *c, int64_t j0, int64_t nkt) {
+static void rw_values(blk_ctx *c, int64_t nkt) {
   dp_pack_p(c, nkt);
-#define RWV(N) rw_values_n(c, j0, nkt, N)
+#define RWV(N) rw_values_n(c, nkt, N)
   RW_CASES(RWV)
 #undef RWV
 }
@@ -268,13 +268,13 @@ static inline bool amx_tile(const blk_ctx *c, int64_t nkt) {
 static inline void amx_scores(blk_ctx *c, const char *kp, int64_t ldk) {
   (void)c, (void)kp, (void)ldk;
 }
-static inline void amx_values(blk_ctx *c, int64_t j0) { (void)c, (void)j0; }
+static inline void amx_values(blk_ctx *c) { (void)c; }
 #endif
 
-/* Scores of keys j0 .. j0 + nkt - 1 from K in place. */
-static void dp_scores(blk_ctx *c, int64_t j0, int64_t nkt) {
-  const int64_t ldk = c->a->r->k_stride[2] * 2;
-  const char *kp = c->kbase + j0 * ldk;
+/* Scores of the tile's nkt keys from K in place. */
+static void dp_scores(blk_ctx *c, int64_t nkt) {
+  const int64_t ldk = c->kstep * 2;
+  const char *kp = c->kt;
   if (amx_tile(c, nkt))
     amx_scores(c, kp, ldk);
   else
@@ -282,13 +282,13 @@ static void dp_scores(blk_ctx *c, int64_t j0, int64_t nkt) {
 }
 
 /* Oᵀ += Vᵀ·P for the tile's keys (Oᵀ already rescaled). */
-static void dp_values(blk_ctx *c, int64_t j0, int64_t nkt) {
+static void dp_values(blk_ctx *c, int64_t nkt) {
   dp_pack_p(c, nkt);
   if (amx_tile(c, nkt)) {
-    amx_values(c, j0);
+    amx_values(c);
     return;
   }
-  dp_pack_v(c, j0, nkt, (uint32_t *)c->vb);
+  dp_pack_v(c, nkt, (uint32_t *)c->vb);
   dp_pv_tile(c, (const uint32_t *)c->vb, nkt);
 }
 

@@ -63,6 +63,10 @@ static int cuda_submit(void *state, attn_job *job, attn_status *st) {
 
 static int cuda_supports(void *state, const attn_request *r, attn_status *st) {
   cu_state *s = state;
+  /* A session's pages are host memory the cpu kernel reads in place;
+   * refusing them here makes "auto" pick the cpu backend. */
+  if (r->k_pages)
+    return attn_status_set(st, ATTN_EUNSUPPORTED, "paged K/V (sessions) runs on the cpu backend");
   int sms = 0;
   size_t mem = 0;
   bool ok = false;

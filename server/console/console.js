@@ -8,7 +8,9 @@
  *               and a heatmap of P = exp(s - m) / l computed here in float64
  *               from this page's Q and K and the server's m and l;
  *   plan        GET /attention/plan for N = 256 ... 2^20, a log-log chart;
- *   live        GET /metrics every second, rolling five-minute charts.
+ *   live        GET /metrics every second, rolling five-minute charts;
+ *   sessions    GET /v1/sessions with each poll: the caller's sessions, each
+ *               with a delete button (DELETE /v1/sessions/{id}).
  * The API key, when the server wants one, lives in a closure variable only.
  */
 "use strict";
@@ -21,6 +23,7 @@
     heat: null,        // the heatmap's numbers
     plan: null,        // {points: [{n, standard, flash, ratio}], seed}
     live: { samples: [], codes: {}, polls: 0 },
+    sessions: null,    // the last GET /v1/sessions: {sessions, count, memory}
   };
   window.attnConsole = state;
   let apiKey = null;   // never stored anywhere but here
@@ -650,10 +653,77 @@
       }
       livePrev = cur;
       showLive(cur);
+      refreshSessions();
     } else if (r.status !== 401) {
       $("live-error").textContent = "GET /metrics: " + errorText(r);
     }
     if (r.status !== 401) liveTimer = setTimeout(poll, 1000);
+  }
+
+  /* ---- sessions ---------------------------------------------------------------- */
+
+  function seconds(x) {
+    if (!(x >= 0)) return "–";
+    if (x < 90) return x.toFixed(0) + " s";
+    if (x < 5400) return (x / 60).toFixed(0) + " min";
+    return (x / 3600).toFixed(1) + " h";
+  }
+
+  async function refreshSessions() {
+    const info = state.info;
+    if (!info || !info.sessions || !info.sessions.enabled) {
+      $("sess-summary").textContent = "Sessions are off on this server (--session-memory 0).";
+      return;
+    }
+    const r = await api("/v1/sessions");
+    if (r.status !== 200) {
+      if (r.status !== 401) $("sess-error").textContent = "GET /v1/sessions: " + errorText(r);
+      return;
+    }
+    $("sess-error").textContent = "";
+    state.sessions = r.body;
+    showSessions(r.body);
+  }
+
+  function showSessions(list) {
+    const m = list.memory;
+    $("sess-summary").textContent = list.count + (list.count === 1 ? " session" : " sessions") +
+      "; session memory: " + bytes(m.reserved_bytes) + " reserved, " + bytes(m.used_bytes) +
+      " in use, of " + bytes(m.pool_bytes);
+    const tb = $("sess-table").tBodies[0];
+    tb.textContent = "";
+    const sorted = list.sessions.slice().sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+    for (const s of sorted) {
+      const tr = tb.insertRow();
+      tr.dataset.id = s.id;
+      const cap = s.layers * s.max_tokens, fill = cap > 0 ? s.tokens / cap : 0;
+      for (const v of [s.id, s.dtype, s.heads_kv + " × " + s.head_dim, String(s.layers)]) tr.insertCell().textContent = v;
+      const meter = document.createElement("meter");
+      meter.min = 0;
+      meter.max = 1;
+      meter.value = fill;
+      meter.dataset.fill = String(fill);
+      meter.setAttribute("aria-label", "fill of " + s.id);
+      meter.title = s.tokens + " of " + cap + " tokens (" + s.layers + " × " + s.max_tokens + ")";
+      const cell = tr.insertCell();
+      cell.append(meter, " " + s.tokens + " / " + cap);
+      tr.insertCell().textContent = bytes(s.reserved_bytes);
+      tr.insertCell().textContent = seconds(s.expires_in_s);
+      const del = document.createElement("button");
+      del.type = "button";
+      del.className = "small";
+      del.textContent = "delete";
+      del.setAttribute("aria-label", "delete session " + s.id);
+      del.addEventListener("click", () => deleteSession(s.id, del));
+      tr.insertCell().append(del);
+    }
+  }
+
+  async function deleteSession(id, button) {
+    button.disabled = true;
+    const r = await api("/v1/sessions/" + encodeURIComponent(id), { method: "DELETE" });
+    if (r.status !== 204 && r.status !== 404) $("sess-error").textContent = "DELETE /v1/sessions/" + id + ": " + errorText(r);
+    refreshSessions();
   }
 
   /* ---- start ------------------------------------------------------------------ */

@@ -18,8 +18,26 @@
  *
  * A path the CPU (or, for AMX, the kernel: arch_prctl ARCH_REQ_XCOMP_PERM)
  * does not offer is reported as skipped with the reason. Output: one JSON
- * object, path -> {"gflops": G} or {"skipped": "why"}.
+ * object, path -> {"gflops": G} or {"skipped": "why"}. T defaults to the
+ * engine's own thread count (attn_pool_cores()).
+ *
+ * With --bandwidth (make bench-peak passes it; bench-peers does not: its
+ * table reads the matmul paths only) memory rows follow, timed by the wall
+ * clock, since memory bandwidth is shared between the threads:
+ *
+ *   stream_read        GB/s of T threads summing a 1 GiB buffer (far larger
+ *                      than the caches) with vector loads, the best of 5;
+ *   paged_decode_DT    GB/s of K and V the engine reads for one paged decode
+ *                      step through attn_engine_run (Hq 32, Hkv 8, D 128,
+ *                      32K keys, 1 query, pages of 256 tokens scattered in a
+ *                      shuffled order) on T threads, the best of 10, and
+ *                      of_stream, its ratio to stream_read: the fraction of
+ *                      the machine's read bandwidth a session's decode
+ *                      step reaches.
  */
+#include "engine.h"
+#include "pool.h"
+
 #include <immintrin.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -252,17 +270,211 @@ static double measure(const path *p, int threads, double seconds) {
   return gflops;
 }
 
+/* ---- memory bandwidth (--bandwidth) --------------------------------------- */
+
+#define STREAM_BYTES ((size_t)1 << 30)
+
+static double wall(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct slice {
+  const char *p;
+  size_t n;
+  pthread_barrier_t *start;
+  float sum; /* out: keeps the loads observable */
+} slice;
+
+/* Four independent sums of 64-byte loads: bound by memory, not by the adds. */
+__attribute__((target("avx512f"))) static float sum512(const char *p, size_t n) {
+  __m512 s[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                 _mm512_setzero_ps()};
+  for (size_t i = 0; i + 256 <= n; i += 256)
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++)
+      s[k] = _mm512_add_ps(s[k], _mm512_load_ps((const float *)(const void *)(p + i + 64 * k)));
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s[0], s[1]), _mm512_add_ps(s[2], s[3])));
+}
+
+__attribute__((target("avx2"))) static float sum256(const char *p, size_t n) {
+  __m256 s[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                 _mm256_setzero_ps()};
+  for (size_t i = 0; i + 128 <= n; i += 128)
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++)
+      s[k] = _mm256_add_ps(s[k], _mm256_load_ps((const float *)(const void *)(p + i + 32 * k)));
+  float out[8];
+  _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(s[0], s[1]), _mm256_add_ps(s[2], s[3])));
+  return out[0] + out[7];
+}
+
+static void *sum_slice(void *arg) {
+  slice *sl = arg;
+  pthread_barrier_wait(sl->start);
+  sl->sum = __builtin_cpu_supports("avx512f") ? sum512(sl->p, sl->n) : sum256(sl->p, sl->n);
+  return NULL;
+}
+
+/* GB/s of `threads` threads each summing its slice of buf, the best of 5. */
+static double stream_read(const char *buf, int threads) {
+  double best = 0;
+  for (int rep = 0; rep < 5; rep++) {
+    pthread_t tid[MAX_THREADS];
+    slice sl[MAX_THREADS];
+    pthread_barrier_t start;
+    pthread_barrier_init(&start, NULL, (unsigned)threads + 1);
+    const size_t per = STREAM_BYTES / (size_t)threads / 256 * 256;
+    for (int i = 0; i < threads; i++) {
+      sl[i] = (slice){.p = buf + per * (size_t)i, .n = per, .start = &start};
+      pthread_create(&tid[i], NULL, sum_slice, &sl[i]);
+    }
+    pthread_barrier_wait(&start);
+    double t0 = wall(), sink = 0;
+    for (int i = 0; i < threads; i++) {
+      pthread_join(tid[i], NULL);
+      sink += sl[i].sum;
+    }
+    double gbps = (double)(per * (size_t)threads) / (wall() - t0) * 1e-9;
+    best = gbps > best ? gbps : best;
+    pthread_barrier_destroy(&start);
+    if (sink == 12345.678)
+      fprintf(stderr, "#");
+  }
+  return best;
+}
+
+/* One paged decode step's inputs: pages of K and V in one shuffled pool. */
+typedef struct decode {
+  attn_request r;
+  char *pool;
+  const void **kp, **vp;
+  void *q, *o;
+  size_t kv_bytes;
+} decode;
+
+enum { DEC_HQ = 32, DEC_HKV = 8, DEC_D = 128, DEC_KEYS = 32768, DEC_PAGE = 256 };
+
+static int decode_init(decode *dc, attn_dtype dt) {
+  memset(dc, 0, sizeof *dc);
+  const size_t es = attn_dtype_size(dt), page = (size_t)DEC_PAGE * DEC_D * es;
+  const int64_t pph = DEC_KEYS / DEC_PAGE, n = DEC_HKV * pph;
+  dc->kv_bytes = 2 * (size_t)n * page;
+  dc->pool = aligned_alloc(4096, dc->kv_bytes);
+  dc->kp = calloc((size_t)n, sizeof *dc->kp);
+  dc->vp = calloc((size_t)n, sizeof *dc->vp);
+  dc->q = calloc(DEC_HQ * DEC_D, es);
+  dc->o = calloc(DEC_HQ * DEC_D, es);
+  if (!dc->pool || !dc->kp || !dc->vp || !dc->q || !dc->o)
+    return -1;
+  for (size_t i = 0; i < dc->kv_bytes / es; i++) /* small finite values */
+    attn_store_elem(dc->pool, dt, i, (float)((int)(i % 13) - 6) / 8.0f);
+  for (size_t i = 0; i < DEC_HQ * DEC_D; i++)
+    attn_store_elem(dc->q, dt, i, (float)((int)(i % 7) - 3) / 4.0f);
+  int64_t *order = malloc((size_t)(2 * n) * sizeof *order);
+  if (!order)
+    return -1;
+  for (int64_t i = 0; i < 2 * n; i++)
+    order[i] = i;
+  uint64_t x = 88172645463325252ull; /* xorshift: a fixed shuffle of the pages */
+  for (int64_t i = 2 * n - 1; i > 0; i--) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    int64_t j = (int64_t)(x % (uint64_t)(i + 1)), t = order[i];
+    order[i] = order[j], order[j] = t;
+  }
+  for (int64_t i = 0; i < n; i++) {
+    dc->kp[i] = dc->pool + page * (size_t)order[2 * i];
+    dc->vp[i] = dc->pool + page * (size_t)order[2 * i + 1];
+  }
+  free(order);
+  attn_request *r = &dc->r;
+  attn_request_init(r);
+  r->batch = 1, r->heads_q = DEC_HQ, r->heads_kv = DEC_HKV, r->seq_q = 1, r->seq_kv = DEC_KEYS;
+  r->head_dim = DEC_D, r->dtype = dt, r->causal = true, r->backend = "cpu";
+  r->q = dc->q, r->o = dc->o, r->k_pages = dc->kp, r->v_pages = dc->vp;
+  r->page_tokens = DEC_PAGE, r->pages_per_head = pph;
+  r->kv_absmax[0] = r->kv_absmax[1] = 0.75f;
+  return 0;
+}
+
+static void decode_free(decode *dc) {
+  free(dc->pool);
+  free(dc->kp);
+  free(dc->vp);
+  free(dc->q);
+  free(dc->o);
+}
+
+/* GB/s of K and V read by one paged decode step, the best of 10; -1 on error. */
+static double paged_decode(attn_engine *e, attn_dtype dt, attn_status *st) {
+  decode dc;
+  double best = -1;
+  if (decode_init(&dc, dt) < 0) {
+    attn_status_set(st, ATTN_ENOMEM, "out of memory");
+  } else {
+    for (int rep = 0; rep < 10; rep++) {
+      double t0 = wall();
+      if (attn_engine_run(e, &dc.r, NULL, st) < 0) {
+        best = -1;
+        break;
+      }
+      double gbps = (double)dc.kv_bytes / (wall() - t0) * 1e-9;
+      best = gbps > best ? gbps : best;
+    }
+  }
+  decode_free(&dc);
+  return best;
+}
+
+static void print_bandwidth(int threads) {
+  char *buf = aligned_alloc(4096, STREAM_BYTES);
+  if (!buf) {
+    printf(", \"stream_read\": {\"skipped\": \"no 1 GiB buffer\"}");
+    return;
+  }
+  memset(buf, 1, STREAM_BYTES); /* faulted in, and small finite floats */
+  const double stream = stream_read(buf, threads);
+  free(buf);
+  printf(", \"stream_read\": {\"gbps\": %.1f}", stream);
+  fflush(stdout);
+  attn_config cfg;
+  attn_config_init(&cfg);
+  cfg.threads = threads;
+  attn_engine *e = NULL;
+  attn_status st = {0};
+  if (attn_engine_open(&cfg, &e, &st) < 0) {
+    printf(", \"paged_decode\": {\"skipped\": \"%s\"}", st.message);
+    return;
+  }
+  static const attn_dtype dts[] = {ATTN_BF16, ATTN_F16, ATTN_F32};
+  for (int i = 0; i < 3; i++) {
+    double g = paged_decode(e, dts[i], &st);
+    if (g < 0)
+      printf(", \"paged_decode_%s\": {\"skipped\": \"%s\"}", attn_dtype_name(dts[i]), st.message);
+    else
+      printf(", \"paged_decode_%s\": {\"gbps\": %.1f, \"of_stream\": %.2f}",
+             attn_dtype_name(dts[i]), g, g / stream);
+    fflush(stdout);
+  }
+  attn_engine_close(e);
+}
+
 int main(int argc, char **argv) {
-  int threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+  int threads = attn_pool_cores(); /* the engine's default thread count */
   double seconds = 0.5;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (strcmp(argv[i], "--threads") == 0)
-      threads = atoi(argv[i + 1]);
-    else if (strcmp(argv[i], "--seconds") == 0)
-      seconds = atof(argv[i + 1]);
+  bool bandwidth = false;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--bandwidth") == 0)
+      bandwidth = true;
+    else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
+      threads = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--seconds") == 0 && i + 1 < argc)
+      seconds = atof(argv[++i]);
   }
   if (threads < 1 || threads > MAX_THREADS || !(seconds > 0)) {
-    fprintf(stderr, "usage: bench-peak [--threads 1..%d] [--seconds S]\n", MAX_THREADS);
+    fprintf(stderr, "usage: bench-peak [--threads 1..%d] [--seconds S] [--bandwidth]\n",
+            MAX_THREADS);
     return 2;
   }
   __builtin_cpu_init();
@@ -282,6 +494,8 @@ int main(int argc, char **argv) {
     printf(", \"%s\": {\"gflops\": %.1f}", paths[i].name, best);
     fflush(stdout);
   }
+  if (bandwidth)
+    print_bandwidth(threads);
   printf("}\n");
   return 0;
 }

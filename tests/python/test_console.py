@@ -4,7 +4,8 @@ real attnd.
 One browser for the module. The page exposes the numbers behind what it draws
 (window.attnConsole, data-* attributes on chart points), so these tests assert numbers, not
 pixels: O against float64, every heatmap row summing to 1, the masked cells, the plan chart
-against GET /attention/plan, a 422's message, and the live chart moving under `attn load`.
+against GET /attention/plan, a 422's message, the live chart moving under `attn load`, and
+the sessions panel against GET /v1/sessions, its delete button deleting.
 Every test fails on a browser console error it did not expect and on any request the page
 makes to another origin. Screenshots go to build/console/ (docs/ holds one of each part).
 
@@ -325,6 +326,46 @@ def test_live_counts_errors_by_code(page, console_server):
     total = int(row.find_elements(By.TAG_NAME, "td")[1].text)
     assert total >= 1
     wait(d, "Number(document.getElementById('ch-err').dataset.max) > 0")
+
+
+# ---- sessions -----------------------------------------------------------------------------
+
+def _call(url, method, body=None):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_sessions_panel_lists_fills_and_deletes(page, console_server):
+    d = page
+    base = console_server.url + "/v1/sessions/console-1"
+    status, _ = _call(base, "PUT", {"heads_kv": 2, "head_dim": 4, "dtype": "BF16", "layers": 2,
+                                    "max_tokens": 100})
+    assert status == 201
+    t = {"shape": [2, 3, 4], "dtype": "BF16", "data": [1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0] * 2}
+    status, reply = _call(base + "/attention", "POST",
+                          {"q": t, "k": t, "v": t, "pos": 0, "layer": 1})
+    assert status == 200, reply
+    tr = wait(d, "document.querySelector('#sess-table tr[data-id=\"console-1\"]')")
+    cells = [c.text for c in tr.find_elements(By.TAG_NAME, "td")]
+    assert cells[:4] == ["console-1", "BF16", "2 × 4", "2"]
+    fill = float(tr.find_element(By.TAG_NAME, "meter").get_attribute("data-fill"))
+    assert fill == 3 / 200  # 3 tokens in layer 1 of 2 layers x 100
+    assert "3 / 200" in cells[4]
+    listed = wait(d, "window.attnConsole.sessions && window.attnConsole.sessions.sessions")
+    assert [s["id"] for s in listed] == ["console-1"]
+    # 2 x layers x heads_kv x one page (8192 tokens of 8 bytes) x 64 KiB
+    assert listed[0]["reserved_bytes"] == 2 * 2 * 2 * 1 * 65536
+    assert cells[5] == "512 KiB"
+    tr.find_element(By.TAG_NAME, "button").click()
+    wait(d, "!document.querySelector('#sess-table tr[data-id=\"console-1\"]')")
+    status, _ = _call(base, "GET")
+    assert status == 404
 
 
 # ---- usable by everyone -----------------------------------------------------------------

@@ -34,7 +34,7 @@ fail() {
   exit 1
 }
 
-"$attnd" --listen 127.0.0.1:0 --threads 2 >"$work/attnd.log" 2>&1 </dev/null &
+"$attnd" --listen 127.0.0.1:0 --threads 2 --session-memory 256M >"$work/attnd.log" 2>&1 </dev/null &
 pid=$!
 
 url=
@@ -59,12 +59,37 @@ checks=$checks,response_headers_conformance,response_schema_conformance
 checks=$checks,negative_data_rejection,positive_data_acceptance,missing_required_header
 checks=$checks,unsupported_method,allow_header_conformance,use_after_free
 checks=$checks,ensure_resource_availability,ignored_auth,object_level_authorization
+# Two runs. The first: every operation but POST /v1/sessions/{id}/attention,
+# every warning failing it (schemathesis.toml). The second: that operation
+# alone, its warnings shown but not failing: a call succeeds only on a
+# session of its q's D, dtype and heads, at the layer's length, so most
+# generated calls are refused by design, and validation_mismatch ("most
+# schema-valid requests refused") would fail every run. Every check still
+# runs on it, in every phase but the stateful one (its links start at PUT,
+# which this run leaves out).
+# Before each run, the sessions the computing session routes are sent to
+# (schemathesis.toml): a generated id names none, and every call to it would
+# be a 404. A PUT of one that is there is 200, of one a run deleted 201.
+st_run() {
+  local config=$1 id
+  shift
+  for id in warm-1 warm-2; do
+    curl -sf -o /dev/null -X PUT "$url/v1/sessions/$id" -H 'Content-Type: application/json' \
+      -d '{"heads_kv": 1, "head_dim": 1, "dtype": "F32", "max_tokens": 1048576, "ttl_s": 86400}' ||
+      fail "PUT /v1/sessions/$id failed"
+  done
+  (cd "$work" && "$venv/bin/st" --config-file "$config" run \
+     "$root/proto/openapi.yaml" --url "$url" \
+     --checks "$checks" --mode all --generation-deterministic --max-examples 50 \
+     --suppress-health-check too_slow \
+     --request-timeout 60 --workers 1 --no-color "$@")
+}
+sed 's/^fail-on = true$/fail-on = false/' "$here/schemathesis.toml" >"$work/warn-only.toml"
+grep -q '^fail-on = false$' "$work/warn-only.toml" || fail "schemathesis.toml has no 'fail-on = true'"
 status=0
-(cd "$work" && "$venv/bin/st" --config-file "$here/schemathesis.toml" run \
-   "$root/proto/openapi.yaml" --url "$url" \
-   --checks "$checks" --mode all --generation-deterministic --max-examples 50 \
-   --suppress-health-check too_slow \
-   --request-timeout 60 --workers 1 --no-color) || status=$?
+st_run "$here/schemathesis.toml" --exclude-operation-id session_attention || status=$?
+st_run "$work/warn-only.toml" --include-operation-id session_attention \
+  --phases examples,coverage,fuzzing || status=$?
 
 kill -0 "$pid" 2>/dev/null || fail "attnd died during the run"
 kill -TERM "$pid"

@@ -1,7 +1,9 @@
 /*
  * test_api_key.c — the API key through the real attnd: 401 without it but
  * open probes, its sources (flag, variable, file) and their mistakes, never
- * shown in replies, logs or messages, and an empty key or variable refused.
+ * shown in replies, logs or messages, and an empty key or variable refused;
+ * several keys from one file, each request logged and counted under its
+ * key's name.
  */
 #include "harness.h"
 
@@ -142,6 +144,16 @@ Test(api_key, api_key_sources) {
   cr_expect(err && strstr(err, "--api-key") && !strstr(err, "hunter2"),
             "refused without showing the key: %s", err);
   free(err);
+  /* a key file's mistake names its line, never a key */
+  char dup[128];
+  snprintf(dup, sizeof dup, "%s/dup", dir);
+  write_file(dup, "alice:sk-first-1\n# the same name again\nalice:sk-second-2\n");
+  const char *dups[] = {"--api-key-file", dup, NULL};
+  cr_expect_eq(run_attnd(dups, NULL, 10, NULL, &err), 2);
+  cr_expect(err && strstr(err, "line 3") && strstr(err, "\"alice\"") && !strstr(err, "sk-") &&
+                strchr(err, '\n') == err + strlen(err) - 1,
+            "one line naming the line and the name, not the key: %s", err);
+  free(err);
   /* a flag beats both variables */
   const char *flag[] = {"--api-key", "flagkey", NULL};
   srv_startv(&S, flag, from_env, true);
@@ -197,4 +209,93 @@ Test(api_key, empty_variables_are_refused) {
   cr_expect_eq(http_call(&S, "OPTIONS", "/attention", pre, NULL, 0, &r), 405,
                "empty CORS origin: off");
   http_res_free(&r);
+}
+
+/* The sample of name with labels (exactly one match) from /metrics, asked
+ * with header h, once it reaches want or after 30 s: a request is counted
+ * as it ends, which can be after its client read the reply. */
+static double metric_reach(const char *const *h, const char *name, const char *const *labels,
+                           double want) {
+  double v = -1, deadline = now_s() + 30;
+  do {
+    http_res r;
+    int n = 0;
+    if (http_call(&S, "GET", "/metrics", h, NULL, 0, &r) == 200)
+      v = prom_sum(r.body, name, labels, &n);
+    http_res_free(&r);
+    cr_assert(n <= 1, "%d series of %s", n, name);
+  } while (v < want && now_s() < deadline && (sleep_s(0.02), true));
+  return v;
+}
+
+#define KEY_A "sk-alice-0123456789abcdef"
+#define KEY_B "sk-unnamed-fedcba9876543210"
+
+/* Keys from a file (named, and one not): each works, a third string is
+ * 401; /v1/info counts the keys; each log line names the key (never shows
+ * it); the per-name counter counts each key's requests. */
+Test(api_key, several_keys_from_a_file) {
+  char *dir = make_tmpdir(), file[128];
+  snprintf(file, sizeof file, "%s/keys", dir);
+  /* ops scrapes /metrics, so that the others' counts are exact */
+  write_file(file, "# the tenants\n\n  alice:" KEY_A "\n" KEY_B "\nops:sk-ops-42\n");
+  srv_start(&S, "--api-key-file", file, NULL);
+  const char *a[] = {"Authorization: Bearer " KEY_A, NULL};
+  const char *b[] = {"Authorization: Bearer " KEY_B, NULL};
+  const char *third[] = {"Authorization: Bearer sk-mallory-0000000000", NULL};
+  cr_expect_eq(status_of("GET", "/attention/plan?seq_q=8&head_dim=8", a), 200, "alice's key");
+  cr_expect_eq(status_of("GET", "/attention/plan?seq_q=8&head_dim=8", b), 200, "the unnamed key");
+  cr_expect_eq(status_of("GET", "/attention/plan?seq_q=8&head_dim=8", b), 200);
+  expect_401("GET", "/v1/info", third, NULL, 0, "a third string");
+  expect_401("GET", "/v1/info", NULL, NULL, 0, "no key");
+
+  http_res r;
+  http_call(&S, "GET", "/v1/info", a, NULL, 0, &r);
+  cr_expect_eq(r.status, 200);
+  cr_expect(!strstr(r.body, KEY_A) && !strstr(r.body, KEY_B), "a key in /v1/info: %s", r.body);
+  cJSON *j = cJSON_Parse(r.body), *sec = cJSON_GetObjectItemCaseSensitive(j, "security");
+  cr_expect(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(sec, "api_key")), "%s", r.body);
+  cr_expect_eq(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(sec, "api_keys")), 3, "%s",
+               r.body);
+  cJSON_Delete(j);
+  http_res_free(&r);
+
+  const char *by_a[] = {"key=alice", NULL}, *by_b[] = {"key=key1", NULL};
+  const char *fam = "attnd_requests_by_key_total";
+  const char *ops[] = {"Authorization: Bearer sk-ops-42", NULL};
+  cr_expect_eq(metric_reach(ops, fam, by_a, 2), 2, "alice's plan and /v1/info");
+  cr_expect_eq(metric_reach(ops, fam, by_b, 2), 2, "key1's plans");
+  srv_wait_log(&S, "GET /metrics 200", 10);
+  srv_wait_log(&S, "GET /v1/info 401", 10);
+  char *log = srv_log(&S);
+  cr_expect(!strstr(log, KEY_A) && !strstr(log, KEY_B), "a key in the log:\n%s", log);
+  cr_expect(strstr(log, " key=alice id="), "alice's lines name her key:\n%s", log);
+  cr_expect(strstr(log, "GET /attention/plan 200") && strstr(log, " key=key1 id="),
+            "the unnamed key's lines say key1:\n%s", log);
+  cr_expect(strstr(log, " key=- id="), "a 401 names no key:\n%s", log);
+  free(log);
+}
+
+/* The JSON log names the key too ("key", null for none); a keyless server's
+ * lines have no key at all, and its /metrics no per-key family. */
+Test(api_key, key_in_the_json_log_and_none_without_keys) {
+  srv_start(&S, "--api-key", KEY, "--log-format", "json", NULL);
+  const char *good[] = {"Authorization: Bearer " KEY, NULL};
+  cr_expect_eq(status_of("GET", "/v1/info", good), 200);
+  cr_expect_eq(status_of("GET", "/v1/info", NULL), 401);
+  cr_expect(srv_wait_log(&S, "\"key\": \"default\"", 10), "--api-key is named default");
+  cr_expect(srv_wait_log(&S, "\"key\": null", 10), "the 401 has no key");
+  cr_expect_eq(
+      metric_reach(good, "attnd_requests_by_key_total", (const char *[]){"key=default", NULL}, 1),
+      1);
+  srv_cleanup(&S);
+  srv_start(&S, NULL);
+  http_res r;
+  cr_expect_eq(http_call(&S, "GET", "/metrics", NULL, NULL, 0, &r), 200);
+  cr_expect(!strstr(r.body, "attnd_requests_by_key_total"), "a keyless server's metrics");
+  http_res_free(&r);
+  cr_expect(srv_wait_log(&S, "GET /metrics 200", 10));
+  char *log = srv_log(&S);
+  cr_expect(!strstr(log, " key="), "a keyless server's lines name no key:\n%s", log);
+  free(log);
 }

@@ -42,6 +42,9 @@ Test(console, page_script_and_style_with_their_types) {
   srv_start(&S, "--threads", "1", NULL);
   expect_asset("/", "text/html; charset=utf-8", "<script src=\"/console/console.js\"");
   expect_asset("/console/console.js", "text/javascript; charset=utf-8", "window.attnConsole");
+  /* the sessions panel: the caller's sessions, and a delete for each */
+  expect_asset("/console/console.js", "text/javascript; charset=utf-8", "api(\"/v1/sessions\")");
+  expect_asset("/", "text/html; charset=utf-8", "id=\"sess-table\"");
   expect_asset("/console/console.css", "text/css; charset=utf-8", ".heatwrap");
 }
 

@@ -502,6 +502,12 @@ Test(server, help_and_version) {
   cr_expect(out && strstr(out, "--listen") && strstr(out, "--max-body") &&
                 strstr(out, "--max-queue") && strstr(out, "--timeout"),
             "--help usage lacks flags: %s", out);
+  static const char *const sessions[] = {"--session-memory BYTES",    "ATTND_SESSION_MEMORY]",
+                                         "--session-dir DIR",         "ATTND_SESSION_DIR]",
+                                         "--session-batch on|off",    "ATTND_SESSION_BATCH]",
+                                         "--session-ttl-max SECONDS", "ATTND_SESSION_TTL_MAX]"};
+  for (size_t i = 0; out && i < sizeof sessions / sizeof *sessions; i++)
+    cr_expect(strstr(out, sessions[i]), "--help lacks %s", sessions[i]);
   free(out);
   free(err);
   const char *v[] = {"--version", NULL};
@@ -538,6 +544,12 @@ Test(server, bad_flags_exit_2_with_one_line) {
       {"--max-connections", "", NULL},
       {"--isa", "mmx", NULL},
       {"--isa", "", NULL},
+      {"--session-memory", "12Q", NULL},
+      {"--session-memory", "-1", NULL},
+      {"--session-dir", "/nonexistent/attnd-sessions", NULL},
+      {"--session-dir", "/etc/passwd", NULL},
+      {"--session-batch", "maybe", NULL},
+      {"--session-ttl-max", "0", NULL},
       {"--threads", NULL},
       {"extra-positional", NULL},
   };

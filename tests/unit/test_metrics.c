@@ -642,3 +642,39 @@ Test(metrics, the_series_are_the_labels_given) {
     many[i] = "/x";
   cr_expect_null(attnd_metrics_new(many, ATTND_METRICS_MAX_ROUTES + 1));
 }
+
+/* The per-key counter: one series per name given, from 0, none without
+ * keys; a name not given is not counted (the set stays the one fixed at
+ * start-up). */
+Test(metrics, requests_by_key_name) {
+  attnd_metrics *m = metrics_new();
+  cr_assert_not_null(m);
+  char *out = render(m);
+  cr_expect(!strstr(out, "attnd_requests_by_key_total"), "a keyless server has no such family");
+  free(out);
+  const char *names[] = {"alice", "bob.ops"};
+  cr_assert_eq(attnd_metrics_keys(m, names, 2), 0);
+  out = render(m);
+  expect_line(out, "# TYPE attnd_requests_by_key_total counter");
+  expect_line(out, "attnd_requests_by_key_total{key=\"alice\"} 0");
+  expect_line(out, "attnd_requests_by_key_total{key=\"bob.ops\"} 0");
+  check_grammar(out);
+  free(out);
+  for (int i = 0; i < 3; i++)
+    attnd_metrics_request_key(m, "bob.ops");
+  attnd_metrics_request_key(m, "alice");
+  attnd_metrics_request_key(m, "mallory");
+  attnd_metrics_request_key(m, "");
+  out = render(m);
+  cr_expect_eq(value_of(out, "attnd_requests_by_key_total{key=\"alice\"}"), 1);
+  cr_expect_eq(value_of(out, "attnd_requests_by_key_total{key=\"bob.ops\"}"), 3);
+  cr_expect_eq(count_prefix(out, "attnd_requests_by_key_total{"), 2, "%s", out);
+  free(out);
+  char long_name[ATTND_METRICS_KEY_CAP + 1];
+  memset(long_name, 'n', sizeof long_name - 1);
+  long_name[sizeof long_name - 1] = 0;
+  const char *too_long[] = {long_name};
+  cr_expect_eq(attnd_metrics_keys(m, too_long, 1), -1);
+  cr_expect_eq(attnd_metrics_keys(m, names, ATTND_METRICS_MAX_KEYS + 1), -1);
+  attnd_metrics_free(m);
+}

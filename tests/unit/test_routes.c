@@ -132,7 +132,8 @@ Test(routes, unknown_paths_are_404_with_the_routes_there_are) {
     char msg[400];
     snprintf(msg, sizeof msg,
              "no such path \"%s\" (try POST /attention, POST /attention/backward, GET "
-             "/attention/plan, /healthz, /readyz, /metrics, /v1/info, /v2, or / for the web "
+             "/attention/plan, /healthz, /readyz, /metrics, /v1/info, /v1/sessions/..., /v2, or / "
+             "for the web "
              "console)",
              paths[i]);
     expect_body_says(r, msg);
@@ -228,6 +229,11 @@ Test(routes, the_metrics_series_are_the_tables_labels) {
       "/readyz",
       "/metrics",
       "/v1/info",
+      "/v1/sessions",
+      "/v1/sessions/_batch",
+      "/v1/sessions/{id}",
+      "/v1/sessions/{id}/attention",
+      "/v1/sessions/{id}/truncate",
       "/v2/*",
       "/v2/models/*/infer",
   };

@@ -1,0 +1,736 @@
+/*
+ * kvfile.c — a session store saved to and loaded from a directory
+ * (engine.h, "Persistence"): one file per session, written whole to a
+ * temporary file, fsynced and renamed into place, so that a crash leaves
+ * the old file or the new one and never part of one; read back with every
+ * size checked against the file's length and a checksum over all of it.
+ *
+ * Names. Session (tenant, id) is "<tenant>@<id>.kv" ("@<id>.kv" for the
+ * tenant ""). '@' is in neither alphabet ([A-Za-z0-9._-]), so the name and
+ * the pair determine each other, and "" cannot meet a tenant named "_".
+ * The temporary file is the name + ".tmp"; a file that does not load is
+ * moved to the name + ".bad". Only the session files end in ".kv".
+ *
+ * Format, version 1, little-endian (the host's order: see the #error):
+ *     0  "ATTNKV1\n"
+ *     8  u32 version (1), u32 header bytes H
+ *    16  u32 tenant bytes T, u32 id bytes I
+ *    24  char[8] the dtype's name, NUL-padded ("F32", "F16", "BF16")
+ *    32  i64 heads_kv, head_dim, layers, max_tokens, page_tokens
+ *    72  f64 ttl_s, f64 the seconds of it left when saved
+ *    88  the tenant (T bytes), then the id (I bytes), no NULs
+ *        per layer: i64 length, f32 largest |k|, f32 largest |v|
+ *     H  per layer, per KV head: K rows [0, length), then V rows
+ *        [0, length), head_dim elements of the dtype each
+ *        u64 checksum of every byte before it
+ * page_tokens is the saver's, for a reader's information: rows are stored
+ * without their pages, so a store of another page size loads the file.
+ *
+ * The checksum takes FNV-1a's 64-bit constants a word at a time (several
+ * times faster than FNV-1a's byte at a time, which would slow a shutdown
+ * holding gigabytes): h = (h ^ w) * P, h ^= h >> 32 for each 8-byte
+ * little-endian word, the last 1-7 bytes zero-padded into one more word,
+ * then the byte count mixed in the same way. Each step is a bijection of
+ * h, so a change to any one word always shows.
+ *
+ * A file loaded is then removed: the files are one shutdown's sessions,
+ * read once. A session deleted after the start must not come back at the
+ * next one, and a start after a crash (no save) must not serve tokens
+ * older than the ones acknowledged since.
+ *
+ * Locks. attn_kv_save holds the store's lock through all its writing
+ * rather than copying each session out: it runs at shutdown once every
+ * call has ended, and a copy would double a session's memory. attn_kv_load
+ * holds it for each file, from the check that the id is free to the last
+ * row verified, so nothing sees a session half loaded.
+ */
+#include "kvstore_int.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "kvfile.c writes rows and fields in the host's byte order; the format is little-endian"
+#endif
+
+#define KVF_MAGIC "ATTNKV1\n"
+#define KVF_VERSION 1u
+#define KVF_FIXED 88  /* bytes before the tenant */
+#define KVF_LAYER 16  /* bytes of one layer's entry */
+#define KVF_DTYPE 8   /* bytes of the dtype's name */
+#define KVF_TRAILER 8 /* the checksum */
+#define KVF_HEADER_MAX \
+  (KVF_FIXED + ATTN_KV_TENANT_MAX + ATTN_KV_ID_MAX + KVF_LAYER * ATTN_KV_MAX_LAYERS)
+/* "<tenant>@<id>.kv" and a NUL */
+#define KVF_NAME_MAX (ATTN_KV_TENANT_MAX + 1 + ATTN_KV_ID_MAX + 3 + 1)
+#define KVF_IOBUF ((size_t)1 << 20)
+#define KVF_WHY 200
+
+/* ---- the checksum -------------------------------------------------------- */
+
+typedef struct kvf_hash {
+  uint64_t h, n; /* n: bytes added */
+  unsigned char tail[8];
+} kvf_hash;
+
+static const kvf_hash hash_init = {0xcbf29ce484222325ull, 0, {0}};
+
+static uint64_t mix(uint64_t h, uint64_t w) {
+  h = (h ^ w) * 0x100000001b3ull;
+  return h ^ (h >> 32);
+}
+
+static void hash_add(kvf_hash *x, const void *p, size_t n) {
+  const unsigned char *b = p;
+  size_t have = (size_t)(x->n % 8);
+  uint64_t w;
+  x->n += n;
+  if (have) { /* fill the word a previous add began */
+    size_t k = 8 - have < n ? 8 - have : n;
+    memcpy(x->tail + have, b, k);
+    b += k;
+    n -= k;
+    if (have + k < 8)
+      return;
+    memcpy(&w, x->tail, 8);
+    x->h = mix(x->h, w);
+  }
+  for (; n >= 8; b += 8, n -= 8) {
+    memcpy(&w, b, 8);
+    x->h = mix(x->h, w);
+  }
+  memcpy(x->tail, b, n);
+}
+
+static uint64_t hash_end(const kvf_hash *x) {
+  uint64_t w = 0, h = x->h;
+  if (x->n % 8) {
+    memcpy(&w, x->tail, (size_t)(x->n % 8));
+    h = mix(h, w);
+  }
+  return mix(h, x->n);
+}
+
+/* ---- the header ---------------------------------------------------------- */
+
+typedef struct kvf_header {
+  char tenant[ATTN_KV_TENANT_MAX + 1];
+  char id[ATTN_KV_ID_MAX + 1];
+  attn_kv_shape shape;
+  int64_t page_tokens;
+  double ttl_s, left_s;
+  uint32_t bytes; /* H */
+  int64_t length[ATTN_KV_MAX_LAYERS];
+  float absmax[ATTN_KV_MAX_LAYERS][2];
+} kvf_header;
+
+/* What one call works with: the directory, a header, stdio's buffer. */
+typedef struct kvf_ctx {
+  int dfd;
+  const char *dir;
+  kvf_header h;
+  unsigned char head[KVF_HEADER_MAX];
+  char iobuf[KVF_IOBUF];
+} kvf_ctx;
+
+static bool tenant_ok(const char *t, size_t n) {
+  if (n > ATTN_KV_TENANT_MAX)
+    return false;
+  for (size_t i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)t[i];
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+          c == '_' || c == '-'))
+      return false;
+  }
+  return true;
+}
+
+static void file_name(const char *tenant, const char *id, char *buf, size_t cap) {
+  snprintf(buf, cap, "%s@%s.kv", tenant, id);
+}
+
+static size_t row_bytes(const attn_kv_shape *sh) {
+  return (size_t)sh->head_dim * attn_dtype_size(sh->dtype);
+}
+
+/* Bytes of the rows the header's lengths say the file holds. */
+static uint64_t data_bytes(const kvf_header *h) {
+  uint64_t n = 0;
+  for (int64_t l = 0; l < h->shape.layers; l++)
+    n += 2 * (uint64_t)h->shape.heads_kv * (uint64_t)h->length[l] * row_bytes(&h->shape);
+  return n;
+}
+
+static void header_of(const kv_session *ks, double now, kvf_header *h) {
+  snprintf(h->tenant, sizeof h->tenant, "%s", ks->tenant);
+  snprintf(h->id, sizeof h->id, "%s", ks->id);
+  h->shape = ks->shape;
+  h->page_tokens = ks->page_tokens;
+  h->ttl_s = ks->ttl_s;
+  h->left_s = fmin(ks->expires - now, ks->ttl_s);
+  for (int64_t l = 0; l < ks->shape.layers; l++) {
+    h->length[l] = ks->layers[l].length;
+    memcpy(h->absmax[l], ks->layers[l].absmax, sizeof h->absmax[l]);
+  }
+  h->bytes = (uint32_t)(KVF_FIXED + strlen(h->tenant) + strlen(h->id) +
+                        KVF_LAYER * (size_t)ks->shape.layers);
+}
+
+static unsigned char *put(unsigned char *p, const void *v, size_t n) {
+  memcpy(p, v, n);
+  return p + n;
+}
+
+/* h into buf (h->bytes of it). */
+static void header_encode(const kvf_header *h, unsigned char *buf) {
+  uint32_t u[4] = {KVF_VERSION, h->bytes, (uint32_t)strlen(h->tenant), (uint32_t)strlen(h->id)};
+  char dt[KVF_DTYPE] = {0};
+  snprintf(dt, sizeof dt, "%s", attn_dtype_name(h->shape.dtype));
+  int64_t i[5] = {h->shape.heads_kv, h->shape.head_dim, h->shape.layers, h->shape.max_tokens,
+                  h->page_tokens};
+  double d[2] = {h->ttl_s, h->left_s};
+  unsigned char *p = put(buf, KVF_MAGIC, 8);
+  p = put(p, u, sizeof u);
+  p = put(p, dt, sizeof dt);
+  p = put(p, i, sizeof i);
+  p = put(p, d, sizeof d);
+  p = put(p, h->tenant, u[2]);
+  p = put(p, h->id, u[3]);
+  for (int64_t l = 0; l < h->shape.layers; l++) {
+    p = put(p, &h->length[l], 8);
+    p = put(p, h->absmax[l], 8);
+  }
+}
+
+/* ---- saving -------------------------------------------------------------- */
+
+typedef struct kvf_out {
+  FILE *f;
+  kvf_hash hash;
+} kvf_out;
+
+static void out_put(kvf_out *o, const void *p, size_t n) {
+  fwrite(p, 1, n, o->f); /* an error sticks to f: checked once, at the end */
+  hash_add(&o->hash, p, n);
+}
+
+/* Rows from j on that lie together in j's page, at most up to length. */
+static int64_t run_of(const kv_session *ks, int64_t j, int64_t length) {
+  int64_t n = ks->page_tokens - j % ks->page_tokens;
+  return n < length - j ? n : length - j;
+}
+
+/* Rows [0, length) of K (t 0) or V (t 1) of head hk of L: never the
+ * unused rest of a page. */
+static void rows_put(kvf_out *o, const kv_session *ks, const kv_layer *L, int t, int64_t hk) {
+  const size_t row = row_bytes(&ks->shape);
+  for (int64_t j = 0, n; j < L->length; j += n) {
+    n = run_of(ks, j, L->length);
+    out_put(o, attn__kv_row(ks, L, t, hk, j), (size_t)n * row);
+  }
+}
+
+/* The whole file into fd (closed here); 0 or an errno. */
+static int session_write(kvf_ctx *c, const kv_session *ks, double now, int fd) {
+  kvf_out o = {fdopen(fd, "wb"), hash_init};
+  if (!o.f) {
+    int err = errno;
+    close(fd);
+    return err;
+  }
+  setvbuf(o.f, c->iobuf, _IOFBF, KVF_IOBUF);
+  errno = 0; /* what a failed write sets, read below */
+  header_of(ks, now, &c->h);
+  header_encode(&c->h, c->head);
+  out_put(&o, c->head, c->h.bytes);
+  for (int64_t l = 0; l < ks->shape.layers; l++)
+    for (int64_t hk = 0; hk < ks->shape.heads_kv; hk++)
+      for (int t = 0; t < 2; t++)
+        rows_put(&o, ks, &ks->layers[l], t, hk);
+  uint64_t sum = hash_end(&o.hash);
+  fwrite(&sum, 1, sizeof sum, o.f);
+  int err = fflush(o.f) || ferror(o.f) ? (errno ? errno : EIO) : 0;
+  if (!err && fsync(fileno(o.f)))
+    err = errno;
+  if (fclose(o.f) && !err)
+    err = errno;
+  return err;
+}
+
+/* ks into its file: the temporary one written and synced, then renamed. */
+static int save_one(kvf_ctx *c, const kv_session *ks, double now, attn_status *st) {
+  char name[KVF_NAME_MAX], tmp[KVF_NAME_MAX + 4];
+  if (!tenant_ok(ks->tenant, strlen(ks->tenant)))
+    return attn_status_set(st, ATTN_EINVAL,
+                           "session '%s' has a tenant ('%.64s') that is not 0-%d of "
+                           "[A-Za-z0-9._-], so no file name can hold it; not saved",
+                           ks->id, ks->tenant, ATTN_KV_TENANT_MAX);
+  file_name(ks->tenant, ks->id, name, sizeof name);
+  snprintf(tmp, sizeof tmp, "%s.tmp", name);
+  int fd = openat(c->dfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  int err = fd < 0 ? errno : session_write(c, ks, now, fd);
+  if (!err && renameat(c->dfd, tmp, c->dfd, name))
+    err = errno;
+  if (!err)
+    return 0;
+  if (fd >= 0)
+    unlinkat(c->dfd, tmp, 0); /* not left for the next start to clean */
+  return attn_status_set(st, ATTN_EINVAL,
+                         "cannot write session file %s/%s: %s (the session directory must be "
+                         "writable and have room)",
+                         c->dir, name, strerror(err));
+}
+
+static int ctx_open(const char *dir, kvf_ctx **pc, attn_status *st) {
+  kvf_ctx *c = malloc(sizeof *c);
+  if (!c)
+    return attn_status_set(st, ATTN_ENOMEM, "out of memory opening the session directory %s", dir);
+  c->dir = dir;
+  c->dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (c->dfd < 0) {
+    free(c);
+    return attn_status_set(st, ATTN_EINVAL, "cannot open the session directory %s: %s", dir,
+                           strerror(errno));
+  }
+  *pc = c;
+  return 0;
+}
+
+static void ctx_close(kvf_ctx *c) {
+  close(c->dfd);
+  free(c);
+}
+
+int64_t attn_kv_save(attn_kv_store *s, const char *dir, double now, attn_status *st) {
+  kvf_ctx *c;
+  int rc = ctx_open(dir, &c, st);
+  if (rc)
+    return rc;
+  int64_t saved = 0, failed = 0;
+  attn_status first = {0}, e;
+  pthread_mutex_lock(&s->mu);
+  for (int b = 0; b < KV_BUCKETS; b++)
+    for (const kv_session *ks = s->buckets[b]; ks; ks = ks->next) {
+      if (ks->dead || ks->expires <= now)
+        continue;
+      if (save_one(c, ks, now, &e) == 0)
+        saved++;
+      else if (failed++ == 0) /* the rest are still tried: each may fit */
+        first = e;
+    }
+  pthread_mutex_unlock(&s->mu);
+  int synced = fsync(c->dfd) ? errno : 0; /* makes the renames durable */
+  ctx_close(c);
+  if (failed)
+    return attn_status_set(st, first.code, "%lld of %lld sessions saved; %s", (long long)saved,
+                           (long long)(saved + failed), first.message);
+  if (synced)
+    return attn_status_set(st, ATTN_EINVAL,
+                           "cannot sync the session directory %s: %s (its %lld files may not "
+                           "survive a crash)",
+                           dir, strerror(synced), (long long)saved);
+  return saved;
+}
+
+/* ---- loading ------------------------------------------------------------- */
+
+typedef struct kvf_in {
+  FILE *f;
+  kvf_hash hash;
+} kvf_in;
+
+typedef struct kvf_log {
+  void (*fn)(const char *line, void *arg);
+  void *arg;
+} kvf_log;
+
+static void say(const kvf_log *lg, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void say(const kvf_log *lg, const char *fmt, ...) {
+  char line[1024];
+  va_list ap;
+  if (!lg->fn)
+    return;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  lg->fn(line, lg->arg);
+}
+
+/* why (KVF_WHY bytes) says why a file does not load; returns -1. */
+static int why_set(char *why, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int why_set(char *why, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(why, KVF_WHY, fmt, ap);
+  va_end(ap);
+  return -1;
+}
+
+static bool in_get(kvf_in *in, void *p, size_t n) {
+  if (fread(p, 1, n, in->f) != n)
+    return false;
+  hash_add(&in->hash, p, n);
+  return true;
+}
+
+static int ends_early(const kvf_in *in, char *why) {
+  return why_set(why, "it ends early: %s",
+                 ferror(in->f) ? strerror(errno) : "it shrank while it was read");
+}
+
+static uint32_t get32(const unsigned char *p) {
+  uint32_t v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+
+static int64_t get64(const unsigned char *p) {
+  int64_t v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+
+static double getd(const unsigned char *p) {
+  double v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+
+/* The limits attn_kv_create holds a shape to (kvstore.c), and a ttl. */
+static int shape_ok(const kvf_header *h, char *why) {
+  const attn_kv_shape *sh = &h->shape;
+  if (sh->heads_kv < 1 || sh->heads_kv > 4096 || sh->head_dim < 1 ||
+      sh->head_dim > ATTN_MAX_HEAD_DIM || sh->layers < 1 || sh->layers > ATTN_KV_MAX_LAYERS ||
+      sh->max_tokens < 1 || sh->max_tokens > ((int64_t)1 << 30))
+    return why_set(why,
+                   "its shape (heads_kv %lld, head_dim %lld, layers %lld, max_tokens %lld) is "
+                   "not one a session can have",
+                   (long long)sh->heads_kv, (long long)sh->head_dim, (long long)sh->layers,
+                   (long long)sh->max_tokens);
+  if (!(h->ttl_s > 0 && h->ttl_s <= 1e9) || !(h->left_s > 0 && h->left_s <= h->ttl_s))
+    return why_set(why, "its ttl_s (%g) or the seconds left of it (%g) are out of range", h->ttl_s,
+                   h->left_s);
+  return 0;
+}
+
+/* The header's first KVF_FIXED bytes: the format, the sizes, the shape. */
+static int fixed_parse(const unsigned char *b, kvf_header *h, uint32_t *tl, uint32_t *il,
+                       char *why) {
+  if (memcmp(b, KVF_MAGIC, 8))
+    return why_set(why, "it is not a session file (it does not start with ATTNKV1)");
+  if (get32(b + 8) != KVF_VERSION)
+    return why_set(why, "it is format version %u; this attnd reads version %u", get32(b + 8),
+                   KVF_VERSION);
+  h->bytes = get32(b + 12);
+  *tl = get32(b + 16);
+  *il = get32(b + 20);
+  char dt[KVF_DTYPE + 1] = {0};
+  memcpy(dt, b + 24, KVF_DTYPE);
+  if (attn_dtype_parse(dt, &h->shape.dtype))
+    return why_set(why, "its dtype ('%.8s') is not F32, F16 or BF16", dt);
+  h->shape.heads_kv = get64(b + 32);
+  h->shape.head_dim = get64(b + 40);
+  h->shape.layers = get64(b + 48);
+  h->shape.max_tokens = get64(b + 56);
+  h->page_tokens = get64(b + 64);
+  h->ttl_s = getd(b + 72);
+  h->left_s = getd(b + 80);
+  if (*tl > ATTN_KV_TENANT_MAX || *il < 1 || *il > ATTN_KV_ID_MAX)
+    return why_set(why, "its tenant (%u bytes) or id (%u bytes) is too long", *tl, *il);
+  if (shape_ok(h, why))
+    return -1;
+  if (h->bytes != KVF_FIXED + *tl + *il + KVF_LAYER * (uint32_t)h->shape.layers)
+    return why_set(why, "its header's size (%u bytes) is not that of its fields", h->bytes);
+  return 0;
+}
+
+/* The rest of the header: who the session is, and its layers. */
+static int names_parse(const unsigned char *b, uint32_t tl, uint32_t il, kvf_header *h,
+                       const char *name, char *why) {
+  attn_status e;
+  char want[KVF_NAME_MAX];
+  memcpy(h->tenant, b, tl);
+  h->tenant[tl] = 0;
+  memcpy(h->id, b + tl, il);
+  h->id[il] = 0;
+  if (!tenant_ok(h->tenant, tl))
+    return why_set(why, "its tenant is not 0-%d of [A-Za-z0-9._-]", ATTN_KV_TENANT_MAX);
+  if (attn_kv_id_check(h->id, il, &e))
+    return why_set(why, "its id: %.150s", e.message);
+  file_name(h->tenant, h->id, want, sizeof want);
+  if (strcmp(want, name))
+    return why_set(why, "it holds the session of file %.150s (renamed by hand?)", want);
+  return 0;
+}
+
+static int layers_parse(const unsigned char *b, kvf_header *h, char *why) {
+  for (int64_t l = 0; l < h->shape.layers; l++, b += KVF_LAYER) {
+    h->length[l] = get64(b);
+    memcpy(h->absmax[l], b + 8, sizeof h->absmax[l]);
+    if (h->length[l] < 0 || h->length[l] > h->shape.max_tokens)
+      return why_set(why, "layer %lld's length (%lld) is not 0 to max_tokens (%lld)", (long long)l,
+                     (long long)h->length[l], (long long)h->shape.max_tokens);
+    for (int t = 0; t < 2; t++)
+      if (!(h->absmax[l][t] >= 0 && isfinite(h->absmax[l][t])))
+        return why_set(why, "layer %lld's largest |%c| is not a finite number 0 or more",
+                       (long long)l, t ? 'v' : 'k');
+  }
+  return 0;
+}
+
+/* The header into c->h, checked, and against the file's size. */
+static int header_read(kvf_ctx *c, kvf_in *in, uint64_t size, const char *name, char *why) {
+  uint32_t tl = 0, il = 0;
+  if (size < KVF_FIXED)
+    return why_set(why, "it is %llu bytes, shorter than a header (truncated?)",
+                   (unsigned long long)size);
+  if (!in_get(in, c->head, KVF_FIXED))
+    return ends_early(in, why);
+  if (fixed_parse(c->head, &c->h, &tl, &il, why))
+    return -1;
+  if (size < c->h.bytes)
+    return why_set(why, "it is %llu bytes, shorter than its header (truncated?)",
+                   (unsigned long long)size);
+  if (!in_get(in, c->head + KVF_FIXED, c->h.bytes - KVF_FIXED))
+    return ends_early(in, why);
+  if (names_parse(c->head + KVF_FIXED, tl, il, &c->h, name, why) ||
+      layers_parse(c->head + KVF_FIXED + tl + il, &c->h, why))
+    return -1;
+  uint64_t want = c->h.bytes + data_bytes(&c->h) + KVF_TRAILER;
+  if (size != want)
+    return why_set(why, "it is %llu bytes; its header says %llu (%s)", (unsigned long long)size,
+                   (unsigned long long)want, size < want ? "truncated?" : "bytes appended?");
+  return 0;
+}
+
+/* The rows into ks's pages, then the checksum over the whole file. The
+ * lengths stay 0 until the caller commits. */
+static int rows_read(attn_kv_store *s, kv_session *ks, kvf_in *in, const kvf_header *h, char *why) {
+  const size_t row = row_bytes(&ks->shape);
+  for (int64_t l = 0; l < ks->shape.layers; l++) {
+    kv_layer *L = &ks->layers[l];
+    attn__kv_grow(s, ks, L, h->length[l]);
+    for (int64_t hk = 0; hk < ks->shape.heads_kv; hk++)
+      for (int t = 0; t < 2; t++)
+        for (int64_t j = 0, n; j < h->length[l]; j += n) {
+          n = run_of(ks, j, h->length[l]);
+          if (!in_get(in, attn__kv_row(ks, L, t, hk, j), (size_t)n * row))
+            return ends_early(in, why);
+        }
+  }
+  uint64_t sum;
+  if (fread(&sum, 1, sizeof sum, in->f) != sizeof sum)
+    return ends_early(in, why);
+  if (sum != hash_end(&in->hash))
+    return why_set(why, "its checksum does not match its contents: the file is damaged");
+  return 0;
+}
+
+/* Out of the table as an expired session goes (kvstore.c frees it: no call
+ * reads it), without counting it as one: it never was in use. */
+static void drop(attn_kv_store *s, kv_session *ks, const kvf_header *h, double now) {
+  ks->expires = -INFINITY;
+  attn__kv_find(s, h->tenant, h->id, now);
+  s->stats.expired--;
+}
+
+static int insert_failed(attn_kv_store *s, const kvf_header *h, const attn_status *e, char *why) {
+  if (e->code != ATTN_ESESSION_MEMORY)
+    return why_set(why, "%.150s", e->message);
+  return why_set(why,
+                 "it reserves %llu bytes and %llu of the %llu bytes of session memory are "
+                 "free: raise --session-memory, then rename the file back to load it",
+                 (unsigned long long)attn_kv_reserve_bytes(s, &h->shape),
+                 (unsigned long long)(s->pages.npages - s->pages.reserved) * ATTN_KV_PAGE_BYTES,
+                 (unsigned long long)s->pages.npages * ATTN_KV_PAGE_BYTES);
+}
+
+/* The session of c->h into the store: 1 loaded, 0 left (the store has one
+ * of that name), -1 not loadable; why says why when not loaded. */
+static int session_read(attn_kv_store *s, kvf_ctx *c, kvf_in *in, double now, char *why) {
+  const kvf_header *h = &c->h;
+  attn_status e;
+  kv_session *ks;
+  int r = 1;
+  pthread_mutex_lock(&s->mu);
+  if (attn__kv_find(s, h->tenant, h->id, now)) {
+    why_set(why, "the store holds session '%s' already", h->id);
+    r = 0;
+  } else if (!(ks = attn__kv_insert(s, h->tenant, h->id, &h->shape, h->ttl_s, now, &e))) {
+    r = insert_failed(s, h, &e, why);
+  } else if (rows_read(s, ks, in, h, why)) {
+    drop(s, ks, h, now);
+    r = -1;
+  } else {
+    for (int64_t l = 0; l < ks->shape.layers; l++) {
+      ks->layers[l].length = h->length[l];
+      memcpy(ks->layers[l].absmax, h->absmax[l], sizeof h->absmax[l]);
+    }
+    ks->expires = now + h->left_s;
+  }
+  pthread_mutex_unlock(&s->mu);
+  return r;
+}
+
+/* File name of dir, as session_read. */
+static int load_one(attn_kv_store *s, kvf_ctx *c, const char *name, double now, char *why) {
+  /* O_NONBLOCK: a FIFO of that name must not hang the start */
+  int fd = openat(c->dfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0)
+    return why_set(why, "cannot open it: %s", strerror(errno));
+  struct stat sb;
+  if (fstat(fd, &sb) || !S_ISREG(sb.st_mode)) {
+    close(fd);
+    return why_set(why, "it is not a regular file");
+  }
+  kvf_in in = {fdopen(fd, "rb"), hash_init};
+  if (!in.f) {
+    close(fd);
+    return why_set(why, "cannot read it: %s", strerror(errno));
+  }
+  setvbuf(in.f, c->iobuf, _IOFBF, KVF_IOBUF);
+  int r = header_read(c, &in, (uint64_t)sb.st_size, name, why);
+  if (r == 0)
+    r = session_read(s, c, &in, now, why);
+  fclose(in.f);
+  return r;
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+  size_t n = strlen(s), k = strlen(suffix);
+  return n >= k && !strcmp(s + n - k, suffix);
+}
+
+static int names_cmp(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static int list_add(char ***v, size_t *n, size_t *cap, const char *name) {
+  if (*n == *cap) {
+    size_t c = *cap ? 2 * *cap : 16;
+    char **w = realloc(*v, c * sizeof *w);
+    if (!w)
+      return -1;
+    *v = w;
+    *cap = c;
+  }
+  if (!((*v)[*n] = strdup(name)))
+    return -1;
+  (*n)++;
+  return 0;
+}
+
+/* The names in dir ending in ".kv" or ".kv.tmp", sorted (a log in a fixed
+ * order); all read before any is renamed, as readdir over a directory
+ * that changes may skip or repeat names. */
+static int list_dir(kvf_ctx *c, char ***pv, size_t *pn, attn_status *st) {
+  int fd = dup(c->dfd);
+  DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+  char **v = NULL;
+  size_t n = 0, cap = 0;
+  int rc = 0;
+  if (!d) {
+    rc = attn_status_set(st, ATTN_EINVAL, "cannot list the session directory %s: %s", c->dir,
+                         strerror(errno));
+    if (fd >= 0)
+      close(fd);
+  }
+  for (struct dirent *de; d && rc == 0 && (de = readdir(d));)
+    if (ends_with(de->d_name, ".kv") || ends_with(de->d_name, ".kv.tmp"))
+      if (list_add(&v, &n, &cap, de->d_name))
+        rc = attn_status_set(st, ATTN_ENOMEM, "out of memory listing the session directory %s",
+                             c->dir);
+  if (d)
+    closedir(d);
+  if (rc) {
+    while (n)
+      free(v[--n]);
+    free(v);
+    return rc;
+  }
+  if (n > 1) /* qsort may not be given NULL, which an empty list is */
+    qsort(v, n, sizeof *v, names_cmp);
+  *pv = v;
+  *pn = n;
+  return 0;
+}
+
+/* A file that does not load, moved aside (never served) and logged. */
+static void set_aside(kvf_ctx *c, const char *name, const char *why, const kvf_log *lg) {
+  char bad[300];
+  snprintf(bad, sizeof bad, "%s.bad", name);
+  if (renameat(c->dfd, name, c->dfd, bad) == 0)
+    say(lg, "session file %s/%s: not loaded, moved to %s: %s", c->dir, name, bad, why);
+  else
+    say(lg, "session file %s/%s: not loaded: %s; cannot move it to %s: %s", c->dir, name, why, bad,
+        strerror(errno));
+}
+
+/* One name of the directory: a save's stale temporary file removed, a
+ * session loaded (its file then removed), or a file left or set aside.
+ * Returns whether it loaded; *changed when the directory changed. */
+static bool take_file(attn_kv_store *s, kvf_ctx *c, const char *name, double now, const kvf_log *lg,
+                      bool *changed) {
+  char why[KVF_WHY];
+  if (ends_with(name, ".tmp")) {
+    if (unlinkat(c->dfd, name, 0) == 0)
+      say(lg, "session file %s/%s: removed: a save that did not finish left it", c->dir, name);
+    else
+      say(lg,
+          "session file %s/%s: a save that did not finish left it, and it cannot be "
+          "removed: %s",
+          c->dir, name, strerror(errno));
+    *changed = true;
+    return false;
+  }
+  int r = load_one(s, c, name, now, why);
+  if (r == 0)
+    say(lg, "session file %s/%s: not loaded, left in place: %s", c->dir, name, why);
+  else if (r < 0)
+    set_aside(c, name, why, lg);
+  else if (unlinkat(c->dfd, name, 0))
+    say(lg,
+        "session file %s/%s: loaded, but cannot be removed (a later start would load it "
+        "again): %s",
+        c->dir, name, strerror(errno));
+  *changed |= r != 0;
+  return r == 1;
+}
+
+int64_t attn_kv_load(attn_kv_store *s, const char *dir, double now,
+                     void (*log)(const char *line, void *arg), void *arg, attn_status *st) {
+  kvf_ctx *c;
+  char **names;
+  size_t n;
+  int rc = ctx_open(dir, &c, st);
+  if (rc)
+    return rc;
+  rc = list_dir(c, &names, &n, st);
+  if (rc) {
+    ctx_close(c);
+    return rc;
+  }
+  const kvf_log lg = {log, arg};
+  int64_t loaded = 0;
+  bool changed = false;
+  for (size_t i = 0; i < n; i++) {
+    loaded += take_file(s, c, names[i], now, &lg, &changed);
+    free(names[i]);
+  }
+  free(names);
+  if (changed && fsync(c->dfd)) /* the removals and renames, durable */
+    say(&lg,
+        "session directory %s: cannot sync it: %s (a crash may bring back the files "
+        "loaded or moved aside)",
+        dir, strerror(errno));
+  ctx_close(c);
+  return loaded;
+}

@@ -1,0 +1,35 @@
+/*
+ * kvpages.h — the sessions' page pool: one mapping of fixed-size pages.
+ *
+ * Internal to engine/ (kvstore.c, kvcall.c). The pool is reserved in
+ * whole pages before any is taken: a session reserves the pages of its
+ * max_tokens when it is made, and its appends then take pages that are
+ * sure to be there. The mapping is made without reserving swap
+ * (MAP_NORESERVE): a page is memory only once a token is written to it.
+ * Not thread-safe: the store's lock guards it.
+ */
+#ifndef ATTN_KVPAGES_H
+#define ATTN_KVPAGES_H
+
+#include "engine.h"
+
+/* Bytes of one page: 64 KiB, 64 to 16384 tokens of one KV head. */
+#define ATTN_KV_PAGE_BYTES ((size_t)64 << 10)
+
+typedef struct attn_kvpages {
+  char *base;
+  int64_t npages, nfree, reserved;
+  int32_t *free; /* a stack of free page numbers */
+} attn_kvpages;
+
+/* A pool of bytes / ATTN_KV_PAGE_BYTES pages (0 pages: sessions are off). */
+int attn__kvpages_open(attn_kvpages *p, uint64_t bytes, attn_status *st);
+void attn__kvpages_close(attn_kvpages *p);
+/* Reserves n pages (false: they do not fit), or gives n back. */
+bool attn__kvpages_reserve(attn_kvpages *p, int64_t n);
+void attn__kvpages_unreserve(attn_kvpages *p, int64_t n);
+/* A page out of a reservation, and a page given back to the pool. */
+void *attn__kvpages_take(attn_kvpages *p);
+void attn__kvpages_give(attn_kvpages *p, void *page);
+
+#endif

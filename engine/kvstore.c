@@ -1,0 +1,397 @@
+/*
+ * kvstore.c — a session store's table of sessions and their life (engine.h,
+ * "sessions"): made with their reservation, found by (tenant, id), expired
+ * by TTL, truncated, deleted.
+ */
+#include "kvstore_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int attn_kv_id_check(const char *id, size_t len, attn_status *st) {
+  if (len == 0 || len > ATTN_KV_ID_MAX)
+    return attn_status_set(st, ATTN_EINVAL, "a session id has 1 to %d characters, not %zu",
+                           ATTN_KV_ID_MAX, len);
+  if (id[0] == '_' || id[0] == '.')
+    return attn_status_set(st, ATTN_EINVAL,
+                           "a session id may not start with '%c' (ids starting with '_' or '.' "
+                           "are the server's)",
+                           id[0]);
+  for (size_t i = 0; i < len; i++) {
+    unsigned char c = (unsigned char)id[i];
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '-';
+    if (!ok)
+      return attn_status_set(st, ATTN_EINVAL,
+                             "a session id holds only A-Z, a-z, 0-9, '.', '_' and '-'; "
+                             "character %zu is not one of them",
+                             i + 1);
+  }
+  return 0;
+}
+
+int attn_kv_open(attn_engine *e, uint64_t bytes, bool batch, attn_kv_store **ps, attn_status *st) {
+  attn_kv_store *s = calloc(1, sizeof *s);
+  if (!s)
+    return attn_status_set(st, ATTN_ENOMEM, "out of memory opening the session store");
+  int rc = attn__kvpages_open(&s->pages, bytes, st);
+  if (rc) {
+    free(s);
+    return rc;
+  }
+  s->engine = e;
+  s->batch = batch;
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_cond_init(&s->readers_done, NULL);
+  *ps = s;
+  return 0;
+}
+
+static void session_free(attn_kv_store *s, kv_session *ks) {
+  for (int64_t l = 0; ks->layers && l < ks->shape.layers; l++) {
+    kv_layer *L = &ks->layers[l];
+    for (int64_t i = 0; L->kp && i < ks->shape.heads_kv * ks->pages_per_head; i++) {
+      if (L->kp[i])
+        attn__kvpages_give(&s->pages, L->kp[i]);
+      if (L->vp[i])
+        attn__kvpages_give(&s->pages, L->vp[i]);
+    }
+    free(L->kp);
+    free(L->vp);
+  }
+  attn__kvpages_unreserve(&s->pages, ks->reserved_pages);
+  free(ks->layers);
+  free(ks);
+}
+
+void attn_kv_close(attn_kv_store *s) {
+  if (!s)
+    return;
+  for (int b = 0; b < KV_BUCKETS; b++)
+    while (s->buckets[b]) {
+      kv_session *ks = s->buckets[b];
+      s->buckets[b] = ks->next;
+      session_free(s, ks);
+    }
+  attn__kvpages_close(&s->pages);
+  pthread_cond_destroy(&s->readers_done);
+  pthread_mutex_destroy(&s->mu);
+  free(s);
+}
+
+int64_t attn__kv_page_tokens(const attn_kv_shape *sh) {
+  int64_t row = sh->head_dim * (int64_t)attn_dtype_size(sh->dtype);
+  int64_t n = (int64_t)ATTN_KV_PAGE_BYTES / row;
+  return n / ATTN_PAGE_MIN_TOKENS * ATTN_PAGE_MIN_TOKENS;
+}
+
+static int64_t pages_per_head(const attn_kv_shape *sh) {
+  int64_t pt = attn__kv_page_tokens(sh);
+  return (sh->max_tokens + pt - 1) / pt;
+}
+
+static int64_t reserve_pages(const attn_kv_shape *sh) {
+  return 2 * sh->layers * sh->heads_kv * pages_per_head(sh);
+}
+
+uint64_t attn_kv_reserve_bytes(const attn_kv_store *s, const attn_kv_shape *sh) {
+  (void)s;
+  return (uint64_t)reserve_pages(sh) * ATTN_KV_PAGE_BYTES;
+}
+
+static int shape_check(const attn_kv_shape *sh, attn_status *st) {
+  if (sh->heads_kv < 1 || sh->heads_kv > 4096)
+    return attn_status_set(st, ATTN_EINVAL, "heads_kv must be 1 to 4096, not %lld",
+                           (long long)sh->heads_kv);
+  if (sh->head_dim < 1 || sh->head_dim > ATTN_MAX_HEAD_DIM)
+    return attn_status_set(st, ATTN_EINVAL, "head_dim must be 1 to %d, not %lld", ATTN_MAX_HEAD_DIM,
+                           (long long)sh->head_dim);
+  if (attn_dtype_size(sh->dtype) == 0)
+    return attn_status_set(st, ATTN_EDTYPE, "dtype must be F32, F16 or BF16");
+  if (sh->layers < 1 || sh->layers > ATTN_KV_MAX_LAYERS)
+    return attn_status_set(st, ATTN_EINVAL, "layers must be 1 to %d, not %lld", ATTN_KV_MAX_LAYERS,
+                           (long long)sh->layers);
+  if (sh->max_tokens < 1 || sh->max_tokens > ((int64_t)1 << 30))
+    return attn_status_set(st, ATTN_EINVAL, "max_tokens must be 1 to %lld, not %lld",
+                           (long long)1 << 30, (long long)sh->max_tokens);
+  return 0;
+}
+
+static unsigned bucket_of(const char *tenant, const char *id) {
+  uint32_t h = 2166136261u; /* FNV-1a over tenant, a NUL, id */
+  for (const char *p = tenant; *p; p++)
+    h = (h ^ (unsigned char)*p) * 16777619u;
+  h *= 16777619u;
+  for (const char *p = id; *p; p++)
+    h = (h ^ (unsigned char)*p) * 16777619u;
+  return h % KV_BUCKETS;
+}
+
+static kv_session **slot_of(attn_kv_store *s, const char *tenant, const char *id) {
+  kv_session **pp = &s->buckets[bucket_of(tenant, id)];
+  while (*pp && (strcmp((*pp)->tenant, tenant) || strcmp((*pp)->id, id)))
+    pp = &(*pp)->next;
+  return pp;
+}
+
+/* Out of the table; freed now, or by its last reader. */
+static void unlink_session(attn_kv_store *s, kv_session **pp) {
+  kv_session *ks = *pp;
+  *pp = ks->next;
+  s->nsessions--;
+  if (ks->readers > 0)
+    ks->dead = true;
+  else
+    session_free(s, ks);
+}
+
+kv_session *attn__kv_find(attn_kv_store *s, const char *tenant, const char *id, double now) {
+  kv_session **pp = slot_of(s, tenant, id);
+  if (*pp && (*pp)->expires <= now) {
+    unlink_session(s, pp);
+    s->stats.expired++;
+  }
+  return *pp;
+}
+
+static int layers_alloc(kv_session *ks) {
+  const size_t n = (size_t)(ks->shape.heads_kv * ks->pages_per_head);
+  ks->layers = calloc((size_t)ks->shape.layers, sizeof *ks->layers);
+  if (!ks->layers)
+    return -1;
+  for (int64_t l = 0; l < ks->shape.layers; l++) {
+    ks->layers[l].kp = calloc(n, sizeof(void *));
+    ks->layers[l].vp = calloc(n, sizeof(void *));
+    if (!ks->layers[l].kp || !ks->layers[l].vp)
+      return -1;
+  }
+  return 0;
+}
+
+kv_session *attn__kv_insert(attn_kv_store *s, const char *tenant, const char *id,
+                            const attn_kv_shape *sh, double ttl_s, double now, attn_status *st) {
+  int64_t need = reserve_pages(sh);
+  if (!attn__kvpages_reserve(&s->pages, need)) {
+    attn_status_set(st, ATTN_ESESSION_MEMORY,
+                    "this session reserves %llu bytes, and %llu of the %llu bytes of session "
+                    "memory are free (--session-memory); delete a session, ask fewer "
+                    "max_tokens, or retry when one has expired",
+                    (unsigned long long)need * ATTN_KV_PAGE_BYTES,
+                    (unsigned long long)(s->pages.npages - s->pages.reserved) * ATTN_KV_PAGE_BYTES,
+                    (unsigned long long)s->pages.npages * ATTN_KV_PAGE_BYTES);
+    return NULL;
+  }
+  kv_session *ks = calloc(1, sizeof *ks);
+  if (ks) {
+    snprintf(ks->tenant, sizeof ks->tenant, "%s", tenant);
+    snprintf(ks->id, sizeof ks->id, "%s", id);
+    ks->shape = *sh;
+    ks->ttl_s = ttl_s;
+    ks->expires = now + ttl_s;
+    ks->page_tokens = attn__kv_page_tokens(sh);
+    ks->pages_per_head = pages_per_head(sh);
+    ks->reserved_pages = need;
+  }
+  if (!ks || layers_alloc(ks) < 0) {
+    if (ks)
+      session_free(s, ks);
+    else
+      attn__kvpages_unreserve(&s->pages, need);
+    attn_status_set(st, ATTN_ENOMEM, "out of memory making a session");
+    return NULL;
+  }
+  kv_session **pp = slot_of(s, tenant, id);
+  ks->next = *pp;
+  *pp = ks;
+  s->nsessions++;
+  return ks;
+}
+
+static bool same_params(const kv_session *ks, const attn_kv_shape *sh, double ttl_s) {
+  const attn_kv_shape *a = &ks->shape;
+  return a->heads_kv == sh->heads_kv && a->head_dim == sh->head_dim && a->dtype == sh->dtype &&
+         a->layers == sh->layers && a->max_tokens == sh->max_tokens && ks->ttl_s == ttl_s;
+}
+
+static int exists_error(const kv_session *ks, attn_status *st) {
+  const attn_kv_shape *a = &ks->shape;
+  return attn_status_set(st, ATTN_ESESSION_EXISTS,
+                         "session '%s' exists with other parameters (heads_kv %lld, head_dim "
+                         "%lld, dtype %s, layers %lld, max_tokens %lld, ttl_s %g); delete it "
+                         "first, or use another id",
+                         ks->id, (long long)a->heads_kv, (long long)a->head_dim,
+                         attn_dtype_name(a->dtype), (long long)a->layers, (long long)a->max_tokens,
+                         ks->ttl_s);
+}
+
+int attn_kv_create(attn_kv_store *s, const char *tenant, const char *id, const attn_kv_shape *sh,
+                   double ttl_s, double now, bool *created, attn_status *st) {
+  int rc = attn_kv_id_check(id, strlen(id), st);
+  if (rc == 0)
+    rc = shape_check(sh, st);
+  if (rc == 0 && !(ttl_s > 0 && ttl_s <= 1e9))
+    rc = attn_status_set(st, ATTN_EINVAL, "ttl_s must be a number of seconds above 0");
+  if (rc)
+    return rc;
+  *created = false;
+  pthread_mutex_lock(&s->mu);
+  kv_session *ks = attn__kv_find(s, tenant, id, now);
+  if (ks && same_params(ks, sh, ttl_s))
+    ks->expires = now + ttl_s; /* a retried create is a use */
+  else if (ks)
+    rc = exists_error(ks, st);
+  else if (attn__kv_insert(s, tenant, id, sh, ttl_s, now, st))
+    *created = true;
+  else
+    rc = st ? st->code : ATTN_ENOMEM;
+  pthread_mutex_unlock(&s->mu);
+  return rc;
+}
+
+static int not_found(const char *id, attn_status *st) {
+  return attn_status_set(st, ATTN_ESESSION_NOT_FOUND,
+                         "no session '%s': it was never made, was deleted, or expired "
+                         "(ttl_s after its last use)",
+                         id);
+}
+
+static void info_of(const attn_kv_store *s, const kv_session *ks, attn_kv_info *info) {
+  snprintf(info->id, sizeof info->id, "%s", ks->id);
+  info->shape = ks->shape;
+  info->ttl_s = ks->ttl_s;
+  info->expires = ks->expires;
+  info->reserved_bytes = attn_kv_reserve_bytes(s, &ks->shape);
+  info->tokens = 0;
+  for (int64_t l = 0; l < ks->shape.layers; l++)
+    info->tokens += ks->layers[l].length;
+}
+
+int attn_kv_get(attn_kv_store *s, const char *tenant, const char *id, double now,
+                attn_kv_info *info, int64_t *lengths, int64_t cap, attn_status *st) {
+  pthread_mutex_lock(&s->mu);
+  kv_session *ks = attn__kv_find(s, tenant, id, now);
+  if (ks) {
+    info_of(s, ks, info);
+    for (int64_t l = 0; lengths && l < cap && l < ks->shape.layers; l++)
+      lengths[l] = ks->layers[l].length;
+  }
+  pthread_mutex_unlock(&s->mu);
+  return ks ? 0 : not_found(id, st);
+}
+
+int attn_kv_delete(attn_kv_store *s, const char *tenant, const char *id, double now,
+                   attn_status *st) {
+  pthread_mutex_lock(&s->mu);
+  bool found = attn__kv_find(s, tenant, id, now) != NULL; /* an expired one is gone */
+  if (found)
+    unlink_session(s, slot_of(s, tenant, id));
+  pthread_mutex_unlock(&s->mu);
+  return found ? 0 : not_found(id, st);
+}
+
+/* Gives back the pages of L past `tokens` tokens, unless a reader may see them. */
+static void shrink(attn_kv_store *s, kv_session *ks, kv_layer *L) {
+  if (L->readers > 0)
+    return;
+  int64_t keep = (L->length + ks->page_tokens - 1) / ks->page_tokens;
+  for (int64_t h = 0; h < ks->shape.heads_kv; h++)
+    for (int64_t p = keep; p < L->npages; p++) {
+      int64_t i = h * ks->pages_per_head + p;
+      attn__kvpages_give(&s->pages, L->kp[i]);
+      attn__kvpages_give(&s->pages, L->vp[i]);
+      L->kp[i] = L->vp[i] = NULL;
+    }
+  L->npages = keep < L->npages ? keep : L->npages;
+}
+
+int attn_kv_truncate(attn_kv_store *s, const char *tenant, const char *id, int64_t length,
+                     double now, attn_status *st) {
+  if (length < 0)
+    return attn_status_set(st, ATTN_EINVAL, "length must be 0 or more, not %lld",
+                           (long long)length);
+  pthread_mutex_lock(&s->mu);
+  kv_session *ks = attn__kv_find(s, tenant, id, now);
+  for (int64_t l = 0; ks && l < ks->shape.layers; l++) {
+    kv_layer *L = &ks->layers[l];
+    if (L->length > length) {
+      L->length = length;
+      shrink(s, ks, L);
+    }
+  }
+  if (ks)
+    ks->expires = now + ks->ttl_s;
+  pthread_mutex_unlock(&s->mu);
+  return ks ? 0 : not_found(id, st);
+}
+
+int64_t attn_kv_list(attn_kv_store *s, const char *tenant, double now,
+                     void (*fn)(const attn_kv_info *info, void *arg), void *arg) {
+  int64_t n = 0;
+  attn_kv_info info;
+  pthread_mutex_lock(&s->mu);
+  for (int b = 0; b < KV_BUCKETS; b++)
+    for (kv_session *ks = s->buckets[b]; ks; ks = ks->next)
+      if (!strcmp(ks->tenant, tenant) && ks->expires > now) {
+        info_of(s, ks, &info);
+        fn(&info, arg);
+        n++;
+      }
+  pthread_mutex_unlock(&s->mu);
+  return n;
+}
+
+int64_t attn_kv_expire(attn_kv_store *s, double now) {
+  int64_t n = 0;
+  pthread_mutex_lock(&s->mu);
+  for (int b = 0; b < KV_BUCKETS; b++)
+    for (kv_session **pp = &s->buckets[b]; *pp;)
+      if ((*pp)->expires <= now) {
+        unlink_session(s, pp);
+        n++;
+      } else {
+        pp = &(*pp)->next;
+      }
+  s->stats.expired += (uint64_t)n;
+  pthread_mutex_unlock(&s->mu);
+  return n;
+}
+
+void attn_kv_stats_get(attn_kv_store *s, attn_kv_stats *out) {
+  pthread_mutex_lock(&s->mu);
+  *out = s->stats;
+  out->sessions = s->nsessions;
+  out->page_bytes = (int64_t)ATTN_KV_PAGE_BYTES;
+  out->pool_bytes = (uint64_t)s->pages.npages * ATTN_KV_PAGE_BYTES;
+  out->reserved_bytes = (uint64_t)s->pages.reserved * ATTN_KV_PAGE_BYTES;
+  out->used_bytes = (uint64_t)(s->pages.npages - s->pages.nfree) * ATTN_KV_PAGE_BYTES;
+  pthread_mutex_unlock(&s->mu);
+}
+
+void attn__kv_grow(attn_kv_store *s, kv_session *ks, kv_layer *L, int64_t tokens) {
+  int64_t want = (tokens + ks->page_tokens - 1) / ks->page_tokens;
+  for (; L->npages < want; L->npages++)
+    for (int64_t h = 0; h < ks->shape.heads_kv; h++) {
+      int64_t i = h * ks->pages_per_head + L->npages;
+      L->kp[i] = attn__kvpages_take(&s->pages);
+      L->vp[i] = attn__kvpages_take(&s->pages);
+    }
+}
+
+void *attn__kv_row(const kv_session *ks, const kv_layer *L, int t, int64_t hk, int64_t j) {
+  void **table = t ? L->vp : L->kp;
+  char *page = table[hk * ks->pages_per_head + j / ks->page_tokens];
+  size_t row = (size_t)ks->shape.head_dim * attn_dtype_size(ks->shape.dtype);
+  return page + (size_t)(j % ks->page_tokens) * row;
+}
+
+void attn__kv_reader_done(attn_kv_store *s, kv_session *ks, kv_layer *L) {
+  if (--L->readers == 0) {
+    L->read_hi = 0;
+    pthread_cond_broadcast(&s->readers_done);
+    if (!ks->dead)
+      shrink(s, ks, L);
+  }
+  if (--ks->readers == 0 && ks->dead)
+    session_free(s, ks);
+}

@@ -1,0 +1,77 @@
+/*
+ * kvstore_int.h — a session store's insides, shared by the files that make
+ * it up (internal to engine/): kvstore.c (the table of sessions and their
+ * life), kvcall.c (appending and attending, batching) and kvfile.c
+ * (saving and loading them).
+ *
+ * One lock (attn_kv_store.mu) guards everything here. A call that reads a
+ * layer counts as its reader from the moment it is applied until its job
+ * completes; while a layer has readers, nothing it reads is freed or
+ * overwritten: a delete or an expiry leaves the pages to the last reader,
+ * and an append into tokens a reader may see (after a truncate) waits for
+ * the readers to finish.
+ */
+#ifndef ATTN_KVSTORE_INT_H
+#define ATTN_KVSTORE_INT_H
+
+#include "engine.h"
+#include "kvpages.h"
+
+#include <pthread.h>
+
+typedef struct kv_layer {
+  int64_t length;
+  int64_t npages;  /* pages taken per KV head, for K and for V alike */
+  int64_t readers; /* calls applied whose job has not completed */
+  int64_t read_hi; /* the most keys any of them reads */
+  float absmax[2]; /* largest |k| and |v| stored (never lowered by a truncate) */
+  /* Page tables, [heads_kv][pages_per_head]: NULL past npages. */
+  void **kp, **vp;
+} kv_layer;
+
+typedef struct kv_session {
+  char tenant[ATTN_KV_TENANT_MAX + 1];
+  char id[ATTN_KV_ID_MAX + 1];
+  attn_kv_shape shape;
+  double ttl_s, expires;
+  int64_t page_tokens, pages_per_head;
+  int64_t reserved_pages;
+  int64_t readers; /* over all layers */
+  bool dead;       /* out of the table: freed by its last reader */
+  kv_layer *layers;
+  struct kv_session *next; /* hash chain */
+} kv_session;
+
+#define KV_BUCKETS 4096
+
+typedef struct kv_pending kv_pending;
+
+struct attn_kv_store {
+  attn_engine *engine;
+  pthread_mutex_t mu;
+  pthread_cond_t readers_done; /* a layer's readers fell to zero */
+  attn_kvpages pages;
+  kv_session *buckets[KV_BUCKETS];
+  int64_t nsessions;
+  bool batch;
+  int64_t jobs_running; /* jobs submitted and not completed */
+  kv_pending *pending;  /* applied calls waiting for the running jobs (batching) */
+  attn_kv_stats stats;  /* the counters; sessions and bytes are filled when read */
+};
+
+/* Tokens a page holds for this shape: a multiple of ATTN_PAGE_MIN_TOKENS. */
+int64_t attn__kv_page_tokens(const attn_kv_shape *sh);
+/* The live session (tenant, id) at now, or NULL. */
+kv_session *attn__kv_find(attn_kv_store *s, const char *tenant, const char *id, double now);
+/* A new session in the table, its reservation taken and its tables made, or
+ * NULL with st set (ESESSION_MEMORY, ENOMEM). */
+kv_session *attn__kv_insert(attn_kv_store *s, const char *tenant, const char *id,
+                            const attn_kv_shape *sh, double ttl_s, double now, attn_status *st);
+/* Takes pages until layer L of ks has room for `tokens` tokens. */
+void attn__kv_grow(attn_kv_store *s, kv_session *ks, kv_layer *L, int64_t tokens);
+/* Row j of KV head hk of a layer's K (t 0) or V (t 1). */
+void *attn__kv_row(const kv_session *ks, const kv_layer *L, int t, int64_t hk, int64_t j);
+/* A reader of ks ended: frees a dead session once its last reader has. */
+void attn__kv_reader_done(attn_kv_store *s, kv_session *ks, kv_layer *L);
+
+#endif

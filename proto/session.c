@@ -1,0 +1,263 @@
+/*
+ * session.c — a session call's body (proto.h, "sessions"): its own fields
+ * (layer, pos, sessions) from any source, and its request from its
+ * tensors. The rest of the body is a forward request's, decoded by the
+ * same codecs, which hand these fields here when attn_options.session is
+ * set.
+ */
+#include "internal.h"
+#include "proto.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void attn_proto_session_init(attn_proto_session *ps, bool batch) {
+  memset(ps, 0, sizeof *ps);
+  ps->batch = batch;
+}
+
+static bool name_is(const char *name, size_t len, const char *want) {
+  return strlen(want) == len && !memcmp(name, want, len);
+}
+
+bool attn__session_is_field(const attn_options *o, const char *name, size_t len) {
+  return o->session && (name_is(name, len, "layer") || name_is(name, len, "pos") ||
+                        (o->session->batch && name_is(name, len, "sessions")));
+}
+
+/* An integer from 0 to 2^40 in v[0..n); false if it is not one. */
+static bool parse_count(const char *v, size_t n, int64_t *out) {
+  char buf[24];
+  if (n == 0 || n >= sizeof buf || memchr(v, 0, n))
+    return false;
+  memcpy(buf, v, n);
+  buf[n] = 0;
+  char *end;
+  errno = 0;
+  long long x = strtoll(buf, &end, 10);
+  if (*end || errno || x < 0 || x > ATTN_MAX_DIM || buf[0] == '-' || buf[0] == '+')
+    return false;
+  *out = x;
+  return true;
+}
+
+static int bad_value(const char *name, const char *source, const char *want, attn_status *st) {
+  return attn_status_set(st, ATTN_PROTO_EOPTVALUE, "\"%s\" in the %s must be %s", name, source,
+                         want);
+}
+
+/* Each comma-separated item of v[0..n) to fn; the items counted in *count. */
+static int each_item(const char *v, size_t n, int cap, int *count,
+                     int (*fn)(attn_proto_session *, int, const char *, size_t, attn_status *),
+                     attn_proto_session *ps, attn_status *st) {
+  *count = 0;
+  for (size_t at = 0; at <= n;) {
+    const char *comma = memchr(v + at, ',', n - at);
+    size_t len = comma ? (size_t)(comma - (v + at)) : n - at;
+    if (*count == cap)
+      return attn_status_set(st, ATTN_PROTO_ETOOLARGE, "a batch call names at most %d sessions",
+                             ATTN_PROTO_MAX_BATCH);
+    int rc = fn(ps, (*count)++, v + at, len, st);
+    if (rc)
+      return rc;
+    at += len + 1;
+  }
+  return 0;
+}
+
+static int set_pos(attn_proto_session *ps, int i, const char *v, size_t n, attn_status *st) {
+  return parse_count(v, n, &ps->pos[i]) ? 0 : bad_value("pos", "request", "an integer >= 0", st);
+}
+
+static int set_id(attn_proto_session *ps, int i, const char *v, size_t n, attn_status *st) {
+  attn_status why;
+  if (memchr(v, 0, n) || attn_kv_id_check(v, n, &why))
+    return attn_status_set(st, ATTN_PROTO_EOPTVALUE, "sessions[%d]: %s", i,
+                           memchr(v, 0, n) ? "a session id holds no NUL" : why.message);
+  memcpy(ps->ids[i], v, n);
+  ps->ids[i][n] = 0;
+  return 0;
+}
+
+int attn__session_field(attn_proto_session *ps, const char *name, size_t nlen, const char *value,
+                        size_t vlen, const char *source, attn_status *st) {
+  if (name_is(name, nlen, "layer"))
+    return parse_count(value, vlen, &ps->layer) && ps->layer < ATTN_KV_MAX_LAYERS
+               ? 0
+               : bad_value("layer", source, "an integer from 0 to 1023", st);
+  if (name_is(name, nlen, "sessions"))
+    return each_item(value, vlen, ATTN_PROTO_MAX_BATCH, &ps->nids, set_id, ps, st);
+  if (!ps->batch && memchr(value, ',', vlen))
+    return bad_value("pos", source, "one integer >= 0 (a list is for /v1/sessions/_batch)", st);
+  return each_item(value, vlen, ATTN_PROTO_MAX_BATCH, &ps->npos, set_pos, ps, st);
+}
+
+/* One JSON scalar of a list: a number's text (integers print exactly) or a
+ * string's, into buf; its length, or 0 for another type. */
+static size_t scalar_text(attn__jr *v, char *buf, size_t cap) {
+  if (attn__jr_is_number(v)) {
+    double x = attn__jr_number(v);
+    return (size_t)snprintf(buf, cap, x == (double)(long long)x ? "%.0f" : "%.17g", x);
+  }
+  if (v->s[v->pos] == '"') {
+    size_t n = attn__jr_string(v, buf, cap);
+    return n < cap ? n : cap - 1;
+  }
+  return 0;
+}
+
+int attn__session_json(attn_proto_session *ps, const char *name, size_t nlen, attn__jr v,
+                       attn_status *st) {
+  char item[ATTN_KV_ID_MAX + 2];
+  bool ids = name_is(name, nlen, "sessions");
+  const char *want = ids                                          ? "an array of session ids"
+                     : ps->batch && !name_is(name, nlen, "layer") ? "an array of integers >= 0"
+                                                                  : "an integer >= 0";
+  char key[16];
+  snprintf(key, sizeof key, "%.*s", (int)nlen, name);
+  if (v.s[v.pos] != '[') {
+    if (ids || (ps->batch && !name_is(name, nlen, "layer")) || !attn__jr_is_number(&v))
+      return bad_value(key, "JSON body", want, st);
+    size_t n = scalar_text(&v, item, sizeof item);
+    return attn__session_field(ps, name, nlen, item, n, "JSON body", st);
+  }
+  if (!ps->batch || name_is(name, nlen, "layer"))
+    return bad_value(key, "JSON body", want, st);
+  int *count = ids ? &ps->nids : &ps->npos;
+  *count = 0;
+  while (attn__jr_elem(&v)) {
+    bool ok = ids ? v.s[v.pos] == '"' : attn__jr_is_number(&v);
+    size_t n = ok ? scalar_text(&v, item, sizeof item) : 0;
+    if (!ok || n == 0)
+      return bad_value(key, "JSON body", want, st);
+    if (*count == ATTN_PROTO_MAX_BATCH)
+      return attn_status_set(st, ATTN_PROTO_ETOOLARGE, "a batch call names at most %d sessions",
+                             ATTN_PROTO_MAX_BATCH);
+    int rc = ids ? set_id(ps, *count, item, n, st) : set_pos(ps, *count, item, n, st);
+    if (rc)
+      return rc;
+    (*count)++;
+  }
+  return 0;
+}
+
+/* q, and k and v when sent: [H, N, D] or [N, D], one dtype, k and v alike,
+ * the same D, Hq a multiple of Hkv. */
+static int check_tensors(const attn_proto_tensor *t, attn_status *st) {
+  const attn_proto_tensor *q = &t[ATTN_PROTO_T_Q], *k = &t[ATTN_PROTO_T_K], *v = &t[ATTN_PROTO_T_V];
+  int rc = attn__check_one(q, 2, st);
+  if (rc == 0 && q->rank == 4)
+    rc = attn_status_set(st, ATTN_PROTO_ESHAPE,
+                         "a session call's q is [Hq, Nq, D] or [Nq, D] (one sequence; a batch "
+                         "of sessions is /v1/sessions/_batch), not rank 4");
+  if (rc || (!k->data && !v->data))
+    return rc;
+  if (!k->data || !v->data)
+    return attn_status_set(st, ATTN_PROTO_EMISSING,
+                           "tensor \"%s\" is missing: new tokens need both k and v",
+                           k->data ? "v" : "k");
+  if ((rc = attn__check_one(k, 2, st)) || (rc = attn__check_one(v, 2, st)))
+    return rc;
+  if (k->dtype != q->dtype || v->dtype != q->dtype)
+    return attn_status_set(
+        st, ATTN_PROTO_EDTYPE, "q, k and v must share one dtype (q %s, k %s, v %s)",
+        attn_dtype_name(q->dtype), attn_dtype_name(k->dtype), attn_dtype_name(v->dtype));
+  int64_t a[4], b[4];
+  attn__bhnd(q, a);
+  attn__bhnd(k, b);
+  if (k->rank != q->rank || v->rank != q->rank || memcmp(k->shape, v->shape, sizeof k->shape) ||
+      a[3] != b[3] || a[1] % b[1])
+    return attn_status_set(st, ATTN_PROTO_ESHAPE,
+                           "k and v must both be [Hkv, Nnew, D] like q's rank, with q's D (%lld) "
+                           "and Hkv dividing q's %lld heads",
+                           (long long)a[3], (long long)a[1]);
+  return 0;
+}
+
+/* The fields the route needs: pos with new tokens; for a batch, the ids,
+ * one pos each, and cu_seqlens_q (and cu_seqlens_kv with new tokens), one
+ * sequence a session. */
+static int check_fields(const attn_proto_session *ps, const attn_proto_tensor *t, attn_status *st) {
+  const bool kv = t[ATTN_PROTO_T_K].data != NULL;
+  const attn_proto_tensor *cq = &t[ATTN_PROTO_T_CU_Q], *ck = &t[ATTN_PROTO_T_CU_KV];
+  if (!ps->batch) {
+    if (cq->data || ck->data)
+      return attn_status_set(st, ATTN_PROTO_EUNKNOWNTENSOR,
+                             "cu_seqlens are for /v1/sessions/_batch; a session's call is one "
+                             "sequence");
+    return kv && ps->npos != 1 ? attn_status_set(st, ATTN_PROTO_EOPTVALUE,
+                                                 "\"pos\" is missing: new k and v are appended at "
+                                                 "pos, which must be the layer's length")
+                               : 0;
+  }
+  if (ps->nids < 1)
+    return attn_status_set(st, ATTN_PROTO_EOPTVALUE, "\"sessions\" is missing: the batch's ids");
+  if (!cq->data || (kv && !ck->data) || (!kv && ck->data))
+    return attn_status_set(st, ATTN_PROTO_EMISSING,
+                           "a batch call needs cu_seqlens_q, and cu_seqlens_kv exactly when it "
+                           "sends k and v");
+  if (cq->rank != 1 || cq->shape[0] != ps->nids + 1 ||
+      (ck->data && (ck->rank != 1 || ck->shape[0] != ps->nids + 1)))
+    return attn_status_set(st, ATTN_PROTO_ESHAPE,
+                           "cu_seqlens_q (and cu_seqlens_kv) must hold %d offsets: one a session "
+                           "and one more",
+                           ps->nids + 1);
+  if (kv && ps->npos != ps->nids)
+    return attn_status_set(st, ATTN_PROTO_ESHAPE, "\"pos\" holds %d values for %d sessions",
+                           ps->npos, ps->nids);
+  return 0;
+}
+
+static int check_options(const attn_options *o, attn_status *st) {
+  if (o->set & ATTN_OPT_DIAG_OFFSET)
+    return attn_status_set(st, ATTN_PROTO_EOPTVALUE,
+                           "option \"diag_offset\" is not one of a session call: its mask is "
+                           "aligned to the layer's keys (off = pos + Nnew - Nq)");
+  if (strcmp(o->backend, "auto") && strcmp(o->backend, "cpu"))
+    return attn_status_set(st, ATTN_PROTO_EOPTVALUE,
+                           "option \"backend\" of a session call must be auto or cpu: sessions "
+                           "are computed where their pages are, by the cpu backend");
+  return 0;
+}
+
+int attn__build_session(attn_proto_req *pr, const attn_proto_tensor *t, const attn_options *opts,
+                        attn_status *st) {
+  int rc;
+  if ((rc = check_tensors(t, st)) || (rc = check_fields(opts->session, t, st)) ||
+      (rc = check_options(opts, st)) || (rc = attn__check_alibi(&t[ATTN_PROTO_T_ALIBI], t, st)))
+    return rc;
+  int64_t q[4], k[4] = {0, 0, 0, 0};
+  attn__bhnd(&t[ATTN_PROTO_T_Q], q);
+  if (t[ATTN_PROTO_T_K].data)
+    attn__bhnd(&t[ATTN_PROTO_T_K], k);
+  pr->opts = *opts;
+  pr->rank = t[ATTN_PROTO_T_Q].rank;
+  memcpy(pr->shape_q, t[ATTN_PROTO_T_Q].shape, sizeof pr->shape_q);
+  memcpy(pr->shape_kv, t[ATTN_PROTO_T_K].shape, sizeof pr->shape_kv);
+  attn_request *r = &pr->req;
+  attn_request_init(r);
+  r->batch = opts->session->batch ? opts->session->nids : 1;
+  r->heads_q = q[1];
+  r->heads_kv = k[1];
+  r->seq_q = q[2];
+  r->seq_kv = k[2];
+  r->head_dim = q[3];
+  r->dtype = t[ATTN_PROTO_T_Q].dtype;
+  r->scale = opts->scale;
+  r->causal = opts->set & ATTN_OPT_CAUSAL ? opts->causal : true;
+  pr->opts.causal = r->causal;
+  r->window_left = opts->window_left;
+  r->window_right = opts->window_right;
+  r->softcap = opts->softcap;
+  r->alibi_slopes = t[ATTN_PROTO_T_ALIBI].data;
+  r->alibi_stride_b = t[ATTN_PROTO_T_ALIBI].rank == 2 ? q[1] : 0;
+  r->backend = "cpu";
+  r->q = t[ATTN_PROTO_T_Q].data;
+  r->k = t[ATTN_PROTO_T_K].data;
+  r->v = t[ATTN_PROTO_T_V].data;
+  r->cu_seqlens_q = t[ATTN_PROTO_T_CU_Q].data;
+  r->cu_seqlens_kv = t[ATTN_PROTO_T_CU_KV].data;
+  return attn__alloc_outputs(pr, st);
+}

@@ -1,0 +1,346 @@
+/*
+ * sessions.c — the session routes (sessions.h).
+ */
+#include "sessions.h"
+#include "errors.h"
+#include "log.h"
+#include "route.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PREFIX "/v1/sessions/"
+
+/* A session call's state beside r (r->sess). */
+typedef struct attnd_sess {
+  attn_proto_session ps;
+  attn_kv_call call;
+  attn_kv_entry entries[ATTN_PROTO_MAX_BATCH];
+  char id[ATTN_KV_ID_MAX + 1];
+  char length_header[24];
+} attnd_sess;
+
+/* The store, or false with r's 404 when sessions are off. */
+static bool store_of(attnd_req *r, attn_kv_store **ps) {
+  *ps = r->srv->kv;
+  if (*ps)
+    return true;
+  attnd_req_fail(r, ATTND_ENOT_FOUND,
+                 "sessions are off on this server (--session-memory 0); send whole requests "
+                 "to POST /attention");
+  return false;
+}
+
+/* The id in r's path, checked, into id; false with r's 422. */
+static bool path_id(attnd_req *r, char id[ATTN_KV_ID_MAX + 1]) {
+  const char *p = r->path + strlen(PREFIX);
+  size_t n = strcspn(p, "/");
+  attn_status st;
+  if (attn_kv_id_check(p, n, &st)) {
+    attnd_req_fail(r, st.code, st.message);
+    return false;
+  }
+  memcpy(id, p, n);
+  id[n] = 0;
+  return true;
+}
+
+static void reply_info(attnd_req *r, int status, attn_kv_store *kv, const char *id) {
+  attn_kv_info info;
+  int64_t lengths[ATTN_KV_MAX_LAYERS];
+  attn_status st;
+  double now = attn_now();
+  if (attn_kv_get(kv, r->tenant, id, now, &info, lengths, ATTN_KV_MAX_LAYERS, &st)) {
+    attnd_req_fail(r, st.code, st.message);
+    return;
+  }
+  attn_sbuf b = {0};
+  attn_proto_session_info_json(&b, &info, lengths, now);
+  attn_sbuf_puts(&b, "\n");
+  attnd_req_reply_json(r, status, &b);
+}
+
+static void create(attnd_req *r, attn_kv_store *kv, const char *id) {
+  attn_kv_shape sh;
+  double ttl;
+  attn_status st;
+  bool created = false;
+  int rc = attn_proto_session_create_decode(r->body, r->len, r->srv->cfg->session_ttl_max, &sh,
+                                            &ttl, &st);
+  if (rc == 0)
+    rc = attn_kv_create(kv, r->tenant, id, &sh, ttl, attn_now(), &created, &st);
+  if (rc)
+    attnd_req_fail(r, st.code, st.message);
+  else
+    reply_info(r, created ? 201 : 200, kv, id);
+}
+
+void attnd_sessions_resource(attnd_req *r) {
+  attn_kv_store *kv;
+  char id[ATTN_KV_ID_MAX + 1];
+  if (!store_of(r, &kv) || !path_id(r, id))
+    return;
+  if (!strcmp(r->method, "PUT")) {
+    create(r, kv, id);
+  } else if (!strcmp(r->method, "DELETE")) {
+    attn_status st;
+    if (attn_kv_delete(kv, r->tenant, id, attn_now(), &st))
+      attnd_req_fail(r, st.code, st.message);
+    else
+      attnd_req_reply(r, 204, malloc(1), 0, NULL);
+  } else {
+    reply_info(r, 200, kv, id);
+  }
+}
+
+void attnd_sessions_truncate(attnd_req *r) {
+  attn_kv_store *kv;
+  char id[ATTN_KV_ID_MAX + 1];
+  int64_t length;
+  attn_status st;
+  if (!store_of(r, &kv) || !path_id(r, id))
+    return;
+  if (attn_proto_session_truncate_decode(r->body, r->len, &length, &st) ||
+      attn_kv_truncate(kv, r->tenant, id, length, attn_now(), &st))
+    attnd_req_fail(r, st.code, st.message);
+  else
+    reply_info(r, 200, kv, id);
+}
+
+static void list_one(const attn_kv_info *info, void *arg) {
+  attn_sbuf *b = arg;
+  if (b->len > 1 && b->p[b->len - 1] != '[')
+    attn_sbuf_puts(b, ", ");
+  attn_proto_session_info_json(b, info, NULL, attn_now());
+}
+
+void attnd_sessions_list(attnd_req *r) {
+  attn_kv_store *kv;
+  if (!store_of(r, &kv))
+    return;
+  attn_kv_stats stats;
+  attn_kv_stats_get(kv, &stats);
+  attn_sbuf b = {0};
+  attn_sbuf_puts(&b, "{\"sessions\": [");
+  int64_t n = attn_kv_list(kv, r->tenant, attn_now(), list_one, &b);
+  attn_sbuf_printf(&b,
+                   "], \"count\": %lld, \"memory\": {\"pool_bytes\": %llu, \"reserved_bytes\": "
+                   "%llu, \"used_bytes\": %llu}}\n",
+                   (long long)n, (unsigned long long)stats.pool_bytes,
+                   (unsigned long long)stats.reserved_bytes, (unsigned long long)stats.used_bytes);
+  attnd_req_reply_json(r, 200, &b);
+}
+
+/* ---- the calls that compute ---------------------------------------------- */
+
+int attnd_sessions_prepare(attnd_req *r, attn_options *query, attn_status *st) {
+  if (!r->srv->kv)
+    return attn_status_set(st, ATTN_ESESSION_NOT_FOUND,
+                           "sessions are off on this server (--session-memory 0); send whole "
+                           "requests to POST /attention");
+  if (!r->sess && !(r->sess = calloc(1, sizeof *r->sess)))
+    return attn_status_set(st, ATTN_ENOMEM, "out of memory for a session call");
+  attnd_sess *ss = r->sess;
+  bool batch = !r->route->pattern || !strstr(r->route->pattern, "{session}");
+  attn_proto_session_init(&ss->ps, batch);
+  if (!batch) {
+    const char *p = r->path + strlen(PREFIX);
+    size_t n = strcspn(p, "/");
+    int rc = attn_kv_id_check(p, n, st);
+    if (rc)
+      return rc;
+    memcpy(ss->id, p, n);
+    ss->id[n] = 0;
+  }
+  query->session = &ss->ps;
+  return 0;
+}
+
+/* The call's entries from the decoded body: one for a session's route, one
+ * a session (with its rows of k and v) for the batch. */
+static void fill_entries(attnd_sess *ss, const attn_request *req) {
+  const attn_proto_session *ps = &ss->ps;
+  attn_kv_call *c = &ss->call;
+  c->nentries = ps->batch ? ps->nids : 1;
+  for (int64_t e = 0; e < c->nentries; e++) {
+    attn_kv_entry *en = &ss->entries[e];
+    *en = (attn_kv_entry){.id = ps->batch ? ps->ids[e] : ss->id};
+    if (!req->k)
+      continue;
+    en->pos = ps->pos[e];
+    en->kv_off = ps->batch ? req->cu_seqlens_kv[e] : 0;
+    en->n_new = ps->batch ? req->cu_seqlens_kv[e + 1] - req->cu_seqlens_kv[e] : req->seq_kv;
+  }
+}
+
+int attnd_sessions_submit(attnd_req *r, attn_done_fn done, attn_status *st) {
+  attnd_sess *ss = r->sess;
+  attn_kv_call *c = &ss->call;
+  const attn_request *req = &r->pr.req;
+  const int64_t *cu = req->cu_seqlens_kv;
+  for (int64_t e = 0; cu && e < ss->ps.nids; e++)
+    if (cu[0] != 0 || cu[e + 1] < cu[e] || cu[ss->ps.nids] != req->seq_kv)
+      return attn_status_set(st, ATTN_EINVAL,
+                             "cu_seqlens_kv must rise from 0 to the %lld rows of k and v",
+                             (long long)req->seq_kv);
+  *c = (attn_kv_call){.tenant = r->tenant, .layer = ss->ps.layer, .entries = ss->entries};
+  fill_entries(ss, req);
+  c->k_new = req->k;
+  c->v_new = req->v;
+  c->total_new = req->k ? req->seq_kv : 0;
+  c->req = *req;
+  c->req.k = c->req.v = NULL;
+  c->req.cu_seqlens_kv = NULL;
+  c->req.seq_kv = 0;
+  c->req.batch = 1;
+  if (!ss->ps.batch)
+    c->req.cu_seqlens_q = NULL;
+  return attn_kv_submit(r->srv->kv, c, attn_now(), done, r, st);
+}
+
+void attnd_sessions_reply_fields(attnd_req *r) {
+  attnd_sess *ss = r->sess;
+  attn_sbuf j = {0}, m = {0};
+  const attn_kv_call *c = &ss->call;
+  if (!ss->ps.batch) {
+    attn_sbuf_printf(&j, "\"length\": %lld, \"replay\": %s", (long long)c->entries[0].length,
+                     c->entries[0].replay ? "true" : "false");
+    attn_sbuf_printf(&m, "\"length\": \"%lld\"", (long long)c->entries[0].length);
+    snprintf(ss->length_header, sizeof ss->length_header, "%lld", (long long)c->entries[0].length);
+  } else {
+    attn_sbuf_puts(&j, "\"lengths\": [");
+    attn_sbuf_puts(&m, "\"lengths\": \"");
+    for (int64_t e = 0; e < c->nentries; e++) {
+      attn_sbuf_printf(&j, "%s%lld", e ? ", " : "", (long long)c->entries[e].length);
+      attn_sbuf_printf(&m, "%s%lld", e ? "," : "", (long long)c->entries[e].length);
+    }
+    attn_sbuf_puts(&j, "]");
+    attn_sbuf_puts(&m, "\"");
+  }
+  r->pr.reply_json = j.oom ? (free(j.p), NULL) : j.p;
+  r->pr.reply_meta = m.oom ? (free(m.p), NULL) : m.p;
+}
+
+const char *attnd_sessions_length_header(const attnd_req *r) {
+  return r->sess && r->sess->length_header[0] ? r->sess->length_header : NULL;
+}
+
+void attnd_sessions_free(attnd_req *r) {
+  free(r->sess);
+  r->sess = NULL;
+}
+
+/* ---- the store's life ------------------------------------------------------ */
+
+static void log_line(const char *line, void *arg) {
+  attnd_log_note(arg, ATTND_WARN, NULL, NULL, "sessions: %s", line);
+}
+
+int attnd_sessions_open(attnd_server *s) {
+  const attnd_config *c = s->cfg;
+  attn_status st;
+  if (c->session_memory == 0)
+    return 0;
+  if (attn_kv_open(s->engine, c->session_memory, c->session_batch, &s->kv, &st)) {
+    fprintf(stderr, "attnd: cannot open the session store: %s\n", st.message);
+    return -1;
+  }
+  if (!*c->session_dir)
+    return 0;
+  int64_t n = attn_kv_load(s->kv, c->session_dir, attn_now(), log_line, s, &st);
+  if (n < 0) {
+    fprintf(stderr, "attnd: cannot load the sessions of %s: %s\n", c->session_dir, st.message);
+    return -1;
+  }
+  attnd_log_note(s, ATTND_INFO, NULL, NULL, "sessions: loaded %lld from %s", (long long)n,
+                 c->session_dir);
+  return 0;
+}
+
+void attnd_sessions_close(attnd_server *s, bool save_only) {
+  const attnd_config *c = s->cfg;
+  attn_status st;
+  if (!s->kv)
+    return;
+  if (*c->session_dir) {
+    int64_t n = attn_kv_save(s->kv, c->session_dir, attn_now(), &st);
+    if (n < 0)
+      attnd_log_note(s, ATTND_ERROR, NULL, NULL, "sessions: not saved to %s: %s", c->session_dir,
+                     st.message);
+    else
+      attnd_log_note(s, ATTND_INFO, NULL, NULL, "sessions: saved %lld to %s", (long long)n,
+                     c->session_dir);
+  }
+  if (save_only)
+    return;
+  attn_kv_close(s->kv);
+  s->kv = NULL;
+}
+
+/* ---- what the server says of them ------------------------------------------ */
+
+void attnd_sessions_info(attn_sbuf *b, const attnd_server *s) {
+  const attnd_config *c = s->cfg;
+  attn_kv_stats st = {0};
+  if (s->kv)
+    attn_kv_stats_get(s->kv, &st);
+  attn_sbuf_printf(b,
+                   "\"sessions\": {\"enabled\": %s, \"memory_bytes\": %llu, \"page_bytes\": "
+                   "%lld, \"persist\": %s, \"batching\": %s, \"ttl_max_s\": %g, \"count\": %lld}",
+                   s->kv ? "true" : "false", (unsigned long long)st.pool_bytes,
+                   (long long)st.page_bytes, s->kv && *c->session_dir ? "true" : "false",
+                   s->kv && c->session_batch ? "true" : "false", c->session_ttl_max,
+                   (long long)st.sessions);
+}
+
+static void counter(attn_sbuf *b, const char *name, const char *help, unsigned long long v) {
+  attn_sbuf_printf(b, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name, name, v);
+}
+
+static void gauge(attn_sbuf *b, const char *name, const char *help, unsigned long long v) {
+  attn_sbuf_printf(b, "# HELP %s %s\n# TYPE %s gauge\n%s %llu\n", name, help, name, name, v);
+}
+
+/* attnd_session_batch_size: calls an engine job of the store computed, as a
+ * histogram (cumulative buckets, as Prometheus has them). */
+static void batch_histogram(attn_sbuf *b, const attn_kv_stats *st) {
+  attn_sbuf_puts(b, "# HELP attnd_session_batch_size Session calls computed by one engine job.\n"
+                    "# TYPE attnd_session_batch_size histogram\n");
+  uint64_t cum = 0, jobs = 0;
+  for (int i = 0; i < ATTN_KV_BATCH_BUCKETS; i++) {
+    cum += st->batch_sizes[i];
+    if (i < ATTN_KV_BATCH_BUCKETS - 1)
+      attn_sbuf_printf(b, "attnd_session_batch_size_bucket{le=\"%d\"} %llu\n", 1 << i,
+                       (unsigned long long)cum);
+  }
+  jobs = cum;
+  attn_sbuf_printf(b,
+                   "attnd_session_batch_size_bucket{le=\"+Inf\"} %llu\n"
+                   "attnd_session_batch_size_sum %llu\nattnd_session_batch_size_count %llu\n",
+                   (unsigned long long)jobs, (unsigned long long)st->batched_calls,
+                   (unsigned long long)jobs);
+}
+
+void attnd_sessions_metrics(attn_sbuf *b, const attnd_server *s) {
+  if (!s->kv)
+    return;
+  attn_kv_stats st;
+  attn_kv_stats_get(s->kv, &st);
+  gauge(b, "attnd_sessions", "Sessions held (every API key's).", (unsigned long long)st.sessions);
+  gauge(b, "attnd_session_memory_bytes", "Bytes of session memory (--session-memory).",
+        st.pool_bytes);
+  gauge(b, "attnd_session_reserved_bytes", "Bytes of session memory reserved by sessions.",
+        st.reserved_bytes);
+  gauge(b, "attnd_session_used_bytes", "Bytes of session memory in pages that hold tokens.",
+        st.used_bytes);
+  counter(b, "attnd_session_tokens_appended_total", "Tokens appended to sessions (per layer).",
+          st.appended_tokens);
+  counter(b, "attnd_session_replays_total", "Session calls whose tokens were stored already.",
+          st.replays);
+  counter(b, "attnd_session_conflicts_total", "Session calls refused: pos not the length.",
+          st.conflicts);
+  counter(b, "attnd_session_expired_total", "Sessions dropped at the end of their TTL.",
+          st.expired);
+  batch_histogram(b, &st);
+}

@@ -1,0 +1,155 @@
+/*
+ * test_config.c — attnd's flags parsed on their own (server/config.c): the
+ * values the session flags give, with their suffixes, defaults, environment
+ * fallbacks and refusals, and the API keys the config holds; values no HTTP
+ * reply shows. tests/server/test_server.c drives the flags through attnd.
+ */
+#include "config.h"
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Each test runs in a process of its own (Criterion forks), so the
+ * variables set here end with it; none from the shell may leak in. */
+static void clear_env(void) {
+  static const char *const vars[] = {"ATTND_SESSION_MEMORY", "ATTND_SESSION_DIR",
+                                     "ATTND_SESSION_BATCH",  "ATTND_SESSION_TTL_MAX",
+                                     "ATTND_API_KEY",        "ATTND_API_KEY_FILE"};
+  for (size_t i = 0; i < sizeof vars / sizeof *vars; i++)
+    unsetenv(vars[i]);
+}
+TestSuite(config, .init = clear_env);
+
+static attnd_config C;
+
+/* attnd_config_parse of "attnd" and the NULL-ended args. */
+static int parse(const char *const *args) {
+  static char store[16][1200];
+  char *argv[18] = {store[0]};
+  snprintf(store[0], sizeof store[0], "attnd");
+  int argc = 1;
+  for (; args && args[argc - 1] && argc < 16; argc++) {
+    snprintf(store[argc], sizeof store[argc], "%s", args[argc - 1]);
+    argv[argc] = store[argc];
+  }
+  return attnd_config_parse(&C, argc, argv);
+}
+
+#define PARSE(...) parse((const char *[]){__VA_ARGS__, NULL})
+
+static char *tmpdir(void) {
+  static char dir[64];
+  snprintf(dir, sizeof dir, "/tmp/attnd-config-XXXXXX");
+  cr_assert(mkdtemp(dir), "mkdtemp");
+  return dir;
+}
+
+Test(config, session_defaults) {
+  cr_assert_eq(parse(NULL), 0);
+  uint64_t quarter = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGE_SIZE) / 4;
+  cr_expect_eq(C.session_memory, quarter, "a quarter of physical memory: %llu, want %llu",
+               (unsigned long long)C.session_memory, (unsigned long long)quarter);
+  cr_expect(quarter > 0);
+  cr_expect_str_empty(C.session_dir);
+  cr_expect(C.session_batch);
+  cr_expect_eq(C.session_ttl_max, 86400);
+}
+
+Test(config, session_values_and_suffixes) {
+  static const struct {
+    const char *v;
+    uint64_t want;
+  } sizes[] = {
+      {"0", 0},           {"1048576", 1048576}, {"512K", 512ull << 10}, {"512M", 512ull << 20},
+      {"3g", 3ull << 30}, {"1024G", 1ull << 40}};
+  for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+    cr_assert_eq(PARSE("--session-memory", sizes[i].v), 0, "%s", sizes[i].v);
+    cr_expect_eq(C.session_memory, sizes[i].want, "%s: %llu", sizes[i].v,
+                 (unsigned long long)C.session_memory);
+  }
+  cr_assert_eq(
+      PARSE("--session-memory=auto", "--session-batch", "off", "--session-ttl-max", "3600"), 0);
+  cr_expect_gt(C.session_memory, 0);
+  cr_expect(!C.session_batch);
+  cr_expect_eq(C.session_ttl_max, 3600);
+  cr_assert_eq(PARSE("--session-batch", "on", "--session-ttl-max", "1"), 0);
+  cr_expect(C.session_batch);
+  cr_expect_eq(C.session_ttl_max, 1);
+}
+
+Test(config, session_environment_and_the_flag_that_wins) {
+  char *dir = tmpdir();
+  setenv("ATTND_SESSION_MEMORY", "1G", 1);
+  setenv("ATTND_SESSION_DIR", dir, 1);
+  setenv("ATTND_SESSION_BATCH", "off", 1);
+  setenv("ATTND_SESSION_TTL_MAX", "60", 1);
+  cr_assert_eq(parse(NULL), 0);
+  cr_expect_eq(C.session_memory, 1ull << 30);
+  cr_expect_str_eq(C.session_dir, dir);
+  cr_expect(!C.session_batch);
+  cr_expect_eq(C.session_ttl_max, 60);
+  cr_assert_eq(PARSE("--session-memory", "2G", "--session-batch", "on"), 0);
+  cr_expect_eq(C.session_memory, 2ull << 30, "the flag wins");
+  cr_expect(C.session_batch, "the flag wins");
+  setenv("ATTND_SESSION_TTL_MAX", "forever", 1);
+  cr_expect_eq(parse(NULL), -1, "a bad variable is refused");
+  rmdir(dir);
+}
+
+Test(config, session_dir_must_be_a_writable_directory) {
+  char *dir = tmpdir(), file[128], ro[128];
+  cr_assert_eq(PARSE("--session-dir", dir), 0);
+  cr_expect_str_eq(C.session_dir, dir);
+  snprintf(file, sizeof file, "%s/file", dir);
+  FILE *f = fopen(file, "w");
+  cr_assert(f);
+  fclose(f);
+  cr_expect_eq(PARSE("--session-dir", file), -1, "a file");
+  cr_expect_eq(PARSE("--session-dir", "/nonexistent/attnd-sessions"), -1, "missing");
+  cr_expect_eq(PARSE("--session-dir="), -1, "given but empty");
+  snprintf(ro, sizeof ro, "%s/ro", dir);
+  cr_assert_eq(mkdir(ro, 0500), 0);
+  if (geteuid() != 0) /* root may write in any directory of a writable file system */
+    cr_expect_eq(PARSE("--session-dir", ro), -1, "not writable");
+  rmdir(ro);
+  unlink(file);
+  rmdir(dir);
+}
+
+Test(config, session_values_refused) {
+  static const char *const bad[][2] = {
+      {"--session-memory", "12Q"},   {"--session-memory", "-1"},   {"--session-memory", "0K"},
+      {"--session-memory", "2048G"}, {"--session-memory", ""},     {"--session-batch", "yes"},
+      {"--session-ttl-max", "0"},    {"--session-ttl-max", "0.5"}, {"--session-ttl-max", "1e9"},
+      {"--session-ttl-max", "nan"},  {"--session-ttl-max", "1h"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+    cr_expect_eq(PARSE(bad[i][0], bad[i][1]), -1, "%s %s", bad[i][0], bad[i][1]);
+}
+
+/* --api-key is one key named default; a key file's keys keep their names. */
+Test(config, api_keys) {
+  cr_assert_eq(parse(NULL), 0);
+  cr_expect_eq(C.keys.n, 0);
+  cr_assert_eq(PARSE("--api-key", "s3cret"), 0);
+  cr_assert_eq(C.keys.n, 1);
+  cr_expect_str_eq(C.keys.k[0].name, "default");
+  cr_expect_str_eq(C.keys.k[0].key, "s3cret");
+  char *dir = tmpdir(), path[128];
+  snprintf(path, sizeof path, "%s/keys", dir);
+  FILE *f = fopen(path, "w");
+  cr_assert(f);
+  fputs("# two\nalice:sk-a\nsk-b\n", f);
+  fclose(f);
+  cr_assert_eq(PARSE("--api-key-file", path), 0);
+  cr_assert_eq(C.keys.n, 2);
+  cr_expect_str_eq(C.keys.k[0].name, "alice");
+  cr_expect_str_eq(C.keys.k[1].name, "key1");
+  cr_expect_str_eq(C.api_key_file, path);
+  unlink(path);
+  rmdir(dir);
+}

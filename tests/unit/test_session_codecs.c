@@ -1,0 +1,200 @@
+/*
+ * test_session_codecs.c — a session call's body (proto.h, "sessions"):
+ * layer, pos and sessions from the query string, __metadata__ and JSON
+ * fields, k and v optional, causal by default, the refusals; and the
+ * small documents of the session routes (create, truncate, describe).
+ */
+#include "proto.h"
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define Q "\"q\": {\"shape\": [2, 1, 2], \"dtype\": \"F32\", \"data\": [1, 2, 3, 4]}"
+#define KV                                                                 \
+  "\"k\": {\"shape\": [1, 1, 2], \"dtype\": \"F32\", \"data\": [1, 0]}, " \
+  "\"v\": {\"shape\": [1, 1, 2], \"dtype\": \"F32\", \"data\": [0, 1]}"
+
+static int decode_json(const char *body, const char *query, bool batch, attn_proto_session *ps,
+                       attn_proto_req *pr, attn_status *st) {
+  attn_options q;
+  attn_options_init(&q);
+  attn_proto_session_init(ps, batch);
+  q.session = ps;
+  int rc = attn_options_parse_query(&q, query, st);
+  return rc ? rc : attn_proto_decode_json(body, strlen(body), &q, pr, st);
+}
+
+Test(session_codecs, json_fields_and_defaults) {
+  attn_proto_session ps;
+  attn_proto_req pr;
+  attn_status st;
+  cr_assert_eq(decode_json("{" Q ", " KV ", \"pos\": 7, \"layer\": 3}", NULL, false, &ps, &pr, &st),
+               0, "%s", st.message);
+  cr_expect_eq(ps.layer, 3);
+  cr_expect(ps.npos == 1 && ps.pos[0] == 7);
+  cr_expect(pr.req.causal, "a session call is causal by default");
+  cr_expect(pr.req.heads_q == 2 && pr.req.heads_kv == 1 && pr.req.seq_kv == 1 && pr.req.k);
+  cr_expect_str_eq(pr.req.backend, "cpu");
+  attn_proto_req_free(&pr);
+  /* no new tokens: k and v absent; the query's layer, the body's causal */
+  cr_assert_eq(decode_json("{" Q ", \"causal\": false}", "layer=1", false, &ps, &pr, &st), 0, "%s",
+               st.message);
+  cr_expect(!pr.req.k && !pr.req.v && pr.req.seq_kv == 0 && !pr.req.causal);
+  cr_expect_eq(ps.layer, 1);
+  attn_proto_req_free(&pr);
+}
+
+Test(session_codecs, refusals) {
+  attn_proto_session ps;
+  attn_proto_req pr;
+  attn_status st;
+  struct {
+    const char *body, *query;
+    int code;
+    const char *needle;
+  } cases[] = {
+      {"{" Q ", " KV "}", NULL, ATTN_PROTO_EOPTVALUE, "\"pos\" is missing"},
+      {"{" Q ", " KV ", \"pos\": [1, 2]}", NULL, ATTN_PROTO_EOPTVALUE, "an integer"},
+      {"{" Q ", " KV ", \"pos\": -1}", NULL, ATTN_PROTO_EOPTVALUE, "pos"},
+      {"{" Q ", " KV ", \"pos\": 1.5}", NULL, ATTN_PROTO_EOPTVALUE, "pos"},
+      {"{" Q ", " KV "}", "pos=1,2", ATTN_PROTO_EOPTVALUE, "one integer"},
+      {"{" Q ", " KV ", \"pos\": 0, \"layer\": 5000}", NULL, ATTN_PROTO_EOPTVALUE, "layer"},
+      {"{" Q ", \"k\": {\"shape\": [1, 1, 2], \"dtype\": \"F32\", \"data\": [1, 0]}, \"pos\": 0}",
+       NULL, ATTN_PROTO_EMISSING, "\"v\" is missing"},
+      {"{" Q ", " KV ", \"pos\": 0, \"diag_offset\": 0}", NULL, ATTN_PROTO_EOPTVALUE,
+       "diag_offset"},
+      {"{" Q ", " KV ", \"pos\": 0, \"backend\": \"cuda\"}", NULL, ATTN_PROTO_EOPTVALUE, "cpu"},
+      {"{" Q ", " KV ", \"pos\": 0, \"sessions\": [\"a\"]}", NULL, ATTN_PROTO_EUNKNOWNTENSOR, ""},
+      {"{\"q\": {\"shape\": [1, 2, 1, 2], \"dtype\": \"F32\", \"data\": [1, 2, 3, 4]}}", NULL,
+       ATTN_PROTO_ESHAPE, "rank 4"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    int rc = decode_json(cases[i].body, cases[i].query, false, &ps, &pr, &st);
+    cr_expect_eq(rc, cases[i].code, "case %zu: %d (%s)", i, rc, rc ? st.message : "ok");
+    if (rc)
+      cr_expect(strstr(st.message, cases[i].needle), "case %zu: %s", i, st.message);
+    attn_proto_req_free(&pr);
+  }
+  /* the fields are unknown options to a plain request */
+  attn_options q;
+  attn_options_init(&q);
+  const char *plain = "{" Q ", " KV ", \"pos\": 0}";
+  cr_expect_eq(attn_proto_decode_json(plain, strlen(plain), &q, &pr, &st), ATTN_PROTO_EOPTION);
+  attn_proto_req_free(&pr);
+}
+
+#define CU(name) "\"" name "\": {\"shape\": [3], \"dtype\": \"I32\", \"data\": [0, 1, 2]}"
+#define QB "\"q\": {\"shape\": [1, 2, 2], \"dtype\": \"F32\", \"data\": [1, 2, 3, 4]}"
+#define KVB                                                                      \
+  "\"k\": {\"shape\": [1, 2, 2], \"dtype\": \"F32\", \"data\": [1, 0, 0, 1]}, " \
+  "\"v\": {\"shape\": [1, 2, 2], \"dtype\": \"F32\", \"data\": [0, 1, 1, 0]}"
+
+Test(session_codecs, batch_fields) {
+  attn_proto_session ps;
+  attn_proto_req pr;
+  attn_status st;
+  const char *ok = "{" QB ", " KVB ", " CU("cu_seqlens_q") ", " CU("cu_seqlens_kv")
+                   ", \"sessions\": [\"a\", \"b-2\"], \"pos\": [4, 9], \"layer\": 2}";
+  cr_assert_eq(decode_json(ok, NULL, true, &ps, &pr, &st), 0, "%s", st.message);
+  cr_expect(ps.nids == 2 && !strcmp(ps.ids[0], "a") && !strcmp(ps.ids[1], "b-2"));
+  cr_expect(ps.npos == 2 && ps.pos[0] == 4 && ps.pos[1] == 9 && ps.layer == 2);
+  cr_expect(pr.req.cu_seqlens_q && pr.req.cu_seqlens_kv && pr.req.batch == 2);
+  attn_proto_req_free(&pr);
+  /* the same from a query string */
+  const char *noids = "{" QB ", " KVB ", " CU("cu_seqlens_q") ", " CU("cu_seqlens_kv") "}";
+  cr_assert_eq(decode_json(noids, "sessions=a,b&pos=4,9", true, &ps, &pr, &st), 0, "%s",
+               st.message);
+  cr_expect(ps.nids == 2 && ps.npos == 2 && ps.pos[1] == 9);
+  attn_proto_req_free(&pr);
+  cr_expect_eq(decode_json(noids, "sessions=a,_b&pos=4,9", true, &ps, &pr, &st),
+               ATTN_PROTO_EOPTVALUE);
+  cr_expect(strstr(st.message, "sessions[1]"), "%s", st.message);
+  attn_proto_req_free(&pr);
+  cr_expect_eq(decode_json(noids, "sessions=a,b&pos=4", true, &ps, &pr, &st), ATTN_PROTO_ESHAPE);
+  attn_proto_req_free(&pr);
+  cr_expect_eq(decode_json(noids, "pos=4,9", true, &ps, &pr, &st), ATTN_PROTO_EOPTVALUE);
+  attn_proto_req_free(&pr);
+  const char *nocu = "{" QB ", " KVB ", \"sessions\": [\"a\", \"b\"], \"pos\": [4, 9]}";
+  cr_expect_eq(decode_json(nocu, NULL, true, &ps, &pr, &st), ATTN_PROTO_EMISSING);
+  attn_proto_req_free(&pr);
+}
+
+/* A safetensors file of q (F32 [1, 1, 2]) and __metadata__ meta. */
+static char *st_file(const char *meta, size_t *plen) {
+  char h[256];
+  int n = snprintf(h, sizeof h,
+                   "{\"__metadata__\": %s, \"q\": {\"dtype\": \"F32\", \"shape\": [1, 1, 2], "
+                   "\"data_offsets\": [0, 8]}}",
+                   meta);
+  char *b = calloc(1, 8 + (size_t)n + 8);
+  for (int i = 0; i < 8; i++)
+    b[i] = (char)((uint64_t)n >> (8 * i));
+  memcpy(b + 8, h, (size_t)n);
+  float q[2] = {1, 2};
+  memcpy(b + 8 + n, q, 8);
+  *plen = 8 + (size_t)n + 8;
+  return b;
+}
+
+Test(session_codecs, safetensors_metadata) {
+  attn_proto_session ps;
+  attn_proto_req pr;
+  attn_status st;
+  attn_options q;
+  size_t len;
+  char *b = st_file("{\"layer\": \"4\", \"causal\": \"false\"}", &len);
+  attn_options_init(&q);
+  attn_proto_session_init(&ps, false);
+  q.session = &ps;
+  cr_assert_eq(attn_proto_decode_safetensors(b, len, &q, &pr, &st), 0, "%s", st.message);
+  cr_expect(ps.layer == 4 && !pr.req.causal && !pr.req.k);
+  attn_proto_req_free(&pr);
+  free(b);
+  b = st_file("{\"layer\": \"x\"}", &len);
+  attn_proto_session_init(&ps, false);
+  cr_expect_eq(attn_proto_decode_safetensors(b, len, &q, &pr, &st), ATTN_PROTO_EOPTVALUE);
+  attn_proto_req_free(&pr);
+  free(b);
+}
+
+Test(session_codecs, create_truncate_and_info) {
+  attn_kv_shape sh;
+  double ttl;
+  attn_status st;
+  const char *ok = "{\"heads_kv\": 8, \"head_dim\": 128, \"dtype\": \"BF16\", \"max_tokens\": 4096}";
+  cr_assert_eq(attn_proto_session_create_decode(ok, strlen(ok), 86400, &sh, &ttl, &st), 0, "%s",
+               st.message);
+  cr_expect(sh.heads_kv == 8 && sh.head_dim == 128 && sh.dtype == ATTN_BF16 && sh.layers == 1 &&
+            sh.max_tokens == 4096 && ttl == 600);
+  const char *bad[] = {
+      "{\"heads_kv\": 8, \"head_dim\": 128, \"dtype\": \"BF16\", \"max_tokens\": 4096, \"ttl_s\": 99}",
+      "{\"heads_kv\": 8, \"head_dim\": 128, \"dtype\": \"I8\", \"max_tokens\": 4096}",
+      "{\"heads_kv\": 8, \"head_dim\": 300, \"dtype\": \"F32\", \"max_tokens\": 4096}",
+      "{\"heads_kv\": 8, \"head_dim\": 128, \"dtype\": \"F32\", \"max_tokens\": 4096, \"x\": 1}",
+      "{\"heads_kv\": 8, \"heads_kv\": 8, \"head_dim\": 1, \"dtype\": \"F32\", \"max_tokens\": 1}",
+      "{\"heads_kv\": 8}",
+      "[1]",
+      ""};
+  const int codes[] = {ATTN_PROTO_EOPTVALUE, ATTN_PROTO_EOPTVALUE, ATTN_PROTO_EOPTVALUE,
+                       ATTN_PROTO_EOPTION,   ATTN_PROTO_EJSON,     ATTN_PROTO_EOPTVALUE,
+                       ATTN_PROTO_EJSON,     ATTN_PROTO_EEMPTY};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+    cr_expect_eq(attn_proto_session_create_decode(bad[i], strlen(bad[i]), 60, &sh, &ttl, &st),
+                 codes[i], "case %zu: %s", i, st.message);
+  int64_t n;
+  cr_expect_eq(attn_proto_session_truncate_decode("{\"length\": 5}", 13, &n, &st), 0);
+  cr_expect_eq(n, 5);
+  cr_expect_eq(attn_proto_session_truncate_decode("{\"length\": \"5\"}", 15, &n, &st),
+               ATTN_PROTO_EOPTVALUE);
+  attn_kv_info info = {.id = "s1", .shape = {2, 64, ATTN_F16, 2, 100}, .ttl_s = 60,
+                       .expires = 130, .reserved_bytes = 524288, .tokens = 7};
+  int64_t lengths[2] = {4, 3};
+  attn_sbuf b = {0};
+  attn_proto_session_info_json(&b, &info, lengths, 100);
+  cr_expect_str_eq(b.p, "{\"id\": \"s1\", \"heads_kv\": 2, \"head_dim\": 64, \"dtype\": \"F16\", "
+                        "\"layers\": 2, \"max_tokens\": 100, \"ttl_s\": 60, \"lengths\": [4, 3], "
+                        "\"tokens\": 7, \"reserved_bytes\": 524288, \"expires_in_s\": 30.000}");
+  free(b.p);
+}

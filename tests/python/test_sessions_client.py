@@ -148,9 +148,13 @@ def test_create_get_delete(server, client):
         e = attnd_error(client.session, sid, heads_kv=HKV, head_dim=D, max_tokens=17, ttl_s=30)
         assert (e.status, e.code) == (409, "session_exists")
         assert attnd.Session.attach(client, sid).max_tokens == 16
+        listed = client.sessions()
+        assert sid in [x["id"] for x in listed["sessions"]]
+        assert listed["memory"]["reserved_bytes"] >= info["reserved_bytes"]
     # the with block deleted it
     e = attnd_error(attnd.Session.attach, client, sid)
     assert (e.status, e.code) == (404, "session_not_found")
+    assert sid not in [x["id"] for x in client.sessions()["sessions"]]
     e = attnd_error(s.attend, np.zeros((HQ, 1, D), np.float32))
     assert (e.status, e.code) == (404, "session_not_found")
     e = attnd_error(s.delete)

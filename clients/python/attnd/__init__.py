@@ -441,6 +441,12 @@ class Client:
         return Session(self, id, heads_kv=heads_kv, head_dim=head_dim, dtype=dtype,
                        layers=layers, max_tokens=max_tokens, ttl_s=ttl_s)
 
+    def sessions(self):
+        """The caller's sessions (``GET /v1/sessions``): a dict with ``sessions`` (each as
+        :meth:`attnd.Session.info` gives it, but ``lengths`` empty), ``count`` and
+        ``memory`` (``pool_bytes``, ``reserved_bytes``, ``used_bytes``)."""
+        return self._get_json("/v1/sessions")
+
     def session_batch(self, sessions, q, k, v, cu_seqlens_q, cu_seqlens_kv, *, pos=None,
                       layer=0, causal=True, scale=None, window=(-1, -1), window_left=None,
                       window_right=None, softcap=None, alibi_slopes=None, stats=False,

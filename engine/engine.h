@@ -516,10 +516,11 @@ int attn_kv_delete(attn_kv_store *s, const char *tenant, const char *id, double 
 /* Cuts every layer longer than length to length. */
 int attn_kv_truncate(attn_kv_store *s, const char *tenant, const char *id, int64_t length,
                      double now, attn_status *st);
-/* Calls fn on each live session of tenant (under the store's lock: fn must
- * not call the store); returns how many. */
+/* Calls fn on each live session of tenant with each layer's length (under
+ * the store's lock: fn must not call the store); returns how many. */
 int64_t attn_kv_list(attn_kv_store *s, const char *tenant, double now,
-                     void (*fn)(const attn_kv_info *info, void *arg), void *arg);
+                     void (*fn)(const attn_kv_info *info, const int64_t *lengths, void *arg),
+                     void *arg);
 /* Drops the sessions whose TTL passed; returns how many. */
 int64_t attn_kv_expire(attn_kv_store *s, double now);
 void attn_kv_stats_get(attn_kv_store *s, attn_kv_stats *out);

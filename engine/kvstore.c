@@ -146,6 +146,21 @@ static void unlink_session(attn_kv_store *s, kv_session **pp) {
     session_free(s, ks);
 }
 
+/* Drops every session past its TTL; under the lock. */
+static int64_t expire_locked(attn_kv_store *s, double now) {
+  int64_t n = 0;
+  for (int b = 0; b < KV_BUCKETS; b++)
+    for (kv_session **pp = &s->buckets[b]; *pp;)
+      if ((*pp)->expires <= now) {
+        unlink_session(s, pp);
+        n++;
+      } else {
+        pp = &(*pp)->next;
+      }
+  s->stats.expired += (uint64_t)n;
+  return n;
+}
+
 kv_session *attn__kv_find(attn_kv_store *s, const char *tenant, const char *id, double now) {
   kv_session **pp = slot_of(s, tenant, id);
   if (*pp && (*pp)->expires <= now) {
@@ -172,7 +187,9 @@ static int layers_alloc(kv_session *ks) {
 kv_session *attn__kv_insert(attn_kv_store *s, const char *tenant, const char *id,
                             const attn_kv_shape *sh, double ttl_s, double now, attn_status *st) {
   int64_t need = reserve_pages(sh);
-  if (!attn__kvpages_reserve(&s->pages, need)) {
+  /* sessions past their TTL that no sweep has dropped yet give way first */
+  if (!attn__kvpages_reserve(&s->pages, need) &&
+      (expire_locked(s, now) == 0 || !attn__kvpages_reserve(&s->pages, need))) {
     attn_status_set(st, ATTN_ESESSION_MEMORY,
                     "this session reserves %llu bytes, and %llu of the %llu bytes of session "
                     "memory are free (--session-memory); delete a session, ask fewer "
@@ -326,15 +343,18 @@ int attn_kv_truncate(attn_kv_store *s, const char *tenant, const char *id, int64
 }
 
 int64_t attn_kv_list(attn_kv_store *s, const char *tenant, double now,
-                     void (*fn)(const attn_kv_info *info, void *arg), void *arg) {
-  int64_t n = 0;
+                     void (*fn)(const attn_kv_info *info, const int64_t *lengths, void *arg),
+                     void *arg) {
+  int64_t n = 0, lengths[ATTN_KV_MAX_LAYERS];
   attn_kv_info info;
   pthread_mutex_lock(&s->mu);
   for (int b = 0; b < KV_BUCKETS; b++)
     for (kv_session *ks = s->buckets[b]; ks; ks = ks->next)
       if (!strcmp(ks->tenant, tenant) && ks->expires > now) {
         info_of(s, ks, &info);
-        fn(&info, arg);
+        for (int64_t l = 0; l < ks->shape.layers; l++)
+          lengths[l] = ks->layers[l].length;
+        fn(&info, lengths, arg);
         n++;
       }
   pthread_mutex_unlock(&s->mu);
@@ -342,17 +362,8 @@ int64_t attn_kv_list(attn_kv_store *s, const char *tenant, double now,
 }
 
 int64_t attn_kv_expire(attn_kv_store *s, double now) {
-  int64_t n = 0;
   pthread_mutex_lock(&s->mu);
-  for (int b = 0; b < KV_BUCKETS; b++)
-    for (kv_session **pp = &s->buckets[b]; *pp;)
-      if ((*pp)->expires <= now) {
-        unlink_session(s, pp);
-        n++;
-      } else {
-        pp = &(*pp)->next;
-      }
-  s->stats.expired += (uint64_t)n;
+  int64_t n = expire_locked(s, now);
   pthread_mutex_unlock(&s->mu);
   return n;
 }

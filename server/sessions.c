@@ -46,11 +46,12 @@ static bool path_id(attnd_req *r, char id[ATTN_KV_ID_MAX + 1]) {
   return true;
 }
 
-static void reply_info(attnd_req *r, int status, attn_kv_store *kv, const char *id) {
+/* The session as it is at now: the instant a create or truncate used, so
+ * that one whose ttl_s is shorter than the reply's making still answers. */
+static void reply_info(attnd_req *r, int status, attn_kv_store *kv, const char *id, double now) {
   attn_kv_info info;
   int64_t lengths[ATTN_KV_MAX_LAYERS];
   attn_status st;
-  double now = attn_now();
   if (attn_kv_get(kv, r->tenant, id, now, &info, lengths, ATTN_KV_MAX_LAYERS, &st)) {
     attnd_req_fail(r, st.code, st.message);
     return;
@@ -66,14 +67,15 @@ static void create(attnd_req *r, attn_kv_store *kv, const char *id) {
   double ttl;
   attn_status st;
   bool created = false;
+  double now = attn_now();
   int rc = attn_proto_session_create_decode(r->body, r->len, r->srv->cfg->session_ttl_max, &sh,
                                             &ttl, &st);
   if (rc == 0)
-    rc = attn_kv_create(kv, r->tenant, id, &sh, ttl, attn_now(), &created, &st);
+    rc = attn_kv_create(kv, r->tenant, id, &sh, ttl, now, &created, &st);
   if (rc)
     attnd_req_fail(r, st.code, st.message);
   else
-    reply_info(r, created ? 201 : 200, kv, id);
+    reply_info(r, created ? 201 : 200, kv, id, now);
 }
 
 void attnd_sessions_resource(attnd_req *r) {
@@ -90,7 +92,7 @@ void attnd_sessions_resource(attnd_req *r) {
     else
       attnd_req_reply(r, 204, malloc(1), 0, NULL);
   } else {
-    reply_info(r, 200, kv, id);
+    reply_info(r, 200, kv, id, attn_now());
   }
 }
 
@@ -99,20 +101,21 @@ void attnd_sessions_truncate(attnd_req *r) {
   char id[ATTN_KV_ID_MAX + 1];
   int64_t length;
   attn_status st;
+  double now = attn_now();
   if (!store_of(r, &kv) || !path_id(r, id))
     return;
   if (attn_proto_session_truncate_decode(r->body, r->len, &length, &st) ||
-      attn_kv_truncate(kv, r->tenant, id, length, attn_now(), &st))
+      attn_kv_truncate(kv, r->tenant, id, length, now, &st))
     attnd_req_fail(r, st.code, st.message);
   else
-    reply_info(r, 200, kv, id);
+    reply_info(r, 200, kv, id, now);
 }
 
-static void list_one(const attn_kv_info *info, void *arg) {
+static void list_one(const attn_kv_info *info, const int64_t *lengths, void *arg) {
   attn_sbuf *b = arg;
   if (b->len > 1 && b->p[b->len - 1] != '[')
     attn_sbuf_puts(b, ", ");
-  attn_proto_session_info_json(b, info, NULL, attn_now());
+  attn_proto_session_info_json(b, info, lengths, attn_now());
 }
 
 void attnd_sessions_list(attnd_req *r) {
@@ -135,8 +138,8 @@ void attnd_sessions_list(attnd_req *r) {
 /* ---- the calls that compute ---------------------------------------------- */
 
 int attnd_sessions_prepare(attnd_req *r, attn_options *query, attn_status *st) {
-  if (!r->srv->kv)
-    return attn_status_set(st, ATTN_ESESSION_NOT_FOUND,
+  if (!r->srv->kv) /* the HTTP thread's routes' 404 (store_of), from the threadpool */
+    return attn_status_set(st, ATTND_ENOT_FOUND,
                            "sessions are off on this server (--session-memory 0); send whole "
                            "requests to POST /attention");
   if (!r->sess && !(r->sess = calloc(1, sizeof *r->sess)))

@@ -181,6 +181,10 @@ Test(sessions, refusals_and_their_statuses) {
   srv_start(&S, "--session-memory", "1M", NULL);
   expect_call("PUT", "/v1/sessions/a", SHAPE, 201, NULL, "create");
   expect_call("PUT", "/v1/sessions/a", SHAPE, 200, NULL, "a retried create");
+  expect_call("PUT", "/v1/sessions/brief",
+              "{\"heads_kv\": 1, \"head_dim\": 4, \"dtype\": \"F32\", \"max_tokens\": 4, "
+              "\"ttl_s\": 1e-9}",
+              201, NULL, "a ttl_s shorter than the reply");
   expect_call("PUT", "/v1/sessions/a",
               "{\"heads_kv\": 2, \"head_dim\": 4, \"dtype\": \"F32\", \"max_tokens\": 4}", 409,
               "session_exists", "other parameters");
@@ -233,6 +237,8 @@ Test(sessions, refusals_and_their_statuses) {
 Test(sessions, off_with_no_session_memory) {
   srv_start(&S, "--session-memory", "0", NULL);
   expect_call("PUT", "/v1/sessions/a", SHAPE, 404, "not_found", "sessions off");
+  expect_call("POST", "/v1/sessions/a/attention", "{" Q1 "}", 404, "not_found",
+              "a call with sessions off");
   http_res r;
   http_get(&S, "/v1/info", &r);
   cr_expect(strstr(r.body, "\"sessions\": {\"enabled\": false"), "%s", r.body);
@@ -384,6 +390,9 @@ Test(sessions, each_key_its_own_namespace) {
   http_res_free(&r);
   http_call(&S, "GET", "/v1/sessions", hb, NULL, 0, &r);
   cr_expect(strstr(r.body, "\"count\": 1") && strstr(r.body, "\"tokens\": 0"), "%s", r.body);
+  http_res_free(&r);
+  http_call(&S, "GET", "/v1/sessions", ha, NULL, 0, &r);
+  cr_expect(strstr(r.body, "\"lengths\": [1]"), "the list gives each layer's length: %s", r.body);
   http_res_free(&r);
   cr_expect(srv_wait_log(&S, "POST /v1/sessions/x/attention 200", 10));
   char *log = srv_log(&S);

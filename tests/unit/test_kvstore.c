@@ -476,8 +476,8 @@ Test(kvstore, ttl_counts_from_the_last_use) {
   attn_engine_close(e);
 }
 
-static void count_one(const attn_kv_info *info, void *arg) {
-  (void)info;
+static void count_one(const attn_kv_info *info, const int64_t *lengths, void *arg) {
+  (void)info, (void)lengths;
   (*(int *)arg)++;
 }
 
@@ -739,6 +739,22 @@ Test(kvstore, two_racing_appends_at_one_pos_one_wins, .timeout = 120) {
     stream_free(&a);
     stream_free(&b);
   }
+  attn_kv_close(kv);
+  attn_engine_close(e);
+}
+
+Test(kvstore, an_expired_session_gives_way_to_a_create) {
+  attn_engine *e = topen(1, NULL);
+  attn_kv_store *kv = open_store(e, 4 * 64 * 1024, true);
+  attn_kv_shape sh = {2, 64, ATTN_F32, 1, 100}; /* 4 pages: the whole store */
+  attn_status st;
+  bool created;
+  cr_assert_eq(attn_kv_create(kv, "", "old", &sh, 1, 0, &created, &st), 0, "%s", st.message);
+  cr_expect_eq(attn_kv_create(kv, "", "new", &sh, 1, 0.5, &created, &st), ATTN_ESESSION_MEMORY,
+               "a live session was evicted");
+  cr_expect_eq(attn_kv_create(kv, "", "new", &sh, 1, 1.5, &created, &st), 0, "%s", st.message);
+  attn_kv_info info;
+  cr_expect_eq(attn_kv_get(kv, "", "old", 1.5, &info, NULL, 0, &st), ATTN_ESESSION_NOT_FOUND);
   attn_kv_close(kv);
   attn_engine_close(e);
 }

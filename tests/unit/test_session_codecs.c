@@ -12,7 +12,7 @@
 #include <string.h>
 
 #define Q "\"q\": {\"shape\": [2, 1, 2], \"dtype\": \"F32\", \"data\": [1, 2, 3, 4]}"
-#define KV                                                                 \
+#define KV                                                                \
   "\"k\": {\"shape\": [1, 1, 2], \"dtype\": \"F32\", \"data\": [1, 0]}, " \
   "\"v\": {\"shape\": [1, 1, 2], \"dtype\": \"F32\", \"data\": [0, 1]}"
 
@@ -87,7 +87,7 @@ Test(session_codecs, refusals) {
 
 #define CU(name) "\"" name "\": {\"shape\": [3], \"dtype\": \"I32\", \"data\": [0, 1, 2]}"
 #define QB "\"q\": {\"shape\": [1, 2, 2], \"dtype\": \"F32\", \"data\": [1, 2, 3, 4]}"
-#define KVB                                                                      \
+#define KVB                                                                     \
   "\"k\": {\"shape\": [1, 2, 2], \"dtype\": \"F32\", \"data\": [1, 0, 0, 1]}, " \
   "\"v\": {\"shape\": [1, 2, 2], \"dtype\": \"F32\", \"data\": [0, 1, 1, 0]}"
 
@@ -95,8 +95,8 @@ Test(session_codecs, batch_fields) {
   attn_proto_session ps;
   attn_proto_req pr;
   attn_status st;
-  const char *ok = "{" QB ", " KVB ", " CU("cu_seqlens_q") ", " CU("cu_seqlens_kv")
-                   ", \"sessions\": [\"a\", \"b-2\"], \"pos\": [4, 9], \"layer\": 2}";
+  const char *ok = "{" QB ", " KVB ", " CU("cu_seqlens_q") ", " CU(
+      "cu_seqlens_kv") ", \"sessions\": [\"a\", \"b-2\"], \"pos\": [4, 9], \"layer\": 2}";
   cr_assert_eq(decode_json(ok, NULL, true, &ps, &pr, &st), 0, "%s", st.message);
   cr_expect(ps.nids == 2 && !strcmp(ps.ids[0], "a") && !strcmp(ps.ids[1], "b-2"));
   cr_expect(ps.npos == 2 && ps.pos[0] == 4 && ps.pos[1] == 9 && ps.layer == 2);
@@ -163,13 +163,15 @@ Test(session_codecs, create_truncate_and_info) {
   attn_kv_shape sh;
   double ttl;
   attn_status st;
-  const char *ok = "{\"heads_kv\": 8, \"head_dim\": 128, \"dtype\": \"BF16\", \"max_tokens\": 4096}";
+  const char *ok =
+      "{\"heads_kv\": 8, \"head_dim\": 128, \"dtype\": \"BF16\", \"max_tokens\": 4096}";
   cr_assert_eq(attn_proto_session_create_decode(ok, strlen(ok), 86400, &sh, &ttl, &st), 0, "%s",
                st.message);
   cr_expect(sh.heads_kv == 8 && sh.head_dim == 128 && sh.dtype == ATTN_BF16 && sh.layers == 1 &&
             sh.max_tokens == 4096 && ttl == 600);
   const char *bad[] = {
-      "{\"heads_kv\": 8, \"head_dim\": 128, \"dtype\": \"BF16\", \"max_tokens\": 4096, \"ttl_s\": 99}",
+      "{\"heads_kv\": 8, \"head_dim\": 128, \"dtype\": \"BF16\", \"max_tokens\": 4096, \"ttl_s\": "
+      "99}",
       "{\"heads_kv\": 8, \"head_dim\": 128, \"dtype\": \"I8\", \"max_tokens\": 4096}",
       "{\"heads_kv\": 8, \"head_dim\": 300, \"dtype\": \"F32\", \"max_tokens\": 4096}",
       "{\"heads_kv\": 8, \"head_dim\": 128, \"dtype\": \"F32\", \"max_tokens\": 4096, \"x\": 1}",
@@ -188,8 +190,12 @@ Test(session_codecs, create_truncate_and_info) {
   cr_expect_eq(n, 5);
   cr_expect_eq(attn_proto_session_truncate_decode("{\"length\": \"5\"}", 15, &n, &st),
                ATTN_PROTO_EOPTVALUE);
-  attn_kv_info info = {.id = "s1", .shape = {2, 64, ATTN_F16, 2, 100}, .ttl_s = 60,
-                       .expires = 130, .reserved_bytes = 524288, .tokens = 7};
+  attn_kv_info info = {.id = "s1",
+                       .shape = {2, 64, ATTN_F16, 2, 100},
+                       .ttl_s = 60,
+                       .expires = 130,
+                       .reserved_bytes = 524288,
+                       .tokens = 7};
   int64_t lengths[2] = {4, 3};
   attn_sbuf b = {0};
   attn_proto_session_info_json(&b, &info, lengths, 100);

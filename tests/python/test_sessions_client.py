@@ -149,7 +149,7 @@ def test_create_get_delete(server, client):
         assert (e.status, e.code) == (409, "session_exists")
         assert attnd.Session.attach(client, sid).max_tokens == 16
         listed = client.sessions()
-        assert sid in [x["id"] for x in listed["sessions"]]
+        assert [x["lengths"] for x in listed["sessions"] if x["id"] == sid] == [[0]]
         assert listed["memory"]["reserved_bytes"] >= info["reserved_bytes"]
     # the with block deleted it
     e = attnd_error(attnd.Session.attach, client, sid)

@@ -66,8 +66,8 @@ static int create(worker *w, attn_sess_http *h) {
 }
 
 /* One call: n tokens of q, k, v at pos; 0 when it was answered 200 with
- * the length pos + n. */
-static int step(worker *w, attn_sess_http *h, int64_t pos, int64_t n, uint64_t *seed) {
+ * the length pos + n. *dt: seconds from its send to its reply. */
+static int step(worker *w, attn_sess_http *h, int64_t pos, int64_t n, uint64_t *seed, double *dt) {
   const attn_load_session_plan *p = w->p;
   size_t es = attn_dtype_size(p->dtype);
   size_t nq = (size_t)(p->heads_q * n * p->head_dim), nk = (size_t)(p->heads_kv * n * p->head_dim);
@@ -83,7 +83,9 @@ static int step(worker *w, attn_sess_http *h, int64_t pos, int64_t n, uint64_t *
   snprintf(path, sizeof path, "/v1/sessions/%s/attention?layer=0&pos=%lld%s%s", w->id,
            (long long)pos, p->query[0] ? "&" : "", p->query);
   attn_sess_reply r;
+  double t0 = attn_bench_now();
   int rc = attn_sess_call(h, "POST", path, body, len, true, &r);
+  *dt = attn_bench_now() - t0;
   free(body);
   bool good = rc == 0 && r.status == 200 && (r.length < 0 || r.length == pos + n);
   if (!good)
@@ -98,10 +100,8 @@ static void decode(worker *w, attn_sess_http *h, uint64_t *seed) {
   const attn_load_session_plan *p = w->p;
   int64_t pos = p->prefill;
   for (int64_t i = 0; i < p->steps; i++) {
-    double t = attn_bench_now();
-    int rc = step(w, h, pos, p->tokens, seed);
-    double dt = attn_bench_now() - t;
-    if (rc != 0) {
+    double dt;
+    if (step(w, h, pos, p->tokens, seed, &dt) != 0) {
       w->failed += (uint64_t)(p->steps - i);
       break;
     }
@@ -127,7 +127,8 @@ static void *run_worker(void *arg) {
   attn_sess_http h;
   bool up = attn_sess_http_init(&h, p->url, p->timeout, ME) == 0;
   bool ready = up && create(w, &h) == 0;
-  if (ready && p->prefill > 0 && step(w, &h, 0, p->prefill, &seed) != 0)
+  double dt;
+  if (ready && p->prefill > 0 && step(w, &h, 0, p->prefill, &seed, &dt) != 0)
     ready = false;
   if (pthread_barrier_wait(w->start) == PTHREAD_BARRIER_SERIAL_THREAD)
     *w->t0 = attn_bench_now();

@@ -163,7 +163,9 @@ ATTN_SRC = clients/attn.c clients/plan_cmd.c clients/bench_cmd.c clients/compute
            clients/args.c clients/files.c clients/http_reply.c clients/load_report.c \
            clients/infer_send.c clients/infer_report.c clients/infer_check.c \
            clients/infer_shards.c clients/infer_inputs.c \
-           clients/load_conn.c clients/load_sched.c clients/url.c
+           clients/load_conn.c clients/load_sched.c clients/url.c \
+           clients/session_cmd.c clients/session_http.c clients/session_wire.c \
+           clients/load_session.c
 ATTN_OBJ = $(ATTN_SRC:%.c=$(BUILD)/obj/%.o)
 
 # Support shared by the test binaries (tests/lib/): random problems and the

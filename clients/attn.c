@@ -3,8 +3,8 @@
  *
  * The subcommands work in-process on the engine: `plan` (memory of standard
  * versus flash attention), `bench` (GFLOP/s of the CPU engine) and `compute`
- * (a safetensors request file to a reply file); `infer` and `load` are
- * clients of a running attnd.
+ * (a safetensors request file to a reply file); `infer`, `load` and
+ * `session` (its server-held KV caches) are clients of a running attnd.
  * Exit status: 0 success, 1 run-time failure, 2 bad usage or input.
  */
 #include "cmds.h"
@@ -22,6 +22,8 @@ static const char usage[] =
     "  compute attention of a safetensors file, in-process (attn compute --help)\n"
     "  infer   send one request to an attnd server, optionally checked (attn infer --help)\n"
     "  load    load generator: closed or open loop, latency percentiles (attn load --help)\n"
+    "  session a server-held KV cache: create, get, delete, truncate, attend (attn session "
+    "--help)\n"
     "\n"
     "attn --version prints the version.\n";
 
@@ -49,6 +51,8 @@ int main(int argc, char **argv) {
     return attn_cmd_infer(argc - 1, argv + 1);
   if (strcmp(cmd, "load") == 0)
     return attn_cmd_load(argc - 1, argv + 1);
+  if (strcmp(cmd, "session") == 0)
+    return attn_cmd_session(argc - 1, argv + 1);
   fprintf(stderr, "attn: unknown command \"%s\"\n%s", cmd, usage);
   return 2;
 }

@@ -10,5 +10,6 @@ int attn_cmd_bench(int argc, char **argv);
 int attn_cmd_compute(int argc, char **argv);
 int attn_cmd_infer(int argc, char **argv);
 int attn_cmd_load(int argc, char **argv);
+int attn_cmd_session(int argc, char **argv);
 
 #endif

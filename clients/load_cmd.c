@@ -11,6 +11,7 @@
 #include "load_report.h"
 #include "load_sched.h"
 #include "proto.h"
+#include "session.h"
 #include "url.h"
 
 #include <errno.h>
@@ -29,6 +30,8 @@ static const char usage[] =
     "                 [--body FILE | --shape B,H,N,D [--shape-kv B,H,N,D] [--dtype T]]\n"
     "                 [--json-body] [--path /attention] [--query \"causal=true\"]\n"
     "                 [--timeout S] [--json]\n"
+    "       attn load URL --session N [--steps M] [--prefill P] [--shape 1,Hq,T,D]\n"
+    "                 [--shape-kv 1,Hkv,T,D] [--dtype T] [--query Q] [--timeout S] [--json]\n"
     "\n"
     "Sends POST requests to attnd (URL http://HOST:PORT, IPv4 or a name) on keep-alive\n"
     "connections and reports requests/s, GFLOP/s served, latency percentiles and errors.\n"
@@ -49,8 +52,20 @@ static const char usage[] =
     "  --timeout S      a request unanswered after S seconds is an error (default 30)\n"
     "  --json           print one JSON object instead of the text report\n"
     "\n"
+    "Sessions (server-held KV caches, decoding): --session N creates N sessions, a thread\n"
+    "and a connection each, and each decodes at once with the others:\n"
+    "  --session N      N concurrent sessions (1 to 1024), deleted at the end\n"
+    "  --steps M        decode steps per session (default 64): one call each with q and\n"
+    "                   the new tokens' k, v at the position the session tracks\n"
+    "  --prefill P      first append P tokens in one call (default 0; not timed)\n"
+    "  --shape 1,Hq,T,D q of a step [Hq, T, D] (default 1,8,1,64): T tokens a step\n"
+    "  --shape-kv 1,Hkv,T,D  k and v of a step (default: Hkv = Hq)\n"
+    "It reports per-step latency percentiles (send to reply) and tokens/s over the\n"
+    "decode; a session whose step fails stops (its failed steps are counted).\n"
+    "\n"
     "Exit status: 0 when the run completed (HTTP errors are reported, not fatal),\n"
-    "1 when no connection could be made, 2 bad usage.\n";
+    "1 when no connection could be made (with --session: a session could not be\n"
+    "created), 2 bad usage.\n";
 
 /* ---- setup ---------------------------------------------------------------- */
 
@@ -122,10 +137,25 @@ typedef struct load_args {
   double rate, duration, timeout;
   int64_t nreq, shape[4], shape_kv[4];
   bool have_c, have_r, have_d, have_n, have_shape, have_kv, have_dt, json_body, json_out;
+  int sessions; /* --session N; 0: not a session run */
+  int64_t steps, prefill;
+  bool have_steps, have_prefill;
   attn_dtype dt;
   const char *body_file, *path, *query;
   attn_url u;
 } load_args;
+
+/* The flags of a session run: 0, -1 after a message, 1 when c is not one. */
+static int session_flag(int c, load_args *a) {
+  switch (c) {
+  case 'S': return attn_arg_int("--session", optarg, 1, ATTN_LOAD_MAX_POOL, &a->sessions);
+  case 'M': a->have_steps = true; return attn_arg_i64("--steps", optarg, 1, 1 << 30, &a->steps);
+  case 'P':
+    a->have_prefill = true;
+    return attn_arg_i64("--prefill", optarg, 1, 1 << 30, &a->prefill);
+  }
+  return 1;
+}
 
 /* getopt over argv into a; 0, 2 after a message, or -1 for --help. */
 static int parse_flags(int argc, char **argv, load_args *a) {
@@ -142,6 +172,9 @@ static int parse_flags(int argc, char **argv, load_args *a) {
                                        {"query", required_argument, 0, 'q'},
                                        {"timeout", required_argument, 0, 'T'},
                                        {"json", no_argument, 0, 'j'},
+                                       {"session", required_argument, 0, 'S'},
+                                       {"steps", required_argument, 0, 'M'},
+                                       {"prefill", required_argument, 0, 'P'},
                                        {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
   int c, bad = 0;
@@ -183,10 +216,30 @@ static int parse_flags(int argc, char **argv, load_args *a) {
     case 'T': bad = attn_arg_double("--timeout", optarg, 1e-3, 1e7, &a->timeout); break;
     case 'j': a->json_out = true; break;
     case 'h': fputs(usage, stdout); return -1;
-    default: fputs(usage, stderr); return 2;
+    default:
+      if ((bad = session_flag(c, a)) > 0) {
+        fputs(usage, stderr);
+        return 2;
+      }
     }
   }
   return bad ? 2 : 0;
+}
+
+/* What a session run excludes or needs; NULL when all is well. */
+static const char *session_conflicts(const load_args *a) {
+  if (!a->sessions)
+    return a->have_steps || a->have_prefill ? "--steps and --prefill need --session" : NULL;
+  if (a->have_c || a->have_r || a->have_d || a->have_n || a->body_file || a->json_body || a->path)
+    return "--session excludes --concurrency, --rate, --duration, --requests, --body, "
+           "--json-body and --path";
+  if (a->shape[0] != 1 || (a->have_kv && a->shape_kv[0] != 1))
+    return "with --session, --shape and --shape-kv are 1,H,T,D (one sequence a session)";
+  if (a->have_kv && (a->shape_kv[2] != a->shape[2] || a->shape_kv[3] != a->shape[3]))
+    return "--shape-kv must have the T and D of --shape";
+  if (a->have_kv && a->shape[1] % a->shape_kv[1] != 0)
+    return "Hq (--shape) must be a multiple of Hkv (--shape-kv)";
+  return NULL;
 }
 
 /* The flags and the URL together; 0, 2 after a message, or -1 for --help. */
@@ -194,6 +247,8 @@ static int parse_load_args(int argc, char **argv, load_args *a) {
   int rc = parse_flags(argc, argv, a);
   if (rc != 0)
     return rc;
+  if (a->sessions && !a->have_shape)
+    a->shape[2] = 1; /* a decode step: one token */
   const char *why = NULL;
   if (optind >= argc)
     why = "no URL";
@@ -209,6 +264,8 @@ static int parse_load_args(int argc, char **argv, load_args *a) {
     why = "--shape-kv must have the batch and head dim of --shape";
   else if (a->path && a->path[0] != '/')
     why = "--path must start with /";
+  else
+    why = session_conflicts(a);
   if (why) {
     fprintf(stderr, "attn load: %s\n%s", why, usage);
     return 2;
@@ -334,12 +391,37 @@ static void load_report(const attn_load *L, const load_args *a, const char *body
   fflush(stdout);
 }
 
+/* `attn load --session N`: the plan from the flags, run by load_session.c. */
+static int load_sessions(const load_args *a) {
+  char url[400];
+  snprintf(url, sizeof url, "http://%s:%d", a->u.host, a->u.port);
+  attn_load_session_plan p = {.url = url,
+                              .query = a->query,
+                              .sessions = a->sessions,
+                              .steps = a->steps,
+                              .prefill = a->prefill,
+                              .tokens = a->shape[2],
+                              .heads_q = a->shape[1],
+                              .heads_kv = a->have_kv ? a->shape_kv[1] : a->shape[1],
+                              .head_dim = a->shape[3],
+                              .dtype = a->dt,
+                              .timeout = a->timeout,
+                              .json = a->json_out};
+  return attn_load_sessions(&p);
+}
+
 int attn_cmd_load(int argc, char **argv) {
-  load_args a = {
-      .concurrency = 8, .duration = 10, .timeout = 30, .shape = {1, 8, 512, 64}, .dt = ATTN_F32};
+  load_args a = {.concurrency = 8,
+                 .duration = 10,
+                 .timeout = 30,
+                 .shape = {1, 8, 512, 64},
+                 .dt = ATTN_F32,
+                 .steps = 64};
   int rc = parse_load_args(argc, argv, &a);
   if (rc != 0)
     return rc < 0 ? 0 : rc;
+  if (a.sessions)
+    return load_sessions(&a);
   char *body = NULL;
   size_t body_len = 0;
   if ((rc = make_body(&a, &body, &body_len)) != 0) {

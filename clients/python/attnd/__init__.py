@@ -27,8 +27,8 @@ from ._tensors import bf16_to_float32, float32_to_bf16, from_wire, result_device
     f32_to_wire, is_torch_tensor
 
 __version__ = "0.1.0"
-__all__ = ["Client", "AttndError", "sharded_attention", "bf16_to_float32", "float32_to_bf16",
-           "__version__"]
+__all__ = ["Client", "AttndError", "Session", "sharded_attention", "bf16_to_float32",
+           "float32_to_bf16", "__version__"]
 
 _BACKENDS = ("auto", "cpu", "cuda", "reference")
 
@@ -281,6 +281,12 @@ class Client:
     def _compute(self, path, wire, opts, as_json, names):
         """POST ``wire`` tensors with ``opts``; returns the reply's tensors ``names`` (all
         of them, else AttndError bad_reply) as wire arrays (``uint16`` bits for BF16)."""
+        return self._exchange(path, wire, opts, as_json, names)[0]
+
+    def _exchange(self, path, wire, opts, as_json, names):
+        """:meth:`_compute` that also returns what came beside the tensors: ``(tensors,
+        fields, resp)`` with ``fields`` the JSON reply's other top-level members or the
+        safetensors reply's ``__metadata__``, and ``resp`` the reply (its headers)."""
         if as_json:
             body = _json_body(wire, opts)
             headers = {"Content-Type": "application/json", "Accept": "application/json"}
@@ -299,16 +305,19 @@ class Client:
                 reply = _json.loads(bytes(data).decode("utf-8"))
             except ValueError as e:
                 raise AttndError(status, "bad_reply", "reply is not JSON: %s" % e)
+            if not isinstance(reply, dict):
+                raise AttndError(status, "bad_reply", "the JSON reply is not an object")
             out = {n: _from_json_tensor(reply[n], n) for n in names if n in reply}
+            fields = {n: x for n, x in reply.items() if not isinstance(x, dict)}
         else:
             try:
-                out, _ = safetensors.decode(data)
+                out, fields = safetensors.decode(data)
             except safetensors.SafetensorsError as e:
                 raise AttndError(status, "bad_reply", str(e))
         missing = [n for n in names if n not in out]
         if missing:
             raise AttndError(status, "bad_reply", "the reply holds no tensor %s" % missing[0])
-        return out
+        return out, fields, resp
 
     def attention(self, q, k, v, *, causal=False, scale=None, window=(-1, -1),
                   window_left=None, window_right=None, stats=False, backend=None, json=False,
@@ -423,6 +432,52 @@ class Client:
         device = result_device(q, k, v, o, do)
         return tuple(from_wire(out[n], device) for n in names)
 
+    # -- sessions -----------------------------------------------------------------------
+
+    def session(self, id, *, heads_kv, head_dim, dtype="F32", layers=1, max_tokens, ttl_s=600):
+        """Creates (or finds, made with the same parameters) the server-side KV cache
+        ``id`` and returns its :class:`attnd.Session`; see there. ``with
+        client.session(...) as s:`` deletes it when the block ends."""
+        return Session(self, id, heads_kv=heads_kv, head_dim=head_dim, dtype=dtype,
+                       layers=layers, max_tokens=max_tokens, ttl_s=ttl_s)
+
+    def sessions(self):
+        """The caller's sessions (``GET /v1/sessions``): a dict with ``sessions`` (each as
+        :meth:`attnd.Session.info` gives it), ``count`` and ``memory`` (``pool_bytes``,
+        ``reserved_bytes``, ``used_bytes``)."""
+        return self._get_json("/v1/sessions")
+
+    def session_batch(self, sessions, q, k, v, cu_seqlens_q, cu_seqlens_kv, *, pos=None,
+                      layer=0, causal=True, scale=None, window=(-1, -1), window_left=None,
+                      window_right=None, softcap=None, alibi_slopes=None, stats=False,
+                      backend=None, binary=True, json=None):
+        """One layer of many sessions in one call (``POST /v1/sessions/_batch``): a model
+        runner's batch, all or nothing.
+
+        Args:
+            sessions: :class:`attnd.Session` objects or session ids, one per sequence.
+            q: ``[Hq, total_q, D]``, the sequences' queries packed along N;
+                ``cu_seqlens_q`` ``[len(sessions)+1]`` their offsets.
+            k, v: ``[Hkv, total_new, D]``, the new tokens packed the same way, with
+                ``cu_seqlens_kv``. Entry e appends its tokens to its session's layer at
+                ``pos[e]``, then attends its queries over that layer's keys.
+            pos: one position per session; None takes each Session's tracked length
+                (ids then need it).
+            layer, causal (True by default), scale, window, window_left, window_right,
+            softcap, alibi_slopes, stats, backend, binary, json: as for
+                :meth:`attnd.Session.attend`.
+
+        Returns:
+            O ``[Hq, total_q, D]`` packed (or ``(o, m, l, lse)``), in the caller's kind; the
+            Session objects' lengths of that layer follow the call. One refused entry (its
+            error names it) refuses the whole call, and nothing is appended anywhere.
+        """
+        return session_batch(self, sessions, q, k, v, cu_seqlens_q, cu_seqlens_kv, pos=pos,
+                             layer=layer, causal=causal, scale=scale, window=window,
+                             window_left=window_left, window_right=window_right,
+                             softcap=softcap, alibi_slopes=alibi_slopes, stats=stats,
+                             backend=backend, binary=binary, json=json)
+
     def plan(self, seq_q, head_dim, *, batch=1, heads=1, heads_kv=None, seq_kv=None,
              dtype="F32"):
         """The memory plan of standard versus flash attention (GET /attention/plan).
@@ -466,6 +521,9 @@ class Client:
         except AttndError:
             return False
         return status == 200
+
+
+from .sessions import Session, session_batch   # noqa: E402  (it uses the helpers above)
 
 
 # ---------------------------------------------------------------------------------------

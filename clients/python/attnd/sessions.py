@@ -1,0 +1,352 @@
+"""Sessions: a KV cache held by the server, so that a decoding step sends only its new tokens.
+
+>>> import numpy as np, attnd
+>>> c = attnd.Client("http://127.0.0.1:8080")
+>>> with c.session("chat-1", heads_kv=2, head_dim=64, max_tokens=4096) as s:
+...     q, k, v = (np.random.randn(h, 12, 64).astype(np.float32) for h in (8, 2, 2))
+...     o = s.attend(q, k, v)                        # prefill at pos 0: 12 tokens, causal
+...     for _ in range(4):                           # decode: one query and one new k, v
+...         q1, k1, v1 = (np.random.randn(h, 1, 64).astype(np.float32) for h in (8, 2, 2))
+...         o1 = s.attend(q1, k1, v1)                # pos 12, 13, ... tracked by the session
+...     s.lengths                                    # [16]
+... # deleted on leaving the block
+
+The routes are ``/v1/sessions/{id}`` (PUT create, GET, DELETE), ``.../attention``,
+``.../truncate`` and ``/v1/sessions/_batch``. This module is imported by
+``import attnd``; :meth:`attnd.Client.session` and :meth:`attnd.Client.session_batch` are its
+entry points.
+"""
+
+import json as _json
+import re
+import urllib.parse
+
+import numpy as np
+
+from . import AttndError, _cu_seqlens, _options, _window
+from ._tensors import bf16_to_float32, f32_to_wire, from_wire, result_device, to_wire
+
+__all__ = ["Session", "session_batch"]
+
+_DTYPES = ("F32", "F16", "BF16")
+_ID = re.compile(r"[A-Za-z0-9-][A-Za-z0-9._-]{0,127}\Z")
+
+
+def _check_id(sid):
+    if not isinstance(sid, str) or not _ID.match(sid):
+        raise ValueError("attnd: a session id is 1-128 of [A-Za-z0-9._-], not starting with "
+                         "'_' or '.' (got %r)" % (sid,))
+    return sid
+
+
+def _path(sid, tail=""):
+    return "/v1/sessions/" + urllib.parse.quote(sid, safe="") + tail
+
+
+def _json_call(client, method, path, doc=None, ok=(200,)):
+    """A JSON request (or none) and its JSON reply; ``(status, dict or None)``."""
+    body = None if doc is None else _json.dumps(doc, separators=(",", ":")).encode()
+    headers = {"Accept": "application/json"}
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+    status, resp, data = client._request(method, path, body=body, headers=headers)
+    if status not in ok:
+        raise client._error(status, resp, data)
+    if not data:
+        return status, None
+    try:
+        return status, _json.loads(bytes(data).decode("utf-8"))
+    except ValueError as e:
+        raise AttndError(status, "bad_reply", "%s %s: reply is not JSON: %s" % (method, path, e))
+
+
+def _as_dtype(x, name, dtype):
+    """An input as ``(dtype_name, array)`` in the session's dtype (converted when it is not:
+    the server wants q, k, v in the dtype the session was made with)."""
+    dt, a = to_wire(x, name, bf16=dtype == "BF16")
+    if dt == dtype:
+        return dt, a
+    wide = bf16_to_float32(a) if dt == "BF16" else a
+    return dtype, wide.astype(np.float32 if dtype == "F32" else np.float16)
+
+
+def _array(x):
+    """x itself when it has a shape (numpy, torch, ml_dtypes), else a float32 array."""
+    return x if hasattr(x, "shape") else np.asarray(x, np.float32)
+
+
+def _three_d(x, name):
+    """The shape a session takes, ``[H, N, D]``, from ``[N, D]``, ``[H, N, D]`` or
+    ``[1, H, N, D]`` (the batch of one a model's attention layer holds)."""
+    shape = tuple(int(d) for d in x.shape)
+    if len(shape) == 2:
+        return x.reshape((1,) + shape)
+    if len(shape) == 3:
+        return x
+    if len(shape) == 4 and shape[0] == 1:
+        return x.reshape(shape[1:])
+    raise ValueError("attnd: %s of shape %s: a session takes [H, N, D] (or [N, D], "
+                     "[1, H, N, D])" % (name, list(shape)))
+
+
+def _reply_length(fields, resp, name="length"):
+    """The layer's length after a call: the X-Session-Length header, else the reply's
+    ``length`` (a JSON field, or a safetensors ``__metadata__`` string)."""
+    h = resp.getheader("X-Session-Length")
+    val = h if h is not None else fields.get(name)
+    try:
+        return int(val)
+    except (TypeError, ValueError):
+        raise AttndError(200, "bad_reply", "the reply gives no session length") from None
+
+
+def _results(out, names, device, q_shape):
+    """The reply's tensors in the caller's kind, o in q's shape and the statistics in q's
+    shape minus D."""
+    got = []
+    for n in names:
+        a = out[n]
+        a = a.reshape(q_shape if n == "o" else q_shape[:-1])
+        got.append(from_wire(np.ascontiguousarray(a), device))
+    return tuple(got) if len(got) > 1 else got[0]
+
+
+def _wants_json(json, binary):
+    """``json`` when given (it wins over the default ``binary=True``), else not ``binary``."""
+    return (not binary) if json is None else bool(json)
+
+
+def _call_options(causal, scale, window, window_left, window_right, softcap, stats, backend):
+    opts = _options(False, scale, _window(window, window_left, window_right), stats, backend,
+                    softcap)
+    opts["causal"] = bool(causal)   # sessions default to causal: say false explicitly
+    return opts
+
+
+class Session:
+    """One session of a server: a KV cache of ``layers`` layers of ``[heads_kv, max_tokens,
+    head_dim]`` keys and values in ``dtype``, held by the server.
+
+    ``Session(client, id, heads_kv=, head_dim=, ...)`` (or :meth:`attnd.Client.session`)
+    creates it with ``PUT /v1/sessions/{id}``: 201 made it, 200 found it made with the same
+    parameters (a retried create; its lengths are then read back with :meth:`info`), and
+    other parameters raise :class:`attnd.AttndError` 409 ``session_exists``. The server
+    reserves the memory of all ``max_tokens`` at once (507 ``session_memory_full`` when it
+    cannot) and drops the session ``ttl_s`` seconds after its last use.
+
+    Attributes:
+        client, id, heads_kv, head_dim, dtype, layers, max_tokens, ttl_s: as given.
+        lengths: the length of each layer as this object last saw it (its creation, an
+            :meth:`attend`, :meth:`truncate`, :meth:`info` or batch call); :meth:`attend`
+            appends at it when no ``pos`` is given.
+        created: True when the create made the session, False when it existed.
+
+    A ``with`` block deletes the session when it ends (an already gone session is not an
+    error then). One object is not meant for several threads at once: its lengths are
+    tracked without a lock.
+    """
+
+    def __init__(self, client, id, *, heads_kv, head_dim, dtype="F32", layers=1, max_tokens,
+                 ttl_s=600, create=True):
+        self.client = client
+        self.id = _check_id(id)
+        self.heads_kv, self.head_dim = int(heads_kv), int(head_dim)
+        self.dtype = str(dtype).upper()
+        if self.dtype not in _DTYPES:
+            raise ValueError("attnd: a session's dtype is F32, F16 or BF16 (got %r)" % (dtype,))
+        self.layers, self.max_tokens, self.ttl_s = int(layers), int(max_tokens), ttl_s
+        self.lengths = [0] * self.layers
+        self.created = None
+        if create:
+            self.create()
+
+    @classmethod
+    def attach(cls, client, id):
+        """The session ``id`` as the server has it (``GET``), without creating anything;
+        404 ``session_not_found`` when there is none."""
+        _, info = _json_call(client, "GET", _path(_check_id(id)))
+        s = cls(client, id, heads_kv=info["heads_kv"], head_dim=info["head_dim"],
+                dtype=info["dtype"], layers=info["layers"], max_tokens=info["max_tokens"],
+                ttl_s=info.get("ttl_s", 600), create=False)
+        s.lengths = [int(n) for n in info["lengths"]]
+        return s
+
+    def __repr__(self):
+        return ("attnd.Session(%r, heads_kv=%d, head_dim=%d, dtype=%r, layers=%d, "
+                "max_tokens=%d, lengths=%r)" % (self.id, self.heads_kv, self.head_dim,
+                                                self.dtype, self.layers, self.max_tokens,
+                                                self.lengths))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.delete(missing_ok=True)
+        return False
+
+    def create(self):
+        """``PUT /v1/sessions/{id}``; True when it made the session, False when it existed
+        with the same parameters (then :attr:`lengths` is read back from the server)."""
+        doc = {"heads_kv": self.heads_kv, "head_dim": self.head_dim, "dtype": self.dtype,
+               "layers": self.layers, "max_tokens": self.max_tokens}
+        if self.ttl_s is not None:
+            doc["ttl_s"] = self.ttl_s
+        status, _ = _json_call(self.client, "PUT", _path(self.id), doc, ok=(200, 201))
+        self.created = status == 201
+        if not self.created:
+            self.info()
+        return self.created
+
+    def info(self):
+        """``GET /v1/sessions/{id}``: a dict of its parameters, ``lengths`` (one per layer),
+        ``reserved_bytes`` and ``expires_in_s``; :attr:`lengths` is updated from it."""
+        _, info = _json_call(self.client, "GET", _path(self.id))
+        self.lengths = [int(n) for n in info["lengths"]]
+        return info
+
+    def delete(self, missing_ok=False):
+        """``DELETE /v1/sessions/{id}``: its memory is free at once. A session already gone
+        raises 404 ``session_not_found`` unless ``missing_ok``."""
+        try:
+            _json_call(self.client, "DELETE", _path(self.id), ok=(200, 204))
+        except AttndError as e:
+            if not (missing_ok and e.code == "session_not_found"):
+                raise
+        self.lengths = [0] * self.layers
+
+    def truncate(self, length):
+        """Cuts every layer longer than ``length`` to ``length`` (``POST .../truncate``):
+        a rejected speculative draft. :attr:`lengths` follows."""
+        n = int(length)
+        _json_call(self.client, "POST", _path(self.id, "/truncate"), {"length": n})
+        self.lengths = [min(x, n) for x in self.lengths]
+
+    def attend(self, q, k=None, v=None, *, layer=0, pos=None, causal=True, scale=None,
+               window=(-1, -1), window_left=None, window_right=None, softcap=None,
+               alibi_slopes=None, stats=False, backend=None, binary=True, json=None):
+        """Append k, v to one layer at ``pos``, then attend q over its keys ``[0, pos +
+        Nnew)`` (``POST /v1/sessions/{id}/attention``); without k and v, attend over the
+        layer's whole length.
+
+        Args:
+            q: ``[Hq, Nq, D]`` (also ``[Nq, D]`` or ``[1, Hq, Nq, D]``), Hq a multiple of
+                the session's heads_kv.
+            k, v: the new tokens, ``[Hkv, Nnew, D]`` (same ranks), or both None.
+                Inputs are numpy arrays, nested lists or torch tensors (as for
+                :meth:`attnd.Client.attention`), sent in the session's dtype (converted
+                when they are in another).
+            layer: which layer (0 to layers - 1).
+            pos: where k, v go; None is the layer's length as this object knows it. A
+                ``pos`` before the end whose k, v are bit for bit the tokens stored there is
+                a replay (nothing appended, the first call's reply); any other pos that is
+                not the length raises 409 ``session_conflict``.
+            causal: the bottom-right causal mask (``off = pos + Nnew - Nq``); True by
+                default here, unlike :meth:`attnd.Client.attention`.
+            scale, window, window_left, window_right, softcap, alibi_slopes, stats,
+            backend: as for :meth:`attnd.Client.attention`.
+            binary: safetensors on the wire (default); ``binary=False`` or ``json=True``
+                is JSON.
+
+        Returns:
+            O in q's shape, or ``(o, m, l, lse)`` with ``stats=True``; torch tensors on q's
+            device when an input is a torch tensor, else numpy arrays (O in the session's
+            dtype, BF16 as for :meth:`attnd.Client.attention`). :attr:`lengths` ``[layer]``
+            becomes the layer's length the server replied with.
+
+        Raises:
+            AttndError: 404 ``session_not_found``, 409 ``session_conflict``, 422
+                ``session_full`` (past max_tokens), 422 for a shape or dtype that is not
+                the session's, or any error of ``/attention``.
+        """
+        layer = self._layer(layer)
+        if (k is None) != (v is None):
+            raise TypeError("attnd: give both k and v, or neither")
+        if k is None and pos is not None:
+            raise TypeError("attnd: pos says where k and v go; there are none")
+        q, k, v = (None if x is None else _array(x) for x in (q, k, v))
+        q_shape = tuple(int(d) for d in q.shape)
+        wire = [("q",) + _as_dtype(_three_d(q, "q"), "q", self.dtype)]
+        opts = {"layer": layer}
+        if k is not None:
+            wire += [(n,) + _as_dtype(_three_d(x, n), n, self.dtype) for n, x in (("k", k),
+                                                                                 ("v", v))]
+            opts["pos"] = self.lengths[layer] if pos is None else int(pos)
+        if alibi_slopes is not None:
+            wire.append(("alibi_slopes",) + f32_to_wire(alibi_slopes, "alibi_slopes"))
+        opts.update(_call_options(causal, scale, window, window_left, window_right, softcap,
+                                  stats, backend))
+        names = ("o", "m", "l", "lse") if stats else ("o",)
+        out, fields, resp = self.client._exchange(_path(self.id, "/attention"), wire, opts,
+                                                  _wants_json(json, binary), names)
+        self.lengths[layer] = _reply_length(fields, resp)
+        return _results(out, names, result_device(q, k, v), q_shape)
+
+    def _layer(self, layer):
+        layer = int(layer)
+        if not 0 <= layer < self.layers:
+            raise ValueError("attnd: layer %d of a session of %d layers" % (layer, self.layers))
+        return layer
+
+
+def _batch_lengths(fields, resp, pos, n_new):
+    """Each entry's length after a batch call: the reply's ``lengths`` (a JSON array, or a
+    comma list in the X-Session-Lengths header or the safetensors ``__metadata__``) when it
+    gives them, else ``pos + Nnew`` (what an accepted call appends)."""
+    val = resp.getheader("X-Session-Lengths")
+    if val is None:
+        val = fields.get("lengths")
+    if isinstance(val, str):
+        val = [x for x in val.split(",") if x.strip()]
+    try:
+        got = [int(x) for x in val]
+        if len(got) == len(pos):
+            return got
+    except (TypeError, ValueError):
+        pass
+    return [p + n for p, n in zip(pos, n_new)]
+
+
+def _offsets(x):
+    if hasattr(x, "detach"):
+        x = x.detach().to("cpu").numpy()
+    return [int(i) for i in np.asarray(x).reshape(-1)]
+
+
+def session_batch(client, sessions, q, k, v, cu_seqlens_q, cu_seqlens_kv, *, pos=None,
+                  layer=0, causal=True, scale=None, window=(-1, -1), window_left=None,
+                  window_right=None, softcap=None, alibi_slopes=None, stats=False,
+                  backend=None, binary=True, json=None):
+    """One layer of many sessions in one call (``POST /v1/sessions/_batch``); see
+    :meth:`attnd.Client.session_batch`."""
+    sessions = list(sessions)
+    ids = [s.id if isinstance(s, Session) else _check_id(s) for s in sessions]
+    layer = int(layer)
+    if pos is None:
+        if not all(isinstance(s, Session) for s in sessions):
+            raise TypeError("attnd: session_batch needs pos when sessions are given by id")
+        pos = [s.lengths[s._layer(layer)] for s in sessions]
+    pos = [int(p) for p in pos]
+    if len(pos) != len(ids):
+        raise ValueError("attnd: %d sessions but %d positions" % (len(ids), len(pos)))
+    dtype = next((s.dtype for s in sessions if isinstance(s, Session)), None)
+    conv = (lambda x, n: to_wire(x, n)) if dtype is None else (lambda x, n: _as_dtype(x, n, dtype))
+    wire = [(n,) + conv(x, n) for n, x in (("q", q), ("k", k), ("v", v))]
+    if alibi_slopes is not None:
+        wire.append(("alibi_slopes",) + f32_to_wire(alibi_slopes, "alibi_slopes"))
+    _cu_seqlens(wire, cu_seqlens_q, cu_seqlens_kv)
+    as_json = _wants_json(json, binary)
+    opts = {"layer": layer}
+    opts["sessions"] = ids if as_json else ",".join(ids)
+    opts["pos"] = pos if as_json else ",".join(str(p) for p in pos)
+    opts.update(_call_options(causal, scale, window, window_left, window_right, softcap, stats,
+                              backend))
+    names = ("o", "m", "l", "lse") if stats else ("o",)
+    out, fields, resp = client._exchange("/v1/sessions/_batch", wire, opts, as_json, names)
+    cu = _offsets(cu_seqlens_kv)
+    lengths = _batch_lengths(fields, resp, pos, [b - a for a, b in zip(cu, cu[1:])])
+    for s, n in zip(sessions, lengths):
+        if isinstance(s, Session):
+            s.lengths[layer] = n
+    device = result_device(q, k, v)
+    got = tuple(from_wire(out[n], device) for n in names)
+    return got if stats else got[0]

@@ -407,7 +407,7 @@ def concurrency(build, threads, q, k, v, steps, runs):
             for sid in sids:
                 create(c, sid, CONC_KEYS + steps)
                 prefill(c, sid, q, k, v, CONC_KEYS)
-            srv.conn = c
+            c.close()
         # step j of every session appends token CONC_KEYS + j (the same values
         # for each session: the work, not the numbers, is what is timed)
         bodies = [step_body(q, k, v, CONC_KEYS + j) for j in range(steps)]
@@ -415,8 +415,10 @@ def concurrency(build, threads, q, k, v, steps, runs):
             cells = [dict(rates=[], cpus=[], batches=[]) for _ in servers]
             for _ in range(runs):
                 for srv, cell in zip(servers, cells):
+                    c = Conn(srv.port)  # a new one: an idle one is closed after --idle-timeout
                     for sid in sids[:m]:
-                        truncate(srv.conn, sid, CONC_KEYS)
+                        truncate(c, sid, CONC_KEYS)
+                    c.close()
                     m0 = srv.metrics()
                     rate, cpu = concurrent_run(srv.port, sids[:m], [bodies] * m, CONC_KEYS)
                     m1 = srv.metrics()
@@ -430,8 +432,8 @@ def concurrency(build, threads, q, k, v, steps, runs):
             for o, cell in zip(out, cells):
                 o[m] = dict(rate=med(cell["rates"]), client_cpu=med(cell["cpus"]),
                             batch=med(cell["batches"]), rates=cell["rates"])
-                print("  (c) --session-batch %s %s, %d session(s): %s tokens/s" % (
-                    o["batch"], o["extra"], m, ", ".join("%.0f" % r for r in cell["rates"])),
+                print("  (c) --session-batch %s%s, %d session(s): %s tokens/s" % (
+                    o["batch"], " " + o["extra"] if o["extra"] else "", m, ", ".join("%.0f" % r for r in cell["rates"])),
                     file=sys.stderr, flush=True)
     finally:
         for srv in servers:
@@ -749,7 +751,7 @@ def main():
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--reps", type=int, default=15, help="timed steps per latency row (15)")
     p.add_argument("--steps", type=int, default=64, help="(c): steps per session (64)")
-    p.add_argument("--runs", type=int, default=3, help="(c): runs per cell, median (3)")
+    p.add_argument("--runs", type=int, default=5, help="(c): runs per cell, median (5)")
     p.add_argument("--worker", choices=("torch",), help=argparse.SUPPRESS)
     p.add_argument("--data", help=argparse.SUPPRESS)
     p.add_argument("--lengths", help=argparse.SUPPRESS)

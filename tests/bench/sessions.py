@@ -432,9 +432,10 @@ def concurrency(build, threads, q, k, v, steps, runs):
             for o, cell in zip(out, cells):
                 o[m] = dict(rate=med(cell["rates"]), client_cpu=med(cell["cpus"]),
                             batch=med(cell["batches"]), rates=cell["rates"])
-                print("  (c) --session-batch %s%s, %d session(s): %s tokens/s" % (
-                    o["batch"], " " + o["extra"] if o["extra"] else "", m, ", ".join("%.0f" % r for r in cell["rates"])),
-                    file=sys.stderr, flush=True)
+                print("  (c) --session-batch %s%s, %d session(s): %s tokens/s"
+                      % (o["batch"], " " + o["extra"] if o["extra"] else "", m,
+                         ", ".join("%.0f" % r for r in cell["rates"])),
+                      file=sys.stderr, flush=True)
     finally:
         for srv in servers:
             srv.stop()
@@ -669,13 +670,15 @@ def main_driver(a):
         table.add("(b) step latency, %s keys: session / stateless" % keys(n), ms(s_med),
                   ms(st_med), "%.1fx faster" % (st_med / s_med), target, met)
         kv = 2 * HKV * n * D * ES
+        best = min(t["compute"] for t in s_tim if "compute" in t)
         notes.append("(b) %s keys, session step: client %s = server total %.2f ms (queue %.3f, "
                      "compute %.2f: body decode + append + engine + encode) + %.2f ms outside "
                      "the server (client, loopback, HTTP head); compute reads K, V (%s) at "
-                     "%.1f GB/s" % (keys(n), ms(s_med), med_part(s_tim, "total"),
-                                    med_part(s_tim, "queue"), med_part(s_tim, "compute"),
-                                    s_med * 1e3 - med_part(s_tim, "total"), kib(kv),
-                                    kv / (med_part(s_tim, "compute") * 1e-3) * 1e-9))
+                     "%.1f GB/s (median), %.1f GB/s (best step, %.2f ms)"
+                     % (keys(n), ms(s_med), med_part(s_tim, "total"), med_part(s_tim, "queue"),
+                        med_part(s_tim, "compute"), s_med * 1e3 - med_part(s_tim, "total"),
+                        kib(kv), kv / (med_part(s_tim, "compute") * 1e-3) * 1e-9,
+                        kv / (best * 1e-3) * 1e-9, best))
         notes.append("(b) %s keys, stateless: client %s = server total %.1f ms (compute %.1f) "
                      "+ %.1f ms outside; |o_session - o_stateless| / |o_stateless| = %.1e"
                      % (keys(n), ms(st_med), med_part(st_tim, "total"),
@@ -683,8 +686,9 @@ def main_driver(a):
                         rel_diff(s_o, st_o)))
         if floors.get(n):
             notes.append("(b) %s keys, stateless floor: the same %s upload into bench-http-sink "
-                         "takes %s; floor + the session step's server compute = %s, at most "
-                         "%.1fx the session step on this machine's loopback"
+                         "takes %s; a server as fast as that floor, plus the session step's "
+                         "compute, would take %s: %.1fx the session step (the most a perfect "
+                         "HTTP front leaves on this machine's loopback)"
                          % (keys(n), kib(st_sent_of(stateless, n)), ms(floors[n]),
                             ms(floors[n] + med_part(s_tim, "compute") * 1e-3),
                             (floors[n] + med_part(s_tim, "compute") * 1e-3) / s_med))
@@ -706,6 +710,16 @@ def main_driver(a):
                  "(batch on, 1/8/64 sessions)"
                  % (keys(CONC_KEYS), a.steps, a.runs,
                     "/".join("%.0f%%" % (100 * conc[0][m]["client_cpu"]) for m in CONCURRENCY)))
+    step_kv = 2 * HKV * (CONC_KEYS + a.steps // 2) * D * ES  # K, V a step reads, on average
+    kern = peak.get("paged_decode_BF16", {}).get("gbps")
+    notes.append("(c) K, V read by all sessions together (tokens/s x %s a step): %s GB/s "
+                 "(batch on, 1/8/64 sessions), %s GB/s --max-running-per-client 0; the CPU "
+                 "kernel alone reads %s GB/s (d, BF16)"
+                 % (kib(step_kv),
+                    "/".join("%.1f" % (conc[0][m]["rate"] * step_kv * 1e-9) for m in CONCURRENCY),
+                    "/".join("%.1f" % (conc[2][m]["rate"] * step_kv * 1e-9)
+                             for m in CONCURRENCY[1:]),
+                    "%.1f" % kern if kern else "?"))
     for o in conc:
         notes.append("(c) session calls per engine job (attnd_session_batch_size sum/count), "
                      "--session-batch %s%s: %s (1/8/64 sessions)"

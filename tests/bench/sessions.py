@@ -9,11 +9,14 @@ One run, on this machine, one table (row, value, baseline, ratio, target):
   (b) a decode step's latency, client-side, loopback, safetensors: the session
       step against torch's SDPA on a preallocated [1, Hkv, 32K, D] cache (the new
       token written in place, then SDPA over the first N keys; torch in its own
-      process, attnd stopped meanwhile, torch.set_num_threads = attnd's --threads)
-      and against the stateless request, at 4K and 32K keys;
+      process, torch.set_num_threads = attnd's --threads) and against the stateless
+      request, at 4K and 32K keys; in --rounds rounds of session, torch and
+      stateless steps in turn, each side idle while the other is timed, so that a
+      shared machine's other load falls on all of them alike;
   (c) decode tokens/s of 1, 8 and 64 sessions at once (each its own connection,
-      stepping as fast as the server answers for a fixed number of steps), with
-      --session-batch on and with it off (two server runs), and on/off;
+      stepping as fast as the server answers for --steps steps), with
+      --session-batch on and off, and the same pair with --max-running-per-client 0
+      (four servers started together and timed in turn, run by run), and on/off;
   (d) build/bench-peak --bandwidth: the CPU kernel's paged decode step at 32K keys
       in GB/s of K and V read, each dtype, against the machine's streaming read.
 
@@ -21,13 +24,13 @@ The shape is a GQA decoder layer: Hq 32, Hkv 8, D 128, BF16, one query token. "N
 keys" means the step attends over N keys: the session holds N - 1 and the step
 appends the N-th; the stateless request carries all N. Between timed steps an
 untimed truncate puts the session back at N - 1, so every step is the same work.
-Latencies are medians of --reps steps after a warm-up; the client is a plain
+Latencies are medians over the rounds' steps, each row warmed up; the client is a plain
 socket (no http.client), and bodies are encoded before the clock starts, on both
 sides. The torch rows need the peers venv (make bench-peers makes it); without
 it they say "skipped: torch not installed".
 
-  sessions.py --build build [--threads T] [--reps N] [--steps S] [--runs R]
-  sessions.py --worker torch --data DIR --threads T --reps N   (internal)
+  sessions.py --build build [--threads T] [--reps N] [--rounds R] [--steps S] [--runs R]
+  sessions.py --worker torch --data DIR --threads T   (internal: "N WAY REPS" lines on stdin)
 """
 
 import argparse
@@ -457,8 +460,11 @@ def torch_python(build):
 def torch_worker(a):
     """Decode steps on a preallocated [1, Hkv, 32K, D] BF16 cache: the new token
     written in place at N - 1, then SDPA of the one query over the first N keys;
-    two ways of GQA: enable_gqa, and q folded to [1, Hkv, Hq/Hkv, D] (the same
-    product without the head broadcast). Median of reps after a warm-up."""
+    two ways of GQA: enable_gqa (or repeat_interleave on a torch without it), and
+    q folded to [1, Hkv, Hq/Hkv, D] (the same product without the head broadcast).
+    A server of the driver: each stdin line "N WAY REPS" runs a warm-up and REPS
+    timed steps and answers one JSON line of their times (saving o once per N and
+    WAY), so that the driver can interleave torch's steps with attnd's."""
     import torch
     import torch.nn.functional as F
 
@@ -473,12 +479,11 @@ def torch_worker(a):
     vc = bf16("v").reshape(1, HKV, MAX_KEYS, D).clone()
     g = HQ // HKV
     native = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
-    out = {"version": torch.__version__, "threads": torch.get_num_threads(),
-           "gqa": "enable_gqa" if native else "repeat_interleave", "rows": {}}
-    for n in a.lengths:
+
+    def step(n, way):
         k_new, v_new = kc[:, :, n - 1:n].clone(), vc[:, :, n - 1:n].clone()
 
-        def step_gqa():
+        def gqa():
             kc[:, :, n - 1:n] = k_new
             vc[:, :, n - 1:n] = v_new
             if native:
@@ -487,36 +492,61 @@ def torch_worker(a):
             return F.scaled_dot_product_attention(q, kc[:, :, :n].repeat_interleave(g, 1),
                                                   vc[:, :, :n].repeat_interleave(g, 1))
 
-        def step_folded():
+        def folded():
             kc[:, :, n - 1:n] = k_new
             vc[:, :, n - 1:n] = v_new
             return F.scaled_dot_product_attention(q.view(1, HKV, g, D), kc[:, :, :n],
                                                   vc[:, :, :n]).view(1, HQ, 1, D)
+        return gqa if way == "gqa" else folded
 
-        row = {}
-        with torch.inference_mode():
-            for name, fn in (("gqa", step_gqa), ("folded", step_folded)):
-                fn()
-                t = []
-                for _ in range(a.reps):
-                    t0 = time.perf_counter()
-                    o = fn()
-                    t.append(time.perf_counter() - t0)
-                row[name] = med(t)
-                np.save(os.path.join(a.data, "o_torch_%s_%d.npy" % (name, n)),
+    print(json.dumps({"version": torch.__version__, "threads": torch.get_num_threads(),
+                      "gqa": "enable_gqa" if native else "repeat_interleave"}), flush=True)
+    saved = set()
+    with torch.inference_mode():
+        for line in sys.stdin:
+            n, way, reps = line.split()
+            n, reps = int(n), int(reps)
+            fn = step(n, way)
+            o = fn()
+            t = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                o = fn()
+                t.append(time.perf_counter() - t0)
+            if (n, way) not in saved:
+                np.save(os.path.join(a.data, "o_torch_%s_%d.npy" % (way, n)),
                         o.float().reshape(HQ, D).numpy())
-        out["rows"][str(n)] = row
-    print(json.dumps(out))
+                saved.add((n, way))
+            print(json.dumps({"times": t}), flush=True)
 
 
-def run_torch(py, data, threads, reps):
-    cmd = [py, os.path.abspath(__file__), "--worker", "torch", "--data", data,
-           "--threads", str(threads), "--reps", str(reps),
-           "--lengths", ",".join(str(n) for n in LATENCY_LENGTHS)]
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if p.returncode != 0:
-        raise RuntimeError("torch worker failed (%d): %s" % (p.returncode, p.stderr[-2000:]))
-    return json.loads(p.stdout.strip().splitlines()[-1])
+class Torch:
+    """The torch worker, kept running; idle (reading stdin) while attnd is timed."""
+
+    def __init__(self, py, data, threads):
+        self.data = data
+        self.p = subprocess.Popen([py, os.path.abspath(__file__), "--worker", "torch", "--data",
+                                   data, "--threads", str(threads)], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+        self.info = json.loads(self.readline())
+
+    def readline(self):
+        line = self.p.stdout.readline()
+        if not line:
+            raise RuntimeError("the torch worker ended (exit %s)" % self.p.wait())
+        return line
+
+    def steps(self, n, way, reps):
+        self.p.stdin.write("%d %s %d\n" % (n, way, reps))
+        self.p.stdin.flush()
+        return json.loads(self.readline())["times"]
+
+    def o(self, n, way):
+        return np.load(os.path.join(self.data, "o_torch_%s_%d.npy" % (way, n)))
+
+    def stop(self):
+        self.p.stdin.close()
+        self.p.wait()
 
 
 # ---- the report ------------------------------------------------------------------------
@@ -578,7 +608,8 @@ def main_driver(a):
           "torch.set_num_threads, bench-peak --threads)"
           % (t_start.strftime("%Y-%m-%d %H:%M UTC"), cpu_model(), threads))
     print("decode step: Hq %d, Hkv %d, D %d, %s, one query token; safetensors bodies; "
-          "loopback; medians of %d steps" % (HQ, HKV, D, DT, a.reps))
+          "loopback; (b) medians of %d rounds x %d steps (stateless %d), interleaved"
+          % (HQ, HKV, D, DT, a.rounds, a.reps, max(2, a.reps // 3)))
     load0 = os.getloadavg()[0]
     sys.stdout.flush()
     table = Table()
@@ -594,44 +625,69 @@ def main_driver(a):
     print("  data: q, K, V at 32K keys ...", file=sys.stderr, flush=True)
     q, k, v = make_data()
 
-    # (b)'s torch rows, attnd not running
+    # (a) and (b): attnd (batching on, the default) and the torch worker side by
+    # side, each idle while the other is timed; (b) in ROUNDS rounds of session,
+    # torch and stateless steps in turn, so that the shared machine's other load
+    # falls on all of them alike. Medians over every round's steps.
     py = torch_python(a.build)
-    tres = None
+    tor = None
     with tempfile.TemporaryDirectory(dir=a.build, prefix="sessions-") as tmp:
         if py:
-            print("  (b) torch SDPA in process ...", file=sys.stderr, flush=True)
+            print("  (b) torch worker: the cache ...", file=sys.stderr, flush=True)
             for name, x in (("q", q), ("k", k), ("v", v)):
                 np.save(os.path.join(tmp, name + ".npy"), x)
-            tres = run_torch(py, tmp, threads, a.reps)
-            for n in LATENCY_LENGTHS:
-                for way in ("gqa", "folded"):
-                    tres["rows"][str(n)]["o_" + way] = np.load(
-                        os.path.join(tmp, "o_torch_%s_%d.npy" % (way, n)))
-
-        # (a) and (b) through attnd, batching on (the default)
+            tor = Torch(py, tmp, threads)
         srv = Attnd(a.build, threads, "on")
         try:
             c = Conn(srv.port)
-            sess = {}
+            sess, stateless, floors = {}, {}, {}
+            tsteps = {(n, w): [] for n in LATENCY_LENGTHS for w in ("gqa", "folded")}
             for n in sorted(set(BYTES_LENGTHS) | set(LATENCY_LENGTHS)):
-                sid = "step%d" % n
                 print("  (a, b) session at %s keys: prefill ..." % keys(n), file=sys.stderr,
                       flush=True)
-                create(c, sid, n)
-                prefill(c, sid, q, k, v, n - 1)
-                reps = a.reps if n in LATENCY_LENGTHS else 3
-                sess[n] = session_steps(c, sid, q, k, v, n, reps)
-            stateless, floors = {}, {}
-            for n in sorted(set(BYTES_LENGTHS) | set(LATENCY_LENGTHS)):
-                print("  (a, b) stateless at %s keys ..." % keys(n), file=sys.stderr, flush=True)
-                reps = max(3, a.reps // 3) if n in LATENCY_LENGTHS else 1
-                stateless[n] = stateless_steps(c, q, k, v, n, reps)
-                if n in LATENCY_LENGTHS:
-                    floors[n] = sink_floor(a.build, stateless_body(q, k, v, n), reps)
+                create(c, "step%d" % n, n)
+                prefill(c, "step%d" % n, q, k, v, n - 1)
+            for n in BYTES_LENGTHS:
+                if n not in LATENCY_LENGTHS:
+                    sess[n] = session_steps(c, "step%d" % n, q, k, v, n, 3)
+                    stateless[n] = stateless_steps(c, q, k, v, n, 1)
+            st_reps = max(2, a.reps // 3)
+            for rnd in range(a.rounds):
+                for n in LATENCY_LENGTHS:
+                    print("  (b) round %d/%d, %s keys: session, torch, stateless ..."
+                          % (rnd + 1, a.rounds, keys(n)), file=sys.stderr, flush=True)
+                    r = session_steps(c, "step%d" % n, q, k, v, n, a.reps)
+                    if n in sess:
+                        sess[n][0].extend(r[0])
+                        sess[n][1].extend(r[1])
+                    else:
+                        sess[n] = r
+                    if tor:
+                        time.sleep(0.2)  # attnd's workers asleep before torch's start
+                        for w in ("gqa", "folded"):
+                            tsteps[(n, w)].extend(tor.steps(n, w, a.reps))
+                        time.sleep(0.2)  # and torch's OpenMP threads done spinning
+                    r = stateless_steps(c, q, k, v, n, st_reps)
+                    if n in stateless:
+                        stateless[n][0].extend(r[0])
+                        stateless[n][1].extend(r[1])
+                    else:
+                        stateless[n] = r
+            for n in LATENCY_LENGTHS:
+                floors[n] = sink_floor(a.build, stateless_body(q, k, v, n), st_reps)
             c.close()
             srv_cmd, banner = srv.cmd, srv.banner
         finally:
             srv.stop()
+            if tor:
+                tor.stop()
+        tres = None
+        if tor:
+            tres = dict(tor.info, rows={})
+            for n in LATENCY_LENGTHS:
+                tres["rows"][str(n)] = {w: med(tsteps[(n, w)]) for w in ("gqa", "folded")}
+                for w in ("gqa", "folded"):
+                    tres["rows"][str(n)]["o_" + w] = tor.o(n, w)
 
     # (a)
     for n in BYTES_LENGTHS:
@@ -763,15 +819,16 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--build", default="build")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
-    p.add_argument("--reps", type=int, default=15, help="timed steps per latency row (15)")
+    p.add_argument("--reps", type=int, default=10,
+                   help="(b): timed steps per row and round (10; the stateless a third)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="(b): rounds of session, torch and stateless steps in turn (3)")
     p.add_argument("--steps", type=int, default=64, help="(c): steps per session (64)")
     p.add_argument("--runs", type=int, default=5, help="(c): runs per cell, median (5)")
     p.add_argument("--worker", choices=("torch",), help=argparse.SUPPRESS)
     p.add_argument("--data", help=argparse.SUPPRESS)
-    p.add_argument("--lengths", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker == "torch":
-        a.lengths = [int(x) for x in a.lengths.split(",")]
         torch_worker(a)
     else:
         main_driver(a)

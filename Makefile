@@ -17,6 +17,9 @@
 #   make bench-http    attnd's HTTP front against nginx and a socket sink in
 #                      the same run (/healthz, a tiny POST, a 256 MiB upload)
 #   make bench-peak    the machine's F32 FMA / VDPBF16PS / AMX peak GFLOP/s
+#   make bench-sessions  a session's decode step against the stateless request
+#                      and torch's SDPA (bytes, latency), concurrent sessions
+#                      with --session-batch on/off, the decode kernel's GB/s
 #   make bench-f16split  F16 products: F32 FMA against an exact hi/lo BF16 split
 #   make test-gpu      the CUDA tests (tests/gpu/; they say skipped without a GPU)
 #   make test-image    the CPU container image built and run without Docker
@@ -263,7 +266,8 @@ CONSOLE_DEPS = $(wildcard server/console/index.html server/console/console.css \
 CONSOLE_OBJ = $(BUILD)/obj/gen/console_assets.o
 
 .PHONY: all deps bench-deps test test-gpu test-image bench bench-peak bench-f16split bench-peers \
-        bench-server bench-v2 bench-http bench-memory bench-idle bench-small fuzz fuzz-replay run \
+        bench-server bench-v2 bench-http bench-memory bench-idle bench-small bench-sessions fuzz \
+        fuzz-replay run \
         format format-check clean FORCE
 all: $(BUILD)/attn $(BUILD)/attnd
 
@@ -637,6 +641,15 @@ bench-peers: deps
 # denominator of the kernels' "% of peak" (JSON; bench-peers prints it too).
 bench-peak: $(BUILD)/bench-peak
 	$(BUILD)/bench-peak --bandwidth
+
+# A session's decode step (GQA 32/8, D 128, BF16) against the stateless
+# request and torch's SDPA on a preallocated cache, 1/8/64 sessions with
+# --session-batch on and off, and bench-peak --bandwidth (tests/bench/sessions.py;
+# SESSIONS_FLAGS adds flags, e.g. --threads 2 --reps 25). The torch rows use the
+# peers venv when make bench-peers has made it, and say skipped otherwise.
+bench-sessions: deps
+	$(MAKE) --no-print-directory $(BUILD)/attnd $(BUILD)/bench-peak $(BUILD)/bench-http-sink
+	/usr/bin/python3 tests/bench/sessions.py --build $(BUILD) $(SESSIONS_FLAGS)
 
 # F16 attention products: widened to F32 on FMAs (the engine) against an
 # exact hi/lo BF16 split on VDPBF16PS, with their errors; one thread.

@@ -14,6 +14,7 @@
  * gathered into the batch's buffer and o and the statistics scattered back.
  */
 #include "kvstore_int.h"
+#include "request_int.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -74,6 +75,26 @@ static int64_t entry_rows(const attn_kv_call *c, int64_t e) {
   return cu ? cu[e + 1] - cu[e] : c->req.seq_q;
 }
 
+/* The entries' new rows tile k and v in order, every row used once, as
+ * cu_seqlens_kv would lay them out. */
+static int new_rows_check(const attn_kv_call *c, attn_status *st) {
+  int64_t at = 0;
+  for (int64_t e = 0; e < c->nentries; e++) {
+    const attn_kv_entry *en = &c->entries[e];
+    if (en->n_new < 0 || en->kv_off != at || (en->n_new > 0 && (!c->k_new || !c->v_new)))
+      return attn_status_set(st, ATTN_EINVAL,
+                             "session %lld's new keys must be rows %lld and on of k and v, "
+                             "after the previous session's (not %lld + %lld)",
+                             (long long)e, (long long)at, (long long)en->kv_off,
+                             (long long)en->n_new);
+    at += en->n_new;
+  }
+  if (at != c->total_new)
+    return attn_status_set(st, ATTN_EINVAL, "k and v hold %lld new rows but the sessions take %lld",
+                           (long long)c->total_new, (long long)at);
+  return 0;
+}
+
 static int call_shape_check(const attn_kv_call *c, attn_status *st) {
   const attn_request *r = &c->req;
   if (c->nentries < 1 || !c->entries || !c->tenant)
@@ -89,24 +110,10 @@ static int call_shape_check(const attn_kv_call *c, attn_status *st) {
                            "and no cu_seqlens_kv of its own");
   if (!r->cu_seqlens_q && c->nentries > 1)
     return attn_status_set(st, ATTN_EINVAL, "a call of several sessions needs cu_seqlens_q");
-  const int64_t *cu = r->cu_seqlens_q;
-  for (int64_t e = 0; cu && e < c->nentries; e++)
-    if (cu[0] != 0 || cu[e + 1] < cu[e] || cu[c->nentries] != r->seq_q)
-      return attn_status_set(st, ATTN_EINVAL,
-                             "cu_seqlens_q must rise from 0 to the %lld rows of q, one offset "
-                             "per session and one more",
-                             (long long)r->seq_q);
-  for (int64_t e = 0; e < c->nentries; e++) {
-    const attn_kv_entry *en = &c->entries[e];
-    if (en->n_new < 0 || en->kv_off < 0 || en->kv_off + en->n_new > c->total_new ||
-        (en->n_new > 0 && (!c->k_new || !c->v_new)))
-      return attn_status_set(st, ATTN_EINVAL,
-                             "session %lld's new keys lie outside k and v (rows %lld + %lld of "
-                             "%lld)",
-                             (long long)e, (long long)en->kv_off, (long long)en->n_new,
-                             (long long)c->total_new);
-  }
-  return 0;
+  int rc = r->cu_seqlens_q ? attn__check_cu(st, "cu_seqlens_q", r->cu_seqlens_q, c->nentries,
+                                            r->seq_q, "q's rows")
+                           : 0;
+  return rc ? rc : new_rows_check(c, st);
 }
 
 /* The largest |x| over n elements of dtype dt as a float, or -1 when one is

@@ -183,9 +183,8 @@ static int validate_backward(const attn_request *r, int64_t b, size_t es, attn_s
   return 0;
 }
 
-/* One cu_seqlens array: starts at 0, never decreases, ends at total. */
-static int check_cu(attn_status *st, const char *name, const int64_t *cu, int64_t batch,
-                    int64_t total, const char *axis) {
+int attn__check_cu(attn_status *st, const char *name, const int64_t *cu, int64_t batch,
+                   int64_t total, const char *axis) {
   if (cu[0] != 0)
     return attn_status_set(st, ATTN_ESHAPE, "%s[0] is %lld; the offsets must start at 0", name,
                            (long long)cu[0]);
@@ -220,8 +219,9 @@ static int validate_offsets(const attn_request *r, attn_status *st) {
     return attn_status_set(st, ATTN_EINVAL,
                            "diag_offset cannot be combined with cu_seqlens: each sequence of a "
                            "variable-length batch is aligned bottom-right on its own");
-  int rc = check_cu(st, "cu_seqlens_q", r->cu_seqlens_q, r->batch, r->seq_q, "seq_q");
-  return rc ? rc : check_cu(st, "cu_seqlens_kv", r->cu_seqlens_kv, r->batch, r->seq_kv, "seq_kv");
+  int rc = attn__check_cu(st, "cu_seqlens_q", r->cu_seqlens_q, r->batch, r->seq_q, "seq_q");
+  return rc ? rc
+            : attn__check_cu(st, "cu_seqlens_kv", r->cu_seqlens_kv, r->batch, r->seq_kv, "seq_kv");
 }
 
 /* The longest sequence's keys: seq_kv, or the largest of a variable-length

@@ -21,29 +21,38 @@ typedef struct attnd_sess {
   char length_header[24];
 } attnd_sess;
 
+#define OFF \
+  "sessions are off on this server (--session-memory 0); send whole requests to POST /attention"
+
 /* The store, or false with r's 404 when sessions are off. */
 static bool store_of(attnd_req *r, attn_kv_store **ps) {
   *ps = r->srv->kv;
   if (*ps)
     return true;
-  attnd_req_fail(r, ATTND_ENOT_FOUND,
-                 "sessions are off on this server (--session-memory 0); send whole requests "
-                 "to POST /attention");
+  attnd_req_fail(r, ATTND_ENOT_FOUND, OFF);
   return false;
 }
 
-/* The id in r's path, checked, into id; false with r's 422. */
-static bool path_id(attnd_req *r, char id[ATTN_KV_ID_MAX + 1]) {
-  const char *p = r->path + strlen(PREFIX);
+/* The session id in a path under PREFIX (up to its next '/'), checked,
+ * into id. 0 or the check's error. */
+static int id_of(const char *path, char id[ATTN_KV_ID_MAX + 1], attn_status *st) {
+  const char *p = path + strlen(PREFIX);
   size_t n = strcspn(p, "/");
-  attn_status st;
-  if (attn_kv_id_check(p, n, &st)) {
-    attnd_req_fail(r, st.code, st.message);
-    return false;
+  int rc = attn_kv_id_check(p, n, st);
+  if (rc == 0) {
+    memcpy(id, p, n);
+    id[n] = 0;
   }
-  memcpy(id, p, n);
-  id[n] = 0;
-  return true;
+  return rc;
+}
+
+/* The id in r's path into id; false with r's 422. */
+static bool path_id(attnd_req *r, char id[ATTN_KV_ID_MAX + 1]) {
+  attn_status st;
+  if (id_of(r->path, id, &st) == 0)
+    return true;
+  attnd_req_fail(r, st.code, st.message);
+  return false;
 }
 
 /* The session as it is at now: the instant a create or truncate used, so
@@ -139,25 +148,14 @@ void attnd_sessions_list(attnd_req *r) {
 
 int attnd_sessions_prepare(attnd_req *r, attn_options *query, attn_status *st) {
   if (!r->srv->kv) /* the HTTP thread's routes' 404 (store_of), from the threadpool */
-    return attn_status_set(st, ATTND_ENOT_FOUND,
-                           "sessions are off on this server (--session-memory 0); send whole "
-                           "requests to POST /attention");
+    return attn_status_set(st, ATTND_ENOT_FOUND, "%s", OFF);
   if (!r->sess && !(r->sess = calloc(1, sizeof *r->sess)))
     return attn_status_set(st, ATTN_ENOMEM, "out of memory for a session call");
   attnd_sess *ss = r->sess;
   bool batch = !r->route->pattern || !strstr(r->route->pattern, "{session}");
   attn_proto_session_init(&ss->ps, batch);
-  if (!batch) {
-    const char *p = r->path + strlen(PREFIX);
-    size_t n = strcspn(p, "/");
-    int rc = attn_kv_id_check(p, n, st);
-    if (rc)
-      return rc;
-    memcpy(ss->id, p, n);
-    ss->id[n] = 0;
-  }
   query->session = &ss->ps;
-  return 0;
+  return batch ? 0 : id_of(r->path, ss->id, st);
 }
 
 /* The call's entries from the decoded body: one for a session's route, one
@@ -181,12 +179,6 @@ int attnd_sessions_submit(attnd_req *r, attn_done_fn done, attn_status *st) {
   attnd_sess *ss = r->sess;
   attn_kv_call *c = &ss->call;
   const attn_request *req = &r->pr.req;
-  const int64_t *cu = req->cu_seqlens_kv;
-  for (int64_t e = 0; cu && e < ss->ps.nids; e++)
-    if (cu[0] != 0 || cu[e + 1] < cu[e] || cu[ss->ps.nids] != req->seq_kv)
-      return attn_status_set(st, ATTN_EINVAL,
-                             "cu_seqlens_kv must rise from 0 to the %lld rows of k and v",
-                             (long long)req->seq_kv);
   *c = (attn_kv_call){.tenant = r->tenant, .layer = ss->ps.layer, .entries = ss->entries};
   fill_entries(ss, req);
   c->k_new = req->k;

@@ -759,3 +759,37 @@ Test(kvstore, an_expired_session_gives_way_to_a_create) {
   attn_kv_close(kv);
   attn_engine_close(e);
 }
+
+/* The entries' new rows tile k and v, every row used once: a row left over
+ * or taken out of order is refused before anything is appended. */
+Test(kvstore, new_rows_tile_k_and_v) {
+  attn_engine *e = topen(1, NULL);
+  attn_kv_store *kv = open_store(e, 16 * MIB, true);
+  stream s = stream_make(2, 1, 8, 4, ATTN_F32, 81);
+  make(kv, "", "t", &s, 1, 8, 60, 0);
+  float o[16];
+  attn_kv_entry en = {.id = "t", .pos = 0, .n_new = 1};
+  attn_kv_call c = {.tenant = "", .nentries = 1, .entries = &en, .k_new = s.k, .v_new = s.v,
+                    .total_new = 2};
+  attn_request_init(&c.req);
+  c.req.heads_q = 2;
+  c.req.heads_kv = 1;
+  c.req.head_dim = 8;
+  c.req.seq_q = 1;
+  c.req.q = s.q;
+  c.req.o = o;
+  attn_status st;
+  cr_expect_eq(run_call(kv, &c, 0, &st), ATTN_EINVAL);
+  cr_expect(strstr(st.message, "2 new rows"), "%s", st.message);
+  c.total_new = 1;
+  en.kv_off = 1;
+  cr_expect_eq(run_call(kv, &c, 0, &st), ATTN_EINVAL);
+  cr_expect(strstr(st.message, "rows 0 and on"), "%s", st.message);
+  int64_t len = -1;
+  attn_kv_info info;
+  cr_assert_eq(attn_kv_get(kv, "", "t", 0, &info, &len, 1, &st), 0);
+  cr_expect_eq(len, 0);
+  stream_free(&s);
+  attn_kv_close(kv);
+  attn_engine_close(e);
+}

@@ -534,13 +534,6 @@ static int rows_read(attn_kv_store *s, kv_session *ks, kvf_in *in, const kvf_hea
   return 0;
 }
 
-/* Out of the table as an expired session goes (kvstore.c frees it: no call
- * reads it), without counting it as one: it never was in use. */
-static void drop(attn_kv_store *s, kv_session *ks, const kvf_header *h, double now) {
-  ks->expires = -INFINITY;
-  attn__kv_find(s, h->tenant, h->id, now);
-  s->stats.expired--;
-}
 
 static int insert_failed(attn_kv_store *s, const kvf_header *h, const attn_status *e, char *why) {
   if (e->code != ATTN_ESESSION_MEMORY)
@@ -567,7 +560,7 @@ static int session_read(attn_kv_store *s, kvf_ctx *c, kvf_in *in, double now, ch
   } else if (!(ks = attn__kv_insert(s, h->tenant, h->id, &h->shape, h->ttl_s, now, &e))) {
     r = insert_failed(s, h, &e, why);
   } else if (rows_read(s, ks, in, h, why)) {
-    drop(s, ks, h, now);
+    attn__kv_remove(s, h->tenant, h->id); /* no call reads it yet */
     r = -1;
   } else {
     for (int64_t l = 0; l < ks->shape.layers; l++) {

@@ -139,6 +139,12 @@ static int64_t expire_locked(attn_kv_store *s, double now) {
   return n;
 }
 
+void attn__kv_remove(attn_kv_store *s, const char *tenant, const char *id) {
+  kv_session **pp = slot_of(s, tenant, id);
+  if (*pp)
+    unlink_session(s, pp);
+}
+
 kv_session *attn__kv_find(attn_kv_store *s, const char *tenant, const char *id, double now) {
   kv_session **pp = slot_of(s, tenant, id);
   if (*pp && (*pp)->expires <= now) {
@@ -280,7 +286,7 @@ int attn_kv_delete(attn_kv_store *s, const char *tenant, const char *id, double 
   pthread_mutex_lock(&s->mu);
   bool found = attn__kv_find(s, tenant, id, now) != NULL; /* an expired one is gone */
   if (found)
-    unlink_session(s, slot_of(s, tenant, id));
+    attn__kv_remove(s, tenant, id);
   pthread_mutex_unlock(&s->mu);
   return found ? 0 : not_found(id, st);
 }

@@ -67,6 +67,9 @@ kv_session *attn__kv_find(attn_kv_store *s, const char *tenant, const char *id, 
  * NULL with st set (ESESSION_MEMORY, ENOMEM). */
 kv_session *attn__kv_insert(attn_kv_store *s, const char *tenant, const char *id,
                             const attn_kv_shape *sh, double ttl_s, double now, attn_status *st);
+/* Takes session (tenant, id) out of the table (a no-op when there is none):
+ * freed now, or by its last reader. */
+void attn__kv_remove(attn_kv_store *s, const char *tenant, const char *id);
 /* Takes pages until layer L of ks has room for `tokens` tokens. */
 void attn__kv_grow(attn_kv_store *s, kv_session *ks, kv_layer *L, int64_t tokens);
 /* Row j of KV head hk of a layer's K (t 0) or V (t 1). */

@@ -534,7 +534,6 @@ static int rows_read(attn_kv_store *s, kv_session *ks, kvf_in *in, const kvf_hea
   return 0;
 }
 
-
 static int insert_failed(attn_kv_store *s, const kvf_header *h, const attn_status *e, char *why) {
   if (e->code != ATTN_ESESSION_MEMORY)
     return why_set(why, "%.150s", e->message);

@@ -769,8 +769,8 @@ Test(kvstore, new_rows_tile_k_and_v) {
   make(kv, "", "t", &s, 1, 8, 60, 0);
   float o[16];
   attn_kv_entry en = {.id = "t", .pos = 0, .n_new = 1};
-  attn_kv_call c = {.tenant = "", .nentries = 1, .entries = &en, .k_new = s.k, .v_new = s.v,
-                    .total_new = 2};
+  attn_kv_call c = {
+      .tenant = "", .nentries = 1, .entries = &en, .k_new = s.k, .v_new = s.v, .total_new = 2};
   attn_request_init(&c.req);
   c.req.heads_q = 2;
   c.req.heads_kv = 1;

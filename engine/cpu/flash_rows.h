@@ -1,0 +1,160 @@
+/*
+ * flash_rows.h — few query rows in F32 (decoding) for flash.c: vectors
+ * along head_dim.
+ *
+ * Included by flash.c only, after blk_ctx and prefetch_next, as
+ * flash_bf16.h is.
+ *
+ * A decode block has few rows (a GQA group, one query each): in the
+ * transposed layout most of the query lanes would be idle, and every K and
+ * V element would be broadcast on its own. With nrows <= RF_MAX (and
+ * head_dim a multiple of VL) the AVX-512 instances run such blocks along
+ * head_dim instead, K and V rows widened in registers from where they lie:
+ * scores for RF_KEYS keys x RF_MAX rows are RF_KEYS·RF_MAX vector dot
+ * products whose lanes one transposing reduction sums at once (rf_reduce),
+ * and O rows (in the V workspace, [nrows][D]) accumulate P·V row by row,
+ * the next tile prefetched meanwhile (prefetch_next). Scores
+ * and P still go through the transposed score tile, so masks, variants
+ * and the softmax are shared. F32 FMAs for F32 and F16 inputs (widened
+ * exactly), and for BF16 in the instance without BF16 products. */
+#ifndef ATTN_CPU_FLASH_ROWS_H
+#define ATTN_CPU_FLASH_ROWS_H
+
+#if ATTN_ISA == 512
+enum { RF_MAX = 4, RF_KEYS = 4, RF_DCHUNK = 4 };
+
+static inline bool rf_ok(const blk_ctx *c) {
+  return !c->bf16dp && c->nrows <= RF_MAX && c->a->r->head_dim % VL == 0;
+}
+
+/* 16 vectors a[4·ii + jj] to one: lane 4·jj + ii holds the sum of a[4·ii +
+ * jj]'s lanes (two 256-bit, then 128-bit, then in-lane halvings). */
+INLINE __m512 rf_reduce(__m512 a[16]) {
+  __m512 b[8], d[4], e[2];
+  UNROLL for (int m = 0; m < 8; m++) b[m] =
+      _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * m], a[2 * m + 1], 0x44),
+                    _mm512_shuffle_f32x4(a[2 * m], a[2 * m + 1], 0xee));
+  UNROLL for (int m = 0; m < 4; m++) d[m] =
+      _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * m], b[2 * m + 1], 0x88),
+                    _mm512_shuffle_f32x4(b[2 * m], b[2 * m + 1], 0xdd));
+  UNROLL for (int m = 0; m < 2; m++) e[m] =
+      _mm512_add_ps(_mm512_shuffle_ps(d[2 * m], d[2 * m + 1], 0x44),
+                    _mm512_shuffle_ps(d[2 * m], d[2 * m + 1], 0xee));
+  return _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], 0x88), _mm512_shuffle_ps(e[0], e[1], 0xdd));
+}
+
+/* Scores of RF_KEYS keys (nk of them real) at kp, rows ldk elements apart,
+ * into st rows j..j+nk (lanes 0..RF_MAX-1). Q rows are pre-scaled (rf_begin). */
+INLINE void rf_scores4(const blk_ctx *c, const char *kp, int64_t ldk, int64_t j, int64_t nk) {
+  const attn_dtype dt = c->a->r->dtype;
+  const size_t es = attn_dtype_size(dt);
+  const int64_t D = c->a->r->head_dim;
+  __m512 acc[RF_MAX * RF_KEYS];
+  UNROLL for (int n = 0; n < RF_MAX * RF_KEYS; n++) acc[n] = vset1(0.0f);
+  for (int64_t d = 0; d < D; d += VL) {
+    vf k[RF_KEYS];
+    UNROLL for (int jj = 0; jj < RF_KEYS; jj++) k[jj] =
+        jj < nk ? vload_cvt(kp + (size_t)(jj * ldk + d) * es, dt) : vset1(0.0f);
+    UNROLL for (int ii = 0; ii < RF_MAX; ii++) {
+      const vf q = vload(c->qt + ii * D + d);
+      UNROLL for (int jj = 0; jj < RF_KEYS; jj++) acc[ii * RF_KEYS + jj] =
+          vfma(k[jj], q, acc[ii * RF_KEYS + jj]);
+    }
+  }
+  const __m512 s = rf_reduce(acc);
+  UNROLL for (int jj = 0; jj < RF_KEYS; jj++) if (jj < nk)
+      _mm_storeu_ps(c->st + (j + jj) * BQ, _mm512_extractf32x4_ps(s, jj));
+}
+
+static void rf_scores(blk_ctx *c, int64_t nkt) {
+  const size_t es = attn_dtype_size(c->a->r->dtype);
+  const int64_t parts = (nkt + RF_KEYS - 1) / RF_KEYS;
+  for (int64_t j = 0; j < nkt; j += RF_KEYS) {
+    prefetch_next(c, j / RF_KEYS, parts);
+    rf_scores4(c, c->kt + (size_t)(j * c->kstep) * es, c->kstep, j,
+               nkt - j < RF_KEYS ? nkt - j : RF_KEYS);
+  }
+}
+
+/* O rows d0 .. d0 + nc·VL (rf_o, [nr][D] in the V workspace) = alpha·O +
+ * P·V: nr·nc accumulators in registers, V rows widened once per key. */
+INLINE void rf_values_chunk(blk_ctx *c, int64_t nkt, int64_t d0, const int nr, const int nc) {
+  const attn_dtype dt = c->a->r->dtype;
+  const size_t es = attn_dtype_size(dt);
+  const int64_t D = c->a->r->head_dim;
+  vf acc[RF_MAX][RF_DCHUNK];
+  UNROLL for (int ii = 0; ii < nr; ii++) UNROLL for (int v = 0; v < nc; v++) acc[ii][v] =
+      vmul(vload(c->vb + ii * D + d0 + v * VL), vset1(c->alpha[ii]));
+  const char *vr = c->vt + (size_t)d0 * es;
+  for (int64_t j = 0; j < nkt; j++, vr += (size_t)c->vstep * es) {
+    vf x[RF_DCHUNK];
+    UNROLL for (int v = 0; v < nc; v++) x[v] = vload_cvt(vr + v * VL * es, dt);
+    UNROLL for (int ii = 0; ii < nr; ii++) {
+      const vf p = vset1(c->st[j * BQ + ii]);
+      UNROLL for (int v = 0; v < nc; v++) acc[ii][v] = vfma(p, x[v], acc[ii][v]);
+    }
+  }
+  UNROLL for (int ii = 0; ii < nr; ii++) UNROLL for (int v = 0; v < nc; v++)
+      vstore(c->vb + ii * D + d0 + v * VL, acc[ii][v]);
+}
+
+#define RF_NC(NR, NC)                                         \
+  switch (NC) {                                               \
+  case 1: rf_values_chunk(c, nkt, d0, NR, 1); break;          \
+  case 2: rf_values_chunk(c, nkt, d0, NR, 2); break;          \
+  case 3: rf_values_chunk(c, nkt, d0, NR, 3); break;          \
+  default: rf_values_chunk(c, nkt, d0, NR, RF_DCHUNK); break; \
+  }
+
+/* O rows = alpha·O rows + P·V, RF_DCHUNK vectors of head_dim at a time. */
+static void rf_values(blk_ctx *c, int64_t nkt) {
+  const int64_t D = c->a->r->head_dim;
+  for (int64_t d0 = 0; d0 < D; d0 += RF_DCHUNK * VL) {
+    const int nc = (D - d0) / VL < RF_DCHUNK ? (int)((D - d0) / VL) : RF_DCHUNK;
+    switch (c->nrows) {
+    case 1: RF_NC(1, nc) break;
+    case 2: RF_NC(2, nc) break;
+    case 3: RF_NC(3, nc) break;
+    default: RF_NC(4, nc) break;
+    }
+  }
+}
+#undef RF_NC
+
+/* Q rows pre-scaled in qt ([RF_MAX][D], padding rows 0), O rows 0, and the
+ * score tile's lanes 0 (lanes past RF_MAX are never written, only read). */
+static void rf_begin(blk_ctx *c) {
+  const attn__flash_block *blk = c->blk;
+  const int64_t D = c->a->r->head_dim;
+  for (int64_t ii = 0; ii < RF_MAX; ii++) {
+    float *q = c->qt + ii * D;
+    if (ii < c->nrows)
+      load_row(q, q_row(c, blk->h0 + ii / blk->nq, blk->i0 + ii % blk->nq), c->a->r->dtype, D);
+    for (int64_t d = 0; d < D; d++)
+      q[d] = ii < c->nrows ? q[d] * c->a->scale2 : 0.0f;
+  }
+  memset(c->vb, 0, (size_t)(c->nrows * D) * sizeof *c->vb);
+  for (int64_t j = 0; j < BK; j++)
+    vstore(c->st + j * BQ, vset1(0.0f));
+}
+
+/* The O rows back into Oᵀ for finish_block. */
+static void rf_end(blk_ctx *c) {
+  const int64_t D = c->a->r->head_dim;
+  for (int64_t ii = 0; ii < c->nrows; ii++)
+    for (int64_t d = 0; d < D; d++)
+      c->ot[d * BQ + ii] = c->vb[ii * D + d];
+}
+#else
+/* Only the AVX-512 instances run few rows along head_dim in F32. */
+static inline bool rf_ok(const blk_ctx *c) {
+  (void)c;
+  return false;
+}
+static inline void rf_scores(blk_ctx *c, int64_t nkt) { (void)c, (void)nkt; }
+static inline void rf_values(blk_ctx *c, int64_t nkt) { (void)c, (void)nkt; }
+static inline void rf_begin(blk_ctx *c) { (void)c; }
+static inline void rf_end(blk_ctx *c) { (void)c; }
+#endif
+
+#endif

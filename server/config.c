@@ -26,6 +26,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* ---- values: numbers, sizes, durations, addresses ------------------------ */
+
 static int bad(const char *what, const char *value, const char *expect) {
   fprintf(stderr, "attnd: %s expects %s (got \"%s\")\n", what, expect, value);
   return -1;
@@ -111,6 +113,8 @@ static int parse_devices(const char *what, const char *s, attnd_config *c) {
   snprintf(c->devices, sizeof c->devices, "%s", s);
   return 0;
 }
+
+/* ---- the flags: each one's value into the configuration ------------------- */
 
 static int apply_backend(attnd_config *c, const char *what, const char *v) {
   if (strcmp(v, "auto") && strcmp(v, "cpu") && strcmp(v, "cuda"))
@@ -426,6 +430,8 @@ static int apply_session_ttl_max(attnd_config *c, const char *what, const char *
   return 0;
 }
 
+/* ---- the table of flags, their variables and defaults ------------------------ */
+
 typedef struct flag {
   const char *name; /* --name; its variable is ATTND_NAME */
   const char *arg;  /* what the usage calls its value */
@@ -523,6 +529,8 @@ static const flag flags[] = {
 };
 enum { N_FLAGS = sizeof flags / sizeof *flags, OPT_HELP = N_FLAGS, OPT_VERSION };
 
+/* ---- --help ------------------------------------------------------------------ */
+
 /* The usage's layout: a flag and its argument in the first column, the
  * help wrapped in the second. */
 enum { USAGE_INDENT = 2, USAGE_COLUMN = 25, USAGE_WIDTH = 86 };
@@ -592,6 +600,8 @@ static void print_usage(FILE *out) {
         "SIGUSR1 are logged and ignored: attnd reloads nothing (restart it to apply changes).\n",
         out);
 }
+
+/* ---- parsing: flags, then variables, then defaults ----------------------------- */
 
 /*
  * Whether an empty value given (flag or variable) means "not set". Only

@@ -540,7 +540,9 @@ void attn_kv_stats_get(attn_kv_store *s, attn_kv_stats *out);
  *
  * Entry e's new keys are rows [kv_off[e], kv_off[e] + n_new[e]) of k_new
  * and v_new, [Hkv, total_new, D] contiguous in the session's dtype (n_new
- * 0: attend over the layer's whole length; pos is then ignored).
+ * 0: attend over the layer's whole length; pos is then ignored). The
+ * entries' rows follow one another from row 0 and use every row, as
+ * cu_seqlens_kv would lay them out.
  */
 typedef struct attn_kv_entry {
   const char *id;

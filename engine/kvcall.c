@@ -499,10 +499,10 @@ static int job_build(kv_job *j) {
   r->pages_per_head = pph;
   r->kv_absmax[0] = r->kv_absmax[1] = 0;
   r->backend = "cpu";
-  if (j->ncalls > 1)
+  j->gathered = j->ncalls > 1; /* several calls' q, o: one buffer */
+  if (j->gathered)
     r->cancel = NULL; /* one caller's cancel would cancel the others' */
-  if (job_tables(j, r->heads_kv, pph) < 0 ||
-      (j->gathered = j->ncalls > 1, j->gathered && job_gather(j) < 0))
+  if (job_tables(j, r->heads_kv, pph) < 0 || (j->gathered && job_gather(j) < 0))
     return -1;
   r->k_pages = (const void *const *)j->kp;
   r->v_pages = (const void *const *)j->vp;
@@ -580,13 +580,8 @@ static kv_job *take_pending(attn_kv_store *s) {
     kv_pending *p = list;
     list = p->next;
     p->next = NULL;
-    if (!group_add(s, &jobs, p)) {
-      kv_job *alone = job_new(s, p); /* try it on its own */
-      if (!alone)
-        abort(); /* not even a few bytes: nothing can go on */
-      alone->next = jobs;
-      jobs = alone;
-    }
+    if (!group_add(s, &jobs, p))
+      abort(); /* not even a job's few bytes: nothing can go on */
   }
   for (kv_job *j = jobs; j; j = j->next) {
     s->jobs_running++;

@@ -434,12 +434,14 @@ class Client:
 
     # -- sessions -----------------------------------------------------------------------
 
-    def session(self, id, *, heads_kv, head_dim, dtype="F32", layers=1, max_tokens, ttl_s=600):
+    def session(self, id, *, heads_kv, head_dim, dtype="F32", layers=1, max_tokens, ttl_s=600,
+                history=None):
         """Creates (or finds, made with the same parameters) the server-side KV cache
-        ``id`` and returns its :class:`attnd.Session`; see there. ``with
-        client.session(...) as s:`` deletes it when the block ends."""
+        ``id`` and returns its :class:`attnd.Session`; see there (``history`` rebuilds it
+        when it is gone). ``with client.session(...) as s:`` deletes it when the block
+        ends."""
         return Session(self, id, heads_kv=heads_kv, head_dim=head_dim, dtype=dtype,
-                       layers=layers, max_tokens=max_tokens, ttl_s=ttl_s)
+                       layers=layers, max_tokens=max_tokens, ttl_s=ttl_s, history=history)
 
     def sessions(self):
         """The caller's sessions (``GET /v1/sessions``): a dict with ``sessions`` (each as

@@ -29,6 +29,10 @@ from ._tensors import bf16_to_float32, f32_to_wire, from_wire, result_device, to
 __all__ = ["Session", "session_batch"]
 
 _DTYPES = ("F32", "F16", "BF16")
+_ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2}
+# The k and v of one re-prefill call: a body far below the server's default --max-body (1G)
+# that still takes a long history in few calls.
+_PREFILL_BYTES = 64 << 20
 _ID = re.compile(r"[A-Za-z0-9-][A-Za-z0-9._-]{0,127}\Z")
 
 
@@ -134,12 +138,30 @@ class Session:
     reserves the memory of all ``max_tokens`` at once (507 ``session_memory_full`` when it
     cannot) and drops the session ``ttl_s`` seconds after its last use.
 
+    ``history``, when given, rebuilds a session that is gone. A session the server no longer
+    has (a replica lost behind a proxy routing by session id, a restart without
+    ``--session-dir``, the TTL, a ``DELETE`` from elsewhere) answers 404
+    ``session_not_found``; with ``history``, :meth:`attend` and :meth:`truncate` then
+    re-create it with the same parameters, re-prefill every layer to the length this object
+    had seen and make their call once more. ``history(layer, length)`` must return
+    ``(k, v)``, the keys and values of that layer's tokens ``[0, length)``, each
+    ``[heads_kv, length, head_dim]`` (numpy arrays, torch tensors or nested lists, in any
+    dtype :meth:`attend` takes): what a model runner keeps of its own, or recomputes from
+    the token ids. It is called once per layer that holds tokens; its arrays are sent in
+    calls of at most 64 MiB. Another shape raises ValueError, and a rebuild that fails
+    (that, an error of the server, a second 404) deletes what it had re-created, so that
+    no call is answered over part of the history. A session that is back already (another
+    client re-created it) is used when it holds the lengths this object had seen, and
+    raises 409 ``session_conflict`` when it does not. Without ``history`` the 404 is raised.
+
     Attributes:
-        client, id, heads_kv, head_dim, dtype, layers, max_tokens, ttl_s: as given.
+        client, id, heads_kv, head_dim, dtype, layers, max_tokens, ttl_s, history: as
+            given.
         lengths: the length of each layer as this object last saw it (its creation, an
             :meth:`attend`, :meth:`truncate`, :meth:`info` or batch call); :meth:`attend`
             appends at it when no ``pos`` is given.
         created: True when the create made the session, False when it existed.
+        recreated: how many times this object found the session gone and rebuilt it.
 
     A ``with`` block deletes the session when it ends (an already gone session is not an
     error then). One object is not meant for several threads at once: its lengths are
@@ -147,7 +169,7 @@ class Session:
     """
 
     def __init__(self, client, id, *, heads_kv, head_dim, dtype="F32", layers=1, max_tokens,
-                 ttl_s=600, create=True):
+                 ttl_s=600, create=True, history=None):
         self.client = client
         self.id = _check_id(id)
         self.heads_kv, self.head_dim = int(heads_kv), int(head_dim)
@@ -157,17 +179,20 @@ class Session:
         self.layers, self.max_tokens, self.ttl_s = int(layers), int(max_tokens), ttl_s
         self.lengths = [0] * self.layers
         self.created = None
+        self.history = history
+        self.recreated = 0
         if create:
             self.create()
 
     @classmethod
-    def attach(cls, client, id):
+    def attach(cls, client, id, history=None):
         """The session ``id`` as the server has it (``GET``), without creating anything;
-        404 ``session_not_found`` when there is none."""
+        404 ``session_not_found`` when there is none. ``history`` is as for the
+        constructor."""
         _, info = _json_call(client, "GET", _path(_check_id(id)))
         s = cls(client, id, heads_kv=info["heads_kv"], head_dim=info["head_dim"],
                 dtype=info["dtype"], layers=info["layers"], max_tokens=info["max_tokens"],
-                ttl_s=info.get("ttl_s", 600), create=False)
+                ttl_s=info.get("ttl_s", 600), create=False, history=history)
         s.lengths = [int(n) for n in info["lengths"]]
         return s
 
@@ -187,39 +212,57 @@ class Session:
     def create(self):
         """``PUT /v1/sessions/{id}``; True when it made the session, False when it existed
         with the same parameters (then :attr:`lengths` is read back from the server)."""
+        self.created = self._put() == 201
+        if not self.created:
+            self.info()
+        return self.created
+
+    def _put(self):
+        """``PUT /v1/sessions/{id}`` with this object's parameters; its status, 201 (made)
+        or 200 (it existed with them)."""
         doc = {"heads_kv": self.heads_kv, "head_dim": self.head_dim, "dtype": self.dtype,
                "layers": self.layers, "max_tokens": self.max_tokens}
         if self.ttl_s is not None:
             doc["ttl_s"] = self.ttl_s
         status, _ = _json_call(self.client, "PUT", _path(self.id), doc, ok=(200, 201))
-        self.created = status == 201
-        if not self.created:
-            self.info()
-        return self.created
+        return status
 
     def info(self):
         """``GET /v1/sessions/{id}``: a dict of its parameters, ``lengths`` (one per layer),
-        ``reserved_bytes`` and ``expires_in_s``; :attr:`lengths` is updated from it."""
-        _, info = _json_call(self.client, "GET", _path(self.id))
+        ``reserved_bytes`` and ``expires_in_s``; :attr:`lengths` is updated from it.
+
+        It never re-creates a session that is gone (it raises 404 ``session_not_found``,
+        history or not): it is how a caller learns what the server holds."""
+        info = self._get()
         self.lengths = [int(n) for n in info["lengths"]]
         return info
+
+    def _get(self):
+        return _json_call(self.client, "GET", _path(self.id))[1]
 
     def delete(self, missing_ok=False):
         """``DELETE /v1/sessions/{id}``: its memory is free at once. A session already gone
         raises 404 ``session_not_found`` unless ``missing_ok``."""
+        self._delete(missing_ok)
+        self.lengths = [0] * self.layers
+
+    def _delete(self, missing_ok):
         try:
             _json_call(self.client, "DELETE", _path(self.id), ok=(200, 204))
         except AttndError as e:
             if not (missing_ok and e.code == "session_not_found"):
                 raise
-        self.lengths = [0] * self.layers
 
     def truncate(self, length):
         """Cuts every layer longer than ``length`` to ``length`` (``POST .../truncate``):
-        a rejected speculative draft. :attr:`lengths` follows."""
+        a rejected speculative draft. :attr:`lengths` follows. A session found gone is
+        rebuilt from ``history`` to the kept lengths only (the rejected tokens need not be
+        in the history any more), as :meth:`attend` does."""
         n = int(length)
-        _json_call(self.client, "POST", _path(self.id, "/truncate"), {"length": n})
-        self.lengths = [min(x, n) for x in self.lengths]
+        kept = [min(x, n) for x in self.lengths]
+        self._recovering(lambda: _json_call(self.client, "POST", _path(self.id, "/truncate"),
+                                            {"length": n}), kept)
+        self.lengths = kept
 
     def attend(self, q, k=None, v=None, *, layer=0, pos=None, causal=True, scale=None,
                window=(-1, -1), window_left=None, window_right=None, softcap=None,
@@ -254,9 +297,12 @@ class Session:
             becomes the layer's length the server replied with.
 
         Raises:
-            AttndError: 404 ``session_not_found``, 409 ``session_conflict``, 422
-                ``session_full`` (past max_tokens), 422 for a shape or dtype that is not
-                the session's, or any error of ``/attention``.
+            AttndError: 404 ``session_not_found`` (without ``history``, or when the
+                session is gone again during or after its rebuild), 409
+                ``session_conflict``, 422 ``session_full`` (past max_tokens), 422 for a
+                shape or dtype that is not the session's, or any error of ``/attention``.
+            ValueError, TypeError: ``history`` gave something other than the k and v the
+                rebuild asked for.
         """
         layer = self._layer(layer)
         if (k is None) != (v is None):
@@ -276,10 +322,90 @@ class Session:
         opts.update(_call_options(causal, scale, window, window_left, window_right, softcap,
                                   stats, backend))
         names = ("o", "m", "l", "lse") if stats else ("o",)
-        out, fields, resp = self.client._exchange(_path(self.id, "/attention"), wire, opts,
-                                                  _wants_json(json, binary), names)
+        as_json = _wants_json(json, binary)
+        # pos was fixed above from the lengths before the call, so a retry after a rebuild
+        # appends where the first try would have, whatever the server holds by then.
+        out, fields, resp = self._recovering(
+            lambda: self.client._exchange(_path(self.id, "/attention"), wire, opts, as_json,
+                                          names), list(self.lengths))
         self.lengths[layer] = _reply_length(fields, resp)
         return _results(out, names, result_device(q, k, v), q_shape)
+
+    # -- rebuilding a session that is gone -----------------------------------------------
+
+    def _recovering(self, call, lengths):
+        """call(); when it finds the session gone (404 ``session_not_found``) and there is
+        a history callback, the session is rebuilt to ``lengths`` and call() made once
+        more (a second 404 raises)."""
+        try:
+            return call()
+        except AttndError as e:
+            if self.history is None or e.code != "session_not_found":
+                raise
+        self._recover(lengths)
+        return call()
+
+    def _recover(self, lengths):
+        """Re-create the session and re-prefill each layer to ``lengths`` from history. A
+        session that is back already (200: another client re-created it) is taken as it
+        is when it holds those lengths, and refused with 409 ``session_conflict`` when not:
+        its tokens are not the ones this object's positions count."""
+        if self._put() == 201:
+            self._refill(lengths)
+        else:
+            have = [int(n) for n in self._get()["lengths"]]
+            if have != list(lengths):
+                raise AttndError(409, "session_conflict",
+                                 "session %r was gone and is back, re-created by another "
+                                 "client with lengths %s, not the %s this object had seen; "
+                                 "nothing was appended" % (self.id, have, list(lengths)))
+        self.lengths = list(lengths)
+        self.recreated += 1
+
+    def _refill(self, lengths):
+        try:
+            for layer, n in enumerate(lengths):
+                if n:
+                    self._prefill(layer, n)
+        except BaseException:
+            # A session holding part of its history would answer over the wrong keys (a
+            # call without k, v attends over whatever is there): gone, the next call finds
+            # it missing and rebuilds it again.
+            self._delete(missing_ok=True)
+            raise
+
+    def _prefill(self, layer, n):
+        """Tokens [0, n) of one layer from history, in calls of at most _PREFILL_BYTES of k
+        and v. Each call needs a q (no dimension may be 0): one query of zeros a KV head,
+        the cheapest there is; its output is not read."""
+        k, v = self._history(layer, n)
+        q = ("q",) + _as_dtype(np.zeros((self.heads_kv, 1, self.head_dim), np.float32), "q",
+                               self.dtype)
+        token_bytes = 2 * self.heads_kv * self.head_dim * _ITEMSIZE[self.dtype]
+        step = max(1, _PREFILL_BYTES // token_bytes)
+        for a in range(0, n, step):
+            wire = [q] + [(name,) + _as_dtype(x[:, a:a + step], name, self.dtype)
+                          for name, x in (("k", k), ("v", v))]
+            self.client._exchange(_path(self.id, "/attention"), wire,
+                                  {"layer": layer, "pos": a}, False, ("o",))
+
+    def _history(self, layer, n):
+        """history(layer, n), checked: k and v of exactly [heads_kv, n, head_dim]."""
+        got = self.history(layer, n)
+        if not (isinstance(got, (tuple, list)) and len(got) == 2):
+            raise TypeError("attnd: history(%d, %d) must return (k, v), got %s"
+                            % (layer, n, type(got).__name__))
+        want = [self.heads_kv, n, self.head_dim]
+        out = []
+        for name, x in zip(("k", "v"), got):
+            x = _array(x)
+            shape = [int(d) for d in x.shape]
+            if shape != want:
+                raise ValueError("attnd: history(%d, %d) gave %s of shape %s; session %r "
+                                 "needs [heads_kv, length, head_dim] = %s"
+                                 % (layer, n, name, shape, self.id, want))
+            out.append(x)
+        return out
 
     def _layer(self, layer):
         layer = int(layer)

@@ -27,9 +27,10 @@ def _free_port():
 
 
 class Server:
-    """A running attnd: ``url``, ``client()``, ``log()``, ``stop()``."""
+    """A running attnd: ``url``, ``client()``, ``log()``, ``stop()``; on ``port`` when
+    given, else a free one."""
 
-    def __init__(self, args, tmp_path):
+    def __init__(self, args, tmp_path, port=None):
         binary = os.environ.get("ATTND_BIN", os.path.join(ROOT, "build", "attnd"))
         if not os.path.isabs(binary):
             binary = os.path.join(ROOT, binary)
@@ -37,8 +38,10 @@ class Server:
             pytest.fail("no attnd binary at %s (make build/attnd, or set ATTND_BIN)" % binary)
         self.log_path = os.path.join(str(tmp_path), "attnd.log")
         last = None
-        for _ in range(5):   # the port can be taken between choosing and binding it
-            self.port = _free_port()
+        # A port of our choosing can be taken between choosing and binding it: choose again.
+        # A given port (a restart in its predecessor's place) has one try.
+        for _ in range(1 if port else 5):
+            self.port = port or _free_port()
             self.url = "http://127.0.0.1:%d" % self.port
             with open(self.log_path, "wb") as log:
                 self.proc = subprocess.Popen(

@@ -252,7 +252,7 @@ SERVER_SRC = server/main.c server/config.c server/http.c server/loop.c server/de
              server/v2.c server/reqid.c server/auth.c server/inflate.c server/log.c server/tls.c \
              server/console.c server/parse.c server/routes.c server/v1.c server/server.c \
              server/body.c server/listen.c server/reply.c server/jobs.c \
-             server/work.c server/bodybuf.c server/tiny.c server/sessions.c
+             server/work.c server/bodybuf.c server/tiny.c server/sessions.c server/proxy.c
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/obj/%.o) $(CONSOLE_OBJ)
 
 # ---- the web console (GET /): its files compiled into attnd ---------------------

@@ -356,6 +356,17 @@ static int apply_min_rate(attnd_config *c, const char *what, const char *v) {
 static int apply_drain(attnd_config *c, const char *what, const char *v) {
   return parse_seconds(what, v, 0, &c->drain_timeout);
 }
+static int apply_drain_delay(attnd_config *c, const char *what, const char *v) {
+  return parse_seconds(what, v, 0, &c->drain_delay);
+}
+static int apply_trusted_proxy(attnd_config *c, const char *what, const char *v) {
+  char err[160];
+  c->trusted_proxies.n = 0; /* the flag replaces the variable's list */
+  if (attnd_proxies_parse(&c->trusted_proxies, v, err, sizeof err) == 0)
+    return 0;
+  fprintf(stderr, "attnd: %s: %s\n", what, err);
+  return -1;
+}
 
 /* ---- sessions --------------------------------------------------------------- */
 
@@ -486,6 +497,11 @@ static const flag flags[] = {
      apply_min_rate},
     {"drain-timeout", "SECONDS", "30",
      "on SIGTERM/SIGINT, finish queued work for at most this long", apply_drain},
+    {"drain-delay", "SECONDS", "0",
+     "on SIGTERM/SIGINT, answer /readyz 503 but keep serving this long before the drain "
+     "starts, so that a load balancer's health check takes the server out of rotation "
+     "first; a second signal starts the drain at once",
+     apply_drain_delay},
     {"log-format", "FORMAT", "text",
      "text or json (one object per line: RFC 3339 time, level, request id...)", apply_log},
     {"api-key", "KEY", "",
@@ -513,6 +529,12 @@ static const flag flags[] = {
      "of these names (comma-separated; .example.com for every name under it; * for any): a "
      "web page cannot reach the server through DNS rebinding",
      apply_allowed_hosts},
+    {"trusted-proxy", "LIST", "",
+     "addresses and networks (comma-separated, e.g. 10.0.0.0/8,::1) of proxies whose "
+     "X-Forwarded-For names the client: the per-client limits and log lines use that address "
+     "for their requests, and their connections are not capped per client; nobody else's "
+     "X-Forwarded-For is read",
+     apply_trusted_proxy},
     {"session-memory", "BYTES", "auto",
      "memory all sessions (KV caches held by the server) may reserve, suffix K, M or G; a "
      "create that does not fit gets 507; 0 = no sessions; auto = a quarter of physical memory",

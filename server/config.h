@@ -7,6 +7,7 @@
 #define ATTND_CONFIG_H
 
 #include "auth.h"
+#include "proxy.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -30,6 +31,7 @@ typedef struct attnd_config {
   int max_connections_per_client; /* of one client address; 0: no own limit */
   double header_timeout;          /* seconds to send a request's headers whole */
   double drain_timeout;           /* seconds */
+  double drain_delay; /* seconds between SIGTERM (/readyz 503) and the drain's start */
   double min_upload_rate;         /* body bytes per second at least; 0: no minimum */
   bool log_json;
   /* Jobs of one client address running at once (loop.c): -1 auto (every
@@ -47,6 +49,8 @@ typedef struct attnd_config {
   char tls_priorities[512]; /* GnuTLS priority string for HTTPS */
   char cors_origin[256];    /* "" off, "*" or one origin */
   char allowed_hosts[512];  /* Host names a keyless server answers to besides addresses */
+  /* Whose X-Forwarded-For names the client (proxy.h); n == 0: nobody's. */
+  attnd_proxies trusted_proxies;
   /* Sessions (the KV cache the server holds, /v1/sessions/...). */
   uint64_t session_memory; /* bytes all sessions may reserve; 0: sessions off */
   char session_dir[1024];  /* a writable directory sessions are saved to across restarts; "" */

@@ -163,7 +163,8 @@ bool attnd_conns_admit(attnd_conns *c, const char *client, double now) {
   pthread_mutex_lock(&c->mu);
   bool ok = c->open - c->closing + c->pending < c->max || evict_oldest(c, NULL) ||
             evict_upload_for(c, client, now);
-  if (ok && c->per_client > 0 && live_of(c, client) >= c->per_client)
+  bool capped = c->per_client > 0 && !(c->uncapped && attnd_proxies_trusts(c->uncapped, client));
+  if (ok && capped && live_of(c, client) >= c->per_client)
     ok = evict_oldest(c, client);
   if (ok) {
     c->pending++;

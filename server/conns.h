@@ -30,6 +30,8 @@
 #ifndef ATTND_CONNS_H
 #define ATTND_CONNS_H
 
+#include "proxy.h"
+
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -108,6 +110,9 @@ typedef struct attnd_conns {
   double pending_at;
   int max;        /* open and not closing, at most */
   int per_client; /* of one address, at most */
+  /* Addresses per_client does not cap (NULL: none): the trusted proxies,
+   * whose connections carry many clients' requests. */
+  const attnd_proxies *uncapped;
   double header_timeout, idle_timeout;
   double min_rate; /* body bytes per second at least; 0: no minimum */
   attnd_conn_cut_fn cut;

@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 _Static_assert(ATTND_CONN_ID_MAX >= ATTND_REQID_MAX, "an upload's record must hold its request id");
 
@@ -270,6 +271,39 @@ static bool head_ok(attnd_req *r, const char *version, bool post) {
   return false;
 }
 
+/* X-Forwarded-For's values in the order they came: the last few, since a
+ * proxy appends (and the right end is what a trusted one wrote). */
+typedef struct xff_values {
+  const char *v[8];
+  int n;
+} xff_values;
+
+static enum MHD_Result collect_xff(void *cls, enum MHD_ValueKind kind, const char *key,
+                                   const char *value) {
+  (void)kind;
+  xff_values *x = cls;
+  if (!value || strcasecmp(key, "X-Forwarded-For"))
+    return MHD_YES;
+  if (x->n == (int)(sizeof x->v / sizeof *x->v))
+    memmove(x->v, x->v + 1, sizeof x->v - sizeof *x->v), x->n--;
+  x->v[x->n++] = value;
+  return MHD_YES;
+}
+
+/* r's client, the key of its fair share of the running slots (loop.c) and
+ * of its log line: its connection's address, or through a trusted proxy
+ * the address X-Forwarded-For names (proxy.h). */
+static void client_of(attnd_req *r) {
+  const attnd_proxies *p = &r->srv->cfg->trusted_proxies;
+  if (!attnd_proxies_trusts(p, r->link->client)) {
+    attnd_copy_str(r->client, sizeof r->client, r->link->client);
+    return;
+  }
+  xff_values x = {{0}, 0};
+  MHD_get_connection_values(r->conn, MHD_HEADER_KIND, collect_xff, &x);
+  attnd_proxies_client(p, r->link->client, x.v, x.n, r->client);
+}
+
 /* The first callback, once the headers are in: route, and decide what can
  * be decided before the body. */
 static enum MHD_Result first_call(attnd_req *r, const char *url, const char *method,
@@ -278,8 +312,7 @@ static enum MHD_Result first_call(attnd_req *r, const char *url, const char *met
   r->started = true;
   if (r->link) {
     attnd_conns_set(&s->conns, r->link, ATTND_CONN_BUSY, attn_now());
-    /* the key of its fair share of the running slots (loop.c) */
-    attnd_copy_str(r->client, sizeof r->client, r->link->client);
+    client_of(r);
   }
   route_of(r, url, method);
   const char *id = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, ATTND_REQID_HEADER);

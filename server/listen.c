@@ -152,6 +152,7 @@ int attnd_http_start(attnd_server *s) {
   fit_open_files(s);
   int per_client = c->max_connections_per_client;
   attnd_conns_init(&s->conns, s->max_connections, per_client, c->header_timeout, c->idle_timeout);
+  s->conns.uncapped = &c->trusted_proxies;
   attnd_conns_uploads(&s->conns, c->min_upload_rate, attnd_body_cut, s);
   unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
                    MHD_USE_ERROR_LOG;

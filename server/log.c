@@ -209,6 +209,7 @@ static void log_request_json(attnd_server *s, const attnd_req *r, const char *id
   json_field(&b, "path", r->path);
   if (r->model[0])
     json_field(&b, "model", r->model);
+  json_field(&b, "client", r->client[0] ? r->client : "-");
   if (s->cfg->keys.n && r->tenant[0])
     json_field(&b, "key", r->tenant);
   else if (s->cfg->keys.n)
@@ -230,7 +231,7 @@ void attnd_log_request(attnd_server *s, const attnd_req *r, double total) {
     log_request_json(s, r, id, queue, compute, total);
     return;
   }
-  /* text: on the stack, without the heap: the most it holds is some 1020
+  /* text: on the stack, without the heap: the most it holds is some 1080
    * bytes (quoted method and path, a key's name, an id of ATTND_REQID_MAX) */
   char method[80], path[560], text[1280];
   attn_quote(method, sizeof method, r->method, strlen(r->method));
@@ -243,6 +244,8 @@ void attnd_log_request(attnd_server *s, const attnd_req *r, double total) {
   put(&l, " ", 1);
   put_int(&l, r->status);
   put_numbers(&l, r, false, queue, compute, total);
+  puts_(&l, " client="); /* an address: nothing in it to quote */
+  puts_(&l, r->client[0] ? r->client : "-");
   if (s->cfg->keys.n) { /* the key's name, never the key; "-": none (a 401, an open route) */
     puts_(&l, " key=");
     puts_(&l, r->tenant[0] ? r->tenant : "-");

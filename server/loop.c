@@ -402,15 +402,37 @@ static void check_drain(uv_timer_t *t) {
   }
 }
 
-static void on_signal(uv_signal_t *h, int signum) {
-  attnd_server *s = h->data;
+static void begin_drain(attnd_server *s, const char *why) {
   if (atomic_exchange(&s->draining, true))
     return;
-  attnd_log_note(s, ATTND_INFO, NULL, NULL, "%s: draining (up to %g s)",
-                 signum == SIGTERM ? "SIGTERM" : "SIGINT", s->cfg->drain_timeout);
+  attnd_log_note(s, ATTND_INFO, NULL, NULL, "%s: draining (up to %g s)", why,
+                 s->cfg->drain_timeout);
   s->transport->quiesce(s);
   s->drain_deadline = attn_now() + s->cfg->drain_timeout;
   uv_timer_start(&s->drain_timer, check_drain, 0, DRAIN_CHECK_MS);
+}
+
+static void on_drain_delay(uv_timer_t *t) { begin_drain(t->data, "--drain-delay over"); }
+
+/*
+ * The first SIGTERM or SIGINT turns /readyz 503 at once. With
+ * --drain-delay the server goes on serving that long, each reply closing
+ * its connection, so that a load balancer's health check sees it leave
+ * and sends elsewhere before the listening socket closes; a second
+ * signal drains at once.
+ */
+static void on_signal(uv_signal_t *h, int signum) {
+  attnd_server *s = h->data;
+  const char *name = signum == SIGTERM ? "SIGTERM" : "SIGINT";
+  double delay = s->cfg->drain_delay;
+  if (!atomic_exchange(&s->unready, true) && delay > 0) {
+    attnd_log_note(s, ATTND_INFO, NULL, NULL,
+                   "%s: /readyz answers 503; serving %g s more (--drain-delay), then draining",
+                   name, delay);
+    uv_timer_start(&s->drain_timer, on_drain_delay, (uint64_t)(delay * 1000 + 0.5), 0);
+    return;
+  }
+  begin_drain(s, name);
 }
 
 /*

@@ -130,7 +130,9 @@ enum MHD_Result attnd_reply_queue(attnd_req *r) {
     MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"attnd\"");
   if (r->retry_after)
     MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
-  if (r->close)
+  /* a stopping server's clients reconnect, and their balancer then picks
+   * a server that stays */
+  if (r->close || atomic_load(&r->srv->unready))
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
   if (r->resp_json_len) {
     char n[24];

@@ -40,5 +40,10 @@ int attnd_server_ready(attnd_server *s, char *why, size_t cap) {
     snprintf(why, cap, "the server is draining and takes no new work");
     return ATTND_ESHUTTING_DOWN;
   }
+  if (atomic_load(&s->unready)) {
+    snprintf(why, cap, "the server is stopping: it drains in at most %g s (--drain-delay)",
+             s->cfg->drain_delay);
+    return ATTND_ESHUTTING_DOWN;
+  }
   return backend_ready(s, why, cap) ? 0 : ATTND_EBACKEND_UNAVAILABLE;
 }

@@ -1244,8 +1244,24 @@ def test_readme_commands_and_metrics(server_help, tmp_path):
     text = read(os.path.join(DOCKER, "README.md"))
     for s in ("docker build -f docker/Dockerfile ", "docker build -f docker/Dockerfile.cpu ",
               "docker run --gpus all -p 8080:8080", "docker compose -f docker/compose.yaml up",
-              "--profile load", "kubectl apply -f docker/k8s/", "What was verified where"):
+              "--profile load", "kubectl apply -f docker/k8s/", "What was verified where",
+              "docker compose -f docker/compose.scale.yaml up",
+              "-f docker/compose.scale.gpu.yaml", "server-template", "maxReplicas"):
         assert s in text, "docker/README.md lacks %r" % s
+    # The adapter rule: the same in the README and in hpa.yaml's comment, and
+    # it exposes the metric the HPA asks for.
+    rule_md = re.search(r"```yaml\n(rules:\n.*?)```", text, re.S)
+    assert rule_md, "docker/README.md lacks the prometheus-adapter rules: snippet"
+    hpa_text = read(os.path.join(K8S, "hpa.yaml"))
+    m = re.search(r"^#   rules:\n(?:#  .*\n)+", hpa_text, re.M)
+    assert m, "hpa.yaml's comment lacks the adapter rule"
+    rule_hpa = "".join(ln[4:] + "\n" for ln in m.group(0).splitlines())
+    assert yaml.safe_load(rule_md.group(1)) == yaml.safe_load(rule_hpa)
+    rule = yaml.safe_load(rule_hpa)["rules"][0]
+    hpa = k8s_kind(k8s_docs(), "HorizontalPodAutoscaler")
+    wanted = [x["pods"]["metric"]["name"] for x in hpa["spec"]["metrics"] if x["type"] == "Pods"]
+    assert wanted == [rule["name"]["as"]], (wanted, rule["name"])
+    assert re.match(rule["name"]["matches"], "attnd_queue_depth")
     for link in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text):
         assert os.path.exists(os.path.join(DOCKER, link)), "broken link %s" % link
     names = tokens_in(text, r"\battnd_[a-z_]+\b")

@@ -6,6 +6,9 @@ Kubernetes manifests by PyYAML. Every ATTND_* variable and --flag they use is
 checked against what the real server accepts (`$ATTND_BIN --help`), and the
 values by starting $ATTND_BIN with each file's environment. Ports, probe paths,
 grace periods, the packages of each stage and the user are cross-checked. The
+manifests are also validated against the Kubernetes API's JSON schemas
+(kubernetes-validate, strict), the HAProxy configurations are regenerated with
+docker/proxy-config and compared, and `haproxy -c` checks them. The
 checks are functions returning a list of problems, and the `test_catches_*`
 tests feed them broken copies to show that each one fails when it should.
 
@@ -37,6 +40,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 DOCKER = os.path.join(ROOT, "docker")
 K8S = os.path.join(DOCKER, "k8s")
 DOCKERFILES = ["Dockerfile", "Dockerfile.cpu"]
+COMPOSE_FILES = ["compose.yaml", "compose.secure.yaml", "compose.scale.yaml",
+                 "compose.scale.gpu.yaml"]
+PROXY_CONFIG = os.path.join(DOCKER, "proxy-config")
+# The Kubernetes version whose API schemas the manifests must satisfy.
+K8S_VERSION = "1.34.0"
 
 # ---------------------------------------------------------------------------
 # Packages of the Makefile's DEPS that the images' build stages leave out on
@@ -352,6 +360,20 @@ def server_help():
 
 
 @pytest.fixture(scope="module")
+def served_gauges(tmp_path_factory):
+    """The gauges a running attnd's /metrics declares (# TYPE name gauge)."""
+    srv = start_attnd({"ATTND_BACKEND": "cpu", "ATTND_THREADS": "1"},
+                      tmp_path_factory.mktemp("gauges"))
+    try:
+        metrics = http_get(srv.url + "/metrics")[1]
+    finally:
+        srv.stop(timeout=35)
+    gauges = set(re.findall(r"^# TYPE (attnd_[a-z_]+) gauge$", metrics, re.M))
+    assert "attnd_queue_depth" in gauges, metrics
+    return gauges
+
+
+@pytest.fixture(scope="module")
 def load_help():
     b = attn_bin()
     if not os.access(b, os.X_OK):
@@ -378,8 +400,8 @@ def runtime_stage(name):
     return dockerfile(name)[1][-1]
 
 
-def compose():
-    return yaml.safe_load(read(os.path.join(DOCKER, "compose.yaml")))
+def compose(name="compose.yaml"):
+    return yaml.safe_load(read(os.path.join(DOCKER, name)))
 
 
 def k8s_docs():
@@ -392,16 +414,31 @@ def k8s_docs():
     return docs
 
 
-def k8s_kind(docs, kind):
-    found = [d for _, d in docs if d.get("kind") == kind]
-    assert len(found) == 1, "expected one %s in docker/k8s/, found %d" % (kind, len(found))
+def k8s_kind(docs, kind, name=None):
+    found = [d for _, d in docs if d.get("kind") == kind and
+             (name is None or (d.get("metadata") or {}).get("name") == name)]
+    assert len(found) == 1, "expected one %s%s in docker/k8s/, found %d" % (
+        kind, "" if name is None else " " + name, len(found))
     return found[0]
 
 
+def by_kind(docs):
+    """{kind: document} of attnd's own manifests (label app.kubernetes.io/name:
+    attnd), and {"Kind/name": document} of every one."""
+    out = {}
+    for _, d in docs:
+        meta = d.get("metadata") or {}
+        out["%s/%s" % (d.get("kind"), meta.get("name"))] = d
+        if (meta.get("labels") or {}).get("app.kubernetes.io/name") == "attnd":
+            assert d["kind"] not in out, "two attnd %ss" % d["kind"]
+            out[d["kind"]] = d
+    return out
+
+
 def k8s_container(docs):
-    pod = k8s_kind(docs, "Deployment")["spec"]["template"]["spec"]
+    pod = k8s_kind(docs, "StatefulSet")["spec"]["template"]["spec"]
     c = [c for c in pod["containers"] if c["name"] == "attnd"]
-    assert len(c) == 1, "the Deployment needs one container named attnd"
+    assert len(c) == 1, "the StatefulSet needs one container named attnd"
     return pod, c[0]
 
 
@@ -438,14 +475,17 @@ def effective_envs():
     cuda_env = runtime_stage("Dockerfile").env
     docs = k8s_docs()
     _, c = k8s_container(docs)
-    cm = k8s_kind(docs, "ConfigMap")
+    cm = k8s_kind(docs, "ConfigMap", "attnd-config")
     k8s = dict(cuda_env, **{k: str(v) for k, v in (cm.get("data") or {}).items()})
     k8s.update({e["name"]: str(e.get("value", "")) for e in c.get("env") or []})
     comp = compose_interpolate(compose(), {})
+    scale = compose_interpolate(compose("compose.scale.yaml"), {})
+    cpu_env = runtime_stage("Dockerfile.cpu").env
     return {
         "Dockerfile": dict(cuda_env),
-        "Dockerfile.cpu": dict(runtime_stage("Dockerfile.cpu").env),
+        "Dockerfile.cpu": dict(cpu_env),
         "compose": dict(cuda_env, **compose_env(comp["services"]["attnd"])),
+        "compose.scale": dict(cpu_env, **compose_env(scale["services"]["attnd-0"])),
         "k8s": k8s,
     }
 
@@ -614,7 +654,9 @@ def check_runtime_packages(name, pkgs, needed_debian):
     return p
 
 
-def check_grace(deployment, drain_timeout):
+def check_grace(deployment, drain_timeout, drain_delay=0.0):
+    """The pod's grace period covers the preStop sleep, attnd's drain delay
+    (SIGTERM to the drain's start) and its drain timeout."""
     pod = deployment["spec"]["template"]["spec"]
     grace = pod.get("terminationGracePeriodSeconds", 30)
     p, sleep = [], 0.0
@@ -632,9 +674,9 @@ def check_grace(deployment, drain_timeout):
             p.append("container %s has no preStop sleep" % c["name"])
     if sleep <= 0:
         p.append("the preStop sleep must be positive")
-    if not grace > drain_timeout + sleep:
+    if not grace > drain_timeout + drain_delay + sleep:
         p.append("terminationGracePeriodSeconds %s is not more than ATTND_DRAIN_TIMEOUT %g + "
-                 "preStop %g" % (grace, drain_timeout, sleep))
+                 "ATTND_DRAIN_DELAY %g + preStop %g" % (grace, drain_timeout, drain_delay, sleep))
     return p
 
 
@@ -647,7 +689,7 @@ def resolve_port(container, port):
     return None
 
 
-def check_k8s(docs, image_uid, routes):
+def check_k8s(docs, image_uid, routes, gauges=None):
     """Cross-references between the manifests, and with the server."""
     p = []
     for f, d in docs:
@@ -656,10 +698,10 @@ def check_k8s(docs, image_uid, routes):
                 p.append("%s: a document without %s" % (f, k))
         if not (d.get("metadata") or {}).get("name"):
             p.append("%s: a %s without metadata.name" % (f, d.get("kind")))
-    dep = k8s_kind(docs, "Deployment")
-    svc = k8s_kind(docs, "Service")
+    dep = k8s_kind(docs, "StatefulSet")
+    svc = k8s_kind(docs, "Service", dep["spec"].get("serviceName"))
     hpa = k8s_kind(docs, "HorizontalPodAutoscaler")
-    cm = k8s_kind(docs, "ConfigMap")
+    cm = k8s_kind(docs, "ConfigMap", "attnd-config")
     pod, c = k8s_container(docs)
     tmpl = dep["spec"]["template"]
     labels = tmpl["metadata"].get("labels") or {}
@@ -677,9 +719,9 @@ def check_k8s(docs, image_uid, routes):
 
     sel = dep["spec"]["selector"].get("matchLabels") or {}
     if not sel or any(labels.get(k) != v for k, v in sel.items()):
-        p.append("the Deployment's selector %s does not match its pod labels %s" % (sel, labels))
+        p.append("the StatefulSet's selector %s does not match its pod labels %s" % (sel, labels))
     if "replicas" in dep["spec"]:
-        p.append("the HPA owns the replica count: leave spec.replicas out of the Deployment")
+        p.append("the HPA owns the replica count: leave spec.replicas out of the StatefulSet")
 
     lim = (c.get("resources") or {}).get("limits") or {}
     req = (c.get("resources") or {}).get("requests") or {}
@@ -737,8 +779,8 @@ def check_k8s(docs, image_uid, routes):
 
     ref = hpa["spec"]["scaleTargetRef"]
     if (ref.get("kind"), ref.get("name"), ref.get("apiVersion")) != (
-            "Deployment", dep["metadata"]["name"], dep["apiVersion"]):
-        p.append("the HPA targets %s, not the Deployment" % ref)
+            "StatefulSet", dep["metadata"]["name"], dep["apiVersion"]):
+        p.append("the HPA targets %s, not the StatefulSet" % ref)
     lo, hi = hpa["spec"].get("minReplicas", 1), hpa["spec"]["maxReplicas"]
     if not 1 <= lo <= hi:
         p.append("HPA replicas %s..%s" % (lo, hi))
@@ -746,6 +788,10 @@ def check_k8s(docs, image_uid, routes):
         if m.get("type") == "Resource" and m["resource"]["name"] not in req:
             p.append("the HPA scales on %s utilization but the container requests no %s"
                      % (m["resource"]["name"], m["resource"]["name"]))
+        if m.get("type") == "Pods" and gauges is not None and \
+                m["pods"]["metric"]["name"] not in gauges:
+            p.append("the HPA scales on %s, which is no gauge attnd serves (%s)"
+                     % (m["pods"]["metric"]["name"], sorted(gauges)))
     return p
 
 
@@ -872,6 +918,16 @@ class Running:
         return self.proc.returncode
 
 
+def local_session_dir(env, tmp_path):
+    """The deployment's ATTND_SESSION_DIR (a volume there) made here, an
+    empty directory of our own: attnd exits 2 without it."""
+    if not env.get("ATTND_SESSION_DIR"):
+        return env
+    d = os.path.join(str(tmp_path), "sessions")
+    os.makedirs(d, exist_ok=True)
+    return dict(env, ATTND_SESSION_DIR=d)
+
+
 def start_attnd(env, tmp_path):
     """Starts attnd with `env`. A CUDA backend on a machine without a GPU
     exits 2 with "no CUDA device": then ATTND_BACKEND is checked to be one
@@ -938,15 +994,16 @@ def needed_packages(binaries):
 # The tests.
 # ---------------------------------------------------------------------------
 def test_yaml_files_parse():
-    files = [os.path.join(DOCKER, "compose.yaml")] + \
+    files = [os.path.join(DOCKER, f) for f in COMPOSE_FILES] + \
         [os.path.join(K8S, f) for f in sorted(os.listdir(K8S)) if f.endswith((".yaml", ".yml"))]
     assert len(files) >= 5
     for f in files:
         docs = [d for d in yaml.safe_load_all(read(f)) if d is not None]
         assert docs and all(isinstance(d, dict) for d in docs), f
     kinds = sorted(d["kind"] for _, d in k8s_docs())
-    assert kinds == ["ConfigMap", "Deployment", "HorizontalPodAutoscaler", "Secret",
-                     "Service"], kinds
+    assert kinds == ["ConfigMap", "ConfigMap", "Deployment", "HorizontalPodAutoscaler",
+                     "PodDisruptionBudget", "Secret", "Service", "Service",
+                     "StatefulSet"], kinds
 
 
 @pytest.mark.parametrize("name", DOCKERFILES)
@@ -1060,7 +1117,7 @@ def test_env_and_flags_are_the_servers(server_help, load_help):
     lists; the load service's flags are attn load's."""
     envs, flags = server_help["envs"], set(server_help["flags"])
     p = []
-    for f in DOCKERFILES + ["compose.yaml", "README.md"]:
+    for f in DOCKERFILES + COMPOSE_FILES + ["README.md"]:
         p += check_env_names(tokens_in(read(os.path.join(DOCKER, f))), envs, f)
     for f in os.listdir(K8S):
         p += check_env_names(tokens_in(read(os.path.join(K8S, f))), envs, "k8s/" + f)
@@ -1076,12 +1133,19 @@ def test_env_and_flags_are_the_servers(server_help, load_help):
     p += check_flags(shlex.split(cmd) if isinstance(cmd, str) else cmd, flags, "compose attnd")
     docs = k8s_docs()
     _, c = k8s_container(docs)
-    p += check_env_names((k8s_kind(docs, "ConfigMap").get("data") or {}).keys(), envs,
-                         "ConfigMap")
-    p += check_env_names([e["name"] for e in c.get("env") or []], envs, "Deployment env")
-    p += check_flags((c.get("command") or [])[1:] + (c.get("args") or []), flags, "Deployment")
+    p += check_env_names((k8s_kind(docs, "ConfigMap", "attnd-config").get("data") or {}).keys(),
+                         envs, "ConfigMap")
+    p += check_env_names([e["name"] for e in c.get("env") or []], envs, "StatefulSet env")
+    p += check_flags((c.get("command") or [])[1:] + (c.get("args") or []), flags, "StatefulSet")
     ld = comp["services"]["load"]
     p += check_flags(ld["command"][1:], load_help, "compose load (attn load)")
+    for f in COMPOSE_FILES[1:]:
+        for name, s in (compose_interpolate(compose(f), {}).get("services") or {}).items():
+            if name.startswith("attnd"):
+                p += check_env_names(compose_env(s), envs, "%s %s" % (f, name))
+                cmd = s.get("command") or []
+                p += check_flags(shlex.split(cmd) if isinstance(cmd, str) else cmd, flags,
+                                 "%s %s" % (f, name))
     assert p == []
 
 
@@ -1091,15 +1155,16 @@ def test_compose(server_help, load_help):
     assert check_compose(comp, load_help, drain, server_help["routes"]) == []
 
 
-def test_kubernetes_manifests(server_help):
+def test_kubernetes_manifests(server_help, served_gauges):
     uid = int(runtime_stage("Dockerfile").last("USER").args.split(":")[0])
-    assert check_k8s(k8s_docs(), uid, server_help["routes"]) == []
+    assert check_k8s(k8s_docs(), uid, server_help["routes"], served_gauges) == []
 
 
 def test_grace_period_covers_drain_and_prestop():
     env = effective_envs()["k8s"]
     drain = float(env.get("ATTND_DRAIN_TIMEOUT", "30"))
-    assert check_grace(k8s_kind(k8s_docs(), "Deployment"), drain) == []
+    delay = float(env.get("ATTND_DRAIN_DELAY", "0"))
+    assert check_grace(k8s_kind(k8s_docs(), "StatefulSet"), drain, delay) == []
 
 
 def test_every_port_is_the_listen_port():
@@ -1108,7 +1173,8 @@ def test_every_port_is_the_listen_port():
         assert (host, port) == ("0.0.0.0", 8080), (name, env.get("ATTND_LISTEN"))
 
 
-@pytest.mark.parametrize("which", ["Dockerfile", "Dockerfile.cpu", "compose", "k8s"])
+@pytest.mark.parametrize("which", ["Dockerfile", "Dockerfile.cpu", "compose", "compose.scale",
+                                   "k8s"])
 def test_server_accepts_the_configuration(which, server_help, tmp_path):
     """attnd started with exactly the environment of this deployment (the
     listen address moved to a free loopback port) comes up, serves the probe
@@ -1123,6 +1189,7 @@ def test_server_accepts_the_configuration(which, server_help, tmp_path):
             f.write("test-key-0123\n")
         env = dict(env, ATTND_API_KEY_FILE=key)
         auth = {"Authorization": "Bearer test-key-0123"}
+    env = local_session_dir(env, tmp_path)
     srv = start_attnd(env, tmp_path)
     try:
         assert srv.proc.poll() is None, "attnd exited %s with %s:\n%s" % (
@@ -1150,7 +1217,8 @@ def test_server_accepts_the_configuration(which, server_help, tmp_path):
             dead = dict(srv.env, ATTND_LISTEN="127.0.0.1:%d" % free_port())
             assert shell_with(cmd, dead).returncode != 0, "the health check passes with no server"
     finally:
-        status = srv.stop(timeout=float(env.get("ATTND_DRAIN_TIMEOUT", "30")) + 5)
+        status = srv.stop(timeout=float(env.get("ATTND_DRAIN_TIMEOUT", "30")) +
+                          float(env.get("ATTND_DRAIN_DELAY", "0")) + 5)
     assert status == 0, "attnd exited %s on SIGTERM\n%s" % (status, srv.log())
 
 
@@ -1176,8 +1244,24 @@ def test_readme_commands_and_metrics(server_help, tmp_path):
     text = read(os.path.join(DOCKER, "README.md"))
     for s in ("docker build -f docker/Dockerfile ", "docker build -f docker/Dockerfile.cpu ",
               "docker run --gpus all -p 8080:8080", "docker compose -f docker/compose.yaml up",
-              "--profile load", "kubectl apply -f docker/k8s/", "What was verified where"):
+              "--profile load", "kubectl apply -f docker/k8s/", "What was verified where",
+              "docker compose -f docker/compose.scale.yaml up",
+              "-f docker/compose.scale.gpu.yaml", "server-template", "maxReplicas"):
         assert s in text, "docker/README.md lacks %r" % s
+    # The adapter rule: the same in the README and in hpa.yaml's comment, and
+    # it exposes the metric the HPA asks for.
+    rule_md = re.search(r"```yaml\n(rules:\n.*?)```", text, re.S)
+    assert rule_md, "docker/README.md lacks the prometheus-adapter rules: snippet"
+    hpa_text = read(os.path.join(K8S, "hpa.yaml"))
+    m = re.search(r"^#   rules:\n(?:#  .*\n)+", hpa_text, re.M)
+    assert m, "hpa.yaml's comment lacks the adapter rule"
+    rule_hpa = "".join(ln[4:] + "\n" for ln in m.group(0).splitlines())
+    assert yaml.safe_load(rule_md.group(1)) == yaml.safe_load(rule_hpa)
+    rule = yaml.safe_load(rule_hpa)["rules"][0]
+    hpa = k8s_kind(k8s_docs(), "HorizontalPodAutoscaler")
+    wanted = [x["pods"]["metric"]["name"] for x in hpa["spec"]["metrics"] if x["type"] == "Pods"]
+    assert wanted == [rule["name"]["as"]], (wanted, rule["name"])
+    assert re.match(rule["name"]["matches"], "attnd_queue_depth")
     for link in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text):
         assert os.path.exists(os.path.join(DOCKER, link)), "broken link %s" % link
     names = tokens_in(text, r"\battnd_[a-z_]+\b")
@@ -1195,7 +1279,7 @@ def test_readme_commands_and_metrics(server_help, tmp_path):
 # ---------------------------------------------------------------------------
 def test_catches_a_misspelt_variable_or_flag(server_help, load_help):
     docs = k8s_docs()
-    cm = k8s_kind(docs, "ConfigMap")
+    cm = k8s_kind(docs, "ConfigMap", "attnd-config")
     data = dict(cm["data"])
     data["ATTND_MAX_QEUE"] = data.pop("ATTND_MAX_QUEUE")
     assert check_env_names(data, server_help["envs"], "ConfigMap")
@@ -1209,7 +1293,7 @@ def test_catches_a_misspelt_variable_or_flag(server_help, load_help):
 
 def test_catches_a_bad_value(tmp_path):
     env = dict(effective_envs()["k8s"], ATTND_MAX_BODY="256MB", ATTND_BACKEND="auto")
-    srv = start_attnd(env, tmp_path)
+    srv = start_attnd(local_session_dir(env, tmp_path), tmp_path)
     srv.stop(timeout=5)
     assert srv.proc.returncode == 2 and "ATTND_MAX_BODY" in srv.log(), srv.log()
 
@@ -1248,18 +1332,18 @@ def test_catches_package_drift():
     assert check_runtime_packages("Dockerfile", run, needed | {"libnuma1"})
 
 
-def test_catches_manifest_mistakes(server_help):
+def test_catches_manifest_mistakes(server_help, served_gauges):
     docs = k8s_docs()
     uid = int(runtime_stage("Dockerfile").last("USER").args.split(":")[0])
     routes = server_help["routes"]
 
     def mutated(fn):
         d = copy.deepcopy(docs)
-        fn({doc["kind"]: doc for _, doc in d})
-        return check_k8s(d, uid, routes)
+        fn(by_kind(d))
+        return check_k8s(d, uid, routes, served_gauges)
 
     def pod(k):
-        return k["Deployment"]["spec"]["template"]
+        return k["StatefulSet"]["spec"]["template"]
 
     def ctr(k):
         return pod(k)["spec"]["containers"][0]
@@ -1273,21 +1357,23 @@ def test_catches_manifest_mistakes(server_help):
         lambda k: pod(k)["metadata"]["annotations"].__setitem__("prometheus.io/port", 8080),
         lambda k: pod(k)["metadata"]["annotations"].__setitem__("prometheus.io/path", "/m"),
         lambda k: ctr(k)["resources"]["limits"].pop("nvidia.com/gpu"),
-        lambda k: ctr(k)["resources"]["requests"].pop("cpu"),
+        lambda k: k["HorizontalPodAutoscaler"]["spec"]["metrics"][0]["pods"]["metric"]
+        .__setitem__("name", "attnd_queue_dept"),
         lambda k: ctr(k)["envFrom"][0]["configMapRef"].__setitem__("name", "other"),
         lambda k: k["ConfigMap"]["data"].__setitem__("ATTND_MAX_QUEUE", 32),
         lambda k: k["ConfigMap"]["data"].__setitem__("ATTND_MAX_BODY", "1G"),
         lambda k: k["ConfigMap"]["data"].__setitem__("ATTND_LISTEN", "127.0.0.1:8080"),
         lambda k: k["HorizontalPodAutoscaler"]["spec"]["scaleTargetRef"].__setitem__("name", "y"),
-        lambda k: k["Deployment"]["spec"].__setitem__("replicas", 3),
+        lambda k: k["StatefulSet"]["spec"].__setitem__("replicas", 3),
         lambda k: pod(k)["spec"]["securityContext"].__setitem__("runAsUser", 0),
     ]
     for i, fn in enumerate(breaks):
         assert mutated(fn), "mutation %d not caught" % i
-    dep = copy.deepcopy(k8s_kind(docs, "Deployment"))
-    assert check_grace(dep, 30) == []
-    dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 35
-    assert check_grace(dep, 30)
+    dep = copy.deepcopy(k8s_kind(docs, "StatefulSet"))
+    assert check_grace(dep, 30, 5) == []
+    assert check_grace(dep, 30, 15)
+    dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 36
+    assert check_grace(dep, 30, 5)
     dep["spec"]["template"]["spec"]["containers"][0].pop("lifecycle")
     assert check_grace(dep, 30)
 
@@ -1308,3 +1394,422 @@ def test_catches_compose_mistakes(server_help, load_help):
     assert broken(lambda s: s["load"]["command"].__setitem__(1, "http://attnd:80"))
     assert broken(lambda s: s["load"].pop("depends_on"))
     assert broken(lambda s: s["attnd"]["environment"].__setitem__("ATTND_LISTEN", "0.0.0.0:9000"))
+
+
+# ---------------------------------------------------------------------------
+# Scaling out: docker/compose.scale*.yaml, the proxy's configurations, the
+# StatefulSet and its companions in docker/k8s/.
+# ---------------------------------------------------------------------------
+COMPOSE_PROXY_CFG = os.path.join(DOCKER, "haproxy.compose.cfg")
+
+
+def proxy_command(text):
+    """(argv, redirect target or None) of the one `#   docker/proxy-config ...`
+    comment line (continued by trailing backslashes) in `text`."""
+    lines = text.splitlines()
+    starts = [i for i, ln in enumerate(lines) if re.match(r"^#\s+docker/proxy-config\s", ln)]
+    assert len(starts) == 1, "expected one `#   docker/proxy-config ...` comment, found %d" % (
+        len(starts))
+    i, cmd = starts[0], ""
+    while True:
+        ln = lines[i].lstrip("#").strip()
+        if ln.endswith("\\"):
+            cmd += ln[:-1] + " "
+            i += 1
+            assert i < len(lines) and lines[i].startswith("#"), "the command's comment ends in \\"
+            continue
+        cmd += ln
+        break
+    argv = shlex.split(cmd)
+    target = None
+    if ">" in argv:
+        k = argv.index(">")
+        assert len(argv) == k + 2, "one `> FILE` at the end of %s" % cmd
+        argv, target = argv[:k], argv[k + 1]
+    return argv, target
+
+
+def proxy_options(argv):
+    """({option: value}, [(NAME, HOST, PORT)]) of a proxy-config command line."""
+    opts, reps, i = {}, [], 1
+    while i < len(argv):
+        a = argv[i]
+        if a.startswith("--"):
+            opts[a[2:]] = argv[i + 1]
+            i += 2
+            continue
+        name, _, hp = a.rpartition("=")
+        host, _, port = hp.rpartition(":")
+        reps.append((name, host, int(port)))
+        i += 1
+    return opts, reps
+
+
+def run_proxy_config(argv):
+    assert argv[0] == "docker/proxy-config", argv
+    r = subprocess.run([PROXY_CONFIG] + argv[1:], cwd=ROOT, capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 0, (argv, r.stderr)
+    return r.stdout
+
+
+def check_generated_file(text, path):
+    """A checked-in file is its comment header plus exactly the output of
+    the command the header names."""
+    argv, target = proxy_command(text)
+    p = []
+    if target is None or os.path.normpath(os.path.join(ROOT, target)) != os.path.normpath(path):
+        p.append("%s: the command should end in `> %s`, ends in %r"
+                 % (path, os.path.relpath(path, ROOT), target))
+    out = run_proxy_config(argv)
+    header = text[:-len(out)] if text.endswith(out) else None
+    if header is None:
+        p.append("%s is not the output of its command (regenerate it: %s)" % (path, " ".join(argv)))
+    elif any(ln and not ln.startswith("#") for ln in header.splitlines()):
+        p.append("%s: lines before the command's output that are not comments" % path)
+    return p
+
+
+def check_proxy_config_data(cfg, cmd_text, where):
+    argv, target = proxy_command(cmd_text)
+    if target is not None:
+        return ["%s: the command should print to stdout, not to %s" % (where, target)]
+    if run_proxy_config(argv) != cfg:
+        return ["%s: data.haproxy.cfg is not the output of its command (regenerate it: %s)"
+                % (where, " ".join(argv))]
+    return []
+
+
+def check_check_interval(opts, drain_delay, where):
+    """attnd's drain delay outlasts the proxy's detection: 2 failed checks."""
+    inter = float(opts.get("check-interval", "1000")) / 1000
+    if not drain_delay > 2 * inter:
+        return ["%s: ATTND_DRAIN_DELAY %g is not more than the proxy's 2 checks x %g s"
+                % (where, drain_delay, inter)]
+    return []
+
+
+def in_network(addr, net):
+    import ipaddress
+    try:
+        return ipaddress.ip_network(net, strict=False).subnet_of(
+            ipaddress.ip_network(addr, strict=False))
+    except (ValueError, TypeError):
+        return False
+
+
+def check_compose_scale(doc, gpu, cfg_text):
+    """compose.scale.yaml (interpolated), its GPU override and the proxy's
+    configuration agree."""
+    p = []
+    svcs = doc.get("services") or {}
+    reps = sorted(n for n in svcs if re.match(r"^attnd-\d+$", n))
+    if reps != ["attnd-0", "attnd-1", "attnd-2"]:
+        return ["compose.scale: replicas %s, want attnd-0..attnd-2" % reps]
+    proxy = svcs.get("proxy")
+    if not proxy:
+        return ["compose.scale: no proxy service"]
+    argv, _ = proxy_command(cfg_text)
+    opts, listed = proxy_options(argv)
+    if opts.get("resolvers") != "127.0.0.11:53":
+        p.append("compose.scale: the proxy should resolve the replicas at run time through "
+                 "Docker's DNS (--resolvers 127.0.0.11:53), has %r" % opts.get("resolvers"))
+    nets = {n: [c.get("subnet") for c in ((d or {}).get("ipam") or {}).get("config") or []]
+            for n, d in (doc.get("networks") or {}).items()}
+    subnets = [s for v in nets.values() for s in v if s]
+    vols = set(doc.get("volumes") or {})
+    seen_vols, want = set(), []
+    for name in reps:
+        s = svcs[name]
+        env = dict(runtime_stage("Dockerfile.cpu").env, **compose_env(s))
+        _, port = listen_port(env)
+        want.append((name, s.get("hostname"), port))
+        if s.get("hostname") != name:
+            p.append("compose.scale %s: hostname %r, want the stable name %s"
+                     % (name, s.get("hostname"), name))
+        b = s.get("build") or {}
+        if os.path.normpath(os.path.join(DOCKER, b.get("context", "."))) != os.path.normpath(ROOT):
+            p.append("compose.scale %s: build context is not the repository root" % name)
+        if b.get("dockerfile") != "docker/Dockerfile.cpu":
+            p.append("compose.scale %s: builds %s, want docker/Dockerfile.cpu"
+                     % (name, b.get("dockerfile")))
+        if s.get("ports"):
+            p.append("compose.scale %s: publishes %s; only the proxy should" % (name, s["ports"]))
+        hc = (s.get("healthcheck") or {}).get("test") or []
+        if "/readyz" not in " ".join(hc):
+            p.append("compose.scale %s: the healthcheck should probe /readyz" % name)
+        trusted = [x.strip() for x in env.get("ATTND_TRUSTED_PROXY", "").split(",") if x.strip()]
+        if not subnets or not any(in_network(sub, t) for sub in subnets for t in trusted):
+            p.append("compose.scale %s: ATTND_TRUSTED_PROXY %s does not cover the network %s"
+                     % (name, trusted, subnets))
+        sd = env.get("ATTND_SESSION_DIR")
+        mounts = [str(v).split(":") for v in s.get("volumes") or []]
+        vol = [m[0] for m in mounts if len(m) >= 2 and m[1] == sd]
+        if not sd or len(vol) != 1 or vol[0] not in vols:
+            p.append("compose.scale %s: ATTND_SESSION_DIR %r is not a named volume (%s)"
+                     % (name, sd, s.get("volumes")))
+        elif vol[0] in seen_vols:
+            p.append("compose.scale %s: shares the sessions volume %s" % (name, vol[0]))
+        else:
+            seen_vols.add(vol[0])
+        delay = float(env.get("ATTND_DRAIN_DELAY", "0"))
+        drain = float(env.get("ATTND_DRAIN_TIMEOUT", "30"))
+        p += check_check_interval(opts, delay, "compose.scale %s" % name)
+        try:
+            grace = duration_s(s.get("stop_grace_period", "10s"))
+        except ValueError as e:
+            grace = 0
+            p.append("compose.scale %s: %s" % (name, e))
+        if not grace >= delay + drain + 5:
+            p.append("compose.scale %s: stop_grace_period %gs is less than ATTND_DRAIN_DELAY "
+                     "%g + ATTND_DRAIN_TIMEOUT %g + 5 s" % (name, grace, delay, drain))
+    if listed != want:
+        p.append("compose.scale: haproxy.compose.cfg lists %s, the services are %s"
+                 % (listed, want))
+    if not str(proxy.get("image", "")).startswith("haproxy:2.6"):
+        p.append("compose.scale: proxy image %s, want haproxy:2.6" % proxy.get("image"))
+    lport = int(opts.get("listen", ":0").rpartition(":")[2])
+    published = [str(x).rsplit(":", 1)[-1] for x in proxy.get("ports") or []]
+    if published != [str(lport)] or lport != 8080:
+        p.append("compose.scale: the proxy publishes %s, listens on %d (want 8080)"
+                 % (proxy.get("ports"), lport))
+    cfgs = [str(v).split(":") for v in proxy.get("volumes") or []]
+    if not any(os.path.normpath(os.path.join(DOCKER, c[0])) == COMPOSE_PROXY_CFG and
+               c[1] == "/usr/local/etc/haproxy/haproxy.cfg" for c in cfgs if len(c) >= 2):
+        p.append("compose.scale: the proxy does not mount haproxy.compose.cfg as "
+                 "/usr/local/etc/haproxy/haproxy.cfg")
+    # The GPU override: the CUDA image, one distinct GPU per replica.
+    gs = gpu.get("services") or {}
+    if sorted(gs) != reps:
+        p.append("compose.scale.gpu: overrides %s, want %s" % (sorted(gs), reps))
+    ids = []
+    for name in sorted(gs):
+        s = gs[name]
+        if (s.get("build") or {}).get("dockerfile") != "docker/Dockerfile":
+            p.append("compose.scale.gpu %s: should build docker/Dockerfile" % name)
+        if compose_env(s).get("ATTND_BACKEND") != "cuda":
+            p.append("compose.scale.gpu %s: ATTND_BACKEND should be cuda" % name)
+        devs = ((((s.get("deploy") or {}).get("resources") or {}).get("reservations") or {})
+                .get("devices") or [])
+        d = [d for d in devs if d.get("driver") == "nvidia" and
+             "gpu" in (d.get("capabilities") or [])]
+        if len(d) != 1 or len(d[0].get("device_ids") or []) != 1 or "count" in d[0]:
+            p.append("compose.scale.gpu %s: reserve one GPU by device_ids, has %s" % (name, devs))
+        else:
+            ids.append(str(d[0]["device_ids"][0]))
+    if len(ids) != len(set(ids)):
+        p.append("compose.scale.gpu: replicas share GPUs %s" % ids)
+    return p
+
+
+def check_k8s_scaling(docs, env, cm_text):
+    """The StatefulSet, its headless Service, the PDB, the proxy and its
+    configuration, the HPA's bound agree."""
+    p = []
+    k = by_kind(docs)
+    sts = k["StatefulSet"]
+    labels = sts["spec"]["template"]["metadata"].get("labels") or {}
+    hl = k.get("Service/%s" % sts["spec"].get("serviceName"))
+    if not hl:
+        return ["the StatefulSet's serviceName %r is no Service" % sts["spec"].get("serviceName")]
+    if hl["spec"].get("clusterIP") != "None":
+        p.append("Service %s: clusterIP should be None (headless)" % hl["metadata"]["name"])
+    sel = hl["spec"].get("selector") or {}
+    if not sel or any(labels.get(a) != b for a, b in sel.items()):
+        p.append("the headless Service does not select the attnd pods")
+    pdb = k.get("PodDisruptionBudget")
+    if not pdb or pdb["spec"].get("maxUnavailable") != 1 or any(
+            labels.get(a) != b for a, b in (pdb["spec"].get("selector") or {})
+            .get("matchLabels", {"": None}).items()):
+        p.append("the PodDisruptionBudget should select the attnd pods with maxUnavailable 1")
+    hpa = k["HorizontalPodAutoscaler"]
+    if not any(m.get("type") == "Pods" and m["pods"]["metric"]["name"] == "attnd_queue_depth"
+               for m in hpa["spec"].get("metrics") or []):
+        p.append("the HPA should scale on the pods metric attnd_queue_depth")
+    # The proxy: its ConfigMap, Deployment and Service.
+    cm = k.get("ConfigMap/haproxy-config")
+    dep = k.get("Deployment/haproxy")
+    if not cm or not dep:
+        return p + ["no ConfigMap haproxy-config or Deployment haproxy"]
+    argv, _ = proxy_command(cm_text)
+    opts, listed = proxy_options(argv)
+    if opts.get("resolvers") != "resolv.conf":
+        p.append("the proxy's command should have --resolvers resolv.conf")
+    ns = "default"
+    _, port = listen_port(env)
+    want = [("%s-%d" % (sts["metadata"]["name"], i), "%s-%d.%s.%s.svc.cluster.local"
+             % (sts["metadata"]["name"], i, hl["metadata"]["name"], ns), port)
+            for i in range(hpa["spec"]["maxReplicas"])]
+    if listed != want:
+        p.append("the proxy lists %s, want the pods 0..maxReplicas-1 by their DNS names %s"
+                 % ([x[0] for x in listed], [w[1] for w in want]))
+    p += check_check_interval(opts, float(env.get("ATTND_DRAIN_DELAY", "0")), "k8s")
+    if dep["spec"].get("replicas") != 2:
+        p.append("the proxy Deployment should run 2 replicas, has %r" % dep["spec"].get("replicas"))
+    pod = dep["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    vols = {v["name"]: v for v in pod.get("volumes") or []}
+    mounted = [m for m in c.get("volumeMounts") or [] if m["mountPath"] == "/usr/local/etc/haproxy"
+               and ((vols.get(m["name"]) or {}).get("configMap") or {}).get("name")
+               == "haproxy-config"]
+    if not mounted:
+        p.append("the proxy does not mount haproxy-config at /usr/local/etc/haproxy")
+    lport = int(opts.get("listen", ":0").rpartition(":")[2])
+    if [cp.get("containerPort") for cp in c.get("ports") or []] != [lport]:
+        p.append("the proxy's containerPort is not its --listen port %d" % lport)
+    plabels = dep["spec"]["template"]["metadata"].get("labels") or {}
+    entry = [d for _, d in docs if d.get("kind") == "Service" and d is not hl]
+    if len(entry) != 1 or any(plabels.get(a) != b for a, b in
+                              (entry[0]["spec"].get("selector") or {"": None}).items()):
+        p.append("one Service should select the proxy pods")
+    else:
+        for sp in entry[0]["spec"].get("ports") or []:
+            if resolve_port(c, sp.get("targetPort", sp.get("port"))) != lport:
+                p.append("the proxy's Service targets %r, not %d" % (sp.get("targetPort"), lport))
+    if pod.get("terminationGracePeriodSeconds", 30) <= int(opts.get("timeout", "60")) + 30:
+        p.append("the proxy's grace period does not cover its server timeout")
+    return p
+
+
+def haproxy_cm_text():
+    return read(os.path.join(K8S, "haproxy.yaml"))
+
+
+def test_compose_scale():
+    scale = compose_interpolate(compose("compose.scale.yaml"), {})
+    gpu = compose_interpolate(compose("compose.scale.gpu.yaml"), {})
+    assert check_compose_scale(scale, gpu, read(COMPOSE_PROXY_CFG)) == []
+
+
+def test_kubernetes_scaling():
+    assert check_k8s_scaling(k8s_docs(), effective_envs()["k8s"], haproxy_cm_text()) == []
+
+
+def test_proxy_configs_are_generated():
+    """Each checked-in HAProxy configuration is the output of the
+    docker/proxy-config command written above it, byte for byte."""
+    assert check_generated_file(read(COMPOSE_PROXY_CFG), COMPOSE_PROXY_CFG) == []
+    cm = k8s_kind(k8s_docs(), "ConfigMap", "haproxy-config")
+    assert check_proxy_config_data(cm["data"]["haproxy.cfg"], haproxy_cm_text(),
+                                   "k8s/haproxy.yaml") == []
+
+
+def haproxy_check(cfg_text, tmp_path):
+    haproxy = shutil.which("haproxy") or ("/usr/sbin/haproxy"
+                                          if os.access("/usr/sbin/haproxy", os.X_OK) else None)
+    if not haproxy:
+        pytest.skip("haproxy is not installed (Debian: apt-get install haproxy): "
+                    "the configurations are not checked with haproxy -c")
+    f = tmp_path / "haproxy.cfg"
+    f.write_text(cfg_text)
+    return subprocess.run([haproxy, "-c", "-f", str(f)], capture_output=True, text=True,
+                          timeout=30)
+
+
+@pytest.mark.parametrize("which", ["compose", "k8s"])
+def test_haproxy_accepts_the_configs(which, tmp_path):
+    """haproxy -c on each configuration: with `resolvers ... init-addr none`
+    names that do not resolve here (attnd-0, the cluster's) are no error."""
+    if which == "compose":
+        text = read(COMPOSE_PROXY_CFG)
+    else:
+        text = k8s_kind(k8s_docs(), "ConfigMap", "haproxy-config")["data"]["haproxy.cfg"]
+    r = haproxy_check(text, tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def schema_problems(docs):
+    try:
+        import kubernetes_validate
+    except ImportError:
+        pytest.skip("kubernetes-validate is not installed: run with build/venv/bin/python "
+                    "(make test installs tests/python/requirements-test.txt there)")
+    p = []
+    for f, d in docs:
+        try:
+            kubernetes_validate.validate(d, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            p.append("%s %s/%s: %s at %s" % (f, d.get("kind"), (d.get("metadata") or {})
+                                              .get("name"), e.message, list(e.path)))
+    return p
+
+
+def test_manifests_match_kubernetes_schemas():
+    """Every document of docker/k8s/ against the API's JSON schemas for
+    K8S_VERSION, strict: a field the API does not have is an error."""
+    docs = k8s_docs()
+    assert len(docs) >= 9
+    assert schema_problems(docs) == []
+
+
+def test_catches_a_misspelt_manifest_field():
+    docs = k8s_docs()
+    for mutate in (
+            lambda k: k["StatefulSet"]["spec"]["template"]["spec"]["containers"][0]
+            .__setitem__("readinesProbe", {}),
+            lambda k: k["HorizontalPodAutoscaler"]["spec"].__setitem__("maxReplica", 8),
+            lambda k: k["PodDisruptionBudget"]["spec"].__setitem__("maxUnavailabel", 1),
+            lambda k: k["Deployment/haproxy"]["spec"]["template"]["spec"]
+            .__setitem__("terminationGracePeriod", 10)):
+        d = copy.deepcopy(docs)
+        mutate(by_kind(d))
+        assert schema_problems(d), "not caught"
+
+
+def test_catches_scaling_mistakes():
+    scale = compose_interpolate(compose("compose.scale.yaml"), {})
+    gpu = compose_interpolate(compose("compose.scale.gpu.yaml"), {})
+    cfg = read(COMPOSE_PROXY_CFG)
+
+    def broken(fn, text=cfg):
+        s, g = copy.deepcopy(scale), copy.deepcopy(gpu)
+        fn(s["services"], g["services"])
+        return check_compose_scale(s, g, text)
+
+    env = lambda s: s["attnd-1"]["environment"]  # noqa: E731
+    assert broken(lambda s, g: s["attnd-1"].__setitem__("hostname", "attnd-x"))
+    assert broken(lambda s, g: env(s).__setitem__("ATTND_DRAIN_DELAY", "2"))
+    assert broken(lambda s, g: env(s).__setitem__("ATTND_DRAIN_TIMEOUT", "40"))
+    assert broken(lambda s, g: env(s).__setitem__("ATTND_TRUSTED_PROXY", "10.0.0.0/8"))
+    assert broken(lambda s, g: s["attnd-2"].__setitem__("volumes", ["sessions-1:/var/lib/attnd/sessions"]))
+    assert broken(lambda s, g: s["attnd-0"].__setitem__("ports", ["8081:8080"]))
+    assert broken(lambda s, g: s.pop("attnd-2"))
+    assert broken(lambda s, g: g["attnd-2"]["deploy"]["resources"]["reservations"]["devices"][0]
+                  .__setitem__("device_ids", ["1"]))
+    assert broken(lambda s, g: None, cfg.replace("attnd-2=attnd-2:8080", "attnd-2=attnd-3:8080"))
+    assert broken(lambda s, g: None, cfg.replace("127.0.0.11:53", "resolv.conf"))
+    # A hand edit, or a command that no longer prints this file.
+    assert check_generated_file(cfg.replace("balance leastconn", "balance roundrobin"),
+                                COMPOSE_PROXY_CFG)
+    assert check_generated_file(cfg.replace("--check-interval 1000", "--check-interval 500"),
+                                COMPOSE_PROXY_CFG)
+    assert check_generated_file(cfg.replace("> docker/haproxy.compose.cfg", ""),
+                                COMPOSE_PROXY_CFG)
+
+    docs, text = k8s_docs(), haproxy_cm_text()
+    envk = effective_envs()["k8s"]
+
+    def kbroken(fn, t=text, e=envk):
+        d = copy.deepcopy(docs)
+        fn(by_kind(d))
+        return check_k8s_scaling(d, e, t)
+
+    assert kbroken(lambda k: k["StatefulSet"]["spec"].__setitem__("serviceName", "attnd"))
+    assert kbroken(lambda k: k["Service/attnd-headless"]["spec"].pop("clusterIP"))
+    assert kbroken(lambda k: k["PodDisruptionBudget"]["spec"].__setitem__("maxUnavailable", 2))
+    assert kbroken(lambda k: k["HorizontalPodAutoscaler"]["spec"].__setitem__("maxReplicas", 9))
+    assert kbroken(lambda k: k["Deployment/haproxy"]["spec"].__setitem__("replicas", 1))
+    assert kbroken(lambda k: k["Service/attnd"]["spec"]["selector"]
+                   .__setitem__("app.kubernetes.io/name", "attnd"))
+    assert kbroken(lambda k: None, e=dict(envk, ATTND_DRAIN_DELAY="1"))
+    assert kbroken(lambda k: None, t=text.replace(".default.svc", ".attnd.svc"))
+    cm = k8s_kind(docs, "ConfigMap", "haproxy-config")
+    assert check_proxy_config_data(cm["data"]["haproxy.cfg"].replace("fall 2", "fall 3"), text, "x")
+    assert check_proxy_config_data(cm["data"]["haproxy.cfg"],
+                                   text.replace("--timeout 60", "--timeout 30"), "x")
+
+
+def test_catches_a_broken_haproxy_config(tmp_path):
+    r = haproxy_check(read(COMPOSE_PROXY_CFG).replace("balance leastconn", "balance fewest"),
+                      tmp_path)
+    assert r.returncode != 0, r.stdout

@@ -1404,29 +1404,13 @@ COMPOSE_PROXY_CFG = os.path.join(DOCKER, "haproxy.compose.cfg")
 
 
 def proxy_command(text):
-    """(argv, redirect target or None) of the one `#   docker/proxy-config ...`
-    comment line (continued by trailing backslashes) in `text`."""
+    """The argv of the `#   docker/proxy-config ...` line that docker/proxy-config writes
+    second in its output."""
     lines = text.splitlines()
-    starts = [i for i, ln in enumerate(lines) if re.match(r"^#\s+docker/proxy-config\s", ln)]
-    assert len(starts) == 1, "expected one `#   docker/proxy-config ...` comment, found %d" % (
+    starts = [ln for ln in lines if re.match(r"^#\s+docker/proxy-config\s", ln)]
+    assert len(starts) == 1, "expected one `#   docker/proxy-config ...` line, found %d" % (
         len(starts))
-    i, cmd = starts[0], ""
-    while True:
-        ln = lines[i].lstrip("#").strip()
-        if ln.endswith("\\"):
-            cmd += ln[:-1] + " "
-            i += 1
-            assert i < len(lines) and lines[i].startswith("#"), "the command's comment ends in \\"
-            continue
-        cmd += ln
-        break
-    argv = shlex.split(cmd)
-    target = None
-    if ">" in argv:
-        k = argv.index(">")
-        assert len(argv) == k + 2, "one `> FILE` at the end of %s" % cmd
-        argv, target = argv[:k], argv[k + 1]
-    return argv, target
+    return shlex.split(starts[0].lstrip("#").strip())
 
 
 def proxy_options(argv):
@@ -1453,29 +1437,12 @@ def run_proxy_config(argv):
     return r.stdout
 
 
-def check_generated_file(text, path):
-    """A checked-in file is its comment header plus exactly the output of
-    the command the header names."""
-    argv, target = proxy_command(text)
-    p = []
-    if target is None or os.path.normpath(os.path.join(ROOT, target)) != os.path.normpath(path):
-        p.append("%s: the command should end in `> %s`, ends in %r"
-                 % (path, os.path.relpath(path, ROOT), target))
-    out = run_proxy_config(argv)
-    header = text[:-len(out)] if text.endswith(out) else None
-    if header is None:
-        p.append("%s is not the output of its command (regenerate it: %s)" % (path, " ".join(argv)))
-    elif any(ln and not ln.startswith("#") for ln in header.splitlines()):
-        p.append("%s: lines before the command's output that are not comments" % path)
-    return p
-
-
-def check_proxy_config_data(cfg, cmd_text, where):
-    argv, target = proxy_command(cmd_text)
-    if target is not None:
-        return ["%s: the command should print to stdout, not to %s" % (where, target)]
-    if run_proxy_config(argv) != cfg:
-        return ["%s: data.haproxy.cfg is not the output of its command (regenerate it: %s)"
+def check_generated(text, where):
+    """A checked-in HAProxy configuration is exactly what the command in its header
+    prints."""
+    argv = proxy_command(text)
+    if run_proxy_config(argv) != text:
+        return ["%s is not the output of its command (regenerate it: %s)"
                 % (where, " ".join(argv))]
     return []
 
@@ -1509,7 +1476,7 @@ def check_compose_scale(doc, gpu, cfg_text):
     proxy = svcs.get("proxy")
     if not proxy:
         return ["compose.scale: no proxy service"]
-    argv, _ = proxy_command(cfg_text)
+    argv = proxy_command(cfg_text)
     opts, listed = proxy_options(argv)
     if opts.get("resolvers") != "127.0.0.11:53":
         p.append("compose.scale: the proxy should resolve the replicas at run time through "
@@ -1631,7 +1598,7 @@ def check_k8s_scaling(docs, env, cm_text):
     dep = k.get("Deployment/haproxy")
     if not cm or not dep:
         return p + ["no ConfigMap haproxy-config or Deployment haproxy"]
-    argv, _ = proxy_command(cm_text)
+    argv = proxy_command(cm_text)
     opts, listed = proxy_options(argv)
     if opts.get("resolvers") != "resolv.conf":
         p.append("the proxy's command should have --resolvers resolv.conf")
@@ -1672,7 +1639,8 @@ def check_k8s_scaling(docs, env, cm_text):
 
 
 def haproxy_cm_text():
-    return read(os.path.join(K8S, "haproxy.yaml"))
+    """The proxy's configuration in its ConfigMap (docker/k8s/haproxy.yaml)."""
+    return k8s_kind(k8s_docs(), "ConfigMap", "haproxy-config")["data"]["haproxy.cfg"]
 
 
 def test_compose_scale():
@@ -1686,12 +1654,10 @@ def test_kubernetes_scaling():
 
 
 def test_proxy_configs_are_generated():
-    """Each checked-in HAProxy configuration is the output of the
-    docker/proxy-config command written above it, byte for byte."""
-    assert check_generated_file(read(COMPOSE_PROXY_CFG), COMPOSE_PROXY_CFG) == []
-    cm = k8s_kind(k8s_docs(), "ConfigMap", "haproxy-config")
-    assert check_proxy_config_data(cm["data"]["haproxy.cfg"], haproxy_cm_text(),
-                                   "k8s/haproxy.yaml") == []
+    """Each checked-in HAProxy configuration is the output of the docker/proxy-config
+    command in its header, byte for byte."""
+    assert check_generated(read(COMPOSE_PROXY_CFG), COMPOSE_PROXY_CFG) == []
+    assert check_generated(haproxy_cm_text(), "k8s/haproxy.yaml") == []
 
 
 def haproxy_check(cfg_text, tmp_path):
@@ -1779,12 +1745,8 @@ def test_catches_scaling_mistakes():
     assert broken(lambda s, g: None, cfg.replace("attnd-2=attnd-2:8080", "attnd-2=attnd-3:8080"))
     assert broken(lambda s, g: None, cfg.replace("127.0.0.11:53", "resolv.conf"))
     # A hand edit, or a command that no longer prints this file.
-    assert check_generated_file(cfg.replace("balance leastconn", "balance roundrobin"),
-                                COMPOSE_PROXY_CFG)
-    assert check_generated_file(cfg.replace("--check-interval 1000", "--check-interval 500"),
-                                COMPOSE_PROXY_CFG)
-    assert check_generated_file(cfg.replace("> docker/haproxy.compose.cfg", ""),
-                                COMPOSE_PROXY_CFG)
+    assert check_generated(cfg.replace("balance leastconn", "balance roundrobin"), "x")
+    assert check_generated(cfg.replace("--check-interval 1000", "--check-interval 500"), "x")
 
     docs, text = k8s_docs(), haproxy_cm_text()
     envk = effective_envs()["k8s"]
@@ -1803,10 +1765,8 @@ def test_catches_scaling_mistakes():
                    .__setitem__("app.kubernetes.io/name", "attnd"))
     assert kbroken(lambda k: None, e=dict(envk, ATTND_DRAIN_DELAY="1"))
     assert kbroken(lambda k: None, t=text.replace(".default.svc", ".attnd.svc"))
-    cm = k8s_kind(docs, "ConfigMap", "haproxy-config")
-    assert check_proxy_config_data(cm["data"]["haproxy.cfg"].replace("fall 2", "fall 3"), text, "x")
-    assert check_proxy_config_data(cm["data"]["haproxy.cfg"],
-                                   text.replace("--timeout 60", "--timeout 30"), "x")
+    assert check_generated(text.replace("fall 2", "fall 3"), "x")
+    assert check_generated(text.replace("--timeout 60", "--timeout 30"), "x")
 
 
 def test_catches_a_broken_haproxy_config(tmp_path):

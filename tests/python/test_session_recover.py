@@ -246,3 +246,48 @@ def test_prefill_in_chunks(client, monkeypatch):
         pos = [urllib.parse.parse_qs(urllib.parse.urlsplit(p).query).get("pos")
                for p in sent if "/attention" in p]
         assert pos == [["10"], ["0"], ["3"], ["6"], ["9"], ["10"]]   # lost, 4 chunks, retry
+
+
+def _stale_copy(client, s, hist, n):
+    """What a replica back from a restart serves when the calls had moved on meanwhile:
+    the session as it was n tokens in (the copy it saved)."""
+    _lose(client, s)
+    old = attnd.Session(client, s.id, heads_kv=HKV, head_dim=D, max_tokens=s.max_tokens)
+    old.attend(_rand(np.random.default_rng(0), HKV, 1), hist.k[0][:, :n], hist.v[0][:, :n])
+    assert old.info()["lengths"] == [n]
+
+
+def test_an_older_copy_is_rebuilt(client):
+    """An append at the tracked position meets an older copy (409 session_conflict, the
+    server holding fewer tokens): it is deleted and rebuilt from history, and the reply
+    is over the whole history; so is a call without k, v that the older copy answered
+    over its own length."""
+    rng = np.random.default_rng(17)
+    hist = History()
+    with client.session(_sid("older"), heads_kv=HKV, head_dim=D, max_tokens=64,
+                        history=hist) as s:
+        _step(s, hist, rng, 6)
+        _stale_copy(client, s, hist, 3)
+        _step(s, hist, rng)
+        assert s.recreated == 1 and s.info()["lengths"] == [7]
+        _stale_copy(client, s, hist, 5)
+        q = _rand(rng, HQ, 1)
+        _check(s.attend(q), hist.expect(q, 0)[0])
+        assert s.recreated == 2 and s.lengths == [7] and s.info()["lengths"] == [7]
+
+
+def test_a_newer_copy_is_not_clobbered(client):
+    """A copy ahead of this object (another writer appended) is never deleted: the
+    conflict is raised, and the session keeps the other writer's tokens."""
+    rng = np.random.default_rng(18)
+    hist = History()
+    with client.session(_sid("newer"), heads_kv=HKV, head_dim=D, max_tokens=64,
+                        history=hist) as s:
+        _step(s, hist, rng, 4)
+        other = attnd.Session.attach(client, s.id)
+        other.attend(_rand(rng, HQ, 1), _rand(rng, HKV, 2), _rand(rng, HKV, 2))
+        e = attnd_error(_step, s, hist, rng)
+        assert (e.status, e.code) == (409, "session_conflict")
+        e = attnd_error(s.attend, _rand(rng, HQ, 1))
+        assert (e.status, e.code) == (409, "session_conflict")
+        assert s.recreated == 0 and s.info()["lengths"] == [6]

@@ -152,7 +152,12 @@ class Session:
     (that, an error of the server, a second 404) deletes what it had re-created, so that
     no call is answered over part of the history. A session that is back already (another
     client re-created it) is used when it holds the lengths this object had seen, and
-    raises 409 ``session_conflict`` when it does not. Without ``history`` the 404 is raised.
+    raises 409 ``session_conflict`` when it does not. An older copy (a replica back from a
+    restart with the copy it saved while the calls had moved on and rebuilt the session
+    elsewhere: fewer tokens than this object has seen on some layer, more on none) is
+    deleted and rebuilt the same way, when it refuses an append at the tracked position
+    (409 ``session_conflict``) or answers a call without k, v over another length. Without
+    ``history`` the 404 is raised.
 
     Attributes:
         client, id, heads_kv, head_dim, dtype, layers, max_tokens, ttl_s, history: as
@@ -161,7 +166,8 @@ class Session:
             :meth:`attend`, :meth:`truncate`, :meth:`info` or batch call); :meth:`attend`
             appends at it when no ``pos`` is given.
         created: True when the create made the session, False when it existed.
-        recreated: how many times this object found the session gone and rebuilt it.
+        recreated: how many times this object found the session gone (or an older copy
+            of it) and rebuilt it.
 
     A ``with`` block deletes the session when it ends (an already gone session is not an
     error then). One object is not meant for several threads at once: its lengths are
@@ -323,27 +329,50 @@ class Session:
                                   stats, backend))
         names = ("o", "m", "l", "lse") if stats else ("o",)
         as_json = _wants_json(json, binary)
+        before = list(self.lengths)
+
+        def call():
+            out, fields, resp = self.client._exchange(_path(self.id, "/attention"), wire,
+                                                      opts, as_json, names)
+            n = _reply_length(fields, resp)
+            if k is None and self.history is not None and n != before[layer]:
+                # attended over keys this object's history does not know: another copy
+                raise AttndError(409, "session_conflict",
+                                 "session %r attended over %d keys of layer %d, where this "
+                                 "object has seen %d" % (self.id, n, layer, before[layer]))
+            return out, n
+
         # pos was fixed above from the lengths before the call, so a retry after a rebuild
         # appends where the first try would have, whatever the server holds by then.
-        out, fields, resp = self._recovering(
-            lambda: self.client._exchange(_path(self.id, "/attention"), wire, opts, as_json,
-                                          names), list(self.lengths))
-        self.lengths[layer] = _reply_length(fields, resp)
+        tracked = k is None or opts["pos"] == before[layer]
+        out, self.lengths[layer] = self._recovering(call, before, tracked)
         return _results(out, names, result_device(q, k, v), q_shape)
 
     # -- rebuilding a session that is gone -----------------------------------------------
 
-    def _recovering(self, call, lengths):
-        """call(); when it finds the session gone (404 ``session_not_found``) and there is
-        a history callback, the session is rebuilt to ``lengths`` and call() made once
-        more (a second 404 raises)."""
+    def _recovering(self, call, lengths, tracked=True):
+        """call(); when it finds the session gone (404 ``session_not_found``), or, at a
+        position this object tracks, an older copy of it (409 ``session_conflict`` while
+        the server holds fewer tokens than ``lengths``: a replica back from a restart with
+        the copy it saved, after the calls had moved on elsewhere), and there is a history
+        callback, the session is rebuilt to ``lengths`` and call() made once more."""
         try:
             return call()
         except AttndError as e:
-            if self.history is None or e.code != "session_not_found":
+            if self.history is None:
+                raise
+            if e.code == "session_conflict" and tracked and self._older(lengths):
+                self._delete(missing_ok=True)
+            elif e.code != "session_not_found":
                 raise
         self._recover(lengths)
         return call()
+
+    def _older(self, lengths):
+        """Whether the server's copy is behind this object's on some layer and ahead on
+        none: a stale copy, never another writer's newer tokens."""
+        have = [int(n) for n in self._get()["lengths"]]
+        return have != list(lengths) and all(h <= n for h, n in zip(have, lengths))
 
     def _recover(self, lengths):
         """Re-create the session and re-prefill each layer to ``lengths`` from history. A

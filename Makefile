@@ -48,7 +48,7 @@ DEPS       = gcc make libc6-dev libcriterion-dev libcjson-dev clang libclang-rt-
              libmicrohttpd-dev libuv1-dev libcurl4-openssl-dev zlib1g-dev libgnutls28-dev \
              openssl wrk curl \
              python3 python3-numpy python3-pytest python3-yaml python3-venv \
-             libb64-0d chromium chromium-driver
+             libb64-0d chromium chromium-driver haproxy
 BENCH_DEPS = libopenblas-dev
 # make bench-http's baselines and load: nginx (its own config under build/, not
 # the system's), wrk, and valgrind for instructions per request.
@@ -266,7 +266,7 @@ CONSOLE_DEPS = $(wildcard server/console/index.html server/console/console.css \
 CONSOLE_OBJ = $(BUILD)/obj/gen/console_assets.o
 
 .PHONY: all deps bench-deps test test-gpu test-image bench bench-peak bench-f16split bench-peers \
-        bench-server bench-v2 bench-http bench-memory bench-idle bench-small bench-sessions fuzz \
+        bench-server bench-v2 bench-http bench-memory bench-idle bench-small bench-sessions bench-scale fuzz \
         fuzz-replay run \
         format format-check clean FORCE
 all: $(BUILD)/attn $(BUILD)/attnd
@@ -557,6 +557,13 @@ test: deps
 	elif [ -d tests/python ]; then set -o pipefail; \
 	  ATTND_BIN=$(BUILD)/attnd $(TEST_VENV)/bin/python -m pytest -q tests/python 2>&1 | \
 	    tee -a $(BUILD)/test.log; fi
+	@# Three replicas behind HAProxy from docker/proxy-config (tests/scale/).
+	@if [ "$(TSAN)" = 1 ]; then \
+	  echo "tests/scale: skipped: TSAN=1 (the API suites run in the plain and SAN=1 builds)" | \
+	    tee -a $(BUILD)/test.log; \
+	else set -o pipefail; \
+	  ATTND_BIN=$(BUILD)/attnd $(TEST_VENV)/bin/python -m pytest -q tests/scale 2>&1 | \
+	    tee -a $(BUILD)/test.log; fi
 	@# openapi.yaml against the live server (Schemathesis, tests/schema/).
 	@if [ "$(TSAN)" = 1 ]; then \
 	  echo "tests/schema: skipped: TSAN=1 (the API suites run in the plain and SAN=1 builds)" | \
@@ -650,6 +657,13 @@ bench-peak: $(BUILD)/bench-peak
 bench-sessions: deps
 	$(MAKE) --no-print-directory $(BUILD)/attnd $(BUILD)/bench-peak $(BUILD)/bench-http-sink
 	/usr/bin/python3 tests/bench/sessions.py --build $(BUILD) $(SESSIONS_FLAGS)
+
+# Requests/s and latency of small stateless requests and of session decode
+# steps: one replica directly, through HAProxy to one, and through HAProxy
+# to three (tests/bench/scale.py; SCALE_FLAGS adds flags, e.g. --seconds 10).
+bench-scale: deps
+	$(MAKE) --no-print-directory $(BUILD)/attnd $(BUILD)/attn
+	/usr/bin/python3 tests/bench/scale.py --build $(BUILD) $(SCALE_FLAGS)
 
 # F16 attention products: widened to F32 on FMAs (the engine) against an
 # exact hi/lo BF16 split on VDPBF16PS, with their errors; one thread.

@@ -62,6 +62,8 @@ DEPS_NOT_IN_IMAGE = {
     "openssl": "the HTTPS tests' throwaway certificates only",
     "chromium": "the web console's browser test (tests/python/test_console.py) only",
     "chromium-driver": "the web console's browser test (tests/python/test_console.py) only",
+    "haproxy": "the scale-out tests (tests/scale) and make bench-scale only; the proxy has "
+               "its own image",
 }
 
 

@@ -379,7 +379,7 @@ $(BUILD)/obj/tests/unit/%.o: CPPFLAGS += -Itests/lib -Iclients
 
 TEST_SERVER_OBJ = $(patsubst %,$(BUILD)/obj/server/%.o,metrics conns loop deadline request errors \
                     reqid auth inflate log console parse routes v1 v2 server jobs work bodybuf sessions \
-                    config) $(CONSOLE_OBJ)
+                    config proxy) $(CONSOLE_OBJ)
 $(TEST_BIN): $(TEST_OBJ) $(TEST_SERVER_OBJ) \
             $(BUILD)/obj/clients/benchlib.o $(BUILD)/obj/clients/http_reply.o \
             $(BUILD)/obj/clients/hist.o $(BUILD)/obj/clients/url.o \

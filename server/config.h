@@ -31,7 +31,7 @@ typedef struct attnd_config {
   int max_connections_per_client; /* of one client address; 0: no own limit */
   double header_timeout;          /* seconds to send a request's headers whole */
   double drain_timeout;           /* seconds */
-  double drain_delay; /* seconds between SIGTERM (/readyz 503) and the drain's start */
+  double drain_delay;             /* seconds between SIGTERM (/readyz 503) and the drain's start */
   double min_upload_rate;         /* body bytes per second at least; 0: no minimum */
   bool log_json;
   /* Jobs of one client address running at once (loop.c): -1 auto (every

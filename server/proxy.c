@@ -147,8 +147,8 @@ static bool walk_value(const attnd_proxies *p, const char *v, unsigned char clie
   return true;
 }
 
-void attnd_proxies_client(const attnd_proxies *p, const char *peer, const char *const *xff,
-                          int n, char *out) {
+void attnd_proxies_client(const attnd_proxies *p, const char *peer, const char *const *xff, int n,
+                          char *out) {
   unsigned char client[16];
   bool v4;
   if (!p->n || !parse_addr(peer, strlen(peer), client, &v4) || !trusted(p, client)) {

@@ -40,7 +40,7 @@ bool attnd_proxies_trusts(const attnd_proxies *p, const char *addr);
  * an address ends the walk at the hop that sent it: what lies left of it
  * was written by nobody trusted.
  */
-void attnd_proxies_client(const attnd_proxies *p, const char *peer, const char *const *xff,
-                          int n, char *out);
+void attnd_proxies_client(const attnd_proxies *p, const char *peer, const char *const *xff, int n,
+                          char *out);
 
 #endif

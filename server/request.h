@@ -48,7 +48,7 @@ typedef struct attnd_req {
    * handoff; the loop and the engine read them after). */
   struct MHD_Connection *conn;
   attnd_conn *link;                 /* the connection's registry record */
-  char client[ATTND_ADDR_MAX]; /* its address (the link's, or a trusted proxy's X-Forwarded-For) */
+  char client[ATTND_ADDR_MAX];      /* the link's address, or whom a trusted proxy names */
   bool started;                     /* the first request callback has run */
   const char *bad_target;           /* why the request target is refused, or NULL */
   int bad_target_code;              /* its error: 414 too long, 400 malformed */

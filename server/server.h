@@ -106,7 +106,7 @@ typedef struct attnd_server {
   struct attnd_req *up_head;
 
   /* Shared, atomic. */
-  atomic_bool unready;  /* signalled: /readyz 503, replies close; draining is next */
+  atomic_bool unready; /* signalled: /readyz 503, replies close; draining is next */
   atomic_bool draining;
   atomic_bool stopping; /* the HTTP daemon is closing every connection */
   atomic_int replying;  /* requests handed to the loop, not yet completed */

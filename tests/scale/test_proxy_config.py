@@ -62,7 +62,7 @@ def test_help_and_the_command_it_was_printed_by():
     assert r.returncode == 0 and "--listen HOST:PORT" in r.stdout and "not_routable" in r.stdout
     r = proxy_config("--listen", ":8080", "a=10.0.0.1:8080", "[::1]:8081")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[1] == "#   docker/proxy-config --listen :8080 a=10.0.0.1:8080 " \
+    assert r.stdout.splitlines()[2] == "#   docker/proxy-config --listen :8080 a=10.0.0.1:8080 " \
                                        "'[::1]:8081'"
 
 

@@ -25,8 +25,8 @@ static void get_from(const char *source, const char *headers, const char *id) {
   int fd = raw_connect_from(S.port, source);
   cr_assert_geq(fd, 0);
   char req[512];
-  snprintf(req, sizeof req, "GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Request-Id: %s\r\n%s\r\n",
-           id, headers);
+  snprintf(req, sizeof req,
+           "GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Request-Id: %s\r\n%s\r\n", id, headers);
   raw_sends(fd, req);
   http_res r;
   cr_expect_eq(raw_response(fd, 30000, &r), 200, "%s: %s", id, r.error);

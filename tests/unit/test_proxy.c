@@ -20,10 +20,10 @@ static attnd_proxies parsed(const char *list) {
 Test(proxy, addresses_and_networks_match) {
   attnd_proxies p = parsed("10.0.0.0/8, 192.168.1.7,fd00::/8 , ::1, 172.16.0.0/12");
   cr_expect_eq(p.n, 5);
-  static const char *const yes[] = {"10.1.2.3", "10.255.255.255", "192.168.1.7",
-                                    "fd12:3456::1", "::1", "172.31.0.1", "::ffff:10.9.9.9"};
-  static const char *const no[] = {"11.0.0.1", "192.168.1.8", "fe80::1", "::2", "172.32.0.1",
-                                   "not an address", ""};
+  static const char *const yes[] = {"10.1.2.3", "10.255.255.255", "192.168.1.7",    "fd12:3456::1",
+                                    "::1",      "172.31.0.1",     "::ffff:10.9.9.9"};
+  static const char *const no[] = {"11.0.0.1",   "192.168.1.8",    "fe80::1", "::2",
+                                   "172.32.0.1", "not an address", ""};
   for (size_t i = 0; i < sizeof yes / sizeof *yes; i++)
     cr_expect(attnd_proxies_trusts(&p, yes[i]), "%s", yes[i]);
   for (size_t i = 0; i < sizeof no / sizeof *no; i++)
@@ -45,7 +45,7 @@ Test(proxy, prefix_lengths_at_their_edges) {
 }
 
 Test(proxy, bad_lists_are_refused_by_entry) {
-  static const char *const bad[] = {"10.0.0.0/33", "::/129", "10.0.0.1/", "10.0.0.1/x",
+  static const char *const bad[] = {"10.0.0.0/33", "::/129",      "10.0.0.1/",    "10.0.0.1/x",
                                     "10.0.0.1/-1", "proxy.local", "10.0.0.1/8/8", "1.2.3"};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     attnd_proxies p = {0};

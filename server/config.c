@@ -618,8 +618,9 @@ static void print_usage(FILE *out) {
         "\n"
         "Memory is bounded by max-queue x max-body for request bodies, plus the replies,\n"
         "and by session-memory for sessions.\n"
-        "SIGTERM or SIGINT drains (finishes what was accepted) and exits 0. SIGHUP and\n"
-        "SIGUSR1 are logged and ignored: attnd reloads nothing (restart it to apply changes).\n",
+        "SIGTERM or SIGINT drains (finishes what was accepted; after drain-delay, if set)\n"
+        "and exits 0. SIGHUP and SIGUSR1 are logged and ignored: attnd reloads nothing\n"
+        "(restart it to apply changes).\n",
         out);
 }
 

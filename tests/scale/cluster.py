@@ -98,6 +98,22 @@ class Replica:
         with open(self.log_path, "rb") as f:
             return f.read().decode("utf-8", "replace")
 
+    def stop(self, limit=60):
+        """SIGTERM and wait; AssertionError unless it exits 0 with a log free of sanitizer
+        reports (a SAN=1 build writes them there, LeakSanitizer's at the exit)."""
+        if not self.alive():
+            return
+        self.term()
+        status = self.wait_exit(limit)
+        bad = self.sanitizer_reports()
+        assert status == 0 and not bad, "%s exited %d:\n%s" % (self.name, status,
+                                                                  "\n".join(bad) or
+                                                                  self.log()[-2000:])
+
+    def sanitizer_reports(self):
+        return [ln for ln in self.log().splitlines()
+                if "Sanitizer" in ln or "runtime error:" in ln]
+
     def sessions(self):
         """The ids of the sessions this replica holds (asked directly, not through the
         proxy)."""

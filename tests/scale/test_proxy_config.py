@@ -136,8 +136,7 @@ def test_adding_a_replica_moves_about_a_third_of_the_sessions(tmp_path):
         for p in proxies:
             p.stop()
         for r in rs:
-            if r.alive():
-                r.kill()
+            r.stop()
 
 
 @needs_haproxy
@@ -167,5 +166,4 @@ def test_keys_are_checked_at_the_proxy(tmp_path):
     finally:
         if p:
             p.stop()
-        if r.alive():
-            r.kill()
+        r.stop()

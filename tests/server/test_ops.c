@@ -47,13 +47,15 @@ Test(ops, help_lists_the_new_flags) {
   char *out = NULL;
   cr_expect_eq(run_attnd(args, NULL, 10, &out, NULL), 0);
   static const char *const want[] = {
-      "--api-key KEY",        "ATTND_API_KEY]",
-      "--api-key-file FILE",  "ATTND_API_KEY_FILE",
-      "--tls-cert FILE",      "ATTND_TLS_CERT",
-      "--tls-key FILE",       "ATTND_TLS_KEY",
-      "--cors-origin ORIGIN", "ATTND_CORS_ORIGIN",
-      "ATTND_LOG_FORMAT",     "--tls-priorities STRING",
-      "ATTND_TLS_PRIORITIES", "SIGHUP and\nSIGUSR1 are logged and ignored"};
+      "--api-key KEY",         "ATTND_API_KEY]",
+      "--api-key-file FILE",   "ATTND_API_KEY_FILE",
+      "--tls-cert FILE",       "ATTND_TLS_CERT",
+      "--tls-key FILE",        "ATTND_TLS_KEY",
+      "--cors-origin ORIGIN",  "ATTND_CORS_ORIGIN",
+      "ATTND_LOG_FORMAT",      "--tls-priorities STRING",
+      "ATTND_TLS_PRIORITIES",  "SIGHUP and SIGUSR1 are logged and ignored",
+      "--trusted-proxy LIST",  "ATTND_TRUSTED_PROXY",
+      "--drain-delay SECONDS", "ATTND_DRAIN_DELAY"};
   for (size_t i = 0; i < sizeof want / sizeof *want; i++)
     cr_expect(out && strstr(out, want[i]), "--help lacks %s:\n%s", want[i], out);
   free(out);

@@ -42,22 +42,24 @@ static bool logged_client(const char *id, const char *client) {
 }
 
 Test(proxy, a_trusted_proxys_forwarded_for_names_the_client) {
+  static const struct {
+    const char *headers, *id, *client;
+  } cases[] = {
+      {"X-Forwarded-For: 198.51.100.7\r\n", "one-hop", "198.51.100.7"},
+      /* read from the right, past every trusted hop */
+      {"X-Forwarded-For: 203.0.113.1, 198.51.100.8, 10.1.2.3\r\n", "chain", "198.51.100.8"},
+      /* two header lines are one list, in their order */
+      {"X-Forwarded-For: 198.51.100.9\r\nX-Forwarded-For: 10.0.0.5\r\n", "two", "198.51.100.9"},
+      {"X-Forwarded-For: [2001:db8::1]:4711\r\n", "v6", "2001:db8::1"},
+      /* an entry that is no address ends the walk at the hop that wrote it */
+      {"X-Forwarded-For: 198.51.100.1, bogus<script>\r\n", "garbage", "127.0.0.2"},
+      {"", "none", "127.0.0.2"},
+  };
   srv_start(&S, "--trusted-proxy", "127.0.0.2, 10.0.0.0/8", NULL);
-  get_from("127.0.0.2", "X-Forwarded-For: 198.51.100.7\r\n", "one-hop");
-  cr_expect(logged_client("one-hop", "198.51.100.7"), "%s", srv_log(&S));
-  /* read from the right, past every trusted hop */
-  get_from("127.0.0.2", "X-Forwarded-For: 203.0.113.1, 198.51.100.8, 10.1.2.3\r\n", "chain");
-  cr_expect(logged_client("chain", "198.51.100.8"), "%s", srv_log(&S));
-  /* two header lines are one list, in their order */
-  get_from("127.0.0.2", "X-Forwarded-For: 198.51.100.9\r\nX-Forwarded-For: 10.0.0.5\r\n", "two");
-  cr_expect(logged_client("two", "198.51.100.9"), "%s", srv_log(&S));
-  get_from("127.0.0.2", "X-Forwarded-For: [2001:db8::1]:4711\r\n", "v6");
-  cr_expect(logged_client("v6", "2001:db8::1"), "%s", srv_log(&S));
-  /* an entry that is no address ends the walk at the hop that wrote it */
-  get_from("127.0.0.2", "X-Forwarded-For: 198.51.100.1, bogus<script>\r\n", "garbage");
-  cr_expect(logged_client("garbage", "127.0.0.2"), "%s", srv_log(&S));
-  get_from("127.0.0.2", "", "none");
-  cr_expect(logged_client("none", "127.0.0.2"), "%s", srv_log(&S));
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    get_from("127.0.0.2", cases[i].headers, cases[i].id);
+    cr_expect(logged_client(cases[i].id, cases[i].client), "%s: %s", cases[i].id, srv_log(&S));
+  }
 }
 
 Test(proxy, anyone_elses_forwarded_for_is_ignored) {

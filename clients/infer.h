@@ -37,9 +37,7 @@ typedef struct attn_infer_args {
 } attn_infer_args;
 
 typedef struct attn_infer_reply {
-  char *body; /* NUL-terminated */
-  size_t len, cap;
-  bool oom;
+  attn_sbuf body; /* NUL-terminated (body.p; body.oom: out of memory for it) */
   long http;
   char ctype[128];                   /* "" when the reply has none */
   double connect, pre, first, total; /* seconds: connected, request about to

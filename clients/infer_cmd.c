@@ -408,9 +408,9 @@ static int handle_reply(const attn_infer_args *a, attn_proto_req *pr, const attn
   bool st_reply = !strncasecmp(r->ctype, "application/octet-stream", 24);
   char backend[32] = "";
   attn_status st;
-  if ((st_reply
-           ? attn_proto_decode_reply_safetensors(r->body, r->len, pr, &st)
-           : attn_proto_decode_reply_json(r->body, r->len, pr, backend, sizeof backend, &st)) < 0) {
+  if ((st_reply ? attn_proto_decode_reply_safetensors(r->body.p, r->body.len, pr, &st)
+                : attn_proto_decode_reply_json(r->body.p, r->body.len, pr, backend, sizeof backend,
+                                               &st)) < 0) {
     fprintf(stderr, ME ": HTTP %ld with a malformed %s reply: %s\n", r->http,
             st_reply ? "safetensors" : "JSON", st.message);
     return 1;
@@ -420,7 +420,7 @@ static int handle_reply(const attn_infer_args *a, attn_proto_req *pr, const attn
     fprintf(stderr, ME ": the reply is %s, not safetensors; %s not written\n",
             *r->ctype ? r->ctype : "untyped", a->out);
     status = 1;
-  } else if (a->out && attn_write_file(a->out, r->body, r->len) < 0) {
+  } else if (a->out && attn_write_file(a->out, r->body.p, r->body.len) < 0) {
     fprintf(stderr, ME ": cannot write %s: %s\n", a->out, strerror(errno));
     status = 1;
   }

@@ -47,7 +47,7 @@ static void print_problem(const attn_infer_args *a, const attn_proto_req *pr, co
 /* The error reply as one line: status, code and message of its body. */
 void attn_infer_print_error(const attn_infer_reply *r) {
   long status = r->http;
-  cJSON *j = r->body ? cJSON_ParseWithLength(r->body, r->len) : NULL;
+  cJSON *j = r->body.p ? cJSON_ParseWithLength(r->body.p, r->body.len) : NULL;
   const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "error");
   const cJSON *code = cJSON_GetObjectItemCaseSensitive(e, "code");
   const cJSON *msg = cJSON_GetObjectItemCaseSensitive(e, "message");
@@ -55,8 +55,8 @@ void attn_infer_print_error(const attn_infer_reply *r) {
     fprintf(stderr, "attnd: HTTP %ld %s: %s\n", status, code->valuestring, msg->valuestring);
   } else {
     /* not attnd's error body: show its start, on one line */
-    int n = r->len > 200 ? 200 : (int)r->len;
-    char *t = r->body ? strndup(r->body, (size_t)n) : NULL;
+    int n = r->body.len > 200 ? 200 : (int)r->body.len;
+    char *t = r->body.p ? strndup(r->body.p, (size_t)n) : NULL;
     for (char *p = t; p && *p; p++)
       if (*p == '\n' || *p == '\r')
         *p = ' ';
@@ -94,6 +94,6 @@ void attn_infer_print_report(const attn_infer_args *a, const attn_proto_req *pr,
          flops * 1e-9, total * 1e3, total > 0 ? flops / total * 1e-9 : 0.0,
          pr->req.pass == ATTN_BACKWARD ? ", times 2.5 for the backward pass," : "");
   if (wrote_out)
-    printf("out       %s (%zu bytes)\n", a->out, r->len);
+    printf("out       %s (%zu bytes)\n", a->out, r->body.len);
   fflush(stdout);
 }

@@ -18,22 +18,8 @@
 static size_t on_body(char *data, size_t size, size_t nmemb, void *arg) {
   attn_infer_reply *b = arg;
   size_t n = size * nmemb;
-  if (b->len + n + 1 > b->cap) {
-    size_t cap = b->cap ? b->cap : 1 << 16;
-    while (cap < b->len + n + 1)
-      cap *= 2;
-    char *np = realloc(b->body, cap);
-    if (!np) {
-      b->oom = true;
-      return 0; /* curl aborts the transfer with CURLE_WRITE_ERROR */
-    }
-    b->body = np;
-    b->cap = cap;
-  }
-  memcpy(b->body + b->len, data, n);
-  b->len += n;
-  b->body[b->len] = 0; /* JSON replies are parsed as text */
-  return n;
+  attn_sbuf_put(&b->body, data, n); /* NUL-terminated: JSON replies are parsed as text */
+  return b->body.oom ? 0 : n;       /* 0: curl aborts the transfer with CURLE_WRITE_ERROR */
 }
 
 /* The first byte of the reply, on our clock. Debian 12's libcurl (7.88)
@@ -84,7 +70,7 @@ static int transfer_error(const attn_infer_args *a, CURL *h, CURLcode cc, const 
                           const char *curl_err, const attn_infer_reply *r) {
   long oserr = 0;
   curl_easy_getinfo(h, CURLINFO_OS_ERRNO, &oserr);
-  if (r->oom)
+  if (r->body.oom)
     fprintf(stderr, ATTN_INFER_ME ": out of memory for the reply from %s\n", url);
   else if (cc == CURLE_COULDNT_CONNECT)
     fprintf(stderr, ATTN_INFER_ME ": cannot connect to %.*s: %s\n", (int)base_len(a->url), a->url,
@@ -192,6 +178,6 @@ int attn_infer_send(const attn_infer_args *a, const char *url, const void *body,
 }
 
 void attn_infer_reply_free(attn_infer_reply *r) {
-  free(r->body);
-  r->body = NULL;
+  free(r->body.p);
+  r->body = (attn_sbuf){0};
 }

@@ -103,7 +103,7 @@ static void *exchange(void *arg) {
   }
   attn_status st;
   if (s->status == 0 &&
-      attn_proto_decode_reply_safetensors(s->rep.body, s->rep.len, &s->pr, &st) < 0) {
+      attn_proto_decode_reply_safetensors(s->rep.body.p, s->rep.body.len, &s->pr, &st) < 0) {
     fprintf(stderr, ATTN_INFER_ME ": shard %s: malformed reply: %s\n", s->url, st.message);
     s->status = 1;
   }

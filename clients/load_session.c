@@ -40,7 +40,7 @@ static void keep_error(worker *w, const attn_sess_reply *r, const char *what) {
   if (w->err[0])
     return;
   w->err_status = r ? r->status : 0;
-  snprintf(w->err, sizeof w->err, "%s: %.200s", what, r && r->body ? r->body : "no HTTP reply");
+  snprintf(w->err, sizeof w->err, "%s: %.200s", what, r && r->body.p ? r->body.p : "no HTTP reply");
   for (char *c = w->err; *c; c++)
     if (*c == '\n' || *c == '\r')
       *c = ' ';

@@ -12,6 +12,7 @@
 #define ATTN_SESSION_H
 
 #include "engine.h"
+#include "proto.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -27,9 +28,8 @@ typedef struct attn_sess_http {
 } attn_sess_http;
 
 typedef struct attn_sess_reply {
-  long status; /* HTTP status; 0 when no reply came */
-  char *body;  /* NUL-terminated (malloc'd) */
-  size_t len, cap;
+  long status;    /* HTTP status; 0 when no reply came */
+  attn_sbuf body; /* NUL-terminated (body.p, malloc'd; NULL when empty) */
   int64_t length; /* X-Session-Length; -1 when the reply had none */
   double seconds; /* the exchange, curl's clock */
 } attn_sess_reply;

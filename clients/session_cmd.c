@@ -282,8 +282,8 @@ static int cmd_get(attn_sess_http *h, const sess_args *a) {
   attn_sess_info in = {0};
   int rc = 0;
   if (a->json) {
-    printf("%s\n", r.body ? r.body : "");
-  } else if (attn_sess_info_parse(r.body, r.len, &in) == 0) {
+    printf("%s\n", r.body.p ? r.body.p : "");
+  } else if (attn_sess_info_parse(r.body.p, r.body.len, &in) == 0) {
     print_info(a, &in);
   } else {
     fprintf(stderr, ME ": the reply is not a session's JSON\n");
@@ -322,7 +322,7 @@ static int get_info(attn_sess_http *h, const sess_args *a, attn_sess_info *in) {
   memset(in, 0, sizeof *in);
   if (call(h, a, "GET", "", NULL, 0, false, &r) != 0)
     return 1;
-  int rc = attn_sess_info_parse(r.body, r.len, in);
+  int rc = attn_sess_info_parse(r.body.p, r.body.len, in);
   attn_sess_reply_free(&r);
   if (rc != 0) {
     fprintf(stderr, ME ": the reply to GET is not a session's JSON\n");
@@ -409,17 +409,17 @@ static void print_attend(const sess_args *a, const attn_sess_reply *r, int64_t p
 static int attend_reply(const sess_args *a, const attn_sess_reply *r, int64_t pos, int64_t n_new) {
   attn_sess_out o;
   char why[128];
-  if (attn_sess_reply_out(r->body, r->len, &o, why, sizeof why) != 0) {
+  if (attn_sess_reply_out(r->body.p, r->body.len, &o, why, sizeof why) != 0) {
     fprintf(stderr, ME ": %s\n", why);
     return 1;
   }
   print_attend(a, r, pos, n_new, &o);
-  if (a->out && attn_write_file(a->out, r->body, r->len) < 0) {
+  if (a->out && attn_write_file(a->out, r->body.p, r->body.len) < 0) {
     fprintf(stderr, ME ": cannot write %s: %s\n", a->out, strerror(errno));
     return 1;
   }
   if (a->out)
-    printf("wrote %s (%zu bytes)\n", a->out, r->len);
+    printf("wrote %s (%zu bytes)\n", a->out, r->body.len);
   return 0;
 }
 

@@ -17,20 +17,8 @@
 static size_t on_body(char *data, size_t size, size_t nmemb, void *arg) {
   attn_sess_reply *r = arg;
   size_t n = size * nmemb;
-  if (r->len + n + 1 > r->cap) {
-    size_t cap = r->cap ? r->cap : 1 << 14;
-    while (cap < r->len + n + 1)
-      cap *= 2;
-    char *p = realloc(r->body, cap);
-    if (!p)
-      return 0; /* curl fails the transfer */
-    r->body = p;
-    r->cap = cap;
-  }
-  memcpy(r->body + r->len, data, n);
-  r->len += n;
-  r->body[r->len] = 0;
-  return n;
+  attn_sbuf_put(&r->body, data, n);
+  return r->body.oom ? 0 : n; /* 0: curl fails the transfer */
 }
 
 static size_t on_header(char *data, size_t size, size_t nmemb, void *arg) {
@@ -155,13 +143,12 @@ int attn_sess_call(attn_sess_http *c, const char *method, const char *path, cons
 }
 
 void attn_sess_reply_free(attn_sess_reply *r) {
-  free(r->body);
-  r->body = NULL;
-  r->len = r->cap = 0;
+  free(r->body.p);
+  r->body = (attn_sbuf){0};
 }
 
 void attn_sess_print_error(const char *me, const attn_sess_reply *r) {
-  cJSON *j = r->body ? cJSON_ParseWithLength(r->body, r->len) : NULL;
+  cJSON *j = r->body.p ? cJSON_ParseWithLength(r->body.p, r->body.len) : NULL;
   const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "error");
   const cJSON *code = cJSON_GetObjectItemCaseSensitive(e, "code");
   const cJSON *msg = cJSON_GetObjectItemCaseSensitive(e, "message");

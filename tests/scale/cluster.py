@@ -124,7 +124,7 @@ class Replica:
 
 class Proxy:
     """HAProxy in front of replicas, from docker/proxy-config's output: ``port``,
-    ``status(name)`` (the health check's verdict through the runtime API), ``stop()``."""
+    ``states(name)`` (the health checks' verdicts through the runtime API), ``stop()``."""
 
     def __init__(self, replicas, workdir, check_ms=100, extra=()):
         if not HAPROXY:
@@ -170,19 +170,19 @@ class Proxy:
                 raise AssertionError("haproxy exited:\n" + open(self.log_path).read()[-2000:])
             return None
 
-    def status(self, name, backend="stateless"):
-        """The server's state in backend: UP, DOWN, MAINT, or a transition (UP 1/2...)."""
+    def states(self, name):
+        """{backend: state} of server name (UP, DOWN, MAINT, or a transition: UP 1/2...),
+        from one `show stat`."""
         rows = csv.DictReader(io.StringIO(self.runtime("show stat").lstrip("# ")))
-        for row in rows:
-            if row["pxname"] == backend and row["svname"] == name:
-                return row["status"]
-        raise AssertionError("no server %s in backend %s" % (name, backend))
+        got = {row["pxname"]: row["status"] for row in rows if row["svname"] == name}
+        if not got:
+            raise AssertionError("no server %s at the proxy" % name)
+        return got
 
     def wait_status(self, name, want, limit=30):
         """Waits until both backends (each checks its servers) see name as want."""
         return wait_for("%s to be %s at the proxy" % (name, want),
-                        lambda: all(self.status(name, b) == want
-                                    for b in ("stateless", "sessions")), limit)
+                        lambda: set(self.states(name).values()) == {want}, limit)
 
     def stop(self):
         if self.proc.poll() is None:

@@ -69,11 +69,14 @@ checks=$checks,ensure_resource_availability,ignored_auth,object_level_authorizat
 # which this run leaves out).
 # Before each run, the sessions the computing session routes are sent to
 # (schemathesis.toml): a generated id names none, and every call to it would
-# be a 404. A PUT of one that is there is 200, of one a run deleted 201.
+# be a 404. Each is deleted first (a 404 when it is not there): a run's
+# stateful phase may have re-created it with other parameters, which a PUT
+# would refuse with 409 session_exists.
 st_run() {
   local config=$1 id
   shift
   for id in warm-1 warm-2; do
+    curl -s -o /dev/null -X DELETE "$url/v1/sessions/$id"
     curl -sf -o /dev/null -X PUT "$url/v1/sessions/$id" -H 'Content-Type: application/json' \
       -d '{"heads_kv": 1, "head_dim": 1, "dtype": "F32", "max_tokens": 1048576, "ttl_s": 86400}' ||
       fail "PUT /v1/sessions/$id failed"

@@ -136,7 +136,8 @@ CUDA_LIBS  = -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 CU_OBJ =
 ifeq ($(USE_CUDA),1)
 CU_HOST_SRC = engine/cuda/cuda.c engine/cuda/device.c engine/cuda/dispatch.c \
-              engine/cuda/stream.c engine/cuda/stage.c engine/cuda/selfcheck.c
+              engine/cuda/stream.c engine/cuda/stage.c engine/cuda/selfcheck.c \
+              engine/cuda/copy.c engine/cuda/pinned.c
 CU_OBJ = $(CU_SRC:%.cu=$(BUILD)/obj/%.o) $(CU_HOST_SRC:%.c=$(BUILD)/obj/%.o)
 CPPFLAGS += -DATTN_HAVE_CUDA
 # Arch-specific targets (90a: wgmma, setmaxnreg) run on one compute
@@ -224,6 +225,7 @@ endif
 endif
 CUDAMOCK_OBJ = $(BUILD)/obj/tests/cudamock/mock_cudart.o \
                $(BUILD)/obj/tests/cudamock/test_cuda_backend.o \
+               $(BUILD)/obj/tests/cudamock/test_datapath.o $(BUILD)/obj/server/bodybuf.o \
                $(TESTLIB_OBJ) $(BUILD)/obj/clients/benchlib.o
 
 # ---- fuzzing (libFuzzer, clang) ---------------------------------------------

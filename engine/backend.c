@@ -38,6 +38,21 @@ static int def_disabled(void *state, attn_disabled *out, int cap) {
   return 0;
 }
 
+static void *def_host_alloc(void *state, size_t n) {
+  (void)state, (void)n;
+  return NULL;
+}
+
+static bool def_host_free(void *state, void *p) {
+  (void)state, (void)p;
+  return false;
+}
+
+static void def_host_stats(void *state, attn_host_stats *out) {
+  (void)state;
+  memset(out, 0, sizeof *out);
+}
+
 void attn__backend_init(attn_backend *be, const struct attn_backend_ops *ops) {
   memset(be, 0, sizeof *be);
   be->ops = *ops;
@@ -48,6 +63,9 @@ void attn__backend_init(attn_backend *be, const struct attn_backend_ops *ops) {
   o->describe = o->describe ? o->describe : def_describe;
   o->healthy = o->healthy ? o->healthy : def_healthy;
   o->disabled = o->disabled ? o->disabled : def_disabled;
+  o->host_alloc = o->host_alloc ? o->host_alloc : def_host_alloc;
+  o->host_free = o->host_free ? o->host_free : def_host_free;
+  o->host_stats = o->host_stats ? o->host_stats : def_host_stats;
 }
 
 int attn__backend_open(attn_backend *be, const attn_backend_env *env) {

@@ -57,6 +57,12 @@ struct attn_backend_ops {
   /* What a start-up self-check turned off, up to cap entries; returns how
    * many there are. Default: none. */
   int (*disabled)(void *state, attn_disabled *out, int cap);
+  /* Host memory this backend copies from without staging
+   * (attn_engine_host_alloc), and taking it back: false for memory not its
+   * own. Default: none lent. */
+  void *(*host_alloc)(void *state, size_t n);
+  bool (*host_free)(void *state, void *p);
+  void (*host_stats)(void *state, attn_host_stats *out);
 };
 
 /* A backend as an engine holds it: its ops with the defaults filled in,

@@ -355,6 +355,10 @@ typedef struct attn_config {
    * instance on small shapes against the float64 reference and disables
    * those that fail (see attn_backend_info.disabled). */
   bool cuda_self_check_off;
+  /* CUDA backend: most bytes of page-locked host memory it lends out
+   * through attn_engine_host_alloc() (request bodies and replies the
+   * device copies to and from directly); 0: none, every copy is staged. */
+  uint64_t cuda_pinned_bytes;
 } attn_config;
 
 void attn_config_init(attn_config *cfg);
@@ -433,6 +437,26 @@ typedef struct attn_backend_info {
 
 /* Fills up to cap entries; returns how many backends there are. */
 int attn_engine_backends(const attn_engine *e, attn_backend_info *out, int cap);
+
+/*
+ * Host memory a device backend copies to and from without staging: a
+ * caller that puts a request's tensors (its body) and its outputs there
+ * saves the host copy each way. n bytes, 64-byte aligned, from the cuda
+ * backend's pool of page-locked memory (attn_config.cuda_pinned_bytes);
+ * NULL when no backend lends any or the pool is spent: use ordinary memory
+ * then, which works the same, staged. attn_engine_host_free() takes back
+ * what came from here and returns true; false for any other pointer (the
+ * caller frees that its own way). Any thread.
+ */
+void *attn_engine_host_alloc(attn_engine *e, size_t n);
+bool attn_engine_host_free(attn_engine *e, void *p);
+/* That pool: its cap, bytes lent out now, bytes page-locked now (lent and
+ * kept idle for reuse), and allocations it refused (spent); all 0 without
+ * one. */
+typedef struct attn_host_stats {
+  uint64_t cap, lent, pinned, refused;
+} attn_host_stats;
+void attn_engine_host_stats(attn_engine *e, attn_host_stats *out);
 
 /* ---- sessions: a KV cache the engine holds (kvstore.c) ------------------ */
 

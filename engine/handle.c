@@ -81,6 +81,33 @@ attn_jobs *attn__engine_jobs(attn_engine *e) { return &e->jobs; }
 
 attn_pool *attn__engine_pool(attn_engine *e) { return e->pool; }
 
+void *attn_engine_host_alloc(attn_engine *e, size_t n) {
+  for (int i = 0; i < NBACKENDS; i++) {
+    attn_backend *be = &e->be[i];
+    void *p = be->opened ? be->ops.host_alloc(be->state, n) : NULL;
+    if (p)
+      return p;
+  }
+  return NULL;
+}
+
+bool attn_engine_host_free(attn_engine *e, void *p) {
+  for (int i = 0; p && i < NBACKENDS; i++)
+    if (e->be[i].opened && e->be[i].ops.host_free(e->be[i].state, p))
+      return true;
+  return false;
+}
+
+void attn_engine_host_stats(attn_engine *e, attn_host_stats *out) {
+  memset(out, 0, sizeof *out);
+  for (int i = 0; i < NBACKENDS; i++)
+    if (e->be[i].opened) {
+      attn_host_stats s;
+      e->be[i].ops.host_stats(e->be[i].state, &s);
+      out->cap += s.cap, out->lent += s.lent, out->pinned += s.pinned, out->refused += s.refused;
+    }
+}
+
 static int pick_auto(attn_engine *e, const attn_request *r, const attn_backend **pbe,
                      attn_status *st) {
   attn_status why = {0};

@@ -301,6 +301,7 @@ int attn__alloc_outputs(attn_proto_req *pr, attn_status *st) {
   char *out = pr->out = malloc(total ? total : 1);
   if (!out)
     return attn_status_set(st, ATTN_PROTO_ENOMEM, "out of memory for the %zu-byte result", total);
+  pr->out_bytes = total;
   if (bwd) {
     r->dq = out;
     r->dk = out + qn;
@@ -370,10 +371,40 @@ int attn__reply_outs(const attn_proto_req *pr, bool all, attn__out t[ATTN__MAX_O
   return 4;
 }
 
+static void free_out(attn_proto_req *pr) {
+  if (pr->out_free)
+    pr->out_free(pr->out_ctx, pr->out);
+  else
+    free(pr->out);
+}
+
+static void *moved(void *p, const char *from, char *to) {
+  return p ? to + ((const char *)p - from) : NULL;
+}
+
+void attn_proto_req_set_out(attn_proto_req *pr, void *buf, void (*free_fn)(void *ctx, void *p),
+                            void *ctx) {
+  attn_request *r = &pr->req;
+  const char *from = pr->out;
+  char *to = buf;
+  if (r->pass == ATTN_BACKWARD) {
+    r->dq = moved(r->dq, from, to), r->dk = moved(r->dk, from, to);
+    r->dv = moved(r->dv, from, to);
+  } else {
+    r->o = moved(r->o, from, to);
+    r->m = moved(r->m, from, to), r->l = moved(r->l, from, to);
+    r->lse = moved(r->lse, from, to);
+  }
+  free_out(pr);
+  pr->out = buf;
+  pr->out_free = free_fn;
+  pr->out_ctx = ctx;
+}
+
 void attn_proto_req_free(attn_proto_req *pr) {
   for (int i = 0; i < ATTN_PROTO_MAX_TENSORS; i++)
     free(pr->owned[i]);
-  free(pr->out);
+  free_out(pr);
   free(pr->reply_json);
   free(pr->reply_meta);
   memset(pr, 0, sizeof *pr);

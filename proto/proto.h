@@ -198,7 +198,11 @@ typedef struct attn_proto_req {
   int64_t shape_q[4];  /* o, do and dq have this shape; m, l, lse drop the last dim */
   int64_t shape_kv[4]; /* k's and v's, so dk's and dv's */
   void *owned[ATTN_PROTO_MAX_TENSORS]; /* decoder-made buffers (converted or realigned data) */
-  void *out; /* forward: O, then m, l, lse when opts.stats; backward: dq, dk, dv */
+  void *out;        /* forward: O, then m, l, lse when opts.stats; backward: dq, dk, dv */
+  size_t out_bytes; /* of out */
+  /* Frees out when set (attn_proto_req_set_out); else free(). */
+  void (*out_free)(void *ctx, void *p);
+  void *out_ctx;
   /* Members the reply adds after its tensors, or "": JSON text for a JSON
    * reply ("\"length\": 9"), string members of __metadata__ for a
    * safetensors one ("\"length\": \"9\""): a session call's. */
@@ -227,6 +231,16 @@ int attn_proto_build_pass(attn_proto_req *pr, attn_pass pass, const attn_proto_t
                           const attn_options *opts, attn_status *st);
 
 void attn_proto_req_free(attn_proto_req *pr);
+
+/*
+ * Moves pr's outputs, before they are computed, into buf (out_bytes at
+ * least, 4-byte aligned): the request's output pointers keep their
+ * offsets, the old buffer is freed, and free_fn(ctx, buf) frees the new one
+ * with pr. A caller puts them in memory of its own this way (the server:
+ * page-locked memory a GPU downloads into directly).
+ */
+void attn_proto_req_set_out(attn_proto_req *pr, void *buf, void (*free_fn)(void *ctx, void *p),
+                            void *ctx);
 
 /* ---- the codecs -------------------------------------------------------- */
 

@@ -14,19 +14,22 @@
 #include <emmintrin.h>
 #endif
 
-/* What a mapping keeps before the body it holds: its length, and how much
- * of it is faulted in (all of it once it was used). */
+/* What a buffer keeps before the body it holds: its length, how much of
+ * it is faulted in (all of it once it was used, or when page-locked), and
+ * whether the engine lent it. */
 #define HEAD ((size_t)64)
 typedef struct map_head {
   size_t len, touched;
+  bool lent;
 } map_head;
 /* Pages are faulted in this far ahead of the bytes, in one call: a fault
  * per 4 KiB page was most of a cold 256 MiB upload. */
 #define PREFAULT ((size_t)4 << 20)
 #define HUGE ((size_t)2 << 20)
 
-void attnd_bodybufs_init(attnd_bodybufs *c) {
+void attnd_bodybufs_init(attnd_bodybufs *c, attn_engine *engine) {
   pthread_mutex_init(&c->mu, NULL);
+  c->engine = engine;
   for (int i = 0; i < ATTND_BODYBUF_KEEP; i++)
     c->idle[i] = (attnd_bodybuf_idle){0};
 }
@@ -73,12 +76,17 @@ static void *take_idle(attnd_bodybufs *c, size_t len, size_t *got) {
 char *attnd_bodybuf_get(attnd_bodybufs *c, size_t n) {
   if (n > SIZE_MAX - HEAD - HUGE)
     return NULL;
+  void *base = c->engine ? attn_engine_host_alloc(c->engine, n + HEAD) : NULL;
+  if (base) { /* page-locked: resident already */
+    *(map_head *)base = (map_head){n + HEAD, n + HEAD, true};
+    return (char *)base + HEAD;
+  }
   size_t len = (n + HEAD + HUGE - 1) / HUGE * HUGE;
-  void *base = take_idle(c, len, &len);
+  base = take_idle(c, len, &len);
   if (!base) {
     if (!(base = map_aligned(len)))
       return NULL;
-    *(map_head *)base = (map_head){len, HEAD};
+    *(map_head *)base = (map_head){len, HEAD, false};
   }
   return (char *)base + HEAD;
 }
@@ -100,6 +108,10 @@ void attnd_bodybuf_put(attnd_bodybufs *c, char *p) {
     return;
   void *base = p - HEAD;
   map_head *h = base;
+  if (h->lent) {
+    attn_engine_host_free(c->engine, base);
+    return;
+  }
   size_t len = h->len;
   h->touched = len; /* a kept buffer is faulted in: (almost) all of it was used */
   double now = attn_now();

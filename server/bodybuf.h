@@ -8,7 +8,11 @@
  * decode loop that sends a body of the same size again and again finds its
  * last buffer already mapped and touched.
  * Idle buffers are unmapped once ATTND_BODYBUF_IDLE passes, so a burst
- * leaves no resident memory behind. Locks itself: any thread.
+ * leaves no resident memory behind. Where the engine lends page-locked
+ * memory (a CUDA device serves: attn_engine_host_alloc), a body is read
+ * into that instead, so its tensors go to the device in one copy from
+ * where they lie; the engine's pool keeps those warm itself. Locks itself:
+ * any thread.
  */
 #ifndef ATTND_BODYBUF_H
 #define ATTND_BODYBUF_H
@@ -29,12 +33,16 @@ typedef struct attnd_bodybuf_idle {
   double since;
 } attnd_bodybuf_idle;
 
+typedef struct attn_engine attn_engine;
+
 typedef struct attnd_bodybufs {
   pthread_mutex_t mu;
   attnd_bodybuf_idle idle[ATTND_BODYBUF_KEEP];
+  attn_engine *engine; /* lends page-locked buffers first; NULL: never asked */
 } attnd_bodybufs;
 
-void attnd_bodybufs_init(attnd_bodybufs *c);
+/* engine: asked first for each buffer (NULL: mappings only). */
+void attnd_bodybufs_init(attnd_bodybufs *c, attn_engine *engine);
 /* Unmaps every idle buffer. */
 void attnd_bodybufs_close(attnd_bodybufs *c);
 

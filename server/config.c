@@ -304,6 +304,12 @@ static int apply_http_threads(attnd_config *c, const char *what, const char *v) 
 static int apply_streams(attnd_config *c, const char *what, const char *v) {
   return parse_int(what, v, 1, 64, &c->streams);
 }
+static int apply_pinned_memory(attnd_config *c, const char *what, const char *v) {
+  c->pinned_memory = 0;
+  if (!strcmp(v, "0") || size_value(v, &c->pinned_memory))
+    return 0;
+  return bad(what, v, "0 (none) or a size such as 512M or 4G (at most 1024G)");
+}
 static int apply_max_queue(attnd_config *c, const char *what, const char *v) {
   return parse_int(what, v, 0, 1000000, &c->max_queue);
 }
@@ -469,6 +475,11 @@ static const flag flags[] = {
      "at start-up, run every CUDA kernel on small shapes against the float64 reference and "
      "disable those that fail (/v1/info lists them)",
      apply_self_check},
+    {"pinned-memory", "SIZE", "2G",
+     "page-locked host memory the CUDA backend lends to request bodies and replies, so their "
+     "tensors cross to and from the GPU in one copy; past it (or at 0) bodies are ordinary "
+     "memory, staged; suffix K, M or G; nothing is pinned without a GPU",
+     apply_pinned_memory},
     {"max-body", "SIZE", "1G", "largest request body, suffix K, M or G", apply_max_body},
     {"max-queue", "N", "64", "requests admitted and not finished; more get 503, 0 = all",
      apply_max_queue},

@@ -15,18 +15,19 @@
 typedef struct attnd_config {
   char host[64];
   int port;
-  char backend[16];    /* auto, cpu, cuda */
-  int threads;         /* 0: one per core */
-  int http_threads;    /* libmicrohttpd's polling threads (its thread pool when > 1) */
-  char isa[16];        /* CPU kernel: auto, amx, avx512bf16, avx512, avx2, generic */
-  int streams;         /* CUDA streams per device */
-  char devices[128];   /* CUDA device numbers, "0,1" */
-  int ndevices;        /* how many devices lists */
-  bool gpu_self_check; /* run the CUDA kernels' start-up self-check */
-  uint64_t max_body;   /* bytes */
-  int max_queue;       /* jobs admitted and not finished */
-  double timeout;      /* seconds a job may wait before it starts */
-  int idle_timeout;    /* seconds */
+  char backend[16];       /* auto, cpu, cuda */
+  int threads;            /* 0: one per core */
+  int http_threads;       /* libmicrohttpd's polling threads (its thread pool when > 1) */
+  char isa[16];           /* CPU kernel: auto, amx, avx512bf16, avx512, avx2, generic */
+  int streams;            /* CUDA streams per device */
+  char devices[128];      /* CUDA device numbers, "0,1" */
+  int ndevices;           /* how many devices lists */
+  bool gpu_self_check;    /* run the CUDA kernels' start-up self-check */
+  uint64_t pinned_memory; /* page-locked bytes the CUDA backend may lend to bodies */
+  uint64_t max_body;      /* bytes */
+  int max_queue;          /* jobs admitted and not finished */
+  double timeout;         /* seconds a job may wait before it starts */
+  int idle_timeout;       /* seconds */
   int max_connections;
   int max_connections_per_client; /* of one client address; 0: no own limit */
   double header_timeout;          /* seconds to send a request's headers whole */

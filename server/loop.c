@@ -478,7 +478,7 @@ int attnd_loop_init(attnd_server *s) {
     return -1;
   }
   pthread_mutex_init(&s->mu, NULL);
-  attnd_bodybufs_init(&s->bufs);
+  attnd_bodybufs_init(&s->bufs, s->engine);
   s->max_running = max_running(s);
   s->client_cap = client_cap(s);
   if ((rc = init_handles(s)) < 0) {

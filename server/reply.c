@@ -6,6 +6,7 @@
 #include "reply.h"
 #include "sessions.h"
 #include "errors.h"
+#include "work.h"
 #include "log.h"
 #include "routes.h"
 
@@ -73,12 +74,13 @@ static void add_console_headers(const attnd_req *r, struct MHD_Response *resp) {
 /* What a reply in parts holds until libmicrohttpd has sent it. */
 typedef struct held {
   void *head, *buf;
+  attnd_server *srv;
 } held;
 
 static void free_held(void *cls) {
   held *h = cls;
   free(h->head);
-  free(h->buf);
+  attnd_outbuf_free(h->srv, h->buf);
   free(h);
 }
 
@@ -103,7 +105,7 @@ static struct MHD_Response *body_response(attnd_req *r) {
     free(h);
     return NULL;
   }
-  *h = (held){r->resp, r->parts_buf};
+  *h = (held){r->resp, r->parts_buf, r->srv};
   r->parts_buf = NULL;
   r->nparts = 0;
   return resp;

@@ -7,6 +7,7 @@
 #include "request.h"
 #include "sessions.h"
 #include "errors.h"
+#include "work.h"
 #include "route.h"
 
 #include <stdio.h>
@@ -38,9 +39,9 @@ void attnd_req_unref(attnd_req *r) {
   attnd_body_release(r);
   free(r->query);
   free(r->resp);
-  free(r->parts_buf);
+  attnd_outbuf_free(r->srv, r->parts_buf);
   free(r->out);
-  free(r->out_parts_buf);
+  attnd_outbuf_free(r->srv, r->out_parts_buf);
   free(r);
 }
 
@@ -52,7 +53,7 @@ attn_pass attnd_req_pass(const attnd_req *r) { return r->route ? r->route->pass 
 
 void attnd_req_reply(attnd_req *r, int status, char *buf, size_t len, const char *ctype) {
   free(r->resp);
-  free(r->parts_buf);
+  attnd_outbuf_free(r->srv, r->parts_buf);
   r->parts_buf = NULL;
   r->nparts = 0;
   r->status = status;

@@ -131,12 +131,31 @@ static int check_pairs(const attnd_req *r, attn_status *st) {
                          (unsigned long long)n, (unsigned long long)cap);
 }
 
+void attnd_outbuf_free(attnd_server *s, void *p) {
+  if (p && !(s && s->engine && attn_engine_host_free(s->engine, p)))
+    free(p);
+}
+
+static void outbuf_free(void *ctx, void *p) { attnd_outbuf_free(ctx, p); }
+
+/* The outputs (not yet computed) moved into page-locked memory when the
+ * engine lends it: a GPU then downloads them in place, and a safetensors
+ * reply is sent from there. Not a session call's: those run on the CPU. */
+static void pin_outputs(attnd_req *r) {
+  if (r->route->session || r->pr.out_bytes == 0)
+    return;
+  void *buf = attn_engine_host_alloc(r->srv->engine, r->pr.out_bytes);
+  if (buf)
+    attn_proto_req_set_out(&r->pr, buf, outbuf_free, r->srv);
+}
+
 int attnd_work_decode(attnd_req *r, attn_status *st) {
   int rc = decode_body(r, st);
   if (rc == 0)
     rc = check_pairs(r, st);
   if (rc == 0) {
     r->decoded = true;
+    pin_outputs(r);
     /* "auto" means the server's backend; a named one is the client's call */
     if (!strcmp(r->pr.req.backend, "auto"))
       r->pr.req.backend = r->srv->backend;
@@ -206,7 +225,7 @@ void attnd_work_encode_result(attnd_req *r) {
     r->out_ctype = "application/json";
   }
   if (rc == 0 && r->out_nparts) { /* sent from the outputs as they lie: keep them */
-    r->out_parts_buf = r->pr.out;
+    r->out_parts_buf = r->pr.out; /* freed by attnd_outbuf_free() */
     r->pr.out = NULL;
   }
   if (rc < 0)

@@ -4,8 +4,10 @@
  * Internal to engine/cuda/. The backend (cuda.c, its ops) holds one
  * cu_state: up to ATTN_MAX_CUDA_DEVICES devices (device.c), each with
  * --streams slots; a slot is a stream, a pinned staging buffer and at most
- * one job, laid out and packed by stage.c, run on its stream by stream.c,
- * and handed out by the one dispatcher thread (dispatch.c).
+ * one job, laid out by stage.c, moved by copy.c, run on its streams by
+ * stream.c; the one dispatcher thread (dispatch.c) hands jobs to slots,
+ * whose own threads stage and finish them. pinned.c lends page-locked
+ * host memory to callers.
  */
 #ifndef ATTN_CUDA_INT_H
 #define ATTN_CUDA_INT_H
@@ -20,27 +22,80 @@
 
 struct cu_dev;
 
+/* Most (batch, head) groups a job is split into, so the upload of one, the
+ * kernel of the one before and the download of the one before that run at
+ * once; and the pinned chunks a strided or padded input is packed through
+ * on its way up (two, so packing one overlaps the other's upload). */
+#define CU_MAX_GROUPS 8
+#define CU_CHUNK_BYTES ((size_t)4 << 20)
+
+/* Where a slot's job is: FREE (no job), START (a slot thread stages and
+ * queues it), RUN (its streams run it; the fault poll watches it), FINISH
+ * (a slot thread checks and completes it). */
+typedef enum cu_phase { CU_FREE, CU_START, CU_RUN, CU_FINISH } cu_phase;
+
+/* One group of a job: the flat units u = b * Hkv + hk in [u0, u0 + nu)
+ * (whole batch entries, or KV heads of a batch of one), its launch params
+ * (device pointers into the job's tensors) and kernel choice. */
+typedef struct cu_group {
+  int64_t u0, nu;
+  attn_cu_params prm;
+  attn_cu_choice ch;
+} cu_group;
+
 typedef struct cu_slot {
   struct cu_dev *dev;
-  cudaStream_t stream;
+  /* Kernels run on stream, uploads on up, downloads on down; events order
+   * them per group (ev_up, ev_k) and guard the packing chunks' reuse. */
+  cudaStream_t stream, up, down;
+  cudaEvent_t ev_up[CU_MAX_GROUPS], ev_k[CU_MAX_GROUPS], ev_chunk[2];
+  unsigned char *chunk[2]; /* pinned, CU_CHUNK_BYTES each */
+  bool chunk_busy[2];      /* ev_chunk[i] recorded since chunk i was last reused */
+  int chunk_next;          /* the chunk packed next */
+  /* Pinned staging for the small inputs (a caller's lse, ALiBi slopes, the
+   * scan results) and outputs that are not downloaded in place: it mirrors
+   * the device layout from offset pin_base. */
   unsigned char *pinned;
-  size_t pinned_cap;
+  size_t pinned_cap, pin_base;
   attn_job *job; /* NULL when free */
-  /* The job's layout in pinned and device memory: the inputs (q k v, and o
-   * do for a backward pass; then a caller's lse), the scan results, the
-   * outputs (o m l lse, or dq dk dv); the upload covers [0, up_end), the
-   * download [down_start, down_end); device memory also holds scratch after
-   * that (split-KV partials, or a recomputed lse and the backward's D). */
-  int nin, nout;
-  size_t off[5], off_scan, off_out[3], off_stats[3], off_lse, off_ws;
+  cu_phase phase;
+  bool fn_ran; /* the host function ran before the slot thread left START */
+  pthread_t th;
+  pthread_cond_t cv;
+  bool th_made;
+  /* The job's layout in device memory: the inputs (q k v, and o do for a
+   * backward pass; then a caller's lse), the ALiBi slopes, the scan
+   * results (per group and input), the outputs (o m l lse, or dq dk dv);
+   * device memory also holds scratch after them (split-KV partials, or a
+   * recomputed lse and the backward's D). */
+  int nin, nout, ngroups;
+  size_t off[5], off_misc, off_scan, off_out[3], off_stats[3], off_lse, off_ws;
   size_t off_alibi; /* the slopes in log2 units, F32 [B, Hq]; SIZE_MAX: none */
-  size_t up_end, down_start, down_end, dev_bytes;
+  size_t up_end, down_end, dev_bytes;
+  /* Tensors copied straight between the device and the caller's memory
+   * (contiguous and in the pinned pool): no pack, no unpack. */
+  bool direct_in[5], direct_out[3], direct_stats[3];
   void *dmem;
   attn_cu_params prm;
   attn_cu_choice ch;
   attn_cu_choice fch; /* backward without lse: the forward that computes it */
-  struct cu_slot *next_done;
+  cu_group grp[CU_MAX_GROUPS];
 } cu_slot;
+
+/* A block of the pinned pool (pinned.c). */
+typedef struct cu_block {
+  unsigned char *p;
+  size_t len;
+  bool lent;
+  double idle_since;
+} cu_block;
+
+typedef struct cu_pinned {
+  pthread_mutex_t mu;
+  uint64_t cap, pinned, lent, refused;
+  cu_block *b;
+  int n, max;
+} cu_pinned;
 
 typedef struct cu_dev {
   struct cu_state *state;
@@ -60,12 +115,12 @@ typedef struct cu_state cu_state;
 struct cu_state {
   cu_dev devs[ATTN_MAX_CUDA_DEVICES];
   int ndev, streams;
+  cu_pinned pin;
   pthread_mutex_t mu;
   pthread_cond_t cv;
   attn_job *pend_head, *pend_tail;
-  cu_slot *done;
   int busy;
-  bool stop;
+  bool stop, quit; /* stop: drain and end the dispatcher; quit: end the slot threads */
   pthread_t thread;
   /* Kernels the self-check disabled (attn_cu_select_masked's bits) on any
    * device, and why; set before the dispatcher starts, read-only after. */
@@ -85,24 +140,57 @@ typedef struct cu_tensor {
   bool kv; /* shaped like K (heads_kv, seq_kv), else like Q */
 } cu_tensor;
 
-/* ---- stage.c: layout and packing, no CUDA call ---------------------------- */
+/* ---- stage.c: layout, groups and packing, no CUDA call -------------------- */
 
 /* The tensors a job stages in (q k v, and o do backward); returns how many. */
 int attn__cu_inputs(const attn_request *r, cu_tensor t[5]);
 /* Bytes of one packed tensor of the slot's job. */
 size_t attn__cu_packed_bytes(const cu_slot *sl, bool kv, size_t es);
-/* The kernels, their tiles and the job's layout, for a device with sms
- * multiprocessors and the kernels off turned off; no device call. */
+/* The kernels, their tiles, the groups and the job's layout, for a device
+ * with sms multiprocessors and the kernels off turned off; no device call. */
 int attn__cu_plan(cu_slot *sl, const attn_request *r, int sms, unsigned off, attn_status *st);
-/* Packs the job's inputs (and a caller's lse) into the pinned buffer and
- * resets the scan results. */
-void attn__cu_stage(cu_slot *sl, const attn_request *r);
-/* The kernels' device pointers into the job's allocation dm. */
+/* Which tensors move without a host copy: contiguous ones that lie in the
+ * pinned pool (pp; NULL: none). Sets direct_*. */
+void attn__cu_route(cu_slot *sl, const attn_request *r, cu_pinned *pp);
+/* The staging's copy of device offset off (pin_base or past it). */
+static inline unsigned char *attn__cu_staged(const cu_slot *sl, size_t off) {
+  return sl->pinned + (off - sl->pin_base);
+}
+/* Bytes of pinned staging the routed job needs from pin_base. */
+size_t attn__cu_staging_bytes(cu_slot *sl);
+/* The small inputs (a caller's lse, ALiBi slopes) and the scan results'
+ * start values, into the pinned staging. */
+void attn__cu_stage_misc(cu_slot *sl, const attn_request *r);
+/* Packed rows [row0, row0 + n) of input t ([B, H, N, dp], zero padded). */
+void attn__cu_pack_rows(unsigned char *dst, const attn_request *r, int t, int64_t row0, int64_t n,
+                        int dp);
+/* Rows of input or output tensor (kv: K-shaped) of group g: first, count. */
+int64_t attn__cu_group_rows(const cu_slot *sl, int g, bool kv, int64_t *row0);
+/* The kernels' device pointers into the job's allocation dm, per group. */
 void attn__cu_set_pointers(cu_slot *sl, const attn_request *r, unsigned char *dm);
 /* The scan's verdict on the job's inputs (check.h's wording). */
 int attn__cu_check_scan(cu_slot *sl, const attn_request *r, attn_status *st);
-/* The job's outputs, copied out of the staging buffer. */
+/* The outputs not downloaded in place, copied out of the staging. */
 void attn__cu_unpack_outputs(cu_slot *sl, const attn_request *r);
+
+/* ---- copy.c: the moves between host and device ------------------------------- */
+
+/* Queues group g's inputs on the upload stream: straight from the caller
+ * (direct), else packed through the pinned chunks. */
+cudaError_t attn__cu_upload_group(cu_slot *sl, const attn_request *r, int g, const char **what);
+/* Queues group g's outputs on the download stream: in place (direct), else
+ * into the staging. */
+cudaError_t attn__cu_download_group(cu_slot *sl, const attn_request *r, int g);
+
+/* ---- pinned.c: page-locked host memory lent to callers -------------------- */
+
+void attn__cu_pinned_init(cu_pinned *pp, uint64_t cap);
+void attn__cu_pinned_close(cu_pinned *pp);
+void *attn__cu_pinned_get(cu_pinned *pp, size_t n);
+bool attn__cu_pinned_put(cu_pinned *pp, void *p);
+/* Whether [p, p + n) lies in a block lent now. */
+bool attn__cu_pinned_holds(cu_pinned *pp, const void *p, size_t n);
+void attn__cu_pinned_stats(cu_pinned *pp, attn_host_stats *out);
 
 /* ---- stream.c: a job on a slot's stream ------------------------------------- */
 
@@ -114,21 +202,24 @@ bool attn__cu_sticky(cudaError_t e);
 void attn__cu_mark_unhealthy(cu_dev *d, const char *what, cudaError_t e);
 /* Grows the slot's pinned buffer to need bytes. */
 int attn__cu_grow_pinned(cu_slot *sl, size_t need, attn_status *st);
-/* Queues upload, scans, kernels, download, free and (when host_fn) the
- * host function; on an error *what names the step. */
+/* Queues, group by group, upload, scans, kernels and download, then the
+ * free and (when host_fn) the host function; on an error *what names the
+ * step. */
 cudaError_t attn__cu_queue_work(cu_slot *sl, const attn_request *r, bool host_fn,
                                 const char **what);
+/* Waits for all three of the slot's streams; the first error. */
+cudaError_t attn__cu_sync_slot(cu_slot *sl);
 /* Device memory for the job: 0, ATTN_ENOMEM (retryable), or -1 for another
  * CUDA error, which *pe holds. */
 int attn__cu_alloc(cu_slot *sl, cudaError_t *pe, attn_status *st);
-/* Stages and queues the slot's job; on failure nothing queued still uses
- * the slot's memory, and st says why. */
+/* Stages and queues the slot's job (a slot thread); on failure nothing
+ * queued still uses the slot's memory, and st says why. */
 int attn__cu_start(cu_slot *sl, attn_status *st);
 /* The job's outcome once its stream has run: the scan's verdict, then the
  * outputs. */
 int attn__cu_finish(cu_slot *sl, attn_status *st);
 
-/* ---- dispatch.c: the dispatcher thread -------------------------------------- */
+/* ---- dispatch.c: the dispatcher thread and the slots' threads --------------- */
 
 bool attn__cu_any_healthy(cu_state *s);
 /* Queues a job for the dispatcher (any thread). */

@@ -17,19 +17,51 @@
 #include <stdlib.h>
 #include <string.h>
 
+static void close_slot(cu_slot *sl) {
+  cudaStream_t *const st[3] = {&sl->up, &sl->stream, &sl->down};
+  for (int k = 0; k < 3; k++)
+    if (*st[k]) {
+      cudaStreamSynchronize(*st[k]);
+      cudaStreamDestroy(*st[k]);
+    }
+  for (int g = 0; g < CU_MAX_GROUPS; g++) {
+    if (sl->ev_up[g])
+      cudaEventDestroy(sl->ev_up[g]);
+    if (sl->ev_k[g])
+      cudaEventDestroy(sl->ev_k[g]);
+  }
+  for (int c = 0; c < 2; c++) {
+    if (sl->ev_chunk[c])
+      cudaEventDestroy(sl->ev_chunk[c]);
+    if (sl->chunk[c])
+      cudaFreeHost(sl->chunk[c]);
+  }
+  if (sl->pinned)
+    cudaFreeHost(sl->pinned);
+}
+
+/* A slot's streams, events and packing chunks (their pinned memory). */
+static cudaError_t open_slot(cu_slot *sl) {
+  cudaError_t e = cudaSuccess;
+  cudaStream_t *const st[3] = {&sl->up, &sl->stream, &sl->down};
+  for (int k = 0; k < 3 && !e; k++)
+    e = cudaStreamCreateWithFlags(st[k], cudaStreamNonBlocking);
+  /* events order work and are waited on, never timed */
+  for (int g = 0; g < CU_MAX_GROUPS && !e; g++)
+    if (!(e = cudaEventCreateWithFlags(&sl->ev_up[g], cudaEventDisableTiming)))
+      e = cudaEventCreateWithFlags(&sl->ev_k[g], cudaEventDisableTiming);
+  for (int c = 0; c < 2 && !e; c++)
+    if (!(e = cudaEventCreateWithFlags(&sl->ev_chunk[c], cudaEventDisableTiming)))
+      e = cudaHostAlloc((void **)&sl->chunk[c], CU_CHUNK_BYTES, cudaHostAllocPortable);
+  return e;
+}
+
 void attn__cu_close_dev(cu_dev *d) {
   if (!d->slots && !d->pool_made)
     return;
   cudaSetDevice(d->ordinal);
-  for (int i = 0; i < d->nslots; i++) {
-    cu_slot *sl = &d->slots[i];
-    if (sl->stream) {
-      cudaStreamSynchronize(sl->stream);
-      cudaStreamDestroy(sl->stream);
-    }
-    if (sl->pinned)
-      cudaFreeHost(sl->pinned);
-  }
+  for (int i = 0; i < d->nslots; i++)
+    close_slot(&d->slots[i]);
   free(d->slots);
   d->slots = NULL;
   if (d->pool_made)
@@ -75,8 +107,8 @@ int attn__cu_open_dev(cu_state *s, cu_dev *d, int ordinal, attn_status *st) {
     return attn_status_set(st, ATTN_ENOMEM, "out of memory");
   for (int i = 0; i < d->nslots; i++) {
     d->slots[i].dev = d;
-    if ((e = cudaStreamCreateWithFlags(&d->slots[i].stream, cudaStreamNonBlocking)))
-      return attn__cu_fail(st, ATTN_ENODEV, "creating a stream", e);
+    if ((e = open_slot(&d->slots[i])))
+      return attn__cu_fail(st, ATTN_ENODEV, "creating a slot's streams and buffers", e);
   }
   d->healthy = true;
   return 0;
@@ -91,10 +123,12 @@ static int run_case(cu_slot *sl, const attn_request *r, unsigned off, bool *stic
   const char *what = "cudaMallocFromPoolAsync";
   int rc;
   *sticky = false;
-  if ((rc = attn__cu_plan(sl, r, sl->dev->sms, off, st)) < 0 ||
-      (rc = attn__cu_grow_pinned(sl, sl->down_end, st)) < 0)
+  if ((rc = attn__cu_plan(sl, r, sl->dev->sms, off, st)) < 0)
     return rc;
-  attn__cu_stage(sl, r);
+  attn__cu_route(sl, r, NULL); /* staged both ways, as most jobs' tensors are not */
+  if ((rc = attn__cu_grow_pinned(sl, attn__cu_staging_bytes(sl), st)) < 0)
+    return rc;
+  attn__cu_stage_misc(sl, r);
   if ((rc = attn__cu_alloc(sl, &e, st)) != 0) {
     if (rc < -1)
       return rc;
@@ -102,7 +136,7 @@ static int run_case(cu_slot *sl, const attn_request *r, unsigned off, bool *stic
   }
   attn__cu_set_pointers(sl, r, sl->dmem);
   e = attn__cu_queue_work(sl, r, false, &what);
-  se = cudaStreamSynchronize(sl->stream);
+  se = attn__cu_sync_slot(sl);
   if (e == cudaSuccess && se == cudaSuccess) {
     attn__cu_unpack_outputs(sl, r);
     return 0;

@@ -2,11 +2,12 @@
  * stage.c — a job's layout in a slot's memory, packed in and unpacked out.
  *
  * Host code without a CUDA call: the kernels' view of a request (its
- * shape, the kernels the selection picks), where each tensor, the scan
- * results and the outputs sit in the pinned staging buffer and the device
- * allocation, and the copies between the caller's strided tensors and the
- * packed [B, H, N, dp] layout the kernels read (head dim padded to a
- * multiple of 8).
+ * shape, the kernels the selection picks, the groups a large job runs in),
+ * where each tensor, the scan results and the outputs sit in the device
+ * allocation and the pinned staging, which tensors move straight between
+ * the device and the caller's memory, and the copies between the caller's
+ * strided tensors and the packed [B, H, N, dp] layout the kernels read
+ * (head dim padded to a multiple of 8) for those that do not.
  */
 #include "cuda_int.h"
 
@@ -81,7 +82,69 @@ size_t attn__cu_packed_bytes(const cu_slot *sl, bool kv, size_t es) {
   return rows * (size_t)p->dp * es;
 }
 
-/* Byte layout of a job in a slot; returns false on size overflow. */
+/* A job is split into groups once its inputs pass GROUP_MIN bytes, each
+ * group at least GROUP_BYTES of them: smaller pieces would cost more in
+ * launches and events than their overlap saves. */
+#define GROUP_MIN ((size_t)32 << 20)
+#define GROUP_BYTES ((size_t)16 << 20)
+
+static size_t input_bytes(const cu_slot *sl, const attn_request *r) {
+  size_t es = attn_dtype_size(r->dtype), n = 0;
+  cu_tensor in[5];
+  int nin = attn__cu_inputs(r, in);
+  for (int i = 0; i < nin; i++)
+    n += attn__cu_packed_bytes(sl, in[i].kv, es);
+  return n;
+}
+
+/* The groups of a forward job: whole batch entries when there are two or
+ * more, else KV heads; one group for a backward pass or a small job. Each
+ * group's shape and kernel choice (a smaller batch may split its keys). */
+static int plan_groups(cu_slot *sl, const attn_request *r, int sms, unsigned off, attn_status *st) {
+  const attn_cu_params *p = &sl->prm;
+  int64_t per = p->batch > 1 ? p->heads_kv : 1; /* units per batch-entry step */
+  int64_t steps = p->batch > 1 ? p->batch : p->heads_kv;
+  size_t bytes = input_bytes(sl, r);
+  int64_t want = r->pass == ATTN_FORWARD && bytes >= GROUP_MIN ? (int64_t)(bytes / GROUP_BYTES) : 1;
+  want = want < steps ? want : steps;
+  want = want < CU_MAX_GROUPS ? want : CU_MAX_GROUPS;
+  int64_t each = (steps + want - 1) / want;
+  sl->ngroups = (int)((steps + each - 1) / each);
+  for (int g = 0; g < sl->ngroups; g++) {
+    cu_group *gr = &sl->grp[g];
+    int64_t s0 = g * each, ns = steps - s0 < each ? steps - s0 : each;
+    gr->u0 = s0 * per;
+    gr->nu = ns * per;
+    gr->prm = *p;
+    gr->prm.batch = p->batch > 1 ? (int)ns : 1;
+    gr->prm.heads_kv = p->batch > 1 ? p->heads_kv : (int)ns;
+    gr->prm.heads_q = gr->prm.heads_kv * (p->heads_q / p->heads_kv);
+    gr->ch = sl->ch;
+    int rc = sl->ngroups == 1 ? 0 : attn_cu_select_masked(&gr->prm, sms, off, &gr->ch, st);
+    if (rc < 0)
+      return rc;
+  }
+  return 0;
+}
+
+int64_t attn__cu_group_rows(const cu_slot *sl, int g, bool kv, int64_t *row0) {
+  const attn_cu_params *p = &sl->prm;
+  int64_t rows_per_unit = kv ? p->seq_kv : (int64_t)(p->heads_q / p->heads_kv) * p->seq_q;
+  *row0 = sl->grp[g].u0 * rows_per_unit;
+  return sl->grp[g].nu * rows_per_unit;
+}
+
+/* The split-KV scratch the largest group needs. */
+static size_t split_bytes(const cu_slot *sl) {
+  size_t n = 0;
+  for (int g = 0; g < sl->ngroups; g++) {
+    size_t b = attn_cu_split_bytes(&sl->grp[g].prm, &sl->grp[g].ch);
+    n = b > n ? b : n;
+  }
+  return n;
+}
+
+/* Byte layout of a job in device memory; returns false on size overflow. */
 static bool layout(cu_slot *sl, const attn_request *r) {
   const attn_cu_params *p = &sl->prm;
   const bool bwd = r->pass == ATTN_BACKWARD;
@@ -98,14 +161,14 @@ static bool layout(cu_slot *sl, const attn_request *r) {
     sl->off[i] = x;
     x = align_up(x + attn__cu_packed_bytes(sl, in[i].kv, es));
   }
+  sl->off_misc = x;
   sl->off_lse = bwd && r->lse_in ? x : SIZE_MAX;
   x += bwd && r->lse_in ? lse_bytes : 0;
   sl->off_alibi = r->alibi_slopes ? x : SIZE_MAX;
   x += r->alibi_slopes ? align_up((size_t)p->batch * p->heads_q * sizeof(float)) : 0;
   sl->off_scan = x;
-  x = align_up(x + (size_t)sl->nin * sizeof(attn_cu_scan_result));
+  x = align_up(x + (size_t)sl->ngroups * sl->nin * sizeof(attn_cu_scan_result));
   sl->up_end = x;
-  sl->down_start = sl->off_scan;
   for (int i = 0; i < sl->nout; i++) {
     sl->off_out[i] = x;
     x = align_up(x + attn__cu_packed_bytes(sl, out[i].kv, es));
@@ -123,12 +186,10 @@ static bool layout(cu_slot *sl, const attn_request *r) {
   }
   sl->off_ws = x;
   x += align_up(attn_cu_bwd_bytes(p));
-  sl->dev_bytes = x + align_up(attn_cu_split_bytes(p, &sl->ch));
+  sl->dev_bytes = x + align_up(split_bytes(sl));
   return true;
 }
 
-/* The kernels, their tiles and the job's layout, for a device with sms
- * multiprocessors; no device call. */
 int attn__cu_plan(cu_slot *sl, const attn_request *r, int sms, unsigned off, attn_status *st) {
   if (r->softcap > 0 || r->alibi_slopes) /* the Hopper instance has no variant path */
     off |= ATTN_CU_HOPPER_OFF;
@@ -142,33 +203,79 @@ int attn__cu_plan(cu_slot *sl, const attn_request *r, int sms, unsigned off, att
     if ((rc = attn_cu_select_masked(&fp, 0, off, &sl->fch, st)) < 0)
       return rc;
   }
+  if ((rc = plan_groups(sl, r, sms, off, st)) < 0)
+    return rc;
   if (!layout(sl, r))
     return attn_status_set(st, ATTN_EOVERFLOW, "cuda: the request's buffers overflow size_t");
   return 0;
 }
 
-/* Tensor (dtype elements, strides s) -> packed [B, H, N, dp], zero padded. */
-static void pack(unsigned char *dst, const void *src, const int64_t s[3], int64_t B, int64_t H,
-                 int64_t N, int64_t D, int dp, size_t es) {
-  const unsigned char *sp = src;
-  if (dp == D && s[2] == D && s[1] == N * D && s[0] == H * N * D) {
-    memcpy(dst, sp, (size_t)(B * H * N * D) * es);
+/* Whether strides s are those of a contiguous [B, H, N, D] tensor. */
+static bool contiguous(const int64_t s[3], int64_t H, int64_t N, int64_t D) {
+  return s[2] == D && s[1] == N * D && s[0] == H * N * D;
+}
+
+void attn__cu_route(cu_slot *sl, const attn_request *r, cu_pinned *pp) {
+  size_t es = attn_dtype_size(r->dtype);
+  cu_tensor in[5], out[3];
+  attn__cu_inputs(r, in);
+  job_outputs(r, out);
+  for (int t = 0; t < 5; t++) {
+    const cu_tensor *x = t < sl->nin ? &in[t] : NULL;
+    int64_t H = x && x->kv ? r->heads_kv : r->heads_q, N = x && x->kv ? r->seq_kv : r->seq_q;
+    size_t n = (size_t)(r->batch * H * N * r->head_dim) * es;
+    sl->direct_in[t] =
+        x && pp && contiguous(x->stride, H, N, r->head_dim) && attn__cu_pinned_holds(pp, x->in, n);
+  }
+  for (int t = 0; t < 3; t++) {
+    const cu_tensor *x = t < sl->nout ? &out[t] : NULL;
+    int64_t H = x && x->kv ? r->heads_kv : r->heads_q, N = x && x->kv ? r->seq_kv : r->seq_q;
+    size_t n = (size_t)(r->batch * H * N * r->head_dim) * es;
+    sl->direct_out[t] =
+        x && pp && contiguous(x->stride, H, N, r->head_dim) && attn__cu_pinned_holds(pp, x->out, n);
+  }
+  float *const stats[3] = {r->m, r->l, r->lse};
+  size_t rows = (size_t)(r->batch * r->heads_q * r->seq_q);
+  for (int i = 0; i < 3; i++)
+    sl->direct_stats[i] = stats[i] && pp && attn__cu_pinned_holds(pp, stats[i], rows * 4);
+}
+
+size_t attn__cu_staging_bytes(cu_slot *sl) {
+  bool all = true;
+  for (int t = 0; t < sl->nout; t++)
+    all = all && sl->direct_out[t];
+  for (int i = 0; i < 3; i++)
+    all = all && (sl->off_stats[i] == SIZE_MAX || sl->direct_stats[i]);
+  sl->pin_base = sl->off_misc;
+  return (all ? sl->up_end : sl->down_end) - sl->pin_base;
+}
+
+void attn__cu_pack_rows(unsigned char *dst, const attn_request *r, int t, int64_t row0, int64_t n,
+                        int dp) {
+  cu_tensor in[5];
+  attn__cu_inputs(r, in);
+  const cu_tensor *x = &in[t];
+  const int64_t H = x->kv ? r->heads_kv : r->heads_q, N = x->kv ? r->seq_kv : r->seq_q;
+  const int64_t D = r->head_dim, *s = x->stride;
+  const size_t es = attn_dtype_size(r->dtype);
+  const unsigned char *src = x->in;
+  if (dp == D && contiguous(s, H, N, D)) {
+    memcpy(dst, src + (size_t)(row0 * D) * es, (size_t)(n * D) * es);
     return;
   }
-  for (int64_t b = 0; b < B; b++)
-    for (int64_t h = 0; h < H; h++)
-      for (int64_t n = 0; n < N; n++) {
-        memcpy(dst, sp + (size_t)(b * s[0] + h * s[1] + n * s[2]) * es, (size_t)D * es);
-        memset(dst + (size_t)D * es, 0, (size_t)(dp - D) * es);
-        dst += (size_t)dp * es;
-      }
+  for (int64_t row = row0; row < row0 + n; row++) {
+    int64_t b = row / (H * N), h = row / N % H, i = row % N;
+    memcpy(dst, src + (size_t)(b * s[0] + h * s[1] + i * s[2]) * es, (size_t)D * es);
+    memset(dst + (size_t)D * es, 0, (size_t)(dp - D) * es);
+    dst += (size_t)dp * es;
+  }
 }
 
 /* Packed [B, H, N, dp] -> tensor with strides s, padding dropped. */
 static void unpack(void *dst, const unsigned char *src, const int64_t s[3], int64_t B, int64_t H,
                    int64_t N, int64_t D, int dp, size_t es) {
   unsigned char *dp8 = dst;
-  if (dp == D && s[2] == D && s[1] == N * D && s[0] == H * N * D) {
+  if (dp == D && contiguous(s, H, N, D)) {
     memcpy(dp8, src, (size_t)(B * H * N * D) * es);
     return;
   }
@@ -180,31 +287,42 @@ static void unpack(void *dst, const unsigned char *src, const int64_t s[3], int6
       }
 }
 
-/* Packs the job's inputs (and a caller's lse) into the pinned buffer and
- * resets the scan results. */
-void attn__cu_stage(cu_slot *sl, const attn_request *r) {
-  size_t es = attn_dtype_size(r->dtype);
-  cu_tensor in[5];
-  attn__cu_inputs(r, in);
-  for (int t = 0; t < sl->nin; t++)
-    pack(sl->pinned + sl->off[t], in[t].in, in[t].stride, r->batch,
-         in[t].kv ? r->heads_kv : r->heads_q, in[t].kv ? r->seq_kv : r->seq_q, r->head_dim,
-         sl->prm.dp, es);
+void attn__cu_stage_misc(cu_slot *sl, const attn_request *r) {
   if (r->pass == ATTN_BACKWARD && r->lse_in)
-    memcpy(sl->pinned + sl->off_lse, r->lse_in,
+    memcpy(attn__cu_staged(sl, sl->off_lse), r->lse_in,
            (size_t)(r->batch * r->heads_q * r->seq_q) * sizeof(float));
   if (r->alibi_slopes) { /* expanded to [B, Hq]: the kernels index b·Hq + h */
-    float *a2 = (float *)(sl->pinned + sl->off_alibi);
+    float *a2 = (float *)(void *)attn__cu_staged(sl, sl->off_alibi);
     for (int64_t b = 0; b < r->batch; b++)
       for (int64_t h = 0; h < r->heads_q; h++)
         a2[b * r->heads_q + h] = (float)(-attn_request_alibi_slope(r, b, h) * M_LOG2E);
   }
-  attn_cu_scan_result *scan = (attn_cu_scan_result *)(sl->pinned + sl->off_scan);
-  for (int t = 0; t < sl->nin; t++)
+  attn_cu_scan_result *scan = (attn_cu_scan_result *)(void *)attn__cu_staged(sl, sl->off_scan);
+  for (int t = 0; t < sl->ngroups * sl->nin; t++)
     scan[t] = (attn_cu_scan_result){.first_bad = ~0ull, .maxabs_bits = 0, .pad_ = 0};
 }
 
-/* The kernels' device pointers into the job's allocation dm. */
+/* Group g's launch params: its slices of the job's tensors. */
+static void group_pointers(cu_slot *sl, int g) {
+  cu_group *gr = &sl->grp[g];
+  const attn_cu_params *p = &sl->prm;
+  size_t es = attn_dtype_size(p->dtype), row = (size_t)p->dp * es;
+  int64_t q0, k0;
+  attn__cu_group_rows(sl, g, false, &q0);
+  attn__cu_group_rows(sl, g, true, &k0);
+  attn_cu_params *gp = &gr->prm;
+  gp->q = (const unsigned char *)p->q + (size_t)q0 * row;
+  gp->k = (const unsigned char *)p->k + (size_t)k0 * row;
+  gp->v = (const unsigned char *)p->v + (size_t)k0 * row;
+  gp->o = (unsigned char *)p->o + (size_t)q0 * row;
+  gp->m = p->m ? p->m + q0 : NULL;
+  gp->l = p->l ? p->l + q0 : NULL;
+  gp->lse = p->lse ? p->lse + q0 : NULL;
+  /* the slopes are [B, Hq]: a group starts at its first (batch, head) */
+  gp->alibi2 = p->alibi2 ? p->alibi2 + gr->u0 * (p->heads_q / p->heads_kv) : NULL;
+  gp->split_ws = gr->ch.nsplit > 1 ? p->split_ws : NULL;
+}
+
 void attn__cu_set_pointers(cu_slot *sl, const attn_request *r, unsigned char *dm) {
   attn_cu_params *p = &sl->prm;
   p->q = dm + sl->off[0];
@@ -219,48 +337,69 @@ void attn__cu_set_pointers(cu_slot *sl, const attn_request *r, unsigned char *dm
     p->dv = dm + sl->off_out[2];
     p->lse = (float *)(dm + sl->off_lse);
     p->bwd_ws = (float *)(dm + sl->off_ws);
+    sl->grp[0].prm = *p; /* a backward job is one group */
     return;
   }
   p->o = dm + sl->off_out[0];
   p->m = r->m ? (float *)(dm + sl->off_stats[0]) : NULL;
   p->l = r->l ? (float *)(dm + sl->off_stats[1]) : NULL;
   p->lse = r->lse ? (float *)(dm + sl->off_stats[2]) : NULL;
-  p->split_ws = sl->ch.nsplit > 1 ? dm + sl->down_end : NULL;
+  p->split_ws = dm + sl->off_ws;
+  for (int g = 0; g < sl->ngroups; g++)
+    group_pointers(sl, g);
+}
+
+/* Input t's scan over every group: the first non-finite element (in the
+ * whole tensor's packed order) and the largest magnitude. */
+static attn_cu_scan_result merged_scan(const cu_slot *sl, bool kv, int t) {
+  const attn_cu_scan_result *scan = (const void *)attn__cu_staged(sl, sl->off_scan);
+  attn_cu_scan_result m = {.first_bad = ~0ull, .maxabs_bits = 0, .pad_ = 0};
+  for (int g = 0; g < sl->ngroups; g++) {
+    const attn_cu_scan_result *x = &scan[g * sl->nin + t];
+    int64_t row0;
+    attn__cu_group_rows(sl, g, kv, &row0);
+    unsigned long long at = x->first_bad + (unsigned long long)row0 * (unsigned)sl->prm.dp;
+    if (x->first_bad != ~0ull && at < m.first_bad)
+      m.first_bad = at;
+    /* magnitudes are non-negative: their float bits order as the values do */
+    m.maxabs_bits = x->maxabs_bits > m.maxabs_bits ? x->maxabs_bits : m.maxabs_bits;
+  }
+  return m;
 }
 
 /* The scan's verdict on the job's inputs: ENONFINITE with the element's
  * coordinates, or ERANGE from the largest magnitudes of q, k and v. */
 int attn__cu_check_scan(cu_slot *sl, const attn_request *r, attn_status *st) {
-  const attn_cu_scan_result *scan = (const attn_cu_scan_result *)(sl->pinned + sl->off_scan);
   const unsigned dp = (unsigned)sl->prm.dp;
   cu_tensor in[5];
   attn__cu_inputs(r, in);
   double mx[3];
   for (int t = 0; t < sl->nin; t++) {
-    if (scan[t].first_bad != ~0ull) {
+    attn_cu_scan_result sc = merged_scan(sl, in[t].kv, t);
+    if (sc.first_bad != ~0ull) {
       int64_t H = in[t].kv ? r->heads_kv : r->heads_q, N = in[t].kv ? r->seq_kv : r->seq_q;
-      int64_t row = (int64_t)(scan[t].first_bad / dp), dcol = (int64_t)(scan[t].first_bad % dp);
+      int64_t row = (int64_t)(sc.first_bad / dp), dcol = (int64_t)(sc.first_bad % dp);
       return attn__nonfinite(st, in[t].name, row / (H * N), row / N % H, row % N, dcol);
     }
     float f;
-    memcpy(&f, &scan[t].maxabs_bits, sizeof f);
+    memcpy(&f, &sc.maxabs_bits, sizeof f);
     if (t < 3)
       mx[t] = f;
   }
   return attn__check_magnitudes(r, mx, st);
 }
 
-/* The job's outputs, copied out of the staging buffer. */
 void attn__cu_unpack_outputs(cu_slot *sl, const attn_request *r) {
   cu_tensor out[3];
   int nout = job_outputs(r, out);
   for (int t = 0; t < nout; t++)
-    unpack(out[t].out, sl->pinned + sl->off_out[t], out[t].stride, r->batch,
-           out[t].kv ? r->heads_kv : r->heads_q, out[t].kv ? r->seq_kv : r->seq_q, r->head_dim,
-           sl->prm.dp, attn_dtype_size(r->dtype));
+    if (!sl->direct_out[t])
+      unpack(out[t].out, attn__cu_staged(sl, sl->off_out[t]), out[t].stride, r->batch,
+             out[t].kv ? r->heads_kv : r->heads_q, out[t].kv ? r->seq_kv : r->seq_q, r->head_dim,
+             sl->prm.dp, attn_dtype_size(r->dtype));
   float *const stats[3] = {r->m, r->l, r->lse};
   size_t rows = (size_t)r->batch * r->heads_q * r->seq_q;
   for (int i = 0; i < 3; i++)
-    if (stats[i])
-      memcpy(stats[i], sl->pinned + sl->off_stats[i], rows * sizeof(float));
+    if (stats[i] && !sl->direct_stats[i])
+      memcpy(stats[i], attn__cu_staged(sl, sl->off_stats[i]), rows * sizeof(float));
 }

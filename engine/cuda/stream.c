@@ -2,10 +2,10 @@
  * stream.c — a job on a slot's stream: its memory, its queued work, and
  * the errors that end it.
  *
- * The dispatcher starts a staged job here (device memory from the
- * device's pool, then the upload, scans, kernels, download and free queued
- * on the slot's stream, and a host function that reports it done) and
- * takes its outcome here once the stream has run. Which CUDA errors leave
+ * A slot thread starts a job here (device memory from the device's pool,
+ * then, group by group, the upload, scans, kernels and download on the
+ * slot's three streams, then the free and a host function that reports it
+ * done) and takes its outcome here once the streams have run. Which CUDA errors leave
  * the device usable is decided here too (attn__cu_sticky).
  */
 #include "cuda_int.h"
@@ -63,13 +63,19 @@ int attn__cu_grow_pinned(cu_slot *sl, size_t need, attn_status *st) {
   return 0;
 }
 
+/* The host function, on a CUDA thread: the job's streams have run, so a
+ * slot thread may finish it (at once if it has left START, else when it
+ * does). It makes no CUDA call. */
 static void CUDART_CB on_stream_done(void *arg) {
   cu_slot *sl = arg;
   cu_state *s = sl->dev->state;
   pthread_mutex_lock(&s->mu);
-  sl->next_done = s->done;
-  s->done = sl;
-  pthread_cond_signal(&s->cv);
+  if (sl->phase == CU_RUN) {
+    sl->phase = CU_FINISH;
+    pthread_cond_signal(&sl->cv);
+  } else if (sl->phase == CU_START) {
+    sl->fn_ran = true;
+  }
   pthread_mutex_unlock(&s->mu);
 }
 
@@ -84,40 +90,78 @@ static cudaError_t launch_lse(cu_slot *sl) {
   return (cudaError_t)attn_cu_launch(&fp, &sl->fch, sl->stream);
 }
 
-/* Queues upload, scans, kernels, download, free and (when host_fn) the
- * host function; on an error *what names the step. */
-cudaError_t attn__cu_queue_work(cu_slot *sl, const attn_request *r, bool host_fn,
-                                const char **what) {
+/* Group g's scans and kernels on the kernel stream, once its upload has
+ * run. */
+static cudaError_t compute_group(cu_slot *sl, const attn_request *r, int g, const char **what) {
   unsigned char *dm = sl->dmem;
   attn_cu_scan_result *dscan = (attn_cu_scan_result *)(dm + sl->off_scan);
+  size_t rowb = (size_t)sl->prm.dp * attn_dtype_size(r->dtype);
   cu_tensor in[5];
   cudaError_t e;
   attn__cu_inputs(r, in);
-  *what = "the upload";
-  if ((e = cudaMemcpyAsync(dm, sl->pinned, sl->up_end, cudaMemcpyHostToDevice, sl->stream)))
-    return e;
   *what = "the input scan";
   for (int t = 0; t < sl->nin; t++) {
-    size_t n = attn__cu_packed_bytes(sl, in[t].kv, 1);
-    if ((e = (cudaError_t)attn_cu_scan(dm + sl->off[t], r->dtype, n, &dscan[t], sl->stream)))
+    int64_t row0, n = attn__cu_group_rows(sl, g, in[t].kv, &row0);
+    if ((e = (cudaError_t)attn_cu_scan(dm + sl->off[t] + (size_t)row0 * rowb, r->dtype,
+                                       (size_t)n * (size_t)sl->prm.dp, &dscan[g * sl->nin + t],
+                                       sl->stream)))
       return e;
   }
   *what = "the forward pass that recomputes lse";
   if (r->pass == ATTN_BACKWARD && !r->lse_in && (e = launch_lse(sl)))
     return e;
   *what = "the attention kernel";
-  if ((e = (cudaError_t)attn_cu_launch(&sl->prm, &sl->ch, sl->stream)))
+  return (cudaError_t)attn_cu_launch(&sl->grp[g].prm, &sl->grp[g].ch, sl->stream);
+}
+
+/* Group g: upload, then (once it has run) scans and kernels, then (once
+ * they have) the download, each on its own stream. */
+static cudaError_t queue_group(cu_slot *sl, const attn_request *r, int g, const char **what) {
+  cudaError_t e;
+  if ((e = attn__cu_upload_group(sl, r, g, what)))
+    return e;
+  *what = "ordering the group's streams";
+  if ((e = cudaEventRecord(sl->ev_up[g], sl->up)) ||
+      (e = cudaStreamWaitEvent(sl->stream, sl->ev_up[g], 0)))
+    return e;
+  if ((e = compute_group(sl, r, g, what)))
+    return e;
+  *what = "ordering the group's streams";
+  if ((e = cudaEventRecord(sl->ev_k[g], sl->stream)) ||
+      (e = cudaStreamWaitEvent(sl->down, sl->ev_k[g], 0)))
     return e;
   *what = "the download";
-  if ((e = cudaMemcpyAsync(sl->pinned + sl->down_start, dm + sl->down_start,
-                           sl->down_end - sl->down_start, cudaMemcpyDeviceToHost, sl->stream)))
+  return attn__cu_download_group(sl, r, g);
+}
+
+cudaError_t attn__cu_queue_work(cu_slot *sl, const attn_request *r, bool host_fn,
+                                const char **what) {
+  unsigned char *dm = sl->dmem;
+  cudaError_t e;
+  *what = "the upload";
+  if ((e = cudaMemcpyAsync(dm + sl->off_misc, sl->pinned, sl->up_end - sl->off_misc,
+                           cudaMemcpyHostToDevice, sl->up)))
+    return e;
+  for (int g = 0; g < sl->ngroups; g++)
+    if ((e = queue_group(sl, r, g, what)))
+      return e;
+  *what = "the download";
+  size_t scan_bytes = (size_t)sl->ngroups * sl->nin * sizeof(attn_cu_scan_result);
+  if ((e = cudaMemcpyAsync(attn__cu_staged(sl, sl->off_scan), dm + sl->off_scan, scan_bytes,
+                           cudaMemcpyDeviceToHost, sl->down)))
     return e;
   *what = "cudaFreeAsync";
-  if ((e = cudaFreeAsync(sl->dmem, sl->stream)))
+  if ((e = cudaFreeAsync(sl->dmem, sl->down)))
     return e;
   sl->dmem = NULL;
   *what = "cudaLaunchHostFunc";
-  return host_fn ? cudaLaunchHostFunc(sl->stream, on_stream_done, sl) : cudaSuccess;
+  return host_fn ? cudaLaunchHostFunc(sl->down, on_stream_done, sl) : cudaSuccess;
+}
+
+cudaError_t attn__cu_sync_slot(cu_slot *sl) {
+  cudaError_t a = cudaStreamSynchronize(sl->up), b = cudaStreamSynchronize(sl->stream);
+  cudaError_t c = cudaStreamSynchronize(sl->down);
+  return a ? a : b ? b : c;
 }
 
 /* Device memory for the job from the device's pool: 0, ATTN_ENOMEM
@@ -126,7 +170,8 @@ cudaError_t attn__cu_queue_work(cu_slot *sl, const attn_request *r, bool host_fn
 int attn__cu_alloc(cu_slot *sl, cudaError_t *pe, attn_status *st) {
   cu_dev *d = sl->dev;
   sl->dmem = NULL;
-  cudaError_t e = cudaMallocFromPoolAsync(&sl->dmem, sl->dev_bytes, d->pool, sl->stream);
+  /* on the upload stream, the memory's first user */
+  cudaError_t e = cudaMallocFromPoolAsync(&sl->dmem, sl->dev_bytes, d->pool, sl->up);
   *pe = e;
   if (e != cudaErrorMemoryAllocation)
     return e == cudaSuccess ? 0 : -1;
@@ -154,12 +199,12 @@ int attn__cu_start(cu_slot *sl, attn_status *st) {
   if ((e = cudaSetDevice(d->ordinal)) != cudaSuccess)
     goto device_error;
   if ((rc = attn__cu_plan(sl, r, d->sms, d->state->off, st)) < 0 ||
-      (rc = attn__check_lse(r, st)) < 0 || (rc = attn__cu_grow_pinned(sl, sl->down_end, st)) < 0)
+      (rc = attn__check_lse(r, st)) < 0)
     return rc;
-  attn__cu_stage(sl, r);
-  /* Packing is the host's long step: one canceled meanwhile launches nothing. */
-  if (attn__job_canceled(sl->job))
-    return attn__canceled(st);
+  attn__cu_route(sl, r, &d->state->pin);
+  if ((rc = attn__cu_grow_pinned(sl, attn__cu_staging_bytes(sl), st)) < 0)
+    return rc;
+  attn__cu_stage_misc(sl, r);
   what = "cudaMallocFromPoolAsync";
   if ((rc = attn__cu_alloc(sl, &e, st)) != 0) {
     if (rc < -1)
@@ -169,11 +214,11 @@ int attn__cu_start(cu_slot *sl, attn_status *st) {
   attn__cu_set_pointers(sl, r, sl->dmem);
   if ((e = attn__cu_queue_work(sl, r, true, &what)) == cudaSuccess)
     return 0;
-  /* Work already queued may still read the staging buffer: wait it out.
-   * A refused launch fails its job alone, unless the wait shows the
-   * context broken after all. */
+  /* Work already queued may still read the staging buffer or the
+   * caller's memory: wait it out. A refused launch fails its job alone,
+   * unless the wait shows the context broken after all. */
   cudaGetLastError();
-  cudaError_t se = cudaStreamSynchronize(sl->stream);
+  cudaError_t se = attn__cu_sync_slot(sl);
   if (sl->dmem)
     cudaFree(sl->dmem);
   sl->dmem = NULL;

@@ -39,6 +39,7 @@ typedef struct mock_knobs {
   int wrong_kernel;
   bool wrong_merge;
   bool wrong_pack; /* every launch with GQA packing (attn_cu_choice.pack) */
+  int fail_pin;    /* the next N cudaHostAlloc calls fail */
 } mock_knobs;
 
 /* Knobs with the failure counters given and nothing else injected. */
@@ -69,5 +70,24 @@ int mock_last_pack(void);
 long mock_plain_launches(int k, long *multi_tile);
 /* Lets kernels held by hold_kernels run. */
 void mock_open_gate(void);
+
+/* The log of copies and kernel launches since mock_log_reset(), in the
+ * order they were queued: each with its stream, its pointers (a kernel's
+ * dst is its O, src its Q), whether the host side of a copy lies in
+ * cudaHostAlloc memory, and the mock clock when it started and ended on
+ * its stream (one clock for all streams, so order across streams shows). */
+enum { MOCK_UPLOAD, MOCK_DOWNLOAD, MOCK_MEMSET, MOCK_KERNEL, MOCK_OTHER };
+#define MOCK_LOG_MAX 8192
+typedef struct mock_op {
+  int kind;
+  const void *stream;
+  void *dst;
+  const void *src;
+  size_t bytes;
+  bool host_pinned;
+  long start, end;
+} mock_op;
+int mock_log(mock_op *out, int cap);
+void mock_log_reset(void);
 
 #endif

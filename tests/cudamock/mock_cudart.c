@@ -25,6 +25,7 @@ static int g_pinned, g_streams;
 static long g_launches;
 static cudaError_t g_last;
 static int g_current;
+static bool g_dev_fault[16]; /* a fault broke the device's context */
 /* hold_kernels' gate, race_query's poisoned context, the latest launch. */
 static pthread_cond_t g_gate_cv = PTHREAD_COND_INITIALIZER;
 static bool g_gate_open, g_poisoned;
@@ -43,6 +44,7 @@ void mock_defaults(void) {
   pthread_mutex_lock(&g_mu);
   g_gate_open = g_poisoned = false;
   g_last_kernel = -1;
+  memset(g_dev_fault, 0, sizeof g_dev_fault);
   pthread_mutex_unlock(&g_mu);
 }
 void mock_open_gate(void) {
@@ -113,6 +115,7 @@ typedef struct op {
   bool owns_arg;
   bool fault;  /* the "kernel" faults: the stream is broken from here on */
   bool always; /* runs after a fault too (memory the dead context releases) */
+  int log;     /* its entry in the copy and launch log, or -1 */
   struct op *next;
 } op;
 
@@ -124,7 +127,80 @@ struct CUstream_st {
   int pending;
   bool stop;
   cudaError_t fault;
+  int device; /* a fault breaks every stream of its device's context */
 };
+
+/* ---- the log of copies and launches, stamped as they run ------------------- */
+
+static mock_op g_log[MOCK_LOG_MAX];
+static int g_nlog;
+static long g_clock;
+
+/* Host allocations of cudaHostAlloc, to tell pinned host memory. */
+#define MAX_PINNED 4096
+static struct {
+  const unsigned char *p;
+  size_t n;
+} g_pins[MAX_PINNED];
+
+static bool is_pinned(const void *p) {
+  const unsigned char *c = p;
+  for (int i = 0; i < MAX_PINNED; i++)
+    if (g_pins[i].p && c >= g_pins[i].p && c < g_pins[i].p + g_pins[i].n)
+      return true;
+  return false;
+}
+
+/* An entry for an operation queued on s; -1 when the log is full. */
+static int log_add(int kind, const void *s, void *dst, const void *src, size_t bytes) {
+  pthread_mutex_lock(&g_mu);
+  int i = g_nlog < MOCK_LOG_MAX ? g_nlog++ : -1;
+  if (i >= 0) {
+    const void *host = kind == MOCK_UPLOAD ? src : kind == MOCK_DOWNLOAD ? dst : NULL;
+    g_log[i] = (mock_op){kind, s, dst, src, bytes, host && is_pinned(host), -1, -1};
+  }
+  pthread_mutex_unlock(&g_mu);
+  return i;
+}
+
+static void log_stamp(int i, bool end) {
+  if (i < 0)
+    return;
+  pthread_mutex_lock(&g_mu);
+  if (end)
+    g_log[i].end = ++g_clock;
+  else
+    g_log[i].start = ++g_clock;
+  pthread_mutex_unlock(&g_mu);
+}
+
+int mock_log(mock_op *out, int cap) {
+  pthread_mutex_lock(&g_mu);
+  int n = g_nlog < cap ? g_nlog : cap;
+  memcpy(out, g_log, (size_t)n * sizeof *out);
+  pthread_mutex_unlock(&g_mu);
+  return n;
+}
+
+void mock_log_reset(void) {
+  pthread_mutex_lock(&g_mu);
+  g_nlog = 0;
+  pthread_mutex_unlock(&g_mu);
+}
+
+static bool dev_broken(int d) {
+  pthread_mutex_lock(&g_mu);
+  bool b = d >= 0 && d < 16 && g_dev_fault[d];
+  pthread_mutex_unlock(&g_mu);
+  return b;
+}
+
+static void break_dev(int d) {
+  pthread_mutex_lock(&g_mu);
+  if (d >= 0 && d < 16)
+    g_dev_fault[d] = true;
+  pthread_mutex_unlock(&g_mu);
+}
 
 static void *stream_main(void *arg) {
   struct CUstream_st *s = arg;
@@ -142,10 +218,16 @@ static void *stream_main(void *arg) {
     if (o->fault)
       s->fault = cudaErrorIllegalAddress;
     pthread_mutex_unlock(&s->mu);
+    if (o->fault)
+      break_dev(s->device);
     /* After a fault nothing more runs, host functions included (as CUDA
-     * does after an error in the context). */
+     * does after an error in the context), on any stream of the device. */
+    if (!broken && !o->fault && dev_broken(s->device))
+      broken = cudaErrorIllegalAddress;
+    log_stamp(o->log, false);
     if ((!broken && !o->fault) || o->always)
       o->fn(o->arg);
+    log_stamp(o->log, true);
     if (o->owns_arg)
       free(o->arg);
     free(o);
@@ -159,8 +241,10 @@ static void *stream_main(void *arg) {
 
 enum { OP_FAULT = 1, OP_ALWAYS = 2 };
 
-static void enqueue(cudaStream_t s, void (*fn)(void *), void *arg, bool owns, int flags) {
+static void enqueue_logged(cudaStream_t s, void (*fn)(void *), void *arg, bool owns, int flags,
+                           int log) {
   op *o = calloc(1, sizeof *o);
+  o->log = log;
   o->fn = fn;
   o->arg = arg;
   o->owns_arg = owns;
@@ -177,11 +261,18 @@ static void enqueue(cudaStream_t s, void (*fn)(void *), void *arg, bool owns, in
   pthread_mutex_unlock(&s->mu);
 }
 
+static void enqueue(cudaStream_t s, void (*fn)(void *), void *arg, bool owns, int flags) {
+  enqueue_logged(s, fn, arg, owns, flags, -1);
+}
+
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *ps, unsigned int flags) {
   (void)flags;
   struct CUstream_st *s = calloc(1, sizeof *s);
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->cv, NULL);
+  pthread_mutex_lock(&g_mu);
+  s->device = g_current;
+  pthread_mutex_unlock(&g_mu);
   pthread_create(&s->th, NULL, stream_main, s);
   pthread_mutex_lock(&g_mu);
   g_streams++;
@@ -196,6 +287,8 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     pthread_cond_wait(&s->cv, &s->mu);
   cudaError_t e = s->fault;
   pthread_mutex_unlock(&s->mu);
+  if (!e && dev_broken(s->device))
+    e = cudaErrorIllegalAddress;
   return e ? fail(e) : cudaSuccess;
 }
 
@@ -232,7 +325,88 @@ cudaError_t cudaStreamQuery(cudaStream_t s) {
   pthread_mutex_lock(&s->mu);
   cudaError_t e = s->fault ? s->fault : s->pending ? cudaErrorNotReady : cudaSuccess;
   pthread_mutex_unlock(&s->mu);
-  return e;
+  return e == cudaSuccess || e == cudaErrorNotReady
+             ? (dev_broken(s->device) ? cudaErrorIllegalAddress : e)
+             : e;
+}
+
+/* ---- events: a count of records, and of those the streams have reached ---- */
+
+struct CUevent_st {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  long recorded, reached;
+};
+
+typedef struct event_arg {
+  cudaEvent_t e;
+  long gen;
+} event_arg;
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *pe, unsigned int flags) {
+  (void)flags;
+  struct CUevent_st *e = calloc(1, sizeof *e);
+  pthread_mutex_init(&e->mu, NULL);
+  pthread_cond_init(&e->cv, NULL);
+  *pe = e;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  pthread_cond_destroy(&e->cv);
+  pthread_mutex_destroy(&e->mu);
+  free(e);
+  return cudaSuccess;
+}
+
+static void reach_op(void *arg) {
+  event_arg *a = arg;
+  pthread_mutex_lock(&a->e->mu);
+  if (a->gen > a->e->reached)
+    a->e->reached = a->gen;
+  pthread_cond_broadcast(&a->e->cv);
+  pthread_mutex_unlock(&a->e->mu);
+}
+
+/* Until the stream that records gen has reached it. */
+static void wait_gen(cudaEvent_t e, long gen) {
+  pthread_mutex_lock(&e->mu);
+  while (e->reached < gen)
+    pthread_cond_wait(&e->cv, &e->mu);
+  pthread_mutex_unlock(&e->mu);
+}
+
+static void wait_op(void *arg) {
+  event_arg *a = arg;
+  wait_gen(a->e, a->gen);
+}
+
+static event_arg *event_at(cudaEvent_t e, bool next) {
+  event_arg *a = malloc(sizeof *a);
+  pthread_mutex_lock(&e->mu);
+  a->e = e;
+  a->gen = next ? ++e->recorded : e->recorded;
+  pthread_mutex_unlock(&e->mu);
+  return a;
+}
+
+/* Both run after a fault too, so no stream waits forever on a dead one. */
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  enqueue(s, reach_op, event_at(e, true), true, OP_ALWAYS);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) {
+  (void)flags;
+  enqueue(s, wait_op, event_at(e, false), true, OP_ALWAYS);
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  event_arg *a = event_at(e, false);
+  wait_gen(e, a->gen);
+  free(a);
+  return cudaSuccess;
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
@@ -324,30 +498,81 @@ static void copy_op(void *arg) {
   copy_arg *c = arg;
   memcpy(c->dst, c->src, c->n);
 }
+static int copy_kind(enum cudaMemcpyKind kind) {
+  return kind == cudaMemcpyHostToDevice   ? MOCK_UPLOAD
+         : kind == cudaMemcpyDeviceToHost ? MOCK_DOWNLOAD
+                                          : MOCK_OTHER;
+}
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
                             cudaStream_t s) {
-  (void)kind;
   copy_arg *c = malloc(sizeof *c);
   *c = (copy_arg){dst, src, n};
-  enqueue(s, copy_op, c, true, 0);
+  enqueue_logged(s, copy_op, c, true, 0, log_add(copy_kind(kind), s, dst, src, n));
+  return cudaSuccess;
+}
+
+typedef struct copy2d_arg {
+  unsigned char *dst;
+  const unsigned char *src;
+  size_t dpitch, spitch, width, height;
+  int value; /* memset: the byte; -1: a copy */
+} copy2d_arg;
+static void copy2d_op(void *arg) {
+  copy2d_arg *c = arg;
+  for (size_t r = 0; r < c->height; r++)
+    if (c->value < 0)
+      memcpy(c->dst + r * c->dpitch, c->src + r * c->spitch, c->width);
+    else
+      memset(c->dst + r * c->dpitch, c->value, c->width);
+}
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
+                              size_t width, size_t height, enum cudaMemcpyKind kind,
+                              cudaStream_t s) {
+  if (width > dpitch || width > spitch)
+    return fail(cudaErrorInvalidPitchValue);
+  copy2d_arg *c = malloc(sizeof *c);
+  *c = (copy2d_arg){dst, src, dpitch, spitch, width, height, -1};
+  enqueue_logged(s, copy2d_op, c, true, 0, log_add(copy_kind(kind), s, dst, src, width * height));
+  return cudaSuccess;
+}
+cudaError_t cudaMemset2DAsync(void *dst, size_t pitch, int value, size_t width, size_t height,
+                              cudaStream_t s) {
+  if (width > pitch)
+    return fail(cudaErrorInvalidPitchValue);
+  copy2d_arg *c = malloc(sizeof *c);
+  *c = (copy2d_arg){dst, NULL, pitch, 0, width, height, value & 0xff};
+  enqueue_logged(s, copy2d_op, c, true, 0, log_add(MOCK_MEMSET, s, dst, NULL, width * height));
   return cudaSuccess;
 }
 
 cudaError_t cudaHostAlloc(void **p, size_t size, unsigned int flags) {
   (void)flags;
-  *p = malloc(size);
+  pthread_mutex_lock(&g_mu);
+  bool refuse = g_k.fail_pin > 0;
+  if (refuse)
+    g_k.fail_pin--;
+  pthread_mutex_unlock(&g_mu);
+  *p = refuse ? NULL : malloc(size);
   if (!*p)
     return fail(cudaErrorMemoryAllocation);
   pthread_mutex_lock(&g_mu);
   g_pinned++;
+  for (int i = 0; i < MAX_PINNED; i++)
+    if (!g_pins[i].p) {
+      g_pins[i].p = *p, g_pins[i].n = size;
+      break;
+    }
   pthread_mutex_unlock(&g_mu);
   return cudaSuccess;
 }
 cudaError_t cudaFreeHost(void *p) {
-  free(p);
   pthread_mutex_lock(&g_mu);
   g_pinned--;
+  for (int i = 0; i < MAX_PINNED; i++)
+    if (g_pins[i].p == p)
+      g_pins[i].p = NULL;
   pthread_mutex_unlock(&g_mu);
+  free(p);
   return cudaSuccess;
 }
 
@@ -684,7 +909,7 @@ int attn_cu_launch(const attn_cu_params *p, const attn_cu_choice *c, void *strea
   a->p = *p;
   a->c = *c;
   a->bias = wrong ? 0.25f : 0.0f;
-  enqueue((cudaStream_t)stream, p->pass == ATTN_BACKWARD ? bwd_op : fwd_op, a, true,
-          faults ? OP_FAULT : 0);
+  enqueue_logged((cudaStream_t)stream, p->pass == ATTN_BACKWARD ? bwd_op : fwd_op, a, true,
+                 faults ? OP_FAULT : 0, log_add(MOCK_KERNEL, stream, p->o, p->q, 0));
   return 0;
 }

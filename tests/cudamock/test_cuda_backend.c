@@ -257,7 +257,7 @@ Test(cuda_backend, devices_and_their_failures, .init = reset) {
   cr_expect(ci->available && strstr(ci->detail, "device 0") && strstr(ci->detail, "device 1") &&
                 strstr(ci->detail, "2 streams each"),
             "%s", ci->detail);
-  cr_expect_eq(mock_streams(), 4);
+  cr_expect_eq(mock_streams(), 12, "2 devices x 2 slots x 3 streams (upload, kernels, download)");
   cr_expect_eq(trun(e, &c, "cuda", &st), 0, "%s", st.message);
   attn_engine_close(e);
   const char *bad[][2] = {

@@ -29,11 +29,13 @@
  * 128, 256, --hopper N in 4k, 8k, 16k at D=128 and N=8k at D=64 and 256.
  *
  * With --staging it instead takes one job (B=4, H=16, N=4096, D=128, BF16)
- * step by step, to weigh receiving request bodies into pinned memory against
- * today's pinned staging (issue 18): the host copy into staging, the upload
- * from staging, from pinned bodies and from pageable memory, the kernel
- * alone, the download and the whole job through attn_engine_run; one table
- * and "pinned bodies would save X ms of Y ms per job".
+ * step by step: the host pack into pinned memory, the upload from pinned
+ * and from pageable memory, the kernel alone, the download, the same steps
+ * for one of the job's (batch, head) groups, and the whole job through
+ * attn_engine_run twice: from ordinary memory (packed through the chunks)
+ * and from memory the engine lent (attn_engine_host_alloc: uploaded and
+ * downloaded in place, groups overlapped); one table and the whole job
+ * against its steps.
  *
  *   bench-gpu [--quick | --hopper | --hopper-full | --staging] [--csv FILE]
  *             [--min-ms MS] [--min-reps N]
@@ -446,37 +448,37 @@ out:
   return rc;
 }
 
-/* ---- --staging: pinned request bodies against pinned staging (issue 18) ---- */
+/* ---- --staging: a large job's steps, and the job through the engine -------- */
 
 /*
- * The cuda backend copies a job's Q, K and V from the caller's memory (the
- * server's request bodies: pageable) into its slot's pinned buffer, then
- * uploads that in one copy (engine/cuda/cuda.c: stage, queue_work).
- * Receiving bodies straight into pinned memory would skip that copy. These
- * rows time each step of one large job, so the saving can be set against
- * the whole job: the best (and the median) of --min-reps repetitions after
- * SWARM warm-up ones; GPU copies by CUDA events, host copies and the job by
- * the wall clock.
+ * The rows time each step of one large job, so the whole job through the
+ * engine can be set against them: the best (and the median) of --min-reps
+ * repetitions after SWARM warm-up ones; GPU copies by CUDA events, host
+ * copies and the jobs by the wall clock. The engine runs the job in
+ * SGROUPS groups of one batch entry (engine/cuda/stage.c); the group rows
+ * time one of them.
  */
 #define SWARM 2
 #define SB 4
 #define SH 16
 #define SN 4096
 #define SD 128
+#define SGROUPS SB
 /* A safetensors body's data follows an 8-byte length and a JSON header
  * padded to 8 bytes: 8-byte but not 256-byte aligned, as here. */
 #define BODY_HEADER 232
 
 typedef struct sbufs {
   size_t tb;               /* bytes of one tensor */
-  unsigned char *pageable; /* Q, K, V, O back to back (malloc, as request bodies) */
-  unsigned char *staging;  /* pinned: Q, K, V, O, as a slot lays out this job */
-  unsigned char *body;     /* pinned: a body, BODY_HEADER bytes then Q, K, V */
+  unsigned char *pageable; /* Q, K, V, O back to back (malloc, as request bodies were) */
+  unsigned char *staging;  /* pinned: Q, K, V, O packed */
+  unsigned char *body;     /* lent by the engine: a body, BODY_HEADER bytes then Q, K, V */
+  unsigned char *reply;    /* lent by the engine: O */
   unsigned char *dev;      /* Q, K, V, O */
   cudaStream_t st;
   cudaEvent_t ev[2];
   attn_engine *e;
-  attn_request req; /* the job on the pageable Q, K, V, O */
+  attn_request req, req_lent; /* the job on the pageable tensors, and on the lent ones */
 } sbufs;
 
 /* One repetition of a row: wall-clock ms and CUDA-event ms (-1: none). */
@@ -484,8 +486,8 @@ typedef int (*srep_fn)(sbufs *b, double *wall_ms, double *ev_ms);
 
 typedef struct srow {
   const char *name;
-  srep_fn fn;  /* NULL: the kernel alone, by run_shape */
-  int tensors; /* bytes moved, in tensors (0: no GB/s) */
+  srep_fn fn;     /* NULL: a kernel alone, by run_shape */
+  double tensors; /* bytes moved, in tensors (0: no GB/s) */
   int reps;
   double best, med; /* ms */
   const char *clock;
@@ -493,7 +495,7 @@ typedef struct srow {
 
 static int rep_pack(sbufs *b, double *wall, double *ev) {
   double t0 = attn_now();
-  for (int i = 0; i < 3; i++) /* what pack() does with a contiguous tensor */
+  for (int i = 0; i < 3; i++) /* what packing a contiguous tensor costs */
     memcpy(b->staging + i * b->tb, b->pageable + i * b->tb, b->tb);
   *wall = (attn_now() - t0) * 1e3;
   *ev = -1;
@@ -526,41 +528,46 @@ static int copies(sbufs *b, unsigned char *const *dst, const unsigned char *cons
   return 0;
 }
 
-/* Today's upload: the packed Q, K, V in one copy, as queue_work does. */
-static int rep_up_staged(sbufs *b, double *wall, double *ev) {
-  unsigned char *d[1] = {b->dev};
-  const unsigned char *s[1] = {b->staging};
-  return copies(b, d, s, 1, 3 * b->tb, cudaMemcpyHostToDevice, wall, ev);
-}
-
-/* Q, K, V uploaded where they lie in host memory: one copy each. */
-static int up_from(sbufs *b, const unsigned char *base, double *wall, double *ev) {
+/* Q, K, V (parts of them: n bytes each) uploaded where they lie. */
+static int up_from(sbufs *b, const unsigned char *base, size_t n, double *wall, double *ev) {
   unsigned char *d[3];
   const unsigned char *s[3];
   for (int i = 0; i < 3; i++)
     d[i] = b->dev + i * b->tb, s[i] = base + i * b->tb;
-  return copies(b, d, s, 3, b->tb, cudaMemcpyHostToDevice, wall, ev);
+  return copies(b, d, s, 3, n, cudaMemcpyHostToDevice, wall, ev);
 }
 
-static int rep_up_bodies(sbufs *b, double *wall, double *ev) {
-  return up_from(b, b->body + BODY_HEADER, wall, ev);
+static int rep_up_pinned(sbufs *b, double *wall, double *ev) {
+  return up_from(b, b->body + BODY_HEADER, b->tb, wall, ev);
 }
 
 static int rep_up_pageable(sbufs *b, double *wall, double *ev) {
-  return up_from(b, b->pageable, wall, ev);
+  return up_from(b, b->pageable, b->tb, wall, ev);
+}
+
+static int rep_up_group(sbufs *b, double *wall, double *ev) {
+  return up_from(b, b->body + BODY_HEADER, b->tb / SGROUPS, wall, ev);
+}
+
+static int down_part(sbufs *b, size_t n, double *wall, double *ev) {
+  unsigned char *d[1] = {b->reply};
+  const unsigned char *s[1] = {b->dev + 3 * b->tb};
+  return copies(b, d, s, 1, n, cudaMemcpyDeviceToHost, wall, ev);
 }
 
 static int rep_download(sbufs *b, double *wall, double *ev) {
-  unsigned char *d[1] = {b->staging + 3 * b->tb};
-  const unsigned char *s[1] = {b->dev + 3 * b->tb};
-  return copies(b, d, s, 1, b->tb, cudaMemcpyDeviceToHost, wall, ev);
+  return down_part(b, b->tb, wall, ev);
 }
 
-static int rep_job(sbufs *b, double *wall, double *ev) {
+static int rep_down_group(sbufs *b, double *wall, double *ev) {
+  return down_part(b, b->tb / SGROUPS, wall, ev);
+}
+
+static int run_job(sbufs *b, attn_request *r, double *wall, double *ev) {
   attn_result res;
   attn_status st = {0};
   double t0 = attn_now();
-  if (attn_engine_run(b->e, &b->req, &res, &st) != 0) {
+  if (attn_engine_run(b->e, r, &res, &st) != 0) {
     fprintf(stderr, "bench-gpu: the engine's job failed: %s\n", st.message);
     return -1;
   }
@@ -573,19 +580,40 @@ static int rep_job(sbufs *b, double *wall, double *ev) {
   return 0;
 }
 
-enum { R_PACK, R_UP_STAGED, R_UP_BODIES, R_UP_PAGEABLE, R_KERNEL, R_DOWN, R_UNPACK, R_JOB, R_N };
+static int rep_job(sbufs *b, double *wall, double *ev) { return run_job(b, &b->req, wall, ev); }
 
-static srow srows[R_N] = {
-    [R_PACK] = {"pack: pageable -> pinned staging (CPU)", rep_pack, 3},
-    [R_UP_STAGED] = {"upload: pinned staging (today)", rep_up_staged, 3},
-    [R_UP_BODIES] = {"upload: pinned bodies", rep_up_bodies, 3},
-    [R_UP_PAGEABLE] = {"upload: pageable (reference)", rep_up_pageable, 3},
-    [R_KERNEL] = {"kernel alone (non-causal)", NULL, 0},
-    [R_DOWN] = {"download: O to pinned staging", rep_download, 1},
-    [R_UNPACK] = {"unpack: O to pageable (CPU)", rep_unpack, 1},
-    [R_JOB] = {"job: attn_engine_run, cuda", rep_job, 0},
+static int rep_job_lent(sbufs *b, double *wall, double *ev) {
+  return run_job(b, &b->req_lent, wall, ev);
+}
+
+enum {
+  R_PACK,
+  R_UP_PINNED,
+  R_UP_PAGEABLE,
+  R_KERNEL,
+  R_DOWN,
+  R_UNPACK,
+  R_G_UP,
+  R_G_KERNEL,
+  R_G_DOWN,
+  R_JOB,
+  R_JOB_LENT,
+  R_N
 };
 
+static srow srows[R_N] = {
+    [R_PACK] = {"pack: pageable -> pinned (CPU)", rep_pack, 3},
+    [R_UP_PINNED] = {"upload: from pinned memory", rep_up_pinned, 3},
+    [R_UP_PAGEABLE] = {"upload: from pageable (reference)", rep_up_pageable, 3},
+    [R_KERNEL] = {"kernel alone (non-causal)", NULL, 0},
+    [R_DOWN] = {"download: O into pinned memory", rep_download, 1},
+    [R_UNPACK] = {"unpack: O to pageable (CPU)", rep_unpack, 1},
+    [R_G_UP] = {"group: upload (1 of 4 batch entries)", rep_up_group, 3.0 / SGROUPS},
+    [R_G_KERNEL] = {"group: kernel", NULL, 0},
+    [R_G_DOWN] = {"group: download", rep_down_group, 1.0 / SGROUPS},
+    [R_JOB] = {"job: engine, ordinary memory", rep_job, 0},
+    [R_JOB_LENT] = {"job: engine, lent memory (in place)", rep_job_lent, 0},
+};
 /* Best and median of o.min_reps repetitions after SWARM. */
 static int best_of(sbufs *b, srow *row) {
   int n = o.min_reps, rc = 0;
@@ -609,9 +637,10 @@ static int best_of(sbufs *b, srow *row) {
   return rc;
 }
 
-/* The kernel on device buffers, as bench-gpu's prefill rows time it. */
-static int kernel_row(srow *row, const struct cudaDeviceProp *prop, cudaStream_t st) {
-  const bshape s = {"prefill", SB, SH, SH, SN, SN, SD, ATTN_BF16, false};
+/* The kernel on device buffers, as bench-gpu's prefill rows time it: the
+ * whole job's batch, or one group's. */
+static int kernel_row(srow *row, int batch, const struct cudaDeviceProp *prop, cudaStream_t st) {
+  const bshape s = {"prefill", batch, SH, SH, SN, SN, SD, ATTN_BF16, false};
   bresult r;
   if (run_shape(&s, prop->multiProcessorCount, (size_t)prop->l2CacheSize, st, &r) != 0)
     return -1;
@@ -622,24 +651,37 @@ static int kernel_row(srow *row, const struct cudaDeviceProp *prop, cudaStream_t
   return 0;
 }
 
-/* An engine with one stream (jobs run one at a time: one slot's buffer to
- * warm up) and the job on the pageable tensors. */
+/* A job on the tensors at qkv (Q, K, V back to back) writing O to o. */
+static void job_on(attn_request *r, unsigned char *qkv, unsigned char *o, size_t tb) {
+  attn_request_init(r);
+  r->batch = SB, r->heads_q = r->heads_kv = SH, r->seq_q = r->seq_kv = SN, r->head_dim = SD;
+  r->dtype = ATTN_BF16;
+  r->backend = "cuda";
+  r->q = qkv, r->k = qkv + tb, r->v = qkv + 2 * tb;
+  r->o = o;
+}
+
+/* An engine with one stream (jobs run one at a time) that lends pinned
+ * memory, and a body and a reply buffer from it, as the server takes them. */
 static int staging_engine(sbufs *b) {
   attn_config cfg;
   attn_config_init(&cfg);
   cfg.cuda_streams = 1;
+  cfg.cuda_pinned_bytes = 5 * b->tb;
   attn_status st = {0};
   if (attn_engine_open(&cfg, &b->e, &st) < 0) {
     fprintf(stderr, "bench-gpu: attn_engine_open: %s\n", st.message);
     return -1;
   }
-  attn_request *r = &b->req;
-  attn_request_init(r);
-  r->batch = SB, r->heads_q = r->heads_kv = SH, r->seq_q = r->seq_kv = SN, r->head_dim = SD;
-  r->dtype = ATTN_BF16;
-  r->backend = "cuda";
-  r->q = b->pageable, r->k = b->pageable + b->tb, r->v = b->pageable + 2 * b->tb;
-  r->o = b->pageable + 3 * b->tb;
+  b->body = attn_engine_host_alloc(b->e, BODY_HEADER + 3 * b->tb);
+  b->reply = attn_engine_host_alloc(b->e, b->tb);
+  if (!b->body || !b->reply) {
+    fprintf(stderr, "bench-gpu: the engine lent no pinned memory\n");
+    return -1;
+  }
+  memcpy(b->body + BODY_HEADER, b->pageable, 3 * b->tb); /* a received body */
+  job_on(&b->req, b->pageable, b->pageable + 3 * b->tb, b->tb);
+  job_on(&b->req_lent, b->body + BODY_HEADER, b->reply, b->tb);
   return 0;
 }
 
@@ -655,24 +697,23 @@ static int staging_setup(sbufs *b, cudaStream_t st) {
   fill_host((uint16_t *)b->pageable, (size_t)3 * SB * SH * SN, SD, SD, ATTN_BF16, &pos);
   memset(b->pageable + 3 * b->tb, 0xff, b->tb); /* O: poisoned, and its pages touched */
   if (CK(cudaHostAlloc((void **)&b->staging, 4 * b->tb, cudaHostAllocPortable)) ||
-      CK(cudaHostAlloc((void **)&b->body, BODY_HEADER + 3 * b->tb, cudaHostAllocPortable)) ||
       CK(cudaMalloc((void **)&b->dev, 4 * b->tb)) || CK(cudaEventCreate(&b->ev[0])) ||
       CK(cudaEventCreate(&b->ev[1])))
     return -1;
-  memcpy(b->body + BODY_HEADER, b->pageable, 3 * b->tb); /* a received body */
   return staging_engine(b);
 }
 
 static void staging_free(sbufs *b) {
-  if (b->e)
+  if (b->e) {
+    attn_engine_host_free(b->e, b->body);
+    attn_engine_host_free(b->e, b->reply);
     attn_engine_close(b->e);
+  }
   for (int i = 0; i < 2; i++)
     if (b->ev[i])
       CK(cudaEventDestroy(b->ev[i]));
   if (b->dev)
     CK(cudaFree(b->dev));
-  if (b->body)
-    CK(cudaFreeHost(b->body));
   if (b->staging)
     CK(cudaFreeHost(b->staging));
   free(b->pageable);
@@ -682,6 +723,7 @@ static void staging_free(sbufs *b) {
  * every line, so check.sh can pick them out of its log. */
 static int staging_report(double tb) {
   const double job = srows[R_JOB].best, mib = tb / (1 << 20);
+  /* %job: of the job from lent memory, the path the server takes */
   FILE *csv = o.csv ? fopen(o.csv, "w") : NULL;
   if (o.csv && !csv) {
     perror(o.csv);
@@ -699,21 +741,22 @@ static int staging_report(double tb) {
     char m[16] = "-", g[16] = "-";
     if (r->tensors)
       snprintf(m, sizeof m, "%.0f", r->tensors * mib), snprintf(g, sizeof g, "%.1f", gbps);
+    double of = 100 * r->best / srows[R_JOB_LENT].best;
     printf("staging  %-40s %6s %9.3f %9.3f %7s %-6s %5.1f\n", r->name, m, r->best, r->med, g,
-           r->clock, 100 * r->best / job);
+           r->clock, of);
     if (csv)
       fprintf(csv, "%s,%.1f,%d,%.4f,%.4f,%.2f,%s,%.2f\n", r->name, r->tensors * mib, r->reps,
-              r->best, r->med, gbps, r->clock, 100 * r->best / job);
+              r->best, r->med, gbps, r->clock, of);
   }
   if (csv)
     fclose(csv);
-  double today = srows[R_PACK].best + srows[R_UP_STAGED].best;
-  double save = today - srows[R_UP_BODIES].best;
-  printf(
-      "staging: pack + upload today %.2f ms of a %.2f ms job (%.0f %%); the kernel alone %.2f ms\n",
-      today, job, 100 * today / job, srows[R_KERNEL].best);
-  printf("staging: pinned bodies would save %.2f ms of %.2f ms per job (%.1f %%)\n", save, job,
-         100 * save / job);
+  const double lent = srows[R_JOB_LENT].best;
+  const double steps = srows[R_UP_PINNED].best + srows[R_KERNEL].best + srows[R_DOWN].best;
+  const double group = srows[R_G_UP].best + srows[R_G_KERNEL].best + srows[R_G_DOWN].best;
+  printf("staging: the job from lent memory %.2f ms: %.2fx its kernel, %.2fx upload + kernel + "
+         "download in series (%.2f ms), %.2fx one group's (%.2f ms); from ordinary memory %.2f "
+         "ms\n",
+         lent, lent / srows[R_KERNEL].best, lent / steps, steps, lent / group, group, job);
   return 0;
 }
 
@@ -723,7 +766,8 @@ static int staging_main(const struct cudaDeviceProp *prop, cudaStream_t st) {
   memset(&b, 0, sizeof b);
   int rc = staging_setup(&b, st);
   for (int i = 0; i < R_N && rc == 0; i++)
-    rc = srows[i].fn ? best_of(&b, &srows[i]) : kernel_row(&srows[i], prop, st);
+    rc = srows[i].fn ? best_of(&b, &srows[i])
+                     : kernel_row(&srows[i], i == R_G_KERNEL ? SB / SGROUPS : SB, prop, st);
   double tb = (double)b.tb;
   staging_free(&b);
   if (rc == 0)
@@ -738,9 +782,9 @@ static void usage(FILE *f) {
              "              and one decode\n"
              "  --hopper    the sm_90a instance beside mma.sync (BF16, B=4, H=16): N=4k..16k\n"
              "              at D=128, N=8k at D=64 and 256; --hopper-full: N=1k..16k, D=64..256\n"
-             "  --staging   one job (B=4, H=16, N=4096, D=128, BF16) step by step: the pack\n"
-             "              into pinned staging and its upload against uploading pinned\n"
-             "              request bodies directly, the kernel and the whole engine job;\n"
+             "  --staging   one job (B=4, H=16, N=4096, D=128, BF16) step by step (pack,\n"
+             "              upload, kernel, download, one group's), and the whole job\n"
+             "              through the engine from ordinary and from lent pinned memory;\n"
              "              best of --min-reps repetitions\n"
              "  --csv FILE  also write the results as CSV\n"
              "  --min-ms    time each shape at least this long (default 200)\n"

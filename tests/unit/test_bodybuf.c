@@ -23,7 +23,7 @@ static int idle_count(const attnd_bodybufs *c) {
 
 Test(bodybuf, sized_aligned_and_writable) {
   attnd_bodybufs c;
-  attnd_bodybufs_init(&c);
+  attnd_bodybufs_init(&c, NULL);
   size_t n = 3 * ATTND_BODYBUF_MIN + 7;
   char *p = attnd_bodybuf_get(&c, n);
   cr_assert_not_null(p);
@@ -36,7 +36,7 @@ Test(bodybuf, sized_aligned_and_writable) {
 
 Test(bodybuf, reused_while_warm_then_unmapped) {
   attnd_bodybufs c;
-  attnd_bodybufs_init(&c);
+  attnd_bodybufs_init(&c, NULL);
   char *p = attnd_bodybuf_get(&c, 4 * ATTND_BODYBUF_MIN);
   cr_assert_not_null(p);
   p[0] = 42;
@@ -58,7 +58,7 @@ Test(bodybuf, reused_while_warm_then_unmapped) {
 
 Test(bodybuf, at_most_keep_idle) {
   attnd_bodybufs c;
-  attnd_bodybufs_init(&c);
+  attnd_bodybufs_init(&c, NULL);
   char *p[ATTND_BODYBUF_KEEP + 2];
   for (int i = 0; i < ATTND_BODYBUF_KEEP + 2; i++)
     cr_assert_not_null(p[i] = attnd_bodybuf_get(&c, ATTND_BODYBUF_MIN));
@@ -119,7 +119,7 @@ static size_t thp_slack(void) {
  * most twice what it sent) nor than 4 MiB past them. */
 Test(bodybuf, fill_copies_and_faults_in_only_a_little_ahead) {
   attnd_bodybufs c;
-  attnd_bodybufs_init(&c);
+  attnd_bodybufs_init(&c, NULL);
   size_t n = 64 * ATTND_BODYBUF_MIN;
   char *p = attnd_bodybuf_get(&c, n), piece[61440];
   cr_assert_not_null(p);

@@ -711,3 +711,39 @@ Test(safetensors, encode_padding_and_errors) {
   cr_expect(out == NULL && olen == 0);
   free(b);
 }
+
+/* ---- outputs in a caller's buffer ----------------------------------------- */
+
+static int freed_calls;
+static void *freed_ptr;
+static void count_free(void *ctx, void *p) {
+  cr_expect_eq(ctx, &freed_calls);
+  freed_calls++;
+  freed_ptr = p;
+  free(p);
+}
+
+Test(safetensors, outputs_move_into_a_callers_buffer) {
+  size_t len;
+  unsigned char *b = small_file("{\"stats\":\"true\"}", &len);
+  attn_proto_req a, m;
+  attn_status st;
+  cr_assert_eq(attn_proto_decode_safetensors(b, len, NULL, &a, &st), 0, "%s", st.message);
+  cr_assert_eq(attn_proto_decode_safetensors(b, len, NULL, &m, &st), 0, "%s", st.message);
+  cr_assert_eq(a.out_bytes, 2 * 4 * 4 + 3 * 2 * 4, "O [2, 4] then m, l, lse [2] (F32)");
+  char *buf = malloc(m.out_bytes);
+  attn_proto_req_set_out(&m, buf, count_free, &freed_calls);
+  cr_expect_eq((void *)m.req.o, buf);
+  cr_expect_eq((char *)m.req.m - buf, (char *)a.req.m - (char *)a.out);
+  cr_expect_eq((char *)m.req.lse - buf, (char *)a.req.lse - (char *)a.out);
+  attn_engine *e = topen(2, NULL);
+  cr_expect_eq(attn_engine_run(e, &a.req, NULL, &st), 0, "%s", st.message);
+  cr_expect_eq(attn_engine_run(e, &m.req, NULL, &st), 0, "%s", st.message);
+  attn_engine_close(e);
+  cr_expect(memcmp(a.out, buf, a.out_bytes) == 0, "the same outputs, in the caller's buffer");
+  attn_proto_req_free(&a);
+  attn_proto_req_free(&m);
+  cr_expect_eq(freed_calls, 1, "freed once, by the caller's function");
+  cr_expect_eq(freed_ptr, buf);
+  free(b);
+}

@@ -224,6 +224,7 @@ endif
 endif
 CUDAMOCK_OBJ = $(BUILD)/obj/tests/cudamock/mock_cudart.o \
                $(BUILD)/obj/tests/cudamock/test_cuda_backend.o \
+               $(BUILD)/obj/tests/cudamock/test_paged.o \
                $(TESTLIB_OBJ) $(BUILD)/obj/clients/benchlib.o
 
 # ---- fuzzing (libFuzzer, clang) ---------------------------------------------

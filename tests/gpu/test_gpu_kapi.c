@@ -435,6 +435,8 @@ static int pg_run(pgcase *x, int r, attn_cu_params prm, const attn_cu_choice *ch
   return 0;
 }
 
+static size_t zmax(size_t a, size_t b) { return a > b ? a : b; }
+
 /* ||paged O − packed O|| / ||packed O|| over the padded outputs. */
 static double pg_diff(const pgcase *x, size_t n) {
   double d = 0, ref = 0;
@@ -491,9 +493,12 @@ static void paged_case(tgroup *g, const tprob *p, int page_tokens, size_t page_b
   pgcase x;
   memset(&x, 0, sizeof x);
   tcase_init(&x.c, p, seed);
-  attn_cu_params prm;
+  attn_cu_params prm, paged;
   g_params(p, &prm);
-  attn_cu_choice ch;
+  paged = prm;
+  static const int32_t any_table[1];
+  paged.k_table = paged.v_table = any_table; /* for the choice; the device's are set below */
+  attn_cu_choice ch, pch;                    /* pch: the 192 instance where ch is the 160 one */
   attn_status st = {0};
   terr err[2];
   double diff = INFINITY;
@@ -502,15 +507,15 @@ static void paged_case(tgroup *g, const tprob *p, int page_tokens, size_t page_b
   size_t es = attn_dtype_size(p->dt), rq = (size_t)(p->b * p->hq * p->nq);
   size_t qbytes = rq * (size_t)prm.dp * es,
          kvbytes = (size_t)(p->b * p->hkv * p->nkv) * prm.dp * es;
-  if (attn_cu_select(&prm, g_sms, &ch, &st) != 0)
+  if (attn_cu_select(&prm, g_sms, &ch, &st) != 0 || attn_cu_select(&paged, g_sms, &pch, &st) != 0)
     snprintf(why, sizeof why, "attn_cu_select: %s", st.message);
   else if (tref_compute(&x.c, g_opt.ref_threads, &x.ref, &st) < 0)
     snprintf(why, sizeof why, "the reference failed: %s", st.message);
   else if ((x.have_ref = true, pg_host(&x, &prm, page_tokens, page_bytes, seed ^ 0x5eed)) ||
-           pg_device(&x, qbytes, kvbytes, rq, attn_cu_split_bytes(&prm, &ch)))
+           pg_device(&x, qbytes, kvbytes, rq,
+                     zmax(attn_cu_split_bytes(&prm, &ch), attn_cu_split_bytes(&paged, &pch))))
     snprintf(why, sizeof why, "out of host or device memory, or an upload failed");
   else {
-    attn_cu_params paged = prm;
     paged.q = prm.q = dptr(&x.q);
     prm.k = dptr(&x.k);
     prm.v = dptr(&x.v);
@@ -521,7 +526,7 @@ static void paged_case(tgroup *g, const tprob *p, int page_tokens, size_t page_b
     paged.page_tokens = page_tokens;
     paged.pages_per_head = x.pg.per_head;
     ok = !pg_run(&x, 0, prm, &ch, s, rq) && pg_judge(g, &x, 0, &prm, why, sizeof why, &err[0]) &&
-         !pg_run(&x, 1, paged, &ch, s, rq) && pg_judge(g, &x, 1, &prm, why, sizeof why, &err[1]);
+         !pg_run(&x, 1, paged, &pch, s, rq) && pg_judge(g, &x, 1, &prm, why, sizeof why, &err[1]);
     if (!ok && !why[0])
       snprintf(why, sizeof why, "a launch, poisoning or download failed");
     diff = ok ? pg_diff(&x, rq * (size_t)prm.dp) : diff;
@@ -531,7 +536,7 @@ static void paged_case(tgroup *g, const tprob *p, int page_tokens, size_t page_b
   }
   if (ok)
     tg_case(g, true, "paged %s [%s/%d pack %d, pages of %d] O %.2e vs packed %.2e%s", desc,
-            attn_cu_kernel_name(ch.kernel), ch.nsplit, ch.pack, page_tokens, err[1].o, diff,
+            attn_cu_kernel_name(pch.kernel), pch.nsplit, pch.pack, page_tokens, err[1].o, diff,
             diff == 0 ? " (same bits)" : "");
   else
     tg_case(g, false, "paged %s, pages of %d, seed %#llx: %s", desc, page_tokens,

@@ -226,6 +226,7 @@ endif
 CUDAMOCK_OBJ = $(BUILD)/obj/tests/cudamock/mock_cudart.o \
                $(BUILD)/obj/tests/cudamock/test_cuda_backend.o \
                $(BUILD)/obj/tests/cudamock/test_datapath.o $(BUILD)/obj/server/bodybuf.o \
+               $(BUILD)/obj/tests/cudamock/test_paged.o \
                $(TESTLIB_OBJ) $(BUILD)/obj/clients/benchlib.o
 
 # ---- fuzzing (libFuzzer, clang) ---------------------------------------------

@@ -1,6 +1,7 @@
 // common.cuh — device helpers shared by the kernels: the PTX wrappers
-// (cp.async, ldmatrix, mma.sync), F16/BF16 packing, and the epilogue that
-// writes a row's output and statistics, or its split-KV partials.
+// (cp.async, ldmatrix, mma.sync), F16/BF16 packing, the address of a K/V
+// tile (packed or paged), and the epilogue that writes a row's output and
+// statistics, or its split-KV partials.
 #ifndef ATTN_CUDA_COMMON_CUH
 #define ATTN_CUDA_COMMON_CUH
 
@@ -92,6 +93,50 @@ __device__ __forceinline__ float quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
+
+// ---- K/V rows, packed or paged -----------------------------------------------
+
+// K/V addresses. The forward kernels are instantiated twice, PAGED false
+// and true, so the packed instances keep their code and registers exactly
+// (a run-time branch per tile cost the 160 instance, at 255 registers
+// already, spills on every architecture). What a block keeps across its
+// key loop: packed, the K/V head's rows in K and in V (as the kernels
+// always did); paged, only that head's row of the tables, one register
+// (two table pointers cost the paged 160 instance spills on sm_90).
+template <typename T, bool PAGED> struct kv_src;
+
+template <typename T> struct kv_src<T, false> {
+  const T *k, *v;
+  __device__ kv_src(const attn_cu_params &p, size_t bh)
+      : k((const T *)p.k + bh * p.seq_kv * p.dp), v((const T *)p.v + bh * p.seq_kv * p.dp) {}
+  // Keys [j0, j0 + tile) of K and of V: rows dp apart.
+  __device__ __forceinline__ const T *k_rows(const attn_cu_params &p, size_t j0) const {
+    return k + j0 * p.dp;
+  }
+  __device__ __forceinline__ const T *v_rows(const attn_cu_params &p, size_t j0) const {
+    return v + j0 * p.dp;
+  }
+};
+
+// A tile never straddles a page (kernels.h: page_tokens is a multiple of
+// every key tile), so one lookup serves the whole tile.
+template <typename T> struct kv_src<T, true> {
+  int row; // bh · pages_per_head: the head's first table entry
+  __device__ kv_src(const attn_cu_params &p, size_t bh) : row((int)bh * p.pages_per_head) {}
+  __device__ __forceinline__ const T *rows(const attn_cu_params &p, const int32_t *table,
+                                           size_t j0) const {
+    const int j = (int)j0; // keys stay below 2^30 (ATTN_CU_MAX_SEQ)
+    const int32_t page = __ldg(table + (row + j / p.page_tokens));
+    return reinterpret_cast<const T *>(p.page_base + (size_t)page * p.page_bytes) +
+           (j % p.page_tokens) * p.dp;
+  }
+  __device__ __forceinline__ const T *k_rows(const attn_cu_params &p, size_t j0) const {
+    return rows(p, p.k_table, j0);
+  }
+  __device__ __forceinline__ const T *v_rows(const attn_cu_params &p, size_t j0) const {
+    return rows(p, p.v_table, j0);
+  }
+};
 
 // ---- the epilogue -----------------------------------------------------------
 

@@ -3,7 +3,9 @@
 
 namespace attn_cu {
 cudaError_t launch_mma_d160(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s) {
-  return launch_mma<160, ATTN_CU_BM_D160, ATTN_CU_BN_D160>(p, c, s);
+  return launch_mma<160, ATTN_CU_BM_D160, ATTN_CU_BN_D160, false>(p, c, s); // no paged variant
 }
-cudaError_t prepare_mma_d160() { return prepare_mma<160, ATTN_CU_BM_D160, ATTN_CU_BN_D160>(); }
+cudaError_t prepare_mma_d160() {
+  return prepare_mma<160, ATTN_CU_BM_D160, ATTN_CU_BN_D160, false>();
+}
 } // namespace attn_cu

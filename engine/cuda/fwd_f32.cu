@@ -6,7 +6,9 @@
 // quad share a row: each computes 8 of a tile's 32 scores and a quarter of
 // the row's output columns, and the quad exchanges max, sum and the tile's
 // weights by shuffles. Shared memory holds Q, K and V tiles only (96 KiB at
-// head dim 256, under the 99 KiB a block gets on sm_89).
+// head dim 256, under the 99 KiB a block gets on sm_89). A paged launch
+// runs the PAGED instance, which finds each K/V tile's rows through the
+// page tables (kv_src).
 #include "common.cuh"
 
 namespace attn_cu {
@@ -16,6 +18,8 @@ constexpr int DMAX = ATTN_MAX_HEAD_DIM, PER = DMAX / 4; // output columns per th
 static_assert(NT == 4 * BM, "a quad of threads per query row");
 static_assert(BN == 4 * 8, "8 scores per thread");
 
+// PAGED: K and V read through the page tables (kv_src in common.cuh).
+template <bool PAGED>
 __global__ void __launch_bounds__(NT) fwd_f32(const attn_cu_params p, int nsplit) {
   extern __shared__ __align__(16) float smem_f[];
   const int dp = p.dp, ks = dp + 1;
@@ -31,8 +35,7 @@ __global__ void __launch_bounds__(NT) fwd_f32(const attn_cu_params p, int nsplit
   const int64_t off = p.off;
   const size_t qrow0 = ((size_t)b * p.heads_q + h) * p.seq_q;
   const float *gQ = (const float *)p.q + (qrow0 + i0) * dp;
-  const float *gK = (const float *)p.k + ((size_t)b * p.heads_kv + hkv) * p.seq_kv * dp;
-  const float *gV = (const float *)p.v + ((size_t)b * p.heads_kv + hkv) * p.seq_kv * dp;
+  const kv_src<float, PAGED> kv(p, (size_t)b * p.heads_kv + hkv);
 
   int t0, t1, lo, hi;
   attn_cu_block_tiles(i0, i1, off, p.window_left, p.window_right, p.seq_kv, BN, nsplit, split, &t0,
@@ -54,12 +57,13 @@ __global__ void __launch_bounds__(NT) fwd_f32(const attn_cu_params p, int nsplit
 
   for (int t = t0; t < t1; t++) {
     const int j0 = t * BN, nvalid = min(BN, p.seq_kv - j0);
+    const float *tK = kv.k_rows(p, j0), *tV = kv.v_rows(p, j0);
     __syncthreads(); // the previous tile is no longer read
     for (int x = threadIdx.x; x < BN * dp; x += NT) {
       int jr = x / dp, d = x % dp;
       bool ok = jr < nvalid;
-      sK[jr * ks + d] = ok ? gK[(size_t)j0 * dp + x] : 0.0f;
-      sV[x] = ok ? gV[(size_t)j0 * dp + x] : 0.0f;
+      sK[jr * ks + d] = ok ? tK[x] : 0.0f;
+      sV[x] = ok ? tV[x] : 0.0f;
     }
     __syncthreads();
 
@@ -132,14 +136,21 @@ __global__ void __launch_bounds__(NT) fwd_f32(const attn_cu_params p, int nsplit
 
 cudaError_t launch_simt_f32(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s) {
   dim3 grid(c.grid[0], c.grid[1], c.grid[2]);
-  fwd_f32<<<grid, NT, c.smem_bytes, s>>>(p, c.nsplit);
+  if (p.k_table)
+    fwd_f32<true><<<grid, NT, c.smem_bytes, s>>>(p, c.nsplit);
+  else
+    fwd_f32<false><<<grid, NT, c.smem_bytes, s>>>(p, c.nsplit);
   return cudaGetLastError();
 }
 
 cudaError_t prepare_simt_f32() {
   int dp = DMAX;
   int bytes = 4 * (BM * dp + BN * (dp + 1) + BN * dp);
-  return cudaFuncSetAttribute(fwd_f32, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  cudaError_t e =
+      cudaFuncSetAttribute(fwd_f32<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (e == cudaSuccess)
+    e = cudaFuncSetAttribute(fwd_f32<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  return e;
 }
 
 } // namespace attn_cu

@@ -10,14 +10,16 @@
 // of one quad and need only two shuffles, never shared memory. Q is staged
 // in shared memory once; K and V tiles of BN keys are double-buffered there
 // by cp.async (fully unrolled copies, row predicates only on a sequence's
-// last tile) while the previous tile is computed. Per tile a warp computes
-// S = Q Kᵀ into registers, applies softcap and ALiBi when the launch asks
-// (a uniform branch per tile), masks it only when the tile straddles a
-// window or the sequence end, updates the running max m and sum l, rescales
-// O, turns P into A fragments without leaving registers (the accumulator
-// layout of S is the A layout of P) and accumulates O += P V with V read
-// through ldmatrix.trans. At the end O is divided by l, staged through the
-// warp's rows of Q's shared memory and stored 16 bytes at a time.
+// last tile) while the previous tile is computed; a paged launch runs the
+// PAGED instance, which finds each tile's rows through the page tables
+// (kv_src: one lookup per tile). Per tile a warp computes S = Q Kᵀ into
+// registers, applies softcap and ALiBi when the launch asks (a uniform
+// branch per tile), masks it only when the tile straddles a window or the
+// sequence end, updates the running max m and sum l, rescales O, turns P
+// into A fragments without leaving registers (the accumulator layout of S
+// is the A layout of P) and accumulates O += P V with V read through
+// ldmatrix.trans. At the end O is divided by l, staged through the warp's
+// rows of Q's shared memory and stored 16 bytes at a time.
 //
 // DPAD is the head dim the instance holds (runtime dp <= DPAD; columns past
 // dp are zero-filled). Q's fragments are re-read from shared memory for
@@ -323,7 +325,7 @@ finish(const attn_cu_params &p, float (&o)[MT][DPAD / 8][4], const float (&m)[MT
     }
 }
 
-template <typename T, int DPAD, int BM, int BN>
+template <typename T, int DPAD, int BM, int BN, bool PAGED>
 __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32)
     fwd_mma(const attn_cu_params p, int nsplit, int pack) {
   constexpr int NW = ATTN_CU_MMA_WARPS, NT = NW * 32, MT = BM / (16 * NW);
@@ -344,8 +346,8 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32)
   const int hkv = h0 / (p.heads_q / p.heads_kv);
   const size_t qrow0 = ((size_t)b * p.heads_q + h0) * p.seq_q;
   const T *gQ = (const T *)p.q + (qrow0 + i0) * p.dp;
-  const T *gK = (const T *)p.k + ((size_t)b * p.heads_kv + hkv) * p.seq_kv * p.dp;
-  const T *gV = (const T *)p.v + ((size_t)b * p.heads_kv + hkv) * p.seq_kv * p.dp;
+  const size_t bh = (size_t)b * p.heads_kv + hkv;
+  const kv_src<T, PAGED> kv(p, bh);
   int t0, t1;
   attn_cu_block_tiles(q0, q1, p.off, p.window_left, p.window_right, p.seq_kv, BN, nsplit, split,
                       &t0, &t1);
@@ -371,8 +373,8 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32)
   const tile_copy<T, BN, DPAD, NT> ckv(threadIdx.x);
   if (t0 < t1) {
     cq.load_any(sQ, gQ, i1 - i0, p.dp);
-    ckv.load_any(sK, gK + (size_t)t0 * BN * p.dp, p.seq_kv - t0 * BN, p.dp);
-    ckv.load_any(sV, gV + (size_t)t0 * BN * p.dp, p.seq_kv - t0 * BN, p.dp);
+    ckv.load_any(sK, kv.k_rows(p, (size_t)t0 * BN), p.seq_kv - t0 * BN, p.dp);
+    ckv.load_any(sV, kv.v_rows(p, (size_t)t0 * BN), p.seq_kv - t0 * BN, p.dp);
     cp_async_commit();
   }
   int qr, qc, kr, kc, vr, vc;
@@ -386,8 +388,8 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32)
     const int buf = (t - t0) & 1;
     if (t + 1 < t1) {
       const size_t next = (size_t)(t + 1) * BN;
-      ckv.load_any(sK + (buf ^ 1) * BN * STR, gK + next * p.dp, p.seq_kv - (t + 1) * BN, p.dp);
-      ckv.load_any(sV + (buf ^ 1) * BN * STR, gV + next * p.dp, p.seq_kv - (t + 1) * BN, p.dp);
+      ckv.load_any(sK + (buf ^ 1) * BN * STR, kv.k_rows(p, next), p.seq_kv - (t + 1) * BN, p.dp);
+      ckv.load_any(sV + (buf ^ 1) * BN * STR, kv.v_rows(p, next), p.seq_kv - (t + 1) * BN, p.dp);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -413,24 +415,47 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32)
     finish<T, DPAD, MT>(p, o, m, l, sW, qrow0, w0, i1, nsplit, split, lane);
 }
 
-template <int DPAD, int BM, int BN>
-cudaError_t launch_mma(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s) {
+// PAGES: whether the instance has a paged variant (ATTN_CU_PAGED_KERNELS;
+// the 160 one has none: attn_cu_launch_ok refuses a paged launch on it).
+template <typename T, int DPAD, int BM, int BN, bool PAGES>
+void launch_mma_t(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s) {
   dim3 grid(c.grid[0], c.grid[1], c.grid[2]), block(ATTN_CU_MMA_WARPS * 32);
   const int pack = c.pack > 1 ? c.pack : 1;
+  if constexpr (PAGES) {
+    if (p.k_table) {
+      fwd_mma<T, DPAD, BM, BN, true><<<grid, block, c.smem_bytes, s>>>(p, c.nsplit, pack);
+      return;
+    }
+  }
+  fwd_mma<T, DPAD, BM, BN, false><<<grid, block, c.smem_bytes, s>>>(p, c.nsplit, pack);
+}
+
+template <int DPAD, int BM, int BN, bool PAGES = true>
+cudaError_t launch_mma(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s) {
+  if (!PAGES && p.k_table)
+    return cudaErrorInvalidValue;
   if (p.dtype == ATTN_F16)
-    fwd_mma<__half, DPAD, BM, BN><<<grid, block, c.smem_bytes, s>>>(p, c.nsplit, pack);
+    launch_mma_t<__half, DPAD, BM, BN, PAGES>(p, c, s);
   else
-    fwd_mma<__nv_bfloat16, DPAD, BM, BN><<<grid, block, c.smem_bytes, s>>>(p, c.nsplit, pack);
+    launch_mma_t<__nv_bfloat16, DPAD, BM, BN, PAGES>(p, c, s);
   return cudaGetLastError();
 }
 
-template <int DPAD, int BM, int BN> cudaError_t prepare_mma() {
-  int bytes = (BM + 4 * BN) * (DPAD + 8) * 2;
-  cudaError_t e = cudaFuncSetAttribute(fwd_mma<__half, DPAD, BM, BN>,
+template <typename T, int DPAD, int BM, int BN, bool PAGES> cudaError_t prepare_mma_t(int bytes) {
+  cudaError_t e = cudaFuncSetAttribute(fwd_mma<T, DPAD, BM, BN, false>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if constexpr (PAGES)
+    if (e == cudaSuccess)
+      e = cudaFuncSetAttribute(fwd_mma<T, DPAD, BM, BN, true>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  return e;
+}
+
+template <int DPAD, int BM, int BN, bool PAGES = true> cudaError_t prepare_mma() {
+  int bytes = (BM + 4 * BN) * (DPAD + 8) * 2;
+  cudaError_t e = prepare_mma_t<__half, DPAD, BM, BN, PAGES>(bytes);
   if (e == cudaSuccess)
-    e = cudaFuncSetAttribute(fwd_mma<__nv_bfloat16, DPAD, BM, BN>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    e = prepare_mma_t<__nv_bfloat16, DPAD, BM, BN, PAGES>(bytes);
   return e;
 }
 

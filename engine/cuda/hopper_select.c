@@ -17,8 +17,9 @@ int attn_cu_hopper_built(void) {
 /* A persistent grid: one CTA per multiprocessor (each takes all of the
  * shared memory), walking work units as attn_cu_hp_unit orders them. */
 int attn_cu_select_hopper(const attn_cu_params *p, int sms, attn_cu_choice *c) {
+  /* Its TMA tensor maps read packed K and V: never a paged launch. */
   if (p->pass != ATTN_FORWARD || (p->dtype != ATTN_F16 && p->dtype != ATTN_BF16) || p->dp > 256 ||
-      c->nsplit != 1 || sms < 1)
+      c->nsplit != 1 || sms < 1 || p->k_table || p->v_table)
     return 0;
   int bn, stages;
   if (p->dp <= 64) {

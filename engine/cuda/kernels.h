@@ -26,6 +26,21 @@
  * element has one writer, so the result is deterministic (no atomics). A
  * caller without the forward's lse computes it first with a forward launch
  * (stats into p->lse).
+ *
+ * Paged K/V (params.k_table set): a forward launch may read K and V
+ * through page tables instead of the packed tensors, as FlashAttention's
+ * block_table does for a session's KV cache (engine/kvpages.h). Key j of
+ * (batch b, KV head hk) is row j % page_tokens of page
+ * k_table[(b·Hkv + hk)·pages_per_head + j / page_tokens] (V likewise with
+ * v_table), and page n starts at page_base + n·page_bytes; a page's rows
+ * are dp elements each, padding columns zero, as the packed layout's.
+ * page_tokens is a multiple of 64, hence of every forward instance's key
+ * tile, so a tile never straddles a page and the kernels look a page up
+ * once per tile. Only the tensor-core and F32 forward instances read
+ * pages (ATTN_CU_PAGED_KERNELS: all but the 160 one, whose head dims go to
+ * the 192 one when paged): a paged request never takes the Hopper
+ * instances (TMA reads packed tensors) nor the backward (attn_cu_select
+ * refuses it).
  */
 #ifndef ATTN_CUDA_KERNELS_H
 #define ATTN_CUDA_KERNELS_H
@@ -138,7 +153,30 @@ typedef struct attn_cu_params {
    * kernels take one branch per tile, never per element. */
   float cap2, inv_cap2;
   const float *alibi2;
+  /* The paged view of K and V (header comment): device arrays
+   * [B·Hkv·pages_per_head] of page numbers, both set or both NULL (NULL:
+   * K and V are the packed k and v, which a paged launch never reads);
+   * the page pool's base, 16-byte aligned; bytes from one page to the
+   * next, a multiple of 256 and at least page_tokens·dp·element size;
+   * rows per page, a multiple of 64; table entries per (b, hk), at least
+   * ceil(seq_kv / page_tokens). The page numbers themselves are device
+   * data: the caller vouches that each names a page of the pool. */
+  const int32_t *k_table, *v_table;
+  const unsigned char *page_base;
+  size_t page_bytes;
+  int page_tokens, pages_per_head;
 } attn_cu_params;
+
+/* page_tokens is a multiple of this, which every forward key tile divides. */
+#define ATTN_CU_PAGE_ALIGN_TOKENS 64
+#define ATTN_CU_PAGE_ALIGN_BYTES 256
+/* The kernels with a paged instance (bit k: kernel k). Not the 160 one: at
+ * 255 registers, its paged variant spills on sm_80 and sm_89, so a paged
+ * dp in 129..160 takes the 192 instance (whose 64-row blocks suit the
+ * decodes paging is for). */
+#define ATTN_CU_PAGED_KERNELS                                               \
+  (1u << ATTN_CU_MMA_D64 | 1u << ATTN_CU_MMA_D96 | 1u << ATTN_CU_MMA_D128 | \
+   1u << ATTN_CU_MMA_D192 | 1u << ATTN_CU_MMA_D256 | 1u << ATTN_CU_SIMT_F32)
 
 /* The kernel chosen for a request and its launch shape. */
 typedef struct attn_cu_choice {
@@ -254,10 +292,12 @@ int attn_cu_prepare(void);
  * Whether a launch keeps the kernels' contract: every tensor the choice
  * reads or writes through cp.async or vector stores (q k v o, dout dq dk
  * dv, split_ws, bwd_ws) non-NULL and 16-byte aligned, the F32 statistics
- * 4-byte aligned, dp the head dim padded to a multiple of 8. A launch that
- * breaks it would fault inside the kernel and poison the context, so
- * attn_cu_launch() refuses it first (cudaErrorInvalidValue), which fails
- * the job alone.
+ * 4-byte aligned, dp the head dim padded to a multiple of 8; a paged launch
+ * (k_table set) its paged view's contract instead of k and v (the
+ * attn_cu_params comment), on a forward instance that reads pages. A
+ * launch that breaks it would fault inside the kernel and poison the
+ * context, so attn_cu_launch() refuses it first (cudaErrorInvalidValue),
+ * which fails the job alone.
  */
 bool attn_cu_launch_ok(const attn_cu_params *p, const attn_cu_choice *c);
 

@@ -17,6 +17,12 @@
  * are as many as key blocks times KV heads, its dQ blocks as many as the
  * forward's.
  *
+ * A paged request (k_table set: K and V read through page tables,
+ * kernels.h) takes the same forward instances, splits and packing (but
+ * the 192 instance for the 160 one's head dims), never the Hopper
+ * instances (their TMA reads packed K and V) and never the
+ * backward (it reads packed K and V too): that is refused.
+ *
  * Instances a device's start-up self-check found wrong are skipped: a
  * head-dim class falls back to the next larger instance (256 holds every
  * dp), split-KV to one range; with nothing left the request is refused
@@ -106,6 +112,8 @@ static size_t bwd_f32_smem(int dp) {
 static const instance *pick_mma(const attn_cu_params *p, unsigned off) {
   const bool bwd = p->pass == ATTN_BACKWARD;
   const instance *t = bwd ? bwd_instances : fwd_instances;
+  if (p->k_table) /* a paged request: only the instances with a paged variant */
+    off |= ~ATTN_CU_PAGED_KERNELS & ((1u << ATTN_CU_KERNEL_COUNT) - 1);
   for (int i = 0, n = bwd ? NBWD : NFWD; i < n; i++)
     if (t[i].dpad >= p->dp && !(off & (1u << t[i].kernel)))
       return &t[i];
@@ -217,7 +225,7 @@ int attn_cu_select(const attn_cu_params *p, int sms, attn_cu_choice *c, attn_sta
  * off allows it (kernels.h), except a packed GQA decode: the Hopper
  * instance would read each K/V tile once per query head, not per group. */
 static void maybe_hopper(const attn_cu_params *p, int sms, unsigned off, attn_cu_choice *c) {
-  if (c->pack > 1)
+  if (c->pack > 1 || p->k_table) /* nor a paged one: TMA reads packed K and V */
     return;
   attn_cu_kernel h = p->dp <= 64    ? ATTN_CU_HOPPER_D64
                      : p->dp <= 128 ? ATTN_CU_HOPPER_D128
@@ -233,6 +241,9 @@ int attn_cu_select_masked(const attn_cu_params *p, int sms, unsigned off, attn_c
       p->heads_q % p->heads_kv != 0)
     return attn_status_set(st, ATTN_EINVAL, "cuda: inconsistent launch parameters");
   memset(c, 0, sizeof *c);
+  if (p->pass == ATTN_BACKWARD && (p->k_table || p->v_table))
+    return attn_status_set(st, ATTN_EUNSUPPORTED,
+                           "the cuda backward pass reads packed K and V, not pages");
   if (p->seq_q > ATTN_CU_MAX_SEQ || p->seq_kv > ATTN_CU_MAX_SEQ)
     return attn_status_set(st, ATTN_EUNSUPPORTED,
                            "the cuda backend takes sequences of at most %lld (got seq_q %d, "
@@ -273,9 +284,25 @@ size_t attn_cu_bwd_bytes(const attn_cu_params *p) {
 
 static bool aligned(const void *x, uintptr_t a) { return x && (uintptr_t)x % a == 0; }
 
+/* The paged view's contract (kernels.h): both tables, an aligned pool,
+ * pages that hold page_tokens rows, tables that cover seq_kv, and a
+ * forward instance that reads pages (whose key tile divides page_tokens). */
+static bool paged_ok(const attn_cu_params *p, const attn_cu_choice *c) {
+  if (!aligned(p->k_table, 4) || !aligned(p->v_table, 4) || !aligned(p->page_base, 16) ||
+      p->page_tokens < ATTN_CU_PAGE_ALIGN_TOKENS || p->page_tokens % ATTN_CU_PAGE_ALIGN_TOKENS ||
+      p->page_bytes % ATTN_CU_PAGE_ALIGN_BYTES || p->pass == ATTN_BACKWARD ||
+      (unsigned)c->kernel >= ATTN_CU_KERNEL_COUNT || !(ATTN_CU_PAGED_KERNELS >> c->kernel & 1) ||
+      c->block_n < 1 || p->page_tokens % c->block_n)
+    return false;
+  const int64_t need = ((int64_t)p->seq_kv + p->page_tokens - 1) / p->page_tokens;
+  return p->pages_per_head >= need &&
+         p->page_bytes / attn_dtype_size(p->dtype) / (size_t)p->dp >= (size_t)p->page_tokens;
+}
+
 bool attn_cu_launch_ok(const attn_cu_params *p, const attn_cu_choice *c) {
+  const bool paged = p->k_table || p->v_table; /* then k and v are not read */
   if (p->dp % ATTN_CU_DPAD_ALIGN != 0 || p->dp != attn_cu_dp(p->head_dim) || !aligned(p->q, 16) ||
-      !aligned(p->k, 16) || !aligned(p->v, 16) || !aligned(p->o, 16) ||
+      (paged ? !paged_ok(p, c) : !aligned(p->k, 16) || !aligned(p->v, 16)) || !aligned(p->o, 16) ||
       (p->alibi2 && !aligned(p->alibi2, 4)))
     return false;
   if (p->pass == ATTN_BACKWARD)

@@ -743,7 +743,21 @@ static bool grid_covers(const attn_cu_params *p, const attn_cu_choice *c) {
          (int64_t)(c->grid[0] - 1) * c->block_m < (int64_t)pack * p->seq_q;
 }
 
-/* Attention on the packed layout, in float64, from docs/design.md's rule. */
+/* Element d of key j of K or V (packed x, or paged by table) of K/V head
+ * kh = b·Hkv + hk, by kernels.h's rule for the paged view: row j %
+ * page_tokens of page table[kh·pages_per_head + j / page_tokens]. */
+static double kv_elem(const attn_cu_params *p, const void *x, const int32_t *table, size_t kh,
+                      int64_t j, int64_t d) {
+  if (!table)
+    return attn_load_elem(x, p->dtype,
+                          (kh * (size_t)p->seq_kv + (size_t)j) * (size_t)p->dp + (size_t)d);
+  const int32_t page = table[kh * (size_t)p->pages_per_head + (size_t)(j / p->page_tokens)];
+  const unsigned char *base = p->page_base + (size_t)page * p->page_bytes;
+  return attn_load_elem(base, p->dtype, (size_t)(j % p->page_tokens) * (size_t)p->dp + (size_t)d);
+}
+
+/* Attention on the packed layout (or K and V paged), in float64, from
+ * docs/design.md's rule. */
 static void fwd_op(void *arg) {
   const attn_cu_params *p = &((fwd_arg *)arg)->p;
   const attn_cu_choice *c = &((fwd_arg *)arg)->c;
@@ -761,7 +775,7 @@ static void fwd_op(void *arg) {
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < Hq; h++) {
       int64_t hk = h / (Hq / Hkv);
-      size_t qb = (size_t)((b * Hq + h) * Nq), kb = (size_t)((b * Hkv + hk) * Nk);
+      size_t qb = (size_t)((b * Hq + h) * Nq), kh = (size_t)(b * Hkv + hk);
       for (int64_t i = 0; i < Nq; i++) {
         double m = -INFINITY;
         for (int64_t j = 0; j < Nk; j++) {
@@ -769,7 +783,7 @@ static void fwd_op(void *arg) {
           double acc = 0;
           for (int64_t d = 0; vis && d < D; d++)
             acc += attn_load_elem(p->q, p->dtype, (qb + (size_t)i) * (size_t)dp + (size_t)d) *
-                   attn_load_elem(p->k, p->dtype, (kb + (size_t)j) * (size_t)dp + (size_t)d);
+                   kv_elem(p, p->k, p->k_table, kh, j, d);
           double g;
           s[j] = vis ? variant(p, qb + (size_t)i, i, j, off, acc * scale, &g) : -INFINITY;
           m = s[j] > m ? s[j] : m;
@@ -782,8 +796,7 @@ static void fwd_op(void *arg) {
           double acc = 0;
           for (int64_t j = 0; j < Nk && l > 0; j++)
             if (s[j] > -INFINITY)
-              acc += exp(s[j] - m) *
-                     attn_load_elem(p->v, p->dtype, (kb + (size_t)j) * (size_t)dp + (size_t)d);
+              acc += exp(s[j] - m) * kv_elem(p, p->v, p->v_table, kh, j, d);
           attn_store_elem(p->o, p->dtype, row * (size_t)dp + (size_t)d,
                           contract ? (float)(l > 0 ? acc / l : 0) + bias : NAN);
         }

@@ -16,6 +16,13 @@
  * even where compute-sanitizer is not run; the inputs are read back and
  * must be unchanged. Outputs and scratch are poisoned (NaN bits) before
  * each launch.
+ *
+ * Group "kapi" also runs problems with K and V paged (kernels.h's paged
+ * view; tests/lib's tpaged lays pages out in shuffled order, poisoning
+ * every byte no key occupies): the packed launch and the paged one of the
+ * same choice, each judged against float64, paged O within the tolerance
+ * of packed O, the page pool and tables inside guards and read back
+ * unchanged.
  */
 #include "gpu_test.h"
 
@@ -322,6 +329,242 @@ out:
   kcase_free(&kc);
 }
 
+/* ---- paged K/V (kernels.h's paged view) -------------------------------- */
+
+/* One paged case: the packed launch (run 0) and the paged one (run 1) of
+ * the same problem and choice, each output set of its own. */
+typedef struct pgcase {
+  tcase c;
+  tref ref;
+  bool have_ref;
+  tpaged pg;
+  dbuf q, k, v, ws, pool, kt, vt;
+  dbuf o[2], st[2][3]; /* per run: O; m, l, lse */
+  unsigned char *hq, *hk, *hv, *ho[2];
+} pgcase;
+
+/* Every device buffer of a paged case, with its name for guard reports. */
+static int pg_bufs(pgcase *x, dbuf **all, const char **names) {
+  static const char *const nm[] = {"q",       "k",       "v",       "split_ws", "page pool",
+                                   "k_table", "v_table", "o",       "m",        "l",
+                                   "lse",     "paged o", "paged m", "paged l",  "paged lse"};
+  dbuf *b[] = {&x->q,        &x->k,    &x->v,        &x->ws,       &x->pool,
+               &x->kt,       &x->vt,   &x->o[0],     &x->st[0][0], &x->st[0][1],
+               &x->st[0][2], &x->o[1], &x->st[1][0], &x->st[1][1], &x->st[1][2]};
+  for (int i = 0; i < 15; i++) {
+    all[i] = b[i];
+    names[i] = nm[i];
+  }
+  return 15;
+}
+
+static void pg_free(pgcase *x) {
+  dbuf *all[15];
+  const char *names[15];
+  for (int i = 0, n = pg_bufs(x, all, names); i < n; i++)
+    dfree(all[i]);
+  free(x->hq);
+  free(x->hk);
+  free(x->hv);
+  free(x->ho[0]);
+  free(x->ho[1]);
+  tpaged_free(&x->pg);
+  if (x->have_ref)
+    tref_free(&x->ref);
+  tcase_free(&x->c);
+}
+
+/* Host copies: padded Q, K, V, their pages, room for both runs' O. */
+static int pg_host(pgcase *x, const attn_cu_params *prm, int page_tokens, size_t page_bytes,
+                   uint64_t seed) {
+  const tprob *p = &x->c.p;
+  size_t es = attn_dtype_size(p->dt);
+  size_t rq = (size_t)(p->b * p->hq * p->nq), rkv = (size_t)(p->b * p->hkv * p->nkv);
+  x->hq = pad_rows(x->c.q, rq, p->d, prm->dp, es);
+  x->hk = pad_rows(x->c.k, rkv, p->d, prm->dp, es);
+  x->hv = pad_rows(x->c.v, rkv, p->d, prm->dp, es);
+  x->ho[0] = malloc(rq * (size_t)prm->dp * es);
+  x->ho[1] = malloc(rq * (size_t)prm->dp * es);
+  if (!x->hq || !x->hk || !x->hv || !x->ho[0] || !x->ho[1])
+    return -1;
+  return tpaged_make(&x->pg, x->hk, x->hv, p->b * p->hkv, p->nkv, (size_t)prm->dp * es, page_tokens,
+                     page_bytes, seed);
+}
+
+/* Device buffers (each between guards) and the uploads. */
+static int pg_device(pgcase *x, size_t qbytes, size_t kvbytes, size_t rq, size_t wsb) {
+  size_t tbytes = (size_t)(x->c.p.b * x->c.p.hkv * x->pg.per_head) * sizeof(int32_t);
+  if (dalloc(&x->q, qbytes) || dalloc(&x->k, kvbytes) || dalloc(&x->v, kvbytes) ||
+      dalloc(&x->pool, x->pg.bytes) || dalloc(&x->kt, tbytes) || dalloc(&x->vt, tbytes) ||
+      (wsb && dalloc(&x->ws, wsb)))
+    return -1;
+  for (int r = 0; r < 2; r++)
+    if (dalloc(&x->o[r], qbytes) || dalloc(&x->st[r][0], rq * 4) || dalloc(&x->st[r][1], rq * 4) ||
+        dalloc(&x->st[r][2], rq * 4))
+      return -1;
+  const void *src[] = {x->hq, x->hk, x->hv, x->pg.pool, x->pg.k_table, x->pg.v_table};
+  dbuf *dst[] = {&x->q, &x->k, &x->v, &x->pool, &x->kt, &x->vt};
+  for (int i = 0; i < 6; i++)
+    if (GCK(cudaMemcpy(dptr(dst[i]), src[i], dst[i]->bytes, cudaMemcpyHostToDevice)))
+      return -1;
+  return 0;
+}
+
+/* Run r: poison its outputs and the scratch, launch, download O (padded,
+ * into ho[r]) and the statistics (into the tcase). */
+static int pg_run(pgcase *x, int r, attn_cu_params prm, const attn_cu_choice *ch, cudaStream_t s,
+                  size_t rq) {
+  prm.o = dptr(&x->o[r]);
+  prm.m = dptr(&x->st[r][0]);
+  prm.l = dptr(&x->st[r][1]);
+  prm.lse = dptr(&x->st[r][2]);
+  prm.split_ws = dptr(&x->ws);
+  float *host[3] = {x->c.m, x->c.l, x->c.lse};
+  if (GCK(cudaMemsetAsync(prm.o, 0xff, x->o[r].bytes, s)) ||
+      (prm.split_ws && GCK(cudaMemsetAsync(prm.split_ws, 0xff, x->ws.bytes, s))))
+    return -1;
+  for (int i = 0; i < 3; i++)
+    if (GCK(cudaMemsetAsync(dptr(&x->st[r][i]), 0xff, rq * 4, s)))
+      return -1;
+  if (GCK(attn_cu_launch(&prm, ch, s)) || GCK(cudaStreamSynchronize(s)) ||
+      GCK(cudaMemcpy(x->ho[r], prm.o, x->o[r].bytes, cudaMemcpyDeviceToHost)))
+    return -1;
+  for (int i = 0; i < 3; i++)
+    if (GCK(cudaMemcpy(host[i], dptr(&x->st[r][i]), rq * 4, cudaMemcpyDeviceToHost)))
+      return -1;
+  return 0;
+}
+
+static size_t zmax(size_t a, size_t b) { return a > b ? a : b; }
+
+/* ||paged O − packed O|| / ||packed O|| over the padded outputs. */
+static double pg_diff(const pgcase *x, size_t n) {
+  double d = 0, ref = 0;
+  for (size_t i = 0; i < n; i++) {
+    double a = attn_load_elem(x->ho[0], x->c.p.dt, i), b = attn_load_elem(x->ho[1], x->c.p.dt, i);
+    d += (a - b) * (a - b);
+    ref += a * a;
+  }
+  return isnan(d) ? INFINITY : ref > 0 ? sqrt(d / ref) : sqrt(d);
+}
+
+/* Guards of every buffer, and the inputs (pages and tables too) unchanged. */
+static bool pg_intact(pgcase *x, char *why, size_t cap) {
+  dbuf *all[15];
+  const char *names[15];
+  int n = pg_bufs(x, all, names);
+  for (int i = 0; i < n; i++) {
+    long dmg = guard_damage(all[i]);
+    if (dmg) {
+      snprintf(why, cap, "%ld guard bytes around %s were overwritten (or unreadable)", dmg,
+               names[i]);
+      return false;
+    }
+  }
+  const void *want[] = {x->hq, x->hk, x->hv, x->pg.pool, x->pg.k_table, x->pg.v_table};
+  const dbuf *got[] = {&x->q, &x->k, &x->v, &x->pool, &x->kt, &x->vt};
+  bool ok = true;
+  for (int i = 0; i < 6 && ok; i++) {
+    unsigned char *h = malloc(got[i]->bytes);
+    ok = h && !GCK(cudaMemcpy(h, dptr(got[i]), got[i]->bytes, cudaMemcpyDeviceToHost)) &&
+         memcmp(h, want[i], got[i]->bytes) == 0;
+    free(h);
+  }
+  if (!ok)
+    snprintf(why, cap, "the launches changed their inputs (Q, K, V, pages or tables)");
+  return ok;
+}
+
+/* The two runs judged: each against float64, paged against packed. */
+static bool pg_judge(tgroup *g, pgcase *x, int r, const attn_cu_params *prm, char *why, size_t cap,
+                     terr *err) {
+  const tprob *p = &x->c.p;
+  size_t rq = (size_t)(p->b * p->hq * p->nq);
+  unpad_rows(x->c.o, x->ho[r], rq, p->d, prm->dp, attn_dtype_size(p->dt));
+  *err = tref_check(&x->c, &x->ref);
+  return g_judge(g, p->dt, p->stats, err, r, why, cap);
+}
+
+static void paged_case(tgroup *g, const tprob *p, int page_tokens, size_t page_bytes, uint64_t seed,
+                       cudaStream_t s) {
+  char desc[200], why[400] = "";
+  tdesc(p, desc, sizeof desc);
+  g_set_current("kapi paged: %s", desc);
+  pgcase x;
+  memset(&x, 0, sizeof x);
+  tcase_init(&x.c, p, seed);
+  attn_cu_params prm, paged;
+  g_params(p, &prm);
+  paged = prm;
+  static const int32_t any_table[1];
+  paged.k_table = paged.v_table = any_table; /* for the choice; the device's are set below */
+  attn_cu_choice ch, pch;                    /* pch: the 192 instance where ch is the 160 one */
+  attn_status st = {0};
+  terr err[2];
+  double diff = INFINITY;
+  memset(err, 0, sizeof err);
+  bool ok = false;
+  size_t es = attn_dtype_size(p->dt), rq = (size_t)(p->b * p->hq * p->nq);
+  size_t qbytes = rq * (size_t)prm.dp * es,
+         kvbytes = (size_t)(p->b * p->hkv * p->nkv) * prm.dp * es;
+  if (attn_cu_select(&prm, g_sms, &ch, &st) != 0 || attn_cu_select(&paged, g_sms, &pch, &st) != 0)
+    snprintf(why, sizeof why, "attn_cu_select: %s", st.message);
+  else if (tref_compute(&x.c, g_opt.ref_threads, &x.ref, &st) < 0)
+    snprintf(why, sizeof why, "the reference failed: %s", st.message);
+  else if ((x.have_ref = true, pg_host(&x, &prm, page_tokens, page_bytes, seed ^ 0x5eed)) ||
+           pg_device(&x, qbytes, kvbytes, rq,
+                     zmax(attn_cu_split_bytes(&prm, &ch), attn_cu_split_bytes(&paged, &pch))))
+    snprintf(why, sizeof why, "out of host or device memory, or an upload failed");
+  else {
+    paged.q = prm.q = dptr(&x.q);
+    prm.k = dptr(&x.k);
+    prm.v = dptr(&x.v);
+    paged.k_table = dptr(&x.kt);
+    paged.v_table = dptr(&x.vt);
+    paged.page_base = dptr(&x.pool);
+    paged.page_bytes = page_bytes;
+    paged.page_tokens = page_tokens;
+    paged.pages_per_head = x.pg.per_head;
+    ok = !pg_run(&x, 0, prm, &ch, s, rq) && pg_judge(g, &x, 0, &prm, why, sizeof why, &err[0]) &&
+         !pg_run(&x, 1, paged, &pch, s, rq) && pg_judge(g, &x, 1, &prm, why, sizeof why, &err[1]);
+    if (!ok && !why[0])
+      snprintf(why, sizeof why, "a launch, poisoning or download failed");
+    diff = ok ? pg_diff(&x, rq * (size_t)prm.dp) : diff;
+    if (ok && !(diff <= g_tol_o(p->dt)))
+      ok = false, snprintf(why, sizeof why, "paged O differs from packed O by %.3g", diff);
+    ok = ok && pg_intact(&x, why, sizeof why);
+  }
+  if (ok)
+    tg_case(g, true, "paged %s [%s/%d pack %d, pages of %d] O %.2e vs packed %.2e%s", desc,
+            attn_cu_kernel_name(pch.kernel), pch.nsplit, pch.pack, page_tokens, err[1].o, diff,
+            diff == 0 ? " (same bits)" : "");
+  else
+    tg_case(g, false, "paged %s, pages of %d, seed %#llx: %s", desc, page_tokens,
+            (unsigned long long)seed, why);
+  pg_free(&x);
+}
+
+/* Paged problems: decodes that split and pack (the sessions' main use),
+ * every dtype, head dims 37 to 256, masks, pages of 64 to 512 tokens. */
+static int paged_list(tprob *ps, int *tokens, size_t *bytes) {
+  int n = 0;
+#define PAGED(prob, t, b) (ps[n] = (prob), tokens[n] = (t), bytes[n] = (b), n++)
+  PAGED(tprob_make(1, 32, 8, 1, 32768, 128, ATTN_BF16), 256, 65536);
+  PAGED(tprob_make(2, 8, 2, 300, 300, 64, ATTN_F16), 512, 65536);
+  PAGED(tprob_make(1, 2, 1, 77, 200, 37, ATTN_F32), 64, 64 * 40 * 4);
+  PAGED(tprob_make(4, 16, 4, 1, 8192, 256, ATTN_F16), 128, 65536);
+  PAGED(tprob_make(1, 4, 4, 1000, 1000, 90, ATTN_BF16), 320, 320 * 96 * 2);
+  PAGED(tprob_make(1, 8, 1, 4, 5000, 160, ATTN_BF16), 192, 192 * 160 * 2);
+  PAGED(tprob_make(2, 4, 2, 1, 3000, 64, ATTN_F32), 256, 65536);
+  PAGED(tprob_make(1, 4, 2, 129, 700, 192, ATTN_F16), 64, 64 * 192 * 2 + 256);
+#undef PAGED
+  ps[1].causal = ps[5].causal = ps[7].causal = true;
+  ps[2].wl = 16, ps[2].wr = 3;
+  for (int i = 0; i < n; i++)
+    ps[i].stats = true;
+  return n;
+}
+
 void group_kapi(tgroup *g, int grp) {
   if (g_dead) {
     tg_case(g, false, "not run (CUDA context broken earlier)");
@@ -341,6 +584,13 @@ void group_kapi(tgroup *g, int grp) {
     n = 3;
   for (int i = 0; i < n; i++)
     kapi_case(g, &ps[i], g_seed(grp, i, 0), s, smem_max, false);
+  int tokens[16];
+  size_t bytes[16];
+  int np = paged_list(ps, tokens, bytes);
+  if (g_opt.small)
+    np = 2;
+  for (int i = 0; i < np && !g_dead; i++)
+    paged_case(g, &ps[i], tokens[i], bytes[i], g_seed(grp, n + i, 0), s);
   GCK(cudaStreamDestroy(s));
 }
 

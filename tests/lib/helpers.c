@@ -626,3 +626,52 @@ void trows_copy(void *packed, void *alone, int64_t h, int64_t t, int64_t r0, int
     memcpy(out ? a : p, out ? p : a, (size_t)n * w);
   }
 }
+
+/* Key rows [0, nkv) of each of heads heads of x into the pages table names. */
+static void tpaged_fill(tpaged *pg, const int32_t *table, const void *x, int64_t heads, int64_t nkv,
+                        size_t rowb, int page_tokens, size_t page_bytes) {
+  for (int64_t h = 0; h < heads; h++)
+    for (int64_t j = 0; j < nkv; j++) {
+      int32_t page = table[h * pg->per_head + j / page_tokens];
+      memcpy(pg->pool + (size_t)page * page_bytes + (size_t)(j % page_tokens) * rowb,
+             (const char *)x + (size_t)(h * nkv + j) * rowb, rowb);
+    }
+}
+
+int tpaged_make(tpaged *pg, const void *k, const void *v, int64_t heads, int64_t nkv, size_t rowb,
+                int page_tokens, size_t page_bytes, uint64_t seed) {
+  memset(pg, 0, sizeof *pg);
+  pg->per_head = (int)((nkv + page_tokens - 1) / page_tokens) + 1; /* one spare entry */
+  const int64_t entries = heads * pg->per_head;
+  pg->npages = (int)(2 * entries + 1); /* and a page no table names */
+  pg->bytes = (size_t)pg->npages * page_bytes;
+  pg->pool = aligned_alloc(256, (pg->bytes + 255) / 256 * 256);
+  int32_t *order = malloc((size_t)(2 * entries) * sizeof *order);
+  if (!pg->pool || !order) {
+    free(order);
+    tpaged_free(pg);
+    return -1;
+  }
+  memset(pg->pool, 0xff, pg->bytes);
+  /* Pages 0..npages-1 but the last, in a shuffled order: K's entries take
+   * the first half, V's the second. */
+  for (int64_t i = 0; i < 2 * entries; i++)
+    order[i] = (int32_t)i;
+  for (int64_t i = 2 * entries - 1; i > 0; i--) {
+    int64_t j = (int64_t)(trand(&seed) % (uint64_t)(i + 1));
+    int32_t t = order[i];
+    order[i] = order[j];
+    order[j] = t;
+  }
+  pg->k_table = order;
+  pg->v_table = order + entries;
+  tpaged_fill(pg, pg->k_table, k, heads, nkv, rowb, page_tokens, page_bytes);
+  tpaged_fill(pg, pg->v_table, v, heads, nkv, rowb, page_tokens, page_bytes);
+  return 0;
+}
+
+void tpaged_free(tpaged *pg) {
+  free(pg->pool);
+  free(pg->k_table); /* v_table is its second half */
+  memset(pg, 0, sizeof *pg);
+}

@@ -136,6 +136,27 @@ long tproc_kib(const char *field);
  * kernel does not let us (no /proc/self/clear_refs). */
 bool treset_peak_rss(void);
 
+/*
+ * A paged copy of packed K and V (heads × nkv rows of rowb bytes each, the
+ * kernels' packed layout) for the paged view of kernels.h: one pool of
+ * npages pages of page_bytes, holding page_tokens rows each, K's and V's
+ * pages of every head in an order shuffled by seed, and their tables
+ * [heads × per_head]. per_head is one more than the keys need (its spare
+ * entry names a page nothing is written to), and every byte no key row
+ * occupies (rows past nkv, page tails, unwritten pages) is 0xff, NaN in
+ * every dtype, so a read through a wrong address shows in the output.
+ * Returns 0, or -1 when out of memory.
+ */
+typedef struct tpaged {
+  unsigned char *pool; /* 256-byte aligned */
+  size_t bytes;
+  int npages, per_head;
+  int32_t *k_table, *v_table;
+} tpaged;
+int tpaged_make(tpaged *pg, const void *k, const void *v, int64_t heads, int64_t nkv, size_t rowb,
+                int page_tokens, size_t page_bytes, uint64_t seed);
+void tpaged_free(tpaged *pg);
+
 uint64_t trand(uint64_t *s);
 double tuniform(uint64_t *s); /* [-1, 1) */
 

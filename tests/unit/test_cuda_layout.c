@@ -978,6 +978,48 @@ Test(cuda_layout, launch_contract) {
   cr_expect(!attn_cu_launch_ok(&x, &c), "a misaligned dV");
 }
 
+Test(cuda_layout, paged_launch_contract) {
+  /* The paged view (kernels.h): both tables, a 16-byte aligned pool, pages
+   * of a multiple of 64 rows that fit in page_bytes (a multiple of 256),
+   * tables covering seq_kv, a forward instance with a paged variant. K and
+   * V themselves are not read. */
+  static _Alignas(256) unsigned char buf[4096];
+  static int32_t table[4];
+  attn_cu_params p = shape(ATTN_F16, 1, 2, 1, 5, 200, 64);
+  attn_cu_choice c;
+  attn_status st;
+  p.k_table = p.v_table = table;
+  cr_assert_eq(attn_cu_select(&p, 0, &c, &st), 0, "%s", st.message);
+  p.q = buf, p.o = buf + 1024, p.page_base = buf;
+  p.page_tokens = 64, p.page_bytes = 64 * 64 * 2, p.pages_per_head = 4;
+  cr_expect(attn_cu_launch_ok(&p, &c));
+  attn_cu_params x = p;
+#define BAD(change, what)                                       \
+  do {                                                          \
+    x = p;                                                      \
+    change;                                                     \
+    cr_expect(!attn_cu_launch_ok(&x, &c), "accepted %s", what); \
+  } while (0)
+  BAD(x.v_table = NULL, "a K table alone");
+  BAD(x.k_table = NULL, "a V table alone");
+  BAD(x.page_base = buf + 8, "a misaligned pool");
+  BAD(x.page_tokens = 32, "32-row pages");
+  BAD(x.page_bytes = 64 * 64 * 2 - 256, "pages too small");
+  BAD(x.page_bytes = 64 * 64 * 2 + 128, "page_bytes not a multiple of 256");
+  BAD(x.pages_per_head = 3, "a table short of seq_kv");
+  BAD(x.pass = ATTN_BACKWARD, "a paged backward");
+#undef BAD
+  /* 129..160 takes the 192 instance when paged; the backward refuses. */
+  attn_cu_params d = shape(ATTN_BF16, 1, 8, 1, 1, 4096, 160);
+  cr_assert_eq(attn_cu_select(&d, 132, &c, &st), 0);
+  cr_expect_eq(c.kernel, ATTN_CU_MMA_D160);
+  d.k_table = d.v_table = table;
+  cr_assert_eq(attn_cu_select(&d, 132, &c, &st), 0);
+  cr_expect(c.kernel == ATTN_CU_MMA_D192 && c.nsplit > 1 && c.pack == 8);
+  d.pass = ATTN_BACKWARD;
+  cr_expect_eq(attn_cu_select(&d, 132, &c, &st), ATTN_EUNSUPPORTED);
+}
+
 Test(cuda_layout, split_kv_counts_only_visible_tiles) {
   /* A decode row over 8192 keys with a 256-key window sees 5 tiles of 64
    * (the window straddles a tile edge): at most one split of >= 4 tiles,

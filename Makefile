@@ -137,7 +137,7 @@ CU_OBJ =
 ifeq ($(USE_CUDA),1)
 CU_HOST_SRC = engine/cuda/cuda.c engine/cuda/device.c engine/cuda/dispatch.c \
               engine/cuda/stream.c engine/cuda/stage.c engine/cuda/selfcheck.c \
-              engine/cuda/copy.c engine/cuda/pinned.c
+              engine/cuda/copy.c engine/cuda/pinned.c engine/cuda/pages.c
 CU_OBJ = $(CU_SRC:%.cu=$(BUILD)/obj/%.o) $(CU_HOST_SRC:%.c=$(BUILD)/obj/%.o)
 CPPFLAGS += -DATTN_HAVE_CUDA
 # Arch-specific targets (90a: wgmma, setmaxnreg) run on one compute
@@ -174,7 +174,8 @@ ATTN_OBJ = $(ATTN_SRC:%.c=$(BUILD)/obj/%.o)
 
 # Support shared by the test binaries (tests/lib/): random problems and the
 # float64 reference (helpers, cases) and the server tests' harness.
-TESTLIB_OBJ = $(BUILD)/obj/tests/lib/helpers.o $(BUILD)/obj/tests/lib/cases.o
+TESTLIB_OBJ = $(BUILD)/obj/tests/lib/helpers.o $(BUILD)/obj/tests/lib/cases.o \
+              $(BUILD)/obj/tests/lib/kvcalls.o
 HARNESS_OBJ = $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/lib/harness*.c) tests/lib/bad_cases.c)
 $(BUILD)/obj/tests/lib/%.o: CPPFLAGS += -Itests/lib -Iclients
 
@@ -226,7 +227,7 @@ endif
 CUDAMOCK_OBJ = $(BUILD)/obj/tests/cudamock/mock_cudart.o \
                $(BUILD)/obj/tests/cudamock/test_cuda_backend.o \
                $(BUILD)/obj/tests/cudamock/test_datapath.o $(BUILD)/obj/server/bodybuf.o \
-               $(BUILD)/obj/tests/cudamock/test_paged.o \
+               $(BUILD)/obj/tests/cudamock/test_paged.o $(BUILD)/obj/tests/cudamock/test_sessions_gpu.o \
                $(TESTLIB_OBJ) $(BUILD)/obj/clients/benchlib.o
 
 # ---- fuzzing (libFuzzer, clang) ---------------------------------------------

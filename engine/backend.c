@@ -53,6 +53,19 @@ static void def_host_stats(void *state, attn_host_stats *out) {
   memset(out, 0, sizeof *out);
 }
 
+static int def_pages_open(void *state, uint64_t bytes, void **base, attn_status *st) {
+  (void)state, (void)bytes, (void)base;
+  return attn_status_set(st, ATTN_EUNSUPPORTED, "this backend lends no device memory for pages");
+}
+
+static void def_pages_close(void *state, void *base) { (void)state, (void)base; }
+
+static int def_pages_copy(void *state, void *dst, size_t dpitch, const void *src, size_t spitch,
+                          size_t width, size_t rows, attn_status *st) {
+  (void)state, (void)dst, (void)dpitch, (void)src, (void)spitch, (void)width, (void)rows;
+  return attn_status_set(st, ATTN_EUNSUPPORTED, "this backend holds no pages");
+}
+
 void attn__backend_init(attn_backend *be, const struct attn_backend_ops *ops) {
   memset(be, 0, sizeof *be);
   be->ops = *ops;
@@ -66,6 +79,9 @@ void attn__backend_init(attn_backend *be, const struct attn_backend_ops *ops) {
   o->host_alloc = o->host_alloc ? o->host_alloc : def_host_alloc;
   o->host_free = o->host_free ? o->host_free : def_host_free;
   o->host_stats = o->host_stats ? o->host_stats : def_host_stats;
+  o->pages_open = o->pages_open ? o->pages_open : def_pages_open;
+  o->pages_close = o->pages_close ? o->pages_close : def_pages_close;
+  o->pages_copy = o->pages_copy ? o->pages_copy : def_pages_copy;
 }
 
 int attn__backend_open(attn_backend *be, const attn_backend_env *env) {

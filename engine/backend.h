@@ -63,6 +63,16 @@ struct attn_backend_ops {
   void *(*host_alloc)(void *state, size_t n);
   bool (*host_free)(void *state, void *p);
   void (*host_stats)(void *state, attn_host_stats *out);
+  /* Device memory for a session store's pages, zeroed (*base: its device
+   * address; one store per backend), and given back. Default: none
+   * (EUNSUPPORTED), and the store keeps its pages in host memory. */
+  int (*pages_open)(void *state, uint64_t bytes, void **base, attn_status *st);
+  void (*pages_close)(void *state, void *base);
+  /* rows rows of width bytes between host memory and those pages (either
+   * side; pitches are the bytes from one row to the next), done when it
+   * returns. */
+  int (*pages_copy)(void *state, void *dst, size_t dpitch, const void *src, size_t spitch,
+                    size_t width, size_t rows, attn_status *st);
 };
 
 /* A backend as an engine holds it: its ops with the defaults filled in,

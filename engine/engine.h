@@ -207,11 +207,16 @@ typedef struct attn_request {
    * k_pages[(b * heads_kv + hk) * pages_per_head + j / page_tokens] (v
    * likewise), rows head_dim elements apart, contiguous within a page. With
    * cu_seqlens, b is the sequence and its keys are numbered from 0. Only
-   * the forward pass reads pages, on the cpu backend; page_tokens is at
-   * least ATTN_PAGE_MIN_TOKENS. k_stride and v_stride are ignored.
+   * the forward pass reads pages; page_tokens is at least
+   * ATTN_PAGE_MIN_TOKENS. k_stride and v_stride are ignored. page_pitch 0:
+   * host pages, rows head_dim elements apart, which the cpu backend reads;
+   * else device pages (a store on a GPU: attn_kv_open), rows page_pitch
+   * elements apart, zero-padded, which only the backend that lent them
+   * reads.
    */
   const void *const *k_pages, *const *v_pages;
   int64_t page_tokens, pages_per_head; /* page_tokens: a multiple of ATTN_PAGE_MIN_TOKENS */
+  int64_t page_pitch;
   /* The pages' largest |k| and |v|: their values were checked finite when
    * they were stored, so the kernel does not scan them again. */
   float kv_absmax[2];
@@ -502,6 +507,7 @@ typedef struct attn_kv_stats {
   int64_t sessions;
   uint64_t pool_bytes, reserved_bytes, used_bytes; /* used: pages holding tokens */
   int64_t page_bytes;
+  const char *where; /* "host", or the backend whose device holds the pages ("cuda") */
   uint64_t appended_tokens, replays, conflicts, expired;
   /* Engine jobs the store ran, by the calls each computed: at most 1, 2,
    * 4, ..., 64, then more (a histogram's buckets, not cumulative). */
@@ -513,10 +519,14 @@ typedef struct attn_kv_stats {
  * with '_' or '.'. Returns 0 or ATTN_EINVAL with a message. */
 int attn_kv_id_check(const char *id, size_t len, attn_status *st);
 
-/* A store of `bytes` of pages on engine e (its cpu backend computes);
- * batch: calls that arrive while the store's previous job runs are
- * computed together as one job. */
-int attn_kv_open(attn_engine *e, uint64_t bytes, bool batch, attn_kv_store **ps, attn_status *st);
+/* A store of `bytes` of pages on engine e; batch: calls that arrive while
+ * the store's previous job runs are computed together as one job. backend
+ * NULL or "auto": the pages live on a GPU when the engine has one that
+ * lends device memory for them (the cuda backend: bytes on its first
+ * device, and its kernels compute the calls), else in host memory (the cpu
+ * backend computes); "cpu": host memory whatever the engine has. */
+int attn_kv_open(attn_engine *e, uint64_t bytes, bool batch, const char *backend,
+                 attn_kv_store **ps, attn_status *st);
 /* Frees the store; no call may be in flight. */
 void attn_kv_close(attn_kv_store *s);
 

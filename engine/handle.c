@@ -81,6 +81,24 @@ attn_jobs *attn__engine_jobs(attn_engine *e) { return &e->jobs; }
 
 attn_pool *attn__engine_pool(attn_engine *e) { return e->pool; }
 
+int attn__engine_pages_open(attn_engine *e, uint64_t bytes, const attn_backend **pbe, void **base,
+                            attn_status *st) {
+  attn_status why = {0};
+  for (int i = 0; i < NBACKENDS; i++) {
+    const attn_backend *be = &e->be[i];
+    if (!be->opened || !be->ops.automatic || !be->ops.healthy(be->state))
+      continue;
+    int rc = be->ops.pages_open(be->state, bytes, base, &why);
+    if (rc == 0) {
+      *pbe = be;
+      return 0;
+    }
+    if (rc != ATTN_EUNSUPPORTED) /* a device that cannot hold them: say why */
+      return attn_status_set(st, rc, "%s", why.message);
+  }
+  return attn_status_set(st, ATTN_EUNSUPPORTED, "no backend holds session pages on a device");
+}
+
 void *attn_engine_host_alloc(attn_engine *e, size_t n) {
   for (int i = 0; i < NBACKENDS; i++) {
     attn_backend *be = &e->be[i];

@@ -208,20 +208,38 @@ static int fits_session(const attn_kv_call *c, int64_t e, const kv_session *ks, 
   return 0;
 }
 
-/* Whether tokens [pos, pos + n) of L hold entry e's new keys and values. */
-static bool stored_equal(const attn_kv_call *c, int64_t e, const kv_session *ks,
-                         const kv_layer *L) {
+/* Entry e's new rows of KV head h of K (t 0) or V (t 1), packed. */
+static const char *new_rows(const attn_kv_call *c, int64_t e, int t, int64_t h, size_t row) {
+  const attn_kv_entry *en = &c->entries[e];
+  return (const char *)(t ? c->v_new : c->k_new) + (size_t)(h * c->total_new + en->kv_off) * row;
+}
+
+/* Whether tokens [pos, pos + n) of L hold entry e's new keys and values,
+ * read a page at a time into buf (a page's bytes; a device's pages are
+ * copied out). A page that cannot be read holds nothing equal. */
+static bool stored_equal(const attn_kv_store *s, const attn_kv_call *c, int64_t e,
+                         const kv_session *ks, const kv_layer *L, char *buf) {
   const attn_kv_entry *en = &c->entries[e];
   const size_t row = (size_t)ks->shape.head_dim * attn_dtype_size(ks->shape.dtype);
+  attn_status st;
   for (int t = 0; t < 2; t++)
     for (int64_t h = 0; h < ks->shape.heads_kv; h++)
-      for (int64_t j = 0; j < en->n_new; j++) {
-        const char *src = (const char *)(t ? c->v_new : c->k_new) +
-                          (size_t)(h * c->total_new + en->kv_off + j) * row;
-        if (memcmp(src, attn__kv_row(ks, L, t, h, en->pos + j), row))
+      for (int64_t j = 0, n; j < en->n_new; j += n) {
+        n = attn__kv_run(ks, en->pos + j, en->pos + en->n_new);
+        if (attn__kv_get(s, ks, L, t, h, en->pos + j, n, buf, &st) ||
+            memcmp(new_rows(c, e, t, h, row) + (size_t)j * row, buf, (size_t)n * row))
           return false;
       }
   return true;
+}
+
+/* The same, with a buffer of its own. */
+static bool replayed(const attn_kv_store *s, const attn_kv_call *c, int64_t e, const kv_session *ks,
+                     const kv_layer *L) {
+  char *buf = malloc(ATTN_KV_PAGE_BYTES);
+  bool eq = buf && stored_equal(s, c, e, ks, L, buf);
+  free(buf);
+  return eq;
 }
 
 static int conflict(attn_kv_store *s, const attn_kv_call *c, int64_t e, const kv_session *ks,
@@ -262,13 +280,22 @@ static int plan_entry(attn_kv_store *s, const attn_kv_call *c, int64_t e, kv_use
     u->append = true;
     return L->readers > 0 && en->pos < L->read_hi ? 1 : 0;
   }
-  if (en->pos >= 0 && u->extent <= L->length && stored_equal(c, e, u->ks, L))
+  if (en->pos >= 0 && u->extent <= L->length && replayed(s, c, e, u->ks, L))
     return 0;
   return conflict(s, c, e, u->ks, L, st);
 }
 
+/* Where r's pages are and who reads them: the cpu backend host pages, the
+ * backend that lent them a device's (rows padded to ks's pitch). */
+static void pages_of(const attn_kv_store *s, const kv_session *ks, attn_request *r) {
+  r->page_tokens = ks->page_tokens;
+  r->page_pitch = s->pages.dev ? ks->pitch : 0;
+  r->backend = s->pages.dev ? s->pages.dev->ops.name : "cpu";
+}
+
 /* The request entry e runs as alone (k and v from its layer's pages). */
-static void lone_request(const attn_kv_call *c, int64_t e, const kv_use *u, attn_request *r) {
+static void lone_request(const attn_kv_store *s, const attn_kv_call *c, int64_t e, const kv_use *u,
+                         attn_request *r) {
   const kv_session *ks = u->ks;
   *r = c->req;
   r->batch = 1;
@@ -280,19 +307,19 @@ static void lone_request(const attn_kv_call *c, int64_t e, const kv_use *u, attn
   r->k = r->v = NULL;
   r->k_pages = (const void *const *)u->L->kp;
   r->v_pages = (const void *const *)u->L->vp;
-  r->page_tokens = ks->page_tokens;
   r->pages_per_head = ks->pages_per_head;
   memcpy(r->kv_absmax, u->L->absmax, sizeof r->kv_absmax);
-  r->backend = "cpu";
+  pages_of(s, ks, r);
 }
 
 /* Every entry's options against the engine's rules, as it would run
  * alone; its FLOPs into *flops. */
-static int probe(const attn_kv_call *c, const kv_use *uses, double *flops, attn_status *st) {
+static int probe(const attn_kv_store *s, const attn_kv_call *c, const kv_use *uses, double *flops,
+                 attn_status *st) {
   *flops = 0;
   for (int64_t e = 0; e < c->nentries; e++) {
     attn_request r;
-    lone_request(c, e, &uses[e], &r);
+    lone_request(s, c, e, &uses[e], &r);
     if (r.seq_kv == 0 || r.seq_q == 0)
       r.seq_kv = r.seq_q = 1; /* nothing to compute: only the options to check */
     int rc = attn_request_validate(&r, st);
@@ -331,9 +358,11 @@ static int resolve(attn_kv_store *s, const attn_kv_call *c, kv_use *uses, double
   return wait;
 }
 
-/* Writes entry e's new tokens into its layer. */
-static void append(attn_kv_store *s, const attn_kv_call *c, int64_t e, kv_use *u,
-                   const float mx[2]) {
+/* Writes entry e's new tokens into its layer, a page's run at a time (on
+ * a device: one small upload each). 0, or the device's error with the
+ * layer's length unchanged. */
+static int append(attn_kv_store *s, const attn_kv_call *c, int64_t e, kv_use *u, const float mx[2],
+                  attn_status *st) {
   const attn_kv_entry *en = &c->entries[e];
   kv_session *ks = u->ks;
   kv_layer *L = u->L;
@@ -341,25 +370,33 @@ static void append(attn_kv_store *s, const attn_kv_call *c, int64_t e, kv_use *u
   attn__kv_grow(s, ks, L, en->pos + en->n_new);
   for (int t = 0; t < 2; t++)
     for (int64_t h = 0; h < ks->shape.heads_kv; h++)
-      for (int64_t j = 0; j < en->n_new; j++)
-        memcpy(attn__kv_row(ks, L, t, h, en->pos + j),
-               (const char *)(t ? c->v_new : c->k_new) +
-                   (size_t)(h * c->total_new + en->kv_off + j) * row,
-               row);
+      for (int64_t j = 0, n; j < en->n_new; j += n) {
+        n = attn__kv_run(ks, en->pos + j, en->pos + en->n_new);
+        int rc = attn__kv_put(s, ks, L, t, h, en->pos + j, n,
+                              new_rows(c, e, t, h, row) + (size_t)j * row, st);
+        if (rc)
+          return rc;
+      }
   L->length += en->n_new;
   L->absmax[0] = fmaxf(L->absmax[0], mx[0]);
   L->absmax[1] = fmaxf(L->absmax[1], mx[1]);
   s->stats.appended_tokens += (uint64_t)en->n_new;
+  return 0;
 }
 
-/* Appends or replays every entry, and makes each a reader of its layer. */
-static void apply(attn_kv_store *s, attn_kv_call *c, kv_use *uses, float (*mx)[2], double now) {
+/* Appends or replays every entry, then makes each a reader of its layer.
+ * An append the device fails stops the call before any entry reads: the
+ * ones appended before it stay (their device has failed; its pages are
+ * lost with it). */
+static int apply(attn_kv_store *s, attn_kv_call *c, kv_use *uses, float (*mx)[2], double now,
+                 attn_status *st) {
+  for (int64_t e = 0; e < c->nentries; e++)
+    if (uses[e].append && append(s, c, e, &uses[e], mx[e], st))
+      return attn_status_set(st, ATTN_EDEVICE, "storing the new tokens failed: %s", st->message);
   for (int64_t e = 0; e < c->nentries; e++) {
     kv_use *u = &uses[e];
     attn_kv_entry *en = &c->entries[e];
-    if (u->append)
-      append(s, c, e, u, mx[e]);
-    else if (en->n_new > 0)
+    if (!u->append && en->n_new > 0)
       s->stats.replays++;
     en->replay = !u->append && en->n_new > 0;
     en->length = u->L->length;
@@ -368,6 +405,7 @@ static void apply(attn_kv_store *s, attn_kv_call *c, kv_use *uses, float (*mx)[2
     u->ks->readers++;
     u->ks->expires = now + u->ks->ttl_s;
   }
+  return 0;
 }
 
 /* ---- jobs ---------------------------------------------------------------- */
@@ -481,7 +519,7 @@ static int job_build(kv_job *j) {
   kv_pending *p = j->calls;
   const attn_kv_call *c = p->call;
   if (j->ncalls == 1 && c->nentries == 1 && p->uses[0].extent > 0) {
-    lone_request(c, 0, &p->uses[0], &j->req);
+    lone_request(j->s, c, 0, &p->uses[0], &j->req);
     return 0;
   }
   j->req = c->req;
@@ -495,10 +533,9 @@ static int job_build(kv_job *j) {
   r->batch = j->nentries;
   r->seq_q = job_rows(j);
   r->k = r->v = NULL;
-  r->page_tokens = p->uses[0].ks->page_tokens;
+  pages_of(j->s, p->uses[0].ks, r);
   r->pages_per_head = pph;
   r->kv_absmax[0] = r->kv_absmax[1] = 0;
-  r->backend = "cpu";
   j->gathered = j->ncalls > 1; /* several calls' q, o: one buffer */
   if (j->gathered)
     r->cancel = NULL; /* one caller's cancel would cancel the others' */
@@ -631,9 +668,9 @@ static int admit(attn_kv_store *s, kv_pending *p, float (*mx)[2], double now, at
   while ((rc = resolve(s, p->call, p->uses, now, st)) == 1)
     pthread_cond_wait(&s->readers_done, &s->mu);
   if (rc == 0)
-    rc = probe(p->call, p->uses, &p->flops, st);
+    rc = probe(s, p->call, p->uses, &p->flops, st);
   if (rc == 0)
-    apply(s, p->call, p->uses, mx, now);
+    rc = apply(s, p->call, p->uses, mx, now, st);
   return rc;
 }
 

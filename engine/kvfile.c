@@ -136,9 +136,11 @@ typedef struct kvf_header {
 typedef struct kvf_ctx {
   int dfd;
   const char *dir;
+  const attn_kv_store *s;
   kvf_header h;
   unsigned char head[KVF_HEADER_MAX];
   char iobuf[KVF_IOBUF];
+  char page[ATTN_KV_PAGE_BYTES]; /* one page's rows on their way (pages may be a device's) */
 } kvf_ctx;
 
 static bool tenant_ok(const char *t, size_t n) {
@@ -215,6 +217,7 @@ static void header_encode(const kvf_header *h, unsigned char *buf) {
 typedef struct kvf_out {
   FILE *f;
   kvf_hash hash;
+  bool lost; /* a page could not be read (its device failed) */
 } kvf_out;
 
 static void out_put(kvf_out *o, const void *p, size_t n) {
@@ -222,25 +225,23 @@ static void out_put(kvf_out *o, const void *p, size_t n) {
   hash_add(&o->hash, p, n);
 }
 
-/* Rows from j on that lie together in j's page, at most up to length. */
-static int64_t run_of(const kv_session *ks, int64_t j, int64_t length) {
-  int64_t n = ks->page_tokens - j % ks->page_tokens;
-  return n < length - j ? n : length - j;
-}
-
-/* Rows [0, length) of K (t 0) or V (t 1) of head hk of L: never the
- * unused rest of a page. */
-static void rows_put(kvf_out *o, const kv_session *ks, const kv_layer *L, int t, int64_t hk) {
+/* Rows [0, length) of K (t 0) or V (t 1) of head hk of L, a page at a
+ * time: never the unused rest of a page, nor a device page's padding. */
+static void rows_put(kvf_out *o, kvf_ctx *c, const kv_session *ks, const kv_layer *L, int t,
+                     int64_t hk) {
   const size_t row = row_bytes(&ks->shape);
-  for (int64_t j = 0, n; j < L->length; j += n) {
-    n = run_of(ks, j, L->length);
-    out_put(o, attn__kv_row(ks, L, t, hk, j), (size_t)n * row);
+  attn_status st;
+  for (int64_t j = 0, n; j < L->length && !o->lost; j += n) {
+    n = attn__kv_run(ks, j, L->length);
+    o->lost = attn__kv_get(c->s, ks, L, t, hk, j, n, c->page, &st) != 0;
+    if (!o->lost)
+      out_put(o, c->page, (size_t)n * row);
   }
 }
 
 /* The whole file into fd (closed here); 0 or an errno. */
 static int session_write(kvf_ctx *c, const kv_session *ks, double now, int fd) {
-  kvf_out o = {fdopen(fd, "wb"), hash_init};
+  kvf_out o = {fdopen(fd, "wb"), hash_init, false};
   if (!o.f) {
     int err = errno;
     close(fd);
@@ -254,10 +255,11 @@ static int session_write(kvf_ctx *c, const kv_session *ks, double now, int fd) {
   for (int64_t l = 0; l < ks->shape.layers; l++)
     for (int64_t hk = 0; hk < ks->shape.heads_kv; hk++)
       for (int t = 0; t < 2; t++)
-        rows_put(&o, ks, &ks->layers[l], t, hk);
+        rows_put(&o, c, ks, &ks->layers[l], t, hk);
   uint64_t sum = hash_end(&o.hash);
   fwrite(&sum, 1, sizeof sum, o.f);
   int err = fflush(o.f) || ferror(o.f) ? (errno ? errno : EIO) : 0;
+  err = err ? err : o.lost ? EIO : 0;
   if (!err && fsync(fileno(o.f)))
     err = errno;
   if (fclose(o.f) && !err)
@@ -289,11 +291,12 @@ static int save_one(kvf_ctx *c, const kv_session *ks, double now, attn_status *s
                          c->dir, name, strerror(err));
 }
 
-static int ctx_open(const char *dir, kvf_ctx **pc, attn_status *st) {
+static int ctx_open(const attn_kv_store *s, const char *dir, kvf_ctx **pc, attn_status *st) {
   kvf_ctx *c = malloc(sizeof *c);
   if (!c)
     return attn_status_set(st, ATTN_ENOMEM, "out of memory opening the session directory %s", dir);
   c->dir = dir;
+  c->s = s;
   c->dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (c->dfd < 0) {
     free(c);
@@ -311,7 +314,7 @@ static void ctx_close(kvf_ctx *c) {
 
 int64_t attn_kv_save(attn_kv_store *s, const char *dir, double now, attn_status *st) {
   kvf_ctx *c;
-  int rc = ctx_open(dir, &c, st);
+  int rc = ctx_open(s, dir, &c, st);
   if (rc)
     return rc;
   int64_t saved = 0, failed = 0;
@@ -513,17 +516,21 @@ static int header_read(kvf_ctx *c, kvf_in *in, uint64_t size, const char *name, 
 
 /* The rows into ks's pages, then the checksum over the whole file. The
  * lengths stay 0 until the caller commits. */
-static int rows_read(attn_kv_store *s, kv_session *ks, kvf_in *in, const kvf_header *h, char *why) {
+static int rows_read(attn_kv_store *s, kvf_ctx *c, kv_session *ks, kvf_in *in, const kvf_header *h,
+                     char *why) {
   const size_t row = row_bytes(&ks->shape);
+  attn_status st;
   for (int64_t l = 0; l < ks->shape.layers; l++) {
     kv_layer *L = &ks->layers[l];
     attn__kv_grow(s, ks, L, h->length[l]);
     for (int64_t hk = 0; hk < ks->shape.heads_kv; hk++)
       for (int t = 0; t < 2; t++)
         for (int64_t j = 0, n; j < h->length[l]; j += n) {
-          n = run_of(ks, j, h->length[l]);
-          if (!in_get(in, attn__kv_row(ks, L, t, hk, j), (size_t)n * row))
+          n = attn__kv_run(ks, j, h->length[l]);
+          if (!in_get(in, c->page, (size_t)n * row))
             return ends_early(in, why);
+          if (attn__kv_put(s, ks, L, t, hk, j, n, c->page, &st))
+            return why_set(why, "its rows could not be stored: %s", st.message);
         }
   }
   uint64_t sum;
@@ -558,7 +565,7 @@ static int session_read(attn_kv_store *s, kvf_ctx *c, kvf_in *in, double now, ch
     r = 0;
   } else if (!(ks = attn__kv_insert(s, h->tenant, h->id, &h->shape, h->ttl_s, now, &e))) {
     r = insert_failed(s, h, &e, why);
-  } else if (rows_read(s, ks, in, h, why)) {
+  } else if (rows_read(s, c, ks, in, h, why)) {
     attn__kv_remove(s, h->tenant, h->id); /* no call reads it yet */
     r = -1;
   } else {
@@ -702,7 +709,7 @@ int64_t attn_kv_load(attn_kv_store *s, const char *dir, double now,
   kvf_ctx *c;
   char **names;
   size_t n;
-  int rc = ctx_open(dir, &c, st);
+  int rc = ctx_open(s, dir, &c, st);
   if (rc)
     return rc;
   rc = list_dir(c, &names, &n, st);

@@ -2,11 +2,38 @@
  * kvpages.c — the sessions' page pool (kvpages.h).
  */
 #include "kvpages.h"
+#include "handle.h"
 
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 
-int attn__kvpages_open(attn_kvpages *p, uint64_t bytes, attn_status *st) {
+/* The free list of n pages, lowest first: the memory fills from its start. */
+static int free_list(attn_kvpages *p, int64_t n) {
+  p->free = malloc((size_t)n * sizeof *p->free);
+  if (!p->free)
+    return -1;
+  p->npages = p->nfree = n;
+  for (int64_t i = 0; i < n; i++)
+    p->free[i] = (int32_t)(n - 1 - i);
+  return 0;
+}
+
+static int open_on_device(attn_kvpages *p, int64_t n, attn_engine *e, attn_status *st) {
+  void *base = NULL;
+  int rc = attn__engine_pages_open(e, (uint64_t)n * ATTN_KV_PAGE_BYTES, &p->dev, &base, st);
+  if (rc)
+    return rc;
+  if (free_list(p, n) < 0) {
+    p->dev->ops.pages_close(p->dev->state, base);
+    p->dev = NULL;
+    return attn_status_set(st, ATTN_ENOMEM, "out of memory for the session pages' free list");
+  }
+  p->base = base;
+  return 0;
+}
+
+int attn__kvpages_open(attn_kvpages *p, uint64_t bytes, attn_engine *dev, attn_status *st) {
   *p = (attn_kvpages){0};
   int64_t n = (int64_t)(bytes / ATTN_KV_PAGE_BYTES);
   if (n > INT32_MAX)
@@ -16,29 +43,41 @@ int attn__kvpages_open(attn_kvpages *p, uint64_t bytes, attn_status *st) {
                            (unsigned long long)bytes, (long long)INT32_MAX, ATTN_KV_PAGE_BYTES);
   if (n == 0)
     return 0;
+  if (dev)
+    return open_on_device(p, n, dev, st);
   void *m = mmap(NULL, (size_t)n * ATTN_KV_PAGE_BYTES, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  p->free = malloc((size_t)n * sizeof *p->free);
-  if (m == MAP_FAILED || !p->free) {
+  if (m == MAP_FAILED || free_list(p, n) < 0) {
     if (m != MAP_FAILED)
       munmap(m, (size_t)n * ATTN_KV_PAGE_BYTES);
-    free(p->free);
-    p->free = NULL;
+    *p = (attn_kvpages){0};
     return attn_status_set(st, ATTN_ENOMEM, "cannot map %llu bytes of session memory",
                            (unsigned long long)bytes);
   }
   p->base = m;
-  p->npages = p->nfree = n;
-  for (int64_t i = 0; i < n; i++) /* lowest pages first: the mapping fills from its start */
-    p->free[i] = (int32_t)(n - 1 - i);
   return 0;
 }
 
 void attn__kvpages_close(attn_kvpages *p) {
-  if (p->base)
+  if (p->base && p->dev)
+    p->dev->ops.pages_close(p->dev->state, p->base);
+  else if (p->base)
     munmap(p->base, (size_t)p->npages * ATTN_KV_PAGE_BYTES);
   free(p->free);
   *p = (attn_kvpages){0};
+}
+
+int attn__kvpages_copy(const attn_kvpages *p, void *dst, size_t dpitch, const void *src,
+                       size_t spitch, size_t width, size_t rows, attn_status *st) {
+  if (p->dev)
+    return p->dev->ops.pages_copy(p->dev->state, dst, dpitch, src, spitch, width, rows, st);
+  if (dpitch == width && spitch == width) {
+    memcpy(dst, src, width * rows);
+    return 0;
+  }
+  for (size_t r = 0; r < rows; r++)
+    memcpy((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+  return 0;
 }
 
 bool attn__kvpages_reserve(attn_kvpages *p, int64_t n) {

@@ -11,7 +11,7 @@
 #ifndef ATTN_KVPAGES_H
 #define ATTN_KVPAGES_H
 
-#include "engine.h"
+#include "backend.h"
 
 /* Bytes of one page: 64 KiB, 64 to 16384 tokens of one KV head. */
 #define ATTN_KV_PAGE_BYTES ((size_t)64 << 10)
@@ -19,11 +19,18 @@
 typedef struct attn_kvpages {
   char *base;
   int64_t npages, nfree, reserved;
-  int32_t *free; /* a stack of free page numbers */
+  int32_t *free;           /* a stack of free page numbers */
+  const attn_backend *dev; /* the backend whose device holds them; NULL: host memory */
 } attn_kvpages;
 
-/* A pool of bytes / ATTN_KV_PAGE_BYTES pages (0 pages: sessions are off). */
-int attn__kvpages_open(attn_kvpages *p, uint64_t bytes, attn_status *st);
+/* A pool of bytes / ATTN_KV_PAGE_BYTES pages (0 pages: sessions are off),
+ * in host memory, or (dev not NULL) in device memory that dev lends: then
+ * EUNSUPPORTED when it lends none, or its error. */
+int attn__kvpages_open(attn_kvpages *p, uint64_t bytes, attn_engine *dev, attn_status *st);
+/* rows rows of width bytes between host memory and the pool (either side),
+ * pitches the bytes between rows: memcpy for host pages. */
+int attn__kvpages_copy(const attn_kvpages *p, void *dst, size_t dpitch, const void *src,
+                       size_t spitch, size_t width, size_t rows, attn_status *st);
 void attn__kvpages_close(attn_kvpages *p);
 /* Reserves n pages (false: they do not fit), or gives n back. */
 bool attn__kvpages_reserve(attn_kvpages *p, int64_t n);

@@ -9,11 +9,29 @@
 #include <stdlib.h>
 #include <string.h>
 
-int attn_kv_open(attn_engine *e, uint64_t bytes, bool batch, attn_kv_store **ps, attn_status *st) {
+/* The pages on a device when one lends them, else in host memory; a
+ * device that could but refused (too little memory) is said on stderr. */
+static int open_pages(attn_kv_store *s, attn_engine *e, uint64_t bytes, const char *backend,
+                      attn_status *st) {
+  if (e && (!backend || !strcmp(backend, "auto"))) {
+    attn_status why = {0};
+    int rc = attn__kvpages_open(&s->pages, bytes, e, &why);
+    if (rc == 0)
+      return 0;
+    if (rc != ATTN_EUNSUPPORTED)
+      fprintf(stderr, "attn: session pages stay in host memory: %s\n", why.message);
+  } else if (backend && strcmp(backend, "auto") && strcmp(backend, "cpu")) {
+    return attn_status_set(st, ATTN_EINVAL, "a session store is on auto or cpu, not %s", backend);
+  }
+  return attn__kvpages_open(&s->pages, bytes, NULL, st);
+}
+
+int attn_kv_open(attn_engine *e, uint64_t bytes, bool batch, const char *backend,
+                 attn_kv_store **ps, attn_status *st) {
   attn_kv_store *s = calloc(1, sizeof *s);
   if (!s)
     return attn_status_set(st, ATTN_ENOMEM, "out of memory opening the session store");
-  int rc = attn__kvpages_open(&s->pages, bytes, st);
+  int rc = open_pages(s, e, bytes, backend, st);
   if (rc) {
     free(s);
     return rc;
@@ -58,24 +76,28 @@ void attn_kv_close(attn_kv_store *s) {
   free(s);
 }
 
-int64_t attn__kv_page_tokens(const attn_kv_shape *sh) {
-  int64_t row = sh->head_dim * (int64_t)attn_dtype_size(sh->dtype);
+int64_t attn__kv_pitch(const attn_kv_store *s, const attn_kv_shape *sh) {
+  return s->pages.dev ? (sh->head_dim + KV_DEVICE_ALIGN - 1) / KV_DEVICE_ALIGN * KV_DEVICE_ALIGN
+                      : sh->head_dim;
+}
+
+int64_t attn__kv_page_tokens(const attn_kv_store *s, const attn_kv_shape *sh) {
+  int64_t row = attn__kv_pitch(s, sh) * (int64_t)attn_dtype_size(sh->dtype);
   int64_t n = (int64_t)ATTN_KV_PAGE_BYTES / row;
   return n / ATTN_PAGE_MIN_TOKENS * ATTN_PAGE_MIN_TOKENS;
 }
 
-static int64_t pages_per_head(const attn_kv_shape *sh) {
-  int64_t pt = attn__kv_page_tokens(sh);
+static int64_t pages_per_head(const attn_kv_store *s, const attn_kv_shape *sh) {
+  int64_t pt = attn__kv_page_tokens(s, sh);
   return (sh->max_tokens + pt - 1) / pt;
 }
 
-static int64_t reserve_pages(const attn_kv_shape *sh) {
-  return 2 * sh->layers * sh->heads_kv * pages_per_head(sh);
+static int64_t reserve_pages(const attn_kv_store *s, const attn_kv_shape *sh) {
+  return 2 * sh->layers * sh->heads_kv * pages_per_head(s, sh);
 }
 
 uint64_t attn_kv_reserve_bytes(const attn_kv_store *s, const attn_kv_shape *sh) {
-  (void)s;
-  return (uint64_t)reserve_pages(sh) * ATTN_KV_PAGE_BYTES;
+  return (uint64_t)reserve_pages(s, sh) * ATTN_KV_PAGE_BYTES;
 }
 
 static int shape_check(const attn_kv_shape *sh, attn_status *st) {
@@ -170,7 +192,7 @@ static int layers_alloc(kv_session *ks) {
 
 kv_session *attn__kv_insert(attn_kv_store *s, const char *tenant, const char *id,
                             const attn_kv_shape *sh, double ttl_s, double now, attn_status *st) {
-  int64_t need = reserve_pages(sh);
+  int64_t need = reserve_pages(s, sh);
   /* sessions past their TTL that no sweep has dropped yet give way first */
   if (!attn__kvpages_reserve(&s->pages, need) &&
       (expire_locked(s, now) == 0 || !attn__kvpages_reserve(&s->pages, need))) {
@@ -190,8 +212,9 @@ kv_session *attn__kv_insert(attn_kv_store *s, const char *tenant, const char *id
     ks->shape = *sh;
     ks->ttl_s = ttl_s;
     ks->expires = now + ttl_s;
-    ks->page_tokens = attn__kv_page_tokens(sh);
-    ks->pages_per_head = pages_per_head(sh);
+    ks->page_tokens = attn__kv_page_tokens(s, sh);
+    ks->pages_per_head = pages_per_head(s, sh);
+    ks->pitch = attn__kv_pitch(s, sh);
     ks->reserved_pages = need;
   }
   if (!ks || layers_alloc(ks) < 0) {
@@ -357,6 +380,7 @@ void attn_kv_stats_get(attn_kv_store *s, attn_kv_stats *out) {
   *out = s->stats;
   out->sessions = s->nsessions;
   out->page_bytes = (int64_t)ATTN_KV_PAGE_BYTES;
+  out->where = s->pages.dev ? s->pages.dev->ops.name : "host";
   out->pool_bytes = (uint64_t)s->pages.npages * ATTN_KV_PAGE_BYTES;
   out->reserved_bytes = (uint64_t)s->pages.reserved * ATTN_KV_PAGE_BYTES;
   out->used_bytes = (uint64_t)(s->pages.npages - s->pages.nfree) * ATTN_KV_PAGE_BYTES;
@@ -373,11 +397,32 @@ void attn__kv_grow(attn_kv_store *s, kv_session *ks, kv_layer *L, int64_t tokens
     }
 }
 
-void *attn__kv_row(const kv_session *ks, const kv_layer *L, int t, int64_t hk, int64_t j) {
+/* Where row j of KV head hk of L's K (t 0) or V (t 1) lies (a device
+ * address for pages on a device). */
+static char *row_at(const kv_session *ks, const kv_layer *L, int t, int64_t hk, int64_t j) {
   void **table = t ? L->vp : L->kp;
   char *page = table[hk * ks->pages_per_head + j / ks->page_tokens];
-  size_t row = (size_t)ks->shape.head_dim * attn_dtype_size(ks->shape.dtype);
-  return page + (size_t)(j % ks->page_tokens) * row;
+  return page +
+         (size_t)(j % ks->page_tokens) * (size_t)ks->pitch * attn_dtype_size(ks->shape.dtype);
+}
+
+int64_t attn__kv_run(const kv_session *ks, int64_t j, int64_t end) {
+  int64_t n = ks->page_tokens - j % ks->page_tokens;
+  return n < end - j ? n : end - j;
+}
+
+int attn__kv_put(const attn_kv_store *s, const kv_session *ks, const kv_layer *L, int t, int64_t hk,
+                 int64_t j, int64_t n, const void *src, attn_status *st) {
+  size_t es = attn_dtype_size(ks->shape.dtype), row = (size_t)ks->shape.head_dim * es;
+  return attn__kvpages_copy(&s->pages, row_at(ks, L, t, hk, j), (size_t)ks->pitch * es, src, row,
+                            row, (size_t)n, st);
+}
+
+int attn__kv_get(const attn_kv_store *s, const kv_session *ks, const kv_layer *L, int t, int64_t hk,
+                 int64_t j, int64_t n, void *dst, attn_status *st) {
+  size_t es = attn_dtype_size(ks->shape.dtype), row = (size_t)ks->shape.head_dim * es;
+  return attn__kvpages_copy(&s->pages, dst, row, row_at(ks, L, t, hk, j), (size_t)ks->pitch * es,
+                            row, (size_t)n, st);
 }
 
 void attn__kv_reader_done(attn_kv_store *s, kv_session *ks, kv_layer *L) {

@@ -35,6 +35,7 @@ typedef struct kv_session {
   attn_kv_shape shape;
   double ttl_s, expires;
   int64_t page_tokens, pages_per_head;
+  int64_t pitch; /* elements from one row of a page to the next (attn__kv_pitch) */
   int64_t reserved_pages;
   int64_t readers; /* over all layers */
   bool dead;       /* out of the table: freed by its last reader */
@@ -59,8 +60,14 @@ struct attn_kv_store {
   attn_kv_stats stats;  /* the counters; sessions and bytes are filled when read */
 };
 
+/* Pages on a device pad each row to a multiple of this many elements, as
+ * the kernels read them (16-byte aligned rows, padding zero). */
+#define KV_DEVICE_ALIGN 8
+/* Elements from one row of a page to the next: head_dim in host memory,
+ * padded on a device. */
+int64_t attn__kv_pitch(const attn_kv_store *s, const attn_kv_shape *sh);
 /* Tokens a page holds for this shape: a multiple of ATTN_PAGE_MIN_TOKENS. */
-int64_t attn__kv_page_tokens(const attn_kv_shape *sh);
+int64_t attn__kv_page_tokens(const attn_kv_store *s, const attn_kv_shape *sh);
 /* The live session (tenant, id) at now, or NULL. */
 kv_session *attn__kv_find(attn_kv_store *s, const char *tenant, const char *id, double now);
 /* A new session in the table, its reservation taken and its tables made, or
@@ -72,8 +79,16 @@ kv_session *attn__kv_insert(attn_kv_store *s, const char *tenant, const char *id
 void attn__kv_remove(attn_kv_store *s, const char *tenant, const char *id);
 /* Takes pages until layer L of ks has room for `tokens` tokens. */
 void attn__kv_grow(attn_kv_store *s, kv_session *ks, kv_layer *L, int64_t tokens);
-/* Row j of KV head hk of a layer's K (t 0) or V (t 1). */
-void *attn__kv_row(const kv_session *ks, const kv_layer *L, int t, int64_t hk, int64_t j);
+/* Rows from j that lie in j's page, up to end. */
+int64_t attn__kv_run(const kv_session *ks, int64_t j, int64_t end);
+/* Rows [j, j + n) (in one page) of KV head hk of a layer's K (t 0) or V
+ * (t 1), written from src or read into dst (rows of head_dim elements,
+ * packed): memcpy for host pages, a copy to or from the device for others;
+ * 0 or the device's error. */
+int attn__kv_put(const attn_kv_store *s, const kv_session *ks, const kv_layer *L, int t, int64_t hk,
+                 int64_t j, int64_t n, const void *src, attn_status *st);
+int attn__kv_get(const attn_kv_store *s, const kv_session *ks, const kv_layer *L, int t, int64_t hk,
+                 int64_t j, int64_t n, void *dst, attn_status *st);
 /* A reader of ks ended: frees a dead session once its last reader has. */
 void attn__kv_reader_done(attn_kv_store *s, kv_session *ks, kv_layer *L);
 

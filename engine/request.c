@@ -251,6 +251,10 @@ static int validate_pages(const attn_request *r, attn_status *st) {
     return attn_status_set(st, ATTN_EUNSUPPORTED,
                            "the backward pass does not read paged K/V (sessions); pass tensors k "
                            "and v");
+  if (r->page_pitch && (r->page_pitch < r->head_dim || r->page_pitch > ATTN_MAX_HEAD_DIM + 64))
+    return attn_status_set(st, ATTN_EINVAL,
+                           "page_pitch must be 0 (host pages) or from head_dim %lld up, not %lld",
+                           (long long)r->head_dim, (long long)r->page_pitch);
   const int64_t pt = r->page_tokens, pph = r->pages_per_head;
   if (pt < ATTN_PAGE_MIN_TOKENS || pt % ATTN_PAGE_MIN_TOKENS || pt > ATTN_MAX_DIM)
     return attn_status_set(st, ATTN_EINVAL,

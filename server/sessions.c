@@ -237,7 +237,9 @@ int attnd_sessions_open(attnd_server *s) {
   attn_status st;
   if (c->session_memory == 0)
     return 0;
-  if (attn_kv_open(s->engine, c->session_memory, c->session_batch, &s->kv, &st)) {
+  /* on the GPU the server computes on, which holds the pages then */
+  const char *where = strcmp(s->backend, "cuda") ? "cpu" : "auto";
+  if (attn_kv_open(s->engine, c->session_memory, c->session_batch, where, &s->kv, &st)) {
     fprintf(stderr, "attnd: cannot open the session store: %s\n", st.message);
     return -1;
   }

@@ -132,6 +132,23 @@ static void render_budget(attn_sbuf *b, attnd_server *s) {
                    "# TYPE attnd_body_bytes gauge\nattnd_body_bytes %llu\n",
                    (unsigned long long)c->max_queue * c->max_body,
                    (unsigned long long)atomic_load(&s->body_bytes));
+  attn_host_stats hs;
+  attn_engine_host_stats(s->engine, &hs);
+  if (hs.cap == 0) /* no GPU lends any: nothing to show */
+    return;
+  attn_sbuf_printf(b,
+                   "# HELP attnd_pinned_bytes Page-locked host memory of the GPU's pool "
+                   "(--pinned-memory %llu): bytes pinned now, lent to bodies and replies or "
+                   "idle for reuse.\n"
+                   "# TYPE attnd_pinned_bytes gauge\nattnd_pinned_bytes %llu\n"
+                   "# HELP attnd_pinned_lent_bytes Of those, bytes lent to bodies and replies.\n"
+                   "# TYPE attnd_pinned_lent_bytes gauge\nattnd_pinned_lent_bytes %llu\n"
+                   "# HELP attnd_pinned_refused_total Buffers the pool could not lend (full): "
+                   "those bodies and replies were ordinary memory, staged.\n"
+                   "# TYPE attnd_pinned_refused_total counter\n"
+                   "attnd_pinned_refused_total %llu\n",
+                   (unsigned long long)hs.cap, (unsigned long long)hs.pinned,
+                   (unsigned long long)hs.lent, (unsigned long long)hs.refused);
 }
 
 /* The backend requests run on and its kernel ("avx512bf16 kernel, 2

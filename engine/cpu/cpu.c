@@ -376,14 +376,22 @@ static void cpu_describe(void *state, char *buf, size_t cap) {
   snprintf(buf, cap, "%s kernel, %d threads", s->isa->name, attn_pool_threads(s->pool));
 }
 
-/* No supports(): the default takes every valid request, forward or
- * backward. */
+/* Every valid request, forward or backward, but pages a device holds. */
+static int cpu_supports(void *state, const attn_request *r, attn_status *st) {
+  (void)state;
+  if (r->k_pages && r->page_pitch)
+    return attn_status_set(st, ATTN_EUNSUPPORTED,
+                           "these sessions' pages are on a GPU, which computes their calls");
+  return 0;
+}
+
 const struct attn_backend_ops attn__cpu_backend = {
     .name = "cpu",
     .workspace_bytes = cpu_workspace_bytes,
     .open = cpu_open,
     .close = cpu_close,
     .submit = cpu_submit,
+    .supports = cpu_supports,
     .describe = cpu_describe,
     .automatic = true,
 };

@@ -17,8 +17,7 @@
 static size_t elem_size(const cu_slot *sl) { return attn_dtype_size(sl->prm.dtype); }
 
 /* n rows of D elements at src to n rows of dp at dst, padding zeroed. */
-static cudaError_t direct_up(cu_slot *sl, unsigned char *dst, const unsigned char *src,
-                             int64_t n) {
+static cudaError_t direct_up(cu_slot *sl, unsigned char *dst, const unsigned char *src, int64_t n) {
   size_t es = elem_size(sl), d = (size_t)sl->prm.head_dim * es, dp = (size_t)sl->prm.dp * es;
   if (d == dp)
     return cudaMemcpyAsync(dst, src, (size_t)n * d, cudaMemcpyHostToDevice, sl->up);
@@ -61,12 +60,11 @@ cudaError_t attn__cu_upload_group(cu_slot *sl, const attn_request *r, int g, con
     int64_t row0, n = attn__cu_group_rows(sl, g, in[t].kv, &row0);
     unsigned char *dst = dm + sl->off[t] + (size_t)row0 * rowb;
     *what = sl->direct_in[t] ? "the upload" : "packing an input for its upload";
-    cudaError_t e = sl->direct_in[t]
-                        ? direct_up(sl, dst,
-                                    (const unsigned char *)in[t].in +
-                                        (size_t)(row0 * sl->prm.head_dim) * es,
-                                    n)
-                        : packed_up(sl, r, t, row0, n, dst);
+    cudaError_t e =
+        sl->direct_in[t]
+            ? direct_up(sl, dst,
+                        (const unsigned char *)in[t].in + (size_t)(row0 * sl->prm.head_dim) * es, n)
+            : packed_up(sl, r, t, row0, n, dst);
     if (e)
       return e;
   }
@@ -91,8 +89,8 @@ static cudaError_t stats_down(cu_slot *sl, const attn_request *r, int64_t q0, in
       continue;
     size_t at = sl->off_stats[i] + (size_t)q0 * sizeof(float);
     void *dst = sl->direct_stats[i] ? (void *)(stats[i] + q0) : attn__cu_staged(sl, at);
-    cudaError_t e = cudaMemcpyAsync(dst, dm + at, (size_t)n * sizeof(float),
-                                    cudaMemcpyDeviceToHost, sl->down);
+    cudaError_t e =
+        cudaMemcpyAsync(dst, dm + at, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost, sl->down);
     if (e)
       return e;
   }

@@ -24,6 +24,11 @@
  * chunks so each chunk's upload overlaps the packing of the next; such
  * outputs are downloaded into the staging and unpacked there.
  *
+ * Sessions (pages.c): a session store on an engine with a device keeps its
+ * pages in that device's memory; a call's job uploads q and its page
+ * tables and the paged forward instances read K and V in place. Such jobs
+ * run on that device's slots.
+ *
  * A backward job stages Q, K, V, O and dO (and the caller's lse when it
  * has one), scans all five, runs the forward with statistics first when it
  * must recompute lse (its O goes to dQ's buffer, which the backward
@@ -68,10 +73,12 @@ static int cuda_submit(void *state, attn_job *job, attn_status *st) {
 
 static int cuda_supports(void *state, const attn_request *r, attn_status *st) {
   cu_state *s = state;
-  /* A session's pages are host memory the cpu kernel reads in place;
-   * refusing them here makes "auto" pick the cpu backend. */
-  if (r->k_pages)
-    return attn_status_set(st, ATTN_EUNSUPPORTED, "paged K/V (sessions) runs on the cpu backend");
+  /* Host pages are the cpu kernel's; ours (a store on this device) only we read. */
+  if (r->k_pages && !r->page_pitch)
+    return attn_status_set(st, ATTN_EUNSUPPORTED, "host pages (sessions) run on the cpu backend");
+  int rc = r->k_pages ? attn__cu_pages_check(s, r, st) : 0;
+  if (rc)
+    return rc;
   int sms = 0;
   size_t mem = 0;
   bool ok = false;
@@ -85,7 +92,7 @@ static int cuda_supports(void *state, const attn_request *r, attn_status *st) {
     return attn_status_set(st, ATTN_ENODEV, "cuda: no healthy device is left");
   cu_slot probe;
   memset(&probe, 0, sizeof probe);
-  int rc = attn__cu_plan(&probe, r, sms, s->off, st);
+  rc = attn__cu_plan(&probe, r, sms, s->off, st);
   if (rc < 0 && rc != ATTN_EOVERFLOW)
     return rc;
   if (rc < 0 || probe.dev_bytes > mem)
@@ -124,6 +131,17 @@ static bool cuda_host_free(void *state, void *p) {
 
 static void cuda_host_stats(void *state, attn_host_stats *out) {
   attn__cu_pinned_stats(&((cu_state *)state)->pin, out);
+}
+
+static int cuda_pages_open(void *state, uint64_t bytes, void **base, attn_status *st) {
+  return attn__cu_pages_open(state, bytes, base, st);
+}
+
+static void cuda_pages_close(void *state, void *base) { attn__cu_pages_close(state, base); }
+
+static int cuda_pages_copy(void *state, void *dst, size_t dpitch, const void *src, size_t spitch,
+                           size_t width, size_t rows, attn_status *st) {
+  return attn__cu_pages_copy(state, dst, dpitch, src, spitch, width, rows, st);
 }
 
 static void cuda_close(void *state) {
@@ -211,4 +229,7 @@ const struct attn_backend_ops attn__cuda_backend = {
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
     .host_stats = cuda_host_stats,
+    .pages_open = cuda_pages_open,
+    .pages_close = cuda_pages_close,
+    .pages_copy = cuda_pages_copy,
 };

@@ -70,7 +70,8 @@ typedef struct cu_slot {
    * recomputed lse and the backward's D). */
   int nin, nout, ngroups;
   size_t off[5], off_misc, off_scan, off_out[3], off_stats[3], off_lse, off_ws;
-  size_t off_alibi; /* the slopes in log2 units, F32 [B, Hq]; SIZE_MAX: none */
+  size_t off_alibi;  /* the slopes in log2 units, F32 [B, Hq]; SIZE_MAX: none */
+  size_t off_tables; /* a paged job's K then V page tables, int32; SIZE_MAX: none */
   size_t up_end, down_end, dev_bytes;
   /* Tensors copied straight between the device and the caller's memory
    * (contiguous and in the pinned pool): no pack, no unpack. */
@@ -116,6 +117,10 @@ struct cu_state {
   cu_dev devs[ATTN_MAX_CUDA_DEVICES];
   int ndev, streams;
   cu_pinned pin;
+  /* A session store's pages (pages.c): one allocation on one device. */
+  cu_dev *pages_dev;
+  unsigned char *pages_base;
+  size_t pages_bytes;
   pthread_mutex_t mu;
   pthread_cond_t cv;
   attn_job *pend_head, *pend_tail;
@@ -181,6 +186,17 @@ cudaError_t attn__cu_upload_group(cu_slot *sl, const attn_request *r, int g, con
 /* Queues group g's outputs on the download stream: in place (direct), else
  * into the staging. */
 cudaError_t attn__cu_download_group(cu_slot *sl, const attn_request *r, int g);
+
+/* ---- pages.c: a session store's pages on a device ------------------------- */
+
+int attn__cu_pages_open(cu_state *s, uint64_t bytes, void **base, attn_status *st);
+void attn__cu_pages_close(cu_state *s, void *base);
+int attn__cu_pages_copy(cu_state *s, void *dst, size_t dpitch, const void *src, size_t spitch,
+                        size_t width, size_t rows, attn_status *st);
+/* Whether a paged request's pages are this backend's, in rows it reads. */
+int attn__cu_pages_check(const cu_state *s, const attn_request *r, attn_status *st);
+/* The request's page tables as page numbers of the pool. */
+void attn__cu_page_tables(const cu_state *s, const attn_request *r, int32_t *kt, int32_t *vt);
 
 /* ---- pinned.c: page-locked host memory lent to callers -------------------- */
 

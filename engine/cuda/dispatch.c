@@ -26,11 +26,13 @@ static void release(cu_state *s, cu_slot *sl) {
   pthread_mutex_unlock(&s->mu);
 }
 
-/* A free slot on a healthy device, spreading jobs over devices; mu held. */
-static cu_slot *free_slot(cu_state *s) {
+/* A free slot on a healthy device for job, spreading jobs over devices
+ * (a paged job: on the device its pages are on); mu held. */
+static cu_slot *free_slot(cu_state *s, const attn_job *job) {
+  const cu_dev *only = job->req.k_pages ? s->pages_dev : NULL;
   for (int k = 0; k < s->ndev; k++) {
     cu_dev *d = &s->devs[(s->next_dev + k) % s->ndev];
-    if (!d->healthy || d->busy == d->nslots)
+    if (!d->healthy || d->busy == d->nslots || (only && d != only))
       continue;
     for (int i = 0; i < d->nslots; i++)
       if (!d->slots[i].job) {
@@ -110,6 +112,14 @@ static bool deadline_passed(const struct timespec *t) {
   return now.tv_sec > t->tv_sec || (now.tv_sec == t->tv_sec && now.tv_nsec >= t->tv_nsec);
 }
 
+/* Whether no device can take job: none healthy is left, or (paged) the
+ * one its pages are on is not. */
+static bool hopeless(cu_state *s, const attn_job *job) {
+  if (job->req.k_pages)
+    return !s->pages_dev || !s->pages_dev->healthy;
+  return !attn__cu_any_healthy(s);
+}
+
 /* A slot thread's step on its job: start it (failing it at once if that
  * fails), or finish it. Returns with mu held, as it was called. */
 static void slot_step(cu_state *s, cu_slot *sl) {
@@ -173,8 +183,8 @@ static void *dispatcher(void *arg) {
   pthread_mutex_lock(&s->mu);
   for (;;) {
     if (s->pend_head) {
-      cu_slot *sl = free_slot(s);
-      if (sl || !attn__cu_any_healthy(s)) {
+      cu_slot *sl = free_slot(s, s->pend_head);
+      if (sl || hopeless(s, s->pend_head)) {
         assign(s, sl);
         continue;
       }

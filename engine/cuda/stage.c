@@ -12,6 +12,7 @@
 #include "cuda_int.h"
 
 #include "check.h"
+#include "kvpages.h"
 
 #include <math.h>
 #include <string.h>
@@ -23,6 +24,8 @@ static size_t align_up(size_t x) { return (x + ALIGN - 1) / ALIGN * ALIGN; }
 
 int attn__cu_inputs(const attn_request *r, cu_tensor t[5]) {
   t[0] = (cu_tensor){"q", r->q, NULL, r->q_stride, false};
+  if (r->k_pages) /* K and V are on the device already */
+    return 1;
   t[1] = (cu_tensor){"k", r->k, NULL, r->k_stride, true};
   t[2] = (cu_tensor){"v", r->v, NULL, r->v_stride, true};
   if (r->pass != ATTN_BACKWARD)
@@ -72,6 +75,13 @@ static int shape_of(const attn_request *r, attn_cu_params *p, attn_status *st) {
   /* softcap and ALiBi in log2 units, as the kernels keep scores */
   p->cap2 = (float)(r->softcap * M_LOG2E);
   p->inv_cap2 = r->softcap > 0 ? (float)(1.0 / (r->softcap * M_LOG2E)) : 0.0f;
+  if (r->k_pages) { /* the tables' device addresses come with the job's memory */
+    static const int32_t placeholder[1];
+    p->k_table = p->v_table = placeholder; /* for the selection: a paged instance */
+    p->page_bytes = ATTN_KV_PAGE_BYTES;
+    p->page_tokens = (int)r->page_tokens;
+    p->pages_per_head = (int)r->pages_per_head;
+  }
   return 0;
 }
 
@@ -105,7 +115,9 @@ static int plan_groups(cu_slot *sl, const attn_request *r, int sms, unsigned off
   int64_t per = p->batch > 1 ? p->heads_kv : 1; /* units per batch-entry step */
   int64_t steps = p->batch > 1 ? p->batch : p->heads_kv;
   size_t bytes = input_bytes(sl, r);
-  int64_t want = r->pass == ATTN_FORWARD && bytes >= GROUP_MIN ? (int64_t)(bytes / GROUP_BYTES) : 1;
+  int64_t want = r->pass == ATTN_FORWARD && !r->k_pages && bytes >= GROUP_MIN
+                     ? (int64_t)(bytes / GROUP_BYTES)
+                     : 1;
   want = want < steps ? want : steps;
   want = want < CU_MAX_GROUPS ? want : CU_MAX_GROUPS;
   int64_t each = (steps + want - 1) / want;
@@ -166,6 +178,9 @@ static bool layout(cu_slot *sl, const attn_request *r) {
   x += bwd && r->lse_in ? lse_bytes : 0;
   sl->off_alibi = r->alibi_slopes ? x : SIZE_MAX;
   x += r->alibi_slopes ? align_up((size_t)p->batch * p->heads_q * sizeof(float)) : 0;
+  size_t tables = (size_t)p->batch * p->heads_kv * p->pages_per_head * sizeof(int32_t);
+  sl->off_tables = r->k_pages ? x : SIZE_MAX;
+  x += r->k_pages ? 2 * align_up(tables) : 0;
   sl->off_scan = x;
   x = align_up(x + (size_t)sl->ngroups * sl->nin * sizeof(attn_cu_scan_result));
   sl->up_end = x;
@@ -297,6 +312,11 @@ void attn__cu_stage_misc(cu_slot *sl, const attn_request *r) {
       for (int64_t h = 0; h < r->heads_q; h++)
         a2[b * r->heads_q + h] = (float)(-attn_request_alibi_slope(r, b, h) * M_LOG2E);
   }
+  if (r->k_pages) {
+    size_t n = (size_t)(r->batch * r->heads_kv * r->pages_per_head);
+    int32_t *kt = (int32_t *)(void *)attn__cu_staged(sl, sl->off_tables);
+    attn__cu_page_tables(sl->dev->state, r, kt, kt + align_up(n * sizeof(int32_t)) / 4);
+  }
   attn_cu_scan_result *scan = (attn_cu_scan_result *)(void *)attn__cu_staged(sl, sl->off_scan);
   for (int t = 0; t < sl->ngroups * sl->nin; t++)
     scan[t] = (attn_cu_scan_result){.first_bad = ~0ull, .maxabs_bits = 0, .pad_ = 0};
@@ -312,8 +332,10 @@ static void group_pointers(cu_slot *sl, int g) {
   attn__cu_group_rows(sl, g, true, &k0);
   attn_cu_params *gp = &gr->prm;
   gp->q = (const unsigned char *)p->q + (size_t)q0 * row;
-  gp->k = (const unsigned char *)p->k + (size_t)k0 * row;
-  gp->v = (const unsigned char *)p->v + (size_t)k0 * row;
+  gp->k = p->k ? (const unsigned char *)p->k + (size_t)k0 * row : NULL;
+  gp->v = p->v ? (const unsigned char *)p->v + (size_t)k0 * row : NULL;
+  gp->k_table = p->k_table, gp->v_table = p->v_table; /* a paged job is one group */
+  gp->page_base = p->page_base;
   gp->o = (unsigned char *)p->o + (size_t)q0 * row;
   gp->m = p->m ? p->m + q0 : NULL;
   gp->l = p->l ? p->l + q0 : NULL;
@@ -323,11 +345,25 @@ static void group_pointers(cu_slot *sl, int g) {
   gp->split_ws = gr->ch.nsplit > 1 ? p->split_ws : NULL;
 }
 
+/* A paged job's tables and pool, instead of packed K and V. */
+static void paged_pointers(cu_slot *sl, const attn_request *r, unsigned char *dm) {
+  attn_cu_params *p = &sl->prm;
+  size_t n = (size_t)(r->batch * r->heads_kv * r->pages_per_head) * sizeof(int32_t);
+  p->k = p->v = NULL;
+  p->k_table = (const int32_t *)(void *)(dm + sl->off_tables);
+  p->v_table = (const int32_t *)(void *)(dm + sl->off_tables + align_up(n));
+  p->page_base = sl->dev->state->pages_base;
+}
+
 void attn__cu_set_pointers(cu_slot *sl, const attn_request *r, unsigned char *dm) {
   attn_cu_params *p = &sl->prm;
   p->q = dm + sl->off[0];
-  p->k = dm + sl->off[1];
-  p->v = dm + sl->off[2];
+  if (r->k_pages) {
+    paged_pointers(sl, r, dm);
+  } else {
+    p->k = dm + sl->off[1];
+    p->v = dm + sl->off[2];
+  }
   p->alibi2 = r->alibi_slopes ? (const float *)(dm + sl->off_alibi) : NULL;
   if (r->pass == ATTN_BACKWARD) {
     p->o = dm + sl->off[3];
@@ -373,7 +409,8 @@ int attn__cu_check_scan(cu_slot *sl, const attn_request *r, attn_status *st) {
   const unsigned dp = (unsigned)sl->prm.dp;
   cu_tensor in[5];
   attn__cu_inputs(r, in);
-  double mx[3];
+  /* paged: K and V were checked finite when the store took them */
+  double mx[3] = {0, r->k_pages ? r->kv_absmax[0] : 0, r->k_pages ? r->kv_absmax[1] : 0};
   for (int t = 0; t < sl->nin; t++) {
     attn_cu_scan_result sc = merged_scan(sl, in[t].kv, t);
     if (sc.first_bad != ~0ull) {

@@ -479,6 +479,23 @@ cudaError_t cudaMallocFromPoolAsync(void **ptr, size_t size, cudaMemPool_t pool,
   return *ptr ? cudaSuccess : fail(cudaErrorMemoryAllocation);
 }
 
+/* Synchronous: the session pages' pool and its copies (engine/cuda/pages.c). */
+cudaError_t cudaMalloc(void **ptr, size_t size) {
+  pthread_mutex_lock(&g_mu);
+  bool oom = g_k.fail_alloc > 0 || g_dev_bytes + size > g_k.mem_total;
+  if (g_k.fail_alloc > 0)
+    g_k.fail_alloc--;
+  pthread_mutex_unlock(&g_mu);
+  if (oom)
+    return fail(cudaErrorMemoryAllocation);
+  *ptr = dev_alloc(size);
+  return *ptr ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+}
+cudaError_t cudaMemset(void *ptr, int value, size_t n) {
+  memset(ptr, value, n);
+  return cudaSuccess;
+}
+
 static void free_op(void *arg) { dev_free(arg); }
 cudaError_t cudaFreeAsync(void *ptr, cudaStream_t s) {
   enqueue(s, free_op, ptr, false, OP_ALWAYS);
@@ -533,6 +550,21 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
   copy2d_arg *c = malloc(sizeof *c);
   *c = (copy2d_arg){dst, src, dpitch, spitch, width, height, -1};
   enqueue_logged(s, copy2d_op, c, true, 0, log_add(copy_kind(kind), s, dst, src, width * height));
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                         size_t height, enum cudaMemcpyKind kind) {
+  if (width > dpitch || width > spitch)
+    return fail(cudaErrorInvalidPitchValue);
+  pthread_mutex_lock(&g_mu);
+  bool broken = g_dev_fault[g_current & 15];
+  pthread_mutex_unlock(&g_mu);
+  if (broken)
+    return fail(cudaErrorIllegalAddress);
+  int log = log_add(copy_kind(kind), NULL, dst, src, width * height);
+  log_stamp(log, false);
+  copy2d_op(&(copy2d_arg){dst, src, dpitch, spitch, width, height, -1});
+  log_stamp(log, true);
   return cudaSuccess;
 }
 cudaError_t cudaMemset2DAsync(void *dst, size_t pitch, int value, size_t width, size_t height,

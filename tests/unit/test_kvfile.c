@@ -80,7 +80,7 @@ typedef struct spec {
 static attn_kv_store *store(uint64_t bytes) {
   attn_kv_store *s;
   attn_status st;
-  cr_assert_eq(attn_kv_open(NULL, bytes, false, &s, &st), 0, "%s", st.message);
+  cr_assert_eq(attn_kv_open(NULL, bytes, false, "cpu", &s, &st), 0, "%s", st.message);
   return s;
 }
 
@@ -106,21 +106,23 @@ static void make(attn_kv_store *s, const spec *p) {
   pthread_mutex_lock(&s->mu);
   kv_session *ks = attn__kv_find(s, p->tenant, p->id, p->made);
   cr_assert(ks);
+  unsigned char *r = malloc(row);
   for (int64_t l = 0; l < p->sh.layers; l++) {
     kv_layer *L = &ks->layers[l];
     attn__kv_grow(s, ks, L, p->len[l]);
     for (int t = 0; t < 2; t++)
       for (int64_t h = 0; h < p->sh.heads_kv; h++)
         for (int64_t j = 0; j < p->len[l]; j++) {
-          unsigned char *r = attn__kv_row(ks, L, t, h, j);
           for (size_t b = 0; b < row; b++)
             r[b] = pat(p->seed, l, t, h, j, b);
+          cr_assert_eq(attn__kv_put(s, ks, L, t, h, j, 1, r, &st), 0, "%s", st.message);
         }
     L->length = p->len[l];
     L->absmax[0] = amax(l, 0);
     L->absmax[1] = amax(l, 1);
   }
   pthread_mutex_unlock(&s->mu);
+  free(r);
 }
 
 /* Session p in s as it was made, with `left` seconds of its TTL at now. */
@@ -141,6 +143,7 @@ static void expect_same(attn_kv_store *s, const spec *p, double now, double left
   pthread_mutex_lock(&s->mu);
   kv_session *ks = attn__kv_find(s, p->tenant, p->id, now);
   int64_t bad = 0;
+  unsigned char *r = malloc(row);
   for (int64_t l = 0; l < p->sh.layers; l++) {
     const kv_layer *L = &ks->layers[l];
     cr_expect_eq(lens[l], p->len[l], "('%s', '%s') layer %lld", p->tenant, p->id, (long long)l);
@@ -149,12 +152,13 @@ static void expect_same(attn_kv_store *s, const spec *p, double now, double left
     for (int t = 0; t < 2; t++)
       for (int64_t h = 0; h < p->sh.heads_kv; h++)
         for (int64_t j = 0; j < L->length && j < p->len[l]; j++) {
-          const unsigned char *r = attn__kv_row(ks, L, t, h, j);
+          cr_assert_eq(attn__kv_get(s, ks, L, t, h, j, 1, r, &st), 0, "%s", st.message);
           for (size_t b = 0; b < row; b++)
             bad += r[b] != pat(p->seed, l, t, h, j, b);
         }
   }
   pthread_mutex_unlock(&s->mu);
+  free(r);
   cr_expect_eq(bad, 0, "('%s', '%s'): %lld bytes differ", p->tenant, p->id, (long long)bad);
 }
 

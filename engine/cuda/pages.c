@@ -1,0 +1,104 @@
+/*
+ * pages.c — a session store's pages in device memory (the backend's
+ * pages_open, pages_close and pages_copy ops), and a paged job's page
+ * tables.
+ *
+ * The store (engine/kvpages.c) keeps its free list and page tables on the
+ * host as ever; only the pages' bytes live here, in one allocation on the
+ * first healthy device, zeroed so that the padding columns of every row
+ * (rows are dp elements: the kernels' packed layout) stay zero for good.
+ * Appends arrive as small synchronous copies into their rows, saves and
+ * loads as copies out and in; a call's job uploads only its page numbers
+ * (int32, FlashAttention's block_table) beside q, and the kernels read K
+ * and V where they lie. Jobs with pages run on that device.
+ */
+#include "cuda_int.h"
+
+#include "kvpages.h"
+
+#include <string.h>
+
+int attn__cu_pages_open(cu_state *s, uint64_t bytes, void **base, attn_status *st) {
+  cu_dev *d = NULL;
+  for (int i = 0; i < s->ndev && !d; i++)
+    d = s->devs[i].healthy ? &s->devs[i] : NULL;
+  if (!d)
+    return attn_status_set(st, ATTN_ENODEV, "cuda: no healthy device is left for session pages");
+  if (s->pages_base)
+    return attn_status_set(st, ATTN_EINVAL, "cuda: one session store per engine");
+  cudaError_t e;
+  void *p = NULL;
+  if ((e = cudaSetDevice(d->ordinal)) || (e = cudaMalloc(&p, bytes)) ||
+      (e = cudaMemset(p, 0, bytes))) {
+    cudaGetLastError();
+    if (p)
+      cudaFree(p);
+    size_t fr = 0, tot = 0;
+    cudaMemGetInfo(&fr, &tot);
+    return attn_status_set(st, ATTN_ENOMEM,
+                           "cuda device %d cannot hold %llu MiB of session pages (%zu MiB free "
+                           "of %zu: %s); give --session-memory less",
+                           d->ordinal, (unsigned long long)(bytes >> 20), fr >> 20, tot >> 20,
+                           cudaGetErrorString(e));
+  }
+  s->pages_dev = d;
+  s->pages_base = p;
+  s->pages_bytes = bytes;
+  *base = p;
+  return 0;
+}
+
+void attn__cu_pages_close(cu_state *s, void *base) {
+  if (!base || base != s->pages_base)
+    return;
+  cudaSetDevice(s->pages_dev->ordinal);
+  cudaFree(base);
+  s->pages_base = NULL;
+  s->pages_dev = NULL;
+}
+
+static bool in_pages(const cu_state *s, const void *p) {
+  const unsigned char *c = p;
+  return s->pages_base && c >= s->pages_base && c < s->pages_base + s->pages_bytes;
+}
+
+int attn__cu_pages_copy(cu_state *s, void *dst, size_t dpitch, const void *src, size_t spitch,
+                        size_t width, size_t rows, attn_status *st) {
+  cu_dev *d = s->pages_dev;
+  if (!d || !d->healthy)
+    return attn_status_set(st, ATTN_EDEVICE, "cuda: the device holding the session pages %s",
+                           d ? d->why : "is gone");
+  enum cudaMemcpyKind kind = in_pages(s, dst) ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+  cudaError_t e = cudaSetDevice(d->ordinal);
+  if (!e)
+    e = cudaMemcpy2D(dst, dpitch, src, spitch, width, rows, kind);
+  if (!e)
+    return 0;
+  cudaGetLastError();
+  if (attn__cu_sticky(e))
+    attn__cu_mark_unhealthy(d, "a session page copy", e);
+  return attn__cu_fail(st, ATTN_EDEVICE, "copying session pages", e);
+}
+
+int attn__cu_pages_check(const cu_state *s, const attn_request *r, attn_status *st) {
+  if (!s->pages_base || !in_pages(s, r->k_pages[0]) || !in_pages(s, r->v_pages[0]))
+    return attn_status_set(st, ATTN_EUNSUPPORTED, "cuda: these pages are not this device's");
+  if (r->page_pitch != attn_cu_dp(r->head_dim))
+    return attn_status_set(st, ATTN_EUNSUPPORTED,
+                           "cuda: pages must hold rows of %d elements (the padded head dim), not "
+                           "%lld",
+                           attn_cu_dp(r->head_dim), (long long)r->page_pitch);
+  if (!s->pages_dev->healthy)
+    return attn_status_set(st, ATTN_ENODEV, "cuda: the device holding the session pages %s",
+                           s->pages_dev->why);
+  return 0;
+}
+
+void attn__cu_page_tables(const cu_state *s, const attn_request *r, int32_t *kt, int32_t *vt) {
+  size_t n = (size_t)(r->batch * r->heads_kv * r->pages_per_head);
+  for (size_t i = 0; i < n; i++) { /* a page past a layer's last is never read: 0 */
+    const unsigned char *k = r->k_pages[i], *v = r->v_pages[i];
+    kt[i] = k ? (int32_t)((size_t)(k - s->pages_base) / ATTN_KV_PAGE_BYTES) : 0;
+    vt[i] = v ? (int32_t)((size_t)(v - s->pages_base) / ATTN_KV_PAGE_BYTES) : 0;
+  }
+}

@@ -1,0 +1,288 @@
+/*
+ * test_sessions_gpu.c — sessions whose pages live on the device, on the
+ * mock runtime: a store on an engine with a GPU puts its pages in device
+ * memory (rows padded to the kernels' dp, the padding zero), appends are
+ * small copies into them, a call's job uploads only q and its page tables
+ * and the paged kernel reads K and V in place; prefill and decode match
+ * the float64 reference in every dtype, a batch call matches its entries
+ * alone, a store saved from the device loads back (on the device or in
+ * host memory), a device lost fails the calls and not the process, and a
+ * store the device cannot hold stays in host memory.
+ */
+#include "cuda/kernels.h"
+#include "helpers.h"
+#include "kvcalls.h"
+#include "kvstore_int.h"
+#include "mock.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MIB ((uint64_t)1 << 20)
+
+static void reset(void) { mock_defaults(); }
+
+static attn_engine *open_gpu(void) {
+  attn_config cfg;
+  attn_config_init(&cfg);
+  cfg.threads = 2;
+  cfg.cuda_streams = 2;
+  attn_engine *e;
+  attn_status st;
+  cr_assert_eq(attn_engine_open(&cfg, &e, &st), 0, "%s", st.message);
+  return e;
+}
+
+static const char *where(attn_kv_store *kv) {
+  attn_kv_stats s;
+  attn_kv_stats_get(kv, &s);
+  return s.where;
+}
+
+/* Prefill pre tokens, then decode one at a time to s->n; failures counted. */
+static int decode(attn_kv_store *kv, const char *id, const tkv_stream *s, int64_t pre,
+                  const char *what) {
+  int fails = 0;
+  for (int64_t pos = 0; pos < s->n;) {
+    int64_t n = pos == 0 ? pre : 1;
+    tkv_reply y;
+    attn_status st;
+    cr_assert_eq(tkv_call1(kv, "", id, s, &tkv_plain, pos, n, pos, n, &y, 0, &st), 0, "%s: %s",
+                 what, st.message);
+    cr_expect_str_eq(y.backend ? y.backend : "(none)", "cuda", "%s: the job ran on the GPU", what);
+    double err = tkv_ref_error(s, &tkv_plain, pos, n, pos + n, &y);
+    if (!(err <= ttol(s->dt))) {
+      fails++;
+      cr_log_error("%s: pos %lld: error %.3g > %.3g", what, (long long)pos, err, ttol(s->dt));
+    }
+    tkv_reply_free(&y);
+    pos += n;
+  }
+  return fails;
+}
+
+/* Bytes of the padding columns of every page of ks's layer 0 that are
+ * not zero (device memory is host memory on the mock). */
+static long nonzero_padding(attn_kv_store *kv, const char *id) {
+  pthread_mutex_lock(&kv->mu);
+  kv_session *ks = attn__kv_find(kv, "", id, 0);
+  cr_assert(ks);
+  const size_t es = attn_dtype_size(ks->shape.dtype);
+  long bad = 0;
+  const kv_layer *L = &ks->layers[0];
+  for (int64_t i = 0; i < ks->shape.heads_kv * ks->pages_per_head; i++)
+    for (int t = 0; t < 2 && (t ? L->vp : L->kp)[i]; t++) {
+      const unsigned char *page = (t ? L->vp : L->kp)[i];
+      for (int64_t r = 0; r < ks->page_tokens; r++)
+        for (size_t b = (size_t)ks->shape.head_dim * es; b < (size_t)ks->pitch * es; b++)
+          bad += page[(size_t)r * (size_t)ks->pitch * es + b] != 0;
+    }
+  pthread_mutex_unlock(&kv->mu);
+  return bad;
+}
+
+Test(sessions_gpu, prefill_and_decode_on_the_device_match_float64, .init = reset) {
+  attn_engine *e = open_gpu();
+  attn_kv_store *kv = tkv_open_store(e, 64 * MIB, false, NULL);
+  cr_assert_str_eq(where(kv), "cuda", "the pages live on the GPU");
+  const attn_dtype dts[3] = {ATTN_F32, ATTN_F16, ATTN_BF16};
+  const int64_t dims[2] = {64, 37}; /* 37: rows padded to 40 on the device */
+  int fails = 0;
+  for (int i = 0; i < 3; i++)
+    for (int k = 0; k < 2; k++) {
+      char id[32], what[64];
+      snprintf(id, sizeof id, "s%d-%d", i, k);
+      snprintf(what, sizeof what, "%s D=%lld", attn_dtype_name(dts[i]), (long long)dims[k]);
+      tkv_stream s = tkv_stream_make(4, 2, dims[k], 150, dts[i], 40 + (uint64_t)(3 * i + k));
+      tkv_make(kv, "", id, &s, 1, 200, 60, 0);
+      fails += decode(kv, id, &s, 100, what);
+      cr_expect_eq(nonzero_padding(kv, id), 0, "%s: the rows' padding stays zero", what);
+      tkv_stream_free(&s);
+    }
+  cr_expect_eq(fails, 0, "%d steps off the reference", fails);
+  attn_kv_close(kv);
+  attn_engine_close(e);
+  cr_expect_eq(mock_device_bytes(), 0, "device memory left");
+}
+
+Test(sessions_gpu, a_decode_step_moves_q_and_page_numbers_not_the_cache, .init = reset) {
+  attn_engine *e = open_gpu();
+  attn_kv_store *kv = tkv_open_store(e, 64 * MIB, false, NULL);
+  tkv_stream s = tkv_stream_make(8, 2, 64, 2001, ATTN_BF16, 5);
+  tkv_make(kv, "", "d", &s, 1, 4096, 60, 0);
+  tkv_reply y;
+  attn_status st;
+  cr_assert_eq(tkv_call1(kv, "", "d", &s, &tkv_plain, 0, 2000, 0, 2000, &y, 0, &st), 0, "%s",
+               st.message);
+  tkv_reply_free(&y);
+  mock_log_reset();
+  cr_assert_eq(tkv_call1(kv, "", "d", &s, &tkv_plain, 2000, 1, 2000, 1, &y, 0, &st), 0, "%s",
+               st.message);
+  cr_expect_leq(tkv_ref_error(&s, &tkv_plain, 2000, 1, 2001, &y), ttol(ATTN_BF16));
+  tkv_reply_free(&y);
+  static mock_op log[MOCK_LOG_MAX];
+  int n = mock_log(log, MOCK_LOG_MAX);
+  size_t up = 0, appended = 0;
+  int kernels = 0;
+  for (int i = 0; i < n; i++) {
+    if (log[i].kind == MOCK_UPLOAD && !log[i].stream) /* the store's synchronous appends */
+      appended += log[i].bytes;
+    else if (log[i].kind == MOCK_UPLOAD)
+      up += log[i].bytes;
+    kernels += log[i].kind == MOCK_KERNEL;
+  }
+  const size_t cache = 2 * 2 * 2001 * 64 * 2; /* K and V of 2001 tokens */
+  cr_expect_eq(appended, 2 * 2 * 64 * 2, "one new row of K and of V per KV head");
+  cr_expect_lt(up, cache / 50, "the job uploaded %zu bytes; the cache is %zu", up, cache);
+  cr_expect_eq(kernels, 1, "one launch");
+  tkv_stream_free(&s);
+  attn_kv_close(kv);
+  attn_engine_close(e);
+}
+
+/* A decode step of three sessions as one call: q [Hq, 3, D], one row each. */
+static int batch_step(attn_kv_store *kv, const tkv_stream *s, const int64_t *pos, void *o,
+                      attn_status *st) {
+  const int64_t hq = s[0].hq, hkv = s[0].hkv, d = s[0].d;
+  const size_t es = attn_dtype_size(s[0].dt), w = (size_t)d * es;
+  char *q = malloc((size_t)(hq * 3) * w), *k = malloc((size_t)(hkv * 3) * w),
+       *v = malloc((size_t)(hkv * 3) * w);
+  static const char *const ids[3] = {"b0", "b1", "b2"};
+  attn_kv_entry en[3];
+  for (int i = 0; i < 3; i++) {
+    en[i] = (attn_kv_entry){.id = ids[i], .pos = pos[i], .n_new = 1, .kv_off = i};
+    for (int64_t h = 0; h < hq; h++)
+      memcpy(q + (size_t)(h * 3 + i) * w, (const char *)s[i].q + (size_t)(h * s[i].n + pos[i]) * w,
+             w);
+    for (int64_t h = 0; h < hkv; h++) {
+      memcpy(k + (size_t)(h * 3 + i) * w, (const char *)s[i].k + (size_t)(h * s[i].n + pos[i]) * w,
+             w);
+      memcpy(v + (size_t)(h * 3 + i) * w, (const char *)s[i].v + (size_t)(h * s[i].n + pos[i]) * w,
+             w);
+    }
+  }
+  int64_t cu[4] = {0, 1, 2, 3};
+  attn_kv_call c = {.tenant = "", .layer = 0, .nentries = 3, .entries = en};
+  attn_request_init(&c.req);
+  c.req.heads_q = hq, c.req.heads_kv = hkv, c.req.head_dim = d, c.req.seq_q = 3;
+  c.req.dtype = s[0].dt, c.req.causal = true, c.req.cu_seqlens_q = cu;
+  c.req.q = q, c.req.o = o;
+  c.k_new = k, c.v_new = v, c.total_new = 3;
+  int rc = tkv_run(kv, &c, 0, st);
+  free(q);
+  free(k);
+  free(v);
+  return rc;
+}
+
+Test(sessions_gpu, a_batch_call_matches_its_entries, .init = reset) {
+  attn_engine *e = open_gpu();
+  attn_kv_store *kv = tkv_open_store(e, 64 * MIB, false, NULL);
+  const int64_t pre[3] = {1, 300, 129}; /* different lengths: one page, several, a boundary */
+  tkv_stream s[3];
+  static const char *const ids[3] = {"b0", "b1", "b2"};
+  for (int i = 0; i < 3; i++) {
+    s[i] = tkv_stream_make(4, 2, 64, pre[i] + 1, ATTN_F16, 70 + (uint64_t)i);
+    tkv_make(kv, "", ids[i], &s[i], 1, 512, 60, 0);
+    tkv_reply y;
+    attn_status st;
+    cr_assert_eq(tkv_call1(kv, "", ids[i], &s[i], &tkv_plain, 0, pre[i], 0, pre[i], &y, 0, &st), 0,
+                 "%s", st.message);
+    tkv_reply_free(&y);
+  }
+  void *o = calloc(4 * 3 * 64, 2);
+  attn_status st;
+  cr_assert_eq(batch_step(kv, s, pre, o, &st), 0, "%s", st.message);
+  for (int i = 0; i < 3; i++) {
+    tkv_reply y = {.o = tkv_rows_of(o, 4, 3, 64, ATTN_F16, i, 1)};
+    double err = tkv_ref_error(&s[i], &tkv_plain, pre[i], 1, pre[i] + 1, &y);
+    cr_expect_leq(err, ttol(ATTN_F16), "entry %d (%lld keys): error %.3g", i,
+                  (long long)pre[i] + 1, err);
+    free(y.o);
+    tkv_stream_free(&s[i]);
+  }
+  free(o);
+  attn_kv_close(kv);
+  attn_engine_close(e);
+}
+
+Test(sessions_gpu, a_store_saved_from_the_device_loads_back_anywhere, .init = reset) {
+  char dir[] = "/tmp/attn-gpu-kv-XXXXXX";
+  cr_assert(mkdtemp(dir));
+  attn_engine *e = open_gpu();
+  tkv_stream s = tkv_stream_make(4, 2, 37, 301, ATTN_BF16, 9);
+  attn_status st;
+  for (int round = 0; round < 2; round++) {
+    attn_kv_store *kv = tkv_open_store(e, 64 * MIB, false, NULL);
+    tkv_make(kv, "", "p", &s, 1, 400, 600, 0);
+    tkv_reply y;
+    cr_assert_eq(tkv_call1(kv, "", "p", &s, &tkv_plain, 0, 300, 0, 300, &y, 0, &st), 0, "%s",
+                 st.message);
+    tkv_reply_free(&y);
+    cr_assert_eq(attn_kv_save(kv, dir, 0, &st), 1, "%s", st.message);
+    attn_kv_close(kv);
+    /* back on the device, then (round 1) into host memory: the file holds rows, not pages */
+    kv = tkv_open_store(e, 64 * MIB, false, round ? "cpu" : NULL);
+    cr_assert_str_eq(where(kv), round ? "host" : "cuda");
+    cr_assert_eq(attn_kv_load(kv, dir, 0, NULL, NULL, &st), 1, "%s", st.message);
+    cr_assert_eq(tkv_call1(kv, "", "p", &s, &tkv_plain, 300, 1, 300, 1, &y, 0, &st), 0, "%s",
+                 st.message);
+    cr_expect_leq(tkv_ref_error(&s, &tkv_plain, 300, 1, 301, &y), ttol(ATTN_BF16),
+                  "round %d: the loaded cache attends as the saved one", round);
+    cr_expect_str_eq(y.backend, round ? "cpu" : "cuda");
+    tkv_reply_free(&y);
+    attn_kv_close(kv);
+  }
+  tkv_stream_free(&s);
+  attn_engine_close(e);
+  rmdir(dir);
+}
+
+Test(sessions_gpu, a_lost_device_fails_the_calls, .init = reset) {
+  attn_engine *e = open_gpu();
+  attn_kv_store *kv = tkv_open_store(e, 64 * MIB, false, NULL);
+  tkv_stream s = tkv_stream_make(4, 2, 64, 40, ATTN_F32, 3);
+  tkv_make(kv, "", "x", &s, 1, 64, 60, 0);
+  tkv_reply y;
+  attn_status st;
+  cr_assert_eq(tkv_call1(kv, "", "x", &s, &tkv_plain, 0, 30, 0, 30, &y, 0, &st), 0, "%s",
+               st.message);
+  tkv_reply_free(&y);
+  mock_knobs k = MOCK_KNOBS(1, 9, (size_t)8 << 30, 0, 0, 1); /* the next kernel faults */
+  mock_set(&k);
+  int rc = tkv_call1(kv, "", "x", &s, &tkv_plain, 30, 1, 30, 1, &y, 0, &st);
+  cr_expect_eq(rc, ATTN_EDEVICE, "%s: %s", attn_err_name(rc), st.message);
+  tkv_reply_free(&y);
+  rc = tkv_call1(kv, "", "x", &s, &tkv_plain, 31, 1, 31, 1, &y, 0, &st);
+  cr_expect(rc == ATTN_EDEVICE || rc == ATTN_ENODEV, "after: %s: %s", attn_err_name(rc),
+            st.message);
+  tkv_reply_free(&y);
+  tkv_stream_free(&s);
+  attn_kv_close(kv);
+  attn_engine_close(e);
+  cr_expect_eq(mock_device_bytes(), 0, "device memory left");
+}
+
+Test(sessions_gpu, a_store_the_device_cannot_hold_stays_in_host_memory, .init = reset) {
+  mock_knobs k = MOCK_KNOBS(1, 9, 32 * MIB, 0, 0, 0);
+  mock_set(&k);
+  attn_engine *e = open_gpu();
+  attn_kv_store *kv = tkv_open_store(e, 256 * MIB, false, NULL);
+  cr_expect_str_eq(where(kv), "host");
+  tkv_stream s = tkv_stream_make(4, 2, 64, 20, ATTN_F16, 4);
+  tkv_make(kv, "", "h", &s, 1, 64, 60, 0);
+  tkv_reply y;
+  attn_status st;
+  cr_assert_eq(tkv_call1(kv, "", "h", &s, &tkv_plain, 0, 20, 0, 20, &y, 0, &st), 0, "%s",
+               st.message);
+  cr_expect_str_eq(y.backend, "cpu");
+  cr_expect_leq(tkv_ref_error(&s, &tkv_plain, 0, 20, 20, &y), ttol(ATTN_F16));
+  tkv_reply_free(&y);
+  tkv_stream_free(&s);
+  attn_kv_close(kv);
+  attn_engine_close(e);
+}

@@ -1,0 +1,208 @@
+/*
+ * kvcalls.c — session calls for the tests (kvcalls.h).
+ */
+#include "kvcalls.h"
+#include "helpers.h"
+#include "reference.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void *fill(int64_t count, attn_dtype dt, uint64_t *seed) {
+  void *p = malloc((size_t)count * attn_dtype_size(dt));
+  for (int64_t i = 0; i < count; i++)
+    attn_store_elem(p, dt, (size_t)i, (float)tuniform(seed));
+  return p;
+}
+
+tkv_stream tkv_stream_make(int64_t hq, int64_t hkv, int64_t d, int64_t n, attn_dtype dt,
+                          uint64_t seed) {
+  tkv_stream s = {hq, hkv, d, n, dt, NULL, NULL, NULL};
+  s.q = fill(hq * n * d, dt, &seed);
+  s.k = fill(hkv * n * d, dt, &seed);
+  s.v = fill(hkv * n * d, dt, &seed);
+  return s;
+}
+
+void tkv_stream_free(tkv_stream *s) {
+  free(s->q);
+  free(s->k);
+  free(s->v);
+}
+
+/* Rows [r0, r0 + n) of every head of a [H, total, D] tensor, packed. */
+void *tkv_rows_of(const void *t, int64_t heads, int64_t total, int64_t d, attn_dtype dt,
+                     int64_t r0, int64_t n) {
+  size_t es = attn_dtype_size(dt), w = (size_t)d * es;
+  char *out = malloc((size_t)(heads * n) * w + 1);
+  for (int64_t h = 0; h < heads; h++)
+    memcpy(out + (size_t)(h * n) * w, (const char *)t + (size_t)(h * total + r0) * w,
+           (size_t)n * w);
+  return out;
+}
+
+void tkv_reply_free(tkv_reply *y) {
+  free(y->o);
+  free(y->m);
+  free(y->l);
+  free(y->lse);
+}
+
+typedef struct waiter {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  bool done;
+  attn_result res;
+} waiter;
+
+static void wake(const attn_result *res, void *arg) {
+  waiter *w = arg;
+  pthread_mutex_lock(&w->mu);
+  w->res = *res;
+  w->done = true;
+  pthread_cond_signal(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+}
+
+/* Submits call and waits; the store's code or the job's, and the job's
+ * backend into *backend. */
+static int run_waiting(attn_kv_store *kv, attn_kv_call *c, double now, attn_status *st,
+                       const char **backend) {
+  waiter w = {.done = false};
+  pthread_mutex_init(&w.mu, NULL);
+  pthread_cond_init(&w.cv, NULL);
+  int rc = attn_kv_submit(kv, c, now, wake, &w, st);
+  if (rc == 0) {
+    pthread_mutex_lock(&w.mu);
+    while (!w.done)
+      pthread_cond_wait(&w.cv, &w.mu);
+    pthread_mutex_unlock(&w.mu);
+    rc = w.res.status.code;
+    if (rc && st)
+      *st = w.res.status;
+    *backend = w.res.backend;
+  }
+  pthread_mutex_destroy(&w.mu);
+  pthread_cond_destroy(&w.cv);
+  return rc;
+}
+
+int tkv_run(attn_kv_store *kv, attn_kv_call *c, double now, attn_status *st) {
+  const char *backend = NULL;
+  return run_waiting(kv, c, now, st, &backend);
+}
+
+const tkv_opts tkv_plain = {.causal = true, .wl = -1, .wr = -1};
+
+/* One call on session id: queries [q0, q0 + nq) of s, and (nnew > 0) its
+ * tokens [pos, pos + nnew) appended at pos. */
+int tkv_call1(attn_kv_store *kv, const char *tenant, const char *id, const tkv_stream *s,
+                 const tkv_opts *op, int64_t q0, int64_t nq, int64_t pos, int64_t nnew, tkv_reply *y,
+                 double now, attn_status *st) {
+  attn_kv_entry en = {.id = id, .pos = pos, .n_new = nnew};
+  attn_kv_call c = {.tenant = tenant, .layer = op->layer, .nentries = 1, .entries = &en};
+  void *q = tkv_rows_of(s->q, s->hq, s->n, s->d, s->dt, q0, nq);
+  void *k = nnew ? tkv_rows_of(s->k, s->hkv, s->n, s->d, s->dt, pos, nnew) : NULL;
+  void *v = nnew ? tkv_rows_of(s->v, s->hkv, s->n, s->d, s->dt, pos, nnew) : NULL;
+  memset(y, 0, sizeof *y);
+  y->o = calloc((size_t)(s->hq * nq * s->d), attn_dtype_size(s->dt));
+  if (op->stats) {
+    y->m = calloc((size_t)(s->hq * nq), sizeof(float));
+    y->l = calloc((size_t)(s->hq * nq), sizeof(float));
+    y->lse = calloc((size_t)(s->hq * nq), sizeof(float));
+  }
+  attn_request_init(&c.req);
+  c.req.heads_q = s->hq;
+  c.req.heads_kv = s->hkv;
+  c.req.head_dim = s->d;
+  c.req.seq_q = nq;
+  c.req.dtype = s->dt;
+  c.req.causal = op->causal;
+  c.req.window_left = op->wl;
+  c.req.window_right = op->wr;
+  c.req.softcap = op->softcap;
+  c.req.q = q;
+  c.req.o = y->o;
+  c.req.m = y->m;
+  c.req.l = y->l;
+  c.req.lse = y->lse;
+  c.k_new = k;
+  c.v_new = v;
+  c.total_new = nnew;
+  int rc = run_waiting(kv, &c, now, st, &y->backend);
+  y->length = en.length;
+  y->replay = en.replay;
+  free(q);
+  free(k);
+  free(v);
+  return rc;
+}
+
+/* The float64 reference of queries [q0, q0 + nq) over keys [0, nk) of s,
+ * bottom-right aligned; the relative L2 error of y's O against it, and
+ * the largest error of its statistics when it has them. */
+double tkv_ref_error(const tkv_stream *s, const tkv_opts *op, int64_t q0, int64_t nq, int64_t nk,
+                        const tkv_reply *y) {
+  attn_request r;
+  attn_request_init(&r);
+  void *q = tkv_rows_of(s->q, s->hq, s->n, s->d, s->dt, q0, nq);
+  r.batch = 1;
+  r.heads_q = s->hq;
+  r.heads_kv = s->hkv;
+  r.seq_q = nq;
+  r.seq_kv = nk;
+  r.head_dim = s->d;
+  r.dtype = s->dt;
+  r.causal = op->causal;
+  r.window_left = op->wl;
+  r.window_right = op->wr;
+  r.softcap = op->softcap;
+  r.q = q;
+  r.k = s->k;
+  r.v = s->v;
+  r.o = q; /* validation wants an output; the reference writes its own */
+  int64_t ks[3] = {s->hkv * s->n * s->d, s->n * s->d, s->d};
+  memcpy(r.k_stride, ks, sizeof ks);
+  memcpy(r.v_stride, ks, sizeof ks);
+  const size_t no = (size_t)(s->hq * nq * s->d), nr = (size_t)(s->hq * nq);
+  double *o = malloc(no * sizeof *o), *m = malloc(nr * 8), *l = malloc(nr * 8),
+         *lse = malloc(nr * 8);
+  attn_status st;
+  cr_assert_eq(attn_reference(&r, o, m, l, lse, &st), 0, "%s", st.message);
+  double num = 0, den = 0, err = 0;
+  for (size_t i = 0; i < no; i++) {
+    double x = attn_load_elem(y->o, s->dt, i);
+    num += (x - o[i]) * (x - o[i]);
+    den += o[i] * o[i];
+  }
+  err = den > 0 ? sqrt(num / den) : sqrt(num);
+  for (size_t i = 0; y->lse && i < nr; i++) {
+    double e = fabs(y->lse[i] - lse[i]) / fmax(1, fabs(lse[i]));
+    err = isfinite(lse[i]) ? fmax(err, e) : err;
+  }
+  free(q);
+  free(o);
+  free(m);
+  free(l);
+  free(lse);
+  return err;
+}
+
+attn_kv_store *tkv_open_store(attn_engine *e, uint64_t bytes, bool batch, const char *backend) {
+  attn_kv_store *kv;
+  attn_status st;
+  cr_assert_eq(attn_kv_open(e, bytes, batch, backend, &kv, &st), 0, "%s", st.message);
+  return kv;
+}
+
+void tkv_make(attn_kv_store *kv, const char *tenant, const char *id, const tkv_stream *s,
+                 int64_t layers, int64_t max_tokens, double ttl, double now) {
+  attn_kv_shape sh = {s->hkv, s->d, s->dt, layers, max_tokens};
+  bool created;
+  attn_status st;
+  cr_assert_eq(attn_kv_create(kv, tenant, id, &sh, ttl, now, &created, &st), 0, "%s", st.message);
+}
+

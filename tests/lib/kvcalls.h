@@ -1,0 +1,67 @@
+/*
+ * kvcalls.h — session calls for the tests: a session's token stream, one
+ * call on it (append and attend) run to its end, and its error against the
+ * float64 reference over exactly the keys the session should hold. Shared
+ * by the store's unit tests (host pages, the cpu backend) and the CUDA
+ * mock's (pages on the device).
+ */
+#ifndef ATTN_TEST_KVCALLS_H
+#define ATTN_TEST_KVCALLS_H
+
+#include "engine.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* A session's whole token stream: q [Hq, n, D], k and v [Hkv, n, D]. */
+typedef struct tkv_stream {
+  int64_t hq, hkv, d, n;
+  attn_dtype dt;
+  void *q, *k, *v;
+} tkv_stream;
+
+tkv_stream tkv_stream_make(int64_t hq, int64_t hkv, int64_t d, int64_t n, attn_dtype dt,
+                           uint64_t seed);
+void tkv_stream_free(tkv_stream *s);
+/* Rows [r0, r0 + n) of every head of a [H, total, D] tensor, packed (malloc). */
+void *tkv_rows_of(const void *t, int64_t heads, int64_t total, int64_t d, attn_dtype dt, int64_t r0,
+                  int64_t n);
+
+/* A call's result. */
+typedef struct tkv_reply {
+  void *o;
+  float *m, *l, *lse;
+  int64_t length;
+  bool replay;
+  const char *backend; /* the job's, when it ran one */
+} tkv_reply;
+void tkv_reply_free(tkv_reply *y);
+
+/* Submits call and waits; the store's code or the job's. */
+int tkv_run(attn_kv_store *kv, attn_kv_call *c, double now, attn_status *st);
+
+typedef struct tkv_opts {
+  bool causal, stats;
+  int64_t wl, wr;
+  double softcap;
+  int64_t layer;
+} tkv_opts;
+extern const tkv_opts tkv_plain; /* causal, no window */
+
+/* One call on session id: queries [q0, q0 + nq) of s, and (nnew > 0) its
+ * tokens [pos, pos + nnew) appended at pos. */
+int tkv_call1(attn_kv_store *kv, const char *tenant, const char *id, const tkv_stream *s,
+              const tkv_opts *op, int64_t q0, int64_t nq, int64_t pos, int64_t nnew, tkv_reply *y,
+              double now, attn_status *st);
+/* The relative L2 error of y's O against the float64 reference of queries
+ * [q0, q0 + nq) over keys [0, nk) of s (bottom-right aligned), and the
+ * largest of its statistics' when it has them. */
+double tkv_ref_error(const tkv_stream *s, const tkv_opts *op, int64_t q0, int64_t nq, int64_t nk,
+                     const tkv_reply *y);
+/* A store on e (backend: attn_kv_open's), asserted open. */
+attn_kv_store *tkv_open_store(attn_engine *e, uint64_t bytes, bool batch, const char *backend);
+/* Session (tenant, id) shaped for s, asserted made. */
+void tkv_make(attn_kv_store *kv, const char *tenant, const char *id, const tkv_stream *s,
+              int64_t layers, int64_t max_tokens, double ttl, double now);
+
+#endif

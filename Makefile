@@ -137,7 +137,7 @@ CU_OBJ =
 ifeq ($(USE_CUDA),1)
 CU_HOST_SRC = engine/cuda/cuda.c engine/cuda/device.c engine/cuda/dispatch.c \
               engine/cuda/stream.c engine/cuda/stage.c engine/cuda/selfcheck.c \
-              engine/cuda/copy.c engine/cuda/pinned.c engine/cuda/pages.c
+              engine/cuda/copy.c engine/cuda/pinned.c engine/cuda/pages.c engine/cuda/selfpaged.c
 CU_OBJ = $(CU_SRC:%.cu=$(BUILD)/obj/%.o) $(CU_HOST_SRC:%.c=$(BUILD)/obj/%.o)
 CPPFLAGS += -DATTN_HAVE_CUDA
 # Arch-specific targets (90a: wgmma, setmaxnreg) run on one compute
@@ -374,7 +374,8 @@ $(BUILD)/tests/cudamock: $(CUDAMOCK_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ -lcriterion $(SANFLAGS) -lcjson -pthread -lm
 
-$(BUILD)/bench-gpu: $(BUILD)/obj/tests/gpu/bench_gpu.o $(LIB)
+$(BUILD)/bench-gpu: $(BUILD)/obj/tests/gpu/bench_gpu.o $(BUILD)/obj/tests/gpu/bench_sessions.o \
+                    $(BUILD)/obj/tests/lib/kvcalls.o $(BUILD)/obj/tests/lib/helpers.o $(LIB)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ $(LDLIBS_ALL)
 
 # The unit tests also cover server modules that need no daemon (metrics, the

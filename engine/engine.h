@@ -428,8 +428,9 @@ typedef struct attn_disabled {
 } attn_disabled;
 
 /* Room for everything the cuda backend can turn off: its 14 kernels
- * (ATTN_CU_KERNEL_COUNT), the split-KV merge and the GQA packing. */
-#define ATTN_MAX_DISABLED 16
+ * (ATTN_CU_KERNEL_COUNT), the split-KV merge, the GQA packing and the
+ * paged view ("paged_kv": sessions' pages then stay in host memory). */
+#define ATTN_MAX_DISABLED 17
 
 /* Backends compiled in, in preference order, and whether each can run now. */
 typedef struct attn_backend_info {

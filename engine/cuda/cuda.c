@@ -156,6 +156,13 @@ static void cuda_close(void *state) {
 static int cuda_disabled(void *state, attn_disabled *out, int cap) {
   cu_state *s = state;
   int n = 0;
+  if (*s->paged_why) { /* sessions' pages stay in host memory */
+    if (n < cap) {
+      snprintf(out[n].kernel, sizeof out[n].kernel, "paged_kv");
+      snprintf(out[n].why, sizeof out[n].why, "%s", s->paged_why);
+    }
+    n++;
+  }
   for (int k = 0; k <= ATTN_CU_KERNEL_COUNT + 1; k++)
     if (s->off & (1u << k)) {
       if (n < cap) {
@@ -199,8 +206,14 @@ static int cuda_open(const attn_backend_env *env, void **pstate, attn_status *st
   for (int i = 0; i < n && rc == 0; i++)
     rc = attn__cu_open_dev(s, &s->devs[i], ord[i], st);
   bool hopper = rc == 0 && attn__cu_hopper_gate(s, !env->cfg->cuda_self_check_off);
-  for (int i = 0; i < n && rc == 0 && !env->cfg->cuda_self_check_off; i++)
+  for (int i = 0; i < n && rc == 0 && !env->cfg->cuda_self_check_off; i++) {
     attn__cu_self_check(s, &s->devs[i], hopper);
+    attn__cu_self_check_paged(s, &s->devs[i]);
+  }
+  if (env->cfg->cuda_self_check_off)
+    snprintf(s->paged_why, sizeof s->paged_why,
+             "compile-verified only: served after it passes the start-up self-check, which is "
+             "off (--gpu-self-check off)");
   if (hopper)
     s->off &= ~(ATTN_CU_HOPPER_OFF & ~s->hopper_failed);
   if (rc == 0)

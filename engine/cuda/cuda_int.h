@@ -121,6 +121,8 @@ struct cu_state {
   cu_dev *pages_dev;
   unsigned char *pages_base;
   size_t pages_bytes;
+  /* Why the paged view may not serve (selfpaged.c); "" once it passed. */
+  char paged_why[160];
   pthread_mutex_t mu;
   pthread_cond_t cv;
   attn_job *pend_head, *pend_tail;
@@ -254,5 +256,15 @@ void attn__cu_close_dev(cu_dev *d);
 bool attn__cu_hopper_gate(cu_state *s, bool checking);
 /* Runs every self-check case on the device, turning off what fails. */
 void attn__cu_self_check(cu_state *s, cu_dev *d, bool hopper);
+/* Runs a self-check case on the slot's device and waits for it: 0, the
+ * selection's refusal, or ATTN_EDEVICE with *sticky saying whether the
+ * device is done. */
+int attn__cu_run_case(cu_slot *sl, const attn_request *r, unsigned off, bool *sticky,
+                      attn_status *st);
+
+/* ---- selfpaged.c: the paged view's self-check ------------------------------- */
+
+/* The forward cases run paged on d; the first failure sets paged_why. */
+void attn__cu_self_check_paged(cu_state *s, cu_dev *d);
 
 #endif

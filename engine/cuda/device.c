@@ -114,11 +114,8 @@ int attn__cu_open_dev(cu_state *s, cu_dev *d, int ordinal, attn_status *st) {
   return 0;
 }
 
-/* Runs a self-check case on the slot's device and waits for it: 0, the
- * selection's refusal, or ATTN_EDEVICE with *sticky saying whether the
- * device is done. */
-static int run_case(cu_slot *sl, const attn_request *r, unsigned off, bool *sticky,
-                    attn_status *st) {
+int attn__cu_run_case(cu_slot *sl, const attn_request *r, unsigned off, bool *sticky,
+                      attn_status *st) {
   cudaError_t e, se = cudaSuccess;
   const char *what = "cudaMallocFromPoolAsync";
   int rc;
@@ -206,7 +203,8 @@ void attn__cu_self_check(cu_state *s, cu_dev *d, bool hopper) {
     cu_slot *sl = &d->slots[0];
     bool sticky;
     char why[160];
-    int rc = run_case(sl, &c.req, hp ? s->off & ~ATTN_CU_HOPPER_OFF : s->off, &sticky, &st);
+    int rc =
+        attn__cu_run_case(sl, &c.req, hp ? s->off & ~ATTN_CU_HOPPER_OFF : s->off, &sticky, &st);
     bool ok = rc == 0 && attn_cu_check_verify(&c, why, sizeof why);
     if (hp)
       hopper_outcome(s, d, &c.req, &sl->ch, rc, ok ? NULL : rc == 0 ? why : st.message);

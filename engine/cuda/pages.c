@@ -26,6 +26,8 @@ int attn__cu_pages_open(cu_state *s, uint64_t bytes, void **base, attn_status *s
     return attn_status_set(st, ATTN_ENODEV, "cuda: no healthy device is left for session pages");
   if (s->pages_base)
     return attn_status_set(st, ATTN_EINVAL, "cuda: one session store per engine");
+  if (*s->paged_why)
+    return attn_status_set(st, ATTN_EDEVICE, "the paged kernels are off: %s", s->paged_why);
   cudaError_t e;
   void *p = NULL;
   if ((e = cudaSetDevice(d->ordinal)) || (e = cudaMalloc(&p, bytes)) ||

@@ -38,8 +38,9 @@ typedef struct mock_knobs {
    * wrong_merge, every split launch (its merge is wrong). */
   int wrong_kernel;
   bool wrong_merge;
-  bool wrong_pack; /* every launch with GQA packing (attn_cu_choice.pack) */
-  int fail_pin;    /* the next N cudaHostAlloc calls fail */
+  bool wrong_pack;  /* every launch with GQA packing (attn_cu_choice.pack) */
+  int fail_pin;     /* the next N cudaHostAlloc calls fail */
+  bool wrong_paged; /* every launch that reads pages (attn_cu_params.k_table) */
 } mock_knobs;
 
 /* Knobs with the failure counters given and nothing else injected. */

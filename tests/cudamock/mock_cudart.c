@@ -937,7 +937,7 @@ int attn_cu_launch(const attn_cu_params *p, const attn_cu_choice *c, void *strea
   cudaError_t launch_error =
       g_k.launch_error ? (cudaError_t)g_k.launch_error : cudaErrorLaunchFailure;
   bool wrong = g_k.wrong_kernel == (int)c->kernel + 1 || (g_k.wrong_merge && c->nsplit > 1) ||
-               (g_k.wrong_pack && c->pack > 1);
+               (g_k.wrong_pack && c->pack > 1) || (g_k.wrong_paged && p->k_table);
   g_last_kernel = (int)c->kernel;
   g_last_nsplit = c->nsplit;
   g_last_pack = c->pack;

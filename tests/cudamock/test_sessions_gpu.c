@@ -200,8 +200,8 @@ Test(sessions_gpu, a_batch_call_matches_its_entries, .init = reset) {
   for (int i = 0; i < 3; i++) {
     tkv_reply y = {.o = tkv_rows_of(o, 4, 3, 64, ATTN_F16, i, 1)};
     double err = tkv_ref_error(&s[i], &tkv_plain, pre[i], 1, pre[i] + 1, &y);
-    cr_expect_leq(err, ttol(ATTN_F16), "entry %d (%lld keys): error %.3g", i,
-                  (long long)pre[i] + 1, err);
+    cr_expect_leq(err, ttol(ATTN_F16), "entry %d (%lld keys): error %.3g", i, (long long)pre[i] + 1,
+                  err);
     free(y.o);
     tkv_stream_free(&s[i]);
   }
@@ -283,6 +283,53 @@ Test(sessions_gpu, a_store_the_device_cannot_hold_stays_in_host_memory, .init = 
   cr_expect_leq(tkv_ref_error(&s, &tkv_plain, 0, 20, 20, &y), ttol(ATTN_F16));
   tkv_reply_free(&y);
   tkv_stream_free(&s);
+  attn_kv_close(kv);
+  attn_engine_close(e);
+}
+
+/* The paged_kv entry of the cuda backend's disabled list, or NULL. */
+static const attn_disabled *paged_off(attn_engine *e, attn_backend_info *info) {
+  int n = attn_engine_backends(e, info, 4);
+  for (int i = 0; i < n; i++)
+    for (int k = 0; !strcmp(info[i].name, "cuda") && k < info[i].ndisabled; k++)
+      if (!strcmp(info[i].disabled[k].kernel, "paged_kv"))
+        return &info[i].disabled[k];
+  return NULL;
+}
+
+Test(sessions_gpu, paged_kernels_that_fail_their_self_check_keep_pages_on_the_host, .init = reset) {
+  mock_knobs k = MOCK_KNOBS(1, 9, (size_t)8 << 30, 0, 0, 0);
+  k.wrong_paged = true;
+  mock_set(&k);
+  attn_engine *e = open_gpu();
+  attn_backend_info info[4];
+  const attn_disabled *d = paged_off(e, info);
+  cr_assert(d, "the paged view is listed off");
+  cr_expect(strstr(d->why, "error"), "why: %s", d->why);
+  attn_kv_store *kv = tkv_open_store(e, 16 * MIB, false, NULL);
+  cr_expect_str_eq(where(kv), "host");
+  tkv_stream s = tkv_stream_make(2, 1, 64, 10, ATTN_BF16, 8);
+  tkv_make(kv, "", "h", &s, 1, 16, 60, 0);
+  tkv_reply y;
+  attn_status st;
+  cr_assert_eq(tkv_call1(kv, "", "h", &s, &tkv_plain, 0, 10, 0, 10, &y, 0, &st), 0, "%s",
+               st.message);
+  cr_expect_str_eq(y.backend, "cpu");
+  cr_expect_leq(tkv_ref_error(&s, &tkv_plain, 0, 10, 10, &y), ttol(ATTN_BF16));
+  tkv_reply_free(&y);
+  tkv_stream_free(&s);
+  attn_kv_close(kv);
+  attn_engine_close(e);
+  /* with the self-check off the paged view is never tried */
+  mock_defaults();
+  attn_config cfg;
+  attn_config_init(&cfg);
+  cfg.cuda_self_check_off = true;
+  cr_assert_eq(attn_engine_open(&cfg, &e, &st), 0, "%s", st.message);
+  d = paged_off(e, info);
+  cr_expect(d && strstr(d->why, "self-check"), "%s", d ? d->why : "not listed");
+  kv = tkv_open_store(e, 16 * MIB, false, NULL);
+  cr_expect_str_eq(where(kv), "host");
   attn_kv_close(kv);
   attn_engine_close(e);
 }

@@ -37,13 +37,18 @@
  * downloaded in place, groups overlapped); one table and the whole job
  * against its steps.
  *
- *   bench-gpu [--quick | --hopper | --hopper-full | --staging] [--csv FILE]
- *             [--min-ms MS] [--min-reps N]
+ * With --sessions: a session's decode step at 32768 cached tokens through
+ * the engine's store (pages on the device) against the kernel alone
+ * (bench_sessions.c).
+ *
+ *   bench-gpu [--quick | --hopper | --hopper-full | --staging | --sessions]
+ *             [--csv FILE] [--min-ms MS] [--min-reps N]
  *
  * Without a device: "bench-gpu: skipped: no CUDA device (...)", exit 0.
  * Exit status 1 when a case failed (a CUDA error or a BAD output).
  */
 #define _GNU_SOURCE
+#include "bench_sessions.h"
 #include "engine.h"
 #include "kernels.h"
 
@@ -77,7 +82,7 @@ typedef struct bshape {
 } bshape;
 
 typedef struct bopts {
-  bool quick, staging;
+  bool quick, staging, sessions;
   int hopper; /* 1: --hopper, 2: --hopper-full */
   const char *csv;
   double min_ms;
@@ -651,14 +656,14 @@ static int kernel_row(srow *row, int batch, const struct cudaDeviceProp *prop, c
   return 0;
 }
 
-/* A job on the tensors at qkv (Q, K, V back to back) writing O to o. */
-static void job_on(attn_request *r, unsigned char *qkv, unsigned char *o, size_t tb) {
+/* A job on the tensors at qkv (Q, K, V back to back) writing O to out. */
+static void job_on(attn_request *r, unsigned char *qkv, unsigned char *out, size_t tb) {
   attn_request_init(r);
   r->batch = SB, r->heads_q = r->heads_kv = SH, r->seq_q = r->seq_kv = SN, r->head_dim = SD;
   r->dtype = ATTN_BF16;
   r->backend = "cuda";
   r->q = qkv, r->k = qkv + tb, r->v = qkv + 2 * tb;
-  r->o = o;
+  r->o = out;
 }
 
 /* An engine with one stream (jobs run one at a time) that lends pinned
@@ -775,9 +780,30 @@ static int staging_main(const struct cudaDeviceProp *prop, cudaStream_t st) {
   return rc ? 1 : 0;
 }
 
+/* --sessions: a decode step through the store against the kernel alone
+ * (the packed decode kernel on device buffers, as the decode rows time it:
+ * the paged one reads the same bytes through its tables). */
+static int sessions_main(const struct cudaDeviceProp *prop, cudaStream_t st) {
+  const bshape s = {"decode", 1, SES_HQ, SES_HKV, 1, SES_TOKENS, SES_D, ATTN_BF16, false};
+  bresult k;
+  double best = 0, med = 0;
+  if (run_shape(&s, prop->multiProcessorCount, (size_t)prop->l2CacheSize, st, &k) != 0 ||
+      bench_sessions(o.min_reps, &best, &med) != 0)
+    return 1;
+  printf("sessions: decode B1 Hq%d Hkv%d D%d BF16 at %d cached tokens, best of %d\n", SES_HQ,
+         SES_HKV, SES_D, SES_TOKENS, o.min_reps);
+  printf("sessions  %-44s %9s %9s\n", "step", "best_ms", "median_ms");
+  printf("sessions  %-44s %9.4f %9.4f\n", "kernel alone (packed K/V on the device)", k.min_ms,
+         k.med_ms);
+  printf("sessions  %-44s %9.4f %9.4f\n", "decode step through the store (pages on GPU)", best,
+         med);
+  printf("sessions: the step is %.2fx the kernel alone (target <= 1.5x)\n", best / k.min_ms);
+  return 0;
+}
+
 static void usage(FILE *f) {
-  fprintf(f, "usage: bench-gpu [--quick | --hopper | --hopper-full | --staging] [--csv FILE]\n"
-             "                 [--min-ms MS] [--min-reps N]\n"
+  fprintf(f, "usage: bench-gpu [--quick | --hopper | --hopper-full | --staging | --sessions]\n"
+             "                 [--csv FILE] [--min-ms MS] [--min-reps N]\n"
              "  --quick     N=4096, D=128 prefill and backward (both dtypes, causal and not)\n"
              "              and one decode\n"
              "  --hopper    the sm_90a instance beside mma.sync (BF16, B=4, H=16): N=4k..16k\n"
@@ -786,6 +812,9 @@ static void usage(FILE *f) {
              "              upload, kernel, download, one group's), and the whole job\n"
              "              through the engine from ordinary and from lent pinned memory;\n"
              "              best of --min-reps repetitions\n"
+             "  --sessions  a session's decode step at 32768 cached tokens (B1, Hq 32, Hkv 8,\n"
+             "              D 128, BF16; pages on the GPU) through the engine's store against\n"
+             "              the kernel alone; best of --min-reps steps\n"
              "  --csv FILE  also write the results as CSV\n"
              "  --min-ms    time each shape at least this long (default 200)\n"
              "  --min-reps  and at least this many launches (default 20); with --staging,\n"
@@ -802,6 +831,8 @@ int main(int argc, char **argv) {
       o.quick = true;
     else if (strcmp(argv[i], "--staging") == 0)
       o.staging = true;
+    else if (strcmp(argv[i], "--sessions") == 0)
+      o.sessions = true;
     else if (strcmp(argv[i], "--csv") == 0 && i + 1 < argc)
       o.csv = argv[++i];
     else if (strcmp(argv[i], "--min-ms") == 0 && i + 1 < argc)
@@ -835,14 +866,17 @@ int main(int argc, char **argv) {
   printf("bench-gpu: %s, %d SMs, L2 %d MiB, sm_%d%d, driver %d.%d, runtime %d.%d%s\n", prop.name,
          prop.multiProcessorCount, prop.l2CacheSize >> 20, prop.major, prop.minor, drv / 1000,
          drv % 1000 / 10, rt / 1000, rt % 1000 / 10,
-         o.staging ? ", --staging"
-         : o.quick ? ", --quick"
-                   : "");
+         o.staging    ? ", --staging"
+         : o.sessions ? ", --sessions"
+         : o.quick    ? ", --quick"
+                      : "");
   cudaStream_t st;
   if (make_pools() || CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking)))
     return 1;
   if (o.staging)
     return staging_main(&prop, st);
+  if (o.sessions)
+    return sessions_main(&prop, st);
   FILE *csv = NULL;
   if (o.csv) {
     csv = fopen(o.csv, "w");

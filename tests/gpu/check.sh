@@ -3,8 +3,9 @@
 # one call that fits the lease (.library/device/): build for sm_90 only
 # (BUILD=build-gpu, never mixed with a CPU build), the GPU tests,
 # compute-sanitizer on a few small cases, bench-gpu and PyTorch's SDPA on
-# the same shapes, bench-gpu --staging (pinned request bodies against pinned
-# staging for one large job, issue 18), then a short table. Each stage runs under `timeout`
+# the same shapes, bench-gpu --staging (one large job's data path step by
+# step) and --sessions (a decode step with the pages on the GPU), then a
+# short table. Each stage runs under `timeout`
 # within one overall budget (CHECK_BUDGET_S, default 420 s) and the script
 # goes on to the next stage when one fails. The LAST lines printed are the
 # summary table, since only the tail of the output comes back.
@@ -240,9 +241,13 @@ if [ -x "$BUILD/bench-gpu" ]; then
   # "staging") go to bench.log, since OUTDIR already holds 8 files, and into
   # the summary.
   stage staging 40 40 "$OUT/bench.log" "$BUILD/bench-gpu" --staging
+  # A session's decode step at 32K cached tokens, its pages on the GPU,
+  # against the kernel alone ("sessions" lines, into bench.log too).
+  stage sessions 40 30 "$OUT/bench.log" "$BUILD/bench-gpu" --sessions
 else
   skip_stage bench "$BUILD/bench-gpu was not built"
   skip_stage staging "$BUILD/bench-gpu was not built"
+  skip_stage sessions "$BUILD/bench-gpu was not built"
 fi
 stage sdpa 90 5 "$OUT/bench.log" python3 tests/gpu/sdpa_bench.py $QUICK --csv "$OUT/sdpa.csv"
 # The Hopper instance's table (issue 19): bench-gpu times each shape as
@@ -317,10 +322,16 @@ table() {
     echo "bench: no results (see bench.log)"
   fi
   if grep -q '^staging' "$OUT/bench.log" 2>/dev/null; then
-    echo "--- pinned request bodies against pinned staging (bench-gpu --staging):"
+    echo "--- a large job's data path, step by step (bench-gpu --staging):"
     grep '^staging' "$OUT/bench.log" | cut -c1-160
   else
     echo "staging: no results (see bench.log)"
+  fi
+  if grep -q '^sessions' "$OUT/bench.log" 2>/dev/null; then
+    echo "--- a session's decode step, pages on the GPU (bench-gpu --sessions):"
+    grep '^sessions' "$OUT/bench.log" | cut -c1-160
+  else
+    echo "sessions: no results (see bench.log)"
   fi
 }
 # The Hopper table: TFLOP/s of mma.sync, the sm_90a instance and SDPA per

@@ -73,5 +73,7 @@ bool g_choice(const tprob *p, attn_cu_choice *ch);
 void group_kapi(tgroup *g, int grp);
 /* Group "hopper": the same on the Hopper instance (skipped off sm_90a). */
 void group_hopper(tgroup *g, int grp);
+/* Group "sessions": a session store on the device through the engine. */
+void group_sessions(tgroup *g, int grp, attn_engine *e);
 
 #endif

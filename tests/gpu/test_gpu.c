@@ -1268,12 +1268,13 @@ enum {
   G_POOL,
   G_BACKWARD,
   G_SMALL,
+  G_SESSIONS,
   G_COUNT
 };
 static const char *const gnames[G_COUNT] = {
-    "conf/sizes", "conf/masks", "conf/shapes", "conf/masked", "conf/diag",
-    "headdims",   "decode",     "long",        "layouts",     "errors",
-    "kapi",       "hopper",     "pool",        "backward",    "small"};
+    "conf/sizes", "conf/masks", "conf/shapes", "conf/masked", "conf/diag", "headdims",
+    "decode",     "long",       "layouts",     "errors",      "kapi",      "hopper",
+    "pool",       "backward",   "small",       "sessions"};
 
 static bool wanted(const char *filter, const char *name) {
   if (!filter)
@@ -1450,15 +1451,16 @@ int main(int argc, char **argv) {
   tgroup groups[G_COUNT];
   int ng = 0;
   tprob ps[TCASES_MAX];
-  static const int order[G_COUNT] = {G_SMALL,  G_SIZES,    G_MASKS,  G_SHAPES, G_MASKED,
-                                     G_DIAG,   G_HEADDIMS, G_DECODE, G_LONG,   G_LAYOUTS,
-                                     G_ERRORS, G_KAPI,     G_HOPPER, G_POOL,   G_BACKWARD};
+  static const int order[G_COUNT] = {G_SMALL,    G_SIZES,  G_MASKS,    G_SHAPES,  G_MASKED, G_DIAG,
+                                     G_HEADDIMS, G_DECODE, G_LONG,     G_LAYOUTS, G_ERRORS, G_KAPI,
+                                     G_HOPPER,   G_POOL,   G_BACKWARD, G_SESSIONS};
   for (int oi = 0; oi < G_COUNT; oi++) {
     int gi = order[oi];
     /* --small replaces the long case lists by "small"; the rest shrink */
     if (g_opt.small ? gi <= G_LONG : gi == G_SMALL)
       continue;
-    if (!wanted(filter, gnames[gi]) || ((gi == G_KAPI || gi == G_HOPPER) && !on_gpu()))
+    if (!wanted(filter, gnames[gi]) ||
+        ((gi == G_KAPI || gi == G_HOPPER || gi == G_SESSIONS) && !on_gpu()))
       continue;
     tgroup *g = &groups[ng++];
     tg_begin(g, gnames[gi]);
@@ -1479,6 +1481,7 @@ int main(int argc, char **argv) {
     case G_HOPPER: group_hopper(g, gi); break;
     case G_POOL: group_pool(g, gi); break;
     case G_BACKWARD: group_backward(g, gi, e); break;
+    case G_SESSIONS: group_sessions(g, gi, e); break;
     default: break;
     }
     if (n)

@@ -58,9 +58,10 @@ int tkv_call1(attn_kv_store *kv, const char *tenant, const char *id, const tkv_s
  * largest of its statistics' when it has them. */
 double tkv_ref_error(const tkv_stream *s, const tkv_opts *op, int64_t q0, int64_t nq, int64_t nk,
                      const tkv_reply *y);
-/* A store on e (backend: attn_kv_open's), asserted open. */
+/* A store on e (backend: attn_kv_open's); the setup steps abort with a
+ * message when they fail. */
 attn_kv_store *tkv_open_store(attn_engine *e, uint64_t bytes, bool batch, const char *backend);
-/* Session (tenant, id) shaped for s, asserted made. */
+/* Session (tenant, id) shaped for s. */
 void tkv_make(attn_kv_store *kv, const char *tenant, const char *id, const tkv_stream *s,
               int64_t layers, int64_t max_tokens, double ttl, double now);
 

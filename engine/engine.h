@@ -217,6 +217,12 @@ typedef struct attn_request {
   const void *const *k_pages, *const *v_pages;
   int64_t page_tokens, pages_per_head; /* page_tokens: a multiple of ATTN_PAGE_MIN_TOKENS */
   int64_t page_pitch;
+  /* With a device's pages only ([batch], or NULL): batch entry b attends
+   * keys [0, seqused_kv[b]) of its tables, its mask's diagonal at
+   * seqused_kv[b] - seq_q (diag_offset must be auto), seq_kv being the
+   * largest of them; so one job computes many sessions' steps of one
+   * shape, each as it would be alone (FlashAttention's seqused_k). */
+  const int64_t *seqused_kv;
   /* The pages' largest |k| and |v|: their values were checked finite when
    * they were stored, so the kernel does not scan them again. */
   float kv_absmax[2];

@@ -45,6 +45,7 @@ typedef struct kv_job {
   attn_request req;
   const void **kp, **vp;
   int64_t *cu_q, *cu_kv;
+  int64_t *used; /* a device batch's key counts per entry (seqused_kv) */
   char *buf;
   struct kv_job *next; /* jobs started together */
 } kv_job;
@@ -63,6 +64,7 @@ static void job_free(kv_job *j) {
   free(j->vp);
   free(j->cu_q);
   free(j->cu_kv);
+  free(j->used);
   free(j->buf);
   free(j);
 }
@@ -513,8 +515,50 @@ static void job_scatter(const kv_job *j) {
   }
 }
 
+/* The query rows every entry of the job has, when it can run as one batch
+ * on a device (its pages there, the same rows each, no statistics: those
+ * are laid out per sequence); else 0. */
+static int64_t uniform_rows(const kv_job *j) {
+  const attn_request *r0 = &j->calls->call->req;
+  if (!j->s->pages.dev || r0->m || r0->l || r0->lse)
+    return 0;
+  int64_t nq = -1;
+  for (kv_pending *p = j->calls; p; p = p->next)
+    for (int64_t e = 0; e < p->call->nentries; e++) {
+      int64_t n = entry_rows(p->call, e);
+      if (nq >= 0 && n != nq)
+        return 0;
+      nq = n;
+    }
+  return nq > 0 ? nq : 0;
+}
+
+/* The varlen batch as one batch of its entries, nq rows each (q and o
+ * strided in place: entry b's rows are [b nq, (b + 1) nq) of each head),
+ * each over its own keys. 0, or -1 out of memory. */
+static int as_batch(kv_job *j, int64_t nq) {
+  attn_request *r = &j->req;
+  const int64_t total = r->seq_q, B = j->nentries, d = r->head_dim;
+  if (!(j->used = malloc((size_t)B * sizeof *j->used)))
+    return -1;
+  int64_t most = 0;
+  for (int64_t b = 0; b < B; b++) {
+    j->used[b] = j->cu_kv[b + 1] - j->cu_kv[b];
+    most = j->used[b] > most ? j->used[b] : most;
+  }
+  const int64_t stride[3] = {nq * d, total * d, d};
+  memcpy(r->q_stride, stride, sizeof stride);
+  memcpy(r->o_stride, stride, sizeof stride);
+  r->seq_q = nq;
+  r->seq_kv = most;
+  r->seqused_kv = j->used;
+  r->cu_seqlens_q = r->cu_seqlens_kv = NULL;
+  return 0;
+}
+
 /* The request of a job: one lone entry on the call's buffers, or a
- * variable-length batch. 0, or -1 out of memory. */
+ * variable-length batch (one batch on a device, when its entries allow).
+ * 0, or -1 out of memory. */
 static int job_build(kv_job *j) {
   kv_pending *p = j->calls;
   const attn_kv_call *c = p->call;
@@ -546,7 +590,8 @@ static int job_build(kv_job *j) {
   r->cu_seqlens_q = j->cu_q;
   r->cu_seqlens_kv = j->cu_kv;
   r->seq_kv = j->cu_kv[j->nentries];
-  return 0;
+  int64_t nq = uniform_rows(j);
+  return nq ? as_batch(j, nq) : 0;
 }
 
 /* ---- running -------------------------------------------------------------- */

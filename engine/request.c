@@ -255,6 +255,14 @@ static int validate_pages(const attn_request *r, attn_status *st) {
     return attn_status_set(st, ATTN_EINVAL,
                            "page_pitch must be 0 (host pages) or from head_dim %lld up, not %lld",
                            (long long)r->head_dim, (long long)r->page_pitch);
+  if (r->seqused_kv && (!r->page_pitch || r->cu_seqlens_q || r->diag_offset != ATTN_DIAG_AUTO))
+    return attn_status_set(st, ATTN_EINVAL,
+                           "seqused_kv comes with a device's pages (page_pitch), no cu_seqlens "
+                           "and the automatic diagonal");
+  for (int64_t b = 0; r->seqused_kv && b < r->batch; b++)
+    if (r->seqused_kv[b] < 0 || r->seqused_kv[b] > r->seq_kv)
+      return attn_status_set(st, ATTN_EINVAL, "seqused_kv[%lld] = %lld is not in [0, seq_kv %lld]",
+                             (long long)b, (long long)r->seqused_kv[b], (long long)r->seq_kv);
   const int64_t pt = r->page_tokens, pph = r->pages_per_head;
   if (pt < ATTN_PAGE_MIN_TOKENS || pt % ATTN_PAGE_MIN_TOKENS || pt > ATTN_MAX_DIM)
     return attn_status_set(st, ATTN_EINVAL,

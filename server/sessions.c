@@ -282,13 +282,14 @@ void attnd_sessions_info(attn_sbuf *b, const attnd_server *s) {
   attn_kv_stats st = {0};
   if (s->kv)
     attn_kv_stats_get(s->kv, &st);
-  attn_sbuf_printf(b,
-                   "\"sessions\": {\"enabled\": %s, \"memory_bytes\": %llu, \"page_bytes\": "
-                   "%lld, \"persist\": %s, \"batching\": %s, \"ttl_max_s\": %g, \"count\": %lld}",
-                   s->kv ? "true" : "false", (unsigned long long)st.pool_bytes,
-                   (long long)st.page_bytes, s->kv && *c->session_dir ? "true" : "false",
-                   s->kv && c->session_batch ? "true" : "false", c->session_ttl_max,
-                   (long long)st.sessions);
+  attn_sbuf_printf(
+      b,
+      "\"sessions\": {\"enabled\": %s, \"memory_bytes\": %llu, \"page_bytes\": "
+      "%lld, \"pages_on\": \"%s\", \"persist\": %s, \"batching\": %s, "
+      "\"ttl_max_s\": %g, \"count\": %lld}",
+      s->kv ? "true" : "false", (unsigned long long)st.pool_bytes, (long long)st.page_bytes,
+      st.where ? st.where : "none", s->kv && *c->session_dir ? "true" : "false",
+      s->kv && c->session_batch ? "true" : "false", c->session_ttl_max, (long long)st.sessions);
 }
 
 static void counter(attn_sbuf *b, const char *name, const char *help, unsigned long long v) {

@@ -72,6 +72,7 @@ typedef struct cu_slot {
   size_t off[5], off_misc, off_scan, off_out[3], off_stats[3], off_lse, off_ws;
   size_t off_alibi;  /* the slopes in log2 units, F32 [B, Hq]; SIZE_MAX: none */
   size_t off_tables; /* a paged job's K then V page tables, int32; SIZE_MAX: none */
+  size_t off_used;   /* its per-entry key counts (seqused_kv), int32; SIZE_MAX: none */
   size_t up_end, down_end, dev_bytes;
   /* Tensors copied straight between the device and the caller's memory
    * (contiguous and in the pinned pool): no pack, no unpack. */

@@ -181,6 +181,8 @@ static bool layout(cu_slot *sl, const attn_request *r) {
   size_t tables = (size_t)p->batch * p->heads_kv * p->pages_per_head * sizeof(int32_t);
   sl->off_tables = r->k_pages ? x : SIZE_MAX;
   x += r->k_pages ? 2 * align_up(tables) : 0;
+  sl->off_used = r->seqused_kv ? x : SIZE_MAX;
+  x += r->seqused_kv ? align_up((size_t)p->batch * sizeof(int32_t)) : 0;
   sl->off_scan = x;
   x = align_up(x + (size_t)sl->ngroups * sl->nin * sizeof(attn_cu_scan_result));
   sl->up_end = x;
@@ -317,6 +319,9 @@ void attn__cu_stage_misc(cu_slot *sl, const attn_request *r) {
     int32_t *kt = (int32_t *)(void *)attn__cu_staged(sl, sl->off_tables);
     attn__cu_page_tables(sl->dev->state, r, kt, kt + align_up(n * sizeof(int32_t)) / 4);
   }
+  int32_t *used = r->seqused_kv ? (int32_t *)(void *)attn__cu_staged(sl, sl->off_used) : NULL;
+  for (int64_t b = 0; used && b < r->batch; b++) /* each <= seq_kv <= ATTN_CU_MAX_SEQ */
+    used[b] = (int32_t)r->seqused_kv[b];
   attn_cu_scan_result *scan = (attn_cu_scan_result *)(void *)attn__cu_staged(sl, sl->off_scan);
   for (int t = 0; t < sl->ngroups * sl->nin; t++)
     scan[t] = (attn_cu_scan_result){.first_bad = ~0ull, .maxabs_bits = 0, .pad_ = 0};
@@ -336,6 +341,7 @@ static void group_pointers(cu_slot *sl, int g) {
   gp->v = p->v ? (const unsigned char *)p->v + (size_t)k0 * row : NULL;
   gp->k_table = p->k_table, gp->v_table = p->v_table; /* a paged job is one group */
   gp->page_base = p->page_base;
+  gp->seqused_k = p->seqused_k;
   gp->o = (unsigned char *)p->o + (size_t)q0 * row;
   gp->m = p->m ? p->m + q0 : NULL;
   gp->l = p->l ? p->l + q0 : NULL;
@@ -353,6 +359,7 @@ static void paged_pointers(cu_slot *sl, const attn_request *r, unsigned char *dm
   p->k_table = (const int32_t *)(void *)(dm + sl->off_tables);
   p->v_table = (const int32_t *)(void *)(dm + sl->off_tables + align_up(n));
   p->page_base = sl->dev->state->pages_base;
+  p->seqused_k = r->seqused_kv ? (const int32_t *)(void *)(dm + sl->off_used) : NULL;
 }
 
 void attn__cu_set_pointers(cu_slot *sl, const attn_request *r, unsigned char *dm) {

@@ -32,14 +32,16 @@ static bool decode_ok(attn_kv_store *kv, const char *id, const tkv_stream *s, in
     tkv_reply y;
     attn_status st = {0};
     int rc = tkv_call1(kv, "", id, s, &tkv_plain, pos, n, pos, n, &y, 0, &st);
-    bool checked = checkable(s, n, pos + n) &&
-                   (pos < pre || (pos - pre) % every == 0 || pos + n == s->n);
+    bool checked =
+        checkable(s, n, pos + n) && (pos < pre || (pos - pre) % every == 0 || pos + n == s->n);
     double err = rc == 0 && checked ? tkv_ref_error(s, &tkv_plain, pos, n, pos + n, &y) : 0;
     bool gpu = rc == 0 && y.backend && !strcmp(y.backend, "cuda");
     tkv_reply_free(&y);
     if (rc || !gpu || !(err <= g_tol_o(s->dt))) {
       snprintf(why, cap, "pos %lld: %.150s", (long long)pos,
-               rc ? st.message : !gpu ? "ran on the CPU" : "error past the tolerance");
+               rc     ? st.message
+               : !gpu ? "ran on the CPU"
+                      : "error past the tolerance");
       return false;
     }
     pos += n;
@@ -51,13 +53,16 @@ static void decode_cases(tgroup *g, attn_kv_store *kv) {
   static const struct {
     attn_dtype dt;
     int64_t hq, hkv, d, pre, n;
-  } cs[] = {{ATTN_BF16, 8, 2, 128, 1000, 1016}, {ATTN_F16, 8, 2, 64, 700, 716},
-            {ATTN_F32, 4, 4, 37, 300, 310},     {ATTN_BF16, 32, 8, 128, 32768, 32770},
+  } cs[] = {{ATTN_BF16, 8, 2, 128, 1000, 1016},
+            {ATTN_F16, 8, 2, 64, 700, 716},
+            {ATTN_F32, 4, 4, 37, 300, 310},
+            {ATTN_BF16, 32, 8, 128, 32768, 32770},
             {ATTN_F16, 16, 2, 256, 513, 520}};
   for (size_t i = 0; i < sizeof cs / sizeof *cs && !g_dead; i++) {
     char id[16], why[200] = "";
     snprintf(id, sizeof id, "g%zu", i);
-    tkv_stream s = tkv_stream_make(cs[i].hq, cs[i].hkv, cs[i].d, cs[i].n, cs[i].dt, g_seed(0, (int)i, 0));
+    tkv_stream s =
+        tkv_stream_make(cs[i].hq, cs[i].hkv, cs[i].d, cs[i].n, cs[i].dt, g_seed(0, (int)i, 0));
     tkv_make(kv, "", id, &s, 1, cs[i].n, 600, 0);
     g_set_current("sessions %s Hq%lld Hkv%lld D%lld N%lld", attn_dtype_name(cs[i].dt),
                   (long long)cs[i].hq, (long long)cs[i].hkv, (long long)cs[i].d,
@@ -78,8 +83,9 @@ void group_sessions(tgroup *g, int grp, attn_engine *e) {
   attn_kv_stats ks;
   attn_kv_stats_get(kv, &ks);
   if (strcmp(ks.where, "cuda")) {
-    tg_case(g, false, "sessions: the store's pages are in %s memory, not on the GPU (see the "
-                      "log: the paged kernels' self-check)",
+    tg_case(g, false,
+            "sessions: the store's pages are in %s memory, not on the GPU (see the "
+            "log: the paged kernels' self-check)",
             ks.where);
   } else {
     decode_cases(g, kv);

@@ -159,7 +159,8 @@ typedef struct attn_cu_params {
    * the page pool's base, 16-byte aligned; bytes from one page to the
    * next, a multiple of 256 and at least page_tokens·dp·element size;
    * rows per page, a multiple of 64; table entries per (b, hk), at least
-   * ceil(seq_kv / page_tokens). The page numbers themselves are device
+   * ceil(seq_kv / page_tokens), B·Hkv·pages_per_head of them below 2^31
+   * (32-bit indices). The page numbers themselves are device
    * data: the caller vouches that each names a page of the pool. */
   const int32_t *k_table, *v_table;
   const unsigned char *page_base;

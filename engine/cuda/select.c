@@ -295,7 +295,9 @@ static bool paged_ok(const attn_cu_params *p, const attn_cu_choice *c) {
       c->block_n < 1 || p->page_tokens % c->block_n)
     return false;
   const int64_t need = ((int64_t)p->seq_kv + p->page_tokens - 1) / p->page_tokens;
-  return p->pages_per_head >= need &&
+  /* The kernels index the tables in 32 bits (a block's first entry). */
+  const int64_t entries = (int64_t)p->batch * p->heads_kv * p->pages_per_head;
+  return p->pages_per_head >= need && entries <= INT32_MAX &&
          p->page_bytes / attn_dtype_size(p->dtype) / (size_t)p->dp >= (size_t)p->page_tokens;
 }
 

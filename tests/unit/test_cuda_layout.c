@@ -1007,6 +1007,7 @@ Test(cuda_layout, paged_launch_contract) {
   BAD(x.page_bytes = 64 * 64 * 2 - 256, "pages too small");
   BAD(x.page_bytes = 64 * 64 * 2 + 128, "page_bytes not a multiple of 256");
   BAD(x.pages_per_head = 3, "a table short of seq_kv");
+  BAD((x.batch = 4, x.pages_per_head = 1 << 30), "tables past 32-bit indices");
   BAD(x.pass = ATTN_BACKWARD, "a paged backward");
 #undef BAD
   /* 129..160 takes the 192 instance when paged; the backward refuses. */

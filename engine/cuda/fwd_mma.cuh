@@ -330,6 +330,7 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32)
     fwd_mma(const attn_cu_params p, int nsplit, int pack) {
   constexpr int NW = ATTN_CU_MMA_WARPS, NT = NW * 32, MT = BM / (16 * NW);
   static_assert(BM == 16 * MT * NW && (MT == 1 || MT == 2), "a warp owns one or two m16 tiles");
+  static_assert(ATTN_CU_PAGE_ALIGN_TOKENS % BN == 0, "a key tile never straddles a page");
   constexpr int STR = DPAD + 8, NB = BN / 8, DB = DPAD / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T *sQ = reinterpret_cast<T *>(smem_raw);

@@ -102,13 +102,18 @@ __device__ __forceinline__ float quad_sum(float x) {
 // already, spills on every architecture). What a block keeps across its
 // key loop: packed, the K/V head's rows in K and in V (as the kernels
 // always did); paged, only that head's row of the tables, one register
-// (two table pointers cost the paged 160 instance spills on sm_90).
+// (two table pointers cost the paged 160 instance spills on sm_90), and
+// the batch entry's key count (seqused_k). Blocks take their keys and mask
+// offset from nkv() and off(), the launch's seq_kv and off when packed.
 template <typename T, bool PAGED> struct kv_src;
 
 template <typename T> struct kv_src<T, false> {
   const T *k, *v;
-  __device__ kv_src(const attn_cu_params &p, size_t bh)
+  __device__ kv_src(const attn_cu_params &p, size_t bh, int)
       : k((const T *)p.k + bh * p.seq_kv * p.dp), v((const T *)p.v + bh * p.seq_kv * p.dp) {}
+  // The block's keys and mask offset: the launch's (no seqused_k packed).
+  __device__ __forceinline__ int nkv(const attn_cu_params &p) const { return p.seq_kv; }
+  __device__ __forceinline__ int64_t off(const attn_cu_params &p) const { return p.off; }
   // Keys [j0, j0 + tile) of K and of V: rows dp apart.
   __device__ __forceinline__ const T *k_rows(const attn_cu_params &p, size_t j0) const {
     return k + j0 * p.dp;
@@ -120,9 +125,23 @@ template <typename T> struct kv_src<T, false> {
 
 // A tile never straddles a page (kernels.h: page_tokens is a multiple of
 // every key tile), so one lookup serves the whole tile.
+// With seqused_k, batch entry b is one session: its own key count, read
+// once per block, and the mask's offset from it (kernels.h).
 template <typename T> struct kv_src<T, true> {
   int row; // bh · pages_per_head: the head's first table entry
-  __device__ kv_src(const attn_cu_params &p, size_t bh) : row((int)bh * p.pages_per_head) {}
+  int n;   // the entry's keys: seqused_k[b], or seq_kv
+  __device__ kv_src(const attn_cu_params &p, size_t bh, int b)
+      : row((int)bh * p.pages_per_head), n(p.seqused_k ? used_keys(p, b) : p.seq_kv) {}
+  // Clamped to [0, seq_kv], the keys the tables cover (launch_ok checks
+  // them for seq_kv), so no device value can send a block past them.
+  static __device__ __forceinline__ int used_keys(const attn_cu_params &p, int b) {
+    return min(max(__ldg(p.seqused_k + b), 0), p.seq_kv);
+  }
+  __device__ __forceinline__ int nkv(const attn_cu_params &) const { return n; }
+  // Bottom-right aligned, as a session call's is.
+  __device__ __forceinline__ int64_t off(const attn_cu_params &p) const {
+    return p.seqused_k ? (int64_t)n - p.seq_q : p.off;
+  }
   __device__ __forceinline__ const T *rows(const attn_cu_params &p, const int32_t *table,
                                            size_t j0) const {
     const int j = (int)j0; // keys stay below 2^30 (ATTN_CU_MAX_SEQ)

@@ -8,7 +8,8 @@
 // weights by shuffles. Shared memory holds Q, K and V tiles only (96 KiB at
 // head dim 256, under the 99 KiB a block gets on sm_89). A paged launch
 // runs the PAGED instance, which finds each K/V tile's rows through the
-// page tables (kv_src).
+// page tables (kv_src) and takes its batch entry's key count from
+// seqused_k when set.
 #include "common.cuh"
 
 namespace attn_cu {
@@ -17,6 +18,7 @@ constexpr int BM = ATTN_CU_F32_BM, BN = ATTN_CU_F32_BN, NT = ATTN_CU_F32_THREADS
 constexpr int DMAX = ATTN_MAX_HEAD_DIM, PER = DMAX / 4; // output columns per thread
 static_assert(NT == 4 * BM, "a quad of threads per query row");
 static_assert(BN == 4 * 8, "8 scores per thread");
+static_assert(ATTN_CU_PAGE_ALIGN_TOKENS % BN == 0, "a key tile never straddles a page");
 
 // PAGED: K and V read through the page tables (kv_src in common.cuh).
 template <bool PAGED>
@@ -32,15 +34,18 @@ __global__ void __launch_bounds__(NT) fwd_f32(const attn_cu_params p, int nsplit
   const int h = blockIdx.y, b = blockIdx.z / nsplit, split = blockIdx.z % nsplit;
   const int i0 = qt * BM, i1 = min(i0 + BM, p.seq_q), i = i0 + r;
   const int hkv = h / (p.heads_q / p.heads_kv);
-  const int64_t off = p.off;
   const size_t qrow0 = ((size_t)b * p.heads_q + h) * p.seq_q;
   const float *gQ = (const float *)p.q + (qrow0 + i0) * dp;
-  const kv_src<float, PAGED> kv(p, (size_t)b * p.heads_kv + hkv);
+  const kv_src<float, PAGED> kv(p, (size_t)b * p.heads_kv + hkv, b);
+  // The block's mask offset and keys (kv.nkv(), read where used, as
+  // p.seq_kv was): the batch entry's with seqused_k. Keys past them are
+  // invisible, and a split wholly past them stays empty.
+  const int64_t off = kv.off(p);
 
   int t0, t1, lo, hi;
-  attn_cu_block_tiles(i0, i1, off, p.window_left, p.window_right, p.seq_kv, BN, nsplit, split, &t0,
+  attn_cu_block_tiles(i0, i1, off, p.window_left, p.window_right, kv.nkv(p), BN, nsplit, split, &t0,
                       &t1);
-  attn_cu_row_bounds(i, off, p.window_left, p.window_right, p.seq_kv, &lo, &hi);
+  attn_cu_row_bounds(i, off, p.window_left, p.window_right, kv.nkv(p), &lo, &hi);
 
   const bool var = p.cap2 > 0.0f || p.alibi2;
   const float slope2 = p.alibi2 ? p.alibi2[(size_t)b * p.heads_q + h] : 0.0f;
@@ -56,7 +61,7 @@ __global__ void __launch_bounds__(NT) fwd_f32(const attn_cu_params p, int nsplit
       sQ[x] = x / dp < i1 - i0 ? gQ[x] : 0.0f;
 
   for (int t = t0; t < t1; t++) {
-    const int j0 = t * BN, nvalid = min(BN, p.seq_kv - j0);
+    const int j0 = t * BN, nvalid = min(BN, kv.nkv(p) - j0);
     const float *tK = kv.k_rows(p, j0), *tV = kv.v_rows(p, j0);
     __syncthreads(); // the previous tile is no longer read
     for (int x = threadIdx.x; x < BN * dp; x += NT) {

@@ -153,10 +153,14 @@ __device__ __forceinline__ void qk_tile(float (&s)[MT][BN / 8][4], const T *sQw,
 // Into log2 units (unless k folds the scale into the exponent: then the
 // scores stay raw), the variants, and the mask where the tile [j0, j0 +
 // BN) is not wholly visible to the block.
-template <int NB>
-__device__ __forceinline__ void scores_to_log2(float (&s)[NB][4], const attn_cu_params &p, float k,
-                                               bool var, bool full, int j0, const int (&qi)[2],
-                                               const float (&sl)[2], int lane) {
+// The block's mask is kv's off() and nkv() (kv_src: the batch entry's
+// with seqused_k, else the launch's), read where they are used, as the
+// packed instances always read p.off and p.seq_kv (cached in locals, they
+// made the packed 128 instance spill).
+template <int NB, typename KV>
+__device__ __forceinline__ void scores_to_log2(float (&s)[NB][4], const attn_cu_params &p,
+                                               const KV &kv, float k, bool var, bool full, int j0,
+                                               const int (&qi)[2], const float (&sl)[2], int lane) {
   if (k == 1.0f) {
 #pragma unroll
     for (int n = 0; n < NB; n++)
@@ -164,14 +168,15 @@ __device__ __forceinline__ void scores_to_log2(float (&s)[NB][4], const attn_cu_
       for (int e = 0; e < 4; e++)
         s[n][e] *= p.scale_log2;
     if (var)
-      score_variants<NB>(s, p, sl[0], attn_cu_dist0(qi[0], p.off, j0), sl[1],
-                         attn_cu_dist0(qi[1], p.off, j0), lane);
+      score_variants<NB>(s, p, sl[0], attn_cu_dist0(qi[0], kv.off(p), j0), sl[1],
+                         attn_cu_dist0(qi[1], kv.off(p), j0), lane);
   }
   if (!full) {
     int lo[2], hi[2];
 #pragma unroll
     for (int h = 0; h < 2; h++)
-      attn_cu_row_bounds(qi[h], p.off, p.window_left, p.window_right, p.seq_kv, &lo[h], &hi[h]);
+      attn_cu_row_bounds(qi[h], kv.off(p), p.window_left, p.window_right, kv.nkv(p), &lo[h],
+                         &hi[h]);
 #pragma unroll
     for (int n = 0; n < NB; n++)
 #pragma unroll
@@ -330,6 +335,7 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32)
     fwd_mma(const attn_cu_params p, int nsplit, int pack) {
   constexpr int NW = ATTN_CU_MMA_WARPS, NT = NW * 32, MT = BM / (16 * NW);
   static_assert(BM == 16 * MT * NW && (MT == 1 || MT == 2), "a warp owns one or two m16 tiles");
+  static_assert(ATTN_CU_PAGE_ALIGN_TOKENS % BN == 0, "a key tile never straddles a page");
   constexpr int STR = DPAD + 8, NB = BN / 8, DB = DPAD / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T *sQ = reinterpret_cast<T *>(smem_raw);
@@ -347,10 +353,12 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32)
   const size_t qrow0 = ((size_t)b * p.heads_q + h0) * p.seq_q;
   const T *gQ = (const T *)p.q + (qrow0 + i0) * p.dp;
   const size_t bh = (size_t)b * p.heads_kv + hkv;
-  const kv_src<T, PAGED> kv(p, bh);
+  const kv_src<T, PAGED> kv(p, bh, b);
+  // Keys past kv.nkv() are invisible, as past a sequence's end; a split
+  // wholly past them has no tiles and writes an empty partial (m -inf, l 0).
   int t0, t1;
-  attn_cu_block_tiles(q0, q1, p.off, p.window_left, p.window_right, p.seq_kv, BN, nsplit, split,
-                      &t0, &t1);
+  attn_cu_block_tiles(q0, q1, kv.off(p), p.window_left, p.window_right, kv.nkv(p), BN, nsplit,
+                      split, &t0, &t1);
 
   // A warp whose rows (from block row w0) all lie past the block's (a
   // short or packed block) only helps load.
@@ -373,8 +381,8 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32)
   const tile_copy<T, BN, DPAD, NT> ckv(threadIdx.x);
   if (t0 < t1) {
     cq.load_any(sQ, gQ, i1 - i0, p.dp);
-    ckv.load_any(sK, kv.k_rows(p, (size_t)t0 * BN), p.seq_kv - t0 * BN, p.dp);
-    ckv.load_any(sV, kv.v_rows(p, (size_t)t0 * BN), p.seq_kv - t0 * BN, p.dp);
+    ckv.load_any(sK, kv.k_rows(p, (size_t)t0 * BN), kv.nkv(p) - t0 * BN, p.dp);
+    ckv.load_any(sV, kv.v_rows(p, (size_t)t0 * BN), kv.nkv(p) - t0 * BN, p.dp);
     cp_async_commit();
   }
   int qr, qc, kr, kc, vr, vc;
@@ -388,8 +396,8 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32)
     const int buf = (t - t0) & 1;
     if (t + 1 < t1) {
       const size_t next = (size_t)(t + 1) * BN;
-      ckv.load_any(sK + (buf ^ 1) * BN * STR, kv.k_rows(p, next), p.seq_kv - (t + 1) * BN, p.dp);
-      ckv.load_any(sV + (buf ^ 1) * BN * STR, kv.v_rows(p, next), p.seq_kv - (t + 1) * BN, p.dp);
+      ckv.load_any(sK + (buf ^ 1) * BN * STR, kv.k_rows(p, next), kv.nkv(p) - (t + 1) * BN, p.dp);
+      ckv.load_any(sV + (buf ^ 1) * BN * STR, kv.v_rows(p, next), kv.nkv(p) - (t + 1) * BN, p.dp);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -401,10 +409,10 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32)
       qk_tile<T, DPAD, BN, MT>(s, sQw, sK + buf * BN * STR, kr, kc);
       const int j0 = t * BN;
       const bool full =
-          attn_cu_tile_full(j0, BN, q0, q1, p.off, p.window_left, p.window_right, p.seq_kv);
+          attn_cu_tile_full(j0, BN, q0, q1, kv.off(p), p.window_left, p.window_right, kv.nkv(p));
 #pragma unroll
       for (int r = 0; r < MT; r++) {
-        scores_to_log2<NB>(s[r], p, k, var, full, j0, lr.qi[r], lr.sl[r], lane);
+        scores_to_log2<NB>(s[r], p, kv, k, var, full, j0, lr.qi[r], lr.sl[r], lane);
         softmax_tile<NB, DB>(s[r], o[r], m[r], l[r], k);
       }
       pv_tile<T, DPAD, BN, MT>(o, s, sV + buf * BN * STR, vr, vc);

@@ -41,6 +41,21 @@
  * the 192 one when paged): a paged request never takes the Hopper
  * instances (TMA reads packed tensors) nor the backward (attn_cu_select
  * refuses it).
+ *
+ * Per-batch key lengths (params.seqused_k set, paged only), as
+ * FlashAttention's seqused_k / cache_seqlens: a launch batches many
+ * sessions' steps, entry b one session with its own tables and
+ * seqused_k[b] cached keys. Its blocks see keys [0, seqused_k[b]) only
+ * (the rest are past its sequence's end, never read, nor are the table
+ * entries past them) and mask with the diagonal offset seqused_k[b] −
+ * seq_q, bottom-right aligned as a session call's is, in place of off;
+ * seq_kv is the largest length, which the grid, the tables' coverage and
+ * the number of key splits are sized for. Each block divides its own
+ * entry's visible tiles over the splits, so entry b's result is the one a
+ * batch-1 launch of seq_kv = seqused_k[b] with the same nsplit gives; a
+ * split (or a whole entry) with no key writes an empty partial (m −inf,
+ * l 0), which the merge weighs 0, and a row that sees no key comes out
+ * O = 0, m = lse = −inf, l = 0.
  */
 #ifndef ATTN_CUDA_KERNELS_H
 #define ATTN_CUDA_KERNELS_H
@@ -159,12 +174,21 @@ typedef struct attn_cu_params {
    * the page pool's base, 16-byte aligned; bytes from one page to the
    * next, a multiple of 256 and at least page_tokens·dp·element size;
    * rows per page, a multiple of 64; table entries per (b, hk), at least
-   * ceil(seq_kv / page_tokens). The page numbers themselves are device
+   * ceil(seq_kv / page_tokens), B·Hkv·pages_per_head of them below 2^31
+   * (32-bit indices). The page numbers themselves are device
    * data: the caller vouches that each names a page of the pool. */
   const int32_t *k_table, *v_table;
   const unsigned char *page_base;
   size_t page_bytes;
   int page_tokens, pages_per_head;
+  /* Device [B] or NULL: entry b attends keys [0, seqused_k[b]) only, and
+   * its mask's diagonal offset is seqused_k[b] - seq_q (bottom-right
+   * aligned, as a session call's is), replacing off; seq_kv is then the
+   * largest of them (what the grid and the split-KV ranges are sized
+   * for). Only with a paged view (k_table set); 4-byte aligned. Device
+   * data again: the kernels clamp each to [0, seq_kv]. Last in the struct,
+   * so the packed instances' parameter offsets stay as they were. */
+  const int32_t *seqused_k;
 } attn_cu_params;
 
 /* page_tokens is a multiple of this, which every forward key tile divides. */
@@ -208,8 +232,9 @@ int attn_cu_dp(int64_t head_dim);
 /*
  * Picks the kernel for a request whose shape fields (dtype, batch, heads,
  * seq lengths, head_dim, dp, windows) are set, on a device with `sms`
- * multiprocessors. Returns 0, or ATTN_EUNSUPPORTED with a message when no
- * kernel can run it (sequences longer than ATTN_CU_MAX_SEQ, grids past the
+ * multiprocessors. With seqused_k, seq_kv is the largest entry's length:
+ * the choice (splits included) is the one for that length. Returns 0, or ATTN_EUNSUPPORTED with a
+ * message when no kernel can run it (sequences longer than ATTN_CU_MAX_SEQ, grids past the
  * hardware's limits).
  */
 int attn_cu_select(const attn_cu_params *p, int sms, attn_cu_choice *c, attn_status *st);
@@ -294,7 +319,8 @@ int attn_cu_prepare(void);
  * dv, split_ws, bwd_ws) non-NULL and 16-byte aligned, the F32 statistics
  * 4-byte aligned, dp the head dim padded to a multiple of 8; a paged launch
  * (k_table set) its paged view's contract instead of k and v (the
- * attn_cu_params comment), on a forward instance that reads pages. A
+ * attn_cu_params comment), on a forward instance that reads pages;
+ * seqused_k only on a paged launch, 4-byte aligned. A
  * launch that breaks it would fault inside the kernel and poison the
  * context, so attn_cu_launch() refuses it first (cudaErrorInvalidValue),
  * which fails the job alone.

@@ -21,7 +21,9 @@
  * kernels.h) takes the same forward instances, splits and packing (but
  * the 192 instance for the 160 one's head dims), never the Hopper
  * instances (their TMA reads packed K and V) and never the
- * backward (it reads packed K and V too): that is refused.
+ * backward (it reads packed K and V too): that is refused. With per-entry
+ * key lengths (seqused_k) seq_kv is the largest, and the choice is the
+ * one for it.
  *
  * Instances a device's start-up self-check found wrong are skipped: a
  * head-dim class falls back to the next larger instance (256 holds every
@@ -295,12 +297,17 @@ static bool paged_ok(const attn_cu_params *p, const attn_cu_choice *c) {
       c->block_n < 1 || p->page_tokens % c->block_n)
     return false;
   const int64_t need = ((int64_t)p->seq_kv + p->page_tokens - 1) / p->page_tokens;
-  return p->pages_per_head >= need &&
+  /* The kernels index the tables in 32 bits (a block's first entry). */
+  const int64_t entries = (int64_t)p->batch * p->heads_kv * p->pages_per_head;
+  return p->pages_per_head >= need && entries <= INT32_MAX &&
          p->page_bytes / attn_dtype_size(p->dtype) / (size_t)p->dp >= (size_t)p->page_tokens;
 }
 
 bool attn_cu_launch_ok(const attn_cu_params *p, const attn_cu_choice *c) {
   const bool paged = p->k_table || p->v_table; /* then k and v are not read */
+  /* Per-entry lengths only where the paged instances read them. */
+  if (p->seqused_k && (!p->k_table || !aligned(p->seqused_k, 4)))
+    return false;
   if (p->dp % ATTN_CU_DPAD_ALIGN != 0 || p->dp != attn_cu_dp(p->head_dim) || !aligned(p->q, 16) ||
       (paged ? !paged_ok(p, c) : !aligned(p->k, 16) || !aligned(p->v, 16)) || !aligned(p->o, 16) ||
       (p->alibi2 && !aligned(p->alibi2, 4)))

@@ -788,23 +788,39 @@ static double kv_elem(const attn_cu_params *p, const void *x, const int32_t *tab
   return attn_load_elem(base, p->dtype, (size_t)(j % p->page_tokens) * (size_t)p->dp + (size_t)d);
 }
 
+/* Batch entry b's keys and mask offset: with seqused_k (kernels.h), its
+ * own count, clamped to [0, seq_kv] as the kernels clamp it, and the
+ * bottom-right diagonal count - seq_q; else the launch's. */
+static int64_t entry_keys(const attn_cu_params *p, int64_t b, int64_t *off) {
+  if (!p->seqused_k) {
+    *off = p->off;
+    return p->seq_kv;
+  }
+  int64_t n = p->seqused_k[b];
+  n = n < 0 ? 0 : n > p->seq_kv ? p->seq_kv : n;
+  *off = n - p->seq_q;
+  return n;
+}
+
 /* Attention on the packed layout (or K and V paged), in float64, from
- * docs/design.md's rule. */
+ * docs/design.md's rule; with seqused_k, entry b over its own keys. */
 static void fwd_op(void *arg) {
   const attn_cu_params *p = &((fwd_arg *)arg)->p;
   const attn_cu_choice *c = &((fwd_arg *)arg)->c;
   const float bias = ((fwd_arg *)arg)->bias;
-  const int64_t B = p->batch, Hq = p->heads_q, Hkv = p->heads_kv, Nq = p->seq_q, Nk = p->seq_kv,
+  const int64_t B = p->batch, Hq = p->heads_q, Hkv = p->heads_kv, Nq = p->seq_q, Nmax = p->seq_kv,
                 D = p->head_dim, dp = p->dp;
   kernel_gate();
-  const int64_t off = p->off, wl = p->window_left, wr = p->window_right;
+  const int64_t wl = p->window_left, wr = p->window_right;
   const double scale = (double)p->scale_log2 * M_LN2;
   /* What the real kernels rely on; a broken contract poisons the output. */
   bool contract =
       ((uintptr_t)p->q | (uintptr_t)p->k | (uintptr_t)p->v | (uintptr_t)p->o) % 16 == 0 &&
       (c->nsplit == 1 || (p->split_ws && (uintptr_t)p->split_ws % 16 == 0)) && grid_covers(p, c);
-  double *s = malloc((size_t)Nk * sizeof *s);
-  for (int64_t b = 0; b < B; b++)
+  double *s = malloc((size_t)(Nmax > 0 ? Nmax : 1) * sizeof *s);
+  for (int64_t b = 0; b < B; b++) {
+    int64_t off;
+    const int64_t Nk = entry_keys(p, b, &off);
     for (int64_t h = 0; h < Hq; h++) {
       int64_t hk = h / (Hq / Hkv);
       size_t qb = (size_t)((b * Hq + h) * Nq), kh = (size_t)(b * Hkv + hk);
@@ -840,6 +856,7 @@ static void fwd_op(void *arg) {
           p->lse[row] = l > 0 ? (float)(m + log(l)) : -INFINITY;
       }
     }
+  }
   free(s);
 }
 

@@ -7,7 +7,10 @@
  * the packed ones bit for bit (the mock's float64 forward reads pages by
  * the header's rule, apart from the kernels' code) and match the float64
  * reference; a paged launch that breaks the contract is refused, and a
- * paged request never takes the Hopper instances nor the backward.
+ * paged request never takes the Hopper instances nor the backward. With
+ * per-entry key lengths (seqused_k), each entry of a batched launch must
+ * be its launch alone (batch 1, seq_kv its length) bit for bit and match
+ * the reference; an entry of no key gives O 0 and empty statistics.
  */
 #include "cuda/kernels.h"
 #include "helpers.h"
@@ -277,6 +280,17 @@ Test(cuda_paged, contract_breaks_are_refused, .init = reset) {
   REFUSED(x.page_bytes = 64 * 64 * 2 - 256, "pages smaller than their rows");
   REFUSED(x.page_bytes = 64 * 64 * 2 + 16, "page_bytes not a multiple of 256");
   REFUSED(x.pages_per_head = 1, "a table shorter than the keys");
+  int32_t *used = dmem(8);
+  used[0] = 37;
+  x = ok;
+  x.seqused_k = used;
+  cr_expect_eq(launch(x, &ch, &a, NULL), 0, "a valid paged launch with seqused_k");
+  x.k_table = x.v_table = NULL, x.k = x.v = bufs[1];
+  cr_expect_eq(launch(x, &ch, &a, NULL), cudaErrorInvalidValue, "seqused_k with no table");
+  cr_expect(!attn_cu_launch_ok(&x, &ch), "attn_cu_launch_ok accepts seqused_k with no table");
+  x.seqused_k = NULL;
+  cr_expect_eq(launch(x, &ch, &a, NULL), 0, "the same launch packed, without seqused_k");
+  REFUSED(x.seqused_k = (const int32_t *)((const char *)used + 2), "a misaligned seqused_k");
   hc = ch;
   hc.kernel = ATTN_CU_HOPPER_D64; /* TMA reads packed tensors */
   cr_expect(!attn_cu_launch_ok(&ok, &hc), "a paged launch on the Hopper instance");
@@ -286,6 +300,7 @@ Test(cuda_paged, contract_breaks_are_refused, .init = reset) {
   x.pass = ATTN_BACKWARD;
   cr_expect(!attn_cu_launch_ok(&x, &ch), "a paged backward launch");
 #undef REFUSED
+  free(used);
   outs_free(&a);
   tpaged_free(&pg);
   free(bufs[0]);
@@ -309,4 +324,155 @@ Test(cuda_paged, never_hopper_nor_backward, .init = reset) {
   prm.pass = ATTN_BACKWARD;
   cr_expect_eq(attn_cu_select(&prm, 132, &ch, &st), ATTN_EUNSUPPORTED, "a paged backward: %s",
                st.message);
+}
+
+/* ---- per-entry key lengths (seqused_k) ---------------------------------- */
+
+/* A batch of sessions: entry b has lens[b] keys, in one paged launch. */
+typedef struct bcase {
+  tprob p; /* the shape of one entry (b 1; nkv ignored) */
+  int n, lens[5];
+  int page_tokens;
+  size_t page_bytes;
+  int sms;
+  bool split; /* expected of the batched choice */
+} bcase;
+
+/* Entry b's share of a launch's outputs: rows from r0. */
+static outs outs_at(const outs *x, size_t r0, size_t orow_bytes) {
+  outs e = {(unsigned char *)x->o + r0 * orow_bytes, x->m + r0, x->l + r0, x->lse + r0};
+  return e;
+}
+
+/* An entry with no key: O exactly 0, m = lse = -inf, l = 0. */
+static void check_empty(const outs *x, size_t rows, size_t orow_bytes, const char *desc) {
+  const unsigned char *o = x->o;
+  bool zero = true, stats = true;
+  for (size_t i = 0; i < rows * orow_bytes; i++)
+    zero = zero && o[i] == 0;
+  for (size_t r = 0; r < rows; r++)
+    stats = stats && x->m[r] == -INFINITY && x->lse[r] == -INFINITY && x->l[r] == 0.0f;
+  cr_expect(zero && stats, "%s: the entry with no key gives O %s, stats %s", desc,
+            zero ? "0" : "NOT 0", stats ? "ok" : "WRONG");
+}
+
+/* Entry b launched alone, as a session would be: batch 1, seq_kv its
+ * length, its rows of Q and its tables; its choice the selector's. */
+static void entry_alone(const bcase *bc, const tbatch *t, tcase *c, int b, const outs *batched,
+                        const char *desc) {
+  attn_cu_params prm;
+  params_of(&c->p, &prm);
+  const size_t es = attn_dtype_size(c->p.dt), rows = (size_t)(c->p.hq * c->p.nq);
+  const size_t orow = (size_t)prm.dp * es;
+  prm.q = t->q + (size_t)b * rows * orow;
+  make_paged(&prm, &t->pg, bc->page_tokens, bc->page_bytes);
+  prm.k_table += (size_t)b * (size_t)(c->p.hkv * t->pg.per_head);
+  prm.v_table += (size_t)b * (size_t)(c->p.hkv * t->pg.per_head);
+  attn_cu_choice ch;
+  attn_status st = {0};
+  cr_assert_eq(attn_cu_select(&prm, bc->sms, &ch, &st), 0, "%s: %s", desc, st.message);
+  size_t wsb = attn_cu_split_bytes(&prm, &ch);
+  void *ws = wsb ? dmem(wsb) : NULL;
+  outs a;
+  outs_alloc(&a, rows, rows * orow);
+  cr_expect_eq(launch(prm, &ch, &a, ws), 0, "%s: the launch alone", desc);
+  const outs e = outs_at(batched, (size_t)b * rows, orow);
+  cr_expect(!memcmp(a.o, e.o, rows * orow) && !memcmp(a.m, e.m, rows * 4) &&
+                !memcmp(a.l, e.l, rows * 4) && !memcmp(a.lse, e.lse, rows * 4),
+            "%s: the batched entry differs from its launch alone", desc);
+  check_reference(c, &e, rows, prm.dp, desc);
+  outs_free(&a);
+  free(ws);
+}
+
+static void batched_case(const bcase *bc, uint64_t seed) {
+  char desc[300], pd[200];
+  tcase cs[5];
+  for (int b = 0; b < bc->n; b++) {
+    tprob e = bc->p;
+    e.b = 1, e.nkv = bc->lens[b] > 0 ? bc->lens[b] : 1, e.stats = true;
+    tcase_init(&cs[b], &e, seed + (uint64_t)b);
+  }
+  attn_cu_params prm;
+  params_of(&cs[0].p, &prm);
+  tbatch t;
+  cr_assert_eq(tbatch_make(&t, cs, bc->lens, bc->n, prm.dp, bc->page_tokens, bc->page_bytes, seed),
+               0);
+  int32_t *used = dmem((size_t)bc->n * 4);
+  memcpy(used, t.lens, (size_t)bc->n * 4);
+  tprob bp = bc->p;
+  bp.b = bc->n, bp.nkv = t.maxk;
+  params_of(&bp, &prm);
+  prm.q = t.q;
+  make_paged(&prm, &t.pg, bc->page_tokens, bc->page_bytes);
+  prm.seqused_k = used;
+  attn_cu_choice ch;
+  attn_status st = {0};
+  cr_assert_eq(attn_cu_select(&prm, bc->sms, &ch, &st), 0, "%s", st.message);
+  snprintf(desc, sizeof desc, "%s, %d entries [%s/%d pack %d]", tdesc(&bp, pd, sizeof pd), bc->n,
+           attn_cu_kernel_name(ch.kernel), ch.nsplit, ch.pack);
+  cr_expect_eq(ch.nsplit > 1, bc->split, "%s: nsplit %d", desc, ch.nsplit);
+  const size_t es = attn_dtype_size(bp.dt), rows = (size_t)(bp.hq * bp.nq);
+  const size_t orow = (size_t)prm.dp * es, wsb = attn_cu_split_bytes(&prm, &ch);
+  void *ws = wsb ? dmem(wsb) : NULL;
+  outs x;
+  outs_alloc(&x, (size_t)bc->n * rows, (size_t)bc->n * rows * orow);
+  cr_expect_eq(launch(prm, &ch, &x, ws), 0, "%s: the batched launch", desc);
+  for (int b = 0; b < bc->n; b++) {
+    char ed[360];
+    snprintf(ed, sizeof ed, "%s, entry %d of %d keys", desc, b, bc->lens[b]);
+    if (bc->lens[b] > 0)
+      entry_alone(bc, &t, &cs[b], b, &x, ed);
+    else {
+      const outs e = outs_at(&x, (size_t)b * rows, orow);
+      check_empty(&e, rows, orow, ed);
+    }
+    tcase_free(&cs[b]);
+  }
+  outs_free(&x);
+  free(ws);
+  free(used);
+  tbatch_free(&t);
+}
+
+/* Decodes (Nq 1) and short queries (Nq 4), causal and not, GQA packed and
+ * not, every dtype, split-KV on 132 SMs and not split; entries of 0, 1,
+ * 64, 300, 1000 keys (one shorter than its queries, with rows that see
+ * nothing), pages of 64 to 192 tokens. */
+static int batched_list(bcase *cs) {
+  int n = 0;
+  bcase c = {.sms = 132, .split = true};
+  c.p = tprob_make(1, 8, 2, 1, 1, 64, ATTN_F16); /* decode: split and packed */
+  c.n = 5, c.lens[0] = 1, c.lens[1] = 300, c.lens[2] = 1000, c.lens[3] = 64, c.lens[4] = 0;
+  c.page_tokens = 64, c.page_bytes = 64 * 64 * 2;
+  cs[n++] = c;
+  c.p = tprob_make(1, 4, 4, 4, 1, 128, ATTN_BF16); /* Nq 4, causal, an entry of 3 keys */
+  c.p.causal = true;
+  c.n = 3, c.lens[0] = 3, c.lens[1] = 1000, c.lens[2] = 300;
+  c.page_tokens = 128, c.page_bytes = 65536;
+  cs[n++] = c;
+  c.p = tprob_make(1, 2, 1, 1, 1, 96, ATTN_F32); /* F32 decode: split, never packed */
+  c.p.causal = true;
+  c.n = 4, c.lens[0] = 1000, c.lens[1] = 0, c.lens[2] = 257, c.lens[3] = 64;
+  c.page_tokens = 128, c.page_bytes = 65536;
+  cs[n++] = c;
+  c.p = tprob_make(1, 6, 2, 4, 1, 160, ATTN_F16); /* the 192 instance, packed, causal */
+  c.p.causal = true;
+  c.n = 4, c.lens[0] = 513, c.lens[1] = 1, c.lens[2] = 64, c.lens[3] = 700;
+  c.page_tokens = 192, c.page_bytes = 192 * 160 * 2;
+  cs[n++] = c;
+  c.p = tprob_make(1, 8, 1, 4, 1, 256, ATTN_BF16); /* MQA, a window, no split asked */
+  c.p.wl = 100, c.p.wr = 0;
+  c.sms = 0, c.split = false;
+  c.n = 3, c.lens[0] = 0, c.lens[1] = 1000, c.lens[2] = 5;
+  c.page_tokens = 64, c.page_bytes = 64 * 256 * 2;
+  cs[n++] = c;
+  return n;
+}
+
+Test(cuda_paged, seqused_k_entries_equal_their_launches_alone, .init = reset) {
+  bcase cs[8];
+  int n = batched_list(cs);
+  for (int i = 0; i < n; i++)
+    batched_case(&cs[i], 0x5e55 + 16 * (uint64_t)i);
 }

@@ -22,7 +22,10 @@
  * every byte no key occupies): the packed launch and the paged one of the
  * same choice, each judged against float64, paged O within the tolerance
  * of packed O, the page pool and tables inside guards and read back
- * unchanged.
+ * unchanged; and batches of sessions with per-entry key lengths
+ * (seqused_k, tests/lib's tbatch): each entry of the batched launch within
+ * the tolerance of its launch alone and of float64, an entry of no key O 0
+ * with empty statistics.
  */
 #include "gpu_test.h"
 
@@ -565,6 +568,248 @@ static int paged_list(tprob *ps, int *tokens, size_t *bytes) {
   return n;
 }
 
+/* ---- per-entry key lengths (kernels.h's seqused_k) --------------------- */
+
+/* A batch of sessions in one paged launch (run 0) and each entry launched
+ * alone (run 1: batch 1, seq_kv its length, its rows of Q and its tables). */
+typedef struct sqcase {
+  tbatch t;
+  tcase cs[5];
+  tref ref[5];
+  int ncs, nref;
+  dbuf q, pool, kt, vt, used, ws;
+  dbuf o[2], st[2][3];
+  unsigned char *ho[2];
+  float *hs[2][3];
+} sqcase;
+
+static void sq_free(sqcase *x) {
+  dbuf *b[] = {&x->q, &x->pool, &x->kt, &x->vt, &x->used, &x->ws, &x->o[0], &x->o[1]};
+  for (int i = 0; i < 8; i++)
+    dfree(b[i]);
+  for (int r = 0; r < 2; r++) {
+    free(x->ho[r]);
+    for (int i = 0; i < 3; i++) {
+      dfree(&x->st[r][i]);
+      free(x->hs[r][i]);
+    }
+  }
+  for (int e = 0; e < x->nref; e++)
+    tref_free(&x->ref[e]);
+  for (int e = 0; e < x->ncs; e++)
+    tcase_free(&x->cs[e]);
+  tbatch_free(&x->t);
+}
+
+/* Device copies of Q, the pages, tables and lengths; output room for both
+ * runs (the batched one's size) and wsb bytes of split scratch. */
+static int sq_device(sqcase *x, size_t orow, size_t rows, size_t wsb) {
+  const tbatch *t = &x->t;
+  size_t tbytes = (size_t)(t->n * x->cs[0].p.hkv * t->pg.per_head) * sizeof(int32_t);
+  if (dalloc(&x->q, rows * orow) || dalloc(&x->pool, t->pg.bytes) || dalloc(&x->kt, tbytes) ||
+      dalloc(&x->vt, tbytes) || dalloc(&x->used, (size_t)t->n * 4) || (wsb && dalloc(&x->ws, wsb)))
+    return -1;
+  for (int r = 0; r < 2; r++) {
+    if (dalloc(&x->o[r], rows * orow) || !(x->ho[r] = malloc(rows * orow)))
+      return -1;
+    for (int i = 0; i < 3; i++)
+      if (dalloc(&x->st[r][i], rows * 4) || !(x->hs[r][i] = malloc(rows * 4)))
+        return -1;
+  }
+  const void *src[] = {t->q, t->pg.pool, t->pg.k_table, t->pg.v_table, t->lens};
+  dbuf *dst[] = {&x->q, &x->pool, &x->kt, &x->vt, &x->used};
+  for (int i = 0; i < 5; i++)
+    if (GCK(cudaMemcpy(dptr(dst[i]), src[i], dst[i]->bytes, cudaMemcpyHostToDevice)))
+      return -1;
+  return 0;
+}
+
+/* Run r of prm (rows of output): poison, launch, download into ho[r], hs[r]. */
+static int sq_run(sqcase *x, int r, attn_cu_params prm, const attn_cu_choice *ch, size_t rows,
+                  size_t orow, cudaStream_t s) {
+  prm.o = dptr(&x->o[r]);
+  prm.m = dptr(&x->st[r][0]);
+  prm.l = dptr(&x->st[r][1]);
+  prm.lse = dptr(&x->st[r][2]);
+  prm.split_ws = dptr(&x->ws);
+  if (GCK(cudaMemsetAsync(prm.o, 0xff, x->o[r].bytes, s)) ||
+      (prm.split_ws && GCK(cudaMemsetAsync(prm.split_ws, 0xff, x->ws.bytes, s))))
+    return -1;
+  for (int i = 0; i < 3; i++)
+    if (GCK(cudaMemsetAsync(dptr(&x->st[r][i]), 0xff, x->st[r][i].bytes, s)))
+      return -1;
+  if (GCK(attn_cu_launch(&prm, ch, s)) || GCK(cudaStreamSynchronize(s)) ||
+      GCK(cudaMemcpy(x->ho[r], prm.o, rows * orow, cudaMemcpyDeviceToHost)))
+    return -1;
+  for (int i = 0; i < 3; i++)
+    if (GCK(cudaMemcpy(x->hs[r][i], dptr(&x->st[r][i]), rows * 4, cudaMemcpyDeviceToHost)))
+      return -1;
+  return 0;
+}
+
+/* The paged view of x's pages, entry b's tables first. */
+static void sq_paged(sqcase *x, attn_cu_params *prm, int b, int page_tokens, size_t page_bytes) {
+  const size_t at = (size_t)b * (size_t)(x->cs[0].p.hkv * x->t.pg.per_head);
+  prm->k_table = (const int32_t *)dptr(&x->kt) + at;
+  prm->v_table = (const int32_t *)dptr(&x->vt) + at;
+  prm->page_base = dptr(&x->pool);
+  prm->page_bytes = page_bytes;
+  prm->page_tokens = page_tokens;
+  prm->pages_per_head = x->t.pg.per_head;
+}
+
+/* Entry b of the batched run (rows from b·rows): alone within the
+ * tolerance of O, against float64, or with no key O 0 and empty stats. */
+static bool sq_entry(tgroup *g, sqcase *x, int b, size_t rows, size_t orow, int page_tokens,
+                     size_t page_bytes, cudaStream_t s, char *why, size_t cap) {
+  tcase *c = &x->cs[b];
+  const unsigned char *o = x->ho[0] + (size_t)b * rows * orow;
+  const size_t r0 = (size_t)b * rows, es = attn_dtype_size(c->p.dt);
+  if (x->t.lens[b] == 0) {
+    bool ok = true;
+    for (size_t i = 0; i < rows * orow; i++)
+      ok = ok && o[i] == 0;
+    for (size_t r = 0; r < rows; r++)
+      ok = ok && x->hs[0][0][r0 + r] == -INFINITY && x->hs[0][1][r0 + r] == 0.0f &&
+           x->hs[0][2][r0 + r] == -INFINITY;
+    if (!ok)
+      snprintf(why, cap, "entry %d of no key: O not 0 or its stats not empty", b);
+    return ok;
+  }
+  attn_cu_params prm;
+  g_params(&c->p, &prm);
+  prm.q = (unsigned char *)dptr(&x->q) + r0 * orow;
+  sq_paged(x, &prm, b, page_tokens, page_bytes);
+  attn_cu_choice ch;
+  attn_status st = {0};
+  if (attn_cu_select(&prm, g_sms, &ch, &st) != 0 || attn_cu_split_bytes(&prm, &ch) > x->ws.bytes ||
+      sq_run(x, 1, prm, &ch, rows, orow, s)) {
+    snprintf(why, cap, "entry %d alone: no choice, scratch or launch (%s)", b, st.message);
+    return false;
+  }
+  double d = 0, ref = 0;
+  for (size_t i = 0; i < rows * orow / es; i++) {
+    double a = attn_load_elem(x->ho[1], c->p.dt, i), e = attn_load_elem(o, c->p.dt, i);
+    d += (a - e) * (a - e);
+    ref += a * a;
+  }
+  d = isnan(d) ? INFINITY : ref > 0 ? sqrt(d / ref) : sqrt(d);
+  if (!(d <= g_tol_o(c->p.dt))) {
+    snprintf(why, cap, "entry %d differs from its launch alone by %.3g", b, d);
+    return false;
+  }
+  unpad_rows(c->o, o, rows, c->p.d, prm.dp, es);
+  memcpy(c->m, x->hs[0][0] + r0, rows * 4);
+  memcpy(c->l, x->hs[0][1] + r0, rows * 4);
+  memcpy(c->lse, x->hs[0][2] + r0, rows * 4);
+  terr err = tref_check(c, &x->ref[b]);
+  return g_judge(g, c->p.dt, true, &err, b, why, cap);
+}
+
+/* Guards of every buffer, and Q, pages, tables and lengths unchanged. */
+static bool sq_intact(sqcase *x, char *why, size_t cap) {
+  dbuf *all[] = {&x->q,        &x->pool,     &x->kt,       &x->vt,       &x->used,
+                 &x->ws,       &x->o[0],     &x->o[1],     &x->st[0][0], &x->st[0][1],
+                 &x->st[0][2], &x->st[1][0], &x->st[1][1], &x->st[1][2]};
+  for (int i = 0; i < 14; i++)
+    if (guard_damage(all[i])) {
+      snprintf(why, cap, "guard bytes around buffer %d were overwritten", i);
+      return false;
+    }
+  const void *want[] = {x->t.q, x->t.pg.pool, x->t.pg.k_table, x->t.pg.v_table, x->t.lens};
+  const dbuf *got[] = {&x->q, &x->pool, &x->kt, &x->vt, &x->used};
+  bool ok = true;
+  for (int i = 0; i < 5 && ok; i++) {
+    unsigned char *h = malloc(got[i]->bytes);
+    ok = h && !GCK(cudaMemcpy(h, dptr(got[i]), got[i]->bytes, cudaMemcpyDeviceToHost)) &&
+         memcmp(h, want[i], got[i]->bytes) == 0;
+    free(h);
+  }
+  if (!ok)
+    snprintf(why, cap, "the launches changed their inputs (Q, pages, tables or lengths)");
+  return ok;
+}
+
+/* Batch entries of n lengths, each of shape p (b 1), in one launch. */
+static void seqused_case(tgroup *g, const tprob *p, const int *lens, int n, int page_tokens,
+                         size_t page_bytes, uint64_t seed, cudaStream_t s) {
+  char desc[200], why[400] = "";
+  tprob bp = *p;
+  bp.b = n;
+  tdesc(&bp, desc, sizeof desc);
+  g_set_current("kapi seqused_k: %s", desc);
+  sqcase x;
+  memset(&x, 0, sizeof x);
+  attn_status st = {0};
+  bool ok = true;
+  for (int b = 0; b < n; b++) {
+    tprob e = *p;
+    e.b = 1, e.nkv = lens[b] > 0 ? lens[b] : 1, e.stats = true;
+    tcase_init(&x.cs[b], &e, seed + (uint64_t)b);
+    x.ncs = b + 1;
+    ok = ok && tref_compute(&x.cs[b], g_opt.ref_threads, &x.ref[b], &st) == 0;
+    x.nref += ok;
+  }
+  attn_cu_params prm, alone;
+  g_params(&x.cs[0].p, &alone);
+  const size_t es = attn_dtype_size(p->dt), rows = (size_t)(p->hq * p->nq);
+  const size_t orow = (size_t)alone.dp * es;
+  attn_cu_choice ch;
+  if (!ok)
+    snprintf(why, sizeof why, "the reference failed: %s", st.message);
+  else if (tbatch_make(&x.t, x.cs, lens, n, alone.dp, page_tokens, page_bytes, seed ^ 0x5eed))
+    ok = false, snprintf(why, sizeof why, "out of host memory");
+  if (ok) {
+    bp.nkv = x.t.maxk;
+    g_params(&bp, &prm);
+    static const int32_t any_table[1];
+    prm.k_table = prm.v_table = any_table; /* for the choice */
+    ok = attn_cu_select(&prm, g_sms, &ch, &st) == 0;
+    if (!ok)
+      snprintf(why, sizeof why, "attn_cu_select: %s", st.message);
+  }
+  /* Scratch for the batched choice, more than any entry alone needs (fewer
+   * rows, at most ATTN_CU_MAX_SPLITS splits). */
+  const size_t wsb = (size_t)ATTN_CU_MAX_SPLITS * (size_t)n * rows * (size_t)(alone.dp + 2) * 4;
+  if (ok && sq_device(&x, orow, (size_t)n * rows, wsb))
+    ok = false, snprintf(why, sizeof why, "out of device memory, or an upload failed");
+  if (ok) {
+    prm.q = dptr(&x.q);
+    sq_paged(&x, &prm, 0, page_tokens, page_bytes);
+    prm.seqused_k = (const int32_t *)dptr(&x.used);
+    ok = !sq_run(&x, 0, prm, &ch, (size_t)n * rows, orow, s);
+    if (!ok)
+      snprintf(why, sizeof why, "the batched launch failed");
+    for (int b = 0; b < n && ok; b++)
+      ok = sq_entry(g, &x, b, rows, orow, page_tokens, page_bytes, s, why, sizeof why);
+    ok = ok && sq_intact(&x, why, sizeof why);
+  }
+  if (ok)
+    tg_case(g, true, "seqused_k %s [%s/%d pack %d, pages of %d]: each entry as alone", desc,
+            attn_cu_kernel_name(ch.kernel), ch.nsplit, ch.pack, page_tokens);
+  else
+    tg_case(g, false, "seqused_k %s, pages of %d, seed %#llx: %s", desc, page_tokens,
+            (unsigned long long)seed, why);
+  sq_free(&x);
+}
+
+/* Sessions' decodes batched (Nq 1, packed GQA, split), short queries (Nq
+ * 4) causal, F32, an entry of no key, one shorter than its queries. */
+static void seqused_cases(tgroup *g, int grp, int idx, cudaStream_t s) {
+  static const int l0[] = {1, 300, 1000, 64, 0}, l1[] = {3, 1000, 300}, l2[] = {4000, 0, 257, 64},
+                   l3[] = {513, 1, 64, 700};
+  tprob p = tprob_make(1, 32, 8, 1, 1, 128, ATTN_BF16);
+  seqused_case(g, &p, l0, 5, 256, 65536, g_seed(grp, idx, 0), s);
+  p = tprob_make(1, 4, 4, 4, 1, 64, ATTN_F16);
+  p.causal = true;
+  seqused_case(g, &p, l1, 3, 64, 64 * 64 * 2, g_seed(grp, idx + 1, 0), s);
+  p = tprob_make(1, 2, 1, 1, 1, 96, ATTN_F32);
+  seqused_case(g, &p, l2, 4, 128, 65536, g_seed(grp, idx + 2, 0), s);
+  p = tprob_make(1, 6, 2, 4, 1, 160, ATTN_F16);
+  p.causal = true;
+  seqused_case(g, &p, l3, 4, 192, 192 * 160 * 2, g_seed(grp, idx + 3, 0), s);
+}
+
 void group_kapi(tgroup *g, int grp) {
   if (g_dead) {
     tg_case(g, false, "not run (CUDA context broken earlier)");
@@ -591,6 +836,8 @@ void group_kapi(tgroup *g, int grp) {
     np = 2;
   for (int i = 0; i < np && !g_dead; i++)
     paged_case(g, &ps[i], tokens[i], bytes[i], g_seed(grp, n + i, 0), s);
+  if (!g_opt.small && !g_dead)
+    seqused_cases(g, grp, n + np, s);
   GCK(cudaStreamDestroy(s));
 }
 

@@ -675,3 +675,74 @@ void tpaged_free(tpaged *pg) {
   free(pg->k_table); /* v_table is its second half */
   memset(pg, 0, sizeof *pg);
 }
+
+/* Rows [0, n) of contiguous [rows, d] x into [.., dp] y from row r0,
+ * padding columns zero. */
+static void tbatch_rows(unsigned char *y, size_t r0, const void *x, int64_t n, int64_t d, int dp,
+                        size_t es) {
+  for (int64_t r = 0; r < n; r++) {
+    unsigned char *row = y + (r0 + (size_t)r) * (size_t)dp * es;
+    memset(row, 0, (size_t)dp * es);
+    memcpy(row, (const unsigned char *)x + (size_t)(r * d) * es, (size_t)d * es);
+  }
+}
+
+/* Entry b's table entries past its pages: the page no key is written to. */
+static void tbatch_unused(tbatch *t, int64_t hkv, int page_tokens) {
+  for (int b = 0; b < t->n; b++) {
+    const int used = (t->lens[b] + page_tokens - 1) / page_tokens;
+    for (int64_t hk = 0; hk < hkv; hk++)
+      for (int e = used; e < t->pg.per_head; e++) {
+        const size_t at = (size_t)((b * hkv + hk) * t->pg.per_head + e);
+        t->pg.k_table[at] = t->pg.v_table[at] = t->pg.npages - 1;
+      }
+  }
+}
+
+int tbatch_make(tbatch *t, const tcase *cs, const int *lens, int n, int dp, int page_tokens,
+                size_t page_bytes, uint64_t seed) {
+  memset(t, 0, sizeof *t);
+  const tprob *p = &cs[0].p;
+  const size_t es = attn_dtype_size(p->dt);
+  t->n = n;
+  t->maxk = 1;
+  for (int b = 0; b < n; b++)
+    t->maxk = lens[b] > t->maxk ? lens[b] : t->maxk;
+  const size_t qrows = (size_t)(n * p->hq * p->nq), kvrows = (size_t)(n * p->hkv * t->maxk);
+  t->q = malloc(qrows * (size_t)dp * es);
+  t->k = malloc(kvrows * (size_t)dp * es);
+  t->v = malloc(kvrows * (size_t)dp * es);
+  t->lens = malloc((size_t)n * sizeof *t->lens);
+  if (!t->q || !t->k || !t->v || !t->lens) {
+    tbatch_free(t);
+    return -1;
+  }
+  memset(t->k, 0xff, kvrows * (size_t)dp * es);
+  memset(t->v, 0xff, kvrows * (size_t)dp * es);
+  for (int b = 0; b < n; b++) {
+    const tprob *e = &cs[b].p;
+    t->lens[b] = lens[b];
+    tbatch_rows(t->q, (size_t)(b * p->hq * p->nq), cs[b].q, p->hq * p->nq, p->d, dp, es);
+    for (int64_t hk = 0; hk < p->hkv; hk++) {
+      const size_t r0 = (size_t)((b * p->hkv + hk) * t->maxk), src = (size_t)(hk * e->nkv * p->d);
+      tbatch_rows(t->k, r0, (const unsigned char *)cs[b].k + src * es, lens[b], p->d, dp, es);
+      tbatch_rows(t->v, r0, (const unsigned char *)cs[b].v + src * es, lens[b], p->d, dp, es);
+    }
+  }
+  if (tpaged_make(&t->pg, t->k, t->v, n * p->hkv, t->maxk, (size_t)dp * es, page_tokens, page_bytes,
+                  seed)) {
+    tbatch_free(t);
+    return -1;
+  }
+  tbatch_unused(t, p->hkv, page_tokens);
+  return 0;
+}
+
+void tbatch_free(tbatch *t) {
+  free(t->q);
+  free(t->k);
+  free(t->v);
+  free(t->lens);
+  tpaged_free(&t->pg);
+  memset(t, 0, sizeof *t);
+}

@@ -157,6 +157,28 @@ int tpaged_make(tpaged *pg, const void *k, const void *v, int64_t heads, int64_t
                 int page_tokens, size_t page_bytes, uint64_t seed);
 void tpaged_free(tpaged *pg);
 
+/*
+ * A batch of sessions for one paged launch with per-entry key lengths
+ * (kernels.h's seqused_k): entry b is cs[b], a batch-1 case with the same
+ * heads, queries and head dim, of which the first lens[b] keys are cached
+ * (lens[b] <= cs[b].p.nkv; a case of 0 keys needs one key for tcase_init).
+ * q is [n·Hq·Nq, dp] padded, k and v [n·Hkv·maxk, dp] with every row past
+ * an entry's keys 0xff, paged into pg; the table entries past an entry's
+ * pages name pg's unwritten page (NaN), so a read beyond its keys shows.
+ * Entry b's tables start at b·Hkv·per_head. Returns 0, or -1 when out of
+ * memory.
+ */
+typedef struct tbatch {
+  int n;
+  int64_t maxk; /* the largest lens[b], at least 1: the launch's seq_kv */
+  unsigned char *q, *k, *v;
+  int32_t *lens;
+  tpaged pg;
+} tbatch;
+int tbatch_make(tbatch *t, const tcase *cs, const int *lens, int n, int dp, int page_tokens,
+                size_t page_bytes, uint64_t seed);
+void tbatch_free(tbatch *t);
+
 uint64_t trand(uint64_t *s);
 double tuniform(uint64_t *s); /* [-1, 1) */
 

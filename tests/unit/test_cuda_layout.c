@@ -529,6 +529,43 @@ Test(cuda_layout, lse_merge_matches_float64_softmax) {
   }
 }
 
+Test(cuda_layout, seqused_k_splits_of_an_entry) {
+  /* A batch entry's block divides its own visible tiles over the launch's
+   * splits (kernels.h's seqused_k): the splits cover them once, in order,
+   * and those past them (all, for an entry of no key) are empty, which the
+   * merge weighs 0: m -inf, l 0, O 0. */
+  static const int lens[] = {0, 1, 63, 64, 65, 300, 1000};
+  for (int li = 0; li < 7; li++)
+    for (int nsplit = 1; nsplit <= 16; nsplit *= 2) {
+      const int n = lens[li], nq = 4;
+      int next = 0, busy = 0;
+      for (int s = 0; s < nsplit; s++) {
+        int t0, t1;
+        attn_cu_block_tiles(0, nq, (int64_t)n - nq, -1, 0, n, 64, nsplit, s, &t0, &t1);
+        if (t0 == t1)
+          continue;
+        cr_expect(t0 == next && t1 > t0, "len %d split %d: tiles [%d, %d)", n, s, t0, t1);
+        next = t1, busy++;
+      }
+      cr_expect_eq(next, (n + 63) / 64, "len %d, %d splits: tiles up to %d", n, nsplit, next);
+      cr_expect(busy <= nsplit && (n == 0) == (busy == 0));
+    }
+  /* Partials of a row: two empty splits (their O poisoned, never read)
+   * around two that saw keys; then every one empty. */
+  float ml[8] = {-INFINITY, 0, 3.0f, 2.0f, -INFINITY, 0, 4.0f, 1.0f}, m2, l;
+  attn_cu_merge(ml, 1, 4, &m2, &l);
+  cr_expect(m2 == 4.0f && fabsf(l - 2.0f) < 1e-6f, "m2 %g l %g", m2, l);
+  cr_expect(attn_cu_merge_weight(ml[0], ml[1], m2, l) == 0.0f &&
+            attn_cu_merge_weight(ml[4], ml[5], m2, l) == 0.0f);
+  cr_expect(fabsf(attn_cu_merge_weight(ml[2], ml[3], m2, l) +
+                  attn_cu_merge_weight(ml[6], ml[7], m2, l) - 1.0f) < 1e-6f);
+  float none[6] = {-INFINITY, 0, -INFINITY, 0, -INFINITY, 0}, m, lse;
+  attn_cu_merge(none, 1, 3, &m2, &l);
+  attn_cu_stats(m2, l, &m, &lse);
+  cr_expect(m2 == -INFINITY && l == 0.0f && m == -INFINITY && lse == -INFINITY);
+  cr_expect_eq(attn_cu_merge_weight(none[0], none[1], m2, l), 0.0f);
+}
+
 Test(cuda_layout, max_for_exp_never_makes_nan) {
   float m = -INFINITY, use = attn_cu_max_for_exp(m);
   cr_assert_eq(exp2f(-INFINITY - use), 0.0f);
@@ -1007,7 +1044,16 @@ Test(cuda_layout, paged_launch_contract) {
   BAD(x.page_bytes = 64 * 64 * 2 - 256, "pages too small");
   BAD(x.page_bytes = 64 * 64 * 2 + 128, "page_bytes not a multiple of 256");
   BAD(x.pages_per_head = 3, "a table short of seq_kv");
+  BAD((x.batch = 4, x.pages_per_head = 1 << 30), "tables past 32-bit indices");
   BAD(x.pass = ATTN_BACKWARD, "a paged backward");
+  /* Per-entry key lengths: 4-byte aligned, and only with a paged view. */
+  static int32_t used[4];
+  x = p;
+  x.seqused_k = used;
+  cr_expect(attn_cu_launch_ok(&x, &c), "seqused_k with a paged view");
+  BAD(x.seqused_k = (const int32_t *)((const char *)used + 2), "a misaligned seqused_k");
+  BAD((x.k = x.v = buf, x.k_table = x.v_table = NULL, x.seqused_k = used),
+      "seqused_k on a packed launch");
 #undef BAD
   /* 129..160 takes the 192 instance when paged; the backward refuses. */
   attn_cu_params d = shape(ATTN_BF16, 1, 8, 1, 1, 4096, 160);

@@ -114,6 +114,10 @@ template <typename T> struct kv_src<T, false> {
   // The block's keys and mask offset: the launch's (no seqused_k packed).
   __device__ __forceinline__ int nkv(const attn_cu_params &p) const { return p.seq_kv; }
   __device__ __forceinline__ int64_t off(const attn_cu_params &p) const { return p.off; }
+  // The same before a kv_src exists (the F32 kernel's order).
+  static __device__ __forceinline__ int64_t entry_off(const attn_cu_params &p, int) {
+    return p.off;
+  }
   // Keys [j0, j0 + tile) of K and of V: rows dp apart.
   __device__ __forceinline__ const T *k_rows(const attn_cu_params &p, size_t j0) const {
     return k + j0 * p.dp;
@@ -141,6 +145,9 @@ template <typename T> struct kv_src<T, true> {
   // Bottom-right aligned, as a session call's is.
   __device__ __forceinline__ int64_t off(const attn_cu_params &p) const {
     return p.seqused_k ? (int64_t)n - p.seq_q : p.off;
+  }
+  static __device__ __forceinline__ int64_t entry_off(const attn_cu_params &p, int b) {
+    return p.seqused_k ? (int64_t)used_keys(p, b) - p.seq_q : p.off;
   }
   __device__ __forceinline__ const T *rows(const attn_cu_params &p, const int32_t *table,
                                            size_t j0) const {

@@ -34,13 +34,14 @@ __global__ void __launch_bounds__(NT) fwd_f32(const attn_cu_params p, int nsplit
   const int h = blockIdx.y, b = blockIdx.z / nsplit, split = blockIdx.z % nsplit;
   const int i0 = qt * BM, i1 = min(i0 + BM, p.seq_q), i = i0 + r;
   const int hkv = h / (p.heads_q / p.heads_kv);
+  // The block's mask offset and keys (kv.nkv(), read where used, as
+  // p.seq_kv was): the batch entry's with seqused_k. Keys past them are
+  // invisible, and a split wholly past them stays empty. off before kv,
+  // where the packed kernel always read it (its code stays the same).
+  const int64_t off = kv_src<float, PAGED>::entry_off(p, b);
   const size_t qrow0 = ((size_t)b * p.heads_q + h) * p.seq_q;
   const float *gQ = (const float *)p.q + (qrow0 + i0) * dp;
   const kv_src<float, PAGED> kv(p, (size_t)b * p.heads_kv + hkv, b);
-  // The block's mask offset and keys (kv.nkv(), read where used, as
-  // p.seq_kv was): the batch entry's with seqused_k. Keys past them are
-  // invisible, and a split wholly past them stays empty.
-  const int64_t off = kv.off(p);
 
   int t0, t1, lo, hi;
   attn_cu_block_tiles(i0, i1, off, p.window_left, p.window_right, kv.nkv(p), BN, nsplit, split, &t0,

@@ -5,7 +5,7 @@
  * small copies into them, a call's job uploads only q and its page tables
  * and the paged kernel reads K and V in place; prefill and decode match
  * the float64 reference in every dtype, a batch call matches its entries
- * alone, a store saved from the device loads back (on the device or in
+ * alone (one launch over their page tables), a store saved from the device loads back (on the device or in
  * host memory), a device lost fails the calls and not the process, and a
  * store the device cannot hold stays in host memory.
  */
@@ -196,7 +196,13 @@ Test(sessions_gpu, a_batch_call_matches_its_entries, .init = reset) {
   }
   void *o = calloc(4 * 3 * 64, 2);
   attn_status st;
+  mock_log_reset();
   cr_assert_eq(batch_step(kv, s, pre, o, &st), 0, "%s", st.message);
+  static mock_op log[MOCK_LOG_MAX];
+  int n = mock_log(log, MOCK_LOG_MAX), kernels = 0;
+  for (int i = 0; i < n; i++)
+    kernels += log[i].kind == MOCK_KERNEL;
+  cr_expect_eq(kernels, 1, "one launch over the three sessions' page tables");
   for (int i = 0; i < 3; i++) {
     tkv_reply y = {.o = tkv_rows_of(o, 4, 3, 64, ATTN_F16, i, 1)};
     double err = tkv_ref_error(&s[i], &tkv_plain, pre[i], 1, pre[i] + 1, &y);

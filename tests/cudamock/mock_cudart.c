@@ -465,21 +465,8 @@ static void dev_free(void *ptr) {
   free(p);
 }
 
-cudaError_t cudaMallocFromPoolAsync(void **ptr, size_t size, cudaMemPool_t pool, cudaStream_t s) {
-  (void)pool;
-  (void)s;
-  pthread_mutex_lock(&g_mu);
-  bool oom = g_k.fail_alloc > 0 || g_dev_bytes + size > g_k.mem_total;
-  if (g_k.fail_alloc > 0)
-    g_k.fail_alloc--;
-  pthread_mutex_unlock(&g_mu);
-  if (oom)
-    return fail(cudaErrorMemoryAllocation);
-  *ptr = dev_alloc(size);
-  return *ptr ? cudaSuccess : fail(cudaErrorMemoryAllocation);
-}
-
-/* Synchronous: the session pages' pool and its copies (engine/cuda/pages.c). */
+/* Synchronous here as cudaMalloc (the session pages' pool) is; the knobs'
+ * failures count both. */
 cudaError_t cudaMalloc(void **ptr, size_t size) {
   pthread_mutex_lock(&g_mu);
   bool oom = g_k.fail_alloc > 0 || g_dev_bytes + size > g_k.mem_total;
@@ -490,6 +477,11 @@ cudaError_t cudaMalloc(void **ptr, size_t size) {
     return fail(cudaErrorMemoryAllocation);
   *ptr = dev_alloc(size);
   return *ptr ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+}
+cudaError_t cudaMallocFromPoolAsync(void **ptr, size_t size, cudaMemPool_t pool, cudaStream_t s) {
+  (void)pool;
+  (void)s;
+  return cudaMalloc(ptr, size);
 }
 cudaError_t cudaMemset(void *ptr, int value, size_t n) {
   memset(ptr, value, n);

@@ -38,30 +38,6 @@ typedef struct pcase {
 /* "Device" memory of the mock: host memory, 64-byte aligned. */
 static void *dmem(size_t n) { return aligned_alloc(64, (n + 63) / 64 * 64 + 64); }
 
-/* The kernels' view of p, no pointers yet (as tests/gpu's g_params). */
-static void params_of(const tprob *p, attn_cu_params *prm) {
-  memset(prm, 0, sizeof *prm);
-  attn_request r;
-  attn_request_init(&r);
-  r.head_dim = p->d;
-  r.scale = p->scale;
-  r.causal = p->causal;
-  r.window_left = p->wl;
-  r.window_right = p->wr;
-  prm->dtype = p->dt;
-  prm->batch = (int)p->b;
-  prm->heads_q = (int)p->hq;
-  prm->heads_kv = (int)p->hkv;
-  prm->seq_q = (int)p->nq;
-  prm->seq_kv = (int)p->nkv;
-  prm->head_dim = (int)p->d;
-  prm->dp = attn_cu_dp(p->d);
-  prm->scale_log2 = (float)(attn_request_scale(&r) * M_LOG2E);
-  prm->scale = (float)attn_request_scale(&r);
-  attn_request_window(&r, &prm->window_left, &prm->window_right);
-  prm->off = tprob_off(p);
-}
-
 /* Contiguous [rows, d] -> [rows, dp] with zero padding, or back. */
 static void *pad(const void *x, size_t rows, int64_t d, int dp, size_t es) {
   unsigned char *y = dmem(rows * (size_t)dp * es);
@@ -153,7 +129,7 @@ static void paged_case(const pcase *pc, uint64_t seed) {
   tcase c;
   tcase_init(&c, p, seed);
   attn_cu_params prm, pprm;
-  params_of(p, &prm);
+  tcu_params(p, &prm);
   const size_t es = attn_dtype_size(p->dt), rows = (size_t)(p->b * p->hq * p->nq);
   const size_t kvrows = (size_t)(p->b * p->hkv * p->nkv), obytes = rows * (size_t)prm.dp * es;
   void *q = pad(c.q, rows, p->d, prm.dp, es), *k = pad(c.k, kvrows, p->d, prm.dp, es),
@@ -242,7 +218,7 @@ Test(cuda_paged, paged_equals_packed_and_the_reference, .init = reset) {
  * bufs what else the launch needs. */
 static void contract_setup(attn_cu_params *prm, attn_cu_choice *ch, tpaged *pg, void **bufs) {
   tprob p = tprob_make(1, 2, 1, 4, 100, 64, ATTN_F16);
-  params_of(&p, prm);
+  tcu_params(&p, prm);
   const size_t bytes = 2 * 100 * 64 * 2;
   bufs[0] = dmem(bytes); /* Q and O */
   bufs[1] = dmem(bytes); /* the packed K and V the pages come from */
@@ -310,7 +286,7 @@ Test(cuda_paged, contract_breaks_are_refused, .init = reset) {
 Test(cuda_paged, never_hopper_nor_backward, .init = reset) {
   tprob p = tprob_make(4, 16, 16, 1024, 1024, 128, ATTN_BF16); /* 512 blocks: no split */
   attn_cu_params prm;
-  params_of(&p, &prm);
+  tcu_params(&p, &prm);
   attn_cu_choice ch;
   attn_status st = {0};
   /* off 0: the Hopper instances allowed, as after a passed self-check */
@@ -361,7 +337,7 @@ static void check_empty(const outs *x, size_t rows, size_t orow_bytes, const cha
 static void entry_alone(const bcase *bc, const tbatch *t, tcase *c, int b, const outs *batched,
                         const char *desc) {
   attn_cu_params prm;
-  params_of(&c->p, &prm);
+  tcu_params(&c->p, &prm);
   const size_t es = attn_dtype_size(c->p.dt), rows = (size_t)(c->p.hq * c->p.nq);
   const size_t orow = (size_t)prm.dp * es;
   prm.q = t->q + (size_t)b * rows * orow;
@@ -394,7 +370,7 @@ static void batched_case(const bcase *bc, uint64_t seed) {
     tcase_init(&cs[b], &e, seed + (uint64_t)b);
   }
   attn_cu_params prm;
-  params_of(&cs[0].p, &prm);
+  tcu_params(&cs[0].p, &prm);
   tbatch t;
   cr_assert_eq(tbatch_make(&t, cs, bc->lens, bc->n, prm.dp, bc->page_tokens, bc->page_bytes, seed),
                0);
@@ -402,7 +378,7 @@ static void batched_case(const bcase *bc, uint64_t seed) {
   memcpy(used, t.lens, (size_t)bc->n * 4);
   tprob bp = bc->p;
   bp.b = bc->n, bp.nkv = t.maxk;
-  params_of(&bp, &prm);
+  tcu_params(&bp, &prm);
   prm.q = t.q;
   make_paged(&prm, &t.pg, bc->page_tokens, bc->page_bytes);
   prm.seqused_k = used;

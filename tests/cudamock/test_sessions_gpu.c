@@ -5,9 +5,9 @@
  * small copies into them, a call's job uploads only q and its page tables
  * and the paged kernel reads K and V in place; prefill and decode match
  * the float64 reference in every dtype, a batch call matches its entries
- * alone (one launch over their page tables), a store saved from the device loads back (on the device or in
- * host memory), a device lost fails the calls and not the process, and a
- * store the device cannot hold stays in host memory.
+ * alone (one launch over their page tables), a store saved from the device loads back (on the
+ * device or in host memory), a device lost fails the calls and not the process, and a store the
+ * device cannot hold stays in host memory.
  */
 #include "cuda/kernels.h"
 #include "helpers.h"
@@ -43,25 +43,15 @@ static const char *where(attn_kv_store *kv) {
   return s.where;
 }
 
-/* Prefill pre tokens, then decode one at a time to s->n; failures counted. */
+/* Prefill pre tokens, then decode one at a time to s->n, every step on
+ * the GPU and checked; failures counted. */
 static int decode(attn_kv_store *kv, const char *id, const tkv_stream *s, int64_t pre,
                   const char *what) {
-  int fails = 0;
-  for (int64_t pos = 0; pos < s->n;) {
-    int64_t n = pos == 0 ? pre : 1;
-    tkv_reply y;
-    attn_status st;
-    cr_assert_eq(tkv_call1(kv, "", id, s, &tkv_plain, pos, n, pos, n, &y, 0, &st), 0, "%s: %s",
-                 what, st.message);
-    cr_expect_str_eq(y.backend ? y.backend : "(none)", "cuda", "%s: the job ran on the GPU", what);
-    double err = tkv_ref_error(s, &tkv_plain, pos, n, pos + n, &y);
-    if (!(err <= ttol(s->dt))) {
-      fails++;
-      cr_log_error("%s: pos %lld: error %.3g > %.3g", what, (long long)pos, err, ttol(s->dt));
-    }
-    tkv_reply_free(&y);
-    pos += n;
-  }
+  const tkv_plan pl = {.pre = pre, .backend = "cuda"};
+  char why[200] = "";
+  int fails = tkv_decode(kv, id, s, &tkv_plain, &pl, why, sizeof why);
+  if (fails)
+    cr_log_error("%s: %d steps failed, the first at %s", what, fails, why);
   return fails;
 }
 

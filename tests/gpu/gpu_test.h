@@ -64,8 +64,6 @@ void g_set_current(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int g_cuda_check(int err, const char *what, const char *file, int line);
 #define GCK(call) g_cuda_check((int)(call), #call, __FILE__, __LINE__)
 
-/* The kernels' view of problem p (no device pointers yet). */
-void g_params(const tprob *p, attn_cu_params *prm);
 /* The kernel the selector picks for p on this device (false: it refuses). */
 bool g_choice(const tprob *p, attn_cu_choice *ch);
 

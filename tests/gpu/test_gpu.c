@@ -212,32 +212,9 @@ static void probe_context(void) {
     GCK(e);
 }
 
-void g_params(const tprob *p, attn_cu_params *prm) {
-  memset(prm, 0, sizeof *prm);
-  attn_request r;
-  attn_request_init(&r);
-  r.head_dim = p->d;
-  r.scale = p->scale;
-  r.causal = p->causal;
-  r.window_left = p->wl;
-  r.window_right = p->wr;
-  prm->dtype = p->dt;
-  prm->batch = (int)p->b;
-  prm->heads_q = (int)p->hq;
-  prm->heads_kv = (int)p->hkv;
-  prm->seq_q = (int)p->nq;
-  prm->seq_kv = (int)p->nkv;
-  prm->head_dim = (int)p->d;
-  prm->dp = attn_cu_dp(p->d);
-  prm->scale_log2 = (float)(attn_request_scale(&r) * M_LOG2E);
-  prm->scale = (float)attn_request_scale(&r);
-  attn_request_window(&r, &prm->window_left, &prm->window_right);
-  prm->off = tprob_off(p); /* the mask's diagonal, as attn_request_offset() gives it */
-}
-
 bool g_choice(const tprob *p, attn_cu_choice *ch) {
   attn_cu_params prm;
-  g_params(p, &prm);
+  tcu_params(p, &prm);
   attn_status st = {0};
   memset(ch, 0, sizeof *ch);
   return attn_cu_select(&prm, g_sms, ch, &st) == 0;
@@ -1202,7 +1179,7 @@ static void backward_problem(tgroup *g, attn_engine *e, const tprob *p, uint64_t
     }
     attn_cu_params prm;
     attn_cu_choice ch;
-    g_params(p, &prm);
+    tcu_params(p, &prm);
     prm.pass = ATTN_BACKWARD;
     snprintf(kn, sizeof kn, "[%s]",
              attn_cu_select(&prm, g_sms, &ch, &st) ? "select refuses"

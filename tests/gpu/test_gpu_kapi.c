@@ -188,7 +188,7 @@ static void kapi_case(tgroup *g, const tprob *p, uint64_t seed, cudaStream_t s, 
   cudaEvent_t ev[2] = {NULL, NULL};
   unsigned char *run1 = NULL; /* run 1's padded O, to compare bits with run 2 */
   attn_cu_params prm;
-  g_params(p, &prm);
+  tcu_params(p, &prm);
   attn_cu_choice ch;
   memset(&ch, 0, sizeof ch);
   /* the Hopper instance takes only unsplit, unpacked choices: ask for one */
@@ -497,7 +497,7 @@ static void paged_case(tgroup *g, const tprob *p, int page_tokens, size_t page_b
   memset(&x, 0, sizeof x);
   tcase_init(&x.c, p, seed);
   attn_cu_params prm, paged;
-  g_params(p, &prm);
+  tcu_params(p, &prm);
   paged = prm;
   static const int32_t any_table[1];
   paged.k_table = paged.v_table = any_table; /* for the choice; the device's are set below */
@@ -677,7 +677,7 @@ static bool sq_entry(tgroup *g, sqcase *x, int b, size_t rows, size_t orow, int 
     return ok;
   }
   attn_cu_params prm;
-  g_params(&c->p, &prm);
+  tcu_params(&c->p, &prm);
   prm.q = (unsigned char *)dptr(&x->q) + r0 * orow;
   sq_paged(x, &prm, b, page_tokens, page_bytes);
   attn_cu_choice ch;
@@ -751,7 +751,7 @@ static void seqused_case(tgroup *g, const tprob *p, const int *lens, int n, int 
     x.nref += ok;
   }
   attn_cu_params prm, alone;
-  g_params(&x.cs[0].p, &alone);
+  tcu_params(&x.cs[0].p, &alone);
   const size_t es = attn_dtype_size(p->dt), rows = (size_t)(p->hq * p->nq);
   const size_t orow = (size_t)alone.dp * es;
   attn_cu_choice ch;
@@ -761,7 +761,7 @@ static void seqused_case(tgroup *g, const tprob *p, const int *lens, int n, int 
     ok = false, snprintf(why, sizeof why, "out of host memory");
   if (ok) {
     bp.nkv = x.t.maxk;
-    g_params(&bp, &prm);
+    tcu_params(&bp, &prm);
     static const int32_t any_table[1];
     prm.k_table = prm.v_table = any_table; /* for the choice */
     ok = attn_cu_select(&prm, g_sms, &ch, &st) == 0;

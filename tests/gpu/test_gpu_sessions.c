@@ -17,38 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Whether the float64 reference of nq queries over nk keys is cheap
- * enough to check (a 32K-token prefill is not: 10^13 operations). */
-static bool checkable(const tkv_stream *s, int64_t nq, int64_t nk) {
-  return (double)s->hq * (double)nq * (double)nk * (double)s->d < 4e9;
-}
-
-/* Prefill pre in calls of at most 4096 tokens, then decode to s->n; false
- * at the first step off the reference (why written). */
-static bool decode_ok(attn_kv_store *kv, const char *id, const tkv_stream *s, int64_t pre,
-                      int64_t every, char *why, size_t cap) {
-  for (int64_t pos = 0; pos < s->n;) {
-    int64_t left = pre - pos, n = pos < pre ? (left < 4096 ? left : 4096) : 1;
-    tkv_reply y;
-    attn_status st = {0};
-    int rc = tkv_call1(kv, "", id, s, &tkv_plain, pos, n, pos, n, &y, 0, &st);
-    bool checked =
-        checkable(s, n, pos + n) && (pos < pre || (pos - pre) % every == 0 || pos + n == s->n);
-    double err = rc == 0 && checked ? tkv_ref_error(s, &tkv_plain, pos, n, pos + n, &y) : 0;
-    bool gpu = rc == 0 && y.backend && !strcmp(y.backend, "cuda");
-    tkv_reply_free(&y);
-    if (rc || !gpu || !(err <= g_tol_o(s->dt))) {
-      snprintf(why, cap, "pos %lld: %.150s", (long long)pos,
-               rc     ? st.message
-               : !gpu ? "ran on the CPU"
-                      : "error past the tolerance");
-      return false;
-    }
-    pos += n;
-  }
-  return true;
-}
-
 static void decode_cases(tgroup *g, attn_kv_store *kv) {
   static const struct {
     attn_dtype dt;
@@ -67,7 +35,14 @@ static void decode_cases(tgroup *g, attn_kv_store *kv) {
     g_set_current("sessions %s Hq%lld Hkv%lld D%lld N%lld", attn_dtype_name(cs[i].dt),
                   (long long)cs[i].hq, (long long)cs[i].hkv, (long long)cs[i].d,
                   (long long)cs[i].n);
-    bool ok = decode_ok(kv, id, &s, cs[i].pre, 4, why, sizeof why);
+    /* a 32K-token prefill's reference would be 10^13 operations: its decode steps are checked */
+    const tkv_plan pl = {.pre = cs[i].pre,
+                         .chunk = 4096,
+                         .every = 4,
+                         .max_ops = 4e9,
+                         .backend = "cuda",
+                         .tol = g_tol_o(cs[i].dt)};
+    bool ok = tkv_decode(kv, id, &s, &tkv_plain, &pl, why, sizeof why) == 0;
     tg_case(g, ok, "sessions %s Hq%lld Hkv%lld D%lld prefill %lld, decode to %lld%s%s",
             attn_dtype_name(cs[i].dt), (long long)cs[i].hq, (long long)cs[i].hkv,
             (long long)cs[i].d, (long long)cs[i].pre, (long long)cs[i].n, ok ? "" : ": ", why);

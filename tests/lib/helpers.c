@@ -1,6 +1,8 @@
 /* helpers.c — see helpers.h. */
 #include "helpers.h"
 
+#include "cuda/kernels.h"
+
 #include "reference.h"
 
 #include <math.h>
@@ -745,4 +747,27 @@ void tbatch_free(tbatch *t) {
   free(t->lens);
   tpaged_free(&t->pg);
   memset(t, 0, sizeof *t);
+}
+
+void tcu_params(const tprob *p, attn_cu_params *prm) {
+  memset(prm, 0, sizeof *prm);
+  attn_request r;
+  attn_request_init(&r);
+  r.head_dim = p->d;
+  r.scale = p->scale;
+  r.causal = p->causal;
+  r.window_left = p->wl;
+  r.window_right = p->wr;
+  prm->dtype = p->dt;
+  prm->batch = (int)p->b;
+  prm->heads_q = (int)p->hq;
+  prm->heads_kv = (int)p->hkv;
+  prm->seq_q = (int)p->nq;
+  prm->seq_kv = (int)p->nkv;
+  prm->head_dim = (int)p->d;
+  prm->dp = attn_cu_dp(p->d);
+  prm->scale_log2 = (float)(attn_request_scale(&r) * M_LOG2E);
+  prm->scale = (float)attn_request_scale(&r);
+  attn_request_window(&r, &prm->window_left, &prm->window_right);
+  prm->off = tprob_off(p); /* the mask's diagonal, as attn_request_offset() gives it */
 }

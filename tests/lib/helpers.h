@@ -107,6 +107,10 @@ bool terr_bwd_within(const terr_bwd *e, double tol);
 
 /* The mask's off of a problem: diag, or Nkv - Nq when it is ATTN_DIAG_AUTO. */
 int64_t tprob_off(const tprob *p);
+/* The CUDA kernels' view of problem p (kernels.h's attn_cu_params), no
+ * device pointers yet. */
+struct attn_cu_params;
+void tcu_params(const tprob *p, struct attn_cu_params *prm);
 
 /* Threshold on terr.o for a dtype (F32 1e-5; F16 1e-3; BF16 8e-3). */
 double ttol(attn_dtype dt);

@@ -214,3 +214,46 @@ void tkv_make(attn_kv_store *kv, const char *tenant, const char *id, const tkv_s
   attn_status st;
   must(attn_kv_create(kv, tenant, id, &sh, ttl, now, &created, &st), "making a session", &st);
 }
+
+/* Whether step [pos, pos + n) of the plan is checked against float64. */
+static bool checked(const tkv_stream *s, const tkv_plan *pl, int64_t pos, int64_t n) {
+  double ops = (double)s->hq * (double)n * (double)(pos + n) * (double)s->d;
+  if (pl->max_ops > 0 && ops > pl->max_ops)
+    return false;
+  return pos < pl->pre || pl->every <= 1 || (pos - pl->pre) % pl->every == 0 || pos + n == s->n;
+}
+
+/* What is wrong with step [pos, pos + n)'s outcome, or NULL. */
+static const char *step_fault(const tkv_stream *s, const tkv_opts *op, const tkv_plan *pl,
+                              int64_t pos, int64_t n, const tkv_reply *y, double *err) {
+  double tol = pl->tol > 0 ? pl->tol : ttol(s->dt);
+  *err = 0;
+  if (y->length != pos + n)
+    return "the layer's length is not pos + n";
+  if (pl->backend && (!y->backend || strcmp(y->backend, pl->backend)))
+    return "the job ran on another backend";
+  if (checked(s, pl, pos, n) && !((*err = tkv_ref_error(s, op, pos, n, pos + n, y)) <= tol))
+    return "the error is past the tolerance";
+  return NULL;
+}
+
+int tkv_decode(attn_kv_store *kv, const char *id, const tkv_stream *s, const tkv_opts *op,
+               const tkv_plan *pl, char *why, size_t cap) {
+  int fails = 0;
+  for (int64_t pos = 0, n; pos < s->n; pos += n) {
+    int64_t left = pl->pre - pos, chunk = pl->chunk > 0 ? pl->chunk : pl->pre;
+    n = pos < pl->pre ? (left < chunk ? left : chunk) : 1;
+    tkv_reply y;
+    attn_status st = {0};
+    double err = 0;
+    int rc = tkv_call1(kv, "", id, s, op, pos, n, pos, n, &y, 0, &st);
+    const char *fault = rc ? st.message : step_fault(s, op, pl, pos, n, &y, &err);
+    tkv_reply_free(&y);
+    if (fault && fails++ == 0)
+      snprintf(why, cap, "pos %lld (%lld tokens): %.120s (error %.3g)", (long long)pos,
+               (long long)n, fault, err);
+    if (rc)
+      break;
+  }
+  return fails;
+}

@@ -58,6 +58,23 @@ int tkv_call1(attn_kv_store *kv, const char *tenant, const char *id, const tkv_s
  * largest of its statistics' when it has them. */
 double tkv_ref_error(const tkv_stream *s, const tkv_opts *op, int64_t q0, int64_t nq, int64_t nk,
                      const tkv_reply *y);
+/* How tkv_decode runs a session's stream: the prefill of pre tokens in
+ * calls of at most chunk (0: one call), then one token a call to the
+ * stream's end; each step checked against float64 when its reference
+ * costs at most max_ops (0: always) and, past the prefill, every every-th
+ * step (0 or 1: each) and the last; and each job's backend when backend is
+ * set. tol 0: the dtype's ttol. */
+typedef struct tkv_plan {
+  int64_t pre, chunk, every;
+  double max_ops;
+  const char *backend;
+  double tol;
+} tkv_plan;
+/* Runs the plan on session id; the steps that failed (a call refused, a
+ * wrong length or backend, an error past tol), the first one's why in why. */
+int tkv_decode(attn_kv_store *kv, const char *id, const tkv_stream *s, const tkv_opts *op,
+               const tkv_plan *pl, char *why, size_t cap);
+
 /* A store on e (backend: attn_kv_open's); the setup steps abort with a
  * message when they fail. */
 attn_kv_store *tkv_open_store(attn_engine *e, uint64_t bytes, bool batch, const char *backend);

@@ -23,24 +23,11 @@ enum { NISAS = sizeof isas / sizeof *isas };
 /* Prefill of `pre` tokens, then one token a step to s->n, each checked. */
 static int decode_checked(attn_kv_store *kv, const char *id, const tkv_stream *s,
                           const tkv_opts *op, int64_t pre, const char *what) {
-  tkv_reply y;
-  attn_status st;
-  int fails = 0;
-  for (int64_t pos = 0; pos < s->n;) {
-    int64_t n = pos == 0 ? pre : 1;
-    cr_assert_eq(tkv_call1(kv, "", id, s, op, pos, n, pos, n, &y, 0, &st), 0, "%s: %s", what,
-                 st.message);
-    cr_expect_eq(y.length, pos + n, "%s: length %lld after pos %lld", what, (long long)y.length,
-                 (long long)pos);
-    double err = tkv_ref_error(s, op, pos, n, pos + n, &y);
-    if (!(err <= ttol(s->dt))) {
-      fails++;
-      cr_log_error("%s: step at pos %lld: error %.3g > %.3g", what, (long long)pos, err,
-                   ttol(s->dt));
-    }
-    tkv_reply_free(&y);
-    pos += n;
-  }
+  const tkv_plan pl = {.pre = pre};
+  char why[200] = "";
+  int fails = tkv_decode(kv, id, s, op, &pl, why, sizeof why);
+  if (fails)
+    cr_log_error("%s: %d steps failed, the first at %s", what, fails, why);
   return fails;
 }
 

@@ -12,6 +12,7 @@
 
 #include <float.h>
 #include <math.h>
+#include <string.h>
 
 int attn__check_lse(const attn_request *r, attn_status *st) {
   if (!r->lse_in)
@@ -82,4 +83,23 @@ int attn__check_magnitudes_bwd(const attn_request *r, const double maxabs[5], at
                            "dk up to %.3g, dq up to %.3g, dv up to %.3g; scale do down",
                            rows, dk, dq, dv);
   return 0;
+}
+
+float attn__absmax(const void *p, attn_dtype dt, size_t n) {
+  uint32_t top = 0;
+  if (dt == ATTN_F32) {
+    const uint32_t *x = p;
+    for (size_t i = 0; i < n; i++)
+      top = (x[i] & 0x7fffffffu) > top ? x[i] & 0x7fffffffu : top;
+    float f;
+    memcpy(&f, &top, sizeof f);
+    return top >= 0x7f800000u ? -1.0f : f;
+  }
+  const uint16_t *x = p;
+  for (size_t i = 0; i < n; i++)
+    top = (x[i] & 0x7fffu) > top ? x[i] & 0x7fffu : top;
+  if (top >= (dt == ATTN_BF16 ? 0x7f80u : 0x7c00u))
+    return -1.0f;
+  uint16_t t = (uint16_t)top;
+  return (float)attn_load_elem(&t, dt, 0);
 }

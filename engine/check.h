@@ -29,4 +29,10 @@ int attn__check_magnitudes_bwd(const attn_request *r, const double maxabs[5], at
  * has lse -inf). Every backend calls it before computing. */
 int attn__check_lse(const attn_request *r, attn_status *st);
 
+/* The largest |x| over n elements of dtype dt as a float, or -1 when one
+ * is not finite (cleared of the sign, a float's bits order as its
+ * magnitude, and the non-finite ones are the largest): what a session
+ * store records of the tokens it takes. */
+float attn__absmax(const void *p, attn_dtype dt, size_t n);
+
 #endif

@@ -13,6 +13,7 @@
  * end, then go as one such batch per set of matching options, their q
  * gathered into the batch's buffer and o and the statistics scattered back.
  */
+#include "check.h"
 #include "kvstore_int.h"
 #include "request_int.h"
 
@@ -118,28 +119,6 @@ static int call_shape_check(const attn_kv_call *c, attn_status *st) {
   return rc ? rc : new_rows_check(c, st);
 }
 
-/* The largest |x| over n elements of dtype dt as a float, or -1 when one is
- * not finite. Cleared of the sign, a float's bits order as its magnitude,
- * and the non-finite ones are the largest. */
-static float absmax(const void *p, attn_dtype dt, size_t n) {
-  uint32_t top = 0;
-  if (dt == ATTN_F32) {
-    const uint32_t *x = p;
-    for (size_t i = 0; i < n; i++)
-      top = (x[i] & 0x7fffffffu) > top ? x[i] & 0x7fffffffu : top;
-    float f;
-    memcpy(&f, &top, sizeof f);
-    return top >= 0x7f800000u ? -1.0f : f;
-  }
-  const uint16_t *x = p;
-  for (size_t i = 0; i < n; i++)
-    top = (x[i] & 0x7fffu) > top ? x[i] & 0x7fffu : top;
-  if (top >= (dt == ATTN_BF16 ? 0x7f80u : 0x7c00u))
-    return -1.0f;
-  uint16_t t = (uint16_t)top;
-  return (float)attn_load_elem(&t, dt, 0);
-}
-
 /* The new tokens of entry e are finite; their largest |k|, |v| into mx. */
 static int new_tokens_check(const attn_kv_call *c, int64_t e, float mx[2], attn_status *st) {
   const attn_kv_entry *en = &c->entries[e];
@@ -150,7 +129,7 @@ static int new_tokens_check(const attn_kv_call *c, int64_t e, float mx[2], attn_
     for (int64_t h = 0; h < r->heads_kv; h++) {
       const char *p =
           (const char *)(t ? c->v_new : c->k_new) + (size_t)(h * c->total_new + en->kv_off) * row;
-      float m = absmax(p, r->dtype, (size_t)(en->n_new * r->head_dim));
+      float m = attn__absmax(p, r->dtype, (size_t)(en->n_new * r->head_dim));
       if (m < 0)
         return attn_status_set(st, ATTN_ENONFINITE,
                                "%s holds a non-finite value (NaN or infinity) in head %lld of "
@@ -165,7 +144,7 @@ static int values_check(const attn_kv_call *c, float (*mx)[2], attn_status *st) 
   const attn_request *r = &c->req;
   if (attn_dtype_size(r->dtype) == 0 || r->head_dim < 1 || r->head_dim > ATTN_MAX_HEAD_DIM)
     return attn_status_set(st, ATTN_EINVAL, "q's dtype or head_dim is not one attnd takes");
-  if (absmax(r->q, r->dtype, (size_t)(r->heads_q * r->seq_q * r->head_dim)) < 0)
+  if (attn__absmax(r->q, r->dtype, (size_t)(r->heads_q * r->seq_q * r->head_dim)) < 0)
     return attn_status_set(st, ATTN_ENONFINITE,
                            "q holds a non-finite value (NaN or infinity); nothing was appended");
   for (int64_t e = 0; e < c->nentries; e++) {

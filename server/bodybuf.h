@@ -17,6 +17,8 @@
 #ifndef ATTND_BODYBUF_H
 #define ATTND_BODYBUF_H
 
+#include "engine.h"
+
 #include <pthread.h>
 #include <stddef.h>
 
@@ -32,8 +34,6 @@ typedef struct attnd_bodybuf_idle {
   size_t len; /* its length */
   double since;
 } attnd_bodybuf_idle;
-
-typedef struct attn_engine attn_engine;
 
 typedef struct attnd_bodybufs {
   pthread_mutex_t mu;

@@ -304,11 +304,10 @@ static int apply_http_threads(attnd_config *c, const char *what, const char *v) 
 static int apply_streams(attnd_config *c, const char *what, const char *v) {
   return parse_int(what, v, 1, 64, &c->streams);
 }
+/* 0 lends none. */
 static int apply_pinned_memory(attnd_config *c, const char *what, const char *v) {
   c->pinned_memory = 0;
-  if (!strcmp(v, "0") || size_value(v, &c->pinned_memory))
-    return 0;
-  return bad(what, v, "0 (none) or a size such as 512M or 4G (at most 1024G)");
+  return strcmp(v, "0") ? parse_size(what, v, &c->pinned_memory) : 0;
 }
 static int apply_max_queue(attnd_config *c, const char *what, const char *v) {
   return parse_int(what, v, 0, 1000000, &c->max_queue);

@@ -54,9 +54,9 @@ typedef struct cu_slot {
   int chunk_next;          /* the chunk packed next */
   /* Pinned staging for the small inputs (a caller's lse, ALiBi slopes, the
    * scan results) and outputs that are not downloaded in place: it mirrors
-   * the device layout from offset pin_base. */
+   * the device layout from offset off_misc. */
   unsigned char *pinned;
-  size_t pinned_cap, pin_base;
+  size_t pinned_cap;
   attn_job *job; /* NULL when free */
   cu_phase phase;
   bool fn_ran; /* the host function ran before the slot thread left START */
@@ -160,12 +160,12 @@ int attn__cu_plan(cu_slot *sl, const attn_request *r, int sms, unsigned off, att
 /* Which tensors move without a host copy: contiguous ones that lie in the
  * pinned pool (pp; NULL: none). Sets direct_*. */
 void attn__cu_route(cu_slot *sl, const attn_request *r, cu_pinned *pp);
-/* The staging's copy of device offset off (pin_base or past it). */
+/* The staging's copy of device offset off (off_misc or past it). */
 static inline unsigned char *attn__cu_staged(const cu_slot *sl, size_t off) {
-  return sl->pinned + (off - sl->pin_base);
+  return sl->pinned + (off - sl->off_misc);
 }
-/* Bytes of pinned staging the routed job needs from pin_base. */
-size_t attn__cu_staging_bytes(cu_slot *sl);
+/* Bytes of pinned staging the routed job needs from off_misc. */
+size_t attn__cu_staging_bytes(const cu_slot *sl);
 /* The small inputs (a caller's lse, ALiBi slopes) and the scan results'
  * start values, into the pinned staging. */
 void attn__cu_stage_misc(cu_slot *sl, const attn_request *r);

@@ -11,10 +11,10 @@
  */
 #include "cuda_int.h"
 
+#include "check.h"
 #include "kvpages.h"
 #include "selfcheck.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,14 +37,6 @@ static void scratch_free(scratch *x) {
 static int64_t page_tokens(const attn_request *r) {
   size_t row = (size_t)attn_cu_dp(r->head_dim) * attn_dtype_size(r->dtype);
   return (int64_t)(ATTN_KV_PAGE_BYTES / row) / ATTN_PAGE_MIN_TOKENS * ATTN_PAGE_MIN_TOKENS;
-}
-
-/* The largest |x| over n elements, as the store records when it appends. */
-static float absmax(const void *x, attn_dtype dt, size_t n) {
-  double m = 0;
-  for (size_t i = 0; i < n; i++)
-    m = fmax(m, fabs(attn_load_elem(x, dt, i)));
-  return (float)m;
 }
 
 /* Page p of head hk of K (t 0) or V (t 1): rows copied in, table set. */
@@ -76,8 +68,8 @@ static cudaError_t page_case(attn_request *r, scratch *x) {
       if ((e = fill_page(r, x, t, i / pph, i % pph, pt, n)))
         return e;
   size_t nk = (size_t)(r->heads_kv * r->seq_kv * r->head_dim);
-  r->kv_absmax[0] = absmax(r->k, r->dtype, nk);
-  r->kv_absmax[1] = absmax(r->v, r->dtype, nk);
+  r->kv_absmax[0] = attn__absmax(r->k, r->dtype, nk); /* the cases are finite */
+  r->kv_absmax[1] = attn__absmax(r->v, r->dtype, nk);
   r->k = r->v = NULL;
   r->k_pages = x->kp, r->v_pages = x->vp;
   r->page_tokens = pt, r->pages_per_head = pph;

@@ -232,39 +232,34 @@ static bool contiguous(const int64_t s[3], int64_t H, int64_t N, int64_t D) {
   return s[2] == D && s[1] == N * D && s[0] == H * N * D;
 }
 
+/* Whether tensor x, at p, is contiguous and lies in the pinned pool. */
+static bool lies_pinned(const attn_request *r, const cu_tensor *x, const void *p, cu_pinned *pp) {
+  int64_t H = x->kv ? r->heads_kv : r->heads_q, N = x->kv ? r->seq_kv : r->seq_q;
+  size_t n = (size_t)(r->batch * H * N * r->head_dim) * attn_dtype_size(r->dtype);
+  return pp && contiguous(x->stride, H, N, r->head_dim) && attn__cu_pinned_holds(pp, p, n);
+}
+
 void attn__cu_route(cu_slot *sl, const attn_request *r, cu_pinned *pp) {
-  size_t es = attn_dtype_size(r->dtype);
   cu_tensor in[5], out[3];
   attn__cu_inputs(r, in);
   job_outputs(r, out);
-  for (int t = 0; t < 5; t++) {
-    const cu_tensor *x = t < sl->nin ? &in[t] : NULL;
-    int64_t H = x && x->kv ? r->heads_kv : r->heads_q, N = x && x->kv ? r->seq_kv : r->seq_q;
-    size_t n = (size_t)(r->batch * H * N * r->head_dim) * es;
-    sl->direct_in[t] =
-        x && pp && contiguous(x->stride, H, N, r->head_dim) && attn__cu_pinned_holds(pp, x->in, n);
-  }
-  for (int t = 0; t < 3; t++) {
-    const cu_tensor *x = t < sl->nout ? &out[t] : NULL;
-    int64_t H = x && x->kv ? r->heads_kv : r->heads_q, N = x && x->kv ? r->seq_kv : r->seq_q;
-    size_t n = (size_t)(r->batch * H * N * r->head_dim) * es;
-    sl->direct_out[t] =
-        x && pp && contiguous(x->stride, H, N, r->head_dim) && attn__cu_pinned_holds(pp, x->out, n);
-  }
+  for (int t = 0; t < 5; t++)
+    sl->direct_in[t] = t < sl->nin && lies_pinned(r, &in[t], in[t].in, pp);
+  for (int t = 0; t < 3; t++)
+    sl->direct_out[t] = t < sl->nout && lies_pinned(r, &out[t], out[t].out, pp);
   float *const stats[3] = {r->m, r->l, r->lse};
   size_t rows = (size_t)(r->batch * r->heads_q * r->seq_q);
   for (int i = 0; i < 3; i++)
     sl->direct_stats[i] = stats[i] && pp && attn__cu_pinned_holds(pp, stats[i], rows * 4);
 }
 
-size_t attn__cu_staging_bytes(cu_slot *sl) {
+size_t attn__cu_staging_bytes(const cu_slot *sl) {
   bool all = true;
   for (int t = 0; t < sl->nout; t++)
     all = all && sl->direct_out[t];
   for (int i = 0; i < 3; i++)
     all = all && (sl->off_stats[i] == SIZE_MAX || sl->direct_stats[i]);
-  sl->pin_base = sl->off_misc;
-  return (all ? sl->up_end : sl->down_end) - sl->pin_base;
+  return (all ? sl->up_end : sl->down_end) - sl->off_misc;
 }
 
 void attn__cu_pack_rows(unsigned char *dst, const attn_request *r, int t, int64_t row0, int64_t n,

@@ -151,10 +151,12 @@ fail:
 
 /* Turns off what the failed case ran (the GQA packing, else the split-KV
  * path, else its kernel: the cases test each instance plain, then split,
- * then packed), with why, for every device: the selection then falls
- * back. */
+ * then packed; the decode kernel itself, whatever it packed or split), with why, for every device:
+ * the selection then falls back. */
 static void disable(cu_state *s, const cu_dev *d, const attn_cu_choice *ch, const char *why) {
-  bool pack = ch->pack > 1, split = !pack && ch->nsplit > 1;
+  /* The decode kernel packs and splits in its own code: it alone is to blame. */
+  const bool dec = ch->kernel == ATTN_CU_DECODE_D64 || ch->kernel == ATTN_CU_DECODE_D128;
+  bool pack = !dec && ch->pack > 1, split = !dec && !pack && ch->nsplit > 1;
   int bit = pack ? ATTN_CU_KERNEL_COUNT + 1 : split ? ATTN_CU_KERNEL_COUNT : (int)ch->kernel;
   if (s->off & (1u << bit))
     return;

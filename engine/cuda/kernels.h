@@ -96,6 +96,19 @@ extern "C" {
 #define ATTN_CU_F32_BM 32
 #define ATTN_CU_F32_BN 32
 #define ATTN_CU_F32_THREADS 128
+/* The decode kernel: warps per block, cp.async ring stages per warp (16
+ * keys each), the most query rows of a group (heads × Nq) it takes, the
+ * fewest visible keys for which it is chosen, blocks it aims at per
+ * multiprocessor when splitting keys, and the fewest key tiles per split.
+ * ((16 + 2 NW ST 16) (D + 8) 2 bytes of shared memory: 75 KB for d128,
+ * 55 KB for d64, under sm_89's 99 KB, three blocks in an H100's 228 KB.) */
+#define ATTN_CU_DEC_WARPS 2
+#define ATTN_CU_DEC_STAGES_D64 6
+#define ATTN_CU_DEC_STAGES_D128 4
+#define ATTN_CU_DEC_ROWS 16
+#define ATTN_CU_DEC_MIN_KEYS 512
+#define ATTN_CU_DEC_PER_SM 2
+#define ATTN_CU_DEC_MIN_TILES 16
 /* Most key splits of one query block. */
 #define ATTN_CU_MAX_SPLITS 64
 
@@ -135,6 +148,10 @@ typedef enum attn_cu_kernel {
   ATTN_CU_HOPPER_D64,
   ATTN_CU_HOPPER_D128,
   ATTN_CU_HOPPER_D256,
+  /* The decode kernel (decode.cuh): keys in the MMA's M, a KV group's
+   * <= ATTN_CU_DEC_ROWS query rows in N, dp <= 64 and <= 128. */
+  ATTN_CU_DECODE_D64,
+  ATTN_CU_DECODE_D128,
   ATTN_CU_KERNEL_COUNT
 } attn_cu_kernel;
 
@@ -198,9 +215,10 @@ typedef struct attn_cu_params {
  * 255 registers, its paged variant spills on sm_80 and sm_89, so a paged
  * dp in 129..160 takes the 192 instance (whose 64-row blocks suit the
  * decodes paging is for). */
-#define ATTN_CU_PAGED_KERNELS                                               \
-  (1u << ATTN_CU_MMA_D64 | 1u << ATTN_CU_MMA_D96 | 1u << ATTN_CU_MMA_D128 | \
-   1u << ATTN_CU_MMA_D192 | 1u << ATTN_CU_MMA_D256 | 1u << ATTN_CU_SIMT_F32)
+#define ATTN_CU_PAGED_KERNELS                                                 \
+  (1u << ATTN_CU_MMA_D64 | 1u << ATTN_CU_MMA_D96 | 1u << ATTN_CU_MMA_D128 |   \
+   1u << ATTN_CU_MMA_D192 | 1u << ATTN_CU_MMA_D256 | 1u << ATTN_CU_SIMT_F32 | \
+   1u << ATTN_CU_DECODE_D64 | 1u << ATTN_CU_DECODE_D128)
 
 /* The kernel chosen for a request and its launch shape. */
 typedef struct attn_cu_choice {

@@ -30,6 +30,7 @@
  * dp), split-KV to one range; with nothing left the request is refused
  * and backend "auto" leaves it to the CPU.
  */
+#include "decode_layout.h"
 #include "kernels.h"
 #include "layout.h"
 
@@ -38,9 +39,9 @@
 #include <string.h>
 
 static const char *const names[ATTN_CU_KERNEL_COUNT] = {
-    "mma_d64",      "mma_d96",    "mma_d128",    "mma_d160",     "mma_d192",
-    "mma_d256",     "simt_f32",   "bwd_mma_d64", "bwd_mma_d128", "bwd_mma_d256",
-    "bwd_simt_f32", "hopper_d64", "hopper_d128", "hopper_d256"};
+    "mma_d64",     "mma_d96",     "mma_d128",     "mma_d160",     "mma_d192",     "mma_d256",
+    "simt_f32",    "bwd_mma_d64", "bwd_mma_d128", "bwd_mma_d256", "bwd_simt_f32", "hopper_d64",
+    "hopper_d128", "hopper_d256", "decode_d64",   "decode_d128"};
 
 /* A tensor-core instance: the padded head dim it holds, its query rows and
  * keys per tile. */
@@ -219,6 +220,50 @@ static void select_forward(const attn_cu_params *p, int sms, attn_cu_kernel k, c
   c->grid[2] = (unsigned)(p->batch * nsplit);
 }
 
+/* The decode kernel's instance for the request (the 128 one when the 64
+ * one is off), or ATTN_CU_KERNEL_COUNT: an F16/BF16 forward whose KV
+ * group's rows (heads × Nq) fit in its N, dp <= 128, and enough visible
+ * keys that streaming them dominates (shorter ones stay on the tiled
+ * forward, which needs no warp combine). */
+static attn_cu_kernel decode_kernel(const attn_cu_params *p, unsigned off) {
+  const int64_t rows = (int64_t)(p->heads_q / p->heads_kv) * p->seq_q;
+  if (p->pass != ATTN_FORWARD || (p->dtype != ATTN_F16 && p->dtype != ATTN_BF16) || p->dp > 128 ||
+      rows > ATTN_CU_DEC_ROWS ||
+      visible_tiles(p, ATTN_CU_DEC_KT) * ATTN_CU_DEC_KT < ATTN_CU_DEC_MIN_KEYS)
+    return ATTN_CU_KERNEL_COUNT;
+  if (p->dp <= 64 && !(off & (1u << ATTN_CU_DECODE_D64)))
+    return ATTN_CU_DECODE_D64;
+  return off & (1u << ATTN_CU_DECODE_D128) ? ATTN_CU_KERNEL_COUNT : ATTN_CU_DECODE_D128;
+}
+
+/* The decode kernel takes over a forward choice it suits: one block per
+ * (KV head, batch · split), the group's heads in its columns (pack), and
+ * key splits that give every multiprocessor ATTN_CU_DEC_PER_SM blocks
+ * (unless the split path is off). Returns whether it did. */
+static bool maybe_decode(const attn_cu_params *p, int sms, unsigned off, attn_cu_choice *c) {
+  const attn_cu_kernel k = decode_kernel(p, off);
+  if (k == ATTN_CU_KERNEL_COUNT)
+    return false;
+  const int dpad = k == ATTN_CU_DECODE_D64 ? 64 : 128;
+  const int st = k == ATTN_CU_DECODE_D64 ? ATTN_CU_DEC_STAGES_D64 : ATTN_CU_DEC_STAGES_D128;
+  c->kernel = k;
+  c->block_m = ATTN_CU_DEC_ROWS;
+  c->block_n = ATTN_CU_DEC_KT;
+  c->warps = ATTN_CU_DEC_WARPS;
+  c->smem_bytes = (size_t)attn_cu_dec_smem(dpad, ATTN_CU_DEC_WARPS, st);
+  c->pack = p->heads_q / p->heads_kv;
+  const int64_t blocks = (int64_t)p->batch * p->heads_kv;
+  c->nsplit =
+      off & ATTN_CU_SPLIT_BIT
+          ? 1
+          : attn_cu_dec_splits(blocks, sms, ATTN_CU_DEC_PER_SM, visible_tiles(p, ATTN_CU_DEC_KT),
+                               ATTN_CU_DEC_MIN_TILES, ATTN_CU_MAX_SPLITS);
+  c->grid[0] = 1;
+  c->grid[1] = (unsigned)p->heads_kv;
+  c->grid[2] = (unsigned)(p->batch * c->nsplit);
+  return true;
+}
+
 int attn_cu_select(const attn_cu_params *p, int sms, attn_cu_choice *c, attn_status *st) {
   return attn_cu_select_masked(p, sms, ATTN_CU_HOPPER_OFF, c, st);
 }
@@ -261,7 +306,8 @@ int attn_cu_select_masked(const attn_cu_params *p, int sms, unsigned off, attn_c
     select_backward(p, k, c);
   else {
     select_forward(p, sms, k, in, off, c);
-    maybe_hopper(p, sms, off, c);
+    if (!maybe_decode(p, sms, off, c))
+      maybe_hopper(p, sms, off, c);
   }
   if (p->heads_q > ATTN_CU_MAX_GRID_YZ || (int64_t)p->batch * c->nsplit > ATTN_CU_MAX_GRID_YZ)
     return attn_status_set(st, ATTN_EUNSUPPORTED,
@@ -275,7 +321,11 @@ size_t attn_cu_split_bytes(const attn_cu_params *p, const attn_cu_choice *c) {
   if (c->nsplit <= 1)
     return 0;
   size_t rows = (size_t)p->batch * (size_t)p->heads_q * (size_t)p->seq_q;
-  return (size_t)c->nsplit * rows * ((size_t)p->dp + 2) * sizeof(float);
+  /* The decode kernel's split counters follow the partials, one word per
+   * (batch, KV head) (decode_layout.h), rounded to 16 bytes. */
+  const bool dec = c->kernel == ATTN_CU_DECODE_D64 || c->kernel == ATTN_CU_DECODE_D128;
+  size_t counters = dec ? ((size_t)p->batch * (size_t)p->heads_kv * 4 + 15) / 16 * 16 : 0;
+  return (size_t)c->nsplit * rows * ((size_t)p->dp + 2) * sizeof(float) + counters;
 }
 
 size_t attn_cu_bwd_bytes(const attn_cu_params *p) {

@@ -757,7 +757,7 @@ static double variant(const attn_cu_params *p, size_t qrow, int64_t i, int64_t j
  * grid[1] blocks of pack heads each (pack 1, or a tensor-core instance's
  * whole GQA group) and grid[0] tiles of block_m rows over their rows. */
 static bool grid_covers(const attn_cu_params *p, const attn_cu_choice *c) {
-  if (c->kernel >= ATTN_CU_HOPPER_D64) /* a persistent grid of its own */
+  if (c->kernel >= ATTN_CU_HOPPER_D64 && c->kernel <= ATTN_CU_HOPPER_D256) /* a persistent grid */
     return c->pack == 1;
   int pack = c->pack, group = p->heads_q / p->heads_kv;
   if (pack != 1 && (pack != group || c->kernel == ATTN_CU_SIMT_F32))

@@ -1,8 +1,8 @@
 /*
  * decode_layout.h — the index arithmetic of the decode kernel (decode.cuh),
- * as plain functions for the device and the host (the unit tests run them;
- * layout.h's conventions: lane l has groupID g = l / 4, thread-in-group
- * t = l % 4).
+ * as plain functions for the device and the host. The unit tests run them;
+ * layout.h's conventions hold (lane l has groupID g = l / 4,
+ * thread-in-group t = l % 4).
  *
  * The decode kernel puts KEYS in the M dimension of mma.sync.m16n8k16 and
  * the R <= 8 NB query rows of one KV group (the group's Hq / Hkv heads × Nq

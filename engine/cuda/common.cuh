@@ -235,6 +235,8 @@ cudaError_t launch_decode_d64(const attn_cu_params &p, const attn_cu_choice &c, 
 cudaError_t launch_decode_d128(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s);
 cudaError_t prepare_decode_d64();
 cudaError_t prepare_decode_d128();
+cudaError_t launch_decode_d256(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s);
+cudaError_t prepare_decode_d256();
 cudaError_t prepare_mma_d64();
 cudaError_t prepare_mma_d96();
 cudaError_t prepare_mma_d128();

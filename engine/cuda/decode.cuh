@@ -75,23 +75,40 @@ __device__ __forceinline__ void dec_load(T *s, const T *g, int valid, int dp, in
   }
 }
 
-// Sᵀ = K Qᵀ for one tile: A = K by ldmatrix, B = Qᵀ from registers.
+// Qᵀ's B fragments a warp keeps in registers for the whole key loop: all
+// of them up to 128 dims; none at 256 (they would cost the 256 instance 64
+// of the registers its accumulators need), which re-reads them from sQ.
+template <int DPAD> __host__ __device__ constexpr int dec_qregs() {
+  return DPAD <= 128 ? DPAD / 16 : 1;
+}
+
+// Sᵀ = K Qᵀ for one tile: A = K by ldmatrix, B = Qᵀ from registers (or
+// from sQ at 256 dims).
 template <typename T, int DPAD, int NB>
-__device__ __forceinline__ void dec_qk(float (&s)[NB][4], const uint32_t (&qf)[DPAD / 16][4],
+__device__ __forceinline__ void dec_qk(float (&s)[NB][4],
+                                       const uint32_t (&qf)[dec_qregs<DPAD>()][4], const T *sQ,
                                        const T *sK, int lane) {
   constexpr int STR = DPAD + 8;
-  int kr, kc;
+  int kr, kc, qc, qd;
   attn_cu_dec_addr_k(lane, &kr, &kc);
+  attn_cu_dec_addr_q(lane, &qc, &qd);
 #pragma unroll
   for (int n = 0; n < NB; n++)
     s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
   for (int kk = 0; kk < DPAD / 16; kk++) {
-    uint32_t a[4];
+    uint32_t a[4], b[4];
     ldsm_x4(a, sK + kr * STR + kk * 16 + kc);
+    if constexpr (DPAD <= 128) {
 #pragma unroll
-    for (int n = 0; n < NB; n++)
-      mma_t<T>::run(s[n], a, qf[kk][2 * n], qf[kk][2 * n + 1]);
+      for (int n = 0; n < NB; n++)
+        mma_t<T>::run(s[n], a, qf[kk][2 * n], qf[kk][2 * n + 1]);
+    } else {
+      ldsm_x4(b, sQ + qc * STR + kk * 16 + qd);
+#pragma unroll
+      for (int n = 0; n < NB; n++)
+        mma_t<T>::run(s[n], a, b[2 * n], b[2 * n + 1]);
+    }
   }
 }
 
@@ -230,7 +247,7 @@ __device__ __forceinline__ void dec_load_q(T *sQ, const T *gQ, int rows, int dp)
 template <typename T, int DPAD, int NB, int NW, int ST, bool PAGED>
 __device__ __forceinline__ void
 dec_warp_loop(const attn_cu_params &p, const dec_block<T, PAGED> &bk,
-              const uint32_t (&qf)[DPAD / 16][4], T *ring, T *sP, int pack,
+              const uint32_t (&qf)[dec_qregs<DPAD>()][4], const T *sQ, T *ring, T *sP, int pack,
               float (&o)[DPAD / 16][NB][4], float (&m)[NB][2], float (&l)[NB][2]) {
   constexpr int TILE = ATTN_CU_DEC_KT * (DPAD + 8), KT = ATTN_CU_DEC_KT;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -262,7 +279,7 @@ dec_warp_loop(const attn_cu_params &p, const dec_block<T, PAGED> &bk,
     __syncwarp();            // ... for every lane's chunks
     const int j0 = attn_cu_dec_warp_tile(bk.t0, warp, NW, i) * KT, st = i % ST;
     float s[NB][4];
-    dec_qk<T, DPAD, NB>(s, qf, ring + 2 * st * TILE, lane);
+    dec_qk<T, DPAD, NB>(s, qf, sQ, ring + 2 * st * TILE, lane);
     const bool full = attn_cu_tile_full(j0, KT, 0, p.seq_q, bk.kv.off(p), p.window_left,
                                         p.window_right, bk.kv.nkv(p));
     dec_scores<NB>(s, p, k, var, full, bk.kv.off(p), bk.kv.nkv(p), j0, cl, lane);
@@ -420,12 +437,14 @@ __global__ void __launch_bounds__(NW * 32)
 
   dec_load_q<T, DPAD, NW * 32>(sQ, (const T *)p.q + bk.qrow0 * p.dp, bk.rows, p.dp);
   __syncthreads();
-  uint32_t qf[MD][4];
-  int qc, qd;
-  attn_cu_dec_addr_q(lane, &qc, &qd);
+  uint32_t qf[dec_qregs<DPAD>()][4];
+  if constexpr (DPAD <= 128) {
+    int qc, qd;
+    attn_cu_dec_addr_q(lane, &qc, &qd);
 #pragma unroll
-  for (int kk = 0; kk < MD; kk++)
-    ldsm_x4(qf[kk], sQ + qc * STR + kk * 16 + qd);
+    for (int kk = 0; kk < MD; kk++)
+      ldsm_x4(qf[kk], sQ + qc * STR + kk * 16 + qd);
+  }
 
   float o[MD][NB][4], m[NB][2], l[NB][2];
 #pragma unroll
@@ -436,7 +455,7 @@ __global__ void __launch_bounds__(NW * 32)
     m[n][0] = m[n][1] = -INFINITY;
     l[n][0] = l[n][1] = 0.0f;
   }
-  dec_warp_loop<T, DPAD, NB, NW, ST, PAGED>(p, bk, qf, sRing + warp * ST * 2 * TILE,
+  dec_warp_loop<T, DPAD, NB, NW, ST, PAGED>(p, bk, qf, sQ, sRing + warp * ST * 2 * TILE,
                                             sP + warp * ATTN_CU_DEC_KT * ATTN_CU_DEC_PSTR, pack, o,
                                             m, l);
   __syncthreads(); // every warp is done with the ring: it holds the combine now

@@ -155,7 +155,7 @@ fail:
  * the selection then falls back. */
 static void disable(cu_state *s, const cu_dev *d, const attn_cu_choice *ch, const char *why) {
   /* The decode kernel packs and splits in its own code: it alone is to blame. */
-  const bool dec = ch->kernel == ATTN_CU_DECODE_D64 || ch->kernel == ATTN_CU_DECODE_D128;
+  const bool dec = (unsigned)ch->kernel < 32 && (ATTN_CU_DECODE_KERNELS >> ch->kernel & 1);
   bool pack = !dec && ch->pack > 1, split = !dec && !pack && ch->nsplit > 1;
   int bit = pack ? ATTN_CU_KERNEL_COUNT + 1 : split ? ATTN_CU_KERNEL_COUNT : (int)ch->kernel;
   if (s->off & (1u << bit))

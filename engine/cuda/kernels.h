@@ -100,11 +100,12 @@ extern "C" {
  * keys each), the most query rows of a group (heads × Nq) it takes, the
  * fewest visible keys for which it is chosen, blocks it aims at per
  * multiprocessor when splitting keys, and the fewest key tiles per split.
- * ((16 + 2 NW ST 16) (D + 8) 2 bytes of shared memory: 75 KB for d128,
- * 55 KB for d64, under sm_89's 99 KB, three blocks in an H100's 228 KB.) */
+ * ((16 + 2 NW ST 16) (D + 8) 2 bytes of shared memory: 55 KB for d64, 75
+ * KB for d128, 76 KB for d256 (two stages only), under sm_89's 99 KB.) */
 #define ATTN_CU_DEC_WARPS 2
 #define ATTN_CU_DEC_STAGES_D64 6
 #define ATTN_CU_DEC_STAGES_D128 4
+#define ATTN_CU_DEC_STAGES_D256 2
 #define ATTN_CU_DEC_ROWS 16
 #define ATTN_CU_DEC_MIN_KEYS 512
 #define ATTN_CU_DEC_PER_SM 2
@@ -149,9 +150,10 @@ typedef enum attn_cu_kernel {
   ATTN_CU_HOPPER_D128,
   ATTN_CU_HOPPER_D256,
   /* The decode kernel (decode.cuh): keys in the MMA's M, a KV group's
-   * <= ATTN_CU_DEC_ROWS query rows in N, dp <= 64 and <= 128. */
+   * <= ATTN_CU_DEC_ROWS query rows in N, dp <= 64, <= 128 and <= 256. */
   ATTN_CU_DECODE_D64,
   ATTN_CU_DECODE_D128,
+  ATTN_CU_DECODE_D256,
   ATTN_CU_KERNEL_COUNT
 } attn_cu_kernel;
 
@@ -208,6 +210,10 @@ typedef struct attn_cu_params {
   const int32_t *seqused_k;
 } attn_cu_params;
 
+/* The decode kernel's instances (bit k: kernel k). */
+#define ATTN_CU_DECODE_KERNELS \
+  (1u << ATTN_CU_DECODE_D64 | 1u << ATTN_CU_DECODE_D128 | 1u << ATTN_CU_DECODE_D256)
+
 /* page_tokens is a multiple of this, which every forward key tile divides. */
 #define ATTN_CU_PAGE_ALIGN_TOKENS 64
 #define ATTN_CU_PAGE_ALIGN_BYTES 256
@@ -218,7 +224,7 @@ typedef struct attn_cu_params {
 #define ATTN_CU_PAGED_KERNELS                                                 \
   (1u << ATTN_CU_MMA_D64 | 1u << ATTN_CU_MMA_D96 | 1u << ATTN_CU_MMA_D128 |   \
    1u << ATTN_CU_MMA_D192 | 1u << ATTN_CU_MMA_D256 | 1u << ATTN_CU_SIMT_F32 | \
-   1u << ATTN_CU_DECODE_D64 | 1u << ATTN_CU_DECODE_D128)
+   ATTN_CU_DECODE_KERNELS)
 
 /* The kernel chosen for a request and its launch shape. */
 typedef struct attn_cu_choice {

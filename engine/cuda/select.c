@@ -41,7 +41,7 @@
 static const char *const names[ATTN_CU_KERNEL_COUNT] = {
     "mma_d64",     "mma_d96",     "mma_d128",     "mma_d160",     "mma_d192",     "mma_d256",
     "simt_f32",    "bwd_mma_d64", "bwd_mma_d128", "bwd_mma_d256", "bwd_simt_f32", "hopper_d64",
-    "hopper_d128", "hopper_d256", "decode_d64",   "decode_d128"};
+    "hopper_d128", "hopper_d256", "decode_d64",   "decode_d128",  "decode_d256"};
 
 /* A tensor-core instance: the padded head dim it holds, its query rows and
  * keys per tile. */
@@ -220,20 +220,32 @@ static void select_forward(const attn_cu_params *p, int sms, attn_cu_kernel k, c
   c->grid[2] = (unsigned)(p->batch * nsplit);
 }
 
-/* The decode kernel's instance for the request (the 128 one when the 64
- * one is off), or ATTN_CU_KERNEL_COUNT: an F16/BF16 forward whose KV
- * group's rows (heads × Nq) fit in its N, dp <= 128, and enough visible
- * keys that streaming them dominates (shorter ones stay on the tiled
- * forward, which needs no warp combine). */
-static attn_cu_kernel decode_kernel(const attn_cu_params *p, unsigned off) {
+/* The decode kernel's instances in head-dim order: the padded head dim
+ * each holds and its ring stages. */
+static const struct {
+  attn_cu_kernel kernel;
+  int dpad, stages;
+} dec_instances[] = {
+    {ATTN_CU_DECODE_D64, 64, ATTN_CU_DEC_STAGES_D64},
+    {ATTN_CU_DECODE_D128, 128, ATTN_CU_DEC_STAGES_D128},
+    {ATTN_CU_DECODE_D256, 256, ATTN_CU_DEC_STAGES_D256},
+};
+
+/* The decode kernel's instance for the request (the smallest holding dp
+ * that is not off), or -1: an F16/BF16 forward whose KV group's rows
+ * (heads × Nq) fit in its N, with enough visible keys that streaming them
+ * dominates (shorter ones stay on the tiled forward, which needs no warp
+ * combine). */
+static int decode_instance(const attn_cu_params *p, unsigned off) {
   const int64_t rows = (int64_t)(p->heads_q / p->heads_kv) * p->seq_q;
-  if (p->pass != ATTN_FORWARD || (p->dtype != ATTN_F16 && p->dtype != ATTN_BF16) || p->dp > 128 ||
+  if (p->pass != ATTN_FORWARD || (p->dtype != ATTN_F16 && p->dtype != ATTN_BF16) ||
       rows > ATTN_CU_DEC_ROWS ||
       visible_tiles(p, ATTN_CU_DEC_KT) * ATTN_CU_DEC_KT < ATTN_CU_DEC_MIN_KEYS)
-    return ATTN_CU_KERNEL_COUNT;
-  if (p->dp <= 64 && !(off & (1u << ATTN_CU_DECODE_D64)))
-    return ATTN_CU_DECODE_D64;
-  return off & (1u << ATTN_CU_DECODE_D128) ? ATTN_CU_KERNEL_COUNT : ATTN_CU_DECODE_D128;
+    return -1;
+  for (int i = 0; i < (int)(sizeof dec_instances / sizeof *dec_instances); i++)
+    if (dec_instances[i].dpad >= p->dp && !(off & (1u << dec_instances[i].kernel)))
+      return i;
+  return -1;
 }
 
 /* The decode kernel takes over a forward choice it suits: one block per
@@ -241,16 +253,15 @@ static attn_cu_kernel decode_kernel(const attn_cu_params *p, unsigned off) {
  * key splits that give every multiprocessor ATTN_CU_DEC_PER_SM blocks
  * (unless the split path is off). Returns whether it did. */
 static bool maybe_decode(const attn_cu_params *p, int sms, unsigned off, attn_cu_choice *c) {
-  const attn_cu_kernel k = decode_kernel(p, off);
-  if (k == ATTN_CU_KERNEL_COUNT)
+  const int i = decode_instance(p, off);
+  if (i < 0)
     return false;
-  const int dpad = k == ATTN_CU_DECODE_D64 ? 64 : 128;
-  const int st = k == ATTN_CU_DECODE_D64 ? ATTN_CU_DEC_STAGES_D64 : ATTN_CU_DEC_STAGES_D128;
-  c->kernel = k;
+  c->kernel = dec_instances[i].kernel;
   c->block_m = ATTN_CU_DEC_ROWS;
   c->block_n = ATTN_CU_DEC_KT;
   c->warps = ATTN_CU_DEC_WARPS;
-  c->smem_bytes = (size_t)attn_cu_dec_smem(dpad, ATTN_CU_DEC_WARPS, st);
+  c->smem_bytes =
+      (size_t)attn_cu_dec_smem(dec_instances[i].dpad, ATTN_CU_DEC_WARPS, dec_instances[i].stages);
   c->pack = p->heads_q / p->heads_kv;
   const int64_t blocks = (int64_t)p->batch * p->heads_kv;
   c->nsplit =
@@ -323,7 +334,7 @@ size_t attn_cu_split_bytes(const attn_cu_params *p, const attn_cu_choice *c) {
   size_t rows = (size_t)p->batch * (size_t)p->heads_q * (size_t)p->seq_q;
   /* The decode kernel's split counters follow the partials, one word per
    * (batch, KV head) (decode_layout.h), rounded to 16 bytes. */
-  const bool dec = c->kernel == ATTN_CU_DECODE_D64 || c->kernel == ATTN_CU_DECODE_D128;
+  const bool dec = (unsigned)c->kernel < 32 && (ATTN_CU_DECODE_KERNELS >> c->kernel & 1);
   size_t counters = dec ? ((size_t)p->batch * (size_t)p->heads_kv * 4 + 15) / 16 * 16 : 0;
   return (size_t)c->nsplit * rows * ((size_t)p->dp + 2) * sizeof(float) + counters;
 }

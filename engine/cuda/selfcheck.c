@@ -54,9 +54,9 @@ static const check_shape shapes[] = {
     {ATTN_BACKWARD, ATTN_F16, 2, 1, 37, 70, 253, true, -1, 0, false, false, 0, false},
     {ATTN_BACKWARD, ATTN_F32, 4, 2, 37, 70, 45, false, 9, 0, false, false, 0, false},
     /* decode rows: split-KV and the merge, unpacked first (MHA, F32); the
-     * first on the tiled forward (dp 152: past the decode kernel's 128),
+     * first on the tiled forward (17 rows: past the decode kernel's 16),
      * the next on the decode kernel */
-    {ATTN_FORWARD, ATTN_BF16, 2, 2, 1, 700, 150, false, -1, 0, false, false, 0, false},
+    {ATTN_FORWARD, ATTN_BF16, 2, 2, 17, 700, 64, false, -1, 0, false, false, 0, false},
     {ATTN_FORWARD, ATTN_BF16, 2, 2, 1, 700, 64, false, -1, 0, false, false, 0, false},
     {ATTN_FORWARD, ATTN_BF16, 4, 2, 1, 700, 64, false, -1, 0, false, false, 0, false},
     {ATTN_FORWARD, ATTN_F32, 2, 1, 1, 700, 40, true, -1, 0, false, false, 0, false},
@@ -115,6 +115,11 @@ static const check_shape shapes[] = {
     {ATTN_FORWARD, ATTN_F16, 4, 4, 2, 700, 64, true, -1, 0, false, false, 0, true},
     {ATTN_FORWARD, ATTN_BF16, 8, 2, 1, 700, 125, true, -1, 1.5, true, false, 0, false},
     {ATTN_FORWARD, ATTN_F16, 8, 2, 1, 700, 128, false, -1, 0, false, false, -0.08, false},
+    /* ... and the 256 instance (Q re-read from shared memory): GQA 4 with
+     * a padded head dim, 8 x 2 rows with ALiBi, a negative scale */
+    {ATTN_FORWARD, ATTN_BF16, 8, 2, 1, 700, 200, true, -1, 0, false, false, 0, false},
+    {ATTN_FORWARD, ATTN_F16, 8, 1, 2, 700, 256, false, -1, 0, true, false, 0, false},
+    {ATTN_FORWARD, ATTN_BF16, 4, 4, 1, 900, 256, false, 500, 0, false, false, -0.06, false},
     /* the Hopper instance, each head dim: a tail query tile and several
      * key tiles through the ring (too few to split); the first with a
      * top-left diagonal (diag_offset 0), which it once ignored */

@@ -946,7 +946,7 @@ int attn_cu_launch(const attn_cu_params *p, const attn_cu_choice *c, void *strea
   cudaError_t launch_error =
       g_k.launch_error ? (cudaError_t)g_k.launch_error : cudaErrorLaunchFailure;
   /* the decode kernel packs and merges its splits in its own code */
-  const bool dec = c->kernel == ATTN_CU_DECODE_D64 || c->kernel == ATTN_CU_DECODE_D128;
+  const bool dec = (unsigned)c->kernel < 32 && (ATTN_CU_DECODE_KERNELS >> c->kernel & 1);
   bool wrong = g_k.wrong_kernel == (int)c->kernel + 1 ||
                (g_k.wrong_merge && c->nsplit > 1 && !dec) ||
                (g_k.wrong_pack && c->pack > 1 && !dec) || (g_k.wrong_paged && p->k_table);

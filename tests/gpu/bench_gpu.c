@@ -401,10 +401,9 @@ static bool outputs_finite(const bshape *s, const attn_cu_params *p, const bset 
 
 static int choose(attn_cu_params *p, const bshape *s, int sms, attn_cu_choice *ch) {
   attn_status as = {0};
-  const unsigned off =
-      strcmp(s->kind, "decode-mma") == 0
-          ? ATTN_CU_HOPPER_OFF | 1u << ATTN_CU_DECODE_D64 | 1u << ATTN_CU_DECODE_D128
-          : ATTN_CU_HOPPER_OFF;
+  const unsigned off = strcmp(s->kind, "decode-mma") == 0
+                           ? ATTN_CU_HOPPER_OFF | ATTN_CU_DECODE_KERNELS
+                           : ATTN_CU_HOPPER_OFF;
   if (attn_cu_select_masked(p, sms, off, ch, &as) != 0) {
     fprintf(stderr, "bench-gpu: attn_cu_select: %s\n", as.message);
     return -1;

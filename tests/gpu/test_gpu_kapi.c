@@ -149,6 +149,10 @@ static int kapi_list(tprob *ps) {
   p.diag = 0;
   p.stats = 1;
   ps[n++] = p;
+  p = tprob_make(1, 8, 2, 1, 3000, 250, ATTN_BF16); /* the 256 instance */
+  p.causal = 1;
+  p.stats = 1;
+  ps[n++] = p;
   return n;
 }
 

@@ -347,17 +347,19 @@ static attn_cu_params shape(attn_dtype dt, int b, int hq, int hkv, int nq, int n
 }
 
 static bool is_decode(attn_cu_kernel k) {
-  return k == ATTN_CU_DECODE_D64 || k == ATTN_CU_DECODE_D128;
+  return (unsigned)k < 32 && (ATTN_CU_DECODE_KERNELS >> k & 1);
 }
 
 Test(cuda_decode, names_and_bits_fit) {
   cr_assert_str_eq(attn_cu_kernel_name(ATTN_CU_DECODE_D64), "decode_d64");
   cr_assert_str_eq(attn_cu_kernel_name(ATTN_CU_DECODE_D128), "decode_d128");
+  cr_assert_str_eq(attn_cu_kernel_name(ATTN_CU_DECODE_D256), "decode_d256");
   cr_assert_lt(ATTN_CU_KERNEL_COUNT + 1, 32, "the split and pack bits fit an unsigned");
   /* every kernel, the merge, the packing and the paged view */
   cr_assert_geq(ATTN_MAX_DISABLED, ATTN_CU_KERNEL_COUNT + 3);
   cr_assert(ATTN_CU_PAGED_KERNELS >> ATTN_CU_DECODE_D64 & 1);
   cr_assert(ATTN_CU_PAGED_KERNELS >> ATTN_CU_DECODE_D128 & 1);
+  cr_assert(ATTN_CU_PAGED_KERNELS >> ATTN_CU_DECODE_D256 & 1);
 }
 
 /* The benchmark's decode (B 1, 32:8 heads, 32K keys): the decode kernel,
@@ -366,14 +368,17 @@ Test(cuda_decode, names_and_bits_fit) {
 Test(cuda_decode, selection_of_the_long_decode) {
   attn_cu_choice c;
   attn_status st;
-  for (int d = 1; d <= 128; d++)
+  for (int d = 1; d <= 256; d++)
     for (int dt = ATTN_F16; dt <= ATTN_BF16; dt++) {
       attn_cu_params p = shape((attn_dtype)dt, 1, 32, 8, 1, 32768, d);
       if (p.dtype == ATTN_F32)
         continue;
       cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0, "%s", st.message);
-      cr_assert_eq(c.kernel, p.dp <= 64 ? ATTN_CU_DECODE_D64 : ATTN_CU_DECODE_D128, "d %d: %s", d,
-                   attn_cu_kernel_name(c.kernel));
+      const int dpad = p.dp <= 64 ? 64 : p.dp <= 128 ? 128 : 256;
+      const attn_cu_kernel want = dpad == 64    ? ATTN_CU_DECODE_D64
+                                  : dpad == 128 ? ATTN_CU_DECODE_D128
+                                                : ATTN_CU_DECODE_D256;
+      cr_assert_eq(c.kernel, want, "d %d: %s", d, attn_cu_kernel_name(c.kernel));
       cr_assert(c.pack == 4 && c.grid[0] == 1 && c.grid[1] == 8, "d %d", d);
       cr_assert_eq(c.grid[2], (unsigned)c.nsplit);
       cr_assert_geq((int64_t)c.grid[1] * c.grid[2], 2 * 132, "d %d: %u blocks", d,
@@ -382,12 +387,13 @@ Test(cuda_decode, selection_of_the_long_decode) {
       cr_assert_eq(c.block_n, ATTN_CU_DEC_KT);
       cr_assert_eq(c.warps, ATTN_CU_DEC_WARPS);
       cr_assert_leq(c.smem_bytes, 101376, "d %d: %zu bytes", d, c.smem_bytes);
-      const int st_ = p.dp <= 64 ? ATTN_CU_DEC_STAGES_D64 : ATTN_CU_DEC_STAGES_D128;
-      const size_t ring =
-          (size_t)ATTN_CU_DEC_WARPS * st_ * 2 * 16 * ((p.dp <= 64 ? 64 : 128) + 8) * 2;
+      const int st_ = dpad == 64    ? ATTN_CU_DEC_STAGES_D64
+                      : dpad == 128 ? ATTN_CU_DEC_STAGES_D128
+                                    : ATTN_CU_DEC_STAGES_D256;
+      const size_t ring = (size_t)ATTN_CU_DEC_WARPS * st_ * 2 * 16 * (dpad + 8) * 2;
       cr_assert_gt(c.smem_bytes, ring, "the rings are in the shared memory");
       /* the combine's F32 O [warps][16][dpad + 4] fits in the rings */
-      cr_assert_leq((size_t)ATTN_CU_DEC_WARPS * 16 * ((p.dp <= 64 ? 64 : 128) + 4) * 4, ring);
+      cr_assert_leq((size_t)ATTN_CU_DEC_WARPS * 16 * (dpad + 4) * 4, ring);
       /* each split has its share of tiles, at least the minimum */
       cr_assert_geq(2048 / c.nsplit, ATTN_CU_DEC_MIN_TILES);
     }
@@ -424,7 +430,6 @@ Test(cuda_decode, selection_limits_and_disable_bits) {
     const char *why;
   } no[] = {
       {shape(ATTN_F32, 1, 32, 8, 1, 32768, 128), "F32"},
-      {shape(ATTN_BF16, 1, 32, 8, 1, 32768, 136), "dp 136"},
       {shape(ATTN_BF16, 1, 32, 8, 5, 32768, 128), "20 rows a group"},
       {shape(ATTN_BF16, 1, 32, 8, 1, 496, 128), "496 keys"},
       {shape(ATTN_BF16, 1, 32, 32, 17, 32768, 64), "17 queries"},
@@ -454,6 +459,9 @@ Test(cuda_decode, selection_limits_and_disable_bits) {
   cr_assert_eq(attn_cu_select_masked(&p, 132, off, &c, &st), 0);
   cr_assert_eq(c.kernel, ATTN_CU_DECODE_D128);
   off |= 1u << ATTN_CU_DECODE_D128;
+  cr_assert_eq(attn_cu_select_masked(&p, 132, off, &c, &st), 0);
+  cr_assert_eq(c.kernel, ATTN_CU_DECODE_D256);
+  off |= 1u << ATTN_CU_DECODE_D256;
   cr_assert_eq(attn_cu_select_masked(&p, 132, off, &c, &st), 0);
   cr_assert_eq(c.kernel, ATTN_CU_MMA_D64);
   cr_assert_eq(attn_cu_select_masked(&p, 132, ATTN_CU_HOPPER_OFF | ATTN_CU_SPLIT_BIT, &c, &st), 0);

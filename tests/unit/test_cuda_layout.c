@@ -588,7 +588,7 @@ static attn_cu_params shape(attn_dtype dt, int b, int hq, int hkv, int nq, int n
 
 /* The decode kernel off (test_cuda_decode.c tests it): these tests are of
  * the tiled forward's choices for decode shapes, its splits and packing. */
-#define DEC_OFF (1u << ATTN_CU_DECODE_D64 | 1u << ATTN_CU_DECODE_D128)
+#define DEC_OFF ATTN_CU_DECODE_KERNELS
 static int select_tiled(const attn_cu_params *p, int sms, attn_cu_choice *c, attn_status *st) {
   return attn_cu_select_masked(p, sms, ATTN_CU_HOPPER_OFF | DEC_OFF, c, st);
 }
@@ -1064,10 +1064,10 @@ Test(cuda_layout, paged_launch_contract) {
 #undef BAD
   /* 129..160 takes the 192 instance when paged; the backward refuses. */
   attn_cu_params d = shape(ATTN_BF16, 1, 8, 1, 1, 4096, 160);
-  cr_assert_eq(attn_cu_select(&d, 132, &c, &st), 0);
+  cr_assert_eq(select_tiled(&d, 132, &c, &st), 0);
   cr_expect_eq(c.kernel, ATTN_CU_MMA_D160);
   d.k_table = d.v_table = table;
-  cr_assert_eq(attn_cu_select(&d, 132, &c, &st), 0);
+  cr_assert_eq(select_tiled(&d, 132, &c, &st), 0);
   cr_expect(c.kernel == ATTN_CU_MMA_D192 && c.nsplit > 1 && c.pack == 8);
   d.pass = ATTN_BACKWARD;
   cr_expect_eq(attn_cu_select(&d, 132, &c, &st), ATTN_EUNSUPPORTED);

@@ -193,6 +193,190 @@ Test(cuda_decode, warp_emulation_d64_16_columns) { emulate_tile(64, 2, 2u); }
 Test(cuda_decode, warp_emulation_d128_8_columns) { emulate_tile(128, 1, 3u); }
 Test(cuda_decode, warp_emulation_d128_16_columns) { emulate_tile(128, 2, 4u); }
 
+/* ---- a whole decode, emulated ------------------------------------------------ */
+
+/* A decode problem for the emulation: one (batch, KV head) of `group`
+ * query heads × nq queries over nkv keys, dims d (<= 128). */
+typedef struct dprob {
+  int nq, group, nkv, d, nsplit, nw;
+  int64_t wl, wr;
+  double scale, cap; /* cap: softcap, 0 off */
+  bool alibi;
+} dprob;
+
+enum { EMU_NKV = 1024 };
+static float eQ[16][EMU_STR], eK[EMU_NKV][EMU_STR], eV[EMU_NKV][EMU_STR], eSlope[16];
+
+/* One warp's state, as decode.cuh's registers hold it: Oᵀ per (dim tile,
+ * n8 tile, lane, element), and m, l per (lane, n8 tile, column 2t + c). */
+typedef struct ewarp {
+  float o[EMU_DMAX / 16][2][32][4], m[32][2][2], l[32][2][2];
+} ewarp;
+
+/* Sᵀ = K Qᵀ of the tile at K row j0 (rows past nkv zero, as cp.async
+ * fills them), as dec_qk issues it. */
+static void e_qk(const dprob *pr, int j0, int nb, float s[2][32][4]) {
+  static float Kt[16][EMU_STR];
+  static reg2 qf[32][4], a[32][4];
+  memset(Kt, 0, sizeof Kt);
+  for (int r = 0; r < 16 && j0 + r < pr->nkv; r++)
+    memcpy(Kt[r], eK[j0 + r], sizeof Kt[r]);
+  memset(s, 0, 2 * 32 * 4 * sizeof(float));
+  const float *rows[32];
+  for (int kk = 0; kk < (pr->d + 15) / 16; kk++) {
+    for (int l = 0; l < 32; l++) {
+      int qc, qd;
+      attn_cu_dec_addr_q(l, &qc, &qd);
+      rows[l] = &eQ[qc][kk * 16 + qd];
+    }
+    ldsm(rows, 0, qf);
+    for (int l = 0; l < 32; l++) {
+      int kr, kc;
+      attn_cu_dec_addr_k(l, &kr, &kc);
+      rows[l] = &Kt[kr][kk * 16 + kc];
+    }
+    ldsm(rows, 0, a);
+    for (int n = 0; n < nb; n++)
+      mma(s[n], a, qf, 2 * n);
+  }
+}
+
+/* dec_scores: log2 units, the variants, the mask, element by element at
+ * the (key, column) attn_cu_frag_c and attn_cu_block_row give it. */
+static void e_scores(const dprob *pr, int j0, int nb, float k, float s[2][32][4]) {
+  const int64_t off = pr->nkv - pr->nq;
+  const float sl2 = (float)(pr->scale * M_LOG2E), cap2 = (float)(pr->cap * M_LOG2E);
+  const bool full = attn_cu_tile_full(j0, 16, 0, pr->nq, off, pr->wl, pr->wr, pr->nkv);
+  for (int n = 0; n < nb; n++)
+    for (int l = 0; l < 32; l++)
+      for (int e = 0; e < 4; e++) {
+        int key, col, dh, i, lo, hi;
+        attn_cu_frag_c(l, e, &key, &col);
+        attn_cu_block_row(n * 8 + col, pr->nq, pr->group, &dh, &i);
+        float x = s[n][l][e], g;
+        if (k == 1.0f) {
+          x *= sl2;
+          if (pr->cap > 0 || pr->alibi)
+            x = attn_cu_variant(x, cap2, cap2 > 0 ? 1.0f / cap2 : 0.0f,
+                                pr->alibi ? (float)(-eSlope[dh] * M_LOG2E) : 0.0f,
+                                attn_cu_dist(attn_cu_dist0(i, off, j0), key), &g);
+        }
+        attn_cu_row_bounds(i, off, pr->wl, pr->wr, pr->nkv, &lo, &hi);
+        s[n][l][e] = full || (j0 + key >= lo && j0 + key <= hi) ? x : -INFINITY;
+      }
+}
+
+/* dec_softmax: a column's tile max over the 8 lanes of one t, then each
+ * lane's weights, sums and rescaled Oᵀ. */
+static void e_softmax(ewarp *w, int nb, int md, float k, float s[2][32][4]) {
+  for (int n = 0; n < nb; n++)
+    for (int c = 0; c < 2; c++)
+      for (int t = 0; t < 4; t++) {
+        float mx = -INFINITY;
+        for (int l = t; l < 32; l += 4)
+          mx = fmaxf(mx, fmaxf(s[n][l][c], s[n][l][c + 2]));
+        for (int l = t; l < 32; l += 4) {
+          const float nm = fmaxf(w->m[l][n][c], mx * k), use = attn_cu_max_for_exp(nm);
+          const float al = exp2f(w->m[l][n][c] - use);
+          w->m[l][n][c] = nm;
+          s[n][l][c] = exp2f(fmaf(s[n][l][c], k, -use));
+          s[n][l][c + 2] = exp2f(fmaf(s[n][l][c + 2], k, -use));
+          w->l[l][n][c] = w->l[l][n][c] * al + s[n][l][c] + s[n][l][c + 2];
+          for (int d = 0; d < md; d++)
+            w->o[d][n][l][c] *= al, w->o[d][n][l][c + 2] *= al;
+        }
+      }
+}
+
+/* dec_pv: P through the staging tile, Oᵀ += Vᵀ Pᵀ. */
+static void e_pv(const dprob *pr, ewarp *w, int j0, int nb, float s[2][32][4]) {
+  static float Vt[16][EMU_STR], P[16][ATTN_CU_DEC_PSTR];
+  static reg2 pb[32][4], a[32][4];
+  memset(Vt, 0, sizeof Vt);
+  for (int r = 0; r < 16 && j0 + r < pr->nkv; r++)
+    memcpy(Vt[r], eV[j0 + r], sizeof Vt[r]);
+  for (int n = 0; n < nb; n++)
+    for (int l = 0; l < 32; l++)
+      for (int h = 0; h < 2; h++) {
+        int key, col;
+        attn_cu_frag_c(l, 2 * h, &key, &col);
+        P[key][n * 8 + col] = s[n][l][2 * h], P[key][n * 8 + col + 1] = s[n][l][2 * h + 1];
+      }
+  const float *rows[32];
+  for (int l = 0; l < 32; l++) {
+    int pk, pc;
+    attn_cu_dec_addr_p(l, &pk, &pc);
+    rows[l] = &P[pk][pc];
+  }
+  ldsm(rows, 1, pb);
+  for (int dm = 0; dm < (pr->d + 15) / 16; dm++) {
+    for (int l = 0; l < 32; l++) {
+      int vk, vd;
+      attn_cu_dec_addr_v(l, &vk, &vd);
+      rows[l] = &Vt[vk][dm * 16 + vd];
+    }
+    ldsm(rows, 1, a);
+    for (int n = 0; n < nb; n++)
+      mma(w->o[dm][n], a, pb, 2 * n);
+  }
+}
+
+/* The block of split sp: its warps' passes, then dec_warp_out and
+ * dec_combine into the split's partial (o normalized, m2, l) per column. */
+static void e_block(const dprob *pr, int sp, int nb, float (*po)[EMU_DMAX], float *pml) {
+  static ewarp ws[4];
+  static float sML[2 * 4 * 16];
+  const int64_t off = pr->nkv - pr->nq;
+  const int md = (pr->d + 15) / 16, rows = pr->group * pr->nq;
+  const bool var = pr->cap > 0 || pr->alibi;
+  const float k = attn_cu_exp_factor((float)(pr->scale * M_LOG2E), var);
+  int t0, t1;
+  attn_cu_block_tiles(0, pr->nq, off, pr->wl, pr->wr, pr->nkv, 16, pr->nsplit, sp, &t0, &t1);
+  for (int wp = 0; wp < pr->nw; wp++) {
+    ewarp *w = &ws[wp];
+    memset(w, 0, sizeof *w);
+    for (int l = 0; l < 32; l++)
+      for (int i = 0; i < 4; i++)
+        w->m[l][i / 2][i % 2] = -INFINITY;
+    for (int i = 0; i < attn_cu_dec_warp_count(t0, t1, wp, pr->nw); i++) {
+      const int j0 = attn_cu_dec_warp_tile(t0, wp, pr->nw, i) * 16;
+      float s[2][32][4];
+      e_qk(pr, j0, nb, s);
+      e_scores(pr, j0, nb, k, s);
+      e_softmax(w, nb, md, k, s);
+      e_pv(pr, w, j0, nb, s);
+    }
+    for (int l = 0; l < 4; l++) /* lanes g = 0 after the sum over g */
+      for (int n = 0; n < nb; n++)
+        for (int c = 0; c < 2; c++) {
+          float sum = 0;
+          for (int g = 0; g < 8; g++)
+            sum += w->l[4 * g + l][n][c];
+          sML[2 * (wp * 16 + n * 8 + 2 * l + c)] = w->m[l][n][c];
+          sML[2 * (wp * 16 + n * 8 + 2 * l + c) + 1] = sum;
+        }
+  }
+  for (int col = 0; col < rows; col++) {
+    float m2, l;
+    attn_cu_merge(sML + 2 * col, 16, pr->nw, &m2, &l);
+    pml[2 * col] = m2, pml[2 * col + 1] = l;
+    for (int dim = 0; dim < pr->d; dim++) {
+      float acc = 0;
+      for (int wp = 0; wp < pr->nw; wp++)
+        for (int lane = 0; lane < 32; lane++)
+          for (int e = 0; e < 4; e++) {
+            int r, c;
+            attn_cu_frag_c(lane, e, &r, &c);
+            if ((col / 8) < nb && c == col % 8 && (dim / 16) * 16 + r == dim)
+              acc += attn_cu_dec_warp_weight(sML[2 * (wp * 16 + col)], sML[2 * (wp * 16 + col) + 1],
+                                             m2, l) *
+                     ws[wp].o[dim / 16][col / 8][lane][e];
+          }
+      po[col][dim] = acc;
+    }
+  }
+}
+
 /* The P staging tile: the 8 rows of each ldmatrix phase start in distinct
  * bank quads, and a warp's 32-bit stores of one (n, h) hit 32 banks. */
 Test(cuda_decode, p_staging_is_conflict_free) {
@@ -217,6 +401,93 @@ Test(cuda_decode, p_staging_is_conflict_free) {
         banks |= 1ull << bank;
       }
     }
+}
+
+/* float64 attention of column col (head dh, query i) over every key. */
+static void e_reference(const dprob *pr, int col, double *o, double *m, double *lse) {
+  int dh, i;
+  attn_cu_block_row(col, pr->nq, pr->group, &dh, &i);
+  const int64_t off = pr->nkv - pr->nq;
+  static double sc[EMU_NKV];
+  double mx = -INFINITY, sum = 0;
+  for (int j = 0; j < pr->nkv; j++) {
+    bool vis = (pr->wl < 0 || j >= i + off - pr->wl) && (pr->wr < 0 || j <= i + off + pr->wr);
+    double x = 0;
+    for (int d = 0; d < pr->d; d++)
+      x += (double)eQ[col][d] * eK[j][d];
+    x *= pr->scale;
+    if (pr->cap > 0)
+      x = pr->cap * tanh(x / pr->cap);
+    if (pr->alibi)
+      x -= eSlope[dh] * fabs((double)(i + off - j));
+    sc[j] = vis ? x : -INFINITY;
+    mx = sc[j] > mx ? sc[j] : mx;
+  }
+  for (int d = 0; d < pr->d; d++)
+    o[d] = 0;
+  for (int j = 0; j < pr->nkv && mx > -INFINITY; j++) {
+    double p = exp(sc[j] - mx);
+    sum += p;
+    for (int d = 0; d < pr->d; d++)
+      o[d] += p * eV[j][d];
+  }
+  for (int d = 0; d < pr->d; d++)
+    o[d] = sum > 0 ? o[d] / sum : 0;
+  *m = sum > 0 ? mx : -INFINITY;
+  *lse = sum > 0 ? mx + log(sum) : -INFINITY;
+}
+
+/* Every split's block, then dec_merge's (m2, l) and weights over the
+ * splits; O, m and lse of every column against float64. */
+static void emulate_decode(const dprob *pr, unsigned seed) {
+  const int rows = pr->group * pr->nq, nb = rows <= 8 ? 1 : 2;
+  memset(eQ, 0, sizeof eQ), memset(eK, 0, sizeof eK), memset(eV, 0, sizeof eV);
+  for (int r = 0; r < rows; r++)
+    for (int d = 0; d < pr->d; d++)
+      eQ[r][d] = (float)urand(&seed);
+  for (int j = 0; j < pr->nkv; j++)
+    for (int d = 0; d < pr->d; d++)
+      eK[j][d] = (float)urand(&seed), eV[j][d] = (float)urand(&seed);
+  for (int h = 0; h < pr->group; h++)
+    eSlope[h] = (float)exp2(-8.0 * (h + 1) / pr->group);
+  static float po[64][16][EMU_DMAX], pml[64][2 * 16];
+  for (int sp = 0; sp < pr->nsplit; sp++)
+    e_block(pr, sp, nb, po[sp], pml[sp]);
+  for (int col = 0; col < rows; col++) {
+    float m2, l, m, lse;
+    attn_cu_merge(&pml[0][2 * col], 16, pr->nsplit, &m2, &l);
+    attn_cu_stats(m2, l, &m, &lse);
+    double ro[EMU_DMAX], rm, rlse;
+    e_reference(pr, col, ro, &rm, &rlse);
+    cr_assert(rm == -INFINITY ? m == -INFINITY && lse == -INFINITY && l == 0
+                              : fabs(lse - rlse) < 1e-3 && fabs(m - rm) < 1e-3,
+              "column %d: m %g lse %g, want %g %g", col, m, lse, rm, rlse);
+    for (int d = 0; d < pr->d; d++) {
+      double acc = 0;
+      for (int sp = 0; sp < pr->nsplit; sp++)
+        acc += attn_cu_merge_weight(pml[sp][2 * col], pml[sp][2 * col + 1], m2, l) * po[sp][col][d];
+      cr_assert(fabs(acc - ro[d]) < 2e-4, "column %d dim %d: %g, want %g (nkv %d, %d splits)", col,
+                d, acc, ro[d], pr->nkv, pr->nsplit);
+    }
+  }
+}
+
+/* The cases of the self-check's decode section, and the awkward ones:
+ * one column, 16 columns over two n8 tiles, windows, a top-left-like
+ * window that leaves splits empty, softcap and ALiBi, negative scales. */
+Test(cuda_decode, whole_decode_emulation_matches_float64) {
+  const dprob cases[] = {
+      {1, 1, 200, 64, 2, 2, -1, -1, 0.125, 0, false},
+      {1, 4, 300, 128, 3, 2, -1, -1, 0.088, 0, false},
+      {2, 8, 260, 125, 2, 2, 100, 0, 0.09, 0, false},
+      {3, 4, 150, 61, 1, 2, -1, 0, 0.13, 0, false},
+      {1, 4, 333, 64, 4, 1, 20, 0, 0.125, 1.5, true},
+      {2, 2, 100, 40, 4, 2, 0, 0, -0.1, 0, false},
+      {1, 6, 257, 96, 2, 3, -1, -1, -0.08, 2.0, true},
+      {4, 4, 64, 64, 2, 2, -1, -1, 0.2, 0, true},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+    emulate_decode(&cases[i], (unsigned)(11 * i + 3));
 }
 
 /* ---- key ranges -------------------------------------------------------------- */

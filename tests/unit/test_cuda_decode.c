@@ -7,7 +7,11 @@
  * here independently of the headers. A warp is then emulated lane by lane
  * as decode.cuh issues its operations for one 16-key tile: Q's B
  * fragments, Sᵀ = K Qᵀ, P staged through the per-warp tile and read back
- * as Pᵀ's B fragments, Oᵀ += Vᵀ Pᵀ; both products must match float64.
+ * as Pᵀ's B fragments, Oᵀ += Vᵀ Pᵀ; both products must match float64. A
+ * whole decode is then emulated the same way, lane by lane and tile by
+ * tile as decode.cuh runs it (each warp's tiles, scores, variants and
+ * masks per fragment element, the online softmax over a column's lanes,
+ * the warps' combine, the splits' merge): O, m and lse must be float64's.
  * The warps' and the splits' key ranges, the two-level merge (warps, then
  * splits), the split counters' place in split_ws and the selection are
  * checked against brute force and float64.

@@ -12,6 +12,13 @@
  * merged by their log-sum-exp, aiming at two blocks per multiprocessor
  * while keeping at least four key tiles per range.
  *
+ * A forward decode (F16/BF16, a KV group's heads × Nq at most 16 rows,
+ * 512 visible keys or more) then goes to the decode kernel (decode.cuh)
+ * of its head dim instead: one block per (KV head, batch · split), keys
+ * split so every multiprocessor gets two blocks of 16 tiles or more; its
+ * splits are merged by its own last block, so its choice needs no merge
+ * kernel, only its counters after the partials in split_ws.
+ *
  * A backward pass picks the smallest backward instance that holds its head
  * dim (64, 128, 256; or the F32 one) and never splits: its dK/dV blocks
  * are as many as key blocks times KV heads, its dQ blocks as many as the

@@ -36,9 +36,10 @@
  * are dp elements each, padding columns zero, as the packed layout's.
  * page_tokens is a multiple of 64, hence of every forward instance's key
  * tile, so a tile never straddles a page and the kernels look a page up
- * once per tile. Only the tensor-core and F32 forward instances read
- * pages (ATTN_CU_PAGED_KERNELS: all but the 160 one, whose head dims go to
- * the 192 one when paged): a paged request never takes the Hopper
+ * once per tile. Only the tensor-core, decode and F32 forward instances
+ * read pages (ATTN_CU_PAGED_KERNELS: all but the 160 one, whose head dims
+ * go to the 192 one when paged; the decode kernel's 16-key tiles divide
+ * page_tokens too): a paged request never takes the Hopper
  * instances (TMA reads packed tensors) nor the backward (attn_cu_select
  * refuses it).
  *
@@ -170,7 +171,9 @@ typedef struct attn_cu_params {
   float *bwd_ws;
   /* Split-KV scratch, attn_cu_split_bytes() of it (NULL when nsplit is 1):
    * per split, F32 partial outputs [B, Hq, Nq, dp] normalized by their own
-   * l, and (m in log2 units, l) pairs [B, Hq, Nq, 2]. */
+   * l, and (m in log2 units, l) pairs [B, Hq, Nq, 2]; for the decode
+   * kernel then a 32-bit counter per (batch, KV head), which its launch
+   * zeroes (decode_layout.h). */
   void *split_ws;
   attn_dtype dtype;
   int batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, dp;

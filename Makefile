@@ -269,7 +269,7 @@ CONSOLE_DEPS = $(wildcard server/console/index.html server/console/console.css \
                           server/console/console.js)
 CONSOLE_OBJ = $(BUILD)/obj/gen/console_assets.o
 
-.PHONY: all deps bench-deps test test-gpu test-image bench bench-peak bench-f16split bench-peers \
+.PHONY: all deps bench-deps test sass-check test-gpu test-image bench bench-peak bench-f16split bench-peers \
         bench-server bench-v2 bench-http bench-memory bench-idle bench-small bench-sessions bench-scale fuzz \
         fuzz-replay run \
         format format-check clean FORCE
@@ -553,6 +553,10 @@ test: deps
 	@if [ -n "$(CUDAMOCK_BIN)" ]; then set -o pipefail; \
 	  $(CUDAMOCK_BIN) --jobs 1 2>&1 | tee -a $(BUILD)/test.log; fi
 	@set -o pipefail; $(GPUTEST_BIN) 2>&1 | tee -a $(BUILD)/test.log
+	@if [ "$(TSAN)" = 1 ]; then \
+	  echo "tests/sass: skipped: TSAN=1 (the kernels' code does not change with it)" | \
+	    tee -a $(BUILD)/test.log; \
+	else set -o pipefail; $(MAKE) --no-print-directory sass-check 2>&1 | tee -a $(BUILD)/test.log; fi
 	@# The test venv: pytest, numpy and ml_dtypes, pinned (torch's tests skip).
 	@# Under TSAN=1 the C suites are the threads' test; the Python and schema
 	@# suites check the API, which a sanitized build does not change.
@@ -584,6 +588,17 @@ test: deps
 	$(MAKE) --no-print-directory format-check
 	@tests/map-check.sh
 	$(MAKE) --no-print-directory layout-check
+
+# What the kernels compile to (tests/sass/): no local memory anywhere, and
+# the Hopper forward's softmax between its two wgmma waits; cuobjdump comes
+# from PyPI into the test venv. Part of make test wherever nvcc is.
+sass-check: $(TEST_VENV)/.stamp
+ifeq ($(USE_CUDA),1)
+	@$(MAKE) --no-print-directory $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
+	@$(TEST_VENV)/bin/python tests/sass/check_sass.py $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
+else
+	@echo "tests/sass: skipped: no nvcc (CUDA=$(CUDA)), so no kernels to read"
+endif
 
 # The C, CUDA and test sources git tracks, formatted by .clang-format:
 # `make format` applies it, `make format-check` (part of make test) lists

@@ -433,10 +433,11 @@ typedef struct attn_disabled {
   char why[160];   /* e.g. "device 0: o error 0.31 > 4e-03 on F16 forward [...]" */
 } attn_disabled;
 
-/* Room for everything the cuda backend can turn off: its 17 kernels
- * (ATTN_CU_KERNEL_COUNT), the split-KV merge, the GQA packing and the
- * paged view ("paged_kv": sessions' pages then stay in host memory). */
-#define ATTN_MAX_DISABLED 20
+/* Room for everything the cuda backend can turn off: its kernels
+ * (ATTN_CU_KERNEL_COUNT, 18 today, with room for more), the split-KV
+ * merge, the GQA packing and the paged view ("paged_kv": sessions' pages
+ * then stay in host memory). */
+#define ATTN_MAX_DISABLED 24
 
 /* Backends compiled in, in preference order, and whether each can run now. */
 typedef struct attn_backend_info {

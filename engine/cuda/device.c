@@ -175,8 +175,7 @@ static void disable(cu_state *s, const cu_dev *d, const attn_cu_choice *ch, cons
  * bits start set) when the case failed or never reached it. */
 static void hopper_outcome(cu_state *s, const cu_dev *d, const attn_request *r,
                            const attn_cu_choice *ch, int rc, const char *why) {
-  int dp = attn_cu_dp(r->head_dim);
-  int bit = dp <= 64 ? ATTN_CU_HOPPER_D64 : dp <= 128 ? ATTN_CU_HOPPER_D128 : ATTN_CU_HOPPER_D256;
+  int bit = (int)attn_cu_hopper_of(attn_cu_dp(r->head_dim));
   if (rc == 0 && !why && (int)ch->kernel == bit)
     return;
   s->hopper_failed |= 1u << bit;

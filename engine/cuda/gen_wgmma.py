@@ -8,8 +8,8 @@ changing the shapes below, then `make format`.
 """
 
 # (N of S = Q K^T, the key tile) and (N of O = P V, the head dim).
-SS_N = (64, 128)
-RS_N = (64, 128, 256)
+SS_N = (32, 64, 128)
+RS_N = (64, 128, 192, 256)
 TYPES = (("__half", "f16"), ("__nv_bfloat16", "bf16"))
 
 

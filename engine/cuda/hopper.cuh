@@ -6,8 +6,9 @@
 //
 // A CTA is three warpgroups on a persistent grid. Warpgroup 0, the
 // producer, gives up registers (setmaxnreg) and one of its threads issues
-// TMA loads: the work unit's Q tile once (128 rows), then its K and V tiles
-// through a ring of STAGES slots guarded by full and empty mbarriers.
+// TMA loads: the work unit's Q tile once (128 rows), and its K and V tiles
+// through a ring of STAGES slots, K and V each with their own full and
+// empty mbarriers, K of a tile ahead of V of the one before.
 // Warpgroups 1 and 2, the consumers, take the registers and 64 query rows
 // each: S = Q Kᵀ by wgmma with both operands in shared memory, the online
 // softmax in registers (a row's 4 values live in one quad, as in
@@ -15,10 +16,14 @@
 // N-major from shared memory. Within a consumer, QKᵀ of tile n + 1 is issued
 // with PV of tile n, and the softmax of n + 1 runs while PV is in flight;
 // between consumers, named barriers alternate the bursts of wgmmas so one
-// computes its softmax while the other uses the tensor cores. The epilogue
-// writes O with stmatrix into its Q rows (same swizzle) and a TMA store;
-// the statistics go out as fwd_mma.cuh writes them. The index arithmetic is
-// in hopper_layout.h, tested on the CPU.
+// computes its softmax while the other uses the tensor cores. The softmax
+// of a tile every row sees whole is compiled apart from the masked one, so
+// no per-score test keeps ptxas from overlapping it with the PV wgmma (the
+// SASS check in tests/sass/ holds it to that). The epilogue writes O with
+// stmatrix into O's staging (same swizzle, apart from Q, so the next unit's
+// Q loads meanwhile) and a TMA store; the statistics go out as fwd_mma.cuh
+// writes them. The index arithmetic is in hopper_layout.h, tested on the
+// CPU.
 #ifndef ATTN_CUDA_HOPPER_CUH
 #define ATTN_CUDA_HOPPER_CUH
 
@@ -37,6 +42,9 @@ template <> struct hp_cfg<64> {
 };
 template <> struct hp_cfg<128> {
   static constexpr int BN = ATTN_CU_HP_BN_D128, STAGES = ATTN_CU_HP_STAGES_D128;
+};
+template <> struct hp_cfg<192> {
+  static constexpr int BN = ATTN_CU_HP_BN_D192, STAGES = ATTN_CU_HP_STAGES_D192;
 };
 template <> struct hp_cfg<256> {
   static constexpr int BN = ATTN_CU_HP_BN_D256, STAGES = ATTN_CU_HP_STAGES_D256;
@@ -58,6 +66,15 @@ __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
 }
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// An arrival by the threads where `on` holds, as one predicated instruction:
+// a branch between a wgmma wait and the code it should overlap makes ptxas
+// move the next wait above that code.
+__device__ __forceinline__ void mbar_arrive_if(uint32_t bar, bool on) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %1, 0;\n"
+               "@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(bar),
+               "r"((int)on)
+               : "memory");
 }
 __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
   uint32_t done;
@@ -123,63 +140,97 @@ __device__ __forceinline__ void stsm_x4(uint32_t addr, const uint32_t (&r)[4]) {
                : "memory");
 }
 
-// The K full, V full and K/V empty barriers of ring slot sl.
-__device__ __forceinline__ uint32_t hp_kfull(uint32_t bars, int sl) { return bars + 16 + 24 * sl; }
-__device__ __forceinline__ uint32_t hp_vfull(uint32_t bars, int sl) { return bars + 24 + 24 * sl; }
-__device__ __forceinline__ uint32_t hp_empty(uint32_t bars, int sl) { return bars + 32 + 24 * sl; }
-
 // ---- the two roles -----------------------------------------------------------
 
 // What both roles derive from a work unit.
 struct hp_unit {
   int qt, h, b, t0, t1;
-  __device__ hp_unit(const attn_cu_params &p, int64_t u, int qtiles, int bn) {
-    attn_cu_hp_unit(u, qtiles, p.heads_q, p.batch, &qt, &h, &b);
+  __device__ hp_unit(const attn_cu_params &p, int64_t u, int qtiles, int section, int bn) {
+    attn_cu_hp_unit(u, qtiles, p.heads_q, p.batch, section, &qt, &h, &b);
     const int i0 = qt * ATTN_CU_HP_BM, i1 = min(i0 + ATTN_CU_HP_BM, p.seq_q);
     attn_cu_block_tiles(i0, i1, p.off, p.window_left, p.window_right, p.seq_kv, bn, 1, 0, &t0, &t1);
   }
 };
+__device__ __forceinline__ int hp_section(const attn_cu_params &p) {
+  return attn_cu_hp_section(p.seq_kv, p.dp, p.heads_q, p.heads_kv, p.batch, p.window_left,
+                            p.window_right);
+}
 
+// One TMA load of `rows` rows of every panel, completing on bar.
+template <int DPAD>
+__device__ __forceinline__ void hp_load(uint32_t dst, const CUtensorMap *m, int rows, int row0,
+                                        int z, uint32_t bar) {
+  mbar_expect_tx(bar, rows * DPAD * 2);
+#pragma unroll
+  for (int pn = 0; pn < DPAD / ATTN_CU_HP_PANEL; pn++)
+    tma_load(dst + pn * rows * 128, m, pn * ATTN_CU_HP_PANEL, row0, z, bar);
+}
+
+// The producer's view of one ring position: which tile of which KV head.
+struct hp_tile {
+  int64_t it;
+  int t, z;
+};
+template <int DPAD, int BN, int STAGES>
+__device__ __forceinline__ void hp_load_kv(const CUtensorMap *m, uint32_t base, const hp_tile &k,
+                                           bool v) {
+  const uint32_t bars = base + attn_cu_hp_bar_off(DPAD, BN, STAGES);
+  int slot, parity;
+  attn_cu_hp_ring(k.it, STAGES, &slot, &parity);
+  (void)parity;
+  mbar_wait(bars + (v ? attn_cu_hp_vempty(slot) : attn_cu_hp_kempty(slot)),
+            attn_cu_hp_empty_parity(k.it, STAGES));
+  hp_load<DPAD>(base + (v ? attn_cu_hp_v_off(DPAD, BN, slot) : attn_cu_hp_k_off(DPAD, BN, slot)), m,
+                BN, k.t * BN, k.z, bars + (v ? attn_cu_hp_vfull(slot) : attn_cu_hp_kfull(slot)));
+}
+
+template <int DPAD>
+__device__ __forceinline__ void hp_load_q(const attn_cu_params &p, const CUtensorMap *tq,
+                                          uint32_t bars, uint32_t base, const hp_unit &w,
+                                          int64_t done) {
+  mbar_wait(bars + ATTN_CU_HP_QEMPTY, attn_cu_hp_empty_parity(done, 1));
+  hp_load<DPAD>(base, tq, ATTN_CU_HP_BM, w.qt * ATTN_CU_HP_BM, w.b * p.heads_q + w.h,
+                bars + ATTN_CU_HP_QFULL);
+}
+
+// The producer issues K of each tile before V of the one before it, so the
+// consumers' S = Q Kᵀ, which comes first, never waits behind a V; and a
+// unit's first K before the wait for Q's buffer, so the next unit's keys
+// are on their way while this one finishes. The V still owed when a new
+// unit starts goes before Q, which the consumers need later.
 template <int DPAD, int BN, int STAGES>
 __device__ void hp_produce(const attn_cu_params &p, const CUtensorMap *tq, const CUtensorMap *tk,
                            const CUtensorMap *tv, uint32_t base) {
-  constexpr int PANELS = DPAD / ATTN_CU_HP_PANEL;
   const uint32_t bars = base + attn_cu_hp_bar_off(DPAD, BN, STAGES);
-  const uint32_t q_full = bars, q_empty = bars + 8;
-  const int qtiles = (p.seq_q + ATTN_CU_HP_BM - 1) / ATTN_CU_HP_BM;
+  const int qtiles = (p.seq_q + ATTN_CU_HP_BM - 1) / ATTN_CU_HP_BM, section = hp_section(p);
   const int64_t units = (int64_t)qtiles * p.heads_q * p.batch;
   const int group = p.heads_q / p.heads_kv;
   int64_t it = 0, done = 0;
+  hp_tile owed = {-1, 0, 0};
   for (int64_t u = blockIdx.x; u < units; u += gridDim.x, done++) {
-    const hp_unit w(p, u, qtiles, BN);
-    mbar_wait(q_empty, attn_cu_hp_empty_parity(done, 1));
-    mbar_expect_tx(q_full, ATTN_CU_HP_BM * DPAD * 2);
-#pragma unroll
-    for (int pn = 0; pn < PANELS; pn++)
-      tma_load(base + pn * ATTN_CU_HP_BM * 128, tq, pn * ATTN_CU_HP_PANEL, w.qt * ATTN_CU_HP_BM,
-               w.b * p.heads_q + w.h, q_full);
+    const hp_unit w(p, u, qtiles, section, BN);
     const int zkv = w.b * p.heads_kv + w.h / group;
     for (int t = w.t0; t < w.t1; t++, it++) {
-      int slot, parity;
-      attn_cu_hp_ring(it, STAGES, &slot, &parity);
-      const uint32_t kf = hp_kfull(bars, slot), vf = hp_vfull(bars, slot);
-      mbar_wait(hp_empty(bars, slot), attn_cu_hp_empty_parity(it, STAGES));
-      const uint32_t sk = base + attn_cu_hp_k_off(DPAD, BN, slot);
-      const uint32_t sv = base + attn_cu_hp_v_off(DPAD, BN, slot);
-      mbar_expect_tx(kf, BN * DPAD * 2);
-#pragma unroll
-      for (int pn = 0; pn < PANELS; pn++)
-        tma_load(sk + pn * BN * 128, tk, pn * ATTN_CU_HP_PANEL, t * BN, zkv, kf);
-      mbar_expect_tx(vf, BN * DPAD * 2);
-#pragma unroll
-      for (int pn = 0; pn < PANELS; pn++)
-        tma_load(sv + pn * BN * 128, tv, pn * ATTN_CU_HP_PANEL, t * BN, zkv, vf);
+      hp_load_kv<DPAD, BN, STAGES>(tk, base, hp_tile{it, t, zkv}, false);
+      if (owed.it >= 0)
+        hp_load_kv<DPAD, BN, STAGES>(tv, base, owed, true);
+      if (t == w.t0)
+        hp_load_q<DPAD>(p, tq, bars, base, w, done);
+      owed = hp_tile{it, t, zkv};
+    }
+    if (w.t0 == w.t1) { // no keys: Q alone (the consumers still wait for it)
+      if (owed.it >= 0)
+        hp_load_kv<DPAD, BN, STAGES>(tv, base, owed, true);
+      owed.it = -1;
+      hp_load_q<DPAD>(p, tq, bars, base, w, done);
     }
   }
+  if (owed.it >= 0)
+    hp_load_kv<DPAD, BN, STAGES>(tv, base, owed, true);
 }
 
 // One consumer's running state for its 64 rows: this thread's rows a (g)
-// and b (g + 8) of its warp's 16.
+// and b (g + 8) of its warp's 16. m is in log2 units of the scaled score.
 template <typename T, int DPAD, int BN> struct hp_rows {
   float o[DPAD / 2];
   uint32_t pf[BN / 16][4];
@@ -200,29 +251,34 @@ template <typename T, int DPAD, int BN> struct hp_rows {
     attn_cu_row_bounds(rb, off, p.window_left, p.window_right, p.seq_kv, &lo_b, &hi_b);
   }
 
-  // Scale, mask unless the tile is wholly visible, and fold S into the
-  // running max and sum; S becomes the weights, and the returned factors
-  // rescale O (once the PV in flight has finished).
-  __device__ void softmax(float (&s)[BN / 2], const attn_cu_params &p, int j0, bool full, int x,
-                          float *al_a, float *al_b) {
+  // Folds S (raw Q Kᵀ) into the running max and sum and turns it into the
+  // weights; the returned factors rescale O once the PV in flight is done.
+  // MASK: the tile is not wholly visible to every row, so each score is
+  // tested; a whole tile's softmax is branch-free, which lets ptxas keep
+  // the PV wgmma in flight across it. c2 = scale · log2 e > 0 (the select
+  // refuses others), so the max of the raw scores scales to the max of the
+  // scaled ones, and exp2(s · c2 − m) is one FFMA and one MUFU.EX2.
+  template <bool MASK>
+  __device__ __forceinline__ void softmax(float (&s)[BN / 2], float c2, int j0, int x, float *al_a,
+                                          float *al_b) {
     float mx_a = -INFINITY, mx_b = -INFINITY;
 #pragma unroll
     for (int i = 0; i < BN / 2; i++) {
-      float v = s[i] * p.scale_log2;
-      int row, col;
-      attn_cu_hp_acc(x, i, &row, &col);
       const bool a = i / 2 % 2 == 0;
-      const int j = j0 + col;
-      if (!full && !(a ? (j >= lo_a && j <= hi_a) : (j >= lo_b && j <= hi_b)))
-        v = -INFINITY;
-      s[i] = v;
+      if (MASK) {
+        int row, col;
+        attn_cu_hp_acc(x, i, &row, &col);
+        const int j = j0 + col;
+        if (!(a ? (j >= lo_a && j <= hi_a) : (j >= lo_b && j <= hi_b)))
+          s[i] = -INFINITY;
+      }
       if (a)
-        mx_a = fmaxf(mx_a, v);
+        mx_a = fmaxf(mx_a, s[i]);
       else
-        mx_b = fmaxf(mx_b, v);
+        mx_b = fmaxf(mx_b, s[i]);
     }
-    mx_a = fmaxf(m_a, quad_max(mx_a));
-    mx_b = fmaxf(m_b, quad_max(mx_b));
+    mx_a = fmaxf(m_a, quad_max(mx_a) * c2);
+    mx_b = fmaxf(m_b, quad_max(mx_b) * c2);
     const float use_a = attn_cu_max_for_exp(mx_a), use_b = attn_cu_max_for_exp(mx_b);
     *al_a = fast_exp2(m_a - use_a);
     *al_b = fast_exp2(m_b - use_b);
@@ -231,7 +287,7 @@ template <typename T, int DPAD, int BN> struct hp_rows {
 #pragma unroll
     for (int i = 0; i < BN / 2; i++) {
       const bool a = i / 2 % 2 == 0;
-      s[i] = fast_exp2(s[i] - (a ? use_a : use_b));
+      s[i] = fast_exp2(fmaf(s[i], c2, a ? -use_a : -use_b));
       if (a)
         sum_a += s[i];
       else
@@ -271,8 +327,8 @@ __device__ __forceinline__ void hp_issue_pv(hp_rows<T, DPAD, BN> &r, uint32_t sv
     wgmma_rs<T, DPAD>::run(r.o, r.pf[kk], attn_cu_hp_desc_mn(sv, BN, kk), 1);
 }
 
-// The epilogue of consumer c: O / l through stmatrix into its Q rows, one
-// TMA store per panel, then the statistics.
+// The epilogue of consumer c: O / l through stmatrix into its rows of O's
+// staging, one TMA store per panel, then the statistics.
 template <typename T, int DPAD, int BN>
 __device__ void hp_epilogue(hp_rows<T, DPAD, BN> &r, const attn_cu_params &p, const CUtensorMap *to,
                             uint32_t base, const hp_unit &w, int c, int x) {
@@ -280,9 +336,11 @@ __device__ void hp_epilogue(hp_rows<T, DPAD, BN> &r, const attn_cu_params &p, co
   r.l_b = quad_sum(r.l_b);
   const float inv_a = r.l_a > 0.0f ? 1.0f / r.l_a : 0.0f;
   const float inv_b = r.l_b > 0.0f ? 1.0f / r.l_b : 0.0f;
+  const uint32_t so = base + attn_cu_hp_o_off(DPAD);
   int lr, lc;
   attn_cu_ldsm_q(x % 32, &lr, &lc);
   const int row = ATTN_CU_HP_WG_ROWS * c + 16 * (x / 32) + lr;
+  bar_sync(HP_BAR_EPI + c, ATTN_CU_HP_WG); // the last unit's store has read the staging
 #pragma unroll
   for (int kk = 0; kk < DPAD / 16; kk++) {
     uint32_t v[4];
@@ -292,7 +350,7 @@ __device__ void hp_epilogue(hp_rows<T, DPAD, BN> &r, const attn_cu_params &p, co
       const float inv = j % 2 == 0 ? inv_a : inv_b;
       v[j] = mma_t<T>::pack(r.o[i] * inv, r.o[i + 1] * inv);
     }
-    stsm_x4(base + attn_cu_hp_off(row, 16 * kk + lc, ATTN_CU_HP_BM), v);
+    stsm_x4(so + attn_cu_hp_off(row, 16 * kk + lc, ATTN_CU_HP_BM), v);
   }
   fence_proxy_async(); // the TMA store reads what stmatrix wrote
   bar_sync(HP_BAR_EPI + c, ATTN_CU_HP_WG);
@@ -300,9 +358,9 @@ __device__ void hp_epilogue(hp_rows<T, DPAD, BN> &r, const attn_cu_params &p, co
     const int i0 = w.qt * ATTN_CU_HP_BM + ATTN_CU_HP_WG_ROWS * c;
 #pragma unroll
     for (int pn = 0; pn < DPAD / ATTN_CU_HP_PANEL; pn++)
-      tma_store(to, base + pn * ATTN_CU_HP_BM * 128 + ATTN_CU_HP_WG_ROWS * c * 128,
+      tma_store(to, so + pn * ATTN_CU_HP_BM * 128 + ATTN_CU_HP_WG_ROWS * c * 128,
                 pn * ATTN_CU_HP_PANEL, i0, w.b * p.heads_q + w.h);
-    tma_store_drain(); // Q's space is free for the next unit's load
+    tma_store_drain();
   }
   const size_t qrow0 = ((size_t)w.b * p.heads_q + w.h) * p.seq_q;
   rows_out out{&p, 1, 0, (size_t)p.batch * p.heads_q * p.seq_q};
@@ -314,80 +372,128 @@ __device__ void hp_epilogue(hp_rows<T, DPAD, BN> &r, const attn_cu_params &p, co
   }
 }
 
+// A consumer's fixed facts for one unit.
+struct hp_ctx {
+  uint32_t base, bars;
+  int c, x, mine, other, steps, n, t0;
+  int64_t it;
+  float c2;
+};
+
+// The first burst: QKᵀ of the unit's first tile alone (O is still zero).
+template <typename T, int DPAD, int BN, int STAGES>
+__device__ __forceinline__ void hp_first(hp_rows<T, DPAD, BN> &r, float (&s)[BN / 2],
+                                         const hp_ctx &k, int *slot, int *parity) {
+  attn_cu_hp_ring(k.it, STAGES, slot, parity);
+  mbar_wait(k.bars + attn_cu_hp_kfull(*slot), *parity);
+  bar_sync(k.mine, 2 * ATTN_CU_HP_WG);
+  wg_fence();
+  hp_issue_qk<T, DPAD, BN>(s, k.base, k.c, k.base + attn_cu_hp_k_off(DPAD, BN, *slot));
+  wg_commit();
+  if (attn_cu_hp_pp_arrives(k.c, 0, k.steps))
+    bar_arrive(k.other, 2 * ATTN_CU_HP_WG);
+  wg_wait<0>();
+  wg_hold(s);
+  // each warp has seen the wgmmas reading K (and Q) complete
+  mbar_arrive_if(k.bars + attn_cu_hp_kempty(*slot), k.x % 32 == 0);
+  mbar_arrive_if(k.bars + ATTN_CU_HP_QEMPTY, k.n == 1 && k.x % 32 == 0);
+  // Masked whether or not it needs it: a second copy of the softmax here,
+  // outside any overlap, made the 256 instance spill.
+  float al_a, al_b;
+  r.template softmax<true>(s, k.c2, k.t0 * BN, k.x, &al_a, &al_b);
+  r.to_p(s);
+}
+
+// Step `step` (1 .. n − 1): QKᵀ of tile t0 + step with PV of the tile
+// before it, K released once QKᵀ is done (wait 1), the softmax while PV
+// runs, V released once PV is done (wait 0). Straight-line code (no
+// wgmma under a condition), so ptxas keeps the wgmmas asynchronous.
+template <bool MASK, typename T, int DPAD, int BN, int STAGES>
+__device__ __forceinline__ void hp_step(hp_rows<T, DPAD, BN> &r, float (&s)[BN / 2],
+                                        const hp_ctx &k, int step, int *slot, int *parity) {
+  const int pslot = *slot, pparity = *parity;
+  attn_cu_hp_ring(k.it + step, STAGES, slot, parity);
+  mbar_wait(k.bars + attn_cu_hp_vfull(pslot), pparity);
+  mbar_wait(k.bars + attn_cu_hp_kfull(*slot), *parity);
+  bar_sync(k.mine, 2 * ATTN_CU_HP_WG);
+  wg_fence();
+  hp_issue_qk<T, DPAD, BN>(s, k.base, k.c, k.base + attn_cu_hp_k_off(DPAD, BN, *slot));
+  wg_commit();
+  hp_issue_pv<T, DPAD, BN>(r, k.base + attn_cu_hp_v_off(DPAD, BN, pslot));
+  wg_commit();
+  if (attn_cu_hp_pp_arrives(k.c, step, k.steps))
+    bar_arrive(k.other, 2 * ATTN_CU_HP_WG);
+  wg_wait<1>();
+  wg_hold(s);
+  mbar_arrive_if(k.bars + attn_cu_hp_kempty(*slot), k.x % 32 == 0);
+  // the unit's last read of Q is done
+  mbar_arrive_if(k.bars + ATTN_CU_HP_QEMPTY, step == k.n - 1 && k.x % 32 == 0);
+  float al_a, al_b;
+  r.template softmax<MASK>(s, k.c2, (k.t0 + step) * BN, k.x, &al_a, &al_b);
+  wg_wait<0>();
+  wg_hold(r.o);
+  mbar_arrive_if(k.bars + attn_cu_hp_vempty(pslot), k.x % 32 == 0);
+  r.rescale(al_a, al_b);
+  r.to_p(s);
+}
+
+// The last burst: PV of the last tile.
+template <typename T, int DPAD, int BN, int STAGES>
+__device__ __forceinline__ void hp_last(hp_rows<T, DPAD, BN> &r, const hp_ctx &k, int slot,
+                                        int parity) {
+  mbar_wait(k.bars + attn_cu_hp_vfull(slot), parity);
+  bar_sync(k.mine, 2 * ATTN_CU_HP_WG);
+  wg_fence();
+  hp_issue_pv<T, DPAD, BN>(r, k.base + attn_cu_hp_v_off(DPAD, BN, slot));
+  wg_commit();
+  if (attn_cu_hp_pp_arrives(k.c, k.steps - 1, k.steps))
+    bar_arrive(k.other, 2 * ATTN_CU_HP_WG);
+  wg_wait<0>();
+  wg_hold(r.o);
+  mbar_arrive_if(k.bars + attn_cu_hp_vempty(slot), k.x % 32 == 0);
+}
+
 // One work unit of consumer c (0, 1), thread x of its warpgroup; `it`
-// counts K/V tiles as the producer does. The bursts of wgmmas: QKᵀ of the
-// first tile; QKᵀ of tile n with PV of tile n - 1; PV of the last tile.
-// Each is straight-line code (no wgmma under a condition), so ptxas keeps
-// them asynchronous.
+// counts K/V tiles as the producer does. The tiles every row of this
+// consumer sees whole form one run (attn_cu_hp_full_range) and take the
+// unmasked softmax; the masked ones before and after it loop apart.
 template <typename T, int DPAD, int BN, int STAGES>
 __device__ void hp_consume_unit(hp_rows<T, DPAD, BN> &r, const attn_cu_params &p, const hp_unit &w,
                                 uint32_t base, int c, int x, int64_t &it) {
-  const uint32_t bars = base + attn_cu_hp_bar_off(DPAD, BN, STAGES);
-  const int n = w.t1 - w.t0, steps = attn_cu_hp_pp_steps(n);
-  if (n == 0)
+  const int n = w.t1 - w.t0;
+  const hp_ctx k{base,
+                 base + attn_cu_hp_bar_off(DPAD, BN, STAGES),
+                 c,
+                 x,
+                 HP_BAR_TURN + c,
+                 HP_BAR_TURN + 1 - c,
+                 attn_cu_hp_pp_steps(n),
+                 n,
+                 w.t0,
+                 it,
+                 p.scale_log2};
+  if (n == 0) {
+    mbar_arrive_if(k.bars + ATTN_CU_HP_QEMPTY, x % 32 == 0);
     return;
+  }
   const int r0 = w.qt * ATTN_CU_HP_BM + ATTN_CU_HP_WG_ROWS * c;
   const int r1 = max(min(r0 + ATTN_CU_HP_WG_ROWS, p.seq_q), r0 + 1);
-  const int64_t off = p.off;
-  const int mine = HP_BAR_TURN + c, other = HP_BAR_TURN + 1 - c, pair = 2 * ATTN_CU_HP_WG;
-  if (attn_cu_hp_pp_opens(c, steps))
-    bar_arrive(other, pair);
-  float s[BN / 2], al_a, al_b;
-  int slot, parity, pslot, pparity;
-
-  attn_cu_hp_ring(it, STAGES, &slot, &parity);
-  mbar_wait(hp_kfull(bars, slot), parity);
-  bar_sync(mine, pair);
-  wg_fence();
-  hp_issue_qk<T, DPAD, BN>(s, base, c, base + attn_cu_hp_k_off(DPAD, BN, slot));
-  wg_commit();
-  if (attn_cu_hp_pp_arrives(c, 0, steps))
-    bar_arrive(other, pair);
-  wg_wait<0>();
-  wg_hold(s);
-  bool full = attn_cu_tile_full((int64_t)w.t0 * BN, BN, r0, r1, off, p.window_left, p.window_right,
-                                p.seq_kv);
-  r.softmax(s, p, w.t0 * BN, full, x, &al_a, &al_b); // O is still zero
-  r.to_p(s);
-
-  for (int step = 1; step < n; step++) {
-    const int t = w.t0 + step;
-    pslot = slot, pparity = parity;
-    attn_cu_hp_ring(it + step, STAGES, &slot, &parity);
-    mbar_wait(hp_vfull(bars, pslot), pparity);
-    mbar_wait(hp_kfull(bars, slot), parity);
-    bar_sync(mine, pair);
-    wg_fence();
-    hp_issue_qk<T, DPAD, BN>(s, base, c, base + attn_cu_hp_k_off(DPAD, BN, slot));
-    wg_commit();
-    hp_issue_pv<T, DPAD, BN>(r, base + attn_cu_hp_v_off(DPAD, BN, pslot));
-    wg_commit();
-    if (attn_cu_hp_pp_arrives(c, step, steps))
-      bar_arrive(other, pair);
-    wg_wait<1>();
-    wg_hold(s);
-    full = attn_cu_tile_full((int64_t)t * BN, BN, r0, r1, off, p.window_left, p.window_right,
-                             p.seq_kv);
-    r.softmax(s, p, t * BN, full, x, &al_a, &al_b);
-    wg_wait<0>();
-    wg_hold(r.o);
-    if (x % 32 == 0) // each warp has seen the wgmmas reading the slot complete
-      mbar_arrive(hp_empty(bars, pslot));
-    r.rescale(al_a, al_b);
-    r.to_p(s);
-  }
-
-  mbar_wait(hp_vfull(bars, slot), parity);
-  bar_sync(mine, pair);
-  wg_fence();
-  hp_issue_pv<T, DPAD, BN>(r, base + attn_cu_hp_v_off(DPAD, BN, slot));
-  wg_commit();
-  if (attn_cu_hp_pp_arrives(c, steps - 1, steps))
-    bar_arrive(other, pair);
-  wg_wait<0>();
-  wg_hold(r.o);
-  if (x % 32 == 0)
-    mbar_arrive(hp_empty(bars, slot));
+  int f0, f1;
+  attn_cu_hp_full_range(w.t0, w.t1, BN, r0, r1, p.off, p.window_left, p.window_right, p.seq_kv, &f0,
+                        &f1);
+  if (attn_cu_hp_pp_opens(c, k.steps))
+    bar_arrive(k.other, 2 * ATTN_CU_HP_WG);
+  float s[BN / 2];
+  int slot, parity;
+  hp_first<T, DPAD, BN, STAGES>(r, s, k, &slot, &parity);
+  const int a = min(max(f0 - w.t0, 1), n), z = min(max(f1 - w.t0, a), n);
+  for (int step = 1; step < a; step++)
+    hp_step<true, T, DPAD, BN, STAGES>(r, s, k, step, &slot, &parity);
+  for (int step = a; step < z; step++)
+    hp_step<false, T, DPAD, BN, STAGES>(r, s, k, step, &slot, &parity);
+  for (int step = z; step < n; step++)
+    hp_step<true, T, DPAD, BN, STAGES>(r, s, k, step, &slot, &parity);
+  hp_last<T, DPAD, BN, STAGES>(r, k, slot, parity);
   it += n;
 }
 
@@ -402,12 +508,13 @@ __global__ void __launch_bounds__(ATTN_CU_HP_THREADS, 1)
   const uint32_t bars = base + attn_cu_hp_bar_off(DPAD, BN, STAGES);
   const int wg = threadIdx.x / ATTN_CU_HP_WG, x = threadIdx.x % ATTN_CU_HP_WG;
   if (threadIdx.x == 0) {
-    mbar_init(bars, 1);     // Q full: the producer's expect_tx
-    mbar_init(bars + 8, 2); // Q empty: one arrival per consumer
+    mbar_init(bars + ATTN_CU_HP_QFULL, 1);  // the producer's expect_tx
+    mbar_init(bars + ATTN_CU_HP_QEMPTY, 8); // one arrival per consumer warp
     for (int sl = 0; sl < STAGES; sl++) {
-      mbar_init(hp_kfull(bars, sl), 1);
-      mbar_init(hp_vfull(bars, sl), 1);
-      mbar_init(hp_empty(bars, sl), 8); // one arrival per consumer warp
+      mbar_init(bars + attn_cu_hp_kfull(sl), 1);
+      mbar_init(bars + attn_cu_hp_vfull(sl), 1);
+      mbar_init(bars + attn_cu_hp_kempty(sl), 8); // one arrival per consumer warp
+      mbar_init(bars + attn_cu_hp_vempty(sl), 8);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -419,18 +526,16 @@ __global__ void __launch_bounds__(ATTN_CU_HP_THREADS, 1)
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
     const int c = wg - 1;
-    const int qtiles = (p.seq_q + ATTN_CU_HP_BM - 1) / ATTN_CU_HP_BM;
+    const int qtiles = (p.seq_q + ATTN_CU_HP_BM - 1) / ATTN_CU_HP_BM, section = hp_section(p);
     const int64_t units = (int64_t)qtiles * p.heads_q * p.batch;
     int64_t it = 0, done = 0;
     hp_rows<T, DPAD, BN> r;
     for (int64_t u = blockIdx.x; u < units; u += gridDim.x, done++) {
-      const hp_unit w(p, u, qtiles, BN);
+      const hp_unit w(p, u, qtiles, section, BN);
       r.start(p, w.qt * ATTN_CU_HP_BM + ATTN_CU_HP_WG_ROWS * c, x);
-      mbar_wait(bars, (int)(done % 2));
+      mbar_wait(bars + ATTN_CU_HP_QFULL, (int)(done % 2));
       hp_consume_unit<T, DPAD, BN, STAGES>(r, p, w, base, c, x, it);
       hp_epilogue<T, DPAD, BN>(r, p, &to, base, w, c, x);
-      if (x == 0)
-        mbar_arrive(bars + 8);
     }
   }
 }

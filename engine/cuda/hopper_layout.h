@@ -33,7 +33,7 @@
  * dims), SBO = 1024 (the next 8 keys), and the k step kk (16 keys) starts
  * 16 rows further.
  *
- * The epilogue writes O through stmatrix.x4 into Q's (swizzled) space:
+ * The epilogue writes O through stmatrix.x4 into its (swizzled) staging:
  * lane l addresses row l % 16, column 8 (l / 16) of a 16x16 piece (the
  * pattern of attn_cu_ldsm_q), and register j carries accumulator elements
  * 8k + 2j, +1 — the same pairs as P's A fragment.
@@ -53,14 +53,19 @@
 #define ATTN_CU_HP_PANEL 64
 
 /*
- * Shared memory of a CTA, from a 1024-byte aligned base: Q [BM][dpad], then
- * K and V of each of `stages` ring slots [bn][dpad] (K of slot s at
- * attn_cu_hp_k_off, V after it), then the mbarriers: Q full, Q empty, and
- * per slot K full, V full and K/V empty. The dynamic allocation adds 1024
- * bytes so the kernel can align its base.
+ * Shared memory of a CTA, from a 1024-byte aligned base: Q [BM][dpad]; O's
+ * staging [BM][dpad], apart from Q so that the next unit's Q loads while
+ * this one's O is stored; then K and V of each of `stages` ring slots
+ * [bn][dpad] (K of slot s at attn_cu_hp_k_off, V after it); then the
+ * mbarriers: Q full, Q empty, and per slot K full, V full, K empty and
+ * V empty, so a K slot is refilled once S = Q Kᵀ has read it and a V slot
+ * once O += P V has. Q empty takes one arrival per consumer warp, once its
+ * last S = Q Kᵀ of the unit has completed. The dynamic allocation adds
+ * 1024 bytes so the kernel can align its base.
  */
+ATTN_HD uint32_t attn_cu_hp_o_off(int dpad) { return (uint32_t)(ATTN_CU_HP_BM * dpad * 2); }
 ATTN_HD uint32_t attn_cu_hp_k_off(int dpad, int bn, int slot) {
-  return (uint32_t)(ATTN_CU_HP_BM * dpad * 2) + (uint32_t)(2 * slot * bn * dpad * 2);
+  return 2 * attn_cu_hp_o_off(dpad) + (uint32_t)(2 * slot * bn * dpad * 2);
 }
 ATTN_HD uint32_t attn_cu_hp_v_off(int dpad, int bn, int slot) {
   return attn_cu_hp_k_off(dpad, bn, slot) + (uint32_t)(bn * dpad * 2);
@@ -68,8 +73,15 @@ ATTN_HD uint32_t attn_cu_hp_v_off(int dpad, int bn, int slot) {
 ATTN_HD uint32_t attn_cu_hp_bar_off(int dpad, int bn, int stages) {
   return attn_cu_hp_k_off(dpad, bn, stages);
 }
+/* The barriers, as offsets from the barriers' base: Q's, and ring slot sl's. */
+#define ATTN_CU_HP_QFULL 0u
+#define ATTN_CU_HP_QEMPTY 8u
+ATTN_HD uint32_t attn_cu_hp_kfull(int sl) { return 16 + 32 * (uint32_t)sl; }
+ATTN_HD uint32_t attn_cu_hp_vfull(int sl) { return 24 + 32 * (uint32_t)sl; }
+ATTN_HD uint32_t attn_cu_hp_kempty(int sl) { return 32 + 32 * (uint32_t)sl; }
+ATTN_HD uint32_t attn_cu_hp_vempty(int sl) { return 40 + 32 * (uint32_t)sl; }
 ATTN_HD uint32_t attn_cu_hp_smem(int dpad, int bn, int stages) {
-  return 1024 + attn_cu_hp_bar_off(dpad, bn, stages) + (uint32_t)(2 + 3 * stages) * 8;
+  return 1024 + attn_cu_hp_bar_off(dpad, bn, stages) + (uint32_t)(2 + 4 * stages) * 8;
 }
 
 /* ---- fragments ----------------------------------------------------------- */
@@ -143,16 +155,69 @@ ATTN_HD int attn_cu_hp_empty_parity(int64_t it, int stages) { return (int)((it /
 
 /*
  * Work unit u of the persistent grid (CTA c takes units c, c + grid, ...):
- * query tile *qt of head *h of batch entry *b. The last query tiles come
- * first: under a causal mask (any window whose right edge grows with the
- * row) they see the most keys, so the longest units start first and the
- * short ones fill the tail.
+ * query tile *qt of head *h of batch entry *b, pairs (b, h) numbered head
+ * fastest so that neighbours share a KV head.
+ *
+ * section 0 (every row sees the same keys): query tiles fastest, so the
+ * CTAs at work at once read the K and V of a few heads, which stay in L2.
+ * section > 0 (a causal mask, or any window whose edge moves with the
+ * row): the pairs go in sections of that many, and within a section the
+ * last query tiles come first, since they see the most keys: the longest
+ * units start first and short ones fill the tail, while the section's K
+ * and V (attn_cu_hp_section sizes it) stay in L2.
  */
-ATTN_HD void attn_cu_hp_unit(int64_t u, int qtiles, int heads, int batch, int *qt, int *h, int *b) {
-  int64_t hb = (int64_t)heads * batch, r = u % hb;
-  *qt = qtiles - 1 - (int)(u / hb);
-  *h = (int)(r % heads);
-  *b = (int)(r / heads);
+ATTN_HD void attn_cu_hp_unit(int64_t u, int qtiles, int heads, int batch, int section, int *qt,
+                             int *h, int *b) {
+  int64_t pair;
+  if (section <= 0) {
+    *qt = (int)(u % qtiles);
+    pair = u / qtiles;
+  } else {
+    const int64_t pairs = (int64_t)heads * batch, per = (int64_t)section * qtiles;
+    const int64_t first = u / per * section, r = u % per;
+    const int64_t np = pairs - first < section ? pairs - first : section;
+    *qt = qtiles - 1 - (int)(r / np);
+    pair = first + r % np;
+  }
+  *h = (int)(pair % heads);
+  *b = (int)(pair / heads);
+}
+
+/* L2 bytes the K and V of one section may take: H100 and H200 have 50 MB,
+ * and Q, O and other CTAs' traffic need the rest. */
+#define ATTN_CU_HP_L2_BUDGET ((int64_t)32 << 20)
+
+/* The section of attn_cu_hp_unit: 0 when every row of the mask sees the
+ * same keys (no window edge), else the pairs whose K and V fit the budget,
+ * in whole GQA groups (at least one). */
+ATTN_HD int attn_cu_hp_section(int64_t seq_kv, int dp, int heads_q, int heads_kv, int batch,
+                               int64_t wl, int64_t wr) {
+  if (wl < 0 && wr < 0)
+    return 0;
+  const int64_t per_kv = seq_kv * dp * 4, pairs = (int64_t)heads_q * batch;
+  int64_t groups = ATTN_CU_HP_L2_BUDGET / (per_kv > 0 ? per_kv : 1);
+  int64_t n = (groups > 1 ? groups : 1) * (heads_q / heads_kv);
+  return (int)(n < pairs ? n : pairs);
+}
+
+/*
+ * The key tiles [*f0, *f1) of [t0, t1) that every row of [r0, r1) sees
+ * whole (attn_cu_tile_full): the consumer runs them through the softmax
+ * without a mask, the others through the masked one. They are contiguous,
+ * since a row's visible keys [lo, hi] never move left as the row grows:
+ * a tile is whole for all rows when it starts at or after the last row's
+ * lo and ends at or before the first row's hi. None whole: both t1.
+ */
+ATTN_HD void attn_cu_hp_full_range(int t0, int t1, int bn, int64_t r0, int64_t r1, int64_t off,
+                                   int64_t wl, int64_t wr, int64_t nkv, int *f0, int *f1) {
+  int lo, hi, lo_last, hi_first;
+  attn_cu_row_bounds(r0, off, wl, wr, nkv, &lo, &hi_first);
+  attn_cu_row_bounds(r1 - 1, off, wl, wr, nkv, &lo_last, &hi);
+  int a = (lo_last + bn - 1) / bn, z = (hi_first + 1) / bn;
+  a = a > t0 ? a : t0;
+  z = z < t1 ? z : t1;
+  *f0 = a < z ? a : t1;
+  *f1 = a < z ? z : t1;
 }
 
 /* ---- ping-pong between the two consumer warpgroups --------------------------- */

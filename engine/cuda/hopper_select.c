@@ -14,29 +14,41 @@ int attn_cu_hopper_built(void) {
 #endif
 }
 
+attn_cu_kernel attn_cu_hopper_of(int dp) {
+  return dp <= 64    ? ATTN_CU_HOPPER_D64
+         : dp <= 128 ? ATTN_CU_HOPPER_D128
+         : dp <= 192 ? ATTN_CU_HOPPER_D192
+                     : ATTN_CU_HOPPER_D256;
+}
+
+/* Tile, ring depth and padded head dim of each instance, in enum order. */
+static const struct {
+  int bn, stages, dpad;
+} shapes[] = {
+    {ATTN_CU_HP_BN_D64, ATTN_CU_HP_STAGES_D64, 64},
+    {ATTN_CU_HP_BN_D128, ATTN_CU_HP_STAGES_D128, 128},
+    {ATTN_CU_HP_BN_D192, ATTN_CU_HP_STAGES_D192, 192},
+    {ATTN_CU_HP_BN_D256, ATTN_CU_HP_STAGES_D256, 256},
+};
+
 /* A persistent grid: one CTA per multiprocessor (each takes all of the
- * shared memory), walking work units as attn_cu_hp_unit orders them. */
+ * shared memory), walking work units as attn_cu_hp_unit orders them. The
+ * softmax folds the scale into its exponent's FMA, taking the row maximum
+ * of the raw scores, which is the scaled scores' only for a positive scale;
+ * the rare other scales run on the mma.sync instances. */
 int attn_cu_select_hopper(const attn_cu_params *p, int sms, attn_cu_choice *c) {
   /* Its TMA tensor maps read packed K and V: never a paged launch. */
   if (p->pass != ATTN_FORWARD || (p->dtype != ATTN_F16 && p->dtype != ATTN_BF16) || p->dp > 256 ||
-      c->nsplit != 1 || sms < 1 || p->k_table || p->v_table)
+      c->nsplit != 1 || sms < 1 || p->k_table || p->v_table || !(p->scale_log2 > 0.0f))
     return 0;
-  int bn, stages;
-  if (p->dp <= 64) {
-    c->kernel = ATTN_CU_HOPPER_D64, bn = ATTN_CU_HP_BN_D64, stages = ATTN_CU_HP_STAGES_D64;
-    c->smem_bytes = attn_cu_hp_smem(64, bn, stages);
-  } else if (p->dp <= 128) {
-    c->kernel = ATTN_CU_HOPPER_D128, bn = ATTN_CU_HP_BN_D128, stages = ATTN_CU_HP_STAGES_D128;
-    c->smem_bytes = attn_cu_hp_smem(128, bn, stages);
-  } else {
-    c->kernel = ATTN_CU_HOPPER_D256, bn = ATTN_CU_HP_BN_D256, stages = ATTN_CU_HP_STAGES_D256;
-    c->smem_bytes = attn_cu_hp_smem(256, bn, stages);
-  }
+  c->kernel = attn_cu_hopper_of(p->dp);
+  const int i = (int)c->kernel - ATTN_CU_HOPPER_D64;
+  c->smem_bytes = attn_cu_hp_smem(shapes[i].dpad, shapes[i].bn, shapes[i].stages);
   int64_t qtiles = (p->seq_q + ATTN_CU_HP_BM - 1) / ATTN_CU_HP_BM;
   int64_t units = qtiles * p->heads_q * p->batch;
   c->block_m = ATTN_CU_HP_BM;
   c->pack = 1;
-  c->block_n = bn;
+  c->block_n = shapes[i].bn;
   c->warps = ATTN_CU_HP_THREADS / 32;
   c->grid[0] = (unsigned)(units < sms ? units : sms);
   c->grid[1] = c->grid[2] = 1;

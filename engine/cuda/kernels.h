@@ -149,6 +149,7 @@ typedef enum attn_cu_kernel {
    * through attn_cu_select_hopper(), never by attn_cu_select(). */
   ATTN_CU_HOPPER_D64,
   ATTN_CU_HOPPER_D128,
+  ATTN_CU_HOPPER_D192,
   ATTN_CU_HOPPER_D256,
   /* The decode kernel (decode.cuh): keys in the MMA's M, a KV group's
    * <= ATTN_CU_DEC_ROWS query rows in N, dp <= 64, <= 128 and <= 256. */
@@ -278,8 +279,9 @@ int attn_cu_select(const attn_cu_params *p, int sms, attn_cu_choice *c, attn_sta
 #define ATTN_CU_SPLIT_BIT (1u << ATTN_CU_KERNEL_COUNT)
 /* ... and ATTN_CU_PACK_BIT the GQA packing (attn_cu_choice.pack). */
 #define ATTN_CU_PACK_BIT (1u << (ATTN_CU_KERNEL_COUNT + 1))
-#define ATTN_CU_HOPPER_OFF \
-  (1u << ATTN_CU_HOPPER_D64 | 1u << ATTN_CU_HOPPER_D128 | 1u << ATTN_CU_HOPPER_D256)
+#define ATTN_CU_HOPPER_OFF                                                            \
+  (1u << ATTN_CU_HOPPER_D64 | 1u << ATTN_CU_HOPPER_D128 | 1u << ATTN_CU_HOPPER_D192 | \
+   1u << ATTN_CU_HOPPER_D256)
 int attn_cu_select_masked(const attn_cu_params *p, int sms, unsigned off, attn_cu_choice *c,
                           attn_status *st);
 
@@ -294,23 +296,29 @@ size_t attn_cu_bwd_bytes(const attn_cu_params *p);
  * nothing selects it by default: attn_cu_select_masked() with its bit clear
  * (after the backend's self-check passed it on the device) turns a forward
  * choice into the Hopper one with attn_cu_select_hopper(), which returns 1
- * when it did (F16/BF16 forward, dp <= 256, no key split) and 0, leaving c
- * alone, otherwise.
+ * when it did (F16/BF16 forward, a positive scale, dp <= 256, no key split,
+ * packed K and V) and 0, leaving c alone, otherwise. attn_cu_hopper_of()
+ * names the instance of a padded head dim (64, 128, 192, 256 classes).
  * attn_cu_hopper_built() says whether this build holds its sm_90a code
  * (CUDA_ARCHS with 90a); its launch returns cudaErrorNotSupported when not,
  * or when the device is not compute capability 9.0.
  */
 int attn_cu_hopper_built(void);
 int attn_cu_select_hopper(const attn_cu_params *p, int sms, attn_cu_choice *c);
+attn_cu_kernel attn_cu_hopper_of(int dp);
 
 /* Keys per K/V tile and ring depth of the Hopper instance of a padded head
- * dim class (64, 128, 256). */
+ * dim class (64, 128, 192, 256), within 227 KiB of shared memory
+ * (attn_cu_hp_smem) and a consumer's 240 registers: O (dpad / 2 floats),
+ * S (bn / 2) and P (bn / 4 words) per thread. */
 #define ATTN_CU_HP_BN_D64 128
 #define ATTN_CU_HP_BN_D128 128
-#define ATTN_CU_HP_BN_D256 64
+#define ATTN_CU_HP_BN_D192 64
+#define ATTN_CU_HP_BN_D256 32
 #define ATTN_CU_HP_STAGES_D64 3
 #define ATTN_CU_HP_STAGES_D128 2
-#define ATTN_CU_HP_STAGES_D256 2
+#define ATTN_CU_HP_STAGES_D192 2
+#define ATTN_CU_HP_STAGES_D256 3
 
 /*
  * A TMA tensor map of the Hopper instance, as the host encodes it: a 3-D

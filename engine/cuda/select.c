@@ -48,7 +48,7 @@
 static const char *const names[ATTN_CU_KERNEL_COUNT] = {
     "mma_d64",     "mma_d96",     "mma_d128",     "mma_d160",     "mma_d192",     "mma_d256",
     "simt_f32",    "bwd_mma_d64", "bwd_mma_d128", "bwd_mma_d256", "bwd_simt_f32", "hopper_d64",
-    "hopper_d128", "hopper_d256", "decode_d64",   "decode_d128",  "decode_d256"};
+    "hopper_d128", "hopper_d192", "hopper_d256",  "decode_d64",   "decode_d128",  "decode_d256"};
 
 /* A tensor-core instance: the padded head dim it holds, its query rows and
  * keys per tile. */
@@ -292,10 +292,7 @@ int attn_cu_select(const attn_cu_params *p, int sms, attn_cu_choice *c, attn_sta
 static void maybe_hopper(const attn_cu_params *p, int sms, unsigned off, attn_cu_choice *c) {
   if (c->pack > 1 || p->k_table) /* nor a paged one: TMA reads packed K and V */
     return;
-  attn_cu_kernel h = p->dp <= 64    ? ATTN_CU_HOPPER_D64
-                     : p->dp <= 128 ? ATTN_CU_HOPPER_D128
-                                    : ATTN_CU_HOPPER_D256;
-  if (!(off & (1u << h)))
+  if (!(off & (1u << attn_cu_hopper_of(p->dp))))
     attn_cu_select_hopper(p, sms, c);
 }
 

@@ -253,8 +253,8 @@ stage sdpa 90 5 "$OUT/bench.log" python3 tests/gpu/sdpa_bench.py $QUICK --csv "$
 # The Hopper instance's table (issue 19): bench-gpu times each shape as
 # mma.sync and as the sm_90a instance; SDPA the same shapes, joined in.
 if [ "${CHECK_HOPPER:-1}" != 0 ] && [ -x "$BUILD/bench-gpu" ] && [ "$(left)" -gt 60 ]; then
-  stage hopper 90 20 "$OUT/bench.log" "$BUILD/bench-gpu" --hopper-full --csv "$OUT/hopper.csv"
-  stage hsdpa 60 10 "$OUT/bench.log" python3 tests/gpu/sdpa_bench.py --hopper-full \
+  stage hopper 120 20 "$OUT/bench.log" "$BUILD/bench-gpu" --hopper-full --csv "$OUT/hopper.csv"
+  stage hsdpa 80 10 "$OUT/bench.log" python3 tests/gpu/sdpa_bench.py --hopper-full \
     --csv "$OUT/hopper_sdpa.csv"
   if [ -s "$OUT/hopper_sdpa.csv" ]; then
     # one file comes back instead of two: SDPA's rows appended as kind "sdpa"

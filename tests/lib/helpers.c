@@ -771,3 +771,11 @@ void tcu_params(const tprob *p, attn_cu_params *prm) {
   attn_request_window(&r, &prm->window_left, &prm->window_right);
   prm->off = tprob_off(p); /* the mask's diagonal, as attn_request_offset() gives it */
 }
+
+void tcu_shape(attn_cu_params *prm, attn_dtype dt, int b, int hq, int hkv, int nq, int nkv, int d) {
+  tprob p = {.dt = dt, .b = b, .hq = hq, .hkv = hkv, .nq = nq, .nkv = nkv, .d = d};
+  p.wl = p.wr = -1;
+  p.scale = NAN;
+  p.diag = ATTN_DIAG_AUTO;
+  tcu_params(&p, prm);
+}

@@ -111,6 +111,9 @@ int64_t tprob_off(const tprob *p);
  * device pointers yet. */
 struct attn_cu_params;
 void tcu_params(const tprob *p, struct attn_cu_params *prm);
+/* A launch shape for the selection tests: no mask, the default scale. */
+void tcu_shape(struct attn_cu_params *prm, attn_dtype dt, int b, int hq, int hkv, int nq, int nkv,
+               int d);
 
 /* Threshold on terr.o for a dtype (F32 1e-5; F16 1e-3; BF16 8e-3). */
 double ttol(attn_dtype dt);

@@ -219,8 +219,8 @@ static void emu_stsm(smem *m, const uint32_t addr[32], float r[32][4][2]) {
 
 /* One consumer warpgroup c's 64 rows of a work unit: Q (128 x dp), one K/V
  * tile of bn keys, dpad the instance. */
-static void wg_tile(int dpad, int dp, int bn, int c, uint64_t seed) {
-  const int bm = ATTN_CU_HP_BM, stages = 2, slot = 1;
+static void wg_tile(int dpad, int dp, int bn, int stages, int c, uint64_t seed) {
+  const int bm = ATTN_CU_HP_BM, slot = stages - 1;
   smem m = {NULL, attn_cu_hp_bar_off(dpad, bn, stages)};
   m.v = malloc(m.bytes / 2 * sizeof(float));
   for (uint32_t i = 0; i < m.bytes / 2; i++)
@@ -282,8 +282,12 @@ static void wg_tile(int dpad, int dp, int bn, int c, uint64_t seed) {
       cr_assert(fabs(o[x][i] - ref) <= 1e-3 * (1 + fabs(ref)), "O[%d][%d]: %g, expected %g", r, d,
                 o[x][i], ref);
     }
-  /* The epilogue: stmatrix into Q's space, as hp_epilogue addresses it,
-   * then a TMA store of the 64-row box of each panel reads it back. */
+  /* The epilogue: stmatrix into O's staging, as hp_epilogue addresses it,
+   * then a TMA store of the 64-row box of each panel reads it back; Q's
+   * space, where the next unit's Q may be loading, is left alone. */
+  const uint32_t so = attn_cu_hp_o_off(dpad);
+  cr_assert(so % 1024 == 0 && so >= (uint32_t)(bm * dpad * 2) &&
+            so + (uint32_t)(bm * dpad * 2) <= attn_cu_hp_k_off(dpad, bn, 0));
   for (int w = 0; w < 4; w++)
     for (int kk = 0; kk < dpad / 16; kk++) {
       uint32_t addr[32];
@@ -291,7 +295,7 @@ static void wg_tile(int dpad, int dp, int bn, int c, uint64_t seed) {
       for (int l = 0; l < 32; l++) {
         int lr, lc, x = 32 * w + l;
         attn_cu_ldsm_q(l, &lr, &lc);
-        addr[l] = attn_cu_hp_off(ATTN_CU_HP_WG_ROWS * c + 16 * w + lr, 16 * kk + lc, bm);
+        addr[l] = so + attn_cu_hp_off(ATTN_CU_HP_WG_ROWS * c + 16 * w + lr, 16 * kk + lc, bm);
         for (int j = 0; j < 4; j++) {
           int i = attn_cu_hp_acc_pair(kk, j);
           r[l][j][0] = o[x][i], r[l][j][1] = o[x][i + 1];
@@ -300,7 +304,7 @@ static void wg_tile(int dpad, int dp, int bn, int c, uint64_t seed) {
       emu_stsm(&m, addr, r);
     }
   for (int pn = 0; pn < dpad / 64; pn++) {
-    uint32_t box = (uint32_t)(pn * bm * 128 + ATTN_CU_HP_WG_ROWS * c * 128);
+    uint32_t box = so + (uint32_t)(pn * bm * 128 + ATTN_CU_HP_WG_ROWS * c * 128);
     cr_assert_eq(box % 1024, 0);
     for (int r = 0; r < ATTN_CU_HP_WG_ROWS; r++)
       for (int d = 0; d < 64; d++) {
@@ -310,20 +314,67 @@ static void wg_tile(int dpad, int dp, int bn, int c, uint64_t seed) {
                   64 * pn + d, got, ref);
       }
   }
+  for (int r = 0; r < bm; r++)
+    for (int col = 0; col < dpad; col++)
+      cr_assert_eq(*at(&m, tma_place(0, r, col, bm)), (float)Q[r * dpad + col],
+                   "the epilogue wrote into Q's space at (%d, %d)", r, col);
   free(m.v), free(Q), free(K), free(V), free(s), free(o);
 }
 
 Test(cuda_hopper, warpgroup_emulation_d64) {
-  wg_tile(64, 64, ATTN_CU_HP_BN_D64, 0, 1);
-  wg_tile(64, 40, ATTN_CU_HP_BN_D64, 1, 2);
+  wg_tile(64, 64, ATTN_CU_HP_BN_D64, ATTN_CU_HP_STAGES_D64, 0, 1);
+  wg_tile(64, 40, ATTN_CU_HP_BN_D64, ATTN_CU_HP_STAGES_D64, 1, 2);
 }
 Test(cuda_hopper, warpgroup_emulation_d128) {
-  wg_tile(128, 128, ATTN_CU_HP_BN_D128, 1, 3);
-  wg_tile(128, 72, ATTN_CU_HP_BN_D128, 0, 4);
+  wg_tile(128, 128, ATTN_CU_HP_BN_D128, ATTN_CU_HP_STAGES_D128, 1, 3);
+  wg_tile(128, 72, ATTN_CU_HP_BN_D128, ATTN_CU_HP_STAGES_D128, 0, 4);
+}
+Test(cuda_hopper, warpgroup_emulation_d192) {
+  wg_tile(192, 192, ATTN_CU_HP_BN_D192, ATTN_CU_HP_STAGES_D192, 0, 7);
+  wg_tile(192, 136, ATTN_CU_HP_BN_D192, ATTN_CU_HP_STAGES_D192, 1, 8);
 }
 Test(cuda_hopper, warpgroup_emulation_d256) {
-  wg_tile(256, 256, ATTN_CU_HP_BN_D256, 0, 5);
-  wg_tile(256, 136, ATTN_CU_HP_BN_D256, 1, 6);
+  wg_tile(256, 256, ATTN_CU_HP_BN_D256, ATTN_CU_HP_STAGES_D256, 0, 5);
+  wg_tile(256, 200, ATTN_CU_HP_BN_D256, ATTN_CU_HP_STAGES_D256, 1, 6);
+}
+
+/* Every instance's regions lie apart, each 1024-aligned (the swizzle's and
+ * the descriptors' base), and fit what one block may opt into on sm_90. */
+Test(cuda_hopper, shared_memory_regions_apart_and_within_the_limit) {
+  static const int cfg[][3] = {{64, ATTN_CU_HP_BN_D64, ATTN_CU_HP_STAGES_D64},
+                               {128, ATTN_CU_HP_BN_D128, ATTN_CU_HP_STAGES_D128},
+                               {192, ATTN_CU_HP_BN_D192, ATTN_CU_HP_STAGES_D192},
+                               {256, ATTN_CU_HP_BN_D256, ATTN_CU_HP_STAGES_D256}};
+  for (int i = 0; i < 4; i++) {
+    const int dpad = cfg[i][0], bn = cfg[i][1], stages = cfg[i][2];
+    uint32_t start[2 + 2 * 4], size[2 + 2 * 4];
+    int nr = 0;
+    start[nr] = 0, size[nr++] = (uint32_t)(ATTN_CU_HP_BM * dpad * 2);
+    start[nr] = attn_cu_hp_o_off(dpad), size[nr++] = (uint32_t)(ATTN_CU_HP_BM * dpad * 2);
+    for (int sl = 0; sl < stages; sl++) {
+      start[nr] = attn_cu_hp_k_off(dpad, bn, sl), size[nr++] = (uint32_t)(bn * dpad * 2);
+      start[nr] = attn_cu_hp_v_off(dpad, bn, sl), size[nr++] = (uint32_t)(bn * dpad * 2);
+    }
+    const uint32_t bars = attn_cu_hp_bar_off(dpad, bn, stages);
+    for (int a = 0; a < nr; a++) {
+      cr_assert_eq(start[a] % 1024, 0, "d%d region %d at %u", dpad, a, start[a]);
+      cr_assert_leq(start[a] + size[a], bars, "d%d region %d runs into the barriers", dpad, a);
+      for (int b = 0; b < a; b++)
+        cr_assert(start[a] >= start[b] + size[b] || start[b] >= start[a] + size[a],
+                  "d%d regions %d and %d overlap", dpad, a, b);
+    }
+    /* Q full, Q empty and four per slot, 8 bytes each, all distinct. */
+    char used[2 + 4 * 4] = {0};
+    used[ATTN_CU_HP_QFULL / 8]++, used[ATTN_CU_HP_QEMPTY / 8]++;
+    for (int sl = 0; sl < stages; sl++) {
+      used[attn_cu_hp_kfull(sl) / 8]++, used[attn_cu_hp_vfull(sl) / 8]++;
+      used[attn_cu_hp_kempty(sl) / 8]++, used[attn_cu_hp_vempty(sl) / 8]++;
+    }
+    for (int b = 0; b < 2 + 4 * stages; b++)
+      cr_assert_eq(used[b], 1, "d%d barrier %d used %d times", dpad, b, used[b]);
+    cr_assert_eq(attn_cu_hp_smem(dpad, bn, stages), 1024 + bars + (2 + 4 * stages) * 8);
+    cr_assert_leq(attn_cu_hp_smem(dpad, bn, stages), 232448, "d%d", dpad);
+  }
 }
 
 /* ---- the K/V ring, simulated --------------------------------------------------- */
@@ -343,41 +394,152 @@ static void mb_arrive(mbar *b) {
 }
 static bool mb_ready(const mbar *b, int parity) { return b->phase % 2 != parity; }
 
+/*
+ * The protocol of hopper.cuh's producer and consumers over a CTA's units,
+ * as programs of steps: wait on a barrier's parity, take a buffer (its
+ * content must be the one expected, and it counts as being read until
+ * dropped), drop it (arrivals on its empty barrier), fill it (nobody may be
+ * reading it; then its full barrier completes). The producer: per tile, K
+ * of the tile, then the V owed for the tile before, then at a unit's first
+ * tile its Q; a unit with no tiles, the owed V and its Q. A consumer (4
+ * warps, each arriving): per unit, Q; the first tile's K, dropped once
+ * S = Q Kᵀ is done; per later tile, the V before it and its K, K dropped
+ * after S, V after O += P V; Q dropped after the unit's last S; then the
+ * last V. Random interleavings must finish, read what was meant, and never
+ * fill a buffer under a reader.
+ */
+enum { R_Q, R_K, R_V = R_K + 4, R_N = R_V + 4 }; /* buffers: Q, K and V slots */
+enum { OP_WAIT, OP_TAKE, OP_DROP, OP_FILL };
+typedef struct rop {
+  int op, res, parity;
+  int64_t id;
+} rop;
+typedef struct ring_sim {
+  mbar full[R_N], empty[R_N];
+  int64_t data[R_N];
+  int readers[R_N];
+} ring_sim;
+
+static int emit(rop *p, int n, int op, int res, int parity, int64_t id) {
+  p[n] = (rop){op, res, parity, id};
+  return n + 1;
+}
+/* Producer fill of a buffer on its use `use` (0, 1, ...) with content id. */
+static int fill(rop *p, int n, int res, int64_t use, int stages, int64_t id) {
+  n = emit(p, n, OP_WAIT, -1 - res, attn_cu_hp_empty_parity(use, stages), 0);
+  return emit(p, n, OP_FILL, res, 0, id);
+}
+static int take(rop *p, int n, int res, int64_t use, int stages, int64_t id) {
+  int slot, parity;
+  attn_cu_hp_ring(use, stages, &slot, &parity);
+  n = emit(p, n, OP_WAIT, res, parity, 0);
+  return emit(p, n, OP_TAKE, res, 0, id);
+}
+static int producer(rop *p, const int *tiles, int units, int stages) {
+  int n = 0;
+  int64_t it = 0, owed = -1;
+  for (int u = 0; u < units; u++) {
+    for (int t = 0; t < tiles[u]; t++, it++) {
+      n = fill(p, n, R_K + (int)(it % stages), it, stages, it);
+      if (owed >= 0)
+        n = fill(p, n, R_V + (int)(owed % stages), owed, stages, owed);
+      if (t == 0)
+        n = fill(p, n, R_Q, u, 1, u);
+      owed = it;
+    }
+    if (tiles[u] == 0) {
+      if (owed >= 0)
+        n = fill(p, n, R_V + (int)(owed % stages), owed, stages, owed);
+      owed = -1;
+      n = fill(p, n, R_Q, u, 1, u);
+    }
+  }
+  if (owed >= 0)
+    n = fill(p, n, R_V + (int)(owed % stages), owed, stages, owed);
+  return n;
+}
+static int consumer(rop *p, const int *tiles, int units, int stages) {
+  int n = 0;
+  int64_t it = 0;
+  for (int u = 0; u < units; u++) {
+    n = take(p, n, R_Q, u, 1, u);
+    for (int t = 0; t < tiles[u]; t++) {
+      const int ks = R_K + (int)((it + t) % stages), vs = R_V + (int)((it + t - 1) % stages);
+      if (t > 0)
+        n = take(p, n, vs, it + t - 1, stages, it + t - 1);
+      n = take(p, n, ks, it + t, stages, it + t);
+      n = emit(p, n, OP_DROP, ks, 0, 0); /* S = Q Kᵀ done */
+      if (t == tiles[u] - 1)
+        n = emit(p, n, OP_DROP, R_Q, 0, 0);
+      if (t > 0)
+        n = emit(p, n, OP_DROP, vs, 0, 0); /* O += P V of the tile before done */
+    }
+    if (tiles[u] == 0)
+      n = emit(p, n, OP_DROP, R_Q, 0, 0);
+    else {
+      const int vs = R_V + (int)((it + tiles[u] - 1) % stages);
+      n = take(p, n, vs, it + tiles[u] - 1, stages, it + tiles[u] - 1);
+      n = emit(p, n, OP_DROP, vs, 0, 0);
+    }
+    it += tiles[u];
+  }
+  return n;
+}
+/* One step of an actor; false when it is blocked. */
+static bool ring_step(ring_sim *r, const rop *o) {
+  switch (o->op) {
+  case OP_WAIT:
+    return o->res < 0 ? mb_ready(&r->empty[-1 - o->res], o->parity)
+                      : mb_ready(&r->full[o->res], o->parity);
+  case OP_TAKE:
+    cr_assert_eq(r->data[o->res], o->id, "buffer %d holds %lld, read as %lld", o->res,
+                 (long long)r->data[o->res], (long long)o->id);
+    r->readers[o->res]++;
+    return true;
+  case OP_DROP:
+    r->readers[o->res]--;
+    for (int w = 0; w < 4; w++)
+      mb_arrive(&r->empty[o->res]);
+    return true;
+  default:
+    cr_assert_eq(r->readers[o->res], 0, "buffer %d filled under a reader", o->res);
+    r->data[o->res] = o->id;
+    mb_arrive(&r->full[o->res]);
+    return true;
+  }
+}
+
 Test(cuda_hopper, ring_phases_keep_producer_and_consumers_in_step) {
   uint64_t seed = 9;
-  for (int stages = 1; stages <= 4; stages++)
-    for (int trial = 0; trial < 50; trial++) {
-      enum { TILES = 40 };
-      mbar full[4], empty[4];
-      int data[4], filled = 0;
-      for (int s = 0; s < stages; s++)
-        mb_init(&full[s], 1), mb_init(&empty[s], 8), data[s] = -1; /* 4 warps x 2 */
-      int64_t next[2] = {0, 0}; /* the consumers' tile counters */
-      /* Random interleaving: the producer or a consumer tries one step. */
-      for (int guard = 0; guard < 100000 && (next[0] < TILES || next[1] < TILES); guard++) {
-        int who = (int)(trand(&seed) % 3);
-        int slot, parity;
-        if (who == 2 && filled < TILES) {
-          attn_cu_hp_ring(filled, stages, &slot, &parity);
-          if (!mb_ready(&empty[slot], attn_cu_hp_empty_parity(filled, stages)))
-            continue;
-          for (int c = 0; c < 2; c++) /* nobody may still be reading it */
-            cr_assert(next[c] > filled - stages, "slot %d overwritten under consumer %d", slot, c);
-          data[slot] = filled++;
-          mb_arrive(&full[slot]);
-        } else if (who < 2 && next[who] < TILES) {
-          attn_cu_hp_ring(next[who], stages, &slot, &parity);
-          if (!mb_ready(&full[slot], parity))
-            continue;
-          cr_assert_eq(data[slot], next[who], "consumer %d read tile %d for %lld", who, data[slot],
-                       (long long)next[who]);
-          next[who]++;
-          for (int w = 0; w < 4; w++)
-            mb_arrive(&empty[slot]);
-        }
+  enum { MAXOPS = 4000 };
+  rop *prog[3];
+  for (int a = 0; a < 3; a++)
+    prog[a] = malloc(MAXOPS * sizeof(rop));
+  for (int stages = 2; stages <= 4; stages++)
+    for (int trial = 0; trial < 100; trial++) {
+      int units = 1 + (int)(trand(&seed) % 8), tiles[8];
+      for (int u = 0; u < units; u++)
+        tiles[u] = (int)(trand(&seed) % 6); /* 0: a unit that sees no key */
+      ring_sim r;
+      memset(&r, 0, sizeof r);
+      for (int b = 0; b < R_N; b++)
+        mb_init(&r.full[b], 1), mb_init(&r.empty[b], 8), r.data[b] = -1; /* 4 warps x 2 */
+      int len[3] = {producer(prog[0], tiles, units, stages), 0, 0}, pc[3] = {0, 0, 0};
+      len[1] = len[2] = consumer(prog[1], tiles, units, stages);
+      memcpy(prog[2], prog[1], (size_t)len[1] * sizeof(rop));
+      cr_assert_lt(len[0], MAXOPS);
+      for (int guard = 0; guard < 1000000 && (pc[0] < len[0] || pc[1] < len[1] || pc[2] < len[2]);
+           guard++) {
+        int a = (int)(trand(&seed) % 3);
+        if (pc[a] < len[a] && ring_step(&r, &prog[a][pc[a]]))
+          pc[a]++;
       }
-      cr_assert(next[0] == TILES && next[1] == TILES, "stalled: stages %d", stages);
+      cr_assert(pc[0] == len[0] && pc[1] == len[1] && pc[2] == len[2],
+                "stalled: stages %d, units %d, at %d/%d %d/%d %d/%d", stages, units, pc[0], len[0],
+                pc[1], len[1], pc[2], len[2]);
     }
+  for (int a = 0; a < 3; a++)
+    free(prog[a]);
 }
 
 /* ---- ping-pong between the consumers, simulated ----------------------------------- */
@@ -426,29 +588,62 @@ Test(cuda_hopper, ping_pong_turns_alternate_and_balance) {
 
 /* ---- the persistent schedule and tile skipping ------------------------------------- */
 
-Test(cuda_hopper, schedule_covers_every_unit_longest_first) {
+/* Both orders visit every unit once. Sectioned (causal): within a section
+ * the key tiles per unit never grow along the order, the first wave is the
+ * last query tiles, and a section's pairs are consecutive. Unsectioned:
+ * query tiles fastest, so the units at work at once share few heads. */
+Test(cuda_hopper, schedule_covers_every_unit_in_its_order) {
   const int qtiles = 13, heads = 5, batch = 3, bn = 128;
   const int64_t nq = (int64_t)qtiles * ATTN_CU_HP_BM - 37, nkv = nq;
-  char seen[13][5][3] = {{{0}}};
-  int prev = 1 << 30;
-  for (int64_t u = 0; u < (int64_t)qtiles * heads * batch; u++) {
-    int qt, h, b;
-    attn_cu_hp_unit(u, qtiles, heads, batch, &qt, &h, &b);
-    cr_assert(qt >= 0 && qt < qtiles && h >= 0 && h < heads && b >= 0 && b < batch);
-    cr_assert_eq(seen[qt][h][b]++, 0, "unit (%d,%d,%d) twice", qt, h, b);
-    /* Causal (wr = 0): key tiles per unit never grow along the order. */
-    int t0, t1;
-    int64_t i0 = (int64_t)qt * ATTN_CU_HP_BM,
-            i1 = i0 + ATTN_CU_HP_BM < nq ? i0 + ATTN_CU_HP_BM : nq;
-    attn_cu_block_tiles(i0, i1, nkv - nq, -1, 0, nkv, bn, 1, 0, &t0, &t1);
-    cr_assert_leq(t1 - t0, prev, "unit %lld has more tiles than the one before", (long long)u);
-    prev = t1 - t0;
+  const int64_t units = (int64_t)qtiles * heads * batch;
+  for (int section = 0; section <= 16; section++) {
+    char seen[13][5][3] = {{{0}}};
+    int prev = 1 << 30;
+    for (int64_t u = 0; u < units; u++) {
+      int qt, h, b;
+      attn_cu_hp_unit(u, qtiles, heads, batch, section, &qt, &h, &b);
+      cr_assert(qt >= 0 && qt < qtiles && h >= 0 && h < heads && b >= 0 && b < batch);
+      cr_assert_eq(seen[qt][h][b]++, 0, "section %d: unit (%d,%d,%d) twice", section, qt, h, b);
+      const int pair = b * heads + h;
+      if (section == 0) {
+        cr_assert_eq(qt, (int)(u % qtiles), "query tiles go fastest");
+        cr_assert_eq(pair, (int)(u / qtiles));
+        continue;
+      }
+      const int64_t per = (int64_t)section * qtiles;
+      cr_assert_eq(pair / section, (int)(u / per), "section %d: pair %d out of its section",
+                   section, pair);
+      int t0, t1;
+      int64_t i0 = (int64_t)qt * ATTN_CU_HP_BM,
+              i1 = i0 + ATTN_CU_HP_BM < nq ? i0 + ATTN_CU_HP_BM : nq;
+      attn_cu_block_tiles(i0, i1, nkv - nq, -1, 0, nkv, bn, 1, 0, &t0, &t1);
+      if (u % per == 0) {
+        cr_assert_eq(qt, qtiles - 1, "a section starts with its longest units");
+        prev = 1 << 30;
+      }
+      cr_assert_leq(t1 - t0, prev, "unit %lld has more tiles than the one before", (long long)u);
+      prev = t1 - t0;
+    }
   }
-  /* A persistent CTA c of g takes units c, c + g, ...: the first wave is
-   * the last query tiles. */
-  int qt, h, b;
-  attn_cu_hp_unit(0, qtiles, heads, batch, &qt, &h, &b);
-  cr_assert_eq(qt, qtiles - 1);
+}
+
+/* The section: none without a window edge; otherwise whole GQA groups whose
+ * K and V fit the L2 budget, at least one group, at most every pair. */
+Test(cuda_hopper, section_fits_l2_in_whole_groups) {
+  cr_assert_eq(attn_cu_hp_section(4096, 128, 16, 16, 4, -1, -1), 0);
+  for (int64_t nkv = 1; nkv <= ((int64_t)1 << 22); nkv *= 4)
+    for (int group = 1; group <= 8; group *= 2) {
+      const int hkv = 4, hq = hkv * group, batch = 3, dp = 128;
+      int s = attn_cu_hp_section(nkv, dp, hq, hkv, batch, -1, 0);
+      cr_assert(s >= 1 && s <= hq * batch, "nkv %lld: %d", (long long)nkv, s);
+      if (s < hq * batch) {
+        cr_assert_eq(s % group, 0, "a section splits a group");
+        const int64_t kv = (int64_t)(s / group) * nkv * dp * 4;
+        cr_assert(s == group || kv <= ATTN_CU_HP_L2_BUDGET, "nkv %lld: %lld bytes", (long long)nkv,
+                  (long long)kv);
+        cr_assert_gt(kv + nkv * dp * 4, ATTN_CU_HP_L2_BUDGET, "one more group would fit");
+      }
+    }
 }
 
 static bool visible(int64_t i, int64_t j, int64_t off, int64_t wl, int64_t wr) {
@@ -496,16 +691,41 @@ Test(cuda_hopper, masks_skip_and_accept_whole_tiles) {
   cr_assert(skipped > 100 && unmasked > 100, "skipped %d, unmasked %d", skipped, unmasked);
 }
 
+/* The run of whole tiles a consumer takes unmasked is exactly the tiles
+ * attn_cu_tile_full accepts, and they are contiguous. */
+Test(cuda_hopper, full_range_is_the_whole_tiles) {
+  uint64_t seed = 33;
+  int whole = 0, partial = 0;
+  for (int it = 0; it < 3000; it++) {
+    int64_t nq = 1 + (int64_t)(trand(&seed) % 700), nkv = 1 + (int64_t)(trand(&seed) % 900);
+    int64_t wl = (int64_t)(trand(&seed) % 300) - 1, wr = (int64_t)(trand(&seed) % 300) - 1;
+    if (trand(&seed) % 3 == 0)
+      wr = 0, wl = -1; /* causal */
+    else if (trand(&seed) % 3 == 0)
+      wr = wl = -1;
+    const int bn = 32 << (trand(&seed) % 3);
+    const int64_t off = trand(&seed) % 4 == 0 ? 0 : nkv - nq;
+    const int64_t r0 = (int64_t)(trand(&seed) % (uint64_t)nq);
+    const int64_t r1 = r0 + 64 < nq ? r0 + 64 : nq;
+    int t0, t1, f0, f1;
+    attn_cu_block_tiles(r0, r1, off, wl, wr, nkv, bn, 1, 0, &t0, &t1);
+    attn_cu_hp_full_range(t0, t1, bn, r0, r1, off, wl, wr, nkv, &f0, &f1);
+    cr_assert(t0 <= f0 && f0 <= f1 && f1 <= t1 && (f0 < f1 || f0 == t1));
+    for (int t = t0; t < t1; t++) {
+      bool full = attn_cu_tile_full((int64_t)t * bn, bn, r0, r1, off, wl, wr, nkv);
+      cr_assert_eq(full, t >= f0 && t < f1, "tile %d of [%d, %d): whole %d, run [%d, %d)", t, t0,
+                   t1, full, f0, f1);
+      whole += full, partial += !full;
+    }
+  }
+  cr_assert(whole > 1000 && partial > 1000, "whole %d, partial %d", whole, partial);
+}
+
 /* ---- the hook and the tensor maps ---------------------------------------------------- */
 
 static attn_cu_params shape(attn_dtype dt, int b, int hq, int hkv, int nq, int nkv, int d) {
   attn_cu_params p;
-  memset(&p, 0, sizeof p);
-  p.dtype = dt;
-  p.batch = b, p.heads_q = hq, p.heads_kv = hkv, p.seq_q = nq, p.seq_kv = nkv;
-  p.head_dim = d;
-  p.dp = attn_cu_dp(d);
-  p.window_left = p.window_right = -1;
+  tcu_shape(&p, dt, b, hq, hkv, nq, nkv, d);
   return p;
 }
 
@@ -524,8 +744,10 @@ Test(cuda_hopper, never_selected_by_default_and_hook_fits_the_card) {
         continue;
       attn_cu_kernel want = p.dp <= 64    ? ATTN_CU_HOPPER_D64
                             : p.dp <= 128 ? ATTN_CU_HOPPER_D128
+                            : p.dp <= 192 ? ATTN_CU_HOPPER_D192
                                           : ATTN_CU_HOPPER_D256;
       cr_assert_eq(c.kernel, want);
+      cr_assert_eq(attn_cu_hopper_of(p.dp), want);
       /* 227 KiB is what one block may opt into on sm_90. */
       cr_assert_leq(c.smem_bytes, 232448, "d %d: %zu bytes", d, c.smem_bytes);
       cr_assert(c.grid[0] == 132 && c.grid[1] == 1 && c.grid[2] == 1 && c.warps == 12);
@@ -545,6 +767,15 @@ Test(cuda_hopper, never_selected_by_default_and_hook_fits_the_card) {
   cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0);
   cr_assert_eq(attn_cu_select_hopper(&p, 132, &c), 0);
   cr_assert_str_eq(attn_cu_kernel_name(ATTN_CU_HOPPER_D128), "hopper_d128");
+  cr_assert_str_eq(attn_cu_kernel_name(ATTN_CU_HOPPER_D192), "hopper_d192");
+  /* The softmax folds the scale into the exponent, taking the raw scores'
+   * max: a zero or negative scale is left to the mma.sync instances. */
+  for (int sign = -1; sign <= 0; sign++) {
+    p = shape(ATTN_BF16, 1, 2, 2, 200, 300, 128);
+    p.scale_log2 *= (float)sign;
+    cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0);
+    cr_assert_eq(attn_cu_select_hopper(&p, 132, &c), 0, "scale sign %d", sign);
+  }
 }
 
 Test(cuda_hopper, tensor_maps) {

@@ -577,12 +577,7 @@ Test(cuda_layout, max_for_exp_never_makes_nan) {
 
 static attn_cu_params shape(attn_dtype dt, int b, int hq, int hkv, int nq, int nkv, int d) {
   attn_cu_params p;
-  memset(&p, 0, sizeof p);
-  p.dtype = dt;
-  p.batch = b, p.heads_q = hq, p.heads_kv = hkv, p.seq_q = nq, p.seq_kv = nkv;
-  p.head_dim = d;
-  p.dp = attn_cu_dp(d);
-  p.window_left = p.window_right = -1;
+  tcu_shape(&p, dt, b, hq, hkv, nq, nkv, d);
   return p;
 }
 
@@ -1094,12 +1089,9 @@ Test(cuda_layout, split_kv_counts_only_visible_tiles) {
 }
 
 Test(cuda_layout, disabled_instances_fall_back) {
-  attn_cu_params p;
-  memset(&p, 0, sizeof p);
   /* MHA: a GQA decode would pack its heads, which the Hopper instance
    * never takes (gqa_packing_selection) */
-  p.dtype = ATTN_F16, p.batch = 1, p.heads_q = 2, p.heads_kv = 2, p.seq_q = 1, p.seq_kv = 4096;
-  p.head_dim = 64, p.dp = 64, p.window_left = p.window_right = -1;
+  attn_cu_params p = shape(ATTN_F16, 1, 2, 2, 1, 4096, 64);
   attn_cu_choice c;
   attn_status st;
   /* with the first i instances off, instance i takes it, with its tiles */

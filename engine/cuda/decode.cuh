@@ -12,10 +12,13 @@
 // block barrier in the key loop) with its own (m, l) and accumulators;
 // the warps are combined in shared memory at the end (one barrier), and
 // a (batch, KV head)'s key splits by the last of its blocks to finish (a
-// counter in split_ws after the partials, zeroed by the launcher and
-// reset by that block): one launch, no merge kernel. Masks, negative
-// scales, softcap, ALiBi, statistics, paged K/V and seqused_k follow the
-// forward kernels' rules (fwd_mma.cuh; kv_src in common.cuh).
+// counter in split_ws after the partials, zeroed by a memset the
+// launcher queues first and reset by that block): one kernel, no merge
+// kernel. Masks, negative scales, softcap, ALiBi, statistics, paged K/V
+// and seqused_k follow the forward kernels' rules (fwd_mma.cuh; kv_src in
+// common.cuh). Up to 128 dims a warp holds Qᵀ's fragments in registers;
+// the 256 instance re-reads them from shared memory. Compile-verified
+// only: it has not run on a GPU (docs/cuda.md).
 #ifndef ATTN_CUDA_DECODE_CUH
 #define ATTN_CUDA_DECODE_CUH
 

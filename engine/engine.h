@@ -370,6 +370,12 @@ typedef struct attn_config {
    * through attn_engine_host_alloc() (request bodies and replies the
    * device copies to and from directly); 0: none, every copy is staged. */
   uint64_t cuda_pinned_bytes;
+  /* CUDA backend: the backward's dQ by atomic additions inside the dK/dV
+   * pass (5 matrix products per tile pair instead of 7), whose dQ varies in
+   * its last bits from run to run; false (the default) keeps the two-kernel
+   * path, bitwise reproducible. The CPU backends are deterministic either
+   * way. */
+  bool cuda_bwd_atomic_dq;
 } attn_config;
 
 void attn_config_init(attn_config *cfg);
@@ -434,9 +440,10 @@ typedef struct attn_disabled {
 } attn_disabled;
 
 /* Room for everything the cuda backend can turn off: its 14 kernels
- * (ATTN_CU_KERNEL_COUNT), the split-KV merge, the GQA packing and the
- * paged view ("paged_kv": sessions' pages then stay in host memory). */
-#define ATTN_MAX_DISABLED 17
+ * (ATTN_CU_KERNEL_COUNT), the split-KV merge, the GQA packing, the
+ * backward's atomic dQ path and the paged view ("paged_kv": sessions'
+ * pages then stay in host memory). */
+#define ATTN_MAX_DISABLED 18
 
 /* Backends compiled in, in preference order, and whether each can run now. */
 typedef struct attn_backend_info {

@@ -165,7 +165,7 @@ __device__ __forceinline__ void store_ds(T *sdS, const float (*dst)[4], int key0
     for (int e = 0; e < 4; e++) {
       int row, col;
       attn_cu_frag_c(lane, e, &row, &col);
-      sdS[(n * 8 + col) * LDS + key0 + row] = T(dst[n][e]);
+      sdS[attn_cu_bwd_ds_at(n, row, col, key0, LDS)] = T(dst[n][e]);
     }
 }
 

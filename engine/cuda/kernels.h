@@ -351,7 +351,8 @@ bool attn_cu_launch_ok(const attn_cu_params *p, const attn_cu_choice *c);
 
 /*
  * Queues the forward pass (and the split-KV merge), or for a backward
- * choice the backward's three kernels, on a cudaStream_t.
+ * choice the backward's three kernels (on the atomic path: the preprocess,
+ * the dK/dV kernel and dQ's conversion), on a cudaStream_t.
  * Returns a cudaError_t from the launch (0 on success; cudaErrorInvalidValue
  * without launching when attn_cu_launch_ok() is false); faults inside the
  * kernel surface later, on the stream.

@@ -135,6 +135,11 @@ ATTN_HD void attn_cu_bwd_warp(int warp, int dsplit, int dpad, int *key0, int *di
  * multiple of 8, start on 16 bytes for the vector atomics and loads).
  */
 ATTN_HD int attn_cu_bwd_dq_col0(int warp, int dpad) { return warp * (dpad / 4); }
+/* Where C element (row, col) of key block n of the warp at key0 goes in the
+ * dS tile of row stride lds. */
+ATTN_HD int attn_cu_bwd_ds_at(int n, int row, int col, int key0, int lds) {
+  return (n * 8 + col) * lds + key0 + row;
+}
 ATTN_HD uint64_t attn_cu_bwd_dq_at(uint64_t rows) { return (2 * rows + 3) / 4 * 4; }
 
 /* Row stride, in elements, of a padded shared-memory tile of width cols. */

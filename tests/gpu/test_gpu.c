@@ -19,6 +19,10 @@
  *              backward: head dims 1..256, all dtypes, GQA, masks and windows,
  *              rows with no visible key, strides, with and without the
  *              forward's lse (without it the backend recomputes it)
+ *   backward_atomic  the same cases on an engine with cuda_bwd_atomic_dq
+ *              (attnd --deterministic off): dQ by atomics in the dK/dV
+ *              pass, every backward instance; fails if the self-check
+ *              turned that path off
  *   pool       64 concurrent jobs on 4 streams, device memory back afterwards
  *
  * Every case draws fresh inputs from a seed printed at the start (--seed
@@ -1227,6 +1231,40 @@ static void group_backward(tgroup *g, int grp, attn_engine *e) {
     backward_problem(g, e, &ps[i], g_seed(grp, i, 0));
 }
 
+/* Why the engine's cuda backend lists the atomic dQ path as disabled, or
+ * NULL. */
+static const char *atomic_disabled(attn_engine *e, attn_backend_info *info, int cap) {
+  int n = attn_engine_backends(e, info, cap);
+  for (int i = 0; i < n && i < cap; i++)
+    for (int k = 0; !strcmp(info[i].name, "cuda") && k < info[i].ndisabled; k++)
+      if (!strcmp(info[i].disabled[k].kernel, "bwd_atomic_dq"))
+        return info[i].disabled[k].why;
+  return NULL;
+}
+
+/* The backward cases on an engine that takes the atomic dQ path: the same
+ * float64 check (dQ's last bits vary from run to run, within the same
+ * tolerance). A path the self-check turned off fails the group, or these
+ * cases would pass on the two-kernel path and prove nothing. */
+static void group_backward_atomic(tgroup *g, int grp) {
+  attn_config cfg;
+  attn_config_init(&cfg);
+  cfg.cuda_bwd_atomic_dq = true;
+  attn_engine *e;
+  attn_status st;
+  if (attn_engine_open(&cfg, &e, &st) < 0) {
+    tg_case(g, false, "opening an engine with cuda_bwd_atomic_dq: %s", st.message);
+    return;
+  }
+  attn_backend_info info[4];
+  const char *why = atomic_disabled(e, info, 4);
+  if (why)
+    tg_case(g, false, "the self-check turned the atomic dQ path off: %s", why);
+  else
+    group_backward(g, grp, e);
+  attn_engine_close(e);
+}
+
 /* ---- main ------------------------------------------------------------------- */
 
 enum {
@@ -1244,14 +1282,15 @@ enum {
   G_HOPPER,
   G_POOL,
   G_BACKWARD,
+  G_BACKWARD_ATOMIC,
   G_SMALL,
   G_SESSIONS,
   G_COUNT
 };
 static const char *const gnames[G_COUNT] = {
-    "conf/sizes", "conf/masks", "conf/shapes", "conf/masked", "conf/diag", "headdims",
-    "decode",     "long",       "layouts",     "errors",      "kapi",      "hopper",
-    "pool",       "backward",   "small",       "sessions"};
+    "conf/sizes", "conf/masks", "conf/shapes",     "conf/masked", "conf/diag", "headdims",
+    "decode",     "long",       "layouts",         "errors",      "kapi",      "hopper",
+    "pool",       "backward",   "backward_atomic", "small",       "sessions"};
 
 static bool wanted(const char *filter, const char *name) {
   if (!filter)
@@ -1428,16 +1467,18 @@ int main(int argc, char **argv) {
   tgroup groups[G_COUNT];
   int ng = 0;
   tprob ps[TCASES_MAX];
-  static const int order[G_COUNT] = {G_SMALL,    G_SIZES,  G_MASKS,    G_SHAPES,  G_MASKED, G_DIAG,
-                                     G_HEADDIMS, G_DECODE, G_LONG,     G_LAYOUTS, G_ERRORS, G_KAPI,
-                                     G_HOPPER,   G_POOL,   G_BACKWARD, G_SESSIONS};
+  static const int order[G_COUNT] = {
+      G_SMALL,    G_SIZES,  G_MASKS,    G_SHAPES,          G_MASKED,  G_DIAG,
+      G_HEADDIMS, G_DECODE, G_LONG,     G_LAYOUTS,         G_ERRORS,  G_KAPI,
+      G_HOPPER,   G_POOL,   G_BACKWARD, G_BACKWARD_ATOMIC, G_SESSIONS};
   for (int oi = 0; oi < G_COUNT; oi++) {
     int gi = order[oi];
     /* --small replaces the long case lists by "small"; the rest shrink */
     if (g_opt.small ? gi <= G_LONG : gi == G_SMALL)
       continue;
     if (!wanted(filter, gnames[gi]) ||
-        ((gi == G_KAPI || gi == G_HOPPER || gi == G_SESSIONS) && !on_gpu()))
+        ((gi == G_KAPI || gi == G_HOPPER || gi == G_SESSIONS || gi == G_BACKWARD_ATOMIC) &&
+         !on_gpu()))
       continue;
     tgroup *g = &groups[ng++];
     tg_begin(g, gnames[gi]);
@@ -1458,6 +1499,7 @@ int main(int argc, char **argv) {
     case G_HOPPER: group_hopper(g, gi); break;
     case G_POOL: group_pool(g, gi); break;
     case G_BACKWARD: group_backward(g, gi, e); break;
+    case G_BACKWARD_ATOMIC: group_backward_atomic(g, gi); break;
     case G_SESSIONS: group_sessions(g, gi, e); break;
     default: break;
     }

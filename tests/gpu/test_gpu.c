@@ -1167,8 +1167,10 @@ static int list_backward(tprob *ps) {
 }
 
 /* One backward problem on the backend, with and without the forward's
- * lse, each run twice after poisoning dq, dk, dv. */
-static void backward_problem(tgroup *g, attn_engine *e, const tprob *p, uint64_t seed) {
+ * lse, each run twice after poisoning dq, dk, dv; atomic: the engine takes
+ * the atomic dQ path (the kernel named in the report says so). */
+static void backward_problem(tgroup *g, attn_engine *e, const tprob *p, uint64_t seed,
+                             bool atomic) {
   char desc[200], kn[48];
   tdesc(p, desc, sizeof desc);
   for (int with_lse = 0; with_lse < 2; with_lse++) {
@@ -1185,9 +1187,10 @@ static void backward_problem(tgroup *g, attn_engine *e, const tprob *p, uint64_t
     attn_cu_choice ch;
     tcu_params(p, &prm);
     prm.pass = ATTN_BACKWARD;
-    snprintf(kn, sizeof kn, "[%s]",
-             attn_cu_select(&prm, g_sms, &ch, &st) ? "select refuses"
-                                                   : attn_cu_kernel_name(ch.kernel));
+    prm.bwd_atomic_dq = atomic;
+    bool sel = attn_cu_select(&prm, g_sms, &ch, &st) == 0;
+    snprintf(kn, sizeof kn, "[%s%s]", sel ? attn_cu_kernel_name(ch.kernel) : "select refuses",
+             sel && ch.dq_grid[0] == 0 ? " atomic dQ" : "");
     g_set_current("%s: %s lse %d", g->name, desc, with_lse);
     bool ok = !g_dead;
     char why[300] = "";
@@ -1224,11 +1227,11 @@ static void backward_problem(tgroup *g, attn_engine *e, const tprob *p, uint64_t
   }
 }
 
-static void group_backward(tgroup *g, int grp, attn_engine *e) {
+static void group_backward(tgroup *g, int grp, attn_engine *e, bool atomic) {
   tprob ps[TCASES_MAX];
   int n = list_backward(ps);
   for (int i = 0; i < n && (!g_opt.small || i < 6); i++)
-    backward_problem(g, e, &ps[i], g_seed(grp, i, 0));
+    backward_problem(g, e, &ps[i], g_seed(grp, i, 0), atomic);
 }
 
 /* Why the engine's cuda backend lists the atomic dQ path as disabled, or
@@ -1261,7 +1264,7 @@ static void group_backward_atomic(tgroup *g, int grp) {
   if (why)
     tg_case(g, false, "the self-check turned the atomic dQ path off: %s", why);
   else
-    group_backward(g, grp, e);
+    group_backward(g, grp, e, true);
   attn_engine_close(e);
 }
 
@@ -1498,7 +1501,7 @@ int main(int argc, char **argv) {
     case G_KAPI: group_kapi(g, gi); break;
     case G_HOPPER: group_hopper(g, gi); break;
     case G_POOL: group_pool(g, gi); break;
-    case G_BACKWARD: group_backward(g, gi, e); break;
+    case G_BACKWARD: group_backward(g, gi, e, false); break;
     case G_BACKWARD_ATOMIC: group_backward_atomic(g, gi); break;
     case G_SESSIONS: group_sessions(g, gi, e); break;
     default: break;

@@ -330,9 +330,11 @@ bool attn_cu_launch_ok(const attn_cu_params *p, const attn_cu_choice *c) {
       (paged ? !paged_ok(p, c) : !aligned(p->k, 16) || !aligned(p->v, 16)) || !aligned(p->o, 16) ||
       (p->alibi2 && !aligned(p->alibi2, 4)))
     return false;
+  /* The atomic choice (no dQ grid) adds into an accumulator that bwd_ws
+   * holds only when the params ask for it (attn_cu_bwd_bytes). */
   if (p->pass == ATTN_BACKWARD)
     return aligned(p->dout, 16) && aligned(p->dq, 16) && aligned(p->dk, 16) && aligned(p->dv, 16) &&
-           aligned(p->lse, 4) && aligned(p->bwd_ws, 16);
+           aligned(p->lse, 4) && aligned(p->bwd_ws, 16) && (c->dq_grid[0] != 0 || p->bwd_atomic_dq);
   const float *const stats[3] = {p->m, p->l, p->lse};
   for (int i = 0; i < 3; i++)
     if (stats[i] && !aligned(stats[i], 4))

@@ -1155,9 +1155,20 @@ Test(cuda_layout, launch_contract) {
   x.pass = ATTN_BACKWARD;
   x.dout = buf, x.dq = buf, x.dk = buf, x.dv = buf, x.lse = (float *)(void *)buf;
   x.bwd_ws = (float *)(void *)buf;
-  cr_expect(attn_cu_launch_ok(&x, &c));
+  attn_cu_choice cb;
+  cr_assert_eq(attn_cu_select(&x, 132, &cb, &st), 0);
+  cr_expect(attn_cu_launch_ok(&x, &cb));
   x.dv = buf + 4;
-  cr_expect(!attn_cu_launch_ok(&x, &c), "a misaligned dV");
+  cr_expect(!attn_cu_launch_ok(&x, &cb), "a misaligned dV");
+  x.dv = buf;
+  /* The atomic choice writes an accumulator only params that ask for it
+   * size bwd_ws for (attn_cu_bwd_bytes). */
+  x.bwd_atomic_dq = 1;
+  cr_assert_eq(attn_cu_select(&x, 132, &cb, &st), 0);
+  cr_assert_eq(cb.dq_grid[0], 0);
+  cr_expect(attn_cu_launch_ok(&x, &cb));
+  x.bwd_atomic_dq = 0;
+  cr_expect(!attn_cu_launch_ok(&x, &cb), "an atomic choice on scratch sized without it");
 }
 
 Test(cuda_layout, paged_launch_contract) {

@@ -342,7 +342,9 @@ int attn_cu_prepare(void);
  * 4-byte aligned, dp the head dim padded to a multiple of 8; a paged launch
  * (k_table set) its paged view's contract instead of k and v (the
  * attn_cu_params comment), on a forward instance that reads pages;
- * seqused_k only on a paged launch, 4-byte aligned. A
+ * seqused_k only on a paged launch, 4-byte aligned; an atomic backward
+ * choice (no dQ grid) only with params.bwd_atomic_dq, which sizes bwd_ws
+ * for its accumulator. A
  * launch that breaks it would fault inside the kernel and poison the
  * context, so attn_cu_launch() refuses it first (cudaErrorInvalidValue),
  * which fails the job alone.

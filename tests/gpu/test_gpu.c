@@ -29,7 +29,10 @@
  * reruns it), poisons the outputs (NaN bits) before each run, runs twice and
  * checks both runs (the second run's bits should equal the first's: a
  * difference is reported as nondeterministic, a hint of a race, though not
- * a failure by itself). Thresholds are those of g_tol_o / g_tol_stats.
+ * a failure by itself; the backward's is a failure: dq, dk and dv must
+ * repeat bit for bit, as --deterministic on promises, and on the atomic dQ
+ * path dk and dv, which it computes without atomics). Thresholds are those
+ * of g_tol_o / g_tol_stats.
  *
  *   tests/gpu [--small] [--group NAME[,NAME]] [--seed N] [--quiet]
  *             [--timeout S] [--list]
@@ -1166,6 +1169,32 @@ static int list_backward(tprob *ps) {
   return n;
 }
 
+/* Where c's gradient t (dq, dk, dv) lies and its bytes: the region
+ * tcase_poison_grads covers. */
+static void *grad_at(const tcase *c, int t, size_t *bytes) {
+  const tprob *p = &c->p;
+  int64_t rows = t == 0 ? p->b * p->hq * p->nq : p->b * p->hkv * p->nkv;
+  *bytes = (size_t)(rows * p->d) * attn_dtype_size(p->dt);
+  return t == 0 ? c->dq : t == 1 ? c->dk : c->dv;
+}
+
+/* Whether the second run's gradients equal the first's (saved) bit for
+ * bit: all three, or on the atomic path dk and dv; why when not. */
+static bool grads_repeat(const tcase *c, void *const saved[3], bool atomic, char *why, size_t cap) {
+  static const char *const names[3] = {"dq", "dk", "dv"};
+  for (int t = atomic ? 1 : 0; t < 3; t++) {
+    size_t n;
+    const void *x = grad_at(c, t, &n);
+    if (saved[t] && memcmp(x, saved[t], n) != 0) {
+      snprintf(why, cap, "run 2's %s differs from run 1's bit for bit (%s)", names[t],
+               atomic ? "the atomic path computes dk and dv without atomics"
+                      : "the deterministic backward must repeat exactly");
+      return false;
+    }
+  }
+  return true;
+}
+
 /* One backward problem on the backend, with and without the forward's
  * lse, each run twice after poisoning dq, dk, dv; atomic: the engine takes
  * the atomic dQ path (the kernel named in the report says so). */
@@ -1195,6 +1224,7 @@ static void backward_problem(tgroup *g, attn_engine *e, const tprob *p, uint64_t
     bool ok = !g_dead;
     char why[300] = "";
     terr_bwd worst = {0, 0, 0, true};
+    void *saved[3] = {NULL, NULL, NULL}; /* run 1's gradients */
     for (int run = 0; run < 2 && ok; run++) {
       tcase_poison_grads(&c);
       int rc = trun(e, &c, g_backend, &st);
@@ -1215,7 +1245,17 @@ static void backward_problem(tgroup *g, attn_engine *e, const tprob *p, uint64_t
                  err.dk, err.dv, g_tol_o(p->dt));
         ok = false;
       }
+      for (int t = 0; ok && run == 0 && t < 3; t++) {
+        size_t n;
+        const void *x = grad_at(&c, t, &n);
+        if ((saved[t] = malloc(n)))
+          memcpy(saved[t], x, n);
+      }
+      if (ok && run == 1)
+        ok = grads_repeat(&c, saved, atomic, why, sizeof why);
     }
+    for (int t = 0; t < 3; t++)
+      free(saved[t]);
     if (ok)
       tg_case(g, true, "%s %s lse %d: dq %.2e dk %.2e dv %.2e", desc, kn, with_lse, worst.dq,
               worst.dk, worst.dv);

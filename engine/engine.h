@@ -370,6 +370,12 @@ typedef struct attn_config {
    * through attn_engine_host_alloc() (request bodies and replies the
    * device copies to and from directly); 0: none, every copy is staged. */
   uint64_t cuda_pinned_bytes;
+  /* CUDA backend: the backward's dQ by atomic additions inside the dK/dV
+   * pass (5 matrix products per tile pair instead of 7), whose dQ varies in
+   * its last bits from run to run; false (the default) keeps the two-kernel
+   * path, bitwise reproducible. The CPU backends are deterministic either
+   * way. */
+  bool cuda_bwd_atomic_dq;
 } attn_config;
 
 void attn_config_init(attn_config *cfg);
@@ -435,8 +441,8 @@ typedef struct attn_disabled {
 
 /* Room for everything the cuda backend can turn off: its kernels
  * (ATTN_CU_KERNEL_COUNT, 18 today, with room for more), the split-KV
- * merge, the GQA packing and the paged view ("paged_kv": sessions' pages
- * then stay in host memory). */
+ * merge, the GQA packing, the backward's atomic dQ path and the paged view
+ * ("paged_kv": sessions' pages then stay in host memory). */
 #define ATTN_MAX_DISABLED 24
 
 /* Backends compiled in, in preference order, and whether each can run now. */

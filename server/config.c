@@ -138,6 +138,12 @@ static int apply_self_check(attnd_config *c, const char *what, const char *v) {
   c->gpu_self_check = !strcmp(v, "on");
   return 0;
 }
+static int apply_deterministic(attnd_config *c, const char *what, const char *v) {
+  if (strcmp(v, "on") && strcmp(v, "off"))
+    return bad(what, v, "on or off");
+  c->deterministic = !strcmp(v, "on");
+  return 0;
+}
 static int apply_log(attnd_config *c, const char *what, const char *v) {
   if (strcmp(v, "text") && strcmp(v, "json"))
     return bad(what, v, "text or json");
@@ -474,6 +480,12 @@ static const flag flags[] = {
      "at start-up, run every CUDA kernel on small shapes against the float64 reference and "
      "disable those that fail (/v1/info lists them)",
      apply_self_check},
+    {"deterministic", "on|off", "on",
+     "CUDA backward: on computes dQ in a kernel of its own, bitwise reproducible run to run; off "
+     "adds it up with atomics inside the dK/dV pass (5 matrix products per tile pair instead "
+     "of 7, unmeasured), whose dQ varies in its last bits; the CPU engine is deterministic "
+     "either way",
+     apply_deterministic},
     {"pinned-memory", "SIZE", "2G",
      "page-locked host memory the CUDA backend lends to request bodies and replies, so their "
      "tensors cross to and from the GPU in one copy; past it (or at 0) bodies are ordinary "

@@ -23,6 +23,7 @@ typedef struct attnd_config {
   char devices[128];      /* CUDA device numbers, "0,1" */
   int ndevices;           /* how many devices lists */
   bool gpu_self_check;    /* run the CUDA kernels' start-up self-check */
+  bool deterministic;     /* the CUDA backward's bitwise-reproducible two-kernel dQ */
   uint64_t pinned_memory; /* page-locked bytes the CUDA backend may lend to bodies */
   uint64_t max_body;      /* bytes */
   int max_queue;          /* jobs admitted and not finished */

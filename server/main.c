@@ -143,6 +143,7 @@ int main(int argc, char **argv) {
   ec.cuda_streams = cfg.streams;
   ec.cuda_devices = cfg.devices;
   ec.cuda_self_check_off = !cfg.gpu_self_check;
+  ec.cuda_bwd_atomic_dq = !cfg.deterministic;
   ec.cuda_pinned_bytes = cfg.pinned_memory;
   attn_status st;
   if (attn_engine_open(&ec, &s.engine, &st) < 0) {

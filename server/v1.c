@@ -81,10 +81,11 @@ void attnd_v1_info(attnd_req *r) {
                    cuda);
   attn_sbuf_json_str(&b, __VERSION__);
   attn_sbuf_printf(&b,
-                   ", \"threads\": %d, \"http_threads\": %d}, \"security\": {\"api_key\": %s, "
-                   "\"api_keys\": %d, \"tls\": %s, ",
-                   attn_engine_threads(s->engine), c->http_threads, c->keys.n ? "true" : "false",
-                   c->keys.n, s->tls_cert_pem ? "true" : "false");
+                   ", \"threads\": %d, \"http_threads\": %d, \"deterministic\": %s}, "
+                   "\"security\": {\"api_key\": %s, \"api_keys\": %d, \"tls\": %s, ",
+                   attn_engine_threads(s->engine), c->http_threads,
+                   c->deterministic ? "true" : "false", c->keys.n ? "true" : "false", c->keys.n,
+                   s->tls_cert_pem ? "true" : "false");
   attn_sbuf_puts(&b, "\"cors_origin\": ");
   if (*c->cors_origin)
     attn_sbuf_json_str(&b, c->cors_origin);

@@ -13,6 +13,11 @@
 // tile has rows padded by one float: the score loops read down columns.
 // Shared memory: 4 (2·32 + 2·16)(dp + 1) bytes and a little, 98.9 KiB at
 // head dim 256, under the 99 KiB a block gets on sm_89.
+//
+// The atomic path (kernels.h) runs bwd_dkdv_f32<true> alone: each step
+// also leaves dS in shared memory (16 x 33 floats more: 98.6 KiB at 256)
+// and every thread adds dS K for one query row and 1/16 of the dims into
+// the F32 dQ accumulator with atomics.
 #include "common.cuh"
 
 namespace attn_cu {
@@ -52,12 +57,42 @@ __device__ __forceinline__ void dots(const float *a, const float *b, const float
   }
 }
 
+// The atomic path's dQ += dS K for one step: thread t takes query row t / 16
+// of the step and dims t % 16 + 16 k, sums over the block's keys (dS in
+// sdS, rows of BN + 1) and adds into the accumulator rows at gacc (row
+// stride dp), rows >= nrows left out. Unscaled: the post-kernel scales.
+__device__ __forceinline__ void dq_atomic_f32(float *gacc, const float *sdS, const float *sK,
+                                              int nrows, int dp) {
+  constexpr int LANES = NT_KV / STEP, PER = ATTN_MAX_HEAD_DIM / LANES;
+  const int q = threadIdx.x / LANES, d0 = threadIdx.x % LANES;
+  if (q >= nrows)
+    return;
+  float acc[PER];
+#pragma unroll
+  for (int k = 0; k < PER; k++)
+    acc[k] = 0.0f;
+  for (int j = 0; j < BN; j++) {
+    const float w = sdS[q * (BN + 1) + j];
+    const float *krow = sK + j * (dp + 1) + d0;
+#pragma unroll
+    for (int k = 0; k < PER; k++)
+      if (d0 + LANES * k < dp)
+        acc[k] = fmaf(w, krow[LANES * k], acc[k]);
+  }
+#pragma unroll
+  for (int k = 0; k < PER; k++)
+    if (d0 + LANES * k < dp)
+      atomicAdd(gacc + (size_t)q * dp + d0 + LANES * k, acc[k]);
+}
+
+template <bool ATOMIC>
 __global__ void __launch_bounds__(NT_KV) bwd_dkdv_f32(const attn_cu_params p) {
   constexpr int G = GKV, NC = STEP / G, PER = ATTN_MAX_HEAD_DIM / G;
   extern __shared__ __align__(16) float smem_f[];
   const int dp = p.dp, ks = dp + 1;
   float *sK = smem_f, *sV = sK + BN * ks, *sQ = sV + BN * ks, *sO = sQ + STEP * ks;
   float *sL = sO + STEP * ks, *sD = sL + STEP;
+  float *sdS = sD + STEP; // ATOMIC: dS, [STEP][BN + 1]
 
   const int r = threadIdx.x / G, sub = threadIdx.x % G, lead = (threadIdx.x % 32) & ~(G - 1);
   const int hkv = blockIdx.y, b = blockIdx.z, group = p.heads_q / p.heads_kv;
@@ -116,6 +151,8 @@ __global__ void __launch_bounds__(NT_KV) bwd_dkdv_f32(const attn_cu_params p) {
       float x = i >= lo && i <= hi ? exp2f(pt[c] - sL[q]) : 0.0f;
       pt[c] = x;
       ds[c] = x * g[c] * (ds[c] - sD[q]);
+      if (ATOMIC)
+        sdS[q * (BN + 1) + r] = ds[c];
     }
     // dV += Pᵀ dO, dK += dSᵀ Q: query c's weights sit in register c / G of
     // group lane c % G.
@@ -130,6 +167,11 @@ __global__ void __launch_bounds__(NT_KV) bwd_dkdv_f32(const attn_cu_params p) {
           dv[k] = fmaf(w, orow[G * k], dv[k]);
           dk[k] = fmaf(wd, qrow_s[G * k], dk[k]);
         }
+    }
+    if (ATOMIC) {
+      __syncthreads(); // every key's dS is in sdS
+      float *gacc = p.bwd_ws + attn_cu_bwd_dq_at((uint64_t)p.batch * p.heads_q * p.seq_q);
+      dq_atomic_f32(gacc + qrow * dp, sdS, sK, p.seq_q - i0, dp);
     }
   }
   if (r < nvalid) {
@@ -224,17 +266,24 @@ __global__ void __launch_bounds__(NT_Q) bwd_dq_f32(const attn_cu_params p) {
 
 } // namespace
 
+// Both kernels, or on the atomic path (no dQ grid) the dK/dV kernel alone.
 cudaError_t launch_bwd_f32(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s) {
   dim3 g1(c.grid[0], c.grid[1], c.grid[2]), g2(c.dq_grid[0], c.dq_grid[1], c.dq_grid[2]);
-  bwd_dkdv_f32<<<g1, NT_KV, c.smem_bytes, s>>>(p);
+  if (c.dq_grid[0] == 0) {
+    bwd_dkdv_f32<true><<<g1, NT_KV, c.smem_bytes, s>>>(p);
+    return cudaGetLastError();
+  }
+  bwd_dkdv_f32<false><<<g1, NT_KV, c.smem_bytes, s>>>(p);
   bwd_dq_f32<<<g2, NT_Q, c.dq_smem_bytes, s>>>(p);
   return cudaGetLastError();
 }
 
 cudaError_t prepare_bwd_f32() {
   int bytes = 4 * ((2 * BN + 2 * STEP) * (ATTN_MAX_HEAD_DIM + 1) + 2 * STEP);
-  cudaError_t e =
-      cudaFuncSetAttribute(bwd_dkdv_f32, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  const cudaFuncAttribute a = cudaFuncAttributeMaxDynamicSharedMemorySize;
+  cudaError_t e = cudaFuncSetAttribute(bwd_dkdv_f32<false>, a, bytes);
+  if (e == cudaSuccess)
+    e = cudaFuncSetAttribute(bwd_dkdv_f32<true>, a, bytes + 4 * STEP * (BN + 1));
   if (e == cudaSuccess)
     e = cudaFuncSetAttribute(bwd_dq_f32, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   return e;

@@ -21,6 +21,14 @@
 // as in the forward: per key tile S = Q Kᵀ, P, dP = dO Vᵀ, dS = P∘(dP − D),
 // dQ += dS K (K through ldmatrix.trans); dQ is scaled once at the end.
 //
+// The atomic path (bwd_dkdv with ATOMIC, chosen when the launch is not
+// deterministic, kernels.h): each step also stores dS in shared memory and
+// the block adds dS K to an F32 dQ accumulator with atomics, so dQ costs
+// one product per step instead of bwd_dq's three (S, dP and dQ again):
+// five products per (query tile, key block) pair instead of seven. The
+// order of the additions varies from run to run, hence the last bits of dQ.
+// A post-kernel (launch.cu) scales and converts the accumulator into dQ.
+//
 // Rows with no visible key have every P masked to 0 (and lse·log2 e = +inf
 // from the preprocess, so exp2 gives 0 even unmasked): they contribute
 // nothing and get dQ = 0.
@@ -134,6 +142,100 @@ __device__ __forceinline__ void store_tile(T *out, const float (*acc)[4], int r0
   }
 }
 
+// g[0] += a, g[1] += b in global memory (g 8-byte aligned): one vector
+// reduction on sm_90, whose atomicAdd takes a float2; two scalar ones on
+// sm_80 and sm_89, which have no vector form.
+__device__ __forceinline__ void atomic_add2(float *g, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2 *>(g), make_float2(a, b));
+#else
+  atomicAdd(g, a);
+  atomicAdd(g + 1, b);
+#endif
+}
+
+// A warp's dSᵀ (16 keys from key0 x BM queries, C layout) into sdS, rows
+// the queries (attn_cu_bwd_dq_col0's comment in layout.h): the A operand
+// of dQ += dS K, which the registers hold transposed.
+template <typename T, int NB, int LDS>
+__device__ __forceinline__ void store_ds(T *sdS, const float (*dst)[4], int key0, int lane) {
+#pragma unroll
+  for (int n = 0; n < NB; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      int row, col;
+      attn_cu_frag_c(lane, e, &row, &col);
+      sdS[attn_cu_bwd_ds_at(n, row, col, key0, LDS)] = T(dst[n][e]);
+    }
+}
+
+// Row tiles [m0, m0 + MT) of the warp's share of dQ += dS K for one query
+// step: those rows of dS (sdS, BN keys) times the block's K (sK, through
+// ldmatrix.trans as V in O += P V), head dims [col0, col0 + DPAD / 4),
+// added into the step's rows of the F32 accumulator (gacc, row stride dp;
+// rows >= nrows and columns >= dp left out). Unscaled: the post-kernel
+// scales.
+template <typename T, int DPAD, int BN, int MT>
+__device__ __forceinline__ void dq_rows(float *gacc, const T *sdS, const T *sK, int m0, int col0,
+                                        int nrows, int dp, int lane) {
+  constexpr int STR = DPAD + 8, LDS = BN + 8, DQ = DPAD / ATTN_CU_MMA_WARPS / 8;
+  static_assert(DQ % 2 == 0, "pairs of 8-dim blocks per ldmatrix.x4");
+  float acc[MT][DQ][4];
+#pragma unroll
+  for (int m = 0; m < MT; m++)
+    zero<DQ>(acc[m]);
+  int ar, ac, vr, vc;
+  attn_cu_ldsm_q(lane, &ar, &ac);
+  attn_cu_ldsm_v(lane, &vr, &vc);
+#pragma unroll
+  for (int k = 0; k < BN / 16; k++) {
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+      ldsm_x4(a[m], sdS + ((m0 + m) * 16 + ar) * LDS + k * 16 + ac);
+#pragma unroll
+    for (int d2 = 0; d2 < DQ / 2; d2++) {
+      uint32_t bv[4];
+      ldsm_x4_t(bv, sK + (k * 16 + vr) * STR + col0 + d2 * 16 + vc);
+#pragma unroll
+      for (int m = 0; m < MT; m++) {
+        mma_t<T>::run(acc[m][2 * d2], a[m], bv[0], bv[1]);
+        mma_t<T>::run(acc[m][2 * d2 + 1], a[m], bv[2], bv[3]);
+      }
+    }
+  }
+  int row, col;
+  attn_cu_frag_c(lane, 0, &row, &col);
+#pragma unroll
+  for (int m = 0; m < MT; m++)
+#pragma unroll
+    for (int d = 0; d < DQ; d++) {
+      const int c = col0 + d * 8 + col, r = (m0 + m) * 16 + row;
+      if (c >= dp)
+        continue;
+      if (r < nrows)
+        atomic_add2(gacc + (size_t)r * dp + c, acc[m][d][0], acc[m][d][1]);
+      if (r + 8 < nrows)
+        atomic_add2(gacc + (size_t)(r + 8) * dp + c, acc[m][d][2], acc[m][d][3]);
+    }
+}
+
+// The warp's share of dQ += dS K for one query step: both row tiles at
+// once (each K fragment read once), or at 256 dims one after the other,
+// whose 64 accumulators a tile would otherwise spill on sm_80 and sm_89.
+template <typename T, int DPAD, int BN>
+__device__ __forceinline__ void dq_atomic(float *gacc, const T *sdS, const T *sK, int col0,
+                                          int nrows, int dp, int lane) {
+  constexpr int MT = ATTN_CU_BWD_BM / 16;
+  if constexpr (DPAD > 128) {
+#pragma unroll 1
+    for (int m = 0; m < MT; m++)
+      dq_rows<T, DPAD, BN, 1>(gacc, sdS, sK, m, col0, nrows, dp, lane);
+  } else {
+    dq_rows<T, DPAD, BN, MT>(gacc, sdS, sK, 0, col0, nrows, dp, lane);
+  }
+}
+
 // Where one query step of the dK/dV kernel reads: query head h, tile qt.
 struct bwd_step {
   int h, i0;
@@ -143,7 +245,7 @@ __device__ __forceinline__ bwd_step step_of(int step, int nqt, int qt0, int hkv,
   return bwd_step{hkv * group + step / nqt, (qt0 + step % nqt) * bm};
 }
 
-template <typename T, int DPAD, int BN, int DSPLIT, int STAGES>
+template <typename T, int DPAD, int BN, int DSPLIT, int STAGES, bool ATOMIC>
 __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32) bwd_dkdv(const attn_cu_params p) {
   constexpr int NW = ATTN_CU_MMA_WARPS, NT = NW * 32, BM = ATTN_CU_BWD_BM;
   constexpr int STR = DPAD + 8, KD = DPAD / 16, NB = BM / 8, DB = DPAD / DSPLIT / 8;
@@ -155,6 +257,7 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32) bwd_dkdv(const attn_cu
   T *sO = sQ + STAGES * BM * STR;                                // dO, [STAGES][BM][STR]
   float *sL = reinterpret_cast<float *>(sO + STAGES * BM * STR); // [STAGES][BM]
   float *sD = sL + STAGES * BM;
+  T *sdS = reinterpret_cast<T *>(sD + STAGES * BM); // ATOMIC: dS, [BM][BN + 8]
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int hkv = blockIdx.y, b = blockIdx.z, group = p.heads_q / p.heads_kv;
@@ -269,12 +372,23 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32) bwd_dkdv(const attn_cu
           }
       }
       mma_xb<T, BM / 16, DB, STR>(dk, dpt, sQb + dim0, lane);
+      if constexpr (ATOMIC)
+        if (dim0 == 0) // with DSPLIT 2, both warps of a key slice hold the same dSᵀ
+          store_ds<T, NB, BN + 8>(sdS, dpt, key0, lane);
     };
     if (var)
       body(std::true_type{});
     else
       body(std::false_type{});
-    __syncthreads(); // the next step refills the buffer read here
+    if constexpr (ATOMIC) {
+      __syncthreads(); // every warp's dS is in sdS
+      const bwd_step at = step_of(s, nqt, qt0, hkv, group, BM);
+      float *gacc = p.bwd_ws + attn_cu_bwd_dq_at((uint64_t)p.batch * p.heads_q * p.seq_q) +
+                    (((size_t)b * p.heads_q + at.h) * p.seq_q + at.i0) * p.dp;
+      dq_atomic<T, DPAD, BN>(gacc, sdS, sK, attn_cu_bwd_dq_col0(warp, DPAD), p.seq_q - at.i0, p.dp,
+                             lane);
+    }
+    __syncthreads(); // the next step refills the buffers read here (sdS too)
   }
 
   store_tile<T, DB>((T *)p.dk + krow0 * p.dp, dk, key0, nvalid, dim0, p.dp, p.scale, lane);
@@ -435,17 +549,26 @@ __global__ void __launch_bounds__(ATTN_CU_MMA_WARPS * 32) bwd_dq(const attn_cu_p
   store_tile<T, DB>((T *)p.dq + qrow0 * p.dp, dq, i0 + warp * 16, p.seq_q, 0, p.dp, p.scale, lane);
 }
 
-template <int DPAD, int BN, int DSPLIT, int STAGES, int QBN, bool QREG, int QSTAGES>
-cudaError_t launch_bwd(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s) {
+// The dK/dV kernel, then the dQ kernel; or, for an atomic choice (no dQ
+// grid), the dK/dV kernel that accumulates dQ too (launch.cu converts it).
+template <typename T, int DPAD, int BN, int DSPLIT, int STAGES, int QBN, bool QREG, int QSTAGES>
+void launch_bwd_t(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s) {
   dim3 g1(c.grid[0], c.grid[1], c.grid[2]), g2(c.dq_grid[0], c.dq_grid[1], c.dq_grid[2]);
   dim3 block(ATTN_CU_MMA_WARPS * 32);
-  if (p.dtype == ATTN_F16) {
-    bwd_dkdv<__half, DPAD, BN, DSPLIT, STAGES><<<g1, block, c.smem_bytes, s>>>(p);
-    bwd_dq<__half, DPAD, QBN, QREG, QSTAGES><<<g2, block, c.dq_smem_bytes, s>>>(p);
-  } else {
-    bwd_dkdv<__nv_bfloat16, DPAD, BN, DSPLIT, STAGES><<<g1, block, c.smem_bytes, s>>>(p);
-    bwd_dq<__nv_bfloat16, DPAD, QBN, QREG, QSTAGES><<<g2, block, c.dq_smem_bytes, s>>>(p);
+  if (c.dq_grid[0] == 0) {
+    bwd_dkdv<T, DPAD, BN, DSPLIT, STAGES, true><<<g1, block, c.smem_bytes, s>>>(p);
+    return;
   }
+  bwd_dkdv<T, DPAD, BN, DSPLIT, STAGES, false><<<g1, block, c.smem_bytes, s>>>(p);
+  bwd_dq<T, DPAD, QBN, QREG, QSTAGES><<<g2, block, c.dq_smem_bytes, s>>>(p);
+}
+
+template <int DPAD, int BN, int DSPLIT, int STAGES, int QBN, bool QREG, int QSTAGES>
+cudaError_t launch_bwd(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s) {
+  if (p.dtype == ATTN_F16)
+    launch_bwd_t<__half, DPAD, BN, DSPLIT, STAGES, QBN, QREG, QSTAGES>(p, c, s);
+  else
+    launch_bwd_t<__nv_bfloat16, DPAD, BN, DSPLIT, STAGES, QBN, QREG, QSTAGES>(p, c, s);
   return cudaGetLastError();
 }
 
@@ -453,11 +576,14 @@ template <int DPAD, int BN, int DSPLIT, int STAGES, int QBN, bool QREG, int QSTA
 cudaError_t prepare_bwd() {
   constexpr int STR2 = (DPAD + 8) * 2, BM = ATTN_CU_BWD_BM, QBM = ATTN_CU_BWDQ_BM;
   int b1 = (2 * BN + 2 * STAGES * BM) * STR2 + STAGES * 2 * BM * 4;
+  int b1a = b1 + BM * (BN + 8) * 2; // and the atomic path's dS tile
   int b2 = (2 * QBM + 2 * QSTAGES * QBN) * STR2;
   cudaError_t e;
   const cudaFuncAttribute a = cudaFuncAttributeMaxDynamicSharedMemorySize;
-  if ((e = cudaFuncSetAttribute(bwd_dkdv<__half, DPAD, BN, DSPLIT, STAGES>, a, b1)) ||
-      (e = cudaFuncSetAttribute(bwd_dkdv<__nv_bfloat16, DPAD, BN, DSPLIT, STAGES>, a, b1)) ||
+  if ((e = cudaFuncSetAttribute(bwd_dkdv<__half, DPAD, BN, DSPLIT, STAGES, false>, a, b1)) ||
+      (e = cudaFuncSetAttribute(bwd_dkdv<__nv_bfloat16, DPAD, BN, DSPLIT, STAGES, false>, a, b1)) ||
+      (e = cudaFuncSetAttribute(bwd_dkdv<__half, DPAD, BN, DSPLIT, STAGES, true>, a, b1a)) ||
+      (e = cudaFuncSetAttribute(bwd_dkdv<__nv_bfloat16, DPAD, BN, DSPLIT, STAGES, true>, a, b1a)) ||
       (e = cudaFuncSetAttribute(bwd_dq<__half, DPAD, QBN, QREG, QSTAGES>, a, b2)) ||
       (e = cudaFuncSetAttribute(bwd_dq<__nv_bfloat16, DPAD, QBN, QREG, QSTAGES>, a, b2)))
     return e;

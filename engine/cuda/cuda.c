@@ -92,7 +92,7 @@ static int cuda_supports(void *state, const attn_request *r, attn_status *st) {
     return attn_status_set(st, ATTN_ENODEV, "cuda: no healthy device is left");
   cu_slot probe;
   memset(&probe, 0, sizeof probe);
-  rc = attn__cu_plan(&probe, r, sms, s->off, st);
+  rc = attn__cu_plan(&probe, r, sms, attn__cu_job_off(s), st);
   if (rc < 0 && rc != ATTN_EOVERFLOW)
     return rc;
   if (rc < 0 || probe.dev_bytes > mem)
@@ -163,13 +163,14 @@ static int cuda_disabled(void *state, attn_disabled *out, int cap) {
     }
     n++;
   }
-  for (int k = 0; k <= ATTN_CU_KERNEL_COUNT + 1; k++)
+  for (int k = 0; k <= ATTN_CU_KERNEL_COUNT + 2; k++)
     if (s->off & (1u << k)) {
       if (n < cap) {
         snprintf(out[n].kernel, sizeof out[n].kernel, "%s",
-                 k == ATTN_CU_KERNEL_COUNT + 1 ? "gqa_pack"
-                 : k == ATTN_CU_KERNEL_COUNT   ? "split_kv_merge"
-                                               : attn_cu_kernel_name((attn_cu_kernel)k));
+                 k == ATTN_CU_KERNEL_COUNT + 2   ? "bwd_atomic_dq"
+                 : k == ATTN_CU_KERNEL_COUNT + 1 ? "gqa_pack"
+                 : k == ATTN_CU_KERNEL_COUNT     ? "split_kv_merge"
+                                                 : attn_cu_kernel_name((attn_cu_kernel)k));
         snprintf(out[n].why, sizeof out[n].why, "%s", s->off_why[k]);
       }
       n++;
@@ -200,6 +201,7 @@ static int cuda_open(const attn_backend_env *env, void **pstate, attn_status *st
   if (!s)
     return attn_status_set(st, ATTN_ENOMEM, "out of memory");
   s->streams = env->cfg->cuda_streams ? env->cfg->cuda_streams : DEFAULT_STREAMS;
+  s->bwd_atomic_dq = env->cfg->cuda_bwd_atomic_dq;
   s->ndev = n;
   attn__cu_pinned_init(&s->pin, env->cfg->cuda_pinned_bytes);
   int rc = 0;

@@ -133,7 +133,9 @@ struct cu_state {
   /* Kernels the self-check disabled (attn_cu_select_masked's bits) on any
    * device, and why; set before the dispatcher starts, read-only after. */
   unsigned off;
-  char off_why[ATTN_CU_KERNEL_COUNT + 2][160];
+  char off_why[ATTN_CU_KERNEL_COUNT + 3][160];
+  /* attn_config.cuda_bwd_atomic_dq: backward jobs may take the atomic path. */
+  bool bwd_atomic_dq;
   unsigned hopper_failed;    /* Hopper instances a self-check case failed */
   int next_dev;              /* round-robin start */
   struct timespec next_poll; /* CLOCK_MONOTONIC: when busy streams are next polled */
@@ -157,6 +159,11 @@ size_t attn__cu_packed_bytes(const cu_slot *sl, bool kv, size_t es);
 /* The kernels, their tiles, the groups and the job's layout, for a device
  * with sms multiprocessors and the kernels off turned off; no device call. */
 int attn__cu_plan(cu_slot *sl, const attn_request *r, int sms, unsigned off, attn_status *st);
+/* What a job's selection skips: what the self-check disabled, and the
+ * atomic dQ path unless the configuration asks for it. */
+static inline unsigned attn__cu_job_off(const cu_state *s) {
+  return s->off | (s->bwd_atomic_dq ? 0u : ATTN_CU_ATOMIC_DQ_BIT);
+}
 /* Which tensors move without a host copy: contiguous ones that lie in the
  * pinned pool (pp; NULL: none). Sets direct_*. */
 void attn__cu_route(cu_slot *sl, const attn_request *r, cu_pinned *pp);

@@ -157,11 +157,18 @@ static void disable(cu_state *s, const cu_dev *d, const attn_cu_choice *ch, cons
   /* The decode kernel packs and splits in its own code: it alone is to blame. */
   const bool dec = (unsigned)ch->kernel < 32 && (ATTN_CU_DECODE_KERNELS >> ch->kernel & 1);
   bool pack = !dec && ch->pack > 1, split = !dec && !pack && ch->nsplit > 1;
-  int bit = pack ? ATTN_CU_KERNEL_COUNT + 1 : split ? ATTN_CU_KERNEL_COUNT : (int)ch->kernel;
+  /* a backward choice without a dQ grid ran the atomic path (kernels.h) */
+  bool atomic = ch->kernel >= ATTN_CU_BWD_MMA_D64 && ch->kernel <= ATTN_CU_BWD_SIMT_F32 &&
+                ch->dq_grid[0] == 0;
+  int bit = atomic  ? ATTN_CU_KERNEL_COUNT + 2
+            : pack  ? ATTN_CU_KERNEL_COUNT + 1
+            : split ? ATTN_CU_KERNEL_COUNT
+                    : (int)ch->kernel;
   if (s->off & (1u << bit))
     return;
   s->off |= 1u << bit;
-  const char *name = pack    ? "GQA head packing"
+  const char *name = atomic  ? "the backward's atomic dQ path"
+                     : pack  ? "GQA head packing"
                      : split ? "split-KV merge"
                              : attn_cu_kernel_name(ch->kernel);
   snprintf(s->off_why[bit], sizeof s->off_why[bit], "device %d: %s", d->ordinal, why);
@@ -204,8 +211,10 @@ void attn__cu_self_check(cu_state *s, cu_dev *d, bool hopper) {
     cu_slot *sl = &d->slots[0];
     bool sticky;
     char why[160];
-    int rc =
-        attn__cu_run_case(sl, &c.req, hp ? s->off & ~ATTN_CU_HOPPER_OFF : s->off, &sticky, &st);
+    /* only the atomic cases may take the atomic path, whatever the configuration says */
+    unsigned off =
+        (hp ? s->off & ~ATTN_CU_HOPPER_OFF : s->off) | (c.atomic ? 0u : ATTN_CU_ATOMIC_DQ_BIT);
+    int rc = attn__cu_run_case(sl, &c.req, off, &sticky, &st);
     bool ok = rc == 0 && attn_cu_check_verify(&c, why, sizeof why);
     if (hp)
       hopper_outcome(s, d, &c.req, &sl->ch, rc, ok ? NULL : rc == 0 ? why : st.message);

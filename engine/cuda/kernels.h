@@ -27,6 +27,18 @@
  * caller without the forward's lse computes it first with a forward launch
  * (stats into p->lse).
  *
+ * The atomic path (params.bwd_atomic_dq set, ATTN_CU_ATOMIC_DQ_BIT not off:
+ * attnd's --deterministic off): the dK/dV blocks also add dS·K of each
+ * step into an F32 dQ accumulator [B, Hq, Nq, dp] in bwd_ws with atomics,
+ * and a post-kernel writes dQ = scale · accumulator in the input dtype
+ * (padding columns zero); the preprocess zeroes the accumulator. No dQ
+ * kernel runs (the choice's dq_grid is zero), so each (query tile, key
+ * block) pair costs five matrix products instead of seven (S, dP, dV,
+ * dK, dQ; the dQ kernel recomputes S and dP). Every instance has it, none
+ * spills (the 256 one forms dQ one 16-row tile at a time). The order of
+ * the atomic additions varies, so dQ varies in its last bits from run to
+ * run; dK and dV are as on the deterministic path.
+ *
  * Paged K/V (params.k_table set): a forward launch may read K and V
  * through page tables instead of the packed tensors, as FlashAttention's
  * block_table does for a session's KV cache (engine/kvpages.h). Key j of
@@ -212,6 +224,10 @@ typedef struct attn_cu_params {
    * data again: the kernels clamp each to [0, seq_kv]. Last in the struct,
    * so the packed instances' parameter offsets stay as they were. */
   const int32_t *seqused_k;
+  /* Backward: nonzero asks for the atomic path (header comment), which
+   * attn_cu_select takes unless ATTN_CU_ATOMIC_DQ_BIT is off; bwd_ws then
+   * holds the F32 dQ accumulator too. Appended last, as seqused_k. */
+  int bwd_atomic_dq;
 } attn_cu_params;
 
 /* The decode kernel's instances (bit k: kernel k). */
@@ -245,7 +261,8 @@ typedef struct attn_cu_choice {
   /* Backward: block_n keys per dK/dV block, block_m query rows per step,
    * smem_bytes and grid (key blocks, heads_kv, batch) of that kernel; the
    * dQ kernel's tiles, shared memory and grid (query tiles, heads_q,
-   * batch). Zero for a forward pass. */
+   * batch). Zero for a forward pass, and on the backward's atomic path
+   * (no dQ kernel: dq_grid[0] == 0 is how the launch knows it). */
   int dq_block_m, dq_block_n;
   size_t dq_smem_bytes;
   unsigned dq_grid[3];
@@ -279,6 +296,9 @@ int attn_cu_select(const attn_cu_params *p, int sms, attn_cu_choice *c, attn_sta
 #define ATTN_CU_SPLIT_BIT (1u << ATTN_CU_KERNEL_COUNT)
 /* ... and ATTN_CU_PACK_BIT the GQA packing (attn_cu_choice.pack). */
 #define ATTN_CU_PACK_BIT (1u << (ATTN_CU_KERNEL_COUNT + 1))
+/* ... and ATTN_CU_ATOMIC_DQ_BIT the backward's atomic path (the choice
+ * is then the deterministic one whatever params.bwd_atomic_dq says). */
+#define ATTN_CU_ATOMIC_DQ_BIT (1u << (ATTN_CU_KERNEL_COUNT + 2))
 #define ATTN_CU_HOPPER_OFF                                                            \
   (1u << ATTN_CU_HOPPER_D64 | 1u << ATTN_CU_HOPPER_D128 | 1u << ATTN_CU_HOPPER_D192 | \
    1u << ATTN_CU_HOPPER_D256)
@@ -288,7 +308,9 @@ int attn_cu_select_masked(const attn_cu_params *p, int sms, unsigned off, attn_c
 /* Bytes of split-KV scratch the choice needs (0 when nsplit is 1). */
 size_t attn_cu_split_bytes(const attn_cu_params *p, const attn_cu_choice *c);
 
-/* Bytes of the backward's scratch (bwd_ws; 0 for a forward pass). */
+/* Bytes of the backward's scratch (bwd_ws; 0 for a forward pass): D and
+ * lse·log2 e, and with params.bwd_atomic_dq the F32 dQ accumulator
+ * [B, Hq, Nq, dp] from float attn_cu_bwd_dq_at() (layout.h) on. */
 size_t attn_cu_bwd_bytes(const attn_cu_params *p);
 
 /*
@@ -355,7 +377,9 @@ int attn_cu_prepare(void);
  * 4-byte aligned, dp the head dim padded to a multiple of 8; a paged launch
  * (k_table set) its paged view's contract instead of k and v (the
  * attn_cu_params comment), on a forward instance that reads pages;
- * seqused_k only on a paged launch, 4-byte aligned. A
+ * seqused_k only on a paged launch, 4-byte aligned; an atomic backward
+ * choice (no dQ grid) only with params.bwd_atomic_dq, which sizes bwd_ws
+ * for its accumulator. A
  * launch that breaks it would fault inside the kernel and poison the
  * context, so attn_cu_launch() refuses it first (cudaErrorInvalidValue),
  * which fails the job alone.
@@ -364,7 +388,8 @@ bool attn_cu_launch_ok(const attn_cu_params *p, const attn_cu_choice *c);
 
 /*
  * Queues the forward pass (and the split-KV merge), or for a backward
- * choice the backward's three kernels, on a cudaStream_t.
+ * choice the backward's three kernels (on the atomic path: the preprocess,
+ * the dK/dV kernel and dQ's conversion), on a cudaStream_t.
  * Returns a cudaError_t from the launch (0 on success; cudaErrorInvalidValue
  * without launching when attn_cu_launch_ok() is false); faults inside the
  * kernel surface later, on the stream.

@@ -74,8 +74,11 @@ __global__ void __launch_bounds__(256) scan(const T *x, size_t n, attn_cu_scan_r
 
 // The backward's preprocess, one warp per query row: D = rowsum(dO∘O) in
 // F32, and lse in log2 units, +inf for a row with no visible key (lse
-// -inf), so that every weight exp2(s - lse2) of such a row is 0.
-template <typename T> __global__ void __launch_bounds__(256) bwd_prep(const attn_cu_params p) {
+// -inf), so that every weight exp2(s - lse2) of such a row is 0. On the
+// atomic path it also zeroes the row of the F32 dQ accumulator, which saves
+// a memset launch: the row is in hand here.
+template <typename T>
+__global__ void __launch_bounds__(256) bwd_prep(const attn_cu_params p, bool atomic) {
   const size_t nrows = (size_t)p.batch * p.heads_q * p.seq_q;
   const int lane = threadIdx.x % 32;
   const T *o = (const T *)p.o, *dout = (const T *)p.dout;
@@ -86,6 +89,11 @@ template <typename T> __global__ void __launch_bounds__(256) bwd_prep(const attn
       acc += widen<T>(o[row * p.dp + d]) * widen<T>(dout[row * p.dp + d]);
     for (int x = 16; x > 0; x /= 2)
       acc += __shfl_xor_sync(0xffffffffu, acc, x);
+    if (atomic) {
+      float4 *acc = reinterpret_cast<float4 *>(p.bwd_ws + attn_cu_bwd_dq_at(nrows) + row * p.dp);
+      for (int d = lane; d < p.dp / 4; d += 32)
+        acc[d] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
     if (lane == 0) {
       const float lse = p.lse[row];
       p.bwd_ws[row] = acc;
@@ -94,27 +102,66 @@ template <typename T> __global__ void __launch_bounds__(256) bwd_prep(const attn
   }
 }
 
-template <typename T> cudaError_t launch_prep(const attn_cu_params &p, cudaStream_t s) {
+// The atomic path's last step: dQ = scale · the F32 accumulator, in the
+// input dtype, four elements per thread (dp is a multiple of 8); columns
+// past head_dim come out 0 whatever the accumulator holds.
+template <typename T>
+__global__ void __launch_bounds__(256) bwd_dq_convert(const attn_cu_params p) {
+  const size_t nrows = (size_t)p.batch * p.heads_q * p.seq_q, n4 = nrows * p.dp / 4;
+  const float4 *acc = reinterpret_cast<const float4 *>(p.bwd_ws + attn_cu_bwd_dq_at(nrows));
+  T *dq = (T *)p.dq;
+  for (size_t x = (size_t)blockIdx.x * blockDim.x + threadIdx.x; x < n4;
+       x += (size_t)gridDim.x * blockDim.x) {
+    const float4 a = acc[x];
+    const int d = (int)(x * 4 % (size_t)p.dp);
+    const float v[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+      dq[x * 4 + k] = T(d + k < p.head_dim ? v[k] * p.scale : 0.0f);
+  }
+}
+
+template <typename T>
+cudaError_t launch_prep(const attn_cu_params &p, bool atomic, cudaStream_t s) {
   size_t rows = (size_t)p.batch * p.heads_q * p.seq_q, blocks = (rows + 7) / 8;
-  bwd_prep<T><<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0, s>>>(p);
+  bwd_prep<T><<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0, s>>>(p, atomic);
   return cudaGetLastError();
 }
 
-cudaError_t launch_backward(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s) {
-  cudaError_t e;
-  switch (p.dtype) {
-  case ATTN_F16: e = launch_prep<__half>(p, s); break;
-  case ATTN_BF16: e = launch_prep<__nv_bfloat16>(p, s); break;
-  default: e = launch_prep<float>(p, s); break;
-  }
-  if (e != cudaSuccess)
-    return e;
+template <typename T> cudaError_t launch_convert(const attn_cu_params &p, cudaStream_t s) {
+  size_t n4 = (size_t)p.batch * p.heads_q * p.seq_q * p.dp / 4, blocks = (n4 + 255) / 256;
+  bwd_dq_convert<T><<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0, s>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_bwd_kernels(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s) {
   switch (c.kernel) {
   case ATTN_CU_BWD_MMA_D64: return launch_bwd_d64(p, c, s);
   case ATTN_CU_BWD_MMA_D128: return launch_bwd_d128(p, c, s);
   case ATTN_CU_BWD_MMA_D256: return launch_bwd_d256(p, c, s);
   case ATTN_CU_BWD_SIMT_F32: return launch_bwd_f32(p, c, s);
   default: return cudaErrorInvalidValue;
+  }
+}
+
+// The preprocess, the kernels of the choice, and on the atomic path (a
+// choice without a dQ grid, kernels.h) the conversion of dQ.
+cudaError_t launch_backward(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s) {
+  const bool atomic = c.dq_grid[0] == 0;
+  cudaError_t e;
+  switch (p.dtype) {
+  case ATTN_F16: e = launch_prep<__half>(p, atomic, s); break;
+  case ATTN_BF16: e = launch_prep<__nv_bfloat16>(p, atomic, s); break;
+  default: e = launch_prep<float>(p, atomic, s); break;
+  }
+  if (e == cudaSuccess)
+    e = launch_bwd_kernels(p, c, s);
+  if (e != cudaSuccess || !atomic)
+    return e;
+  switch (p.dtype) {
+  case ATTN_F16: return launch_convert<__half>(p, s);
+  case ATTN_BF16: return launch_convert<__nv_bfloat16>(p, s);
+  default: return launch_convert<float>(p, s);
   }
 }
 

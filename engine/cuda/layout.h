@@ -123,6 +123,25 @@ ATTN_HD void attn_cu_bwd_warp(int warp, int dsplit, int dpad, int *key0, int *di
   *dim0 = (warp % dsplit) * (dpad / dsplit);
 }
 
+/*
+ * The atomic-dQ path (kernels.h): after dK += dSᵀ Q, each dK/dV warp with
+ * dim0 0 stores its dSᵀ fragment into a shared tile of BM rows (the step's
+ * queries) and attn_cu_smem_stride(bn) columns (the block's keys): C
+ * element (row, col) of key block n goes to row n·8 + col, column key0 +
+ * row. After a barrier warp w forms dS K for all BM rows and the head
+ * dims [attn_cu_bwd_dq_col0(w, dpad), + dpad / 4), and adds it to the F32
+ * accumulator in bwd_ws, which starts attn_cu_bwd_dq_at(rows) floats in
+ * (after D and lse·log2 e, rounded up to 4 floats so its rows, dp a
+ * multiple of 8, start on 16 bytes for the vector atomics and loads).
+ */
+ATTN_HD int attn_cu_bwd_dq_col0(int warp, int dpad) { return warp * (dpad / 4); }
+/* Where C element (row, col) of key block n of the warp at key0 goes in the
+ * dS tile of row stride lds. */
+ATTN_HD int attn_cu_bwd_ds_at(int n, int row, int col, int key0, int lds) {
+  return (n * 8 + col) * lds + key0 + row;
+}
+ATTN_HD uint64_t attn_cu_bwd_dq_at(uint64_t rows) { return (2 * rows + 3) / 4 * 4; }
+
 /* Row stride, in elements, of a padded shared-memory tile of width cols. */
 ATTN_HD int attn_cu_smem_stride(int cols) { return cols + 8; }
 

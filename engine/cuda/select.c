@@ -22,7 +22,8 @@
  * A backward pass picks the smallest backward instance that holds its head
  * dim (64, 128, 256; or the F32 one) and never splits: its dK/dV blocks
  * are as many as key blocks times KV heads, its dQ blocks as many as the
- * forward's.
+ * forward's, or none on the atomic path (params.bwd_atomic_dq, unless
+ * disabled), whose dK/dV blocks also hold a dS tile.
  *
  * A paged request (k_table set: K and V read through page tables,
  * kernels.h) takes the same forward instances, splits and packing (but
@@ -142,7 +143,19 @@ static attn_cu_kernel pick(const attn_cu_params *p, unsigned off, const instance
   return *in ? (*in)->kernel : ATTN_CU_KERNEL_COUNT;
 }
 
-static void select_backward(const attn_cu_params *p, attn_cu_kernel k, attn_cu_choice *c) {
+/* The atomic path's choice: no dQ kernel, and the dK/dV blocks' dS tile
+ * (BM rows of block_n keys, padded by 8 elements; F32: 16 rows of 32 + 1). */
+static void select_atomic_dq(attn_cu_choice *c) {
+  c->smem_bytes += c->kernel == ATTN_CU_BWD_SIMT_F32
+                       ? (size_t)ATTN_CU_BWD_F32_STEP * (ATTN_CU_BWD_F32_BN + 1) * sizeof(float)
+                       : (size_t)ATTN_CU_BWD_BM * (size_t)(c->block_n + 8) * 2;
+  c->dq_block_m = c->dq_block_n = 0;
+  c->dq_smem_bytes = 0;
+  memset(c->dq_grid, 0, sizeof c->dq_grid);
+}
+
+static void select_backward(const attn_cu_params *p, attn_cu_kernel k, unsigned off,
+                            attn_cu_choice *c) {
   c->kernel = k;
   c->warps = ATTN_CU_MMA_WARPS;
   c->block_m = ATTN_CU_BWD_BM;
@@ -176,6 +189,8 @@ static void select_backward(const attn_cu_params *p, attn_cu_kernel k, attn_cu_c
   c->dq_grid[0] = (unsigned)((p->seq_q + c->dq_block_m - 1) / c->dq_block_m);
   c->dq_grid[1] = (unsigned)p->heads_q;
   c->dq_grid[2] = (unsigned)p->batch;
+  if (p->bwd_atomic_dq && !(off & ATTN_CU_ATOMIC_DQ_BIT))
+    select_atomic_dq(c);
 }
 
 /* Key tiles of bn keys that some query row sees: from the first row's
@@ -318,7 +333,7 @@ int attn_cu_select_masked(const attn_cu_params *p, int sms, unsigned off, attn_c
                            "the cuda kernels for this dtype and head dim failed the device's "
                            "start-up self-check and are disabled");
   if (p->pass == ATTN_BACKWARD)
-    select_backward(p, k, c);
+    select_backward(p, k, off, c);
   else {
     select_forward(p, sms, k, in, off, c);
     if (!maybe_decode(p, sms, off, c))
@@ -346,7 +361,10 @@ size_t attn_cu_split_bytes(const attn_cu_params *p, const attn_cu_choice *c) {
 size_t attn_cu_bwd_bytes(const attn_cu_params *p) {
   if (p->pass != ATTN_BACKWARD)
     return 0;
-  return 2 * (size_t)p->batch * (size_t)p->heads_q * (size_t)p->seq_q * sizeof(float);
+  const size_t rows = (size_t)p->batch * (size_t)p->heads_q * (size_t)p->seq_q;
+  if (!p->bwd_atomic_dq)
+    return 2 * rows * sizeof(float);
+  return ((size_t)attn_cu_bwd_dq_at(rows) + rows * (size_t)p->dp) * sizeof(float);
 }
 
 static bool aligned(const void *x, uintptr_t a) { return x && (uintptr_t)x % a == 0; }
@@ -377,9 +395,11 @@ bool attn_cu_launch_ok(const attn_cu_params *p, const attn_cu_choice *c) {
       (paged ? !paged_ok(p, c) : !aligned(p->k, 16) || !aligned(p->v, 16)) || !aligned(p->o, 16) ||
       (p->alibi2 && !aligned(p->alibi2, 4)))
     return false;
+  /* The atomic choice (no dQ grid) adds into an accumulator that bwd_ws
+   * holds only when the params ask for it (attn_cu_bwd_bytes). */
   if (p->pass == ATTN_BACKWARD)
     return aligned(p->dout, 16) && aligned(p->dq, 16) && aligned(p->dk, 16) && aligned(p->dv, 16) &&
-           aligned(p->lse, 4) && aligned(p->bwd_ws, 16);
+           aligned(p->lse, 4) && aligned(p->bwd_ws, 16) && (c->dq_grid[0] != 0 || p->bwd_atomic_dq);
   const float *const stats[3] = {p->m, p->l, p->lse};
   for (int i = 0; i < 3; i++)
     if (stats[i] && !aligned(stats[i], 4))

@@ -11,7 +11,8 @@
  * normalized like the tests' (sqrt of the squared error over the squared
  * reference) and allowed four times the tests' per-dtype threshold: the
  * check is there to catch a wrong kernel, not rounding. The Hopper cases
- * come last; the backend runs them only where that instance may run.
+ * come next; the backend runs them only where that instance may run. Last,
+ * every backward shape again on the atomic dQ path.
  */
 #include "selfcheck.h"
 
@@ -132,9 +133,25 @@ static const check_shape shapes[] = {
 };
 enum { NSHAPES = sizeof shapes / sizeof *shapes };
 
-int attn_cu_check_count(void) { return NSHAPES; }
+/* Case i's shape: shapes[i], or past them the (i − NSHAPES)-th backward
+ * shape (an atomic case). */
+static const check_shape *shape_at(int i) {
+  for (int k = 0, n = NSHAPES; k < NSHAPES && i >= NSHAPES; k++)
+    if (shapes[k].pass == ATTN_BACKWARD && n++ == i)
+      return &shapes[k];
+  return &shapes[i];
+}
 
-bool attn_cu_check_is_hopper(int i) { return shapes[i].hopper; }
+int attn_cu_check_count(void) {
+  int n = NSHAPES;
+  for (int k = 0; k < NSHAPES; k++)
+    n += shapes[k].pass == ATTN_BACKWARD;
+  return n;
+}
+
+bool attn_cu_check_is_hopper(int i) { return shape_at(i)->hopper; }
+
+bool attn_cu_check_is_atomic(int i) { return i >= NSHAPES; }
 
 static double tolerance(attn_dtype dt) {
   return 4 * (dt == ATTN_F16 ? 1e-3 : dt == ATTN_BF16 ? 8e-3 : 1e-5);
@@ -214,13 +231,15 @@ static int forward_inputs(attn_cu_check *c, attn_status *st) {
 
 int attn_cu_check_make(int i, attn_cu_check *c, attn_status *st) {
   memset(c, 0, sizeof *c);
-  if (shapes[i].hq > ATTN_CU_CHECK_HEADS || shapes[i].hq * shapes[i].nq > ATTN_CU_CHECK_ROWS)
+  const check_shape *sh = shape_at(i);
+  if (sh->hq > ATTN_CU_CHECK_HEADS || sh->hq * sh->nq > ATTN_CU_CHECK_ROWS)
     return attn_status_set(st, ATTN_EINVAL, "self-check case %d has more rows than its buffers", i);
-  request_of(&shapes[i], &c->req);
+  request_of(sh, &c->req);
+  c->atomic = attn_cu_check_is_atomic(i);
   attn_request *r = &c->req;
-  if (shapes[i].alibi) { /* 2^(-8 (h + 1) / Hq), as ALiBi's paper sets them */
-    for (int h = 0; h < shapes[i].hq; h++)
-      c->slopes[h] = (float)exp2(-8.0 * (h + 1) / shapes[i].hq);
+  if (sh->alibi) { /* 2^(-8 (h + 1) / Hq), as ALiBi's paper sets them */
+    for (int h = 0; h < sh->hq; h++)
+      c->slopes[h] = (float)exp2(-8.0 * (h + 1) / sh->hq);
     r->alibi_slopes = c->slopes;
   }
   size_t nq = (size_t)(r->heads_q * r->seq_q * r->head_dim);
@@ -263,7 +282,10 @@ static bool describe(const attn_cu_check *c, const char *tensor, double e, doubl
                      size_t cap) {
   const attn_request *r = &c->req;
   snprintf(why, cap, "%s error %.2g > %.0e on %s %s [%lld, %lld, %lld, %lld, %lld]%s%s", tensor, e,
-           tol, attn_dtype_name(r->dtype), r->pass == ATTN_BACKWARD ? "backward" : "forward",
+           tol, attn_dtype_name(r->dtype),
+           r->pass == ATTN_FORWARD ? "forward"
+           : c->atomic             ? "backward (atomic dQ)"
+                                   : "backward",
            (long long)r->heads_q, (long long)r->heads_kv, (long long)r->seq_q, (long long)r->seq_kv,
            (long long)r->head_dim, r->causal ? " causal" : "",
            r->softcap > 0 || r->alibi_slopes ? " with softcap/alibi" : "");

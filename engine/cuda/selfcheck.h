@@ -25,6 +25,7 @@ typedef struct attn_cu_check {
   /* the forward's lse (a backward case's lse_in, or stats) */
   float lse[ATTN_CU_CHECK_ROWS];
   float slopes[ATTN_CU_CHECK_HEADS]; /* the ALiBi slopes of a case with them */
+  bool atomic; /* a backward case of the atomic dQ path (attn_cu_check_is_atomic) */
 } attn_cu_check;
 
 /* How many cases there are. */
@@ -33,6 +34,11 @@ int attn_cu_check_count(void);
 /* Whether case i is one of the Hopper instance's (run with that instance
  * allowed, and passed only when the selection reached it). */
 bool attn_cu_check_is_hopper(int i);
+
+/* Whether case i is a backward case run on the atomic dQ path (kernels.h):
+ * every backward shape once more, after the others, so a wrong atomic path
+ * is laid at its own door and the two-kernel path stays on. */
+bool attn_cu_check_is_atomic(int i);
 
 /* Case i with its inputs and reference; 0 or an error (out of memory). */
 int attn_cu_check_make(int i, attn_cu_check *c, attn_status *st);

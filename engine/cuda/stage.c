@@ -211,7 +211,12 @@ int attn__cu_plan(cu_slot *sl, const attn_request *r, int sms, unsigned off, att
   if (r->softcap > 0 || r->alibi_slopes) /* the Hopper instance has no variant path */
     off |= ATTN_CU_HOPPER_OFF;
   int rc = shape_of(r, &sl->prm, st);
-  if (rc < 0 || (rc = attn_cu_select_masked(&sl->prm, sms, off, &sl->ch, st)) < 0)
+  if (rc < 0)
+    return rc;
+  /* Set only where it is taken, so attn_cu_bwd_bytes sizes no accumulator
+   * for a job on the two-kernel path. */
+  sl->prm.bwd_atomic_dq = r->pass == ATTN_BACKWARD && !(off & ATTN_CU_ATOMIC_DQ_BIT);
+  if ((rc = attn_cu_select_masked(&sl->prm, sms, off, &sl->ch, st)) < 0)
     return rc;
   if (r->pass == ATTN_BACKWARD && !r->lse_in) {
     /* The forward that recomputes lse runs unsplit: it needs no scratch. */

@@ -198,7 +198,7 @@ int attn__cu_start(cu_slot *sl, attn_status *st) {
     return attn__canceled(st);
   if ((e = cudaSetDevice(d->ordinal)) != cudaSuccess)
     goto device_error;
-  if ((rc = attn__cu_plan(sl, r, d->sms, d->state->off, st)) < 0 ||
+  if ((rc = attn__cu_plan(sl, r, d->sms, attn__cu_job_off(d->state), st)) < 0 ||
       (rc = attn__check_lse(r, st)) < 0)
     return rc;
   attn__cu_route(sl, r, &d->state->pin);

@@ -38,9 +38,10 @@ typedef struct mock_knobs {
    * wrong_merge, every split launch (its merge is wrong). */
   int wrong_kernel;
   bool wrong_merge;
-  bool wrong_pack;  /* every launch with GQA packing (attn_cu_choice.pack) */
-  int fail_pin;     /* the next N cudaHostAlloc calls fail */
-  bool wrong_paged; /* every launch that reads pages (attn_cu_params.k_table) */
+  bool wrong_pack;      /* every launch with GQA packing (attn_cu_choice.pack) */
+  int fail_pin;         /* the next N cudaHostAlloc calls fail */
+  bool wrong_paged;     /* every launch that reads pages (attn_cu_params.k_table) */
+  bool wrong_atomic_dq; /* every backward launch on the atomic dQ path (no dQ grid) */
 } mock_knobs;
 
 /* Knobs with the failure counters given and nothing else injected. */
@@ -69,6 +70,9 @@ int mock_last_pack(void);
 /* Launches so far of kernel k that neither split nor packed, and of those
  * the ones with more than one query tile (grid[0] > 1). */
 long mock_plain_launches(int k, long *multi_tile);
+/* Whether the latest backward launch took the atomic dQ path (its choice
+ * without a dQ grid), and the device bytes allocated when it launched. */
+bool mock_last_bwd_atomic(size_t *dev_bytes);
 /* Lets kernels held by hold_kernels run. */
 void mock_open_gate(void);
 

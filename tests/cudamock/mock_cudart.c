@@ -30,6 +30,8 @@ static bool g_dev_fault[16]; /* a fault broke the device's context */
 static pthread_cond_t g_gate_cv = PTHREAD_COND_INITIALIZER;
 static bool g_gate_open, g_poisoned;
 static int g_last_kernel = -1, g_last_nsplit, g_last_pack;
+static bool g_last_atomic;
+static size_t g_last_bytes;
 /* mock_plain_launches() per kernel */
 static long g_plain[ATTN_CU_KERNEL_COUNT], g_plain_multi[ATTN_CU_KERNEL_COUNT];
 
@@ -60,6 +62,14 @@ int mock_last_kernel(int *nsplit) {
     *nsplit = g_last_nsplit;
   pthread_mutex_unlock(&g_mu);
   return k;
+}
+bool mock_last_bwd_atomic(size_t *dev_bytes) {
+  pthread_mutex_lock(&g_mu);
+  bool a = g_last_atomic;
+  if (dev_bytes)
+    *dev_bytes = g_last_bytes;
+  pthread_mutex_unlock(&g_mu);
+  return a;
 }
 int mock_last_pack(void) {
   pthread_mutex_lock(&g_mu);
@@ -915,8 +925,9 @@ static void bwd_op(void *arg) {
                 D = p->head_dim;
   kernel_gate();
   const void *ptrs[] = {p->q, p->k, p->v, p->o, p->dout, p->dq, p->dk, p->dv, p->lse, p->bwd_ws};
+  /* the atomic choice (no dQ grid) only with the scratch the params size for it */
   bool ok = aligned16(ptrs, 10) && p->lse && p->bwd_ws && c->nsplit == 1 &&
-            c->kernel >= ATTN_CU_BWD_MMA_D64;
+            c->kernel >= ATTN_CU_BWD_MMA_D64 && (c->dq_grid[0] == 0) == (p->bwd_atomic_dq != 0);
   double *dk = malloc((size_t)(2 * Nk * D + D) * sizeof *dk), *dv = dk + Nk * D, *dq = dv + Nk * D;
   for (int64_t b = 0; b < B; b++)
     for (int64_t hk = 0; hk < Hkv; hk++) {
@@ -949,7 +960,12 @@ int attn_cu_launch(const attn_cu_params *p, const attn_cu_choice *c, void *strea
   const bool dec = (unsigned)c->kernel < 32 && (ATTN_CU_DECODE_KERNELS >> c->kernel & 1);
   bool wrong = g_k.wrong_kernel == (int)c->kernel + 1 ||
                (g_k.wrong_merge && c->nsplit > 1 && !dec) ||
-               (g_k.wrong_pack && c->pack > 1 && !dec) || (g_k.wrong_paged && p->k_table);
+               (g_k.wrong_pack && c->pack > 1 && !dec) || (g_k.wrong_paged && p->k_table) ||
+               (g_k.wrong_atomic_dq && p->pass == ATTN_BACKWARD && c->dq_grid[0] == 0);
+  if (p->pass == ATTN_BACKWARD) {
+    g_last_atomic = c->dq_grid[0] == 0;
+    g_last_bytes = g_dev_bytes;
+  }
   g_last_kernel = (int)c->kernel;
   g_last_nsplit = c->nsplit;
   g_last_pack = c->pack;

@@ -446,6 +446,62 @@ Test(cuda_backend, backward_through_staging, .init = reset) {
   cr_expect_eq(mock_pinned_buffers(), 0, "pinned buffers left");
 }
 
+/* The backward with attn_config.cuda_bwd_atomic_dq: every case takes the
+ * atomic path (one launch, no dQ grid), matches float64 as the default
+ * does, and its job holds the F32 dQ accumulator [B, Hq, Nq, dp] more of
+ * device memory; the default engine never takes it. */
+static bool lists_disabled(attn_engine *e, const char *kernel);
+
+static attn_engine *open_atomic(bool atomic, bool check) {
+  attn_config cfg;
+  attn_config_init(&cfg);
+  cfg.threads = 2;
+  cfg.cuda_streams = 2;
+  cfg.cuda_self_check_off = !check;
+  cfg.cuda_bwd_atomic_dq = atomic;
+  attn_engine *e;
+  attn_status st;
+  cr_assert_eq(attn_engine_open(&cfg, &e, &st), 0, "%s", st.message);
+  return e;
+}
+
+Test(cuda_backend, backward_atomic_dq_when_configured, .init = reset) {
+  attn_engine *det = open_atomic(false, false), *at = open_atomic(true, false);
+  tprob ps[TCASES_MAX];
+  int n = bwd_problems(ps);
+  for (int i = 0; i < n; i++) {
+    size_t b_det, b_at;
+    cr_expect(check_bwd(det, &ps[i], 700 + (uint64_t)i, true));
+    cr_expect(!mock_last_bwd_atomic(&b_det), "case %d: the default took the atomic path", i);
+    cr_expect(check_bwd(at, &ps[i], 700 + (uint64_t)i, true));
+    cr_expect(mock_last_bwd_atomic(&b_at), "case %d: the atomic path was not taken", i);
+    size_t acc = (size_t)(ps[i].b * ps[i].hq * ps[i].nq) * (size_t)attn_cu_dp(ps[i].d) * 4;
+    cr_expect(b_at >= b_det + acc && b_at < b_det + acc + 512,
+              "case %d: %zu device bytes, the deterministic path %zu, the accumulator %zu", i, b_at,
+              b_det, acc);
+  }
+  attn_engine_close(det);
+  attn_engine_close(at);
+  cr_expect_eq(mock_device_bytes(), 0, "device memory left allocated");
+}
+
+/* A wrong atomic path fails its self-check cases and is turned off alone:
+ * the backward instances stay on and serve on the two-kernel path. */
+Test(cuda_backend, a_wrong_atomic_path_turns_it_off, .init = reset) {
+  mock_knobs k = MOCK_KNOBS(1, 9, (size_t)8 << 30, 0, 0, 0);
+  k.wrong_atomic_dq = true;
+  mock_set(&k);
+  attn_engine *e = open_atomic(true, true);
+  cr_expect(lists_disabled(e, "bwd_atomic_dq"));
+  for (int i = ATTN_CU_BWD_MMA_D64; i <= ATTN_CU_BWD_SIMT_F32; i++)
+    cr_expect(!lists_disabled(e, attn_cu_kernel_name((attn_cu_kernel)i)), "%s disabled",
+              attn_cu_kernel_name((attn_cu_kernel)i));
+  tprob p = tprob_make(1, 4, 2, 19, 23, 120, ATTN_BF16);
+  cr_expect(check_bwd(e, &p, 86, true));
+  cr_expect(!mock_last_bwd_atomic(NULL), "the disabled path still served");
+  attn_engine_close(e);
+}
+
 /* A value planted in tensor `name` ("o", "do") of c at (b, h, n, d). */
 static void plant_q_shaped(tcase *c, const char *name, int64_t b, int64_t h, int64_t n, int64_t d,
                            float x) {

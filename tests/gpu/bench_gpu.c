@@ -14,6 +14,9 @@
  *            and not: the three backward kernels (preprocess, dK/dV, dQ),
  *            given the forward's O and lse; FLOPs 2.5 times the forward's
  *            (FlashAttention's convention)
+ *   bwd_atomic  each backward shape again on the atomic dQ path (attnd
+ *            --deterministic off: no dQ kernel, dQ by atomics in the dK/dV
+ *            pass, then its conversion), FLOPs counted as the backward's
  *
  * Method (.library/device/METHOD.md): random inputs (uniform in [-1, 1),
  * never zeros) copied from a host pool; warm-up launches until 30 ms of
@@ -79,7 +82,7 @@ static int check(cudaError_t e, const char *what, int line) {
 #define CK(call) check((cudaError_t)(call), #call, __LINE__)
 
 typedef struct bshape {
-  const char *kind; /* "prefill", "decode", "decode-mma", "backward" or "hopper" */
+  const char *kind; /* "prefill", "decode", "decode-mma", "backward", "bwd_atomic" or "hopper" */
   int b, hq, hkv, nq, nkv, d;
   attn_dtype dt;
   bool causal;
@@ -135,6 +138,7 @@ static int shapes(bshape *s, bool quick) {
           if (quick && (ds[j] != 128 || ns[i + 1] != 4096))
             continue;
           s[n++] = (bshape){"backward", 4, 16, 16, ns[i], ns[i], ds[j], dts[t], c == 1};
+          s[n++] = (bshape){"bwd_atomic", 4, 16, 16, ns[i], ns[i], ds[j], dts[t], c == 1};
         }
   return n;
 }
@@ -297,7 +301,8 @@ static void shape_params(const bshape *s, attn_cu_params *p) {
   p->dp = attn_cu_dp(s->d);
   p->scale_log2 = (float)(1.0 / sqrt((double)s->d) * M_LOG2E);
   p->scale = (float)(1.0 / sqrt((double)s->d));
-  p->pass = strcmp(s->kind, "backward") == 0 ? ATTN_BACKWARD : ATTN_FORWARD;
+  p->bwd_atomic_dq = strcmp(s->kind, "bwd_atomic") == 0;
+  p->pass = strcmp(s->kind, "backward") == 0 || p->bwd_atomic_dq ? ATTN_BACKWARD : ATTN_FORWARD;
   p->window_left = -1;
   p->window_right = s->causal ? 0 : -1;
 }
@@ -901,22 +906,22 @@ int main(int argc, char **argv) {
     fprintf(csv, "kind,b,hq,hkv,nq,nkv,d,dtype,causal,kernel,nsplit,sets,reps,median_ms,min_ms,"
                  "tflops,gbps,status\n");
   }
-  printf("%-8s %2s %3s %3s %5s %6s %4s %-5s %6s %-12s %6s %4s %5s %10s %9s %8s %6s\n", "kind", "B",
+  printf("%-10s %2s %3s %3s %5s %6s %4s %-5s %6s %-12s %6s %4s %5s %10s %9s %8s %6s\n", "kind", "B",
          "Hq", "Hkv", "Nq", "Nkv", "D", "dtype", "causal", "kernel", "nsplit", "sets", "reps",
          "median_ms", "TFLOP/s", "GB/s", "status");
-  bshape sh[96]; /* --hopper-full: 4 dims x 5 lengths x 2 masks x 2 kernels */
+  bshape sh[96]; /* shapes() lists 65, hopper_shapes() up to 80 */
   int n = o.hopper ? hopper_shapes(sh, o.hopper == 2) : shapes(sh, o.quick), fails = 0;
   for (int i = 0; i < n; i++) {
     const bshape *s = &sh[i];
     bresult r;
     int rc = run_shape(s, prop.multiProcessorCount, (size_t)prop.l2CacheSize, st, &r);
     double flops = 4.0 * s->b * s->hq * (double)s->nq * s->nkv * s->d * (s->causal ? 0.5 : 1.0) *
-                   (strcmp(s->kind, "backward") == 0 ? 2.5 : 1.0);
+                   (strncmp(s->kind, "b", 1) == 0 ? 2.5 : 1.0); /* backward, bwd_atomic */
     double kvbytes = 2.0 * s->b * s->hkv * (double)s->nkv * s->d * (double)attn_dtype_size(s->dt);
     double tflops = rc == 0 ? flops / (r.med_ms * 1e-3) / 1e12 : 0;
     double gbps = rc == 0 ? kvbytes / (r.med_ms * 1e-3) / 1e9 : 0;
     bool dec = strncmp(s->kind, "decode", 6) == 0;
-    printf("%-8s %2d %3d %3d %5d %6d %4d %-5s %6d %-12s %6d %4d %5d %10.4f %9.1f %8.0f %6s",
+    printf("%-10s %2d %3d %3d %5d %6d %4d %-5s %6d %-12s %6d %4d %5d %10.4f %9.1f %8.0f %6s",
            s->kind, s->b, s->hq, s->hkv, s->nq, s->nkv, s->d, attn_dtype_name(s->dt), s->causal,
            attn_cu_kernel_name(r.ch.kernel), r.ch.nsplit, r.sets, r.reps, r.med_ms, tflops,
            dec ? gbps : 0.0, r.status);

@@ -19,13 +19,20 @@
  *              backward: head dims 1..256, all dtypes, GQA, masks and windows,
  *              rows with no visible key, strides, with and without the
  *              forward's lse (without it the backend recomputes it)
+ *   backward_atomic  the same cases on an engine with cuda_bwd_atomic_dq
+ *              (attnd --deterministic off): dQ by atomics in the dK/dV
+ *              pass, every backward instance; fails if the self-check
+ *              turned that path off
  *   pool       64 concurrent jobs on 4 streams, device memory back afterwards
  *
  * Every case draws fresh inputs from a seed printed at the start (--seed
  * reruns it), poisons the outputs (NaN bits) before each run, runs twice and
  * checks both runs (the second run's bits should equal the first's: a
  * difference is reported as nondeterministic, a hint of a race, though not
- * a failure by itself). Thresholds are those of g_tol_o / g_tol_stats.
+ * a failure by itself; the backward's is a failure: dq, dk and dv must
+ * repeat bit for bit, as --deterministic on promises, and on the atomic dQ
+ * path dk and dv, which it computes without atomics). Thresholds are those
+ * of g_tol_o / g_tol_stats.
  *
  *   tests/gpu [--small] [--group NAME[,NAME]] [--seed N] [--quiet]
  *             [--timeout S] [--list]
@@ -1162,9 +1169,37 @@ static int list_backward(tprob *ps) {
   return n;
 }
 
+/* Where c's gradient t (dq, dk, dv) lies and its bytes: the region
+ * tcase_poison_grads covers. */
+static void *grad_at(const tcase *c, int t, size_t *bytes) {
+  const tprob *p = &c->p;
+  int64_t rows = t == 0 ? p->b * p->hq * p->nq : p->b * p->hkv * p->nkv;
+  *bytes = (size_t)(rows * p->d) * attn_dtype_size(p->dt);
+  return t == 0 ? c->dq : t == 1 ? c->dk : c->dv;
+}
+
+/* Whether the second run's gradients equal the first's (saved) bit for
+ * bit: all three, or on the atomic path dk and dv; why when not. */
+static bool grads_repeat(const tcase *c, void *const saved[3], bool atomic, char *why, size_t cap) {
+  static const char *const names[3] = {"dq", "dk", "dv"};
+  for (int t = atomic ? 1 : 0; t < 3; t++) {
+    size_t n;
+    const void *x = grad_at(c, t, &n);
+    if (saved[t] && memcmp(x, saved[t], n) != 0) {
+      snprintf(why, cap, "run 2's %s differs from run 1's bit for bit (%s)", names[t],
+               atomic ? "the atomic path computes dk and dv without atomics"
+                      : "the deterministic backward must repeat exactly");
+      return false;
+    }
+  }
+  return true;
+}
+
 /* One backward problem on the backend, with and without the forward's
- * lse, each run twice after poisoning dq, dk, dv. */
-static void backward_problem(tgroup *g, attn_engine *e, const tprob *p, uint64_t seed) {
+ * lse, each run twice after poisoning dq, dk, dv; atomic: the engine takes
+ * the atomic dQ path (the kernel named in the report says so). */
+static void backward_problem(tgroup *g, attn_engine *e, const tprob *p, uint64_t seed,
+                             bool atomic) {
   char desc[200], kn[48];
   tdesc(p, desc, sizeof desc);
   for (int with_lse = 0; with_lse < 2; with_lse++) {
@@ -1181,13 +1216,15 @@ static void backward_problem(tgroup *g, attn_engine *e, const tprob *p, uint64_t
     attn_cu_choice ch;
     tcu_params(p, &prm);
     prm.pass = ATTN_BACKWARD;
-    snprintf(kn, sizeof kn, "[%s]",
-             attn_cu_select(&prm, g_sms, &ch, &st) ? "select refuses"
-                                                   : attn_cu_kernel_name(ch.kernel));
+    prm.bwd_atomic_dq = atomic;
+    bool sel = attn_cu_select(&prm, g_sms, &ch, &st) == 0;
+    snprintf(kn, sizeof kn, "[%s%s]", sel ? attn_cu_kernel_name(ch.kernel) : "select refuses",
+             sel && ch.dq_grid[0] == 0 ? " atomic dQ" : "");
     g_set_current("%s: %s lse %d", g->name, desc, with_lse);
     bool ok = !g_dead;
     char why[300] = "";
     terr_bwd worst = {0, 0, 0, true};
+    void *saved[3] = {NULL, NULL, NULL}; /* run 1's gradients */
     for (int run = 0; run < 2 && ok; run++) {
       tcase_poison_grads(&c);
       int rc = trun(e, &c, g_backend, &st);
@@ -1208,7 +1245,17 @@ static void backward_problem(tgroup *g, attn_engine *e, const tprob *p, uint64_t
                  err.dk, err.dv, g_tol_o(p->dt));
         ok = false;
       }
+      for (int t = 0; ok && run == 0 && t < 3; t++) {
+        size_t n;
+        const void *x = grad_at(&c, t, &n);
+        if ((saved[t] = malloc(n)))
+          memcpy(saved[t], x, n);
+      }
+      if (ok && run == 1)
+        ok = grads_repeat(&c, saved, atomic, why, sizeof why);
     }
+    for (int t = 0; t < 3; t++)
+      free(saved[t]);
     if (ok)
       tg_case(g, true, "%s %s lse %d: dq %.2e dk %.2e dv %.2e", desc, kn, with_lse, worst.dq,
               worst.dk, worst.dv);
@@ -1220,11 +1267,45 @@ static void backward_problem(tgroup *g, attn_engine *e, const tprob *p, uint64_t
   }
 }
 
-static void group_backward(tgroup *g, int grp, attn_engine *e) {
+static void group_backward(tgroup *g, int grp, attn_engine *e, bool atomic) {
   tprob ps[TCASES_MAX];
   int n = list_backward(ps);
   for (int i = 0; i < n && (!g_opt.small || i < 6); i++)
-    backward_problem(g, e, &ps[i], g_seed(grp, i, 0));
+    backward_problem(g, e, &ps[i], g_seed(grp, i, 0), atomic);
+}
+
+/* Why the engine's cuda backend lists the atomic dQ path as disabled, or
+ * NULL. */
+static const char *atomic_disabled(attn_engine *e, attn_backend_info *info, int cap) {
+  int n = attn_engine_backends(e, info, cap);
+  for (int i = 0; i < n && i < cap; i++)
+    for (int k = 0; !strcmp(info[i].name, "cuda") && k < info[i].ndisabled; k++)
+      if (!strcmp(info[i].disabled[k].kernel, "bwd_atomic_dq"))
+        return info[i].disabled[k].why;
+  return NULL;
+}
+
+/* The backward cases on an engine that takes the atomic dQ path: the same
+ * float64 check (dQ's last bits vary from run to run, within the same
+ * tolerance). A path the self-check turned off fails the group, or these
+ * cases would pass on the two-kernel path and prove nothing. */
+static void group_backward_atomic(tgroup *g, int grp) {
+  attn_config cfg;
+  attn_config_init(&cfg);
+  cfg.cuda_bwd_atomic_dq = true;
+  attn_engine *e;
+  attn_status st;
+  if (attn_engine_open(&cfg, &e, &st) < 0) {
+    tg_case(g, false, "opening an engine with cuda_bwd_atomic_dq: %s", st.message);
+    return;
+  }
+  attn_backend_info info[4];
+  const char *why = atomic_disabled(e, info, 4);
+  if (why)
+    tg_case(g, false, "the self-check turned the atomic dQ path off: %s", why);
+  else
+    group_backward(g, grp, e, true);
+  attn_engine_close(e);
 }
 
 /* ---- main ------------------------------------------------------------------- */
@@ -1244,14 +1325,15 @@ enum {
   G_HOPPER,
   G_POOL,
   G_BACKWARD,
+  G_BACKWARD_ATOMIC,
   G_SMALL,
   G_SESSIONS,
   G_COUNT
 };
 static const char *const gnames[G_COUNT] = {
-    "conf/sizes", "conf/masks", "conf/shapes", "conf/masked", "conf/diag", "headdims",
-    "decode",     "long",       "layouts",     "errors",      "kapi",      "hopper",
-    "pool",       "backward",   "small",       "sessions"};
+    "conf/sizes", "conf/masks", "conf/shapes",     "conf/masked", "conf/diag", "headdims",
+    "decode",     "long",       "layouts",         "errors",      "kapi",      "hopper",
+    "pool",       "backward",   "backward_atomic", "small",       "sessions"};
 
 static bool wanted(const char *filter, const char *name) {
   if (!filter)
@@ -1428,16 +1510,18 @@ int main(int argc, char **argv) {
   tgroup groups[G_COUNT];
   int ng = 0;
   tprob ps[TCASES_MAX];
-  static const int order[G_COUNT] = {G_SMALL,    G_SIZES,  G_MASKS,    G_SHAPES,  G_MASKED, G_DIAG,
-                                     G_HEADDIMS, G_DECODE, G_LONG,     G_LAYOUTS, G_ERRORS, G_KAPI,
-                                     G_HOPPER,   G_POOL,   G_BACKWARD, G_SESSIONS};
+  static const int order[G_COUNT] = {
+      G_SMALL,    G_SIZES,  G_MASKS,    G_SHAPES,          G_MASKED,  G_DIAG,
+      G_HEADDIMS, G_DECODE, G_LONG,     G_LAYOUTS,         G_ERRORS,  G_KAPI,
+      G_HOPPER,   G_POOL,   G_BACKWARD, G_BACKWARD_ATOMIC, G_SESSIONS};
   for (int oi = 0; oi < G_COUNT; oi++) {
     int gi = order[oi];
     /* --small replaces the long case lists by "small"; the rest shrink */
     if (g_opt.small ? gi <= G_LONG : gi == G_SMALL)
       continue;
     if (!wanted(filter, gnames[gi]) ||
-        ((gi == G_KAPI || gi == G_HOPPER || gi == G_SESSIONS) && !on_gpu()))
+        ((gi == G_KAPI || gi == G_HOPPER || gi == G_SESSIONS || gi == G_BACKWARD_ATOMIC) &&
+         !on_gpu()))
       continue;
     tgroup *g = &groups[ng++];
     tg_begin(g, gnames[gi]);
@@ -1457,7 +1541,8 @@ int main(int argc, char **argv) {
     case G_KAPI: group_kapi(g, gi); break;
     case G_HOPPER: group_hopper(g, gi); break;
     case G_POOL: group_pool(g, gi); break;
-    case G_BACKWARD: group_backward(g, gi, e); break;
+    case G_BACKWARD: group_backward(g, gi, e, false); break;
+    case G_BACKWARD_ATOMIC: group_backward_atomic(g, gi); break;
     case G_SESSIONS: group_sessions(g, gi, e); break;
     default: break;
     }

@@ -69,7 +69,8 @@ Test(server, sigint_exits_zero) {
 
 Test(server, info_fields_and_limits) {
   srv_start(&S, "--max-body", "2M", "--max-queue", "7", "--timeout", "9", "--idle-timeout", "11",
-            "--max-connections", "50", "--drain-timeout", "13", "--gpu-self-check", "off", NULL);
+            "--max-connections", "50", "--drain-timeout", "13", "--gpu-self-check", "off",
+            "--deterministic", "off", NULL);
   cJSON *j = get_json("/v1/info", 200);
   const char *ver = jstr(j, "version");
   cr_expect(ver && *ver, "version missing");
@@ -100,7 +101,10 @@ Test(server, info_fields_and_limits) {
                jnum(lim, "max_connections"));
   cr_expect_eq(jnum(lim, "drain_timeout"), 13, "limits.drain_timeout %g",
                jnum(lim, "drain_timeout"));
-  cr_expect(cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(j, "build")), "build is not an object");
+  cJSON *build = cJSON_GetObjectItemCaseSensitive(j, "build");
+  cr_expect(cJSON_IsObject(build), "build is not an object");
+  cr_expect(cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(build, "deterministic")),
+            "--deterministic off: build.deterministic should be false");
   /* --version prints the same version. */
   const char *args[] = {"--version", NULL};
   char *out = NULL, *err = NULL;
@@ -541,6 +545,7 @@ Test(server, bad_flags_exit_2_with_one_line) {
       {"--http-threads", "many", NULL},
       {"--http-threads", "", NULL},
       {"--gpu-self-check", "maybe", NULL},
+      {"--deterministic", "maybe", NULL},
       {"--max-connections", "", NULL},
       {"--isa", "mmx", NULL},
       {"--isa", "", NULL},
@@ -564,6 +569,16 @@ Test(server, bad_flags_exit_2_with_one_line) {
     free(out);
     free(err);
   }
+}
+
+/* A bad boolean names the flag and the values it takes. */
+Test(server, bad_deterministic_value_says_on_or_off) {
+  const char *args[] = {"--deterministic", "maybe", NULL};
+  char *err = NULL;
+  int st = run_attnd(args, NULL, 5, NULL, &err);
+  cr_expect_eq(st, 2, "exit status %d", st);
+  cr_expect(err && strstr(err, "--deterministic expects on or off (got \"maybe\")"), "%s", err);
+  free(err);
 }
 
 Test(server, backend_cuda_without_a_device_exits_2) {

@@ -16,9 +16,9 @@
 /* Each test runs in a process of its own (Criterion forks), so the
  * variables set here end with it; none from the shell may leak in. */
 static void clear_env(void) {
-  static const char *const vars[] = {"ATTND_SESSION_MEMORY", "ATTND_SESSION_DIR",
-                                     "ATTND_SESSION_BATCH",  "ATTND_SESSION_TTL_MAX",
-                                     "ATTND_API_KEY",        "ATTND_API_KEY_FILE"};
+  static const char *const vars[] = {
+      "ATTND_SESSION_MEMORY", "ATTND_SESSION_DIR",  "ATTND_SESSION_BATCH", "ATTND_SESSION_TTL_MAX",
+      "ATTND_API_KEY",        "ATTND_API_KEY_FILE", "ATTND_DETERMINISTIC"};
   for (size_t i = 0; i < sizeof vars / sizeof *vars; i++)
     unsetenv(vars[i]);
 }
@@ -129,6 +129,26 @@ Test(config, session_values_refused) {
   };
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
     cr_expect_eq(PARSE(bad[i][0], bad[i][1]), -1, "%s %s", bad[i][0], bad[i][1]);
+}
+
+/* --deterministic: on unless told, on|off as every boolean flag, the
+ * variable as fallback; anything else refused. */
+Test(config, deterministic_on_off_and_refused) {
+  cr_assert_eq(parse(NULL), 0);
+  cr_expect(C.deterministic, "the backward is deterministic by default");
+  cr_assert_eq(PARSE("--deterministic", "off"), 0);
+  cr_expect(!C.deterministic);
+  cr_assert_eq(PARSE("--deterministic=on"), 0);
+  cr_expect(C.deterministic);
+  setenv("ATTND_DETERMINISTIC", "off", 1);
+  cr_assert_eq(parse(NULL), 0);
+  cr_expect(!C.deterministic, "the variable");
+  cr_assert_eq(PARSE("--deterministic", "on"), 0);
+  cr_expect(C.deterministic, "the flag wins");
+  unsetenv("ATTND_DETERMINISTIC");
+  static const char *const bad[] = {"yes", "true", "1", "", "OFF"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+    cr_expect_eq(PARSE("--deterministic", bad[i]), -1, "--deterministic \"%s\"", bad[i]);
 }
 
 /* --api-key is one key named default; a key file's keys keep their names. */

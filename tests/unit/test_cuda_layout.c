@@ -871,6 +871,112 @@ Test(cuda_layout, backward_warps_cover_every_key_and_dim_once) {
   }
 }
 
+/* The atomic dQ path of the dK/dV kernel on one query step
+ * (bwd_mma.cuh's store_ds and dq_rows): each warp's dSᵀ fragment (16 keys x
+ * BM queries, C layout; those of the warps with dim0 0) stored into the dS
+ * tile as the kernel stores it, then each warp's dS K for its head dims
+ * through ldmatrix (A: dS rows, plain; B: K, .trans) and mma, against
+ * float64. The tile's padding columns are NaN: read, they would show. */
+static void warp_dq_atomic(int dpad, int dp, int bn, int dsplit, uint64_t seed) {
+  const int bm = ATTN_CU_BWD_BM, nb = bm / 8, str = attn_cu_smem_stride(dpad);
+  const int lds = attn_cu_smem_stride(bn), dq = dpad / ATTN_CU_MMA_WARPS / 8;
+  float *sK = smem_tile(bn, str, dp, dpad, &seed);
+  double *ds = malloc((size_t)bm * bn * sizeof *ds); /* dS[q][key] */
+  float *sdS = malloc((size_t)bm * lds * sizeof *sdS);
+  int *seen = calloc((size_t)bm * lds, sizeof *seen);
+  for (int i = 0; i < bm * bn; i++)
+    ds[i] = (float)tuniform(&seed);
+  for (int i = 0; i < bm * lds; i++)
+    sdS[i] = NAN;
+  for (int w = 0; w < ATTN_CU_MMA_WARPS; w++) {
+    int key0, dim0;
+    attn_cu_bwd_warp(w, dsplit, dpad, &key0, &dim0);
+    if (dim0 != 0)
+      continue;
+    for (int n = 0; n < nb; n++) /* the fragment element (row, col): dSᵀ[key0 + row][n 8 + col] */
+      for (int l = 0; l < 32; l++)
+        for (int e = 0; e < 4; e++) {
+          int row, col;
+          attn_cu_frag_c(l, e, &row, &col);
+          int at = attn_cu_bwd_ds_at(n, row, col, key0, lds);
+          sdS[at] = (float)ds[(n * 8 + col) * bn + key0 + row];
+          seen[at]++;
+        }
+  }
+  for (int q = 0; q < bm; q++)
+    for (int k = 0; k < lds; k++)
+      cr_assert_eq(seen[q * lds + k], k < bn, "dS[%d][%d] stored %d times", q, k,
+                   seen[q * lds + k]);
+  float(*acc)[32][4] = calloc((size_t)dq, sizeof *acc);
+  for (int w = 0; w < ATTN_CU_MMA_WARPS; w++) {
+    const int col0 = attn_cu_bwd_dq_col0(w, dpad);
+    for (int m = 0; m < bm / 16; m++) {
+      memset(acc, 0, (size_t)dq * sizeof *acc);
+      for (int k = 0; k < bn / 16; k++) {
+        const float *addr[32];
+        reg2 a[32][4], bv[32][4];
+        for (int l = 0; l < 32; l++) {
+          int r, c;
+          attn_cu_ldsm_q(l, &r, &c);
+          addr[l] = sdS + (m * 16 + r) * lds + k * 16 + c;
+        }
+        emu_ldsm(addr, false, a);
+        for (int d2 = 0; d2 < dq / 2; d2++) {
+          for (int l = 0; l < 32; l++) {
+            int r, c;
+            attn_cu_ldsm_v(l, &r, &c);
+            addr[l] = sK + (k * 16 + r) * str + col0 + d2 * 16 + c;
+          }
+          emu_ldsm(addr, true, bv);
+          reg2 b0[32], b1[32], b2[32], b3[32];
+          split_regs(bv, b0, b1, b2, b3);
+          emu_mma(acc[2 * d2], a, b0, b1);
+          emu_mma(acc[2 * d2 + 1], a, b2, b3);
+        }
+      }
+      for (int d = 0; d < dq; d++)
+        for (int l = 0; l < 32; l++)
+          for (int e = 0; e < 4; e++) {
+            int r, c;
+            attn_cu_frag_c(l, e, &r, &c);
+            const int q = m * 16 + r, col = col0 + d * 8 + c;
+            double want = 0;
+            for (int j = 0; j < bn; j++)
+              want += ds[q * bn + j] * sK[j * str + col];
+            cr_assert(fabs(acc[d][l][e] - want) <= 1e-3 * (1 + fabs(want)),
+                      "dpad %d warp %d: dQ[%d][%d] %g, expected %g", dpad, w, q, col, acc[d][l][e],
+                      want);
+          }
+    }
+  }
+  free(sK), free(ds), free(sdS), free(seen), free(acc);
+}
+
+Test(cuda_layout, backward_atomic_dq_emulation) {
+  warp_dq_atomic(64, 40, ATTN_CU_BWD_BN_D64, 1, 300);
+  warp_dq_atomic(128, 128, ATTN_CU_BWD_BN_D128, 1, 301);
+  warp_dq_atomic(128, 72, ATTN_CU_BWD_BN_D128, 1, 302);
+  warp_dq_atomic(256, 200, ATTN_CU_BWD_BN_D256, 2, 303);
+}
+
+/* The atomic path's warps split dQ's head dims once between them, and its
+ * accumulator starts past D and lse on 16 bytes. */
+Test(cuda_layout, backward_atomic_dq_partition_and_offset) {
+  for (int dpad = 64; dpad <= 256; dpad *= 2) {
+    int seen[256] = {0};
+    for (int w = 0; w < ATTN_CU_MMA_WARPS; w++)
+      for (int d = 0; d < dpad / ATTN_CU_MMA_WARPS; d++)
+        seen[attn_cu_bwd_dq_col0(w, dpad) + d]++;
+    for (int d = 0; d < dpad; d++)
+      cr_assert_eq(seen[d], 1, "dpad %d: dim %d owned %d times", dpad, d, seen[d]);
+  }
+  for (uint64_t rows = 1; rows < 2000; rows++) {
+    uint64_t at = attn_cu_bwd_dq_at(rows);
+    cr_assert(at >= 2 * rows && at < 2 * rows + 4 && at % 4 == 0, "rows %llu: %llu",
+              (unsigned long long)rows, (unsigned long long)at);
+  }
+}
+
 Test(cuda_layout, key_bounds_match_the_rule) {
   uint64_t seed = 17;
   for (int it = 0; it < 3000; it++) {
@@ -973,6 +1079,45 @@ Test(cuda_layout, backward_selection) {
   cr_assert_str_eq(attn_cu_kernel_name(ATTN_CU_BWD_SIMT_F32), "bwd_simt_f32");
 }
 
+/* The atomic path: asked for (bwd_atomic_dq), every backward instance
+ * takes it with the deterministic choice's kernel and dK/dV grid, no dQ
+ * kernel (dq_grid zero: how the launch tells), the dS tile's shared memory
+ * on top, and scratch for the F32 accumulator [B, Hq, Nq, dp] past D and
+ * lse; ATTN_CU_ATOMIC_DQ_BIT off gives back the two-kernel choice, and a
+ * forward pass ignores the field. */
+Test(cuda_layout, backward_atomic_selection_and_scratch) {
+  attn_cu_choice c, det;
+  attn_status st;
+  for (int d = 1; d <= 256; d++)
+    for (int dt = 0; dt < ATTN_DTYPE_COUNT; dt++) {
+      attn_cu_params p = shape((attn_dtype)dt, 2, 8, 2, 300, 500, d);
+      p.pass = ATTN_BACKWARD;
+      cr_assert_eq(attn_cu_select(&p, 132, &det, &st), 0, "%s", st.message);
+      const size_t rows = 2 * 8 * 300, two = 2 * rows * sizeof(float);
+      cr_assert_eq(attn_cu_bwd_bytes(&p), two);
+      p.bwd_atomic_dq = 1;
+      cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0, "%s", st.message);
+      cr_assert_eq(c.kernel, det.kernel, "d %d: %s", d, attn_cu_kernel_name(c.kernel));
+      cr_assert(c.grid[0] == det.grid[0] && c.grid[1] == det.grid[1] && c.grid[2] == det.grid[2]);
+      cr_assert(c.dq_grid[0] == 0 && c.dq_grid[1] == 0 && c.dq_grid[2] == 0 && c.dq_smem_bytes == 0,
+                "d %d: a dQ kernel on the atomic path", d);
+      size_t tile = dt == ATTN_F32 ? 16 * 33 * sizeof(float) : (size_t)32 * (c.block_n + 8) * 2;
+      cr_assert_eq(c.smem_bytes, det.smem_bytes + tile, "d %d", d);
+      cr_assert(c.smem_bytes <= 101376, "d %d: %zu bytes", d, c.smem_bytes);
+      size_t at = (2 * rows + 3) / 4 * 4 * sizeof(float);
+      cr_assert_eq(attn_cu_bwd_bytes(&p), at + rows * (size_t)p.dp * sizeof(float), "d %d", d);
+      cr_assert(at >= two && at % 16 == 0);
+      cr_assert_eq(
+          attn_cu_select_masked(&p, 132, ATTN_CU_HOPPER_OFF | ATTN_CU_ATOMIC_DQ_BIT, &c, &st), 0);
+      cr_assert(memcmp(&c, &det, sizeof c) == 0, "d %d: the bit off gives the two-kernel choice",
+                d);
+    }
+  attn_cu_params p = shape(ATTN_BF16, 1, 4, 2, 64, 64, 128);
+  p.bwd_atomic_dq = 1;
+  cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0);
+  cr_assert(c.kernel == ATTN_CU_MMA_D128 && attn_cu_bwd_bytes(&p) == 0);
+}
+
 Test(cuda_layout, launch_contract) {
   /* 16-byte aligned tensors and dp = head_dim padded to 8, or no launch. */
   static _Alignas(16) unsigned char buf[4096];
@@ -1012,9 +1157,20 @@ Test(cuda_layout, launch_contract) {
   x.pass = ATTN_BACKWARD;
   x.dout = buf, x.dq = buf, x.dk = buf, x.dv = buf, x.lse = (float *)(void *)buf;
   x.bwd_ws = (float *)(void *)buf;
-  cr_expect(attn_cu_launch_ok(&x, &c));
+  attn_cu_choice cb;
+  cr_assert_eq(attn_cu_select(&x, 132, &cb, &st), 0);
+  cr_expect(attn_cu_launch_ok(&x, &cb));
   x.dv = buf + 4;
-  cr_expect(!attn_cu_launch_ok(&x, &c), "a misaligned dV");
+  cr_expect(!attn_cu_launch_ok(&x, &cb), "a misaligned dV");
+  x.dv = buf;
+  /* The atomic choice writes an accumulator only params that ask for it
+   * size bwd_ws for (attn_cu_bwd_bytes). */
+  x.bwd_atomic_dq = 1;
+  cr_assert_eq(attn_cu_select(&x, 132, &cb, &st), 0);
+  cr_assert_eq(cb.dq_grid[0], 0);
+  cr_expect(attn_cu_launch_ok(&x, &cb));
+  x.bwd_atomic_dq = 0;
+  cr_expect(!attn_cu_launch_ok(&x, &cb), "an atomic choice on scratch sized without it");
 }
 
 Test(cuda_layout, paged_launch_contract) {

@@ -232,6 +232,18 @@ void attn__cu_self_check(cu_state *s, cu_dev *d, bool hopper) {
   }
 }
 
+/* The decode kernel has not run on a device yet (decode.cuh): without the
+ * self-check to pass it, it stays off and says why; its decodes take the
+ * tiled forward. */
+void attn__cu_decode_off(cu_state *s) {
+  s->off |= ATTN_CU_DECODE_KERNELS;
+  for (int k = 0; k < ATTN_CU_KERNEL_COUNT; k++)
+    if (ATTN_CU_DECODE_KERNELS >> k & 1)
+      snprintf(s->off_why[k], sizeof s->off_why[k], "%s",
+               "compile-verified only: served after it passes the start-up self-check, which is "
+               "off (--gpu-self-check off)");
+}
+
 /* The Hopper instances start off, each with why; 1 when they may be
  * tried: this build holds their sm_90a code, the self-check runs, and
  * every device is compute capability 9.0. */

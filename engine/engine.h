@@ -440,7 +440,7 @@ typedef struct attn_disabled {
 } attn_disabled;
 
 /* Room for everything the cuda backend can turn off: its kernels
- * (ATTN_CU_KERNEL_COUNT, 15 today, with room for more), the split-KV
+ * (ATTN_CU_KERNEL_COUNT, 18 today, with room for more), the split-KV
  * merge, the GQA packing, the backward's atomic dQ path and the paged view
  * ("paged_kv": sessions' pages then stay in host memory). */
 #define ATTN_MAX_DISABLED 24

@@ -231,6 +231,13 @@ cudaError_t launch_hopper_d64(const attn_cu_params &p, const attn_cu_choice &c, 
 cudaError_t launch_hopper_d128(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s);
 cudaError_t launch_hopper_d192(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s);
 cudaError_t launch_hopper_d256(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s);
+// The decode kernel (decode.cuh).
+cudaError_t launch_decode_d64(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s);
+cudaError_t launch_decode_d128(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s);
+cudaError_t prepare_decode_d64();
+cudaError_t prepare_decode_d128();
+cudaError_t launch_decode_d256(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s);
+cudaError_t prepare_decode_d256();
 cudaError_t prepare_mma_d64();
 cudaError_t prepare_mma_d96();
 cudaError_t prepare_mma_d128();

@@ -212,10 +212,12 @@ static int cuda_open(const attn_backend_env *env, void **pstate, attn_status *st
     attn__cu_self_check(s, &s->devs[i], hopper);
     attn__cu_self_check_paged(s, &s->devs[i]);
   }
-  if (env->cfg->cuda_self_check_off)
+  if (env->cfg->cuda_self_check_off) {
     snprintf(s->paged_why, sizeof s->paged_why,
              "compile-verified only: served after it passes the start-up self-check, which is "
              "off (--gpu-self-check off)");
+    attn__cu_decode_off(s);
+  }
   if (hopper)
     s->off &= ~(ATTN_CU_HOPPER_OFF & ~s->hopper_failed);
   if (rc == 0)

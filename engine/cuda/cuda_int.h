@@ -262,6 +262,9 @@ void attn__cu_close_dev(cu_dev *d);
 /* The Hopper instances start off, each with why; true when they may be
  * tried (their code is built, the self-check runs, every device is 9.0). */
 bool attn__cu_hopper_gate(cu_state *s, bool checking);
+/* The decode kernel (compile-verified only) off, with why: for a backend
+ * whose self-check does not run. */
+void attn__cu_decode_off(cu_state *s);
 /* Runs every self-check case on the device, turning off what fails. */
 void attn__cu_self_check(cu_state *s, cu_dev *d, bool hopper);
 /* Runs a self-check case on the slot's device and waits for it: 0, the

@@ -151,10 +151,12 @@ fail:
 
 /* Turns off what the failed case ran (the GQA packing, else the split-KV
  * path, else its kernel: the cases test each instance plain, then split,
- * then packed), with why, for every device: the selection then falls
- * back. */
+ * then packed; the decode kernel itself, whatever it packed or split), with why, for every device:
+ * the selection then falls back. */
 static void disable(cu_state *s, const cu_dev *d, const attn_cu_choice *ch, const char *why) {
-  bool pack = ch->pack > 1, split = !pack && ch->nsplit > 1;
+  /* The decode kernel packs and splits in its own code: it alone is to blame. */
+  const bool dec = (unsigned)ch->kernel < 32 && (ATTN_CU_DECODE_KERNELS >> ch->kernel & 1);
+  bool pack = !dec && ch->pack > 1, split = !dec && !pack && ch->nsplit > 1;
   /* a backward choice without a dQ grid ran the atomic path (kernels.h) */
   bool atomic = ch->kernel >= ATTN_CU_BWD_MMA_D64 && ch->kernel <= ATTN_CU_BWD_SIMT_F32 &&
                 ch->dq_grid[0] == 0;
@@ -228,6 +230,18 @@ void attn__cu_self_check(cu_state *s, cu_dev *d, bool hopper) {
     }
     attn_cu_check_free(&c);
   }
+}
+
+/* The decode kernel has not run on a device yet (decode.cuh): without the
+ * self-check to pass it, it stays off and says why; its decodes take the
+ * tiled forward. */
+void attn__cu_decode_off(cu_state *s) {
+  s->off |= ATTN_CU_DECODE_KERNELS;
+  for (int k = 0; k < ATTN_CU_KERNEL_COUNT; k++)
+    if (ATTN_CU_DECODE_KERNELS >> k & 1)
+      snprintf(s->off_why[k], sizeof s->off_why[k], "%s",
+               "compile-verified only: served after it passes the start-up self-check, which is "
+               "off (--gpu-self-check off)");
 }
 
 /* The Hopper instances start off, each with why; 1 when they may be

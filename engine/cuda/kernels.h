@@ -48,9 +48,10 @@
  * are dp elements each, padding columns zero, as the packed layout's.
  * page_tokens is a multiple of 64, hence of every forward instance's key
  * tile, so a tile never straddles a page and the kernels look a page up
- * once per tile. Only the tensor-core and F32 forward instances read
- * pages (ATTN_CU_PAGED_KERNELS: all but the 160 one, whose head dims go to
- * the 192 one when paged): a paged request never takes the Hopper
+ * once per tile. Only the tensor-core, decode and F32 forward instances
+ * read pages (ATTN_CU_PAGED_KERNELS: all but the 160 one, whose head dims
+ * go to the 192 one when paged; the decode kernel's 16-key tiles divide
+ * page_tokens too): a paged request never takes the Hopper
  * instances (TMA reads packed tensors) nor the backward (attn_cu_select
  * refuses it).
  *
@@ -108,6 +109,20 @@ extern "C" {
 #define ATTN_CU_F32_BM 32
 #define ATTN_CU_F32_BN 32
 #define ATTN_CU_F32_THREADS 128
+/* The decode kernel: warps per block, cp.async ring stages per warp (16
+ * keys each), the most query rows of a group (heads × Nq) it takes, the
+ * fewest visible keys for which it is chosen, blocks it aims at per
+ * multiprocessor when splitting keys, and the fewest key tiles per split.
+ * ((16 + 2 NW ST 16) (D + 8) 2 bytes of shared memory: 55 KB for d64, 75
+ * KB for d128, 76 KB for d256 (two stages only), under sm_89's 99 KB.) */
+#define ATTN_CU_DEC_WARPS 2
+#define ATTN_CU_DEC_STAGES_D64 6
+#define ATTN_CU_DEC_STAGES_D128 4
+#define ATTN_CU_DEC_STAGES_D256 2
+#define ATTN_CU_DEC_ROWS 16
+#define ATTN_CU_DEC_MIN_KEYS 512
+#define ATTN_CU_DEC_PER_SM 2
+#define ATTN_CU_DEC_MIN_TILES 16
 /* Most key splits of one query block. */
 #define ATTN_CU_MAX_SPLITS 64
 
@@ -148,6 +163,11 @@ typedef enum attn_cu_kernel {
   ATTN_CU_HOPPER_D128,
   ATTN_CU_HOPPER_D192,
   ATTN_CU_HOPPER_D256,
+  /* The decode kernel (decode.cuh): keys in the MMA's M, a KV group's
+   * <= ATTN_CU_DEC_ROWS query rows in N, dp <= 64, <= 128 and <= 256. */
+  ATTN_CU_DECODE_D64,
+  ATTN_CU_DECODE_D128,
+  ATTN_CU_DECODE_D256,
   ATTN_CU_KERNEL_COUNT
 } attn_cu_kernel;
 
@@ -164,7 +184,9 @@ typedef struct attn_cu_params {
   float *bwd_ws;
   /* Split-KV scratch, attn_cu_split_bytes() of it (NULL when nsplit is 1):
    * per split, F32 partial outputs [B, Hq, Nq, dp] normalized by their own
-   * l, and (m in log2 units, l) pairs [B, Hq, Nq, 2]. */
+   * l, and (m in log2 units, l) pairs [B, Hq, Nq, 2]; for the decode
+   * kernel then a 32-bit counter per (batch, KV head), which its launch
+   * zeroes (decode_layout.h). */
   void *split_ws;
   attn_dtype dtype;
   int batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, dp;
@@ -208,6 +230,10 @@ typedef struct attn_cu_params {
   int bwd_atomic_dq;
 } attn_cu_params;
 
+/* The decode kernel's instances (bit k: kernel k). */
+#define ATTN_CU_DECODE_KERNELS \
+  (1u << ATTN_CU_DECODE_D64 | 1u << ATTN_CU_DECODE_D128 | 1u << ATTN_CU_DECODE_D256)
+
 /* page_tokens is a multiple of this, which every forward key tile divides. */
 #define ATTN_CU_PAGE_ALIGN_TOKENS 64
 #define ATTN_CU_PAGE_ALIGN_BYTES 256
@@ -215,9 +241,10 @@ typedef struct attn_cu_params {
  * 255 registers, its paged variant spills on sm_80 and sm_89, so a paged
  * dp in 129..160 takes the 192 instance (whose 64-row blocks suit the
  * decodes paging is for). */
-#define ATTN_CU_PAGED_KERNELS                                               \
-  (1u << ATTN_CU_MMA_D64 | 1u << ATTN_CU_MMA_D96 | 1u << ATTN_CU_MMA_D128 | \
-   1u << ATTN_CU_MMA_D192 | 1u << ATTN_CU_MMA_D256 | 1u << ATTN_CU_SIMT_F32)
+#define ATTN_CU_PAGED_KERNELS                                                 \
+  (1u << ATTN_CU_MMA_D64 | 1u << ATTN_CU_MMA_D96 | 1u << ATTN_CU_MMA_D128 |   \
+   1u << ATTN_CU_MMA_D192 | 1u << ATTN_CU_MMA_D256 | 1u << ATTN_CU_SIMT_F32 | \
+   ATTN_CU_DECODE_KERNELS)
 
 /* The kernel chosen for a request and its launch shape. */
 typedef struct attn_cu_choice {

@@ -196,6 +196,12 @@ extern "C" int attn_cu_prepare(void) {
     e = prepare_bwd_d256();
   if (e == cudaSuccess)
     e = prepare_bwd_f32();
+  if (e == cudaSuccess)
+    e = prepare_decode_d64();
+  if (e == cudaSuccess)
+    e = prepare_decode_d128();
+  if (e == cudaSuccess)
+    e = prepare_decode_d256();
   return (int)e;
 }
 
@@ -218,6 +224,10 @@ extern "C" int attn_cu_launch(const attn_cu_params *p, const attn_cu_choice *c, 
   case ATTN_CU_HOPPER_D128: return (int)launch_hopper_d128(*p, *c, s);
   case ATTN_CU_HOPPER_D192: return (int)launch_hopper_d192(*p, *c, s);
   case ATTN_CU_HOPPER_D256: return (int)launch_hopper_d256(*p, *c, s);
+  // The decode kernel merges its own splits (its last block per KV head).
+  case ATTN_CU_DECODE_D64: return (int)launch_decode_d64(*p, *c, s);
+  case ATTN_CU_DECODE_D128: return (int)launch_decode_d128(*p, *c, s);
+  case ATTN_CU_DECODE_D256: return (int)launch_decode_d256(*p, *c, s);
   default: return (int)cudaErrorInvalidValue;
   }
   if (e != cudaSuccess || c->nsplit <= 1)

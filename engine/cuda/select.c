@@ -12,6 +12,13 @@
  * merged by their log-sum-exp, aiming at two blocks per multiprocessor
  * while keeping at least four key tiles per range.
  *
+ * A forward decode (F16/BF16, a KV group's heads × Nq at most 16 rows,
+ * 512 visible keys or more) then goes to the decode kernel (decode.cuh)
+ * of its head dim instead: one block per (KV head, batch · split), keys
+ * split so every multiprocessor gets two blocks of 16 tiles or more; its
+ * splits are merged by its own last block, so its choice needs no merge
+ * kernel, only its counters after the partials in split_ws.
+ *
  * A backward pass picks the smallest backward instance that holds its head
  * dim (64, 128, 256; or the F32 one) and never splits: its dK/dV blocks
  * are as many as key blocks times KV heads, its dQ blocks as many as the
@@ -31,6 +38,7 @@
  * dp), split-KV to one range; with nothing left the request is refused
  * and backend "auto" leaves it to the CPU.
  */
+#include "decode_layout.h"
 #include "kernels.h"
 #include "layout.h"
 
@@ -39,9 +47,9 @@
 #include <string.h>
 
 static const char *const names[ATTN_CU_KERNEL_COUNT] = {
-    "mma_d64",      "mma_d96",    "mma_d128",    "mma_d160",     "mma_d192",
-    "mma_d256",     "simt_f32",   "bwd_mma_d64", "bwd_mma_d128", "bwd_mma_d256",
-    "bwd_simt_f32", "hopper_d64", "hopper_d128", "hopper_d192",  "hopper_d256"};
+    "mma_d64",     "mma_d96",     "mma_d128",     "mma_d160",     "mma_d192",     "mma_d256",
+    "simt_f32",    "bwd_mma_d64", "bwd_mma_d128", "bwd_mma_d256", "bwd_simt_f32", "hopper_d64",
+    "hopper_d128", "hopper_d192", "hopper_d256",  "decode_d64",   "decode_d128",  "decode_d256"};
 
 /* A tensor-core instance: the padded head dim it holds, its query rows and
  * keys per tile. */
@@ -234,6 +242,61 @@ static void select_forward(const attn_cu_params *p, int sms, attn_cu_kernel k, c
   c->grid[2] = (unsigned)(p->batch * nsplit);
 }
 
+/* The decode kernel's instances in head-dim order: the padded head dim
+ * each holds and its ring stages. */
+static const struct {
+  attn_cu_kernel kernel;
+  int dpad, stages;
+} dec_instances[] = {
+    {ATTN_CU_DECODE_D64, 64, ATTN_CU_DEC_STAGES_D64},
+    {ATTN_CU_DECODE_D128, 128, ATTN_CU_DEC_STAGES_D128},
+    {ATTN_CU_DECODE_D256, 256, ATTN_CU_DEC_STAGES_D256},
+};
+
+/* The decode kernel's instance for the request (the smallest holding dp
+ * that is not off), or -1: an F16/BF16 forward whose KV group's rows
+ * (heads × Nq) fit in its N, with enough visible keys that streaming them
+ * dominates (shorter ones stay on the tiled forward, which needs no warp
+ * combine). */
+static int decode_instance(const attn_cu_params *p, unsigned off) {
+  const int64_t rows = (int64_t)(p->heads_q / p->heads_kv) * p->seq_q;
+  if (p->pass != ATTN_FORWARD || (p->dtype != ATTN_F16 && p->dtype != ATTN_BF16) ||
+      rows > ATTN_CU_DEC_ROWS ||
+      visible_tiles(p, ATTN_CU_DEC_KT) * ATTN_CU_DEC_KT < ATTN_CU_DEC_MIN_KEYS)
+    return -1;
+  for (int i = 0; i < (int)(sizeof dec_instances / sizeof *dec_instances); i++)
+    if (dec_instances[i].dpad >= p->dp && !(off & (1u << dec_instances[i].kernel)))
+      return i;
+  return -1;
+}
+
+/* The decode kernel takes over a forward choice it suits: one block per
+ * (KV head, batch · split), the group's heads in its columns (pack), and
+ * key splits that give every multiprocessor ATTN_CU_DEC_PER_SM blocks
+ * (unless the split path is off). Returns whether it did. */
+static bool maybe_decode(const attn_cu_params *p, int sms, unsigned off, attn_cu_choice *c) {
+  const int i = decode_instance(p, off);
+  if (i < 0)
+    return false;
+  c->kernel = dec_instances[i].kernel;
+  c->block_m = ATTN_CU_DEC_ROWS;
+  c->block_n = ATTN_CU_DEC_KT;
+  c->warps = ATTN_CU_DEC_WARPS;
+  c->smem_bytes =
+      (size_t)attn_cu_dec_smem(dec_instances[i].dpad, ATTN_CU_DEC_WARPS, dec_instances[i].stages);
+  c->pack = p->heads_q / p->heads_kv;
+  const int64_t blocks = (int64_t)p->batch * p->heads_kv;
+  c->nsplit =
+      off & ATTN_CU_SPLIT_BIT
+          ? 1
+          : attn_cu_dec_splits(blocks, sms, ATTN_CU_DEC_PER_SM, visible_tiles(p, ATTN_CU_DEC_KT),
+                               ATTN_CU_DEC_MIN_TILES, ATTN_CU_MAX_SPLITS);
+  c->grid[0] = 1;
+  c->grid[1] = (unsigned)p->heads_kv;
+  c->grid[2] = (unsigned)(p->batch * c->nsplit);
+  return true;
+}
+
 int attn_cu_select(const attn_cu_params *p, int sms, attn_cu_choice *c, attn_status *st) {
   return attn_cu_select_masked(p, sms, ATTN_CU_HOPPER_OFF, c, st);
 }
@@ -273,7 +336,8 @@ int attn_cu_select_masked(const attn_cu_params *p, int sms, unsigned off, attn_c
     select_backward(p, k, off, c);
   else {
     select_forward(p, sms, k, in, off, c);
-    maybe_hopper(p, sms, off, c);
+    if (!maybe_decode(p, sms, off, c))
+      maybe_hopper(p, sms, off, c);
   }
   if (p->heads_q > ATTN_CU_MAX_GRID_YZ || (int64_t)p->batch * c->nsplit > ATTN_CU_MAX_GRID_YZ)
     return attn_status_set(st, ATTN_EUNSUPPORTED,
@@ -287,7 +351,11 @@ size_t attn_cu_split_bytes(const attn_cu_params *p, const attn_cu_choice *c) {
   if (c->nsplit <= 1)
     return 0;
   size_t rows = (size_t)p->batch * (size_t)p->heads_q * (size_t)p->seq_q;
-  return (size_t)c->nsplit * rows * ((size_t)p->dp + 2) * sizeof(float);
+  /* The decode kernel's split counters follow the partials, one word per
+   * (batch, KV head) (decode_layout.h), rounded to 16 bytes. */
+  const bool dec = (unsigned)c->kernel < 32 && (ATTN_CU_DECODE_KERNELS >> c->kernel & 1);
+  size_t counters = dec ? ((size_t)p->batch * (size_t)p->heads_kv * 4 + 15) / 16 * 16 : 0;
+  return (size_t)c->nsplit * rows * ((size_t)p->dp + 2) * sizeof(float) + counters;
 }
 
 size_t attn_cu_bwd_bytes(const attn_cu_params *p) {

@@ -5,7 +5,8 @@
  * each instance in an unsplit, unpacked case (listed first; one of them
  * runs a full 128-row block and a partial second), the split-KV path in
  * the decode cases (a query row over 700 keys splits on any device
- * with more multiprocessors than query blocks), then the GQA packing, so
+ * with more multiprocessors than query blocks), then the GQA packing, then
+ * the decode kernel (decode.cuh: which takes most decode rows), so
  * that a failure is laid at the right door (cuda.c's disable()). Errors are
  * normalized like the tests' (sqrt of the squared error over the squared
  * reference) and allowed four times the tests' per-dtype threshold: the
@@ -53,7 +54,10 @@ static const check_shape shapes[] = {
     {ATTN_BACKWARD, ATTN_BF16, 4, 2, 37, 70, 125, false, 20, 0, false, false, 0, false},
     {ATTN_BACKWARD, ATTN_F16, 2, 1, 37, 70, 253, true, -1, 0, false, false, 0, false},
     {ATTN_BACKWARD, ATTN_F32, 4, 2, 37, 70, 45, false, 9, 0, false, false, 0, false},
-    /* decode rows: split-KV and the merge, unpacked first (MHA, F32) */
+    /* decode rows: split-KV and the merge, unpacked first (MHA, F32); the
+     * first on the tiled forward (17 rows: past the decode kernel's 16),
+     * the next on the decode kernel */
+    {ATTN_FORWARD, ATTN_BF16, 2, 2, 17, 700, 64, false, -1, 0, false, false, 0, false},
     {ATTN_FORWARD, ATTN_BF16, 2, 2, 1, 700, 64, false, -1, 0, false, false, 0, false},
     {ATTN_FORWARD, ATTN_BF16, 4, 2, 1, 700, 64, false, -1, 0, false, false, 0, false},
     {ATTN_FORWARD, ATTN_F32, 2, 1, 1, 700, 40, true, -1, 0, false, false, 0, false},
@@ -68,6 +72,9 @@ static const check_shape shapes[] = {
     {ATTN_FORWARD, ATTN_BF16, 32, 8, 1, 700, 128, false, -1, 0, true, false, 0, false},
     {ATTN_FORWARD, ATTN_F16, 8, 1, 2, 70, 64, true, 20, 2.0, true, false, 0, false},
     {ATTN_FORWARD, ATTN_F16, 8, 1, 2, 700, 64, true, -1, 0, true, false, 0, false},
+    /* 8 x 3 rows: past the decode kernel's 16, so packed and split on the
+     * tiled forward */
+    {ATTN_FORWARD, ATTN_F16, 8, 1, 3, 700, 64, true, -1, 0, true, false, 0, false},
     {ATTN_FORWARD, ATTN_F16, 8, 1, 16, 70, 150, true, -1, 0, true, false, 0, false},
     {ATTN_FORWARD, ATTN_BF16, 8, 2, 16, 70, 181, false, 20, 0, false, false, 0, false},
     {ATTN_FORWARD, ATTN_BF16, 16, 4, 16, 70, 61, true, -1, 0, true, false, 0, false},
@@ -96,6 +103,24 @@ static const check_shape shapes[] = {
     {ATTN_FORWARD, ATTN_F16, 2, 2, 37, 70, 253, true, -1, 0, false, false, -0.05, false},
     {ATTN_FORWARD, ATTN_F32, 4, 2, 37, 70, 45, true, -1, 0, false, false, -0.15, false},
     {ATTN_FORWARD, ATTN_BF16, 8, 2, 1, 700, 64, false, -1, 0, false, false, -0.1, false},
+    /* the decode kernel (decode.cuh: keys in the MMA's M, a group's rows in
+     * N), each instance, split on any device with more than one
+     * multiprocessor: MHA (one column), GQA 4 (8 columns), 8 x 2 rows (two
+     * n8 tiles) in a causal window, 4 x 3 rows causal with a padded head
+     * dim, a top-left diagonal (one visible tile: the other splits are
+     * empty), softcap and ALiBi, a negative scale */
+    {ATTN_FORWARD, ATTN_F16, 2, 2, 1, 700, 64, false, -1, 0, false, false, 0, false},
+    {ATTN_FORWARD, ATTN_BF16, 8, 2, 1, 900, 128, false, -1, 0, false, false, 0, false},
+    {ATTN_FORWARD, ATTN_BF16, 8, 1, 2, 1000, 125, true, 600, 0, false, false, 0, false},
+    {ATTN_FORWARD, ATTN_F16, 4, 1, 3, 800, 61, true, -1, 0, false, false, 0, false},
+    {ATTN_FORWARD, ATTN_F16, 4, 4, 2, 700, 64, true, -1, 0, false, false, 0, true},
+    {ATTN_FORWARD, ATTN_BF16, 8, 2, 1, 700, 125, true, -1, 1.5, true, false, 0, false},
+    {ATTN_FORWARD, ATTN_F16, 8, 2, 1, 700, 128, false, -1, 0, false, false, -0.08, false},
+    /* ... and the 256 instance (Q re-read from shared memory): GQA 4 with
+     * a padded head dim, 8 x 2 rows with ALiBi, a negative scale */
+    {ATTN_FORWARD, ATTN_BF16, 8, 2, 1, 700, 200, true, -1, 0, false, false, 0, false},
+    {ATTN_FORWARD, ATTN_F16, 8, 1, 2, 700, 256, false, -1, 0, true, false, 0, false},
+    {ATTN_FORWARD, ATTN_BF16, 4, 4, 1, 900, 256, false, 500, 0, false, false, -0.06, false},
     /* the Hopper instance, each head dim: a tail query tile and several
      * key tiles through the ring (too few to split); the first with a
      * top-left diagonal (diag_offset 0), which it once ignored; the 181

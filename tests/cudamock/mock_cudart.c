@@ -767,7 +767,7 @@ static double variant(const attn_cu_params *p, size_t qrow, int64_t i, int64_t j
  * grid[1] blocks of pack heads each (pack 1, or a tensor-core instance's
  * whole GQA group) and grid[0] tiles of block_m rows over their rows. */
 static bool grid_covers(const attn_cu_params *p, const attn_cu_choice *c) {
-  if (c->kernel >= ATTN_CU_HOPPER_D64) /* a persistent grid of its own */
+  if (c->kernel >= ATTN_CU_HOPPER_D64 && c->kernel <= ATTN_CU_HOPPER_D256) /* a persistent grid */
     return c->pack == 1;
   int pack = c->pack, group = p->heads_q / p->heads_kv;
   if (pack != 1 && (pack != group || c->kernel == ATTN_CU_SIMT_F32))
@@ -956,8 +956,11 @@ int attn_cu_launch(const attn_cu_params *p, const attn_cu_choice *c, void *strea
     g_k.fault_stream--;
   cudaError_t launch_error =
       g_k.launch_error ? (cudaError_t)g_k.launch_error : cudaErrorLaunchFailure;
-  bool wrong = g_k.wrong_kernel == (int)c->kernel + 1 || (g_k.wrong_merge && c->nsplit > 1) ||
-               (g_k.wrong_pack && c->pack > 1) || (g_k.wrong_paged && p->k_table) ||
+  /* the decode kernel packs and merges its splits in its own code */
+  const bool dec = (unsigned)c->kernel < 32 && (ATTN_CU_DECODE_KERNELS >> c->kernel & 1);
+  bool wrong = g_k.wrong_kernel == (int)c->kernel + 1 ||
+               (g_k.wrong_merge && c->nsplit > 1 && !dec) ||
+               (g_k.wrong_pack && c->pack > 1 && !dec) || (g_k.wrong_paged && p->k_table) ||
                (g_k.wrong_atomic_dq && p->pass == ATTN_BACKWARD && c->dq_grid[0] == 0);
   if (p->pass == ATTN_BACKWARD) {
     g_last_atomic = c->dq_grid[0] == 0;

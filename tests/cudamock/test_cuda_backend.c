@@ -887,6 +887,46 @@ static bool disabled_because(attn_engine *e, const char *kernel, const char *why
   return false;
 }
 
+/* A wrong decode kernel (decode.cuh): its self-check cases, which pack
+ * and split, disable that instance, not the GQA packing nor the split
+ * merge; its decodes then take the next decode instance, and with every
+ * decode instance wrong, the tiled forward (packed and split). */
+Test(cuda_backend, a_wrong_decode_kernel_is_disabled_alone, .init = reset) {
+  mock_knobs k = MOCK_KNOBS(1, 8, (size_t)8 << 30, 0, 0, 0);
+  k.wrong_kernel = ATTN_CU_DECODE_D64 + 1;
+  mock_set(&k);
+  attn_engine *e = open_checked(true);
+  cr_expect(lists_disabled(e, "decode_d64"), "decode_d64 not listed");
+  cr_expect(!lists_disabled(e, "decode_d128") && !lists_disabled(e, "gqa_pack") &&
+                !lists_disabled(e, "split_kv_merge") && !lists_disabled(e, "mma_d64"),
+            "a wrong decode kernel took something else down");
+  tprob p = tprob_make(1, 8, 2, 1, 2000, 64, ATTN_F16);
+  cr_expect(check_one(e, &p, 82), "a decode of head dim 64 still runs, right");
+  cr_expect_eq(mock_last_kernel(NULL), ATTN_CU_DECODE_D128, "ran on %s",
+               attn_cu_kernel_name((attn_cu_kernel)mock_last_kernel(NULL)));
+  attn_engine_close(e);
+}
+
+/* The decode kernel is compile-verified only: with the self-check off it
+ * is off, saying so, and decodes take the tiled forward; checked, it
+ * serves them. */
+Test(cuda_backend, the_decode_kernel_waits_for_the_self_check, .init = reset) {
+  mock_knobs k = MOCK_KNOBS(1, 8, (size_t)8 << 30, 0, 0, 0);
+  mock_set(&k);
+  tprob p = tprob_make(1, 8, 2, 1, 2000, 128, ATTN_BF16);
+  attn_engine *e = open_checked(false);
+  cr_expect(disabled_because(e, "decode_d128", "self-check, which is off"));
+  cr_expect(check_one(e, &p, 83));
+  cr_expect_eq(mock_last_kernel(NULL), ATTN_CU_MMA_D128, "unchecked, the decode kernel serves");
+  attn_engine_close(e);
+  e = open_checked(true);
+  cr_expect(!disabled_because(e, "decode_d128", ""), "passed, yet still listed");
+  cr_expect(check_one(e, &p, 83));
+  cr_expect_eq(mock_last_kernel(NULL), ATTN_CU_DECODE_D128, "ran on %s",
+               attn_cu_kernel_name((attn_cu_kernel)mock_last_kernel(NULL)));
+  attn_engine_close(e);
+}
+
 /* One of the new head-dim instances: its head dims go to mma_d192, the
  * others keep their own, and /v1/info's backends[].disabled (the engine's
  * backend info) names it with the case that failed. */

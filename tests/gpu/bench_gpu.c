@@ -6,7 +6,10 @@
  *   prefill  B=4, H=16, N in 1024, 4096, 8192, D in 64, 128, F16 and BF16,
  *            causal and not; FLOPs 4*B*H*Nq*Nkv*D, halved for causal
  *   decode   B=1 and 4, Hq=32, Hkv=8, Nq=1, Nkv=32768, D=128 (BF16; F16 at
- *            B=1): time in microseconds and GB/s of K and V read
+ *            B=1; D=64 BF16 at B=1): time in microseconds and GB/s of K
+ *            and V read; "decode" rows on the decode kernel attn_cu_select
+ *            picks, "decode-mma" rows on the tiled forward and its merge
+ *            (the decode kernel masked off) for the comparison
  *   backward B=4, H=16, N in 1024, 4096, D in 64, 128, F16 and BF16, causal
  *            and not: the three backward kernels (preprocess, dK/dV, dQ),
  *            given the forward's O and lse; FLOPs 2.5 times the forward's
@@ -79,7 +82,7 @@ static int check(cudaError_t e, const char *what, int line) {
 #define CK(call) check((cudaError_t)(call), #call, __LINE__)
 
 typedef struct bshape {
-  const char *kind; /* "prefill", "decode", "backward" or "bwd_atomic" */
+  const char *kind; /* "prefill", "decode", "decode-mma", "backward", "bwd_atomic" or "hopper" */
   int b, hq, hkv, nq, nkv, d;
   attn_dtype dt;
   bool causal;
@@ -116,10 +119,17 @@ static int shapes(bshape *s, bool quick) {
   for (int j = 0; j < 3 && !quick; j++)
     for (int c = 0; c < 2; c++)
       s[n++] = (bshape){"prefill", 4, 16, 16, 4096, 4096, mids[j], ATTN_BF16, c == 1};
-  s[n++] = (bshape){"decode", 1, 32, 8, 1, 32768, 128, ATTN_BF16, false};
-  if (!quick) {
-    s[n++] = (bshape){"decode", 4, 32, 8, 1, 32768, 128, ATTN_BF16, false};
-    s[n++] = (bshape){"decode", 1, 32, 8, 1, 32768, 128, ATTN_F16, false};
+  /* "decode" is what attn_cu_select picks (the decode kernel, decode.cuh);
+   * "decode-mma" the same shapes on the tiled forward with its split-KV
+   * merge, as they ran before it, for the comparison */
+  for (int k = 0; k < 2; k++) {
+    const char *kind = k ? "decode-mma" : "decode";
+    s[n++] = (bshape){kind, 1, 32, 8, 1, 32768, 128, ATTN_BF16, false};
+    if (!quick) {
+      s[n++] = (bshape){kind, 4, 32, 8, 1, 32768, 128, ATTN_BF16, false};
+      s[n++] = (bshape){kind, 1, 32, 8, 1, 32768, 128, ATTN_F16, false};
+      s[n++] = (bshape){kind, 1, 32, 8, 1, 32768, 64, ATTN_BF16, false};
+    }
   }
   for (int t = 0; t < 2; t++)
     for (int j = 0; j < 2; j++)
@@ -397,7 +407,10 @@ static bool outputs_finite(const bshape *s, const attn_cu_params *p, const bset 
 
 static int choose(attn_cu_params *p, const bshape *s, int sms, attn_cu_choice *ch) {
   attn_status as = {0};
-  if (attn_cu_select(p, sms, ch, &as) != 0) {
+  const unsigned off = strcmp(s->kind, "decode-mma") == 0
+                           ? ATTN_CU_HOPPER_OFF | ATTN_CU_DECODE_KERNELS
+                           : ATTN_CU_HOPPER_OFF;
+  if (attn_cu_select_masked(p, sms, off, ch, &as) != 0) {
     fprintf(stderr, "bench-gpu: attn_cu_select: %s\n", as.message);
     return -1;
   }
@@ -907,7 +920,7 @@ int main(int argc, char **argv) {
     double kvbytes = 2.0 * s->b * s->hkv * (double)s->nkv * s->d * (double)attn_dtype_size(s->dt);
     double tflops = rc == 0 ? flops / (r.med_ms * 1e-3) / 1e12 : 0;
     double gbps = rc == 0 ? kvbytes / (r.med_ms * 1e-3) / 1e9 : 0;
-    bool dec = strcmp(s->kind, "decode") == 0;
+    bool dec = strncmp(s->kind, "decode", 6) == 0;
     printf("%-10s %2d %3d %3d %5d %6d %4d %-5s %6d %-12s %6d %4d %5d %10.4f %9.1f %8.0f %6s",
            s->kind, s->b, s->hq, s->hkv, s->nq, s->nkv, s->d, attn_dtype_name(s->dt), s->causal,
            attn_cu_kernel_name(r.ch.kernel), r.ch.nsplit, r.sets, r.reps, r.med_ms, tflops,

@@ -291,13 +291,14 @@ table() {
       }
       FNR == 1 { next }
       {
-        # a bwd_atomic row (the atomic dQ path) is set against the SDPA backward of its shape
-        k = ($1 == "bwd_atomic" ? "backward" : $1) FS $2 FS $3 FS $4 FS $5 FS $6 FS $7 FS $8 FS $9
+        # a bwd_atomic row (the atomic dQ path) is set against the SDPA backward of its shape,
+        # a decode-mma row (the tiled forward) against the SDPA decode of its shape
+        k = ($1 == "bwd_atomic" ? "backward" : $1 == "decode-mma" ? "decode" : $1) FS $2 FS $3 FS $4 FS $5 FS $6 FS $7 FS $8 FS $9
         sdk = (k in sk) ? sk[k] : "-"; sub(/:.*\+graph/, "+graph", sdk); sub(/:.*/, "", sdk)
         if (!header++)
           printf "%-34s %-5s %1s %10s %10s %6s  %-14s %s\n", "shape", "dtype", "c", "ours", "sdpa", "ratio", "ours kernel", "sdpa"
-        if ($1 == "decode") {
-          shape = sprintf("decode B%d Hq%d Hkv%d Nkv%d D%d", $2, $3, $4, $6, $7)
+        if ($1 ~ /^decode/) {
+          shape = sprintf("%s B%d Hq%d Hkv%d Nkv%d D%d", $1, $2, $3, $4, $6, $7)
           ours = sprintf("%.1fus", $14 * 1000); sd = (k in sm && sm[k] > 0) ? sprintf("%.1fus", sm[k] * 1000) : "-"
           r = (k in sm && sm[k] > 0 && $14 > 0) ? sprintf("%.2f", sm[k] / $14) : "-"
           extra = sprintf("  %.0f GB/s", $17)

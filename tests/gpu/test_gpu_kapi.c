@@ -126,6 +126,33 @@ static int kapi_list(tprob *ps) {
   p = tprob_make(4, 16, 16, 1024, 1024, 128, ATTN_F16);
   p.causal = 1;
   ps[n++] = p;
+  /* the decode kernel (decode.cuh), beside the two decodes above: a group
+   * of 16 rows (two n8 column tiles) causal, a windowed 12:4 decode with a
+   * padded head dim, a negative scale, and a top-left diagonal whose rows
+   * see one to four keys (the other splits are empty). (tcu_params sets no
+   * variant: softcap and ALiBi reach it through the engine's tests and the
+   * self-check.) */
+  p = tprob_make(1, 8, 1, 2, 4096, 128, ATTN_F16);
+  p.causal = 1;
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(2, 12, 4, 1, 3000, 96, ATTN_BF16);
+  p.wl = 1000;
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(1, 16, 2, 1, 5000, 64, ATTN_F16);
+  p.scale = -0.1;
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(1, 4, 4, 4, 2048, 64, ATTN_BF16);
+  p.causal = 1;
+  p.diag = 0;
+  p.stats = 1;
+  ps[n++] = p;
+  p = tprob_make(1, 8, 2, 1, 3000, 250, ATTN_BF16); /* the 256 instance */
+  p.causal = 1;
+  p.stats = 1;
+  ps[n++] = p;
   return n;
 }
 

@@ -581,6 +581,13 @@ static attn_cu_params shape(attn_dtype dt, int b, int hq, int hkv, int nq, int n
   return p;
 }
 
+/* The decode kernel off (test_cuda_decode.c tests it): these tests are of
+ * the tiled forward's choices for decode shapes, its splits and packing. */
+#define DEC_OFF ATTN_CU_DECODE_KERNELS
+static int select_tiled(const attn_cu_params *p, int sms, attn_cu_choice *c, attn_status *st) {
+  return attn_cu_select_masked(p, sms, ATTN_CU_HOPPER_OFF | DEC_OFF, c, st);
+}
+
 /* Index into fwd_insts of the smallest instance holding dp. */
 static int fwd_inst_for(int dp) {
   int i = 0;
@@ -643,7 +650,7 @@ Test(cuda_layout, selection) {
   cr_assert_eq(attn_cu_split_bytes(&p, &c), 0);
   /* Decoding splits the keys, within bounds. */
   p = shape(ATTN_BF16, 1, 32, 8, 1, 32768, 128);
-  cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0);
+  cr_assert_eq(select_tiled(&p, 132, &c, &st), 0);
   cr_assert(c.nsplit > 1 && c.nsplit <= ATTN_CU_MAX_SPLITS, "nsplit %d", c.nsplit);
   cr_assert(c.grid[0] * c.grid[1] * c.grid[2] >= 132, "decode leaves SMs idle");
   cr_assert_eq(c.grid[2], (unsigned)c.nsplit);
@@ -1061,7 +1068,7 @@ Test(cuda_layout, backward_selection) {
     }
   /* A forward never takes a backward kernel, and has no backward scratch. */
   attn_cu_params p = shape(ATTN_BF16, 1, 32, 8, 1, 32768, 128);
-  cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0);
+  cr_assert_eq(select_tiled(&p, 132, &c, &st), 0);
   cr_assert(c.kernel == ATTN_CU_MMA_D128 && attn_cu_bwd_bytes(&p) == 0);
   /* Decoding shapes do not split in the backward. */
   p.pass = ATTN_BACKWARD;
@@ -1208,10 +1215,10 @@ Test(cuda_layout, paged_launch_contract) {
 #undef BAD
   /* 129..160 takes the 192 instance when paged; the backward refuses. */
   attn_cu_params d = shape(ATTN_BF16, 1, 8, 1, 1, 4096, 160);
-  cr_assert_eq(attn_cu_select(&d, 132, &c, &st), 0);
+  cr_assert_eq(select_tiled(&d, 132, &c, &st), 0);
   cr_expect_eq(c.kernel, ATTN_CU_MMA_D160);
   d.k_table = d.v_table = table;
-  cr_assert_eq(attn_cu_select(&d, 132, &c, &st), 0);
+  cr_assert_eq(select_tiled(&d, 132, &c, &st), 0);
   cr_expect(c.kernel == ATTN_CU_MMA_D192 && c.nsplit > 1 && c.pack == 8);
   d.pass = ATTN_BACKWARD;
   cr_expect_eq(attn_cu_select(&d, 132, &c, &st), ATTN_EUNSUPPORTED);
@@ -1245,7 +1252,7 @@ Test(cuda_layout, disabled_instances_fall_back) {
   attn_status st;
   /* with the first i instances off, instance i takes it, with its tiles */
   for (int i = 1; i < NFWD_INSTS; i++) {
-    unsigned off = ((1u << i) - 1) << ATTN_CU_MMA_D64 | ATTN_CU_HOPPER_OFF;
+    unsigned off = ((1u << i) - 1) << ATTN_CU_MMA_D64 | ATTN_CU_HOPPER_OFF | DEC_OFF;
     cr_assert_eq(attn_cu_select_masked(&p, 132, off, &c, &st), 0);
     expect_inst_tiles(&c, i, 64);
     cr_expect_gt(c.nsplit, 1);
@@ -1253,7 +1260,7 @@ Test(cuda_layout, disabled_instances_fall_back) {
   /* an instance off sends its head dims to the next larger one only */
   for (int i = 0; i + 1 < NFWD_INSTS; i++) {
     attn_cu_params q = p;
-    const unsigned off = 1u << fwd_insts[i].k | ATTN_CU_HOPPER_OFF;
+    const unsigned off = 1u << fwd_insts[i].k | ATTN_CU_HOPPER_OFF | DEC_OFF;
     q.head_dim = fwd_insts[i].dpad - 6 - 2 * i; /* 58, 88, 118, 148, 178 */
     q.dp = attn_cu_dp(q.head_dim);
     cr_assert_eq(attn_cu_select_masked(&q, 132, off, &c, &st), 0);
@@ -1262,11 +1269,12 @@ Test(cuda_layout, disabled_instances_fall_back) {
     cr_assert_eq(attn_cu_select_masked(&q, 132, off, &c, &st), 0);
     expect_inst_tiles(&c, i + 1, q.head_dim);
   }
-  cr_assert_eq(attn_cu_select_masked(&p, 132, ATTN_CU_SPLIT_BIT | ATTN_CU_HOPPER_OFF, &c, &st), 0);
+  cr_assert_eq(
+      attn_cu_select_masked(&p, 132, ATTN_CU_SPLIT_BIT | ATTN_CU_HOPPER_OFF | DEC_OFF, &c, &st), 0);
   cr_expect(c.kernel == ATTN_CU_MMA_D64 && c.nsplit == 1);
   /* a clear Hopper bit (the self-check passed it) lets that instance take
    * the unsplit F16 forward */
-  cr_assert_eq(attn_cu_select_masked(&p, 132, ATTN_CU_SPLIT_BIT, &c, &st), 0);
+  cr_assert_eq(attn_cu_select_masked(&p, 132, ATTN_CU_SPLIT_BIT | DEC_OFF, &c, &st), 0);
   cr_expect(c.kernel == ATTN_CU_HOPPER_D64 && c.nsplit == 1);
   const unsigned all_mma = ((1u << NFWD_INSTS) - 1) << ATTN_CU_MMA_D64;
   cr_expect_eq(attn_cu_select_masked(&p, 132, all_mma, &c, &st), ATTN_EUNSUPPORTED);
@@ -1297,7 +1305,7 @@ Test(cuda_layout, gqa_packing_selection) {
   /* a 32:8 decode: 8 blocks of the 4 heads of a group, split to fill the
    * machine (264 blocks wanted of 8, 512 tiles) */
   attn_cu_params p = shape(ATTN_BF16, 1, 32, 8, 1, 32768, 128);
-  cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0, "%s", st.message);
+  cr_assert_eq(select_tiled(&p, 132, &c, &st), 0, "%s", st.message);
   cr_expect(c.kernel == ATTN_CU_MMA_D128 && c.pack == 4, "%s pack %d",
             attn_cu_kernel_name(c.kernel), c.pack);
   cr_expect(c.grid[0] == 1 && c.grid[1] == 8 && c.grid[2] == 33, "grid %u %u %u", c.grid[0],

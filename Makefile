@@ -175,7 +175,7 @@ ATTN_OBJ = $(ATTN_SRC:%.c=$(BUILD)/obj/%.o)
 # Support shared by the test binaries (tests/lib/): random problems and the
 # float64 reference (helpers, cases) and the server tests' harness.
 TESTLIB_OBJ = $(BUILD)/obj/tests/lib/helpers.o $(BUILD)/obj/tests/lib/cases.o \
-              $(BUILD)/obj/tests/lib/kvcalls.o
+              $(BUILD)/obj/tests/lib/kvcalls.o $(BUILD)/obj/tests/lib/ptx.o
 HARNESS_OBJ = $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/lib/harness*.c) tests/lib/bad_cases.c)
 $(BUILD)/obj/tests/lib/%.o: CPPFLAGS += -Itests/lib -Iclients
 

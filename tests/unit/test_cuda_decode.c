@@ -19,6 +19,7 @@
 #include "cuda/decode_layout.h"
 #include "cuda/kernels.h"
 #include "engine.h"
+#include "ptx.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
@@ -26,65 +27,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- the PTX ISA's figures -------------------------------------------------- */
+/* ---- the PTX ISA's figures (tests/lib/ptx.h) ------------------------------- */
 
-/* A (16 x 16): a0..a7, two per register. */
-static void ptx_a(int lane, int i, int *row, int *col) {
-  int g = lane >> 2, t = lane & 3;
-  *row = g + ((i >> 1) & 1) * 8; /* a0 a1 a4 a5: g; a2 a3 a6 a7: g + 8 */
-  *col = t * 2 + (i & 1) + (i >= 4) * 8;
-}
-/* B (16 x 8, k x n): b0..b3. */
-static void ptx_b(int lane, int i, int *k, int *n) {
-  *k = (lane & 3) * 2 + (i & 1) + (i >= 2) * 8;
-  *n = lane >> 2;
-}
-/* C and D (16 x 8, F32): c0..c3. */
-static void ptx_c(int lane, int i, int *row, int *col) {
-  *row = (lane >> 2) + (i >= 2) * 8;
-  *col = (lane & 3) * 2 + (i & 1);
-}
-
-typedef float reg2[2]; /* one 32-bit register: two 16-bit elements */
-
-/* ldmatrix.m8n8.x4: the 8 lanes 8j..8j+7 give the row addresses of matrix
- * j; lane l receives in register j elements (l / 4, 2 (l % 4) + h) of
- * matrix j, or with .trans elements (2 (l % 4) + h, l / 4). */
-static void ldsm(const float *const row[32], int trans, reg2 out[32][4]) {
+/* D = A B + D, B's registers b0 b1 from register rb and b2 b3 from rb + 1 of
+ * each lane's four. */
+static void mma(float d[32][4], tptx_reg2 a[32][4], tptx_reg2 b[32][4], int rb) {
+  tptx_reg2 lo[32], hi[32];
   for (int l = 0; l < 32; l++)
-    for (int j = 0; j < 4; j++)
-      for (int h = 0; h < 2; h++) {
-        int r = trans ? 2 * (l % 4) + h : l / 4, c = trans ? l / 4 : 2 * (l % 4) + h;
-        out[l][j][h] = row[8 * j + r][c];
-      }
-}
-
-/* D = A B + D by the figures, in float64. */
-static void mma(float d[32][4], reg2 a[32][4], reg2 b[32][4], int b0) {
-  double A[16][16], B[16][8], C[16][8];
-  for (int l = 0; l < 32; l++) {
-    for (int i = 0; i < 8; i++) {
-      int r, k;
-      ptx_a(l, i, &r, &k);
-      A[r][k] = a[l][i / 2][i % 2];
-    }
-    for (int i = 0; i < 4; i++) {
-      int k, n, r;
-      ptx_b(l, i, &k, &n);
-      B[k][n] = b[l][b0 + i / 2][i % 2];
-      ptx_c(l, i, &r, &n);
-      C[r][n] = d[l][i];
-    }
-  }
-  for (int l = 0; l < 32; l++)
-    for (int i = 0; i < 4; i++) {
-      int r, n;
-      ptx_c(l, i, &r, &n);
-      double acc = C[r][n];
-      for (int k = 0; k < 16; k++)
-        acc += A[r][k] * B[k][n];
-      d[l][i] = (float)acc;
-    }
+    for (int h = 0; h < 2; h++)
+      lo[l][h] = b[l][rb][h], hi[l][h] = b[l][rb + 1][h];
+  tptx_mma(d, a, lo, hi);
 }
 
 static double urand(unsigned *x) {
@@ -97,7 +49,7 @@ Test(cuda_decode, fragments_match_ptx_figures) {
     for (int i = 0; i < 4; i++) {
       int r, c, r2, c2;
       attn_cu_frag_c(l, i, &r, &c);
-      ptx_c(l, i, &r2, &c2);
+      tptx_c(l, i, &r2, &c2);
       cr_assert(r == r2 && c == c2, "C lane %d element %d", l, i);
     }
 }
@@ -117,7 +69,7 @@ static void emulate_tile(int dpad, int nb, unsigned seed) {
       Q[r][c] = (float)urand(&seed);
     }
   memset(P, 0, sizeof P);
-  static reg2 qf[EMU_DMAX / 16][32][4], a[32][4], pb[32][4];
+  static tptx_reg2 qf[EMU_DMAX / 16][32][4], a[32][4], pb[32][4];
   float s[2][32][4] = {{{0}}}, o[EMU_DMAX / 16][2][32][4];
   memset(o, 0, sizeof o);
   const float *rows[32];
@@ -127,7 +79,7 @@ static void emulate_tile(int dpad, int nb, unsigned seed) {
       attn_cu_dec_addr_q(l, &qc, &qd);
       rows[l] = &Q[qc][kk * 16 + qd];
     }
-    ldsm(rows, 0, qf[kk]);
+    tptx_ldsm(rows, 0, qf[kk]);
   }
   for (int kk = 0; kk < md; kk++) { /* Sᵀ = K Qᵀ */
     for (int l = 0; l < 32; l++) {
@@ -135,7 +87,7 @@ static void emulate_tile(int dpad, int nb, unsigned seed) {
       attn_cu_dec_addr_k(l, &kr, &kc);
       rows[l] = &K[kr][kk * 16 + kc];
     }
-    ldsm(rows, 0, a);
+    tptx_ldsm(rows, 0, a);
     for (int n = 0; n < nb; n++)
       mma(s[n], a, qf[kk], 2 * n);
   }
@@ -143,7 +95,7 @@ static void emulate_tile(int dpad, int nb, unsigned seed) {
     for (int l = 0; l < 32; l++)
       for (int i = 0; i < 4; i++) {
         int key, col;
-        ptx_c(l, i, &key, &col);
+        tptx_c(l, i, &key, &col);
         double want = 0;
         for (int d = 0; d < dpad; d++)
           want += (double)K[key][d] * Q[n * 8 + col][d];
@@ -163,14 +115,14 @@ static void emulate_tile(int dpad, int nb, unsigned seed) {
     attn_cu_dec_addr_p(l, &pk, &pc);
     rows[l] = &P[pk][pc];
   }
-  ldsm(rows, 1, pb);
+  tptx_ldsm(rows, 1, pb);
   for (int dm = 0; dm < md; dm++) { /* Oᵀ += Vᵀ Pᵀ */
     for (int l = 0; l < 32; l++) {
       int vk, vd;
       attn_cu_dec_addr_v(l, &vk, &vd);
       rows[l] = &V[vk][dm * 16 + vd];
     }
-    ldsm(rows, 1, a);
+    tptx_ldsm(rows, 1, a);
     for (int n = 0; n < nb; n++)
       mma(o[dm][n], a, pb, 2 * n);
   }
@@ -221,7 +173,7 @@ typedef struct ewarp {
  * fills them), as dec_qk issues it. */
 static void e_qk(const dprob *pr, int j0, int nb, float s[2][32][4]) {
   static float Kt[16][EMU_STR];
-  static reg2 qf[32][4], a[32][4];
+  static tptx_reg2 qf[32][4], a[32][4];
   memset(Kt, 0, sizeof Kt);
   for (int r = 0; r < 16 && j0 + r < pr->nkv; r++)
     memcpy(Kt[r], eK[j0 + r], sizeof Kt[r]);
@@ -233,13 +185,13 @@ static void e_qk(const dprob *pr, int j0, int nb, float s[2][32][4]) {
       attn_cu_dec_addr_q(l, &qc, &qd);
       rows[l] = &eQ[qc][kk * 16 + qd];
     }
-    ldsm(rows, 0, qf);
+    tptx_ldsm(rows, 0, qf);
     for (int l = 0; l < 32; l++) {
       int kr, kc;
       attn_cu_dec_addr_k(l, &kr, &kc);
       rows[l] = &Kt[kr][kk * 16 + kc];
     }
-    ldsm(rows, 0, a);
+    tptx_ldsm(rows, 0, a);
     for (int n = 0; n < nb; n++)
       mma(s[n], a, qf, 2 * n);
   }
@@ -295,7 +247,7 @@ static void e_softmax(ewarp *w, int nb, int md, float k, float s[2][32][4]) {
 /* dec_pv: P through the staging tile, Oᵀ += Vᵀ Pᵀ. */
 static void e_pv(const dprob *pr, ewarp *w, int j0, int nb, float s[2][32][4]) {
   static float Vt[16][EMU_STR], P[16][ATTN_CU_DEC_PSTR];
-  static reg2 pb[32][4], a[32][4];
+  static tptx_reg2 pb[32][4], a[32][4];
   memset(Vt, 0, sizeof Vt);
   for (int r = 0; r < 16 && j0 + r < pr->nkv; r++)
     memcpy(Vt[r], eV[j0 + r], sizeof Vt[r]);
@@ -312,14 +264,14 @@ static void e_pv(const dprob *pr, ewarp *w, int j0, int nb, float s[2][32][4]) {
     attn_cu_dec_addr_p(l, &pk, &pc);
     rows[l] = &P[pk][pc];
   }
-  ldsm(rows, 1, pb);
+  tptx_ldsm(rows, 1, pb);
   for (int dm = 0; dm < (pr->d + 15) / 16; dm++) {
     for (int l = 0; l < 32; l++) {
       int vk, vd;
       attn_cu_dec_addr_v(l, &vk, &vd);
       rows[l] = &Vt[vk][dm * 16 + vd];
     }
-    ldsm(rows, 1, a);
+    tptx_ldsm(rows, 1, a);
     for (int n = 0; n < nb; n++)
       mma(w->o[dm][n], a, pb, 2 * n);
   }

@@ -13,29 +13,14 @@
 #include "cuda/kernels.h"
 #include "cuda/layout.h"
 #include "helpers.h"
+#include "ptx.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
-/* ---- the PTX ISA's tables ------------------------------------------------- */
-
-static void ptx_a(int lane, int i, int *row, int *col) {
-  int g = lane >> 2, t = lane % 4;
-  *row = (i < 2 || (i >= 4 && i < 6)) ? g : g + 8;
-  *col = t * 2 + (i & 1) + (i >= 4 ? 8 : 0);
-}
-static void ptx_b(int lane, int i, int *row, int *col) {
-  int g = lane >> 2, t = lane % 4;
-  *row = t * 2 + (i & 1) + (i >= 2 ? 8 : 0);
-  *col = g;
-}
-static void ptx_c(int lane, int i, int *row, int *col) {
-  int g = lane >> 2, t = lane % 4;
-  *row = i < 2 ? g : g + 8;
-  *col = t * 2 + (i & 1);
-}
+/* ---- the PTX ISA's tables (tests/lib/ptx.h) ------------------------------ */
 
 Test(cuda_layout, fragments_match_ptx_tables) {
   int seen_a[16][16] = {{0}}, seen_b[16][8] = {{0}}, seen_c[16][8] = {{0}};
@@ -43,18 +28,18 @@ Test(cuda_layout, fragments_match_ptx_tables) {
     for (int i = 0; i < 8; i++) {
       int r, c, pr, pc;
       attn_cu_frag_a(lane, i, &r, &c);
-      ptx_a(lane, i, &pr, &pc);
+      tptx_a(lane, i, &pr, &pc);
       cr_assert(r == pr && c == pc, "A lane %d a%d: (%d,%d), PTX (%d,%d)", lane, i, r, c, pr, pc);
       seen_a[r][c]++;
     }
     for (int i = 0; i < 4; i++) {
       int r, c, pr, pc;
       attn_cu_frag_b(lane, i, &r, &c);
-      ptx_b(lane, i, &pr, &pc);
+      tptx_b(lane, i, &pr, &pc);
       cr_assert(r == pr && c == pc, "B lane %d b%d", lane, i);
       seen_b[r][c]++;
       attn_cu_frag_c(lane, i, &r, &c);
-      ptx_c(lane, i, &pr, &pc);
+      tptx_c(lane, i, &pr, &pc);
       cr_assert(r == pr && c == pc, "C lane %d c%d", lane, i);
       seen_c[r][c]++;
     }
@@ -71,55 +56,14 @@ Test(cuda_layout, fragments_match_ptx_tables) {
 
 /* ---- a warp, emulated ---------------------------------------------------- */
 
-typedef float reg2[2]; /* one 32-bit register: two 16-bit elements */
-
-/* ldmatrix.m8n8.x4 (.trans): lane l addresses row l % 8 of matrix l / 8; in
- * register j it receives row l / 4, elements 2(l % 4) and +1, of matrix j
- * (transposed: column l / 4, rows 2(l % 4) and +1). */
-static void emu_ldsm(const float *const addr[32], bool trans, reg2 out[32][4]) {
-  for (int l = 0; l < 32; l++)
-    for (int j = 0; j < 4; j++)
-      for (int h = 0; h < 2; h++)
-        out[l][j][h] =
-            trans ? addr[8 * j + 2 * (l % 4) + h][l / 4] : addr[8 * j + l / 4][2 * (l % 4) + h];
-}
-
-/* mma.m16n8k16: D = A B + C, fragments placed by the PTX tables. */
-static void emu_mma(float c[32][4], reg2 a[32][4], reg2 b0[32], reg2 b1[32]) {
-  double A[16][16], B[16][8], C[16][8];
-  for (int l = 0; l < 32; l++) {
-    for (int i = 0; i < 8; i++) {
-      int r, k;
-      ptx_a(l, i, &r, &k);
-      A[r][k] = a[l][i / 2][i % 2];
-    }
-    for (int i = 0; i < 4; i++) {
-      int k, n;
-      ptx_b(l, i, &k, &n);
-      B[k][n] = i < 2 ? b0[l][i % 2] : b1[l][i % 2];
-      int r;
-      ptx_c(l, i, &r, &n);
-      C[r][n] = c[l][i];
-    }
-  }
-  for (int l = 0; l < 32; l++)
-    for (int i = 0; i < 4; i++) {
-      int r, n;
-      ptx_c(l, i, &r, &n);
-      double acc = C[r][n];
-      for (int k = 0; k < 16; k++)
-        acc += A[r][k] * B[k][n];
-      c[l][i] = (float)acc;
-    }
-}
-
 /* The four registers of an x4 load, each as its own per-lane array. */
-static void split_regs(reg2 r[32][4], reg2 b0[32], reg2 b1[32], reg2 b2[32], reg2 b3[32]) {
+static void split_regs(tptx_reg2 r[32][4], tptx_reg2 b0[32], tptx_reg2 b1[32], tptx_reg2 b2[32],
+                       tptx_reg2 b3[32]) {
   for (int l = 0; l < 32; l++) {
-    memcpy(b0[l], r[l][0], sizeof(reg2));
-    memcpy(b1[l], r[l][1], sizeof(reg2));
-    memcpy(b2[l], r[l][2], sizeof(reg2));
-    memcpy(b3[l], r[l][3], sizeof(reg2));
+    memcpy(b0[l], r[l][0], sizeof(tptx_reg2));
+    memcpy(b1[l], r[l][1], sizeof(tptx_reg2));
+    memcpy(b2[l], r[l][2], sizeof(tptx_reg2));
+    memcpy(b3[l], r[l][3], sizeof(tptx_reg2));
   }
 }
 
@@ -129,7 +73,7 @@ static void split_regs(reg2 r[32][4], reg2 b0[32], reg2 b1[32], reg2 b2[32], reg
 static void emu_qk(float (*s)[8][32][4], const float *sQ, const float *sK, int str, int kd, int nb,
                    int mt) {
   const float *addr[32];
-  reg2 q[2][32][4], bk[32][4];
+  tptx_reg2 q[2][32][4], bk[32][4];
   for (int kk = 0; kk < kd; kk++) {
     for (int t = 0; t < mt; t++) {
       for (int l = 0; l < 32; l++) {
@@ -137,7 +81,7 @@ static void emu_qk(float (*s)[8][32][4], const float *sQ, const float *sK, int s
         attn_cu_ldsm_q(l, &r, &c);
         addr[l] = sQ + (t * 16 + r) * str + kk * 16 + c;
       }
-      emu_ldsm(addr, false, q[t]);
+      tptx_ldsm(addr, false, q[t]);
     }
     for (int n2 = 0; n2 < nb / 2; n2++) {
       for (int l = 0; l < 32; l++) {
@@ -146,12 +90,12 @@ static void emu_qk(float (*s)[8][32][4], const float *sQ, const float *sK, int s
         cr_assert(n2 * 16 + r < 8 * nb && kk * 16 + c + 8 <= 16 * kd);
         addr[l] = sK + (n2 * 16 + r) * str + kk * 16 + c;
       }
-      emu_ldsm(addr, false, bk);
-      reg2 b0[32], b1[32], b2[32], b3[32];
+      tptx_ldsm(addr, false, bk);
+      tptx_reg2 b0[32], b1[32], b2[32], b3[32];
       split_regs(bk, b0, b1, b2, b3);
       for (int t = 0; t < mt; t++) {
-        emu_mma(s[t][2 * n2], q[t], b0, b1);
-        emu_mma(s[t][2 * n2 + 1], q[t], b2, b3);
+        tptx_mma(s[t][2 * n2], q[t], b0, b1);
+        tptx_mma(s[t][2 * n2 + 1], q[t], b2, b3);
       }
     }
   }
@@ -163,7 +107,7 @@ static void emu_qk(float (*s)[8][32][4], const float *sQ, const float *sK, int s
 static void emu_pv(float (*o)[32][32][4], float (*s)[8][32][4], const float *sV, int str, int bn,
                    int db, int mt) {
   const float *addr[32];
-  reg2 a[2][32][4], bv[32][4];
+  tptx_reg2 a[2][32][4], bv[32][4];
   for (int k = 0; k < bn / 16; k++) {
     for (int t = 0; t < mt; t++)
       for (int l = 0; l < 32; l++) {
@@ -179,12 +123,12 @@ static void emu_pv(float (*o)[32][32][4], float (*s)[8][32][4], const float *sV,
         cr_assert(k * 16 + r < bn && d2 * 16 + c + 8 <= 8 * db);
         addr[l] = sV + (k * 16 + r) * str + d2 * 16 + c;
       }
-      emu_ldsm(addr, true, bv);
-      reg2 b0[32], b1[32], b2[32], b3[32];
+      tptx_ldsm(addr, true, bv);
+      tptx_reg2 b0[32], b1[32], b2[32], b3[32];
       split_regs(bv, b0, b1, b2, b3);
       for (int t = 0; t < mt; t++) {
-        emu_mma(o[t][2 * d2], a[t], b0, b1);
-        emu_mma(o[t][2 * d2 + 1], a[t], b2, b3);
+        tptx_mma(o[t][2 * d2], a[t], b0, b1);
+        tptx_mma(o[t][2 * d2 + 1], a[t], b2, b3);
       }
     }
   }
@@ -679,7 +623,7 @@ Test(cuda_layout, selection) {
 static void emu_abt(float (*acc)[32][4], const float *a, const float *b, int str, int kd, int nb,
                     int rows_b) {
   const float *addr[32];
-  reg2 af[32][4], bf[32][4];
+  tptx_reg2 af[32][4], bf[32][4];
   for (int kk = 0; kk < kd; kk++) {
     for (int l = 0; l < 32; l++) {
       int r, c;
@@ -687,7 +631,7 @@ static void emu_abt(float (*acc)[32][4], const float *a, const float *b, int str
       cr_assert(r < 16 && kk * 16 + c + 8 <= 16 * kd);
       addr[l] = a + r * str + kk * 16 + c;
     }
-    emu_ldsm(addr, false, af);
+    tptx_ldsm(addr, false, af);
     for (int n2 = 0; n2 < nb / 2; n2++) {
       for (int l = 0; l < 32; l++) {
         int r, c;
@@ -695,11 +639,11 @@ static void emu_abt(float (*acc)[32][4], const float *a, const float *b, int str
         cr_assert(n2 * 16 + r < rows_b && kk * 16 + c + 8 <= 16 * kd);
         addr[l] = b + (n2 * 16 + r) * str + kk * 16 + c;
       }
-      emu_ldsm(addr, false, bf);
-      reg2 b0[32], b1[32], b2[32], b3[32];
+      tptx_ldsm(addr, false, bf);
+      tptx_reg2 b0[32], b1[32], b2[32], b3[32];
       split_regs(bf, b0, b1, b2, b3);
-      emu_mma(acc[2 * n2], af, b0, b1);
-      emu_mma(acc[2 * n2 + 1], af, b2, b3);
+      tptx_mma(acc[2 * n2], af, b0, b1);
+      tptx_mma(acc[2 * n2 + 1], af, b2, b3);
     }
   }
 }
@@ -710,7 +654,7 @@ static void emu_abt(float (*acc)[32][4], const float *a, const float *b, int str
 static void emu_xb(float (*acc)[32][4], float (*x)[32][4], const float *b, int str, int ks, int db,
                    int cols) {
   const float *addr[32];
-  reg2 a[32][4], bv[32][4];
+  tptx_reg2 a[32][4], bv[32][4];
   for (int k = 0; k < ks; k++) {
     for (int l = 0; l < 32; l++) {
       a[l][0][0] = x[2 * k][l][0], a[l][0][1] = x[2 * k][l][1];
@@ -725,11 +669,11 @@ static void emu_xb(float (*acc)[32][4], float (*x)[32][4], const float *b, int s
         cr_assert(d2 * 16 + c + 8 <= cols && r < 16);
         addr[l] = b + (k * 16 + r) * str + d2 * 16 + c;
       }
-      emu_ldsm(addr, true, bv);
-      reg2 b0[32], b1[32], b2[32], b3[32];
+      tptx_ldsm(addr, true, bv);
+      tptx_reg2 b0[32], b1[32], b2[32], b3[32];
       split_regs(bv, b0, b1, b2, b3);
-      emu_mma(acc[2 * d2], a, b0, b1);
-      emu_mma(acc[2 * d2 + 1], a, b2, b3);
+      tptx_mma(acc[2 * d2], a, b0, b1);
+      tptx_mma(acc[2 * d2 + 1], a, b2, b3);
     }
   }
 }
@@ -914,24 +858,24 @@ static void warp_dq_atomic(int dpad, int dp, int bn, int dsplit, uint64_t seed) 
       memset(acc, 0, (size_t)dq * sizeof *acc);
       for (int k = 0; k < bn / 16; k++) {
         const float *addr[32];
-        reg2 a[32][4], bv[32][4];
+        tptx_reg2 a[32][4], bv[32][4];
         for (int l = 0; l < 32; l++) {
           int r, c;
           attn_cu_ldsm_q(l, &r, &c);
           addr[l] = sdS + (m * 16 + r) * lds + k * 16 + c;
         }
-        emu_ldsm(addr, false, a);
+        tptx_ldsm(addr, false, a);
         for (int d2 = 0; d2 < dq / 2; d2++) {
           for (int l = 0; l < 32; l++) {
             int r, c;
             attn_cu_ldsm_v(l, &r, &c);
             addr[l] = sK + (k * 16 + r) * str + col0 + d2 * 16 + c;
           }
-          emu_ldsm(addr, true, bv);
-          reg2 b0[32], b1[32], b2[32], b3[32];
+          tptx_ldsm(addr, true, bv);
+          tptx_reg2 b0[32], b1[32], b2[32], b3[32];
           split_regs(bv, b0, b1, b2, b3);
-          emu_mma(acc[2 * d2], a, b0, b1);
-          emu_mma(acc[2 * d2 + 1], a, b2, b3);
+          tptx_mma(acc[2 * d2], a, b0, b1);
+          tptx_mma(acc[2 * d2 + 1], a, b2, b3);
         }
       }
       for (int d = 0; d < dq; d++)

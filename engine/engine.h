@@ -620,6 +620,11 @@ typedef struct attn_kv_call {
  */
 int attn_kv_submit(attn_kv_store *s, attn_kv_call *call, double now, attn_done_fn done, void *arg,
                    attn_status *st);
+/* The same, waiting for the outputs, as attn_engine_run: returns the
+ * call's code (0, or the refusal or the job's error, into *st as well) and
+ * the job's result into *res when res is set. */
+int attn_kv_run(attn_kv_store *s, attn_kv_call *call, double now, attn_result *res,
+                attn_status *st);
 
 /*
  * Persistence (--session-dir). attn_kv_save writes every live session of

@@ -1,5 +1,6 @@
 /*
- * job.c — a job's life, the engine's clock and the cancel flag.
+ * job.c — a job's life, the engine's clock, the cancel flag, and waiting for a
+ * callback (attn__run_waiting).
  *
  * One completion path: a plain job ends when its backend calls
  * attn__job_complete(); a variable-length batch is one such job for the
@@ -86,4 +87,41 @@ void attn__job_complete(attn_job *job, const attn_status *st) {
   job->done(&res, job->arg);
   free(job);
   jobs_add(jobs, -1);
+}
+
+typedef struct waiter {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  bool done;
+  attn_result res;
+} waiter;
+
+static void wake(const attn_result *res, void *arg) {
+  waiter *w = arg;
+  pthread_mutex_lock(&w->mu);
+  w->res = *res;
+  w->done = true;
+  pthread_cond_signal(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+}
+
+int attn__run_waiting(attn__start_fn start, void *ctx, attn_result *res, attn_status *st) {
+  waiter w = {.done = false};
+  pthread_mutex_init(&w.mu, NULL);
+  pthread_cond_init(&w.cv, NULL);
+  int rc = start(ctx, wake, &w, st);
+  if (rc == 0) {
+    pthread_mutex_lock(&w.mu);
+    while (!w.done)
+      pthread_cond_wait(&w.cv, &w.mu);
+    pthread_mutex_unlock(&w.mu);
+    rc = w.res.status.code;
+    if (rc && st)
+      *st = w.res.status;
+    if (res)
+      *res = w.res;
+  }
+  pthread_cond_destroy(&w.cv);
+  pthread_mutex_destroy(&w.mu);
+  return rc;
 }

@@ -46,6 +46,16 @@ void attn__job_drop(attn_job *job);
 /* Ends a job: fills the result, calls the user's callback, frees the job. */
 void attn__job_complete(attn_job *job, const attn_status *st);
 
+/*
+ * The synchronous form of an asynchronous call: start(ctx, done, arg, st)
+ * queues work whose callback is done(result, arg), as attn_engine_submit
+ * and attn_kv_submit do; this waits for that callback and returns the
+ * start's error or the result's code (into *st as well), the result into
+ * *res when res is set.
+ */
+typedef int (*attn__start_fn)(void *ctx, attn_done_fn done, void *arg, attn_status *st);
+int attn__run_waiting(attn__start_fn start, void *ctx, attn_result *res, attn_status *st);
+
 /* Whether the job's caller canceled it (attn_request.cancel). */
 bool attn__job_canceled(const attn_job *job);
 /* Fills st with ECANCELED and returns the code. */

@@ -14,6 +14,7 @@
  * gathered into the batch's buffer and o and the statistics scattered back.
  */
 #include "check.h"
+#include "job.h"
 #include "kvstore_int.h"
 #include "request_int.h"
 
@@ -733,4 +734,22 @@ int attn_kv_submit(attn_kv_store *s, attn_kv_call *call, double now, attn_done_f
     pending_free(p);
   start_all(jobs);
   return rc;
+}
+
+/* attn_kv_run's call, for attn__run_waiting. */
+typedef struct run_ctx {
+  attn_kv_store *s;
+  attn_kv_call *call;
+  double now;
+} run_ctx;
+
+static int start_run(void *ctx, attn_done_fn done, void *arg, attn_status *st) {
+  const run_ctx *c = ctx;
+  return attn_kv_submit(c->s, c->call, c->now, done, arg, st);
+}
+
+int attn_kv_run(attn_kv_store *s, attn_kv_call *call, double now, attn_result *res,
+                attn_status *st) {
+  run_ctx c = {s, call, now};
+  return attn__run_waiting(start_run, &c, res, st);
 }

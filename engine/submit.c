@@ -11,8 +11,6 @@
 #include "handle.h"
 #include "varlen.h"
 
-#include <pthread.h>
-
 static int submit(attn_engine *e, const attn_request *r, bool here, attn_done_fn done, void *arg,
                   attn_status *st) {
   int rc = attn_request_validate(r, st);
@@ -35,42 +33,22 @@ int attn_engine_submit(attn_engine *e, const attn_request *r, attn_done_fn done,
   return submit(e, r, false, done, arg, st);
 }
 
-typedef struct waiter {
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  bool done;
-  attn_result res;
-} waiter;
+/* attn_engine_run's call, for attn__run_waiting. */
+typedef struct run_ctx {
+  attn_engine *e;
+  const attn_request *r;
+  bool here;
+} run_ctx;
 
-static void wake(const attn_result *res, void *arg) {
-  waiter *w = arg;
-  pthread_mutex_lock(&w->mu);
-  w->res = *res;
-  w->done = true;
-  pthread_cond_signal(&w->cv);
-  pthread_mutex_unlock(&w->mu);
+static int start_run(void *ctx, attn_done_fn done, void *arg, attn_status *st) {
+  const run_ctx *c = ctx;
+  return submit(c->e, c->r, c->here, done, arg, st);
 }
 
 static int run(attn_engine *e, const attn_request *r, bool here, attn_result *res,
                attn_status *st) {
-  waiter w = {.done = false};
-  pthread_mutex_init(&w.mu, NULL);
-  pthread_cond_init(&w.cv, NULL);
-  int rc = submit(e, r, here, wake, &w, st);
-  if (rc == 0) {
-    pthread_mutex_lock(&w.mu);
-    while (!w.done)
-      pthread_cond_wait(&w.cv, &w.mu);
-    pthread_mutex_unlock(&w.mu);
-    rc = w.res.status.code;
-    if (rc && st)
-      *st = w.res.status;
-    if (res)
-      *res = w.res;
-  }
-  pthread_cond_destroy(&w.cv);
-  pthread_mutex_destroy(&w.mu);
-  return rc;
+  run_ctx c = {e, r, here};
+  return attn__run_waiting(start_run, &c, res, st);
 }
 
 int attn_engine_run(attn_engine *e, const attn_request *r, attn_result *res, attn_status *st) {

@@ -6,7 +6,6 @@
 #include "reference.h"
 
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,42 +50,14 @@ void tkv_reply_free(tkv_reply *y) {
   free(y->lse);
 }
 
-typedef struct waiter {
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  bool done;
-  attn_result res;
-} waiter;
-
-static void wake(const attn_result *res, void *arg) {
-  waiter *w = arg;
-  pthread_mutex_lock(&w->mu);
-  w->res = *res;
-  w->done = true;
-  pthread_cond_signal(&w->cv);
-  pthread_mutex_unlock(&w->mu);
-}
-
-/* Submits call and waits; the store's code or the job's, and the job's
- * backend into *backend. */
+/* Runs call; the store's code or the job's, and the job's backend into
+ * *backend. */
 static int run_waiting(attn_kv_store *kv, attn_kv_call *c, double now, attn_status *st,
                        const char **backend) {
-  waiter w = {.done = false};
-  pthread_mutex_init(&w.mu, NULL);
-  pthread_cond_init(&w.cv, NULL);
-  int rc = attn_kv_submit(kv, c, now, wake, &w, st);
-  if (rc == 0) {
-    pthread_mutex_lock(&w.mu);
-    while (!w.done)
-      pthread_cond_wait(&w.cv, &w.mu);
-    pthread_mutex_unlock(&w.mu);
-    rc = w.res.status.code;
-    if (rc && st)
-      *st = w.res.status;
-    *backend = w.res.backend;
-  }
-  pthread_mutex_destroy(&w.mu);
-  pthread_cond_destroy(&w.cv);
+  attn_result res = {0};
+  int rc = attn_kv_run(kv, c, now, &res, st);
+  if (res.backend) /* the job ran (it may still have failed) */
+    *backend = res.backend;
   return rc;
 }
 

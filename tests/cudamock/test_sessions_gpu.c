@@ -263,6 +263,21 @@ Test(sessions_gpu, a_lost_device_fails_the_calls, .init = reset) {
   cr_expect_eq(mock_device_bytes(), 0, "device memory left");
 }
 
+/* A session "h" of up to max_tokens prefilled with all of s in one call on
+ * a store whose pages stay in host memory: the CPU computes it, within
+ * tolerance of float64. Frees s. */
+static void expect_host_prefill(attn_kv_store *kv, tkv_stream *s, int64_t max_tokens) {
+  tkv_make(kv, "", "h", s, 1, max_tokens, 60, 0);
+  tkv_reply y;
+  attn_status st;
+  const int64_t n = s->n;
+  cr_assert_eq(tkv_call1(kv, "", "h", s, &tkv_plain, 0, n, 0, n, &y, 0, &st), 0, "%s", st.message);
+  cr_expect_str_eq(y.backend, "cpu");
+  cr_expect_leq(tkv_ref_error(s, &tkv_plain, 0, n, n, &y), ttol(s->dt));
+  tkv_reply_free(&y);
+  tkv_stream_free(s);
+}
+
 Test(sessions_gpu, a_store_the_device_cannot_hold_stays_in_host_memory, .init = reset) {
   mock_knobs k = MOCK_KNOBS(1, 9, 32 * MIB, 0, 0, 0);
   mock_set(&k);
@@ -270,15 +285,7 @@ Test(sessions_gpu, a_store_the_device_cannot_hold_stays_in_host_memory, .init = 
   attn_kv_store *kv = tkv_open_store(e, 256 * MIB, false, NULL);
   cr_expect_str_eq(where(kv), "host");
   tkv_stream s = tkv_stream_make(4, 2, 64, 20, ATTN_F16, 4);
-  tkv_make(kv, "", "h", &s, 1, 64, 60, 0);
-  tkv_reply y;
-  attn_status st;
-  cr_assert_eq(tkv_call1(kv, "", "h", &s, &tkv_plain, 0, 20, 0, 20, &y, 0, &st), 0, "%s",
-               st.message);
-  cr_expect_str_eq(y.backend, "cpu");
-  cr_expect_leq(tkv_ref_error(&s, &tkv_plain, 0, 20, 20, &y), ttol(ATTN_F16));
-  tkv_reply_free(&y);
-  tkv_stream_free(&s);
+  expect_host_prefill(kv, &s, 64);
   attn_kv_close(kv);
   attn_engine_close(e);
 }
@@ -305,20 +312,13 @@ Test(sessions_gpu, paged_kernels_that_fail_their_self_check_keep_pages_on_the_ho
   attn_kv_store *kv = tkv_open_store(e, 16 * MIB, false, NULL);
   cr_expect_str_eq(where(kv), "host");
   tkv_stream s = tkv_stream_make(2, 1, 64, 10, ATTN_BF16, 8);
-  tkv_make(kv, "", "h", &s, 1, 16, 60, 0);
-  tkv_reply y;
-  attn_status st;
-  cr_assert_eq(tkv_call1(kv, "", "h", &s, &tkv_plain, 0, 10, 0, 10, &y, 0, &st), 0, "%s",
-               st.message);
-  cr_expect_str_eq(y.backend, "cpu");
-  cr_expect_leq(tkv_ref_error(&s, &tkv_plain, 0, 10, 10, &y), ttol(ATTN_BF16));
-  tkv_reply_free(&y);
-  tkv_stream_free(&s);
+  expect_host_prefill(kv, &s, 16);
   attn_kv_close(kv);
   attn_engine_close(e);
   /* with the self-check off the paged view is never tried */
   mock_defaults();
   attn_config cfg;
+  attn_status st;
   attn_config_init(&cfg);
   cfg.cuda_self_check_off = true;
   cr_assert_eq(attn_engine_open(&cfg, &e, &st), 0, "%s", st.message);

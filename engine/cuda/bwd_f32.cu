@@ -269,7 +269,7 @@ __global__ void __launch_bounds__(NT_Q) bwd_dq_f32(const attn_cu_params p) {
 // Both kernels, or on the atomic path (no dQ grid) the dK/dV kernel alone.
 cudaError_t launch_bwd_f32(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s) {
   dim3 g1(c.grid[0], c.grid[1], c.grid[2]), g2(c.dq_grid[0], c.dq_grid[1], c.dq_grid[2]);
-  if (c.dq_grid[0] == 0) {
+  if (attn_cu_is_atomic_dq(&c)) {
     bwd_dkdv_f32<true><<<g1, NT_KV, c.smem_bytes, s>>>(p);
     return cudaGetLastError();
   }

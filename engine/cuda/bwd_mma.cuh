@@ -555,7 +555,7 @@ template <typename T, int DPAD, int BN, int DSPLIT, int STAGES, int QBN, bool QR
 void launch_bwd_t(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s) {
   dim3 g1(c.grid[0], c.grid[1], c.grid[2]), g2(c.dq_grid[0], c.dq_grid[1], c.dq_grid[2]);
   dim3 block(ATTN_CU_MMA_WARPS * 32);
-  if (c.dq_grid[0] == 0) {
+  if (attn_cu_is_atomic_dq(&c)) {
     bwd_dkdv<T, DPAD, BN, DSPLIT, STAGES, true><<<g1, block, c.smem_bytes, s>>>(p);
     return;
   }

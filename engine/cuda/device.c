@@ -155,11 +155,9 @@ fail:
  * the selection then falls back. */
 static void disable(cu_state *s, const cu_dev *d, const attn_cu_choice *ch, const char *why) {
   /* The decode kernel packs and splits in its own code: it alone is to blame. */
-  const bool dec = (unsigned)ch->kernel < 32 && (ATTN_CU_DECODE_KERNELS >> ch->kernel & 1);
+  const bool dec = attn_cu_is_decode(ch->kernel);
   bool pack = !dec && ch->pack > 1, split = !dec && !pack && ch->nsplit > 1;
-  /* a backward choice without a dQ grid ran the atomic path (kernels.h) */
-  bool atomic = ch->kernel >= ATTN_CU_BWD_MMA_D64 && ch->kernel <= ATTN_CU_BWD_SIMT_F32 &&
-                ch->dq_grid[0] == 0;
+  bool atomic = attn_cu_is_atomic_dq(ch);
   int bit = atomic  ? ATTN_CU_KERNEL_COUNT + 2
             : pack  ? ATTN_CU_KERNEL_COUNT + 1
             : split ? ATTN_CU_KERNEL_COUNT
@@ -238,7 +236,7 @@ void attn__cu_self_check(cu_state *s, cu_dev *d, bool hopper) {
 void attn__cu_decode_off(cu_state *s) {
   s->off |= ATTN_CU_DECODE_KERNELS;
   for (int k = 0; k < ATTN_CU_KERNEL_COUNT; k++)
-    if (ATTN_CU_DECODE_KERNELS >> k & 1)
+    if (attn_cu_is_decode((attn_cu_kernel)k))
       snprintf(s->off_why[k], sizeof s->off_why[k], "%s",
                "compile-verified only: served after it passes the start-up self-check, which is "
                "off (--gpu-self-check off)");

@@ -262,11 +262,22 @@ typedef struct attn_cu_choice {
    * smem_bytes and grid (key blocks, heads_kv, batch) of that kernel; the
    * dQ kernel's tiles, shared memory and grid (query tiles, heads_q,
    * batch). Zero for a forward pass, and on the backward's atomic path
-   * (no dQ kernel: dq_grid[0] == 0 is how the launch knows it). */
+   * (no dQ kernel: attn_cu_is_atomic_dq). */
   int dq_block_m, dq_block_n;
   size_t dq_smem_bytes;
   unsigned dq_grid[3];
 } attn_cu_choice;
+
+/* Whether kernel k is one of the decode kernel's instances. */
+static inline bool attn_cu_is_decode(attn_cu_kernel k) {
+  return (unsigned)k < 32 && (ATTN_CU_DECODE_KERNELS >> k & 1);
+}
+/* Whether a choice takes the backward's atomic dQ path: a backward kernel
+ * with no dQ grid. */
+static inline bool attn_cu_is_atomic_dq(const attn_cu_choice *c) {
+  return c->kernel >= ATTN_CU_BWD_MMA_D64 && c->kernel <= ATTN_CU_BWD_SIMT_F32 &&
+         c->dq_grid[0] == 0;
+}
 
 /* Names of the kernels, for logs and the benchmark ("mma_d128", ...). */
 const char *attn_cu_kernel_name(attn_cu_kernel k);

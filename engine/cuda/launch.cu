@@ -147,7 +147,7 @@ cudaError_t launch_bwd_kernels(const attn_cu_params &p, const attn_cu_choice &c,
 // The preprocess, the kernels of the choice, and on the atomic path (a
 // choice without a dQ grid, kernels.h) the conversion of dQ.
 cudaError_t launch_backward(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s) {
-  const bool atomic = c.dq_grid[0] == 0;
+  const bool atomic = attn_cu_is_atomic_dq(&c);
   cudaError_t e;
   switch (p.dtype) {
   case ATTN_F16: e = launch_prep<__half>(p, atomic, s); break;

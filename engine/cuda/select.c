@@ -353,8 +353,9 @@ size_t attn_cu_split_bytes(const attn_cu_params *p, const attn_cu_choice *c) {
   size_t rows = (size_t)p->batch * (size_t)p->heads_q * (size_t)p->seq_q;
   /* The decode kernel's split counters follow the partials, one word per
    * (batch, KV head) (decode_layout.h), rounded to 16 bytes. */
-  const bool dec = (unsigned)c->kernel < 32 && (ATTN_CU_DECODE_KERNELS >> c->kernel & 1);
-  size_t counters = dec ? ((size_t)p->batch * (size_t)p->heads_kv * 4 + 15) / 16 * 16 : 0;
+  size_t counters = attn_cu_is_decode(c->kernel)
+                        ? ((size_t)p->batch * (size_t)p->heads_kv * 4 + 15) / 16 * 16
+                        : 0;
   return (size_t)c->nsplit * rows * ((size_t)p->dp + 2) * sizeof(float) + counters;
 }
 

@@ -927,7 +927,7 @@ static void bwd_op(void *arg) {
   const void *ptrs[] = {p->q, p->k, p->v, p->o, p->dout, p->dq, p->dk, p->dv, p->lse, p->bwd_ws};
   /* the atomic choice (no dQ grid) only with the scratch the params size for it */
   bool ok = aligned16(ptrs, 10) && p->lse && p->bwd_ws && c->nsplit == 1 &&
-            c->kernel >= ATTN_CU_BWD_MMA_D64 && (c->dq_grid[0] == 0) == (p->bwd_atomic_dq != 0);
+            c->kernel >= ATTN_CU_BWD_MMA_D64 && attn_cu_is_atomic_dq(c) == (p->bwd_atomic_dq != 0);
   double *dk = malloc((size_t)(2 * Nk * D + D) * sizeof *dk), *dv = dk + Nk * D, *dq = dv + Nk * D;
   for (int64_t b = 0; b < B; b++)
     for (int64_t hk = 0; hk < Hkv; hk++) {
@@ -957,13 +957,13 @@ int attn_cu_launch(const attn_cu_params *p, const attn_cu_choice *c, void *strea
   cudaError_t launch_error =
       g_k.launch_error ? (cudaError_t)g_k.launch_error : cudaErrorLaunchFailure;
   /* the decode kernel packs and merges its splits in its own code */
-  const bool dec = (unsigned)c->kernel < 32 && (ATTN_CU_DECODE_KERNELS >> c->kernel & 1);
+  const bool dec = attn_cu_is_decode(c->kernel);
   bool wrong = g_k.wrong_kernel == (int)c->kernel + 1 ||
                (g_k.wrong_merge && c->nsplit > 1 && !dec) ||
                (g_k.wrong_pack && c->pack > 1 && !dec) || (g_k.wrong_paged && p->k_table) ||
-               (g_k.wrong_atomic_dq && p->pass == ATTN_BACKWARD && c->dq_grid[0] == 0);
+               (g_k.wrong_atomic_dq && p->pass == ATTN_BACKWARD && attn_cu_is_atomic_dq(c));
   if (p->pass == ATTN_BACKWARD) {
-    g_last_atomic = c->dq_grid[0] == 0;
+    g_last_atomic = attn_cu_is_atomic_dq(c);
     g_last_bytes = g_dev_bytes;
   }
   g_last_kernel = (int)c->kernel;

@@ -1219,7 +1219,7 @@ static void backward_problem(tgroup *g, attn_engine *e, const tprob *p, uint64_t
     prm.bwd_atomic_dq = atomic;
     bool sel = attn_cu_select(&prm, g_sms, &ch, &st) == 0;
     snprintf(kn, sizeof kn, "[%s%s]", sel ? attn_cu_kernel_name(ch.kernel) : "select refuses",
-             sel && ch.dq_grid[0] == 0 ? " atomic dQ" : "");
+             sel && attn_cu_is_atomic_dq(&ch) ? " atomic dQ" : "");
     g_set_current("%s: %s lse %d", g->name, desc, with_lse);
     bool ok = !g_dead;
     char why[300] = "";

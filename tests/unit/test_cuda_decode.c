@@ -19,6 +19,7 @@
 #include "cuda/decode_layout.h"
 #include "cuda/kernels.h"
 #include "engine.h"
+#include "helpers.h"
 #include "ptx.h"
 
 #include <criterion/criterion.h>
@@ -564,17 +565,8 @@ Test(cuda_decode, warp_then_split_merge_matches_float64) {
 
 static attn_cu_params shape(attn_dtype dt, int b, int hq, int hkv, int nq, int nkv, int d) {
   attn_cu_params p;
-  memset(&p, 0, sizeof p);
-  p.dtype = dt;
-  p.batch = b, p.heads_q = hq, p.heads_kv = hkv, p.seq_q = nq, p.seq_kv = nkv;
-  p.head_dim = d;
-  p.dp = attn_cu_dp(d);
-  p.window_left = p.window_right = -1;
+  tcu_shape(&p, dt, b, hq, hkv, nq, nkv, d);
   return p;
-}
-
-static bool is_decode(attn_cu_kernel k) {
-  return (unsigned)k < 32 && (ATTN_CU_DECODE_KERNELS >> k & 1);
 }
 
 Test(cuda_decode, names_and_bits_fit) {
@@ -631,8 +623,8 @@ Test(cuda_decode, split_counters_sit_after_the_partials) {
   attn_status st;
   attn_cu_params p = shape(ATTN_BF16, 3, 32, 8, 2, 9000, 128);
   cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0, "%s", st.message);
-  cr_assert(is_decode(c.kernel) && c.nsplit > 1, "%s, %d splits", attn_cu_kernel_name(c.kernel),
-            c.nsplit);
+  cr_assert(attn_cu_is_decode(c.kernel) && c.nsplit > 1, "%s, %d splits",
+            attn_cu_kernel_name(c.kernel), c.nsplit);
   const size_t nrows = 3 * 32 * 2;
   size_t first = attn_cu_dec_counter_at(c.nsplit, nrows, p.dp, 0);
   size_t last = attn_cu_dec_counter_at(c.nsplit, nrows, p.dp, 3 * 8 - 1);
@@ -644,7 +636,7 @@ Test(cuda_decode, split_counters_sit_after_the_partials) {
   /* one split: no scratch */
   attn_cu_params q = shape(ATTN_BF16, 64, 32, 8, 1, 9000, 128);
   cr_assert_eq(attn_cu_select(&q, 132, &c, &st), 0);
-  cr_assert(is_decode(c.kernel) && c.nsplit == 1, "%d splits for 512 blocks", c.nsplit);
+  cr_assert(attn_cu_is_decode(c.kernel) && c.nsplit == 1, "%d splits for 512 blocks", c.nsplit);
   cr_assert_eq(attn_cu_split_bytes(&q, &c), 0);
 }
 
@@ -667,12 +659,12 @@ Test(cuda_decode, selection_limits_and_disable_bits) {
   win.window_left = 100; /* 101 visible keys */
   for (size_t i = 0; i < sizeof no / sizeof *no; i++) {
     cr_assert_eq(attn_cu_select(&no[i].p, 132, &c, &st), 0, "%s", st.message);
-    cr_assert(!is_decode(c.kernel), "%s took %s", no[i].why, attn_cu_kernel_name(c.kernel));
+    cr_assert(!attn_cu_is_decode(c.kernel), "%s took %s", no[i].why, attn_cu_kernel_name(c.kernel));
   }
   cr_assert_eq(attn_cu_select(&bwd, 132, &c, &st), 0);
-  cr_assert(!is_decode(c.kernel), "a backward");
+  cr_assert(!attn_cu_is_decode(c.kernel), "a backward");
   cr_assert_eq(attn_cu_select(&win, 132, &c, &st), 0);
-  cr_assert(!is_decode(c.kernel), "101 visible keys");
+  cr_assert(!attn_cu_is_decode(c.kernel), "101 visible keys");
   /* MHA and 16 rows (8 heads x 2 queries) take it too */
   attn_cu_params mha = shape(ATTN_F16, 2, 4, 4, 16, 4096, 64);
   cr_assert_eq(attn_cu_select(&mha, 132, &c, &st), 0);

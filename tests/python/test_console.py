@@ -97,6 +97,19 @@ def wait(d, js, timeout=WAIT):
         lambda drv: drv.execute_script("return (" + js + ");"))
 
 
+def wait_row(d, selector, ready="true"):
+    """Waits for a table row that matches selector and for which the expression ready (over
+    the row, `tr`) holds; returns its cells' text and its meter's data-fill, read in the same
+    script. The console rebuilds its tables on every poll, so a row found by one call and
+    read by the next may be a row of an older poll, or gone."""
+    return wait(d, """(() => {
+        const tr = document.querySelector(%s);
+        if (!tr || !(%s)) return null;
+        const m = tr.querySelector('meter');
+        return {cells: [...tr.cells].map(c => c.textContent.trim()),
+                fill: m ? m.dataset.fill : null}; })()""" % (json.dumps(selector), ready))
+
+
 def check_browser_logs(d, origin, allowed):
     """Fails on a SEVERE console entry not matching an allowed pattern, and on any request
     (performance log, and the page's own resource timing) to another origin."""
@@ -322,8 +335,8 @@ def test_live_counts_errors_by_code(page, console_server):
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=10)
     code = json.loads(e.value.read())["error"]["code"]
-    row = wait(d, "document.querySelector('#lv-codes tr[data-code=\"%s\"]')" % code)
-    total = int(row.find_elements(By.TAG_NAME, "td")[1].text)
+    got = wait_row(d, '#lv-codes tr[data-code="%s"]' % code)
+    total = int(got["cells"][1])
     assert total >= 1
     wait(d, "Number(document.getElementById('ch-err').dataset.max) > 0")
 
@@ -351,19 +364,22 @@ def test_sessions_panel_lists_fills_and_deletes(page, console_server):
     status, reply = _call(base + "/attention", "POST",
                           {"q": t, "k": t, "v": t, "pos": 0, "layer": 1})
     assert status == 200, reply
-    tr = wait(d, "document.querySelector('#sess-table tr[data-id=\"console-1\"]')")
-    cells = [c.text for c in tr.find_elements(By.TAG_NAME, "td")]
+    # a poll between the PUT and the POST lists the session empty: wait for one after both
+    row = 'tr[data-id="console-1"]'
+    got = wait_row(d, "#sess-table " + row, "tr.querySelector('meter').dataset.fill !== '0'")
+    cells = got["cells"]
     assert cells[:4] == ["console-1", "BF16", "2 × 4", "2"]
-    fill = float(tr.find_element(By.TAG_NAME, "meter").get_attribute("data-fill"))
-    assert fill == 3 / 200  # 3 tokens in layer 1 of 2 layers x 100
-    assert "3 / 200" in cells[4]
-    listed = wait(d, "window.attnConsole.sessions && window.attnConsole.sessions.sessions")
+    assert float(got["fill"]) == 3 / 200  # 3 tokens in layer 1 of 2 layers x 100
+    assert cells[4] == "3 / 200"
+    listed = wait(d, "(l => l && l.sessions.some(s => s.tokens > 0) && l.sessions)"
+                     "(window.attnConsole.sessions)")
     assert [s["id"] for s in listed] == ["console-1"]
     # 2 x layers x heads_kv x one page (8192 tokens of 8 bytes) x 64 KiB
     assert listed[0]["reserved_bytes"] == 2 * 2 * 2 * 1 * 65536
     assert cells[5] == "512 KiB"
-    tr.find_element(By.TAG_NAME, "button").click()
-    wait(d, "!document.querySelector('#sess-table tr[data-id=\"console-1\"]')")
+    # found and clicked in one script, so the row is the one on the page
+    d.execute_script("document.querySelector(arguments[0]).click()", "#sess-table " + row + " button")
+    wait(d, "!document.querySelector('#sess-table %s')" % row)
     status, _ = _call(base, "GET")
     assert status == 404
 

@@ -228,6 +228,7 @@ cudaError_t launch_bwd_f32(const attn_cu_params &p, const attn_cu_choice &c, cud
 // The Hopper instance sets its own shared-memory limit at launch: it has
 // code only for compute capability 9.0.
 cudaError_t launch_hopper_d64(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s);
+cudaError_t launch_hopper_d96(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s);
 cudaError_t launch_hopper_d128(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s);
 cudaError_t launch_hopper_d192(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s);
 cudaError_t launch_hopper_d256(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t s);

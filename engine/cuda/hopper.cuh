@@ -36,9 +36,13 @@
 
 namespace attn_cu {
 
-template <int DPAD> struct hp_cfg;
+// An instance's tile shape, by head-dim class (hopper_layout.h's d).
+template <int D> struct hp_cfg;
 template <> struct hp_cfg<64> {
   static constexpr int BN = ATTN_CU_HP_BN_D64, STAGES = ATTN_CU_HP_STAGES_D64;
+};
+template <> struct hp_cfg<96> {
+  static constexpr int BN = ATTN_CU_HP_BN_D96, STAGES = ATTN_CU_HP_STAGES_D96;
 };
 template <> struct hp_cfg<128> {
   static constexpr int BN = ATTN_CU_HP_BN_D128, STAGES = ATTN_CU_HP_STAGES_D128;
@@ -231,7 +235,8 @@ __device__ void hp_produce(const attn_cu_params &p, const CUtensorMap *tq, const
 
 // One consumer's running state for its 64 rows: this thread's rows a (g)
 // and b (g + 8) of its warp's 16. m is in log2 units of the scaled score.
-template <typename T, int DPAD, int BN> struct hp_rows {
+template <typename T, int D, int BN> struct hp_rows {
+  static constexpr int DPAD = attn_cu_hp_dpad(D);
   float o[DPAD / 2];
   uint32_t pf[BN / 16][4];
   float m_a, m_b, l_a, l_b;
@@ -313,15 +318,16 @@ template <typename T, int DPAD, int BN> struct hp_rows {
   }
 };
 
-template <typename T, int DPAD, int BN>
+template <typename T, int D, int BN>
 __device__ __forceinline__ void hp_issue_qk(float (&s)[BN / 2], uint32_t sq, int c, uint32_t sk) {
 #pragma unroll
-  for (int kk = 0; kk < DPAD / 16; kk++)
+  for (int kk = 0; kk < attn_cu_hp_qk_steps(D); kk++)
     wgmma_ss<T, BN>::run(s, attn_cu_hp_desc_k(sq, ATTN_CU_HP_BM, ATTN_CU_HP_WG_ROWS * c, kk),
                          attn_cu_hp_desc_k(sk, BN, 0, kk), kk > 0);
 }
-template <typename T, int DPAD, int BN>
-__device__ __forceinline__ void hp_issue_pv(hp_rows<T, DPAD, BN> &r, uint32_t sv) {
+template <typename T, int D, int BN>
+__device__ __forceinline__ void hp_issue_pv(hp_rows<T, D, BN> &r, uint32_t sv) {
+  constexpr int DPAD = attn_cu_hp_dpad(D);
 #pragma unroll
   for (int kk = 0; kk < BN / 16; kk++)
     wgmma_rs<T, DPAD>::run(r.o, r.pf[kk], attn_cu_hp_desc_mn(sv, BN, kk), 1);
@@ -329,9 +335,10 @@ __device__ __forceinline__ void hp_issue_pv(hp_rows<T, DPAD, BN> &r, uint32_t sv
 
 // The epilogue of consumer c: O / l through stmatrix into its rows of O's
 // staging, one TMA store per panel, then the statistics.
-template <typename T, int DPAD, int BN>
-__device__ void hp_epilogue(hp_rows<T, DPAD, BN> &r, const attn_cu_params &p, const CUtensorMap *to,
+template <typename T, int D, int BN>
+__device__ void hp_epilogue(hp_rows<T, D, BN> &r, const attn_cu_params &p, const CUtensorMap *to,
                             uint32_t base, const hp_unit &w, int c, int x) {
+  constexpr int DPAD = attn_cu_hp_dpad(D);
   r.l_a = quad_sum(r.l_a);
   r.l_b = quad_sum(r.l_b);
   const float inv_a = r.l_a > 0.0f ? 1.0f / r.l_a : 0.0f;
@@ -381,14 +388,15 @@ struct hp_ctx {
 };
 
 // The first burst: QKᵀ of the unit's first tile alone (O is still zero).
-template <typename T, int DPAD, int BN, int STAGES>
-__device__ __forceinline__ void hp_first(hp_rows<T, DPAD, BN> &r, float (&s)[BN / 2],
-                                         const hp_ctx &k, int *slot, int *parity) {
+template <typename T, int D, int BN, int STAGES>
+__device__ __forceinline__ void hp_first(hp_rows<T, D, BN> &r, float (&s)[BN / 2], const hp_ctx &k,
+                                         int *slot, int *parity) {
+  constexpr int DPAD = attn_cu_hp_dpad(D);
   attn_cu_hp_ring(k.it, STAGES, slot, parity);
   mbar_wait(k.bars + attn_cu_hp_kfull(*slot), *parity);
   bar_sync(k.mine, 2 * ATTN_CU_HP_WG);
   wg_fence();
-  hp_issue_qk<T, DPAD, BN>(s, k.base, k.c, k.base + attn_cu_hp_k_off(DPAD, BN, *slot));
+  hp_issue_qk<T, D, BN>(s, k.base, k.c, k.base + attn_cu_hp_k_off(DPAD, BN, *slot));
   wg_commit();
   if (attn_cu_hp_pp_arrives(k.c, 0, k.steps))
     bar_arrive(k.other, 2 * ATTN_CU_HP_WG);
@@ -408,18 +416,19 @@ __device__ __forceinline__ void hp_first(hp_rows<T, DPAD, BN> &r, float (&s)[BN 
 // before it, K released once QKᵀ is done (wait 1), the softmax while PV
 // runs, V released once PV is done (wait 0). Straight-line code (no
 // wgmma under a condition), so ptxas keeps the wgmmas asynchronous.
-template <bool MASK, typename T, int DPAD, int BN, int STAGES>
-__device__ __forceinline__ void hp_step(hp_rows<T, DPAD, BN> &r, float (&s)[BN / 2],
-                                        const hp_ctx &k, int step, int *slot, int *parity) {
+template <bool MASK, typename T, int D, int BN, int STAGES>
+__device__ __forceinline__ void hp_step(hp_rows<T, D, BN> &r, float (&s)[BN / 2], const hp_ctx &k,
+                                        int step, int *slot, int *parity) {
+  constexpr int DPAD = attn_cu_hp_dpad(D);
   const int pslot = *slot, pparity = *parity;
   attn_cu_hp_ring(k.it + step, STAGES, slot, parity);
   mbar_wait(k.bars + attn_cu_hp_vfull(pslot), pparity);
   mbar_wait(k.bars + attn_cu_hp_kfull(*slot), *parity);
   bar_sync(k.mine, 2 * ATTN_CU_HP_WG);
   wg_fence();
-  hp_issue_qk<T, DPAD, BN>(s, k.base, k.c, k.base + attn_cu_hp_k_off(DPAD, BN, *slot));
+  hp_issue_qk<T, D, BN>(s, k.base, k.c, k.base + attn_cu_hp_k_off(DPAD, BN, *slot));
   wg_commit();
-  hp_issue_pv<T, DPAD, BN>(r, k.base + attn_cu_hp_v_off(DPAD, BN, pslot));
+  hp_issue_pv<T, D, BN>(r, k.base + attn_cu_hp_v_off(DPAD, BN, pslot));
   wg_commit();
   if (attn_cu_hp_pp_arrives(k.c, step, k.steps))
     bar_arrive(k.other, 2 * ATTN_CU_HP_WG);
@@ -438,13 +447,14 @@ __device__ __forceinline__ void hp_step(hp_rows<T, DPAD, BN> &r, float (&s)[BN /
 }
 
 // The last burst: PV of the last tile.
-template <typename T, int DPAD, int BN, int STAGES>
-__device__ __forceinline__ void hp_last(hp_rows<T, DPAD, BN> &r, const hp_ctx &k, int slot,
+template <typename T, int D, int BN, int STAGES>
+__device__ __forceinline__ void hp_last(hp_rows<T, D, BN> &r, const hp_ctx &k, int slot,
                                         int parity) {
+  constexpr int DPAD = attn_cu_hp_dpad(D);
   mbar_wait(k.bars + attn_cu_hp_vfull(slot), parity);
   bar_sync(k.mine, 2 * ATTN_CU_HP_WG);
   wg_fence();
-  hp_issue_pv<T, DPAD, BN>(r, k.base + attn_cu_hp_v_off(DPAD, BN, slot));
+  hp_issue_pv<T, D, BN>(r, k.base + attn_cu_hp_v_off(DPAD, BN, slot));
   wg_commit();
   if (attn_cu_hp_pp_arrives(k.c, k.steps - 1, k.steps))
     bar_arrive(k.other, 2 * ATTN_CU_HP_WG);
@@ -457,9 +467,10 @@ __device__ __forceinline__ void hp_last(hp_rows<T, DPAD, BN> &r, const hp_ctx &k
 // counts K/V tiles as the producer does. The tiles every row of this
 // consumer sees whole form one run (attn_cu_hp_full_range) and take the
 // unmasked softmax; the masked ones before and after it loop apart.
-template <typename T, int DPAD, int BN, int STAGES>
-__device__ void hp_consume_unit(hp_rows<T, DPAD, BN> &r, const attn_cu_params &p, const hp_unit &w,
+template <typename T, int D, int BN, int STAGES>
+__device__ void hp_consume_unit(hp_rows<T, D, BN> &r, const attn_cu_params &p, const hp_unit &w,
                                 uint32_t base, int c, int x, int64_t &it) {
+  constexpr int DPAD = attn_cu_hp_dpad(D);
   const int n = w.t1 - w.t0;
   const hp_ctx k{base,
                  base + attn_cu_hp_bar_off(DPAD, BN, STAGES),
@@ -485,24 +496,25 @@ __device__ void hp_consume_unit(hp_rows<T, DPAD, BN> &r, const attn_cu_params &p
     bar_arrive(k.other, 2 * ATTN_CU_HP_WG);
   float s[BN / 2];
   int slot, parity;
-  hp_first<T, DPAD, BN, STAGES>(r, s, k, &slot, &parity);
+  hp_first<T, D, BN, STAGES>(r, s, k, &slot, &parity);
   const int a = min(max(f0 - w.t0, 1), n), z = min(max(f1 - w.t0, a), n);
   for (int step = 1; step < a; step++)
-    hp_step<true, T, DPAD, BN, STAGES>(r, s, k, step, &slot, &parity);
+    hp_step<true, T, D, BN, STAGES>(r, s, k, step, &slot, &parity);
   for (int step = a; step < z; step++)
-    hp_step<false, T, DPAD, BN, STAGES>(r, s, k, step, &slot, &parity);
+    hp_step<false, T, D, BN, STAGES>(r, s, k, step, &slot, &parity);
   for (int step = z; step < n; step++)
-    hp_step<true, T, DPAD, BN, STAGES>(r, s, k, step, &slot, &parity);
-  hp_last<T, DPAD, BN, STAGES>(r, k, slot, parity);
+    hp_step<true, T, D, BN, STAGES>(r, s, k, step, &slot, &parity);
+  hp_last<T, D, BN, STAGES>(r, k, slot, parity);
   it += n;
 }
 
-template <typename T, int DPAD>
+template <typename T, int D>
 __global__ void __launch_bounds__(ATTN_CU_HP_THREADS, 1)
     hopper_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap to,
                const attn_cu_params p) {
-  constexpr int BN = hp_cfg<DPAD>::BN, STAGES = hp_cfg<DPAD>::STAGES;
+  constexpr int DPAD = attn_cu_hp_dpad(D);
+  constexpr int BN = hp_cfg<D>::BN, STAGES = hp_cfg<D>::STAGES;
   extern __shared__ __align__(1024) unsigned char hp_smem[];
   const uint32_t base = (smem_addr(hp_smem) + 1023u) & ~1023u;
   const uint32_t bars = base + attn_cu_hp_bar_off(DPAD, BN, STAGES);
@@ -529,20 +541,20 @@ __global__ void __launch_bounds__(ATTN_CU_HP_THREADS, 1)
     const int qtiles = (p.seq_q + ATTN_CU_HP_BM - 1) / ATTN_CU_HP_BM, section = hp_section(p);
     const int64_t units = (int64_t)qtiles * p.heads_q * p.batch;
     int64_t it = 0, done = 0;
-    hp_rows<T, DPAD, BN> r;
+    hp_rows<T, D, BN> r;
     for (int64_t u = blockIdx.x; u < units; u += gridDim.x, done++) {
       const hp_unit w(p, u, qtiles, section, BN);
       r.start(p, w.qt * ATTN_CU_HP_BM + ATTN_CU_HP_WG_ROWS * c, x);
       mbar_wait(bars + ATTN_CU_HP_QFULL, (int)(done % 2));
-      hp_consume_unit<T, DPAD, BN, STAGES>(r, p, w, base, c, x, it);
-      hp_epilogue<T, DPAD, BN>(r, p, &to, base, w, c, x);
+      hp_consume_unit<T, D, BN, STAGES>(r, p, w, base, c, x, it);
+      hp_epilogue<T, D, BN>(r, p, &to, base, w, c, x);
     }
   }
 }
 #else
 // Built for another architecture: never launched (the host checks the
 // device), and a trap if it ever were.
-template <typename T, int DPAD>
+template <typename T, int D>
 __global__ void __launch_bounds__(ATTN_CU_HP_THREADS, 1)
     hopper_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap to,
@@ -579,7 +591,7 @@ inline cudaError_t hp_encode(CUtensorMap *m, const attn_cu_params &p, const attn
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <typename T, int DPAD>
+template <typename T, int D>
 cudaError_t hp_launch_t(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t st) {
   CUtensorMap m[4];
   for (int w = 0; w < 4; w++) {
@@ -588,16 +600,15 @@ cudaError_t hp_launch_t(const attn_cu_params &p, const attn_cu_choice &c, cudaSt
       return e;
   }
   cudaError_t e = cudaFuncSetAttribute(
-      hopper_fwd<T, DPAD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c.smem_bytes);
+      hopper_fwd<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c.smem_bytes);
   if (e != cudaSuccess)
     return e;
-  hopper_fwd<T, DPAD>
-      <<<c.grid[0], ATTN_CU_HP_THREADS, c.smem_bytes, st>>>(m[0], m[1], m[2], m[3], p);
+  hopper_fwd<T, D><<<c.grid[0], ATTN_CU_HP_THREADS, c.smem_bytes, st>>>(m[0], m[1], m[2], m[3], p);
   return cudaGetLastError();
 }
 
 // Only with the sm_90a code built and on a compute capability 9.0 device.
-template <int DPAD>
+template <int D>
 cudaError_t hp_launch(const attn_cu_params &p, const attn_cu_choice &c, cudaStream_t st) {
   if (!attn_cu_hopper_built())
     return cudaErrorNotSupported;
@@ -612,9 +623,9 @@ cudaError_t hp_launch(const attn_cu_params &p, const attn_cu_choice &c, cudaStre
   if (major != 9 || minor != 0 || p.pass != ATTN_FORWARD || c.nsplit != 1)
     return cudaErrorNotSupported;
   if (p.dtype == ATTN_F16)
-    return hp_launch_t<__half, DPAD>(p, c, st);
+    return hp_launch_t<__half, D>(p, c, st);
   if (p.dtype == ATTN_BF16)
-    return hp_launch_t<__nv_bfloat16, DPAD>(p, c, st);
+    return hp_launch_t<__nv_bfloat16, D>(p, c, st);
   return cudaErrorNotSupported;
 }
 

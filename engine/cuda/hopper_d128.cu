@@ -1,5 +1,5 @@
 // hopper_d128.cu — the Hopper (sm_90a) forward instance for head dims up to
-// 128 (hopper.cuh). Compile-verified only; selected only through the
+// 128 (hopper.cuh), from 97. Compile-verified only; selected only through the
 // self-check's hook (kernels.h).
 #include "hopper.cuh"
 

@@ -52,6 +52,15 @@
 /* Elements of one swizzled panel row (128 bytes of F16/BF16). */
 #define ATTN_CU_HP_PANEL 64
 
+/* An instance's head-dim class d (64, 96, 128, 192, 256) stores its tiles
+ * in whole panels, dpad columns; S = Q Kᵀ takes d / 16 k steps of 16, so
+ * the 96 class skips the two steps over the zero columns (TMA fills past
+ * dp) that the 128 one would compute. */
+ATTN_HDC int attn_cu_hp_dpad(int d) {
+  return (d + ATTN_CU_HP_PANEL - 1) / ATTN_CU_HP_PANEL * ATTN_CU_HP_PANEL;
+}
+ATTN_HDC int attn_cu_hp_qk_steps(int d) { return d / 16; }
+
 /*
  * Shared memory of a CTA, from a 1024-byte aligned base: Q [BM][dpad]; O's
  * staging [BM][dpad], apart from Q so that the next unit's Q loads while

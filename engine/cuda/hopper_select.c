@@ -16,16 +16,18 @@ int attn_cu_hopper_built(void) {
 
 attn_cu_kernel attn_cu_hopper_of(int dp) {
   return dp <= 64    ? ATTN_CU_HOPPER_D64
+         : dp <= 96  ? ATTN_CU_HOPPER_D96
          : dp <= 128 ? ATTN_CU_HOPPER_D128
          : dp <= 192 ? ATTN_CU_HOPPER_D192
                      : ATTN_CU_HOPPER_D256;
 }
 
-/* Tile, ring depth and padded head dim of each instance, in enum order. */
+/* Tile, ring depth and stored head dim of each instance, in enum order. */
 static const struct {
   int bn, stages, dpad;
 } shapes[] = {
     {ATTN_CU_HP_BN_D64, ATTN_CU_HP_STAGES_D64, 64},
+    {ATTN_CU_HP_BN_D96, ATTN_CU_HP_STAGES_D96, 128}, /* attn_cu_hp_dpad(96) */
     {ATTN_CU_HP_BN_D128, ATTN_CU_HP_STAGES_D128, 128},
     {ATTN_CU_HP_BN_D192, ATTN_CU_HP_STAGES_D192, 192},
     {ATTN_CU_HP_BN_D256, ATTN_CU_HP_STAGES_D256, 256},

@@ -160,6 +160,7 @@ typedef enum attn_cu_kernel {
   /* Hopper (sm_90a) forward: TMA, wgmma, warp specialization; chosen only
    * through attn_cu_select_hopper(), never by attn_cu_select(). */
   ATTN_CU_HOPPER_D64,
+  ATTN_CU_HOPPER_D96,
   ATTN_CU_HOPPER_D128,
   ATTN_CU_HOPPER_D192,
   ATTN_CU_HOPPER_D256,
@@ -310,9 +311,9 @@ int attn_cu_select(const attn_cu_params *p, int sms, attn_cu_choice *c, attn_sta
 /* ... and ATTN_CU_ATOMIC_DQ_BIT the backward's atomic path (the choice
  * is then the deterministic one whatever params.bwd_atomic_dq says). */
 #define ATTN_CU_ATOMIC_DQ_BIT (1u << (ATTN_CU_KERNEL_COUNT + 2))
-#define ATTN_CU_HOPPER_OFF                                                            \
-  (1u << ATTN_CU_HOPPER_D64 | 1u << ATTN_CU_HOPPER_D128 | 1u << ATTN_CU_HOPPER_D192 | \
-   1u << ATTN_CU_HOPPER_D256)
+#define ATTN_CU_HOPPER_OFF                                                           \
+  (1u << ATTN_CU_HOPPER_D64 | 1u << ATTN_CU_HOPPER_D96 | 1u << ATTN_CU_HOPPER_D128 | \
+   1u << ATTN_CU_HOPPER_D192 | 1u << ATTN_CU_HOPPER_D256)
 int attn_cu_select_masked(const attn_cu_params *p, int sms, unsigned off, attn_cu_choice *c,
                           attn_status *st);
 
@@ -331,7 +332,7 @@ size_t attn_cu_bwd_bytes(const attn_cu_params *p);
  * choice into the Hopper one with attn_cu_select_hopper(), which returns 1
  * when it did (F16/BF16 forward, a positive scale, dp <= 256, no key split,
  * packed K and V) and 0, leaving c alone, otherwise. attn_cu_hopper_of()
- * names the instance of a padded head dim (64, 128, 192, 256 classes).
+ * names the instance of a padded head dim (64, 96, 128, 192, 256 classes).
  * attn_cu_hopper_built() says whether this build holds its sm_90a code
  * (CUDA_ARCHS with 90a); its launch returns cudaErrorNotSupported when not,
  * or when the device is not compute capability 9.0.
@@ -341,14 +342,19 @@ int attn_cu_select_hopper(const attn_cu_params *p, int sms, attn_cu_choice *c);
 attn_cu_kernel attn_cu_hopper_of(int dp);
 
 /* Keys per K/V tile and ring depth of the Hopper instance of a padded head
- * dim class (64, 128, 192, 256), within 227 KiB of shared memory
+ * dim class (64, 96, 128, 192, 256), within 227 KiB of shared memory
  * (attn_cu_hp_smem) and a consumer's 240 registers: O (dpad / 2 floats),
- * S (bn / 2) and P (bn / 4 words) per thread. */
+ * S (bn / 2) and P (bn / 4 words) per thread. The 96 class stores its
+ * tiles as the 128 one does (dpad 128: whole 64-column panels, which the
+ * 128-byte swizzle's N-major V operand needs) and saves the QKᵀ steps
+ * of the zero columns (attn_cu_hp_qk_steps). */
 #define ATTN_CU_HP_BN_D64 128
+#define ATTN_CU_HP_BN_D96 128
 #define ATTN_CU_HP_BN_D128 128
 #define ATTN_CU_HP_BN_D192 64
 #define ATTN_CU_HP_BN_D256 32
 #define ATTN_CU_HP_STAGES_D64 3
+#define ATTN_CU_HP_STAGES_D96 2
 #define ATTN_CU_HP_STAGES_D128 2
 #define ATTN_CU_HP_STAGES_D192 2
 #define ATTN_CU_HP_STAGES_D256 3

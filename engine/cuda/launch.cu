@@ -221,6 +221,7 @@ extern "C" int attn_cu_launch(const attn_cu_params *p, const attn_cu_choice *c, 
   case ATTN_CU_MMA_D256: e = launch_mma_d256(*p, *c, s); break;
   case ATTN_CU_SIMT_F32: e = launch_simt_f32(*p, *c, s); break;
   case ATTN_CU_HOPPER_D64: return (int)launch_hopper_d64(*p, *c, s);
+  case ATTN_CU_HOPPER_D96: return (int)launch_hopper_d96(*p, *c, s);
   case ATTN_CU_HOPPER_D128: return (int)launch_hopper_d128(*p, *c, s);
   case ATTN_CU_HOPPER_D192: return (int)launch_hopper_d192(*p, *c, s);
   case ATTN_CU_HOPPER_D256: return (int)launch_hopper_d256(*p, *c, s);

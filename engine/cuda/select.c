@@ -47,9 +47,10 @@
 #include <string.h>
 
 static const char *const names[ATTN_CU_KERNEL_COUNT] = {
-    "mma_d64",     "mma_d96",     "mma_d128",     "mma_d160",     "mma_d192",     "mma_d256",
-    "simt_f32",    "bwd_mma_d64", "bwd_mma_d128", "bwd_mma_d256", "bwd_simt_f32", "hopper_d64",
-    "hopper_d128", "hopper_d192", "hopper_d256",  "decode_d64",   "decode_d128",  "decode_d256"};
+    "mma_d64",      "mma_d96",    "mma_d128",    "mma_d160",     "mma_d192",
+    "mma_d256",     "simt_f32",   "bwd_mma_d64", "bwd_mma_d128", "bwd_mma_d256",
+    "bwd_simt_f32", "hopper_d64", "hopper_d96",  "hopper_d128",  "hopper_d192",
+    "hopper_d256",  "decode_d64", "decode_d128", "decode_d256"};
 
 /* A tensor-core instance: the padded head dim it holds, its query rows and
  * keys per tile. */

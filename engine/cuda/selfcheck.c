@@ -123,10 +123,12 @@ static const check_shape shapes[] = {
     {ATTN_FORWARD, ATTN_BF16, 4, 4, 1, 900, 256, false, 500, 0, false, false, -0.06, false},
     /* the Hopper instance, each head dim: a tail query tile and several
      * key tiles through the ring (too few to split); the first with a
-     * top-left diagonal (diag_offset 0), which it once ignored; the 181
+     * top-left diagonal (diag_offset 0), which it once ignored; the 89
+     * one with two query tiles per head (a whole one and a tail); the 181
      * one with its keys past a left window edge, so its consumers take
      * masked tiles, then whole ones, then the masked last tile */
     {ATTN_FORWARD, ATTN_F16, 2, 1, 100, 250, 61, true, -1, 0, false, true, 0, true},
+    {ATTN_FORWARD, ATTN_F16, 2, 1, 200, 280, 89, true, -1, 0, false, true, 0, false},
     {ATTN_FORWARD, ATTN_BF16, 2, 1, 120, 250, 125, false, 20, 0, false, true, 0, false},
     {ATTN_FORWARD, ATTN_BF16, 2, 1, 110, 300, 181, false, 90, 0, false, true, 0, false},
     {ATTN_FORWARD, ATTN_F16, 2, 1, 90, 200, 253, true, -1, 0, false, true, 0, false},

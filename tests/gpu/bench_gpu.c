@@ -32,8 +32,8 @@
  * as "prefill" (the mma.sync instance attn_cu_select picks) and as
  * "hopper" (the sm_90a instance, turned on by attn_cu_select_hopper as the
  * self-check would); --hopper-full is N in 1k, 2k, 4k, 8k, 16k and D in 64,
- * 128, 192, 256, --hopper N in 4k, 8k, 16k at D=128 and N=8k at D=64, 192
- * and 256.
+ * 96, 128, 192, 256, --hopper N in 4k, 8k, 16k at D=128 and N=8k at D=64,
+ * 96, 192 and 256.
  *
  * With --staging it instead takes one job (B=4, H=16, N=4096, D=128, BF16)
  * step by step: the host pack into pinned memory, the upload from pinned
@@ -146,9 +146,9 @@ static int shapes(bshape *s, bool quick) {
 /* The Hopper table: each shape as "prefill" and as "hopper". */
 static int hopper_shapes(bshape *s, bool full) {
   static const int ns[] = {1024, 2048, 4096, 8192, 16384};
-  static const int ds[] = {64, 128, 192, 256};
+  static const int ds[] = {64, 96, 128, 192, 256};
   int n = 0;
-  for (int j = 0; j < 4; j++)
+  for (int j = 0; j < 5; j++)
     for (int i = 0; i < 5; i++)
       for (int c = 0; c < 2; c++) {
         if (!full && !(ds[j] == 128 ? ns[i] >= 4096 : ns[i] == 8192))
@@ -826,7 +826,8 @@ static void usage(FILE *f) {
              "  --quick     N=4096, D=128 prefill and backward (both dtypes, causal and not)\n"
              "              and one decode\n"
              "  --hopper    the sm_90a instance beside mma.sync (BF16, B=4, H=16): N=4k..16k\n"
-             "              at D=128, N=8k at D=64, 192, 256; --hopper-full: N=1k..16k, D=64..256\n"
+             "              at D=128, N=8k at D=64, 96, 192, 256; --hopper-full: N=1k..16k,\n"
+             "              D=64..256\n"
              "  --staging   one job (B=4, H=16, N=4096, D=128, BF16) step by step (pack,\n"
              "              upload, kernel, download, one group's), and the whole job\n"
              "              through the engine from ordinary and from lent pinned memory;\n"
@@ -909,7 +910,7 @@ int main(int argc, char **argv) {
   printf("%-10s %2s %3s %3s %5s %6s %4s %-5s %6s %-12s %6s %4s %5s %10s %9s %8s %6s\n", "kind", "B",
          "Hq", "Hkv", "Nq", "Nkv", "D", "dtype", "causal", "kernel", "nsplit", "sets", "reps",
          "median_ms", "TFLOP/s", "GB/s", "status");
-  bshape sh[96]; /* shapes() lists 65, hopper_shapes() up to 80 */
+  bshape sh[112]; /* shapes() lists 65, hopper_shapes() up to 100 */
   int n = o.hopper ? hopper_shapes(sh, o.hopper == 2) : shapes(sh, o.quick), fails = 0;
   for (int i = 0; i < n; i++) {
     const bshape *s = &sh[i];

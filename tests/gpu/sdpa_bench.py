@@ -33,7 +33,7 @@ import sys
 
 def hopper_shapes(full):
     out = []
-    for d in (64, 128, 192, 256):
+    for d in (64, 96, 128, 192, 256):
         for n in (1024, 2048, 4096, 8192, 16384):
             for causal in (False, True):
                 if full or (n >= 4096 if d == 128 else n == 8192):

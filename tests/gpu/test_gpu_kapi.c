@@ -869,9 +869,9 @@ void group_kapi(tgroup *g, int grp) {
 }
 
 static int hopper_list(tprob *ps) {
-  static const int dims[] = {64, 128, 192, 256, 40, 72, 136, 160, 200, 8};
+  static const int dims[] = {64, 96, 128, 192, 256, 40, 72, 136, 160, 200, 8};
   int n = 0;
-  for (int i = 0; i < 10; i++)
+  for (int i = 0; i < 11; i++)
     for (int dt = 0; dt < 2; dt++) {
       tprob p = tprob_make(1 + i % 2, 4, i % 3 ? 2 : 4, 300 + 67 * i, 300 + 41 * i, dims[i],
                            dt ? ATTN_BF16 : ATTN_F16);
@@ -889,7 +889,7 @@ static int hopper_list(tprob *ps) {
   ps[n++] = p;
   /* a band wide enough that each unit has masked tiles, then whole ones,
    * then masked ones again (the consumer's three loops), each head dim */
-  for (int i = 0; i < 4; i++) {
+  for (int i = 0; i < 5; i++) {
     p = tprob_make(1, 4, 2, 1500, 1500, dims[i], i % 2 ? ATTN_BF16 : ATTN_F16);
     p.wl = 600;
     p.wr = 350;

@@ -218,9 +218,9 @@ static void emu_stsm(smem *m, const uint32_t addr[32], float r[32][4][2]) {
 }
 
 /* One consumer warpgroup c's 64 rows of a work unit: Q (128 x dp), one K/V
- * tile of bn keys, dpad the instance. */
-static void wg_tile(int dpad, int dp, int bn, int stages, int c, uint64_t seed) {
-  const int bm = ATTN_CU_HP_BM, slot = stages - 1;
+ * tile of bn keys, cls the instance's head-dim class (its tiles dpad wide). */
+static void wg_tile(int cls, int dp, int bn, int stages, int c, uint64_t seed) {
+  const int bm = ATTN_CU_HP_BM, slot = stages - 1, dpad = attn_cu_hp_dpad(cls);
   smem m = {NULL, attn_cu_hp_bar_off(dpad, bn, stages)};
   m.v = malloc(m.bytes / 2 * sizeof(float));
   for (uint32_t i = 0; i < m.bytes / 2; i++)
@@ -243,9 +243,10 @@ static void wg_tile(int dpad, int dp, int bn, int stages, int c, uint64_t seed) 
       *at(&m, tma_place(sk, r, col, bn)) = (float)K[r * dpad + col];
       *at(&m, tma_place(sv, r, col, bn)) = (float)V[r * dpad + col];
     }
-  /* S = Q Kᵀ as hp_issue_qk issues it. */
+  /* S = Q Kᵀ as hp_issue_qk issues it (the 96 class stops short of the
+   * zero columns; the reference sums over all of dpad). */
   float(*s)[128] = calloc(128, sizeof *s), (*o)[128] = calloc(128, sizeof *o);
-  for (int kk = 0; kk < dpad / 16; kk++) {
+  for (int kk = 0; kk < attn_cu_hp_qk_steps(cls); kk++) {
     uint64_t da = attn_cu_hp_desc_k(0, bm, ATTN_CU_HP_WG_ROWS * c, kk);
     emu_wgmma(&m, bn, &da, NULL, attn_cu_hp_desc_k(sk, bn, 0, kk), 0, s);
   }
@@ -325,6 +326,12 @@ Test(cuda_hopper, warpgroup_emulation_d64) {
   wg_tile(64, 64, ATTN_CU_HP_BN_D64, ATTN_CU_HP_STAGES_D64, 0, 1);
   wg_tile(64, 40, ATTN_CU_HP_BN_D64, ATTN_CU_HP_STAGES_D64, 1, 2);
 }
+Test(cuda_hopper, warpgroup_emulation_d96) {
+  /* stored as the 128 class is, two of its eight QKᵀ steps saved */
+  cr_assert(attn_cu_hp_dpad(96) == 128 && attn_cu_hp_qk_steps(96) == 6);
+  wg_tile(96, 96, ATTN_CU_HP_BN_D96, ATTN_CU_HP_STAGES_D96, 0, 9);
+  wg_tile(96, 72, ATTN_CU_HP_BN_D96, ATTN_CU_HP_STAGES_D96, 1, 10);
+}
 Test(cuda_hopper, warpgroup_emulation_d128) {
   wg_tile(128, 128, ATTN_CU_HP_BN_D128, ATTN_CU_HP_STAGES_D128, 1, 3);
   wg_tile(128, 72, ATTN_CU_HP_BN_D128, ATTN_CU_HP_STAGES_D128, 0, 4);
@@ -342,11 +349,12 @@ Test(cuda_hopper, warpgroup_emulation_d256) {
  * the descriptors' base), and fit what one block may opt into on sm_90. */
 Test(cuda_hopper, shared_memory_regions_apart_and_within_the_limit) {
   static const int cfg[][3] = {{64, ATTN_CU_HP_BN_D64, ATTN_CU_HP_STAGES_D64},
+                               {96, ATTN_CU_HP_BN_D96, ATTN_CU_HP_STAGES_D96},
                                {128, ATTN_CU_HP_BN_D128, ATTN_CU_HP_STAGES_D128},
                                {192, ATTN_CU_HP_BN_D192, ATTN_CU_HP_STAGES_D192},
                                {256, ATTN_CU_HP_BN_D256, ATTN_CU_HP_STAGES_D256}};
-  for (int i = 0; i < 4; i++) {
-    const int dpad = cfg[i][0], bn = cfg[i][1], stages = cfg[i][2];
+  for (int i = 0; i < 5; i++) {
+    const int dpad = attn_cu_hp_dpad(cfg[i][0]), bn = cfg[i][1], stages = cfg[i][2];
     uint32_t start[2 + 2 * 4], size[2 + 2 * 4];
     int nr = 0;
     start[nr] = 0, size[nr++] = (uint32_t)(ATTN_CU_HP_BM * dpad * 2);
@@ -743,6 +751,7 @@ Test(cuda_hopper, never_selected_by_default_and_hook_fits_the_card) {
       if (!took)
         continue;
       attn_cu_kernel want = p.dp <= 64    ? ATTN_CU_HOPPER_D64
+                            : p.dp <= 96  ? ATTN_CU_HOPPER_D96
                             : p.dp <= 128 ? ATTN_CU_HOPPER_D128
                             : p.dp <= 192 ? ATTN_CU_HOPPER_D192
                                           : ATTN_CU_HOPPER_D256;
@@ -766,6 +775,7 @@ Test(cuda_hopper, never_selected_by_default_and_hook_fits_the_card) {
   p.pass = ATTN_BACKWARD;
   cr_assert_eq(attn_cu_select(&p, 132, &c, &st), 0);
   cr_assert_eq(attn_cu_select_hopper(&p, 132, &c), 0);
+  cr_assert_str_eq(attn_cu_kernel_name(ATTN_CU_HOPPER_D96), "hopper_d96");
   cr_assert_str_eq(attn_cu_kernel_name(ATTN_CU_HOPPER_D128), "hopper_d128");
   cr_assert_str_eq(attn_cu_kernel_name(ATTN_CU_HOPPER_D192), "hopper_d192");
   /* The softmax folds the scale into the exponent, taking the raw scores'

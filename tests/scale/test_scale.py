@@ -34,6 +34,10 @@ pytestmark = pytest.mark.skipif(cluster.HAPROXY is None,
 
 H, D = 2, 16          # a session's heads (q and kv alike) and head size
 DRAIN_DELAY = 5       # the replicas' --drain-delay: many of the proxy's 0.1 s checks
+# the replicas' --drain-timeout and --timeout: the drain test's long call (2 s in a plain
+# build, over a minute under SAN=1 with two CPU hogs beside it) must end within both;
+# the defaults, 30 s and 60 s, ran out once each
+DRAIN_TIMEOUT = 300
 TOL = 1e-5            # F32 against float64
 
 
@@ -46,7 +50,8 @@ def attnd_bin():
 def fleet(tmp_path_factory):
     work = str(tmp_path_factory.mktemp("scale"))
     args = ["--threads", "1", "--http-threads", "1", "--trusted-proxy", "127.0.0.1",
-            "--drain-delay", str(DRAIN_DELAY), "--session-memory", "64M",
+            "--drain-delay", str(DRAIN_DELAY), "--drain-timeout", str(DRAIN_TIMEOUT),
+            "--timeout", str(DRAIN_TIMEOUT), "--session-memory", "64M",
             "--session-dir", None]
     replicas = []
     for i in range(3):
@@ -229,7 +234,8 @@ def test_sigterm_drains_with_no_failed_call(whole):
     big = {}
 
     def long_call():
-        big["o"] = attnd.Client("http://" + victim.addr, timeout=120).attention(q, k, v)
+        client = attnd.Client("http://" + victim.addr, timeout=DRAIN_TIMEOUT + 60)
+        big["o"] = client.attention(q, k, v)
 
     inflight = threading.Thread(target=long_call)
     inflight.start()
@@ -243,8 +249,8 @@ def test_sigterm_drains_with_no_failed_call(whole):
         victim.term()
         proxy.wait_status(victim.name, "DOWN", limit=DRAIN_DELAY * 4)
         assert victim.alive(), "the replica stopped before the proxy took it out of rotation"
-        assert victim.wait_exit(limit=120) == 0
-        inflight.join(timeout=120)
+        assert victim.wait_exit(limit=DRAIN_TIMEOUT + 60) == 0
+        inflight.join(timeout=DRAIN_TIMEOUT + 60)
     finally:
         done.set()
         for t in workers:

@@ -22,12 +22,12 @@ attn_cu_kernel attn_cu_hopper_of(int dp) {
                      : ATTN_CU_HOPPER_D256;
 }
 
-/* Tile, ring depth and stored head dim of each instance, in enum order. */
+/* Tile, ring depth and head-dim class of each instance, in enum order. */
 static const struct {
-  int bn, stages, dpad;
+  int bn, stages, d;
 } shapes[] = {
     {ATTN_CU_HP_BN_D64, ATTN_CU_HP_STAGES_D64, 64},
-    {ATTN_CU_HP_BN_D96, ATTN_CU_HP_STAGES_D96, 128}, /* attn_cu_hp_dpad(96) */
+    {ATTN_CU_HP_BN_D96, ATTN_CU_HP_STAGES_D96, 96},
     {ATTN_CU_HP_BN_D128, ATTN_CU_HP_STAGES_D128, 128},
     {ATTN_CU_HP_BN_D192, ATTN_CU_HP_STAGES_D192, 192},
     {ATTN_CU_HP_BN_D256, ATTN_CU_HP_STAGES_D256, 256},
@@ -45,7 +45,7 @@ int attn_cu_select_hopper(const attn_cu_params *p, int sms, attn_cu_choice *c) {
     return 0;
   c->kernel = attn_cu_hopper_of(p->dp);
   const int i = (int)c->kernel - ATTN_CU_HOPPER_D64;
-  c->smem_bytes = attn_cu_hp_smem(shapes[i].dpad, shapes[i].bn, shapes[i].stages);
+  c->smem_bytes = attn_cu_hp_smem(attn_cu_hp_dpad(shapes[i].d), shapes[i].bn, shapes[i].stages);
   int64_t qtiles = (p->seq_q + ATTN_CU_HP_BM - 1) / ATTN_CU_HP_BM;
   int64_t units = qtiles * p->heads_q * p->batch;
   c->block_m = ATTN_CU_HP_BM;

@@ -47,6 +47,8 @@
 /* Key chunks of a split: at least this many keys, at most this many chunks. */
 #define SPLIT_MIN_KEYS 512
 #define SPLIT_MAX 64
+/* Key tiles a packing item transposes. */
+#define PACK_TILES 16
 
 typedef struct cpu_state {
   attn_pool *pool;
@@ -58,13 +60,16 @@ typedef struct cpu_job {
   attn_job *job;
   cpu_state *s;
   attn__flash_args args;
-  int64_t nqt;         /* query blocks per head */
-  int64_t hb;          /* query heads packed into one block (GQA decode), >= 1 */
-  int64_t hchunks;     /* blocks of hb heads per KV head: ceil(group / hb) */
-  int64_t ncompute;    /* compute items; the B·Hkv after them scan unseen keys */
+  int64_t nqt;      /* query blocks per head */
+  int64_t hb;       /* query heads packed into one block (GQA decode), >= 1 */
+  int64_t hchunks;  /* blocks of hb heads per KV head: ceil(group / hb) */
+  int64_t ncompute; /* compute items; the nscan after them scan unseen keys */
+  int64_t nscan;
   int64_t nsplit;      /* key chunks per (batch, KV head); 0: no split */
   int64_t chunk;       /* keys per chunk */
   float *po, *pm, *pl; /* split partials, item-major */
+  uint16_t *vpack;     /* the kernel's packed V (args.vpack), or NULL */
+  int64_t npack;       /* its items: (batch, KV head, run of PACK_TILES tiles) */
   int64_t *bad;        /* seen: q heads, then k heads, then v heads */
   uint32_t *maxbits;
 } cpu_job;
@@ -72,6 +77,7 @@ typedef struct cpu_job {
 static const char *const scan_names[3] = {"q", "k", "v"};
 
 static void cpu_job_free(cpu_job *cj) {
+  free(cj->vpack);
   free(cj->po);
   free(cj->pm);
   free(cj->pl);
@@ -259,6 +265,52 @@ static void plan_blocks(cpu_job *cj) {
                             : r->batch * r->heads_kv * cj->hchunks * cj->nqt;
 }
 
+/* Phase one of a job with packed V: item -> (batch, KV head, run of tiles). */
+static void pack_run(attn_pool_task *task, int64_t item, void *ws) {
+  (void)ws;
+  cpu_job *cj = (cpu_job *)task;
+  const attn_request *r = &cj->job->req;
+  const int64_t ntiles = r->seq_kv / ATTN_FLASH_BK, runs = (ntiles + PACK_TILES - 1) / PACK_TILES;
+  const int64_t head = item / runs, t0 = item % runs * PACK_TILES;
+  const int64_t t1 = t0 + PACK_TILES < ntiles ? t0 + PACK_TILES : ntiles;
+  if (attn__job_canceled(cj->job))
+    return;
+  cj->s->isa->pack_v(&cj->args, head / r->heads_kv, head % r->heads_kv, t0, t1,
+                     cj->vpack + (size_t)(head * ntiles * ATTN_FLASH_BK * r->head_dim));
+}
+
+/* V packed: the compute phase, on the same task. */
+static void pack_finish(attn_pool_task *task) {
+  cpu_job *cj = (cpu_job *)task;
+  cj->task.nitems = cj->ncompute + cj->nscan;
+  cj->task.run = compute_run;
+  cj->task.finish = compute_finish;
+  attn_pool_submit(cj->s->pool, &cj->task);
+}
+
+/*
+ * The amx kernel transposes each V tile for its P·V product; when a KV
+ * head has several blocks of query rows to compute (prefill), V's whole
+ * tiles are transposed once, by a first phase, into a copy every block
+ * reads (the size of V). Tiles follow key 0 unless a left window moves
+ * them, and only aligned whole tiles are packed; a few-row block (decode)
+ * takes no tiles. Returns -1 when out of memory.
+ */
+static int plan_pack(cpu_job *cj) {
+  const attn_request *r = &cj->job->req;
+  const int64_t ntiles = r->seq_kv / ATTN_FLASH_BK, heads = r->batch * r->heads_kv;
+  const bool worth = cj->ncompute >= 2 * heads && cj->hb * r->seq_q > 2 * 4;
+  if (!cj->s->isa->pack_v || r->dtype != ATTN_BF16 || r->head_dim % 32 || cj->nsplit ||
+      cj->args.wl >= 0 || ntiles == 0 || !worth || cj->job->here)
+    return 0;
+  cj->vpack = malloc((size_t)(heads * ntiles * ATTN_FLASH_BK * r->head_dim) * sizeof *cj->vpack);
+  if (!cj->vpack)
+    return -1;
+  cj->args.vpack = cj->vpack;
+  cj->npack = heads * ((ntiles + PACK_TILES - 1) / PACK_TILES);
+  return 0;
+}
+
 static int cpu_submit(void *state, attn_job *job, attn_status *st) {
   cpu_state *s = state;
   const attn_request *r = &job->req;
@@ -280,10 +332,15 @@ static int cpu_submit(void *state, attn_job *job, attn_status *st) {
     return attn_status_set(st, ATTN_ENOMEM, "out of memory queueing a job");
   }
   plan_blocks(cj);
+  if (plan_pack(cj) < 0) {
+    cpu_job_free(cj);
+    return attn_status_set(st, ATTN_ENOMEM, "out of memory queueing a job");
+  }
   /* Paged K and V have no unseen keys to scan: no scan items. */
-  cj->task.nitems = cj->ncompute + (r->k_pages ? 0 : r->batch * r->heads_kv);
-  cj->task.run = compute_run;
-  cj->task.finish = compute_finish;
+  cj->nscan = r->k_pages ? 0 : r->batch * r->heads_kv;
+  cj->task.nitems = cj->npack ? cj->npack : cj->ncompute + cj->nscan;
+  cj->task.run = cj->npack ? pack_run : compute_run;
+  cj->task.finish = cj->npack ? pack_finish : compute_finish;
   if (job->here)
     attn_pool_run_here(s->pool, &cj->task);
   else

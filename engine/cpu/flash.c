@@ -217,10 +217,13 @@ typedef struct blk_ctx {
   int64_t nrows, lanes, hk, jlo, jhi;
   int64_t scan_from; /* the keys this block scans: [scan_from, jhi] */
   int nv;
-  bool bf16dp;  /* BF16 products (flash_bf16.h) instead of F32 */
-  bool amx;     /* and AMX tiles for whole tiles (flash_amx.h) */
-  bool rowwise; /* and few rows, along head_dim (flash_bf16.h) */
-  bool rowf;    /* few rows along head_dim in F32 (rf_*) */
+  bool bf16dp;              /* BF16 products (flash_bf16.h) instead of F32 */
+  bool amx;                 /* and AMX tiles for whole tiles (flash_amx.h) */
+  bool rowwise;             /* and few rows, along head_dim (flash_bf16.h) */
+  bool rowf;                /* few rows along head_dim in F32 (rf_*) */
+  int pbase, npend;         /* AMX: the tiles whose P·V waits (flash_amx.h) */
+  const uint16_t *vslot[4]; /* and where their Vᵀ is */
+  const uint16_t *pvt;      /* the next tile's packed Vᵀ, or NULL */
 } blk_ctx;
 
 static const char *q_row(const blk_ctx *c, int64_t h, int64_t i) {
@@ -247,6 +250,9 @@ static inline void prefetch_next(const blk_ctx *c, int64_t part, int64_t parts) 
 
 #endif
 
+/* The variants, on scaled scores (below; flash_amx.h calls it too). */
+static void variant_tile(blk_ctx *c, int64_t j0, int64_t nkt);
+
 #if ATTN_DPBF16 || ATTN_AMX
 #include "flash_bf16.h"
 #else
@@ -264,6 +270,12 @@ static inline void rw_scores(blk_ctx *c, int64_t nkt) { (void)c, (void)nkt; }
 static inline void rw_values(blk_ctx *c, int64_t nkt) { (void)c, (void)nkt; }
 static inline void rw_begin(blk_ctx *c) { (void)c; }
 static inline void rw_end(blk_ctx *c) { (void)c; }
+static inline bool amx_tile(const blk_ctx *c, int64_t nkt) {
+  (void)c, (void)nkt;
+  return false;
+}
+static inline void amx_step(blk_ctx *c, int64_t j0, bool full) { (void)c, (void)j0, (void)full; }
+static inline void amx_flush(blk_ctx *c) { (void)c; }
 #endif
 #if !ATTN_AMX
 static inline void amx_begin(blk_ctx *c) { (void)c; }
@@ -412,7 +424,7 @@ static void see_tile(const blk_ctx *c, int64_t j0, int64_t nkt) {
 static void tile_rows(blk_ctx *c, int64_t j0, int64_t nkt) {
   row_ptrs(c, j0, &c->kt, &c->vt, &c->kstep, &c->vstep);
   c->pn = 0;
-  if ((c->rowf || c->rowwise) && j0 + nkt <= c->jhi) {
+  if ((c->rowf || c->rowwise || c->amx) && j0 + nkt <= c->jhi) {
     row_ptrs(c, j0 + nkt, &c->pk, &c->pv, &c->pks, &c->pvs);
     c->pn = tile_len(c, j0 + nkt);
   }
@@ -424,6 +436,13 @@ static void tile_step(blk_ctx *c, int64_t j0, int64_t nkt) {
   const int64_t D = a->r->head_dim, i0 = c->blk->i0, ilast = i0 + c->blk->nq - 1;
   see_tile(c, j0, nkt);
   tile_rows(c, j0, nkt);
+  const bool full = (a->wl < 0 || j0 >= ilast + a->off - a->wl) &&
+                    (a->wr < 0 || j0 + nkt - 1 <= i0 + a->off + a->wr);
+  if (amx_tile(c, nkt)) {
+    amx_step(c, j0, full);
+    return;
+  }
+  amx_flush(c); /* the AMX tiles' P·V before this one touches Oᵀ */
   const float *vp = NULL;
   int64_t ldv = 0;
   if (c->rowf)
@@ -436,8 +455,6 @@ static void tile_step(blk_ctx *c, int64_t j0, int64_t nkt) {
     f32_scores(c, nkt, &vp, &ldv);
   if (a->var.on)
     variant_tile(c, j0, nkt);
-  bool full = (a->wl < 0 || j0 >= ilast + a->off - a->wl) &&
-              (a->wr < 0 || j0 + nkt - 1 <= i0 + a->off + a->wr);
   if (!full)
     mask_tile(c->st, a, j0, nkt, i0, c->blk->nq, c->nrows);
   softmax_tile(c->st, nkt, c->nv, c->m, c->l, c->alpha);
@@ -562,6 +579,23 @@ static void rows(const attn__flash_args *a, const attn__flash_block *blk, void *
     rf_end(&c);
   finish_block(&c);
 }
+
+#if ATTN_AMX
+static void pack_v(const attn__flash_args *a, int64_t b, int64_t hk, int64_t t0, int64_t t1,
+                   uint16_t *dst) {
+  const attn__flash_block blk = {.b = b};
+  blk_ctx c = {.a = a, .blk = &blk, .hk = hk};
+  const int64_t D = a->r->head_dim;
+  kv_head(&c);
+  for (int64_t t = t0; t < t1; t++) {
+    row_ptrs(&c, t * BK, &c.kt, &c.vt, &c.kstep, &c.vstep);
+    amx_transpose_v(c.vt, c.vstep, D, dst + (size_t)(t * BK) * (size_t)D);
+  }
+}
+#define PACK_V pack_v
+#else
+#define PACK_V NULL
+#endif
 
 static void scan_keys(const attn__flash_args *a, int64_t b, int64_t hk, int64_t j0, int64_t j1) {
   const attn_request *r = a->r;
@@ -701,4 +735,5 @@ const attn__flash_isa CAT(attn__flash_, SUFFIX) = {
     /* .exp2      = */ exp2_array,
     /* .tanh      = */ tanh_array,
     /* .bwd       = */ &CAT(attn__bwd_, SUFFIX),
+    /* .pack_v    = */ PACK_V,
 };

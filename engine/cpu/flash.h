@@ -27,6 +27,9 @@ typedef struct attn__flash_args {
   int64_t off;              /* attn_request_offset() */
   int64_t group;            /* heads_q / heads_kv */
   attn__variants var;       /* softcap and ALiBi */
+  /* The amx kernel's Vᵀ of every whole key tile, packed once per job
+   * (pack_v below), or NULL: each block then transposes its own tiles. */
+  const uint16_t *vpack;
 } attn__flash_args;
 
 /* A block of query rows: positions [i0, i0 + nq) of the nh query heads
@@ -61,6 +64,13 @@ typedef struct attn__flash_isa {
   void (*tanh)(const float *x, float *y, int64_t n);
   /* The backward pass (flash_bwd.h), from flash_bwd.c's instance. */
   const attn__bwd_kernel *bwd;
+  /* NULL, or (amx) writes V's whole key tiles t0 .. t1-1 of (batch b, KV
+   * head hk) transposed into a->vpack's layout at dst, the tiles of that
+   * head: ATTN_FLASH_BK keys × head_dim BF16 each, tile t at dst + t·BK·D.
+   * Every block of the head then reads them instead of transposing each
+   * tile itself; worth it when a head has several query blocks. */
+  void (*pack_v)(const attn__flash_args *a, int64_t b, int64_t hk, int64_t t0, int64_t t1,
+                 uint16_t *dst);
 } attn__flash_isa;
 
 /* The kernel for want (NULL or "auto": the best this CPU runs; "amx",

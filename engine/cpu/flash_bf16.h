@@ -265,29 +265,19 @@ static inline bool amx_tile(const blk_ctx *c, int64_t nkt) {
   (void)c, (void)nkt;
   return false;
 }
-static inline void amx_scores(blk_ctx *c, const char *kp, int64_t ldk) {
-  (void)c, (void)kp, (void)ldk;
-}
-static inline void amx_values(blk_ctx *c) { (void)c; }
+static inline void amx_step(blk_ctx *c, int64_t j0, bool full) { (void)c, (void)j0, (void)full; }
+static inline void amx_flush(blk_ctx *c) { (void)c; }
 #endif
 
 /* Scores of the tile's nkt keys from K in place. */
 static void dp_scores(blk_ctx *c, int64_t nkt) {
   const int64_t ldk = c->kstep * 2;
-  const char *kp = c->kt;
-  if (amx_tile(c, nkt))
-    amx_scores(c, kp, ldk);
-  else
-    dp_qk_tile(c, kp, ldk, nkt);
+  dp_qk_tile(c, c->kt, ldk, nkt);
 }
 
 /* Oᵀ += Vᵀ·P for the tile's keys (Oᵀ already rescaled). */
 static void dp_values(blk_ctx *c, int64_t nkt) {
   dp_pack_p(c, nkt);
-  if (amx_tile(c, nkt)) {
-    amx_values(c);
-    return;
-  }
   dp_pack_v(c, nkt, (uint32_t *)c->vb);
   dp_pv_tile(c, (const uint32_t *)c->vb, nkt);
 }

@@ -270,13 +270,13 @@ static void pack_run(attn_pool_task *task, int64_t item, void *ws) {
   (void)ws;
   cpu_job *cj = (cpu_job *)task;
   const attn_request *r = &cj->job->req;
-  const int64_t ntiles = r->seq_kv / ATTN_FLASH_BK, runs = (ntiles + PACK_TILES - 1) / PACK_TILES;
+  const int64_t ntiles = attn__flash_pack_tiles(r), runs = (ntiles + PACK_TILES - 1) / PACK_TILES;
   const int64_t head = item / runs, t0 = item % runs * PACK_TILES;
   const int64_t t1 = t0 + PACK_TILES < ntiles ? t0 + PACK_TILES : ntiles;
   if (attn__job_canceled(cj->job))
     return;
   cj->s->isa->pack_v(&cj->args, head / r->heads_kv, head % r->heads_kv, t0, t1,
-                     cj->vpack + (size_t)(head * ntiles * ATTN_FLASH_BK * r->head_dim));
+                     cj->vpack + (size_t)(head * ntiles * attn__flash_pack_words(r)));
 }
 
 /* V packed: the compute phase, on the same task. */
@@ -289,21 +289,22 @@ static void pack_finish(attn_pool_task *task) {
 }
 
 /*
- * The amx kernel transposes each V tile for its P·V product; when a KV
- * head has several blocks of query rows to compute (prefill), V's whole
- * tiles are transposed once, by a first phase, into a copy every block
- * reads (the size of V). Tiles follow key 0 unless a left window moves
- * them, and only aligned whole tiles are packed; a few-row block (decode)
- * takes no tiles. Returns -1 when out of memory.
+ * The amx kernel transposes each V tile for its P·V product (and splits F16
+ * K and V in two BF16 parts); when a KV head has several blocks of query
+ * rows to compute (prefill), its tiles are packed once, by a first phase,
+ * into a copy every block reads (the size of V; four times it for F16).
+ * Tiles follow key 0 unless a left window moves them; a few-row block
+ * (decode) takes no tiles. Returns -1 when out of memory.
  */
 static int plan_pack(cpu_job *cj) {
   const attn_request *r = &cj->job->req;
-  const int64_t ntiles = r->seq_kv / ATTN_FLASH_BK, heads = r->batch * r->heads_kv;
+  const int64_t ntiles = attn__flash_pack_tiles(r), heads = r->batch * r->heads_kv;
+  const int64_t words = attn__flash_pack_words(r);
   const bool worth = cj->ncompute >= 2 * heads && cj->hb * r->seq_q > 2 * 4;
-  if (!cj->s->isa->pack_v || r->dtype != ATTN_BF16 || r->head_dim % 32 || cj->nsplit ||
-      cj->args.wl >= 0 || ntiles == 0 || !worth || cj->job->here)
+  if (!cj->s->isa->pack_v || !words || cj->nsplit || cj->args.wl >= 0 || ntiles == 0 || !worth ||
+      cj->job->here)
     return 0;
-  cj->vpack = malloc((size_t)(heads * ntiles * ATTN_FLASH_BK * r->head_dim) * sizeof *cj->vpack);
+  cj->vpack = malloc((size_t)(heads * ntiles * words) * sizeof *cj->vpack);
   if (!cj->vpack)
     return -1;
   cj->args.vpack = cj->vpack;

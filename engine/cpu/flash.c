@@ -219,6 +219,7 @@ typedef struct blk_ctx {
   int nv;
   bool bf16dp;              /* BF16 products (flash_bf16.h) instead of F32 */
   bool amx;                 /* and AMX tiles for whole tiles (flash_amx.h) */
+  bool amx16;               /* F16 on AMX tiles, split in two BF16 parts (flash_amx.h) */
   bool rowwise;             /* and few rows, along head_dim (flash_bf16.h) */
   bool rowf;                /* few rows along head_dim in F32 (rf_*) */
   int pbase, npend;         /* AMX: the tiles whose P·V waits (flash_amx.h) */
@@ -274,12 +275,21 @@ static inline bool amx_tile(const blk_ctx *c, int64_t nkt) {
   (void)c, (void)nkt;
   return false;
 }
-static inline void amx_step(blk_ctx *c, int64_t j0, bool full) { (void)c, (void)j0, (void)full; }
+static inline void amx_step(blk_ctx *c, int64_t j0, int64_t nkt, bool full) {
+  (void)c, (void)j0, (void)nkt, (void)full;
+}
 static inline void amx_flush(blk_ctx *c) { (void)c; }
 #endif
 #if !ATTN_AMX
 static inline void amx_begin(blk_ctx *c) { (void)c; }
 static inline void amx_end(blk_ctx *c) { (void)c; }
+static inline bool amx16_ok(const blk_ctx *c) {
+  (void)c;
+  return false;
+}
+static inline void amx_load_q16(blk_ctx *c, const char *src, int64_t ii) {
+  (void)c, (void)src, (void)ii;
+}
 #endif
 
 #include "flash_rows.h"
@@ -302,7 +312,9 @@ static void start_block(blk_ctx *c) {
       continue;
     const bool real = ii < c->nrows;
     const char *src = real ? q_row(c, c->blk->h0 + ii / nq, c->blk->i0 + ii % nq) : NULL;
-    if (c->bf16dp) {
+    if (c->amx16) {
+      amx_load_q16(c, src, ii);
+    } else if (c->bf16dp) {
       dp_load_q(c, src, ii);
     } else {
       if (real)
@@ -439,7 +451,7 @@ static void tile_step(blk_ctx *c, int64_t j0, int64_t nkt) {
   const bool full = (a->wl < 0 || j0 >= ilast + a->off - a->wl) &&
                     (a->wr < 0 || j0 + nkt - 1 <= i0 + a->off + a->wr);
   if (amx_tile(c, nkt)) {
-    amx_step(c, j0, full);
+    amx_step(c, j0, nkt, full);
     return;
   }
   amx_flush(c); /* the AMX tiles' P·V before this one touches Oᵀ */
@@ -561,6 +573,7 @@ static void rows(const attn__flash_args *a, const attn__flash_block *blk, void *
   kv_head(&c);
   c.rowwise = rw_ok(&c);
   c.rowf = rf_ok(&c);
+  c.amx16 = amx16_ok(&c);
   key_range(&c);
   start_block(&c);
   if (c.rowwise)
@@ -581,16 +594,41 @@ static void rows(const attn__flash_args *a, const attn__flash_block *blk, void *
 }
 
 #if ATTN_AMX
+/* nkt F16 rows at src (step elements apart) split into BK hi and lo rows
+ * of D (zero past nkt). */
+static void split_rows(const char *src, int64_t step, int64_t nkt, int64_t D, uint16_t *hi,
+                       uint16_t *lo) {
+  for (int64_t j = 0; j < BK; j++, hi += D, lo += D) {
+    if (j < nkt)
+      amx_split16(src + (size_t)(j * step) * 2, hi, lo, D);
+    else
+      for (int64_t d = 0; d < D; d++)
+        hi[d] = lo[d] = 0;
+  }
+}
+
+/* A tile's words (attn__flash_pack_words): Vᵀ; for F16 Vᵀ hi and lo (V's
+ * parts split into the K rows' places first), then K's hi and lo rows. */
+static void pack_tile(blk_ctx *c, int64_t j0, uint16_t *dst) {
+  const int64_t D = c->a->r->head_dim, nkt = tile_len(c, j0), W = BK * D;
+  row_ptrs(c, j0, &c->kt, &c->vt, &c->kstep, &c->vstep);
+  if (c->a->r->dtype != ATTN_F16) {
+    amx_transpose_v(c->vt, c->vstep, D, dst);
+    return;
+  }
+  split_rows(c->vt, c->vstep, nkt, D, dst + 2 * W, dst + 3 * W);
+  amx_transpose_v((const char *)(dst + 2 * W), D, D, dst);
+  amx_transpose_v((const char *)(dst + 3 * W), D, D, dst + W);
+  split_rows(c->kt, c->kstep, nkt, D, dst + 2 * W, dst + 3 * W);
+}
+
 static void pack_v(const attn__flash_args *a, int64_t b, int64_t hk, int64_t t0, int64_t t1,
                    uint16_t *dst) {
-  const attn__flash_block blk = {.b = b};
-  blk_ctx c = {.a = a, .blk = &blk, .hk = hk};
-  const int64_t D = a->r->head_dim;
+  const attn__flash_block blk = {.b = b, .j1 = a->r->seq_kv};
+  blk_ctx c = {.a = a, .blk = &blk, .hk = hk, .jhi = a->r->seq_kv - 1};
   kv_head(&c);
-  for (int64_t t = t0; t < t1; t++) {
-    row_ptrs(&c, t * BK, &c.kt, &c.vt, &c.kstep, &c.vstep);
-    amx_transpose_v(c.vt, c.vstep, D, dst + (size_t)(t * BK) * (size_t)D);
-  }
+  for (int64_t t = t0; t < t1; t++)
+    pack_tile(&c, t * BK, dst + (size_t)(t * attn__flash_pack_words(a->r)));
 }
 #define PACK_V pack_v
 #else

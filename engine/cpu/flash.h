@@ -47,6 +47,20 @@ typedef struct attn__flash_block {
   float *po, *pm, *pl;
 } attn__flash_block;
 
+/* The amx kernel's packed key tiles of a request (pack_v below): how many
+ * per (batch, KV head) — BF16 its whole tiles, F16 all, the last padded —
+ * and the 16-bit words of each: Vᵀ, and for F16 Vᵀ's lo part, K's hi and
+ * lo parts (flash_amx.h). 0 words: nothing is packed for this dtype. */
+static inline int64_t attn__flash_pack_tiles(const attn_request *r) {
+  return r->dtype == ATTN_F16 ? (r->seq_kv + ATTN_FLASH_BK - 1) / ATTN_FLASH_BK
+                              : r->seq_kv / ATTN_FLASH_BK;
+}
+
+static inline int64_t attn__flash_pack_words(const attn_request *r) {
+  const int64_t parts = r->dtype == ATTN_F16 ? 4 : r->dtype == ATTN_BF16 ? 1 : 0;
+  return r->head_dim % 32 ? 0 : parts * ATTN_FLASH_BK * r->head_dim;
+}
+
 typedef struct attn__flash_isa {
   const char *name;
   /* Computes one block: writes its rows of O and the requested statistics. */
@@ -64,11 +78,11 @@ typedef struct attn__flash_isa {
   void (*tanh)(const float *x, float *y, int64_t n);
   /* The backward pass (flash_bwd.h), from flash_bwd.c's instance. */
   const attn__bwd_kernel *bwd;
-  /* NULL, or (amx) writes V's whole key tiles t0 .. t1-1 of (batch b, KV
-   * head hk) transposed into a->vpack's layout at dst, the tiles of that
-   * head: ATTN_FLASH_BK keys × head_dim BF16 each, tile t at dst + t·BK·D.
-   * Every block of the head then reads them instead of transposing each
-   * tile itself; worth it when a head has several query blocks. */
+  /* NULL, or (amx) packs key tiles t0 .. t1-1 of (batch b, KV head hk)
+   * into a->vpack's layout at dst, the tiles of that head: tile t at dst +
+   * t·attn__flash_pack_words(r). Every block of the head then reads them
+   * instead of packing each tile itself; worth it when a head has several
+   * query blocks. */
   void (*pack_v)(const attn__flash_args *a, int64_t b, int64_t hk, int64_t t0, int64_t t1,
                  uint16_t *dst);
 } attn__flash_isa;

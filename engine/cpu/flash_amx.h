@@ -26,6 +26,17 @@
  * max is tracked beside it, and amx_end brings O, l and m to it, so the
  * statistics are those of the eager form.
  *
+ * F16 inputs (amx16) are split exactly into two BF16 parts, x = hi + lo:
+ * hi is x rounded to BF16 and lo = x − hi the rest, at most 3 bits (F16
+ * has 11), so both are BF16 values. Q·Kᵀ is then four tile products, so
+ * the scores (and the statistics) are exact up to F32 sums; P·V is three,
+ * hi·hi + hi·lo + lo·hi (lo·lo is below 2^-16 of it);
+ * P is split the same way (hi + lo hold 16 of its bits), so the F16 path
+ * keeps more than F16's precision everywhere. Its K and V parts are packed
+ * once per job (pack_kv, K rows and Vᵀ, the last tile zero-padded and its
+ * missing keys masked), so the F16 path runs only where the job packed
+ * them (cpu.c: prefill without a left window); other blocks take F32.
+ *
  * The process must hold the XTILEDATA permission (cpu.c asks for it before
  * choosing this instance).
  */
@@ -45,24 +56,75 @@ typedef struct amx_cfg {
 
 #define AMX_SLACK 8.0f
 
-static inline bool amx_tile(const blk_ctx *c, int64_t nkt) { return c->amx && nkt == BK; }
+/* Whole tiles; an F16 block's every tile (its keys are packed, padded). */
+static inline bool amx_tile(const blk_ctx *c, int64_t nkt) {
+  return c->amx16 || (c->amx && nkt == BK);
+}
 
 /* Tiles whose P·V waits (slots of P pairs and Vᵀ): at most 4, as many as
- * the V workspace holds at this head_dim. */
+ * the V workspace holds at this head_dim (F16: 2, its P has two parts). */
 enum { AMX_SLOTS = 4 };
 _Static_assert(sizeof(((blk_ctx *)0)->vslot) / sizeof(const uint16_t *) == AMX_SLOTS,
                "blk_ctx.vslot holds a pointer per slot");
 
 static inline int amx_slots(const blk_ctx *c) {
   const int64_t fit = 2 * MAXD / c->a->r->head_dim;
-  return fit < AMX_SLOTS ? (int)fit : AMX_SLOTS;
+  const int most = c->amx16 ? AMX_SLOTS / 2 : AMX_SLOTS;
+  return fit < most ? (int)fit : most;
 }
+
+/* Part `part` (0 hi, 1 lo) of slot g's P pairs in the K workspace. */
+static inline uint32_t *amx_pslot(const blk_ctx *c, int g, int part) {
+  return (uint32_t *)c->kb + ((c->amx16 ? 2 * g : g) + part) * (BK / 2 * BQ);
+}
+
+/* The products of a tile pair as (A part, B part): hi·hi, then for F16
+ * hi·lo and lo·hi, and for the scores lo·lo: S = Q·Kᵀ exactly (up to F32
+ * sums), as the statistics need; P·V drops lo·lo, under 2^-16 of it. */
+static const uint8_t amx_terms[4][2] = {{0, 0}, {0, 1}, {1, 0}, {1, 1}};
+static inline int amx_nterms(const blk_ctx *c) { return c->amx16 ? 3 : 1; }
+static inline int amx_score_terms(const blk_ctx *c) { return c->amx16 ? 4 : 1; }
 
 /* The true running max per lane, past the P pairs in the K workspace. */
 static inline float *amx_mtrue(const blk_ctx *c) { return c->kb + AMX_SLOTS * BK / 2 * BQ; }
 
+/* F16 blocks whose keys the job packed (every tile of them is): split. */
+static inline bool amx16_ok(const blk_ctx *c) {
+  const attn_request *r = c->a->r;
+  return r->dtype == ATTN_F16 && r->head_dim % 32 == 0 && c->a->vpack && !c->rowf &&
+         c->blk->j0 == 0;
+}
+
+/* n F16 values at src (n a multiple of 16) as their BF16 hi and lo parts:
+ * hi rounded to nearest, lo = x − hi, exact (at most 3 significant bits),
+ * |lo| <= 2^-8·|x|, so the hi·lo products' dropped lo·lo term is below
+ * 2^-16 of a product. */
+static void amx_split16(const char *src, uint16_t *hi, uint16_t *lo, int64_t n) {
+  for (int64_t k = 0; k < n; k += 16) {
+    const __m512 x = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + 2 * k)));
+    const __m256i h = (__m256i)_mm512_cvtneps_pbh(x);
+    const __m512 hf = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    const __m512i r = _mm512_castps_si512(_mm512_sub_ps(x, hf));
+    _mm256_storeu_si256((__m256i *)(hi + k), h);
+    _mm256_storeu_si256((__m256i *)(lo + k), _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+  }
+}
+
+/* Lane ii of the F16 Q's hi and lo pairs (qt, then qt + D/2·BQ words). */
+static void amx_load_q16(blk_ctx *c, const char *src, int64_t ii) {
+  const int64_t D = c->a->r->head_dim;
+  uint32_t *hi = (uint32_t *)c->qt, *lo = hi + D / 2 * BQ;
+  uint32_t h[MAXD / 2] = {0}, l[MAXD / 2] = {0};
+  if (src)
+    amx_split16(src, (uint16_t *)h, (uint16_t *)l, D);
+  for (int64_t p = 0; p < D / 2; p++) {
+    hi[p * BQ + ii] = h[p];
+    lo[p * BQ + ii] = l[p];
+  }
+}
+
 static void amx_begin(blk_ctx *c) {
-  c->amx = c->bf16dp && !c->rowwise && c->a->r->head_dim % 32 == 0;
+  c->amx = c->amx16 || (c->bf16dp && !c->rowwise && c->a->r->head_dim % 32 == 0);
   if (!c->amx)
     return;
   amx_cfg cfg;
@@ -79,30 +141,45 @@ static void amx_begin(blk_ctx *c) {
     mt[ii] = -INFINITY;
 }
 
+/* The job's packed tile at j0 (attn__flash_pack_words), or NULL when it
+ * has none for it (no packing, or a BF16 tile not whole and aligned). */
+static const uint16_t *amx_packed(const blk_ctx *c, int64_t j0) {
+  const attn_request *r = c->a->r;
+  const int64_t ntiles = attn__flash_pack_tiles(r);
+  if (!c->a->vpack || j0 % BK != 0 || j0 / BK >= ntiles)
+    return NULL;
+  const int64_t head = c->blk->b * r->heads_kv + c->hk;
+  return c->a->vpack + (size_t)(head * ntiles + j0 / BK) * (size_t)attn__flash_pack_words(r);
+}
+
 /* ---- products ------------------------------------------------------------ */
 
-/* Sᵀ rows kr·16 .. kr·16+31 × lanes v·16 .. v·16+16·nc (nc 1 or 2) for
- * the tile's keys at c->kt: raw dot products, unscaled. */
-static void amx_scores22(blk_ctx *c, int kr, int v, bool two) {
-  const int64_t D = c->a->r->head_dim, ldk = c->kstep * 2;
-  const uint32_t *qp = (const uint32_t *)c->qt + v * 16;
-  const char *k0 = c->kt + kr * 16 * ldk, *k1 = k0 + 16 * ldk;
+/* Sᵀ rows kr·16 .. kr·16+31 × lanes v·16 .. v·16+16·nc (nc 1 or 2): raw
+ * dot products, unscaled, summed over the terms; K part a's rows at kp[a],
+ * ldk bytes apart, Q part b's pairs at qt + b·D/2·BQ words. */
+static void amx_scores22(blk_ctx *c, const char *const kp[2], int64_t ldk, int kr, int v,
+                         bool two) {
+  const int64_t D = c->a->r->head_dim;
+  const int nt = amx_score_terms(c);
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
-  for (int64_t d0 = 0; d0 < D; d0 += 32) {
-    _tile_loadd(4, k0 + 2 * d0, ldk);
-    _tile_loadd(5, k1 + 2 * d0, ldk);
-    _tile_loadd(6, qp + d0 / 2 * BQ, BQ * 4);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(2, 5, 6);
-    if (two) {
-      _tile_loadd(7, qp + d0 / 2 * BQ + 16, BQ * 4);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(3, 5, 7);
+  for (int64_t d0 = 0; d0 < D; d0 += 32)
+    for (int t = 0; t < nt; t++) {
+      const char *k0 = kp[amx_terms[t][0]] + kr * 16 * ldk + 2 * d0;
+      const uint32_t *qp = (const uint32_t *)c->qt + amx_terms[t][1] * (D / 2 * BQ) + v * 16;
+      _tile_loadd(4, k0, ldk);
+      _tile_loadd(5, k0 + 16 * ldk, ldk);
+      _tile_loadd(6, qp + d0 / 2 * BQ, BQ * 4);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(2, 5, 6);
+      if (two) {
+        _tile_loadd(7, qp + d0 / 2 * BQ + 16, BQ * 4);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(3, 5, 7);
+      }
     }
-  }
   float *s = c->st + kr * 16 * BQ + v * 16;
   _tile_stored(0, s, BQ * 4);
   _tile_stored(2, s + 16 * BQ, BQ * 4);
@@ -112,10 +189,20 @@ static void amx_scores22(blk_ctx *c, int kr, int v, bool two) {
   }
 }
 
-static void amx_scores(blk_ctx *c) {
+/* The tile's K: rows in place (BF16), or the packed hi and lo parts. */
+static void amx_scores(blk_ctx *c, int64_t j0) {
+  const int64_t D = c->a->r->head_dim;
+  const char *kp[2] = {c->kt, c->kt};
+  int64_t ldk = c->kstep * 2;
+  if (c->amx16) {
+    const uint16_t *t = amx_packed(c, j0);
+    kp[0] = (const char *)(t + 2 * D * BK);
+    kp[1] = (const char *)(t + 3 * D * BK);
+    ldk = D * 2;
+  }
   for (int kr = 0; kr < BK / 16; kr += 2)
     for (int v = 0; v < c->nv; v += 2)
-      amx_scores22(c, kr, v, v + 1 < c->nv);
+      amx_scores22(c, kp, ldk, kr, v, v + 1 < c->nv);
 }
 
 /* Oᵀ rows db·16 .. db·16+31 × lanes v·16 .. (nc 1 or 2 vectors) += Vᵀ · P
@@ -129,22 +216,24 @@ static void amx_values22(blk_ctx *c, int64_t db, int v, bool two) {
     _tile_loadd(1, o + 16, BQ * 4);
     _tile_loadd(3, o + 16 * BQ + 16, BQ * 4);
   }
-  for (int g = c->pbase; g < c->pbase + c->npend; g++) {
-    const uint16_t *vt = c->vslot[g] + db * 16 * BK;
-    const uint32_t *pp = (const uint32_t *)c->kb + g * (BK / 2 * BQ) + v * 16;
-    for (int kc = 0; kc < BK / 32; kc++) {
-      _tile_loadd(4, vt + kc * 32, BK * 2);
-      _tile_loadd(5, vt + 16 * BK + kc * 32, BK * 2);
-      _tile_loadd(6, pp + kc * 16 * BQ, BQ * 4);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(2, 5, 6);
-      if (two) {
-        _tile_loadd(7, pp + kc * 16 * BQ + 16, BQ * 4);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(3, 5, 7);
+  const int64_t D = c->a->r->head_dim;
+  for (int g = c->pbase; g < c->pbase + c->npend; g++)
+    for (int t = 0; t < amx_nterms(c); t++) {
+      const uint16_t *vt = c->vslot[g] + amx_terms[t][0] * D * BK + db * 16 * BK;
+      const uint32_t *pp = amx_pslot(c, g, amx_terms[t][1]) + v * 16;
+      for (int kc = 0; kc < BK / 32; kc++) {
+        _tile_loadd(4, vt + kc * 32, BK * 2);
+        _tile_loadd(5, vt + 16 * BK + kc * 32, BK * 2);
+        _tile_loadd(6, pp + kc * 16 * BQ, BQ * 4);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(2, 5, 6);
+        if (two) {
+          _tile_loadd(7, pp + kc * 16 * BQ + 16, BQ * 4);
+          _tile_dpbf16ps(1, 4, 7);
+          _tile_dpbf16ps(3, 5, 7);
+        }
       }
     }
-  }
   _tile_stored(0, o, BQ * 4);
   _tile_stored(2, o + 16 * BQ, BQ * 4);
   if (two) {
@@ -213,17 +302,6 @@ static void amx_transpose_v(const char *vt, int64_t vstep, int64_t D, uint16_t *
     }
 }
 
-/* The job's packed Vᵀ of the tile at j0, or NULL when it has none for it
- * (no packing, or not a whole aligned tile). */
-static const uint16_t *amx_packed(const blk_ctx *c, int64_t j0) {
-  const attn_request *r = c->a->r;
-  const int64_t ntiles = r->seq_kv / BK;
-  if (!c->a->vpack || j0 % BK != 0 || j0 / BK >= ntiles)
-    return NULL;
-  const int64_t head = c->blk->b * r->heads_kv + c->hk;
-  return c->a->vpack + ((size_t)(head * ntiles + j0 / BK) * BK) * (size_t)r->head_dim;
-}
-
 /* The tile at j0's Vᵀ for slot `slot`: the job's packed copy, or
  * transposed into the slot's place in the V workspace. */
 static void amx_slot_v(blk_ctx *c, int slot, int64_t j0) {
@@ -279,7 +357,7 @@ static inline void amx_prefetch(const blk_ctx *c, int64_t part, int64_t parts) {
 static bool amx_softmax(blk_ctx *c, float sc, int slot) {
   const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
                                        23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  uint32_t *pp = (uint32_t *)c->kb + slot * (BK / 2 * BQ);
+  uint32_t *pp = amx_pslot(c, slot, 0), *pl = amx_pslot(c, slot, 1);
   const vf scv = vset1(sc);
   bool moved = false;
   for (int v = 0; v < c->nv; v++) {
@@ -291,10 +369,19 @@ static bool amx_softmax(blk_ctx *c, float sc, int slot) {
       if (jp % 8 == 0) /* the next tile's K and V, over the exponentials */
         amx_prefetch(c, v * 4 + jp / 8, c->nv * 4);
       const float *s = c->st + 2 * jp * BQ + v * VL;
-      const vf p0 = vexp2(_mm512_fmsub_ps(vload(s), scv, mu));
-      const vf p1 = vexp2(_mm512_fmsub_ps(vload(s + BQ), scv, mu));
+      vf p0 = vexp2(_mm512_fmsub_ps(vload(s), scv, mu));
+      vf p1 = vexp2(_mm512_fmsub_ps(vload(s + BQ), scv, mu));
       sum0 = vadd(sum0, p0);
       sum1 = vadd(sum1, p1);
+      if (c->amx16) { /* hi truncated (exact in BF16), lo the rest, rounded */
+        const __m512i hm = _mm512_set1_epi32((int)0xffff0000u);
+        const vf h0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(p0), hm));
+        const vf h1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(p1), hm));
+        const __m512i w = (__m512i)_mm512_cvtne2ps_pbh(vsub(p1, h1), vsub(p0, h0));
+        _mm512_storeu_si512(pl + jp * BQ + v * VL, _mm512_permutexvar_epi16(idx, w));
+        p0 = h0;
+        p1 = h1;
+      }
       const __m512i w = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);
       _mm512_storeu_si512(pp + jp * BQ + v * VL, _mm512_permutexvar_epi16(idx, w));
     }
@@ -317,14 +404,15 @@ static void amx_rescale(blk_ctx *c) {
   }
 }
 
-/* One whole tile at c->kt, c->vt (keys j0 ..): flash.c's tile_step for AMX.
+/* One tile at c->kt, c->vt (keys j0 .. j0 + nkt, nkt < BK only for F16's
+ * padded tiles): flash.c's tile_step for AMX.
  * Variants and a scale <= 0 need the scaled scores: they get a scale pass
  * and the softmax a factor of 1. */
-static void amx_step(blk_ctx *c, int64_t j0, bool full) {
+static void amx_step(blk_ctx *c, int64_t j0, int64_t nkt, bool full) {
   const attn__flash_args *a = c->a;
   float sc = a->scale2;
   c->pvt = c->pn ? amx_packed(c, j0 + BK) : NULL;
-  amx_scores(c);
+  amx_scores(c, j0);
   if (a->var.on || !(sc > 0)) {
     for (int64_t j = 0; j < BK; j++)
       for (int v = 0; v < c->nv; v++)
@@ -335,6 +423,9 @@ static void amx_step(blk_ctx *c, int64_t j0, bool full) {
   }
   if (!full)
     mask_tile(c->st, a, j0, BK, c->blk->i0, c->blk->nq, c->nrows);
+  for (int64_t j = nkt; j < BK; j++) /* an F16 tile's padding keys, after the variants */
+    for (int v = 0; v < c->nv; v++)
+      vstore(c->st + j * BQ + v * VL, vset1(-INFINITY));
   if (c->pbase + c->npend == amx_slots(c)) {
     amx_flush(c);
     c->pbase = 0;

@@ -265,7 +265,9 @@ static inline bool amx_tile(const blk_ctx *c, int64_t nkt) {
   (void)c, (void)nkt;
   return false;
 }
-static inline void amx_step(blk_ctx *c, int64_t j0, bool full) { (void)c, (void)j0, (void)full; }
+static inline void amx_step(blk_ctx *c, int64_t j0, int64_t nkt, bool full) {
+  (void)c, (void)j0, (void)nkt, (void)full;
+}
 static inline void amx_flush(blk_ctx *c) { (void)c; }
 #endif
 

@@ -251,6 +251,8 @@ static inline void prefetch_next(const blk_ctx *c, int64_t part, int64_t parts) 
 
 #endif
 
+#include "flash_rows.h" /* before flash_bf16.h, which shares rf_reduce */
+
 /* The variants, on scaled scores (below; flash_amx.h calls it too). */
 static void variant_tile(blk_ctx *c, int64_t j0, int64_t nkt);
 
@@ -291,8 +293,6 @@ static inline void amx_load_q16(blk_ctx *c, const char *src, int64_t ii) {
   (void)c, (void)src, (void)ii;
 }
 #endif
-
-#include "flash_rows.h"
 
 /* Qᵀ pre-scaled in F32 (or as BF16 pairs), Oᵀ = 0, m = -inf, l = 0; scans Q.
  * The F32 rows path (rf_begin) needs only the scan, m and l. */

@@ -172,23 +172,36 @@ static inline bool rw_ok(const blk_ctx *c) {
   return c->bf16dp && c->nrows <= RW_MAX && c->a->r->head_dim % 32 == 0;
 }
 
+/* Scores of 4 keys (nk of them real) at kp × the block's nr rows: 16
+ * VDPBF16PS dot products whose lanes one transposing reduction sums at
+ * once (rf_reduce), instead of a horizontal sum per score. */
+INLINE void rw_scores4(blk_ctx *c, const char *const q[RW_MAX], const char *kp, int64_t ldk,
+                       int64_t j, int64_t nk, const int nr) {
+  const int64_t D = c->a->r->head_dim;
+  __m512 acc[RW_MAX * 4];
+  UNROLL for (int n = 0; n < RW_MAX * 4; n++) acc[n] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < D; d += 32) {
+    __m512i k[4];
+    UNROLL for (int jj = 0; jj < 4; jj++) k[jj] =
+        jj < nk ? _mm512_loadu_si512(kp + jj * ldk + 2 * d) : _mm512_setzero_si512();
+    UNROLL for (int ii = 0; ii < nr; ii++) {
+      const __m512i qv = _mm512_loadu_si512(q[ii] + 2 * d);
+      UNROLL for (int jj = 0; jj < 4; jj++) acc[ii * 4 + jj] = dp(acc[ii * 4 + jj], qv, k[jj]);
+    }
+  }
+  const __m512 s = vmul(rf_reduce(acc), vset1(c->a->scale2));
+  UNROLL for (int jj = 0; jj < 4; jj++) if (jj < nk)
+      _mm_storeu_ps(c->st + (j + jj) * BQ, _mm512_extractf32x4_ps(s, jj));
+}
+
 INLINE void rw_scores_n(blk_ctx *c, int64_t nkt, const int nr) {
-  const int64_t D = c->a->r->head_dim, ldk = c->kstep * 2;
+  const int64_t ldk = c->kstep * 2;
   const char *q[RW_MAX];
   UNROLL for (int ii = 0; ii < nr; ii++) q[ii] =
       q_row(c, c->blk->h0 + ii / c->blk->nq, c->blk->i0 + ii % c->blk->nq);
-  const char *kp = c->kt;
-  for (int64_t j = 0; j < nkt; j++, kp += ldk) {
-    if (j % 4 == 0) /* a quarter of the next tile's rows per 4 keys */
-      prefetch_next(c, j / 4, (nkt + 3) / 4);
-    float s[VL] = {0};
-    UNROLL for (int ii = 0; ii < nr; ii++) {
-      __m512 acc = _mm512_setzero_ps();
-      for (int64_t d = 0; d < D; d += 32)
-        acc = dp(acc, _mm512_loadu_si512(q[ii] + 2 * d), _mm512_loadu_si512(kp + 2 * d));
-      s[ii] = _mm512_reduce_add_ps(acc) * c->a->scale2;
-    }
-    vstore(c->st + j * BQ, vload(s));
+  for (int64_t j = 0; j < nkt; j += 4) {
+    prefetch_next(c, j / 4, (nkt + 3) / 4); /* a quarter of the next tile's rows per 4 keys */
+    rw_scores4(c, q, c->kt + j * ldk, ldk, j, nkt - j < 4 ? nkt - j : 4, nr);
   }
 }
 

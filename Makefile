@@ -125,6 +125,9 @@ ISA_FLAGS_avx512  = -DATTN_ISA=512 -mavx512f -mavx512bw -mavx512vl -mavx512dq \
                     -mfma -mf16c
 ISA_FLAGS_avx512bf16 = $(ISA_FLAGS_avx512) -DATTN_DPBF16=1 -mavx512bf16
 ISA_FLAGS_amx     = $(ISA_FLAGS_avx512bf16) -DATTN_AMX=1 -mamx-tile -mamx-bf16
+# The emulation of the AMX tile instructions (tests/lib/amx_emu.h), for the
+# unit tests only.
+AMXEMU_OBJ = $(BUILD)/obj/tests/lib/amx_emu.o
 
 # Machine code for every arch of CUDA_ARCHS plus PTX of the newest plain
 # one, which the driver compiles for GPUs newer than the list (90a: see
@@ -385,7 +388,7 @@ $(BUILD)/obj/tests/unit/%.o: CPPFLAGS += -Itests/lib -Iclients
 TEST_SERVER_OBJ = $(patsubst %,$(BUILD)/obj/server/%.o,metrics conns loop deadline request errors \
                     reqid auth inflate log console parse routes v1 v2 server jobs work bodybuf sessions \
                     config proxy) $(CONSOLE_OBJ)
-$(TEST_BIN): $(TEST_OBJ) $(TEST_SERVER_OBJ) \
+$(TEST_BIN): $(TEST_OBJ) $(AMXEMU_OBJ) $(TEST_SERVER_OBJ) \
             $(BUILD)/obj/clients/benchlib.o $(BUILD)/obj/clients/http_reply.o \
             $(BUILD)/obj/clients/hist.o $(BUILD)/obj/clients/url.o \
             $(BUILD)/obj/clients/args.o $(BUILD)/obj/clients/load_sched.o \

@@ -125,9 +125,16 @@ ISA_FLAGS_avx512  = -DATTN_ISA=512 -mavx512f -mavx512bw -mavx512vl -mavx512dq \
                     -mfma -mf16c
 ISA_FLAGS_avx512bf16 = $(ISA_FLAGS_avx512) -DATTN_DPBF16=1 -mavx512bf16
 ISA_FLAGS_amx     = $(ISA_FLAGS_avx512bf16) -DATTN_AMX=1 -mamx-tile -mamx-bf16
-# The emulation of the AMX tile instructions (tests/lib/amx_emu.h), for the
-# unit tests only.
+# The amx kernel once more, for the unit tests only: its tile instructions
+# emulated in C and checked (tests/lib/amx_emu.h, included ahead of the
+# source), so its layouts run against float64 on any CPU with AVX512-BF16.
+# Never in libattn, attnd or attn (cpu_isa "amxemu": flash.h).
+ISA_FLAGS_amxemu  = $(ISA_FLAGS_avx512bf16) -DATTN_AMX=1 -DATTN_AMX_EMU=1 \
+                    -include tests/lib/amx_emu.h
 AMXEMU_OBJ = $(BUILD)/obj/tests/lib/amx_emu.o
+ifeq ($(ARCH),x86_64)
+AMXEMU_OBJ += $(BUILD)/obj/engine/cpu/flash_amxemu.o $(BUILD)/obj/engine/cpu/bwd_amxemu.o
+endif
 
 # Machine code for every arch of CUDA_ARCHS plus PTX of the newest plain
 # one, which the driver compiles for GPUs newer than the list (90a: see

@@ -326,6 +326,25 @@ static void flash_usable(const attn__flash_isa *all[NISA]) {
 #endif
 }
 
+/*
+ * The unit tests' amxemu instance: the amx kernel on an emulation of the
+ * tile unit (tests/lib/amx_emu.h), whose other instructions are AVX512-BF16.
+ * Why a weak symbol rather than a registry the tests fill in: pointing the
+ * backend at it needs no state in the engine and no setter in its API; the
+ * unit-test binary links the instance and names it like any kernel
+ * (cpu_isa "amxemu"), so the whole backend path (items, splits, merges, the
+ * self-check) runs on it, while in attnd and attn the symbol is absent and
+ * the name is as unknown as any typo.
+ */
+static const attn__flash_isa *amxemu_select(const attn__flash_isa *all[NISA], attn_status *st) {
+  if (all[1])
+    return &attn__flash_amxemu;
+  attn_status_set(st, ATTN_EUNSUPPORTED,
+                  "this CPU cannot run the amxemu kernel (its emulated tiles sit among "
+                  "AVX512-BF16 code)");
+  return NULL;
+}
+
 const attn__flash_isa *attn__flash_select(const char *want, attn_status *st) {
   const attn__flash_isa *all[NISA], *best = NULL;
   flash_usable(all);
@@ -333,6 +352,8 @@ const attn__flash_isa *attn__flash_select(const char *want, attn_status *st) {
     best = all[i] ? all[i] : best;
   if (!want || !*want || strcmp(want, "auto") == 0)
     return best;
+  if (strcmp(want, "amxemu") == 0 && &attn__flash_amxemu)
+    return amxemu_select(all, st);
   for (int i = 0; i < NISA; i++) {
     if (strcmp(want, isa_names[i]) != 0)
       continue;

@@ -104,8 +104,8 @@ ENGINE_SRC = engine/submit.c engine/varlen.c engine/handle.c engine/backend.c en
              engine/config.c engine/request.c engine/check.c engine/dtype.c engine/pool.c \
              engine/plan.c engine/softmax.c engine/reference.c engine/reference_bwd.c \
              engine/reference_backend.c engine/cpu/cpu.c engine/cpu/cpu_bwd.c engine/cpu/scan.c \
-             engine/cuda/select.c engine/cuda/hopper_select.c engine/kvpages.c engine/kvstore.c \
-             engine/kvcall.c engine/kvid.c engine/kvfile.c
+             engine/cpu/selfcheck.c engine/cuda/select.c engine/cuda/hopper_select.c \
+             engine/kvpages.c engine/kvstore.c engine/kvcall.c engine/kvid.c engine/kvfile.c
 ENGINE_OBJ = $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
 
 # ---- the wire formats (proto/) ---------------------------------------------

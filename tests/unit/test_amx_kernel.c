@@ -1,8 +1,8 @@
 /*
  * test_amx_kernel.c — the amx kernel's logic on any CPU with AVX512-BF16: flash.c's amxemu
  * instance (its tile instructions emulated and checked by tests/lib/amx_emu.c) run through
- * the whole cpu backend (cpu_isa "amxemu": items, GQA packing, key splits and their merge)
- * on BF16 problems against the float64 reference, at the BF16
+ * the whole cpu backend (cpu_isa "amxemu": items, GQA packing, key splits and their merge,
+ * the start-up self-check) on BF16 problems against the float64 reference, at the BF16
  * tolerance.
  *
  * Awkward sizes (1, 15, 16, 17, 63, 64, 65, 130, 200) at every head_dim the tile path

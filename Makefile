@@ -104,8 +104,8 @@ ENGINE_SRC = engine/submit.c engine/varlen.c engine/handle.c engine/backend.c en
              engine/config.c engine/request.c engine/check.c engine/dtype.c engine/pool.c \
              engine/plan.c engine/softmax.c engine/reference.c engine/reference_bwd.c \
              engine/reference_backend.c engine/cpu/cpu.c engine/cpu/cpu_bwd.c engine/cpu/scan.c \
-             engine/cuda/select.c engine/cuda/hopper_select.c engine/kvpages.c engine/kvstore.c \
-             engine/kvcall.c engine/kvid.c engine/kvfile.c
+             engine/cpu/selfcheck.c engine/cuda/select.c engine/cuda/hopper_select.c \
+             engine/kvpages.c engine/kvstore.c engine/kvcall.c engine/kvid.c engine/kvfile.c
 ENGINE_OBJ = $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
 
 # ---- the wire formats (proto/) ---------------------------------------------
@@ -125,6 +125,16 @@ ISA_FLAGS_avx512  = -DATTN_ISA=512 -mavx512f -mavx512bw -mavx512vl -mavx512dq \
                     -mfma -mf16c
 ISA_FLAGS_avx512bf16 = $(ISA_FLAGS_avx512) -DATTN_DPBF16=1 -mavx512bf16
 ISA_FLAGS_amx     = $(ISA_FLAGS_avx512bf16) -DATTN_AMX=1 -mamx-tile -mamx-bf16
+# The amx kernel once more, for the unit tests only: its tile instructions
+# emulated in C and checked (tests/lib/amx_emu.h, included ahead of the
+# source), so its layouts run against float64 on any CPU with AVX512-BF16.
+# Never in libattn, attnd or attn (cpu_isa "amxemu": flash.h).
+ISA_FLAGS_amxemu  = $(ISA_FLAGS_avx512bf16) -DATTN_AMX=1 -DATTN_AMX_EMU=1 \
+                    -include tests/lib/amx_emu.h
+AMXEMU_OBJ = $(BUILD)/obj/tests/lib/amx_emu.o
+ifeq ($(ARCH),x86_64)
+AMXEMU_OBJ += $(BUILD)/obj/engine/cpu/flash_amxemu.o $(BUILD)/obj/engine/cpu/bwd_amxemu.o
+endif
 
 # Machine code for every arch of CUDA_ARCHS plus PTX of the newest plain
 # one, which the driver compiles for GPUs newer than the list (90a: see
@@ -385,7 +395,7 @@ $(BUILD)/obj/tests/unit/%.o: CPPFLAGS += -Itests/lib -Iclients
 TEST_SERVER_OBJ = $(patsubst %,$(BUILD)/obj/server/%.o,metrics conns loop deadline request errors \
                     reqid auth inflate log console parse routes v1 v2 server jobs work bodybuf sessions \
                     config proxy) $(CONSOLE_OBJ)
-$(TEST_BIN): $(TEST_OBJ) $(TEST_SERVER_OBJ) \
+$(TEST_BIN): $(TEST_OBJ) $(AMXEMU_OBJ) $(TEST_SERVER_OBJ) \
             $(BUILD)/obj/clients/benchlib.o $(BUILD)/obj/clients/http_reply.o \
             $(BUILD)/obj/clients/hist.o $(BUILD)/obj/clients/url.o \
             $(BUILD)/obj/clients/args.o $(BUILD)/obj/clients/load_sched.o \

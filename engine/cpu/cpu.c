@@ -26,11 +26,18 @@
  * Every item's arithmetic depends only on its inputs, never on which thread
  * runs it or in what order, and the merge order is fixed, so results are
  * bit-identical for any thread count.
+ *
+ * The amx kernel is trusted only after a start-up self-check on this unit
+ * (selfcheck.h: a few BF16 cases run as jobs of this backend, against the
+ * float64 reference); when it fails, the avx512bf16 kernel runs instead and
+ * the backend lists amx as disabled, with why, as the CUDA backend lists
+ * its kernels.
  */
 #include "backend.h"
 #include "check.h"
 #include "cpu_bwd.h"
 #include "flash.h"
+#include "selfcheck.h"
 
 #include <float.h>
 #include <math.h>
@@ -53,6 +60,7 @@
 typedef struct cpu_state {
   attn_pool *pool;
   const attn__flash_isa *isa;
+  attn_disabled off; /* the kernel the self-check turned off and why; kernel "": none */
 } cpu_state;
 
 typedef struct cpu_job {
@@ -384,6 +392,25 @@ static void flash_usable(const attn__flash_isa *all[NISA]) {
 #endif
 }
 
+/*
+ * The unit tests' amxemu instance: the amx kernel on an emulation of the
+ * tile unit (tests/lib/amx_emu.h), whose other instructions are AVX512-BF16.
+ * Why a weak symbol rather than a registry the tests fill in: pointing the
+ * backend at it needs no state in the engine and no setter in its API; the
+ * unit-test binary links the instance and names it like any kernel
+ * (cpu_isa "amxemu"), so the whole backend path (items, splits, merges, the
+ * self-check) runs on it, while in attnd and attn the symbol is absent and
+ * the name is as unknown as any typo.
+ */
+static const attn__flash_isa *amxemu_select(const attn__flash_isa *all[NISA], attn_status *st) {
+  if (all[1])
+    return &attn__flash_amxemu;
+  attn_status_set(st, ATTN_EUNSUPPORTED,
+                  "this CPU cannot run the amxemu kernel (its emulated tiles sit among "
+                  "AVX512-BF16 code)");
+  return NULL;
+}
+
 const attn__flash_isa *attn__flash_select(const char *want, attn_status *st) {
   const attn__flash_isa *all[NISA], *best = NULL;
   flash_usable(all);
@@ -391,6 +418,8 @@ const attn__flash_isa *attn__flash_select(const char *want, attn_status *st) {
     best = all[i] ? all[i] : best;
   if (!want || !*want || strcmp(want, "auto") == 0)
     return best;
+  if (strcmp(want, "amxemu") == 0 && &attn__flash_amxemu)
+    return amxemu_select(all, st);
   for (int i = 0; i < NISA; i++) {
     if (strcmp(want, isa_names[i]) != 0)
       continue;
@@ -414,6 +443,72 @@ static size_t cpu_workspace_bytes(const attn_config *cfg) {
   return (fwd > bwd ? fwd : bwd) * sizeof(float);
 }
 
+/* ---- the start-up self-check of the amx kernel (selfcheck.h) ------------- */
+
+typedef struct check_ctx {
+  cpu_state *s;
+  const attn_request *r;
+  attn_jobs jobs;
+} check_ctx;
+
+static int check_start(void *ctx, attn_done_fn done, void *arg, attn_status *st) {
+  check_ctx *c = ctx;
+  attn_job *job = attn__job_new(&c->jobs, c->r, done, arg);
+  if (!job)
+    return attn_status_set(st, ATTN_ENOMEM, "out of memory queueing a job");
+  job->backend = "cpu";
+  int rc = cpu_submit(c->s, job, st);
+  if (rc)
+    attn__job_drop(job);
+  return rc;
+}
+
+/* A case as a job of this backend on the pool's workers, as a request is
+ * run: the items, splits and merges are checked with the kernel. */
+static int check_run(void *state, const attn_request *r, attn_status *st) {
+  check_ctx c = {.s = state, .r = r};
+  attn__jobs_init(&c.jobs);
+  int rc = attn__run_waiting(check_start, &c, NULL, st);
+  attn__jobs_drain(&c.jobs); /* the job's last reference to c is gone */
+  return rc;
+}
+
+static bool is_amx(const attn__flash_isa *isa) {
+#if defined(__x86_64__)
+  return isa == &attn__flash_amx || isa == &attn__flash_amxemu;
+#else
+  (void)isa;
+  return false;
+#endif
+}
+
+/* The tests' way to see the other outcome on any machine: the self-check
+ * then fails its first case. An environment variable rather than an
+ * attn_config field, so that no user finds it among the settings. */
+static bool self_check_forced_to_fail(void) {
+  const char *v = getenv("ATTN_TEST_CPU_SELF_CHECK");
+  return v && strcmp(v, "fail") == 0;
+}
+
+/* The amx kernel runs only after it matched the float64 reference here, as
+ * the CUDA backend's kernels do; else avx512bf16 (which every AMX CPU has)
+ * takes its place, one line on stderr says why, and cpu_disabled() lists it
+ * for attn_engine_backends() (/v1/info, /readyz). */
+static void amx_self_check(cpu_state *s) {
+  if (!is_amx(s->isa))
+    return;
+  char why[sizeof s->off.why];
+  if (attn__cpu_self_check(check_run, s, self_check_forced_to_fail(), why, sizeof why))
+    return;
+  snprintf(s->off.kernel, sizeof s->off.kernel, "%s", s->isa->name);
+  memcpy(s->off.why, why, sizeof why);
+  s->isa = &attn__flash_avx512bf16;
+  fprintf(stderr,
+          "attn: cpu: the self-check disabled the %s kernel: %s; the avx512bf16 kernel runs "
+          "instead\n",
+          s->off.kernel, why);
+}
+
 static int cpu_open(const attn_backend_env *env, void **pstate, attn_status *st) {
   const attn__flash_isa *isa = attn__flash_select(env->cfg->cpu_isa, st);
   if (!isa)
@@ -423,6 +518,7 @@ static int cpu_open(const attn_backend_env *env, void **pstate, attn_status *st)
     return attn_status_set(st, ATTN_ENOMEM, "out of memory");
   s->pool = env->pool;
   s->isa = isa;
+  amx_self_check(s);
   *pstate = s;
   return 0;
 }
@@ -431,7 +527,16 @@ static void cpu_close(void *state) { free(state); }
 
 static void cpu_describe(void *state, char *buf, size_t cap) {
   cpu_state *s = state;
-  snprintf(buf, cap, "%s kernel, %d threads", s->isa->name, attn_pool_threads(s->pool));
+  snprintf(buf, cap, "%s kernel, %d threads%s", s->isa->name, attn_pool_threads(s->pool),
+           s->off.kernel[0] ? "; amx failed its self-check" : "");
+}
+
+static int cpu_disabled(void *state, attn_disabled *out, int cap) {
+  cpu_state *s = state;
+  if (!s->off.kernel[0] || cap < 1)
+    return 0;
+  out[0] = s->off;
+  return 1;
 }
 
 /* Every valid request, forward or backward, but pages a device holds. */
@@ -451,5 +556,6 @@ const struct attn_backend_ops attn__cpu_backend = {
     .submit = cpu_submit,
     .supports = cpu_supports,
     .describe = cpu_describe,
+    .disabled = cpu_disabled,
     .automatic = true,
 };

@@ -97,6 +97,10 @@ extern const attn__flash_isa attn__flash_avx512bf16;
 extern const attn__flash_isa attn__flash_avx512;
 extern const attn__flash_isa attn__flash_avx2;
 extern const attn__flash_isa attn__flash_generic;
+/* The amx kernel on tests/lib/amx_emu.h's emulation of the tile instructions
+ * (cpu_isa "amxemu"): only the unit-test binary links it, so the reference
+ * is weak and its address is NULL in libattn's other users (attnd, attn). */
+extern const attn__flash_isa attn__flash_amxemu __attribute__((weak));
 
 /* Workspace one worker needs, for any head_dim up to the maximum: Qᵀ and
  * Oᵀ (D × BQ each), the score tile (BK × BQ), converted K and V tiles

@@ -81,6 +81,8 @@ typedef struct attn__bwd_kernel {
 } attn__bwd_kernel;
 
 extern const attn__bwd_kernel attn__bwd_amx;
+/* The unit tests' amxemu instance (flash.h's attn__flash_amxemu) points here. */
+extern const attn__bwd_kernel attn__bwd_amxemu;
 extern const attn__bwd_kernel attn__bwd_avx512bf16;
 extern const attn__bwd_kernel attn__bwd_avx512;
 extern const attn__bwd_kernel attn__bwd_avx2;

@@ -227,8 +227,12 @@ static inline int vany_nan(vf x) {
 }
 
 /* The instance's symbol suffix: flash.c and flash_bwd.c are compiled once
- * per kernel (the Makefile's ISA_FLAGS_*), and cpu.c picks one at run time. */
-#if ATTN_ISA == 512 && defined(ATTN_AMX) && ATTN_AMX
+ * per kernel (the Makefile's ISA_FLAGS_*), and cpu.c picks one at run time.
+ * amxemu is the amx kernel on tests/lib/amx_emu.h's emulation of the tile
+ * instructions, built for the unit tests only. */
+#if ATTN_ISA == 512 && defined(ATTN_AMX_EMU) && ATTN_AMX_EMU
+#define SUFFIX amxemu
+#elif ATTN_ISA == 512 && defined(ATTN_AMX) && ATTN_AMX
 #define SUFFIX amx
 #elif ATTN_ISA == 512 && defined(ATTN_DPBF16) && ATTN_DPBF16
 #define SUFFIX avx512bf16

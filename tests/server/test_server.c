@@ -630,6 +630,39 @@ Test(server, auto_without_a_device_says_it_uses_the_cpu) {
   srv_cleanup(&S);
 }
 
+/* The cpu backend's start-up self-check of the amx kernel, forced to fail
+ * (ATTN_TEST_CPU_SELF_CHECK=fail, a test-only switch): attnd starts on the
+ * avx512bf16 kernel, says why on stderr, and /v1/info and /readyz say amx
+ * is disabled and why. Needs a CPU with AMX (attnd has no emulated one). */
+Test(server, amx_self_check_failure_is_reported, .fini = teardown) {
+  attn_engine *e = topen_isa("amx", 1); /* prints "skipped: ..." without AMX */
+  if (!e)
+    return;
+  attn_engine_close(e);
+  const char *args[] = {"--backend", "cpu", "--threads", "1", NULL};
+  const char *env[] = {"ATTN_TEST_CPU_SELF_CHECK=fail", NULL};
+  srv_startv(&S, args, env, true);
+  cr_expect(srv_wait_log(&S, "the self-check disabled the amx kernel: o error", 30));
+  cJSON *j = get_json("/v1/info", 200), *b;
+  const char *detail = jstr(j, "backend");
+  cr_expect(detail && strstr(detail, "avx512bf16 kernel"), "backend: %s", detail);
+  bool listed = false;
+  cJSON_ArrayForEach(b, cJSON_GetObjectItemCaseSensitive(j, "backends")) {
+    if (!jstr(b, "name") || strcmp(jstr(b, "name"), "cpu"))
+      continue;
+    const cJSON *off = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(b, "disabled"), 0);
+    listed = off && jstr(off, "kernel") && !strcmp(jstr(off, "kernel"), "amx") &&
+             jstr(off, "why") && strstr(jstr(off, "why"), "o error");
+  }
+  cr_expect(listed, "/v1/info does not list amx as disabled by the cpu backend");
+  cJSON_Delete(j);
+  j = get_json("/readyz", 200);
+  detail = jstr(j, "detail");
+  cr_expect(detail && strstr(detail, "the cpu self-check disabled amx"), "readyz: %s", detail);
+  cJSON_Delete(j);
+  cr_expect_eq(srv_stop(&S, 10), 0);
+}
+
 Test(server, bad_env_exits_2) {
   const char *env[] = {"ATTND_MAX_QUEUE=lots", NULL};
   char *err = NULL;

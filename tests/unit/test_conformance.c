@@ -12,7 +12,9 @@
 #include <stdio.h>
 #include <string.h>
 
-static const char *const isas[] = {"generic", "avx2", "avx512", "avx512bf16", "amx"};
+/* amxemu: the amx kernel on the unit tests' emulation of its tiles
+ * (tests/lib/amx_emu.h), so its logic is checked on CPUs without AMX too. */
+static const char *const isas[] = {"generic", "avx2", "avx512", "avx512bf16", "amx", "amxemu"};
 enum { NISAS = sizeof isas / sizeof *isas };
 
 /* Runs every problem on the cpu backend and checks it; returns failures. */
@@ -66,6 +68,7 @@ GROUP_TESTS(1, avx2)
 GROUP_TESTS(2, avx512)
 GROUP_TESTS(3, avx512bf16)
 GROUP_TESTS(4, amx)
+GROUP_TESTS(5, amxemu)
 
 /* Rows with no visible key (causal with Nq > Nkv, a zero-width window that
  * falls off the keys) give O = 0, m = lse = -inf, l = 0 and never NaN. */

@@ -19,7 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const isas[] = {"generic", "avx2", "avx512", "avx512bf16", "amx"};
+/* amxemu: the amx kernel on the unit tests' emulation of its tiles (tests/lib/amx_emu.h). */
+static const char *const isas[] = {"generic", "avx2", "avx512", "avx512bf16", "amx", "amxemu"};
 enum { NISAS = sizeof isas / sizeof *isas, MAXSEQ = 64 };
 
 typedef struct vspec {

@@ -43,10 +43,6 @@
 #ifndef ATTN_CPU_FLASH_AMX_H
 #define ATTN_CPU_FLASH_AMX_H
 
-#ifdef ATTN_AMX_EMU
-#include "amx_emu.h"
-#endif
-
 /* The LDTILECFG memory layout (palette 1). */
 typedef struct amx_cfg {
   uint8_t palette, start_row, reserved[14];

@@ -9,8 +9,9 @@
  * takes (32 .. 256) and one it must not (40), square and over more keys; GQA and MQA, causal
  * and windowed masks, rows that see nothing, softcap and ALiBi, strided layouts, decode
  * splits, paged K and V, variable-length batches, statistics m, l, lse. Each case counts the
- * emulated TDPBF16PS: where the tile path must run (amx_expected) the count must grow, at
- * head_dim 40 and for F16 it must not. A CPU without AVX512-BF16 reports "skipped".
+ * emulated TDPBF16PS: where the tile path must run (amx_expected, and F16 prefill split in
+ * two BF16 parts) the count must grow, at head_dim 40 and for F16 under a left window it
+ * must not. A CPU without AVX512-BF16 reports "skipped".
  */
 #include "amx_emu.h"
 #include "helpers.h"
@@ -130,8 +131,9 @@ Test(amx_kernel, square_causal) {
   cr_assert_eq(fails, 0, "%d cases failed", fails);
 }
 
-/* head_dim 40 (not a multiple of 32) and F16 inputs never take the tiles,
- * yet compute right. */
+/* head_dim 40 (not a multiple of 32), and F16 under a left window (its K
+ * and V are not packed for the split), never take the tiles, yet compute
+ * right. */
 Test(amx_kernel, other_shapes_fall_back) {
   attn_engine *e = emu_open();
   if (!e)
@@ -146,9 +148,33 @@ Test(amx_kernel, other_shapes_fall_back) {
   }
   tprob f16 = tprob_make(1, 2, 2, 130, 200, 128, ATTN_F16);
   f16.stats = true;
+  f16.wl = 100;
   fails += run_case(e, &f16, 3010, TILES_UNUSED);
   attn_engine_close(e);
   cr_assert_eq(fails, 0, "%d cases failed", fails);
+}
+
+/* F16 prefill on the tiles, split into BF16 hi and lo parts: every tile
+ * head_dim, key counts that leave a padded last tile, GQA, causal and
+ * not, softcap and ALiBi (the padding keys stay masked after them), at
+ * F16's tolerance and the statistics' 1e-5. */
+Test(amx_kernel, f16_split) {
+  attn_engine *e = emu_open();
+  if (!e)
+    return;
+  int fails = 0, n = 0;
+  static const int64_t nkv[] = {64, 100, 130, 257};
+  for (int j = 0; j < NDIMS; j++)
+    for (int k = 0; k < 4; k++, n++) {
+      tprob p = tprob_make(1, 4, 2, 70 + 30 * k, nkv[k] + 70, dims[j], ATTN_F16);
+      p.causal = n % 2;
+      p.softcap = n % 3 == 1 ? 2.0 : 0.0;
+      p.alibi = n % 5 == 2;
+      p.stats = true;
+      fails += run_case(e, &p, 3100 + (uint64_t)n, TILES_USED);
+    }
+  attn_engine_close(e);
+  cr_assert_eq(fails, 0, "%d of %d cases failed", fails, n);
 }
 
 /* GQA and MQA, masks and windows both ways, rows that see nothing, a

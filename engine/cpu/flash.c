@@ -225,6 +225,7 @@ typedef struct blk_ctx {
   int pbase, npend;         /* AMX: the tiles whose P·V waits (flash_amx.h) */
   const uint16_t *vslot[4]; /* and where their Vᵀ is */
   const uint16_t *pvt;      /* the next tile's packed Vᵀ, or NULL */
+  const float *orows;       /* O as rows ([nrows][D]), or NULL: read Oᵀ */
 } blk_ctx;
 
 static const char *q_row(const blk_ctx *c, int64_t h, int64_t i) {
@@ -289,9 +290,11 @@ static inline bool amx16_ok(const blk_ctx *c) {
   (void)c;
   return false;
 }
-static inline void amx_load_q16(blk_ctx *c, const char *src, int64_t ii) {
-  (void)c, (void)src, (void)ii;
+static inline bool amx_ok(const blk_ctx *c) {
+  (void)c;
+  return false;
 }
+static inline void amx_load_q(blk_ctx *c) { (void)c; }
 #endif
 
 /* Qᵀ pre-scaled in F32 (or as BF16 pairs), Oᵀ = 0, m = -inf, l = 0; scans Q.
@@ -304,17 +307,22 @@ static void start_block(blk_ctx *c) {
     see(a, 0, c->blk->b * a->r->heads_q + h, q_row(c, h, c->blk->i0), c->blk->i0, nq,
         a->r->q_stride[2]);
   }
+  if (c->amx)
+    amx_load_q(c); /* every lane's Q pairs at once */
   /* Lane ii is query position i0 + ii % nq of head h0 + ii / nq. */
   for (int64_t ii = 0; ii < c->lanes; ii++) {
     c->m[ii] = -INFINITY;
     c->l[ii] = 0.0f;
     if (c->rowf) /* rf_begin lays out its Q and O rows itself */
       continue;
+    if (c->amx) {
+      for (int64_t d = 0; d < D; d++)
+        c->ot[d * BQ + ii] = 0.0f;
+      continue;
+    }
     const bool real = ii < c->nrows;
     const char *src = real ? q_row(c, c->blk->h0 + ii / nq, c->blk->i0 + ii % nq) : NULL;
-    if (c->amx16) {
-      amx_load_q16(c, src, ii);
-    } else if (c->bf16dp) {
+    if (c->bf16dp) {
       dp_load_q(c, src, ii);
     } else {
       if (real)
@@ -496,8 +504,8 @@ static void finish_block(blk_ctx *c) {
   for (int64_t ii = 0; ii < c->nrows; ii++) {
     const float inv = blk->po ? 1.0f : c->l[ii] > 0 ? 1.0f / c->l[ii] : 0.0f;
     float *row = blk->po ? blk->po + ii * D : c->kb;
-    for (int64_t d = 0; d < D; d++)
-      row[d] = c->ot[d * BQ + ii] * inv;
+    for (int64_t d = 0; d < D; d++) /* O rows from Oᵀ, or as amx_end laid them out */
+      row[d] = (c->orows ? c->orows[ii * D + d] : c->ot[d * BQ + ii]) * inv;
     if (blk->po) {
       blk->pm[ii] = c->m[ii];
       blk->pl[ii] = c->l[ii];
@@ -574,6 +582,7 @@ static void rows(const attn__flash_args *a, const attn__flash_block *blk, void *
   c.rowwise = rw_ok(&c);
   c.rowf = rf_ok(&c);
   c.amx16 = amx16_ok(&c);
+  c.amx = amx_ok(&c);
   key_range(&c);
   start_block(&c);
   if (c.rowwise)

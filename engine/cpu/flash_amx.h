@@ -91,6 +91,27 @@ static inline bool amx16_ok(const blk_ctx *c) {
          c->blk->j0 == 0;
 }
 
+/* x[r][col] ← x[col][r] for a 16×16 matrix of 32-bit words, one row a
+ * register: four butterfly stages, stage b swapping bit b of the row and
+ * column indices (row r with bit b clear takes columns with bit b set from
+ * row r + b, which takes the others from row r). */
+INLINE void amx_transpose16(__m512i x[16]) {
+  UNROLL for (int s = 0; s < 4; s++) {
+    const int b = 1 << s;
+    int ia[16], ib[16];
+    for (int col = 0; col < 16; col++) {
+      ia[col] = col & b ? 16 + col - b : col;
+      ib[col] = col & b ? 16 + col : col + b;
+    }
+    const __m512i pa = _mm512_loadu_si512(ia), pb = _mm512_loadu_si512(ib);
+    UNROLL for (int r = 0; r < 16; r++) if (!(r & b)) {
+      const __m512i lo = x[r], hi = x[r + b];
+      x[r] = _mm512_permutex2var_epi32(lo, pa, hi);
+      x[r + b] = _mm512_permutex2var_epi32(lo, pb, hi);
+    }
+  }
+}
+
 /* n F16 values at src (n a multiple of 16) as their BF16 hi and lo parts:
  * hi rounded to nearest, lo = x − hi, exact (at most 3 significant bits),
  * |lo| <= 2^-8·|x|, so the hi·lo products' dropped lo·lo term is below
@@ -106,21 +127,53 @@ static void amx_split16(const char *src, uint16_t *hi, uint16_t *lo, int64_t n) 
   }
 }
 
-/* Lane ii of the F16 Q's hi and lo pairs (qt, then qt + D/2·BQ words). */
-static void amx_load_q16(blk_ctx *c, const char *src, int64_t ii) {
+/* Whether the block runs its whole tiles on AMX: BF16 blocks past the few
+ * rows path, head_dim a multiple of 32; F16 ones the job packed. */
+static inline bool amx_ok(const blk_ctx *c) {
+  return c->amx16 || (c->bf16dp && !c->rowwise && c->a->r->head_dim % 32 == 0);
+}
+
+/* Q part `part` of 16 lanes from the rows at src (NULL past the block's
+ * rows: zero lanes), as pairs: row ii's 16 pairs per register, transposed
+ * into one register of 16 lanes per pair (qt + part·D/2·BQ words). */
+static void amx_q_lanes(blk_ctx *c, const uint16_t *const src[16], int v, int part) {
   const int64_t D = c->a->r->head_dim;
-  uint32_t *hi = (uint32_t *)c->qt, *lo = hi + D / 2 * BQ;
-  uint32_t h[MAXD / 2] = {0}, l[MAXD / 2] = {0};
-  if (src)
-    amx_split16(src, (uint16_t *)h, (uint16_t *)l, D);
-  for (int64_t p = 0; p < D / 2; p++) {
-    hi[p * BQ + ii] = h[p];
-    lo[p * BQ + ii] = l[p];
+  uint32_t *qp = (uint32_t *)c->qt + part * (D / 2 * BQ) + v * VL;
+  for (int64_t p0 = 0; p0 < D / 2; p0 += 16) {
+    __m512i x[16];
+    for (int r = 0; r < 16; r++)
+      x[r] = src[r] ? _mm512_loadu_si512(src[r] + 2 * p0) : _mm512_setzero_si512();
+    amx_transpose16(x);
+    for (int p = 0; p < 16; p++)
+      _mm512_storeu_si512(qp + (p0 + p) * BQ, x[p]);
+  }
+}
+
+/* Every lane's Q pairs (BF16 in place; F16 split into hi and lo rows in
+ * the V workspace first, as the packed K and V are). */
+static void amx_load_q(blk_ctx *c) {
+  const int64_t D = c->a->r->head_dim, nq = c->blk->nq;
+  uint16_t *hi = (uint16_t *)c->vb, *lo = hi + 16 * D;
+  for (int v = 0; v < c->nv; v++) {
+    const uint16_t *h[16], *l[16];
+    for (int r = 0; r < 16; r++) {
+      const int64_t ii = v * VL + r;
+      const char *row = ii < c->nrows ? q_row(c, c->blk->h0 + ii / nq, c->blk->i0 + ii % nq) : NULL;
+      h[r] = (const uint16_t *)row;
+      l[r] = NULL;
+      if (row && c->amx16) {
+        amx_split16(row, hi + r * D, lo + r * D, D);
+        h[r] = hi + r * D;
+        l[r] = lo + r * D;
+      }
+    }
+    amx_q_lanes(c, h, v, 0);
+    if (c->amx16)
+      amx_q_lanes(c, l, v, 1);
   }
 }
 
 static void amx_begin(blk_ctx *c) {
-  c->amx = c->amx16 || (c->bf16dp && !c->rowwise && c->a->r->head_dim % 32 == 0);
   if (!c->amx)
     return;
   amx_cfg cfg;
@@ -252,27 +305,6 @@ static void amx_flush(blk_ctx *c) {
 
 /* ---- V transposed -------------------------------------------------------- */
 
-/* x[r][col] ← x[col][r] for a 16×16 matrix of 32-bit words, one row a
- * register: four butterfly stages, stage b swapping bit b of the row and
- * column indices (row r with bit b clear takes columns with bit b set from
- * row r + b, which takes the others from row r). */
-INLINE void amx_transpose16(__m512i x[16]) {
-  UNROLL for (int s = 0; s < 4; s++) {
-    const int b = 1 << s;
-    int ia[16], ib[16];
-    for (int col = 0; col < 16; col++) {
-      ia[col] = col & b ? 16 + col - b : col;
-      ib[col] = col & b ? 16 + col : col + b;
-    }
-    const __m512i pa = _mm512_loadu_si512(ia), pb = _mm512_loadu_si512(ib);
-    UNROLL for (int r = 0; r < 16; r++) if (!(r & b)) {
-      const __m512i lo = x[r], hi = x[r + b];
-      x[r] = _mm512_permutex2var_epi32(lo, pa, hi);
-      x[r + b] = _mm512_permutex2var_epi32(lo, pb, hi);
-    }
-  }
-}
-
 /* BK V rows at vt (rows vstep elements apart) as Vᵀ at dst: row d holds the
  * BK keys' element d. Rows 2p and 2p+1 of a group of 32 keys become one
  * register of 16 key pairs (a word per head_dim element); the transpose
@@ -400,6 +432,30 @@ static void amx_rescale(blk_ctx *c) {
   }
 }
 
+/* mask_tile on vectors: key j0 + jj hides from lane ii (query position
+ * i0 + ii % nq) outside j − off − wr <= i <= j − off + wl; the bounds are
+ * taken relative to i0, clamped to 32 bits (a lane position is under BQ). */
+static void amx_mask(blk_ctx *c, int64_t j0) {
+  const attn__flash_args *a = c->a;
+  const int64_t i0 = c->blk->i0, nq = c->blk->nq;
+  int32_t pos[BQ];
+  for (int64_t ii = 0; ii < BQ; ii++)
+    pos[ii] = (int32_t)(ii % nq);
+  for (int64_t jj = 0; jj < BK; jj++) {
+    const int64_t j = j0 + jj - a->off - i0;
+    int64_t lo = a->wr < 0 ? -1 : j - a->wr, hi = a->wl < 0 ? BQ : j + a->wl;
+    lo = lo < -1 ? -1 : lo > BQ ? BQ : lo;
+    hi = hi < -1 ? -1 : hi > BQ ? BQ : hi;
+    const __m512i vlo = _mm512_set1_epi32((int)lo), vhi = _mm512_set1_epi32((int)hi);
+    for (int v = 0; v < c->nv; v++) {
+      const __m512i p = _mm512_loadu_si512(pos + v * VL);
+      const __mmask16 out = _mm512_cmplt_epi32_mask(p, vlo) | _mm512_cmpgt_epi32_mask(p, vhi);
+      float *s = c->st + jj * BQ + v * VL;
+      vstore(s, _mm512_mask_mov_ps(vload(s), out, vset1(-INFINITY)));
+    }
+  }
+}
+
 /* One tile at c->kt, c->vt (keys j0 .. j0 + nkt, nkt < BK only for F16's
  * padded tiles): flash.c's tile_step for AMX.
  * Variants and a scale <= 0 need the scaled scores: they get a scale pass
@@ -418,7 +474,7 @@ static void amx_step(blk_ctx *c, int64_t j0, int64_t nkt, bool full) {
     sc = 1.0f;
   }
   if (!full)
-    mask_tile(c->st, a, j0, BK, c->blk->i0, c->blk->nq, c->nrows);
+    amx_mask(c, j0);
   for (int64_t j = nkt; j < BK; j++) /* an F16 tile's padding keys, after the variants */
     for (int v = 0; v < c->nv; v++)
       vstore(c->st + j * BQ + v * VL, vset1(-INFINITY));
@@ -433,6 +489,23 @@ static void amx_step(blk_ctx *c, int64_t j0, int64_t nkt, bool full) {
   }
   amx_slot_v(c, slot, j0);
   c->npend++;
+}
+
+/* O as rows in the V workspace for finish_block: Oᵀ's 16×16 blocks
+ * transposed, instead of a gather of strided lanes per row. */
+static void amx_o_rows(blk_ctx *c) {
+  const int64_t D = c->a->r->head_dim;
+  float *rows = c->vb;
+  for (int v = 0; v < c->nv; v++)
+    for (int64_t d0 = 0; d0 < D; d0 += 16) {
+      __m512i x[16];
+      for (int r = 0; r < 16; r++)
+        x[r] = _mm512_castps_si512(vload(c->ot + (d0 + r) * BQ + v * VL));
+      amx_transpose16(x);
+      for (int r = 0; r < 16 && v * VL + r < c->nrows; r++)
+        _mm512_storeu_si512(rows + (v * VL + r) * D + d0, x[r]);
+    }
+  c->orows = rows;
 }
 
 /* O, l and m from the reference max to the true one (a lane whose max
@@ -454,6 +527,7 @@ static void amx_end(blk_ctx *c) {
     for (int64_t d = 0; d < D; d++)
       vstore(c->ot + d * BQ + v * VL, vmul(vload(c->ot + d * BQ + v * VL), f));
   }
+  amx_o_rows(c);
   _tile_release();
 }
 

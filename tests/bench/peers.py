@@ -366,10 +366,12 @@ def best_of(passes):
 
 def peak_path(detail, dtype):
     """The instruction the kernel named in detail ("avx512 kernel, 2 threads") runs
-    its matmuls on: the 16-bit kernels for BF16, F32 FMA otherwise (the F32
-    kernels widen F16 and BF16 inputs to F32)."""
+    its matmuls on: the 16-bit kernels for BF16, and AMX for F16 too (split in two
+    BF16 parts: its %peak counts attention FLOPs, not the three or four tile
+    products each pair takes), F32 FMA otherwise (the F32 kernels widen F16 and
+    BF16 inputs to F32)."""
     kernel = detail.split()[0] if detail else "?"
-    if dtype == "BF16" and kernel == "amx":
+    if dtype in ("BF16", "F16") and kernel == "amx":
         return "amx_bf16"
     if dtype == "BF16" and kernel == "avx512bf16":
         return "vdpbf16ps"

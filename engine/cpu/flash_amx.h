@@ -2,19 +2,21 @@
  * flash_amx.h — AMX-BF16 tiles for flash_bf16.h (the amx instance only).
  *
  * A whole tile of BK = 64 keys against a block of up to BQ = 64 query lanes
- * runs here (amx_step); partial tiles (the edges of a window or a page) keep
- * VDPBF16PS. Every tile register is 16 rows × 64 bytes, all eight in use:
+ * runs here (amx_step); partial BF16 tiles (the edges of a window or a page)
+ * keep VDPBF16PS. Every tile register is 16 rows × 64 bytes, all eight in
+ * use:
  *   tmm0-3  F32 accumulators (16×16), a 2×2 block of the product;
  *   tmm4-5  A operands, 16 rows of 32 BF16;
  *   tmm6-7  B operands, 16 rows of 16 BF16 pairs.
  * TDPBF16PS computes C[m][n] += Σ_k A[m][2k]·B[k][2n] + A[m][2k+1]·B[k][2n+1],
  * so with flash.c's transposed layout:
  *   Sᵀ (keys × queries)  = K rows (A, read in place) · Q pairs (B, packed
- *                          once per block by dp_load_q);
+ *                          once per block by amx_load_q);
  *   Oᵀ (dims × queries) += Vᵀ rows (A) · P pairs (B),
- * where a row of Vᵀ is 32 consecutive keys of one head_dim element: each
- * tile's V is transposed once (amx_pack_v), in vector registers, as 16×16
- * transposes of key-pair words.
+ * where a row of Vᵀ is 32 consecutive keys of one head_dim element, made by
+ * 16×16 transposes of key-pair words (amx_transpose_v): once per job for
+ * every block of a KV head (cpu.c's packing phase, pack_v), or per tile
+ * where the job packed nothing (amx_slot_v).
  *
  * The softmax (amx_softmax) runs on the raw scores, folding the scale into
  * the exponent's FMA, and writes P straight into BF16 pairs, never as F32.
@@ -24,18 +26,20 @@
  * far from F32's range) and Oᵀ is rescaled on few tiles instead of every
  * one (on random data the running max moves on most early tiles). The true
  * max is tracked beside it, and amx_end brings O, l and m to it, so the
- * statistics are those of the eager form.
+ * statistics are those of the eager form. P·V waits for up to AMX_SLOTS
+ * tiles that share a reference max (amx_flush): a longer sum per load and
+ * store of the accumulator tiles.
  *
  * F16 inputs (amx16) are split exactly into two BF16 parts, x = hi + lo:
  * hi is x rounded to BF16 and lo = x − hi the rest, at most 3 bits (F16
  * has 11), so both are BF16 values. Q·Kᵀ is then four tile products, so
  * the scores (and the statistics) are exact up to F32 sums; P·V is three,
- * hi·hi + hi·lo + lo·hi (lo·lo is below 2^-16 of it);
- * P is split the same way (hi + lo hold 16 of its bits), so the F16 path
- * keeps more than F16's precision everywhere. Its K and V parts are packed
- * once per job (pack_kv, K rows and Vᵀ, the last tile zero-padded and its
- * missing keys masked), so the F16 path runs only where the job packed
- * them (cpu.c: prefill without a left window); other blocks take F32.
+ * hi·hi + hi·lo + lo·hi (lo·lo is below 2^-16 of it); P is split too (hi
+ * truncated, lo the rest: 16 of its bits), so the F16 path keeps more than
+ * F16's precision everywhere. Its K and V parts are packed once per job
+ * (pack_v: K rows and Vᵀ, the last tile zero-padded and its padding keys
+ * masked), so the F16 path runs only where the job packed them (cpu.c:
+ * prefill without a left window); other blocks take F32.
  *
  * The process must hold the XTILEDATA permission (cpu.c asks for it before
  * choosing this instance).
@@ -256,7 +260,7 @@ static void amx_scores(blk_ctx *c, int64_t j0) {
 
 /* Oᵀ rows db·16 .. db·16+31 × lanes v·16 .. (nc 1 or 2 vectors) += Vᵀ · P
  * pairs over the pending tiles: slot g's Vᵀ at c->vslot[g] ([d][BK] BF16),
- * its P pairs at c->kb + g·BK/2·BQ ([BK/2][BQ] words). */
+ * its P pairs at amx_pslot (a part per term). */
 static void amx_values22(blk_ctx *c, int64_t db, int v, bool two) {
   float *o = c->ot + db * 16 * BQ + v * 16;
   _tile_loadd(0, o, BQ * 4);

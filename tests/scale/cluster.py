@@ -55,8 +55,9 @@ def wait_for(what, cond, limit):
 class Replica:
     """One attnd: ``name``, ``port``, ``start()``, ``kill()``, ``term()``, ``log()``."""
 
-    def __init__(self, binary, name, workdir, args=()):
+    def __init__(self, binary, name, workdir, args=(), env=None):
         self.binary, self.name, self.args = binary, name, list(args)
+        self.env = dict(os.environ, **env) if env else None   # added to the test's own
         self.port = free_port()
         self.log_path = os.path.join(workdir, name + ".log")
         self.proc = None
@@ -69,7 +70,7 @@ class Replica:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen([self.binary, "--listen", self.addr] + self.args,
                                          stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT)
+                                         stderr=subprocess.STDOUT, env=self.env)
         wait_for("%s to answer /healthz" % self.name, self._healthy, limit)
 
     def _healthy(self):

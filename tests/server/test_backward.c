@@ -7,8 +7,9 @@
  * unknown tensors, 405, 413), the deadline, and the metrics' path label.
  *
  * Requests use the default backend (auto: cpu here, cuda on a machine with
- * a device); the timeout test names the reference backend, whose float64
- * loops are slow enough that a one-second deadline always falls mid-job.
+ * a device); the timeout test names the reference backend on
+ * build/tests/attnd-hold, which holds the job until it is canceled, so a
+ * one-second deadline falls mid-job however fast the machine.
  *
  * The bodies and replies are written and read here, not by proto/: an
  * oracle that shared the codecs' code would share their bugs.

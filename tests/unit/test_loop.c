@@ -7,14 +7,19 @@
  * client-reset cancels, and completion.
  *
  * The fake transport records each resume (the loop's "reply is ready");
- * a request whose fd is FAKE_RESET_FD is a client that reset.
+ * a request whose fd is FAKE_RESET_FD is a client that reset. A test that
+ * needs a job still in the engine when it acts plugs the engine's one
+ * worker (rig_hold) and moves the job's deadline once the job is there: the
+ * order of events, not the machine's speed, decides what the loop sees.
  */
 #define _GNU_SOURCE /* memmem */
+#include "handle.h"
 #include "loop.h"
 #include "routes.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,11 +29,23 @@ enum { MAX_JOBS = 8, FAKE_RESET_FD = 4242 };
 static const char body_ok[] = "{\"q\": [[1, 0], [0, 1]], \"k\": [[1, 0], [0, 1], [1, 1]], "
                               "\"v\": [[1, 2], [3, 4], [5, 6]]}";
 
+/* A one-item pool task that keeps the engine's only worker until opened
+ * (test_pool.c's gate): jobs queued behind it are in the engine and cannot
+ * end, however fast the machine computes. */
+typedef struct plug {
+  attn_pool_task t;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  bool held, open;
+} plug;
+
 typedef struct rig {
   attnd_config cfg;
   attnd_server s;
   attnd_req *resumed[MAX_JOBS];
   int nresumed;
+  plug hold;
+  bool holding; /* rig_hold was called: the plug is the engine's to give back */
 } rig;
 
 /* The transport's callbacks get only r or s: the rig is found from s. */
@@ -78,9 +95,53 @@ static rig *rig_open(int max_queue, double timeout) {
   return rig_open_with(max_queue, timeout, 0, 0);
 }
 
+static void plug_run(attn_pool_task *t, int64_t item, void *ws) {
+  (void)item, (void)ws;
+  plug *p = (plug *)t;
+  pthread_mutex_lock(&p->mu);
+  p->held = true;
+  pthread_cond_broadcast(&p->cv);
+  while (!p->open)
+    pthread_cond_wait(&p->cv, &p->mu);
+  pthread_mutex_unlock(&p->mu);
+}
+
+static void plug_finish(attn_pool_task *t) { (void)t; }
+
+/* Takes the engine's worker: returns once it waits in the plug, so every
+ * job submitted from now on waits behind it until rig_release. */
+static void rig_hold(rig *g) {
+  attn_pool *pool = attn__engine_pool(g->s.engine);
+  cr_assert_eq(attn_pool_threads(pool), 1, "a second worker would run the held jobs");
+  plug *p = &g->hold;
+  g->holding = true;
+  p->t = (attn_pool_task){.nitems = 1, .run = plug_run, .finish = plug_finish};
+  pthread_mutex_init(&p->mu, NULL);
+  pthread_cond_init(&p->cv, NULL);
+  attn_pool_submit(pool, &p->t);
+  pthread_mutex_lock(&p->mu);
+  while (!p->held)
+    pthread_cond_wait(&p->cv, &p->mu);
+  pthread_mutex_unlock(&p->mu);
+}
+
+static void rig_release(rig *g) {
+  plug *p = &g->hold;
+  pthread_mutex_lock(&p->mu);
+  p->open = true;
+  pthread_cond_broadcast(&p->cv);
+  pthread_mutex_unlock(&p->mu);
+}
+
 static void rig_close(rig *g) {
+  if (g->holding)
+    rig_release(g); /* the engine's close waits for its jobs, and they for the plug */
   attnd_loop_close(&g->s);
   attn_engine_close(g->s.engine);
+  if (g->holding) {
+    pthread_mutex_destroy(&g->hold.mu);
+    pthread_cond_destroy(&g->hold.cv);
+  }
   attnd_metrics_free(g->s.metrics);
   pthread_mutex_destroy(&g->s.log_mu);
   free(g);
@@ -118,6 +179,28 @@ static void run_until(rig *g, int n) {
   cr_assert_eq(g->s.admitted, 0);
   cr_assert_eq(g->s.running, 0);
 }
+
+/* Runs the loop until n requests were resumed, whatever is still running. */
+static void run_until_answered(rig *g, int n) {
+  double end = attn_now() + 20;
+  while (g->nresumed < n && attn_now() < end)
+    uv_run(&g->s.loop, UV_RUN_ONCE);
+  cr_assert_eq(g->nresumed, n, "%d of %d requests resumed", g->nresumed, n);
+}
+
+/* Runs the loop until r's job is in the engine as the loop sees it: its
+ * submit's callback has run (stages_left is the loop's own, so no other
+ * thread's write is read early). The tick (ATTND_POLL_MS) wakes the loop. */
+static void run_until_in_engine(rig *g, attnd_req *r) {
+  double end = attn_now() + 20;
+  while (r->stages_left != 1 && !r->answered && attn_now() < end)
+    uv_run(&g->s.loop, UV_RUN_ONCE);
+  cr_assert_eq(r->stages_left, 1, "the job never reached the engine (status %d)", r->status);
+  cr_assert(r->in_engine);
+}
+
+/* Puts r's deadline behind it; the loop's next tick finds it due. */
+static void expire(rig *g, attnd_req *r) { r->t_received = attn_now() - g->cfg.timeout - 1; }
 
 static bool body_has(const attnd_req *r, const char *s) {
   return r->resp && memmem(r->resp, r->resp_len, s, strlen(s)) != NULL;
@@ -218,43 +301,27 @@ Test(loop, a_job_that_fails_to_decode_gets_its_codec_error) {
   rig_close(g);
 }
 
-/* {"q": [H x n x d nested], "k": ..., "v": ... <extra>} of ones; malloc'd. */
-static char *big_body(int heads, int n, int d, const char *extra) {
-  size_t cap = (size_t)3 * heads * n * (2 * d + 8) + 256 + strlen(extra);
-  char *b = malloc(cap);
-  cr_assert_not_null(b);
-  size_t len = (size_t)snprintf(b, cap, "{");
-  for (int t = 0; t < 3; t++) {
-    len += (size_t)snprintf(b + len, cap - len, "%s\"%c\": [", t ? ", " : "", "qkv"[t]);
-    for (int h = 0; h < heads; h++) {
-      len += (size_t)snprintf(b + len, cap - len, "%s[", h ? ", " : "");
-      for (int i = 0; i < n; i++) {
-        len += (size_t)snprintf(b + len, cap - len, "%s[", i ? ", " : "");
-        for (int j = 0; j < d; j++)
-          len += (size_t)snprintf(b + len, cap - len, "%s1", j ? "," : "");
-        len += (size_t)snprintf(b + len, cap - len, "]");
-      }
-      len += (size_t)snprintf(b + len, cap - len, "]");
-    }
-    len += (size_t)snprintf(b + len, cap - len, "]");
-  }
-  snprintf(b + len, cap - len, "%s}", extra);
-  return b;
-}
-
+/* A job in the engine when its deadline passes is answered 504 at once;
+ * its slot is given back only when the engine ends the job (canceled, so
+ * it computes nothing). The plug keeps it in the engine until then. */
 Test(loop, a_running_job_past_its_deadline_is_answered_and_its_end_awaited) {
-  rig *g = rig_open(8, 0.05);
-  /* A job long enough to be running when the deadline passes: 2048 x 2048
-   * scores at D = 64 on one thread, after decoding a body of 786,432
-   * numbers. */
-  char *b = big_body(1, 2048, 64, "");
-  attnd_req *r = job(g, b);
-  free(b);
+  rig *g = rig_open(8, 30);
+  rig_hold(g);
+  attnd_req *r = job(g, body_ok);
   attnd_loop_submit(&g->s, r);
-  run_until(g, 1);
+  run_until_in_engine(g, r);
+  expire(g, r);
+  run_until_answered(g, 1);
   cr_expect_eq(r->status, 504);
+  cr_expect(body_has(r, "running"), "the 504 says where it was: %.*s", (int)r->resp_len, r->resp);
   cr_expect(r->canceled);
   cr_expect(r->dispatched, "it had started");
+  cr_expect_eq(g->s.running, 1, "the slot was given back before the job ended");
+  cr_expect_eq(g->s.admitted, 1);
+  rig_release(g);
+  run_until(g, 1);
+  cr_expect(metrics_has(g, "attnd_jobs_canceled_total{reason=\"timeout\",stage=\"running\"} 1\n"),
+            "the engine did not stop the job");
   attnd_req_unref(r);
   rig_close(g);
 }
@@ -313,17 +380,20 @@ Test(loop, a_client_at_its_cap_waits_while_another_runs) {
 }
 
 /* A job held in the queue by its client's cap still meets its deadline:
- * with A's first job computing far past --timeout (float64 reference, 4
- * heads of 2048 x 2048), A's second is answered 504 from the queue though a
- * slot is free, and never runs. */
+ * with A's first job held in the engine (rig_hold) past --timeout, A's
+ * second is answered 504 from the queue though a slot is free, and never
+ * runs. */
 Test(loop, a_capped_clients_queued_job_still_times_out) {
-  rig *g = rig_open_with(32, 0.2, 1, 0);
-  char *body = big_body(4, 2048, 64, ", \"backend\": \"reference\"");
-  attnd_req *a0 = job_of(g, body, "10.0.0.1"), *a1 = job_of(g, body, "10.0.0.1");
-  free(body);
-  a1->t_received = a0->t_received; /* one deadline: one tick cancels both */
+  rig *g = rig_open_with(32, 30, 1, 0);
+  rig_hold(g);
+  attnd_req *a0 = job_of(g, body_ok, "10.0.0.1"), *a1 = job_of(g, body_ok, "10.0.0.1");
   attnd_loop_submit(&g->s, a0);
   attnd_loop_submit(&g->s, a1);
+  run_until_in_engine(g, a0);
+  expire(g, a0);
+  a1->t_received = a0->t_received; /* one deadline: one tick cancels both */
+  run_until_answered(g, 2);
+  rig_release(g);
   run_until(g, 2);
   cr_expect_eq(a0->status, 504);
   cr_expect_eq(a1->status, 504);

@@ -274,6 +274,11 @@ static inline void rw_scores(blk_ctx *c, int64_t nkt) { (void)c, (void)nkt; }
 static inline void rw_values(blk_ctx *c, int64_t nkt) { (void)c, (void)nkt; }
 static inline void rw_begin(blk_ctx *c) { (void)c; }
 static inline void rw_end(blk_ctx *c) { (void)c; }
+#endif
+#if ATTN_AMX
+#include "flash_amx.h"
+#else
+/* Without the tile unit c->amx is always false: never called. */
 static inline bool amx_tile(const blk_ctx *c, int64_t nkt) {
   (void)c, (void)nkt;
   return false;
@@ -282,8 +287,6 @@ static inline void amx_step(blk_ctx *c, int64_t j0, int64_t nkt, bool full) {
   (void)c, (void)j0, (void)nkt, (void)full;
 }
 static inline void amx_flush(blk_ctx *c) { (void)c; }
-#endif
-#if !ATTN_AMX
 static inline void amx_begin(blk_ctx *c) { (void)c; }
 static inline void amx_end(blk_ctx *c) { (void)c; }
 static inline bool amx16_ok(const blk_ctx *c) {

@@ -1,5 +1,5 @@
 /*
- * flash_amx.h — AMX-BF16 tiles for flash_bf16.h (the amx instance only).
+ * flash_amx.h — AMX-BF16 tiles for flash.c's amx instance.
  *
  * A whole tile of BK = 64 keys against a block of up to BQ = 64 query lanes
  * runs here (amx_step); partial BF16 tiles (the edges of a window or a page)
@@ -207,6 +207,26 @@ static const uint16_t *amx_packed(const blk_ctx *c, int64_t j0) {
 
 /* ---- products ------------------------------------------------------------ */
 
+/* The accumulators tmm0-3 (tmm1 and tmm3 only when two) to or from the
+ * F32 block at p: rows BQ floats apart, the second pair 16 rows down. */
+static inline void amx_store22(float *p, bool two) {
+  _tile_stored(0, p, BQ * 4);
+  _tile_stored(2, p + 16 * BQ, BQ * 4);
+  if (two) {
+    _tile_stored(1, p + 16, BQ * 4);
+    _tile_stored(3, p + 16 * BQ + 16, BQ * 4);
+  }
+}
+
+static inline void amx_load22(const float *p, bool two) {
+  _tile_loadd(0, p, BQ * 4);
+  _tile_loadd(2, p + 16 * BQ, BQ * 4);
+  if (two) {
+    _tile_loadd(1, p + 16, BQ * 4);
+    _tile_loadd(3, p + 16 * BQ + 16, BQ * 4);
+  }
+}
+
 /* Sᵀ rows kr·16 .. kr·16+31 × lanes v·16 .. v·16+16·nc (nc 1 or 2): raw
  * dot products, unscaled, summed over the terms; K part a's rows at kp[a],
  * ldk bytes apart, Q part b's pairs at qt + b·D/2·BQ words. */
@@ -233,13 +253,7 @@ static void amx_scores22(blk_ctx *c, const char *const kp[2], int64_t ldk, int k
         _tile_dpbf16ps(3, 5, 7);
       }
     }
-  float *s = c->st + kr * 16 * BQ + v * 16;
-  _tile_stored(0, s, BQ * 4);
-  _tile_stored(2, s + 16 * BQ, BQ * 4);
-  if (two) {
-    _tile_stored(1, s + 16, BQ * 4);
-    _tile_stored(3, s + 16 * BQ + 16, BQ * 4);
-  }
+  amx_store22(c->st + kr * 16 * BQ + v * 16, two);
 }
 
 /* The tile's K: rows in place (BF16), or the packed hi and lo parts. */
@@ -263,12 +277,7 @@ static void amx_scores(blk_ctx *c, int64_t j0) {
  * its P pairs at amx_pslot (a part per term). */
 static void amx_values22(blk_ctx *c, int64_t db, int v, bool two) {
   float *o = c->ot + db * 16 * BQ + v * 16;
-  _tile_loadd(0, o, BQ * 4);
-  _tile_loadd(2, o + 16 * BQ, BQ * 4);
-  if (two) {
-    _tile_loadd(1, o + 16, BQ * 4);
-    _tile_loadd(3, o + 16 * BQ + 16, BQ * 4);
-  }
+  amx_load22(o, two);
   const int64_t D = c->a->r->head_dim;
   for (int g = c->pbase; g < c->pbase + c->npend; g++)
     for (int t = 0; t < amx_nterms(c); t++) {
@@ -287,12 +296,7 @@ static void amx_values22(blk_ctx *c, int64_t db, int v, bool two) {
         }
       }
     }
-  _tile_stored(0, o, BQ * 4);
-  _tile_stored(2, o + 16 * BQ, BQ * 4);
-  if (two) {
-    _tile_stored(1, o + 16, BQ * 4);
-    _tile_stored(3, o + 16 * BQ + 16, BQ * 4);
-  }
+  amx_store22(o, two);
 }
 
 /* Oᵀ += the pending tiles' products, which share one reference max: a

@@ -17,10 +17,8 @@
  * An odd key count pads with a zero key (P = 0, V = 0). Only even head_dim
  * takes this path (flash.c), so no pair reads past a row of K.
  *
- * AMX (TDPBF16PS) computes 16×16 F32 tiles from the same pair layouts: the
- * A operand is rows of 32 BF16 (K rows, or Vᵀ rows), the B operand 16 rows
- * of 16 pairs (Q pairs, P pairs). It takes whole 64-key tiles with head_dim
- * a multiple of 32; the rest falls back to VDPBF16PS.
+ * The amx instance (flash_amx.h) computes whole 64-key tiles on the tile
+ * unit from the same pair layouts, and its partial tiles here.
  */
 #ifndef ATTN_CPU_FLASH_BF16_H
 #define ATTN_CPU_FLASH_BF16_H
@@ -270,19 +268,6 @@ static void rw_end(blk_ctx *c) {
         c->ot[(d + 4) * BQ + ii] = c->vb[ii * D + d0 + 16 + n];
       }
 }
-
-#if ATTN_AMX
-#include "flash_amx.h"
-#else
-static inline bool amx_tile(const blk_ctx *c, int64_t nkt) {
-  (void)c, (void)nkt;
-  return false;
-}
-static inline void amx_step(blk_ctx *c, int64_t j0, int64_t nkt, bool full) {
-  (void)c, (void)j0, (void)nkt, (void)full;
-}
-static inline void amx_flush(blk_ctx *c) { (void)c; }
-#endif
 
 /* Scores of the tile's nkt keys from K in place. */
 static void dp_scores(blk_ctx *c, int64_t nkt) {

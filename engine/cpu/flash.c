@@ -310,19 +310,18 @@ static void start_block(blk_ctx *c) {
     see(a, 0, c->blk->b * a->r->heads_q + h, q_row(c, h, c->blk->i0), c->blk->i0, nq,
         a->r->q_stride[2]);
   }
-  if (c->amx)
-    amx_load_q(c); /* every lane's Q pairs at once */
+  if (c->amx) { /* every lane's Q pairs at once, Oᵀ zeroed whole */
+    amx_load_q(c);
+    memset(c->ot, 0, (size_t)(D * BQ) * sizeof *c->ot);
+  }
   /* Lane ii is query position i0 + ii % nq of head h0 + ii / nq. */
   for (int64_t ii = 0; ii < c->lanes; ii++) {
     c->m[ii] = -INFINITY;
     c->l[ii] = 0.0f;
     if (c->rowf) /* rf_begin lays out its Q and O rows itself */
       continue;
-    if (c->amx) {
-      for (int64_t d = 0; d < D; d++)
-        c->ot[d * BQ + ii] = 0.0f;
+    if (c->amx)
       continue;
-    }
     const bool real = ii < c->nrows;
     const char *src = real ? q_row(c, c->blk->h0 + ii / nq, c->blk->i0 + ii % nq) : NULL;
     if (c->bf16dp) {

@@ -372,17 +372,15 @@ static vf amx_max(blk_ctx *c, int v, float sc, vf *pref) {
   return al;
 }
 
-/* Part `part` of `parts` of the next tile's K rows into L1 and its Vᵀ
- * (packed) or V rows into L2: the products stalled on their first tile
- * loads without it. */
+/* Part `part` of `parts` of the next tile's K rows into L1 (and its V rows
+ * into L2 when the job packed no Vᵀ; a packed one streams in order): the
+ * scores stalled on their first tile loads without it. */
 static inline void amx_prefetch(const blk_ctx *c, int64_t part, int64_t parts) {
   const size_t row = (size_t)c->a->r->head_dim * 2;
   for (int64_t j = part * c->pn / parts; j < (part + 1) * c->pn / parts; j++)
     for (size_t b = 0; b < row; b += 64) {
       _mm_prefetch(c->pk + (size_t)(j * c->pks) * 2 + b, _MM_HINT_T0);
-      if (c->pvt)
-        _mm_prefetch((const char *)c->pvt + (size_t)j * row + b, _MM_HINT_T1);
-      else
+      if (!c->pvt)
         _mm_prefetch(c->pv + (size_t)(j * c->pvs) * 2 + b, _MM_HINT_T1);
     }
 }

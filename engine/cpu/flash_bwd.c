@@ -95,9 +95,10 @@ typedef struct kb_ctx {
   const char *kbase, *vbase;
   int64_t j0, nkt;
   bool bf16; /* BF16 products (flash_bwd_bf16.h) instead of F32 */
+  bool amx;  /* and AMX tiles for whole pairs of blocks (flash_bwd_amx.h) */
   /* The BF16 path's views of the regions above (kb_bf16_carve). */
   uint32_t *ktp, *vtp, *kjp, *qip, *gip, *pip, *sip;
-  uint16_t *dsr;
+  uint16_t *dsr, *qtr, *gtr;
 } kb_ctx;
 
 static const char *row_at(const attn_request *r, const void *base, const int64_t st[3], int64_t b,
@@ -264,6 +265,26 @@ static void pair_bf16(kb_ctx *x, int64_t h, int64_t i0, int64_t n) {
   (void)x, (void)h, (void)i0, (void)n;
 }
 #endif
+#if ATTN_AMX
+#include "flash_bwd_amx.h"
+#else
+/* Without AMX x->amx is always false. */
+static bool amx_whole(const kb_ctx *x, int64_t n) { return (void)x, (void)n, false; }
+static void amx_pair(kb_ctx *x, int64_t h, int64_t i0) { (void)x, (void)h, (void)i0; }
+static void amx_keys_begin(const kb_ctx *x) { (void)x; }
+static void amx_keys_end(const kb_ctx *x) { (void)x; }
+#endif
+
+/* Query rows [i0, i0 + n) of head h against the key block, on the
+ * instance's best products for them. */
+static void pair_any(kb_ctx *x, int64_t h, int64_t i0, int64_t n) {
+  if (amx_whole(x, n))
+    amx_pair(x, h, i0);
+  else if (x->bf16)
+    pair_bf16(x, h, i0, n);
+  else
+    pair(x, h, i0, n);
+}
 
 static bool finite_row(const float *p, int64_t n) {
   float z = 0.0f;
@@ -312,8 +333,7 @@ static void key_block(kb_ctx *x) {
   ihi = ihi > r->seq_q - 1 ? r->seq_q - 1 : ihi;
   for (int64_t g = 0; g < a->group; g++)
     for (int64_t i0 = ilo; i0 <= ihi; i0 += BQ)
-      (x->bf16 ? pair_bf16 : pair)(x, x->hk * a->group + g, i0,
-                                   ihi - i0 + 1 < BQ ? ihi - i0 + 1 : BQ);
+      pair_any(x, x->hk * a->group + g, i0, ihi - i0 + 1 < BQ ? ihi - i0 + 1 : BQ);
   store_kv(x);
 }
 
@@ -333,6 +353,7 @@ static void keys(const attn__bwd_args *a, int64_t b, int64_t hk, int64_t c, void
   x.mu = x.dor + BQ * MAXD;
   x.di = x.mu + BQ;
   x.bf16 = r->dtype == ATTN_BF16 && r->head_dim % 2 == 0 && (ATTN_DPBF16 || ATTN_AMX);
+  x.amx = x.bf16 && r->head_dim % 32 == 0 && ATTN_AMX;
   if (x.bf16)
     kb_bf16_carve(&x);
   x.kbase = (const char *)r->k + (b * r->k_stride[0] + hk * r->k_stride[1]) * es;
@@ -345,11 +366,13 @@ static void keys(const attn__bwd_args *a, int64_t b, int64_t hk, int64_t c, void
   }
   const int64_t nkb = (r->seq_kv + BK - 1) / BK, kb0 = c * a->chunk_blocks;
   const int64_t kb1 = kb0 + a->chunk_blocks < nkb ? kb0 + a->chunk_blocks : nkb;
+  amx_keys_begin(&x);
   for (int64_t kb = kb0; kb < kb1; kb++) {
     x.j0 = kb * BK;
     x.nkt = r->seq_kv - x.j0 < BK ? r->seq_kv - x.j0 : BK;
     key_block(&x);
   }
+  amx_keys_end(&x);
 }
 
 /* ---- phases 1 and 3 ------------------------------------------------------------ */

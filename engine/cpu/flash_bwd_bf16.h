@@ -86,6 +86,8 @@ static void kb_bf16_carve(kb_ctx *x) {
   x->pip = x->qip + BQ / 2 * MAXD;
   x->sip = x->gip + BQ / 2 * MAXD;
   x->dsr = (uint16_t *)(x->pip + BQ / 2 * BK);
+  x->qtr = (uint16_t *)x->qip; /* AMX: Qᵀ and dOᵀ in the place of the pairs */
+  x->gtr = (uint16_t *)x->gip;
 }
 
 /* n rows at src (BF16, `step` bytes apart) as pairs of rows: out[p][d] =

@@ -120,6 +120,39 @@ static int bf16_pair_cases(tprob *ps) {
 
 Test(backward, bf16_pairs, .timeout = 600) { run_group(bf16_pair_cases, 600); }
 
+/* BF16 shapes for the amx kernel's tiles (flash_bwd_amx.h), which take the
+ * pairs of a whole block of 64 query rows and 64 keys at a head_dim that
+ * is a multiple of 32: every such head_dim class (32, 64, 96, 128, 256),
+ * GQA and MQA, strided rows, causal with and without a diagonal offset
+ * (blocks that start mid-way through a 64-row stretch), windows (whole
+ * blocks masked inside), rows that see no key, softcap and ALiBi; partial
+ * blocks beside them keep VDPBF16PS in the same key block. */
+static int amx_block_cases(tprob *ps) {
+  int n = 0;
+  ps[n] = tprob_make(1, 4, 2, 256, 256, 64, ATTN_BF16);
+  ps[n++].strided = 1;
+  ps[n] = tprob_make(2, 2, 1, 200, 256, 128, ATTN_BF16);
+  ps[n++].causal = 1;
+  ps[n] = tprob_make(1, 2, 2, 320, 320, 96, ATTN_BF16);
+  ps[n].wl = 100, ps[n].wr = 30;
+  n++;
+  ps[n] = tprob_make(1, 3, 1, 128, 192, 256, ATTN_BF16);
+  ps[n++].strided = 1;
+  ps[n] = tprob_make(1, 2, 1, 150, 300, 32, ATTN_BF16);
+  ps[n++].causal = 1; /* offset 150: blocks start at j0 - 150 */
+  ps[n] = tprob_make(1, 2, 2, 256, 128, 64, ATTN_BF16);
+  ps[n++].causal = 1; /* rows 0..127 see no key */
+  ps[n] = tprob_make(1, 4, 2, 192, 192, 64, ATTN_BF16);
+  ps[n].causal = 1, ps[n].softcap = 2.0, ps[n].alibi = 1;
+  n++;
+  ps[n] = tprob_make(2, 2, 1, 256, 256, 128, ATTN_BF16);
+  ps[n].wl = 70, ps[n].wr = 64, ps[n].softcap = 5.0, ps[n].alibi = 2, ps[n].scale = 0.05;
+  n++;
+  return n;
+}
+
+Test(backward, amx_blocks, .timeout = 600) { run_group(amx_block_cases, 800); }
+
 /* ---- determinism --------------------------------------------------------------- */
 
 /* dq, dk, dv of c after a run on an engine of `threads` workers and kernel isa. */

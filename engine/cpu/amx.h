@@ -1,8 +1,8 @@
 /*
  * amx.h — what the forward's and the backward's AMX-BF16 kernels share
  * (flash_amx.h for flash.c, flash_bwd_amx.h for flash_bwd.c): the one tile
- * configuration, and the transpose in vector registers that builds their
- * transposed BF16 operands.
+ * configuration, and the transpose in vector registers (simd.h's
+ * vtranspose16) that builds their transposed BF16 operands.
  *
  * Every tile register is 16 rows × 64 bytes, all eight in use:
  *   tmm0-3  F32 accumulators (16×16), a 2×2 block of the product;
@@ -38,27 +38,6 @@ static void amx_configure(void) {
   _tile_loadconfig(&cfg);
 }
 
-/* x[r][col] ← x[col][r] for a 16×16 matrix of 32-bit words, one row a
- * register: four butterfly stages, stage b swapping bit b of the row and
- * column indices (row r with bit b clear takes columns with bit b set from
- * row r + b, which takes the others from row r). */
-INLINE void amx_transpose16(__m512i x[16]) {
-  UNROLL for (int s = 0; s < 4; s++) {
-    const int b = 1 << s;
-    int ia[16], ib[16];
-    for (int col = 0; col < 16; col++) {
-      ia[col] = col & b ? 16 + col - b : col;
-      ib[col] = col & b ? 16 + col : col + b;
-    }
-    const __m512i pa = _mm512_loadu_si512(ia), pb = _mm512_loadu_si512(ib);
-    UNROLL for (int r = 0; r < 16; r++) if (!(r & b)) {
-      const __m512i lo = x[r], hi = x[r + b];
-      x[r] = _mm512_permutex2var_epi32(lo, pa, hi);
-      x[r + b] = _mm512_permutex2var_epi32(lo, pb, hi);
-    }
-  }
-}
-
 /* The word permutation that interleaves the low and the high 16 BF16 of a
  * register: [a0..a15, b0..b15] → [a0, b0, a1, b1, ...], i.e. two rows (as
  * _mm512_cvtne2ps_pbh or two 256-bit loads leave them) into 16 pairs. */
@@ -84,7 +63,7 @@ static void amx_transpose64(const char *src, size_t step, int64_t D, uint16_t *d
                                _mm256_loadu_si256((const __m256i *)(r0 + step)), 1);
         x[p] = _mm512_permutexvar_epi16(il, two);
       }
-      amx_transpose16(x);
+      vtranspose16(x);
       for (int d = 0; d < 16; d++)
         _mm512_storeu_si512(dst + (d0 + d) * 64 + 32 * jb, x[d]);
     }

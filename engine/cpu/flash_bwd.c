@@ -286,32 +286,48 @@ static void pair_any(kb_ctx *x, int64_t h, int64_t i0, int64_t n) {
     pair(x, h, i0, n);
 }
 
-static bool finite_row(const float *p, int64_t n) {
-  float z = 0.0f;
-  for (int64_t i = 0; i < n; i++)
-    z += p[i] * 0.0f; /* NaN iff some p[i] is not finite */
-  return z == z;
+/* Keys [jj0, jj0 + 16) of a [D][BK] tile t as 16 rows of ld floats at out,
+ * columns from D on zero: 16×16 transposes where the ISA has them. */
+static void tile_rows16(const float *t, int64_t D, int64_t jj0, float *out, int64_t ld) {
+#if ATTN_ISA == 512
+  for (int64_t d0 = 0; d0 < ld; d0 += 16) {
+    __m512i x[16];
+    for (int64_t rr = 0; rr < 16; rr++)
+      x[rr] = d0 + rr < D ? _mm512_loadu_si512(t + (d0 + rr) * BK + jj0) : _mm512_setzero_si512();
+    vtranspose16(x);
+    for (int64_t c = 0; c < 16; c++)
+      _mm512_storeu_si512(out + c * ld + d0, x[c]);
+  }
+#else
+  for (int64_t c = 0; c < 16; c++)
+    for (int64_t d = 0; d < ld; d++)
+      out[c * ld + d] = d < D ? t[d * BK + jj0 + c] : 0.0f;
+#endif
 }
 
-/* The block's rows of dK (times scale) and dV, from their transposes. */
+/* The block's rows of dK (times scale) and dV, from their transposes; z
+ * sums x·0 over them, NaN iff some x is not finite. */
 static void store_kv(const kb_ctx *x) {
   const attn__bwd_args *a = x->a;
   const attn_request *r = a->r;
-  const int64_t D = r->head_dim;
-  float *t = x->qr;
-  bool ok = true;
-  for (int64_t jj = 0; jj < x->nkt; jj++) {
-    const int64_t j = x->j0 + jj;
-    for (int64_t d = 0; d < D; d++)
-      t[d] = x->dkt[d * BK + jj] * a->scale;
-    ok &= finite_row(t, D);
-    store_row(out_row(r, r->dk, r->dk_stride, x->b, x->hk, j), t, r->dtype, D);
-    for (int64_t d = 0; d < D; d++)
-      t[d] = x->dvt[d * BK + jj];
-    ok &= finite_row(t, D);
-    store_row(out_row(r, r->dv, r->dv_stride, x->b, x->hk, j), t, r->dtype, D);
+  const int64_t D = r->head_dim, ld = a->dld;
+  float *tk = x->qr, *tv = x->qr + 16 * ld;
+  vf z = vset1(0.0f);
+  for (int64_t jj0 = 0; jj0 < x->nkt; jj0 += 16) {
+    tile_rows16(x->dkt, D, jj0, tk, ld);
+    tile_rows16(x->dvt, D, jj0, tv, ld);
+    for (int64_t jj = jj0; jj < jj0 + 16 && jj < x->nkt; jj++) {
+      float *k = tk + (jj - jj0) * ld, *v = tv + (jj - jj0) * ld;
+      for (int64_t d = 0; d < ld; d += VL) {
+        const vf kd = vmul(vload(k + d), vset1(a->scale));
+        vstore(k + d, kd);
+        z = vfma(kd, vset1(0.0f), vfma(vload(v + d), vset1(0.0f), z));
+      }
+      store_row(out_row(r, r->dk, r->dk_stride, x->b, x->hk, x->j0 + jj), k, r->dtype, D);
+      store_row(out_row(r, r->dv, r->dv_stride, x->b, x->hk, x->j0 + jj), v, r->dtype, D);
+    }
   }
-  if (!ok)
+  if (vany_nan(z))
     __atomic_store_n(a->overflow, 1, __ATOMIC_RELAXED);
 }
 
@@ -409,18 +425,19 @@ static void store_dq(const attn__bwd_args *a, int64_t b, int64_t h, int64_t i0, 
   const attn_request *r = a->r;
   float *t = ws;
   const vf sc = vset1(a->scale);
-  bool ok = true;
+  vf z = vset1(0.0f); /* NaN iff some element is not finite, as in store_kv */
   for (int64_t i = i0; i < i0 + n; i++) {
     for (int64_t d = 0; d < a->dld; d += VL) {
       vf s = vload(dq_part(a, 0, b, h, i) + d);
       for (int64_t c = 1; c < a->nchunk; c++)
         s = vadd(s, vload(dq_part(a, c, b, h, i) + d));
-      vstore(t + d, vmul(s, sc));
+      s = vmul(s, sc);
+      vstore(t + d, s);
+      z = vfma(s, vset1(0.0f), z);
     }
-    ok &= finite_row(t, r->head_dim);
     store_row(out_row(r, r->dq, r->dq_stride, b, h, i), t, r->dtype, r->head_dim);
   }
-  if (!ok)
+  if (vany_nan(z))
     __atomic_store_n(a->overflow, 1, __ATOMIC_RELAXED);
 }
 

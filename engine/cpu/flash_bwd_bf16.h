@@ -117,17 +117,31 @@ static void pair_rows(uint32_t *out, int64_t ld, const char *src, int64_t step, 
   }
 }
 
+/* out[p·BK + jj] = word p (elements 2p, 2p+1) of row jj at src (rows ld
+ * bytes apart), for D2 words and the BK keys (zero past nkt): 16 rows by
+ * 16 words at a time, a 16×16 transpose. */
+static void pair_cols(uint32_t *out, const char *src, int64_t ld, int64_t nkt, int64_t D2) {
+  for (int64_t jj0 = 0; jj0 < BK; jj0 += 16)
+    for (int64_t p0 = 0; p0 < D2; p0 += 16) {
+      const __mmask16 m = (__mmask16)(p0 + 16 <= D2 ? 0xffff : (1u << (D2 - p0)) - 1);
+      __m512i x[16];
+      for (int64_t rr = 0; rr < 16; rr++)
+        x[rr] = jj0 + rr < nkt ? _mm512_maskz_loadu_epi32(m, src + (jj0 + rr) * ld + 4 * p0)
+                               : _mm512_setzero_si512();
+      vtranspose16(x);
+      for (int64_t c = 0; c < 16 && p0 + c < D2; c++)
+        _mm512_storeu_si512(out + (p0 + c) * BK + jj0, x[c]);
+    }
+}
+
 /* The key block's Kᵀ and Vᵀ pairs over d (keys past nkt zero), and K pairs
  * over j, straight from the BF16 rows. */
 static void pack_kv_bf16(kb_ctx *x) {
   const attn_request *r = x->a->r;
-  const int64_t D2 = r->head_dim / 2, ldk = r->k_stride[2] * 2, ldv = r->v_stride[2] * 2;
+  const int64_t ldk = r->k_stride[2] * 2, ldv = r->v_stride[2] * 2;
   const char *kp = x->kbase + x->j0 * ldk, *vp = x->vbase + x->j0 * ldv;
-  for (int64_t jj = 0; jj < BK; jj++)
-    for (int64_t p = 0; p < D2; p++) {
-      x->ktp[p * BK + jj] = jj < x->nkt ? ld32(kp + jj * ldk + 4 * p) : 0;
-      x->vtp[p * BK + jj] = jj < x->nkt ? ld32(vp + jj * ldv + 4 * p) : 0;
-    }
+  pair_cols(x->ktp, kp, ldk, x->nkt, r->head_dim / 2);
+  pair_cols(x->vtp, vp, ldv, x->nkt, r->head_dim / 2);
   pair_rows(x->kjp, x->a->dld, kp, ldk, x->nkt, r->head_dim);
 }
 

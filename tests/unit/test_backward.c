@@ -282,6 +282,32 @@ Test(backward, magnitudes_refused) {
   tcase_free(&c);
 }
 
+/* An lse_in far below the forward's makes P overflow: the gradients come
+ * out infinite or NaN, and every kernel fails the job with ERANGE instead
+ * of returning them (store_kv and store_dq check what they write). */
+Test(backward, lse_in_mismatch_overflows) {
+  for (int dt = 0; dt < 3; dt += 2) {
+    tprob p = tprob_make(1, 2, 1, 128, 128, 64, dt ? ATTN_BF16 : ATTN_F32);
+    tcase c;
+    attn_status st;
+    tcase_init(&c, &p, 13);
+    cr_assert_eq(tcase_backward(&c, true, 14, &st), 0, "%s", st.message);
+    c.lse_in[77] -= 200.0f;
+    for (int k = 0; k < NISAS; k++) {
+      attn_engine *e = topen_isa(isas[k], 2);
+      if (!e)
+        continue;
+      int rc = trun(e, &c, "cpu", &st);
+      cr_expect_eq(rc, ATTN_ERANGE, "%s %s: got %d (%s)", isas[k], attn_dtype_name(p.dt), rc,
+                   st.message);
+      cr_expect(strstr(st.message, "the gradients overflow float32"), "%s: message \"%s\"", isas[k],
+                st.message);
+      attn_engine_close(e);
+    }
+    tcase_free(&c);
+  }
+}
+
 /* Backend auto runs a backward request on the cpu backend. */
 Test(backward, auto_picks_cpu) {
   tprob p = tprob_make(1, 2, 1, 20, 30, 8, ATTN_BF16);

@@ -46,12 +46,12 @@ static inline __m512i amx_pair_idx(void) {
                           6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
 }
 
-/* 64 rows of D BF16 at src (`step` bytes apart) transposed: dst[d·64 + r]
+/* 64 rows of D BF16 at src (`step` bytes apart) transposed: dst[d·ld + r]
  * = row r's element d. Rows 2p and 2p+1 of a group of 32 become one
  * register of 16 pairs (a word per element); the 16×16 transpose then
  * makes each register one element's 16 pairs, i.e. its 32 rows in order.
  * D a multiple of 16. */
-static void amx_transpose64(const char *src, size_t step, int64_t D, uint16_t *dst) {
+static void amx_transpose64(const char *src, size_t step, int64_t D, uint16_t *dst, int64_t ld) {
   const __m512i il = amx_pair_idx();
   for (int jb = 0; jb < 2; jb++)
     for (int64_t d0 = 0; d0 < D; d0 += 16) {
@@ -65,7 +65,7 @@ static void amx_transpose64(const char *src, size_t step, int64_t D, uint16_t *d
       }
       vtranspose16(x);
       for (int d = 0; d < 16; d++)
-        _mm512_storeu_si512(dst + (d0 + d) * 64 + 32 * jb, x[d]);
+        _mm512_storeu_si512(dst + (d0 + d) * ld + 32 * jb, x[d]);
     }
 }
 

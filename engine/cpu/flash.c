@@ -589,7 +589,7 @@ static void pack_v(const attn__flash_args *a, int64_t b, int64_t hk, int64_t t0,
   kv_head(&c);
   for (int64_t t = t0; t < t1; t++) {
     row_ptrs(&c, t * BK, &c.kt, &c.vt, &c.kstep, &c.vstep);
-    amx_transpose64(c.vt, (size_t)c.vstep * 2, D, dst + (size_t)(t * BK) * (size_t)D);
+    amx_transpose64(c.vt, (size_t)c.vstep * 2, D, dst + (size_t)(t * BK) * (size_t)D, BK);
   }
 }
 #define PACK_V pack_v

@@ -167,7 +167,7 @@ static void amx_slot_v(blk_ctx *c, int slot, int64_t j0) {
   if ((c->vslot[slot] = amx_packed(c, j0)))
     return;
   uint16_t *dst = (uint16_t *)c->vb + slot * D * BK;
-  amx_transpose64(c->vt, (size_t)c->vstep * 2, D, dst);
+  amx_transpose64(c->vt, (size_t)c->vstep * 2, D, dst, BK);
   c->vslot[slot] = dst;
 }
 

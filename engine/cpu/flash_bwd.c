@@ -98,7 +98,12 @@ typedef struct kb_ctx {
   bool amx;  /* and AMX tiles for whole pairs of blocks (flash_bwd_amx.h) */
   /* The BF16 path's views of the regions above (kb_bf16_carve). */
   uint32_t *ktp, *vtp, *kjp, *qip, *gip, *pip, *sip;
-  uint16_t *dsr, *qtr, *gtr;
+  uint16_t *dsr;
+  /* The AMX path's (amx_carve): pairs whose dVᵀ and dKᵀ products wait, in
+   * slots of dOᵀ and Qᵀ columns, P and dS pairs; dS rows. */
+  int slots, npend;
+  uint16_t *gts, *qts, *dsa;
+  uint32_t *pps, *sps;
 } kb_ctx;
 
 static const char *row_at(const attn_request *r, const void *base, const int64_t st[3], int64_t b,
@@ -271,16 +276,21 @@ static void pair_bf16(kb_ctx *x, int64_t h, int64_t i0, int64_t n) {
 /* Without AMX x->amx is always false. */
 static bool amx_whole(const kb_ctx *x, int64_t n) { return (void)x, (void)n, false; }
 static void amx_pair(kb_ctx *x, int64_t h, int64_t i0) { (void)x, (void)h, (void)i0; }
-static void amx_keys_begin(const kb_ctx *x) { (void)x; }
+static void amx_flush(kb_ctx *x) { (void)x; }
+static void amx_keys_begin(kb_ctx *x) { (void)x; }
 static void amx_keys_end(const kb_ctx *x) { (void)x; }
 #endif
 
 /* Query rows [i0, i0 + n) of head h against the key block, on the
- * instance's best products for them. */
+ * instance's best products for them; the others share the workspace with
+ * the AMX path's waiting products, which go first. */
 static void pair_any(kb_ctx *x, int64_t h, int64_t i0, int64_t n) {
-  if (amx_whole(x, n))
+  if (amx_whole(x, n)) {
     amx_pair(x, h, i0);
-  else if (x->bf16)
+    return;
+  }
+  amx_flush(x);
+  if (x->bf16)
     pair_bf16(x, h, i0, n);
   else
     pair(x, h, i0, n);
@@ -350,6 +360,7 @@ static void key_block(kb_ctx *x) {
   for (int64_t g = 0; g < a->group; g++)
     for (int64_t i0 = ilo; i0 <= ihi; i0 += BQ)
       pair_any(x, x->hk * a->group + g, i0, ihi - i0 + 1 < BQ ? ihi - i0 + 1 : BQ);
+  amx_flush(x);
   store_kv(x);
 }
 

@@ -4,33 +4,40 @@
  *
  * A whole pair of blocks (BQ = 64 query rows against BK = 64 keys) with
  * head_dim a multiple of 32 runs here (amx_pair); partial blocks keep
- * VDPBF16PS (pair_bf16). Both read the same packed operands and accumulate
- * into the same F32 dKᵀ, dVᵀ and dQ partial, so a key block may mix them.
- * The tiles are used as amx.h sets them out: a 2×2 block of 16×16 F32
- * accumulators (32 × 32 of the output), two A tiles of 16 rows × 32 BF16
- * along the reduction, two B tiles of 16 rows × 16 BF16 pairs. One loop,
- * amx_mm, runs every product; what changes is where A and B come from:
+ * VDPBF16PS (pair_bf16). Both accumulate into the same F32 dKᵀ, dVᵀ and dQ
+ * partial, so a key block may mix them. The tiles are used as amx.h sets
+ * them out: a 2×2 block of 16×16 F32 accumulators (32 × 32 of the output),
+ * two A tiles of 16 rows × 32 BF16 along the reduction, two B tiles of 16
+ * rows × 16 BF16 pairs. One loop, amx_mm, runs every product; what changes
+ * is where A and B come from:
  *   S    = Q·Kᵀ     rows i × j, over d:  A = Q rows in place,
  *                                        B = Kᵀ pairs over d (ktp)
  *   dP   = dO·Vᵀ    rows i × j, over d:  A = dO rows in place,
  *                                        B = Vᵀ pairs over d (vtp)
- *   dVᵀ += dOᵀ·P    rows d × j, over i:  A = dOᵀ (64 rows per element),
- *                                        B = P pairs over i (pip)
- *   dKᵀ += Qᵀ·dS    rows d × j, over i:  A = Qᵀ,  B = dS pairs over i (sip)
- *   dQ  += dS·K     rows i × d, over j:  A = dS rows in BF16 (dsr),
+ *   dVᵀ += dOᵀ·P    rows d × j, over i:  A = dOᵀ (rows of query rows),
+ *                                        B = P pairs over i
+ *   dKᵀ += Qᵀ·dS    rows d × j, over i:  A = Qᵀ,  B = dS pairs over i
+ *   dQ  += dS·K     rows i × d, over j:  A = dS rows in BF16,
  *                                        B = K pairs over j (kjp)
  * ktp, vtp and kjp are packed once per key block (pack_kv_bf16); P and dS
  * are paired and rounded by pack_p_ds with vector shuffles, as the
- * VDPBF16PS path does; Qᵀ and dOᵀ are transposed per pair in vector
- * registers (amx_transpose64). dKᵀ and dVᵀ accumulate in the workspace
- * across the key block's query blocks and dQ in the chunk's partial, whose
- * rows of a whole block are all the pair's own: a tile row never reaches
- * another head's.
+ * VDPBF16PS path does, and Qᵀ and dOᵀ transposed per pair in vector
+ * registers (amx_transpose64), which run beside the tile unit's products.
+ * (Transposing them once per job instead, in phase 1, was no faster: read
+ * back from L2 they cost the tile loads what the transposes had cost.)
  *
- * Numbers: the tile unit sums each 32-element stretch of the reduction in
- * its own order before adding it to the F32 accumulator, so the bits differ
- * from VDPBF16PS's (not the error: P and dS are rounded the same way), but
- * depend only on the pair, never on the thread count.
+ * dQ goes to the chunk's partial at once: the rows of a whole block are
+ * all the pair's own, so a tile row never reaches another head's. dKᵀ
+ * and dVᵀ accumulate in the workspace across the key block's query
+ * blocks, their products waiting for up to four pairs (amx_flush): one
+ * load and store of each accumulator tile per 256 query rows rather than
+ * per 64.
+ *
+ * Numbers: the tile unit adds its products into the F32 accumulators in
+ * its own order and rounding (TDPBF16PS), and the waiting products change
+ * the order of the sums over query rows, so the bits differ from the
+ * VDPBF16PS path's (not the error: P and dS are rounded the same way); they
+ * depend on the shape alone, never on the thread count.
  */
 #ifndef ATTN_CPU_FLASH_BWD_AMX_H
 #define ATTN_CPU_FLASH_BWD_AMX_H
@@ -76,38 +83,75 @@ static void amx_mm(char *C, int64_t ldc, const char *A, int64_t lda, const char 
     }
 }
 
+/* Up to this many pairs' dVᵀ and dKᵀ products wait: as many as the
+ * workspace holds at this head_dim (amx_carve). */
+enum { AMX_SLOTS = 4 };
+
+/* The AMX path's slots in the workspace, beside the BF16 path's views
+ * (kb_bf16_carve): dOᵀ and Qᵀ of slot g in columns [g·BQ, g·BQ + BQ) of
+ * D rows of slots·BQ (the query and dO row regions, 64 KiB each), P and
+ * dS pairs of slot g in rows [g·BQ/2, g·BQ/2 + BQ/2) past the largest Kᵀ
+ * and Vᵀ pairs, dS rows past the largest K pairs. */
+static void amx_carve(kb_ctx *x) {
+  const int64_t fit = 2 * MAXD / x->a->r->head_dim;
+  x->slots = fit < AMX_SLOTS ? (int)fit : AMX_SLOTS;
+  x->npend = 0;
+  x->gts = (uint16_t *)x->dor;
+  x->qts = (uint16_t *)x->qr;
+  x->pps = x->ktp + MAXD / 2 * BK;
+  x->sps = x->vtp + MAXD / 2 * BK;
+  x->dsa = (uint16_t *)(x->kjp + BK / 2 * MAXD);
+}
+_Static_assert(MAXD / 2 * BK + AMX_SLOTS * BQ / 2 * BK <= MAXD * BK,
+               "P and dS pair slots fit past Kᵀ and Vᵀ pairs");
+_Static_assert(BK / 2 * MAXD + BQ * BK / 2 <= BK * MAXD, "dS rows fit past the K pairs");
+
+/* dVᵀ += dOᵀ·P and dKᵀ += Qᵀ·dS over the waiting pairs' query rows. */
+static void amx_flush(kb_ctx *x) {
+  if (!x->npend)
+    return;
+  const int64_t D = x->a->r->head_dim, lda = (int64_t)x->slots * BQ * 2, K = x->npend * BQ;
+  amx_mm((char *)x->dvt, BK * 4, (const char *)x->gts, lda, (const char *)x->pps, BK * 4, D, BK, K,
+         true);
+  amx_mm((char *)x->dkt, BK * 4, (const char *)x->qts, lda, (const char *)x->sps, BK * 4, D, BK, K,
+         true);
+  x->npend = 0;
+}
+
 /* Whether the pair of query rows [i0, i0 + n) and the key block runs on
  * tiles: amx_pair's conditions. */
 static inline bool amx_whole(const kb_ctx *x, int64_t n) {
   return x->amx && n == BQ && x->nkt == BK;
 }
 
-/* The BQ query rows from i0 of head h against the key block, on tiles. */
+/* The BQ query rows from i0 of head h against the key block, on tiles:
+ * S, dP, then dQ at once, dVᵀ and dKᵀ once the slots are full. */
 static void amx_pair(kb_ctx *x, int64_t h, int64_t i0) {
   const attn__bwd_args *a = x->a;
   const attn_request *r = a->r;
   const int64_t D = r->head_dim, ldq = r->q_stride[2] * 2, ldo = r->do_stride[2] * 2;
+  const int64_t g = x->npend, ld = (int64_t)x->slots * BQ;
   const char *q = row_at(r, r->q, r->q_stride, x->b, h, i0);
-  const char *g = row_at(r, r->dout, r->do_stride, x->b, h, i0);
+  const char *o = row_at(r, r->dout, r->do_stride, x->b, h, i0);
   const bool full = pair_stats(x, h, i0, BQ);
   amx_mm((char *)x->s, BK * 4, q, ldq, (const char *)x->ktp, BK * 4, BQ, BK, D, false);
-  amx_mm((char *)x->dp, BK * 4, g, ldo, (const char *)x->vtp, BK * 4, BQ, BK, D, false);
+  amx_mm((char *)x->dp, BK * 4, o, ldo, (const char *)x->vtp, BK * 4, BQ, BK, D, false);
   softmax_grad(x, h, i0, BQ, full);
-  pack_p_ds(x, BQ);
-  amx_transpose64(q, (size_t)ldq, D, x->qtr);
-  amx_transpose64(g, (size_t)ldo, D, x->gtr);
-  amx_mm((char *)x->dvt, BK * 4, (const char *)x->gtr, BQ * 2, (const char *)x->pip, BK * 4, D, BK,
-         BQ, true);
-  amx_mm((char *)x->dkt, BK * 4, (const char *)x->qtr, BQ * 2, (const char *)x->sip, BK * 4, D, BK,
-         BQ, true);
-  amx_mm((char *)dq_part(a, x->c, x->b, h, i0), a->dld * 4, (const char *)x->dsr, BK * 2,
+  pack_p_ds(x, BQ, x->pps + g * BQ / 2 * BK, x->sps + g * BQ / 2 * BK, x->dsa);
+  amx_transpose64(q, (size_t)ldq, D, x->qts + g * BQ, ld);
+  amx_transpose64(o, (size_t)ldo, D, x->gts + g * BQ, ld);
+  amx_mm((char *)dq_part(a, x->c, x->b, h, i0), a->dld * 4, (const char *)x->dsa, BK * 2,
          (const char *)x->kjp, a->dld * 4, BQ, D, BK, true);
+  if (++x->npend == x->slots)
+    amx_flush(x);
 }
 
 /* Phase 2's item on tiles: configured once, given back at its end. */
-static void amx_keys_begin(const kb_ctx *x) {
-  if (x->amx)
-    amx_configure();
+static void amx_keys_begin(kb_ctx *x) {
+  if (!x->amx)
+    return;
+  amx_carve(x);
+  amx_configure();
 }
 
 static void amx_keys_end(const kb_ctx *x) {

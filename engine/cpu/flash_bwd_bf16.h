@@ -86,8 +86,6 @@ static void kb_bf16_carve(kb_ctx *x) {
   x->pip = x->qip + BQ / 2 * MAXD;
   x->sip = x->gip + BQ / 2 * MAXD;
   x->dsr = (uint16_t *)(x->pip + BQ / 2 * BK);
-  x->qtr = (uint16_t *)x->qip; /* AMX: Qᵀ and dOᵀ in the place of the pairs */
-  x->gtr = (uint16_t *)x->gip;
 }
 
 /* n rows at src (BF16, `step` bytes apart) as pairs of rows: out[p][d] =
@@ -160,13 +158,14 @@ static void pair_tile(uint32_t *out, const float *t, int64_t n) {
     }
 }
 
-/* P and dS (F32, from softmax_grad) to pairs over i, and dS rows to BF16. */
-static void pack_p_ds(kb_ctx *x, int64_t n) {
-  pair_tile(x->pip, x->s, n);
-  pair_tile(x->sip, x->dp, n);
+/* P and dS (F32, from softmax_grad) to pairs over i at pip and sip, and dS
+ * rows to BF16 at dsr. */
+static void pack_p_ds(const kb_ctx *x, int64_t n, uint32_t *pip, uint32_t *sip, uint16_t *dsr) {
+  pair_tile(pip, x->s, n);
+  pair_tile(sip, x->dp, n);
   for (int64_t ii = 0; ii < n; ii++)
     for (int v = 0; v < NVK; v++)
-      _mm256_storeu_si256((__m256i *)(x->dsr + ii * BK + v * VL),
+      _mm256_storeu_si256((__m256i *)(dsr + ii * BK + v * VL),
                           (__m256i)_mm512_cvtneps_pbh(vload(x->dp + ii * BK + v * VL)));
 }
 
@@ -182,7 +181,7 @@ static void pair_bf16(kb_ctx *x, int64_t h, int64_t i0, int64_t n) {
   dmm(x->s, BK, n, NVK, D / 2, q, ldq, 4, x->ktp, BK, false);
   dmm(x->dp, BK, n, NVK, D / 2, g, ldo, 4, x->vtp, BK, false);
   softmax_grad(x, h, i0, n, full);
-  pack_p_ds(x, n);
+  pack_p_ds(x, n, x->pip, x->sip, x->dsr);
   pair_rows(x->qip, D, q, ldq, n, D);
   pair_rows(x->gip, D, g, ldo, n, D);
   dmm(x->dvt, BK, D, NVK, np, (const char *)x->gip, 4, 4 * D, x->pip, BK, true);

@@ -3,7 +3,10 @@
  *
  * Compiled once per instruction set, like flash.c (see simd.h); cpu_bwd.c
  * runs the phases (flash_bwd.h). All arithmetic is F32 whatever the dtype:
- * narrow inputs are widened exactly, outputs rounded once at the end.
+ * narrow inputs are widened exactly, outputs rounded once at the end. BF16
+ * on the avx512bf16 and amx instances is the exception: the same five
+ * products on BF16 pairs, P and dS rounded to BF16 (flash_bwd_bf16.h, and
+ * AMX tiles for whole pairs of blocks in flash_bwd_amx.h).
  *
  * Layout choice. The forward keeps its tiles transposed (keys × queries) so
  * that the online softmax runs down vector lanes; the backward needs no

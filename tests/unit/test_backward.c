@@ -14,7 +14,8 @@
  * (half an ulp: 2^-11 for F16, 2^-8 for BF16) plus what O rounded to the
  * dtype does to Dᵢ = rowsum(dO∘O): the forward's own thresholds (1e-3 and
  * 8e-3) hold them with room. BF16 on the avx512bf16 and amx kernels (even
- * head_dim) runs its products on VDPBF16PS instead (flash_bwd_bf16.h): S
+ * head_dim) runs its products on VDPBF16PS instead (flash_bwd_bf16.h; the
+ * amx kernel on AMX tiles for whole 64×64 pairs, flash_bwd_amx.h): S
  * and dP from exact BF16 inputs, but P and dS rounded to BF16 for dV, dK
  * and dQ. Each rounding is a relative error of at most 2^-9 per element,
  * of random sign, so in a sum over many keys or rows it adds about as much

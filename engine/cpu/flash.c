@@ -624,12 +624,12 @@ static void pack_tile(blk_ctx *c, int64_t j0, uint16_t *dst) {
   const int64_t D = c->a->r->head_dim, nkt = tile_len(c, j0), W = BK * D;
   row_ptrs(c, j0, &c->kt, &c->vt, &c->kstep, &c->vstep);
   if (c->a->r->dtype != ATTN_F16) {
-    amx_transpose_v(c->vt, c->vstep, D, dst);
+    amx_transpose64(c->vt, (size_t)c->vstep * 2, D, dst, BK);
     return;
   }
   split_rows(c->vt, c->vstep, nkt, D, dst + 2 * W, dst + 3 * W);
-  amx_transpose_v((const char *)(dst + 2 * W), D, D, dst);
-  amx_transpose_v((const char *)(dst + 3 * W), D, D, dst + W);
+  amx_transpose64((const char *)(dst + 2 * W), (size_t)D * 2, D, dst, BK);
+  amx_transpose64((const char *)(dst + 3 * W), (size_t)D * 2, D, dst + W, BK);
   split_rows(c->kt, c->kstep, nkt, D, dst + 2 * W, dst + 3 * W);
 }
 

@@ -3,18 +3,14 @@
  *
  * A whole tile of BK = 64 keys against a block of up to BQ = 64 query lanes
  * runs here (amx_step); partial BF16 tiles (the edges of a window or a page)
- * keep VDPBF16PS. Every tile register is 16 rows × 64 bytes, all eight in
- * use:
- *   tmm0-3  F32 accumulators (16×16), a 2×2 block of the product;
- *   tmm4-5  A operands, 16 rows of 32 BF16;
- *   tmm6-7  B operands, 16 rows of 16 BF16 pairs.
- * TDPBF16PS computes C[m][n] += Σ_k A[m][2k]·B[k][2n] + A[m][2k+1]·B[k][2n+1],
- * so with flash.c's transposed layout:
+ * keep VDPBF16PS. The tiles are used as amx.h sets them out (tmm0-3 a 2×2
+ * block of F32 accumulators, tmm4-5 A rows, tmm6-7 B pairs), so with
+ * flash.c's transposed layout:
  *   Sᵀ (keys × queries)  = K rows (A, read in place) · Q pairs (B, packed
  *                          once per block by amx_load_q);
  *   Oᵀ (dims × queries) += Vᵀ rows (A) · P pairs (B),
  * where a row of Vᵀ is 32 consecutive keys of one head_dim element, made by
- * 16×16 transposes of key-pair words (amx_transpose_v): once per job for
+ * 16×16 transposes of key-pair words (amx_transpose64): once per job for
  * every block of a KV head (cpu.c's packing phase, pack_v), or per tile
  * where the job packed nothing (amx_slot_v).
  *
@@ -40,21 +36,14 @@
  * (pack_v: K rows and Vᵀ, the last tile zero-padded and its padding keys
  * masked), so the F16 path runs only where the job packed them (cpu.c:
  * prefill without a left window); other blocks take F32.
- *
- * The process must hold the XTILEDATA permission (cpu.c asks for it before
- * choosing this instance).
  */
 #ifndef ATTN_CPU_FLASH_AMX_H
 #define ATTN_CPU_FLASH_AMX_H
 
-/* The LDTILECFG memory layout (palette 1). */
-typedef struct amx_cfg {
-  uint8_t palette, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-} amx_cfg;
+#include "amx.h"
 
 #define AMX_SLACK 8.0f
+_Static_assert(BK == 64, "amx_transpose64 transposes tiles of 64 keys");
 
 /* Whole tiles; an F16 block's every tile (its keys are packed, padded). */
 static inline bool amx_tile(const blk_ctx *c, int64_t nkt) {
@@ -95,27 +84,6 @@ static inline bool amx16_ok(const blk_ctx *c) {
          c->blk->j0 == 0;
 }
 
-/* x[r][col] ← x[col][r] for a 16×16 matrix of 32-bit words, one row a
- * register: four butterfly stages, stage b swapping bit b of the row and
- * column indices (row r with bit b clear takes columns with bit b set from
- * row r + b, which takes the others from row r). */
-INLINE void amx_transpose16(__m512i x[16]) {
-  UNROLL for (int s = 0; s < 4; s++) {
-    const int b = 1 << s;
-    int ia[16], ib[16];
-    for (int col = 0; col < 16; col++) {
-      ia[col] = col & b ? 16 + col - b : col;
-      ib[col] = col & b ? 16 + col : col + b;
-    }
-    const __m512i pa = _mm512_loadu_si512(ia), pb = _mm512_loadu_si512(ib);
-    UNROLL for (int r = 0; r < 16; r++) if (!(r & b)) {
-      const __m512i lo = x[r], hi = x[r + b];
-      x[r] = _mm512_permutex2var_epi32(lo, pa, hi);
-      x[r + b] = _mm512_permutex2var_epi32(lo, pb, hi);
-    }
-  }
-}
-
 /* n F16 values at src (n a multiple of 16) as their BF16 hi and lo parts:
  * hi rounded to nearest, lo = x − hi, exact (at most 3 significant bits),
  * |lo| <= 2^-8·|x|, so the hi·lo products' dropped lo·lo term is below
@@ -147,7 +115,7 @@ static void amx_q_lanes(blk_ctx *c, const uint16_t *const src[16], int v, int pa
     __m512i x[16];
     for (int r = 0; r < 16; r++)
       x[r] = src[r] ? _mm512_loadu_si512(src[r] + 2 * p0) : _mm512_setzero_si512();
-    amx_transpose16(x);
+    vtranspose16(x);
     for (int p = 0; p < 16; p++)
       _mm512_storeu_si512(qp + (p0 + p) * BQ, x[p]);
   }
@@ -180,14 +148,7 @@ static void amx_load_q(blk_ctx *c) {
 static void amx_begin(blk_ctx *c) {
   if (!c->amx)
     return;
-  amx_cfg cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.palette = 1;
-  for (int t = 0; t < 8; t++) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = 16;
-  }
-  _tile_loadconfig(&cfg);
+  amx_configure();
   c->pbase = c->npend = 0;
   float *mt = amx_mtrue(c);
   for (int64_t ii = 0; ii < c->lanes; ii++)
@@ -313,31 +274,6 @@ static void amx_flush(blk_ctx *c) {
 
 /* ---- V transposed -------------------------------------------------------- */
 
-/* BK V rows at vt (rows vstep elements apart) as Vᵀ at dst: row d holds the
- * BK keys' element d. Rows 2p and 2p+1 of a group of 32 keys become one
- * register of 16 key pairs (a word per head_dim element); the transpose
- * then makes each register one head_dim element's 16 pairs, i.e. 32 keys
- * in order. */
-static void amx_transpose_v(const char *vt, int64_t vstep, int64_t D, uint16_t *dst) {
-  const size_t step = (size_t)vstep * 2;
-  const __m512i il = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
-                                      23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  for (int jb = 0; jb < BK / 32; jb++)
-    for (int64_t d0 = 0; d0 < D; d0 += 16) {
-      __m512i x[16];
-      const char *r0 = vt + (size_t)(32 * jb) * step + 2 * (size_t)d0;
-      for (int p = 0; p < 16; p++, r0 += 2 * step) {
-        const __m512i two =
-            _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)r0)),
-                               _mm256_loadu_si256((const __m256i *)(r0 + step)), 1);
-        x[p] = _mm512_permutexvar_epi16(il, two);
-      }
-      amx_transpose16(x);
-      for (int d = 0; d < 16; d++)
-        _mm512_storeu_si512(dst + (d0 + d) * BK + 32 * jb, x[d]);
-    }
-}
-
 /* The tile at j0's Vᵀ for slot `slot`: the job's packed copy, or
  * transposed into the slot's place in the V workspace. */
 static void amx_slot_v(blk_ctx *c, int slot, int64_t j0) {
@@ -345,7 +281,7 @@ static void amx_slot_v(blk_ctx *c, int slot, int64_t j0) {
   if ((c->vslot[slot] = amx_packed(c, j0)))
     return;
   uint16_t *dst = (uint16_t *)c->vb + slot * D * BK;
-  amx_transpose_v(c->vt, c->vstep, D, dst);
+  amx_transpose64(c->vt, (size_t)c->vstep * 2, D, dst, BK);
   c->vslot[slot] = dst;
 }
 
@@ -389,8 +325,7 @@ static inline void amx_prefetch(const blk_ctx *c, int64_t part, int64_t parts) {
  * key pairs in slot `slot` of c->kb ([BK/2][BQ] words, as dp_pack_p lays
  * them out). Returns whether any lane's reference max moved. */
 static bool amx_softmax(blk_ctx *c, float sc, int slot) {
-  const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
-                                       23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i idx = amx_pair_idx();
   uint32_t *pp = amx_pslot(c, slot, 0), *pl = amx_pslot(c, slot, 1);
   const vf scv = vset1(sc);
   bool moved = false;
@@ -507,7 +442,7 @@ static void amx_o_rows(blk_ctx *c) {
       __m512i x[16];
       for (int r = 0; r < 16; r++)
         x[r] = _mm512_castps_si512(vload(c->ot + (d0 + r) * BQ + v * VL));
-      amx_transpose16(x);
+      vtranspose16(x);
       for (int r = 0; r < 16 && v * VL + r < c->nrows; r++)
         _mm512_storeu_si512(rows + (v * VL + r) * D + d0, x[r]);
     }

@@ -3,7 +3,10 @@
  *
  * Compiled once per instruction set, like flash.c (see simd.h); cpu_bwd.c
  * runs the phases (flash_bwd.h). All arithmetic is F32 whatever the dtype:
- * narrow inputs are widened exactly, outputs rounded once at the end.
+ * narrow inputs are widened exactly, outputs rounded once at the end. BF16
+ * on the avx512bf16 and amx instances is the exception: the same five
+ * products on BF16 pairs, P and dS rounded to BF16 (flash_bwd_bf16.h, and
+ * AMX tiles for whole pairs of blocks in flash_bwd_amx.h).
  *
  * Layout choice. The forward keeps its tiles transposed (keys × queries) so
  * that the online softmax runs down vector lanes; the backward needs no
@@ -95,9 +98,15 @@ typedef struct kb_ctx {
   const char *kbase, *vbase;
   int64_t j0, nkt;
   bool bf16; /* BF16 products (flash_bwd_bf16.h) instead of F32 */
+  bool amx;  /* and AMX tiles for whole pairs of blocks (flash_bwd_amx.h) */
   /* The BF16 path's views of the regions above (kb_bf16_carve). */
   uint32_t *ktp, *vtp, *kjp, *qip, *gip, *pip, *sip;
   uint16_t *dsr;
+  /* The AMX path's (amx_carve): pairs whose dVᵀ and dKᵀ products wait, in
+   * slots of dOᵀ and Qᵀ columns, P and dS pairs; dS rows. */
+  int slots, npend;
+  uint16_t *gts, *qts, *dsa;
+  uint32_t *pps, *sps;
 } kb_ctx;
 
 static const char *row_at(const attn_request *r, const void *base, const int64_t st[3], int64_t b,
@@ -264,33 +273,74 @@ static void pair_bf16(kb_ctx *x, int64_t h, int64_t i0, int64_t n) {
   (void)x, (void)h, (void)i0, (void)n;
 }
 #endif
+#if ATTN_AMX
+#include "flash_bwd_amx.h"
+#else
+/* Without AMX x->amx is always false. */
+static bool amx_whole(const kb_ctx *x, int64_t n) { return (void)x, (void)n, false; }
+static void amx_pair(kb_ctx *x, int64_t h, int64_t i0) { (void)x, (void)h, (void)i0; }
+static void amx_flush(kb_ctx *x) { (void)x; }
+static void amx_keys_begin(kb_ctx *x) { (void)x; }
+static void amx_keys_end(const kb_ctx *x) { (void)x; }
+#endif
 
-static bool finite_row(const float *p, int64_t n) {
-  float z = 0.0f;
-  for (int64_t i = 0; i < n; i++)
-    z += p[i] * 0.0f; /* NaN iff some p[i] is not finite */
-  return z == z;
+/* Query rows [i0, i0 + n) of head h against the key block, on the
+ * instance's best products for them; the others share the workspace with
+ * the AMX path's waiting products, which go first. */
+static void pair_any(kb_ctx *x, int64_t h, int64_t i0, int64_t n) {
+  if (amx_whole(x, n)) {
+    amx_pair(x, h, i0);
+    return;
+  }
+  amx_flush(x);
+  if (x->bf16)
+    pair_bf16(x, h, i0, n);
+  else
+    pair(x, h, i0, n);
 }
 
-/* The block's rows of dK (times scale) and dV, from their transposes. */
+/* Keys [jj0, jj0 + 16) of a [D][BK] tile t as 16 rows of ld floats at out,
+ * columns from D on zero: 16×16 transposes where the ISA has them. */
+static void tile_rows16(const float *t, int64_t D, int64_t jj0, float *out, int64_t ld) {
+#if ATTN_ISA == 512
+  for (int64_t d0 = 0; d0 < ld; d0 += 16) {
+    __m512i x[16];
+    for (int64_t rr = 0; rr < 16; rr++)
+      x[rr] = d0 + rr < D ? _mm512_loadu_si512(t + (d0 + rr) * BK + jj0) : _mm512_setzero_si512();
+    vtranspose16(x);
+    for (int64_t c = 0; c < 16; c++)
+      _mm512_storeu_si512(out + c * ld + d0, x[c]);
+  }
+#else
+  for (int64_t c = 0; c < 16; c++)
+    for (int64_t d = 0; d < ld; d++)
+      out[c * ld + d] = d < D ? t[d * BK + jj0 + c] : 0.0f;
+#endif
+}
+
+/* The block's rows of dK (times scale) and dV, from their transposes; z
+ * sums x·0 over them, NaN iff some x is not finite. */
 static void store_kv(const kb_ctx *x) {
   const attn__bwd_args *a = x->a;
   const attn_request *r = a->r;
-  const int64_t D = r->head_dim;
-  float *t = x->qr;
-  bool ok = true;
-  for (int64_t jj = 0; jj < x->nkt; jj++) {
-    const int64_t j = x->j0 + jj;
-    for (int64_t d = 0; d < D; d++)
-      t[d] = x->dkt[d * BK + jj] * a->scale;
-    ok &= finite_row(t, D);
-    store_row(out_row(r, r->dk, r->dk_stride, x->b, x->hk, j), t, r->dtype, D);
-    for (int64_t d = 0; d < D; d++)
-      t[d] = x->dvt[d * BK + jj];
-    ok &= finite_row(t, D);
-    store_row(out_row(r, r->dv, r->dv_stride, x->b, x->hk, j), t, r->dtype, D);
+  const int64_t D = r->head_dim, ld = a->dld;
+  float *tk = x->qr, *tv = x->qr + 16 * ld;
+  vf z = vset1(0.0f);
+  for (int64_t jj0 = 0; jj0 < x->nkt; jj0 += 16) {
+    tile_rows16(x->dkt, D, jj0, tk, ld);
+    tile_rows16(x->dvt, D, jj0, tv, ld);
+    for (int64_t jj = jj0; jj < jj0 + 16 && jj < x->nkt; jj++) {
+      float *k = tk + (jj - jj0) * ld, *v = tv + (jj - jj0) * ld;
+      for (int64_t d = 0; d < ld; d += VL) {
+        const vf kd = vmul(vload(k + d), vset1(a->scale));
+        vstore(k + d, kd);
+        z = vfma(kd, vset1(0.0f), vfma(vload(v + d), vset1(0.0f), z));
+      }
+      store_row(out_row(r, r->dk, r->dk_stride, x->b, x->hk, x->j0 + jj), k, r->dtype, D);
+      store_row(out_row(r, r->dv, r->dv_stride, x->b, x->hk, x->j0 + jj), v, r->dtype, D);
+    }
   }
-  if (!ok)
+  if (vany_nan(z))
     __atomic_store_n(a->overflow, 1, __ATOMIC_RELAXED);
 }
 
@@ -312,8 +362,8 @@ static void key_block(kb_ctx *x) {
   ihi = ihi > r->seq_q - 1 ? r->seq_q - 1 : ihi;
   for (int64_t g = 0; g < a->group; g++)
     for (int64_t i0 = ilo; i0 <= ihi; i0 += BQ)
-      (x->bf16 ? pair_bf16 : pair)(x, x->hk * a->group + g, i0,
-                                   ihi - i0 + 1 < BQ ? ihi - i0 + 1 : BQ);
+      pair_any(x, x->hk * a->group + g, i0, ihi - i0 + 1 < BQ ? ihi - i0 + 1 : BQ);
+  amx_flush(x);
   store_kv(x);
 }
 
@@ -333,6 +383,7 @@ static void keys(const attn__bwd_args *a, int64_t b, int64_t hk, int64_t c, void
   x.mu = x.dor + BQ * MAXD;
   x.di = x.mu + BQ;
   x.bf16 = r->dtype == ATTN_BF16 && r->head_dim % 2 == 0 && (ATTN_DPBF16 || ATTN_AMX);
+  x.amx = x.bf16 && r->head_dim % 32 == 0 && ATTN_AMX;
   if (x.bf16)
     kb_bf16_carve(&x);
   x.kbase = (const char *)r->k + (b * r->k_stride[0] + hk * r->k_stride[1]) * es;
@@ -345,11 +396,13 @@ static void keys(const attn__bwd_args *a, int64_t b, int64_t hk, int64_t c, void
   }
   const int64_t nkb = (r->seq_kv + BK - 1) / BK, kb0 = c * a->chunk_blocks;
   const int64_t kb1 = kb0 + a->chunk_blocks < nkb ? kb0 + a->chunk_blocks : nkb;
+  amx_keys_begin(&x);
   for (int64_t kb = kb0; kb < kb1; kb++) {
     x.j0 = kb * BK;
     x.nkt = r->seq_kv - x.j0 < BK ? r->seq_kv - x.j0 : BK;
     key_block(&x);
   }
+  amx_keys_end(&x);
 }
 
 /* ---- phases 1 and 3 ------------------------------------------------------------ */
@@ -386,18 +439,19 @@ static void store_dq(const attn__bwd_args *a, int64_t b, int64_t h, int64_t i0, 
   const attn_request *r = a->r;
   float *t = ws;
   const vf sc = vset1(a->scale);
-  bool ok = true;
+  vf z = vset1(0.0f); /* NaN iff some element is not finite, as in store_kv */
   for (int64_t i = i0; i < i0 + n; i++) {
     for (int64_t d = 0; d < a->dld; d += VL) {
       vf s = vload(dq_part(a, 0, b, h, i) + d);
       for (int64_t c = 1; c < a->nchunk; c++)
         s = vadd(s, vload(dq_part(a, c, b, h, i) + d));
-      vstore(t + d, vmul(s, sc));
+      s = vmul(s, sc);
+      vstore(t + d, s);
+      z = vfma(s, vset1(0.0f), z);
     }
-    ok &= finite_row(t, r->head_dim);
     store_row(out_row(r, r->dq, r->dq_stride, b, h, i), t, r->dtype, r->head_dim);
   }
-  if (!ok)
+  if (vany_nan(z))
     __atomic_store_n(a->overflow, 1, __ATOMIC_RELAXED);
 }
 

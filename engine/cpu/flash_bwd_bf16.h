@@ -115,17 +115,31 @@ static void pair_rows(uint32_t *out, int64_t ld, const char *src, int64_t step, 
   }
 }
 
+/* out[p·BK + jj] = word p (elements 2p, 2p+1) of row jj at src (rows ld
+ * bytes apart), for D2 words and the BK keys (zero past nkt): 16 rows by
+ * 16 words at a time, a 16×16 transpose. */
+static void pair_cols(uint32_t *out, const char *src, int64_t ld, int64_t nkt, int64_t D2) {
+  for (int64_t jj0 = 0; jj0 < BK; jj0 += 16)
+    for (int64_t p0 = 0; p0 < D2; p0 += 16) {
+      const __mmask16 m = (__mmask16)(p0 + 16 <= D2 ? 0xffff : (1u << (D2 - p0)) - 1);
+      __m512i x[16];
+      for (int64_t rr = 0; rr < 16; rr++)
+        x[rr] = jj0 + rr < nkt ? _mm512_maskz_loadu_epi32(m, src + (jj0 + rr) * ld + 4 * p0)
+                               : _mm512_setzero_si512();
+      vtranspose16(x);
+      for (int64_t c = 0; c < 16 && p0 + c < D2; c++)
+        _mm512_storeu_si512(out + (p0 + c) * BK + jj0, x[c]);
+    }
+}
+
 /* The key block's Kᵀ and Vᵀ pairs over d (keys past nkt zero), and K pairs
  * over j, straight from the BF16 rows. */
 static void pack_kv_bf16(kb_ctx *x) {
   const attn_request *r = x->a->r;
-  const int64_t D2 = r->head_dim / 2, ldk = r->k_stride[2] * 2, ldv = r->v_stride[2] * 2;
+  const int64_t ldk = r->k_stride[2] * 2, ldv = r->v_stride[2] * 2;
   const char *kp = x->kbase + x->j0 * ldk, *vp = x->vbase + x->j0 * ldv;
-  for (int64_t jj = 0; jj < BK; jj++)
-    for (int64_t p = 0; p < D2; p++) {
-      x->ktp[p * BK + jj] = jj < x->nkt ? ld32(kp + jj * ldk + 4 * p) : 0;
-      x->vtp[p * BK + jj] = jj < x->nkt ? ld32(vp + jj * ldv + 4 * p) : 0;
-    }
+  pair_cols(x->ktp, kp, ldk, x->nkt, r->head_dim / 2);
+  pair_cols(x->vtp, vp, ldv, x->nkt, r->head_dim / 2);
   pair_rows(x->kjp, x->a->dld, kp, ldk, x->nkt, r->head_dim);
 }
 
@@ -144,13 +158,14 @@ static void pair_tile(uint32_t *out, const float *t, int64_t n) {
     }
 }
 
-/* P and dS (F32, from softmax_grad) to pairs over i, and dS rows to BF16. */
-static void pack_p_ds(kb_ctx *x, int64_t n) {
-  pair_tile(x->pip, x->s, n);
-  pair_tile(x->sip, x->dp, n);
+/* P and dS (F32, from softmax_grad) to pairs over i at pip and sip, and dS
+ * rows to BF16 at dsr. */
+static void pack_p_ds(const kb_ctx *x, int64_t n, uint32_t *pip, uint32_t *sip, uint16_t *dsr) {
+  pair_tile(pip, x->s, n);
+  pair_tile(sip, x->dp, n);
   for (int64_t ii = 0; ii < n; ii++)
     for (int v = 0; v < NVK; v++)
-      _mm256_storeu_si256((__m256i *)(x->dsr + ii * BK + v * VL),
+      _mm256_storeu_si256((__m256i *)(dsr + ii * BK + v * VL),
                           (__m256i)_mm512_cvtneps_pbh(vload(x->dp + ii * BK + v * VL)));
 }
 
@@ -166,7 +181,7 @@ static void pair_bf16(kb_ctx *x, int64_t h, int64_t i0, int64_t n) {
   dmm(x->s, BK, n, NVK, D / 2, q, ldq, 4, x->ktp, BK, false);
   dmm(x->dp, BK, n, NVK, D / 2, g, ldo, 4, x->vtp, BK, false);
   softmax_grad(x, h, i0, n, full);
-  pack_p_ds(x, n);
+  pack_p_ds(x, n, x->pip, x->sip, x->dsr);
   pair_rows(x->qip, D, q, ldq, n, D);
   pair_rows(x->gip, D, g, ldo, n, D);
   dmm(x->dvt, BK, D, NVK, np, (const char *)x->gip, 4, 4 * D, x->pip, BK, true);

@@ -249,6 +249,29 @@ static inline int vany_nan(vf x) {
 #define INLINE static inline __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 16")
 
+#if ATTN_ISA == 512
+/* x[r][col] ← x[col][r] for a 16×16 matrix of 32-bit words, one row a
+ * register: four butterfly stages, stage b swapping bit b of the row and
+ * column indices (row r with bit b clear takes columns with bit b set from
+ * row r + b, which takes the others from row r). */
+INLINE void vtranspose16(__m512i x[16]) {
+  UNROLL for (int s = 0; s < 4; s++) {
+    const int b = 1 << s;
+    int ia[16], ib[16];
+    for (int col = 0; col < 16; col++) {
+      ia[col] = col & b ? 16 + col - b : col;
+      ib[col] = col & b ? 16 + col : col + b;
+    }
+    const __m512i pa = _mm512_loadu_si512(ia), pb = _mm512_loadu_si512(ib);
+    UNROLL for (int r = 0; r < 16; r++) if (!(r & b)) {
+      const __m512i lo = x[r], hi = x[r + b];
+      x[r] = _mm512_permutex2var_epi32(lo, pa, hi);
+      x[r + b] = _mm512_permutex2var_epi32(lo, pb, hi);
+    }
+  }
+}
+#endif
+
 /* Register blocking of the micro-kernels of both passes: MR rows broadcast
  * against NR vectors, MR·NR accumulators plus NR operands in registers
  * (AVX2 has 16 vector registers, AVX-512 32). */

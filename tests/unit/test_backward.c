@@ -14,7 +14,8 @@
  * (half an ulp: 2^-11 for F16, 2^-8 for BF16) plus what O rounded to the
  * dtype does to Dᵢ = rowsum(dO∘O): the forward's own thresholds (1e-3 and
  * 8e-3) hold them with room. BF16 on the avx512bf16 and amx kernels (even
- * head_dim) runs its products on VDPBF16PS instead (flash_bwd_bf16.h): S
+ * head_dim) runs its products on VDPBF16PS instead (flash_bwd_bf16.h; the
+ * amx kernel on AMX tiles for whole 64×64 pairs, flash_bwd_amx.h): S
  * and dP from exact BF16 inputs, but P and dS rounded to BF16 for dV, dK
  * and dQ. Each rounding is a relative error of at most 2^-9 per element,
  * of random sign, so in a sum over many keys or rows it adds about as much
@@ -119,6 +120,39 @@ static int bf16_pair_cases(tprob *ps) {
 }
 
 Test(backward, bf16_pairs, .timeout = 600) { run_group(bf16_pair_cases, 600); }
+
+/* BF16 shapes for the amx kernel's tiles (flash_bwd_amx.h), which take the
+ * pairs of a whole block of 64 query rows and 64 keys at a head_dim that
+ * is a multiple of 32: every such head_dim class (32, 64, 96, 128, 256),
+ * GQA and MQA, strided rows, causal with and without a diagonal offset
+ * (blocks that start mid-way through a 64-row stretch), windows (whole
+ * blocks masked inside), rows that see no key, softcap and ALiBi; partial
+ * blocks beside them keep VDPBF16PS in the same key block. */
+static int amx_block_cases(tprob *ps) {
+  int n = 0;
+  ps[n] = tprob_make(1, 4, 2, 256, 256, 64, ATTN_BF16);
+  ps[n++].strided = 1;
+  ps[n] = tprob_make(2, 2, 1, 200, 256, 128, ATTN_BF16);
+  ps[n++].causal = 1;
+  ps[n] = tprob_make(1, 2, 2, 320, 320, 96, ATTN_BF16);
+  ps[n].wl = 100, ps[n].wr = 30;
+  n++;
+  ps[n] = tprob_make(1, 3, 1, 128, 192, 256, ATTN_BF16);
+  ps[n++].strided = 1;
+  ps[n] = tprob_make(1, 2, 1, 150, 300, 32, ATTN_BF16);
+  ps[n++].causal = 1; /* offset 150: blocks start at j0 - 150 */
+  ps[n] = tprob_make(1, 2, 2, 256, 128, 64, ATTN_BF16);
+  ps[n++].causal = 1; /* rows 0..127 see no key */
+  ps[n] = tprob_make(1, 4, 2, 192, 192, 64, ATTN_BF16);
+  ps[n].causal = 1, ps[n].softcap = 2.0, ps[n].alibi = 1;
+  n++;
+  ps[n] = tprob_make(2, 2, 1, 256, 256, 128, ATTN_BF16);
+  ps[n].wl = 70, ps[n].wr = 64, ps[n].softcap = 5.0, ps[n].alibi = 2, ps[n].scale = 0.05;
+  n++;
+  return n;
+}
+
+Test(backward, amx_blocks, .timeout = 600) { run_group(amx_block_cases, 800); }
 
 /* ---- determinism --------------------------------------------------------------- */
 
@@ -247,6 +281,32 @@ Test(backward, magnitudes_refused) {
   ((float *)c.dout)[5] = 3e37f;
   expect_refused(&c, ATTN_ERANGE, "gradients could overflow float32");
   tcase_free(&c);
+}
+
+/* An lse_in far below the forward's makes P overflow: the gradients come
+ * out infinite or NaN, and every kernel fails the job with ERANGE instead
+ * of returning them (store_kv and store_dq check what they write). */
+Test(backward, lse_in_mismatch_overflows) {
+  for (int dt = 0; dt < 3; dt += 2) {
+    tprob p = tprob_make(1, 2, 1, 128, 128, 64, dt ? ATTN_BF16 : ATTN_F32);
+    tcase c;
+    attn_status st;
+    tcase_init(&c, &p, 13);
+    cr_assert_eq(tcase_backward(&c, true, 14, &st), 0, "%s", st.message);
+    c.lse_in[77] -= 200.0f;
+    for (int k = 0; k < NISAS; k++) {
+      attn_engine *e = topen_isa(isas[k], 2);
+      if (!e)
+        continue;
+      int rc = trun(e, &c, "cpu", &st);
+      cr_expect_eq(rc, ATTN_ERANGE, "%s %s: got %d (%s)", isas[k], attn_dtype_name(p.dt), rc,
+                   st.message);
+      cr_expect(strstr(st.message, "the gradients overflow float32"), "%s: message \"%s\"", isas[k],
+                st.message);
+      attn_engine_close(e);
+    }
+    tcase_free(&c);
+  }
 }
 
 /* Backend auto runs a backward request on the cpu backend. */

@@ -214,6 +214,8 @@ static int vspecs(vspec *out) {
       (vspec){6, {5, 0, 70, 1, 33, 64}, {5, 9, 0, 200, 20, 64}, 4, 2, 37, ATTN_F32, true, -1, -1};
   out[n++] = (vspec){3, {100, 3, 0}, {130, 3, 7}, 2, 1, 64, ATTN_BF16, false, 8, 0};
   out[n++] = (vspec){4, {1, 1, 1, 2}, {1500, 1, 2, 50}, 3, 3, 16, ATTN_F16, false, -1, -1};
+  /* whole blocks of 64 rows and keys for the amx kernel's tiles */
+  out[n++] = (vspec){3, {192, 64, 130}, {256, 64, 70}, 4, 2, 128, ATTN_BF16, true, -1, -1};
   out[n++] = (vspec){2, {0, 4}, {3, 0}, 2, 2, 8, ATTN_F32, false, -1, -1}; /* nothing to run */
   vspec many = {40, {0}, {0}, 4, 1, 64, ATTN_F32, true, 20, -1};
   for (int b = 0; b < many.nseq; b++) {

@@ -33,7 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const isas[] = {"generic", "avx2", "avx512", "avx512bf16", "amx"};
+static const char *const isas[] = {"generic", "avx2", "avx512", "avx512bf16", "amx", "amxemu"};
 enum { NISAS = sizeof isas / sizeof *isas };
 
 /* Runs c on e's cpu backend and checks it against ref; returns 1 on a failure. */

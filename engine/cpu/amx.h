@@ -35,6 +35,11 @@ static void amx_configure(void) {
     cfg.colsb[t] = 64;
     cfg.rows[t] = 16;
   }
+  /* GCC 12's _tile_loadconfig tells the compiler it reads 8 bytes of cfg
+   * (an "m" operand of pointer size), so the stores to colsb and rows may
+   * be dropped as dead, and were once the caller inlined this: ldtilecfg
+   * then loaded garbage and faulted. The empty asm reads the whole struct. */
+  __asm__ volatile("" : : "m"(cfg));
   _tile_loadconfig(&cfg);
 }
 

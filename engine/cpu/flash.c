@@ -135,6 +135,47 @@ static void pv_tile(const float *st, const float *vp, int64_t ldv, float *ot, in
 /* ---- softmax and masks --------------------------------------------------- */
 
 /*
+ * The two passes of softmax_tile, across all nv query vectors at once: a
+ * column's max (or sum) is a chain of dependent vmax (vadd) down the keys,
+ * 4 cycles each, so one column at a time would wait on latency; interleaved,
+ * the columns' chains overlap (and the max pass has two chains per column,
+ * even and odd keys: max is exact, so the grouping cannot change it). The
+ * sum of each column still adds its keys in order, one chain per column,
+ * so P and l are the same bits as column by column. Called with nv a
+ * constant for full blocks (always inlined), so the chains stay in registers.
+ */
+INLINE void tile_max(const float *st, int64_t nkt, const int nv, vf *mt) {
+  vf a[BQ / VL], b[BQ / VL];
+  for (int c = 0; c < nv; c++)
+    a[c] = b[c] = vset1(-INFINITY);
+  int64_t j = 0;
+  for (; j + 2 <= nkt; j += 2)
+    for (int c = 0; c < nv; c++) {
+      a[c] = vmax(a[c], vload(st + j * BQ + c * VL));
+      b[c] = vmax(b[c], vload(st + (j + 1) * BQ + c * VL));
+    }
+  for (int c = 0; c < nv; c++)
+    mt[c] = j < nkt ? vmax(vmax(a[c], vload(st + j * BQ + c * VL)), b[c]) : vmax(a[c], b[c]);
+}
+
+/* P = 2^(s - mu) in place, l = l·alpha + the column sums. */
+INLINE void tile_exp(float *st, int64_t nkt, const int nv, const vf *mu, float *l,
+                     const float *alpha) {
+  vf sum[BQ / VL];
+  for (int c = 0; c < nv; c++)
+    sum[c] = vset1(0.0f);
+  for (int64_t j = 0; j < nkt; j++)
+    for (int c = 0; c < nv; c++) {
+      float *sp = st + j * BQ + c * VL;
+      vf p = vexp2(vsub(vload(sp), mu[c]));
+      vstore(sp, p);
+      sum[c] = vadd(sum[c], p);
+    }
+  for (int c = 0; c < nv; c++)
+    vstore(l + c * VL, vfma(vload(l + c * VL), vload(alpha + c * VL), sum[c]));
+}
+
+/*
  * Online softmax over one tile, down each query column: m grows to the
  * tile's max, alpha = 2^(m_old - m_new) rescales l (and Oᵀ, by the caller),
  * and the scores become P = 2^(s - m_new) in place. A column with no visible
@@ -142,25 +183,23 @@ static void pv_tile(const float *st, const float *vp, int64_t ldv, float *ot, in
  * -inf - -inf (NaN) out, and gives P = 0 and alpha = 0 for it.
  */
 static void softmax_tile(float *st, int64_t nkt, int nv, float *m, float *l, float *alpha) {
+  vf mt[BQ / VL], mu[BQ / VL];
+  if (nv == BQ / VL)
+    tile_max(st, nkt, BQ / VL, mt);
+  else
+    tile_max(st, nkt, nv, mt);
   for (int c = 0; c < nv; c++) {
-    vf mt = vset1(-INFINITY);
-    for (int64_t j = 0; j < nkt; j++)
-      mt = vmax(mt, vload(st + j * BQ + c * VL));
     vf mo = vload(m + c * VL);
-    vf mn = vmax(mo, mt);
-    vf mu = vmax(mn, vset1(-FLT_MAX));
-    vf al = vexp2(vsub(mo, mu));
-    vf sum = vset1(0.0f);
-    for (int64_t j = 0; j < nkt; j++) {
-      float *sp = st + j * BQ + c * VL;
-      vf p = vexp2(vsub(vload(sp), mu));
-      vstore(sp, p);
-      sum = vadd(sum, p);
-    }
-    vstore(l + c * VL, vfma(vload(l + c * VL), al, sum));
+    vf mn = vmax(mo, mt[c]);
+    mu[c] = vmax(mn, vset1(-FLT_MAX));
+    vf al = vexp2(vsub(mo, mu[c]));
     vstore(m + c * VL, mn);
     vstore(alpha + c * VL, al);
   }
+  if (nv == BQ / VL)
+    tile_exp(st, nkt, BQ / VL, mu, l, alpha);
+  else
+    tile_exp(st, nkt, nv, mu, l, alpha);
 }
 
 /* Sets the scores of invisible (query, key) pairs of a boundary tile to -inf;

@@ -85,13 +85,17 @@ INLINE void qk_micro(const float *restrict qt, const float *restrict kp, int64_t
       vstore(st + (j + r) * BQ + (c0 + c) * VL, acc[r][c]);
 }
 
-/* Oᵀ rows d0..d0+mr, query vectors c0..c0+nr: += Σ_j V[j][d]·Pᵀ[j][:]. */
+/* Oᵀ rows d0..d0+mr, query vectors c0..c0+nr: = Oᵀ·alpha + Σ_j V[j][d]·Pᵀ[j][:]
+ * (alpha NULL: all ones, Oᵀ as it is). */
 INLINE void pv_micro(const float *restrict st, const float *restrict vp, int64_t ldv,
-                     float *restrict ot, int64_t nkt, int64_t d0, int c0, const int mr,
-                     const int nr) {
+                     float *restrict ot, const float *alpha, int64_t nkt, int64_t d0, int c0,
+                     const int mr, const int nr) {
   vf acc[MR][NR];
-  UNROLL for (int r = 0; r < mr; r++) UNROLL for (int c = 0; c < nr; c++) acc[r][c] =
-      vload(ot + (d0 + r) * BQ + (c0 + c) * VL);
+  UNROLL for (int r = 0; r < mr; r++) UNROLL for (int c = 0; c < nr; c++) {
+    acc[r][c] = vload(ot + (d0 + r) * BQ + (c0 + c) * VL);
+    if (alpha)
+      acc[r][c] = vmul(acc[r][c], vload(alpha + (c0 + c) * VL));
+  }
   const float *pp = st + c0 * VL;
   const float *vr = vp + d0;
   for (int64_t j = 0; j < nkt; j++, pp += BQ, vr += ldv) {
@@ -119,13 +123,13 @@ static void qk_tile(const float *qt, const float *kp, int64_t ldk, float *st, in
   }
 }
 
-static void pv_tile(const float *st, const float *vp, int64_t ldv, float *ot, int64_t D,
-                    int64_t nkt, int nv) {
+static void pv_tile(const float *st, const float *vp, int64_t ldv, float *ot, const float *alpha,
+                    int64_t D, int64_t nkt, int nv) {
   for (int c0 = 0; c0 < nv; c0 += NR) {
     const int nr = nv - c0 < NR ? nv - c0 : NR;
     for (int64_t d0 = 0; d0 < D; d0 += MR) {
       const int mr = D - d0 < MR ? (int)(D - d0) : MR;
-#define PV(M, N) pv_micro(st, vp, ldv, ot, nkt, d0, c0, M, N)
+#define PV(M, N) pv_micro(st, vp, ldv, ot, alpha, nkt, d0, c0, M, N)
       MR_CASES(PV, mr)
 #undef PV
     }
@@ -491,10 +495,37 @@ static void tile_rows(blk_ctx *c, int64_t j0, int64_t nkt) {
   }
 }
 
-/* One key tile: scan it, scores, mask, online softmax, O += P·V. */
+/* Whether no lane's running max moved this tile (alpha = 1 everywhere), as
+ * it stays once the largest scores have been seen: Oᵀ then needs no
+ * rescaling, which costs a pass over Oᵀ (D × BQ) per tile otherwise. */
+static bool alpha_ones(const blk_ctx *c) {
+  for (int64_t ii = 0; ii < c->lanes; ii++)
+    if (c->alpha[ii] != 1.0f)
+      return false;
+  return true;
+}
+
+/* Oᵀ = Oᵀ·alpha + P·V in the transposed layout; the F32 products rescale
+ * Oᵀ as they load it, the BF16 ones after a pass of their own. */
+static void tile_values(blk_ctx *c, const float *vp, int64_t ldv, int64_t nkt) {
+  const int64_t D = c->a->r->head_dim;
+  const float *alpha = alpha_ones(c) ? NULL : c->alpha;
+  if (!c->bf16dp) {
+    pv_tile(c->st, vp, ldv, c->ot, alpha, D, nkt, c->nv);
+    return;
+  }
+  for (int64_t d = 0; alpha && d < D; d++)
+    for (int v = 0; v < c->nv; v++) {
+      float *op = c->ot + d * BQ + v * VL;
+      vstore(op, vmul(vload(op), vload(alpha + v * VL)));
+    }
+  dp_values(c, nkt);
+}
+
+/* One key tile: scan it, scores, mask, online softmax, O = O·alpha + P·V. */
 static void tile_step(blk_ctx *c, int64_t j0, int64_t nkt) {
   const attn__flash_args *a = c->a;
-  const int64_t D = a->r->head_dim, i0 = c->blk->i0, ilast = i0 + c->blk->nq - 1;
+  const int64_t i0 = c->blk->i0, ilast = i0 + c->blk->nq - 1;
   see_tile(c, j0, nkt);
   tile_rows(c, j0, nkt);
   const bool full = (a->wl < 0 || j0 >= ilast + a->off - a->wl) &&
@@ -523,15 +554,7 @@ static void tile_step(blk_ctx *c, int64_t j0, int64_t nkt) {
     (c->rowf ? rf_values : rw_values)(c, nkt);
     return;
   }
-  for (int64_t d = 0; d < D; d++)
-    for (int v = 0; v < c->nv; v++) {
-      float *op = c->ot + d * BQ + v * VL;
-      vstore(op, vmul(vload(op), vload(c->alpha + v * VL)));
-    }
-  if (c->bf16dp)
-    dp_values(c, nkt);
-  else
-    pv_tile(c->st, vp, ldv, c->ot, D, nkt, c->nv);
+  tile_values(c, vp, ldv, nkt);
 }
 
 /* A whole block: normalize once (a row with l = 0 saw no key and stays

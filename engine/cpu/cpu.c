@@ -300,24 +300,24 @@ static void pack_finish(attn_pool_task *task) {
  * The amx kernel transposes each V tile for its P·V product (and splits F16
  * K and V in two BF16 parts); when a KV head has several blocks of query
  * rows to compute (prefill), its tiles are packed once, by a first phase,
- * into a copy every block reads (the size of V; four times it for F16).
+ * into a copy every block reads (the size of V; for F16 twice K's and V's).
  * Tiles follow key 0 unless a left window moves them; a few-row block
- * (decode) takes no tiles. Returns -1 when out of memory.
+ * (decode) takes no tiles. Without memory for the copy the job runs as if
+ * nothing were packed.
  */
-static int plan_pack(cpu_job *cj) {
+static void plan_pack(cpu_job *cj) {
   const attn_request *r = &cj->job->req;
   const int64_t ntiles = attn__flash_pack_tiles(r), heads = r->batch * r->heads_kv;
   const int64_t words = attn__flash_pack_words(r);
   const bool worth = cj->ncompute >= 2 * heads && cj->hb * r->seq_q > 2 * 4;
   if (!cj->s->isa->pack_v || !words || cj->nsplit || cj->args.wl >= 0 || ntiles == 0 || !worth ||
       cj->job->here)
-    return 0;
+    return;
   cj->vpack = malloc((size_t)(heads * ntiles * words) * sizeof *cj->vpack);
-  if (!cj->vpack)
-    return -1;
+  if (!cj->vpack) /* the blocks pack their own tiles (F16: take F32) */
+    return;
   cj->args.vpack = cj->vpack;
   cj->npack = heads * ((ntiles + PACK_TILES - 1) / PACK_TILES);
-  return 0;
 }
 
 static int cpu_submit(void *state, attn_job *job, attn_status *st) {
@@ -341,10 +341,7 @@ static int cpu_submit(void *state, attn_job *job, attn_status *st) {
     return attn_status_set(st, ATTN_ENOMEM, "out of memory queueing a job");
   }
   plan_blocks(cj);
-  if (plan_pack(cj) < 0) {
-    cpu_job_free(cj);
-    return attn_status_set(st, ATTN_ENOMEM, "out of memory queueing a job");
-  }
+  plan_pack(cj);
   /* Paged K and V have no unseen keys to scan: no scan items. */
   cj->nscan = r->k_pages ? 0 : r->batch * r->heads_kv;
   cj->task.nitems = cj->npack ? cj->npack : cj->ncompute + cj->nscan;

@@ -54,8 +54,11 @@
 /* Key chunks of a split: at least this many keys, at most this many chunks. */
 #define SPLIT_MIN_KEYS 512
 #define SPLIT_MAX 64
-/* Key tiles a packing item transposes. */
+/* Key tiles a packing item packs. */
 #define PACK_TILES 16
+/* Packing waits for blocks of more query rows than this: a decode-like
+ * block of a few rows reads each key tile about once, as the packing does. */
+#define PACK_MIN_ROWS 8
 
 typedef struct cpu_state {
   attn_pool *pool;
@@ -68,15 +71,15 @@ typedef struct cpu_job {
   attn_job *job;
   cpu_state *s;
   attn__flash_args args;
-  int64_t nqt;      /* query blocks per head */
-  int64_t hb;       /* query heads packed into one block (GQA decode), >= 1 */
-  int64_t hchunks;  /* blocks of hb heads per KV head: ceil(group / hb) */
-  int64_t ncompute; /* compute items; the nscan after them scan unseen keys */
-  int64_t nscan;
+  int64_t nqt;         /* query blocks per head */
+  int64_t hb;          /* query heads packed into one block (GQA decode), >= 1 */
+  int64_t hchunks;     /* blocks of hb heads per KV head: ceil(group / hb) */
+  int64_t ncompute;    /* compute items; the nscan after them scan unseen keys */
+  int64_t nscan;       /* B·Hkv, or 0 for paged K and V (checked when stored) */
   int64_t nsplit;      /* key chunks per (batch, KV head); 0: no split */
   int64_t chunk;       /* keys per chunk */
   float *po, *pm, *pl; /* split partials, item-major */
-  uint16_t *vpack;     /* the kernel's packed V (args.vpack), or NULL */
+  uint16_t *kvpack;    /* the kernel's packed key tiles (args.kvpack), or NULL */
   int64_t npack;       /* its items: (batch, KV head, run of PACK_TILES tiles) */
   int64_t *bad;        /* seen: q heads, then k heads, then v heads */
   uint32_t *maxbits;
@@ -85,7 +88,7 @@ typedef struct cpu_job {
 static const char *const scan_names[3] = {"q", "k", "v"};
 
 static void cpu_job_free(cpu_job *cj) {
-  free(cj->vpack);
+  free(cj->kvpack);
   free(cj->po);
   free(cj->pm);
   free(cj->pl);
@@ -273,21 +276,26 @@ static void plan_blocks(cpu_job *cj) {
                             : r->batch * r->heads_kv * cj->hchunks * cj->nqt;
 }
 
-/* Phase one of a job with packed V: item -> (batch, KV head, run of tiles). */
+/* Items of the packing phase per (batch, KV head). */
+static int64_t pack_runs(const attn_request *r) {
+  return (attn__flash_pack_tiles(r) + PACK_TILES - 1) / PACK_TILES;
+}
+
+/* Phase one of a job with packed keys: item -> (batch, KV head, run of tiles). */
 static void pack_run(attn_pool_task *task, int64_t item, void *ws) {
   (void)ws;
   cpu_job *cj = (cpu_job *)task;
   const attn_request *r = &cj->job->req;
-  const int64_t ntiles = attn__flash_pack_tiles(r), runs = (ntiles + PACK_TILES - 1) / PACK_TILES;
+  const int64_t ntiles = attn__flash_pack_tiles(r), runs = pack_runs(r);
   const int64_t head = item / runs, t0 = item % runs * PACK_TILES;
   const int64_t t1 = t0 + PACK_TILES < ntiles ? t0 + PACK_TILES : ntiles;
   if (attn__job_canceled(cj->job))
     return;
-  cj->s->isa->pack_v(&cj->args, head / r->heads_kv, head % r->heads_kv, t0, t1,
-                     cj->vpack + (size_t)(head * ntiles * attn__flash_pack_words(r)));
+  cj->s->isa->pack_keys(&cj->args, head / r->heads_kv, head % r->heads_kv, t0, t1,
+                        cj->kvpack + (size_t)(head * ntiles * attn__flash_pack_words(r)));
 }
 
-/* V packed: the compute phase, on the same task. */
+/* Keys packed: the compute phase, on the same task. */
 static void pack_finish(attn_pool_task *task) {
   cpu_job *cj = (cpu_job *)task;
   cj->task.nitems = cj->ncompute + cj->nscan;
@@ -309,15 +317,15 @@ static void plan_pack(cpu_job *cj) {
   const attn_request *r = &cj->job->req;
   const int64_t ntiles = attn__flash_pack_tiles(r), heads = r->batch * r->heads_kv;
   const int64_t words = attn__flash_pack_words(r);
-  const bool worth = cj->ncompute >= 2 * heads && cj->hb * r->seq_q > 2 * 4;
-  if (!cj->s->isa->pack_v || !words || cj->nsplit || cj->args.wl >= 0 || ntiles == 0 || !worth ||
+  const bool worth = cj->ncompute >= 2 * heads && cj->hb * r->seq_q > PACK_MIN_ROWS;
+  if (!cj->s->isa->pack_keys || !words || cj->nsplit || cj->args.wl >= 0 || ntiles == 0 || !worth ||
       cj->job->here)
     return;
-  cj->vpack = malloc((size_t)(heads * ntiles * words) * sizeof *cj->vpack);
-  if (!cj->vpack) /* the blocks pack their own tiles (F16: take F32) */
+  cj->kvpack = malloc((size_t)(heads * ntiles * words) * sizeof *cj->kvpack);
+  if (!cj->kvpack) /* the blocks pack their own tiles (F16: take F32) */
     return;
-  cj->args.vpack = cj->vpack;
-  cj->npack = heads * ((ntiles + PACK_TILES - 1) / PACK_TILES);
+  cj->args.kvpack = cj->kvpack;
+  cj->npack = heads * pack_runs(r);
 }
 
 static int cpu_submit(void *state, attn_job *job, attn_status *st) {

@@ -26,9 +26,21 @@
  * BF16 products. The avx512bf16 and amx instances compute BF16 inputs with
  * BF16 dot products and F32 accumulation (flash_bf16.h): Q and K stay BF16
  * (exact), P is rounded to BF16 for P·V as FlashAttention does on GPUs.
- * F16 inputs take the F32 path (widened exactly): BF16 would drop 3 bits
- * of their significand, and an exact hi+lo split costs 3 products per pair,
- * no faster than F32 FMAs (tests/bench/peak.c measures both rates).
+ * F16 inputs take the F32 path (widened exactly) on every instance but amx:
+ * BF16 would drop 3 bits of their significand, and an exact hi+lo split
+ * costs 3 to 4 products per pair, no faster than F32 FMAs on VDPBF16PS
+ * (tests/bench/peak.c measures both rates), far faster on tiles.
+ *
+ * AMX. The amx instance runs whole key tiles of wide enough blocks on the
+ * tile unit (flash_amx.h: tile_step hands them to amx_step), BF16 and F16
+ * split in two BF16 parts; cpu.c may first pack every key tile of a job
+ * once (pack_keys, at the end of this file). Its other tiles take the
+ * paths above, after the tile unit's waiting products are summed into Oᵀ.
+ *
+ * Where things are: the micro-kernels and the softmax, then blk_ctx and the
+ * few-rows paths (flash_rows.h, and flash_bf16.h's rw_*), the BF16 and AMX
+ * products (flash_bf16.h, flash_amx.h), a block's start, tiles and finish,
+ * rows() (one block), the packing, the input scan, and the instance table.
  *
  * Input scan. Every tile of Q, K and V is scanned for non-finite values and
  * its largest magnitude as it is loaded for compute, into a->seen; the
@@ -295,6 +307,28 @@ static inline void prefetch_next(const blk_ctx *c, int64_t part, int64_t parts) 
 
 #endif
 
+/* Whether the n factors at f are all 1: no lane's running max moved, as it
+ * stays once the largest scores have been seen, and Oᵀ needs no pass. */
+static bool ones(const float *f, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    if (f[i] != 1.0f)
+      return false;
+  return true;
+}
+
+/* Oᵀ's lanes times f (a factor per lane), a vector of lanes at a time,
+ * skipping vectors whose factors are all 1. */
+static void scale_ot(blk_ctx *c, const float *f) {
+  const int64_t D = c->a->r->head_dim;
+  for (int v = 0; v < c->nv; v++) {
+    if (ones(f + v * VL, VL))
+      continue;
+    const vf fv = vload(f + v * VL);
+    for (int64_t d = 0; d < D; d++)
+      vstore(c->ot + d * BQ + v * VL, vmul(vload(c->ot + d * BQ + v * VL), fv));
+  }
+}
+
 #include "flash_rows.h" /* before flash_bf16.h, which shares rf_reduce */
 
 /* The variants, on scaled scores (below; flash_amx.h calls it too). */
@@ -361,9 +395,7 @@ static void start_block(blk_ctx *c) {
   for (int64_t ii = 0; ii < c->lanes; ii++) {
     c->m[ii] = -INFINITY;
     c->l[ii] = 0.0f;
-    if (c->rowf) /* rf_begin lays out its Q and O rows itself */
-      continue;
-    if (c->amx)
+    if (c->rowf || c->amx) /* rf_begin, amx_load_q lay out Q and O themselves */
       continue;
     const bool real = ii < c->nrows;
     const char *src = real ? q_row(c, c->blk->h0 + ii / nq, c->blk->i0 + ii % nq) : NULL;
@@ -495,30 +527,16 @@ static void tile_rows(blk_ctx *c, int64_t j0, int64_t nkt) {
   }
 }
 
-/* Whether no lane's running max moved this tile (alpha = 1 everywhere), as
- * it stays once the largest scores have been seen: Oᵀ then needs no
- * rescaling, which costs a pass over Oᵀ (D × BQ) per tile otherwise. */
-static bool alpha_ones(const blk_ctx *c) {
-  for (int64_t ii = 0; ii < c->lanes; ii++)
-    if (c->alpha[ii] != 1.0f)
-      return false;
-  return true;
-}
-
 /* Oᵀ = Oᵀ·alpha + P·V in the transposed layout; the F32 products rescale
  * Oᵀ as they load it, the BF16 ones after a pass of their own. */
 static void tile_values(blk_ctx *c, const float *vp, int64_t ldv, int64_t nkt) {
   const int64_t D = c->a->r->head_dim;
-  const float *alpha = alpha_ones(c) ? NULL : c->alpha;
+  const float *alpha = ones(c->alpha, c->lanes) ? NULL : c->alpha;
   if (!c->bf16dp) {
     pv_tile(c->st, vp, ldv, c->ot, alpha, D, nkt, c->nv);
     return;
   }
-  for (int64_t d = 0; alpha && d < D; d++)
-    for (int v = 0; v < c->nv; v++) {
-      float *op = c->ot + d * BQ + v * VL;
-      vstore(op, vmul(vload(op), vload(alpha + v * VL)));
-    }
+  scale_ot(c, c->alpha);
   dp_values(c, nkt);
 }
 
@@ -695,17 +713,17 @@ static void pack_tile(blk_ctx *c, int64_t j0, uint16_t *dst) {
   split_rows(c->kt, c->kstep, nkt, D, dst + 2 * W, dst + 3 * W);
 }
 
-static void pack_v(const attn__flash_args *a, int64_t b, int64_t hk, int64_t t0, int64_t t1,
-                   uint16_t *dst) {
+static void pack_keys(const attn__flash_args *a, int64_t b, int64_t hk, int64_t t0, int64_t t1,
+                      uint16_t *dst) {
   const attn__flash_block blk = {.b = b, .j1 = a->r->seq_kv};
   blk_ctx c = {.a = a, .blk = &blk, .hk = hk, .jhi = a->r->seq_kv - 1};
   kv_head(&c);
   for (int64_t t = t0; t < t1; t++)
     pack_tile(&c, t * BK, dst + (size_t)(t * attn__flash_pack_words(a->r)));
 }
-#define PACK_V pack_v
+#define PACK_KEYS pack_keys
 #else
-#define PACK_V NULL
+#define PACK_KEYS NULL
 #endif
 
 static void scan_keys(const attn__flash_args *a, int64_t b, int64_t hk, int64_t j0, int64_t j1) {
@@ -846,5 +864,5 @@ const attn__flash_isa CAT(attn__flash_, SUFFIX) = {
     /* .exp2      = */ exp2_array,
     /* .tanh      = */ tanh_array,
     /* .bwd       = */ &CAT(attn__bwd_, SUFFIX),
-    /* .pack_v    = */ PACK_V,
+    /* .pack_keys    = */ PACK_KEYS,
 };

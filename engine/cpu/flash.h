@@ -27,9 +27,9 @@ typedef struct attn__flash_args {
   int64_t off;              /* attn_request_offset() */
   int64_t group;            /* heads_q / heads_kv */
   attn__variants var;       /* softcap and ALiBi */
-  /* The amx kernel's Vᵀ of every whole key tile, packed once per job
-   * (pack_v below), or NULL: each block then transposes its own tiles. */
-  const uint16_t *vpack;
+  /* The amx kernel's key tiles packed once per job (pack_keys below: Vᵀ,
+   * and F16's split K and V), or NULL: each block packs its own tiles. */
+  const uint16_t *kvpack;
 } attn__flash_args;
 
 /* A block of query rows: positions [i0, i0 + nq) of the nh query heads
@@ -47,7 +47,7 @@ typedef struct attn__flash_block {
   float *po, *pm, *pl;
 } attn__flash_block;
 
-/* The amx kernel's packed key tiles of a request (pack_v below): how many
+/* The amx kernel's packed key tiles of a request (pack_keys below): how many
  * per (batch, KV head) — BF16 its whole tiles, F16 all, the last padded —
  * and the 16-bit words of each: Vᵀ, and for F16 Vᵀ's lo part, K's hi and
  * lo parts (flash_amx.h). 0 words: nothing is packed for this dtype. */
@@ -79,12 +79,12 @@ typedef struct attn__flash_isa {
   /* The backward pass (flash_bwd.h), from flash_bwd.c's instance. */
   const attn__bwd_kernel *bwd;
   /* NULL, or (amx) packs key tiles t0 .. t1-1 of (batch b, KV head hk)
-   * into a->vpack's layout at dst, the tiles of that head: tile t at dst +
+   * into a->kvpack's layout at dst, the tiles of that head: tile t at dst +
    * t·attn__flash_pack_words(r). Every block of the head then reads them
    * instead of packing each tile itself; worth it when a head has several
    * query blocks. */
-  void (*pack_v)(const attn__flash_args *a, int64_t b, int64_t hk, int64_t t0, int64_t t1,
-                 uint16_t *dst);
+  void (*pack_keys)(const attn__flash_args *a, int64_t b, int64_t hk, int64_t t0, int64_t t1,
+                    uint16_t *dst);
 } attn__flash_isa;
 
 /* The kernel for want (NULL or "auto": the best this CPU runs; "amx",

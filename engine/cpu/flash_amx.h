@@ -11,7 +11,7 @@
  *   Oᵀ (dims × queries) += Vᵀ rows (A) · P pairs (B),
  * where a row of Vᵀ is 32 consecutive keys of one head_dim element, made by
  * 16×16 transposes of key-pair words (amx_transpose64): once per job for
- * every block of a KV head (cpu.c's packing phase, pack_v), or per tile
+ * every block of a KV head (cpu.c's packing phase, pack_keys), or per tile
  * where the job packed nothing (amx_slot_v).
  *
  * The softmax (amx_softmax) runs on the raw scores, folding the scale into
@@ -33,7 +33,7 @@
  * hi·hi + hi·lo + lo·hi (lo·lo is below 2^-16 of it); P is split too (hi
  * truncated, lo the rest: 16 of its bits), so the F16 path keeps more than
  * F16's precision everywhere. Its K and V parts are packed once per job
- * (pack_v: K rows and Vᵀ, the last tile zero-padded and its padding keys
+ * (pack_keys: K rows and Vᵀ, the last tile zero-padded and its padding keys
  * masked), so the F16 path runs only where the job packed them (cpu.c:
  * prefill without a left window); other blocks take F32.
  */
@@ -80,7 +80,7 @@ static inline float *amx_mtrue(const blk_ctx *c) { return c->kb + AMX_SLOTS * BK
 /* F16 blocks whose keys the job packed (every tile of them is): split. */
 static inline bool amx16_ok(const blk_ctx *c) {
   const attn_request *r = c->a->r;
-  return r->dtype == ATTN_F16 && r->head_dim % 32 == 0 && c->a->vpack && !c->rowf &&
+  return r->dtype == ATTN_F16 && r->head_dim % 32 == 0 && c->a->kvpack && !c->rowf &&
          c->blk->j0 == 0;
 }
 
@@ -160,10 +160,10 @@ static void amx_begin(blk_ctx *c) {
 static const uint16_t *amx_packed(const blk_ctx *c, int64_t j0) {
   const attn_request *r = c->a->r;
   const int64_t ntiles = attn__flash_pack_tiles(r);
-  if (!c->a->vpack || j0 % BK != 0 || j0 / BK >= ntiles)
+  if (!c->a->kvpack || j0 % BK != 0 || j0 / BK >= ntiles)
     return NULL;
   const int64_t head = c->blk->b * r->heads_kv + c->hk;
-  return c->a->vpack + (size_t)(head * ntiles + j0 / BK) * (size_t)attn__flash_pack_words(r);
+  return c->a->kvpack + (size_t)(head * ntiles + j0 / BK) * (size_t)attn__flash_pack_words(r);
 }
 
 /* ---- products ------------------------------------------------------------ */
@@ -359,20 +359,6 @@ static bool amx_softmax(blk_ctx *c, float sc, int slot) {
   return moved;
 }
 
-/* Oᵀ columns whose reference max moved, times alpha. */
-static void amx_rescale(blk_ctx *c) {
-  const int64_t D = c->a->r->head_dim;
-  for (int v = 0; v < c->nv; v++) {
-    const vf al = vload(c->alpha + v * VL);
-    if (!_mm512_cmp_ps_mask(al, vset1(1.0f), _CMP_NEQ_UQ))
-      continue;
-    for (int64_t d = 0; d < D; d++) {
-      float *op = c->ot + d * BQ + v * VL;
-      vstore(op, vmul(vload(op), al));
-    }
-  }
-}
-
 /* mask_tile on vectors: key j0 + jj hides from lane ii (query position
  * i0 + ii % nq) outside j − off − wr <= i <= j − off + wl; the bounds are
  * taken relative to i0, clamped to 32 bits (a lane position is under BQ). */
@@ -426,7 +412,7 @@ static void amx_step(blk_ctx *c, int64_t j0, int64_t nkt, bool full) {
   const int slot = c->pbase + c->npend;
   if (amx_softmax(c, sc, slot)) { /* the pending tiles are relative to the old max */
     amx_flush(c);
-    amx_rescale(c);
+    scale_ot(c, c->alpha);
   }
   amx_slot_v(c, slot, j0);
   c->npend++;
@@ -456,18 +442,15 @@ static void amx_end(blk_ctx *c) {
   if (!c->amx)
     return;
   amx_flush(c);
-  const int64_t D = c->a->r->head_dim;
   const float *mt = amx_mtrue(c);
-  for (int v = 0; v < c->nv; v++) {
+  for (int v = 0; v < c->nv; v++) { /* the factors in alpha, for scale_ot */
     const vf mo = vload(c->m + v * VL), mn = vmax(vload(mt + v * VL), mo);
     const vf f = vexp2(vsub(mo, vmax(mn, vset1(-FLT_MAX))));
     vstore(c->m + v * VL, mn);
     vstore(c->l + v * VL, vmul(vload(c->l + v * VL), f));
-    if (!_mm512_cmp_ps_mask(f, vset1(1.0f), _CMP_NEQ_UQ))
-      continue;
-    for (int64_t d = 0; d < D; d++)
-      vstore(c->ot + d * BQ + v * VL, vmul(vload(c->ot + d * BQ + v * VL), f));
+    vstore(c->alpha + v * VL, f);
   }
+  scale_ot(c, c->alpha);
   amx_o_rows(c);
   _tile_release();
 }

@@ -422,17 +422,9 @@ static void amx_step(blk_ctx *c, int64_t j0, int64_t nkt, bool full) {
  * transposed, instead of a gather of strided lanes per row. */
 static void amx_o_rows(blk_ctx *c) {
   const int64_t D = c->a->r->head_dim;
-  float *rows = c->vb;
-  for (int v = 0; v < c->nv; v++)
-    for (int64_t d0 = 0; d0 < D; d0 += 16) {
-      __m512i x[16];
-      for (int r = 0; r < 16; r++)
-        x[r] = _mm512_castps_si512(vload(c->ot + (d0 + r) * BQ + v * VL));
-      vtranspose16(x);
-      for (int r = 0; r < 16 && v * VL + r < c->nrows; r++)
-        _mm512_storeu_si512(rows + (v * VL + r) * D + d0, x[r]);
-    }
-  c->orows = rows;
+  for (int v = 0; v < c->nv; v++) /* every lane's row: the V workspace holds BQ of them */
+    vcols16_to_rows(c->ot, BQ, D, v * VL, c->vb + v * VL * D, D);
+  c->orows = c->vb;
 }
 
 /* O, l and m from the reference max to the true one (a lane whose max

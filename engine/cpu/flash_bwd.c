@@ -299,25 +299,6 @@ static void pair_any(kb_ctx *x, int64_t h, int64_t i0, int64_t n) {
     pair(x, h, i0, n);
 }
 
-/* Keys [jj0, jj0 + 16) of a [D][BK] tile t as 16 rows of ld floats at out,
- * columns from D on zero: 16×16 transposes where the ISA has them. */
-static void tile_rows16(const float *t, int64_t D, int64_t jj0, float *out, int64_t ld) {
-#if ATTN_ISA == 512
-  for (int64_t d0 = 0; d0 < ld; d0 += 16) {
-    __m512i x[16];
-    for (int64_t rr = 0; rr < 16; rr++)
-      x[rr] = d0 + rr < D ? _mm512_loadu_si512(t + (d0 + rr) * BK + jj0) : _mm512_setzero_si512();
-    vtranspose16(x);
-    for (int64_t c = 0; c < 16; c++)
-      _mm512_storeu_si512(out + c * ld + d0, x[c]);
-  }
-#else
-  for (int64_t c = 0; c < 16; c++)
-    for (int64_t d = 0; d < ld; d++)
-      out[c * ld + d] = d < D ? t[d * BK + jj0 + c] : 0.0f;
-#endif
-}
-
 /* The block's rows of dK (times scale) and dV, from their transposes; z
  * sums x·0 over them, NaN iff some x is not finite. */
 static void store_kv(const kb_ctx *x) {
@@ -327,8 +308,8 @@ static void store_kv(const kb_ctx *x) {
   float *tk = x->qr, *tv = x->qr + 16 * ld;
   vf z = vset1(0.0f);
   for (int64_t jj0 = 0; jj0 < x->nkt; jj0 += 16) {
-    tile_rows16(x->dkt, D, jj0, tk, ld);
-    tile_rows16(x->dvt, D, jj0, tv, ld);
+    vcols16_to_rows(x->dkt, BK, D, jj0, tk, ld);
+    vcols16_to_rows(x->dvt, BK, D, jj0, tv, ld);
     for (int64_t jj = jj0; jj < jj0 + 16 && jj < x->nkt; jj++) {
       float *k = tk + (jj - jj0) * ld, *v = tv + (jj - jj0) * ld;
       for (int64_t d = 0; d < ld; d += VL) {

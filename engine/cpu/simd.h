@@ -272,6 +272,27 @@ INLINE void vtranspose16(__m512i x[16]) {
 }
 #endif
 
+/* Columns c0 .. c0 + 15 of a [D][ldt] array t (a transposed tile: a row a
+ * head_dim element) as 16 rows of ld floats at out, elements from D on
+ * zero: 16×16 transposes where the ISA has them. */
+static inline void vcols16_to_rows(const float *t, int64_t ldt, int64_t D, int64_t c0, float *out,
+                                   int64_t ld) {
+#if ATTN_ISA == 512
+  for (int64_t d0 = 0; d0 < ld; d0 += 16) {
+    __m512i x[16];
+    for (int64_t rr = 0; rr < 16; rr++)
+      x[rr] = d0 + rr < D ? _mm512_loadu_si512(t + (d0 + rr) * ldt + c0) : _mm512_setzero_si512();
+    vtranspose16(x);
+    for (int64_t c = 0; c < 16; c++)
+      _mm512_storeu_si512(out + c * ld + d0, x[c]);
+  }
+#else
+  for (int64_t c = 0; c < 16; c++)
+    for (int64_t d = 0; d < ld; d++)
+      out[c * ld + d] = d < D ? t[d * ldt + c0 + c] : 0.0f;
+#endif
+}
+
 /* Register blocking of the micro-kernels of both passes: MR rows broadcast
  * against NR vectors, MR·NR accumulators plus NR operands in registers
  * (AVX2 has 16 vector registers, AVX-512 32). */

@@ -324,12 +324,13 @@ static inline void amx_prefetch(const blk_ctx *c, int64_t part, int64_t parts) {
 /* 2^x for P rounded to BF16 (relative precision 2^-9): 2^f on f = x −
  * floor(x) in [0, 1) (one VREDUCEPS) by a degree-4 polynomial fitted for
  * relative error (3.0e-6 in F32 arithmetic, against simd.h's 1.2e-7 at
- * degree 6), times 2^floor(x) (VSCALEFPS floors by itself). 7 operations
- * instead of vexp2's 11: the softmax is most of the amx kernel's vector
- * work. x <= -200, -inf included, gives 0 as vexp2 does. l sums the same
- * values, so m, l and lse keep that 3e-6. */
+ * degree 6), times 2^floor(x) (VSCALEFPS floors by itself). Neither needs
+ * a clamp: VREDUCEPS gives 0 for ±inf and for every |x| >= 2^23, so x =
+ * -inf (a masked score) and any finite x below -150 give exactly 0, as
+ * vexp2 does. 6 operations instead of vexp2's 11: the softmax is most of
+ * the amx kernel's vector work. l sums the same values, so m, l and lse
+ * keep that 3e-6. */
 static inline vf amx_exp2(vf x) {
-  x = _mm512_max_ps(x, vset1(-200.0f));
   const vf f = _mm512_reduce_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
   vf p = vfma(vset1(0.0134266844f), f, vset1(0.0522424739f));
   p = vfma(p, f, vset1(0.241280205f));

@@ -62,21 +62,34 @@ static void ar_pad_tile(blk_ctx *c, int64_t nkt) {
   c->kstep = c->vstep = D;
 }
 
-/* Scores of the tile's keys times the scale, into the score tile; the next
- * tile's first half prefetched meanwhile (amx_prefetch: K into L1, where
- * the tile loads stalled on L2, V into L2). */
+/*
+ * The next tile's rows are prefetched in AR_PARTS parts (amx_prefetch: K
+ * into L1, where the tile loads stalled on L2, V into L2), parts [from, to)
+ * spread over `of` steps of a loop, this call step `at`. A decode step is
+ * bound by how many lines are in flight at once (the fill buffers); in few
+ * large bursts the core stalled on each and they then drained while it
+ * computed, so small bursts run through the whole tile.
+ */
+enum { AR_PARTS = 16 };
+
+static inline void ar_prefetch(const blk_ctx *c, int64_t at, int64_t of, int from, int to) {
+  for (int64_t p = from + (to - from) * at / of; p < from + (to - from) * (at + 1) / of; p++)
+    amx_prefetch(c, p, AR_PARTS);
+}
+
+/* Scores of the tile's keys times the scale, into the score tile. */
 static void ar_scores(blk_ctx *c, int64_t nkt) {
   if (nkt < BK)
     ar_pad_tile(c, nkt);
   const char *const kp[2] = {c->kt, c->kt};
-  for (int kr = 0; 16 * kr < nkt; kr += 2)
+  const int64_t steps = (nkt + 31) / 32;
+  for (int kr = 0; 16 * kr < nkt; kr += 2) {
+    ar_prefetch(c, kr / 2, steps, 0, 4);
     amx_scores22(c, kp, c->kstep * 2, kr, 0, false);
-  const vf sc = vset1(c->a->scale2);
-  for (int64_t j = 0; j < nkt; j++) {
-    if (j % 16 == 0)
-      amx_prefetch(c, j / 16, 8);
-    vstore(c->st + j * BQ, vmul(vload(c->st + j * BQ), sc));
   }
+  const vf sc = vset1(c->a->scale2);
+  for (int64_t j = 0; j < nkt; j++)
+    vstore(c->st + j * BQ, vmul(vload(c->st + j * BQ), sc));
 }
 
 /* P's A tiles: for 16 keys, row 2r = row r's P (BF16, rounded as
@@ -87,6 +100,7 @@ static void ar_pack_p(blk_ctx *c, int64_t nkt) {
       _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                          _mm512_set1_epi32(BQ));
   for (int64_t kc = 0; 16 * kc < nkt; kc++) {
+    ar_prefetch(c, kc, (nkt + 15) / 16, 4, 8);
     const __mmask16 live = nkt - 16 * kc >= 16 ? 0xffff : (__mmask16)((1u << (nkt - 16 * kc)) - 1);
     uint32_t *a = ar_p(c) + kc * 256;
     for (int64_t r = 0; r < c->nrows; r++) {
@@ -111,8 +125,10 @@ static void ar_rescale(blk_ctx *c) {
     }
 }
 
-/* O tiles t and t+1 (one when two is false) += P·V over the tile's keys. */
-static void ar_values2(blk_ctx *c, int64_t nkt, int64_t t, bool two) {
+/* O tiles t and t+1 (one when two is false) += P·V over the tile's keys,
+ * step i of n (prefetch parts 8 .. 15). */
+static void ar_values2(blk_ctx *c, int64_t nkt, int64_t t, bool two, int64_t i, int64_t n) {
+  const int64_t nkc = (nkt + 15) / 16;
   const int64_t ldv = c->vstep * 2;
   float *o = ar_o(c) + t * 256;
   _tile_loadd(0, o, 64);
@@ -120,6 +136,7 @@ static void ar_values2(blk_ctx *c, int64_t nkt, int64_t t, bool two) {
     _tile_loadd(1, o + 256, 64);
   for (int64_t kc = 0; 16 * kc < nkt; kc++) {
     const char *vr = c->vt + kc * 16 * ldv + t * 64;
+    ar_prefetch(c, i * nkc + kc, n * nkc, 8, AR_PARTS);
     _tile_loadd(4, ar_p(c) + kc * 256, 64);
     _tile_loadd(6, vr, ldv);
     _tile_dpbf16ps(0, 4, 6);
@@ -133,17 +150,13 @@ static void ar_values2(blk_ctx *c, int64_t nkt, int64_t t, bool two) {
     _tile_stored(1, o + 256, 64);
 }
 
-/* O = alpha·O + P·V, two O tiles (64 elements) at a time; the next tile's
- * second half prefetched meanwhile (parts 4 .. 7 of 8). */
+/* O = alpha·O + P·V, two O tiles (64 elements) at a time. */
 static void ar_values(blk_ctx *c, int64_t nkt) {
   ar_rescale(c);
   ar_pack_p(c, nkt);
   const int64_t nt = c->a->r->head_dim / 32, n = (nt + 1) / 2;
-  for (int64_t i = 0; i < n; i++) {
-    for (int64_t part = 4 + 4 * i / n; part < 4 + 4 * (i + 1) / n; part++)
-      amx_prefetch(c, part, 8);
-    ar_values2(c, nkt, 2 * i, 2 * i + 1 < nt);
-  }
+  for (int64_t i = 0; i < n; i++)
+    ar_values2(c, nkt, 2 * i, 2 * i + 1 < nt, i, n);
 }
 
 /* O as rows in the V workspace for finish_block (even and odd elements

@@ -298,7 +298,8 @@ $(BUILD)/obj/%.o: %.c $(BUILD)/.flags
 	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -c $< -o $@
 
 $(BUILD)/obj/engine/cpu/flash_%.o: engine/cpu/flash.c engine/cpu/flash.h engine/cpu/simd.h \
-                                engine/cpu/flash_bf16.h engine/cpu/flash_amx.h engine/cpu/amx.h \
+                                engine/cpu/flash_bf16.h engine/cpu/flash_amx.h engine/cpu/flash_amx_rows.h \
+                                engine/cpu/flash_rows.h engine/cpu/amx.h \
                                 $(BUILD)/.flags
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -O3 $(ISA_FLAGS_$*) -c $< -o $@

@@ -36,11 +36,14 @@
  * split in two BF16 parts; cpu.c may first pack every key tile of a job
  * once (pack_keys, at the end of this file). Its other tiles take the
  * paths above, after the tile unit's waiting products are summed into Oᵀ.
+ * Its few rows blocks (decoding) run every tile on the tile unit too, K
+ * and V rows in place (flash_amx_rows.h), instead of flash_bf16.h's rw_*.
  *
  * Where things are: the micro-kernels and the softmax, then blk_ctx and the
- * few-rows paths (flash_rows.h, and flash_bf16.h's rw_*), the BF16 and AMX
- * products (flash_bf16.h, flash_amx.h), a block's start, tiles and finish,
- * rows() (one block), the packing, the input scan, and the instance table.
+ * few-rows paths (flash_rows.h, flash_bf16.h's rw_*, flash_amx_rows.h), the
+ * BF16 and AMX products (flash_bf16.h, flash_amx.h), a block's start, tiles
+ * and finish, rows() (one block), the packing, the input scan, and the
+ * instance table.
  *
  * Input scan. Every tile of Q, K and V is scanned for non-finite values and
  * its largest magnitude as it is loaded for compute, into a->seen; the
@@ -276,6 +279,7 @@ typedef struct blk_ctx {
   bool amx;                 /* and AMX tiles for whole tiles (flash_amx.h) */
   bool amx16;               /* F16 on AMX tiles, split in two BF16 parts (flash_amx.h) */
   bool rowwise;             /* and few rows, along head_dim (flash_bf16.h) */
+  bool amxrows;             /* and those on AMX tiles (flash_amx_rows.h) */
   bool rowf;                /* few rows along head_dim in F32 (rf_*) */
   int pbase, npend;         /* AMX: the tiles whose P·V waits (flash_amx.h) */
   const uint16_t *vslot[4]; /* and where their Vᵀ is */
@@ -354,6 +358,7 @@ static inline void rw_end(blk_ctx *c) { (void)c; }
 #endif
 #if ATTN_AMX
 #include "flash_amx.h"
+#include "flash_amx_rows.h"
 #else
 /* Without the tile unit c->amx is always false: never called. */
 static inline bool amx_tile(const blk_ctx *c, int64_t nkt) {
@@ -375,6 +380,14 @@ static inline bool amx_ok(const blk_ctx *c) {
   return false;
 }
 static inline void amx_load_q(blk_ctx *c) { (void)c; }
+static inline bool ar_ok(const blk_ctx *c) {
+  (void)c;
+  return false;
+}
+static inline void ar_begin(blk_ctx *c) { (void)c; }
+static inline void ar_scores(blk_ctx *c, int64_t nkt) { (void)c, (void)nkt; }
+static inline void ar_values(blk_ctx *c, int64_t nkt) { (void)c, (void)nkt; }
+static inline void ar_end(blk_ctx *c) { (void)c; }
 #endif
 
 /* Qᵀ pre-scaled in F32 (or as BF16 pairs), Oᵀ = 0, m = -inf, l = 0; scans Q.
@@ -387,15 +400,17 @@ static void start_block(blk_ctx *c) {
     see(a, 0, c->blk->b * a->r->heads_q + h, q_row(c, h, c->blk->i0), c->blk->i0, nq,
         a->r->q_stride[2]);
   }
-  if (c->amx) { /* every lane's Q pairs at once, Oᵀ zeroed whole */
+  if (c->amx || c->amxrows) /* every lane's Q pairs at once */
     amx_load_q(c);
+  if (c->amx) /* Oᵀ zeroed whole */
     memset(c->ot, 0, (size_t)(D * BQ) * sizeof *c->ot);
-  }
   /* Lane ii is query position i0 + ii % nq of head h0 + ii / nq. */
   for (int64_t ii = 0; ii < c->lanes; ii++) {
     c->m[ii] = -INFINITY;
     c->l[ii] = 0.0f;
-    if (c->rowf || c->amx) /* rf_begin, amx_load_q lay out Q and O themselves */
+    /* rf_begin, amx_load_q lay out Q and O themselves; rw_* read Q in
+     * place and keep O as rows, ar_* on tiles, until the block's end. */
+    if (c->rowf || c->amx || c->rowwise)
       continue;
     const bool real = ii < c->nrows;
     const char *src = real ? q_row(c, c->blk->h0 + ii / nq, c->blk->i0 + ii % nq) : NULL;
@@ -557,6 +572,8 @@ static void tile_step(blk_ctx *c, int64_t j0, int64_t nkt) {
   int64_t ldv = 0;
   if (c->rowf)
     rf_scores(c, nkt);
+  else if (c->amxrows)
+    ar_scores(c, nkt);
   else if (c->rowwise)
     rw_scores(c, nkt);
   else if (c->bf16dp)
@@ -569,7 +586,7 @@ static void tile_step(blk_ctx *c, int64_t j0, int64_t nkt) {
     mask_tile(c->st, a, j0, nkt, i0, c->blk->nq, c->nrows);
   softmax_tile(c->st, nkt, c->nv, c->m, c->l, c->alpha);
   if (c->rowf || c->rowwise) {
-    (c->rowf ? rf_values : rw_values)(c, nkt);
+    (c->rowf ? rf_values : c->amxrows ? ar_values : rw_values)(c, nkt);
     return;
   }
   tile_values(c, vp, ldv, nkt);
@@ -662,12 +679,15 @@ static void rows(const attn__flash_args *a, const attn__flash_block *blk, void *
   c.bf16dp = r->dtype == ATTN_BF16 && r->head_dim % 2 == 0 && (ATTN_DPBF16 || ATTN_AMX);
   kv_head(&c);
   c.rowwise = rw_ok(&c);
+  c.amxrows = ar_ok(&c);
   c.rowf = rf_ok(&c);
   c.amx16 = amx16_ok(&c);
   c.amx = amx_ok(&c);
   key_range(&c);
   start_block(&c);
-  if (c.rowwise)
+  if (c.amxrows)
+    ar_begin(&c);
+  else if (c.rowwise)
     rw_begin(&c);
   if (c.rowf)
     rf_begin(&c);
@@ -677,7 +697,9 @@ static void rows(const attn__flash_args *a, const attn__flash_block *blk, void *
     tile_step(&c, j0, nkt);
   }
   amx_end(&c);
-  if (c.rowwise)
+  if (c.amxrows)
+    ar_end(&c);
+  else if (c.rowwise)
     rw_end(&c);
   if (c.rowf)
     rf_end(&c);

@@ -163,7 +163,8 @@ static void dp_pv_tile(blk_ctx *c, const uint32_t *vp, int64_t nkt) {
  * elements within each 128-bit lane (d0+8L+{0..3} low, d0+8L+{4..7} high),
  * so the O rows are kept in that order (rw_o, in the V workspace) and put
  * back in Oᵀ once, at the end of the block. Scores and P still go through
- * the transposed score tile, so masks and the softmax are shared. */
+ * the transposed score tile, so masks and the softmax are shared. The amx
+ * instance runs these blocks on tiles instead (flash_amx_rows.h). */
 enum { RW_MAX = 4 };
 
 static inline bool rw_ok(const blk_ctx *c) {

@@ -6,6 +6,8 @@
  * a whole block of 64 and a part block of 16 (more rows than the few-rows
  * path takes), 150 keys are two whole tiles of 64 and a part tile that takes
  * VDPBF16PS; causal rows see part of a tile, and a GQA group shares K and V.
+ * A decode step's group of 4 rows takes the few rows path, on tiles too,
+ * its part tile through a padded copy.
  * Inputs are uniform in [-1, 1) from a fixed xorshift, so a failure
  * reproduces.
  */
@@ -27,6 +29,7 @@ static const check_shape shapes[] = {
     {2, 2, 80, 150, 64, true},
     {2, 2, 80, 150, 128, false},
     {4, 1, 80, 150, 128, true}, /* GQA 4:1 */
+    {8, 2, 1, 150, 128, true},  /* decode: the few rows path's tiles (flash_amx_rows.h) */
 };
 enum { NSHAPES = sizeof shapes / sizeof *shapes };
 

@@ -41,17 +41,19 @@ static attn_engine *emu_open(void) {
 }
 
 /*
- * Whether the tile path must run for p: BF16, head_dim a multiple of 32, a
- * block of more query rows than the few-rows path takes (4; short query
- * sequences pack a GQA group's heads into one block), and a whole 64-key
- * tile somewhere (at least 128 keys, no window narrower). Conservative:
- * other shapes may take tiles too, and are not asserted either way.
+ * Whether the tile path must run for p: BF16, head_dim a multiple of 32,
+ * and either blocks of at most 4 query rows (the few rows path, every tile
+ * of it; short query sequences pack a GQA group's heads into one block) or
+ * a whole 64-key tile somewhere (at least 128 keys, no window narrower).
+ * Conservative: other shapes may take tiles too, and are not asserted
+ * either way.
  */
 static bool amx_expected(const tprob *p) {
   const int64_t group = p->hq / p->hkv;
   const int64_t rows = p->nq <= 32 ? p->nq * group : p->nq;
-  return p->dt == ATTN_BF16 && p->d % 32 == 0 && rows > 4 && p->nkv >= 128 &&
-         (p->wl < 0 || p->wl >= 128) && (p->wr < 0 || p->wr >= 128 || p->causal) &&
+  const bool whole =
+      p->nkv >= 128 && (p->wl < 0 || p->wl >= 128) && (p->wr < 0 || p->wr >= 128 || p->causal);
+  return p->dt == ATTN_BF16 && p->d % 32 == 0 && (rows <= 4 || whole) &&
          p->diag == ATTN_DIAG_AUTO && p->nq <= p->nkv;
 }
 
@@ -256,6 +258,31 @@ Test(amx_kernel, decode_splits) {
   cr_assert_eq(fails, 0, "%d cases failed", fails);
 }
 
+/* Decoding blocks of one to four rows on the tiles (flash_amx_rows.h):
+ * every row count, head_dims of odd and even tile counts, key counts that
+ * leave a partial last tile, key splits, windows, softcap, ALiBi and a
+ * negative scale. */
+Test(amx_kernel, decode_rows) {
+  attn_engine *e = emu_open();
+  if (!e)
+    return;
+  static const int64_t d[] = {32, 96, 128, 256};
+  int fails = 0, n = 0;
+  for (int64_t rows = 1; rows <= 4; rows++)
+    for (int j = 0; j < 4; j++, n++) {
+      tprob p = tprob_make(1, 2 * rows, 2, 1, 1100 + 37 * n, d[j], ATTN_BF16);
+      p.causal = n % 2;
+      p.wl = n % 5 == 3 ? 300 : -1;
+      p.softcap = n % 3 == 1 ? 2.0 : 0;
+      p.alibi = n % 7 == 2;
+      p.scale = n % 11 == 5 ? -0.1 : NAN;
+      p.stats = true;
+      fails += run_case(e, &p, 6100 + (uint64_t)n, TILES_USED);
+    }
+  attn_engine_close(e);
+  cr_assert_eq(fails, 0, "%d of %d cases failed", fails, n);
+}
+
 /* ---- paged K and V ----------------------------------------------------------- */
 
 /* K and V of c copied into pages of pt tokens, one allocation each (so a
@@ -321,10 +348,10 @@ Test(amx_kernel, paged_kv) {
     int64_t hq, hkv, nq, nkv, d, pt, wl;
     bool causal;
   } v[] = {
-      {4, 2, 130, 300, 128, 64, -1, true},
-      {2, 1, 80, 200, 64, 128, 50, false},
-      {8, 2, 3, 1100, 128, 64, -1, true},
-      {4, 4, 65, 257, 256, 128, -1, false},
+      {4, 2, 130, 300, 128, 64, -1, true}, {2, 1, 80, 200, 64, 128, 50, false},
+      {8, 2, 3, 1100, 128, 64, -1, true},  {4, 4, 65, 257, 256, 128, -1, false},
+      {8, 2, 1, 1100, 128, 64, 300, true}, /* few rows: a window's partial tiles */
+      {2, 2, 1, 700, 96, 128, -1, false},
   };
   int fails = 0;
   for (int i = 0; i < (int)(sizeof v / sizeof *v); i++) {

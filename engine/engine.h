@@ -356,6 +356,14 @@ typedef struct attn_config {
    * BF16 inputs with BF16 products (P rounded to BF16); all others, and F16
    * and F32 inputs everywhere, compute in F32. */
   const char *cpu_isa;
+  /* Tuning of the AVX-512 kernels' F32 products (F32 and F16 inputs, and
+   * BF16 on the avx512 kernel): NULL or "auto" (from the CPU: "intel" on
+   * Intel, "amd" elsewhere), "intel" (6-row register blocks and V
+   * prefetched, for cores with two 512-bit FMA pipes) or "amd" (4-row
+   * blocks, as tuned on Zen 4, whose 512-bit FMAs issue as two 256-bit
+   * halves); an unknown name makes the cpu backend unavailable. Results
+   * are the same bits either way. */
+  const char *cpu_tune;
   /* Largest reference problem: S + P of one head, in bytes of float64. */
   uint64_t reference_max_bytes;
   /* CUDA backend: streams per device (0: 4) and the devices to use, a

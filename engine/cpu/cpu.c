@@ -64,6 +64,7 @@ typedef struct cpu_state {
   attn_pool *pool;
   const attn__flash_isa *isa;
   attn_disabled off; /* the kernel the self-check turned off and why; kernel "": none */
+  bool intel; /* the intel tuning, and the kernel has its wide form */
 } cpu_state;
 
 typedef struct cpu_job {
@@ -343,6 +344,7 @@ static int cpu_submit(void *state, attn_job *job, attn_status *st) {
   attn_request_window(r, &cj->args.wl, &cj->args.wr);
   cj->args.off = attn_request_offset(r);
   cj->args.group = r->heads_q / r->heads_kv;
+  cj->args.wide = s->intel;
   attn__variants_init(r, &cj->args.var);
   if (plan_scan(cj) < 0 || plan_split(cj) < 0) {
     cpu_job_free(cj);
@@ -514,16 +516,40 @@ static void amx_self_check(cpu_state *s) {
           s->off.kernel, why);
 }
 
+/* Whether to use the intel tuning (attn_config.cpu_tune). */
+static int tune_select(const char *want, bool *intel, attn_status *st) {
+  if (!want || !*want || strcmp(want, "auto") == 0) {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    *intel = __builtin_cpu_is("intel");
+#else
+    *intel = false;
+#endif
+    return 0;
+  }
+  if (strcmp(want, "intel") == 0 || strcmp(want, "amd") == 0) {
+    *intel = want[0] == 'i';
+    return 0;
+  }
+  return attn_status_set(st, ATTN_EINVAL,
+                         "unknown CPU tuning \"%.40s\" (choose auto, intel or amd)", want);
+}
+
 static int cpu_open(const attn_backend_env *env, void **pstate, attn_status *st) {
   const attn__flash_isa *isa = attn__flash_select(env->cfg->cpu_isa, st);
   if (!isa)
     return st ? st->code : ATTN_EUNSUPPORTED;
+  bool intel = false;
+  int rc = tune_select(env->cfg->cpu_tune, &intel, st);
+  if (rc < 0)
+    return rc;
   cpu_state *s = calloc(1, sizeof *s);
   if (!s)
     return attn_status_set(st, ATTN_ENOMEM, "out of memory");
   s->pool = env->pool;
   s->isa = isa;
   amx_self_check(s);
+  s->intel = intel && s->isa->wide;
   *pstate = s;
   return 0;
 }
@@ -532,8 +558,8 @@ static void cpu_close(void *state) { free(state); }
 
 static void cpu_describe(void *state, char *buf, size_t cap) {
   cpu_state *s = state;
-  snprintf(buf, cap, "%s kernel, %d threads%s", s->isa->name, attn_pool_threads(s->pool),
-           s->off.kernel[0] ? "; amx failed its self-check" : "");
+  snprintf(buf, cap, "%s kernel, %d threads%s%s", s->isa->name, attn_pool_threads(s->pool),
+           s->intel ? ", intel tuning" : "", s->off.kernel[0] ? "; amx failed its self-check" : "");
 }
 
 static int cpu_disabled(void *state, attn_disabled *out, int cap) {

@@ -26,7 +26,11 @@ typedef struct attn__flash_args {
   int64_t wl, wr;           /* effective window, causal folded in */
   int64_t off;              /* attn_request_offset() */
   int64_t group;            /* heads_q / heads_kv */
-  attn__variants var;       /* softcap and ALiBi */
+  /* The F32 products' intel tuning (cpu.c): 6-row register blocks and V
+   * prefetched during Q·Kᵀ (flash.c, simd.h's MR_WIDE); the same bits as
+   * without, only faster on cores with two 512-bit FMA pipes. */
+  bool wide;
+  attn__variants var; /* softcap and ALiBi */
   /* The amx kernel's key tiles packed once per job (pack_keys below: Vᵀ,
    * and F16's split K and V), or NULL: each block packs its own tiles. */
   const uint16_t *kvpack;
@@ -85,6 +89,8 @@ typedef struct attn__flash_isa {
    * query blocks. */
   void (*pack_keys)(const attn__flash_args *a, int64_t b, int64_t hk, int64_t t0, int64_t t1,
                     uint16_t *dst);
+  /* Whether the instance has the wide F32 products (AVX-512: a->wide). */
+  bool wide;
 } attn__flash_isa;
 
 /* The kernel for want (NULL or "auto": the best this CPU runs; "amx",

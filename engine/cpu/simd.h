@@ -295,13 +295,22 @@ static inline void vcols16_to_rows(const float *t, int64_t ldt, int64_t D, int64
 
 /* Register blocking of the micro-kernels of both passes: MR rows broadcast
  * against NR vectors, MR·NR accumulators plus NR operands in registers
- * (AVX2 has 16 vector registers, AVX-512 32). */
+ * (AVX2 has 16 vector registers, AVX-512 32). The forward's F32 products
+ * have a wide form, MR_WIDE rows, for CPUs with two 512-bit FMA pipes
+ * (attn__flash_args.wide): 24 accumulators, 4 operands and a broadcast
+ * leave 3 of 32 registers, and each operand loaded feeds 6 FMAs, not 4. */
 #if ATTN_ISA == 256
 #define MR 4
 #define NR 2
+#define MR_WIDE MR
+#elif ATTN_ISA == 512
+#define MR 4
+#define NR 4
+#define MR_WIDE 6
 #else
 #define MR 4
 #define NR 4
+#define MR_WIDE MR
 #endif
 
 /* Each switch turns a run-time (mr, nr) into a micro-kernel specialization,
@@ -320,6 +329,26 @@ static inline void vcols16_to_rows(const float *t, int64_t ldt, int64_t D, int64
   case 3: NR_CASES(CALL, 3 <= MR ? 3 : 1) break;  \
   default: NR_CASES(CALL, 4 <= MR ? 4 : 1) break; \
   }
+
+/* The same for up to MR_WIDE (6) rows. */
+#define MR_WIDE_CASES(CALL, mr)                        \
+  switch (mr) {                                        \
+  case 1: NR_CASES(CALL, 1) break;                     \
+  case 2: NR_CASES(CALL, 2 <= MR_WIDE ? 2 : 1) break;  \
+  case 3: NR_CASES(CALL, 3 <= MR_WIDE ? 3 : 1) break;  \
+  case 4: NR_CASES(CALL, 4 <= MR_WIDE ? 4 : 1) break;  \
+  case 5: NR_CASES(CALL, 5 <= MR_WIDE ? 5 : 1) break;  \
+  default: NR_CASES(CALL, 6 <= MR_WIDE ? 6 : 1) break; \
+  }
+
+/* The cache line at p into L2 (a hint; nothing without vector ISA). */
+static inline void vprefetch_l2(const float *p) {
+#if ATTN_ISA
+  _mm_prefetch((const char *)p, _MM_HINT_T1);
+#else
+  (void)p;
+#endif
+}
 
 /* n elements of dtype dt at src widened to F32 at dst, and back (rounded to
  * nearest even); whole vectors, then the tail one by one. */

@@ -140,6 +140,88 @@ Test(conformance, bit_identical_across_threads, .timeout = 300) {
     }
 }
 
+/* An engine on kernel isa with tuning tune on 2 threads, or NULL when the
+ * CPU lacks the kernel. */
+static attn_engine *open_tuned(const char *isa, const char *tune) {
+  attn_config cfg;
+  attn_config_init(&cfg);
+  cfg.cpu_isa = isa;
+  cfg.cpu_tune = tune;
+  cfg.threads = 2;
+  attn_engine *e;
+  attn_status st;
+  cr_assert_eq(attn_engine_open(&cfg, &e, &st), 0, "%s", st.message);
+  tprob p = tprob_make(1, 1, 1, 1, 1, 8, ATTN_F32);
+  tcase c;
+  tcase_init(&c, &p, 1);
+  int rc = trun(e, &c, "cpu", &st);
+  tcase_free(&c);
+  if (rc == 0)
+    return e;
+  attn_engine_close(e);
+  return NULL;
+}
+
+/* p under the amd and the intel tuning: the same bits. */
+static void same_bits_tuned(const char *isa, tprob p) {
+  attn_engine *ea = open_tuned(isa, "amd"), *ei = open_tuned(isa, "intel");
+  if (!ea || !ei) {
+    printf("skipped: this CPU has no %s\n", isa);
+    if (ea)
+      attn_engine_close(ea);
+    if (ei)
+      attn_engine_close(ei);
+    return;
+  }
+  tcase a, b;
+  tcase_init(&a, &p, 12);
+  tcase_init(&b, &p, 12);
+  attn_status st;
+  cr_assert_eq(trun(ea, &a, "cpu", &st), 0, "%s", st.message);
+  cr_assert_eq(trun(ei, &b, "cpu", &st), 0, "%s", st.message);
+  const size_t rows = (size_t)(p.b * p.hq * p.nq);
+  const size_t n = rows * (size_t)p.d * attn_dtype_size(p.dt);
+  char desc[200];
+  tdesc(&p, desc, sizeof desc);
+  cr_expect_eq(memcmp(a.o, b.o, n), 0, "%s %s: O differs between the tunings", isa, desc);
+  cr_expect_eq(memcmp(a.lse, b.lse, rows * sizeof *a.lse), 0, "%s %s: lse differs", isa, desc);
+  terr err = tcheck(&b);
+  cr_expect(err.o <= ttol(p.dt) && err.stats <= 1e-5, "%s %s: O error %.3g, stats %.3g", isa, desc,
+            err.o, err.stats);
+  tcase_free(&a);
+  tcase_free(&b);
+  attn_engine_close(ea);
+  attn_engine_close(ei);
+}
+
+/*
+ * The tunings (attn_config.cpu_tune) change how the AVX-512 kernels' F32
+ * products run, never what they compute: 6-row register blocks against 4
+ * (head dims and tiles that leave partial blocks) and V prefetched, under
+ * masks, windows, GQA, variants and all three dtypes.
+ */
+Test(conformance, tunings_same_bits, .timeout = 300) {
+  for (int isa = 2; isa < NISAS; isa++) {
+    tprob p = tprob_make(1, 8, 8, 1100, 1100, 72, ATTN_F32);
+    p.causal = true;
+    p.stats = true;
+    same_bits_tuned(isas[isa], p);
+    p = tprob_make(2, 8, 2, 700, 900, 128, ATTN_F16);
+    p.wl = 300;
+    p.wr = 0;
+    p.stats = true;
+    same_bits_tuned(isas[isa], p);
+    p = tprob_make(1, 4, 4, 520, 520, 40, ATTN_F32);
+    p.softcap = 30;
+    p.alibi = 1;
+    p.stats = true;
+    same_bits_tuned(isas[isa], p);
+    p = tprob_make(1, 8, 8, 600, 600, 64, ATTN_BF16);
+    p.stats = true;
+    same_bits_tuned(isas[isa], p);
+  }
+}
+
 /* The reference backend, as users select it, agrees with the float64 one it
  * wraps (rounded to F32). */
 Test(conformance, reference_backend) {

@@ -224,6 +224,17 @@ Test(engine_errors, bad_config) {
   cr_expect_eq(run_err(e, &c, "reference", &st), 0, "the reference still runs");
   tcase_free(&c);
   attn_engine_close(e);
+  /* an unknown tuning, too, leaves the cpu backend unavailable, saying why */
+  cfg.cpu_isa = NULL;
+  cfg.cpu_tune = "zen9";
+  cr_assert_eq(attn_engine_open(&cfg, &e, &st), 0);
+  nb = attn_engine_backends(e, info, 4);
+  for (cpu = 0; cpu < nb && strcmp(info[cpu].name, "cpu");)
+    cpu++;
+  cr_assert_lt(cpu, nb);
+  cr_expect(!info[cpu].available);
+  cr_expect(strstr(info[cpu].detail, "unknown CPU tuning \"zen9\""), "%s", info[cpu].detail);
+  attn_engine_close(e);
 }
 
 /* A non-finite value anywhere is refused with its coordinates, on both

@@ -358,11 +358,11 @@ typedef struct attn_config {
   const char *cpu_isa;
   /* Tuning of the AVX-512 kernels' F32 products (F32 and F16 inputs, and
    * BF16 on the avx512 kernel): NULL or "auto" (from the CPU: "intel" on
-   * Intel, "amd" elsewhere), "intel" (6-row register blocks and V
-   * prefetched, for cores with two 512-bit FMA pipes) or "amd" (4-row
-   * blocks, as tuned on Zen 4, whose 512-bit FMAs issue as two 256-bit
-   * halves); an unknown name makes the cpu backend unavailable. Results
-   * are the same bits either way. */
+   * Intel, "amd" elsewhere), "intel" (6-row register blocks, V prefetched
+   * and two query blocks per pass over K and V, for cores with two 512-bit
+   * FMA pipes) or "amd" (4-row blocks, as tuned on Zen 4, whose 512-bit
+   * FMAs issue as two 256-bit halves); an unknown name makes the cpu
+   * backend unavailable. Results are the same bits either way. */
   const char *cpu_tune;
   /* Largest reference problem: S + P of one head, in bytes of float64. */
   uint64_t reference_max_bytes;

@@ -97,7 +97,7 @@ static void prep_run(attn_pool_task *task, int64_t item, void *ws) {
   const int64_t n = r->seq_q - i0 < BQ ? r->seq_q - i0 : BQ;
   if (fwd) {
     attn__flash_block blk = {.b = b, .h0 = h, .nh = 1, .i0 = i0, .nq = n, .j1 = r->seq_kv};
-    bj->isa->rows(&bj->fargs, &blk, ws);
+    bj->isa->rows(&bj->fargs, &blk, 1, ws);
     return;
   }
   scan_rows(bj, T_Q, r->q, r->q_stride, b, h, r->heads_q, i0, n);

@@ -753,49 +753,127 @@ static void kv_head(blk_ctx *c) {
   c->vbase = (const char *)r->v + (size_t)(b * r->v_stride[0] + hk * r->v_stride[1]) * es;
 }
 
-static void rows(const attn__flash_args *a, const attn__flash_block *blk, void *ws) {
+/*
+ * Where the block's arrays are in the workspace: Qᵀ and Oᵀ (D ≤ MAXD rows
+ * of BQ each), m, l and alpha, then the per-tile Sᵀ and converted K and V
+ * tiles. The second block of a pair (rows_pair, D ≤ MAXD/2) takes the upper
+ * halves of the Qᵀ and Oᵀ regions, and its m, l and alpha the end of the V
+ * tile's, which then holds at most BK × MAXD/2; the per-tile arrays are
+ * shared. So a pair needs no more workspace than one block.
+ */
+static void block_layout(blk_ctx *c, float *ws, bool second) {
+  float *qt = ws, *ot = qt + MAXD * BQ, *stats = ot + MAXD * BQ;
+  c->st = stats + 3 * BQ;
+  c->kb = c->st + BK * BQ;
+  c->vb = c->kb + BK * MAXD;
+  if (second) {
+    qt += MAXD / 2 * BQ;
+    ot += MAXD / 2 * BQ;
+    stats = c->vb + BK * MAXD - 3 * BQ;
+  }
+  c->qt = qt;
+  c->ot = ot;
+  c->m = stats;
+  c->l = stats + BQ;
+  c->alpha = stats + 2 * BQ;
+}
+
+/* Everything about the block known before its first tile; Qᵀ loaded. */
+static void block_begin(blk_ctx *c) {
+  const attn__flash_args *a = c->a;
   const attn_request *r = a->r;
+  c->nrows = c->blk->nh * c->blk->nq;
+  c->nv = (int)((c->nrows + VL - 1) / VL);
+  c->lanes = (int64_t)c->nv * VL;
+  c->hk = c->blk->h0 / a->group;
+  c->bf16dp = r->dtype == ATTN_BF16 && r->head_dim % 2 == 0 && (ATTN_DPBF16 || ATTN_AMX);
+  kv_head(c);
+  c->rowwise = rw_ok(c);
+  c->amxrows = ar_ok(c);
+  c->rowf = rf_ok(c);
+  c->amx16 = amx16_ok(c);
+  c->amx = amx_ok(c);
+  key_range(c);
+  start_block(c);
+  if (c->amxrows)
+    ar_begin(c);
+  else if (c->rowwise)
+    rw_begin(c);
+  if (c->rowf)
+    rf_begin(c);
+  amx_begin(c);
+}
+
+static void block_end(blk_ctx *c) {
+  amx_end(c);
+  if (c->amxrows)
+    ar_end(c);
+  else if (c->rowwise)
+    rw_end(c);
+  if (c->rowf)
+    rf_end(c);
+  finish_block(c);
+}
+
+static void rows_one(const attn__flash_args *a, const attn__flash_block *blk, float *ws) {
   blk_ctx c = {.a = a, .blk = blk};
-  c.qt = ws;
-  c.ot = c.qt + MAXD * BQ;
-  c.st = c.ot + MAXD * BQ;
-  c.kb = c.st + BK * BQ;
-  c.vb = c.kb + BK * MAXD;
-  c.m = c.vb + BK * MAXD;
-  c.l = c.m + BQ;
-  c.alpha = c.l + BQ;
-  c.nrows = blk->nh * blk->nq;
-  c.nv = (int)((c.nrows + VL - 1) / VL);
-  c.lanes = (int64_t)c.nv * VL;
-  c.hk = blk->h0 / a->group;
-  c.bf16dp = r->dtype == ATTN_BF16 && r->head_dim % 2 == 0 && (ATTN_DPBF16 || ATTN_AMX);
-  kv_head(&c);
-  c.rowwise = rw_ok(&c);
-  c.amxrows = ar_ok(&c);
-  c.rowf = rf_ok(&c);
-  c.amx16 = amx16_ok(&c);
-  c.amx = amx_ok(&c);
-  key_range(&c);
-  start_block(&c);
-  if (c.amxrows)
-    ar_begin(&c);
-  else if (c.rowwise)
-    rw_begin(&c);
-  if (c.rowf)
-    rf_begin(&c);
-  amx_begin(&c);
+  block_layout(&c, ws, false);
+  block_begin(&c);
   for (int64_t j0 = c.jlo, nkt; j0 <= c.jhi; j0 += nkt) {
     nkt = tile_len(&c, j0);
     tile_step(&c, j0, nkt);
   }
-  amx_end(&c);
-  if (c.amxrows)
-    ar_end(&c);
-  else if (c.rowwise)
-    rw_end(&c);
-  if (c.rowf)
-    rf_end(&c);
-  finish_block(&c);
+  block_end(&c);
+}
+
+/*
+ * Two blocks of one KV head in lockstep: each tile of K and V is used by
+ * both blocks while it is in cache, so they come from memory (L3) once
+ * per pair instead of once per block. Each block still takes its own
+ * tiles in its own order (the one with the smaller next key goes first),
+ * so its arithmetic, and its output, is that of rows_one. Only the F32
+ * products in the transposed layout keep nothing of their own in the
+ * per-tile arrays between tiles, which the two blocks share; other paths,
+ * and head dims past MAXD/2, run the blocks one after the other.
+ */
+static void rows_pair(const attn__flash_args *a, const attn__flash_block *blk, float *ws) {
+  blk_ctx c[2] = {{.a = a, .blk = &blk[0]}, {.a = a, .blk = &blk[1]}};
+  block_layout(&c[0], ws, false);
+  block_layout(&c[1], ws, true);
+  block_begin(&c[0]);
+  block_begin(&c[1]);
+  int64_t j[2] = {c[0].jlo, c[1].jlo};
+  for (;;) {
+    const bool more0 = j[0] <= c[0].jhi, more1 = j[1] <= c[1].jhi;
+    if (!more0 && !more1)
+      break;
+    const int x = !more0 || (more1 && j[1] < j[0]);
+    const int64_t nkt = tile_len(&c[x], j[x]);
+    tile_step(&c[x], j[x], nkt);
+    j[x] += nkt;
+  }
+  block_end(&c[0]);
+  block_end(&c[1]);
+}
+
+/* Whether the block takes the F32 products in the transposed layout (not
+ * AMX's F16 split), and its half of the workspace is enough (block_layout). */
+static bool pair_ok(const attn__flash_args *a, const attn__flash_block *blk) {
+  blk_ctx c = {.a = a, .blk = blk};
+  c.nrows = blk->nh * blk->nq;
+  c.bf16dp = a->r->dtype == ATTN_BF16 && a->r->head_dim % 2 == 0 && (ATTN_DPBF16 || ATTN_AMX);
+  c.rowf = rf_ok(&c);
+  c.amx16 = amx16_ok(&c);
+  return !c.bf16dp && !c.rowf && !c.amx16 && a->r->head_dim <= MAXD / 2;
+}
+
+static void rows(const attn__flash_args *a, const attn__flash_block *blk, int nblk, void *ws) {
+  if (nblk == 2 && pair_ok(a, &blk[0]) && pair_ok(a, &blk[1])) {
+    rows_pair(a, blk, ws);
+    return;
+  }
+  for (int i = 0; i < nblk; i++)
+    rows_one(a, &blk[i], ws);
 }
 
 #if ATTN_AMX

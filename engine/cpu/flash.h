@@ -67,8 +67,10 @@ static inline int64_t attn__flash_pack_words(const attn_request *r) {
 
 typedef struct attn__flash_isa {
   const char *name;
-  /* Computes one block: writes its rows of O and the requested statistics. */
-  void (*rows)(const attn__flash_args *a, const attn__flash_block *blk, void *ws);
+  /* Computes nblk (1 or 2) blocks: writes their rows of O and the requested
+   * statistics. Two blocks of one KV head share the loads of each K/V tile
+   * (see rows_pair in flash.c); the results are those of one at a time. */
+  void (*rows)(const attn__flash_args *a, const attn__flash_block *blk, int nblk, void *ws);
   /* Scans keys [j0, j1) of K and V of (batch b, KV head hk) into a->seen
    * without computing: for keys no block visits. */
   void (*scan_keys)(const attn__flash_args *a, int64_t b, int64_t hk, int64_t j0, int64_t j1);
@@ -110,7 +112,8 @@ extern const attn__flash_isa attn__flash_amxemu __attribute__((weak));
 
 /* Workspace one worker needs, for any head_dim up to the maximum: Qᵀ and
  * Oᵀ (D × BQ each), the score tile (BK × BQ), converted K and V tiles
- * (BK × D each), and m, l, alpha (BQ each). ALiBi's per-lane slopes and
+ * (BK × D each), and m, l, alpha (BQ each); two blocks of D ≤ MAXD/2 fit
+ * in it as well (flash.c's block_layout). ALiBi's per-lane slopes and
  * positions live on the stack (2 × BQ floats). */
 #define ATTN_FLASH_WS_FLOATS                                               \
   (2 * ATTN_MAX_HEAD_DIM * ATTN_FLASH_BQ + ATTN_FLASH_BK * ATTN_FLASH_BQ + \

@@ -197,8 +197,10 @@ static void same_bits_tuned(const char *isa, tprob p) {
 /*
  * The tunings (attn_config.cpu_tune) change how the AVX-512 kernels' F32
  * products run, never what they compute: 6-row register blocks against 4
- * (head dims and tiles that leave partial blocks) and V prefetched, under
- * masks, windows, GQA, variants and all three dtypes.
+ * (head dims and tiles that leave partial blocks), V prefetched, and items
+ * of two query blocks (enough heads and blocks per thread for them; an odd
+ * block count leaves a single one; windows give the pair different key
+ * ranges), under masks, GQA, variants and all three dtypes.
  */
 Test(conformance, tunings_same_bits, .timeout = 300) {
   for (int isa = 2; isa < NISAS; isa++) {

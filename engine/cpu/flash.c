@@ -21,7 +21,11 @@
  * Register blocking. Both products run as MR×NR micro-kernels (MR keys or
  * head-dim elements broadcast, NR vectors of queries) whose accumulators
  * stay in registers; the row and vector counts are compile-time constants
- * in each specialization so the compiler keeps them there.
+ * in each specialization so the compiler keeps them there. The AVX-512
+ * instances also have a wide form for cores with two 512-bit FMA pipes
+ * (a->wide, cpu.c's intel tuning): MR_WIDE = 6 rows and V prefetched during
+ * Q·Kᵀ; and rows() takes two blocks of a head over each K/V tile in turn
+ * (rows_pair). Neither changes the order of any sum: the same bits.
  *
  * BF16 products. The avx512bf16 and amx instances compute BF16 inputs with
  * BF16 dot products and F32 accumulation (flash_bf16.h): Q and K stay BF16

@@ -482,7 +482,21 @@ def loadavg():
         return "?"
 
 
+def check_fresh(build):
+    """The timed binaries must be built from the library they would measure:
+    plain `make` does not rebuild them, and a stale one times old kernels."""
+    lib = os.path.join(build, "libattn.a")
+    for name in ("bench-peers-attn", "bench-peak"):
+        exe = os.path.join(build, name)
+        if not os.path.exists(exe):
+            sys.exit("peers.py: %s is missing: run `make %s` (or `make bench-peers`)" % (exe, exe))
+        if os.path.exists(lib) and os.path.getmtime(exe) < os.path.getmtime(lib):
+            sys.exit("peers.py: %s is older than %s, so it would time old kernels: run "
+                     "`make %s` (or `make bench-peers`)" % (exe, lib, exe))
+
+
 def main_driver(a):
+    check_fresh(a.build)
     rows = [r for r in (BWD_ROWS if a.backward else ROWS)
             if not a.only or a.only in "%s %s" % (r["name"], r["dtype"])]
     if not rows:

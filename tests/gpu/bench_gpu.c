@@ -18,7 +18,7 @@
  *            --deterministic off: no dQ kernel, dQ by atomics in the dK/dV
  *            pass, then its conversion), FLOPs counted as the backward's
  *
- * Method (.library/device/METHOD.md): random inputs (uniform in [-1, 1),
+ * Method: random inputs (uniform in [-1, 1),
  * never zeros) copied from a host pool; warm-up launches until 30 ms of
  * device time; then launches with a CUDA event between consecutive ones,
  * at least 20 and until 200 ms, the median of the per-launch times.

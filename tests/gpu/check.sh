@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tests/gpu/check.sh OUTDIR — everything the GPU machine should tell us, in
-# one call that fits the lease (.library/device/): build for sm_90 only
+# one call that fits the lease: build for sm_90 only
 # (BUILD=build-gpu, never mixed with a CPU build), the GPU tests,
 # compute-sanitizer on a few small cases, bench-gpu and PyTorch's SDPA on
 # the same shapes, bench-gpu --staging (one large job's data path step by

@@ -3,7 +3,7 @@
 
 The yardstick for tests/gpu/bench_gpu.c: the same shapes (keep the two lists
 in step), fresh random tensors uniform in [-1, 1) in the layout [B, H, N, D],
-F16/BF16, is_causal, timed the same way (.library/device/METHOD.md): warm-up
+F16/BF16, is_causal, timed the same way: warm-up
 until 30 ms of device time, then calls with a CUDA event between consecutive
 ones, at least 20 and until 200 ms, the median; input sets rotated when one
 set is under 3x the L2 cache. Calls whose eager median is under 0.3 ms

@@ -782,21 +782,26 @@ static void block_layout(blk_ctx *c, float *ws, bool second) {
   c->alpha = stats + 2 * BQ;
 }
 
-/* Everything about the block known before its first tile; Qᵀ loaded. */
-static void block_begin(blk_ctx *c) {
-  const attn__flash_args *a = c->a;
-  const attn_request *r = a->r;
+/* Which products the block's rows take (BF16 ones, the few-rows paths,
+ * AMX tiles): for block_begin, and for pair_ok before any block begins. */
+static void block_kind(blk_ctx *c) {
+  const attn_request *r = c->a->r;
   c->nrows = c->blk->nh * c->blk->nq;
-  c->nv = (int)((c->nrows + VL - 1) / VL);
-  c->lanes = (int64_t)c->nv * VL;
-  c->hk = c->blk->h0 / a->group;
   c->bf16dp = r->dtype == ATTN_BF16 && r->head_dim % 2 == 0 && (ATTN_DPBF16 || ATTN_AMX);
-  kv_head(c);
   c->rowwise = rw_ok(c);
   c->amxrows = ar_ok(c);
   c->rowf = rf_ok(c);
   c->amx16 = amx16_ok(c);
   c->amx = amx_ok(c);
+}
+
+/* Everything about the block known before its first tile; Qᵀ loaded. */
+static void block_begin(blk_ctx *c) {
+  block_kind(c);
+  c->nv = (int)((c->nrows + VL - 1) / VL);
+  c->lanes = (int64_t)c->nv * VL;
+  c->hk = c->blk->h0 / c->a->group;
+  kv_head(c);
   key_range(c);
   start_block(c);
   if (c->amxrows)
@@ -864,10 +869,7 @@ static void rows_pair(const attn__flash_args *a, const attn__flash_block *blk, f
  * AMX's F16 split), and its half of the workspace is enough (block_layout). */
 static bool pair_ok(const attn__flash_args *a, const attn__flash_block *blk) {
   blk_ctx c = {.a = a, .blk = blk};
-  c.nrows = blk->nh * blk->nq;
-  c.bf16dp = a->r->dtype == ATTN_BF16 && a->r->head_dim % 2 == 0 && (ATTN_DPBF16 || ATTN_AMX);
-  c.rowf = rf_ok(&c);
-  c.amx16 = amx16_ok(&c);
+  block_kind(&c);
   return !c.bf16dp && !c.rowf && !c.amx16 && a->r->head_dim <= MAXD / 2;
 }
 

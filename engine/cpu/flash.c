@@ -292,8 +292,88 @@ static void mask_tile(float *st, const attn__flash_args *a, int64_t j0, int64_t 
 
 /* ---- the fused input scan ------------------------------------------------ */
 
+/* The first non-finite element of n rows (row·d + col), all of which hold one. */
+static int64_t first_bad(const void *p, attn_dtype dt, int64_t n, int64_t d, int64_t stride) {
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t k = 0; k < d; k++)
+      if (!isfinite(attn_load_elem(p, dt, (size_t)(i * stride + k))))
+        return i * d + k;
+  return -1; /* not reached */
+}
+
+#if ATTN_ISA == 512
+/*
+ * The scan runs on every tile the kernel loads, so it is kept to two
+ * integer operations per vector: with the sign bit cleared, the bit
+ * patterns of floats order like their magnitudes, and the non-finite ones
+ * (exponent all ones) are the largest. So the largest masked pattern gives
+ * both the largest |x| and whether any element is not finite. Row tails
+ * are masked loads.
+ */
 static int64_t scan(const void *p, attn_dtype dt, int64_t n, int64_t d, int64_t stride,
-                    float *pmax);
+                    float *pmax) {
+  const size_t es = attn_dtype_size(dt);
+  uint32_t top;
+  if (dt == ATTN_F32) {
+    __m512i mx = _mm512_setzero_si512(), abs = _mm512_set1_epi32(0x7fffffff);
+    for (int64_t i = 0; i < n; i++) {
+      const char *row = (const char *)p + (size_t)(i * stride) * es;
+      for (int64_t k = 0; k < d; k += 16) {
+        __mmask16 m = d - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (d - k)) - 1);
+        __m512i x = _mm512_maskz_loadu_epi32(m, row + 4 * k);
+        mx = _mm512_max_epu32(mx, _mm512_and_si512(x, abs));
+      }
+    }
+    top = (uint32_t)_mm512_reduce_max_epu32(mx);
+    if (top >= 0x7f800000u)
+      return first_bad(p, dt, n, d, stride);
+    memcpy(pmax, &top, sizeof top);
+    return -1;
+  }
+  __m512i mx = _mm512_setzero_si512(), abs = _mm512_set1_epi16(0x7fff);
+  for (int64_t i = 0; i < n; i++) {
+    const char *row = (const char *)p + (size_t)(i * stride) * es;
+    for (int64_t k = 0; k < d; k += 32) {
+      __mmask32 m = d - k >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << (d - k)) - 1);
+      __m512i x = _mm512_maskz_loadu_epi16(m, row + 2 * k);
+      mx = _mm512_max_epu16(mx, _mm512_and_si512(x, abs));
+    }
+  }
+  /* widen the 16-bit lanes to finish the reduction in 32 bits */
+  __m512i lo = _mm512_and_si512(mx, _mm512_set1_epi32(0xffff)), hi = _mm512_srli_epi32(mx, 16);
+  uint16_t t = (uint16_t)_mm512_reduce_max_epu32(_mm512_max_epu32(lo, hi));
+  if (t >= (dt == ATTN_BF16 ? 0x7f80u : 0x7c00u))
+    return first_bad(p, dt, n, d, stride);
+  *pmax = (float)attn_load_elem(&t, dt, 0);
+  return -1;
+}
+#else
+static int64_t scan(const void *p, attn_dtype dt, int64_t n, int64_t d, int64_t stride,
+                    float *pmax) {
+  const size_t es = attn_dtype_size(dt);
+  vf mx = vset1(0.0f), bad = vset1(0.0f);
+  float smx = 0.0f, sbad = 0.0f;
+  for (int64_t i = 0; i < n; i++) {
+    const char *row = (const char *)p + (size_t)(i * stride) * es;
+    int64_t k = 0;
+    for (; k + VL <= d; k += VL) {
+      vf x = vload_cvt(row + k * es, dt);
+      mx = vmax(mx, vabs(x));
+      bad = vadd(bad, vmul(x, vset1(0.0f)));
+    }
+    for (; k < d; k++) {
+      float x = (float)attn_load_elem(row, dt, (size_t)k);
+      smx = fabsf(x) > smx ? fabsf(x) : smx;
+      sbad += x * 0.0f;
+    }
+  }
+  if (vany_nan(bad) || sbad != sbad)
+    return first_bad(p, dt, n, d, stride);
+  float vm = vhmax(mx);
+  *pmax = vm > smx ? vm : smx;
+  return -1;
+}
+#endif
 
 /* Scans n rows at p (rows `stride` apart), the first of them row `row0` of
  * head `head` of tensor t, into a->seen. */
@@ -936,91 +1016,6 @@ static void scan_keys(const attn__flash_args *a, int64_t b, int64_t hk, int64_t 
   see(a, 1, b * r->heads_kv + hk, k, j0, j1 - j0, r->k_stride[2]);
   see(a, 2, b * r->heads_kv + hk, v, j0, j1 - j0, r->v_stride[2]);
 }
-
-/* ---- input scan ---------------------------------------------------------- */
-
-/* The first non-finite element of n rows (row·d + col), all of which hold one. */
-static int64_t first_bad(const void *p, attn_dtype dt, int64_t n, int64_t d, int64_t stride) {
-  for (int64_t i = 0; i < n; i++)
-    for (int64_t k = 0; k < d; k++)
-      if (!isfinite(attn_load_elem(p, dt, (size_t)(i * stride + k))))
-        return i * d + k;
-  return -1; /* not reached */
-}
-
-#if ATTN_ISA == 512
-/*
- * The scan runs on every tile the kernel loads, so it is kept to two
- * integer operations per vector: with the sign bit cleared, the bit
- * patterns of floats order like their magnitudes, and the non-finite ones
- * (exponent all ones) are the largest. So the largest masked pattern gives
- * both the largest |x| and whether any element is not finite. Row tails
- * are masked loads.
- */
-static int64_t scan(const void *p, attn_dtype dt, int64_t n, int64_t d, int64_t stride,
-                    float *pmax) {
-  const size_t es = attn_dtype_size(dt);
-  uint32_t top;
-  if (dt == ATTN_F32) {
-    __m512i mx = _mm512_setzero_si512(), abs = _mm512_set1_epi32(0x7fffffff);
-    for (int64_t i = 0; i < n; i++) {
-      const char *row = (const char *)p + (size_t)(i * stride) * es;
-      for (int64_t k = 0; k < d; k += 16) {
-        __mmask16 m = d - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (d - k)) - 1);
-        __m512i x = _mm512_maskz_loadu_epi32(m, row + 4 * k);
-        mx = _mm512_max_epu32(mx, _mm512_and_si512(x, abs));
-      }
-    }
-    top = (uint32_t)_mm512_reduce_max_epu32(mx);
-    if (top >= 0x7f800000u)
-      return first_bad(p, dt, n, d, stride);
-    memcpy(pmax, &top, sizeof top);
-    return -1;
-  }
-  __m512i mx = _mm512_setzero_si512(), abs = _mm512_set1_epi16(0x7fff);
-  for (int64_t i = 0; i < n; i++) {
-    const char *row = (const char *)p + (size_t)(i * stride) * es;
-    for (int64_t k = 0; k < d; k += 32) {
-      __mmask32 m = d - k >= 32 ? (__mmask32)0xffffffffu : (__mmask32)((1u << (d - k)) - 1);
-      __m512i x = _mm512_maskz_loadu_epi16(m, row + 2 * k);
-      mx = _mm512_max_epu16(mx, _mm512_and_si512(x, abs));
-    }
-  }
-  /* widen the 16-bit lanes to finish the reduction in 32 bits */
-  __m512i lo = _mm512_and_si512(mx, _mm512_set1_epi32(0xffff)), hi = _mm512_srli_epi32(mx, 16);
-  uint16_t t = (uint16_t)_mm512_reduce_max_epu32(_mm512_max_epu32(lo, hi));
-  if (t >= (dt == ATTN_BF16 ? 0x7f80u : 0x7c00u))
-    return first_bad(p, dt, n, d, stride);
-  *pmax = (float)attn_load_elem(&t, dt, 0);
-  return -1;
-}
-#else
-static int64_t scan(const void *p, attn_dtype dt, int64_t n, int64_t d, int64_t stride,
-                    float *pmax) {
-  const size_t es = attn_dtype_size(dt);
-  vf mx = vset1(0.0f), bad = vset1(0.0f);
-  float smx = 0.0f, sbad = 0.0f;
-  for (int64_t i = 0; i < n; i++) {
-    const char *row = (const char *)p + (size_t)(i * stride) * es;
-    int64_t k = 0;
-    for (; k + VL <= d; k += VL) {
-      vf x = vload_cvt(row + k * es, dt);
-      mx = vmax(mx, vabs(x));
-      bad = vadd(bad, vmul(x, vset1(0.0f)));
-    }
-    for (; k < d; k++) {
-      float x = (float)attn_load_elem(row, dt, (size_t)k);
-      smx = fabsf(x) > smx ? fabsf(x) : smx;
-      sbad += x * 0.0f;
-    }
-  }
-  if (vany_nan(bad) || sbad != sbad)
-    return first_bad(p, dt, n, d, stride);
-  float vm = vhmax(mx);
-  *pmax = vm > smx ? vm : smx;
-  return -1;
-}
-#endif
 
 static void exp2_array(const float *x, float *y, int64_t n) {
   int64_t i = 0;

@@ -105,7 +105,8 @@ ENGINE_SRC = engine/submit.c engine/varlen.c engine/handle.c engine/backend.c en
              engine/plan.c engine/softmax.c engine/reference.c engine/reference_bwd.c \
              engine/reference_backend.c engine/cpu/cpu.c engine/cpu/cpu_bwd.c engine/cpu/scan.c \
              engine/cpu/selfcheck.c engine/cuda/select.c engine/cuda/hopper_select.c \
-             engine/kvpages.c engine/kvstore.c engine/kvcall.c engine/kvid.c engine/kvfile.c
+             engine/kvpages.c engine/kvstore.c engine/kvcall.c engine/kvjob.c engine/kvid.c \
+             engine/kvfile.c
 ENGINE_OBJ = $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
 
 # ---- the wire formats (proto/) ---------------------------------------------
@@ -351,13 +352,15 @@ $(SRVTEST_BIN): $(SRVTEST_OBJ) $(LIB)
 $(BUILD)/attnd: $(SERVER_OBJ) $(LIB)
 	$(CC) $(ALL_CFLAGS) -o $@ $^ -lmicrohttpd -luv -lgnutls -lz $(LDLIBS_ALL)
 
-# attnd with the reference backend behind a gate (tests/lib/hold_backend.c):
+# attnd with the reference backend (and marked cpu jobs, and session page
+# copies of a marked size) behind a gate (tests/lib/hold_backend.c):
 # the server tests that need a job still running when they act use it, so
 # they wait for events, not for a problem big enough to be slow.
 HOLD_BIN = $(BUILD)/tests/attnd-hold
 $(HOLD_BIN): $(SERVER_OBJ) $(BUILD)/obj/tests/lib/hold_backend.o $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -Wl,--wrap=attn__reference_backend -o $@ $^ \
+	$(CC) $(ALL_CFLAGS) -Wl,--wrap=attn__reference_backend \
+	  -Wl,--wrap=attn__cpu_backend -Wl,--wrap=attn__kvpages_copy -o $@ $^ \
 	  -lmicrohttpd -luv -lgnutls -lz $(LDLIBS_ALL)
 
 $(BUILD)/embed: server/console/embed.c

@@ -535,6 +535,7 @@ typedef struct attn_kv_stats {
    * 4, ..., 64, then more (a histogram's buckets, not cumulative). */
   uint64_t batch_sizes[ATTN_KV_BATCH_BUCKETS];
   uint64_t batched_calls; /* calls over all those jobs */
+  int64_t waiting;        /* calls held in the store for a layer's job, readers or write */
 } attn_kv_stats;
 
 /* Checks an id against the contract: 1-128 of [A-Za-z0-9._-], not starting
@@ -542,7 +543,8 @@ typedef struct attn_kv_stats {
 int attn_kv_id_check(const char *id, size_t len, attn_status *st);
 
 /* A store of `bytes` of pages on engine e; batch: calls that arrive while
- * the store's previous job runs are computed together as one job. backend
+ * a job reading one of their layers runs wait for it and are computed
+ * together as one job (calls of other layers never wait). backend
  * NULL or "auto": the pages live on a GPU when the engine has one that
  * lends device memory for them (the cuda backend: bytes on its first
  * device, and its kernels compute the calls), else in host memory (the cpu
@@ -625,9 +627,21 @@ typedef struct attn_kv_call {
  * written, exactly as for attn_engine_submit. On error nothing is queued
  * and done will not run. Calls on one layer apply in the order they reach
  * this function; the call and its buffers must stay valid until done.
+ * Nothing here waits for another call: one that cannot apply yet (it would
+ * overwrite keys a running call reads, after a truncate; or an earlier
+ * call on one of its layers waits or is being stored) is accepted (0) and
+ * kept, and its refusal, if it comes to one, reaches done's status.
  */
 int attn_kv_submit(attn_kv_store *s, attn_kv_call *call, double now, attn_done_fn done, void *arg,
                    attn_status *st);
+/*
+ * The caller of the call whose attn_request.cancel is flag has set it (a
+ * deadline, a client gone): a call still waiting in the store ends now
+ * with ECANCELED, never computed, and a job of several calls is canceled
+ * once every one of its callers has canceled (a call alone in its job is
+ * canceled by its own flag, as any engine job is). Any thread.
+ */
+void attn_kv_cancel(attn_kv_store *s, const int *flag);
 /* The same, waiting for the outputs, as attn_engine_run: returns the
  * call's code (0, or the refusal or the job's error, into *st as well) and
  * the job's result into *res when res is set. */

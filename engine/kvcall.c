@@ -1,17 +1,19 @@
 /*
  * kvcall.c — a session call (engine.h, attn_kv_submit): its entries checked
- * all together, their new tokens appended (or found there already, bit for
- * bit: a replay), then attention computed by the engine straight from the
- * layer's pages.
+ * all together, admitted (their new tokens to append, or found there
+ * already, bit for bit: a replay), the new rows stored, then handed to
+ * kvjob.c, which computes attention straight from the layer's pages.
  *
- * A call of one entry that reads keys runs alone, on its own buffers. Any
- * other (several entries, or no key to read) runs as a variable-length
- * batch whose sequence e is entry e: the varlen path computes each
- * sequence as the problem it would be alone, so the reply is bit for bit
- * the one a lone call gets. With batching on, calls applied while the
- * store has jobs running wait (applied, so in arrival order) until those
- * end, then go as one such batch per set of matching options, their q
- * gathered into the batch's buffer and o and the statistics scattered back.
+ * The store's lock is held only to check and to book: an append takes its
+ * pages and marks its layer as being written under the lock, copies its
+ * rows without it, and publishes the layer's new length under it again. A
+ * call that cannot be admitted yet — it would overwrite keys a running call
+ * reads (after a truncate), a layer it names is being written, or an
+ * earlier call on one of its layers waits — is parked in the store, never
+ * waited for on the caller's thread, and admitted (or refused, through its
+ * done) by the thread that ends what it waited for. So calls on one layer
+ * are admitted in arrival order and never block a thread another caller
+ * needs.
  */
 #include "check.h"
 #include "job.h"
@@ -23,61 +25,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct kv_use {
-  kv_session *ks;
-  kv_layer *L;
-  int64_t extent; /* keys it reads: [0, extent) */
-  bool append;
-} kv_use;
-
-struct kv_pending {
-  attn_kv_call *call;
-  attn_done_fn done;
-  void *arg;
-  kv_use *uses; /* one per entry */
-  double flops;
-  kv_pending *next;
-};
-
-typedef struct kv_job {
-  attn_kv_store *s;
-  kv_pending *calls; /* in arrival order */
-  int64_t ncalls, nentries;
-  bool gathered; /* q, o and statistics pass through buf */
-  attn_request req;
-  const void **kp, **vp;
-  int64_t *cu_q, *cu_kv;
-  int64_t *used; /* a device batch's key counts per entry (seqused_kv) */
-  char *buf;
-  struct kv_job *next; /* jobs started together */
-} kv_job;
-
-static void pending_free(kv_pending *p) {
-  free(p->uses);
-  free(p);
-}
-
-static void job_free(kv_job *j) {
-  for (kv_pending *p = j->calls, *n; p; p = n) {
-    n = p->next;
-    pending_free(p);
+void attn__kv_pending_free(kv_pending *p) {
+  if (p) {
+    free(p->uses);
+    free(p->mx);
+    free(p);
   }
-  free(j->kp);
-  free(j->vp);
-  free(j->cu_q);
-  free(j->cu_kv);
-  free(j->used);
-  free(j->buf);
-  free(j);
 }
 
 /* ---- checks before the lock -------------------------------------------- */
-
-/* Query rows of entry e. */
-static int64_t entry_rows(const attn_kv_call *c, int64_t e) {
-  const int64_t *cu = c->req.cu_seqlens_q;
-  return cu ? cu[e + 1] - cu[e] : c->req.seq_q;
-}
 
 /* The entries' new rows tile k and v in order, every row used once, as
  * cu_seqlens_kv would lay them out. */
@@ -238,6 +194,18 @@ static int conflict(attn_kv_store *s, const attn_kv_call *c, int64_t e, const kv
                          old ? " (and the tokens stored there differ: not a replay)" : "");
 }
 
+/* A query with no key to attend: an empty layer and no tokens sent. The
+ * same refusal alone and in a batch (a batch would otherwise answer zeros). */
+static int nothing_to_attend(const attn_kv_call *c, int64_t e, const kv_session *ks,
+                             attn_status *st) {
+  char who[80];
+  entry_name(c, e, who, sizeof who);
+  return attn_status_set(st, ATTN_EINVAL,
+                         "%slayer %lld of session '%s' holds no tokens and the call sends none "
+                         "(no k, v): there is no key to attend; send the tokens first",
+                         who, (long long)c->layer, ks->id);
+}
+
 /* What entry e does to its layer: append, replay or just read. 1 when it
  * must wait for the layer's readers (it would overwrite what they read). */
 static int plan_entry(attn_kv_store *s, const attn_kv_call *c, int64_t e, kv_use *u,
@@ -247,7 +215,7 @@ static int plan_entry(attn_kv_store *s, const attn_kv_call *c, int64_t e, kv_use
   u->append = false;
   u->extent = L->length;
   if (en->n_new == 0)
-    return 0;
+    return u->extent == 0 && attn__kv_entry_rows(c, e) > 0 ? nothing_to_attend(c, e, u->ks, st) : 0;
   u->extent = en->pos + en->n_new;
   if (en->pos == L->length) {
     if (u->extent > u->ks->shape.max_tokens) {
@@ -267,31 +235,16 @@ static int plan_entry(attn_kv_store *s, const attn_kv_call *c, int64_t e, kv_use
   return conflict(s, c, e, u->ks, L, st);
 }
 
-/* Where r's pages are and who reads them: the cpu backend host pages, the
- * backend that lent them a device's (rows padded to ks's pitch). */
-static void pages_of(const attn_kv_store *s, const kv_session *ks, attn_request *r) {
-  r->page_tokens = ks->page_tokens;
-  r->page_pitch = s->pages.dev ? ks->pitch : 0;
-  r->backend = s->pages.dev ? s->pages.dev->ops.name : "cpu";
-}
-
-/* The request entry e runs as alone (k and v from its layer's pages). */
-static void lone_request(const attn_kv_store *s, const attn_kv_call *c, int64_t e, const kv_use *u,
-                         attn_request *r) {
-  const kv_session *ks = u->ks;
-  *r = c->req;
-  r->batch = 1;
-  r->heads_kv = ks->shape.heads_kv;
-  r->head_dim = ks->shape.head_dim;
-  r->seq_q = entry_rows(c, e);
-  r->seq_kv = u->extent;
-  r->cu_seqlens_q = r->cu_seqlens_kv = NULL;
-  r->k = r->v = NULL;
-  r->k_pages = (const void *const *)u->L->kp;
-  r->v_pages = (const void *const *)u->L->vp;
-  r->pages_per_head = ks->pages_per_head;
-  memcpy(r->kv_absmax, u->L->absmax, sizeof r->kv_absmax);
-  pages_of(s, ks, r);
+/* Entries of one call share the sessions' heads_kv: the job that computes
+ * them is built for one shape. */
+static int same_heads(int64_t e, const kv_session *first, const kv_session *ks, attn_status *st) {
+  if (ks->shape.heads_kv == first->shape.heads_kv)
+    return 0;
+  return attn_status_set(st, ATTN_ESHAPE,
+                         "sessions[%lld] ('%.40s') has heads_kv %lld and sessions[0] ('%.40s') "
+                         "%lld: the sessions of one batch must share heads_kv",
+                         (long long)e, ks->id, (long long)ks->shape.heads_kv, first->id,
+                         (long long)first->shape.heads_kv);
 }
 
 /* Every entry's options against the engine's rules, as it would run
@@ -301,13 +254,13 @@ static int probe(const attn_kv_store *s, const attn_kv_call *c, const kv_use *us
   *flops = 0;
   for (int64_t e = 0; e < c->nentries; e++) {
     attn_request r;
-    lone_request(s, c, e, &uses[e], &r);
+    attn__kv_lone_request(s, c, e, &uses[e], &r);
     if (r.seq_kv == 0 || r.seq_q == 0)
       r.seq_kv = r.seq_q = 1; /* nothing to compute: only the options to check */
     int rc = attn_request_validate(&r, st);
     if (rc)
       return rc;
-    *flops += uses[e].extent && entry_rows(c, e) ? attn_request_flops(&r) : 0;
+    *flops += uses[e].extent && attn__kv_entry_rows(c, e) ? attn_request_flops(&r) : 0;
   }
   return 0;
 }
@@ -325,6 +278,8 @@ static int resolve(attn_kv_store *s, const attn_kv_call *c, kv_use *uses, double
                              "(ttl_s after its last use)",
                              id);
     int rc = fits_session(c, e, ks, st);
+    if (rc == 0 && e > 0)
+      rc = same_heads(e, uses[0].ks, ks, st);
     for (int64_t d = 0; rc == 0 && d < e; d++)
       if (uses[d].ks == ks)
         rc = attn_status_set(st, ATTN_EINVAL, "session '%s' is named twice in one call", id);
@@ -340,400 +295,213 @@ static int resolve(attn_kv_store *s, const attn_kv_call *c, kv_use *uses, double
   return wait;
 }
 
-/* Writes entry e's new tokens into its layer, a page's run at a time (on
- * a device: one small upload each). 0, or the device's error with the
- * layer's length unchanged. */
-static int append(attn_kv_store *s, const attn_kv_call *c, int64_t e, kv_use *u, const float mx[2],
-                  attn_status *st) {
-  const attn_kv_entry *en = &c->entries[e];
-  kv_session *ks = u->ks;
-  kv_layer *L = u->L;
-  const size_t row = (size_t)ks->shape.head_dim * attn_dtype_size(ks->shape.dtype);
-  attn__kv_grow(s, ks, L, en->pos + en->n_new);
-  for (int t = 0; t < 2; t++)
-    for (int64_t h = 0; h < ks->shape.heads_kv; h++)
-      for (int64_t j = 0, n; j < en->n_new; j += n) {
-        n = attn__kv_run(ks, en->pos + j, en->pos + en->n_new);
-        int rc = attn__kv_put(s, ks, L, t, h, en->pos + j, n,
-                              new_rows(c, e, t, h, row) + (size_t)j * row, st);
-        if (rc)
-          return rc;
-      }
-  L->length += en->n_new;
-  L->absmax[0] = fmaxf(L->absmax[0], mx[0]);
-  L->absmax[1] = fmaxf(L->absmax[1], mx[1]);
-  s->stats.appended_tokens += (uint64_t)en->n_new;
-  return 0;
-}
+/* ---- admitting ------------------------------------------------------------ */
 
-/* Appends or replays every entry, then makes each a reader of its layer.
- * An append the device fails stops the call before any entry reads: the
- * ones appended before it stay (their device has failed; its pages are
- * lost with it). */
-static int apply(attn_kv_store *s, attn_kv_call *c, kv_use *uses, float (*mx)[2], double now,
-                 attn_status *st) {
-  for (int64_t e = 0; e < c->nentries; e++)
-    if (uses[e].append && append(s, c, e, &uses[e], mx[e], st))
-      return attn_status_set(st, ATTN_EDEVICE, "storing the new tokens failed: %s", st->message);
+/* Books an admitted call: pages taken and the layer marked written for
+ * each append, each entry a reader of its layer, the sessions used. */
+static void claim(attn_kv_store *s, kv_pending *p) {
+  attn_kv_call *c = p->call;
   for (int64_t e = 0; e < c->nentries; e++) {
-    kv_use *u = &uses[e];
+    kv_use *u = &p->uses[e];
     attn_kv_entry *en = &c->entries[e];
-    if (!u->append && en->n_new > 0)
+    if (u->append) {
+      attn__kv_grow(s, u->ks, u->L, en->pos + en->n_new);
+      u->L->writing = true;
+      u->L->cut = false;
+    } else if (en->n_new > 0) {
       s->stats.replays++;
+    }
     en->replay = !u->append && en->n_new > 0;
-    en->length = u->L->length;
+    en->length = u->append ? en->pos + en->n_new : u->L->length;
     u->L->readers++;
     u->L->read_hi = u->extent > u->L->read_hi ? u->extent : u->L->read_hi;
     u->ks->readers++;
-    u->ks->expires = now + u->ks->ttl_s;
-  }
-  return 0;
-}
-
-/* ---- jobs ---------------------------------------------------------------- */
-
-static bool same_double(double a, double b) { return a == b || (isnan(a) && isnan(b)); }
-
-/* Whether two calls can be computed as one batch: the same options, so
- * the batch's one set of them is each call's own. */
-static bool mergeable(const attn_kv_call *a, const attn_kv_call *b) {
-  const attn_request *x = &a->req, *y = &b->req;
-  return x->dtype == y->dtype && x->heads_q == y->heads_q && x->head_dim == y->head_dim &&
-         x->heads_kv == y->heads_kv && same_double(x->scale, y->scale) && x->causal == y->causal &&
-         x->window_left == y->window_left && x->window_right == y->window_right &&
-         same_double(x->softcap, y->softcap) && !x->alibi_slopes && !y->alibi_slopes &&
-         !x->m == !y->m && !x->l == !y->l && !x->lse == !y->lse;
-}
-
-static int64_t job_rows(const kv_job *j) {
-  int64_t n = 0;
-  for (kv_pending *p = j->calls; p; p = p->next)
-    n += p->call->req.seq_q;
-  return n;
-}
-
-/* The batch's page tables, [entry][heads_kv][pages_per_head], and offsets. */
-static int job_tables(kv_job *j, int64_t hkv, int64_t pph) {
-  const size_t n = (size_t)(j->nentries * hkv * pph);
-  j->kp = calloc(n ? n : 1, sizeof *j->kp);
-  j->vp = calloc(n ? n : 1, sizeof *j->vp);
-  j->cu_q = calloc((size_t)j->nentries + 1, sizeof *j->cu_q);
-  j->cu_kv = calloc((size_t)j->nentries + 1, sizeof *j->cu_kv);
-  if (!j->kp || !j->vp || !j->cu_q || !j->cu_kv)
-    return -1;
-  int64_t b = 0, q0 = 0;
-  for (kv_pending *p = j->calls; p; p = p->next) {
-    for (int64_t e = 0; e < p->call->nentries; e++, b++) {
-      const kv_use *u = &p->uses[e];
-      const int64_t used = (u->extent + u->ks->page_tokens - 1) / u->ks->page_tokens;
-      for (int64_t h = 0; h < hkv; h++) {
-        memcpy(&j->kp[(b * hkv + h) * pph], &u->L->kp[h * u->ks->pages_per_head],
-               (size_t)used * sizeof *j->kp);
-        memcpy(&j->vp[(b * hkv + h) * pph], &u->L->vp[h * u->ks->pages_per_head],
-               (size_t)used * sizeof *j->vp);
-      }
-      j->cu_q[b + 1] =
-          q0 + (p->call->req.cu_seqlens_q ? p->call->req.cu_seqlens_q[e + 1] : p->call->req.seq_q);
-      j->cu_kv[b + 1] = j->cu_kv[b] + u->extent;
-      j->req.kv_absmax[0] = fmaxf(j->req.kv_absmax[0], u->L->absmax[0]);
-      j->req.kv_absmax[1] = fmaxf(j->req.kv_absmax[1], u->L->absmax[1]);
-    }
-    q0 += p->call->req.seq_q;
-  }
-  return 0;
-}
-
-/* n rows of every head, from rows [s0, s0 + n) of a [H, sn, w] tensor to
- * rows [d0, d0 + n) of a [H, dn, w] one. */
-static void rows_copy(char *dst, int64_t dn, int64_t d0, const char *src, int64_t sn, int64_t s0,
-                      int64_t heads, int64_t n, size_t wbytes) {
-  for (int64_t h = 0; h < heads; h++)
-    memcpy(dst + (size_t)(h * dn + d0) * wbytes, src + (size_t)(h * sn + s0) * wbytes,
-           (size_t)n * wbytes);
-}
-
-/* The batch's own q, o and statistics, q gathered from every call. */
-static int job_gather(kv_job *j) {
-  attn_request *r = &j->req;
-  const size_t es = attn_dtype_size(r->dtype),
-               qb = (size_t)(r->heads_q * r->seq_q * r->head_dim) * es;
-  const size_t sb = (size_t)(r->heads_q * r->seq_q) * sizeof(float);
-  j->buf = malloc(2 * qb + 3 * sb + 1);
-  if (!j->buf)
-    return -1;
-  r->q = j->buf;
-  r->o = j->buf + qb;
-  float *f = (float *)(j->buf + 2 * qb);
-  r->m = r->m ? f : NULL;
-  r->l = r->l ? f + r->heads_q * r->seq_q : NULL;
-  r->lse = r->lse ? f + 2 * r->heads_q * r->seq_q : NULL;
-  int64_t row0 = 0;
-  for (kv_pending *p = j->calls; p; p = p->next) {
-    const int64_t n = p->call->req.seq_q;
-    rows_copy(j->buf, r->seq_q, row0, p->call->req.q, n, 0, r->heads_q, n,
-              (size_t)r->head_dim * es);
-    row0 += n;
-  }
-  return 0;
-}
-
-/* o and the statistics of each call back into its own buffers. */
-static void job_scatter(const kv_job *j) {
-  const attn_request *r = &j->req;
-  const size_t es = attn_dtype_size(r->dtype);
-  int64_t row0 = 0;
-  for (kv_pending *p = j->calls; p; p = p->next) {
-    const attn_request *cr = &p->call->req;
-    const int64_t n = cr->seq_q;
-    rows_copy(cr->o, n, 0, r->o, r->seq_q, row0, r->heads_q, n, (size_t)r->head_dim * es);
-    float *const mine[3] = {cr->m, cr->l, cr->lse}, *const ours[3] = {r->m, r->l, r->lse};
-    for (int t = 0; t < 3; t++)
-      if (mine[t])
-        rows_copy((char *)mine[t], n, 0, (const char *)ours[t], r->seq_q, row0, r->heads_q, n,
-                  sizeof(float));
-    row0 += n;
+    u->ks->expires = p->now + u->ks->ttl_s;
   }
 }
 
-/* The query rows every entry of the job has, when it can run as one batch
- * on a device (its pages there, the same rows each, no statistics: those
- * are laid out per sequence); else 0. */
-static int64_t uniform_rows(const kv_job *j) {
-  const attn_request *r0 = &j->calls->call->req;
-  if (!j->s->pages.dev || r0->m || r0->l || r0->lse)
-    return 0;
-  int64_t nq = -1;
-  for (kv_pending *p = j->calls; p; p = p->next)
-    for (int64_t e = 0; e < p->call->nentries; e++) {
-      int64_t n = entry_rows(p->call, e);
-      if (nq >= 0 && n != nq)
-        return 0;
-      nq = n;
-    }
-  return nq > 0 ? nq : 0;
+void attn__kv_release(attn_kv_store *s, kv_pending *p) {
+  for (int64_t e = 0; e < p->call->nentries; e++)
+    attn__kv_reader_done(s, p->uses[e].ks, p->uses[e].L);
 }
 
-/* The varlen batch as one batch of its entries, nq rows each (q and o
- * strided in place: entry b's rows are [b nq, (b + 1) nq) of each head),
- * each over its own keys. 0, or -1 out of memory. */
-static int as_batch(kv_job *j, int64_t nq) {
-  attn_request *r = &j->req;
-  const int64_t total = r->seq_q, B = j->nentries, d = r->head_dim;
-  if (!(j->used = malloc((size_t)B * sizeof *j->used)))
-    return -1;
-  int64_t most = 0;
-  for (int64_t b = 0; b < B; b++) {
-    j->used[b] = j->cu_kv[b + 1] - j->cu_kv[b];
-    most = j->used[b] > most ? j->used[b] : most;
+/* Whether calls a and b name a layer in common. */
+static bool share_layer(const attn_kv_call *a, const attn_kv_call *b) {
+  if (a->layer != b->layer || strcmp(a->tenant, b->tenant))
+    return false;
+  for (int64_t i = 0; i < a->nentries; i++)
+    for (int64_t j = 0; j < b->nentries; j++)
+      if (!strcmp(a->entries[i].id, b->entries[j].id))
+        return true;
+  return false;
+}
+
+/* Whether c must wait before it is even resolved: a layer it names is
+ * being written, or an earlier parked call names one of its layers. */
+static bool blocked(attn_kv_store *s, const attn_kv_call *c, double now) {
+  for (int64_t e = 0; e < c->nentries; e++) {
+    const kv_session *ks = attn__kv_find(s, c->tenant, c->entries[e].id, now);
+    if (ks && c->layer < ks->shape.layers && ks->layers[c->layer].writing)
+      return true;
   }
-  const int64_t stride[3] = {nq * d, total * d, d};
-  memcpy(r->q_stride, stride, sizeof stride);
-  memcpy(r->o_stride, stride, sizeof stride);
-  r->seq_q = nq;
-  r->seq_kv = most;
-  r->seqused_kv = j->used;
-  r->cu_seqlens_q = r->cu_seqlens_kv = NULL;
-  return 0;
+  for (const kv_pending *q = s->parked; q; q = q->next)
+    if (share_layer(q->call, c))
+      return true;
+  return false;
 }
 
-/* The request of a job: one lone entry on the call's buffers, or a
- * variable-length batch (one batch on a device, when its entries allow).
- * 0, or -1 out of memory. */
-static int job_build(kv_job *j) {
-  kv_pending *p = j->calls;
-  const attn_kv_call *c = p->call;
-  if (j->ncalls == 1 && c->nentries == 1 && p->uses[0].extent > 0) {
-    lone_request(j->s, c, 0, &p->uses[0], &j->req);
-    return 0;
-  }
-  j->req = c->req;
-  attn_request *r = &j->req;
-  int64_t pph = 1;
-  for (kv_pending *q = j->calls; q; q = q->next)
-    for (int64_t e = 0; e < q->call->nentries; e++)
-      pph = q->uses[e].ks->pages_per_head > pph ? q->uses[e].ks->pages_per_head : pph;
-  r->heads_kv = p->uses[0].ks->shape.heads_kv;
-  r->head_dim = p->uses[0].ks->shape.head_dim;
-  r->batch = j->nentries;
-  r->seq_q = job_rows(j);
-  r->k = r->v = NULL;
-  pages_of(j->s, p->uses[0].ks, r);
-  r->pages_per_head = pph;
-  r->kv_absmax[0] = r->kv_absmax[1] = 0;
-  j->gathered = j->ncalls > 1; /* several calls' q, o: one buffer */
-  if (j->gathered)
-    r->cancel = NULL; /* one caller's cancel would cancel the others' */
-  if (job_tables(j, r->heads_kv, pph) < 0 || (j->gathered && job_gather(j) < 0))
-    return -1;
-  r->k_pages = (const void *const *)j->kp;
-  r->v_pages = (const void *const *)j->vp;
-  r->cu_seqlens_q = j->cu_q;
-  r->cu_seqlens_kv = j->cu_kv;
-  r->seq_kv = j->cu_kv[j->nentries];
-  int64_t nq = uniform_rows(j);
-  return nq ? as_batch(j, nq) : 0;
-}
-
-/* ---- running -------------------------------------------------------------- */
-
-static void job_done(const attn_result *res, void *arg);
-
-static void count_batch(attn_kv_store *s, int64_t ncalls) {
-  int b = 0;
-  while (b < ATTN_KV_BATCH_BUCKETS - 1 && ((int64_t)1 << b) < ncalls)
-    b++;
-  s->stats.batch_sizes[b]++;
-  s->stats.batched_calls += (uint64_t)ncalls;
-}
-
-/* Ends each call of a job that did not run, with st. */
-static void job_end(kv_job *j, const attn_result *res);
-
-static void job_fail(kv_job *j, const attn_status *st) {
-  attn_result res = {.status = *st};
-  job_end(j, &res);
-}
-
-/* Builds and submits a job (counted in jobs_running already); on failure
- * its calls end with the error. */
-static void job_start(kv_job *j) {
-  attn_status st;
-  int rc = job_build(j) < 0 ? attn_status_set(&st, ATTN_ENOMEM, "out of memory batching calls")
-                            : attn_engine_submit(j->s->engine, &j->req, job_done, j, &st);
-  if (rc)
-    job_fail(j, &st);
-}
-
-/* A new job of one call. */
-static kv_job *job_new(attn_kv_store *s, kv_pending *p) {
-  kv_job *j = calloc(1, sizeof *j);
-  if (j) {
-    j->s = s;
-    j->calls = p;
-    j->ncalls = 1;
-    j->nentries = p->call->nentries;
-  }
-  return j;
-}
-
-/* Adds p to the job of matching options in the list, or to a new one at
- * its end; false out of memory. */
-static bool group_add(attn_kv_store *s, kv_job **jobs, kv_pending *p) {
-  kv_job **jp = jobs;
-  while (*jp && !mergeable((*jp)->calls->call, p->call))
-    jp = &(*jp)->next;
-  if (!*jp)
-    return (*jp = job_new(s, p)) != NULL;
-  kv_pending **pp = &(*jp)->calls;
+static void park(attn_kv_store *s, kv_pending *p) {
+  kv_pending **pp = &s->parked;
   while (*pp)
     pp = &(*pp)->next;
+  p->next = NULL;
   *pp = p;
-  (*jp)->ncalls++;
-  (*jp)->nentries += p->call->nentries;
-  return true;
 }
 
-/* Under the lock: the waiting calls as jobs, counted as running. */
-static kv_job *take_pending(attn_kv_store *s) {
-  kv_job *jobs = NULL;
-  kv_pending *list = s->pending;
-  s->pending = NULL;
+/* Under the lock: p admitted (0), parked (1), or refused (an error). */
+static int enter(attn_kv_store *s, kv_pending *p, attn_status *st) {
+  if (attn_cancel_is_set(p->call->req.cancel))
+    return attn__canceled(st);
+  int rc = blocked(s, p->call, p->now) ? 1 : resolve(s, p->call, p->uses, p->now, st);
+  if (rc == 1) {
+    park(s, p);
+    return 1;
+  }
+  if (rc == 0)
+    rc = probe(s, p->call, p->uses, &p->flops, st);
+  if (rc == 0)
+    claim(s, p);
+  return rc;
+}
+
+void attn__kv_retry_parked(attn_kv_store *s, kv_after *a) {
+  kv_pending *list = s->parked;
+  s->parked = NULL;
   while (list) {
     kv_pending *p = list;
     list = p->next;
     p->next = NULL;
-    if (!group_add(s, &jobs, p))
-      abort(); /* not even a job's few bytes: nothing can go on */
-  }
-  for (kv_job *j = jobs; j; j = j->next) {
-    s->jobs_running++;
-    count_batch(s, j->ncalls);
-  }
-  return jobs;
-}
-
-static void start_all(kv_job *jobs) {
-  while (jobs) {
-    kv_job *j = jobs;
-    jobs = j->next;
-    job_start(j);
+    int rc = enter(s, p, &p->st);
+    if (rc < 0) {
+      p->next = a->failed;
+      a->failed = p;
+    } else if (rc == 0) {
+      p->next = a->land;
+      a->land = p;
+    }
   }
 }
 
-/* The job's calls are done (or failed to start); the waiting ones start. */
-static void job_end(kv_job *j, const attn_result *res) {
-  attn_kv_store *s = j->s;
+/* ---- storing the new rows -------------------------------------------------- */
+
+/* Writes entry e's new tokens into the pages claim took, a page's run at a
+ * time (on a device: one small upload each); without the lock. */
+static int store_entry(const attn_kv_store *s, const attn_kv_call *c, int64_t e, const kv_use *u,
+                       attn_status *st) {
+  const attn_kv_entry *en = &c->entries[e];
+  const kv_session *ks = u->ks;
+  const size_t row = (size_t)ks->shape.head_dim * attn_dtype_size(ks->shape.dtype);
+  for (int t = 0; t < 2; t++)
+    for (int64_t h = 0; h < ks->shape.heads_kv; h++)
+      for (int64_t j = 0, n; j < en->n_new; j += n) {
+        n = attn__kv_run(ks, en->pos + j, en->pos + en->n_new);
+        int rc = attn__kv_put(s, ks, u->L, t, h, en->pos + j, n,
+                              new_rows(c, e, t, h, row) + (size_t)j * row, st);
+        if (rc)
+          return rc;
+      }
+  return 0;
+}
+
+/* Under the lock: the appends' new lengths (unless a truncate cut the
+ * layer meanwhile: it came after), or none when storing failed. */
+static void publish(attn_kv_store *s, kv_pending *p, bool ok) {
+  const attn_kv_call *c = p->call;
+  for (int64_t e = 0; e < c->nentries; e++) {
+    kv_use *u = &p->uses[e];
+    const attn_kv_entry *en = &c->entries[e];
+    if (!u->append)
+      continue;
+    if (ok && !u->L->cut)
+      u->L->length = en->pos + en->n_new;
+    if (ok) {
+      u->L->absmax[0] = fmaxf(u->L->absmax[0], p->mx[e][0]);
+      u->L->absmax[1] = fmaxf(u->L->absmax[1], p->mx[e][1]);
+      s->stats.appended_tokens += (uint64_t)en->n_new;
+    }
+    u->L->writing = u->L->cut = false;
+  }
+}
+
+static bool appends(const kv_pending *p) {
+  for (int64_t e = 0; e < p->call->nentries; e++)
+    if (p->uses[e].append)
+      return true;
+  return false;
+}
+
+int attn__kv_land(attn_kv_store *s, kv_pending *p, kv_after *a, attn_status *st) {
+  int rc = 0;
+  for (int64_t e = 0; rc == 0 && e < p->call->nentries; e++)
+    if (p->uses[e].append)
+      rc = store_entry(s, p->call, e, &p->uses[e], st);
   pthread_mutex_lock(&s->mu);
-  for (kv_pending *p = j->calls; p; p = p->next)
-    for (int64_t e = 0; e < p->call->nentries; e++)
-      attn__kv_reader_done(s, p->uses[e].ks, p->uses[e].L);
-  kv_job *next = --s->jobs_running == 0 ? take_pending(s) : NULL;
+  publish(s, p, rc == 0);
+  if (rc)
+    attn__kv_release(s, p);
+  else
+    attn__kv_schedule(s, p, a);
+  attn__kv_retry_parked(s, a); /* a write ended */
   pthread_mutex_unlock(&s->mu);
-  for (kv_pending *p = j->calls; p; p = p->next) {
-    attn_result mine = *res;
-    mine.flops = p->flops;
-    p->done(&mine, p->arg);
+  if (rc) {
+    char why[sizeof st->message];
+    snprintf(why, sizeof why, "%s", st->message);
+    rc = attn_status_set(st, ATTN_EDEVICE, "storing the new tokens failed: %s", why);
   }
-  job_free(j);
-  start_all(next);
-}
-
-/* Any engine thread, once the job's outputs are written. */
-static void job_done(const attn_result *res, void *arg) {
-  kv_job *j = arg;
-  if (res->status.code == 0 && j->gathered)
-    job_scatter(j);
-  job_end(j, res);
-}
-
-/* Resolves the call, waiting while an entry would overwrite what a running
- * call reads; applies it and makes it a pending call. Under the lock. */
-static int admit(attn_kv_store *s, kv_pending *p, float (*mx)[2], double now, attn_status *st) {
-  int rc;
-  while ((rc = resolve(s, p->call, p->uses, now, st)) == 1)
-    pthread_cond_wait(&s->readers_done, &s->mu);
-  if (rc == 0)
-    rc = probe(s, p->call, p->uses, &p->flops, st);
-  if (rc == 0)
-    rc = apply(s, p->call, p->uses, mx, now, st);
   return rc;
+}
+
+/* ---- submitting ------------------------------------------------------------ */
+
+/* The call as the store keeps it, its values checked (before the lock); NULL
+ * with st set. */
+static kv_pending *pending_new(attn_kv_call *call, attn_done_fn done, void *arg, double now,
+                               attn_status *st) {
+  kv_pending *p = calloc(1, sizeof *p);
+  if (p) {
+    *p = (kv_pending){.call = call, .done = done, .arg = arg, .now = now};
+    p->uses = calloc((size_t)call->nentries, sizeof *p->uses);
+    p->mx = calloc((size_t)call->nentries, sizeof *p->mx);
+  }
+  int rc = !p || !p->uses || !p->mx
+               ? attn_status_set(st, ATTN_ENOMEM, "out of memory taking a call")
+               : values_check(call, p->mx, st);
+  if (rc) {
+    attn__kv_pending_free(p);
+    return NULL;
+  }
+  return p;
 }
 
 int attn_kv_submit(attn_kv_store *s, attn_kv_call *call, double now, attn_done_fn done, void *arg,
                    attn_status *st) {
   int rc = call_shape_check(call, st);
-  if (rc)
-    return rc;
-  kv_pending *p = calloc(1, sizeof *p);
-  float(*mx)[2] = calloc((size_t)call->nentries, sizeof *mx);
-  if (p)
-    p->uses = calloc((size_t)call->nentries, sizeof *p->uses);
-  rc = !p || !mx || !p->uses ? attn_status_set(st, ATTN_ENOMEM, "out of memory taking a call")
-                             : values_check(call, mx, st);
-  if (rc) {
-    free(mx);
-    if (p)
-      pending_free(p);
-    return rc;
-  }
-  *p = (kv_pending){.call = call, .done = done, .arg = arg, .uses = p->uses};
+  kv_pending *p = rc ? NULL : pending_new(call, done, arg, now, st);
+  if (!p)
+    return rc ? rc : st->code;
+  kv_after a = {0};
   pthread_mutex_lock(&s->mu);
-  rc = admit(s, p, mx, now, st);
-  kv_job *jobs = NULL;
-  if (rc == 0) {
-    kv_pending **pp = &s->pending; /* behind the calls waiting already, in order */
-    while (*pp)
-      pp = &(*pp)->next;
-    *pp = p;
-    if (!s->batch || s->jobs_running == 0)
-      jobs = take_pending(s);
-  }
+  rc = enter(s, p, st);
+  bool booked = rc == 0 && !appends(p); /* nothing to store: to its job now */
+  if (booked)
+    attn__kv_schedule(s, p, &a);
   pthread_mutex_unlock(&s->mu);
-  free(mx);
-  if (rc)
-    pending_free(p);
-  start_all(jobs);
-  return rc;
+  if (rc == 0 && !booked)
+    rc = attn__kv_land(s, p, &a, st);
+  if (rc < 0)
+    attn__kv_pending_free(p);
+  attn__kv_after(s, &a);
+  return rc < 0 ? rc : 0;
 }
 
 /* attn_kv_run's call, for attn__run_waiting. */

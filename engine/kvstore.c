@@ -39,7 +39,6 @@ int attn_kv_open(attn_engine *e, uint64_t bytes, bool batch, const char *backend
   s->engine = e;
   s->batch = batch;
   pthread_mutex_init(&s->mu, NULL);
-  pthread_cond_init(&s->readers_done, NULL);
   *ps = s;
   return 0;
 }
@@ -71,7 +70,6 @@ void attn_kv_close(attn_kv_store *s) {
       session_free(s, ks);
     }
   attn__kvpages_close(&s->pages);
-  pthread_cond_destroy(&s->readers_done);
   pthread_mutex_destroy(&s->mu);
   free(s);
 }
@@ -340,6 +338,7 @@ int attn_kv_truncate(attn_kv_store *s, const char *tenant, const char *id, int64
     kv_layer *L = &ks->layers[l];
     if (L->length > length) {
       L->length = length;
+      L->cut = L->writing; /* an append being stored came first: it is cut too */
       shrink(s, ks, L);
     }
   }
@@ -384,6 +383,11 @@ void attn_kv_stats_get(attn_kv_store *s, attn_kv_stats *out) {
   out->pool_bytes = (uint64_t)s->pages.npages * ATTN_KV_PAGE_BYTES;
   out->reserved_bytes = (uint64_t)s->pages.reserved * ATTN_KV_PAGE_BYTES;
   out->used_bytes = (uint64_t)(s->pages.npages - s->pages.nfree) * ATTN_KV_PAGE_BYTES;
+  out->waiting = 0;
+  for (const kv_pending *p = s->pending; p; p = p->next)
+    out->waiting++;
+  for (const kv_pending *p = s->parked; p; p = p->next)
+    out->waiting++;
   pthread_mutex_unlock(&s->mu);
 }
 
@@ -428,7 +432,6 @@ int attn__kv_get(const attn_kv_store *s, const kv_session *ks, const kv_layer *L
 void attn__kv_reader_done(attn_kv_store *s, kv_session *ks, kv_layer *L) {
   if (--L->readers == 0) {
     L->read_hi = 0;
-    pthread_cond_broadcast(&s->readers_done);
     if (!ks->dead)
       shrink(s, ks, L);
   }

@@ -1,15 +1,20 @@
 /*
  * kvstore_int.h — a session store's insides, shared by the files that make
  * it up (internal to engine/): kvstore.c (the table of sessions and their
- * life), kvcall.c (appending and attending, batching) and kvfile.c
- * (saving and loading them).
+ * life), kvcall.c (a call checked, admitted and its tokens stored), kvjob.c
+ * (the jobs that compute calls: when they start, batching, cancel) and
+ * kvfile.c (saving and loading sessions).
  *
- * One lock (attn_kv_store.mu) guards everything here. A call that reads a
- * layer counts as its reader from the moment it is applied until its job
- * completes; while a layer has readers, nothing it reads is freed or
- * overwritten: a delete or an expiry leaves the pages to the last reader,
- * and an append into tokens a reader may see (after a truncate) waits for
- * the readers to finish.
+ * One lock (attn_kv_store.mu) guards everything here, and is never held
+ * while bulk data moves: an append's rows are copied into pages the call
+ * took under the lock, with the layer marked as being written, and published
+ * under the lock again. A call that reads a layer counts as its reader from
+ * the moment it is admitted until its job completes; while a layer has
+ * readers, nothing it reads is freed or overwritten: a delete or an expiry
+ * leaves the pages to the last reader, and an append into tokens a reader
+ * may see (after a truncate) waits, parked, for the readers to finish. No
+ * thread ever blocks on another call: a call that must wait is kept in the
+ * store and started by whichever thread ends what it waits for.
  */
 #ifndef ATTN_KVSTORE_INT_H
 #define ATTN_KVSTORE_INT_H
@@ -22,8 +27,11 @@
 typedef struct kv_layer {
   int64_t length;
   int64_t npages;  /* pages taken per KV head, for K and for V alike */
-  int64_t readers; /* calls applied whose job has not completed */
+  int64_t readers; /* calls admitted whose job has not completed */
   int64_t read_hi; /* the most keys any of them reads */
+  int64_t jobs;    /* jobs started that read it (a call waits for these to batch) */
+  bool writing;    /* an append's rows are being copied in, outside the lock */
+  bool cut;        /* truncated below that append meanwhile: it publishes no length */
   float absmax[2]; /* largest |k| and |v| stored (never lowered by a truncate) */
   /* Page tables, [heads_kv][pages_per_head]: NULL past npages. */
   void **kp, **vp;
@@ -45,19 +53,60 @@ typedef struct kv_session {
 
 #define KV_BUCKETS 4096
 
-typedef struct kv_pending kv_pending;
+/* What one entry of a call does to its layer. */
+typedef struct kv_use {
+  kv_session *ks;
+  kv_layer *L;
+  int64_t extent; /* keys it reads: [0, extent) */
+  bool append;
+} kv_use;
+
+/* A call the store holds until its job ends. */
+typedef struct kv_pending {
+  attn_kv_call *call;
+  attn_done_fn done;
+  void *arg;
+  double now;     /* the submit's clock, for a call admitted later */
+  kv_use *uses;   /* one per entry, once admitted */
+  float (*mx)[2]; /* each entry's new tokens' largest |k|, |v| */
+  double flops;
+  attn_status st; /* why a parked call was refused */
+  struct kv_pending *next;
+} kv_pending;
+
+typedef struct kv_job {
+  struct attn_kv_store *s;
+  kv_pending *calls; /* in arrival order */
+  int64_t ncalls, nentries;
+  bool gathered; /* q, o and statistics pass through buf */
+  int cancel;    /* set once every call's caller has canceled */
+  attn_request req;
+  const void **kp, **vp;
+  int64_t *cu_q, *cu_kv;
+  int64_t *used; /* a device batch's key counts per entry (seqused_kv) */
+  char *buf;
+  struct kv_job *next;     /* jobs started together */
+  struct kv_job *run_next; /* the store's running jobs */
+} kv_job;
+
+/* Work found under the lock, done after it: jobs to start, parked calls
+ * admitted (their rows to store) and parked calls refused. */
+typedef struct kv_after {
+  kv_job *jobs;
+  kv_pending *land, *failed;
+} kv_after;
 
 struct attn_kv_store {
   attn_engine *engine;
   pthread_mutex_t mu;
-  pthread_cond_t readers_done; /* a layer's readers fell to zero */
   attn_kvpages pages;
   kv_session *buckets[KV_BUCKETS];
   int64_t nsessions;
   bool batch;
-  int64_t jobs_running; /* jobs submitted and not completed */
-  kv_pending *pending;  /* applied calls waiting for the running jobs (batching) */
-  attn_kv_stats stats;  /* the counters; sessions and bytes are filled when read */
+  kv_pending *pending; /* admitted calls waiting for a job on their layers (batching) */
+  kv_pending *parked;  /* calls not yet admitted: they wait for readers or a write */
+  kv_job *running;     /* jobs started and not ended */
+  attn_kv_stats stats; /* the counters; sessions and bytes are filled when read */
 };
 
 /* Pages on a device pad each row to a multiple of this many elements, as
@@ -91,5 +140,23 @@ int attn__kv_get(const attn_kv_store *s, const kv_session *ks, const kv_layer *L
                  int64_t j, int64_t n, void *dst, attn_status *st);
 /* A reader of ks ended: frees a dead session once its last reader has. */
 void attn__kv_reader_done(attn_kv_store *s, kv_session *ks, kv_layer *L);
+
+/* kvcall.c: the parked calls that can go on now, admitted or refused into
+ * a (under the lock); and storing an admitted call's rows, then scheduling
+ * it (without the lock): 0, or the error with nothing appended. */
+void attn__kv_retry_parked(attn_kv_store *s, kv_after *a);
+int attn__kv_land(attn_kv_store *s, kv_pending *p, kv_after *a, attn_status *st);
+void attn__kv_pending_free(kv_pending *p);
+/* Ends every use of an admitted call (under the lock). */
+void attn__kv_release(attn_kv_store *s, kv_pending *p);
+
+/* kvjob.c: entry e's query rows; the request entry e runs as alone (k and
+ * v from its layer's pages); an admitted call to a job now, or waiting for its layers' jobs
+ * (under the lock); what was found under the lock, done (without it). */
+int64_t attn__kv_entry_rows(const attn_kv_call *c, int64_t e);
+void attn__kv_lone_request(const attn_kv_store *s, const attn_kv_call *c, int64_t e,
+                           const kv_use *u, attn_request *r);
+void attn__kv_schedule(attn_kv_store *s, kv_pending *p, kv_after *a);
+void attn__kv_after(attn_kv_store *s, kv_after *a);
 
 #endif

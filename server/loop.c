@@ -27,6 +27,7 @@
  * SIGUSR1 are logged and ignored.
  */
 #include "loop.h"
+#include "sessions.h"
 #include "route.h"
 #include "jobs.h"
 #include "work.h"
@@ -132,8 +133,10 @@ static void note_canceled_job(attnd_req *r) {
 /* The job has ended: account for it and start the next. */
 static void complete(attnd_req *r) {
   attnd_server *s = r->srv;
-  s->running--;
-  r->who->running--;
+  if (!r->route->session) {
+    s->running--;
+    r->who->running--;
+  }
   attnd_jobs_client_put(s, r);
   s->admitted--;
   attnd_jobs_remove(s, r);
@@ -218,6 +221,8 @@ void attnd_loop_cancel(attnd_server *s, attnd_req *r, attnd_cancel_reason why) {
   if (r->answered)
     return;
   attn_cancel_set(&r->cancel);
+  if (r->dispatched)
+    attnd_sessions_cancel(r);
   r->canceled = true;
   r->cancel_why = why;
   r->t_done = attn_now();
@@ -244,8 +249,10 @@ static void start(attnd_server *s, attnd_req *r, double now) {
   r->dispatched = true;
   r->t_started = now;
   attnd_metrics_queue_wait(s->metrics, now - r->t_admitted);
-  s->running++;
-  r->who->running++;
+  if (!r->route->session) { /* a session call holds no slot (admit) */
+    s->running++;
+    r->who->running++;
+  }
   attnd_metrics_gauge_add(s->metrics, ATTND_GAUGE_INFLIGHT, 1);
   r->work.data = r;
   r->in_engine = false;
@@ -297,9 +304,10 @@ static void admit(attnd_server *s, attnd_req *r) {
   attnd_metrics_gauge_add(s->metrics, ATTND_GAUGE_QUEUE_DEPTH, 1);
   attnd_jobs_push(&s->pend_head, &s->pend_tail, r);
   attnd_jobs_add(s, r);
-  /* A session call holds a place of --max-queue but waits for no running
-   * slot: the session store computes the calls that arrive together as
-   * one batch, which it can only do if they reach it together. */
+  /* A session call holds a place of --max-queue but takes no running
+   * slot, nor waits for one: the session store orders the calls of each
+   * layer and batches those that wait together, and a call kept there
+   * (waiting for its layer) must not keep other requests from their slots. */
   if (r->route->session)
     start(s, r, r->t_admitted);
 }

@@ -221,6 +221,11 @@ const char *attnd_sessions_length_header(const attnd_req *r) {
   return r->sess && r->sess->length_header[0] ? r->sess->length_header : NULL;
 }
 
+void attnd_sessions_cancel(attnd_req *r) {
+  if (r->route->session)
+    attn_kv_cancel(r->srv->kv, &r->cancel);
+}
+
 void attnd_sessions_free(attnd_req *r) {
   free(r->sess);
   r->sess = NULL;
@@ -332,6 +337,9 @@ void attnd_sessions_metrics(attn_sbuf *b, const attnd_server *s) {
         st.reserved_bytes);
   gauge(b, "attnd_session_used_bytes", "Bytes of session memory in pages that hold tokens.",
         st.used_bytes);
+  gauge(b, "attnd_session_calls_waiting",
+        "Session calls held in the store for a job on their layer, its readers or a write.",
+        (unsigned long long)st.waiting);
   counter(b, "attnd_session_tokens_appended_total", "Tokens appended to sessions (per layer).",
           st.appended_tokens);
   counter(b, "attnd_session_replays_total", "Session calls whose tokens were stored already.",

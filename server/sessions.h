@@ -44,6 +44,9 @@ void attnd_sessions_close(attnd_server *s, bool save_only);
 /* The "sessions" member of /v1/info, and the sessions' series of /metrics. */
 void attnd_sessions_info(attn_sbuf *b, const attnd_server *s);
 void attnd_sessions_metrics(attn_sbuf *b, const attnd_server *s);
+/* The loop canceled r (its flag is set): a session call waiting in the
+ * store ends now, a job of several calls once all its callers cancel. */
+void attnd_sessions_cancel(attnd_req *r);
 /* Frees what a session call held (any thread, when r is freed). */
 void attnd_sessions_free(attnd_req *r);
 

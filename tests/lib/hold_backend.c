@@ -18,13 +18,27 @@
  *     any other runs on the real reference backend, so a held job is never
  *     answered wrongly, only late.
  *
+ * The cpu backend is wrapped the same way (-Wl,--wrap=attn__cpu_backend):
+ * with $ATTN_HOLD_CPU_Q0 set, its F32 jobs whose first query element is that
+ * value are held as above (session calls run on the cpu backend, and a
+ * batch of calls gathers the first call's q first, so a test marks the calls
+ * it wants held by their q and leaves every other running); every other cpu
+ * job goes straight to the real backend. And with $ATTN_HOLD_COPY_ROWS set, a
+ * copy of exactly that many rows into or out of a session's pages
+ * (attn__kvpages_copy, wrapped too) waits for the release file (or
+ * $ATTN_HOLD_MAX_S) before it copies: an append still being stored. It
+ * creates "<release file>.held" when it starts waiting, so that the test
+ * knows the copy is under way.
+ *
  * (ATTN_, not ATTND_: the test harness clears ATTND_* from a server's
  * environment, and attnd reads ATTND_* as flags.)
  */
 #define _GNU_SOURCE
 #include "backend.h"
+#include "kvpages.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <time.h>
@@ -33,11 +47,15 @@
 /* The engine's reference backend, under its own name (ld's --wrap). */
 extern const struct attn_backend_ops __real_attn__reference_backend;
 extern const struct attn_backend_ops __wrap_attn__reference_backend;
+extern const struct attn_backend_ops __real_attn__cpu_backend;
+extern struct attn_backend_ops __wrap_attn__cpu_backend;
 #define REAL (&__real_attn__reference_backend)
+#define REAL_CPU (&__real_attn__cpu_backend)
 
 typedef struct hold_job {
   attn_job *job;
   void *real_state;
+  const struct attn_backend_ops *real; /* the backend that runs it once released */
 } hold_job;
 
 static double hold_max_s(void) {
@@ -73,18 +91,20 @@ static void *hold_run(void *arg) {
   if (attn__job_canceled(h.job)) {
     attn__canceled(&st);
     attn__job_complete(h.job, &st);
-  } else if (REAL->submit(h.real_state, h.job, &st) < 0) {
+  } else if (h.real->submit(h.real_state, h.job, &st) < 0) {
     attn__job_complete(h.job, &st);
   }
   return NULL;
 }
 
-static int hold_submit(void *state, attn_job *job, attn_status *st) {
+static int hold_start(const struct attn_backend_ops *real, void *state, attn_job *job,
+                      attn_status *st) {
   hold_job *h = malloc(sizeof *h);
   if (!h)
     return attn_status_set(st, ATTN_ENOMEM, "hold backend: out of memory");
   h->job = job;
   h->real_state = state;
+  h->real = real;
   pthread_attr_t a;
   pthread_attr_init(&a);
   pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
@@ -96,6 +116,21 @@ static int hold_submit(void *state, attn_job *job, attn_status *st) {
     return attn_status_set(st, ATTN_ENOMEM, "hold backend: cannot start a thread");
   }
   return 0;
+}
+
+static int hold_submit(void *state, attn_job *job, attn_status *st) {
+  return hold_start(REAL, state, job, st);
+}
+
+/* Whether a cpu job is one $ATTN_HOLD_CPU_Q0 asks to hold. */
+static bool cpu_held(const attn_job *job) {
+  const char *v = getenv("ATTN_HOLD_CPU_Q0");
+  return v && *v && job->req.dtype == ATTN_F32 && job->req.q &&
+         *(const float *)job->req.q == (float)atof(v);
+}
+
+static int hold_cpu_submit(void *state, attn_job *job, attn_status *st) {
+  return cpu_held(job) ? hold_start(REAL_CPU, state, job, st) : REAL_CPU->submit(state, job, st);
 }
 
 /* Everything but submit is the reference's own. */
@@ -117,3 +152,31 @@ const struct attn_backend_ops __wrap_attn__reference_backend = {
     .describe = hold_describe,
     .automatic = false,
 };
+
+/* The cpu backend's table with hold_cpu_submit: its own ops otherwise,
+ * filled in at start-up (a const table cannot copy another's fields). */
+struct attn_backend_ops __wrap_attn__cpu_backend;
+__attribute__((constructor)) static void hold_cpu_init(void) {
+  __wrap_attn__cpu_backend = *REAL_CPU;
+  __wrap_attn__cpu_backend.submit = hold_cpu_submit;
+}
+
+int __real_attn__kvpages_copy(const attn_kvpages *p, void *dst, size_t dpitch, const void *src,
+                              size_t spitch, size_t width, size_t rows, attn_status *st);
+int __wrap_attn__kvpages_copy(const attn_kvpages *p, void *dst, size_t dpitch, const void *src,
+                              size_t spitch, size_t width, size_t rows, attn_status *st);
+int __wrap_attn__kvpages_copy(const attn_kvpages *p, void *dst, size_t dpitch, const void *src,
+                              size_t spitch, size_t width, size_t rows, attn_status *st) {
+  const char *v = getenv("ATTN_HOLD_COPY_ROWS");
+  if (v && *v && (size_t)atoll(v) == rows && release_path()) {
+    char mark[512];
+    snprintf(mark, sizeof mark, "%s.held", release_path());
+    FILE *f = fopen(mark, "w");
+    if (f)
+      fclose(f);
+    double until = attn_now() + hold_max_s();
+    while (!released() && attn_now() < until)
+      nap();
+  }
+  return __real_attn__kvpages_copy(p, dst, dpitch, src, spitch, width, rows, st);
+}

@@ -1,0 +1,533 @@
+/*
+ * kvjob.c — the jobs that compute a session store's calls: when an
+ * admitted call starts, which calls run together, how a job is built from
+ * the layers' pages, its cancel, and what its end sets going.
+ *
+ * A call starts at once unless a job that reads one of its layers is
+ * running and batching is on; then it waits, admitted (its tokens stored,
+ * so in arrival order), for that layer's jobs only, never for another
+ * session's. The calls that become free together run as one job per set of
+ * matching options and shapes: a variable-length batch whose sequence e is
+ * entry e, which the varlen path computes as the problem it would be alone,
+ * so every reply is bit for bit the one the call gets alone. A job of
+ * several calls is canceled once every one of its callers has canceled.
+ */
+#include "job.h"
+#include "kvstore_int.h"
+#include "request_int.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void job_free(kv_job *j) {
+  for (kv_pending *p = j->calls, *n; p; p = n) {
+    n = p->next;
+    attn__kv_pending_free(p);
+  }
+  free(j->kp);
+  free(j->vp);
+  free(j->cu_q);
+  free(j->cu_kv);
+  free(j->used);
+  free(j->buf);
+  free(j);
+}
+
+int64_t attn__kv_entry_rows(const attn_kv_call *c, int64_t e) {
+  const int64_t *cu = c->req.cu_seqlens_q;
+  return cu ? cu[e + 1] - cu[e] : c->req.seq_q;
+}
+
+/* Where r's pages are and who reads them: the cpu backend host pages, the
+ * backend that lent them a device's (rows padded to ks's pitch). */
+static void pages_of(const attn_kv_store *s, const kv_session *ks, attn_request *r) {
+  r->page_tokens = ks->page_tokens;
+  r->page_pitch = s->pages.dev ? ks->pitch : 0;
+  r->backend = s->pages.dev ? s->pages.dev->ops.name : "cpu";
+}
+
+void attn__kv_lone_request(const attn_kv_store *s, const attn_kv_call *c, int64_t e,
+                           const kv_use *u, attn_request *r) {
+  const kv_session *ks = u->ks;
+  *r = c->req;
+  r->batch = 1;
+  r->heads_kv = ks->shape.heads_kv;
+  r->head_dim = ks->shape.head_dim;
+  r->seq_q = attn__kv_entry_rows(c, e);
+  r->seq_kv = u->extent;
+  r->cu_seqlens_q = r->cu_seqlens_kv = NULL;
+  r->k = r->v = NULL;
+  r->k_pages = (const void *const *)u->L->kp;
+  r->v_pages = (const void *const *)u->L->vp;
+  r->pages_per_head = ks->pages_per_head;
+  memcpy(r->kv_absmax, u->L->absmax, sizeof r->kv_absmax);
+  pages_of(s, ks, r);
+}
+
+/* ---- which calls run together ---------------------------------------------- */
+
+static bool same_double(double a, double b) { return a == b || (isnan(a) && isnan(b)); }
+
+static bool same_shape(const kv_session *a, const kv_session *b) {
+  return a->shape.heads_kv == b->shape.heads_kv && a->shape.head_dim == b->shape.head_dim &&
+         a->shape.dtype == b->shape.dtype && a->page_tokens == b->page_tokens &&
+         a->pitch == b->pitch;
+}
+
+/* Whether every entry of p has the sessions' shape of x's first entry:
+ * a job's page tables and heads are built for one shape. */
+static bool shapes_fit(const kv_pending *x, const kv_pending *p) {
+  for (int64_t e = 0; e < p->call->nentries; e++)
+    if (!same_shape(x->uses[0].ks, p->uses[e].ks))
+      return false;
+  return true;
+}
+
+/* Whether two calls can be computed as one batch: the same options, so
+ * the batch's one set of them is each call's own, and the same shapes. */
+static bool mergeable(const kv_pending *pa, const kv_pending *pb) {
+  const attn_request *x = &pa->call->req, *y = &pb->call->req;
+  return x->dtype == y->dtype && x->heads_q == y->heads_q && x->head_dim == y->head_dim &&
+         same_double(x->scale, y->scale) && x->causal == y->causal &&
+         x->window_left == y->window_left && x->window_right == y->window_right &&
+         same_double(x->softcap, y->softcap) && !x->alibi_slopes && !y->alibi_slopes &&
+         !x->m == !y->m && !x->l == !y->l && !x->lse == !y->lse && shapes_fit(pa, pb);
+}
+
+static kv_job *job_new(attn_kv_store *s, kv_pending *p) {
+  kv_job *j = calloc(1, sizeof *j);
+  if (j) {
+    j->s = s;
+    j->calls = p;
+    j->ncalls = 1;
+    j->nentries = p->call->nentries;
+  }
+  return j;
+}
+
+/* Adds p to the job of matching options in the list, or to a new one at
+ * its end; false out of memory. */
+static bool group_add(attn_kv_store *s, kv_job **jobs, kv_pending *p) {
+  kv_job **jp = jobs;
+  while (*jp && !mergeable((*jp)->calls, p))
+    jp = &(*jp)->next;
+  if (!*jp)
+    return (*jp = job_new(s, p)) != NULL;
+  kv_pending **pp = &(*jp)->calls;
+  while (*pp)
+    pp = &(*pp)->next;
+  *pp = p;
+  (*jp)->ncalls++;
+  (*jp)->nentries += p->call->nentries;
+  return true;
+}
+
+/* ---- building a job ---------------------------------------------------------- */
+
+static int64_t job_rows(const kv_job *j) {
+  int64_t n = 0;
+  for (kv_pending *p = j->calls; p; p = p->next)
+    n += p->call->req.seq_q;
+  return n;
+}
+
+/* Entry e of p into the batch's row b of page tables and offsets. */
+static void table_row(kv_job *j, const kv_pending *p, int64_t e, int64_t b, int64_t q0,
+                      int64_t pph) {
+  const kv_use *u = &p->uses[e];
+  const int64_t hkv = j->req.heads_kv;
+  const int64_t used = (u->extent + u->ks->page_tokens - 1) / u->ks->page_tokens;
+  for (int64_t h = 0; h < hkv; h++) {
+    memcpy(&j->kp[(b * hkv + h) * pph], &u->L->kp[h * u->ks->pages_per_head],
+           (size_t)used * sizeof *j->kp);
+    memcpy(&j->vp[(b * hkv + h) * pph], &u->L->vp[h * u->ks->pages_per_head],
+           (size_t)used * sizeof *j->vp);
+  }
+  const attn_request *cr = &p->call->req;
+  j->cu_q[b + 1] = q0 + (cr->cu_seqlens_q ? cr->cu_seqlens_q[e + 1] : cr->seq_q);
+  j->cu_kv[b + 1] = j->cu_kv[b] + u->extent;
+  j->req.kv_absmax[0] = fmaxf(j->req.kv_absmax[0], u->L->absmax[0]);
+  j->req.kv_absmax[1] = fmaxf(j->req.kv_absmax[1], u->L->absmax[1]);
+}
+
+/* The batch's page tables, [entry][heads_kv][pages_per_head], and offsets. */
+static int job_tables(kv_job *j, int64_t pph) {
+  const size_t n = (size_t)(j->nentries * j->req.heads_kv * pph);
+  j->kp = calloc(n ? n : 1, sizeof *j->kp);
+  j->vp = calloc(n ? n : 1, sizeof *j->vp);
+  j->cu_q = calloc((size_t)j->nentries + 1, sizeof *j->cu_q);
+  j->cu_kv = calloc((size_t)j->nentries + 1, sizeof *j->cu_kv);
+  if (!j->kp || !j->vp || !j->cu_q || !j->cu_kv)
+    return -1;
+  int64_t b = 0, q0 = 0;
+  for (kv_pending *p = j->calls; p; p = p->next) {
+    for (int64_t e = 0; e < p->call->nentries; e++, b++)
+      table_row(j, p, e, b, q0, pph);
+    q0 += p->call->req.seq_q;
+  }
+  return 0;
+}
+
+/* n rows of every head, from rows [s0, s0 + n) of a [H, sn, w] tensor to
+ * rows [d0, d0 + n) of a [H, dn, w] one. */
+static void rows_copy(char *dst, int64_t dn, int64_t d0, const char *src, int64_t sn, int64_t s0,
+                      int64_t heads, int64_t n, size_t wbytes) {
+  for (int64_t h = 0; h < heads; h++)
+    memcpy(dst + (size_t)(h * dn + d0) * wbytes, src + (size_t)(h * sn + s0) * wbytes,
+           (size_t)n * wbytes);
+}
+
+/* The batch's own q, o and statistics, q gathered from every call. */
+static int job_gather(kv_job *j) {
+  attn_request *r = &j->req;
+  const size_t es = attn_dtype_size(r->dtype),
+               qb = (size_t)(r->heads_q * r->seq_q * r->head_dim) * es;
+  const size_t sb = (size_t)(r->heads_q * r->seq_q) * sizeof(float);
+  j->buf = malloc(2 * qb + 3 * sb + 1);
+  if (!j->buf)
+    return -1;
+  r->q = j->buf;
+  r->o = j->buf + qb;
+  float *f = (float *)(j->buf + 2 * qb);
+  r->m = r->m ? f : NULL;
+  r->l = r->l ? f + r->heads_q * r->seq_q : NULL;
+  r->lse = r->lse ? f + 2 * r->heads_q * r->seq_q : NULL;
+  int64_t row0 = 0;
+  for (kv_pending *p = j->calls; p; p = p->next) {
+    const int64_t n = p->call->req.seq_q;
+    rows_copy(j->buf, r->seq_q, row0, p->call->req.q, n, 0, r->heads_q, n,
+              (size_t)r->head_dim * es);
+    row0 += n;
+  }
+  return 0;
+}
+
+/* o and the statistics of each call back into its own buffers. */
+static void job_scatter(const kv_job *j) {
+  const attn_request *r = &j->req;
+  const size_t es = attn_dtype_size(r->dtype);
+  int64_t row0 = 0;
+  for (kv_pending *p = j->calls; p; p = p->next) {
+    const attn_request *cr = &p->call->req;
+    const int64_t n = cr->seq_q;
+    rows_copy(cr->o, n, 0, r->o, r->seq_q, row0, r->heads_q, n, (size_t)r->head_dim * es);
+    float *const mine[3] = {cr->m, cr->l, cr->lse}, *const ours[3] = {r->m, r->l, r->lse};
+    for (int t = 0; t < 3; t++)
+      if (mine[t])
+        rows_copy((char *)mine[t], n, 0, (const char *)ours[t], r->seq_q, row0, r->heads_q, n,
+                  sizeof(float));
+    row0 += n;
+  }
+}
+
+/* The query rows every entry of the job has, when it can run as one batch
+ * on a device (its pages there, the same rows each, no statistics: those
+ * are laid out per sequence); else 0. */
+static int64_t uniform_rows(const kv_job *j) {
+  const attn_request *r0 = &j->calls->call->req;
+  if (!j->s->pages.dev || r0->m || r0->l || r0->lse)
+    return 0;
+  int64_t nq = -1;
+  for (kv_pending *p = j->calls; p; p = p->next)
+    for (int64_t e = 0; e < p->call->nentries; e++) {
+      int64_t n = attn__kv_entry_rows(p->call, e);
+      if (nq >= 0 && n != nq)
+        return 0;
+      nq = n;
+    }
+  return nq > 0 ? nq : 0;
+}
+
+/* The varlen batch as one batch of its entries, nq rows each (q and o
+ * strided in place: entry b's rows are [b nq, (b + 1) nq) of each head),
+ * each over its own keys. 0, or -1 out of memory. */
+static int as_batch(kv_job *j, int64_t nq) {
+  attn_request *r = &j->req;
+  const int64_t total = r->seq_q, B = j->nentries, d = r->head_dim;
+  if (!(j->used = malloc((size_t)B * sizeof *j->used)))
+    return -1;
+  int64_t most = 0;
+  for (int64_t b = 0; b < B; b++) {
+    j->used[b] = j->cu_kv[b + 1] - j->cu_kv[b];
+    most = j->used[b] > most ? j->used[b] : most;
+  }
+  const int64_t stride[3] = {nq * d, total * d, d};
+  memcpy(r->q_stride, stride, sizeof stride);
+  memcpy(r->o_stride, stride, sizeof stride);
+  r->seq_q = nq;
+  r->seq_kv = most;
+  r->seqused_kv = j->used;
+  r->cu_seqlens_q = r->cu_seqlens_kv = NULL;
+  return 0;
+}
+
+/* A batch's request: the first call's options over every entry. */
+static int batch_build(kv_job *j) {
+  const kv_pending *p = j->calls;
+  attn_request *r = &j->req;
+  *r = p->call->req;
+  int64_t pph = 1;
+  for (kv_pending *q = j->calls; q; q = q->next)
+    for (int64_t e = 0; e < q->call->nentries; e++)
+      pph = q->uses[e].ks->pages_per_head > pph ? q->uses[e].ks->pages_per_head : pph;
+  r->heads_kv = p->uses[0].ks->shape.heads_kv;
+  r->head_dim = p->uses[0].ks->shape.head_dim;
+  r->batch = j->nentries;
+  r->seq_q = job_rows(j);
+  r->k = r->v = NULL;
+  pages_of(j->s, p->uses[0].ks, r);
+  r->pages_per_head = pph;
+  r->kv_absmax[0] = r->kv_absmax[1] = 0;
+  j->gathered = j->ncalls > 1; /* several calls' q, o: one buffer, one cancel */
+  if (j->gathered)
+    r->cancel = &j->cancel;
+  if (job_tables(j, pph) < 0 || (j->gathered && job_gather(j) < 0))
+    return -1;
+  r->k_pages = (const void *const *)j->kp;
+  r->v_pages = (const void *const *)j->vp;
+  r->cu_seqlens_q = j->cu_q;
+  r->cu_seqlens_kv = j->cu_kv;
+  r->seq_kv = j->cu_kv[j->nentries];
+  int64_t nq = uniform_rows(j);
+  return nq ? as_batch(j, nq) : 0;
+}
+
+/* The request of a job: one lone entry on the call's buffers, or a
+ * variable-length batch (one batch on a device, when its entries allow).
+ * 0; -1 out of memory; -2 when its calls are not all of one shape. */
+static int job_build(kv_job *j) {
+  const kv_pending *p = j->calls;
+  for (const kv_pending *q = p; q; q = q->next)
+    if (!shapes_fit(p, q))
+      return -2; /* group_add and the call's checks keep this from happening */
+  if (j->ncalls == 1 && p->call->nentries == 1) {
+    attn__kv_lone_request(j->s, p->call, 0, &p->uses[0], &j->req);
+    return 0;
+  }
+  return batch_build(j);
+}
+
+/* ---- running ---------------------------------------------------------------- */
+
+static void count_batch(attn_kv_store *s, int64_t ncalls) {
+  int b = 0;
+  while (b < ATTN_KV_BATCH_BUCKETS - 1 && ((int64_t)1 << b) < ncalls)
+    b++;
+  s->stats.batch_sizes[b]++;
+  s->stats.batched_calls += (uint64_t)ncalls;
+}
+
+static bool canceled(const kv_pending *p) { return attn_cancel_is_set(p->call->req.cancel); }
+
+/* Sets the job's own cancel once every caller has canceled. */
+static void cancel_check(kv_job *j) {
+  for (const kv_pending *p = j->calls; p; p = p->next)
+    if (!canceled(p))
+      return;
+  attn_cancel_set(&j->cancel);
+}
+
+/* Under the lock: j counts as running, on each of its layers too. */
+static void job_running(attn_kv_store *s, kv_job *j, kv_after *a) {
+  for (kv_pending *p = j->calls; p; p = p->next)
+    for (int64_t e = 0; e < p->call->nentries; e++)
+      p->uses[e].L->jobs++;
+  count_batch(s, j->ncalls);
+  cancel_check(j);
+  j->run_next = s->running;
+  s->running = j;
+  j->next = a->jobs;
+  a->jobs = j;
+}
+
+/* Whether one of p's layers has a job running. */
+static bool busy(const kv_pending *p) {
+  for (int64_t e = 0; e < p->call->nentries; e++)
+    if (p->uses[e].L->jobs > 0)
+      return true;
+  return false;
+}
+
+/* A call whose caller canceled it while it waited: its uses end, and it is
+ * answered with ECANCELED, never computed. */
+static void drop_canceled(attn_kv_store *s, kv_pending *p, kv_after *a) {
+  attn__kv_release(s, p);
+  attn__canceled(&p->st);
+  p->next = a->failed;
+  a->failed = p;
+}
+
+/* Under the lock: the waiting calls none of whose layers has a job now,
+ * as jobs (counted as running) into a. */
+static void take_ready(attn_kv_store *s, kv_after *a) {
+  kv_pending *ready = NULL, **rt = &ready, **pp = &s->pending;
+  while (*pp) {
+    kv_pending *p = *pp;
+    if (busy(p)) {
+      pp = &p->next;
+      continue;
+    }
+    *pp = p->next;
+    p->next = NULL;
+    *rt = p;
+    rt = &p->next;
+  }
+  kv_job *jobs = NULL;
+  while (ready) {
+    kv_pending *p = ready;
+    ready = p->next;
+    p->next = NULL;
+    if (canceled(p))
+      drop_canceled(s, p, a);
+    else if (!group_add(s, &jobs, p))
+      abort(); /* not even a job's few bytes: nothing can go on */
+  }
+  while (jobs) {
+    kv_job *j = jobs;
+    jobs = j->next;
+    job_running(s, j, a);
+  }
+}
+
+void attn__kv_schedule(attn_kv_store *s, kv_pending *p, kv_after *a) {
+  p->next = NULL;
+  if (s->batch && busy(p)) {
+    kv_pending **pp = &s->pending; /* behind the calls waiting already, in order */
+    while (*pp)
+      pp = &(*pp)->next;
+    *pp = p;
+    return;
+  }
+  kv_job *j = job_new(s, p);
+  if (!j)
+    abort(); /* as take_ready */
+  job_running(s, j, a);
+}
+
+static void unlink_running(attn_kv_store *s, kv_job *j) {
+  kv_job **jp = &s->running;
+  while (*jp && *jp != j)
+    jp = &(*jp)->run_next;
+  if (*jp)
+    *jp = j->run_next;
+}
+
+/* The job's calls are done (or failed to start): their uses end, the calls
+ * that waited for its layers start, and each caller gets its result. */
+static void job_end(kv_job *j, const attn_result *res) {
+  attn_kv_store *s = j->s;
+  kv_after a = {0};
+  pthread_mutex_lock(&s->mu);
+  unlink_running(s, j);
+  for (kv_pending *p = j->calls; p; p = p->next) {
+    for (int64_t e = 0; e < p->call->nentries; e++)
+      p->uses[e].L->jobs--;
+    attn__kv_release(s, p);
+  }
+  take_ready(s, &a);
+  attn__kv_retry_parked(s, &a);
+  pthread_mutex_unlock(&s->mu);
+  for (kv_pending *p = j->calls; p; p = p->next) {
+    attn_result mine = *res;
+    mine.flops = p->flops;
+    p->done(&mine, p->arg);
+  }
+  job_free(j);
+  attn__kv_after(s, &a);
+}
+
+/* Any engine thread, once the job's outputs are written. */
+static void job_done(const attn_result *res, void *arg) {
+  kv_job *j = arg;
+  if (res->status.code == 0 && j->gathered)
+    job_scatter(j);
+  job_end(j, res);
+}
+
+/* Builds and submits a job (counted as running already); on failure its
+ * calls end with the error. */
+static void job_start(kv_job *j) {
+  attn_status st;
+  int b = job_build(j), rc;
+  if (b == -1)
+    rc = attn_status_set(&st, ATTN_ENOMEM, "out of memory batching calls");
+  else if (b == -2)
+    rc = attn_status_set(&st, ATTN_ESHAPE,
+                         "the sessions of one job must share heads_kv, head_dim and dtype");
+  else
+    rc = attn_engine_submit(j->s->engine, &j->req, job_done, j, &st);
+  if (rc) {
+    attn_result res = {.status = st};
+    job_end(j, &res);
+  }
+}
+
+/* The calls refused while parked or dropped canceled: answered with their
+ * status, never computed. */
+static void fail_all(kv_pending *p) {
+  while (p) {
+    kv_pending *n = p->next;
+    attn_result res = {.status = p->st};
+    p->done(&res, p->arg);
+    attn__kv_pending_free(p);
+    p = n;
+  }
+}
+
+void attn__kv_after(attn_kv_store *s, kv_after *a) {
+  while (a->jobs || a->land || a->failed) {
+    kv_after now = *a;
+    *a = (kv_after){0};
+    fail_all(now.failed);
+    while (now.land) {
+      kv_pending *p = now.land;
+      now.land = p->next;
+      if (attn__kv_land(s, p, a, &p->st)) {
+        p->next = a->failed;
+        a->failed = p;
+      }
+    }
+    while (now.jobs) {
+      kv_job *j = now.jobs;
+      now.jobs = j->next;
+      job_start(j);
+    }
+  }
+}
+
+/* ---- cancel --------------------------------------------------------------- */
+
+/* Takes the call whose cancel flag is flag out of list; NULL if none. */
+static kv_pending *unlink_call(kv_pending **list, const int *flag) {
+  for (kv_pending **pp = list; *pp; pp = &(*pp)->next)
+    if ((*pp)->call->req.cancel == flag) {
+      kv_pending *p = *pp;
+      *pp = p->next;
+      p->next = NULL;
+      return p;
+    }
+  return NULL;
+}
+
+void attn_kv_cancel(attn_kv_store *s, const int *flag) {
+  if (!s || !flag)
+    return;
+  kv_after a = {0};
+  pthread_mutex_lock(&s->mu);
+  kv_pending *p = unlink_call(&s->pending, flag);
+  if (p) {
+    drop_canceled(s, p, &a);
+    attn__kv_retry_parked(s, &a);
+  } else if ((p = unlink_call(&s->parked, flag))) {
+    attn__canceled(&p->st);
+    p->next = a.failed;
+    a.failed = p;
+    attn__kv_retry_parked(s, &a); /* the calls behind it on its layers */
+  } else {
+    for (kv_job *j = s->running; j; j = j->run_next)
+      cancel_check(j);
+  }
+  pthread_mutex_unlock(&s->mu);
+  attn__kv_after(s, &a);
+}

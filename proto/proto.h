@@ -357,8 +357,10 @@ int64_t attn_proto_session_entries(const attn_proto_session *ps, const attn_requ
                                    const char *id, attn_kv_entry *entries);
 
 /* PUT /v1/sessions/{id}'s body {"heads_kv", "head_dim", "dtype",
- * "max_tokens", "layers"? (1), "ttl_s"? (600, at most ttl_max)} into *sh
- * and *ttl_s; unknown and repeated fields refused. */
+ * "max_tokens", "layers"? (1), "ttl_s"? (600; from 1 to ttl_max)} into *sh
+ * and *ttl_s; unknown and repeated fields refused, another dtype
+ * ATTN_EDTYPE, and a string holding a NUL (\u0000) refused, as in the
+ * truncate's. */
 int attn_proto_session_create_decode(const char *body, size_t len, double ttl_max,
                                      attn_kv_shape *sh, double *ttl_s, attn_status *st);
 /* POST /v1/sessions/{id}/truncate's body {"length": n}. */

@@ -24,8 +24,8 @@ TestSuite(session_input, .fini = teardown, .timeout = 120);
 
 /* A call's status, the reply checked as an error of code when one is
  * given; the body's length is strlen's unless len is set (NULL: none). */
-static long call(const char *method, const char *path, const char *ct, const void *body,
-                 size_t len, long status, const char *code, const char *what) {
+static long call(const char *method, const char *path, const char *ct, const void *body, size_t len,
+                 long status, const char *code, const char *what) {
   const char *h[] = {ct, NULL};
   http_res r;
   long got = http_call(&S, method, path, h, body, len || !body ? len : strlen(body), &r);
@@ -85,8 +85,11 @@ Test(session_input, batch_offsets_that_overflow_are_refused) {
   create("b");
   create("c");
   /* 2^63 - 1 then -2: their difference overflows int64 */
-  const int64_t bad[][4] = {{0, INT64_MAX, -2, 3}, {0, INT64_MIN, 1, 3}, {0, 2, 1, 3},
-                            {0, 1, 2, INT64_MAX}, {5, 1, 2, 3}};
+  const int64_t bad[][4] = {{0, INT64_MAX, -2, 3},
+                            {0, INT64_MIN, 1, 3},
+                            {0, 2, 1, 3},
+                            {0, 1, 2, INT64_MAX},
+                            {5, 1, 2, 3}};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     size_t len;
     unsigned char *b = batch_st(bad[i], &len);
@@ -164,8 +167,8 @@ Test(session_input, a_batch_of_257_sessions_is_refused_422) {
   char *path = malloc(strlen(list) + 64);
   cr_assert(path);
   sprintf(path, "/v1/sessions/_batch?sessions=%s", list);
-  call("POST", path, JSON_CT, "{\"q\": [[1]], \"cu_seqlens_q\": [0, 1]}", 0, 422,
-       "invalid_option", "257 ids (query)");
+  call("POST", path, JSON_CT, "{\"q\": [[1]], \"cu_seqlens_q\": [0, 1]}", 0, 422, "invalid_option",
+       "257 ids (query)");
   free(list);
   free(path);
 }
@@ -173,8 +176,8 @@ Test(session_input, a_batch_of_257_sessions_is_refused_422) {
 Test(session_input, strings_with_a_nul_are_refused) {
   srv_start(&S, "--session-memory", "4M", NULL);
   call("PUT", "/v1/sessions/n1", JSON_CT,
-       "{\"heads_kv\": 1, \"head_dim\": 1, \"dtype\": \"F32\\u0000x\", \"max_tokens\": 16}", 0,
-       422, "invalid_dtype", "a dtype with a NUL");
+       "{\"heads_kv\": 1, \"head_dim\": 1, \"dtype\": \"F32\\u0000x\", \"max_tokens\": 16}", 0, 422,
+       "invalid_dtype", "a dtype with a NUL");
   call("PUT", "/v1/sessions/n1", JSON_CT,
        "{\"heads_kv\": 1, \"head_dim\": 1, \"dtype\": \"F32\", \"max_tokens\": 16, "
        "\"ttl_s\\u0000\": 5}",

@@ -140,12 +140,13 @@ Test(session_entries, create_and_truncate_refusals) {
       /* an escaped backslash then u0000 is no NUL: F32\u0000 is no dtype either */
       {"{\"heads_kv\": 1, \"head_dim\": 1, \"dtype\": \"F32\\\\u0000\", \"max_tokens\": 1}",
        ATTN_EDTYPE},
-      {"{\"heads_kv\": 1, \"head_dim\": 1, \"dtype\": \"F32\", \"max_tokens\": 1, \"ttl_s\": 1}", 0},
+      {"{\"heads_kv\": 1, \"head_dim\": 1, \"dtype\": \"F32\", \"max_tokens\": 1, \"ttl_s\": 1}",
+       0},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
-    cr_expect_eq(attn_proto_session_create_decode(cases[i].body, strlen(cases[i].body), 60, &sh,
-                                                  &ttl, &st),
-                 cases[i].code, "case %zu: %s", i, st.message);
+    cr_expect_eq(
+        attn_proto_session_create_decode(cases[i].body, strlen(cases[i].body), 60, &sh, &ttl, &st),
+        cases[i].code, "case %zu: %s", i, st.message);
   const char *esc = cases[4].body; /* the scan skips an escaped backslash */
   attn_proto_session_create_decode(esc, strlen(esc), 60, &sh, &ttl, &st);
   cr_expect(!strstr(st.message, "NUL"), "%s", st.message);

@@ -88,9 +88,14 @@ static cJSON *parse_object(const char *body, size_t len, const field *names, siz
     attn_status_set(st, ATTN_PROTO_EEMPTY, "the request has no body: send %s", what);
     return NULL;
   }
-  cJSON *root = cJSON_ParseWithLength(body, len);
-  if (!root || !cJSON_IsObject(root)) {
-    attn_status_set(st, ATTN_PROTO_EJSON, "the body is not a JSON object: send %s", what);
+  /* cJSON stops after the first value: what follows must be white space
+   * ({"length": 5} {"length": 9} is no one object) */
+  const char *end = NULL;
+  cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
+  while (root && end < body + len && strchr(" \t\r\n", *end) && *end)
+    end++;
+  if (!root || !cJSON_IsObject(root) || end != body + len) {
+    attn_status_set(st, ATTN_PROTO_EJSON, "the body is not one JSON object: send %s", what);
     cJSON_Delete(root);
     return NULL;
   }

@@ -4,7 +4,8 @@
  * no JSON cap bounds) or decrease, refused 422 invalid_shape as
  * POST /attention refuses them, and the server answering afterwards; a
  * ttl_s too short to outlive its create, 257 ids in a batch, and strings
- * with an embedded NUL, each refused 422 with nothing made.
+ * with an embedded NUL, each refused 422 with nothing made; and a create's
+ * or truncate's bytes after its object refused as malformed JSON.
  */
 #include "harness.h"
 
@@ -197,4 +198,14 @@ Test(session_input, strings_with_a_nul_are_refused) {
        "\"cu_seqlens_q\": [0, 1], \"cu_seqlens_kv\": [0, 1]}",
        0, 422, "invalid_option", "a pos past any integer");
   expect_healthy(&S, "the NULs");
+}
+
+Test(session_input, bytes_after_the_object_are_refused) {
+  srv_start(&S, "--session-memory", "4M", NULL);
+  call("PUT", "/v1/sessions/t", JSON_CT, SHAPE1 "} {\"ttl_s\": 5}", 0, 400, "malformed_json",
+       "a create with a second object after it");
+  call("GET", "/v1/sessions/t", JSON_CT, NULL, 0, 404, "session_not_found", "none was made");
+  call("PUT", "/v1/sessions/t", JSON_CT, SHAPE1 "}\r\n", 0, 201, NULL, "white space after it");
+  call("POST", "/v1/sessions/t/truncate", JSON_CT, "{\"length\": 0} x", 0, 400, "malformed_json",
+       "a truncate with bytes after it");
 }

@@ -153,6 +153,9 @@ Test(session_entries, create_and_truncate_refusals) {
   const char *nul = "{\"length\": 1, \"length\\u0000\": 2}";
   cr_expect_eq(attn_proto_session_truncate_decode(nul, strlen(nul), &n, &st), ATTN_PROTO_EJSON,
                "%s", st.message);
+  const char *two = "{\"length\": 1} {\"length\": 2}";
+  cr_expect_eq(attn_proto_session_truncate_decode(two, strlen(two), &n, &st), ATTN_PROTO_EJSON,
+               "%s", st.message);
   nul = "{\"length\\u0000x\": 2}";
   cr_expect_eq(attn_proto_session_truncate_decode(nul, strlen(nul), &n, &st), ATTN_PROTO_EOPTION,
                "%s", st.message);

@@ -346,9 +346,21 @@ typedef struct attn_proto_session {
 
 void attn_proto_session_init(attn_proto_session *ps, bool batch);
 
+/* The store's entries of a call decoded with ps (req its request, as either
+ * decoder left it; id the route's session, unused by a batch): one for a
+ * session's route, one a session of ps->ids for the batch, each with its
+ * pos and its rows of the new k and v (none without them). The decoders
+ * checked the batch's offsets (ATTN_ESHAPE otherwise), so this is only
+ * arithmetic that cannot overflow. entries holds ATTN_PROTO_MAX_BATCH; the
+ * ids point into ps and id. Returns the count. */
+int64_t attn_proto_session_entries(const attn_proto_session *ps, const attn_request *req,
+                                   const char *id, attn_kv_entry *entries);
+
 /* PUT /v1/sessions/{id}'s body {"heads_kv", "head_dim", "dtype",
- * "max_tokens", "layers"? (1), "ttl_s"? (600, at most ttl_max)} into *sh
- * and *ttl_s; unknown and repeated fields refused. */
+ * "max_tokens", "layers"? (1), "ttl_s"? (600; from 1 to ttl_max)} into *sh
+ * and *ttl_s; unknown and repeated fields refused, another dtype
+ * ATTN_EDTYPE, and a string holding a NUL (\u0000) refused, as in the
+ * truncate's. */
 int attn_proto_session_create_decode(const char *body, size_t len, double ttl_max,
                                      attn_kv_shape *sh, double *ttl_s, attn_status *st);
 /* POST /v1/sessions/{id}/truncate's body {"length": n}. */

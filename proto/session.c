@@ -9,6 +9,7 @@
 #include "proto.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,17 +49,25 @@ static int bad_value(const char *name, const char *source, const char *want, att
                          want);
 }
 
+/* A list of more than ATTN_PROTO_MAX_BATCH items: a value out of range
+ * (422, as the other limits of a call's fields), not a body too large. */
+static int too_many(const char *name, attn_status *st) {
+  return attn_status_set(st, ATTN_PROTO_EOPTVALUE,
+                         "\"%s\" holds more than %d items: a batch call names at most %d sessions "
+                         "(split it into several calls)",
+                         name, ATTN_PROTO_MAX_BATCH, ATTN_PROTO_MAX_BATCH);
+}
+
 /* Each comma-separated item of v[0..n) to fn; the items counted in *count. */
-static int each_item(const char *v, size_t n, int cap, int *count,
+static int each_item(const char *name, const char *v, size_t n, int *count,
                      int (*fn)(attn_proto_session *, int, const char *, size_t, attn_status *),
                      attn_proto_session *ps, attn_status *st) {
   *count = 0;
   for (size_t at = 0; at <= n;) {
     const char *comma = memchr(v + at, ',', n - at);
     size_t len = comma ? (size_t)(comma - (v + at)) : n - at;
-    if (*count == cap)
-      return attn_status_set(st, ATTN_PROTO_ETOOLARGE, "a batch call names at most %d sessions",
-                             ATTN_PROTO_MAX_BATCH);
+    if (*count == ATTN_PROTO_MAX_BATCH)
+      return too_many(name, st);
     int rc = fn(ps, (*count)++, v + at, len, st);
     if (rc)
       return rc;
@@ -88,18 +97,21 @@ int attn__session_field(attn_proto_session *ps, const char *name, size_t nlen, c
                ? 0
                : bad_value("layer", source, "an integer from 0 to 1023", st);
   if (name_is(name, nlen, "sessions"))
-    return each_item(value, vlen, ATTN_PROTO_MAX_BATCH, &ps->nids, set_id, ps, st);
+    return each_item("sessions", value, vlen, &ps->nids, set_id, ps, st);
   if (!ps->batch && memchr(value, ',', vlen))
     return bad_value("pos", source, "one integer >= 0 (a list is for /v1/sessions/_batch)", st);
-  return each_item(value, vlen, ATTN_PROTO_MAX_BATCH, &ps->npos, set_pos, ps, st);
+  return each_item("pos", value, vlen, &ps->npos, set_pos, ps, st);
 }
 
 /* One JSON scalar of a list: a number's text (integers print exactly) or a
- * string's, into buf; its length, or 0 for another type. */
+ * string's, into buf; its length, or 0 for another type. A number past
+ * 2^53 is no count either way; it is never cast (1e300 does not fit a long
+ * long) but printed as it is, for parse_count to refuse. */
 static size_t scalar_text(attn__jr *v, char *buf, size_t cap) {
   if (attn__jr_is_number(v)) {
     double x = attn__jr_number(v);
-    return (size_t)snprintf(buf, cap, x == (double)(long long)x ? "%.0f" : "%.17g", x);
+    bool whole = fabs(x) <= 9007199254740992.0 && x == floor(x);
+    return (size_t)snprintf(buf, cap, whole ? "%.0f" : "%.17g", x);
   }
   if (v->s[v->pos] == '"') {
     size_t n = attn__jr_string(v, buf, cap);
@@ -133,8 +145,7 @@ int attn__session_json(attn_proto_session *ps, const char *name, size_t nlen, at
     if (!ok || n == 0)
       return bad_value(key, "JSON body", want, st);
     if (*count == ATTN_PROTO_MAX_BATCH)
-      return attn_status_set(st, ATTN_PROTO_ETOOLARGE, "a batch call names at most %d sessions",
-                             ATTN_PROTO_MAX_BATCH);
+      return too_many(key, st);
     int rc = ids ? set_id(ps, *count, item, n, st) : set_pos(ps, *count, item, n, st);
     if (rc)
       return rc;
@@ -210,6 +221,46 @@ static int check_fields(const attn_proto_session *ps, const attn_proto_tensor *t
   return 0;
 }
 
+/* One of a batch's offsets, cu[0..n] over total rows: POST /attention's
+ * checks and words (start at 0, never decrease, end at the rows sent;
+ * ATTN_ESHAPE, invalid_shape), made here because the entries are cut from
+ * them (attn_proto_session_entries) before the engine sees the call, and a
+ * safetensors I64 offset may be anything: 2^63 - 1 minus -2 overflows. */
+static int check_cu(const char *name, const int64_t *cu, int64_t n, int64_t total, const char *rows,
+                    attn_status *st) {
+  if (cu[0] != 0)
+    return attn_status_set(st, ATTN_ESHAPE, "%s[0] is %lld; the offsets must start at 0", name,
+                           (long long)cu[0]);
+  for (int64_t b = 1; b <= n; b++)
+    if (cu[b] < cu[b - 1])
+      return attn_status_set(st, ATTN_ESHAPE,
+                             "%s[%lld] = %lld is below %s[%lld] = %lld; the offsets must not "
+                             "decrease",
+                             name, (long long)b, (long long)cu[b], name, (long long)(b - 1),
+                             (long long)cu[b - 1]);
+  if (cu[n] != total)
+    return attn_status_set(st, ATTN_ESHAPE,
+                           "%s[%lld] = %lld but %s %lld; the last offset must equal the total "
+                           "length",
+                           name, (long long)n, (long long)cu[n], rows, (long long)total);
+  return 0;
+}
+
+/* A batch's cu_seqlens_q over q's rows, and cu_seqlens_kv over k's (their
+ * counts checked by check_fields). */
+static int check_offsets(const attn_proto_session *ps, const attn_proto_tensor *t,
+                         attn_status *st) {
+  if (!ps->batch)
+    return 0;
+  int64_t d[4];
+  attn__bhnd(&t[ATTN_PROTO_T_Q], d);
+  int rc = check_cu("cu_seqlens_q", t[ATTN_PROTO_T_CU_Q].data, ps->nids, d[2], "q has", st);
+  if (rc || !t[ATTN_PROTO_T_K].data)
+    return rc;
+  attn__bhnd(&t[ATTN_PROTO_T_K], d);
+  return check_cu("cu_seqlens_kv", t[ATTN_PROTO_T_CU_KV].data, ps->nids, d[2], "k and v have", st);
+}
+
 static int check_options(const attn_options *o, attn_status *st) {
   if (o->set & ATTN_OPT_DIAG_OFFSET)
     return attn_status_set(st, ATTN_PROTO_EOPTVALUE,
@@ -226,7 +277,8 @@ int attn__build_session(attn_proto_req *pr, const attn_proto_tensor *t, const at
                         attn_status *st) {
   int rc;
   if ((rc = check_tensors(t, st)) || (rc = check_fields(opts->session, t, st)) ||
-      (rc = check_options(opts, st)) || (rc = attn__check_alibi(&t[ATTN_PROTO_T_ALIBI], t, st)))
+      (rc = check_offsets(opts->session, t, st)) || (rc = check_options(opts, st)) ||
+      (rc = attn__check_alibi(&t[ATTN_PROTO_T_ALIBI], t, st)))
     return rc;
   int64_t q[4], k[4] = {0, 0, 0, 0};
   attn__bhnd(&t[ATTN_PROTO_T_Q], q);
@@ -260,4 +312,20 @@ int attn__build_session(attn_proto_req *pr, const attn_proto_tensor *t, const at
   r->cu_seqlens_q = t[ATTN_PROTO_T_CU_Q].data;
   r->cu_seqlens_kv = t[ATTN_PROTO_T_CU_KV].data;
   return attn__alloc_outputs(pr, st);
+}
+
+int64_t attn_proto_session_entries(const attn_proto_session *ps, const attn_request *req,
+                                   const char *id, attn_kv_entry *entries) {
+  const int64_t n = ps->batch ? ps->nids : 1;
+  const int64_t *cu = req->cu_seqlens_kv;
+  for (int64_t e = 0; e < n; e++) {
+    attn_kv_entry *en = &entries[e];
+    *en = (attn_kv_entry){.id = ps->batch ? ps->ids[e] : id};
+    if (!req->k)
+      continue;
+    en->pos = ps->pos[e];
+    en->kv_off = ps->batch ? cu[e] : 0;
+    en->n_new = ps->batch ? cu[e + 1] - cu[e] : req->seq_kv;
+  }
+  return n;
 }

@@ -9,6 +9,12 @@
 #include <stdio.h>
 #include <string.h>
 
+#define DTYPE_WANT "\"dtype\" must be \"F32\", \"F16\" or \"BF16\""
+/* ttl_s at least a second, as --session-ttl-max is: a shorter one would
+ * end before the session's next call (or its create's reply, the sweep
+ * running every tenth of a second). */
+#define TTL_MIN 1.0
+
 typedef struct field {
   const char *name;
   bool required;
@@ -18,6 +24,63 @@ static const field create_fields[] = {{"heads_kv", true},   {"head_dim", true}, 
                                       {"max_tokens", true}, {"layers", false},  {"ttl_s", false}};
 #define NCREATE (sizeof create_fields / sizeof *create_fields)
 
+/* Whether the JSON string opening at s[i] holds a NUL, raw or escaped
+ * (\u0000); *end gets the index past it. cJSON keeps such a string cut at
+ * the NUL: "F32\u0000x" would read as "F32", "ttl_s\u0000x" as ttl_s. */
+static bool string_has_nul(const char *s, size_t n, size_t i, size_t *end) {
+  bool nul = false;
+  for (i++; i < n && s[i] != '"'; i++) {
+    if (s[i] == 0)
+      nul = true;
+    else if (s[i] == '\\' && i + 1 < n)
+      nul |= s[++i] == 'u' && i + 4 < n && !memcmp(s + i + 1, "0000", 4);
+  }
+  *end = i + 1;
+  return nul;
+}
+
+/* The first string of body that holds a NUL: 0 when none, else 1 for a
+ * member's name and 2 for a value, then with the name of the member it is
+ * the value of (as written, up to cap - 1 bytes) in key. */
+static int nul_string(const char *body, size_t len, char *key, size_t cap) {
+  key[0] = 0;
+  for (size_t i = 0, end; i < len; i++) {
+    if (body[i] != '"')
+      continue;
+    bool nul = string_has_nul(body, len, i, &end);
+    size_t j = end;
+    while (j < len && strchr(" \t\r\n", body[j]) && body[j])
+      j++;
+    bool is_key = j < len && body[j] == ':';
+    if (nul)
+      return is_key ? 1 : 2;
+    if (is_key)
+      snprintf(key, cap, "%.*s", (int)(end - i - 2 < cap ? end - i - 2 : cap - 1), body + i + 1);
+    i = end - 1;
+  }
+  return 0;
+}
+
+/* A body none of whose strings holds a NUL; 0, or st: a name with one is
+ * no field's (EOPTION), a dtype with one no dtype (ATTN_EDTYPE, as
+ * create_fields_of refuses the others), another value out of range. */
+static int check_nul(const char *body, size_t len, const char *what, attn_status *st) {
+  char key[16];
+  int where = nul_string(body, len, key, sizeof key);
+  if (where == 0)
+    return 0;
+  if (where == 1)
+    return attn_status_set(st, ATTN_PROTO_EOPTION,
+                           "a field name holds a NUL (\\u0000), which no field's does: send %s",
+                           what);
+  if (!strcmp(key, "dtype"))
+    return attn_status_set(st, ATTN_EDTYPE, "\"dtype\" holds a NUL (\\u0000): %s", DTYPE_WANT);
+  return attn_status_set(st, ATTN_PROTO_EOPTVALUE,
+                         "a string in the body holds a NUL (\\u0000), which no field takes: "
+                         "send %s",
+                         what);
+}
+
 /* The object of body, each member one of names; NULL with st set. */
 static cJSON *parse_object(const char *body, size_t len, const field *names, size_t n,
                            const char *what, attn_status *st) {
@@ -25,9 +88,14 @@ static cJSON *parse_object(const char *body, size_t len, const field *names, siz
     attn_status_set(st, ATTN_PROTO_EEMPTY, "the request has no body: send %s", what);
     return NULL;
   }
-  cJSON *root = cJSON_ParseWithLength(body, len);
-  if (!root || !cJSON_IsObject(root)) {
-    attn_status_set(st, ATTN_PROTO_EJSON, "the body is not a JSON object: send %s", what);
+  /* cJSON stops after the first value: what follows must be white space
+   * ({"length": 5} {"length": 9} is no one object) */
+  const char *end = NULL;
+  cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
+  while (root && end < body + len && strchr(" \t\r\n", *end) && *end)
+    end++;
+  if (!root || !cJSON_IsObject(root) || end != body + len) {
+    attn_status_set(st, ATTN_PROTO_EJSON, "the body is not one JSON object: send %s", what);
     cJSON_Delete(root);
     return NULL;
   }
@@ -46,6 +114,10 @@ static cJSON *parse_object(const char *body, size_t len, const field *names, siz
       cJSON_Delete(root);
       return NULL;
     }
+  }
+  if (check_nul(body, len, what, st)) {
+    cJSON_Delete(root);
+    return NULL;
   }
   for (size_t i = 0; i < n; i++)
     if (names[i].required && !cJSON_GetObjectItemCaseSensitive(root, names[i].name)) {
@@ -86,15 +158,14 @@ static int create_fields_of(const cJSON *root, attn_kv_shape *sh, double ttl_max
     return rc;
   const cJSON *dt = cJSON_GetObjectItemCaseSensitive(root, "dtype");
   if (!cJSON_IsString(dt) || attn_dtype_parse(dt->valuestring, &sh->dtype))
-    return attn_status_set(st, ATTN_PROTO_EOPTVALUE,
-                           "\"dtype\" must be \"F32\", \"F16\" or \"BF16\"");
+    return attn_status_set(st, ATTN_EDTYPE, "%s", DTYPE_WANT);
   const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "ttl_s");
   *ttl = 600;
-  if (t && !(cJSON_IsNumber(t) && t->valuedouble > 0 && t->valuedouble <= ttl_max))
+  if (t && !(cJSON_IsNumber(t) && t->valuedouble >= TTL_MIN && t->valuedouble <= ttl_max))
     return attn_status_set(st, ATTN_PROTO_EOPTVALUE,
-                           "\"ttl_s\" must be a number of seconds above 0 and at most %g "
+                           "\"ttl_s\" must be a number of seconds from %g to %g "
                            "(--session-ttl-max)",
-                           ttl_max);
+                           TTL_MIN, ttl_max);
   if (t)
     *ttl = t->valuedouble;
   else if (*ttl > ttl_max)

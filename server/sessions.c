@@ -158,29 +158,12 @@ int attnd_sessions_prepare(attnd_req *r, attn_options *query, attn_status *st) {
   return batch ? 0 : id_of(r->path, ss->id, st);
 }
 
-/* The call's entries from the decoded body: one for a session's route, one
- * a session (with its rows of k and v) for the batch. */
-static void fill_entries(attnd_sess *ss, const attn_request *req) {
-  const attn_proto_session *ps = &ss->ps;
-  attn_kv_call *c = &ss->call;
-  c->nentries = ps->batch ? ps->nids : 1;
-  for (int64_t e = 0; e < c->nentries; e++) {
-    attn_kv_entry *en = &ss->entries[e];
-    *en = (attn_kv_entry){.id = ps->batch ? ps->ids[e] : ss->id};
-    if (!req->k)
-      continue;
-    en->pos = ps->pos[e];
-    en->kv_off = ps->batch ? req->cu_seqlens_kv[e] : 0;
-    en->n_new = ps->batch ? req->cu_seqlens_kv[e + 1] - req->cu_seqlens_kv[e] : req->seq_kv;
-  }
-}
-
 int attnd_sessions_submit(attnd_req *r, attn_done_fn done, attn_status *st) {
   attnd_sess *ss = r->sess;
   attn_kv_call *c = &ss->call;
   const attn_request *req = &r->pr.req;
   *c = (attn_kv_call){.tenant = r->tenant, .layer = ss->ps.layer, .entries = ss->entries};
-  fill_entries(ss, req);
+  c->nentries = attn_proto_session_entries(&ss->ps, req, ss->id, ss->entries);
   c->k_new = req->k;
   c->v_new = req->v;
   c->total_new = req->k ? req->seq_kv : 0;

@@ -184,7 +184,7 @@ Test(sessions, refusals_and_their_statuses) {
   expect_call("PUT", "/v1/sessions/brief",
               "{\"heads_kv\": 1, \"head_dim\": 4, \"dtype\": \"F32\", \"max_tokens\": 4, "
               "\"ttl_s\": 1e-9}",
-              201, NULL, "a ttl_s shorter than the reply");
+              422, "invalid_option", "a ttl_s under a second");
   expect_call("PUT", "/v1/sessions/a",
               "{\"heads_kv\": 2, \"head_dim\": 4, \"dtype\": \"F32\", \"max_tokens\": 4}", 409,
               "session_exists", "other parameters");

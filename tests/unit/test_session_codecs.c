@@ -179,8 +179,8 @@ Test(session_codecs, create_truncate_and_info) {
       "{\"heads_kv\": 8}",
       "[1]",
       ""};
-  const int codes[] = {ATTN_PROTO_EOPTVALUE, ATTN_PROTO_EOPTVALUE, ATTN_PROTO_EOPTVALUE,
-                       ATTN_PROTO_EOPTION,   ATTN_PROTO_EJSON,     ATTN_PROTO_EOPTVALUE,
+  const int codes[] = {ATTN_PROTO_EOPTVALUE, ATTN_EDTYPE,      ATTN_PROTO_EOPTVALUE,
+                       ATTN_PROTO_EOPTION,   ATTN_PROTO_EJSON, ATTN_PROTO_EOPTVALUE,
                        ATTN_PROTO_EJSON,     ATTN_PROTO_EEMPTY};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
     cr_expect_eq(attn_proto_session_create_decode(bad[i], strlen(bad[i]), 60, &sh, &ttl, &st),

@@ -111,6 +111,7 @@ void *attnd_http_on_target(void *cls, const char *uri, struct MHD_Connection *co
   attnd_copy_str(r->path, sizeof r->path, uri);
   r->target = uri;
   r->target_end = uri + strlen(uri);
+  r->path_escaped = memchr(uri, '%', strcspn(uri, "?")) != NULL;
   r->bad_target = attnd_parse_target(uri, &r->bad_target_code);
   char *q = strchr(uri, '?');
   if (r->bad_target && q)
@@ -327,6 +328,8 @@ static enum MHD_Result first_call(attnd_req *r, const char *url, const char *met
     return post ? attnd_reply_queue(r) : MHD_YES;
   if (!r->route) {
     attnd_route_not_found(r);
+  } else if (attnd_route_escaped(r)) {
+    /* r has its 422 */
   } else if (!attnd_route_allows(r->route, method)) {
     attnd_route_not_allowed(r);
   } else if (r->route->answer && !attnd_route_body_first(r->route, method)) {

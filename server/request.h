@@ -53,6 +53,7 @@ typedef struct attnd_req {
   const char *bad_target;           /* why the request target is refused, or NULL */
   int bad_target_code;              /* its error: 414 too long, 400 malformed */
   const char *target, *target_end;  /* where libmicrohttpd holds the target, its string end */
+  bool path_escaped;                /* the target's path, as sent, held a '%' */
   const char *host;                 /* its Host header, or NULL (valid until it ends) */
   bool close;                       /* its reply ends the connection (a refused head) */
   const struct attnd_route *route;  /* its row of the route table (routes.h), or NULL */

@@ -312,3 +312,15 @@ void attnd_route_not_found(attnd_req *r) {
   snprintf(msg, sizeof msg, "no such path \"%s\" (try %s)", path, list);
   attnd_req_fail(r, ATTND_ENOT_FOUND, msg);
 }
+
+#define ESCAPED                                                                          \
+  "session ids are plain characters (A-Z a-z 0-9 . _ -) and a session path must not be " \
+  "percent-encoded: write /v1/sessions/ID and the routes below it without %XX escapes"
+
+bool attnd_route_escaped(attnd_req *r) {
+  const char *p = r->route ? r->route->pattern : NULL;
+  if (!r->path_escaped || !p || strncmp(p, "/v1/sessions", strlen("/v1/sessions")))
+    return false;
+  attnd_req_fail(r, ATTN_EINVAL, ESCAPED);
+  return true;
+}

@@ -49,4 +49,10 @@ const char *attnd_route_allow(const attnd_route *route);
 void attnd_route_not_found(attnd_req *r);
 void attnd_route_not_allowed(attnd_req *r);
 
+/* Whether r is a call of a session route whose path was sent with a '%':
+ * then r has its 422. Ids are plain characters, and a proxy in front
+ * routes by the path as sent: decoded, one id would have two spellings
+ * ("dup%2D1", "dup-1") and "%5Fbatch" would pass for "_batch". */
+bool attnd_route_escaped(attnd_req *r);
+
 #endif

@@ -339,16 +339,23 @@ Test(cuda_backend, a_faulting_stream_fails_its_job_without_hanging, .init = rese
 
 /* The cancel flag: on one stream, job B waits for job A's slot; A's
  * completion callback cancels B, which is then never staged and ends once
- * with ECANCELED, its memory given back. */
+ * with ECANCELED, its memory given back. Ordering, not timing: A's
+ * callback waits until the test has queued B (A may end before that on a
+ * fast machine, and B would then be refused at its submit instead). */
 typedef struct cancel_outcome {
   int calls;
   attn_result res;
   int *cancel_other;
+  int *submitted; /* the other job is queued; the callback waits for it */
 } cancel_outcome;
 
 static void cancel_done(const attn_result *res, void *arg) {
   cancel_outcome *o = arg;
   o->res = *res;
+  const struct timespec ms = {0, 1000000};
+  for (int i = 0; o->submitted && i < 20000 && !__atomic_load_n(o->submitted, __ATOMIC_SEQ_CST);
+       i++)
+    nanosleep(&ms, NULL);
   if (o->cancel_other)
     attn_cancel_set(o->cancel_other);
   __atomic_add_fetch(&o->calls, 1, __ATOMIC_SEQ_CST);
@@ -363,10 +370,12 @@ Test(cuda_backend, a_canceled_job_is_never_staged, .init = reset, .timeout = 30)
   int flag = 0;
   b.req.cancel = &flag;
   a.req.backend = b.req.backend = "cuda";
-  cancel_outcome oa = {.cancel_other = &flag}, ob = {0};
+  int b_queued = 0;
+  cancel_outcome oa = {.cancel_other = &flag, .submitted = &b_queued}, ob = {0};
   attn_status st;
   cr_assert_eq(attn_engine_submit(e, &a.req, cancel_done, &oa, &st), 0, "%s", st.message);
   cr_assert_eq(attn_engine_submit(e, &b.req, cancel_done, &ob, &st), 0, "%s", st.message);
+  __atomic_store_n(&b_queued, 1, __ATOMIC_SEQ_CST);
   attn_engine_close(e);
   cr_expect_eq(oa.calls, 1);
   cr_expect_eq(oa.res.status.code, 0, "job A: %s", oa.res.status.message);

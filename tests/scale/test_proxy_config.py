@@ -58,6 +58,59 @@ def test_bad_arguments_are_refused(args, says):
     assert r.stdout == "", "half a configuration printed: %r" % r.stdout[:200]
 
 
+# Values that would write more into the configuration than they say: '#' comments out the
+# rest of a line (a server's id, port and health check), a blank starts another word (a
+# socket's "mode 666 level admin"), a newline another line.
+@pytest.mark.parametrize("args, says", [
+    (("--listen", ":80", "a#b:1"), "the host may hold only"),
+    (("--listen", ":80", "x=h#1:1"), "the host may hold only"),
+    (("--listen", ":80", "h'x:1"), "the host may hold only"),
+    (("--listen", ":80", "[::1#]:1"), "is not an IPv6 address"),
+    (("--listen", ":80", "a:0"), "not 1 to 65535"),
+    (("--listen", ":80", "a:65536"), "not 1 to 65535"),
+    (("--listen", ":80", "a:1#"), "the port is not a number"),
+    (("--listen", ":80", "--", "a:1 b:2"), "no blanks"),
+    (("--listen", ":80", "--", "a:1", "b:2 #"), "no blanks"),
+    (("--listen", ":80", "--", "a:1\nserver evil 10.0.0.9:80"), "control character"),
+    (("--listen", ":80", "a:1\tb:2"), "control character"),
+    (("--listen", ":80", "--stats-socket", "/p mode 666 level admin #", "a:1"),
+     "--stats-socket"),
+    (("--listen", ":80", "--stats-socket", "/tmp/s#", "a:1"), "--stats-socket"),
+    (("--listen", ":80", "--stats-socket", '/tmp/"s"', "a:1"), "--stats-socket"),
+    (("--listen", ":80", "--stats-socket", "/tmp/$HOME", "a:1"), "--stats-socket"),
+    (("--listen", ":80", "--stats-socket", "ipv4@0.0.0.0:9999", "a:1"), "absolute path"),
+    (("--listen", ":80", "--stats-socket", "/tmp/s,ipv4@0.0.0.0:9999", "a:1"), "--stats-socket"),
+    (("--listen", ":80", "--stats-socket", "s.sock", "a:1"), "absolute path"),
+    (("--listen", ":80 #", "a:1"), "the port is not a number"),
+    (("--listen", "0.0.0.0:80 ssl crt /x", "a:1"), "the port is not a number"),
+    (("--listen", "a b:80", "a:1"), "the host may hold only"),
+    (("--listen", ":80\nlisten evil", "a:1"), "control character"),
+    (("--listen", ":0", "a:1"), "not 1 to 65535"),
+    (("--listen", ":80", "--resolvers", "10.0.0.1:53 #", "a:1"), "the port is not a number"),
+    (("--listen", ":80", "--resolvers", "resolv.conf\n    nameserver x 1.2.3.4:53", "a:1"),
+     "control character"),
+    (("--listen", ":80", "--resolvers", "ns#1:53", "a:1"), "the host may hold only"),
+    (("--listen", ":80", "--resolvers", "10.0.0.1", "a:1"), "is not HOST:PORT"),
+    (("--listen", ":80", "--api-key-file", "/tmp/k\nglobal", "a:1"), "control character"),
+    (("--listen", ":80", "--timeout", "99999999999", "a:1"), "1 to 999999999"),
+])
+def test_hostile_values_are_refused(args, says):
+    r = proxy_config(*args)
+    assert r.returncode == 2 and says in r.stderr, (args, r.returncode, r.stderr)
+    assert r.stdout == "", "half a configuration printed: %r" % r.stdout[:200]
+
+
+@pytest.mark.parametrize("listen, replica", [
+    (":8080", "a=10.0.0.1:8080"), ("*:8080", "a.b-c_d:1"), ("[::]:8080", "[::1]:65535"),
+    ("127.0.0.1:8080", "x=[fe80::1]:80"),
+])
+def test_plain_values_pass(listen, replica):
+    r = proxy_config("--listen", listen, "--stats-socket", "/run/haproxy/admin.sock",
+                     "--resolvers", "10.0.0.1:53", replica)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert "    bind %s\n" % listen in r.stdout
+
+
 def test_help_and_the_command_it_was_printed_by():
     r = proxy_config("--help")
     assert r.returncode == 0 and "--listen HOST:PORT" in r.stdout and "not_routable" in r.stdout

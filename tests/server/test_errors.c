@@ -250,7 +250,7 @@ Test(errors, chunked_body_over_max_body) {
       break;
   raw_sends(fd, "0\r\n\r\n");
   http_res r;
-  int st = raw_response(fd, 5000, &r);
+  int st = raw_response(fd, 30000, &r);
   cr_expect_eq(st, 413, "chunked 8 KiB under --max-body 1K: status %d (%s)", st, r.error);
   if (st > 0)
     expect_error(&r, 413, "too_large", "chunked body over --max-body");
@@ -294,9 +294,10 @@ Test(errors, garbage_http_does_not_hurt) {
     cr_assert(fd >= 0);
     raw_sends(fd, junk[i]);
     http_res r;
-    int st = raw_response(fd, 3000, &r);
+    /* a bound only a hang reaches, however loaded the machine */
+    int st = raw_response(fd, 30000, &r);
     /* A 4xx (505 for the version) or a closed connection; never a hang. */
-    cr_expect(st == -1 ? strcmp(r.error, "timeout after 3000 ms") != 0
+    cr_expect(st == -1 ? strcmp(r.error, "timeout after 30000 ms") != 0
                        : (st >= 400 && st < 500) || st == 505,
               "junk %zu: status %d (%s)", i, st, r.error);
     http_res_free(&r);

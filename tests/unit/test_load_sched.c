@@ -179,15 +179,16 @@ Test(load_sched, connection_close_reconnects, .fini = finish) {
   cr_expect_eq(L->npool, 2, "the same two connections, reconnected");
 }
 
-Test(load_sched, nobody_listening_stops_the_run, .fini = finish) {
+/* An hour's run: only stopping at the refusal ends it within the test's
+ * timeout (no duration is measured: the machine may be loaded). */
+Test(load_sched, nobody_listening_stops_the_run, .fini = finish, .timeout = 120) {
   setup(200, false, 0, 2);
   srv_stop(&S); /* the port is free again, and refuses */
   S.fd = -1;
-  L->duration = 5;
+  L->duration = 3600;
   run();
   cr_expect(L->no_connect);
   cr_expect_neq(L->connect_err, 0);
   cr_expect_eq(L->n.answered, 0);
   cr_expect_eq(L->n.terr[ATTN_TERR_CONNECT], 2, "both connections' requests");
-  cr_expect_lt((double)(L->t_end - L->t0) * 1e-9, 4.0, "stopped at once, not at the duration");
 }

@@ -46,6 +46,7 @@ typedef struct kv_session {
 #define KV_BUCKETS 4096
 
 typedef struct kv_pending kv_pending;
+typedef struct kv_tenant kv_tenant;
 
 struct attn_kv_store {
   attn_engine *engine;
@@ -58,6 +59,8 @@ struct attn_kv_store {
   int64_t jobs_running; /* jobs submitted and not completed */
   kv_pending *pending;  /* applied calls waiting for the running jobs (batching) */
   attn_kv_stats stats;  /* the counters; sessions and bytes are filled when read */
+  kv_tenant *tenants;   /* pages each tenant's sessions reserve (kvquota.c) */
+  int64_t tenant_cap;   /* pages one tenant may reserve; 0: no cap */
 };
 
 /* Pages on a device pad each row to a multiple of this many elements, as
@@ -91,5 +94,16 @@ int attn__kv_get(const attn_kv_store *s, const kv_session *ks, const kv_layer *L
                  int64_t j, int64_t n, void *dst, attn_status *st);
 /* A reader of ks ended: frees a dead session once its last reader has. */
 void attn__kv_reader_done(attn_kv_store *s, kv_session *ks, kv_layer *L);
+
+/* Per-tenant reservations (kvquota.c): the pages tenant's sessions
+ * reserve; adds pages (negative: takes them) to its count, -1 when out of
+ * memory; frees the counts. */
+int64_t attn__kv_tenant_pages(attn_kv_store *s, const char *tenant);
+int attn__kv_tenant_add(attn_kv_store *s, const char *tenant, int64_t pages);
+void attn__kv_tenants_free(attn_kv_store *s);
+/* Whether need more pages keep tenant within the store's cap; the refusal
+ * (ESESSION_MEMORY with the numbers, counted) when not. */
+bool attn__kv_tenant_fits(attn_kv_store *s, const char *tenant, int64_t need);
+int attn__kv_tenant_refuse(attn_kv_store *s, const char *tenant, int64_t need, attn_status *st);
 
 #endif

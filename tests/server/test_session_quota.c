@@ -91,13 +91,20 @@ static char *metrics_as(const char *const *h) {
   return body;
 }
 
-/* Under two keys and the default, alice's creates stop at half the pool
- * (8 of 16) with a 507 that gives the numbers; bob still creates, up to his
+/* Under two keys and the default, one create of more than half the pool
+ * is refused, and alice's small creates stop at half (8 of 16) with a 507
+ * that gives the numbers; bob still creates, up to his
  * own half; a delete of alice's makes room for one more of hers. */
 Test(session_quota, one_key_cannot_lock_the_other_out) {
   srv_start(&S, "--api-key-file", key_file(), "--session-memory", "2M", NULL);
-  cr_expect_eq(fill(HA, "a", 40), 8, "alice stops at half of the pool");
+  /* one large create first: 9 pages of K and 9 of V, more than half */
+  const char *large = "{\"heads_kv\": 1, \"head_dim\": 2, \"dtype\": \"F32\", "
+                      "\"max_tokens\": 73728}";
   http_res r;
+  http_call(&S, "PUT", "/v1/sessions/large", HA, large, strlen(large), &r);
+  cr_expect(expect_error(&r, 507, "session_memory_full", "one create past the share"));
+  http_res_free(&r);
+  cr_expect_eq(fill(HA, "a", 40), 8, "alice stops at half of the pool");
   create(HA, "a", 99, &r);
   cr_expect(expect_error(&r, 507, "session_memory_full", "past the share"));
   cr_expect(strstr(r.body, "--session-memory-per-key") && strstr(r.body, "131072") &&

@@ -106,7 +106,7 @@ ENGINE_SRC = engine/submit.c engine/varlen.c engine/handle.c engine/backend.c en
              engine/reference_backend.c engine/cpu/cpu.c engine/cpu/cpu_bwd.c engine/cpu/scan.c \
              engine/cpu/selfcheck.c engine/cuda/select.c engine/cuda/hopper_select.c \
              engine/kvpages.c engine/kvstore.c engine/kvcall.c engine/kvjob.c engine/kvid.c \
-             engine/kvfile.c
+             engine/kvfile.c engine/kvquota.c
 ENGINE_OBJ = $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
 
 # ---- the wire formats (proto/) ---------------------------------------------

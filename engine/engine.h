@@ -534,8 +534,10 @@ typedef struct attn_kv_stats {
   /* Engine jobs the store ran, by the calls each computed: at most 1, 2,
    * 4, ..., 64, then more (a histogram's buckets, not cumulative). */
   uint64_t batch_sizes[ATTN_KV_BATCH_BUCKETS];
-  uint64_t batched_calls; /* calls over all those jobs */
-  int64_t waiting;        /* calls held in the store for a layer's job, readers or write */
+  uint64_t batched_calls;      /* calls over all those jobs */
+  int64_t waiting;             /* calls held in the store for a layer's job, readers or write */
+  uint64_t tenant_cap_bytes;   /* attn_kv_set_tenant_cap's, in whole pages; 0: none */
+  uint64_t tenant_cap_refused; /* creates refused for it */
 } attn_kv_stats;
 
 /* Checks an id against the contract: 1-128 of [A-Za-z0-9._-], not starting
@@ -582,6 +584,15 @@ int64_t attn_kv_list(attn_kv_store *s, const char *tenant, double now,
 /* Drops the sessions whose TTL passed; returns how many. */
 int64_t attn_kv_expire(attn_kv_store *s, double now);
 void attn_kv_stats_get(attn_kv_store *s, attn_kv_stats *out);
+/* The most bytes (whole pages, rounded down, at least one; 0: no cap, the
+ * default) one tenant's sessions may reserve together: a create past it
+ * is ESESSION_MEMORY, so that one tenant cannot lock the others out of the
+ * pool. Sessions that exist (or attn_kv_load loads) are kept whatever it
+ * is. */
+void attn_kv_set_tenant_cap(attn_kv_store *s, uint64_t bytes);
+/* Bytes tenant's sessions reserve now (attn_kv_stats' tenant_cap_bytes is
+ * the cap). */
+uint64_t attn_kv_tenant_reserved(attn_kv_store *s, const char *tenant);
 
 /*
  * One call: append the new tokens to one layer of each of its sessions at

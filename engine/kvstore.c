@@ -56,6 +56,7 @@ static void session_free(attn_kv_store *s, kv_session *ks) {
     free(L->vp);
   }
   attn__kvpages_unreserve(&s->pages, ks->reserved_pages);
+  attn__kv_tenant_add(s, ks->tenant, -ks->reserved_pages);
   free(ks->layers);
   free(ks);
 }
@@ -69,6 +70,7 @@ void attn_kv_close(attn_kv_store *s) {
       s->buckets[b] = ks->next;
       session_free(s, ks);
     }
+  attn__kv_tenants_free(s);
   attn__kvpages_close(&s->pages);
   pthread_mutex_destroy(&s->mu);
   free(s);
@@ -203,7 +205,8 @@ kv_session *attn__kv_insert(attn_kv_store *s, const char *tenant, const char *id
                     (unsigned long long)s->pages.npages * ATTN_KV_PAGE_BYTES);
     return NULL;
   }
-  kv_session *ks = calloc(1, sizeof *ks);
+  /* counted before the session exists, so that session_free takes it back */
+  kv_session *ks = attn__kv_tenant_add(s, tenant, need) == 0 ? calloc(1, sizeof *ks) : NULL;
   if (ks) {
     snprintf(ks->tenant, sizeof ks->tenant, "%s", tenant);
     snprintf(ks->id, sizeof ks->id, "%s", id);
@@ -218,8 +221,10 @@ kv_session *attn__kv_insert(attn_kv_store *s, const char *tenant, const char *id
   if (!ks || layers_alloc(ks) < 0) {
     if (ks)
       session_free(s, ks);
-    else
+    else {
       attn__kvpages_unreserve(&s->pages, need);
+      attn__kv_tenant_add(s, tenant, -need);
+    }
     attn_status_set(st, ATTN_ENOMEM, "out of memory making a session");
     return NULL;
   }
@@ -247,6 +252,18 @@ static int exists_error(const kv_session *ks, attn_status *st) {
                          ks->ttl_s);
 }
 
+/* A new session of tenant must fit under the store's per-tenant cap (as
+ * in attn__kv_insert, its sessions past their TTL give way first). Loading
+ * saved sessions is not held to it: they were made under the cap of then. */
+static int tenant_check(attn_kv_store *s, const char *tenant, const attn_kv_shape *sh, double now,
+                        attn_status *st) {
+  int64_t need = reserve_pages(s, sh);
+  if (attn__kv_tenant_fits(s, tenant, need) ||
+      (expire_locked(s, now) > 0 && attn__kv_tenant_fits(s, tenant, need)))
+    return 0;
+  return attn__kv_tenant_refuse(s, tenant, need, st);
+}
+
 int attn_kv_create(attn_kv_store *s, const char *tenant, const char *id, const attn_kv_shape *sh,
                    double ttl_s, double now, bool *created, attn_status *st) {
   int rc = attn_kv_id_check(id, strlen(id), st);
@@ -263,9 +280,10 @@ int attn_kv_create(attn_kv_store *s, const char *tenant, const char *id, const a
     ks->expires = now + ttl_s; /* a retried create is a use */
   else if (ks)
     rc = exists_error(ks, st);
-  else if (attn__kv_insert(s, tenant, id, sh, ttl_s, now, st))
+  else if ((rc = tenant_check(s, tenant, sh, now, st)) == 0 &&
+           attn__kv_insert(s, tenant, id, sh, ttl_s, now, st))
     *created = true;
-  else
+  else if (rc == 0)
     rc = st ? st->code : ATTN_ENOMEM;
   pthread_mutex_unlock(&s->mu);
   return rc;
@@ -388,6 +406,7 @@ void attn_kv_stats_get(attn_kv_store *s, attn_kv_stats *out) {
     out->waiting++;
   for (const kv_pending *p = s->parked; p; p = p->next)
     out->waiting++;
+  out->tenant_cap_bytes = (uint64_t)s->tenant_cap * ATTN_KV_PAGE_BYTES;
   pthread_mutex_unlock(&s->mu);
 }
 

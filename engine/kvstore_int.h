@@ -2,8 +2,9 @@
  * kvstore_int.h — a session store's insides, shared by the files that make
  * it up (internal to engine/): kvstore.c (the table of sessions and their
  * life), kvcall.c (a call checked, admitted and its tokens stored), kvjob.c
- * (the jobs that compute calls: when they start, batching, cancel) and
- * kvfile.c (saving and loading sessions).
+ * (the jobs that compute calls: when they start, batching, cancel),
+ * kvquota.c (what each tenant reserves) and kvfile.c (saving and loading
+ * sessions).
  *
  * One lock (attn_kv_store.mu) guards everything here, and is never held
  * while bulk data moves: an append's rows are copied into pages the call
@@ -96,6 +97,8 @@ typedef struct kv_after {
   kv_pending *land, *failed;
 } kv_after;
 
+typedef struct kv_tenant kv_tenant;
+
 struct attn_kv_store {
   attn_engine *engine;
   pthread_mutex_t mu;
@@ -107,6 +110,8 @@ struct attn_kv_store {
   kv_pending *parked;  /* calls not yet admitted: they wait for readers or a write */
   kv_job *running;     /* jobs started and not ended */
   attn_kv_stats stats; /* the counters; sessions and bytes are filled when read */
+  kv_tenant *tenants;  /* pages each tenant's sessions reserve (kvquota.c) */
+  int64_t tenant_cap;  /* pages one tenant may reserve; 0: no cap */
 };
 
 /* Pages on a device pad each row to a multiple of this many elements, as
@@ -158,5 +163,16 @@ void attn__kv_lone_request(const attn_kv_store *s, const attn_kv_call *c, int64_
                            const kv_use *u, attn_request *r);
 void attn__kv_schedule(attn_kv_store *s, kv_pending *p, kv_after *a);
 void attn__kv_after(attn_kv_store *s, kv_after *a);
+
+/* Per-tenant reservations (kvquota.c): the pages tenant's sessions
+ * reserve; adds pages (negative: takes them) to its count, -1 when out of
+ * memory; frees the counts. */
+int64_t attn__kv_tenant_pages(attn_kv_store *s, const char *tenant);
+int attn__kv_tenant_add(attn_kv_store *s, const char *tenant, int64_t pages);
+void attn__kv_tenants_free(attn_kv_store *s);
+/* Whether need more pages keep tenant within the store's cap; the refusal
+ * (ESESSION_MEMORY with the numbers, counted) when not. */
+bool attn__kv_tenant_fits(attn_kv_store *s, const char *tenant, int64_t need);
+int attn__kv_tenant_refuse(attn_kv_store *s, const char *tenant, int64_t need, attn_status *st);
 
 #endif

@@ -440,6 +440,44 @@ static int apply_session_batch(attnd_config *c, const char *what, const char *v)
   return 0;
 }
 
+/* What one API key's sessions may reserve: a size, a percentage of
+ * --session-memory, 0 for no cap, or auto. The percentages are resolved
+ * once every flag is in (resolve_per_key), since --session-memory and the
+ * keys may come after this flag. */
+static int apply_session_memory_per_key(attnd_config *c, const char *what, const char *v) {
+  size_t n = strlen(v);
+  int pct;
+  c->session_memory_per_key = 0;
+  c->session_per_key_pct = 0;
+  if (!strcmp(v, "auto"))
+    c->session_per_key_pct = -1;
+  else if (n > 1 && v[n - 1] == '%') {
+    char num[8];
+    if (n - 1 >= sizeof num)
+      return bad(what, v, "a percentage from 1% to 100%");
+    memcpy(num, v, n - 1);
+    num[n - 1] = 0;
+    if (parse_int(what, num, 1, 100, &pct) < 0)
+      return -1;
+    c->session_per_key_pct = pct;
+  } else if (strcmp(v, "0") && !size_value(v, &c->session_memory_per_key)) {
+    return bad(what, v,
+               "auto (half of --session-memory with two keys or more, else no cap), 0 (no cap), "
+               "a percentage of --session-memory such as 25%, or a size such as 512M");
+  }
+  return 0;
+}
+
+/* auto: half of the session memory once two keys or more share it (one
+ * key, or none, is one tenant: nobody to lock out). */
+static void resolve_per_key(attnd_config *c) {
+  int pct = c->session_per_key_pct;
+  if (pct < 0)
+    pct = c->keys.n >= 2 ? 50 : 0;
+  if (pct > 0)
+    c->session_memory_per_key = c->session_memory * (uint64_t)pct / 100;
+}
+
 /* At least a second (a shorter TTL keeps nothing between two calls); a
  * year is past any cache a decode keeps. */
 static int apply_session_ttl_max(attnd_config *c, const char *what, const char *v) {
@@ -561,6 +599,11 @@ static const flag flags[] = {
      "memory all sessions (KV caches held by the server) may reserve, suffix K, M or G; a "
      "create that does not fit gets 507; 0 = no sessions; auto = a quarter of physical memory",
      apply_session_memory},
+    {"session-memory-per-key", "BYTES|N%", "auto",
+     "the most session memory the sessions of one API key may reserve together, suffix K, M "
+     "or G, or a percentage of --session-memory; a create past it gets 507; 0 = no cap; auto "
+     "= half of --session-memory when there are two keys or more, else no cap",
+     apply_session_memory_per_key},
     {"session-dir", "DIR", "",
      "save sessions to DIR (a writable directory) on a graceful shutdown and load them at "
      "start-up; without it, sessions live in memory only",
@@ -773,5 +816,6 @@ int attnd_config_parse(attnd_config *c, int argc, char **argv) {
   for (int i = 0; i < N_FLAGS; i++)
     if (!given[i] && !overridden(i, given) && apply_fallback(c, &flags[i]) < 0)
       return -1;
+  resolve_per_key(c);
   return check_tls_pair(c);
 }

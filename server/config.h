@@ -58,6 +58,9 @@ typedef struct attnd_config {
   char session_dir[1024];  /* a writable directory sessions are saved to across restarts; "" */
   bool session_batch;      /* session calls that arrive together may be computed as one batch */
   double session_ttl_max;  /* seconds: the largest ttl_s a create may ask for */
+  /* Bytes one API key's sessions may reserve together; 0: no cap. */
+  uint64_t session_memory_per_key;
+  int session_per_key_pct; /* as given: -1 auto, 1-100 a percentage, 0 a size (or 0) */
 } attnd_config;
 
 /*

@@ -499,12 +499,16 @@ static void render_requests(buf *b, state *s) {
   }
 }
 
-static void render_keys(buf *b, const state *s) {
+/* Only the caller's own series (key; NULL: every key's): no API key learns
+ * another's name or how much it asks. */
+static void render_keys(buf *b, const state *s, const char *key) {
   if (!s->nkeys)
     return;
   family_header(b, "attnd_requests_by_key_total", "counter",
                 "HTTP requests finished that authenticated with an API key, by the key's name.");
   for (int i = 0; i < s->nkeys; i++) {
+    if (key && strcmp(key, s->key_names[i]))
+      continue;
     buf_put(b, "attnd_requests_by_key_total{key=\"");
     buf_put_label_value(b, s->key_names[i]);
     buf_printf(b, "\"} %" PRIu64 "\n", s->key_requests[i]);
@@ -566,6 +570,10 @@ static void render_gauges(buf *b, const state *s) {
 }
 
 char *attnd_metrics_render(attnd_metrics *m, size_t *plen) {
+  return attnd_metrics_render_for(m, NULL, plen);
+}
+
+char *attnd_metrics_render_for(attnd_metrics *m, const char *key, size_t *plen) {
   /* On the heap: the snapshot is some 30 KiB, too much for small thread
    * stacks. Backend names may be shared: they never change once set. */
   state *s = malloc(sizeof *s);
@@ -576,7 +584,7 @@ char *attnd_metrics_render(attnd_metrics *m, size_t *plen) {
   pthread_mutex_unlock(&m->mu);
   buf b = {0};
   render_requests(&b, s);
-  render_keys(&b, s);
+  render_keys(&b, s, key);
   render_jobs(&b, s);
   render_errors(&b, s);
   render_gauges(&b, s);

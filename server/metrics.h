@@ -14,7 +14,8 @@
  * backend info, connections) are rendered by the HTTP front.
  *
  * `key` is the name of an API key (attnd_metrics_keys): the set is fixed
- * at start-up, and the family is absent on a server without keys.
+ * at start-up, and the family is absent on a server without keys; GET
+ * /metrics shows each caller its own key's series only.
  *
  * Series:
  *   attnd_requests_total{path,[model,]code}    counter
@@ -109,7 +110,11 @@ void attnd_metrics_gauge_add(attnd_metrics *m, attnd_gauge g, int64_t delta);
 int64_t attnd_metrics_gauge(attnd_metrics *m, attnd_gauge g);
 
 /* The text exposition, malloc'd and NUL-terminated; NULL when out of
- * memory. */
+ * memory. attnd_metrics_render_for is what a caller that authenticated
+ * with the key named key sees: of attnd_requests_by_key_total, its own
+ * series only, never another key's name or count (GET /metrics);
+ * attnd_metrics_render has every key's. */
 char *attnd_metrics_render(attnd_metrics *m, size_t *plen);
+char *attnd_metrics_render_for(attnd_metrics *m, const char *key, size_t *plen);
 
 #endif

@@ -136,11 +136,14 @@ void attnd_sessions_list(attnd_req *r) {
   attn_sbuf b = {0};
   attn_sbuf_puts(&b, "{\"sessions\": [");
   int64_t n = attn_kv_list(kv, r->tenant, attn_now(), list_one, &b);
+  uint64_t mine = attn_kv_tenant_reserved(kv, r->tenant);
   attn_sbuf_printf(&b,
                    "], \"count\": %lld, \"memory\": {\"pool_bytes\": %llu, \"reserved_bytes\": "
-                   "%llu, \"used_bytes\": %llu}}\n",
+                   "%llu, \"used_bytes\": %llu, \"key_reserved_bytes\": %llu, "
+                   "\"per_key_bytes\": %llu}}\n",
                    (long long)n, (unsigned long long)stats.pool_bytes,
-                   (unsigned long long)stats.reserved_bytes, (unsigned long long)stats.used_bytes);
+                   (unsigned long long)stats.reserved_bytes, (unsigned long long)stats.used_bytes,
+                   (unsigned long long)mine, (unsigned long long)stats.tenant_cap_bytes);
   attnd_req_reply_json(r, 200, &b);
 }
 
@@ -231,6 +234,7 @@ int attnd_sessions_open(attnd_server *s) {
     fprintf(stderr, "attnd: cannot open the session store: %s\n", st.message);
     return -1;
   }
+  attn_kv_set_tenant_cap(s->kv, c->session_memory_per_key);
   if (!*c->session_dir)
     return 0;
   int64_t n = attn_kv_load(s->kv, c->session_dir, attn_now(), log_line, s, &st);
@@ -270,14 +274,15 @@ void attnd_sessions_info(attn_sbuf *b, const attnd_server *s) {
   attn_kv_stats st = {0};
   if (s->kv)
     attn_kv_stats_get(s->kv, &st);
-  attn_sbuf_printf(
-      b,
-      "\"sessions\": {\"enabled\": %s, \"memory_bytes\": %llu, \"page_bytes\": "
-      "%lld, \"pages_on\": \"%s\", \"persist\": %s, \"batching\": %s, "
-      "\"ttl_max_s\": %g, \"count\": %lld}",
-      s->kv ? "true" : "false", (unsigned long long)st.pool_bytes, (long long)st.page_bytes,
-      st.where ? st.where : "none", s->kv && *c->session_dir ? "true" : "false",
-      s->kv && c->session_batch ? "true" : "false", c->session_ttl_max, (long long)st.sessions);
+  attn_sbuf_printf(b,
+                   "\"sessions\": {\"enabled\": %s, \"memory_bytes\": %llu, \"page_bytes\": "
+                   "%lld, \"pages_on\": \"%s\", \"persist\": %s, \"batching\": %s, "
+                   "\"ttl_max_s\": %g, \"count\": %lld, \"memory_per_key_bytes\": %llu}",
+                   s->kv ? "true" : "false", (unsigned long long)st.pool_bytes,
+                   (long long)st.page_bytes, st.where ? st.where : "none",
+                   s->kv && *c->session_dir ? "true" : "false",
+                   s->kv && c->session_batch ? "true" : "false", c->session_ttl_max,
+                   (long long)st.sessions, (unsigned long long)st.tenant_cap_bytes);
 }
 
 static void counter(attn_sbuf *b, const char *name, const char *help, unsigned long long v) {
@@ -331,5 +336,8 @@ void attnd_sessions_metrics(attn_sbuf *b, const attnd_server *s) {
           st.conflicts);
   counter(b, "attnd_session_expired_total", "Sessions dropped at the end of their TTL.",
           st.expired);
+  counter(b, "attnd_session_per_key_refused_total",
+          "Session creates refused (507) past the API key's share (--session-memory-per-key).",
+          st.tenant_cap_refused);
   batch_histogram(b, &st);
 }

@@ -188,7 +188,8 @@ static void render_build(attn_sbuf *b, const attnd_server *s) {
 void attnd_v1_metrics(attnd_req *r) {
   attnd_server *s = r->srv;
   size_t len = 0;
-  char *text = attnd_metrics_render(s->metrics, &len);
+  /* r->tenant: the caller's key's name, "" without keys (no such family) */
+  char *text = attnd_metrics_render_for(s->metrics, r->tenant, &len);
   attn_sbuf m = {.p = text, .len = len, .cap = len};
   if (text) {
     render_conns(&m, &s->conns);

@@ -82,8 +82,8 @@ static void make(sess *s, const char *id, int hkv) {
            "{\"heads_kv\": %d, \"head_dim\": %d, \"dtype\": \"F32\", \"max_tokens\": %d}", hkv, D,
            MAXT);
   http_res r = {0};
-  cr_assert_eq(http_call(&S, "PUT", path, JSON_H, body, strlen(body), &r), 201, "create %s: %s",
-               id, r.body);
+  cr_assert_eq(http_call(&S, "PUT", path, JSON_H, body, strlen(body), &r), 201, "create %s: %s", id,
+               r.body);
   http_res_free(&r);
 }
 
@@ -108,7 +108,7 @@ static void put_q(char **p, float q[][D], int hq, bool held) {
   *p += sprintf(*p, "\"q\": [");
   for (int h = 0; h < hq; h++) {
     *p += sprintf(*p, "%s", h ? "," : "");
-    put_rows(p, (const float (*)[D]) & q[h], 1);
+    put_rows(p, (const float(*)[D]) & q[h], 1);
   }
   *p += sprintf(*p, "]");
 }
@@ -127,7 +127,7 @@ static char *call_body(sess *s, float q[][D], int hq, int n, bool held) {
         for (int c = 0; c < D; c++)
           rows[i][c] = rnd();
       p += sprintf(p, "%s", h ? "," : "");
-      put_rows(&p, (const float (*)[D])rows, n);
+      put_rows(&p, (const float(*)[D])rows, n);
     }
     p += sprintf(p, "]");
   }
@@ -202,8 +202,12 @@ static void append(sess *s, int n) {
   float q[8][D];
   char *b = call_body(s, q, s->hkv, n, false);
   http_res r = {0};
-  http_req rq = {.method = "POST", .path = attend_path(s), .headers = JSON_H, .body = b,
-                 .len = strlen(b), .timeout_ms = WAIT_MS};
+  http_req rq = {.method = "POST",
+                 .path = attend_path(s),
+                 .headers = JSON_H,
+                 .body = b,
+                 .len = strlen(b),
+                 .timeout_ms = WAIT_MS};
   http_do(&S, &rq, &r);
   cr_assert_eq(r.status, 200, "append to %s: %ld %s", s->id, r.status, r.body);
   s->n += n;
@@ -226,7 +230,7 @@ static long batch_query(const sess *a, const sess *b, http_res *r) {
       for (int c = 0; c < D; c++)
         q[h * 2 + i][c] = rnd();
     p += sprintf(p, "%s", h ? "," : "");
-    put_rows(&p, (const float (*)[D]) & q[h * 2], 2);
+    put_rows(&p, (const float(*)[D]) & q[h * 2], 2);
   }
   sprintf(p, "]}");
   return http_call(&S, "POST", "/v1/sessions/_batch", JSON_H, body, strlen(body), r);
@@ -383,9 +387,9 @@ Test(session_sched, appends_waiting_for_readers_hold_no_shared_thread) {
   int held = send_call(attend_path(&h), hb); /* reads tokens [0, 10) */
   cr_assert(srv_wait_jobs(&S, 1, true, WAIT_MS / 1000));
   http_res r = {0};
-  cr_assert_eq(http_call(&S, "POST", "/v1/sessions/rewound/truncate", JSON_H, "{\"length\": 5}",
-                         13, &r),
-               200, "%s", r.body);
+  cr_assert_eq(
+      http_call(&S, "POST", "/v1/sessions/rewound/truncate", JSON_H, "{\"length\": 5}", 13, &r),
+      200, "%s", r.body);
   http_res_free(&r);
   h.n = 5;
   /* six calls appending the same token at 5: they must wait for the
@@ -404,8 +408,12 @@ Test(session_sched, appends_waiting_for_readers_hold_no_shared_thread) {
   char *sb = "{\"q\": [[[1, 0, 0, 0]]], \"k\": [[[1, 0, 0, 0], [0, 1, 0, 0]]], "
              "\"v\": [[[1, 2, 3, 4], [5, 6, 7, 8]]], \"cu_seqlens_q\": [0, 1], "
              "\"cu_seqlens_kv\": [0, 2]}";
-  http_req rq = {.method = "POST", .path = "/attention", .headers = JSON_H, .body = sb,
-                 .len = strlen(sb), .timeout_ms = WAIT_MS};
+  http_req rq = {.method = "POST",
+                 .path = "/attention",
+                 .headers = JSON_H,
+                 .body = sb,
+                 .len = strlen(sb),
+                 .timeout_ms = WAIT_MS};
   http_do(&S, &rq, &r);
   cr_expect_eq(r.status, 200, "a stateless call waited behind the session's: %s",
                r.body ? r.body : r.error);

@@ -16,9 +16,10 @@
 /* Each test runs in a process of its own (Criterion forks), so the
  * variables set here end with it; none from the shell may leak in. */
 static void clear_env(void) {
-  static const char *const vars[] = {
-      "ATTND_SESSION_MEMORY", "ATTND_SESSION_DIR",  "ATTND_SESSION_BATCH", "ATTND_SESSION_TTL_MAX",
-      "ATTND_API_KEY",        "ATTND_API_KEY_FILE", "ATTND_DETERMINISTIC"};
+  static const char *const vars[] = {"ATTND_SESSION_MEMORY", "ATTND_SESSION_DIR",
+                                     "ATTND_SESSION_BATCH",  "ATTND_SESSION_TTL_MAX",
+                                     "ATTND_API_KEY",        "ATTND_API_KEY_FILE",
+                                     "ATTND_DETERMINISTIC",  "ATTND_SESSION_MEMORY_PER_KEY"};
   for (size_t i = 0; i < sizeof vars / sizeof *vars; i++)
     unsetenv(vars[i]);
 }
@@ -171,5 +172,41 @@ Test(config, api_keys) {
   cr_expect_str_eq(C.keys.k[1].name, "key1");
   cr_expect_str_eq(C.api_key_file, path);
   unlink(path);
+  rmdir(dir);
+}
+
+/* --session-memory-per-key: auto is half of the session memory under two
+ * keys or more and no cap under one or none; a percentage is of
+ * --session-memory whichever flag comes first; a size as given; 0 no cap. */
+Test(config, session_memory_per_key) {
+  char *dir = tmpdir(), keys[128];
+  snprintf(keys, sizeof keys, "%s/keys", dir);
+  FILE *f = fopen(keys, "w");
+  cr_assert(f);
+  fputs("a:key-aaaaaaaa\nb:key-bbbbbbbb\n", f);
+  fclose(f);
+  cr_assert_eq(PARSE("--session-memory", "1G", "--api-key-file", keys), 0);
+  cr_expect_eq(C.session_memory_per_key, 512ull << 20, "auto under two keys: half");
+  cr_assert_eq(PARSE("--session-memory", "1G", "--api-key", "key-aaaaaaaa"), 0);
+  cr_expect_eq(C.session_memory_per_key, 0, "auto under one key: no cap");
+  cr_assert_eq(PARSE("--session-memory", "1G"), 0);
+  cr_expect_eq(C.session_memory_per_key, 0, "auto without keys: no cap");
+  cr_assert_eq(PARSE("--session-memory-per-key", "25%", "--session-memory", "1G"), 0);
+  cr_expect_eq(C.session_memory_per_key, 256ull << 20, "a percentage of the flag given after");
+  cr_assert_eq(PARSE("--session-memory", "1G", "--session-memory-per-key", "300M"), 0);
+  cr_expect_eq(C.session_memory_per_key, 300ull << 20);
+  cr_assert_eq(
+      PARSE("--session-memory", "1G", "--session-memory-per-key", "0", "--api-key-file", keys), 0);
+  cr_expect_eq(C.session_memory_per_key, 0, "0: no cap, even under keys");
+  setenv("ATTND_SESSION_MEMORY_PER_KEY", "100%", 1);
+  cr_assert_eq(PARSE("--session-memory", "1G"), 0);
+  cr_expect_eq(C.session_memory_per_key, 1ull << 30, "the variable");
+  cr_assert_eq(PARSE("--session-memory", "1G", "--session-memory-per-key", "1M"), 0);
+  cr_expect_eq(C.session_memory_per_key, 1ull << 20, "the flag wins");
+  unsetenv("ATTND_SESSION_MEMORY_PER_KEY");
+  const char *bad[] = {"0%", "101%", "%", "-1", "2.5%", "1T", "half", "50 %"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+    cr_expect_eq(PARSE("--session-memory-per-key", bad[i]), -1, "%s", bad[i]);
+  unlink(keys);
   rmdir(dir);
 }

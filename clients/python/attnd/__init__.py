@@ -446,7 +446,8 @@ class Client:
     def sessions(self):
         """The caller's sessions (``GET /v1/sessions``): a dict with ``sessions`` (each as
         :meth:`attnd.Session.info` gives it), ``count`` and ``memory`` (``pool_bytes``,
-        ``reserved_bytes``, ``used_bytes``)."""
+        ``reserved_bytes``, ``used_bytes``, and the caller's share: ``key_reserved_bytes``,
+        ``per_key_bytes``)."""
         return self._get_json("/v1/sessions")
 
     def session_batch(self, sessions, q, k, v, cu_seqlens_q, cu_seqlens_kv, *, pos=None,

@@ -392,6 +392,10 @@ static void take_ready(attn_kv_store *s, kv_after *a) {
 
 void attn__kv_schedule(attn_kv_store *s, kv_pending *p, kv_after *a) {
   p->next = NULL;
+  if (canceled(p)) { /* while its rows were stored: attn_kv_cancel could not see it */
+    drop_canceled(s, p, a);
+    return;
+  }
   if (s->batch && busy(p)) {
     kv_pending **pp = &s->pending; /* behind the calls waiting already, in order */
     while (*pp)

@@ -535,6 +535,9 @@ typedef struct attn_kv_stats {
    * 4, ..., 64, then more (a histogram's buckets, not cumulative). */
   uint64_t batch_sizes[ATTN_KV_BATCH_BUCKETS];
   uint64_t batched_calls; /* calls over all those jobs */
+  /* Bytes of free host pages given back to the kernel (a page free for
+   * about a second, once a sweep sees it), in all. */
+  uint64_t returned_bytes;
 } attn_kv_stats;
 
 /* Checks an id against the contract: 1-128 of [A-Za-z0-9._-], not starting
@@ -577,7 +580,9 @@ int attn_kv_truncate(attn_kv_store *s, const char *tenant, const char *id, int64
 int64_t attn_kv_list(attn_kv_store *s, const char *tenant, double now,
                      void (*fn)(const attn_kv_info *info, const int64_t *lengths, void *arg),
                      void *arg);
-/* Drops the sessions whose TTL passed; returns how many. */
+/* Drops the sessions whose TTL passed, and gives the kernel back the host
+ * pages free for about a second (kvpages.h); returns how many sessions it
+ * dropped. The server calls it every tenth of a second. */
 int64_t attn_kv_expire(attn_kv_store *s, double now);
 void attn_kv_stats_get(attn_kv_store *s, attn_kv_stats *out);
 

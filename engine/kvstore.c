@@ -371,6 +371,7 @@ int64_t attn_kv_list(attn_kv_store *s, const char *tenant, double now,
 int64_t attn_kv_expire(attn_kv_store *s, double now) {
   pthread_mutex_lock(&s->mu);
   int64_t n = expire_locked(s, now);
+  attn__kvpages_trim(&s->pages, now); /* this is the server's sweep */
   pthread_mutex_unlock(&s->mu);
   return n;
 }
@@ -384,6 +385,7 @@ void attn_kv_stats_get(attn_kv_store *s, attn_kv_stats *out) {
   out->pool_bytes = (uint64_t)s->pages.npages * ATTN_KV_PAGE_BYTES;
   out->reserved_bytes = (uint64_t)s->pages.reserved * ATTN_KV_PAGE_BYTES;
   out->used_bytes = (uint64_t)(s->pages.npages - s->pages.nfree) * ATTN_KV_PAGE_BYTES;
+  out->returned_bytes = s->pages.returned;
   pthread_mutex_unlock(&s->mu);
 }
 

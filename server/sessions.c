@@ -340,5 +340,7 @@ void attnd_sessions_metrics(attn_sbuf *b, const attnd_server *s) {
           st.conflicts);
   counter(b, "attnd_session_expired_total", "Sessions dropped at the end of their TTL.",
           st.expired);
+  counter(b, "attnd_session_returned_bytes_total",
+          "Bytes of free session pages given back to the operating system.", st.returned_bytes);
   batch_histogram(b, &st);
 }

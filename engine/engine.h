@@ -644,11 +644,14 @@ int attn_kv_run(attn_kv_store *s, attn_kv_call *call, double now, attn_result *r
  * the store to dir, one file each (temporary file, fsync, rename, then an
  * fsync of dir), with its remaining TTL; attn_kv_load reads them back,
  * moving a file that does not load to "<name>.bad" and reporting it through
- * log (may be NULL). Both return how many sessions they wrote or loaded, or
- * a negative code with st set.
+ * log (may be NULL; its lines escape control bytes), a ttl_s past ttl_max
+ * (the server's --session-ttl-max) cut to it. A file is refused as a
+ * create or a call would refuse its fields and rows (kvfile.c). Both
+ * return how many sessions they wrote or loaded, or a negative code with
+ * st set.
  */
 int64_t attn_kv_save(attn_kv_store *s, const char *dir, double now, attn_status *st);
-int64_t attn_kv_load(attn_kv_store *s, const char *dir, double now,
+int64_t attn_kv_load(attn_kv_store *s, const char *dir, double now, double ttl_max,
                      void (*log)(const char *line, void *arg), void *arg, attn_status *st);
 
 #ifdef __cplusplus

@@ -245,7 +245,7 @@ int attnd_sessions_open(attnd_server *s) {
   }
   if (!*c->session_dir)
     return 0;
-  int64_t n = attn_kv_load(s->kv, c->session_dir, attn_now(), log_line, s, &st);
+  int64_t n = attn_kv_load(s->kv, c->session_dir, attn_now(), c->session_ttl_max, log_line, s, &st);
   if (n < 0) {
     fprintf(stderr, "attnd: cannot load the sessions of %s: %s\n", c->session_dir, st.message);
     return -1;

@@ -459,7 +459,8 @@ static double getd(const unsigned char *p) {
   return v;
 }
 
-/* The limits attn_kv_create holds a shape to (kvstore.c), and a ttl. */
+/* The limits attn_kv_create holds a shape to (kvstore.c), a ttl, and a
+ * page size a store could have had. */
 static int shape_ok(const kvf_header *h, char *why) {
   const attn_kv_shape *sh = &h->shape;
   if (sh->heads_kv < 1 || sh->heads_kv > 4096 || sh->head_dim < 1 ||

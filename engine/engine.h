@@ -538,6 +538,9 @@ typedef struct attn_kv_stats {
   int64_t waiting;             /* calls held in the store for a layer's job, readers or write */
   uint64_t tenant_cap_bytes;   /* attn_kv_set_tenant_cap's, in whole pages; 0: none */
   uint64_t tenant_cap_refused; /* creates refused for it */
+  /* Bytes of free host pages given back to the kernel (a page free for
+   * about a second, once a sweep sees it), in all. */
+  uint64_t returned_bytes;
 } attn_kv_stats;
 
 /* Checks an id against the contract: 1-128 of [A-Za-z0-9._-], not starting
@@ -581,7 +584,9 @@ int attn_kv_truncate(attn_kv_store *s, const char *tenant, const char *id, int64
 int64_t attn_kv_list(attn_kv_store *s, const char *tenant, double now,
                      void (*fn)(const attn_kv_info *info, const int64_t *lengths, void *arg),
                      void *arg);
-/* Drops the sessions whose TTL passed; returns how many. */
+/* Drops the sessions whose TTL passed, and gives the kernel back the host
+ * pages free for about a second (kvpages.h); returns how many sessions it
+ * dropped. The server calls it every tenth of a second. */
 int64_t attn_kv_expire(attn_kv_store *s, double now);
 void attn_kv_stats_get(attn_kv_store *s, attn_kv_stats *out);
 /* The most bytes (whole pages, rounded down, at least one; 0: no cap, the
@@ -664,11 +669,14 @@ int attn_kv_run(attn_kv_store *s, attn_kv_call *call, double now, attn_result *r
  * the store to dir, one file each (temporary file, fsync, rename, then an
  * fsync of dir), with its remaining TTL; attn_kv_load reads them back,
  * moving a file that does not load to "<name>.bad" and reporting it through
- * log (may be NULL). Both return how many sessions they wrote or loaded, or
- * a negative code with st set.
+ * log (may be NULL; its lines escape control bytes), a ttl_s past ttl_max
+ * (the server's --session-ttl-max) cut to it. A file is refused as a
+ * create or a call would refuse its fields and rows (kvfile.c). Both
+ * return how many sessions they wrote or loaded, or a negative code with
+ * st set.
  */
 int64_t attn_kv_save(attn_kv_store *s, const char *dir, double now, attn_status *st);
-int64_t attn_kv_load(attn_kv_store *s, const char *dir, double now,
+int64_t attn_kv_load(attn_kv_store *s, const char *dir, double now, double ttl_max,
                      void (*log)(const char *line, void *arg), void *arg, attn_status *st);
 
 #ifdef __cplusplus

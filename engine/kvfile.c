@@ -10,6 +10,10 @@
  * the pair determine each other, and "" cannot meet a tenant named "_".
  * The temporary file is the name + ".tmp"; a file that does not load is
  * moved to the name + ".bad". Only the session files end in ".kv".
+ * Whatever else can write in the directory may plant a name there: a
+ * hard link or a symbolic link at a temporary file's name is removed and
+ * the file created anew (O_EXCL, O_NOFOLLOW), never written through; the
+ * log lines escape the names they quote (say).
  *
  * Format, version 1, little-endian (the host's order: see the #error):
  *     0  "ATTNKV1\n"
@@ -25,6 +29,16 @@
  *        u64 checksum of every byte before it
  * page_tokens is the saver's, for a reader's information: rows are stored
  * without their pages, so a store of another page size loads the file.
+ *
+ * A file is held to what a create and a call would be: every header field
+ * in the range a create takes (page_tokens one a store could have, the
+ * dtype's name NUL-padded), every row finite and within its layer's
+ * recorded largest |k| or |v| (which the kernels rely on, as they scan
+ * only q), or the file is refused as a damaged one is. A checksum only
+ * shows damage; whoever can write the directory can make a file whose
+ * checksum matches. A ttl_s past the server's --session-ttl-max is cut to
+ * it (and the time left with it): a lower limit after a restart applies
+ * to the sessions loaded, and they are not lost for it.
  *
  * The checksum takes FNV-1a's 64-bit constants a word at a time (several
  * times faster than FNV-1a's byte at a time, which would slow a shutdown
@@ -44,6 +58,7 @@
  * holds it for each file, from the check that the id is free to the last
  * row verified, so nothing sees a session half loaded.
  */
+#include "check.h"
 #include "kvstore_int.h"
 
 #include <dirent.h>
@@ -136,6 +151,7 @@ typedef struct kvf_header {
 typedef struct kvf_ctx {
   int dfd;
   const char *dir;
+  double ttl_max; /* loading: the server's --session-ttl-max */
   const attn_kv_store *s;
   kvf_header h;
   unsigned char head[KVF_HEADER_MAX];
@@ -267,6 +283,17 @@ static int session_write(kvf_ctx *c, const kv_session *ks, double now, int fd) {
   return err;
 }
 
+/* The temporary file tmp, created anew: whatever has its name (a link
+ * planted to have the save write elsewhere, a stale file) is unlinked
+ * first, and the create is exclusive and follows no link, so a name
+ * planted again between the two fails the save of this session rather
+ * than being written through. An fd, or -1 with errno set. */
+static int tmp_create(int dfd, const char *tmp) {
+  if (unlinkat(dfd, tmp, 0) && errno != ENOENT)
+    return -1;
+  return openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+}
+
 /* ks into its file: the temporary one written and synced, then renamed. */
 static int save_one(kvf_ctx *c, const kv_session *ks, double now, attn_status *st) {
   char name[KVF_NAME_MAX], tmp[KVF_NAME_MAX + 4];
@@ -277,7 +304,7 @@ static int save_one(kvf_ctx *c, const kv_session *ks, double now, attn_status *s
                            ks->id, ks->tenant, ATTN_KV_TENANT_MAX);
   file_name(ks->tenant, ks->id, name, sizeof name);
   snprintf(tmp, sizeof tmp, "%s.tmp", name);
-  int fd = openat(c->dfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  int fd = tmp_create(c->dfd, tmp);
   int err = fd < 0 ? errno : session_write(c, ks, now, fd);
   if (!err && renameat(c->dfd, tmp, c->dfd, name))
     err = errno;
@@ -355,15 +382,40 @@ typedef struct kvf_log {
   void *arg;
 } kvf_log;
 
+/* raw into out (cap bytes, NUL-terminated) with control bytes, DEL, bytes
+ * past ASCII and the backslash as \xNN: a line names files of the
+ * directory and quotes bytes of them, which anyone who can write there
+ * chose, and a newline or a terminal escape must not end the line, forge
+ * the next one or reach an operator's terminal. Cut at a whole escape. */
+static void escape(const char *raw, char *out, size_t cap) {
+  static const char hex[] = "0123456789abcdef";
+  size_t n = 0;
+  for (const unsigned char *p = (const unsigned char *)raw; *p; p++) {
+    bool plain = *p >= 0x20 && *p < 0x7f && *p != '\\';
+    if (n + (plain ? 1 : 4) >= cap)
+      break;
+    if (plain) {
+      out[n++] = (char)*p;
+      continue;
+    }
+    out[n++] = '\\';
+    out[n++] = 'x';
+    out[n++] = hex[*p >> 4];
+    out[n++] = hex[*p & 15];
+  }
+  out[n] = 0;
+}
+
 static void say(const kvf_log *lg, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void say(const kvf_log *lg, const char *fmt, ...) {
-  char line[1024];
+  char raw[1024], line[4 * sizeof raw];
   va_list ap;
   if (!lg->fn)
     return;
   va_start(ap, fmt);
-  vsnprintf(line, sizeof line, fmt, ap);
+  vsnprintf(raw, sizeof raw, fmt, ap);
   va_end(ap);
+  escape(raw, line, sizeof line);
   lg->fn(line, lg->arg);
 }
 
@@ -407,7 +459,8 @@ static double getd(const unsigned char *p) {
   return v;
 }
 
-/* The limits attn_kv_create holds a shape to (kvstore.c), and a ttl. */
+/* The limits attn_kv_create holds a shape to (kvstore.c), a ttl, and a
+ * page size a store could have had. */
 static int shape_ok(const kvf_header *h, char *why) {
   const attn_kv_shape *sh = &h->shape;
   if (sh->heads_kv < 1 || sh->heads_kv > 4096 || sh->head_dim < 1 ||
@@ -421,7 +474,24 @@ static int shape_ok(const kvf_header *h, char *why) {
   if (!(h->ttl_s > 0 && h->ttl_s <= 1e9) || !(h->left_s > 0 && h->left_s <= h->ttl_s))
     return why_set(why, "its ttl_s (%g) or the seconds left of it (%g) are out of range", h->ttl_s,
                    h->left_s);
+  /* a store of any page size reads a file, but a page holds a multiple of
+   * ATTN_PAGE_MIN_TOKENS rows, at most a host page's (a device pads rows) */
+  int64_t host =
+      (int64_t)(ATTN_KV_PAGE_BYTES / row_bytes(sh)) / ATTN_PAGE_MIN_TOKENS * ATTN_PAGE_MIN_TOKENS;
+  if (h->page_tokens < ATTN_PAGE_MIN_TOKENS || h->page_tokens > host ||
+      h->page_tokens % ATTN_PAGE_MIN_TOKENS)
+    return why_set(why, "its page_tokens (%lld) is not one a store can have for its shape",
+                   (long long)h->page_tokens);
   return 0;
+}
+
+/* The dtype's name and NULs after it, none of them past the name. */
+static bool dtype_padded(const unsigned char *b) {
+  size_t n = strnlen((const char *)b, KVF_DTYPE);
+  for (size_t i = n; i < KVF_DTYPE; i++)
+    if (b[i])
+      return false;
+  return true;
 }
 
 /* The header's first KVF_FIXED bytes: the format, the sizes, the shape. */
@@ -437,8 +507,8 @@ static int fixed_parse(const unsigned char *b, kvf_header *h, uint32_t *tl, uint
   *il = get32(b + 20);
   char dt[KVF_DTYPE + 1] = {0};
   memcpy(dt, b + 24, KVF_DTYPE);
-  if (attn_dtype_parse(dt, &h->shape.dtype))
-    return why_set(why, "its dtype ('%.8s') is not F32, F16 or BF16", dt);
+  if (attn_dtype_parse(dt, &h->shape.dtype) || !dtype_padded(b + 24))
+    return why_set(why, "its dtype ('%.8s') is not F32, F16 or BF16, NUL-padded", dt);
   h->shape.heads_kv = get64(b + 32);
   h->shape.head_dim = get64(b + 40);
   h->shape.layers = get64(b + 48);
@@ -514,12 +584,33 @@ static int header_read(kvf_ctx *c, kvf_in *in, uint64_t size, const char *name, 
   return 0;
 }
 
+/* Rows [j, j + n) of head hk of layer l's K (t 0) or V (t 1), at p: as a
+ * call's new tokens are (kvcall.c), finite, and within the largest |k| or
+ * |v| the header records, which the kernels take as the bound of every
+ * row stored (a file's rows past it would compute on unchecked values). */
+static int rows_check(const void *p, const kvf_header *h, int64_t l, int t, int64_t hk, int64_t j,
+                      int64_t n, char *why) {
+  float m = attn__absmax(p, h->shape.dtype, (size_t)(n * h->shape.head_dim));
+  if (m < 0)
+    return why_set(why, "layer %lld's %c, head %lld, rows %lld to %lld, holds a non-finite value",
+                   (long long)l, t ? 'v' : 'k', (long long)hk, (long long)j, (long long)(j + n));
+  if (m > h->absmax[l][t])
+    return why_set(why,
+                   "layer %lld's %c, head %lld, rows %lld to %lld, holds |%g|, past the largest "
+                   "|%c| (%g) its header records",
+                   (long long)l, t ? 'v' : 'k', (long long)hk, (long long)j, (long long)(j + n),
+                   (double)m, t ? 'v' : 'k', (double)h->absmax[l][t]);
+  return 0;
+}
+
 /* The rows into ks's pages, then the checksum over the whole file. The
- * lengths stay 0 until the caller commits. */
+ * lengths stay 0 until the caller commits. A row out of bounds is said
+ * once the checksum matches: a damaged file is said to be damaged. */
 static int rows_read(attn_kv_store *s, kvf_ctx *c, kv_session *ks, kvf_in *in, const kvf_header *h,
                      char *why) {
   const size_t row = row_bytes(&ks->shape);
   attn_status st;
+  char bad[KVF_WHY] = "";
   for (int64_t l = 0; l < ks->shape.layers; l++) {
     kv_layer *L = &ks->layers[l];
     attn__kv_grow(s, ks, L, h->length[l]);
@@ -529,6 +620,8 @@ static int rows_read(attn_kv_store *s, kvf_ctx *c, kv_session *ks, kvf_in *in, c
           n = attn__kv_run(ks, j, h->length[l]);
           if (!in_get(in, c->page, (size_t)n * row))
             return ends_early(in, why);
+          if (!bad[0])
+            rows_check(c->page, h, l, t, hk, j, n, bad);
           if (attn__kv_put(s, ks, L, t, hk, j, n, c->page, &st))
             return why_set(why, "its rows could not be stored: %s", st.message);
         }
@@ -538,7 +631,7 @@ static int rows_read(attn_kv_store *s, kvf_ctx *c, kv_session *ks, kvf_in *in, c
     return ends_early(in, why);
   if (sum != hash_end(&in->hash))
     return why_set(why, "its checksum does not match its contents: the file is damaged");
-  return 0;
+  return bad[0] ? why_set(why, "%s", bad) : 0;
 }
 
 static int insert_failed(attn_kv_store *s, const kvf_header *h, const attn_status *e, char *why) {
@@ -559,11 +652,12 @@ static int session_read(attn_kv_store *s, kvf_ctx *c, kvf_in *in, double now, ch
   attn_status e;
   kv_session *ks;
   int r = 1;
+  double ttl = fmin(h->ttl_s, c->ttl_max);
   pthread_mutex_lock(&s->mu);
   if (attn__kv_find(s, h->tenant, h->id, now)) {
     why_set(why, "the store holds session '%s' already", h->id);
     r = 0;
-  } else if (!(ks = attn__kv_insert(s, h->tenant, h->id, &h->shape, h->ttl_s, now, &e))) {
+  } else if (!(ks = attn__kv_insert(s, h->tenant, h->id, &h->shape, ttl, now, &e))) {
     r = insert_failed(s, h, &e, why);
   } else if (rows_read(s, c, ks, in, h, why)) {
     attn__kv_remove(s, h->tenant, h->id); /* no call reads it yet */
@@ -573,7 +667,7 @@ static int session_read(attn_kv_store *s, kvf_ctx *c, kvf_in *in, double now, ch
       ks->layers[l].length = h->length[l];
       memcpy(ks->layers[l].absmax, h->absmax[l], sizeof h->absmax[l]);
     }
-    ks->expires = now + h->left_s;
+    ks->expires = now + fmin(h->left_s, ttl);
   }
   pthread_mutex_unlock(&s->mu);
   return r;
@@ -700,18 +794,26 @@ static bool take_file(attn_kv_store *s, kvf_ctx *c, const char *name, double now
         "session file %s/%s: loaded, but cannot be removed (a later start would load it "
         "again): %s",
         c->dir, name, strerror(errno));
+  if (r == 1 && c->h.ttl_s > c->ttl_max)
+    say(lg,
+        "session file %s/%s: loaded with ttl_s %g, not its %g: the most --session-ttl-max allows",
+        c->dir, name, c->ttl_max, c->h.ttl_s);
   *changed |= r != 0;
   return r == 1;
 }
 
-int64_t attn_kv_load(attn_kv_store *s, const char *dir, double now,
+int64_t attn_kv_load(attn_kv_store *s, const char *dir, double now, double ttl_max,
                      void (*log)(const char *line, void *arg), void *arg, attn_status *st) {
   kvf_ctx *c;
   char **names;
   size_t n;
+  if (!(ttl_max > 0))
+    return attn_status_set(st, ATTN_EINVAL, "the sessions' ttl max must be above 0, not %g",
+                           ttl_max);
   int rc = ctx_open(s, dir, &c, st);
   if (rc)
     return rc;
+  c->ttl_max = ttl_max;
   rc = list_dir(c, &names, &n, st);
   if (rc) {
     ctx_close(c);

@@ -11,9 +11,13 @@
 /* The free list of n pages, lowest first: the memory fills from its start. */
 static int free_list(attn_kvpages *p, int64_t n) {
   p->free = malloc((size_t)n * sizeof *p->free);
-  if (!p->free)
+  p->freed = calloc((size_t)n, sizeof *p->freed);
+  if (!p->free || !p->freed) {
+    free(p->free);
+    free(p->freed);
     return -1;
-  p->npages = p->nfree = n;
+  }
+  p->npages = p->nfree = p->nclean = n;
   for (int64_t i = 0; i < n; i++)
     p->free[i] = (int32_t)(n - 1 - i);
   return 0;
@@ -64,6 +68,7 @@ void attn__kvpages_close(attn_kvpages *p) {
   else if (p->base)
     munmap(p->base, (size_t)p->npages * ATTN_KV_PAGE_BYTES);
   free(p->free);
+  free(p->freed);
   *p = (attn_kvpages){0};
 }
 
@@ -92,9 +97,38 @@ void attn__kvpages_unreserve(attn_kvpages *p, int64_t n) { p->reserved -= n; }
 void *attn__kvpages_take(attn_kvpages *p) {
   if (p->nfree == 0) /* not reached: every take is within a reservation */
     abort();
-  return p->base + (size_t)p->free[--p->nfree] * ATTN_KV_PAGE_BYTES;
+  void *page = p->base + (size_t)p->free[--p->nfree] * ATTN_KV_PAGE_BYTES;
+  if (p->nclean > p->nfree)
+    p->nclean = p->nfree;
+  return page;
 }
 
 void attn__kvpages_give(attn_kvpages *p, void *page) {
+  p->freed[p->nfree] = p->clock;
   p->free[p->nfree++] = (int32_t)(((char *)page - p->base) / (ptrdiff_t)ATTN_KV_PAGE_BYTES);
+}
+
+/* The free stack's entries were pushed in the order of their stamps, so
+ * the pages free longest lie just above the clean ones: a trim walks up
+ * from nclean and stops at the first page freed too recently. Pages
+ * given in a row are mostly consecutive (a session's, freed in the order
+ * taken), so runs of them go to the kernel in one call. */
+void attn__kvpages_trim(attn_kvpages *p, double now) {
+  p->clock = now;
+  if (p->dev || !p->base)
+    return;
+  int64_t end = p->nclean;
+  while (end < p->nfree && end - p->nclean < ATTN_KV_TRIM_BATCH &&
+         p->freed[end] <= now - ATTN_KV_TRIM_AGE_S)
+    end++;
+  for (int64_t i = p->nclean, j; i < end; i = j) {
+    for (j = i + 1; j < end && p->free[j] == p->free[j - 1] + 1;)
+      j++;
+    /* cannot fail on a private anonymous mapping of ours; were it to, the
+     * pages would only stay resident */
+    madvise(p->base + (size_t)p->free[i] * ATTN_KV_PAGE_BYTES, (size_t)(j - i) * ATTN_KV_PAGE_BYTES,
+            MADV_DONTNEED);
+    p->returned += (uint64_t)(j - i) * ATTN_KV_PAGE_BYTES;
+  }
+  p->nclean = end;
 }

@@ -6,6 +6,10 @@
  * max_tokens when it is made, and its appends then take pages that are
  * sure to be there. The mapping is made without reserving swap
  * (MAP_NORESERVE): a page is memory only once a token is written to it.
+ * Host pages free for about a second are given back to the kernel
+ * (attn__kvpages_trim), so the memory of sessions deleted or expired
+ * leaves the process; pages freed and taken again at once (a decode after
+ * a truncate) are not, which would cost a fault and a zeroing each.
  * Not thread-safe: the store's lock guards it.
  */
 #ifndef ATTN_KVPAGES_H
@@ -19,7 +23,11 @@
 typedef struct attn_kvpages {
   char *base;
   int64_t npages, nfree, reserved;
-  int32_t *free;           /* a stack of free page numbers */
+  int32_t *free;     /* a stack of free page numbers */
+  double *freed;     /* [npages]: the clock when each entry of free was pushed */
+  int64_t nclean;    /* free[0, nclean): pages holding no memory (never written, or trimmed) */
+  double clock;      /* the latest trim's time, which a page given is stamped with */
+  uint64_t returned; /* bytes given back to the kernel, in all */
   const attn_backend *dev; /* the backend whose device holds them; NULL: host memory */
 } attn_kvpages;
 
@@ -38,5 +46,13 @@ void attn__kvpages_unreserve(attn_kvpages *p, int64_t n);
 /* A page out of a reservation, and a page given back to the pool. */
 void *attn__kvpages_take(attn_kvpages *p);
 void attn__kvpages_give(attn_kvpages *p, void *page);
+/* Gives the kernel back host pages free since ATTN_KV_TRIM_AGE_S before
+ * now (madvise MADV_DONTNEED: the memory goes at once, and a page taken
+ * later reads zeros), at most ATTN_KV_TRIM_BATCH of them a call, so one
+ * call holds the store's lock briefly; called on the server's sweep. A
+ * no-op for device pages. */
+#define ATTN_KV_TRIM_AGE_S 1.0
+#define ATTN_KV_TRIM_BATCH 1024
+void attn__kvpages_trim(attn_kvpages *p, double now);
 
 #endif

@@ -388,6 +388,7 @@ int64_t attn_kv_list(attn_kv_store *s, const char *tenant, double now,
 int64_t attn_kv_expire(attn_kv_store *s, double now) {
   pthread_mutex_lock(&s->mu);
   int64_t n = expire_locked(s, now);
+  attn__kvpages_trim(&s->pages, now); /* this is the server's sweep */
   pthread_mutex_unlock(&s->mu);
   return n;
 }
@@ -407,6 +408,7 @@ void attn_kv_stats_get(attn_kv_store *s, attn_kv_stats *out) {
   for (const kv_pending *p = s->parked; p; p = p->next)
     out->waiting++;
   out->tenant_cap_bytes = (uint64_t)s->tenant_cap * ATTN_KV_PAGE_BYTES;
+  out->returned_bytes = s->pages.returned;
   pthread_mutex_unlock(&s->mu);
 }
 

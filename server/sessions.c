@@ -237,7 +237,7 @@ int attnd_sessions_open(attnd_server *s) {
   attn_kv_set_tenant_cap(s->kv, c->session_memory_per_key);
   if (!*c->session_dir)
     return 0;
-  int64_t n = attn_kv_load(s->kv, c->session_dir, attn_now(), log_line, s, &st);
+  int64_t n = attn_kv_load(s->kv, c->session_dir, attn_now(), c->session_ttl_max, log_line, s, &st);
   if (n < 0) {
     fprintf(stderr, "attnd: cannot load the sessions of %s: %s\n", c->session_dir, st.message);
     return -1;
@@ -339,5 +339,7 @@ void attnd_sessions_metrics(attn_sbuf *b, const attnd_server *s) {
   counter(b, "attnd_session_per_key_refused_total",
           "Session creates refused (507) past the API key's share (--session-memory-per-key).",
           st.tenant_cap_refused);
+  counter(b, "attnd_session_returned_bytes_total",
+          "Bytes of free session pages given back to the operating system.", st.returned_bytes);
   batch_histogram(b, &st);
 }

@@ -224,7 +224,7 @@ Test(sessions_gpu, a_store_saved_from_the_device_loads_back_anywhere, .init = re
     /* back on the device, then (round 1) into host memory: the file holds rows, not pages */
     kv = tkv_open_store(e, 64 * MIB, false, round ? "cpu" : NULL);
     cr_assert_str_eq(where(kv), round ? "host" : "cuda");
-    cr_assert_eq(attn_kv_load(kv, dir, 0, NULL, NULL, &st), 1, "%s", st.message);
+    cr_assert_eq(attn_kv_load(kv, dir, 0, 1e9, NULL, NULL, &st), 1, "%s", st.message);
     cr_assert_eq(tkv_call1(kv, "", "p", &s, &tkv_plain, 300, 1, 300, 1, &y, 0, &st), 0, "%s",
                  st.message);
     cr_expect_leq(tkv_ref_error(&s, &tkv_plain, 300, 1, 301, &y), ttol(ATTN_BF16),

@@ -97,6 +97,27 @@ static unsigned char pat(uint32_t seed, int64_t l, int t, int64_t h, int64_t j, 
 
 static float amax(int64_t l, int t) { return (float)l + (t ? 0.25f : 0.5f); }
 
+/* Row j of K (t 0) or V (t 1), head h, layer l: pat's bytes with bits of
+ * each element's exponent cleared, so that every element is finite and
+ * under 0.25 (under amax), as a file must hold. */
+static void fill_row(const spec *p, int64_t l, int t, int64_t h, int64_t j, unsigned char *r) {
+  const size_t es = attn_dtype_size(p->sh.dtype), row = (size_t)p->sh.head_dim * es;
+  for (size_t b = 0; b < row; b++)
+    r[b] = pat(p->seed, l, t, h, j, b);
+  for (size_t e = 0; e < row; e += es)
+    if (es == 4) { /* exponent at most 124 */
+      uint32_t x;
+      memcpy(&x, r + e, 4);
+      x &= ~(0x40000000u | 0x01800000u);
+      memcpy(r + e, &x, 4);
+    } else { /* F16: exponent at most 12; BF16: as F32 */
+      uint16_t x;
+      memcpy(&x, r + e, 2);
+      x &= (uint16_t) ~(p->sh.dtype == ATTN_F16 ? 0x4c00u : 0x4180u);
+      memcpy(r + e, &x, 2);
+    }
+}
+
 static void make(attn_kv_store *s, const spec *p) {
   bool created;
   attn_status st;
@@ -113,8 +134,7 @@ static void make(attn_kv_store *s, const spec *p) {
     for (int t = 0; t < 2; t++)
       for (int64_t h = 0; h < p->sh.heads_kv; h++)
         for (int64_t j = 0; j < p->len[l]; j++) {
-          for (size_t b = 0; b < row; b++)
-            r[b] = pat(p->seed, l, t, h, j, b);
+          fill_row(p, l, t, h, j, r);
           cr_assert_eq(attn__kv_put(s, ks, L, t, h, j, 1, r, &st), 0, "%s", st.message);
         }
     L->length = p->len[l];
@@ -143,7 +163,7 @@ static void expect_same(attn_kv_store *s, const spec *p, double now, double left
   pthread_mutex_lock(&s->mu);
   kv_session *ks = attn__kv_find(s, p->tenant, p->id, now);
   int64_t bad = 0;
-  unsigned char *r = malloc(row);
+  unsigned char *r = malloc(row), *w = malloc(row);
   for (int64_t l = 0; l < p->sh.layers; l++) {
     const kv_layer *L = &ks->layers[l];
     cr_expect_eq(lens[l], p->len[l], "('%s', '%s') layer %lld", p->tenant, p->id, (long long)l);
@@ -153,12 +173,14 @@ static void expect_same(attn_kv_store *s, const spec *p, double now, double left
       for (int64_t h = 0; h < p->sh.heads_kv; h++)
         for (int64_t j = 0; j < L->length && j < p->len[l]; j++) {
           cr_assert_eq(attn__kv_get(s, ks, L, t, h, j, 1, r, &st), 0, "%s", st.message);
+          fill_row(p, l, t, h, j, w);
           for (size_t b = 0; b < row; b++)
-            bad += r[b] != pat(p->seed, l, t, h, j, b);
+            bad += r[b] != w[b];
         }
   }
   pthread_mutex_unlock(&s->mu);
   free(r);
+  free(w);
   cr_expect_eq(bad, 0, "('%s', '%s'): %lld bytes differ", p->tenant, p->id, (long long)bad);
 }
 
@@ -240,9 +262,12 @@ static void save_ok(attn_kv_store *s, double now, int64_t want) {
   cr_assert_eq(n, want, "saved %lld: %s", (long long)n, n < 0 ? st.message : "");
 }
 
+/* The server's --session-ttl-max in these tests, past every TTL here. */
+#define TTL_MAX 1e9
+
 static int64_t load(attn_kv_store *s, double now, logbuf *lb) {
   attn_status st;
-  int64_t n = attn_kv_load(s, dir, now, on_log, lb, &st);
+  int64_t n = attn_kv_load(s, dir, now, TTL_MAX, on_log, lb, &st);
   cr_assert_geq(n, 0, "%s", st.message);
   return n;
 }
@@ -451,7 +476,7 @@ Test(kvfile, stale_temporary_removed, .init = setup, .fini = teardown) {
   cr_expect_eq(lb.n, 0);
   cr_expect(exists("notes.txt"));
   write_bytes("x@y.kv", "", 0); /* without a log: still set aside */
-  cr_expect_eq(attn_kv_load(b, dir, 0, NULL, NULL, NULL), 0);
+  cr_expect_eq(attn_kv_load(b, dir, 0, TTL_MAX, NULL, NULL, NULL), 0);
   cr_expect(exists("x@y.kv.bad"));
   attn_kv_close(b);
 }
@@ -466,7 +491,7 @@ Test(kvfile, directories, .init = setup, .fini = teardown) {
   snprintf(missing, sizeof missing, "%s/none", dir);
   cr_expect_eq(attn_kv_save(s, missing, 0, &st), ATTN_EINVAL);
   cr_expect(strstr(st.message, missing) && strstr(st.message, strerror(ENOENT)), "%s", st.message);
-  cr_expect_eq(attn_kv_load(s, missing, 0, NULL, NULL, &st), ATTN_EINVAL);
+  cr_expect_eq(attn_kv_load(s, missing, 0, TTL_MAX, NULL, NULL, &st), ATTN_EINVAL);
   cr_expect(strstr(st.message, missing), "%s", st.message);
   write_bytes("file", "x", 1);
   cr_expect_eq(attn_kv_save(s, path_of("file"), 0, &st), ATTN_EINVAL);
@@ -543,4 +568,174 @@ Test(kvfile, tenant_not_a_name, .init = setup, .fini = teardown) {
   cr_expect(exists("alice@alpha.kv"));
   cr_expect_eq(count_suffix(".kv"), 1);
   attn_kv_close(s);
+}
+
+/* ---- forged files: a valid checksum over values a call would refuse ----- */
+
+/* The file's checksum as the format defines it (kvfile.c): FNV-1a's
+ * 64-bit constants a little-endian word at a time, h ^= h >> 32 after each,
+ * the last 1-7 bytes zero-padded, then the byte count. */
+static uint64_t sum_of(const unsigned char *b, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull, w;
+  size_t i = 0;
+  for (;; i += 8) {
+    w = 0;
+    if (i >= n)
+      break;
+    memcpy(&w, b + i, n - i < 8 ? n - i : 8);
+    h = (h ^ w) * 0x100000001b3ull;
+    h ^= h >> 32;
+  }
+  h = (h ^ (uint64_t)n) * 0x100000001b3ull;
+  return h ^ (h >> 32);
+}
+
+/* n bytes at `at` of file name replaced by v, and the checksum made to
+ * match again: a file only someone who can write the directory makes. */
+static void forge(const char *name, size_t at, const void *v, size_t n) {
+  size_t len;
+  unsigned char *b = read_bytes(name, &len);
+  cr_assert_leq(at + n, len - 8);
+  uint64_t was;
+  memcpy(&was, b + len - 8, 8);
+  cr_assert_eq(sum_of(b, len - 8), was, "the test's checksum is not the format's");
+  memcpy(b + at, v, n);
+  uint64_t sum = sum_of(b, len - 8);
+  memcpy(b + len - 8, &sum, 8);
+  write_bytes(name, b, len);
+  free(b);
+}
+
+/* Where a header field lies in the file of p (tenant "" and p's id). */
+static size_t layer_at(const spec *p, int64_t l) { return 88 + strlen(p->id) + 16 * (size_t)l; }
+
+/* Where element e of row j of K (t 0) or V (t 1), head h, layer l lies. */
+static size_t elem_at(const spec *p, int64_t l, int t, int64_t h, int64_t j, int64_t e) {
+  const size_t es = attn_dtype_size(p->sh.dtype), row = (size_t)p->sh.head_dim * es;
+  size_t at = layer_at(p, p->sh.layers);
+  for (int64_t i = 0; i < l; i++)
+    at += 2 * (size_t)(p->sh.heads_kv * p->len[i]) * row;
+  at += (size_t)(2 * h + t) * (size_t)p->len[l] * row;
+  return at + (size_t)j * row + (size_t)e * es;
+}
+
+/* Each file holds one thing a create or a call would refuse, under a
+ * matching checksum: each is moved aside with a line saying what, none is
+ * served. The unfixed store loaded every one. */
+Test(kvfile, forged_files_refused, .init = setup, .fini = teardown) {
+  attn_kv_store *a = store(64 << 20), *b = store(64 << 20);
+  static const char *ids[] = {"nan", "inf", "big", "low", "pt", "pt0", "dtype", "good"};
+  enum { N = 8 };
+  spec p[N];
+  for (int i = 0; i < N; i++) {
+    p[i] = mixed[0]; /* F32, 2 KV heads, 3 layers of 300, 0 and 129 tokens */
+    p[i].id = ids[i];
+    p[i].seed = (uint32_t)i;
+    make(a, &p[i]);
+  }
+  save_ok(a, 1100, N);
+  const float nan = NAN, inf = -INFINITY, big = 3e38f, low = 0.125f;
+  const int64_t pt = 100, pt0 = 0;
+  forge("@nan.kv", elem_at(&p[0], 0, 0, 1, 299, 5), &nan, 4);
+  forge("@inf.kv", elem_at(&p[1], 2, 1, 0, 128, 127), &inf, 4);
+  forge("@big.kv", elem_at(&p[2], 2, 0, 1, 64, 0), &big, 4);
+  forge("@low.kv", layer_at(&p[3], 0) + 8, &low, 4); /* its rows reach 0.25 */
+  forge("@pt.kv", 64, &pt, 8);
+  forge("@pt0.kv", 64, &pt0, 8);
+  forge("@dtype.kv", 24 + 4, "x", 1); /* "F32\0x\0\0\0" */
+  logbuf lb = {0};
+  cr_assert_eq(load(b, 0, &lb), 1, "a forged file loaded");
+  expect_same(b, &p[N - 1], 0, TTL - 100);
+  static const char *why[] = {
+      "non-finite",      "non-finite", "past the largest", "past the largest", "page_tokens (100)",
+      "page_tokens (0)", "dtype"};
+  for (int i = 0; i < N - 1; i++) {
+    char file[64], aside[80];
+    snprintf(file, sizeof file, "@%s.kv", ids[i]);
+    snprintf(aside, sizeof aside, "%s.bad", file);
+    const char *line = line_of(&lb, file);
+    cr_expect(line && strstr(line, "moved to") && strstr(line, why[i]), "%s: logged '%s'", file,
+              line ? line : "nothing");
+    cr_expect(exists(aside) && !exists(file), "%s was not moved aside", file);
+    expect_gone(b, "", ids[i], 0);
+  }
+  attn_kv_stats y;
+  attn_kv_stats_get(b, &y);
+  cr_expect_eq(y.sessions, 1);
+  cr_expect_eq(y.reserved_bytes, attn_kv_reserve_bytes(b, &p[0].sh));
+  attn_kv_close(a);
+  attn_kv_close(b);
+}
+
+/* A ttl_s past the server's --session-ttl-max (a file from a server with
+ * a higher one, or forged) loads cut to it, the time left with it, and
+ * the log says so. */
+Test(kvfile, ttl_cut_to_the_servers_max, .init = setup, .fini = teardown) {
+  attn_kv_store *a = store(16 << 20), *b = store(16 << 20);
+  spec p = mixed[1];
+  p.tenant = "";
+  make(a, &p);
+  save_ok(a, 1200, 1);
+  const double ttl[2] = {1e6, 9e5}; /* ttl_s and the seconds left */
+  forge("@alpha.kv", 72, ttl, sizeof ttl);
+  logbuf lb = {0};
+  attn_status st;
+  cr_assert_eq(attn_kv_load(b, dir, 50, 3600, on_log, &lb, &st), 1, "%s", st.message);
+  attn_kv_info info;
+  cr_assert_eq(attn_kv_get(b, "", "alpha", 50, &info, NULL, 0, &st), 0, "%s", st.message);
+  cr_expect_eq(info.ttl_s, 3600, "ttl_s %g", info.ttl_s);
+  cr_expect_leq(info.expires - 50, 3600, "%g s left", info.expires - 50);
+  const char *line = line_of(&lb, "@alpha.kv");
+  cr_expect(line && strstr(line, "ttl_s 3600") && strstr(line, "--session-ttl-max"), "logged '%s'",
+            line ? line : "nothing");
+  attn_kv_close(a);
+  attn_kv_close(b);
+}
+
+/* A file name with a newline and a terminal escape is logged escaped:
+ * one line, no control byte. */
+Test(kvfile, names_escaped_in_the_log, .init = setup, .fini = teardown) {
+  attn_kv_store *b = store(1 << 20);
+  write_bytes("x@a\nattnd: forged\x1b[2J.kv", "junk", 4);
+  logbuf lb = {0};
+  cr_expect_eq(load(b, 0, &lb), 0);
+  cr_assert_eq(lb.n, 1);
+  for (const char *c = lb.lines[0]; *c; c++)
+    cr_expect((unsigned char)*c >= 0x20 && *c != 0x7f, "a control byte 0x%02x in '%s'",
+              (unsigned char)*c, lb.lines[0]);
+  cr_expect(strstr(lb.lines[0], "x@a\\x0aattnd: forged\\x1b[2J.kv"), "logged '%s'", lb.lines[0]);
+  attn_kv_close(b);
+}
+
+/* A hard link or a symbolic link planted at a session's temporary name
+ * is replaced, never written through: the file it points at keeps its
+ * bytes, and the session is saved. */
+Test(kvfile, links_at_the_temporary_name, .init = setup, .fini = teardown) {
+  attn_kv_store *a = store(16 << 20), *b = store(16 << 20);
+  spec p = mixed[1], q = mixed[1];
+  p.tenant = q.tenant = "";
+  q.id = "beta";
+  make(a, &p);
+  make(a, &q);
+  write_bytes("victim", "precious", 8);
+  write_bytes("victim2", "precious", 8);
+  cr_assert_eq(link(path_of("victim"), path_of("@alpha.kv.tmp")), 0);
+  cr_assert_eq(symlink(path_of("victim2"), path_of("@beta.kv.tmp")), 0);
+  attn_status st;
+  int64_t saved = attn_kv_save(a, dir, 1200, &st);
+  cr_expect_eq(saved, 2, "saved %lld: %s", (long long)saved, saved < 0 ? st.message : "");
+  size_t n;
+  unsigned char *v = read_bytes("victim", &n);
+  cr_expect(n == 8 && !memcmp(v, "precious", 8), "the save wrote through a hard link");
+  free(v);
+  v = read_bytes("victim2", &n);
+  cr_expect(n == 8 && !memcmp(v, "precious", 8), "the save wrote through a symbolic link");
+  free(v);
+  cr_expect_eq(count_suffix(".tmp"), 0);
+  logbuf lb = {0};
+  cr_expect_eq(load(b, 0, &lb), 2);
+  expect_same(b, &p, 0, TTL - (1200 - p.made));
+  expect_same(b, &q, 0, TTL - (1200 - q.made));
+  attn_kv_close(a);
+  attn_kv_close(b);
 }

@@ -97,7 +97,7 @@ Test(session_quota, loaded_sessions_are_kept_and_counted) {
   attn_kv_close(kv);
   kv = tkv_open_store(e, 16 * PAGE, false, "cpu");
   attn_kv_set_tenant_cap(kv, 4 * PAGE);
-  cr_expect_eq(attn_kv_load(kv, dir, 1, NULL, NULL, &st), 8, "%s", st.message);
+  cr_expect_eq(attn_kv_load(kv, dir, 1, 86400, NULL, NULL, &st), 8, "%s", st.message);
   cr_expect_eq(attn_kv_tenant_reserved(kv, "a"), 16 * PAGE);
   cr_expect_eq(make(kv, "a", "more", 600, 1, &st), ATTN_ESESSION_MEMORY);
   attn_kv_close(kv);

@@ -739,7 +739,13 @@ Test(cuda_backend, a_fault_is_noticed_while_requests_keep_arriving, .init = rese
   mock_set(&k);
   cancel_outcome o = {0};
   attn_status st;
+  long before = mock_launches();
   cr_assert_eq(attn_engine_submit(e, &c.req, cancel_done, &o, &st), 0, "%s", st.message);
+  /* the fault is the next launch's: it must be this job's, not a waker's */
+  const struct timespec ms = {0, 1000000};
+  for (int i = 0; i < 30000 && mock_launches() == before; i++)
+    nanosleep(&ms, NULL);
+  cr_assert_gt(mock_launches(), before, "the faulting job never launched");
   /* about 10 s of wake-ups, far past the one-second poll */
   keep_waking(e, &o.calls, 2000);
   cr_expect_eq(__atomic_load_n(&o.calls, __ATOMIC_SEQ_CST), 1,

@@ -274,6 +274,14 @@ void attn_request_init(attn_request *r);
  */
 int attn_request_validate(const attn_request *r, attn_status *st);
 
+/* One cu_seqlens array of n + 1 offsets named name: starts at 0, never
+ * decreases, ends at total; ESHAPE naming the offset otherwise, the last
+ * case in the words "<name>[n] = x but <rows> <total>" (rows: "seq_q is",
+ * "q has"). The engine's own check of a request's offsets, for a codec
+ * that cuts a body by them before a request exists. */
+int attn_offsets_check(attn_status *st, const char *name, const int64_t *cu, int64_t n,
+                       int64_t total, const char *rows);
+
 /* Effective scale: r->scale, or 1/sqrt(head_dim) when it is NaN. */
 double attn_request_scale(const attn_request *r);
 

@@ -70,8 +70,8 @@ static int call_shape_check(const attn_kv_call *c, attn_status *st) {
                            "and no cu_seqlens_kv of its own");
   if (!r->cu_seqlens_q && c->nentries > 1)
     return attn_status_set(st, ATTN_EINVAL, "a call of several sessions needs cu_seqlens_q");
-  int rc = r->cu_seqlens_q ? attn__check_cu(st, "cu_seqlens_q", r->cu_seqlens_q, c->nentries,
-                                            r->seq_q, "q's rows")
+  int rc = r->cu_seqlens_q ? attn_offsets_check(st, "cu_seqlens_q", r->cu_seqlens_q, c->nentries,
+                                                r->seq_q, "q has")
                            : 0;
   return rc ? rc : new_rows_check(c, st);
 }

@@ -183,8 +183,8 @@ static int validate_backward(const attn_request *r, int64_t b, size_t es, attn_s
   return 0;
 }
 
-int attn__check_cu(attn_status *st, const char *name, const int64_t *cu, int64_t batch,
-                   int64_t total, const char *axis) {
+int attn_offsets_check(attn_status *st, const char *name, const int64_t *cu, int64_t batch,
+                       int64_t total, const char *rows) {
   if (cu[0] != 0)
     return attn_status_set(st, ATTN_ESHAPE, "%s[0] is %lld; the offsets must start at 0", name,
                            (long long)cu[0]);
@@ -197,9 +197,9 @@ int attn__check_cu(attn_status *st, const char *name, const int64_t *cu, int64_t
                              (long long)cu[b - 1]);
   if (cu[batch] != total)
     return attn_status_set(st, ATTN_ESHAPE,
-                           "%s[%lld] = %lld but %s is %lld; the last offset must equal the "
+                           "%s[%lld] = %lld but %s %lld; the last offset must equal the "
                            "total length",
-                           name, (long long)batch, (long long)cu[batch], axis, (long long)total);
+                           name, (long long)batch, (long long)cu[batch], rows, (long long)total);
   return 0;
 }
 
@@ -219,9 +219,10 @@ static int validate_offsets(const attn_request *r, attn_status *st) {
     return attn_status_set(st, ATTN_EINVAL,
                            "diag_offset cannot be combined with cu_seqlens: each sequence of a "
                            "variable-length batch is aligned bottom-right on its own");
-  int rc = attn__check_cu(st, "cu_seqlens_q", r->cu_seqlens_q, r->batch, r->seq_q, "seq_q");
+  int rc = attn_offsets_check(st, "cu_seqlens_q", r->cu_seqlens_q, r->batch, r->seq_q, "seq_q is");
   return rc ? rc
-            : attn__check_cu(st, "cu_seqlens_kv", r->cu_seqlens_kv, r->batch, r->seq_kv, "seq_kv");
+            : attn_offsets_check(st, "cu_seqlens_kv", r->cu_seqlens_kv, r->batch, r->seq_kv,
+                                 "seq_kv is");
 }
 
 /* The longest sequence's keys: seq_kv, or the largest of a variable-length

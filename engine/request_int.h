@@ -13,12 +13,6 @@
 /* Fills all-zero strides with the contiguous layout; r must be valid. */
 void attn__request_fill_strides(attn_request *r);
 
-/* One cu_seqlens array of batch + 1 offsets named name: starts at 0, never
- * decreases, ends at total (the length of axis); ESHAPE naming the offset
- * otherwise. */
-int attn__check_cu(attn_status *st, const char *name, const int64_t *cu, int64_t batch,
-                   int64_t total, const char *axis);
-
 /* Keys visible to query row i of a valid request: [*lo, *hi], empty when
  * *lo > *hi. */
 void attn__request_keys(const attn_request *r, int64_t i, int64_t *lo, int64_t *hi);

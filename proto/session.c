@@ -221,44 +221,24 @@ static int check_fields(const attn_proto_session *ps, const attn_proto_tensor *t
   return 0;
 }
 
-/* One of a batch's offsets, cu[0..n] over total rows: POST /attention's
- * checks and words (start at 0, never decrease, end at the rows sent;
- * ATTN_ESHAPE, invalid_shape), made here because the entries are cut from
- * them (attn_proto_session_entries) before the engine sees the call, and a
- * safetensors I64 offset may be anything: 2^63 - 1 minus -2 overflows. */
-static int check_cu(const char *name, const int64_t *cu, int64_t n, int64_t total, const char *rows,
-                    attn_status *st) {
-  if (cu[0] != 0)
-    return attn_status_set(st, ATTN_ESHAPE, "%s[0] is %lld; the offsets must start at 0", name,
-                           (long long)cu[0]);
-  for (int64_t b = 1; b <= n; b++)
-    if (cu[b] < cu[b - 1])
-      return attn_status_set(st, ATTN_ESHAPE,
-                             "%s[%lld] = %lld is below %s[%lld] = %lld; the offsets must not "
-                             "decrease",
-                             name, (long long)b, (long long)cu[b], name, (long long)(b - 1),
-                             (long long)cu[b - 1]);
-  if (cu[n] != total)
-    return attn_status_set(st, ATTN_ESHAPE,
-                           "%s[%lld] = %lld but %s %lld; the last offset must equal the total "
-                           "length",
-                           name, (long long)n, (long long)cu[n], rows, (long long)total);
-  return 0;
-}
-
 /* A batch's cu_seqlens_q over q's rows, and cu_seqlens_kv over k's (their
- * counts checked by check_fields). */
+ * counts checked by check_fields), with /attention's checks and words:
+ * here, because the entries are cut from them (attn_proto_session_entries)
+ * before the engine sees the call, and a safetensors I64 offset may be
+ * anything (2^63 - 1 minus -2 overflows). */
 static int check_offsets(const attn_proto_session *ps, const attn_proto_tensor *t,
                          attn_status *st) {
   if (!ps->batch)
     return 0;
   int64_t d[4];
   attn__bhnd(&t[ATTN_PROTO_T_Q], d);
-  int rc = check_cu("cu_seqlens_q", t[ATTN_PROTO_T_CU_Q].data, ps->nids, d[2], "q has", st);
+  int rc =
+      attn_offsets_check(st, "cu_seqlens_q", t[ATTN_PROTO_T_CU_Q].data, ps->nids, d[2], "q has");
   if (rc || !t[ATTN_PROTO_T_K].data)
     return rc;
   attn__bhnd(&t[ATTN_PROTO_T_K], d);
-  return check_cu("cu_seqlens_kv", t[ATTN_PROTO_T_CU_KV].data, ps->nids, d[2], "k and v have", st);
+  return attn_offsets_check(st, "cu_seqlens_kv", t[ATTN_PROTO_T_CU_KV].data, ps->nids, d[2],
+                            "k and v have");
 }
 
 static int check_options(const attn_options *o, attn_status *st) {

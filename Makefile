@@ -603,6 +603,7 @@ test: deps
 	$(MAKE) --no-print-directory format-check
 	@tests/map-check.sh
 	$(MAKE) --no-print-directory layout-check
+	@/usr/bin/python3 tests/circles.py $(BUILD)
 
 # What the kernels compile to (tests/sass/): no local memory anywhere, and
 # the Hopper forward's softmax between its two wgmma waits; cuobjdump comes
@@ -639,6 +640,12 @@ layout:
 
 layout-check:
 	@/usr/bin/python3 docs/layout.py --check
+
+# No call circle between the product's files (tests/circles.py: nm over
+# the objects, and the headers' includes and uses), part of make test.
+.PHONY: circles
+circles: $(BUILD)/attn $(BUILD)/attnd
+	@/usr/bin/python3 tests/circles.py $(BUILD)
 
 # The GPU tests alone (see tests/gpu/check.sh for the whole GPU check).
 test-gpu: deps

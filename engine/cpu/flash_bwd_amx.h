@@ -43,6 +43,8 @@
 #define ATTN_CPU_FLASH_BWD_AMX_H
 
 #include "amx.h"
+#include "flash_bwd_bf16.h"
+#include "flash_bwd_pair.h"
 
 _Static_assert(BQ == 64 && BK == 64, "amx_transpose64 transposes blocks of 64 rows");
 

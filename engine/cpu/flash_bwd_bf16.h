@@ -2,8 +2,8 @@
  * flash_bwd_bf16.h — the backward's five products on VDPBF16PS, for
  * flash_bwd.c's avx512bf16 and amx instances (BF16 inputs, even head_dim).
  *
- * Included by flash_bwd.c only, after kb_ctx. The tiles, the masks, P and
- * dS and their F32 arithmetic are flash_bwd.c's; what changes is that each
+ * Included by flash_bwd.c only. The tiles, the masks, P and dS and their
+ * F32 arithmetic are flash_bwd_pair.h's; what changes is that each
  * product sums two BF16 products per 32-bit lane into F32,
  *
  *   VDPBF16PS  acc[n] += a[2n]·b[2n] + a[2n+1]·b[2n+1],
@@ -28,6 +28,8 @@
  */
 #ifndef ATTN_CPU_FLASH_BWD_BF16_H
 #define ATTN_CPU_FLASH_BWD_BF16_H
+
+#include "flash_bwd_pair.h"
 
 static inline uint32_t ld32(const char *p) {
   uint32_t v;

@@ -620,10 +620,14 @@ Test(cuda_backend, a_canceled_backward_is_never_staged, .init = reset, .timeout 
   int flag = 0;
   b.req.cancel = &flag;
   a.req.backend = b.req.backend = "cuda";
-  cancel_outcome oa = {.cancel_other = &flag}, ob = {0};
+  /* A's end cancels B only once B is queued: on a busy machine A can end
+   * before B is submitted, and a canceled job is refused at submit. */
+  int b_queued = 0;
+  cancel_outcome oa = {.cancel_other = &flag, .submitted = &b_queued}, ob = {0};
   long launches = mock_launches();
   cr_assert_eq(attn_engine_submit(e, &a.req, cancel_done, &oa, &st), 0, "%s", st.message);
   cr_assert_eq(attn_engine_submit(e, &b.req, cancel_done, &ob, &st), 0, "%s", st.message);
+  __atomic_store_n(&b_queued, 1, __ATOMIC_SEQ_CST);
   attn_engine_close(e);
   cr_expect(oa.calls == 1 && oa.res.status.code == 0, "job A: %s", oa.res.status.message);
   terr_bwd err = tref_bwd_check(&a, &ref);

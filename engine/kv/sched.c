@@ -112,6 +112,8 @@ static void take_ready(attn_kv_store *s, kv_after *a) {
   }
 }
 
+/* Under the lock: an admitted call to a job now, or waiting for its
+ * layers' jobs (batching). */
 static void schedule(attn_kv_store *s, kv_pending *p, kv_after *a) {
   p->next = NULL;
   if (canceled(p)) { /* while its rows were stored: attn_kv_cancel could not see it */
@@ -133,7 +135,7 @@ static void schedule(attn_kv_store *s, kv_pending *p, kv_after *a) {
 
 /* ---- storing the new rows -------------------------------------------------- */
 
-/* Writes entry e's new tokens into the pages claim took, a page's run at a
+/* Writes entry e's new tokens into the pages claim took, a page's span at a
  * time (on a device: one small upload each); without the lock. */
 static int store_entry(const attn_kv_store *s, const attn_kv_call *c, int64_t e, const kv_use *u,
                        attn_status *st) {
@@ -172,6 +174,8 @@ static void publish(attn_kv_store *s, kv_pending *p, bool ok) {
   }
 }
 
+/* Without the lock: an admitted call's rows stored, then the call
+ * scheduled; 0, or the error with nothing appended. */
 static int land(attn_kv_store *s, kv_pending *p, kv_after *a, attn_status *st) {
   int rc = 0;
   for (int64_t e = 0; rc == 0 && e < p->call->nentries; e++)

@@ -105,9 +105,13 @@ ENGINE_SRC = engine/submit.c engine/varlen.c engine/handle.c engine/backend.c en
              engine/plan.c engine/softmax.c engine/reference.c engine/reference_bwd.c \
              engine/reference_backend.c engine/cpu/cpu.c engine/cpu/cpu_bwd.c engine/cpu/scan.c \
              engine/cpu/selfcheck.c engine/cuda/select.c engine/cuda/hopper_select.c \
-             engine/kvpages.c engine/kvstore.c engine/kvcall.c engine/kvjob.c engine/kvid.c \
-             engine/kvfile.c engine/kvquota.c
+             $(KV_SRC)
 ENGINE_OBJ = $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
+# The session store (engine/kv/, one public header kv/kv.h): a client of
+# the engine, built into the same library.
+KV_SRC = engine/kv/pages.c engine/kv/quota.c engine/kv/id.c engine/kv/store.c \
+         engine/kv/batch.c engine/kv/admit.c engine/kv/sched.c engine/kv/file.c \
+         engine/kv/save.c engine/kv/load.c
 
 # ---- the wire formats (proto/) ---------------------------------------------
 PROTO_SRC = $(wildcard proto/*.c)
@@ -251,7 +255,7 @@ FUZZ_SAN      = -fsanitize=address,undefined -fno-sanitize-recover=undefined
 # Objects are compiled once for every target (fuzzer-no-link), then each
 # target links its own main; the includes are the union of the targets'.
 FUZZ_CFLAGS   = -g -O1 $(FUZZ_SAN) -fsanitize=fuzzer-no-link -Iengine -Iproto -Iclients -Iserver
-FUZZ_LIB_SRC  = engine/dtype.c engine/request.c engine/kvid.c $(PROTO_SRC)
+FUZZ_LIB_SRC  = engine/dtype.c engine/request.c engine/kv/id.c $(PROTO_SRC)
 FUZZ_OBJ      = $(FUZZ_LIB_SRC:%.c=$(BUILD)/fuzz/obj/%.o)
 # Client modules a target needs besides the library (FUZZ_SRC_<name>).
 FUZZ_SRC_http_reply = clients/http_reply.c

@@ -65,7 +65,8 @@ struct attn_backend_ops {
   void (*host_stats)(void *state, attn_host_stats *out);
   /* Device memory for a session store's pages, zeroed (*base: its device
    * address; one store per backend), and given back. Default: none
-   * (EUNSUPPORTED), and the store keeps its pages in host memory. */
+   * (EUNSUPPORTED), and the store keeps its pages in host memory. The
+   * store cuts it into pages of ATTN_KV_PAGE_BYTES, below. */
   int (*pages_open)(void *state, uint64_t bytes, void **base, attn_status *st);
   void (*pages_close)(void *state, void *base);
   /* rows rows of width bytes between host memory and those pages (either
@@ -74,6 +75,12 @@ struct attn_backend_ops {
   int (*pages_copy)(void *state, void *dst, size_t dpitch, const void *src, size_t spitch,
                     size_t width, size_t rows, attn_status *st);
 };
+
+/* Bytes of one page of a paged K/V (attn_request.k_pages): 64 KiB, 64 to
+ * 16384 tokens of one KV head. The session store (engine/kv/) lays its
+ * pool out in pages of this size, and a backend that lends the pool
+ * (pages_open) finds a page's number from its address with it. */
+#define ATTN_KV_PAGE_BYTES ((size_t)64 << 10)
 
 /* A backend as an engine holds it: its ops with the defaults filled in,
  * its state once open() succeeded, and otherwise why it did not. */

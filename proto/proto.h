@@ -28,6 +28,7 @@
 #define ATTN_PROTO_H
 
 #include "engine.h"
+#include "kv/kv.h"
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -22,6 +22,7 @@
 #include "config.h"
 #include "conns.h"
 #include "engine.h"
+#include "kv/kv.h"
 #include "metrics.h"
 #include "reqid.h"
 

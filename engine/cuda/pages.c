@@ -14,8 +14,6 @@
  */
 #include "cuda_int.h"
 
-#include "kvpages.h"
-
 #include <string.h>
 
 int attn__cu_pages_open(cu_state *s, uint64_t bytes, void **base, attn_status *st) {

@@ -12,7 +12,6 @@
 #include "cuda_int.h"
 
 #include "check.h"
-#include "kvpages.h"
 #include "selfcheck.h"
 
 #include <stdio.h>

@@ -11,8 +11,8 @@
  */
 #include "cuda/kernels.h"
 #include "helpers.h"
+#include "kv/kv_int.h"
 #include "kvcalls.h"
-#include "kvstore_int.h"
 #include "mock.h"
 
 #include <criterion/criterion.h>

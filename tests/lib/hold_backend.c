@@ -35,7 +35,7 @@
  */
 #define _GNU_SOURCE
 #include "backend.h"
-#include "kvpages.h"
+#include "kv/pages.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -8,7 +8,7 @@
 #ifndef ATTN_TEST_KVCALLS_H
 #define ATTN_TEST_KVCALLS_H
 
-#include "engine.h"
+#include "kv/kv.h"
 
 #include <stdbool.h>
 #include <stdint.h>

@@ -1,18 +1,18 @@
 /*
  * test_kvfile.c — sessions saved to a directory and loaded into a new
- * store (kvfile.c): every byte of every token, the lengths, shapes, largest
- * |k| and |v| and remaining TTL come back; expired sessions are not saved;
+ * store (engine/kv/save.c, load.c): every byte of every token, the
+ * lengths, shapes, largest |k| and |v| and remaining TTL come back; expired sessions are not saved;
  * a damaged, truncated, foreign or renamed file is moved aside with a log
  * line and never served; a store too small for a file, a session the store
  * has already, a save's stale temporary file, and directories that cannot
  * be used.
  *
- * The sessions are filled through the store's insides (kvstore_int.h)
- * under its lock, as kvcall.c appends: a call cannot compute over them
- * yet, and persistence is about the bytes, not the attention.
+ * The sessions are filled through the store's insides (kv/kv_int.h)
+ * under its lock, as sched.c stores a call's rows: a call cannot compute
+ * over them yet, and persistence is about the bytes, not the attention.
  */
 #define _GNU_SOURCE
-#include "kvstore_int.h"
+#include "kv/kv_int.h"
 
 #include <criterion/criterion.h>
 #include <dirent.h>
@@ -135,7 +135,7 @@ static void make(attn_kv_store *s, const spec *p) {
       for (int64_t h = 0; h < p->sh.heads_kv; h++)
         for (int64_t j = 0; j < p->len[l]; j++) {
           fill_row(p, l, t, h, j, r);
-          cr_assert_eq(attn__kv_put(s, ks, L, t, h, j, 1, r, &st), 0, "%s", st.message);
+          cr_assert_eq(attn__kv_rows_put(s, ks, L, t, h, j, 1, r, &st), 0, "%s", st.message);
         }
     L->length = p->len[l];
     L->absmax[0] = amax(l, 0);
@@ -172,7 +172,7 @@ static void expect_same(attn_kv_store *s, const spec *p, double now, double left
     for (int t = 0; t < 2; t++)
       for (int64_t h = 0; h < p->sh.heads_kv; h++)
         for (int64_t j = 0; j < L->length && j < p->len[l]; j++) {
-          cr_assert_eq(attn__kv_get(s, ks, L, t, h, j, 1, r, &st), 0, "%s", st.message);
+          cr_assert_eq(attn__kv_rows_get(s, ks, L, t, h, j, 1, r, &st), 0, "%s", st.message);
           fill_row(p, l, t, h, j, w);
           for (size_t b = 0; b < row; b++)
             bad += r[b] != w[b];
@@ -572,7 +572,7 @@ Test(kvfile, tenant_not_a_name, .init = setup, .fini = teardown) {
 
 /* ---- forged files: a valid checksum over values a call would refuse ----- */
 
-/* The file's checksum as the format defines it (kvfile.c): FNV-1a's
+/* The file's checksum as the format defines it (kv/file.h): FNV-1a's
  * 64-bit constants a little-endian word at a time, h ^= h >> 32 after each,
  * the last 1-7 bytes zero-padded, then the byte count. */
 static uint64_t sum_of(const unsigned char *b, size_t n) {

@@ -7,7 +7,7 @@
  * taken and written after a trim is counted again when freed again. The
  * clock is the test's: trims are called with the times the test chooses.
  */
-#include "kvpages.h"
+#include "kv/pages.h"
 
 #include <criterion/criterion.h>
 #include <stdlib.h>

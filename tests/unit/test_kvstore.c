@@ -1,5 +1,5 @@
 /*
- * test_kvstore.c — the session store (engine.h, "sessions"): a session's
+ * test_kvstore.c — the session store (engine/kv/kv.h): a session's
  * calls checked against the float64 reference over exactly the keys the
  * session should hold (prefill, then token-by-token decode, in every
  * dtype and on every CPU kernel this machine runs), replays bit for bit,

@@ -1,26 +1,31 @@
 /*
- * kvjob.c — the jobs that compute a session store's calls: when an
- * admitted call starts, which calls run together, how a job is built from
- * the layers' pages, its cancel, and what its end sets going.
+ * batch.c — the engine request a session call runs as: one entry alone
+ * over its layer's pages, or a job of several calls (kv_int.h). Which calls
+ * run together (the same options and shapes), and how their job is built:
+ * a variable-length batch whose sequence e is entry e, which the varlen
+ * path computes as the problem it would be alone, so every reply is bit
+ * for bit the one the call gets alone; on a device, one batch of its
+ * entries when they have the same query rows.
  *
- * A call starts at once unless a job that reads one of its layers is
- * running and batching is on; then it waits, admitted (its tokens stored,
- * so in arrival order), for that layer's jobs only, never for another
- * session's. The calls that become free together run as one job per set of
- * matching options and shapes: a variable-length batch whose sequence e is
- * entry e, which the varlen path computes as the problem it would be alone,
- * so every reply is bit for bit the one the call gets alone. A job of
- * several calls is canceled once every one of its callers has canceled.
+ * Pure work on the calls and their pages' tables: no lock is taken here
+ * (the callers hold the store's, or own the job), and nothing here calls
+ * the rest of the store.
  */
-#include "job.h"
-#include "kvstore_int.h"
-#include "request_int.h"
+#include "kv_int.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-static void job_free(kv_job *j) {
+void attn__kv_pending_free(kv_pending *p) {
+  if (p) {
+    free(p->uses);
+    free(p->mx);
+    free(p);
+  }
+}
+
+void attn__kv_job_free(kv_job *j) {
   for (kv_pending *p = j->calls, *n; p; p = n) {
     n = p->next;
     attn__kv_pending_free(p);
@@ -37,6 +42,12 @@ static void job_free(kv_job *j) {
 int64_t attn__kv_entry_rows(const attn_kv_call *c, int64_t e) {
   const int64_t *cu = c->req.cu_seqlens_q;
   return cu ? cu[e + 1] - cu[e] : c->req.seq_q;
+}
+
+/* Entry e's new rows of KV head h of K (t 0) or V (t 1), packed. */
+const char *attn__kv_new_rows(const attn_kv_call *c, int64_t e, int t, int64_t h, size_t row) {
+  const attn_kv_entry *en = &c->entries[e];
+  return (const char *)(t ? c->v_new : c->k_new) + (size_t)(h * c->total_new + en->kv_off) * row;
 }
 
 /* Where r's pages are and who reads them: the cpu backend host pages, the
@@ -95,7 +106,7 @@ static bool mergeable(const kv_pending *pa, const kv_pending *pb) {
          !x->m == !y->m && !x->l == !y->l && !x->lse == !y->lse && shapes_fit(pa, pb);
 }
 
-static kv_job *job_new(attn_kv_store *s, kv_pending *p) {
+kv_job *attn__kv_job_new(attn_kv_store *s, kv_pending *p) {
   kv_job *j = calloc(1, sizeof *j);
   if (j) {
     j->s = s;
@@ -108,12 +119,12 @@ static kv_job *job_new(attn_kv_store *s, kv_pending *p) {
 
 /* Adds p to the job of matching options in the list, or to a new one at
  * its end; false out of memory. */
-static bool group_add(attn_kv_store *s, kv_job **jobs, kv_pending *p) {
+bool attn__kv_group_add(attn_kv_store *s, kv_job **jobs, kv_pending *p) {
   kv_job **jp = jobs;
   while (*jp && !mergeable((*jp)->calls, p))
     jp = &(*jp)->next;
   if (!*jp)
-    return (*jp = job_new(s, p)) != NULL;
+    return (*jp = attn__kv_job_new(s, p)) != NULL;
   kv_pending **pp = &(*jp)->calls;
   while (*pp)
     pp = &(*pp)->next;
@@ -204,7 +215,7 @@ static int job_gather(kv_job *j) {
 }
 
 /* o and the statistics of each call back into its own buffers. */
-static void job_scatter(const kv_job *j) {
+void attn__kv_job_scatter(const kv_job *j) {
   const attn_request *r = &j->req;
   const size_t es = attn_dtype_size(r->dtype);
   int64_t row0 = 0;
@@ -296,242 +307,14 @@ static int batch_build(kv_job *j) {
 /* The request of a job: one lone entry on the call's buffers, or a
  * variable-length batch (one batch on a device, when its entries allow).
  * 0; -1 out of memory; -2 when its calls are not all of one shape. */
-static int job_build(kv_job *j) {
+int attn__kv_job_build(kv_job *j) {
   const kv_pending *p = j->calls;
   for (const kv_pending *q = p; q; q = q->next)
     if (!shapes_fit(p, q))
-      return -2; /* group_add and the call's checks keep this from happening */
+      return -2; /* attn__kv_group_add and the call's checks keep this from happening */
   if (j->ncalls == 1 && p->call->nentries == 1) {
     attn__kv_lone_request(j->s, p->call, 0, &p->uses[0], &j->req);
     return 0;
   }
   return batch_build(j);
-}
-
-/* ---- running ---------------------------------------------------------------- */
-
-static void count_batch(attn_kv_store *s, int64_t ncalls) {
-  int b = 0;
-  while (b < ATTN_KV_BATCH_BUCKETS - 1 && ((int64_t)1 << b) < ncalls)
-    b++;
-  s->stats.batch_sizes[b]++;
-  s->stats.batched_calls += (uint64_t)ncalls;
-}
-
-static bool canceled(const kv_pending *p) { return attn_cancel_is_set(p->call->req.cancel); }
-
-/* Sets the job's own cancel once every caller has canceled. */
-static void cancel_check(kv_job *j) {
-  for (const kv_pending *p = j->calls; p; p = p->next)
-    if (!canceled(p))
-      return;
-  attn_cancel_set(&j->cancel);
-}
-
-/* Under the lock: j counts as running, on each of its layers too. */
-static void job_running(attn_kv_store *s, kv_job *j, kv_after *a) {
-  for (kv_pending *p = j->calls; p; p = p->next)
-    for (int64_t e = 0; e < p->call->nentries; e++)
-      p->uses[e].L->jobs++;
-  count_batch(s, j->ncalls);
-  cancel_check(j);
-  j->run_next = s->running;
-  s->running = j;
-  j->next = a->jobs;
-  a->jobs = j;
-}
-
-/* Whether one of p's layers has a job running. */
-static bool busy(const kv_pending *p) {
-  for (int64_t e = 0; e < p->call->nentries; e++)
-    if (p->uses[e].L->jobs > 0)
-      return true;
-  return false;
-}
-
-/* A call whose caller canceled it while it waited: its uses end, and it is
- * answered with ECANCELED, never computed. */
-static void drop_canceled(attn_kv_store *s, kv_pending *p, kv_after *a) {
-  attn__kv_release(s, p);
-  attn__canceled(&p->st);
-  p->next = a->failed;
-  a->failed = p;
-}
-
-/* Under the lock: the waiting calls none of whose layers has a job now,
- * as jobs (counted as running) into a. */
-static void take_ready(attn_kv_store *s, kv_after *a) {
-  kv_pending *ready = NULL, **rt = &ready, **pp = &s->pending;
-  while (*pp) {
-    kv_pending *p = *pp;
-    if (busy(p)) {
-      pp = &p->next;
-      continue;
-    }
-    *pp = p->next;
-    p->next = NULL;
-    *rt = p;
-    rt = &p->next;
-  }
-  kv_job *jobs = NULL;
-  while (ready) {
-    kv_pending *p = ready;
-    ready = p->next;
-    p->next = NULL;
-    if (canceled(p))
-      drop_canceled(s, p, a);
-    else if (!group_add(s, &jobs, p))
-      abort(); /* not even a job's few bytes: nothing can go on */
-  }
-  while (jobs) {
-    kv_job *j = jobs;
-    jobs = j->next;
-    job_running(s, j, a);
-  }
-}
-
-void attn__kv_schedule(attn_kv_store *s, kv_pending *p, kv_after *a) {
-  p->next = NULL;
-  if (canceled(p)) { /* while its rows were stored: attn_kv_cancel could not see it */
-    drop_canceled(s, p, a);
-    return;
-  }
-  if (s->batch && busy(p)) {
-    kv_pending **pp = &s->pending; /* behind the calls waiting already, in order */
-    while (*pp)
-      pp = &(*pp)->next;
-    *pp = p;
-    return;
-  }
-  kv_job *j = job_new(s, p);
-  if (!j)
-    abort(); /* as take_ready */
-  job_running(s, j, a);
-}
-
-static void unlink_running(attn_kv_store *s, kv_job *j) {
-  kv_job **jp = &s->running;
-  while (*jp && *jp != j)
-    jp = &(*jp)->run_next;
-  if (*jp)
-    *jp = j->run_next;
-}
-
-/* The job's calls are done (or failed to start): their uses end, the calls
- * that waited for its layers start, and each caller gets its result. */
-static void job_end(kv_job *j, const attn_result *res) {
-  attn_kv_store *s = j->s;
-  kv_after a = {0};
-  pthread_mutex_lock(&s->mu);
-  unlink_running(s, j);
-  for (kv_pending *p = j->calls; p; p = p->next) {
-    for (int64_t e = 0; e < p->call->nentries; e++)
-      p->uses[e].L->jobs--;
-    attn__kv_release(s, p);
-  }
-  take_ready(s, &a);
-  attn__kv_retry_parked(s, &a);
-  pthread_mutex_unlock(&s->mu);
-  for (kv_pending *p = j->calls; p; p = p->next) {
-    attn_result mine = *res;
-    mine.flops = p->flops;
-    p->done(&mine, p->arg);
-  }
-  job_free(j);
-  attn__kv_after(s, &a);
-}
-
-/* Any engine thread, once the job's outputs are written. */
-static void job_done(const attn_result *res, void *arg) {
-  kv_job *j = arg;
-  if (res->status.code == 0 && j->gathered)
-    job_scatter(j);
-  job_end(j, res);
-}
-
-/* Builds and submits a job (counted as running already); on failure its
- * calls end with the error. */
-static void job_start(kv_job *j) {
-  attn_status st;
-  int b = job_build(j), rc;
-  if (b == -1)
-    rc = attn_status_set(&st, ATTN_ENOMEM, "out of memory batching calls");
-  else if (b == -2)
-    rc = attn_status_set(&st, ATTN_ESHAPE,
-                         "the sessions of one job must share heads_kv, head_dim and dtype");
-  else
-    rc = attn_engine_submit(j->s->engine, &j->req, job_done, j, &st);
-  if (rc) {
-    attn_result res = {.status = st};
-    job_end(j, &res);
-  }
-}
-
-/* The calls refused while parked or dropped canceled: answered with their
- * status, never computed. */
-static void fail_all(kv_pending *p) {
-  while (p) {
-    kv_pending *n = p->next;
-    attn_result res = {.status = p->st};
-    p->done(&res, p->arg);
-    attn__kv_pending_free(p);
-    p = n;
-  }
-}
-
-void attn__kv_after(attn_kv_store *s, kv_after *a) {
-  while (a->jobs || a->land || a->failed) {
-    kv_after now = *a;
-    *a = (kv_after){0};
-    fail_all(now.failed);
-    while (now.land) {
-      kv_pending *p = now.land;
-      now.land = p->next;
-      if (attn__kv_land(s, p, a, &p->st)) {
-        p->next = a->failed;
-        a->failed = p;
-      }
-    }
-    while (now.jobs) {
-      kv_job *j = now.jobs;
-      now.jobs = j->next;
-      job_start(j);
-    }
-  }
-}
-
-/* ---- cancel --------------------------------------------------------------- */
-
-/* Takes the call whose cancel flag is flag out of list; NULL if none. */
-static kv_pending *unlink_call(kv_pending **list, const int *flag) {
-  for (kv_pending **pp = list; *pp; pp = &(*pp)->next)
-    if ((*pp)->call->req.cancel == flag) {
-      kv_pending *p = *pp;
-      *pp = p->next;
-      p->next = NULL;
-      return p;
-    }
-  return NULL;
-}
-
-void attn_kv_cancel(attn_kv_store *s, const int *flag) {
-  if (!s || !flag)
-    return;
-  kv_after a = {0};
-  pthread_mutex_lock(&s->mu);
-  kv_pending *p = unlink_call(&s->pending, flag);
-  if (p) {
-    drop_canceled(s, p, &a);
-    attn__kv_retry_parked(s, &a);
-  } else if ((p = unlink_call(&s->parked, flag))) {
-    attn__canceled(&p->st);
-    p->next = a.failed;
-    a.failed = p;
-    attn__kv_retry_parked(s, &a); /* the calls behind it on its layers */
-  } else {
-    for (kv_job *j = s->running; j; j = j->run_next)
-      cancel_check(j);
-  }
-  pthread_mutex_unlock(&s->mu);
-  attn__kv_after(s, &a);
 }

@@ -1,7 +1,7 @@
 /*
- * kvpages.c — the sessions' page pool (kvpages.h).
+ * pages.c — the sessions' page pool (pages.h).
  */
-#include "kvpages.h"
+#include "pages.h"
 #include "handle.h"
 
 #include <stdlib.h>

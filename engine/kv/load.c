@@ -1,34 +1,8 @@
 /*
- * kvfile.c — a session store saved to and loaded from a directory
- * (engine.h, "Persistence"): one file per session, written whole to a
- * temporary file, fsynced and renamed into place, so that a crash leaves
- * the old file or the new one and never part of one; read back with every
- * size checked against the file's length and a checksum over all of it.
- *
- * Names. Session (tenant, id) is "<tenant>@<id>.kv" ("@<id>.kv" for the
- * tenant ""). '@' is in neither alphabet ([A-Za-z0-9._-]), so the name and
- * the pair determine each other, and "" cannot meet a tenant named "_".
- * The temporary file is the name + ".tmp"; a file that does not load is
- * moved to the name + ".bad". Only the session files end in ".kv".
- * Whatever else can write in the directory may plant a name there: a
- * hard link or a symbolic link at a temporary file's name is removed and
- * the file created anew (O_EXCL, O_NOFOLLOW), never written through; the
- * log lines escape the names they quote (say).
- *
- * Format, version 1, little-endian (the host's order: see the #error):
- *     0  "ATTNKV1\n"
- *     8  u32 version (1), u32 header bytes H
- *    16  u32 tenant bytes T, u32 id bytes I
- *    24  char[8] the dtype's name, NUL-padded ("F32", "F16", "BF16")
- *    32  i64 heads_kv, head_dim, layers, max_tokens, page_tokens
- *    72  f64 ttl_s, f64 the seconds of it left when saved
- *    88  the tenant (T bytes), then the id (I bytes), no NULs
- *        per layer: i64 length, f32 largest |k|, f32 largest |v|
- *     H  per layer, per KV head: K rows [0, length), then V rows
- *        [0, length), head_dim elements of the dtype each
- *        u64 checksum of every byte before it
- * page_tokens is the saver's, for a reader's information: rows are stored
- * without their pages, so a store of another page size loads the file.
+ * load.c — a session store loaded from a directory (kv.h, attn_kv_load):
+ * each session file (file.h) read, checked as a create and a call would
+ * check its fields and rows, and its session put in the store; a file that
+ * does not load is moved aside and logged.
  *
  * A file is held to what a create and a call would be: every header field
  * in the range a create takes (page_tokens one a store could have, the
@@ -40,26 +14,17 @@
  * it (and the time left with it): a lower limit after a restart applies
  * to the sessions loaded, and they are not lost for it.
  *
- * The checksum takes FNV-1a's 64-bit constants a word at a time (several
- * times faster than FNV-1a's byte at a time, which would slow a shutdown
- * holding gigabytes): h = (h ^ w) * P, h ^= h >> 32 for each 8-byte
- * little-endian word, the last 1-7 bytes zero-padded into one more word,
- * then the byte count mixed in the same way. Each step is a bijection of
- * h, so a change to any one word always shows.
- *
  * A file loaded is then removed: the files are one shutdown's sessions,
  * read once. A session deleted after the start must not come back at the
  * next one, and a start after a crash (no save) must not serve tokens
  * older than the ones acknowledged since.
  *
- * Locks. attn_kv_save holds the store's lock through all its writing
- * rather than copying each session out: it runs at shutdown once every
- * call has ended, and a copy would double a session's memory. attn_kv_load
- * holds it for each file, from the check that the id is free to the last
- * row verified, so nothing sees a session half loaded.
+ * Locks. attn_kv_load holds the store's lock for each file, from the
+ * check that the id is free to the last row verified, so nothing sees a
+ * session half loaded.
  */
 #include "check.h"
-#include "kvstore_int.h"
+#include "file.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -72,305 +37,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "kvfile.c writes rows and fields in the host's byte order; the format is little-endian"
-#endif
-
-#define KVF_MAGIC "ATTNKV1\n"
-#define KVF_VERSION 1u
-#define KVF_FIXED 88  /* bytes before the tenant */
-#define KVF_LAYER 16  /* bytes of one layer's entry */
-#define KVF_DTYPE 8   /* bytes of the dtype's name */
-#define KVF_TRAILER 8 /* the checksum */
-#define KVF_HEADER_MAX \
-  (KVF_FIXED + ATTN_KV_TENANT_MAX + ATTN_KV_ID_MAX + KVF_LAYER * ATTN_KV_MAX_LAYERS)
-/* "<tenant>@<id>.kv" and a NUL */
-#define KVF_NAME_MAX (ATTN_KV_TENANT_MAX + 1 + ATTN_KV_ID_MAX + 3 + 1)
-#define KVF_IOBUF ((size_t)1 << 20)
-#define KVF_WHY 200
-
-/* ---- the checksum -------------------------------------------------------- */
-
-typedef struct kvf_hash {
-  uint64_t h, n; /* n: bytes added */
-  unsigned char tail[8];
-} kvf_hash;
-
-static const kvf_hash hash_init = {0xcbf29ce484222325ull, 0, {0}};
-
-static uint64_t mix(uint64_t h, uint64_t w) {
-  h = (h ^ w) * 0x100000001b3ull;
-  return h ^ (h >> 32);
-}
-
-static void hash_add(kvf_hash *x, const void *p, size_t n) {
-  const unsigned char *b = p;
-  size_t have = (size_t)(x->n % 8);
-  uint64_t w;
-  x->n += n;
-  if (have) { /* fill the word a previous add began */
-    size_t k = 8 - have < n ? 8 - have : n;
-    memcpy(x->tail + have, b, k);
-    b += k;
-    n -= k;
-    if (have + k < 8)
-      return;
-    memcpy(&w, x->tail, 8);
-    x->h = mix(x->h, w);
-  }
-  for (; n >= 8; b += 8, n -= 8) {
-    memcpy(&w, b, 8);
-    x->h = mix(x->h, w);
-  }
-  memcpy(x->tail, b, n);
-}
-
-static uint64_t hash_end(const kvf_hash *x) {
-  uint64_t w = 0, h = x->h;
-  if (x->n % 8) {
-    memcpy(&w, x->tail, (size_t)(x->n % 8));
-    h = mix(h, w);
-  }
-  return mix(h, x->n);
-}
-
-/* ---- the header ---------------------------------------------------------- */
-
-typedef struct kvf_header {
-  char tenant[ATTN_KV_TENANT_MAX + 1];
-  char id[ATTN_KV_ID_MAX + 1];
-  attn_kv_shape shape;
-  int64_t page_tokens;
-  double ttl_s, left_s;
-  uint32_t bytes; /* H */
-  int64_t length[ATTN_KV_MAX_LAYERS];
-  float absmax[ATTN_KV_MAX_LAYERS][2];
-} kvf_header;
-
-/* What one call works with: the directory, a header, stdio's buffer. */
-typedef struct kvf_ctx {
-  int dfd;
-  const char *dir;
-  double ttl_max; /* loading: the server's --session-ttl-max */
-  const attn_kv_store *s;
-  kvf_header h;
-  unsigned char head[KVF_HEADER_MAX];
-  char iobuf[KVF_IOBUF];
-  char page[ATTN_KV_PAGE_BYTES]; /* one page's rows on their way (pages may be a device's) */
-} kvf_ctx;
-
-static bool tenant_ok(const char *t, size_t n) {
-  if (n > ATTN_KV_TENANT_MAX)
-    return false;
-  for (size_t i = 0; i < n; i++) {
-    unsigned char c = (unsigned char)t[i];
-    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-          c == '_' || c == '-'))
-      return false;
-  }
-  return true;
-}
-
-static void file_name(const char *tenant, const char *id, char *buf, size_t cap) {
-  snprintf(buf, cap, "%s@%s.kv", tenant, id);
-}
-
-static size_t row_bytes(const attn_kv_shape *sh) {
-  return (size_t)sh->head_dim * attn_dtype_size(sh->dtype);
-}
-
 /* Bytes of the rows the header's lengths say the file holds. */
 static uint64_t data_bytes(const kvf_header *h) {
   uint64_t n = 0;
   for (int64_t l = 0; l < h->shape.layers; l++)
-    n += 2 * (uint64_t)h->shape.heads_kv * (uint64_t)h->length[l] * row_bytes(&h->shape);
+    n += 2 * (uint64_t)h->shape.heads_kv * (uint64_t)h->length[l] * attn__kvf_row_bytes(&h->shape);
   return n;
 }
-
-static void header_of(const kv_session *ks, double now, kvf_header *h) {
-  snprintf(h->tenant, sizeof h->tenant, "%s", ks->tenant);
-  snprintf(h->id, sizeof h->id, "%s", ks->id);
-  h->shape = ks->shape;
-  h->page_tokens = ks->page_tokens;
-  h->ttl_s = ks->ttl_s;
-  h->left_s = fmin(ks->expires - now, ks->ttl_s);
-  for (int64_t l = 0; l < ks->shape.layers; l++) {
-    h->length[l] = ks->layers[l].length;
-    memcpy(h->absmax[l], ks->layers[l].absmax, sizeof h->absmax[l]);
-  }
-  h->bytes = (uint32_t)(KVF_FIXED + strlen(h->tenant) + strlen(h->id) +
-                        KVF_LAYER * (size_t)ks->shape.layers);
-}
-
-static unsigned char *put(unsigned char *p, const void *v, size_t n) {
-  memcpy(p, v, n);
-  return p + n;
-}
-
-/* h into buf (h->bytes of it). */
-static void header_encode(const kvf_header *h, unsigned char *buf) {
-  uint32_t u[4] = {KVF_VERSION, h->bytes, (uint32_t)strlen(h->tenant), (uint32_t)strlen(h->id)};
-  char dt[KVF_DTYPE] = {0};
-  snprintf(dt, sizeof dt, "%s", attn_dtype_name(h->shape.dtype));
-  int64_t i[5] = {h->shape.heads_kv, h->shape.head_dim, h->shape.layers, h->shape.max_tokens,
-                  h->page_tokens};
-  double d[2] = {h->ttl_s, h->left_s};
-  unsigned char *p = put(buf, KVF_MAGIC, 8);
-  p = put(p, u, sizeof u);
-  p = put(p, dt, sizeof dt);
-  p = put(p, i, sizeof i);
-  p = put(p, d, sizeof d);
-  p = put(p, h->tenant, u[2]);
-  p = put(p, h->id, u[3]);
-  for (int64_t l = 0; l < h->shape.layers; l++) {
-    p = put(p, &h->length[l], 8);
-    p = put(p, h->absmax[l], 8);
-  }
-}
-
-/* ---- saving -------------------------------------------------------------- */
-
-typedef struct kvf_out {
-  FILE *f;
-  kvf_hash hash;
-  bool lost; /* a page could not be read (its device failed) */
-} kvf_out;
-
-static void out_put(kvf_out *o, const void *p, size_t n) {
-  fwrite(p, 1, n, o->f); /* an error sticks to f: checked once, at the end */
-  hash_add(&o->hash, p, n);
-}
-
-/* Rows [0, length) of K (t 0) or V (t 1) of head hk of L, a page at a
- * time: never the unused rest of a page, nor a device page's padding. */
-static void rows_put(kvf_out *o, kvf_ctx *c, const kv_session *ks, const kv_layer *L, int t,
-                     int64_t hk) {
-  const size_t row = row_bytes(&ks->shape);
-  attn_status st;
-  for (int64_t j = 0, n; j < L->length && !o->lost; j += n) {
-    n = attn__kv_run(ks, j, L->length);
-    o->lost = attn__kv_get(c->s, ks, L, t, hk, j, n, c->page, &st) != 0;
-    if (!o->lost)
-      out_put(o, c->page, (size_t)n * row);
-  }
-}
-
-/* The whole file into fd (closed here); 0 or an errno. */
-static int session_write(kvf_ctx *c, const kv_session *ks, double now, int fd) {
-  kvf_out o = {fdopen(fd, "wb"), hash_init, false};
-  if (!o.f) {
-    int err = errno;
-    close(fd);
-    return err;
-  }
-  setvbuf(o.f, c->iobuf, _IOFBF, KVF_IOBUF);
-  errno = 0; /* what a failed write sets, read below */
-  header_of(ks, now, &c->h);
-  header_encode(&c->h, c->head);
-  out_put(&o, c->head, c->h.bytes);
-  for (int64_t l = 0; l < ks->shape.layers; l++)
-    for (int64_t hk = 0; hk < ks->shape.heads_kv; hk++)
-      for (int t = 0; t < 2; t++)
-        rows_put(&o, c, ks, &ks->layers[l], t, hk);
-  uint64_t sum = hash_end(&o.hash);
-  fwrite(&sum, 1, sizeof sum, o.f);
-  int err = fflush(o.f) || ferror(o.f) ? (errno ? errno : EIO) : 0;
-  err = err ? err : o.lost ? EIO : 0;
-  if (!err && fsync(fileno(o.f)))
-    err = errno;
-  if (fclose(o.f) && !err)
-    err = errno;
-  return err;
-}
-
-/* The temporary file tmp, created anew: whatever has its name (a link
- * planted to have the save write elsewhere, a stale file) is unlinked
- * first, and the create is exclusive and follows no link, so a name
- * planted again between the two fails the save of this session rather
- * than being written through. An fd, or -1 with errno set. */
-static int tmp_create(int dfd, const char *tmp) {
-  if (unlinkat(dfd, tmp, 0) && errno != ENOENT)
-    return -1;
-  return openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-}
-
-/* ks into its file: the temporary one written and synced, then renamed. */
-static int save_one(kvf_ctx *c, const kv_session *ks, double now, attn_status *st) {
-  char name[KVF_NAME_MAX], tmp[KVF_NAME_MAX + 4];
-  if (!tenant_ok(ks->tenant, strlen(ks->tenant)))
-    return attn_status_set(st, ATTN_EINVAL,
-                           "session '%s' has a tenant ('%.64s') that is not 0-%d of "
-                           "[A-Za-z0-9._-], so no file name can hold it; not saved",
-                           ks->id, ks->tenant, ATTN_KV_TENANT_MAX);
-  file_name(ks->tenant, ks->id, name, sizeof name);
-  snprintf(tmp, sizeof tmp, "%s.tmp", name);
-  int fd = tmp_create(c->dfd, tmp);
-  int err = fd < 0 ? errno : session_write(c, ks, now, fd);
-  if (!err && renameat(c->dfd, tmp, c->dfd, name))
-    err = errno;
-  if (!err)
-    return 0;
-  if (fd >= 0)
-    unlinkat(c->dfd, tmp, 0); /* not left for the next start to clean */
-  return attn_status_set(st, ATTN_EINVAL,
-                         "cannot write session file %s/%s: %s (the session directory must be "
-                         "writable and have room)",
-                         c->dir, name, strerror(err));
-}
-
-static int ctx_open(const attn_kv_store *s, const char *dir, kvf_ctx **pc, attn_status *st) {
-  kvf_ctx *c = malloc(sizeof *c);
-  if (!c)
-    return attn_status_set(st, ATTN_ENOMEM, "out of memory opening the session directory %s", dir);
-  c->dir = dir;
-  c->s = s;
-  c->dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (c->dfd < 0) {
-    free(c);
-    return attn_status_set(st, ATTN_EINVAL, "cannot open the session directory %s: %s", dir,
-                           strerror(errno));
-  }
-  *pc = c;
-  return 0;
-}
-
-static void ctx_close(kvf_ctx *c) {
-  close(c->dfd);
-  free(c);
-}
-
-int64_t attn_kv_save(attn_kv_store *s, const char *dir, double now, attn_status *st) {
-  kvf_ctx *c;
-  int rc = ctx_open(s, dir, &c, st);
-  if (rc)
-    return rc;
-  int64_t saved = 0, failed = 0;
-  attn_status first = {0}, e;
-  pthread_mutex_lock(&s->mu);
-  for (int b = 0; b < KV_BUCKETS; b++)
-    for (const kv_session *ks = s->buckets[b]; ks; ks = ks->next) {
-      if (ks->dead || ks->expires <= now)
-        continue;
-      if (save_one(c, ks, now, &e) == 0)
-        saved++;
-      else if (failed++ == 0) /* the rest are still tried: each may fit */
-        first = e;
-    }
-  pthread_mutex_unlock(&s->mu);
-  int synced = fsync(c->dfd) ? errno : 0; /* makes the renames durable */
-  ctx_close(c);
-  if (failed)
-    return attn_status_set(st, first.code, "%lld of %lld sessions saved; %s", (long long)saved,
-                           (long long)(saved + failed), first.message);
-  if (synced)
-    return attn_status_set(st, ATTN_EINVAL,
-                           "cannot sync the session directory %s: %s (its %lld files may not "
-                           "survive a crash)",
-                           dir, strerror(synced), (long long)saved);
-  return saved;
-}
-
-/* ---- loading ------------------------------------------------------------- */
 
 typedef struct kvf_in {
   FILE *f;
@@ -432,7 +105,7 @@ static int why_set(char *why, const char *fmt, ...) {
 static bool in_get(kvf_in *in, void *p, size_t n) {
   if (fread(p, 1, n, in->f) != n)
     return false;
-  hash_add(&in->hash, p, n);
+  attn__kvf_hash_add(&in->hash, p, n);
   return true;
 }
 
@@ -459,7 +132,7 @@ static double getd(const unsigned char *p) {
   return v;
 }
 
-/* The limits attn_kv_create holds a shape to (kvstore.c), a ttl, and a
+/* The limits attn_kv_create holds a shape to (store.c), a ttl, and a
  * page size a store could have had. */
 static int shape_ok(const kvf_header *h, char *why) {
   const attn_kv_shape *sh = &h->shape;
@@ -476,8 +149,8 @@ static int shape_ok(const kvf_header *h, char *why) {
                    h->left_s);
   /* a store of any page size reads a file, but a page holds a multiple of
    * ATTN_PAGE_MIN_TOKENS rows, at most a host page's (a device pads rows) */
-  int64_t host =
-      (int64_t)(ATTN_KV_PAGE_BYTES / row_bytes(sh)) / ATTN_PAGE_MIN_TOKENS * ATTN_PAGE_MIN_TOKENS;
+  int64_t host = (int64_t)(ATTN_KV_PAGE_BYTES / attn__kvf_row_bytes(sh)) / ATTN_PAGE_MIN_TOKENS *
+                 ATTN_PAGE_MIN_TOKENS;
   if (h->page_tokens < ATTN_PAGE_MIN_TOKENS || h->page_tokens > host ||
       h->page_tokens % ATTN_PAGE_MIN_TOKENS)
     return why_set(why, "its page_tokens (%lld) is not one a store can have for its shape",
@@ -534,11 +207,11 @@ static int names_parse(const unsigned char *b, uint32_t tl, uint32_t il, kvf_hea
   h->tenant[tl] = 0;
   memcpy(h->id, b + tl, il);
   h->id[il] = 0;
-  if (!tenant_ok(h->tenant, tl))
+  if (!attn__kvf_tenant_ok(h->tenant, tl))
     return why_set(why, "its tenant is not 0-%d of [A-Za-z0-9._-]", ATTN_KV_TENANT_MAX);
   if (attn_kv_id_check(h->id, il, &e))
     return why_set(why, "its id: %.150s", e.message);
-  file_name(h->tenant, h->id, want, sizeof want);
+  attn__kvf_file_name(h->tenant, h->id, want, sizeof want);
   if (strcmp(want, name))
     return why_set(why, "it holds the session of file %.150s (renamed by hand?)", want);
   return 0;
@@ -585,7 +258,7 @@ static int header_read(kvf_ctx *c, kvf_in *in, uint64_t size, const char *name, 
 }
 
 /* Rows [j, j + n) of head hk of layer l's K (t 0) or V (t 1), at p: as a
- * call's new tokens are (kvcall.c), finite, and within the largest |k| or
+ * call's new tokens are (admit.c), finite, and within the largest |k| or
  * |v| the header records, which the kernels take as the bound of every
  * row stored (a file's rows past it would compute on unchecked values). */
 static int rows_check(const void *p, const kvf_header *h, int64_t l, int t, int64_t hk, int64_t j,
@@ -608,7 +281,7 @@ static int rows_check(const void *p, const kvf_header *h, int64_t l, int t, int6
  * once the checksum matches: a damaged file is said to be damaged. */
 static int rows_read(attn_kv_store *s, kvf_ctx *c, kv_session *ks, kvf_in *in, const kvf_header *h,
                      char *why) {
-  const size_t row = row_bytes(&ks->shape);
+  const size_t row = attn__kvf_row_bytes(&ks->shape);
   attn_status st;
   char bad[KVF_WHY] = "";
   for (int64_t l = 0; l < ks->shape.layers; l++) {
@@ -617,19 +290,19 @@ static int rows_read(attn_kv_store *s, kvf_ctx *c, kv_session *ks, kvf_in *in, c
     for (int64_t hk = 0; hk < ks->shape.heads_kv; hk++)
       for (int t = 0; t < 2; t++)
         for (int64_t j = 0, n; j < h->length[l]; j += n) {
-          n = attn__kv_run(ks, j, h->length[l]);
+          n = attn__kv_span(ks, j, h->length[l]);
           if (!in_get(in, c->page, (size_t)n * row))
             return ends_early(in, why);
           if (!bad[0])
             rows_check(c->page, h, l, t, hk, j, n, bad);
-          if (attn__kv_put(s, ks, L, t, hk, j, n, c->page, &st))
+          if (attn__kv_rows_put(s, ks, L, t, hk, j, n, c->page, &st))
             return why_set(why, "its rows could not be stored: %s", st.message);
         }
   }
   uint64_t sum;
   if (fread(&sum, 1, sizeof sum, in->f) != sizeof sum)
     return ends_early(in, why);
-  if (sum != hash_end(&in->hash))
+  if (sum != attn__kvf_hash_end(&in->hash))
     return why_set(why, "its checksum does not match its contents: the file is damaged");
   return bad[0] ? why_set(why, "%s", bad) : 0;
 }
@@ -684,7 +357,7 @@ static int load_one(attn_kv_store *s, kvf_ctx *c, const char *name, double now, 
     close(fd);
     return why_set(why, "it is not a regular file");
   }
-  kvf_in in = {fdopen(fd, "rb"), hash_init};
+  kvf_in in = {fdopen(fd, "rb"), KVF_HASH_INIT};
   if (!in.f) {
     close(fd);
     return why_set(why, "cannot read it: %s", strerror(errno));
@@ -810,13 +483,13 @@ int64_t attn_kv_load(attn_kv_store *s, const char *dir, double now, double ttl_m
   if (!(ttl_max > 0))
     return attn_status_set(st, ATTN_EINVAL, "the sessions' ttl max must be above 0, not %g",
                            ttl_max);
-  int rc = ctx_open(s, dir, &c, st);
+  int rc = attn__kvf_ctx_open(s, dir, &c, st);
   if (rc)
     return rc;
   c->ttl_max = ttl_max;
   rc = list_dir(c, &names, &n, st);
   if (rc) {
-    ctx_close(c);
+    attn__kvf_ctx_close(c);
     return rc;
   }
   const kvf_log lg = {log, arg};
@@ -832,6 +505,6 @@ int64_t attn_kv_load(attn_kv_store *s, const char *dir, double now, double ttl_m
         "session directory %s: cannot sync it: %s (a crash may bring back the files "
         "loaded or moved aside)",
         dir, strerror(errno));
-  ctx_close(c);
+  attn__kvf_ctx_close(c);
   return loaded;
 }

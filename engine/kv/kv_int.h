@@ -1,10 +1,17 @@
 /*
- * kvstore_int.h — a session store's insides, shared by the files that make
- * it up (internal to engine/): kvstore.c (the table of sessions and their
- * life), kvcall.c (a call checked, admitted and its tokens stored), kvjob.c
- * (the jobs that compute calls: when they start, batching, cancel),
- * kvquota.c (what each tenant reserves) and kvfile.c (saving and loading
- * sessions).
+ * kv_int.h — a session store's insides, shared by the files that make it
+ * up (internal to engine/kv/).
+ *
+ * The files, from the bottom up: each calls only the files before it (and
+ * the engine), never one after it.
+ *   pages.c   the page pool (pages.h)
+ *   quota.c   what each tenant reserves
+ *   id.c      a session id against the contract
+ *   store.c   the table of sessions and their life, a layer's rows
+ *   batch.c   the engine request of an entry alone and of a job of calls
+ *   admit.c   a call checked and admitted, parked, or refused
+ *   sched.c   a call's rows stored, its job started and ended, cancel
+ *   file.c, save.c, load.c   sessions saved to and loaded from files
  *
  * One lock (attn_kv_store.mu) guards everything here, and is never held
  * while bulk data moves: an append's rows are copied into pages the call
@@ -17,11 +24,11 @@
  * thread ever blocks on another call: a call that must wait is kept in the
  * store and started by whichever thread ends what it waits for.
  */
-#ifndef ATTN_KVSTORE_INT_H
-#define ATTN_KVSTORE_INT_H
+#ifndef ATTN_KV_INT_H
+#define ATTN_KV_INT_H
 
-#include "engine.h"
-#include "kvpages.h"
+#include "kv.h"
+#include "pages.h"
 
 #include <pthread.h>
 
@@ -110,7 +117,7 @@ struct attn_kv_store {
   kv_pending *parked;  /* calls not yet admitted: they wait for readers or a write */
   kv_job *running;     /* jobs started and not ended */
   attn_kv_stats stats; /* the counters; sessions and bytes are filled when read */
-  kv_tenant *tenants;  /* pages each tenant's sessions reserve (kvquota.c) */
+  kv_tenant *tenants;  /* pages each tenant's sessions reserve (quota.c) */
   int64_t tenant_cap;  /* pages one tenant may reserve; 0: no cap */
 };
 
@@ -133,38 +140,52 @@ kv_session *attn__kv_insert(attn_kv_store *s, const char *tenant, const char *id
 void attn__kv_remove(attn_kv_store *s, const char *tenant, const char *id);
 /* Takes pages until layer L of ks has room for `tokens` tokens. */
 void attn__kv_grow(attn_kv_store *s, kv_session *ks, kv_layer *L, int64_t tokens);
-/* Rows from j that lie in j's page, up to end. */
-int64_t attn__kv_run(const kv_session *ks, int64_t j, int64_t end);
+/* Rows from j that lie in j's page, up to end: a span of rows one copy
+ * moves. */
+int64_t attn__kv_span(const kv_session *ks, int64_t j, int64_t end);
 /* Rows [j, j + n) (in one page) of KV head hk of a layer's K (t 0) or V
  * (t 1), written from src or read into dst (rows of head_dim elements,
  * packed): memcpy for host pages, a copy to or from the device for others;
  * 0 or the device's error. */
-int attn__kv_put(const attn_kv_store *s, const kv_session *ks, const kv_layer *L, int t, int64_t hk,
-                 int64_t j, int64_t n, const void *src, attn_status *st);
-int attn__kv_get(const attn_kv_store *s, const kv_session *ks, const kv_layer *L, int t, int64_t hk,
-                 int64_t j, int64_t n, void *dst, attn_status *st);
+int attn__kv_rows_put(const attn_kv_store *s, const kv_session *ks, const kv_layer *L, int t,
+                      int64_t hk, int64_t j, int64_t n, const void *src, attn_status *st);
+int attn__kv_rows_get(const attn_kv_store *s, const kv_session *ks, const kv_layer *L, int t,
+                      int64_t hk, int64_t j, int64_t n, void *dst, attn_status *st);
 /* A reader of ks ended: frees a dead session once its last reader has. */
 void attn__kv_reader_done(attn_kv_store *s, kv_session *ks, kv_layer *L);
 
-/* kvcall.c: the parked calls that can go on now, admitted or refused into
- * a (under the lock); and storing an admitted call's rows, then scheduling
- * it (without the lock): 0, or the error with nothing appended. */
-void attn__kv_retry_parked(attn_kv_store *s, kv_after *a);
-int attn__kv_land(attn_kv_store *s, kv_pending *p, kv_after *a, attn_status *st);
-void attn__kv_pending_free(kv_pending *p);
-/* Ends every use of an admitted call (under the lock). */
-void attn__kv_release(attn_kv_store *s, kv_pending *p);
-
-/* kvjob.c: entry e's query rows; the request entry e runs as alone (k and
- * v from its layer's pages); an admitted call to a job now, or waiting for its layers' jobs
- * (under the lock); what was found under the lock, done (without it). */
+/* batch.c: entry e's query rows; the request entry e runs as alone (k and
+ * v from its layer's pages); a call's memory freed. A job: one of call p,
+ * p added to the job of matching options in a list (or to a new one at its
+ * end; false out of memory), its request built (0; -1 out of memory; -2
+ * when its calls are not all of one shape), its gathered outputs given
+ * back to each call, and freed with its calls. */
 int64_t attn__kv_entry_rows(const attn_kv_call *c, int64_t e);
 void attn__kv_lone_request(const attn_kv_store *s, const attn_kv_call *c, int64_t e,
                            const kv_use *u, attn_request *r);
-void attn__kv_schedule(attn_kv_store *s, kv_pending *p, kv_after *a);
-void attn__kv_after(attn_kv_store *s, kv_after *a);
+void attn__kv_pending_free(kv_pending *p);
+kv_job *attn__kv_job_new(attn_kv_store *s, kv_pending *p);
+bool attn__kv_group_add(attn_kv_store *s, kv_job **jobs, kv_pending *p);
+int attn__kv_job_build(kv_job *j);
+void attn__kv_job_scatter(const kv_job *j);
+void attn__kv_job_free(kv_job *j);
 
-/* Per-tenant reservations (kvquota.c): the pages tenant's sessions
+/* admit.c: a call's shape checked (before the lock), and the call as the
+ * store keeps it, its values checked (NULL with st set). Under the lock: p
+ * admitted (0), parked (1) or refused (an error); the parked calls that
+ * can go on now, admitted or refused into a; whether an admitted call
+ * appends; the end of every use of an admitted call. Entry e's new rows
+ * of KV head h of K (t 0) or V (t 1). */
+int attn__kv_call_check(const attn_kv_call *c, attn_status *st);
+kv_pending *attn__kv_pending_new(attn_kv_call *call, attn_done_fn done, void *arg, double now,
+                                 attn_status *st);
+int attn__kv_enter(attn_kv_store *s, kv_pending *p, attn_status *st);
+void attn__kv_retry_parked(attn_kv_store *s, kv_after *a);
+bool attn__kv_appends(const kv_pending *p);
+void attn__kv_release(attn_kv_store *s, kv_pending *p);
+const char *attn__kv_new_rows(const attn_kv_call *c, int64_t e, int t, int64_t h, size_t row);
+
+/* Per-tenant reservations (quota.c): the pages tenant's sessions
  * reserve; adds pages (negative: takes them) to its count, -1 when out of
  * memory; frees the counts. */
 int64_t attn__kv_tenant_pages(attn_kv_store *s, const char *tenant);

@@ -1,7 +1,7 @@
 /*
- * kvpages.h — the sessions' page pool: one mapping of fixed-size pages.
+ * pages.h — the sessions' page pool: one mapping of fixed-size pages.
  *
- * Internal to engine/ (kvstore.c, kvcall.c). The pool is reserved in
+ * Internal to engine/kv/ (store.c, admit.c). The pool is reserved in
  * whole pages before any is taken: a session reserves the pages of its
  * max_tokens when it is made, and its appends then take pages that are
  * sure to be there. The mapping is made without reserving swap
@@ -12,13 +12,10 @@
  * a truncate) are not, which would cost a fault and a zeroing each.
  * Not thread-safe: the store's lock guards it.
  */
-#ifndef ATTN_KVPAGES_H
-#define ATTN_KVPAGES_H
+#ifndef ATTN_KV_PAGES_H
+#define ATTN_KV_PAGES_H
 
-#include "backend.h"
-
-/* Bytes of one page: 64 KiB, 64 to 16384 tokens of one KV head. */
-#define ATTN_KV_PAGE_BYTES ((size_t)64 << 10)
+#include "backend.h" /* the backends' ops, and ATTN_KV_PAGE_BYTES */
 
 typedef struct attn_kvpages {
   char *base;

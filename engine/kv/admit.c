@@ -1,8 +1,8 @@
 /*
- * kvcall.c — a session call (engine.h, attn_kv_submit): its entries checked
- * all together, admitted (their new tokens to append, or found there
- * already, bit for bit: a replay), the new rows stored, then handed to
- * kvjob.c, which computes attention straight from the layer's pages.
+ * admit.c — a session call (kv.h, attn_kv_submit) checked and admitted:
+ * its entries checked all together, then admitted (their new tokens to
+ * append, or found there already, bit for bit: a replay), parked, or
+ * refused. sched.c stores an admitted call's new rows and starts its job.
  *
  * The store's lock is held only to check and to book: an append takes its
  * pages and marks its layer as being written under the lock, copies its
@@ -16,22 +16,12 @@
  * needs.
  */
 #include "check.h"
-#include "job.h"
-#include "kvstore_int.h"
+#include "kv_int.h"
 #include "request_int.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-void attn__kv_pending_free(kv_pending *p) {
-  if (p) {
-    free(p->uses);
-    free(p->mx);
-    free(p);
-  }
-}
 
 /* ---- checks before the lock -------------------------------------------- */
 
@@ -55,7 +45,7 @@ static int new_rows_check(const attn_kv_call *c, attn_status *st) {
   return 0;
 }
 
-static int call_shape_check(const attn_kv_call *c, attn_status *st) {
+int attn__kv_call_check(const attn_kv_call *c, attn_status *st) {
   const attn_request *r = &c->req;
   if (c->nentries < 1 || !c->entries || !c->tenant)
     return attn_status_set(st, ATTN_EINVAL, "a session call names at least one session");
@@ -146,12 +136,6 @@ static int fits_session(const attn_kv_call *c, int64_t e, const kv_session *ks, 
   return 0;
 }
 
-/* Entry e's new rows of KV head h of K (t 0) or V (t 1), packed. */
-static const char *new_rows(const attn_kv_call *c, int64_t e, int t, int64_t h, size_t row) {
-  const attn_kv_entry *en = &c->entries[e];
-  return (const char *)(t ? c->v_new : c->k_new) + (size_t)(h * c->total_new + en->kv_off) * row;
-}
-
 /* Whether tokens [pos, pos + n) of L hold entry e's new keys and values,
  * read a page at a time into buf (a page's bytes; a device's pages are
  * copied out). A page that cannot be read holds nothing equal. */
@@ -163,9 +147,9 @@ static bool stored_equal(const attn_kv_store *s, const attn_kv_call *c, int64_t 
   for (int t = 0; t < 2; t++)
     for (int64_t h = 0; h < ks->shape.heads_kv; h++)
       for (int64_t j = 0, n; j < en->n_new; j += n) {
-        n = attn__kv_run(ks, en->pos + j, en->pos + en->n_new);
-        if (attn__kv_get(s, ks, L, t, h, en->pos + j, n, buf, &st) ||
-            memcmp(new_rows(c, e, t, h, row) + (size_t)j * row, buf, (size_t)n * row))
+        n = attn__kv_span(ks, en->pos + j, en->pos + en->n_new);
+        if (attn__kv_rows_get(s, ks, L, t, h, en->pos + j, n, buf, &st) ||
+            memcmp(attn__kv_new_rows(c, e, t, h, row) + (size_t)j * row, buf, (size_t)n * row))
           return false;
       }
   return true;
@@ -359,7 +343,7 @@ static void park(attn_kv_store *s, kv_pending *p) {
 }
 
 /* Under the lock: p admitted (0), parked (1), or refused (an error). */
-static int enter(attn_kv_store *s, kv_pending *p, attn_status *st) {
+int attn__kv_enter(attn_kv_store *s, kv_pending *p, attn_status *st) {
   if (attn_cancel_is_set(p->call->req.cancel))
     return attn__canceled(st);
   int rc = blocked(s, p->call, p->now) ? 1 : resolve(s, p->call, p->uses, p->now, st);
@@ -381,7 +365,7 @@ void attn__kv_retry_parked(attn_kv_store *s, kv_after *a) {
     kv_pending *p = list;
     list = p->next;
     p->next = NULL;
-    int rc = enter(s, p, &p->st);
+    int rc = attn__kv_enter(s, p, &p->st);
     if (rc < 0) {
       p->next = a->failed;
       a->failed = p;
@@ -392,81 +376,10 @@ void attn__kv_retry_parked(attn_kv_store *s, kv_after *a) {
   }
 }
 
-/* ---- storing the new rows -------------------------------------------------- */
-
-/* Writes entry e's new tokens into the pages claim took, a page's run at a
- * time (on a device: one small upload each); without the lock. */
-static int store_entry(const attn_kv_store *s, const attn_kv_call *c, int64_t e, const kv_use *u,
-                       attn_status *st) {
-  const attn_kv_entry *en = &c->entries[e];
-  const kv_session *ks = u->ks;
-  const size_t row = (size_t)ks->shape.head_dim * attn_dtype_size(ks->shape.dtype);
-  for (int t = 0; t < 2; t++)
-    for (int64_t h = 0; h < ks->shape.heads_kv; h++)
-      for (int64_t j = 0, n; j < en->n_new; j += n) {
-        n = attn__kv_run(ks, en->pos + j, en->pos + en->n_new);
-        int rc = attn__kv_put(s, ks, u->L, t, h, en->pos + j, n,
-                              new_rows(c, e, t, h, row) + (size_t)j * row, st);
-        if (rc)
-          return rc;
-      }
-  return 0;
-}
-
-/* Under the lock: the appends' new lengths (unless a truncate cut the
- * layer meanwhile: it came after), or none when storing failed. */
-static void publish(attn_kv_store *s, kv_pending *p, bool ok) {
-  const attn_kv_call *c = p->call;
-  for (int64_t e = 0; e < c->nentries; e++) {
-    kv_use *u = &p->uses[e];
-    const attn_kv_entry *en = &c->entries[e];
-    if (!u->append)
-      continue;
-    if (ok && !u->L->cut)
-      u->L->length = en->pos + en->n_new;
-    if (ok) {
-      u->L->absmax[0] = fmaxf(u->L->absmax[0], p->mx[e][0]);
-      u->L->absmax[1] = fmaxf(u->L->absmax[1], p->mx[e][1]);
-      s->stats.appended_tokens += (uint64_t)en->n_new;
-    }
-    u->L->writing = u->L->cut = false;
-  }
-}
-
-static bool appends(const kv_pending *p) {
-  for (int64_t e = 0; e < p->call->nentries; e++)
-    if (p->uses[e].append)
-      return true;
-  return false;
-}
-
-int attn__kv_land(attn_kv_store *s, kv_pending *p, kv_after *a, attn_status *st) {
-  int rc = 0;
-  for (int64_t e = 0; rc == 0 && e < p->call->nentries; e++)
-    if (p->uses[e].append)
-      rc = store_entry(s, p->call, e, &p->uses[e], st);
-  pthread_mutex_lock(&s->mu);
-  publish(s, p, rc == 0);
-  if (rc)
-    attn__kv_release(s, p);
-  else
-    attn__kv_schedule(s, p, a);
-  attn__kv_retry_parked(s, a); /* a write ended */
-  pthread_mutex_unlock(&s->mu);
-  if (rc) {
-    char why[sizeof st->message];
-    snprintf(why, sizeof why, "%s", st->message);
-    rc = attn_status_set(st, ATTN_EDEVICE, "storing the new tokens failed: %s", why);
-  }
-  return rc;
-}
-
-/* ---- submitting ------------------------------------------------------------ */
-
 /* The call as the store keeps it, its values checked (before the lock); NULL
  * with st set. */
-static kv_pending *pending_new(attn_kv_call *call, attn_done_fn done, void *arg, double now,
-                               attn_status *st) {
+kv_pending *attn__kv_pending_new(attn_kv_call *call, attn_done_fn done, void *arg, double now,
+                                 attn_status *st) {
   kv_pending *p = calloc(1, sizeof *p);
   if (p) {
     *p = (kv_pending){.call = call, .done = done, .arg = arg, .now = now};
@@ -481,43 +394,4 @@ static kv_pending *pending_new(attn_kv_call *call, attn_done_fn done, void *arg,
     return NULL;
   }
   return p;
-}
-
-int attn_kv_submit(attn_kv_store *s, attn_kv_call *call, double now, attn_done_fn done, void *arg,
-                   attn_status *st) {
-  int rc = call_shape_check(call, st);
-  kv_pending *p = rc ? NULL : pending_new(call, done, arg, now, st);
-  if (!p)
-    return rc ? rc : st->code;
-  kv_after a = {0};
-  pthread_mutex_lock(&s->mu);
-  rc = enter(s, p, st);
-  bool booked = rc == 0 && !appends(p); /* nothing to store: to its job now */
-  if (booked)
-    attn__kv_schedule(s, p, &a);
-  pthread_mutex_unlock(&s->mu);
-  if (rc == 0 && !booked)
-    rc = attn__kv_land(s, p, &a, st);
-  if (rc < 0)
-    attn__kv_pending_free(p);
-  attn__kv_after(s, &a);
-  return rc < 0 ? rc : 0;
-}
-
-/* attn_kv_run's call, for attn__run_waiting. */
-typedef struct run_ctx {
-  attn_kv_store *s;
-  attn_kv_call *call;
-  double now;
-} run_ctx;
-
-static int start_run(void *ctx, attn_done_fn done, void *arg, attn_status *st) {
-  const run_ctx *c = ctx;
-  return attn_kv_submit(c->s, c->call, c->now, done, arg, st);
-}
-
-int attn_kv_run(attn_kv_store *s, attn_kv_call *call, double now, attn_result *res,
-                attn_status *st) {
-  run_ctx c = {s, call, now};
-  return attn__run_waiting(start_run, &c, res, st);
 }

@@ -1,9 +1,9 @@
 /*
- * kvstore.c — a session store's table of sessions and their life (engine.h,
- * "sessions"): made with their reservation, found by (tenant, id), expired
- * by TTL, truncated, deleted.
+ * store.c — a session store's table of sessions and their life (kv.h):
+ * made with their reservation, found by (tenant, id), expired by TTL,
+ * truncated, deleted; and a layer's rows in its pages.
  */
-#include "kvstore_int.h"
+#include "kv_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -431,20 +431,20 @@ static char *row_at(const kv_session *ks, const kv_layer *L, int t, int64_t hk, 
          (size_t)(j % ks->page_tokens) * (size_t)ks->pitch * attn_dtype_size(ks->shape.dtype);
 }
 
-int64_t attn__kv_run(const kv_session *ks, int64_t j, int64_t end) {
+int64_t attn__kv_span(const kv_session *ks, int64_t j, int64_t end) {
   int64_t n = ks->page_tokens - j % ks->page_tokens;
   return n < end - j ? n : end - j;
 }
 
-int attn__kv_put(const attn_kv_store *s, const kv_session *ks, const kv_layer *L, int t, int64_t hk,
-                 int64_t j, int64_t n, const void *src, attn_status *st) {
+int attn__kv_rows_put(const attn_kv_store *s, const kv_session *ks, const kv_layer *L, int t,
+                      int64_t hk, int64_t j, int64_t n, const void *src, attn_status *st) {
   size_t es = attn_dtype_size(ks->shape.dtype), row = (size_t)ks->shape.head_dim * es;
   return attn__kvpages_copy(&s->pages, row_at(ks, L, t, hk, j), (size_t)ks->pitch * es, src, row,
                             row, (size_t)n, st);
 }
 
-int attn__kv_get(const attn_kv_store *s, const kv_session *ks, const kv_layer *L, int t, int64_t hk,
-                 int64_t j, int64_t n, void *dst, attn_status *st) {
+int attn__kv_rows_get(const attn_kv_store *s, const kv_session *ks, const kv_layer *L, int t,
+                      int64_t hk, int64_t j, int64_t n, void *dst, attn_status *st) {
   size_t es = attn_dtype_size(ks->shape.dtype), row = (size_t)ks->shape.head_dim * es;
   return attn__kvpages_copy(&s->pages, dst, row, row_at(ks, L, t, hk, j), (size_t)ks->pitch * es,
                             row, (size_t)n, st);

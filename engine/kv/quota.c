@@ -1,5 +1,5 @@
 /*
- * kvquota.c — what each tenant's sessions reserve, and the cap on it
+ * quota.c — what each tenant's sessions reserve, and the cap on it
  * (attn_kv_set_tenant_cap): without one, a single tenant could reserve the
  * whole pool and lock every other out until its sessions expire.
  *
@@ -9,7 +9,7 @@
  * session's pages count until its last reader is done, as they do in the
  * pool). An entry at zero is dropped. Under the store's lock, like the rest.
  */
-#include "kvstore_int.h"
+#include "kv_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>

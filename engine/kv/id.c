@@ -1,9 +1,9 @@
 /*
- * kvid.c — a session id against the contract (engine.h, attn_kv_id_check):
+ * id.c — a session id against the contract (kv.h, attn_kv_id_check):
  * apart from the store, so that the codecs that read ids (proto/session.c)
  * need nothing else of it.
  */
-#include "engine.h"
+#include "kv.h"
 
 int attn_kv_id_check(const char *id, size_t len, attn_status *st) {
   if (len == 0 || len > ATTN_KV_ID_MAX)

@@ -1,0 +1,225 @@
+/*
+ * kv.h — the session store: sessions, each a KV cache that calls append to
+ * and attend over, kept in one pool of pages between requests.
+ *
+ * The store is a client of the engine (engine.h), not part of it: it
+ * checks and admits a call, stores its new tokens in the session's pages,
+ * and computes it as an ordinary engine job whose K and V are those pages
+ * (attn_request.k_pages). Its one caller in attnd is the server's session
+ * kind (the /v1/sessions routes), which opens the store at start, loads
+ * and saves it with --session-dir, and expires it on its sweep; the tests
+ * and the GPU benchmarks drive it directly.
+ *
+ * Threads and locks. Every function may be called from any thread. One
+ * mutex per store guards its sessions, pages and waiting calls; it is never
+ * held while bulk data moves, nor while the engine computes, and no thread
+ * ever blocks on another call: a call that must wait is kept in the store
+ * and started by whichever thread ends what it waits for (a job's
+ * completion, on an engine thread). Completion callbacks run as
+ * attn_engine_submit's do, never inside attn_kv_submit().
+ */
+#ifndef ATTN_KV_H
+#define ATTN_KV_H
+
+#include "engine.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * A store holds sessions, each a KV cache of fixed shape that calls append
+ * to and attend over (FlashAttention's flash_attn_with_kvcache: append,
+ * then attend). Its memory is one pool of fixed-size pages sized when the
+ * store opens; a session reserves the pages of its whole max_tokens when it
+ * is made, so an append never fails for memory and no session is evicted
+ * for another. A page holds page_tokens tokens of one (session, layer, KV
+ * head), of K or of V.
+ *
+ * Sessions are named by (tenant, id): each tenant is a namespace of its own.
+ * Every function may be called from any thread. Times are attn_now()
+ * seconds, passed in so that tests control the clock.
+ */
+typedef struct attn_kv_store attn_kv_store;
+
+#define ATTN_KV_ID_MAX 128
+#define ATTN_KV_TENANT_MAX 64
+#define ATTN_KV_MAX_LAYERS 1024
+#define ATTN_KV_BATCH_BUCKETS 8
+
+typedef struct attn_kv_shape {
+  int64_t heads_kv, head_dim;
+  attn_dtype dtype;
+  int64_t layers;     /* >= 1 */
+  int64_t max_tokens; /* >= 1, per layer */
+} attn_kv_shape;
+
+/* What a session is now (attn_kv_get, attn_kv_list). */
+typedef struct attn_kv_info {
+  char id[ATTN_KV_ID_MAX + 1];
+  attn_kv_shape shape;
+  double ttl_s;
+  double expires; /* attn_now() seconds at which it expires unless used */
+  uint64_t reserved_bytes;
+  int64_t tokens; /* summed over layers */
+} attn_kv_info;
+
+/* Totals of a store, for metrics and /v1/info. */
+typedef struct attn_kv_stats {
+  int64_t sessions;
+  uint64_t pool_bytes, reserved_bytes, used_bytes; /* used: pages holding tokens */
+  int64_t page_bytes;
+  const char *where; /* "host", or the backend whose device holds the pages ("cuda") */
+  uint64_t appended_tokens, replays, conflicts, expired;
+  /* Engine jobs the store ran, by the calls each computed: at most 1, 2,
+   * 4, ..., 64, then more (a histogram's buckets, not cumulative). */
+  uint64_t batch_sizes[ATTN_KV_BATCH_BUCKETS];
+  uint64_t batched_calls;      /* calls over all those jobs */
+  int64_t waiting;             /* calls held in the store for a layer's job, readers or write */
+  uint64_t tenant_cap_bytes;   /* attn_kv_set_tenant_cap's, in whole pages; 0: none */
+  uint64_t tenant_cap_refused; /* creates refused for it */
+  /* Bytes of free host pages given back to the kernel (a page free for
+   * about a second, once a sweep sees it), in all. */
+  uint64_t returned_bytes;
+} attn_kv_stats;
+
+/* Checks an id against the contract: 1-128 of [A-Za-z0-9._-], not starting
+ * with '_' or '.'. Returns 0 or ATTN_EINVAL with a message. */
+int attn_kv_id_check(const char *id, size_t len, attn_status *st);
+
+/* A store of `bytes` of pages on engine e; batch: calls that arrive while
+ * a job reading one of their layers runs wait for it and are computed
+ * together as one job (calls of other layers never wait). backend
+ * NULL or "auto": the pages live on a GPU when the engine has one that
+ * lends device memory for them (the cuda backend: bytes on its first
+ * device, and its kernels compute the calls), else in host memory (the cpu
+ * backend computes); "cpu": host memory whatever the engine has. */
+int attn_kv_open(attn_engine *e, uint64_t bytes, bool batch, const char *backend,
+                 attn_kv_store **ps, attn_status *st);
+/* Frees the store; no call may be in flight. */
+void attn_kv_close(attn_kv_store *s);
+
+/* Bytes a session of this shape reserves (whole pages). */
+uint64_t attn_kv_reserve_bytes(const attn_kv_store *s, const attn_kv_shape *sh);
+
+/* Makes session (tenant, id), or finds it made with the same shape and ttl
+ * (*created false: a retried create). ESESSION_EXISTS when it exists with
+ * other parameters, ESESSION_MEMORY when its reservation does not fit,
+ * EINVAL for a bad id or shape. */
+int attn_kv_create(attn_kv_store *s, const char *tenant, const char *id, const attn_kv_shape *sh,
+                   double ttl_s, double now, bool *created, attn_status *st);
+/* Its info and each layer's length (lengths: cap entries, may be NULL).
+ * ESESSION_NOT_FOUND for an unknown or expired one. Does not count as a use. */
+int attn_kv_get(attn_kv_store *s, const char *tenant, const char *id, double now,
+                attn_kv_info *info, int64_t *lengths, int64_t cap, attn_status *st);
+/* Deletes it; its reservation is free at once (its pages once no call reads
+ * them). */
+int attn_kv_delete(attn_kv_store *s, const char *tenant, const char *id, double now,
+                   attn_status *st);
+/* Cuts every layer longer than length to length. */
+int attn_kv_truncate(attn_kv_store *s, const char *tenant, const char *id, int64_t length,
+                     double now, attn_status *st);
+/* Calls fn on each live session of tenant with each layer's length (under
+ * the store's lock: fn must not call the store); returns how many. */
+int64_t attn_kv_list(attn_kv_store *s, const char *tenant, double now,
+                     void (*fn)(const attn_kv_info *info, const int64_t *lengths, void *arg),
+                     void *arg);
+/* Drops the sessions whose TTL passed, and gives the kernel back the host
+ * pages free for about a second (pages.h); returns how many sessions it
+ * dropped. The server calls it every tenth of a second. */
+int64_t attn_kv_expire(attn_kv_store *s, double now);
+void attn_kv_stats_get(attn_kv_store *s, attn_kv_stats *out);
+/* The most bytes (whole pages, rounded down, at least one; 0: no cap, the
+ * default) one tenant's sessions may reserve together: a create past it
+ * is ESESSION_MEMORY, so that one tenant cannot lock the others out of the
+ * pool. Sessions that exist (or attn_kv_load loads) are kept whatever it
+ * is. */
+void attn_kv_set_tenant_cap(attn_kv_store *s, uint64_t bytes);
+/* Bytes tenant's sessions reserve now (attn_kv_stats' tenant_cap_bytes is
+ * the cap). */
+uint64_t attn_kv_tenant_reserved(attn_kv_store *s, const char *tenant);
+
+/*
+ * One call: append the new tokens to one layer of each of its sessions at
+ * pos, then attend q over the layer's keys [0, pos + n_new). A call of one
+ * entry is POST /v1/sessions/{id}/attention; of several, one layer of many
+ * sessions (a model runner's batch), all or nothing.
+ *
+ * req carries what a stateless request would: q [Hq, Nq, D] (one entry) or
+ * q packed [Hq, total_q, D] with cu_seqlens_q (several), o and the optional
+ * statistics laid out the same way, dtype, and the options (scale, causal,
+ * windows, softcap, alibi_slopes, cancel). Its k, v, seq_kv, batch,
+ * heads_kv, head_dim and cu_seqlens_kv are the store's to fill; diag_offset
+ * must be ATTN_DIAG_AUTO (off = pos + n_new - Nq per entry).
+ *
+ * Entry e's new keys are rows [kv_off[e], kv_off[e] + n_new[e]) of k_new
+ * and v_new, [Hkv, total_new, D] contiguous in the session's dtype (n_new
+ * 0: attend over the layer's whole length; pos is then ignored). The
+ * entries' rows follow one another from row 0 and use every row, as
+ * cu_seqlens_kv would lay them out.
+ */
+typedef struct attn_kv_entry {
+  const char *id;
+  int64_t pos, n_new, kv_off;
+  int64_t length; /* out: the layer's length after the call */
+  bool replay;    /* out: the tokens were there already, bit for bit */
+} attn_kv_entry;
+
+typedef struct attn_kv_call {
+  const char *tenant;
+  int64_t layer;
+  int64_t nentries;
+  attn_kv_entry *entries;
+  const void *k_new, *v_new;
+  int64_t total_new;
+  attn_request req;
+} attn_kv_call;
+
+/*
+ * Applies the call (validated, appended, or refused with nothing appended:
+ * ESESSION_NOT_FOUND, ESESSION_CONFLICT whose message gives the length,
+ * ESESSION_FULL, ESHAPE or EDTYPE for what is not the session's, naming
+ * the entry), then queues its computation; done runs once the outputs are
+ * written, exactly as for attn_engine_submit. On error nothing is queued
+ * and done will not run. Calls on one layer apply in the order they reach
+ * this function; the call and its buffers must stay valid until done.
+ * Nothing here waits for another call: one that cannot apply yet (it would
+ * overwrite keys a running call reads, after a truncate; or an earlier
+ * call on one of its layers waits or is being stored) is accepted (0) and
+ * kept, and its refusal, if it comes to one, reaches done's status.
+ */
+int attn_kv_submit(attn_kv_store *s, attn_kv_call *call, double now, attn_done_fn done, void *arg,
+                   attn_status *st);
+/*
+ * The caller of the call whose attn_request.cancel is flag has set it (a
+ * deadline, a client gone): a call still waiting in the store ends now
+ * with ECANCELED, never computed, and a job of several calls is canceled
+ * once every one of its callers has canceled (a call alone in its job is
+ * canceled by its own flag, as any engine job is). Any thread.
+ */
+void attn_kv_cancel(attn_kv_store *s, const int *flag);
+/* The same, waiting for the outputs, as attn_engine_run: returns the
+ * call's code (0, or the refusal or the job's error, into *st as well) and
+ * the job's result into *res when res is set. */
+int attn_kv_run(attn_kv_store *s, attn_kv_call *call, double now, attn_result *res,
+                attn_status *st);
+
+/*
+ * Persistence (--session-dir). attn_kv_save writes every live session of
+ * the store to dir, one file each (temporary file, fsync, rename, then an
+ * fsync of dir), with its remaining TTL; attn_kv_load reads them back,
+ * moving a file that does not load to "<name>.bad" and reporting it through
+ * log (may be NULL; its lines escape control bytes), a ttl_s past ttl_max
+ * (the server's --session-ttl-max) cut to it. A file is refused as a
+ * create or a call would refuse its fields and rows (load.c). Both
+ * return how many sessions they wrote or loaded, or a negative code with
+ * st set.
+ */
+int64_t attn_kv_save(attn_kv_store *s, const char *dir, double now, attn_status *st);
+int64_t attn_kv_load(attn_kv_store *s, const char *dir, double now, double ttl_max,
+                     void (*log)(const char *line, void *arg), void *arg, attn_status *st);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* ATTN_KV_H */

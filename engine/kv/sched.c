@@ -1,0 +1,375 @@
+/*
+ * sched.c — a session call from its submit to its end (kv.h,
+ * attn_kv_submit, attn_kv_run, attn_kv_cancel): an admitted call's new
+ * rows stored, when it starts and with which calls (batch.c builds the
+ * job), its cancel, and what its job's end sets going.
+ *
+ * A call starts at once unless a job that reads one of its layers is
+ * running and batching is on; then it waits, admitted (its tokens stored,
+ * so in arrival order), for that layer's jobs only, never for another
+ * session's. The calls that become free together run as one job per set of
+ * matching options and shapes (batch.c), each reply bit for bit the one the
+ * call gets alone. A job of several calls is canceled once every one of its
+ * callers has canceled.
+ *
+ * Calls go one way between the files: this one calls admit.c (a call's
+ * checks and admission; the parked calls retried when a write or a job
+ * ends) and batch.c, and neither calls back; the recursion of a job's end
+ * starting more jobs stays inside this file (after).
+ */
+#include "job.h"
+#include "kv_int.h"
+#include "request_int.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* What was found under the lock, done without it (below: it starts jobs
+ * whose ends find more). */
+static void after(attn_kv_store *s, kv_after *a);
+
+/* ---- when a call starts ----------------------------------------------------- */
+
+static void count_batch(attn_kv_store *s, int64_t ncalls) {
+  int b = 0;
+  while (b < ATTN_KV_BATCH_BUCKETS - 1 && ((int64_t)1 << b) < ncalls)
+    b++;
+  s->stats.batch_sizes[b]++;
+  s->stats.batched_calls += (uint64_t)ncalls;
+}
+
+static bool canceled(const kv_pending *p) { return attn_cancel_is_set(p->call->req.cancel); }
+
+/* Sets the job's own cancel once every caller has canceled. */
+static void cancel_check(kv_job *j) {
+  for (const kv_pending *p = j->calls; p; p = p->next)
+    if (!canceled(p))
+      return;
+  attn_cancel_set(&j->cancel);
+}
+
+/* Under the lock: j counts as running, on each of its layers too. */
+static void job_running(attn_kv_store *s, kv_job *j, kv_after *a) {
+  for (kv_pending *p = j->calls; p; p = p->next)
+    for (int64_t e = 0; e < p->call->nentries; e++)
+      p->uses[e].L->jobs++;
+  count_batch(s, j->ncalls);
+  cancel_check(j);
+  j->run_next = s->running;
+  s->running = j;
+  j->next = a->jobs;
+  a->jobs = j;
+}
+
+/* Whether one of p's layers has a job running. */
+static bool busy(const kv_pending *p) {
+  for (int64_t e = 0; e < p->call->nentries; e++)
+    if (p->uses[e].L->jobs > 0)
+      return true;
+  return false;
+}
+
+/* A call whose caller canceled it while it waited: its uses end, and it is
+ * answered with ECANCELED, never computed. */
+static void drop_canceled(attn_kv_store *s, kv_pending *p, kv_after *a) {
+  attn__kv_release(s, p);
+  attn__canceled(&p->st);
+  p->next = a->failed;
+  a->failed = p;
+}
+
+/* Under the lock: the waiting calls none of whose layers has a job now,
+ * as jobs (counted as running) into a. */
+static void take_ready(attn_kv_store *s, kv_after *a) {
+  kv_pending *ready = NULL, **rt = &ready, **pp = &s->pending;
+  while (*pp) {
+    kv_pending *p = *pp;
+    if (busy(p)) {
+      pp = &p->next;
+      continue;
+    }
+    *pp = p->next;
+    p->next = NULL;
+    *rt = p;
+    rt = &p->next;
+  }
+  kv_job *jobs = NULL;
+  while (ready) {
+    kv_pending *p = ready;
+    ready = p->next;
+    p->next = NULL;
+    if (canceled(p))
+      drop_canceled(s, p, a);
+    else if (!attn__kv_group_add(s, &jobs, p))
+      abort(); /* not even a job's few bytes: nothing can go on */
+  }
+  while (jobs) {
+    kv_job *j = jobs;
+    jobs = j->next;
+    job_running(s, j, a);
+  }
+}
+
+/* Under the lock: an admitted call to a job now, or waiting for its
+ * layers' jobs (batching). */
+static void schedule(attn_kv_store *s, kv_pending *p, kv_after *a) {
+  p->next = NULL;
+  if (canceled(p)) { /* while its rows were stored: attn_kv_cancel could not see it */
+    drop_canceled(s, p, a);
+    return;
+  }
+  if (s->batch && busy(p)) {
+    kv_pending **pp = &s->pending; /* behind the calls waiting already, in order */
+    while (*pp)
+      pp = &(*pp)->next;
+    *pp = p;
+    return;
+  }
+  kv_job *j = attn__kv_job_new(s, p);
+  if (!j)
+    abort(); /* as take_ready */
+  job_running(s, j, a);
+}
+
+/* ---- storing the new rows -------------------------------------------------- */
+
+/* Writes entry e's new tokens into the pages claim took, a page's span at a
+ * time (on a device: one small upload each); without the lock. */
+static int store_entry(const attn_kv_store *s, const attn_kv_call *c, int64_t e, const kv_use *u,
+                       attn_status *st) {
+  const attn_kv_entry *en = &c->entries[e];
+  const kv_session *ks = u->ks;
+  const size_t row = (size_t)ks->shape.head_dim * attn_dtype_size(ks->shape.dtype);
+  for (int t = 0; t < 2; t++)
+    for (int64_t h = 0; h < ks->shape.heads_kv; h++)
+      for (int64_t j = 0, n; j < en->n_new; j += n) {
+        n = attn__kv_span(ks, en->pos + j, en->pos + en->n_new);
+        int rc = attn__kv_rows_put(s, ks, u->L, t, h, en->pos + j, n,
+                                   attn__kv_new_rows(c, e, t, h, row) + (size_t)j * row, st);
+        if (rc)
+          return rc;
+      }
+  return 0;
+}
+
+/* Under the lock: the appends' new lengths (unless a truncate cut the
+ * layer meanwhile: it came after), or none when storing failed. */
+static void publish(attn_kv_store *s, kv_pending *p, bool ok) {
+  const attn_kv_call *c = p->call;
+  for (int64_t e = 0; e < c->nentries; e++) {
+    kv_use *u = &p->uses[e];
+    const attn_kv_entry *en = &c->entries[e];
+    if (!u->append)
+      continue;
+    if (ok && !u->L->cut)
+      u->L->length = en->pos + en->n_new;
+    if (ok) {
+      u->L->absmax[0] = fmaxf(u->L->absmax[0], p->mx[e][0]);
+      u->L->absmax[1] = fmaxf(u->L->absmax[1], p->mx[e][1]);
+      s->stats.appended_tokens += (uint64_t)en->n_new;
+    }
+    u->L->writing = u->L->cut = false;
+  }
+}
+
+/* Without the lock: an admitted call's rows stored, then the call
+ * scheduled; 0, or the error with nothing appended. */
+static int land(attn_kv_store *s, kv_pending *p, kv_after *a, attn_status *st) {
+  int rc = 0;
+  for (int64_t e = 0; rc == 0 && e < p->call->nentries; e++)
+    if (p->uses[e].append)
+      rc = store_entry(s, p->call, e, &p->uses[e], st);
+  pthread_mutex_lock(&s->mu);
+  publish(s, p, rc == 0);
+  if (rc)
+    attn__kv_release(s, p);
+  else
+    schedule(s, p, a);
+  attn__kv_retry_parked(s, a); /* a write ended */
+  pthread_mutex_unlock(&s->mu);
+  if (rc) {
+    char why[sizeof st->message];
+    snprintf(why, sizeof why, "%s", st->message);
+    rc = attn_status_set(st, ATTN_EDEVICE, "storing the new tokens failed: %s", why);
+  }
+  return rc;
+}
+
+/* ---- running ---------------------------------------------------------------- */
+
+static void unlink_running(attn_kv_store *s, kv_job *j) {
+  kv_job **jp = &s->running;
+  while (*jp && *jp != j)
+    jp = &(*jp)->run_next;
+  if (*jp)
+    *jp = j->run_next;
+}
+
+/* The job's calls are done (or failed to start): their uses end, the calls
+ * that waited for its layers start, and each caller gets its result. */
+static void job_end(kv_job *j, const attn_result *res) {
+  attn_kv_store *s = j->s;
+  kv_after a = {0};
+  pthread_mutex_lock(&s->mu);
+  unlink_running(s, j);
+  for (kv_pending *p = j->calls; p; p = p->next) {
+    for (int64_t e = 0; e < p->call->nentries; e++)
+      p->uses[e].L->jobs--;
+    attn__kv_release(s, p);
+  }
+  take_ready(s, &a);
+  attn__kv_retry_parked(s, &a);
+  pthread_mutex_unlock(&s->mu);
+  for (kv_pending *p = j->calls; p; p = p->next) {
+    attn_result mine = *res;
+    mine.flops = p->flops;
+    p->done(&mine, p->arg);
+  }
+  attn__kv_job_free(j);
+  after(s, &a);
+}
+
+/* Any engine thread, once the job's outputs are written. */
+static void job_done(const attn_result *res, void *arg) {
+  kv_job *j = arg;
+  if (res->status.code == 0 && j->gathered)
+    attn__kv_job_scatter(j);
+  job_end(j, res);
+}
+
+/* Builds and submits a job (counted as running already); on failure its
+ * calls end with the error. */
+static void job_start(kv_job *j) {
+  attn_status st;
+  int b = attn__kv_job_build(j), rc;
+  if (b == -1)
+    rc = attn_status_set(&st, ATTN_ENOMEM, "out of memory batching calls");
+  else if (b == -2)
+    rc = attn_status_set(&st, ATTN_ESHAPE,
+                         "the sessions of one job must share heads_kv, head_dim and dtype");
+  else
+    rc = attn_engine_submit(j->s->engine, &j->req, job_done, j, &st);
+  if (rc) {
+    attn_result res = {.status = st};
+    job_end(j, &res);
+  }
+}
+
+/* The calls refused while parked or dropped canceled: answered with their
+ * status, never computed. */
+static void fail_all(kv_pending *p) {
+  while (p) {
+    kv_pending *n = p->next;
+    attn_result res = {.status = p->st};
+    p->done(&res, p->arg);
+    attn__kv_pending_free(p);
+    p = n;
+  }
+}
+
+static void after(attn_kv_store *s, kv_after *a) {
+  while (a->jobs || a->land || a->failed) {
+    kv_after now = *a;
+    *a = (kv_after){0};
+    fail_all(now.failed);
+    while (now.land) {
+      kv_pending *p = now.land;
+      now.land = p->next;
+      if (land(s, p, a, &p->st)) {
+        p->next = a->failed;
+        a->failed = p;
+      }
+    }
+    while (now.jobs) {
+      kv_job *j = now.jobs;
+      now.jobs = j->next;
+      job_start(j);
+    }
+  }
+}
+
+/* ---- submitting ------------------------------------------------------------ */
+
+static bool appends(const kv_pending *p) {
+  for (int64_t e = 0; e < p->call->nentries; e++)
+    if (p->uses[e].append)
+      return true;
+  return false;
+}
+
+int attn_kv_submit(attn_kv_store *s, attn_kv_call *call, double now, attn_done_fn done, void *arg,
+                   attn_status *st) {
+  int rc = attn__kv_call_check(call, st);
+  kv_pending *p = rc ? NULL : attn__kv_pending_new(call, done, arg, now, st);
+  if (!p)
+    return rc ? rc : st->code;
+  kv_after a = {0};
+  pthread_mutex_lock(&s->mu);
+  rc = attn__kv_enter(s, p, st);
+  bool booked = rc == 0 && !appends(p); /* nothing to store: to its job now */
+  if (booked)
+    schedule(s, p, &a);
+  pthread_mutex_unlock(&s->mu);
+  if (rc == 0 && !booked)
+    rc = land(s, p, &a, st);
+  if (rc < 0)
+    attn__kv_pending_free(p);
+  after(s, &a);
+  return rc < 0 ? rc : 0;
+}
+
+/* attn_kv_run's call, for attn__run_waiting. */
+typedef struct run_ctx {
+  attn_kv_store *s;
+  attn_kv_call *call;
+  double now;
+} run_ctx;
+
+static int start_run(void *ctx, attn_done_fn done, void *arg, attn_status *st) {
+  const run_ctx *c = ctx;
+  return attn_kv_submit(c->s, c->call, c->now, done, arg, st);
+}
+
+int attn_kv_run(attn_kv_store *s, attn_kv_call *call, double now, attn_result *res,
+                attn_status *st) {
+  run_ctx c = {s, call, now};
+  return attn__run_waiting(start_run, &c, res, st);
+}
+
+/* ---- cancel --------------------------------------------------------------- */
+
+/* Takes the call whose cancel flag is flag out of list; NULL if none. */
+static kv_pending *unlink_call(kv_pending **list, const int *flag) {
+  for (kv_pending **pp = list; *pp; pp = &(*pp)->next)
+    if ((*pp)->call->req.cancel == flag) {
+      kv_pending *p = *pp;
+      *pp = p->next;
+      p->next = NULL;
+      return p;
+    }
+  return NULL;
+}
+
+void attn_kv_cancel(attn_kv_store *s, const int *flag) {
+  if (!s || !flag)
+    return;
+  kv_after a = {0};
+  pthread_mutex_lock(&s->mu);
+  kv_pending *p = unlink_call(&s->pending, flag);
+  if (p) {
+    drop_canceled(s, p, &a);
+    attn__kv_retry_parked(s, &a);
+  } else if ((p = unlink_call(&s->parked, flag))) {
+    attn__canceled(&p->st);
+    p->next = a.failed;
+    a.failed = p;
+    attn__kv_retry_parked(s, &a); /* the calls behind it on its layers */
+  } else {
+    for (kv_job *j = s->running; j; j = j->run_next)
+      cancel_check(j);
+  }
+  pthread_mutex_unlock(&s->mu);
+  after(s, &a);
+}

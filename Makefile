@@ -299,6 +299,7 @@ $(BUILD)/obj/%.o: %.c $(BUILD)/.flags
 	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -c $< -o $@
 
 $(BUILD)/obj/engine/cpu/flash_%.o: engine/cpu/flash.c engine/cpu/flash.h engine/cpu/simd.h \
+                                engine/cpu/flash_blk.h engine/cpu/flash_f32.h \
                                 engine/cpu/flash_bf16.h engine/cpu/flash_amx.h engine/cpu/flash_amx_rows.h \
                                 engine/cpu/flash_rows.h engine/cpu/amx.h \
                                 $(BUILD)/.flags

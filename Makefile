@@ -103,7 +103,7 @@ endif
 ENGINE_SRC = engine/submit.c engine/varlen.c engine/handle.c engine/backend.c engine/job.c \
              engine/config.c engine/request.c engine/check.c engine/dtype.c engine/pool.c \
              engine/plan.c engine/softmax.c engine/reference.c engine/reference_bwd.c \
-             engine/reference_backend.c engine/cpu/cpu.c engine/cpu/cpu_bwd.c engine/cpu/scan.c \
+             engine/reference_backend.c engine/cpu/cpu.c engine/cpu/cpu_bwd.c engine/cpu/isa.c engine/cpu/scan.c \
              engine/cpu/selfcheck.c engine/cuda/select.c engine/cuda/hopper_select.c \
              engine/kvpages.c engine/kvstore.c engine/kvcall.c engine/kvjob.c engine/kvid.c \
              engine/kvfile.c engine/kvquota.c

@@ -262,7 +262,8 @@ FUZZ_EXTRA_inflate = -Iserver -lz
 FUZZ_EXTRA_parse = -Iserver
 
 # ---- the server ---------------------------------------------------------------
-SERVER_SRC = server/main.c server/config.c server/http.c server/loop.c server/deadline.c \
+CONFIG_SRC = server/config.c server/config_value.c server/config_session.c server/config_usage.c
+SERVER_SRC = server/main.c $(CONFIG_SRC) server/http.c server/loop.c server/deadline.c \
              server/metrics.c server/conns.c server/mhd_shim.c server/errors.c server/request.c \
              server/v2.c server/reqid.c server/auth.c server/inflate.c server/log.c server/tls.c \
              server/console.c server/parse.c server/routes.c server/v1.c server/server.c \
@@ -400,7 +401,7 @@ $(BUILD)/obj/tests/unit/%.o: CPPFLAGS += -Itests/lib -Iclients
 
 TEST_SERVER_OBJ = $(patsubst %,$(BUILD)/obj/server/%.o,metrics conns loop deadline request errors \
                     reqid auth inflate log console parse routes v1 v2 server jobs work bodybuf sessions \
-                    config proxy) $(CONSOLE_OBJ)
+                    proxy) $(CONSOLE_OBJ) $(CONFIG_SRC:%.c=$(BUILD)/obj/%.o)
 $(TEST_BIN): $(TEST_OBJ) $(AMXEMU_OBJ) $(TEST_SERVER_OBJ) \
             $(BUILD)/obj/clients/benchlib.o $(BUILD)/obj/clients/http_reply.o \
             $(BUILD)/obj/clients/hist.o $(BUILD)/obj/clients/url.o \

@@ -146,7 +146,7 @@ CUDA_INC   = -I$(CUDA_HOME)/include
 CUDA_LIBS  = -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 CU_OBJ =
 ifeq ($(USE_CUDA),1)
-CU_HOST_SRC = engine/cuda/cuda.c engine/cuda/device.c engine/cuda/dispatch.c \
+CU_HOST_SRC = engine/cuda/cuda.c engine/cuda/device.c engine/cuda/selfrun.c engine/cuda/dispatch.c \
               engine/cuda/stream.c engine/cuda/stage.c engine/cuda/selfcheck.c \
               engine/cuda/copy.c engine/cuda/pinned.c engine/cuda/pages.c engine/cuda/selfpaged.c
 CU_OBJ = $(CU_SRC:%.cu=$(BUILD)/obj/%.o) $(CU_HOST_SRC:%.c=$(BUILD)/obj/%.o)

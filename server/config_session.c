@@ -35,9 +35,10 @@ int attnd__apply_session_memory(attnd_config *c, const char *what, const char *v
   c->session_memory = 0;
   if (!strcmp(v, "0") || attnd__cfg_size_value(v, &c->session_memory))
     return 0;
-  return attnd__cfg_bad(what, v,
-             "0 (no sessions), auto (a quarter of physical memory) or a size such as 512M or 64G "
-             "(at most 1024G)");
+  return attnd__cfg_bad(
+      what, v,
+      "0 (no sessions), auto (a quarter of physical memory) or a size such as 512M or 64G "
+      "(at most 1024G)");
 }
 
 /* Checked now, not at shutdown: a directory that cannot take the sessions
@@ -93,9 +94,10 @@ int attnd__apply_session_memory_per_key(attnd_config *c, const char *what, const
       return -1;
     c->session_per_key_pct = pct;
   } else if (strcmp(v, "0") && !attnd__cfg_size_value(v, &c->session_memory_per_key)) {
-    return attnd__cfg_bad(what, v,
-               "auto (half of --session-memory with two keys or more, else no cap), 0 (no cap), "
-               "a percentage of --session-memory such as 25%, or a size such as 512M");
+    return attnd__cfg_bad(
+        what, v,
+        "auto (half of --session-memory with two keys or more, else no cap), 0 (no cap), "
+        "a percentage of --session-memory such as 25%, or a size such as 512M");
   }
   return 0;
 }

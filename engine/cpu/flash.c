@@ -2,6 +2,9 @@
  * flash.c — FlashAttention-2 forward on the CPU, one query block at a time.
  *
  * Compiled once per instruction set (see simd.h); cpu.c picks the instance.
+ * The layout every path keeps (Qᵀ, Sᵀ and Oᵀ transposed, the online softmax
+ * down their columns) and the F32 register blocking are set out in
+ * flash_f32.h.
  *
  * BF16 products. The avx512bf16 and amx instances compute BF16 inputs with
  * BF16 dot products and F32 accumulation (flash_bf16.h): Q and K stay BF16
@@ -15,9 +18,10 @@
  * tile unit (flash_amx.h: tile_step hands them to amx_step), BF16 and F16
  * split in two BF16 parts; cpu.c may first pack every key tile of a job
  * once (pack_keys, at the end of flash_amx.h). Its other tiles take the
- * paths above, after the tile unit's waiting products are summed into Oᵀ.
- * Its few rows blocks (decoding) run every tile on the tile unit too, K
- * and V rows in place (flash_amx_rows.h), instead of flash_bf16.h's rw_*.
+ * F32 or BF16 products, after the tile unit's waiting products are summed
+ * into Oᵀ. Its few rows blocks (decoding) run every tile on the tile unit
+ * too, K and V rows in place (flash_amx_rows.h), instead of flash_bf16.h's
+ * rw_*.
  *
  * Masks. The key range a block needs is the union of its rows' windows;
  * tiles outside it are never visited. A tile wholly inside every row's

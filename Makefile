@@ -103,7 +103,7 @@ endif
 ENGINE_SRC = engine/submit.c engine/varlen.c engine/handle.c engine/backend.c engine/job.c \
              engine/config.c engine/request.c engine/check.c engine/dtype.c engine/pool.c \
              engine/plan.c engine/softmax.c engine/reference.c engine/reference_bwd.c \
-             engine/reference_backend.c engine/cpu/cpu.c engine/cpu/cpu_bwd.c engine/cpu/scan.c \
+             engine/reference_backend.c engine/cpu/cpu.c engine/cpu/cpu_bwd.c engine/cpu/isa.c engine/cpu/scan.c \
              engine/cpu/selfcheck.c engine/cuda/select.c engine/cuda/hopper_select.c \
              $(KV_SRC)
 ENGINE_OBJ = $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
@@ -150,7 +150,7 @@ CUDA_INC   = -I$(CUDA_HOME)/include
 CUDA_LIBS  = -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 CU_OBJ =
 ifeq ($(USE_CUDA),1)
-CU_HOST_SRC = engine/cuda/cuda.c engine/cuda/device.c engine/cuda/dispatch.c \
+CU_HOST_SRC = engine/cuda/cuda.c engine/cuda/device.c engine/cuda/selfrun.c engine/cuda/dispatch.c \
               engine/cuda/stream.c engine/cuda/stage.c engine/cuda/selfcheck.c \
               engine/cuda/copy.c engine/cuda/pinned.c engine/cuda/pages.c engine/cuda/selfpaged.c
 CU_OBJ = $(CU_SRC:%.cu=$(BUILD)/obj/%.o) $(CU_HOST_SRC:%.c=$(BUILD)/obj/%.o)
@@ -266,7 +266,8 @@ FUZZ_EXTRA_inflate = -Iserver -lz
 FUZZ_EXTRA_parse = -Iserver
 
 # ---- the server ---------------------------------------------------------------
-SERVER_SRC = server/main.c server/config.c server/http.c server/loop.c server/deadline.c \
+CONFIG_SRC = server/config.c server/config_value.c server/config_session.c server/config_usage.c
+SERVER_SRC = server/main.c $(CONFIG_SRC) server/http.c server/loop.c server/deadline.c \
              server/metrics.c server/conns.c server/mhd_shim.c server/errors.c server/request.c \
              server/v2.c server/reqid.c server/auth.c server/inflate.c server/log.c server/tls.c \
              server/console.c server/parse.c server/routes.c server/v1.c server/server.c \
@@ -303,6 +304,7 @@ $(BUILD)/obj/%.o: %.c $(BUILD)/.flags
 	$(CC) $(CPPFLAGS) $(ALL_CFLAGS) -c $< -o $@
 
 $(BUILD)/obj/engine/cpu/flash_%.o: engine/cpu/flash.c engine/cpu/flash.h engine/cpu/simd.h \
+                                engine/cpu/flash_blk.h engine/cpu/flash_f32.h \
                                 engine/cpu/flash_bf16.h engine/cpu/flash_amx.h engine/cpu/flash_amx_rows.h \
                                 engine/cpu/flash_rows.h engine/cpu/amx.h \
                                 $(BUILD)/.flags
@@ -403,7 +405,7 @@ $(BUILD)/obj/tests/unit/%.o: CPPFLAGS += -Itests/lib -Iclients
 
 TEST_SERVER_OBJ = $(patsubst %,$(BUILD)/obj/server/%.o,metrics conns loop deadline request errors \
                     reqid auth inflate log console parse routes v1 v2 server jobs work bodybuf sessions \
-                    config proxy) $(CONSOLE_OBJ)
+                    proxy) $(CONSOLE_OBJ) $(CONFIG_SRC:%.c=$(BUILD)/obj/%.o)
 $(TEST_BIN): $(TEST_OBJ) $(AMXEMU_OBJ) $(TEST_SERVER_OBJ) \
             $(BUILD)/obj/clients/benchlib.o $(BUILD)/obj/clients/http_reply.o \
             $(BUILD)/obj/clients/hist.o $(BUILD)/obj/clients/url.o \

@@ -9,116 +9,28 @@
  * help and how its value is applied. The usage text, getopt's options, the
  * environment names (ATTND_ and the name in capitals, '-' as '_') and the
  * defaults are all made from it, so a new flag is one row.
+ *
+ * Beside it (config_int.h): the values flags take (config_value.c), the
+ * session flags (config_session.c) and the --help text (config_usage.c).
  */
 #define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
-#include "config.h"
+#include "config_int.h"
 #include "engine.h"
 #include "tls.h"
 
 #include <errno.h>
-#include <fcntl.h> /* AT_FDCWD, AT_EACCESS */
 #include <getopt.h>
 #include <sched.h>
-#include <sys/stat.h>
 #include <unistd.h>
-#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* ---- values: numbers, sizes, durations, addresses ------------------------ */
-
-static int bad(const char *what, const char *value, const char *expect) {
-  fprintf(stderr, "attnd: %s expects %s (got \"%s\")\n", what, expect, value);
-  return -1;
-}
-
-static int parse_int(const char *what, const char *s, long lo, long hi, int *out) {
-  char *end;
-  errno = 0;
-  long v = strtol(s, &end, 10);
-  if (!*s || *end || errno || v < lo || v > hi) {
-    char expect[64];
-    snprintf(expect, sizeof expect, "an integer from %ld to %ld", lo, hi);
-    return bad(what, s, expect);
-  }
-  *out = (int)v;
-  return 0;
-}
-
-static int parse_seconds(const char *what, const char *s, double lo, double *out) {
-  char *end;
-  errno = 0;
-  double v = strtod(s, &end);
-  if (!*s || *end || errno || !(v >= lo) || v > 1e6)
-    return bad(what, s, "a number of seconds");
-  *out = v;
-  return 0;
-}
-
-/* A size with an optional K, M or G suffix, 1 byte to 1024G; false when s
- * is none. */
-static bool size_value(const char *s, uint64_t *out) {
-  char *end;
-  errno = 0;
-  unsigned long long v = strtoull(s, &end, 10);
-  uint64_t mul = 1;
-  if (*end == 'K' || *end == 'k')
-    mul = 1ull << 10;
-  else if (*end == 'M' || *end == 'm')
-    mul = 1ull << 20;
-  else if (*end == 'G' || *end == 'g')
-    mul = 1ull << 30;
-  if (mul > 1)
-    end++;
-  if (!*s || *s == '-' || *end || errno || v == 0 || v > (1ull << 40) / mul)
-    return false;
-  *out = v * mul;
-  return true;
-}
-
-static int parse_size(const char *what, const char *s, uint64_t *out) {
-  if (size_value(s, out))
-    return 0;
-  return bad(what, s, "a size such as 1048576, 512K, 64M or 1G (at most 1024G)");
-}
-
-static int parse_listen(const char *what, const char *s, attnd_config *c) {
-  const char *colon = strrchr(s, ':');
-  int port;
-  if (!colon || colon == s || (size_t)(colon - s) >= sizeof c->host)
-    return bad(what, s, "HOST:PORT, e.g. 127.0.0.1:8080");
-  if (parse_int(what, colon + 1, 0, 65535, &port) < 0)
-    return -1;
-  memcpy(c->host, s, (size_t)(colon - s));
-  c->host[colon - s] = 0;
-  c->port = port;
-  return 0;
-}
-
-/* A comma-separated list of device numbers, each listed once (the engine's
- * parser; whether they exist is known once the engine opens). */
-static int parse_devices(const char *what, const char *s, attnd_config *c) {
-  int ord[ATTN_MAX_CUDA_DEVICES];
-  attn_status st;
-  int n = attn_cuda_devices_parse(s, ord, ATTN_MAX_CUDA_DEVICES, &st);
-  if (!*s || n < 0 || strlen(s) >= sizeof c->devices) {
-    fprintf(stderr, "attnd: %s: %s\n", what,
-            !*s     ? "expected device numbers such as 0 or 0,1"
-            : n < 0 ? st.message
-                    : "list too long");
-    return -1;
-  }
-  c->ndevices = n;
-  snprintf(c->devices, sizeof c->devices, "%s", s);
-  return 0;
-}
 
 /* ---- the flags: each one's value into the configuration ------------------- */
 
 static int apply_backend(attnd_config *c, const char *what, const char *v) {
   if (strcmp(v, "auto") && strcmp(v, "cpu") && strcmp(v, "cuda"))
-    return bad(what, v, "auto, cpu or cuda");
+    return attnd__cfg_bad(what, v, "auto, cpu or cuda");
   snprintf(c->backend, sizeof c->backend, "%s", v);
   return 0;
 }
@@ -127,26 +39,26 @@ static int apply_backend(attnd_config *c, const char *what, const char *v) {
  * does not have when it opens (attnd then exits 2 with its reason). */
 static int apply_isa(attnd_config *c, const char *what, const char *v) {
   if (!*v || strlen(v) >= sizeof c->isa)
-    return bad(what, v, "a CPU kernel: auto, amx, avx512bf16, avx512, avx2 or generic");
+    return attnd__cfg_bad(what, v, "a CPU kernel: auto, amx, avx512bf16, avx512, avx2 or generic");
   snprintf(c->isa, sizeof c->isa, "%s", v);
   return 0;
 }
 
 static int apply_self_check(attnd_config *c, const char *what, const char *v) {
   if (strcmp(v, "on") && strcmp(v, "off"))
-    return bad(what, v, "on or off");
+    return attnd__cfg_bad(what, v, "on or off");
   c->gpu_self_check = !strcmp(v, "on");
   return 0;
 }
 static int apply_deterministic(attnd_config *c, const char *what, const char *v) {
   if (strcmp(v, "on") && strcmp(v, "off"))
-    return bad(what, v, "on or off");
+    return attnd__cfg_bad(what, v, "on or off");
   c->deterministic = !strcmp(v, "on");
   return 0;
 }
 static int apply_log(attnd_config *c, const char *what, const char *v) {
   if (strcmp(v, "text") && strcmp(v, "json"))
-    return bad(what, v, "text or json");
+    return attnd__cfg_bad(what, v, "text or json");
   c->log_json = !strcmp(v, "json");
   return 0;
 }
@@ -225,28 +137,22 @@ static int read_key_file(attnd_config *c, const char *what, const char *path) {
 
 static int apply_api_key_file(attnd_config *c, const char *what, const char *v) {
   if (strlen(v) >= sizeof c->api_key_file)
-    return bad(what, v, "a shorter path");
+    return attnd__cfg_bad(what, v, "a shorter path");
   snprintf(c->api_key_file, sizeof c->api_key_file, "%s", v);
   return *v ? read_key_file(c, what, v) : 0;
 }
 
-static int apply_path(char *out, size_t cap, const char *what, const char *v) {
-  if (strlen(v) >= cap)
-    return bad(what, v, "a shorter path");
-  snprintf(out, cap, "%s", v);
-  return 0;
-}
 static int apply_tls_cert(attnd_config *c, const char *what, const char *v) {
-  return apply_path(c->tls_cert, sizeof c->tls_cert, what, v);
+  return attnd__cfg_path(c->tls_cert, sizeof c->tls_cert, what, v);
 }
 static int apply_tls_key(attnd_config *c, const char *what, const char *v) {
-  return apply_path(c->tls_key, sizeof c->tls_key, what, v);
+  return attnd__cfg_path(c->tls_key, sizeof c->tls_key, what, v);
 }
 /* Parsed by GnuTLS once HTTPS is on (attnd_tls_check_priorities): a name
  * this GnuTLS lacks must not stop a plain HTTP server. */
 static int apply_tls_priorities(attnd_config *c, const char *what, const char *v) {
   if (strlen(v) >= sizeof c->tls_priorities)
-    return bad(what, v, "a GnuTLS priority string of at most 511 characters");
+    return attnd__cfg_bad(what, v, "a GnuTLS priority string of at most 511 characters");
   snprintf(c->tls_priorities, sizeof c->tls_priorities, "%s", v);
   return 0;
 }
@@ -260,8 +166,8 @@ static int apply_cors(attnd_config *c, const char *what, const char *v) {
   for (const char *p = v; ok && *p; p++)
     ok = *p > 0x20 && *p < 0x7f && *p != ',';
   if (!ok)
-    return bad(what, v,
-               "* or an origin such as https://app.example.com (scheme and host, no path)");
+    return attnd__cfg_bad(
+        what, v, "* or an origin such as https://app.example.com (scheme and host, no path)");
   snprintf(c->cors_origin, sizeof c->cors_origin, "%s", v);
   return 0;
 }
@@ -272,22 +178,23 @@ static int apply_allowed_hosts(attnd_config *c, const char *what, const char *v)
   for (const char *p = v; ok && *p; p++)
     ok = *p > 0x20 && *p < 0x7f && *p != '/' && *p != ':';
   if (!ok)
-    return bad(what, v, "host names separated by commas, such as attnd,attnd.default.svc, or *");
+    return attnd__cfg_bad(what, v,
+                          "host names separated by commas, such as attnd,attnd.default.svc, or *");
   snprintf(c->allowed_hosts, sizeof c->allowed_hosts, "%s", v);
   return 0;
 }
 
 static int apply_listen(attnd_config *c, const char *what, const char *v) {
-  return parse_listen(what, v, c);
+  return attnd__cfg_listen(what, v, c);
 }
 static int apply_devices(attnd_config *c, const char *what, const char *v) {
-  return parse_devices(what, v, c);
+  return attnd__cfg_devices(what, v, c);
 }
 static int apply_max_body(attnd_config *c, const char *what, const char *v) {
-  return parse_size(what, v, &c->max_body);
+  return attnd__cfg_size(what, v, &c->max_body);
 }
 static int apply_threads(attnd_config *c, const char *what, const char *v) {
-  return parse_int(what, v, 0, 1024, &c->threads);
+  return attnd__cfg_int(what, v, 0, 1024, &c->threads);
 }
 /* The HTTP front's polling threads: "auto" is one per two cores this
  * process may run on (its CPU affinity), at least 1. */
@@ -297,7 +204,7 @@ static int apply_http_threads(attnd_config *c, const char *what, const char *v) 
     errno = 0;
     long n = strtol(v, &end, 10);
     if (!*v || *end || errno || n < 1 || n > 256)
-      return bad(what, v, "auto or an integer from 1 to 256 (HTTP threads)");
+      return attnd__cfg_bad(what, v, "auto or an integer from 1 to 256 (HTTP threads)");
     c->http_threads = (int)n;
     return 0;
   }
@@ -308,15 +215,15 @@ static int apply_http_threads(attnd_config *c, const char *what, const char *v) 
   return 0;
 }
 static int apply_streams(attnd_config *c, const char *what, const char *v) {
-  return parse_int(what, v, 1, 64, &c->streams);
+  return attnd__cfg_int(what, v, 1, 64, &c->streams);
 }
 /* 0 lends none. */
 static int apply_pinned_memory(attnd_config *c, const char *what, const char *v) {
   c->pinned_memory = 0;
-  return strcmp(v, "0") ? parse_size(what, v, &c->pinned_memory) : 0;
+  return strcmp(v, "0") ? attnd__cfg_size(what, v, &c->pinned_memory) : 0;
 }
 static int apply_max_queue(attnd_config *c, const char *what, const char *v) {
-  return parse_int(what, v, 0, 1000000, &c->max_queue);
+  return attnd__cfg_int(what, v, 0, 1000000, &c->max_queue);
 }
 /* "auto" is -1: the loop resolves it once it knows its running slots. */
 static int apply_max_running_client(attnd_config *c, const char *what, const char *v) {
@@ -326,7 +233,7 @@ static int apply_max_running_client(attnd_config *c, const char *what, const cha
   if (!strcmp(v, "auto"))
     n = -1;
   else if (!*v || *end || errno || n < 0 || n > 1000000)
-    return bad(what, v, "auto or an integer from 0 (no own limit) to 1000000");
+    return attnd__cfg_bad(what, v, "auto or an integer from 0 (no own limit) to 1000000");
   c->max_running_per_client = (int)n;
   return 0;
 }
@@ -337,38 +244,38 @@ static int apply_max_pairs(attnd_config *c, const char *what, const char *v) {
   errno = 0;
   unsigned long long n = strtoull(v, &end, 10);
   if (!*v || *v == '-' || *end || errno || n > 1ull << 62)
-    return bad(what, v, "an integer from 0 (no cap) to 2^62");
+    return attnd__cfg_bad(what, v, "an integer from 0 (no cap) to 2^62");
   c->max_pairs = n;
   return 0;
 }
 static int apply_timeout(attnd_config *c, const char *what, const char *v) {
-  return parse_seconds(what, v, 0.001, &c->timeout);
+  return attnd__cfg_seconds(what, v, 0.001, &c->timeout);
 }
 static int apply_idle(attnd_config *c, const char *what, const char *v) {
-  return parse_int(what, v, 1, 86400, &c->idle_timeout);
+  return attnd__cfg_int(what, v, 1, 86400, &c->idle_timeout);
 }
 static int apply_max_conn(attnd_config *c, const char *what, const char *v) {
-  return parse_int(what, v, 1, 1000000, &c->max_connections);
+  return attnd__cfg_int(what, v, 1, 1000000, &c->max_connections);
 }
 static int apply_max_conn_client(attnd_config *c, const char *what, const char *v) {
-  return parse_int(what, v, 0, 1000000, &c->max_connections_per_client);
+  return attnd__cfg_int(what, v, 0, 1000000, &c->max_connections_per_client);
 }
 static int apply_header_timeout(attnd_config *c, const char *what, const char *v) {
-  return parse_seconds(what, v, 0.1, &c->header_timeout);
+  return attnd__cfg_seconds(what, v, 0.1, &c->header_timeout);
 }
 /* A rate as a size per second ("1K"); 0 turns the minimum off. */
 static int apply_min_rate(attnd_config *c, const char *what, const char *v) {
   uint64_t n = 0;
-  if (strcmp(v, "0") && parse_size(what, v, &n) < 0)
+  if (strcmp(v, "0") && attnd__cfg_size(what, v, &n) < 0)
     return -1;
   c->min_upload_rate = (double)n;
   return 0;
 }
 static int apply_drain(attnd_config *c, const char *what, const char *v) {
-  return parse_seconds(what, v, 0, &c->drain_timeout);
+  return attnd__cfg_seconds(what, v, 0, &c->drain_timeout);
 }
 static int apply_drain_delay(attnd_config *c, const char *what, const char *v) {
-  return parse_seconds(what, v, 0, &c->drain_delay);
+  return attnd__cfg_seconds(what, v, 0, &c->drain_delay);
 }
 static int apply_trusted_proxy(attnd_config *c, const char *what, const char *v) {
   char err[160];
@@ -379,129 +286,10 @@ static int apply_trusted_proxy(attnd_config *c, const char *what, const char *v)
   return -1;
 }
 
-/* ---- sessions --------------------------------------------------------------- */
-
-/* A quarter of the machine's physical memory: room for the KV caches that
- * leaves the rest to request bodies, replies and the engine. (In a
- * container that is the host's memory, not the container's limit: give a
- * size there.) */
-static int quarter_of_memory(const char *what, uint64_t *out) {
-  errno = 0;
-  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  if (pages <= 0 || page <= 0) {
-    fprintf(stderr, "attnd: %s: cannot tell this machine's memory (sysconf: %s): give a size\n",
-            what, errno ? strerror(errno) : "no answer");
-    return -1;
-  }
-  *out = (uint64_t)pages * (uint64_t)page / 4;
-  return 0;
-}
-
-static int apply_session_memory(attnd_config *c, const char *what, const char *v) {
-  if (!strcmp(v, "auto"))
-    return quarter_of_memory(what, &c->session_memory);
-  c->session_memory = 0;
-  if (!strcmp(v, "0") || size_value(v, &c->session_memory))
-    return 0;
-  return bad(what, v,
-             "0 (no sessions), auto (a quarter of physical memory) or a size such as 512M or 64G "
-             "(at most 1024G)");
-}
-
-/* Checked now, not at shutdown: a directory that cannot take the sessions
- * would lose them all when the server stops. */
-static int apply_session_dir(attnd_config *c, const char *what, const char *v) {
-  struct stat st;
-  c->session_dir[0] = 0;
-  if (!*v) /* the default: none */
-    return 0;
-  if (apply_path(c->session_dir, sizeof c->session_dir, what, v) < 0)
-    return -1;
-  const char *why = NULL;
-  if (stat(v, &st) < 0)
-    why = strerror(errno);
-  else if (!S_ISDIR(st.st_mode))
-    why = "not a directory";
-  else if (faccessat(AT_FDCWD, v, W_OK | X_OK, AT_EACCESS) < 0)
-    why = errno == EROFS ? "on a read-only file system" : "not writable by attnd";
-  if (!why)
-    return 0;
-  fprintf(stderr,
-          "attnd: %s: \"%s\": %s; it must be a directory attnd can write in (leave the flag out "
-          "to keep sessions in memory only)\n",
-          what, v, why);
-  return -1;
-}
-
-static int apply_session_batch(attnd_config *c, const char *what, const char *v) {
-  if (strcmp(v, "on") && strcmp(v, "off"))
-    return bad(what, v, "on or off");
-  c->session_batch = !strcmp(v, "on");
-  return 0;
-}
-
-/* What one API key's sessions may reserve: a size, a percentage of
- * --session-memory, 0 for no cap, or auto. The percentages are resolved
- * once every flag is in (resolve_per_key), since --session-memory and the
- * keys may come after this flag. */
-static int apply_session_memory_per_key(attnd_config *c, const char *what, const char *v) {
-  size_t n = strlen(v);
-  int pct;
-  c->session_memory_per_key = 0;
-  c->session_per_key_pct = 0;
-  if (!strcmp(v, "auto"))
-    c->session_per_key_pct = -1;
-  else if (n > 1 && v[n - 1] == '%') {
-    char num[8];
-    if (n - 1 >= sizeof num)
-      return bad(what, v, "a percentage from 1% to 100%");
-    memcpy(num, v, n - 1);
-    num[n - 1] = 0;
-    if (parse_int(what, num, 1, 100, &pct) < 0)
-      return -1;
-    c->session_per_key_pct = pct;
-  } else if (strcmp(v, "0") && !size_value(v, &c->session_memory_per_key)) {
-    return bad(what, v,
-               "auto (half of --session-memory with two keys or more, else no cap), 0 (no cap), "
-               "a percentage of --session-memory such as 25%, or a size such as 512M");
-  }
-  return 0;
-}
-
-/* auto: half of the session memory once two keys or more share it (one
- * key, or none, is one tenant: nobody to lock out). */
-static void resolve_per_key(attnd_config *c) {
-  int pct = c->session_per_key_pct;
-  if (pct < 0)
-    pct = c->keys.n >= 2 ? 50 : 0;
-  if (pct > 0)
-    c->session_memory_per_key = c->session_memory * (uint64_t)pct / 100;
-}
-
-/* At least a second (a shorter TTL keeps nothing between two calls); a
- * year is past any cache a decode keeps. */
-static int apply_session_ttl_max(attnd_config *c, const char *what, const char *v) {
-  char *end;
-  errno = 0;
-  double t = strtod(v, &end);
-  if (!*v || *end || errno || !(t >= 1) || t > 31536000)
-    return bad(what, v, "a number of seconds from 1 to 31536000 (a year)");
-  c->session_ttl_max = t;
-  return 0;
-}
-
 /* ---- the table of flags, their variables and defaults ------------------------ */
 
-typedef struct flag {
-  const char *name; /* --name; its variable is ATTND_NAME */
-  const char *arg;  /* what the usage calls its value */
-  const char *def;  /* the default, applied like any value */
-  const char *help; /* the usage text, before "(default) [variable]" */
-  int (*apply)(attnd_config *c, const char *what, const char *value);
-} flag;
-
 /* In the order --help lists them. */
-static const flag flags[] = {
+static const attnd__flag flags[] = {
     {"listen", "HOST:PORT", "127.0.0.1:8080", "address to serve", apply_listen},
     {"backend", "NAME", "auto", "auto, cpu or cuda", apply_backend},
     {"threads", "N", "0", "CPU engine threads, 0 = one per core", apply_threads},
@@ -598,96 +386,23 @@ static const flag flags[] = {
     {"session-memory", "BYTES", "auto",
      "memory all sessions (KV caches held by the server) may reserve, suffix K, M or G; a "
      "create that does not fit gets 507; 0 = no sessions; auto = a quarter of physical memory",
-     apply_session_memory},
+     attnd__apply_session_memory},
     {"session-memory-per-key", "BYTES|N%", "auto",
      "the most session memory the sessions of one API key may reserve together, suffix K, M "
      "or G, or a percentage of --session-memory; a create past it gets 507; 0 = no cap; auto "
      "= half of --session-memory when there are two keys or more, else no cap",
-     apply_session_memory_per_key},
+     attnd__apply_session_memory_per_key},
     {"session-dir", "DIR", "",
      "save sessions to DIR (a writable directory) on a graceful shutdown and load them at "
      "start-up; without it, sessions live in memory only",
-     apply_session_dir},
+     attnd__apply_session_dir},
     {"session-batch", "on|off", "on",
      "compute session calls that arrive together for the same backend as one batch",
-     apply_session_batch},
+     attnd__apply_session_batch},
     {"session-ttl-max", "SECONDS", "86400", "the largest ttl_s a session create may ask for",
-     apply_session_ttl_max},
+     attnd__apply_session_ttl_max},
 };
 enum { N_FLAGS = sizeof flags / sizeof *flags, OPT_HELP = N_FLAGS, OPT_VERSION };
-
-/* ---- --help ------------------------------------------------------------------ */
-
-/* The usage's layout: a flag and its argument in the first column, the
- * help wrapped in the second. */
-enum { USAGE_INDENT = 2, USAGE_COLUMN = 25, USAGE_WIDTH = 86 };
-
-static void env_name(const flag *f, char *out, size_t cap) {
-  size_t n = (size_t)snprintf(out, cap, "ATTND_%s", f->name);
-  for (size_t i = 0; i < n && i < cap; i++)
-    out[i] = out[i] == '-' ? '_' : (char)toupper((unsigned char)out[i]);
-}
-
-/* Prints text from column `at`, wrapped at USAGE_WIDTH onto lines that
- * start at USAGE_COLUMN. */
-static void print_wrapped(FILE *out, const char *text, int at) {
-  bool first = true;
-  while (*text) {
-    size_t w = strcspn(text, " ");
-    if (!first && at + 1 + (int)w > USAGE_WIDTH) {
-      fprintf(out, "\n%*s", USAGE_COLUMN, "");
-      at = USAGE_COLUMN;
-    } else if (!first) {
-      fputc(' ', out);
-      at++;
-    }
-    first = false;
-    fwrite(text, 1, w, out);
-    at += (int)w;
-    text += w;
-    text += *text == ' ';
-  }
-  fputc('\n', out);
-}
-
-static void print_flag(FILE *out, const flag *f) {
-  char head[64], env[64], text[640];
-  int n = snprintf(head, sizeof head, "--%s %s", f->name, f->arg);
-  env_name(f, env, sizeof env);
-  snprintf(text, sizeof text, "%s (%s) [%s]", f->help, *f->def ? f->def : "none", env);
-  /* A head one column too wide still fits when the help starts a column
-   * later; a longer one gets a line of its own. */
-  int at = USAGE_COLUMN;
-  if (n <= USAGE_COLUMN - USAGE_INDENT) {
-    fprintf(out, "%*s%-*s ", USAGE_INDENT, "", USAGE_COLUMN - USAGE_INDENT - 1, head);
-    at = USAGE_INDENT +
-         (n > USAGE_COLUMN - USAGE_INDENT - 1 ? n : USAGE_COLUMN - USAGE_INDENT - 1) + 1;
-  } else {
-    fprintf(out, "%*s%s\n%*s", USAGE_INDENT, "", head, USAGE_COLUMN, "");
-  }
-  print_wrapped(out, text, at);
-}
-
-static void print_usage(FILE *out) {
-  fputs("usage: attnd [options]\n"
-        "\n"
-        "Serves exact attention (FlashAttention) over HTTP: POST /attention with q, k, v\n"
-        "as JSON or safetensors; POST /attention/backward with q, k, v, o, do [, lse] for\n"
-        "dq, dk, dv; GET /attention/plan, /healthz, /readyz, /metrics, /v1/info.\n"
-        "\n"
-        "options (environment fallback in brackets):\n",
-        out);
-  for (int i = 0; i < N_FLAGS; i++)
-    print_flag(out, &flags[i]);
-  fputs("  --help, --version\n"
-        "\n"
-        "Memory is bounded by max-queue x max-body for request bodies, plus the replies,\n"
-        "and by session-memory for sessions.\n"
-        "SIGTERM or SIGINT drains (finishes what was accepted; after drain-delay, if set)\n"
-        "and exits 0. SIGHUP and SIGUSR1 are logged and ignored: attnd reloads nothing\n"
-        "(restart it to apply changes).\n",
-        out);
-}
 
 /* ---- parsing: flags, then variables, then defaults ----------------------------- */
 
@@ -699,13 +414,13 @@ static void print_usage(FILE *out) {
  * template whose variable was unset, and taking the default would serve
  * without the key or without TLS that was meant, so it is refused.
  */
-static bool empty_is_unset(const flag *f) {
+static bool empty_is_unset(const attnd__flag *f) {
   return !strcmp(f->name, "cors-origin") || !strcmp(f->name, "allowed-hosts");
 }
 
 /* A value given on the command line (what: "--name") or in a variable
  * (what: "ATTND_NAME"). */
-static int apply_given(attnd_config *c, const flag *f, const char *what, const char *v) {
+static int apply_given(attnd_config *c, const attnd__flag *f, const char *what, const char *v) {
   if (*v || empty_is_unset(f))
     return f->apply(c, what, v);
   bool var = what[0] != '-';
@@ -716,9 +431,9 @@ static int apply_given(attnd_config *c, const flag *f, const char *what, const c
 
 /* A flag not given on the command line: its variable (set, even if
  * empty), else its default. */
-static int apply_fallback(attnd_config *c, const flag *f) {
+static int apply_fallback(attnd_config *c, const attnd__flag *f) {
   char env[64];
-  env_name(f, env, sizeof env);
+  attnd__flag_env(f, env, sizeof env);
   const char *v = getenv(env);
   if (v)
     return apply_given(c, f, env, v);
@@ -791,7 +506,7 @@ int attnd_config_parse(attnd_config *c, int argc, char **argv) {
   while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
     if (o == OPT_HELP || o == OPT_VERSION) {
       if (o == OPT_HELP)
-        print_usage(stdout);
+        attnd__config_usage(stdout, flags, N_FLAGS);
       else
         printf("attnd %s\n", ATTN_VERSION);
       return 1;
@@ -816,6 +531,6 @@ int attnd_config_parse(attnd_config *c, int argc, char **argv) {
   for (int i = 0; i < N_FLAGS; i++)
     if (!given[i] && !overridden(i, given) && apply_fallback(c, &flags[i]) < 0)
       return -1;
-  resolve_per_key(c);
+  attnd__resolve_per_key(c);
   return check_tls_pair(c);
 }

@@ -95,7 +95,7 @@ typedef struct attn__flash_isa {
   bool wide;
 } attn__flash_isa;
 
-/* The kernel for want (NULL or "auto": the best this CPU runs; "amx",
+/* The kernel for want (isa.c; NULL or "auto": the best this CPU runs; "amx",
  * "avx512bf16", "avx512", "avx2", "generic"), or NULL with a message when
  * the CPU (or, for AMX, the kernel's permission) lacks it. */
 const attn__flash_isa *attn__flash_select(const char *want, attn_status *st);

@@ -40,6 +40,9 @@
 #ifndef ATTN_CPU_FLASH_AMX_H
 #define ATTN_CPU_FLASH_AMX_H
 
+#include "flash_blk.h"
+
+#if ATTN_AMX
 #include "amx.h"
 
 #define AMX_SLACK 8.0f
@@ -465,5 +468,66 @@ static void amx_end(blk_ctx *c) {
   amx_o_rows(c);
   _tile_release();
 }
+
+/* nkt F16 rows at src (step elements apart) split into BK hi and lo rows
+ * of D (zero past nkt). */
+static void split_rows(const char *src, int64_t step, int64_t nkt, int64_t D, uint16_t *hi,
+                       uint16_t *lo) {
+  for (int64_t j = 0; j < BK; j++, hi += D, lo += D) {
+    if (j < nkt)
+      amx_split16(src + (size_t)(j * step) * 2, hi, lo, D);
+    else
+      for (int64_t d = 0; d < D; d++)
+        hi[d] = lo[d] = 0;
+  }
+}
+
+/* A tile's words (attn__flash_pack_words): Vᵀ; for F16 Vᵀ hi and lo (V's
+ * parts split into the K rows' places first), then K's hi and lo rows. */
+static void pack_tile(blk_ctx *c, int64_t j0, uint16_t *dst) {
+  const int64_t D = c->a->r->head_dim, nkt = tile_len(c, j0), W = BK * D;
+  row_ptrs(c, j0, &c->kt, &c->vt, &c->kstep, &c->vstep);
+  if (c->a->r->dtype != ATTN_F16) {
+    amx_transpose64(c->vt, (size_t)c->vstep * 2, D, dst, BK);
+    return;
+  }
+  split_rows(c->vt, c->vstep, nkt, D, dst + 2 * W, dst + 3 * W);
+  amx_transpose64((const char *)(dst + 2 * W), (size_t)D * 2, D, dst, BK);
+  amx_transpose64((const char *)(dst + 3 * W), (size_t)D * 2, D, dst + W, BK);
+  split_rows(c->kt, c->kstep, nkt, D, dst + 2 * W, dst + 3 * W);
+}
+
+static void pack_keys(const attn__flash_args *a, int64_t b, int64_t hk, int64_t t0, int64_t t1,
+                      uint16_t *dst) {
+  const attn__flash_block blk = {.b = b, .j1 = a->r->seq_kv};
+  blk_ctx c = {.a = a, .blk = &blk, .hk = hk, .jhi = a->r->seq_kv - 1};
+  kv_head(&c);
+  for (int64_t t = t0; t < t1; t++)
+    pack_tile(&c, t * BK, dst + (size_t)(t * attn__flash_pack_words(a->r)));
+}
+#define PACK_KEYS pack_keys
+#else
+/* Without the tile unit c->amx is always false: never called. */
+static inline bool amx_tile(const blk_ctx *c, int64_t nkt) {
+  (void)c, (void)nkt;
+  return false;
+}
+static inline void amx_step(blk_ctx *c, int64_t j0, int64_t nkt, bool full) {
+  (void)c, (void)j0, (void)nkt, (void)full;
+}
+static inline void amx_flush(blk_ctx *c) { (void)c; }
+static inline void amx_begin(blk_ctx *c) { (void)c; }
+static inline void amx_end(blk_ctx *c) { (void)c; }
+static inline bool amx16_ok(const blk_ctx *c) {
+  (void)c;
+  return false;
+}
+static inline bool amx_ok(const blk_ctx *c) {
+  (void)c;
+  return false;
+}
+static inline void amx_load_q(blk_ctx *c) { (void)c; }
+#define PACK_KEYS NULL
+#endif
 
 #endif

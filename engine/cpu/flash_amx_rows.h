@@ -2,7 +2,7 @@
  * flash_amx_rows.h — few query rows (decoding) on AMX tiles for flash.c's
  * amx instance.
  *
- * Included by flash.c only, after flash_amx.h. A decode block of nrows <=
+ * Included by flash.c; built on flash_amx.h. A decode block of nrows <=
  * RW_MAX rows (BF16, head_dim a multiple of 32) reads each K and V element
  * once for a few products, so on VDPBF16PS (flash_bf16.h's rw_*) its
  * arithmetic was as slow as the memory it streams, and the two hardly
@@ -26,6 +26,9 @@
 #ifndef ATTN_CPU_FLASH_AMX_ROWS_H
 #define ATTN_CPU_FLASH_AMX_ROWS_H
 
+#include "flash_amx.h" /* amx_prefetch, amx_scores22 */
+
+#if ATTN_AMX
 /* The few rows path's blocks, on the amx instance: all of them. */
 static inline bool ar_ok(const blk_ctx *c) { return c->rowwise; }
 
@@ -175,5 +178,16 @@ static void ar_end(blk_ctx *c) {
   c->orows = c->vb;
   _tile_release();
 }
+#else
+/* Without the tile unit c->amxrows is always false: never called. */
+static inline bool ar_ok(const blk_ctx *c) {
+  (void)c;
+  return false;
+}
+static inline void ar_begin(blk_ctx *c) { (void)c; }
+static inline void ar_scores(blk_ctx *c, int64_t nkt) { (void)c, (void)nkt; }
+static inline void ar_values(blk_ctx *c, int64_t nkt) { (void)c, (void)nkt; }
+static inline void ar_end(blk_ctx *c) { (void)c; }
+#endif
 
 #endif

@@ -1,9 +1,9 @@
 /*
  * flash_bf16.h — BF16 products for flash.c's avx512bf16 and amx instances.
  *
- * Included by flash.c only, after blk_ctx. Both products keep flash.c's
- * transposed layout and F32 accumulators; what changes is that two BF16
- * products are summed per 32-bit lane:
+ * Included by flash.c; built on flash_blk.h and flash_rows.h. Both
+ * products keep flash.c's transposed layout and F32 accumulators; what
+ * changes is that two BF16 products are summed per 32-bit lane:
  *
  *   VDPBF16PS  acc[n] += a[2n]·b[2n] + a[2n+1]·b[2n+1]
  *
@@ -23,6 +23,9 @@
 #ifndef ATTN_CPU_FLASH_BF16_H
 #define ATTN_CPU_FLASH_BF16_H
 
+#include "flash_rows.h" /* rf_reduce */
+
+#if ATTN_DPBF16 || ATTN_AMX
 static inline uint32_t ld32(const char *p) {
   uint32_t x;
   memcpy(&x, p, sizeof x);
@@ -282,5 +285,21 @@ static void dp_values(blk_ctx *c, int64_t nkt) {
   dp_pack_v(c, nkt, (uint32_t *)c->vb);
   dp_pv_tile(c, (const uint32_t *)c->vb, nkt);
 }
+#else
+/* Without BF16 products bf16dp is always false: never called. */
+static inline void dp_load_q(blk_ctx *c, const char *src, int64_t ii) {
+  (void)c, (void)src, (void)ii;
+}
+static inline void dp_scores(blk_ctx *c, int64_t nkt) { (void)c, (void)nkt; }
+static inline void dp_values(blk_ctx *c, int64_t nkt) { (void)c, (void)nkt; }
+static inline bool rw_ok(const blk_ctx *c) {
+  (void)c;
+  return false;
+}
+static inline void rw_scores(blk_ctx *c, int64_t nkt) { (void)c, (void)nkt; }
+static inline void rw_values(blk_ctx *c, int64_t nkt) { (void)c, (void)nkt; }
+static inline void rw_begin(blk_ctx *c) { (void)c; }
+static inline void rw_end(blk_ctx *c) { (void)c; }
+#endif
 
 #endif

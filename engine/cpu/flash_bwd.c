@@ -36,13 +36,6 @@
 #include "flash.h"
 #include "simd.h"
 
-#ifndef ATTN_DPBF16
-#define ATTN_DPBF16 0
-#endif
-#ifndef ATTN_AMX
-#define ATTN_AMX 0
-#endif
-
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>

@@ -2,8 +2,8 @@
  * flash_rows.h — few query rows in F32 (decoding) for flash.c: vectors
  * along head_dim.
  *
- * Included by flash.c only, after blk_ctx and prefetch_next, as
- * flash_bf16.h is.
+ * Included by flash.c and by flash_bf16.h (which shares rf_reduce); built
+ * on flash_blk.h (blk_ctx, prefetch_next).
  *
  * A decode block has few rows (a GQA group, one query each): in the
  * transposed layout most of the query lanes would be idle, and every K and
@@ -19,6 +19,8 @@
  * exactly), and for BF16 in the instance without BF16 products. */
 #ifndef ATTN_CPU_FLASH_ROWS_H
 #define ATTN_CPU_FLASH_ROWS_H
+
+#include "flash_blk.h"
 
 #if ATTN_ISA == 512
 enum { RF_MAX = 4, RF_KEYS = 4, RF_DCHUNK = 4 };

@@ -226,6 +226,15 @@ static inline int vany_nan(vf x) {
   return 0;
 }
 
+/* The BF16-product and AMX instances are built with ATTN_DPBF16 and
+ * ATTN_AMX set to 1 (the Makefile's ISA_FLAGS_*); the others with 0. */
+#ifndef ATTN_DPBF16
+#define ATTN_DPBF16 0
+#endif
+#ifndef ATTN_AMX
+#define ATTN_AMX 0
+#endif
+
 /* The instance's symbol suffix: flash.c and flash_bwd.c are compiled once
  * per kernel (the Makefile's ISA_FLAGS_*), and cpu.c picks one at run time.
  * amxemu is the amx kernel on tests/lib/amx_emu.h's emulation of the tile

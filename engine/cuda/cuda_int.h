@@ -220,12 +220,6 @@ void attn__cu_pinned_stats(cu_pinned *pp, attn_host_stats *out);
 
 /* ---- stream.c: a job on a slot's stream ------------------------------------- */
 
-/* st from a CUDA error: "cuda: what: message (name)"; returns code. */
-int attn__cu_fail(attn_status *st, int code, const char *what, cudaError_t e);
-/* Whether an error leaves the context unusable. */
-bool attn__cu_sticky(cudaError_t e);
-/* A sticky device error: the device takes no more jobs. */
-void attn__cu_mark_unhealthy(cu_dev *d, const char *what, cudaError_t e);
 /* Grows the slot's pinned buffer to need bytes. */
 int attn__cu_grow_pinned(cu_slot *sl, size_t need, attn_status *st);
 /* Queues, group by group, upload, scans, kernels and download, then the
@@ -255,10 +249,19 @@ void attn__cu_enqueue(cu_state *s, attn_job *job);
 int attn__cu_dispatch_start(cu_state *s, attn_status *st);
 void attn__cu_dispatch_stop(cu_state *s);
 
-/* ---- device.c: a device opened, checked and closed ---------------------------- */
+/* ---- device.c: a device opened and closed, and its health ------------------- */
 
 int attn__cu_open_dev(cu_state *s, cu_dev *d, int ordinal, attn_status *st);
 void attn__cu_close_dev(cu_dev *d);
+/* st from a CUDA error: "cuda: what: message (name)"; returns code. */
+int attn__cu_fail(attn_status *st, int code, const char *what, cudaError_t e);
+/* Whether an error leaves the context unusable. */
+bool attn__cu_sticky(cudaError_t e);
+/* A sticky device error: the device takes no more jobs. */
+void attn__cu_mark_unhealthy(cu_dev *d, const char *what, cudaError_t e);
+
+/* ---- selfrun.c: the start-up self-check on a device -------------------------- */
+
 /* The Hopper instances start off, each with why; true when they may be
  * tried (their code is built, the self-check runs, every device is 9.0). */
 bool attn__cu_hopper_gate(cu_state *s, bool checking);

@@ -5,44 +5,14 @@
  * A slot thread starts a job here (device memory from the device's pool,
  * then, group by group, the upload, scans, kernels and download on the
  * slot's three streams, then the free and a host function that reports it
- * done) and takes its outcome here once the streams have run. Which CUDA errors leave
- * the device usable is decided here too (attn__cu_sticky).
+ * done) and takes its outcome here once the streams have run; which CUDA
+ * errors leave the device usable is the device's (device.c).
  */
 #include "cuda_int.h"
 
 #include "check.h"
 
 #include <stdio.h>
-
-int attn__cu_fail(attn_status *st, int code, const char *what, cudaError_t e) {
-  return attn_status_set(st, code, "cuda: %s: %s (%s)", what, cudaGetErrorString(e),
-                         cudaGetErrorName(e));
-}
-
-/* Whether an error leaves the context unusable (a fault in a kernel, or
- * one CUDA cannot attribute). A launch the runtime refuses (a broken
- * contract, a bad configuration, no machine code for this device, too few
- * registers) leaves it usable: only its job fails. */
-bool attn__cu_sticky(cudaError_t e) {
-  switch (e) {
-  case cudaErrorInvalidValue:
-  case cudaErrorInvalidConfiguration:
-  case cudaErrorLaunchOutOfResources:
-  case cudaErrorInvalidDeviceFunction:
-  case cudaErrorNoKernelImageForDevice:
-  case cudaErrorNotSupported: return false;
-  default: return true;
-  }
-}
-
-/* A sticky device error: the device is done. */
-void attn__cu_mark_unhealthy(cu_dev *d, const char *what, cudaError_t e) {
-  if (d->healthy)
-    fprintf(stderr, "attn: cuda device %d (%s) failed in %s: %s; it takes no more jobs\n",
-            d->ordinal, d->name, what, cudaGetErrorString(e));
-  d->healthy = false;
-  snprintf(d->why, sizeof d->why, "failed in %s: %s", what, cudaGetErrorString(e));
-}
 
 int attn__cu_grow_pinned(cu_slot *sl, size_t need, attn_status *st) {
   if (sl->pinned_cap >= need)

@@ -1,0 +1,215 @@
+/*
+ * flash_blk.h — one query block's context for flash.c's instances, and what
+ * every path of a block reads through it.
+ *
+ * Included first by flash.c and by each path's header (flash_f32.h,
+ * flash_rows.h, flash_bf16.h, flash_amx.h, flash_amx_rows.h), which build
+ * on it and on nothing of flash.c: the tile constants' short names, blk_ctx
+ * (the workspace's pieces and where the block's tensors start), where a
+ * tile's K and V rows are (kv_head, row_ptrs, tile_len), and the passes
+ * every path shares on the scores (mask_tile, variant_tile) and on Oᵀ
+ * (scale_ot).
+ *
+ * Paged K and V (attn_request.k_pages). Each tile reads its K and V rows
+ * from two row-0 pointers and row steps set once per tile (tile_rows): the
+ * dense tensors' rows, or a run of rows inside one page, with no gather
+ * copy and no per-element indirection. A page holds a multiple of BK keys,
+ * so a tile that would cross a page's end (tiles start at jlo, unaligned
+ * under a window) is cut there; the dense tiling is unchanged.
+ */
+#ifndef ATTN_CPU_FLASH_BLK_H
+#define ATTN_CPU_FLASH_BLK_H
+
+#include "flash.h"
+#include "simd.h"
+
+#include <float.h>
+#include <math.h>
+
+#define BQ ATTN_FLASH_BQ
+#define BK ATTN_FLASH_BK
+#define MAXD ATTN_MAX_HEAD_DIM
+
+/* ---- one query block ---------------------------------------------------- */
+
+/* The pieces of the workspace and where the block's tensors start. */
+typedef struct blk_ctx {
+  const attn__flash_args *a;
+  const attn__flash_block *blk;
+  float *qt, *ot, *st, *kb, *vb, *m, *l, *alpha;
+  const char *kbase, *vbase; /* dense K and V of (b, hk); NULL when paged */
+  /* Paged K and V: (b, hk)'s page tables; NULL when dense. */
+  const void *const *kpg, *const *vpg;
+  /* The current tile's first K and V rows and the elements between rows
+   * (tile_rows): every product reads its keys from these, so one kernel
+   * serves the dense layout and pages alike. */
+  const char *kt, *vt;
+  int64_t kstep, vstep;
+  /* The next tile's rows, pn of them (0: none), for prefetch_next. */
+  const char *pk, *pv;
+  int64_t pks, pvs, pn;
+  int64_t nrows, lanes, hk, jlo, jhi;
+  int64_t scan_from; /* the keys this block scans: [scan_from, jhi] */
+  int nv;
+  bool bf16dp;              /* BF16 products (flash_bf16.h) instead of F32 */
+  bool amx;                 /* and AMX tiles for whole tiles (flash_amx.h) */
+  bool amx16;               /* F16 on AMX tiles, split in two BF16 parts (flash_amx.h) */
+  bool rowwise;             /* and few rows, along head_dim (flash_bf16.h) */
+  bool amxrows;             /* and those on AMX tiles (flash_amx_rows.h) */
+  bool rowf;                /* few rows along head_dim in F32 (rf_*) */
+  int pbase, npend;         /* AMX: the tiles whose P·V waits (flash_amx.h) */
+  const uint16_t *vslot[4]; /* and where their Vᵀ is */
+  const uint16_t *pvt;      /* the next tile's packed Vᵀ, or NULL */
+  const float *orows;       /* O as rows ([nrows][D]), or NULL: read Oᵀ */
+} blk_ctx;
+
+static const char *q_row(const blk_ctx *c, int64_t h, int64_t i) {
+  const attn_request *r = c->a->r;
+  return (const char *)r->q +
+         (size_t)(c->blk->b * r->q_stride[0] + h * r->q_stride[1] + i * r->q_stride[2]) *
+             attn_dtype_size(r->dtype);
+}
+
+#if ATTN_ISA == 512
+/* Part `part` of `parts` of the next tile's K and V rows into L2. A decode
+ * step streams K and V from memory with little arithmetic per byte, and
+ * stalled on its loads without this (measured on Zen 4: about 1.5x the
+ * rate with it). Into L2, not L1: a tile ahead is as large as L1 and would
+ * evict the tile being computed. */
+static inline void prefetch_next(const blk_ctx *c, int64_t part, int64_t parts) {
+  const size_t es = attn_dtype_size(c->a->r->dtype), row = (size_t)c->a->r->head_dim * es;
+  for (int64_t j = part * c->pn / parts; j < (part + 1) * c->pn / parts; j++)
+    for (size_t b = 0; b < row; b += 64) {
+      _mm_prefetch(c->pk + (size_t)(j * c->pks) * es + b, _MM_HINT_T1);
+      _mm_prefetch(c->pv + (size_t)(j * c->pvs) * es + b, _MM_HINT_T1);
+    }
+}
+
+#endif
+
+/* Whether the n factors at f are all 1: no lane's running max moved, as it
+ * stays once the largest scores have been seen, and Oᵀ needs no pass. */
+static bool ones(const float *f, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    if (f[i] != 1.0f)
+      return false;
+  return true;
+}
+
+/* Oᵀ's lanes times f (a factor per lane), a vector of lanes at a time,
+ * skipping vectors whose factors are all 1. */
+static void scale_ot(blk_ctx *c, const float *f) {
+  const int64_t D = c->a->r->head_dim;
+  for (int v = 0; v < c->nv; v++) {
+    if (ones(f + v * VL, VL))
+      continue;
+    const vf fv = vload(f + v * VL);
+    for (int64_t d = 0; d < D; d++)
+      vstore(c->ot + d * BQ + v * VL, vmul(vload(c->ot + d * BQ + v * VL), fv));
+  }
+}
+
+/* Sets the scores of invisible (query, key) pairs of a boundary tile to -inf;
+ * lane ii holds query position i0 + ii % nq. */
+static void mask_tile(float *st, const attn__flash_args *a, int64_t j0, int64_t nkt, int64_t i0,
+                      int64_t nq, int64_t lanes) {
+  for (int64_t jj = 0; jj < nkt; jj++) {
+    const int64_t j = j0 + jj;
+    /* Query i sees key j iff j - off - wr <= i <= j - off + wl. */
+    int64_t lo = a->wr < 0 ? i0 : j - a->off - a->wr;
+    int64_t hi = a->wl < 0 ? i0 + nq - 1 : j - a->off + a->wl;
+    float *row = st + jj * BQ;
+    for (int64_t ii = 0; ii < lanes; ii++) {
+      int64_t i = i0 + ii % nq;
+      if (i < lo || i > hi)
+        row[ii] = -INFINITY;
+    }
+  }
+}
+
+/*
+ * The variants on a tile's scores (base 2): softcap, then the ALiBi bias.
+ * Lane ii is query i0 + ii % nq of head h0 + ii / nq, so the bias is
+ * -slope2[ii]·|pos[ii] + (i0 + off - j0) - jj|, exact in F32 while the
+ * distances stay under 2^24. Only requests with a variant come here, so
+ * a plain request pays one branch per tile.
+ */
+static void variant_tile(blk_ctx *c, int64_t j0, int64_t nkt) {
+  const attn__variants *var = &c->a->var;
+  const attn__flash_block *blk = c->blk;
+  if (var->cap2 > 0) {
+    const vf cap = vset1(var->cap2), inv = vset1(var->inv_cap2);
+    for (int64_t jj = 0; jj < nkt; jj++)
+      for (int v = 0; v < c->nv; v++) {
+        float *p = c->st + jj * BQ + v * VL;
+        vstore(p, vmul(cap, vtanh(vmul(vload(p), inv))));
+      }
+  }
+  if (!var->alibi)
+    return;
+  float slope2[BQ], pos[BQ];
+  for (int64_t ii = 0; ii < c->lanes; ii++) {
+    const bool real = ii < c->nrows;
+    const int64_t h = blk->h0 + ii / blk->nq;
+    slope2[ii] = real ? (float)(-attn_request_alibi_slope(c->a->r, blk->b, h) * M_LOG2E) : 0.0f;
+    pos[ii] = real ? (float)(ii % blk->nq) : 0.0f;
+  }
+  const int64_t base = blk->i0 + c->a->off - j0;
+  for (int64_t jj = 0; jj < nkt; jj++) {
+    const vf t = vset1((float)(base - jj));
+    for (int v = 0; v < c->nv; v++) {
+      float *p = c->st + jj * BQ + v * VL;
+      vstore(p, vfma(vload(slope2 + v * VL), vabs(vadd(vload(pos + v * VL), t)), vload(p)));
+    }
+  }
+}
+
+/* Points kt, vt at key j0's rows. Dense: rows k_stride[2] apart. Paged:
+ * row j0 % page_tokens of its page, rows head_dim apart; the caller ends
+ * the tile at the page's end (tile_len), so the tile's rows are one run. */
+static void row_ptrs(const blk_ctx *c, int64_t j0, const char **k, const char **v, int64_t *kstep,
+                     int64_t *vstep) {
+  const attn_request *r = c->a->r;
+  const size_t es = attn_dtype_size(r->dtype);
+  if (c->kpg) {
+    const int64_t pt = r->page_tokens, row = (j0 % pt) * r->head_dim;
+    *k = (const char *)c->kpg[j0 / pt] + (size_t)row * es;
+    *v = (const char *)c->vpg[j0 / pt] + (size_t)row * es;
+    *kstep = *vstep = r->head_dim;
+    return;
+  }
+  *k = c->kbase + (size_t)(j0 * r->k_stride[2]) * es;
+  *v = c->vbase + (size_t)(j0 * r->v_stride[2]) * es;
+  *kstep = r->k_stride[2];
+  *vstep = r->v_stride[2];
+}
+
+/* Keys of the tile starting at j0: up to BK, and in paged mode never past
+ * the end of j0's page. Tiles follow jlo, which a window leaves unaligned,
+ * so a page boundary can fall inside a BK-run; the dense tiling is kept. */
+static int64_t tile_len(const blk_ctx *c, int64_t j0) {
+  int64_t n = c->jhi - j0 + 1 < BK ? c->jhi - j0 + 1 : BK;
+  if (c->kpg) {
+    const int64_t left = c->a->r->page_tokens - j0 % c->a->r->page_tokens;
+    n = n < left ? n : left;
+  }
+  return n;
+}
+
+/* Where K and V of the block's (batch, KV head) are: the dense tensors'
+ * rows, or that head's page tables (no pointer into r->k when it is NULL). */
+static void kv_head(blk_ctx *c) {
+  const attn_request *r = c->a->r;
+  const int64_t b = c->blk->b, hk = c->hk;
+  if (r->k_pages) {
+    const int64_t t = (b * r->heads_kv + hk) * r->pages_per_head;
+    c->kpg = r->k_pages + t;
+    c->vpg = r->v_pages + t;
+    return;
+  }
+  const size_t es = attn_dtype_size(r->dtype);
+  c->kbase = (const char *)r->k + (size_t)(b * r->k_stride[0] + hk * r->k_stride[1]) * es;
+  c->vbase = (const char *)r->v + (size_t)(b * r->v_stride[0] + hk * r->v_stride[1]) * es;
+}
+
+#endif

@@ -1,7 +1,8 @@
 /*
  * sbuf.c — a growing text buffer for the JSON the codecs, the error bodies
- * and the server's own replies write. A failed allocation is sticky: every
- * later write is a no-op and the writer checks `oom` once at the end.
+ * and the server's own replies write, and for the Prometheus text of
+ * /metrics (prom.c). A failed allocation is sticky: every later write is a
+ * no-op and the writer checks `oom` once at the end.
  */
 #include "internal.h"
 #include "proto.h"

@@ -5,16 +5,16 @@
  * Every recorder takes one mutex for a handful of additions; that is far
  * cheaper than the request it describes, so finer locking or atomics would
  * buy nothing but subtlety. Rendering copies the state under the lock and
- * formats outside it, so a slow scrape never stalls the threads that record.
+ * formats outside it, so a slow scrape never stalls the threads that record;
+ * the text is proto/prom.h's, as every other family of /metrics is.
  * Label values come only from fixed tables or bounded sets, whatever clients
  * send, so the number of series cannot grow without bound.
  */
 #include "metrics.h"
+#include "prom.h"
 
-#include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,13 +33,14 @@ enum {
 };
 
 /* Bounds and their printed form side by side: printing the doubles would
- * need care to come out as "0.0005" rather than "0.00050000000000000001". */
+ * need care to come out as "0.0005" rather than "0.00050000000000000001".
+ * The last bucket, above every bound, is +Inf (the writer's). */
 static const double bucket_bounds[N_BUCKETS - 1] = {
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
 };
-static const char *const bucket_les[N_BUCKETS] = {
-    "0.0005", "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1",  "0.25",
-    "0.5",    "1",     "2.5",    "5",     "10",   "30",    "60",   "+Inf",
+static const char *const bucket_les[N_BUCKETS - 1] = {
+    "0.0005", "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1",
+    "0.25",   "0.5",   "1",      "2.5",   "5",    "10",    "30",   "60",
 };
 
 typedef struct histogram {
@@ -331,111 +332,11 @@ int64_t attnd_metrics_gauge(attnd_metrics *m, attnd_gauge g) {
 
 /* ---- rendering ----------------------------------------------------------- */
 
-typedef struct buf {
-  char *p;
-  size_t len, cap;
-  int oom;
-} buf;
-
-static int buf_reserve(buf *b, size_t extra) {
-  if (b->oom)
-    return 0;
-  if (b->len + extra + 1 <= b->cap)
-    return 1;
-  size_t cap = b->cap ? b->cap : 4096;
-  while (cap < b->len + extra + 1)
-    cap *= 2;
-  char *p = realloc(b->p, cap);
-  if (!p) {
-    b->oom = 1;
-    return 0;
-  }
-  b->p = p;
-  b->cap = cap;
-  return 1;
-}
-
-__attribute__((format(printf, 2, 3))) static void buf_printf(buf *b, const char *fmt, ...) {
-  if (!buf_reserve(b, 64))
-    return;
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
-  va_end(ap);
-  if (n < 0) {
-    b->oom = 1;
-    return;
-  }
-  if ((size_t)n >= b->cap - b->len) {
-    if (!buf_reserve(b, (size_t)n))
-      return;
-    va_start(ap, fmt);
-    vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
-    va_end(ap);
-  }
-  b->len += (size_t)n;
-}
-
-static void buf_put(buf *b, const char *s) {
-  size_t n = strlen(s);
-  if (!buf_reserve(b, n))
-    return;
-  memcpy(b->p + b->len, s, n + 1);
-  b->len += n;
-}
-
-/* The exposition format's escapes for label values. */
-static void buf_put_label_value(buf *b, const char *s) {
-  for (; *s; s++) {
-    const char *esc = *s == '\\' ? "\\\\" : *s == '"' ? "\\\"" : *s == '\n' ? "\\n" : NULL;
-    if (esc) {
-      buf_put(b, esc);
-    } else if (buf_reserve(b, 1)) {
-      b->p[b->len++] = *s;
-      b->p[b->len] = '\0';
-    }
-  }
-}
-
-/* Shortest form that reads back as the same double, so sums survive the
- * trip through the scraper exactly without printing 17 noisy digits. */
-static void buf_put_double(buf *b, double v) {
-  if (isnan(v)) {
-    buf_put(b, "NaN");
-    return;
-  }
-  if (isinf(v)) {
-    buf_put(b, v > 0 ? "+Inf" : "-Inf");
-    return;
-  }
-  char tmp[32];
-  snprintf(tmp, sizeof tmp, "%.15g", v);
-  if (strtod(tmp, NULL) != v)
-    snprintf(tmp, sizeof tmp, "%.17g", v);
-  buf_put(b, tmp);
-}
-
-static void family_header(buf *b, const char *name, const char *type, const char *help) {
-  buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
-}
-
-/* label is "" or `key="value"` already escaped, without braces. */
-static void render_histogram(buf *b, const char *name, const char *label, const histogram *h) {
-  const char *sep = *label ? "," : "";
-  uint64_t cum = 0;
-  for (int i = 0; i < N_BUCKETS; i++) {
-    cum += h->buckets[i];
-    buf_printf(b, "%s_bucket{%s%sle=\"%s\"} %" PRIu64 "\n", name, label, sep, bucket_les[i], cum);
-  }
-  if (*label)
-    buf_printf(b, "%s_sum{%s} ", name, label);
-  else
-    buf_printf(b, "%s_sum ", name);
-  buf_put_double(b, h->sum);
-  if (*label)
-    buf_printf(b, "\n%s_count{%s} %" PRIu64 "\n", name, label, h->count);
-  else
-    buf_printf(b, "\n%s_count %" PRIu64 "\n", name, h->count);
+static void render_histogram(attn_sbuf *b, const char *name, const attn_prom_label *l, int n,
+                             const histogram *h) {
+  attn_prom_hist ph = {
+      .les = bucket_les, .counts = h->buckets, .nbounds = N_BUCKETS - 1, .sum = h->sum};
+  attn_prom_histogram(b, name, l, n, &ph);
 }
 
 static int code_cmp(const void *a, const void *b) {
@@ -443,112 +344,111 @@ static int code_cmp(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-static void render_backend_counter(buf *b, const char *name, const backend_stats *bs, double v) {
-  buf_printf(b, "%s{backend=\"", name);
-  buf_put_label_value(b, bs->name ? bs->name : "other");
-  buf_put(b, "\"} ");
-  buf_put_double(b, v);
-  buf_put(b, "\n");
+static void render_backend(attn_sbuf *b, const char *name, const backend_stats *bs, int flops) {
+  attn_prom_label l = {"backend", bs->name ? bs->name : "other"};
+  attn_prom_sample_f64(b, name, &l, 1, flops ? bs->flops : bs->seconds);
 }
 
-static void render_backends(buf *b, const state *s, const char *name, int flops) {
+static void render_backends(attn_sbuf *b, const state *s, const char *name, int flops) {
   for (int i = 0; i < s->nbackends; i++)
-    render_backend_counter(b, name, &s->backends[i],
-                           flops ? s->backends[i].flops : s->backends[i].seconds);
+    render_backend(b, name, &s->backends[i], flops);
   if (s->overflow.seconds > 0 || s->overflow.flops > 0)
-    render_backend_counter(b, name, &s->overflow, flops ? s->overflow.flops : s->overflow.seconds);
+    render_backend(b, name, &s->overflow, flops);
 }
 
-/* path="/attention", plus ,model="..." for a series with a model (escaped
- * as a label value). */
-static void series_label(const state *s, const route_stats *rs, char *out, size_t cap) {
-  buf b = {0};
-  buf_printf(&b, "path=\"%s\"", s->route_names[rs->route]);
-  if (rs->model[0]) {
-    buf_put(&b, ",model=\"");
-    buf_put_label_value(&b, rs->model);
-    buf_put(&b, "\"");
-  }
-  snprintf(out, cap, "%s", b.oom || !b.p ? "path=\"other\"" : b.p);
-  free(b.p);
+/* path, and model for a series with one: a route series' labels; the
+ * caller's code label, when it has one, goes after them (l has room). */
+static int series_labels(const state *s, const route_stats *rs, attn_prom_label l[3]) {
+  int n = 0;
+  l[n++] = (attn_prom_label){"path", s->route_names[rs->route]};
+  if (rs->model[0])
+    l[n++] = (attn_prom_label){"model", rs->model};
+  return n;
 }
 
-static void render_requests(buf *b, state *s) {
-  family_header(b, "attnd_requests_total", "counter",
-                "HTTP requests finished, by route, model (routes that serve one) and status code.");
+static void render_requests(attn_sbuf *b, state *s) {
+  attn_prom_family(b, "attnd_requests_total", "counter",
+                   "HTTP requests finished, by route, model (routes that serve one) and status "
+                   "code.");
   for (int r = 0; r < s->nseries; r++) {
     route_stats *rs = &s->routes[r];
-    char label[160];
-    series_label(s, rs, label, sizeof label);
+    attn_prom_label l[3];
+    int n = series_labels(s, rs, l);
+    char code[16];
+    l[n] = (attn_prom_label){"code", code};
     qsort(rs->codes, (size_t)rs->ncodes, sizeof rs->codes[0], code_cmp);
-    for (int i = 0; i < rs->ncodes; i++)
-      buf_printf(b, "attnd_requests_total{%s,code=\"%d\"} %" PRIu64 "\n", label, rs->codes[i].code,
-                 rs->codes[i].n);
-    if (rs->other_codes)
-      buf_printf(b, "attnd_requests_total{%s,code=\"other\"} %" PRIu64 "\n", label,
-                 rs->other_codes);
+    for (int i = 0; i < rs->ncodes; i++) {
+      snprintf(code, sizeof code, "%d", rs->codes[i].code);
+      attn_prom_sample_u64(b, "attnd_requests_total", l, n + 1, rs->codes[i].n);
+    }
+    if (rs->other_codes) {
+      snprintf(code, sizeof code, "other");
+      attn_prom_sample_u64(b, "attnd_requests_total", l, n + 1, rs->other_codes);
+    }
   }
-  family_header(b, "attnd_request_duration_seconds", "histogram",
-                "Time spent handling HTTP requests, by route and model.");
+  attn_prom_family(b, "attnd_request_duration_seconds", "histogram",
+                   "Time spent handling HTTP requests, by route and model.");
   for (int r = 0; r < s->nseries; r++) {
     if (!s->routes[r].duration.count)
       continue;
-    char label[160];
-    series_label(s, &s->routes[r], label, sizeof label);
-    render_histogram(b, "attnd_request_duration_seconds", label, &s->routes[r].duration);
+    attn_prom_label l[3];
+    int n = series_labels(s, &s->routes[r], l);
+    render_histogram(b, "attnd_request_duration_seconds", l, n, &s->routes[r].duration);
   }
 }
 
 /* Only the caller's own series (key; NULL: every key's): no API key learns
  * another's name or how much it asks. */
-static void render_keys(buf *b, const state *s, const char *key) {
+static void render_keys(attn_sbuf *b, const state *s, const char *key) {
   if (!s->nkeys)
     return;
-  family_header(b, "attnd_requests_by_key_total", "counter",
-                "HTTP requests finished that authenticated with an API key, by the key's name.");
+  attn_prom_family(b, "attnd_requests_by_key_total", "counter",
+                   "HTTP requests finished that authenticated with an API key, by the key's "
+                   "name.");
   for (int i = 0; i < s->nkeys; i++) {
     if (key && strcmp(key, s->key_names[i]))
       continue;
-    buf_put(b, "attnd_requests_by_key_total{key=\"");
-    buf_put_label_value(b, s->key_names[i]);
-    buf_printf(b, "\"} %" PRIu64 "\n", s->key_requests[i]);
+    attn_prom_label l = {"key", s->key_names[i]};
+    attn_prom_sample_u64(b, "attnd_requests_by_key_total", &l, 1, s->key_requests[i]);
   }
 }
 
-static void render_jobs(buf *b, const state *s) {
-  family_header(b, "attnd_queue_wait_seconds", "histogram",
-                "Time jobs waited between admission and the engine.");
-  render_histogram(b, "attnd_queue_wait_seconds", "", &s->queue_wait);
-  family_header(b, "attnd_engine_seconds_total", "counter",
-                "Engine time spent on completed jobs, by backend.");
+static void render_jobs(attn_sbuf *b, const state *s) {
+  attn_prom_family(b, "attnd_queue_wait_seconds", "histogram",
+                   "Time jobs waited between admission and the engine.");
+  render_histogram(b, "attnd_queue_wait_seconds", NULL, 0, &s->queue_wait);
+  attn_prom_family(b, "attnd_engine_seconds_total", "counter",
+                   "Engine time spent on completed jobs, by backend.");
   render_backends(b, s, "attnd_engine_seconds_total", 0);
-  family_header(b, "attnd_flops_total", "counter",
-                "Floating-point operations of completed jobs, by backend.");
+  attn_prom_family(b, "attnd_flops_total", "counter",
+                   "Floating-point operations of completed jobs, by backend.");
   render_backends(b, s, "attnd_flops_total", 1);
-  family_header(b, "attnd_jobs_canceled_total", "counter",
-                "Jobs cut short (deadline, client gone, shutdown), by reason and by where "
-                "they were: dropped from the queue, or stopped in the engine.");
+  attn_prom_family(b, "attnd_jobs_canceled_total", "counter",
+                   "Jobs cut short (deadline, client gone, shutdown), by reason and by where "
+                   "they were: dropped from the queue, or stopped in the engine.");
   for (int why = 0; why < ATTND_CANCEL_REASONS; why++)
-    for (int st = 0; st < ATTND_STAGES; st++)
-      buf_printf(b, "attnd_jobs_canceled_total{reason=\"%s\",stage=\"%s\"} %" PRIu64 "\n",
-                 attnd_cancel_reason_name((attnd_cancel_reason)why),
-                 st == ATTND_STAGE_QUEUED ? "queued" : "running", s->canceled[why][st]);
+    for (int st = 0; st < ATTND_STAGES; st++) {
+      attn_prom_label l[] = {{"reason", attnd_cancel_reason_name((attnd_cancel_reason)why)},
+                             {"stage", st == ATTND_STAGE_QUEUED ? "queued" : "running"}};
+      attn_prom_sample_u64(b, "attnd_jobs_canceled_total", l, 2, s->canceled[why][st]);
+    }
 }
 
-static void render_errors(buf *b, const state *s) {
-  family_header(b, "attnd_errors_total", "counter",
-                "Error replies by error code (client_closed: a client that closed or reset "
-                "before its reply, logged and never answered).");
+static void render_errors(attn_sbuf *b, const state *s) {
+  attn_prom_family(b, "attnd_errors_total", "counter",
+                   "Error replies by error code (client_closed: a client that closed or reset "
+                   "before its reply, logged and never answered).");
   for (int i = 0; i < s->nerrors; i++) {
-    buf_put(b, "attnd_errors_total{code=\"");
-    buf_put_label_value(b, s->error_codes[i]);
-    buf_printf(b, "\"} %" PRIu64 "\n", s->errors[i]);
+    attn_prom_label l = {"code", s->error_codes[i]};
+    attn_prom_sample_u64(b, "attnd_errors_total", &l, 1, s->errors[i]);
   }
-  if (s->other_errors)
-    buf_printf(b, "attnd_errors_total{code=\"other\"} %" PRIu64 "\n", s->other_errors);
+  if (s->other_errors) {
+    attn_prom_label l = {"code", "other"};
+    attn_prom_sample_u64(b, "attnd_errors_total", &l, 1, s->other_errors);
+  }
 }
 
-static void render_gauges(buf *b, const state *s) {
+static void render_gauges(attn_sbuf *b, const state *s) {
   static const struct {
     attnd_gauge g;
     const char *name, *help;
@@ -559,14 +459,11 @@ static void render_gauges(buf *b, const state *s) {
       {ATTND_GAUGE_UPLOADS, "attnd_uploads",
        "POST requests whose headers arrived and whose body is still being read."},
   };
-  for (size_t i = 0; i < sizeof gauges / sizeof gauges[0]; i++) {
-    family_header(b, gauges[i].name, "gauge", gauges[i].help);
-    buf_printf(b, "%s %" PRId64 "\n", gauges[i].name, s->gauges[gauges[i].g]);
-  }
-  family_header(b, "attnd_bytes_received_total", "counter", "Bytes of HTTP requests received.");
-  buf_printf(b, "attnd_bytes_received_total %" PRIu64 "\n", s->bytes_in);
-  family_header(b, "attnd_bytes_sent_total", "counter", "Bytes of HTTP responses sent.");
-  buf_printf(b, "attnd_bytes_sent_total %" PRIu64 "\n", s->bytes_out);
+  for (size_t i = 0; i < sizeof gauges / sizeof gauges[0]; i++)
+    attn_prom_gauge(b, gauges[i].name, gauges[i].help, s->gauges[gauges[i].g]);
+  attn_prom_counter(b, "attnd_bytes_received_total", "Bytes of HTTP requests received.",
+                    s->bytes_in);
+  attn_prom_counter(b, "attnd_bytes_sent_total", "Bytes of HTTP responses sent.", s->bytes_out);
 }
 
 char *attnd_metrics_render(attnd_metrics *m, size_t *plen) {
@@ -582,7 +479,7 @@ char *attnd_metrics_render_for(attnd_metrics *m, const char *key, size_t *plen) 
   pthread_mutex_lock(&m->mu);
   *s = m->s;
   pthread_mutex_unlock(&m->mu);
-  buf b = {0};
+  attn_sbuf b = {0};
   render_requests(&b, s);
   render_keys(&b, s, key);
   render_jobs(&b, s);

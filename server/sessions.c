@@ -5,6 +5,7 @@
 #include "errors.h"
 #include "log.h"
 #include "route.h"
+#include "prom.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -286,31 +287,29 @@ void attnd_sessions_info(attn_sbuf *b, const attnd_server *s) {
 }
 
 static void counter(attn_sbuf *b, const char *name, const char *help, unsigned long long v) {
-  attn_sbuf_printf(b, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name, name, v);
+  attn_prom_counter(b, name, help, v);
 }
 
 static void gauge(attn_sbuf *b, const char *name, const char *help, unsigned long long v) {
-  attn_sbuf_printf(b, "# HELP %s %s\n# TYPE %s gauge\n%s %llu\n", name, help, name, name, v);
+  attn_prom_gauge(b, name, help, (int64_t)v);
 }
 
 /* attnd_session_batch_size: calls an engine job of the store computed, as a
- * histogram (cumulative buckets, as Prometheus has them). */
+ * histogram (bucket i: jobs of at most 2^i calls; the last, of more). */
 static void batch_histogram(attn_sbuf *b, const attn_kv_stats *st) {
-  attn_sbuf_puts(b, "# HELP attnd_session_batch_size Session calls computed by one engine job.\n"
-                    "# TYPE attnd_session_batch_size histogram\n");
-  uint64_t cum = 0, jobs = 0;
-  for (int i = 0; i < ATTN_KV_BATCH_BUCKETS; i++) {
-    cum += st->batch_sizes[i];
-    if (i < ATTN_KV_BATCH_BUCKETS - 1)
-      attn_sbuf_printf(b, "attnd_session_batch_size_bucket{le=\"%d\"} %llu\n", 1 << i,
-                       (unsigned long long)cum);
+  char text[ATTN_KV_BATCH_BUCKETS - 1][12];
+  const char *les[ATTN_KV_BATCH_BUCKETS - 1];
+  for (int i = 0; i < ATTN_KV_BATCH_BUCKETS - 1; i++) {
+    snprintf(text[i], sizeof text[i], "%d", 1 << i);
+    les[i] = text[i];
   }
-  jobs = cum;
-  attn_sbuf_printf(b,
-                   "attnd_session_batch_size_bucket{le=\"+Inf\"} %llu\n"
-                   "attnd_session_batch_size_sum %llu\nattnd_session_batch_size_count %llu\n",
-                   (unsigned long long)jobs, (unsigned long long)st->batched_calls,
-                   (unsigned long long)jobs);
+  attn_prom_hist h = {.les = les,
+                      .counts = st->batch_sizes,
+                      .nbounds = ATTN_KV_BATCH_BUCKETS - 1,
+                      .sum = (double)st->batched_calls};
+  attn_prom_family(b, "attnd_session_batch_size", "histogram",
+                   "Session calls computed by one engine job.");
+  attn_prom_histogram(b, "attnd_session_batch_size", NULL, 0, &h);
 }
 
 void attnd_sessions_metrics(attn_sbuf *b, const attnd_server *s) {

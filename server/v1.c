@@ -6,6 +6,7 @@
 #include "v1.h"
 #include "sessions.h"
 #include "errors.h"
+#include "prom.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -115,41 +116,39 @@ void attnd_v1_plan(attnd_req *r) {
 static void render_conns(attn_sbuf *b, attnd_conns *c) {
   uint64_t n[ATTND_CLOSE_REASONS];
   attnd_conns_counts(c, n);
-  attn_sbuf_puts(b, "# HELP attnd_connections_closed_total Connections the server closed or "
-                    "refused to keep others from being locked out, by reason.\n"
-                    "# TYPE attnd_connections_closed_total counter\n");
-  for (int i = 0; i < ATTND_CLOSE_REASONS; i++)
-    attn_sbuf_printf(b, "attnd_connections_closed_total{reason=\"%s\"} %llu\n",
-                     attnd_conns_reason_name((attnd_conn_reason)i), (unsigned long long)n[i]);
+  attn_prom_family(b, "attnd_connections_closed_total", "counter",
+                   "Connections the server closed or refused to keep others from being locked "
+                   "out, by reason.");
+  for (int i = 0; i < ATTND_CLOSE_REASONS; i++) {
+    attn_prom_label l = {"reason", attnd_conns_reason_name((attnd_conn_reason)i)};
+    attn_prom_sample_u64(b, "attnd_connections_closed_total", &l, 1, n[i]);
+  }
 }
 
 /* The body budget in use: what uploads, queued and running jobs hold. */
 static void render_budget(attn_sbuf *b, attnd_server *s) {
   const attnd_config *c = s->cfg;
-  attn_sbuf_printf(b,
-                   "# HELP attnd_body_bytes Bytes of request bodies (and their decodes) the "
-                   "server holds, of the budget --max-queue x --max-body (%llu): bytes that "
-                   "arrived, never what a client declared.\n"
-                   "# TYPE attnd_body_bytes gauge\nattnd_body_bytes %llu\n",
-                   (unsigned long long)c->max_queue * c->max_body,
-                   (unsigned long long)atomic_load(&s->body_bytes));
+  char help[320];
+  snprintf(help, sizeof help,
+           "Bytes of request bodies (and their decodes) the server holds, of the budget "
+           "--max-queue x --max-body (%llu): bytes that arrived, never what a client declared.",
+           (unsigned long long)c->max_queue * c->max_body);
+  attn_prom_gauge(b, "attnd_body_bytes", help, (int64_t)atomic_load(&s->body_bytes));
   attn_host_stats hs;
   attn_engine_host_stats(s->engine, &hs);
   if (hs.cap == 0) /* no GPU lends any: nothing to show */
     return;
-  attn_sbuf_printf(b,
-                   "# HELP attnd_pinned_bytes Page-locked host memory of the GPU's pool "
-                   "(--pinned-memory %llu): bytes pinned now, lent to bodies and replies or "
-                   "idle for reuse.\n"
-                   "# TYPE attnd_pinned_bytes gauge\nattnd_pinned_bytes %llu\n"
-                   "# HELP attnd_pinned_lent_bytes Of those, bytes lent to bodies and replies.\n"
-                   "# TYPE attnd_pinned_lent_bytes gauge\nattnd_pinned_lent_bytes %llu\n"
-                   "# HELP attnd_pinned_refused_total Buffers the pool could not lend (full): "
-                   "those bodies and replies were ordinary memory, staged.\n"
-                   "# TYPE attnd_pinned_refused_total counter\n"
-                   "attnd_pinned_refused_total %llu\n",
-                   (unsigned long long)hs.cap, (unsigned long long)hs.pinned,
-                   (unsigned long long)hs.lent, (unsigned long long)hs.refused);
+  snprintf(help, sizeof help,
+           "Page-locked host memory of the GPU's pool (--pinned-memory %llu): bytes pinned now, "
+           "lent to bodies and replies or idle for reuse.",
+           (unsigned long long)hs.cap);
+  attn_prom_gauge(b, "attnd_pinned_bytes", help, (int64_t)hs.pinned);
+  attn_prom_gauge(b, "attnd_pinned_lent_bytes", "Of those, bytes lent to bodies and replies.",
+                  (int64_t)hs.lent);
+  attn_prom_counter(b, "attnd_pinned_refused_total",
+                    "Buffers the pool could not lend (full): those bodies and replies were "
+                    "ordinary memory, staged.",
+                    hs.refused);
 }
 
 /* The backend requests run on and its kernel ("avx512bf16 kernel, 2
@@ -157,15 +156,13 @@ static void render_budget(attn_sbuf *b, attnd_server *s) {
 static void render_backend(attn_sbuf *b, const attnd_server *s) {
   attn_backend_info info[8];
   int n = attn_engine_backends(s->engine, info, 8);
-  attn_sbuf_puts(b, "# HELP attnd_backend_info The backend requests run on, and its kernel.\n"
-                    "# TYPE attnd_backend_info gauge\n");
+  attn_prom_family(b, "attnd_backend_info", "gauge",
+                   "The backend requests run on, and its kernel.");
   for (int i = 0; i < n && i < 8; i++) {
     if (strcmp(info[i].name, s->backend))
       continue;
-    char detail[200];
-    attn_quote(detail, sizeof detail, info[i].detail, strlen(info[i].detail));
-    attn_sbuf_printf(b, "attnd_backend_info{backend=\"%s\",detail=\"%s\"} 1\n", info[i].name,
-                     detail);
+    attn_prom_label l[] = {{"backend", info[i].name}, {"detail", info[i].detail}};
+    attn_prom_sample_u64(b, "attnd_backend_info", l, 2, 1);
   }
 }
 
@@ -178,11 +175,10 @@ static void render_build(attn_sbuf *b, const attnd_server *s) {
   size_t at = 0;
   for (int i = 0; i < n && i < ATTND_MAX_BACKENDS && at < sizeof names; i++)
     at += (size_t)snprintf(names + at, sizeof names - at, "%s%s", i ? "," : "", info[i].name);
-  char esc[160];
-  attn_quote(esc, sizeof esc, names, strlen(names));
-  attn_sbuf_puts(b, "# HELP attnd_build_info The version and the engine backends of this build.\n"
-                    "# TYPE attnd_build_info gauge\n");
-  attn_sbuf_printf(b, "attnd_build_info{version=\"%s\",backends=\"%s\"} 1\n", ATTN_VERSION, esc);
+  attn_prom_family(b, "attnd_build_info", "gauge",
+                   "The version and the engine backends of this build.");
+  attn_prom_label l[] = {{"version", ATTN_VERSION}, {"backends", names}};
+  attn_prom_sample_u64(b, "attnd_build_info", l, 2, 1);
 }
 
 void attnd_v1_metrics(attnd_req *r) {

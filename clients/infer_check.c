@@ -1,14 +1,12 @@
 /*
  * infer_check.c — `attn infer --check`: the reply against float64 standard
- * attention on the same inputs (engine/reference.h), with the tolerances
- * the usage text gives: normalized error of o per dtype, and m, l, lse
- * within 1e-5 relative to max(1, |ref|); for a backward reply, the
+ * attention on the same inputs (the engine's attn_reference()), with the
+ * tolerances the usage text gives: normalized error of o per dtype, and m,
+ * l, lse within 1e-5 relative to max(1, |ref|); for a backward reply, the
  * normalized errors of dq, dk and dv against the float64 reference backward
- * (engine/reference.h) with o's tolerance.
+ * (attn_reference_backward()) with o's tolerance.
  */
-#include "request_int.h" /* attn__varlen_sub(): a sequence as the engine splits it */
 #include "infer.h"
-#include "reference.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -106,7 +104,7 @@ static int check_reply(const attn_proto_req *pr, double e[4], char *err, size_t 
   for (int64_t b = 0; rc == 0 && b < (varlen ? r->batch : 1); b++) {
     attn_request one = *r;
     if (varlen)
-      attn__varlen_sub(r, b, &one);
+      attn_request_sequence(r, b, &one);
     if (one.seq_q == 0)
       continue;
     if (reference(&one, o, st, &s) < 0)

@@ -7,14 +7,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-int64_t attn_arg_list_len(const char *s) {
+int64_t tool_arg_list_len(const char *s) {
   int64_t n = 1;
   for (; *s; s++)
     n += *s == ',';
   return n;
 }
 
-bool attn_arg_list_i64(const char **p, int64_t lo, int64_t hi, bool last, int64_t *out) {
+bool tool_arg_list_i64(const char **p, int64_t lo, int64_t hi, bool last, int64_t *out) {
   char *end;
   errno = 0;
   long long v = strtoll(*p, &end, 10);
@@ -25,7 +25,7 @@ bool attn_arg_list_i64(const char **p, int64_t lo, int64_t hi, bool last, int64_
   return true;
 }
 
-bool attn_arg_list_double(const char **p, bool last, double *out) {
+bool tool_arg_list_double(const char **p, bool last, double *out) {
   char *end;
   errno = 0;
   double v = strtod(*p, &end);
@@ -36,9 +36,9 @@ bool attn_arg_list_double(const char **p, bool last, double *out) {
   return true;
 }
 
-int attn_arg_i64(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out) {
+int tool_arg_i64(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out) {
   const char *p = s ? s : "";
-  if (!attn_arg_list_i64(&p, lo, hi, true, out)) {
+  if (!tool_arg_list_i64(&p, lo, hi, true, out)) {
     fprintf(stderr, "attn: %s expects an integer from %lld to %lld (got \"%s\")\n", flag,
             (long long)lo, (long long)hi, s ? s : "");
     return -1;
@@ -46,10 +46,10 @@ int attn_arg_i64(const char *flag, const char *s, int64_t lo, int64_t hi, int64_
   return 0;
 }
 
-int attn_arg_double(const char *flag, const char *s, double lo, double hi, double *out) {
+int tool_arg_double(const char *flag, const char *s, double lo, double hi, double *out) {
   const char *p = s ? s : "";
   double v;
-  if (!attn_arg_list_double(&p, true, &v) || v < lo || v > hi) {
+  if (!tool_arg_list_double(&p, true, &v) || v < lo || v > hi) {
     fprintf(stderr, "attn: %s expects a number from %g to %g (got \"%s\")\n", flag, lo, hi,
             s ? s : "");
     return -1;
@@ -58,15 +58,15 @@ int attn_arg_double(const char *flag, const char *s, double lo, double hi, doubl
   return 0;
 }
 
-int attn_arg_int(const char *flag, const char *s, int lo, int hi, int *out) {
+int tool_arg_int(const char *flag, const char *s, int lo, int hi, int *out) {
   int64_t v;
-  if (attn_arg_i64(flag, s, lo, hi, &v) < 0)
+  if (tool_arg_i64(flag, s, lo, hi, &v) < 0)
     return -1;
   *out = (int)v;
   return 0;
 }
 
-int attn_arg_dtype(const char *flag, const char *s, attn_dtype *out) {
+int tool_arg_dtype(const char *flag, const char *s, attn_dtype *out) {
   if (attn_dtype_parse(s, out) < 0) {
     fprintf(stderr, "attn: %s expects F32, F16 or BF16 (got \"%s\")\n", flag, s ? s : "");
     return -1;
@@ -74,30 +74,30 @@ int attn_arg_dtype(const char *flag, const char *s, attn_dtype *out) {
   return 0;
 }
 
-int attn_arg_shape(int c, const char *arg, attn_shape_args *s) {
+int tool_arg_shape(int c, const char *arg, tool_shape_args *s) {
   const int64_t big = ATTN_MAX_DIM;
   int rc;
   switch (c) {
-  case 'b': rc = attn_arg_i64("--batch", arg, 1, big, &s->batch); break;
-  case 'h': rc = attn_arg_i64("--heads", arg, 1, big, &s->heads); break;
-  case 'H': rc = attn_arg_i64("--heads-kv", arg, 1, big, &s->heads_kv); break;
+  case 'b': rc = tool_arg_i64("--batch", arg, 1, big, &s->batch); break;
+  case 'h': rc = tool_arg_i64("--heads", arg, 1, big, &s->heads); break;
+  case 'H': rc = tool_arg_i64("--heads-kv", arg, 1, big, &s->heads_kv); break;
   case 'n':
-    rc = attn_arg_i64("--seq", arg, 1, big, &s->seq_q);
+    rc = tool_arg_i64("--seq", arg, 1, big, &s->seq_q);
     s->seq_kv = s->seq_q;
     break;
-  case 'q': rc = attn_arg_i64("--seq-q", arg, 1, big, &s->seq_q); break;
-  case 'k': rc = attn_arg_i64("--seq-kv", arg, 1, big, &s->seq_kv); break;
-  case 'd': rc = attn_arg_i64("--head-dim", arg, 1, ATTN_MAX_HEAD_DIM, &s->head_dim); break;
-  case 't': rc = attn_arg_dtype("--dtype", arg, &s->dtype); break;
+  case 'q': rc = tool_arg_i64("--seq-q", arg, 1, big, &s->seq_q); break;
+  case 'k': rc = tool_arg_i64("--seq-kv", arg, 1, big, &s->seq_kv); break;
+  case 'd': rc = tool_arg_i64("--head-dim", arg, 1, ATTN_MAX_HEAD_DIM, &s->head_dim); break;
+  case 't': rc = tool_arg_dtype("--dtype", arg, &s->dtype); break;
   default: return 0;
   }
   return rc < 0 ? -1 : 1;
 }
 
-int attn_arg_dims(const char *flag, const char *s, int64_t out[4]) {
+int tool_arg_dims(const char *flag, const char *s, int64_t out[4]) {
   const char *p = s ? s : "";
   for (int i = 0; i < 4; i++)
-    if (!attn_arg_list_i64(&p, 1, ATTN_MAX_DIM, i == 3, &out[i])) {
+    if (!tool_arg_list_i64(&p, 1, ATTN_MAX_DIM, i == 3, &out[i])) {
       fprintf(stderr, "attn: %s expects B,H,N,D: four positive integers (got \"%s\")\n", flag,
               s ? s : "");
       return -1;
@@ -105,7 +105,7 @@ int attn_arg_dims(const char *flag, const char *s, int64_t out[4]) {
   return 0;
 }
 
-int attn_arg_api_option(int c, const char *arg, const char *me, attn_options *o, const char **name,
+int tool_arg_api_option(int c, const char *arg, const char *me, attn_options *o, const char **name,
                         const char **value) {
   /* The option names as the query string spells them. */
   static const char *const names[128] = {
@@ -124,7 +124,7 @@ int attn_arg_api_option(int c, const char *arg, const char *me, attn_options *o,
   return 1;
 }
 
-const char *attn_arg_api_key(const char *me, bool *bad) {
+const char *tool_arg_api_key(const char *me, bool *bad) {
   const char *k = getenv("ATTND_API_KEY");
   *bad = false;
   if (!k || !*k)

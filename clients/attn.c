@@ -42,17 +42,17 @@ int main(int argc, char **argv) {
     return 0;
   }
   if (strcmp(cmd, "plan") == 0)
-    return attn_cmd_plan(argc - 1, argv + 1);
+    return tool_cmd_plan(argc - 1, argv + 1);
   if (strcmp(cmd, "bench") == 0)
-    return attn_cmd_bench(argc - 1, argv + 1);
+    return tool_cmd_bench(argc - 1, argv + 1);
   if (strcmp(cmd, "compute") == 0)
-    return attn_cmd_compute(argc - 1, argv + 1);
+    return tool_cmd_compute(argc - 1, argv + 1);
   if (strcmp(cmd, "infer") == 0)
-    return attn_cmd_infer(argc - 1, argv + 1);
+    return tool_cmd_infer(argc - 1, argv + 1);
   if (strcmp(cmd, "load") == 0)
-    return attn_cmd_load(argc - 1, argv + 1);
+    return tool_cmd_load(argc - 1, argv + 1);
   if (strcmp(cmd, "session") == 0)
-    return attn_cmd_session(argc - 1, argv + 1);
+    return tool_cmd_session(argc - 1, argv + 1);
   fprintf(stderr, "attn: unknown command \"%s\"\n%s", cmd, usage);
   return 2;
 }

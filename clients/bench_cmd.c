@@ -36,7 +36,7 @@ static const char usage[] =
     "(tests/gpu's bench-gpu times the kernels alone).\n";
 
 /* The B sequences of c as one varlen request over the same buffers. */
-static void make_varlen(attn_bench_case *c, int64_t *cuq, int64_t *cuk) {
+static void make_varlen(tool_bench_case *c, int64_t *cuq, int64_t *cuk) {
   attn_request *r = &c->req;
   for (int64_t b = 0; b <= r->batch; b++) {
     cuq[b] = b * r->seq_q;
@@ -48,28 +48,28 @@ static void make_varlen(attn_bench_case *c, int64_t *cuq, int64_t *cuk) {
   r->cu_seqlens_kv = cuk;
 }
 
-static int run_one(const attn_shape_args *s, bool causal, int threads, const char *isa,
+static int run_one(const tool_shape_args *s, bool causal, int threads, const char *isa,
                    const char *backend, int reps, bool backward, bool varlen) {
   attn_status st;
-  attn_engine *e = attn_bench_open(threads, isa, &st);
+  attn_engine *e = tool_bench_open(threads, isa, &st);
   if (!e) {
     fprintf(stderr, "attn bench: %s\n", st.message);
     return 1;
   }
-  attn_bench_case c;
-  int rc = attn_bench_case_init(&c, s->batch, s->heads, s->heads_kv ? s->heads_kv : s->heads,
+  tool_bench_case c;
+  int rc = tool_bench_case_init(&c, s->batch, s->heads, s->heads_kv ? s->heads_kv : s->heads,
                                 s->seq_q, s->seq_kv, s->head_dim, s->dtype, causal, 42);
   if (rc < 0) {
     fprintf(stderr, "attn bench: out of memory for the inputs\n");
     attn_engine_close(e);
     return 1;
   }
-  int brc = backward ? attn_bench_case_backward(&c, e, 43, &st) : 0;
+  int brc = backward ? tool_bench_case_backward(&c, e, 43, &st) : 0;
   int64_t *cu = varlen ? malloc(2 * (size_t)(s->batch + 1) * sizeof *cu) : NULL;
   if (cu)
     make_varlen(&c, cu, cu + s->batch + 1);
   c.req.backend = backend;
-  double t = brc < 0 ? brc : attn_bench_engine(e, &c.req, reps, &st);
+  double t = brc < 0 ? brc : tool_bench_engine(e, &c.req, reps, &st);
   if (t < 0) {
     fprintf(stderr, "attn bench: %s\n", st.message);
   } else {
@@ -86,13 +86,13 @@ static int run_one(const attn_shape_args *s, bool causal, int threads, const cha
     fflush(stdout);
   }
   free(cu);
-  attn_bench_case_free(&c);
+  tool_bench_case_free(&c);
   attn_engine_close(e);
   return t < 0 ? 1 : 0;
 }
 
-int attn_cmd_bench(int argc, char **argv) {
-  static const struct option opts[] = {ATTN_SHAPE_OPTIONS,
+int tool_cmd_bench(int argc, char **argv) {
+  static const struct option opts[] = {TOOL_SHAPE_OPTIONS,
                                        {"causal", no_argument, 0, 'c'},
                                        {"threads", required_argument, 0, 'T'},
                                        {"repeat", required_argument, 0, 'r'},
@@ -102,7 +102,7 @@ int attn_cmd_bench(int argc, char **argv) {
                                        {"varlen", no_argument, 0, 'V'},
                                        {"help", no_argument, 0, 'x'},
                                        {0, 0, 0, 0}};
-  attn_shape_args s = {
+  tool_shape_args s = {
       .batch = 1, .heads = 8, .seq_q = 4096, .seq_kv = 4096, .head_dim = 64, .dtype = ATTN_F32};
   int threads = -1, reps = 3, c, bad = 0;
   bool custom = false, causal = false, backward = false, varlen = false;
@@ -110,7 +110,7 @@ int attn_cmd_bench(int argc, char **argv) {
   optind = 1;
   while (!bad && (c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
     custom |= c != 'T' && c != 'r' && c != 'i' && c != 'B' && c != 'w' && c != 'V';
-    int r = attn_arg_shape(c, optarg, &s);
+    int r = tool_arg_shape(c, optarg, &s);
     if (r) {
       bad = r < 0;
       continue;
@@ -119,8 +119,8 @@ int attn_cmd_bench(int argc, char **argv) {
     case 'c': causal = true; break;
     case 'w': backward = true; break;
     case 'V': varlen = true; break;
-    case 'T': bad = attn_arg_int("--threads", optarg, 0, 1024, &threads); break;
-    case 'r': bad = attn_arg_int("--repeat", optarg, 1, 64, &reps); break;
+    case 'T': bad = tool_arg_int("--threads", optarg, 0, 1024, &threads); break;
+    case 'r': bad = tool_arg_int("--repeat", optarg, 1, 64, &reps); break;
     case 'i': isa = optarg; break;
     case 'B':
       if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) {
@@ -150,7 +150,7 @@ int attn_cmd_bench(int argc, char **argv) {
       for (int tpass = 0; tpass < 2; tpass++) {
         if (threads >= 0 && tpass == 1)
           break;
-        attn_shape_args x = s;
+        tool_shape_args x = s;
         x.heads = set[i][0];
         x.seq_q = x.seq_kv = set[i][1];
         x.head_dim = set[i][2];

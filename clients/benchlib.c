@@ -15,7 +15,7 @@ static uint64_t next(uint64_t *s) { /* splitmix64 */
   return z ^ (z >> 31);
 }
 
-int attn_bench_case_init(attn_bench_case *c, int64_t batch, int64_t heads, int64_t heads_kv,
+int tool_bench_case_init(tool_bench_case *c, int64_t batch, int64_t heads, int64_t heads_kv,
                          int64_t seq_q, int64_t seq_kv, int64_t head_dim, attn_dtype dt,
                          bool causal, uint64_t seed) {
   attn_request *r = &c->req;
@@ -48,13 +48,13 @@ int attn_bench_case_init(attn_bench_case *c, int64_t batch, int64_t heads, int64
   return 0;
 }
 
-void attn_bench_case_free(attn_bench_case *c) {
+void tool_bench_case_free(tool_bench_case *c) {
   free(c->mem);
   free(c->bmem);
   c->mem = c->bmem = NULL;
 }
 
-int attn_bench_case_backward(attn_bench_case *c, attn_engine *e, uint64_t seed, attn_status *st) {
+int tool_bench_case_backward(tool_bench_case *c, attn_engine *e, uint64_t seed, attn_status *st) {
   attn_request *r = &c->req;
   size_t es = attn_dtype_size(r->dtype);
   size_t nq = (size_t)(r->batch * r->heads_q * r->seq_q * r->head_dim);
@@ -82,7 +82,7 @@ int attn_bench_case_backward(attn_bench_case *c, attn_engine *e, uint64_t seed, 
   return 0;
 }
 
-attn_engine *attn_bench_open(int threads, const char *isa, attn_status *st) {
+attn_engine *tool_bench_open(int threads, const char *isa, attn_status *st) {
   attn_config cfg;
   attn_config_init(&cfg);
   cfg.threads = threads;
@@ -103,7 +103,7 @@ attn_engine *attn_bench_open(int threads, const char *isa, attn_status *st) {
   return e;
 }
 
-double attn_bench_now(void) {
+double tool_bench_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
@@ -114,12 +114,12 @@ static int cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-double attn_bench_median(double *v, int n) {
+double tool_bench_median(double *v, int n) {
   qsort(v, (size_t)n, sizeof *v, cmp_double);
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-double attn_bench_engine(attn_engine *e, const attn_request *r, int reps, attn_status *st) {
+double tool_bench_engine(attn_engine *e, const attn_request *r, int reps, attn_status *st) {
   double t[64];
   if (reps < 1)
     reps = 1;
@@ -127,9 +127,9 @@ double attn_bench_engine(attn_engine *e, const attn_request *r, int reps, attn_s
     reps = 64;
   int rc = attn_engine_run(e, r, NULL, st);
   for (int i = 0; rc == 0 && i < reps; i++) {
-    double t0 = attn_bench_now();
+    double t0 = tool_bench_now();
     rc = attn_engine_run(e, r, NULL, st);
-    t[i] = attn_bench_now() - t0;
+    t[i] = tool_bench_now() - t0;
   }
-  return rc < 0 ? rc : attn_bench_median(t, reps);
+  return rc < 0 ? rc : tool_bench_median(t, reps);
 }

@@ -55,7 +55,7 @@ static int write_reply(const attn_proto_req *pr, const attn_result *res, const c
     return 1;
   }
   int status = 0;
-  if (attn_write_file(out, obuf, olen) < 0) {
+  if (tool_write_file(out, obuf, olen) < 0) {
     fprintf(stderr, "attn compute: cannot write %s: %s\n", out, strerror(errno));
     status = 1;
   } else {
@@ -74,7 +74,7 @@ static int write_reply(const attn_proto_req *pr, const attn_result *res, const c
 
 /* Flags into *flags and *ro; 0, 2 after a message, or -1 for --help. */
 static int parse_flags(int argc, char **argv, attn_options *flags, run_opts *ro) {
-  static const struct option opts[] = {ATTN_API_OPTIONS,
+  static const struct option opts[] = {TOOL_API_OPTIONS,
                                        {"threads", required_argument, 0, 'T'},
                                        {"isa", required_argument, 0, 'I'},
                                        {"backward", no_argument, 0, 'W'},
@@ -86,14 +86,14 @@ static int parse_flags(int argc, char **argv, attn_options *flags, run_opts *ro)
   while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
     const char *name, *value;
     /* Flags go through the option parser, as the query string does. */
-    int rc = attn_arg_api_option(c, optarg, "attn compute", flags, &name, &value);
+    int rc = tool_arg_api_option(c, optarg, "attn compute", flags, &name, &value);
     if (rc < 0)
       return 2;
     if (rc > 0)
       continue;
     switch (c) {
     case 'T':
-      if (attn_arg_int("--threads", optarg, 0, 1024, &ro->threads) < 0)
+      if (tool_arg_int("--threads", optarg, 0, 1024, &ro->threads) < 0)
         return 2;
       break;
     case 'I': ro->isa = optarg; break;
@@ -109,7 +109,7 @@ static int parse_flags(int argc, char **argv, attn_options *flags, run_opts *ro)
 static int compute(attn_proto_req *pr, const run_opts *ro, const char *in, const char *out) {
   attn_status st;
   int status = 0;
-  attn_engine *e = attn_bench_open(ro->threads, ro->isa, &st);
+  attn_engine *e = tool_bench_open(ro->threads, ro->isa, &st);
   attn_result res;
   if (!e) {
     fprintf(stderr, "attn compute: %s\n", st.message);
@@ -125,7 +125,7 @@ static int compute(attn_proto_req *pr, const run_opts *ro, const char *in, const
   return status;
 }
 
-int attn_cmd_compute(int argc, char **argv) {
+int tool_cmd_compute(int argc, char **argv) {
   attn_options flags;
   run_opts ro = {0, NULL, ATTN_FORWARD};
   int rc = parse_flags(argc, argv, &flags, &ro);
@@ -138,7 +138,7 @@ int attn_cmd_compute(int argc, char **argv) {
   const char *in = argv[optind], *out = argv[optind + 1];
   void *body;
   size_t len;
-  if (attn_read_file(in, &body, &len) < 0) {
+  if (tool_read_file(in, &body, &len) < 0) {
     fprintf(stderr, "attn compute: cannot read %s: %s\n", in, strerror(errno));
     return 2;
   }

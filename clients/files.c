@@ -7,7 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-int attn_read_file(const char *path, void **pbuf, size_t *plen) {
+int tool_read_file(const char *path, void **pbuf, size_t *plen) {
   FILE *f = fopen(path, "rb");
   if (!f)
     return -1;
@@ -34,7 +34,7 @@ int attn_read_file(const char *path, void **pbuf, size_t *plen) {
   return 0;
 }
 
-int attn_write_file(const char *path, const void *buf, size_t len) {
+int tool_write_file(const char *path, const void *buf, size_t len) {
   size_t n = strlen(path) + 32;
   char *tmp = malloc(n);
   if (!tmp)

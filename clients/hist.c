@@ -9,51 +9,51 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SUB (1u << ATTN_HIST_SUB_BITS)
+#define SUB (1u << TOOL_HIST_SUB_BITS)
 
-unsigned attn_hist_index(uint64_t v) {
+unsigned tool_hist_index(uint64_t v) {
   if (v < 2 * SUB)
     return (unsigned)v;
   unsigned k = 63u - (unsigned)__builtin_clzll(v);
-  unsigned shift = k - ATTN_HIST_SUB_BITS;
-  return 2 * SUB + (k - ATTN_HIST_SUB_BITS - 1) * SUB + (unsigned)(v >> shift) - SUB;
+  unsigned shift = k - TOOL_HIST_SUB_BITS;
+  return 2 * SUB + (k - TOOL_HIST_SUB_BITS - 1) * SUB + (unsigned)(v >> shift) - SUB;
 }
 
-uint64_t attn_hist_bucket_lo(unsigned i) {
+uint64_t tool_hist_bucket_lo(unsigned i) {
   if (i < 2 * SUB)
     return i;
   unsigned r = i - 2 * SUB;
-  unsigned k = r / SUB + ATTN_HIST_SUB_BITS + 1;
+  unsigned k = r / SUB + TOOL_HIST_SUB_BITS + 1;
   uint64_t sub = SUB + r % SUB;
-  return sub << (k - ATTN_HIST_SUB_BITS);
+  return sub << (k - TOOL_HIST_SUB_BITS);
 }
 
-uint64_t attn_hist_bucket_hi(unsigned i) {
+uint64_t tool_hist_bucket_hi(unsigned i) {
   if (i < 2 * SUB)
     return i;
   unsigned r = i - 2 * SUB;
-  unsigned k = r / SUB + ATTN_HIST_SUB_BITS + 1;
-  return attn_hist_bucket_lo(i) + ((uint64_t)1 << (k - ATTN_HIST_SUB_BITS)) - 1;
+  unsigned k = r / SUB + TOOL_HIST_SUB_BITS + 1;
+  return tool_hist_bucket_lo(i) + ((uint64_t)1 << (k - TOOL_HIST_SUB_BITS)) - 1;
 }
 
-int attn_hist_init(attn_hist *h) {
+int tool_hist_init(tool_hist *h) {
   memset(h, 0, sizeof *h);
-  h->counts = calloc(ATTN_HIST_BUCKETS, sizeof *h->counts);
+  h->counts = calloc(TOOL_HIST_BUCKETS, sizeof *h->counts);
   if (!h->counts)
     return -1;
   h->min = UINT64_MAX;
   return 0;
 }
 
-void attn_hist_free(attn_hist *h) {
+void tool_hist_free(tool_hist *h) {
   free(h->counts);
   h->counts = NULL;
 }
 
-void attn_hist_record_n(attn_hist *h, uint64_t v, uint64_t n) {
+void tool_hist_record_n(tool_hist *h, uint64_t v, uint64_t n) {
   if (!n)
     return;
-  h->counts[attn_hist_index(v)] += n;
+  h->counts[tool_hist_index(v)] += n;
   h->total += n;
   h->sum += (long double)v * (long double)n;
   if (v < h->min)
@@ -62,12 +62,12 @@ void attn_hist_record_n(attn_hist *h, uint64_t v, uint64_t n) {
     h->max = v;
 }
 
-void attn_hist_record(attn_hist *h, uint64_t v) { attn_hist_record_n(h, v, 1); }
+void tool_hist_record(tool_hist *h, uint64_t v) { tool_hist_record_n(h, v, 1); }
 
-void attn_hist_merge(attn_hist *dst, const attn_hist *src) {
+void tool_hist_merge(tool_hist *dst, const tool_hist *src) {
   if (!src->total)
     return;
-  for (unsigned i = 0; i < ATTN_HIST_BUCKETS; i++)
+  for (unsigned i = 0; i < TOOL_HIST_BUCKETS; i++)
     dst->counts[i] += src->counts[i];
   dst->total += src->total;
   dst->sum += src->sum;
@@ -77,7 +77,7 @@ void attn_hist_merge(attn_hist *dst, const attn_hist *src) {
     dst->max = src->max;
 }
 
-double attn_hist_percentile(const attn_hist *h, double p) {
+double tool_hist_percentile(const tool_hist *h, double p) {
   if (!h->total)
     return 0;
   if (p <= 0)
@@ -94,10 +94,10 @@ double attn_hist_percentile(const attn_hist *h, double p) {
   if (rank > h->total)
     rank = h->total;
   uint64_t seen = 0;
-  for (unsigned i = 0; i < ATTN_HIST_BUCKETS; i++) {
+  for (unsigned i = 0; i < TOOL_HIST_BUCKETS; i++) {
     seen += h->counts[i];
     if (seen >= rank) {
-      uint64_t lo = attn_hist_bucket_lo(i), hi = attn_hist_bucket_hi(i);
+      uint64_t lo = tool_hist_bucket_lo(i), hi = tool_hist_bucket_hi(i);
       if (lo < h->min)
         lo = h->min;
       if (hi > h->max)
@@ -108,9 +108,9 @@ double attn_hist_percentile(const attn_hist *h, double p) {
   return (double)h->max;
 }
 
-uint64_t attn_hist_max(const attn_hist *h) { return h->max; }
-uint64_t attn_hist_min(const attn_hist *h) { return h->total ? h->min : 0; }
-double attn_hist_mean(const attn_hist *h) {
+uint64_t tool_hist_max(const tool_hist *h) { return h->max; }
+uint64_t tool_hist_min(const tool_hist *h) { return h->total ? h->min : 0; }
+double tool_hist_mean(const tool_hist *h) {
   return h->total ? (double)(h->sum / (long double)h->total) : 0;
 }
-uint64_t attn_hist_count(const attn_hist *h) { return h->total; }
+uint64_t tool_hist_count(const tool_hist *h) { return h->total; }

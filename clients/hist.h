@@ -13,44 +13,44 @@
  *
  * Memory: 7424 64-bit counters (58 KiB) per histogram.
  */
-#ifndef ATTN_HIST_H
-#define ATTN_HIST_H
+#ifndef TOOL_HIST_H
+#define TOOL_HIST_H
 
 #include <stdint.h>
 
-#define ATTN_HIST_SUB_BITS 7 /* 128 sub-buckets per power of two */
-#define ATTN_HIST_BUCKETS \
-  ((2u << ATTN_HIST_SUB_BITS) + (64u - ATTN_HIST_SUB_BITS - 1u) * (1u << ATTN_HIST_SUB_BITS))
+#define TOOL_HIST_SUB_BITS 7 /* 128 sub-buckets per power of two */
+#define TOOL_HIST_BUCKETS \
+  ((2u << TOOL_HIST_SUB_BITS) + (64u - TOOL_HIST_SUB_BITS - 1u) * (1u << TOOL_HIST_SUB_BITS))
 
-typedef struct attn_hist {
-  uint64_t *counts; /* ATTN_HIST_BUCKETS */
+typedef struct tool_hist {
+  uint64_t *counts; /* TOOL_HIST_BUCKETS */
   uint64_t total, min, max;
   long double sum; /* exact up to 2^64 for integer sums */
-} attn_hist;
+} tool_hist;
 
 /* 0, or -1 when out of memory. */
-int attn_hist_init(attn_hist *h);
-void attn_hist_free(attn_hist *h);
+int tool_hist_init(tool_hist *h);
+void tool_hist_free(tool_hist *h);
 
-void attn_hist_record(attn_hist *h, uint64_t value);
+void tool_hist_record(tool_hist *h, uint64_t value);
 /* The same value n times. */
-void attn_hist_record_n(attn_hist *h, uint64_t value, uint64_t n);
+void tool_hist_record_n(tool_hist *h, uint64_t value, uint64_t n);
 /* Adds src's values to dst. */
-void attn_hist_merge(attn_hist *dst, const attn_hist *src);
+void tool_hist_merge(tool_hist *dst, const tool_hist *src);
 
 /* The value at percentile p (0..100): the smallest recorded value v such
  * that at least p% of the values are <= v, within the error bound above;
  * p <= 0 gives min, p >= 100 gives max. 0 when empty. */
-double attn_hist_percentile(const attn_hist *h, double p);
-uint64_t attn_hist_max(const attn_hist *h); /* 0 when empty */
-uint64_t attn_hist_min(const attn_hist *h); /* 0 when empty */
-double attn_hist_mean(const attn_hist *h);  /* 0 when empty */
-uint64_t attn_hist_count(const attn_hist *h);
+double tool_hist_percentile(const tool_hist *h, double p);
+uint64_t tool_hist_max(const tool_hist *h); /* 0 when empty */
+uint64_t tool_hist_min(const tool_hist *h); /* 0 when empty */
+double tool_hist_mean(const tool_hist *h);  /* 0 when empty */
+uint64_t tool_hist_count(const tool_hist *h);
 
 /* Bucket arithmetic (exposed for the tests): the index of v, and the lowest
  * and highest value of bucket i. */
-unsigned attn_hist_index(uint64_t v);
-uint64_t attn_hist_bucket_lo(unsigned i);
-uint64_t attn_hist_bucket_hi(unsigned i);
+unsigned tool_hist_index(uint64_t v);
+uint64_t tool_hist_bucket_lo(unsigned i);
+uint64_t tool_hist_bucket_hi(unsigned i);
 
 #endif

@@ -1,14 +1,12 @@
 /*
  * infer_check.c — `attn infer --check`: the reply against float64 standard
- * attention on the same inputs (engine/reference.h), with the tolerances
- * the usage text gives: normalized error of o per dtype, and m, l, lse
- * within 1e-5 relative to max(1, |ref|); for a backward reply, the
+ * attention on the same inputs (the engine's attn_reference()), with the
+ * tolerances the usage text gives: normalized error of o per dtype, and m,
+ * l, lse within 1e-5 relative to max(1, |ref|); for a backward reply, the
  * normalized errors of dq, dk and dv against the float64 reference backward
- * (engine/reference.h) with o's tolerance.
+ * (attn_reference_backward()) with o's tolerance.
  */
-#include "request_int.h" /* attn__varlen_sub(): a sequence as the engine splits it */
 #include "infer.h"
-#include "reference.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -106,7 +104,7 @@ static int check_reply(const attn_proto_req *pr, double e[4], char *err, size_t 
   for (int64_t b = 0; rc == 0 && b < (varlen ? r->batch : 1); b++) {
     attn_request one = *r;
     if (varlen)
-      attn__varlen_sub(r, b, &one);
+      attn_request_sequence(r, b, &one);
     if (one.seq_q == 0)
       continue;
     if (reference(&one, o, st, &s) < 0)
@@ -140,7 +138,7 @@ static double norm_err(const void *x, attn_dtype dt, const double *ref, size_t n
 
 /* A backward reply: dq, dk, dv against the float64 reference backward on
  * the same inputs (which reads neither o nor lse but checks them). */
-static int check_backward(const attn_infer_args *a, const attn_proto_req *pr) {
+static int check_backward(const tool_infer_args *a, const attn_proto_req *pr) {
   const attn_request *r = &pr->req;
   size_t nq = rows_of(r) * (size_t)r->head_dim;
   size_t nk = (size_t)(r->batch * r->heads_kv * r->seq_kv * r->head_dim);
@@ -148,7 +146,7 @@ static int check_backward(const attn_infer_args *a, const attn_proto_req *pr) {
   attn_status s;
   int rc = g ? attn_reference_backward(r, g, g + nq, g + nq + nk, &s) : -1;
   if (rc < 0)
-    fprintf(stderr, ATTN_INFER_ME ": --check: %s\n",
+    fprintf(stderr, TOOL_INFER_ME ": --check: %s\n",
             g ? s.message : "out of memory for the float64 reference");
   const void *got[3] = {r->dq, r->dk, r->dv};
   for (int i = 0; i < 3 && rc == 0; i++)
@@ -166,9 +164,9 @@ static int check_backward(const attn_infer_args *a, const attn_proto_req *pr) {
   return pass ? 0 : 1;
 }
 
-int attn_infer_check(const attn_infer_args *a, const attn_proto_req *pr) {
+int tool_infer_check(const tool_infer_args *a, const attn_proto_req *pr) {
   if (pr->req.cu_seqlens_q && pr->req.pass == ATTN_BACKWARD) {
-    fprintf(stderr, ATTN_INFER_ME ": --check does not check the backward pass of a "
+    fprintf(stderr, TOOL_INFER_ME ": --check does not check the backward pass of a "
                                   "variable-length batch yet (its forward, yes)\n");
     return 1;
   }
@@ -178,7 +176,7 @@ int attn_infer_check(const attn_infer_args *a, const attn_proto_req *pr) {
   double tol = tolerance(pr->req.dtype), stol = 1e-5;
   char err[512];
   if (check_reply(pr, e, err, sizeof err) < 0) {
-    fprintf(stderr, ATTN_INFER_ME ": --check: %s\n", err);
+    fprintf(stderr, TOOL_INFER_ME ": --check: %s\n", err);
     return 1;
   }
   bool pass = e[0] <= tol;

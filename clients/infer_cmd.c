@@ -89,7 +89,7 @@ static const char usage[] =
     "Exit status: 0 success, 1 an error reply, no reply or a failed check, 2 bad\n"
     "usage or an unreadable IN.\n";
 
-#define ME ATTN_INFER_ME
+#define ME TOOL_INFER_ME
 
 /* Query-string text of a validated option value: everything but RFC 3986's
  * unreserved characters percent-encoded ('+' would otherwise read as a
@@ -107,16 +107,16 @@ static void query_add(attn_sbuf *q, const char *name, const char *value) {
 
 /* One flag of attn infer's own (not an API option); 0, or 2 after a
  * message. */
-static int infer_flag(int c, attn_infer_args *a) {
+static int infer_flag(int c, tool_infer_args *a) {
   switch (c) {
-  case 'p': a->have_shape = true; return attn_arg_dims("--shape", optarg, a->shape) < 0 ? 2 : 0;
+  case 'p': a->have_shape = true; return tool_arg_dims("--shape", optarg, a->shape) < 0 ? 2 : 0;
   case 'P':
     a->have_shape_kv = true;
-    return attn_arg_dims("--shape-kv", optarg, a->shape_kv) < 0 ? 2 : 0;
-  case 't': a->have_dtype = true; return attn_arg_dtype("--dtype", optarg, &a->dtype) < 0 ? 2 : 0;
+    return tool_arg_dims("--shape-kv", optarg, a->shape_kv) < 0 ? 2 : 0;
+  case 't': a->have_dtype = true; return tool_arg_dtype("--dtype", optarg, &a->dtype) < 0 ? 2 : 0;
   case 'r': {
     int64_t v;
-    if (attn_arg_i64("--seed", optarg, 0, INT64_MAX, &v) < 0)
+    if (tool_arg_i64("--seed", optarg, 0, INT64_MAX, &v) < 0)
       return 2;
     a->seed = (uint64_t)v;
     a->have_seed = true;
@@ -127,23 +127,23 @@ static int infer_flag(int c, attn_infer_args *a) {
   case 'Q': a->quiet = true; return 0;
   case 'W': a->pass = ATTN_BACKWARD; return 0;
   case 'o': a->out = optarg; return 0;
-  case 'A': return attn_infer_parse_slopes(optarg, a);
-  case 'U': return attn_infer_parse_offsets("--cu-seqlens-q", optarg, &a->cu_q, &a->ncu_q);
-  case 'V': return attn_infer_parse_offsets("--cu-seqlens-kv", optarg, &a->cu_kv, &a->ncu_kv);
+  case 'A': return tool_infer_parse_slopes(optarg, a);
+  case 'U': return tool_infer_parse_offsets("--cu-seqlens-q", optarg, &a->cu_q, &a->ncu_q);
+  case 'V': return tool_infer_parse_offsets("--cu-seqlens-kv", optarg, &a->cu_kv, &a->ncu_kv);
   case 'D': a->shards = optarg; return 0;
-  case 'T': return attn_arg_double("--timeout", optarg, 0, 1e6, &a->timeout) < 0 ? 2 : 0;
+  case 'T': return tool_arg_double("--timeout", optarg, 0, 1e6, &a->timeout) < 0 ? 2 : 0;
   default: fputs(usage, stderr); return 2;
   }
 }
 
 /* getopt over argv; 0, 2 after a message, or -1 for --help (printed). */
-static int parse_flags(int argc, char **argv, attn_infer_args *a) {
+static int parse_flags(int argc, char **argv, tool_infer_args *a) {
   static const struct option lopts[] = {{"shape", required_argument, 0, 'p'},
                                         {"shape-kv", required_argument, 0, 'P'},
                                         {"dtype", required_argument, 0, 't'},
                                         {"seed", required_argument, 0, 'r'},
                                         {"json", no_argument, 0, 'j'},
-                                        ATTN_API_OPTIONS,
+                                        TOOL_API_OPTIONS,
                                         {"check", no_argument, 0, 'k'},
                                         {"out", required_argument, 0, 'o'},
                                         {"timeout", required_argument, 0, 'T'},
@@ -162,7 +162,7 @@ static int parse_flags(int argc, char **argv, attn_infer_args *a) {
     const char *name, *value;
     /* The server's parser judges each value now; what only the server can
      * judge (combinations) is left to it. */
-    int rc = attn_arg_api_option(c, optarg, ME, &a->opts, &name, &value);
+    int rc = tool_arg_api_option(c, optarg, ME, &a->opts, &name, &value);
     if (rc < 0)
       return 2;
     if (rc > 0) {
@@ -181,7 +181,7 @@ static int parse_flags(int argc, char **argv, attn_infer_args *a) {
 
 /* Parses argv into a; returns 0, or 2 after one line on stderr, or -1 for
  * --help (printed). */
-static int parse_args(int argc, char **argv, attn_infer_args *a) {
+static int parse_args(int argc, char **argv, tool_infer_args *a) {
   int rc = parse_flags(argc, argv, a);
   if (rc != 0)
     return rc;
@@ -204,7 +204,7 @@ static int parse_args(int argc, char **argv, attn_infer_args *a) {
     return 2;
   }
   attn_status st;
-  if (attn_url_base(a->url, &st) < 0) {
+  if (tool_url_base(a->url, &st) < 0) {
     fprintf(stderr, ME ": %s\n", st.message);
     return 2;
   }
@@ -213,7 +213,7 @@ static int parse_args(int argc, char **argv, attn_infer_args *a) {
                        "tensors; IN is sent as it is\n");
     return 2;
   }
-  if (attn_infer_varlen_shapes(a) != 0)
+  if (tool_infer_varlen_shapes(a) != 0)
     return 2;
   if (!a->have_shape_kv && !a->cu_q)
     memcpy(a->shape_kv, a->shape, sizeof a->shape);
@@ -245,13 +245,13 @@ static size_t elems(const int64_t s[4]) {
 /* The random tensors of a request: q, k, v (and o) in bc; a backward
  * request's do and lse beside them. */
 typedef struct infer_bufs {
-  attn_bench_case bc;
+  tool_bench_case bc;
   void *dout;
   float *lse;
 } infer_bufs;
 
 static void infer_bufs_free(infer_bufs *b) {
-  attn_bench_case_free(&b->bc);
+  tool_bench_case_free(&b->bc);
   free(b->dout);
   free(b->lse);
 }
@@ -261,7 +261,7 @@ static void infer_bufs_free(infer_bufs *b) {
  * random from the seed. A forward the options make impossible leaves o zero
  * and lse out: the server then says what is wrong. Returns 0, or the exit
  * status after a message. */
-static int backward_inputs(const attn_infer_args *a, infer_bufs *b) {
+static int backward_inputs(const tool_infer_args *a, infer_bufs *b) {
   attn_request *r = &b->bc.req;
   const int64_t nb = r->cu_seqlens_q ? 1 : r->batch; /* varlen: [Hq, total, D] */
   size_t nq = (size_t)(nb * r->heads_q * r->seq_q * r->head_dim);
@@ -285,7 +285,7 @@ static int backward_inputs(const attn_infer_args *a, infer_bufs *b) {
   f.diag_offset = a->opts.diag_offset;
   f.lse = b->lse;
   attn_status st;
-  attn_engine *e = attn_bench_open(0, NULL, &st);
+  attn_engine *e = tool_bench_open(0, NULL, &st);
   bool ok = e && attn_engine_run(e, &f, NULL, &st) == 0;
   attn_engine_close(e);
   if (!ok && !a->quiet)
@@ -332,15 +332,15 @@ static void tensor_table(const attn_request *r, attn_proto_tensor t[ATTN_PROTO_M
  * *local_err gets the message when they refuse, and the server is asked
  * anyway). Returns 0, or the exit status after a message.
  */
-static int make_random(attn_infer_args *a, infer_bufs *ib, char **pbody, size_t *plen,
+static int make_random(tool_infer_args *a, infer_bufs *ib, char **pbody, size_t *plen,
                        attn_proto_req *pr, bool *local_ok, char *local_err, size_t cap) {
-  attn_bench_case *bc = &ib->bc;
+  tool_bench_case *bc = &ib->bc;
   if (!elems(a->shape) || !elems(a->shape_kv)) {
     fprintf(stderr, ME ": --shape/--shape-kv: too many elements to generate\n");
     return 2;
   }
   /* A variable-length batch is one [H, total, D] problem in memory. */
-  if (attn_bench_case_init(bc, a->cu_q ? 1 : a->shape[0], a->shape[1], a->shape_kv[1], a->shape[2],
+  if (tool_bench_case_init(bc, a->cu_q ? 1 : a->shape[0], a->shape[1], a->shape_kv[1], a->shape[2],
                            a->shape_kv[2], a->shape[3], a->dtype, false, a->seed) < 0) {
     fprintf(stderr, ME ": out of memory for the random tensors\n");
     return 1;
@@ -352,7 +352,7 @@ static int make_random(attn_infer_args *a, infer_bufs *ib, char **pbody, size_t 
     bc->req.cu_seqlens_kv = a->cu_kv;
   }
   if (a->alibi) { /* [Hq] or [B, Hq]: the encoder reads that many */
-    if (attn_infer_alibi_shape(a, &bc->req.alibi_stride_b) != 0)
+    if (tool_infer_alibi_shape(a, &bc->req.alibi_stride_b) != 0)
       return 2;
     bc->req.alibi_slopes = a->alibi;
   }
@@ -380,12 +380,12 @@ static int make_random(attn_infer_args *a, infer_bufs *ib, char **pbody, size_t 
  * the reply's expected shapes, the FLOPs, --check's inputs); a body the
  * codec refuses is still sent, with *local_ok false and the reason in
  * local_err. 0, or the exit status after a message. */
-static int make_request(attn_infer_args *a, infer_bufs *ib, char **pbody, size_t *plen,
+static int make_request(tool_infer_args *a, infer_bufs *ib, char **pbody, size_t *plen,
                         attn_proto_req *pr, bool *local_ok, char *local_err, size_t cap) {
   if (!a->in)
     return make_random(a, ib, pbody, plen, pr, local_ok, local_err, cap);
   void *body;
-  if (attn_read_file(a->in, &body, plen) < 0) {
+  if (tool_read_file(a->in, &body, plen) < 0) {
     fprintf(stderr, ME ": cannot read %s: %s\n", a->in, strerror(errno));
     return 2;
   }
@@ -403,7 +403,7 @@ static int make_request(attn_infer_args *a, infer_bufs *ib, char **pbody, size_t
 /* A 2xx reply: decoded against pr (by its Content-Type, not by what was
  * asked: a server that answers otherwise is caught), written to --out,
  * reported and checked. The exit status. */
-static int handle_reply(const attn_infer_args *a, attn_proto_req *pr, const attn_infer_reply *r,
+static int handle_reply(const tool_infer_args *a, attn_proto_req *pr, const tool_infer_reply *r,
                         const char *url, size_t up) {
   bool st_reply = !strncasecmp(r->ctype, "application/octet-stream", 24);
   char backend[32] = "";
@@ -420,30 +420,30 @@ static int handle_reply(const attn_infer_args *a, attn_proto_req *pr, const attn
     fprintf(stderr, ME ": the reply is %s, not safetensors; %s not written\n",
             *r->ctype ? r->ctype : "untyped", a->out);
     status = 1;
-  } else if (a->out && attn_write_file(a->out, r->body.p, r->body.len) < 0) {
+  } else if (a->out && tool_write_file(a->out, r->body.p, r->body.len) < 0) {
     fprintf(stderr, ME ": cannot write %s: %s\n", a->out, strerror(errno));
     status = 1;
   }
   if (!a->quiet)
-    attn_infer_print_report(a, pr, r, url, st_reply, backend, up, a->out && status == 0);
-  if (a->check && attn_infer_check(a, pr) != 0)
+    tool_infer_print_report(a, pr, r, url, st_reply, backend, up, a->out && status == 0);
+  if (a->check && tool_infer_check(a, pr) != 0)
     status = 1;
   return status;
 }
 
 /* Sends the request and judges the reply; the exit status. */
-static int exchange(const attn_infer_args *a, attn_proto_req *pr, const char *body, size_t len,
+static int exchange(const tool_infer_args *a, attn_proto_req *pr, const char *body, size_t len,
                     bool local_ok, const char *local_err) {
   attn_sbuf url = {0};
-  attn_infer_url(a, &url);
-  attn_infer_reply r = {0};
+  tool_infer_url(a, &url);
+  tool_infer_reply r = {0};
   int status;
   if (url.oom) {
     fprintf(stderr, ME ": cannot initialize libcurl\n");
     status = 1;
-  } else if ((status = attn_infer_send(a, url.p, body, len, &r)) != 0) {
+  } else if ((status = tool_infer_send(a, url.p, body, len, &r)) != 0) {
   } else if (r.http < 200 || r.http > 299) {
-    attn_infer_print_error(&r);
+    tool_infer_print_error(&r);
     status = 1;
   } else if (!local_ok) {
     /* The server computed what this client's codec refuses: one of them is
@@ -454,13 +454,13 @@ static int exchange(const attn_infer_args *a, attn_proto_req *pr, const char *bo
   } else {
     status = handle_reply(a, pr, &r, url.p, len);
   }
-  attn_infer_reply_free(&r);
+  tool_infer_reply_free(&r);
   free(url.p);
   return status;
 }
 
-int attn_cmd_infer(int argc, char **argv) {
-  attn_infer_args a = {.shape = {1, 1, 128, 64}, .dtype = ATTN_F32, .seed = 1, .timeout = 300};
+int tool_cmd_infer(int argc, char **argv) {
+  tool_infer_args a = {.shape = {1, 1, 128, 64}, .dtype = ATTN_F32, .seed = 1, .timeout = 300};
   attn_options_init(&a.opts);
   int status = parse_args(argc, argv, &a);
   if (status != 0) {
@@ -482,7 +482,7 @@ int attn_cmd_infer(int argc, char **argv) {
     fprintf(stderr, ME ": --shards: %s\n", local_err);
     status = 1;
   } else if (status == 0 && a.shards) {
-    status = attn_infer_sharded(&a, &pr);
+    status = tool_infer_sharded(&a, &pr);
   } else if (status == 0) {
     status = exchange(&a, &pr, body, body_len, local_ok, local_err);
   }

@@ -20,18 +20,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define ME ATTN_INFER_ME
+#define ME TOOL_INFER_ME
 
 /* Offsets of a flag as a comma list of integers from 0 to 2^40; 0, or 2
  * after a message. */
-int attn_infer_parse_offsets(const char *flag, const char *s, int64_t **pv, int64_t *pn) {
-  int64_t n = attn_arg_list_len(s);
+int tool_infer_parse_offsets(const char *flag, const char *s, int64_t **pv, int64_t *pn) {
+  int64_t n = tool_arg_list_len(s);
   free(*pv);
   *pv = malloc((size_t)n * sizeof **pv);
   *pn = n;
   const char *p = s;
   for (int64_t i = 0; *pv && i < n; i++)
-    if (n < 2 || !attn_arg_list_i64(&p, 0, 1LL << 40, i + 1 == n, &(*pv)[i])) {
+    if (n < 2 || !tool_arg_list_i64(&p, 0, 1LL << 40, i + 1 == n, &(*pv)[i])) {
       fprintf(stderr,
               ME ": %s expects B+1 offsets (B >= 1), integers from 0 to 2^40 separated by "
                  "commas, like 0,3,7 (got \"%s\")\n",
@@ -58,7 +58,7 @@ static int varlen_dims(const char *flag, bool given, int64_t s[4], int64_t nseq,
   return 0;
 }
 
-int attn_infer_varlen_shapes(attn_infer_args *a) {
+int tool_infer_varlen_shapes(tool_infer_args *a) {
   if (!a->cu_q && !a->cu_kv)
     return 0;
   const char *why = !a->cu_q || !a->cu_kv   ? "give both --cu-seqlens-q and --cu-seqlens-kv"
@@ -90,11 +90,11 @@ int attn_infer_varlen_shapes(attn_infer_args *a) {
 }
 
 /* --alibi-slopes FILE.safetensors: its tensor alibi_slopes, F32 [Hq] or
- * [B, Hq] (checked against the shapes in attn_infer_alibi_shape()). */
-static int slopes_file(const char *path, attn_infer_args *a) {
+ * [B, Hq] (checked against the shapes in tool_infer_alibi_shape()). */
+static int slopes_file(const char *path, tool_infer_args *a) {
   void *body;
   size_t len;
-  if (attn_read_file(path, &body, &len) < 0) {
+  if (tool_read_file(path, &body, &len) < 0) {
     fprintf(stderr, ME ": cannot read %s: %s\n", path, strerror(errno));
     return 2;
   }
@@ -123,18 +123,18 @@ static int slopes_file(const char *path, attn_infer_args *a) {
   return 0;
 }
 
-int attn_infer_parse_slopes(const char *s, attn_infer_args *a) {
+int tool_infer_parse_slopes(const char *s, tool_infer_args *a) {
   size_t n = strlen(s);
   if (n > 12 && !strcmp(s + n - 12, ".safetensors"))
     return slopes_file(s, a);
   free(a->alibi);
   a->alibi_rank = 0;
-  a->nalibi = attn_arg_list_len(s);
+  a->nalibi = tool_arg_list_len(s);
   a->alibi = malloc((size_t)a->nalibi * sizeof *a->alibi);
   const char *p = s;
   for (int64_t i = 0; a->alibi && i < a->nalibi; i++) {
     double v;
-    if (!attn_arg_list_double(&p, i + 1 == a->nalibi, &v)) {
+    if (!tool_arg_list_double(&p, i + 1 == a->nalibi, &v)) {
       fprintf(stderr,
               ME ": --alibi-slopes expects a file NAME.safetensors or finite numbers "
                  "separated by commas (got \"%s\")\n",
@@ -146,7 +146,7 @@ int attn_infer_parse_slopes(const char *s, attn_infer_args *a) {
   return a->alibi ? 0 : 2;
 }
 
-int attn_infer_alibi_shape(const attn_infer_args *a, int64_t *stride_b) {
+int tool_infer_alibi_shape(const tool_infer_args *a, int64_t *stride_b) {
   const int64_t b = a->shape[0], hq = a->shape[1];
   bool ok = a->alibi_rank == 1   ? a->alibi_shape[0] == hq
             : a->alibi_rank == 2 ? a->alibi_shape[0] == b && a->alibi_shape[1] == hq

@@ -23,7 +23,7 @@ static const char *human_bytes(double b, char *buf, size_t cap) {
   return buf;
 }
 
-static void print_problem(const attn_infer_args *a, const attn_proto_req *pr, const char *fmt_name,
+static void print_problem(const tool_infer_args *a, const attn_proto_req *pr, const char *fmt_name,
                           size_t up) {
   const attn_request *r = &pr->req;
   char hb[32];
@@ -45,7 +45,7 @@ static void print_problem(const attn_infer_args *a, const attn_proto_req *pr, co
 }
 
 /* The error reply as one line: status, code and message of its body. */
-void attn_infer_print_error(const attn_infer_reply *r) {
+void tool_infer_print_error(const tool_infer_reply *r) {
   long status = r->http;
   cJSON *j = r->body.p ? cJSON_ParseWithLength(r->body.p, r->body.len) : NULL;
   const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "error");
@@ -67,8 +67,8 @@ void attn_infer_print_error(const attn_infer_reply *r) {
   cJSON_Delete(j);
 }
 
-void attn_infer_print_report(const attn_infer_args *a, const attn_proto_req *pr,
-                             const attn_infer_reply *r, const char *url, bool st_reply,
+void tool_infer_print_report(const tool_infer_args *a, const attn_proto_req *pr,
+                             const tool_infer_reply *r, const char *url, bool st_reply,
                              const char *backend, size_t up, bool wrote_out) {
   /* curl's clock starts inside curl_easy_perform(), ours just before it:
    * microseconds apart, so clamp rather than print a negative span */

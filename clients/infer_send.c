@@ -16,7 +16,7 @@
 #include <string.h>
 
 static size_t on_body(char *data, size_t size, size_t nmemb, void *arg) {
-  attn_infer_reply *b = arg;
+  tool_infer_reply *b = arg;
   size_t n = size * nmemb;
   attn_sbuf_put(&b->body, data, n); /* NUL-terminated: JSON replies are parsed as text */
   return b->body.oom ? 0 : n;       /* 0: curl aborts the transfer with CURLE_WRITE_ERROR */
@@ -30,7 +30,7 @@ static size_t on_header(char *data, size_t size, size_t nmemb, void *arg) {
   (void)data;
   double *first = arg;
   if (*first == 0)
-    *first = attn_bench_now();
+    *first = tool_bench_now();
   return size * nmemb;
 }
 
@@ -46,7 +46,7 @@ static bool ends_with(const char *s, size_t n, const char *suffix) {
   return n >= k && !memcmp(s + n - k, suffix, k);
 }
 
-void attn_infer_url(const attn_infer_args *a, attn_sbuf *url) {
+void tool_infer_url(const tool_infer_args *a, attn_sbuf *url) {
   size_t ul = base_len(a->url);
   attn_sbuf_put(url, a->url, ul);
   bool bwd = a->pass == ATTN_BACKWARD;
@@ -66,29 +66,29 @@ static double us(CURL *h, CURLINFO what) {
 }
 
 /* One line for a transfer that failed; the exit status. */
-static int transfer_error(const attn_infer_args *a, CURL *h, CURLcode cc, const char *url,
-                          const char *curl_err, const attn_infer_reply *r) {
+static int transfer_error(const tool_infer_args *a, CURL *h, CURLcode cc, const char *url,
+                          const char *curl_err, const tool_infer_reply *r) {
   long oserr = 0;
   curl_easy_getinfo(h, CURLINFO_OS_ERRNO, &oserr);
   if (r->body.oom)
-    fprintf(stderr, ATTN_INFER_ME ": out of memory for the reply from %s\n", url);
+    fprintf(stderr, TOOL_INFER_ME ": out of memory for the reply from %s\n", url);
   else if (cc == CURLE_COULDNT_CONNECT)
-    fprintf(stderr, ATTN_INFER_ME ": cannot connect to %.*s: %s\n", (int)base_len(a->url), a->url,
+    fprintf(stderr, TOOL_INFER_ME ": cannot connect to %.*s: %s\n", (int)base_len(a->url), a->url,
             oserr       ? strerror((int)oserr)
             : *curl_err ? curl_err
                         : curl_easy_strerror(cc));
   else if (cc == CURLE_OPERATION_TIMEDOUT)
-    fprintf(stderr, ATTN_INFER_ME ": no complete reply from %s within %g s (--timeout)\n", url,
+    fprintf(stderr, TOOL_INFER_ME ": no complete reply from %s within %g s (--timeout)\n", url,
             a->timeout);
   else
-    fprintf(stderr, ATTN_INFER_ME ": %s: %s\n", url, *curl_err ? curl_err : curl_easy_strerror(cc));
+    fprintf(stderr, TOOL_INFER_ME ": %s: %s\n", url, *curl_err ? curl_err : curl_easy_strerror(cc));
   /* a URL curl cannot use is a usage error; everything else happened at
    * run time */
   return cc == CURLE_URL_MALFORMAT || cc == CURLE_UNSUPPORTED_PROTOCOL ? 2 : 1;
 }
 
 /* The reply's status, type and timings, copied out of the handle. */
-static void collect(CURL *h, double first, attn_infer_reply *r) {
+static void collect(CURL *h, double first, tool_infer_reply *r) {
   curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r->http);
   const char *ctype = NULL;
   curl_easy_getinfo(h, CURLINFO_CONTENT_TYPE, &ctype);
@@ -107,7 +107,7 @@ static void collect(CURL *h, double first, attn_infer_reply *r) {
 /* The request's headers: its type, the API key when ATTND_API_KEY is set,
  * and no "Expect: 100-continue" round trip (curl adds it to large bodies),
  * so the upload timing measures the upload, not a wait for a 100. */
-static struct curl_slist *request_headers(const attn_infer_args *a, const char *key) {
+static struct curl_slist *request_headers(const tool_infer_args *a, const char *key) {
   struct curl_slist *hdrs = curl_slist_append(
       NULL, a->json ? "Content-Type: application/json" : "Content-Type: application/octet-stream");
   if (hdrs && key) {
@@ -122,8 +122,8 @@ static struct curl_slist *request_headers(const attn_infer_args *a, const char *
   return hdrs ? curl_slist_append(hdrs, "Expect:") : NULL;
 }
 
-static int perform(const attn_infer_args *a, CURL *h, const char *url, const void *body, size_t len,
-                   struct curl_slist *hdrs, attn_infer_reply *r) {
+static int perform(const tool_infer_args *a, CURL *h, const char *url, const void *body, size_t len,
+                   struct curl_slist *hdrs, tool_infer_reply *r) {
   char curl_err[CURL_ERROR_SIZE] = "";
   double t_first = 0;
   curl_easy_setopt(h, CURLOPT_URL, url);
@@ -139,7 +139,7 @@ static int perform(const attn_infer_args *a, CURL *h, const char *url, const voi
   curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(h, CURLOPT_USERAGENT, "attn-infer/" ATTN_VERSION);
   curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)(a->timeout * 1e3));
-  double t_start = attn_bench_now();
+  double t_start = tool_bench_now();
   CURLcode cc = curl_easy_perform(h);
   if (cc != CURLE_OK)
     return transfer_error(a, h, cc, url, curl_err, r);
@@ -147,25 +147,25 @@ static int perform(const attn_infer_args *a, CURL *h, const char *url, const voi
   return 0;
 }
 
-int attn_infer_send(const attn_infer_args *a, const char *url, const void *body, size_t len,
-                    attn_infer_reply *r) {
+int tool_infer_send(const tool_infer_args *a, const char *url, const void *body, size_t len,
+                    tool_infer_reply *r) {
   signal(SIGPIPE, SIG_IGN); /* a server closing mid-upload is an error, not a kill */
   if (curl_global_init(CURL_GLOBAL_DEFAULT) != 0) {
-    fprintf(stderr, ATTN_INFER_ME ": cannot initialize libcurl\n");
+    fprintf(stderr, TOOL_INFER_ME ": cannot initialize libcurl\n");
     return 1;
   }
   CURL *h = curl_easy_init();
   struct curl_slist *hdrs = NULL;
   int status;
   bool bad_key;
-  const char *key = attn_arg_api_key(ATTN_INFER_ME, &bad_key);
+  const char *key = tool_arg_api_key(TOOL_INFER_ME, &bad_key);
   if (bad_key) {
     status = 2;
   } else if (!h) {
-    fprintf(stderr, ATTN_INFER_ME ": cannot initialize libcurl\n");
+    fprintf(stderr, TOOL_INFER_ME ": cannot initialize libcurl\n");
     status = 1;
   } else if (!(hdrs = request_headers(a, key))) {
-    fprintf(stderr, ATTN_INFER_ME ": out of memory\n");
+    fprintf(stderr, TOOL_INFER_ME ": out of memory\n");
     status = 1;
   } else {
     status = perform(a, h, url, body, len, hdrs, r);
@@ -177,7 +177,7 @@ int attn_infer_send(const attn_infer_args *a, const char *url, const void *body,
   return status;
 }
 
-void attn_infer_reply_free(attn_infer_reply *r) {
+void tool_infer_reply_free(tool_infer_reply *r) {
   free(r->body.p);
   r->body = (attn_sbuf){0};
 }

@@ -6,13 +6,12 @@
  * head), q whole, the options of the whole request plus stats and
  * diag_offset = off - a, so its mask is the unsharded mask restricted to its
  * keys. The shards go out in parallel (a thread each, one HTTP exchange
- * each) and come back with O, m and l; the merge is the engine's own
- * softmax merge rule (engine/softmax.h): m = max mᵢ, l = Σ lᵢ·e^(mᵢ-m), and
- * O = Σ lᵢ·e^(mᵢ-m)·Oᵢ / l, in float64. The merged answer lands in the
+ * each) and come back with O, m and l; the merge is the softmax merge rule
+ * the engine's tiles follow (docs/design.md): m = max mᵢ, l = Σ lᵢ·e^(mᵢ-m),
+ * and O = Σ lᵢ·e^(mᵢ-m)·Oᵢ / l, in float64. The merged answer lands in the
  * whole request's outputs, where --check finds it as it finds a reply.
  */
 #include "infer.h"
-#include "softmax.h"
 #include "url.h"
 
 #include <math.h>
@@ -24,14 +23,14 @@
 #define MAX_SHARDS 64
 
 typedef struct shard {
-  const attn_infer_args *a;
+  const tool_infer_args *a;
   char url[512];
   int64_t k0, nk;    /* keys [k0, k0 + nk) of the whole problem */
   void *kv;          /* this shard's K then V, contiguous */
   attn_proto_req pr; /* its request as this client's codec reads it: the reply's shapes */
   void *body;        /* the safetensors request */
   size_t len;
-  attn_infer_reply rep; /* the reply */
+  tool_infer_reply rep; /* the reply */
   int status;           /* exit status of this shard's exchange */
 } shard;
 
@@ -45,7 +44,7 @@ static int parse_urls(const char *list, shard *sh, attn_status *st) {
       return -1;
     memcpy(sh[n].url, p, len);
     sh[n].url[len] = 0;
-    if (attn_url_base(sh[n++].url, st) < 0)
+    if (tool_url_base(sh[n++].url, st) < 0)
       return -1;
     p += len + (p[len] == ',');
   }
@@ -88,26 +87,48 @@ static int prepare(shard *s, const attn_proto_req *whole, attn_status *st) {
 
 static void *exchange(void *arg) {
   shard *s = arg;
-  attn_infer_args a = *s->a;
+  tool_infer_args a = *s->a;
   attn_sbuf url = {0};
   a.url = s->url;
   a.json = false;           /* safetensors both ways */
   a.query = (attn_sbuf){0}; /* the options travel in the body's __metadata__ */
-  attn_infer_url(&a, &url);
-  s->status = url.oom ? 1 : attn_infer_send(&a, url.p, s->body, s->len, &s->rep);
+  tool_infer_url(&a, &url);
+  s->status = url.oom ? 1 : tool_infer_send(&a, url.p, s->body, s->len, &s->rep);
   free(url.p);
   if (s->status == 0 && (s->rep.http < 200 || s->rep.http > 299)) {
-    fprintf(stderr, ATTN_INFER_ME ": shard %s: ", s->url);
-    attn_infer_print_error(&s->rep);
+    fprintf(stderr, TOOL_INFER_ME ": shard %s: ", s->url);
+    tool_infer_print_error(&s->rep);
     s->status = 1;
   }
   attn_status st;
   if (s->status == 0 &&
       attn_proto_decode_reply_safetensors(s->rep.body.p, s->rep.body.len, &s->pr, &st) < 0) {
-    fprintf(stderr, ATTN_INFER_ME ": shard %s: malformed reply: %s\n", s->url, st.message);
+    fprintf(stderr, TOOL_INFER_ME ": shard %s: malformed reply: %s\n", s->url, st.message);
     s->status = 1;
   }
   return NULL;
+}
+
+/* e^(x - m) where m is the largest x: a shard at the maximum weighs 1, an
+ * infinite maximum included, and an all-masked row's -inf nothing. */
+static double weight(double x, double m) {
+  if (x == m)
+    return m == -INFINITY ? 0.0 : 1.0;
+  return exp(x - m);
+}
+
+/* Row i's m and l over the shards: m the largest mᵢ of those that saw a key
+ * (-inf and l = 0 when none did), l = Σ lᵢ·e^(mᵢ-m). */
+static void merge_stats(const shard *sh, int n, size_t i, double *pm, double *pl) {
+  double m = -INFINITY, l = 0;
+  for (int s = 0; s < n; s++)
+    if (sh[s].pr.req.l[i] != 0 && sh[s].pr.req.m[i] > m)
+      m = sh[s].pr.req.m[i];
+  for (int s = 0; s < n; s++)
+    if (sh[s].pr.req.l[i] != 0)
+      l += sh[s].pr.req.l[i] * weight(sh[s].pr.req.m[i], m);
+  *pm = m;
+  *pl = l;
 }
 
 /* The shards' O, m, l merged into whole's outputs (and statistics when it
@@ -116,12 +137,11 @@ static void merge(const shard *sh, int n, attn_proto_req *whole) {
   attn_request *r = &whole->req;
   const size_t rows = (size_t)(r->batch * r->heads_q * r->seq_q), d = (size_t)r->head_dim;
   for (size_t i = 0; i < rows; i++) {
-    double m = -INFINITY, l = 0, acc[ATTN_MAX_HEAD_DIM] = {0};
-    for (int s = 0; s < n; s++)
-      attn_softmax_merge(&m, &l, sh[s].pr.req.m[i], sh[s].pr.req.l[i]);
+    double m, l, acc[ATTN_MAX_HEAD_DIM] = {0};
+    merge_stats(sh, n, i, &m, &l);
     for (int s = 0; s < n && l > 0; s++) {
       const attn_request *x = &sh[s].pr.req;
-      double w = x->l[i] * attn_softmax_weight(x->m[i], m) / l;
+      double w = x->l[i] * weight(x->m[i], m) / l;
       for (size_t k = 0; w > 0 && k < d; k++)
         acc[k] += w * attn_load_elem(x->o, x->dtype, i * d + k);
     }
@@ -136,7 +156,7 @@ static void merge(const shard *sh, int n, attn_proto_req *whole) {
 }
 
 /* Splits, sends, merges; the exit status (merged outputs in whole). */
-static int run(const attn_infer_args *a, shard *sh, int n, attn_proto_req *whole) {
+static int run(const tool_infer_args *a, shard *sh, int n, attn_proto_req *whole) {
   const int64_t nkv = whole->req.seq_kv;
   attn_status st;
   for (int i = 0; i < n; i++) {
@@ -144,7 +164,7 @@ static int run(const attn_infer_args *a, shard *sh, int n, attn_proto_req *whole
     sh[i].k0 = i * nkv / n;
     sh[i].nk = (i + 1) * nkv / n - sh[i].k0;
     if (prepare(&sh[i], whole, &st) < 0) {
-      fprintf(stderr, ATTN_INFER_ME ": shard %d: %s\n", i, st.message);
+      fprintf(stderr, TOOL_INFER_ME ": shard %d: %s\n", i, st.message);
       return 1;
     }
   }
@@ -164,19 +184,19 @@ static int run(const attn_infer_args *a, shard *sh, int n, attn_proto_req *whole
   return status;
 }
 
-int attn_infer_sharded(const attn_infer_args *a, attn_proto_req *whole) {
+int tool_infer_sharded(const tool_infer_args *a, attn_proto_req *whole) {
   shard *sh = calloc(MAX_SHARDS, sizeof *sh);
   attn_status st = {0};
   int n = sh ? parse_urls(a->shards, sh, &st) : -1;
   if (n < 1) {
     fprintf(stderr,
-            ATTN_INFER_ME ": --shards expects base URLs separated by commas (at most %d)%s%s\n",
+            TOOL_INFER_ME ": --shards expects base URLs separated by commas (at most %d)%s%s\n",
             MAX_SHARDS, *st.message ? ": " : "", st.message);
     free(sh);
     return 2;
   }
   if (whole->req.cu_seqlens_q) {
-    fprintf(stderr, ATTN_INFER_ME ": --shards splits one problem's keys, not a variable-length "
+    fprintf(stderr, TOOL_INFER_ME ": --shards splits one problem's keys, not a variable-length "
                                   "batch\n");
     free(sh);
     return 2;
@@ -187,12 +207,12 @@ int attn_infer_sharded(const attn_infer_args *a, attn_proto_req *whole) {
   if (status == 0 && !a->quiet)
     printf("sharded   %d shards over %lld keys, merged by lse\n", n, (long long)whole->req.seq_kv);
   if (status == 0 && a->check)
-    status = attn_infer_check(a, whole);
+    status = tool_infer_check(a, whole);
   for (int i = 0; i < MAX_SHARDS; i++) {
     free(sh[i].kv);
     free(sh[i].body);
     attn_proto_req_free(&sh[i].pr);
-    attn_infer_reply_free(&sh[i].rep);
+    tool_infer_reply_free(&sh[i].rep);
   }
   free(sh);
   return status;

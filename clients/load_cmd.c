@@ -70,13 +70,13 @@ static const char usage[] =
 /* ---- setup ---------------------------------------------------------------- */
 
 /* The URL as attn load takes it: plain HTTP to an IPv4 address or a name. */
-static int load_url(const char *s, attn_url *u) {
+static int load_url(const char *s, tool_url *u) {
   attn_status st;
   if (strncasecmp(s, "http://", 7) != 0) {
     fprintf(stderr, "attn load: the URL must start with http:// (\"%s\")\n", s);
     return -1;
   }
-  if (attn_url_parse(s, u, &st) < 0) {
+  if (tool_url_parse(s, u, &st) < 0) {
     fprintf(stderr, "attn load: %s\n", st.message);
     return -1;
   }
@@ -142,17 +142,17 @@ typedef struct load_args {
   bool have_steps, have_prefill;
   attn_dtype dt;
   const char *body_file, *path, *query;
-  attn_url u;
+  tool_url u;
 } load_args;
 
 /* The flags of a session run: 0, -1 after a message, 1 when c is not one. */
 static int session_flag(int c, load_args *a) {
   switch (c) {
-  case 'S': return attn_arg_int("--session", optarg, 1, ATTN_LOAD_MAX_POOL, &a->sessions);
-  case 'M': a->have_steps = true; return attn_arg_i64("--steps", optarg, 1, 1 << 30, &a->steps);
+  case 'S': return tool_arg_int("--session", optarg, 1, TOOL_LOAD_MAX_POOL, &a->sessions);
+  case 'M': a->have_steps = true; return tool_arg_i64("--steps", optarg, 1, 1 << 30, &a->steps);
   case 'P':
     a->have_prefill = true;
-    return attn_arg_i64("--prefill", optarg, 1, 1 << 30, &a->prefill);
+    return tool_arg_i64("--prefill", optarg, 1, 1 << 30, &a->prefill);
   }
   return 1;
 }
@@ -182,38 +182,38 @@ static int parse_flags(int argc, char **argv, load_args *a) {
   while (!bad && (c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
     switch (c) {
     case 'c':
-      bad = attn_arg_int("--concurrency", optarg, 1, ATTN_LOAD_MAX_POOL, &a->concurrency);
+      bad = tool_arg_int("--concurrency", optarg, 1, TOOL_LOAD_MAX_POOL, &a->concurrency);
       a->have_c = true;
       break;
     case 'r':
-      bad = attn_arg_double("--rate", optarg, 1e-3, 1e7, &a->rate);
+      bad = tool_arg_double("--rate", optarg, 1e-3, 1e7, &a->rate);
       a->have_r = true;
       break;
     case 'd':
-      bad = attn_arg_double("--duration", optarg, 1e-3, 1e7, &a->duration);
+      bad = tool_arg_double("--duration", optarg, 1e-3, 1e7, &a->duration);
       a->have_d = true;
       break;
     case 'n':
-      bad = attn_arg_i64("--requests", optarg, 1, INT64_MAX / 2, &a->nreq);
+      bad = tool_arg_i64("--requests", optarg, 1, INT64_MAX / 2, &a->nreq);
       a->have_n = true;
       break;
     case 'b': a->body_file = optarg; break;
     case 's':
-      bad = attn_arg_dims("--shape", optarg, a->shape);
+      bad = tool_arg_dims("--shape", optarg, a->shape);
       a->have_shape = true;
       break;
     case 'k':
-      bad = attn_arg_dims("--shape-kv", optarg, a->shape_kv);
+      bad = tool_arg_dims("--shape-kv", optarg, a->shape_kv);
       a->have_kv = true;
       break;
     case 't':
-      bad = attn_arg_dtype("--dtype", optarg, &a->dt);
+      bad = tool_arg_dtype("--dtype", optarg, &a->dt);
       a->have_dt = true;
       break;
     case 'J': a->json_body = true; break;
     case 'p': a->path = optarg; break;
     case 'q': a->query = optarg; break;
-    case 'T': bad = attn_arg_double("--timeout", optarg, 1e-3, 1e7, &a->timeout); break;
+    case 'T': bad = tool_arg_double("--timeout", optarg, 1e-3, 1e7, &a->timeout); break;
     case 'j': a->json_out = true; break;
     case 'h': fputs(usage, stdout); return -1;
     default:
@@ -286,7 +286,7 @@ static int parse_load_args(int argc, char **argv, load_args *a) {
 static int make_body(load_args *a, char **pbody, size_t *plen) {
   if (a->body_file) {
     void *fb;
-    if (attn_read_file(a->body_file, &fb, plen) < 0) {
+    if (tool_read_file(a->body_file, &fb, plen) < 0) {
       fprintf(stderr, "attn load: cannot read %s: %s\n", a->body_file, strerror(errno));
       return 2;
     }
@@ -294,8 +294,8 @@ static int make_body(load_args *a, char **pbody, size_t *plen) {
   } else {
     if (!a->have_kv)
       memcpy(a->shape_kv, a->shape, sizeof a->shape_kv);
-    attn_bench_case bc;
-    if (attn_bench_case_init(&bc, a->shape[0], a->shape[1], a->shape_kv[1], a->shape[2],
+    tool_bench_case bc;
+    if (tool_bench_case_init(&bc, a->shape[0], a->shape[1], a->shape_kv[1], a->shape[2],
                              a->shape_kv[2], a->shape[3], a->dt, false, 42) < 0) {
       fprintf(stderr, "attn load: out of memory for the inputs\n");
       return 1;
@@ -304,7 +304,7 @@ static int make_body(load_args *a, char **pbody, size_t *plen) {
     void *sb = NULL;
     int erc = a->json_body ? attn_proto_encode_request_json(&bc.req, NULL, pbody, plen, &st)
                            : attn_proto_encode_request_safetensors(&bc.req, NULL, &sb, plen, &st);
-    attn_bench_case_free(&bc);
+    tool_bench_case_free(&bc);
     if (erc < 0) {
       fprintf(stderr, "attn load: %s\n", st.message);
       return 1;
@@ -321,14 +321,14 @@ static int make_body(load_args *a, char **pbody, size_t *plen) {
 
 /* The plan and the request head into L (head: the caller's buffer of cap
  * bytes); 0, or the exit status after a message. */
-static int load_setup(attn_load *L, const load_args *a, char *head, size_t cap) {
+static int load_setup(tool_load *L, const load_args *a, char *head, size_t cap) {
   if (resolve(a->u.host, a->u.port, &L->wire.addr) < 0) {
     fprintf(stderr, "attn load: cannot resolve \"%s\" (IPv4)\n", a->u.host);
     return 1;
   }
   const char *q = a->query;
   bool bad_key;
-  const char *key = attn_arg_api_key("attn load", &bad_key);
+  const char *key = tool_arg_api_key("attn load", &bad_key);
   if (bad_key)
     return 2;
   int hl =
@@ -351,23 +351,23 @@ static int load_setup(attn_load *L, const load_args *a, char *head, size_t cap) 
   L->duration = a->duration;
   L->max_requests = a->have_n ? a->nreq : 0;
   L->timeout = a->timeout;
-  L->max_pool = a->have_r ? ATTN_LOAD_MAX_POOL : a->concurrency;
+  L->max_pool = a->have_r ? TOOL_LOAD_MAX_POOL : a->concurrency;
   L->progress = isatty(STDOUT_FILENO);
-  if (attn_hist_init(&L->hist) < 0) {
+  if (tool_hist_init(&L->hist) < 0) {
     fprintf(stderr, "attn load: out of memory\n");
     return 1;
   }
   return 0;
 }
 
-static void load_report(const attn_load *L, const load_args *a, const char *body_desc,
+static void load_report(const tool_load *L, const load_args *a, const char *body_desc,
                         double flops) {
   char url[2400];
   snprintf(url, sizeof url, "http://%s:%d%s%s%s", a->u.host, a->u.port, a->path,
            a->query[0] ? "?" : "", a->query);
   if (L->progress)
     printf("\r\033[K");
-  attn_load_report R = {.url = url,
+  tool_load_report R = {.url = url,
                         .body_kind = a->body_file   ? a->body_file
                                      : a->json_body ? "JSON"
                                                     : "safetensors",
@@ -385,9 +385,9 @@ static void load_report(const attn_load *L, const load_args *a, const char *body
   if (R.elapsed <= 0)
     R.elapsed = 1e-9;
   if (a->json_out)
-    attn_load_print_json(&R, &L->n, &L->hist);
+    tool_load_print_json(&R, &L->n, &L->hist);
   else
-    attn_load_print_text(&R, &L->n, &L->hist);
+    tool_load_print_text(&R, &L->n, &L->hist);
   fflush(stdout);
 }
 
@@ -395,7 +395,7 @@ static void load_report(const attn_load *L, const load_args *a, const char *body
 static int load_sessions(const load_args *a) {
   char url[400];
   snprintf(url, sizeof url, "http://%s:%d", a->u.host, a->u.port);
-  attn_load_session_plan p = {.url = url,
+  tool_load_session_plan p = {.url = url,
                               .query = a->query,
                               .sessions = a->sessions,
                               .steps = a->steps,
@@ -407,10 +407,10 @@ static int load_sessions(const load_args *a) {
                               .dtype = a->dt,
                               .timeout = a->timeout,
                               .json = a->json_out};
-  return attn_load_sessions(&p);
+  return tool_load_sessions(&p);
 }
 
-int attn_cmd_load(int argc, char **argv) {
+int tool_cmd_load(int argc, char **argv) {
   load_args a = {.concurrency = 8,
                  .duration = 10,
                  .timeout = 30,
@@ -430,7 +430,7 @@ int attn_cmd_load(int argc, char **argv) {
   }
   char body_desc[512];
   double flops = body_flops(body, body_len, a.json_body, a.query, body_desc, sizeof body_desc);
-  attn_load *L = calloc(1, sizeof *L); /* 8 KiB of pool: not on the stack */
+  tool_load *L = calloc(1, sizeof *L); /* 8 KiB of pool: not on the stack */
   char head[3000];
   if (!L) {
     fprintf(stderr, "attn load: out of memory\n");
@@ -441,7 +441,7 @@ int attn_cmd_load(int argc, char **argv) {
   L->wire.body_len = body_len;
   if ((rc = load_setup(L, &a, head, sizeof head)) == 0) {
     signal(SIGPIPE, SIG_IGN);
-    rc = attn_load_run(L);
+    rc = tool_load_run(L);
     if (L->no_connect) {
       fprintf(stderr, "attn load: cannot connect to %s:%d: %s\n", a.u.host, a.u.port,
               uv_strerror(L->connect_err));
@@ -449,7 +449,7 @@ int attn_cmd_load(int argc, char **argv) {
     }
     load_report(L, &a, body_desc, flops);
   }
-  attn_load_free(L);
+  tool_load_free(L);
   free(L);
   free(body);
   return rc;

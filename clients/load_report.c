@@ -18,19 +18,19 @@ static void fmt_bytes(char *b, size_t cap, uint64_t n) {
     snprintf(b, cap, "%llu B", (unsigned long long)n);
 }
 
-static const char *const terr_name[ATTN_TERR_COUNT] = {"connect", "write", "read", "timeout",
+static const char *const terr_name[TOOL_TERR_COUNT] = {"connect", "write", "read", "timeout",
                                                        "protocol"};
 
-uint64_t attn_load_transport_errors(const attn_load_counts *n) {
+uint64_t tool_load_transport_errors(const tool_load_counts *n) {
   uint64_t t = 0;
-  for (int i = 0; i < ATTN_TERR_COUNT; i++)
+  for (int i = 0; i < TOOL_TERR_COUNT; i++)
     t += n->terr[i];
   return t;
 }
 
-void attn_load_print_text(const attn_load_report *R, const attn_load_counts *n,
-                          const attn_hist *h) {
-  uint64_t terr = attn_load_transport_errors(n);
+void tool_load_print_text(const tool_load_report *R, const tool_load_counts *n,
+                          const tool_hist *h) {
+  uint64_t terr = tool_load_transport_errors(n);
   printf("attn load %s: ", R->url);
   if (R->open_loop)
     printf("open loop, %g requests/s, up to %d connections (%d used)", R->rate, R->max_pool,
@@ -61,9 +61,9 @@ void attn_load_print_text(const attn_load_report *R, const attn_load_counts *n,
     any = true;
   }
   printf("%s; transport:", any ? "" : " none");
-  for (int t = 0; t < ATTN_TERR_COUNT; t++)
+  for (int t = 0; t < TOOL_TERR_COUNT; t++)
     printf(" %s %llu%s", terr_name[t], (unsigned long long)n->terr[t],
-           t + 1 < ATTN_TERR_COUNT ? "," : "");
+           t + 1 < TOOL_TERR_COUNT ? "," : "");
   printf("\n");
   if (n->backlog_end)
     printf("backlog    %llu requests were due but never sent (all %d connections busy)\n",
@@ -76,9 +76,9 @@ void attn_load_print_text(const attn_load_report *R, const attn_load_counts *n,
     printf("GFLOP/s unknown");
   printf(" over %.3f s\n", R->elapsed);
   printf("latency ms p50 %.3f  p90 %.3f  p99 %.3f  p99.9 %.3f  max %.3f  (min %.3f, mean %.3f%s)\n",
-         attn_hist_percentile(h, 50) / 1e3, attn_hist_percentile(h, 90) / 1e3,
-         attn_hist_percentile(h, 99) / 1e3, attn_hist_percentile(h, 99.9) / 1e3,
-         (double)attn_hist_max(h) / 1e3, (double)attn_hist_min(h) / 1e3, attn_hist_mean(h) / 1e3,
+         tool_hist_percentile(h, 50) / 1e3, tool_hist_percentile(h, 90) / 1e3,
+         tool_hist_percentile(h, 99) / 1e3, tool_hist_percentile(h, 99.9) / 1e3,
+         (double)tool_hist_max(h) / 1e3, (double)tool_hist_min(h) / 1e3, tool_hist_mean(h) / 1e3,
          R->open_loop ? ", from the intended start" : "");
   char bs[32], br[32];
   fmt_bytes(bs, sizeof bs, n->bytes_sent);
@@ -101,9 +101,9 @@ static void json_str(const char *s) {
   putchar('"');
 }
 
-void attn_load_print_json(const attn_load_report *R, const attn_load_counts *n,
-                          const attn_hist *h) {
-  uint64_t terr = attn_load_transport_errors(n);
+void tool_load_print_json(const tool_load_report *R, const tool_load_counts *n,
+                          const tool_hist *h) {
+  uint64_t terr = tool_load_transport_errors(n);
   printf("{\"url\": ");
   json_str(R->url);
   printf(", \"mode\": \"%s\", \"concurrency\": %d, \"rate\": ", R->open_loop ? "open" : "closed",
@@ -130,7 +130,7 @@ void attn_load_print_json(const attn_load_report *R, const attn_load_counts *n,
   if (n->status_other)
     printf("%s\"other\": %llu", first ? "" : ", ", (unsigned long long)n->status_other);
   printf("}, \"transport\": {");
-  for (int t = 0; t < ATTN_TERR_COUNT; t++)
+  for (int t = 0; t < TOOL_TERR_COUNT; t++)
     printf("%s\"%s\": %llu", t ? ", " : "", terr_name[t], (unsigned long long)n->terr[t]);
   printf("}},\n \"status\": {");
   first = true;
@@ -148,10 +148,10 @@ void attn_load_print_json(const attn_load_report *R, const attn_load_counts *n,
     printf("null, \"flops_per_request\": null");
   printf(",\n \"latency_ms\": {\"p50\": %.4f, \"p90\": %.4f, \"p99\": %.4f, \"p99.9\": %.4f, "
          "\"max\": %.4f, \"min\": %.4f, \"mean\": %.4f, \"count\": %llu}",
-         attn_hist_percentile(h, 50) / 1e3, attn_hist_percentile(h, 90) / 1e3,
-         attn_hist_percentile(h, 99) / 1e3, attn_hist_percentile(h, 99.9) / 1e3,
-         (double)attn_hist_max(h) / 1e3, (double)attn_hist_min(h) / 1e3, attn_hist_mean(h) / 1e3,
-         (unsigned long long)attn_hist_count(h));
+         tool_hist_percentile(h, 50) / 1e3, tool_hist_percentile(h, 90) / 1e3,
+         tool_hist_percentile(h, 99) / 1e3, tool_hist_percentile(h, 99.9) / 1e3,
+         (double)tool_hist_max(h) / 1e3, (double)tool_hist_min(h) / 1e3, tool_hist_mean(h) / 1e3,
+         (unsigned long long)tool_hist_count(h));
   printf(",\n \"bytes_sent\": %llu, \"bytes_received\": %llu", (unsigned long long)n->bytes_sent,
          (unsigned long long)n->bytes_recv);
   printf(",\n \"invariant\": {\"holds\": %s, \"text\": \"sent %llu = answered %llu + transport "

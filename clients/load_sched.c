@@ -7,22 +7,22 @@
 
 #define TICK_MS 100
 
-static void conn_issue(attn_load *L, attn_load_conn *c);
-static void dispatch_due(attn_load *L);
-static void load_stop(attn_load *L);
+static void conn_issue(tool_load *L, tool_load_conn *c);
+static void dispatch_due(tool_load *L);
+static void load_stop(tool_load *L);
 
-static attn_load *owner(const attn_load_conn *c) { return c->w->owner; }
+static tool_load *owner(const tool_load_conn *c) { return c->w->owner; }
 
 /* ---- request life ------------------------------------------------------- */
 
-static bool limit_reached(const attn_load *L) {
+static bool limit_reached(const tool_load *L) {
   return L->max_requests > 0 && L->n.sent >= (uint64_t)L->max_requests;
 }
 
-static void check_done(attn_load *L) {
+static void check_done(tool_load *L) {
   if (L->max_requests > 0 && !L->stopping) {
     uint64_t ended = L->n.answered;
-    for (int t = 0; t < ATTN_TERR_COUNT; t++)
+    for (int t = 0; t < TOOL_TERR_COUNT; t++)
       ended += L->n.terr[t];
     if (ended >= (uint64_t)L->max_requests)
       load_stop(L);
@@ -31,10 +31,10 @@ static void check_done(attn_load *L) {
 
 /* --duration is over (checked where work is started, since a loop iteration
  * that writes many large bodies can delay the end timer). */
-static bool past_end(attn_load *L) {
+static bool past_end(tool_load *L) {
   if (L->max_requests > 0 || L->stopping)
     return L->stopping;
-  if (attn_load_now_ns() - L->t0 >= (uint64_t)(L->duration * 1e9)) {
+  if (tool_load_now_ns() - L->t0 >= (uint64_t)(L->duration * 1e9)) {
     load_stop(L);
     return true;
   }
@@ -42,33 +42,33 @@ static bool past_end(attn_load *L) {
 }
 
 /* Starts a request on c whose latency counts from start. */
-static void start(attn_load *L, attn_load_conn *c, uint64_t t) {
+static void start(tool_load *L, tool_load_conn *c, uint64_t t) {
   L->n.sent++;
-  attn_load_conn_start(c, t);
+  tool_load_conn_start(c, t);
 }
 
 /* Closed loop: the connection's next request, if the plan wants one. */
-static void conn_issue(attn_load *L, attn_load_conn *c) {
+static void conn_issue(tool_load *L, tool_load_conn *c) {
   if (past_end(L) || limit_reached(L) || c->active || c->write_pending)
     return;
-  if (c->state == ATTN_LOAD_FREE && c->connect_failed && attn_load_now_ns() < c->retry_ns)
+  if (c->state == TOOL_LOAD_FREE && c->connect_failed && tool_load_now_ns() < c->retry_ns)
     return; /* the tick retries it */
-  if (c->state == ATTN_LOAD_OPEN || c->state == ATTN_LOAD_FREE)
-    start(L, c, attn_load_now_ns());
+  if (c->state == TOOL_LOAD_OPEN || c->state == TOOL_LOAD_FREE)
+    start(L, c, tool_load_now_ns());
 }
 
 /* ---- what the connections report ----------------------------------------- */
 
-static void on_connected(attn_load_conn *c, bool busy) {
-  attn_load *L = owner(c);
+static void on_connected(tool_load_conn *c, bool busy) {
+  tool_load *L = owner(c);
   L->ever_connected = true;
   if (!busy && L->open_loop)
     dispatch_due(L);
 }
 
-static bool on_answered(attn_load_conn *c, int status) {
-  attn_load *L = owner(c);
-  uint64_t t = attn_load_now_ns();
+static bool on_answered(tool_load_conn *c, int status) {
+  tool_load *L = owner(c);
+  uint64_t t = tool_load_now_ns();
   L->n.answered++;
   if (status >= 200 && status < 300)
     L->n.ok++;
@@ -76,14 +76,14 @@ static bool on_answered(attn_load_conn *c, int status) {
     L->n.status[status]++;
   else
     L->n.status_other++;
-  attn_hist_record(&L->hist, t > c->start_ns ? (t - c->start_ns + 500) / 1000 : 0);
+  tool_hist_record(&L->hist, t > c->start_ns ? (t - c->start_ns + 500) / 1000 : 0);
   check_done(L);
   return !L->stopping;
 }
 
 /* The connection is free for another request. */
-static void on_ready(attn_load_conn *c) {
-  attn_load *L = owner(c);
+static void on_ready(tool_load_conn *c) {
+  tool_load *L = owner(c);
   if (past_end(L))
     return;
   if (L->open_loop)
@@ -92,9 +92,9 @@ static void on_ready(attn_load_conn *c) {
     conn_issue(L, c);
 }
 
-static void on_failed(attn_load_conn *c, int kind, int err, bool busy) {
-  attn_load *L = owner(c);
-  if (kind == ATTN_TERR_CONNECT)
+static void on_failed(tool_load_conn *c, int kind, int err, bool busy) {
+  tool_load *L = owner(c);
+  if (kind == TOOL_TERR_CONNECT)
     L->connect_err = err;
   if (busy)
     L->n.terr[kind]++;
@@ -102,26 +102,26 @@ static void on_failed(attn_load_conn *c, int kind, int err, bool busy) {
 }
 
 /* Nothing has ever connected: the server is not there, and the run stops. */
-static bool on_unreachable(attn_load_conn *c, int err) {
-  attn_load *L = owner(c);
+static bool on_unreachable(tool_load_conn *c, int err) {
+  tool_load *L = owner(c);
   if (L->ever_connected)
     return false;
   L->connect_err = err;
-  if (attn_load_conn_drop(c))
-    L->n.terr[ATTN_TERR_CONNECT]++;
+  if (tool_load_conn_drop(c))
+    L->n.terr[TOOL_TERR_CONNECT]++;
   L->no_connect = true;
   load_stop(L);
   return true;
 }
 
-static const attn_load_conn_ops conn_ops = {.connected = on_connected,
+static const tool_load_conn_ops conn_ops = {.connected = on_connected,
                                             .answered = on_answered,
                                             .ready = on_ready,
                                             .failed = on_failed,
                                             .unreachable = on_unreachable};
 
-static attn_load_conn *pool_add(attn_load *L) {
-  attn_load_conn *c = attn_load_conn_new(&L->wire);
+static tool_load_conn *pool_add(tool_load *L) {
+  tool_load_conn *c = tool_load_conn_new(&L->wire);
   if (c)
     L->pool[L->npool++] = c;
   return c;
@@ -129,27 +129,27 @@ static attn_load_conn *pool_add(attn_load *L) {
 
 /* ---- the open loop -------------------------------------------------------- */
 
-static uint64_t due_ns(const attn_load *L, uint64_t i) {
+static uint64_t due_ns(const tool_load *L, uint64_t i) {
   return L->t0 + (uint64_t)((double)i * 1e9 / L->rate);
 }
 
-static bool sched_more(const attn_load *L) {
+static bool sched_more(const tool_load *L) {
   if (L->max_requests > 0)
     return L->next_i < (uint64_t)L->max_requests;
   return due_ns(L, L->next_i) < L->t0 + (uint64_t)(L->duration * 1e9);
 }
 
 /* An idle open connection, else a free one to connect, else a new one. */
-static attn_load_conn *pool_get(attn_load *L) {
-  uint64_t t = attn_load_now_ns();
-  attn_load_conn *free_c = NULL;
+static tool_load_conn *pool_get(tool_load *L) {
+  uint64_t t = tool_load_now_ns();
+  tool_load_conn *free_c = NULL;
   for (int i = 0; i < L->npool; i++) {
-    attn_load_conn *c = L->pool[i];
+    tool_load_conn *c = L->pool[i];
     if (c->active || c->write_pending)
       continue;
-    if (c->state == ATTN_LOAD_OPEN && attn_http_reply_idle(&c->rp))
+    if (c->state == TOOL_LOAD_OPEN && tool_http_reply_idle(&c->rp))
       return c;
-    if (!free_c && c->state == ATTN_LOAD_FREE && (!c->connect_failed || t >= c->retry_ns))
+    if (!free_c && c->state == TOOL_LOAD_FREE && (!c->connect_failed || t >= c->retry_ns))
       free_c = c;
   }
   if (free_c)
@@ -161,14 +161,14 @@ static attn_load_conn *pool_get(attn_load *L) {
 
 static void on_sched(uv_timer_t *t) { dispatch_due(t->data); }
 
-static void dispatch_due(attn_load *L) {
+static void dispatch_due(tool_load *L) {
   if (!L->open_loop || past_end(L))
     return;
-  uint64_t t = attn_load_now_ns();
+  uint64_t t = tool_load_now_ns();
   while (sched_more(L) && due_ns(L, L->next_i) <= t) {
     if (past_end(L))
       return;
-    attn_load_conn *c = pool_get(L);
+    tool_load_conn *c = pool_get(L);
     if (!c)
       return; /* backlog: a connection that frees up calls again */
     uint64_t due = due_ns(L, L->next_i);
@@ -185,13 +185,13 @@ static void dispatch_due(attn_load *L) {
 
 /* ---- timers --------------------------------------------------------------- */
 
-static void print_progress(attn_load *L, uint64_t t) {
+static void print_progress(tool_load *L, uint64_t t) {
   double secs = (double)(t - L->t0) * 1e-9;
   double dt = (double)(t - L->last_prog_ns) * 1e-9;
   double rps = dt > 0 ? (double)(L->n.answered - L->last_prog_answered) / dt : 0;
-  uint64_t terr = attn_load_transport_errors(&L->n);
+  uint64_t terr = tool_load_transport_errors(&L->n);
   printf("\r%6.1f s  %9.1f requests/s  p99 %9.3f ms  answered %llu  errors %llu\033[K", secs, rps,
-         attn_hist_percentile(&L->hist, 99) / 1e3, (unsigned long long)L->n.answered,
+         tool_hist_percentile(&L->hist, 99) / 1e3, (unsigned long long)L->n.answered,
          (unsigned long long)(L->n.answered - L->n.ok + terr));
   fflush(stdout);
   L->last_prog_ns = t;
@@ -199,14 +199,14 @@ static void print_progress(attn_load *L, uint64_t t) {
 }
 
 static void on_tick(uv_timer_t *tm) {
-  attn_load *L = tm->data;
-  uint64_t t = attn_load_now_ns();
+  tool_load *L = tm->data;
+  uint64_t t = tool_load_now_ns();
   uint64_t limit = (uint64_t)(L->timeout * 1e9);
   for (int i = 0; i < L->npool && !L->stopping; i++) {
-    attn_load_conn *c = L->pool[i];
+    tool_load_conn *c = L->pool[i];
     if (c->active && t - c->sent_ns > limit)
-      attn_load_conn_fail(c, ATTN_TERR_TIMEOUT);
-    else if (!L->open_loop && !c->active && c->state == ATTN_LOAD_FREE)
+      tool_load_conn_fail(c, TOOL_TERR_TIMEOUT);
+    else if (!L->open_loop && !c->active && c->state == TOOL_LOAD_FREE)
       conn_issue(L, c); /* retries after a failed connect */
   }
   if (L->open_loop && !L->stopping)
@@ -222,19 +222,19 @@ static void on_sigint(uv_signal_t *s, int signum) {
   load_stop(s->data);
 }
 
-static void load_stop(attn_load *L) {
+static void load_stop(tool_load *L) {
   if (L->stopping)
     return;
   L->stopping = true;
-  L->t_end = attn_load_now_ns();
+  L->t_end = tool_load_now_ns();
   for (int i = 0; i < L->npool; i++) {
-    attn_load_conn *c = L->pool[i];
-    if (c->active && L->no_connect && c->state == ATTN_LOAD_CONNECTING)
-      L->n.terr[ATTN_TERR_CONNECT]++; /* it would fail the same way */
+    tool_load_conn *c = L->pool[i];
+    if (c->active && L->no_connect && c->state == TOOL_LOAD_CONNECTING)
+      L->n.terr[TOOL_TERR_CONNECT]++; /* it would fail the same way */
     else if (c->active)
       L->n.in_flight_end++;
-    attn_load_conn_drop(c);
-    attn_load_conn_close(c);
+    tool_load_conn_drop(c);
+    tool_load_conn_close(c);
   }
   if (L->open_loop && sched_more(L)) {
     uint64_t t = L->t_end;
@@ -253,13 +253,13 @@ static void load_stop(attn_load *L) {
 
 /* The first requests: the closed loop's connections, or the open loop's
  * due ones. 0, or 1 after a message when out of memory. */
-static int load_begin(attn_load *L) {
+static int load_begin(tool_load *L) {
   if (L->open_loop) {
     dispatch_due(L);
     return 0;
   }
   for (int i = 0; i < L->concurrency && !L->stopping; i++) {
-    attn_load_conn *cn = pool_add(L);
+    tool_load_conn *cn = pool_add(L);
     if (!cn) {
       fprintf(stderr, "attn load: out of memory\n");
       load_stop(L);
@@ -270,7 +270,7 @@ static int load_begin(attn_load *L) {
   return 0;
 }
 
-int attn_load_run(attn_load *L) {
+int tool_load_run(tool_load *L) {
   uv_loop_t loop;
   uv_loop_init(&loop);
   L->wire.loop = &loop;
@@ -282,7 +282,7 @@ int attn_load_run(attn_load *L) {
   uv_signal_init(&loop, &L->sigint);
   L->tick.data = L->sched.data = L->end.data = L->sigint.data = L;
   uv_signal_start(&L->sigint, on_sigint, SIGINT);
-  L->t0 = L->last_prog_ns = attn_load_now_ns();
+  L->t0 = L->last_prog_ns = tool_load_now_ns();
   uv_timer_start(&L->tick, on_tick, TICK_MS, TICK_MS);
   if (L->max_requests == 0)
     uv_timer_start(&L->end, on_end, (uint64_t)(L->duration * 1e3 + 0.5), 0);
@@ -300,8 +300,8 @@ int attn_load_run(attn_load *L) {
   return rc;
 }
 
-void attn_load_free(attn_load *L) {
+void tool_load_free(tool_load *L) {
   for (int i = 0; i < L->npool; i++)
-    attn_load_conn_free(L->pool[i]);
-  attn_hist_free(&L->hist);
+    tool_load_conn_free(L->pool[i]);
+  tool_hist_free(&L->hist);
 }

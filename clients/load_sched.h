@@ -6,7 +6,7 @@
  * as soon as the previous answer has arrived; a request's latency runs from
  * its send. Open loop (rate R): request i is due at t0 + i/R whatever the
  * server does; it goes out on an idle connection of a pool that grows (up to
- * ATTN_LOAD_MAX_POOL connections) while all are busy, and its latency runs
+ * TOOL_LOAD_MAX_POOL connections) while all are busy, and its latency runs
  * from that intended start, so a stalled server shows in the percentiles
  * instead of silently slowing the sender (no coordinated omission). Requests
  * that are due while the pool is full wait (the backlog) and are sent as
@@ -19,8 +19,8 @@
  * sent = answered + transport errors + in flight. Latencies of answered
  * requests (every status) go to a log-linear histogram (hist.h, within 1%).
  */
-#ifndef ATTN_LOAD_SCHED_H
-#define ATTN_LOAD_SCHED_H
+#ifndef TOOL_LOAD_SCHED_H
+#define TOOL_LOAD_SCHED_H
 
 #include "hist.h"
 #include "load_conn.h"
@@ -30,11 +30,11 @@
 #include <stdint.h>
 #include <uv.h>
 
-#define ATTN_LOAD_MAX_POOL 1024
+#define TOOL_LOAD_MAX_POOL 1024
 
-typedef struct attn_load {
+typedef struct tool_load {
   /* The plan, the caller's: wire's addr, head and body, and these. */
-  attn_load_wire wire;
+  tool_load_wire wire;
   bool open_loop; /* by rate, else by concurrency */
   int concurrency;
   double rate;
@@ -43,9 +43,9 @@ typedef struct attn_load {
   double timeout;       /* a request unanswered this long (s) is an error */
   bool progress;        /* a progress line on stdout each second */
   int max_pool;
-  attn_hist hist; /* initialised by the caller */
-  /* How it went, once attn_load_run returns. */
-  attn_load_counts n;
+  tool_hist hist; /* initialised by the caller */
+  /* How it went, once tool_load_run returns. */
+  tool_load_counts n;
   uint64_t t0, t_end;
   int npool;       /* connections made */
   bool no_connect; /* nothing ever connected: the server is not there */
@@ -53,17 +53,17 @@ typedef struct attn_load {
   /* The scheduler's own. */
   uv_timer_t tick, sched, end;
   uv_signal_t sigint;
-  attn_load_conn *pool[ATTN_LOAD_MAX_POOL];
+  tool_load_conn *pool[TOOL_LOAD_MAX_POOL];
   uint64_t next_i; /* open loop: the next scheduled request */
   bool stopping, ever_connected;
   uint64_t last_prog_ns, last_prog_answered;
-} attn_load;
+} tool_load;
 
 /* Runs the plan on one libuv loop until it stops (its duration or request
  * count, or SIGINT); 0, or 1 after a message when out of memory for a
  * connection. */
-int attn_load_run(attn_load *L);
+int tool_load_run(tool_load *L);
 /* Frees the pool and the histogram. */
-void attn_load_free(attn_load *L);
+void tool_load_free(tool_load *L);
 
 #endif

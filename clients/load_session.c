@@ -21,11 +21,11 @@
 #define ME "attn load"
 
 typedef struct worker {
-  const attn_load_session_plan *p;
+  const tool_load_session_plan *p;
   int index;
   char id[64];
   bool created, deleted;
-  attn_hist hist;           /* step latencies, microseconds */
+  tool_hist hist;           /* step latencies, microseconds */
   uint64_t ok, failed;      /* steps */
   long err_status;          /* the first failed step's or create's status (0: transport) */
   char err[256];            /* and its message */
@@ -36,7 +36,7 @@ typedef struct worker {
 } worker;
 
 /* The error of a reply, kept for the report. */
-static void keep_error(worker *w, const attn_sess_reply *r, const char *what) {
+static void keep_error(worker *w, const tool_sess_reply *r, const char *what) {
   if (w->err[0])
     return;
   w->err_status = r ? r->status : 0;
@@ -46,8 +46,8 @@ static void keep_error(worker *w, const attn_sess_reply *r, const char *what) {
       *c = ' ';
 }
 
-static int create(worker *w, attn_sess_http *h) {
-  const attn_load_session_plan *p = w->p;
+static int create(worker *w, tool_sess_http *h) {
+  const tool_load_session_plan *p = w->p;
   char path[128], body[256];
   snprintf(path, sizeof path, "/v1/sessions/%s", w->id);
   snprintf(body, sizeof body,
@@ -55,49 +55,49 @@ static int create(worker *w, attn_sess_http *h) {
            "\"max_tokens\":%lld,\"ttl_s\":600}",
            (long long)p->heads_kv, (long long)p->head_dim, attn_dtype_name(p->dtype),
            (long long)(p->prefill + p->steps * p->tokens));
-  attn_sess_reply r;
-  int rc = attn_sess_call(h, "PUT", path, body, strlen(body), false, &r);
+  tool_sess_reply r;
+  int rc = tool_sess_call(h, "PUT", path, body, strlen(body), false, &r);
   w->created = rc == 0 && r.status == 201;
   if (!w->created)
     keep_error(w, rc == 0 ? &r : NULL,
                rc == 0 && r.status == 200 ? "create: the id exists already" : "create");
-  attn_sess_reply_free(&r);
+  tool_sess_reply_free(&r);
   return w->created ? 0 : -1;
 }
 
 /* One call: n tokens of q, k, v at pos; 0 when it was answered 200 with
  * the length pos + n. *dt: seconds from its send to its reply. */
-static int step(worker *w, attn_sess_http *h, int64_t pos, int64_t n, uint64_t *seed, double *dt) {
-  const attn_load_session_plan *p = w->p;
+static int step(worker *w, tool_sess_http *h, int64_t pos, int64_t n, uint64_t *seed, double *dt) {
+  const tool_load_session_plan *p = w->p;
   size_t es = attn_dtype_size(p->dtype);
   size_t nq = (size_t)(p->heads_q * n * p->head_dim), nk = (size_t)(p->heads_kv * n * p->head_dim);
-  attn_sess_random(w->mem, (int64_t)(nq + 2 * nk), p->dtype, seed);
-  attn_sess_tensor t[3] = {{"q", p->dtype, {p->heads_q, n, p->head_dim}, w->mem},
+  tool_sess_random(w->mem, (int64_t)(nq + 2 * nk), p->dtype, seed);
+  tool_sess_tensor t[3] = {{"q", p->dtype, {p->heads_q, n, p->head_dim}, w->mem},
                            {"k", p->dtype, {p->heads_kv, n, p->head_dim}, w->mem + nq * es},
                            {"v", p->dtype, {p->heads_kv, n, p->head_dim}, w->mem + (nq + nk) * es}};
   void *body;
   size_t len;
-  if (attn_sess_encode(t, 3, &body, &len) < 0)
+  if (tool_sess_encode(t, 3, &body, &len) < 0)
     return -1;
   char path[2048];
   snprintf(path, sizeof path, "/v1/sessions/%s/attention?layer=0&pos=%lld%s%s", w->id,
            (long long)pos, p->query[0] ? "&" : "", p->query);
-  attn_sess_reply r;
-  double t0 = attn_bench_now();
-  int rc = attn_sess_call(h, "POST", path, body, len, true, &r);
-  *dt = attn_bench_now() - t0;
+  tool_sess_reply r;
+  double t0 = tool_bench_now();
+  int rc = tool_sess_call(h, "POST", path, body, len, true, &r);
+  *dt = tool_bench_now() - t0;
   free(body);
   bool good = rc == 0 && r.status == 200 && (r.length < 0 || r.length == pos + n);
   if (!good)
     keep_error(w, rc == 0 ? &r : NULL, rc == 0 && r.status == 200 ? "a wrong length" : "step");
-  attn_sess_reply_free(&r);
+  tool_sess_reply_free(&r);
   return good ? 0 : -1;
 }
 
 /* The decode: M steps from pos, each timed; stops at a session's first
  * failed step (its position is then unknown). */
-static void decode(worker *w, attn_sess_http *h, uint64_t *seed) {
-  const attn_load_session_plan *p = w->p;
+static void decode(worker *w, tool_sess_http *h, uint64_t *seed) {
+  const tool_load_session_plan *p = w->p;
   int64_t pos = p->prefill;
   for (int64_t i = 0; i < p->steps; i++) {
     double dt;
@@ -105,33 +105,33 @@ static void decode(worker *w, attn_sess_http *h, uint64_t *seed) {
       w->failed += (uint64_t)(p->steps - i);
       break;
     }
-    attn_hist_record(&w->hist, (uint64_t)(dt * 1e6 + 0.5));
+    tool_hist_record(&w->hist, (uint64_t)(dt * 1e6 + 0.5));
     w->ok++;
     pos += p->tokens;
   }
-  w->t_end = attn_bench_now();
+  w->t_end = tool_bench_now();
 }
 
-static void delete (worker *w, attn_sess_http *h) {
+static void delete (worker *w, tool_sess_http *h) {
   char path[128];
   snprintf(path, sizeof path, "/v1/sessions/%s", w->id);
-  attn_sess_reply r;
-  w->deleted = attn_sess_call(h, "DELETE", path, NULL, 0, false, &r) == 0 && r.status == 204;
-  attn_sess_reply_free(&r);
+  tool_sess_reply r;
+  w->deleted = tool_sess_call(h, "DELETE", path, NULL, 0, false, &r) == 0 && r.status == 204;
+  tool_sess_reply_free(&r);
 }
 
 static void *run_worker(void *arg) {
   worker *w = arg;
-  const attn_load_session_plan *p = w->p;
+  const tool_load_session_plan *p = w->p;
   uint64_t seed = 0x5e55 + (uint64_t)w->index;
-  attn_sess_http h;
-  bool up = attn_sess_http_init(&h, p->url, p->timeout, ME) == 0;
+  tool_sess_http h;
+  bool up = tool_sess_http_init(&h, p->url, p->timeout, ME) == 0;
   bool ready = up && create(w, &h) == 0;
   double dt;
   if (ready && p->prefill > 0 && step(w, &h, 0, p->prefill, &seed, &dt) != 0)
     ready = false;
   if (pthread_barrier_wait(w->start) == PTHREAD_BARRIER_SERIAL_THREAD)
-    *w->t0 = attn_bench_now();
+    *w->t0 = tool_bench_now();
   if (ready)
     decode(w, &h, &seed);
   else
@@ -139,14 +139,14 @@ static void *run_worker(void *arg) {
   if (w->created)
     delete (w, &h);
   if (up)
-    attn_sess_http_free(&h);
+    tool_sess_http_free(&h);
   return NULL;
 }
 
 /* ---- the run and its report ------------------------------------------------- */
 
 typedef struct totals {
-  attn_hist hist;
+  tool_hist hist;
   uint64_t ok, failed;
   int created, deleted, broken; /* broken: sessions that did not run every step */
   double elapsed;
@@ -156,7 +156,7 @@ typedef struct totals {
 static void add_up(const worker *w, int n, double t0, totals *T) {
   double end = t0;
   for (int i = 0; i < n; i++) {
-    attn_hist_merge(&T->hist, &w[i].hist);
+    tool_hist_merge(&T->hist, &w[i].hist);
     T->ok += w[i].ok;
     T->failed += w[i].failed;
     T->created += w[i].created;
@@ -169,8 +169,8 @@ static void add_up(const worker *w, int n, double t0, totals *T) {
   T->elapsed = end > t0 ? end - t0 : 1e-9;
 }
 
-static void print_text(const attn_load_session_plan *p, const totals *T) {
-  const attn_hist *h = &T->hist;
+static void print_text(const tool_load_session_plan *p, const totals *T) {
+  const tool_hist *h = &T->hist;
   double tokens = (double)T->ok * (double)p->tokens;
   printf("attn load %s: %d sessions, %lld decode steps each, prefill %lld\n", p->url, p->sessions,
          (long long)p->steps, (long long)p->prefill);
@@ -185,14 +185,14 @@ static void print_text(const attn_load_session_plan *p, const totals *T) {
   printf("throughput %.1f tokens/s, %.1f steps/s over %.3f s\n", tokens / T->elapsed,
          (double)T->ok / T->elapsed, T->elapsed);
   printf("latency ms p50 %.3f  p90 %.3f  p99 %.3f  max %.3f  (min %.3f, mean %.3f, %llu steps)\n",
-         attn_hist_percentile(h, 50) * 1e-3, attn_hist_percentile(h, 90) * 1e-3,
-         attn_hist_percentile(h, 99) * 1e-3, (double)attn_hist_max(h) * 1e-3,
-         (double)attn_hist_min(h) * 1e-3, attn_hist_mean(h) * 1e-3,
-         (unsigned long long)attn_hist_count(h));
+         tool_hist_percentile(h, 50) * 1e-3, tool_hist_percentile(h, 90) * 1e-3,
+         tool_hist_percentile(h, 99) * 1e-3, (double)tool_hist_max(h) * 1e-3,
+         (double)tool_hist_min(h) * 1e-3, tool_hist_mean(h) * 1e-3,
+         (unsigned long long)tool_hist_count(h));
 }
 
-static void print_json(const attn_load_session_plan *p, const totals *T) {
-  const attn_hist *h = &T->hist;
+static void print_json(const tool_load_session_plan *p, const totals *T) {
+  const tool_hist *h = &T->hist;
   printf("{\"mode\": \"sessions\", \"url\": \"%s\", \"sessions\": %d, \"steps\": %lld, "
          "\"prefill\": %lld, \"tokens_per_step\": %lld,\n",
          p->url, p->sessions, (long long)p->steps, (long long)p->prefill, (long long)p->tokens);
@@ -205,14 +205,14 @@ static void print_json(const attn_load_session_plan *p, const totals *T) {
          (double)T->ok * (double)p->tokens / T->elapsed);
   printf(" \"latency_ms\": {\"p50\": %.4f, \"p90\": %.4f, \"p99\": %.4f, \"max\": %.4f, "
          "\"min\": %.4f, \"mean\": %.4f, \"count\": %llu}}\n",
-         attn_hist_percentile(h, 50) * 1e-3, attn_hist_percentile(h, 90) * 1e-3,
-         attn_hist_percentile(h, 99) * 1e-3, (double)attn_hist_max(h) * 1e-3,
-         (double)attn_hist_min(h) * 1e-3, attn_hist_mean(h) * 1e-3,
-         (unsigned long long)attn_hist_count(h));
+         tool_hist_percentile(h, 50) * 1e-3, tool_hist_percentile(h, 90) * 1e-3,
+         tool_hist_percentile(h, 99) * 1e-3, (double)tool_hist_max(h) * 1e-3,
+         (double)tool_hist_min(h) * 1e-3, tool_hist_mean(h) * 1e-3,
+         (unsigned long long)tool_hist_count(h));
 }
 
 /* The workers' memory and histograms; -1 when out of memory. */
-static int workers_init(worker *w, const attn_load_session_plan *p, pthread_barrier_t *b,
+static int workers_init(worker *w, const tool_load_session_plan *p, pthread_barrier_t *b,
                         double *t0) {
   int64_t n = p->prefill > p->tokens ? p->prefill : p->tokens;
   size_t bytes =
@@ -221,7 +221,7 @@ static int workers_init(worker *w, const attn_load_session_plan *p, pthread_barr
     w[i] = (worker){.p = p, .index = i, .start = b, .t0 = t0};
     snprintf(w[i].id, sizeof w[i].id, "attn-load-%ld-%d", (long)getpid(), i);
     w[i].mem = malloc(bytes);
-    if (!w[i].mem || attn_hist_init(&w[i].hist) < 0)
+    if (!w[i].mem || tool_hist_init(&w[i].hist) < 0)
       return -1;
   }
   return 0;
@@ -230,7 +230,7 @@ static int workers_init(worker *w, const attn_load_session_plan *p, pthread_barr
 static void workers_free(worker *w, int n) {
   for (int i = 0; i < n; i++) {
     free(w[i].mem);
-    attn_hist_free(&w[i].hist);
+    tool_hist_free(&w[i].hist);
   }
 }
 
@@ -253,9 +253,9 @@ static int run_all(worker *w, int n) {
 
 /* The run on initialized workers: the threads, then the report; the exit
  * status. */
-static int run_and_report(worker *w, const attn_load_session_plan *p, const double *t0) {
+static int run_and_report(worker *w, const tool_load_session_plan *p, const double *t0) {
   totals T = {0};
-  if (attn_hist_init(&T.hist) < 0 || run_all(w, p->sessions) != 0) {
+  if (tool_hist_init(&T.hist) < 0 || run_all(w, p->sessions) != 0) {
     fprintf(stderr, ME ": out of memory\n");
     return 1;
   }
@@ -269,11 +269,11 @@ static int run_and_report(worker *w, const attn_load_session_plan *p, const doub
             T.first_err ? T.first_err->err : "?");
     rc = 1;
   }
-  attn_hist_free(&T.hist);
+  tool_hist_free(&T.hist);
   return rc;
 }
 
-int attn_load_sessions(const attn_load_session_plan *p) {
+int tool_load_sessions(const tool_load_session_plan *p) {
   if (curl_global_init(CURL_GLOBAL_DEFAULT) != 0) {
     fprintf(stderr, ME ": cannot initialize libcurl\n");
     return 1;

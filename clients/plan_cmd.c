@@ -110,27 +110,27 @@ static int print_json(const attn_plan_params *p, const attn_plan *pl) {
   return 0;
 }
 
-int attn_cmd_plan(int argc, char **argv) {
-  static const struct option opts[] = {ATTN_SHAPE_OPTIONS,
+int tool_cmd_plan(int argc, char **argv) {
+  static const struct option opts[] = {TOOL_SHAPE_OPTIONS,
                                        {"threads", required_argument, 0, 'T'},
                                        {"json", no_argument, 0, 'j'},
                                        {"backward", no_argument, 0, 'w'},
                                        {"help", no_argument, 0, 'x'},
                                        {0, 0, 0, 0}};
-  attn_shape_args sh = {
+  tool_shape_args sh = {
       .batch = 1, .heads = 1, .seq_q = 4096, .seq_kv = 4096, .head_dim = 64, .dtype = ATTN_F32};
   int threads = 0;
   bool json = false, backward = false;
   int c, bad = 0;
   optind = 1;
   while (!bad && (c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-    int r = attn_arg_shape(c, optarg, &sh);
+    int r = tool_arg_shape(c, optarg, &sh);
     if (r) {
       bad = r < 0;
       continue;
     }
     switch (c) {
-    case 'T': bad = attn_arg_int("--threads", optarg, 0, 1024, &threads); break;
+    case 'T': bad = tool_arg_int("--threads", optarg, 0, 1024, &threads); break;
     case 'j': json = true; break;
     case 'w': backward = true; break;
     case 'x': fputs(usage, stdout); return 0;

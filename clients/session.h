@@ -6,10 +6,10 @@
  * [Hkv, Nnew, D], random or from a file) and of its reply (o, and the
  * layer's length in X-Session-Length or the reply's __metadata__).
  *
- * One attn_sess_http belongs to one thread; each call reuses its connection.
+ * One tool_sess_http belongs to one thread; each call reuses its connection.
  */
-#ifndef ATTN_SESSION_H
-#define ATTN_SESSION_H
+#ifndef TOOL_SESSION_H
+#define TOOL_SESSION_H
 
 #include "engine.h"
 #include "proto.h"
@@ -18,99 +18,99 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct attn_sess_http {
+typedef struct tool_sess_http {
   void *curl;       /* CURL * */
   void *hdr_json;   /* struct curl_slist *: JSON bodies */
   void *hdr_binary; /* safetensors bodies */
   char base[1280];  /* the server's URL without a trailing '/' */
   double timeout;   /* seconds a call may take */
   const char *me;   /* the command, for messages */
-} attn_sess_http;
+} tool_sess_http;
 
-typedef struct attn_sess_reply {
+typedef struct tool_sess_reply {
   long status;    /* HTTP status; 0 when no reply came */
   attn_sbuf body; /* NUL-terminated (body.p, malloc'd; NULL when empty) */
   int64_t length; /* X-Session-Length; -1 when the reply had none */
   double seconds; /* the exchange, curl's clock */
-} attn_sess_reply;
+} tool_sess_reply;
 
 /* url: http://HOST:PORT (a base, no query). 0, or the exit status after a
  * message on stderr starting with me (2 for a bad URL or API key). */
-int attn_sess_http_init(attn_sess_http *c, const char *url, double timeout, const char *me);
-void attn_sess_http_free(attn_sess_http *c);
+int tool_sess_http_init(tool_sess_http *c, const char *url, double timeout, const char *me);
+void tool_sess_http_free(tool_sess_http *c);
 
 /* METHOD base + path (with its query) and the body (NULL: none; binary:
  * safetensors, else JSON). 0 when an HTTP reply came (any status, in *r),
  * else 1 after a message. */
-int attn_sess_call(attn_sess_http *c, const char *method, const char *path, const void *body,
-                   size_t len, bool binary, attn_sess_reply *r);
-void attn_sess_reply_free(attn_sess_reply *r);
+int tool_sess_call(tool_sess_http *c, const char *method, const char *path, const void *body,
+                   size_t len, bool binary, tool_sess_reply *r);
+void tool_sess_reply_free(tool_sess_reply *r);
 /* An error reply as one line on stderr: "me: HTTP 409 session_conflict: ...". */
-void attn_sess_print_error(const char *me, const attn_sess_reply *r);
+void tool_sess_print_error(const char *me, const tool_sess_reply *r);
 
 /* Whether id is a session id the contract allows: 1-128 of [A-Za-z0-9._-],
  * not starting with '_' or '.'. */
-bool attn_sess_id_ok(const char *id);
+bool tool_sess_id_ok(const char *id);
 
 /* A session's parameters and its lengths (as GET /v1/sessions/{id} says). */
-typedef struct attn_sess_info {
+typedef struct tool_sess_info {
   int64_t heads_kv, head_dim, layers, max_tokens;
   attn_dtype dtype;
   double ttl_s, expires_in_s;
   int64_t reserved_bytes;
   int64_t *lengths; /* layers of them (malloc'd) */
-} attn_sess_info;
+} tool_sess_info;
 
 /* Reads a GET reply's JSON; 0, or -1 when it is not a session's. */
-int attn_sess_info_parse(const char *json, size_t len, attn_sess_info *info);
-void attn_sess_info_free(attn_sess_info *info);
+int tool_sess_info_parse(const char *json, size_t len, tool_sess_info *info);
+void tool_sess_info_free(tool_sess_info *info);
 
 /* One tensor of a call: name, dtype, [h, n, d] and its elements. */
-typedef struct attn_sess_tensor {
+typedef struct tool_sess_tensor {
   const char *name;
   attn_dtype dtype;
   int64_t shape[3];
   const void *data;
-} attn_sess_tensor;
+} tool_sess_tensor;
 
 /* A safetensors body of tensors t[0..n) (header padded to 8 bytes), in
  * *pbuf (malloc'd); 0, or -1 when out of memory. */
-int attn_sess_encode(const attn_sess_tensor *t, int n, void **pbuf, size_t *plen);
+int tool_sess_encode(const tool_sess_tensor *t, int n, void **pbuf, size_t *plen);
 /* count elements of dt uniform in [-1, 1) into buf, from the state *seed. */
-void attn_sess_random(void *buf, int64_t count, attn_dtype dt, uint64_t *seed);
+void tool_sess_random(void *buf, int64_t count, attn_dtype dt, uint64_t *seed);
 
 /* What a safetensors reply holds: o's dtype, rank and shape, its largest
  * |value| and mean |value|, whether m, l, lse came, and the __metadata__
  * "length" (-1 when absent). */
-typedef struct attn_sess_out {
+typedef struct tool_sess_out {
   attn_dtype dtype;
   int rank;
   int64_t shape[4];
   double absmax, absmean;
   bool stats;
   int64_t length;
-} attn_sess_out;
+} tool_sess_out;
 
 /* 0, or -1 with a reason in why (cap bytes) when it is not such a reply. */
-int attn_sess_reply_out(const void *body, size_t len, attn_sess_out *o, char *why, size_t cap);
+int tool_sess_reply_out(const void *body, size_t len, tool_sess_out *o, char *why, size_t cap);
 
 /* `attn load --session N --steps M` (load_session.c): N sessions, each
  * created with max_tokens prefill + steps * tokens, prefilled with prefill
  * tokens (0: none), then steps calls of `tokens` new q, k, v tokens each
  * at the position it tracks; query: more options for every call ("" or
  * "scale=0.1&..."). */
-typedef struct attn_load_session_plan {
+typedef struct tool_load_session_plan {
   const char *url, *query;
   int sessions;
   int64_t steps, prefill, tokens, heads_q, heads_kv, head_dim;
   attn_dtype dtype;
   double timeout;
   bool json;
-} attn_load_session_plan;
+} tool_load_session_plan;
 
 /* Runs the plan and prints its report (text, or one JSON object); the exit
  * status: 0 when every session was created (failed steps are counted in
  * the report), 1 otherwise, after a message. */
-int attn_load_sessions(const attn_load_session_plan *p);
+int tool_load_sessions(const tool_load_session_plan *p);
 
 #endif

@@ -76,7 +76,7 @@ static const char *const scope[128] = {
     ['p'] = "a", ['e'] = "a", ['N'] = "a", ['c'] = "a", ['s'] = "a",    ['L'] = "a", ['R'] = "a",
     ['S'] = "a", ['B'] = "a", ['C'] = "a", ['O'] = "a", ['w'] = "cgdta"};
 
-static const struct option opts[] = {ATTN_API_OPTIONS,
+static const struct option opts[] = {TOOL_API_OPTIONS,
                                      {"heads-kv", required_argument, 0, 'H'},
                                      {"head-dim", required_argument, 0, 'D'},
                                      {"dtype", required_argument, 0, 't'},
@@ -111,17 +111,17 @@ static int create_flag(int c, sess_args *a) {
   switch (c) {
   case 'H':
     a->have_heads_kv = true;
-    return attn_arg_i64("--heads-kv", optarg, 1, big, &a->heads_kv);
+    return tool_arg_i64("--heads-kv", optarg, 1, big, &a->heads_kv);
   case 'D':
     a->have_head_dim = true;
-    return attn_arg_i64("--head-dim", optarg, 1, big, &a->head_dim);
-  case 't': return attn_arg_dtype("--dtype", optarg, &a->dtype);
-  case 'l': return attn_arg_i64("--layers", optarg, 1, ATTN_KV_MAX_LAYERS, &a->layers);
+    return tool_arg_i64("--head-dim", optarg, 1, big, &a->head_dim);
+  case 't': return tool_arg_dtype("--dtype", optarg, &a->dtype);
+  case 'l': return tool_arg_i64("--layers", optarg, 1, ATTN_KV_MAX_LAYERS, &a->layers);
   case 'm':
     a->have_max_tokens = true;
-    return attn_arg_i64("--max-tokens", optarg, 1, big, &a->max_tokens);
-  case 'T': return attn_arg_double("--ttl", optarg, 1e-3, 1e9, &a->ttl);
-  case 'n': a->have_length = true; return attn_arg_i64("--length", optarg, 0, big, &a->length);
+    return tool_arg_i64("--max-tokens", optarg, 1, big, &a->max_tokens);
+  case 'T': return tool_arg_double("--ttl", optarg, 1e-3, 1e9, &a->ttl);
+  case 'n': a->have_length = true; return tool_arg_i64("--length", optarg, 0, big, &a->length);
   }
   return 1;
 }
@@ -133,19 +133,19 @@ static int attend_flag(int c, sess_args *a) {
   switch (c) {
   case 'i': a->in = optarg; return 0;
   case 'o': a->out = optarg; return 0;
-  case 'q': a->have_heads_q = true; return attn_arg_i64("--heads-q", optarg, 1, big, &a->heads_q);
-  case 'Q': a->have_seq_q = true; return attn_arg_i64("--seq-q", optarg, 1, big, &a->seq_q);
-  case 'k': return attn_arg_i64("--new", optarg, 0, big, &a->n_new);
-  case 'y': return attn_arg_i64("--layer", optarg, 0, ATTN_KV_MAX_LAYERS - 1, &a->layer);
-  case 'p': a->have_pos = true; return attn_arg_i64("--pos", optarg, 0, big, &a->pos);
+  case 'q': a->have_heads_q = true; return tool_arg_i64("--heads-q", optarg, 1, big, &a->heads_q);
+  case 'Q': a->have_seq_q = true; return tool_arg_i64("--seq-q", optarg, 1, big, &a->seq_q);
+  case 'k': return tool_arg_i64("--new", optarg, 0, big, &a->n_new);
+  case 'y': return tool_arg_i64("--layer", optarg, 0, ATTN_KV_MAX_LAYERS - 1, &a->layer);
+  case 'p': a->have_pos = true; return tool_arg_i64("--pos", optarg, 0, big, &a->pos);
   case 'e':
-    if (attn_arg_i64("--seed", optarg, 0, INT64_MAX, &seed) < 0)
+    if (tool_arg_i64("--seed", optarg, 0, INT64_MAX, &seed) < 0)
       return -1;
     a->seed = (uint64_t)seed;
     return 0;
   case 'N': attn_sbuf_puts(&a->query, "&causal=false"); return 0;
   case 'j': a->json = true; return 0;
-  case 'w': return attn_arg_double("--timeout", optarg, 1e-3, 1e7, &a->timeout);
+  case 'w': return tool_arg_double("--timeout", optarg, 1e-3, 1e7, &a->timeout);
   }
   return create_flag(c, a);
 }
@@ -165,7 +165,7 @@ static int one_flag(int c, sess_args *a) {
     return 2;
   }
   const char *name, *value;
-  int rc = attn_arg_api_option(c, optarg, ME, &a->opts, &name, &value);
+  int rc = tool_arg_api_option(c, optarg, ME, &a->opts, &name, &value);
   if (rc > 0)
     attn_sbuf_printf(&a->query, "&%s=%s", name, value);
   else if (rc == 0)
@@ -189,7 +189,7 @@ static const char *check_args(int argc, char **argv, sess_args *a) {
     return "too many arguments";
   a->url = argv[optind];
   a->id = argv[optind + 1];
-  if (!attn_sess_id_ok(a->id))
+  if (!tool_sess_id_ok(a->id))
     return "ID is 1-128 of [A-Za-z0-9._-], not starting with '_' or '.'";
   if (a->sub == 'c' && !(a->have_heads_kv && a->have_head_dim && a->have_max_tokens))
     return "create needs --heads-kv, --head-dim and --max-tokens";
@@ -233,20 +233,20 @@ static int parse(int argc, char **argv, sess_args *a) {
 
 /* method on /v1/sessions/ID + tail; 0 with a 2xx reply in *r, else 1 after
  * a message (r freed). */
-static int call(attn_sess_http *h, const sess_args *a, const char *method, const char *tail,
-                const void *body, size_t len, bool binary, attn_sess_reply *r) {
+static int call(tool_sess_http *h, const sess_args *a, const char *method, const char *tail,
+                const void *body, size_t len, bool binary, tool_sess_reply *r) {
   char path[512];
   snprintf(path, sizeof path, "/v1/sessions/%s%s", a->id, tail);
-  if (attn_sess_call(h, method, path, body, len, binary, r) != 0)
+  if (tool_sess_call(h, method, path, body, len, binary, r) != 0)
     return 1;
   if (r->status >= 200 && r->status < 300)
     return 0;
-  attn_sess_print_error(ME, r);
-  attn_sess_reply_free(r);
+  tool_sess_print_error(ME, r);
+  tool_sess_reply_free(r);
   return 1;
 }
 
-static void print_info(const sess_args *a, const attn_sess_info *in) {
+static void print_info(const sess_args *a, const tool_sess_info *in) {
   printf("session %s: %lld layer%s of %lld tokens, %lld kv heads x %lld, %s\n", a->id,
          (long long)in->layers, in->layers == 1 ? "" : "s", (long long)in->max_tokens,
          (long long)in->heads_kv, (long long)in->head_dim, attn_dtype_name(in->dtype));
@@ -257,73 +257,73 @@ static void print_info(const sess_args *a, const attn_sess_info *in) {
          in->ttl_s, in->expires_in_s);
 }
 
-static int cmd_create(attn_sess_http *h, const sess_args *a) {
+static int cmd_create(tool_sess_http *h, const sess_args *a) {
   char body[512];
   snprintf(body, sizeof body,
            "{\"heads_kv\":%lld,\"head_dim\":%lld,\"dtype\":\"%s\",\"layers\":%lld,"
            "\"max_tokens\":%lld,\"ttl_s\":%.17g}",
            (long long)a->heads_kv, (long long)a->head_dim, attn_dtype_name(a->dtype),
            (long long)a->layers, (long long)a->max_tokens, a->ttl);
-  attn_sess_reply r;
+  tool_sess_reply r;
   if (call(h, a, "PUT", "", body, strlen(body), false, &r) != 0)
     return 1;
   printf("session %s %s (HTTP %ld): %lld layer%s of %lld tokens, %lld kv heads x %lld, %s\n", a->id,
          r.status == 201 ? "created" : "exists, same parameters", r.status, (long long)a->layers,
          a->layers == 1 ? "" : "s", (long long)a->max_tokens, (long long)a->heads_kv,
          (long long)a->head_dim, attn_dtype_name(a->dtype));
-  attn_sess_reply_free(&r);
+  tool_sess_reply_free(&r);
   return 0;
 }
 
-static int cmd_get(attn_sess_http *h, const sess_args *a) {
-  attn_sess_reply r;
+static int cmd_get(tool_sess_http *h, const sess_args *a) {
+  tool_sess_reply r;
   if (call(h, a, "GET", "", NULL, 0, false, &r) != 0)
     return 1;
-  attn_sess_info in = {0};
+  tool_sess_info in = {0};
   int rc = 0;
   if (a->json) {
     printf("%s\n", r.body.p ? r.body.p : "");
-  } else if (attn_sess_info_parse(r.body.p, r.body.len, &in) == 0) {
+  } else if (tool_sess_info_parse(r.body.p, r.body.len, &in) == 0) {
     print_info(a, &in);
   } else {
     fprintf(stderr, ME ": the reply is not a session's JSON\n");
     rc = 1;
   }
-  attn_sess_info_free(&in);
-  attn_sess_reply_free(&r);
+  tool_sess_info_free(&in);
+  tool_sess_reply_free(&r);
   return rc;
 }
 
-static int cmd_delete(attn_sess_http *h, const sess_args *a) {
-  attn_sess_reply r;
+static int cmd_delete(tool_sess_http *h, const sess_args *a) {
+  tool_sess_reply r;
   if (call(h, a, "DELETE", "", NULL, 0, false, &r) != 0)
     return 1;
   printf("session %s deleted (HTTP %ld)\n", a->id, r.status);
-  attn_sess_reply_free(&r);
+  tool_sess_reply_free(&r);
   return 0;
 }
 
-static int cmd_truncate(attn_sess_http *h, const sess_args *a) {
+static int cmd_truncate(tool_sess_http *h, const sess_args *a) {
   char body[64];
   snprintf(body, sizeof body, "{\"length\":%lld}", (long long)a->length);
-  attn_sess_reply r;
+  tool_sess_reply r;
   if (call(h, a, "POST", "/truncate", body, strlen(body), false, &r) != 0)
     return 1;
   printf("session %s truncated to %lld (HTTP %ld)\n", a->id, (long long)a->length, r.status);
-  attn_sess_reply_free(&r);
+  tool_sess_reply_free(&r);
   return 0;
 }
 
 /* ---- attend ---------------------------------------------------------------- */
 
 /* The session as GET has it; 0, or 1 after a message. */
-static int get_info(attn_sess_http *h, const sess_args *a, attn_sess_info *in) {
-  attn_sess_reply r;
+static int get_info(tool_sess_http *h, const sess_args *a, tool_sess_info *in) {
+  tool_sess_reply r;
   memset(in, 0, sizeof *in);
   if (call(h, a, "GET", "", NULL, 0, false, &r) != 0)
     return 1;
-  int rc = attn_sess_info_parse(r.body.p, r.body.len, in);
-  attn_sess_reply_free(&r);
+  int rc = tool_sess_info_parse(r.body.p, r.body.len, in);
+  tool_sess_reply_free(&r);
   if (rc != 0) {
     fprintf(stderr, ME ": the reply to GET is not a session's JSON\n");
     return 1;
@@ -337,7 +337,7 @@ static int get_info(attn_sess_http *h, const sess_args *a, attn_sess_info *in) {
 }
 
 /* Random q, k, v for the session into a safetensors body. */
-static int random_body(const sess_args *a, const attn_sess_info *in, void **pbody, size_t *plen) {
+static int random_body(const sess_args *a, const tool_sess_info *in, void **pbody, size_t *plen) {
   int64_t hq = a->have_heads_q ? a->heads_q : in->heads_kv;
   int64_t nq = a->have_seq_q ? a->seq_q : (a->n_new ? a->n_new : 1), d = in->head_dim;
   size_t es = attn_dtype_size(in->dtype);
@@ -346,11 +346,11 @@ static int random_body(const sess_args *a, const attn_sess_info *in, void **pbod
   if (!mem)
     return -1;
   uint64_t seed = a->seed;
-  attn_sess_random(mem, (int64_t)(nqe + 2 * nke), in->dtype, &seed);
-  attn_sess_tensor t[3] = {{"q", in->dtype, {hq, nq, d}, mem},
+  tool_sess_random(mem, (int64_t)(nqe + 2 * nke), in->dtype, &seed);
+  tool_sess_tensor t[3] = {{"q", in->dtype, {hq, nq, d}, mem},
                            {"k", in->dtype, {in->heads_kv, a->n_new, d}, mem + nqe * es},
                            {"v", in->dtype, {in->heads_kv, a->n_new, d}, mem + (nqe + nke) * es}};
-  int rc = attn_sess_encode(t, a->n_new ? 3 : 1, pbody, plen);
+  int rc = tool_sess_encode(t, a->n_new ? 3 : 1, pbody, plen);
   free(mem);
   return rc;
 }
@@ -371,7 +371,7 @@ static int64_t file_new(const void *body, size_t len, const char *path) {
 
 /* The body: --in's file or random inputs; *n_new its new tokens. 0, or the
  * exit status after a message. */
-static int attend_body(const sess_args *a, const attn_sess_info *in, void **pbody, size_t *plen,
+static int attend_body(const sess_args *a, const tool_sess_info *in, void **pbody, size_t *plen,
                        int64_t *n_new) {
   if (!a->in) {
     *n_new = a->n_new;
@@ -380,7 +380,7 @@ static int attend_body(const sess_args *a, const attn_sess_info *in, void **pbod
     fprintf(stderr, ME ": out of memory for the inputs\n");
     return 1;
   }
-  if (attn_read_file(a->in, pbody, plen) < 0) {
+  if (tool_read_file(a->in, pbody, plen) < 0) {
     fprintf(stderr, ME ": cannot read %s: %s\n", a->in, strerror(errno));
     return 2;
   }
@@ -388,8 +388,8 @@ static int attend_body(const sess_args *a, const attn_sess_info *in, void **pbod
   return *n_new < 0 ? 2 : 0;
 }
 
-static void print_attend(const sess_args *a, const attn_sess_reply *r, int64_t pos, int64_t n_new,
-                         const attn_sess_out *o) {
+static void print_attend(const sess_args *a, const tool_sess_reply *r, int64_t pos, int64_t n_new,
+                         const tool_sess_out *o) {
   int64_t length = r->length >= 0 ? r->length : o->length;
   if (n_new)
     printf("session %s layer %lld: %lld new at pos %lld -> length %lld (HTTP %ld, %.3f ms)\n",
@@ -406,15 +406,15 @@ static void print_attend(const sess_args *a, const attn_sess_reply *r, int64_t p
 }
 
 /* The reply: the summary, and the file --out names. */
-static int attend_reply(const sess_args *a, const attn_sess_reply *r, int64_t pos, int64_t n_new) {
-  attn_sess_out o;
+static int attend_reply(const sess_args *a, const tool_sess_reply *r, int64_t pos, int64_t n_new) {
+  tool_sess_out o;
   char why[128];
-  if (attn_sess_reply_out(r->body.p, r->body.len, &o, why, sizeof why) != 0) {
+  if (tool_sess_reply_out(r->body.p, r->body.len, &o, why, sizeof why) != 0) {
     fprintf(stderr, ME ": %s\n", why);
     return 1;
   }
   print_attend(a, r, pos, n_new, &o);
-  if (a->out && attn_write_file(a->out, r->body.p, r->body.len) < 0) {
+  if (a->out && tool_write_file(a->out, r->body.p, r->body.len) < 0) {
     fprintf(stderr, ME ": cannot write %s: %s\n", a->out, strerror(errno));
     return 1;
   }
@@ -423,8 +423,8 @@ static int attend_reply(const sess_args *a, const attn_sess_reply *r, int64_t po
   return 0;
 }
 
-static int cmd_attend(attn_sess_http *h, const sess_args *a) {
-  attn_sess_info in;
+static int cmd_attend(tool_sess_http *h, const sess_args *a) {
+  tool_sess_info in;
   int rc = get_info(h, a, &in);
   void *body = NULL;
   size_t len = 0;
@@ -438,19 +438,19 @@ static int cmd_attend(attn_sess_http *h, const sess_args *a) {
     if (n_new)
       n += snprintf(tail + n, sizeof tail - (size_t)n, "&pos=%lld", (long long)pos);
     snprintf(tail + n, sizeof tail - (size_t)n, "%s", a->query.p ? a->query.p : "");
-    attn_sess_reply r;
+    tool_sess_reply r;
     rc = call(h, a, "POST", tail, body, len, true, &r);
     if (rc == 0) {
       rc = attend_reply(a, &r, pos, n_new);
-      attn_sess_reply_free(&r);
+      tool_sess_reply_free(&r);
     }
   }
   free(body);
-  attn_sess_info_free(&in);
+  tool_sess_info_free(&in);
   return rc;
 }
 
-int attn_cmd_session(int argc, char **argv) {
+int tool_cmd_session(int argc, char **argv) {
   sess_args a = {.layers = 1, .ttl = 600, .timeout = 30, .n_new = 1, .seed = 1, .dtype = ATTN_F32};
   int rc = parse(argc, argv, &a);
   if (rc != 0) {
@@ -461,15 +461,15 @@ int attn_cmd_session(int argc, char **argv) {
     fprintf(stderr, ME ": cannot initialize libcurl\n");
     return 1;
   }
-  attn_sess_http h;
-  if ((rc = attn_sess_http_init(&h, a.url, a.timeout, ME)) == 0) {
-    int (*const fn[])(attn_sess_http *, const sess_args *) = {['c'] = cmd_create,
+  tool_sess_http h;
+  if ((rc = tool_sess_http_init(&h, a.url, a.timeout, ME)) == 0) {
+    int (*const fn[])(tool_sess_http *, const sess_args *) = {['c'] = cmd_create,
                                                               ['g'] = cmd_get,
                                                               ['d'] = cmd_delete,
                                                               ['t'] = cmd_truncate,
                                                               ['a'] = cmd_attend};
     rc = fn[(unsigned char)a.sub](&h, &a);
-    attn_sess_http_free(&h);
+    tool_sess_http_free(&h);
   }
   curl_global_cleanup();
   free(a.query.p);

@@ -15,14 +15,14 @@
 #include <strings.h>
 
 static size_t on_body(char *data, size_t size, size_t nmemb, void *arg) {
-  attn_sess_reply *r = arg;
+  tool_sess_reply *r = arg;
   size_t n = size * nmemb;
   attn_sbuf_put(&r->body, data, n);
   return r->body.oom ? 0 : n; /* 0: curl fails the transfer */
 }
 
 static size_t on_header(char *data, size_t size, size_t nmemb, void *arg) {
-  attn_sess_reply *r = arg;
+  tool_sess_reply *r = arg;
   size_t n = size * nmemb;
   static const char name[] = "X-Session-Length:";
   if (n > sizeof name && strncasecmp(data, name, sizeof name - 1) == 0) {
@@ -50,9 +50,9 @@ static struct curl_slist *headers(const char *type, const char *key) {
   return h ? curl_slist_append(h, "Expect:") : NULL;
 }
 
-static int base_url(attn_sess_http *c, const char *url) {
+static int base_url(tool_sess_http *c, const char *url) {
   attn_status st;
-  if (attn_url_base(url, &st) != 0) {
+  if (tool_url_base(url, &st) != 0) {
     fprintf(stderr, "%s: %s\n", c->me, st.message);
     return 2;
   }
@@ -67,13 +67,13 @@ static int base_url(attn_sess_http *c, const char *url) {
   return 0;
 }
 
-int attn_sess_http_init(attn_sess_http *c, const char *url, double timeout, const char *me) {
+int tool_sess_http_init(tool_sess_http *c, const char *url, double timeout, const char *me) {
   memset(c, 0, sizeof *c);
   c->me = me;
   c->timeout = timeout;
   int rc = base_url(c, url);
   bool bad_key;
-  const char *key = attn_arg_api_key(me, &bad_key);
+  const char *key = tool_arg_api_key(me, &bad_key);
   if (rc != 0 || bad_key)
     return 2;
   c->curl = curl_easy_init();
@@ -81,13 +81,13 @@ int attn_sess_http_init(attn_sess_http *c, const char *url, double timeout, cons
   c->hdr_binary = headers("application/octet-stream", key);
   if (!c->curl || !c->hdr_json || !c->hdr_binary) {
     fprintf(stderr, "%s: cannot initialize libcurl\n", me);
-    attn_sess_http_free(c);
+    tool_sess_http_free(c);
     return 1;
   }
   return 0;
 }
 
-void attn_sess_http_free(attn_sess_http *c) {
+void tool_sess_http_free(tool_sess_http *c) {
   if (c->curl)
     curl_easy_cleanup(c->curl);
   curl_slist_free_all(c->hdr_json);
@@ -107,15 +107,15 @@ static void set_method(CURL *h, const char *method, const void *body, size_t len
   curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, plain ? NULL : method);
 }
 
-static void set_reply(CURL *h, attn_sess_reply *r) {
+static void set_reply(CURL *h, tool_sess_reply *r) {
   curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
   curl_easy_setopt(h, CURLOPT_WRITEDATA, r);
   curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
   curl_easy_setopt(h, CURLOPT_HEADERDATA, r);
 }
 
-int attn_sess_call(attn_sess_http *c, const char *method, const char *path, const void *body,
-                   size_t len, bool binary, attn_sess_reply *r) {
+int tool_sess_call(tool_sess_http *c, const char *method, const char *path, const void *body,
+                   size_t len, bool binary, tool_sess_reply *r) {
   CURL *h = c->curl;
   char url[4096], err[CURL_ERROR_SIZE] = "";
   snprintf(url, sizeof url, "%s%s", c->base, path);
@@ -142,12 +142,12 @@ int attn_sess_call(attn_sess_http *c, const char *method, const char *path, cons
   return 0;
 }
 
-void attn_sess_reply_free(attn_sess_reply *r) {
+void tool_sess_reply_free(tool_sess_reply *r) {
   free(r->body.p);
   r->body = (attn_sbuf){0};
 }
 
-void attn_sess_print_error(const char *me, const attn_sess_reply *r) {
+void tool_sess_print_error(const char *me, const tool_sess_reply *r) {
   cJSON *j = r->body.p ? cJSON_ParseWithLength(r->body.p, r->body.len) : NULL;
   const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "error");
   const cJSON *code = cJSON_GetObjectItemCaseSensitive(e, "code");
@@ -159,7 +159,7 @@ void attn_sess_print_error(const char *me, const attn_sess_reply *r) {
   cJSON_Delete(j);
 }
 
-bool attn_sess_id_ok(const char *id) {
+bool tool_sess_id_ok(const char *id) {
   size_t n = strlen(id);
   if (n < 1 || n > 128 || id[0] == '_' || id[0] == '.')
     return false;
@@ -181,7 +181,7 @@ static bool int_field(const cJSON *j, const char *name, int64_t *out) {
   return true;
 }
 
-static int parse_lengths(const cJSON *j, attn_sess_info *info) {
+static int parse_lengths(const cJSON *j, tool_sess_info *info) {
   const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "lengths");
   if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != info->layers)
     return -1;
@@ -194,7 +194,7 @@ static int parse_lengths(const cJSON *j, attn_sess_info *info) {
   return 0;
 }
 
-int attn_sess_info_parse(const char *json, size_t len, attn_sess_info *info) {
+int tool_sess_info_parse(const char *json, size_t len, tool_sess_info *info) {
   memset(info, 0, sizeof *info);
   cJSON *j = cJSON_ParseWithLength(json, len);
   const cJSON *dt = cJSON_GetObjectItemCaseSensitive(j, "dtype");
@@ -213,7 +213,7 @@ int attn_sess_info_parse(const char *json, size_t len, attn_sess_info *info) {
   return rc;
 }
 
-void attn_sess_info_free(attn_sess_info *info) {
+void tool_sess_info_free(tool_sess_info *info) {
   free(info->lengths);
   info->lengths = NULL;
 }

@@ -12,13 +12,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-static size_t tensor_bytes(const attn_sess_tensor *t) {
+static size_t tensor_bytes(const tool_sess_tensor *t) {
   return (size_t)(t->shape[0] * t->shape[1] * t->shape[2]) * attn_dtype_size(t->dtype);
 }
 
 /* The header JSON of t[0..n) into b, padded with spaces so that the data
  * starts at a multiple of 8 bytes after the 8-byte length. */
-static void header(const attn_sess_tensor *t, int n, attn_sbuf *b) {
+static void header(const tool_sess_tensor *t, int n, attn_sbuf *b) {
   size_t off = 0;
   attn_sbuf_puts(b, "{");
   for (int i = 0; i < n; i++) {
@@ -35,7 +35,7 @@ static void header(const attn_sess_tensor *t, int n, attn_sbuf *b) {
     attn_sbuf_puts(b, " ");
 }
 
-int attn_sess_encode(const attn_sess_tensor *t, int n, void **pbuf, size_t *plen) {
+int tool_sess_encode(const tool_sess_tensor *t, int n, void **pbuf, size_t *plen) {
   attn_sbuf h = {0};
   header(t, n, &h);
   size_t data = 0;
@@ -69,7 +69,7 @@ static uint64_t next(uint64_t *s) {
   return z ^ (z >> 31);
 }
 
-void attn_sess_random(void *buf, int64_t count, attn_dtype dt, uint64_t *seed) {
+void tool_sess_random(void *buf, int64_t count, attn_dtype dt, uint64_t *seed) {
   for (int64_t i = 0; i < count; i++) {
     float x = (float)((double)(next(seed) >> 11) * 0x1p-52 - 1.0); /* [-1, 1) */
     if (dt == ATTN_F32)
@@ -94,7 +94,7 @@ static double element(const unsigned char *p, attn_dtype dt, size_t i) {
 }
 
 /* o's entry of the header: dtype, shape, data offsets; 0 or -1. */
-static int o_entry(const cJSON *hdr, attn_sess_out *o, size_t *begin, size_t *end) {
+static int o_entry(const cJSON *hdr, tool_sess_out *o, size_t *begin, size_t *end) {
   const cJSON *e = cJSON_GetObjectItemCaseSensitive(hdr, "o");
   const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
   const cJSON *sh = cJSON_GetObjectItemCaseSensitive(e, "shape");
@@ -110,7 +110,7 @@ static int o_entry(const cJSON *hdr, attn_sess_out *o, size_t *begin, size_t *en
   return *end >= *begin ? 0 : -1;
 }
 
-static void summary(const unsigned char *data, size_t n, attn_sess_out *o) {
+static void summary(const unsigned char *data, size_t n, tool_sess_out *o) {
   double mx = 0, sum = 0;
   for (size_t i = 0; i < n; i++) {
     double a = fabs(element(data, o->dtype, i));
@@ -121,13 +121,13 @@ static void summary(const unsigned char *data, size_t n, attn_sess_out *o) {
   o->absmean = n ? sum / (double)n : 0;
 }
 
-static void meta_length(const cJSON *hdr, attn_sess_out *o) {
+static void meta_length(const cJSON *hdr, tool_sess_out *o) {
   const cJSON *m = cJSON_GetObjectItemCaseSensitive(hdr, "__metadata__");
   const cJSON *len = cJSON_GetObjectItemCaseSensitive(m, "length");
   o->length = cJSON_IsString(len) ? strtoll(len->valuestring, NULL, 10) : -1;
 }
 
-int attn_sess_reply_out(const void *body, size_t len, attn_sess_out *o, char *why, size_t cap) {
+int tool_sess_reply_out(const void *body, size_t len, tool_sess_out *o, char *why, size_t cap) {
   const unsigned char *p = body;
   memset(o, 0, sizeof *o);
   uint64_t hl = 0;

@@ -317,6 +317,31 @@ uint64_t attn_request_pairs(const attn_request *r);
  * dP, dK and dQ), the convention of FlashAttention's papers. */
 double attn_request_flops(const attn_request *r);
 
+/* Sequence b of a valid variable-length request r as a problem of its own,
+ * the one the engine runs for it: batch 1, the sequence's own seq_q and
+ * seq_kv (either may be 0), pointers at its first rows, strides filled, no
+ * cu_seqlens and no statistics (they are packed [Hq, total] in r). */
+void attn_request_sequence(const attn_request *r, int64_t b, attn_request *sub);
+
+/* ---- the float64 yardstick (reference.c, reference_bwd.c) -------------- */
+
+/*
+ * Standard attention in float64 on a valid request (one problem: no
+ * cu_seqlens, no pages; attn_request_sequence() cuts a variable-length batch
+ * into problems): o is [B, Hq, Nq, D] and m, l, lse [B, Hq, Nq], all
+ * contiguous doubles (the statistics may be NULL). Returns 0 or an error
+ * (ATTN_ENONFINITE naming the element for a non-finite input).
+ */
+int attn_reference(const attn_request *r, double *o, double *m, double *l, double *lse,
+                   attn_status *st);
+
+/*
+ * Its backward pass: dq [B, Hq, Nq, D], dk and dv [B, Hkv, Nkv, D],
+ * contiguous doubles. Returns 0 or an error.
+ */
+int attn_reference_backward(const attn_request *r, double *dq, double *dk, double *dv,
+                            attn_status *st);
+
 /* ---- the memory plan (seed exercise 1) --------------------------------- */
 
 typedef struct attn_plan_params {

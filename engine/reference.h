@@ -4,10 +4,12 @@
  * It does what the seed's "standard attention" does, one head at a time:
  * S = scale·Q Kᵀ materialized whole, the mask applied by the definition in
  * docs/design.md (element by element, sharing no code with the tiled kernels),
- * P = safe softmax(S) row by row, O = P V. Exposed here for the tests, which
- * need float64 outputs; the "reference" backend (reference_backend.c) wraps
- * it for users. It holds no engine state: any program linking libattn.a
- * can call it.
+ * P = safe softmax(S) row by row, O = P V. The whole-request entries,
+ * attn_reference() and attn_reference_backward(), are public in engine.h;
+ * the pieces here (a head, its scratch, its inputs widened) are for the
+ * tests, which need float64 outputs, and for the "reference" backend
+ * (reference_backend.c), which wraps them for users. It holds no engine
+ * state: any program linking libattn.a can call it.
  */
 #ifndef ATTN_REFERENCE_H
 #define ATTN_REFERENCE_H
@@ -32,14 +34,6 @@ int attn_reference_head(const attn_request *r, int64_t b, int64_t h, double *S, 
 int attn_reference_scratch(const attn_request *r, double **S, double **P, attn_status *st);
 
 /*
- * The whole request: o is [B, Hq, Nq, D] and m, l, lse [B, Hq, Nq], all
- * contiguous doubles (the statistics may be NULL). Allocates S and P for one
- * head at a time. Returns 0 or an error.
- */
-int attn_reference(const attn_request *r, double *o, double *m, double *l, double *lse,
-                   attn_status *st);
-
-/*
  * Rows [0, n) of one (batch b, head h) of a tensor (base, strides s, the
  * request's dtype) widened to float64, n × D row-major into dst. Refuses a
  * non-finite element with ATTN_ENONFINITE, naming `name` and the element.
@@ -56,12 +50,5 @@ int attn_reference_load(const attn_request *r, const char *name, const void *bas
  */
 int attn_reference_backward_group(const attn_request *r, int64_t b, int64_t hk, double *S,
                                   double *P, double *dq, double *dk, double *dv, attn_status *st);
-
-/*
- * The whole backward request: dq [B, Hq, Nq, D], dk and dv [B, Hkv, Nkv, D],
- * contiguous doubles. Returns 0 or an error.
- */
-int attn_reference_backward(const attn_request *r, double *dq, double *dk, double *dv,
-                            attn_status *st);
 
 #endif

@@ -450,3 +450,7 @@ double attn_request_flops(const attn_request *r) {
   double fwd = 4.0 * (double)r->head_dim * (double)attn_request_visible_pairs(r);
   return r->pass == ATTN_BACKWARD ? 2.5 * fwd : fwd;
 }
+
+void attn_request_sequence(const attn_request *r, int64_t b, attn_request *sub) {
+  attn__varlen_sub(r, b, sub);
+}

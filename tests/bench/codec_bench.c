@@ -26,7 +26,7 @@ static double time_it(timed_fn fn, void *arg, int reps) {
   fn(arg); /* warm-up */
   for (int i = 0; i < reps; i++)
     t[i] = fn(arg);
-  return attn_bench_median(t, reps);
+  return tool_bench_median(t, reps);
 }
 
 typedef struct ctx {
@@ -39,21 +39,21 @@ typedef struct ctx {
 
 static double run_memcpy(void *a) {
   ctx *c = a;
-  double t0 = attn_bench_now();
+  double t0 = tool_bench_now();
   memcpy(c->dst, c->body, c->len);
-  return attn_bench_now() - t0;
+  return tool_bench_now() - t0;
 }
 
 static double run_st_decode(void *a) {
   ctx *c = a;
   attn_proto_req pr;
   attn_status st;
-  double t0 = attn_bench_now();
+  double t0 = tool_bench_now();
   if (attn_proto_decode_safetensors(c->body, c->len, NULL, &pr, &st) < 0) {
     fprintf(stderr, "bench: %s\n", st.message);
     exit(1);
   }
-  double t = attn_bench_now() - t0;
+  double t = tool_bench_now() - t0;
   attn_proto_req_free(&pr);
   return t;
 }
@@ -62,19 +62,19 @@ static double run_st_encode(void *a) {
   ctx *c = a;
   void *buf;
   attn_status st;
-  double t0 = attn_bench_now();
+  double t0 = tool_bench_now();
   if (attn_proto_encode_safetensors(&c->pr, &buf, &c->out_len, &st) < 0)
     exit(1);
-  double t = attn_bench_now() - t0;
+  double t = tool_bench_now() - t0;
   free(buf);
   return t;
 }
 
 static double run_cjson(void *a) {
   ctx *c = a;
-  double t0 = attn_bench_now();
+  double t0 = tool_bench_now();
   cJSON *j = cJSON_ParseWithLength(c->body, c->len);
-  double t = attn_bench_now() - t0;
+  double t = tool_bench_now() - t0;
   if (!j)
     exit(1);
   cJSON_Delete(j);
@@ -85,12 +85,12 @@ static double run_json_decode(void *a) {
   ctx *c = a;
   attn_proto_req pr;
   attn_status st;
-  double t0 = attn_bench_now();
+  double t0 = tool_bench_now();
   if (attn_proto_decode_json(c->body, c->len, NULL, &pr, &st) < 0) {
     fprintf(stderr, "bench: %s\n", st.message);
     exit(1);
   }
-  double t = attn_bench_now() - t0;
+  double t = tool_bench_now() - t0;
   attn_proto_req_free(&pr);
   return t;
 }
@@ -99,10 +99,10 @@ static double run_json_encode(void *a) {
   ctx *c = a;
   char *buf;
   attn_status st;
-  double t0 = attn_bench_now();
+  double t0 = tool_bench_now();
   if (attn_proto_encode_json(&c->pr, "cpu", &buf, &c->out_len, &st) < 0)
     exit(1);
-  double t = attn_bench_now() - t0;
+  double t = tool_bench_now() - t0;
   free(buf);
   return t;
 }
@@ -114,10 +114,10 @@ static void report(const char *what, size_t bytes, double t, double base) {
 
 int main(void) {
   const int reps = 5;
-  attn_bench_case bc;
+  tool_bench_case bc;
   attn_status st;
   /* safetensors: q, k, v [1, 16, 5461, 64] F32 = 3 x 22.4 MB */
-  if (attn_bench_case_init(&bc, 1, 16, 16, 5461, 5461, 64, ATTN_F32, false, 3) < 0)
+  if (tool_bench_case_init(&bc, 1, 16, 16, 5461, 5461, 64, ATTN_F32, false, 3) < 0)
     return 1;
   ctx c = {0};
   void *sb;
@@ -141,10 +141,10 @@ int main(void) {
   attn_proto_req_free(&c.pr);
   free(c.body);
   free(c.dst);
-  attn_bench_case_free(&bc);
+  tool_bench_case_free(&bc);
 
   /* JSON: q, k, v [1, 1, 5461, 64] F32 as the shortest text, about 10 MB */
-  if (attn_bench_case_init(&bc, 1, 1, 1, 5461, 5461, 64, ATTN_F32, false, 4) < 0)
+  if (tool_bench_case_init(&bc, 1, 1, 1, 5461, 5461, 64, ATTN_F32, false, 4) < 0)
     return 1;
   c = (ctx){0};
   char *jb;
@@ -165,7 +165,7 @@ int main(void) {
   report("encode o", c.out_len, te, tc * (double)c.out_len / (double)c.len);
   attn_proto_req_free(&c.pr);
   free(c.body);
-  attn_bench_case_free(&bc);
+  tool_bench_case_free(&bc);
   printf("\nthe last column: the baseline's time for the same bytes over the codec's time.\n");
   return 0;
 }

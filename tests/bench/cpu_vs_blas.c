@@ -71,7 +71,7 @@ static void softmax_rows(float *S, int64_t n, bool causal) {
 static double standard(const attn_request *r, float *S, float *out, bool with_softmax) {
   const int64_t n = r->seq_q, d = r->head_dim;
   const float scale = 1.0f / sqrtf((float)d);
-  double t0 = attn_bench_now();
+  double t0 = tool_bench_now();
   for (int64_t h = 0; h < r->heads_q; h++) {
     const float *q = (const float *)r->q + h * n * d, *k = (const float *)r->k + h * n * d;
     const float *v = (const float *)r->v + h * n * d;
@@ -83,7 +83,7 @@ static double standard(const attn_request *r, float *S, float *out, bool with_so
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)d, (int)n, 1.0f, S, (int)n,
                 v, (int)d, 0.0f, o, (int)d);
   }
-  return attn_bench_now() - t0;
+  return tool_bench_now() - t0;
 }
 
 static double median_of(const attn_request *r, float *S, float *out, bool sm, int reps) {
@@ -91,7 +91,7 @@ static double median_of(const attn_request *r, float *S, float *out, bool sm, in
   standard(r, S, out, sm); /* warm-up */
   for (int i = 0; i < reps; i++)
     t[i] = standard(r, S, out, sm);
-  return attn_bench_median(t, reps);
+  return tool_bench_median(t, reps);
 }
 
 /* ||a - b|| / ||b|| */
@@ -148,25 +148,25 @@ int main(int argc, char **argv) {
     }
     for (int causal = 0; causal < 2; causal++)
       for (int threads = 1; threads <= 2; threads++) {
-        attn_bench_case c;
-        if (attn_bench_case_init(&c, 1, s->heads, s->heads, s->seq, s->seq, s->dim, ATTN_F32,
+        tool_bench_case c;
+        if (tool_bench_case_init(&c, 1, s->heads, s->heads, s->seq, s->seq, s->dim, ATTN_F32,
                                  causal, 7) < 0) {
           fprintf(stderr, "bench: out of memory\n");
           return 1;
         }
         attn_status st;
-        attn_engine *e = attn_bench_open(threads, NULL, &st);
+        attn_engine *e = tool_bench_open(threads, NULL, &st);
         if (!e) {
           fprintf(stderr, "bench: %s\n", st.message);
           return 1;
         }
         c.req.backend = "cpu";
-        double tf = attn_bench_engine(e, &c.req, reps, &st);
+        double tf = tool_bench_engine(e, &c.req, reps, &st);
         attn_engine_close(e);
         if (tf < 0) {
           fprintf(stderr, "bench: %s\n", st.message);
           rc = 1;
-          attn_bench_case_free(&c);
+          tool_bench_case_free(&c);
           continue;
         }
         double flops = attn_request_flops(&c.req);
@@ -181,7 +181,7 @@ int main(int argc, char **argv) {
                threads, tf * 1e3, flops / tf * 1e-9, full / tg * 1e-9, ts * 1e3, flops / ts * 1e-9,
                (flops / tf) / (full / tg), ts / tf, diff);
         fflush(stdout);
-        attn_bench_case_free(&c);
+        tool_bench_case_free(&c);
       }
     free(S);
     free(out);

@@ -169,7 +169,7 @@ static int write_grads(const peers_args *a, const attn_request *r) {
 
 static int run(const peers_args *a, attn_proto_req *pr) {
   attn_status st = {0};
-  attn_engine *e = attn_bench_open(a->threads, a->isa, &st);
+  attn_engine *e = tool_bench_open(a->threads, a->isa, &st);
   if (!e) {
     fprintf(stderr, "bench-peers-attn: %s\n", st.message);
     return 1;
@@ -184,7 +184,7 @@ static int run(const peers_args *a, attn_proto_req *pr) {
     attn_engine_close(e);
     return 1;
   }
-  double sec = attn_bench_engine(e, &pr->req, a->reps, &st);
+  double sec = tool_bench_engine(e, &pr->req, a->reps, &st);
   int rc = 0;
   if (sec < 0) {
     fprintf(stderr, "bench-peers-attn: %s\n", st.message);

@@ -151,7 +151,7 @@ static void load_vs_wrk(const char *attnd, const char *attn, const char *body, i
 
 /* Writes c's request as a safetensors body to path, its length into *plen;
  * -1 when it cannot. */
-static int save_body(const attn_bench_case *c, const char *path, size_t *plen) {
+static int save_body(const tool_bench_case *c, const char *path, size_t *plen) {
   size_t len = 0;
   void *body = NULL;
   attn_status st;
@@ -187,8 +187,8 @@ int main(int argc, char **argv) {
          "c=1 mean", "c=1 p50", "c=1 p99", "overhead", "c=4 req/s");
   int rc = 0;
   for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
-    attn_bench_case c;
-    if (attn_bench_case_init(&c, 1, sizes[i].heads, sizes[i].heads, sizes[i].seq, sizes[i].seq,
+    tool_bench_case c;
+    if (tool_bench_case_init(&c, 1, sizes[i].heads, sizes[i].heads, sizes[i].seq, sizes[i].seq,
                              sizes[i].dim, sizes[i].dt, false, 5) < 0)
       return 1;
     char path[256];
@@ -200,8 +200,8 @@ int main(int argc, char **argv) {
     }
     /* the engine alone, with the server's threads (one per core) */
     attn_status st;
-    attn_engine *e = attn_bench_open(0, NULL, &st);
-    double te = e ? attn_bench_engine(e, &c.req, 20, &st) : -1;
+    attn_engine *e = tool_bench_open(0, NULL, &st);
+    double te = e ? tool_bench_engine(e, &c.req, 20, &st) : -1;
     attn_engine_close(e);
     int port = free_port();
     pid_t pid = port > 0 ? start_attnd(attnd, port) : -1;
@@ -230,7 +230,7 @@ int main(int argc, char **argv) {
            (double)len * 1e-6, te * 1e3, one.mean_ms, one.p50_ms, one.p99_ms,
            one.mean_ms / (te * 1e3), four.rps);
     fflush(stdout);
-    attn_bench_case_free(&c);
+    tool_bench_case_free(&c);
   }
   int port = free_port();
   pid_t pid = start_attnd(attnd, port);
@@ -243,14 +243,14 @@ int main(int argc, char **argv) {
     stop_attnd(pid);
   }
   /* The body the old make test comparison used: [1, 2, 64, 64] F32. */
-  attn_bench_case lc;
+  tool_bench_case lc;
   char lpath[256];
   snprintf(lpath, sizeof lpath, "%s/load.safetensors", dir);
-  if (attn_bench_case_init(&lc, 1, 2, 2, 64, 64, 64, ATTN_F32, false, 7) == 0) {
+  if (tool_bench_case_init(&lc, 1, 2, 2, 64, 64, 64, ATTN_F32, false, 7) == 0) {
     size_t len;
     if (save_body(&lc, lpath, &len) == 0)
       load_vs_wrk(attnd, attn, lpath, seconds);
-    attn_bench_case_free(&lc);
+    tool_bench_case_free(&lc);
   }
   printf("overhead: mean latency on one connection over the engine-only time (median of 20).\n");
   return rc;

@@ -291,13 +291,13 @@ Test(infer, json_with_out_asks_for_safetensors) {
   tprob p = tprob_make(1, 2, 2, 40, 40, 16, ATTN_BF16);
   tcase c;
   tcase_init(&c, &p, 1);
-  attn_bench_case bc;
-  cr_assert_eq(attn_bench_case_init(&bc, 1, 2, 2, 40, 40, 16, ATTN_BF16, false, 7), 0);
+  tool_bench_case bc;
+  cr_assert_eq(tool_bench_case_init(&bc, 1, 2, 2, 40, 40, 16, ATTN_BF16, false, 7), 0);
   size_t nb = 2 * 40 * 16 * 2;
   memcpy(c.q, bc.req.q, nb);
   memcpy(c.k, bc.req.k, nb);
   memcpy(c.v, bc.req.v, nb);
-  attn_bench_case_free(&bc);
+  tool_bench_case_free(&bc);
   char outp[128];
   tmp_path("json-out.safetensors", outp, sizeof outp);
   char *out;
@@ -701,8 +701,8 @@ Test(infer, varlen_in_file_check) {
   srv_start(&S, NULL);
   static const int64_t cq[4] = {0, 7, 7, 20}, ck[4] = {0, 4, 9, 9};
   static const float slopes[6] = {0.5f, 0.25f, 1, 2, 0.125f, 4};
-  attn_bench_case bc;
-  cr_assert_eq(attn_bench_case_init(&bc, 1, 2, 1, 20, 9, 24, ATTN_F16, false, 3), 0);
+  tool_bench_case bc;
+  cr_assert_eq(tool_bench_case_init(&bc, 1, 2, 1, 20, 9, 24, ATTN_F16, false, 3), 0);
   bc.req.batch = 3;
   bc.req.cu_seqlens_q = cq;
   bc.req.cu_seqlens_kv = ck;
@@ -727,7 +727,7 @@ Test(infer, varlen_in_file_check) {
   unlink(in);
   free(body);
   bc.req.batch = 1;
-  attn_bench_case_free(&bc);
+  tool_bench_case_free(&bc);
 }
 
 /* A well-formed but wrong reply to a varlen request (o all zeros) fails

@@ -49,8 +49,8 @@ static void expect_same_request(const attn_request *want, const attn_proto_req *
 }
 
 static void request_round_trip(attn_dtype dt, bool json, bool with_opts) {
-  attn_bench_case bc;
-  cr_assert_eq(attn_bench_case_init(&bc, 2, 4, 2, 5, 7, 8, dt, false, 11), 0);
+  tool_bench_case bc;
+  cr_assert_eq(tool_bench_case_init(&bc, 2, 4, 2, 5, 7, 8, dt, false, 11), 0);
   attn_options o, *po = NULL;
   if (with_opts) {
     opts_example(&o);
@@ -74,7 +74,7 @@ static void request_round_trip(attn_dtype dt, bool json, bool with_opts) {
   expect_same_request(&bc.req, &pr, po);
   attn_proto_req_free(&pr);
   free(body);
-  attn_bench_case_free(&bc);
+  tool_bench_case_free(&bc);
 }
 
 Test(client_codecs, request_safetensors_round_trips) {
@@ -110,8 +110,8 @@ Test(client_codecs, request_without_tensors_is_refused) {
 static void varlen_round_trip(bool json, attn_pass pass) {
   static const int64_t cq[4] = {0, 3, 3, 5}, ck[4] = {0, 2, 6, 6};
   static const float slopes[6] = {0.5f, 0.25f, 0.125f, 1, 2, 4};
-  attn_bench_case bc;
-  cr_assert_eq(attn_bench_case_init(&bc, 1, 2, 1, 5, 6, 3, ATTN_F16, false, 5), 0);
+  tool_bench_case bc;
+  cr_assert_eq(tool_bench_case_init(&bc, 1, 2, 1, 5, 6, 3, ATTN_F16, false, 5), 0);
   float lse[10];
   for (int i = 0; i < 10; i++)
     lse[i] = (float)i / 4;
@@ -166,7 +166,7 @@ static void varlen_round_trip(bool json, attn_pass pass) {
   pr.req.batch = got.batch;
   attn_proto_req_free(&pr);
   free(body);
-  attn_bench_case_free(&bc);
+  tool_bench_case_free(&bc);
 }
 
 Test(client_codecs, varlen_requests_round_trip) {
@@ -178,8 +178,8 @@ Test(client_codecs, varlen_requests_round_trip) {
 
 Test(client_codecs, varlen_request_needs_both_offsets) {
   static const int64_t cq[2] = {0, 5};
-  attn_bench_case bc;
-  cr_assert_eq(attn_bench_case_init(&bc, 1, 1, 1, 5, 5, 4, ATTN_F32, false, 5), 0);
+  tool_bench_case bc;
+  cr_assert_eq(tool_bench_case_init(&bc, 1, 1, 1, 5, 5, 4, ATTN_F32, false, 5), 0);
   bc.req.cu_seqlens_q = cq;
   attn_status st;
   char *jb = NULL;
@@ -188,7 +188,7 @@ Test(client_codecs, varlen_request_needs_both_offsets) {
   cr_expect(strstr(st.message, "cu_seqlens_kv") != NULL, "%s", st.message);
   cr_expect_null(jb);
   bc.req.cu_seqlens_q = NULL;
-  attn_bench_case_free(&bc);
+  tool_bench_case_free(&bc);
 }
 
 /* ---- replies ----------------------------------------------------------------- */
@@ -196,13 +196,13 @@ Test(client_codecs, varlen_request_needs_both_offsets) {
 /* A request [1, 2, 3, 5] decoded from its body (so pr has shapes and output
  * buffers) with o and the statistics filled with awkward values. */
 typedef struct reply_fixture {
-  attn_bench_case bc;
+  tool_bench_case bc;
   void *body;
   attn_proto_req pr;
 } reply_fixture;
 
 static void fixture(reply_fixture *f, attn_dtype dt, bool stats) {
-  cr_assert_eq(attn_bench_case_init(&f->bc, 1, 2, 1, 3, 4, 5, dt, false, 3), 0);
+  cr_assert_eq(tool_bench_case_init(&f->bc, 1, 2, 1, 3, 4, 5, dt, false, 3), 0);
   attn_options o;
   attn_options_init(&o);
   attn_status st;
@@ -225,7 +225,7 @@ static void fixture(reply_fixture *f, attn_dtype dt, bool stats) {
 static void fixture_free(reply_fixture *f) {
   attn_proto_req_free(&f->pr);
   free(f->body);
-  attn_bench_case_free(&f->bc);
+  tool_bench_case_free(&f->bc);
 }
 
 /* Decodes reply into a copy of f's request (zeroed outputs) and compares. */
@@ -358,13 +358,13 @@ Test(client_codecs, malformed_safetensors_replies_are_refused) {
 /* A backward request [2, 4, 5, 8] with KV [2, 2, 7, 8]: q, k, v from the
  * bench case, o and do made up, lse with a -inf (a row that sees no key). */
 typedef struct bwd_fixture {
-  attn_bench_case bc;
+  tool_bench_case bc;
   void *o, *dout;
   float lse[40];
 } bwd_fixture;
 
 static void bwd_fixture_init(bwd_fixture *f, attn_dtype dt, bool with_lse) {
-  cr_assert_eq(attn_bench_case_init(&f->bc, 2, 4, 2, 5, 7, 8, dt, false, 5), 0);
+  cr_assert_eq(tool_bench_case_init(&f->bc, 2, 4, 2, 5, 7, 8, dt, false, 5), 0);
   size_t n = 2 * 4 * 5 * 8;
   f->o = malloc(n * attn_dtype_size(dt));
   f->dout = malloc(n * attn_dtype_size(dt));
@@ -384,7 +384,7 @@ static void bwd_fixture_init(bwd_fixture *f, attn_dtype dt, bool with_lse) {
 static void bwd_fixture_free(bwd_fixture *f) {
   free(f->o);
   free(f->dout);
-  attn_bench_case_free(&f->bc);
+  tool_bench_case_free(&f->bc);
 }
 
 /* Encodes f's request in a codec and decodes it as the server does. */

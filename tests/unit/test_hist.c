@@ -40,28 +40,28 @@ static double unif(void) { /* (0, 1) */
 }
 
 static void check_all(uint64_t *v, size_t n, const char *what) {
-  attn_hist h;
-  cr_assert_eq(attn_hist_init(&h), 0);
+  tool_hist h;
+  cr_assert_eq(tool_hist_init(&h), 0);
   long double sum = 0;
   for (size_t i = 0; i < n; i++) {
-    attn_hist_record(&h, v[i]);
+    tool_hist_record(&h, v[i]);
     sum += v[i];
   }
   qsort(v, n, sizeof *v, cmp_u64);
-  cr_expect_eq(attn_hist_count(&h), n, "%s: count", what);
-  cr_expect_eq(attn_hist_min(&h), v[0], "%s: min", what);
-  cr_expect_eq(attn_hist_max(&h), v[n - 1], "%s: max", what);
-  cr_expect(fabs(attn_hist_mean(&h) - (double)(sum / n)) <= 1e-9 * (double)(sum / n) + 1e-9,
+  cr_expect_eq(tool_hist_count(&h), n, "%s: count", what);
+  cr_expect_eq(tool_hist_min(&h), v[0], "%s: min", what);
+  cr_expect_eq(tool_hist_max(&h), v[n - 1], "%s: max", what);
+  cr_expect(fabs(tool_hist_mean(&h) - (double)(sum / n)) <= 1e-9 * (double)(sum / n) + 1e-9,
             "%s: mean", what);
   static const double ps[] = {0, 1, 10, 25, 50, 75, 90, 95, 99, 99.9, 99.99, 100};
   for (size_t i = 0; i < sizeof ps / sizeof *ps; i++) {
-    double got = attn_hist_percentile(&h, ps[i]);
+    double got = tool_hist_percentile(&h, ps[i]);
     double want = (double)exact_pct(v, n, ps[i]);
     cr_expect(fabs(got - want) <= BOUND * want, "%s: p%g = %.1f, exact %.0f (error %.3f%%)", what,
               ps[i], got, want, want ? 100 * fabs(got - want) / want : 0);
     cr_expect(fabs(got - want) <= 0.01 * want, "%s: p%g beyond 1%%", what, ps[i]);
   }
-  attn_hist_free(&h);
+  tool_hist_free(&h);
 }
 
 #define N 200000
@@ -72,16 +72,16 @@ Test(hist, uniform_1_to_10000_us) {
     v[i] = 1 + (uint64_t)(unif() * 10000);
   check_all(v, N, "uniform");
   /* and the textbook values for the exact grid 1..10000 */
-  attn_hist h;
-  attn_hist_init(&h);
+  tool_hist h;
+  tool_hist_init(&h);
   for (uint64_t x = 1; x <= 10000; x++)
-    attn_hist_record(&h, x);
-  cr_expect(fabs(attn_hist_percentile(&h, 50) - 5000) <= 5000 * BOUND);
-  cr_expect(fabs(attn_hist_percentile(&h, 99) - 9900) <= 9900 * BOUND);
-  cr_expect(fabs(attn_hist_percentile(&h, 99.9) - 9990) <= 9990 * BOUND);
-  cr_expect_eq(attn_hist_percentile(&h, 100), 10000);
-  cr_expect_eq(attn_hist_mean(&h), 5000.5);
-  attn_hist_free(&h);
+    tool_hist_record(&h, x);
+  cr_expect(fabs(tool_hist_percentile(&h, 50) - 5000) <= 5000 * BOUND);
+  cr_expect(fabs(tool_hist_percentile(&h, 99) - 9900) <= 9900 * BOUND);
+  cr_expect(fabs(tool_hist_percentile(&h, 99.9) - 9990) <= 9990 * BOUND);
+  cr_expect_eq(tool_hist_percentile(&h, 100), 10000);
+  cr_expect_eq(tool_hist_mean(&h), 5000.5);
+  tool_hist_free(&h);
   free(v);
 }
 
@@ -108,98 +108,98 @@ Test(hist, constant) {
     v[i] = 123457;
   check_all(v, 1000, "constant");
   /* a single value is reported exactly (clamped to [min, max]) */
-  attn_hist h;
-  attn_hist_init(&h);
-  attn_hist_record_n(&h, 123457, 1000);
-  cr_expect_eq(attn_hist_percentile(&h, 50), 123457);
-  cr_expect_eq(attn_hist_percentile(&h, 99.9), 123457);
-  attn_hist_free(&h);
+  tool_hist h;
+  tool_hist_init(&h);
+  tool_hist_record_n(&h, 123457, 1000);
+  cr_expect_eq(tool_hist_percentile(&h, 50), 123457);
+  cr_expect_eq(tool_hist_percentile(&h, 99.9), 123457);
+  tool_hist_free(&h);
   free(v);
 }
 
 Test(hist, small_values_exact) {
-  attn_hist h;
-  attn_hist_init(&h);
+  tool_hist h;
+  tool_hist_init(&h);
   for (uint64_t x = 0; x < 256; x++)
-    attn_hist_record(&h, x);
+    tool_hist_record(&h, x);
   for (int p = 1; p <= 100; p++)
-    cr_expect_eq(attn_hist_percentile(&h, p), ceil(p * 2.56) - 1, "p%d", p);
-  attn_hist_free(&h);
+    cr_expect_eq(tool_hist_percentile(&h, p), ceil(p * 2.56) - 1, "p%d", p);
+  tool_hist_free(&h);
 }
 
 Test(hist, huge_values) {
-  attn_hist h;
-  attn_hist_init(&h);
+  tool_hist h;
+  tool_hist_init(&h);
   uint64_t hour = 3600ull * 1000000, big = UINT64_MAX - 5;
-  attn_hist_record(&h, 1);
-  attn_hist_record(&h, hour);
-  attn_hist_record(&h, big);
-  cr_expect_eq(attn_hist_max(&h), big);
-  cr_expect_eq(attn_hist_min(&h), 1);
-  cr_expect_eq(attn_hist_percentile(&h, 100), (double)big);
-  double p60 = attn_hist_percentile(&h, 60);
+  tool_hist_record(&h, 1);
+  tool_hist_record(&h, hour);
+  tool_hist_record(&h, big);
+  cr_expect_eq(tool_hist_max(&h), big);
+  cr_expect_eq(tool_hist_min(&h), 1);
+  cr_expect_eq(tool_hist_percentile(&h, 100), (double)big);
+  double p60 = tool_hist_percentile(&h, 60);
   cr_expect(fabs(p60 - (double)hour) <= BOUND * (double)hour, "p60 %.0f", p60);
-  cr_expect(attn_hist_index(UINT64_MAX) == ATTN_HIST_BUCKETS - 1);
+  cr_expect(tool_hist_index(UINT64_MAX) == TOOL_HIST_BUCKETS - 1);
   /* a day of microseconds, many times */
-  attn_hist_record_n(&h, 86400ull * 1000000, 1000000);
-  double p50 = attn_hist_percentile(&h, 50);
+  tool_hist_record_n(&h, 86400ull * 1000000, 1000000);
+  double p50 = tool_hist_percentile(&h, 50);
   cr_expect(fabs(p50 - 86400e6) <= BOUND * 86400e6);
-  attn_hist_free(&h);
+  tool_hist_free(&h);
 }
 
 Test(hist, merge) {
-  attn_hist a, b, all;
-  attn_hist_init(&a);
-  attn_hist_init(&b);
-  attn_hist_init(&all);
+  tool_hist a, b, all;
+  tool_hist_init(&a);
+  tool_hist_init(&b);
+  tool_hist_init(&all);
   for (uint64_t x = 1; x <= 5000; x++) {
-    attn_hist_record(x % 2 ? &a : &b, x * 7);
-    attn_hist_record(&all, x * 7);
+    tool_hist_record(x % 2 ? &a : &b, x * 7);
+    tool_hist_record(&all, x * 7);
   }
-  attn_hist_record(&b, 9999999);
-  attn_hist_record(&all, 9999999);
-  attn_hist_merge(&a, &b);
-  cr_expect_eq(attn_hist_count(&a), attn_hist_count(&all));
-  cr_expect_eq(attn_hist_min(&a), 7);
-  cr_expect_eq(attn_hist_max(&a), 9999999);
-  cr_expect_eq(attn_hist_mean(&a), attn_hist_mean(&all));
+  tool_hist_record(&b, 9999999);
+  tool_hist_record(&all, 9999999);
+  tool_hist_merge(&a, &b);
+  cr_expect_eq(tool_hist_count(&a), tool_hist_count(&all));
+  cr_expect_eq(tool_hist_min(&a), 7);
+  cr_expect_eq(tool_hist_max(&a), 9999999);
+  cr_expect_eq(tool_hist_mean(&a), tool_hist_mean(&all));
   for (double p = 0; p <= 100; p += 0.5)
-    cr_expect_eq(attn_hist_percentile(&a, p), attn_hist_percentile(&all, p), "p%g", p);
+    cr_expect_eq(tool_hist_percentile(&a, p), tool_hist_percentile(&all, p), "p%g", p);
   /* merging an empty histogram changes nothing; into an empty one copies */
-  attn_hist e;
-  attn_hist_init(&e);
-  attn_hist_merge(&a, &e);
-  cr_expect_eq(attn_hist_min(&a), 7);
-  attn_hist_merge(&e, &all);
-  cr_expect_eq(attn_hist_percentile(&e, 99), attn_hist_percentile(&all, 99));
-  cr_expect_eq(attn_hist_min(&e), 7);
-  attn_hist_free(&a);
-  attn_hist_free(&b);
-  attn_hist_free(&all);
-  attn_hist_free(&e);
+  tool_hist e;
+  tool_hist_init(&e);
+  tool_hist_merge(&a, &e);
+  cr_expect_eq(tool_hist_min(&a), 7);
+  tool_hist_merge(&e, &all);
+  cr_expect_eq(tool_hist_percentile(&e, 99), tool_hist_percentile(&all, 99));
+  cr_expect_eq(tool_hist_min(&e), 7);
+  tool_hist_free(&a);
+  tool_hist_free(&b);
+  tool_hist_free(&all);
+  tool_hist_free(&e);
 }
 
 Test(hist, empty) {
-  attn_hist h;
-  attn_hist_init(&h);
-  cr_expect_eq(attn_hist_count(&h), 0);
-  cr_expect_eq(attn_hist_percentile(&h, 99), 0);
-  cr_expect_eq(attn_hist_min(&h), 0);
-  cr_expect_eq(attn_hist_max(&h), 0);
-  cr_expect_eq(attn_hist_mean(&h), 0);
-  attn_hist_free(&h);
+  tool_hist h;
+  tool_hist_init(&h);
+  cr_expect_eq(tool_hist_count(&h), 0);
+  cr_expect_eq(tool_hist_percentile(&h, 99), 0);
+  cr_expect_eq(tool_hist_min(&h), 0);
+  cr_expect_eq(tool_hist_max(&h), 0);
+  cr_expect_eq(tool_hist_mean(&h), 0);
+  tool_hist_free(&h);
 }
 
 Test(hist, buckets) {
   /* every bucket's range maps back to it, ranges tile the line, width <= lo/128 */
-  for (unsigned i = 0; i < ATTN_HIST_BUCKETS; i++) {
-    uint64_t lo = attn_hist_bucket_lo(i), hi = attn_hist_bucket_hi(i);
-    cr_assert_eq(attn_hist_index(lo), i, "lo of %u", i);
-    cr_assert_eq(attn_hist_index(hi), i, "hi of %u", i);
-    if (i + 1 < ATTN_HIST_BUCKETS)
-      cr_assert_eq(attn_hist_bucket_lo(i + 1), hi + 1, "bucket %u", i);
+  for (unsigned i = 0; i < TOOL_HIST_BUCKETS; i++) {
+    uint64_t lo = tool_hist_bucket_lo(i), hi = tool_hist_bucket_hi(i);
+    cr_assert_eq(tool_hist_index(lo), i, "lo of %u", i);
+    cr_assert_eq(tool_hist_index(hi), i, "hi of %u", i);
+    if (i + 1 < TOOL_HIST_BUCKETS)
+      cr_assert_eq(tool_hist_bucket_lo(i + 1), hi + 1, "bucket %u", i);
     if (lo >= 256)
       cr_assert_leq(hi - lo + 1, lo / 128, "width of %u", i);
   }
-  cr_assert_eq(attn_hist_bucket_hi(ATTN_HIST_BUCKETS - 1), UINT64_MAX);
+  cr_assert_eq(tool_hist_bucket_hi(TOOL_HIST_BUCKETS - 1), UINT64_MAX);
 }

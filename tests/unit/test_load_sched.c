@@ -106,10 +106,10 @@ static void srv_stop(srv *s) {
 }
 
 static srv S = {.fd = -1};
-static attn_load *L;
+static tool_load *L;
 
 static uint64_t ended(void) {
-  return L->n.answered + attn_load_transport_errors(&L->n) + L->n.in_flight_end;
+  return L->n.answered + tool_load_transport_errors(&L->n) + L->n.in_flight_end;
 }
 
 /* The server, answering status (and closing each connection when
@@ -119,7 +119,7 @@ static void setup(int status, bool close_each, int64_t n, int c) {
   signal(SIGPIPE, SIG_IGN);
   srv_start(&S, status, close_each);
   L = calloc(1, sizeof *L);
-  cr_assert(L && attn_hist_init(&L->hist) == 0);
+  cr_assert(L && tool_hist_init(&L->hist) == 0);
   uv_ip4_addr("127.0.0.1", S.port, &L->wire.addr);
   L->wire.head = HEAD;
   L->wire.head_len = strlen(HEAD);
@@ -133,12 +133,12 @@ static void setup(int status, bool close_each, int64_t n, int c) {
 
 /* Runs the plan: every request it sent has ended exactly once. */
 static void run(void) {
-  cr_expect_eq(attn_load_run(L), 0);
+  cr_expect_eq(tool_load_run(L), 0);
   cr_expect_eq(ended(), L->n.sent);
 }
 
 static void finish(void) {
-  attn_load_free(L);
+  tool_load_free(L);
   free(L);
   if (S.fd >= 0)
     srv_stop(&S);
@@ -154,7 +154,7 @@ Test(load_sched, closed_loop_counts_every_reply, .fini = finish) {
   cr_expect_eq(L->npool, 3, "one connection each, kept alive");
   cr_expect_eq(L->n.bytes_sent, 40 * (strlen(HEAD) + strlen(BODY)));
   cr_expect_geq(L->n.bytes_recv, 40 * strlen(REPLY_BODY));
-  cr_expect_eq(attn_hist_count(&L->hist), 40);
+  cr_expect_eq(tool_hist_count(&L->hist), 40);
   cr_expect(!L->no_connect);
 }
 
@@ -162,7 +162,7 @@ Test(load_sched, open_loop_sends_on_schedule, .fini = finish) {
   setup(503, false, 30, 0);
   L->open_loop = true;
   L->rate = 1000;
-  L->max_pool = ATTN_LOAD_MAX_POOL;
+  L->max_pool = TOOL_LOAD_MAX_POOL;
   run();
   cr_expect_eq(L->n.sent, 30);
   cr_expect_eq(L->n.answered, 30, "an HTTP error is an answer");
@@ -175,7 +175,7 @@ Test(load_sched, connection_close_reconnects, .fini = finish) {
   setup(200, true, 12, 2);
   run();
   cr_expect_eq(L->n.answered, 12);
-  cr_expect_eq(attn_load_transport_errors(&L->n), 0);
+  cr_expect_eq(tool_load_transport_errors(&L->n), 0);
   cr_expect_eq(L->npool, 2, "the same two connections, reconnected");
 }
 
@@ -190,5 +190,5 @@ Test(load_sched, nobody_listening_stops_the_run, .fini = finish, .timeout = 120)
   cr_expect(L->no_connect);
   cr_expect_neq(L->connect_err, 0);
   cr_expect_eq(L->n.answered, 0);
-  cr_expect_eq(L->n.terr[ATTN_TERR_CONNECT], 2, "both connections' requests");
+  cr_expect_eq(L->n.terr[TOOL_TERR_CONNECT], 2, "both connections' requests");
 }

@@ -23,7 +23,7 @@ import urllib.parse
 
 import numpy as np
 
-from . import AttndError, _cu_seqlens, _options, _window
+from ._wire import AttndError, _cu_seqlens, _options, _window
 from ._tensors import bf16_to_float32, f32_to_wire, from_wire, result_device, to_wire
 
 __all__ = ["Session", "session_batch"]

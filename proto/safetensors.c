@@ -362,8 +362,7 @@ static int parse_root(const cJSON *root, attn_pass pass, uint64_t data_len, entr
       return rc;
   }
   for (int i = 0; i < NT && !partial; i++)
-    if (attn_proto_tensor_in_pass(i, pass) && !e[i].seen && !attn_proto_tensor_optional(i) &&
-        !(meta->session && (i == ATTN_PROTO_T_K || i == ATTN_PROTO_T_V)))
+    if (!e[i].seen && attn__tensor_required(i, pass, meta))
       return attn_status_set(st, ATTN_PROTO_EMISSING,
                              "tensor \"%s\" is missing; the file must hold %s",
                              attn_proto_tensor_name(i), attn_proto_tensor_list(pass));
@@ -468,9 +467,12 @@ static int header_length(const unsigned char *b, size_t len, uint64_t *pn, attn_
   return 0;
 }
 
-static int decode_st(const unsigned char *b, size_t len, attn_pass pass, const attn_options *query,
-                     attn_proto_req *pr, attn_status *st) {
+int attn__st_tensors(const void *body, size_t len, attn_pass pass, const attn_options *query,
+                     attn_proto_req *pr, attn_proto_tensor t[NT], attn_options *opts,
+                     attn_status *st) {
+  const unsigned char *b = body;
   uint64_t n = 0;
+  memset(pr, 0, sizeof *pr);
   int rc = header_length(b, len, &n, st);
   if (rc < 0)
     return rc;
@@ -479,26 +481,25 @@ static int decode_st(const unsigned char *b, size_t len, attn_pass pass, const a
   memset(e, 0, sizeof e);
   attn_options meta;
   attn_options_init(&meta);
-  meta.session = query ? query->session : NULL; /* its fields may sit in __metadata__ */
+  meta.fields = query ? query->fields : NULL; /* they may sit in __metadata__ */
   if ((rc = parse_header(hdr, (size_t)n, pass, len - 8 - n, e, &meta, false, st)) < 0)
     return rc;
-  attn_options opts;
   if (query)
-    opts = *query;
+    *opts = *query;
   else
-    attn_options_init(&opts);
-  attn_options_merge(&opts, &meta);
-  attn_proto_tensor t[NT];
-  if ((rc = place_tensors(data, e, pr, t, st)) < 0)
-    return rc;
-  return attn_proto_build_pass(pr, pass, t, &opts, st);
+    attn_options_init(opts);
+  attn_options_merge(opts, &meta);
+  return place_tensors(data, e, pr, t, st);
 }
 
 int attn_proto_decode_safetensors_pass(const void *body, size_t len, attn_pass pass,
                                        const attn_options *query, attn_proto_req *pr,
                                        attn_status *st) {
-  memset(pr, 0, sizeof *pr);
-  int rc = decode_st(body, len, pass, query, pr, st);
+  attn_proto_tensor t[NT];
+  attn_options opts;
+  int rc = attn__st_tensors(body, len, pass, query, pr, t, &opts, st);
+  if (rc == 0)
+    rc = attn_proto_build_pass(pr, pass, t, &opts, st);
   if (rc < 0)
     attn_proto_req_free(pr);
   return rc;

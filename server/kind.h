@@ -68,7 +68,7 @@ extern const attnd_kind attnd_kind_session, attnd_kind_session_batch;
  * safetensors, read in place), and the 413's advice then: the kinds whose
  * body is /attention's (kind_attention.c). */
 uint64_t attnd_kind_need_tensors(const attnd_req *r, size_t len);
-#define ATTND_KIND_TOO_LARGE                                                             \
+#define ATTND_KIND_TOO_LARGE                                                          \
   "send it as safetensors (application/octet-stream), which needs no copy, or raise " \
   "--max-queue"
 /* The engine's submit of r->pr.req: the stateless kinds' (kind_attention.c). */

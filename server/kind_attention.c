@@ -39,28 +39,13 @@ int attnd_kind_encode_tensors(attnd_req *r, attn_status *st) {
   return rc;
 }
 
-const attnd_kind attnd_kind_forward = {
-    .pass = ATTN_FORWARD,
-    .need = attnd_kind_need_tensors,
-    .too_large = ATTND_KIND_TOO_LARGE,
-    .decode = decode,
-    .submit = attnd_kind_submit_engine,
-    .encode = attnd_kind_encode_tensors,
-    .tiny = true,
-    .slot = true,
-    .max_pairs = true,
-    .pin = true,
-};
+/* The two differ only in the pass their engine request computes. */
+#define STATELESS(p)                                                                           \
+  {                                                                                            \
+    .pass = p, .need = attnd_kind_need_tensors, .too_large = ATTND_KIND_TOO_LARGE,             \
+    .decode = decode, .submit = attnd_kind_submit_engine, .encode = attnd_kind_encode_tensors, \
+    .tiny = true, .slot = true, .max_pairs = true, .pin = true                                 \
+  }
 
-const attnd_kind attnd_kind_backward = {
-    .pass = ATTN_BACKWARD,
-    .need = attnd_kind_need_tensors,
-    .too_large = ATTND_KIND_TOO_LARGE,
-    .decode = decode,
-    .submit = attnd_kind_submit_engine,
-    .encode = attnd_kind_encode_tensors,
-    .tiny = true,
-    .slot = true,
-    .max_pairs = true,
-    .pin = true,
-};
+const attnd_kind attnd_kind_forward = STATELESS(ATTN_FORWARD);
+const attnd_kind attnd_kind_backward = STATELESS(ATTN_BACKWARD);

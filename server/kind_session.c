@@ -67,8 +67,7 @@ static void reply_fields(attnd_req *r) {
     attn_sbuf_printf(&j, "\"length\": %lld, \"replay\": %s", (long long)c->entries[0].length,
                      c->entries[0].replay ? "true" : "false");
     attn_sbuf_printf(&m, "\"length\": \"%lld\"", (long long)c->entries[0].length);
-    snprintf(sc->length_header, sizeof sc->length_header, "%lld",
-             (long long)c->entries[0].length);
+    snprintf(sc->length_header, sizeof sc->length_header, "%lld", (long long)c->entries[0].length);
   } else {
     attn_sbuf_puts(&j, "\"lengths\": [");
     attn_sbuf_puts(&m, "\"lengths\": \"");
@@ -108,28 +107,13 @@ static void free_call(attnd_req *r) {
  * must not keep other requests from their slots. Its keys are the store's,
  * bounded by its max_tokens rather than --max-pairs, and it is computed
  * where its pages are. */
-const attnd_kind attnd_kind_session = {
-    .pass = ATTN_FORWARD,
-    .need = attnd_kind_need_tensors,
-    .too_large = ATTND_KIND_TOO_LARGE,
-    .decode = decode,
-    .submit = submit,
-    .encode = encode,
-    .free = free_call,
-    .cancel = cancel,
-    .reply_header = "X-Session-Length",
-    .reply_value = length_header,
-};
+#define SESSION_KIND                                                                           \
+  {                                                                                            \
+    .pass = ATTN_FORWARD, .need = attnd_kind_need_tensors, .too_large = ATTND_KIND_TOO_LARGE,  \
+    .decode = decode, .submit = submit, .encode = encode, .free = free_call, .cancel = cancel, \
+    .reply_header = "X-Session-Length", .reply_value = length_header                           \
+  }
 
-const attnd_kind attnd_kind_session_batch = {
-    .pass = ATTN_FORWARD,
-    .need = attnd_kind_need_tensors,
-    .too_large = ATTND_KIND_TOO_LARGE,
-    .decode = decode,
-    .submit = submit,
-    .encode = encode,
-    .free = free_call,
-    .cancel = cancel,
-    .reply_header = "X-Session-Length",
-    .reply_value = length_header,
-};
+/* The batch differs only by being a row of its own (decode reads which). */
+const attnd_kind attnd_kind_session = SESSION_KIND;
+const attnd_kind attnd_kind_session_batch = SESSION_KIND;

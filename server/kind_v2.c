@@ -37,15 +37,15 @@ static int encode(attnd_req *r, attn_status *st) {
   return rc;
 }
 
-const attnd_kind attnd_kind_v2 = {
-    .pass = ATTN_FORWARD,
-    .need = need,
-    .too_large = "send the tensors as binary data, or raise --max-queue",
-    .decode = decode,
-    .submit = attnd_kind_submit_engine,
-    .encode = encode,
-    .tiny = true,
-    .slot = true,
-    .max_pairs = true,
-    .pin = true,
-};
+#define TOO_LARGE "send the tensors as binary data, or raise --max-queue"
+
+const attnd_kind attnd_kind_v2 = {.pass = ATTN_FORWARD,
+                                  .need = need,
+                                  .too_large = TOO_LARGE,
+                                  .decode = decode,
+                                  .submit = attnd_kind_submit_engine,
+                                  .encode = encode,
+                                  .tiny = true,
+                                  .slot = true,
+                                  .max_pairs = true,
+                                  .pin = true};

@@ -11,7 +11,8 @@
  *      r->state), its submit (to the engine, or to a store in front of
  *      it), its encode (r->pr's result into r->out), its free (r->state),
  *      what its decode holds beside the body (need), and its flags.
- *   2. Declare it below, and add its file to the Makefile's SERVER_SRC.
+ *   2. Declare it below, and add its file to the Makefile's SERVER_SRC
+ *      (and TEST_SERVER_OBJ, which links routes.c into the unit tests).
  *   3. Add a row to routes.c's table with .kind = &attnd_kind_NAME.
  * Admission, --max-queue, the body budget, deadlines, cancels, the drain,
  * the log line and the metrics then come with the pipeline.
@@ -25,9 +26,10 @@
 typedef struct attnd_kind {
   /* The pass its engine request computes. */
   attn_pass pass;
-  /* Threadpool: what decoding len bytes of r's body allocates beside
-   * them (0: nothing), reserved on the body budget before it decodes; and
-   * the advice of the 413 when that can never fit. */
+  /* Any thread holding r: what decoding len bytes of r's body allocates
+   * beside them (0: nothing), reserved on the body budget before it
+   * decodes (at admission, and again once a Content-Encoding is undone);
+   * and the advice of the 413 when that can never fit. */
   uint64_t (*need)(const attnd_req *r, size_t len);
   const char *too_large;
   /* Threadpool (or the HTTP thread for a tiny job's try): body[0..len)

@@ -272,7 +272,8 @@ SERVER_SRC = server/main.c $(CONFIG_SRC) server/http.c server/loop.c server/dead
              server/v2.c server/reqid.c server/auth.c server/inflate.c server/log.c server/tls.c \
              server/console.c server/parse.c server/routes.c server/v1.c server/server.c \
              server/body.c server/listen.c server/reply.c server/jobs.c \
-             server/work.c server/bodybuf.c server/tiny.c server/sessions.c server/proxy.c
+             server/work.c server/bodybuf.c server/tiny.c server/sessions.c server/proxy.c \
+             server/kind_attention.c server/kind_v2.c server/kind_session.c
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/obj/%.o) $(CONSOLE_OBJ)
 
 # ---- the web console (GET /): its files compiled into attnd ---------------------
@@ -405,7 +406,7 @@ $(BUILD)/obj/tests/unit/%.o: CPPFLAGS += -Itests/lib -Iclients
 
 TEST_SERVER_OBJ = $(patsubst %,$(BUILD)/obj/server/%.o,metrics conns loop deadline request errors \
                     reqid auth inflate log console parse routes v1 v2 server jobs work bodybuf sessions \
-                    proxy) $(CONSOLE_OBJ) $(CONFIG_SRC:%.c=$(BUILD)/obj/%.o)
+                    proxy kind_attention kind_v2 kind_session) $(CONSOLE_OBJ) $(CONFIG_SRC:%.c=$(BUILD)/obj/%.o)
 $(TEST_BIN): $(TEST_OBJ) $(AMXEMU_OBJ) $(TEST_SERVER_OBJ) \
             $(BUILD)/obj/clients/benchlib.o $(BUILD)/obj/clients/http_reply.o \
             $(BUILD)/obj/clients/hist.o $(BUILD)/obj/clients/url.o \

@@ -36,6 +36,11 @@ bool attn_proto_tensor_in_pass(int i, attn_pass pass) {
 
 bool attn_proto_tensor_optional(int i) { return i >= ATTN_PROTO_T_LSE; }
 
+bool attn__tensor_required(int i, attn_pass pass, const attn_options *o) {
+  bool own = o->fields && o->fields->optional & (1u << i); /* a decode's own may leave it out */
+  return attn_proto_tensor_in_pass(i, pass) && !attn_proto_tensor_optional(i) && !own;
+}
+
 int attn_proto_cu_dtype_bytes(const char *name) {
   return !strcmp(name, "I32") ? 4 : !strcmp(name, "I64") ? 8 : 0;
 }
@@ -320,9 +325,6 @@ int attn__alloc_outputs(attn_proto_req *pr, attn_status *st) {
 int attn_proto_build_pass(attn_proto_req *pr, attn_pass pass, const attn_proto_tensor *t,
                           const attn_options *opts, attn_status *st) {
   int rc;
-  if (opts->session)
-    return pass == ATTN_FORWARD ? attn__build_session(pr, t, opts, st)
-                                : attn_status_set(st, ATTN_EINVAL, "a session call is forward");
   for (int i = 0; i < 3; i++)
     if ((rc = attn__check_one(&t[i], 2, st)) < 0)
       return rc;

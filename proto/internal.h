@@ -218,7 +218,7 @@ size_t attn__fmt_g(char out[32], double x, int prec);
 double attn__parse_number(const char *s, char **end);
 float attn__parse_float(const char *s);
 
-/* build.c's checks, shared with a session call's build (session.c): a
+/* build.c's checks, which a session call's build (session.c) calls too: a
  * tensor alone (rank lo to lo + 2, dimensions >= 1); [B, H, N, D] of a
  * rank 2-4 tensor; alibi_slopes against q (t[0]) and cu_seqlens_q; the
  * outputs of pr->req allocated. */
@@ -226,17 +226,36 @@ int attn__check_one(const attn_proto_tensor *t, int lo, attn_status *st);
 void attn__bhnd(const attn_proto_tensor *t, int64_t d[4]);
 int attn__check_alibi(const attn_proto_tensor *a, const attn_proto_tensor *t, attn_status *st);
 int attn__alloc_outputs(attn_proto_req *pr, attn_status *st);
-/* A session call's request (proto.h "sessions") from its tensors. */
-int attn__build_session(attn_proto_req *pr, const attn_proto_tensor *t, const attn_options *opts,
-                        attn_status *st);
-/* A session call's own field name (layer, pos, sessions) when o decodes
- * one; then attn__session_field sets it from its text (a comma-separated
- * list for pos and sessions) and attn__session_json sets it from a JSON
- * value (a number, string or array of them). 0 or an error. */
-bool attn__session_is_field(const attn_options *o, const char *name, size_t len);
-int attn__session_field(attn_proto_session *ps, const char *name, size_t nlen, const char *value,
-                        size_t vlen, const char *source, attn_status *st);
-int attn__session_json(attn_proto_session *ps, const char *name, size_t nlen, attn__jr v,
-                       attn_status *st);
+/*
+ * What a decode with fields of its own (a session call's, session.c) hands
+ * the generic codecs as data, through attn_options.fields: whether a name
+ * is one of its fields, which it then sets from the field's text (query
+ * string, __metadata__) or from its JSON value; and the tensors it may
+ * leave out beyond those any request may (bits 1 << ATTN_PROTO_T_*).
+ */
+typedef struct attn__fields {
+  void *ctx;
+  bool (*is_field)(const void *ctx, const char *name, size_t len);
+  int (*text)(void *ctx, const char *name, size_t nlen, const char *value, size_t vlen,
+              const char *source, attn_status *st);
+  int (*json)(void *ctx, const char *name, size_t nlen, attn__jr v, attn_status *st);
+  unsigned optional;
+} attn__fields;
+
+/* options.c: whether name is a field of o's own (o->fields). */
+bool attn__own_field(const attn_options *o, const char *name, size_t len);
+/* build.c: whether tensor i must be sent for pass with options o. */
+bool attn__tensor_required(int i, attn_pass pass, const attn_options *o);
+
+/* The codecs' first half: the body's tensors into t[] (what is not owned
+ * read in place, the rest in pr->owned[]) and its options merged over
+ * query's into *opts, each checked alone; attn_proto_build_pass, or a
+ * decode's own build, makes the request of them. pr is zeroed first. */
+int attn__json_tensors(const char *body, size_t len, attn_pass pass, const attn_options *query,
+                       attn_proto_req *pr, attn_proto_tensor t[ATTN_PROTO_MAX_TENSORS],
+                       attn_options *opts, attn_status *st);
+int attn__st_tensors(const void *body, size_t len, attn_pass pass, const attn_options *query,
+                     attn_proto_req *pr, attn_proto_tensor t[ATTN_PROTO_MAX_TENSORS],
+                     attn_options *opts, attn_status *st);
 
 #endif

@@ -90,8 +90,8 @@ int attn__json_prescan(const char *s, size_t len, int max_depth, attn_status *st
  * than any; v is at the value. */
 int attn__json_option(attn_options *o, const char *key, size_t klen, attn__jr v, const char *source,
                       attn_status *st) {
-  if (attn__session_is_field(o, key, klen))
-    return attn__session_json(o->session, key, klen, v, st);
+  if (attn__own_field(o, key, klen))
+    return o->fields->json(o->fields->ctx, key, klen, v, st);
   attn_option_kind kind = attn_option_kind_of(key, klen);
   char text[128];
   const char *want = NULL;
@@ -163,7 +163,7 @@ static int body_fields(attn__jr *j, attn_pass pass, size_t tat[NT], attn_options
     if (which < NT)
       tat[which] = j->pos;
     else if ((c == '{' || c == '[') && attn_option_kind_of(key, kl) == ATTN_OPTK_NONE &&
-             !attn__session_is_field(opts, key, kl))
+             !attn__own_field(opts, key, kl))
       return attn_status_set(
           st, ATTN_PROTO_EUNKNOWNTENSOR, "unknown tensor \"%s\"; send exactly %s",
           attn__key_quote(qk, sizeof qk, key, klen, sizeof key), attn_proto_tensor_list(pass));
@@ -176,12 +176,11 @@ static int body_fields(attn__jr *j, attn_pass pass, size_t tat[NT], attn_options
 
 /* Each tensor the body holds, in the table's order, into t[] (data NULL
  * for one it does not hold), a required one missing refused. */
-static int body_tensors(attn__jr j, attn_pass pass, const size_t tat[NT], attn_proto_req *pr,
-                        attn_proto_tensor t[NT], attn_status *st) {
+static int body_tensors(attn__jr j, attn_pass pass, const attn_options *o, const size_t tat[NT],
+                        attn_proto_req *pr, attn_proto_tensor t[NT], attn_status *st) {
   int rc;
   for (int i = 0; i < NT; i++)
-    if (attn_proto_tensor_in_pass(i, pass) && !tat[i] && !attn_proto_tensor_optional(i) &&
-        !(pr->opts.session && (i == ATTN_PROTO_T_K || i == ATTN_PROTO_T_V)))
+    if (!tat[i] && attn__tensor_required(i, pass, o))
       return attn_status_set(st, ATTN_PROTO_EMISSING,
                              "tensor \"%s\" is missing (the body needs %s)",
                              attn_proto_tensor_name(i), attn_proto_tensor_list(pass));
@@ -196,7 +195,8 @@ static int body_tensors(attn__jr j, attn_pass pass, const size_t tat[NT], attn_p
 }
 
 static int decode(const char *body, size_t len, attn_pass pass, const attn_options *query,
-                  attn_proto_req *pr, attn_status *st) {
+                  attn_proto_req *pr, attn_proto_tensor t[NT], attn_options *opts,
+                  attn_status *st) {
   int rc;
   if (len == 0)
     return attn_status_set(st, ATTN_PROTO_EEMPTY, "the request has no body");
@@ -213,25 +213,32 @@ static int decode(const char *body, size_t len, attn_pass pass, const attn_optio
   size_t tat[NT] = {0};
   attn_options body_opts;
   attn_options_init(&body_opts);
-  body_opts.session = query ? query->session : NULL;
-  pr->opts.session = body_opts.session; /* k and v are optional in a session call */
-  attn_proto_tensor t[NT];
+  body_opts.fields = query ? query->fields : NULL; /* they may sit in the body */
   if ((rc = body_fields(&j, pass, tat, &body_opts, st)) < 0 ||
-      (rc = body_tensors(j, pass, tat, pr, t, st)) < 0)
+      (rc = body_tensors(j, pass, &body_opts, tat, pr, t, st)) < 0)
     return rc;
-  attn_options opts;
   if (query)
-    opts = *query;
+    *opts = *query;
   else
-    attn_options_init(&opts);
-  attn_options_merge(&opts, &body_opts);
-  return attn_proto_build_pass(pr, pass, t, &opts, st);
+    attn_options_init(opts);
+  attn_options_merge(opts, &body_opts);
+  return 0;
+}
+
+int attn__json_tensors(const char *body, size_t len, attn_pass pass, const attn_options *query,
+                       attn_proto_req *pr, attn_proto_tensor t[NT], attn_options *opts,
+                       attn_status *st) {
+  memset(pr, 0, sizeof *pr);
+  return decode(body, len, pass, query, pr, t, opts, st);
 }
 
 int attn_proto_decode_json_pass(const char *body, size_t len, attn_pass pass,
                                 const attn_options *query, attn_proto_req *pr, attn_status *st) {
-  memset(pr, 0, sizeof *pr);
-  int rc = decode(body, len, pass, query, pr, st);
+  attn_proto_tensor t[NT];
+  attn_options opts;
+  int rc = attn__json_tensors(body, len, pass, query, pr, t, &opts, st);
+  if (rc == 0)
+    rc = attn_proto_build_pass(pr, pass, t, &opts, st);
   if (rc < 0)
     attn_proto_req_free(pr);
   return rc;

@@ -51,6 +51,10 @@ static const opt_def *find(const char *name, size_t len) {
   return NULL;
 }
 
+bool attn__own_field(const attn_options *o, const char *name, size_t len) {
+  return o->fields && o->fields->is_field(o->fields->ctx, name, len);
+}
+
 attn_option_kind attn_option_kind_of(const char *name, size_t len) {
   const opt_def *d = find(name, len);
   return d ? d->kind : ATTN_OPTK_NONE;
@@ -59,8 +63,8 @@ attn_option_kind attn_option_kind_of(const char *name, size_t len) {
 int attn_options_set(attn_options *o, const char *name, size_t name_len, const char *value,
                      size_t value_len, const char *source, attn_status *st) {
   char qn[48], qv[48], buf[64];
-  if (attn__session_is_field(o, name, name_len))
-    return attn__session_field(o->session, name, name_len, value, value_len, source, st);
+  if (attn__own_field(o, name, name_len))
+    return o->fields->text(o->fields->ctx, name, name_len, value, value_len, source, st);
   const opt_def *d = find(name, name_len);
   attn_quote(qn, sizeof qn, name, name_len);
   if (!d)

@@ -96,7 +96,7 @@ enum {
   ATTN_OPT_DIAG_OFFSET = 1u << 7,
 };
 
-struct attn_proto_session;
+struct attn__fields;
 
 typedef struct attn_options {
   bool causal, stats;
@@ -106,9 +106,10 @@ typedef struct attn_options {
   int64_t diag_offset; /* ATTN_DIAG_AUTO unless set */
   char backend[16];    /* "auto", "cpu", "cuda", "reference" */
   unsigned set;        /* ATTN_OPT_* bits of the options given */
-  /* A session call's own fields go here (attn_proto_session_init): NULL
-   * for every other request, to which they are unknown options. */
-  struct attn_proto_session *session;
+  /* Fields of a decode's own beside the options (a session call's,
+   * attn_proto_decode_session): NULL for every other request, to which
+   * they are unknown options. */
+  const struct attn__fields *fields;
 } attn_options;
 
 /* The kind of value an option takes, for typed sources (JSON). */
@@ -332,8 +333,7 @@ int attn_proto_encode_json(const attn_proto_req *pr, const char *backend, char *
  * (the ids) with `pos` one per session — JSON arrays, or comma-separated
  * in a query string or __metadata__. A batch call's q is [Hq, total_q, D]
  * with cu_seqlens_q (one sequence a session), k and v [Hkv, total_new, D]
- * with cu_seqlens_kv. Decode by pointing attn_options.session of the query
- * options at an attn_proto_session and calling either decoder.
+ * with cu_seqlens_kv. attn_proto_decode_session decodes one.
  */
 #define ATTN_PROTO_MAX_BATCH 256
 
@@ -346,6 +346,13 @@ typedef struct attn_proto_session {
 } attn_proto_session;
 
 void attn_proto_session_init(attn_proto_session *ps, bool batch);
+
+/* A session call's body[0..len) (JSON when json, else safetensors) with
+ * the options of query (a URL query string, or NULL): its own fields into
+ * ps (attn_proto_session_init'd; ps->batch says which route), its request
+ * into pr. 0, or an error with st set and pr freed. */
+int attn_proto_decode_session(const char *body, size_t len, bool json, const char *query,
+                              attn_proto_session *ps, attn_proto_req *pr, attn_status *st);
 
 /* The store's entries of a call decoded with ps (req its request, as either
  * decoder left it; id the route's session, unused by a batch): one for a

@@ -1,7 +1,7 @@
 /*
  * reply_decode.c — the client's side of the reply codecs: a server's reply
  * read back into the output buffers of the request that was sent (json_encode.c
- * and safetensors.c write replies).
+ * and safetensors_write.c write replies).
  *
  * A reply comes from a server the client chose to trust, but it is still
  * bytes from a network: every length, offset, shape and count is checked

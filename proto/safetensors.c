@@ -1,6 +1,6 @@
 /*
- * safetensors.c — the binary codec: requests as safetensors files, results
- * written back the same way.
+ * safetensors.c — the binary codec: requests as safetensors files, read and
+ * checked (safetensors_write.c writes the results back the same way).
  *
  * Clients that already hold tensors in memory (PyTorch, numpy) send them as
  * safetensors so that nobody prints or parses numbers: where a tensor's
@@ -362,8 +362,7 @@ static int parse_root(const cJSON *root, attn_pass pass, uint64_t data_len, entr
       return rc;
   }
   for (int i = 0; i < NT && !partial; i++)
-    if (attn_proto_tensor_in_pass(i, pass) && !e[i].seen && !attn_proto_tensor_optional(i) &&
-        !(meta->session && (i == ATTN_PROTO_T_K || i == ATTN_PROTO_T_V)))
+    if (!e[i].seen && attn__tensor_required(i, pass, meta))
       return attn_status_set(st, ATTN_PROTO_EMISSING,
                              "tensor \"%s\" is missing; the file must hold %s",
                              attn_proto_tensor_name(i), attn_proto_tensor_list(pass));
@@ -468,9 +467,12 @@ static int header_length(const unsigned char *b, size_t len, uint64_t *pn, attn_
   return 0;
 }
 
-static int decode_st(const unsigned char *b, size_t len, attn_pass pass, const attn_options *query,
-                     attn_proto_req *pr, attn_status *st) {
+int attn__st_tensors(const void *body, size_t len, attn_pass pass, const attn_options *query,
+                     attn_proto_req *pr, attn_proto_tensor t[NT], attn_options *opts,
+                     attn_status *st) {
+  const unsigned char *b = body;
   uint64_t n = 0;
+  memset(pr, 0, sizeof *pr);
   int rc = header_length(b, len, &n, st);
   if (rc < 0)
     return rc;
@@ -479,26 +481,25 @@ static int decode_st(const unsigned char *b, size_t len, attn_pass pass, const a
   memset(e, 0, sizeof e);
   attn_options meta;
   attn_options_init(&meta);
-  meta.session = query ? query->session : NULL; /* its fields may sit in __metadata__ */
+  meta.fields = query ? query->fields : NULL; /* they may sit in __metadata__ */
   if ((rc = parse_header(hdr, (size_t)n, pass, len - 8 - n, e, &meta, false, st)) < 0)
     return rc;
-  attn_options opts;
   if (query)
-    opts = *query;
+    *opts = *query;
   else
-    attn_options_init(&opts);
-  attn_options_merge(&opts, &meta);
-  attn_proto_tensor t[NT];
-  if ((rc = place_tensors(data, e, pr, t, st)) < 0)
-    return rc;
-  return attn_proto_build_pass(pr, pass, t, &opts, st);
+    attn_options_init(opts);
+  attn_options_merge(opts, &meta);
+  return place_tensors(data, e, pr, t, st);
 }
 
 int attn_proto_decode_safetensors_pass(const void *body, size_t len, attn_pass pass,
                                        const attn_options *query, attn_proto_req *pr,
                                        attn_status *st) {
-  memset(pr, 0, sizeof *pr);
-  int rc = decode_st(body, len, pass, query, pr, st);
+  attn_proto_tensor t[NT];
+  attn_options opts;
+  int rc = attn__st_tensors(body, len, pass, query, pr, t, &opts, st);
+  if (rc == 0)
+    rc = attn_proto_build_pass(pr, pass, t, &opts, st);
   if (rc < 0)
     attn_proto_req_free(pr);
   return rc;
@@ -542,134 +543,4 @@ int attn_proto_safetensors_tensor(const void *body, size_t len, int which, attn_
   }
   attn_proto_req_free(&pr);
   return rc;
-}
-
-/* ---- encoding ------------------------------------------------------------ */
-
-size_t attn__st_put_entry(char *h, size_t cap, size_t o, const char *name, const char *dtype,
-                          const int64_t *shape, int rank, size_t begin, size_t end) {
-  if (o >= cap)
-    return o;
-  o += (size_t)snprintf(h + o, cap - o, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[", o > 1 ? "," : "",
-                        name, dtype);
-  for (int i = 0; i < rank && o < cap; i++)
-    o += (size_t)snprintf(h + o, cap - o, i ? ",%lld" : "%lld", (long long)shape[i]);
-  if (o < cap)
-    o += (size_t)snprintf(h + o, cap - o, "],\"data_offsets\":[%zu,%zu]}", begin, end);
-  return o;
-}
-
-int attn__st_head(const char *h, size_t n, size_t extra, const char *what, void **pbuf,
-                  size_t *plen, attn_status *st) {
-  /* Data starting at a multiple of 8 keeps every tensor of a file read
-   * whole into aligned memory usable in place. */
-  size_t padded = (n + 7) & ~(size_t)7, head = 8 + padded;
-  unsigned char *buf = malloc(head + extra);
-  if (!buf)
-    return attn_status_set(st, ATTN_PROTO_ENOMEM, "out of memory for the %zu-byte safetensors %s",
-                           head + extra, what);
-  for (int i = 0; i < 8; i++)
-    buf[i] = (unsigned char)((uint64_t)padded >> (8 * i));
-  memcpy(buf + 8, h, n);
-  memset(buf + 8 + n, ' ', padded - n);
-  *pbuf = buf;
-  *plen = head;
-  return 0;
-}
-
-int attn__st_frame(const char *h, size_t n, const void *const *parts, const size_t *sizes,
-                   int nparts, const char *what, void **pbuf, size_t *plen, attn_status *st) {
-  size_t data = 0, head;
-  for (int i = 0; i < nparts; i++)
-    data += sizes[i];
-  int rc = attn__st_head(h, n, data, what, pbuf, &head, st);
-  if (rc < 0)
-    return rc;
-  unsigned char *d = (unsigned char *)*pbuf + head;
-  for (int i = 0; i < nparts; i++) {
-    memcpy(d, parts[i], sizes[i]);
-    d += sizes[i];
-  }
-  *plen = head + data;
-  return 0;
-}
-
-_Static_assert(ATTN_PROTO_MAX_PARTS >= ATTN__MAX_OUTS, "a part per output at most");
-
-/* The reply's header (h, *hn bytes) and where its tensors lie; their
- * count, or an error. */
-static int reply_layout(const attn_proto_req *pr, char *h, size_t cap, size_t *hn,
-                        attn_proto_part parts[ATTN__MAX_OUTS], attn_status *st) {
-  attn__out t[ATTN__MAX_OUTS];
-  int n = pr->rank < 1 || pr->rank > 4 || !attn_dtype_size(pr->req.dtype)
-              ? 0
-              : attn__reply_outs(pr, false, t);
-  for (int i = 0; i < n; i++)
-    if (!t[i].data)
-      n = 0;
-  if (!n)
-    return attn_status_set(st, ATTN_EINVAL,
-                           "nothing to encode: the request holds no decoded result");
-  /* attn_proto_build allocated these very sizes, so they cannot overflow. */
-  size_t off = 0, o = (size_t)snprintf(h, cap, "{");
-  for (int i = 0; i < n; i++) {
-    parts[i] = (attn_proto_part){t[i].data, t[i].count * attn_dtype_size(t[i].dtype)};
-    o = attn__st_put_entry(h, cap, o, t[i].name, attn_dtype_name(t[i].dtype), t[i].shape, t[i].rank,
-                           off, off + parts[i].len);
-    off += parts[i].len;
-  }
-  if (pr->reply_meta && *pr->reply_meta && o < cap)
-    o += (size_t)snprintf(h + o, cap - o, ",\"__metadata__\":{%s}", pr->reply_meta);
-  if (o < cap)
-    o += (size_t)snprintf(h + o, cap - o, "}");
-  if (o >= cap)
-    return attn_status_set(st, ATTN_EINVAL, "safetensors header over %zu bytes", cap);
-  *hn = o;
-  return n;
-}
-
-/* Parts that lie one after the other in memory become one: the outputs
- * share one buffer (O, then m, l, lse), so most replies are two sends. */
-static int join_adjacent(attn_proto_part *parts, int n) {
-  int k = 0;
-  for (int i = 1; i < n; i++) {
-    if ((const char *)parts[k].data + parts[k].len == parts[i].data)
-      parts[k].len += parts[i].len;
-    else
-      parts[++k] = parts[i];
-  }
-  return n ? k + 1 : 0;
-}
-
-int attn_proto_encode_safetensors_parts(const attn_proto_req *pr, void **phead, size_t *phlen,
-                                        attn_proto_part parts[ATTN_PROTO_MAX_PARTS], int *nparts,
-                                        attn_status *st) {
-  *phead = NULL;
-  *phlen = 0;
-  *nparts = 0;
-  char h[4096]; /* a batch call's lengths ride in __metadata__ */
-  size_t hn = 0;
-  int n = reply_layout(pr, h, sizeof h, &hn, parts, st);
-  int rc = n < 0 ? n : attn__st_head(h, hn, 0, "reply", phead, phlen, st);
-  if (rc < 0)
-    return rc;
-  *nparts = join_adjacent(parts, n);
-  return 0;
-}
-
-int attn_proto_encode_safetensors(const attn_proto_req *pr, void **pbuf, size_t *plen,
-                                  attn_status *st) {
-  *pbuf = NULL;
-  *plen = 0;
-  char h[4096]; /* a batch call's lengths ride in __metadata__ */
-  size_t hn = 0;
-  attn_proto_part p[ATTN__MAX_OUTS];
-  int n = reply_layout(pr, h, sizeof h, &hn, p, st);
-  if (n < 0)
-    return n;
-  const void *parts[ATTN__MAX_OUTS];
-  size_t sizes[ATTN__MAX_OUTS];
-  for (int i = 0; i < n; i++)
-    parts[i] = p[i].data, sizes[i] = p[i].len;
-  return attn__st_frame(h, hn, parts, sizes, n, "reply", pbuf, plen, st);
 }

@@ -2,8 +2,8 @@
  * session.c — a session call's body (proto.h, "sessions"): its own fields
  * (layer, pos, sessions) from any source, and its request from its
  * tensors. The rest of the body is a forward request's, decoded by the
- * same codecs, which hand these fields here when attn_options.session is
- * set.
+ * same codecs, to which attn_proto_decode_session hands these fields (and
+ * k and v as optional) as data, attn__fields.
  */
 #include "internal.h"
 #include "proto.h"
@@ -23,9 +23,10 @@ static bool name_is(const char *name, size_t len, const char *want) {
   return strlen(want) == len && !memcmp(name, want, len);
 }
 
-bool attn__session_is_field(const attn_options *o, const char *name, size_t len) {
-  return o->session && (name_is(name, len, "layer") || name_is(name, len, "pos") ||
-                        (o->session->batch && name_is(name, len, "sessions")));
+static bool is_field(const void *ctx, const char *name, size_t len) {
+  const attn_proto_session *ps = ctx;
+  return name_is(name, len, "layer") || name_is(name, len, "pos") ||
+         (ps->batch && name_is(name, len, "sessions"));
 }
 
 /* An integer from 0 to 2^40 in v[0..n); false if it is not one. */
@@ -90,8 +91,10 @@ static int set_id(attn_proto_session *ps, int i, const char *v, size_t n, attn_s
   return 0;
 }
 
-int attn__session_field(attn_proto_session *ps, const char *name, size_t nlen, const char *value,
-                        size_t vlen, const char *source, attn_status *st) {
+/* A field from its text (a comma-separated list for pos and sessions). */
+static int field_text(void *ctx, const char *name, size_t nlen, const char *value, size_t vlen,
+                      const char *source, attn_status *st) {
+  attn_proto_session *ps = ctx;
   if (name_is(name, nlen, "layer"))
     return parse_count(value, vlen, &ps->layer) && ps->layer < ATTN_KV_MAX_LAYERS
                ? 0
@@ -120,8 +123,9 @@ static size_t scalar_text(attn__jr *v, char *buf, size_t cap) {
   return 0;
 }
 
-int attn__session_json(attn_proto_session *ps, const char *name, size_t nlen, attn__jr v,
-                       attn_status *st) {
+/* A field from its JSON value (a number, string or array of them). */
+static int field_json(void *ctx, const char *name, size_t nlen, attn__jr v, attn_status *st) {
+  attn_proto_session *ps = ctx;
   char item[ATTN_KV_ID_MAX + 2];
   bool ids = name_is(name, nlen, "sessions");
   const char *want = ids                                          ? "an array of session ids"
@@ -133,7 +137,7 @@ int attn__session_json(attn_proto_session *ps, const char *name, size_t nlen, at
     if (ids || (ps->batch && !name_is(name, nlen, "layer")) || !attn__jr_is_number(&v))
       return bad_value(key, "JSON body", want, st);
     size_t n = scalar_text(&v, item, sizeof item);
-    return attn__session_field(ps, name, nlen, item, n, "JSON body", st);
+    return field_text(ps, name, nlen, item, n, "JSON body", st);
   }
   if (!ps->batch || name_is(name, nlen, "layer"))
     return bad_value(key, "JSON body", want, st);
@@ -253,11 +257,12 @@ static int check_options(const attn_options *o, attn_status *st) {
   return 0;
 }
 
-int attn__build_session(attn_proto_req *pr, const attn_proto_tensor *t, const attn_options *opts,
-                        attn_status *st) {
+/* The call's request from its tensors, fields and options. */
+static int build(attn_proto_req *pr, const attn_proto_tensor *t, const attn_proto_session *ps,
+                 const attn_options *opts, attn_status *st) {
   int rc;
-  if ((rc = check_tensors(t, st)) || (rc = check_fields(opts->session, t, st)) ||
-      (rc = check_offsets(opts->session, t, st)) || (rc = check_options(opts, st)) ||
+  if ((rc = check_tensors(t, st)) || (rc = check_fields(ps, t, st)) ||
+      (rc = check_offsets(ps, t, st)) || (rc = check_options(opts, st)) ||
       (rc = attn__check_alibi(&t[ATTN_PROTO_T_ALIBI], t, st)))
     return rc;
   int64_t q[4], k[4] = {0, 0, 0, 0};
@@ -270,7 +275,7 @@ int attn__build_session(attn_proto_req *pr, const attn_proto_tensor *t, const at
   memcpy(pr->shape_kv, t[ATTN_PROTO_T_K].shape, sizeof pr->shape_kv);
   attn_request *r = &pr->req;
   attn_request_init(r);
-  r->batch = opts->session->batch ? opts->session->nids : 1;
+  r->batch = ps->batch ? ps->nids : 1;
   r->heads_q = q[1];
   r->heads_kv = k[1];
   r->seq_q = q[2];
@@ -292,6 +297,27 @@ int attn__build_session(attn_proto_req *pr, const attn_proto_tensor *t, const at
   r->cu_seqlens_q = t[ATTN_PROTO_T_CU_Q].data;
   r->cu_seqlens_kv = t[ATTN_PROTO_T_CU_KV].data;
   return attn__alloc_outputs(pr, st);
+}
+
+int attn_proto_decode_session(const char *body, size_t len, bool json, const char *query,
+                              attn_proto_session *ps, attn_proto_req *pr, attn_status *st) {
+  const attn__fields fields = {ps, is_field, field_text, field_json,
+                               1u << ATTN_PROTO_T_K | 1u << ATTN_PROTO_T_V};
+  attn_options q, opts;
+  attn_proto_tensor t[ATTN_PROTO_MAX_TENSORS];
+  attn_options_init(&q);
+  q.fields = &fields;
+  memset(pr, 0, sizeof *pr);
+  int rc = attn_options_parse_query(&q, query, st);
+  if (rc == 0)
+    rc = json ? attn__json_tensors(body, len, ATTN_FORWARD, &q, pr, t, &opts, st)
+              : attn__st_tensors(body, len, ATTN_FORWARD, &q, pr, t, &opts, st);
+  if (rc == 0)
+    rc = build(pr, t, ps, &opts, st);
+  pr->opts.fields = NULL; /* they were this call's, on its stack */
+  if (rc < 0)
+    attn_proto_req_free(pr);
+  return rc;
 }
 
 int64_t attn_proto_session_entries(const attn_proto_session *ps, const attn_request *req,

@@ -27,7 +27,7 @@
  * SIGUSR1 are logged and ignored.
  */
 #include "loop.h"
-#include "sessions.h"
+#include "kind.h"
 #include "route.h"
 #include "jobs.h"
 #include "work.h"
@@ -133,7 +133,7 @@ static void note_canceled_job(attnd_req *r) {
 /* The job has ended: account for it and start the next. */
 static void complete(attnd_req *r) {
   attnd_server *s = r->srv;
-  if (!r->route->session) {
+  if (r->route->kind->slot) {
     s->running--;
     r->who->running--;
   }
@@ -221,8 +221,8 @@ void attnd_loop_cancel(attnd_server *s, attnd_req *r, attnd_cancel_reason why) {
   if (r->answered)
     return;
   attn_cancel_set(&r->cancel);
-  if (r->dispatched)
-    attnd_sessions_cancel(r);
+  if (r->dispatched && r->route->kind->cancel) /* a kind that holds jobs of its own */
+    r->route->kind->cancel(r);
   r->canceled = true;
   r->cancel_why = why;
   r->t_done = attn_now();
@@ -249,7 +249,7 @@ static void start(attnd_server *s, attnd_req *r, double now) {
   r->dispatched = true;
   r->t_started = now;
   attnd_metrics_queue_wait(s->metrics, now - r->t_admitted);
-  if (!r->route->session) { /* a session call holds no slot (admit) */
+  if (r->route->kind->slot) { /* a kind without holds none (admit) */
     s->running++;
     r->who->running++;
   }
@@ -304,11 +304,9 @@ static void admit(attnd_server *s, attnd_req *r) {
   attnd_metrics_gauge_add(s->metrics, ATTND_GAUGE_QUEUE_DEPTH, 1);
   attnd_jobs_push(&s->pend_head, &s->pend_tail, r);
   attnd_jobs_add(s, r);
-  /* A session call holds a place of --max-queue but takes no running
-   * slot, nor waits for one: the session store orders the calls of each
-   * layer and batches those that wait together, and a call kept there
-   * (waiting for its layer) must not keep other requests from their slots. */
-  if (r->route->session)
+  /* A kind that takes no running slot holds a place of --max-queue but
+   * does not wait for a slot either: it orders its jobs itself (kind.h). */
+  if (!r->route->kind->slot)
     start(s, r, r->t_admitted);
 }
 

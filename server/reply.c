@@ -4,7 +4,8 @@
  * request id, CORS, Server-Timing, the console's, Allow, Retry-After.
  */
 #include "reply.h"
-#include "sessions.h"
+#include "kind.h"
+#include "route.h"
 #include "errors.h"
 #include "work.h"
 #include "log.h"
@@ -126,8 +127,10 @@ enum MHD_Result attnd_reply_queue(attnd_req *r) {
   add_cors(r, resp);
   add_server_timing(r, resp);
   add_console_headers(r, resp);
-  if (r->status == 200 && attnd_sessions_length_header(r))
-    MHD_add_response_header(resp, "X-Session-Length", attnd_sessions_length_header(r));
+  const attnd_kind *kind = attnd_req_computes(r) ? r->route->kind : NULL;
+  const char *value = kind && kind->reply_header ? kind->reply_value(r) : NULL;
+  if (r->status == 200 && value) /* a header of the kind's own */
+    MHD_add_response_header(resp, kind->reply_header, value);
   if (r->status == MHD_HTTP_UNAUTHORIZED)
     MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"attnd\"");
   if (r->retry_after)

@@ -5,9 +5,8 @@
  * drain waits for, and its metrics label.
  */
 #include "request.h"
-#include "sessions.h"
 #include "errors.h"
-#include "work.h"
+#include "kind.h"
 #include "route.h"
 
 #include <stdio.h>
@@ -33,7 +32,8 @@ void attnd_req_unref(attnd_req *r) {
   if (atomic_fetch_sub(&r->refs, 1) != 1)
     return;
   attn_proto_req_free(&r->pr);
-  attnd_sessions_free(r);
+  if (attnd_req_computes(r) && r->route->kind->free) /* what its kind holds beside r */
+    r->route->kind->free(r);
   attnd_req_drop_body(r);
   free(r->plain);
   attnd_body_release(r);
@@ -45,9 +45,16 @@ void attnd_req_unref(attnd_req *r) {
   free(r);
 }
 
-bool attnd_req_computes(const attnd_req *r) { return r->route && r->route->computes; }
+bool attnd_req_computes(const attnd_req *r) { return r->route && r->route->kind; }
 
-attn_pass attnd_req_pass(const attnd_req *r) { return r->route ? r->route->pass : ATTN_FORWARD; }
+attn_pass attnd_req_pass(const attnd_req *r) {
+  return attnd_req_computes(r) ? r->route->kind->pass : ATTN_FORWARD;
+}
+
+void attnd_outbuf_free(attnd_server *s, void *p) {
+  if (p && !(s && s->engine && attn_engine_host_free(s->engine, p)))
+    free(p);
+}
 
 /* ---- the reply ------------------------------------------------------------ */
 

@@ -134,7 +134,7 @@ typedef struct attnd_req {
   char *plain;
   size_t plain_len;
   attn_proto_req pr;
-  struct attnd_sess *sess; /* a session call's fields and call (sessions.h), or NULL */
+  void *state; /* its kind's own (kind.h), freed by the kind's free; or NULL */
   attn_result res;
   bool in_engine;     /* submitted: the engine will report back */
   int cancel;         /* the engine's cancel flag (attn_cancel_set), any thread */
@@ -175,6 +175,8 @@ void attnd_req_reply_json(attnd_req *r, int status, attn_sbuf *b);
  * message, and the error is counted by code. ATTND_ECLIENT_CLOSED sets no
  * reply: the connection is closed unanswered. */
 void attnd_req_fail(attnd_req *r, int code, const char *message);
+/* A reply's tensor buffer freed: the engine's when it lent it, else free(). */
+void attnd_outbuf_free(attnd_server *s, void *p);
 /* Gives r's body buffer back (the heap's, or a mapping to keep warm). */
 void attnd_req_drop_body(attnd_req *r);
 /* Takes n bytes of the body budget for r (false: over budget), or gives
@@ -183,10 +185,11 @@ bool attnd_body_reserve(attnd_req *r, size_t n);
 void attnd_body_release(attnd_req *r);
 /* Sets r's reply to 503 queue_full: a reservation did not fit. */
 void attnd_body_over_budget(attnd_req *r);
-/* Whether r's route computes (queues engine work, which the loop
- * answers); every other route is answered on the HTTP thread. */
+/* Whether r's route computes (has a kind, kind.h: it queues engine work,
+ * which the loop answers); every other route is answered on the HTTP
+ * thread. */
 bool attnd_req_computes(const attnd_req *r);
-/* The pass r asks for: backward for /attention/backward. */
+/* The pass r asks for: its kind's (backward for /attention/backward). */
 attn_pass attnd_req_pass(const attnd_req *r);
 /* HTTP thread: r's headers arrived and its body is being read (r->fd set),
  * which a drain waits for; or that ended (a no-op when it never began). */

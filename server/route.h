@@ -10,6 +10,7 @@
 #include <stdbool.h>
 
 struct attnd_req;
+struct attnd_kind;
 
 /* The methods a route answers, a bit each; GET also answers HEAD. */
 enum { ATTND_GET = 1, ATTND_POST = 2, ATTND_PUT = 4, ATTND_DELETE = 8 };
@@ -22,9 +23,10 @@ typedef struct attnd_route {
    * checked by its handler), and "{console}" for any of the console's
    * files. */
   const char *pattern;
-  bool open;     /* served without the API key (probes, the console) */
-  bool computes; /* a POST that queues engine work, answered by the loop */
-  attn_pass pass;
+  bool open; /* served without the API key (probes, the console) */
+  /* What it computes (kind.h), for a POST that queues engine work,
+   * answered by the loop; NULL for every other route. */
+  const struct attnd_kind *kind;
   /* Its series in the metrics; NULL: the path itself. */
   const char *label;
   /* How the 404 text of its part of the API (/v2 or the rest) names it, or
@@ -37,8 +39,6 @@ typedef struct attnd_route {
    * methods of body_methods, the others going to answer. */
   void (*after_body)(struct attnd_req *r);
   unsigned body_methods;
-  /* A session call: it computes through the session store (sessions.h). */
-  bool session;
 } attnd_route;
 
 #endif

@@ -3,7 +3,8 @@
  * methods, path pattern, whether it is open without the API key, whether it
  * computes, its metrics label, its words in the 404 text and its handler.
  * Routing, the key check, the metrics, the console and the 404 and 405
- * replies all read it; a new route is a row and a handler.
+ * replies all read it; a new route is a row and a handler, or for one that
+ * computes, a row and a kind (kind.h).
  */
 #ifndef ATTND_ROUTES_H
 #define ATTND_ROUTES_H

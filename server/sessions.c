@@ -4,7 +4,6 @@
 #include "sessions.h"
 #include "errors.h"
 #include "log.h"
-#include "route.h"
 #include "prom.h"
 
 #include <stdio.h>
@@ -13,30 +12,16 @@
 
 #define PREFIX "/v1/sessions/"
 
-/* A session call's state beside r (r->sess). */
-typedef struct attnd_sess {
-  attn_proto_session ps;
-  attn_kv_call call;
-  attn_kv_entry entries[ATTN_PROTO_MAX_BATCH];
-  char id[ATTN_KV_ID_MAX + 1];
-  char length_header[24];
-} attnd_sess;
-
-#define OFF \
-  "sessions are off on this server (--session-memory 0); send whole requests to POST /attention"
-
 /* The store, or false with r's 404 when sessions are off. */
 static bool store_of(attnd_req *r, attn_kv_store **ps) {
   *ps = r->srv->kv;
   if (*ps)
     return true;
-  attnd_req_fail(r, ATTND_ENOT_FOUND, OFF);
+  attnd_req_fail(r, ATTND_ENOT_FOUND, ATTND_SESSIONS_OFF);
   return false;
 }
 
-/* The session id in a path under PREFIX (up to its next '/'), checked,
- * into id. 0 or the check's error. */
-static int id_of(const char *path, char id[ATTN_KV_ID_MAX + 1], attn_status *st) {
+int attnd_sessions_id(const char *path, char id[ATTN_KV_ID_MAX + 1], attn_status *st) {
   const char *p = path + strlen(PREFIX);
   size_t n = strcspn(p, "/");
   int rc = attn_kv_id_check(p, n, st);
@@ -50,7 +35,7 @@ static int id_of(const char *path, char id[ATTN_KV_ID_MAX + 1], attn_status *st)
 /* The id in r's path into id; false with r's 422. */
 static bool path_id(attnd_req *r, char id[ATTN_KV_ID_MAX + 1]) {
   attn_status st;
-  if (id_of(r->path, id, &st) == 0)
+  if (attnd_sessions_id(r->path, id, &st) == 0)
     return true;
   attnd_req_fail(r, st.code, st.message);
   return false;
@@ -146,76 +131,6 @@ void attnd_sessions_list(attnd_req *r) {
                    (unsigned long long)stats.reserved_bytes, (unsigned long long)stats.used_bytes,
                    (unsigned long long)mine, (unsigned long long)stats.tenant_cap_bytes);
   attnd_req_reply_json(r, 200, &b);
-}
-
-/* ---- the calls that compute ---------------------------------------------- */
-
-int attnd_sessions_prepare(attnd_req *r, attn_options *query, attn_status *st) {
-  if (!r->srv->kv) /* the HTTP thread's routes' 404 (store_of), from the threadpool */
-    return attn_status_set(st, ATTND_ENOT_FOUND, "%s", OFF);
-  if (!r->sess && !(r->sess = calloc(1, sizeof *r->sess)))
-    return attn_status_set(st, ATTN_ENOMEM, "out of memory for a session call");
-  attnd_sess *ss = r->sess;
-  bool batch = !r->route->pattern || !strstr(r->route->pattern, "{session}");
-  attn_proto_session_init(&ss->ps, batch);
-  query->session = &ss->ps;
-  return batch ? 0 : id_of(r->path, ss->id, st);
-}
-
-int attnd_sessions_submit(attnd_req *r, attn_done_fn done, attn_status *st) {
-  attnd_sess *ss = r->sess;
-  attn_kv_call *c = &ss->call;
-  const attn_request *req = &r->pr.req;
-  *c = (attn_kv_call){.tenant = r->tenant, .layer = ss->ps.layer, .entries = ss->entries};
-  c->nentries = attn_proto_session_entries(&ss->ps, req, ss->id, ss->entries);
-  c->k_new = req->k;
-  c->v_new = req->v;
-  c->total_new = req->k ? req->seq_kv : 0;
-  c->req = *req;
-  c->req.k = c->req.v = NULL;
-  c->req.cu_seqlens_kv = NULL;
-  c->req.seq_kv = 0;
-  c->req.batch = 1;
-  if (!ss->ps.batch)
-    c->req.cu_seqlens_q = NULL;
-  return attn_kv_submit(r->srv->kv, c, attn_now(), done, r, st);
-}
-
-void attnd_sessions_reply_fields(attnd_req *r) {
-  attnd_sess *ss = r->sess;
-  attn_sbuf j = {0}, m = {0};
-  const attn_kv_call *c = &ss->call;
-  if (!ss->ps.batch) {
-    attn_sbuf_printf(&j, "\"length\": %lld, \"replay\": %s", (long long)c->entries[0].length,
-                     c->entries[0].replay ? "true" : "false");
-    attn_sbuf_printf(&m, "\"length\": \"%lld\"", (long long)c->entries[0].length);
-    snprintf(ss->length_header, sizeof ss->length_header, "%lld", (long long)c->entries[0].length);
-  } else {
-    attn_sbuf_puts(&j, "\"lengths\": [");
-    attn_sbuf_puts(&m, "\"lengths\": \"");
-    for (int64_t e = 0; e < c->nentries; e++) {
-      attn_sbuf_printf(&j, "%s%lld", e ? ", " : "", (long long)c->entries[e].length);
-      attn_sbuf_printf(&m, "%s%lld", e ? "," : "", (long long)c->entries[e].length);
-    }
-    attn_sbuf_puts(&j, "]");
-    attn_sbuf_puts(&m, "\"");
-  }
-  r->pr.reply_json = j.oom ? (free(j.p), NULL) : j.p;
-  r->pr.reply_meta = m.oom ? (free(m.p), NULL) : m.p;
-}
-
-const char *attnd_sessions_length_header(const attnd_req *r) {
-  return r->sess && r->sess->length_header[0] ? r->sess->length_header : NULL;
-}
-
-void attnd_sessions_cancel(attnd_req *r) {
-  if (r->route->session)
-    attn_kv_cancel(r->srv->kv, &r->cancel);
-}
-
-void attnd_sessions_free(attnd_req *r) {
-  free(r->sess);
-  r->sess = NULL;
 }
 
 /* ---- the store's life ------------------------------------------------------ */

@@ -11,8 +11,8 @@
  *   POST /v1/sessions/_batch             one layer of many sessions (computes)
  *
  * The first three answer on the HTTP thread (a lock and a small JSON
- * document); the two that compute go through the loop as /attention does,
- * their body decoded by the forward codecs with a session's fields.
+ * document); the two that compute are kinds (kind_session.c) and go
+ * through the loop as /attention does.
  */
 #ifndef ATTND_SESSIONS_H
 #define ATTND_SESSIONS_H
@@ -24,16 +24,12 @@ void attnd_sessions_list(attnd_req *r);
 void attnd_sessions_resource(attnd_req *r);
 void attnd_sessions_truncate(attnd_req *r);
 
-/* Threadpool: before decoding a session call's body, its fields' home
- * (r->sess) pointed to by the query options; 0 or an error. */
-int attnd_sessions_prepare(attnd_req *r, attn_options *query, attn_status *st);
-/* Threadpool: the decoded call to the store, done called when computed. */
-int attnd_sessions_submit(attnd_req *r, attn_done_fn done, attn_status *st);
-/* Threadpool, before encoding: the layer's length (or the batch's) into
- * the reply. */
-void attnd_sessions_reply_fields(attnd_req *r);
-/* The header X-Session-Length's value for r's reply, or NULL. */
-const char *attnd_sessions_length_header(const attnd_req *r);
+/* The 404 of every session route on a server without sessions. */
+#define ATTND_SESSIONS_OFF \
+  "sessions are off on this server (--session-memory 0); send whole requests to POST /attention"
+/* The session id in a path under /v1/sessions/ (up to its next '/'),
+ * checked, into id; 0 or the check's error. */
+int attnd_sessions_id(const char *path, char id[ATTN_KV_ID_MAX + 1], attn_status *st);
 /* Start-up: the store (none with --session-memory 0), with the sessions
  * of --session-dir loaded; -1 with a message on stderr. */
 int attnd_sessions_open(attnd_server *s);
@@ -44,10 +40,5 @@ void attnd_sessions_close(attnd_server *s, bool save_only);
 /* The "sessions" member of /v1/info, and the sessions' series of /metrics. */
 void attnd_sessions_info(attn_sbuf *b, const attnd_server *s);
 void attnd_sessions_metrics(attn_sbuf *b, const attnd_server *s);
-/* The loop canceled r (its flag is set): a session call waiting in the
- * store ends now, a job of several calls once all its callers cancel. */
-void attnd_sessions_cancel(attnd_req *r);
-/* Frees what a session call held (any thread, when r is freed). */
-void attnd_sessions_free(attnd_req *r);
 
 #endif

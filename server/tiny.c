@@ -2,6 +2,7 @@
  * tiny.c — tiny jobs computed on the HTTP thread (tiny.h).
  */
 #include "tiny.h"
+#include "kind.h"
 #include "route.h"
 #include "errors.h"
 #include "jobs.h"
@@ -14,7 +15,7 @@
  * whose engine computes on the CPU (a GPU job would block this thread on
  * the device's round trip). */
 static bool may_be_tiny(const attnd_req *r) {
-  return attnd_req_computes(r) && !r->route->session && r->encoding == ATTND_ENC_IDENTITY &&
+  return attnd_req_computes(r) && r->route->kind->tiny && r->encoding == ATTND_ENC_IDENTITY &&
          r->len <= ATTND_TINY_BODY && !strcmp(r->srv->backend, "cpu");
 }
 

@@ -35,7 +35,4 @@ void attnd_work_reply(attnd_req *r);
  * (the reply stays). */
 void attnd_work_drop_inputs(attnd_req *r);
 
-/* A reply's tensor buffer freed: the engine's when it lent it, else free(). */
-void attnd_outbuf_free(attnd_server *s, void *p);
-
 #endif

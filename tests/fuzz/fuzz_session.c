@@ -85,20 +85,13 @@ static void check_entries(const attn_proto_session *ps, const attn_request *req,
     abort();
 }
 
-/* A call's query string and body, decoded as the server does (its session
- * fields first, then the query's options, then the body's). */
+/* A call's query string and body, decoded as the server does. */
 static void call(bool batch, bool json, const char *query, const char *body, size_t len) {
   attn_proto_session ps;
-  attn_options q;
   attn_proto_req pr;
   attn_status st;
   attn_proto_session_init(&ps, batch);
-  attn_options_init(&q);
-  q.session = &ps;
-  int rc = attn_options_parse_query(&q, query, &st);
-  if (rc == 0)
-    rc = json ? attn_proto_decode_json_pass(body, len, ATTN_FORWARD, &q, &pr, &st)
-              : attn_proto_decode_safetensors_pass(body, len, ATTN_FORWARD, &q, &pr, &st);
+  int rc = attn_proto_decode_session(body, len, json, query, &ps, &pr, &st);
   if (rc) {
     check_refusal(rc, &st);
     return;

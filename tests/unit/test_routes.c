@@ -1,11 +1,12 @@
 /*
  * test_routes.c — the route table (server/routes.c) against an expectation
  * written out here: every route of the API resolves to its row, which are
- * open without a key, which compute and which pass, their metrics labels,
- * and the 404 and 405 replies of paths and methods there are none for,
- * word for word as the API has always given them.
+ * open without a key, which compute (and their kinds' ops are whole) and
+ * which pass, their metrics labels, and the 404 and 405 replies of paths and methods there are none
+ * for, word for word as the API has always given them.
  */
 #include "auth.h"
+#include "kind.h"
 #include "routes.h"
 
 #include <criterion/criterion.h>
@@ -105,6 +106,10 @@ Test(routes, every_route_of_the_api_resolves_to_its_row) {
     cr_expect_eq(attnd_req_computes(r), e->computes, "%s %s: computes", e->method, e->path);
     cr_expect_eq(r->route->answer == NULL, e->computes, "%s: a handler, or the loop", e->path);
     cr_expect_eq(attnd_req_pass(r), e->pass, "%s: pass", e->path);
+    const attnd_kind *k = r->route->kind;
+    cr_expect(!k || (k->need && k->too_large && k->decode && k->submit && k->encode &&
+                     (!k->reply_header == !k->reply_value)),
+              "%s: its kind lacks an op the pipeline calls", e->path);
     cr_expect_str_eq(attnd_req_route_label(r), e->label, "%s: label", e->path);
     cr_expect_eq(r->v2, !strncmp(e->path, "/v2", 3), "%s: the inference protocol's", e->path);
     cr_expect_eq(r->asset != NULL, !strcmp(e->path, "/") || !strncmp(e->path, "/console/", 9),

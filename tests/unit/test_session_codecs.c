@@ -18,12 +18,8 @@
 
 static int decode_json(const char *body, const char *query, bool batch, attn_proto_session *ps,
                        attn_proto_req *pr, attn_status *st) {
-  attn_options q;
-  attn_options_init(&q);
   attn_proto_session_init(ps, batch);
-  q.session = ps;
-  int rc = attn_options_parse_query(&q, query, st);
-  return rc ? rc : attn_proto_decode_json(body, strlen(body), &q, pr, st);
+  return attn_proto_decode_session(body, strlen(body), true, query, ps, pr, st);
 }
 
 Test(session_codecs, json_fields_and_defaults) {
@@ -142,19 +138,16 @@ Test(session_codecs, safetensors_metadata) {
   attn_proto_session ps;
   attn_proto_req pr;
   attn_status st;
-  attn_options q;
   size_t len;
   char *b = st_file("{\"layer\": \"4\", \"causal\": \"false\"}", &len);
-  attn_options_init(&q);
   attn_proto_session_init(&ps, false);
-  q.session = &ps;
-  cr_assert_eq(attn_proto_decode_safetensors(b, len, &q, &pr, &st), 0, "%s", st.message);
+  cr_assert_eq(attn_proto_decode_session(b, len, false, NULL, &ps, &pr, &st), 0, "%s", st.message);
   cr_expect(ps.layer == 4 && !pr.req.causal && !pr.req.k);
   attn_proto_req_free(&pr);
   free(b);
   b = st_file("{\"layer\": \"x\"}", &len);
   attn_proto_session_init(&ps, false);
-  cr_expect_eq(attn_proto_decode_safetensors(b, len, &q, &pr, &st), ATTN_PROTO_EOPTVALUE);
+  cr_expect_eq(attn_proto_decode_session(b, len, false, NULL, &ps, &pr, &st), ATTN_PROTO_EOPTVALUE);
   attn_proto_req_free(&pr);
   free(b);
 }

@@ -15,12 +15,8 @@
 
 static int decode(const char *body, const char *query, bool batch, attn_proto_session *ps,
                   attn_proto_req *pr, attn_status *st) {
-  attn_options q;
-  attn_options_init(&q);
   attn_proto_session_init(ps, batch);
-  q.session = ps;
-  int rc = attn_options_parse_query(&q, query, st);
-  return rc ? rc : attn_proto_decode_json(body, strlen(body), &q, pr, st);
+  return attn_proto_decode_session(body, strlen(body), true, query, ps, pr, st);
 }
 
 #define BQ "\"q\": [[1], [2], [3]], \"cu_seqlens_q\": [0, 1, 1, 3]"

@@ -31,7 +31,11 @@ def objects(build):
             if f.endswith(".o"):
                 path = os.path.join(d, f)
                 src = os.path.relpath(path, root)[:-2]
-                if src.startswith(PRODUCT):
+                # an object left by a source since moved, deleted or changed
+                # is not the tree's (a CUDA=0 build keeps an older nvcc build's)
+                live = [src + e for e in (".c", ".cu") if os.path.exists(src + e)]
+                fresh = live and os.path.getmtime(path) >= os.path.getmtime(live[0])
+                if src.startswith(PRODUCT) and fresh:
                     yield src, path
 
 

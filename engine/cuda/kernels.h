@@ -41,7 +41,7 @@
  *
  * Paged K/V (params.k_table set): a forward launch may read K and V
  * through page tables instead of the packed tensors, as FlashAttention's
- * block_table does for a session's KV cache (engine/kvpages.h). Key j of
+ * block_table does for a session's KV cache (engine/kv/pages.h). Key j of
  * (batch b, KV head hk) is row j % page_tokens of page
  * k_table[(b·Hkv + hk)·pages_per_head + j / page_tokens] (V likewise with
  * v_table), and page n starts at page_base + n·page_bytes; a page's rows

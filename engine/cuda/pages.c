@@ -3,7 +3,7 @@
  * pages_open, pages_close and pages_copy ops), and a paged job's page
  * tables.
  *
- * The store (engine/kvpages.c) keeps its free list and page tables on the
+ * The store (engine/kv/pages.c) keeps its free list and page tables on the
  * host as ever; only the pages' bytes live here, in one allocation on the
  * first healthy device, zeroed so that the padding columns of every row
  * (rows are dp elements: the kernels' packed layout) stay zero for good.

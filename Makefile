@@ -281,9 +281,12 @@ SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/obj/%.o) $(CONSOLE_OBJ)
 # their paths, Content-Types and ETags (URL TYPE FILE, three words each).
 CONSOLE_FILES = / "text/html; charset=utf-8" server/console/index.html \
                 /console/console.css "text/css; charset=utf-8" server/console/console.css \
-                /console/console.js "text/javascript; charset=utf-8" server/console/console.js
+                /console/console.js "text/javascript; charset=utf-8" server/console/console.js \
+                /console/console_plan.js "text/javascript; charset=utf-8" server/console/console_plan.js \
+                /console/console_live.js "text/javascript; charset=utf-8" server/console/console_live.js
 CONSOLE_DEPS = $(wildcard server/console/index.html server/console/console.css \
-                          server/console/console.js)
+                          server/console/console.js server/console/console_plan.js \
+                          server/console/console_live.js)
 CONSOLE_OBJ = $(BUILD)/obj/gen/console_assets.o
 
 .PHONY: all deps bench-deps test sass-check test-gpu test-image bench bench-peak bench-f16split bench-peers \

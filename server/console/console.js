@@ -2,11 +2,14 @@
  * console.js — attnd's web console: plain JavaScript, no library, no build
  * step, and no request to any origin but this server's.
  *
- * Three parts share one state object, window.attnConsole, which also lets
- * tests read the numbers behind what is drawn:
- *   playground  POST /attention with seeded or pasted tensors (stats: true),
- *               and a heatmap of P = exp(s - m) / l computed here in float64
- *               from this page's Q and K and the server's m and l;
+ * Its parts share one object, window.attnConsole: the state below, which
+ * also lets tests read the numbers behind what is drawn, and under .lib the
+ * helpers this file lends the panels in console_plan.js and console_live.js
+ * (loaded after it, in order, by defer):
+ *   playground  (here) POST /attention with seeded or pasted tensors
+ *               (stats: true), and a heatmap of P = exp(s - m) / l computed
+ *               here in float64 from this page's Q and K and the server's m
+ *               and l;
  *   plan        GET /attention/plan for N = 256 ... 2^20, a log-log chart;
  *   live        GET /metrics every second, rolling five-minute charts;
  *   sessions    GET /v1/sessions with each poll: the caller's sessions, each
@@ -27,6 +30,7 @@
   };
   window.attnConsole = state;
   let apiKey = null;   // never stored anywhere but here
+  const starters = []; // what each panel runs once /v1/info answered, in load order
 
   /* ---- the API ------------------------------------------------------------ */
 
@@ -223,6 +227,16 @@
     return (n >= 100 || i === 0 ? Math.round(n) : n.toPrecision(3).replace(/\.?0+$/, "")) + " " + u[i];
   }
 
+  const SVG = "http://www.w3.org/2000/svg";
+
+  function svgEl(parent, name, attrs, text) {
+    const e = document.createElementNS(SVG, name);
+    for (const k in attrs) e.setAttribute(k, attrs[k]);
+    if (text !== undefined) e.textContent = text;
+    parent.appendChild(e);
+    return e;
+  }
+
   const SHOWN = 48;
   function showTensors(reply) {
     const box = $("pg-tensors");
@@ -397,335 +411,6 @@
   $("hm-b").addEventListener("change", heatCompute);
   $("hm-h").addEventListener("change", heatCompute);
 
-  /* ---- the memory plan --------------------------------------------------------- */
-
-  const PLAN_NS = Array.from({ length: 13 }, (_, i) => 256 * Math.pow(2, i)); // 256 ... 2^20
-  const SEED = { batch: 1, heads: 1, seq_q: 4096, head_dim: 64, dtype: "F32" };
-  const SVG = "http://www.w3.org/2000/svg";
-
-  function svgEl(parent, name, attrs, text) {
-    const e = document.createElementNS(SVG, name);
-    for (const k in attrs) e.setAttribute(k, attrs[k]);
-    if (text !== undefined) e.textContent = text;
-    parent.appendChild(e);
-    return e;
-  }
-
-  function planQuery(p) {
-    return "/attention/plan?" + new URLSearchParams(Object.entries(p).map(([k, v]) => [k, String(v)])).toString();
-  }
-
-  async function updatePlan() {
-    const st = $("plan-status");
-    let shape;
-    try {
-      shape = { batch: intOf("pg-batch", 1), heads: intOf("pg-heads", 1), heads_kv: intOf("pg-heads-kv", 1), head_dim: intOf("pg-d", 1), dtype: $("pg-dtype").value };
-    } catch (e) { st.textContent = e.message; return; }
-    st.textContent = "asking the server…";
-    // one call first: a shape the server refuses is refused once, not 13 times
-    const first = await api(planQuery(Object.assign({}, shape, { seq_q: PLAN_NS[0] })));
-    if (first.status !== 200) { st.textContent = "the plan failed: " + errorText(first); return; }
-    const calls = PLAN_NS.slice(1).map((n) => api(planQuery(Object.assign({}, shape, { seq_q: n }))));
-    calls.push(api(planQuery(SEED)));
-    const rs = [first].concat(await Promise.all(calls));
-    const bad = rs.find((r) => r.status !== 200);
-    if (bad) { st.textContent = "the plan failed: " + errorText(bad); return; }
-    const point = (n, j) => ({
-      n: n,
-      standard: j.bytes.s_plus_p,
-      flash: j.bytes.m + j.bytes.l + j.bytes.workspace,
-      ratio: j.bytes.s_plus_p / (j.bytes.m + j.bytes.l + j.bytes.workspace),
-      total_ratio: j.ratios.standard_over_flash,
-    });
-    const points = PLAN_NS.map((n, i) => point(n, rs[i].body));
-    const seed = point(SEED.seq_q, rs[rs.length - 1].body);
-    state.plan = { shape: shape, points: points, seed: seed };
-    st.textContent = "batch " + shape.batch + ", heads " + shape.heads + " (kv " + shape.heads_kv + "), D " + shape.head_dim + ", " + shape.dtype + "; workspace for " + rs[0].body.threads + " threads";
-    drawPlan();
-  }
-
-  function ratio(x) {
-    return (x >= 100 ? Math.round(x).toLocaleString("en") : x.toPrecision(3)) + "×";
-  }
-
-  function drawPlan() {
-    const P = state.plan, svg = $("plan-chart");
-    svg.textContent = "";
-    const W = 720, H = 400, L = 78, R = 20, T = 20, B = 46;
-    const all = P.points.flatMap((p) => [p.standard, p.flash]).concat([P.seed.standard]).filter((x) => x > 0);
-    const lo = Math.floor(Math.log2(Math.min(...all)) / 5) * 5, hi = Math.ceil(Math.log2(Math.max(...all)) / 5) * 5;
-    const x = (n) => L + (Math.log2(n) - 8) / 12 * (W - L - R);
-    const y = (b) => T + (hi - Math.log2(b)) / Math.max(1, hi - lo) * (H - T - B);
-    for (let e = lo; e <= hi; e += 5) {
-      svgEl(svg, "line", { class: "grid", x1: L, x2: W - R, y1: y(Math.pow(2, e)), y2: y(Math.pow(2, e)) });
-      svgEl(svg, "text", { x: L - 6, y: y(Math.pow(2, e)) + 4, "text-anchor": "end" }, bytes(Math.pow(2, e)));
-    }
-    for (let e = 8; e <= 20; e += 2) {
-      const n = Math.pow(2, e);
-      svgEl(svg, "line", { class: "grid", x1: x(n), x2: x(n), y1: T, y2: H - B });
-      svgEl(svg, "text", { x: x(n), y: H - B + 16, "text-anchor": "middle" }, n >= 1048576 ? "1M" : n >= 1024 ? n / 1024 + "K" : String(n));
-    }
-    svgEl(svg, "line", { class: "axis", x1: L, x2: W - R, y1: H - B, y2: H - B });
-    svgEl(svg, "line", { class: "axis", x1: L, x2: L, y1: T, y2: H - B });
-    svgEl(svg, "text", { x: (L + W - R) / 2, y: H - 8, "text-anchor": "middle" }, "sequence length N (log scale)");
-    svgEl(svg, "text", { x: 14, y: (T + H - B) / 2, "text-anchor": "middle", transform: "rotate(-90 14 " + (T + H - B) / 2 + ")" }, "bytes (log scale)");
-    for (const [key, label] of [["standard", "standard: S + P"], ["flash", "flash: m + l + workspace"]]) {
-      const cls = key === "standard" ? "std" : "flash";
-      svgEl(svg, "polyline", { class: cls, points: P.points.map((p) => x(p.n) + "," + y(p[key])).join(" ") });
-      for (const p of P.points) {
-        const c = svgEl(svg, "circle", { class: cls, cx: x(p.n), cy: y(p[key]), r: 3.5, "data-series": key, "data-n": p.n, "data-bytes": p[key] });
-        svgEl(c, "title", {}, label + " at N = " + p.n + ": " + bytes(p[key]) + " (" + p[key] + " bytes)");
-      }
-      const lastP = P.points[P.points.length - 1];
-      svgEl(svg, "text", { class: "label-" + cls, x: x(lastP.n) - 6, y: y(lastP[key]) + (key === "standard" ? 18 : -10), "text-anchor": "end" }, label);
-    }
-    const s = P.seed;
-    const seedMark = svgEl(svg, "circle", { class: "seed", cx: x(s.n), cy: y(s.standard), r: 8, "data-series": "seed", "data-n": s.n, "data-bytes": s.standard });
-    svgEl(seedMark, "title", {}, "the seed's exercise: N = 4096, D = 64, F32, one head");
-    svgEl(svg, "text", { x: x(s.n) + 12, y: y(s.standard) - 10 }, "seed: N = 4096, D = 64, F32: S + P = " + bytes(s.standard));
-    const at = P.points.find((p) => p.n === 4096);
-    $("plan-ratio").textContent = "At N = 4096 for this shape: S + P = " + bytes(at.standard) + ", m + l + workspace = " + bytes(at.flash)
-      + ": " + ratio(at.ratio) + " less; all buffers (Q, K, V, O included): " + ratio(at.total_ratio) + ". At N = 1M: " + ratio(P.points[P.points.length - 1].ratio) + ".";
-    const tb = $("plan-table").tBodies[0];
-    tb.textContent = "";
-    for (const p of P.points) {
-      const tr = tb.insertRow();
-      for (const v of [String(p.n), bytes(p.standard), bytes(p.flash), ratio(p.ratio)]) tr.insertCell().textContent = v;
-    }
-  }
-
-  let planTimer = 0;
-  function planSoon() {
-    clearTimeout(planTimer);
-    planTimer = setTimeout(updatePlan, 400);
-  }
-
-  /* ---- live ------------------------------------------------------------------ */
-
-  const WINDOW_S = 300;
-  const WORK_PATHS = new Set(["/attention", "/attention/backward", "/v2/models/*/infer"]);
-
-  /* Prometheus text: [{name, labels, value}]. */
-  function parseProm(text) {
-    const out = [];
-    for (const line of text.split("\n")) {
-      if (!line || line[0] === "#") continue;
-      const m = /^([A-Za-z_:][\w:]*)(?:\{(.*)\})?\s+(\S+)/.exec(line);
-      if (!m) continue;
-      const labels = {};
-      const re = /(\w+)="((?:[^"\\]|\\.)*)"/g;
-      let l;
-      while ((l = re.exec(m[2] || ""))) labels[l[1]] = l[2].replace(/\\(.)/g, (_, c) => (c === "n" ? "\n" : c));
-      out.push({ name: m[1], labels: labels, value: m[3] === "+Inf" ? Infinity : Number(m[3]) });
-    }
-    return out;
-  }
-
-  /* The counters a sample needs, summed over the attention routes. */
-  function reading(series) {
-    const r = { t: performance.now() / 1000, requests: 0, buckets: new Map(), queue: 0, inflight: 0, errors: {}, backend: null };
-    for (const s of series) {
-      if (s.name === "attnd_requests_total" && WORK_PATHS.has(s.labels.path)) r.requests += s.value;
-      else if (s.name === "attnd_request_duration_seconds_bucket" && WORK_PATHS.has(s.labels.path)) {
-        const le = s.labels.le === "+Inf" ? Infinity : Number(s.labels.le);
-        r.buckets.set(le, (r.buckets.get(le) || 0) + s.value);
-      } else if (s.name === "attnd_queue_depth") r.queue = s.value;
-      else if (s.name === "attnd_inflight") r.inflight = s.value;
-      else if (s.name === "attnd_errors_total") r.errors[s.labels.code] = s.value;
-      else if (s.name === "attnd_backend_info") r.backend = s.labels;
-    }
-    return r;
-  }
-
-  /* histogram_quantile over bucket deltas: linear within the bucket. */
-  function quantile(q, les, counts) {
-    const total = counts[counts.length - 1];
-    if (!(total > 0)) return null;
-    const rank = q * total;
-    for (let i = 0; i < les.length; i++) {
-      if (counts[i] >= rank) {
-        if (les[i] === Infinity) return les[i - 1] !== undefined ? les[i - 1] : null;
-        const lo = i ? les[i - 1] : 0, prev = i ? counts[i - 1] : 0;
-        return lo + (les[i] - lo) * (counts[i] > prev ? (rank - prev) / (counts[i] - prev) : 1);
-      }
-    }
-    return null;
-  }
-
-  const delta = (a, b) => (a >= b ? a - b : a); // a counter that went back restarted
-
-  function sample(cur, prev) {
-    const dt = cur.t - prev.t;
-    const les = [...cur.buckets.keys()].sort((a, b) => a - b);
-    const d = les.map((le) => delta(cur.buckets.get(le), prev.buckets.get(le) || 0));
-    const p50 = quantile(0.5, les, d), p99 = quantile(0.99, les, d);
-    let errs = 0;
-    const byCode = {};
-    for (const code in cur.errors) {
-      byCode[code] = delta(cur.errors[code], prev.errors[code] || 0);
-      errs += byCode[code];
-    }
-    return {
-      t: cur.t, rps: delta(cur.requests, prev.requests) / dt,
-      p50: p50 === null ? null : p50 * 1e3, p99: p99 === null ? null : p99 * 1e3,
-      queue: cur.queue, inflight: cur.inflight, eps: errs / dt, byCode: byCode,
-    };
-  }
-
-  /* The smallest of 1, 2, 5 x 10^k at or above x (1 for nothing). */
-  function niceCeil(x) {
-    if (!(x > 0)) return 1;
-    const p = Math.pow(10, Math.floor(Math.log10(x)));
-    for (const f of [1, 2, 5, 10]) if (f * p >= x) return f * p;
-    return 10 * p;
-  }
-
-  /* A rolling chart: the last WINDOW_S seconds, y from 0 to a rounded max. */
-  function spark(svg, samples, keys, now) {
-    svg.textContent = "";
-    let max = 0;
-    for (const s of samples) for (const k of keys) if (s[k] !== null && s[k] > max) max = s[k];
-    const top = niceCeil(max);
-    for (const k of keys) {
-      let pts = [];
-      const flush = () => {
-        if (pts.length > 1) svgEl(svg, "polyline", { class: k, points: pts.join(" ") });
-        else if (pts.length) { // a lone value between gaps: a dot, not an invisible line
-          const [cx, cy] = pts[0].split(",");
-          svgEl(svg, "circle", { class: k, cx: cx, cy: cy, r: 1.8 });
-        }
-        pts = [];
-      };
-      for (const s of samples) {
-        if (s[k] === null) { flush(); continue; }
-        pts.push((300 - (now - s.t) * 300 / WINDOW_S).toFixed(1) + "," + (78 - s[k] / top * 72).toFixed(1));
-      }
-      flush();
-    }
-    svgEl(svg, "text", { x: 4, y: 11 }, fmt(top));
-    svgEl(svg, "text", { x: 4, y: 77 }, "−5 min");
-    const last = samples.length ? samples[samples.length - 1] : null;
-    svg.dataset.max = String(max);
-    svg.dataset.count = String(samples.length);
-    svg.dataset.last = last ? String(last[keys[0]]) : "";
-    svg.dataset.nonzero = String(samples.filter((s) => s[keys[0]] > 0).length);
-  }
-
-  function showLive(cur) {
-    const L = state.live, now = cur.t, ss = L.samples;
-    const last = ss[ss.length - 1];
-    $("lv-rps").textContent = last ? last.rps.toFixed(1) : "–";
-    $("lv-lat").textContent = last && last.p50 !== null ? last.p50.toFixed(2) + " / " + last.p99.toFixed(2) : "–";
-    $("lv-queue").textContent = String(cur.queue);
-    $("lv-inflight").textContent = String(cur.inflight);
-    $("lv-err").textContent = last ? last.eps.toFixed(1) : "–";
-    spark($("ch-rps"), ss, ["rps"], now);
-    spark($("ch-lat"), ss, ["p50", "p99"], now);
-    spark($("ch-queue"), ss, ["queue"], now);
-    spark($("ch-inflight"), ss, ["inflight"], now);
-    spark($("ch-err"), ss, ["eps"], now);
-    const tb = $("lv-codes").tBodies[0];
-    tb.textContent = "";
-    for (const code of Object.keys(cur.errors).sort()) {
-      const recent = ss.reduce((a, s) => a + (s.byCode[code] || 0), 0);
-      const tr = tb.insertRow();
-      tr.dataset.code = code;
-      for (const v of [code, String(cur.errors[code]), String(recent)]) tr.insertCell().textContent = v;
-    }
-    if (cur.backend) {
-      $("live-backend").textContent = cur.backend.backend;
-      $("live-kernel").textContent = cur.backend.detail;
-    }
-  }
-
-  let livePrev = null, liveTimer = 0;
-  async function poll() {
-    clearTimeout(liveTimer);
-    const r = await api("/metrics");
-    if (r.status === 200) {
-      $("live-error").textContent = "";
-      const cur = reading(parseProm(r.body));
-      const L = state.live;
-      L.polls++;
-      if (livePrev) {
-        L.samples.push(sample(cur, livePrev));
-        while (L.samples.length && cur.t - L.samples[0].t > WINDOW_S) L.samples.shift();
-      }
-      livePrev = cur;
-      showLive(cur);
-      refreshSessions();
-    } else if (r.status !== 401) {
-      $("live-error").textContent = "GET /metrics: " + errorText(r);
-    }
-    if (r.status !== 401) liveTimer = setTimeout(poll, 1000);
-  }
-
-  /* ---- sessions ---------------------------------------------------------------- */
-
-  function seconds(x) {
-    if (!(x >= 0)) return "–";
-    if (x < 90) return x.toFixed(0) + " s";
-    if (x < 5400) return (x / 60).toFixed(0) + " min";
-    return (x / 3600).toFixed(1) + " h";
-  }
-
-  async function refreshSessions() {
-    const info = state.info;
-    if (!info || !info.sessions || !info.sessions.enabled) {
-      $("sess-summary").textContent = "Sessions are off on this server (--session-memory 0).";
-      return;
-    }
-    const r = await api("/v1/sessions");
-    if (r.status !== 200) {
-      if (r.status !== 401) $("sess-error").textContent = "GET /v1/sessions: " + errorText(r);
-      return;
-    }
-    $("sess-error").textContent = "";
-    state.sessions = r.body;
-    showSessions(r.body);
-  }
-
-  function showSessions(list) {
-    const m = list.memory;
-    $("sess-summary").textContent = list.count + (list.count === 1 ? " session" : " sessions") +
-      "; session memory: " + bytes(m.reserved_bytes) + " reserved, " + bytes(m.used_bytes) +
-      " in use, of " + bytes(m.pool_bytes);
-    const tb = $("sess-table").tBodies[0];
-    tb.textContent = "";
-    const sorted = list.sessions.slice().sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
-    for (const s of sorted) {
-      const tr = tb.insertRow();
-      tr.dataset.id = s.id;
-      const cap = s.layers * s.max_tokens, fill = cap > 0 ? s.tokens / cap : 0;
-      for (const v of [s.id, s.dtype, s.heads_kv + " × " + s.head_dim, String(s.layers)]) tr.insertCell().textContent = v;
-      const meter = document.createElement("meter");
-      meter.min = 0;
-      meter.max = 1;
-      meter.value = fill;
-      meter.dataset.fill = String(fill);
-      meter.setAttribute("aria-label", "fill of " + s.id);
-      meter.title = s.tokens + " of " + cap + " tokens (" + s.layers + " × " + s.max_tokens + ")";
-      const cell = tr.insertCell();
-      cell.append(meter, " " + s.tokens + " / " + cap);
-      tr.insertCell().textContent = bytes(s.reserved_bytes);
-      tr.insertCell().textContent = seconds(s.expires_in_s);
-      const del = document.createElement("button");
-      del.type = "button";
-      del.className = "small";
-      del.textContent = "delete";
-      del.setAttribute("aria-label", "delete session " + s.id);
-      del.addEventListener("click", () => deleteSession(s.id, del));
-      tr.insertCell().append(del);
-    }
-  }
-
-  async function deleteSession(id, button) {
-    button.disabled = true;
-    const r = await api("/v1/sessions/" + encodeURIComponent(id), { method: "DELETE" });
-    if (r.status !== 204 && r.status !== 404) $("sess-error").textContent = "DELETE /v1/sessions/" + id + ": " + errorText(r);
-    refreshSessions();
-  }
-
   /* ---- start ------------------------------------------------------------------ */
 
   async function loadInfo() {
@@ -750,14 +435,15 @@
 
   async function start() {
     if (!(await loadInfo())) return;
-    updatePlan();
-    poll();
+    for (const f of starters) f();
   }
 
   $("pg-form").addEventListener("submit", run);
   for (const el of document.querySelectorAll('input[name="pg-src"]'))
     el.addEventListener("change", () => { $("pg-paste").hidden = !$("pg-src-paste").checked; });
-  for (const id of ["pg-batch", "pg-heads", "pg-heads-kv", "pg-d", "pg-dtype"]) $(id).addEventListener("change", planSoon);
-  $("plan-run").addEventListener("click", updatePlan);
-  start();
+
+  /* What the panel files use. They run after this file and before
+   * DOMContentLoaded (defer keeps the order), so start waits for that. */
+  state.lib = Object.freeze({ $, api, errorText, intOf, fmt, bytes, svgEl, onStart: (f) => starters.push(f) });
+  document.addEventListener("DOMContentLoaded", start);
 })();

@@ -41,9 +41,12 @@ static void expect_asset(const char *path, const char *type, const char *needle)
 Test(console, page_script_and_style_with_their_types) {
   srv_start(&S, "--threads", "1", NULL);
   expect_asset("/", "text/html; charset=utf-8", "<script src=\"/console/console.js\"");
+  expect_asset("/", "text/html; charset=utf-8", "<script src=\"/console/console_live.js\"");
   expect_asset("/console/console.js", "text/javascript; charset=utf-8", "window.attnConsole");
+  expect_asset("/console/console_plan.js", "text/javascript; charset=utf-8", "/attention/plan?");
   /* the sessions panel: the caller's sessions, and a delete for each */
-  expect_asset("/console/console.js", "text/javascript; charset=utf-8", "api(\"/v1/sessions\")");
+  expect_asset("/console/console_live.js", "text/javascript; charset=utf-8",
+               "api(\"/v1/sessions\")");
   expect_asset("/", "text/html; charset=utf-8", "id=\"sess-table\"");
   expect_asset("/console/console.css", "text/css; charset=utf-8", ".heatwrap");
 }
@@ -103,7 +106,8 @@ Test(console, head_405_and_404) {
 Test(console, served_without_the_api_key) {
   srv_start(&S, "--threads", "1", "--api-key", "console-key", NULL);
   http_res rs;
-  const char *open[] = {"/", "/console/console.js", "/console/console.css"};
+  const char *open[] = {"/", "/console/console.js", "/console/console_plan.js",
+                        "/console/console_live.js", "/console/console.css"};
   for (size_t i = 0; i < sizeof open / sizeof *open; i++) {
     cr_assert_eq(http_get(&S, open[i], &rs), 0);
     cr_expect_eq(rs.status, 200, "GET %s with --api-key: %ld", open[i], rs.status);

@@ -10,8 +10,10 @@
 Test(console, every_file_is_found_with_its_type_and_a_strong_etag) {
   static const char *const want[][2] = {{"/", "text/html"},
                                         {"/console/console.js", "text/javascript"},
+                                        {"/console/console_plan.js", "text/javascript"},
+                                        {"/console/console_live.js", "text/javascript"},
                                         {"/console/console.css", "text/css"}};
-  cr_expect_eq(attnd_console_n_assets, 3);
+  cr_expect_eq(attnd_console_n_assets, 5);
   for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
     const attnd_console_asset *a = attnd_console_find(want[i][0]);
     cr_assert(a, "%s not found", want[i][0]);

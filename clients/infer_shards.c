@@ -6,8 +6,8 @@
  * head), q whole, the options of the whole request plus stats and
  * diag_offset = off - a, so its mask is the unsharded mask restricted to its
  * keys. The shards go out in parallel (a thread each, one HTTP exchange
- * each) and come back with O, m and l; the merge is the softmax merge rule
- * the engine's tiles follow (docs/design.md): m = max mᵢ, l = Σ lᵢ·e^(mᵢ-m),
+ * each) and come back with O, m and l; the merge is the engine's own
+ * softmax merge rule (attn_softmax_merge): m = max mᵢ, l = Σ lᵢ·e^(mᵢ-m),
  * and O = Σ lᵢ·e^(mᵢ-m)·Oᵢ / l, in float64. The merged answer lands in the
  * whole request's outputs, where --check finds it as it finds a reply.
  */
@@ -109,39 +109,18 @@ static void *exchange(void *arg) {
   return NULL;
 }
 
-/* e^(x - m) where m is the largest x: a shard at the maximum weighs 1, an
- * infinite maximum included, and an all-masked row's -inf nothing. */
-static double weight(double x, double m) {
-  if (x == m)
-    return m == -INFINITY ? 0.0 : 1.0;
-  return exp(x - m);
-}
-
-/* Row i's m and l over the shards: m the largest mᵢ of those that saw a key
- * (-inf and l = 0 when none did), l = Σ lᵢ·e^(mᵢ-m). */
-static void merge_stats(const shard *sh, int n, size_t i, double *pm, double *pl) {
-  double m = -INFINITY, l = 0;
-  for (int s = 0; s < n; s++)
-    if (sh[s].pr.req.l[i] != 0 && sh[s].pr.req.m[i] > m)
-      m = sh[s].pr.req.m[i];
-  for (int s = 0; s < n; s++)
-    if (sh[s].pr.req.l[i] != 0)
-      l += sh[s].pr.req.l[i] * weight(sh[s].pr.req.m[i], m);
-  *pm = m;
-  *pl = l;
-}
-
 /* The shards' O, m, l merged into whole's outputs (and statistics when it
  * asked for them). */
 static void merge(const shard *sh, int n, attn_proto_req *whole) {
   attn_request *r = &whole->req;
   const size_t rows = (size_t)(r->batch * r->heads_q * r->seq_q), d = (size_t)r->head_dim;
   for (size_t i = 0; i < rows; i++) {
-    double m, l, acc[ATTN_MAX_HEAD_DIM] = {0};
-    merge_stats(sh, n, i, &m, &l);
+    double m = -INFINITY, l = 0, acc[ATTN_MAX_HEAD_DIM] = {0};
+    for (int s = 0; s < n; s++)
+      attn_softmax_merge(&m, &l, sh[s].pr.req.m[i], sh[s].pr.req.l[i]);
     for (int s = 0; s < n && l > 0; s++) {
       const attn_request *x = &sh[s].pr.req;
-      double w = x->l[i] * weight(x->m[i], m) / l;
+      double w = x->l[i] * attn_softmax_weight(x->m[i], m) / l;
       for (size_t k = 0; w > 0 && k < d; k++)
         acc[k] += w * attn_load_elem(x->o, x->dtype, i * d + k);
     }

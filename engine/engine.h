@@ -342,6 +342,16 @@ int attn_reference(const attn_request *r, double *o, double *m, double *l, doubl
 int attn_reference_backward(const attn_request *r, double *dq, double *dk, double *dv,
                             attn_status *st);
 
+/*
+ * The softmax merge rule (softmax.c): the statistics (m2, l2) of another
+ * key range merged into (*pm, *pl), m = max(m1, m2), l = l1·e^(m1-m) +
+ * l2·e^(m2-m) -- how the tiles, a split decode's chunks and attn infer's
+ * shards are put together -- and e^(x - m) with its conventions at
+ * infinities (softmax.h: -inf weighs 0, x = m = ±inf weighs 1).
+ */
+void attn_softmax_merge(double *pm, double *pl, double m2, double l2);
+double attn_softmax_weight(double x, double m);
+
 /* ---- the memory plan (seed exercise 1) --------------------------------- */
 
 typedef struct attn_plan_params {

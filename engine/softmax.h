@@ -18,6 +18,8 @@
 #ifndef ATTN_SOFTMAX_H
 #define ATTN_SOFTMAX_H
 
+#include "engine.h"
+
 #include <stddef.h>
 
 /* Two passes: m = max x, then y = e^(x-m) / l. y may alias x; y may be
@@ -28,10 +30,8 @@ void attn_softmax_safe(const double *x, size_t n, double *y, double *pm, double 
  * then one for y. Same results as attn_softmax_safe up to rounding. */
 void attn_softmax_online(const double *x, size_t n, double *y, double *pm, double *pl);
 
-/* Merges the statistics (m2, l2) of another range into (*pm, *pl). */
-void attn_softmax_merge(double *pm, double *pl, double m2, double l2);
-
-/* e^(x - m) with the conventions above (x = m = ±inf gives 1). */
-double attn_softmax_weight(double x, double m);
+/* attn_softmax_merge() and attn_softmax_weight(), the merge rule and its
+ * weight with the conventions above, are declared in engine.h: attn
+ * infer's shards merge by them too. */
 
 #endif

@@ -47,10 +47,6 @@ void attnd_req_unref(attnd_req *r) {
 
 bool attnd_req_computes(const attnd_req *r) { return r->route && r->route->kind; }
 
-attn_pass attnd_req_pass(const attnd_req *r) {
-  return attnd_req_computes(r) ? r->route->kind->pass : ATTN_FORWARD;
-}
-
 void attnd_outbuf_free(attnd_server *s, void *p) {
   if (p && !(s && s->engine && attn_engine_host_free(s->engine, p)))
     free(p);

@@ -189,8 +189,6 @@ void attnd_body_over_budget(attnd_req *r);
  * which the loop answers); every other route is answered on the HTTP
  * thread. */
 bool attnd_req_computes(const attnd_req *r);
-/* The pass r asks for: its kind's (backward for /attention/backward). */
-attn_pass attnd_req_pass(const attnd_req *r);
 /* HTTP thread: r's headers arrived and its body is being read (r->fd set),
  * which a drain waits for; or that ended (a no-op when it never began). */
 void attnd_upload_begin(attnd_req *r);

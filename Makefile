@@ -20,6 +20,8 @@
 #   make bench-sessions  a session's decode step against the stateless request
 #                      and torch's SDPA (bytes, latency), concurrent sessions
 #                      with --session-batch on/off, the decode kernel's GB/s
+#   make bench-step    one session decode step against a Redis SET of the same
+#                      bytes (p50/p90/p99), and a _batch of 64 sessions' steps
 #   make bench-f16split  F16 products: F32 FMA against an exact hi/lo BF16 split
 #   make test-gpu      the CUDA tests (tests/gpu/; they say skipped without a GPU)
 #   make test-image    the CPU container image built and run without Docker
@@ -53,6 +55,8 @@ BENCH_DEPS = libopenblas-dev
 # make bench-http's baselines and load: nginx (its own config under build/, not
 # the system's), wrk, and valgrind for instructions per request.
 BENCH_HTTP_DEPS = nginx-light wrk valgrind
+# make bench-step's baseline: redis-server (its own instance, no config file).
+BENCH_STEP_DEPS = redis-server
 # make test-image builds the CPU image's filesystem without a Docker engine.
 IMAGE_DEPS = debootstrap
 
@@ -290,7 +294,7 @@ CONSOLE_DEPS = $(wildcard server/console/index.html server/console/console.css \
 CONSOLE_OBJ = $(BUILD)/obj/gen/console_assets.o
 
 .PHONY: all deps bench-deps test sass-check test-gpu test-image bench bench-peak bench-f16split bench-peers \
-        bench-server bench-v2 bench-http bench-memory bench-idle bench-small bench-sessions bench-scale fuzz \
+        bench-server bench-v2 bench-http bench-memory bench-idle bench-small bench-sessions bench-step bench-scale fuzz \
         fuzz-replay run \
         format format-check clean FORCE
 all: $(BUILD)/attn $(BUILD)/attnd
@@ -709,6 +713,15 @@ bench-peak: $(BUILD)/bench-peak
 bench-sessions: deps
 	$(MAKE) --no-print-directory $(BUILD)/attnd $(BUILD)/bench-peak $(BUILD)/bench-http-sink
 	/usr/bin/python3 tests/bench/sessions.py --build $(BUILD) $(SESSIONS_FLAGS)
+
+# A small session decode step (Hq 9, Hkv 3, D 64, F32, 49 keys) against a
+# Redis SET of its 3,840 tensor bytes, on one connection each through the same
+# client loop, and a _batch of 64 such steps (tests/bench/step.py; STEP_FLAGS
+# adds flags, e.g. --rounds 40 --json).
+bench-step: deps
+	$(call install_missing,$(BENCH_STEP_DEPS))
+	$(MAKE) --no-print-directory $(BUILD)/attnd
+	/usr/bin/python3 tests/bench/step.py --build $(BUILD) $(STEP_FLAGS)
 
 # Requests/s and latency of small stateless requests and of session decode
 # steps: one replica directly, through HAProxy to one, and through HAProxy

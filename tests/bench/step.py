@@ -15,8 +15,8 @@ connection. This benchmark measures the step against that floor in the same run:
 Both go through the same client loop on one TCP_NODELAY connection each: send bytes
 encoded before the clock starts, read until one whole reply is buffered (HTTP: the head
 and Content-Length bytes; RESP: a simple-string line). Rounds alternate the order of the
-two; a warm-up round comes first. The table gives p50, p90 and p99 in microseconds and
-attnd / redis at each.
+two, each side idle for --gap seconds before it is timed; a warm-up round comes first.
+The table gives p50, p90 and p99 in microseconds and attnd / redis at each.
 
 A second table times POST /v1/sessions/_batch of 64 sessions' one-token steps (each
 session at 48 keys, the same shape; untimed truncates put all back): the call's p50 and
@@ -25,7 +25,8 @@ p90, its cost per entry (p50 / 64) and that cost against the single step's p50.
 The step's o and the batch's are checked once, untimed, against a float64 numpy reference
 over the 49 keys; every attnd reply must be 200 with the session at 49 keys.
 
-  step.py --build build [--threads T] [--rounds R] [--reps N] [--batch-reps B] [--json]
+  step.py --build build [--threads T] [--rounds R] [--reps N] [--batch-reps B] [--gap S]
+          [--json]
 """
 
 import argparse
@@ -149,7 +150,10 @@ class Attnd:
     """build/attnd on a port it picks; its port read from its "listening on" line."""
 
     def __init__(self, build, threads):
-        self.cmd = [os.path.join(build, "attnd"), "--listen", "127.0.0.1:0", "--threads",
+        exe = os.path.join(build, "attnd")
+        if not os.access(exe, os.X_OK):
+            raise SystemExit("step.py: no %s (make %s builds it)" % (exe, exe))
+        self.cmd = [exe, "--listen", "127.0.0.1:0", "--threads",
                     str(threads), "--session-memory", SESSION_MEMORY]
         self.p = subprocess.Popen(self.cmd, stderr=subprocess.PIPE, text=True)
         line = self.p.stderr.readline()
@@ -398,7 +402,7 @@ def pct(xs, p):
     return float(np.percentile(xs, p))
 
 
-def summarize(a, t, req, err, attnd, redis):
+def summarize(a, t, req, err, attnd, redis, load):
     s = {p: pct(t["step"], p) for p in (50, 90, 99)}
     r = {p: pct(t["redis"], p) for p in (50, 90, 99)}
     b = {p: pct(t["batch"], p) for p in (50, 90)}
@@ -406,6 +410,7 @@ def summarize(a, t, req, err, attnd, redis):
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": "%s, %d CPUs" % (cpu_model(), os.cpu_count() or 0),
         "commit": commit(),
+        "loadavg_1min": [round(load[0], 2), round(os.getloadavg()[0], 2)],
         "attnd": " ".join(attnd.cmd[1:]), "redis": redis.version,
         "shape": {"hq": HQ, "hkv": HKV, "d": D, "dtype": DT, "keys": HELD + 1},
         "rounds": a.rounds, "reps": a.reps, "batch_reps": a.batch_reps,
@@ -422,7 +427,8 @@ def report(res):
     sh = res["shape"]
     print("attnd session decode step against Redis SET, %s, %s, commit %s"
           % (res["date"], res["machine"], res["commit"]))
-    print("attnd %s; %s" % (res["attnd"], res["redis"]))
+    print("attnd %s; %s; load average %.2f at the start, %.2f at the end"
+          % ((res["attnd"], res["redis"]) + tuple(res["loadavg_1min"])))
     print("step: Hq %d, Hkv %d, D %d, %s, one query token over %d keys (%d B of tensors, "
           "%d B request); SET of %d B (%d B request); %d rounds x %d each, alternating; "
           "o within %.1e of float64\n"
@@ -461,6 +467,7 @@ def parse_args():
 
 
 def run(a, servers):
+    load = os.getloadavg()
     attnd = Attnd(a.build, a.threads)
     servers.append(attnd)
     redis = Redis()
@@ -473,7 +480,7 @@ def run(a, servers):
     t = rounds(a, alink, rlink, req)
     alink.close()
     rlink.close()
-    return summarize(a, t, req, err, attnd, redis)
+    return summarize(a, t, req, err, attnd, redis, load)
 
 
 def main():
@@ -483,6 +490,8 @@ def main():
     servers = []
     try:
         res = run(a, servers)
+    except KeyboardInterrupt:
+        sys.exit("step.py: interrupted; attnd and redis-server stopped")
     finally:
         for s in reversed(servers):
             s.stop()

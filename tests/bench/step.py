@@ -30,6 +30,7 @@ over the 49 keys; every attnd reply must be 200 with the session at 49 keys.
 """
 
 import argparse
+import collections
 import datetime
 import json
 import os
@@ -331,7 +332,15 @@ def truncate_batch(link, req):
         expect(link.call(req.truncate[sid]), "truncate " + sid)
 
 
-def attnd_block(link, req, reps, out):
+def server_timing(reply):
+    """Server-Timing's compute and total, in microseconds: where the step's time goes
+    inside attnd, the rest being the socket and the client."""
+    head = reply[:reply.find(b"\r\n\r\n")].decode("latin-1")
+    got = dict((k, float(v) * 1e3) for k, v in re.findall(r"(\w+);dur=([0-9.]+)", head))
+    return got.get("compute", float("nan")), got.get("total", float("nan"))
+
+
+def attnd_block(link, req, reps, t):
     for _ in range(reps):
         reply, us = link.timed(req.step)
         expect(reply, "the step")
@@ -340,39 +349,42 @@ def attnd_block(link, req, reps, out):
             raise SystemExit("step.py: the step did not leave the session at %d keys: %r"
                              % (HELD + 1, reply[:400]))
         expect(link.call(req.truncate[req.step_sid]), "truncate")
-        out.append(us)
+        t["step"].append(us)
+        compute, total = server_timing(reply)
+        t["compute"].append(compute)
+        t["total"].append(total)
 
 
-def redis_block(link, req, reps, out):
+def redis_block(link, req, reps, t):
     for _ in range(reps):
         reply, us = link.timed(req.set)
         if reply != b"+OK\r\n":
             raise SystemExit("step.py: redis SET answered %r" % reply[:200])
-        out.append(us)
+        t["redis"].append(us)
 
 
-def batch_block(link, req, reps, out):
+def batch_block(link, req, reps, t):
     for _ in range(reps):
         reply, us = link.timed(req.batch)
         expect(reply, "the _batch call")
         truncate_batch(link, req)
-        out.append(us)
+        t["batch"].append(us)
 
 
 def rounds(a, alink, rlink, req):
     """A warm-up round, then a.rounds rounds of attnd steps, Redis SETs and _batch
     calls, each round in the order opposite to the one before."""
-    t = dict(step=[], redis=[], batch=[])
-    blocks = [("step", attnd_block, alink, a.reps), ("redis", redis_block, rlink, a.reps),
-              ("batch", batch_block, alink, a.batch_reps)]
-    for name, fn, link, reps in blocks:
-        fn(link, req, max(1, reps // 2), [])
+    t = collections.defaultdict(list)
+    blocks = [(attnd_block, alink, a.reps), (redis_block, rlink, a.reps),
+              (batch_block, alink, a.batch_reps)]
+    for fn, link, reps in blocks:
+        fn(link, req, max(1, reps // 2), collections.defaultdict(list))
     for r in range(a.rounds):
-        for name, fn, link, reps in (blocks if r % 2 == 0 else blocks[::-1]):
+        for fn, link, reps in (blocks if r % 2 == 0 else blocks[::-1]):
             # the side timed last goes idle (attnd's workers stop spinning) before
             # this one starts, so that neither is timed beside the other's wake
             time.sleep(a.gap)
-            fn(link, req, reps, t[name])
+            fn(link, req, reps, t)
     return t
 
 
@@ -417,6 +429,8 @@ def summarize(a, t, req, err, attnd, redis, load):
         "tensor_bytes": req.tensor_bytes, "step_request_bytes": len(req.step),
         "set_request_bytes": len(req.set), "reference_rel_err": err,
         "step_us": {"p%d" % p: s[p] for p in s}, "redis_us": {"p%d" % p: r[p] for p in r},
+        "step_server_us": {"compute_p50": pct(t["compute"], 50),
+                           "total_p50": pct(t["total"], 50)},
         "ratio": {"p%d" % p: s[p] / r[p] for p in s},
         "batch": {"sessions": BATCH, "p50_us": b[50], "p90_us": b[90],
                   "per_entry_us": b[50] / BATCH, "per_entry_over_step": b[50] / BATCH / s[50]},
@@ -439,6 +453,9 @@ def report(res):
     for name, row, fmt in (("attnd", res["step_us"], "%12.1f"), ("redis", res["redis_us"], "%12.1f"),
                            ("ratio", res["ratio"], "%11.2fx")):
         print("%-6s" % name + "".join(" " + fmt % row[p] for p in ("p50", "p90", "p99")))
+    sv = res["step_server_us"]
+    print("attnd's Server-Timing, p50: compute %.1f us, total %.1f us (the rest of the step's "
+          "p50 is the socket and the client)" % (sv["compute_p50"], sv["total_p50"]))
     b = res["batch"]
     print("\n_batch of %d sessions' one-token steps (%d rounds x %d calls):"
           % (b["sessions"], res["rounds"], res["batch_reps"]))

@@ -16,7 +16,8 @@ Both go through the same client loop on one TCP_NODELAY connection each: send by
 encoded before the clock starts, read until one whole reply is buffered (HTTP: the head
 and Content-Length bytes; RESP: a simple-string line). Rounds alternate the order of the
 two, each side idle for --gap seconds before it is timed; a warm-up round comes first.
-The table gives p50, p90 and p99 in microseconds and attnd / redis at each.
+The table gives p50, p90 and p99 in microseconds and attnd / redis at each, and the
+p50 of attnd's Server-Timing (compute: body decode, append, engine, encode; total).
 
 A second table times POST /v1/sessions/_batch of 64 sessions' one-token steps (each
 session at 48 keys, the same shape; untimed truncates put all back): the call's p50 and
@@ -450,12 +451,13 @@ def report(res):
              res["step_request_bytes"], res["tensor_bytes"], res["set_request_bytes"],
              res["rounds"], res["reps"], res["reference_rel_err"]))
     print("%-6s %12s %12s %12s" % ("", "p50 us", "p90 us", "p99 us"))
-    for name, row, fmt in (("attnd", res["step_us"], "%12.1f"), ("redis", res["redis_us"], "%12.1f"),
+    for name, row, fmt in (("attnd", res["step_us"], "%12.1f"),
+                           ("redis", res["redis_us"], "%12.1f"),
                            ("ratio", res["ratio"], "%11.2fx")):
         print("%-6s" % name + "".join(" " + fmt % row[p] for p in ("p50", "p90", "p99")))
     sv = res["step_server_us"]
-    print("attnd's Server-Timing, p50: compute %.1f us, total %.1f us (the rest of the step's "
-          "p50 is the socket and the client)" % (sv["compute_p50"], sv["total_p50"]))
+    print("attnd's Server-Timing, p50: compute %.1f us, total %.1f us (outside total: attnd's "
+          "HTTP front, the socket and the client)" % (sv["compute_p50"], sv["total_p50"]))
     b = res["batch"]
     print("\n_batch of %d sessions' one-token steps (%d rounds x %d calls):"
           % (b["sessions"], res["rounds"], res["batch_reps"]))

@@ -21,7 +21,7 @@ static int submit(attn_engine *e, const attn_request *r, bool here, attn_done_fn
   if (!done)
     return attn_status_set(st, ATTN_EINVAL, "no completion callback");
   if (r->cu_seqlens_q)
-    return attn__varlen_submit(e, r, done, arg, st);
+    return attn__varlen_submit(e, r, here, done, arg, st);
   const attn_backend *be;
   if ((rc = attn__engine_pick(e, r, &be, st)) < 0)
     return rc;

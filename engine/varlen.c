@@ -37,7 +37,7 @@ typedef struct varlen_seq {
 } varlen_seq;
 
 struct varlen_job {
-  attn_pool_task task; /* completes the job on a worker (never in submit) */
+  attn_pool_task task; /* completes a queued job on a worker (never in its submit) */
   attn_engine *e;
   attn_job *whole;         /* the request's own job: its callback, its result */
   const attn_request *req; /* the whole request, strides filled: whole's */
@@ -46,6 +46,7 @@ struct varlen_job {
   attn_status status; /* the first failure */
   varlen_seq *seqs;
   float *stats; /* every sequence's buffer, one allocation */
+  bool here;    /* attn_engine_run_here's: every sequence on the caller's thread */
 };
 
 static bool has_work(const attn_request *sub) { return sub->seq_q > 0 && sub->seq_kv > 0; }
@@ -210,7 +211,8 @@ static void queue_seqs(varlen_job *vj, const attn_backend *be) {
     }
     attn_status st = {0};
     __atomic_add_fetch(&vj->refs, 1, __ATOMIC_ACQ_REL);
-    if (attn__backend_queue(be, attn__engine_jobs(vj->e), &sq->req, false, seq_done, sq, &st) < 0) {
+    if (attn__backend_queue(be, attn__engine_jobs(vj->e), &sq->req, vj->here, seq_done, sq, &st) <
+        0) {
       vj_fail(vj, b, &st);
       __atomic_sub_fetch(&vj->refs, 1, __ATOMIC_ACQ_REL);
       break;
@@ -218,8 +220,8 @@ static void queue_seqs(varlen_job *vj, const attn_backend *be) {
   }
 }
 
-int attn__varlen_submit(attn_engine *e, const attn_request *r, attn_done_fn done, void *arg,
-                        attn_status *st) {
+int attn__varlen_submit(attn_engine *e, const attn_request *r, bool here, attn_done_fn done,
+                        void *arg, attn_status *st) {
   varlen_job *vj = calloc(1, sizeof *vj);
   if (!vj || !(vj->seqs = calloc((size_t)r->batch, sizeof *vj->seqs)) ||
       !(vj->whole = attn__job_new(attn__engine_jobs(e), r, done, arg))) {
@@ -230,6 +232,7 @@ int attn__varlen_submit(attn_engine *e, const attn_request *r, attn_done_fn done
   }
   pthread_mutex_init(&vj->mu, NULL);
   vj->e = e;
+  vj->here = here;
   vj->req = &vj->whole->req;
   const attn_backend *be;
   int rc = plan_seqs(vj, &be, st);
@@ -243,6 +246,6 @@ int attn__varlen_submit(attn_engine *e, const attn_request *r, attn_done_fn done
   vj->whole->backend = be->ops.name;
   vj->refs = 1;
   queue_seqs(vj, be);
-  vj_release(vj, true);
+  vj_release(vj, !here); /* run here, it may complete here */
   return 0;
 }

@@ -9,8 +9,9 @@
 #include "engine.h"
 
 /* Queues a valid variable-length request as one job per sequence on one
- * backend; attn_engine_submit()'s contract. */
-int attn__varlen_submit(attn_engine *e, const attn_request *r, attn_done_fn done, void *arg,
-                        attn_status *st);
+ * backend; attn_engine_submit()'s contract, or (here) each sequence run on
+ * the calling thread where the backend can, as attn_engine_run_here's. */
+int attn__varlen_submit(attn_engine *e, const attn_request *r, bool here, attn_done_fn done,
+                        void *arg, attn_status *st);
 
 #endif

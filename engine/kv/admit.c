@@ -342,17 +342,32 @@ static void park(attn_kv_store *s, kv_pending *p) {
   *pp = p;
 }
 
-/* Under the lock: p admitted (0), parked (1), or refused (an error). */
+/* Whether a call run here must go the queued way after all: one of its
+ * layers has readers (its job would wait for theirs, or be batched with
+ * them), or its work is past what it may do on the caller's thread. */
+static bool not_here(const kv_pending *p) {
+  for (int64_t e = 0; e < p->call->nentries; e++)
+    if (p->uses[e].L->readers > 0)
+      return true;
+  return p->flops > p->max_flops;
+}
+
+/* Under the lock: p admitted (0), parked (1), left for the queue
+ * (ATTN_KV_LATER: a call run here never parks), or refused (an error). */
 int attn__kv_enter(attn_kv_store *s, kv_pending *p, attn_status *st) {
   if (attn_cancel_is_set(p->call->req.cancel))
     return attn__canceled(st);
   int rc = blocked(s, p->call, p->now) ? 1 : resolve(s, p->call, p->uses, p->now, st);
+  if (rc == 1 && p->here)
+    return ATTN_KV_LATER;
   if (rc == 1) {
     park(s, p);
     return 1;
   }
   if (rc == 0)
     rc = probe(s, p->call, p->uses, &p->flops, st);
+  if (rc == 0 && p->here && not_here(p))
+    return ATTN_KV_LATER;
   if (rc == 0)
     claim(s, p);
   return rc;

@@ -191,6 +191,19 @@ typedef struct attn_kv_call {
 int attn_kv_submit(attn_kv_store *s, attn_kv_call *call, double now, attn_done_fn done, void *arg,
                    attn_status *st);
 /*
+ * The same call computed on the calling thread (attn_engine_run_here), for
+ * a caller that answers small calls where it read them: when it can go at
+ * once (no other call reads or writes any of its layers, and none waits
+ * for one) and its work is at most max_flops. Returns 0 with *res its
+ * result (its status says how it ended), ATTN_KV_LATER when it cannot go
+ * here (nothing was applied: attn_kv_submit it), or a refusal as
+ * attn_kv_submit's. It never waits for another call: calls that were
+ * kept waiting for its layers while it ran start on the engine's threads.
+ */
+#define ATTN_KV_LATER 2
+int attn_kv_run_here(attn_kv_store *s, attn_kv_call *call, double now, double max_flops,
+                     attn_result *res, attn_status *st);
+/*
  * The caller of the call whose attn_request.cancel is flag has set it (a
  * deadline, a client gone): a call still waiting in the store ends now
  * with ECANCELED, never computed, and a job of several calls is canceled

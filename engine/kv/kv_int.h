@@ -79,6 +79,9 @@ typedef struct kv_pending {
   float (*mx)[2]; /* each entry's new tokens' largest |k|, |v| */
   double flops;
   attn_status st; /* why a parked call was refused */
+  /* attn_kv_run_here's: never parked, and at most max_flops of work */
+  bool here;
+  double max_flops;
   struct kv_pending *next;
 } kv_pending;
 
@@ -172,7 +175,8 @@ void attn__kv_job_free(kv_job *j);
 
 /* admit.c: a call's shape checked (before the lock), and the call as the
  * store keeps it, its values checked (NULL with st set). Under the lock: p
- * admitted (0), parked (1) or refused (an error); the parked calls that
+ * admitted (0), parked (1), left alone for a call run here that cannot go
+ * at once (ATTN_KV_LATER) or refused (an error); the parked calls that
  * can go on now, admitted or refused into a; whether an admitted call
  * appends; the end of every use of an admitted call. Entry e's new rows
  * of KV head h of K (t 0) or V (t 1). */

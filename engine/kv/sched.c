@@ -1,8 +1,8 @@
 /*
  * sched.c — a session call from its submit to its end (kv.h,
- * attn_kv_submit, attn_kv_run, attn_kv_cancel): an admitted call's new
- * rows stored, when it starts and with which calls (batch.c builds the
- * job), its cancel, and what its job's end sets going.
+ * attn_kv_submit, attn_kv_run, attn_kv_run_here, attn_kv_cancel): an
+ * admitted call's new rows stored, when it starts and with which calls
+ * (batch.c builds the job), its cancel, and what its job's end sets going.
  *
  * A call starts at once unless a job that reads one of its layers is
  * running and batching is on; then it waits, admitted (its tokens stored,
@@ -239,22 +239,40 @@ static void job_done(const attn_result *res, void *arg) {
   job_end(j, res);
 }
 
+/* The engine request of a job; 0 or the error. */
+static int job_request(kv_job *j, attn_status *st) {
+  int b = attn__kv_job_build(j);
+  if (b == -1)
+    return attn_status_set(st, ATTN_ENOMEM, "out of memory batching calls");
+  if (b == -2)
+    return attn_status_set(st, ATTN_ESHAPE,
+                           "the sessions of one job must share heads_kv, head_dim and dtype");
+  return 0;
+}
+
 /* Builds and submits a job (counted as running already); on failure its
  * calls end with the error. */
 static void job_start(kv_job *j) {
   attn_status st;
-  int b = attn__kv_job_build(j), rc;
-  if (b == -1)
-    rc = attn_status_set(&st, ATTN_ENOMEM, "out of memory batching calls");
-  else if (b == -2)
-    rc = attn_status_set(&st, ATTN_ESHAPE,
-                         "the sessions of one job must share heads_kv, head_dim and dtype");
-  else
+  int rc = job_request(j, &st);
+  if (rc == 0)
     rc = attn_engine_submit(j->s->engine, &j->req, job_done, j, &st);
   if (rc) {
     attn_result res = {.status = st};
     job_end(j, &res);
   }
+}
+
+/* The same job computed on this thread, ended here. */
+static void job_run_here(kv_job *j) {
+  attn_status st;
+  attn_result res = {0};
+  int rc = job_request(j, &st);
+  if (rc == 0)
+    rc = attn_engine_run_here(j->s->engine, &j->req, &res, &st);
+  if (rc && !res.status.code)
+    res.status = st; /* refused before it ran */
+  job_done(&res, j);
 }
 
 /* The calls refused while parked or dropped canceled: answered with their
@@ -318,6 +336,56 @@ int attn_kv_submit(attn_kv_store *s, attn_kv_call *call, double now, attn_done_f
     attn__kv_pending_free(p);
   after(s, &a);
   return rc < 0 ? rc : 0;
+}
+
+/* ---- on the caller's thread ------------------------------------------------- */
+
+/* A call run here ends into its caller's result. */
+static void here_done(const attn_result *res, void *arg) { *(attn_result *)arg = *res; }
+
+/* The job a's list holds for p alone, taken out of it; NULL if none (p was
+ * refused or canceled on the way, and a's failed list answers it). */
+static kv_job *take_job(kv_after *a, const kv_pending *p) {
+  for (kv_job **jp = &a->jobs; *jp; jp = &(*jp)->next)
+    if ((*jp)->calls == p) {
+      kv_job *j = *jp;
+      *jp = j->next;
+      j->next = NULL;
+      return j;
+    }
+  return NULL;
+}
+
+/* Admitted on a quiet layer, a call's job starts at once (schedule finds
+ * none of its layers busy: any other call on them parks while its rows
+ * are stored), so it is taken from the jobs to start and run here. */
+int attn_kv_run_here(attn_kv_store *s, attn_kv_call *call, double now, double max_flops,
+                     attn_result *res, attn_status *st) {
+  int rc = attn__kv_call_check(call, st);
+  kv_pending *p = rc ? NULL : attn__kv_pending_new(call, here_done, res, now, st);
+  if (!p)
+    return rc ? rc : st->code;
+  p->here = true;
+  p->max_flops = max_flops;
+  *res = (attn_result){0};
+  kv_after a = {0};
+  pthread_mutex_lock(&s->mu);
+  rc = attn__kv_enter(s, p, st);
+  bool booked = rc == 0 && !appends(p);
+  if (booked)
+    schedule(s, p, &a);
+  pthread_mutex_unlock(&s->mu);
+  if (rc == 0 && !booked)
+    rc = land(s, p, &a, st);
+  if (rc != 0)
+    attn__kv_pending_free(p);
+  kv_job *mine = rc == 0 ? take_job(&a, p) : NULL;
+  after(s, &a); /* answers p here if it was canceled meanwhile */
+  if (mine)
+    job_run_here(mine);
+  else if (rc == 0 && res->status.code == 0)
+    abort(); /* p left waiting for a job, with done writing to the caller's stack later */
+  return rc;
 }
 
 /* attn_kv_run's call, for attn__run_waiting. */

@@ -50,12 +50,17 @@ void tkv_reply_free(tkv_reply *y) {
   free(y->lse);
 }
 
-/* Runs call; the store's code or the job's, and the job's backend into
- * *backend. */
-static int run_waiting(attn_kv_store *kv, attn_kv_call *c, double now, attn_status *st,
+/* Runs call, submitted (here 0) or on this thread; the store's code or
+ * the job's, and the job's backend into *backend. */
+static int run_waiting(attn_kv_store *kv, attn_kv_call *c, double now, double here, attn_status *st,
                        const char **backend) {
   attn_result res = {0};
-  int rc = attn_kv_run(kv, c, now, &res, st);
+  int rc =
+      here > 0 ? attn_kv_run_here(kv, c, now, here, &res, st) : attn_kv_run(kv, c, now, &res, st);
+  if (rc == 0 && res.status.code) { /* as attn_kv_run answers a job that failed */
+    rc = res.status.code;
+    *st = res.status;
+  }
   if (res.backend) /* the job ran (it may still have failed) */
     *backend = res.backend;
   return rc;
@@ -63,7 +68,7 @@ static int run_waiting(attn_kv_store *kv, attn_kv_call *c, double now, attn_stat
 
 int tkv_run(attn_kv_store *kv, attn_kv_call *c, double now, attn_status *st) {
   const char *backend = NULL;
-  return run_waiting(kv, c, now, st, &backend);
+  return run_waiting(kv, c, now, 0, st, &backend);
 }
 
 /* A setup step that cannot fail in a sound build: say what and stop (the
@@ -112,7 +117,7 @@ int tkv_call1(attn_kv_store *kv, const char *tenant, const char *id, const tkv_s
   c.k_new = k;
   c.v_new = v;
   c.total_new = nnew;
-  int rc = run_waiting(kv, &c, now, st, &y->backend);
+  int rc = run_waiting(kv, &c, now, op->here, st, &y->backend);
   y->length = en.length;
   y->replay = en.replay;
   free(q);

@@ -45,6 +45,9 @@ typedef struct tkv_opts {
   int64_t wl, wr;
   double softcap;
   int64_t layer;
+  /* > 0: the call runs on the calling thread (attn_kv_run_here with this
+   * max_flops), its ATTN_KV_LATER returned as is; 0: submitted. */
+  double here;
 } tkv_opts;
 extern const tkv_opts tkv_plain; /* causal, no window */
 

@@ -248,6 +248,15 @@ static int apply_max_pairs(attnd_config *c, const char *what, const char *v) {
   c->max_pairs = n;
   return 0;
 }
+static int apply_tiny_flops(attnd_config *c, const char *what, const char *v) {
+  char *end;
+  errno = 0;
+  unsigned long long n = strtoull(v, &end, 10);
+  if (!*v || *v == '-' || *end || errno || n > 1ull << 40)
+    return attnd__cfg_bad(what, v, "an integer from 0 (never) to 2^40");
+  c->tiny_flops = n;
+  return 0;
+}
 static int apply_timeout(attnd_config *c, const char *what, const char *v) {
   return attnd__cfg_seconds(what, v, 0.001, &c->timeout);
 }
@@ -329,6 +338,11 @@ static const attnd__flag flags[] = {
      "refuse (422) a request of more score pairs than N (batch x heads x Nq x Nkv, summed "
      "over the sequences of a variable-length batch), 0 = no cap",
      apply_max_pairs},
+    {"tiny-flops", "N", "1048576",
+     "a job of at most N FLOPs (a small request, a session's decode step) is computed on the "
+     "HTTP thread that read it, without the queue's hand-offs, when the CPU computes it and no "
+     "other call holds its session's layer; 0 = never",
+     apply_tiny_flops},
     {"timeout", "SECONDS", "60",
      "a request not answered this long after its headers gets 504 and its job is canceled",
      apply_timeout},

@@ -39,7 +39,8 @@ typedef struct attnd_config {
   /* Jobs of one client address running at once (loop.c): -1 auto (every
    * running slot but one), 0 no own limit. */
   int max_running_per_client;
-  uint64_t max_pairs; /* score pairs one request may ask for (loop.c); 0: no cap */
+  uint64_t max_pairs;  /* score pairs one request may ask for (loop.c); 0: no cap */
+  uint64_t tiny_flops; /* work a job computed on the HTTP thread may have (tiny.h); 0: none */
   /* The bearer tokens a request but the open routes needs one of, each
    * with its name (auth.h); keys.n == 0: none. --api-key gives one, named
    * "default"; --api-key-file one a line. Never printed: not in logs,

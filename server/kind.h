@@ -10,7 +10,8 @@
  *      its decode (r's body into r->pr, and whatever state of its own in
  *      r->state), its submit (to the engine, or to a store in front of
  *      it), its encode (r->pr's result into r->out), its free (r->state),
- *      what its decode holds beside the body (need), and its flags.
+ *      what its decode holds beside the body (need), its run on the HTTP
+ *      thread when small (here; NULL: never), and its flags.
  *   2. Declare it below, and add its file to the Makefile's SERVER_SRC
  *      (and TEST_SERVER_OBJ, which links routes.c into the unit tests).
  *   3. Add a row to routes.c's table with .kind = &attnd_kind_NAME.
@@ -52,7 +53,11 @@ typedef struct attnd_kind {
    * (NULL: not on this one). */
   const char *reply_header;
   const char *(*reply_value)(const attnd_req *r);
-  bool tiny;      /* may be decoded on the HTTP thread and run there if tiny (tiny.h) */
+  /* HTTP thread, r decoded and holding its place (tiny.h): computes r on
+   * this thread when its work is at most --tiny-flops and it can go at
+   * once: 0 with r->res its result, or 1 when it goes the queued way
+   * (nothing was done). NULL: never here. */
+  int (*here)(attnd_req *r);
   bool slot;      /* takes one of the loop's running slots (else starts at admission) */
   bool max_pairs; /* its work is bounded by --max-pairs */
   bool pin;       /* its outputs go to memory the engine lends (page-locked) */
@@ -73,8 +78,10 @@ uint64_t attnd_kind_need_tensors(const attnd_req *r, size_t len);
 #define ATTND_KIND_TOO_LARGE                                                          \
   "send it as safetensors (application/octet-stream), which needs no copy, or raise " \
   "--max-queue"
-/* The engine's submit of r->pr.req: the stateless kinds' (kind_attention.c). */
+/* The engine's submit of r->pr.req, and its run on the calling thread when
+ * tiny: the stateless kinds' (kind_attention.c). */
 int attnd_kind_submit_engine(attnd_req *r, attn_done_fn done, attn_status *st);
+int attnd_kind_here_engine(attnd_req *r);
 /* /attention's reply of r's result: safetensors when asked for
  * (r->binary_out), else JSON. 0 or the code with st set. */
 int attnd_kind_encode_tensors(attnd_req *r, attn_status *st);

@@ -6,6 +6,8 @@
  */
 #include "kind.h"
 
+#include <string.h>
+
 /* A JSON body's tensors take up to twice the body. */
 uint64_t attnd_kind_need_tensors(const attnd_req *r, size_t len) {
   return r->json_in ? attn_proto_json_decode_bound(len) : 0;
@@ -26,6 +28,19 @@ int attnd_kind_submit_engine(attnd_req *r, attn_done_fn done, attn_status *st) {
   return attn_engine_submit(r->srv->engine, &r->pr.req, done, r, st);
 }
 
+/* A tiny job: a forward pass, small, on the CPU backend (a GPU job would
+ * block the HTTP thread on the device's round trip). */
+int attnd_kind_here_engine(attnd_req *r) {
+  const attn_request *q = &r->pr.req;
+  if (q->pass != ATTN_FORWARD || q->cu_seqlens_q || strcmp(q->backend, "cpu") ||
+      attn_request_flops(q) > (double)r->srv->cfg->tiny_flops)
+    return 1;
+  attn_status st = {0};
+  if (attn_engine_run_here(r->srv->engine, q, &r->res, &st) && !r->res.status.code)
+    r->res.status = st; /* refused before it ran: no result was filled */
+  return 0;
+}
+
 int attnd_kind_encode_tensors(attnd_req *r, attn_status *st) {
   if (!r->binary_out) {
     r->out_ctype = "application/json";
@@ -44,7 +59,7 @@ int attnd_kind_encode_tensors(attnd_req *r, attn_status *st) {
   {                                                                                            \
     .pass = p, .need = attnd_kind_need_tensors, .too_large = ATTND_KIND_TOO_LARGE,             \
     .decode = decode, .submit = attnd_kind_submit_engine, .encode = attnd_kind_encode_tensors, \
-    .tiny = true, .slot = true, .max_pairs = true, .pin = true                                 \
+    .here = attnd_kind_here_engine, .slot = true, .max_pairs = true, .pin = true               \
   }
 
 const attnd_kind attnd_kind_forward = STATELESS(ATTN_FORWARD);

@@ -27,9 +27,12 @@ typedef struct attnd_session_call {
 static int decode(attnd_req *r, const char *body, size_t len, attn_status *st) {
   if (!r->srv->kv)
     return attn_status_set(st, ATTND_ENOT_FOUND, "%s", ATTND_SESSIONS_OFF);
-  if (!r->state && !(r->state = calloc(1, sizeof(attnd_session_call))))
+  /* not zeroed: its batch-sized arrays are written before they are read */
+  if (!r->state && !(r->state = malloc(sizeof(attnd_session_call))))
     return attn_status_set(st, ATTN_ENOMEM, "out of memory for a session call");
   attnd_session_call *sc = r->state;
+  sc->id[0] = sc->length_header[0] = 0;
+  sc->call = (attn_kv_call){0};
   bool batch = r->route->kind == &attnd_kind_session_batch;
   attn_proto_session_init(&sc->ps, batch);
   int rc = batch ? 0 : attnd_sessions_id(r->path, sc->id, st);
@@ -38,7 +41,8 @@ static int decode(attnd_req *r, const char *body, size_t len, attn_status *st) {
   return rc;
 }
 
-static int submit(attnd_req *r, attn_done_fn done, attn_status *st) {
+/* The store's call of the decoded request. */
+static attn_kv_call *call_of(attnd_req *r) {
   attnd_session_call *sc = r->state;
   attn_kv_call *c = &sc->call;
   const attn_request *req = &r->pr.req;
@@ -54,7 +58,25 @@ static int submit(attnd_req *r, attn_done_fn done, attn_status *st) {
   c->req.batch = 1;
   if (!sc->ps.batch)
     c->req.cu_seqlens_q = NULL;
-  return attn_kv_submit(r->srv->kv, c, attn_now(), done, r, st);
+  return c;
+}
+
+static int submit(attnd_req *r, attn_done_fn done, attn_status *st) {
+  return attn_kv_submit(r->srv->kv, call_of(r), attn_now(), done, r, st);
+}
+
+/* A small call whose layers no other call holds is computed here; one that
+ * would wait for another session's (or its own earlier) call is queued, so
+ * that this thread never waits for another call's work. */
+static int here(attnd_req *r) {
+  attn_status st = {0};
+  int rc = attn_kv_run_here(r->srv->kv, call_of(r), attn_now(), (double)r->srv->cfg->tiny_flops,
+                            &r->res, &st);
+  if (rc == ATTN_KV_LATER)
+    return 1;
+  if (rc)
+    r->res.status = st;
+  return 0;
 }
 
 /* The layer's length (or the batch's) into the reply: JSON fields, the
@@ -107,11 +129,11 @@ static void free_call(attnd_req *r) {
  * must not keep other requests from their slots. Its keys are the store's,
  * bounded by its max_tokens rather than --max-pairs, and it is computed
  * where its pages are. */
-#define SESSION_KIND                                                                           \
-  {                                                                                            \
-    .pass = ATTN_FORWARD, .need = attnd_kind_need_tensors, .too_large = ATTND_KIND_TOO_LARGE,  \
-    .decode = decode, .submit = submit, .encode = encode, .free = free_call, .cancel = cancel, \
-    .reply_header = "X-Session-Length", .reply_value = length_header                           \
+#define SESSION_KIND                                                                          \
+  {                                                                                           \
+    .pass = ATTN_FORWARD, .need = attnd_kind_need_tensors, .too_large = ATTND_KIND_TOO_LARGE, \
+    .decode = decode, .submit = submit, .here = here, .encode = encode, .free = free_call,    \
+    .cancel = cancel, .reply_header = "X-Session-Length", .reply_value = length_header        \
   }
 
 /* The batch differs only by being a row of its own (decode reads which). */

@@ -45,7 +45,7 @@ const attnd_kind attnd_kind_v2 = {.pass = ATTN_FORWARD,
                                   .decode = decode,
                                   .submit = attnd_kind_submit_engine,
                                   .encode = encode,
-                                  .tiny = true,
+                                  .here = attnd_kind_here_engine,
                                   .slot = true,
                                   .max_pairs = true,
                                   .pin = true};

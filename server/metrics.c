@@ -79,6 +79,7 @@ typedef struct state {
   route_stats routes[N_SERIES];
   int nseries;
   histogram queue_wait;
+  uint64_t tiny_jobs; /* computed on the HTTP thread (tiny.h) */
   backend_stats backends[MAX_BACKENDS];
   int nbackends;
   backend_stats overflow; /* backends past the first MAX_BACKENDS, as "other" */
@@ -244,6 +245,13 @@ void attnd_metrics_request_key(attnd_metrics *m, const char *name) {
 void attnd_metrics_queue_wait(attnd_metrics *m, double seconds) {
   pthread_mutex_lock(&m->mu);
   histogram_observe(&m->s.queue_wait, seconds);
+  pthread_mutex_unlock(&m->mu);
+}
+
+void attnd_metrics_tiny(attnd_metrics *m) {
+  pthread_mutex_lock(&m->mu);
+  histogram_observe(&m->s.queue_wait, 0);
+  m->s.tiny_jobs++;
   pthread_mutex_unlock(&m->mu);
 }
 
@@ -417,6 +425,10 @@ static void render_jobs(attn_sbuf *b, const state *s) {
   attn_prom_family(b, "attnd_queue_wait_seconds", "histogram",
                    "Time jobs waited between admission and the engine.");
   render_histogram(b, "attnd_queue_wait_seconds", NULL, 0, &s->queue_wait);
+  attn_prom_counter(b, "attnd_jobs_on_http_thread_total",
+                    "Jobs computed on the HTTP thread that read them, without the queue "
+                    "(--tiny-flops).",
+                    s->tiny_jobs);
   attn_prom_family(b, "attnd_engine_seconds_total", "counter",
                    "Engine time spent on completed jobs, by backend.");
   render_backends(b, s, "attnd_engine_seconds_total", 0);

@@ -82,6 +82,9 @@ int attnd_metrics_keys(attnd_metrics *m, const char *const *names, int n);
 void attnd_metrics_request_key(attnd_metrics *m, const char *name);
 /* Time a job waited between admission and the engine. */
 void attnd_metrics_queue_wait(attnd_metrics *m, double seconds);
+/* A job computed on the HTTP thread that read it (tiny.h): counted, and
+ * its wait (none) observed as queue_wait's. */
+void attnd_metrics_tiny(attnd_metrics *m);
 /* A job the engine completed. */
 void attnd_metrics_engine(attnd_metrics *m, const char *backend, double seconds, double flops);
 /* Why a job was canceled, and where it was then. */

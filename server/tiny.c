@@ -11,20 +11,13 @@
 #include <stdio.h>
 #include <string.h>
 
-/* Whether r's body is worth decoding here: small, plain, and for a server
- * whose engine computes on the CPU (a GPU job would block this thread on
- * the device's round trip). */
+/* Whether r's body is worth decoding here: small, plain, of a kind that
+ * may run here, and for a server whose engine computes on the CPU (a GPU
+ * job would block this thread on the device's round trip). */
 static bool may_be_tiny(const attnd_req *r) {
-  return attnd_req_computes(r) && r->route->kind->tiny && r->encoding == ATTND_ENC_IDENTITY &&
-         r->len <= ATTND_TINY_BODY && !strcmp(r->srv->backend, "cpu");
-}
-
-/* Whether the decoded request is a tiny job: one the CPU backend computes
- * on the calling thread (attn_engine_run_here), and small. */
-static bool is_tiny(const attnd_req *r) {
-  const attn_request *q = &r->pr.req;
-  return q->pass == ATTN_FORWARD && !q->cu_seqlens_q && !strcmp(q->backend, "cpu") &&
-         attn_request_flops(q) <= ATTND_TINY_FLOPS;
+  return r->srv->cfg->tiny_flops > 0 && attnd_req_computes(r) && r->route->kind->here &&
+         r->encoding == ATTND_ENC_IDENTITY && r->len <= ATTND_TINY_BODY &&
+         !strcmp(r->srv->backend, "cpu");
 }
 
 /* --timeout, as the loop's tick would find it: false with r's 504 set. */
@@ -41,23 +34,28 @@ static bool in_time(attnd_req *r, double now) {
   return false;
 }
 
-/* The job itself, holding its place: computed, encoded, made the reply. */
-static void compute(attnd_req *r) {
+/* The job itself, holding its place: computed by its kind if it is tiny
+ * and can go at once, then encoded and made the reply; false (nothing
+ * done) when it goes the queued way. */
+static bool compute(attnd_req *r) {
   attnd_server *s = r->srv;
-  attn_status st = {0};
   attnd_metrics_gauge_add(s->metrics, ATTND_GAUGE_INFLIGHT, 1);
-  attnd_metrics_queue_wait(s->metrics, 0);
-  int rc = attn_engine_run_here(s->engine, &r->pr.req, &r->res, &st);
-  if (rc && !r->res.status.code)
-    r->res.status = st; /* refused before it ran: no result was filled */
-  r->t_engine = attn_now();
-  attnd_work_encode_result(r);
-  attnd_work_reply(r);
-  if (r->status == 200)
-    attnd_metrics_engine(s->metrics, r->res.backend, r->res.engine_seconds, r->res.flops);
+  bool done = r->route->kind->here(r) == 0;
+  if (done) {
+    attnd_metrics_tiny(s->metrics);
+    r->t_engine = attn_now();
+    attnd_work_encode_result(r);
+    attnd_work_reply(r);
+    if (r->status == 200)
+      attnd_metrics_engine(s->metrics, r->res.backend, r->res.engine_seconds, r->res.flops);
+  }
   attnd_metrics_gauge_add(s->metrics, ATTND_GAUGE_INFLIGHT, -1);
+  return done;
 }
 
+/* Decoded here, r is computed here when its kind finds it tiny; a body that
+ * does not decode, a full queue and a passed deadline are answered here
+ * too. False when r goes the queued way, decoded. */
 bool attnd_tiny_run(attnd_req *r) {
   if (!may_be_tiny(r))
     return false;
@@ -71,16 +69,15 @@ bool attnd_tiny_run(attnd_req *r) {
     attnd_work_drop_inputs(r);
     return true;
   }
-  if (!is_tiny(r))
-    return false;
   if (!attnd_jobs_take_place(r)) {
     attnd_work_drop_inputs(r);
     return true;
   }
-  if (in_time(r, r->t_started))
-    compute(r); /* its encode frees the inputs */
-  else
+  bool done = true;
+  if (!in_time(r, r->t_started))
     attnd_work_drop_inputs(r);
+  else
+    done = compute(r); /* its encode frees the inputs */
   r->srv->admitted--;
-  return true;
+  return done;
 }

@@ -14,9 +14,10 @@
 /* Bodies at most this large are decoded here to see whether their job is
  * tiny; larger ones go to the queue undecoded. */
 #define ATTND_TINY_BODY ((size_t)64 * 1024)
-/* A tiny job: a forward pass of at most this many FLOPs (attn_request_flops)
- * on the CPU backend, tens of microseconds on one core. */
-#define ATTND_TINY_FLOPS (1 << 20)
+/* A tiny job: a forward pass of at most --tiny-flops FLOPs
+ * (attn_request_flops; 1 MFLOP by default, tens of microseconds on one
+ * core) on the CPU backend; for a session call, also one whose layers no
+ * other call holds (kv.h, attn_kv_run_here). */
 
 /* HTTP thread, r's body whole: true when r was computed here and has its
  * reply (or its error: a body that does not decode, a full queue); false

@@ -35,7 +35,12 @@ void hold_release(const hold_gate *g) {
   close(fd);
 }
 
-void hold_gate_free(hold_gate *g) { unlink(g->path); }
+void hold_gate_free(hold_gate *g) {
+  char mark[sizeof g->path + 8];
+  snprintf(mark, sizeof mark, "%s.held", g->path);
+  unlink(mark);
+  unlink(g->path);
+}
 
 void srv_start_gated(srv *s, hold_gate *g, const char *const *args) {
   hold_gate_init(g);

@@ -26,9 +26,9 @@
  * job goes straight to the real backend. And with $ATTN_HOLD_COPY_ROWS set, a
  * copy of exactly that many rows into or out of a session's pages
  * (attn__kvpages_copy, wrapped too) waits for the release file (or
- * $ATTN_HOLD_MAX_S) before it copies: an append still being stored. It
- * creates "<release file>.held" when it starts waiting, so that the test
- * knows the copy is under way.
+ * $ATTN_HOLD_MAX_S) before it copies: an append still being stored. A
+ * held job or copy creates "<release file>.held" when it starts waiting,
+ * so that the test knows it is under way.
  *
  * (ATTN_, not ATTND_: the test harness clears ATTND_* from a server's
  * environment, and attnd reads ATTND_* as flags.)
@@ -80,9 +80,20 @@ static void nap(void) {
     ;
 }
 
+/* "<release file>.held": something is held now, for the test to see. */
+static void mark_held(void) {
+  char mark[512];
+  snprintf(mark, sizeof mark, "%s.held", release_path());
+  FILE *f = fopen(mark, "w");
+  if (f)
+    fclose(f);
+}
+
 static void *hold_run(void *arg) {
   hold_job h = *(hold_job *)arg;
   free(arg);
+  if (release_path())
+    mark_held();
   double until = attn_now() + hold_max_s();
   bool gated = release_path() != NULL;
   while (!(attn__job_canceled(h.job) && !gated) && !released() && attn_now() < until)
@@ -169,11 +180,7 @@ int __wrap_attn__kvpages_copy(const attn_kvpages *p, void *dst, size_t dpitch, c
                               size_t spitch, size_t width, size_t rows, attn_status *st) {
   const char *v = getenv("ATTN_HOLD_COPY_ROWS");
   if (v && *v && (size_t)atoll(v) == rows && release_path()) {
-    char mark[512];
-    snprintf(mark, sizeof mark, "%s.held", release_path());
-    FILE *f = fopen(mark, "w");
-    if (f)
-      fclose(f);
+    mark_held();
     double until = attn_now() + hold_max_s();
     while (!released() && attn_now() < until)
       nap();

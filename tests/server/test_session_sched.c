@@ -3,8 +3,9 @@
  * through the real attnd: a batch over sessions of other shapes is refused,
  * a call never waits for another session's work, a job of several calls
  * ends at its callers' deadline, calls waiting for a layer's readers hold no
- * shared thread, a GET is not held behind another session's append, and an
- * empty layer is the same refusal alone and batched.
+ * shared thread, a GET is not held behind another session's append, an
+ * empty layer is the same refusal alone and batched, and a small step is
+ * computed on the HTTP thread unless another call holds its layer.
  *
  * The server is build/tests/attnd-hold: its cpu jobs whose first query
  * element is HELD_Q0 wait for the test (tests/lib/hold_backend.c), and so do
@@ -55,8 +56,17 @@ static float rnd(void) {
 }
 
 /* Starts attnd-hold with the gate (gated: held jobs wait for its file) and
- * env entries, plus args. */
+ * env entries, plus args; --tiny-flops 0 unless they give it: a held call
+ * stands for a long job, which never runs on the HTTP thread. */
 static void start(bool gated, const char *const *args, const char *const *env) {
+  const char *a[16] = {"--tiny-flops", "0"};
+  int na = 2;
+  for (int i = 0; args && args[i]; i++)
+    if (!strcmp(args[i], "--tiny-flops"))
+      na = 0; /* theirs, written over the first two places */
+  for (int i = 0; args && args[i] && na < 15; i++)
+    a[na++] = args[i];
+  args = a;
   hold_gate_init(&G);
   const char *e[8] = {0};
   int n = 0;
@@ -68,6 +78,19 @@ static void start(bool gated, const char *const *args, const char *const *env) {
     e[n++] = env[i];
   S.bin = srv_hold_bin();
   srv_startv(&S, args, e, true);
+}
+
+static bool exists(const char *path) { return access(path, F_OK) == 0; }
+
+/* Whether a held job or copy began waiting (its mark, tests/lib/hold_backend.c)
+ * within WAIT_MS. */
+static bool held_started(void) {
+  char mark[sizeof G.path + 8];
+  snprintf(mark, sizeof mark, "%s.held", G.path);
+  double t0 = now_s();
+  while (!exists(mark) && now_s() - t0 < WAIT_MS / 1000)
+    sleep_s(0.01);
+  return exists(mark);
 }
 
 static const char *JSON_H[] = {"Content-Type: application/json", NULL};
@@ -439,8 +462,6 @@ Test(session_sched, appends_waiting_for_readers_hold_no_shared_thread) {
 
 /* ---- 5. a GET is not held behind another session's append ---------------- */
 
-static bool exists(const char *path) { return access(path, F_OK) == 0; }
-
 Test(session_sched, a_get_is_not_held_behind_another_sessions_append) {
   char rows[40];
   snprintf(rows, sizeof rows, "ATTN_HOLD_COPY_ROWS=%d", HELD_ROWS);
@@ -453,12 +474,7 @@ Test(session_sched, a_get_is_not_held_behind_another_sessions_append) {
   float q[1][D];
   char *b = call_body(&big, q, 1, HELD_ROWS, false);
   int f = send_call(attend_path(&big), b);
-  char mark[200];
-  snprintf(mark, sizeof mark, "%s.held", G.path);
-  double t0 = now_s();
-  while (!exists(mark) && now_s() - t0 < WAIT_MS / 1000)
-    sleep_s(0.01);
-  cr_assert(exists(mark), "the append's copy never started");
+  cr_assert(held_started(), "the append's copy never started");
   http_res r = {0};
   http_req rq = {.path = "/v1/sessions/other", .timeout_ms = WAIT_MS};
   http_do(&S, &rq, &r);
@@ -479,7 +495,6 @@ Test(session_sched, a_get_is_not_held_behind_another_sessions_append) {
   http_res_free(&r);
   close(f);
   free(b);
-  unlink(mark);
 }
 
 /* ---- 6. an empty layer ------------------------------------------------------ */
@@ -502,4 +517,47 @@ Test(session_sched, an_empty_layer_is_one_refusal_alone_and_batched) {
     cr_expect(strstr(r.body, "sessions[1]") && strstr(r.body, "no tokens"), "%s", r.body);
   http_res_free(&r);
   free(b);
+}
+
+/* ---- 7. small steps on the HTTP thread -------------------------------------- */
+
+/* With --tiny-flops 5000: a decode step of another session is computed on
+ * the HTTP thread while a held (larger) call reads its layer; a small step
+ * on the held layer is not: it waits for that call, in order, and both are
+ * right once it ends. */
+Test(session_sched, a_small_step_runs_here_unless_its_layer_is_held) {
+  const char *args[] = {"--session-batch", "on", "--tiny-flops", "5000", NULL};
+  start(true, args, NULL);
+  static sess h, o;
+  make(&h, "held", 1);
+  make(&o, "other", 1);
+  append(&h, 100);
+  append(&o, 3);
+  const char *name = "attnd_jobs_on_http_thread_total";
+  double here0 = srv_metric(&S, name, NULL);
+  cr_expect_geq(here0, 2, "the small appends did not run on the HTTP thread");
+  float hq[8][D], sq[1][D];
+  char *hb = call_body(&h, hq, 8, 0, true); /* 4 x 8 x 100 x 4 = 12800 FLOPs: queued */
+  int held = send_call(attend_path(&h), hb);
+  cr_assert(held_started(), "the held call never started");
+  char *sb = call_body(&h, sq, 1, 1, false); /* 1616 FLOPs, on the held layer */
+  int step = send_call(attend_path(&h), sb);
+  cr_assert(srv_wait_metric_ge(&S, "attnd_session_calls_waiting", NULL, 1, WAIT_MS / 1000),
+            "the step on the held layer never waited for it");
+  append(&o, 1);
+  append(&o, 1);
+  cr_expect_eq(srv_metric(&S, name, NULL), here0 + 2, "the other session's steps ran elsewhere");
+  cr_expect_geq(srv_jobs(&S), 1, "the held call ended early");
+  hold_release(&G);
+  http_res rh = {0}, rs = {0};
+  double want[8 * D];
+  cr_expect_eq(raw_response(held, WAIT_MS, &rh), 200, "%s", rh.body ? rh.body : "no reply");
+  if (rh.status == 200 && (reference(&h, hq, 8, h.n, want), true))
+    o_matches(rh.body, want, 8, "the held call");
+  cr_expect_eq(raw_response(step, WAIT_MS, &rs), 200, "%s", rs.body ? rs.body : "no reply");
+  if (rs.status == 200 && (reference(&h, sq, 1, h.n + 1, want), true))
+    o_matches(rs.body, want, 1, "the step behind it");
+  http_res_free(&rh), http_res_free(&rs);
+  close(held), close(step);
+  free(hb), free(sb);
 }

@@ -226,6 +226,25 @@ Test(metrics, bad_durations_count_as_zero) {
   attnd_metrics_free(m);
 }
 
+/* A job on the HTTP thread: counted, and its (no) wait in the histogram. */
+Test(metrics, jobs_on_the_http_thread_are_counted_and_waited_nothing) {
+  attnd_metrics *m = metrics_new();
+  cr_assert_not_null(m);
+  char *out = render(m);
+  expect_line(out, "attnd_jobs_on_http_thread_total 0");
+  free(out);
+  for (int i = 0; i < 3; i++)
+    attnd_metrics_tiny(m);
+  attnd_metrics_queue_wait(m, 0.25);
+  out = render(m);
+  expect_line(out, "attnd_jobs_on_http_thread_total 3");
+  double cum[N_LES];
+  check_histogram(out, "attnd_queue_wait_seconds", "", 4, 0.25, cum);
+  cr_expect_eq(cum[0], 3, "the three waited nothing");
+  free(out);
+  attnd_metrics_free(m);
+}
+
 Test(metrics, engine_counters_by_backend) {
   attnd_metrics *m = metrics_new();
   cr_assert_not_null(m);
@@ -346,6 +365,7 @@ Test(metrics, every_family_has_help_and_type) {
       {"attnd_requests_total", "counter"},
       {"attnd_request_duration_seconds", "histogram"},
       {"attnd_queue_wait_seconds", "histogram"},
+      {"attnd_jobs_on_http_thread_total", "counter"},
       {"attnd_engine_seconds_total", "counter"},
       {"attnd_flops_total", "counter"},
       {"attnd_queue_depth", "gauge"},

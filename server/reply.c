@@ -85,10 +85,40 @@ static void free_held(void *cls) {
   free(h);
 }
 
+/* Replies in parts at most this large are joined into one buffer:
+ * libmicrohttpd 0.9.75 sends the headers of an iovec response with a
+ * send() of their own, and a second segment costs a small reply (a decode
+ * step's) more than the copy; larger ones are sent from where they lie. */
+#define JOIN_BELOW ((size_t)16 * 1024)
+
+/* The head and parts of a small reply in parts as one buffer (r->resp);
+ * false, changing nothing, when it is larger or out of memory. */
+static bool join_parts(attnd_req *r) {
+  size_t n = r->resp_len;
+  for (int i = 0; i < r->nparts; i++)
+    n += r->parts[i].len;
+  char *buf = n <= JOIN_BELOW ? malloc(n + 1) : NULL;
+  if (!buf)
+    return false;
+  memcpy(buf, r->resp, r->resp_len);
+  for (size_t i = 0, at = r->resp_len; i < (size_t)r->nparts; at += r->parts[i++].len)
+    memcpy(buf + at, r->parts[i].data, r->parts[i].len);
+  free(r->resp);
+  attnd_outbuf_free(r->srv, r->parts_buf);
+  r->parts_buf = NULL;
+  r->resp = buf;
+  r->resp_len = n;
+  r->nparts = 0;
+  return true;
+}
+
 /* r's body as libmicrohttpd's response, which then owns its buffers: one
- * buffer, or the head and the parts after it, sent with one sendmsg from
- * where they lie (no copy of the tensors into a reply buffer). */
+ * buffer (headers and body then go in one sendmsg), or the head and the
+ * parts after it, sent from where they lie (no copy of the tensors into a
+ * reply buffer). */
 static struct MHD_Response *body_response(attnd_req *r) {
+  if (r->nparts)
+    join_parts(r);
   r->bytes_out = r->resp_len;
   if (!r->nparts)
     return MHD_create_response_from_buffer_with_free_callback(

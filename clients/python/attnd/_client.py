@@ -137,7 +137,8 @@ class Client:
         if n is not None and n.isdigit():
             # Read into a bytearray so that arrays viewing it are writable.
             data = bytearray(int(n))
-            got = resp.readinto(data) if data else 0
+            # read() of an empty body still ends the reply, so the connection can carry the next
+            got = resp.readinto(data) if data else len(resp.read())
             if got != len(data):
                 raise AttndError(0, "unreachable", "%s %s: reply cut after %d of %d bytes"
                                  % (method, self.url, got, len(data)))

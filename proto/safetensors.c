@@ -377,20 +377,24 @@ static int parse_header(const unsigned char *hdr, size_t n, attn_pass pass, uint
   if (rc < 0)
     return rc;
   const char *end = NULL;
+  _Alignas(16) char buf[8192];
+  attn__scratch scratch;
+  attn__scratch_begin(&scratch, buf, sizeof buf);
   cJSON *root = cJSON_ParseWithLengthOpts((const char *)hdr, n, &end, 0);
   if (!root) {
     size_t at = end ? (size_t)(end - (const char *)hdr) : 0;
-    return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
-                           "the header is not valid JSON (error near header byte %zu, file "
-                           "offset %zu)",
-                           at, at + 8);
-  }
-  if (!cJSON_IsObject(root))
+    rc = attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                         "the header is not valid JSON (error near header byte %zu, file "
+                         "offset %zu)",
+                         at, at + 8);
+  } else if (!cJSON_IsObject(root)) {
     rc = attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
                          "the header is %s, not a JSON object of tensors", attn__json_type(root));
-  else
+  } else {
     rc = parse_root(root, pass, data_len, e, meta, partial, st);
+  }
   cJSON_Delete(root);
+  attn__scratch_end(&scratch);
   return rc;
 }
 

@@ -23,6 +23,7 @@
 #include "request_int.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,7 +38,9 @@ typedef struct varlen_seq {
 } varlen_seq;
 
 struct varlen_job {
-  attn_pool_task task; /* completes a queued job on a worker (never in its submit) */
+  attn_pool_task task;  /* completes a queued job on a worker (never in its submit) */
+  attn_pool_task group; /* small sequences run on the workers in turn (queue_groups) */
+  const attn_backend *be;
   attn_engine *e;
   attn_job *whole;         /* the request's own job: its callback, its result */
   const attn_request *req; /* the whole request, strides filled: whole's */
@@ -198,26 +201,68 @@ static int alloc_stats(varlen_job *vj, attn_status *st) {
   return 0;
 }
 
+/* Sequence b queued (here: run on this thread where the backend can), or
+ * written here when it has no work; false when it could not be queued,
+ * the job's result then. */
+static bool queue_seq(varlen_job *vj, int64_t b, bool here) {
+  const attn_request *r = vj->req;
+  varlen_seq *sq = &vj->seqs[b];
+  if (!has_work(&sq->req)) {
+    write_empty(r, &sq->req, r->cu_seqlens_q[b]);
+    return true;
+  }
+  attn_status st = {0};
+  __atomic_add_fetch(&vj->refs, 1, __ATOMIC_ACQ_REL);
+  if (attn__backend_queue(vj->be, attn__engine_jobs(vj->e), &sq->req, here, seq_done, sq, &st) == 0)
+    return true;
+  vj_fail(vj, b, &st);
+  __atomic_sub_fetch(&vj->refs, 1, __ATOMIC_ACQ_REL);
+  return false;
+}
+
 /* Queues the sequences with work; a failure after the first is the job's
  * result (its callback still runs once), as jobs already queued cannot be
  * taken back. */
-static void queue_seqs(varlen_job *vj, const attn_backend *be) {
-  const attn_request *r = vj->req;
-  for (int64_t b = 0; b < r->batch; b++) {
-    varlen_seq *sq = &vj->seqs[b];
-    if (!has_work(&sq->req)) {
-      write_empty(r, &sq->req, r->cu_seqlens_q[b]);
-      continue;
-    }
-    attn_status st = {0};
-    __atomic_add_fetch(&vj->refs, 1, __ATOMIC_ACQ_REL);
-    if (attn__backend_queue(be, attn__engine_jobs(vj->e), &sq->req, vj->here, seq_done, sq, &st) <
-        0) {
-      vj_fail(vj, b, &st);
-      __atomic_sub_fetch(&vj->refs, 1, __ATOMIC_ACQ_REL);
-      break;
-    }
-  }
+static void queue_seqs(varlen_job *vj) {
+  for (int64_t b = 0; b < vj->req->batch && queue_seq(vj, b, vj->here); b++)
+    ;
+}
+
+/* Sequences of at most this much work each (a decode step of a few
+ * thousand keys) are grouped: a job each costs some microseconds of
+ * hand-offs to the workers, more than such a sequence's arithmetic. */
+#define SMALL_SEQ_FLOPS ((double)(1 << 22))
+
+static bool small_seqs(const varlen_job *vj) {
+  for (int64_t b = 0; b < vj->req->batch; b++)
+    if (attn_request_flops(&vj->seqs[b].req) > SMALL_SEQ_FLOPS)
+      return false;
+  return true;
+}
+
+/* Group item g: sequences g, g + n, g + 2n, ... run on this worker. */
+static void group_run(attn_pool_task *t, int64_t item, void *ws) {
+  varlen_job *vj = (varlen_job *)((char *)t - offsetof(varlen_job, group));
+  (void)ws;
+  for (int64_t b = item; b < vj->req->batch && queue_seq(vj, b, true); b += t->nitems)
+    ;
+}
+
+static void group_finish(attn_pool_task *t) {
+  vj_release((varlen_job *)((char *)t - offsetof(varlen_job, group)), false);
+}
+
+/* A batch of small sequences as one task of one item a worker, each item
+ * running its share of the sequences one after the other on its worker,
+ * instead of a job each through the queue. The task holds a reference
+ * until its last item is done. */
+static void queue_groups(varlen_job *vj) {
+  attn_pool *p = attn__engine_pool(vj->e);
+  int64_t n = attn_pool_threads(p);
+  vj->group = (attn_pool_task){
+      .nitems = n < vj->req->batch ? n : vj->req->batch, .run = group_run, .finish = group_finish};
+  __atomic_add_fetch(&vj->refs, 1, __ATOMIC_ACQ_REL);
+  attn_pool_submit(p, &vj->group);
 }
 
 int attn__varlen_submit(attn_engine *e, const attn_request *r, bool here, attn_done_fn done,
@@ -244,8 +289,12 @@ int attn__varlen_submit(attn_engine *e, const attn_request *r, bool here, attn_d
     return rc;
   }
   vj->whole->backend = be->ops.name;
+  vj->be = be;
   vj->refs = 1;
-  queue_seqs(vj, be);
+  if (!here && r->batch > 1 && small_seqs(vj))
+    queue_groups(vj);
+  else
+    queue_seqs(vj);
   vj_release(vj, !here); /* run here, it may complete here */
   return 0;
 }

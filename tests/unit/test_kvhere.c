@@ -95,8 +95,8 @@ Test(kvhere, refusals_as_submitted_and_large_calls_left_to_the_queue) {
   tkv_reply_free(&y);
   cr_expect_eq(length_of(kv, "a"), 40, "a call left to the queue appended");
   here.here = BIG;
-  cr_expect_eq(tkv_call1(kv, "", "a", &s, &here, 40, 1, 45, 1, &y, 0, &st),
-               ATTN_ESESSION_CONFLICT, "a wrong pos: %s", st.message);
+  cr_expect_eq(tkv_call1(kv, "", "a", &s, &here, 40, 1, 45, 1, &y, 0, &st), ATTN_ESESSION_CONFLICT,
+               "a wrong pos: %s", st.message);
   tkv_reply_free(&y);
   cr_expect_eq(tkv_call1(kv, "", "nobody", &s, &here, 40, 1, 40, 1, &y, 0, &st),
                ATTN_ESESSION_NOT_FOUND);
@@ -188,8 +188,8 @@ static void step_make(step *t, const char *id, const tkv_stream *s, int64_t pos)
   t->k = tkv_rows_of(s->k, s->hkv, s->n, s->d, s->dt, pos, 1);
   t->v = tkv_rows_of(s->v, s->hkv, s->n, s->d, s->dt, pos, 1);
   t->y.o = calloc((size_t)(s->hq * s->d), attn_dtype_size(s->dt));
-  t->c = (attn_kv_call){.tenant = "", .nentries = 1, .entries = &t->en, .k_new = t->k,
-                        .v_new = t->v, .total_new = 1};
+  t->c = (attn_kv_call){
+      .tenant = "", .nentries = 1, .entries = &t->en, .k_new = t->k, .v_new = t->v, .total_new = 1};
   attn_request_init(&t->c.req);
   t->c.req.heads_q = s->hq;
   t->c.req.heads_kv = s->hkv;
@@ -271,8 +271,7 @@ Test(kvhere, calls_here_never_wait_for_the_engines_workers, .timeout = 120) {
   cr_expect_eq(tkv_call1(kv, "", "busy", &s, &here, 20, 1, 0, 0, &y, 0, &st), ATTN_KV_LATER);
   tkv_reply_free(&y);
   /* other sessions' steps, alone and batched, computed here meanwhile */
-  cr_assert_eq(tkv_call1(kv, "", "free", &s, &here, 20, 1, 20, 1, &y, 0, &st), 0, "%s",
-               st.message);
+  cr_assert_eq(tkv_call1(kv, "", "free", &s, &here, 20, 1, 20, 1, &y, 0, &st), 0, "%s", st.message);
   cr_expect_leq(tkv_ref_error(&s, &tkv_plain, 20, 1, 21, &y), ttol(s.dt));
   tkv_reply_free(&y);
   batch_here(kv, &s, 20);

@@ -27,7 +27,6 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TQDM_DISABLE", "1")   # the GGUF loader's progress bar
 
 import argparse  # noqa: E402
-import http.client  # noqa: E402
 import importlib.metadata  # noqa: E402
 import importlib.util  # noqa: E402
 import re  # noqa: E402
@@ -112,25 +111,19 @@ class Server:
 
 class WireCounter:
     """Records, for each request a client makes, its path, its body's size and the bytes
-    sent for it (HTTP head included: http.client sends everything through
-    HTTPConnection.send, counted here)."""
+    sent for it, HTTP head included (the count its connection keeps)."""
 
     def __init__(self, client):
-        self.calls, self._sent, self._request_fn = [], 0, client._request
+        self.calls, self._client, self._request_fn = [], client, client._request
         client._request = self._request
-        send = http.client.HTTPConnection.send
-
-        def counting_send(conn, data):
-            self._sent += len(data) if isinstance(data, (bytes, bytearray, memoryview)) else 0
-            return send(conn, data)
-        http.client.HTTPConnection.send = counting_send
 
     def _request(self, method, path, body=None, headers=None):
-        before = self._sent
+        conn = self._client._conn()
+        before = conn.sent
         try:
             return self._request_fn(method, path, body, headers)
         finally:
-            self.calls.append((path, len(body) if body else 0, self._sent - before))
+            self.calls.append((path, len(body) if body else 0, conn.sent - before))
 
 
 def run_sdpa(model, prompts, new):
@@ -189,9 +182,9 @@ def report(args, tok, model, prompts, ref, t_ref, got, t_attnd, calls, url):
             tok.decode(p[0]), p.shape[1], tok.decode(a), "same" if a == b else "DIFFER: %r"
             % tok.decode(b)))
     print("rate       %d prompts x %d new tokens greedy, torch threads %d in both runs: sdpa "
-          "%.1f tokens/s, attnd sessions %.1f tokens/s (attnd/sdpa %.2fx; %s)"
-          % (len(prompts), args.new, torch.get_num_threads(), n / t_ref, n / t_attnd,
-             t_ref / t_attnd, url))
+          "%.1f tokens/s, attnd sessions %.1f tokens/s (attnd/sdpa %.2fx; %s, client spin_us "
+          "%d)" % (len(prompts), args.new, torch.get_num_threads(), n / t_ref, n / t_attnd,
+                   t_ref / t_attnd, url, args.spin_us))
     size = torch.finfo(model.dtype).bits // 8
     body, sent = [c[0] for c in calls], [c[1] for c in calls]
     steps, layers = args.new - 1, cfg.num_hidden_layers
@@ -213,7 +206,7 @@ def run(args, url):
         print("real_model: a session cannot hold this model's attention: %s" % why)
         return 1
     prompts = [tok(p, return_tensors="pt").input_ids for p in PROMPTS]
-    client = attnd.Client(url, timeout=60)
+    client = attnd.Client(url, timeout=60, spin_us=args.spin_us)
     counter = WireCounter(client)
     # untimed warm-up of both paths (first-call allocations, the connection)
     run_sdpa(model, prompts[:1], 2)
@@ -247,6 +240,9 @@ def main():
     p.add_argument("--new", type=int, default=32, help="tokens per prompt (default 32)")
     p.add_argument("--rounds", type=int, default=2,
                    help="timed rounds of each run, alternated; the fastest is shown (default 2)")
+    p.add_argument("--spin-us", type=int, default=200,
+                   help="the client polls this long for each reply before it sleeps "
+                        "(attnd.Client's spin_us; default 200, 0: never)")
     args = p.parse_args()
     if args.new < 2 or args.rounds < 1:
         p.error("--new must be at least 2 (a prefill and a decode step), --rounds at least 1")

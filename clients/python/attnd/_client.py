@@ -12,18 +12,12 @@ import threading
 import urllib.parse
 
 from . import safetensors
+from ._http import Connection, PeerClosed as _PeerClosed
 from .sessions import Session, session_batch
 from ._tensors import f32_to_wire, from_wire, result_device, to_wire
 from ._wire import AttndError, _cu_seqlens, _from_json_tensor, _json_body, _options, \
     _query_string, _wants_json, _window
 
-
-class _PeerClosed(Exception):
-    """The peer closed the connection before any byte of a reply (``err`` says how)."""
-
-    def __init__(self, err):
-        super().__init__(str(err))
-        self.err = err
 
 
 class Client:
@@ -37,12 +31,18 @@ class Client:
             Bearer KEY``; ``None`` takes ``ATTND_API_KEY`` from the environment (the variable
             the server reads too), and no key is sent when that is unset or empty.
 
+        spin_us: microseconds to poll for each reply's first bytes before sleeping until it
+            comes (plain HTTP only; default 0, never). A thread asleep is woken some tens of
+            microseconds after its reply arrives, which is most of a small call's time (a
+            session's decode step costs the server about 20): a model runner making one
+            such call per layer gains that back for CPU time spent polling.
+
     Each thread keeps its own connection to the server (HTTP keep-alive), so one client
     may be shared by many threads; one that the server closed while idle is opened again
     (see :meth:`_request`). :meth:`close` closes the calling thread's.
     """
 
-    def __init__(self, url="http://127.0.0.1:8080", timeout=60.0, api_key=None):
+    def __init__(self, url="http://127.0.0.1:8080", timeout=60.0, api_key=None, spin_us=0):
         u = urllib.parse.urlsplit(url if "://" in url else "http://" + url)
         if u.scheme not in ("http", "https"):
             raise ValueError("attnd.Client: unsupported URL scheme %r" % u.scheme)
@@ -58,6 +58,9 @@ class Client:
         if key and any(not ("!" <= c <= "~") for c in key):
             raise ValueError("attnd.Client: an API key is printable ASCII without spaces")
         self._auth = {"Authorization": "Bearer " + key} if key else {}
+        if not 0 <= spin_us <= 1e6:
+            raise ValueError("attnd.Client: spin_us is 0 to 1000000 microseconds")
+        self.spin_us = spin_us
         self._local = threading.local()
 
     def __repr__(self):
@@ -84,17 +87,19 @@ class Client:
                                      % (method, self.url, e.err)) from e.err
 
     def _conn(self):
-        """This thread's connection (opened by http.client when it sends)."""
+        """This thread's connection (opened when it first sends): attnd's own plain HTTP
+        one (_http.py), or http.client's for HTTPS."""
         conn = getattr(self._local, "conn", None)
-        if conn is None:
-            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-            conn = self._local.conn = cls(self._host, self._port, timeout=self.timeout)
+        if conn is None and self._https:
+            conn = http.client.HTTPSConnection(self._host, self._port, timeout=self.timeout)
+        elif conn is None:
+            conn = Connection(self._host, self._port, self.timeout, self.spin_us)
+        self._local.conn = conn
         return conn
 
     def close(self):
         """Closes the calling thread's kept-alive connection (the next call opens another)."""
         conn = getattr(self._local, "conn", None)
-        self._local.conn = None
         if conn is not None:
             conn.close()
 
@@ -119,6 +124,8 @@ class Client:
     def _send(conn, method, target, body, headers):
         """Sends the request and reads the reply's head; raises _PeerClosed when the peer
         closed the connection before any byte of a reply."""
+        if isinstance(conn, Connection):
+            return conn.request(method, target, body, headers)
         try:
             try:
                 conn.request(method, target, body=body, headers=headers)
@@ -133,6 +140,8 @@ class Client:
             raise _PeerClosed(e)
 
     def _read_body(self, resp, method):
+        if not isinstance(resp, http.client.HTTPResponse):
+            return resp.body  # read whole with its head (_http.py)
         n = resp.getheader("Content-Length")
         if n is not None and n.isdigit():
             # Read into a bytearray so that arrays viewing it are writable.

@@ -87,6 +87,9 @@ def _options(causal, scale, window, stats, backend, softcap=None, diag_offset=No
     return opts
 
 
+_PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
 def _query_string(opts):
     parts = {}
     for k, v in opts.items():
@@ -96,6 +99,8 @@ def _query_string(opts):
             parts[k] = repr(v)
         else:
             parts[k] = str(v)
+    if all(_PLAIN.issuperset(k) and _PLAIN.issuperset(v) for k, v in parts.items()):
+        return "&".join(k + "=" + v for k, v in parts.items())  # nothing to escape
     return urllib.parse.urlencode(parts)
 
 

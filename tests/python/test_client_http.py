@@ -1,6 +1,6 @@
 """The Python client's own HTTP/1.1 connection (clients/python/attnd/_http.py) against a
 canned peer: replies with Content-Length, chunked, delimited by the close, after a 100
-Continue, without a body (HEAD, 204); Connection: close honoured; a peer that closes
+Continue, without a body (204); Connection: close honoured; a peer that closes
 before any reply byte reported as such (the client's reconnect rule rests on it); the bytes
 counted; polling for a reply (spin_us) giving the same results as sleeping. And through a
 real attnd: a session's decode steps with spin_us, checked against a float64 reference."""

@@ -79,29 +79,33 @@ static int here(attnd_req *r) {
   return 0;
 }
 
-/* The layer's length (or the batch's) into the reply: JSON fields, the
- * safetensors reply's metadata, and the X-Session-Length header. */
+/* The layer's length (or the batch's) into the reply: JSON fields or the
+ * safetensors reply's metadata (only the one the reply is written in),
+ * and the X-Session-Length header. */
 static void reply_fields(attnd_req *r) {
   attnd_session_call *sc = r->state;
-  attn_sbuf j = {0}, m = {0};
+  attn_sbuf b = {0};
   const attn_kv_call *c = &sc->call;
+  const bool json = !r->binary_out;
   if (!sc->ps.batch) {
-    attn_sbuf_printf(&j, "\"length\": %lld, \"replay\": %s", (long long)c->entries[0].length,
-                     c->entries[0].replay ? "true" : "false");
-    attn_sbuf_printf(&m, "\"length\": \"%lld\"", (long long)c->entries[0].length);
-    snprintf(sc->length_header, sizeof sc->length_header, "%lld", (long long)c->entries[0].length);
+    long long n = (long long)c->entries[0].length;
+    if (json)
+      attn_sbuf_printf(&b, "\"length\": %lld, \"replay\": %s", n,
+                       c->entries[0].replay ? "true" : "false");
+    else
+      attn_sbuf_printf(&b, "\"length\": \"%lld\"", n);
+    snprintf(sc->length_header, sizeof sc->length_header, "%lld", n);
   } else {
-    attn_sbuf_puts(&j, "\"lengths\": [");
-    attn_sbuf_puts(&m, "\"lengths\": \"");
-    for (int64_t e = 0; e < c->nentries; e++) {
-      attn_sbuf_printf(&j, "%s%lld", e ? ", " : "", (long long)c->entries[e].length);
-      attn_sbuf_printf(&m, "%s%lld", e ? "," : "", (long long)c->entries[e].length);
-    }
-    attn_sbuf_puts(&j, "]");
-    attn_sbuf_puts(&m, "\"");
+    attn_sbuf_puts(&b, json ? "\"lengths\": [" : "\"lengths\": \"");
+    for (int64_t e = 0; e < c->nentries; e++)
+      attn_sbuf_printf(&b, "%s%lld", e ? (json ? ", " : ",") : "", (long long)c->entries[e].length);
+    attn_sbuf_puts(&b, json ? "]" : "\"");
   }
-  r->pr.reply_json = j.oom ? (free(j.p), NULL) : j.p;
-  r->pr.reply_meta = m.oom ? (free(m.p), NULL) : m.p;
+  char *p = b.oom ? (free(b.p), NULL) : b.p;
+  if (json)
+    r->pr.reply_json = p;
+  else
+    r->pr.reply_meta = p;
 }
 
 static int encode(attnd_req *r, attn_status *st) {

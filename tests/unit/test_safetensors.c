@@ -442,6 +442,30 @@ Test(safetensors, good_header_passes) {
   free(b);
 }
 
+/* A header whose parse outgrows the decoder's stack scratch (proto/scratch.c):
+ * its nodes then come from the heap, the two kinds freed together, and the
+ * answer is the one a small header gets (under SAN=1, no leak or bad free). */
+Test(safetensors, a_header_past_the_parse_scratch_decodes_the_same) {
+  const size_t n = 20000;
+  char *big = malloc(n + 256), *p = big;
+  p += sprintf(p, "{" TQ "," TK "," TV ",\"__metadata__\":{\"format\":\"");
+  memset(p, 'p', n);
+  strcpy(p + n, "\"}}");
+  size_t len;
+  unsigned char *b = raw_file(big, strlen(big), zeros, 48, &len);
+  attn_proto_req pr;
+  attn_status st;
+  cr_expect_eq(attn_proto_decode_safetensors(b, len, NULL, &pr, &st), 0, "%s", st.message);
+  cr_expect_eq(pr.req.head_dim, 2);
+  attn_proto_req_free(&pr);
+  free(b);
+  p = big + sprintf(big, "{\"q\":{\"dtype\":\"");
+  memset(p, 'F', n);
+  sprintf(p + n, "\",\"shape\":[2,2],\"data_offsets\":[0,16]}," TK "," TV "}");
+  expect_hdr(big, 48, ATTN_PROTO_ETENSOR, "tensor \"q\": dtype \"FFFF");
+  free(big);
+}
+
 /* The tensors must tile the data exactly (the published format refuses
  * holes: they are how polyglot files hide content). */
 Test(safetensors, data_must_be_tiled_exactly) {

@@ -237,25 +237,24 @@ static int apply_max_running_client(attnd_config *c, const char *what, const cha
   c->max_running_per_client = (int)n;
   return 0;
 }
+/* A count from 0 to max into *out, or the error naming the range. */
+static int parse_count(const char *what, const char *v, unsigned long long max, const char *range,
+                       uint64_t *out) {
+  char *end;
+  errno = 0;
+  unsigned long long n = strtoull(v, &end, 10);
+  if (!*v || *v == '-' || *end || errno || n > max)
+    return attnd__cfg_bad(what, v, range);
+  *out = n;
+  return 0;
+}
 /* Up to 2^62: far past any problem a body can carry, and no overflow in
  * the comparisons. */
 static int apply_max_pairs(attnd_config *c, const char *what, const char *v) {
-  char *end;
-  errno = 0;
-  unsigned long long n = strtoull(v, &end, 10);
-  if (!*v || *v == '-' || *end || errno || n > 1ull << 62)
-    return attnd__cfg_bad(what, v, "an integer from 0 (no cap) to 2^62");
-  c->max_pairs = n;
-  return 0;
+  return parse_count(what, v, 1ull << 62, "an integer from 0 (no cap) to 2^62", &c->max_pairs);
 }
 static int apply_tiny_flops(attnd_config *c, const char *what, const char *v) {
-  char *end;
-  errno = 0;
-  unsigned long long n = strtoull(v, &end, 10);
-  if (!*v || *v == '-' || *end || errno || n > 1ull << 40)
-    return attnd__cfg_bad(what, v, "an integer from 0 (never) to 2^40");
-  c->tiny_flops = n;
-  return 0;
+  return parse_count(what, v, 1ull << 40, "an integer from 0 (never) to 2^40", &c->tiny_flops);
 }
 static int apply_timeout(attnd_config *c, const char *what, const char *v) {
   return attnd__cfg_seconds(what, v, 0.001, &c->timeout);

@@ -106,25 +106,20 @@ def test_headers_and_connection_close():
     peer.close()
 
 
-def test_peer_closed_before_any_byte_and_a_cut_reply():
-    peer = Peer([None])
+def expect_raise(replies, exc):
+    peer = Peer(replies)
     c = _http.Connection("127.0.0.1", peer.port, 5)
-    with pytest.raises(_http.PeerClosed):
-        c.request("GET", "/gone")
-    c.close()
-    peer.close()
-    cut = Peer([b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 100\r\n\r\nonly this"])
-    c = _http.Connection("127.0.0.1", cut.port, 5)
-    with pytest.raises(_http.ReplyError):
-        c.request("GET", "/cut")
-    c.close()
-    cut.close()
-    bad = Peer([b"SSH-2.0-OpenSSH\r\n\r\n"])
-    c = _http.Connection("127.0.0.1", bad.port, 5)
-    with pytest.raises(_http.ReplyError):
+    with pytest.raises(exc):
         c.request("GET", "/")
     c.close()
-    bad.close()
+    peer.close()
+
+
+def test_peer_closed_before_any_byte_and_a_cut_reply():
+    expect_raise([None], _http.PeerClosed)
+    expect_raise([b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 100\r\n\r\n"
+                  b"only this"], _http.ReplyError)
+    expect_raise([b"SSH-2.0-OpenSSH\r\n\r\n"], _http.ReplyError)
 
 
 def test_spin_gives_the_same_replies():

@@ -19,7 +19,8 @@ static void clear_env(void) {
   static const char *const vars[] = {"ATTND_SESSION_MEMORY", "ATTND_SESSION_DIR",
                                      "ATTND_SESSION_BATCH",  "ATTND_SESSION_TTL_MAX",
                                      "ATTND_API_KEY",        "ATTND_API_KEY_FILE",
-                                     "ATTND_DETERMINISTIC",  "ATTND_SESSION_MEMORY_PER_KEY"};
+                                     "ATTND_DETERMINISTIC",  "ATTND_SESSION_MEMORY_PER_KEY",
+                                     "ATTND_TINY_FLOPS",     "ATTND_MAX_PAIRS"};
   for (size_t i = 0; i < sizeof vars / sizeof *vars; i++)
     unsetenv(vars[i]);
 }
@@ -150,6 +151,28 @@ Test(config, deterministic_on_off_and_refused) {
   static const char *const bad[] = {"yes", "true", "1", "", "OFF"};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
     cr_expect_eq(PARSE("--deterministic", bad[i]), -1, "--deterministic \"%s\"", bad[i]);
+}
+
+/* --tiny-flops and --max-pairs: counts from 0, each within its bound, the
+ * variable as fallback. */
+Test(config, tiny_flops_and_max_pairs) {
+  cr_assert_eq(parse(NULL), 0);
+  cr_expect_eq(C.tiny_flops, 1048576, "1 MFLOP by default");
+  cr_expect_eq(C.max_pairs, 0);
+  cr_assert_eq(PARSE("--tiny-flops", "0", "--max-pairs", "4611686018427387904"), 0);
+  cr_expect_eq(C.tiny_flops, 0);
+  cr_expect_eq(C.max_pairs, 1ull << 62);
+  setenv("ATTND_TINY_FLOPS", "8388608", 1);
+  cr_assert_eq(parse(NULL), 0);
+  cr_expect_eq(C.tiny_flops, 8388608, "the variable");
+  unsetenv("ATTND_TINY_FLOPS");
+  static const char *const bad[][2] = {
+      {"--tiny-flops", "-1"},  {"--tiny-flops", ""},
+      {"--tiny-flops", "1e6"}, {"--tiny-flops", "1099511627777"},
+      {"--max-pairs", "x"},    {"--max-pairs", "4611686018427387905"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+    cr_expect_eq(PARSE(bad[i][0], bad[i][1]), -1, "%s %s", bad[i][0], bad[i][1]);
 }
 
 /* --api-key is one key named default; a key file's keys keep their names. */

@@ -342,6 +342,11 @@ static void park(attn_kv_store *s, kv_pending *p) {
   *pp = p;
 }
 
+/* What an entry costs beyond its arithmetic (a job of its own: some
+ * microseconds), counted as this many FLOPs against a call's bound, so that
+ * a batch of many tiny entries is not taken for a tiny call. */
+#define ENTRY_FLOPS 16384.0
+
 /* Whether a call run here must go the queued way after all: one of its
  * layers has readers (its job would wait for theirs, or be batched with
  * them), or its work is past what it may do on the caller's thread. */
@@ -349,7 +354,7 @@ static bool not_here(const kv_pending *p) {
   for (int64_t e = 0; e < p->call->nentries; e++)
     if (p->uses[e].L->readers > 0)
       return true;
-  return p->flops > p->max_flops;
+  return p->flops + ENTRY_FLOPS * (double)p->call->nentries > p->max_flops;
 }
 
 /* Under the lock: p admitted (0), parked (1), left for the queue

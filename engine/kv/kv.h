@@ -194,7 +194,8 @@ int attn_kv_submit(attn_kv_store *s, attn_kv_call *call, double now, attn_done_f
  * The same call computed on the calling thread (attn_engine_run_here), for
  * a caller that answers small calls where it read them: when it can go at
  * once (no other call reads or writes any of its layers, and none waits
- * for one) and its work is at most max_flops. Returns 0 with *res its
+ * for one) and its work is at most max_flops (its FLOPs, plus 16384 an
+ * entry for what each entry's job costs beside them). Returns 0 with *res its
  * result (its status says how it ended), ATTN_KV_LATER when it cannot go
  * here (nothing was applied: attn_kv_submit it), or a refusal as
  * attn_kv_submit's. It never waits for another call: calls that were

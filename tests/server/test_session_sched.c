@@ -521,12 +521,13 @@ Test(session_sched, an_empty_layer_is_one_refusal_alone_and_batched) {
 
 /* ---- 7. small steps on the HTTP thread -------------------------------------- */
 
-/* With --tiny-flops 5000: a decode step of another session is computed on
+/* With --tiny-flops 25000 (a call counts its FLOPs plus 16384 an entry): a
+ * decode step of another session is computed on
  * the HTTP thread while a held (larger) call reads its layer; a small step
  * on the held layer is not: it waits for that call, in order, and both are
  * right once it ends. */
 Test(session_sched, a_small_step_runs_here_unless_its_layer_is_held) {
-  const char *args[] = {"--session-batch", "on", "--tiny-flops", "5000", NULL};
+  const char *args[] = {"--session-batch", "on", "--tiny-flops", "25000", NULL};
   start(true, args, NULL);
   static sess h, o;
   make(&h, "held", 1);
@@ -537,10 +538,10 @@ Test(session_sched, a_small_step_runs_here_unless_its_layer_is_held) {
   double here0 = srv_metric(&S, name, NULL);
   cr_expect_geq(here0, 2, "the small appends did not run on the HTTP thread");
   float hq[8][D], sq[1][D];
-  char *hb = call_body(&h, hq, 8, 0, true); /* 4 x 8 x 100 x 4 = 12800 FLOPs: queued */
+  char *hb = call_body(&h, hq, 8, 0, true); /* 4 x 8 x 100 x 4 + 16384: queued */
   int held = send_call(attend_path(&h), hb);
   cr_assert(held_started(), "the held call never started");
-  char *sb = call_body(&h, sq, 1, 1, false); /* 1616 FLOPs, on the held layer */
+  char *sb = call_body(&h, sq, 1, 1, false); /* 1616 + 16384, on the held layer */
   int step = send_call(attend_path(&h), sb);
   cr_assert(srv_wait_metric_ge(&S, "attnd_session_calls_waiting", NULL, 1, WAIT_MS / 1000),
             "the step on the held layer never waited for it");

@@ -397,18 +397,18 @@ void attn__kv_retry_parked(attn_kv_store *s, kv_after *a) {
 }
 
 /* The call as the store keeps it, its values checked (before the lock); NULL
- * with st set. */
+ * with st set. One allocation holds it and its entries' uses and maxima. */
 kv_pending *attn__kv_pending_new(attn_kv_call *call, attn_done_fn done, void *arg, double now,
                                  attn_status *st) {
-  kv_pending *p = calloc(1, sizeof *p);
+  const size_t n = (size_t)call->nentries;
+  kv_pending *p = calloc(1, sizeof *p + n * sizeof *p->uses + n * sizeof *p->mx);
   if (p) {
     *p = (kv_pending){.call = call, .done = done, .arg = arg, .now = now};
-    p->uses = calloc((size_t)call->nentries, sizeof *p->uses);
-    p->mx = calloc((size_t)call->nentries, sizeof *p->mx);
+    p->uses = (kv_use *)(p + 1);
+    p->mx = (float(*)[2])(p->uses + n);
   }
-  int rc = !p || !p->uses || !p->mx
-               ? attn_status_set(st, ATTN_ENOMEM, "out of memory taking a call")
-               : values_check(call, p->mx, st);
+  int rc = !p ? attn_status_set(st, ATTN_ENOMEM, "out of memory taking a call")
+              : values_check(call, p->mx, st);
   if (rc) {
     attn__kv_pending_free(p);
     return NULL;

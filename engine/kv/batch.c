@@ -17,13 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-void attn__kv_pending_free(kv_pending *p) {
-  if (p) {
-    free(p->uses);
-    free(p->mx);
-    free(p);
-  }
-}
+void attn__kv_pending_free(kv_pending *p) { free(p); /* uses and mx with it */ }
 
 void attn__kv_job_free(kv_job *j) {
   for (kv_pending *p = j->calls, *n; p; p = n) {

@@ -21,7 +21,12 @@ p50 of attnd's Server-Timing (compute: body decode, append, engine, encode; tota
 
 A second table times POST /v1/sessions/_batch of 64 sessions' one-token steps (each
 session at 48 keys, the same shape; untimed truncates put all back): the call's p50 and
-p90, its cost per entry (p50 / 64) and that cost against the single step's p50.
+p90, its cost per entry (p50 / 64) and that cost against the single step's p50; then the
+same 64 entries sent as single steps, one session each in turn (their keys as cold as the
+batch finds them), and the batch call against their sum.
+
+attnd's log goes to a temporary file: a thread of this process draining a pipe would take
+the GIL from the timed loop once a request.
 
 The step's o and the batch's are checked once, untimed, against a float64 numpy reference
 over the 49 keys; every attnd reply must be 200 with the session at 49 keys.

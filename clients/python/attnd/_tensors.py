@@ -66,7 +66,8 @@ def float32_to_bf16(x):
 def _torch_to_numpy(t):
     """A CPU, contiguous numpy copy or view of a torch tensor; bfloat16 as uint16 bits."""
     torch = _torch()
-    t = t.detach().cpu().contiguous()
+    if not (t.is_cpu and not t.requires_grad and t.is_contiguous()):
+        t = t.detach().cpu().contiguous()  # else as it is: each call makes a tensor
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(np.uint16), True
     return t.numpy(), False

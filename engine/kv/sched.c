@@ -84,17 +84,37 @@ static bool owes_rows(const attn_kv_store *s, const kv_pending *p) {
   return s->pages.dev && appends(p);
 }
 
-/* Whether one of p's layers is read by a job of the list (a device's calls
- * of one layer go one job after another: the later one reads the earlier
- * one's rows, which that job writes). */
+/* Whether calls a and b use a layer in common. */
+static bool shares(const kv_pending *a, const kv_pending *b) {
+  for (int64_t e = 0; e < a->call->nentries; e++)
+    for (int64_t f = 0; f < b->call->nentries; f++)
+      if (a->uses[e].L == b->uses[f].L)
+        return true;
+  return false;
+}
+
+/* Whether a call of the list before `end` (NULL: all) uses one of p's
+ * layers. */
+static bool behind(const kv_pending *list, const kv_pending *end, const kv_pending *p) {
+  for (const kv_pending *q = list; q != end; q = q->next)
+    if (shares(q, p))
+      return true;
+  return false;
+}
+
+/* Whether one of p's layers is read by a job of the list. */
 static bool taken(const kv_job *jobs, const kv_pending *p) {
   for (const kv_job *j = jobs; j; j = j->next)
-    for (const kv_pending *q = j->calls; q; q = q->next)
-      for (int64_t e = 0; e < q->call->nentries; e++)
-        for (int64_t f = 0; f < p->call->nentries; f++)
-          if (q->uses[e].L == p->uses[f].L)
-            return true;
+    if (behind(j->calls, NULL, p))
+      return true;
   return false;
+}
+
+/* On a device, whether p must wait: a call before it on one of its layers
+ * (running, in a job of this round, or waiting itself, its rows maybe for
+ * another layer's job) may not have written the rows p reads. */
+static bool must_follow(const attn_kv_store *s, const kv_job *jobs, const kv_pending *p) {
+  return s->pages.dev && (taken(jobs, p) || behind(s->pending, p, p));
 }
 
 /* A call whose caller canceled it while it waited: its uses end, and it is
@@ -122,7 +142,7 @@ static void take_ready(attn_kv_store *s, kv_after *a) {
   kv_job *jobs = NULL;
   while (*pp) {
     kv_pending *p = *pp;
-    if (busy(p) || (s->pages.dev && taken(jobs, p))) {
+    if (busy(p) || must_follow(s, jobs, p)) {
       pp = &p->next;
       continue;
     }
@@ -162,7 +182,7 @@ static void schedule(attn_kv_store *s, kv_pending *p, kv_after *a) {
     drop_canceled(s, p, a);
     return;
   }
-  if ((s->batch || s->pages.dev) && busy(p)) {
+  if ((s->batch && busy(p)) || (s->pages.dev && (busy(p) || behind(s->pending, NULL, p)))) {
     kv_pending **pp = &s->pending; /* behind the calls waiting already, in order */
     while (*pp)
       pp = &(*pp)->next;

@@ -462,9 +462,13 @@ Test(sessions_gpu, batch_steps_of_three_sessions_read_each_others_put_rows, .ini
 
 /* ---- calls that wait for a step's job ----------------------------------------- */
 
-/* A one-token step (query and token pos of s) submitted, and its end. */
+/* A one-token step of n sessions in one call (query and token pos[i] of
+ * s[i] for session ids[i]) submitted, and its end. */
+#define ASTEP_MAX 3
 typedef struct astep {
-  attn_kv_entry en;
+  int n;
+  attn_kv_entry en[ASTEP_MAX];
+  int64_t cu[ASTEP_MAX + 1];
   attn_kv_call c;
   void *q, *k, *v, *o;
   attn_result res;
@@ -482,43 +486,74 @@ static void astep_done(const attn_result *res, void *arg) {
   pthread_mutex_unlock(&a->mu);
 }
 
-static void astep_submit(attn_kv_store *kv, astep *a, const char *id, const tkv_stream *s,
-                         int64_t pos) {
+/* Row pos of every head of s's tensor t (q, k or v) into column i of a
+ * [heads, n, D] buffer. */
+static void put_col(char *dst, const tkv_stream *s, const void *t, int64_t heads, int64_t pos,
+                    int i, int n) {
+  const size_t w = (size_t)s->d * attn_dtype_size(s->dt);
+  for (int64_t h = 0; h < heads; h++)
+    memcpy(dst + (size_t)(h * n + i) * w, (const char *)t + (size_t)(h * s->n + pos) * w, w);
+}
+
+static void astep_submit_n(attn_kv_store *kv, astep *a, int n, const char *const *ids,
+                           const tkv_stream *s, const int64_t *pos, float *lse) {
   memset(a, 0, sizeof *a);
   pthread_mutex_init(&a->mu, NULL);
   pthread_cond_init(&a->cv, NULL);
-  a->en = (attn_kv_entry){.id = id, .pos = pos, .n_new = 1};
-  a->q = tkv_rows_of(s->q, s->hq, s->n, s->d, s->dt, pos, 1);
-  a->k = tkv_rows_of(s->k, s->hkv, s->n, s->d, s->dt, pos, 1);
-  a->v = tkv_rows_of(s->v, s->hkv, s->n, s->d, s->dt, pos, 1);
-  a->o = calloc((size_t)(s->hq * s->d), attn_dtype_size(s->dt));
-  a->c = (attn_kv_call){.tenant = "", .nentries = 1, .entries = &a->en};
+  const size_t w = (size_t)s[0].d * attn_dtype_size(s[0].dt);
+  a->n = n;
+  a->q = malloc((size_t)(s[0].hq * n) * w);
+  a->k = malloc((size_t)(s[0].hkv * n) * w);
+  a->v = malloc((size_t)(s[0].hkv * n) * w);
+  a->o = calloc((size_t)(s[0].hq * n), w);
+  for (int i = 0; i < n; i++) {
+    a->en[i] = (attn_kv_entry){.id = ids[i], .pos = pos[i], .n_new = 1, .kv_off = i};
+    a->cu[i + 1] = i + 1;
+    put_col(a->q, &s[i], s[i].q, s[i].hq, pos[i], i, n);
+    put_col(a->k, &s[i], s[i].k, s[i].hkv, pos[i], i, n);
+    put_col(a->v, &s[i], s[i].v, s[i].hkv, pos[i], i, n);
+  }
+  a->c = (attn_kv_call){.tenant = "", .nentries = n, .entries = a->en};
   attn_request_init(&a->c.req);
-  a->c.req.heads_q = s->hq, a->c.req.heads_kv = s->hkv, a->c.req.head_dim = s->d;
-  a->c.req.seq_q = 1, a->c.req.dtype = s->dt, a->c.req.causal = true;
-  a->c.req.q = a->q, a->c.req.o = a->o;
-  a->c.k_new = a->k, a->c.v_new = a->v, a->c.total_new = 1;
+  a->c.req.heads_q = s[0].hq, a->c.req.heads_kv = s[0].hkv, a->c.req.head_dim = s[0].d;
+  a->c.req.seq_q = n, a->c.req.dtype = s[0].dt, a->c.req.causal = true;
+  a->c.req.cu_seqlens_q = n > 1 ? a->cu : NULL;
+  a->c.req.q = a->q, a->c.req.o = a->o, a->c.req.lse = lse;
+  a->c.k_new = a->k, a->c.v_new = a->v, a->c.total_new = n;
   attn_status st;
   cr_assert_eq(attn_kv_submit(kv, &a->c, 0, astep_done, a, &st), 0, "%s", st.message);
 }
 
-/* Waits for a's end; its error against the reference over pos + 1 keys. */
-static double astep_end(astep *a, const tkv_stream *s) {
+static void astep_submit(attn_kv_store *kv, astep *a, const char *id, const tkv_stream *s,
+                         int64_t pos) {
+  astep_submit_n(kv, a, 1, &id, s, &pos, NULL);
+}
+
+/* Waits for a's end; the largest error of its entries against the
+ * reference, entry i over pos[i] + 1 keys of s[i]. */
+static double astep_end_n(astep *a, const tkv_stream *s) {
   pthread_mutex_lock(&a->mu);
   while (!a->done)
     pthread_cond_wait(&a->cv, &a->mu);
   pthread_mutex_unlock(&a->mu);
   cr_expect_eq(a->res.status.code, 0, "%s", a->res.status.message);
-  tkv_reply y = {.o = a->o};
-  double err = tkv_ref_error(s, &tkv_plain, a->en.pos, 1, a->en.pos + 1, &y);
+  double worst = 0;
+  for (int i = 0; i < a->n; i++) {
+    tkv_reply y = {.o = tkv_rows_of(a->o, s[i].hq, a->n, s[i].d, s[i].dt, i, 1)};
+    double err = tkv_ref_error(&s[i], &tkv_plain, a->en[i].pos, 1, a->en[i].pos + 1, &y);
+    worst = err > worst ? err : worst;
+    free(y.o);
+  }
   free(a->q);
   free(a->k);
   free(a->v);
   free(a->o);
   pthread_cond_destroy(&a->cv);
   pthread_mutex_destroy(&a->mu);
-  return err;
+  return worst;
 }
+
+static double astep_end(astep *a, const tkv_stream *s) { return astep_end_n(a, s); }
 
 static int64_t waiting(attn_kv_store *kv) {
   attn_kv_stats s;
@@ -573,8 +608,8 @@ Test(sessions_gpu, a_replay_of_a_step_whose_job_runs_waits_and_is_a_replay, .ini
   mock_open_gate();
   cr_expect_leq(astep_end(&a, &s), ttol(ATTN_F16));
   cr_expect_leq(astep_end(&r, &s), ttol(ATTN_F16));
-  cr_expect(r.en.replay, "recognized as a replay");
-  cr_expect_eq(r.en.length, 101);
+  cr_expect(r.en[0].replay, "recognized as a replay");
+  cr_expect_eq(r.en[0].length, 101);
   /* and after the job ended: a replay, then a different token at 100 a conflict */
   tkv_reply y;
   attn_status st;
@@ -619,4 +654,74 @@ Test(sessions_gpu, a_step_whose_job_fails_before_it_runs_still_stores_its_rows, 
   attn_kv_close(kv);
   attn_engine_close(e);
   cr_expect_eq(mock_device_bytes(), 0, "device memory left");
+}
+
+Test(sessions_gpu, a_step_waits_behind_a_waiting_call_that_appends_to_its_layer, .init = reset,
+     .timeout = 60) {
+  /* a (on x) holds; b (x and y) waits for a's job on x; c (on y alone)
+   * reads the row b appends to y, which only b's job puts: c waits too */
+  attn_engine *e = open_gpu();
+  tkv_stream s[2] = {tkv_stream_make(4, 2, 64, 103, ATTN_F16, 31),
+                     tkv_stream_make(4, 2, 64, 103, ATTN_F16, 32)};
+  attn_kv_store *kv = tkv_open_store(e, 64 * MIB, false, NULL);
+  static const char *const ids[2] = {"x", "y"};
+  for (int i = 0; i < 2; i++) {
+    tkv_make(kv, "", ids[i], &s[i], 1, 256, 60, 0);
+    tkv_reply y;
+    attn_status st;
+    cr_assert_eq(tkv_call1(kv, "", ids[i], &s[i], &tkv_plain, 0, 100, 0, 100, &y, 0, &st), 0,
+                 "%s", st.message);
+    tkv_reply_free(&y);
+  }
+  mock_knobs k = MOCK_KNOBS(1, 9, (size_t)8 << 30, 0, 0, 0);
+  k.hold_kernels = true;
+  mock_set(&k);
+  astep a, b, c;
+  const int64_t pa = 100, pb[2] = {101, 100}, pc = 101;
+  astep_submit(kv, &a, "x", &s[0], pa);
+  astep_submit_n(kv, &b, 2, ids, s, pb, NULL);
+  astep_submit(kv, &c, "y", &s[1], pc);
+  cr_expect_eq(waiting(kv), 2, "b waits for a, c for b");
+  mock_open_gate();
+  cr_expect_leq(astep_end(&a, &s[0]), ttol(ATTN_F16), "a");
+  cr_expect_leq(astep_end_n(&b, s), ttol(ATTN_F16), "b");
+  cr_expect_leq(astep_end(&c, &s[1]), ttol(ATTN_F16), "c reads the row b put");
+  attn_kv_close(kv);
+  attn_engine_close(e);
+  for (int i = 0; i < 2; i++)
+    tkv_stream_free(&s[i]);
+}
+
+Test(sessions_gpu, a_batch_the_engine_splits_stores_its_rows_before_it_runs, .init = reset) {
+  /* statistics asked: the batch is a variable-length one, one job per
+   * session, which carries no rows: the store writes them first */
+  attn_engine *e = open_gpu();
+  attn_kv_store *kv = tkv_open_store(e, 64 * MIB, true, NULL);
+  static const char *const ids[2] = {"u", "v"};
+  tkv_stream s[2] = {tkv_stream_make(4, 2, 64, 60, ATTN_BF16, 33),
+                     tkv_stream_make(4, 2, 64, 60, ATTN_BF16, 34)};
+  for (int i = 0; i < 2; i++) {
+    tkv_make(kv, "", ids[i], &s[i], 1, 64, 60, 0);
+    tkv_reply y;
+    attn_status st;
+    cr_assert_eq(tkv_call1(kv, "", ids[i], &s[i], &tkv_plain, 0, 50, 0, 50, &y, 0, &st), 0,
+                 "%s", st.message);
+    tkv_reply_free(&y);
+  }
+  for (int64_t p = 50; p < 53; p++) {
+    astep a;
+    const int64_t pos[2] = {p, p};
+    float lse[4 * 2];
+    mock_log_reset();
+    astep_submit_n(kv, &a, 2, ids, s, pos, lse);
+    cr_expect_leq(astep_end_n(&a, s), ttol(ATTN_BF16), "step at %lld", (long long)p);
+    trips t = count_trips(kv->pages.base);
+    cr_expect_eq(t.sync, 2 * 2 * 2, "K and V of each KV head of each session, copied");
+    cr_expect_eq(t.puts, 0, "no rows carried");
+    cr_expect_eq(t.kernels, 2, "one job per session");
+  }
+  attn_kv_close(kv);
+  attn_engine_close(e);
+  for (int i = 0; i < 2; i++)
+    tkv_stream_free(&s[i]);
 }

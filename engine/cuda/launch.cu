@@ -256,9 +256,9 @@ extern "C" int attn_cu_scan(const void *x, attn_dtype dt, size_t n, attn_cu_scan
 // A paged job's new rows to their page rows: one 16-byte vector a thread,
 // rows of row_vecs vectors each (a decode step's few rows: one or two
 // blocks).
-__global__ void __launch_bounds__(256) put_rows(const uint4 *src, const long long *dst,
-                                                unsigned char *base, unsigned row_vecs,
-                                                unsigned long long n) {
+__global__ void __launch_bounds__(256)
+    put_rows(const uint4 *src, const long long *dst, unsigned char *base, unsigned row_vecs,
+             unsigned long long n) {
   for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
        i += (unsigned long long)gridDim.x * blockDim.x) {
     unsigned long long r = i / row_vecs, c = i % row_vecs;

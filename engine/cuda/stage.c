@@ -199,8 +199,8 @@ static bool layout(cu_slot *sl, const attn_request *r) {
   cu_tensor in[5], out[3];
   sl->nin = attn__cu_inputs(r, in);
   sl->nout = job_outputs(r, out);
-  sl->fold = r->k_pages && !bwd && sl->ngroups == 1 &&
-             attn__cu_packed_bytes(sl, false, es) <= FOLD_MAX;
+  sl->fold =
+      r->k_pages && !bwd && sl->ngroups == 1 && attn__cu_packed_bytes(sl, false, es) <= FOLD_MAX;
   size_t x = 0, lse_bytes = align_up(nq * sizeof(float));
   for (int i = 0; i < sl->nin && !sl->fold; i++) {
     sl->off[i] = x;
@@ -366,8 +366,8 @@ static void stage_rows(cu_slot *sl, const attn_request *r) {
 
 void attn__cu_stage_misc(cu_slot *sl, const attn_request *r) {
   if (sl->fold)
-    attn__cu_pack_rows(attn__cu_staged(sl, sl->off[0]), r, 0, 0,
-                       r->batch * r->heads_q * r->seq_q, sl->prm.dp);
+    attn__cu_pack_rows(attn__cu_staged(sl, sl->off[0]), r, 0, 0, r->batch * r->heads_q * r->seq_q,
+                       sl->prm.dp);
   if (sl->nrows)
     stage_rows(sl, r);
   if (r->pass == ATTN_BACKWARD && r->lse_in)

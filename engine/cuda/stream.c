@@ -71,10 +71,9 @@ static cudaError_t compute_group(cu_slot *sl, const attn_request *r, int g, cons
   attn__cu_inputs(r, in);
   *what = "writing the new rows into their pages";
   if (g == 0 && sl->nrows && /* before any kernel reads the pages */
-      (e = (cudaError_t)attn_cu_put_rows(dm + sl->off_rows, (const long long *)(dm + sl->off_rowdst),
-                                         sl->dev->state->pages_base, sl->nrows,
-                                         (size_t)sl->prm.dp * attn_dtype_size(r->dtype),
-                                         sl->stream)))
+      (e = (cudaError_t)attn_cu_put_rows(
+           dm + sl->off_rows, (const long long *)(dm + sl->off_rowdst), sl->dev->state->pages_base,
+           sl->nrows, (size_t)sl->prm.dp * attn_dtype_size(r->dtype), sl->stream)))
     return e;
   *what = "the input scan";
   for (int t = 0; t < sl->nin; t++) {

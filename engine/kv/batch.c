@@ -311,8 +311,7 @@ static int batch_build(kv_job *j) {
 
 /* Entry e's spans (K and V, each KV head, each page touched) into out
  * (when set); how many. */
-static int64_t entry_spans(const attn_kv_call *c, int64_t e, const kv_use *u,
-                           attn_page_rows *out) {
+static int64_t entry_spans(const attn_kv_call *c, int64_t e, const kv_use *u, attn_page_rows *out) {
   const attn_kv_entry *en = &c->entries[e];
   const kv_session *ks = u->ks;
   const size_t row = (size_t)ks->shape.head_dim * attn_dtype_size(ks->shape.dtype);

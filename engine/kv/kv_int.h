@@ -105,7 +105,7 @@ typedef struct kv_job {
   attn_request req;
   const void **kp, **vp;
   int64_t *cu_q, *cu_kv;
-  int64_t *used; /* a device batch's key counts per entry (seqused_kv) */
+  int64_t *used;        /* a device batch's key counts per entry (seqused_kv) */
   attn_page_rows *rows; /* on a device: its appends' new rows (req.page_rows) */
   bool owes_rows;       /* on a device: rows of its appends not yet written */
   char *buf;

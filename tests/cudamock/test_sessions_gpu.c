@@ -434,8 +434,8 @@ Test(sessions_gpu, batch_steps_of_three_sessions_read_each_others_put_rows, .ini
     s[i] = tkv_stream_make(4, 2, 64, pos[i] + 4, ATTN_F16, 80 + (uint64_t)i);
     tkv_reply y;
     attn_status st;
-    cr_assert_eq(tkv_call1(kv, "", ids[i], &s[i], &tkv_plain, 0, pos[i], 0, pos[i], &y, 0, &st),
-                 0, "%s", st.message);
+    cr_assert_eq(tkv_call1(kv, "", ids[i], &s[i], &tkv_plain, 0, pos[i], 0, pos[i], &y, 0, &st), 0,
+                 "%s", st.message);
     tkv_reply_free(&y);
   }
   void *o = calloc(4 * 3 * 64, 2);
@@ -568,8 +568,8 @@ static attn_kv_store *held_store(attn_engine *e, const tkv_stream *s) {
   tkv_make(kv, "", "w", s, 1, 256, 60, 0);
   tkv_reply y;
   attn_status st;
-  cr_assert_eq(tkv_call1(kv, "", "w", s, &tkv_plain, 0, s->n - 3, 0, s->n - 3, &y, 0, &st), 0,
-               "%s", st.message);
+  cr_assert_eq(tkv_call1(kv, "", "w", s, &tkv_plain, 0, s->n - 3, 0, s->n - 3, &y, 0, &st), 0, "%s",
+               st.message);
   tkv_reply_free(&y);
   mock_knobs k = MOCK_KNOBS(1, 9, (size_t)8 << 30, 0, 0, 0);
   k.hold_kernels = true;
@@ -669,8 +669,8 @@ Test(sessions_gpu, a_step_waits_behind_a_waiting_call_that_appends_to_its_layer,
     tkv_make(kv, "", ids[i], &s[i], 1, 256, 60, 0);
     tkv_reply y;
     attn_status st;
-    cr_assert_eq(tkv_call1(kv, "", ids[i], &s[i], &tkv_plain, 0, 100, 0, 100, &y, 0, &st), 0,
-                 "%s", st.message);
+    cr_assert_eq(tkv_call1(kv, "", ids[i], &s[i], &tkv_plain, 0, 100, 0, 100, &y, 0, &st), 0, "%s",
+                 st.message);
     tkv_reply_free(&y);
   }
   mock_knobs k = MOCK_KNOBS(1, 9, (size_t)8 << 30, 0, 0, 0);
@@ -704,8 +704,8 @@ Test(sessions_gpu, a_batch_the_engine_splits_stores_its_rows_before_it_runs, .in
     tkv_make(kv, "", ids[i], &s[i], 1, 64, 60, 0);
     tkv_reply y;
     attn_status st;
-    cr_assert_eq(tkv_call1(kv, "", ids[i], &s[i], &tkv_plain, 0, 50, 0, 50, &y, 0, &st), 0,
-                 "%s", st.message);
+    cr_assert_eq(tkv_call1(kv, "", ids[i], &s[i], &tkv_plain, 0, 50, 0, 50, &y, 0, &st), 0, "%s",
+                 st.message);
     tkv_reply_free(&y);
   }
   for (int64_t p = 50; p < 53; p++) {

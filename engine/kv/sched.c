@@ -7,7 +7,9 @@
  * A call starts at once unless a job that reads one of its layers is
  * running and batching is on; then it waits, admitted (its tokens stored,
  * so in arrival order), for that layer's jobs only, never for another
- * session's. The calls that become free together run as one job per set of
+ * session's. On a device the tokens are stored by the call's job, so a
+ * call waits, batching or not, for the jobs of its layers and behind the
+ * calls waiting on them. The calls that become free together run as one job per set of
  * matching options and shapes (batch.c), each reply bit for bit the one the
  * call gets alone. A job of several calls is canceled once every one of its
  * callers has canceled.

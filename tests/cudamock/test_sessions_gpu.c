@@ -7,7 +7,11 @@
  * the float64 reference in every dtype, a batch call matches its entries
  * alone (one launch over their page tables), a store saved from the device loads back (on the
  * device or in host memory), a device lost fails the calls and not the process, and a store the
- * device cannot hold stays in host memory.
+ * device cannot hold stays in host memory. A decode step (alone or a batch of sessions) is one
+ * upload and one download, and the steps after it read the rows its job put; a call on a layer
+ * waits for the job that puts its keys (without batching too, and behind a waiting call that
+ * appends to it), a replay's check waits for it, and a job that fails or that the engine splits
+ * still leaves its rows stored.
  */
 #include "cuda/kernels.h"
 #include "helpers.h"

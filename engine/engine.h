@@ -174,6 +174,17 @@ typedef enum attn_pass { ATTN_FORWARD = 0, ATTN_BACKWARD = 1 } attn_pass;
 /* diag_offset's default: off = seq_kv - seq_q (bottom-right alignment). */
 #define ATTN_DIAG_AUTO INT64_MIN
 
+/* n rows of a session's new keys or values that a job writes into a
+ * device's page before it reads it (attn_request.page_rows): src holds
+ * them packed, head_dim elements each; dst is the first row's place in a
+ * page of the device's (attn_kv_open), rows page_pitch elements apart,
+ * whose padding stays zero. */
+typedef struct attn_page_rows {
+  const void *src;
+  void *dst;
+  int64_t n;
+} attn_page_rows;
+
 typedef struct attn_request {
   attn_pass pass; /* ATTN_FORWARD (the default) or ATTN_BACKWARD, below */
   int64_t batch, heads_q, heads_kv, seq_q, seq_kv, head_dim;
@@ -229,6 +240,12 @@ typedef struct attn_request {
    * largest of them; so one job computes many sessions' steps of one
    * shape, each as it would be alone (FlashAttention's seqused_k). */
   const int64_t *seqused_kv;
+  /* With a device's pages only, and no cu_seqlens: rows the job writes
+   * into its pages before its kernel reads them (a session call's new
+   * tokens, which travel in the job's own upload); NULL and 0: none. A job
+   * that fails may have written all, some or none of them. */
+  const attn_page_rows *page_rows;
+  int64_t npage_rows;
   /* The pages' largest |k| and |v|: their values were checked finite when
    * they were stored, so the kernel does not scan them again. */
   float kv_absmax[2];

@@ -52,6 +52,8 @@ static cudaError_t packed_up(cu_slot *sl, const attn_request *r, int t, int64_t 
 }
 
 cudaError_t attn__cu_upload_group(cu_slot *sl, const attn_request *r, int g, const char **what) {
+  if (sl->fold) /* q went up with the staging */
+    return cudaSuccess;
   cu_tensor in[5];
   attn__cu_inputs(r, in);
   size_t es = elem_size(sl), rowb = (size_t)sl->prm.dp * es;

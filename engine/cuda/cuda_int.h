@@ -73,6 +73,14 @@ typedef struct cu_slot {
   size_t off_alibi;  /* the slopes in log2 units, F32 [B, Hq]; SIZE_MAX: none */
   size_t off_tables; /* a paged job's K then V page tables, int32; SIZE_MAX: none */
   size_t off_used;   /* its per-entry key counts (seqused_kv), int32; SIZE_MAX: none */
+  /* A paged job's new rows (attn_request.page_rows), nrows of them packed
+   * [nrows, dp] at off_rows, and each one's byte offset in the page pool
+   * (int64) at off_rowdst; SIZE_MAX: none. */
+  size_t off_rows, off_rowdst, nrows;
+  /* A small paged job's one round trip: q is packed into the staging with
+   * the tables and rows (one upload), and the scan results, O and the
+   * statistics come back in one download into the staging. */
+  bool fold;
   size_t up_end, down_end, dev_bytes;
   /* Tensors copied straight between the device and the caller's memory
    * (contiguous and in the pinned pool): no pack, no unpack. */

@@ -427,6 +427,16 @@ typedef struct attn_cu_scan_result {
 } attn_cu_scan_result;
 int attn_cu_scan(const void *x, attn_dtype dt, size_t n, attn_cu_scan_result *res, void *stream);
 
+/*
+ * A paged job's new rows into their pages, on the device: row i, row_bytes
+ * at src + i·row_bytes (packed, padding already zero), goes to base +
+ * dst[i]. row_bytes, src, base and every dst[i] are multiples of 16.
+ * Queued on the stream before the kernel that reads the pages. Returns a
+ * cudaError_t.
+ */
+int attn_cu_put_rows(const void *src, const long long *dst, unsigned char *base, size_t rows,
+                     size_t row_bytes, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -252,3 +252,28 @@ extern "C" int attn_cu_scan(const void *x, attn_dtype dt, size_t n, attn_cu_scan
   }
   return (int)cudaGetLastError();
 }
+
+// A paged job's new rows to their page rows: one 16-byte vector a thread,
+// rows of row_vecs vectors each (a decode step's few rows: one or two
+// blocks).
+__global__ void __launch_bounds__(256)
+    put_rows(const uint4 *src, const long long *dst, unsigned char *base, unsigned row_vecs,
+             unsigned long long n) {
+  for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (unsigned long long)gridDim.x * blockDim.x) {
+    unsigned long long r = i / row_vecs, c = i % row_vecs;
+    reinterpret_cast<uint4 *>(base + dst[r])[c] = src[i];
+  }
+}
+
+extern "C" int attn_cu_put_rows(const void *src, const long long *dst, unsigned char *base,
+                                size_t rows, size_t row_bytes, void *stream) {
+  const unsigned row_vecs = (unsigned)(row_bytes / 16);
+  const unsigned long long n = (unsigned long long)rows * row_vecs;
+  if (n == 0)
+    return 0;
+  unsigned long long blocks = (n + 255) / 256;
+  unsigned grid = (unsigned)(blocks < 1024 ? blocks : 1024);
+  put_rows<<<grid, 256, 0, (cudaStream_t)stream>>>((const uint4 *)src, dst, base, row_vecs, n);
+  return (int)cudaGetLastError();
+}

@@ -7,10 +7,12 @@
  * host as ever; only the pages' bytes live here, in one allocation on the
  * first healthy device, zeroed so that the padding columns of every row
  * (rows are dp elements: the kernels' packed layout) stay zero for good.
- * Appends arrive as small synchronous copies into their rows, saves and
- * loads as copies out and in; a call's job uploads only its page numbers
- * (int32, FlashAttention's block_table) beside q, and the kernels read K
- * and V where they lie. Jobs with pages run on that device.
+ * A call's job uploads its page numbers (int32, FlashAttention's
+ * block_table) and its new rows beside q (attn_request.page_rows: a small
+ * kernel on the job's stream puts them into their rows before the paged
+ * kernel reads K and V where they lie); saves and loads, and a job's rows
+ * whose job failed, move as synchronous copies (pages_copy). Jobs with
+ * pages run on that device.
  */
 #include "cuda_int.h"
 
@@ -80,9 +82,26 @@ int attn__cu_pages_copy(cu_state *s, void *dst, size_t dpitch, const void *src, 
   return attn__cu_fail(st, ATTN_EDEVICE, "copying session pages", e);
 }
 
+/* Whether every new row lies in a page of the pool, 16-byte aligned. */
+static bool rows_fit(const cu_state *s, const attn_request *r) {
+  const size_t rowb = (size_t)attn_cu_dp(r->head_dim) * attn_dtype_size(r->dtype);
+  for (int64_t i = 0; i < r->npage_rows; i++) {
+    const attn_page_rows *pr = &r->page_rows[i];
+    const unsigned char *d = pr->dst;
+    if (pr->n < 0 || !pr->src || !in_pages(s, d) || (size_t)(d - s->pages_base) % 16 ||
+        (uint64_t)pr->n > (s->pages_base + s->pages_bytes - d) / rowb)
+      return false;
+  }
+  return true;
+}
+
 int attn__cu_pages_check(const cu_state *s, const attn_request *r, attn_status *st) {
   if (!s->pages_base || !in_pages(s, r->k_pages[0]) || !in_pages(s, r->v_pages[0]))
     return attn_status_set(st, ATTN_EUNSUPPORTED, "cuda: these pages are not this device's");
+  if (r->npage_rows && (!r->page_rows || r->cu_seqlens_q || !rows_fit(s, r)))
+    return attn_status_set(st, ATTN_EINVAL,
+                           "cuda: page_rows must lie in this device's pages, 16-byte aligned, "
+                           "in a request without cu_seqlens");
   if (r->page_pitch != attn_cu_dp(r->head_dim))
     return attn_status_set(st, ATTN_EUNSUPPORTED,
                            "cuda: pages must hold rows of %d elements (the padded head dim), not "

@@ -155,6 +155,38 @@ static size_t split_bytes(const cu_slot *sl) {
   return n;
 }
 
+/* q and O of a paged job up to this size travel in the staging (a memcpy
+ * on the host each way), so the job is one upload and one download: a
+ * decode step's are a few KiB, and three more DMAs cost it more than the
+ * copies do. Larger ones (a prefill) move in place, as other jobs' do. */
+#define FOLD_MAX ((size_t)1 << 20)
+
+/* Rows of the job's page_rows, or SIZE_MAX past what a size_t holds. */
+static size_t new_rows(const attn_request *r) {
+  size_t n = 0;
+  for (int64_t i = 0; i < r->npage_rows; i++) {
+    if (r->page_rows[i].n < 0 || (uint64_t)r->page_rows[i].n > SIZE_MAX / 1024 - n)
+      return SIZE_MAX;
+    n += (size_t)r->page_rows[i].n;
+  }
+  return n;
+}
+
+/* The new rows' region and their offsets' after x; false on overflow. */
+static bool layout_rows(cu_slot *sl, const attn_request *r, size_t rowb, size_t *x) {
+  sl->nrows = new_rows(r);
+  if (sl->nrows == SIZE_MAX)
+    return false;
+  sl->off_rows = sl->off_rowdst = SIZE_MAX;
+  if (sl->nrows == 0)
+    return true;
+  sl->off_rows = *x;
+  *x += align_up(sl->nrows * rowb);
+  sl->off_rowdst = *x;
+  *x += align_up(sl->nrows * sizeof(long long));
+  return true;
+}
+
 /* Byte layout of a job in device memory; returns false on size overflow. */
 static bool layout(cu_slot *sl, const attn_request *r) {
   const attn_cu_params *p = &sl->prm;
@@ -167,8 +199,10 @@ static bool layout(cu_slot *sl, const attn_request *r) {
   cu_tensor in[5], out[3];
   sl->nin = attn__cu_inputs(r, in);
   sl->nout = job_outputs(r, out);
+  sl->fold =
+      r->k_pages && !bwd && sl->ngroups == 1 && attn__cu_packed_bytes(sl, false, es) <= FOLD_MAX;
   size_t x = 0, lse_bytes = align_up(nq * sizeof(float));
-  for (int i = 0; i < sl->nin; i++) {
+  for (int i = 0; i < sl->nin && !sl->fold; i++) {
     sl->off[i] = x;
     x = align_up(x + attn__cu_packed_bytes(sl, in[i].kv, es));
   }
@@ -182,6 +216,12 @@ static bool layout(cu_slot *sl, const attn_request *r) {
   x += r->k_pages ? 2 * align_up(tables) : 0;
   sl->off_used = r->seqused_kv ? x : SIZE_MAX;
   x += r->seqused_kv ? align_up((size_t)p->batch * sizeof(int32_t)) : 0;
+  if (!layout_rows(sl, r, (size_t)p->dp * es, &x))
+    return false;
+  if (sl->fold) { /* q last of the upload: its one copy covers [off_misc, up_end) */
+    sl->off[0] = x;
+    x = align_up(x + attn__cu_packed_bytes(sl, false, es));
+  }
   sl->off_scan = x;
   x = align_up(x + (size_t)sl->ngroups * sl->nin * sizeof(attn_cu_scan_result));
   sl->up_end = x;
@@ -247,6 +287,8 @@ void attn__cu_route(cu_slot *sl, const attn_request *r, cu_pinned *pp) {
   cu_tensor in[5], out[3];
   attn__cu_inputs(r, in);
   job_outputs(r, out);
+  if (sl->fold) /* everything goes through the staging */
+    pp = NULL;
   for (int t = 0; t < 5; t++)
     sl->direct_in[t] = t < sl->nin && lies_pinned(r, &in[t], in[t].in, pp);
   for (int t = 0; t < 3; t++)
@@ -303,7 +345,31 @@ static void unpack(void *dst, const unsigned char *src, const int64_t s[3], int6
       }
 }
 
+/* The job's new rows packed into the staging, padding zero, and each
+ * row's byte offset in the page pool beside them. */
+static void stage_rows(cu_slot *sl, const attn_request *r) {
+  const size_t es = attn_dtype_size(r->dtype), d = (size_t)r->head_dim * es,
+               rowb = (size_t)sl->prm.dp * es;
+  unsigned char *to = attn__cu_staged(sl, sl->off_rows);
+  long long *at = (long long *)(void *)attn__cu_staged(sl, sl->off_rowdst);
+  const unsigned char *base = sl->dev->state->pages_base;
+  for (int64_t i = 0; i < r->npage_rows; i++) {
+    const attn_page_rows *pr = &r->page_rows[i];
+    const unsigned char *from = pr->src, *dst = pr->dst;
+    for (int64_t k = 0; k < pr->n; k++, to += rowb) {
+      memcpy(to, from + (size_t)k * d, d);
+      memset(to + d, 0, rowb - d);
+      *at++ = (long long)(dst - base) + (long long)((size_t)k * rowb);
+    }
+  }
+}
+
 void attn__cu_stage_misc(cu_slot *sl, const attn_request *r) {
+  if (sl->fold)
+    attn__cu_pack_rows(attn__cu_staged(sl, sl->off[0]), r, 0, 0, r->batch * r->heads_q * r->seq_q,
+                       sl->prm.dp);
+  if (sl->nrows)
+    stage_rows(sl, r);
   if (r->pass == ATTN_BACKWARD && r->lse_in)
     memcpy(attn__cu_staged(sl, sl->off_lse), r->lse_in,
            (size_t)(r->batch * r->heads_q * r->seq_q) * sizeof(float));

@@ -69,6 +69,12 @@ static cudaError_t compute_group(cu_slot *sl, const attn_request *r, int g, cons
   cu_tensor in[5];
   cudaError_t e;
   attn__cu_inputs(r, in);
+  *what = "writing the new rows into their pages";
+  if (g == 0 && sl->nrows && /* before any kernel reads the pages */
+      (e = (cudaError_t)attn_cu_put_rows(
+           dm + sl->off_rows, (const long long *)(dm + sl->off_rowdst), sl->dev->state->pages_base,
+           sl->nrows, (size_t)sl->prm.dp * attn_dtype_size(r->dtype), sl->stream)))
+    return e;
   *what = "the input scan";
   for (int t = 0; t < sl->nin; t++) {
     int64_t row0, n = attn__cu_group_rows(sl, g, in[t].kv, &row0);
@@ -101,7 +107,7 @@ static cudaError_t queue_group(cu_slot *sl, const attn_request *r, int g, const 
       (e = cudaStreamWaitEvent(sl->down, sl->ev_k[g], 0)))
     return e;
   *what = "the download";
-  return attn__cu_download_group(sl, r, g);
+  return sl->fold ? cudaSuccess : attn__cu_download_group(sl, r, g);
 }
 
 cudaError_t attn__cu_queue_work(cu_slot *sl, const attn_request *r, bool host_fn,
@@ -116,7 +122,9 @@ cudaError_t attn__cu_queue_work(cu_slot *sl, const attn_request *r, bool host_fn
     if ((e = queue_group(sl, r, g, what)))
       return e;
   *what = "the download";
-  size_t scan_bytes = (size_t)sl->ngroups * sl->nin * sizeof(attn_cu_scan_result);
+  /* folded: the scan results, O and the statistics lie together from off_scan */
+  size_t scan_bytes = sl->fold ? sl->down_end - sl->off_scan
+                               : (size_t)sl->ngroups * sl->nin * sizeof(attn_cu_scan_result);
   if ((e = cudaMemcpyAsync(attn__cu_staged(sl, sl->off_scan), dm + sl->off_scan, scan_bytes,
                            cudaMemcpyDeviceToHost, sl->down)))
     return e;

@@ -214,6 +214,10 @@ static int plan_entry(attn_kv_store *s, const attn_kv_call *c, int64_t e, kv_use
     u->append = true;
     return L->readers > 0 && en->pos < L->read_hi ? 1 : 0;
   }
+  /* on a device, rows published may still be in a reader's job, not yet
+   * written: the check reads them once the readers are done */
+  if (en->pos >= 0 && u->extent <= L->length && s->pages.dev && L->readers > 0)
+    return 1;
   if (en->pos >= 0 && u->extent <= L->length && replayed(s, c, e, u->ks, L))
     return 0;
   return conflict(s, c, e, u->ks, L, st);

@@ -29,6 +29,7 @@ void attn__kv_job_free(kv_job *j) {
   free(j->cu_q);
   free(j->cu_kv);
   free(j->used);
+  free(j->rows);
   free(j->buf);
   free(j);
 }
@@ -63,6 +64,8 @@ void attn__kv_lone_request(const attn_kv_store *s, const attn_kv_call *c, int64_
   r->seq_kv = u->extent;
   r->cu_seqlens_q = r->cu_seqlens_kv = NULL;
   r->k = r->v = NULL;
+  r->page_rows = NULL;
+  r->npage_rows = 0;
   r->k_pages = (const void *const *)u->L->kp;
   r->v_pages = (const void *const *)u->L->vp;
   r->pages_per_head = ks->pages_per_head;
@@ -298,17 +301,64 @@ static int batch_build(kv_job *j) {
   return nq ? as_batch(j, nq) : 0;
 }
 
+/* ---- a device job's new rows -------------------------------------------- */
+
+/* Entry e's spans (K and V, each KV head, each page touched) into out
+ * (when set); how many. */
+static int64_t entry_spans(const attn_kv_call *c, int64_t e, const kv_use *u, attn_page_rows *out) {
+  const attn_kv_entry *en = &c->entries[e];
+  const kv_session *ks = u->ks;
+  const size_t row = (size_t)ks->shape.head_dim * attn_dtype_size(ks->shape.dtype);
+  int64_t k = 0;
+  for (int t = 0; t < 2; t++)
+    for (int64_t h = 0; h < ks->shape.heads_kv; h++)
+      for (int64_t i = 0, n; i < en->n_new; i += n, k++) {
+        n = attn__kv_span(ks, en->pos + i, en->pos + en->n_new);
+        if (out)
+          out[k] = (attn_page_rows){attn__kv_new_rows(c, e, t, h, row) + (size_t)i * row,
+                                    attn__kv_row_at(ks, u->L, t, h, en->pos + i), n};
+      }
+  return k;
+}
+
+/* Every append's spans, or n of them counted (into NULL). */
+static int64_t job_spans(const kv_job *j, attn_page_rows *out) {
+  int64_t n = 0;
+  for (const kv_pending *p = j->calls; p; p = p->next)
+    for (int64_t e = 0; e < p->call->nentries; e++)
+      if (p->uses[e].append)
+        n += entry_spans(p->call, e, &p->uses[e], out ? out + n : NULL);
+  return n;
+}
+
+/* A device job's new rows into its request, which writes them before it
+ * reads its pages; 0, or -1 out of memory. */
+static int rows_build(kv_job *j) {
+  const int64_t n = job_spans(j, NULL);
+  if (n == 0)
+    return 0;
+  if (!(j->rows = malloc((size_t)n * sizeof *j->rows)))
+    return -1;
+  job_spans(j, j->rows);
+  j->req.page_rows = j->rows;
+  j->req.npage_rows = n;
+  return 0;
+}
+
 /* The request of a job: one lone entry on the call's buffers, or a
  * variable-length batch (one batch on a device, when its entries allow).
- * 0; -1 out of memory; -2 when its calls are not all of one shape. */
+ * On a device, a request the engine runs whole carries the new rows; a
+ * variable-length batch (split by the engine) does not, and its rows are
+ * the caller's to write. 0; -1 out of memory; -2 when its calls are not
+ * all of one shape. */
 int attn__kv_job_build(kv_job *j) {
   const kv_pending *p = j->calls;
   for (const kv_pending *q = p; q; q = q->next)
     if (!shapes_fit(p, q))
       return -2; /* attn__kv_group_add and the call's checks keep this from happening */
-  if (j->ncalls == 1 && p->call->nentries == 1) {
+  if (j->ncalls == 1 && p->call->nentries == 1)
     attn__kv_lone_request(j->s, p->call, 0, &p->uses[0], &j->req);
-    return 0;
-  }
-  return batch_build(j);
+  else if (batch_build(j) < 0)
+    return -1;
+  return j->s->pages.dev && !j->req.cu_seqlens_q ? rows_build(j) : 0;
 }

@@ -93,7 +93,10 @@ int attn_kv_id_check(const char *id, size_t len, attn_status *st);
  * NULL or "auto": the pages live on a GPU when the engine has one that
  * lends device memory for them (the cuda backend: bytes on its first
  * device, and its kernels compute the calls), else in host memory (the cpu
- * backend computes); "cpu": host memory whatever the engine has. */
+ * backend computes); "cpu": host memory whatever the engine has. On a GPU
+ * a call's new tokens reach their pages in its own job, so a later call
+ * on one of its layers waits for that job with batch false too (each
+ * then a job of its own). */
 int attn_kv_open(attn_engine *e, uint64_t bytes, bool batch, const char *backend,
                  attn_kv_store **ps, attn_status *st);
 /* Frees the store; no call may be in flight. */

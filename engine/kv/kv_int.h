@@ -23,6 +23,17 @@
  * may see (after a truncate) waits, parked, for the readers to finish. No
  * thread ever blocks on another call: a call that must wait is kept in the
  * store and started by whichever thread ends what it waits for.
+ *
+ * On a device the rows are not copied at admission: the length is
+ * published at once and the call's job carries the rows in its own upload
+ * (attn_request.page_rows), written into their pages on the job's stream
+ * before its kernel reads them. So until that job ends, its layer's rows
+ * may not be on the device yet: a later call on the layer waits for the
+ * job (busy, batching or not), a replay's check of stored rows waits for
+ * the layer's readers, an appending call is never dropped before its job
+ * (a canceled one runs it canceled), and a job that fails, or is a
+ * variable-length batch the engine splits, writes its rows with the
+ * synchronous copies before it ends.
  */
 #ifndef ATTN_KV_INT_H
 #define ATTN_KV_INT_H
@@ -94,7 +105,9 @@ typedef struct kv_job {
   attn_request req;
   const void **kp, **vp;
   int64_t *cu_q, *cu_kv;
-  int64_t *used; /* a device batch's key counts per entry (seqused_kv) */
+  int64_t *used;        /* a device batch's key counts per entry (seqused_kv) */
+  attn_page_rows *rows; /* on a device: its appends' new rows (req.page_rows) */
+  bool owes_rows;       /* on a device: rows of its appends not yet written */
   char *buf;
   struct kv_job *next;     /* jobs started together */
   struct kv_job *run_next; /* the store's running jobs */
@@ -143,6 +156,9 @@ kv_session *attn__kv_insert(attn_kv_store *s, const char *tenant, const char *id
 void attn__kv_remove(attn_kv_store *s, const char *tenant, const char *id);
 /* Takes pages until layer L of ks has room for `tokens` tokens. */
 void attn__kv_grow(attn_kv_store *s, kv_session *ks, kv_layer *L, int64_t tokens);
+/* Where row j of KV head hk of L's K (t 0) or V (t 1) lies (a device
+ * address for pages on a device). */
+char *attn__kv_row_at(const kv_session *ks, const kv_layer *L, int t, int64_t hk, int64_t j);
 /* Rows from j that lie in j's page, up to end: a span of rows one copy
  * moves. */
 int64_t attn__kv_span(const kv_session *ks, int64_t j, int64_t end);

@@ -7,7 +7,9 @@
  * A call starts at once unless a job that reads one of its layers is
  * running and batching is on; then it waits, admitted (its tokens stored,
  * so in arrival order), for that layer's jobs only, never for another
- * session's. The calls that become free together run as one job per set of
+ * session's. On a device the tokens are stored by the call's job, so a
+ * call waits, batching or not, for the jobs of its layers and behind the
+ * calls waiting on them. The calls that become free together run as one job per set of
  * matching options and shapes (batch.c), each reply bit for bit the one the
  * call gets alone. A job of several calls is canceled once every one of its
  * callers has canceled.
@@ -71,6 +73,52 @@ static bool busy(const kv_pending *p) {
   return false;
 }
 
+static bool appends(const kv_pending *p) {
+  for (int64_t e = 0; e < p->call->nentries; e++)
+    if (p->uses[e].append)
+      return true;
+  return false;
+}
+
+/* Whether p's rows wait for its job (a device store's appends): such a
+ * call is never dropped before its job, which writes them even canceled. */
+static bool owes_rows(const attn_kv_store *s, const kv_pending *p) {
+  return s->pages.dev && appends(p);
+}
+
+/* Whether calls a and b use a layer in common. */
+static bool shares(const kv_pending *a, const kv_pending *b) {
+  for (int64_t e = 0; e < a->call->nentries; e++)
+    for (int64_t f = 0; f < b->call->nentries; f++)
+      if (a->uses[e].L == b->uses[f].L)
+        return true;
+  return false;
+}
+
+/* Whether a call of the list before `end` (NULL: all) uses one of p's
+ * layers. */
+static bool behind(const kv_pending *list, const kv_pending *end, const kv_pending *p) {
+  for (const kv_pending *q = list; q != end; q = q->next)
+    if (shares(q, p))
+      return true;
+  return false;
+}
+
+/* Whether one of p's layers is read by a job of the list. */
+static bool taken(const kv_job *jobs, const kv_pending *p) {
+  for (const kv_job *j = jobs; j; j = j->next)
+    if (behind(j->calls, NULL, p))
+      return true;
+  return false;
+}
+
+/* On a device, whether p must wait: a call before it on one of its layers
+ * (running, in a job of this round, or waiting itself, its rows maybe for
+ * another layer's job) may not have written the rows p reads. */
+static bool must_follow(const attn_kv_store *s, const kv_job *jobs, const kv_pending *p) {
+  return s->pages.dev && (taken(jobs, p) || behind(s->pending, p, p));
+}
+
 /* A call whose caller canceled it while it waited: its uses end, and it is
  * answered with ECANCELED, never computed. */
 static void drop_canceled(attn_kv_store *s, kv_pending *p, kv_after *a) {
@@ -80,22 +128,37 @@ static void drop_canceled(attn_kv_store *s, kv_pending *p, kv_after *a) {
   a->failed = p;
 }
 
+/* p as a job of its own at the end of the list; false out of memory. */
+static bool group_alone(attn_kv_store *s, kv_job **jobs, kv_pending *p) {
+  while (*jobs)
+    jobs = &(*jobs)->next;
+  return (*jobs = attn__kv_job_new(s, p)) != NULL;
+}
+
 /* Under the lock: the waiting calls none of whose layers has a job now,
- * as jobs (counted as running) into a. */
+ * as jobs (counted as running) into a. On a device, a call on a layer
+ * that one of these jobs reads waits for it (taken), and without batching
+ * each call is a job of its own. */
 static void take_ready(attn_kv_store *s, kv_after *a) {
   kv_pending *ready = NULL, **rt = &ready, **pp = &s->pending;
+  kv_job *jobs = NULL;
   while (*pp) {
     kv_pending *p = *pp;
-    if (busy(p)) {
+    if (busy(p) || must_follow(s, jobs, p)) {
       pp = &p->next;
       continue;
     }
     *pp = p->next;
     p->next = NULL;
-    *rt = p;
-    rt = &p->next;
+    if (!s->pages.dev) {
+      *rt = p;
+      rt = &p->next;
+    } else if (canceled(p) && !owes_rows(s, p)) {
+      drop_canceled(s, p, a);
+    } else if (!(s->batch ? attn__kv_group_add(s, &jobs, p) : group_alone(s, &jobs, p))) {
+      abort();
+    }
   }
-  kv_job *jobs = NULL;
   while (ready) {
     kv_pending *p = ready;
     ready = p->next;
@@ -116,11 +179,12 @@ static void take_ready(attn_kv_store *s, kv_after *a) {
  * layers' jobs (batching). */
 static void schedule(attn_kv_store *s, kv_pending *p, kv_after *a) {
   p->next = NULL;
-  if (canceled(p)) { /* while its rows were stored: attn_kv_cancel could not see it */
+  /* canceled while its rows were stored: attn_kv_cancel could not see it */
+  if (canceled(p) && !owes_rows(s, p)) {
     drop_canceled(s, p, a);
     return;
   }
-  if (s->batch && busy(p)) {
+  if ((s->batch && busy(p)) || (s->pages.dev && (busy(p) || behind(s->pending, NULL, p)))) {
     kv_pending **pp = &s->pending; /* behind the calls waiting already, in order */
     while (*pp)
       pp = &(*pp)->next;
@@ -136,7 +200,8 @@ static void schedule(attn_kv_store *s, kv_pending *p, kv_after *a) {
 /* ---- storing the new rows -------------------------------------------------- */
 
 /* Writes entry e's new tokens into the pages claim took, a page's span at a
- * time (on a device: one small upload each); without the lock. */
+ * time (on a device: one small synchronous upload each, when its job does
+ * not carry them); without the lock. */
 static int store_entry(const attn_kv_store *s, const attn_kv_call *c, int64_t e, const kv_use *u,
                        attn_status *st) {
   const attn_kv_entry *en = &c->entries[e];
@@ -174,11 +239,26 @@ static void publish(attn_kv_store *s, kv_pending *p, bool ok) {
   }
 }
 
-/* Without the lock: an admitted call's rows stored, then the call
- * scheduled; 0, or the error with nothing appended. */
+/* Every append's rows of a device job, the synchronous way: a job whose
+ * request did not carry them, or that failed (it may have written some);
+ * without the lock, while its calls still read their layers, so nothing
+ * else writes those rows meanwhile. */
+static int store_owed(kv_job *j, attn_status *st) {
+  int rc = 0;
+  for (const kv_pending *p = j->calls; rc == 0 && p; p = p->next)
+    for (int64_t e = 0; rc == 0 && e < p->call->nentries; e++)
+      if (p->uses[e].append)
+        rc = store_entry(j->s, p->call, e, &p->uses[e], st);
+  j->owes_rows = rc != 0;
+  return rc;
+}
+
+/* Without the lock: an admitted call's rows stored (on a device, its job
+ * writes them), then the call scheduled; 0, or the error with nothing
+ * appended. */
 static int land(attn_kv_store *s, kv_pending *p, kv_after *a, attn_status *st) {
   int rc = 0;
-  for (int64_t e = 0; rc == 0 && e < p->call->nentries; e++)
+  for (int64_t e = 0; rc == 0 && !s->pages.dev && e < p->call->nentries; e++)
     if (p->uses[e].append)
       rc = store_entry(s, p->call, e, &p->uses[e], st);
   pthread_mutex_lock(&s->mu);
@@ -231,11 +311,17 @@ static void job_end(kv_job *j, const attn_result *res) {
   after(s, &a);
 }
 
-/* Any engine thread, once the job's outputs are written. */
+/* Any engine thread, once the job's outputs are written. A device job
+ * that failed may not have written its rows: written again here, before
+ * the calls waiting for its layers start (a device that cannot take even
+ * these is lost, its sessions with it). */
 static void job_done(const attn_result *res, void *arg) {
   kv_job *j = arg;
+  attn_status st;
   if (res->status.code == 0 && j->gathered)
     attn__kv_job_scatter(j);
+  if (res->status.code != 0 && j->owes_rows)
+    store_owed(j, &st);
   job_end(j, res);
 }
 
@@ -250,16 +336,31 @@ static int job_request(kv_job *j, attn_status *st) {
   return 0;
 }
 
+/* The engine request of a job ready to go: built, and on a device the
+ * rows of a request that does not carry them written first; 0 or the
+ * error. */
+static int job_ready(kv_job *j, attn_status *st) {
+  for (const kv_pending *p = j->calls; p && !j->owes_rows; p = p->next)
+    j->owes_rows = owes_rows(j->s, p);
+  int rc = job_request(j, st);
+  if (rc == 0 && j->owes_rows && j->req.npage_rows == 0 && store_owed(j, st)) {
+    char why[sizeof st->message];
+    snprintf(why, sizeof why, "%s", st->message);
+    rc = attn_status_set(st, ATTN_EDEVICE, "storing the new tokens failed: %s", why);
+  }
+  return rc;
+}
+
 /* Builds and submits a job (counted as running already); on failure its
  * calls end with the error. */
 static void job_start(kv_job *j) {
   attn_status st;
-  int rc = job_request(j, &st);
+  int rc = job_ready(j, &st);
   if (rc == 0)
     rc = attn_engine_submit(j->s->engine, &j->req, job_done, j, &st);
   if (rc) {
     attn_result res = {.status = st};
-    job_end(j, &res);
+    job_done(&res, j);
   }
 }
 
@@ -267,7 +368,7 @@ static void job_start(kv_job *j) {
 static void job_run_here(kv_job *j) {
   attn_status st;
   attn_result res = {0};
-  int rc = job_request(j, &st);
+  int rc = job_ready(j, &st);
   if (rc == 0)
     rc = attn_engine_run_here(j->s->engine, &j->req, &res, &st);
   if (rc && !res.status.code)
@@ -309,13 +410,6 @@ static void after(attn_kv_store *s, kv_after *a) {
 }
 
 /* ---- submitting ------------------------------------------------------------ */
-
-static bool appends(const kv_pending *p) {
-  for (int64_t e = 0; e < p->call->nentries; e++)
-    if (p->uses[e].append)
-      return true;
-  return false;
-}
 
 int attn_kv_submit(attn_kv_store *s, attn_kv_call *call, double now, attn_done_fn done, void *arg,
                    attn_status *st) {
@@ -425,8 +519,12 @@ void attn_kv_cancel(attn_kv_store *s, const int *flag) {
     return;
   kv_after a = {0};
   pthread_mutex_lock(&s->mu);
-  kv_pending *p = unlink_call(&s->pending, flag);
-  if (p) {
+  kv_pending *p = s->pending;
+  while (p && p->call->req.cancel != flag)
+    p = p->next;
+  if (p && owes_rows(s, p)) {
+    /* its job writes its rows: it runs when its turn comes, canceled */
+  } else if ((p = unlink_call(&s->pending, flag))) {
     drop_canceled(s, p, &a);
     attn__kv_retry_parked(s, &a);
   } else if ((p = unlink_call(&s->parked, flag))) {

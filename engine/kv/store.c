@@ -422,9 +422,7 @@ void attn__kv_grow(attn_kv_store *s, kv_session *ks, kv_layer *L, int64_t tokens
     }
 }
 
-/* Where row j of KV head hk of L's K (t 0) or V (t 1) lies (a device
- * address for pages on a device). */
-static char *row_at(const kv_session *ks, const kv_layer *L, int t, int64_t hk, int64_t j) {
+char *attn__kv_row_at(const kv_session *ks, const kv_layer *L, int t, int64_t hk, int64_t j) {
   void **table = t ? L->vp : L->kp;
   char *page = table[hk * ks->pages_per_head + j / ks->page_tokens];
   return page +
@@ -439,15 +437,15 @@ int64_t attn__kv_span(const kv_session *ks, int64_t j, int64_t end) {
 int attn__kv_rows_put(const attn_kv_store *s, const kv_session *ks, const kv_layer *L, int t,
                       int64_t hk, int64_t j, int64_t n, const void *src, attn_status *st) {
   size_t es = attn_dtype_size(ks->shape.dtype), row = (size_t)ks->shape.head_dim * es;
-  return attn__kvpages_copy(&s->pages, row_at(ks, L, t, hk, j), (size_t)ks->pitch * es, src, row,
-                            row, (size_t)n, st);
+  return attn__kvpages_copy(&s->pages, attn__kv_row_at(ks, L, t, hk, j), (size_t)ks->pitch * es,
+                            src, row, row, (size_t)n, st);
 }
 
 int attn__kv_rows_get(const attn_kv_store *s, const kv_session *ks, const kv_layer *L, int t,
                       int64_t hk, int64_t j, int64_t n, void *dst, attn_status *st) {
   size_t es = attn_dtype_size(ks->shape.dtype), row = (size_t)ks->shape.head_dim * es;
-  return attn__kvpages_copy(&s->pages, dst, row, row_at(ks, L, t, hk, j), (size_t)ks->pitch * es,
-                            row, (size_t)n, st);
+  return attn__kvpages_copy(&s->pages, dst, row, attn__kv_row_at(ks, L, t, hk, j),
+                            (size_t)ks->pitch * es, row, (size_t)n, st);
 }
 
 void attn__kv_reader_done(attn_kv_store *s, kv_session *ks, kv_layer *L) {

@@ -80,7 +80,10 @@ void mock_open_gate(void);
  * order they were queued: each with its stream, its pointers (a kernel's
  * dst is its O, src its Q), whether the host side of a copy lies in
  * cudaHostAlloc memory, and the mock clock when it started and ended on
- * its stream (one clock for all streams, so order across streams shows). */
+ * its stream (one clock for all streams, so order across streams shows).
+ * attn_cu_put_rows (a paged job's new rows into their pages) is logged as
+ * MOCK_OTHER, dst the page pool's base and bytes the rows', and is held by
+ * hold_kernels as a kernel is; the scan is not logged. */
 enum { MOCK_UPLOAD, MOCK_DOWNLOAD, MOCK_MEMSET, MOCK_KERNEL, MOCK_OTHER };
 #define MOCK_LOG_MAX 8192
 typedef struct mock_op {

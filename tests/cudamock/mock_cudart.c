@@ -732,6 +732,39 @@ int attn_cu_scan(const void *x, attn_dtype dt, size_t n, attn_cu_scan_result *re
   return 0;
 }
 
+typedef struct put_arg {
+  const unsigned char *src;
+  const long long *dst;
+  unsigned char *base;
+  size_t rows, row_bytes;
+} put_arg;
+
+static void kernel_gate(void);
+
+/* The new rows to their page rows, as attn_cu_put_rows; a row whose
+ * addresses break its 16-byte contract is not written (the reads then
+ * find it wrong). Held by hold_kernels as a kernel is. */
+static void put_op(void *arg) {
+  const put_arg *a = arg;
+  kernel_gate();
+  for (size_t i = 0; i < a->rows; i++) {
+    unsigned char *to = a->base + a->dst[i];
+    const unsigned char *from = a->src + i * a->row_bytes;
+    if (((uintptr_t)to | (uintptr_t)from | a->row_bytes) % 16 == 0)
+      memcpy(to, from, a->row_bytes);
+  }
+}
+int attn_cu_put_rows(const void *src, const long long *dst, unsigned char *base, size_t rows,
+                     size_t row_bytes, void *stream) {
+  if (rows == 0)
+    return 0;
+  put_arg *a = malloc(sizeof *a);
+  *a = (put_arg){src, dst, base, rows, row_bytes};
+  enqueue_logged((cudaStream_t)stream, put_op, a, true, 0,
+                 log_add(MOCK_OTHER, stream, base, src, rows * row_bytes));
+  return 0;
+}
+
 typedef struct fwd_arg {
   attn_cu_params p;
   attn_cu_choice c;

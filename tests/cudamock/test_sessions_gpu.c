@@ -1,13 +1,17 @@
 /*
  * test_sessions_gpu.c — sessions whose pages live on the device, on the
  * mock runtime: a store on an engine with a GPU puts its pages in device
- * memory (rows padded to the kernels' dp, the padding zero), appends are
- * small copies into them, a call's job uploads only q and its page tables
- * and the paged kernel reads K and V in place; prefill and decode match
+ * memory (rows padded to the kernels' dp, the padding zero), a call's job
+ * uploads only q, its page tables and its new rows (which a kernel puts
+ * into their pages) and the paged kernel reads K and V in place; prefill and decode match
  * the float64 reference in every dtype, a batch call matches its entries
  * alone (one launch over their page tables), a store saved from the device loads back (on the
  * device or in host memory), a device lost fails the calls and not the process, and a store the
- * device cannot hold stays in host memory.
+ * device cannot hold stays in host memory. A decode step (alone or a batch of sessions) is one
+ * upload and one download, and the steps after it read the rows its job put; a call on a layer
+ * waits for the job that puts its keys (without batching too, and behind a waiting call that
+ * appends to it), a replay's check waits for it, and a job that fails or that the engine splits
+ * still leaves its rows stored.
  */
 #include "cuda/kernels.h"
 #include "helpers.h"
@@ -116,17 +120,19 @@ Test(sessions_gpu, a_decode_step_moves_q_and_page_numbers_not_the_cache, .init =
   tkv_reply_free(&y);
   static mock_op log[MOCK_LOG_MAX];
   int n = mock_log(log, MOCK_LOG_MAX);
-  size_t up = 0, appended = 0;
-  int kernels = 0;
+  size_t up = 0, put = 0;
+  int kernels = 0, sync = 0;
   for (int i = 0; i < n; i++) {
-    if (log[i].kind == MOCK_UPLOAD && !log[i].stream) /* the store's synchronous appends */
-      appended += log[i].bytes;
-    else if (log[i].kind == MOCK_UPLOAD)
+    sync += log[i].kind == MOCK_UPLOAD && !log[i].stream; /* a synchronous copy */
+    if (log[i].kind == MOCK_UPLOAD)
       up += log[i].bytes;
+    if (log[i].kind == MOCK_OTHER && log[i].dst == kv->pages.base) /* attn_cu_put_rows */
+      put += log[i].bytes;
     kernels += log[i].kind == MOCK_KERNEL;
   }
   const size_t cache = 2 * 2 * 2001 * 64 * 2; /* K and V of 2001 tokens */
-  cr_expect_eq(appended, 2 * 2 * 64 * 2, "one new row of K and of V per KV head");
+  cr_expect_eq(sync, 0, "the new rows travel in the job's upload");
+  cr_expect_eq(put, 2 * 2 * 64 * 2, "one new row of K and of V per KV head");
   cr_expect_lt(up, cache / 50, "the job uploaded %zu bytes; the cache is %zu", up, cache);
   cr_expect_eq(kernels, 1, "one launch");
   tkv_stream_free(&s);
@@ -328,4 +334,398 @@ Test(sessions_gpu, paged_kernels_that_fail_their_self_check_keep_pages_on_the_ho
   cr_expect_str_eq(where(kv), "host");
   attn_kv_close(kv);
   attn_engine_close(e);
+}
+
+/* ---- a decode step's one round trip --------------------------------------- */
+
+/* What a stretch of the mock's log holds: every host-device copy it logs
+ * (cudaMemcpy* of any shape, on a stream or synchronous), memsets, kernel
+ * launches, and attn_cu_put_rows' writes into the page pool at base. */
+typedef struct trips {
+  int up, down, sync, memsets, kernels, puts;
+} trips;
+
+static trips count_trips(const void *base) {
+  static mock_op log[MOCK_LOG_MAX];
+  int n = mock_log(log, MOCK_LOG_MAX);
+  trips t = {0};
+  for (int i = 0; i < n; i++) {
+    t.up += log[i].kind == MOCK_UPLOAD;
+    t.down += log[i].kind == MOCK_DOWNLOAD;
+    t.sync += (log[i].kind == MOCK_UPLOAD || log[i].kind == MOCK_DOWNLOAD) && !log[i].stream;
+    t.memsets += log[i].kind == MOCK_MEMSET;
+    t.kernels += log[i].kind == MOCK_KERNEL;
+    t.puts += log[i].kind == MOCK_OTHER && log[i].dst == base;
+  }
+  return t;
+}
+
+static void expect_one_trip(const trips *t, const char *what) {
+  cr_expect_eq(t->up, 1, "%s: %d uploads", what, t->up);
+  cr_expect_eq(t->down, 1, "%s: %d downloads", what, t->down);
+  cr_expect_eq(t->sync, 0, "%s: %d synchronous copies", what, t->sync);
+  cr_expect_eq(t->memsets, 0, "%s: %d memsets", what, t->memsets);
+  cr_expect_eq(t->kernels, 1, "%s: %d attention launches", what, t->kernels);
+  cr_expect_eq(t->puts, 1, "%s: the new rows put by %d launches", what, t->puts);
+}
+
+Test(sessions_gpu, a_decode_step_is_one_upload_and_one_download, .init = reset) {
+  attn_engine *e = open_gpu();
+  attn_kv_store *kv = tkv_open_store(e, 64 * MIB, false, NULL);
+  tkv_stream s = tkv_stream_make(8, 2, 64, 302, ATTN_BF16, 15);
+  tkv_make(kv, "", "d", &s, 1, 512, 60, 0);
+  tkv_reply y;
+  attn_status st;
+  cr_assert_eq(tkv_call1(kv, "", "d", &s, &tkv_plain, 0, 300, 0, 300, &y, 0, &st), 0, "%s",
+               st.message);
+  tkv_reply_free(&y);
+  for (int64_t p = 300; p < 302; p++) {
+    mock_log_reset();
+    cr_assert_eq(tkv_call1(kv, "", "d", &s, &tkv_plain, p, 1, p, 1, &y, 0, &st), 0, "%s",
+                 st.message);
+    trips t = count_trips(kv->pages.base);
+    expect_one_trip(&t, "a step");
+    cr_expect_leq(tkv_ref_error(&s, &tkv_plain, p, 1, p + 1, &y), ttol(ATTN_BF16));
+    tkv_reply_free(&y);
+  }
+  tkv_stream_free(&s);
+  attn_kv_close(kv);
+  attn_engine_close(e);
+  cr_expect_eq(mock_device_bytes(), 0, "device memory left");
+}
+
+/* Tokens a page of session id holds. */
+static int64_t page_tokens_of(attn_kv_store *kv, const char *id) {
+  pthread_mutex_lock(&kv->mu);
+  kv_session *ks = attn__kv_find(kv, "", id, 0);
+  cr_assert(ks);
+  int64_t pt = ks->page_tokens;
+  pthread_mutex_unlock(&kv->mu);
+  return pt;
+}
+
+Test(sessions_gpu, steps_read_the_rows_earlier_steps_put_across_a_page_boundary, .init = reset) {
+  attn_engine *e = open_gpu();
+  attn_kv_store *kv = tkv_open_store(e, 64 * MIB, false, NULL);
+  tkv_stream probe = tkv_stream_make(8, 2, 37, 1, ATTN_F16, 1);
+  tkv_make(kv, "", "probe", &probe, 1, 16, 60, 0);
+  const int64_t pt = page_tokens_of(kv, "probe");
+  tkv_stream_free(&probe);
+  /* GQA 4:1, D 37 (rows padded to 40): the prefill ends 3 short of a page */
+  tkv_stream s = tkv_stream_make(8, 2, 37, pt + 6, ATTN_F16, 16);
+  tkv_make(kv, "", "g", &s, 1, 2 * pt, 60, 0);
+  cr_expect_eq(decode(kv, "g", &s, pt - 3, "GQA over a page boundary"), 0);
+  cr_expect_eq(nonzero_padding(kv, "g"), 0, "the rows' padding stays zero");
+  tkv_stream_free(&s);
+  attn_kv_close(kv);
+  attn_engine_close(e);
+}
+
+Test(sessions_gpu, batch_steps_of_three_sessions_read_each_others_put_rows, .init = reset) {
+  attn_engine *e = open_gpu();
+  attn_kv_store *kv = tkv_open_store(e, 64 * MIB, false, NULL);
+  static const char *const ids[3] = {"b0", "b1", "b2"};
+  tkv_stream s[3];
+  int64_t pos[3] = {0, 5, 0}, pt = 0;
+  for (int i = 0; i < 3; i++) {
+    s[i] = tkv_stream_make(4, 2, 64, 1, ATTN_F16, 1);
+    tkv_make(kv, "", ids[i], &s[i], 1, 1024, 60, 0);
+    tkv_stream_free(&s[i]);
+    pt = page_tokens_of(kv, ids[i]);
+  }
+  pos[0] = pt - 2, pos[2] = pt - 1; /* two cross a page boundary on the way */
+  for (int i = 0; i < 3; i++) {
+    s[i] = tkv_stream_make(4, 2, 64, pos[i] + 4, ATTN_F16, 80 + (uint64_t)i);
+    tkv_reply y;
+    attn_status st;
+    cr_assert_eq(tkv_call1(kv, "", ids[i], &s[i], &tkv_plain, 0, pos[i], 0, pos[i], &y, 0, &st), 0,
+                 "%s", st.message);
+    tkv_reply_free(&y);
+  }
+  void *o = calloc(4 * 3 * 64, 2);
+  for (int step = 0; step < 4; step++) {
+    attn_status st;
+    mock_log_reset();
+    cr_assert_eq(batch_step(kv, s, pos, o, &st), 0, "step %d: %s", step, st.message);
+    trips t = count_trips(kv->pages.base);
+    expect_one_trip(&t, "a batch step");
+    for (int i = 0; i < 3; i++) {
+      tkv_reply y = {.o = tkv_rows_of(o, 4, 3, 64, ATTN_F16, i, 1)};
+      double err = tkv_ref_error(&s[i], &tkv_plain, pos[i], 1, pos[i] + 1, &y);
+      cr_expect_leq(err, ttol(ATTN_F16), "step %d, entry %d: error %.3g", step, i, err);
+      free(y.o);
+      pos[i]++;
+    }
+  }
+  for (int i = 0; i < 3; i++)
+    tkv_stream_free(&s[i]);
+  free(o);
+  attn_kv_close(kv);
+  attn_engine_close(e);
+}
+
+/* ---- calls that wait for a step's job ----------------------------------------- */
+
+/* A one-token step of n sessions in one call (query and token pos[i] of
+ * s[i] for session ids[i]) submitted, and its end. */
+#define ASTEP_MAX 3
+typedef struct astep {
+  int n;
+  attn_kv_entry en[ASTEP_MAX];
+  int64_t cu[ASTEP_MAX + 1];
+  attn_kv_call c;
+  void *q, *k, *v, *o;
+  attn_result res;
+  bool done;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+} astep;
+
+static void astep_done(const attn_result *res, void *arg) {
+  astep *a = arg;
+  pthread_mutex_lock(&a->mu);
+  a->res = *res;
+  a->done = true;
+  pthread_cond_broadcast(&a->cv);
+  pthread_mutex_unlock(&a->mu);
+}
+
+/* Row pos of every head of s's tensor t (q, k or v) into column i of a
+ * [heads, n, D] buffer. */
+static void put_col(char *dst, const tkv_stream *s, const void *t, int64_t heads, int64_t pos,
+                    int i, int n) {
+  const size_t w = (size_t)s->d * attn_dtype_size(s->dt);
+  for (int64_t h = 0; h < heads; h++)
+    memcpy(dst + (size_t)(h * n + i) * w, (const char *)t + (size_t)(h * s->n + pos) * w, w);
+}
+
+static void astep_submit_n(attn_kv_store *kv, astep *a, int n, const char *const *ids,
+                           const tkv_stream *s, const int64_t *pos, float *lse) {
+  memset(a, 0, sizeof *a);
+  pthread_mutex_init(&a->mu, NULL);
+  pthread_cond_init(&a->cv, NULL);
+  const size_t w = (size_t)s[0].d * attn_dtype_size(s[0].dt);
+  a->n = n;
+  a->q = malloc((size_t)(s[0].hq * n) * w);
+  a->k = malloc((size_t)(s[0].hkv * n) * w);
+  a->v = malloc((size_t)(s[0].hkv * n) * w);
+  a->o = calloc((size_t)(s[0].hq * n), w);
+  for (int i = 0; i < n; i++) {
+    a->en[i] = (attn_kv_entry){.id = ids[i], .pos = pos[i], .n_new = 1, .kv_off = i};
+    a->cu[i + 1] = i + 1;
+    put_col(a->q, &s[i], s[i].q, s[i].hq, pos[i], i, n);
+    put_col(a->k, &s[i], s[i].k, s[i].hkv, pos[i], i, n);
+    put_col(a->v, &s[i], s[i].v, s[i].hkv, pos[i], i, n);
+  }
+  a->c = (attn_kv_call){.tenant = "", .nentries = n, .entries = a->en};
+  attn_request_init(&a->c.req);
+  a->c.req.heads_q = s[0].hq, a->c.req.heads_kv = s[0].hkv, a->c.req.head_dim = s[0].d;
+  a->c.req.seq_q = n, a->c.req.dtype = s[0].dt, a->c.req.causal = true;
+  a->c.req.cu_seqlens_q = n > 1 ? a->cu : NULL;
+  a->c.req.q = a->q, a->c.req.o = a->o, a->c.req.lse = lse;
+  a->c.k_new = a->k, a->c.v_new = a->v, a->c.total_new = n;
+  attn_status st;
+  cr_assert_eq(attn_kv_submit(kv, &a->c, 0, astep_done, a, &st), 0, "%s", st.message);
+}
+
+static void astep_submit(attn_kv_store *kv, astep *a, const char *id, const tkv_stream *s,
+                         int64_t pos) {
+  astep_submit_n(kv, a, 1, &id, s, &pos, NULL);
+}
+
+/* Waits for a's end; the largest error of its entries against the
+ * reference, entry i over pos[i] + 1 keys of s[i]. */
+static double astep_end_n(astep *a, const tkv_stream *s) {
+  pthread_mutex_lock(&a->mu);
+  while (!a->done)
+    pthread_cond_wait(&a->cv, &a->mu);
+  pthread_mutex_unlock(&a->mu);
+  cr_expect_eq(a->res.status.code, 0, "%s", a->res.status.message);
+  double worst = 0;
+  for (int i = 0; i < a->n; i++) {
+    tkv_reply y = {.o = tkv_rows_of(a->o, s[i].hq, a->n, s[i].d, s[i].dt, i, 1)};
+    double err = tkv_ref_error(&s[i], &tkv_plain, a->en[i].pos, 1, a->en[i].pos + 1, &y);
+    worst = err > worst ? err : worst;
+    free(y.o);
+  }
+  free(a->q);
+  free(a->k);
+  free(a->v);
+  free(a->o);
+  pthread_cond_destroy(&a->cv);
+  pthread_mutex_destroy(&a->mu);
+  return worst;
+}
+
+static double astep_end(astep *a, const tkv_stream *s) { return astep_end_n(a, s); }
+
+static int64_t waiting(attn_kv_store *kv) {
+  attn_kv_stats s;
+  attn_kv_stats_get(kv, &s);
+  return s.waiting;
+}
+
+/* A store of one session "w" prefilled with n - 3 tokens of s, and the
+ * kernels held from here on. */
+static attn_kv_store *held_store(attn_engine *e, const tkv_stream *s) {
+  attn_kv_store *kv = tkv_open_store(e, 64 * MIB, false, NULL); /* no batching */
+  tkv_make(kv, "", "w", s, 1, 256, 60, 0);
+  tkv_reply y;
+  attn_status st;
+  cr_assert_eq(tkv_call1(kv, "", "w", s, &tkv_plain, 0, s->n - 3, 0, s->n - 3, &y, 0, &st), 0, "%s",
+               st.message);
+  tkv_reply_free(&y);
+  mock_knobs k = MOCK_KNOBS(1, 9, (size_t)8 << 30, 0, 0, 0);
+  k.hold_kernels = true;
+  mock_set(&k);
+  return kv;
+}
+
+Test(sessions_gpu, without_batching_a_step_waits_for_the_job_that_puts_its_keys, .init = reset,
+     .timeout = 60) {
+  attn_engine *e = open_gpu();
+  tkv_stream s = tkv_stream_make(4, 2, 64, 103, ATTN_BF16, 21);
+  attn_kv_store *kv = held_store(e, &s);
+  astep a, b;
+  astep_submit(kv, &a, "w", &s, 100); /* its job holds at the gate, row 100 not yet put */
+  astep_submit(kv, &b, "w", &s, 101); /* reads row 100: waits for a's job */
+  cr_expect_eq(waiting(kv), 1, "the second step waits in the store");
+  mock_open_gate();
+  cr_expect_leq(astep_end(&a, &s), ttol(ATTN_BF16), "the first step");
+  cr_expect_leq(astep_end(&b, &s), ttol(ATTN_BF16), "the second step reads the first's row");
+  cr_expect_eq(waiting(kv), 0);
+  attn_kv_close(kv);
+  attn_engine_close(e);
+  tkv_stream_free(&s);
+  cr_expect_eq(mock_device_bytes(), 0, "device memory left");
+}
+
+Test(sessions_gpu, a_replay_of_a_step_whose_job_runs_waits_and_is_a_replay, .init = reset,
+     .timeout = 60) {
+  attn_engine *e = open_gpu();
+  tkv_stream s = tkv_stream_make(4, 2, 64, 103, ATTN_F16, 22);
+  attn_kv_store *kv = held_store(e, &s);
+  astep a, r;
+  astep_submit(kv, &a, "w", &s, 100);
+  astep_submit(kv, &r, "w", &s, 100); /* the same step again, its rows not yet put */
+  cr_expect_eq(waiting(kv), 1, "the replay's check waits for the step's job");
+  mock_open_gate();
+  cr_expect_leq(astep_end(&a, &s), ttol(ATTN_F16));
+  cr_expect_leq(astep_end(&r, &s), ttol(ATTN_F16));
+  cr_expect(r.en[0].replay, "recognized as a replay");
+  cr_expect_eq(r.en[0].length, 101);
+  /* and after the job ended: a replay, then a different token at 100 a conflict */
+  tkv_reply y;
+  attn_status st;
+  int rc = tkv_call1(kv, "", "w", &s, &tkv_plain, 100, 1, 100, 1, &y, 0, &st);
+  cr_expect_eq(rc, 0, "%s: %s", attn_err_name(rc), st.message);
+  cr_expect(y.replay && y.length == 101);
+  tkv_reply_free(&y);
+  rc = tkv_call1(kv, "", "w", &s, &tkv_plain, 101, 1, 101, 1, &y, 0, &st);
+  cr_expect_eq(rc, 0, "%s: %s", attn_err_name(rc), st.message);
+  tkv_reply_free(&y);
+  tkv_stream other = tkv_stream_make(4, 2, 64, 103, ATTN_F16, 99); /* another token at 100 */
+  rc = tkv_call1(kv, "", "w", &other, &tkv_plain, 100, 1, 100, 1, &y, 0, &st);
+  cr_expect_eq(rc, ATTN_ESESSION_CONFLICT, "%s: %s", attn_err_name(rc), st.message);
+  tkv_reply_free(&y);
+  tkv_stream_free(&other);
+  attn_kv_close(kv);
+  attn_engine_close(e);
+  tkv_stream_free(&s);
+}
+
+Test(sessions_gpu, a_step_whose_job_fails_before_it_runs_still_stores_its_rows, .init = reset) {
+  attn_engine *e = open_gpu();
+  attn_kv_store *kv = tkv_open_store(e, 64 * MIB, false, NULL);
+  tkv_stream s = tkv_stream_make(4, 2, 64, 42, ATTN_F16, 23);
+  tkv_make(kv, "", "f", &s, 1, 64, 60, 0);
+  tkv_reply y;
+  attn_status st;
+  cr_assert_eq(tkv_call1(kv, "", "f", &s, &tkv_plain, 0, 40, 0, 40, &y, 0, &st), 0, "%s",
+               st.message);
+  tkv_reply_free(&y);
+  mock_knobs k = MOCK_KNOBS(1, 9, (size_t)8 << 30, 1, 0, 0); /* the job's memory: refused */
+  mock_set(&k);
+  int rc = tkv_call1(kv, "", "f", &s, &tkv_plain, 40, 1, 40, 1, &y, 0, &st);
+  cr_expect_eq(rc, ATTN_ENOMEM, "%s: %s", attn_err_name(rc), st.message);
+  tkv_reply_free(&y);
+  /* token 40 was published: the store wrote it the synchronous way */
+  cr_assert_eq(tkv_call1(kv, "", "f", &s, &tkv_plain, 41, 1, 41, 1, &y, 0, &st), 0, "%s",
+               st.message);
+  cr_expect_leq(tkv_ref_error(&s, &tkv_plain, 41, 1, 42, &y), ttol(ATTN_F16));
+  tkv_reply_free(&y);
+  tkv_stream_free(&s);
+  attn_kv_close(kv);
+  attn_engine_close(e);
+  cr_expect_eq(mock_device_bytes(), 0, "device memory left");
+}
+
+Test(sessions_gpu, a_step_waits_behind_a_waiting_call_that_appends_to_its_layer, .init = reset,
+     .timeout = 60) {
+  /* a (on x) holds; b (x and y) waits for a's job on x; c (on y alone)
+   * reads the row b appends to y, which only b's job puts: c waits too */
+  attn_engine *e = open_gpu();
+  tkv_stream s[2] = {tkv_stream_make(4, 2, 64, 103, ATTN_F16, 31),
+                     tkv_stream_make(4, 2, 64, 103, ATTN_F16, 32)};
+  attn_kv_store *kv = tkv_open_store(e, 64 * MIB, false, NULL);
+  static const char *const ids[2] = {"x", "y"};
+  for (int i = 0; i < 2; i++) {
+    tkv_make(kv, "", ids[i], &s[i], 1, 256, 60, 0);
+    tkv_reply y;
+    attn_status st;
+    cr_assert_eq(tkv_call1(kv, "", ids[i], &s[i], &tkv_plain, 0, 100, 0, 100, &y, 0, &st), 0, "%s",
+                 st.message);
+    tkv_reply_free(&y);
+  }
+  mock_knobs k = MOCK_KNOBS(1, 9, (size_t)8 << 30, 0, 0, 0);
+  k.hold_kernels = true;
+  mock_set(&k);
+  astep a, b, c;
+  const int64_t pa = 100, pb[2] = {101, 100}, pc = 101;
+  astep_submit(kv, &a, "x", &s[0], pa);
+  astep_submit_n(kv, &b, 2, ids, s, pb, NULL);
+  astep_submit(kv, &c, "y", &s[1], pc);
+  cr_expect_eq(waiting(kv), 2, "b waits for a, c for b");
+  mock_open_gate();
+  cr_expect_leq(astep_end(&a, &s[0]), ttol(ATTN_F16), "a");
+  cr_expect_leq(astep_end_n(&b, s), ttol(ATTN_F16), "b");
+  cr_expect_leq(astep_end(&c, &s[1]), ttol(ATTN_F16), "c reads the row b put");
+  attn_kv_close(kv);
+  attn_engine_close(e);
+  for (int i = 0; i < 2; i++)
+    tkv_stream_free(&s[i]);
+}
+
+Test(sessions_gpu, a_batch_the_engine_splits_stores_its_rows_before_it_runs, .init = reset) {
+  /* statistics asked: the batch is a variable-length one, one job per
+   * session, which carries no rows: the store writes them first */
+  attn_engine *e = open_gpu();
+  attn_kv_store *kv = tkv_open_store(e, 64 * MIB, true, NULL);
+  static const char *const ids[2] = {"u", "v"};
+  tkv_stream s[2] = {tkv_stream_make(4, 2, 64, 60, ATTN_BF16, 33),
+                     tkv_stream_make(4, 2, 64, 60, ATTN_BF16, 34)};
+  for (int i = 0; i < 2; i++) {
+    tkv_make(kv, "", ids[i], &s[i], 1, 64, 60, 0);
+    tkv_reply y;
+    attn_status st;
+    cr_assert_eq(tkv_call1(kv, "", ids[i], &s[i], &tkv_plain, 0, 50, 0, 50, &y, 0, &st), 0, "%s",
+                 st.message);
+    tkv_reply_free(&y);
+  }
+  for (int64_t p = 50; p < 53; p++) {
+    astep a;
+    const int64_t pos[2] = {p, p};
+    float lse[4 * 2];
+    mock_log_reset();
+    astep_submit_n(kv, &a, 2, ids, s, pos, lse);
+    cr_expect_leq(astep_end_n(&a, s), ttol(ATTN_BF16), "step at %lld", (long long)p);
+    trips t = count_trips(kv->pages.base);
+    cr_expect_eq(t.sync, 2 * 2 * 2, "K and V of each KV head of each session, copied");
+    cr_expect_eq(t.puts, 0, "no rows carried");
+    cr_expect_eq(t.kernels, 2, "one job per session");
+  }
+  attn_kv_close(kv);
+  attn_engine_close(e);
+  for (int i = 0; i < 2; i++)
+    tkv_stream_free(&s[i]);
 }

@@ -15,9 +15,12 @@
 #define SES_TOKENS 32768
 
 /* Times reps decode steps (one token appended and attended, the call
- * submitted and waited for) after two warm-up ones: best and median ms.
- * 0, or -1 with a message on stderr (the store is not on the device, a
- * call failed). */
-int bench_sessions(int reps, double *best_ms, double *med_ms);
+ * submitted and waited for: one upload, which carries the new token's
+ * rows, and one download) after two warm-up ones: best and median ms;
+ * and, in *rows_ms (median), the same new rows written as the store wrote
+ * them before its jobs carried them: one synchronous copy per KV head, K
+ * and V, which a step then cost on top of its job. 0, or -1 with a
+ * message on stderr (the store is not on the device, a call failed). */
+int bench_sessions(int reps, double *best_ms, double *med_ms, double *rows_ms);
 
 #endif

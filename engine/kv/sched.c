@@ -411,23 +411,38 @@ static void after(attn_kv_store *s, kv_after *a) {
 
 /* ---- submitting ------------------------------------------------------------ */
 
-int attn_kv_submit(attn_kv_store *s, attn_kv_call *call, double now, attn_done_fn done, void *arg,
-                   attn_status *st) {
+/* A call checked, admitted and its rows stored (jobs it lets go into a);
+ * run here (a call for attn_kv_run_here, at most max_flops of work) never
+ * parks. attn__kv_enter's code: 0, 1 parked, ATTN_KV_LATER, or an error;
+ * the call is freed unless it is held (0, 1). */
+static int take_call(attn_kv_store *s, attn_kv_call *call, double now, attn_done_fn done, void *arg,
+                     bool here, double max_flops, kv_after *a, kv_pending **pp, attn_status *st) {
   int rc = attn__kv_call_check(call, st);
-  kv_pending *p = rc ? NULL : attn__kv_pending_new(call, done, arg, now, st);
+  kv_pending *p = *pp = rc ? NULL : attn__kv_pending_new(call, done, arg, now, st);
   if (!p)
     return rc ? rc : st->code;
-  kv_after a = {0};
+  p->here = here;
+  p->max_flops = max_flops;
   pthread_mutex_lock(&s->mu);
   rc = attn__kv_enter(s, p, st);
   bool booked = rc == 0 && !appends(p); /* nothing to store: to its job now */
   if (booked)
-    schedule(s, p, &a);
+    schedule(s, p, a);
   pthread_mutex_unlock(&s->mu);
   if (rc == 0 && !booked)
-    rc = land(s, p, &a, st);
-  if (rc < 0)
+    rc = land(s, p, a, st);
+  if (rc < 0 || rc == ATTN_KV_LATER) {
     attn__kv_pending_free(p);
+    *pp = NULL;
+  }
+  return rc;
+}
+
+int attn_kv_submit(attn_kv_store *s, attn_kv_call *call, double now, attn_done_fn done, void *arg,
+                   attn_status *st) {
+  kv_after a = {0};
+  kv_pending *p;
+  int rc = take_call(s, call, now, done, arg, false, 0, &a, &p, st);
   after(s, &a);
   return rc < 0 ? rc : 0;
 }
@@ -455,24 +470,10 @@ static kv_job *take_job(kv_after *a, const kv_pending *p) {
  * are stored), so it is taken from the jobs to start and run here. */
 int attn_kv_run_here(attn_kv_store *s, attn_kv_call *call, double now, double max_flops,
                      attn_result *res, attn_status *st) {
-  int rc = attn__kv_call_check(call, st);
-  kv_pending *p = rc ? NULL : attn__kv_pending_new(call, here_done, res, now, st);
-  if (!p)
-    return rc ? rc : st->code;
-  p->here = true;
-  p->max_flops = max_flops;
   *res = (attn_result){0};
   kv_after a = {0};
-  pthread_mutex_lock(&s->mu);
-  rc = attn__kv_enter(s, p, st);
-  bool booked = rc == 0 && !appends(p);
-  if (booked)
-    schedule(s, p, &a);
-  pthread_mutex_unlock(&s->mu);
-  if (rc == 0 && !booked)
-    rc = land(s, p, &a, st);
-  if (rc != 0)
-    attn__kv_pending_free(p);
+  kv_pending *p;
+  int rc = take_call(s, call, now, here_done, res, true, max_flops, &a, &p, st);
   kv_job *mine = rc == 0 ? take_job(&a, p) : NULL;
   after(s, &a); /* answers p here if it was canceled meanwhile */
   if (mine)

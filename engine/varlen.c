@@ -240,17 +240,19 @@ static bool small_seqs(const varlen_job *vj) {
   return true;
 }
 
+static varlen_job *of_group(attn_pool_task *t) {
+  return (varlen_job *)((char *)t - offsetof(varlen_job, group));
+}
+
 /* Group item g: sequences g, g + n, g + 2n, ... run on this worker. */
 static void group_run(attn_pool_task *t, int64_t item, void *ws) {
-  varlen_job *vj = (varlen_job *)((char *)t - offsetof(varlen_job, group));
+  varlen_job *vj = of_group(t);
   (void)ws;
   for (int64_t b = item; b < vj->req->batch && queue_seq(vj, b, true); b += t->nitems)
     ;
 }
 
-static void group_finish(attn_pool_task *t) {
-  vj_release((varlen_job *)((char *)t - offsetof(varlen_job, group)), false);
-}
+static void group_finish(attn_pool_task *t) { vj_release(of_group(t), false); }
 
 /* A batch of small sequences as one task of one item a worker, each item
  * running its share of the sequences one after the other on its worker,

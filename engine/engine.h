@@ -199,6 +199,14 @@ typedef struct attn_request {
   const float *alibi_slopes; /* NULL: off; F32 slopes, [Hq] or [B, Hq] */
   int64_t alibi_stride_b;    /* 0: one [Hq] vector shared by every batch; Hq: [B, Hq] */
 
+  /* Sinks (gpt-oss): NULL, or F32 logits [Hq], one per query head and
+   * shared by the batch. Each adds to every row's softmax a virtual key of
+   * logit sinks[h] (not scaled, not masked, no variant) and a zero value:
+   * m = max(max_j s_ij, sinks[h]), l = sum_j exp(s_ij - m) + exp(sinks[h]
+   * - m), O = sum_j exp(s_ij - m) v_j / l, lse = m + ln l. A row with no
+   * visible key gives O = 0, m = lse = sinks[h], l = 1. */
+  const float *sinks;
+
   /* ATTN_DIAG_AUTO (set by attn_request_init): off = Nkv - Nq. Otherwise
    * the off of the mask rule, |off| <= 2^40: 0 is torch's top-left
    * is_causal; a shard holding keys [a, b) of a longer K/V uses the whole
@@ -271,10 +279,14 @@ typedef struct attn_request {
    * the forward's lse (F32 [B, Hq, Nq], contiguous) or NULL, in which case
    * the backend recomputes it. m, l and lse must be NULL: a backward pass
    * returns no statistics. With GQA, dk and dv sum over the query heads of a
-   * group; a row with no visible key contributes nothing. */
+   * group; a row with no visible key contributes nothing. With sinks,
+   * lse_in is the forward's lse with them, and dsinks (NULL: not wanted;
+   * F32 [Hq], written whole) receives dL/dsinks[h] = -sum over the batch's
+   * rows i of head h of exp(sinks[h] - lse_i) * (dO_i . O_i). */
   const void *dout;
   const float *lse_in;
   void *dq, *dk, *dv;
+  float *dsinks;
   int64_t do_stride[3], dq_stride[3], dk_stride[3], dv_stride[3];
 } attn_request;
 
@@ -358,6 +370,14 @@ int attn_reference(const attn_request *r, double *o, double *m, double *l, doubl
  */
 int attn_reference_backward(const attn_request *r, double *dq, double *dk, double *dv,
                             attn_status *st);
+
+/*
+ * A backward request's gradient of its sinks by the definition, [Hq]
+ * doubles: through the softmax's Jacobian with the sink as one more logit
+ * whose value is zero (not the kernels' shortcut from lse and dO·O).
+ * Returns 0 or an error; EINVAL when the request has no sinks.
+ */
+int attn_reference_dsinks(const attn_request *r, double *dsinks, attn_status *st);
 
 /*
  * The softmax merge rule (softmax.c): the statistics (m2, l2) of another

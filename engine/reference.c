@@ -12,6 +12,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 int attn_reference_load(const attn_request *r, const char *name, const void *base,
                         const int64_t s[3], int64_t b, int64_t h, int64_t n, double *dst,
@@ -31,6 +32,22 @@ int attn_reference_load(const attn_request *r, const char *name, const void *bas
   return 0;
 }
 
+/* One row's softmax over its nk scores s into p; with sinks over one
+ * logit more, the head's sink (a key whose value is zero, so it shows in
+ * p's normalization, m and l only), through row (nk + 1 doubles). */
+static void row_softmax(const attn_request *r, int64_t h, const double *s, double *p, double *row,
+                        double *pm, double *pl) {
+  const size_t nk = (size_t)r->seq_kv;
+  if (!r->sinks) {
+    attn_softmax_safe(s, nk, p, pm, pl);
+    return;
+  }
+  memcpy(row, s, nk * sizeof *row);
+  row[nk] = r->sinks[h];
+  attn_softmax_safe(row, nk + 1, row, pm, pl);
+  memcpy(p, row, nk * sizeof *p);
+}
+
 int attn_reference_head(const attn_request *r, int64_t b, int64_t h, double *S, double *P,
                         double *o, double *m, double *l, double *lse, attn_status *st) {
   const int64_t nq = r->seq_q, nk = r->seq_kv, D = r->head_dim;
@@ -40,7 +57,7 @@ int attn_reference_head(const attn_request *r, int64_t b, int64_t h, double *S, 
   attn_request_window(r, &wl, &wr);
   const int64_t off = attn_request_offset(r);
   const double slope = attn_request_alibi_slope(r, b, h);
-  double *q = malloc((size_t)((nq + 2 * nk) * D) * sizeof *q);
+  double *q = malloc((size_t)((nq + 2 * nk) * D + nk + 1) * sizeof *q);
   if (!q)
     return attn_status_set(st, ATTN_ENOMEM, "out of memory in the reference");
   double *k = q + nq * D, *v = k + nk * D;
@@ -68,7 +85,7 @@ int attn_reference_head(const attn_request *r, int64_t b, int64_t h, double *S, 
     }
   for (int64_t i = 0; i < nq; i++) {
     double mi, li;
-    attn_softmax_safe(&S[i * nk], (size_t)nk, &P[i * nk], &mi, &li);
+    row_softmax(r, h, &S[i * nk], &P[i * nk], v + nk * D, &mi, &li);
     if (m)
       m[i] = mi;
     if (l)

@@ -103,8 +103,24 @@ static void ref_run(attn_pool_task *t, int64_t item, void *ws) {
     rj->err = st;
 }
 
+/* dsinks sums over the batch, across the items: once, at the end. */
+static void ref_dsinks(ref_job *rj) {
+  const attn_request *r = &rj->job->req;
+  double *d = malloc((size_t)r->heads_q * sizeof *d);
+  attn_status st = {0};
+  int rc = d ? attn_reference_dsinks(r, d, &st)
+             : attn_status_set(&st, ATTN_ENOMEM, "out of memory in the reference");
+  for (int64_t h = 0; rc == 0 && h < r->heads_q; h++)
+    r->dsinks[h] = (float)d[h];
+  if (rc < 0 && atomic_exchange(&rj->failed, 1) == 0)
+    rj->err = st;
+  free(d);
+}
+
 static void ref_finish(attn_pool_task *t) {
   ref_job *rj = (ref_job *)t;
+  if (rj->job->req.dsinks && !atomic_load(&rj->failed) && !attn__job_canceled(rj->job))
+    ref_dsinks(rj);
   attn__job_complete(rj->job, atomic_load(&rj->failed) ? &rj->err : NULL);
   free(rj);
 }

@@ -147,3 +147,59 @@ int attn_reference_backward(const attn_request *r0, double *dq, double *dk, doub
   free(P);
   return rc;
 }
+
+/* Head (b, h)'s share of dsinks[h]: the sink's logit t enters row i's
+ * softmax beside the scores, with P_t = e^(t − m)/l and dP_t = dO·0 = 0,
+ * so dL/dt = P_t·(0 − Σ_j P_ij·dP_ij) by the Jacobian, summed over rows. */
+static int dsinks_head(const attn_request *r, int64_t b, int64_t h, double *S, double *P,
+                       bwd_head *x, double *ml, double *out, attn_status *st) {
+  const int64_t nq = r->seq_q, nk = r->seq_kv, D = r->head_dim, hk = h / (r->heads_q / r->heads_kv);
+  int rc = load_inputs(r, b, h, hk, x, st);
+  if (rc == 0)
+    rc = attn_reference_head(r, b, h, S, P, x->o, ml, ml + nq, NULL, st);
+  for (int64_t i = 0; i < nq && rc == 0; i++) {
+    double rowsum = 0;
+    for (int64_t j = 0; j < nk; j++) {
+      double dp = 0;
+      for (int64_t d = 0; d < D; d++)
+        dp += x->dout[i * D + d] * x->v[j * D + d];
+      rowsum += P[i * nk + j] * dp;
+    }
+    *out -= exp((double)r->sinks[h] - ml[i]) / ml[nq + i] * rowsum;
+  }
+  return rc;
+}
+
+int attn_reference_dsinks(const attn_request *r0, double *dsinks, attn_status *st) {
+  int rc = attn_request_validate(r0, st);
+  if (rc < 0)
+    return rc;
+  if (r0->pass != ATTN_BACKWARD || !r0->sinks || r0->cu_seqlens_q)
+    return attn_status_set(st, ATTN_EINVAL,
+                           "attn_reference_dsinks needs a backward request with sinks and "
+                           "one problem (not a variable-length batch)");
+  attn_request r = *r0;
+  attn__request_fill_strides(&r);
+  const int64_t nq = r.seq_q, nk = r.seq_kv, D = r.head_dim;
+  size_t n = (size_t)(nq * nk);
+  double *S = malloc(n * sizeof *S), *P = malloc(n * sizeof *P);
+  double *buf = malloc((size_t)(3 * nq * D + 2 * nk * D + 2 * nq) * sizeof *buf);
+  if (!S || !P || !buf)
+    rc = attn_status_set(st, ATTN_ENOMEM, "out of memory in the reference");
+  bwd_head x = {0};
+  if (buf)
+    x = (bwd_head){.q = buf,
+                   .dout = buf + nq * D,
+                   .o = buf + 2 * nq * D,
+                   .k = buf + 3 * nq * D,
+                   .v = buf + 3 * nq * D + nk * D};
+  for (int64_t h = 0; h < r.heads_q && rc == 0; h++) {
+    dsinks[h] = 0;
+    for (int64_t b = 0; b < r.batch && rc == 0; b++)
+      rc = dsinks_head(&r, b, h, S, P, &x, x.v + nk * D, &dsinks[h], st);
+  }
+  free(S);
+  free(P);
+  free(buf);
+  return rc;
+}

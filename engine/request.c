@@ -165,6 +165,23 @@ static int validate_variants(const attn_request *r, attn_status *st) {
   return 0;
 }
 
+/* The sinks, a few floats read here like the slopes; dsinks only where a
+ * backward pass has sinks to differentiate. */
+static int validate_sinks(const attn_request *r, attn_status *st) {
+  if (r->dsinks && (r->pass != ATTN_BACKWARD || !r->sinks))
+    return attn_status_set(st, ATTN_EINVAL,
+                           r->sinks ? "dsinks is a backward pass's output"
+                                    : "dsinks needs sinks: a gradient of sinks the "
+                                      "request does not have");
+  for (int64_t h = 0; r->sinks && h < r->heads_q; h++)
+    if (!isfinite(r->sinks[h]))
+      return attn_status_set(st, ATTN_ENONFINITE,
+                             "tensor sinks holds a non-finite value (%g) at [%lld]; sinks "
+                             "must be finite",
+                             (double)r->sinks[h], (long long)h);
+  return 0;
+}
+
 /* The backward pass's own tensors; the shared ones were checked already. */
 static int validate_backward(const attn_request *r, int64_t b, size_t es, attn_status *st) {
   if (r->pass != ATTN_BACKWARD)
@@ -329,7 +346,8 @@ int attn_request_validate(const attn_request *r, attn_status *st) {
                            "causal=true means window_right=0; window_right=%lld "
                            "contradicts it",
                            (long long)r->window_right);
-  if ((rc = validate_offsets(r, st)) || (rc = validate_variants(r, st)))
+  if ((rc = validate_offsets(r, st)) || (rc = validate_variants(r, st)) ||
+      (rc = validate_sinks(r, st)))
     return rc;
   /* A variable-length batch is one [H, N, D] tensor per input: batch 1 for
    * the size checks (the sum of its problems is at most seq_q x seq_kv). */

@@ -76,6 +76,9 @@ static int cuda_supports(void *state, const attn_request *r, attn_status *st) {
   /* Host pages are the cpu kernel's; ours (a store on this device) only we read. */
   if (r->k_pages && !r->page_pitch)
     return attn_status_set(st, ATTN_EUNSUPPORTED, "host pages (sessions) run on the cpu backend");
+  if (r->sinks) /* backend auto takes the cpu instead */
+    return attn_status_set(st, ATTN_EUNSUPPORTED,
+                           "cuda: the kernels do not take sinks yet; use backend cpu or auto");
   int rc = r->k_pages ? attn__cu_pages_check(s, r, st) : 0;
   if (rc)
     return rc;

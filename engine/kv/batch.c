@@ -92,11 +92,20 @@ static bool shapes_fit(const kv_pending *x, const kv_pending *p) {
   return true;
 }
 
+/* Sinks (heads_q of them) both absent, or of the same values: the batch
+ * computes every call with the first call's. */
+static bool same_sinks(const attn_request *x, const attn_request *y) {
+  if (!x->sinks || !y->sinks)
+    return !x->sinks && !y->sinks;
+  return memcmp(x->sinks, y->sinks, (size_t)x->heads_q * sizeof *x->sinks) == 0;
+}
+
 /* Whether two calls can be computed as one batch: the same options, so
  * the batch's one set of them is each call's own, and the same shapes. */
 static bool mergeable(const kv_pending *pa, const kv_pending *pb) {
   const attn_request *x = &pa->call->req, *y = &pb->call->req;
   return x->dtype == y->dtype && x->heads_q == y->heads_q && x->head_dim == y->head_dim &&
+         same_sinks(x, y) &&
          same_double(x->scale, y->scale) && x->causal == y->causal &&
          x->window_left == y->window_left && x->window_right == y->window_right &&
          same_double(x->softcap, y->softcap) && !x->alibi_slopes && !y->alibi_slopes &&

@@ -202,7 +202,7 @@ typedef struct attn_proto_req {
   int64_t shape_q[4];  /* o, do and dq have this shape; m, l, lse drop the last dim */
   int64_t shape_kv[4]; /* k's and v's, so dk's and dv's */
   void *owned[ATTN_PROTO_MAX_TENSORS]; /* decoder-made buffers (converted or realigned data) */
-  void *out;        /* forward: O, then m, l, lse when opts.stats; backward: dq, dk, dv */
+  void *out; /* forward: O, then m, l, lse when opts.stats; backward: dq, dk, dv (, dsinks) */
   size_t out_bytes; /* of out */
   /* Frees out when set (attn_proto_req_set_out); else free(). */
   void (*out_free)(void *ctx, void *p);
@@ -270,8 +270,8 @@ int attn_proto_decode_safetensors_pass(const void *body, size_t len, attn_pass p
 int attn_proto_safetensors_tensor(const void *body, size_t len, int which, attn_proto_tensor *t,
                                   void **pcopy, attn_status *st);
 /* Writes o (and m, l, lse as F32 when pr->opts.stats), or for a backward
- * request dq, dk, dv, with the header padded with spaces to a multiple of 8
- * bytes. *pbuf is malloc'd. */
+ * request dq, dk, dv (and dsinks, F32, with sinks), with the header padded with spaces to a
+ * multiple of 8 bytes. *pbuf is malloc'd. */
 int attn_proto_encode_safetensors(const attn_proto_req *pr, void **pbuf, size_t *plen,
                                   attn_status *st);
 /* The same reply without copying the tensors: *phead (malloc'd, *phlen
@@ -310,15 +310,15 @@ int attn_proto_decode_json_pass(const char *body, size_t len, attn_pass pass,
  * holds for either pass: it counts stored elements (numbers and the nulls of
  * a backward lse), not tensors. Not counted: the outputs attn_proto_build()
  * allocates (forward: O, the size of q, and 12 bytes a query row with stats;
- * backward: dq, dk, dv, the size of q, k and v, so never more than the
- * inputs), which every codec needs.
+ * backward: dq, dk, dv, the size of q, k and v, and dsinks, the size of
+ * sinks, so never more than the inputs), which every codec needs.
  */
 size_t attn_proto_json_decode_bound(size_t len);
 /* {"o": {shape, dtype, data}, "m"|"l"|"lse": {...} when stats, "backend":
- * backend}; for a backward request {"dq", "dk", "dv", "backend"}. Each number is the shortest %.Ng
- * text that reads back to the same value in its dtype (proto/README.md says how shortest); a
- * non-finite value (the -inf m and lse of a row with no visible key) is written as null. *pbuf is
- * malloc'd and NUL-terminated; *plen excludes the NUL. */
+ * backend}; for a backward request {"dq", "dk", "dv", "dsinks" (with sinks), "backend"}. Each
+ * number is the shortest %.Ng text that reads back to the same value in its dtype (proto/README.md
+ * says how shortest); a non-finite value (the -inf m and lse of a row with no visible key) is
+ * written as null. *pbuf is malloc'd and NUL-terminated; *plen excludes the NUL. */
 int attn_proto_encode_json(const attn_proto_req *pr, const char *backend, char **pbuf, size_t *plen,
                            attn_status *st);
 
@@ -502,7 +502,8 @@ int attn_proto_encode_request_json(const attn_request *r, const attn_options *op
  * buffers may be partly written when it fails.
  *
  * A backward request's reply (pr->req.pass) is dq, dk and dv, in the
- * request's dtype, into pr->req.dq, dk, dv, exactly those three.
+ * request's dtype, into pr->req.dq, dk, dv, and with sinks dsinks (F32
+ * [Hq]) into pr->req.dsinks: exactly those.
  *
  * JSON: {"o": {shape, dtype, data}, "m", "l", "lse", "backend"}; a null
  * number is -inf (JSON has no infinity; the encoder writes non-finite

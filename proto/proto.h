@@ -150,8 +150,8 @@ void attn_options_merge(attn_options *base, const attn_options *over);
  * The tensors of a request, by pass, in this order: q, k, v, and for a
  * backward pass also o (the forward's output), do (dL/dO) and lse (the
  * forward's, optional); then, in either pass, the optional alibi_slopes
- * (F32 [Hq] or [B, Hq]). The table is the one both codecs, both directions,
- * read: a name's index is its place in attn_proto_build's array, which has
+ * (F32 [Hq] or [B, Hq]), cu_seqlens_q/kv and sinks (F32 [Hq]). The table is the one both codecs,
+ * both directions, read: a name's index is its place in attn_proto_build's array, which has
  * ATTN_PROTO_MAX_TENSORS entries whatever the pass (those not of the pass,
  * or not sent, have data NULL).
  */
@@ -165,15 +165,17 @@ enum {
   ATTN_PROTO_T_ALIBI,
   ATTN_PROTO_T_CU_Q,  /* cu_seqlens_q and cu_seqlens_kv: either pass, optional, */
   ATTN_PROTO_T_CU_KV, /* I32 or I64 [B+1] on the wire, int64 once decoded */
+  ATTN_PROTO_T_SINKS, /* sinks: either pass, optional, F32 [Hq] */
   ATTN_PROTO_MAX_TENSORS
 };
 /* "q", "k", "v", "o", "do", "lse", "alibi_slopes", "cu_seqlens_q",
- * "cu_seqlens_kv"; NULL past the end. */
+ * "cu_seqlens_kv", "sinks"; NULL past the end. */
 const char *attn_proto_tensor_name(int i);
-/* Whether a request of this pass may hold tensor i (q, k, v, alibi_slopes
- * and the cu_seqlens in both; o, do and lse in a backward pass). */
+/* Whether a request of this pass may hold tensor i (q, k, v, alibi_slopes,
+ * the cu_seqlens and sinks in both; o, do and lse in a backward pass). */
 bool attn_proto_tensor_in_pass(int i, attn_pass pass);
-/* Whether tensor i may be left out (lse, alibi_slopes, the cu_seqlens). */
+/* Whether tensor i may be left out (lse, alibi_slopes, the cu_seqlens,
+ * sinks). */
 bool attn_proto_tensor_optional(int i);
 /* Element bytes of a cu_seqlens dtype name ("I32" 4, "I64" 8), else 0. */
 int attn_proto_cu_dtype_bytes(const char *name);
@@ -200,7 +202,7 @@ typedef struct attn_proto_req {
   int64_t shape_q[4];  /* o, do and dq have this shape; m, l, lse drop the last dim */
   int64_t shape_kv[4]; /* k's and v's, so dk's and dv's */
   void *owned[ATTN_PROTO_MAX_TENSORS]; /* decoder-made buffers (converted or realigned data) */
-  void *out;        /* forward: O, then m, l, lse when opts.stats; backward: dq, dk, dv */
+  void *out; /* forward: O, then m, l, lse when opts.stats; backward: dq, dk, dv (, dsinks) */
   size_t out_bytes; /* of out */
   /* Frees out when set (attn_proto_req_set_out); else free(). */
   void (*out_free)(void *ctx, void *p);
@@ -268,8 +270,8 @@ int attn_proto_decode_safetensors_pass(const void *body, size_t len, attn_pass p
 int attn_proto_safetensors_tensor(const void *body, size_t len, int which, attn_proto_tensor *t,
                                   void **pcopy, attn_status *st);
 /* Writes o (and m, l, lse as F32 when pr->opts.stats), or for a backward
- * request dq, dk, dv, with the header padded with spaces to a multiple of 8
- * bytes. *pbuf is malloc'd. */
+ * request dq, dk, dv (and dsinks, F32, with sinks), with the header padded with spaces to a
+ * multiple of 8 bytes. *pbuf is malloc'd. */
 int attn_proto_encode_safetensors(const attn_proto_req *pr, void **pbuf, size_t *plen,
                                   attn_status *st);
 /* The same reply without copying the tensors: *phead (malloc'd, *phlen
@@ -308,15 +310,15 @@ int attn_proto_decode_json_pass(const char *body, size_t len, attn_pass pass,
  * holds for either pass: it counts stored elements (numbers and the nulls of
  * a backward lse), not tensors. Not counted: the outputs attn_proto_build()
  * allocates (forward: O, the size of q, and 12 bytes a query row with stats;
- * backward: dq, dk, dv, the size of q, k and v, so never more than the
- * inputs), which every codec needs.
+ * backward: dq, dk, dv, the size of q, k and v, and dsinks, the size of
+ * sinks, so never more than the inputs), which every codec needs.
  */
 size_t attn_proto_json_decode_bound(size_t len);
 /* {"o": {shape, dtype, data}, "m"|"l"|"lse": {...} when stats, "backend":
- * backend}; for a backward request {"dq", "dk", "dv", "backend"}. Each number is the shortest %.Ng
- * text that reads back to the same value in its dtype (proto/README.md says how shortest); a
- * non-finite value (the -inf m and lse of a row with no visible key) is written as null. *pbuf is
- * malloc'd and NUL-terminated; *plen excludes the NUL. */
+ * backend}; for a backward request {"dq", "dk", "dv", "dsinks" (with sinks), "backend"}. Each
+ * number is the shortest %.Ng text that reads back to the same value in its dtype (proto/README.md
+ * says how shortest); a non-finite value (the -inf m and lse of a row with no visible key) is
+ * written as null. *pbuf is malloc'd and NUL-terminated; *plen excludes the NUL. */
 int attn_proto_encode_json(const attn_proto_req *pr, const char *backend, char **pbuf, size_t *plen,
                            attn_status *st);
 
@@ -500,7 +502,8 @@ int attn_proto_encode_request_json(const attn_request *r, const attn_options *op
  * buffers may be partly written when it fails.
  *
  * A backward request's reply (pr->req.pass) is dq, dk and dv, in the
- * request's dtype, into pr->req.dq, dk, dv, exactly those three.
+ * request's dtype, into pr->req.dq, dk, dv, and with sinks dsinks (F32
+ * [Hq]) into pr->req.dsinks: exactly those.
  *
  * JSON: {"o": {shape, dtype, data}, "m", "l", "lse", "backend"}; a null
  * number is -inf (JSON has no infinity; the encoder writes non-finite

@@ -22,7 +22,7 @@ static void shape_str(char *buf, size_t cap, const attn_proto_tensor *t) {
 /* ---- the tensor table ------------------------------------------------------ */
 
 static const char *const tensor_names[ATTN_PROTO_MAX_TENSORS] = {
-    "q", "k", "v", "o", "do", "lse", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_kv"};
+    "q", "k", "v", "o", "do", "lse", "alibi_slopes", "cu_seqlens_q", "cu_seqlens_kv", "sinks"};
 
 const char *attn_proto_tensor_name(int i) {
   return i >= 0 && i < ATTN_PROTO_MAX_TENSORS ? tensor_names[i] : NULL;
@@ -60,10 +60,10 @@ int attn_proto_cu_widen(const void *src, size_t n, int bytes, int64_t **pout, at
 }
 
 const char *attn_proto_tensor_list(attn_pass pass) {
-  return pass == ATTN_BACKWARD ? "q, k, v, o, do and optionally lse, alibi_slopes (and "
+  return pass == ATTN_BACKWARD ? "q, k, v, o, do and optionally lse, alibi_slopes, sinks (and "
                                  "cu_seqlens_q, cu_seqlens_kv for a variable-length batch)"
-                               : "q, k and v (and optionally alibi_slopes, and cu_seqlens_q, "
-                                 "cu_seqlens_kv for a variable-length batch)";
+                               : "q, k and v (and optionally alibi_slopes, sinks, and "
+                                 "cu_seqlens_q, cu_seqlens_kv for a variable-length batch)";
 }
 
 /* Tensor t alone: its rank from lo to lo + 2 (lse drops q's last dimension,
@@ -207,6 +207,26 @@ int attn__check_alibi(const attn_proto_tensor *a, const attn_proto_tensor *t, at
                          s, (long long)d[1], (long long)d[0], (long long)d[1]);
 }
 
+/* sinks, when sent: F32 [Hq], one logit a query head, shared by the batch
+ * (a variable-length one too, so unlike the slopes no [B, Hq] form). */
+int attn__check_sinks(const attn_proto_tensor *s, const attn_proto_tensor *t, attn_status *st) {
+  if (!s->data)
+    return 0;
+  if (s->dtype != ATTN_F32)
+    return attn_status_set(st, ATTN_PROTO_EDTYPE, "tensor \"sinks\" is %s; it must be F32",
+                           attn_dtype_name(s->dtype));
+  int64_t d[4];
+  attn__bhnd(&t[0], d);
+  if (s->rank == 1 && s->shape[0] == d[1])
+    return 0;
+  char sh[128];
+  shape_str(sh, sizeof sh, s);
+  return attn_status_set(st, ATTN_PROTO_ESHAPE,
+                         "tensor \"sinks\" has shape %s; it must be [%lld] (one logit a query "
+                         "head, q's Hq)",
+                         sh, (long long)d[1]);
+}
+
 /* cu_seqlens_q and cu_seqlens_kv: both or neither, each [B+1], B >= 1, and
  * q, k, v with their sequences concatenated (no batch dimension). The
  * offsets themselves are the engine's to check. */
@@ -265,6 +285,7 @@ static void fill_request(attn_proto_req *pr, attn_pass pass, const attn_proto_te
   r->softcap = opts->softcap;
   r->alibi_slopes = t[ATTN_PROTO_T_ALIBI].data;
   r->alibi_stride_b = t[ATTN_PROTO_T_ALIBI].rank == 2 ? q[1] : 0;
+  r->sinks = t[ATTN_PROTO_T_SINKS].data;
   r->diag_offset = opts->diag_offset;
   r->backend = backend_literal(opts->backend);
   r->q = t[0].data;
@@ -287,14 +308,17 @@ static void fill_request(attn_proto_req *pr, attn_pass pass, const attn_proto_te
 /* Validation wants the outputs to exist; the real ones come after it. */
 static void probe_outputs(attn_request *r) {
   static char probe;
-  if (r->pass == ATTN_BACKWARD)
-    r->dq = r->dk = r->dv = &probe;
-  else
+  static float probe_sinks;
+  if (r->pass != ATTN_BACKWARD) {
     r->o = &probe;
+    return;
+  }
+  r->dq = r->dk = r->dv = &probe;
+  r->dsinks = r->sinks ? &probe_sinks : NULL;
 }
 
 /* One buffer for the outputs, each part 4-byte aligned: forward O and, with
- * stats, m, l, lse; backward dq, dk, dv. */
+ * stats, m, l, lse; backward dq, dk, dv and, with sinks, dsinks [Hq]. */
 int attn__alloc_outputs(attn_proto_req *pr, attn_status *st) {
   attn_request *r = &pr->req;
   const int64_t nb = r->cu_seqlens_q ? 1 : r->batch; /* varlen: one [H, total, D] */
@@ -302,7 +326,8 @@ int attn__alloc_outputs(attn_proto_req *pr, attn_status *st) {
   size_t qn = ((rows * (size_t)r->head_dim * es) + 3) & ~(size_t)3;
   size_t kn = (((size_t)(nb * r->heads_kv * r->seq_kv * r->head_dim) * es) + 3) & ~(size_t)3;
   bool bwd = r->pass == ATTN_BACKWARD, stats = !bwd && pr->opts.stats;
-  size_t total = qn + (bwd ? 2 * kn : stats ? 3 * rows * sizeof(float) : 0);
+  size_t sn = bwd && r->sinks ? (size_t)r->heads_q * sizeof(float) : 0;
+  size_t total = qn + (bwd ? 2 * kn + sn : stats ? 3 * rows * sizeof(float) : 0);
   char *out = pr->out = malloc(total ? total : 1);
   if (!out)
     return attn_status_set(st, ATTN_PROTO_ENOMEM, "out of memory for the %zu-byte result", total);
@@ -311,6 +336,7 @@ int attn__alloc_outputs(attn_proto_req *pr, attn_status *st) {
     r->dq = out;
     r->dk = out + qn;
     r->dv = out + qn + kn;
+    r->dsinks = sn ? (float *)(void *)(out + qn + 2 * kn) : NULL;
     return 0;
   }
   r->o = out;
@@ -330,6 +356,7 @@ int attn_proto_build_pass(attn_proto_req *pr, attn_pass pass, const attn_proto_t
       return rc;
   if ((rc = check_qkv(t, st)) < 0 || (rc = check_cu(t, st)) < 0 ||
       (rc = attn__check_alibi(&t[ATTN_PROTO_T_ALIBI], t, st)) < 0 ||
+      (rc = attn__check_sinks(&t[ATTN_PROTO_T_SINKS], t, st)) < 0 ||
       (pass == ATTN_BACKWARD && (rc = check_backward(t, opts, st)) < 0))
     return rc;
   fill_request(pr, pass, t, opts);
@@ -362,7 +389,10 @@ int attn__reply_outs(const attn_proto_req *pr, bool all, attn__out t[ATTN__MAX_O
     set_out(&t[0], "dq", r->dtype, pr->shape_q, pr->rank, r->dq);
     set_out(&t[1], "dk", r->dtype, pr->shape_kv, pr->rank, r->dk);
     set_out(&t[2], "dv", r->dtype, pr->shape_kv, pr->rank, r->dv);
-    return 3;
+    if (!all && !r->dsinks)
+      return 3;
+    set_out(&t[3], "dsinks", ATTN_F32, &r->heads_q, 1, r->dsinks);
+    return 4;
   }
   set_out(&t[0], "o", r->dtype, pr->shape_q, pr->rank, r->o);
   if (!all && !pr->opts.stats)
@@ -392,6 +422,7 @@ void attn_proto_req_set_out(attn_proto_req *pr, void *buf, void (*free_fn)(void 
   if (r->pass == ATTN_BACKWARD) {
     r->dq = moved(r->dq, from, to), r->dk = moved(r->dk, from, to);
     r->dv = moved(r->dv, from, to);
+    r->dsinks = moved(r->dsinks, from, to);
   } else {
     r->o = moved(r->o, from, to);
     r->m = moved(r->m, from, to), r->l = moved(r->l, from, to);

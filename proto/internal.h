@@ -78,7 +78,7 @@ size_t attn__jr_count(const attn__jr *j);
 /* The keys of one object read so far, for refusing a repeated key (RFC
  * 8259 leaves its meaning open; the last must not silently win). Every key
  * a codec accepts is a known name shorter than ATTN__SEEN_KEY bytes, and no
- * object accepts more than ATTN__SEEN_MAX (the /attention body: 9 tensors
+ * object accepts more than ATTN__SEEN_MAX (the /attention body: 10 tensors
  * and 8 options), so the set holds all of them; a longer key is never
  * stored, which is safe because it is refused as unknown. Zero it before
  * the object's first key. */
@@ -138,10 +138,12 @@ int attn__query_each(const char *query, attn__query_fn fn, void *ctx, attn_statu
 /* The output names "o", "m", "l", "lse", by ATTN_V2_*. */
 extern const char *const attn__v2_out_names[ATTN_V2_NOUTS];
 
-/* The inputs: q, k, v and the optional alibi_slopes, cu_seqlens_q and
- * cu_seqlens_kv, in that order here; attn__v2_slot() gives each one's place
- * in the codecs' tensor table. */
-enum { ATTN__V2_NIN = 6, ATTN__V2_ALIBI = 3, ATTN__V2_CU_Q = 4 };
+/* The inputs: q, k, v and the optional alibi_slopes, cu_seqlens_q,
+ * cu_seqlens_kv and sinks, in that order here, as in the codecs' tensor
+ * table from alibi_slopes on; attn__v2_slot() gives each one's place there. */
+enum { ATTN__V2_NIN = 7, ATTN__V2_ALIBI = 3, ATTN__V2_CU_Q = 4, ATTN__V2_SINKS = 6 };
+_Static_assert(ATTN_PROTO_T_SINKS - ATTN_PROTO_T_ALIBI == ATTN__V2_SINKS - ATTN__V2_ALIBI,
+               "the v2 inputs from alibi_slopes on follow the tensor table");
 static inline int attn__v2_slot(int i) {
   return i < ATTN__V2_ALIBI ? i : ATTN_PROTO_T_ALIBI + (i - ATTN__V2_ALIBI);
 }
@@ -190,9 +192,10 @@ typedef struct attn__out {
 #define ATTN__MAX_OUTS 4
 /* The tensors of pr's reply into t: forward o, and m, l, lse (F32, q's
  * shape less D) when pr->opts.stats; backward dq (q's shape), dk and dv
- * (k's), in the request's dtype. Returns how many. With all, a forward
- * request lists m, l, lse even without stats (data NULL), so that a reply
- * decoder can name one that came unasked. */
+ * (k's), in the request's dtype, and dsinks (F32 [Hq]) when the request has
+ * sinks. Returns how many. With all, a forward request lists m, l, lse even
+ * without stats, and a backward one dsinks even without sinks (data NULL),
+ * so that a reply decoder can name one that came unasked. */
 int attn__reply_outs(const attn_proto_req *pr, bool all, attn__out t[ATTN__MAX_OUTS]);
 
 /* ---- writers the request and reply encoders share -------------------- */
@@ -238,6 +241,8 @@ float attn__parse_float(const char *s);
 int attn__check_one(const attn_proto_tensor *t, int lo, attn_status *st);
 void attn__bhnd(const attn_proto_tensor *t, int64_t d[4]);
 int attn__check_alibi(const attn_proto_tensor *a, const attn_proto_tensor *t, attn_status *st);
+/* sinks against q (t[0]): F32 [Hq] when sent. */
+int attn__check_sinks(const attn_proto_tensor *s, const attn_proto_tensor *t, attn_status *st);
 int attn__alloc_outputs(attn_proto_req *pr, attn_status *st);
 /*
  * What a decode with fields of its own (a session call's, session.c) hands

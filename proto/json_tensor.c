@@ -40,6 +40,12 @@ static int check_rank(const attn_proto_tensor *t, int rank, attn_status *st) {
                : attn_status_set(st, ATTN_PROTO_ETENSOR,
                                  "tensor \"alibi_slopes\" has %d dimensions; use [Hq] or [B, Hq]",
                                  rank);
+  if (!strcmp(t->name, "sinks"))
+    return rank == 1 ? 0
+                     : attn_status_set(st, ATTN_PROTO_ETENSOR,
+                                       "tensor \"sinks\" has %d dimensions; use [Hq], one "
+                                       "logit a query head",
+                                       rank);
   int lo = is_lse(t) ? 1 : 2;
   if (rank < lo || rank > lo + 2)
     return attn_status_set(st, ATTN_PROTO_ETENSOR,

@@ -150,8 +150,8 @@ void attn_options_merge(attn_options *base, const attn_options *over);
  * The tensors of a request, by pass, in this order: q, k, v, and for a
  * backward pass also o (the forward's output), do (dL/dO) and lse (the
  * forward's, optional); then, in either pass, the optional alibi_slopes
- * (F32 [Hq] or [B, Hq]). The table is the one both codecs, both directions,
- * read: a name's index is its place in attn_proto_build's array, which has
+ * (F32 [Hq] or [B, Hq]), cu_seqlens_q/kv and sinks (F32 [Hq]). The table is the one both codecs,
+ * both directions, read: a name's index is its place in attn_proto_build's array, which has
  * ATTN_PROTO_MAX_TENSORS entries whatever the pass (those not of the pass,
  * or not sent, have data NULL).
  */
@@ -165,15 +165,17 @@ enum {
   ATTN_PROTO_T_ALIBI,
   ATTN_PROTO_T_CU_Q,  /* cu_seqlens_q and cu_seqlens_kv: either pass, optional, */
   ATTN_PROTO_T_CU_KV, /* I32 or I64 [B+1] on the wire, int64 once decoded */
+  ATTN_PROTO_T_SINKS, /* sinks: either pass, optional, F32 [Hq] */
   ATTN_PROTO_MAX_TENSORS
 };
 /* "q", "k", "v", "o", "do", "lse", "alibi_slopes", "cu_seqlens_q",
- * "cu_seqlens_kv"; NULL past the end. */
+ * "cu_seqlens_kv", "sinks"; NULL past the end. */
 const char *attn_proto_tensor_name(int i);
-/* Whether a request of this pass may hold tensor i (q, k, v, alibi_slopes
- * and the cu_seqlens in both; o, do and lse in a backward pass). */
+/* Whether a request of this pass may hold tensor i (q, k, v, alibi_slopes,
+ * the cu_seqlens and sinks in both; o, do and lse in a backward pass). */
 bool attn_proto_tensor_in_pass(int i, attn_pass pass);
-/* Whether tensor i may be left out (lse, alibi_slopes, the cu_seqlens). */
+/* Whether tensor i may be left out (lse, alibi_slopes, the cu_seqlens,
+ * sinks). */
 bool attn_proto_tensor_optional(int i);
 /* Element bytes of a cu_seqlens dtype name ("I32" 4, "I64" 8), else 0. */
 int attn_proto_cu_dtype_bytes(const char *name);

@@ -164,7 +164,7 @@ static int json_tensor(const cJSON *j, const attn__out *t, bool wanted, attn_sta
   const cJSON *x = cJSON_GetObjectItemCaseSensitive(j, t->name);
   if (!wanted)
     return x ? attn_status_set(st, ATTN_PROTO_EUNKNOWNTENSOR,
-                               "unexpected tensor \"%s\" (stats were not asked for)", t->name)
+                               "unexpected tensor \"%s\" (the request did not ask for it)", t->name)
              : 0;
   if (!cJSON_IsObject(x))
     return attn_status_set(st, ATTN_PROTO_EMISSING, "tensor \"%s\" is missing", t->name);

@@ -47,8 +47,8 @@ static int tensor_bytes(const in_tensor *t, size_t *pn, attn_status *st) {
 }
 
 /* alibi_slopes when r has them ([Hq], or [B, Hq] when each batch has its
- * own) and the cu_seqlens of a variable-length batch ([B+1] int64 each),
- * after the n tensors already in t. Returns the new count, or an error. */
+ * own), the cu_seqlens of a variable-length batch ([B+1] int64 each) and
+ * sinks ([Hq]), after the n tensors already in t. Returns the new count, or an error. */
 static int optional_inputs(const attn_request *r, in_tensor *t, int n, attn_status *st) {
   int rc;
   if (r->alibi_slopes) {
@@ -80,12 +80,19 @@ static int optional_inputs(const attn_request *r, in_tensor *t, int n, attn_stat
     if ((rc = tensor_bytes(x, &x->bytes, st)) < 0)
       return rc;
   }
+  if (r->sinks) {
+    in_tensor *x = &t[n++];
+    *x = (in_tensor){
+        attn_proto_tensor_name(ATTN_PROTO_T_SINKS), ATTN_F32, false, {r->heads_q}, 1, r->sinks, 0};
+    if ((rc = tensor_bytes(x, &x->bytes, st)) < 0)
+      return rc;
+  }
   return n;
 }
 
 /* The tensors of r's body in the table's order: q, k, v, and for a
- * backward request o, do and, when given, lse; then alibi_slopes and the
- * cu_seqlens when r has them. A variable-length batch's q, k, v (o, do)
+ * backward request o, do and, when given, lse; then alibi_slopes, the
+ * cu_seqlens and sinks when r has them. A variable-length batch's q, k, v (o, do)
  * are [H, total, D] and its lse [Hq, total]: no batch dimension. Returns
  * how many, or an error when one is missing or its size is wrong. */
 static int inputs(const attn_request *r, in_tensor t[ATTN_PROTO_MAX_TENSORS], attn_status *st) {
@@ -209,7 +216,7 @@ int attn_proto_encode_request_safetensors(const attn_request *r, const attn_opti
   }
   if (hn < sizeof h)
     hn += (size_t)snprintf(h + hn, sizeof h - hn, "}");
-  if (hn >= sizeof h) /* the header holds nine entries and eight short options */
+  if (hn >= sizeof h) /* the header holds ten entries and eight short options */
     return attn_status_set(st, ATTN_EINVAL, "safetensors header over %zu bytes", sizeof h);
   return attn__st_frame(h, hn, parts, sizes, n, "request", pbuf, plen, st);
 }

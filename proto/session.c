@@ -267,7 +267,8 @@ static int build(attn_proto_req *pr, const attn_proto_tensor *t, const attn_prot
   int rc;
   if ((rc = check_tensors(t, st)) || (rc = check_fields(ps, t, st)) ||
       (rc = check_offsets(ps, t, st)) || (rc = check_options(opts, st)) ||
-      (rc = attn__check_alibi(&t[ATTN_PROTO_T_ALIBI], t, st)))
+      (rc = attn__check_alibi(&t[ATTN_PROTO_T_ALIBI], t, st)) ||
+      (rc = attn__check_sinks(&t[ATTN_PROTO_T_SINKS], t, st)))
     return rc;
   int64_t q[4], k[4] = {0, 0, 0, 0};
   attn__bhnd(&t[ATTN_PROTO_T_Q], q);
@@ -294,6 +295,7 @@ static int build(attn_proto_req *pr, const attn_proto_tensor *t, const attn_prot
   r->softcap = opts->softcap;
   r->alibi_slopes = t[ATTN_PROTO_T_ALIBI].data;
   r->alibi_stride_b = t[ATTN_PROTO_T_ALIBI].rank == 2 ? q[1] : 0;
+  r->sinks = t[ATTN_PROTO_T_SINKS].data;
   r->backend = "cpu";
   r->q = t[ATTN_PROTO_T_Q].data;
   r->k = t[ATTN_PROTO_T_K].data;

@@ -57,7 +57,7 @@ static bool in_list(const char *key, size_t klen, const char *const *list, size_
 
 /* ---- decoding: the pieces --------------------------------------------------- */
 
-static bool v2_is_cu(int i) { return i >= ATTN__V2_CU_Q; }
+static bool v2_is_cu(int i) { return i == ATTN__V2_CU_Q || i == ATTN__V2_CU_Q + 1; }
 
 /* A boolean parameter's value at v. */
 static int get_bool(attn__jr v, const char *what, bool *out, attn_status *st) {
@@ -147,7 +147,8 @@ static int request_keys(attn__v2_dec *d) {
 }
 
 /* "shape": 2 to 4 integers >= 0 (attn_proto_build() refuses zeros);
- * alibi_slopes 1 or 2 ([Hq] or [B, Hq]); cu_seqlens 1 ([B+1]). */
+ * alibi_slopes 1 or 2 ([Hq] or [B, Hq]); cu_seqlens 1 ([B+1]); sinks 1
+ * ([Hq]). */
 static int input_shape(attn__jr v, attn__v2_input *in, attn_status *st) {
   const char *name = in->t.name;
   if (v.s[v.pos] != '[')
@@ -156,9 +157,12 @@ static int input_shape(attn__jr v, attn__v2_input *in, attn_status *st) {
                            attn__jr_type(&v));
   int rank = (int)attn__jr_count(&v);
   const bool alibi = !strcmp(name, "alibi_slopes"), cu = in->cu_bytes != 0;
-  if (cu ? rank != 1 : alibi ? rank < 1 || rank > 2 : rank < 2 || rank > 4)
+  const bool sinks = !strcmp(name, "sinks");
+  if (cu || sinks ? rank != 1 : alibi ? rank < 1 || rank > 2 : rank < 2 || rank > 4)
     return attn_status_set(st, ATTN_PROTO_ETENSOR,
                            cu      ? "input \"%s\" has %d dimensions; use [B+1] (offsets)"
+                           : sinks ? "input \"%s\" has %d dimensions; use [Hq], one logit a "
+                                     "query head"
                            : alibi ? "input \"%s\" has %d dimensions; use [Hq] or [B, Hq]"
                                    : "input \"%s\" has %d dimensions; use [N, D], [H, N, D] or "
                                      "[B, H, N, D]",
@@ -266,7 +270,7 @@ static int input_fields(attn__v2_dec *d, attn__jr v, int k) {
   if (i == ATTN__V2_NIN)
     return attn_status_set(d->st, ATTN_PROTO_EUNKNOWNTENSOR,
                            "inputs[%d]: the name must be \"q\", \"k\", \"v\", "
-                           "\"alibi_slopes\", \"cu_seqlens_q\" or \"cu_seqlens_kv\"",
+                           "\"alibi_slopes\", \"cu_seqlens_q\", \"cu_seqlens_kv\" or \"sinks\"",
                            k);
   attn__v2_input *in = &d->in[i];
   if (in->t.name)

@@ -419,6 +419,7 @@ void attn__varlen_sub(const attn_request *r, int64_t b, attn_request *sub) {
   sub->dv = (void *)(uintptr_t)rows_at(r->dv, k0, sub->dv_stride, es);
   sub->m = sub->l = sub->lse = NULL;
   sub->lse_in = NULL;
+  sub->dsinks = NULL; /* a sum over the sequences: each caller gives its own */
 }
 
 void attn__request_keys(const attn_request *r, int64_t i, int64_t *lo, int64_t *hi) {

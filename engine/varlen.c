@@ -11,7 +11,8 @@
  * [1, Hq, nq]: they pass through a small buffer per sequence (12 bytes a
  * query row), gathered (backward lse_in) before and scattered (forward m,
  * l, lse) after. A sequence with no key, or in a backward pass with no
- * query, is written here: O = 0, m = lse = -inf, l = 0; dq, or dk and dv, 0.
+ * query, is written here: O = 0, m = lse = -inf, l = 0 (with sinks the
+ * sink's: m = lse = sinks[h], l = 1); dq, or dk and dv, 0.
  *
  * The request is one job of its own (job.h), never handed to a backend:
  * it is completed through attn__job_complete() like any other, once its
@@ -49,6 +50,7 @@ struct varlen_job {
   attn_status status; /* the first failure */
   varlen_seq *seqs;
   float *stats; /* every sequence's buffer, one allocation */
+  float *dsk;   /* backward dsinks: [batch, Hq], summed at the end */
   bool here;    /* attn_engine_run_here's: every sequence on the caller's thread */
 };
 
@@ -56,15 +58,25 @@ static bool has_work(const attn_request *sub) { return sub->seq_q > 0 && sub->se
 
 static void vj_free(varlen_job *vj) {
   pthread_mutex_destroy(&vj->mu);
+  free(vj->dsk);
   free(vj->stats);
   free(vj->seqs);
   free(vj);
 }
 
-/* The whole request completes once its buffers are freed. */
+/* The whole request completes once its buffers are freed; dsinks sums the
+ * sequences' in their order, so its bits do not depend on which ended
+ * first. */
 static void vj_finish(varlen_job *vj) {
   attn_job *whole = vj->whole;
   attn_status st = vj->status;
+  const attn_request *r = vj->req;
+  for (int64_t h = 0; vj->dsk && !st.code && h < r->heads_q; h++) {
+    double sum = 0;
+    for (int64_t b = 0; b < r->batch; b++)
+      sum += vj->dsk[b * r->heads_q + h];
+    r->dsinks[h] = (float)sum;
+  }
   vj_free(vj);
   attn__job_complete(whole, st.code ? &st : NULL);
 }
@@ -97,13 +109,13 @@ static void vj_fail(varlen_job *vj, int64_t b, const attn_status *st) {
 }
 
 /* Rows [row0, row0 + n) of every head of a packed [H, total] statistic. */
-static void stat_rows(float *dst, const float *src, float fill, const attn_request *r, int64_t row0,
+static void stat_rows(float *dst, const float *src, const attn_request *r, int64_t row0,
                       int64_t n) {
   if (!dst)
     return;
   for (int64_t h = 0; h < r->heads_q; h++)
     for (int64_t i = 0; i < n; i++)
-      dst[h * r->seq_q + row0 + i] = src ? src[h * n + i] : fill;
+      dst[h * r->seq_q + row0 + i] = src[h * n + i];
 }
 
 static void seq_done(const attn_result *res, void *arg) {
@@ -114,9 +126,9 @@ static void seq_done(const attn_result *res, void *arg) {
     vj_fail(vj, sq->b, &res->status);
   } else if (r->pass == ATTN_FORWARD && sq->stats) {
     const int64_t n = s->seq_q, row0 = r->cu_seqlens_q[sq->b], per = r->heads_q * n;
-    stat_rows(r->m, sq->stats, 0, r, row0, n);
-    stat_rows(r->l, sq->stats + per, 0, r, row0, n);
-    stat_rows(r->lse, sq->stats + 2 * per, 0, r, row0, n);
+    stat_rows(r->m, sq->stats, r, row0, n);
+    stat_rows(r->l, sq->stats + per, r, row0, n);
+    stat_rows(r->lse, sq->stats + 2 * per, r, row0, n);
   }
   vj_release(vj, false);
 }
@@ -129,14 +141,29 @@ static void zero_rows(void *base, const int64_t s[3], const attn_request *r, int
       memset((char *)base + (size_t)(h * s[1] + i * s[2]) * es, 0, (size_t)r->head_dim * es);
 }
 
+/* The statistics of rows that see no key: m = lse = -inf and l = 0, or
+ * with sinks those of the sink alone (m = lse = sinks[h], l = 1). */
+static void empty_stats(const attn_request *r, int64_t row0, int64_t n) {
+  for (int64_t h = 0; h < r->heads_q; h++) {
+    const float t = r->sinks ? r->sinks[h] : -INFINITY;
+    for (int64_t i = row0; i < row0 + n; i++) {
+      const int64_t at = h * r->seq_q + i;
+      if (r->m)
+        r->m[at] = t;
+      if (r->l)
+        r->l[at] = r->sinks ? 1.0f : 0.0f;
+      if (r->lse)
+        r->lse[at] = t;
+    }
+  }
+}
+
 /* The outputs of a sequence no kernel runs: no key (forward O and stats,
  * backward dq) or, backward, no query (dk and dv). */
 static void write_empty(const attn_request *r, const attn_request *s, int64_t row0) {
   if (s->seq_kv == 0 && r->pass == ATTN_FORWARD) {
     zero_rows(s->o, s->o_stride, s, s->heads_q, s->seq_q);
-    stat_rows(r->m, NULL, -INFINITY, r, row0, s->seq_q);
-    stat_rows(r->l, NULL, 0, r, row0, s->seq_q);
-    stat_rows(r->lse, NULL, -INFINITY, r, row0, s->seq_q);
+    empty_stats(r, row0, s->seq_q);
   } else if (s->seq_kv == 0) {
     zero_rows(s->dq, s->dq_stride, s, s->heads_q, s->seq_q);
   } else if (r->pass == ATTN_BACKWARD) {
@@ -176,6 +203,13 @@ static int plan_seqs(varlen_job *vj, const attn_backend **pbe, attn_status *st) 
 static int alloc_stats(varlen_job *vj, attn_status *st) {
   const attn_request *r = vj->req;
   const bool fwd = r->pass == ATTN_FORWARD;
+  if (r->dsinks) { /* a sequence that runs no kernel adds 0 */
+    vj->dsk = calloc((size_t)(r->batch * r->heads_q), sizeof *vj->dsk);
+    if (!vj->dsk)
+      return attn_status_set(st, ATTN_ENOMEM, "out of memory for a variable-length batch");
+    for (int64_t b = 0; b < r->batch; b++)
+      vj->seqs[b].req.dsinks = has_work(&vj->seqs[b].req) ? vj->dsk + b * r->heads_q : NULL;
+  }
   const int per = fwd ? (r->m || r->l || r->lse ? 3 : 0) : (r->lse_in ? 1 : 0);
   if (!per)
     return 0;

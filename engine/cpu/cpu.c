@@ -206,11 +206,14 @@ static void merge_row(const cpu_job *cj, int64_t bh, int64_t ii, float *acc) {
     for (int64_t d = 0; d < D; d++)
       acc[d] += w * po[d];
   }
-  const float inv = l > 0 ? 1.0f / l : 0.0f;
+  double mm = mx * (float)M_LN2, ll = l, a = 1; /* m back from base 2 */
+  if (r->sinks) /* once per row, here, not in each chunk's partial */
+    a = attn__sink_fold(r->sinks[(bh % r->heads_kv) * cj->args.group + ii / r->seq_q], &mm, &ll);
+  const float inv = !r->sinks ? (l > 0 ? 1.0f / l : 0.0f) : (float)(a / ll);
   for (int64_t d = 0; d < D; d++)
     acc[d] *= inv;
-  acc[D] = mx * (float)M_LN2; /* back from base 2 */
-  acc[D + 1] = l;
+  acc[D] = (float)mm;
+  acc[D + 1] = (float)ll;
 }
 
 static void merge_splits(const cpu_job *cj) {

@@ -149,12 +149,33 @@ static bool stop_canceled(bwd_job *bj) {
   return true;
 }
 
+/* dsinks from phase 1's lse and Dᵢ: the sink's logit t enters each row's
+ * softmax with P = e^(t − lse) and dP = 0, so dL/dt = −Σ P·Dᵢ over the
+ * head's rows of every batch (in double, in row order: the same bits on
+ * any thread count). A row with Dᵢ = 0 (O = 0: it saw no key) adds
+ * nothing, whatever lse_in says of it. False when a sum overflows. */
+static bool sinks_grad(const bwd_job *bj) {
+  const attn_request *r = &bj->job->req;
+  bool ok = true;
+  for (int64_t h = 0; h < r->heads_q; h++) {
+    double sum = 0;
+    for (int64_t b = 0; b < r->batch; b++)
+      for (int64_t i = 0, row = (b * r->heads_q + h) * r->seq_q; i < r->seq_q; i++, row++)
+        if (bj->di[row] != 0)
+          sum += exp((double)r->sinks[h] - bj->args.lse[row]) * bj->di[row];
+    r->dsinks[h] = (float)-sum;
+    ok = ok && isfinite(r->dsinks[h]);
+  }
+  return ok;
+}
+
 static void dq_finish(attn_pool_task *task) {
   bwd_job *bj = (bwd_job *)task;
   if (stop_canceled(bj))
     return;
   attn_status st = {0};
-  if (__atomic_load_n(&bj->overflow, __ATOMIC_RELAXED))
+  const bool sinks_ok = !bj->job->req.dsinks || sinks_grad(bj);
+  if (__atomic_load_n(&bj->overflow, __ATOMIC_RELAXED) || !sinks_ok)
     attn_status_set(&st, ATTN_ERANGE,
                     "the gradients overflow float32; if lse was given, pass the lse of the "
                     "forward call on the same inputs");

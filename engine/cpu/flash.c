@@ -252,6 +252,19 @@ static void tile_step(blk_ctx *c, int64_t j0, int64_t nkt) {
   tile_values(c, vp, ldv, nkt);
 }
 
+/* Row ii's factor 1/l (1 for a split's partial), and its m (natural
+ * units) and l as the request reports them: with the head's sink folded
+ * in (a split's partials take it when they are merged). */
+static float row_norm(const blk_ctx *c, int64_t ii, int64_t h, double *mm, double *ll) {
+  const attn_request *r = c->a->r;
+  *mm = c->m[ii] * (float)M_LN2; /* back from base 2; -inf stays -inf */
+  *ll = c->l[ii];
+  if (!r->sinks || c->blk->po)
+    return c->blk->po ? 1.0f : c->l[ii] > 0 ? 1.0f / c->l[ii] : 0.0f;
+  const double a = attn__sink_fold(r->sinks[h], mm, ll);
+  return (float)(a / *ll);
+}
+
 /* A whole block: normalize once (a row with l = 0 saw no key and stays
  * O = 0) and write O and the statistics. A key-split block leaves its
  * unnormalized partial for the caller instead. */
@@ -266,7 +279,9 @@ static void finish_block(blk_ctx *c) {
     orows = c->vb;
   }
   for (int64_t ii = 0; ii < c->nrows; ii++) {
-    const float inv = blk->po ? 1.0f : c->l[ii] > 0 ? 1.0f / c->l[ii] : 0.0f;
+    const int64_t h = blk->h0 + ii / nq, i = blk->i0 + ii % nq;
+    double mm, ll;
+    const float inv = row_norm(c, ii, h, &mm, &ll);
     float *row = blk->po ? blk->po + ii * D : c->kb;
     for (int64_t d = 0; d < D; d++)
       row[d] = orows[ii * D + d] * inv;
@@ -275,20 +290,18 @@ static void finish_block(blk_ctx *c) {
       blk->pl[ii] = c->l[ii];
       continue;
     }
-    const int64_t h = blk->h0 + ii / nq, i = blk->i0 + ii % nq;
     if (r->o) /* NULL: only the statistics are wanted (the backward's lse) */
       store_row((char *)r->o +
                     (size_t)(blk->b * r->o_stride[0] + h * r->o_stride[1] + i * r->o_stride[2]) *
                         es,
                 row, r->dtype, D);
     const size_t srow = (size_t)((blk->b * r->heads_q + h) * r->seq_q + i);
-    float mm = c->m[ii] * (float)M_LN2; /* back from base 2; -inf stays -inf */
     if (r->m)
-      r->m[srow] = mm;
+      r->m[srow] = (float)mm;
     if (r->l)
-      r->l[srow] = c->l[ii];
+      r->l[srow] = (float)ll;
     if (r->lse)
-      r->lse[srow] = c->l[ii] > 0 ? mm + logf(c->l[ii]) : -INFINITY;
+      r->lse[srow] = ll > 0 ? (float)mm + logf((float)ll) : -INFINITY;
   }
 }
 

@@ -13,6 +13,8 @@
 
 #include "engine.h"
 
+#include <math.h>
+
 #define ATTN_FLASH_BQ 64
 #define ATTN_FLASH_BK 64
 
@@ -50,6 +52,21 @@ typedef struct attn__flash_block {
   int64_t j0, j1;
   float *po, *pm, *pl;
 } attn__flash_block;
+
+/*
+ * A row's statistics with its head's sink t folded in (attn_request.sinks:
+ * one more key, of logit t and value zero): from the running max m
+ * (natural units) and sum l of its keys to m' = max(m, t) and l' = l·e^(m -
+ * m') + e^(t - m'), returning e^(m - m'), the factor the row's
+ * unnormalized O takes. In double, so a sink far above the scores gives O
+ * = 0 and l' = 1, never an overflow; m = -inf (no key seen) gives m' = t.
+ */
+static inline double attn__sink_fold(double t, double *m, double *l) {
+  const double mn = *m > t ? *m : t, a = exp(*m - mn);
+  *l = *l * a + exp(t - mn);
+  *m = mn;
+  return a;
+}
 
 /* The amx kernel's packed key tiles of a request (pack_keys below): how many
  * per (batch, KV head) — BF16 its whole tiles, F16 all, the last padded —

@@ -101,6 +101,14 @@ void tcase_init(tcase *c, const tprob *p, uint64_t seed) {
     r->alibi_slopes = c->alibi;
     r->alibi_stride_b = p->alibi == 2 ? p->hq : 0;
   }
+  if (p->sinks) {
+    /* -3 .. 7 in steps of 2.5: from a sink the row hardly notices to one
+     * that takes most of the mass of a few hundred keys */
+    c->sinks = malloc((size_t)p->hq * sizeof *c->sinks);
+    for (int64_t h = 0; h < p->hq; h++)
+      c->sinks[h] = (float)(-3.0 + 2.5 * (double)(h % 5));
+    r->sinks = c->sinks;
+  }
   if (p->strided) {
     bnhd(r->q_stride, p->hq, p->nq, p->d);
     bnhd(r->o_stride, p->hq, p->nq, p->d);
@@ -129,6 +137,8 @@ void tcase_free(tcase *c) {
   free(c->dv);
   free(c->lse_in);
   free(c->alibi);
+  free(c->sinks);
+  free(c->dsinks);
   free(c->q);
   free(c->k);
   free(c->v);
@@ -372,11 +382,11 @@ terr tcheck(const tcase *c) {
 const char *tdesc(const tprob *p, char *buf, size_t cap) {
   snprintf(buf, cap,
            "B=%lld Hq=%lld Hkv=%lld Nq=%lld Nkv=%lld D=%lld %s causal=%d window=(%lld,%lld)%s%s "
-           "off=%lld softcap=%g alibi=%d",
+           "off=%lld softcap=%g alibi=%d%s",
            (long long)p->b, (long long)p->hq, (long long)p->hkv, (long long)p->nq,
            (long long)p->nkv, (long long)p->d, attn_dtype_name(p->dt), p->causal, (long long)p->wl,
            (long long)p->wr, p->strided ? " strided" : "", isnan(p->scale) ? "" : " scale",
-           (long long)tprob_off(p), p->softcap, p->alibi);
+           (long long)tprob_off(p), p->softcap, p->alibi, p->sinks ? " sinks" : "");
   return buf;
 }
 
@@ -481,6 +491,8 @@ void tcase_poison_grads(tcase *c) {
   memset(c->dq, 0xff, (size_t)(c->p.b * c->p.hq * c->p.nq * c->p.d) * es);
   memset(c->dk, 0xff, (size_t)(c->p.b * c->p.hkv * c->p.nkv * c->p.d) * es);
   memset(c->dv, 0xff, (size_t)(c->p.b * c->p.hkv * c->p.nkv * c->p.d) * es);
+  if (c->dsinks)
+    memset(c->dsinks, 0xff, (size_t)c->p.hq * sizeof *c->dsinks);
 }
 
 /* O (rounded to the dtype, at c's strides) and lse_in from the float64 forward. */
@@ -523,8 +535,11 @@ int tcase_backward(tcase *c, bool with_lse, uint64_t seed, attn_status *st) {
   c->dq = malloc(nq * es);
   c->dk = malloc(nk * es);
   c->dv = malloc(nk * es);
-  if (!c->dout || !c->dq || !c->dk || !c->dv)
+  if (p->sinks)
+    c->dsinks = malloc((size_t)p->hq * sizeof *c->dsinks);
+  if (!c->dout || !c->dq || !c->dk || !c->dv || (p->sinks && !c->dsinks))
     return attn_status_set(st, ATTN_ENOMEM, "out of memory");
+  r->dsinks = c->dsinks;
   for (size_t i = 0; i < nq; i++)
     attn_store_elem(c->dout, p->dt, i, (float)tuniform(&seed));
   r->pass = ATTN_BACKWARD;

@@ -18,6 +18,7 @@ typedef struct tprob {
   double softcap; /* 0: off */
   int alibi;      /* 0: off; 1: slopes [Hq]; 2: slopes [B, Hq] (tcase_init draws them) */
   int64_t diag;   /* the request's diag_offset; ATTN_DIAG_AUTO: Nkv - Nq */
+  bool sinks;     /* a sink logit per query head (tcase_init draws them) */
 } tprob;
 
 /* A problem with inputs filled, outputs poisoned (NaN) and allocated. The
@@ -29,7 +30,9 @@ typedef struct tcase {
   float *m, *l, *lse;
   void *dout, *dq, *dk, *dv;
   float *lse_in;
-  float *alibi; /* the slopes when p.alibi */
+  float *alibi;  /* the slopes when p.alibi */
+  float *sinks;  /* [Hq] when p.sinks */
+  float *dsinks; /* [Hq], a backward case's, when p.sinks */
 } tcase;
 
 tprob tprob_make(int64_t b, int64_t hq, int64_t hkv, int64_t nq, int64_t nkv, int64_t d,

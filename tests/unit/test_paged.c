@@ -294,6 +294,24 @@ Test(paged, windows_and_variants, .timeout = 600) {
   cr_assert_eq(fails, 0, "%d paged window and variant checks failed", fails);
 }
 
+/* Sinks: decoding (split keys, merged with the sink once) and prefill
+ * with rows that see no key, each against the float64 reference and the
+ * dense run bit for bit. */
+Test(paged, sinks, .timeout = 600) {
+  attn_engine *e[NISAS];
+  open_all(e);
+  int fails = 0;
+  tprob p = tprob_make(2, 8, 2, 1, 1300, 128, ATTN_F32);
+  p.sinks = true;
+  fails += run_everywhere(e, p, 110);
+  p = tprob_make(1, 5, 1, 90, 70, 64, ATTN_F32);
+  p.causal = true;
+  p.sinks = true;
+  fails += run_everywhere(e, p, 120);
+  close_all(e);
+  cr_assert_eq(fails, 0, "%d paged checks with sinks failed", fails);
+}
+
 /* A variable-length batch of three sequences, each with its own tables
  * (sequence b's at k_pages + b·Hkv·pages_per_head, its keys from 0): the
  * paged run equals the dense packed run bit for bit, and each sequence the

@@ -30,6 +30,7 @@ typedef struct vspec {
   attn_dtype dt;
   bool causal;
   int64_t wl, wr;
+  bool sinks;
 } vspec;
 
 typedef struct vcase {
@@ -53,6 +54,7 @@ static void vcase_init(vcase *v, const vspec *s, uint64_t seed) {
   p.wl = s->wl;
   p.wr = s->wr;
   p.stats = true;
+  p.sinks = s->sinks;
   tcase_init(&v->all, &p, seed);
   attn_request *r = &v->all.req;
   r->batch = s->nseq;
@@ -97,13 +99,14 @@ static int check_forward(vcase *v, const char *what) {
   for (int b = 0; b < s->nseq; b++) {
     if (!has_work(v, b)) {
       bool ok = rows_zero(v->all.o, s->dt, s->hq, r->seq_q, s->d, v->cuq[b], s->lq[b]);
-      for (int64_t h = 0; h < s->hq; h++)
+      for (int64_t h = 0; h < s->hq; h++) /* with a sink, the sink's statistics alone */
         for (int64_t i = 0; i < s->lq[b]; i++) {
-          int64_t at = h * r->seq_q + v->cuq[b] + i;
-          ok &= v->all.m[at] == -INFINITY && v->all.l[at] == 0 && v->all.lse[at] == -INFINITY;
+          const int64_t at = h * r->seq_q + v->cuq[b] + i;
+          const float t = s->sinks ? v->all.sinks[h] : -INFINITY;
+          ok &= v->all.m[at] == t && v->all.l[at] == (s->sinks ? 1 : 0) && v->all.lse[at] == t;
         }
-      cr_expect(ok, "%s: sequence %d (%lld queries, no key) is not O = 0, m = lse = -inf, l = 0",
-                what, b, (long long)s->lq[b]);
+      cr_expect(ok, "%s: sequence %d (%lld queries, no key) is not O = 0, m = lse = %s, l = %d",
+                what, b, (long long)s->lq[b], s->sinks ? "sink" : "-inf", s->sinks);
       fails += !ok;
       continue;
     }
@@ -144,7 +147,9 @@ static void make_backward(vcase *v, uint64_t seed) {
   a->dk = malloc(nk * row);
   a->dv = malloc(nk * row);
   a->lse_in = malloc(nq * 4);
-  cr_assert(a->dout && a->dq && a->dk && a->dv && a->lse_in);
+  a->dsinks = s->sinks ? malloc((size_t)s->hq * sizeof *a->dsinks) : NULL;
+  cr_assert(a->dout && a->dq && a->dk && a->dv && a->lse_in && (a->dsinks || !s->sinks));
+  r->dsinks = a->dsinks;
   r->pass = ATTN_BACKWARD;
   r->m = r->l = r->lse = NULL;
   r->dout = a->dout;
@@ -164,6 +169,30 @@ static void make_backward(vcase *v, uint64_t seed) {
     trows_copy(v->all.dout, c->dout, s->hq, r->seq_q, v->cuq[b], s->lq[b], row, false);
     trows_copy(v->all.lse_in, c->lse_in, s->hq, r->seq_q, v->cuq[b], s->lq[b], 4, false);
   }
+}
+
+/* dsinks sums the sequences': each one's float64 reference, alone. */
+static int check_dsinks(vcase *v, const char *what) {
+  const vspec *s = &v->s;
+  if (!s->sinks)
+    return 0;
+  double ref[8] = {0}, one[8], num = 0, den = 0;
+  attn_status st;
+  for (int b = 0; b < s->nseq; b++) {
+    if (!has_work(v, b))
+      continue;
+    cr_assert_eq(attn_reference_dsinks(&v->seq[b].req, one, &st), 0, "%s", st.message);
+    for (int64_t h = 0; h < s->hq; h++)
+      ref[h] += one[h];
+  }
+  for (int64_t h = 0; h < s->hq; h++) {
+    const double x = v->all.dsinks[h];
+    num += isnan(x) ? INFINITY : (x - ref[h]) * (x - ref[h]);
+    den += ref[h] * ref[h];
+  }
+  const double err = sqrt(num / den);
+  cr_expect(err <= ttol(s->dt), "%s: dsinks error %.3g (tol %.0e)", what, err, ttol(s->dt));
+  return err > ttol(s->dt);
 }
 
 static int check_backward(vcase *v, const char *what) {
@@ -194,7 +223,7 @@ static int check_backward(vcase *v, const char *what) {
               err.dk, err.dv, ttol(s->dt), err.zeros_ok ? "ok" : "WRONG");
     fails += !ok;
   }
-  return fails;
+  return fails + check_dsinks(v, what);
 }
 
 static int run_backward(attn_engine *e, vcase *v, const char *backend, bool with_lse,
@@ -210,14 +239,18 @@ static int run_backward(attn_engine *e, vcase *v, const char *backend, bool with
 /* The case list: empty sides, GQA, masks, every dtype, decode-like rows. */
 static int vspecs(vspec *out) {
   int n = 0;
-  out[n++] =
-      (vspec){6, {5, 0, 70, 1, 33, 64}, {5, 9, 0, 200, 20, 64}, 4, 2, 37, ATTN_F32, true, -1, -1};
-  out[n++] = (vspec){3, {100, 3, 0}, {130, 3, 7}, 2, 1, 64, ATTN_BF16, false, 8, 0};
-  out[n++] = (vspec){4, {1, 1, 1, 2}, {1500, 1, 2, 50}, 3, 3, 16, ATTN_F16, false, -1, -1};
+  out[n++] = (vspec){
+      6, {5, 0, 70, 1, 33, 64}, {5, 9, 0, 200, 20, 64}, 4, 2, 37, ATTN_F32, true, -1, -1, false};
+  out[n++] = (vspec){3, {100, 3, 0}, {130, 3, 7}, 2, 1, 64, ATTN_BF16, false, 8, 0, false};
+  out[n++] = (vspec){4, {1, 1, 1, 2}, {1500, 1, 2, 50}, 3, 3, 16, ATTN_F16, false, -1, -1, false};
   /* whole blocks of 64 rows and keys for the amx kernel's tiles */
-  out[n++] = (vspec){3, {192, 64, 130}, {256, 64, 70}, 4, 2, 128, ATTN_BF16, true, -1, -1};
-  out[n++] = (vspec){2, {0, 4}, {3, 0}, 2, 2, 8, ATTN_F32, false, -1, -1}; /* nothing to run */
-  vspec many = {40, {0}, {0}, 4, 1, 64, ATTN_F32, true, 20, -1};
+  out[n++] = (vspec){3, {192, 64, 130}, {256, 64, 70}, 4, 2, 128, ATTN_BF16, true, -1, -1, false};
+  out[n++] =
+      (vspec){2, {0, 4}, {3, 0}, 2, 2, 8, ATTN_F32, false, -1, -1, false}; /* nothing to run */
+  /* sinks: sequences with no key (the sink's statistics alone), and whole tiles */
+  out[n++] = (vspec){4, {5, 3, 70, 2}, {9, 0, 40, 300}, 5, 1, 32, ATTN_F32, true, -1, -1, true};
+  out[n++] = (vspec){2, {128, 64}, {192, 64}, 4, 2, 128, ATTN_BF16, false, -1, -1, true};
+  vspec many = {40, {0}, {0}, 4, 1, 64, ATTN_F32, true, 20, -1, false};
   for (int b = 0; b < many.nseq; b++) {
     many.lq[b] = 1 + (b * 7) % 50;
     many.lk[b] = many.lq[b] + (b % 3) * 5;
@@ -227,7 +260,7 @@ static int vspecs(vspec *out) {
 }
 
 Test(varlen, forward_every_isa, .timeout = 300) {
-  vspec specs[8];
+  vspec specs[10];
   int ns = vspecs(specs), fails = 0;
   for (int k = 0; k < NISAS; k++) {
     attn_engine *e = topen_isa(isas[k], 2);
@@ -250,7 +283,7 @@ Test(varlen, forward_every_isa, .timeout = 300) {
 }
 
 Test(varlen, backward_every_isa, .timeout = 300) {
-  vspec specs[8];
+  vspec specs[10];
   int ns = vspecs(specs), fails = 0;
   for (int k = 0; k < NISAS; k++) {
     attn_engine *e = topen_isa(isas[k], 2);
@@ -278,7 +311,7 @@ Test(varlen, backward_every_isa, .timeout = 300) {
 /* The visible pairs (and so the FLOPs) of a varlen batch are its sequences', and
  * so are the pairs it asks for. */
 Test(varlen, flops_sum_the_sequences) {
-  vspec s = {3, {4, 0, 6}, {4, 5, 2}, 2, 1, 8, ATTN_F32, true, -1, -1};
+  vspec s = {3, {4, 0, 6}, {4, 5, 2}, 2, 1, 8, ATTN_F32, true, -1, -1, false};
   vcase *v = malloc(sizeof *v);
   vcase_init(v, &s, 1);
   /* causal square 4x4: 10 pairs; no query: 0; 6 queries over 2 keys: the
@@ -299,7 +332,7 @@ static void expect_refused(attn_request *r, int code, const char *needle) {
 }
 
 Test(varlen, bad_offsets_refused) {
-  vspec s = {3, {4, 0, 6}, {4, 5, 2}, 2, 1, 8, ATTN_F32, false, -1, -1};
+  vspec s = {3, {4, 0, 6}, {4, 5, 2}, 2, 1, 8, ATTN_F32, false, -1, -1, false};
   vcase *v = malloc(sizeof *v);
   vcase_init(v, &s, 1);
   attn_request *r = &v->all.req;

@@ -122,6 +122,17 @@ def reference_backward(q, k, v, do, causal=False, scale=None, window=(-1, -1), s
     return grads + (-(p0 * rowdot[..., 0]).sum(axis=(0, 2)),)
 
 
+def reference_dsinks(o, do, lse, sinks):
+    """The contract's dsinks from a given O (as sent to a backward request, rounded to its
+    dtype): -sum over batch and rows of exp(sinks[h] - lse) (dO . O), float64 [Hq]."""
+    o, do = (np.asarray(x, np.float64) for x in (o, do))
+    lift = (1,) * (4 - o.ndim)
+    o, do = o.reshape(lift + o.shape), do.reshape(lift + do.shape)
+    lse = np.asarray(lse, np.float64).reshape(o.shape[:-1])
+    p0 = np.exp(_sink_logits(sinks, lse.shape) - lse)
+    return -(p0 * (o * do).sum(axis=-1)).sum(axis=(0, 2))
+
+
 #: the normalized error allowed against the float64 reference, by the dtype sent
 TOL = {np.float32: 1e-5, np.float16: 1e-3}
 TOL_BF16 = 8e-3

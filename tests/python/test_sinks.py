@@ -14,7 +14,8 @@ import pytest
 
 import attnd
 
-from attn_ref import BF16, TOL, TOL_BF16, reference, reference_backward, rel_err
+from attn_ref import BF16, TOL, TOL_BF16, reference, reference_backward, reference_dsinks, \
+    rel_err
 from conftest import _serve, attnd_error
 
 # (q shape, kv shape, options)
@@ -198,7 +199,13 @@ def test_backward(client, case, dtype, wire):
     o, _, _, lse = client.attention(q, k, v, sinks=sinks, stats=True, bf16=bf16, **opts)
     got = client.attention_backward(q, k, v, o, do, lse, sinks=sinks, bf16=bf16,
                                     json=(wire == "json"), **opts)
-    _check_grads(got, reference_backward(*wide, sinks=sinks, **opts), DTYPES[dtype])
+    ref = reference_backward(*wide, sinks=sinks, **opts)
+    # dsinks is a sum of dO·O over the rows, with O as sent (rounded to the dtype): the
+    # contract's formula on that O, beside the float64 O's (a rounded O moves it further)
+    lse64 = reference(*wide[:3], sinks=sinks, **opts)[3]
+    _check_grads(got, ref[:3] + (reference_dsinks(_wide(o), wide[3], lse64, sinks),),
+                 DTYPES[dtype])
+    assert rel_err(got[3], ref[3]) <= 4 * DTYPES[dtype]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

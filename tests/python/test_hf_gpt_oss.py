@@ -7,12 +7,17 @@ and its ``sliding_window`` to the function registered below, which calls
 attnd.torch.attention (causal, window_left = sliding_window - 1, sinks); the eager path is
 transformers' eager_attention_forward (the sink column concatenated to the scores) with the
 masks transformers builds. Both layers' outputs, the model's, and the gradients of every
-layer's sinks and projections must agree.
+layer's sinks and projections must agree. Then GptOssForCausalLM generates on an attnd
+session through examples/hf_attnd.py (which passes each layer's sliding_window and sinks
+to the session call) the same greedy tokens, with the same logits, as with eager attention.
 
 It needs torch and transformers, which the test venv does not have: run it with
 ATTND_BIN=build/attnd build/peers-venv/bin/python -m pytest -q tests/python/test_hf_gpt_oss.py
 Elsewhere it prints "skipped: <reason>" and skips.
 """
+
+import os
+import sys
 
 import numpy as np
 import pytest
@@ -20,6 +25,7 @@ import pytest
 import attnd
 
 from attn_ref import rel_err
+from conftest import ROOT
 
 NAME = "attnd_stateless"   # the attention implementation registered here
 CALLS = []                 # (layer, window_left, Nq, Nkv) of each call it served
@@ -60,21 +66,25 @@ def hf(request):
     return torch, gpt_oss
 
 
-def _model(torch, gpt_oss, seed=0):
-    """Two layers, sliding (window 4) then full, GQA 4/2, D 16; sinks drawn far from their
-    initial ~0 so that they weigh in the softmax."""
-    cfg = gpt_oss.GptOssConfig(
+def _config(gpt_oss):
+    return gpt_oss.GptOssConfig(
         num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"],
         sliding_window=4, vocab_size=96, hidden_size=64, intermediate_size=32, head_dim=16,
         num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
         num_experts_per_tok=2, max_position_embeddings=256, initializer_range=0.2,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+
+
+def _model(torch, gpt_oss, seed=0, lm=False):
+    """Two layers, sliding (window 4) then full, GQA 4/2, D 16; sinks drawn far from their
+    initial ~0 so that they weigh in the softmax. lm: GptOssForCausalLM."""
+    cfg = _config(gpt_oss)
     cfg._attn_implementation = "eager"
     torch.manual_seed(seed)
-    model = gpt_oss.GptOssModel(cfg).float().eval()
+    model = (gpt_oss.GptOssForCausalLM if lm else gpt_oss.GptOssModel)(cfg).float().eval()
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
-        for layer in model.layers:
+        for layer in (model.model if lm else model).layers:
             layer.self_attn.sinks.copy_(torch.empty(4).uniform_(-1.0, 2.0, generator=g))
     return model
 
@@ -143,3 +153,19 @@ def test_gradients_match_eager(hf):
         assert err <= 1e-4, (n, err)
     sinks_grad = _np(grads[NAME]["layers.0.self_attn.sinks"])
     assert np.all(np.abs(sinks_grad) > 0)
+
+
+def test_generation_on_sessions(hf, server):
+    """9 prompt tokens and 12 greedy steps: past the sliding window of 4 on the session,
+    which keeps every token and masks at each call."""
+    torch, gpt_oss = hf
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    import hf_attnd
+    model = _model(torch, gpt_oss, seed=6, lm=True)
+    prompt = torch.randint(0, 96, (1, 9), generator=torch.Generator().manual_seed(7))
+    want, want_logits = hf_attnd.generate(model, prompt, 12)
+    got, logits, _, lengths = hf_attnd.on_session(model, server.client(), "gpt-oss-tiny",
+                                                  prompt, 12)
+    assert got == want
+    assert rel_err(_np(logits), _np(want_logits)) <= 1e-5
+    assert lengths == [9 + 11, 9 + 11]

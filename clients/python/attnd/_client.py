@@ -272,11 +272,11 @@ class Client:
             O of q's shape, or, with ``stats=True``, a tuple ``(o, m, l, lse)`` whose
             statistics are float32 of q's shape minus the last dimension. A row with no
             visible key has o = 0, m = lse = -inf and l = 0 (with sinks: m = lse =
-            ``sinks[h]``, l = 1). When an input is a torch
-            tensor, every result is a torch tensor on that input's device, O in the dtype
-            sent (float32, float16 or bfloat16); otherwise numpy arrays, BF16 as
-            ``ml_dtypes.bfloat16`` when ml_dtypes can be imported and as ``uint16`` raw
-            bits (widen with :func:`bf16_to_float32`) when it cannot.
+            ``sinks[h]``, l = 1). When an input is a torch tensor, every result is a torch
+            tensor on that input's device, O in the dtype sent (float32, float16 or
+            bfloat16); otherwise numpy arrays, BF16 as ``ml_dtypes.bfloat16`` when
+            ml_dtypes can be imported and as ``uint16`` raw bits (widen with
+            :func:`bf16_to_float32`) when it cannot.
 
         Raises:
             AttndError: the server refused the request (``.status``, ``.code``,

@@ -28,12 +28,14 @@ static const char usage[] =
     "                    [--backend auto|cpu|cuda|reference] [--backward]\n"
     "                    [--isa auto|amx|avx512bf16|avx512|avx2|generic]\n"
     "\n"
-    "Reads tensors q, k, v from IN, computes attention in this process and writes o\n"
-    "(and m, l, lse with --stats) to OUT. Flags are options as in the HTTP query\n"
+    "Reads tensors q, k, v (and the optional alibi_slopes, sinks) from IN, computes\n"
+    "attention in this process and writes o (and m, l, lse with --stats) to OUT.\n"
+    "Flags are options as in the HTTP query\n"
     "string; IN's __metadata__, when it sets the same option, wins (as over HTTP).\n"
     "--backward computes the backward pass instead, as POST /attention/backward does:\n"
     "IN holds q, k, v, o (the forward's output), do (dL/dO) and optionally lse (the\n"
-    "forward's, F32), and OUT gets dq, dk, dv (--stats is refused).\n"
+    "forward's, F32), and OUT gets dq, dk, dv, and dsinks when IN has sinks (--stats\n"
+    "is refused).\n"
     "--isa picks the CPU kernel (default: the best this CPU runs); one the CPU lacks\n"
     "is an error.\n";
 

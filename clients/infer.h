@@ -31,7 +31,9 @@ typedef struct tool_infer_args {
   int64_t nalibi;
   int alibi_rank;         /* 0: a comma list; 1 or 2: a file's [Hq] or [B, Hq] */
   int64_t alibi_shape[2]; /* the file's */
-  int64_t *cu_q, *cu_kv;  /* --cu-seqlens-q/kv (malloc'd), or NULL */
+  float *sinks;           /* --sinks (malloc'd), or NULL: F32 [Hq] */
+  int64_t nsinks;
+  int64_t *cu_q, *cu_kv; /* --cu-seqlens-q/kv (malloc'd), or NULL */
   int64_t ncu_q, ncu_kv;
   attn_sbuf query; /* the same flags as a query string */
 } tool_infer_args;
@@ -64,7 +66,8 @@ void tool_infer_print_report(const tool_infer_args *a, const attn_proto_req *pr,
                              const char *backend, size_t up, bool wrote_out);
 
 /* --check: the reply in pr's outputs against float64 attention (for a
- * backward request, dq, dk, dv against the float64 reference backward);
+ * backward request, dq, dk, dv against the float64 reference backward, and
+ * dsinks with sinks against attn_reference_dsinks());
  * prints the check line and returns the exit status (0 pass, 1 fail). */
 int tool_infer_check(const tool_infer_args *a, const attn_proto_req *pr);
 
@@ -73,6 +76,9 @@ int tool_infer_check(const tool_infer_args *a, const attn_proto_req *pr);
  * after a message. */
 int tool_infer_parse_offsets(const char *flag, const char *s, int64_t **pv, int64_t *pn);
 int tool_infer_parse_slopes(const char *s, tool_infer_args *a);
+/* --sinks as a comma list of Hq numbers or a FILE.safetensors holding the
+ * F32 tensor sinks; 0, or 2 after a message. */
+int tool_infer_parse_sinks(const char *s, tool_infer_args *a);
 /* With --cu-seqlens-q/kv: both given, no IN or --shards, and a->shape,
  * a->shape_kv with B the sequence count and N the totals (a --shape or
  * --shape-kv saying otherwise is refused). 0, or 2 after a message. */

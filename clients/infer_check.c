@@ -4,7 +4,8 @@
  * tolerances the usage text gives: normalized error of o per dtype, and m,
  * l, lse within 1e-5 relative to max(1, |ref|); for a backward reply, the
  * normalized errors of dq, dk and dv against the float64 reference backward
- * (attn_reference_backward()) with o's tolerance.
+ * (attn_reference_backward()) with o's tolerance, and with sinks dsinks
+ * against attn_reference_dsinks() with the same.
  */
 #include "infer.h"
 
@@ -70,7 +71,8 @@ static void add_rows(const attn_proto_req *pr, int64_t g, int64_t total, int64_t
 
 /* Float64 attention of one problem into o and st (as add_rows() reads
  * them); a problem with no key is the definition's O = 0, m = lse = -inf,
- * l = 0 (the reference takes at least one key). */
+ * l = 0 (the reference takes at least one key), or with sinks m = lse =
+ * sinks[h], l = 1: the sink is the one key of the row. */
 static int reference(const attn_request *r, double *o, double *st, attn_status *s) {
   const size_t rows = (size_t)(r->batch * r->heads_q * r->seq_q);
   if (r->seq_kv > 0)
@@ -78,8 +80,9 @@ static int reference(const attn_request *r, double *o, double *st, attn_status *
   for (size_t i = 0; i < rows * (size_t)r->head_dim; i++)
     o[i] = 0;
   for (size_t i = 0; i < rows; i++) {
-    st[i] = st[2 * rows + i] = -INFINITY;
-    st[rows + i] = 0;
+    const double sink = r->sinks ? r->sinks[i / (size_t)r->seq_q % (size_t)r->heads_q] : -INFINITY;
+    st[i] = st[2 * rows + i] = sink;
+    st[rows + i] = r->sinks ? 1 : 0;
   }
   return 0;
 }
@@ -136,31 +139,47 @@ static double norm_err(const void *x, attn_dtype dt, const double *ref, size_t n
   return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-/* A backward reply: dq, dk, dv against the float64 reference backward on
- * the same inputs (which reads neither o nor lse but checks them). */
-static int check_backward(const tool_infer_args *a, const attn_proto_req *pr) {
-  const attn_request *r = &pr->req;
-  size_t nq = rows_of(r) * (size_t)r->head_dim;
-  size_t nk = (size_t)(r->batch * r->heads_kv * r->seq_kv * r->head_dim);
-  double *g = malloc((nq + 2 * nk) * sizeof *g), e[3] = {0, 0, 0};
+/* The float64 gradients of a backward request into g: dq, dk, dv, then
+ * dsinks [Hq] when it has sinks. 0, or 1 after a message. */
+static int reference_grads(const attn_request *r, size_t nq, size_t nk, double *g) {
   attn_status s;
   int rc = g ? attn_reference_backward(r, g, g + nq, g + nq + nk, &s) : -1;
+  if (rc == 0 && r->sinks)
+    rc = attn_reference_dsinks(r, g + nq + 2 * nk, &s);
   if (rc < 0)
     fprintf(stderr, TOOL_INFER_ME ": --check: %s\n",
             g ? s.message : "out of memory for the float64 reference");
-  const void *got[3] = {r->dq, r->dk, r->dv};
-  for (int i = 0; i < 3 && rc == 0; i++)
-    e[i] = norm_err(got[i], r->dtype, g + (i ? nq + (size_t)(i - 1) * nk : 0), i ? nk : nq);
-  free(g);
-  if (rc < 0)
+  return rc < 0 ? 1 : 0;
+}
+
+/* A backward reply: dq, dk, dv (and dsinks) against the float64 reference
+ * backward on the same inputs (which reads neither o nor lse but checks
+ * them). */
+static int check_backward(const tool_infer_args *a, const attn_proto_req *pr) {
+  const attn_request *r = &pr->req;
+  size_t nq = rows_of(r) * (size_t)r->head_dim, ns = r->sinks ? (size_t)r->heads_q : 0;
+  size_t nk = (size_t)(r->batch * r->heads_kv * r->seq_kv * r->head_dim);
+  double *g = malloc((nq + 2 * nk + ns) * sizeof *g), e[4] = {0, 0, 0, 0};
+  if (reference_grads(r, nq, nk, g) != 0) {
+    free(g);
     return 1;
+  }
+  const void *got[3] = {r->dq, r->dk, r->dv};
+  for (int i = 0; i < 3; i++)
+    e[i] = norm_err(got[i], r->dtype, g + (i ? nq + (size_t)(i - 1) * nk : 0), i ? nk : nq);
+  if (ns)
+    e[3] = norm_err(r->dsinks, ATTN_F32, g + nq + 2 * nk, ns);
+  free(g);
   double tol = tolerance(r->dtype);
-  bool pass = e[0] <= tol && e[1] <= tol && e[2] <= tol;
-  if (!pass || !a->quiet)
-    fprintf(pass ? stdout : stderr,
-            "check     dq %.2e, dk %.2e, dv %.2e (tolerance %s %g) against the float64 "
-            "backward: %s\n",
-            e[0], e[1], e[2], attn_dtype_name(r->dtype), tol, pass ? "PASS" : "FAIL");
+  bool pass = e[0] <= tol && e[1] <= tol && e[2] <= tol && e[3] <= tol;
+  if (pass && a->quiet)
+    return 0;
+  FILE *f = pass ? stdout : stderr;
+  fprintf(f, "check     dq %.2e, dk %.2e, dv %.2e", e[0], e[1], e[2]);
+  if (ns)
+    fprintf(f, ", dsinks %.2e", e[3]);
+  fprintf(f, " (tolerance %s %g) against the float64 backward: %s\n", attn_dtype_name(r->dtype),
+          tol, pass ? "PASS" : "FAIL");
   return pass ? 0 : 1;
 }
 

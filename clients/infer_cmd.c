@@ -40,6 +40,7 @@ static const char usage[] =
     "                  [--dtype F32|F16|BF16] [--seed N] [--json] [--causal] [--scale X]\n"
     "                  [--window-left N] [--window-right N] [--diag-offset N] [--stats]\n"
     "                  [--softcap X] [--alibi-slopes S1,S2,...|FILE.safetensors]\n"
+    "                  [--sinks S1,S2,...|FILE.safetensors]\n"
     "                  [--cu-seqlens-q a,b,... --cu-seqlens-kv a,b,...]\n"
     "                  [--backend auto|cpu|cuda|reference] [--check] [--out FILE]\n"
     "                  [--timeout SECONDS] [--quiet] [--backward]\n"
@@ -63,6 +64,10 @@ static const char usage[] =
     "                  a comma list of Hq numbers ([Hq]) or B*Hq ([B, Hq]), or a\n"
     "                  NAME.safetensors file holding alibi_slopes (F32 [Hq] or [B, Hq]);\n"
     "                  with IN, IN's own tensor alibi_slopes is used\n"
+    "  --sinks         without IN: attention sinks (gpt-oss) sent as the F32 tensor\n"
+    "                  sinks [Hq], one logit a query head: a comma list of Hq numbers\n"
+    "                  or a NAME.safetensors file holding sinks; with IN, IN's own\n"
+    "                  tensor sinks is used. A backward reply then has dsinks too\n"
     "  --cu-seqlens-q, --cu-seqlens-kv\n"
     "                  without IN: a variable-length batch, B+1 offsets each (sent as I64\n"
     "                  tensors cu_seqlens_q/kv); q is [Hq, total_q, D], k and v [Hkv,\n"
@@ -77,8 +82,8 @@ static const char usage[] =
     "  --backward      the backward pass: POST URL/attention/backward with q, k, v,\n"
     "                  o, do [, lse] (IN must hold them; without IN, o and lse come\n"
     "                  from a forward pass run here and do is random); the reply is\n"
-    "                  dq, dk, dv, and --check compares them with the float64\n"
-    "                  reference backward (same tolerances as o)\n"
+    "                  dq, dk, dv (and dsinks with sinks), and --check compares them\n"
+    "                  with the float64 reference backward (same tolerances as o)\n"
     "  --shards URLS   exact attention with K/V split along Nkv across these servers\n"
     "                  (comma-separated base URLs, no URL argument): shard [a, b) goes\n"
     "                  to one server with diag_offset = off - a and stats, all in\n"
@@ -128,6 +133,7 @@ static int infer_flag(int c, tool_infer_args *a) {
   case 'W': a->pass = ATTN_BACKWARD; return 0;
   case 'o': a->out = optarg; return 0;
   case 'A': return tool_infer_parse_slopes(optarg, a);
+  case 'G': return tool_infer_parse_sinks(optarg, a);
   case 'U': return tool_infer_parse_offsets("--cu-seqlens-q", optarg, &a->cu_q, &a->ncu_q);
   case 'V': return tool_infer_parse_offsets("--cu-seqlens-kv", optarg, &a->cu_kv, &a->ncu_kv);
   case 'D': a->shards = optarg; return 0;
@@ -150,6 +156,7 @@ static int parse_flags(int argc, char **argv, tool_infer_args *a) {
                                         {"quiet", no_argument, 0, 'Q'},
                                         {"backward", no_argument, 0, 'W'},
                                         {"alibi-slopes", required_argument, 0, 'A'},
+                                        {"sinks", required_argument, 0, 'G'},
                                         {"shards", required_argument, 0, 'D'},
                                         {"cu-seqlens-q", required_argument, 0, 'U'},
                                         {"cu-seqlens-kv", required_argument, 0, 'V'},
@@ -198,9 +205,13 @@ static int parse_args(int argc, char **argv, tool_infer_args *a) {
   }
   a->url = a->shards ? "http://shards" : argv[optind];
   a->in = npos > nurl ? argv[optind + nurl] : NULL;
-  if (a->in && a->alibi) {
-    fprintf(stderr, ME ": --alibi-slopes goes with random tensors; with IN, IN's own tensor "
-                       "alibi_slopes is used: put it there\n");
+  if (a->in && (a->alibi || a->sinks)) {
+    const char *f = a->alibi ? "--alibi-slopes" : "--sinks",
+               *t = a->alibi ? "alibi_slopes" : "sinks";
+    fprintf(stderr,
+            ME ": %s goes with random tensors; with IN, IN's own tensor %s is used: put "
+               "it there\n",
+            f, t);
     return 2;
   }
   attn_status st;
@@ -324,6 +335,7 @@ static void tensor_table(const attn_request *r, attn_proto_tensor t[ATTN_PROTO_M
                                                    1,
                                                    {r->batch + 1},
                                                    i ? r->cu_seqlens_kv : r->cu_seqlens_q};
+  t[ATTN_PROTO_T_SINKS] = (attn_proto_tensor){"sinks", ATTN_F32, 1, {r->heads_q}, r->sinks};
 }
 
 /*
@@ -356,6 +368,12 @@ static int make_random(tool_infer_args *a, infer_bufs *ib, char **pbody, size_t 
       return 2;
     bc->req.alibi_slopes = a->alibi;
   }
+  if (a->sinks && a->nsinks != a->shape[1]) {
+    fprintf(stderr, ME ": --sinks has %lld numbers; give Hq = %lld, one a query head\n",
+            (long long)a->nsinks, (long long)a->shape[1]);
+    return 2;
+  }
+  bc->req.sinks = a->sinks;
   if (a->pass == ATTN_BACKWARD && (rc = backward_inputs(a, ib)) != 0)
     return rc;
   const attn_request *r = &bc->req;
@@ -466,6 +484,7 @@ int tool_cmd_infer(int argc, char **argv) {
   if (status != 0) {
     free(a.query.p);
     free(a.alibi);
+    free(a.sinks);
     free(a.cu_q);
     free(a.cu_kv);
     return status < 0 ? 0 : status;
@@ -481,6 +500,11 @@ int tool_cmd_infer(int argc, char **argv) {
   if (status == 0 && a.shards && !local_ok) {
     fprintf(stderr, ME ": --shards: %s\n", local_err);
     status = 1;
+  } else if (status == 0 && a.shards && pr.req.sinks) {
+    /* each shard's softmax would hold the sink once more than the whole's */
+    fprintf(stderr, ME ": --shards does not merge sinks yet; send a request with sinks to one "
+                       "server\n");
+    status = 2;
   } else if (status == 0 && a.shards) {
     status = tool_infer_sharded(&a, &pr);
   } else if (status == 0) {
@@ -491,6 +515,7 @@ int tool_cmd_infer(int argc, char **argv) {
   free(body);
   free(a.query.p);
   free(a.alibi);
+  free(a.sinks);
   free(a.cu_q);
   free(a.cu_kv);
   return status;

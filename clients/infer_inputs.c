@@ -1,7 +1,7 @@
 /*
  * infer_inputs.c — the optional inputs of a random `attn infer` request:
  * --cu-seqlens-q/kv offsets and the shapes they imply, and --alibi-slopes
- * as a comma list or a safetensors file.
+ * and --sinks as a comma list or a safetensors file.
  *
  * A variable-length batch takes its B and totals from the offsets (B + 1
  * of each) and Hq, Hkv, D from --shape/--shape-kv; a --shape or --shape-kv
@@ -144,6 +144,58 @@ int tool_infer_parse_slopes(const char *s, tool_infer_args *a) {
     a->alibi[i] = (float)v;
   }
   return a->alibi ? 0 : 2;
+}
+
+/* --sinks FILE.safetensors: its tensor sinks, F32 [Hq] (Hq checked
+ * against --shape when the request is made). */
+static int sinks_file(const char *path, tool_infer_args *a) {
+  void *body;
+  size_t len;
+  if (tool_read_file(path, &body, &len) < 0) {
+    fprintf(stderr, ME ": cannot read %s: %s\n", path, strerror(errno));
+    return 2;
+  }
+  attn_proto_tensor t;
+  void *copy;
+  attn_status st;
+  int rc = attn_proto_safetensors_tensor(body, len, ATTN_PROTO_T_SINKS, &t, &copy, &st);
+  free(body);
+  const char *why = rc < 0                ? st.message
+                    : !t.data             ? "it holds no tensor sinks"
+                    : t.dtype != ATTN_F32 ? "its sinks is not F32"
+                    : t.rank != 1         ? "its sinks is not [Hq]"
+                                          : NULL;
+  if (why) {
+    fprintf(stderr, ME ": --sinks %s: %s\n", path, why);
+    free(copy);
+    return 2;
+  }
+  free(a->sinks);
+  a->sinks = copy;
+  a->nsinks = t.shape[0];
+  return 0;
+}
+
+int tool_infer_parse_sinks(const char *s, tool_infer_args *a) {
+  size_t n = strlen(s);
+  if (n > 12 && !strcmp(s + n - 12, ".safetensors"))
+    return sinks_file(s, a);
+  free(a->sinks);
+  a->nsinks = tool_arg_list_len(s);
+  a->sinks = malloc((size_t)a->nsinks * sizeof *a->sinks);
+  const char *p = s;
+  for (int64_t i = 0; a->sinks && i < a->nsinks; i++) {
+    double v;
+    if (!tool_arg_list_double(&p, i + 1 == a->nsinks, &v)) {
+      fprintf(stderr,
+              ME ": --sinks expects a file NAME.safetensors or finite numbers separated by "
+                 "commas, one a query head (got \"%s\")\n",
+              s);
+      return 2;
+    }
+    a->sinks[i] = (float)v;
+  }
+  return a->sinks ? 0 : 2;
 }
 
 int tool_infer_alibi_shape(const tool_infer_args *a, int64_t *stride_b) {

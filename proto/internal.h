@@ -143,7 +143,7 @@ extern const char *const attn__v2_out_names[ATTN_V2_NOUTS];
  * table from alibi_slopes on; attn__v2_slot() gives each one's place there. */
 enum { ATTN__V2_NIN = 7, ATTN__V2_ALIBI = 3, ATTN__V2_CU_Q = 4, ATTN__V2_SINKS = 6 };
 _Static_assert(ATTN_PROTO_T_SINKS - ATTN_PROTO_T_ALIBI == ATTN__V2_SINKS - ATTN__V2_ALIBI,
-               "the v2 inputs from alibi_slopes on follow the tensor table");
+               "v2 names from alibi_slopes on keep the tensor table's order");
 static inline int attn__v2_slot(int i) {
   return i < ATTN__V2_ALIBI ? i : ATTN_PROTO_T_ALIBI + (i - ATTN__V2_ALIBI);
 }

@@ -186,6 +186,14 @@
       stats: true,
       backend: $("pg-backend").value,
     };
+    const sinks = $("pg-sinks").value.trim();
+    if (sinks !== "") {
+      const hq = dims4(q.shape).h, parts = sinks.split(",").map((x) => x.trim());
+      const s = parts.map(Number);
+      if (s.length !== hq || !parts.every((x, i) => x !== "" && isFinite(s[i])))
+        throw new Error("sinks must be " + hq + " finite numbers (one per query head), comma-separated");
+      body.sinks = s;
+    }
     const sc = $("pg-scale").value.trim();
     if (sc !== "") {
       const s = Number(sc);
@@ -316,7 +324,8 @@
   }
 
   /* P for (b, h) in float64 from the request's Q and K and the reply's m and
-   * l, with the same mask the server applies. */
+   * l, with the same mask the server applies. A sink takes its share of l
+   * too: the row's sum counts it, so that visible rows still sum to 1. */
   function heatCompute() {
     if (!state.last || state.last.status !== 200) return;
     const req = state.last.request, reply = state.last.reply;
@@ -343,6 +352,7 @@
         sum += pr[j];
         if (pr[j] > max) max = pr[j];
       }
+      if (req.sinks && m !== null && l > 0) sum += Math.exp(req.sinks[h] - m) / l;
       p.push(pr); s.push(sr); visible.push(vr); rowSums.push(sum);
     }
     state.heat = { b: b, h: h, nq: nq, nkv: nkv, p: p, s: s, visible: visible, rowSums: rowSums, max: max, cursor: null };

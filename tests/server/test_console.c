@@ -49,6 +49,9 @@ Test(console, page_script_and_style_with_their_types) {
                "api(\"/v1/sessions\")");
   expect_asset("/", "text/html; charset=utf-8", "id=\"sess-table\"");
   expect_asset("/console/console.css", "text/css; charset=utf-8", ".heatwrap");
+  /* the playground's sinks: a field, sent as the request's tensor sinks */
+  expect_asset("/", "text/html; charset=utf-8", "id=\"pg-sinks\"");
+  expect_asset("/console/console.js", "text/javascript; charset=utf-8", "body.sinks = s;");
 }
 
 Test(console, etag_revalidates_with_304) {

@@ -868,3 +868,53 @@ Test(infer, alibi_slopes_file) {
   unlink(f2);
   unlink(bad);
 }
+
+/* --sinks as a list or a FILE.safetensors: forward (o and the statistics)
+ * and backward (dq, dk, dv and dsinks) checked against float64, on the
+ * default backend and the reference one; lists and files that do not fit
+ * refused before sending. */
+Test(infer, sinks_check) {
+  srv_start(&S, "--threads", "2", NULL);
+  static const float v[4] = {0.5f, -1, 2, 0.25f};
+  char f[128], bad[128], dead[64];
+  tmp_path("sinks.safetensors", f, sizeof f);
+  tmp_path("bad-sinks.safetensors", bad, sizeof bad);
+  write_slopes(f, "sinks", "F32", "[4]", v, 4);
+  const char *const backends[2] = {"auto", "reference"};
+  char *out;
+  int rc;
+  for (int b = 0; b < 2; b++) {
+    rc = infer(&out, S.url, "--shape", "2,4,20,16", "--shape-kv", "2,2,30,16", "--causal",
+               "--sinks", "0.5,-1,2,0.25", "--stats", "--check", "--backend", backends[b], NULL);
+    expect_pass(rc, out, backends[b]);
+    free(out);
+    rc = infer(&out, S.url, "--shape", "1,4,12,8", "--sinks", f, "--json", "--check", "--backend",
+               backends[b], NULL);
+    expect_pass(rc, out, "sinks file");
+    free(out);
+    rc = infer(&out, S.url, "--backward", "--shape", "1,4,24,16", "--shape-kv", "1,2,24,16",
+               "--causal", "--sinks", f, "--check", "--backend", backends[b], NULL);
+    expect_pass(rc, out, "backward with sinks");
+    cr_expect(strstr(out, "dsinks "), "no dsinks in the check line:\n%s", out);
+    free(out);
+  }
+  write_slopes(bad, "sinks", "F16", "[4]", v, 2);
+  const char *const refused[][4] = {
+      {"--sinks", "1,2,3", "give Hq = 4", NULL},
+      {"--sinks", "1,x", "finite numbers", NULL},
+      {"--sinks", bad, "its sinks is not F32", NULL},
+  };
+  for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+    rc = infer(&out, dead_url(dead, sizeof dead), "--shape", "1,4,8,8", refused[i][0],
+               refused[i][1], NULL);
+    cr_expect_eq(rc, 2, "[%zu] status %d:\n%s", i, rc, out);
+    cr_expect(strstr(out, refused[i][2]) != NULL, "[%zu] \"%s\" not in:\n%s", i, refused[i][2],
+              out);
+    free(out);
+  }
+  rc = infer(&out, "--shards", S.url, "--shape", "1,4,8,8", "--sinks", f, NULL);
+  cr_expect(rc == 2 && strstr(out, "--shards does not merge sinks"), "%d %s", rc, out);
+  free(out);
+  unlink(f);
+  unlink(bad);
+}

@@ -78,7 +78,9 @@ static int cuda_supports(void *state, const attn_request *r, attn_status *st) {
     return attn_status_set(st, ATTN_EUNSUPPORTED, "host pages (sessions) run on the cpu backend");
   if (r->sinks) /* backend auto takes the cpu instead */
     return attn_status_set(st, ATTN_EUNSUPPORTED,
-                           "cuda: the kernels do not take sinks yet; use backend cpu or auto");
+                           "cuda: the kernels do not take sinks yet (backend auto runs a "
+                           "request with sinks on the cpu; a session kept on the device "
+                           "cannot use them)");
   int rc = r->k_pages ? attn__cu_pages_check(s, r, st) : 0;
   if (rc)
     return rc;

@@ -123,7 +123,7 @@ def test_attention_matches_eager(hf):
         err = rel_err(_np(got_layers[i]), _np(want_layers[i]))
         assert err <= 1e-5, ("layer %d" % i, err)
     assert rel_err(_np(got), _np(want)) <= 1e-5
-    # the sinks and the window are not ignored: without them the answer moves
+    # the sinks weigh: with each at -30 (no weight left) the answer moves
     with torch.no_grad():
         for layer in model.layers:
             layer.self_attn.sinks.fill_(-30.0)

@@ -129,7 +129,7 @@ def make_file(r, path):
         elif r["dtype"] == "F16":
             x = x.astype(np.float16)
         tensors.append((name, r["dtype"], x))
-    if r.get("sinks"):
+    if r["sinks"]:
         tensors.append(("sinks", "F32", rng.uniform(5.0, 10.0, r["h"]).astype(np.float32)))
     meta = {"causal": "true"} if r["causal"] else None
     with open(path, "wb") as f:

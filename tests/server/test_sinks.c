@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static srv S;
 static void teardown(void) { srv_cleanup(&S); }
@@ -500,4 +501,151 @@ Test(sinks, bad_sinks_are_422) {
   free(edited);
   free(buf);
   tcase_free(&c);
+}
+
+/* ---- session calls computed together ---------------------------------------- */
+
+#define SD 4
+#define HELD_Q0 "1234.5"
+
+static hold_gate G;
+static void sched_teardown(void) {
+  if (G.path[0])
+    hold_release(&G);
+  srv_cleanup(&S);
+  if (G.path[0])
+    hold_gate_free(&G);
+}
+TestSuite(sinks_sched, .fini = sched_teardown, .timeout = 120);
+
+/* "[[...], ...]": n rows of SD numbers. */
+static void put_rows_sd(attn_sbuf *b, const float (*rows)[SD], int n) {
+  attn_sbuf_puts(b, "[");
+  for (int i = 0; i < n; i++)
+    for (int c = 0; c < SD; c++)
+      attn_sbuf_printf(b, "%s%.9g%s",
+                       c   ? ","
+                       : i ? ",["
+                           : "[",
+                       (double)rows[i][c], c == SD - 1 ? "]" : "");
+  attn_sbuf_puts(b, "]");
+}
+
+/* A call on its own connection, sent and not awaited: the socket. */
+static int send_call(const char *path, const char *body) {
+  int fd = raw_connect(S.port);
+  cr_assert_geq(fd, 0);
+  char head[300];
+  snprintf(head, sizeof head,
+           "POST %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
+           "Content-Length: %zu\r\nConnection: close\r\n\r\n",
+           path, S.port, strlen(body));
+  cr_assert_eq(raw_sends(fd, head), 0);
+  cr_assert_eq(raw_sends(fd, body), 0);
+  return fd;
+}
+
+/* One query a head (q [2][SD]) over n keys of one KV head, with sinks (or
+ * none), in float64: the formula of the contract, written again here. */
+static void sink_reference(const float q[2][SD], const float (*k)[SD], const float (*v)[SD], int n,
+                           const float *sinks, double o[2][SD]) {
+  for (int h = 0; h < 2; h++) {
+    double s[16], m = sinks ? sinks[h] : -INFINITY, l = 0;
+    for (int j = 0; j < n; j++) {
+      s[j] = 0;
+      for (int c = 0; c < SD; c++)
+        s[j] += (double)q[h][c] * k[j][c];
+      s[j] /= sqrt((double)SD);
+      m = fmax(m, s[j]);
+    }
+    l = sinks ? exp(sinks[h] - m) : 0;
+    for (int c = 0; c < SD; c++)
+      o[h][c] = 0;
+    for (int j = 0; j < n; j++) {
+      l += exp(s[j] - m);
+      for (int c = 0; c < SD; c++)
+        o[h][c] += exp(s[j] - m) * v[j][c];
+    }
+    for (int c = 0; c < SD; c++)
+      o[h][c] /= l;
+  }
+}
+
+/* Calls queued behind a held job of their layer may run as one job: each
+ * with its own sinks (one with none) still gets its own answer. */
+Test(sinks_sched, calls_computed_together_keep_their_own_sinks) {
+  hold_gate_init(&G);
+  const char *args[] = {"--tiny-flops", "0", "--session-batch", "on", NULL};
+  const char *env[] = {G.env, "ATTN_HOLD_CPU_Q0=" HELD_Q0, "ATTN_HOLD_MAX_S=600", NULL};
+  S.bin = srv_hold_bin();
+  srv_startv(&S, args, env, true);
+  const char *h[] = {"Content-Type: application/json", NULL};
+  const char *create = "{\"heads_kv\": 1, \"head_dim\": 4, \"dtype\": \"F32\", \"max_tokens\": 16}";
+  http_res r = {0};
+  cr_assert_eq(http_call(&S, "PUT", "/v1/sessions/ss", h, create, strlen(create), &r), 201, "%s",
+               r.body);
+  http_res_free(&r);
+  uint64_t seed = 99;
+  float k[6][SD], v[6][SD], q[4][2][SD];
+  for (int i = 0; i < 6; i++)
+    for (int c = 0; c < SD; c++) {
+      k[i][c] = (float)tuniform(&seed);
+      v[i][c] = (float)tuniform(&seed);
+    }
+  for (int i = 0; i < 4; i++)
+    for (int j = 0; j < 2; j++)
+      for (int c = 0; c < SD; c++)
+        q[i][j][c] = (float)tuniform(&seed);
+  q[0][0][0] = (float)atof(HELD_Q0);
+  /* six tokens, then a held call, then three that queue behind it */
+  static const float sinks[3][2] = {{3, -1}, {-2, 0.5f}, {0, 0}};
+  const float *use[4] = {NULL, sinks[0], NULL, sinks[1]};
+  char *body[4];
+  for (int i = 0; i < 4; i++) {
+    attn_sbuf b = {0};
+    attn_sbuf_puts(&b, "{\"q\": [");
+    put_rows_sd(&b, (const float(*)[SD])q[i][0], 1);
+    attn_sbuf_puts(&b, ",");
+    put_rows_sd(&b, (const float(*)[SD])q[i][1], 1);
+    attn_sbuf_puts(&b, "]");
+    if (use[i])
+      attn_sbuf_printf(&b, ", \"sinks\": [%.9g, %.9g]", (double)use[i][0], (double)use[i][1]);
+    attn_sbuf_puts(&b, "}");
+    body[i] = b.p;
+  }
+  attn_sbuf pre = {0};
+  attn_sbuf_puts(&pre, "{\"q\": [[[1, 0, 0, 0]]], \"k\": [");
+  put_rows_sd(&pre, (const float(*)[SD])k, 6);
+  attn_sbuf_puts(&pre, "], \"v\": [");
+  put_rows_sd(&pre, (const float(*)[SD])v, 6);
+  attn_sbuf_puts(&pre, "], \"pos\": 0}");
+  cr_assert_eq(http_call(&S, "POST", "/v1/sessions/ss/attention", h, pre.p, pre.len, &r), 200, "%s",
+               r.body);
+  http_res_free(&r);
+  free(pre.p);
+  int fd[4];
+  fd[0] = send_call("/v1/sessions/ss/attention", body[0]);
+  cr_assert(srv_wait_jobs(&S, 1, true, 30));
+  for (int i = 1; i < 4; i++)
+    fd[i] = send_call("/v1/sessions/ss/attention", body[i]);
+  cr_assert(srv_wait_metric_ge(&S, "attnd_session_calls_waiting", NULL, 3, 30),
+            "the three calls never waited for the held one");
+  hold_release(&G);
+  for (int i = 0; i < 4; i++) {
+    http_res ri = {0};
+    cr_expect_eq(raw_response(fd[i], 30000, &ri), 200, "call %d: %s", i, ri.body);
+    double want[2][SD];
+    sink_reference((const float(*)[SD])q[i], (const float(*)[SD])k, (const float(*)[SD])v, 6,
+                   use[i], want);
+    double *got = ri.status == 200 ? reply_o(&ri, 2 * SD) : NULL;
+    cr_expect(got, "call %d: no o in %s", i, ri.body);
+    for (int j = 0; got && j < 2 * SD; j++)
+      cr_expect(fabs(got[j] - want[j / SD][j % SD]) <= 1e-5 * (1 + fabs(want[j / SD][j % SD])),
+                "call %d (sinks %s): o[%d] = %.9g, the float64 answer %.9g", i,
+                use[i] ? "given" : "none", j, got[j], want[j / SD][j % SD]);
+    free(got);
+    http_res_free(&ri);
+    close(fd[i]);
+    free(body[i]);
+  }
 }

@@ -68,19 +68,22 @@ class SessionCache(Cache):
 
 
 def attnd_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
-                    **kwargs):
+                    sliding_window=None, s_aux=None, **kwargs):
     """transformers' attention-function signature: query [1, Hq, Nq, D], key and value
     [1, Hkv, Nnew, D] (the new tokens only, from SessionLayer.update); returns the output
     [1, Nq, Hq, D] and no weights. The mask is the session's bottom-right causal one, so
-    attention_mask (None here, see attnd_mask) is not used."""
+    attention_mask (None here, see attnd_mask) is not used. A layer's sliding_window
+    (Mistral, gpt-oss: key j visible to query i when i - j < sliding_window) goes as
+    window_left, and gpt-oss's sinks (s_aux, [Hq]) as the call's sinks."""
     layer = getattr(_CURRENT, "layer", None)
     if layer is None or layer.layer != module.layer_idx:
         raise RuntimeError("attn_implementation='attnd' needs cache=SessionCache(session)")
     if query.shape[0] != 1:
         raise ValueError("one session holds one sequence: batch 1")
     pos = layer.get_seq_length()
+    left = sliding_window - 1 if sliding_window else -1
     o = layer.session.attend(query, key, value, layer=layer.layer, pos=pos, causal=True,
-                             scale=scaling)
+                             scale=scaling, window_left=left, sinks=s_aux)
     layer.sent.append((pos, int(key.shape[-2])))
     _CURRENT.layer = None
     return o.transpose(1, 2).contiguous(), None

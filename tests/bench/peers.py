@@ -19,6 +19,13 @@ ratios are ratios of time. The peak column comes from build/bench-peak: the
 matmul instruction the attnd kernel runs (named in the engine's backend detail),
 on the same thread count. `diff` is ‖O_attnd − O_torch‖ / ‖O_torch‖.
 
+Rows named "sinks ..." add gpt-oss's attention sinks (an F32 logit per query head,
+a zero-valued key every row's softmax includes): attnd reads them from the same
+file, and torch runs the formula a gpt-oss model runs without a fused kernel,
+transformers' eager attention: the scores (K/V repeated per query head for GQA)
+concatenated with the sink column, softmax in the row's dtype, the column
+dropped, times V (SDPA has no sink). Their FLOPs are counted as for any row.
+
 With --backward it times the backward pass instead (BWD_ROWS): attnd's dq, dk,
 dv from q, k, v, o, dO and the forward's lse (bench-peers-attn --backward), against
 torch autograd of the same SDPA call (torch.autograd.grad of its output with the
@@ -51,9 +58,9 @@ from attnd import safetensors  # noqa: E402
 SEED = 20261130
 
 
-def row(name, h, hkv, nq, nkv, d, dtype, causal=False, reps=3):
+def row(name, h, hkv, nq, nkv, d, dtype, causal=False, reps=3, sinks=False):
     return dict(name=name, h=h, hkv=hkv, nq=nq, nkv=nkv, d=d, dtype=dtype,
-                causal=causal, reps=reps)
+                causal=causal, reps=reps, sinks=sinks)
 
 
 # The issue's rows (B = 1), then D=128 F32 causal, GQA decode and MQA. Decode
@@ -72,6 +79,10 @@ ROWS = [
     row("GQA 32/8 Nkv8192 D128", 32, 8, 1, 8192, 128, "BF16", reps=21),
     row("GQA 32/8 Nkv32768 D128", 32, 8, 1, 32768, 128, "BF16", reps=21),
     row("MQA 32/1 Nkv8192 D128", 32, 1, 1, 8192, 128, "BF16", reps=21),
+    # gpt-oss: sinks, D 64; its decode step is GQA 64/8
+    row("sinks H8 N4096 D64", 8, 8, 4096, 4096, 64, "BF16", sinks=True),
+    row("sinks H8 N4096 D64", 8, 8, 4096, 4096, 64, "BF16", causal=True, sinks=True),
+    row("sinks 64/8 Nkv8192 D64", 64, 8, 1, 8192, 64, "BF16", reps=21, sinks=True),
 ]
 
 
@@ -103,7 +114,10 @@ def flops(r):
 # ---- inputs --------------------------------------------------------------------
 
 def make_file(r, path):
-    """Q [1,H,Nq,D], K and V [1,Hkv,Nkv,D], N(0,1) rounded to the row's dtype."""
+    """Q [1,H,Nq,D], K and V [1,Hkv,Nkv,D], N(0,1) rounded to the row's dtype; for a
+    sinks row, sinks [H] F32 uniform in [5, 10]: against thousands of N(0,1) scores the
+    sink then takes from a few percent to most of a row's weight, so that `diff` would
+    show a sink dropped or counted twice."""
     rng = np.random.default_rng(SEED)
     shapes = {"q": (1, r["h"], r["nq"], r["d"]), "k": (1, r["hkv"], r["nkv"], r["d"]),
               "v": (1, r["hkv"], r["nkv"], r["d"])}
@@ -115,6 +129,8 @@ def make_file(r, path):
         elif r["dtype"] == "F16":
             x = x.astype(np.float16)
         tensors.append((name, r["dtype"], x))
+    if r["sinks"]:
+        tensors.append(("sinks", "F32", rng.uniform(5.0, 10.0, r["h"]).astype(np.float32)))
     meta = {"causal": "true"} if r["causal"] else None
     with open(path, "wb") as f:
         f.write(safetensors.encode(tensors, meta))
@@ -133,13 +149,18 @@ def make_dout(r, path):
 
 def read_file(path):
     """(q, k, v, causal, dtype) with BF16 still as uint16 bits."""
+    return read_file_sinks(path)[:5]
+
+
+def read_file_sinks(path):
+    """read_file's tuple and the sinks (F32, None when the file has none)."""
     with open(path, "rb") as f:
         tensors, meta = safetensors.decode(bytearray(f.read()))
     with open(path, "rb") as f:
         n = int.from_bytes(f.read(8), "little")
         header = json.loads(f.read(n))
     return (tensors["q"], tensors["k"], tensors["v"], meta.get("causal") == "true",
-            header["q"]["dtype"])
+            header["q"]["dtype"], tensors.get("sinks"))
 
 
 def median_time(fn, reps):
@@ -159,7 +180,7 @@ def torch_worker(a):
     import torch.nn.functional as F
 
     torch.set_num_threads(a.threads)
-    q, k, v, causal, dt = read_file(a.file)
+    q, k, v, causal, dt, sinks = read_file_sinks(a.file)
 
     def to_torch(x):
         if dt == "BF16":  # numpy has no bfloat16: reinterpret the raw bits
@@ -167,6 +188,8 @@ def torch_worker(a):
         return torch.from_numpy(np.ascontiguousarray(x))
 
     q, k, v = to_torch(q), to_torch(k), to_torch(v)
+    if sinks is not None:
+        return torch_sinks_worker(a, torch, q, k, v, causal, torch.from_numpy(sinks))
     gqa = q.shape[1] != k.shape[1]
     native_gqa = "enable_gqa" in F.scaled_dot_product_attention.__doc__
     if gqa and native_gqa:
@@ -190,6 +213,38 @@ def torch_worker(a):
                       "sdpa": sdpa_backend(torch, q, k, v, causal, gqa and native_gqa),
                       "gqa": ("enable_gqa" if native_gqa else "repeat_interleave")
                       if gqa else None}))
+
+
+def eager_sinks(torch, q, k, v, causal, sinks):
+    """transformers' gpt-oss eager attention on [1, H, N, D] tensors: the sink column
+    concatenated to the scores, softmax in q's dtype, the column dropped; the causal
+    mask aligned bottom-right, as attnd's."""
+    g = q.shape[1] // k.shape[1]
+    if g > 1:
+        k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    s = torch.matmul(q, k.transpose(2, 3)) * (q.shape[-1] ** -0.5)
+    if causal:
+        nq, nkv = q.shape[2], k.shape[2]
+        hidden = torch.ones(nq, nkv, dtype=torch.bool).triu(nkv - nq + 1)
+        s = s.masked_fill(hidden, float("-inf"))
+    col = sinks.to(s.dtype).reshape(1, -1, 1, 1).expand(1, -1, q.shape[2], 1)
+    s = torch.cat([s, col], dim=-1)
+    s = s - s.max(dim=-1, keepdim=True).values
+    p = torch.softmax(s, dim=-1, dtype=s.dtype)[..., :-1]
+    return torch.matmul(p, v)
+
+
+def torch_sinks_worker(a, torch, q, k, v, causal, sinks):
+    def fn():
+        return eager_sinks(torch, q, k, v, causal, sinks)
+
+    with torch.inference_mode():
+        sec = median_time(fn, a.reps)
+        o = fn()
+    np.save(a.out, o.float().numpy())
+    print(json.dumps({"seconds": sec, "version": torch.__version__,
+                      "threads": torch.get_num_threads(), "sdpa": "eager with sinks",
+                      "gqa": "repeat_interleave" if q.shape[1] != k.shape[1] else None}))
 
 
 def torch_bwd_worker(a):
@@ -310,7 +365,7 @@ def measure_row(r, a, tmp):
                              "--threads", str(a.threads), "--isa", a.isa,
                              "--reps", str(r["reps"]), "--out", o_attnd])
     res["torch"] = run_worker("torch", path, r, a.threads, o_torch)
-    if r["dtype"] == "F32":
+    if r["dtype"] == "F32" and not r["sinks"]:   # numpy's standard attention has none
         res["numpy"] = run_worker("numpy", path, r, a.threads, os.devnull)
     res["diff"] = rel_diff(o_from_attnd(o_attnd), np.load(o_torch))
     os.remove(path)

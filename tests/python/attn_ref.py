@@ -52,26 +52,39 @@ def _alibi_bias(alibi_slopes, shape):
     return -slopes[:, :, None, None] * dist
 
 
-def _probabilities(q, k, scale, visible, softcap=None, alibi_slopes=None):
+def _sink_logits(sinks, shape):
+    """sinks [Hq] as [B, H, Nq] (-inf, no sink, without them)."""
+    b, h, nq = shape
+    if sinks is None:
+        return np.full(shape, -np.inf)
+    return np.broadcast_to(np.asarray(sinks, np.float64).reshape(1, h, 1), shape)
+
+
+def _probabilities(q, k, scale, visible, softcap=None, alibi_slopes=None, sinks=None):
     """S, P [B, H, Nq, Nkv] and the statistics m, l [B, H, Nq]; a row with no visible key
-    has P = 0, m = -inf, l = 0. FlashAttention's order: scale, softcap, + ALiBi, mask."""
+    has P = 0, m = -inf, l = 0. FlashAttention's order: scale, softcap, + ALiBi, mask.
+    With sinks, each row's softmax has one more term, exp(sinks[h] - m), whose key has
+    value zero: it is in m and l but has no column of P (a row with no visible key then
+    has m = sinks[h], l = 1)."""
     s = scale * np.einsum("bhqd,bhkd->bhqk", q, k)
     if softcap:
         s = softcap * np.tanh(s / softcap)
     s = s + _alibi_bias(alibi_slopes, s.shape)
     s = np.where(visible, s, -np.inf)
-    m = s.max(axis=-1)
-    p = np.exp(s - np.where(np.isfinite(m), m, 0.0)[..., None])
-    l = p.sum(axis=-1)
+    sink = _sink_logits(sinks, s.shape[:-1])
+    m = np.maximum(s.max(axis=-1), sink)
+    safe = np.where(np.isfinite(m), m, 0.0)
+    p = np.exp(s - safe[..., None])
+    l = p.sum(axis=-1) + np.exp(sink - safe)
     return s, p / np.where(l > 0, l, 1.0)[..., None], m, l
 
 
 def reference(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=None,
-              alibi_slopes=None):
+              alibi_slopes=None, sinks=None):
     """Returns (o, m, l, lse) in float64, o of q's shape, statistics q's shape minus D."""
     shape = np.shape(q)
     q, k, v, scale, visible, _ = _problem(q, k, v, causal, scale, window)
-    _, p, m, l = _probabilities(q, k, scale, visible, softcap, alibi_slopes)
+    _, p, m, l = _probabilities(q, k, scale, visible, softcap, alibi_slopes, sinks)
     o = np.einsum("bhqk,bhkd->bhqd", p, v)
     with np.errstate(divide="ignore"):
         lse = np.where(l > 0, m + np.log(np.where(l > 0, l, 1.0)), -np.inf)
@@ -79,16 +92,20 @@ def reference(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=None,
 
 
 def reference_backward(q, k, v, do, causal=False, scale=None, window=(-1, -1), softcap=None,
-                       alibi_slopes=None):
+                       alibi_slopes=None, sinks=None):
     """(dq, dk, dv) in float64 for the loss L with dL/dO = do: dq of q's shape, dk and dv
-    of k's shape (summed over the query heads of each GQA group)."""
+    of k's shape (summed over the query heads of each GQA group); with sinks, (dq, dk, dv,
+    dsinks), dsinks [Hq] summed over the batch and the rows."""
     qshape, kshape = np.shape(q), np.shape(k)
     q, k, v, scale, visible, group = _problem(q, k, v, causal, scale, window)
     do = np.asarray(do, np.float64).reshape(q.shape)
-    _, p, _, _ = _probabilities(q, k, scale, visible, softcap, alibi_slopes)
+    _, p, m, l = _probabilities(q, k, scale, visible, softcap, alibi_slopes, sinks)
     dv = np.einsum("bhqk,bhqd->bhkd", p, do)                 # dV = P^T dO
     dp = np.einsum("bhqd,bhkd->bhqk", do, v)                 # dP = dO V^T
-    ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True))    # softmax's Jacobian, row by row
+    # The softmax's Jacobian row by row. The sink's own dP is 0 (its value is zero), so it
+    # adds nothing to the row's sum; its probability only makes P's row sum below one.
+    rowdot = (p * dp).sum(axis=-1, keepdims=True)
+    ds = p * (dp - rowdot)
     if softcap:   # through softcap * tanh(s / softcap); ALiBi adds a constant
         ds = ds * (1 - np.tanh(scale * np.einsum("bhqd,bhkd->bhqk", q, k) / softcap) ** 2)
     dq = scale * np.einsum("bhqk,bhkd->bhqd", ds, k)         # S = scale Q K^T
@@ -96,7 +113,24 @@ def reference_backward(q, k, v, do, causal=False, scale=None, window=(-1, -1), s
     b, hq, nkv, d = dk.shape
     dk = dk.reshape(b, hq // group, group, nkv, d).sum(axis=2)   # the heads of a group
     dv = dv.reshape(b, hq // group, group, nkv, d).sum(axis=2)
-    return dq.reshape(qshape), dk.reshape(kshape), dv.reshape(kshape)
+    grads = dq.reshape(qshape), dk.reshape(kshape), dv.reshape(kshape)
+    if sinks is None:
+        return grads
+    # The sink's column of the same Jacobian: p0 (dP_sink - rowdot), p0 = exp(sink - m) / l
+    # its probability and dP_sink = 0; the sink is shared by the batch and the rows.
+    p0 = np.exp(_sink_logits(sinks, m.shape) - m) / l
+    return grads + (-(p0 * rowdot[..., 0]).sum(axis=(0, 2)),)
+
+
+def reference_dsinks(o, do, lse, sinks):
+    """The contract's dsinks from a given O (as sent to a backward request, rounded to its
+    dtype): -sum over batch and rows of exp(sinks[h] - lse) (dO . O), float64 [Hq]."""
+    o, do = (np.asarray(x, np.float64) for x in (o, do))
+    lift = (1,) * (4 - o.ndim)
+    o, do = o.reshape(lift + o.shape), do.reshape(lift + do.shape)
+    lse = np.asarray(lse, np.float64).reshape(o.shape[:-1])
+    p0 = np.exp(_sink_logits(sinks, lse.shape) - lse)
+    return -(p0 * (o * do).sum(axis=-1)).sum(axis=(0, 2))
 
 
 #: the normalized error allowed against the float64 reference, by the dtype sent

@@ -14,9 +14,9 @@ import urllib.parse
 from . import safetensors
 from ._http import Connection, PeerClosed as _PeerClosed
 from .sessions import Session, session_batch
-from ._tensors import f32_to_wire, from_wire, result_device, to_wire
-from ._wire import AttndError, _cu_seqlens, _from_json_tensor, _json_body, _options, \
-    _query_string, _wants_json, _window
+from ._tensors import from_wire, result_device, to_wire
+from ._wire import AttndError, _cu_seqlens, _f32_inputs, _from_json_tensor, _json_body, \
+    _options, _query_string, _wants_json, _window
 
 
 
@@ -222,7 +222,7 @@ class Client:
     def attention(self, q, k, v, *, causal=False, scale=None, window=(-1, -1),
                   window_left=None, window_right=None, stats=False, backend=None, json=False,
                   binary=None, bf16=False, softcap=None, alibi_slopes=None, diag_offset=None,
-                  cu_seqlens_q=None, cu_seqlens_kv=None):
+                  cu_seqlens_q=None, cu_seqlens_kv=None, sinks=None):
         """Compute ``O = softmax(scale·Q·Kᵀ + mask)·V`` on the server (POST /attention).
 
         Args:
@@ -262,23 +262,28 @@ class Client:
                 ``cu_seqlens``): ``[B+1]`` integer offsets into the sequence axis of q
                 ``[Hq, total_q, D]`` and k, v ``[Hkv, total_kv, D]``; each sequence is its
                 own problem and O and the statistics come back packed the same way.
+            sinks: gpt-oss's attention sinks, ``[Hq]``, sent as F32 whatever its dtype (a
+                torch tensor that requires grad is detached): each query head's softmax
+                gets one more key, of logit ``sinks[h]`` (not scaled, masked, capped or
+                biased) and value zero, so a row's weights may sum to less than one. m and
+                l then count it (``m = max(max_j s_ij, sinks[h])``); None is none.
 
         Returns:
             O of q's shape, or, with ``stats=True``, a tuple ``(o, m, l, lse)`` whose
             statistics are float32 of q's shape minus the last dimension. A row with no
-            visible key has o = 0, m = lse = -inf and l = 0. When an input is a torch
-            tensor, every result is a torch tensor on that input's device, O in the dtype
-            sent (float32, float16 or bfloat16); otherwise numpy arrays, BF16 as
-            ``ml_dtypes.bfloat16`` when ml_dtypes can be imported and as ``uint16`` raw
-            bits (widen with :func:`bf16_to_float32`) when it cannot.
+            visible key has o = 0, m = lse = -inf and l = 0 (with sinks: m = lse =
+            ``sinks[h]``, l = 1). When an input is a torch tensor, every result is a torch
+            tensor on that input's device, O in the dtype sent (float32, float16 or
+            bfloat16); otherwise numpy arrays, BF16 as ``ml_dtypes.bfloat16`` when
+            ml_dtypes can be imported and as ``uint16`` raw bits (widen with
+            :func:`bf16_to_float32`) when it cannot.
 
         Raises:
             AttndError: the server refused the request (``.status``, ``.code``,
                 ``.message``), or could not be reached (status 0).
         """
         wire = [(n,) + to_wire(x, n, bf16) for n, x in (("q", q), ("k", k), ("v", v))]
-        if alibi_slopes is not None:
-            wire.append(("alibi_slopes",) + f32_to_wire(alibi_slopes, "alibi_slopes"))
+        _f32_inputs(wire, alibi_slopes=alibi_slopes, sinks=sinks)
         _cu_seqlens(wire, cu_seqlens_q, cu_seqlens_kv)
         opts = _options(causal, scale, _window(window, window_left, window_right), stats,
                         backend, softcap, diag_offset)
@@ -292,7 +297,7 @@ class Client:
                            window=(-1, -1), window_left=None, window_right=None, backend=None,
                            json=False, binary=None, bf16=False, softcap=None,
                            alibi_slopes=None, diag_offset=None, cu_seqlens_q=None,
-                           cu_seqlens_kv=None):
+                           cu_seqlens_kv=None, sinks=None):
         """The gradients of attention (POST /attention/backward).
 
         Args:
@@ -303,7 +308,7 @@ class Client:
                 of q's shape minus the last dimension, -inf for a row with no visible key;
                 without it the server recomputes it.
             causal, scale, window, window_left, window_right, backend, json, binary, bf16,
-                softcap, alibi_slopes, diag_offset, cu_seqlens_q, cu_seqlens_kv:
+                softcap, alibi_slopes, diag_offset, cu_seqlens_q, cu_seqlens_kv, sinks:
                 as for :meth:`attention`, and the same as in the forward pass. The
                 ``"auto"`` backend needs a backend with a backward kernel; ``"reference"``
                 (float64, small problems) always has one.
@@ -311,7 +316,10 @@ class Client:
         Returns:
             ``(dq, dk, dv)``: dq of q's shape, dk and dv of k's shape (with GQA, summed over
             the query heads that read each kv head), in the kind and dtype rules of
-            :meth:`attention`'s O. A row with no visible key contributes nothing.
+            :meth:`attention`'s O. A row with no visible key contributes nothing. With
+            ``sinks``, ``(dq, dk, dv, dsinks)``: dsinks float32 ``[Hq]``, summed over the
+            batch and the rows, ``-Σ exp(sinks[h] - lse)·(dO·O)`` (numpy, or a torch tensor
+            as dq is).
 
         Raises:
             AttndError: as for :meth:`attention` (e.g. ``422 shape_mismatch`` when o or do
@@ -319,14 +327,11 @@ class Client:
         """
         inputs = (("q", q), ("k", k), ("v", v), ("o", o), ("do", do))
         wire = [(n,) + to_wire(x, n, bf16) for n, x in inputs]
-        if lse is not None:
-            wire.append(("lse",) + f32_to_wire(lse, "lse"))
-        if alibi_slopes is not None:
-            wire.append(("alibi_slopes",) + f32_to_wire(alibi_slopes, "alibi_slopes"))
+        _f32_inputs(wire, lse=lse, alibi_slopes=alibi_slopes, sinks=sinks)
         _cu_seqlens(wire, cu_seqlens_q, cu_seqlens_kv)
         opts = _options(causal, scale, _window(window, window_left, window_right), False,
                         backend, softcap, diag_offset)
-        names = ("dq", "dk", "dv")
+        names = ("dq", "dk", "dv") + (("dsinks",) if sinks is not None else ())
         out = self._compute("/attention/backward", wire, opts, _wants_json(json, binary),
                             names)
         device = result_device(q, k, v, o, do)
@@ -352,8 +357,8 @@ class Client:
 
     def session_batch(self, sessions, q, k, v, cu_seqlens_q, cu_seqlens_kv, *, pos=None,
                       layer=0, causal=True, scale=None, window=(-1, -1), window_left=None,
-                      window_right=None, softcap=None, alibi_slopes=None, stats=False,
-                      backend=None, binary=True, json=None):
+                      window_right=None, softcap=None, alibi_slopes=None, sinks=None,
+                      stats=False, backend=None, binary=True, json=None):
         """One layer of many sessions in one call (``POST /v1/sessions/_batch``): a model
         runner's batch, all or nothing.
 
@@ -367,7 +372,7 @@ class Client:
             pos: one position per session; None takes each Session's tracked length
                 (ids then need it).
             layer, causal (True by default), scale, window, window_left, window_right,
-            softcap, alibi_slopes, stats, backend, binary, json: as for
+            softcap, alibi_slopes, sinks, stats, backend, binary, json: as for
                 :meth:`attnd.Session.attend`.
 
         Returns:
@@ -378,8 +383,8 @@ class Client:
         return session_batch(self, sessions, q, k, v, cu_seqlens_q, cu_seqlens_kv, pos=pos,
                              layer=layer, causal=causal, scale=scale, window=window,
                              window_left=window_left, window_right=window_right,
-                             softcap=softcap, alibi_slopes=alibi_slopes, stats=stats,
-                             backend=backend, binary=binary, json=json)
+                             softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+                             stats=stats, backend=backend, binary=binary, json=json)
 
     def plan(self, seq_q, head_dim, *, batch=1, heads=1, heads_kv=None, seq_kv=None,
              dtype="F32"):

@@ -49,7 +49,7 @@ def merge_shards(outs, lses):
 def sharded_attention(clients, q, k, v, *, causal=False, scale=None, window=(-1, -1),
                       window_left=None, window_right=None, softcap=None, alibi_slopes=None,
                       diag_offset=None, backend=None, json=False, binary=None, bf16=False,
-                      return_lse=False):
+                      return_lse=False, sinks=None):
     """Exact attention with K/V split along the sequence across servers.
 
     The keys and values are cut into ``len(clients)`` contiguous shards along Nkv (the
@@ -66,6 +66,10 @@ def sharded_attention(clients, q, k, v, *, causal=False, scale=None, window=(-1,
         bf16, diag_offset: as for :meth:`Client.attention`.
         softcap, alibi_slopes: passed to every shard when given (servers that lack them
             refuse with 422).
+        sinks: ``[Hq]``, as for :meth:`Client.attention`, sent to the first shard only:
+            the sink is one more key of the whole row, so its term must enter the merged
+            lse once, where sent to every shard it would count once per shard. A row that
+            sees no key of the first shard still gets it there (o = 0, lse = ``sinks[h]``).
         return_lse: also return the merged lse (float32 numpy, q's shape minus D).
 
     Returns:
@@ -87,11 +91,12 @@ def sharded_attention(clients, q, k, v, *, causal=False, scale=None, window=(-1,
 
     def one(i):
         a, b = bounds[i]
+        own = dict(extra, sinks=sinks) if i == 0 and sinks is not None else extra
         return cs[i].attention(q, k[..., a:b, :], v[..., a:b, :], causal=causal, scale=scale,
                                window=window, window_left=window_left,
                                window_right=window_right, stats=True, backend=backend,
                                json=json, binary=binary, bf16=bf16, diag_offset=off - a,
-                               **extra)
+                               **own)
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=n) as pool:
         results = list(pool.map(one, range(n)))

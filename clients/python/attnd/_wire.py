@@ -11,7 +11,7 @@ import urllib.parse
 
 import numpy as np
 
-from ._tensors import bf16_to_float32, float32_to_bf16, is_torch_tensor
+from ._tensors import bf16_to_float32, f32_to_wire, float32_to_bf16, is_torch_tensor
 
 
 class AttndError(Exception):
@@ -102,6 +102,14 @@ def _query_string(opts):
     if all(_PLAIN.issuperset(k) and _PLAIN.issuperset(v) for k, v in parts.items()):
         return "&".join(k + "=" + v for k, v in parts.items())  # nothing to escape
     return urllib.parse.urlencode(parts)
+
+
+def _f32_inputs(wire, **tensors):
+    """Appends each given tensor (lse, alibi_slopes, sinks: F32 on the wire whatever the
+    inputs' dtype) to ``wire``; None ones are left out."""
+    for name, x in tensors.items():
+        if x is not None:
+            wire.append((name,) + f32_to_wire(x, name))
 
 
 def _cu_seqlens(wire, cu_seqlens_q, cu_seqlens_kv):

@@ -23,8 +23,8 @@ import urllib.parse
 
 import numpy as np
 
-from ._wire import AttndError, _cu_seqlens, _options, _window
-from ._tensors import bf16_to_float32, f32_to_wire, from_wire, result_device, to_wire
+from ._wire import AttndError, _cu_seqlens, _f32_inputs, _options, _window
+from ._tensors import bf16_to_float32, from_wire, result_device, to_wire
 
 __all__ = ["Session", "session_batch"]
 
@@ -272,7 +272,8 @@ class Session:
 
     def attend(self, q, k=None, v=None, *, layer=0, pos=None, causal=True, scale=None,
                window=(-1, -1), window_left=None, window_right=None, softcap=None,
-               alibi_slopes=None, stats=False, backend=None, binary=True, json=None):
+               alibi_slopes=None, sinks=None, stats=False, backend=None, binary=True,
+               json=None):
         """Append k, v to one layer at ``pos``, then attend q over its keys ``[0, pos +
         Nnew)`` (``POST /v1/sessions/{id}/attention``); without k and v, attend over the
         layer's whole length.
@@ -291,8 +292,9 @@ class Session:
                 not the length raises 409 ``session_conflict``.
             causal: the bottom-right causal mask (``off = pos + Nnew - Nq``); True by
                 default here, unlike :meth:`attnd.Client.attention`.
-            scale, window, window_left, window_right, softcap, alibi_slopes, stats,
-            backend: as for :meth:`attnd.Client.attention`.
+            scale, window, window_left, window_right, softcap, alibi_slopes, sinks,
+            stats, backend: as for :meth:`attnd.Client.attention` (sinks ``[Hq]``: the
+            call's query heads).
             binary: safetensors on the wire (default); ``binary=False`` or ``json=True``
                 is JSON.
 
@@ -323,8 +325,7 @@ class Session:
             wire += [(n,) + _as_dtype(_three_d(x, n), n, self.dtype) for n, x in (("k", k),
                                                                                  ("v", v))]
             opts["pos"] = self.lengths[layer] if pos is None else int(pos)
-        if alibi_slopes is not None:
-            wire.append(("alibi_slopes",) + f32_to_wire(alibi_slopes, "alibi_slopes"))
+        _f32_inputs(wire, alibi_slopes=alibi_slopes, sinks=sinks)
         opts.update(_call_options(causal, scale, window, window_left, window_right, softcap,
                                   stats, backend))
         names = ("o", "m", "l", "lse") if stats else ("o",)
@@ -469,7 +470,7 @@ def _offsets(x):
 
 def session_batch(client, sessions, q, k, v, cu_seqlens_q, cu_seqlens_kv, *, pos=None,
                   layer=0, causal=True, scale=None, window=(-1, -1), window_left=None,
-                  window_right=None, softcap=None, alibi_slopes=None, stats=False,
+                  window_right=None, softcap=None, alibi_slopes=None, sinks=None, stats=False,
                   backend=None, binary=True, json=None):
     """One layer of many sessions in one call (``POST /v1/sessions/_batch``); see
     :meth:`attnd.Client.session_batch`."""
@@ -486,8 +487,7 @@ def session_batch(client, sessions, q, k, v, cu_seqlens_q, cu_seqlens_kv, *, pos
     dtype = next((s.dtype for s in sessions if isinstance(s, Session)), None)
     conv = (lambda x, n: to_wire(x, n)) if dtype is None else (lambda x, n: _as_dtype(x, n, dtype))
     wire = [(n,) + conv(x, n) for n, x in (("q", q), ("k", k), ("v", v))]
-    if alibi_slopes is not None:
-        wire.append(("alibi_slopes",) + f32_to_wire(alibi_slopes, "alibi_slopes"))
+    _f32_inputs(wire, alibi_slopes=alibi_slopes, sinks=sinks)
     _cu_seqlens(wire, cu_seqlens_q, cu_seqlens_kv)
     as_json = _wants_json(json, binary)
     opts = {"layer": layer}

@@ -107,7 +107,7 @@ USE_CUDA = 0
 endif
 
 # ---- the engine library ---------------------------------------------------
-ENGINE_SRC = engine/submit.c engine/varlen.c engine/handle.c engine/backend.c engine/job.c \
+ENGINE_SRC = engine/submit.c engine/varlen.c engine/dv.c engine/handle.c engine/backend.c engine/job.c \
              engine/config.c engine/request.c engine/check.c engine/dtype.c engine/pool.c \
              engine/plan.c engine/softmax.c engine/reference.c engine/reference_bwd.c \
              engine/reference_backend.c engine/cpu/cpu.c engine/cpu/cpu_bwd.c engine/cpu/isa.c engine/cpu/scan.c \

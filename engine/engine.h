@@ -188,6 +188,13 @@ typedef struct attn_page_rows {
 typedef struct attn_request {
   attn_pass pass; /* ATTN_FORWARD (the default) or ATTN_BACKWARD, below */
   int64_t batch, heads_q, heads_kv, seq_q, seq_kv, head_dim;
+  /* The values' own head dim Dv (DeepSeek's MLA: D 192, Dv 128), or 0:
+   * head_dim. V is then [B, Hkv, Nkv, Dv] and O [B, Hq, Nq, Dv] (a
+   * backward's dO and dV too); q and k keep head_dim, and so does the
+   * default scale. The engine runs such a request as one of head dim
+   * max(D, Dv) with the narrower side zero-padded (dv.c), on any backend;
+   * not with pages. */
+  int64_t head_dim_v;
   attn_dtype dtype;
   double scale; /* NaN (set by attn_request_init) means 1/sqrt(head_dim) */
   bool causal;
@@ -319,6 +326,9 @@ int attn_offsets_check(attn_status *st, const char *name, const int64_t *cu, int
 
 /* Effective scale: r->scale, or 1/sqrt(head_dim) when it is NaN. */
 double attn_request_scale(const attn_request *r);
+
+/* The values' head dim: head_dim_v, or head_dim when it is 0. */
+int64_t attn_request_dv(const attn_request *r);
 
 /* The ALiBi slope of (batch b, query head h); 0 when ALiBi is off. */
 double attn_request_alibi_slope(const attn_request *r, int64_t b, int64_t h);

@@ -15,9 +15,9 @@
 #include <string.h>
 
 int attn_reference_load(const attn_request *r, const char *name, const void *base,
-                        const int64_t s[3], int64_t b, int64_t h, int64_t n, double *dst,
-                        attn_status *st) {
-  const int64_t D = r->head_dim;
+                        const int64_t s[3], int64_t b, int64_t h, int64_t n, int64_t width,
+                        double *dst, attn_status *st) {
+  const int64_t D = width;
   for (int64_t i = 0; i < n; i++)
     for (int64_t d = 0; d < D; d++) {
       size_t off = (size_t)(b * s[0] + h * s[1] + i * s[2] + d);
@@ -50,21 +50,21 @@ static void row_softmax(const attn_request *r, int64_t h, const double *s, doubl
 
 int attn_reference_head(const attn_request *r, int64_t b, int64_t h, double *S, double *P,
                         double *o, double *m, double *l, double *lse, attn_status *st) {
-  const int64_t nq = r->seq_q, nk = r->seq_kv, D = r->head_dim;
+  const int64_t nq = r->seq_q, nk = r->seq_kv, D = r->head_dim, Dv = attn_request_dv(r);
   const int64_t hk = h / (r->heads_q / r->heads_kv);
   const double scale = attn_request_scale(r);
   int64_t wl, wr;
   attn_request_window(r, &wl, &wr);
   const int64_t off = attn_request_offset(r);
   const double slope = attn_request_alibi_slope(r, b, h);
-  double *q = malloc((size_t)((nq + 2 * nk) * D + nk + 1) * sizeof *q);
+  double *q = malloc((size_t)((nq + nk) * D + nk * Dv + nk + 1) * sizeof *q);
   if (!q)
     return attn_status_set(st, ATTN_ENOMEM, "out of memory in the reference");
   double *k = q + nq * D, *v = k + nk * D;
   int rc;
-  if ((rc = attn_reference_load(r, "q", r->q, r->q_stride, b, h, nq, q, st)) ||
-      (rc = attn_reference_load(r, "k", r->k, r->k_stride, b, hk, nk, k, st)) ||
-      (rc = attn_reference_load(r, "v", r->v, r->v_stride, b, hk, nk, v, st))) {
+  if ((rc = attn_reference_load(r, "q", r->q, r->q_stride, b, h, nq, D, q, st)) ||
+      (rc = attn_reference_load(r, "k", r->k, r->k_stride, b, hk, nk, D, k, st)) ||
+      (rc = attn_reference_load(r, "v", r->v, r->v_stride, b, hk, nk, Dv, v, st))) {
     free(q);
     return rc;
   }
@@ -85,20 +85,20 @@ int attn_reference_head(const attn_request *r, int64_t b, int64_t h, double *S, 
     }
   for (int64_t i = 0; i < nq; i++) {
     double mi, li;
-    row_softmax(r, h, &S[i * nk], &P[i * nk], v + nk * D, &mi, &li);
+    row_softmax(r, h, &S[i * nk], &P[i * nk], v + nk * Dv, &mi, &li);
     if (m)
       m[i] = mi;
     if (l)
       l[i] = li;
     if (lse)
       lse[i] = li > 0 ? mi + log(li) : -INFINITY;
-    for (int64_t d = 0; d < D; d++)
-      o[i * D + d] = 0;
+    for (int64_t d = 0; d < Dv; d++)
+      o[i * Dv + d] = 0;
     for (int64_t j = 0; j < nk; j++) {
       double pij = P[i * nk + j];
       if (pij != 0)
-        for (int64_t d = 0; d < D; d++)
-          o[i * D + d] += pij * v[j * D + d];
+        for (int64_t d = 0; d < Dv; d++)
+          o[i * Dv + d] += pij * v[j * Dv + d];
     }
   }
   free(q);
@@ -135,7 +135,7 @@ int attn_reference(const attn_request *r0, double *o, double *m, double *l, doub
   double *S, *P;
   if ((rc = attn_reference_scratch(&r, &S, &P, st)) < 0)
     return rc;
-  const int64_t nq = r.seq_q, D = r.head_dim;
+  const int64_t nq = r.seq_q, D = attn_request_dv(&r);
   for (int64_t b = 0; b < r.batch && rc == 0; b++)
     for (int64_t h = 0; h < r.heads_q && rc == 0; h++) {
       size_t row = (size_t)((b * r.heads_q + h) * nq);

@@ -35,12 +35,13 @@ int attn_reference_scratch(const attn_request *r, double **S, double **P, attn_s
 
 /*
  * Rows [0, n) of one (batch b, head h) of a tensor (base, strides s, the
- * request's dtype) widened to float64, n × D row-major into dst. Refuses a
+ * request's dtype) widened to float64, n × width row-major into dst (width:
+ * head_dim for q and k, attn_request_dv() for v, o and do). Refuses a
  * non-finite element with ATTN_ENONFINITE, naming `name` and the element.
  */
 int attn_reference_load(const attn_request *r, const char *name, const void *base,
-                        const int64_t s[3], int64_t b, int64_t h, int64_t n, double *dst,
-                        attn_status *st);
+                        const int64_t s[3], int64_t b, int64_t h, int64_t n, int64_t width,
+                        double *dst, attn_status *st);
 
 /*
  * The backward pass of one (batch b, KV head hk) of a validated backward

@@ -24,12 +24,13 @@ typedef struct bwd_head {
 
 static int load_inputs(const attn_request *r, int64_t b, int64_t h, int64_t hk, bwd_head *x,
                        attn_status *st) {
+  const int64_t D = r->head_dim, Dv = attn_request_dv(r), nq = r->seq_q, nk = r->seq_kv;
   int rc;
-  if ((rc = attn_reference_load(r, "q", r->q, r->q_stride, b, h, r->seq_q, x->q, st)) ||
-      (rc = attn_reference_load(r, "k", r->k, r->k_stride, b, hk, r->seq_kv, x->k, st)) ||
-      (rc = attn_reference_load(r, "v", r->v, r->v_stride, b, hk, r->seq_kv, x->v, st)) ||
-      (rc = attn_reference_load(r, "o", r->o, r->o_stride, b, h, r->seq_q, x->o, st)) ||
-      (rc = attn_reference_load(r, "do", r->dout, r->do_stride, b, h, r->seq_q, x->dout, st)))
+  if ((rc = attn_reference_load(r, "q", r->q, r->q_stride, b, h, nq, D, x->q, st)) ||
+      (rc = attn_reference_load(r, "k", r->k, r->k_stride, b, hk, nk, D, x->k, st)) ||
+      (rc = attn_reference_load(r, "v", r->v, r->v_stride, b, hk, nk, Dv, x->v, st)) ||
+      (rc = attn_reference_load(r, "o", r->o, r->o_stride, b, h, nq, Dv, x->o, st)) ||
+      (rc = attn_reference_load(r, "do", r->dout, r->do_stride, b, h, nq, Dv, x->dout, st)))
     return rc;
   return 0;
 }
@@ -37,7 +38,7 @@ static int load_inputs(const attn_request *r, int64_t b, int64_t h, int64_t hk, 
 /* S becomes dS = P∘(dP − rowsum(P∘dP)), with dP = dO·Vᵀ on visible pairs
  * (P is 0 elsewhere, so masked pairs get dS = 0). */
 static void softmax_grad(const attn_request *r, const bwd_head *x, const double *P, double *S) {
-  const int64_t nq = r->seq_q, nk = r->seq_kv, D = r->head_dim;
+  const int64_t nq = r->seq_q, nk = r->seq_kv, D = attn_request_dv(r);
   for (int64_t i = 0; i < nq; i++) {
     double *dp = &S[i * nk], rowsum = 0;
     for (int64_t j = 0; j < nk; j++) {
@@ -74,7 +75,7 @@ static void softcap_grad(const attn_request *r, const bwd_head *x, double *dS) {
 /* dq = scale·dS·K for this head; dk += scale·dSᵀ·Q, dv += Pᵀ·dO. */
 static void accumulate(const attn_request *r, const bwd_head *x, const double *P, const double *dS,
                        double *dq, double *dk, double *dv) {
-  const int64_t nq = r->seq_q, nk = r->seq_kv, D = r->head_dim;
+  const int64_t nq = r->seq_q, nk = r->seq_kv, D = r->head_dim, Dv = attn_request_dv(r);
   const double scale = attn_request_scale(r);
   memset(dq, 0, (size_t)(nq * D) * sizeof *dq);
   for (int64_t i = 0; i < nq; i++)
@@ -83,26 +84,27 @@ static void accumulate(const attn_request *r, const bwd_head *x, const double *P
       for (int64_t d = 0; d < D; d++) {
         dq[i * D + d] += scale * ds * x->k[j * D + d];
         dk[j * D + d] += scale * ds * x->q[i * D + d];
-        dv[j * D + d] += p * x->dout[i * D + d];
       }
+      for (int64_t d = 0; d < Dv; d++)
+        dv[j * Dv + d] += p * x->dout[i * Dv + d];
     }
 }
 
 int attn_reference_backward_group(const attn_request *r, int64_t b, int64_t hk, double *S,
                                   double *P, double *dq, double *dk, double *dv, attn_status *st) {
-  const int64_t nq = r->seq_q, nk = r->seq_kv, D = r->head_dim;
-  const int64_t group = r->heads_q / r->heads_kv;
+  const int64_t nq = r->seq_q, nk = r->seq_kv, D = r->head_dim, Dv = attn_request_dv(r);
+  const int64_t group = r->heads_q / r->heads_kv, W = D > Dv ? D : Dv; /* every buffer's width */
   bwd_head x;
-  x.q = malloc((size_t)(4 * nq * D + 2 * nk * D) * sizeof(double));
+  x.q = malloc((size_t)(4 * nq * W + 2 * nk * W) * sizeof(double));
   if (!x.q)
     return attn_status_set(st, ATTN_ENOMEM, "out of memory in the reference");
-  x.dout = x.q + nq * D;
-  x.o = x.dout + nq * D;
-  double *o_fwd = x.o + nq * D;
-  x.k = o_fwd + nq * D;
-  x.v = x.k + nk * D;
+  x.dout = x.q + nq * W;
+  x.o = x.dout + nq * W;
+  double *o_fwd = x.o + nq * W;
+  x.k = o_fwd + nq * W;
+  x.v = x.k + nk * W;
   memset(dk, 0, (size_t)(nk * D) * sizeof *dk);
-  memset(dv, 0, (size_t)(nk * D) * sizeof *dv);
+  memset(dv, 0, (size_t)(nk * Dv) * sizeof *dv);
   int rc = attn__check_lse(r, st);
   for (int64_t g = 0; g < group && rc == 0; g++) {
     int64_t h = hk * group + g;
@@ -135,13 +137,13 @@ int attn_reference_backward(const attn_request *r0, double *dq, double *dk, doub
   double *S = malloc(n * sizeof *S), *P = malloc(n * sizeof *P);
   if (!S || !P)
     rc = attn_status_set(st, ATTN_ENOMEM, "out of memory for the reference's S and P");
-  const int64_t D = r.head_dim, group = r.heads_q / r.heads_kv;
+  const int64_t D = r.head_dim, Dv = attn_request_dv(&r), group = r.heads_q / r.heads_kv;
   for (int64_t b = 0; b < r.batch && rc == 0; b++)
     for (int64_t hk = 0; hk < r.heads_kv && rc == 0; hk++) {
       size_t qrow = (size_t)((b * r.heads_q + hk * group) * r.seq_q);
       size_t krow = (size_t)((b * r.heads_kv + hk) * r.seq_kv);
       rc = attn_reference_backward_group(&r, b, hk, S, P, dq + qrow * (size_t)D,
-                                         dk + krow * (size_t)D, dv + krow * (size_t)D, st);
+                                         dk + krow * (size_t)D, dv + krow * (size_t)Dv, st);
     }
   free(S);
   free(P);
@@ -153,7 +155,8 @@ int attn_reference_backward(const attn_request *r0, double *dq, double *dk, doub
  * so dL/dt = P_t·(0 − Σ_j P_ij·dP_ij) by the Jacobian, summed over rows. */
 static int dsinks_head(const attn_request *r, int64_t b, int64_t h, double *S, double *P,
                        bwd_head *x, double *ml, double *out, attn_status *st) {
-  const int64_t nq = r->seq_q, nk = r->seq_kv, D = r->head_dim, hk = h / (r->heads_q / r->heads_kv);
+  const int64_t nq = r->seq_q, nk = r->seq_kv, D = attn_request_dv(r);
+  const int64_t hk = h / (r->heads_q / r->heads_kv);
   int rc = load_inputs(r, b, h, hk, x, st);
   if (rc == 0)
     rc = attn_reference_head(r, b, h, S, P, x->o, ml, ml + nq, NULL, st);
@@ -180,7 +183,8 @@ int attn_reference_dsinks(const attn_request *r0, double *dsinks, attn_status *s
                            "one problem (not a variable-length batch)");
   attn_request r = *r0;
   attn__request_fill_strides(&r);
-  const int64_t nq = r.seq_q, nk = r.seq_kv, D = r.head_dim;
+  const int64_t nq = r.seq_q, nk = r.seq_kv;
+  const int64_t D = r.head_dim > attn_request_dv(&r) ? r.head_dim : attn_request_dv(&r);
   size_t n = (size_t)(nq * nk);
   double *S = malloc(n * sizeof *S), *P = malloc(n * sizeof *P);
   double *buf = malloc((size_t)(3 * nq * D + 2 * nk * D + 2 * nq) * sizeof *buf);

@@ -78,6 +78,10 @@ int64_t attn_request_offset(const attn_request *r) {
   return r->diag_offset == ATTN_DIAG_AUTO ? r->seq_kv - r->seq_q : r->diag_offset;
 }
 
+int64_t attn_request_dv(const attn_request *r) {
+  return r->head_dim_v ? r->head_dim_v : r->head_dim;
+}
+
 double attn_request_alibi_slope(const attn_request *r, int64_t b, int64_t h) {
   return r->alibi_slopes ? (double)r->alibi_slopes[b * r->alibi_stride_b + h] : 0.0;
 }
@@ -190,12 +194,12 @@ static int validate_backward(const attn_request *r, int64_t b, size_t es, attn_s
     return attn_status_set(st, ATTN_EINVAL,
                            "a backward pass returns dq, dk and dv, not m, l or lse; "
                            "pass the forward's lse as an input instead");
-  int64_t hq = r->heads_q, hk = r->heads_kv, d = r->head_dim;
+  int64_t hq = r->heads_q, hk = r->heads_kv, d = r->head_dim, dv = attn_request_dv(r);
   int rc;
-  if ((rc = check_tensor(st, "do", r->dout, b, hq, r->seq_q, d, r->do_stride, es)) ||
+  if ((rc = check_tensor(st, "do", r->dout, b, hq, r->seq_q, dv, r->do_stride, es)) ||
       (rc = check_tensor(st, "dq", r->dq, b, hq, r->seq_q, d, r->dq_stride, es)) ||
       (rc = check_tensor(st, "dk", r->dk, b, hk, r->seq_kv, d, r->dk_stride, es)) ||
-      (rc = check_tensor(st, "dv", r->dv, b, hk, r->seq_kv, d, r->dv_stride, es)))
+      (rc = check_tensor(st, "dv", r->dv, b, hk, r->seq_kv, dv, r->dv_stride, es)))
     return rc;
   return 0;
 }
@@ -311,9 +315,9 @@ static int validate_pages(const attn_request *r, attn_status *st) {
 static int validate_kv(const attn_request *r, int64_t b, size_t es, attn_status *st) {
   if (r->k_pages || r->v_pages)
     return validate_pages(r, st);
-  const int64_t hk = r->heads_kv, d = r->head_dim;
+  const int64_t hk = r->heads_kv, d = r->head_dim, dv = attn_request_dv(r);
   int rc = check_tensor(st, "k", r->k, b, hk, r->seq_kv, d, r->k_stride, es);
-  return rc ? rc : check_tensor(st, "v", r->v, b, hk, r->seq_kv, d, r->v_stride, es);
+  return rc ? rc : check_tensor(st, "v", r->v, b, hk, r->seq_kv, dv, r->v_stride, es);
 }
 
 int attn_request_validate(const attn_request *r, attn_status *st) {
@@ -327,6 +331,15 @@ int attn_request_validate(const attn_request *r, attn_status *st) {
   if (r->head_dim < 1 || r->head_dim > ATTN_MAX_HEAD_DIM)
     return attn_status_set(st, ATTN_ESHAPE, "head_dim must be between 1 and %d (got %lld)",
                            ATTN_MAX_HEAD_DIM, (long long)r->head_dim);
+  if (r->head_dim_v < 0 || r->head_dim_v > ATTN_MAX_HEAD_DIM)
+    return attn_status_set(st, ATTN_ESHAPE,
+                           "head_dim_v must be 0 (head_dim) or between 1 and %d (got %lld)",
+                           ATTN_MAX_HEAD_DIM, (long long)r->head_dim_v);
+  if (attn_request_dv(r) != r->head_dim && (r->k_pages || r->v_pages))
+    return attn_status_set(st, ATTN_EUNSUPPORTED,
+                           "a value head dim of its own (head_dim_v %lld, head_dim %lld) is not "
+                           "taken with pages yet",
+                           (long long)r->head_dim_v, (long long)r->head_dim);
   if (r->heads_q % r->heads_kv)
     return attn_status_set(st, ATTN_EHEADS, "heads_q (%lld) is not a multiple of heads_kv (%lld)",
                            (long long)r->heads_q, (long long)r->heads_kv);
@@ -356,10 +369,10 @@ int attn_request_validate(const attn_request *r, attn_status *st) {
       __builtin_mul_overflow(t, r->heads_q, &t))
     return attn_status_set(st, ATTN_EOVERFLOW,
                            "batch x heads_q x seq_q x seq_kv overflows 64 bits");
-  int64_t hq = r->heads_q, d = r->head_dim;
+  int64_t hq = r->heads_q, d = r->head_dim, dv = attn_request_dv(r);
   if ((rc = check_tensor(st, "q", r->q, b, hq, r->seq_q, d, r->q_stride, es)) ||
       (rc = validate_kv(r, b, es, st)) ||
-      (rc = check_tensor(st, "o", r->o, b, hq, r->seq_q, d, r->o_stride, es)))
+      (rc = check_tensor(st, "o", r->o, b, hq, r->seq_q, dv, r->o_stride, es)))
     return rc;
   return r->pass == ATTN_FORWARD ? 0 : validate_backward(r, b, es, st);
 }
@@ -373,16 +386,16 @@ static void fill(int64_t s[3], int64_t h, int64_t n, int64_t d) {
 }
 
 void attn__request_fill_strides(attn_request *r) {
-  int64_t d = r->head_dim;
+  int64_t d = r->head_dim, dv = attn_request_dv(r);
   fill(r->q_stride, r->heads_q, r->seq_q, d);
   fill(r->k_stride, r->heads_kv, r->seq_kv, d);
-  fill(r->v_stride, r->heads_kv, r->seq_kv, d);
-  fill(r->o_stride, r->heads_q, r->seq_q, d);
+  fill(r->v_stride, r->heads_kv, r->seq_kv, dv);
+  fill(r->o_stride, r->heads_q, r->seq_q, dv);
   if (r->pass == ATTN_BACKWARD) {
-    fill(r->do_stride, r->heads_q, r->seq_q, d);
+    fill(r->do_stride, r->heads_q, r->seq_q, dv);
     fill(r->dq_stride, r->heads_q, r->seq_q, d);
     fill(r->dk_stride, r->heads_kv, r->seq_kv, d);
-    fill(r->dv_stride, r->heads_kv, r->seq_kv, d);
+    fill(r->dv_stride, r->heads_kv, r->seq_kv, dv);
   }
 }
 
@@ -466,7 +479,8 @@ uint64_t attn_request_pairs(const attn_request *r) {
 }
 
 double attn_request_flops(const attn_request *r) {
-  double fwd = 4.0 * (double)r->head_dim * (double)attn_request_visible_pairs(r);
+  const double dims = (double)r->head_dim + (double)attn_request_dv(r); /* Q·Kᵀ, then P·V */
+  double fwd = 2.0 * dims * (double)attn_request_visible_pairs(r);
   return r->pass == ATTN_BACKWARD ? 2.5 * fwd : fwd;
 }
 

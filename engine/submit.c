@@ -5,9 +5,11 @@
  * The top of the engine: a plain request becomes one job on the backend
  * picked for it (run on the caller's thread for attn_engine_run_here, where
  * the backend can); a variable-length batch goes to varlen.c, which makes one
- * job per sequence on one backend. Either way the caller's callback runs
+ * job per sequence on one backend; values with a head dim of their own go
+ * to dv.c, which pads them and comes back here. Either way the caller's callback runs
  * once, through attn__job_complete() (job.c).
  */
+#include "dv.h"
 #include "handle.h"
 #include "varlen.h"
 
@@ -20,6 +22,8 @@ static int submit(attn_engine *e, const attn_request *r, bool here, attn_done_fn
     return attn_status_set(st, ATTN_ECANCELED, "the job was canceled before it was queued");
   if (!done)
     return attn_status_set(st, ATTN_EINVAL, "no completion callback");
+  if (attn_request_dv(r) != r->head_dim)
+    return attn__dv_submit(e, r, here, done, arg, submit, st);
   if (r->cu_seqlens_q)
     return attn__varlen_submit(e, r, here, done, arg, st);
   const attn_backend *be;

@@ -105,8 +105,7 @@ static bool same_sinks(const attn_request *x, const attn_request *y) {
 static bool mergeable(const kv_pending *pa, const kv_pending *pb) {
   const attn_request *x = &pa->call->req, *y = &pb->call->req;
   return x->dtype == y->dtype && x->heads_q == y->heads_q && x->head_dim == y->head_dim &&
-         same_sinks(x, y) &&
-         same_double(x->scale, y->scale) && x->causal == y->causal &&
+         same_sinks(x, y) && same_double(x->scale, y->scale) && x->causal == y->causal &&
          x->window_left == y->window_left && x->window_right == y->window_right &&
          same_double(x->softcap, y->softcap) && !x->alibi_slopes && !y->alibi_slopes &&
          !x->m == !y->m && !x->l == !y->l && !x->lse == !y->lse && shapes_fit(pa, pb);

@@ -1162,8 +1162,7 @@ Test(cuda_backend, sinks_are_declined_and_auto_runs_them_on_the_cpu, .init = res
   cr_expect(strstr(st.message, "sinks"), "%s", st.message);
   cr_assert_eq(trun(e, &c, "auto", &st), 0, "%s", st.message);
   terr err = tcheck(&c);
-  cr_expect(err.o <= ttol(p.dt) && err.stats <= 1e-5, "O error %.3g, stats %.3g", err.o,
-            err.stats);
+  cr_expect(err.o <= ttol(p.dt) && err.stats <= 1e-5, "O error %.3g, stats %.3g", err.o, err.stats);
   tcase_free(&c);
   attn_engine_close(e);
 }

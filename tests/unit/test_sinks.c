@@ -207,8 +207,8 @@ static int backward_case(attn_engine *e, tcase *c, const tref_bwd *ref, const do
   const double tol = ttol(c->p.dt), ds = dsinks_err(c, dref);
   const bool ok = terr_bwd_within(&err, tol) && ds <= tol;
   cr_expect(ok, "%s on %s, lse %s: dq %.3g dk %.3g dv %.3g dsinks %.3g (tol %.0e)",
-            tdesc(&c->p, desc, sizeof desc), isa, with_lse ? "given" : "recomputed", err.dq,
-            err.dk, err.dv, ds, tol);
+            tdesc(&c->p, desc, sizeof desc), isa, with_lse ? "given" : "recomputed", err.dq, err.dk,
+            err.dv, ds, tol);
   return !ok;
 }
 
@@ -239,8 +239,8 @@ static void backward_on(int isa) {
   cr_assert_eq(fails, 0, "%d backward checks failed on %s", fails, isas[isa]);
 }
 
-#define ISA_TESTS(i, name)                                                                        \
-  Test(sinks, forward_##name, .timeout = 300) { forward_on(i); }                                  \
+#define ISA_TESTS(i, name)                                       \
+  Test(sinks, forward_##name, .timeout = 300) { forward_on(i); } \
   Test(sinks, backward_##name, .timeout = 300) { backward_on(i); }
 
 ISA_TESTS(0, generic)

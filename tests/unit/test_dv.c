@@ -151,8 +151,8 @@ static int backward_case(attn_engine *e, const dvspec *s, attn_dtype dt, uint64_
   dv_backward(&c, seed + 1);
   double *ref = malloc((size_t)(c.nq_el + c.nk_el + c.nv_el) * sizeof *ref);
   attn_status st = {0};
-  cr_assert_eq(attn_reference_backward(&c.r, ref, ref + c.nq_el, ref + c.nq_el + c.nk_el, &st),
-               0, "%s", st.message);
+  cr_assert_eq(attn_reference_backward(&c.r, ref, ref + c.nq_el, ref + c.nq_el + c.nk_el, &st), 0,
+               "%s", st.message);
   int rc = attn_engine_run(e, &c.r, NULL, &st);
   cr_expect_eq(rc, 0, "%s: %s", isa, st.message);
   const double eq = rc ? INFINITY : nerr(c.dq, dt, ref, c.nq_el);
@@ -182,8 +182,8 @@ static void run_on(int isa, bool backward) {
   cr_assert_eq(fails, 0, "%d cases out of tolerance on %s", fails, isas[isa]);
 }
 
-#define ISA_TESTS(i, name)                                                                        \
-  Test(dv, forward_##name, .timeout = 300) { run_on(i, false); }                                  \
+#define ISA_TESTS(i, name)                                       \
+  Test(dv, forward_##name, .timeout = 300) { run_on(i, false); } \
   Test(dv, backward_##name, .timeout = 300) { run_on(i, true); }
 
 ISA_TESTS(0, generic)

@@ -218,4 +218,14 @@ Test(dv_codecs, sessions_refuse_a_value_head_dim_of_their_own) {
   rc = attn_proto_decode_session(call, strlen(call), true, NULL, &ps, &pr, &st);
   cr_expect_eq(rc, ATTN_EUNSUPPORTED, "%d: %s", rc, st.message);
   cr_expect(strstr(st.message, "not supported in sessions yet"), "%s", st.message);
+  /* a _batch entry's v the same way */
+  const char *batch =
+      "{\"sessions\": [\"a\"], \"pos\": [0], " T("q", "[1, 4]", "[1, 2, 3, 4]") ", " T(
+          "k", "[1, 4]", "[1, 2, 3, 4]") ", " T("v", "[1, 2]",
+                                                "[1, 2]") ", \"cu_seqlens_q\": [0, 1], "
+                                                          "\"cu_seqlens_kv\": [0, 1]}";
+  attn_proto_session_init(&ps, true);
+  rc = attn_proto_decode_session(batch, strlen(batch), true, NULL, &ps, &pr, &st);
+  cr_expect_eq(rc, ATTN_EUNSUPPORTED, "%d: %s", rc, st.message);
+  cr_expect(strstr(st.message, "not supported in sessions yet"), "%s", st.message);
 }

@@ -232,11 +232,6 @@ static int parse_args(int argc, char **argv, tool_infer_args *a) {
                        "random tensors; IN is sent as it is (its v gives Dv)\n");
     return 2;
   }
-  if (a->shards && a->head_dim_v) {
-    fprintf(stderr, ME ": --shards does not take a value head dim of its own yet; leave out "
-                       "--head-dim-v\n");
-    return 2;
-  }
   if (tool_infer_varlen_shapes(a) != 0)
     return 2;
   if (!a->have_shape_kv && !a->cu_q)

@@ -203,6 +203,13 @@ Test(infer, value_head_dim_of_its_own) {
       cr_expect(strstr(out, dv) != NULL, "%s: Dv not reported:\n%s", what, out);
       free(out);
     }
+  /* K/V split along Nkv: each shard's v keeps Dv, and the merge is Dv wide */
+  char urls[256], *out;
+  snprintf(urls, sizeof urls, "%s,%s", S.url, S.url);
+  int rc = infer(&out, "--shards", urls, "--shape", "1,4,30,192", "--shape-kv", "1,2,70,192",
+                 "--head-dim-v", "128", "--causal", "--stats", "--check", NULL);
+  cr_expect(rc == 0 && strstr(out, "PASS"), "--shards with --head-dim-v: %d\n%s", rc, out);
+  free(out);
 }
 
 Test(infer, causal_and_windows) {

@@ -102,8 +102,22 @@ static const char *backend_literal(const char *name) {
   return "auto";
 }
 
-/* q, k and v together: one dtype and rank, k and v alike, matching B and D,
- * Hq a multiple of Hkv. */
+/* v against k: the same shape but for the last dimension, v's own Dv
+ * (DeepSeek's MLA prefill: D 192, Dv 128); the engine bounds Dv. */
+static int check_v(const attn_proto_tensor *k, const attn_proto_tensor *v, attn_status *st) {
+  if (!memcmp(k->shape, v->shape, (size_t)(k->rank - 1) * sizeof k->shape[0]))
+    return 0;
+  char a[128], b[128];
+  shape_str(a, sizeof a, k);
+  shape_str(b, sizeof b, v);
+  return attn_status_set(st, ATTN_PROTO_ESHAPE,
+                         "tensor \"v\" has shape %s but \"k\" has %s; they must match but for "
+                         "the last dimension (v's may differ: the value head dim Dv)",
+                         b, a);
+}
+
+/* q, k and v together: one dtype and rank, v like k but for its last dim,
+ * matching B and D of q and k, Hq a multiple of Hkv. */
 static int check_qkv(const attn_proto_tensor t[3], attn_status *st) {
   for (int i = 1; i < 3; i++)
     if (t[i].dtype != t[0].dtype)
@@ -117,12 +131,9 @@ static int check_qkv(const attn_proto_tensor t[3], attn_status *st) {
                            "q, k and v must have the same number of dimensions (q %d, "
                            "k %d, v %d)",
                            t[0].rank, t[1].rank, t[2].rank);
-  if (memcmp(t[1].shape, t[2].shape, sizeof t[1].shape) != 0) {
-    shape_str(a, sizeof a, &t[1]);
-    shape_str(b, sizeof b, &t[2]);
-    return attn_status_set(st, ATTN_PROTO_ESHAPE,
-                           "tensor \"v\" has shape %s but \"k\" has %s; they must match", b, a);
-  }
+  int rc = check_v(&t[1], &t[2], st);
+  if (rc < 0)
+    return rc;
   int64_t q[4], k[4];
   attn__bhnd(&t[0], q);
   attn__bhnd(&t[1], k);
@@ -132,8 +143,9 @@ static int check_qkv(const attn_proto_tensor t[3], attn_status *st) {
   shape_str(b, sizeof b, &t[1]);
   if (q[3] != k[3])
     return attn_status_set(st, ATTN_PROTO_ESHAPE,
-                           "head dims differ: q %s ends in %lld, k %s in %lld", a, (long long)q[3],
-                           b, (long long)k[3]);
+                           "head dims differ: q %s ends in %lld, k %s in %lld; q and k must "
+                           "share D (only v may have its own last dimension)",
+                           a, (long long)q[3], b, (long long)k[3]);
   if (q[0] != k[0])
     return attn_status_set(st, ATTN_PROTO_ESHAPE,
                            "batch sizes differ: q %s has %lld, k %s has %lld", a, (long long)q[0],
@@ -144,24 +156,28 @@ static int check_qkv(const attn_proto_tensor t[3], attn_status *st) {
                          a, (long long)q[1], b, (long long)k[1]);
 }
 
-/* Tensor x must have q's dtype (lse: F32) and q's shape (lse: less D). */
-static int check_like_q(const attn_proto_tensor *x, bool lse, const attn_proto_tensor *q,
+/* Tensor x must have q's dtype (lse: F32) and o's shape, q's with v's last
+ * dimension Dv (lse: q's less D). */
+static int check_like_o(const attn_proto_tensor *x, bool lse, const attn_proto_tensor *t,
                         attn_status *st) {
+  const attn_proto_tensor *q = &t[ATTN_PROTO_T_Q];
+  attn_proto_tensor o = *q;
+  o.shape[o.rank - 1] = t[ATTN_PROTO_T_V].shape[t[ATTN_PROTO_T_V].rank - 1];
   attn_dtype want = lse ? ATTN_F32 : q->dtype;
   if (x->dtype != want)
     return attn_status_set(st, ATTN_PROTO_EDTYPE, "tensor \"%s\" is %s; it must be %s%s", x->name,
                            attn_dtype_name(x->dtype), attn_dtype_name(want),
                            lse ? " (statistics are always F32)" : ", q's dtype");
   int rank = lse ? q->rank - 1 : q->rank;
-  if (x->rank == rank && !memcmp(x->shape, q->shape, (size_t)rank * sizeof *x->shape))
+  if (x->rank == rank && !memcmp(x->shape, o.shape, (size_t)rank * sizeof *x->shape))
     return 0;
   char a[128], b[128];
-  attn_proto_tensor want_shape = *q;
-  want_shape.rank = rank;
+  o.rank = rank;
   shape_str(a, sizeof a, x);
-  shape_str(b, sizeof b, &want_shape);
-  return attn_status_set(st, ATTN_PROTO_ESHAPE, "tensor \"%s\" has shape %s; it must be %s (%s)",
-                         x->name, a, b, lse ? "q's shape without its last dimension" : "q's shape");
+  shape_str(b, sizeof b, &o);
+  return attn_status_set(
+      st, ATTN_PROTO_ESHAPE, "tensor \"%s\" has shape %s; it must be %s (%s)", x->name, a, b,
+      lse ? "q's shape without its last dimension" : "o's shape: q's with v's last dimension Dv");
 }
 
 /* A backward request's own tensors (o, do, lse if given) and options. */
@@ -178,7 +194,7 @@ static int check_backward(const attn_proto_tensor *t, const attn_options *opts, 
                              "tensor \"%s\" is missing; a backward pass needs %s", tensor_names[i],
                              attn_proto_tensor_list(ATTN_BACKWARD));
     if (t[i].data && ((rc = attn__check_one(&t[i], lse ? 1 : 2, st)) < 0 ||
-                      (rc = check_like_q(&t[i], lse, t, st)) < 0))
+                      (rc = check_like_o(&t[i], lse, t, st)) < 0))
       return rc;
   }
   return 0;
@@ -268,6 +284,7 @@ static void fill_request(attn_proto_req *pr, attn_pass pass, const attn_proto_te
   pr->rank = t[0].rank;
   memcpy(pr->shape_q, t[0].shape, sizeof pr->shape_q);
   memcpy(pr->shape_kv, t[1].shape, sizeof pr->shape_kv);
+  attn__shapes_dv(pr, t[2].shape[t[2].rank - 1]);
   attn_request *r = &pr->req;
   attn_request_init(r);
   r->pass = pass;
@@ -277,6 +294,7 @@ static void fill_request(attn_proto_req *pr, attn_pass pass, const attn_proto_te
   r->seq_q = q[2];
   r->seq_kv = k[2];
   r->head_dim = q[3];
+  r->head_dim_v = t[2].shape[t[2].rank - 1] == q[3] ? 0 : t[2].shape[t[2].rank - 1];
   r->dtype = t[0].dtype;
   r->scale = opts->scale;
   r->causal = opts->causal;
@@ -323,11 +341,14 @@ int attn__alloc_outputs(attn_proto_req *pr, attn_status *st) {
   attn_request *r = &pr->req;
   const int64_t nb = r->cu_seqlens_q ? 1 : r->batch; /* varlen: one [H, total, D] */
   size_t es = attn_dtype_size(r->dtype), rows = (size_t)(nb * r->heads_q * r->seq_q);
-  size_t qn = ((rows * (size_t)r->head_dim * es) + 3) & ~(size_t)3;
-  size_t kn = (((size_t)(nb * r->heads_kv * r->seq_kv * r->head_dim) * es) + 3) & ~(size_t)3;
+  size_t kvrows = (size_t)(nb * r->heads_kv * r->seq_kv), dv = (size_t)attn_request_dv(r);
   bool bwd = r->pass == ATTN_BACKWARD, stats = !bwd && pr->opts.stats;
+  /* forward: O of Dv; backward: dq of D, dk of D, dv of Dv */
+  size_t qn = ((rows * (bwd ? (size_t)r->head_dim : dv) * es) + 3) & ~(size_t)3;
+  size_t kn = ((kvrows * (size_t)r->head_dim * es) + 3) & ~(size_t)3;
+  size_t vn = ((kvrows * dv * es) + 3) & ~(size_t)3;
   size_t sn = bwd && r->sinks ? (size_t)r->heads_q * sizeof(float) : 0;
-  size_t total = qn + (bwd ? 2 * kn + sn : stats ? 3 * rows * sizeof(float) : 0);
+  size_t total = qn + (bwd ? kn + vn + sn : stats ? 3 * rows * sizeof(float) : 0);
   char *out = pr->out = malloc(total ? total : 1);
   if (!out)
     return attn_status_set(st, ATTN_PROTO_ENOMEM, "out of memory for the %zu-byte result", total);
@@ -336,7 +357,7 @@ int attn__alloc_outputs(attn_proto_req *pr, attn_status *st) {
     r->dq = out;
     r->dk = out + qn;
     r->dv = out + qn + kn;
-    r->dsinks = sn ? (float *)(void *)(out + qn + 2 * kn) : NULL;
+    r->dsinks = sn ? (float *)(void *)(out + qn + kn + vn) : NULL;
     return 0;
   }
   r->o = out;
@@ -371,6 +392,13 @@ int attn_proto_build(attn_proto_req *pr, const attn_proto_tensor t[ATTN_PROTO_MA
   return attn_proto_build_pass(pr, ATTN_FORWARD, t, opts, st);
 }
 
+void attn__shapes_dv(attn_proto_req *pr, int64_t dv) {
+  memcpy(pr->shape_o, pr->shape_q, sizeof pr->shape_o);
+  memcpy(pr->shape_v, pr->shape_kv, sizeof pr->shape_v);
+  if (pr->rank >= 1)
+    pr->shape_o[pr->rank - 1] = pr->shape_v[pr->rank - 1] = dv;
+}
+
 static size_t elems(const int64_t *shape, int rank) {
   size_t n = 1;
   for (int i = 0; i < rank; i++)
@@ -388,13 +416,13 @@ int attn__reply_outs(const attn_proto_req *pr, bool all, attn__out t[ATTN__MAX_O
   if (r->pass == ATTN_BACKWARD) {
     set_out(&t[0], "dq", r->dtype, pr->shape_q, pr->rank, r->dq);
     set_out(&t[1], "dk", r->dtype, pr->shape_kv, pr->rank, r->dk);
-    set_out(&t[2], "dv", r->dtype, pr->shape_kv, pr->rank, r->dv);
+    set_out(&t[2], "dv", r->dtype, pr->shape_v, pr->rank, r->dv);
     if (!all && !r->dsinks)
       return 3;
     set_out(&t[3], "dsinks", ATTN_F32, &r->heads_q, 1, r->dsinks);
     return 4;
   }
-  set_out(&t[0], "o", r->dtype, pr->shape_q, pr->rank, r->o);
+  set_out(&t[0], "o", r->dtype, pr->shape_o, pr->rank, r->o);
   if (!all && !pr->opts.stats)
     return 1;
   set_out(&t[1], "m", ATTN_F32, pr->shape_q, pr->rank - 1, r->m);

@@ -240,6 +240,9 @@ float attn__parse_float(const char *s);
  * outputs of pr->req allocated. */
 int attn__check_one(const attn_proto_tensor *t, int lo, attn_status *st);
 void attn__bhnd(const attn_proto_tensor *t, int64_t d[4]);
+/* pr->shape_o and shape_v from shape_q, shape_kv and rank, with last
+ * dimension dv (the value head dim, D when v has no width of its own). */
+void attn__shapes_dv(attn_proto_req *pr, int64_t dv);
 int attn__check_alibi(const attn_proto_tensor *a, const attn_proto_tensor *t, attn_status *st);
 /* sinks against q (t[0]): F32 [Hq] when sent. */
 int attn__check_sinks(const attn_proto_tensor *s, const attn_proto_tensor *t, attn_status *st);

@@ -122,7 +122,7 @@ int attn_proto_encode_json(const attn_proto_req *pr, const char *backend, char *
               ? 0
               : attn__reply_outs(pr, false, t);
   for (int i = 0; i < pr->rank; i++)
-    if (pr->shape_q[i] < 0)
+    if (pr->shape_q[i] < 0 || pr->shape_o[i] < 0)
       return attn_status_set(st, ATTN_EINVAL, "encode_json: negative dimension");
   if (!n || !t[0].data)
     return attn_status_set(st, ATTN_EINVAL, "encode_json: the request has no result");

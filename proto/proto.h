@@ -199,8 +199,10 @@ typedef struct attn_proto_req {
   attn_request req;    /* ready for attn_engine_submit(); req.pass says which */
   attn_options opts;   /* the effective options */
   int rank;            /* of q, k, v (and o, do, dq, dk, dv) */
-  int64_t shape_q[4];  /* o, do and dq have this shape; m, l, lse drop the last dim */
-  int64_t shape_kv[4]; /* k's and v's, so dk's and dv's */
+  int64_t shape_q[4];  /* q's and dq's; m, l, lse drop the last dim */
+  int64_t shape_kv[4]; /* k's and dk's */
+  int64_t shape_o[4];  /* o's, do's: q's with v's last dim Dv (the value head dim) */
+  int64_t shape_v[4];  /* v's and dv's: k's with last dim Dv */
   void *owned[ATTN_PROTO_MAX_TENSORS]; /* decoder-made buffers (converted or realigned data) */
   void *out; /* forward: O, then m, l, lse when opts.stats; backward: dq, dk, dv (, dsinks) */
   size_t out_bytes; /* of out */
@@ -214,8 +216,9 @@ typedef struct attn_proto_req {
 } attn_proto_req;
 
 /*
- * Checks q, k, v together (same rank and dtype, matching B, D and Nkv, Hq a
- * multiple of Hkv, every dim >= 1), alibi_slopes when t[ATTN_PROTO_T_ALIBI]
+ * Checks q, k, v together (same rank and dtype, matching B, D of q and k, v
+ * k's shape but for its last dim Dv (req.head_dim_v; the engine bounds it),
+ * Hq a multiple of Hkv, every dim >= 1), alibi_slopes when t[ATTN_PROTO_T_ALIBI]
  * has data (F32, [Hq] or [B, Hq]), and fills pr->req from them and from opts,
  * allocating O and the statistics. Codecs call this; it is public so clients
  * that build tensors themselves get the same checks.
@@ -226,10 +229,10 @@ int attn_proto_build(attn_proto_req *pr, const attn_proto_tensor t[ATTN_PROTO_MA
  * The same for either pass: t holds ATTN_PROTO_MAX_TENSORS tensors in the
  * table's order (data NULL for those absent, and those not of the pass not looked at; cu_seqlens
  * data int64: a variable-length batch, checked as [B+1] both, q not rank 4). A backward pass also
- * checks that o and do have q's shape and dtype (ATTN_PROTO_ESHAPE, EDTYPE) and lse, when t[5].data
- * is not NULL, F32 of q's shape without its last dimension; refuses the option stats
- * (ATTN_PROTO_EOPTVALUE: a backward pass returns no statistics); and allocates dq, dk and dv in
- * the input dtype.
+ * checks that o and do have o's shape (q's with v's last dim Dv) and q's dtype (ATTN_PROTO_ESHAPE,
+ * EDTYPE) and lse, when t[5].data is not NULL, F32 of q's shape without its last dimension; refuses
+ * the option stats (ATTN_PROTO_EOPTVALUE: a backward pass returns no statistics); and allocates dq,
+ * dk (D) and dv (Dv) in the input dtype.
  */
 int attn_proto_build_pass(attn_proto_req *pr, attn_pass pass, const attn_proto_tensor *t,
                           const attn_options *opts, attn_status *st);
@@ -367,7 +370,9 @@ int64_t attn_proto_session_entries(const attn_proto_session *ps, const attn_requ
                                    const char *id, attn_kv_entry *entries);
 
 /* PUT /v1/sessions/{id}'s body {"heads_kv", "head_dim", "dtype",
- * "max_tokens", "layers"? (1), "ttl_s"? (600; from 1 to ttl_max)} into *sh
+ * "max_tokens", "layers"? (1), "ttl_s"? (600; from 1 to ttl_max),
+ * "head_dim_v"? (head_dim, the one value taken for now: ATTN_EUNSUPPORTED
+ * otherwise)} into *sh
  * and *ttl_s; unknown and repeated fields refused, another dtype
  * ATTN_EDTYPE, and a string holding a NUL (\u0000) refused, as in the
  * truncate's. */
@@ -472,16 +477,14 @@ void attn_proto_v2_model_config(struct attn_sbuf *b, int model);
 /*
  * Request bodies from an engine request's q, k, v (contiguous [B, H, N, D]
  * of r->dtype: batch, heads_q, seq_q, head_dim for q; heads_kv, seq_kv for
- * k and v) and the options set in opts (NULL or none set: no options in the
- * body; the server lets the body's options win over its query string).
- * safetensors: the header padded to a multiple of 8 bytes, so the server
- * reads the tensors in place, options as "__metadata__" string values.
- * JSON: {"q": {"shape", "dtype", "data"}, "k", "v", options as typed
- * fields}, each number the shortest text that reads back to its value.
- * *pbuf is malloc'd (the JSON NUL-terminated, *plen without the NUL).
- * Errors: ATTN_EINVAL for a request without tensors or with a dimension
- * below 1, ATTN_PROTO_ETOOLARGE when the sizes overflow, ATTN_PROTO_ENOMEM.
- * A backward request (r->pass) also writes o (r->o), do (r->dout) and, when
+ * k and v; v, and a backward's o and do, end in attn_request_dv(r)) and the options set in opts
+ * (NULL or none set: no options in the body; the server lets the body's options win over its query
+ * string). safetensors: the header padded to a multiple of 8 bytes, so the server reads the tensors
+ * in place, options as "__metadata__" string values. JSON: {"q": {"shape", "dtype", "data"}, "k",
+ * "v", options as typed fields}, each number the shortest text that reads back to its value. *pbuf
+ * is malloc'd (the JSON NUL-terminated, *plen without the NUL). Errors: ATTN_EINVAL for a request
+ * without tensors or with a dimension below 1, ATTN_PROTO_ETOOLARGE when the sizes overflow,
+ * ATTN_PROTO_ENOMEM. A backward request (r->pass) also writes o (r->o), do (r->dout) and, when
  * r->lse_in is not NULL, lse (F32 [B, Hq, Nq]; -inf as JSON null); send it
  * to POST /attention/backward.
  */

@@ -92,12 +92,17 @@ static int optional_inputs(const attn_request *r, in_tensor *t, int n, attn_stat
 
 /* The tensors of r's body in the table's order: q, k, v, and for a
  * backward request o, do and, when given, lse; then alibi_slopes, the
- * cu_seqlens and sinks when r has them. A variable-length batch's q, k, v (o, do)
+ * cu_seqlens and sinks when r has them. v, o and do end in Dv
+ * (attn_request_dv). A variable-length batch's q, k, v (o, do)
  * are [H, total, D] and its lse [Hq, total]: no batch dimension. Returns
  * how many, or an error when one is missing or its size is wrong. */
 static int inputs(const attn_request *r, in_tensor t[ATTN_PROTO_MAX_TENSORS], attn_status *st) {
   const int64_t sq[4] = {r->batch, r->heads_q, r->seq_q, r->head_dim};
   const int64_t skv[4] = {r->batch, r->heads_kv, r->seq_kv, r->head_dim};
+  /* v, and a backward's o and do, have the value head dim Dv */
+  const int64_t so[4] = {r->batch, r->heads_q, r->seq_q, attn_request_dv(r)};
+  const int64_t sv[4] = {r->batch, r->heads_kv, r->seq_kv, attn_request_dv(r)};
+  const int64_t *shapes[6] = {sq, skv, sv, so, so, sq};
   const int drop = r->cu_seqlens_q ? 1 : 0; /* varlen: no B */
   bool bwd = r->pass == ATTN_BACKWARD;
   const void *data[ATTN_PROTO_MAX_TENSORS] = {r->q, r->k, r->v, r->o, r->dout, r->lse_in};
@@ -106,7 +111,7 @@ static int inputs(const attn_request *r, in_tensor t[ATTN_PROTO_MAX_TENSORS], at
     return attn_status_set(st, ATTN_EINVAL, "encode request: the dtype is missing");
   for (int i = 0; i < n; i++) {
     in_tensor *x = &t[i];
-    bool kv = i == ATTN_PROTO_T_K || i == ATTN_PROTO_T_V, lse = i == ATTN_PROTO_T_LSE;
+    bool lse = i == ATTN_PROTO_T_LSE;
     *x = (in_tensor){attn_proto_tensor_name(i),
                      lse ? ATTN_F32 : r->dtype,
                      false,
@@ -114,7 +119,7 @@ static int inputs(const attn_request *r, in_tensor t[ATTN_PROTO_MAX_TENSORS], at
                      (lse ? 3 : 4) - drop,
                      data[i],
                      0};
-    memcpy(x->shape, (kv ? skv : sq) + drop, (size_t)x->rank * sizeof *x->shape);
+    memcpy(x->shape, shapes[i] + drop, (size_t)x->rank * sizeof *x->shape);
     if (!x->data)
       return attn_status_set(st, ATTN_EINVAL, "encode request: %s or the dtype is missing",
                              attn_proto_tensor_list(r->pass));

@@ -186,6 +186,12 @@ static int check_tensors(const attn_proto_tensor *t, attn_status *st) {
   int64_t a[4], b[4];
   attn__bhnd(q, a);
   attn__bhnd(k, b);
+  if (v->rank == k->rank && v->shape[v->rank - 1] != k->shape[k->rank - 1])
+    return attn_status_set(st, ATTN_EUNSUPPORTED,
+                           "tensor \"v\" ends in %lld but \"k\" in %lld: a session holds one "
+                           "head_dim for k and v, and a value head dim of its own is not "
+                           "supported in sessions yet (/v1/attention takes it)",
+                           (long long)v->shape[v->rank - 1], (long long)k->shape[k->rank - 1]);
   if (k->rank != q->rank || v->rank != q->rank || memcmp(k->shape, v->shape, sizeof k->shape) ||
       a[3] != b[3] || a[1] % b[1])
     return attn_status_set(st, ATTN_PROTO_ESHAPE,
@@ -278,6 +284,7 @@ static int build(attn_proto_req *pr, const attn_proto_tensor *t, const attn_prot
   pr->rank = t[ATTN_PROTO_T_Q].rank;
   memcpy(pr->shape_q, t[ATTN_PROTO_T_Q].shape, sizeof pr->shape_q);
   memcpy(pr->shape_kv, t[ATTN_PROTO_T_K].shape, sizeof pr->shape_kv);
+  attn__shapes_dv(pr, q[3]);
   attn_request *r = &pr->req;
   attn_request_init(r);
   r->batch = ps->batch ? ps->nids : 1;

@@ -21,7 +21,8 @@ typedef struct field {
 } field;
 
 static const field create_fields[] = {{"heads_kv", true},   {"head_dim", true}, {"dtype", true},
-                                      {"max_tokens", true}, {"layers", false},  {"ttl_s", false}};
+                                      {"max_tokens", true}, {"layers", false},  {"ttl_s", false},
+                                      {"head_dim_v", false}};
 #define NCREATE (sizeof create_fields / sizeof *create_fields)
 
 /* Whether the JSON string opening at s[i] holds a NUL, raw or escaped
@@ -156,6 +157,17 @@ static int create_fields_of(const cJSON *root, attn_kv_shape *sh, double ttl_max
       (rc = get_int(root, "layers", 1, ATTN_KV_MAX_LAYERS, 1, &sh->layers, st)) ||
       (rc = get_int(root, "max_tokens", 1, (int64_t)1 << 30, 0, &sh->max_tokens, st)))
     return rc;
+  /* named so that a client sending the contract's field learns it is not
+   * taken yet rather than that it is unknown */
+  int64_t dv;
+  if ((rc = get_int(root, "head_dim_v", 1, ATTN_MAX_HEAD_DIM, sh->head_dim, &dv, st)))
+    return rc;
+  if (dv != sh->head_dim)
+    return attn_status_set(st, ATTN_EUNSUPPORTED,
+                           "\"head_dim_v\" %lld differs from \"head_dim\" %lld: a session with a "
+                           "value head dim of its own is not supported yet (its k and v share "
+                           "head_dim); send v with its own width to /v1/attention instead",
+                           (long long)dv, (long long)sh->head_dim);
   const cJSON *dt = cJSON_GetObjectItemCaseSensitive(root, "dtype");
   if (!cJSON_IsString(dt) || attn_dtype_parse(dt->valuestring, &sh->dtype))
     return attn_status_set(st, ATTN_EDTYPE, "%s", DTYPE_WANT);

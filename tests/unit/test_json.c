@@ -315,6 +315,7 @@ static char *encode_values(attn_dtype dt, void *buf, size_t n) {
   pr.rank = 2;
   pr.shape_q[0] = 256;
   pr.shape_q[1] = (int64_t)(n / 256);
+  memcpy(pr.shape_o, pr.shape_q, sizeof pr.shape_o); /* O's shape: Dv is D here */
   pr.req.dtype = dt;
   pr.req.o = buf;
   char *out;

@@ -242,6 +242,9 @@ def test_refusals(client, wire):
     # past the engine's limit of 256 on either side
     wide_v = np.zeros(k.shape[:-1] + (300,), np.float32)
     e = attnd_error(client.attention, q, k, wide_v, json=json)
+    assert e.status == 422 and "head_dim_v" in e.message and "256" in e.message, e
+    wide_qk = np.zeros(q.shape[:-1] + (300,), np.float32)
+    e = attnd_error(client.attention, wide_qk, wide_qk, v, json=json)
     assert e.status == 422 and "256" in e.message, e
 
 
@@ -250,7 +253,8 @@ def test_session_with_head_dim_v_is_refused(client):
     says so, and nothing is made."""
     e = attnd_error(client.session, "dv-refused", heads_kv=2, head_dim=32, head_dim_v=16,
                     max_tokens=8)
-    assert e.status == 422 and "head_dim_v" in e.message, e
+    assert (e.status, e.code) == (422, "unsupported"), e
+    assert "head_dim_v" in e.message and "not supported" in e.message, e
     assert all(s["id"] != "dv-refused" for s in client.sessions()["sessions"])
 
 
@@ -261,7 +265,8 @@ def test_session_call_with_another_v_width(client, wire):
     q, k, v, _ = sent
     with client.session("dv-width-" + wire, heads_kv=3, head_dim=32, max_tokens=16) as s:
         e = attnd_error(s.attend, q, k, v, json=(wire == "json"))
-        assert e.status == 422 and "v" in e.message, e
+        assert (e.status, e.code) == (422, "unsupported"), e
+        assert '"v"' in e.message and "not supported" in e.message, e
         assert s.info()["lengths"] == [0]
 
 

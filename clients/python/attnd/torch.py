@@ -74,8 +74,9 @@ def attention(q, k, v, causal=False, scale=None, window_left=-1, window_right=-1
     Returns:
         O, q's shape with v's last dimension (Dv), q's dtype and device. ``backward()``
         through it calls the server once for dq, dk and dv, each of its input's shape (dk,
-        dv summed over each GQA group), and dsinks in the sinks' dtype when given; a row with no visible key gets O = 0 and gives no gradient (to
-        the sinks neither: its dO·O is 0). Double backward is not supported.
+        dv summed over each GQA group), and dsinks in the sinks' dtype when given; a row
+        with no visible key gets O = 0 and gives no gradient (to the sinks neither: its
+        dO·O is 0). Double backward is not supported.
     """
     if client is None or isinstance(client, str):
         client = Client() if client is None else Client(client)

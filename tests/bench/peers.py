@@ -90,6 +90,9 @@ ROWS = [
     # DeepSeek-V3's MLA prefill: q·k over D 192 (128 + 64 rope), values of Dv 128
     row("MLA H8 N4096 D192 Dv128", 8, 8, 4096, 4096, 192, "BF16", causal=True, dv=128),
     row("MLA H8 N4096 D192 Dv128", 8, 8, 4096, 4096, 192, "F32", causal=True, dv=128),
+    # what attnd computes for the MLA rows (V zero-padded to D), and SDPA's fused kernel,
+    # which takes no v of its own width (it runs such a v on its math path)
+    row("H8 N4096 D192", 8, 8, 4096, 4096, 192, "BF16", causal=True),
 ]
 
 

@@ -62,11 +62,14 @@ static int write_reply(const attn_proto_req *pr, const attn_result *res, const c
     status = 1;
   } else {
     const attn_request *r = &pr->req;
-    printf("%s: %sB=%lld Hq=%lld Hkv=%lld Nq=%lld Nkv=%lld D=%lld %s on %s: %.3f ms, "
+    char dv[32] = ""; /* a value head dim of its own, when v has one */
+    if (attn_request_dv(r) != r->head_dim)
+      snprintf(dv, sizeof dv, " Dv=%lld", (long long)attn_request_dv(r));
+    printf("%s: %sB=%lld Hq=%lld Hkv=%lld Nq=%lld Nkv=%lld D=%lld%s %s on %s: %.3f ms, "
            "%.1f GFLOP/s -> %s (%zu bytes)\n",
            in, r->pass == ATTN_BACKWARD ? "backward " : "", (long long)r->batch,
            (long long)r->heads_q, (long long)r->heads_kv, (long long)r->seq_q, (long long)r->seq_kv,
-           (long long)r->head_dim, attn_dtype_name(r->dtype), res->backend,
+           (long long)r->head_dim, dv, attn_dtype_name(r->dtype), res->backend,
            res->engine_seconds * 1e3,
            res->engine_seconds > 0 ? res->flops / res->engine_seconds * 1e-9 : 0.0, out, olen);
   }

@@ -20,6 +20,7 @@ typedef struct tool_infer_args {
   const char *url, *in, *out;
   const char *shards; /* --shards URL1,URL2,...: K/V split across servers */
   int64_t shape[4], shape_kv[4];
+  int64_t head_dim_v; /* --head-dim-v: v's (and o's) last dim, Dv; 0: D */
   bool have_shape, have_shape_kv, have_dtype, have_seed;
   attn_dtype dtype;
   uint64_t seed;

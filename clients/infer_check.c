@@ -23,7 +23,7 @@ static int fail(char *err, size_t cap, const char *fmt, ...) {
   return -1;
 }
 
-/* Query rows: the statistics' element count, o's over D (a variable-length
+/* Query rows: the statistics' element count, o's over Dv (a variable-length
  * batch's are [Hq, total]). */
 static size_t rows_of(const attn_request *r) {
   return (size_t)((r->cu_seqlens_q ? 1 : r->batch) * r->heads_q * r->seq_q);
@@ -47,14 +47,14 @@ typedef struct fwd_err {
 } fwd_err;
 
 /* Rows [q0, q0 + nq) of each of g row groups (total rows each) of the
- * reply in pr against the float64 ones: o [g, nq, D], statistics
+ * reply in pr against the float64 ones: o [g, nq, Dv], statistics
  * [3][g * nq]. A whole request is g = B·Hq groups of all Nq rows; one
  * sequence of a variable-length batch Hq groups of its rows. */
 static void add_rows(const attn_proto_req *pr, int64_t g, int64_t total, int64_t q0, int64_t nq,
                      const double *o, const double *st, fwd_err *e) {
   const attn_request *r = &pr->req;
   const float *got[3] = {r->m, r->l, r->lse};
-  const size_t D = (size_t)r->head_dim, rows = (size_t)(g * nq);
+  const size_t D = (size_t)attn_request_dv(r), rows = (size_t)(g * nq);
   for (int64_t h = 0; h < g; h++)
     for (int64_t i = 0; i < nq; i++) {
       size_t at = (size_t)(h * total + q0 + i), ref = (size_t)(h * nq + i);
@@ -77,7 +77,7 @@ static int reference(const attn_request *r, double *o, double *st, attn_status *
   const size_t rows = (size_t)(r->batch * r->heads_q * r->seq_q);
   if (r->seq_kv > 0)
     return attn_reference(r, o, st, st + rows, st + 2 * rows, s);
-  for (size_t i = 0; i < rows * (size_t)r->head_dim; i++)
+  for (size_t i = 0; i < rows * (size_t)attn_request_dv(r); i++)
     o[i] = 0;
   for (size_t i = 0; i < rows; i++) {
     const double sink = r->sinks ? r->sinks[i / (size_t)r->seq_q % (size_t)r->heads_q] : -INFINITY;
@@ -97,7 +97,7 @@ static int reference(const attn_request *r, double *o, double *st, attn_status *
 static int check_reply(const attn_proto_req *pr, double e[4], char *err, size_t cap) {
   const attn_request *r = &pr->req;
   const bool varlen = r->cu_seqlens_q != NULL;
-  size_t rows = rows_of(r), n = rows * (size_t)r->head_dim;
+  size_t rows = rows_of(r), n = rows * (size_t)attn_request_dv(r);
   double *o = malloc(n * sizeof *o + 1), *st = malloc(3 * rows * sizeof *st + 1);
   fwd_err acc = {0};
   attn_status s;
@@ -139,13 +139,14 @@ static double norm_err(const void *x, attn_dtype dt, const double *ref, size_t n
   return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-/* The float64 gradients of a backward request into g: dq, dk, dv, then
- * dsinks [Hq] when it has sinks. 0, or 1 after a message. */
-static int reference_grads(const attn_request *r, size_t nq, size_t nk, double *g) {
+/* The float64 gradients of a backward request into g: dq (nq), dk (nk),
+ * dv (nv: Dv wide), then dsinks [Hq] when it has sinks. 0, or 1 after a
+ * message. */
+static int reference_grads(const attn_request *r, const size_t n[3], double *g) {
   attn_status s;
-  int rc = g ? attn_reference_backward(r, g, g + nq, g + nq + nk, &s) : -1;
+  int rc = g ? attn_reference_backward(r, g, g + n[0], g + n[0] + n[1], &s) : -1;
   if (rc == 0 && r->sinks)
-    rc = attn_reference_dsinks(r, g + nq + 2 * nk, &s);
+    rc = attn_reference_dsinks(r, g + n[0] + n[1] + n[2], &s);
   if (rc < 0)
     fprintf(stderr, TOOL_INFER_ME ": --check: %s\n",
             g ? s.message : "out of memory for the float64 reference");
@@ -157,18 +158,20 @@ static int reference_grads(const attn_request *r, size_t nq, size_t nk, double *
  * them). */
 static int check_backward(const tool_infer_args *a, const attn_proto_req *pr) {
   const attn_request *r = &pr->req;
-  size_t nq = rows_of(r) * (size_t)r->head_dim, ns = r->sinks ? (size_t)r->heads_q : 0;
-  size_t nk = (size_t)(r->batch * r->heads_kv * r->seq_kv * r->head_dim);
-  double *g = malloc((nq + 2 * nk + ns) * sizeof *g), e[4] = {0, 0, 0, 0};
-  if (reference_grads(r, nq, nk, g) != 0) {
+  const size_t kv_rows = (size_t)(r->batch * r->heads_kv * r->seq_kv),
+               ns = r->sinks ? (size_t)r->heads_q : 0;
+  const size_t n[3] = {rows_of(r) * (size_t)r->head_dim, kv_rows * (size_t)r->head_dim,
+                       kv_rows * (size_t)attn_request_dv(r)};
+  double *g = malloc((n[0] + n[1] + n[2] + ns) * sizeof *g), e[4] = {0, 0, 0, 0};
+  if (reference_grads(r, n, g) != 0) {
     free(g);
     return 1;
   }
   const void *got[3] = {r->dq, r->dk, r->dv};
-  for (int i = 0; i < 3; i++)
-    e[i] = norm_err(got[i], r->dtype, g + (i ? nq + (size_t)(i - 1) * nk : 0), i ? nk : nq);
+  for (size_t i = 0, at = 0; i < 3; at += n[i], i++)
+    e[i] = norm_err(got[i], r->dtype, g + at, n[i]);
   if (ns)
-    e[3] = norm_err(r->dsinks, ATTN_F32, g + nq + 2 * nk, ns);
+    e[3] = norm_err(r->dsinks, ATTN_F32, g + n[0] + n[1] + n[2], ns);
   free(g);
   double tol = tolerance(r->dtype);
   bool pass = e[0] <= tol && e[1] <= tol && e[2] <= tol && e[3] <= tol;

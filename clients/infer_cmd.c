@@ -36,6 +36,7 @@
 
 static const char usage[] =
     "usage: attn infer URL [IN.safetensors] [--shape B,H,N,D] [--shape-kv B,H,N,D]\n"
+    "                  [--head-dim-v DV]\n"
     "       attn infer --shards URL1,URL2,... [IN.safetensors] [flags as above]\n"
     "                  [--dtype F32|F16|BF16] [--seed N] [--json] [--causal] [--scale X]\n"
     "                  [--window-left N] [--window-right N] [--diag-offset N] [--stats]\n"
@@ -54,6 +55,9 @@ static const char usage[] =
     "  IN              a safetensors request (q, k, v), sent as is\n"
     "  --shape         without IN: random q of this shape (default 1,1,128,64)\n"
     "  --shape-kv      k and v (default: --shape; B and D must match it)\n"
+    "  --head-dim-v    v's last dimension Dv, the value head dim (default D; DeepSeek's\n"
+    "                  MLA prefill: D 192, Dv 128): v and o (a backward's do, dv) end\n"
+    "                  in Dv, q and k in D; the default scale stays 1/sqrt(D)\n"
     "  --dtype, --seed the random tensors' dtype (default F32) and seed (default 1)\n"
     "  --json          send a JSON body instead of safetensors\n"
     "  --causal, --scale, --window-left, --window-right, --diag-offset, --stats,\n"
@@ -115,6 +119,8 @@ static void query_add(attn_sbuf *q, const char *name, const char *value) {
 static int infer_flag(int c, tool_infer_args *a) {
   switch (c) {
   case 'p': a->have_shape = true; return tool_arg_dims("--shape", optarg, a->shape) < 0 ? 2 : 0;
+  case 'v':
+    return tool_arg_i64("--head-dim-v", optarg, 1, ATTN_MAX_HEAD_DIM, &a->head_dim_v) < 0 ? 2 : 0;
   case 'P':
     a->have_shape_kv = true;
     return tool_arg_dims("--shape-kv", optarg, a->shape_kv) < 0 ? 2 : 0;
@@ -146,6 +152,7 @@ static int infer_flag(int c, tool_infer_args *a) {
 static int parse_flags(int argc, char **argv, tool_infer_args *a) {
   static const struct option lopts[] = {{"shape", required_argument, 0, 'p'},
                                         {"shape-kv", required_argument, 0, 'P'},
+                                        {"head-dim-v", required_argument, 0, 'v'},
                                         {"dtype", required_argument, 0, 't'},
                                         {"seed", required_argument, 0, 'r'},
                                         {"json", no_argument, 0, 'j'},
@@ -219,9 +226,10 @@ static int parse_args(int argc, char **argv, tool_infer_args *a) {
     fprintf(stderr, ME ": %s\n", st.message);
     return 2;
   }
-  if (a->in && (a->have_shape || a->have_shape_kv || a->have_dtype || a->have_seed || a->json)) {
-    fprintf(stderr, ME ": --shape, --shape-kv, --dtype, --seed and --json make random "
-                       "tensors; IN is sent as it is\n");
+  if (a->in && (a->have_shape || a->have_shape_kv || a->have_dtype || a->have_seed || a->json ||
+                a->head_dim_v)) {
+    fprintf(stderr, ME ": --shape, --shape-kv, --head-dim-v, --dtype, --seed and --json make "
+                       "random tensors; IN is sent as it is (its v gives Dv)\n");
     return 2;
   }
   if (tool_infer_varlen_shapes(a) != 0)
@@ -274,8 +282,8 @@ static void infer_bufs_free(infer_bufs *b) {
  * status after a message. */
 static int backward_inputs(const tool_infer_args *a, infer_bufs *b) {
   attn_request *r = &b->bc.req;
-  const int64_t nb = r->cu_seqlens_q ? 1 : r->batch; /* varlen: [Hq, total, D] */
-  size_t nq = (size_t)(nb * r->heads_q * r->seq_q * r->head_dim);
+  const int64_t nb = r->cu_seqlens_q ? 1 : r->batch; /* varlen: [Hq, total, Dv] */
+  size_t nq = (size_t)(nb * r->heads_q * r->seq_q * attn_request_dv(r)); /* o's, do's */
   size_t rows = (size_t)(nb * r->heads_q * r->seq_q);
   b->dout = malloc(nq * attn_dtype_size(r->dtype));
   b->lse = malloc(rows * sizeof *b->lse);
@@ -310,18 +318,22 @@ static int backward_inputs(const tool_infer_args *a, infer_bufs *b) {
 }
 
 /* r's tensors as a codec would hand them to attn_proto_build_pass(): [B, H,
- * N, D], or for a variable-length batch [H, total, D] and the offsets. */
+ * N, D] (v, o, do: Dv), or for a variable-length batch [H, total, D] and the
+ * offsets. */
 static void tensor_table(const attn_request *r, attn_proto_tensor t[ATTN_PROTO_MAX_TENSORS]) {
   const int drop = r->cu_seqlens_q ? 1 : 0; /* no B dimension */
   const int64_t sq[4] = {r->batch, r->heads_q, r->seq_q, r->head_dim};
   const int64_t skv[4] = {r->batch, r->heads_kv, r->seq_kv, r->head_dim};
+  const int64_t so[4] = {r->batch, r->heads_q, r->seq_q, attn_request_dv(r)};
+  const int64_t sv[4] = {r->batch, r->heads_kv, r->seq_kv, attn_request_dv(r)};
+  const int64_t *shapes[ATTN_PROTO_T_ALIBI] = {sq, skv, sv, so, so, sq};
   const void *data[ATTN_PROTO_T_ALIBI] = {r->q, r->k, r->v, r->o, r->dout, r->lse_in};
   memset(t, 0, ATTN_PROTO_MAX_TENSORS * sizeof *t);
   for (int i = 0; i < ATTN_PROTO_T_ALIBI; i++) {
-    bool kv = i == ATTN_PROTO_T_K || i == ATTN_PROTO_T_V, lse = i == ATTN_PROTO_T_LSE;
+    bool lse = i == ATTN_PROTO_T_LSE;
     t[i] = (attn_proto_tensor){
         attn_proto_tensor_name(i), lse ? ATTN_F32 : r->dtype, (lse ? 3 : 4) - drop, {0}, data[i]};
-    memcpy(t[i].shape, (kv ? skv : sq) + drop, (size_t)t[i].rank * sizeof *t[i].shape);
+    memcpy(t[i].shape, shapes[i] + drop, (size_t)t[i].rank * sizeof *t[i].shape);
   }
   t[ATTN_PROTO_T_ALIBI] =
       (attn_proto_tensor){"alibi_slopes",
@@ -336,6 +348,34 @@ static void tensor_table(const attn_request *r, attn_proto_tensor t[ATTN_PROTO_M
                                                    {r->batch + 1},
                                                    i ? r->cu_seqlens_kv : r->cu_seqlens_q};
   t[ATTN_PROTO_T_SINKS] = (attn_proto_tensor){"sinks", ATTN_F32, 1, {r->heads_q}, r->sinks};
+}
+
+/* bc's v and o made Dv wide: v random from seed, o zero, q and k kept (the
+ * case was made with one head dim). 0, or 1 after a message. */
+static int widen_v(tool_bench_case *bc, int64_t dv, uint64_t seed) {
+  attn_request *r = &bc->req;
+  const size_t es = attn_dtype_size(r->dtype);
+  const size_t nq = (size_t)(r->batch * r->heads_q * r->seq_q * r->head_dim),
+               nk = (size_t)(r->batch * r->heads_kv * r->seq_kv * r->head_dim),
+               nv = (size_t)(r->batch * r->heads_kv * r->seq_kv * dv),
+               no = (size_t)(r->batch * r->heads_q * r->seq_q * dv);
+  char *m = malloc((nq + nk + nv + no) * es);
+  if (!m) {
+    fprintf(stderr, ME ": out of memory for the random tensors\n");
+    return 1;
+  }
+  memcpy(m, r->q, nq * es);
+  memcpy(m + nq * es, r->k, nk * es);
+  seed ^= 0x5851f42d4c957f2du; /* v's own stream, not k's again */
+  for (size_t i = 0; i < nv; i++)
+    attn_store_elem(m + (nq + nk) * es, r->dtype, i,
+                    (float)((double)(seed = seed * 6364136223846793005u + 1) / 0x1p64 * 2 - 1));
+  memset(m + (nq + nk + nv) * es, 0, no * es);
+  free(bc->mem);
+  bc->mem = m;
+  r->q = m, r->k = m + nq * es, r->v = m + (nq + nk) * es, r->o = m + (nq + nk + nv) * es;
+  r->head_dim_v = dv;
+  return 0;
 }
 
 /*
@@ -358,6 +398,8 @@ static int make_random(tool_infer_args *a, infer_bufs *ib, char **pbody, size_t 
     return 1;
   }
   int rc;
+  if (a->head_dim_v && a->head_dim_v != a->shape[3] && (rc = widen_v(bc, a->head_dim_v, a->seed)))
+    return rc;
   if (a->cu_q) { /* one [H, total, D] tensor each, sequences concatenated */
     bc->req.batch = a->shape[0];
     bc->req.cu_seqlens_q = a->cu_q;

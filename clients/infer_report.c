@@ -30,6 +30,8 @@ static void print_problem(const tool_infer_args *a, const attn_proto_req *pr, co
   printf("problem   B=%lld Hq=%lld Hkv=%lld Nq=%lld Nkv=%lld D=%lld %s", (long long)r->batch,
          (long long)r->heads_q, (long long)r->heads_kv, (long long)r->seq_q, (long long)r->seq_kv,
          (long long)r->head_dim, attn_dtype_name(r->dtype));
+  if (attn_request_dv(r) != r->head_dim)
+    printf(" Dv=%lld", (long long)attn_request_dv(r));
   if (r->causal)
     printf(" causal");
   if (r->window_left >= 0 || (!r->causal && r->window_right >= 0))

@@ -51,16 +51,19 @@ static int parse_urls(const char *list, shard *sh, attn_status *st) {
   return n;
 }
 
-/* K/V rows [k0, k0 + nk) of every batch and head, contiguous. */
+/* K/V rows [k0, k0 + nk) of every batch and head, contiguous: k's rows
+ * (D wide), then v's (Dv wide). */
 static void *gather_kv(const attn_request *r, int64_t k0, int64_t nk) {
-  const size_t es = attn_dtype_size(r->dtype), row = (size_t)r->head_dim * es;
-  const size_t heads = (size_t)(r->batch * r->heads_kv), part = heads * (size_t)nk * row;
-  char *out = malloc(part ? 2 * part : 1);
+  const size_t es = attn_dtype_size(r->dtype), heads = (size_t)(r->batch * r->heads_kv);
+  const size_t row[2] = {(size_t)r->head_dim * es, (size_t)attn_request_dv(r) * es};
+  const size_t part[2] = {heads * (size_t)nk * row[0], heads * (size_t)nk * row[1]};
+  char *out = malloc(part[0] + part[1] ? part[0] + part[1] : 1);
   const void *src[2] = {r->k, r->v};
   for (int t = 0; out && t < 2; t++)
     for (size_t bh = 0; bh < heads; bh++)
-      memcpy(out + t * part + bh * (size_t)nk * row,
-             (const char *)src[t] + (bh * (size_t)r->seq_kv + (size_t)k0) * row, (size_t)nk * row);
+      memcpy(out + (t ? part[0] : 0) + bh * (size_t)nk * row[t],
+             (const char *)src[t] + (bh * (size_t)r->seq_kv + (size_t)k0) * row[t],
+             (size_t)nk * row[t]);
   return out;
 }
 
@@ -75,12 +78,12 @@ static int prepare(shard *s, const attn_proto_req *whole, attn_status *st) {
   o.diag_offset = attn_request_offset(r) - s->k0;
   o.set |= ATTN_OPT_STATS | ATTN_OPT_DIAG_OFFSET;
   const int64_t sq[4] = {r->batch, r->heads_q, r->seq_q, r->head_dim};
-  const int64_t sk[4] = {r->batch, r->heads_kv, s->nk, r->head_dim};
+  const int64_t sk[4] = {r->batch, r->heads_kv, s->nk, r->head_dim}, dv = attn_request_dv(r);
   const char *v = (const char *)s->kv + (size_t)(sk[0] * sk[1] * sk[2] * sk[3]) * es;
   attn_proto_tensor t[ATTN_PROTO_MAX_TENSORS] = {
       {"q", r->dtype, 4, {sq[0], sq[1], sq[2], sq[3]}, r->q},
       {"k", r->dtype, 4, {sk[0], sk[1], sk[2], sk[3]}, s->kv},
-      {"v", r->dtype, 4, {sk[0], sk[1], sk[2], sk[3]}, v}};
+      {"v", r->dtype, 4, {sk[0], sk[1], sk[2], dv}, v}};
   int rc = attn_proto_build_pass(&s->pr, ATTN_FORWARD, t, &o, st);
   return rc < 0 ? rc : attn_proto_encode_request_safetensors(&s->pr.req, &o, &s->body, &s->len, st);
 }
@@ -113,7 +116,7 @@ static void *exchange(void *arg) {
  * asked for them). */
 static void merge(const shard *sh, int n, attn_proto_req *whole) {
   attn_request *r = &whole->req;
-  const size_t rows = (size_t)(r->batch * r->heads_q * r->seq_q), d = (size_t)r->head_dim;
+  const size_t rows = (size_t)(r->batch * r->heads_q * r->seq_q), d = (size_t)attn_request_dv(r);
   for (size_t i = 0; i < rows; i++) {
     double m = -INFINITY, l = 0, acc[ATTN_MAX_HEAD_DIM] = {0};
     for (int s = 0; s < n; s++)

@@ -142,10 +142,11 @@ static int check_qkv(const attn_proto_tensor t[3], attn_status *st) {
   shape_str(a, sizeof a, &t[0]);
   shape_str(b, sizeof b, &t[1]);
   if (q[3] != k[3])
-    return attn_status_set(st, ATTN_PROTO_ESHAPE,
-                           "head dims differ: q %s ends in %lld, k %s in %lld; q and k must "
-                           "share D (only v may have its own last dimension)",
-                           a, (long long)q[3], b, (long long)k[3]);
+    return attn_status_set(
+        st, ATTN_PROTO_ESHAPE,
+        "head dims differ: \"q\" %s ends in %lld, \"k\" %s in %lld; q and k must "
+        "share D (only v may have its own last dimension)",
+        a, (long long)q[3], b, (long long)k[3]);
   if (q[0] != k[0])
     return attn_status_set(st, ATTN_PROTO_ESHAPE,
                            "batch sizes differ: q %s has %lld, k %s has %lld", a, (long long)q[0],

@@ -190,7 +190,7 @@ static int check_tensors(const attn_proto_tensor *t, attn_status *st) {
     return attn_status_set(st, ATTN_EUNSUPPORTED,
                            "tensor \"v\" ends in %lld but \"k\" in %lld: a session holds one "
                            "head_dim for k and v, and a value head dim of its own is not "
-                           "supported in sessions yet (/v1/attention takes it)",
+                           "supported in sessions yet (POST /attention takes it)",
                            (long long)v->shape[v->rank - 1], (long long)k->shape[k->rank - 1]);
   if (k->rank != q->rank || v->rank != q->rank || memcmp(k->shape, v->shape, sizeof k->shape) ||
       a[3] != b[3] || a[1] % b[1])

@@ -166,7 +166,7 @@ static int create_fields_of(const cJSON *root, attn_kv_shape *sh, double ttl_max
     return attn_status_set(st, ATTN_EUNSUPPORTED,
                            "\"head_dim_v\" %lld differs from \"head_dim\" %lld: a session with a "
                            "value head dim of its own is not supported yet (its k and v share "
-                           "head_dim); send v with its own width to /v1/attention instead",
+                           "head_dim); send v with its own width to POST /attention instead",
                            (long long)dv, (long long)sh->head_dim);
   const cJSON *dt = cJSON_GetObjectItemCaseSensitive(root, "dtype");
   if (!cJSON_IsString(dt) || attn_dtype_parse(dt->valuestring, &sh->dtype))

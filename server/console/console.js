@@ -169,12 +169,14 @@
       const b = intOf("pg-batch", 1), hq = intOf("pg-heads", 1), hkv = intOf("pg-heads-kv", 1);
       const nq = intOf("pg-nq", 1), nkv = intOf("pg-nkv", 1), d = intOf("pg-d", 1);
       const seed = intOf("pg-seed", 0);
-      if (b * hq * nq * d > MAX_ELEMENTS || b * hkv * nkv * d > MAX_ELEMENTS)
+      // v may have a head dim of its own (o then has it); empty: D
+      const dv = $("pg-dv").value.trim() === "" ? d : intOf("pg-dv", 1);
+      if (b * hq * nq * Math.max(d, dv) > MAX_ELEMENTS || b * hkv * nkv * Math.max(d, dv) > MAX_ELEMENTS)
         throw new Error("more than " + MAX_ELEMENTS + " values in a tensor: too large for a page (use attn infer)");
       const rand = mulberry32(seed);
       q = { shape: [b, hq, nq, d], data: normals(rand, b * hq * nq * d, round) };
       k = { shape: [b, hkv, nkv, d], data: normals(rand, b * hkv * nkv * d, round) };
-      v = { shape: [b, hkv, nkv, d], data: normals(rand, b * hkv * nkv * d, round) };
+      v = { shape: [b, hkv, nkv, dv], data: normals(rand, b * hkv * nkv * dv, round) };
     }
     const body = {
       q: { shape: q.shape, dtype: dtype, data: q.data },

@@ -30,7 +30,7 @@ TestSuite(dv, .fini = teardown, .timeout = 120);
 typedef struct dvcase {
   attn_request req;
   void *q, *k, *v, *o, *dout, *grads; /* grads: dq, dk, dv the reference's checks want */
-  size_t nq, nk, nv, no; /* element counts of q, k, v, o */
+  size_t nq, nk, nv, no;              /* element counts of q, k, v, o */
 } dvcase;
 
 static uint64_t rng_next(uint64_t *s) {
@@ -180,8 +180,8 @@ static double *v2_reply_o(const http_res *r, int64_t shape[4], size_t n) {
       o = x;
   const cJSON *sh = o ? cJSON_GetObjectItem(o, "shape") : NULL;
   for (int i = 0; i < 4; i++)
-    shape[i] = sh && cJSON_GetArraySize(sh) == 4 ? (int64_t)cJSON_GetArrayItem(sh, i)->valuedouble
-                                                 : -1;
+    shape[i] =
+        sh && cJSON_GetArraySize(sh) == 4 ? (int64_t)cJSON_GetArrayItem(sh, i)->valuedouble : -1;
   const cJSON *data = o ? cJSON_GetObjectItem(o, "data") : NULL;
   double *v = calloc(n, sizeof *v);
   size_t k = 0;
@@ -289,15 +289,14 @@ Test(dv, v_wider_than_the_limit_is_refused) {
   attn_status st;
   cr_assert_eq(attn_proto_encode_request_json(&c.req, &o, (char **)&buf, &len, &st), 0, "%s",
                st.message);
-  expect_422("/attention", "POST", JSON_CT, buf, len,
-             (const char *[]){"head_dim_v", "257", NULL});
+  expect_422("/attention", "POST", JSON_CT, buf, len, (const char *[]){"head_dim_v", "257", NULL});
   free(buf);
   dv_free(&c);
 }
 
 /* A JSON body of the named F32 tensors, each [B, H, N, last] of shapes. */
-static void json_tensors(attn_sbuf *b, int n, const char *const *names,
-                         const int64_t (*shapes)[4], const void *const *data) {
+static void json_tensors(attn_sbuf *b, int n, const char *const *names, const int64_t (*shapes)[4],
+                         const void *const *data) {
   attn_sbuf_puts(b, "{");
   for (int i = 0; i < n; i++) {
     const int64_t *s = shapes[i];
@@ -347,8 +346,8 @@ Test(dv, a_session_of_its_own_dv_is_not_supported_yet) {
                      "\"dtype\": \"F32\", \"max_tokens\": 8}";
   const char *h[] = {"Content-Type: application/json", NULL};
   http_res r;
-  cr_expect_eq(http_call(&S, "PUT", "/v1/sessions/same", h, same, strlen(same), &r), 201,
-               "%.300s", r.body);
+  cr_expect_eq(http_call(&S, "PUT", "/v1/sessions/same", h, same, strlen(same), &r), 201, "%.300s",
+               r.body);
   http_res_free(&r);
   /* a call whose v is narrower than the session's head_dim */
   const char *call = "{\"pos\": 0, \"q\": {\"shape\": [1, 4], \"dtype\": \"F32\", \"data\": "

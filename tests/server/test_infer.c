@@ -183,6 +183,35 @@ Test(infer, gqa) {
   free(out);
 }
 
+/* --head-dim-v: v and o of their own width, both passes and both codecs,
+ * checked against the float64 reference (which takes Dv). */
+Test(infer, value_head_dim_of_its_own) {
+  srv_start(&S, "--threads", "2", NULL);
+  static const char *const extra[4][2] = {
+      {"--causal", NULL}, {"--json", NULL}, {"--backward", NULL}, {"--backward", "--json"}};
+  static const char *const dims[2][2] = {{"1,4,40,192", "128"}, {"2,2,33,32", "64"}};
+  for (int d = 0; d < 2; d++)
+    for (int i = 0; i < 4; i++) {
+      char *out;
+      int rc = infer(&out, S.url, "--shape", dims[d][0], "--head-dim-v", dims[d][1], "--check",
+                     extra[i][0], extra[i][1], NULL);
+      char what[96], dv[32];
+      snprintf(what, sizeof what, "--shape %s --head-dim-v %s %s %s", dims[d][0], dims[d][1],
+               extra[i][0], extra[i][1] ? extra[i][1] : "");
+      expect_pass(rc, out, what);
+      snprintf(dv, sizeof dv, "Dv=%s", dims[d][1]);
+      cr_expect(strstr(out, dv) != NULL, "%s: Dv not reported:\n%s", what, out);
+      free(out);
+    }
+  /* K/V split along Nkv: each shard's v keeps Dv, and the merge is Dv wide */
+  char urls[256], *out;
+  snprintf(urls, sizeof urls, "%s,%s", S.url, S.url);
+  int rc = infer(&out, "--shards", urls, "--shape", "1,4,30,192", "--shape-kv", "1,2,70,192",
+                 "--head-dim-v", "128", "--causal", "--stats", "--check", NULL);
+  cr_expect(rc == 0 && strstr(out, "PASS"), "--shards with --head-dim-v: %d\n%s", rc, out);
+  free(out);
+}
+
 Test(infer, causal_and_windows) {
   srv_start(&S, NULL);
   char *out;

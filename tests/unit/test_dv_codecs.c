@@ -77,9 +77,9 @@ static void reply_round_trip(attn_proto_req *pr, bool st_codec, const void *req_
                     : attn_proto_encode_json(pr, NULL, (char **)&rep, &rlen, &st);
   cr_assert_eq(rc, 0, "%s", st.message);
   attn_proto_req back;
-  rc = st_codec ? attn_proto_decode_safetensors_pass(req_buf, req_len, pr->req.pass, NULL, &back,
-                                                     &st)
-                : attn_proto_decode_json_pass(req_buf, req_len, pr->req.pass, NULL, &back, &st);
+  rc = st_codec
+           ? attn_proto_decode_safetensors_pass(req_buf, req_len, pr->req.pass, NULL, &back, &st)
+           : attn_proto_decode_json_pass(req_buf, req_len, pr->req.pass, NULL, &back, &st);
   cr_assert_eq(rc, 0, "%s", st.message);
   cr_assert_eq(back.out_bytes, pr->out_bytes);
   rc = st_codec ? attn_proto_decode_reply_safetensors(rep, rlen, &back, &st)
@@ -98,8 +98,8 @@ static void round_trip(int64_t d, int64_t dv, bool bwd, bool st_codec) {
   void *buf;
   decode_request(&r, st_codec, &pr, &buf);
   const size_t es = sizeof(float), rows_q = 6, rows_kv = 4;
-  size_t want = bwd ? (rows_q * (size_t)d + rows_kv * (size_t)(d + dv)) * es
-                    : rows_q * (size_t)dv * es;
+  size_t want =
+      bwd ? (rows_q * (size_t)d + rows_kv * (size_t)(d + dv)) * es : rows_q * (size_t)dv * es;
   cr_expect_eq(pr.out_bytes, want, "D %lld Dv %lld: %zu output bytes, want %zu", (long long)d,
                (long long)dv, pr.out_bytes, want);
   size_t len;
@@ -162,7 +162,8 @@ static void expect_json_err(const char *body, attn_pass pass, int code, const ch
     attn_proto_req_free(&pr);
 }
 
-#define T(name, shape, data) "\"" name "\": {\"shape\": " shape ", \"dtype\": \"F32\", \"data\": " data "}"
+#define T(name, shape, data) \
+  "\"" name "\": {\"shape\": " shape ", \"dtype\": \"F32\", \"data\": " data "}"
 
 Test(dv_codecs, refusals_say_what_is_allowed) {
   expect_json_err("{" T("q", "[1, 4]", "[1, 2, 3, 4]") ", " T("k", "[1, 3]", "[1, 2, 3]") ", " T(
@@ -174,20 +175,20 @@ Test(dv_codecs, refusals_say_what_is_allowed) {
   expect_json_err(
       "{" T("q", "[1, 4]", "[1, 2, 3, 4]") ", " T("k", "[1, 4]", "[1, 2, 3, 4]") ", " T(
           "v", "[1, 2]", "[1, 2]") ", " T("o", "[1, 4]", "[1, 2, 3, 4]") ", " T("do", "[1, 2]",
-                                                                                 "[1, 2]") "}",
+                                                                                "[1, 2]") "}",
       ATTN_BACKWARD, ATTN_PROTO_ESHAPE,
       "tensor \"o\" has shape [1, 4]; it must be [1, 2] (o's shape: q's with v's last dimension "
       "Dv)");
   expect_json_err(
       "{" T("q", "[1, 4]", "[1, 2, 3, 4]") ", " T("k", "[1, 4]", "[1, 2, 3, 4]") ", " T(
           "v", "[1, 2]", "[1, 2]") ", " T("o", "[1, 2]", "[1, 2]") ", " T("do", "[1, 4]",
-                                                                           "[1, 2, 3, 4]") "}",
+                                                                          "[1, 2, 3, 4]") "}",
       ATTN_BACKWARD, ATTN_PROTO_ESHAPE, "tensor \"do\" has shape [1, 4]; it must be [1, 2]");
   /* v wider than the limit: the engine's bound, named by the request's field */
   char body[8192];
-  size_t o = (size_t)snprintf(body, sizeof body,
-                              "{" T("q", "[1, 4]", "[1, 2, 3, 4]") ", " T(
-                                  "k", "[1, 4]", "[1, 2, 3, 4]") ", \"v\": [[");
+  size_t o = (size_t)snprintf(
+      body, sizeof body,
+      "{" T("q", "[1, 4]", "[1, 2, 3, 4]") ", " T("k", "[1, 4]", "[1, 2, 3, 4]") ", \"v\": [[");
   for (int i = 0; i < ATTN_MAX_HEAD_DIM + 1; i++)
     o += (size_t)snprintf(body + o, sizeof body - o, i ? ",1" : "1");
   snprintf(body + o, sizeof body - o, "]]}");
@@ -203,8 +204,7 @@ Test(dv_codecs, sessions_refuse_a_value_head_dim_of_their_own) {
   int rc = attn_proto_session_create_decode(create, strlen(create), 600, &sh, &ttl, &st);
   cr_expect_eq(rc, ATTN_EUNSUPPORTED, "%d: %s", rc, st.message);
   cr_expect_eq(attn_proto_http_status(rc), 422);
-  cr_expect(strstr(st.message, "value head dim of its own is not supported yet"), "%s",
-            st.message);
+  cr_expect(strstr(st.message, "value head dim of its own is not supported yet"), "%s", st.message);
   const char *same = "{\"heads_kv\": 1, \"head_dim\": 4, \"head_dim_v\": 4, \"dtype\": "
                      "\"F32\", \"max_tokens\": 8}";
   cr_expect_eq(attn_proto_session_create_decode(same, strlen(same), 600, &sh, &ttl, &st), 0, "%s",
@@ -216,6 +216,16 @@ Test(dv_codecs, sessions_refuse_a_value_head_dim_of_their_own) {
   attn_proto_session_init(&ps, false);
   attn_proto_req pr;
   rc = attn_proto_decode_session(call, strlen(call), true, NULL, &ps, &pr, &st);
+  cr_expect_eq(rc, ATTN_EUNSUPPORTED, "%d: %s", rc, st.message);
+  cr_expect(strstr(st.message, "not supported in sessions yet"), "%s", st.message);
+  /* a _batch entry's v the same way */
+  const char *batch =
+      "{\"sessions\": [\"a\"], \"pos\": [0], " T("q", "[1, 4]", "[1, 2, 3, 4]") ", " T(
+          "k", "[1, 4]", "[1, 2, 3, 4]") ", " T("v", "[1, 2]",
+                                                "[1, 2]") ", \"cu_seqlens_q\": [0, 1], "
+                                                          "\"cu_seqlens_kv\": [0, 1]}";
+  attn_proto_session_init(&ps, true);
+  rc = attn_proto_decode_session(batch, strlen(batch), true, NULL, &ps, &pr, &st);
   cr_expect_eq(rc, ATTN_EUNSUPPORTED, "%d: %s", rc, st.message);
   cr_expect(strstr(st.message, "not supported in sessions yet"), "%s", st.message);
 }

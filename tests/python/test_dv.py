@@ -3,8 +3,8 @@ values of Dv 128) through the Python client against a real attnd, checked agains
 float64 formula: forward (o of Dv columns, m, l, lse) and backward (dq, dk of D columns, dv
 of Dv) in F32, F16 and BF16 over both wire formats, GQA/MQA, causal, windows, sinks; the
 default scale 1/sqrt(D) (not Dv); K/V sharded across servers (the merge over Dv columns);
-the refusals (a v or dO of the wrong width, Dv past the limit, a session with head_dim_v or
-a v wider than its head_dim); and attnd.torch against torch's own SDPA (which takes v with
+the refusals (a v or dO of the wrong width, Dv past the limit, a session with head_dim_v, a
+session call or _batch whose v is not the session's head_dim wide); and attnd.torch against torch's own SDPA (which takes v with
 its own last dimension), gradients included, skipped where torch is not installed (run
 with build/peers-venv/bin/python, which has it).
 """
@@ -268,6 +268,23 @@ def test_session_call_with_another_v_width(client, wire):
         assert (e.status, e.code) == (422, "unsupported"), e
         assert '"v"' in e.message and "not supported" in e.message, e
         assert s.info()["lengths"] == [0]
+
+
+def test_session_batch_with_another_v_width(client):
+    """The same in _batch: the whole call refused, nothing appended to any session."""
+    rng = np.random.default_rng(9)
+    made = [client.session("dv-batch-%d" % i, heads_kv=1, head_dim=8, max_tokens=16)
+            for i in range(2)]
+    q = rng.standard_normal((2, 3, 8)).astype(np.float32)
+    k = rng.standard_normal((1, 5, 8)).astype(np.float32)
+    v = rng.standard_normal((1, 5, 12)).astype(np.float32)
+    try:
+        e = attnd_error(client.session_batch, made, q, k, v, [0, 2, 3], [0, 4, 5])
+        assert e.status == 422 and "not supported" in e.message, e
+        assert [s.info()["lengths"] for s in made] == [[0], [0]]
+    finally:
+        for s in made:
+            s.delete(missing_ok=True)
 
 
 # ---------------------------------------------------------------------------------------

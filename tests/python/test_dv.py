@@ -4,9 +4,9 @@ float64 formula: forward (o of Dv columns, m, l, lse) and backward (dq, dk of D 
 of Dv) in F32, F16 and BF16 over both wire formats, GQA/MQA, causal, windows, sinks; the
 default scale 1/sqrt(D) (not Dv); K/V sharded across servers (the merge over Dv columns);
 the refusals (a v or dO of the wrong width, Dv past the limit, a session with head_dim_v, a
-session call or _batch whose v is not the session's head_dim wide); and attnd.torch against torch's own SDPA (which takes v with
-its own last dimension), gradients included, skipped where torch is not installed (run
-with build/peers-venv/bin/python, which has it).
+session call or _batch whose v is not the session's head_dim wide); and attnd.torch against
+torch's own SDPA (which takes v with its own last dimension), gradients included, skipped
+where torch is not installed (run with build/peers-venv/bin/python, which has it).
 """
 
 import math

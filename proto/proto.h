@@ -312,9 +312,11 @@ int attn_proto_decode_json_pass(const char *body, size_t len, attn_pass pass,
  * (int64). The reader itself allocates nothing. It
  * holds for either pass: it counts stored elements (numbers and the nulls of
  * a backward lse), not tensors. Not counted: the outputs attn_proto_build()
- * allocates (forward: O, the size of q, and 12 bytes a query row with stats;
- * backward: dq, dk, dv, the size of q, k and v, and dsinks, the size of
- * sinks, so never more than the inputs), which every codec needs.
+ * allocates (out_bytes; forward: O, q's rows times Dv, and 12 bytes a query
+ * row with stats; backward: dq, dk, dv, the size of q, k and v, and dsinks,
+ * the size of sinks), which every codec needs. With Dv above D they can
+ * pass the inputs many times over; the server reserves what passes the
+ * body's size once a decode has set out_bytes.
  */
 size_t attn_proto_json_decode_bound(size_t len);
 /* {"o": {shape, dtype, data}, "m"|"l"|"lse": {...} when stats, "backend":

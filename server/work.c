@@ -109,6 +109,22 @@ static int check_pairs(const attnd_req *r, attn_status *st) {
                          (unsigned long long)n, (unsigned long long)cap);
 }
 
+/* The outputs past the body's size drawn on the body budget. Up to it they
+ * always were covered: outputs never outgrew the inputs until v could have a
+ * head dim of its own, and O of Dv can (D 1, Dv 256: 256 times q). */
+static int reserve_outputs(attnd_req *r, attn_status *st) {
+  const attnd_config *c = r->srv->cfg;
+  size_t len = r->plain ? r->plain_len : r->len, out = r->pr.out_bytes;
+  if (out <= len || attnd_body_reserve(r, out - len))
+    return 0;
+  bool never = out - len > (uint64_t)c->max_queue * c->max_body;
+  return attn_status_set(st, never ? ATTND_ETOO_LARGE : ATTND_EQUEUE_FULL,
+                         "the outputs of this request (%zu bytes) would pass the server's memory "
+                         "budget (--max-queue x --max-body = %llu bytes); %s",
+                         out, (unsigned long long)c->max_queue * c->max_body,
+                         never ? "split it into smaller requests" : "retry shortly");
+}
+
 static void outbuf_free(void *ctx, void *p) { attnd_outbuf_free(ctx, p); }
 
 /* The outputs (not yet computed) moved into page-locked memory when the
@@ -126,6 +142,8 @@ int attnd_work_decode(attnd_req *r, attn_status *st) {
   int rc = decode_body(r, st);
   if (rc == 0)
     rc = check_pairs(r, st);
+  if (rc == 0)
+    rc = reserve_outputs(r, st);
   if (rc == 0) {
     r->decoded = true;
     pin_outputs(r);

@@ -6,7 +6,7 @@
  * equal to attn_reference_backward; and the refusals: v's last dim over the
  * limit, a backward o of D instead of Dv, and a session of a value head dim
  * of its own (not supported yet), each 422 with a message that says what
- * is allowed.
+ * is allowed; outputs past the memory budget refused (413).
  */
 #include "harness.h"
 #include "proto.h"
@@ -45,11 +45,14 @@ static void *random_tensor(attn_dtype dt, size_t n, uint64_t *seed) {
   return p;
 }
 
-static void dv_init(dvcase *c, int64_t d, int64_t dv, attn_dtype dt, bool causal, uint64_t seed) {
+/* c of [B, Hq, Nq, D] q and so on: bhn holds B, Hq, Hkv, Nq, Nkv. */
+static void dv_init_dims(dvcase *c, const int64_t bhn[5], int64_t d, int64_t dv, attn_dtype dt,
+                         bool causal, uint64_t seed) {
   memset(c, 0, sizeof *c);
   attn_request *r = &c->req;
   attn_request_init(r);
-  r->batch = 2, r->heads_q = 4, r->heads_kv = 2, r->seq_q = 5, r->seq_kv = 9;
+  r->batch = bhn[0], r->heads_q = bhn[1], r->heads_kv = bhn[2], r->seq_q = bhn[3];
+  r->seq_kv = bhn[4];
   r->head_dim = d;
   r->head_dim_v = dv;
   r->dtype = dt;
@@ -62,6 +65,11 @@ static void dv_init(dvcase *c, int64_t d, int64_t dv, attn_dtype dt, bool causal
   r->k = c->k = random_tensor(dt, c->nk, &seed);
   r->v = c->v = random_tensor(dt, c->nv, &seed);
   r->o = c->o = malloc(c->no * attn_dtype_size(dt)); /* the reference checks it is there */
+}
+
+static void dv_init(dvcase *c, int64_t d, int64_t dv, attn_dtype dt, bool causal, uint64_t seed) {
+  static const int64_t bhn[5] = {2, 4, 2, 5, 9};
+  dv_init_dims(c, bhn, d, dv, dt, causal, seed);
 }
 
 /* Makes c a backward request: o from the reference, dO random. */
@@ -356,4 +364,38 @@ Test(dv, a_session_of_its_own_dv_is_not_supported_yet) {
                      "[1, 2]}}";
   expect_422("/v1/sessions/same/attention", "POST", JSON_CT, call, strlen(call),
              (const char *[]){"ends in 2", "not supported in sessions yet", NULL});
+}
+
+/* O of Dv can outgrow the body many times over (D 1, Dv 256: 256 times
+ * q); past the body's size the outputs draw on the memory budget, so one
+ * small body cannot make the server hold gigabytes. */
+Test(dv, outputs_past_the_memory_budget_are_refused) {
+  srv_start(&S, "--max-body", "64K", "--max-queue", "2", NULL);
+  dvcase c;
+  const int64_t big[5] = {1, 1, 1, 1000, 1}, small[5] = {1, 1, 1, 50, 1};
+  dv_init_dims(&c, big, 1, ATTN_MAX_HEAD_DIM, ATTN_F32, false, 81);
+  attn_options o;
+  attn_options_init(&o);
+  void *buf;
+  size_t len;
+  attn_status st;
+  cr_assert_eq(attn_proto_encode_request_safetensors(&c.req, &o, &buf, &len, &st), 0, "%s",
+               st.message);
+  cr_assert_lt(len, (size_t)64 << 10);
+  http_res r;
+  http_post(&S, "/attention", ST_CT, buf, len, &r);
+  cr_expect_eq(r.status, 413, "%ld %.300s", r.status, r.body);
+  cr_expect(r.body && strstr(r.body, "outputs of this request (1024000 bytes)"), "%.300s", r.body);
+  http_res_free(&r);
+  free(buf);
+  /* within the budget the same widths answer */
+  dv_free(&c);
+  dv_init_dims(&c, small, 1, ATTN_MAX_HEAD_DIM, ATTN_F32, false, 82);
+  cr_assert_eq(attn_proto_encode_request_safetensors(&c.req, &o, &buf, &len, &st), 0, "%s",
+               st.message);
+  http_post(&S, "/attention", ST_CT, buf, len, &r);
+  cr_expect_eq(r.status, 200, "%ld %.300s", r.status, r.body);
+  http_res_free(&r);
+  free(buf);
+  dv_free(&c);
 }

@@ -79,26 +79,34 @@ def _probabilities(q, k, scale, visible, softcap=None, alibi_slopes=None, sinks=
     return s, p / np.where(l > 0, l, 1.0)[..., None], m, l
 
 
+def _o_shape(q, v):
+    """O's shape: q's with v's last dimension (Dv, which may differ from D)."""
+    return tuple(np.shape(q)[:-1]) + (np.shape(v)[-1],)
+
+
 def reference(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=None,
               alibi_slopes=None, sinks=None):
-    """Returns (o, m, l, lse) in float64, o of q's shape, statistics q's shape minus D."""
-    shape = np.shape(q)
+    """Returns (o, m, l, lse) in float64, o of q's shape with v's last dimension (Dv),
+    statistics q's shape minus D. The default scale is 1/sqrt(D), whatever Dv."""
+    shape, oshape = np.shape(q), _o_shape(q, v)
     q, k, v, scale, visible, _ = _problem(q, k, v, causal, scale, window)
     _, p, m, l = _probabilities(q, k, scale, visible, softcap, alibi_slopes, sinks)
     o = np.einsum("bhqk,bhkd->bhqd", p, v)
     with np.errstate(divide="ignore"):
         lse = np.where(l > 0, m + np.log(np.where(l > 0, l, 1.0)), -np.inf)
-    return o.reshape(shape), m.reshape(shape[:-1]), l.reshape(shape[:-1]), lse.reshape(shape[:-1])
+    return o.reshape(oshape), m.reshape(shape[:-1]), l.reshape(shape[:-1]), \
+        lse.reshape(shape[:-1])
 
 
 def reference_backward(q, k, v, do, causal=False, scale=None, window=(-1, -1), softcap=None,
                        alibi_slopes=None, sinks=None):
-    """(dq, dk, dv) in float64 for the loss L with dL/dO = do: dq of q's shape, dk and dv
-    of k's shape (summed over the query heads of each GQA group); with sinks, (dq, dk, dv,
-    dsinks), dsinks [Hq] summed over the batch and the rows."""
-    qshape, kshape = np.shape(q), np.shape(k)
+    """(dq, dk, dv) in float64 for the loss L with dL/dO = do (O's shape: q's with Dv):
+    dq of q's shape, dk of k's and dv of v's (summed over the query heads of each GQA
+    group); with sinks, (dq, dk, dv, dsinks), dsinks [Hq] summed over the batch and the
+    rows."""
+    qshape, kshape, vshape = np.shape(q), np.shape(k), np.shape(v)
     q, k, v, scale, visible, group = _problem(q, k, v, causal, scale, window)
-    do = np.asarray(do, np.float64).reshape(q.shape)
+    do = np.asarray(do, np.float64).reshape(q.shape[:-1] + v.shape[-1:])
     _, p, m, l = _probabilities(q, k, scale, visible, softcap, alibi_slopes, sinks)
     dv = np.einsum("bhqk,bhqd->bhkd", p, do)                 # dV = P^T dO
     dp = np.einsum("bhqd,bhkd->bhqk", do, v)                 # dP = dO V^T
@@ -112,8 +120,8 @@ def reference_backward(q, k, v, do, causal=False, scale=None, window=(-1, -1), s
     dk = scale * np.einsum("bhqk,bhqd->bhkd", ds, q)
     b, hq, nkv, d = dk.shape
     dk = dk.reshape(b, hq // group, group, nkv, d).sum(axis=2)   # the heads of a group
-    dv = dv.reshape(b, hq // group, group, nkv, d).sum(axis=2)
-    grads = dq.reshape(qshape), dk.reshape(kshape), dv.reshape(kshape)
+    dv = dv.reshape(b, hq // group, group, nkv, dv.shape[-1]).sum(axis=2)
+    grads = dq.reshape(qshape), dk.reshape(kshape), dv.reshape(vshape)
     if sinks is None:
         return grads
     # The sink's column of the same Jacobian: p0 (dP_sink - rowdot), p0 = exp(sink - m) / l

@@ -227,8 +227,10 @@ class Client:
 
         Args:
             q: queries, ``[N, D]``, ``[H, N, D]`` or ``[B, H, N, D]``.
-            k, v: keys and values, ``[Nkv, D]``, ``[Hkv, Nkv, D]`` or ``[B, Hkv, Nkv, D]``
-                (the same rank as q; Hq a multiple of Hkv for GQA/MQA).
+            k, v: keys ``[Nkv, D]``, ``[Hkv, Nkv, D]`` or ``[B, Hkv, Nkv, D]`` (the same
+                rank as q; Hq a multiple of Hkv for GQA/MQA) and values of k's shape but
+                for the last dimension, Dv, which may differ from D (DeepSeek's MLA
+                prefill: D 192, Dv 128); O then has Dv columns.
                 Each may be a numpy array, a nested list (sent as float32) or a torch
                 tensor (any device, any strides; detached and copied to the CPU).
                 ``float32`` and ``float16`` are sent as they are, a torch ``bfloat16``
@@ -236,7 +238,8 @@ class Client:
                 (float64, ints) as float32. Shapes are sent as given; the server checks
                 them.
             causal: bottom-right aligned causal mask (``window_right = 0``).
-            scale: score scale; the server's default is ``1/sqrt(D)``.
+            scale: score scale; the server's default is ``1/sqrt(D)`` (q's and k's D,
+                whatever Dv).
             window: ``(left, right)`` keys visible either side of the aligned diagonal;
                 -1 (or None) is unbounded.
             window_left, window_right: the same two numbers given one by one (then leave
@@ -269,7 +272,8 @@ class Client:
                 l then count it (``m = max(max_j s_ij, sinks[h])``); None is none.
 
         Returns:
-            O of q's shape, or, with ``stats=True``, a tuple ``(o, m, l, lse)`` whose
+            O of q's shape with v's last dimension (Dv; the shape the server replies
+            with), or, with ``stats=True``, a tuple ``(o, m, l, lse)`` whose
             statistics are float32 of q's shape minus the last dimension. A row with no
             visible key has o = 0, m = lse = -inf and l = 0 (with sinks: m = lse =
             ``sinks[h]``, l = 1). When an input is a torch tensor, every result is a torch
@@ -302,8 +306,8 @@ class Client:
 
         Args:
             q, k, v: the forward pass's inputs, as for :meth:`attention`.
-            o: the forward pass's output (q's shape and dtype).
-            do: dL/dO, the gradient of the loss with respect to o (q's shape and dtype).
+            o: the forward pass's output (q's shape with v's last dimension Dv, q's dtype).
+            do: dL/dO, the gradient of the loss with respect to o (o's shape, q's dtype).
             lse: optionally the forward pass's log-sum-exp statistic (``stats=True``), float32
                 of q's shape minus the last dimension, -inf for a row with no visible key;
                 without it the server recomputes it.
@@ -314,8 +318,9 @@ class Client:
                 (float64, small problems) always has one.
 
         Returns:
-            ``(dq, dk, dv)``: dq of q's shape, dk and dv of k's shape (with GQA, summed over
-            the query heads that read each kv head), in the kind and dtype rules of
+            ``(dq, dk, dv)``: dq of q's shape, dk of k's, dv of v's (Dv columns), as the
+            server replies (with GQA, summed over the query heads that read each kv head),
+            in the kind and dtype rules of
             :meth:`attention`'s O. A row with no visible key contributes nothing. With
             ``sinks``, ``(dq, dk, dv, dsinks)``: dsinks float32 ``[Hq]``, summed over the
             batch and the rows, ``-Σ exp(sinks[h] - lse)·(dO·O)`` (numpy, or a torch tensor
@@ -323,7 +328,7 @@ class Client:
 
         Raises:
             AttndError: as for :meth:`attention` (e.g. ``422 shape_mismatch`` when o or do
-                does not have q's shape).
+                does not have O's shape).
         """
         inputs = (("q", q), ("k", k), ("v", v), ("o", o), ("do", do))
         wire = [(n,) + to_wire(x, n, bf16) for n, x in inputs]
@@ -340,13 +345,14 @@ class Client:
     # -- sessions -----------------------------------------------------------------------
 
     def session(self, id, *, heads_kv, head_dim, dtype="F32", layers=1, max_tokens, ttl_s=600,
-                history=None):
+                history=None, head_dim_v=None):
         """Creates (or finds, made with the same parameters) the server-side KV cache
         ``id`` and returns its :class:`attnd.Session`; see there (``history`` rebuilds it
         when it is gone). ``with client.session(...) as s:`` deletes it when the block
         ends."""
         return Session(self, id, heads_kv=heads_kv, head_dim=head_dim, dtype=dtype,
-                       layers=layers, max_tokens=max_tokens, ttl_s=ttl_s, history=history)
+                       layers=layers, max_tokens=max_tokens, ttl_s=ttl_s, history=history,
+                       head_dim_v=head_dim_v)
 
     def sessions(self):
         """The caller's sessions (``GET /v1/sessions``): a dict with ``sessions`` (each as

@@ -33,8 +33,9 @@ def _like(merged, example):
 
 def merge_shards(outs, lses):
     """Exact attention over the union of key shards from each shard's O and lse (float64
-    numpy arrays): ``lse = log Σ exp(lseᵢ)``, ``O = Σ exp(lseᵢ − lse)·Oᵢ``. Rows no shard
-    sees keep O = 0 and lse = -inf."""
+    numpy arrays): ``lse = log Σ exp(lseᵢ)``, ``O = Σ exp(lseᵢ − lse)·Oᵢ``, over O's own
+    last dimension (the values' Dv, whatever q's D). Rows no shard sees keep O = 0 and
+    lse = -inf."""
     lse_all = np.stack(lses)
     top = np.max(lse_all, axis=0)
     safe = np.where(np.isfinite(top), top, 0.0)
@@ -53,7 +54,7 @@ def sharded_attention(clients, q, k, v, *, causal=False, scale=None, window=(-1,
     """Exact attention with K/V split along the sequence across servers.
 
     The keys and values are cut into ``len(clients)`` contiguous shards along Nkv (the
-    axis before D); shard ``[a, b)`` goes to one server with ``diag_offset = off − a``
+    axis before D, or v's Dv); shard ``[a, b)`` goes to one server with ``diag_offset = off − a``
     (``off`` the whole problem's, ``Nkv − Nq`` unless ``diag_offset`` is given) and the
     same window, scale, ``softcap`` and ``alibi_slopes``, so that its mask and bias are
     the unsharded ones restricted to its keys. The shards are sent in parallel (one thread
@@ -73,7 +74,8 @@ def sharded_attention(clients, q, k, v, *, causal=False, scale=None, window=(-1,
         return_lse: also return the merged lse (float32 numpy, q's shape minus D).
 
     Returns:
-        O in the dtype (and kind) a single server would return, or ``(o, lse)``.
+        O in the dtype, kind and shape (Dv columns) a single server would return, or
+        ``(o, lse)``.
     """
     import concurrent.futures
     cs = [c if isinstance(c, Client) else Client(c) for c in clients]

@@ -105,12 +105,12 @@ def _reply_length(fields, resp, name="length"):
 
 
 def _results(out, names, device, q_shape):
-    """The reply's tensors in the caller's kind, o in q's shape and the statistics in q's
-    shape minus D."""
+    """The reply's tensors in the caller's kind, o in q's shape with the reply's last
+    dimension (the values' Dv) and the statistics in q's shape minus D."""
     got = []
     for n in names:
         a = out[n]
-        a = a.reshape(q_shape if n == "o" else q_shape[:-1])
+        a = a.reshape(q_shape[:-1] + a.shape[-1:] if n == "o" else q_shape[:-1])
         got.append(from_wire(np.ascontiguousarray(a), device))
     return tuple(got) if len(got) > 1 else got[0]
 
@@ -159,9 +159,15 @@ class Session:
     (409 ``session_conflict``) or answers a call without k, v over another length. Without
     ``history`` the 404 is raised.
 
+    ``head_dim_v``, when given, asks for values of a head dim of their own (Dv, as
+    :meth:`attnd.Client.attention` takes them); servers of this version refuse such a
+    session with 422 (stateless calls take Dv), and a call whose v is not ``head_dim``
+    wide is refused with 422 as any shape that is not the session's.
+
     Attributes:
         client, id, heads_kv, head_dim, dtype, layers, max_tokens, ttl_s, history: as
             given.
+        head_dim_v: the values' head dim (``head_dim`` when not given).
         lengths: the length of each layer as this object last saw it (its creation, an
             :meth:`attend`, :meth:`truncate`, :meth:`info` or batch call); :meth:`attend`
             appends at it when no ``pos`` is given.
@@ -175,10 +181,13 @@ class Session:
     """
 
     def __init__(self, client, id, *, heads_kv, head_dim, dtype="F32", layers=1, max_tokens,
-                 ttl_s=600, create=True, history=None):
+                 ttl_s=600, create=True, history=None, head_dim_v=None):
         self.client = client
         self.id = _check_id(id)
         self.heads_kv, self.head_dim = int(heads_kv), int(head_dim)
+        # None: not sent on create (servers that predate head_dim_v take the session)
+        self._dv = None if head_dim_v is None else int(head_dim_v)
+        self.head_dim_v = self.head_dim if self._dv is None else self._dv
         self.dtype = str(dtype).upper()
         if self.dtype not in _DTYPES:
             raise ValueError("attnd: a session's dtype is F32, F16 or BF16 (got %r)" % (dtype,))
@@ -198,7 +207,8 @@ class Session:
         _, info = _json_call(client, "GET", _path(_check_id(id)))
         s = cls(client, id, heads_kv=info["heads_kv"], head_dim=info["head_dim"],
                 dtype=info["dtype"], layers=info["layers"], max_tokens=info["max_tokens"],
-                ttl_s=info.get("ttl_s", 600), create=False, history=history)
+                ttl_s=info.get("ttl_s", 600), create=False, history=history,
+                head_dim_v=info.get("head_dim_v"))
         s.lengths = [int(n) for n in info["lengths"]]
         return s
 
@@ -230,6 +240,8 @@ class Session:
                "layers": self.layers, "max_tokens": self.max_tokens}
         if self.ttl_s is not None:
             doc["ttl_s"] = self.ttl_s
+        if self._dv is not None:
+            doc["head_dim_v"] = self._dv
         status, _ = _json_call(self.client, "PUT", _path(self.id), doc, ok=(200, 201))
         return status
 
@@ -411,7 +423,7 @@ class Session:
         k, v = self._history(layer, n)
         q = ("q",) + _as_dtype(np.zeros((self.heads_kv, 1, self.head_dim), np.float32), "q",
                                self.dtype)
-        token_bytes = 2 * self.heads_kv * self.head_dim * _ITEMSIZE[self.dtype]
+        token_bytes = self.heads_kv * (self.head_dim + self.head_dim_v) * _ITEMSIZE[self.dtype]
         step = max(1, _PREFILL_BYTES // token_bytes)
         for a in range(0, n, step):
             wire = [q] + [(name,) + _as_dtype(x[:, a:a + step], name, self.dtype)
@@ -420,20 +432,21 @@ class Session:
                                   {"layer": layer, "pos": a}, False, ("o",))
 
     def _history(self, layer, n):
-        """history(layer, n), checked: k and v of exactly [heads_kv, n, head_dim]."""
+        """history(layer, n), checked: k of exactly [heads_kv, n, head_dim], v of
+        [heads_kv, n, head_dim_v]."""
         got = self.history(layer, n)
         if not (isinstance(got, (tuple, list)) and len(got) == 2):
             raise TypeError("attnd: history(%d, %d) must return (k, v), got %s"
                             % (layer, n, type(got).__name__))
-        want = [self.heads_kv, n, self.head_dim]
         out = []
-        for name, x in zip(("k", "v"), got):
+        for name, x, d in zip(("k", "v"), got, (self.head_dim, self.head_dim_v)):
             x = _array(x)
-            shape = [int(d) for d in x.shape]
+            shape, want = [int(d) for d in x.shape], [self.heads_kv, n, d]
             if shape != want:
                 raise ValueError("attnd: history(%d, %d) gave %s of shape %s; session %r "
-                                 "needs [heads_kv, length, head_dim] = %s"
-                                 % (layer, n, name, shape, self.id, want))
+                                 "needs [heads_kv, length, head_dim%s] = %s"
+                                 % (layer, n, name, shape, self.id,
+                                    "_v" if name == "v" else "", want))
             out.append(x)
         return out
 

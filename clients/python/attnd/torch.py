@@ -9,6 +9,8 @@
 >>> o.square().sum().backward()                            # q.grad, k.grad, v.grad
 >>> s = torch.zeros(8, requires_grad=True)                 # gpt-oss's sinks, [Hq]
 >>> attnd.torch.attention(q, k, v, causal=True, sinks=s, client=c).sum().backward()  # s.grad
+>>> v2 = torch.randn(1, 2, 128, 32, requires_grad=True)   # values of their own width, Dv
+>>> attnd.torch.attention(q, k, v2, causal=True, client=c).shape   # [1, 8, 128, 32]
 
 The forward pass is POST /attention with ``stats=True``; it saves q, k, v, o and the
 log-sum-exp, and the backward pass sends them with dL/dO to POST /attention/backward, so the
@@ -57,10 +59,11 @@ def attention(q, k, v, causal=False, scale=None, window_left=-1, window_right=-1
     Args:
         q: ``[B, Hq, Nq, D]`` (or ``[Hq, Nq, D]``, ``[Nq, D]``), float32, float16 or
             bfloat16 (float64 is computed in float32), any device and strides.
-        k, v: ``[B, Hkv, Nkv, D]`` in q's dtype; Hq a multiple of Hkv (GQA/MQA).
+        k, v: ``[B, Hkv, Nkv, D]`` in q's dtype; Hq a multiple of Hkv (GQA/MQA). v may
+            have a last dimension of its own, Dv (DeepSeek's MLA prefill: D 192, Dv 128).
         causal, scale, window_left, window_right: the mask and scale as in
             :meth:`attnd.Client.attention` (the mask aligned bottom-right; -1 unbounded;
-            scale None is ``1/sqrt(D)``).
+            scale None is ``1/sqrt(D)``, q's D whatever Dv).
         client: an :class:`attnd.Client`, or a URL; None is ``attnd.Client()``
             (``http://127.0.0.1:8080``).
         backend: the server backend for both passes (None: the server's choice).
@@ -69,10 +72,11 @@ def attention(q, k, v, causal=False, scale=None, window_left=-1, window_right=-1
             grad (a model's parameter): see :meth:`attnd.Client.attention`. None is none.
 
     Returns:
-        O, q's shape, dtype and device. ``backward()`` through it calls the server once
-        for dq, dk and dv (dk, dv summed over each GQA group), and dsinks in the sinks'
-        dtype when given; a row with no visible key gets O = 0 and gives no gradient (to
-        the sinks neither: its dO·O is 0). Double backward is not supported.
+        O, q's shape with v's last dimension (Dv), q's dtype and device. ``backward()``
+        through it calls the server once for dq, dk and dv, each of its input's shape (dk,
+        dv summed over each GQA group), and dsinks in the sinks' dtype when given; a row
+        with no visible key gets O = 0 and gives no gradient (to the sinks neither: its
+        dO·O is 0). Double backward is not supported.
     """
     if client is None or isinstance(client, str):
         client = Client() if client is None else Client(client)

@@ -89,32 +89,73 @@ int tool_infer_varlen_shapes(tool_infer_args *a) {
   return varlen_dims("--shape-kv", kv_given, a->shape_kv, nseq, tkv);
 }
 
-/* --alibi-slopes FILE.safetensors: its tensor alibi_slopes, F32 [Hq] or
- * [B, Hq] (checked against the shapes in tool_infer_alibi_shape()). */
-static int slopes_file(const char *path, tool_infer_args *a) {
+/* Tensor `which` of the safetensors file at path for option flag, F32 of
+ * rank 1 .. max_rank (shapes: how they are written), into *t and *copy
+ * (malloc'd); 0, or 2 after saying what is wrong. */
+static int f32_file(const char *flag, const char *path, int which, int max_rank, const char *shapes,
+                    attn_proto_tensor *t, void **copy) {
   void *body;
   size_t len;
   if (tool_read_file(path, &body, &len) < 0) {
     fprintf(stderr, ME ": cannot read %s: %s\n", path, strerror(errno));
     return 2;
   }
-  attn_proto_tensor t;
-  void *copy;
   attn_status st;
-  int rc = attn_proto_safetensors_tensor(body, len, ATTN_PROTO_T_ALIBI, &t, &copy, &st);
+  int rc = attn_proto_safetensors_tensor(body, len, which, t, copy, &st);
   free(body);
-  const char *why = rc < 0    ? st.message
-                    : !t.data ? "it holds no tensor alibi_slopes"
+  const char *name = attn_proto_tensor_name(which);
+  if (rc < 0)
+    fprintf(stderr, ME ": %s %s: %s\n", flag, path, st.message);
+  else if (!t->data)
+    fprintf(stderr, ME ": %s %s: it holds no tensor %s\n", flag, path, name);
+  else if (t->dtype != ATTN_F32 || t->rank > max_rank)
+    fprintf(stderr, ME ": %s %s: its %s is not %s%s\n", flag, path, name,
+            t->dtype != ATTN_F32 ? "F32" : "", t->dtype != ATTN_F32 ? "" : shapes);
+  else
+    return 0;
+  free(*copy);
+  return 2;
+}
 
-                    : t.dtype != ATTN_F32 ? "its alibi_slopes is not F32"
-                    : t.rank > 2          ? "its alibi_slopes is not [Hq] or [B, Hq]"
-                                          : NULL;
-  if (why) {
-    fprintf(stderr, ME ": --alibi-slopes %s: %s\n", path, why);
-    free(copy);
-    return 2;
+/* The finite numbers of a comma-separated list for option flag (what: the
+ * rest of the error's sentence), as a new array of *pn floats; NULL after
+ * saying what is wrong. */
+static float *number_list(const char *flag, const char *s, const char *what, int64_t *pn) {
+  *pn = tool_arg_list_len(s);
+  float *x = malloc((size_t)*pn * sizeof *x);
+  const char *p = s;
+  for (int64_t i = 0; x && i < *pn; i++) {
+    double v;
+    if (!tool_arg_list_double(&p, i + 1 == *pn, &v)) {
+      fprintf(stderr,
+              ME ": %s expects a file NAME.safetensors or finite numbers separated by "
+                 "commas%s (got \"%s\")\n",
+              flag, what, s);
+      free(x);
+      return NULL;
+    }
+    x[i] = (float)v;
   }
+  return x;
+}
+
+static bool safetensors_name(const char *s) {
+  size_t n = strlen(s);
+  return n > 12 && !strcmp(s + n - 12, ".safetensors");
+}
+
+/* --alibi-slopes: a file's tensor alibi_slopes, F32 [Hq] or [B, Hq], or a
+ * list (checked against the shapes in tool_infer_alibi_shape()). */
+int tool_infer_parse_slopes(const char *s, tool_infer_args *a) {
   free(a->alibi);
+  a->alibi = NULL;
+  a->alibi_rank = 0;
+  if (!safetensors_name(s))
+    return (a->alibi = number_list("--alibi-slopes", s, "", &a->nalibi)) ? 0 : 2;
+  attn_proto_tensor t;
+  void *copy = NULL;
+  if (f32_file("--alibi-slopes", s, ATTN_PROTO_T_ALIBI, 2, "[Hq] or [B, Hq]", &t, &copy))
+    return 2;
   a->alibi = copy;
   a->alibi_rank = t.rank;
   a->alibi_shape[0] = t.shape[0];
@@ -123,79 +164,20 @@ static int slopes_file(const char *path, tool_infer_args *a) {
   return 0;
 }
 
-int tool_infer_parse_slopes(const char *s, tool_infer_args *a) {
-  size_t n = strlen(s);
-  if (n > 12 && !strcmp(s + n - 12, ".safetensors"))
-    return slopes_file(s, a);
-  free(a->alibi);
-  a->alibi_rank = 0;
-  a->nalibi = tool_arg_list_len(s);
-  a->alibi = malloc((size_t)a->nalibi * sizeof *a->alibi);
-  const char *p = s;
-  for (int64_t i = 0; a->alibi && i < a->nalibi; i++) {
-    double v;
-    if (!tool_arg_list_double(&p, i + 1 == a->nalibi, &v)) {
-      fprintf(stderr,
-              ME ": --alibi-slopes expects a file NAME.safetensors or finite numbers "
-                 "separated by commas (got \"%s\")\n",
-              s);
-      return 2;
-    }
-    a->alibi[i] = (float)v;
-  }
-  return a->alibi ? 0 : 2;
-}
-
-/* --sinks FILE.safetensors: its tensor sinks, F32 [Hq] (Hq checked
- * against --shape when the request is made). */
-static int sinks_file(const char *path, tool_infer_args *a) {
-  void *body;
-  size_t len;
-  if (tool_read_file(path, &body, &len) < 0) {
-    fprintf(stderr, ME ": cannot read %s: %s\n", path, strerror(errno));
-    return 2;
-  }
-  attn_proto_tensor t;
-  void *copy;
-  attn_status st;
-  int rc = attn_proto_safetensors_tensor(body, len, ATTN_PROTO_T_SINKS, &t, &copy, &st);
-  free(body);
-  const char *why = rc < 0                ? st.message
-                    : !t.data             ? "it holds no tensor sinks"
-                    : t.dtype != ATTN_F32 ? "its sinks is not F32"
-                    : t.rank != 1         ? "its sinks is not [Hq]"
-                                          : NULL;
-  if (why) {
-    fprintf(stderr, ME ": --sinks %s: %s\n", path, why);
-    free(copy);
-    return 2;
-  }
+/* --sinks: a file's tensor sinks, F32 [Hq], or a list (Hq checked against
+ * --shape when the request is made). */
+int tool_infer_parse_sinks(const char *s, tool_infer_args *a) {
   free(a->sinks);
+  a->sinks = NULL;
+  if (!safetensors_name(s))
+    return (a->sinks = number_list("--sinks", s, ", one a query head", &a->nsinks)) ? 0 : 2;
+  attn_proto_tensor t;
+  void *copy = NULL;
+  if (f32_file("--sinks", s, ATTN_PROTO_T_SINKS, 1, "[Hq]", &t, &copy))
+    return 2;
   a->sinks = copy;
   a->nsinks = t.shape[0];
   return 0;
-}
-
-int tool_infer_parse_sinks(const char *s, tool_infer_args *a) {
-  size_t n = strlen(s);
-  if (n > 12 && !strcmp(s + n - 12, ".safetensors"))
-    return sinks_file(s, a);
-  free(a->sinks);
-  a->nsinks = tool_arg_list_len(s);
-  a->sinks = malloc((size_t)a->nsinks * sizeof *a->sinks);
-  const char *p = s;
-  for (int64_t i = 0; a->sinks && i < a->nsinks; i++) {
-    double v;
-    if (!tool_arg_list_double(&p, i + 1 == a->nsinks, &v)) {
-      fprintf(stderr,
-              ME ": --sinks expects a file NAME.safetensors or finite numbers separated by "
-                 "commas, one a query head (got \"%s\")\n",
-              s);
-      return 2;
-    }
-    a->sinks[i] = (float)v;
-  }
-  return a->sinks ? 0 : 2;
 }
 
 int tool_infer_alibi_shape(const tool_infer_args *a, int64_t *stride_b) {

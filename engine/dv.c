@@ -50,34 +50,27 @@ static size_t row_at(const int64_t s[3], int64_t h, int64_t n, int64_t i) {
   return (size_t)(i / (h * n) * s[0] + i / n % h * s[1] + i % n * s[2]);
 }
 
-/* The rows of src (width w, strides s) into dst (width W, contiguous), or
- * back when out: w elements of each. */
-static void dv_copy(const dv_job *j, void *dst, const void *src, const int64_t s[3], int64_t h,
-                    int64_t n, int64_t w, bool out) {
+/* The strides of one of the job's [B, H, N, W] buffers. */
+static void wide_strides(const dv_job *j, int64_t h, int64_t n, int64_t s[3]) {
+  s[2] = j->in.head_dim;
+  s[1] = n * s[2];
+  s[0] = h * s[1];
+}
+
+/* The first w elements of every row, from src (strides ss) to dst (strides
+ * ds). */
+static void copy_rows(const dv_job *j, void *dst, const int64_t ds[3], const void *src,
+                      const int64_t ss[3], int64_t h, int64_t n, int64_t w) {
   const attn_request *r = &j->orig;
-  const int64_t rows = (r->cu_seqlens_q ? 1 : r->batch) * h * n, W = j->in.head_dim;
+  const int64_t rows = (r->cu_seqlens_q ? 1 : r->batch) * h * n;
   const size_t es = attn_dtype_size(r->dtype);
-  for (int64_t i = 0; i < rows; i++) {
-    char *wide = (char *)(out ? (void *)(uintptr_t)src : dst) + (size_t)(i * W) * es;
-    char *own = (char *)(out ? dst : (void *)(uintptr_t)src) + row_at(s, h, n, i) * es;
-    memcpy(out ? own : wide, out ? wide : own, (size_t)w * es);
-  }
+  for (int64_t i = 0; i < rows; i++)
+    memcpy((char *)dst + row_at(ds, h, n, i) * es, (const char *)src + row_at(ss, h, n, i) * es,
+           (size_t)w * es);
 }
 
-/* Input t of width w as a padded copy in the padded request (*pin, its
- * strides *ps zeroed: contiguous); 0 or -1 out of memory. */
-static int pad_input(dv_job *j, const void **pin, int64_t ps[3], int64_t h, int64_t n, int64_t w) {
-  void *p = dv_alloc(j, h, n);
-  if (!p)
-    return -1;
-  dv_copy(j, p, *pin, ps, h, n, w, false);
-  *pin = p;
-  memset(ps, 0, 3 * sizeof *ps);
-  return 0;
-}
-
-/* Output of width w as a buffer of width W in the padded request, cut back
- * by dv_done. */
+/* An output as a buffer of width W in the padded request (its strides *ps
+ * zeroed: contiguous), cut back by dv_done; 0 or -1 out of memory. */
 static int pad_output(dv_job *j, void **pout, int64_t ps[3], int64_t h, int64_t n) {
   void *p = dv_alloc(j, h, n);
   if (!p)
@@ -85,6 +78,27 @@ static int pad_output(dv_job *j, void **pout, int64_t ps[3], int64_t h, int64_t 
   *pout = p;
   memset(ps, 0, 3 * sizeof *ps);
   return 0;
+}
+
+/* An input of width w as such a buffer, zero-padded. */
+static int pad_input(dv_job *j, const void **pin, int64_t ps[3], int64_t h, int64_t n, int64_t w) {
+  const void *src = *pin;
+  int64_t ss[3] = {ps[0], ps[1], ps[2]}, ws[3];
+  void *p;
+  if (pad_output(j, &p, ps, h, n) < 0)
+    return -1;
+  wide_strides(j, h, n, ws);
+  copy_rows(j, p, ws, src, ss, h, n, w);
+  *pin = p;
+  return 0;
+}
+
+/* An output of width w back from the padded job's buffer. */
+static void cut_output(const dv_job *j, void *dst, const int64_t ds[3], const void *wide, int64_t h,
+                       int64_t n, int64_t w) {
+  int64_t ws[3];
+  wide_strides(j, h, n, ws);
+  copy_rows(j, dst, ds, wide, ws, h, n, w);
 }
 
 /* Dv < D: v (and a backward's o and dO) padded to D; O (a backward's dV)
@@ -131,12 +145,12 @@ static void dv_done(const attn_result *res, void *arg) {
   const int64_t dv = attn_request_dv(r);
   if (res->status.code == 0 && dv < r->head_dim) {
     if (r->pass == ATTN_FORWARD)
-      dv_copy(j, r->o, in->o, r->o_stride, hq, nq, dv, true);
+      cut_output(j, r->o, r->o_stride, in->o, hq, nq, dv);
     else
-      dv_copy(j, r->dv, in->dv, r->dv_stride, hk, nk, dv, true);
+      cut_output(j, r->dv, r->dv_stride, in->dv, hk, nk, dv);
   } else if (res->status.code == 0 && r->pass == ATTN_BACKWARD) {
-    dv_copy(j, r->dq, in->dq, r->dq_stride, hq, nq, r->head_dim, true);
-    dv_copy(j, r->dk, in->dk, r->dk_stride, hk, nk, r->head_dim, true);
+    cut_output(j, r->dq, r->dq_stride, in->dq, hq, nq, r->head_dim);
+    cut_output(j, r->dk, r->dk_stride, in->dk, hk, nk, r->head_dim);
   }
   attn_result out = *res;
   out.flops = attn_request_flops(r);

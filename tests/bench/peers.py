@@ -97,7 +97,7 @@ ROWS = [
 
 
 # The backward's rows: the forward's reference point and N=1024, causal and not,
-# D=128, a BF16 row and a GQA row.
+# D=128, a BF16 row, a GQA row and DeepSeek's MLA prefill (D 192, Dv 128).
 BWD_ROWS = [
     row("H8 N1024 D64", 8, 8, 1024, 1024, 64, "F32", reps=5),
     row("H8 N1024 D64", 8, 8, 1024, 1024, 64, "F32", causal=True, reps=5),
@@ -106,6 +106,8 @@ BWD_ROWS = [
     row("H8 N4096 D128", 8, 8, 4096, 4096, 128, "F32"),
     row("H8 N4096 D64", 8, 8, 4096, 4096, 64, "BF16"),
     row("GQA 8/2 N4096 D64", 8, 2, 4096, 4096, 64, "F32", causal=True),
+    row("MLA H8 N2048 D192 Dv128", 8, 8, 2048, 2048, 192, "BF16", causal=True),
+    row("MLA H8 N2048 D192 Dv128", 8, 8, 2048, 2048, 192, "F32", causal=True),
 ]
 
 
@@ -571,7 +573,7 @@ def main_driver(a):
           % (" autograd, backward pass" if a.backward else " vs numpy", cpu_model(), a.threads,
              datetime.date.today().isoformat()))
     print("ISA: %s; GFLOP/s = %s per visible (query, key) pair; best of %d run(s) per cell"
-          % (cpu_isa(), "2.5 × 4·D" if a.backward else "2·(D + Dv), 4·D where Dv = D", a.runs))
+          % (cpu_isa(), "2.5 × 2·(D + Dv)" if a.backward else "2·(D + Dv), 4·D where Dv = D", a.runs))
     sys.stdout.flush()
     load0 = loadavg()
     peak = run_json([os.path.join(a.build, "bench-peak"), "--threads", str(a.threads)])

@@ -14,7 +14,7 @@
  * three implementations agree on the same input.
  *
  * --backward DO.bin times the backward pass instead: dO is DO.bin's raw
- * little-endian elements (q's shape and dtype, as numpy's tofile writes
+ * little-endian elements (O's shape and q's dtype, as numpy's tofile writes
  * them); O and the lse come from one untimed forward run, and each timed
  * run is the backward given that lse (what torch's autograd does with the
  * lse its forward saved). GFLOP/s uses attn_request_flops (2.5 times the
@@ -124,26 +124,40 @@ static void print_json(const peers_args *a, const attn_request *r, const attn_en
          (long long)r->head_dim);
 }
 
+/* Bytes of the backward's tensors: q (dq), k (dk), v (dv) and O (dO), v
+ * and O with the values' head dim. */
+typedef struct bwd_sizes {
+  size_t q, k, v, o;
+} bwd_sizes;
+
+static bwd_sizes sizes_of(const attn_request *r) {
+  size_t es = attn_dtype_size(r->dtype), dv = (size_t)attn_request_dv(r);
+  size_t rq = (size_t)(r->batch * r->heads_q * r->seq_q),
+         rk = (size_t)(r->batch * r->heads_kv * r->seq_kv);
+  return (bwd_sizes){.q = rq * (size_t)r->head_dim * es,
+                     .k = rk * (size_t)r->head_dim * es,
+                     .v = rk * dv * es,
+                     .o = rq * dv * es};
+}
+
 /* The backward's buffers: dO from the file, dq, dk, dv and the lse, and O
  * and the lse from one forward run on e. Returns the allocation or NULL. */
 static char *setup_backward(const peers_args *a, attn_engine *e, attn_request *r, char **pdout) {
-  size_t es = attn_dtype_size(r->dtype);
-  size_t nq = (size_t)(r->batch * r->heads_q * r->seq_q * r->head_dim) * es;
-  size_t nk = (size_t)(r->batch * r->heads_kv * r->seq_kv * r->head_dim) * es;
+  bwd_sizes z = sizes_of(r);
   size_t rows = (size_t)(r->batch * r->heads_q * r->seq_q), len = 0;
   char *dout = slurp(a->dout, &len);
-  char *m = dout && len == nq ? malloc(nq + 2 * nk + rows * sizeof(float)) : NULL;
+  char *m = dout && len == z.o ? malloc(z.q + z.k + z.v + rows * sizeof(float)) : NULL;
   attn_status st = {0};
   if (m) {
-    r->lse = (float *)(void *)(m + nq + 2 * nk);
+    r->lse = (float *)(void *)(m + z.q + z.k + z.v);
     if (attn_engine_run(e, r, NULL, &st) < 0) {
       fprintf(stderr, "bench-peers-attn: forward: %s\n", st.message);
       free(m);
       m = NULL;
     }
   } else if (dout) {
-    fprintf(stderr, "bench-peers-attn: %s holds %zu bytes, q's shape needs %zu\n", a->dout, len,
-            nq);
+    fprintf(stderr, "bench-peers-attn: %s holds %zu bytes, O's shape needs %zu\n", a->dout, len,
+            z.o);
   }
   if (!m) {
     free(dout);
@@ -154,17 +168,15 @@ static char *setup_backward(const peers_args *a, attn_engine *e, attn_request *r
   r->lse = NULL;
   r->dout = *pdout = dout;
   r->dq = m;
-  r->dk = m + nq;
-  r->dv = m + nq + nk;
+  r->dk = m + z.q;
+  r->dv = m + z.q + z.k;
   r->m = r->l = NULL;
   return m;
 }
 
 static int write_grads(const peers_args *a, const attn_request *r) {
-  size_t es = attn_dtype_size(r->dtype);
-  size_t nq = (size_t)(r->batch * r->heads_q * r->seq_q * r->head_dim) * es;
-  size_t nk = (size_t)(r->batch * r->heads_kv * r->seq_kv * r->head_dim) * es;
-  return write_file(a->out, r->dq, nq + 2 * nk); /* dq, dk, dv are adjacent */
+  bwd_sizes z = sizes_of(r);
+  return write_file(a->out, r->dq, z.q + z.k + z.v); /* dq, dk, dv are adjacent */
 }
 
 static int run(const peers_args *a, attn_proto_req *pr) {

@@ -438,3 +438,20 @@ Test(cuda_sinks, sinks_wait_for_the_self_check, .init = reset) {
   cr_expect_null(sinks_off(e, info, 4), "sinks off after a passing self-check");
   attn_engine_close(e);
 }
+
+/* A caller's lse far below the truth makes e^(t − lse) overflow dsinks:
+ * ERANGE, as on the cpu, never an infinite gradient. */
+Test(cuda_sinks, an_overflowing_dsinks_is_erange, .init = reset) {
+  attn_engine *e = open_cuda();
+  tprob p = tprob_make(1, 2, 1, 5, 9, 16, ATTN_F32);
+  p.sinks = true;
+  tcase c;
+  tcase_init(&c, &p, 81);
+  attn_status st = {0};
+  cr_assert_eq(tcase_backward(&c, true, 82, &st), 0, "%s", st.message);
+  c.lse_in[0] = -100.0f; /* its row sees every key: D is not 0 */
+  cr_expect_eq(trun(e, &c, "cuda", &st), ATTN_ERANGE);
+  cr_expect(strstr(st.message, "overflow"), "%s", st.message);
+  tcase_free(&c);
+  attn_engine_close(e);
+}

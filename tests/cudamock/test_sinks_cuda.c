@@ -218,7 +218,7 @@ static double dsinks_err(const tcase *c, const double *ref) {
 static bool backward_launches(const tcase *c, bool with_lse, bool want) {
   const int n = mock_log(g_log, MOCK_LOG_MAX), ns = mock_sinks(g_sk, 64);
   const int kernels = count(g_log, n, MOCK_KERNEL);
-  const mock_op *kb = nth(g_log, n, MOCK_KERNEL, kernels - 1);
+  const mock_op *kf = nth(g_log, n, MOCK_KERNEL, 0), *kb = nth(g_log, n, MOCK_KERNEL, kernels - 1);
   bool ok = kernels == (with_lse ? 1 : 2) && ns == !with_lse + want;
   for (int i = 0; ok && i < ns; i++) {
     const mock_sink *s = &g_sk[i];
@@ -226,7 +226,7 @@ static bool backward_launches(const tcase *c, bool with_lse, bool want) {
     const bool fold = !with_lse && i == 0;
     ok = s->log >= 0 && at->stream == kb->stream && s->sinks && s->heads_q == c->p.hq &&
          s->grad == !fold &&
-         (fold ? !s->o && !s->m && !s->l && at->start > g_log[0].end && at->end < kb->start
+         (fold ? !s->o && !s->m && !s->l && at->start > kf->end && at->end < kb->start
                : at->start > kb->end && s->dsinks);
   }
   cr_expect(ok, "%d kernels, %d sink launches (lse %s, dsinks %s)", kernels, ns,

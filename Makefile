@@ -250,7 +250,7 @@ CUDAMOCK_OBJ = $(BUILD)/obj/tests/cudamock/mock_cudart.o \
                $(BUILD)/obj/tests/cudamock/test_cuda_backend.o \
                $(BUILD)/obj/tests/cudamock/test_datapath.o $(BUILD)/obj/server/bodybuf.o \
                $(BUILD)/obj/tests/cudamock/test_paged.o $(BUILD)/obj/tests/cudamock/test_sessions_gpu.o \
-               $(TESTLIB_OBJ) $(BUILD)/obj/clients/benchlib.o
+               $(BUILD)/obj/tests/cudamock/test_sinks_cuda.o $(TESTLIB_OBJ) $(BUILD)/obj/clients/benchlib.o
 
 # ---- fuzzing (libFuzzer, clang) ---------------------------------------------
 FUZZ_TARGETS = $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))

@@ -118,5 +118,9 @@ cudaError_t attn__cu_download_group(cu_slot *sl, const attn_request *r, int g) {
     if (e)
       return e;
   }
-  return stats_down(sl, r, q0, nq);
+  cudaError_t e = stats_down(sl, r, q0, nq);
+  if (e || sl->off_dsinks == SIZE_MAX) /* dsinks: a backward job's, one group */
+    return e;
+  return cudaMemcpyAsync(attn__cu_staged(sl, sl->off_dsinks), dm + sl->off_dsinks,
+                         (size_t)r->heads_q * sizeof(float), cudaMemcpyDeviceToHost, sl->down);
 }

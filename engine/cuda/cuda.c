@@ -35,6 +35,14 @@
  * overwrites), then the backward kernels, and downloads dQ, dK and dV; it
  * is one group.
  *
+ * Sinks (sinks.h) never reach the attention kernels: a small kernel folds
+ * them into each group's O and statistics after its forward launch (the
+ * lse it reads is scratch when the caller wants none), into a recomputed
+ * lse before a backward, and computes dsinks after the backward kernels.
+ * They are served once their own cases of the self-check below pass (and
+ * not with it off): until then the backend declines requests with sinks,
+ * which auto runs on the CPU.
+ *
  * When a device is opened, a self-check (selfcheck.h) runs every kernel
  * instance the selection can choose on small awkward shapes against the
  * float64 reference, through the same staging and launch path as a job;
@@ -76,11 +84,8 @@ static int cuda_supports(void *state, const attn_request *r, attn_status *st) {
   /* Host pages are the cpu kernel's; ours (a store on this device) only we read. */
   if (r->k_pages && !r->page_pitch)
     return attn_status_set(st, ATTN_EUNSUPPORTED, "host pages (sessions) run on the cpu backend");
-  if (r->sinks) /* backend auto takes the cpu instead */
-    return attn_status_set(st, ATTN_EUNSUPPORTED,
-                           "cuda: the kernels do not take sinks yet (backend auto runs a "
-                           "request with sinks on the cpu; a session kept on the device "
-                           "cannot use them)");
+  if (r->sinks && *s->sinks_why) /* backend auto takes the cpu instead */
+    return attn_status_set(st, ATTN_EUNSUPPORTED, "cuda: sinks are off: %s", s->sinks_why);
   int rc = r->k_pages ? attn__cu_pages_check(s, r, st) : 0;
   if (rc)
     return rc;
@@ -161,13 +166,15 @@ static void cuda_close(void *state) {
 static int cuda_disabled(void *state, attn_disabled *out, int cap) {
   cu_state *s = state;
   int n = 0;
-  if (*s->paged_why) { /* sessions' pages stay in host memory */
-    if (n < cap) {
-      snprintf(out[n].kernel, sizeof out[n].kernel, "paged_kv");
-      snprintf(out[n].why, sizeof out[n].why, "%s", s->paged_why);
+  const char *const named[2][2] = {{"paged_kv", s->paged_why}, {"sinks", s->sinks_why}};
+  for (int i = 0; i < 2; i++)
+    if (*named[i][1]) { /* sessions' pages stay in host memory; sinks run on the cpu */
+      if (n < cap) {
+        snprintf(out[n].kernel, sizeof out[n].kernel, "%s", named[i][0]);
+        snprintf(out[n].why, sizeof out[n].why, "%s", named[i][1]);
+      }
+      n++;
     }
-    n++;
-  }
   for (int k = 0; k <= ATTN_CU_KERNEL_COUNT + 2; k++)
     if (s->off & (1u << k)) {
       if (n < cap) {
@@ -216,11 +223,13 @@ static int cuda_open(const attn_backend_env *env, void **pstate, attn_status *st
   for (int i = 0; i < n && rc == 0 && !env->cfg->cuda_self_check_off; i++) {
     attn__cu_self_check(s, &s->devs[i], hopper);
     attn__cu_self_check_paged(s, &s->devs[i]);
+    attn__cu_self_check_sinks(s, &s->devs[i]);
   }
   if (env->cfg->cuda_self_check_off) {
-    snprintf(s->paged_why, sizeof s->paged_why,
-             "compile-verified only: served after it passes the start-up self-check, which is "
-             "off (--gpu-self-check off)");
+    static const char unchecked[] = "compile-verified only: served after it passes the start-up "
+                                    "self-check, which is off (--gpu-self-check off)";
+    snprintf(s->paged_why, sizeof s->paged_why, "%s", unchecked);
+    snprintf(s->sinks_why, sizeof s->sinks_why, "%s", unchecked);
     attn__cu_decode_off(s);
   }
   if (hopper)

@@ -14,6 +14,7 @@
 
 #include "backend.h"
 #include "kernels.h"
+#include "sinks.h"
 
 #include <cuda_runtime_api.h>
 #include <pthread.h>
@@ -41,6 +42,7 @@ typedef struct cu_group {
   int64_t u0, nu;
   attn_cu_params prm;
   attn_cu_choice ch;
+  const float *sinks; /* device: the sink of its first query head on; NULL: none */
 } cu_group;
 
 typedef struct cu_slot {
@@ -52,8 +54,8 @@ typedef struct cu_slot {
   unsigned char *chunk[2]; /* pinned, CU_CHUNK_BYTES each */
   bool chunk_busy[2];      /* ev_chunk[i] recorded since chunk i was last reused */
   int chunk_next;          /* the chunk packed next */
-  /* Pinned staging for the small inputs (a caller's lse, ALiBi slopes, the
-   * scan results) and outputs that are not downloaded in place: it mirrors
+  /* Pinned staging for the small inputs (a caller's lse, ALiBi slopes,
+   * sinks, the scan results) and outputs that are not downloaded in place: it mirrors
    * the device layout from offset off_misc. */
   unsigned char *pinned;
   size_t pinned_cap;
@@ -64,13 +66,19 @@ typedef struct cu_slot {
   pthread_cond_t cv;
   bool th_made;
   /* The job's layout in device memory: the inputs (q k v, and o do for a
-   * backward pass; then a caller's lse), the ALiBi slopes, the scan
-   * results (per group and input), the outputs (o m l lse, or dq dk dv);
-   * device memory also holds scratch after them (split-KV partials, or a
-   * recomputed lse and the backward's D). */
+   * backward pass; then a caller's lse), the ALiBi slopes, the sinks, the scan
+   * results (per group and input), the outputs (o m l lse, or dq dk dv
+   * dsinks); device memory also holds scratch after them (split-KV
+   * partials, a recomputed lse and the backward's D, or the lse a sink
+   * fold needs that the caller did not ask for). */
   int nin, nout, ngroups;
   size_t off[5], off_misc, off_scan, off_out[3], off_stats[3], off_lse, off_ws;
-  size_t off_alibi;  /* the slopes in log2 units, F32 [B, Hq]; SIZE_MAX: none */
+  size_t off_alibi; /* the slopes in log2 units, F32 [B, Hq]; SIZE_MAX: none */
+  /* The sinks, F32 [Hq] (an input), and a backward's dsinks, F32 [Hq] (an
+   * output, downloaded after dq dk dv); SIZE_MAX: none. A forward with
+   * sinks whose caller wants no lse gets it as scratch at off_lse, and m
+   * at off_m when l is wanted without it (the fold needs them; sinks.h). */
+  size_t off_sinks, off_dsinks, off_m;
   size_t off_tables; /* a paged job's K then V page tables, int32; SIZE_MAX: none */
   size_t off_used;   /* its per-entry key counts (seqused_kv), int32; SIZE_MAX: none */
   /* A paged job's new rows (attn_request.page_rows), nrows of them packed
@@ -86,6 +94,8 @@ typedef struct cu_slot {
    * (contiguous and in the pinned pool): no pack, no unpack. */
   bool direct_in[5], direct_out[3], direct_stats[3];
   void *dmem;
+  const float *sinks; /* device pointers at off_sinks and off_dsinks, or NULL */
+  float *dsinks;
   attn_cu_params prm;
   attn_cu_choice ch;
   attn_cu_choice fch; /* backward without lse: the forward that computes it */
@@ -132,6 +142,9 @@ struct cu_state {
   size_t pages_bytes;
   /* Why the paged view may not serve (selfpaged.c); "" once it passed. */
   char paged_why[160];
+  /* Why sinks are off (selfrun.c: their cases failed, or the self-check
+   * did not run); "": they are served. */
+  char sinks_why[160];
   pthread_mutex_t mu;
   pthread_cond_t cv;
   attn_job *pend_head, *pend_tail;
@@ -181,7 +194,7 @@ static inline unsigned char *attn__cu_staged(const cu_slot *sl, size_t off) {
 }
 /* Bytes of pinned staging the routed job needs from off_misc. */
 size_t attn__cu_staging_bytes(const cu_slot *sl);
-/* The small inputs (a caller's lse, ALiBi slopes) and the scan results'
+/* The small inputs (a caller's lse, ALiBi slopes, sinks) and the scan results'
  * start values, into the pinned staging. */
 void attn__cu_stage_misc(cu_slot *sl, const attn_request *r);
 /* Packed rows [row0, row0 + n) of input t ([B, H, N, dp], zero padded). */
@@ -278,6 +291,8 @@ bool attn__cu_hopper_gate(cu_state *s, bool checking);
 void attn__cu_decode_off(cu_state *s);
 /* Runs every self-check case on the device, turning off what fails. */
 void attn__cu_self_check(cu_state *s, cu_dev *d, bool hopper);
+/* Runs the sinks cases on the device; the first failure sets sinks_why. */
+void attn__cu_self_check_sinks(cu_state *s, cu_dev *d);
 /* Runs a self-check case on the slot's device and waits for it: 0, the
  * selection's refusal, or ATTN_EDEVICE with *sticky saying whether the
  * device is done. */

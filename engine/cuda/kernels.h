@@ -1,5 +1,6 @@
 /*
- * kernels.h — the only door between the CUDA C++ kernels and C.
+ * kernels.h — the only door between the CUDA C++ kernels and C (with
+ * sinks.h, which folds attention sinks in around these launches).
  *
  * The kernels see packed device tensors: Q [B, Hq, Nq, dp], K and V
  * [B, Hkv, Nkv, dp], O [B, Hq, Nq, dp], where dp is head_dim rounded up to a

@@ -12,7 +12,8 @@
  * reference) and allowed four times the tests' per-dtype threshold: the
  * check is there to catch a wrong kernel, not rounding. The Hopper cases
  * come next; the backend runs them only where that instance may run. Last,
- * every backward shape again on the atomic dQ path.
+ * every backward shape again on the atomic dQ path. The sinks cases are a
+ * table of their own (their failure is laid at the sinks' door).
  */
 #include "selfcheck.h"
 
@@ -135,6 +136,19 @@ static const check_shape shapes[] = {
 };
 enum { NSHAPES = sizeof shapes / sizeof *shapes };
 
+/* Sinks: rows that see no key (Nq > Nkv, causal), a split decode on the
+ * tiled forward and its merge (17 rows), the decode kernel, F32; a
+ * backward of each kind of row. */
+static const check_shape sink_shapes[] = {
+    {ATTN_FORWARD, ATTN_F16, 4, 2, 65, 40, 61, true, -1, 0, false, false, 0, false},
+    {ATTN_FORWARD, ATTN_BF16, 2, 2, 17, 700, 64, false, -1, 0, false, false, 0, false},
+    {ATTN_FORWARD, ATTN_BF16, 4, 2, 1, 700, 128, false, -1, 0, false, false, 0, false},
+    {ATTN_FORWARD, ATTN_F32, 4, 2, 37, 70, 45, true, -1, 0, false, false, 0, false},
+    {ATTN_BACKWARD, ATTN_F16, 4, 2, 37, 70, 61, true, -1, 0, false, false, 0, false},
+    {ATTN_BACKWARD, ATTN_F32, 4, 2, 37, 30, 45, true, -1, 0, false, false, 0, false},
+};
+enum { NSINKS = sizeof sink_shapes / sizeof *sink_shapes };
+
 /* Case i's shape: shapes[i], or past them the (i − NSHAPES)-th backward
  * shape (an atomic case). */
 static const check_shape *shape_at(int i) {
@@ -231,14 +245,27 @@ static int forward_inputs(attn_cu_check *c, attn_status *st) {
   return rc;
 }
 
-int attn_cu_check_make(int i, attn_cu_check *c, attn_status *st) {
-  memset(c, 0, sizeof *c);
-  const check_shape *sh = shape_at(i);
-  if (sh->hq > ATTN_CU_CHECK_HEADS || sh->hq * sh->nq > ATTN_CU_CHECK_ROWS)
-    return attn_status_set(st, ATTN_EINVAL, "self-check case %d has more rows than its buffers", i);
-  request_of(sh, &c->req);
-  c->atomic = attn_cu_check_is_atomic(i);
+/* A sinks case's: sinks from −2 to 2.5 (the scores' range), dsinks wanted,
+ * and (backward) no lse_in, so the device recomputes and folds it. */
+static void add_sinks(attn_cu_check *c) {
   attn_request *r = &c->req;
+  for (int64_t h = 0; h < r->heads_q; h++)
+    c->sinks[h] = (float)(-2.0 + 1.5 * (double)(h % 4));
+  r->sinks = c->sinks;
+  if (r->pass == ATTN_BACKWARD)
+    r->dsinks = c->dsinks;
+}
+
+/* Shape sh made a case (sinks: with them), inputs and reference. */
+static int make(const check_shape *sh, bool atomic, bool sinks, attn_cu_check *c, attn_status *st) {
+  memset(c, 0, sizeof *c);
+  if (sh->hq > ATTN_CU_CHECK_HEADS || sh->hq * sh->nq > ATTN_CU_CHECK_ROWS)
+    return attn_status_set(st, ATTN_EINVAL, "a self-check case has more rows than its buffers");
+  request_of(sh, &c->req);
+  c->atomic = atomic;
+  attn_request *r = &c->req;
+  if (sinks)
+    add_sinks(c);
   if (sh->alibi) { /* 2^(-8 (h + 1) / Hq), as ALiBi's paper sets them */
     for (int h = 0; h < sh->hq; h++)
       c->slopes[h] = (float)exp2(-8.0 * (h + 1) / sh->hq);
@@ -249,7 +276,8 @@ int attn_cu_check_make(int i, attn_cu_check *c, attn_status *st) {
   int rc = lay_out(c, st);
   if (rc < 0)
     return rc;
-  c->ref = malloc((nq + 2 * nk + (size_t)(r->heads_q * r->seq_q)) * sizeof *c->ref);
+  const size_t rows = (size_t)(r->heads_q * r->seq_q);
+  c->ref = malloc((nq + 2 * nk + rows + (size_t)r->heads_q) * sizeof *c->ref);
   if (!c->ref) {
     attn_cu_check_free(c);
     return attn_status_set(st, ATTN_ENOMEM, "out of memory for the cuda self-check");
@@ -259,10 +287,24 @@ int attn_cu_check_make(int i, attn_cu_check *c, attn_status *st) {
     rc = attn_reference(r, c->ref, NULL, NULL, c->ref + nq, st);
   } else if ((rc = forward_inputs(c, st)) == 0) {
     rc = attn_reference_backward(r, c->ref, c->ref + nq, c->ref + nq + nk, st);
+    if (rc == 0 && r->dsinks)
+      rc = attn_reference_dsinks(r, c->ref + nq + 2 * nk + rows, st);
+    if (r->sinks)
+      r->lse_in = NULL;
   }
   if (rc < 0)
     attn_cu_check_free(c);
   return rc;
+}
+
+int attn_cu_check_make(int i, attn_cu_check *c, attn_status *st) {
+  return make(shape_at(i), attn_cu_check_is_atomic(i), false, c, st);
+}
+
+int attn_cu_check_sinks_count(void) { return NSINKS; }
+
+int attn_cu_check_sinks_make(int i, attn_cu_check *c, attn_status *st) {
+  return make(&sink_shapes[i], false, true, c, st);
 }
 
 /* sqrt(sum (x - y)^2 / sum y^2) over n elements of x (dtype dt, or F32
@@ -283,14 +325,15 @@ static double norm_err(const void *x, attn_dtype dt, bool f32, const double *y, 
 static bool describe(const attn_cu_check *c, const char *tensor, double e, double tol, char *why,
                      size_t cap) {
   const attn_request *r = &c->req;
-  snprintf(why, cap, "%s error %.2g > %.0e on %s %s [%lld, %lld, %lld, %lld, %lld]%s%s", tensor, e,
-           tol, attn_dtype_name(r->dtype),
+  snprintf(why, cap, "%s error %.2g > %.0e on %s %s [%lld, %lld, %lld, %lld, %lld]%s%s%s", tensor,
+           e, tol, attn_dtype_name(r->dtype),
            r->pass == ATTN_FORWARD ? "forward"
            : c->atomic             ? "backward (atomic dQ)"
                                    : "backward",
            (long long)r->heads_q, (long long)r->heads_kv, (long long)r->seq_q, (long long)r->seq_kv,
            (long long)r->head_dim, r->causal ? " causal" : "",
-           r->softcap > 0 || r->alibi_slopes ? " with softcap/alibi" : "");
+           r->softcap > 0 || r->alibi_slopes ? " with softcap/alibi" : "",
+           r->sinks ? " with sinks" : "");
   return false;
 }
 
@@ -309,10 +352,16 @@ bool attn_cu_check_verify(const attn_cu_check *c, char *why, size_t cap) {
     if (!(e <= tol))
       return describe(c, name[t], e, tol, why, cap);
   }
+  const size_t rows = (size_t)(r->heads_q * r->seq_q);
   if (r->pass == ATTN_FORWARD) {
-    double e = norm_err(r->lse, r->dtype, true, c->ref + nq, (size_t)(r->heads_q * r->seq_q));
+    double e = norm_err(r->lse, r->dtype, true, c->ref + nq, rows);
     if (!(e <= 1e-4))
       return describe(c, "lse", e, 1e-4, why, cap);
+  }
+  if (r->dsinks) {
+    double e = norm_err(r->dsinks, r->dtype, true, c->ref + nq + 2 * nk + rows, (size_t)r->heads_q);
+    if (!(e <= tol))
+      return describe(c, "dsinks", e, tol, why, cap);
   }
   return true;
 }

@@ -7,7 +7,9 @@
  * windowed masks, and a decode row long enough to take the split-KV path
  * and its merge. Each case comes with its inputs and its float64 answer;
  * the backend (cuda.c) runs it on a device and asks whether the outputs
- * match. Host code only, no CUDA call.
+ * match. Host code only, no CUDA call. A few more cases carry sinks
+ * (sinks.h), forward and backward, apart from these (their failure turns
+ * sinks off, not a kernel).
  */
 #ifndef ATTN_CUDA_SELFCHECK_H
 #define ATTN_CUDA_SELFCHECK_H
@@ -25,6 +27,7 @@ typedef struct attn_cu_check {
   /* the forward's lse (a backward case's lse_in, or stats) */
   float lse[ATTN_CU_CHECK_ROWS];
   float slopes[ATTN_CU_CHECK_HEADS]; /* the ALiBi slopes of a case with them */
+  float sinks[ATTN_CU_CHECK_HEADS], dsinks[ATTN_CU_CHECK_HEADS]; /* a sinks case's */
   bool atomic; /* a backward case of the atomic dQ path (attn_cu_check_is_atomic) */
 } attn_cu_check;
 
@@ -42,6 +45,14 @@ bool attn_cu_check_is_atomic(int i);
 
 /* Case i with its inputs and reference; 0 or an error (out of memory). */
 int attn_cu_check_make(int i, attn_cu_check *c, attn_status *st);
+
+/* The sinks cases: the fold after a forward (tiled with rows that see no
+ * key, split-KV, the decode kernel, F32), and a backward whose lse the
+ * device recomputes and folds, with dsinks; made as attn_cu_check_make
+ * makes a case, with sinks, their reference (dsinks's too) by the
+ * definition. */
+int attn_cu_check_sinks_count(void);
+int attn_cu_check_sinks_make(int i, attn_cu_check *c, attn_status *st);
 
 /* Whether the device's outputs match the reference within the dtype's
  * tolerance; when not, why (the tensor and its normalized error). */

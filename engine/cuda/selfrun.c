@@ -91,6 +91,13 @@ static void hopper_outcome(cu_state *s, const cu_dev *d, const attn_request *r,
           attn_cu_kernel_name((attn_cu_kernel)bit), s->off_why[bit]);
 }
 
+/* A sticky error in a self-check case: the device takes no jobs. */
+static void device_failed(cu_dev *d, const attn_status *st) {
+  d->healthy = false;
+  snprintf(d->why, sizeof d->why, "failed its start-up self-check: %.120s", st->message);
+  fprintf(stderr, "attn: cuda device %d (%s) %s; it takes no jobs\n", d->ordinal, d->name, d->why);
+}
+
 /* Runs every case on the device (see selfcheck.h); a case that fails or is
  * refused at launch disables what it ran, a sticky error the device. The
  * Hopper cases run only when hopper is set (hopper_gate), with that
@@ -119,11 +126,36 @@ void attn__cu_self_check(cu_state *s, cu_dev *d, bool hopper) {
       disable(s, d, &sl->ch, why);
     else if (rc == ATTN_EDEVICE && !sticky && !hp)
       disable(s, d, &sl->ch, st.message);
-    else if (rc == ATTN_EDEVICE && sticky) {
-      d->healthy = false;
-      snprintf(d->why, sizeof d->why, "failed its start-up self-check: %.120s", st.message);
-      fprintf(stderr, "attn: cuda device %d (%s) %s; it takes no jobs\n", d->ordinal, d->name,
-              d->why);
+    else if (rc == ATTN_EDEVICE && sticky)
+      device_failed(d, &st);
+    attn_cu_check_free(&c);
+  }
+}
+
+/* The sinks' kernels have no other instance to fall back to: a case that
+ * fails (or is refused at launch) turns sinks off, and requests with them
+ * go to the CPU. A case the selection refuses says nothing of them. */
+void attn__cu_self_check_sinks(cu_state *s, cu_dev *d) {
+  for (int i = 0; i < attn_cu_check_sinks_count() && d->healthy && !*s->sinks_why; i++) {
+    attn_cu_check c;
+    attn_status st = {0};
+    if (attn_cu_check_sinks_make(i, &c, &st) < 0)
+      continue;
+    bool sticky;
+    char why[160] = "";
+    int rc = attn__cu_run_case(&d->slots[0], &c.req, s->off | ATTN_CU_ATOMIC_DQ_BIT, &sticky, &st);
+    if (rc == ATTN_EDEVICE && sticky)
+      device_failed(d, &st);
+    else if (rc == ATTN_EDEVICE)
+      snprintf(why, sizeof why, "%.150s", st.message);
+    else if (rc == 0)
+      attn_cu_check_verify(&c, why, sizeof why);
+    if (*why) {
+      snprintf(s->sinks_why, sizeof s->sinks_why, "device %d: %.140s", d->ordinal, why);
+      fprintf(stderr,
+              "attn: cuda device %d (%s): sinks failed their self-check (%s); requests with "
+              "sinks run on the CPU\n",
+              d->ordinal, d->name, why);
     }
     attn_cu_check_free(&c);
   }

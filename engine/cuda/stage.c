@@ -211,6 +211,9 @@ static bool layout(cu_slot *sl, const attn_request *r) {
   x += bwd && r->lse_in ? lse_bytes : 0;
   sl->off_alibi = r->alibi_slopes ? x : SIZE_MAX;
   x += r->alibi_slopes ? align_up((size_t)p->batch * p->heads_q * sizeof(float)) : 0;
+  const size_t head_bytes = align_up((size_t)p->heads_q * sizeof(float));
+  sl->off_sinks = r->sinks ? x : SIZE_MAX;
+  x += r->sinks ? head_bytes : 0;
   size_t tables = (size_t)p->batch * p->heads_kv * p->pages_per_head * sizeof(int32_t);
   sl->off_tables = r->k_pages ? x : SIZE_MAX;
   x += r->k_pages ? 2 * align_up(tables) : 0;
@@ -235,11 +238,16 @@ static bool layout(cu_slot *sl, const attn_request *r) {
     if (want[i])
       x = align_up(x + nq * sizeof(float));
   }
+  sl->off_dsinks = r->dsinks ? x : SIZE_MAX;
+  x += r->dsinks ? head_bytes : 0;
   sl->down_end = x;
-  if (bwd && !r->lse_in) {
+  /* scratch lse: the backward's recomputed one, or the one a sink fold reads */
+  if (bwd ? !r->lse_in : r->sinks && !r->lse) {
     sl->off_lse = x;
     x += lse_bytes;
   }
+  sl->off_m = !bwd && r->sinks && r->l && !r->m ? x : SIZE_MAX; /* l' depends on m */
+  x += sl->off_m != SIZE_MAX ? lse_bytes : 0;
   sl->off_ws = x;
   x += align_up(attn_cu_bwd_bytes(p));
   sl->dev_bytes = x + align_up(split_bytes(sl));
@@ -305,6 +313,7 @@ size_t attn__cu_staging_bytes(const cu_slot *sl) {
     all = all && sl->direct_out[t];
   for (int i = 0; i < 3; i++)
     all = all && (sl->off_stats[i] == SIZE_MAX || sl->direct_stats[i]);
+  all = all && sl->off_dsinks == SIZE_MAX; /* dsinks always comes through the staging */
   return (all ? sl->up_end : sl->down_end) - sl->off_misc;
 }
 
@@ -373,6 +382,8 @@ void attn__cu_stage_misc(cu_slot *sl, const attn_request *r) {
   if (r->pass == ATTN_BACKWARD && r->lse_in)
     memcpy(attn__cu_staged(sl, sl->off_lse), r->lse_in,
            (size_t)(r->batch * r->heads_q * r->seq_q) * sizeof(float));
+  if (r->sinks)
+    memcpy(attn__cu_staged(sl, sl->off_sinks), r->sinks, (size_t)r->heads_q * sizeof(float));
   if (r->alibi_slopes) { /* expanded to [B, Hq]: the kernels index b·Hq + h */
     float *a2 = (float *)(void *)attn__cu_staged(sl, sl->off_alibi);
     for (int64_t b = 0; b < r->batch; b++)
@@ -414,6 +425,8 @@ static void group_pointers(cu_slot *sl, int g) {
   /* the slopes are [B, Hq]: a group starts at its first (batch, head) */
   gp->alibi2 = p->alibi2 ? p->alibi2 + gr->u0 * (p->heads_q / p->heads_kv) : NULL;
   gp->split_ws = gr->ch.nsplit > 1 ? p->split_ws : NULL;
+  /* the sinks are [Hq]: a group's rows start at a whole head (q0 / Nq) */
+  gr->sinks = sl->sinks ? sl->sinks + (q0 / (p->seq_q ? p->seq_q : 1)) % p->heads_q : NULL;
 }
 
 /* A paged job's tables and pool, instead of packed K and V. */
@@ -437,6 +450,8 @@ void attn__cu_set_pointers(cu_slot *sl, const attn_request *r, unsigned char *dm
     p->v = dm + sl->off[2];
   }
   p->alibi2 = r->alibi_slopes ? (const float *)(dm + sl->off_alibi) : NULL;
+  sl->sinks = r->sinks ? (const float *)(void *)(dm + sl->off_sinks) : NULL;
+  sl->dsinks = r->dsinks ? (float *)(void *)(dm + sl->off_dsinks) : NULL;
   if (r->pass == ATTN_BACKWARD) {
     p->o = dm + sl->off[3];
     p->dout = dm + sl->off[4];
@@ -446,12 +461,17 @@ void attn__cu_set_pointers(cu_slot *sl, const attn_request *r, unsigned char *dm
     p->lse = (float *)(dm + sl->off_lse);
     p->bwd_ws = (float *)(dm + sl->off_ws);
     sl->grp[0].prm = *p; /* a backward job is one group */
+    sl->grp[0].sinks = sl->sinks;
     return;
   }
   p->o = dm + sl->off_out[0];
-  p->m = r->m ? (float *)(dm + sl->off_stats[0]) : NULL;
+  p->m = r->m                    ? (float *)(dm + sl->off_stats[0])
+         : sl->off_m != SIZE_MAX ? (float *)(dm + sl->off_m)
+                                 : NULL;
   p->l = r->l ? (float *)(dm + sl->off_stats[1]) : NULL;
-  p->lse = r->lse ? (float *)(dm + sl->off_stats[2]) : NULL;
+  p->lse = r->lse     ? (float *)(dm + sl->off_stats[2])
+           : r->sinks ? (float *)(dm + sl->off_lse)
+                      : NULL;
   p->split_ws = dm + sl->off_ws;
   for (int g = 0; g < sl->ngroups; g++)
     group_pointers(sl, g);
@@ -511,4 +531,6 @@ void attn__cu_unpack_outputs(cu_slot *sl, const attn_request *r) {
   for (int i = 0; i < 3; i++)
     if (stats[i] && !sl->direct_stats[i])
       memcpy(stats[i], attn__cu_staged(sl, sl->off_stats[i]), rows * sizeof(float));
+  if (r->dsinks)
+    memcpy(r->dsinks, attn__cu_staged(sl, sl->off_dsinks), (size_t)r->heads_q * sizeof(float));
 }

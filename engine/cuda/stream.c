@@ -12,6 +12,7 @@
 
 #include "check.h"
 
+#include <math.h>
 #include <stdio.h>
 
 int attn__cu_grow_pinned(cu_slot *sl, size_t need, attn_status *st) {
@@ -50,14 +51,33 @@ static void CUDART_CB on_stream_done(void *arg) {
 }
 
 /* A backward job without the caller's lse: the forward with statistics
- * writes it, and its O goes to dQ's buffer (overwritten later). */
+ * writes it, and its O goes to dQ's buffer (overwritten later); with
+ * sinks, the lse with them, as the caller's would be. */
 static cudaError_t launch_lse(cu_slot *sl) {
   attn_cu_params fp = sl->prm;
   fp.pass = ATTN_FORWARD;
   fp.o = fp.dq;
   fp.m = fp.l = NULL;
   fp.split_ws = NULL;
-  return (cudaError_t)attn_cu_launch(&fp, &sl->fch, sl->stream);
+  cudaError_t e = (cudaError_t)attn_cu_launch(&fp, &sl->fch, sl->stream);
+  if (e || !sl->sinks)
+    return e;
+  fp.o = NULL; /* only lse matters here */
+  return (cudaError_t)attn_cu_sink_fold(&fp, sl->sinks, sl->stream);
+}
+
+/* Group g's kernels, then what its sinks add (sinks.h): folded into a
+ * forward's outputs, or a backward's dsinks. */
+static cudaError_t launch_group(cu_slot *sl, int g, const char **what) {
+  const cu_group *gr = &sl->grp[g];
+  cudaError_t e = (cudaError_t)attn_cu_launch(&gr->prm, &gr->ch, sl->stream);
+  if (e || !gr->sinks)
+    return e;
+  *what = "the sinks";
+  if (gr->prm.pass == ATTN_FORWARD)
+    return (cudaError_t)attn_cu_sink_fold(&gr->prm, gr->sinks, sl->stream);
+  return sl->dsinks ? (cudaError_t)attn_cu_sink_grad(&gr->prm, gr->sinks, sl->dsinks, sl->stream)
+                    : cudaSuccess;
 }
 
 /* Group g's scans and kernels on the kernel stream, once its upload has
@@ -87,7 +107,7 @@ static cudaError_t compute_group(cu_slot *sl, const attn_request *r, int g, cons
   if (r->pass == ATTN_BACKWARD && !r->lse_in && (e = launch_lse(sl)))
     return e;
   *what = "the attention kernel";
-  return (cudaError_t)attn_cu_launch(&sl->grp[g].prm, &sl->grp[g].ch, sl->stream);
+  return launch_group(sl, g, what);
 }
 
 /* Group g: upload, then (once it has run) scans and kernels, then (once
@@ -219,5 +239,10 @@ int attn__cu_finish(cu_slot *sl, attn_status *st) {
   if (rc < 0)
     return rc;
   attn__cu_unpack_outputs(sl, r);
+  for (int64_t h = 0; r->dsinks && h < r->heads_q; h++)
+    if (!isfinite(r->dsinks[h]))
+      return attn_status_set(st, ATTN_ERANGE,
+                             "the gradients overflow float32; if lse was given, pass the lse "
+                             "of the forward call on the same inputs");
   return 0;
 }

@@ -42,6 +42,7 @@ typedef struct mock_knobs {
   int fail_pin;         /* the next N cudaHostAlloc calls fail */
   bool wrong_paged;     /* every launch that reads pages (attn_cu_params.k_table) */
   bool wrong_atomic_dq; /* every backward launch on the atomic dQ path (no dQ grid) */
+  bool wrong_sinks;     /* every sink fold and gradient (sinks.h) */
 } mock_knobs;
 
 /* Knobs with the failure counters given and nothing else injected. */
@@ -83,8 +84,10 @@ void mock_open_gate(void);
  * its stream (one clock for all streams, so order across streams shows).
  * attn_cu_put_rows (a paged job's new rows into their pages) is logged as
  * MOCK_OTHER, dst the page pool's base and bytes the rows', and is held by
- * hold_kernels as a kernel is; the scan is not logged. */
-enum { MOCK_UPLOAD, MOCK_DOWNLOAD, MOCK_MEMSET, MOCK_KERNEL, MOCK_OTHER };
+ * hold_kernels as a kernel is; the scan is not logged. The sinks' kernels
+ * (sinks.h) are MOCK_SINKS, src the sinks, dst the lse a fold rewrites or
+ * the dsinks a gradient writes; mock_sinks() has their arguments. */
+enum { MOCK_UPLOAD, MOCK_DOWNLOAD, MOCK_MEMSET, MOCK_KERNEL, MOCK_OTHER, MOCK_SINKS };
 #define MOCK_LOG_MAX 8192
 typedef struct mock_op {
   int kind;
@@ -97,5 +100,20 @@ typedef struct mock_op {
 } mock_op;
 int mock_log(mock_op *out, int cap);
 void mock_log_reset(void);
+
+/* The sinks' launches since mock_log_reset(), in the order they were
+ * queued, each with its place in mock_log() and its arguments. The fold and
+ * the gradient compute in float64 from the contract, on the device's O,
+ * dO and lse, as the kernels' replacements. */
+typedef struct mock_sink {
+  bool grad; /* attn_cu_sink_grad; else attn_cu_sink_fold */
+  int log;   /* its entry in mock_log() (-1: the log was full) */
+  const void *stream;
+  const float *sinks, *lse;
+  float *dsinks;
+  bool o, m, l; /* the fold's params had O (forward) and m, l set */
+  int batch, heads_q, seq_q, dtype;
+} mock_sink;
+int mock_sinks(mock_sink *out, int cap);
 
 #endif

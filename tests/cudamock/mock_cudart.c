@@ -8,6 +8,7 @@
 #include "mock.h"
 
 #include "cuda/kernels.h"
+#include "cuda/sinks.h"
 #include "engine.h"
 
 #include <cuda_runtime_api.h>
@@ -192,10 +193,23 @@ int mock_log(mock_op *out, int cap) {
   return n;
 }
 
+#define MOCK_SINKS_MAX 256
+static mock_sink g_sinks[MOCK_SINKS_MAX];
+static int g_nsinks;
+
 void mock_log_reset(void) {
   pthread_mutex_lock(&g_mu);
   g_nlog = 0;
+  g_nsinks = 0;
   pthread_mutex_unlock(&g_mu);
+}
+
+int mock_sinks(mock_sink *out, int cap) {
+  pthread_mutex_lock(&g_mu);
+  int n = g_nsinks < cap ? g_nsinks : cap;
+  memcpy(out, g_sinks, (size_t)n * sizeof *out);
+  pthread_mutex_unlock(&g_mu);
+  return n;
 }
 
 static bool dev_broken(int d) {
@@ -1018,4 +1032,89 @@ int attn_cu_launch(const attn_cu_params *p, const attn_cu_choice *c, void *strea
   enqueue_logged((cudaStream_t)stream, p->pass == ATTN_BACKWARD ? bwd_op : fwd_op, a, true,
                  faults ? OP_FAULT : 0, log_add(MOCK_KERNEL, stream, p->o, p->q, 0));
   return 0;
+}
+
+/* ---- the sinks (sinks.h), by the contract in float64 ------------------------- */
+
+typedef struct sink_arg {
+  attn_cu_params p;
+  const float *sinks;
+  float *dsinks;
+  float bias; /* added to O or dsinks: a deliberately wrong kernel */
+} sink_arg;
+
+/* Each row's lse' = ln(e^lse + e^t), O scaled by e^(lse − lse'), m' =
+ * max(m, t), l' = l e^(m − m') + e^(t − m'): the sink as one more key. */
+static void fold_op(void *arg) {
+  const sink_arg *a = arg;
+  const attn_cu_params *p = &a->p;
+  kernel_gate();
+  const size_t rows = (size_t)p->batch * p->heads_q * p->seq_q;
+  for (size_t r = 0; r < rows; r++) {
+    const double t = a->sinks[r / (size_t)p->seq_q % (size_t)p->heads_q], lse = p->lse[r];
+    const double lse2 = lse == -INFINITY ? t : fmax(lse, t) + log1p(exp(-fabs(lse - t)));
+    for (int d = 0; p->o && d < p->dp; d++) {
+      const size_t at = r * (size_t)p->dp + (size_t)d;
+      const double o = attn_load_elem(p->o, p->dtype, at);
+      attn_store_elem(p->o, p->dtype, at,
+                      (float)(lse == -INFINITY ? 0 : o * exp(lse - lse2)) + a->bias);
+    }
+    if (p->l) { /* l' is relative to m': without m, a broken contract */
+      const double m = p->m ? p->m[r] : NAN, l = p->l[r], m2 = fmax(m, t);
+      p->l[r] = (float)((l > 0 ? l * exp(m - m2) : 0) + exp(t - m2));
+    }
+    if (p->m)
+      p->m[r] = (float)fmax(p->m[r], t);
+    p->lse[r] = (float)lse2;
+  }
+}
+
+/* dsinks[h] = −Σ e^(t − lseᵢ)·(dOᵢ·Oᵢ) over the head's rows, D from the
+ * device's O and dO. */
+static void grad_op(void *arg) {
+  const sink_arg *a = arg;
+  const attn_cu_params *p = &a->p;
+  kernel_gate();
+  for (int h = 0; h < p->heads_q; h++) {
+    double sum = 0;
+    for (int b = 0; b < p->batch; b++)
+      for (int i = 0; i < p->seq_q; i++) {
+        const size_t r = ((size_t)b * p->heads_q + h) * p->seq_q + i;
+        double dsum = 0;
+        for (int d = 0; d < p->head_dim; d++)
+          dsum += attn_load_elem(p->o, p->dtype, r * (size_t)p->dp + (size_t)d) *
+                  attn_load_elem(p->dout, p->dtype, r * (size_t)p->dp + (size_t)d);
+        if (dsum != 0)
+          sum += exp((double)a->sinks[h] - p->lse[r]) * dsum;
+      }
+    a->dsinks[h] = (float)-sum + a->bias;
+  }
+}
+
+static int sink_launch(const attn_cu_params *p, const float *sinks, float *dsinks, void *stream) {
+  sink_arg *a = malloc(sizeof *a);
+  *a = (sink_arg){*p, sinks, dsinks, 0.0f};
+  int i = log_add(MOCK_SINKS, stream, dsinks ? (void *)dsinks : (void *)p->lse, sinks, 0);
+  pthread_mutex_lock(&g_mu);
+  a->bias = g_k.wrong_sinks ? 0.25f : 0.0f;
+  if (g_nsinks < MOCK_SINKS_MAX)
+    g_sinks[g_nsinks++] = (mock_sink){dsinks != NULL, i,        stream,       sinks,
+                                      p->lse,         dsinks,   p->o != NULL, p->m != NULL,
+                                      p->l != NULL,   p->batch, p->heads_q,   p->seq_q,
+                                      (int)p->dtype};
+  pthread_mutex_unlock(&g_mu);
+  enqueue_logged((cudaStream_t)stream, dsinks ? grad_op : fold_op, a, true, 0, i);
+  return 0;
+}
+
+int attn_cu_sink_fold(const attn_cu_params *p, const float *sinks, void *stream) {
+  if (!p->lse || !sinks || (p->l && !p->m))
+    return (int)fail(cudaErrorInvalidValue);
+  return sink_launch(p, sinks, NULL, stream);
+}
+
+int attn_cu_sink_grad(const attn_cu_params *p, const float *sinks, float *dsinks, void *stream) {
+  if (!p->lse || !p->bwd_ws || !sinks || !dsinks)
+    return (int)fail(cudaErrorInvalidValue);
+  return sink_launch(p, sinks, dsinks, stream);
 }

@@ -1148,21 +1148,3 @@ Test(cuda_backend, a_wrong_packing_turns_packing_off, .init = reset) {
   cr_expect_eq(mock_last_pack(), 1);
   attn_engine_close(e);
 }
-
-/* The kernels take no sinks yet: cuda declines them by name, and auto runs
- * such a request on the cpu, right against float64. */
-Test(cuda_backend, sinks_are_declined_and_auto_runs_them_on_the_cpu, .init = reset) {
-  attn_engine *e = open_cuda(2, NULL);
-  tprob p = tprob_make(1, 4, 2, 40, 90, 64, ATTN_F16);
-  p.causal = true, p.stats = true, p.sinks = true;
-  tcase c;
-  tcase_init(&c, &p, 77);
-  attn_status st = {0};
-  cr_expect_eq(trun(e, &c, "cuda", &st), ATTN_EUNSUPPORTED);
-  cr_expect(strstr(st.message, "sinks"), "%s", st.message);
-  cr_assert_eq(trun(e, &c, "auto", &st), 0, "%s", st.message);
-  terr err = tcheck(&c);
-  cr_expect(err.o <= ttol(p.dt) && err.stats <= 1e-5, "O error %.3g, stats %.3g", err.o, err.stats);
-  tcase_free(&c);
-  attn_engine_close(e);
-}

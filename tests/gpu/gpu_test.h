@@ -73,5 +73,8 @@ void group_kapi(tgroup *g, int grp);
 void group_hopper(tgroup *g, int grp);
 /* Group "sessions": a session store on the device through the engine. */
 void group_sessions(tgroup *g, int grp, attn_engine *e);
+/* Group "sinks" after its forward list: the backward with dsinks on
+ * backend, and (backend cuda) a session on the device with sinks. */
+void group_sinks(tgroup *g, int grp, attn_engine *e, const char *backend);
 
 #endif

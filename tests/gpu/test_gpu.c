@@ -24,6 +24,11 @@
  *              pass, every backward instance; fails if the self-check
  *              turned that path off
  *   pool       64 concurrent jobs on 4 streams, device memory back afterwards
+ *   sinks      attention sinks: prefill and decode (split-KV, GQA packing, the
+ *              Hopper instance where it runs) in every head-dim class and
+ *              dtype, rows that see no key, no statistics; the backward with
+ *              dsinks (lse given and recomputed, bit for bit twice); a session
+ *              on the device (test_gpu_sinks.c)
  *
  * Every case draws fresh inputs from a seed printed at the start (--seed
  * reruns it), poisons the outputs (NaN bits) before each run, runs twice and
@@ -569,6 +574,45 @@ static int list_long(tprob *ps) {
   p.causal = 1;
   p.stats = 1;
   ps[n++] = p;
+  return n;
+}
+
+/* Problems with sinks (tcase_init draws them from -3 to 7): prefill in
+ * every head-dim class and dtype (GQA, causal with Nq > Nkv so rows see no
+ * key, windows, strides; some without statistics, whose lse is scratch),
+ * decodes that split their keys, a job large enough to run in groups. */
+static int list_sinks(tprob *ps) {
+  static const int64_t ds[] = {37, 64, 96, 128, 160, 192, 256};
+  int n = 0;
+  for (int i = 0; i < 7; i++)
+    for (int t = 0; t < ATTN_DTYPE_COUNT; t++) {
+      const int k = 3 * i + t;
+      tprob p = tprob_make(1 + k % 2, 8, 2 + 2 * (k % 2), 100 + 90 * (k % 3), 80 + 120 * (k % 4),
+                           ds[i], (attn_dtype)t);
+      p.causal = k % 3 != 2;
+      p.wl = k % 3 == 2 ? 50 : -1, p.wr = k % 3 == 2 ? 0 : -1;
+      p.strided = k % 5 == 1;
+      p.stats = k % 4 != 3;
+      ps[n++] = p;
+    }
+  static const int64_t nkv[] = {100, 4096, 32768};
+  for (int i = 0; i < 3; i++) {
+    tprob p = tprob_make(2, 32, 8, 1, nkv[i], 128, ATTN_BF16);
+    p.stats = true;
+    ps[n++] = p;
+    p = tprob_make(1, 8, 1, 4, nkv[i], 64, ATTN_F16);
+    p.causal = true;
+    ps[n++] = p;
+    p = tprob_make(1, 4, 4, 1, nkv[i], 256, ATTN_F32);
+    p.stats = true;
+    ps[n++] = p;
+  }
+  /* 256 MiB of K and V: groups of one KV head, each with its own two sinks */
+  tprob p = tprob_make(1, 16, 8, 1, 65536, 128, ATTN_F16);
+  p.stats = true;
+  ps[n++] = p;
+  for (int i = 0; i < n; i++)
+    ps[i].sinks = true;
   return n;
 }
 
@@ -1328,12 +1372,13 @@ enum {
   G_BACKWARD_ATOMIC,
   G_SMALL,
   G_SESSIONS,
+  G_SINKS,
   G_COUNT
 };
 static const char *const gnames[G_COUNT] = {
     "conf/sizes", "conf/masks", "conf/shapes",     "conf/masked", "conf/diag", "headdims",
     "decode",     "long",       "layouts",         "errors",      "kapi",      "hopper",
-    "pool",       "backward",   "backward_atomic", "small",       "sessions"};
+    "pool",       "backward",   "backward_atomic", "small",       "sessions",  "sinks"};
 
 static bool wanted(const char *filter, const char *name) {
   if (!filter)
@@ -1511,9 +1556,9 @@ int main(int argc, char **argv) {
   int ng = 0;
   tprob ps[TCASES_MAX];
   static const int order[G_COUNT] = {
-      G_SMALL,    G_SIZES,  G_MASKS,    G_SHAPES,          G_MASKED,  G_DIAG,
-      G_HEADDIMS, G_DECODE, G_LONG,     G_LAYOUTS,         G_ERRORS,  G_KAPI,
-      G_HOPPER,   G_POOL,   G_BACKWARD, G_BACKWARD_ATOMIC, G_SESSIONS};
+      G_SMALL,    G_SIZES,  G_MASKS,    G_SHAPES,          G_MASKED,   G_DIAG,
+      G_HEADDIMS, G_DECODE, G_LONG,     G_LAYOUTS,         G_ERRORS,   G_KAPI,
+      G_HOPPER,   G_POOL,   G_BACKWARD, G_BACKWARD_ATOMIC, G_SESSIONS, G_SINKS};
   for (int oi = 0; oi < G_COUNT; oi++) {
     int gi = order[oi];
     /* --small replaces the long case lists by "small"; the rest shrink */
@@ -1544,10 +1589,16 @@ int main(int argc, char **argv) {
     case G_BACKWARD: group_backward(g, gi, e, false); break;
     case G_BACKWARD_ATOMIC: group_backward_atomic(g, gi); break;
     case G_SESSIONS: group_sessions(g, gi, e); break;
+    case G_SINKS:
+      n = list_sinks(ps);
+      n = g_opt.small && n > 4 ? 4 : n;
+      break;
     default: break;
     }
     if (n)
       run_list(g, gi, e, ps, n);
+    if (gi == G_SINKS)
+      group_sinks(g, gi, e, g_backend);
     if (gi == G_DECODE && !g->split)
       snprintf(g->note, sizeof g->note, "WARNING: no case took the split-KV path");
     tg_end(g);

@@ -28,16 +28,16 @@ typedef struct wspec {
 } wspec;
 
 static const wspec specs[] = {
-    {1, 2, 2, 130, 150, 576, 512, true, -1, -1, false},  /* causal prefill */
-    {1, 8, 1, 1, 1100, 576, 512, false, -1, -1, false},  /* decode: GQA, the keys split */
-    {2, 4, 2, 70, 90, 576, 512, true, -1, -1, false},    /* GQA prefill */
-    {1, 2, 2, 80, 100, 512, 0, true, -1, -1, false},     /* v as wide as q */
-    {1, 2, 1, 65, 70, 320, 0, false, -1, -1, false},     /* D 320 */
-    {1, 3, 1, 33, 47, 300, 300, true, -1, -1, false},    /* D 300, odd sizes */
-    {1, 2, 1, 29, 41, 301, 263, false, -1, -1, false},   /* odd widths */
-    {1, 2, 2, 90, 120, 576, 512, false, 40, 3, true},    /* sinks and a window */
-    {1, 4, 2, 70, 80, 384, 384, true, -1, -1, false},    /* D 384 */
-    {1, 4, 1, 2, 1200, 576, 512, false, 700, -1, true},  /* decode split, sinks, window */
+    {1, 2, 2, 130, 150, 576, 512, true, -1, -1, false}, /* causal prefill */
+    {1, 8, 1, 1, 1100, 576, 512, false, -1, -1, false}, /* decode: GQA, the keys split */
+    {2, 4, 2, 70, 90, 576, 512, true, -1, -1, false},   /* GQA prefill */
+    {1, 2, 2, 80, 100, 512, 0, true, -1, -1, false},    /* v as wide as q */
+    {1, 2, 1, 65, 70, 320, 0, false, -1, -1, false},    /* D 320 */
+    {1, 3, 1, 33, 47, 300, 300, true, -1, -1, false},   /* D 300, odd sizes */
+    {1, 2, 1, 29, 41, 301, 263, false, -1, -1, false},  /* odd widths */
+    {1, 2, 2, 90, 120, 576, 512, false, 40, 3, true},   /* sinks and a window */
+    {1, 4, 2, 70, 80, 384, 384, true, -1, -1, false},   /* D 384 */
+    {1, 4, 1, 2, 1200, 576, 512, false, 700, -1, true}, /* decode split, sinks, window */
 };
 enum { NSPECS = sizeof specs / sizeof *specs };
 
@@ -192,9 +192,8 @@ static int backward_case(attn_engine *e, const wspec *s, attn_dtype dt, uint64_t
   const double ed = rc ? INFINITY : dsinks_err(&c, &st);
   const double tol = ttol(dt);
   const bool ok = eq <= tol && ek <= tol && ev <= tol && ed <= tol;
-  cr_expect(ok, "%s, D %lld Dv %lld %s: dq %.3g dk %.3g dv %.3g dsinks %.3g", isa,
-            (long long)s->d, (long long)attn_request_dv(&c.r), attn_dtype_name(dt), eq, ek, ev,
-            ed);
+  cr_expect(ok, "%s, D %lld Dv %lld %s: dq %.3g dk %.3g dv %.3g dsinks %.3g", isa, (long long)s->d,
+            (long long)attn_request_dv(&c.r), attn_dtype_name(dt), eq, ek, ev, ed);
   free(ref);
   wcase_free(&c);
   return !ok;
@@ -209,15 +208,14 @@ static void run_on(int isa, bool backward) {
     for (int dt = 0; dt < ATTN_DTYPE_COUNT; dt++) {
       if (backward && specs[i].nq * specs[i].nkv > 20000) /* decode rows: forward only */
         continue;
-      fails += (backward ? backward_case : forward_case)(e, &specs[i], (attn_dtype)dt,
-                                                         60 + 10 * (uint64_t)i + (uint64_t)dt,
-                                                         isas[isa]);
+      fails += (backward ? backward_case : forward_case)(
+          e, &specs[i], (attn_dtype)dt, 60 + 10 * (uint64_t)i + (uint64_t)dt, isas[isa]);
     }
   attn_engine_close(e);
   cr_assert_eq(fails, 0, "%d cases out of tolerance on %s", fails, isas[isa]);
 }
 
-#define ISA_TESTS(i, name)                                                \
+#define ISA_TESTS(i, name)                                               \
   Test(wide_heads, forward_##name, .timeout = 300) { run_on(i, false); } \
   Test(wide_heads, backward_##name, .timeout = 300) { run_on(i, true); }
 

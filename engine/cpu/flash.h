@@ -152,8 +152,8 @@ extern const attn__flash_isa attn__flash_amxemu __attribute__((weak));
  * head's block does the same work per load as a narrow one's. A block
  * touches the first ATTN_FLASH_WS_FLOATS_D(attn__cpu_ws_d(D)) of it: 272
  * KiB up to D 256. */
-#define ATTN_FLASH_WS_FLOATS_D(wd)                                                     \
-  (2 * (wd)*ATTN_FLASH_BQ + ATTN_FLASH_BK * ATTN_FLASH_BQ + 2 * ATTN_FLASH_BK * (wd) + \
+#define ATTN_FLASH_WS_FLOATS_D(wd)                                                       \
+  (2 * ATTN_FLASH_BQ * (wd) + ATTN_FLASH_BK * ATTN_FLASH_BQ + 2 * ATTN_FLASH_BK * (wd) + \
    3 * ATTN_FLASH_BQ)
 #define ATTN_FLASH_WS_FLOATS ATTN_FLASH_WS_FLOATS_D(ATTN_CPU_MAX_D)
 

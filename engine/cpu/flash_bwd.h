@@ -68,8 +68,8 @@ typedef struct attn__bwd_args {
  * and two vectors of BQ; for D up to flash.h's ATTN_CPU_MAX_D (1185 KiB
  * a worker), of which a key block at D touches ATTN_BWD_WS_FLOATS_D of
  * attn__cpu_ws_d(D) (545 KiB up to D 256). */
-#define ATTN_BWD_WS_FLOATS_D(wd)                                                   \
-  (5 * (wd)*ATTN_BWD_BK + 2 * ATTN_BWD_BQ * ATTN_BWD_BK + 2 * ATTN_BWD_BQ * (wd) + \
+#define ATTN_BWD_WS_FLOATS_D(wd)                                                     \
+  (5 * ATTN_BWD_BK * (wd) + 2 * ATTN_BWD_BQ * ATTN_BWD_BK + 2 * ATTN_BWD_BQ * (wd) + \
    ATTN_BWD_BK * (wd) + 2 * ATTN_BWD_BQ)
 #define ATTN_BWD_WS_FLOATS ATTN_BWD_WS_FLOATS_D(ATTN_CPU_MAX_D)
 

@@ -120,7 +120,7 @@ static int infer_flag(int c, tool_infer_args *a) {
   switch (c) {
   case 'p': a->have_shape = true; return tool_arg_dims("--shape", optarg, a->shape) < 0 ? 2 : 0;
   case 'v':
-    return tool_arg_i64("--head-dim-v", optarg, 1, ATTN_MAX_HEAD_DIM, &a->head_dim_v) < 0 ? 2 : 0;
+    return tool_arg_i64("--head-dim-v", optarg, 1, ATTN_MAX_HEAD_DIM_V, &a->head_dim_v) < 0 ? 2 : 0;
   case 'P':
     a->have_shape_kv = true;
     return tool_arg_dims("--shape-kv", optarg, a->shape_kv) < 0 ? 2 : 0;

@@ -118,7 +118,7 @@ static void merge(const shard *sh, int n, attn_proto_req *whole) {
   attn_request *r = &whole->req;
   const size_t rows = (size_t)(r->batch * r->heads_q * r->seq_q), d = (size_t)attn_request_dv(r);
   for (size_t i = 0; i < rows; i++) {
-    double m = -INFINITY, l = 0, acc[ATTN_MAX_HEAD_DIM] = {0};
+    double m = -INFINITY, l = 0, acc[ATTN_MAX_HEAD_DIM_V] = {0};
     for (int s = 0; s < n; s++)
       attn_softmax_merge(&m, &l, sh[s].pr.req.m[i], sh[s].pr.req.l[i]);
     for (int s = 0; s < n && l > 0; s++) {

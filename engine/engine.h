@@ -60,8 +60,12 @@ extern "C" {
 
 #define ATTN_VERSION "0.1.0"
 
-/* Limits of the contract (docs/design.md, "Attention semantics"). */
-#define ATTN_MAX_HEAD_DIM 256
+/* Limits of the contract (docs/design.md, "Attention semantics"): q and k
+ * take a head dim D up to ATTN_MAX_HEAD_DIM, v a value head dim Dv up to
+ * ATTN_MAX_HEAD_DIM_V (DeepSeek's absorbed MLA decode: D 576, Dv 512). A
+ * backend may take less (the cuda backend: 256) and declines the rest. */
+#define ATTN_MAX_HEAD_DIM 576
+#define ATTN_MAX_HEAD_DIM_V 512
 /* Fewest tokens a page of a paged K/V (attn_request.k_pages) holds. */
 #define ATTN_PAGE_MIN_TOKENS 64
 /* Dimensions above this are refused as too large before any arithmetic. */

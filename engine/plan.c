@@ -95,9 +95,12 @@ int attn_plan_compute(const attn_plan_params *pp, attn_plan *plan, attn_status *
     return rc;
   plan->p = plan->s;
   plan->l = plan->lse = plan->m;
-  /* the tile workspace of the pass's CPU kernel, per worker */
+  /* the tile workspace of the pass's CPU kernel, per worker: the part a
+   * block of this head dim lays out and touches */
   plan->workspace_per_thread =
-      (pp->pass == ATTN_BACKWARD ? ATTN_BWD_WS_FLOATS : ATTN_FLASH_WS_FLOATS) * sizeof(float);
+      (pp->pass == ATTN_BACKWARD ? ATTN_BWD_WS_FLOATS_D(attn__cpu_ws_d(r.head_dim))
+                                 : ATTN_FLASH_WS_FLOATS_D(attn__cpu_ws_d(r.head_dim))) *
+      sizeof(float);
   plan->workspace = plan->workspace_per_thread * (uint64_t)plan->threads;
   u128 io = (u128)plan->q + plan->k + plan->v + plan->o;
   if (pp->pass == ATTN_BACKWARD)

@@ -275,8 +275,10 @@ static int validate_pages(const attn_request *r, attn_status *st) {
                            "and v");
   if (r->page_pitch && (r->page_pitch < r->head_dim || r->page_pitch > ATTN_MAX_HEAD_DIM + 64))
     return attn_status_set(st, ATTN_EINVAL,
-                           "page_pitch must be 0 (host pages) or from head_dim %lld up, not %lld",
-                           (long long)r->head_dim, (long long)r->page_pitch);
+                           "page_pitch must be 0 (host pages) or from head_dim %lld up to %d, "
+                           "not %lld",
+                           (long long)r->head_dim, ATTN_MAX_HEAD_DIM + 64,
+                           (long long)r->page_pitch);
   if (r->seqused_kv && (!r->page_pitch || r->cu_seqlens_q || r->diag_offset != ATTN_DIAG_AUTO))
     return attn_status_set(st, ATTN_EINVAL,
                            "seqused_kv comes with a device's pages (page_pitch), no cu_seqlens "
@@ -331,10 +333,11 @@ int attn_request_validate(const attn_request *r, attn_status *st) {
   if (r->head_dim < 1 || r->head_dim > ATTN_MAX_HEAD_DIM)
     return attn_status_set(st, ATTN_ESHAPE, "head_dim must be between 1 and %d (got %lld)",
                            ATTN_MAX_HEAD_DIM, (long long)r->head_dim);
-  if (r->head_dim_v < 0 || r->head_dim_v > ATTN_MAX_HEAD_DIM)
+  /* v as wide as q (head_dim_v 0) has that width for Dv's limit too. */
+  if (r->head_dim_v < 0 || attn_request_dv(r) > ATTN_MAX_HEAD_DIM_V)
     return attn_status_set(st, ATTN_ESHAPE,
-                           "head_dim_v must be 0 (head_dim) or between 1 and %d (got %lld)",
-                           ATTN_MAX_HEAD_DIM, (long long)r->head_dim_v);
+                           "head_dim_v (v's last dimension) must be between 1 and %d (got %lld)",
+                           ATTN_MAX_HEAD_DIM_V, (long long)attn_request_dv(r));
   if (attn_request_dv(r) != r->head_dim && (r->k_pages || r->v_pages))
     return attn_status_set(st, ATTN_EUNSUPPORTED,
                            "a value head dim of its own (head_dim_v %lld, head_dim %lld) is not "

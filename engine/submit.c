@@ -13,23 +13,30 @@
 #include "handle.h"
 #include "varlen.h"
 
-static int submit(attn_engine *e, const attn_request *r, bool here, attn_done_fn done, void *arg,
-                  attn_status *st) {
-  int rc = attn_request_validate(r, st);
-  if (rc < 0)
-    return rc;
+/* A valid request to its backend. dv.c's padded request comes back here,
+ * not through submit: its width max(D, Dv) is D's and may pass Dv's limit
+ * as the values' width, which the contract counts as Dv in a request. */
+static int route(attn_engine *e, const attn_request *r, bool here, attn_done_fn done, void *arg,
+                 attn_status *st) {
+  int rc;
   if (attn_cancel_is_set(r->cancel))
     return attn_status_set(st, ATTN_ECANCELED, "the job was canceled before it was queued");
   if (!done)
     return attn_status_set(st, ATTN_EINVAL, "no completion callback");
   if (attn_request_dv(r) != r->head_dim)
-    return attn__dv_submit(e, r, here, done, arg, submit, st);
+    return attn__dv_submit(e, r, here, done, arg, route, st);
   if (r->cu_seqlens_q)
     return attn__varlen_submit(e, r, here, done, arg, st);
   const attn_backend *be;
   if ((rc = attn__engine_pick(e, r, &be, st)) < 0)
     return rc;
   return attn__backend_queue(be, attn__engine_jobs(e), r, here, done, arg, st);
+}
+
+static int submit(attn_engine *e, const attn_request *r, bool here, attn_done_fn done, void *arg,
+                  attn_status *st) {
+  int rc = attn_request_validate(r, st);
+  return rc < 0 ? rc : route(e, r, here, done, arg, st);
 }
 
 int attn_engine_submit(attn_engine *e, const attn_request *r, attn_done_fn done, void *arg,

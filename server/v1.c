@@ -72,14 +72,15 @@ void attnd_v1_info(attnd_req *r) {
                    "], \"limits\": {\"max_body\": %llu, \"max_queue\": %d, \"timeout\": %g, "
                    "\"idle_timeout\": %d, \"header_timeout\": %g, \"max_connections\": %d, "
                    "\"max_connections_per_client\": %d, \"drain_timeout\": %g, "
-                   "\"max_head_dim\": %d, \"min_upload_rate\": %.0f, \"max_running\": %d, "
+                   "\"max_head_dim\": %d, \"max_head_dim_v\": %d, \"min_upload_rate\": %.0f, "
+                   "\"max_running\": %d, "
                    "\"max_running_per_client\": %d, \"max_pairs\": %llu}, \"build\": "
                    "{\"cuda\": %s, \"compiler\": ",
                    (unsigned long long)c->max_body, c->max_queue, c->timeout, c->idle_timeout,
                    c->header_timeout, s->max_connections, c->max_connections_per_client,
-                   c->drain_timeout, ATTN_MAX_HEAD_DIM, c->min_upload_rate, s->max_running,
-                   s->client_cap == INT_MAX ? 0 : s->client_cap, (unsigned long long)c->max_pairs,
-                   cuda);
+                   c->drain_timeout, ATTN_MAX_HEAD_DIM, ATTN_MAX_HEAD_DIM_V, c->min_upload_rate,
+                   s->max_running, s->client_cap == INT_MAX ? 0 : s->client_cap,
+                   (unsigned long long)c->max_pairs, cuda);
   attn_sbuf_json_str(&b, __VERSION__);
   attn_sbuf_printf(&b,
                    ", \"threads\": %d, \"http_threads\": %d, \"deterministic\": %s}, "

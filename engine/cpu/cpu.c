@@ -219,7 +219,7 @@ static void merge_row(const cpu_job *cj, int64_t bh, int64_t ii, float *acc) {
 static void merge_splits(const cpu_job *cj) {
   const attn_request *r = &cj->job->req;
   const int64_t D = r->head_dim, g = cj->args.group, nq = r->seq_q;
-  float acc[ATTN_MAX_HEAD_DIM + 2];
+  float acc[ATTN_CPU_MAX_D + 2];
   for (int64_t bh = 0; bh < r->batch * r->heads_kv; bh++)
     for (int64_t ii = 0; ii < g * nq; ii++) {
       merge_row(cj, bh, ii, acc);
@@ -289,7 +289,7 @@ static bool pairs_worth(const cpu_job *cj, int64_t heads) {
   const attn_request *r = &cj->job->req;
   const bool split16 = r->dtype == ATTN_F16 && cj->s->isa->pack_keys;
   return cj->s->intel && cj->hb == 1 && !cj->nsplit && r->dtype != ATTN_BF16 && !split16 &&
-         r->head_dim <= ATTN_MAX_HEAD_DIM / 2 &&
+         r->head_dim <= ATTN_FLASH_PAIR_MAX_D &&
          heads * (cj->nqt / 2) >= 8 * attn_pool_threads(cj->s->pool);
 }
 

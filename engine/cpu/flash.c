@@ -324,22 +324,25 @@ static void key_range(blk_ctx *c) {
 }
 
 /*
- * Where the block's arrays are in the workspace: Qᵀ and Oᵀ (D ≤ MAXD rows
- * of BQ each), m, l and alpha, then the per-tile Sᵀ and converted K and V
- * tiles. The second block of a pair (rows_pair, D ≤ MAXD/2) takes the upper
- * halves of the Qᵀ and Oᵀ regions, and its m, l and alpha the end of the V
- * tile's, which then holds at most BK × MAXD/2; the per-tile arrays are
- * shared. So a pair needs no more workspace than one block.
+ * Where the block's arrays are in the workspace: Qᵀ and Oᵀ (D ≤ wd rows of
+ * BQ each), m, l and alpha, then the per-tile Sᵀ and converted K and V
+ * tiles. The second block of a pair (rows_pair, D ≤ ATTN_FLASH_PAIR_MAX_D,
+ * half the narrow wd) takes the upper halves of the Qᵀ and Oᵀ regions, and
+ * its m, l and alpha the end of the V tile's, which then holds at most BK ×
+ * wd/2; the per-tile arrays are shared. So a pair needs no more workspace
+ * than one block.
  */
 static void block_layout(blk_ctx *c, float *ws, bool second) {
-  float *qt = ws, *ot = qt + MAXD * BQ, *stats = ot + MAXD * BQ;
+  const int64_t wd = attn__cpu_ws_d(c->a->r->head_dim);
+  float *qt = ws, *ot = qt + wd * BQ, *stats = ot + wd * BQ;
+  c->wd = wd;
   c->st = stats + 3 * BQ;
   c->kb = c->st + BK * BQ;
-  c->vb = c->kb + BK * MAXD;
+  c->vb = c->kb + BK * wd;
   if (second) {
-    qt += MAXD / 2 * BQ;
-    ot += MAXD / 2 * BQ;
-    stats = c->vb + BK * MAXD - 3 * BQ;
+    qt += wd / 2 * BQ;
+    ot += wd / 2 * BQ;
+    stats = c->vb + BK * wd - 3 * BQ;
   }
   c->qt = qt;
   c->ot = ot;
@@ -409,7 +412,8 @@ static void rows_one(const attn__flash_args *a, const attn__flash_block *blk, fl
  * so its arithmetic, and its output, is that of rows_one. Only the F32
  * products in the transposed layout keep nothing of their own in the
  * per-tile arrays between tiles, which the two blocks share; other paths,
- * and head dims past MAXD/2, run the blocks one after the other.
+ * and head dims past ATTN_FLASH_PAIR_MAX_D, run the blocks one after the
+ * other.
  */
 static void rows_pair(const attn__flash_args *a, const attn__flash_block *blk, float *ws) {
   blk_ctx c[2] = {{.a = a, .blk = &blk[0]}, {.a = a, .blk = &blk[1]}};
@@ -436,7 +440,7 @@ static void rows_pair(const attn__flash_args *a, const attn__flash_block *blk, f
 static bool pair_ok(const attn__flash_args *a, const attn__flash_block *blk) {
   blk_ctx c = {.a = a, .blk = blk};
   block_kind(&c);
-  return !c.bf16dp && !c.rowf && !c.amx16 && a->r->head_dim <= MAXD / 2;
+  return !c.bf16dp && !c.rowf && !c.amx16 && a->r->head_dim <= ATTN_FLASH_PAIR_MAX_D;
 }
 
 static void rows(const attn__flash_args *a, const attn__flash_block *blk, int nblk, void *ws) {

@@ -18,6 +18,22 @@
 #define ATTN_FLASH_BQ 64
 #define ATTN_FLASH_BK 64
 
+/* The widest head dim the kernels take: engine/dv.c runs a request as one
+ * of width W = max(D, Dv), so W reaches D's limit, not Dv's. */
+#define ATTN_CPU_MAX_D ATTN_MAX_HEAD_DIM
+/* Head dims up to this keep the workspace layout (and so the AMX slot
+ * counts, flash_amx.h and flash_bwd_amx.h) they had when it was the limit;
+ * wider ones lay it out for ATTN_CPU_MAX_D. */
+#define ATTN_CPU_NARROW_D 256
+/* Two query blocks of one head run as a pair (flash.c's rows_pair, cpu.c's
+ * pairs_worth) up to this head dim: both fit a narrow block's workspace. */
+#define ATTN_FLASH_PAIR_MAX_D (ATTN_CPU_NARROW_D / 2)
+
+/* The head dim a block's workspace is laid out for (its regions' rows). */
+static inline int64_t attn__cpu_ws_d(int64_t d) {
+  return d <= ATTN_CPU_NARROW_D ? ATTN_CPU_NARROW_D : ATTN_CPU_MAX_D;
+}
+
 #include "scan.h"
 #include "flash_bwd.h"
 
@@ -129,11 +145,16 @@ extern const attn__flash_isa attn__flash_amxemu __attribute__((weak));
 
 /* Workspace one worker needs, for any head_dim up to the maximum: Qᵀ and
  * Oᵀ (D × BQ each), the score tile (BK × BQ), converted K and V tiles
- * (BK × D each), and m, l, alpha (BQ each); two blocks of D ≤ MAXD/2 fit
- * in it as well (flash.c's block_layout). ALiBi's per-lane slopes and
- * positions live on the stack (2 × BQ floats). */
-#define ATTN_FLASH_WS_FLOATS                                               \
-  (2 * ATTN_MAX_HEAD_DIM * ATTN_FLASH_BQ + ATTN_FLASH_BK * ATTN_FLASH_BQ + \
-   2 * ATTN_FLASH_BK * ATTN_MAX_HEAD_DIM + 3 * ATTN_FLASH_BQ)
+ * (BK × D each), and m, l, alpha (BQ each); two blocks of D ≤
+ * ATTN_FLASH_PAIR_MAX_D fit in it as well (flash.c's block_layout).
+ * ALiBi's per-lane slopes and positions live on the stack (2 × BQ floats).
+ * At D 576 that is 593 KiB a worker: the tiles keep their size, so a wide
+ * head's block does the same work per load as a narrow one's. A block
+ * touches the first ATTN_FLASH_WS_FLOATS_D(attn__cpu_ws_d(D)) of it: 272
+ * KiB up to D 256. */
+#define ATTN_FLASH_WS_FLOATS_D(wd)                                                       \
+  (2 * ATTN_FLASH_BQ * (wd) + ATTN_FLASH_BK * ATTN_FLASH_BQ + 2 * ATTN_FLASH_BK * (wd) + \
+   3 * ATTN_FLASH_BQ)
+#define ATTN_FLASH_WS_FLOATS ATTN_FLASH_WS_FLOATS_D(ATTN_CPU_MAX_D)
 
 #endif

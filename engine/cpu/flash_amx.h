@@ -60,7 +60,7 @@ _Static_assert(sizeof(((blk_ctx *)0)->vslot) / sizeof(const uint16_t *) == AMX_S
                "blk_ctx.vslot holds a pointer per slot");
 
 static inline int amx_slots(const blk_ctx *c) {
-  const int64_t fit = 2 * MAXD / c->a->r->head_dim;
+  const int64_t fit = 2 * c->wd / c->a->r->head_dim;
   const int most = c->amx16 ? AMX_SLOTS / 2 : AMX_SLOTS;
   return fit < most ? (int)fit : most;
 }

@@ -28,7 +28,6 @@
 
 #define BQ ATTN_FLASH_BQ
 #define BK ATTN_FLASH_BK
-#define MAXD ATTN_MAX_HEAD_DIM
 
 /* ---- one query block ---------------------------------------------------- */
 
@@ -37,6 +36,7 @@ typedef struct blk_ctx {
   const attn__flash_args *a;
   const attn__flash_block *blk;
   float *qt, *ot, *st, *kb, *vb, *m, *l, *alpha;
+  int64_t wd;                /* the head dim the workspace is laid out for (attn__cpu_ws_d) */
   const char *kbase, *vbase; /* dense K and V of (b, hk); NULL when paged */
   /* Paged K and V: (b, hk)'s page tables; NULL when dense. */
   const void *const *kpg, *const *vpg;

@@ -131,16 +131,17 @@ static void keys(const attn__bwd_args *a, int64_t b, int64_t hk, int64_t c, void
   const attn_request *r = a->r;
   const int64_t es = (int64_t)attn_dtype_size(r->dtype);
   kb_ctx x = {.a = a, .b = b, .hk = hk, .c = c};
+  const int64_t wd = x.wd = attn__cpu_ws_d(r->head_dim);
   x.kt = ws;
-  x.vt = x.kt + MAXD * BK;
-  x.dkt = x.vt + MAXD * BK;
-  x.dvt = x.dkt + MAXD * BK;
-  x.kr = x.dvt + MAXD * BK;
-  x.s = x.kr + BK * MAXD;
+  x.vt = x.kt + wd * BK;
+  x.dkt = x.vt + wd * BK;
+  x.dvt = x.dkt + wd * BK;
+  x.kr = x.dvt + wd * BK;
+  x.s = x.kr + BK * wd;
   x.dp = x.s + BQ * BK;
   x.qr = x.dp + BQ * BK;
-  x.dor = x.qr + BQ * MAXD;
-  x.mu = x.dor + BQ * MAXD;
+  x.dor = x.qr + BQ * wd;
+  x.mu = x.dor + BQ * wd;
   x.di = x.mu + BQ;
   x.bf16 = r->dtype == ATTN_BF16 && r->head_dim % 2 == 0 && (ATTN_DPBF16 || ATTN_AMX);
   x.amx = x.bf16 && r->head_dim % 32 == 0 && ATTN_AMX;
@@ -179,7 +180,7 @@ static float vhsum(vf x) {
 static void rowdot(const attn__bwd_args *a, int64_t b, int64_t h, int64_t i0, int64_t n) {
   const attn_request *r = a->r;
   const int64_t D = r->head_dim;
-  float o[MAXD], g[MAXD];
+  float o[ATTN_CPU_MAX_D], g[ATTN_CPU_MAX_D];
   for (int64_t i = i0; i < i0 + n; i++) {
     load_row(o, row_at(r, r->o, r->o_stride, b, h, i), r->dtype, D);
     load_row(g, row_at(r, r->dout, r->do_stride, b, h, i), r->dtype, D);

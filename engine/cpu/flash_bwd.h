@@ -65,10 +65,13 @@ typedef struct attn__bwd_args {
 
 /* A workspace for phase 2: Kᵀ, Vᵀ, dKᵀ, dVᵀ (D × BK each), K rows
  * (BK × D), S/P and dP/dS (BQ × BK each), Q and dO rows (BQ × D each),
- * and two vectors of BQ. */
-#define ATTN_BWD_WS_FLOATS                                               \
-  (5 * ATTN_MAX_HEAD_DIM * ATTN_BWD_BK + 2 * ATTN_BWD_BQ * ATTN_BWD_BK + \
-   2 * ATTN_BWD_BQ * ATTN_MAX_HEAD_DIM + ATTN_BWD_BK * ATTN_MAX_HEAD_DIM + 2 * ATTN_BWD_BQ)
+ * and two vectors of BQ; for D up to flash.h's ATTN_CPU_MAX_D (1185 KiB
+ * a worker), of which a key block at D touches ATTN_BWD_WS_FLOATS_D of
+ * attn__cpu_ws_d(D) (545 KiB up to D 256). */
+#define ATTN_BWD_WS_FLOATS_D(wd)                                                     \
+  (5 * ATTN_BWD_BK * (wd) + 2 * ATTN_BWD_BQ * ATTN_BWD_BK + 2 * ATTN_BWD_BQ * (wd) + \
+   ATTN_BWD_BK * (wd) + 2 * ATTN_BWD_BQ)
+#define ATTN_BWD_WS_FLOATS ATTN_BWD_WS_FLOATS_D(ATTN_CPU_MAX_D)
 
 typedef struct attn__bwd_kernel {
   /* Dᵢ of rows [i0, i0 + n) of (batch b, query head h) into a->di. */

@@ -95,18 +95,20 @@ enum { AMX_SLOTS = 4 };
  * dS pairs of slot g in rows [g·BQ/2, g·BQ/2 + BQ/2) past the largest Kᵀ
  * and Vᵀ pairs, dS rows past the largest K pairs. */
 static void amx_carve(kb_ctx *x) {
-  const int64_t fit = 2 * MAXD / x->a->r->head_dim;
+  const int64_t wd = x->wd, fit = 2 * wd / x->a->r->head_dim;
   x->slots = fit < AMX_SLOTS ? (int)fit : AMX_SLOTS;
   x->npend = 0;
   x->gts = (uint16_t *)x->dor;
   x->qts = (uint16_t *)x->qr;
-  x->pps = x->ktp + MAXD / 2 * BK;
-  x->sps = x->vtp + MAXD / 2 * BK;
-  x->dsa = (uint16_t *)(x->kjp + BK / 2 * MAXD);
+  x->pps = x->ktp + wd / 2 * BK;
+  x->sps = x->vtp + wd / 2 * BK;
+  x->dsa = (uint16_t *)(x->kjp + BK / 2 * wd);
 }
-_Static_assert(MAXD / 2 * BK + AMX_SLOTS * BQ / 2 * BK <= MAXD * BK,
+/* The layout's narrower width (attn__cpu_ws_d) leaves room enough. */
+_Static_assert(ATTN_CPU_NARROW_D / 2 * BK + AMX_SLOTS * BQ / 2 * BK <= ATTN_CPU_NARROW_D * BK,
                "P and dS pair slots fit past Kᵀ and Vᵀ pairs");
-_Static_assert(BK / 2 * MAXD + BQ * BK / 2 <= BK * MAXD, "dS rows fit past the K pairs");
+_Static_assert(BK / 2 * ATTN_CPU_NARROW_D + BQ * BK / 2 <= BK * ATTN_CPU_NARROW_D,
+               "dS rows fit past the K pairs");
 
 /* dVᵀ += dOᵀ·P and dKᵀ += Qᵀ·dS over the waiting pairs' query rows. */
 static void amx_flush(kb_ctx *x) {

@@ -85,8 +85,8 @@ static void kb_bf16_carve(kb_ctx *x) {
   x->kjp = (uint32_t *)x->kr;
   x->qip = (uint32_t *)x->qr;
   x->gip = (uint32_t *)x->dor;
-  x->pip = x->qip + BQ / 2 * MAXD;
-  x->sip = x->gip + BQ / 2 * MAXD;
+  x->pip = x->qip + BQ / 2 * x->wd;
+  x->sip = x->gip + BQ / 2 * x->wd;
   x->dsr = (uint16_t *)(x->pip + BQ / 2 * BK);
 }
 

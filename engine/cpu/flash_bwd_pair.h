@@ -19,7 +19,6 @@
 
 #define BQ ATTN_BWD_BQ
 #define BK ATTN_BWD_BK
-#define MAXD ATTN_MAX_HEAD_DIM
 #define NVK (BK / VL) /* vectors across a key block */
 
 /* ---- the one micro-kernel and its tile loop -------------------------------- */
@@ -65,6 +64,7 @@ typedef struct kb_ctx {
   const attn__bwd_args *a;
   int64_t b, hk, c;
   float *kt, *vt, *dkt, *dvt, *kr, *s, *dp, *qr, *dor, *mu, *di;
+  int64_t wd; /* the head dim the workspace is laid out for (attn__cpu_ws_d) */
   const char *kbase, *vbase;
   int64_t j0, nkt;
   bool bf16; /* BF16 products (flash_bwd_bf16.h) instead of F32 */

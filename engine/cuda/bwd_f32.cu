@@ -63,7 +63,7 @@ __device__ __forceinline__ void dots(const float *a, const float *b, const float
 // stride dp), rows >= nrows left out. Unscaled: the post-kernel scales.
 __device__ __forceinline__ void dq_atomic_f32(float *gacc, const float *sdS, const float *sK,
                                               int nrows, int dp) {
-  constexpr int LANES = NT_KV / STEP, PER = ATTN_MAX_HEAD_DIM / LANES;
+  constexpr int LANES = NT_KV / STEP, PER = ATTN_CU_MAX_HEAD_DIM / LANES;
   const int q = threadIdx.x / LANES, d0 = threadIdx.x % LANES;
   if (q >= nrows)
     return;
@@ -87,7 +87,7 @@ __device__ __forceinline__ void dq_atomic_f32(float *gacc, const float *sdS, con
 
 template <bool ATOMIC>
 __global__ void __launch_bounds__(NT_KV) bwd_dkdv_f32(const attn_cu_params p) {
-  constexpr int G = GKV, NC = STEP / G, PER = ATTN_MAX_HEAD_DIM / G;
+  constexpr int G = GKV, NC = STEP / G, PER = ATTN_CU_MAX_HEAD_DIM / G;
   extern __shared__ __align__(16) float smem_f[];
   const int dp = p.dp, ks = dp + 1;
   float *sK = smem_f, *sV = sK + BN * ks, *sQ = sV + BN * ks, *sO = sQ + STEP * ks;
@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(NT_KV) bwd_dkdv_f32(const attn_cu_params p) {
 }
 
 __global__ void __launch_bounds__(NT_Q) bwd_dq_f32(const attn_cu_params p) {
-  constexpr int G = GQ, NC = STEP / G, PER = ATTN_MAX_HEAD_DIM / G;
+  constexpr int G = GQ, NC = STEP / G, PER = ATTN_CU_MAX_HEAD_DIM / G;
   extern __shared__ __align__(16) float smem_f[];
   const int dp = p.dp, ks = dp + 1;
   float *sQ = smem_f, *sO = sQ + BN * ks, *sK = sO + BN * ks, *sV = sK + STEP * ks;
@@ -279,7 +279,7 @@ cudaError_t launch_bwd_f32(const attn_cu_params &p, const attn_cu_choice &c, cud
 }
 
 cudaError_t prepare_bwd_f32() {
-  int bytes = 4 * ((2 * BN + 2 * STEP) * (ATTN_MAX_HEAD_DIM + 1) + 2 * STEP);
+  int bytes = 4 * ((2 * BN + 2 * STEP) * (ATTN_CU_MAX_HEAD_DIM + 1) + 2 * STEP);
   const cudaFuncAttribute a = cudaFuncAttributeMaxDynamicSharedMemorySize;
   cudaError_t e = cudaFuncSetAttribute(bwd_dkdv_f32<false>, a, bytes);
   if (e == cudaSuccess)

@@ -81,6 +81,12 @@ static int cuda_submit(void *state, attn_job *job, attn_status *st) {
 
 static int cuda_supports(void *state, const attn_request *r, attn_status *st) {
   cu_state *s = state;
+  const int64_t dv = attn_request_dv(r), w = r->head_dim > dv ? r->head_dim : dv;
+  if (w > ATTN_CU_MAX_HEAD_DIM) /* backend auto takes the cpu instead */
+    return attn_status_set(st, ATTN_EUNSUPPORTED,
+                           "cuda: the kernels take head dims up to %d, not head_dim %lld, "
+                           "head_dim_v %lld (backend auto runs such a request on the cpu)",
+                           ATTN_CU_MAX_HEAD_DIM, (long long)r->head_dim, (long long)dv);
   /* Host pages are the cpu kernel's; ours (a store on this device) only we read. */
   if (r->k_pages && !r->page_pitch)
     return attn_status_set(st, ATTN_EUNSUPPORTED, "host pages (sessions) run on the cpu backend");

@@ -15,7 +15,7 @@
 namespace attn_cu {
 
 constexpr int BM = ATTN_CU_F32_BM, BN = ATTN_CU_F32_BN, NT = ATTN_CU_F32_THREADS;
-constexpr int DMAX = ATTN_MAX_HEAD_DIM, PER = DMAX / 4; // output columns per thread
+constexpr int DMAX = ATTN_CU_MAX_HEAD_DIM, PER = DMAX / 4; // output columns per thread
 static_assert(NT == 4 * BM, "a quad of threads per query row");
 static_assert(BN == 4 * 8, "8 scores per thread");
 static_assert(ATTN_CU_PAGE_ALIGN_TOKENS % BN == 0, "a key tile never straddles a page");

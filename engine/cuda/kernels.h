@@ -82,6 +82,10 @@ extern "C" {
 
 /* Head dims are padded to this many elements. */
 #define ATTN_CU_DPAD_ALIGN 8
+/* The widest head dim (of q and k, and of v) the kernels take, below the
+ * contract's ATTN_MAX_HEAD_DIM: wider requests are declined (cuda.c), so
+ * backend auto runs them on the cpu. */
+#define ATTN_CU_MAX_HEAD_DIM 256
 /* gridDim.y and .z: query heads, and batch entries times key splits. */
 #define ATTN_CU_MAX_GRID_YZ 65535
 /* Sequence lengths at most this keep every in-kernel index in 32 bits. */

@@ -314,7 +314,7 @@ static void maybe_hopper(const attn_cu_params *p, int sms, unsigned off, attn_cu
 
 int attn_cu_select_masked(const attn_cu_params *p, int sms, unsigned off, attn_cu_choice *c,
                           attn_status *st) {
-  if (p->seq_q < 1 || p->seq_kv < 1 || p->head_dim < 1 || p->head_dim > ATTN_MAX_HEAD_DIM ||
+  if (p->seq_q < 1 || p->seq_kv < 1 || p->head_dim < 1 || p->head_dim > ATTN_CU_MAX_HEAD_DIM ||
       p->dp != attn_cu_dp(p->head_dim) || p->batch < 1 || p->heads_kv < 1 ||
       p->heads_q % p->heads_kv != 0)
     return attn_status_set(st, ATTN_EINVAL, "cuda: inconsistent launch parameters");

@@ -680,6 +680,25 @@ Test(cuda_backend, batch_and_heads_past_the_grid_are_refused_before_narrowing, .
   attn_engine_close(e);
 }
 
+/* Head dims past the kernels' 256 (the contract takes 576): cuda declines
+ * them naming the limit, and auto runs them on the cpu, right against
+ * float64. */
+Test(cuda_backend, heads_past_256_are_declined_and_auto_runs_them_on_the_cpu, .init = reset) {
+  attn_engine *e = open_cuda(2, NULL);
+  tprob p = tprob_make(1, 4, 2, 40, 90, 320, ATTN_F16);
+  p.causal = true, p.stats = true;
+  tcase c;
+  tcase_init(&c, &p, 78);
+  attn_status st = {0};
+  cr_expect_eq(trun(e, &c, "cuda", &st), ATTN_EUNSUPPORTED);
+  cr_expect(strstr(st.message, "head_dim 320") && strstr(st.message, "256"), "%s", st.message);
+  cr_assert_eq(trun(e, &c, "auto", &st), 0, "%s", st.message);
+  terr err = tcheck(&c);
+  cr_expect(err.o <= ttol(p.dt) && err.stats <= 1e-5, "O error %.3g, stats %.3g", err.o, err.stats);
+  tcase_free(&c);
+  attn_engine_close(e);
+}
+
 Test(cuda_backend, a_sequence_of_exactly_2_30_is_taken, .init = reset, .timeout = 30) {
   /* Accepted at submission, then canceled while it waits for the one slot
    * (job a holds it), so the broadcast buffer is never staged. */

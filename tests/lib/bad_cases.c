@@ -271,11 +271,11 @@ const bad_case bad_cases[] = {
       "{" SQ("F32") "," SK("F32") ",\"v\":{\"dtype\":\"F32\",\"shape\":[4,3],"
                                   "\"data_offsets\":[80,128]}}",
       128, 422, "shape_mismatch"),
-    S("st: head dim 300",
-      "{\"q\":{\"dtype\":\"BF16\",\"shape\":[1,300],\"data_offsets\":[0,600]},"
-      "\"k\":{\"dtype\":\"BF16\",\"shape\":[1,300],\"data_offsets\":[600,1200]},"
-      "\"v\":{\"dtype\":\"BF16\",\"shape\":[1,300],\"data_offsets\":[1200,1800]}}",
-      1800, 422, "invalid_shape"),
+    S("st: head dim 577",
+      "{\"q\":{\"dtype\":\"BF16\",\"shape\":[1,577],\"data_offsets\":[0,1154]},"
+      "\"k\":{\"dtype\":\"BF16\",\"shape\":[1,577],\"data_offsets\":[1154,2308]},"
+      "\"v\":{\"dtype\":\"BF16\",\"shape\":[1,577],\"data_offsets\":[2308,3462]}}",
+      3462, 422, "invalid_shape"),
     S("st: metadata causal maybe", "{\"__metadata__\":{\"causal\":\"maybe\"}," SQKV "}", 128, 422,
       "invalid_option"),
     S("st: metadata unknown option", "{\"__metadata__\":{\"casual\":\"true\"}," SQKV "}", 128, 422,

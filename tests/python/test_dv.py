@@ -239,13 +239,16 @@ def test_refusals(client, wire):
     for bad_o, bad_do in ((o, do[..., :32]), (o[..., :32], do)):
         e = attnd_error(client.attention_backward, q, k, v, bad_o, bad_do, json=json)
         assert e.status == 422 and e.code == "shape_mismatch", e
-    # past the engine's limit of 256 on either side
-    wide_v = np.zeros(k.shape[:-1] + (300,), np.float32)
+    # past the engine's limits: Dv 512, D 576 (a v as wide as q counts as Dv)
+    wide_v = np.zeros(k.shape[:-1] + (513,), np.float32)
     e = attnd_error(client.attention, q, k, wide_v, json=json)
-    assert e.status == 422 and "head_dim_v" in e.message and "256" in e.message, e
-    wide_qk = np.zeros(q.shape[:-1] + (300,), np.float32)
+    assert e.status == 422 and "head_dim_v" in e.message and "512" in e.message, e
+    wide_qk = np.zeros(q.shape[:-1] + (577,), np.float32)
     e = attnd_error(client.attention, wide_qk, wide_qk, v, json=json)
-    assert e.status == 422 and "256" in e.message, e
+    assert e.status == 422 and "head_dim" in e.message and "576" in e.message, e
+    q520, k520 = (np.zeros(x.shape[:-1] + (520,), np.float32) for x in (q, k))
+    e = attnd_error(client.attention, q520, k520, k520, json=json)
+    assert e.status == 422 and "head_dim_v" in e.message and "520" in e.message, e
 
 
 def test_session_with_head_dim_v_is_refused(client):

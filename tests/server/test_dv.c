@@ -6,7 +6,8 @@
  * equal to attn_reference_backward; and the refusals: v's last dim over the
  * limit, a backward o of D instead of Dv, and a session of a value head dim
  * of its own (not supported yet), each 422 with a message that says what
- * is allowed; outputs past the memory budget refused (413).
+ * is allowed; outputs past the memory budget refused (413). D 576 / Dv 512
+ * (the limits, DeepSeek's absorbed MLA decode) answers like the others.
  */
 #include "harness.h"
 #include "proto.h"
@@ -139,12 +140,13 @@ static void post_decode(const dvcase *c, bool st_codec, const char *path, attn_p
   free(buf);
 }
 
-static const int64_t DIMS[2][2] = {{192, 128}, {32, 64}};
+/* DeepSeek's MLA prefill, Dv above D, and the limits (MLA's absorbed decode). */
+static const int64_t DIMS[3][2] = {{192, 128}, {32, 64}, {ATTN_MAX_HEAD_DIM, ATTN_MAX_HEAD_DIM_V}};
 
 Test(dv, forward_json_and_safetensors_match_the_reference) {
   srv_start(&S, NULL);
   const attn_dtype dts[2] = {ATTN_F32, ATTN_BF16};
-  for (int i = 0; i < 2; i++)
+  for (int i = 0; i < 3; i++)
     for (int codec = 0; codec < 2; codec++)
       for (int t = 0; t < 2; t++) {
         dvcase c;
@@ -285,21 +287,33 @@ static void expect_422(const char *path, const char *method, const char *ctype, 
   http_res_free(&r);
 }
 
-Test(dv, v_wider_than_the_limit_is_refused) {
+/* Past the limits (D 576, Dv 512), each 422 naming the field and its limit;
+ * v as wide as q counts its width as Dv. */
+Test(dv, heads_wider_than_the_limits_are_refused) {
   srv_start(&S, NULL);
-  dvcase c;
-  dv_init(&c, 8, ATTN_MAX_HEAD_DIM + 1, ATTN_F32, false, 61);
-  /* the encoder writes what the engine would refuse: the server's check */
-  attn_options o;
-  attn_options_init(&o);
-  void *buf;
-  size_t len;
-  attn_status st;
-  cr_assert_eq(attn_proto_encode_request_json(&c.req, &o, (char **)&buf, &len, &st), 0, "%s",
-               st.message);
-  expect_422("/attention", "POST", JSON_CT, buf, len, (const char *[]){"head_dim_v", "257", NULL});
-  free(buf);
-  dv_free(&c);
+  static const struct {
+    int64_t d, dv;
+    const char *words[5]; /* NULL-terminated */
+  } bad[] = {
+      {8, ATTN_MAX_HEAD_DIM_V + 1, {"head_dim_v", "512", "513", "invalid_shape"}},
+      {ATTN_MAX_HEAD_DIM + 1, 8, {"head_dim", "576", "577", "invalid_shape"}},
+      {520, 520, {"head_dim_v", "512", "520", "invalid_shape"}},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    dvcase c;
+    dv_init(&c, bad[i].d, bad[i].dv, ATTN_F32, false, 61);
+    /* the encoder writes what the engine would refuse: the server's check */
+    attn_options o;
+    attn_options_init(&o);
+    void *buf;
+    size_t len;
+    attn_status st;
+    cr_assert_eq(attn_proto_encode_request_json(&c.req, &o, (char **)&buf, &len, &st), 0, "%s",
+                 st.message);
+    expect_422("/attention", "POST", JSON_CT, buf, len, bad[i].words);
+    free(buf);
+    dv_free(&c);
+  }
 }
 
 /* A JSON body of the named F32 tensors, each [B, H, N, last] of shapes. */
@@ -366,14 +380,14 @@ Test(dv, a_session_of_its_own_dv_is_not_supported_yet) {
              (const char *[]){"ends in 2", "not supported in sessions yet", NULL});
 }
 
-/* O of Dv can outgrow the body many times over (D 1, Dv 256: 256 times
+/* O of Dv can outgrow the body many times over (D 1, Dv 512: 512 times
  * q); past the body's size the outputs draw on the memory budget, so one
  * small body cannot make the server hold gigabytes. */
 Test(dv, outputs_past_the_memory_budget_are_refused) {
   srv_start(&S, "--max-body", "64K", "--max-queue", "2", NULL);
   dvcase c;
   const int64_t big[5] = {1, 1, 1, 1000, 1}, small[5] = {1, 1, 1, 50, 1};
-  dv_init_dims(&c, big, 1, ATTN_MAX_HEAD_DIM, ATTN_F32, false, 81);
+  dv_init_dims(&c, big, 1, ATTN_MAX_HEAD_DIM_V, ATTN_F32, false, 81);
   attn_options o;
   attn_options_init(&o);
   void *buf;
@@ -385,12 +399,12 @@ Test(dv, outputs_past_the_memory_budget_are_refused) {
   http_res r;
   http_post(&S, "/attention", ST_CT, buf, len, &r);
   cr_expect_eq(r.status, 413, "%ld %.300s", r.status, r.body);
-  cr_expect(r.body && strstr(r.body, "outputs of this request (1024000 bytes)"), "%.300s", r.body);
+  cr_expect(r.body && strstr(r.body, "outputs of this request (2048000 bytes)"), "%.300s", r.body);
   http_res_free(&r);
   free(buf);
   /* within the budget the same widths answer */
   dv_free(&c);
-  dv_init_dims(&c, small, 1, ATTN_MAX_HEAD_DIM, ATTN_F32, false, 82);
+  dv_init_dims(&c, small, 1, ATTN_MAX_HEAD_DIM_V, ATTN_F32, false, 82);
   cr_assert_eq(attn_proto_encode_request_safetensors(&c.req, &o, &buf, &len, &st), 0, "%s",
                st.message);
   http_post(&S, "/attention", ST_CT, buf, len, &r);

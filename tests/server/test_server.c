@@ -125,6 +125,9 @@ Test(server, info_default_limits) {
   cr_expect_eq(jnum(lim, "max_body"), 1024.0 * 1024 * 1024, "default max_body %g",
                jnum(lim, "max_body"));
   cr_expect_eq(jnum(lim, "max_queue"), 64, "default max_queue %g", jnum(lim, "max_queue"));
+  /* the contract's head dims: q and k, and v */
+  cr_expect_eq(jnum(lim, "max_head_dim"), 576, "max_head_dim %g", jnum(lim, "max_head_dim"));
+  cr_expect_eq(jnum(lim, "max_head_dim_v"), 512, "max_head_dim_v %g", jnum(lim, "max_head_dim_v"));
   cr_expect_eq(jnum(lim, "min_upload_rate"), 1024, "default min_upload_rate %g",
                jnum(lim, "min_upload_rate"));
   cr_expect_eq(jnum(lim, "max_running"), 2, "the CPU backend's running slots %g",
@@ -269,7 +272,7 @@ Test(server, plan_errors) {
       {"seq_q=64&head_dim=64&foo=1", 422, "unknown_option"},
       {"seq_q=64&head_dim=64&causal=true", 422, "unknown_option"},
       {"seq_q=64&head_dim=64&heads=6&heads_kv=4", 422, NULL},
-      {"seq_q=64&head_dim=300", 422, NULL},
+      {"seq_q=64&head_dim=577", 422, NULL},
       {"seq_q=99999999999999999999999&head_dim=64", 422, NULL},
       {"batch=1073741824&heads=1073741824&seq_q=1073741824&head_dim=256", 413, "too_large"},
   };

@@ -189,10 +189,11 @@ Test(dv_codecs, refusals_say_what_is_allowed) {
   size_t o = (size_t)snprintf(
       body, sizeof body,
       "{" T("q", "[1, 4]", "[1, 2, 3, 4]") ", " T("k", "[1, 4]", "[1, 2, 3, 4]") ", \"v\": [[");
-  for (int i = 0; i < ATTN_MAX_HEAD_DIM + 1; i++)
+  for (int i = 0; i < ATTN_MAX_HEAD_DIM_V + 1; i++)
     o += (size_t)snprintf(body + o, sizeof body - o, i ? ",1" : "1");
   snprintf(body + o, sizeof body - o, "]]}");
-  expect_json_err(body, ATTN_FORWARD, ATTN_ESHAPE, "head_dim_v must be 0 (head_dim) or between 1");
+  expect_json_err(body, ATTN_FORWARD, ATTN_ESHAPE,
+                  "head_dim_v (v's last dimension) must be between 1 and 512");
 }
 
 Test(dv_codecs, sessions_refuse_a_value_head_dim_of_their_own) {

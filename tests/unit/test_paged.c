@@ -229,6 +229,20 @@ static int run_everywhere(attn_engine *e[NISAS], tprob p, uint64_t seed) {
   return fails;
 }
 
+/* Head dims past 256 (pages keep v as wide as k, so up to Dv's 512): a
+ * decode row with its keys split at D 512, and a causal prefill with GQA
+ * at D 384. */
+Test(paged, wide_heads, .timeout = 600) {
+  attn_engine *e[NISAS];
+  open_all(e);
+  int fails = run_everywhere(e, tprob_make(1, 4, 1, 1, 1100, 512, ATTN_F32), 70);
+  tprob pre = tprob_make(1, 4, 2, 70, 150, 384, ATTN_F32);
+  pre.causal = true;
+  fails += run_everywhere(e, pre, 80);
+  close_all(e);
+  cr_assert_eq(fails, 0, "%d paged wide-head checks failed", fails);
+}
+
 /* Decoding: one query over >= 1024 keys (the key split), seq_kv not a
  * multiple of any page; GQA and MQA; head_dim 128 and 64 (rows along
  * head_dim, in F32 and in BF16 pairs), 80 and 48. */

@@ -107,7 +107,7 @@ Test(plan, bad_shapes_are_refused) {
   p.batch = 1 << 20;
   cr_expect_eq(attn_plan_compute(&p, &pl, &st), ATTN_EOVERFLOW);
   p.batch = 1;
-  p.head_dim = 300;
+  p.head_dim = ATTN_MAX_HEAD_DIM + 1;
   cr_expect_eq(attn_plan_compute(&p, &pl, &st), ATTN_ESHAPE);
 }
 

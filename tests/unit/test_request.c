@@ -62,10 +62,10 @@ Test(validate, dimensions) {
   expect_err(&r, ATTN_ESHAPE, "larger than");
   r = good();
   r.head_dim = 0;
-  expect_err(&r, ATTN_ESHAPE, "head_dim must be between 1 and 256 (got 0)");
+  expect_err(&r, ATTN_ESHAPE, "head_dim must be between 1 and 576 (got 0)");
   r = good();
-  r.head_dim = 257;
-  expect_err(&r, ATTN_ESHAPE, "(got 257)");
+  r.head_dim = 577;
+  expect_err(&r, ATTN_ESHAPE, "(got 577)");
 }
 
 Test(validate, heads_dtype_scale_window) {

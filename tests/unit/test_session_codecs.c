@@ -166,7 +166,7 @@ Test(session_codecs, create_truncate_and_info) {
       "{\"heads_kv\": 8, \"head_dim\": 128, \"dtype\": \"BF16\", \"max_tokens\": 4096, \"ttl_s\": "
       "99}",
       "{\"heads_kv\": 8, \"head_dim\": 128, \"dtype\": \"I8\", \"max_tokens\": 4096}",
-      "{\"heads_kv\": 8, \"head_dim\": 300, \"dtype\": \"F32\", \"max_tokens\": 4096}",
+      "{\"heads_kv\": 8, \"head_dim\": 577, \"dtype\": \"F32\", \"max_tokens\": 4096}",
       "{\"heads_kv\": 8, \"head_dim\": 128, \"dtype\": \"F32\", \"max_tokens\": 4096, \"x\": 1}",
       "{\"heads_kv\": 8, \"heads_kv\": 8, \"head_dim\": 1, \"dtype\": \"F32\", \"max_tokens\": 1}",
       "{\"heads_kv\": 8}",

@@ -255,10 +255,10 @@ static int same_heads(int64_t e, const kv_session *first, const kv_session *ks, 
                            (long long)first->shape.heads_kv);
   if (ks->shape.v_from_k != first->shape.v_from_k)
     return attn_status_set(st, ATTN_ESHAPE,
-                           "sessions[%lld] ('%.40s') is %slatent and sessions[0] ('%.40s') is "
-                           "%s: the sessions of one batch must all be latent (v_from_k) or none",
-                           (long long)e, ks->id, ks->shape.v_from_k ? "" : "not ", first->id,
-                           first->shape.v_from_k ? "" : "not");
+                           "sessions[%lld] ('%.40s') is %s and sessions[0] ('%.40s') is %s: the "
+                           "sessions of one batch must all be latent (v_from_k) or none",
+                           (long long)e, ks->id, ks->shape.v_from_k ? "latent" : "not latent",
+                           first->id, first->shape.v_from_k ? "latent" : "not latent");
   return 0;
 }
 

@@ -3,11 +3,11 @@
  * (attn_kv_shape.head_dim_v) and latent sessions (v_from_k: k stored
  * alone, v its first Dv columns), on host pages: prefill in calls and
  * decode steps against the float64 reference over exactly the keys each
- * session holds (causal, GQA, F32 and BF16, statistics), a batch of
- * sessions against its single calls, padding columns read as zeros
- * whatever a page taken again held, many calls at once on sessions that
- * hold v differently, the refusals, the reservation of a latent session,
- * and both kinds saved and loaded.
+ * session holds (causal, GQA, F32 and BF16, statistics, every CPU
+ * kernel), a batch of sessions against its single calls, padding columns
+ * read as zeros whatever a page taken again held, many calls at once on
+ * sessions that hold v differently, the refusals, the reservation of a
+ * latent session, and both kinds saved and loaded.
  */
 #include "helpers.h"
 #include "kv/kv_int.h"
@@ -55,21 +55,27 @@ static int decode_checked(attn_kv_store *kv, const char *id, const tkv_stream *s
   return fails;
 }
 
-Test(kv_dv, prefill_and_decode_every_kind, .timeout = 600) {
+static const char *const isas[] = {"generic", "avx2", "avx512", "avx512bf16", "amx"};
+enum { NISAS = sizeof isas / sizeof *isas };
+
+/* Every kind in F32 and BF16 on every CPU kernel this machine runs (the
+ * store batching on every other one). */
+Test(kv_dv, prefill_and_decode_every_kind_and_kernel, .timeout = 600) {
   const attn_dtype dts[2] = {ATTN_F32, ATTN_BF16};
-  attn_engine *e = topen(2, NULL);
   int fails = 0;
-  for (int batch = 0; batch < 2; batch++) {
-    attn_kv_store *kv = tkv_open_store(e, 64 * MIB, batch, NULL);
+  for (int i = 0; i < NISAS; i++) {
+    attn_engine *e = topen_isa(isas[i], 2);
+    if (!e)
+      continue;
+    attn_kv_store *kv = tkv_open_store(e, 64 * MIB, i % 2 == 0, NULL);
     for (int k = 0; k < NKINDS; k++)
       for (int t = 0; t < 2; t++) {
         char id[32], what[96];
         snprintf(id, sizeof id, "s-%d-%d", k, t);
         tkv_stream s = stream_of(&kinds[k], 4, 2, 160, dts[t], 11 + (uint64_t)(k * 2 + t));
         tkv_make(kv, "", id, &s, 2, 1024, 600, 0);
-        snprintf(what, sizeof what, "D %lld Dv %lld%s %s batch %d", (long long)kinds[k].d,
-                 (long long)kinds[k].dv, kinds[k].latent ? " latent" : "", attn_dtype_name(dts[t]),
-                 batch);
+        snprintf(what, sizeof what, "%s D %lld Dv %lld%s %s", isas[i], (long long)kinds[k].d,
+                 (long long)kinds[k].dv, kinds[k].latent ? " latent" : "", attn_dtype_name(dts[t]));
         tkv_opts op = tkv_plain;
         op.stats = (k + t) % 2 == 0;
         op.layer = t;
@@ -77,8 +83,8 @@ Test(kv_dv, prefill_and_decode_every_kind, .timeout = 600) {
         tkv_stream_free(&s);
       }
     attn_kv_close(kv);
+    attn_engine_close(e);
   }
-  attn_engine_close(e);
   cr_assert_eq(fails, 0, "%d steps off the reference", fails);
 }
 

@@ -242,13 +242,12 @@ typedef struct attn_request {
    * likewise), rows head_dim elements apart, contiguous within a page
    * (with head_dim_v set, rows W = max(head_dim, head_dim_v) elements apart
    * for K and V alike: k's columns past head_dim must be zero, and v's past
-   * head_dim_v are ignored, so v_pages may be k_pages, as a latent session's
-   * are). With
-   * cu_seqlens, b is the sequence and its keys are numbered from 0. Only
-   * the forward pass reads pages; page_tokens is at least
-   * ATTN_PAGE_MIN_TOKENS. k_stride and v_stride are ignored. page_pitch 0:
-   * host pages, rows head_dim (W) elements apart, which the cpu backend
-   * reads; else device pages (a store on a GPU: attn_kv_open), rows
+   * head_dim_v are ignored, so v_pages may be k_pages, as a latent
+   * session's are). With cu_seqlens, b is the sequence and its keys are
+   * numbered from 0. Only the forward pass reads pages; page_tokens is at
+   * least ATTN_PAGE_MIN_TOKENS. k_stride and v_stride are ignored.
+   * page_pitch 0: host pages, rows head_dim (W) elements apart, which the
+   * cpu backend reads; else device pages (a store on a GPU: attn_kv_open), rows
    * page_pitch (at least W) elements apart, zero-padded, which only the
    * backend that lent them reads.
    */
@@ -264,8 +263,7 @@ typedef struct attn_request {
   /* With a device's pages only, no cu_seqlens and no head_dim_v: rows the
    * job writes into its pages before its kernel reads them (a session
    * call's new tokens, which travel in the job's own upload); NULL and 0:
-   * none. A job
-   * that fails may have written all, some or none of them. */
+   * none. A job that fails may have written all, some or none of them. */
   const attn_page_rows *page_rows;
   int64_t npage_rows;
   /* The pages' largest |k| and |v|: their values were checked finite when

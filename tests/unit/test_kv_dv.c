@@ -4,10 +4,11 @@
  * alone, v its first Dv columns), on host pages: prefill in calls and
  * decode steps against the float64 reference over exactly the keys each
  * session holds (causal, GQA, F32 and BF16, statistics, every CPU
- * kernel), a batch of sessions against its single calls, padding columns
- * read as zeros whatever a page taken again held, many calls at once on
- * sessions that hold v differently, the refusals, the reservation of a
- * latent session, and both kinds saved and loaded.
+ * kernel; computed on the caller's thread too), a batch of sessions
+ * against its single calls, padding columns read as zeros whatever a page
+ * taken again held, many calls at once on sessions that hold v
+ * differently, the refusals, the reservation of a latent session, and
+ * both kinds saved and loaded.
  */
 #include "helpers.h"
 #include "kv/kv_int.h"
@@ -102,6 +103,27 @@ Test(kv_dv, latent_options_and_mqa, .timeout = 300) {
   op.stats = true;
   cr_assert_eq(decode_checked(kv, "w", &s, &op, 100, 0, "latent, window, softcap"), 0);
   tkv_stream_free(&s);
+  attn_kv_close(kv);
+  attn_engine_close(e);
+}
+
+/* Calls computed on the caller's thread (attn_kv_run_here), as the
+ * server answers small ones. */
+Test(kv_dv, calls_run_here, .timeout = 300) {
+  attn_engine *e = topen(2, NULL);
+  attn_kv_store *kv = tkv_open_store(e, 16 * MIB, true, NULL);
+  int fails = 0;
+  for (int k = 0; k < NKINDS; k++) {
+    char id[16];
+    snprintf(id, sizeof id, "h%d", k);
+    tkv_stream s = stream_of(&kinds[k], 4, 2, 90, ATTN_BF16, 60 + (uint64_t)k);
+    tkv_make(kv, "", id, &s, 1, 128, 600, 0);
+    tkv_opts op = tkv_plain;
+    op.here = 1e12;
+    fails += decode_checked(kv, id, &s, &op, 64, 32, id);
+    tkv_stream_free(&s);
+  }
+  cr_expect_eq(fails, 0, "%d steps off the reference", fails);
   attn_kv_close(kv);
   attn_engine_close(e);
 }

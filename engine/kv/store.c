@@ -114,11 +114,14 @@ uint64_t attn_kv_reserve_bytes(const attn_kv_store *s, const attn_kv_shape *sh) 
   return (uint64_t)reserve_pages(s, sh) * ATTN_KV_PAGE_BYTES;
 }
 
-/* head_dim_v, and a latent session's v within its k. */
+/* head_dim_v (v as wide as k, head_dim_v 0, has that width for Dv's
+ * limit too, as in a request), and a latent session's v within its k. */
 static int dv_check(const attn_kv_shape *sh, attn_status *st) {
-  if (sh->head_dim_v < 0 || sh->head_dim_v > ATTN_MAX_HEAD_DIM_V)
-    return attn_status_set(st, ATTN_EINVAL, "head_dim_v must be 1 to %d (or 0: head_dim), not %lld",
-                           ATTN_MAX_HEAD_DIM_V, (long long)sh->head_dim_v);
+  if (sh->head_dim_v < 0 || attn__kv_dv(sh) > ATTN_MAX_HEAD_DIM_V)
+    return attn_status_set(st, ATTN_EINVAL,
+                           "head_dim_v (v's last dimension) must be 1 to %d, not %lld; 0 takes "
+                           "head_dim",
+                           ATTN_MAX_HEAD_DIM_V, (long long)attn__kv_dv(sh));
   if (sh->v_from_k && (sh->head_dim_v < 1 || sh->head_dim_v > sh->head_dim))
     return attn_status_set(st, ATTN_EINVAL,
                            "a latent session (v_from_k) takes v as the first head_dim_v columns "
@@ -148,11 +151,11 @@ int attn__kv_shape_check(const attn_kv_shape *sh, attn_status *st) {
   return 0;
 }
 
-/* A probe of the job a call of this shape runs as, once dv.c has padded
- * it (head dim W, the pages passed through): the backend that computes
- * the store's calls must take it, or sessions of this shape could be made
- * whose every call fails. A device's kernels reach a smaller head dim than
- * the cpu's. */
+/* A probe of a call of this shape, checked as the engine checks it, then
+ * put to the backend that computes the store's calls as the job dv.c
+ * makes of it (head dim W, the pages passed through): that backend must
+ * take it, or sessions of this shape could be made whose every call
+ * fails. A device's kernels reach a smaller head dim than the cpu's. */
 int attn__kv_computable(attn_kv_store *s, const attn_kv_shape *sh, attn_status *st) {
   if (attn__kv_page_tokens(s, sh) == 0)
     return attn_status_set(st, ATTN_EUNSUPPORTED,
@@ -168,7 +171,8 @@ int attn__kv_computable(attn_kv_store *s, const attn_kv_shape *sh, attn_status *
   attn_request r;
   attn_request_init(&r);
   r.batch = r.heads_q = r.heads_kv = r.seq_q = r.seq_kv = 1;
-  r.head_dim = attn__kv_width(sh);
+  r.head_dim = sh->head_dim;
+  r.head_dim_v = attn__kv_dv(sh);
   r.dtype = sh->dtype;
   r.q = zeros;
   r.o = (void *)(uintptr_t)(zeros + KV_WIDEST); /* never written: only checked */
@@ -179,7 +183,10 @@ int attn__kv_computable(attn_kv_store *s, const attn_kv_shape *sh, attn_status *
   r.backend = s->pages.dev ? s->pages.dev->ops.name : "cpu";
   attn_status why;
   const attn_backend *be;
-  if (attn_request_validate(&r, &why) == 0 && attn__engine_pick(s->engine, &r, &be, &why) == 0)
+  int rc = attn_request_validate(&r, &why);
+  r.head_dim = attn__kv_width(sh);
+  r.head_dim_v = 0;
+  if (rc == 0 && attn__engine_pick(s->engine, &r, &be, &why) == 0)
     return 0;
   return attn_status_set(st, ATTN_EUNSUPPORTED,
                          "this server computes sessions on %s, which cannot take head_dim %lld "

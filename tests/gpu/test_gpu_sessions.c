@@ -2,9 +2,10 @@
  * test_gpu_sessions.c — group "sessions": a session store on the device
  * (its pages in GPU memory, read by the paged kernels) through the engine
  * as the server drives it: prefill then token-by-token decode in each
- * dtype and head dim class (one padded), a batch call of three sessions of
- * different lengths, and a decode step over 32K cached tokens (split-KV on
- * pages), each step against the float64 reference over exactly the keys
+ * dtype and head dim class (one padded; values of a head dim of their
+ * own, and a latent session whose v is its k's first columns), a batch
+ * call of three sessions of different lengths, and a decode step over 32K
+ * cached tokens (split-KV on pages), each step against the float64 reference over exactly the keys
  * the session holds. The store must be on the device: a paged view the
  * self-check turned off fails the group, saying why.
  */
@@ -21,20 +22,26 @@ static void decode_cases(tgroup *g, attn_kv_store *kv) {
   static const struct {
     attn_dtype dt;
     int64_t hq, hkv, d, pre, n;
-  } cs[] = {{ATTN_BF16, 8, 2, 128, 1000, 1016},
-            {ATTN_F16, 8, 2, 64, 700, 716},
-            {ATTN_F32, 4, 4, 37, 300, 310},
-            {ATTN_BF16, 32, 8, 128, 32768, 32770},
-            {ATTN_F16, 16, 2, 256, 513, 520}};
+    int64_t dv; /* 0: d */
+    bool latent;
+  } cs[] = {{ATTN_BF16, 8, 2, 128, 1000, 1016, 0, false},
+            {ATTN_F16, 8, 2, 64, 700, 716, 0, false},
+            {ATTN_F32, 4, 4, 37, 300, 310, 0, false},
+            {ATTN_BF16, 32, 8, 128, 32768, 32770, 0, false},
+            {ATTN_F16, 16, 2, 256, 513, 520, 0, false},
+            {ATTN_BF16, 16, 1, 96, 600, 610, 64, true}, /* MLA's absorbed decode, scaled down */
+            {ATTN_F16, 8, 2, 192, 500, 510, 128, false},
+            {ATTN_BF16, 8, 2, 64, 400, 408, 128, false}};
   for (size_t i = 0; i < sizeof cs / sizeof *cs && !g_dead; i++) {
     char id[16], why[200] = "";
     snprintf(id, sizeof id, "g%zu", i);
-    tkv_stream s =
-        tkv_stream_make(cs[i].hq, cs[i].hkv, cs[i].d, cs[i].n, cs[i].dt, g_seed(0, (int)i, 0));
+    const int64_t dv = cs[i].dv ? cs[i].dv : cs[i].d;
+    tkv_stream s = tkv_stream_make_dv(cs[i].hq, cs[i].hkv, cs[i].d, dv, cs[i].latent, cs[i].n,
+                                      cs[i].dt, g_seed(0, (int)i, 0));
     tkv_make(kv, "", id, &s, 1, cs[i].n, 600, 0);
-    g_set_current("sessions %s Hq%lld Hkv%lld D%lld N%lld", attn_dtype_name(cs[i].dt),
-                  (long long)cs[i].hq, (long long)cs[i].hkv, (long long)cs[i].d,
-                  (long long)cs[i].n);
+    g_set_current("sessions %s Hq%lld Hkv%lld D%lld Dv%lld%s N%lld", attn_dtype_name(cs[i].dt),
+                  (long long)cs[i].hq, (long long)cs[i].hkv, (long long)cs[i].d, (long long)dv,
+                  cs[i].latent ? " latent" : "", (long long)cs[i].n);
     /* a 32K-token prefill's reference would be 10^13 operations: its decode steps are checked */
     const tkv_plan pl = {.pre = cs[i].pre,
                          .chunk = 4096,
@@ -43,9 +50,10 @@ static void decode_cases(tgroup *g, attn_kv_store *kv) {
                          .backend = "cuda",
                          .tol = g_tol_o(cs[i].dt)};
     bool ok = tkv_decode(kv, id, &s, &tkv_plain, &pl, why, sizeof why) == 0;
-    tg_case(g, ok, "sessions %s Hq%lld Hkv%lld D%lld prefill %lld, decode to %lld%s%s",
+    tg_case(g, ok, "sessions %s Hq%lld Hkv%lld D%lld Dv%lld%s prefill %lld, decode to %lld%s%s",
             attn_dtype_name(cs[i].dt), (long long)cs[i].hq, (long long)cs[i].hkv,
-            (long long)cs[i].d, (long long)cs[i].pre, (long long)cs[i].n, ok ? "" : ": ", why);
+            (long long)cs[i].d, (long long)dv, cs[i].latent ? " latent" : "", (long long)cs[i].pre,
+            (long long)cs[i].n, ok ? "" : ": ", why);
     tkv_stream_free(&s);
     attn_status st;
     attn_kv_delete(kv, "", id, 0, &st);

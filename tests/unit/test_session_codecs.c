@@ -183,12 +183,13 @@ Test(session_codecs, create_truncate_and_info) {
   cr_expect_eq(n, 5);
   cr_expect_eq(attn_proto_session_truncate_decode("{\"length\": \"5\"}", 15, &n, &st),
                ATTN_PROTO_EOPTVALUE);
-  attn_kv_info info = {.id = "s1",
-                       .shape = {2, 64, ATTN_F16, 2, 100},
-                       .ttl_s = 60,
-                       .expires = 130,
-                       .reserved_bytes = 524288,
-                       .tokens = 7};
+  attn_kv_info info = {
+      .id = "s1",
+      .shape = {.heads_kv = 2, .head_dim = 64, .dtype = ATTN_F16, .layers = 2, .max_tokens = 100},
+      .ttl_s = 60,
+      .expires = 130,
+      .reserved_bytes = 524288,
+      .tokens = 7};
   int64_t lengths[2] = {4, 3};
   attn_sbuf b = {0};
   attn_proto_session_info_json(&b, &info, lengths, 100);

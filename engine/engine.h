@@ -62,6 +62,7 @@ extern "C" {
 
 /* Limits of the contract (docs/design.md, "Attention semantics"). */
 #define ATTN_MAX_HEAD_DIM 256
+#define ATTN_MAX_HEAD_DIM_V 512
 /* Fewest tokens a page of a paged K/V (attn_request.k_pages) holds. */
 #define ATTN_PAGE_MIN_TOKENS 64
 /* Dimensions above this are refused as too large before any arithmetic. */

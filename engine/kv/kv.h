@@ -49,6 +49,11 @@ typedef struct attn_kv_store attn_kv_store;
 
 typedef struct attn_kv_shape {
   int64_t heads_kv, head_dim;
+  /* The values' head dim Dv, or 0: head_dim. */
+  int64_t head_dim_v;
+  /* A latent session (MLA's absorbed decode): it stores k only, and v is the
+   * first head_dim_v columns of each k row (head_dim_v ≤ head_dim, set). */
+  bool v_from_k;
   attn_dtype dtype;
   int64_t layers;     /* >= 1 */
   int64_t max_tokens; /* >= 1, per layer */

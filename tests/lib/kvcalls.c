@@ -185,7 +185,11 @@ attn_kv_store *tkv_open_store(attn_engine *e, uint64_t bytes, bool batch, const 
 
 void tkv_make(attn_kv_store *kv, const char *tenant, const char *id, const tkv_stream *s,
               int64_t layers, int64_t max_tokens, double ttl, double now) {
-  attn_kv_shape sh = {s->hkv, s->d, s->dt, layers, max_tokens};
+  attn_kv_shape sh = {.heads_kv = s->hkv,
+                      .head_dim = s->d,
+                      .dtype = s->dt,
+                      .layers = layers,
+                      .max_tokens = max_tokens};
   bool created;
   attn_status st;
   must(attn_kv_create(kv, tenant, id, &sh, ttl, now, &created, &st), "making a session", &st);

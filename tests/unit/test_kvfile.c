@@ -274,15 +274,37 @@ static int64_t load(attn_kv_store *s, double now, logbuf *lb) {
 
 /* ---- tests --------------------------------------------------------------- */
 
-#define F32_2x128 \
-  { 2, 128, ATTN_F32, 3, 1000 } /* 128 tokens a page */
+#define F32_2x128                                                                      \
+  {                                                                                    \
+    .heads_kv = 2, .head_dim = 128, .dtype = ATTN_F32, .layers = 3, .max_tokens = 1000 \
+  } /* 128 tokens a page */
 
 static const spec mixed[] = {
     {"", "alpha", F32_2x128, {300, 0, 129}, 1000, 1},
-    {"alice", "alpha", {1, 64, ATTN_F16, 2, 2000}, {513, 1}, 1100, 2},
-    {"_", "alpha", {3, 80, ATTN_BF16, 1, 800}, {385}, 1150, 3}, /* 384 a page */
-    {"t.1-x", "a.b_c-9", {1, 1, ATTN_F32, 2, 20000}, {16385, 7}, 1000, 4},
-    {"bob", "empty", {2, 16, ATTN_BF16, 2, 10}, {0, 0}, 1199, 5},
+    {"alice",
+     "alpha",
+     {.heads_kv = 1, .head_dim = 64, .dtype = ATTN_F16, .layers = 2, .max_tokens = 2000},
+     {513, 1},
+     1100,
+     2},
+    {"_",
+     "alpha",
+     {.heads_kv = 3, .head_dim = 80, .dtype = ATTN_BF16, .layers = 1, .max_tokens = 800},
+     {385},
+     1150,
+     3}, /* 384 a page */
+    {"t.1-x",
+     "a.b_c-9",
+     {.heads_kv = 1, .head_dim = 1, .dtype = ATTN_F32, .layers = 2, .max_tokens = 20000},
+     {16385, 7},
+     1000,
+     4},
+    {"bob",
+     "empty",
+     {.heads_kv = 2, .head_dim = 16, .dtype = ATTN_BF16, .layers = 2, .max_tokens = 10},
+     {0, 0},
+     1199,
+     5},
 };
 #define NMIXED (int)(sizeof mixed / sizeof mixed[0])
 

@@ -204,7 +204,8 @@ Test(kvstore, memory_reserved_at_create_and_freed_by_delete) {
   /* 16 pages of 64 KiB: a session of 2 KV heads, 1 layer, up to one page
    * of tokens reserves 4 (K and V of each head) */
   attn_kv_store *kv = tkv_open_store(e, 16 * 64 * 1024, true, NULL);
-  attn_kv_shape sh = {2, 64, ATTN_F32, 1, 100};
+  attn_kv_shape sh = {
+      .heads_kv = 2, .head_dim = 64, .dtype = ATTN_F32, .layers = 1, .max_tokens = 100};
   cr_expect_eq(attn_kv_reserve_bytes(kv, &sh), 4 * 64 * 1024);
   attn_status st;
   bool created;
@@ -535,7 +536,11 @@ Test(kvstore, two_racing_appends_at_one_pos_one_wins, .timeout = 120) {
 Test(kvstore, an_expired_session_gives_way_to_a_create) {
   attn_engine *e = topen(1, NULL);
   attn_kv_store *kv = tkv_open_store(e, 4 * 64 * 1024, true, NULL);
-  attn_kv_shape sh = {2, 64, ATTN_F32, 1, 100}; /* 4 pages: the whole store */
+  attn_kv_shape sh = {.heads_kv = 2,
+                      .head_dim = 64,
+                      .dtype = ATTN_F32,
+                      .layers = 1,
+                      .max_tokens = 100}; /* 4 pages: the whole store */
   attn_status st;
   bool created;
   cr_assert_eq(attn_kv_create(kv, "", "old", &sh, 1, 0, &created, &st), 0, "%s", st.message);

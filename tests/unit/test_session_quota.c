@@ -19,7 +19,8 @@
 
 #define PAGE ((uint64_t)64 << 10)
 /* one KV head, one layer, one page of tokens: 2 pages (K and V) */
-static const attn_kv_shape SMALL = {1, 2, ATTN_F32, 1, 1};
+static const attn_kv_shape SMALL = {
+    .heads_kv = 1, .head_dim = 2, .dtype = ATTN_F32, .layers = 1, .max_tokens = 1};
 
 static int make(attn_kv_store *kv, const char *tenant, const char *id, double ttl, double now,
                 attn_status *st) {

@@ -9,7 +9,10 @@
  * [B, H, N, W] buffers (inputs zero-padded, outputs of width W cut back to
  * their own after the job), and the scale stays D's. It costs the padded
  * columns' arithmetic and one copy of the narrow side: O(N·W) memory, never
- * O(N²). Pages are refused by validation (a session stores one width).
+ * O(N²). Pages (a session's cache) are not copied: their rows are W wide
+ * already (engine.h), k's zero past D, so only q and O are padded, and a
+ * latent session's v (its k pages) goes through whole, its columns past
+ * Dv feeding only O's columns that are cut.
  */
 #include "dv.h"
 
@@ -101,14 +104,14 @@ static void cut_output(const dv_job *j, void *dst, const int64_t ds[3], const vo
   copy_rows(j, dst, ds, wide, ws, h, n, w);
 }
 
-/* Dv < D: v (and a backward's o and dO) padded to D; O (a backward's dV)
- * made D wide. */
+/* Dv < D: v (and a backward's o and dO) padded to D, unless it is pages;
+ * O (a backward's dV) made D wide. */
 static int plan_narrow_v(dv_job *j) {
   attn_request *in = &j->in;
   const attn_request *r = &j->orig;
   const int64_t hq = r->heads_q, hk = r->heads_kv, nq = r->seq_q, nk = r->seq_kv;
   const int64_t dv = attn_request_dv(r);
-  if (pad_input(j, &in->v, in->v_stride, hk, nk, dv) < 0)
+  if (!r->v_pages && pad_input(j, &in->v, in->v_stride, hk, nk, dv) < 0)
     return -1;
   if (r->pass == ATTN_FORWARD)
     return pad_output(j, &in->o, in->o_stride, hq, nq);
@@ -120,13 +123,14 @@ static int plan_narrow_v(dv_job *j) {
   return pad_output(j, &in->dv, in->dv_stride, hk, nk);
 }
 
-/* D < Dv: q and k padded to Dv; a backward's dQ and dK made Dv wide. */
+/* D < Dv: q and k (unless it is pages) padded to Dv; a backward's dQ and
+ * dK made Dv wide. */
 static int plan_narrow_qk(dv_job *j) {
   attn_request *in = &j->in;
   const attn_request *r = &j->orig;
   const int64_t hq = r->heads_q, hk = r->heads_kv, nq = r->seq_q, nk = r->seq_kv;
   if (pad_input(j, &in->q, in->q_stride, hq, nq, r->head_dim) < 0 ||
-      pad_input(j, &in->k, in->k_stride, hk, nk, r->head_dim) < 0)
+      (!r->k_pages && pad_input(j, &in->k, in->k_stride, hk, nk, r->head_dim) < 0))
     return -1;
   if (r->pass == ATTN_FORWARD)
     return 0;

@@ -62,6 +62,7 @@ extern "C" {
 
 /* Limits of the contract (docs/design.md, "Attention semantics"). */
 #define ATTN_MAX_HEAD_DIM 256
+/* The largest value head dim (attn_request.head_dim_v; DeepSeek's MLA: 512). */
 #define ATTN_MAX_HEAD_DIM_V 512
 /* Fewest tokens a page of a paged K/V (attn_request.k_pages) holds. */
 #define ATTN_PAGE_MIN_TOKENS 64
@@ -194,7 +195,7 @@ typedef struct attn_request {
    * backward's dO and dV too); q and k keep head_dim, and so does the
    * default scale. The engine runs such a request as one of head dim
    * max(D, Dv) with the narrower side zero-padded (dv.c), on any backend;
-   * not with pages. */
+   * with pages, rows max(D, Dv) wide (below). */
   int64_t head_dim_v;
   attn_dtype dtype;
   double scale; /* NaN (set by attn_request_init) means 1/sqrt(head_dim) */
@@ -238,14 +239,18 @@ typedef struct attn_request {
    * (which must then be NULL) when k_pages is set: key j of (batch b, KV
    * head hk) is row j % page_tokens of page
    * k_pages[(b * heads_kv + hk) * pages_per_head + j / page_tokens] (v
-   * likewise), rows head_dim elements apart, contiguous within a page. With
+   * likewise), rows head_dim elements apart, contiguous within a page
+   * (with head_dim_v set, rows W = max(head_dim, head_dim_v) elements apart
+   * for K and V alike: k's columns past head_dim must be zero, and v's past
+   * head_dim_v are ignored, so v_pages may be k_pages, as a latent session's
+   * are). With
    * cu_seqlens, b is the sequence and its keys are numbered from 0. Only
    * the forward pass reads pages; page_tokens is at least
    * ATTN_PAGE_MIN_TOKENS. k_stride and v_stride are ignored. page_pitch 0:
-   * host pages, rows head_dim elements apart, which the cpu backend reads;
-   * else device pages (a store on a GPU: attn_kv_open), rows page_pitch
-   * elements apart, zero-padded, which only the backend that lent them
-   * reads.
+   * host pages, rows head_dim (W) elements apart, which the cpu backend
+   * reads; else device pages (a store on a GPU: attn_kv_open), rows
+   * page_pitch (at least W) elements apart, zero-padded, which only the
+   * backend that lent them reads.
    */
   const void *const *k_pages, *const *v_pages;
   int64_t page_tokens, pages_per_head; /* page_tokens: a multiple of ATTN_PAGE_MIN_TOKENS */
@@ -256,9 +261,10 @@ typedef struct attn_request {
    * largest of them; so one job computes many sessions' steps of one
    * shape, each as it would be alone (FlashAttention's seqused_k). */
   const int64_t *seqused_kv;
-  /* With a device's pages only, and no cu_seqlens: rows the job writes
-   * into its pages before its kernel reads them (a session call's new
-   * tokens, which travel in the job's own upload); NULL and 0: none. A job
+  /* With a device's pages only, no cu_seqlens and no head_dim_v: rows the
+   * job writes into its pages before its kernel reads them (a session
+   * call's new tokens, which travel in the job's own upload); NULL and 0:
+   * none. A job
    * that fails may have written all, some or none of them. */
   const attn_page_rows *page_rows;
   int64_t npage_rows;

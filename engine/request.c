@@ -273,10 +273,19 @@ static int validate_pages(const attn_request *r, attn_status *st) {
     return attn_status_set(st, ATTN_EUNSUPPORTED,
                            "the backward pass does not read paged K/V (sessions); pass tensors k "
                            "and v");
-  if (r->page_pitch && (r->page_pitch < r->head_dim || r->page_pitch > ATTN_MAX_HEAD_DIM + 64))
+  /* with head_dim_v, a page's rows hold W = max(D, Dv) elements, k's and v's alike */
+  const int64_t dv = attn_request_dv(r), w = dv > r->head_dim ? dv : r->head_dim;
+  const int64_t widest =
+      ATTN_MAX_HEAD_DIM > ATTN_MAX_HEAD_DIM_V ? ATTN_MAX_HEAD_DIM : ATTN_MAX_HEAD_DIM_V;
+  if (r->page_pitch && (r->page_pitch < w || r->page_pitch > widest + 64))
     return attn_status_set(st, ATTN_EINVAL,
-                           "page_pitch must be 0 (host pages) or from head_dim %lld up, not %lld",
-                           (long long)r->head_dim, (long long)r->page_pitch);
+                           "page_pitch must be 0 (host pages) or from %s %lld up, not %lld",
+                           dv != r->head_dim ? "max(head_dim, head_dim_v)" : "head_dim",
+                           (long long)w, (long long)r->page_pitch);
+  if (r->npage_rows && dv != r->head_dim)
+    return attn_status_set(st, ATTN_EINVAL,
+                           "page_rows are not taken with head_dim_v: write the rows of pages "
+                           "whose K and V differ in width before the job");
   if (r->seqused_kv && (!r->page_pitch || r->cu_seqlens_q || r->diag_offset != ATTN_DIAG_AUTO))
     return attn_status_set(st, ATTN_EINVAL,
                            "seqused_kv comes with a device's pages (page_pitch), no cu_seqlens "
@@ -335,11 +344,6 @@ int attn_request_validate(const attn_request *r, attn_status *st) {
     return attn_status_set(st, ATTN_ESHAPE,
                            "head_dim_v must be 0 (head_dim) or between 1 and %d (got %lld)",
                            ATTN_MAX_HEAD_DIM, (long long)r->head_dim_v);
-  if (attn_request_dv(r) != r->head_dim && (r->k_pages || r->v_pages))
-    return attn_status_set(st, ATTN_EUNSUPPORTED,
-                           "a value head dim of its own (head_dim_v %lld, head_dim %lld) is not "
-                           "taken with pages yet",
-                           (long long)r->head_dim_v, (long long)r->head_dim);
   if (r->heads_q % r->heads_kv)
     return attn_status_set(st, ATTN_EHEADS, "heads_q (%lld) is not a multiple of heads_kv (%lld)",
                            (long long)r->heads_q, (long long)r->heads_kv);

@@ -26,12 +26,13 @@
 /* ---- checks before the lock -------------------------------------------- */
 
 /* The entries' new rows tile k and v in order, every row used once, as
- * cu_seqlens_kv would lay them out. */
+ * cu_seqlens_kv would lay them out. Whether v comes too is the sessions'
+ * to say (a latent one takes k only: fits_session). */
 static int new_rows_check(const attn_kv_call *c, attn_status *st) {
   int64_t at = 0;
   for (int64_t e = 0; e < c->nentries; e++) {
     const attn_kv_entry *en = &c->entries[e];
-    if (en->n_new < 0 || en->kv_off != at || (en->n_new > 0 && (!c->k_new || !c->v_new)))
+    if (en->n_new < 0 || en->kv_off != at || (en->n_new > 0 && !c->k_new))
       return attn_status_set(st, ATTN_EINVAL,
                              "session %lld's new keys must be rows %lld and on of k and v, "
                              "after the previous session's (not %lld + %lld)",
@@ -66,17 +67,19 @@ int attn__kv_call_check(const attn_kv_call *c, attn_status *st) {
   return rc ? rc : new_rows_check(c, st);
 }
 
-/* The new tokens of entry e are finite; their largest |k|, |v| into mx. */
+/* The new tokens of entry e are finite; their largest |k|, |v| into mx
+ * (without v, a latent session's call: v is within k, and so is its
+ * largest, the bound of the whole rows its pages hand the kernel as v). */
 static int new_tokens_check(const attn_kv_call *c, int64_t e, float mx[2], attn_status *st) {
   const attn_kv_entry *en = &c->entries[e];
   const attn_request *r = &c->req;
-  const size_t es = attn_dtype_size(r->dtype), row = (size_t)r->head_dim * es;
+  const size_t es = attn_dtype_size(r->dtype);
   mx[0] = mx[1] = 0;
-  for (int t = 0; t < 2 && en->n_new > 0; t++)
+  for (int t = 0; t < (c->v_new ? 2 : 1) && en->n_new > 0; t++)
     for (int64_t h = 0; h < r->heads_kv; h++) {
-      const char *p =
-          (const char *)(t ? c->v_new : c->k_new) + (size_t)(h * c->total_new + en->kv_off) * row;
-      float m = attn__absmax(p, r->dtype, (size_t)(en->n_new * r->head_dim));
+      const int64_t w = t ? attn_request_dv(r) : r->head_dim;
+      const char *p = attn__kv_new_rows(c, e, t, h, (size_t)w * es);
+      float m = attn__absmax(p, r->dtype, (size_t)(en->n_new * w));
       if (m < 0)
         return attn_status_set(st, ATTN_ENONFINITE,
                                "%s holds a non-finite value (NaN or infinity) in head %lld of "
@@ -84,13 +87,17 @@ static int new_tokens_check(const attn_kv_call *c, int64_t e, float mx[2], attn_
                                t ? "v" : "k", (long long)h, (long long)e);
       mx[t] = m > mx[t] ? m : mx[t];
     }
+  if (!c->v_new)
+    mx[1] = mx[0];
   return 0;
 }
 
 static int values_check(const attn_kv_call *c, float (*mx)[2], attn_status *st) {
   const attn_request *r = &c->req;
-  if (attn_dtype_size(r->dtype) == 0 || r->head_dim < 1 || r->head_dim > ATTN_MAX_HEAD_DIM)
-    return attn_status_set(st, ATTN_EINVAL, "q's dtype or head_dim is not one attnd takes");
+  if (attn_dtype_size(r->dtype) == 0 || r->head_dim < 1 || r->head_dim > ATTN_MAX_HEAD_DIM ||
+      r->head_dim_v < 0 || r->head_dim_v > ATTN_MAX_HEAD_DIM_V)
+    return attn_status_set(st, ATTN_EINVAL,
+                           "q's dtype, head_dim or head_dim_v is not one attnd takes");
   if (attn__absmax(r->q, r->dtype, (size_t)(r->heads_q * r->seq_q * r->head_dim)) < 0)
     return attn_status_set(st, ATTN_ENONFINITE,
                            "q holds a non-finite value (NaN or infinity); nothing was appended");
@@ -126,6 +133,19 @@ static int fits_session(const attn_kv_call *c, int64_t e, const kv_session *ks, 
   if (r->head_dim != sh->head_dim)
     return attn_status_set(st, ATTN_ESHAPE, "%shead_dim is %lld; session '%s' has %lld", who,
                            (long long)r->head_dim, ks->id, (long long)sh->head_dim);
+  if (attn_request_dv(r) != attn__kv_dv(sh))
+    return attn_status_set(st, ATTN_ESHAPE,
+                           "%shead_dim_v (o's and v's last dimension) is %lld; session '%s' has "
+                           "%lld",
+                           who, (long long)attn_request_dv(r), ks->id, (long long)attn__kv_dv(sh));
+  if (sh->v_from_k && c->v_new)
+    return attn_status_set(st, ATTN_ESHAPE,
+                           "%sa latent session (v_from_k) takes q and k only: v is the first Dv "
+                           "columns of k (session '%s', Dv %lld)",
+                           who, ks->id, (long long)attn__kv_dv(sh));
+  if (!sh->v_from_k && c->total_new > 0 && !c->v_new)
+    return attn_status_set(st, ATTN_EINVAL, "%snew tokens need both k and v (session '%s')", who,
+                           ks->id);
   if (c->total_new > 0 && r->heads_kv != sh->heads_kv)
     return attn_status_set(st, ATTN_ESHAPE, "%sk and v have %lld heads; session '%s' has %lld", who,
                            (long long)r->heads_kv, ks->id, (long long)sh->heads_kv);
@@ -142,11 +162,11 @@ static int fits_session(const attn_kv_call *c, int64_t e, const kv_session *ks, 
 static bool stored_equal(const attn_kv_store *s, const attn_kv_call *c, int64_t e,
                          const kv_session *ks, const kv_layer *L, char *buf) {
   const attn_kv_entry *en = &c->entries[e];
-  const size_t row = (size_t)ks->shape.head_dim * attn_dtype_size(ks->shape.dtype);
   attn_status st;
-  for (int t = 0; t < 2; t++)
+  for (int t = 0; t < attn__kv_tensors(&ks->shape); t++)
     for (int64_t h = 0; h < ks->shape.heads_kv; h++)
       for (int64_t j = 0, n; j < en->n_new; j += n) {
+        const size_t row = (size_t)attn__kv_cols(&ks->shape, t) * attn_dtype_size(ks->shape.dtype);
         n = attn__kv_span(ks, en->pos + j, en->pos + en->n_new);
         if (attn__kv_rows_get(s, ks, L, t, h, en->pos + j, n, buf, &st) ||
             memcmp(attn__kv_new_rows(c, e, t, h, row) + (size_t)j * row, buf, (size_t)n * row))
@@ -223,16 +243,23 @@ static int plan_entry(attn_kv_store *s, const attn_kv_call *c, int64_t e, kv_use
   return conflict(s, c, e, u->ks, L, st);
 }
 
-/* Entries of one call share the sessions' heads_kv: the job that computes
- * them is built for one shape. */
+/* Entries of one call share the sessions' heads_kv and how they hold v
+ * (head_dim they share with the call's): the job that computes them is
+ * built for one shape. */
 static int same_heads(int64_t e, const kv_session *first, const kv_session *ks, attn_status *st) {
-  if (ks->shape.heads_kv == first->shape.heads_kv)
-    return 0;
-  return attn_status_set(st, ATTN_ESHAPE,
-                         "sessions[%lld] ('%.40s') has heads_kv %lld and sessions[0] ('%.40s') "
-                         "%lld: the sessions of one batch must share heads_kv",
-                         (long long)e, ks->id, (long long)ks->shape.heads_kv, first->id,
-                         (long long)first->shape.heads_kv);
+  if (ks->shape.heads_kv != first->shape.heads_kv)
+    return attn_status_set(st, ATTN_ESHAPE,
+                           "sessions[%lld] ('%.40s') has heads_kv %lld and sessions[0] ('%.40s') "
+                           "%lld: the sessions of one batch must share heads_kv",
+                           (long long)e, ks->id, (long long)ks->shape.heads_kv, first->id,
+                           (long long)first->shape.heads_kv);
+  if (ks->shape.v_from_k != first->shape.v_from_k)
+    return attn_status_set(st, ATTN_ESHAPE,
+                           "sessions[%lld] ('%.40s') is %slatent and sessions[0] ('%.40s') is "
+                           "%s: the sessions of one batch must all be latent (v_from_k) or none",
+                           (long long)e, ks->id, ks->shape.v_from_k ? "" : "not ", first->id,
+                           first->shape.v_from_k ? "" : "not");
+  return 0;
 }
 
 /* Every entry's options against the engine's rules, as it would run

@@ -60,6 +60,7 @@ void attn__kv_lone_request(const attn_kv_store *s, const attn_kv_call *c, int64_
   r->batch = 1;
   r->heads_kv = ks->shape.heads_kv;
   r->head_dim = ks->shape.head_dim;
+  r->head_dim_v = attn__kv_dv(&ks->shape);
   r->seq_q = attn__kv_entry_rows(c, e);
   r->seq_kv = u->extent;
   r->cu_seqlens_q = r->cu_seqlens_kv = NULL;
@@ -67,7 +68,7 @@ void attn__kv_lone_request(const attn_kv_store *s, const attn_kv_call *c, int64_
   r->page_rows = NULL;
   r->npage_rows = 0;
   r->k_pages = (const void *const *)u->L->kp;
-  r->v_pages = (const void *const *)u->L->vp;
+  r->v_pages = (const void *const *)(u->L->vp ? u->L->vp : u->L->kp);
   r->pages_per_head = ks->pages_per_head;
   memcpy(r->kv_absmax, u->L->absmax, sizeof r->kv_absmax);
   pages_of(s, ks, r);
@@ -79,8 +80,9 @@ static bool same_double(double a, double b) { return a == b || (isnan(a) && isna
 
 static bool same_shape(const kv_session *a, const kv_session *b) {
   return a->shape.heads_kv == b->shape.heads_kv && a->shape.head_dim == b->shape.head_dim &&
-         a->shape.dtype == b->shape.dtype && a->page_tokens == b->page_tokens &&
-         a->pitch == b->pitch;
+         attn__kv_dv(&a->shape) == attn__kv_dv(&b->shape) &&
+         a->shape.v_from_k == b->shape.v_from_k && a->shape.dtype == b->shape.dtype &&
+         a->page_tokens == b->page_tokens && a->pitch == b->pitch;
 }
 
 /* Whether every entry of p has the sessions' shape of x's first entry:
@@ -105,7 +107,8 @@ static bool same_sinks(const attn_request *x, const attn_request *y) {
 static bool mergeable(const kv_pending *pa, const kv_pending *pb) {
   const attn_request *x = &pa->call->req, *y = &pb->call->req;
   return x->dtype == y->dtype && x->heads_q == y->heads_q && x->head_dim == y->head_dim &&
-         same_sinks(x, y) && same_double(x->scale, y->scale) && x->causal == y->causal &&
+         attn_request_dv(x) == attn_request_dv(y) && same_sinks(x, y) &&
+         same_double(x->scale, y->scale) && x->causal == y->causal &&
          x->window_left == y->window_left && x->window_right == y->window_right &&
          same_double(x->softcap, y->softcap) && !x->alibi_slopes && !y->alibi_slopes &&
          !x->m == !y->m && !x->l == !y->l && !x->lse == !y->lse && shapes_fit(pa, pb);
@@ -154,10 +157,11 @@ static void table_row(kv_job *j, const kv_pending *p, int64_t e, int64_t b, int6
   const kv_use *u = &p->uses[e];
   const int64_t hkv = j->req.heads_kv;
   const int64_t used = (u->extent + u->ks->page_tokens - 1) / u->ks->page_tokens;
+  void **vp = u->L->vp ? u->L->vp : u->L->kp; /* a latent session's values are its keys */
   for (int64_t h = 0; h < hkv; h++) {
     memcpy(&j->kp[(b * hkv + h) * pph], &u->L->kp[h * u->ks->pages_per_head],
            (size_t)used * sizeof *j->kp);
-    memcpy(&j->vp[(b * hkv + h) * pph], &u->L->vp[h * u->ks->pages_per_head],
+    memcpy(&j->vp[(b * hkv + h) * pph], &vp[h * u->ks->pages_per_head],
            (size_t)used * sizeof *j->vp);
   }
   const attn_request *cr = &p->call->req;
@@ -198,14 +202,16 @@ static void rows_copy(char *dst, int64_t dn, int64_t d0, const char *src, int64_
 static int job_gather(kv_job *j) {
   attn_request *r = &j->req;
   const size_t es = attn_dtype_size(r->dtype),
-               qb = (size_t)(r->heads_q * r->seq_q * r->head_dim) * es;
+               qb = (size_t)(r->heads_q * r->seq_q * r->head_dim) * es,
+               ob = (size_t)(r->heads_q * r->seq_q * attn_request_dv(r)) * es;
   const size_t sb = (size_t)(r->heads_q * r->seq_q) * sizeof(float);
-  j->buf = malloc(2 * qb + 3 * sb + 1);
+  const size_t fo = (qb + ob + sizeof(float) - 1) / sizeof(float) * sizeof(float);
+  j->buf = malloc(fo + 3 * sb + 1);
   if (!j->buf)
     return -1;
   r->q = j->buf;
   r->o = j->buf + qb;
-  float *f = (float *)(j->buf + 2 * qb);
+  float *f = (float *)(void *)(j->buf + fo);
   r->m = r->m ? f : NULL;
   r->l = r->l ? f + r->heads_q * r->seq_q : NULL;
   r->lse = r->lse ? f + 2 * r->heads_q * r->seq_q : NULL;
@@ -227,7 +233,7 @@ void attn__kv_job_scatter(const kv_job *j) {
   for (kv_pending *p = j->calls; p; p = p->next) {
     const attn_request *cr = &p->call->req;
     const int64_t n = cr->seq_q;
-    rows_copy(cr->o, n, 0, r->o, r->seq_q, row0, r->heads_q, n, (size_t)r->head_dim * es);
+    rows_copy(cr->o, n, 0, r->o, r->seq_q, row0, r->heads_q, n, (size_t)attn_request_dv(r) * es);
     float *const mine[3] = {cr->m, cr->l, cr->lse}, *const ours[3] = {r->m, r->l, r->lse};
     for (int t = 0; t < 3; t++)
       if (mine[t])
@@ -260,7 +266,7 @@ static int64_t uniform_rows(const kv_job *j) {
  * each over its own keys. 0, or -1 out of memory. */
 static int as_batch(kv_job *j, int64_t nq) {
   attn_request *r = &j->req;
-  const int64_t total = r->seq_q, B = j->nentries, d = r->head_dim;
+  const int64_t total = r->seq_q, B = j->nentries, d = r->head_dim, dv = attn_request_dv(r);
   if (!(j->used = malloc((size_t)B * sizeof *j->used)))
     return -1;
   int64_t most = 0;
@@ -268,9 +274,9 @@ static int as_batch(kv_job *j, int64_t nq) {
     j->used[b] = j->cu_kv[b + 1] - j->cu_kv[b];
     most = j->used[b] > most ? j->used[b] : most;
   }
-  const int64_t stride[3] = {nq * d, total * d, d};
+  const int64_t stride[3] = {nq * d, total * d, d}, ostride[3] = {nq * dv, total * dv, dv};
   memcpy(r->q_stride, stride, sizeof stride);
-  memcpy(r->o_stride, stride, sizeof stride);
+  memcpy(r->o_stride, ostride, sizeof ostride);
   r->seq_q = nq;
   r->seq_kv = most;
   r->seqused_kv = j->used;
@@ -289,6 +295,7 @@ static int batch_build(kv_job *j) {
       pph = q->uses[e].ks->pages_per_head > pph ? q->uses[e].ks->pages_per_head : pph;
   r->heads_kv = p->uses[0].ks->shape.heads_kv;
   r->head_dim = p->uses[0].ks->shape.head_dim;
+  r->head_dim_v = attn__kv_dv(&p->uses[0].ks->shape);
   r->batch = j->nentries;
   r->seq_q = job_rows(j);
   r->k = r->v = NULL;
@@ -312,13 +319,14 @@ static int batch_build(kv_job *j) {
 /* ---- a device job's new rows -------------------------------------------- */
 
 /* Entry e's spans (K and V, each KV head, each page touched) into out
- * (when set); how many. */
+ * (when set); how many. Only of a shape whose K and V rows are head_dim
+ * wide (page_rows' rows are). */
 static int64_t entry_spans(const attn_kv_call *c, int64_t e, const kv_use *u, attn_page_rows *out) {
   const attn_kv_entry *en = &c->entries[e];
   const kv_session *ks = u->ks;
   const size_t row = (size_t)ks->shape.head_dim * attn_dtype_size(ks->shape.dtype);
   int64_t k = 0;
-  for (int t = 0; t < 2; t++)
+  for (int t = 0; t < attn__kv_tensors(&ks->shape); t++)
     for (int64_t h = 0; h < ks->shape.heads_kv; h++)
       for (int64_t i = 0, n; i < en->n_new; i += n, k++) {
         n = attn__kv_span(ks, en->pos + i, en->pos + en->n_new);
@@ -340,8 +348,12 @@ static int64_t job_spans(const kv_job *j, attn_page_rows *out) {
 }
 
 /* A device job's new rows into its request, which writes them before it
- * reads its pages; 0, or -1 out of memory. */
+ * reads its pages; 0, or -1 out of memory. Not for values of a head dim of
+ * their own: page_rows are not taken with head_dim_v (their rows would be
+ * two widths), and such a job's rows are the caller's to write. */
 static int rows_build(kv_job *j) {
+  if (attn_request_dv(&j->req) != j->req.head_dim)
+    return 0;
   const int64_t n = job_spans(j, NULL);
   if (n == 0)
     return 0;

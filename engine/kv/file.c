@@ -62,8 +62,8 @@ void attn__kvf_file_name(const char *tenant, const char *id, char *buf, size_t c
   snprintf(buf, cap, "%s@%s.kv", tenant, id);
 }
 
-size_t attn__kvf_row_bytes(const attn_kv_shape *sh) {
-  return (size_t)sh->head_dim * attn_dtype_size(sh->dtype);
+size_t attn__kvf_row_bytes(const attn_kv_shape *sh, int t) {
+  return (size_t)attn__kv_cols(sh, t) * attn_dtype_size(sh->dtype);
 }
 
 int attn__kvf_ctx_open(const attn_kv_store *s, const char *dir, kvf_ctx **pc, attn_status *st) {

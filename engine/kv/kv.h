@@ -34,7 +34,8 @@ extern "C" {
  * store opens; a session reserves the pages of its whole max_tokens when it
  * is made, so an append never fails for memory and no session is evicted
  * for another. A page holds page_tokens tokens of one (session, layer, KV
- * head), of K or of V.
+ * head), of K or of V; a latent session (v_from_k) has K pages only, and
+ * reserves half the pages of one that stores both.
  *
  * Sessions are named by (tenant, id): each tenant is a namespace of its own.
  * Every function may be called from any thread. Times are attn_now()
@@ -59,7 +60,8 @@ typedef struct attn_kv_shape {
   int64_t max_tokens; /* >= 1, per layer */
 } attn_kv_shape;
 
-/* What a session is now (attn_kv_get, attn_kv_list). */
+/* What a session is now (attn_kv_get, attn_kv_list); its shape's
+ * head_dim_v is set (Dv, never 0). */
 typedef struct attn_kv_info {
   char id[ATTN_KV_ID_MAX + 1];
   attn_kv_shape shape;
@@ -113,7 +115,9 @@ uint64_t attn_kv_reserve_bytes(const attn_kv_store *s, const attn_kv_shape *sh);
 /* Makes session (tenant, id), or finds it made with the same shape and ttl
  * (*created false: a retried create). ESESSION_EXISTS when it exists with
  * other parameters, ESESSION_MEMORY when its reservation does not fit,
- * EINVAL for a bad id or shape. */
+ * EINVAL for a bad id or shape, EUNSUPPORTED for a shape the backend that
+ * computes the store's calls cannot compute (a device's kernels: their
+ * largest head dim, which max(head_dim, head_dim_v) must fit). */
 int attn_kv_create(attn_kv_store *s, const char *tenant, const char *id, const attn_kv_shape *sh,
                    double ttl_s, double now, bool *created, attn_status *st);
 /* Its info and each layer's length (lengths: cap entries, may be NULL).
@@ -154,17 +158,21 @@ uint64_t attn_kv_tenant_reserved(attn_kv_store *s, const char *tenant);
  * sessions (a model runner's batch), all or nothing.
  *
  * req carries what a stateless request would: q [Hq, Nq, D] (one entry) or
- * q packed [Hq, total_q, D] with cu_seqlens_q (several), o and the optional
- * statistics laid out the same way, dtype, and the options (scale, causal,
- * windows, softcap, alibi_slopes, cancel). Its k, v, seq_kv, batch,
- * heads_kv, head_dim and cu_seqlens_kv are the store's to fill; diag_offset
- * must be ATTN_DIAG_AUTO (off = pos + n_new - Nq per entry).
+ * q packed [Hq, total_q, D] with cu_seqlens_q (several), o [Hq, Nq, Dv]
+ * and the optional statistics laid out the same way, dtype, head_dim and
+ * head_dim_v (the sessions': 0 for Dv = D), and the options (scale,
+ * causal, windows, softcap, alibi_slopes, cancel). Its k, v, seq_kv,
+ * batch, heads_kv and cu_seqlens_kv are the store's to fill; diag_offset
+ * must be ATTN_DIAG_AUTO (off = pos + n_new - Nq per entry). The sessions
+ * of one call share heads_kv, head_dim, head_dim_v and v_from_k.
  *
- * Entry e's new keys are rows [kv_off[e], kv_off[e] + n_new[e]) of k_new
- * and v_new, [Hkv, total_new, D] contiguous in the session's dtype (n_new
- * 0: attend over the layer's whole length; pos is then ignored). The
- * entries' rows follow one another from row 0 and use every row, as
- * cu_seqlens_kv would lay them out.
+ * Entry e's new keys are rows [kv_off[e], kv_off[e] + n_new[e]) of k_new,
+ * [Hkv, total_new, D], and its values the same rows of v_new, [Hkv,
+ * total_new, Dv], both contiguous in the session's dtype (n_new 0: attend
+ * over the layer's whole length; pos is then ignored). The entries' rows
+ * follow one another from row 0 and use every row, as cu_seqlens_kv would
+ * lay them out. A latent session's call sends k only: v_new must be NULL
+ * (its values are the first Dv columns of k_new's rows).
  */
 typedef struct attn_kv_entry {
   const char *id;

@@ -52,7 +52,8 @@ typedef struct kv_layer {
   bool writing;    /* an append's rows are being copied in, outside the lock */
   bool cut;        /* truncated below that append meanwhile: it publishes no length */
   float absmax[2]; /* largest |k| and |v| stored (never lowered by a truncate) */
-  /* Page tables, [heads_kv][pages_per_head]: NULL past npages. */
+  /* Page tables, [heads_kv][pages_per_head]: NULL past npages. A latent
+   * session's vp is NULL: its values are its K pages' rows. */
   void **kp, **vp;
 } kv_layer;
 
@@ -140,11 +141,31 @@ struct attn_kv_store {
 /* Pages on a device pad each row to a multiple of this many elements, as
  * the kernels read them (16-byte aligned rows, padding zero). */
 #define KV_DEVICE_ALIGN 8
-/* Elements from one row of a page to the next: head_dim in host memory,
- * padded on a device. */
+/* The widest row a page may hold: max(head_dim, head_dim_v) at most. */
+#define KV_WIDEST \
+  (ATTN_MAX_HEAD_DIM > ATTN_MAX_HEAD_DIM_V ? ATTN_MAX_HEAD_DIM : ATTN_MAX_HEAD_DIM_V)
+/* A shape's value head dim Dv; the width W = max(head_dim, Dv) of its
+ * pages' rows, K's and V's alike (each zero past its own width, so one
+ * engine request of head dim W computes it: engine.h, k_pages); the
+ * columns of a row of K (t 0) or V (t 1) as a call sends them and a file
+ * holds them; how many tensors it stores (a latent session: K only). */
+int64_t attn__kv_dv(const attn_kv_shape *sh);
+int64_t attn__kv_width(const attn_kv_shape *sh);
+int64_t attn__kv_cols(const attn_kv_shape *sh, int t);
+int attn__kv_tensors(const attn_kv_shape *sh);
+/* Elements from one row of a page to the next: W in host memory, padded
+ * on a device. */
 int64_t attn__kv_pitch(const attn_kv_store *s, const attn_kv_shape *sh);
-/* Tokens a page holds for this shape: a multiple of ATTN_PAGE_MIN_TOKENS. */
+/* Tokens a page holds for this shape: a multiple of ATTN_PAGE_MIN_TOKENS
+ * (0: its rows are too wide for a page). */
 int64_t attn__kv_page_tokens(const attn_kv_store *s, const attn_kv_shape *sh);
+/* A shape within the limits a create takes: 0, or EINVAL (EDTYPE) with
+ * what is wrong. */
+int attn__kv_shape_check(const attn_kv_shape *sh, attn_status *st);
+/* Whether the store can hold and compute sessions of a valid shape: its
+ * rows fit a page, and the backend that computes its calls takes their
+ * head dim; 0 or EUNSUPPORTED with the reason. */
+int attn__kv_computable(attn_kv_store *s, const attn_kv_shape *sh, attn_status *st);
 /* The live session (tenant, id) at now, or NULL. */
 kv_session *attn__kv_find(attn_kv_store *s, const char *tenant, const char *id, double now);
 /* A new session in the table, its reservation taken and its tables made, or
@@ -156,16 +177,17 @@ kv_session *attn__kv_insert(attn_kv_store *s, const char *tenant, const char *id
 void attn__kv_remove(attn_kv_store *s, const char *tenant, const char *id);
 /* Takes pages until layer L of ks has room for `tokens` tokens. */
 void attn__kv_grow(attn_kv_store *s, kv_session *ks, kv_layer *L, int64_t tokens);
-/* Where row j of KV head hk of L's K (t 0) or V (t 1) lies (a device
- * address for pages on a device). */
+/* Where row j of KV head hk of L's K (t 0) or V (t 1; a latent session's
+ * K) lies (a device address for pages on a device). */
 char *attn__kv_row_at(const kv_session *ks, const kv_layer *L, int t, int64_t hk, int64_t j);
 /* Rows from j that lie in j's page, up to end: a span of rows one copy
  * moves. */
 int64_t attn__kv_span(const kv_session *ks, int64_t j, int64_t end);
 /* Rows [j, j + n) (in one page) of KV head hk of a layer's K (t 0) or V
- * (t 1), written from src or read into dst (rows of head_dim elements,
- * packed): memcpy for host pages, a copy to or from the device for others;
- * 0 or the device's error. */
+ * (t 1), written from src or read into dst (rows of attn__kv_cols
+ * elements, packed; written, the rest of the page's row zeroed): memcpy
+ * for host pages, a copy to or from the device for others; 0 or the
+ * device's error (or ENOMEM). */
 int attn__kv_rows_put(const attn_kv_store *s, const kv_session *ks, const kv_layer *L, int t,
                       int64_t hk, int64_t j, int64_t n, const void *src, attn_status *st);
 int attn__kv_rows_get(const attn_kv_store *s, const kv_session *ks, const kv_layer *L, int t,
@@ -195,7 +217,7 @@ void attn__kv_job_free(kv_job *j);
  * at once (ATTN_KV_LATER) or refused (an error); the parked calls that
  * can go on now, admitted or refused into a; whether an admitted call
  * appends; the end of every use of an admitted call. Entry e's new rows
- * of KV head h of K (t 0) or V (t 1). */
+ * of KV head h of K (t 0) or V (t 1), rows of `row` bytes. */
 int attn__kv_call_check(const attn_kv_call *c, attn_status *st);
 kv_pending *attn__kv_pending_new(attn_kv_call *call, attn_done_fn done, void *arg, double now,
                                  attn_status *st);

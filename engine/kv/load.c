@@ -41,7 +41,8 @@
 static uint64_t data_bytes(const kvf_header *h) {
   uint64_t n = 0;
   for (int64_t l = 0; l < h->shape.layers; l++)
-    n += 2 * (uint64_t)h->shape.heads_kv * (uint64_t)h->length[l] * attn__kvf_row_bytes(&h->shape);
+    for (int t = 0; t < attn__kv_tensors(&h->shape); t++)
+      n += (uint64_t)h->shape.heads_kv * (uint64_t)h->length[l] * attn__kvf_row_bytes(&h->shape, t);
   return n;
 }
 
@@ -136,21 +137,16 @@ static double getd(const unsigned char *p) {
  * page size a store could have had. */
 static int shape_ok(const kvf_header *h, char *why) {
   const attn_kv_shape *sh = &h->shape;
-  if (sh->heads_kv < 1 || sh->heads_kv > 4096 || sh->head_dim < 1 ||
-      sh->head_dim > ATTN_MAX_HEAD_DIM || sh->layers < 1 || sh->layers > ATTN_KV_MAX_LAYERS ||
-      sh->max_tokens < 1 || sh->max_tokens > ((int64_t)1 << 30))
-    return why_set(why,
-                   "its shape (heads_kv %lld, head_dim %lld, layers %lld, max_tokens %lld) is "
-                   "not one a session can have",
-                   (long long)sh->heads_kv, (long long)sh->head_dim, (long long)sh->layers,
-                   (long long)sh->max_tokens);
+  attn_status e;
+  if (attn__kv_shape_check(sh, &e))
+    return why_set(why, "its shape is not one a session can have: %.150s", e.message);
   if (!(h->ttl_s > 0 && h->ttl_s <= 1e9) || !(h->left_s > 0 && h->left_s <= h->ttl_s))
     return why_set(why, "its ttl_s (%g) or the seconds left of it (%g) are out of range", h->ttl_s,
                    h->left_s);
   /* a store of any page size reads a file, but a page holds a multiple of
    * ATTN_PAGE_MIN_TOKENS rows, at most a host page's (a device pads rows) */
-  int64_t host = (int64_t)(ATTN_KV_PAGE_BYTES / attn__kvf_row_bytes(sh)) / ATTN_PAGE_MIN_TOKENS *
-                 ATTN_PAGE_MIN_TOKENS;
+  const size_t wide = (size_t)attn__kv_width(sh) * attn_dtype_size(sh->dtype);
+  int64_t host = (int64_t)(ATTN_KV_PAGE_BYTES / wide) / ATTN_PAGE_MIN_TOKENS * ATTN_PAGE_MIN_TOKENS;
   if (h->page_tokens < ATTN_PAGE_MIN_TOKENS || h->page_tokens > host ||
       h->page_tokens % ATTN_PAGE_MIN_TOKENS)
     return why_set(why, "its page_tokens (%lld) is not one a store can have for its shape",
@@ -167,14 +163,14 @@ static bool dtype_padded(const unsigned char *b) {
   return true;
 }
 
-/* The header's first KVF_FIXED bytes: the format, the sizes, the shape. */
+/* The bytes before the tenant in a file of version v (1 or 2). */
+static uint32_t fixed_bytes(uint32_t v) { return v == 1 ? KVF_FIXED_V1 : KVF_FIXED; }
+
+/* The header's first fixed_bytes: the format, the sizes, the shape (a
+ * file of version 1 holds sessions whose v is as wide as k). */
 static int fixed_parse(const unsigned char *b, kvf_header *h, uint32_t *tl, uint32_t *il,
                        char *why) {
-  if (memcmp(b, KVF_MAGIC, 8))
-    return why_set(why, "it is not a session file (it does not start with ATTNKV1)");
-  if (get32(b + 8) != KVF_VERSION)
-    return why_set(why, "it is format version %u; this attnd reads version %u", get32(b + 8),
-                   KVF_VERSION);
+  const uint32_t v = get32(b + 8);
   h->bytes = get32(b + 12);
   *tl = get32(b + 16);
   *il = get32(b + 20);
@@ -189,11 +185,16 @@ static int fixed_parse(const unsigned char *b, kvf_header *h, uint32_t *tl, uint
   h->page_tokens = get64(b + 64);
   h->ttl_s = getd(b + 72);
   h->left_s = getd(b + 80);
+  h->shape.head_dim_v = v == 1 ? h->shape.head_dim : get64(b + 88);
+  const int64_t from_k = v == 1 ? 0 : get64(b + 96);
+  if (from_k != 0 && from_k != 1)
+    return why_set(why, "its v_from_k (%lld) is not 0 or 1", (long long)from_k);
+  h->shape.v_from_k = from_k == 1;
   if (*tl > ATTN_KV_TENANT_MAX || *il < 1 || *il > ATTN_KV_ID_MAX)
     return why_set(why, "its tenant (%u bytes) or id (%u bytes) is too long", *tl, *il);
   if (shape_ok(h, why))
     return -1;
-  if (h->bytes != KVF_FIXED + *tl + *il + KVF_LAYER * (uint32_t)h->shape.layers)
+  if (h->bytes != fixed_bytes(v) + *tl + *il + KVF_LAYER * (uint32_t)h->shape.layers)
     return why_set(why, "its header's size (%u bytes) is not that of its fields", h->bytes);
   return 0;
 }
@@ -221,6 +222,8 @@ static int layers_parse(const unsigned char *b, kvf_header *h, char *why) {
   for (int64_t l = 0; l < h->shape.layers; l++, b += KVF_LAYER) {
     h->length[l] = get64(b);
     memcpy(h->absmax[l], b + 8, sizeof h->absmax[l]);
+    if (h->shape.v_from_k) /* its v is its k's rows, whatever the file says */
+      h->absmax[l][1] = h->absmax[l][0];
     if (h->length[l] < 0 || h->length[l] > h->shape.max_tokens)
       return why_set(why, "layer %lld's length (%lld) is not 0 to max_tokens (%lld)", (long long)l,
                      (long long)h->length[l], (long long)h->shape.max_tokens);
@@ -232,23 +235,46 @@ static int layers_parse(const unsigned char *b, kvf_header *h, char *why) {
   return 0;
 }
 
+/* The magic and the version, from the header's first bytes: its fixed
+ * bytes, or 0 with why set. */
+static uint32_t format_of(const unsigned char *b, char *why) {
+  if (memcmp(b, KVF_MAGIC, 8)) {
+    why_set(why, "it is not a session file (it does not start with ATTNKV1)");
+    return 0;
+  }
+  const uint32_t v = get32(b + 8);
+  if (v != 1 && v != KVF_VERSION) {
+    why_set(why, "it is format version %u; this attnd reads versions 1 and %u", v, KVF_VERSION);
+    return 0;
+  }
+  return fixed_bytes(v);
+}
+
 /* The header into c->h, checked, and against the file's size. */
 static int header_read(kvf_ctx *c, kvf_in *in, uint64_t size, const char *name, char *why) {
-  uint32_t tl = 0, il = 0;
-  if (size < KVF_FIXED)
+  uint32_t tl = 0, il = 0, fixed;
+  memset(&c->h.shape, 0, sizeof c->h.shape);
+  if (size < KVF_FIXED_V1)
     return why_set(why, "it is %llu bytes, shorter than a header (truncated?)",
                    (unsigned long long)size);
-  if (!in_get(in, c->head, KVF_FIXED))
+  if (!in_get(in, c->head, KVF_FIXED_V1))
+    return ends_early(in, why);
+  if (!(fixed = format_of(c->head, why)))
+    return -1;
+  if (size < fixed)
+    return why_set(why, "it is %llu bytes, shorter than a header (truncated?)",
+                   (unsigned long long)size);
+  if (!in_get(in, c->head + KVF_FIXED_V1, fixed - KVF_FIXED_V1))
     return ends_early(in, why);
   if (fixed_parse(c->head, &c->h, &tl, &il, why))
     return -1;
   if (size < c->h.bytes)
     return why_set(why, "it is %llu bytes, shorter than its header (truncated?)",
                    (unsigned long long)size);
-  if (!in_get(in, c->head + KVF_FIXED, c->h.bytes - KVF_FIXED))
+  if (!in_get(in, c->head + fixed, c->h.bytes - fixed))
     return ends_early(in, why);
-  if (names_parse(c->head + KVF_FIXED, tl, il, &c->h, name, why) ||
-      layers_parse(c->head + KVF_FIXED + tl + il, &c->h, why))
+  if (names_parse(c->head + fixed, tl, il, &c->h, name, why) ||
+      layers_parse(c->head + fixed + tl + il, &c->h, why))
     return -1;
   uint64_t want = c->h.bytes + data_bytes(&c->h) + KVF_TRAILER;
   if (size != want)
@@ -263,7 +289,7 @@ static int header_read(kvf_ctx *c, kvf_in *in, uint64_t size, const char *name, 
  * row stored (a file's rows past it would compute on unchecked values). */
 static int rows_check(const void *p, const kvf_header *h, int64_t l, int t, int64_t hk, int64_t j,
                       int64_t n, char *why) {
-  float m = attn__absmax(p, h->shape.dtype, (size_t)(n * h->shape.head_dim));
+  float m = attn__absmax(p, h->shape.dtype, (size_t)(n * attn__kv_cols(&h->shape, t)));
   if (m < 0)
     return why_set(why, "layer %lld's %c, head %lld, rows %lld to %lld, holds a non-finite value",
                    (long long)l, t ? 'v' : 'k', (long long)hk, (long long)j, (long long)(j + n));
@@ -281,15 +307,15 @@ static int rows_check(const void *p, const kvf_header *h, int64_t l, int t, int6
  * once the checksum matches: a damaged file is said to be damaged. */
 static int rows_read(attn_kv_store *s, kvf_ctx *c, kv_session *ks, kvf_in *in, const kvf_header *h,
                      char *why) {
-  const size_t row = attn__kvf_row_bytes(&ks->shape);
   attn_status st;
   char bad[KVF_WHY] = "";
   for (int64_t l = 0; l < ks->shape.layers; l++) {
     kv_layer *L = &ks->layers[l];
     attn__kv_grow(s, ks, L, h->length[l]);
     for (int64_t hk = 0; hk < ks->shape.heads_kv; hk++)
-      for (int t = 0; t < 2; t++)
+      for (int t = 0; t < attn__kv_tensors(&ks->shape); t++)
         for (int64_t j = 0, n; j < h->length[l]; j += n) {
+          const size_t row = attn__kvf_row_bytes(&ks->shape, t);
           n = attn__kv_span(ks, j, h->length[l]);
           if (!in_get(in, c->page, (size_t)n * row))
             return ends_early(in, why);
@@ -326,6 +352,8 @@ static int session_read(attn_kv_store *s, kvf_ctx *c, kvf_in *in, double now, ch
   kv_session *ks;
   int r = 1;
   double ttl = fmin(h->ttl_s, c->ttl_max);
+  if (attn__kv_computable(s, &h->shape, &e))
+    return why_set(why, "%.190s", e.message);
   pthread_mutex_lock(&s->mu);
   if (attn__kv_find(s, h->tenant, h->id, now)) {
     why_set(why, "the store holds session '%s' already", h->id);

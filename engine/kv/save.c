@@ -44,11 +44,13 @@ static void header_encode(const kvf_header *h, unsigned char *buf) {
   int64_t i[5] = {h->shape.heads_kv, h->shape.head_dim, h->shape.layers, h->shape.max_tokens,
                   h->page_tokens};
   double d[2] = {h->ttl_s, h->left_s};
+  int64_t v[2] = {attn__kv_dv(&h->shape), h->shape.v_from_k};
   unsigned char *p = put(buf, KVF_MAGIC, 8);
   p = put(p, u, sizeof u);
   p = put(p, dt, sizeof dt);
   p = put(p, i, sizeof i);
   p = put(p, d, sizeof d);
+  p = put(p, v, sizeof v);
   p = put(p, h->tenant, u[2]);
   p = put(p, h->id, u[3]);
   for (int64_t l = 0; l < h->shape.layers; l++) {
@@ -72,7 +74,7 @@ static void out_put(kvf_out *o, const void *p, size_t n) {
  * time: never the unused rest of a page, nor a device page's padding. */
 static void rows_put(kvf_out *o, kvf_ctx *c, const kv_session *ks, const kv_layer *L, int t,
                      int64_t hk) {
-  const size_t row = attn__kvf_row_bytes(&ks->shape);
+  const size_t row = attn__kvf_row_bytes(&ks->shape, t);
   attn_status st;
   for (int64_t j = 0, n; j < L->length && !o->lost; j += n) {
     n = attn__kv_span(ks, j, L->length);
@@ -97,7 +99,7 @@ static int session_write(kvf_ctx *c, const kv_session *ks, double now, int fd) {
   out_put(&o, c->head, c->h.bytes);
   for (int64_t l = 0; l < ks->shape.layers; l++)
     for (int64_t hk = 0; hk < ks->shape.heads_kv; hk++)
-      for (int t = 0; t < 2; t++)
+      for (int t = 0; t < attn__kv_tensors(&ks->shape); t++)
         rows_put(&o, c, ks, &ks->layers[l], t, hk);
   uint64_t sum = attn__kvf_hash_end(&o.hash);
   fwrite(&sum, 1, sizeof sum, o.f);

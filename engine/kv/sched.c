@@ -206,10 +206,10 @@ static int store_entry(const attn_kv_store *s, const attn_kv_call *c, int64_t e,
                        attn_status *st) {
   const attn_kv_entry *en = &c->entries[e];
   const kv_session *ks = u->ks;
-  const size_t row = (size_t)ks->shape.head_dim * attn_dtype_size(ks->shape.dtype);
-  for (int t = 0; t < 2; t++)
+  for (int t = 0; t < attn__kv_tensors(&ks->shape); t++)
     for (int64_t h = 0; h < ks->shape.heads_kv; h++)
       for (int64_t j = 0, n; j < en->n_new; j += n) {
+        const size_t row = (size_t)attn__kv_cols(&ks->shape, t) * attn_dtype_size(ks->shape.dtype);
         n = attn__kv_span(ks, en->pos + j, en->pos + en->n_new);
         int rc = attn__kv_rows_put(s, ks, u->L, t, h, en->pos + j, n,
                                    attn__kv_new_rows(c, e, t, h, row) + (size_t)j * row, st);
@@ -332,7 +332,8 @@ static int job_request(kv_job *j, attn_status *st) {
     return attn_status_set(st, ATTN_ENOMEM, "out of memory batching calls");
   if (b == -2)
     return attn_status_set(st, ATTN_ESHAPE,
-                           "the sessions of one job must share heads_kv, head_dim and dtype");
+                           "the sessions of one job must share heads_kv, head_dim, head_dim_v, "
+                           "v_from_k and dtype");
   return 0;
 }
 

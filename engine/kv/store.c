@@ -3,6 +3,7 @@
  * made with their reservation, found by (tenant, id), expired by TTL,
  * truncated, deleted; and a layer's rows in its pages.
  */
+#include "handle.h"
 #include "kv_int.h"
 
 #include <stdio.h>
@@ -49,7 +50,7 @@ static void session_free(attn_kv_store *s, kv_session *ks) {
     for (int64_t i = 0; L->kp && i < ks->shape.heads_kv * ks->pages_per_head; i++) {
       if (L->kp[i])
         attn__kvpages_give(&s->pages, L->kp[i]);
-      if (L->vp[i])
+      if (L->vp && L->vp[i])
         attn__kvpages_give(&s->pages, L->vp[i]);
     }
     free(L->kp);
@@ -76,9 +77,22 @@ void attn_kv_close(attn_kv_store *s) {
   free(s);
 }
 
+int64_t attn__kv_dv(const attn_kv_shape *sh) {
+  return sh->head_dim_v ? sh->head_dim_v : sh->head_dim;
+}
+
+int64_t attn__kv_width(const attn_kv_shape *sh) {
+  const int64_t dv = attn__kv_dv(sh);
+  return dv > sh->head_dim ? dv : sh->head_dim;
+}
+
+int64_t attn__kv_cols(const attn_kv_shape *sh, int t) { return t ? attn__kv_dv(sh) : sh->head_dim; }
+
+int attn__kv_tensors(const attn_kv_shape *sh) { return sh->v_from_k ? 1 : 2; }
+
 int64_t attn__kv_pitch(const attn_kv_store *s, const attn_kv_shape *sh) {
-  return s->pages.dev ? (sh->head_dim + KV_DEVICE_ALIGN - 1) / KV_DEVICE_ALIGN * KV_DEVICE_ALIGN
-                      : sh->head_dim;
+  const int64_t w = attn__kv_width(sh);
+  return s->pages.dev ? (w + KV_DEVICE_ALIGN - 1) / KV_DEVICE_ALIGN * KV_DEVICE_ALIGN : w;
 }
 
 int64_t attn__kv_page_tokens(const attn_kv_store *s, const attn_kv_shape *sh) {
@@ -89,24 +103,40 @@ int64_t attn__kv_page_tokens(const attn_kv_store *s, const attn_kv_shape *sh) {
 
 static int64_t pages_per_head(const attn_kv_store *s, const attn_kv_shape *sh) {
   int64_t pt = attn__kv_page_tokens(s, sh);
-  return (sh->max_tokens + pt - 1) / pt;
+  return pt ? (sh->max_tokens + pt - 1) / pt : 0; /* 0: too wide, refused (attn__kv_computable) */
 }
 
 static int64_t reserve_pages(const attn_kv_store *s, const attn_kv_shape *sh) {
-  return 2 * sh->layers * sh->heads_kv * pages_per_head(s, sh);
+  return attn__kv_tensors(sh) * sh->layers * sh->heads_kv * pages_per_head(s, sh);
 }
 
 uint64_t attn_kv_reserve_bytes(const attn_kv_store *s, const attn_kv_shape *sh) {
   return (uint64_t)reserve_pages(s, sh) * ATTN_KV_PAGE_BYTES;
 }
 
-static int shape_check(const attn_kv_shape *sh, attn_status *st) {
+/* head_dim_v, and a latent session's v within its k. */
+static int dv_check(const attn_kv_shape *sh, attn_status *st) {
+  if (sh->head_dim_v < 0 || sh->head_dim_v > ATTN_MAX_HEAD_DIM_V)
+    return attn_status_set(st, ATTN_EINVAL, "head_dim_v must be 1 to %d (or 0: head_dim), not %lld",
+                           ATTN_MAX_HEAD_DIM_V, (long long)sh->head_dim_v);
+  if (sh->v_from_k && (sh->head_dim_v < 1 || sh->head_dim_v > sh->head_dim))
+    return attn_status_set(st, ATTN_EINVAL,
+                           "a latent session (v_from_k) takes v as the first head_dim_v columns "
+                           "of k: head_dim_v must be 1 to head_dim %lld, not %lld",
+                           (long long)sh->head_dim, (long long)sh->head_dim_v);
+  return 0;
+}
+
+int attn__kv_shape_check(const attn_kv_shape *sh, attn_status *st) {
   if (sh->heads_kv < 1 || sh->heads_kv > 4096)
     return attn_status_set(st, ATTN_EINVAL, "heads_kv must be 1 to 4096, not %lld",
                            (long long)sh->heads_kv);
   if (sh->head_dim < 1 || sh->head_dim > ATTN_MAX_HEAD_DIM)
     return attn_status_set(st, ATTN_EINVAL, "head_dim must be 1 to %d, not %lld", ATTN_MAX_HEAD_DIM,
                            (long long)sh->head_dim);
+  int rc = dv_check(sh, st);
+  if (rc)
+    return rc;
   if (attn_dtype_size(sh->dtype) == 0)
     return attn_status_set(st, ATTN_EDTYPE, "dtype must be F32, F16 or BF16");
   if (sh->layers < 1 || sh->layers > ATTN_KV_MAX_LAYERS)
@@ -116,6 +146,46 @@ static int shape_check(const attn_kv_shape *sh, attn_status *st) {
     return attn_status_set(st, ATTN_EINVAL, "max_tokens must be 1 to %lld, not %lld",
                            (long long)1 << 30, (long long)sh->max_tokens);
   return 0;
+}
+
+/* A probe of the job a call of this shape runs as, once dv.c has padded
+ * it (head dim W, the pages passed through): the backend that computes
+ * the store's calls must take it, or sessions of this shape could be made
+ * whose every call fails. A device's kernels reach a smaller head dim than
+ * the cpu's. */
+int attn__kv_computable(attn_kv_store *s, const attn_kv_shape *sh, attn_status *st) {
+  if (attn__kv_page_tokens(s, sh) == 0)
+    return attn_status_set(st, ATTN_EUNSUPPORTED,
+                           "a session page of %zu bytes holds fewer than %d rows of %lld %s "
+                           "elements (max(head_dim, head_dim_v), as this store pads them): "
+                           "too wide for a session",
+                           ATTN_KV_PAGE_BYTES, ATTN_PAGE_MIN_TOKENS,
+                           (long long)attn__kv_pitch(s, sh), attn_dtype_name(sh->dtype));
+  if (!s->engine || !s->pages.base)
+    return 0; /* no pages: no session of any shape */
+  static const float zeros[2 * KV_WIDEST];
+  const void *page = s->pages.base;
+  attn_request r;
+  attn_request_init(&r);
+  r.batch = r.heads_q = r.heads_kv = r.seq_q = r.seq_kv = 1;
+  r.head_dim = attn__kv_width(sh);
+  r.dtype = sh->dtype;
+  r.q = zeros;
+  r.o = (void *)(uintptr_t)(zeros + KV_WIDEST); /* never written: only checked */
+  r.k_pages = r.v_pages = &page;
+  r.page_tokens = attn__kv_page_tokens(s, sh);
+  r.pages_per_head = 1;
+  r.page_pitch = s->pages.dev ? attn__kv_pitch(s, sh) : 0;
+  r.backend = s->pages.dev ? s->pages.dev->ops.name : "cpu";
+  attn_status why;
+  const attn_backend *be;
+  if (attn_request_validate(&r, &why) == 0 && attn__engine_pick(s->engine, &r, &be, &why) == 0)
+    return 0;
+  return attn_status_set(st, ATTN_EUNSUPPORTED,
+                         "this server computes sessions on %s, which cannot take head_dim %lld "
+                         "with head_dim_v %lld (a head dim of %lld): %s",
+                         r.backend, (long long)sh->head_dim, (long long)attn__kv_dv(sh),
+                         (long long)r.head_dim, why.message);
 }
 
 static unsigned bucket_of(const char *tenant, const char *id) {
@@ -176,15 +246,17 @@ kv_session *attn__kv_find(attn_kv_store *s, const char *tenant, const char *id, 
   return *pp;
 }
 
+/* The layers and their page tables (a latent session's: K's only). */
 static int layers_alloc(kv_session *ks) {
   const size_t n = (size_t)(ks->shape.heads_kv * ks->pages_per_head);
   ks->layers = calloc((size_t)ks->shape.layers, sizeof *ks->layers);
   if (!ks->layers)
     return -1;
   for (int64_t l = 0; l < ks->shape.layers; l++) {
-    ks->layers[l].kp = calloc(n, sizeof(void *));
-    ks->layers[l].vp = calloc(n, sizeof(void *));
-    if (!ks->layers[l].kp || !ks->layers[l].vp)
+    kv_layer *L = &ks->layers[l];
+    L->kp = calloc(n, sizeof(void *));
+    L->vp = ks->shape.v_from_k ? NULL : calloc(n, sizeof(void *));
+    if (!L->kp || (!L->vp && !ks->shape.v_from_k))
       return -1;
   }
   return 0;
@@ -211,6 +283,7 @@ kv_session *attn__kv_insert(attn_kv_store *s, const char *tenant, const char *id
     snprintf(ks->tenant, sizeof ks->tenant, "%s", tenant);
     snprintf(ks->id, sizeof ks->id, "%s", id);
     ks->shape = *sh;
+    ks->shape.head_dim_v = attn__kv_dv(sh); /* what attn_kv_info reports: set, never 0 */
     ks->ttl_s = ttl_s;
     ks->expires = now + ttl_s;
     ks->page_tokens = attn__kv_page_tokens(s, sh);
@@ -237,17 +310,20 @@ kv_session *attn__kv_insert(attn_kv_store *s, const char *tenant, const char *id
 
 static bool same_params(const kv_session *ks, const attn_kv_shape *sh, double ttl_s) {
   const attn_kv_shape *a = &ks->shape;
-  return a->heads_kv == sh->heads_kv && a->head_dim == sh->head_dim && a->dtype == sh->dtype &&
-         a->layers == sh->layers && a->max_tokens == sh->max_tokens && ks->ttl_s == ttl_s;
+  return a->heads_kv == sh->heads_kv && a->head_dim == sh->head_dim &&
+         attn__kv_dv(a) == attn__kv_dv(sh) && a->v_from_k == sh->v_from_k &&
+         a->dtype == sh->dtype && a->layers == sh->layers && a->max_tokens == sh->max_tokens &&
+         ks->ttl_s == ttl_s;
 }
 
 static int exists_error(const kv_session *ks, attn_status *st) {
   const attn_kv_shape *a = &ks->shape;
   return attn_status_set(st, ATTN_ESESSION_EXISTS,
                          "session '%s' exists with other parameters (heads_kv %lld, head_dim "
-                         "%lld, dtype %s, layers %lld, max_tokens %lld, ttl_s %g); delete it "
-                         "first, or use another id",
+                         "%lld, head_dim_v %lld%s, dtype %s, layers %lld, max_tokens %lld, ttl_s "
+                         "%g); delete it first, or use another id",
                          ks->id, (long long)a->heads_kv, (long long)a->head_dim,
+                         (long long)attn__kv_dv(a), a->v_from_k ? " (v_from_k)" : "",
                          attn_dtype_name(a->dtype), (long long)a->layers, (long long)a->max_tokens,
                          ks->ttl_s);
 }
@@ -268,7 +344,9 @@ int attn_kv_create(attn_kv_store *s, const char *tenant, const char *id, const a
                    double ttl_s, double now, bool *created, attn_status *st) {
   int rc = attn_kv_id_check(id, strlen(id), st);
   if (rc == 0)
-    rc = shape_check(sh, st);
+    rc = attn__kv_shape_check(sh, st);
+  if (rc == 0)
+    rc = attn__kv_computable(s, sh, st);
   if (rc == 0 && !(ttl_s > 0 && ttl_s <= 1e9))
     rc = attn_status_set(st, ATTN_EINVAL, "ttl_s must be a number of seconds above 0");
   if (rc)
@@ -339,8 +417,11 @@ static void shrink(attn_kv_store *s, kv_session *ks, kv_layer *L) {
     for (int64_t p = keep; p < L->npages; p++) {
       int64_t i = h * ks->pages_per_head + p;
       attn__kvpages_give(&s->pages, L->kp[i]);
-      attn__kvpages_give(&s->pages, L->vp[i]);
-      L->kp[i] = L->vp[i] = NULL;
+      L->kp[i] = NULL;
+      if (L->vp) {
+        attn__kvpages_give(&s->pages, L->vp[i]);
+        L->vp[i] = NULL;
+      }
     }
   L->npages = keep < L->npages ? keep : L->npages;
 }
@@ -418,12 +499,13 @@ void attn__kv_grow(attn_kv_store *s, kv_session *ks, kv_layer *L, int64_t tokens
     for (int64_t h = 0; h < ks->shape.heads_kv; h++) {
       int64_t i = h * ks->pages_per_head + L->npages;
       L->kp[i] = attn__kvpages_take(&s->pages);
-      L->vp[i] = attn__kvpages_take(&s->pages);
+      if (L->vp)
+        L->vp[i] = attn__kvpages_take(&s->pages);
     }
 }
 
 char *attn__kv_row_at(const kv_session *ks, const kv_layer *L, int t, int64_t hk, int64_t j) {
-  void **table = t ? L->vp : L->kp;
+  void **table = t && L->vp ? L->vp : L->kp;
   char *page = table[hk * ks->pages_per_head + j / ks->page_tokens];
   return page +
          (size_t)(j % ks->page_tokens) * (size_t)ks->pitch * attn_dtype_size(ks->shape.dtype);
@@ -434,16 +516,42 @@ int64_t attn__kv_span(const kv_session *ks, int64_t j, int64_t end) {
   return n < end - j ? n : end - j;
 }
 
+/* n rows of `row` bytes, packed at src, as rows of `wide` bytes at dst:
+ * the rest of each zero. */
+static void rows_widen(char *dst, size_t wide, const char *src, size_t row, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    memcpy(dst + (size_t)i * wide, src + (size_t)i * row, row);
+    memset(dst + (size_t)i * wide + row, 0, wide - row);
+  }
+}
+
+/* A row's columns past its tensor's width are written too, as zeros: a
+ * page taken again holds an earlier session's bytes there, and k's must
+ * be zero where a padded q meets them (engine.h, k_pages). Host pages are
+ * widened in place; a device's through a page's worth of host memory. */
 int attn__kv_rows_put(const attn_kv_store *s, const kv_session *ks, const kv_layer *L, int t,
                       int64_t hk, int64_t j, int64_t n, const void *src, attn_status *st) {
-  size_t es = attn_dtype_size(ks->shape.dtype), row = (size_t)ks->shape.head_dim * es;
-  return attn__kvpages_copy(&s->pages, attn__kv_row_at(ks, L, t, hk, j), (size_t)ks->pitch * es,
-                            src, row, row, (size_t)n, st);
+  const size_t es = attn_dtype_size(ks->shape.dtype), pitch = (size_t)ks->pitch * es;
+  const size_t row = (size_t)attn__kv_cols(&ks->shape, t) * es;
+  char *dst = attn__kv_row_at(ks, L, t, hk, j);
+  if (row == pitch)
+    return attn__kvpages_copy(&s->pages, dst, pitch, src, row, row, (size_t)n, st);
+  if (!s->pages.dev) {
+    rows_widen(dst, pitch, src, row, n);
+    return 0;
+  }
+  char *buf = malloc(ATTN_KV_PAGE_BYTES); /* n rows lie in one page */
+  if (!buf)
+    return attn_status_set(st, ATTN_ENOMEM, "out of memory storing a session's rows");
+  rows_widen(buf, pitch, src, row, n);
+  int rc = attn__kvpages_copy(&s->pages, dst, pitch, buf, pitch, pitch, (size_t)n, st);
+  free(buf);
+  return rc;
 }
 
 int attn__kv_rows_get(const attn_kv_store *s, const kv_session *ks, const kv_layer *L, int t,
                       int64_t hk, int64_t j, int64_t n, void *dst, attn_status *st) {
-  size_t es = attn_dtype_size(ks->shape.dtype), row = (size_t)ks->shape.head_dim * es;
+  size_t es = attn_dtype_size(ks->shape.dtype), row = (size_t)attn__kv_cols(&ks->shape, t) * es;
   return attn__kvpages_copy(&s->pages, dst, row, attn__kv_row_at(ks, L, t, hk, j),
                             (size_t)ks->pitch * es, row, (size_t)n, st);
 }

@@ -60,7 +60,8 @@ static int decode(attn_kv_store *kv, const char *id, const tkv_stream *s, int64_
 }
 
 /* Bytes of the padding columns of every page of ks's layer 0 that are
- * not zero (device memory is host memory on the mock). */
+ * not zero (device memory is host memory on the mock): past each row's
+ * own width (head_dim for K, head_dim_v for V). */
 static long nonzero_padding(attn_kv_store *kv, const char *id) {
   pthread_mutex_lock(&kv->mu);
   kv_session *ks = attn__kv_find(kv, "", id, 0);
@@ -69,10 +70,10 @@ static long nonzero_padding(attn_kv_store *kv, const char *id) {
   long bad = 0;
   const kv_layer *L = &ks->layers[0];
   for (int64_t i = 0; i < ks->shape.heads_kv * ks->pages_per_head; i++)
-    for (int t = 0; t < 2 && (t ? L->vp : L->kp)[i]; t++) {
+    for (int t = 0; t < attn__kv_tensors(&ks->shape) && (t ? L->vp : L->kp)[i]; t++) {
       const unsigned char *page = (t ? L->vp : L->kp)[i];
       for (int64_t r = 0; r < ks->page_tokens; r++)
-        for (size_t b = (size_t)ks->shape.head_dim * es; b < (size_t)ks->pitch * es; b++)
+        for (size_t b = (size_t)attn__kv_cols(&ks->shape, t) * es; b < (size_t)ks->pitch * es; b++)
           bad += page[(size_t)r * (size_t)ks->pitch * es + b] != 0;
     }
   pthread_mutex_unlock(&kv->mu);
@@ -728,4 +729,96 @@ Test(sessions_gpu, a_batch_the_engine_splits_stores_its_rows_before_it_runs, .in
   attn_engine_close(e);
   for (int i = 0; i < 2; i++)
     tkv_stream_free(&s[i]);
+}
+
+/* Values of a head dim of their own, and latent sessions (k alone, v its
+ * first Dv columns), on the device: their pages' rows max(D, Dv) wide and
+ * padded with zeros past each tensor's width, their rows written before
+ * their job (page_rows take one width), prefill and decode against
+ * float64, a batch call of sessions against it, saved and loaded back
+ * into host memory; a shape whose head dim the kernels cannot take is
+ * refused at create, never at its first call. */
+Test(sessions_gpu, value_head_dims_and_latent_sessions, .init = reset) {
+  static const struct {
+    int64_t d, dv;
+    bool latent;
+  } kinds[] = {{96, 64, true}, {37, 21, true}, {64, 96, false}, {37, 21, false}};
+  attn_engine *e = open_gpu();
+  attn_kv_store *kv = tkv_open_store(e, 64 * MIB, true, NULL);
+  cr_assert_str_eq(where(kv), "cuda");
+  int fails = 0;
+  for (int k = 0; k < 4; k++)
+    for (int t = 0; t < 2; t++) {
+      const attn_dtype dt = t ? ATTN_BF16 : ATTN_F16;
+      char id[32], what[80];
+      snprintf(id, sizeof id, "s%d-%d", k, t);
+      snprintf(what, sizeof what, "D %lld Dv %lld%s %s", (long long)kinds[k].d,
+               (long long)kinds[k].dv, kinds[k].latent ? " latent" : "", attn_dtype_name(dt));
+      tkv_stream s = tkv_stream_make_dv(4, 2, kinds[k].d, kinds[k].dv, kinds[k].latent, 150, dt,
+                                        90 + (uint64_t)(2 * k + t));
+      tkv_make(kv, "", id, &s, 1, 200, 60, 0);
+      fails += decode(kv, id, &s, 100, what);
+      cr_expect_eq(nonzero_padding(kv, id), 0, "%s: the rows' padding stays zero", what);
+      tkv_stream_free(&s);
+    }
+  cr_expect_eq(fails, 0, "%d steps off the reference", fails);
+  attn_status st;
+  bool created;
+  const attn_kv_shape wide = {.heads_kv = 1,
+                              .head_dim = 64,
+                              .head_dim_v = 320, /* past the kernels' 256 */
+                              .dtype = ATTN_F16,
+                              .layers = 1,
+                              .max_tokens = 64};
+  cr_expect_eq(attn_kv_create(kv, "", "wide", &wide, 60, 0, &created, &st), ATTN_EUNSUPPORTED);
+  cr_expect(strstr(st.message, "cuda"), "%s", st.message);
+  attn_kv_close(kv);
+  attn_engine_close(e);
+}
+
+Test(sessions_gpu, a_batch_of_latent_sessions_and_its_file, .init = reset) {
+  char dir[] = "/tmp/attn-gpu-kvdv-XXXXXX";
+  cr_assert(mkdtemp(dir));
+  attn_engine *e = open_gpu();
+  attn_kv_store *kv = tkv_open_store(e, 64 * MIB, false, NULL);
+  const int64_t pre[3] = {1, 300, 129};
+  tkv_stream s[3];
+  tkv_batch bt = {.ids = {"l0", "l1", "l2"}};
+  attn_status st;
+  tkv_reply y;
+  for (int i = 0; i < 3; i++) {
+    s[i] = tkv_stream_make_dv(4, 2, 96, 64, true, pre[i] + 2, ATTN_BF16, 30 + (uint64_t)i);
+    tkv_make(kv, "", bt.ids[i], &s[i], 1, 512, 600, 0);
+    cr_assert_eq(tkv_call1(kv, "", bt.ids[i], &s[i], &tkv_plain, 0, pre[i], 0, pre[i], &y, 0, &st),
+                 0, "%s", st.message);
+    tkv_reply_free(&y);
+    bt.s[i] = &s[i];
+    bt.pos[i] = pre[i];
+    bt.nq[i] = bt.nn[i] = 1;
+  }
+  void *o;
+  cr_assert_eq(tkv_call_batch(kv, &bt, 3, &o, 0, &st), 0, "%s", st.message);
+  for (int i = 0; i < 3; i++) {
+    tkv_reply r = {.o = tkv_rows_of(o, 4, 3, 64, ATTN_BF16, i, 1)};
+    double err = tkv_ref_error(&s[i], &tkv_plain, pre[i], 1, pre[i] + 1, &r);
+    cr_expect_leq(err, ttol(ATTN_BF16), "entry %d: error %.3g", i, err);
+    free(r.o);
+  }
+  free(o);
+  cr_assert_eq(attn_kv_save(kv, dir, 0, &st), 3, "%s", st.message);
+  attn_kv_close(kv);
+  kv = tkv_open_store(e, 64 * MIB, false, "cpu");
+  cr_assert_eq(attn_kv_load(kv, dir, 0, 1e9, NULL, NULL, &st), 3, "%s", st.message);
+  for (int i = 0; i < 3; i++) {
+    const int64_t p = pre[i] + 1;
+    cr_assert_eq(tkv_call1(kv, "", bt.ids[i], &s[i], &tkv_plain, p, 1, p, 1, &y, 0, &st), 0, "%s",
+                 st.message);
+    cr_expect_leq(tkv_ref_error(&s[i], &tkv_plain, p, 1, p + 1, &y), ttol(ATTN_BF16),
+                  "entry %d: the loaded cache attends as the saved one", i);
+    tkv_reply_free(&y);
+    tkv_stream_free(&s[i]);
+  }
+  attn_kv_close(kv);
+  attn_engine_close(e);
+  rmdir(dir);
 }

@@ -19,10 +19,23 @@ static void *fill(int64_t count, attn_dtype dt, uint64_t *seed) {
 
 tkv_stream tkv_stream_make(int64_t hq, int64_t hkv, int64_t d, int64_t n, attn_dtype dt,
                            uint64_t seed) {
-  tkv_stream s = {hq, hkv, d, n, dt, NULL, NULL, NULL};
+  return tkv_stream_make_dv(hq, hkv, d, d, false, n, dt, seed);
+}
+
+tkv_stream tkv_stream_make_dv(int64_t hq, int64_t hkv, int64_t d, int64_t dv, bool latent,
+                              int64_t n, attn_dtype dt, uint64_t seed) {
+  tkv_stream s = {.hq = hq, .hkv = hkv, .d = d, .n = n, .dt = dt, .dv = dv, .latent = latent};
   s.q = fill(hq * n * d, dt, &seed);
   s.k = fill(hkv * n * d, dt, &seed);
-  s.v = fill(hkv * n * d, dt, &seed);
+  if (!latent) {
+    s.v = fill(hkv * n * dv, dt, &seed);
+    return s;
+  }
+  const size_t es = attn_dtype_size(dt);
+  s.v = malloc((size_t)(hkv * n * dv) * es);
+  for (int64_t r = 0; r < hkv * n; r++)
+    memcpy((char *)s.v + (size_t)(r * dv) * es, (const char *)s.k + (size_t)(r * d) * es,
+           (size_t)dv * es);
   return s;
 }
 
@@ -91,9 +104,9 @@ int tkv_call1(attn_kv_store *kv, const char *tenant, const char *id, const tkv_s
   attn_kv_call c = {.tenant = tenant, .layer = op->layer, .nentries = 1, .entries = &en};
   void *q = tkv_rows_of(s->q, s->hq, s->n, s->d, s->dt, q0, nq);
   void *k = nnew ? tkv_rows_of(s->k, s->hkv, s->n, s->d, s->dt, pos, nnew) : NULL;
-  void *v = nnew ? tkv_rows_of(s->v, s->hkv, s->n, s->d, s->dt, pos, nnew) : NULL;
+  void *v = nnew && !s->latent ? tkv_rows_of(s->v, s->hkv, s->n, s->dv, s->dt, pos, nnew) : NULL;
   memset(y, 0, sizeof *y);
-  y->o = calloc((size_t)(s->hq * nq * s->d), attn_dtype_size(s->dt));
+  y->o = calloc((size_t)(s->hq * nq * s->dv), attn_dtype_size(s->dt));
   if (op->stats) {
     y->m = calloc((size_t)(s->hq * nq), sizeof(float));
     y->l = calloc((size_t)(s->hq * nq), sizeof(float));
@@ -103,6 +116,7 @@ int tkv_call1(attn_kv_store *kv, const char *tenant, const char *id, const tkv_s
   c.req.heads_q = s->hq;
   c.req.heads_kv = s->hkv;
   c.req.head_dim = s->d;
+  c.req.head_dim_v = s->dv;
   c.req.seq_q = nq;
   c.req.dtype = s->dt;
   c.req.causal = op->causal;
@@ -126,6 +140,61 @@ int tkv_call1(attn_kv_store *kv, const char *tenant, const char *id, const tkv_s
   return rc;
 }
 
+/* Rows [r0, r0 + n) of each head of t ([heads, total, w bytes]) to rows
+ * [d0, d0 + n) of dst ([heads, dn, w]). */
+static void rows_to(char *dst, int64_t dn, int64_t d0, const void *t, int64_t total, int64_t r0,
+                    int64_t heads, int64_t n, size_t w) {
+  for (int64_t h = 0; h < heads; h++)
+    memcpy(dst + (size_t)(h * dn + d0) * w, (const char *)t + (size_t)(h * total + r0) * w,
+           (size_t)n * w);
+}
+
+int tkv_call_batch(attn_kv_store *kv, const tkv_batch *bt, int n, void **po, double now,
+                   attn_status *st) {
+  attn_kv_entry en[TKV_BATCH_MAX];
+  int64_t cu_q[TKV_BATCH_MAX + 1] = {0}, tq = 0, tk = 0;
+  const tkv_stream *s0 = bt->s[0];
+  for (int i = 0; i < n; i++) {
+    en[i] = (attn_kv_entry){.id = bt->ids[i], .pos = bt->pos[i], .n_new = bt->nn[i], .kv_off = tk};
+    tq += bt->nq[i];
+    tk += bt->nn[i];
+    cu_q[i + 1] = tq;
+  }
+  const size_t es = attn_dtype_size(s0->dt), w = (size_t)s0->d * es, wv = (size_t)s0->dv * es;
+  char *q = malloc((size_t)(s0->hq * tq) * w + 1), *k = malloc((size_t)(s0->hkv * tk) * w + 1),
+       *v = s0->latent ? NULL : malloc((size_t)(s0->hkv * tk) * wv + 1);
+  *po = calloc((size_t)(s0->hq * tq) * wv + 1, 1);
+  for (int i = 0, r0 = 0, k0 = 0; i < n; r0 += (int)bt->nq[i], k0 += (int)bt->nn[i], i++) {
+    const tkv_stream *s = bt->s[i];
+    rows_to(q, tq, r0, s->q, s->n, bt->pos[i], s->hq, bt->nq[i], w);
+    rows_to(k, tk, k0, s->k, s->n, bt->pos[i], s->hkv, bt->nn[i], w);
+    if (v)
+      rows_to(v, tk, k0, s->v, s->n, bt->pos[i], s->hkv, bt->nn[i], wv);
+  }
+  attn_kv_call c = {.tenant = "",
+                    .nentries = n,
+                    .entries = en,
+                    .k_new = tk ? k : NULL,
+                    .v_new = tk ? v : NULL,
+                    .total_new = tk};
+  attn_request_init(&c.req);
+  c.req.heads_q = s0->hq;
+  c.req.heads_kv = s0->hkv;
+  c.req.head_dim = s0->d;
+  c.req.head_dim_v = s0->dv;
+  c.req.seq_q = tq;
+  c.req.dtype = s0->dt;
+  c.req.causal = true;
+  c.req.cu_seqlens_q = cu_q;
+  c.req.q = q;
+  c.req.o = *po;
+  int rc = tkv_run(kv, &c, now, st);
+  free(q);
+  free(k);
+  free(v);
+  return rc;
+}
+
 /* The float64 reference of queries [q0, q0 + nq) over keys [0, nk) of s,
  * bottom-right aligned; the relative L2 error of y's O against it, and
  * the largest error of its statistics when it has them. */
@@ -140,6 +209,7 @@ double tkv_ref_error(const tkv_stream *s, const tkv_opts *op, int64_t q0, int64_
   r.seq_q = nq;
   r.seq_kv = nk;
   r.head_dim = s->d;
+  r.head_dim_v = s->dv;
   r.dtype = s->dt;
   r.causal = op->causal;
   r.window_left = op->wl;
@@ -150,9 +220,10 @@ double tkv_ref_error(const tkv_stream *s, const tkv_opts *op, int64_t q0, int64_
   r.v = s->v;
   r.o = q; /* validation wants an output; the reference writes its own */
   int64_t ks[3] = {s->hkv * s->n * s->d, s->n * s->d, s->d};
+  int64_t vs[3] = {s->hkv * s->n * s->dv, s->n * s->dv, s->dv};
   memcpy(r.k_stride, ks, sizeof ks);
-  memcpy(r.v_stride, ks, sizeof ks);
-  const size_t no = (size_t)(s->hq * nq * s->d), nr = (size_t)(s->hq * nq);
+  memcpy(r.v_stride, vs, sizeof vs);
+  const size_t no = (size_t)(s->hq * nq * s->dv), nr = (size_t)(s->hq * nq);
   double *o = malloc(no * sizeof *o), *m = malloc(nr * 8), *l = malloc(nr * 8),
          *lse = malloc(nr * 8);
   attn_status st;
@@ -187,6 +258,8 @@ void tkv_make(attn_kv_store *kv, const char *tenant, const char *id, const tkv_s
               int64_t layers, int64_t max_tokens, double ttl, double now) {
   attn_kv_shape sh = {.heads_kv = s->hkv,
                       .head_dim = s->d,
+                      .head_dim_v = s->dv,
+                      .v_from_k = s->latent,
                       .dtype = s->dt,
                       .layers = layers,
                       .max_tokens = max_tokens};

@@ -13,15 +13,22 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-/* A session's whole token stream: q [Hq, n, D], k and v [Hkv, n, D]. */
+/* A session's whole token stream: q [Hq, n, D], k [Hkv, n, D] and v [Hkv,
+ * n, Dv] (dv: Dv). A latent one's v is the first Dv columns of k's rows,
+ * and its session stores k only (attn_kv_shape.v_from_k). */
 typedef struct tkv_stream {
   int64_t hq, hkv, d, n;
   attn_dtype dt;
   void *q, *k, *v;
+  int64_t dv;
+  bool latent;
 } tkv_stream;
 
 tkv_stream tkv_stream_make(int64_t hq, int64_t hkv, int64_t d, int64_t n, attn_dtype dt,
                            uint64_t seed);
+/* The same with values dv wide, or (latent) k's first dv columns. */
+tkv_stream tkv_stream_make_dv(int64_t hq, int64_t hkv, int64_t d, int64_t dv, bool latent,
+                              int64_t n, attn_dtype dt, uint64_t seed);
 void tkv_stream_free(tkv_stream *s);
 /* Rows [r0, r0 + n) of every head of a [H, total, D] tensor, packed (malloc). */
 void *tkv_rows_of(const void *t, int64_t heads, int64_t total, int64_t d, attn_dtype dt, int64_t r0,
@@ -56,6 +63,18 @@ extern const tkv_opts tkv_plain; /* causal, no window */
 int tkv_call1(attn_kv_store *kv, const char *tenant, const char *id, const tkv_stream *s,
               const tkv_opts *op, int64_t q0, int64_t nq, int64_t pos, int64_t nnew, tkv_reply *y,
               double now, attn_status *st);
+/* One step of n sessions as one batch call (at most TKV_BATCH_MAX):
+ * session ids[i] of stream s[i] takes nq[i] queries and nn[i] new tokens
+ * at pos[i]; its O [Hq, total queries, Dv] into *po (malloc). The
+ * store's code or the job's. */
+#define TKV_BATCH_MAX 4
+typedef struct tkv_batch {
+  const char *ids[TKV_BATCH_MAX];
+  const tkv_stream *s[TKV_BATCH_MAX];
+  int64_t pos[TKV_BATCH_MAX], nq[TKV_BATCH_MAX], nn[TKV_BATCH_MAX];
+} tkv_batch;
+int tkv_call_batch(attn_kv_store *kv, const tkv_batch *bt, int n, void **po, double now,
+                   attn_status *st);
 /* The relative L2 error of y's O against the float64 reference of queries
  * [q0, q0 + nq) over keys [0, nk) of s (bottom-right aligned), and the
  * largest of its statistics' when it has them. */
@@ -81,7 +100,7 @@ int tkv_decode(attn_kv_store *kv, const char *id, const tkv_stream *s, const tkv
 /* A store on e (backend: attn_kv_open's); the setup steps abort with a
  * message when they fail. */
 attn_kv_store *tkv_open_store(attn_engine *e, uint64_t bytes, bool batch, const char *backend);
-/* Session (tenant, id) shaped for s. */
+/* Session (tenant, id) shaped for s (head_dim_v, v_from_k too). */
 void tkv_make(attn_kv_store *kv, const char *tenant, const char *id, const tkv_stream *s,
               int64_t layers, int64_t max_tokens, double ttl, double now);
 

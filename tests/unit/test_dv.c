@@ -239,7 +239,16 @@ Test(dv, refusals) {
   c.r.k = c.r.v = NULL;
   c.r.k_pages = c.r.v_pages = pages;
   c.r.page_tokens = ATTN_PAGE_MIN_TOKENS, c.r.pages_per_head = 1;
-  cr_expect_eq(attn_request_validate(&c.r, &st), ATTN_EUNSUPPORTED);
-  cr_expect(strstr(st.message, "pages"), "%s", st.message);
+  /* pages are W = max(D, Dv) wide: a device's pitch below that is refused */
+  c.r.page_pitch = 4;
+  cr_expect_eq(attn_request_validate(&c.r, &st), ATTN_EINVAL);
+  cr_expect(strstr(st.message, "page_pitch"), "%s", st.message);
+  c.r.page_pitch = 8;
+  cr_expect_eq(attn_request_validate(&c.r, &st), 0, "%s", st.message);
+  /* rows a job writes are one width: not with two */
+  const attn_page_rows rows = {c.k, (void *)(uintptr_t)c.k, 1};
+  c.r.page_rows = &rows, c.r.npage_rows = 1;
+  cr_expect_eq(attn_request_validate(&c.r, &st), ATTN_EINVAL);
+  cr_expect(strstr(st.message, "page_rows"), "%s", st.message);
   dv_free(&c);
 }

@@ -12,7 +12,7 @@
  * over them yet, and persistence is about the bytes, not the attention.
  */
 #define _GNU_SOURCE
-#include "kv/kv_int.h"
+#include "kv/file.h"
 
 #include <criterion/criterion.h>
 #include <dirent.h>
@@ -210,7 +210,7 @@ static long file_size(const char *name) {
 
 /* The file a format-version-1 file of p is: header, rows, checksum. */
 static long expected_size(const spec *p) {
-  long n = 88 + (long)strlen(p->tenant) + (long)strlen(p->id) + 16 * p->sh.layers + 8;
+  long n = KVF_FIXED + (long)strlen(p->tenant) + (long)strlen(p->id) + 16 * p->sh.layers + 8;
   for (int64_t l = 0; l < p->sh.layers; l++)
     n += 2 * p->sh.heads_kv * p->len[l] * p->sh.head_dim * (long)attn_dtype_size(p->sh.dtype);
   return n;
@@ -392,8 +392,8 @@ Test(kvfile, bad_files_set_aside, .init = setup, .fini = teardown) {
   }
   save_ok(a, 1100, 7);
   flip("@flip.kv", (size_t)file_size("@flip.kv") / 2); /* a row */
-  flip("@head.kv", 88 + 4 + 16 * 2 + 8 + 2);           /* layer 2's largest |k|: 2.5 -> 2.75 */
-  flip("@len.kv", 88 + 3 + 16 * 2 + 2);                /* layer 2's length: 129 + 2^20 */
+  flip("@head.kv", KVF_FIXED + 4 + 16 * 2 + 8 + 2);    /* layer 2's largest |k|: 2.5 -> 2.75 */
+  flip("@len.kv", KVF_FIXED + 3 + 16 * 2 + 2);         /* layer 2's length: 129 + 2^20 */
   cr_assert_eq(truncate(path_of("@trunc.kv"), file_size("@trunc.kv") - 1), 0);
   flip("@version.kv", 8);
   cr_assert_eq(rename(path_of("@moved.kv"), path_of("@other.kv")), 0);
@@ -411,7 +411,7 @@ Test(kvfile, bad_files_set_aside, .init = setup, .fini = teardown) {
              {"@head.kv", "checksum"},
              {"@len.kv", "layer 2's length"},
              {"@trunc.kv", "truncated"},
-             {"@version.kv", "version 17"},
+             {"@version.kv", "version 18"},
              {"@other.kv", "@moved.kv"},
              {"x@garbage.kv", "not a session file"},
              {"x@empty.kv", "0 bytes"},
@@ -629,7 +629,9 @@ static void forge(const char *name, size_t at, const void *v, size_t n) {
 }
 
 /* Where a header field lies in the file of p (tenant "" and p's id). */
-static size_t layer_at(const spec *p, int64_t l) { return 88 + strlen(p->id) + 16 * (size_t)l; }
+static size_t layer_at(const spec *p, int64_t l) {
+  return KVF_FIXED + strlen(p->id) + 16 * (size_t)l;
+}
 
 /* Where element e of row j of K (t 0) or V (t 1), head h, layer l lies. */
 static size_t elem_at(const spec *p, int64_t l, int t, int64_t h, int64_t j, int64_t e) {
@@ -639,6 +641,46 @@ static size_t elem_at(const spec *p, int64_t l, int t, int64_t h, int64_t j, int
     at += 2 * (size_t)(p->sh.heads_kv * p->len[i]) * row;
   at += (size_t)(2 * h + t) * (size_t)p->len[l] * row;
   return at + (size_t)j * row + (size_t)e * es;
+}
+
+/* File name as version 1 wrote it: version 2 less the 16 bytes of
+ * head_dim_v and v_from_k, its checksum over what is left. */
+static void as_version_1(const char *name) {
+  size_t len;
+  unsigned char *b = read_bytes(name, &len);
+  uint32_t v = 1, h;
+  memcpy(&h, b + 12, 4);
+  h -= KVF_FIXED - KVF_FIXED_V1;
+  memcpy(b + 8, &v, 4);
+  memcpy(b + 12, &h, 4);
+  memmove(b + KVF_FIXED_V1, b + KVF_FIXED, len - KVF_FIXED);
+  len -= KVF_FIXED - KVF_FIXED_V1;
+  uint64_t sum = sum_of(b, len - 8);
+  memcpy(b + len - 8, &sum, 8);
+  write_bytes(name, b, len);
+  free(b);
+}
+
+/* Files a server wrote before sessions had a value head dim of their own
+ * load as sessions whose v is as wide as k, byte for byte. */
+Test(kvfile, version_1_loads, .init = setup, .fini = teardown) {
+  attn_kv_store *a = store(64 << 20), *b = store(64 << 20);
+  for (int i = 0; i < NMIXED; i++)
+    make(a, &mixed[i]);
+  save_ok(a, 1200, NMIXED);
+  for (int i = 0; i < NMIXED; i++)
+    as_version_1(mixed_files[i]);
+  logbuf lb = {0};
+  cr_assert_eq(load(b, 50, &lb), NMIXED, "logged: %s", lb.n ? lb.lines[0] : "");
+  for (int i = 0; i < NMIXED; i++) {
+    expect_same(b, &mixed[i], 50, TTL - (1200 - mixed[i].made));
+    attn_kv_info info;
+    attn_status st;
+    cr_assert_eq(attn_kv_get(b, mixed[i].tenant, mixed[i].id, 50, &info, NULL, 0, &st), 0);
+    cr_expect(attn__kv_dv(&info.shape) == mixed[i].sh.head_dim && !info.shape.v_from_k);
+  }
+  attn_kv_close(a);
+  attn_kv_close(b);
 }
 
 /* Each file holds one thing a create or a call would refuse, under a

@@ -245,7 +245,7 @@ void attn__bhnd(const attn_proto_tensor *t, int64_t d[4]);
 void attn__shapes_dv(attn_proto_req *pr, int64_t dv);
 /* A session's values' head dim (attn_kv_shape.head_dim_v, 0 meaning
  * head_dim). */
-static inline int64_t attn__kv_dv(const attn_kv_shape *sh) {
+static inline int64_t attn__session_dv(const attn_kv_shape *sh) {
   return sh->head_dim_v ? sh->head_dim_v : sh->head_dim;
 }
 int attn__check_alibi(const attn_proto_tensor *a, const attn_proto_tensor *t, attn_status *st);

@@ -3,7 +3,8 @@
 cache of MLA's absorbed decode) through the Python client against a real attnd: a prefill and
 a token by token decode, an attend-only call and ``session_batch``, each reply checked
 against attn_ref's float64 formula over what the session should hold; GET's fields, attach
-and a latent session's reservation (half); the refusals (a v sent to a latent session, on
+and a latent session's reservation (half); a session of either kind rebuilt from its
+history (a latent one's: k alone); the refusals (a v sent to a latent session, on
 the client and on the server); and DeepSeek's absorbed decode in small: q_nope absorbed into
 the latent space through W_UK, attended over the [latent | rope] cache, O over the latent
 columns multiplied by W_UV, equal to MLA's attention computed directly (per-head k and v
@@ -193,3 +194,27 @@ def test_deepseek_absorbed_decode(client):
             exact = np.einsum("htc,hcd->htd", lat64, w_uv)
             assert rel_err(exact, want) < 1e-6
             _check(o, want, 2 * TOL[np.float32])
+
+
+def test_latent_session_rebuilt_from_history(client):
+    """A latent session gone from the server is rebuilt from a history that returns k alone
+    (and a session of its own Dv from k and v of that width); the call after it equals the
+    float64 reference over the whole history."""
+    rng = np.random.default_rng(9)
+    for kw, hkv in (({"v_from_k": 16}, 1), ({"head_dim_v": 40}, 2)):
+        dv = next(iter(kw.values()))
+        k = rng.standard_normal((hkv, 9, 24)).astype(np.float32)
+        v = k[:, :, :dv] if "v_from_k" in kw else \
+            rng.standard_normal((hkv, 9, dv)).astype(np.float32)
+        q = rng.standard_normal((4, 9, 24)).astype(np.float32)
+        latent = "v_from_k" in kw
+        history = (lambda layer, n: k[:, :n]) if latent else (lambda layer, n: (k[:, :n],
+                                                                                v[:, :n]))
+        with client.session(_sid("hist"), heads_kv=hkv, head_dim=24, max_tokens=16,
+                            history=history, **kw) as s:
+            s.attend(q[:, :8], k[:, :8], None if latent else v[:, :8])
+            s.delete()                      # as a replica lost behind a proxy would
+            s.lengths = [8]                 # what this object had seen
+            o = s.attend(q[:, 8:], k[:, 8:], None if latent else v[:, 8:])
+            assert s.recreated == 1 and s.lengths == [9]
+            _check(o, reference(q[:, 8:], k, v, causal=True)[0])

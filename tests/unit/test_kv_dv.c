@@ -5,8 +5,9 @@
  * decode steps against the float64 reference over exactly the keys each
  * session holds (causal, GQA, F32 and BF16, statistics), a batch of
  * sessions against its single calls, padding columns read as zeros
- * whatever a page taken again held, the refusals, the reservation of a
- * latent session, and both kinds saved and loaded.
+ * whatever a page taken again held, many calls at once on sessions that
+ * hold v differently, the refusals, the reservation of a latent session,
+ * and both kinds saved and loaded.
  */
 #include "helpers.h"
 #include "kv/kv_int.h"
@@ -14,6 +15,7 @@
 #include "reference.h"
 
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -378,4 +380,75 @@ Test(kv_dv, save_and_load_both_kinds, .timeout = 300) {
   attn_kv_close(b);
   attn_engine_close(e);
   rmdir(dir);
+}
+
+/* ---- calls at once: the store merges only calls of one shape ------------- */
+
+typedef struct reader {
+  attn_kv_store *kv;
+  const char *id;
+  const tkv_stream *s;
+  int64_t keys, calls;
+  int rc, fails;
+  pthread_barrier_t *go;
+} reader;
+
+/* Attends the session's last query over its keys, calls times, each
+ * checked: calls of one layer that arrive while its job runs wait for it,
+ * and those that become free together are merged where they may be. */
+static void *read_thread(void *arg) {
+  reader *t = arg;
+  pthread_barrier_wait(t->go);
+  for (int64_t i = 0; i < t->calls && t->rc == 0; i++) {
+    tkv_reply y;
+    attn_status st;
+    t->rc = tkv_call1(t->kv, "", t->id, t->s, &tkv_plain, t->keys - 1, 1, 0, 0, &y, 0, &st);
+    if (t->rc == 0 &&
+        !(tkv_ref_error(t->s, &tkv_plain, t->keys - 1, 1, t->keys, &y) <= ttol(t->s->dt)))
+      t->fails++;
+    tkv_reply_free(&y);
+  }
+  return NULL;
+}
+
+/* Sessions of one head_dim whose values differ (latent, Dv 64, 32, 96),
+ * read by many threads at once: each reply is its own session's. */
+Test(kv_dv, calls_at_once_of_sessions_that_hold_v_differently, .timeout = 300) {
+  static const kind mixed[4] = {{96, 64, true}, {96, 64, false}, {96, 32, false}, {96, 96, false}};
+  enum { READERS = 3, SESSIONS = 4, N = SESSIONS * READERS };
+  attn_engine *e = topen(2, NULL);
+  attn_kv_store *kv = tkv_open_store(e, 64 * MIB, true, NULL);
+  tkv_stream s[SESSIONS];
+  char ids[SESSIONS][8];
+  reader t[N];
+  pthread_t th[N];
+  pthread_barrier_t go;
+  pthread_barrier_init(&go, NULL, N);
+  for (int i = 0; i < SESSIONS; i++) {
+    snprintf(ids[i], sizeof ids[i], "m%d", i);
+    s[i] = stream_of(&mixed[i], 4, 2, 100, ATTN_F32, 90 + (uint64_t)i);
+    tkv_make(kv, "", ids[i], &s[i], 1, 128, 600, 0);
+    tkv_reply y;
+    attn_status st;
+    cr_assert_eq(tkv_call1(kv, "", ids[i], &s[i], &tkv_plain, 0, 100, 0, 100, &y, 0, &st), 0, "%s",
+                 st.message);
+    tkv_reply_free(&y);
+  }
+  for (int i = 0; i < N; i++) {
+    t[i] = (reader){kv, ids[i % SESSIONS], &s[i % SESSIONS], 100, 30, 0, 0, &go};
+    pthread_create(&th[i], NULL, read_thread, &t[i]);
+  }
+  for (int i = 0; i < N; i++) {
+    pthread_join(th[i], NULL);
+    cr_expect_eq(t[i].rc, 0, "reader %d: code %d", i, t[i].rc);
+    cr_expect_eq(t[i].fails, 0, "reader %d: %d calls off the reference", i, t[i].fails);
+  }
+  attn_kv_stats st;
+  attn_kv_stats_get(kv, &st);
+  cr_expect_eq(st.batched_calls, SESSIONS + N * 30, "every call computed once");
+  for (int i = 0; i < SESSIONS; i++)
+    tkv_stream_free(&s[i]);
+  pthread_barrier_destroy(&go);
+  attn_kv_close(kv);
+  attn_engine_close(e);
 }

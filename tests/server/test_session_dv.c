@@ -7,7 +7,8 @@
  * reply's o (Dv wide) checked against the float64 reference over exactly
  * the keys the session should hold; GET's fields and a latent session's
  * reservation; and the refusals: v sent to a latent session, v_from_k past
- * head_dim, v of another width than the session's, head_dim_v past 512.
+ * head_dim, v of another width than the session's, head_dim_v past 512, a
+ * batch mixing a latent session with one that stores v.
  */
 #include "harness.h"
 #include "proto.h"
@@ -438,6 +439,17 @@ Test(session_dv, refusals) {
                  (const char *[]){"\\\"v\\\" is missing", NULL});
   free(b);
   tensors_free(t, nt);
+  /* a batch of a latent session and one that stores v: one shape a call */
+  stream mixed[2] = {lat, lat};
+  mixed[0].latent = true;
+  b = batch_of(mixed, 2, pos, "[\"lat\", \"dv\"]", &len);
+  const char *h[] = {JSON_CT, NULL};
+  http_res r;
+  http_call(&S, "POST", "/v1/sessions/_batch", h, b, len, &r);
+  cr_expect_eq(r.status, 422, "%.300s", r.body);
+  cr_expect(r.body && strstr(r.body, "sessions[1]"), "%.300s", r.body);
+  http_res_free(&r);
+  free(b);
   /* nothing was appended by any of them */
   char *i = info("lat");
   cr_expect(strstr(i, "\"lengths\": [0]"), "%s", i);

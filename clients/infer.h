@@ -78,8 +78,10 @@ int tool_infer_check(const tool_infer_args *a, const attn_proto_req *pr);
 int tool_infer_parse_offsets(const char *flag, const char *s, int64_t **pv, int64_t *pn);
 int tool_infer_parse_slopes(const char *s, tool_infer_args *a);
 /* --sinks as a comma list of Hq numbers or a FILE.safetensors holding the
- * F32 tensor sinks; 0, or 2 after a message. */
-int tool_infer_parse_sinks(const char *s, tool_infer_args *a);
+ * F32 tensor sinks, into *sinks (malloc'd; what it held is freed) and
+ * *nsinks; 0, or 2 after a message starting with me (the command's name):
+ * attn infer's and attn session attend's. */
+int tool_infer_parse_sinks(const char *me, const char *s, float **sinks, int64_t *nsinks);
 /* With --cu-seqlens-q/kv: both given, no IN or --shards, and a->shape,
  * a->shape_kv with B the sequence count and N the totals (a --shape or
  * --shape-kv saying otherwise is refused). 0, or 2 after a message. */

@@ -139,7 +139,7 @@ static int infer_flag(int c, tool_infer_args *a) {
   case 'W': a->pass = ATTN_BACKWARD; return 0;
   case 'o': a->out = optarg; return 0;
   case 'A': return tool_infer_parse_slopes(optarg, a);
-  case 'G': return tool_infer_parse_sinks(optarg, a);
+  case 'G': return tool_infer_parse_sinks(ME, optarg, &a->sinks, &a->nsinks);
   case 'U': return tool_infer_parse_offsets("--cu-seqlens-q", optarg, &a->cu_q, &a->ncu_q);
   case 'V': return tool_infer_parse_offsets("--cu-seqlens-kv", optarg, &a->cu_kv, &a->ncu_kv);
   case 'D': a->shards = optarg; return 0;

@@ -92,12 +92,12 @@ int tool_infer_varlen_shapes(tool_infer_args *a) {
 /* Tensor `which` of the safetensors file at path for option flag, F32 of
  * rank 1 .. max_rank (shapes: how they are written), into *t and *copy
  * (malloc'd); 0, or 2 after saying what is wrong. */
-static int f32_file(const char *flag, const char *path, int which, int max_rank, const char *shapes,
-                    attn_proto_tensor *t, void **copy) {
+static int f32_file(const char *me, const char *flag, const char *path, int which, int max_rank,
+                    const char *shapes, attn_proto_tensor *t, void **copy) {
   void *body;
   size_t len;
   if (tool_read_file(path, &body, &len) < 0) {
-    fprintf(stderr, ME ": cannot read %s: %s\n", path, strerror(errno));
+    fprintf(stderr, "%s: cannot read %s: %s\n", me, path, strerror(errno));
     return 2;
   }
   attn_status st;
@@ -105,11 +105,11 @@ static int f32_file(const char *flag, const char *path, int which, int max_rank,
   free(body);
   const char *name = attn_proto_tensor_name(which);
   if (rc < 0)
-    fprintf(stderr, ME ": %s %s: %s\n", flag, path, st.message);
+    fprintf(stderr, "%s: %s %s: %s\n", me, flag, path, st.message);
   else if (!t->data)
-    fprintf(stderr, ME ": %s %s: it holds no tensor %s\n", flag, path, name);
+    fprintf(stderr, "%s: %s %s: it holds no tensor %s\n", me, flag, path, name);
   else if (t->dtype != ATTN_F32 || t->rank > max_rank)
-    fprintf(stderr, ME ": %s %s: its %s is not %s%s\n", flag, path, name,
+    fprintf(stderr, "%s: %s %s: its %s is not %s%s\n", me, flag, path, name,
             t->dtype != ATTN_F32 ? "F32" : "", t->dtype != ATTN_F32 ? "" : shapes);
   else
     return 0;
@@ -120,7 +120,8 @@ static int f32_file(const char *flag, const char *path, int which, int max_rank,
 /* The finite numbers of a comma-separated list for option flag (what: the
  * rest of the error's sentence), as a new array of *pn floats; NULL after
  * saying what is wrong. */
-static float *number_list(const char *flag, const char *s, const char *what, int64_t *pn) {
+static float *number_list(const char *me, const char *flag, const char *s, const char *what,
+                          int64_t *pn) {
   *pn = tool_arg_list_len(s);
   float *x = malloc((size_t)*pn * sizeof *x);
   const char *p = s;
@@ -128,9 +129,9 @@ static float *number_list(const char *flag, const char *s, const char *what, int
     double v;
     if (!tool_arg_list_double(&p, i + 1 == *pn, &v)) {
       fprintf(stderr,
-              ME ": %s expects a file NAME.safetensors or finite numbers separated by "
-                 "commas%s (got \"%s\")\n",
-              flag, what, s);
+              "%s: %s expects a file NAME.safetensors or finite numbers separated by "
+              "commas%s (got \"%s\")\n",
+              me, flag, what, s);
       free(x);
       return NULL;
     }
@@ -151,10 +152,10 @@ int tool_infer_parse_slopes(const char *s, tool_infer_args *a) {
   a->alibi = NULL;
   a->alibi_rank = 0;
   if (!safetensors_name(s))
-    return (a->alibi = number_list("--alibi-slopes", s, "", &a->nalibi)) ? 0 : 2;
+    return (a->alibi = number_list(ME, "--alibi-slopes", s, "", &a->nalibi)) ? 0 : 2;
   attn_proto_tensor t;
   void *copy = NULL;
-  if (f32_file("--alibi-slopes", s, ATTN_PROTO_T_ALIBI, 2, "[Hq] or [B, Hq]", &t, &copy))
+  if (f32_file(ME, "--alibi-slopes", s, ATTN_PROTO_T_ALIBI, 2, "[Hq] or [B, Hq]", &t, &copy))
     return 2;
   a->alibi = copy;
   a->alibi_rank = t.rank;
@@ -164,19 +165,19 @@ int tool_infer_parse_slopes(const char *s, tool_infer_args *a) {
   return 0;
 }
 
-/* --sinks: a file's tensor sinks, F32 [Hq], or a list (Hq checked against
- * --shape when the request is made). */
-int tool_infer_parse_sinks(const char *s, tool_infer_args *a) {
-  free(a->sinks);
-  a->sinks = NULL;
+/* --sinks: a file's tensor sinks, F32 [Hq], or a list (Hq checked by the
+ * command once it knows Hq). */
+int tool_infer_parse_sinks(const char *me, const char *s, float **sinks, int64_t *nsinks) {
+  free(*sinks);
+  *sinks = NULL;
   if (!safetensors_name(s))
-    return (a->sinks = number_list("--sinks", s, ", one a query head", &a->nsinks)) ? 0 : 2;
+    return (*sinks = number_list(me, "--sinks", s, ", one a query head", nsinks)) ? 0 : 2;
   attn_proto_tensor t;
   void *copy = NULL;
-  if (f32_file("--sinks", s, ATTN_PROTO_T_SINKS, 1, "[Hq]", &t, &copy))
+  if (f32_file(me, "--sinks", s, ATTN_PROTO_T_SINKS, 1, "[Hq]", &t, &copy))
     return 2;
-  a->sinks = copy;
-  a->nsinks = t.shape[0];
+  *sinks = copy;
+  *nsinks = t.shape[0];
   return 0;
 }
 

@@ -72,9 +72,10 @@ static int step(worker *w, tool_sess_http *h, int64_t pos, int64_t n, uint64_t *
   size_t es = attn_dtype_size(p->dtype);
   size_t nq = (size_t)(p->heads_q * n * p->head_dim), nk = (size_t)(p->heads_kv * n * p->head_dim);
   tool_sess_random(w->mem, (int64_t)(nq + 2 * nk), p->dtype, seed);
-  tool_sess_tensor t[3] = {{"q", p->dtype, {p->heads_q, n, p->head_dim}, w->mem},
-                           {"k", p->dtype, {p->heads_kv, n, p->head_dim}, w->mem + nq * es},
-                           {"v", p->dtype, {p->heads_kv, n, p->head_dim}, w->mem + (nq + nk) * es}};
+  tool_sess_tensor t[3] = {
+      {"q", p->dtype, {p->heads_q, n, p->head_dim}, w->mem, 3},
+      {"k", p->dtype, {p->heads_kv, n, p->head_dim}, w->mem + nq * es, 3},
+      {"v", p->dtype, {p->heads_kv, n, p->head_dim}, w->mem + (nq + nk) * es, 3}};
   void *body;
   size_t len;
   if (tool_sess_encode(t, 3, &body, &len) < 0)

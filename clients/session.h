@@ -55,6 +55,8 @@ bool tool_sess_id_ok(const char *id);
 /* A session's parameters and its lengths (as GET /v1/sessions/{id} says). */
 typedef struct tool_sess_info {
   int64_t heads_kv, head_dim, layers, max_tokens;
+  int64_t head_dim_v; /* the values' head dim (head_dim when GET gives none) */
+  bool v_from_k;      /* a latent session: k alone, v its first head_dim_v columns */
   attn_dtype dtype;
   double ttl_s, expires_in_s;
   int64_t reserved_bytes;
@@ -65,12 +67,14 @@ typedef struct tool_sess_info {
 int tool_sess_info_parse(const char *json, size_t len, tool_sess_info *info);
 void tool_sess_info_free(tool_sess_info *info);
 
-/* One tensor of a call: name, dtype, [h, n, d] and its elements. */
+/* One tensor of a call: name, dtype, [h, n, d] (the first rank of them:
+ * rank 1 is sinks' [Hq]; 0 means 3) and its elements. */
 typedef struct tool_sess_tensor {
   const char *name;
   attn_dtype dtype;
   int64_t shape[3];
   const void *data;
+  int rank;
 } tool_sess_tensor;
 
 /* A safetensors body of tensors t[0..n) (header padded to 8 bytes), in

@@ -8,6 +8,7 @@
 #include "args.h"
 #include "cmds.h"
 #include "files.h"
+#include "infer.h"
 #include "session.h"
 
 #include <curl/curl.h>
@@ -21,6 +22,7 @@
 static const char usage[] =
     "usage: attn session create   URL ID --heads-kv H --head-dim D --max-tokens N\n"
     "                             [--dtype F32|F16|BF16] [--layers L] [--ttl S]\n"
+    "                             [--head-dim-v DV | --v-from-k DV]\n"
     "       attn session get      URL ID [--json]\n"
     "       attn session delete   URL ID\n"
     "       attn session truncate URL ID --length N\n"
@@ -28,6 +30,7 @@ static const char usage[] =
     "                             [--new N] [--seed S]] [--layer L] [--pos P] [--out FILE]\n"
     "                             [--no-causal] [--scale S] [--window-left N] [--window-right N]\n"
     "                             [--softcap C] [--stats] [--backend B]\n"
+    "                             [--sinks S1,S2,...|FILE.safetensors]\n"
     "\n"
     "A session is a KV cache the attnd at URL (http://HOST:PORT) holds for its client, named\n"
     "by ID (1-128 of [A-Za-z0-9._-], not starting with '_' or '.'): each call sends only q\n"
@@ -36,7 +39,11 @@ static const char usage[] =
     "  create    PUT /v1/sessions/ID: layers (default 1) of max_tokens tokens of heads_kv x\n"
     "            head_dim in dtype (default F32), reserved at once; dropped --ttl seconds\n"
     "            (default 600) after its last use. An existing one with the same\n"
-    "            parameters is found, not remade.\n"
+    "            parameters is found, not remade. --head-dim-v DV: values of a head dim\n"
+    "            of their own (1-512; default head_dim). --v-from-k DV: a latent session\n"
+    "            (MLA's absorbed decode): it keeps k alone, in half the memory, and reads v\n"
+    "            as the first DV columns of each k row (DV <= head_dim); its calls send\n"
+    "            q and k only.\n"
     "  get       its parameters, each layer's length, bytes reserved, seconds left\n"
     "            (--json: the server's JSON as it is)\n"
     "  delete    DELETE /v1/sessions/ID: its memory is free at once\n"
@@ -44,11 +51,15 @@ static const char usage[] =
     "  attend    append k, v to --layer (default 0) at --pos (default: the layer's length),\n"
     "            then attend q over the layer's keys [0, pos + new); prints the length after\n"
     "            the call and a summary of o. --in FILE: a safetensors file holding q\n"
-    "            [Hq, Nq, D] and optionally k, v [Hkv, Nnew, D], sent as it is; else random\n"
-    "            q [--heads-q (default heads_kv), --seq-q (default --new), D] and k, v\n"
-    "            [heads_kv, --new (default 1; 0: none), D] in the session's dtype from\n"
-    "            --seed (default 1). Causal (bottom-right) unless --no-causal; the other\n"
-    "            options are /attention's. --out FILE writes the reply (o [, m, l, lse]).\n"
+    "            [Hq, Nq, D] and optionally k [Hkv, Nnew, D] and v [Hkv, Nnew, DV] (a\n"
+    "            latent session's: k alone), sent as it is; else random q [--heads-q\n"
+    "            (default heads_kv), --seq-q (default --new), D], k [heads_kv, --new\n"
+    "            (default 1; 0: none), D] and, unless the session is latent, v [heads_kv,\n"
+    "            --new, DV] in the session's dtype from --seed (default 1). Causal\n"
+    "            (bottom-right) unless --no-causal; the other options are /attention's.\n"
+    "            --sinks (without --in): attention sinks (gpt-oss), one logit a query\n"
+    "            head, as a comma list or a file holding the F32 tensor sinks [Hq].\n"
+    "            --out FILE writes the reply (o [Hq, Nq, DV] [, m, l, lse]).\n"
     "\n"
     "  --timeout S  a call unanswered after S seconds fails (default 30)\n"
     "ATTND_API_KEY, when set, is sent as the bearer key.\n"
@@ -59,6 +70,9 @@ typedef struct sess_args {
   char sub; /* 'c'reate, 'g'et, 'd'elete, 't'runcate, 'a'ttend */
   const char *url, *id, *in, *out;
   int64_t heads_kv, head_dim, layers, max_tokens, length;
+  int64_t head_dim_v, v_from_k; /* 0: not given */
+  float *sinks;                 /* --sinks (malloc'd), or NULL */
+  int64_t nsinks;
   int64_t heads_q, seq_q, n_new, layer, pos;
   bool have_heads_kv, have_head_dim, have_max_tokens, have_length, have_pos;
   bool have_heads_q, have_seq_q, json;
@@ -71,14 +85,17 @@ typedef struct sess_args {
 
 /* Which subcommands each flag belongs to (their initials). */
 static const char *const scope[128] = {
-    ['H'] = "c", ['D'] = "c", ['t'] = "c", ['l'] = "c", ['m'] = "c",    ['T'] = "c", ['j'] = "g",
-    ['n'] = "t", ['i'] = "a", ['o'] = "a", ['q'] = "a", ['Q'] = "a",    ['k'] = "a", ['y'] = "a",
-    ['p'] = "a", ['e'] = "a", ['N'] = "a", ['c'] = "a", ['s'] = "a",    ['L'] = "a", ['R'] = "a",
-    ['S'] = "a", ['B'] = "a", ['C'] = "a", ['O'] = "a", ['w'] = "cgdta"};
+    ['H'] = "c", ['D'] = "c",     ['t'] = "c", ['l'] = "c", ['m'] = "c", ['T'] = "c",
+    ['j'] = "g", ['n'] = "t",     ['i'] = "a", ['o'] = "a", ['q'] = "a", ['Q'] = "a",
+    ['k'] = "a", ['y'] = "a",     ['p'] = "a", ['e'] = "a", ['N'] = "a", ['c'] = "a",
+    ['s'] = "a", ['L'] = "a",     ['R'] = "a", ['S'] = "a", ['B'] = "a", ['C'] = "a",
+    ['O'] = "a", ['w'] = "cgdta", ['V'] = "c", ['K'] = "c", ['G'] = "a"};
 
 static const struct option opts[] = {TOOL_API_OPTIONS,
                                      {"heads-kv", required_argument, 0, 'H'},
                                      {"head-dim", required_argument, 0, 'D'},
+                                     {"head-dim-v", required_argument, 0, 'V'},
+                                     {"v-from-k", required_argument, 0, 'K'},
                                      {"dtype", required_argument, 0, 't'},
                                      {"layers", required_argument, 0, 'l'},
                                      {"max-tokens", required_argument, 0, 'm'},
@@ -94,6 +111,7 @@ static const struct option opts[] = {TOOL_API_OPTIONS,
                                      {"pos", required_argument, 0, 'p'},
                                      {"seed", required_argument, 0, 'e'},
                                      {"no-causal", no_argument, 0, 'N'},
+                                     {"sinks", required_argument, 0, 'G'},
                                      {"timeout", required_argument, 0, 'w'},
                                      {"help", no_argument, 0, 'h'},
                                      {0, 0, 0, 0}};
@@ -121,6 +139,8 @@ static int create_flag(int c, sess_args *a) {
     a->have_max_tokens = true;
     return tool_arg_i64("--max-tokens", optarg, 1, big, &a->max_tokens);
   case 'T': return tool_arg_double("--ttl", optarg, 1e-3, 1e9, &a->ttl);
+  case 'V': return tool_arg_i64("--head-dim-v", optarg, 1, ATTN_MAX_HEAD_DIM_V, &a->head_dim_v);
+  case 'K': return tool_arg_i64("--v-from-k", optarg, 1, ATTN_MAX_HEAD_DIM_V, &a->v_from_k);
   case 'n': a->have_length = true; return tool_arg_i64("--length", optarg, 0, big, &a->length);
   }
   return 1;
@@ -144,6 +164,7 @@ static int attend_flag(int c, sess_args *a) {
     a->seed = (uint64_t)seed;
     return 0;
   case 'N': attn_sbuf_puts(&a->query, "&causal=false"); return 0;
+  case 'G': return tool_infer_parse_sinks(ME, optarg, &a->sinks, &a->nsinks) ? -1 : 0;
   case 'j': a->json = true; return 0;
   case 'w': return tool_arg_double("--timeout", optarg, 1e-3, 1e7, &a->timeout);
   }
@@ -195,8 +216,10 @@ static const char *check_args(int argc, char **argv, sess_args *a) {
     return "create needs --heads-kv, --head-dim and --max-tokens";
   if (a->sub == 't' && !a->have_length)
     return "truncate needs --length";
-  if (a->in && (a->have_heads_q || a->have_seq_q || a->n_new != 1))
-    return "--in excludes --heads-q, --seq-q and --new";
+  if (a->in && (a->have_heads_q || a->have_seq_q || a->n_new != 1 || a->sinks))
+    return "--in excludes --heads-q, --seq-q, --new and --sinks (the file holds its tensors)";
+  if (a->head_dim_v && a->v_from_k && a->head_dim_v != a->v_from_k)
+    return "--head-dim-v and --v-from-k differ: a latent session's values are --v-from-k wide";
   if (!a->in && a->n_new == 0 && a->have_pos)
     return "--pos says where new tokens go; --new 0 sends none";
   return NULL;
@@ -246,10 +269,25 @@ static int call(tool_sess_http *h, const sess_args *a, const char *method, const
   return 1;
 }
 
+/* What the values are beside k's head_dim: ", values DV wide", ", latent:
+ * v the first DV columns of k", or nothing when Dv is head_dim. */
+static const char *values_text(int64_t d, int64_t dv, bool latent, char *buf, size_t cap) {
+  if (latent)
+    snprintf(buf, cap, ", latent: v the first %lld columns of k", (long long)dv);
+  else if (dv && dv != d)
+    snprintf(buf, cap, ", values %lld wide", (long long)dv);
+  else
+    buf[0] = 0;
+  return buf;
+}
+
 static void print_info(const sess_args *a, const tool_sess_info *in) {
-  printf("session %s: %lld layer%s of %lld tokens, %lld kv heads x %lld, %s\n", a->id,
+  char values[64];
+  printf("session %s: %lld layer%s of %lld tokens, %lld kv heads x %lld%s, %s\n", a->id,
          (long long)in->layers, in->layers == 1 ? "" : "s", (long long)in->max_tokens,
-         (long long)in->heads_kv, (long long)in->head_dim, attn_dtype_name(in->dtype));
+         (long long)in->heads_kv, (long long)in->head_dim,
+         values_text(in->head_dim, in->head_dim_v, in->v_from_k, values, sizeof values),
+         attn_dtype_name(in->dtype));
   printf("lengths ");
   for (int64_t i = 0; i < in->layers; i++)
     printf("%s%lld", i ? "," : "", (long long)in->lengths[i]);
@@ -258,19 +296,28 @@ static void print_info(const sess_args *a, const tool_sess_info *in) {
 }
 
 static int cmd_create(tool_sess_http *h, const sess_args *a) {
-  char body[512];
-  snprintf(body, sizeof body,
-           "{\"heads_kv\":%lld,\"head_dim\":%lld,\"dtype\":\"%s\",\"layers\":%lld,"
-           "\"max_tokens\":%lld,\"ttl_s\":%.17g}",
-           (long long)a->heads_kv, (long long)a->head_dim, attn_dtype_name(a->dtype),
-           (long long)a->layers, (long long)a->max_tokens, a->ttl);
+  char body[512], values[64];
+  int n = snprintf(body, sizeof body,
+                   "{\"heads_kv\":%lld,\"head_dim\":%lld,\"dtype\":\"%s\",\"layers\":%lld,"
+                   "\"max_tokens\":%lld,\"ttl_s\":%.17g",
+                   (long long)a->heads_kv, (long long)a->head_dim, attn_dtype_name(a->dtype),
+                   (long long)a->layers, (long long)a->max_tokens, a->ttl);
+  if (a->head_dim_v)
+    n += snprintf(body + n, sizeof body - (size_t)n, ",\"head_dim_v\":%lld",
+                  (long long)a->head_dim_v);
+  if (a->v_from_k)
+    n += snprintf(body + n, sizeof body - (size_t)n, ",\"v_from_k\":%lld", (long long)a->v_from_k);
+  snprintf(body + n, sizeof body - (size_t)n, "}");
   tool_sess_reply r;
   if (call(h, a, "PUT", "", body, strlen(body), false, &r) != 0)
     return 1;
-  printf("session %s %s (HTTP %ld): %lld layer%s of %lld tokens, %lld kv heads x %lld, %s\n", a->id,
-         r.status == 201 ? "created" : "exists, same parameters", r.status, (long long)a->layers,
-         a->layers == 1 ? "" : "s", (long long)a->max_tokens, (long long)a->heads_kv,
-         (long long)a->head_dim, attn_dtype_name(a->dtype));
+  int64_t dv = a->v_from_k ? a->v_from_k : a->head_dim_v;
+  printf("session %s %s (HTTP %ld): %lld layer%s of %lld tokens, %lld kv heads x %lld%s, %s\n",
+         a->id, r.status == 201 ? "created" : "exists, same parameters", r.status,
+         (long long)a->layers, a->layers == 1 ? "" : "s", (long long)a->max_tokens,
+         (long long)a->heads_kv, (long long)a->head_dim,
+         values_text(a->head_dim, dv, a->v_from_k > 0, values, sizeof values),
+         attn_dtype_name(a->dtype));
   tool_sess_reply_free(&r);
   return 0;
 }
@@ -336,21 +383,35 @@ static int get_info(tool_sess_http *h, const sess_args *a, tool_sess_info *in) {
   return 0;
 }
 
-/* Random q, k, v for the session into a safetensors body. */
+/* Random q, k and (unless the session is latent) v for the session, with
+ * --sinks, into a safetensors body; 0, -1 out of memory, or 2 after a
+ * message. */
 static int random_body(const sess_args *a, const tool_sess_info *in, void **pbody, size_t *plen) {
   int64_t hq = a->have_heads_q ? a->heads_q : in->heads_kv;
   int64_t nq = a->have_seq_q ? a->seq_q : (a->n_new ? a->n_new : 1), d = in->head_dim;
+  int64_t dv = in->head_dim_v, hkv = in->heads_kv, nk = a->n_new;
+  if (a->sinks && a->nsinks != hq) {
+    fprintf(stderr, ME ": --sinks has %lld numbers; give Hq = %lld, one a query head\n",
+            (long long)a->nsinks, (long long)hq);
+    return 2;
+  }
   size_t es = attn_dtype_size(in->dtype);
-  size_t nqe = (size_t)(hq * nq * d), nke = (size_t)(in->heads_kv * a->n_new * d);
-  char *mem = malloc((nqe + 2 * nke) * es + 1);
+  size_t nqe = (size_t)(hq * nq * d), nke = (size_t)(hkv * nk * d);
+  size_t nve = in->v_from_k ? 0 : (size_t)(hkv * nk * dv);
+  char *mem = malloc((nqe + nke + nve) * es + 1);
   if (!mem)
     return -1;
   uint64_t seed = a->seed;
-  tool_sess_random(mem, (int64_t)(nqe + 2 * nke), in->dtype, &seed);
-  tool_sess_tensor t[3] = {{"q", in->dtype, {hq, nq, d}, mem},
-                           {"k", in->dtype, {in->heads_kv, a->n_new, d}, mem + nqe * es},
-                           {"v", in->dtype, {in->heads_kv, a->n_new, d}, mem + (nqe + nke) * es}};
-  int rc = tool_sess_encode(t, a->n_new ? 3 : 1, pbody, plen);
+  tool_sess_random(mem, (int64_t)(nqe + nke + nve), in->dtype, &seed);
+  tool_sess_tensor t[4] = {{"q", in->dtype, {hq, nq, d}, mem, 3}};
+  int n = 1;
+  if (nk)
+    t[n++] = (tool_sess_tensor){"k", in->dtype, {hkv, nk, d}, mem + nqe * es, 3};
+  if (nk && nve)
+    t[n++] = (tool_sess_tensor){"v", in->dtype, {hkv, nk, dv}, mem + (nqe + nke) * es, 3};
+  if (a->sinks)
+    t[n++] = (tool_sess_tensor){"sinks", ATTN_F32, {hq, 0, 0}, a->sinks, 1};
+  int rc = tool_sess_encode(t, n, pbody, plen);
   free(mem);
   return rc;
 }
@@ -375,10 +436,10 @@ static int attend_body(const sess_args *a, const tool_sess_info *in, void **pbod
                        int64_t *n_new) {
   if (!a->in) {
     *n_new = a->n_new;
-    if (random_body(a, in, pbody, plen) == 0)
-      return 0;
-    fprintf(stderr, ME ": out of memory for the inputs\n");
-    return 1;
+    int rc = random_body(a, in, pbody, plen);
+    if (rc < 0)
+      fprintf(stderr, ME ": out of memory for the inputs\n");
+    return rc < 0 ? 1 : rc;
   }
   if (tool_read_file(a->in, pbody, plen) < 0) {
     fprintf(stderr, ME ": cannot read %s: %s\n", a->in, strerror(errno));
@@ -455,6 +516,7 @@ int tool_cmd_session(int argc, char **argv) {
   int rc = parse(argc, argv, &a);
   if (rc != 0) {
     free(a.query.p);
+    free(a.sinks);
     return rc < 0 ? 0 : rc;
   }
   if (curl_global_init(CURL_GLOBAL_DEFAULT) != 0) {
@@ -473,5 +535,6 @@ int tool_cmd_session(int argc, char **argv) {
   }
   curl_global_cleanup();
   free(a.query.p);
+  free(a.sinks);
   return rc;
 }

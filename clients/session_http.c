@@ -206,6 +206,10 @@ int tool_sess_info_parse(const char *json, size_t len, tool_sess_info *info) {
       cJSON_IsString(dt) && attn_dtype_parse(dt->valuestring, &info->dtype) == 0 &&
       info->layers >= 1 && info->layers <= ATTN_KV_MAX_LAYERS)
     rc = parse_lengths(j, info);
+  int64_t latent = 0;
+  info->v_from_k = int_field(j, "v_from_k", &latent) && latent > 0;
+  if (!int_field(j, "head_dim_v", &info->head_dim_v) || info->head_dim_v < 1)
+    info->head_dim_v = info->v_from_k ? latent : info->head_dim;
   int_field(j, "reserved_bytes", &info->reserved_bytes);
   info->ttl_s = cJSON_IsNumber(ttl) ? ttl->valuedouble : -1;
   info->expires_in_s = cJSON_IsNumber(exp) ? exp->valuedouble : -1;

@@ -12,8 +12,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+static int rank_of(const tool_sess_tensor *t) { return t->rank ? t->rank : 3; }
+
 static size_t tensor_bytes(const tool_sess_tensor *t) {
-  return (size_t)(t->shape[0] * t->shape[1] * t->shape[2]) * attn_dtype_size(t->dtype);
+  size_t n = attn_dtype_size(t->dtype);
+  for (int i = 0; i < rank_of(t); i++)
+    n *= (size_t)t->shape[i];
+  return n;
 }
 
 /* The header JSON of t[0..n) into b, padded with spaces so that the data
@@ -23,11 +28,11 @@ static void header(const tool_sess_tensor *t, int n, attn_sbuf *b) {
   attn_sbuf_puts(b, "{");
   for (int i = 0; i < n; i++) {
     size_t nb = tensor_bytes(&t[i]);
-    attn_sbuf_printf(b,
-                     "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld,%lld,%lld],"
-                     "\"data_offsets\":[%zu,%zu]}",
-                     i ? "," : "", t[i].name, attn_dtype_name(t[i].dtype), (long long)t[i].shape[0],
-                     (long long)t[i].shape[1], (long long)t[i].shape[2], off, off + nb);
+    attn_sbuf_printf(b, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[", i ? "," : "", t[i].name,
+                     attn_dtype_name(t[i].dtype));
+    for (int d = 0; d < rank_of(&t[i]); d++)
+      attn_sbuf_printf(b, "%s%lld", d ? "," : "", (long long)t[i].shape[d]);
+    attn_sbuf_printf(b, "],\"data_offsets\":[%zu,%zu]}", off, off + nb);
     off += nb;
   }
   attn_sbuf_puts(b, "}");

@@ -332,15 +332,17 @@ int attn_proto_encode_json(const attn_proto_req *pr, const char *backend, char *
 /*
  * A session call's body is a forward request's (either codec, options
  * from the query string, __metadata__ or JSON fields, the body winning)
- * with these differences: k and v are optional (both or neither), [Hkv,
- * Nnew, D] (or [Nnew, D]) and their Nnew need not be q's; causal defaults
- * to true; diag_offset is refused (the mask aligns to the layer's keys);
- * and three more fields: `layer` (an integer >= 0, default 0), `pos` (an
- * integer >= 0, required with k and v) and, for a batch call, `sessions`
- * (the ids) with `pos` one per session — JSON arrays, or comma-separated
- * in a query string or __metadata__. A batch call's q is [Hq, total_q, D]
- * with cu_seqlens_q (one sequence a session), k and v [Hkv, total_new, D]
- * with cu_seqlens_kv. attn_proto_decode_session decodes one.
+ * with these differences: k [Hkv, Nnew, D] and v [Hkv, Nnew, Dv] (or
+ * [Nnew, D], [Nnew, Dv]) are optional (both or neither; a latent session's
+ * calls send k alone), Dv is the session's and their Nnew need not be q's;
+ * o is [Hq, Nq, Dv]; causal defaults to true; diag_offset is refused (the
+ * mask aligns to the layer's keys); and three more fields: `layer` (an
+ * integer >= 0, default 0), `pos` (an integer >= 0, required with k) and,
+ * for a batch call, `sessions` (the ids) with `pos` one per session — JSON
+ * arrays, or comma-separated in a query string or __metadata__. A batch
+ * call's q is [Hq, total_q, D] with cu_seqlens_q (one sequence a session),
+ * k and v [Hkv, total_new, D or Dv] with cu_seqlens_kv.
+ * attn_proto_decode_session decodes one.
  */
 #define ATTN_PROTO_MAX_BATCH 256
 
@@ -350,6 +352,15 @@ typedef struct attn_proto_session {
   int npos, nids;
   int64_t pos[ATTN_PROTO_MAX_BATCH];
   char ids[ATTN_PROTO_MAX_BATCH][ATTN_KV_ID_MAX + 1];
+  /* The session's shape (a batch's first session's: the store refuses an
+   * entry whose values differ), asked once the fields are read, for what
+   * the call's tensors depend on: the width Dv of v and o, and whether v
+   * is sent at all (a latent session's, v_from_k, is part of k). 0, or an
+   * error with st set (an unknown session's). NULL (the default): a
+   * session of v's width, or q's D without v, that takes v. */
+  int (*shape_of)(void *arg, const struct attn_proto_session *ps, attn_kv_shape *sh,
+                  attn_status *st);
+  void *shape_arg;
 } attn_proto_session;
 
 void attn_proto_session_init(attn_proto_session *ps, bool batch);
@@ -373,9 +384,10 @@ int64_t attn_proto_session_entries(const attn_proto_session *ps, const attn_requ
 
 /* PUT /v1/sessions/{id}'s body {"heads_kv", "head_dim", "dtype",
  * "max_tokens", "layers"? (1), "ttl_s"? (600; from 1 to ttl_max),
- * "head_dim_v"? (head_dim, the one value taken for now: ATTN_EUNSUPPORTED
- * otherwise)} into *sh
- * and *ttl_s; unknown and repeated fields refused, another dtype
+ * "head_dim_v"? (head_dim; from 1 to ATTN_MAX_HEAD_DIM_V), "v_from_k"? (a
+ * latent session of that Dv, at most head_dim; with head_dim_v, equal to
+ * it)} into *sh (head_dim_v 0 when it is head_dim) and *ttl_s; unknown
+ * and repeated fields refused, another dtype
  * ATTN_EDTYPE, and a string holding a NUL (\u0000) refused, as in the
  * truncate's. */
 int attn_proto_session_create_decode(const char *body, size_t len, double ttl_max,
@@ -385,8 +397,9 @@ int attn_proto_session_truncate_decode(const char *body, size_t len, int64_t *le
                                        attn_status *st);
 struct attn_sbuf;
 /* A session as GET /v1/sessions/{id} describes it: {"id", "heads_kv",
- * "head_dim", "dtype", "layers", "max_tokens", "ttl_s", "lengths": [one a
- * layer], "tokens", "reserved_bytes", "expires_in_s"}; lengths may be NULL
+ * "head_dim", "dtype", "layers", "max_tokens", "ttl_s", "head_dim_v",
+ * "v_from_k" (a latent session's only), "lengths": [one a layer],
+ * "tokens", "reserved_bytes", "expires_in_s"}; lengths may be NULL
  * (then []). */
 void attn_proto_session_info_json(struct attn_sbuf *b, const attn_kv_info *info,
                                   const int64_t *lengths, double now);

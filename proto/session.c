@@ -21,6 +21,8 @@ void attn_proto_session_init(attn_proto_session *ps, bool batch) {
   ps->batch = batch;
   ps->layer = 0;
   ps->npos = ps->nids = 0;
+  ps->shape_of = NULL;
+  ps->shape_arg = NULL;
 }
 
 static bool name_is(const char *name, size_t len, const char *want) {
@@ -162,41 +164,68 @@ static int field_json(void *ctx, const char *name, size_t nlen, attn__jr v, attn
   return 0;
 }
 
-/* q, and k and v when sent: [H, N, D] or [N, D], one dtype, k and v alike,
- * the same D, Hq a multiple of Hkv. */
-static int check_tensors(const attn_proto_tensor *t, attn_status *st) {
-  const attn_proto_tensor *q = &t[ATTN_PROTO_T_Q], *k = &t[ATTN_PROTO_T_K], *v = &t[ATTN_PROTO_T_V];
+/* q: [Hq, Nq, D] or [Nq, D]. */
+static int check_q(const attn_proto_tensor *q, attn_status *st) {
   int rc = attn__check_one(q, 2, st);
   if (rc == 0 && q->rank == 4)
     rc = attn_status_set(st, ATTN_PROTO_ESHAPE,
                          "a session call's q is [Hq, Nq, D] or [Nq, D] (one sequence; a batch "
                          "of sessions is /v1/sessions/_batch), not rank 4");
-  if (rc || (!k->data && !v->data))
-    return rc;
-  if (!k->data || !v->data)
+  return rc;
+}
+
+/* The session's shape as far as the call's tensors depend on it: Dv and
+ * whether it is latent (ps->shape_of's, else a session of v's width, or
+ * q's D without v, that stores v). */
+static int session_shape(const attn_proto_session *ps, const attn_proto_tensor *t,
+                         attn_kv_shape *sh, attn_status *st) {
+  const attn_proto_tensor *q = &t[ATTN_PROTO_T_Q], *v = &t[ATTN_PROTO_T_V];
+  if (ps->shape_of)
+    return ps->shape_of(ps->shape_arg, ps, sh, st);
+  *sh = (attn_kv_shape){.head_dim = q->shape[q->rank - 1],
+                        .head_dim_v = v->data ? v->shape[v->rank - 1] : 0};
+  return 0;
+}
+
+/* New tokens, when sent: k [Hkv, Nnew, D] like q's rank, q's dtype and D,
+ * Hkv dividing Hq; and v [Hkv, Nnew, Dv] of the session's Dv, except that
+ * a latent session takes none (its v is part of k). */
+static int check_kv(const attn_proto_tensor *t, const attn_kv_shape *sh, attn_status *st) {
+  const attn_proto_tensor *q = &t[ATTN_PROTO_T_Q], *k = &t[ATTN_PROTO_T_K], *v = &t[ATTN_PROTO_T_V];
+  const long long dv = (long long)attn__session_dv(sh);
+  if (sh->v_from_k && v->data)
+    return attn_status_set(st, ATTN_PROTO_EUNKNOWNTENSOR,
+                           "tensor \"v\" was sent to a latent session (v_from_k %lld), which takes "
+                           "q and k only: its v is the first %lld columns of each k row",
+                           dv, dv);
+  if (!k->data && !v->data)
+    return 0;
+  if (!k->data || (!v->data && !sh->v_from_k))
     return attn_status_set(st, ATTN_PROTO_EMISSING,
                            "tensor \"%s\" is missing: new tokens need both k and v",
                            k->data ? "v" : "k");
-  if ((rc = attn__check_one(k, 2, st)) || (rc = attn__check_one(v, 2, st)))
+  int rc;
+  if ((rc = attn__check_one(k, 2, st)) || (v->data && (rc = attn__check_one(v, 2, st))))
     return rc;
-  if (k->dtype != q->dtype || v->dtype != q->dtype)
-    return attn_status_set(
-        st, ATTN_PROTO_EDTYPE, "q, k and v must share one dtype (q %s, k %s, v %s)",
-        attn_dtype_name(q->dtype), attn_dtype_name(k->dtype), attn_dtype_name(v->dtype));
+  if (k->dtype != q->dtype || (v->data && v->dtype != q->dtype))
+    return attn_status_set(st, ATTN_PROTO_EDTYPE, "q, k%s must share one dtype (q %s, k %s%s%s)",
+                           v->data ? " and v" : "", attn_dtype_name(q->dtype),
+                           attn_dtype_name(k->dtype), v->data ? ", v " : "",
+                           v->data ? attn_dtype_name(v->dtype) : "");
+  if (v->data && v->shape[v->rank - 1] != dv)
+    return attn_status_set(st, ATTN_PROTO_ESHAPE,
+                           "tensor \"v\" ends in %lld but the session's values are %lld wide "
+                           "(head_dim_v): send v [Hkv, Nnew, %lld]",
+                           (long long)v->shape[v->rank - 1], dv, dv);
   int64_t a[4], b[4];
   attn__bhnd(q, a);
   attn__bhnd(k, b);
-  if (v->rank == k->rank && v->shape[v->rank - 1] != k->shape[k->rank - 1])
-    return attn_status_set(st, ATTN_EUNSUPPORTED,
-                           "tensor \"v\" ends in %lld but \"k\" in %lld: a session holds one "
-                           "head_dim for k and v, and a value head dim of its own is not "
-                           "supported in sessions yet (POST /attention takes it)",
-                           (long long)v->shape[v->rank - 1], (long long)k->shape[k->rank - 1]);
-  if (k->rank != q->rank || v->rank != q->rank || memcmp(k->shape, v->shape, sizeof k->shape) ||
-      a[3] != b[3] || a[1] % b[1])
+  bool v_fits = !v->data || (v->rank == k->rank &&
+                             !memcmp(v->shape, k->shape, sizeof *k->shape * (size_t)(k->rank - 1)));
+  if (k->rank != q->rank || !v_fits || a[3] != b[3] || a[1] % b[1])
     return attn_status_set(st, ATTN_PROTO_ESHAPE,
-                           "k and v must both be [Hkv, Nnew, D] like q's rank, with q's D (%lld) "
-                           "and Hkv dividing q's %lld heads",
+                           "k [Hkv, Nnew, D] and v [Hkv, Nnew, Dv] must have q's rank, k q's D "
+                           "(%lld), and Hkv must divide q's %lld heads",
                            (long long)a[3], (long long)a[1]);
   return 0;
 }
@@ -270,8 +299,10 @@ static int check_options(const attn_options *o, attn_status *st) {
 /* The call's request from its tensors, fields and options. */
 static int build(attn_proto_req *pr, const attn_proto_tensor *t, const attn_proto_session *ps,
                  const attn_options *opts, attn_status *st) {
+  attn_kv_shape sh;
   int rc;
-  if ((rc = check_tensors(t, st)) || (rc = check_fields(ps, t, st)) ||
+  if ((rc = check_q(&t[ATTN_PROTO_T_Q], st)) || (rc = check_fields(ps, t, st)) ||
+      (rc = session_shape(ps, t, &sh, st)) || (rc = check_kv(t, &sh, st)) ||
       (rc = check_offsets(ps, t, st)) || (rc = check_options(opts, st)) ||
       (rc = attn__check_alibi(&t[ATTN_PROTO_T_ALIBI], t, st)) ||
       (rc = attn__check_sinks(&t[ATTN_PROTO_T_SINKS], t, st)))
@@ -284,7 +315,8 @@ static int build(attn_proto_req *pr, const attn_proto_tensor *t, const attn_prot
   pr->rank = t[ATTN_PROTO_T_Q].rank;
   memcpy(pr->shape_q, t[ATTN_PROTO_T_Q].shape, sizeof pr->shape_q);
   memcpy(pr->shape_kv, t[ATTN_PROTO_T_K].shape, sizeof pr->shape_kv);
-  attn__shapes_dv(pr, q[3]);
+  const int64_t dv = attn__session_dv(&sh);
+  attn__shapes_dv(pr, dv);
   attn_request *r = &pr->req;
   attn_request_init(r);
   r->batch = ps->batch ? ps->nids : 1;
@@ -293,6 +325,7 @@ static int build(attn_proto_req *pr, const attn_proto_tensor *t, const attn_prot
   r->seq_q = q[2];
   r->seq_kv = k[2];
   r->head_dim = q[3];
+  r->head_dim_v = dv == q[3] ? 0 : dv;
   r->dtype = t[ATTN_PROTO_T_Q].dtype;
   r->scale = opts->scale;
   r->causal = opts->set & ATTN_OPT_CAUSAL ? opts->causal : true;

@@ -2,6 +2,7 @@
  * session_meta.c — the small JSON documents of the session routes: a
  * create's parameters, a truncate's length, a session's description.
  */
+#include "internal.h"
 #include "proto.h"
 
 #include <cjson/cJSON.h>
@@ -20,9 +21,9 @@ typedef struct field {
   bool required;
 } field;
 
-static const field create_fields[] = {{"heads_kv", true},   {"head_dim", true}, {"dtype", true},
-                                      {"max_tokens", true}, {"layers", false},  {"ttl_s", false},
-                                      {"head_dim_v", false}};
+static const field create_fields[] = {{"heads_kv", true},    {"head_dim", true}, {"dtype", true},
+                                      {"max_tokens", true},  {"layers", false},  {"ttl_s", false},
+                                      {"head_dim_v", false}, {"v_from_k", false}};
 #define NCREATE (sizeof create_fields / sizeof *create_fields)
 
 /* Whether the JSON string opening at s[i] holds a NUL, raw or escaped
@@ -147,7 +148,33 @@ static int get_int(const cJSON *root, const char *name, int64_t lo, int64_t hi, 
 
 #define CREATE_WHAT                                                                             \
   "{\"heads_kv\": n, \"head_dim\": n, \"dtype\": \"F32\"|\"F16\"|\"BF16\", \"max_tokens\": n, " \
-  "\"layers\"?: n, \"ttl_s\"?: seconds}"
+  "\"layers\"?: n, \"ttl_s\"?: seconds, \"head_dim_v\"?: n, \"v_from_k\"?: n}"
+
+/* The values' head dim: head_dim_v (default head_dim) or, for a latent
+ * session, v_from_k, which is at most head_dim (v is the first v_from_k
+ * columns of each k row); both given, they must agree. */
+static int value_dims_of(const cJSON *root, attn_kv_shape *sh, attn_status *st) {
+  int64_t dv, latent;
+  int rc;
+  if ((rc = get_int(root, "head_dim_v", 1, ATTN_MAX_HEAD_DIM_V, 0, &dv, st)) ||
+      (rc = get_int(root, "v_from_k", 1, ATTN_MAX_HEAD_DIM_V, 0, &latent, st)))
+    return rc;
+  if (latent > sh->head_dim)
+    return attn_status_set(st, ATTN_PROTO_EOPTVALUE,
+                           "\"v_from_k\" %lld is more than \"head_dim\" %lld: a latent session's v "
+                           "is the first v_from_k columns of each k row",
+                           (long long)latent, (long long)sh->head_dim);
+  if (latent && dv && dv != latent)
+    return attn_status_set(st, ATTN_PROTO_EOPTVALUE,
+                           "\"head_dim_v\" %lld and \"v_from_k\" %lld differ: a latent session's "
+                           "values are v_from_k wide (send one of them, or both equal)",
+                           (long long)dv, (long long)latent);
+  /* 0 when it is head_dim, as attn_kv_shape has it, so that a create
+   * naming head_dim_v equal to head_dim is one that does not */
+  sh->v_from_k = latent > 0;
+  sh->head_dim_v = latent ? latent : dv == sh->head_dim ? 0 : dv;
+  return 0;
+}
 
 static int create_fields_of(const cJSON *root, attn_kv_shape *sh, double ttl_max, double *ttl,
                             attn_status *st) {
@@ -155,19 +182,9 @@ static int create_fields_of(const cJSON *root, attn_kv_shape *sh, double ttl_max
   if ((rc = get_int(root, "heads_kv", 1, 4096, 0, &sh->heads_kv, st)) ||
       (rc = get_int(root, "head_dim", 1, ATTN_MAX_HEAD_DIM, 0, &sh->head_dim, st)) ||
       (rc = get_int(root, "layers", 1, ATTN_KV_MAX_LAYERS, 1, &sh->layers, st)) ||
-      (rc = get_int(root, "max_tokens", 1, (int64_t)1 << 30, 0, &sh->max_tokens, st)))
+      (rc = get_int(root, "max_tokens", 1, (int64_t)1 << 30, 0, &sh->max_tokens, st)) ||
+      (rc = value_dims_of(root, sh, st)))
     return rc;
-  /* named so that a client sending the contract's field learns it is not
-   * taken yet rather than that it is unknown */
-  int64_t dv;
-  if ((rc = get_int(root, "head_dim_v", 1, ATTN_MAX_HEAD_DIM, sh->head_dim, &dv, st)))
-    return rc;
-  if (dv != sh->head_dim)
-    return attn_status_set(st, ATTN_EUNSUPPORTED,
-                           "\"head_dim_v\" %lld differs from \"head_dim\" %lld: a session with a "
-                           "value head dim of its own is not supported yet (its k and v share "
-                           "head_dim); send v with its own width to POST /attention instead",
-                           (long long)dv, (long long)sh->head_dim);
   const cJSON *dt = cJSON_GetObjectItemCaseSensitive(root, "dtype");
   if (!cJSON_IsString(dt) || attn_dtype_parse(dt->valuestring, &sh->dtype))
     return attn_status_set(st, ATTN_EDTYPE, "%s", DTYPE_WANT);
@@ -214,9 +231,13 @@ void attn_proto_session_info_json(attn_sbuf *b, const attn_kv_info *info, const 
   attn_sbuf_json_str(b, info->id);
   attn_sbuf_printf(b,
                    ", \"heads_kv\": %lld, \"head_dim\": %lld, \"dtype\": \"%s\", \"layers\": %lld, "
-                   "\"max_tokens\": %lld, \"ttl_s\": %.17g, \"lengths\": [",
+                   "\"max_tokens\": %lld, \"ttl_s\": %.17g, \"head_dim_v\": %lld, ",
                    (long long)sh->heads_kv, (long long)sh->head_dim, attn_dtype_name(sh->dtype),
-                   (long long)sh->layers, (long long)sh->max_tokens, info->ttl_s);
+                   (long long)sh->layers, (long long)sh->max_tokens, info->ttl_s,
+                   (long long)attn__session_dv(sh));
+  if (sh->v_from_k)
+    attn_sbuf_printf(b, "\"v_from_k\": %lld, ", (long long)attn__session_dv(sh));
+  attn_sbuf_puts(b, "\"lengths\": [");
   for (int64_t l = 0; lengths && l < sh->layers; l++)
     attn_sbuf_printf(b, "%s%lld", l ? ", " : "", (long long)lengths[l]);
   double left = info->expires - now;

@@ -22,6 +22,19 @@ typedef struct attnd_session_call {
   char length_header[24];
 } attnd_session_call;
 
+/* The shape of the call's session (a batch's first), which its tensors
+ * depend on: the store's, as GET shows it. */
+static int shape_of(void *arg, const attn_proto_session *ps, attn_kv_shape *sh, attn_status *st) {
+  attnd_req *r = arg;
+  const attnd_session_call *sc = r->state;
+  attn_kv_info info;
+  int rc = attn_kv_get(r->srv->kv, r->tenant, ps->batch ? ps->ids[0] : sc->id, attn_now(), &info,
+                       NULL, 0, st);
+  if (rc == 0)
+    *sh = info.shape;
+  return rc;
+}
+
 /* The store (the HTTP thread's routes' 404, here on the threadpool), the
  * call's state, the id of its path, then the body with its fields. */
 static int decode(attnd_req *r, const char *body, size_t len, attn_status *st) {
@@ -35,6 +48,8 @@ static int decode(attnd_req *r, const char *body, size_t len, attn_status *st) {
   sc->call = (attn_kv_call){0};
   bool batch = r->route->kind == &attnd_kind_session_batch;
   attn_proto_session_init(&sc->ps, batch);
+  sc->ps.shape_of = shape_of;
+  sc->ps.shape_arg = r;
   int rc = batch ? 0 : attnd_sessions_id(r->path, sc->id, st);
   if (rc == 0)
     rc = attn_proto_decode_session(body, len, r->json_in, r->query, &sc->ps, &r->pr, st);

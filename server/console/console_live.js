@@ -173,6 +173,14 @@
 
   /* ---- sessions ---------------------------------------------------------------- */
 
+  /* heads_kv × head_dim, and the values' width when it is not head_dim: a
+   * latent session's v is the first v_from_k columns of k. */
+  function shapeText(s) {
+    const dims = s.heads_kv + " × " + s.head_dim;
+    if (s.v_from_k) return dims + ", latent (v: " + s.v_from_k + ")";
+    return s.head_dim_v && s.head_dim_v !== s.head_dim ? dims + ", v " + s.head_dim_v : dims;
+  }
+
   function seconds(x) {
     if (!(x >= 0)) return "–";
     if (x < 90) return x.toFixed(0) + " s";
@@ -208,7 +216,7 @@
       const tr = tb.insertRow();
       tr.dataset.id = s.id;
       const cap = s.layers * s.max_tokens, fill = cap > 0 ? s.tokens / cap : 0;
-      for (const v of [s.id, s.dtype, s.heads_kv + " × " + s.head_dim, String(s.layers)]) tr.insertCell().textContent = v;
+      for (const v of [s.id, s.dtype, shapeText(s), String(s.layers)]) tr.insertCell().textContent = v;
       const meter = document.createElement("meter");
       meter.min = 0;
       meter.max = 1;

@@ -50,7 +50,9 @@ static void create_and_truncate(const char *body, size_t len) {
     if (sh.heads_kv < 1 || sh.heads_kv > 4096 || sh.head_dim < 1 ||
         sh.head_dim > ATTN_MAX_HEAD_DIM || sh.layers < 1 || sh.layers > ATTN_KV_MAX_LAYERS ||
         sh.max_tokens < 1 || sh.max_tokens > ((int64_t)1 << 30) || !(ttl >= 1 && ttl <= 86400) ||
-        attn_dtype_size(sh.dtype) == 0)
+        attn_dtype_size(sh.dtype) == 0 || sh.head_dim_v < 0 ||
+        sh.head_dim_v > ATTN_MAX_HEAD_DIM_V || (!sh.v_from_k && sh.head_dim_v == sh.head_dim) ||
+        (sh.v_from_k && (sh.head_dim_v < 1 || sh.head_dim_v > sh.head_dim)))
       abort();
     attn_kv_info info = {.id = "s", .shape = sh, .ttl_s = ttl, .expires = ttl};
     attn_sbuf b = {0};
@@ -85,17 +87,30 @@ static void check_entries(const attn_proto_session *ps, const attn_request *req,
     abort();
 }
 
-/* A call's query string and body, decoded as the server does. */
-static void call(bool batch, bool json, const char *query, const char *body, size_t len) {
+/* A latent session's shape (D 8, Dv 4), as the server's lookup gives it. */
+static int latent_shape(void *arg, const attn_proto_session *ps, attn_kv_shape *sh,
+                        attn_status *st) {
+  (void)arg, (void)ps, (void)st;
+  *sh = (attn_kv_shape){.heads_kv = 1, .head_dim = 8, .head_dim_v = 4, .v_from_k = true};
+  return 0;
+}
+
+/* A call's query string and body, decoded as the server does (latent: for
+ * a latent session, which takes no v and answers o of its Dv). */
+static void call(bool batch, bool json, bool latent, const char *query, const char *body,
+                 size_t len) {
   attn_proto_session ps;
   attn_proto_req pr;
   attn_status st;
   attn_proto_session_init(&ps, batch);
+  ps.shape_of = latent ? latent_shape : NULL;
   int rc = attn_proto_decode_session(body, len, json, query, &ps, &pr, &st);
   if (rc) {
     check_refusal(rc, &st);
     return;
   }
+  if (latent && (pr.req.v || pr.shape_o[pr.rank - 1] != 4))
+    abort();
   static attn_kv_entry entries[ATTN_PROTO_MAX_BATCH];
   int64_t n = attn_proto_session_entries(&ps, &pr.req, "route-id", entries);
   check_entries(&ps, &pr.req, entries, n);
@@ -121,7 +136,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   memcpy(query, rest, qlen);
   query[qlen] = 0;
   size_t skip = nl ? qlen + 1 : 0;
-  call(route == 3 || route == 5, route == 2 || route == 3, query, rest + skip, n - skip);
+  for (int latent = 0; latent < 2; latent++)
+    call(route == 3 || route == 5, route == 2 || route == 3, latent, query, rest + skip, n - skip);
   free(query);
   return 0;
 }

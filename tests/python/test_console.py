@@ -382,6 +382,17 @@ def test_sessions_panel_lists_fills_and_deletes(page, console_server):
     wait(d, "!document.querySelector('#sess-table %s')" % row)
     status, _ = _call(base, "GET")
     assert status == 404
+    # the values' width beside it when it is not head_dim; a latent session says so
+    made = []
+    for sid, extra, text in (("console-dv", {"head_dim_v": 6}, "2 × 4, v 6"),
+                             ("console-mla", {"v_from_k": 3}, "2 × 4, latent (v: 3)")):
+        doc = dict({"heads_kv": 2, "head_dim": 4, "dtype": "BF16", "max_tokens": 8}, **extra)
+        assert _call(console_server.url + "/v1/sessions/" + sid, "PUT", doc)[0] == 201
+        made.append(sid)
+        got = wait_row(d, '#sess-table tr[data-id="%s"]' % sid, "true")
+        assert got["cells"][2] == text
+    for sid in made:
+        assert _call(console_server.url + "/v1/sessions/" + sid, "DELETE")[0] == 204
 
 
 # ---- usable by everyone -----------------------------------------------------------------

@@ -3,10 +3,11 @@ values of Dv 128) through the Python client against a real attnd, checked agains
 float64 formula: forward (o of Dv columns, m, l, lse) and backward (dq, dk of D columns, dv
 of Dv) in F32, F16 and BF16 over both wire formats, GQA/MQA, causal, windows, sinks; the
 default scale 1/sqrt(D) (not Dv); K/V sharded across servers (the merge over Dv columns);
-the refusals (a v or dO of the wrong width, Dv past the limit, a session with head_dim_v, a
-session call or _batch whose v is not the session's head_dim wide); and attnd.torch against
-torch's own SDPA (which takes v with its own last dimension), gradients included, skipped
-where torch is not installed (run with build/peers-venv/bin/python, which has it).
+the refusals (a v or dO of the wrong width, Dv past the limit, a session call or _batch
+whose v is not the session's head_dim_v wide; sessions of their own Dv are
+test_session_dv.py's); and attnd.torch against torch's own SDPA (which takes v with its own
+last dimension), gradients included, skipped where torch is not installed (run with
+build/peers-venv/bin/python, which has it).
 """
 
 import math
@@ -251,25 +252,16 @@ def test_refusals(client, wire):
     assert e.status == 422 and "head_dim_v" in e.message and "520" in e.message, e
 
 
-def test_session_with_head_dim_v_is_refused(client):
-    """Sessions keep values of their head_dim for now: create with head_dim_v is a 422 that
-    says so, and nothing is made."""
-    e = attnd_error(client.session, "dv-refused", heads_kv=2, head_dim=32, head_dim_v=16,
-                    max_tokens=8)
-    assert (e.status, e.code) == (422, "unsupported"), e
-    assert "head_dim_v" in e.message and "not supported" in e.message, e
-    assert all(s["id"] != "dv-refused" for s in client.sessions()["sessions"])
-
-
 @pytest.mark.parametrize("wire", ["binary", "json"])
 def test_session_call_with_another_v_width(client, wire):
-    """A v not head_dim wide is a shape the session does not have: 422, nothing appended."""
+    """A v not head_dim_v wide is a shape the session does not have: 422, nothing
+    appended."""
     sent, _, _, _ = _problem("d32-dv64", "F32", 6)
     q, k, v, _ = sent
     with client.session("dv-width-" + wire, heads_kv=3, head_dim=32, max_tokens=16) as s:
         e = attnd_error(s.attend, q, k, v, json=(wire == "json"))
-        assert (e.status, e.code) == (422, "unsupported"), e
-        assert '"v"' in e.message and "not supported" in e.message, e
+        assert (e.status, e.code) == (422, "shape_mismatch"), e
+        assert '"v" ends in 64' in e.message and "32 wide" in e.message, e
         assert s.info()["lengths"] == [0]
 
 
@@ -283,7 +275,7 @@ def test_session_batch_with_another_v_width(client):
     v = rng.standard_normal((1, 5, 12)).astype(np.float32)
     try:
         e = attnd_error(client.session_batch, made, q, k, v, [0, 2, 3], [0, 4, 5])
-        assert e.status == 422 and "not supported" in e.message, e
+        assert e.status == 422 and "8 wide" in e.message, e
         assert [s.info()["lengths"] for s in made] == [[0], [0]]
     finally:
         for s in made:

@@ -4,10 +4,10 @@
  * o ends in Dv and equals the float64 reference (D 192 / Dv 128, DeepSeek's
  * MLA prefill, and D 32 / Dv 64); a backward reply's dq, dk (D) and dv (Dv)
  * equal to attn_reference_backward; and the refusals: v's last dim over the
- * limit, a backward o of D instead of Dv, and a session of a value head dim
- * of its own (not supported yet), each 422 with a message that says what
- * is allowed; outputs past the memory budget refused (413). D 576 / Dv 512
- * (the limits, DeepSeek's absorbed MLA decode) answers like the others.
+ * limit and a backward o of D instead of Dv, each 422 with a message that
+ * says what is allowed; outputs past the memory budget refused (413). D 576
+ * / Dv 512 (the limits, DeepSeek's absorbed MLA decode) answers like the
+ * others. Sessions with a value head dim of their own: test_session_dv.c.
  */
 #include "harness.h"
 #include "proto.h"
@@ -355,29 +355,6 @@ Test(dv, backward_o_of_d_instead_of_dv_is_refused) {
   free(b.p);
   dv_free(&w);
   dv_free(&c);
-}
-
-Test(dv, a_session_of_its_own_dv_is_not_supported_yet) {
-  srv_start(&S, "--session-memory", "16M", NULL);
-  const char *body = "{\"heads_kv\": 2, \"head_dim\": 192, \"head_dim_v\": 128, "
-                     "\"dtype\": \"F32\", \"max_tokens\": 64}";
-  expect_422("/v1/sessions/mla", "PUT", JSON_CT, body, strlen(body),
-             (const char *[]){"head_dim_v", "not supported yet", NULL});
-  /* the default, or head_dim_v equal to head_dim, is a session as before */
-  const char *same = "{\"heads_kv\": 1, \"head_dim\": 4, \"head_dim_v\": 4, "
-                     "\"dtype\": \"F32\", \"max_tokens\": 8}";
-  const char *h[] = {"Content-Type: application/json", NULL};
-  http_res r;
-  cr_expect_eq(http_call(&S, "PUT", "/v1/sessions/same", h, same, strlen(same), &r), 201, "%.300s",
-               r.body);
-  http_res_free(&r);
-  /* a call whose v is narrower than the session's head_dim */
-  const char *call = "{\"pos\": 0, \"q\": {\"shape\": [1, 4], \"dtype\": \"F32\", \"data\": "
-                     "[1, 0, 0, 0]}, \"k\": {\"shape\": [1, 4], \"dtype\": \"F32\", \"data\": "
-                     "[1, 0, 0, 0]}, \"v\": {\"shape\": [1, 2], \"dtype\": \"F32\", \"data\": "
-                     "[1, 2]}}";
-  expect_422("/v1/sessions/same/attention", "POST", JSON_CT, call, strlen(call),
-             (const char *[]){"ends in 2", "not supported in sessions yet", NULL});
 }
 
 /* O of Dv can outgrow the body many times over (D 1, Dv 512: 512 times

@@ -2,7 +2,9 @@
  * test_session_client.c — `attn session` (clients/session_cmd.c) and `attn
  * load --session` (clients/load_session.c) against a real attnd: a session's
  * whole life from the command line (create, a retried create, get, attend
- * with random inputs and from a file, a conflict, truncate, delete), the
+ * with random inputs and from a file, a conflict, truncate, delete), a
+ * session with values of their own head dim and a latent one, attend with
+ * --sinks (o against the float64 reference of the inputs the CLI drew), the
  * decoding load's counts in its JSON report, and the exit statuses of
  * refusals, bad usage and a server that is not there.
  *
@@ -14,6 +16,7 @@
 
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -160,6 +163,109 @@ Test(session_client, attend_from_file) {
   cr_expect_gt(ftell(f), 4 * 3 * 8 * 4, "the reply file holds o");
   fclose(f);
   unlink(in);
+  unlink(out);
+}
+
+/* The CLI's random inputs (clients/session_wire.c): count F32 values
+ * uniform in [-1, 1) from splitmix64 seeded with seed. */
+static float *cli_random(int64_t count, uint64_t seed) {
+  float *x = malloc((size_t)count * sizeof *x);
+  for (int64_t i = 0; i < count; i++) {
+    uint64_t z = (seed += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    x[i] = (float)((double)((z ^ (z >> 31)) >> 11) * 0x1p-52 - 1.0);
+  }
+  return x;
+}
+
+/* Tensor o of a safetensors file (F32, n elements), malloc'd. */
+static float *file_o(const char *path, size_t n) {
+  size_t len;
+  char *b = read_file_all(path, &len);
+  cr_assert(b && len > 8, "%s", path);
+  uint64_t hl = 0;
+  memcpy(&hl, b, 8);
+  cJSON *h = cJSON_ParseWithLength(b + 8, (size_t)hl);
+  const cJSON *offs = cJSON_GetObjectItem(cJSON_GetObjectItem(h, "o"), "data_offsets");
+  cr_assert(offs, "no o in %s", path);
+  size_t at = (size_t)cJSON_GetArrayItem(offs, 0)->valuedouble;
+  cr_assert_eq((size_t)cJSON_GetArrayItem(offs, 1)->valuedouble - at, n * sizeof(float));
+  float *o = malloc(n * sizeof *o);
+  memcpy(o, b + 8 + hl + at, n * sizeof *o);
+  cJSON_Delete(h);
+  free(b);
+  return o;
+}
+
+/* o of the CLI's first call (hq query heads, n new tokens at pos 0, --seed
+ * seed, sinks or NULL) against the float64 reference: q, k and v (a latent
+ * session's: k's first dv columns) drawn as the CLI draws them. */
+static void expect_cli_o(const char *path, int64_t hq, int64_t hkv, int64_t n, int64_t d,
+                         int64_t dv, bool latent, uint64_t seed, const float *sinks) {
+  int64_t nq = hq * n * d, nk = hkv * n * d, nv = latent ? 0 : hkv * n * dv;
+  float *x = cli_random(nq + nk + nv, seed), *v = x + nq + nk;
+  if (latent) {
+    v = malloc((size_t)(hkv * n * dv) * sizeof *v);
+    for (int64_t r = 0; r < hkv * n; r++)
+      memcpy(v + r * dv, x + nq + r * d, (size_t)dv * sizeof *v);
+  }
+  attn_request r;
+  attn_request_init(&r);
+  r.batch = 1, r.heads_q = hq, r.heads_kv = hkv, r.seq_q = n, r.seq_kv = n, r.head_dim = d;
+  r.head_dim_v = dv, r.dtype = ATTN_F32, r.causal = true, r.sinks = sinks;
+  float *o = file_o(path, (size_t)(hq * n * dv));
+  double *want = malloc((size_t)(hq * n * dv) * sizeof *want);
+  r.q = x, r.k = x + nq, r.v = v, r.o = o;
+  attn_status st;
+  cr_assert_eq(attn_reference(&r, want, NULL, NULL, NULL, &st), 0, "%s", st.message);
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < hq * n * dv; i++)
+    num += (o[i] - want[i]) * (o[i] - want[i]), den += want[i] * want[i];
+  cr_expect(sqrt(num / den) < ttol(ATTN_F32), "%s: relative error %g", path, sqrt(num / den));
+  if (latent)
+    free(v);
+  free(x), free(o), free(want);
+}
+
+Test(session_client, value_head_dim_latent_and_sinks) {
+  srv_start(&S, "--session-memory", "16M", NULL);
+  char a[512], out[] = "/tmp/attn-session-dv-XXXXXX";
+  close(mkstemp(out));
+  snprintf(a, sizeof a,
+           "session create %s cli-dv --heads-kv 2 --head-dim 16 --head-dim-v 24 --max-tokens 8",
+           S.url);
+  expect_run(0, a, "created", "2 kv heads x 16, values 24 wide, F32", NULL);
+  snprintf(a, sizeof a, "session get %s cli-dv", S.url);
+  expect_run(0, a, "2 kv heads x 16, values 24 wide, F32", NULL);
+  snprintf(a, sizeof a,
+           "session attend %s cli-dv --heads-q 4 --new 3 --seed 5 --sinks 0.5,-1,2,0 --out %s",
+           S.url, out);
+  expect_run(0, a, "3 new at pos 0 -> length 3", "o [4,3,24] F32", NULL);
+  const float sinks[4] = {0.5f, -1.0f, 2.0f, 0.0f};
+  expect_cli_o(out, 4, 2, 3, 16, 24, false, 5, sinks);
+  snprintf(a, sizeof a, "session attend %s cli-dv --heads-q 4 --sinks 1,2", S.url);
+  expect_run(2, a, "--sinks has 2 numbers; give Hq = 4", NULL);
+  snprintf(a, sizeof a,
+           "session create %s cli-mla --heads-kv 1 --head-dim 16 --v-from-k 8 --max-tokens 8",
+           S.url);
+  expect_run(0, a, "created", "1 kv heads x 16, latent: v the first 8 columns of k", NULL);
+  snprintf(a, sizeof a, "session get %s cli-mla", S.url);
+  expect_run(0, a, "latent: v the first 8 columns of k", NULL);
+  snprintf(a, sizeof a, "session attend %s cli-mla --heads-q 4 --new 3 --seed 6 --out %s", S.url,
+           out);
+  expect_run(0, a, "3 new at pos 0 -> length 3", "o [4,3,8] F32", NULL);
+  expect_cli_o(out, 4, 1, 3, 16, 8, true, 6, NULL);
+  snprintf(a, sizeof a,
+           "session create %s x --heads-kv 1 --head-dim 16 --v-from-k 8 --head-dim-v 4 "
+           "--max-tokens 8",
+           S.url);
+  expect_run(2, a, "--head-dim-v and --v-from-k differ", NULL);
+  snprintf(a, sizeof a,
+           "session create %s x --heads-kv 1 --head-dim 16 --v-from-k 17 "
+           "--max-tokens 8",
+           S.url);
+  expect_run(1, a, "HTTP 422 invalid_option", "v_from_k", NULL);
   unlink(out);
 }
 

@@ -5,8 +5,8 @@
  * request with head_dim_v; O (and a backward's dv) is allocated and written
  * with Dv by both reply encoders and read back by both reply decoders, bit
  * for bit, Dv above D and below it; and the refusals say what is allowed:
- * q and k of different D, v of another N, a backward o of D instead of Dv,
- * a session create or call with a value head dim of its own.
+ * q and k of different D, v of another N, a backward o of D instead of Dv.
+ * (Sessions with a value head dim of their own: test_session_codecs.c.)
  */
 #include "helpers.h"
 #include "proto.h"
@@ -194,39 +194,4 @@ Test(dv_codecs, refusals_say_what_is_allowed) {
   snprintf(body + o, sizeof body - o, "]]}");
   expect_json_err(body, ATTN_FORWARD, ATTN_ESHAPE,
                   "head_dim_v (v's last dimension) must be between 1 and 512");
-}
-
-Test(dv_codecs, sessions_refuse_a_value_head_dim_of_their_own) {
-  attn_kv_shape sh;
-  double ttl;
-  attn_status st = {0};
-  const char *create = "{\"heads_kv\": 1, \"head_dim\": 192, \"head_dim_v\": 128, \"dtype\": "
-                       "\"F32\", \"max_tokens\": 8}";
-  int rc = attn_proto_session_create_decode(create, strlen(create), 600, &sh, &ttl, &st);
-  cr_expect_eq(rc, ATTN_EUNSUPPORTED, "%d: %s", rc, st.message);
-  cr_expect_eq(attn_proto_http_status(rc), 422);
-  cr_expect(strstr(st.message, "value head dim of its own is not supported yet"), "%s", st.message);
-  const char *same = "{\"heads_kv\": 1, \"head_dim\": 4, \"head_dim_v\": 4, \"dtype\": "
-                     "\"F32\", \"max_tokens\": 8}";
-  cr_expect_eq(attn_proto_session_create_decode(same, strlen(same), 600, &sh, &ttl, &st), 0, "%s",
-               st.message);
-  cr_expect_eq(sh.head_dim, 4);
-  const char *call = "{\"pos\": 0, " T("q", "[1, 4]", "[1, 2, 3, 4]") ", " T(
-      "k", "[1, 4]", "[1, 2, 3, 4]") ", " T("v", "[1, 2]", "[1, 2]") "}";
-  attn_proto_session ps;
-  attn_proto_session_init(&ps, false);
-  attn_proto_req pr;
-  rc = attn_proto_decode_session(call, strlen(call), true, NULL, &ps, &pr, &st);
-  cr_expect_eq(rc, ATTN_EUNSUPPORTED, "%d: %s", rc, st.message);
-  cr_expect(strstr(st.message, "not supported in sessions yet"), "%s", st.message);
-  /* a _batch entry's v the same way */
-  const char *batch =
-      "{\"sessions\": [\"a\"], \"pos\": [0], " T("q", "[1, 4]", "[1, 2, 3, 4]") ", " T(
-          "k", "[1, 4]", "[1, 2, 3, 4]") ", " T("v", "[1, 2]",
-                                                "[1, 2]") ", \"cu_seqlens_q\": [0, 1], "
-                                                          "\"cu_seqlens_kv\": [0, 1]}";
-  attn_proto_session_init(&ps, true);
-  rc = attn_proto_decode_session(batch, strlen(batch), true, NULL, &ps, &pr, &st);
-  cr_expect_eq(rc, ATTN_EUNSUPPORTED, "%d: %s", rc, st.message);
-  cr_expect(strstr(st.message, "not supported in sessions yet"), "%s", st.message);
 }

@@ -194,7 +194,149 @@ Test(session_codecs, create_truncate_and_info) {
   attn_sbuf b = {0};
   attn_proto_session_info_json(&b, &info, lengths, 100);
   cr_expect_str_eq(b.p, "{\"id\": \"s1\", \"heads_kv\": 2, \"head_dim\": 64, \"dtype\": \"F16\", "
-                        "\"layers\": 2, \"max_tokens\": 100, \"ttl_s\": 60, \"lengths\": [4, 3], "
-                        "\"tokens\": 7, \"reserved_bytes\": 524288, \"expires_in_s\": 30.000}");
+                        "\"layers\": 2, \"max_tokens\": 100, \"ttl_s\": 60, \"head_dim_v\": 64, "
+                        "\"lengths\": [4, 3], \"tokens\": 7, \"reserved_bytes\": 524288, "
+                        "\"expires_in_s\": 30.000}");
   free(b.p);
+  /* a latent session says so, with its Dv */
+  info.shape.head_dim_v = 48;
+  info.shape.v_from_k = true;
+  b = (attn_sbuf){0};
+  attn_proto_session_info_json(&b, &info, lengths, 100);
+  cr_expect(strstr(b.p, "\"ttl_s\": 60, \"head_dim_v\": 48, \"v_from_k\": 48, \"lengths\""), "%s",
+            b.p);
+  free(b.p);
+}
+
+/* A create's body with head_dim d and the extra members more ("" or ", ..."). */
+static int create_with(int d, const char *more, attn_kv_shape *sh, attn_status *st) {
+  char body[256];
+  double ttl;
+  snprintf(body, sizeof body,
+           "{\"heads_kv\": 1, \"head_dim\": %d, \"dtype\": \"F32\", \"max_tokens\": 8%s}", d, more);
+  return attn_proto_session_create_decode(body, strlen(body), 600, sh, &ttl, st);
+}
+
+Test(session_codecs, create_takes_a_value_head_dim_and_a_latent_session) {
+  attn_kv_shape sh;
+  attn_status st = {0};
+  cr_assert_eq(create_with(192, ", \"head_dim_v\": 128", &sh, &st), 0, "%s", st.message);
+  cr_expect(sh.head_dim == 192 && sh.head_dim_v == 128 && !sh.v_from_k);
+  cr_assert_eq(create_with(64, ", \"head_dim_v\": 512", &sh, &st), 0, "%s", st.message);
+  cr_expect(sh.head_dim_v == 512 && !sh.v_from_k, "Dv above D, up to ATTN_MAX_HEAD_DIM_V");
+  /* head_dim_v equal to head_dim is the create that leaves it out */
+  cr_assert_eq(create_with(64, ", \"head_dim_v\": 64", &sh, &st), 0, "%s", st.message);
+  cr_expect(sh.head_dim_v == 0 && !sh.v_from_k);
+  cr_assert_eq(create_with(192, ", \"v_from_k\": 128", &sh, &st), 0, "%s", st.message);
+  cr_expect(sh.head_dim == 192 && sh.head_dim_v == 128 && sh.v_from_k);
+  cr_assert_eq(create_with(192, ", \"v_from_k\": 128, \"head_dim_v\": 128", &sh, &st), 0, "%s",
+               st.message);
+  cr_expect(sh.head_dim_v == 128 && sh.v_from_k);
+  cr_assert_eq(create_with(64, ", \"v_from_k\": 64", &sh, &st), 0, "%s", st.message);
+  cr_expect(sh.head_dim_v == 64 && sh.v_from_k, "v the whole of k");
+  struct {
+    int d;
+    const char *more, *needle, *needle2;
+  } bad[] = {
+      {64, ", \"head_dim_v\": 513", "\"head_dim_v\" must be an integer from 1 to 512", ""},
+      {64, ", \"head_dim_v\": 0", "\"head_dim_v\" must be an integer from 1", ""},
+      {64, ", \"head_dim_v\": 1.5", "\"head_dim_v\"", ""},
+      {64, ", \"v_from_k\": 65", "\"v_from_k\" 65 is more than \"head_dim\" 64", ""},
+      {64, ", \"v_from_k\": true", "\"v_from_k\" must be an integer", ""},
+      {192, ", \"v_from_k\": 128, \"head_dim_v\": 64", "\"head_dim_v\" 64", "\"v_from_k\" 128"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    int rc = create_with(bad[i].d, bad[i].more, &sh, &st);
+    cr_expect_eq(rc, ATTN_PROTO_EOPTVALUE, "case %zu: %s", i, st.message);
+    cr_expect_eq(attn_proto_http_status(rc), 422);
+    cr_expect(strstr(st.message, bad[i].needle) && strstr(st.message, bad[i].needle2),
+              "case %zu: %s", i, st.message);
+  }
+}
+
+/* The session shape_of hands the decoder in these tests: D 4, Dv 2, latent
+ * or not (arg), or an unknown session (arg NULL). */
+static int test_shape(void *arg, const attn_proto_session *ps, attn_kv_shape *sh, attn_status *st) {
+  (void)ps;
+  if (!arg)
+    return attn_status_set(st, ATTN_ESESSION_NOT_FOUND, "no session");
+  *sh = (attn_kv_shape){.heads_kv = 1,
+                        .head_dim = 4,
+                        .head_dim_v = 2,
+                        .v_from_k = *(const bool *)arg,
+                        .dtype = ATTN_F32,
+                        .layers = 1,
+                        .max_tokens = 8};
+  return 0;
+}
+
+#define Q4 "\"q\": {\"shape\": [2, 1, 4], \"dtype\": \"F32\", \"data\": [1, 2, 3, 4, 5, 6, 7, 8]}"
+#define K4 "\"k\": {\"shape\": [1, 1, 4], \"dtype\": \"F32\", \"data\": [1, 0, 2, 0]}"
+#define V2 "\"v\": {\"shape\": [1, 1, 2], \"dtype\": \"F32\", \"data\": [0, 1]}"
+#define V4 "\"v\": {\"shape\": [1, 1, 4], \"dtype\": \"F32\", \"data\": [0, 1, 2, 3]}"
+#define BATCH "\"sessions\": [\"a\"], \"cu_seqlens_q\": [0, 1], \"cu_seqlens_kv\": [0, 1]"
+
+static int decode_as(bool *latent, const char *body, bool batch, attn_proto_session *ps,
+                     attn_proto_req *pr, attn_status *st) {
+  attn_proto_session_init(ps, batch);
+  ps->shape_of = test_shape;
+  ps->shape_arg = latent;
+  return attn_proto_decode_session(body, strlen(body), true, NULL, ps, pr, st);
+}
+
+Test(session_codecs, v_and_o_have_the_sessions_value_head_dim) {
+  attn_proto_session ps;
+  attn_proto_req pr;
+  attn_status st;
+  bool latent = false;
+  const char *calls[] = {"{" Q4 ", " K4 ", " V2 ", \"pos\": 0}", "{" Q4 "}",
+                         "{" Q4 ", " K4 ", " V2 ", \"pos\": [0], " BATCH "}"};
+  for (size_t i = 0; i < sizeof calls / sizeof *calls; i++) {
+    cr_assert_eq(decode_as(&latent, calls[i], i == 2, &ps, &pr, &st), 0, "case %zu: %s", i,
+                 st.message);
+    cr_expect(pr.req.head_dim == 4 && pr.req.head_dim_v == 2, "case %zu", i);
+    cr_expect(pr.shape_o[pr.rank - 1] == 2 && pr.shape_o[pr.rank - 2] == 1, "case %zu", i);
+    cr_expect_eq(pr.req.v != NULL, i != 1, "case %zu", i);
+    attn_proto_req_free(&pr);
+  }
+  int rc = decode_as(&latent, "{" Q4 ", " K4 ", " V4 ", \"pos\": 0}", false, &ps, &pr, &st);
+  cr_expect_eq(rc, ATTN_PROTO_ESHAPE, "%s", st.message);
+  cr_expect(strstr(st.message, "\"v\" ends in 4 but the session's values are 2 wide"), "%s",
+            st.message);
+  rc = decode_as(&latent, "{" Q4 ", " K4 ", \"pos\": 0}", false, &ps, &pr, &st);
+  cr_expect_eq(rc, ATTN_PROTO_EMISSING, "a session that stores v needs it: %s", st.message);
+  rc = decode_as(NULL, "{" Q4 "}", false, &ps, &pr, &st);
+  cr_expect_eq(rc, ATTN_ESESSION_NOT_FOUND, "the lookup's refusal is the call's");
+  /* without a lookup, a session of v's width */
+  attn_proto_session_init(&ps, false);
+  const char *plain = "{" Q4 ", " K4 ", " V2 ", \"pos\": 0}";
+  cr_assert_eq(attn_proto_decode_session(plain, strlen(plain), true, NULL, &ps, &pr, &st), 0, "%s",
+               st.message);
+  cr_expect(pr.req.head_dim_v == 2 && pr.shape_o[pr.rank - 1] == 2);
+  attn_proto_req_free(&pr);
+}
+
+Test(session_codecs, a_latent_session_takes_q_and_k_only) {
+  attn_proto_session ps;
+  attn_proto_req pr;
+  attn_status st;
+  bool latent = true;
+  const char *calls[] = {"{" Q4 ", " K4 ", \"pos\": 0}", "{" Q4 "}",
+                         "{" Q4 ", " K4 ", \"pos\": [0], " BATCH "}"};
+  for (size_t i = 0; i < sizeof calls / sizeof *calls; i++) {
+    cr_assert_eq(decode_as(&latent, calls[i], i == 2, &ps, &pr, &st), 0, "case %zu: %s", i,
+                 st.message);
+    cr_expect(!pr.req.v && (pr.req.k != NULL) == (i != 1), "case %zu", i);
+    cr_expect(pr.req.head_dim_v == 2 && pr.shape_o[pr.rank - 1] == 2, "case %zu", i);
+    attn_proto_req_free(&pr);
+  }
+  const char *with_v[] = {"{" Q4 ", " K4 ", " V2 ", \"pos\": 0}", "{" Q4 ", " V2 "}",
+                          "{" Q4 ", " K4 ", " V2 ", \"pos\": [0], " BATCH "}"};
+  for (size_t i = 0; i < sizeof with_v / sizeof *with_v; i++) {
+    int rc = decode_as(&latent, with_v[i], i == 2, &ps, &pr, &st);
+    cr_expect_eq(rc, ATTN_PROTO_EUNKNOWNTENSOR, "case %zu: %s", i, st.message);
+    cr_expect_eq(attn_proto_http_status(rc), 422);
+    cr_expect(strstr(st.message, "latent session (v_from_k 2), which takes q and k only"),
+              "case %zu: %s", i, st.message);
+  }
 }

@@ -345,14 +345,15 @@ class Client:
     # -- sessions -----------------------------------------------------------------------
 
     def session(self, id, *, heads_kv, head_dim, dtype="F32", layers=1, max_tokens, ttl_s=600,
-                history=None, head_dim_v=None):
+                history=None, head_dim_v=None, v_from_k=None):
         """Creates (or finds, made with the same parameters) the server-side KV cache
-        ``id`` and returns its :class:`attnd.Session`; see there (``history`` rebuilds it
-        when it is gone). ``with client.session(...) as s:`` deletes it when the block
-        ends."""
+        ``id`` and returns its :class:`attnd.Session`; see there (``head_dim_v``: values of
+        a head dim of their own; ``v_from_k``: a latent session, MLA's cache of k alone;
+        ``history`` rebuilds it when it is gone). ``with client.session(...) as s:``
+        deletes it when the block ends."""
         return Session(self, id, heads_kv=heads_kv, head_dim=head_dim, dtype=dtype,
                        layers=layers, max_tokens=max_tokens, ttl_s=ttl_s, history=history,
-                       head_dim_v=head_dim_v)
+                       head_dim_v=head_dim_v, v_from_k=v_from_k)
 
     def sessions(self):
         """The caller's sessions (``GET /v1/sessions``): a dict with ``sessions`` (each as
@@ -372,9 +373,11 @@ class Client:
             sessions: :class:`attnd.Session` objects or session ids, one per sequence.
             q: ``[Hq, total_q, D]``, the sequences' queries packed along N;
                 ``cu_seqlens_q`` ``[len(sessions)+1]`` their offsets.
-            k, v: ``[Hkv, total_new, D]``, the new tokens packed the same way, with
-                ``cu_seqlens_kv``. Entry e appends its tokens to its session's layer at
-                ``pos[e]``, then attends its queries over that layer's keys.
+            k, v: ``[Hkv, total_new, D]`` and ``[Hkv, total_new, Dv]``, the new tokens
+                packed the same way, with ``cu_seqlens_kv``. Entry e appends its tokens to
+                its session's layer at ``pos[e]``, then attends its queries over that
+                layer's keys. The sessions share one Dv (their ``head_dim_v``); latent
+                sessions (``v_from_k``) take k alone: v is then None.
             pos: one position per session; None takes each Session's tracked length
                 (ids then need it).
             layer, causal (True by default), scale, window, window_left, window_right,
@@ -382,7 +385,7 @@ class Client:
                 :meth:`attnd.Session.attend`.
 
         Returns:
-            O ``[Hq, total_q, D]`` packed (or ``(o, m, l, lse)``), in the caller's kind; the
+            O ``[Hq, total_q, Dv]`` packed (or ``(o, m, l, lse)``), in the caller's kind; the
             Session objects' lengths of that layer follow the call. One refused entry (its
             error names it) refuses the whole call, and nothing is appended anywhere.
         """

@@ -11,6 +11,17 @@
 ...     s.lengths                                    # [16]
 ... # deleted on leaving the block
 
+Values may have a head dim of their own (``head_dim_v``, DeepSeek's MLA prefill: D 192, Dv
+128), and a latent session (``v_from_k=Dv``) keeps k alone, its v being the first Dv columns
+of each k row: MLA's absorbed decode, whose calls send q and k only:
+
+>>> with c.session("mla-1", heads_kv=1, head_dim=320, v_from_k=256, dtype="BF16",
+...                max_tokens=4096) as s:             # 256 latent + 64 rope columns
+...     o = s.attend(q_absorbed, c_kv_pe)            # q [H, 1, 320], k [1, 1, 320]: o [H, 1, 256]
+
+(A session page holds 64 rows or more of max(head_dim, head_dim_v) elements, 1 KiB at most:
+DeepSeek's own 576 columns do not fit one yet, and such a create is refused with 422.)
+
 The routes are ``/v1/sessions/{id}`` (PUT create, GET, DELETE), ``.../attention``,
 ``.../truncate`` and ``/v1/sessions/_batch``. This module is imported by
 ``import attnd``; :meth:`attnd.Client.session` and :meth:`attnd.Client.session_batch` are its
@@ -159,15 +170,23 @@ class Session:
     (409 ``session_conflict``) or answers a call without k, v over another length. Without
     ``history`` the 404 is raised.
 
-    ``head_dim_v``, when given, asks for values of a head dim of their own (Dv, as
-    :meth:`attnd.Client.attention` takes them); servers of this version refuse such a
-    session with 422 (stateless calls take Dv), and a call whose v is not ``head_dim``
-    wide is refused with 422 as any shape that is not the session's.
+    ``head_dim_v``, when given, asks for values of a head dim of their own (Dv, from 1 to
+    512, as :meth:`attnd.Client.attention` takes them): calls then send v ``[heads_kv,
+    Nnew, head_dim_v]`` and get O ``[.., head_dim_v]`` back (DeepSeek's MLA prefill: D 192,
+    Dv 128). ``v_from_k=Dv`` makes a latent session instead (MLA's absorbed decode,
+    FlashMLA's cache): the server keeps k alone, in half the memory, and reads v as the
+    first Dv columns of each k row (Dv at most ``head_dim``; DeepSeek: D 576 = 512 latent
+    + 64 rope, Dv 512, whose rows are wider than a session page of this server takes: 1 KiB,
+    so 512 columns in F16 and BF16, 256 in F32). Its calls send q and k only, and
+    ``history`` returns k alone. A v of another width, or a v sent to a latent session, is
+    refused with 422.
 
     Attributes:
         client, id, heads_kv, head_dim, dtype, layers, max_tokens, ttl_s, history: as
             given.
-        head_dim_v: the values' head dim (``head_dim`` when not given).
+        head_dim_v: the values' head dim (``v_from_k`` for a latent session, else
+            ``head_dim`` when not given).
+        v_from_k: True for a latent session.
         lengths: the length of each layer as this object last saw it (its creation, an
             :meth:`attend`, :meth:`truncate`, :meth:`info` or batch call); :meth:`attend`
             appends at it when no ``pos`` is given.
@@ -181,13 +200,19 @@ class Session:
     """
 
     def __init__(self, client, id, *, heads_kv, head_dim, dtype="F32", layers=1, max_tokens,
-                 ttl_s=600, create=True, history=None, head_dim_v=None):
+                 ttl_s=600, create=True, history=None, head_dim_v=None, v_from_k=None):
         self.client = client
         self.id = _check_id(id)
         self.heads_kv, self.head_dim = int(heads_kv), int(head_dim)
         # None: not sent on create (servers that predate head_dim_v take the session)
         self._dv = None if head_dim_v is None else int(head_dim_v)
-        self.head_dim_v = self.head_dim if self._dv is None else self._dv
+        self._latent = None if v_from_k is None else int(v_from_k)
+        if None not in (self._dv, self._latent) and self._dv != self._latent:
+            raise ValueError("attnd: head_dim_v %d and v_from_k %d differ: a latent session's "
+                             "values are v_from_k wide" % (self._dv, self._latent))
+        self.v_from_k = self._latent is not None
+        self.head_dim_v = next(d for d in (self._latent, self._dv, self.head_dim)
+                               if d is not None)
         self.dtype = str(dtype).upper()
         if self.dtype not in _DTYPES:
             raise ValueError("attnd: a session's dtype is F32, F16 or BF16 (got %r)" % (dtype,))
@@ -208,13 +233,14 @@ class Session:
         s = cls(client, id, heads_kv=info["heads_kv"], head_dim=info["head_dim"],
                 dtype=info["dtype"], layers=info["layers"], max_tokens=info["max_tokens"],
                 ttl_s=info.get("ttl_s", 600), create=False, history=history,
-                head_dim_v=info.get("head_dim_v"))
+                head_dim_v=info.get("head_dim_v"), v_from_k=info.get("v_from_k"))
         s.lengths = [int(n) for n in info["lengths"]]
         return s
 
     def __repr__(self):
-        return ("attnd.Session(%r, heads_kv=%d, head_dim=%d, dtype=%r, layers=%d, "
-                "max_tokens=%d, lengths=%r)" % (self.id, self.heads_kv, self.head_dim,
+        values = ("v_from_k=%d" if self.v_from_k else "head_dim_v=%d") % self.head_dim_v
+        return ("attnd.Session(%r, heads_kv=%d, head_dim=%d, %s, dtype=%r, layers=%d, "
+                "max_tokens=%d, lengths=%r)" % (self.id, self.heads_kv, self.head_dim, values,
                                                 self.dtype, self.layers, self.max_tokens,
                                                 self.lengths))
 
@@ -242,6 +268,8 @@ class Session:
             doc["ttl_s"] = self.ttl_s
         if self._dv is not None:
             doc["head_dim_v"] = self._dv
+        if self._latent is not None:
+            doc["v_from_k"] = self._latent
         status, _ = _json_call(self.client, "PUT", _path(self.id), doc, ok=(200, 201))
         return status
 
@@ -288,12 +316,14 @@ class Session:
                json=None):
         """Append k, v to one layer at ``pos``, then attend q over its keys ``[0, pos +
         Nnew)`` (``POST /v1/sessions/{id}/attention``); without k and v, attend over the
-        layer's whole length.
+        layer's whole length. A latent session's call appends k alone.
 
         Args:
             q: ``[Hq, Nq, D]`` (also ``[Nq, D]`` or ``[1, Hq, Nq, D]``), Hq a multiple of
                 the session's heads_kv.
-            k, v: the new tokens, ``[Hkv, Nnew, D]`` (same ranks), or both None.
+            k, v: the new tokens, ``[Hkv, Nnew, D]`` and ``[Hkv, Nnew, head_dim_v]``
+                (same ranks), or both None; for a latent session k alone (v None: the
+                server reads it from k).
                 Inputs are numpy arrays, nested lists or torch tensors (as for
                 :meth:`attnd.Client.attention`), sent in the session's dtype (converted
                 when they are in another).
@@ -311,7 +341,8 @@ class Session:
                 is JSON.
 
         Returns:
-            O in q's shape, or ``(o, m, l, lse)`` with ``stats=True``; torch tensors on q's
+            O in q's shape with last dimension ``head_dim_v``, or ``(o, m, l, lse)`` with
+            ``stats=True``; torch tensors on q's
             device when an input is a torch tensor, else numpy arrays (O in the session's
             dtype, BF16 as for :meth:`attnd.Client.attention`). :attr:`lengths` ``[layer]``
             becomes the layer's length the server replied with.
@@ -325,8 +356,7 @@ class Session:
                 rebuild asked for.
         """
         layer = self._layer(layer)
-        if (k is None) != (v is None):
-            raise TypeError("attnd: give both k and v, or neither")
+        self._check_kv(k, v)
         if k is None and pos is not None:
             raise TypeError("attnd: pos says where k and v go; there are none")
         q, k, v = (None if x is None else _array(x) for x in (q, k, v))
@@ -334,8 +364,8 @@ class Session:
         wire = [("q",) + _as_dtype(_three_d(q, "q"), "q", self.dtype)]
         opts = {"layer": layer}
         if k is not None:
-            wire += [(n,) + _as_dtype(_three_d(x, n), n, self.dtype) for n, x in (("k", k),
-                                                                                 ("v", v))]
+            wire += [(n,) + _as_dtype(_three_d(x, n), n, self.dtype)
+                     for n, x in (("k", k), ("v", v)) if x is not None]
             opts["pos"] = self.lengths[layer] if pos is None else int(pos)
         _f32_inputs(wire, alibi_slopes=alibi_slopes, sinks=sinks)
         opts.update(_call_options(causal, scale, window, window_left, window_right, softcap,
@@ -360,6 +390,14 @@ class Session:
         tracked = k is None or opts["pos"] == before[layer]
         out, self.lengths[layer] = self._recovering(call, before, tracked)
         return _results(out, names, result_device(q, k, v), q_shape)
+
+    def _check_kv(self, k, v):
+        if self.v_from_k and v is not None:
+            raise TypeError("attnd: session %r is latent (v_from_k %d): it takes q and k only, "
+                            "its v being the first %d columns of each k row"
+                            % (self.id, self.head_dim_v, self.head_dim_v))
+        if not self.v_from_k and (k is None) != (v is None):
+            raise TypeError("attnd: give both k and v, or neither")
 
     # -- rebuilding a session that is gone -----------------------------------------------
 
@@ -420,22 +458,27 @@ class Session:
         """Tokens [0, n) of one layer from history, in calls of at most _PREFILL_BYTES of k
         and v. Each call needs a q (no dimension may be 0): one query of zeros a KV head,
         the cheapest there is; its output is not read."""
-        k, v = self._history(layer, n)
+        kv = self._history(layer, n)
         q = ("q",) + _as_dtype(np.zeros((self.heads_kv, 1, self.head_dim), np.float32), "q",
                                self.dtype)
-        token_bytes = self.heads_kv * (self.head_dim + self.head_dim_v) * _ITEMSIZE[self.dtype]
+        token_bytes = self.heads_kv * sum(int(x.shape[-1]) for x in kv) * _ITEMSIZE[self.dtype]
         step = max(1, _PREFILL_BYTES // token_bytes)
         for a in range(0, n, step):
             wire = [q] + [(name,) + _as_dtype(x[:, a:a + step], name, self.dtype)
-                          for name, x in (("k", k), ("v", v))]
+                          for name, x in zip(("k", "v"), kv)]
             self.client._exchange(_path(self.id, "/attention"), wire,
                                   {"layer": layer, "pos": a}, False, ("o",))
 
     def _history(self, layer, n):
         """history(layer, n), checked: k of exactly [heads_kv, n, head_dim], v of
-        [heads_kv, n, head_dim_v]."""
+        [heads_kv, n, head_dim_v] (a latent session's: k alone); as a list."""
         got = self.history(layer, n)
-        if not (isinstance(got, (tuple, list)) and len(got) == 2):
+        if self.v_from_k:
+            got = (got,) if hasattr(got, "shape") or not isinstance(got, tuple) else got
+            if len(got) != 1:
+                raise TypeError("attnd: history(%d, %d) of latent session %r must return k "
+                                "alone" % (layer, n, self.id))
+        elif not (isinstance(got, (tuple, list)) and len(got) == 2):
             raise TypeError("attnd: history(%d, %d) must return (k, v), got %s"
                             % (layer, n, type(got).__name__))
         out = []
@@ -499,7 +542,8 @@ def session_batch(client, sessions, q, k, v, cu_seqlens_q, cu_seqlens_kv, *, pos
         raise ValueError("attnd: %d sessions but %d positions" % (len(ids), len(pos)))
     dtype = next((s.dtype for s in sessions if isinstance(s, Session)), None)
     conv = (lambda x, n: to_wire(x, n)) if dtype is None else (lambda x, n: _as_dtype(x, n, dtype))
-    wire = [(n,) + conv(x, n) for n, x in (("q", q), ("k", k), ("v", v))]
+    # v None: latent sessions, whose v the server reads from k
+    wire = [(n,) + conv(x, n) for n, x in (("q", q), ("k", k), ("v", v)) if x is not None]
     _f32_inputs(wire, alibi_slopes=alibi_slopes, sinks=sinks)
     _cu_seqlens(wire, cu_seqlens_q, cu_seqlens_kv)
     as_json = _wants_json(json, binary)

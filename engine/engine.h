@@ -66,8 +66,13 @@ extern "C" {
  * backend may take less (the cuda backend: 256) and declines the rest. */
 #define ATTN_MAX_HEAD_DIM 576
 #define ATTN_MAX_HEAD_DIM_V 512
-/* Fewest tokens a page of a paged K/V (attn_request.k_pages) holds. */
-#define ATTN_PAGE_MIN_TOKENS 64
+/* A page of a paged K/V (attn_request.k_pages) holds a multiple of
+ * ATTN_PAGE_MIN_TOKENS tokens. A session store gives its pages a multiple
+ * of ATTN_PAGE_ALIGN_TOKENS wherever a page has room for that many rows
+ * (the cuda kernels' key tiles divide it), and fewer only to rows too wide
+ * for that (over 1 KiB: D 576 in BF16), which the cpu backend reads. */
+#define ATTN_PAGE_MIN_TOKENS 16
+#define ATTN_PAGE_ALIGN_TOKENS 64
 /* Dimensions above this are refused as too large before any arithmetic. */
 #define ATTN_MAX_DIM ((int64_t)1 << 40)
 

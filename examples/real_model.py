@@ -68,11 +68,11 @@ def find_weights():
 
 def check_shape(cfg, dtype):
     """None when a session holds this model's attention, else why not (docs/sessions.md:
-    heads_kv 1..4096, head_dim 1..256, query heads a multiple of heads_kv)."""
+    heads_kv 1..4096, head_dim 1..576, query heads a multiple of heads_kv)."""
     heads, kv, head_dim = session_shape(cfg)
     if not 1 <= kv <= 4096 or heads % kv:
         return "%d query heads over %d kv heads" % (heads, kv)
-    if not 1 <= head_dim <= 256:
+    if not 1 <= head_dim <= 576:
         return "head_dim %d" % head_dim
     if dtype not in SESSION_DTYPES:
         return "dtype %s" % dtype

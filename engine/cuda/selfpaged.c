@@ -35,7 +35,8 @@ static void scratch_free(scratch *x) {
 /* Tokens a page holds, as the store lays out a device's pages. */
 static int64_t page_tokens(const attn_request *r) {
   size_t row = (size_t)attn_cu_dp(r->head_dim) * attn_dtype_size(r->dtype);
-  return (int64_t)(ATTN_KV_PAGE_BYTES / row) / ATTN_PAGE_MIN_TOKENS * ATTN_PAGE_MIN_TOKENS;
+  return (int64_t)(ATTN_KV_PAGE_BYTES / row) / ATTN_CU_PAGE_ALIGN_TOKENS *
+         ATTN_CU_PAGE_ALIGN_TOKENS;
 }
 
 /* Page p of head hk of K (t 0) or V (t 1): rows copied in, table set. */

@@ -156,8 +156,11 @@ int attn__kv_tensors(const attn_kv_shape *sh);
 /* Elements from one row of a page to the next: W in host memory, padded
  * on a device. */
 int64_t attn__kv_pitch(const attn_kv_store *s, const attn_kv_shape *sh);
-/* Tokens a page holds for this shape: a multiple of ATTN_PAGE_MIN_TOKENS
- * (0: its rows are too wide for a page). */
+/* Tokens a page holds for rows of row_bytes: a multiple of
+ * ATTN_PAGE_ALIGN_TOKENS where one fits, else of ATTN_PAGE_MIN_TOKENS (0:
+ * too wide for a page). */
+int64_t attn__kv_tokens_fit(int64_t row_bytes);
+/* Tokens a page holds for this shape (attn__kv_tokens_fit of its rows). */
 int64_t attn__kv_page_tokens(const attn_kv_store *s, const attn_kv_shape *sh);
 /* A shape within the limits a create takes: 0, or EINVAL (EDTYPE) with
  * what is wrong. */

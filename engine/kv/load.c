@@ -145,8 +145,8 @@ static int shape_ok(const kvf_header *h, char *why) {
                    h->left_s);
   /* a store of any page size reads a file, but a page holds a multiple of
    * ATTN_PAGE_MIN_TOKENS rows, at most a host page's (a device pads rows) */
-  const size_t wide = (size_t)attn__kv_width(sh) * attn_dtype_size(sh->dtype);
-  int64_t host = (int64_t)(ATTN_KV_PAGE_BYTES / wide) / ATTN_PAGE_MIN_TOKENS * ATTN_PAGE_MIN_TOKENS;
+  const int64_t host =
+      attn__kv_tokens_fit(attn__kv_width(sh) * (int64_t)attn_dtype_size(sh->dtype));
   if (h->page_tokens < ATTN_PAGE_MIN_TOKENS || h->page_tokens > host ||
       h->page_tokens % ATTN_PAGE_MIN_TOKENS)
     return why_set(why, "its page_tokens (%lld) is not one a store can have for its shape",

@@ -95,10 +95,14 @@ int64_t attn__kv_pitch(const attn_kv_store *s, const attn_kv_shape *sh) {
   return s->pages.dev ? (w + KV_DEVICE_ALIGN - 1) / KV_DEVICE_ALIGN * KV_DEVICE_ALIGN : w;
 }
 
+int64_t attn__kv_tokens_fit(int64_t row_bytes) {
+  const int64_t n = (int64_t)ATTN_KV_PAGE_BYTES / row_bytes;
+  const int64_t step = n >= ATTN_PAGE_ALIGN_TOKENS ? ATTN_PAGE_ALIGN_TOKENS : ATTN_PAGE_MIN_TOKENS;
+  return n / step * step;
+}
+
 int64_t attn__kv_page_tokens(const attn_kv_store *s, const attn_kv_shape *sh) {
-  int64_t row = attn__kv_pitch(s, sh) * (int64_t)attn_dtype_size(sh->dtype);
-  int64_t n = (int64_t)ATTN_KV_PAGE_BYTES / row;
-  return n / ATTN_PAGE_MIN_TOKENS * ATTN_PAGE_MIN_TOKENS;
+  return attn__kv_tokens_fit(attn__kv_pitch(s, sh) * (int64_t)attn_dtype_size(sh->dtype));
 }
 
 static int64_t pages_per_head(const attn_kv_store *s, const attn_kv_shape *sh) {

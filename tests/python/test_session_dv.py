@@ -134,9 +134,11 @@ def test_batch(client, latent):
             s.delete(missing_ok=True)
 
 
-# -- DeepSeek's absorbed decode, small ----------------------------------------------------
+# -- DeepSeek's absorbed decode ------------------------------------------------------------
 
-H, LATENT, NOPE, ROPE, VHEAD = 4, 32, 16, 8, 12   # DeepSeek-V3: 128, 512, 128, 64, 128
+# (H, LATENT, NOPE, ROPE, VHEAD): small, and DeepSeek-V3's own widths (its 128 heads cut to
+# 8), whose 576-column F32 rows fill a session page 16 at a time; steps: (tokens, prefill)
+MLA_DIMS = [((4, 32, 16, 8, 12), (10, 6)), ((8, 512, 128, 64, 128), (40, 21))]
 
 
 def _rope(x, pos):
@@ -149,7 +151,8 @@ def _rope(x, pos):
     return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
 
 
-def test_deepseek_absorbed_decode(client):
+@pytest.mark.parametrize("dims,steps", MLA_DIMS, ids=["small", "deepseek"])
+def test_deepseek_absorbed_decode(client, dims, steps):
     """MLA keeps per token a latent c_kv [LATENT] and one rope key k_pe [ROPE] shared by the
     heads. Directly: head h's key is [c_kv W_UK[h] | k_pe] (NOPE + ROPE), its value c_kv
     W_UV[h] (VHEAD), its query [q_nope | q_pe]. Absorbed: q_nope W_UK[h]^T moves the query
@@ -157,8 +160,9 @@ def test_deepseek_absorbed_decode(client):
     LATENT + ROPE columns of one cache row shared by every head: a latent session with
     head_dim LATENT + ROPE and v_from_k LATENT. O over the latent columns, times W_UV[h],
     is the head's output. The scale stays 1/sqrt(NOPE + ROPE), the heads' own."""
+    H, LATENT, NOPE, ROPE, VHEAD = dims
     rng = np.random.default_rng(576)
-    n, prefill = 10, 6
+    n, prefill = steps
     scale = 1.0 / math.sqrt(NOPE + ROPE)
     w_uk = rng.standard_normal((H, LATENT, NOPE)) / math.sqrt(LATENT)
     w_uv = rng.standard_normal((H, LATENT, VHEAD)) / math.sqrt(LATENT)
@@ -175,12 +179,12 @@ def test_deepseek_absorbed_decode(client):
     q_full = np.concatenate([q_nope, q_pe], axis=-1)
 
     # the absorbed form: one latent cache row a token, q in the latent space
-    cache = np.concatenate([c_kv, k_pe], axis=-1)[None].astype(np.float32)   # [1, n, 576]
+    cache = np.concatenate([c_kv, k_pe], axis=-1)[None].astype(np.float32)   # [1, n, L + R]
     q_abs = np.concatenate([np.einsum("htd,hcd->htc", q_nope, w_uk), q_pe], axis=-1)
     q_abs = q_abs.astype(np.float32)
 
     with client.session(_sid("mla"), heads_kv=1, head_dim=LATENT + ROPE, v_from_k=LATENT,
-                        max_tokens=16) as s:
+                        max_tokens=n) as s:
         steps = [(0, prefill)] + [(p, p + 1) for p in range(prefill, n)]
         for a, b in steps:
             o_lat = s.attend(q_abs[:, a:b], cache[:, a:b], scale=scale)

@@ -89,6 +89,47 @@ Test(kv_dv, prefill_and_decode_every_kind_and_kernel, .timeout = 600) {
   cr_assert_eq(fails, 0, "%d steps off the reference", fails);
 }
 
+/* DeepSeek's absorbed decode at its own size: D 576 (512 latent + 64
+ * rope), Dv 512, one latent head for all query heads. A row of 576 BF16
+ * elements is 1152 bytes, so a 64 KiB page holds 48 of them (F32: 16),
+ * fewer than a key tile: every kernel reads tiles cut at the pages' ends. */
+Test(kv_dv, deepseek_latent_at_full_width, .timeout = 600) {
+  const kind ds = {576, 512, true};
+  const attn_dtype dts[2] = {ATTN_F32, ATTN_BF16};
+  const int64_t rows[2] = {16, 48};
+  int fails = 0;
+  for (int i = 0; i < NISAS; i++) {
+    attn_engine *e = topen_isa(isas[i], 2);
+    if (!e)
+      continue;
+    attn_kv_store *kv = tkv_open_store(e, 64 * MIB, i % 2 == 1, NULL);
+    for (int t = 0; t < 2; t++) {
+      tkv_stream s = stream_of(&ds, 8, 1, 150, dts[t], 300 + (uint64_t)(i * 2 + t));
+      tkv_make(kv, "", dts[t] == ATTN_F32 ? "f" : "b", &s, 2, 1000, 600, 0);
+      const attn_kv_shape sh = {.heads_kv = 1,
+                                .head_dim = 576,
+                                .head_dim_v = 512,
+                                .v_from_k = true,
+                                .dtype = dts[t],
+                                .layers = 2,
+                                .max_tokens = 1000};
+      const uint64_t pages = 2 * (uint64_t)((1000 + rows[t] - 1) / rows[t]);
+      cr_expect_eq(attn_kv_reserve_bytes(kv, &sh), pages * (64 << 10), "%s rows of %lld",
+                   attn_dtype_name(dts[t]), (long long)rows[t]);
+      char what[96];
+      snprintf(what, sizeof what, "%s D 576 Dv 512 latent %s", isas[i], attn_dtype_name(dts[t]));
+      tkv_opts op = tkv_plain;
+      op.stats = t == 1;
+      op.layer = 1;
+      fails += decode_checked(kv, dts[t] == ATTN_F32 ? "f" : "b", &s, &op, 120, 50, what);
+      tkv_stream_free(&s);
+    }
+    attn_kv_close(kv);
+    attn_engine_close(e);
+  }
+  cr_assert_eq(fails, 0, "%d steps off the reference", fails);
+}
+
 /* Not causal, a window, softcap and MQA, on a latent session. */
 Test(kv_dv, latent_options_and_mqa, .timeout = 300) {
   attn_engine *e = topen(2, NULL);

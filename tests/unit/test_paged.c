@@ -196,8 +196,8 @@ static int run_one(attn_engine *e, const char *isa, tcase *c, const tref *ref, i
               ttol(p->dt), err.stats, err.masked_ok ? "ok" : "WRONG");
     fails += !ok;
     /* tiles start on multiples of BK in both layouts unless a left window
-     * moves the first one */
-    if (p->wl < 0) {
+     * moves the first one or a page holds fewer keys than a tile */
+    if (p->wl < 0 && pt % ATTN_PAGE_ALIGN_TOKENS == 0) {
       bool same = outs_same(&d, c);
       cr_expect(same, "%s: paged result is not the dense result bit for bit", what);
       fails += !same;
@@ -241,6 +241,43 @@ Test(paged, wide_heads, .timeout = 600) {
   fails += run_everywhere(e, pre, 80);
   close_all(e);
   cr_assert_eq(fails, 0, "%d paged wide-head checks failed", fails);
+}
+
+/* Pages of fewer keys than a tile (16 and 48: a store's pages for rows
+ * over 1 KiB, D 576 in BF16), so that every tile ends at a page's end:
+ * decoding with split keys, a causal prefill with GQA, a window that
+ * starts tiles off the pages' boundaries, and D 512 (the widest v). */
+Test(paged, pages_smaller_than_a_tile, .timeout = 600) {
+  static const tprob probs[] = {
+      {.b = 1, .hq = 4, .hkv = 1, .nq = 1, .nkv = 1100, .d = 512},
+      {.b = 1, .hq = 4, .hkv = 2, .nq = 70, .nkv = 150, .d = 64, .causal = true},
+      {.b = 1, .hq = 2, .hkv = 1, .nq = 3, .nkv = 500, .d = 128, .wl = 37, .wr = 0},
+  };
+  static const attn_dtype dts[] = {ATTN_F32, ATTN_BF16};
+  attn_engine *e[NISAS];
+  open_all(e);
+  int fails = 0;
+  for (size_t i = 0; i < sizeof probs / sizeof probs[0]; i++)
+    for (int di = 0; di < 2; di++) {
+      tprob p = tprob_make(probs[i].b, probs[i].hq, probs[i].hkv, probs[i].nq, probs[i].nkv,
+                           probs[i].d, dts[di]);
+      p.causal = probs[i].causal;
+      if (probs[i].wl)
+        p.wl = probs[i].wl, p.wr = probs[i].wr;
+      p.stats = true;
+      tcase c;
+      tcase_init(&c, &p, 200 + 10 * i + (uint64_t)di);
+      tref ref;
+      attn_status st;
+      cr_assert_eq(tref_compute(&c, 2, &ref, &st), 0, "%s", st.message);
+      for (int k = 0; k < NISAS; k++)
+        for (int64_t pt = 16; e[k] && pt <= 48; pt += 32)
+          fails += run_one(e[k], isas[k], &c, &ref, pt);
+      tref_free(&ref);
+      tcase_free(&c);
+    }
+  close_all(e);
+  cr_assert_eq(fails, 0, "%d checks with pages smaller than a tile failed", fails);
 }
 
 /* Decoding: one query over >= 1024 keys (the key split), seq_kv not a
@@ -448,7 +485,7 @@ Test(paged, refusals) {
   cr_assert_eq(attn_request_validate(r, &st), 0, "%s", st.message);
   attn_request ok = *r;
   r->page_tokens = 0;
-  expect_refused(r, ATTN_EINVAL, "page_tokens must be a positive multiple of 64");
+  expect_refused(r, ATTN_EINVAL, "page_tokens must be a positive multiple of 16");
   r->page_tokens = 100;
   expect_refused(r, ATTN_EINVAL, "(got 100)");
   *r = ok;

@@ -15,12 +15,11 @@ Values may have a head dim of their own (``head_dim_v``, DeepSeek's MLA prefill:
 128), and a latent session (``v_from_k=Dv``) keeps k alone, its v being the first Dv columns
 of each k row: MLA's absorbed decode, whose calls send q and k only:
 
->>> with c.session("mla-1", heads_kv=1, head_dim=320, v_from_k=256, dtype="BF16",
-...                max_tokens=4096) as s:             # 256 latent + 64 rope columns
-...     o = s.attend(q_absorbed, c_kv_pe)            # q [H, 1, 320], k [1, 1, 320]: o [H, 1, 256]
+>>> with c.session("mla-1", heads_kv=1, head_dim=576, v_from_k=512, dtype="BF16",
+...                max_tokens=4096) as s:             # 512 latent + 64 rope columns
+...     o = s.attend(q_absorbed, c_kv_pe)            # q [H, 1, 576], k [1, 1, 576]: o [H, 1, 512]
 
-(A session page holds 64 rows or more of max(head_dim, head_dim_v) elements, 1 KiB at most:
-DeepSeek's own 576 columns do not fit one yet, and such a create is refused with 422.)
+(DeepSeek's own widths are head_dim=576, v_from_k=512.)
 
 The routes are ``/v1/sessions/{id}`` (PUT create, GET, DELETE), ``.../attention``,
 ``.../truncate`` and ``/v1/sessions/_batch``. This module is imported by
@@ -176,8 +175,7 @@ class Session:
     Dv 128). ``v_from_k=Dv`` makes a latent session instead (MLA's absorbed decode,
     FlashMLA's cache): the server keeps k alone, in half the memory, and reads v as the
     first Dv columns of each k row (Dv at most ``head_dim``; DeepSeek: D 576 = 512 latent
-    + 64 rope, Dv 512, whose rows are wider than a session page of this server takes: 1 KiB,
-    so 512 columns in F16 and BF16, 256 in F32). Its calls send q and k only, and
+    + 64 rope, Dv 512). Its calls send q and k only, and
     ``history`` returns k alone. A v of another width, or a v sent to a latent session, is
     refused with 422.
 

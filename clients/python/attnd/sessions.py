@@ -19,8 +19,6 @@ of each k row: MLA's absorbed decode, whose calls send q and k only:
 ...                max_tokens=4096) as s:             # 512 latent + 64 rope columns
 ...     o = s.attend(q_absorbed, c_kv_pe)            # q [H, 1, 576], k [1, 1, 576]: o [H, 1, 512]
 
-(DeepSeek's own widths are head_dim=576, v_from_k=512.)
-
 The routes are ``/v1/sessions/{id}`` (PUT create, GET, DELETE), ``.../attention``,
 ``.../truncate`` and ``/v1/sessions/_batch``. This module is imported by
 ``import attnd``; :meth:`attnd.Client.session` and :meth:`attnd.Client.session_batch` are its

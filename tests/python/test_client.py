@@ -75,7 +75,7 @@ def test_plan_gqa_cross_bf16(client):
 
 def test_plan_error(client):
     with pytest.raises(attnd.AttndError) as e:
-        client.plan(16, 300)
+        client.plan(16, 577)  # head_dim past 576
     assert e.value.status == 422
 
 

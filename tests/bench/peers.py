@@ -90,6 +90,9 @@ ROWS = [
     # DeepSeek-V3's MLA prefill: q·k over D 192 (128 + 64 rope), values of Dv 128
     row("MLA H8 N4096 D192 Dv128", 8, 8, 4096, 4096, 192, "BF16", causal=True, dv=128),
     row("MLA H8 N4096 D192 Dv128", 8, 8, 4096, 4096, 192, "F32", causal=True, dv=128),
+    # and its absorbed decode: 128 heads over one latent KV head of 4096 keys, q·k over 576
+    # columns (512 latent + 64 rope), values the 512 latent ones (sent apart here)
+    row("MLA dec 128/1 D576 Dv512", 128, 1, 1, 4096, 576, "BF16", reps=21, dv=512),
     # what attnd computes for the MLA rows (V zero-padded to D), and SDPA's fused kernel,
     # which takes no v of its own width (it runs such a v on its math path)
     row("H8 N4096 D192", 8, 8, 4096, 4096, 192, "BF16", causal=True),

@@ -205,6 +205,20 @@ double ttol(attn_dtype dt) {
   }
 }
 
+double tnerr(const void *x, attn_dtype dt, const double *ref, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; i++) {
+    const double a = attn_load_elem(x, dt, (size_t)i);
+    num += isnan(a) ? INFINITY : (a - ref[i]) * (a - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+double tdsinks_err(const tcase *c, const double *ref) {
+  return tnerr(c->dsinks, ATTN_F32, ref, c->p.hq);
+}
+
 static double rel(double x, double ref) {
   if (isnan(x) || isnan(ref))
     return INFINITY; /* an unwritten (poisoned) or NaN statistic */

@@ -118,6 +118,12 @@ void tcu_params(const tprob *p, struct attn_cu_params *prm);
 void tcu_shape(struct attn_cu_params *prm, attn_dtype dt, int b, int hq, int hkv, int nq, int nkv,
                int d);
 
+/* ||x - ref||_2 / ||ref||_2 over n contiguous elements of dtype dt
+ * (absolute when ref is 0; a NaN counts as infinite). */
+double tnerr(const void *x, attn_dtype dt, const double *ref, int64_t n);
+/* That error of a backward case's dsinks ([Hq], F32) against ref. */
+double tdsinks_err(const tcase *c, const double *ref);
+
 /* Threshold on terr.o for a dtype (F32 1e-5; F16 1e-3; BF16 8e-3). */
 double ttol(attn_dtype dt);
 

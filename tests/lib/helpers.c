@@ -148,18 +148,30 @@ void tcase_free(tcase *c) {
   free(c->lse);
 }
 
+attn_engine *topen_config(const attn_config *cfg) {
+  attn_engine *e = NULL;
+  attn_status st;
+  if (attn_engine_open(cfg, &e, &st) < 0) {
+    fprintf(stderr, "engine open failed: %s\n", st.message);
+    abort();
+  }
+  return e;
+}
+
 attn_engine *topen(int threads, const char *isa) {
   attn_config cfg;
   attn_config_init(&cfg);
   cfg.threads = threads;
   cfg.cpu_isa = isa;
-  attn_engine *e = NULL;
-  attn_status st;
-  if (attn_engine_open(&cfg, &e, &st) < 0) {
-    fprintf(stderr, "engine open failed: %s\n", st.message);
-    abort();
-  }
-  return e;
+  return topen_config(&cfg);
+}
+
+attn_engine *topen_streams(int threads, int streams) {
+  attn_config cfg;
+  attn_config_init(&cfg);
+  cfg.threads = threads;
+  cfg.cuda_streams = streams;
+  return topen_config(&cfg);
 }
 
 /* Backend `name` as e lists it; false when e does not list it. */

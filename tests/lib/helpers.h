@@ -41,8 +41,12 @@ void tcase_init(tcase *c, const tprob *p, uint64_t seed);
 void tcase_poison(tcase *c);
 void tcase_free(tcase *c);
 
+/* The engine of cfg; aborts, printing why, when it does not open. */
+attn_engine *topen_config(const attn_config *cfg);
 /* Engine with `threads` workers and CPU kernel `isa` (NULL: best). */
 attn_engine *topen(int threads, const char *isa);
+/* Engine with `threads` workers and `streams` CUDA streams per device. */
+attn_engine *topen_streams(int threads, int streams);
 
 /* An engine of `threads` workers on CPU kernel isa, or NULL (after printing
  * "skipped: ...") when this CPU lacks it; aborts when the engine lists no

@@ -202,7 +202,8 @@ HARNESS_OBJ = $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/lib/harness*.c) t
 $(BUILD)/obj/tests/lib/%.o: CPPFLAGS += -Itests/lib -Iclients
 
 TEST_SRC = $(wildcard tests/unit/*.c)
-TEST_OBJ = $(TEST_SRC:%.c=$(BUILD)/obj/%.o) $(TESTLIB_OBJ)
+# dvcase.o asserts with criterion: the unit tests' alone.
+TEST_OBJ = $(TEST_SRC:%.c=$(BUILD)/obj/%.o) $(TESTLIB_OBJ) $(BUILD)/obj/tests/lib/dvcase.o
 TEST_BIN = $(BUILD)/tests/unit
 
 BENCH_OBJ = $(BUILD)/obj/tests/bench/cpu_vs_blas.o $(BUILD)/obj/clients/benchlib.o

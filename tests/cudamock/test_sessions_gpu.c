@@ -30,17 +30,6 @@
 
 static void reset(void) { mock_defaults(); }
 
-static attn_engine *open_gpu(void) {
-  attn_config cfg;
-  attn_config_init(&cfg);
-  cfg.threads = 2;
-  cfg.cuda_streams = 2;
-  attn_engine *e;
-  attn_status st;
-  cr_assert_eq(attn_engine_open(&cfg, &e, &st), 0, "%s", st.message);
-  return e;
-}
-
 static const char *where(attn_kv_store *kv) {
   attn_kv_stats s;
   attn_kv_stats_get(kv, &s);
@@ -81,7 +70,7 @@ static long nonzero_padding(attn_kv_store *kv, const char *id) {
 }
 
 Test(sessions_gpu, prefill_and_decode_on_the_device_match_float64, .init = reset) {
-  attn_engine *e = open_gpu();
+  attn_engine *e = topen_streams(2, 2);
   attn_kv_store *kv = tkv_open_store(e, 64 * MIB, false, NULL);
   cr_assert_str_eq(where(kv), "cuda", "the pages live on the GPU");
   const attn_dtype dts[3] = {ATTN_F32, ATTN_F16, ATTN_BF16};
@@ -105,7 +94,7 @@ Test(sessions_gpu, prefill_and_decode_on_the_device_match_float64, .init = reset
 }
 
 Test(sessions_gpu, a_decode_step_moves_q_and_page_numbers_not_the_cache, .init = reset) {
-  attn_engine *e = open_gpu();
+  attn_engine *e = topen_streams(2, 2);
   attn_kv_store *kv = tkv_open_store(e, 64 * MIB, false, NULL);
   tkv_stream s = tkv_stream_make(8, 2, 64, 2001, ATTN_BF16, 5);
   tkv_make(kv, "", "d", &s, 1, 4096, 60, 0);
@@ -177,7 +166,7 @@ static int batch_step(attn_kv_store *kv, const tkv_stream *s, const int64_t *pos
 }
 
 Test(sessions_gpu, a_batch_call_matches_its_entries, .init = reset) {
-  attn_engine *e = open_gpu();
+  attn_engine *e = topen_streams(2, 2);
   attn_kv_store *kv = tkv_open_store(e, 64 * MIB, false, NULL);
   const int64_t pre[3] = {1, 300, 129}; /* different lengths: one page, several, a boundary */
   tkv_stream s[3];
@@ -216,7 +205,7 @@ Test(sessions_gpu, a_batch_call_matches_its_entries, .init = reset) {
 Test(sessions_gpu, a_store_saved_from_the_device_loads_back_anywhere, .init = reset) {
   char dir[] = "/tmp/attn-gpu-kv-XXXXXX";
   cr_assert(mkdtemp(dir));
-  attn_engine *e = open_gpu();
+  attn_engine *e = topen_streams(2, 2);
   tkv_stream s = tkv_stream_make(4, 2, 37, 301, ATTN_BF16, 9);
   attn_status st;
   for (int round = 0; round < 2; round++) {
@@ -246,7 +235,7 @@ Test(sessions_gpu, a_store_saved_from_the_device_loads_back_anywhere, .init = re
 }
 
 Test(sessions_gpu, a_lost_device_fails_the_calls, .init = reset) {
-  attn_engine *e = open_gpu();
+  attn_engine *e = topen_streams(2, 2);
   attn_kv_store *kv = tkv_open_store(e, 64 * MIB, false, NULL);
   tkv_stream s = tkv_stream_make(4, 2, 64, 40, ATTN_F32, 3);
   tkv_make(kv, "", "x", &s, 1, 64, 60, 0);
@@ -288,7 +277,7 @@ static void expect_host_prefill(attn_kv_store *kv, tkv_stream *s, int64_t max_to
 Test(sessions_gpu, a_store_the_device_cannot_hold_stays_in_host_memory, .init = reset) {
   mock_knobs k = MOCK_KNOBS(1, 9, 32 * MIB, 0, 0, 0);
   mock_set(&k);
-  attn_engine *e = open_gpu();
+  attn_engine *e = topen_streams(2, 2);
   attn_kv_store *kv = tkv_open_store(e, 256 * MIB, false, NULL);
   cr_expect_str_eq(where(kv), "host");
   tkv_stream s = tkv_stream_make(4, 2, 64, 20, ATTN_F16, 4);
@@ -311,7 +300,7 @@ Test(sessions_gpu, paged_kernels_that_fail_their_self_check_keep_pages_on_the_ho
   mock_knobs k = MOCK_KNOBS(1, 9, (size_t)8 << 30, 0, 0, 0);
   k.wrong_paged = true;
   mock_set(&k);
-  attn_engine *e = open_gpu();
+  attn_engine *e = topen_streams(2, 2);
   attn_backend_info info[4];
   const attn_disabled *d = paged_off(e, info);
   cr_assert(d, "the paged view is listed off");
@@ -325,10 +314,9 @@ Test(sessions_gpu, paged_kernels_that_fail_their_self_check_keep_pages_on_the_ho
   /* with the self-check off the paged view is never tried */
   mock_defaults();
   attn_config cfg;
-  attn_status st;
   attn_config_init(&cfg);
   cfg.cuda_self_check_off = true;
-  cr_assert_eq(attn_engine_open(&cfg, &e, &st), 0, "%s", st.message);
+  e = topen_config(&cfg);
   d = paged_off(e, info);
   cr_expect(d && strstr(d->why, "self-check"), "%s", d ? d->why : "not listed");
   kv = tkv_open_store(e, 16 * MIB, false, NULL);
@@ -371,7 +359,7 @@ static void expect_one_trip(const trips *t, const char *what) {
 }
 
 Test(sessions_gpu, a_decode_step_is_one_upload_and_one_download, .init = reset) {
-  attn_engine *e = open_gpu();
+  attn_engine *e = topen_streams(2, 2);
   attn_kv_store *kv = tkv_open_store(e, 64 * MIB, false, NULL);
   tkv_stream s = tkv_stream_make(8, 2, 64, 302, ATTN_BF16, 15);
   tkv_make(kv, "", "d", &s, 1, 512, 60, 0);
@@ -406,7 +394,7 @@ static int64_t page_tokens_of(attn_kv_store *kv, const char *id) {
 }
 
 Test(sessions_gpu, steps_read_the_rows_earlier_steps_put_across_a_page_boundary, .init = reset) {
-  attn_engine *e = open_gpu();
+  attn_engine *e = topen_streams(2, 2);
   attn_kv_store *kv = tkv_open_store(e, 64 * MIB, false, NULL);
   tkv_stream probe = tkv_stream_make(8, 2, 37, 1, ATTN_F16, 1);
   tkv_make(kv, "", "probe", &probe, 1, 16, 60, 0);
@@ -423,7 +411,7 @@ Test(sessions_gpu, steps_read_the_rows_earlier_steps_put_across_a_page_boundary,
 }
 
 Test(sessions_gpu, batch_steps_of_three_sessions_read_each_others_put_rows, .init = reset) {
-  attn_engine *e = open_gpu();
+  attn_engine *e = topen_streams(2, 2);
   attn_kv_store *kv = tkv_open_store(e, 64 * MIB, false, NULL);
   static const char *const ids[3] = {"b0", "b1", "b2"};
   tkv_stream s[3];
@@ -584,7 +572,7 @@ static attn_kv_store *held_store(attn_engine *e, const tkv_stream *s) {
 
 Test(sessions_gpu, without_batching_a_step_waits_for_the_job_that_puts_its_keys, .init = reset,
      .timeout = 60) {
-  attn_engine *e = open_gpu();
+  attn_engine *e = topen_streams(2, 2);
   tkv_stream s = tkv_stream_make(4, 2, 64, 103, ATTN_BF16, 21);
   attn_kv_store *kv = held_store(e, &s);
   astep a, b;
@@ -603,7 +591,7 @@ Test(sessions_gpu, without_batching_a_step_waits_for_the_job_that_puts_its_keys,
 
 Test(sessions_gpu, a_replay_of_a_step_whose_job_runs_waits_and_is_a_replay, .init = reset,
      .timeout = 60) {
-  attn_engine *e = open_gpu();
+  attn_engine *e = topen_streams(2, 2);
   tkv_stream s = tkv_stream_make(4, 2, 64, 103, ATTN_F16, 22);
   attn_kv_store *kv = held_store(e, &s);
   astep a, r;
@@ -636,7 +624,7 @@ Test(sessions_gpu, a_replay_of_a_step_whose_job_runs_waits_and_is_a_replay, .ini
 }
 
 Test(sessions_gpu, a_step_whose_job_fails_before_it_runs_still_stores_its_rows, .init = reset) {
-  attn_engine *e = open_gpu();
+  attn_engine *e = topen_streams(2, 2);
   attn_kv_store *kv = tkv_open_store(e, 64 * MIB, false, NULL);
   tkv_stream s = tkv_stream_make(4, 2, 64, 42, ATTN_F16, 23);
   tkv_make(kv, "", "f", &s, 1, 64, 60, 0);
@@ -665,7 +653,7 @@ Test(sessions_gpu, a_step_waits_behind_a_waiting_call_that_appends_to_its_layer,
      .timeout = 60) {
   /* a (on x) holds; b (x and y) waits for a's job on x; c (on y alone)
    * reads the row b appends to y, which only b's job puts: c waits too */
-  attn_engine *e = open_gpu();
+  attn_engine *e = topen_streams(2, 2);
   tkv_stream s[2] = {tkv_stream_make(4, 2, 64, 103, ATTN_F16, 31),
                      tkv_stream_make(4, 2, 64, 103, ATTN_F16, 32)};
   attn_kv_store *kv = tkv_open_store(e, 64 * MIB, false, NULL);
@@ -700,7 +688,7 @@ Test(sessions_gpu, a_step_waits_behind_a_waiting_call_that_appends_to_its_layer,
 Test(sessions_gpu, a_batch_the_engine_splits_stores_its_rows_before_it_runs, .init = reset) {
   /* statistics asked: the batch is a variable-length one, one job per
    * session, which carries no rows: the store writes them first */
-  attn_engine *e = open_gpu();
+  attn_engine *e = topen_streams(2, 2);
   attn_kv_store *kv = tkv_open_store(e, 64 * MIB, true, NULL);
   static const char *const ids[2] = {"u", "v"};
   tkv_stream s[2] = {tkv_stream_make(4, 2, 64, 60, ATTN_BF16, 33),
@@ -743,7 +731,7 @@ Test(sessions_gpu, value_head_dims_and_latent_sessions, .init = reset) {
     int64_t d, dv;
     bool latent;
   } kinds[] = {{96, 64, true}, {37, 21, true}, {64, 96, false}, {37, 21, false}};
-  attn_engine *e = open_gpu();
+  attn_engine *e = topen_streams(2, 2);
   attn_kv_store *kv = tkv_open_store(e, 64 * MIB, true, NULL);
   cr_assert_str_eq(where(kv), "cuda");
   int fails = 0;
@@ -779,7 +767,7 @@ Test(sessions_gpu, value_head_dims_and_latent_sessions, .init = reset) {
 Test(sessions_gpu, a_batch_of_latent_sessions_and_its_file, .init = reset) {
   char dir[] = "/tmp/attn-gpu-kvdv-XXXXXX";
   cr_assert(mkdtemp(dir));
-  attn_engine *e = open_gpu();
+  attn_engine *e = topen_streams(2, 2);
   attn_kv_store *kv = tkv_open_store(e, 64 * MIB, false, NULL);
   const int64_t pre[3] = {1, 300, 129};
   tkv_stream s[3];

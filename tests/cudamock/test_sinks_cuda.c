@@ -25,17 +25,6 @@
 
 static void reset(void) { mock_defaults(); }
 
-static attn_engine *open_cuda(void) {
-  attn_config cfg;
-  attn_config_init(&cfg);
-  cfg.threads = 2;
-  cfg.cuda_streams = 2;
-  attn_engine *e;
-  attn_status st;
-  cr_assert_eq(attn_engine_open(&cfg, &e, &st), 0, "%s", st.message);
-  return e;
-}
-
 static mock_op g_log[MOCK_LOG_MAX];
 static mock_sink g_sk[64];
 
@@ -106,7 +95,7 @@ static bool forward_case(attn_engine *e, const tprob *p, uint64_t seed, const ch
  * decode (the mock has 4 SMs), no statistics (a scratch lse), a window
  * with strides, an odd head dim; on cuda and on auto. */
 Test(cuda_sinks, forward_runs_on_cuda_and_matches_float64, .init = reset) {
-  attn_engine *e = open_cuda();
+  attn_engine *e = topen_streams(2, 2);
   static const struct {
     int64_t b, hq, hkv, nq, nkv, d;
     attn_dtype dt;
@@ -137,7 +126,7 @@ Test(cuda_sinks, forward_runs_on_cuda_and_matches_float64, .init = reset) {
 /* A sink far above every score (O nearly 0, lse about the sink) and one far
  * below (as if there were none): both as the reference says. */
 Test(cuda_sinks, extreme_sinks, .init = reset) {
-  attn_engine *e = open_cuda();
+  attn_engine *e = topen_streams(2, 2);
   const float ts[2] = {40.0f, -1e30f};
   for (int k = 0; k < 2; k++) {
     tprob p = tprob_make(1, 3, 1, 12, 9, 16, ATTN_F32); /* rows 0-2 see no key */
@@ -159,7 +148,7 @@ Test(cuda_sinks, extreme_sinks, .init = reset) {
 /* l without m: the fold needs m (l' is relative to m'), so the job gets it
  * as scratch; l and lse still match. */
 Test(cuda_sinks, l_without_m_gets_a_scratch_m, .init = reset) {
-  attn_engine *e = open_cuda();
+  attn_engine *e = topen_streams(2, 2);
   tprob p = tprob_make(2, 4, 2, 30, 50, 64, ATTN_BF16);
   p.causal = true, p.stats = true, p.sinks = true;
   tcase c;
@@ -184,7 +173,7 @@ Test(cuda_sinks, l_without_m_gets_a_scratch_m, .init = reset) {
 /* A large decode runs in groups of KV heads: each group's fold gets the
  * sinks of its own query heads. */
 Test(cuda_sinks, each_group_folds_its_own_heads, .init = reset) {
-  attn_engine *e = open_cuda();
+  attn_engine *e = topen_streams(2, 2);
   /* K and V of 32 MiB each: four groups, one KV head (2 query heads) each */
   tprob p = tprob_make(1, 8, 4, 1, 32768, 64, ATTN_F32);
   p.stats = true, p.sinks = true;
@@ -200,17 +189,6 @@ Test(cuda_sinks, each_group_folds_its_own_heads, .init = reset) {
   cr_expect(err.o <= ttol(p.dt) && err.stats <= 1e-5, "O error %.3g, stats %.3g", err.o, err.stats);
   tcase_free(&c);
   attn_engine_close(e);
-}
-
-/* ||dsinks - ref|| / ||ref||. */
-static double dsinks_err(const tcase *c, const double *ref) {
-  double num = 0, den = 0;
-  for (int64_t h = 0; h < c->p.hq; h++) {
-    const double x = c->dsinks[h];
-    num += isnan(x) ? INFINITY : (x - ref[h]) * (x - ref[h]);
-    den += ref[h] * ref[h];
-  }
-  return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
 /* The backward job's launches: [forward, fold of lse alone,] backward,
@@ -247,7 +225,7 @@ static bool backward_case(attn_engine *e, tcase *c, const tref_bwd *ref, const d
   if (rc)
     return false;
   terr_bwd err = tref_bwd_check(c, ref);
-  const double tol = ttol(c->p.dt), ds = want ? dsinks_err(c, dref) : 0;
+  const double tol = ttol(c->p.dt), ds = want ? tdsinks_err(c, dref) : 0;
   bool ok = terr_bwd_within(&err, tol) && ds <= tol;
   cr_expect(ok, "%s, lse %s: dq %.3g dk %.3g dv %.3g dsinks %.3g (tol %.0e)",
             tdesc(&c->p, desc, sizeof desc), with_lse ? "given" : "recomputed", err.dq, err.dk,
@@ -258,7 +236,7 @@ static bool backward_case(attn_engine *e, tcase *c, const tref_bwd *ref, const d
 /* Every dtype; GQA, rows with no visible key and strides, a window; lse
  * given and recomputed; dsinks wanted and not. */
 Test(cuda_sinks, backward_folds_lse_and_computes_dsinks, .init = reset) {
-  attn_engine *e = open_cuda();
+  attn_engine *e = topen_streams(2, 2);
   int fails = 0;
   for (int dt = 0; dt < ATTN_DTYPE_COUNT; dt++) {
     tprob ps[3] = {tprob_make(2, 4, 2, 19, 23, 37, (attn_dtype)dt),
@@ -287,58 +265,20 @@ Test(cuda_sinks, backward_folds_lse_and_computes_dsinks, .init = reset) {
   cr_expect_eq(mock_device_bytes(), 0, "device memory left");
 }
 
-/* One session call with sinks: queries [q0, q0 + nq) of s, tokens [q0, q0
- * + nq) appended; its O and lse against float64 over keys [0, q0 + nq). */
-static double session_call(attn_kv_store *kv, const tkv_stream *s, const float *sinks, int64_t q0,
+/* A step of session "s" (kvcalls' tkv_step_error), a refused call failing
+ * the test with its why. */
+static double session_call(attn_kv_store *kv, const tkv_stream *s, const tkv_opts *op, int64_t q0,
                            int64_t nq) {
-  attn_kv_entry en = {.id = "s", .pos = q0, .n_new = nq};
-  attn_kv_call c = {.tenant = "", .nentries = 1, .entries = &en};
-  void *q = tkv_rows_of(s->q, s->hq, s->n, s->d, s->dt, q0, nq);
-  void *k = tkv_rows_of(s->k, s->hkv, s->n, s->d, s->dt, q0, nq);
-  void *v = tkv_rows_of(s->v, s->hkv, s->n, s->d, s->dt, q0, nq);
-  tkv_reply y = {0};
-  y.o = calloc((size_t)(s->hq * nq * s->d), attn_dtype_size(s->dt));
-  y.lse = calloc((size_t)(s->hq * nq), sizeof(float));
-  attn_request_init(&c.req);
-  c.req.heads_q = s->hq, c.req.heads_kv = s->hkv, c.req.head_dim = s->d;
-  c.req.seq_q = nq, c.req.dtype = s->dt, c.req.causal = true;
-  c.req.q = q, c.req.o = y.o, c.req.lse = y.lse, c.req.sinks = sinks;
-  c.k_new = k, c.v_new = v, c.total_new = nq;
   attn_status st = {0};
-  int rc = tkv_run(kv, &c, 0, &st);
-  cr_expect_eq(rc, 0, "call at %lld: %s", (long long)q0, st.message);
-  /* the reference: the call's queries over the stream's first q0 + nq keys */
-  attn_request r;
-  attn_request_init(&r);
-  r.batch = 1, r.heads_q = s->hq, r.heads_kv = s->hkv, r.seq_q = nq, r.seq_kv = q0 + nq;
-  r.head_dim = s->d, r.dtype = s->dt, r.causal = true, r.sinks = sinks;
-  r.q = q, r.k = s->k, r.v = s->v, r.o = q;
-  const int64_t ks[3] = {s->hkv * s->n * s->d, s->n * s->d, s->d};
-  memcpy(r.k_stride, ks, sizeof ks);
-  memcpy(r.v_stride, ks, sizeof ks);
-  const size_t no = (size_t)(s->hq * nq * s->d), nr = (size_t)(s->hq * nq);
-  double *o = malloc(no * sizeof *o), *lse = malloc(nr * sizeof *lse), num = 0, den = 0, err;
-  cr_assert_eq(attn_reference(&r, o, NULL, NULL, lse, &st), 0, "%s", st.message);
-  for (size_t i = 0; i < no; i++) {
-    const double x = attn_load_elem(y.o, s->dt, i);
-    num += (x - o[i]) * (x - o[i]), den += o[i] * o[i];
-  }
-  err = rc ? INFINITY : sqrt(num / den);
-  for (size_t i = 0; i < nr; i++)
-    err = fmax(err, fabs(y.lse[i] - lse[i]) / fmax(1, fabs(lse[i])));
-  free(o);
-  free(lse);
-  free(q);
-  free(k);
-  free(v);
-  tkv_reply_free(&y);
+  const double err = tkv_step_error(kv, "s", s, op, q0, nq, &st);
+  cr_expect(err < INFINITY, "call at %lld: %s", (long long)q0, st.message);
   return err;
 }
 
 /* Prefill and decode steps of a session whose pages are on the device,
  * with sinks: the paged kernel reads the pages, the fold follows it. */
 Test(cuda_sinks, a_session_on_the_device_takes_sinks, .init = reset) {
-  attn_engine *e = open_cuda();
+  attn_engine *e = topen_streams(2, 2);
   attn_kv_store *kv = tkv_open_store(e, (uint64_t)64 << 20, false, NULL);
   attn_kv_stats ks;
   attn_kv_stats_get(kv, &ks);
@@ -346,11 +286,13 @@ Test(cuda_sinks, a_session_on_the_device_takes_sinks, .init = reset) {
   tkv_stream s = tkv_stream_make(4, 2, 64, 140, ATTN_BF16, 61);
   tkv_make(kv, "", "s", &s, 1, 200, 60, 0);
   const float sinks[4] = {-2.0f, 0.5f, 3.0f, -1e30f};
+  tkv_opts op = tkv_plain;
+  op.stats = true, op.sinks = sinks;
   double worst = 0;
   mock_log_reset();
-  worst = fmax(worst, session_call(kv, &s, sinks, 0, 100));
+  worst = fmax(worst, session_call(kv, &s, &op, 0, 100));
   for (int64_t pos = 100; pos < 104; pos++)
-    worst = fmax(worst, session_call(kv, &s, sinks, pos, 1));
+    worst = fmax(worst, session_call(kv, &s, &op, pos, 1));
   cr_expect(worst <= ttol(s.dt), "worst error %.3g", worst);
   const int ns = mock_sinks(g_sk, 64);
   cr_expect_eq(ns, 5, "a fold per call");
@@ -367,10 +309,7 @@ static attn_engine *open_config(bool self_check) {
   attn_config_init(&cfg);
   cfg.threads = 2;
   cfg.cuda_self_check_off = !self_check;
-  attn_engine *e;
-  attn_status st;
-  cr_assert_eq(attn_engine_open(&cfg, &e, &st), 0, "%s", st.message);
-  return e;
+  return topen_config(&cfg);
 }
 
 /* Why the cuda backend lists sinks as off, or NULL. */
@@ -442,7 +381,7 @@ Test(cuda_sinks, sinks_wait_for_the_self_check, .init = reset) {
 /* A caller's lse far below the truth makes e^(t − lse) overflow dsinks:
  * ERANGE, as on the cpu, never an infinite gradient. */
 Test(cuda_sinks, an_overflowing_dsinks_is_erange, .init = reset) {
-  attn_engine *e = open_cuda();
+  attn_engine *e = topen_streams(2, 2);
   tprob p = tprob_make(1, 2, 1, 5, 9, 16, ATTN_F32);
   p.sinks = true;
   tcase c;

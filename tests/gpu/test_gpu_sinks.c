@@ -20,17 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ||dsinks - ref|| / ||ref|| (a NaN counts as infinite). */
-static double dsinks_err(const tcase *c, const double *ref) {
-  double num = 0, den = 0;
-  for (int64_t h = 0; h < c->p.hq; h++) {
-    const double x = c->dsinks[h];
-    num += isnan(x) ? INFINITY : (x - ref[h]) * (x - ref[h]);
-    den += ref[h] * ref[h];
-  }
-  return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
 /* dq, dk, dv and dsinks of c, concatenated (to compare two runs). */
 static unsigned char *grads_copy(const tcase *c, size_t *n) {
   const tprob *p = &c->p;
@@ -59,7 +48,7 @@ static bool backward_run(tgroup *g, attn_engine *e, const char *backend, tcase *
     return false;
   }
   const terr_bwd err = tref_bwd_check(c, ref);
-  const double ds = dsinks_err(c, dref), tol = g_tol_o(c->p.dt);
+  const double ds = tdsinks_err(c, dref), tol = g_tol_o(c->p.dt);
   terr te = {.o = fmax(fmax(err.dq, ds), fmax(err.dk, err.dv)), .masked_ok = true};
   tg_errors(g, c->p.dt, &te, false);
   if (terr_bwd_within(&err, tol) && ds <= tol)
@@ -127,60 +116,6 @@ static void backward_cases(tgroup *g, int grp, attn_engine *e, const char *backe
     }
 }
 
-/* One call with sinks on session "s": queries [q0, q0 + nq) of s, its
- * tokens [q0, q0 + nq) appended; the error of its O and lse against
- * float64 over keys [0, q0 + nq), or INFINITY with why. */
-static double session_call(attn_kv_store *kv, const tkv_stream *s, const float *sinks, int64_t q0,
-                           int64_t nq, char *why, size_t cap) {
-  attn_kv_entry en = {.id = "s", .pos = q0, .n_new = nq};
-  attn_kv_call c = {.tenant = "", .nentries = 1, .entries = &en};
-  void *q = tkv_rows_of(s->q, s->hq, s->n, s->d, s->dt, q0, nq);
-  void *k = tkv_rows_of(s->k, s->hkv, s->n, s->d, s->dt, q0, nq);
-  void *v = tkv_rows_of(s->v, s->hkv, s->n, s->d, s->dt, q0, nq);
-  const size_t no = (size_t)(s->hq * nq * s->d), nr = (size_t)(s->hq * nq);
-  void *o = calloc(no, attn_dtype_size(s->dt));
-  float *lse = calloc(nr, sizeof *lse);
-  attn_request_init(&c.req);
-  c.req.heads_q = s->hq, c.req.heads_kv = s->hkv, c.req.head_dim = s->d;
-  c.req.seq_q = nq, c.req.dtype = s->dt, c.req.causal = true;
-  c.req.q = q, c.req.o = o, c.req.lse = lse, c.req.sinks = sinks;
-  c.k_new = k, c.v_new = v, c.total_new = nq;
-  attn_status st = {0};
-  double err = INFINITY;
-  if (tkv_run(kv, &c, 0, &st) != 0) {
-    snprintf(why, cap, "call at %lld: %.200s", (long long)q0, st.message);
-  } else {
-    attn_request r;
-    attn_request_init(&r);
-    r.batch = 1, r.heads_q = s->hq, r.heads_kv = s->hkv, r.seq_q = nq, r.seq_kv = q0 + nq;
-    r.head_dim = s->d, r.dtype = s->dt, r.causal = true, r.sinks = sinks;
-    r.q = q, r.k = s->k, r.v = s->v, r.o = q;
-    const int64_t ks[3] = {s->hkv * s->n * s->d, s->n * s->d, s->d};
-    memcpy(r.k_stride, ks, sizeof ks);
-    memcpy(r.v_stride, ks, sizeof ks);
-    double *ro = malloc(no * sizeof *ro), *rl = malloc(nr * sizeof *rl), num = 0, den = 0;
-    if (ro && rl && attn_reference(&r, ro, NULL, NULL, rl, &st) == 0) {
-      for (size_t i = 0; i < no; i++) {
-        const double x = attn_load_elem(o, s->dt, i);
-        num += (x - ro[i]) * (x - ro[i]), den += ro[i] * ro[i];
-      }
-      err = den > 0 ? sqrt(num / den) : sqrt(num);
-      for (size_t i = 0; i < nr; i++)
-        err = fmax(err, fabs(lse[i] - rl[i]) / fmax(1, fabs(rl[i])));
-      if (isnan(err))
-        err = INFINITY;
-    }
-    free(ro);
-    free(rl);
-  }
-  free(q);
-  free(k);
-  free(v);
-  free(o);
-  free(lse);
-  return err;
-}
-
 /* Prefill 300 tokens, then a few decode steps, each step checked. */
 static void session_cases(tgroup *g, attn_engine *e) {
   static const struct {
@@ -203,18 +138,19 @@ static void session_cases(tgroup *g, attn_engine *e) {
         tkv_stream_make(cs[i].hq, cs[i].hkv, cs[i].d, 310, cs[i].dt, g_seed(0, 200 + (int)i, 0));
     tkv_make(kv, "", "s", &s, 1, 310, 600, 0);
     g_set_current("sinks sessions %s D%lld", attn_dtype_name(cs[i].dt), (long long)cs[i].d);
-    char why[320] = "";
-    double worst = session_call(kv, &s, sinks, 0, 300, why, sizeof why);
+    tkv_opts op = tkv_plain;
+    op.stats = true, op.sinks = sinks;
+    attn_status st = {0};
+    double worst = tkv_step_error(kv, "s", &s, &op, 0, 300, &st);
     for (int64_t pos = 300; pos < 310 && worst < INFINITY; pos++)
-      worst = fmax(worst, session_call(kv, &s, sinks, pos, 1, why, sizeof why));
+      worst = fmax(worst, tkv_step_error(kv, "s", &s, &op, pos, 1, &st));
     const bool ok = worst <= g_tol_o(cs[i].dt);
     terr te = {.o = worst, .masked_ok = true};
     tg_errors(g, cs[i].dt, &te, false);
     tg_case(g, ok, "sinks sessions %s Hq%lld Hkv%lld D%lld prefill 300, decode to 310: %.2e%s%s",
             attn_dtype_name(cs[i].dt), (long long)cs[i].hq, (long long)cs[i].hkv,
-            (long long)cs[i].d, worst, why[0] ? ": " : "", why);
+            (long long)cs[i].d, worst, st.message[0] ? ": " : "", st.message);
     tkv_stream_free(&s);
-    attn_status st;
     attn_kv_delete(kv, "", "s", 0, &st);
   }
   attn_kv_close(kv);

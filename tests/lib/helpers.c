@@ -148,18 +148,30 @@ void tcase_free(tcase *c) {
   free(c->lse);
 }
 
+attn_engine *topen_config(const attn_config *cfg) {
+  attn_engine *e = NULL;
+  attn_status st;
+  if (attn_engine_open(cfg, &e, &st) < 0) {
+    fprintf(stderr, "engine open failed: %s\n", st.message);
+    abort();
+  }
+  return e;
+}
+
 attn_engine *topen(int threads, const char *isa) {
   attn_config cfg;
   attn_config_init(&cfg);
   cfg.threads = threads;
   cfg.cpu_isa = isa;
-  attn_engine *e = NULL;
-  attn_status st;
-  if (attn_engine_open(&cfg, &e, &st) < 0) {
-    fprintf(stderr, "engine open failed: %s\n", st.message);
-    abort();
-  }
-  return e;
+  return topen_config(&cfg);
+}
+
+attn_engine *topen_streams(int threads, int streams) {
+  attn_config cfg;
+  attn_config_init(&cfg);
+  cfg.threads = threads;
+  cfg.cuda_streams = streams;
+  return topen_config(&cfg);
 }
 
 /* Backend `name` as e lists it; false when e does not list it. */
@@ -203,6 +215,20 @@ double ttol(attn_dtype dt) {
   case ATTN_BF16: return 8e-3;
   default: return 1e-5;
   }
+}
+
+double tnerr(const void *x, attn_dtype dt, const double *ref, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; i++) {
+    const double a = attn_load_elem(x, dt, (size_t)i);
+    num += isnan(a) ? INFINITY : (a - ref[i]) * (a - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+double tdsinks_err(const tcase *c, const double *ref) {
+  return tnerr(c->dsinks, ATTN_F32, ref, c->p.hq);
 }
 
 static double rel(double x, double ref) {

@@ -41,8 +41,12 @@ void tcase_init(tcase *c, const tprob *p, uint64_t seed);
 void tcase_poison(tcase *c);
 void tcase_free(tcase *c);
 
+/* The engine of cfg; aborts, printing why, when it does not open. */
+attn_engine *topen_config(const attn_config *cfg);
 /* Engine with `threads` workers and CPU kernel `isa` (NULL: best). */
 attn_engine *topen(int threads, const char *isa);
+/* Engine with `threads` workers and `streams` CUDA streams per device. */
+attn_engine *topen_streams(int threads, int streams);
 
 /* An engine of `threads` workers on CPU kernel isa, or NULL (after printing
  * "skipped: ...") when this CPU lacks it; aborts when the engine lists no
@@ -117,6 +121,12 @@ void tcu_params(const tprob *p, struct attn_cu_params *prm);
 /* A launch shape for the selection tests: no mask, the default scale. */
 void tcu_shape(struct attn_cu_params *prm, attn_dtype dt, int b, int hq, int hkv, int nq, int nkv,
                int d);
+
+/* ||x - ref||_2 / ||ref||_2 over n contiguous elements of dtype dt
+ * (absolute when ref is 0; a NaN counts as infinite). */
+double tnerr(const void *x, attn_dtype dt, const double *ref, int64_t n);
+/* That error of a backward case's dsinks ([Hq], F32) against ref. */
+double tdsinks_err(const tcase *c, const double *ref);
 
 /* Threshold on terr.o for a dtype (F32 1e-5; F16 1e-3; BF16 8e-3). */
 double ttol(attn_dtype dt);

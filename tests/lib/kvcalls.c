@@ -123,6 +123,7 @@ int tkv_call1(attn_kv_store *kv, const char *tenant, const char *id, const tkv_s
   c.req.window_left = op->wl;
   c.req.window_right = op->wr;
   c.req.softcap = op->softcap;
+  c.req.sinks = op->sinks;
   c.req.q = q;
   c.req.o = y->o;
   c.req.m = y->m;
@@ -215,6 +216,7 @@ double tkv_ref_error(const tkv_stream *s, const tkv_opts *op, int64_t q0, int64_
   r.window_left = op->wl;
   r.window_right = op->wr;
   r.softcap = op->softcap;
+  r.sinks = op->sinks;
   r.q = q;
   r.k = s->k;
   r.v = s->v;
@@ -235,15 +237,27 @@ double tkv_ref_error(const tkv_stream *s, const tkv_opts *op, int64_t q0, int64_
     den += o[i] * o[i];
   }
   err = den > 0 ? sqrt(num / den) : sqrt(num);
+  err = isnan(err) ? INFINITY : err; /* fmax below would drop a NaN */
   for (size_t i = 0; y->lse && i < nr; i++) {
     double e = fabs(y->lse[i] - lse[i]) / fmax(1, fabs(lse[i]));
-    err = isfinite(lse[i]) ? fmax(err, e) : err;
+    if (isfinite(lse[i]))
+      err = isnan(e) ? INFINITY : fmax(err, e);
   }
   free(q);
   free(o);
   free(m);
   free(l);
   free(lse);
+  return err;
+}
+
+double tkv_step_error(attn_kv_store *kv, const char *id, const tkv_stream *s, const tkv_opts *op,
+                      int64_t pos, int64_t n, attn_status *st) {
+  tkv_reply y;
+  double err = INFINITY;
+  if (tkv_call1(kv, "", id, s, op, pos, n, pos, n, &y, 0, st) == 0)
+    err = tkv_ref_error(s, op, pos, n, pos + n, &y);
+  tkv_reply_free(&y);
   return err;
 }
 

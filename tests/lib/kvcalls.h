@@ -51,6 +51,7 @@ typedef struct tkv_opts {
   bool causal, stats;
   int64_t wl, wr;
   double softcap;
+  const float *sinks; /* [Hq] sink logits, or NULL */
   int64_t layer;
   /* > 0: the call runs on the calling thread (attn_kv_run_here with this
    * max_flops), its ATTN_KV_LATER returned as is; 0: submitted. */
@@ -77,9 +78,14 @@ int tkv_call_batch(attn_kv_store *kv, const tkv_batch *bt, int n, void **po, dou
                    attn_status *st);
 /* The relative L2 error of y's O against the float64 reference of queries
  * [q0, q0 + nq) over keys [0, nk) of s (bottom-right aligned), and the
- * largest of its statistics' when it has them. */
+ * largest of its lse's when it has statistics; a NaN counts as infinite. */
 double tkv_ref_error(const tkv_stream *s, const tkv_opts *op, int64_t q0, int64_t nq, int64_t nk,
                      const tkv_reply *y);
+/* One step on session id: queries and new tokens [pos, pos + n) of s;
+ * tkv_ref_error over keys [0, pos + n), or INFINITY with why in st when
+ * the call is refused. */
+double tkv_step_error(attn_kv_store *kv, const char *id, const tkv_stream *s, const tkv_opts *op,
+                      int64_t pos, int64_t n, attn_status *st);
 /* How tkv_decode runs a session's stream: the prefill of pre tokens in
  * calls of at most chunk (0: one call), then one token a call to the
  * stream's end; each step checked against float64 when its reference

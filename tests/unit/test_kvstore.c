@@ -312,60 +312,6 @@ Test(kvstore, ids_checked) {
   cr_expect_eq(attn_kv_id_check(big, 129, &st), ATTN_EINVAL);
 }
 
-/* One layer of three sessions in one call: q rows [p_i, p_i + nq_i) of
- * tkv_stream i and its tokens [p_i, p_i + nn_i), packed. */
-typedef struct batch {
-  const char *ids[3];
-  const tkv_stream *s[3];
-  int64_t pos[3], nq[3], nn[3];
-} batch;
-
-static int call_batch(attn_kv_store *kv, const batch *bt, int n, void **po, double now,
-                      attn_status *st) {
-  attn_kv_entry en[3];
-  int64_t cu_q[4] = {0}, tq = 0, tk = 0;
-  const tkv_stream *s0 = bt->s[0];
-  for (int i = 0; i < n; i++) {
-    en[i] = (attn_kv_entry){.id = bt->ids[i], .pos = bt->pos[i], .n_new = bt->nn[i], .kv_off = tk};
-    tq += bt->nq[i];
-    tk += bt->nn[i];
-    cu_q[i + 1] = tq;
-  }
-  size_t es = attn_dtype_size(s0->dt), w = (size_t)s0->d * es;
-  char *q = malloc((size_t)(s0->hq * tq) * w), *k = malloc((size_t)(s0->hkv * tk) * w + 1),
-       *v = malloc((size_t)(s0->hkv * tk) * w + 1);
-  *po = calloc((size_t)(s0->hq * tq), w);
-  for (int i = 0, r0 = 0, k0 = 0; i < n; r0 += (int)bt->nq[i], k0 += (int)bt->nn[i], i++) {
-    const tkv_stream *s = bt->s[i];
-    for (int64_t h = 0; h < s->hq; h++)
-      memcpy(q + (size_t)(h * tq + r0) * w, (char *)s->q + (size_t)(h * s->n + bt->pos[i]) * w,
-             (size_t)bt->nq[i] * w);
-    for (int64_t h = 0; h < s->hkv; h++) {
-      memcpy(k + (size_t)(h * tk + k0) * w, (char *)s->k + (size_t)(h * s->n + bt->pos[i]) * w,
-             (size_t)bt->nn[i] * w);
-      memcpy(v + (size_t)(h * tk + k0) * w, (char *)s->v + (size_t)(h * s->n + bt->pos[i]) * w,
-             (size_t)bt->nn[i] * w);
-    }
-  }
-  attn_kv_call c = {
-      .tenant = "", .nentries = n, .entries = en, .k_new = k, .v_new = v, .total_new = tk};
-  attn_request_init(&c.req);
-  c.req.heads_q = s0->hq;
-  c.req.heads_kv = s0->hkv;
-  c.req.head_dim = s0->d;
-  c.req.seq_q = tq;
-  c.req.dtype = s0->dt;
-  c.req.causal = true;
-  c.req.cu_seqlens_q = cu_q;
-  c.req.q = q;
-  c.req.o = *po;
-  int rc = tkv_run(kv, &c, now, st);
-  free(q);
-  free(k);
-  free(v);
-  return rc;
-}
-
 Test(kvstore, batch_call_equals_single_calls_and_is_all_or_nothing, .timeout = 120) {
   attn_engine *e = topen(2, NULL);
   attn_kv_store *kv = tkv_open_store(e, 64 * MIB, true, NULL);
@@ -385,9 +331,9 @@ Test(kvstore, batch_call_equals_single_calls_and_is_all_or_nothing, .timeout = 1
       tkv_reply_free(&y);
     }
   /* a step of one token for a and b, two new tokens and three queries for c */
-  batch bt = {{"a2", "b2", "c2"}, {&s[0], &s[1], &s[2]}, {1199, 39, 250}, {1, 1, 3}, {1, 1, 2}};
+  tkv_batch bt = {{"a2", "b2", "c2"}, {&s[0], &s[1], &s[2]}, {1199, 39, 250}, {1, 1, 3}, {1, 1, 2}};
   void *bo;
-  cr_assert_eq(call_batch(kv, &bt, 3, &bo, 0, &st), 0, "%s", st.message);
+  cr_assert_eq(tkv_call_batch(kv, &bt, 3, &bo, 0, &st), 0, "%s", st.message);
   size_t w = 64 * 2, off = 0;
   for (int i = 0; i < 3; i++) {
     cr_assert_eq(tkv_call1(kv, "", single[i], &s[i], &tkv_plain, bt.pos[i], bt.nq[i], bt.pos[i],
@@ -403,8 +349,9 @@ Test(kvstore, batch_call_equals_single_calls_and_is_all_or_nothing, .timeout = 1
   }
   free(bo);
   /* one entry at a wrong pos refuses the call, naming it; nothing appended anywhere */
-  batch bad = {{"a2", "b2", "c2"}, {&s[0], &s[2], &s[2]}, {1199, 30, 252}, {1, 1, 1}, {0, 1, 1}};
-  cr_expect_eq(call_batch(kv, &bad, 3, &bo, 0, &st), ATTN_ESESSION_CONFLICT);
+  tkv_batch bad = {
+      {"a2", "b2", "c2"}, {&s[0], &s[2], &s[2]}, {1199, 30, 252}, {1, 1, 1}, {0, 1, 1}};
+  cr_expect_eq(tkv_call_batch(kv, &bad, 3, &bo, 0, &st), ATTN_ESESSION_CONFLICT);
   cr_expect(strstr(st.message, "sessions[1]"), "%s", st.message);
   free(bo);
   int64_t len[2];
@@ -413,8 +360,9 @@ Test(kvstore, batch_call_equals_single_calls_and_is_all_or_nothing, .timeout = 1
   cr_expect_eq(len[0], 252, "a refused batch appended to c2");
   cr_assert_eq(attn_kv_get(kv, "", "b2", 0, &info, len, 2, &st), 0);
   cr_expect_eq(len[0], 40);
-  batch dup = {{"a2", "a2", "c2"}, {&s[0], &s[0], &s[2]}, {1199, 1199, 252}, {1, 1, 1}, {0, 0, 0}};
-  cr_expect_eq(call_batch(kv, &dup, 3, &bo, 0, &st), ATTN_EINVAL);
+  tkv_batch dup = {
+      {"a2", "a2", "c2"}, {&s[0], &s[0], &s[2]}, {1199, 1199, 252}, {1, 1, 1}, {0, 0, 0}};
+  cr_expect_eq(tkv_call_batch(kv, &dup, 3, &bo, 0, &st), ATTN_EINVAL);
   free(bo);
   for (int i = 0; i < 3; i++)
     tkv_stream_free(&s[i]);

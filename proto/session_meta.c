@@ -169,6 +169,12 @@ static int value_dims_of(const cJSON *root, attn_kv_shape *sh, attn_status *st) 
                            "\"head_dim_v\" %lld and \"v_from_k\" %lld differ: a latent session's "
                            "values are v_from_k wide (send one of them, or both equal)",
                            (long long)dv, (long long)latent);
+  if (!latent && !dv && sh->head_dim > ATTN_MAX_HEAD_DIM_V)
+    return attn_status_set(st, ATTN_PROTO_EOPTVALUE,
+                           "\"head_dim\" %lld makes v as wide, past the %d a value head dim may "
+                           "have: send \"head_dim_v\" (1 to %d), or \"v_from_k\" for a latent "
+                           "session",
+                           (long long)sh->head_dim, ATTN_MAX_HEAD_DIM_V, ATTN_MAX_HEAD_DIM_V);
   /* 0 when it is head_dim, as attn_kv_shape has it, so that a create
    * naming head_dim_v equal to head_dim is one that does not */
   sh->v_from_k = latent > 0;

@@ -234,6 +234,8 @@ Test(session_codecs, create_takes_a_value_head_dim_and_a_latent_session) {
   cr_expect(sh.head_dim_v == 128 && sh.v_from_k);
   cr_assert_eq(create_with(64, ", \"v_from_k\": 64", &sh, &st), 0, "%s", st.message);
   cr_expect(sh.head_dim_v == 64 && sh.v_from_k, "v the whole of k");
+  cr_assert_eq(create_with(576, ", \"v_from_k\": 512", &sh, &st), 0, "%s", st.message);
+  cr_expect(sh.head_dim == 576 && sh.head_dim_v == 512 && sh.v_from_k, "DeepSeek's latent cache");
   struct {
     int d;
     const char *more, *needle, *needle2;
@@ -244,6 +246,8 @@ Test(session_codecs, create_takes_a_value_head_dim_and_a_latent_session) {
       {64, ", \"v_from_k\": 65", "\"v_from_k\" 65 is more than \"head_dim\" 64", ""},
       {64, ", \"v_from_k\": true", "\"v_from_k\" must be an integer", ""},
       {192, ", \"v_from_k\": 128, \"head_dim_v\": 64", "\"head_dim_v\" 64", "\"v_from_k\" 128"},
+      /* v as wide as k, past Dv's limit: head_dim_v or v_from_k is wanted */
+      {576, "", "\"head_dim\" 576 makes v as wide", "\"head_dim_v\" (1 to 512)"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     int rc = create_with(bad[i].d, bad[i].more, &sh, &st);

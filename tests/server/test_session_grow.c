@@ -4,7 +4,9 @@
  * an append the memory cannot hold is 507 session_memory_full with
  * nothing appended, and goes through once a whole session is deleted, its
  * output then equal to the float64 reference over exactly the session's
- * keys; a retried create with the other reserve is 409; a bad reserve 422.
+ * keys; a retried create with the other reserve is 409; a bad reserve 422;
+ * and under API keys a grow session's pages count against its key's share
+ * as it takes them.
  *
  * Sessions here have one layer, one KV head, head_dim 2, F32: a page of K
  * and one of V (128 KiB) hold the first 8192 tokens. Under
@@ -21,18 +23,28 @@
 #include <string.h>
 
 static srv S;
-static void teardown(void) { srv_cleanup(&S); }
+static void teardown(void) {
+  srv_cleanup(&S);
+  remove_tmpdir();
+}
 TestSuite(session_grow, .fini = teardown, .timeout = 120);
 
 #define JSON_CT "Content-Type: application/json"
+#define KEY_A "alice-key-0123456789"
+#define KEY_B "bob-key-9876543210"
+
+static const char *const HNONE[] = {JSON_CT, NULL};
+static const char *const HA[] = {"Authorization: Bearer " KEY_A, JSON_CT, NULL};
+static const char *const HB[] = {"Authorization: Bearer " KEY_B, JSON_CT, NULL};
+/* The headers of the calls that follow (an API key's, or none). */
+static const char *const *H = HNONE;
 #define PAIR_BYTES (128 << 10)
 #define SHAPE "\"heads_kv\": 1, \"head_dim\": 2, \"dtype\": \"F32\", \"max_tokens\": 100"
 
 static long put(const char *id, const char *body, http_res *r) {
-  const char *h[] = {JSON_CT, NULL};
   char path[96];
   snprintf(path, sizeof path, "/v1/sessions/%s", id);
-  return http_call(&S, "PUT", path, h, body, strlen(body), r);
+  return http_call(&S, "PUT", path, H, body, strlen(body), r);
 }
 
 static void create_ok(const char *id, const char *body) {
@@ -66,10 +78,9 @@ static long append(const char *id, int64_t pos, int64_t n, http_res *r) {
   attn_sbuf_puts(&b, ", ");
   tensor_json(&b, "v", 2, pos, n);
   attn_sbuf_printf(&b, ", \"pos\": %lld}", (long long)pos);
-  const char *h[] = {JSON_CT, NULL};
   char path[96];
   snprintf(path, sizeof path, "/v1/sessions/%s/attention", id);
-  long st = http_call(&S, "POST", path, h, b.p, b.len, r);
+  long st = http_call(&S, "POST", path, H, b.p, b.len, r);
   free(b.p);
   return st;
 }
@@ -113,7 +124,7 @@ static cJSON *get_json(const char *id) {
   char path[96];
   snprintf(path, sizeof path, "/v1/sessions/%s", id);
   http_res r;
-  http_get(&S, path, &r);
+  http_call(&S, "GET", path, H, NULL, 0, &r);
   cr_assert_eq(r.status, 200, "%s", r.body);
   cJSON *j = cJSON_Parse(r.body);
   http_res_free(&r);
@@ -158,7 +169,7 @@ Test(session_grow, pages_as_tokens_arrive_and_507_when_full) {
   http_res_free(&r);
   expect_info("g", "grow", PAIR_BYTES, 7);
   /* the list shows the mode too */
-  http_get(&S, "/v1/sessions", &r);
+  http_call(&S, "GET", "/v1/sessions", H, NULL, 0, &r);
   cr_assert_eq(r.status, 200);
   cr_expect(strstr(r.body, "\"reserve\": \"grow\"") && strstr(r.body, "\"reserve\": \"whole\""),
             "%.300s", r.body);
@@ -178,4 +189,46 @@ Test(session_grow, retried_create_and_bad_reserve) {
   cr_expect_eq(put("h", "{" SHAPE ", \"reserve\": \"some\"}", &r), 422, "%s", r.body);
   cr_expect(strstr(r.body, "\\\"grow\\\""), "%s", r.body);
   http_res_free(&r);
+}
+
+/* Under two keys (each may reserve half the pool: 8 pairs), a grow
+ * session's pages count against its key as they are taken: an append past
+ * the key's share is 507 saying so, with nothing appended, while the other
+ * key's appends go on. */
+Test(session_grow, the_key_share_counts_pages_as_taken) {
+  char keys[160];
+  snprintf(keys, sizeof keys, "%s/keys", make_tmpdir());
+  write_file(keys, "alice:" KEY_A "\n"
+                   "bob:" KEY_B "\n");
+  srv_start(&S, "--api-key-file", keys, "--session-memory", "2M", NULL);
+  H = HA;
+  char id[32];
+  for (int i = 0; i < 7; i++) { /* 7 of alice's 8 pairs... */
+    snprintf(id, sizeof id, "w%d", i);
+    create_ok(id, "{" SHAPE "}");
+  }
+  create_ok("g", "{" SHAPE ", \"reserve\": \"grow\"}");
+  create_ok("g2", "{" SHAPE ", \"reserve\": \"grow\"}");
+  http_res r;
+  cr_assert_eq(append("g", 0, 2, &r), 200, "%s", r.body); /* ...and g the last */
+  expect_reference(&r, 0, 2);
+  http_res_free(&r);
+  cr_expect_eq(append("g2", 0, 1, &r), 507, "%s", r.body);
+  expect_error(&r, 507, "session_memory_full", "an append past the key's share");
+  cr_expect(strstr(r.body, "--session-memory-per-key") && strstr(r.body, "nothing was appended"),
+            "%s", r.body);
+  http_res_free(&r);
+  expect_info("g2", "grow", 0, 0);
+  H = HB;
+  create_ok("g", "{" SHAPE ", \"reserve\": \"grow\"}");
+  cr_expect_eq(append("g", 0, 5, &r), 200, "the other key goes on: %s", r.body);
+  expect_reference(&r, 0, 5);
+  http_res_free(&r);
+  H = HA;
+  cr_assert_eq(http_call(&S, "DELETE", "/v1/sessions/w0", H, NULL, 0, &r), 204, "%s", r.body);
+  http_res_free(&r);
+  cr_expect_eq(append("g2", 0, 1, &r), 200, "%s", r.body);
+  expect_reference(&r, 0, 1);
+  http_res_free(&r);
+  H = HNONE;
 }

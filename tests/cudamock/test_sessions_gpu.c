@@ -11,7 +11,8 @@
  * upload and one download, and the steps after it read the rows its job put; a call on a layer
  * waits for the job that puts its keys (without batching too, and behind a waiting call that
  * appends to it), a replay's check waits for it, and a job that fails or that the engine splits
- * still leaves its rows stored.
+ * still leaves its rows stored. A session of reserve grow takes device pages as its tokens
+ * arrive, refused past what is free with nothing appended.
  */
 #include "cuda/kernels.h"
 #include "helpers.h"
@@ -825,8 +826,12 @@ Test(sessions_gpu, a_grow_session_takes_device_pages_as_tokens_arrive, .init = r
   attn_status st;
   cr_assert_eq(attn_kv_delete(kv, "", "probe", 0, &st), 0);
   tkv_stream g = tkv_stream_make(2, 1, 64, 3 * pt + 1, ATTN_F32, 21);
-  attn_kv_shape sh = {.heads_kv = 1, .head_dim = 64, .dtype = ATTN_F32, .layers = 1,
-                      .max_tokens = 8 * pt, .grow = true};
+  attn_kv_shape sh = {.heads_kv = 1,
+                      .head_dim = 64,
+                      .dtype = ATTN_F32,
+                      .layers = 1,
+                      .max_tokens = 8 * pt,
+                      .grow = true};
   bool created;
   cr_assert_eq(attn_kv_create(kv, "", "g", &sh, 60, 0, &created, &st), 0, "%s", st.message);
   tkv_make(kv, "", "w", &probe, 1, pt, 60, 0); /* 2 of the 8 pages */

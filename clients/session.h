@@ -57,6 +57,7 @@ typedef struct tool_sess_info {
   int64_t heads_kv, head_dim, layers, max_tokens;
   int64_t head_dim_v; /* the values' head dim (head_dim when GET gives none) */
   bool v_from_k;      /* a latent session: k alone, v its first head_dim_v columns */
+  bool grow;          /* reserve grow: reserved_bytes is what it holds now */
   attn_dtype dtype;
   double ttl_s, expires_in_s;
   int64_t reserved_bytes;

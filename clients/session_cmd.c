@@ -22,7 +22,7 @@
 static const char usage[] =
     "usage: attn session create   URL ID --heads-kv H --head-dim D --max-tokens N\n"
     "                             [--dtype F32|F16|BF16] [--layers L] [--ttl S]\n"
-    "                             [--head-dim-v DV | --v-from-k DV]\n"
+    "                             [--head-dim-v DV | --v-from-k DV] [--reserve whole|grow]\n"
     "       attn session get      URL ID [--json]\n"
     "       attn session delete   URL ID\n"
     "       attn session truncate URL ID --length N\n"
@@ -43,7 +43,9 @@ static const char usage[] =
     "            of their own (1-512; default head_dim). --v-from-k DV: a latent session\n"
     "            (MLA's absorbed decode): it keeps k alone, in half the memory, and reads v\n"
     "            as the first DV columns of each k row (DV <= head_dim); its calls send\n"
-    "            q and k only.\n"
+    "            q and k only. --reserve grow: its memory is taken as tokens arrive\n"
+    "            instead of at once, and an append the server's memory cannot hold is\n"
+    "            refused (507, nothing appended); whole (the default) never refuses one.\n"
     "  get       its parameters, each layer's length, bytes reserved, seconds left\n"
     "            (--json: the server's JSON as it is)\n"
     "  delete    DELETE /v1/sessions/ID: its memory is free at once\n"
@@ -71,6 +73,7 @@ typedef struct sess_args {
   const char *url, *id, *in, *out;
   int64_t heads_kv, head_dim, layers, max_tokens, length;
   int64_t head_dim_v, v_from_k; /* 0: not given */
+  const char *reserve;          /* --reserve, or NULL: not sent (whole) */
   float *sinks;                 /* --sinks (malloc'd), or NULL */
   int64_t nsinks;
   int64_t heads_q, seq_q, n_new, layer, pos;
@@ -89,13 +92,14 @@ static const char *const scope[128] = {
     ['j'] = "g", ['n'] = "t",     ['i'] = "a", ['o'] = "a", ['q'] = "a", ['Q'] = "a",
     ['k'] = "a", ['y'] = "a",     ['p'] = "a", ['e'] = "a", ['N'] = "a", ['c'] = "a",
     ['s'] = "a", ['L'] = "a",     ['R'] = "a", ['S'] = "a", ['B'] = "a", ['C'] = "a",
-    ['O'] = "a", ['w'] = "cgdta", ['V'] = "c", ['K'] = "c", ['G'] = "a"};
+    ['O'] = "a", ['w'] = "cgdta", ['V'] = "c", ['K'] = "c", ['G'] = "a", ['r'] = "c"};
 
 static const struct option opts[] = {TOOL_API_OPTIONS,
                                      {"heads-kv", required_argument, 0, 'H'},
                                      {"head-dim", required_argument, 0, 'D'},
                                      {"head-dim-v", required_argument, 0, 'V'},
                                      {"v-from-k", required_argument, 0, 'K'},
+                                     {"reserve", required_argument, 0, 'r'},
                                      {"dtype", required_argument, 0, 't'},
                                      {"layers", required_argument, 0, 'l'},
                                      {"max-tokens", required_argument, 0, 'm'},
@@ -142,6 +146,13 @@ static int create_flag(int c, sess_args *a) {
   case 'V': return tool_arg_i64("--head-dim-v", optarg, 1, ATTN_MAX_HEAD_DIM_V, &a->head_dim_v);
   case 'K': return tool_arg_i64("--v-from-k", optarg, 1, ATTN_MAX_HEAD_DIM_V, &a->v_from_k);
   case 'n': a->have_length = true; return tool_arg_i64("--length", optarg, 0, big, &a->length);
+  case 'r':
+    if (strcmp(optarg, "whole") && strcmp(optarg, "grow")) {
+      fprintf(stderr, ME ": --reserve is whole or grow, not \"%s\"\n", optarg);
+      return -1;
+    }
+    a->reserve = optarg;
+    return 0;
   }
   return 1;
 }
@@ -291,8 +302,8 @@ static void print_info(const sess_args *a, const tool_sess_info *in) {
   printf("lengths ");
   for (int64_t i = 0; i < in->layers; i++)
     printf("%s%lld", i ? "," : "", (long long)in->lengths[i]);
-  printf("\nreserved %lld bytes; ttl %g s, expires in %g s\n", (long long)in->reserved_bytes,
-         in->ttl_s, in->expires_in_s);
+  printf("\nreserved %lld bytes%s; ttl %g s, expires in %g s\n", (long long)in->reserved_bytes,
+         in->grow ? " (reserve grow: as tokens arrive)" : "", in->ttl_s, in->expires_in_s);
 }
 
 static int cmd_create(tool_sess_http *h, const sess_args *a) {
@@ -307,6 +318,8 @@ static int cmd_create(tool_sess_http *h, const sess_args *a) {
                   (long long)a->head_dim_v);
   if (a->v_from_k)
     n += snprintf(body + n, sizeof body - (size_t)n, ",\"v_from_k\":%lld", (long long)a->v_from_k);
+  if (a->reserve)
+    n += snprintf(body + n, sizeof body - (size_t)n, ",\"reserve\":\"%s\"", a->reserve);
   snprintf(body + n, sizeof body - (size_t)n, "}");
   tool_sess_reply r;
   if (call(h, a, "PUT", "", body, strlen(body), false, &r) != 0)

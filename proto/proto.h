@@ -386,10 +386,9 @@ int64_t attn_proto_session_entries(const attn_proto_session *ps, const attn_requ
  * "max_tokens", "layers"? (1), "ttl_s"? (600; from 1 to ttl_max),
  * "head_dim_v"? (head_dim; from 1 to ATTN_MAX_HEAD_DIM_V), "v_from_k"? (a
  * latent session of that Dv, at most head_dim; with head_dim_v, equal to
- * it)} into *sh (head_dim_v 0 when it is head_dim) and *ttl_s; unknown
- * and repeated fields refused, another dtype
- * ATTN_EDTYPE, and a string holding a NUL (\u0000) refused, as in the
- * truncate's. */
+ * it), "reserve"? ("whole" or "grow": sh->grow)} into *sh (head_dim_v 0 when it is head_dim) and
+ * *ttl_s; unknown and repeated fields refused, another dtype ATTN_EDTYPE, and a string holding a
+ * NUL (\u0000) refused, as in the truncate's. */
 int attn_proto_session_create_decode(const char *body, size_t len, double ttl_max,
                                      attn_kv_shape *sh, double *ttl_s, attn_status *st);
 /* POST /v1/sessions/{id}/truncate's body {"length": n}. */
@@ -399,7 +398,7 @@ struct attn_sbuf;
 /* A session as GET /v1/sessions/{id} describes it: {"id", "heads_kv",
  * "head_dim", "dtype", "layers", "max_tokens", "ttl_s", "head_dim_v",
  * "v_from_k" (a latent session's only), "lengths": [one a layer],
- * "tokens", "reserved_bytes", "expires_in_s"}; lengths may be NULL
+ * "tokens", "reserve", "reserved_bytes", "expires_in_s"}; lengths may be NULL
  * (then []). */
 void attn_proto_session_info_json(struct attn_sbuf *b, const attn_kv_info *info,
                                   const int64_t *lengths, double now);

@@ -21,9 +21,10 @@ typedef struct field {
   bool required;
 } field;
 
-static const field create_fields[] = {{"heads_kv", true},    {"head_dim", true}, {"dtype", true},
-                                      {"max_tokens", true},  {"layers", false},  {"ttl_s", false},
-                                      {"head_dim_v", false}, {"v_from_k", false}};
+static const field create_fields[] = {
+    {"heads_kv", true},    {"head_dim", true},  {"dtype", true},
+    {"max_tokens", true},  {"layers", false},   {"ttl_s", false},
+    {"head_dim_v", false}, {"v_from_k", false}, {"reserve", false}};
 #define NCREATE (sizeof create_fields / sizeof *create_fields)
 
 /* Whether the JSON string opening at s[i] holds a NUL, raw or escaped
@@ -148,7 +149,8 @@ static int get_int(const cJSON *root, const char *name, int64_t lo, int64_t hi, 
 
 #define CREATE_WHAT                                                                             \
   "{\"heads_kv\": n, \"head_dim\": n, \"dtype\": \"F32\"|\"F16\"|\"BF16\", \"max_tokens\": n, " \
-  "\"layers\"?: n, \"ttl_s\"?: seconds, \"head_dim_v\"?: n, \"v_from_k\"?: n}"
+  "\"layers\"?: n, \"ttl_s\"?: seconds, \"head_dim_v\"?: n, \"v_from_k\"?: n, "                 \
+  "\"reserve\"?: \"whole\"|\"grow\"}"
 
 /* The values' head dim: head_dim_v (default head_dim) or, for a latent
  * session, v_from_k, which is at most head_dim (v is the first v_from_k
@@ -194,6 +196,13 @@ static int create_fields_of(const cJSON *root, attn_kv_shape *sh, double ttl_max
   const cJSON *dt = cJSON_GetObjectItemCaseSensitive(root, "dtype");
   if (!cJSON_IsString(dt) || attn_dtype_parse(dt->valuestring, &sh->dtype))
     return attn_status_set(st, ATTN_EDTYPE, "%s", DTYPE_WANT);
+  const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "reserve");
+  if (rs && !(cJSON_IsString(rs) &&
+              (!strcmp(rs->valuestring, "whole") || !strcmp(rs->valuestring, "grow"))))
+    return attn_status_set(st, ATTN_PROTO_EOPTVALUE,
+                           "\"reserve\" must be \"whole\" (pages for all of max_tokens at create, "
+                           "the default) or \"grow\" (pages as tokens arrive)");
+  sh->grow = rs && !strcmp(rs->valuestring, "grow");
   const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "ttl_s");
   *ttl = 600;
   if (t && !(cJSON_IsNumber(t) && t->valuedouble >= TTL_MIN && t->valuedouble <= ttl_max))
@@ -247,7 +256,9 @@ void attn_proto_session_info_json(attn_sbuf *b, const attn_kv_info *info, const 
   for (int64_t l = 0; lengths && l < sh->layers; l++)
     attn_sbuf_printf(b, "%s%lld", l ? ", " : "", (long long)lengths[l]);
   double left = info->expires - now;
-  attn_sbuf_printf(b, "], \"tokens\": %lld, \"reserved_bytes\": %llu, \"expires_in_s\": %.3f}",
-                   (long long)info->tokens, (unsigned long long)info->reserved_bytes,
-                   left > 0 ? left : 0.0);
+  attn_sbuf_printf(b,
+                   "], \"tokens\": %lld, \"reserve\": \"%s\", \"reserved_bytes\": %llu, "
+                   "\"expires_in_s\": %.3f}",
+                   (long long)info->tokens, sh->grow ? "grow" : "whole",
+                   (unsigned long long)info->reserved_bytes, left > 0 ? left : 0.0);
 }

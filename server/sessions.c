@@ -251,7 +251,8 @@ void attnd_sessions_metrics(attn_sbuf *b, const attnd_server *s) {
   counter(b, "attnd_session_expired_total", "Sessions dropped at the end of their TTL.",
           st.expired);
   counter(b, "attnd_session_per_key_refused_total",
-          "Session creates refused (507) past the API key's share (--session-memory-per-key).",
+          "Session creates, and grow sessions' appends, refused (507) past the API key's share "
+          "(--session-memory-per-key).",
           st.tenant_cap_refused);
   counter(b, "attnd_session_returned_bytes_total",
           "Bytes of free session pages given back to the operating system.", st.returned_bytes);

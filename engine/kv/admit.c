@@ -310,17 +310,45 @@ static int resolve(attn_kv_store *s, const attn_kv_call *c, kv_use *uses, double
   return wait;
 }
 
+/* Grow sessions' appends reserve their new pages at admission, the whole
+ * call's or none: what they need together must fit the tenant's cap and
+ * the pool's pages no session reserves (so never a whole session's). */
+static int room_check(attn_kv_store *s, const kv_pending *p, attn_status *st) {
+  const attn_kv_call *c = p->call;
+  int64_t need = 0;
+  for (int64_t e = 0; e < c->nentries; e++)
+    if (p->uses[e].append)
+      need +=
+          attn__kv_grow_need(p->uses[e].ks, p->uses[e].L, c->entries[e].pos + c->entries[e].n_new);
+  if (need == 0)
+    return 0;
+  if (!attn__kv_tenant_fits(s, c->tenant, need))
+    return attn__kv_tenant_refuse(s, c->tenant, need, true, st);
+  const int64_t free_pages = s->pages.npages - s->pages.reserved;
+  if (need <= free_pages)
+    return 0;
+  return attn_status_set(st, ATTN_ESESSION_MEMORY,
+                         "these tokens take pages of %llu bytes, and %llu of the %llu bytes of "
+                         "session memory are free (--session-memory; a session of reserve "
+                         "\"whole\" keeps its whole max_tokens'); nothing was appended: delete or "
+                         "truncate a session, or retry when one has expired",
+                         (unsigned long long)need * ATTN_KV_PAGE_BYTES,
+                         (unsigned long long)free_pages * ATTN_KV_PAGE_BYTES,
+                         (unsigned long long)s->pages.npages * ATTN_KV_PAGE_BYTES);
+}
+
 /* ---- admitting ------------------------------------------------------------ */
 
 /* Books an admitted call: pages taken and the layer marked written for
- * each append, each entry a reader of its layer, the sessions used. */
+ * each append (a grow session's within room_check's, so it cannot fail),
+ * each entry a reader of its layer, the sessions used. */
 static void claim(attn_kv_store *s, kv_pending *p) {
   attn_kv_call *c = p->call;
   for (int64_t e = 0; e < c->nentries; e++) {
     kv_use *u = &p->uses[e];
     attn_kv_entry *en = &c->entries[e];
     if (u->append) {
-      attn__kv_grow(s, u->ks, u->L, en->pos + en->n_new);
+      (void)attn__kv_grow(s, u->ks, u->L, en->pos + en->n_new);
       u->L->writing = true;
       u->L->cut = false;
     } else if (en->n_new > 0) {
@@ -402,6 +430,8 @@ int attn__kv_enter(attn_kv_store *s, kv_pending *p, attn_status *st) {
   }
   if (rc == 0)
     rc = probe(s, p->call, p->uses, &p->flops, st);
+  if (rc == 0)
+    rc = room_check(s, p, st);
   if (rc == 0 && p->here && not_here(p))
     return ATTN_KV_LATER;
   if (rc == 0)

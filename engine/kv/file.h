@@ -16,25 +16,26 @@
  * the file created anew (O_EXCL, O_NOFOLLOW), never written through; the
  * log lines escape the names they quote (load.c, say).
  *
- * Format, version 2, little-endian (the host's order: see the #error):
+ * Format, version 3, little-endian (the host's order: see the #error):
  *     0  "ATTNKV1\n"
- *     8  u32 version (2), u32 header bytes H
+ *     8  u32 version (3), u32 header bytes H
  *    16  u32 tenant bytes T, u32 id bytes I
  *    24  char[8] the dtype's name, NUL-padded ("F32", "F16", "BF16")
  *    32  i64 heads_kv, head_dim, layers, max_tokens, page_tokens
  *    72  f64 ttl_s, f64 the seconds of it left when saved
  *    88  i64 head_dim_v (Dv, set), i64 v_from_k (0 or 1)
- *   104  the tenant (T bytes), then the id (I bytes), no NULs
+ *   104  i64 reserve: 0 whole, 1 grow (pages taken as tokens arrive)
+ *   112  the tenant (T bytes), then the id (I bytes), no NULs
  *        per layer: i64 length, f32 largest |k|, f32 largest |v|
  *     H  per layer, per KV head: K rows [0, length), head_dim elements of
  *        the dtype each, then V rows [0, length), Dv elements each (none
  *        for a latent session, v_from_k 1: its v is within its k)
  *        u64 checksum of every byte before it
- * Version 1 (written before sessions had a value head dim of their own) is
- * version 2 without the 16 bytes at 88: Dv is head_dim, v_from_k 0; it
- * still loads. page_tokens is the saver's, for a reader's information:
- * rows are stored without their pages, so a store of another page size
- * loads the file.
+ * Version 2 (written before sessions could grow) is version 3 without the
+ * 8 bytes at 104: reserve whole. Version 1 (written before sessions had a
+ * value head dim of their own) is version 2 without the 16 bytes at 88:
+ * Dv is head_dim, v_from_k 0. Both still load. page_tokens is the saver's, for a reader's
+ * information: rows are stored without their pages, so a store of another page size loads the file.
  *
  * The checksum takes FNV-1a's 64-bit constants a word at a time (several
  * times faster than FNV-1a's byte at a time, which would slow a shutdown
@@ -55,12 +56,13 @@
 #endif
 
 #define KVF_MAGIC "ATTNKV1\n"
-#define KVF_VERSION 2u
-#define KVF_FIXED 104   /* bytes before the tenant */
-#define KVF_FIXED_V1 88 /* in a file of version 1 */
-#define KVF_LAYER 16    /* bytes of one layer's entry */
-#define KVF_DTYPE 8     /* bytes of the dtype's name */
-#define KVF_TRAILER 8   /* the checksum */
+#define KVF_VERSION 3u
+#define KVF_FIXED 112    /* bytes before the tenant */
+#define KVF_FIXED_V2 104 /* in a file of version 2 */
+#define KVF_FIXED_V1 88  /* in a file of version 1 */
+#define KVF_LAYER 16     /* bytes of one layer's entry */
+#define KVF_DTYPE 8      /* bytes of the dtype's name */
+#define KVF_TRAILER 8    /* the checksum */
 #define KVF_HEADER_MAX \
   (KVF_FIXED + ATTN_KV_TENANT_MAX + ATTN_KV_ID_MAX + KVF_LAYER * ATTN_KV_MAX_LAYERS)
 /* "<tenant>@<id>.kv" and a NUL */

@@ -33,8 +33,10 @@ extern "C" {
  * then attend). Its memory is one pool of fixed-size pages sized when the
  * store opens; a session reserves the pages of its whole max_tokens when it
  * is made, so an append never fails for memory and no session is evicted
- * for another. A page holds page_tokens tokens of one (session, layer, KV
- * head), of K or of V; a latent session (v_from_k) has K pages only, and
+ * for another (a grow session, attn_kv_shape.grow, reserves its pages as
+ * its tokens arrive instead, from the pages no session reserved: its
+ * appends may be refused, a whole session's never). A page holds page_tokens tokens of one
+ * (session, layer, KV head), of K or of V; a latent session (v_from_k) has K pages only, and
  * reserves half the pages of one that stores both.
  *
  * Sessions are named by (tenant, id): each tenant is a namespace of its own.
@@ -58,6 +60,11 @@ typedef struct attn_kv_shape {
   attn_dtype dtype;
   int64_t layers;     /* >= 1 */
   int64_t max_tokens; /* >= 1, per layer */
+  /* Pages are reserved as tokens arrive (create's "reserve": "grow")
+   * instead of for the whole max_tokens at create: an append the pool
+   * cannot hold is then ESESSION_MEMORY, with nothing appended. A grow
+   * session never takes pages a whole session reserved. */
+  bool grow;
 } attn_kv_shape;
 
 /* What a session is now (attn_kv_get, attn_kv_list); its shape's
@@ -66,9 +73,9 @@ typedef struct attn_kv_info {
   char id[ATTN_KV_ID_MAX + 1];
   attn_kv_shape shape;
   double ttl_s;
-  double expires; /* attn_now() seconds at which it expires unless used */
-  uint64_t reserved_bytes;
-  int64_t tokens; /* summed over layers */
+  double expires;          /* attn_now() seconds at which it expires unless used */
+  uint64_t reserved_bytes; /* a grow session's: the pages it holds now */
+  int64_t tokens;          /* summed over layers */
 } attn_kv_info;
 
 /* Totals of a store, for metrics and /v1/info. */
@@ -84,7 +91,7 @@ typedef struct attn_kv_stats {
   uint64_t batched_calls;      /* calls over all those jobs */
   int64_t waiting;             /* calls held in the store for a layer's job, readers or write */
   uint64_t tenant_cap_bytes;   /* attn_kv_set_tenant_cap's, in whole pages; 0: none */
-  uint64_t tenant_cap_refused; /* creates refused for it */
+  uint64_t tenant_cap_refused; /* creates (and grow sessions' appends) refused for it */
   /* Bytes of free host pages given back to the kernel (a page free for
    * about a second, once a sweep sees it), in all. */
   uint64_t returned_bytes;
@@ -109,7 +116,8 @@ int attn_kv_open(attn_engine *e, uint64_t bytes, bool batch, const char *backend
 /* Frees the store; no call may be in flight. */
 void attn_kv_close(attn_kv_store *s);
 
-/* Bytes a session of this shape reserves (whole pages). */
+/* Bytes a session of this shape reserves at create (whole pages; 0 for
+ * a grow session, which reserves as it takes them). */
 uint64_t attn_kv_reserve_bytes(const attn_kv_store *s, const attn_kv_shape *sh);
 
 /* Makes session (tenant, id), or finds it made with the same shape and ttl
@@ -194,8 +202,9 @@ typedef struct attn_kv_call {
 /*
  * Applies the call (validated, appended, or refused with nothing appended:
  * ESESSION_NOT_FOUND, ESESSION_CONFLICT whose message gives the length,
- * ESESSION_FULL, ESHAPE or EDTYPE for what is not the session's, naming
- * the entry), then queues its computation; done runs once the outputs are
+ * ESESSION_FULL, ESESSION_MEMORY when grow sessions' new pages do not fit
+ * the pool or the tenant's cap (for every entry: none appends), ESHAPE or EDTYPE for what is not
+ * the session's, naming the entry), then queues its computation; done runs once the outputs are
  * written, exactly as for attn_engine_submit. On error nothing is queued
  * and done will not run. Calls on one layer apply in the order they reach
  * this function; the call and its buffers must stay valid until done.

@@ -64,6 +64,8 @@ typedef struct kv_session {
   double ttl_s, expires;
   int64_t page_tokens, pages_per_head;
   int64_t pitch; /* elements from one row of a page to the next (attn__kv_pitch) */
+  /* Pages it reserves in the pool and counts against its tenant: its whole
+   * max_tokens' from create, or a grow session's pages it holds now. */
   int64_t reserved_pages;
   int64_t readers; /* over all layers */
   bool dead;       /* out of the table: freed by its last reader */
@@ -178,8 +180,13 @@ kv_session *attn__kv_insert(attn_kv_store *s, const char *tenant, const char *id
 /* Takes session (tenant, id) out of the table (a no-op when there is none):
  * freed now, or by its last reader. */
 void attn__kv_remove(attn_kv_store *s, const char *tenant, const char *id);
-/* Takes pages until layer L of ks has room for `tokens` tokens. */
-void attn__kv_grow(attn_kv_store *s, kv_session *ks, kv_layer *L, int64_t tokens);
+/* Pages layer L of ks must add to its reservation to hold `tokens` tokens:
+ * 0 but for a grow session short of them. */
+int64_t attn__kv_grow_need(const kv_session *ks, const kv_layer *L, int64_t tokens);
+/* Takes pages until layer L of ks has room for `tokens` tokens; a grow
+ * session reserves them first (its tenant counts them), and false (nothing
+ * taken) when the pool does not have attn__kv_grow_need of them free. */
+bool attn__kv_grow(attn_kv_store *s, kv_session *ks, kv_layer *L, int64_t tokens);
 /* Where row j of KV head hk of L's K (t 0) or V (t 1; a latent session's
  * K) lies (a device address for pages on a device). */
 char *attn__kv_row_at(const kv_session *ks, const kv_layer *L, int t, int64_t hk, int64_t j);
@@ -237,8 +244,10 @@ int64_t attn__kv_tenant_pages(attn_kv_store *s, const char *tenant);
 int attn__kv_tenant_add(attn_kv_store *s, const char *tenant, int64_t pages);
 void attn__kv_tenants_free(attn_kv_store *s);
 /* Whether need more pages keep tenant within the store's cap; the refusal
- * (ESESSION_MEMORY with the numbers, counted) when not. */
+ * (ESESSION_MEMORY with the numbers, counted) when not, of a create or
+ * (append) of a grow session's new tokens. */
 bool attn__kv_tenant_fits(attn_kv_store *s, const char *tenant, int64_t need);
-int attn__kv_tenant_refuse(attn_kv_store *s, const char *tenant, int64_t need, attn_status *st);
+int attn__kv_tenant_refuse(attn_kv_store *s, const char *tenant, int64_t need, bool append,
+                           attn_status *st);
 
 #endif

@@ -163,11 +163,14 @@ static bool dtype_padded(const unsigned char *b) {
   return true;
 }
 
-/* The bytes before the tenant in a file of version v (1 or 2). */
-static uint32_t fixed_bytes(uint32_t v) { return v == 1 ? KVF_FIXED_V1 : KVF_FIXED; }
+/* The bytes before the tenant in a file of version v (1 to 3). */
+static uint32_t fixed_bytes(uint32_t v) {
+  return v == 1 ? KVF_FIXED_V1 : v == 2 ? KVF_FIXED_V2 : KVF_FIXED;
+}
 
 /* The header's first fixed_bytes: the format, the sizes, the shape (a
- * file of version 1 holds sessions whose v is as wide as k). */
+ * file of version 1 holds sessions whose v is as wide as k; of version 1
+ * or 2, sessions of reserve whole). */
 static int fixed_parse(const unsigned char *b, kvf_header *h, uint32_t *tl, uint32_t *il,
                        char *why) {
   const uint32_t v = get32(b + 8);
@@ -190,6 +193,10 @@ static int fixed_parse(const unsigned char *b, kvf_header *h, uint32_t *tl, uint
   if (from_k != 0 && from_k != 1)
     return why_set(why, "its v_from_k (%lld) is not 0 or 1", (long long)from_k);
   h->shape.v_from_k = from_k == 1;
+  const int64_t grow = v < 3 ? 0 : get64(b + 104);
+  if (grow != 0 && grow != 1)
+    return why_set(why, "its reserve (%lld) is not 0 (whole) or 1 (grow)", (long long)grow);
+  h->shape.grow = grow == 1;
   if (*tl > ATTN_KV_TENANT_MAX || *il < 1 || *il > ATTN_KV_ID_MAX)
     return why_set(why, "its tenant (%u bytes) or id (%u bytes) is too long", *tl, *il);
   if (shape_ok(h, why))
@@ -243,8 +250,8 @@ static uint32_t format_of(const unsigned char *b, char *why) {
     return 0;
   }
   const uint32_t v = get32(b + 8);
-  if (v != 1 && v != KVF_VERSION) {
-    why_set(why, "it is format version %u; this attnd reads versions 1 and %u", v, KVF_VERSION);
+  if (v < 1 || v > KVF_VERSION) {
+    why_set(why, "it is format version %u; this attnd reads versions 1 to %u", v, KVF_VERSION);
     return 0;
   }
   return fixed_bytes(v);
@@ -344,6 +351,19 @@ static int insert_failed(attn_kv_store *s, const kvf_header *h, const attn_statu
                  (unsigned long long)s->pages.npages * ATTN_KV_PAGE_BYTES);
 }
 
+/* A grow session's pages for the file's lengths, reserved as its appends
+ * would (attn__kv_remove gives back what a failure took). */
+static int grow_room(attn_kv_store *s, kv_session *ks, const kvf_header *h, char *why) {
+  for (int64_t l = 0; l < ks->shape.layers; l++)
+    if (!attn__kv_grow(s, ks, &ks->layers[l], h->length[l]))
+      return why_set(why,
+                     "its tokens take more than the %llu of %llu bytes of session memory free: "
+                     "raise --session-memory, then rename the file back to load it",
+                     (unsigned long long)(s->pages.npages - s->pages.reserved) * ATTN_KV_PAGE_BYTES,
+                     (unsigned long long)s->pages.npages * ATTN_KV_PAGE_BYTES);
+  return 0;
+}
+
 /* The session of c->h into the store: 1 loaded, 0 left (the store has one
  * of that name), -1 not loadable; why says why when not loaded. */
 static int session_read(attn_kv_store *s, kvf_ctx *c, kvf_in *in, double now, char *why) {
@@ -360,7 +380,7 @@ static int session_read(attn_kv_store *s, kvf_ctx *c, kvf_in *in, double now, ch
     r = 0;
   } else if (!(ks = attn__kv_insert(s, h->tenant, h->id, &h->shape, ttl, now, &e))) {
     r = insert_failed(s, h, &e, why);
-  } else if (rows_read(s, c, ks, in, h, why)) {
+  } else if (grow_room(s, ks, h, why) || rows_read(s, c, ks, in, h, why)) {
     attn__kv_remove(s, h->tenant, h->id); /* no call reads it yet */
     r = -1;
   } else {

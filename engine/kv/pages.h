@@ -3,8 +3,9 @@
  *
  * Internal to engine/kv/ (store.c, admit.c). The pool is reserved in
  * whole pages before any is taken: a session reserves the pages of its
- * max_tokens when it is made, and its appends then take pages that are
- * sure to be there. The mapping is made without reserving swap
+ * max_tokens when it is made (a grow session: the pages of an append, as
+ * the append is admitted), and its appends then take pages that are sure
+ * to be there. The mapping is made without reserving swap
  * (MAP_NORESERVE): a page is memory only once a token is written to it.
  * Host pages free for about a second are given back to the kernel
  * (attn__kvpages_trim), so the memory of sessions deleted or expired

@@ -5,7 +5,8 @@
  *
  * A store keeps one entry per tenant that reserves pages (a list: the
  * server's tenants are its API keys, at most a few dozen), added to when a
- * session is inserted and taken from when it is freed (so a deleted
+ * session is inserted (a grow session: as it takes pages) and taken from
+ * when it is freed (a grow session: as it gives pages back) (so a deleted
  * session's pages count until its last reader is done, as they do in the
  * pool). An entry at zero is dropped. Under the store's lock, like the rest.
  */
@@ -63,16 +64,18 @@ bool attn__kv_tenant_fits(attn_kv_store *s, const char *tenant, int64_t need) {
   return s->tenant_cap <= 0 || attn__kv_tenant_pages(s, tenant) + need <= s->tenant_cap;
 }
 
-int attn__kv_tenant_refuse(attn_kv_store *s, const char *tenant, int64_t need, attn_status *st) {
+int attn__kv_tenant_refuse(attn_kv_store *s, const char *tenant, int64_t need, bool append,
+                           attn_status *st) {
   s->stats.tenant_cap_refused++;
   return attn_status_set(
       st, ATTN_ESESSION_MEMORY,
-      "this session reserves %llu bytes, and this API key's sessions reserve %llu of the %llu "
-      "bytes one key may (--session-memory-per-key); delete one of them, or ask fewer "
-      "max_tokens",
+      "%s %llu bytes, and this API key's sessions reserve %llu of the %llu bytes one key may "
+      "(--session-memory-per-key); delete or truncate one of them, or ask fewer %s",
+      append ? "these tokens take pages of" : "this session reserves",
       (unsigned long long)need * ATTN_KV_PAGE_BYTES,
       (unsigned long long)attn__kv_tenant_pages(s, tenant) * ATTN_KV_PAGE_BYTES,
-      (unsigned long long)s->tenant_cap * ATTN_KV_PAGE_BYTES);
+      (unsigned long long)s->tenant_cap * ATTN_KV_PAGE_BYTES,
+      append ? "tokens; nothing was appended" : "max_tokens");
 }
 
 void attn_kv_set_tenant_cap(attn_kv_store *s, uint64_t bytes) {

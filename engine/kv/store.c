@@ -110,8 +110,9 @@ static int64_t pages_per_head(const attn_kv_store *s, const attn_kv_shape *sh) {
   return pt ? (sh->max_tokens + pt - 1) / pt : 0; /* 0: too wide, refused (attn__kv_computable) */
 }
 
+/* A grow session's reservation starts empty: it grows with its pages. */
 static int64_t reserve_pages(const attn_kv_store *s, const attn_kv_shape *sh) {
-  return attn__kv_tensors(sh) * sh->layers * sh->heads_kv * pages_per_head(s, sh);
+  return sh->grow ? 0 : attn__kv_tensors(sh) * sh->layers * sh->heads_kv * pages_per_head(s, sh);
 }
 
 uint64_t attn_kv_reserve_bytes(const attn_kv_store *s, const attn_kv_shape *sh) {
@@ -324,7 +325,7 @@ static bool same_params(const kv_session *ks, const attn_kv_shape *sh, double tt
   return a->heads_kv == sh->heads_kv && a->head_dim == sh->head_dim &&
          attn__kv_dv(a) == attn__kv_dv(sh) && a->v_from_k == sh->v_from_k &&
          a->dtype == sh->dtype && a->layers == sh->layers && a->max_tokens == sh->max_tokens &&
-         ks->ttl_s == ttl_s;
+         a->grow == sh->grow && ks->ttl_s == ttl_s;
 }
 
 static int exists_error(const kv_session *ks, attn_status *st) {
@@ -332,11 +333,11 @@ static int exists_error(const kv_session *ks, attn_status *st) {
   return attn_status_set(st, ATTN_ESESSION_EXISTS,
                          "session '%s' exists with other parameters (heads_kv %lld, head_dim "
                          "%lld, head_dim_v %lld%s, dtype %s, layers %lld, max_tokens %lld, ttl_s "
-                         "%g); delete it first, or use another id",
+                         "%g, reserve %s); delete it first, or use another id",
                          ks->id, (long long)a->heads_kv, (long long)a->head_dim,
                          (long long)attn__kv_dv(a), a->v_from_k ? " (v_from_k)" : "",
                          attn_dtype_name(a->dtype), (long long)a->layers, (long long)a->max_tokens,
-                         ks->ttl_s);
+                         ks->ttl_s, a->grow ? "grow" : "whole");
 }
 
 /* A new session of tenant must fit under the store's per-tenant cap (as
@@ -348,7 +349,7 @@ static int tenant_check(attn_kv_store *s, const char *tenant, const attn_kv_shap
   if (attn__kv_tenant_fits(s, tenant, need) ||
       (expire_locked(s, now) > 0 && attn__kv_tenant_fits(s, tenant, need)))
     return 0;
-  return attn__kv_tenant_refuse(s, tenant, need, st);
+  return attn__kv_tenant_refuse(s, tenant, need, false, st);
 }
 
 int attn_kv_create(attn_kv_store *s, const char *tenant, const char *id, const attn_kv_shape *sh,
@@ -385,12 +386,12 @@ static int not_found(const char *id, attn_status *st) {
                          id);
 }
 
-static void info_of(const attn_kv_store *s, const kv_session *ks, attn_kv_info *info) {
+static void info_of(const kv_session *ks, attn_kv_info *info) {
   snprintf(info->id, sizeof info->id, "%s", ks->id);
   info->shape = ks->shape;
   info->ttl_s = ks->ttl_s;
   info->expires = ks->expires;
-  info->reserved_bytes = attn_kv_reserve_bytes(s, &ks->shape);
+  info->reserved_bytes = (uint64_t)ks->reserved_pages * ATTN_KV_PAGE_BYTES;
   info->tokens = 0;
   for (int64_t l = 0; l < ks->shape.layers; l++)
     info->tokens += ks->layers[l].length;
@@ -401,7 +402,7 @@ int attn_kv_get(attn_kv_store *s, const char *tenant, const char *id, double now
   pthread_mutex_lock(&s->mu);
   kv_session *ks = attn__kv_find(s, tenant, id, now);
   if (ks) {
-    info_of(s, ks, info);
+    info_of(ks, info);
     for (int64_t l = 0; lengths && l < cap && l < ks->shape.layers; l++)
       lengths[l] = ks->layers[l].length;
   }
@@ -419,11 +420,22 @@ int attn_kv_delete(attn_kv_store *s, const char *tenant, const char *id, double 
   return found ? 0 : not_found(id, st);
 }
 
-/* Gives back the pages of L past `tokens` tokens, unless a reader may see them. */
+/* A grow session's reservation of pages it gave back, given back too. */
+static void unbook(attn_kv_store *s, kv_session *ks, int64_t pages) {
+  if (!ks->shape.grow || pages <= 0)
+    return;
+  attn__kvpages_unreserve(&s->pages, pages);
+  attn__kv_tenant_add(s, ks->tenant, -pages);
+  ks->reserved_pages -= pages;
+}
+
+/* Gives back the pages of L past its length, unless a reader may see them. */
 static void shrink(attn_kv_store *s, kv_session *ks, kv_layer *L) {
   if (L->readers > 0)
     return;
   int64_t keep = (L->length + ks->page_tokens - 1) / ks->page_tokens;
+  if (keep < L->npages)
+    unbook(s, ks, (L->npages - keep) * ks->shape.heads_kv * attn__kv_tensors(&ks->shape));
   for (int64_t h = 0; h < ks->shape.heads_kv; h++)
     for (int64_t p = keep; p < L->npages; p++) {
       int64_t i = h * ks->pages_per_head + p;
@@ -467,7 +479,7 @@ int64_t attn_kv_list(attn_kv_store *s, const char *tenant, double now,
   for (int b = 0; b < KV_BUCKETS; b++)
     for (kv_session *ks = s->buckets[b]; ks; ks = ks->next)
       if (!strcmp(ks->tenant, tenant) && ks->expires > now) {
-        info_of(s, ks, &info);
+        info_of(ks, &info);
         for (int64_t l = 0; l < ks->shape.layers; l++)
           lengths[l] = ks->layers[l].length;
         fn(&info, lengths, arg);
@@ -504,7 +516,23 @@ void attn_kv_stats_get(attn_kv_store *s, attn_kv_stats *out) {
   pthread_mutex_unlock(&s->mu);
 }
 
-void attn__kv_grow(attn_kv_store *s, kv_session *ks, kv_layer *L, int64_t tokens) {
+int64_t attn__kv_grow_need(const kv_session *ks, const kv_layer *L, int64_t tokens) {
+  const int64_t want = (tokens + ks->page_tokens - 1) / ks->page_tokens;
+  if (!ks->shape.grow || want <= L->npages)
+    return 0;
+  return (want - L->npages) * ks->shape.heads_kv * attn__kv_tensors(&ks->shape);
+}
+
+/* A failed count of the tenant (out of memory for its entry) only leaves
+ * it counting fewer pages than it holds; the pool's reservation is exact. */
+bool attn__kv_grow(attn_kv_store *s, kv_session *ks, kv_layer *L, int64_t tokens) {
+  const int64_t need = attn__kv_grow_need(ks, L, tokens);
+  if (need > 0 && !attn__kvpages_reserve(&s->pages, need))
+    return false;
+  if (need > 0) {
+    ks->reserved_pages += need;
+    (void)attn__kv_tenant_add(s, ks->tenant, need);
+  }
   int64_t want = (tokens + ks->page_tokens - 1) / ks->page_tokens;
   for (; L->npages < want; L->npages++)
     for (int64_t h = 0; h < ks->shape.heads_kv; h++) {
@@ -513,6 +541,7 @@ void attn__kv_grow(attn_kv_store *s, kv_session *ks, kv_layer *L, int64_t tokens
       if (L->vp)
         L->vp[i] = attn__kvpages_take(&s->pages);
     }
+  return true;
 }
 
 char *attn__kv_row_at(const kv_session *ks, const kv_layer *L, int t, int64_t hk, int64_t j) {

@@ -226,7 +226,9 @@
       meter.title = s.tokens + " of " + cap + " tokens (" + s.layers + " × " + s.max_tokens + ")";
       const cell = tr.insertCell();
       cell.append(meter, " " + s.tokens + " / " + cap);
-      tr.insertCell().textContent = bytes(s.reserved_bytes);
+      /* a grow session's reservation is what it holds now, not its max_tokens' */
+      tr.insertCell().textContent =
+        bytes(s.reserved_bytes) + (s.reserve === "grow" ? " (grow)" : "");
       tr.insertCell().textContent = seconds(s.expires_in_s);
       const del = document.createElement("button");
       del.type = "button";

@@ -11,7 +11,8 @@
  * upload and one download, and the steps after it read the rows its job put; a call on a layer
  * waits for the job that puts its keys (without batching too, and behind a waiting call that
  * appends to it), a replay's check waits for it, and a job that fails or that the engine splits
- * still leaves its rows stored.
+ * still leaves its rows stored. A session of reserve grow takes device pages as its tokens
+ * arrive, refused past what is free with nothing appended.
  */
 #include "cuda/kernels.h"
 #include "helpers.h"
@@ -809,4 +810,45 @@ Test(sessions_gpu, a_batch_of_latent_sessions_and_its_file, .init = reset) {
   attn_kv_close(kv);
   attn_engine_close(e);
   rmdir(dir);
+}
+
+/* A grow session on device pages takes them as its tokens arrive, as on
+ * the host: past what a whole session left it is refused with nothing
+ * appended, and goes on once that session is deleted; every step computed
+ * on the GPU and checked against float64. */
+Test(sessions_gpu, a_grow_session_takes_device_pages_as_tokens_arrive, .init = reset) {
+  attn_engine *e = topen_streams(2, 2);
+  tkv_stream probe = tkv_stream_make(2, 1, 64, 1, ATTN_F32, 1);
+  attn_kv_store *kv = tkv_open_store(e, 8 * ATTN_KV_PAGE_BYTES, false, NULL);
+  cr_assert_str_eq(where(kv), "cuda");
+  tkv_make(kv, "", "probe", &probe, 1, 1, 60, 0);
+  const int64_t pt = page_tokens_of(kv, "probe");
+  attn_status st;
+  cr_assert_eq(attn_kv_delete(kv, "", "probe", 0, &st), 0);
+  tkv_stream g = tkv_stream_make(2, 1, 64, 3 * pt + 1, ATTN_F32, 21);
+  attn_kv_shape sh = {.heads_kv = 1,
+                      .head_dim = 64,
+                      .dtype = ATTN_F32,
+                      .layers = 1,
+                      .max_tokens = 8 * pt,
+                      .grow = true};
+  bool created;
+  cr_assert_eq(attn_kv_create(kv, "", "g", &sh, 60, 0, &created, &st), 0, "%s", st.message);
+  tkv_make(kv, "", "w", &probe, 1, pt, 60, 0); /* 2 of the 8 pages */
+  cr_expect_lt(tkv_step_error(kv, "g", &g, &tkv_plain, 0, pt + 3, &st), ttol(ATTN_F32));
+  cr_expect_lt(tkv_step_error(kv, "g", &g, &tkv_plain, pt + 3, 2 * pt - 3, &st), ttol(ATTN_F32));
+  tkv_reply y;
+  cr_expect_eq(tkv_call1(kv, "", "g", &g, &tkv_plain, 3 * pt, 1, 3 * pt, 1, &y, 0, &st),
+               ATTN_ESESSION_MEMORY);
+  tkv_reply_free(&y);
+  attn_kv_info info;
+  cr_assert_eq(attn_kv_get(kv, "", "g", 0, &info, NULL, 0, &st), 0);
+  cr_expect_eq(info.tokens, 3 * pt, "the refused append stored tokens");
+  cr_assert_eq(attn_kv_delete(kv, "", "w", 0, &st), 0);
+  cr_expect_lt(tkv_step_error(kv, "g", &g, &tkv_plain, 3 * pt, 1, &st), ttol(ATTN_F32), "%s",
+               st.message);
+  tkv_stream_free(&g);
+  tkv_stream_free(&probe);
+  attn_kv_close(kv);
+  attn_engine_close(e);
 }

@@ -269,6 +269,32 @@ Test(session_client, value_head_dim_latent_and_sinks) {
   unlink(out);
 }
 
+/* --reserve grow: nothing reserved until tokens arrive, then their pages
+ * (2 KV heads, K and V: 4 pages of 64 KiB); the output against float64. */
+Test(session_client, reserve_grow) {
+  srv_start(&S, "--session-memory", "16M", NULL);
+  char a[512], out[] = "/tmp/attn-session-grow-XXXXXX";
+  close(mkstemp(out));
+  snprintf(a, sizeof a,
+           "session create %s cli-g --heads-kv 2 --head-dim 16 --max-tokens 8 --reserve grow",
+           S.url);
+  expect_run(0, a, "created", NULL);
+  snprintf(a, sizeof a, "session get %s cli-g", S.url);
+  expect_run(0, a, "reserved 0 bytes (reserve grow", NULL);
+  snprintf(a, sizeof a, "session attend %s cli-g --heads-q 4 --new 3 --seed 7 --out %s", S.url,
+           out);
+  expect_run(0, a, "3 new at pos 0 -> length 3", NULL);
+  expect_cli_o(out, 4, 2, 3, 16, 16, false, 7, NULL);
+  snprintf(a, sizeof a, "session get %s cli-g", S.url);
+  expect_run(0, a, "reserved 262144 bytes (reserve grow", NULL);
+  snprintf(a, sizeof a, "session create %s cli-g --heads-kv 2 --head-dim 16 --max-tokens 8", S.url);
+  expect_run(1, a, "HTTP 409 session_exists", NULL);
+  snprintf(a, sizeof a,
+           "session create %s x --heads-kv 2 --head-dim 16 --max-tokens 8 --reserve some", S.url);
+  expect_run(2, a, "--reserve is whole or grow", NULL);
+  unlink(out);
+}
+
 Test(session_client, usage_and_unreachable) {
   srv_start(&S, NULL);
   char a[512];

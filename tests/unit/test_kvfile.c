@@ -411,7 +411,7 @@ Test(kvfile, bad_files_set_aside, .init = setup, .fini = teardown) {
              {"@head.kv", "checksum"},
              {"@len.kv", "layer 2's length"},
              {"@trunc.kv", "truncated"},
-             {"@version.kv", "version 18"},
+             {"@version.kv", "version 19"},
              {"@other.kv", "@moved.kv"},
              {"x@garbage.kv", "not a session file"},
              {"x@empty.kv", "0 bytes"},
@@ -643,18 +643,20 @@ static size_t elem_at(const spec *p, int64_t l, int t, int64_t h, int64_t j, int
   return at + (size_t)j * row + (size_t)e * es;
 }
 
-/* File name as version 1 wrote it: version 2 less the 16 bytes of
- * head_dim_v and v_from_k, its checksum over what is left. */
-static void as_version_1(const char *name) {
+/* File name as version v wrote it, its header `fixed` bytes before the
+ * tenant: version 3 less the 8 bytes of reserve (version 2), and the 16
+ * of head_dim_v and v_from_k too (version 1), its checksum over what is
+ * left. */
+static void as_version(const char *name, uint32_t v, size_t fixed) {
   size_t len;
   unsigned char *b = read_bytes(name, &len);
-  uint32_t v = 1, h;
+  uint32_t h;
   memcpy(&h, b + 12, 4);
-  h -= KVF_FIXED - KVF_FIXED_V1;
+  h -= (uint32_t)(KVF_FIXED - fixed);
   memcpy(b + 8, &v, 4);
   memcpy(b + 12, &h, 4);
-  memmove(b + KVF_FIXED_V1, b + KVF_FIXED, len - KVF_FIXED);
-  len -= KVF_FIXED - KVF_FIXED_V1;
+  memmove(b + fixed, b + KVF_FIXED, len - KVF_FIXED);
+  len -= KVF_FIXED - fixed;
   uint64_t sum = sum_of(b, len - 8);
   memcpy(b + len - 8, &sum, 8);
   write_bytes(name, b, len);
@@ -669,7 +671,7 @@ Test(kvfile, version_1_loads, .init = setup, .fini = teardown) {
     make(a, &mixed[i]);
   save_ok(a, 1200, NMIXED);
   for (int i = 0; i < NMIXED; i++)
-    as_version_1(mixed_files[i]);
+    as_version(mixed_files[i], 1, KVF_FIXED_V1);
   logbuf lb = {0};
   cr_assert_eq(load(b, 50, &lb), NMIXED, "logged: %s", lb.n ? lb.lines[0] : "");
   for (int i = 0; i < NMIXED; i++) {
@@ -678,6 +680,28 @@ Test(kvfile, version_1_loads, .init = setup, .fini = teardown) {
     attn_status st;
     cr_assert_eq(attn_kv_get(b, mixed[i].tenant, mixed[i].id, 50, &info, NULL, 0, &st), 0);
     cr_expect(attn__kv_dv(&info.shape) == mixed[i].sh.head_dim && !info.shape.v_from_k);
+  }
+  attn_kv_close(a);
+  attn_kv_close(b);
+}
+
+/* Files a server wrote before sessions could grow load as sessions of
+ * reserve whole, byte for byte. */
+Test(kvfile, version_2_loads_whole, .init = setup, .fini = teardown) {
+  attn_kv_store *a = store(64 << 20), *b = store(64 << 20);
+  for (int i = 0; i < NMIXED; i++)
+    make(a, &mixed[i]);
+  save_ok(a, 1200, NMIXED);
+  for (int i = 0; i < NMIXED; i++)
+    as_version(mixed_files[i], 2, KVF_FIXED_V2);
+  logbuf lb = {0};
+  cr_assert_eq(load(b, 50, &lb), NMIXED, "logged: %s", lb.n ? lb.lines[0] : "");
+  for (int i = 0; i < NMIXED; i++) {
+    expect_same(b, &mixed[i], 50, TTL - (1200 - mixed[i].made));
+    attn_kv_info info;
+    attn_status st;
+    cr_assert_eq(attn_kv_get(b, mixed[i].tenant, mixed[i].id, 50, &info, NULL, 0, &st), 0);
+    cr_expect(!info.shape.grow && info.reserved_bytes == attn_kv_reserve_bytes(b, &info.shape));
   }
   attn_kv_close(a);
   attn_kv_close(b);

@@ -161,7 +161,15 @@ Test(session_codecs, create_truncate_and_info) {
   cr_assert_eq(attn_proto_session_create_decode(ok, strlen(ok), 86400, &sh, &ttl, &st), 0, "%s",
                st.message);
   cr_expect(sh.heads_kv == 8 && sh.head_dim == 128 && sh.dtype == ATTN_BF16 && sh.layers == 1 &&
-            sh.max_tokens == 4096 && ttl == 600);
+            sh.max_tokens == 4096 && ttl == 600 && !sh.grow);
+  const char *grow = "{\"heads_kv\": 1, \"head_dim\": 8, \"dtype\": \"F32\", \"max_tokens\": 9, "
+                     "\"reserve\": \"grow\"}";
+  cr_expect_eq(attn_proto_session_create_decode(grow, strlen(grow), 600, &sh, &ttl, &st), 0);
+  cr_expect(sh.grow);
+  const char *whole = "{\"heads_kv\": 1, \"head_dim\": 8, \"dtype\": \"F32\", \"max_tokens\": 9, "
+                      "\"reserve\": \"whole\"}";
+  cr_expect_eq(attn_proto_session_create_decode(whole, strlen(whole), 600, &sh, &ttl, &st), 0);
+  cr_expect(!sh.grow);
   const char *bad[] = {
       "{\"heads_kv\": 8, \"head_dim\": 128, \"dtype\": \"BF16\", \"max_tokens\": 4096, \"ttl_s\": "
       "99}",
@@ -171,10 +179,14 @@ Test(session_codecs, create_truncate_and_info) {
       "{\"heads_kv\": 8, \"heads_kv\": 8, \"head_dim\": 1, \"dtype\": \"F32\", \"max_tokens\": 1}",
       "{\"heads_kv\": 8}",
       "[1]",
-      ""};
-  const int codes[] = {ATTN_PROTO_EOPTVALUE, ATTN_EDTYPE,      ATTN_PROTO_EOPTVALUE,
-                       ATTN_PROTO_EOPTION,   ATTN_PROTO_EJSON, ATTN_PROTO_EOPTVALUE,
-                       ATTN_PROTO_EJSON,     ATTN_PROTO_EEMPTY};
+      "",
+      "{\"heads_kv\": 1, \"head_dim\": 8, \"dtype\": \"F32\", \"max_tokens\": 9, \"reserve\": "
+      "\"part\"}",
+      "{\"heads_kv\": 1, \"head_dim\": 8, \"dtype\": \"F32\", \"max_tokens\": 9, \"reserve\": 1}"};
+  const int codes[] = {ATTN_PROTO_EOPTVALUE, ATTN_EDTYPE,       ATTN_PROTO_EOPTVALUE,
+                       ATTN_PROTO_EOPTION,   ATTN_PROTO_EJSON,  ATTN_PROTO_EOPTVALUE,
+                       ATTN_PROTO_EJSON,     ATTN_PROTO_EEMPTY, ATTN_PROTO_EOPTVALUE,
+                       ATTN_PROTO_EOPTVALUE};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
     cr_expect_eq(attn_proto_session_create_decode(bad[i], strlen(bad[i]), 60, &sh, &ttl, &st),
                  codes[i], "case %zu: %s", i, st.message);
@@ -195,8 +207,8 @@ Test(session_codecs, create_truncate_and_info) {
   attn_proto_session_info_json(&b, &info, lengths, 100);
   cr_expect_str_eq(b.p, "{\"id\": \"s1\", \"heads_kv\": 2, \"head_dim\": 64, \"dtype\": \"F16\", "
                         "\"layers\": 2, \"max_tokens\": 100, \"ttl_s\": 60, \"head_dim_v\": 64, "
-                        "\"lengths\": [4, 3], \"tokens\": 7, \"reserved_bytes\": 524288, "
-                        "\"expires_in_s\": 30.000}");
+                        "\"lengths\": [4, 3], \"tokens\": 7, \"reserve\": \"whole\", "
+                        "\"reserved_bytes\": 524288, \"expires_in_s\": 30.000}");
   free(b.p);
   /* a latent session says so, with its Dv */
   info.shape.head_dim_v = 48;

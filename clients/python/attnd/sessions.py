@@ -177,12 +177,18 @@ class Session:
     ``history`` returns k alone. A v of another width, or a v sent to a latent session, is
     refused with 422.
 
+    ``reserve="grow"`` asks the server to take the session's memory as its tokens arrive
+    rather than all of ``max_tokens`` at create (``"whole"``, the server's default): an
+    append the server's session memory cannot hold then raises 507
+    ``session_memory_full`` with nothing appended (a whole session's appends never do).
+
     Attributes:
         client, id, heads_kv, head_dim, dtype, layers, max_tokens, ttl_s, history: as
             given.
         head_dim_v: the values' head dim (``v_from_k`` for a latent session, else
             ``head_dim`` when not given).
         v_from_k: True for a latent session.
+        reserve: ``"whole"`` or ``"grow"`` as given (None: not sent, the server's whole).
         lengths: the length of each layer as this object last saw it (its creation, an
             :meth:`attend`, :meth:`truncate`, :meth:`info` or batch call); :meth:`attend`
             appends at it when no ``pos`` is given.
@@ -196,7 +202,8 @@ class Session:
     """
 
     def __init__(self, client, id, *, heads_kv, head_dim, dtype="F32", layers=1, max_tokens,
-                 ttl_s=600, create=True, history=None, head_dim_v=None, v_from_k=None):
+                 ttl_s=600, create=True, history=None, head_dim_v=None, v_from_k=None,
+                 reserve=None):
         self.client = client
         self.id = _check_id(id)
         self.heads_kv, self.head_dim = int(heads_kv), int(head_dim)
@@ -207,6 +214,10 @@ class Session:
             raise ValueError("attnd: head_dim_v %d and v_from_k %d differ: a latent session's "
                              "values are v_from_k wide" % (self._dv, self._latent))
         self.v_from_k = self._latent is not None
+        if reserve not in (None, "whole", "grow"):
+            raise ValueError("attnd: a session's reserve is \"whole\" or \"grow\" (got %r)"
+                             % (reserve,))
+        self.reserve = reserve
         self.head_dim_v = next(d for d in (self._latent, self._dv, self.head_dim)
                                if d is not None)
         self.dtype = str(dtype).upper()
@@ -229,7 +240,8 @@ class Session:
         s = cls(client, id, heads_kv=info["heads_kv"], head_dim=info["head_dim"],
                 dtype=info["dtype"], layers=info["layers"], max_tokens=info["max_tokens"],
                 ttl_s=info.get("ttl_s", 600), create=False, history=history,
-                head_dim_v=info.get("head_dim_v"), v_from_k=info.get("v_from_k"))
+                head_dim_v=info.get("head_dim_v"), v_from_k=info.get("v_from_k"),
+                reserve=info.get("reserve"))
         s.lengths = [int(n) for n in info["lengths"]]
         return s
 
@@ -266,12 +278,15 @@ class Session:
             doc["head_dim_v"] = self._dv
         if self._latent is not None:
             doc["v_from_k"] = self._latent
+        if self.reserve is not None:
+            doc["reserve"] = self.reserve
         status, _ = _json_call(self.client, "PUT", _path(self.id), doc, ok=(200, 201))
         return status
 
     def info(self):
         """``GET /v1/sessions/{id}``: a dict of its parameters, ``lengths`` (one per layer),
-        ``reserved_bytes`` and ``expires_in_s``; :attr:`lengths` is updated from it.
+        ``reserve``, ``reserved_bytes`` (a grow session's: what it holds now) and
+        ``expires_in_s``; :attr:`lengths` is updated from it.
 
         It never re-creates a session that is gone (it raises 404 ``session_not_found``,
         history or not): it is how a caller learns what the server holds."""

@@ -12,6 +12,7 @@
  *   admit.c   a call checked and admitted, parked, or refused
  *   sched.c   a call's rows stored, its job started and ended, cancel
  *   file.c, save.c, load.c   sessions saved to and loaded from files
+ *   move.c    a session's rows exported, a session imported from rows
  *
  * One lock (attn_kv_store.mu) guards everything here, and is never held
  * while bulk data moves: an append's rows are copied into pages the call
@@ -178,6 +179,8 @@ kv_session *attn__kv_insert(attn_kv_store *s, const char *tenant, const char *id
 /* Takes session (tenant, id) out of the table (a no-op when there is none):
  * freed now, or by its last reader. */
 void attn__kv_remove(attn_kv_store *s, const char *tenant, const char *id);
+/* What ks is now, as attn_kv_get reports it. */
+void attn__kv_info_of(const attn_kv_store *s, const kv_session *ks, attn_kv_info *info);
 /* Takes pages until layer L of ks has room for `tokens` tokens. */
 void attn__kv_grow(attn_kv_store *s, kv_session *ks, kv_layer *L, int64_t tokens);
 /* Where row j of KV head hk of L's K (t 0) or V (t 1; a latent session's

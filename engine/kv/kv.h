@@ -264,7 +264,7 @@ int64_t attn_kv_load(attn_kv_store *s, const char *dir, double now, double ttl_m
  * attn_kv_import makes session (tenant, id) of shape sh and ttl_s from
  * such rows, as a create and then calls would have made it: the fields
  * held to a create's limits, each length 0 to max_tokens, every value
- * finite (EINVAL saying which layer's k or v is not); v must be NULL for
+ * finite (ENONFINITE saying which layer's k or v is not); v must be NULL for
  * a latent session, and set (with a buffer for every layer of length
  * above 0) for another. ESESSION_EXISTS when the store has a session of
  * that id, whatever its parameters (an import never replaces one);

@@ -123,8 +123,9 @@ static int tensor_check(const attn_kv_shape *sh, int64_t l, int t, const void *p
                            t ? 'v' : 'k');
   *mx = attn__absmax(p, sh->dtype, tensor_bytes(sh, length, t) / attn_dtype_size(sh->dtype));
   if (*mx < 0)
-    return attn_status_set(st, ATTN_EINVAL, "layer %lld's %c holds a non-finite value (NaN or Inf)",
-                           (long long)l, t ? 'v' : 'k');
+    return attn_status_set(st, ATTN_ENONFINITE,
+                           "layer %lld's %c holds a non-finite value (NaN or Inf)", (long long)l,
+                           t ? 'v' : 'k');
   return 0;
 }
 

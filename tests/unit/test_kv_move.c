@@ -166,10 +166,10 @@ Test(kv_move, imports_refused) {
   const void *const *v = (const void *const *)m.v;
 
   ((float *)m.k[2])[7] = NAN;
-  refused(b, "x", &m, v, ATTN_EINVAL, "a NaN in k");
+  refused(b, "x", &m, v, ATTN_ENONFINITE, "a NaN in k");
   ((float *)m.k[2])[7] = 0;
   ((float *)m.v[0])[3] = INFINITY;
-  refused(b, "x", &m, v, ATTN_EINVAL, "an Inf in v");
+  refused(b, "x", &m, v, ATTN_ENONFINITE, "an Inf in v");
   ((float *)m.v[0])[3] = 0;
   m.len[0] = m.info.shape.max_tokens + 1;
   refused(b, "x", &m, v, ATTN_EINVAL, "a length past max_tokens");

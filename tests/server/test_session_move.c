@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static srv A, B;
 static void teardown(void) {
@@ -281,4 +282,48 @@ Test(session_move, imports_refused) {
   http_res_free(&r);
   refused(&B, f, n, 409, "session_exists", "an id taken");
   free(f), free(fl);
+}
+
+/* attn session export, import and move: the file the CLI writes is the
+ * server's export, and a move leaves the session on the second server
+ * only, its rows as they were. */
+Test(session_move, the_cli_exports_imports_and_moves) {
+  srv_start(&A, "--session-memory", "16M", NULL);
+  srv_start(&B, "--session-memory", "16M", NULL);
+  static stream s;
+  stream_init(&s, 32, 48, false, 7);
+  create(&A, "c", &s, 64);
+  free(step(&A, "c", &s, 1, 0, 9));
+  size_t n, m;
+  char *f = export_of(&A, "c", &n), args[512], out[4096];
+  char file[] = "/tmp/attn-move-XXXXXX";
+  int fd = mkstemp(file);
+  cr_assert(fd >= 0);
+  close(fd);
+  snprintf(args, sizeof args, "export http://127.0.0.1:%d c --out %s", A.port, file);
+  cr_assert_eq(tattn("session", args, out, sizeof out), 0, "%s", out);
+  char *g = malloc(n + 1);
+  FILE *fp = fopen(file, "rb");
+  cr_assert(fp);
+  m = fread(g, 1, n + 1, fp);
+  fclose(fp);
+  cr_expect(m == n && !memcmp(f, g, n), "the CLI's file is not the export");
+  free(g);
+  snprintf(args, sizeof args, "import http://127.0.0.1:%d c --in %s", B.port, file);
+  cr_assert_eq(tattn("session", args, out, sizeof out), 0, "%s", out);
+  cr_expect_neq(tattn("session", args, out, sizeof out), 0, "an import over an id: %s", out);
+  cr_expect(strstr(out, "session_exists"), "%s", out);
+  http_res r;
+  cr_assert_eq(http_call(&B, "DELETE", "/v1/sessions/c", NULL, NULL, 0, &r), 204);
+  http_res_free(&r);
+  snprintf(args, sizeof args, "move http://127.0.0.1:%d c --to http://127.0.0.1:%d", A.port,
+           B.port);
+  cr_assert_eq(tattn("session", args, out, sizeof out), 0, "%s", out);
+  cr_expect_eq(http_get(&A, "/v1/sessions/c", &r), 0);
+  cr_expect_eq(r.status, 404, "the move left the session on the first server");
+  http_res_free(&r);
+  char *moved = export_of(&B, "c", &m);
+  cr_expect(m == n && !memcmp(f, moved, n), "the moved session's export differs");
+  free(moved), free(f);
+  unlink(file);
 }

@@ -26,6 +26,7 @@ static srv A, B;
 static void teardown(void) {
   srv_cleanup(&A);
   srv_cleanup(&B);
+  remove_tmpdir();
 }
 TestSuite(session_move, .fini = teardown, .timeout = 180);
 
@@ -326,4 +327,39 @@ Test(session_move, the_cli_exports_imports_and_moves) {
   cr_expect(m == n && !memcmp(f, moved, n), "the moved session's export differs");
   free(moved), free(f);
   unlink(file);
+}
+
+/* Keys: one key's session is another's 404 to export, and an import is
+ * made under the importing key (the other key's GET is 404). The body
+ * goes through --max-body as any call's: past it, 413. */
+Test(session_move, only_the_callers_sessions_and_the_body_limit) {
+  char keys[160];
+  snprintf(keys, sizeof keys, "%s/keys", make_tmpdir());
+  write_file(keys, "alice:alice-key-0123456789\nbob:bob-key-9876543210\n");
+  srv_start(&A, "--session-memory", "16M", "--api-key-file", keys, "--max-body", "4K", NULL);
+  const char *ha[] = {"Authorization: Bearer alice-key-0123456789", JSON_CT, NULL};
+  const char *hb[] = {"Authorization: Bearer bob-key-9876543210", ST_CT, NULL};
+  const char *body = "{\"heads_kv\": 1, \"head_dim\": 8, \"dtype\": \"F32\", \"max_tokens\": 256}";
+  http_res r;
+  cr_assert_eq(http_call(&A, "PUT", "/v1/sessions/t", ha, body, strlen(body), &r), 201);
+  http_res_free(&r);
+  http_call(&A, "GET", "/v1/sessions/t/export", hb, NULL, 0, &r);
+  expect_error(&r, 404, "session_not_found", "another key's session");
+  http_res_free(&r);
+  http_call(&A, "GET", "/v1/sessions/t/export", ha, NULL, 0, &r);
+  cr_assert_eq(r.status, 200, "%.200s", r.body);
+  char *f = malloc(r.len);
+  size_t n = r.len;
+  memcpy(f, r.body, n);
+  http_res_free(&r);
+  cr_assert_eq(http_call(&A, "PUT", "/v1/sessions/t/import", hb, f, n, &r), 201, "%.300s", r.body);
+  http_res_free(&r);
+  cr_expect_eq(http_call(&A, "GET", "/v1/sessions/t", hb, NULL, 0, &r), 200);
+  http_res_free(&r);
+  char *big = calloc(1, 8192);
+  memcpy(big, f, n);
+  http_call(&A, "PUT", "/v1/sessions/u/import", hb, big, 8192, &r);
+  expect_error(&r, 413, "too_large", "a body past --max-body");
+  http_res_free(&r);
+  free(big), free(f);
 }

@@ -1,6 +1,6 @@
 /*
- * session_cmd.c — `attn session create|get|delete|truncate|attend|export|
- * import|move URL ID`:
+ * session_cmd.c — `attn session SUB URL ID`, SUB one of create, get,
+ * delete, truncate, attend, export, import, move:
  * attnd's server-held KV caches from the command line, one call each
  * (session.h). attend sends q and the new k, v from a safetensors file or
  * random ones shaped by the session's GET, and prints the layer's length

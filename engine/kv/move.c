@@ -16,24 +16,26 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Where the next span's rows go or come from. */
+/* Where the next span's rows go (an export's w) or come from (an
+ * import's r). */
 typedef struct mv_cursor {
-  char *p;
+  char *w;
+  const char *r;
 } mv_cursor;
 
 static int rows_to(void *arg, void *rows, int64_t j, int64_t n, size_t bytes, attn_status *st) {
   mv_cursor *c = arg;
   (void)j, (void)n, (void)st;
-  memcpy(c->p, rows, bytes);
-  c->p += bytes;
+  memcpy(c->w, rows, bytes);
+  c->w += bytes;
   return 0;
 }
 
 static int rows_from(void *arg, void *rows, int64_t j, int64_t n, size_t bytes, attn_status *st) {
   mv_cursor *c = arg;
   (void)j, (void)n, (void)st;
-  memcpy(rows, c->p, bytes);
-  c->p += bytes;
+  memcpy(rows, c->r, bytes);
+  c->r += bytes;
   return 0;
 }
 
@@ -50,8 +52,8 @@ static int export_rows(const attn_kv_store *s, const kv_session *ks, void *page,
       const kv_layer *L = &ks->layers[l];
       void **out = t ? &v[l] : &k[l];
       /* one byte at least: malloc(0) may be NULL */
-      mv_cursor c = { *out = malloc(tensor_bytes(&ks->shape, L->length, t) + 1)};
-      if (!c.p)
+      mv_cursor c = { *out = malloc(tensor_bytes(&ks->shape, L->length, t) + 1), NULL};
+      if (!c.w)
         return attn_status_set(st, ATTN_ENOMEM, "out of memory exporting session '%s'", ks->id);
       for (int64_t hk = 0; hk < ks->shape.heads_kv; hk++) {
         int rc = attn__kvf_rows_out(s, ks, L, t, hk, L->length, page, rows_to, &c, st);
@@ -169,7 +171,7 @@ static int import_rows(attn_kv_store *s, kv_session *ks, void *arg, attn_status 
   const mv_rows *r = arg;
   for (int64_t l = 0; l < ks->shape.layers; l++)
     for (int t = 0; t < attn__kv_tensors(&ks->shape); t++) {
-      mv_cursor c = {(char *)(uintptr_t)(t ? r->v[l] : r->k[l])};
+      mv_cursor c = {NULL, t ? r->v[l] : r->k[l]};
       for (int64_t hk = 0; hk < ks->shape.heads_kv; hk++) {
         int rc = attn__kvf_rows_in(s, ks, &ks->layers[l], t, hk, r->lengths[l], r->page, rows_from,
                                    &c, st);

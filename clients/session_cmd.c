@@ -1,9 +1,11 @@
 /*
- * session_cmd.c — `attn session create|get|delete|truncate|attend URL ID`:
+ * session_cmd.c — `attn session SUB URL ID`, SUB one of create, get,
+ * delete, truncate, attend, export, import, move:
  * attnd's server-held KV caches from the command line, one call each
  * (session.h). attend sends q and the new k, v from a safetensors file or
  * random ones shaped by the session's GET, and prints the layer's length
- * after the call with a summary of o.
+ * after the call with a summary of o; export, import and move carry a
+ * session's file (GET .../export, PUT .../import) between servers.
  */
 #include "args.h"
 #include "cmds.h"
@@ -31,6 +33,9 @@ static const char usage[] =
     "                             [--no-causal] [--scale S] [--window-left N] [--window-right N]\n"
     "                             [--softcap C] [--stats] [--backend B]\n"
     "                             [--sinks S1,S2,...|FILE.safetensors]\n"
+    "       attn session export   URL ID [--out FILE]\n"
+    "       attn session import   URL ID --in FILE\n"
+    "       attn session move     URL ID --to URL2\n"
     "\n"
     "A session is a KV cache the attnd at URL (http://HOST:PORT) holds for its client, named\n"
     "by ID (1-128 of [A-Za-z0-9._-], not starting with '_' or '.'): each call sends only q\n"
@@ -62,6 +67,13 @@ static const char usage[] =
     "            --sinks (without --in): attention sinks (gpt-oss), one logit a query\n"
     "            head, as a comma list or a file holding the F32 tensor sinks [Hq].\n"
     "            --out FILE writes the reply (o [Hq, Nq, DV] [, m, l, lse]).\n"
+    "  export    GET /v1/sessions/ID/export: the session as one safetensors file (its\n"
+    "            parameters, lengths, and k.L, v.L per layer) into --out FILE (default:\n"
+    "            standard output)\n"
+    "  import    PUT /v1/sessions/ID/import of such a --in FILE: the session made on\n"
+    "            this server (an existing ID is refused, 409)\n"
+    "  move      export from URL, import into --to URL2, then delete from URL (only once\n"
+    "            the import answered 201: a failed move leaves the session where it was)\n"
     "\n"
     "  --timeout S  a call unanswered after S seconds fails (default 30)\n"
     "ATTND_API_KEY, when set, is sent as the bearer key.\n"
@@ -69,8 +81,8 @@ static const char usage[] =
     "reached, 2 bad usage.\n";
 
 typedef struct sess_args {
-  char sub; /* 'c'reate, 'g'et, 'd'elete, 't'runcate, 'a'ttend */
-  const char *url, *id, *in, *out;
+  char sub; /* 'c'reate, 'g'et, 'd'elete, 't'runcate, 'a'ttend, 'e'xport, 'i'mport, 'm'ove */
+  const char *url, *id, *in, *out, *to;
   int64_t heads_kv, head_dim, layers, max_tokens, length;
   int64_t head_dim_v, v_from_k; /* 0: not given */
   const char *reserve;          /* --reserve, or NULL: not sent (whole) */
@@ -88,11 +100,12 @@ typedef struct sess_args {
 
 /* Which subcommands each flag belongs to (their initials). */
 static const char *const scope[128] = {
-    ['H'] = "c", ['D'] = "c",     ['t'] = "c", ['l'] = "c", ['m'] = "c", ['T'] = "c",
-    ['j'] = "g", ['n'] = "t",     ['i'] = "a", ['o'] = "a", ['q'] = "a", ['Q'] = "a",
-    ['k'] = "a", ['y'] = "a",     ['p'] = "a", ['e'] = "a", ['N'] = "a", ['c'] = "a",
-    ['s'] = "a", ['L'] = "a",     ['R'] = "a", ['S'] = "a", ['B'] = "a", ['C'] = "a",
-    ['O'] = "a", ['w'] = "cgdta", ['V'] = "c", ['K'] = "c", ['G'] = "a", ['r'] = "c"};
+    ['H'] = "c", ['D'] = "c",        ['t'] = "c",  ['l'] = "c",  ['m'] = "c", ['T'] = "c",
+    ['j'] = "g", ['n'] = "t",        ['i'] = "ai", ['o'] = "ae", ['q'] = "a", ['Q'] = "a",
+    ['k'] = "a", ['y'] = "a",        ['p'] = "a",  ['e'] = "a",  ['N'] = "a", ['c'] = "a",
+    ['s'] = "a", ['L'] = "a",        ['R'] = "a",  ['S'] = "a",  ['B'] = "a", ['C'] = "a",
+    ['O'] = "a", ['w'] = "cgdtaeim", ['V'] = "c",  ['K'] = "c",  ['G'] = "a", ['u'] = "m",
+    ['r'] = "c"};
 
 static const struct option opts[] = {TOOL_API_OPTIONS,
                                      {"heads-kv", required_argument, 0, 'H'},
@@ -117,6 +130,7 @@ static const struct option opts[] = {TOOL_API_OPTIONS,
                                      {"no-causal", no_argument, 0, 'N'},
                                      {"sinks", required_argument, 0, 'G'},
                                      {"timeout", required_argument, 0, 'w'},
+                                     {"to", required_argument, 0, 'u'},
                                      {"help", no_argument, 0, 'h'},
                                      {0, 0, 0, 0}};
 
@@ -177,6 +191,7 @@ static int attend_flag(int c, sess_args *a) {
   case 'N': attn_sbuf_puts(&a->query, "&causal=false"); return 0;
   case 'G': return tool_infer_parse_sinks(ME, optarg, &a->sinks, &a->nsinks) ? -1 : 0;
   case 'j': a->json = true; return 0;
+  case 'u': a->to = optarg; return 0;
   case 'w': return tool_arg_double("--timeout", optarg, 1e-3, 1e7, &a->timeout);
   }
   return create_flag(c, a);
@@ -206,7 +221,8 @@ static int one_flag(int c, sess_args *a) {
 }
 
 static char sub_initial(const char *s) {
-  static const char *const subs[] = {"create", "get", "delete", "truncate", "attend"};
+  static const char *const subs[] = {"create", "get",    "delete", "truncate",
+                                     "attend", "export", "import", "move"};
   for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++)
     if (strcmp(s, subs[i]) == 0)
       return s[0];
@@ -227,6 +243,10 @@ static const char *check_args(int argc, char **argv, sess_args *a) {
     return "create needs --heads-kv, --head-dim and --max-tokens";
   if (a->sub == 't' && !a->have_length)
     return "truncate needs --length";
+  if (a->sub == 'i' && !a->in)
+    return "import needs --in FILE (a file export wrote)";
+  if (a->sub == 'm' && !a->to)
+    return "move needs --to URL2 (the server to move the session to)";
   if (a->in && (a->have_heads_q || a->have_seq_q || a->n_new != 1 || a->sinks))
     return "--in excludes --heads-q, --seq-q, --new and --sinks (the file holds its tensors)";
   if (a->head_dim_v && a->v_from_k && a->head_dim_v != a->v_from_k)
@@ -372,6 +392,72 @@ static int cmd_truncate(tool_sess_http *h, const sess_args *a) {
   printf("session %s truncated to %lld (HTTP %ld)\n", a->id, (long long)a->length, r.status);
   tool_sess_reply_free(&r);
   return 0;
+}
+
+/* ---- moving a session ------------------------------------------------------ */
+
+/* GET .../export into *r (its body the file). */
+static int export_to(tool_sess_http *h, const sess_args *a, tool_sess_reply *r) {
+  return call(h, a, "GET", "/export", NULL, 0, true, r);
+}
+
+static int import_from(tool_sess_http *h, const sess_args *a, const void *file, size_t len) {
+  tool_sess_reply r;
+  if (call(h, a, "PUT", "/import", file, len, true, &r) != 0)
+    return 1;
+  tool_sess_reply_free(&r);
+  return 0;
+}
+
+static int cmd_export(tool_sess_http *h, const sess_args *a) {
+  tool_sess_reply r;
+  if (export_to(h, a, &r) != 0)
+    return 1;
+  int rc = 0;
+  if (a->out ? tool_write_file(a->out, r.body.p, r.body.len) != 0
+             : fwrite(r.body.p, 1, r.body.len, stdout) != r.body.len || fflush(stdout) != 0) {
+    fprintf(stderr, ME ": cannot write %s: %s\n", a->out ? a->out : "standard output",
+            strerror(errno));
+    rc = 1;
+  } else if (a->out) {
+    printf("session %s exported to %s (%zu bytes)\n", a->id, a->out, r.body.len);
+  }
+  tool_sess_reply_free(&r);
+  return rc;
+}
+
+static int cmd_import(tool_sess_http *h, const sess_args *a) {
+  void *file;
+  size_t len;
+  if (tool_read_file(a->in, &file, &len) != 0) {
+    fprintf(stderr, ME ": cannot read %s: %s\n", a->in, strerror(errno));
+    return 1;
+  }
+  int rc = import_from(h, a, file, len);
+  if (rc == 0)
+    printf("session %s imported from %s (%zu bytes)\n", a->id, a->in, len);
+  free(file);
+  return rc;
+}
+
+/* Export, import into --to, and only after its 201 the delete here: a
+ * move that fails anywhere leaves the session where it was. */
+static int cmd_move(tool_sess_http *h, const sess_args *a) {
+  tool_sess_http to;
+  tool_sess_reply r;
+  int rc = tool_sess_http_init(&to, a->to, a->timeout, ME);
+  if (rc != 0)
+    return rc;
+  if ((rc = export_to(h, a, &r)) == 0) {
+    rc = import_from(&to, a, r.body.p, r.body.len);
+    if (rc == 0)
+      rc = cmd_delete(h, a);
+    if (rc == 0)
+      printf("session %s moved to %s (%zu bytes)\n", a->id, a->to, r.body.len);
+    tool_sess_reply_free(&r);
+  }
+  tool_sess_http_free(&to);
+  return rc;
 }
 
 /* ---- attend ---------------------------------------------------------------- */
@@ -538,11 +624,9 @@ int tool_cmd_session(int argc, char **argv) {
   }
   tool_sess_http h;
   if ((rc = tool_sess_http_init(&h, a.url, a.timeout, ME)) == 0) {
-    int (*const fn[])(tool_sess_http *, const sess_args *) = {['c'] = cmd_create,
-                                                              ['g'] = cmd_get,
-                                                              ['d'] = cmd_delete,
-                                                              ['t'] = cmd_truncate,
-                                                              ['a'] = cmd_attend};
+    int (*const fn[])(tool_sess_http *, const sess_args *) = {
+        ['c'] = cmd_create, ['g'] = cmd_get,    ['d'] = cmd_delete, ['t'] = cmd_truncate,
+        ['a'] = cmd_attend, ['e'] = cmd_export, ['i'] = cmd_import, ['m'] = cmd_move};
     rc = fn[(unsigned char)a.sub](&h, &a);
     tool_sess_http_free(&h);
   }

@@ -226,6 +226,32 @@ int attn__st_frame(const char *h, size_t n, const void *const *parts, const size
 int attn__st_head(const char *h, size_t n, size_t extra, const char *what, void **pbuf,
                   size_t *plen, attn_status *st);
 
+/* safetensors.c's reading, for a file of other tensors than a request's
+ * (a session's, session_file.c): one tensor's header entry; its
+ * {dtype, shape, data_offsets} checked (data_len bounds the offsets), the
+ * entries ne tiling the data exactly (names[i] naming e[i] in messages);
+ * a file's header length, bytes and JSON checked, its root object into
+ * *proot (the caller cJSON_Deletes it) and its data. */
+typedef struct attn__st_entry {
+  bool seen;
+  attn_dtype dtype;
+  int cu_bytes; /* cu_seqlens: 4 (I32) or 8 (I64); 0 for the others */
+  int rank;
+  int64_t shape[4]; /* the first four dims; attn_proto_build refuses more */
+  uint64_t begin, end;
+} attn__st_entry;
+struct cJSON;
+int attn__st_entry_parse(const struct cJSON *j, const char *name, uint64_t data_len,
+                         attn__st_entry *e, attn_status *st);
+int attn__st_layout(const attn__st_entry *e, const char *const *names, int ne, uint64_t data_len,
+                    attn_status *st);
+int attn__st_open(const void *body, size_t len, struct cJSON **proot, const unsigned char **pdata,
+                  uint64_t *pdata_len, attn_status *st);
+
+/* session_meta.c: a session file's __metadata__ (session_file.c). */
+int attn_proto_session_meta_decode(const struct cJSON *meta, double ttl_max, attn_kv_shape *sh,
+                                   double *ttl_s, int64_t *lengths, attn_status *st);
+
 /* numtext.c: snprintf(out, 32, "%.*g", prec, x), the same text, fast for a
  * float's value near 1 (prec <= 17); strtod() of a JSON number's text,
  * the same double, fast for up to 18 digits and exponents within 22; and

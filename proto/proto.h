@@ -391,6 +391,37 @@ int64_t attn_proto_session_entries(const attn_proto_session *ps, const attn_requ
  * NUL (\u0000) refused, as in the truncate's. */
 int attn_proto_session_create_decode(const char *body, size_t len, double ttl_max,
                                      attn_kv_shape *sh, double *ttl_s, attn_status *st);
+/*
+ * A session as one safetensors file (GET /v1/sessions/{id}/export, PUT
+ * /v1/sessions/{id}/import): __metadata__ its parameters as strings,
+ * "heads_kv", "head_dim", "head_dim_v", "dtype", "layers", "max_tokens",
+ * "ttl_s", "v_from_k" (a latent session's only: its head_dim_v) and
+ * "lengths" (a JSON array, one length a layer: "[37,0,300]"); tensors
+ * "k.L" [heads_kv, length_L, head_dim] and, unless latent, "v.L"
+ * [heads_kv, length_L, head_dim_v] per layer L, in the session's dtype,
+ * data in that order. Encoded from a store's export (attn_kv_export's
+ * lengths and buffers; *pbuf malloc'd). Decoded strictly: the header as
+ * a call's safetensors, the metadata as a create's fields (ttl_max:
+ * --session-ttl-max), each length 0 to max_tokens, exactly the tensors
+ * the metadata names, each of its dtype and shape, tiling the data; k[l]
+ * and v[l] then point into body (or into f->owned, an aligned copy of the
+ * data when body's is not: attn_proto_session_file_free frees it). The
+ * values' finiteness is the store's to check (attn_kv_import).
+ */
+typedef struct attn_proto_session_file {
+  attn_kv_shape shape; /* head_dim_v set */
+  double ttl_s;
+  int64_t lengths[ATTN_KV_MAX_LAYERS];
+  const void *k[ATTN_KV_MAX_LAYERS], *v[ATTN_KV_MAX_LAYERS];
+  void *owned;
+} attn_proto_session_file;
+int attn_proto_session_file_encode(const attn_kv_shape *sh, double ttl_s, const int64_t *lengths,
+                                   void *const *k, void *const *v, void **pbuf, size_t *plen,
+                                   attn_status *st);
+int attn_proto_session_file_decode(const void *body, size_t len, double ttl_max,
+                                   attn_proto_session_file *f, attn_status *st);
+void attn_proto_session_file_free(attn_proto_session_file *f);
+
 /* POST /v1/sessions/{id}/truncate's body {"length": n}. */
 int attn_proto_session_truncate_decode(const char *body, size_t len, int64_t *length,
                                        attn_status *st);

@@ -30,14 +30,7 @@
 #define NT ATTN_PROTO_MAX_TENSORS
 static const char *const field_names[3] = {"dtype", "shape", "data_offsets"};
 
-typedef struct entry {
-  bool seen;
-  attn_dtype dtype;
-  int cu_bytes; /* cu_seqlens: 4 (I32) or 8 (I64); 0 for the others */
-  int rank;
-  int64_t shape[4]; /* the first four dims; attn_proto_build refuses more */
-  uint64_t begin, end;
-} entry;
+typedef attn__st_entry entry;
 
 static bool is_ws(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
@@ -126,9 +119,8 @@ static void dims_str(char *buf, size_t cap, const uint64_t *d, int rank) {
     snprintf(buf + o, cap - o, "]");
 }
 
-/* One tensor's {dtype, shape, data_offsets}; data_len bounds the offsets. */
-static int parse_entry(const cJSON *j, const char *name, uint64_t data_len, entry *e,
-                       attn_status *st) {
+int attn__st_entry_parse(const cJSON *j, const char *name, uint64_t data_len, entry *e,
+                         attn_status *st) {
   char q[48];
   if (!cJSON_IsObject(j))
     return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
@@ -285,9 +277,12 @@ static int parse_metadata(const cJSON *j, attn_options *meta, attn_status *st) {
  * requires: sharing bytes would alias one input with another, and a hole
  * or a tail of bytes belonging to no tensor is how polyglot files hide
  * content. Empty tensors occupy nothing, wherever they point. */
-static int check_layout(const entry e[NT], uint64_t data_len, attn_status *st) {
-  int idx[NT], n = 0;
-  for (int i = 0; i < NT; i++)
+int attn__st_layout(const entry *e, const char *const *names, int ne, uint64_t data_len,
+                    attn_status *st) {
+  int *idx = malloc((size_t)(ne ? ne : 1) * sizeof *idx), n = 0, rc = 0;
+  if (!idx)
+    return attn_status_set(st, ATTN_PROTO_ENOMEM, "out of memory checking a safetensors layout");
+  for (int i = 0; i < ne; i++)
     if (e[i].end > e[i].begin)
       idx[n++] = i;
   for (int i = 1; i < n; i++)
@@ -296,32 +291,40 @@ static int check_layout(const entry e[NT], uint64_t data_len, attn_status *st) {
       idx[j] = idx[j - 1];
       idx[j - 1] = t;
     }
-  for (int i = 1; i < n; i++) {
+  for (int i = 1; i < n && rc == 0; i++) {
     const entry *a = &e[idx[i - 1]], *b = &e[idx[i]];
     if (b->begin < a->end)
-      return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
-                             "tensors \"%s\" at data_offsets [%llu, %llu] and \"%s\" at "
-                             "[%llu, %llu] overlap",
-                             attn_proto_tensor_name(idx[i - 1]), (unsigned long long)a->begin,
-                             (unsigned long long)a->end, attn_proto_tensor_name(idx[i]),
-                             (unsigned long long)b->begin, (unsigned long long)b->end);
-    if (b->begin > a->end)
-      return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
-                             "data bytes [%llu, %llu) between tensors \"%s\" and \"%s\" "
-                             "belong to no tensor",
-                             (unsigned long long)a->end, (unsigned long long)b->begin,
-                             attn_proto_tensor_name(idx[i - 1]), attn_proto_tensor_name(idx[i]));
+      rc = attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                           "tensors \"%s\" at data_offsets [%llu, %llu] and \"%s\" at "
+                           "[%llu, %llu] overlap",
+                           names[idx[i - 1]], (unsigned long long)a->begin,
+                           (unsigned long long)a->end, names[idx[i]], (unsigned long long)b->begin,
+                           (unsigned long long)b->end);
+    else if (b->begin > a->end)
+      rc = attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                           "data bytes [%llu, %llu) between tensors \"%s\" and \"%s\" "
+                           "belong to no tensor",
+                           (unsigned long long)a->end, (unsigned long long)b->begin,
+                           names[idx[i - 1]], names[idx[i]]);
   }
   uint64_t first = n ? e[idx[0]].begin : 0, last = n ? e[idx[n - 1]].end : 0;
-  if (first > 0)
-    return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
-                           "data bytes [0, %llu) before the first tensor belong to no tensor",
-                           (unsigned long long)first);
-  if (last < data_len)
-    return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
-                           "data bytes [%llu, %llu) after the last tensor belong to no tensor",
-                           (unsigned long long)last, (unsigned long long)data_len);
-  return 0;
+  free(idx);
+  if (rc == 0 && first > 0)
+    rc = attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                         "data bytes [0, %llu) before the first tensor belong to no tensor",
+                         (unsigned long long)first);
+  if (rc == 0 && last < data_len)
+    rc = attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
+                         "data bytes [%llu, %llu) after the last tensor belong to no tensor",
+                         (unsigned long long)last, (unsigned long long)data_len);
+  return rc;
+}
+
+static int check_layout(const entry e[NT], uint64_t data_len, attn_status *st) {
+  const char *names[NT];
+  for (int i = 0; i < NT; i++)
+    names[i] = attn_proto_tensor_name(i);
+  return attn__st_layout(e, names, NT, data_len, st);
 }
 
 /* Header entry c, a tensor: which of the pass's it is, into e[]. */
@@ -340,7 +343,7 @@ static int tensor_entry(const cJSON *c, attn_pass pass, uint64_t data_len, entry
     return attn_status_set(st, ATTN_PROTO_ESAFETENSORS, "the header has the tensor \"%s\" twice",
                            attn_proto_tensor_name(i));
   e[i].seen = true;
-  return parse_entry(c, attn_proto_tensor_name(i), data_len, &e[i], st);
+  return attn__st_entry_parse(c, attn_proto_tensor_name(i), data_len, &e[i], st);
 }
 
 /* Walks the parsed header: tensors into e[], options into meta. */
@@ -468,6 +471,26 @@ static int header_length(const unsigned char *b, size_t len, uint64_t *pn, attn_
                            "header length %llu is over the limit of %u bytes",
                            (unsigned long long)n, ATTN_PROTO_MAX_HEADER);
   *pn = n;
+  return 0;
+}
+
+int attn__st_open(const void *body, size_t len, cJSON **proot, const unsigned char **pdata,
+                  uint64_t *pdata_len, attn_status *st) {
+  const unsigned char *b = body;
+  uint64_t n = 0;
+  int rc = header_length(b, len, &n, st);
+  rc = rc < 0 ? rc : scan_header(b + 8, (size_t)n, st);
+  if (rc < 0)
+    return rc;
+  const char *end = NULL;
+  cJSON *root = cJSON_ParseWithLengthOpts((const char *)b + 8, (size_t)n, &end, 0);
+  if (!root || !cJSON_IsObject(root)) {
+    cJSON_Delete(root);
+    return attn_status_set(st, ATTN_PROTO_ESAFETENSORS, "the header is not a JSON object");
+  }
+  *proot = root;
+  *pdata = b + 8 + n;
+  *pdata_len = len - 8 - n;
   return 0;
 }
 

@@ -8,6 +8,7 @@
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define DTYPE_WANT "\"dtype\" must be \"F32\", \"F16\" or \"BF16\""
@@ -85,6 +86,30 @@ static int check_nul(const char *body, size_t len, const char *what, attn_status
 }
 
 /* The object of body, each member one of names; NULL with st set. */
+/* root's members: each one of names, none twice, the required ones all
+ * there; 0 or the refusal. */
+static int fields_check(const cJSON *root, const field *names, size_t n, const char *what,
+                        attn_status *st) {
+  for (const cJSON *c = root->child; c; c = c->next) {
+    size_t i = 0;
+    while (i < n && strcmp(c->string, names[i].name))
+      i++;
+    int twice = 0;
+    for (const cJSON *p = root->child; p != c; p = p->next)
+      twice |= !strcmp(p->string, c->string);
+    if (i == n || twice)
+      return attn_status_set(st, twice ? ATTN_PROTO_EJSON : ATTN_PROTO_EOPTION,
+                             twice ? "the key \"%.40s\" appears twice"
+                                   : "unknown field \"%.40s\": send %s",
+                             c->string, what);
+  }
+  for (size_t i = 0; i < n; i++)
+    if (names[i].required && !cJSON_GetObjectItemCaseSensitive(root, names[i].name))
+      return attn_status_set(st, ATTN_PROTO_EOPTVALUE, "field \"%s\" is missing: send %s",
+                             names[i].name, what);
+  return 0;
+}
+
 static cJSON *parse_object(const char *body, size_t len, const field *names, size_t n,
                            const char *what, attn_status *st) {
   if (len == 0) {
@@ -102,33 +127,10 @@ static cJSON *parse_object(const char *body, size_t len, const field *names, siz
     cJSON_Delete(root);
     return NULL;
   }
-  for (const cJSON *c = root->child; c; c = c->next) {
-    size_t i = 0;
-    while (i < n && strcmp(c->string, names[i].name))
-      i++;
-    int twice = 0;
-    for (const cJSON *p = root->child; p != c; p = p->next)
-      twice |= !strcmp(p->string, c->string);
-    if (i == n || twice) {
-      attn_status_set(st, twice ? ATTN_PROTO_EJSON : ATTN_PROTO_EOPTION,
-                      twice ? "the key \"%.40s\" appears twice"
-                            : "unknown field \"%.40s\": send %s",
-                      c->string, what);
-      cJSON_Delete(root);
-      return NULL;
-    }
-  }
-  if (check_nul(body, len, what, st)) {
+  if (fields_check(root, names, n, what, st) || check_nul(body, len, what, st)) {
     cJSON_Delete(root);
     return NULL;
   }
-  for (size_t i = 0; i < n; i++)
-    if (names[i].required && !cJSON_GetObjectItemCaseSensitive(root, names[i].name)) {
-      attn_status_set(st, ATTN_PROTO_EOPTVALUE, "field \"%s\" is missing: send %s", names[i].name,
-                      what);
-      cJSON_Delete(root);
-      return NULL;
-    }
   return root;
 }
 
@@ -261,4 +263,86 @@ void attn_proto_session_info_json(attn_sbuf *b, const attn_kv_info *info, const 
                    "\"expires_in_s\": %.3f}",
                    (long long)info->tokens, sh->grow ? "grow" : "whole",
                    (unsigned long long)info->reserved_bytes, left > 0 ? left : 0.0);
+}
+
+/* A session file's __metadata__: the create's fields and "lengths", each a
+ * string (safetensors' metadata holds only strings). */
+static const field file_fields[] = {{"heads_kv", true},   {"head_dim", true},  {"dtype", true},
+                                    {"max_tokens", true}, {"layers", true},    {"ttl_s", true},
+                                    {"head_dim_v", true}, {"v_from_k", false}, {"lengths", true},
+                                    {"format", false},    {"reserve", false}};
+#define NFILE (sizeof file_fields / sizeof *file_fields)
+#define FILE_WHAT                                                                        \
+  "__metadata__ {\"heads_kv\", \"head_dim\", \"head_dim_v\", \"v_from_k\"?, \"dtype\", " \
+  "\"layers\", \"max_tokens\", \"ttl_s\", \"reserve\"?, \"lengths\"}, each a string "    \
+  "(\"lengths\": \"[n, ...]\")"
+
+/* The metadata as the create's JSON object: each number's string made a
+ * number (all of it one JSON number, or it stays a string and is refused
+ * as the create refuses one); NULL out of memory. */
+static cJSON *meta_as_create(const cJSON *meta) {
+  cJSON *o = cJSON_CreateObject();
+  for (const cJSON *c = meta->child; o && c; c = c->next) {
+    if (!strcmp(c->string, "lengths") || !strcmp(c->string, "format"))
+      continue;
+    const char *v = c->valuestring;
+    char *end = NULL;
+    double x = strcmp(c->string, "dtype") && *v && !strchr(" \t\r\n", *v) ? strtod(v, &end) : 0;
+    cJSON *item = end && !*end ? cJSON_CreateNumber(x) : cJSON_CreateString(v);
+    if (!item || !cJSON_AddItemToObject(o, c->string, item)) {
+      cJSON_Delete(item);
+      cJSON_Delete(o);
+      return NULL;
+    }
+  }
+  return o;
+}
+
+/* "lengths": a JSON array of layers integers, each 0 to max_tokens. */
+static int lengths_of(const char *text, const attn_kv_shape *sh, int64_t *lengths,
+                      attn_status *st) {
+  cJSON *a = cJSON_Parse(text);
+  int64_t n = cJSON_IsArray(a) ? cJSON_GetArraySize(a) : -1;
+  int rc = n == sh->layers ? 0
+                           : attn_status_set(st, ATTN_PROTO_EOPTVALUE,
+                                             "__metadata__ \"lengths\" must be a JSON array of "
+                                             "%lld integers (one a layer)",
+                                             (long long)sh->layers);
+  int64_t l = 0;
+  for (const cJSON *c = a ? a->child : NULL; rc == 0 && c; c = c->next, l++) {
+    double x = cJSON_IsNumber(c) ? c->valuedouble : NAN;
+    if (!(x >= 0 && x <= (double)sh->max_tokens && x == floor(x)))
+      rc = attn_status_set(st, ATTN_PROTO_EOPTVALUE,
+                           "__metadata__ \"lengths\"[%lld] must be an integer from 0 to "
+                           "max_tokens (%lld)",
+                           (long long)l, (long long)sh->max_tokens);
+    else
+      lengths[l] = (int64_t)x;
+  }
+  cJSON_Delete(a);
+  return rc;
+}
+
+int attn_proto_session_meta_decode(const cJSON *meta, double ttl_max, attn_kv_shape *sh,
+                                   double *ttl_s, int64_t *lengths, attn_status *st) {
+  if (!cJSON_IsObject(meta))
+    return attn_status_set(st, ATTN_PROTO_EOPTVALUE, "the file has no %s", FILE_WHAT);
+  for (const cJSON *c = meta->child; c; c = c->next)
+    if (!cJSON_IsString(c))
+      return attn_status_set(st, ATTN_PROTO_EOPTVALUE, "__metadata__ \"%.40s\" must be a string",
+                             c->string);
+  int rc = fields_check(meta, file_fields, NFILE, FILE_WHAT, st);
+  if (rc)
+    return rc;
+  cJSON *root = meta_as_create(meta);
+  if (!root)
+    return attn_status_set(st, ATTN_PROTO_ENOMEM, "out of memory reading a session file");
+  memset(sh, 0, sizeof *sh);
+  rc = create_fields_of(root, sh, ttl_max, ttl_s, st);
+  cJSON_Delete(root);
+  if (rc == 0 && sh->head_dim_v == 0)
+    sh->head_dim_v = sh->head_dim;
+  return rc ? rc
+            : lengths_of(cJSON_GetObjectItemCaseSensitive(meta, "lengths")->valuestring, sh,
+                         lengths, st);
 }

@@ -106,6 +106,62 @@ void attnd_sessions_truncate(attnd_req *r) {
     reply_info(r, 200, kv, id, now);
 }
 
+/* A session's rows as one safetensors file (proto.h). */
+static int export_file(attn_kv_store *kv, const char *tenant, const char *id, void **pbuf,
+                       size_t *plen, attn_status *st) {
+  attn_kv_info info;
+  int64_t lengths[ATTN_KV_MAX_LAYERS];
+  void **k = calloc(ATTN_KV_MAX_LAYERS, sizeof *k), **v = calloc(ATTN_KV_MAX_LAYERS, sizeof *v);
+  int rc = k && v ? attn_kv_export(kv, tenant, id, attn_now(), &info, lengths, k, v, st)
+                  : attn_status_set(st, ATTN_ENOMEM, "out of memory exporting a session");
+  if (rc == 0) {
+    rc = attn_proto_session_file_encode(&info.shape, info.ttl_s, lengths, k, v, pbuf, plen, st);
+    for (int64_t l = 0; l < info.shape.layers; l++) {
+      free(k[l]);
+      free(v[l]);
+    }
+  }
+  free(k);
+  free(v);
+  return rc;
+}
+
+void attnd_sessions_export(attnd_req *r) {
+  attn_kv_store *kv;
+  char id[ATTN_KV_ID_MAX + 1];
+  void *buf;
+  size_t len;
+  attn_status st;
+  if (!store_of(r, &kv) || !path_id(r, id))
+    return;
+  if (export_file(kv, r->tenant, id, &buf, &len, &st))
+    attnd_req_fail(r, st.code, st.message);
+  else
+    attnd_req_reply(r, 200, buf, len, "application/octet-stream");
+}
+
+void attnd_sessions_import(attnd_req *r) {
+  attn_kv_store *kv;
+  char id[ATTN_KV_ID_MAX + 1];
+  attn_status st;
+  double now = attn_now();
+  if (!store_of(r, &kv) || !path_id(r, id))
+    return;
+  attn_proto_session_file *f = malloc(sizeof *f);
+  int rc = f ? attn_proto_session_file_decode(r->body, r->len, r->srv->cfg->session_ttl_max, f, &st)
+             : attn_status_set(&st, ATTN_ENOMEM, "out of memory importing a session");
+  if (rc == 0)
+    rc = attn_kv_import(kv, r->tenant, id, &f->shape, f->ttl_s, now, f->lengths, f->k,
+                        f->shape.v_from_k ? NULL : f->v, &st);
+  if (f)
+    attn_proto_session_file_free(f);
+  free(f);
+  if (rc)
+    attnd_req_fail(r, st.code, st.message);
+  else
+    reply_info(r, 201, kv, id, now);
+}
+
 static void list_one(const attn_kv_info *info, const int64_t *lengths, void *arg) {
   attn_sbuf *b = arg;
   if (b->len > 1 && b->p[b->len - 1] != '[')

@@ -1,11 +1,14 @@
 /*
- * file.c — what saving and loading session files share (file.h): the
- * checksum, the files' names, the directory.
+ * file.c — what saving and loading session files share (file.h), and
+ * exporting and importing a session (move.c) with them: the checksum, the
+ * files' names, the directory, a session's rows moved out of and into its
+ * pages, a session made whole.
  */
 #include "file.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -85,4 +88,80 @@ int attn__kvf_ctx_open(const attn_kv_store *s, const char *dir, kvf_ctx **pc, at
 void attn__kvf_ctx_close(kvf_ctx *c) {
   close(c->dfd);
   free(c);
+}
+
+int attn__kvf_rows_out(const attn_kv_store *s, const kv_session *ks, const kv_layer *L, int t,
+                       int64_t hk, int64_t end, void *page, kvf_rows_fn fn, void *arg,
+                       attn_status *st) {
+  const size_t row = attn__kvf_row_bytes(&ks->shape, t);
+  int rc = 0;
+  for (int64_t j = 0, n; j < end && rc == 0; j += n) {
+    n = attn__kv_span(ks, j, end);
+    rc = attn__kv_rows_get(s, ks, L, t, hk, j, n, page, st);
+    rc = rc ? rc : fn(arg, page, j, n, (size_t)n * row, st);
+  }
+  return rc;
+}
+
+int attn__kvf_rows_in(const attn_kv_store *s, const kv_session *ks, const kv_layer *L, int t,
+                      int64_t hk, int64_t end, void *page, kvf_rows_fn fn, void *arg,
+                      attn_status *st) {
+  const size_t row = attn__kvf_row_bytes(&ks->shape, t);
+  int rc = 0;
+  for (int64_t j = 0, n; j < end && rc == 0; j += n) {
+    n = attn__kv_span(ks, j, end);
+    rc = fn(arg, page, j, n, (size_t)n * row, st);
+    rc = rc ? rc : attn__kv_rows_put(s, ks, L, t, hk, j, n, page, st);
+  }
+  return rc;
+}
+
+/* A grow session takes the pages of the lengths h gives, as its appends
+ * would have (within the tenant's share when capped); a whole one has
+ * them from its insert. attn__kv_remove gives back what a failure took. */
+static int take_pages(attn_kv_store *s, kv_session *ks, const kvf_header *h, bool capped,
+                      attn_status *st) {
+  int64_t need = 0;
+  for (int64_t l = 0; l < ks->shape.layers; l++)
+    need += attn__kv_grow_need(ks, &ks->layers[l], h->length[l]);
+  if (capped && need > 0 && !attn__kv_tenant_fits(s, h->tenant, need))
+    return attn__kv_tenant_refuse(s, h->tenant, need, true, st);
+  for (int64_t l = 0; l < ks->shape.layers; l++)
+    if (!attn__kv_grow(s, ks, &ks->layers[l], h->length[l]))
+      return attn_status_set(st, ATTN_ESESSION_MEMORY,
+                             "session '%s' (reserve grow) holds tokens of %llu bytes, more than "
+                             "the %llu of the %llu bytes of session memory free",
+                             h->id, (unsigned long long)need * ATTN_KV_PAGE_BYTES,
+                             (unsigned long long)(s->pages.npages - s->pages.reserved) *
+                                 ATTN_KV_PAGE_BYTES,
+                             (unsigned long long)s->pages.npages * ATTN_KV_PAGE_BYTES);
+  return 0;
+}
+
+int attn__kvf_install(attn_kv_store *s, const kvf_header *h, double ttl, double now, bool capped,
+                      kvf_fill_fn fill, void *arg, attn_status *st) {
+  const int64_t need = (int64_t)(attn_kv_reserve_bytes(s, &h->shape) / ATTN_KV_PAGE_BYTES);
+  kv_session *ks;
+  int rc = 0;
+  pthread_mutex_lock(&s->mu);
+  if (attn__kv_find(s, h->tenant, h->id, now)) {
+    rc = attn_status_set(st, ATTN_ESESSION_EXISTS,
+                         "session '%s' exists; delete it first, or use another id", h->id);
+  } else if (capped && !attn__kv_tenant_fits(s, h->tenant, need)) {
+    rc = attn__kv_tenant_refuse(s, h->tenant, need, false, st);
+  } else if (!(ks = attn__kv_insert(s, h->tenant, h->id, &h->shape, ttl, now, st))) {
+    rc = st->code;
+  } else {
+    if ((rc = take_pages(s, ks, h, capped, st)) || (rc = fill(s, ks, arg, st))) {
+      attn__kv_remove(s, h->tenant, h->id); /* no call reads it yet */
+    } else {
+      for (int64_t l = 0; l < ks->shape.layers; l++) {
+        ks->layers[l].length = h->length[l];
+        memcpy(ks->layers[l].absmax, h->absmax[l], sizeof h->absmax[l]);
+      }
+      ks->expires = now + fmin(h->left_s, ttl);
+    }
+  }
+  pthread_mutex_unlock(&s->mu);
+  return rc;
 }

@@ -113,4 +113,33 @@ size_t attn__kvf_row_bytes(const attn_kv_shape *sh, int t);
 int attn__kvf_ctx_open(const attn_kv_store *s, const char *dir, kvf_ctx **pc, attn_status *st);
 void attn__kvf_ctx_close(kvf_ctx *c);
 
+/* Rows [0, end) of KV head hk of L's K (t 0) or V (t 1), one page's span
+ * at a time through page (ATTN_KV_PAGE_BYTES): read out of the pages and
+ * handed to fn (attn__kvf_rows_out), or filled by fn and stored
+ * (attn__kvf_rows_in); fn gets the span's first row j, its rows n and
+ * their bytes, packed. Saving, loading, export and import all move a
+ * session's rows this way. 0, the pages' error (st set), or fn's nonzero
+ * (fn sets st). */
+typedef int (*kvf_rows_fn)(void *arg, void *rows, int64_t j, int64_t n, size_t bytes,
+                           attn_status *st);
+int attn__kvf_rows_out(const attn_kv_store *s, const kv_session *ks, const kv_layer *L, int t,
+                       int64_t hk, int64_t end, void *page, kvf_rows_fn fn, void *arg,
+                       attn_status *st);
+int attn__kvf_rows_in(const attn_kv_store *s, const kv_session *ks, const kv_layer *L, int t,
+                      int64_t hk, int64_t end, void *page, kvf_rows_fn fn, void *arg,
+                      attn_status *st);
+/* Session h (its tenant, id, shape, lengths and largest |k| and |v|) made
+ * in the store with ttl, expiring at now + min(left_s, ttl): under the
+ * store's lock from the check that its id is free to its last row, so
+ * nothing sees it half made; its layers grown to their lengths, fill
+ * stores their rows (the lengths stay 0 until it returns 0), then they
+ * are published. ESESSION_EXISTS when the store has a session of that
+ * name, the tenant cap's refusal (capped: a create's, not a load's,
+ * which was made under the cap of then), attn__kv_insert's refusal, or
+ * fill's nonzero (fill sets st); the session is gone again on any
+ * error. */
+typedef int (*kvf_fill_fn)(attn_kv_store *s, kv_session *ks, void *arg, attn_status *st);
+int attn__kvf_install(attn_kv_store *s, const kvf_header *h, double ttl, double now, bool capped,
+                      kvf_fill_fn fill, void *arg, attn_status *st);
+
 #endif

@@ -258,6 +258,35 @@ int64_t attn_kv_save(attn_kv_store *s, const char *dir, double now, attn_status 
 int64_t attn_kv_load(attn_kv_store *s, const char *dir, double now, double ttl_max,
                      void (*log)(const char *line, void *arg), void *arg, attn_status *st);
 
+/*
+ * Moving a session to another store (GET /v1/sessions/{id}/export, PUT
+ * /v1/sessions/{id}/import). attn_kv_export reads session (tenant, id)
+ * out: its info, each layer's length into lengths (info->shape.layers
+ * entries: ATTN_KV_MAX_LAYERS fits any), and layer l's rows into k[l],
+ * [heads_kv, lengths[l], head_dim], and v[l], [heads_kv, lengths[l],
+ * head_dim_v], packed in the session's dtype (v[l] NULL for a latent
+ * session; v itself may then be NULL). The buffers are malloc'd: the
+ * caller frees each. It does not count as a use. ESESSION_NOT_FOUND;
+ * ESESSION_CONFLICT on a device store while calls on it run (their rows
+ * may not be in its pages yet): export it once they have ended.
+ *
+ * attn_kv_import makes session (tenant, id) of shape sh and ttl_s from
+ * such rows, as a create and then calls would have made it: the fields
+ * held to a create's limits, each length 0 to max_tokens, every value
+ * finite (ENONFINITE saying which layer's k or v is not); v must be NULL for
+ * a latent session, and set (with a buffer for every layer of length
+ * above 0) for another. ESESSION_EXISTS when the store has a session of
+ * that id, whatever its parameters (an import never replaces one);
+ * ESESSION_MEMORY when its reservation does not fit, or the tenant's cap.
+ * An export of the imported session gives back the same rows. Both hold
+ * the store's lock while they copy (a session's whole rows).
+ */
+int attn_kv_export(attn_kv_store *s, const char *tenant, const char *id, double now,
+                   attn_kv_info *info, int64_t *lengths, void **k, void **v, attn_status *st);
+int attn_kv_import(attn_kv_store *s, const char *tenant, const char *id, const attn_kv_shape *sh,
+                   double ttl_s, double now, const int64_t *lengths, const void *const *k,
+                   const void *const *v, attn_status *st);
+
 #ifdef __cplusplus
 }
 #endif

@@ -12,6 +12,7 @@
  *   admit.c   a call checked and admitted, parked, or refused
  *   sched.c   a call's rows stored, its job started and ended, cancel
  *   file.c, save.c, load.c   sessions saved to and loaded from files
+ *   move.c    a session's rows exported, a session imported from rows
  *
  * One lock (attn_kv_store.mu) guards everything here, and is never held
  * while bulk data moves: an append's rows are copied into pages the call
@@ -187,6 +188,8 @@ int64_t attn__kv_grow_need(const kv_session *ks, const kv_layer *L, int64_t toke
  * session reserves them first (its tenant counts them), and false (nothing
  * taken) when the pool does not have attn__kv_grow_need of them free. */
 bool attn__kv_grow(attn_kv_store *s, kv_session *ks, kv_layer *L, int64_t tokens);
+/* What ks is now, as attn_kv_get reports it. */
+void attn__kv_info_of(const kv_session *ks, attn_kv_info *info);
 /* Where row j of KV head hk of L's K (t 0) or V (t 1; a latent session's
  * K) lies (a device address for pages on a device). */
 char *attn__kv_row_at(const kv_session *ks, const kv_layer *L, int t, int64_t hk, int64_t j);

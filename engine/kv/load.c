@@ -309,59 +309,69 @@ static int rows_check(const void *p, const kvf_header *h, int64_t l, int t, int6
   return 0;
 }
 
-/* The rows into ks's pages, then the checksum over the whole file. The
- * lengths stay 0 until the caller commits. A row out of bounds is said
- * once the checksum matches: a damaged file is said to be damaged. */
-static int rows_read(attn_kv_store *s, kvf_ctx *c, kv_session *ks, kvf_in *in, const kvf_header *h,
-                     char *why) {
-  attn_status st;
-  char bad[KVF_WHY] = "";
-  for (int64_t l = 0; l < ks->shape.layers; l++) {
-    kv_layer *L = &ks->layers[l];
-    attn__kv_grow(s, ks, L, h->length[l]);
-    for (int64_t hk = 0; hk < ks->shape.heads_kv; hk++)
-      for (int t = 0; t < attn__kv_tensors(&ks->shape); t++)
-        for (int64_t j = 0, n; j < h->length[l]; j += n) {
-          const size_t row = attn__kvf_row_bytes(&ks->shape, t);
-          n = attn__kv_span(ks, j, h->length[l]);
-          if (!in_get(in, c->page, (size_t)n * row))
-            return ends_early(in, why);
-          if (!bad[0])
-            rows_check(c->page, h, l, t, hk, j, n, bad);
-          if (attn__kv_rows_put(s, ks, L, t, hk, j, n, c->page, &st))
-            return why_set(why, "its rows could not be stored: %s", st.message);
-        }
+/* What filling a session from its file works with. */
+typedef struct kvf_fill {
+  kvf_ctx *c;
+  kvf_in *in;
+  int64_t l, hk;
+  int t;
+  char bad[KVF_WHY]; /* the first row out of bounds */
+  char *why;         /* why the fill failed */
+} kvf_fill;
+
+static int fill_failed(kvf_fill *f, attn_status *st) {
+  return attn_status_set(st, ATTN_EINVAL, "%s", f->why);
+}
+
+static int rows_in(void *arg, void *rows, int64_t j, int64_t n, size_t bytes, attn_status *st) {
+  kvf_fill *f = arg;
+  if (!in_get(f->in, rows, bytes)) {
+    ends_early(f->in, f->why);
+    return fill_failed(f, st);
   }
+  if (!f->bad[0])
+    rows_check(rows, &f->c->h, f->l, f->t, f->hk, j, n, f->bad);
+  return 0;
+}
+
+/* The rows into ks's pages, then the checksum over the whole file. A row
+ * out of bounds is said once the checksum matches: a damaged file is said
+ * to be damaged. */
+static int rows_read(attn_kv_store *s, kv_session *ks, void *arg, attn_status *st) {
+  kvf_fill *f = arg;
+  for (f->l = 0; f->l < ks->shape.layers; f->l++)
+    for (f->hk = 0; f->hk < ks->shape.heads_kv; f->hk++)
+      for (f->t = 0; f->t < attn__kv_tensors(&ks->shape); f->t++) {
+        const kv_layer *L = &ks->layers[f->l];
+        int rc = attn__kvf_rows_in(s, ks, L, f->t, f->hk, f->c->h.length[f->l], f->c->page, rows_in,
+                                   f, st);
+        if (rc && !f->why[0])
+          why_set(f->why, "its rows could not be stored: %s", st->message);
+        if (rc)
+          return fill_failed(f, st);
+      }
   uint64_t sum;
-  if (fread(&sum, 1, sizeof sum, in->f) != sizeof sum)
-    return ends_early(in, why);
-  if (sum != attn__kvf_hash_end(&in->hash))
-    return why_set(why, "its checksum does not match its contents: the file is damaged");
-  return bad[0] ? why_set(why, "%s", bad) : 0;
+  if (fread(&sum, 1, sizeof sum, f->in->f) != sizeof sum)
+    ends_early(f->in, f->why);
+  else if (sum != attn__kvf_hash_end(&f->in->hash))
+    why_set(f->why, "its checksum does not match its contents: the file is damaged");
+  else if (f->bad[0])
+    why_set(f->why, "%s", f->bad);
+  return f->why[0] ? fill_failed(f, st) : 0;
 }
 
 static int insert_failed(attn_kv_store *s, const kvf_header *h, const attn_status *e, char *why) {
-  if (e->code != ATTN_ESESSION_MEMORY)
+  if (e->code != ATTN_ESESSION_MEMORY || h->shape.grow) /* a grow one's message says it all */
     return why_set(why, "%.150s", e->message);
+  pthread_mutex_lock(&s->mu);
+  const uint64_t free_pages = (uint64_t)(s->pages.npages - s->pages.reserved);
+  pthread_mutex_unlock(&s->mu);
   return why_set(why,
                  "it reserves %llu bytes and %llu of the %llu bytes of session memory are "
                  "free: raise --session-memory, then rename the file back to load it",
                  (unsigned long long)attn_kv_reserve_bytes(s, &h->shape),
-                 (unsigned long long)(s->pages.npages - s->pages.reserved) * ATTN_KV_PAGE_BYTES,
+                 (unsigned long long)free_pages * ATTN_KV_PAGE_BYTES,
                  (unsigned long long)s->pages.npages * ATTN_KV_PAGE_BYTES);
-}
-
-/* A grow session's pages for the file's lengths, reserved as its appends
- * would (attn__kv_remove gives back what a failure took). */
-static int grow_room(attn_kv_store *s, kv_session *ks, const kvf_header *h, char *why) {
-  for (int64_t l = 0; l < ks->shape.layers; l++)
-    if (!attn__kv_grow(s, ks, &ks->layers[l], h->length[l]))
-      return why_set(why,
-                     "its tokens take more than the %llu of %llu bytes of session memory free: "
-                     "raise --session-memory, then rename the file back to load it",
-                     (unsigned long long)(s->pages.npages - s->pages.reserved) * ATTN_KV_PAGE_BYTES,
-                     (unsigned long long)s->pages.npages * ATTN_KV_PAGE_BYTES);
-  return 0;
 }
 
 /* The session of c->h into the store: 1 loaded, 0 left (the store has one
@@ -369,29 +379,18 @@ static int grow_room(attn_kv_store *s, kv_session *ks, const kvf_header *h, char
 static int session_read(attn_kv_store *s, kvf_ctx *c, kvf_in *in, double now, char *why) {
   const kvf_header *h = &c->h;
   attn_status e;
-  kv_session *ks;
-  int r = 1;
-  double ttl = fmin(h->ttl_s, c->ttl_max);
+  kvf_fill f = {.c = c, .in = in, .why = why};
+  why[0] = 0;
   if (attn__kv_computable(s, &h->shape, &e))
     return why_set(why, "%.190s", e.message);
-  pthread_mutex_lock(&s->mu);
-  if (attn__kv_find(s, h->tenant, h->id, now)) {
+  int rc = attn__kvf_install(s, h, fmin(h->ttl_s, c->ttl_max), now, false, rows_read, &f, &e);
+  if (rc == 0)
+    return 1;
+  if (rc == ATTN_ESESSION_EXISTS) {
     why_set(why, "the store holds session '%s' already", h->id);
-    r = 0;
-  } else if (!(ks = attn__kv_insert(s, h->tenant, h->id, &h->shape, ttl, now, &e))) {
-    r = insert_failed(s, h, &e, why);
-  } else if (grow_room(s, ks, h, why) || rows_read(s, c, ks, in, h, why)) {
-    attn__kv_remove(s, h->tenant, h->id); /* no call reads it yet */
-    r = -1;
-  } else {
-    for (int64_t l = 0; l < ks->shape.layers; l++) {
-      ks->layers[l].length = h->length[l];
-      memcpy(ks->layers[l].absmax, h->absmax[l], sizeof h->absmax[l]);
-    }
-    ks->expires = now + fmin(h->left_s, ttl);
+    return 0;
   }
-  pthread_mutex_unlock(&s->mu);
-  return r;
+  return why[0] ? -1 : insert_failed(s, h, &e, why);
 }
 
 /* File name of dir, as session_read. */

@@ -70,18 +70,19 @@ static void out_put(kvf_out *o, const void *p, size_t n) {
   attn__kvf_hash_add(&o->hash, p, n);
 }
 
+static int rows_out(void *arg, void *rows, int64_t j, int64_t n, size_t bytes, attn_status *st) {
+  (void)j, (void)n, (void)st;
+  out_put(arg, rows, bytes);
+  return 0;
+}
+
 /* Rows [0, length) of K (t 0) or V (t 1) of head hk of L, a page at a
  * time: never the unused rest of a page, nor a device page's padding. */
 static void rows_put(kvf_out *o, kvf_ctx *c, const kv_session *ks, const kv_layer *L, int t,
                      int64_t hk) {
-  const size_t row = attn__kvf_row_bytes(&ks->shape, t);
   attn_status st;
-  for (int64_t j = 0, n; j < L->length && !o->lost; j += n) {
-    n = attn__kv_span(ks, j, L->length);
-    o->lost = attn__kv_rows_get(c->s, ks, L, t, hk, j, n, c->page, &st) != 0;
-    if (!o->lost)
-      out_put(o, c->page, (size_t)n * row);
-  }
+  if (!o->lost)
+    o->lost = attn__kvf_rows_out(c->s, ks, L, t, hk, L->length, c->page, rows_out, o, &st) != 0;
 }
 
 /* The whole file into fd (closed here); 0 or an errno. */

@@ -386,7 +386,7 @@ static int not_found(const char *id, attn_status *st) {
                          id);
 }
 
-static void info_of(const kv_session *ks, attn_kv_info *info) {
+void attn__kv_info_of(const kv_session *ks, attn_kv_info *info) {
   snprintf(info->id, sizeof info->id, "%s", ks->id);
   info->shape = ks->shape;
   info->ttl_s = ks->ttl_s;
@@ -402,7 +402,7 @@ int attn_kv_get(attn_kv_store *s, const char *tenant, const char *id, double now
   pthread_mutex_lock(&s->mu);
   kv_session *ks = attn__kv_find(s, tenant, id, now);
   if (ks) {
-    info_of(ks, info);
+    attn__kv_info_of(ks, info);
     for (int64_t l = 0; lengths && l < cap && l < ks->shape.layers; l++)
       lengths[l] = ks->layers[l].length;
   }
@@ -479,7 +479,7 @@ int64_t attn_kv_list(attn_kv_store *s, const char *tenant, double now,
   for (int b = 0; b < KV_BUCKETS; b++)
     for (kv_session *ks = s->buckets[b]; ks; ks = ks->next)
       if (!strcmp(ks->tenant, tenant) && ks->expires > now) {
-        info_of(ks, &info);
+        attn__kv_info_of(ks, &info);
         for (int64_t l = 0; l < ks->shape.layers; l++)
           lengths[l] = ks->layers[l].length;
         fn(&info, lengths, arg);

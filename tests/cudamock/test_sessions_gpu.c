@@ -6,7 +6,8 @@
  * into their pages) and the paged kernel reads K and V in place; prefill and decode match
  * the float64 reference in every dtype, a batch call matches its entries
  * alone (one launch over their page tables), a store saved from the device loads back (on the
- * device or in host memory), a device lost fails the calls and not the process, and a store the
+ * device or in host memory), a session exported from the device imports into either, a device
+ * lost fails the calls and not the process, and a store the
  * device cannot hold stays in host memory. A decode step (alone or a batch of sessions) is one
  * upload and one download, and the steps after it read the rows its job put; a call on a layer
  * waits for the job that puts its keys (without batching too, and behind a waiting call that
@@ -233,6 +234,53 @@ Test(sessions_gpu, a_store_saved_from_the_device_loads_back_anywhere, .init = re
   tkv_stream_free(&s);
   attn_engine_close(e);
   rmdir(dir);
+}
+
+/* A session exported from device pages (rows read back without their
+ * padding) imports into a device store and a host one alike: both export
+ * the same rows, and attend as the first. */
+Test(sessions_gpu, a_session_exported_from_the_device_imports_anywhere, .init = reset) {
+  attn_engine *e = topen_streams(2, 2);
+  tkv_stream s = tkv_stream_make(4, 2, 37, 301, ATTN_BF16, 10);
+  attn_kv_store *a = tkv_open_store(e, 64 * MIB, false, NULL);
+  cr_assert_str_eq(where(a), "cuda");
+  tkv_make(a, "", "p", &s, 1, 400, 600, 0);
+  tkv_reply y;
+  attn_status st;
+  cr_assert_eq(tkv_call1(a, "", "p", &s, &tkv_plain, 0, 300, 0, 300, &y, 0, &st), 0, "%s",
+               st.message);
+  tkv_reply_free(&y);
+  attn_kv_info info;
+  int64_t len[1];
+  void *k[1], *v[1];
+  cr_assert_eq(attn_kv_export(a, "", "p", 0, &info, len, k, v, &st), 0, "%s", st.message);
+  cr_assert_eq(len[0], 300);
+  attn_kv_close(a); /* an engine lends its device to one store at a time */
+  const size_t bytes = (size_t)(2 * 300 * 37) * 2;
+  for (int round = 0; round < 2; round++) {
+    attn_kv_store *b = tkv_open_store(e, 64 * MIB, false, round ? "cpu" : NULL);
+    cr_assert_str_eq(where(b), round ? "host" : "cuda");
+    cr_assert_eq(attn_kv_import(b, "", "p", &info.shape, info.ttl_s, 0, len, (const void *const *)k,
+                                (const void *const *)v, &st),
+                 0, "%s", st.message);
+    attn_kv_info i2;
+    int64_t l2[1];
+    void *k2[1], *v2[1];
+    cr_assert_eq(attn_kv_export(b, "", "p", 0, &i2, l2, k2, v2, &st), 0, "%s", st.message);
+    cr_expect(!memcmp(k[0], k2[0], bytes) && !memcmp(v[0], v2[0], bytes),
+              "round %d: the imported session exports other rows", round);
+    free(k2[0]), free(v2[0]);
+    cr_assert_eq(tkv_call1(b, "", "p", &s, &tkv_plain, 300, 1, 300, 1, &y, 0, &st), 0, "%s",
+                 st.message);
+    cr_expect_leq(tkv_ref_error(&s, &tkv_plain, 300, 1, 301, &y), ttol(ATTN_BF16),
+                  "round %d: the imported cache attends as the exported one", round);
+    cr_expect_str_eq(y.backend, round ? "cpu" : "cuda");
+    tkv_reply_free(&y);
+    attn_kv_close(b);
+  }
+  free(k[0]), free(v[0]);
+  tkv_stream_free(&s);
+  attn_engine_close(e);
 }
 
 Test(sessions_gpu, a_lost_device_fails_the_calls, .init = reset) {

@@ -124,8 +124,8 @@ static void replay_parse(const char *data, size_t len) {
 /* Every seed directory is replayed here or only by its fuzzer. */
 Test(corpus, every_dir) {
   static const char *const here[] = {"safetensors", "json", "options", "v2", "parse", NULL};
-  static const char *const fuzzer_only[] = {"http_reply",        "inflate", "reply_json",
-                                            "reply_safetensors", "session", NULL};
+  static const char *const fuzzer_only[] = {
+      "http_reply", "inflate", "reply_json", "reply_safetensors", "session", "session_file", NULL};
   DIR *d = opendir("tests/fuzz");
   cr_assert(d, "cannot open tests/fuzz (run from the repository root)");
   struct dirent *e;

@@ -239,6 +239,8 @@ Test(routes, the_metrics_series_are_the_tables_labels) {
       "/v1/sessions/{id}",
       "/v1/sessions/{id}/attention",
       "/v1/sessions/{id}/truncate",
+      "/v1/sessions/{id}/export",
+      "/v1/sessions/{id}/import",
       "/v2/*",
       "/v2/models/*/infer",
   };

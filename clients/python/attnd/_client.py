@@ -13,7 +13,7 @@ import urllib.parse
 
 from . import safetensors
 from ._http import Connection, PeerClosed as _PeerClosed
-from .sessions import Session, session_batch
+from .sessions import Session, import_session, session_batch
 from ._tensors import from_wire, result_device, to_wire
 from ._wire import AttndError, _cu_seqlens, _f32_inputs, _from_json_tensor, _json_body, \
     _options, _query_string, _wants_json, _window
@@ -355,6 +355,13 @@ class Client:
         return Session(self, id, heads_kv=heads_kv, head_dim=head_dim, dtype=dtype,
                        layers=layers, max_tokens=max_tokens, ttl_s=ttl_s, history=history,
                        head_dim_v=head_dim_v, v_from_k=v_from_k, reserve=reserve)
+
+    def import_session(self, id, data):
+        """Makes session ``id`` from the bytes :meth:`attnd.Session.export` gave (``PUT
+        /v1/sessions/{id}/import``), here under this client's key: moving a session from
+        another server. Returns its :class:`attnd.Session`; 409 ``session_exists`` when the
+        id is taken (an import never replaces a session)."""
+        return import_session(self, id, data)
 
     def sessions(self):
         """The caller's sessions (``GET /v1/sessions``): a dict with ``sessions`` (each as

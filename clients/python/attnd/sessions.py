@@ -310,6 +310,17 @@ class Session:
             if not (missing_ok and e.code == "session_not_found"):
                 raise
 
+    def export(self):
+        """``GET /v1/sessions/{id}/export``: the session as one safetensors file (bytes):
+        its parameters and lengths in ``__metadata__``, ``k.L`` and ``v.L`` per layer.
+        :meth:`attnd.Client.import_session` makes it again on another server. Not a use:
+        the TTL runs on."""
+        status, resp, data = self.client._request(
+            "GET", _path(self.id, "/export"), headers={"Accept": "application/octet-stream"})
+        if status != 200:
+            raise self.client._error(status, resp, data)
+        return bytes(data)
+
     def truncate(self, length):
         """Cuts every layer longer than ``length`` to ``length`` (``POST .../truncate``):
         a rejected speculative draft. :attr:`lengths` follows. A session found gone is
@@ -573,3 +584,16 @@ def session_batch(client, sessions, q, k, v, cu_seqlens_q, cu_seqlens_kv, *, pos
     device = result_device(q, k, v)
     got = tuple(from_wire(out[n], device) for n in names)
     return got if stats else got[0]
+
+
+def import_session(client, id, data):
+    """``PUT /v1/sessions/{id}/import`` of a file :meth:`Session.export` gave; the
+    :class:`Session` made (its lengths the file's). 409 ``session_exists`` when the id is
+    taken, 507 when its reservation does not fit, 422 for a file that is not a valid
+    session."""
+    status, resp, body = client._request(
+        "PUT", _path(_check_id(id), "/import"), body=bytes(data),
+        headers={"Content-Type": "application/octet-stream", "Accept": "application/json"})
+    if status != 201:
+        raise client._error(status, resp, body)
+    return Session.attach(client, id)

@@ -1,0 +1,243 @@
+/*
+ * test_kv_move.c — a session moved between stores (attn_kv_export,
+ * attn_kv_import): every kind of session (Dv = D, Dv != D, latent) in F32
+ * and BF16, with layers of different lengths, exported from one store and
+ * imported into another; the import's next calls equal the original's bit
+ * for bit and the float64 reference, and its export equals the first byte
+ * for byte. Then the imports refused: bad rows, bad lengths, the wrong
+ * tensors, a name taken, no memory.
+ */
+#include "helpers.h"
+#include "kv/kv_int.h"
+#include "kvcalls.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MIB ((uint64_t)1 << 20)
+#define LAYERS 3
+
+typedef struct kind {
+  int64_t d, dv;
+  bool latent;
+} kind;
+
+static const kind kinds[] = {{64, 64, false}, {96, 64, false}, {64, 96, false}, {96, 64, true}};
+enum { NKINDS = sizeof kinds / sizeof *kinds };
+
+/* Layer l's length: one empty, one past a page of rows, one short. */
+static const int64_t lengths_of[LAYERS] = {37, 0, 300};
+
+/* An exported session: its info, lengths and rows. */
+typedef struct moved {
+  attn_kv_info info;
+  int64_t len[ATTN_KV_MAX_LAYERS];
+  void *k[LAYERS], *v[LAYERS];
+} moved;
+
+static void moved_free(moved *m) {
+  for (int l = 0; l < LAYERS; l++) {
+    free(m->k[l]);
+    free(m->v[l]);
+  }
+}
+
+static size_t tensor_bytes(const attn_kv_shape *sh, int64_t len, int t) {
+  return (size_t)(sh->heads_kv * len * (t ? sh->head_dim_v : sh->head_dim)) *
+         attn_dtype_size(sh->dtype);
+}
+
+/* The session id of s on a, its layers filled to lengths_of. */
+static void fill(attn_kv_store *a, const char *id, const tkv_stream *s) {
+  tkv_make(a, "", id, s, LAYERS, 512, 600, 0);
+  for (int l = 0; l < LAYERS; l++) {
+    tkv_opts op = tkv_plain;
+    op.layer = l;
+    tkv_reply y;
+    attn_status st;
+    if (lengths_of[l] == 0)
+      continue;
+    cr_assert_eq(tkv_call1(a, "", id, s, &op, 0, lengths_of[l], 0, lengths_of[l], &y, 0, &st), 0,
+                 "%s", st.message);
+    tkv_reply_free(&y);
+  }
+}
+
+static void export_ok(attn_kv_store *kv, const char *tenant, const char *id, moved *m) {
+  attn_status st;
+  memset(m, 0, sizeof *m);
+  cr_assert_eq(attn_kv_export(kv, tenant, id, 1, &m->info, m->len, m->k, m->v, &st), 0, "%s",
+               st.message);
+}
+
+static int import(attn_kv_store *kv, const char *tenant, const char *id, const moved *m,
+                  const void *const *v, attn_status *st) {
+  return attn_kv_import(kv, tenant, id, &m->info.shape, m->info.ttl_s, 1, m->len,
+                        (const void *const *)m->k, v, st);
+}
+
+static const void *const *vs_of(const moved *m) {
+  return m->info.shape.v_from_k ? NULL : (const void *const *)m->v;
+}
+
+/* The next step of layer 2 on both stores: equal bit for bit, and right. */
+static void next_steps_equal(attn_kv_store *a, attn_kv_store *b, const tkv_stream *s,
+                             const char *id) {
+  tkv_opts op = tkv_plain;
+  op.layer = 2;
+  tkv_reply ya, yb;
+  attn_status st;
+  const int64_t p = lengths_of[2];
+  cr_assert_eq(tkv_call1(a, "", id, s, &op, p, 1, p, 1, &ya, 2, &st), 0, "%s", st.message);
+  cr_assert_eq(tkv_call1(b, "t2", id, s, &op, p, 1, p, 1, &yb, 2, &st), 0, "%s", st.message);
+  size_t ob = (size_t)(s->hq * s->dv) * attn_dtype_size(s->dt);
+  cr_expect(!memcmp(ya.o, yb.o, ob), "%s: the imported session computes other bits", id);
+  double err = tkv_ref_error(s, &op, p, 1, p + 1, &yb);
+  cr_expect(err <= ttol(s->dt), "%s: error %g against float64", id, err);
+  tkv_reply_free(&ya);
+  tkv_reply_free(&yb);
+}
+
+Test(kv_move, round_trip_every_kind, .timeout = 300) {
+  attn_engine *e = topen(2, NULL);
+  attn_kv_store *a = tkv_open_store(e, 64 * MIB, true, NULL),
+                *b = tkv_open_store(e, 64 * MIB, true, NULL);
+  const attn_dtype dts[] = {ATTN_F32, ATTN_BF16};
+  for (int di = 0; di < 2; di++)
+    for (int k = 0; k < NKINDS; k++) {
+      char id[16];
+      snprintf(id, sizeof id, "s%d-%d", di, k);
+      tkv_stream s = tkv_stream_make_dv(4, 2, kinds[k].d, kinds[k].dv, kinds[k].latent, 301,
+                                        dts[di], 90 + (uint64_t)k);
+      fill(a, id, &s);
+      moved m, m2;
+      attn_status st;
+      export_ok(a, "", id, &m);
+      for (int l = 0; l < LAYERS; l++)
+        cr_expect_eq(m.len[l], lengths_of[l]);
+      cr_expect(kinds[k].latent ? !m.v[0] : m.v[0] != NULL);
+      cr_assert_eq(import(b, "t2", id, &m, vs_of(&m), &st), 0, "%s", st.message);
+      export_ok(b, "t2", id, &m2);
+      cr_expect_eq(m2.info.reserved_bytes, m.info.reserved_bytes);
+      cr_expect(!memcmp(&m2.info.shape, &m.info.shape, sizeof m.info.shape));
+      for (int l = 0; l < LAYERS; l++) {
+        cr_expect_eq(m2.len[l], m.len[l]);
+        for (int t = 0; t < attn__kv_tensors(&m.info.shape); t++)
+          cr_expect(!memcmp(t ? m2.v[l] : m2.k[l], t ? m.v[l] : m.k[l],
+                            tensor_bytes(&m.info.shape, m.len[l], t)),
+                    "%s: layer %d's %c exported again differs", id, l, t ? 'v' : 'k');
+      }
+      next_steps_equal(a, b, &s, id);
+      moved_free(&m);
+      moved_free(&m2);
+      tkv_stream_free(&s);
+    }
+  attn_kv_close(a);
+  attn_kv_close(b);
+  attn_engine_close(e);
+}
+
+/* An import refused with code, the store left without the session. */
+static void refused(attn_kv_store *kv, const char *id, const moved *m, const void *const *v,
+                    int code, const char *what) {
+  attn_status st;
+  attn_kv_info info;
+  cr_expect_eq(import(kv, "t2", id, m, v, &st), code, "%s: %s", what, st.message);
+  if (code != ATTN_ESESSION_EXISTS)
+    cr_expect_neq(attn_kv_get(kv, "t2", id, 1, &info, NULL, 0, &st), 0, "%s: left a session", what);
+}
+
+Test(kv_move, imports_refused) {
+  attn_engine *e = topen(2, NULL);
+  attn_kv_store *a = tkv_open_store(e, 64 * MIB, true, NULL),
+                *b = tkv_open_store(e, 64 * MIB, true, NULL),
+                *tiny = tkv_open_store(e, 1 * MIB, true, NULL);
+  tkv_stream s = tkv_stream_make_dv(4, 2, 64, 64, false, 301, ATTN_F32, 5);
+  tkv_stream sl = tkv_stream_make_dv(4, 2, 96, 64, true, 301, ATTN_F32, 6);
+  fill(a, "x", &s);
+  fill(a, "lat", &sl);
+  moved m, ml;
+  attn_status st;
+  export_ok(a, "", "x", &m);
+  export_ok(a, "", "lat", &ml);
+  const void *const *v = (const void *const *)m.v;
+
+  ((float *)m.k[2])[7] = NAN;
+  refused(b, "x", &m, v, ATTN_ENONFINITE, "a NaN in k");
+  ((float *)m.k[2])[7] = 0;
+  ((float *)m.v[0])[3] = INFINITY;
+  refused(b, "x", &m, v, ATTN_ENONFINITE, "an Inf in v");
+  ((float *)m.v[0])[3] = 0;
+  m.len[0] = m.info.shape.max_tokens + 1;
+  refused(b, "x", &m, v, ATTN_EINVAL, "a length past max_tokens");
+  m.len[0] = lengths_of[0];
+  refused(b, "x", &m, NULL, ATTN_EINVAL, "no v");
+  refused(b, "lat", &ml, (const void *const *)m.v, ATTN_EINVAL, "v for a latent session");
+  m.info.shape.head_dim = 0;
+  refused(b, "x", &m, v, ATTN_EINVAL, "a head_dim of 0");
+  m.info.shape.head_dim = 64;
+  refused(tiny, "x", &m, v, ATTN_ESESSION_MEMORY, "too big for the store");
+  cr_assert_eq(import(b, "t2", "x", &m, v, &st), 0, "%s", st.message);
+  refused(b, "x", &m, v, ATTN_ESESSION_EXISTS, "taken");
+  /* another tenant's is not found */
+  moved none;
+  cr_expect_eq(attn_kv_export(b, "", "x", 1, &none.info, none.len, none.k, none.v, &st),
+               ATTN_ESESSION_NOT_FOUND);
+  moved_free(&m);
+  moved_free(&ml);
+  tkv_stream_free(&s);
+  tkv_stream_free(&sl);
+  attn_kv_close(a);
+  attn_kv_close(b);
+  attn_kv_close(tiny);
+  attn_engine_close(e);
+}
+
+/* A grow session moves as one: it takes the pages its tokens fill, not
+ * max_tokens' (D 64 F32: 256 rows a page, so layers of 37, 0 and 300
+ * tokens take 1, 0 and 2 pages per KV head and tensor), computes as the
+ * original, exports the same file, and is refused by a pool that cannot
+ * hold its tokens with nothing left behind. */
+Test(kv_move, a_grow_session_takes_the_pages_of_its_tokens, .timeout = 300) {
+  attn_engine *e = topen(2, NULL);
+  attn_kv_store *a = tkv_open_store(e, 64 * MIB, true, NULL),
+                *b = tkv_open_store(e, 64 * MIB, true, NULL),
+                *small = tkv_open_store(e, 11 * ((uint64_t)64 << 10), true, NULL);
+  tkv_stream s = tkv_stream_make_dv(4, 2, 64, 64, false, 301, ATTN_F32, 7);
+  fill(a, "g", &s);
+  moved m, m2;
+  attn_status st;
+  export_ok(a, "", "g", &m);
+  m.info.shape.grow = true;
+  cr_assert_eq(import(b, "t2", "g", &m, vs_of(&m), &st), 0, "%s", st.message);
+  export_ok(b, "t2", "g", &m2);
+  cr_expect(m2.info.shape.grow, "the import is not a grow session");
+  cr_expect_eq(m2.info.reserved_bytes, (uint64_t)(1 + 0 + 2) * 2 * 2 * (64 << 10),
+               "a grow import reserves %llu bytes", (unsigned long long)m2.info.reserved_bytes);
+  for (int l = 0; l < LAYERS; l++)
+    for (int t = 0; t < 2; t++)
+      cr_expect(!memcmp(t ? m2.v[l] : m2.k[l], t ? m.v[l] : m.k[l],
+                        tensor_bytes(&m.info.shape, m.len[l], t)),
+                "layer %d's %c exported again differs", l, t ? 'v' : 'k');
+  next_steps_equal(a, b, &s, "g");
+  /* 12 pages of tokens, 11 in the pool */
+  attn_kv_info info;
+  cr_expect_eq(import(small, "t2", "g", &m, vs_of(&m), &st), ATTN_ESESSION_MEMORY, "%s",
+               st.message);
+  cr_expect(strstr(st.message, "reserve grow"), "%s", st.message);
+  cr_expect_neq(attn_kv_get(small, "t2", "g", 1, &info, NULL, 0, &st), 0, "left a session");
+  attn_kv_stats ks;
+  attn_kv_stats_get(small, &ks);
+  cr_expect_eq(ks.reserved_bytes, 0, "the refused import kept %llu bytes reserved",
+               (unsigned long long)ks.reserved_bytes);
+  moved_free(&m);
+  moved_free(&m2);
+  tkv_stream_free(&s);
+  attn_kv_close(a);
+  attn_kv_close(b);
+  attn_kv_close(small);
+  attn_engine_close(e);
+}

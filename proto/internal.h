@@ -269,11 +269,6 @@ void attn__bhnd(const attn_proto_tensor *t, int64_t d[4]);
 /* pr->shape_o and shape_v from shape_q, shape_kv and rank, with last
  * dimension dv (the value head dim, D when v has no width of its own). */
 void attn__shapes_dv(attn_proto_req *pr, int64_t dv);
-/* A session's values' head dim (attn_kv_shape.head_dim_v, 0 meaning
- * head_dim). */
-static inline int64_t attn__session_dv(const attn_kv_shape *sh) {
-  return sh->head_dim_v ? sh->head_dim_v : sh->head_dim;
-}
 int attn__check_alibi(const attn_proto_tensor *a, const attn_proto_tensor *t, attn_status *st);
 /* sinks against q (t[0]): F32 [Hq] when sent. */
 int attn__check_sinks(const attn_proto_tensor *s, const attn_proto_tensor *t, attn_status *st);

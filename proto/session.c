@@ -192,7 +192,7 @@ static int session_shape(const attn_proto_session *ps, const attn_proto_tensor *
  * a latent session takes none (its v is part of k). */
 static int check_kv(const attn_proto_tensor *t, const attn_kv_shape *sh, attn_status *st) {
   const attn_proto_tensor *q = &t[ATTN_PROTO_T_Q], *k = &t[ATTN_PROTO_T_K], *v = &t[ATTN_PROTO_T_V];
-  const long long dv = (long long)attn__session_dv(sh);
+  const long long dv = (long long)attn_kv_shape_dv(sh);
   if (sh->v_from_k && v->data)
     return attn_status_set(st, ATTN_PROTO_EUNKNOWNTENSOR,
                            "tensor \"v\" was sent to a latent session (v_from_k %lld), which takes "
@@ -315,7 +315,7 @@ static int build(attn_proto_req *pr, const attn_proto_tensor *t, const attn_prot
   pr->rank = t[ATTN_PROTO_T_Q].rank;
   memcpy(pr->shape_q, t[ATTN_PROTO_T_Q].shape, sizeof pr->shape_q);
   memcpy(pr->shape_kv, t[ATTN_PROTO_T_K].shape, sizeof pr->shape_kv);
-  const int64_t dv = attn__session_dv(&sh);
+  const int64_t dv = attn_kv_shape_dv(&sh);
   attn__shapes_dv(pr, dv);
   attn_request *r = &pr->req;
   attn_request_init(r);

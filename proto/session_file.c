@@ -22,7 +22,7 @@ static void tensor_name(char *buf, size_t cap, int t, int64_t l) {
 static int tensors_of(const attn_kv_shape *sh) { return sh->v_from_k ? 1 : 2; }
 
 static int64_t cols_of(const attn_kv_shape *sh, int t) {
-  return t ? attn__session_dv(sh) : sh->head_dim;
+  return t ? attn_kv_shape_dv(sh) : sh->head_dim;
 }
 
 static void meta_put(attn_sbuf *b, const attn_kv_shape *sh, double ttl_s, const int64_t *lengths) {
@@ -31,10 +31,10 @@ static void meta_put(attn_sbuf *b, const attn_kv_shape *sh, double ttl_s, const 
                    "\"head_dim_v\":\"%lld\",\"dtype\":\"%s\",\"layers\":\"%lld\","
                    "\"max_tokens\":\"%lld\",\"ttl_s\":\"%.17g\",",
                    (long long)sh->heads_kv, (long long)sh->head_dim,
-                   (long long)attn__session_dv(sh), attn_dtype_name(sh->dtype),
+                   (long long)attn_kv_shape_dv(sh), attn_dtype_name(sh->dtype),
                    (long long)sh->layers, (long long)sh->max_tokens, ttl_s);
   if (sh->v_from_k)
-    attn_sbuf_printf(b, "\"v_from_k\":\"%lld\",", (long long)attn__session_dv(sh));
+    attn_sbuf_printf(b, "\"v_from_k\":\"%lld\",", (long long)attn_kv_shape_dv(sh));
   if (sh->grow)
     attn_sbuf_puts(b, "\"reserve\":\"grow\",");
   attn_sbuf_puts(b, "\"lengths\":\"[");

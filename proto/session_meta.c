@@ -251,9 +251,9 @@ void attn_proto_session_info_json(attn_sbuf *b, const attn_kv_info *info, const 
                    "\"max_tokens\": %lld, \"ttl_s\": %.17g, \"head_dim_v\": %lld, ",
                    (long long)sh->heads_kv, (long long)sh->head_dim, attn_dtype_name(sh->dtype),
                    (long long)sh->layers, (long long)sh->max_tokens, info->ttl_s,
-                   (long long)attn__session_dv(sh));
+                   (long long)attn_kv_shape_dv(sh));
   if (sh->v_from_k)
-    attn_sbuf_printf(b, "\"v_from_k\": %lld, ", (long long)attn__session_dv(sh));
+    attn_sbuf_printf(b, "\"v_from_k\": %lld, ", (long long)attn_kv_shape_dv(sh));
   attn_sbuf_puts(b, "\"lengths\": [");
   for (int64_t l = 0; lengths && l < sh->layers; l++)
     attn_sbuf_printf(b, "%s%lld", l ? ", " : "", (long long)lengths[l]);

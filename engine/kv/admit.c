@@ -133,16 +133,17 @@ static int fits_session(const attn_kv_call *c, int64_t e, const kv_session *ks, 
   if (r->head_dim != sh->head_dim)
     return attn_status_set(st, ATTN_ESHAPE, "%shead_dim is %lld; session '%s' has %lld", who,
                            (long long)r->head_dim, ks->id, (long long)sh->head_dim);
-  if (attn_request_dv(r) != attn__kv_dv(sh))
+  if (attn_request_dv(r) != attn_kv_shape_dv(sh))
     return attn_status_set(st, ATTN_ESHAPE,
                            "%shead_dim_v (o's and v's last dimension) is %lld; session '%s' has "
                            "%lld",
-                           who, (long long)attn_request_dv(r), ks->id, (long long)attn__kv_dv(sh));
+                           who, (long long)attn_request_dv(r), ks->id,
+                           (long long)attn_kv_shape_dv(sh));
   if (sh->v_from_k && c->v_new)
     return attn_status_set(st, ATTN_ESHAPE,
                            "%sa latent session (v_from_k) takes q and k only: v is the first Dv "
                            "columns of k (session '%s', Dv %lld)",
-                           who, ks->id, (long long)attn__kv_dv(sh));
+                           who, ks->id, (long long)attn_kv_shape_dv(sh));
   if (!sh->v_from_k && c->total_new > 0 && !c->v_new)
     return attn_status_set(st, ATTN_EINVAL, "%snew tokens need both k and v (session '%s')", who,
                            ks->id);

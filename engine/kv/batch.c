@@ -60,7 +60,7 @@ void attn__kv_lone_request(const attn_kv_store *s, const attn_kv_call *c, int64_
   r->batch = 1;
   r->heads_kv = ks->shape.heads_kv;
   r->head_dim = ks->shape.head_dim;
-  r->head_dim_v = attn__kv_dv(&ks->shape);
+  r->head_dim_v = attn_kv_shape_dv(&ks->shape);
   r->seq_q = attn__kv_entry_rows(c, e);
   r->seq_kv = u->extent;
   r->cu_seqlens_q = r->cu_seqlens_kv = NULL;
@@ -80,7 +80,7 @@ static bool same_double(double a, double b) { return a == b || (isnan(a) && isna
 
 static bool same_shape(const kv_session *a, const kv_session *b) {
   return a->shape.heads_kv == b->shape.heads_kv && a->shape.head_dim == b->shape.head_dim &&
-         attn__kv_dv(&a->shape) == attn__kv_dv(&b->shape) &&
+         attn_kv_shape_dv(&a->shape) == attn_kv_shape_dv(&b->shape) &&
          a->shape.v_from_k == b->shape.v_from_k && a->shape.dtype == b->shape.dtype &&
          a->page_tokens == b->page_tokens && a->pitch == b->pitch;
 }
@@ -295,7 +295,7 @@ static int batch_build(kv_job *j) {
       pph = q->uses[e].ks->pages_per_head > pph ? q->uses[e].ks->pages_per_head : pph;
   r->heads_kv = p->uses[0].ks->shape.heads_kv;
   r->head_dim = p->uses[0].ks->shape.head_dim;
-  r->head_dim_v = attn__kv_dv(&p->uses[0].ks->shape);
+  r->head_dim_v = attn_kv_shape_dv(&p->uses[0].ks->shape);
   r->batch = j->nentries;
   r->seq_q = job_rows(j);
   r->k = r->v = NULL;

@@ -116,6 +116,11 @@ int attn_kv_open(attn_engine *e, uint64_t bytes, bool batch, const char *backend
 /* Frees the store; no call may be in flight. */
 void attn_kv_close(attn_kv_store *s);
 
+/* A shape's value head dim Dv: head_dim_v, or head_dim when it is 0.
+ * Inline: the codecs read it without linking the store. */
+static inline int64_t attn_kv_shape_dv(const attn_kv_shape *sh) {
+  return sh->head_dim_v ? sh->head_dim_v : sh->head_dim;
+}
 /* Bytes a session of this shape reserves at create (whole pages; 0 for
  * a grow session, which reserves as it takes them). */
 uint64_t attn_kv_reserve_bytes(const attn_kv_store *s, const attn_kv_shape *sh);

@@ -147,12 +147,10 @@ struct attn_kv_store {
 /* The widest row a page may hold: max(head_dim, head_dim_v) at most. */
 #define KV_WIDEST \
   (ATTN_MAX_HEAD_DIM > ATTN_MAX_HEAD_DIM_V ? ATTN_MAX_HEAD_DIM : ATTN_MAX_HEAD_DIM_V)
-/* A shape's value head dim Dv; the width W = max(head_dim, Dv) of its
- * pages' rows, K's and V's alike (each zero past its own width, so one
- * engine request of head dim W computes it: engine.h, k_pages); the
- * columns of a row of K (t 0) or V (t 1) as a call sends them and a file
- * holds them; how many tensors it stores (a latent session: K only). */
-int64_t attn__kv_dv(const attn_kv_shape *sh);
+/* The width W = max(head_dim, Dv) of a shape's pages' rows, K's and V's alike (each zero past its
+ * own width, so one engine request of head dim W computes it: engine.h, k_pages); the columns of a
+ * row of K (t 0) or V (t 1) as a call sends them and a file holds them; how many tensors it stores
+ * (a latent session: K only). */
 int64_t attn__kv_width(const attn_kv_shape *sh);
 int64_t attn__kv_cols(const attn_kv_shape *sh, int t);
 int attn__kv_tensors(const attn_kv_shape *sh);

@@ -77,16 +77,14 @@ void attn_kv_close(attn_kv_store *s) {
   free(s);
 }
 
-int64_t attn__kv_dv(const attn_kv_shape *sh) {
-  return sh->head_dim_v ? sh->head_dim_v : sh->head_dim;
-}
-
 int64_t attn__kv_width(const attn_kv_shape *sh) {
-  const int64_t dv = attn__kv_dv(sh);
+  const int64_t dv = attn_kv_shape_dv(sh);
   return dv > sh->head_dim ? dv : sh->head_dim;
 }
 
-int64_t attn__kv_cols(const attn_kv_shape *sh, int t) { return t ? attn__kv_dv(sh) : sh->head_dim; }
+int64_t attn__kv_cols(const attn_kv_shape *sh, int t) {
+  return t ? attn_kv_shape_dv(sh) : sh->head_dim;
+}
 
 int attn__kv_tensors(const attn_kv_shape *sh) { return sh->v_from_k ? 1 : 2; }
 
@@ -122,11 +120,11 @@ uint64_t attn_kv_reserve_bytes(const attn_kv_store *s, const attn_kv_shape *sh) 
 /* head_dim_v (v as wide as k, head_dim_v 0, has that width for Dv's
  * limit too, as in a request), and a latent session's v within its k. */
 static int dv_check(const attn_kv_shape *sh, attn_status *st) {
-  if (sh->head_dim_v < 0 || attn__kv_dv(sh) > ATTN_MAX_HEAD_DIM_V)
+  if (sh->head_dim_v < 0 || attn_kv_shape_dv(sh) > ATTN_MAX_HEAD_DIM_V)
     return attn_status_set(st, ATTN_EINVAL,
                            "head_dim_v (v's last dimension) must be 1 to %d, not %lld; 0 takes "
                            "head_dim",
-                           ATTN_MAX_HEAD_DIM_V, (long long)attn__kv_dv(sh));
+                           ATTN_MAX_HEAD_DIM_V, (long long)attn_kv_shape_dv(sh));
   if (sh->v_from_k && (sh->head_dim_v < 1 || sh->head_dim_v > sh->head_dim))
     return attn_status_set(st, ATTN_EINVAL,
                            "a latent session (v_from_k) takes v as the first head_dim_v columns "
@@ -177,7 +175,7 @@ int attn__kv_computable(attn_kv_store *s, const attn_kv_shape *sh, attn_status *
   attn_request_init(&r);
   r.batch = r.heads_q = r.heads_kv = r.seq_q = r.seq_kv = 1;
   r.head_dim = sh->head_dim;
-  r.head_dim_v = attn__kv_dv(sh);
+  r.head_dim_v = attn_kv_shape_dv(sh);
   r.dtype = sh->dtype;
   r.q = zeros;
   r.o = (void *)(uintptr_t)(zeros + KV_WIDEST); /* never written: only checked */
@@ -196,7 +194,7 @@ int attn__kv_computable(attn_kv_store *s, const attn_kv_shape *sh, attn_status *
   return attn_status_set(st, ATTN_EUNSUPPORTED,
                          "this server computes sessions on %s, which cannot take head_dim %lld "
                          "with head_dim_v %lld (a head dim of %lld): %s",
-                         r.backend, (long long)sh->head_dim, (long long)attn__kv_dv(sh),
+                         r.backend, (long long)sh->head_dim, (long long)attn_kv_shape_dv(sh),
                          (long long)r.head_dim, why.message);
 }
 
@@ -295,7 +293,7 @@ kv_session *attn__kv_insert(attn_kv_store *s, const char *tenant, const char *id
     snprintf(ks->tenant, sizeof ks->tenant, "%s", tenant);
     snprintf(ks->id, sizeof ks->id, "%s", id);
     ks->shape = *sh;
-    ks->shape.head_dim_v = attn__kv_dv(sh); /* what attn_kv_info reports: set, never 0 */
+    ks->shape.head_dim_v = attn_kv_shape_dv(sh); /* what attn_kv_info reports: set, never 0 */
     ks->ttl_s = ttl_s;
     ks->expires = now + ttl_s;
     ks->page_tokens = attn__kv_page_tokens(s, sh);
@@ -323,7 +321,7 @@ kv_session *attn__kv_insert(attn_kv_store *s, const char *tenant, const char *id
 static bool same_params(const kv_session *ks, const attn_kv_shape *sh, double ttl_s) {
   const attn_kv_shape *a = &ks->shape;
   return a->heads_kv == sh->heads_kv && a->head_dim == sh->head_dim &&
-         attn__kv_dv(a) == attn__kv_dv(sh) && a->v_from_k == sh->v_from_k &&
+         attn_kv_shape_dv(a) == attn_kv_shape_dv(sh) && a->v_from_k == sh->v_from_k &&
          a->dtype == sh->dtype && a->layers == sh->layers && a->max_tokens == sh->max_tokens &&
          a->grow == sh->grow && ks->ttl_s == ttl_s;
 }
@@ -335,7 +333,7 @@ static int exists_error(const kv_session *ks, attn_status *st) {
                          "%lld, head_dim_v %lld%s, dtype %s, layers %lld, max_tokens %lld, ttl_s "
                          "%g, reserve %s); delete it first, or use another id",
                          ks->id, (long long)a->heads_kv, (long long)a->head_dim,
-                         (long long)attn__kv_dv(a), a->v_from_k ? " (v_from_k)" : "",
+                         (long long)attn_kv_shape_dv(a), a->v_from_k ? " (v_from_k)" : "",
                          attn_dtype_name(a->dtype), (long long)a->layers, (long long)a->max_tokens,
                          ks->ttl_s, a->grow ? "grow" : "whole");
 }

@@ -679,7 +679,7 @@ Test(kvfile, version_1_loads, .init = setup, .fini = teardown) {
     attn_kv_info info;
     attn_status st;
     cr_assert_eq(attn_kv_get(b, mixed[i].tenant, mixed[i].id, 50, &info, NULL, 0, &st), 0);
-    cr_expect(attn__kv_dv(&info.shape) == mixed[i].sh.head_dim && !info.shape.v_from_k);
+    cr_expect(attn_kv_shape_dv(&info.shape) == mixed[i].sh.head_dim && !info.shape.v_from_k);
   }
   attn_kv_close(a);
   attn_kv_close(b);

@@ -186,10 +186,10 @@ LIB = $(BUILD)/libattn.a
 # ---- programs ---------------------------------------------------------------
 ATTN_SRC = clients/attn.c clients/plan_cmd.c clients/bench_cmd.c clients/compute_cmd.c \
            clients/infer_cmd.c clients/load_cmd.c clients/hist.c clients/benchlib.c \
-           clients/args.c clients/files.c clients/http_reply.c clients/load_report.c \
+           clients/args.c clients/files.c clients/load_report.c \
            clients/infer_send.c clients/infer_report.c clients/infer_check.c \
            clients/infer_shards.c clients/infer_inputs.c \
-           clients/load_conn.c clients/load_sched.c clients/url.c \
+           clients/load_conn.c clients/load_sched.c \
            clients/session_cmd.c clients/session_http.c clients/session_wire.c \
            clients/load_session.c
 ATTN_OBJ = $(ATTN_SRC:%.c=$(BUILD)/obj/%.o)
@@ -266,7 +266,6 @@ FUZZ_CFLAGS   = -g -O1 $(FUZZ_SAN) -fsanitize=fuzzer-no-link -Iengine -Iproto -I
 FUZZ_LIB_SRC  = engine/dtype.c engine/request.c engine/kv/id.c $(PROTO_SRC)
 FUZZ_OBJ      = $(FUZZ_LIB_SRC:%.c=$(BUILD)/fuzz/obj/%.o)
 # Client modules a target needs besides the library (FUZZ_SRC_<name>).
-FUZZ_SRC_http_reply = clients/http_reply.c
 FUZZ_SRC_inflate = server/inflate.c
 FUZZ_SRC_parse = server/parse.c
 # Flags and libraries a target needs besides those (FUZZ_EXTRA_<name>).
@@ -420,8 +419,7 @@ TEST_SERVER_OBJ = $(patsubst %,$(BUILD)/obj/server/%.o,metrics conns loop deadli
                     reqid auth inflate log console parse routes v1 v2 server jobs work bodybuf sessions \
                     proxy kind_attention kind_v2 kind_session) $(CONSOLE_OBJ) $(CONFIG_SRC:%.c=$(BUILD)/obj/%.o)
 $(TEST_BIN): $(TEST_OBJ) $(AMXEMU_OBJ) $(TEST_SERVER_OBJ) \
-            $(BUILD)/obj/clients/benchlib.o $(BUILD)/obj/clients/http_reply.o \
-            $(BUILD)/obj/clients/hist.o $(BUILD)/obj/clients/url.o \
+            $(BUILD)/obj/clients/benchlib.o $(BUILD)/obj/clients/hist.o \
             $(BUILD)/obj/clients/args.o $(BUILD)/obj/clients/load_sched.o \
             $(BUILD)/obj/clients/load_conn.o $(BUILD)/obj/clients/load_report.o $(LIB)
 	@mkdir -p $(dir $@)

@@ -222,7 +222,7 @@ static int parse_args(int argc, char **argv, tool_infer_args *a) {
     return 2;
   }
   attn_status st;
-  if (tool_url_base(a->url, &st) < 0) {
+  if (attn_url_base(a->url, &st) < 0) {
     fprintf(stderr, ME ": %s\n", st.message);
     return 2;
   }

@@ -4,7 +4,6 @@
  */
 #include "infer.h"
 
-#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,12 +48,9 @@ static void print_problem(const tool_infer_args *a, const attn_proto_req *pr, co
 /* The error reply as one line: status, code and message of its body. */
 void tool_infer_print_error(const tool_infer_reply *r) {
   long status = r->http;
-  cJSON *j = r->body.p ? cJSON_ParseWithLength(r->body.p, r->body.len) : NULL;
-  const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "error");
-  const cJSON *code = cJSON_GetObjectItemCaseSensitive(e, "code");
-  const cJSON *msg = cJSON_GetObjectItemCaseSensitive(e, "message");
-  if (cJSON_IsString(code) && cJSON_IsString(msg)) {
-    fprintf(stderr, "attnd: HTTP %ld %s: %s\n", status, code->valuestring, msg->valuestring);
+  char code[64], msg[ATTN_PROTO_MAX_MESSAGE + 1];
+  if (attn_proto_error_read(r->body.p, r->body.len, code, sizeof code, msg, sizeof msg)) {
+    fprintf(stderr, "attnd: HTTP %ld %s: %s\n", status, code, msg);
   } else {
     /* not attnd's error body: show its start, on one line */
     int n = r->body.len > 200 ? 200 : (int)r->body.len;
@@ -66,7 +62,6 @@ void tool_infer_print_error(const tool_infer_reply *r) {
             t ? t : "");
     free(t);
   }
-  cJSON_Delete(j);
 }
 
 void tool_infer_print_report(const tool_infer_args *a, const attn_proto_req *pr,

@@ -44,7 +44,7 @@ static int parse_urls(const char *list, shard *sh, attn_status *st) {
       return -1;
     memcpy(sh[n].url, p, len);
     sh[n].url[len] = 0;
-    if (tool_url_base(sh[n++].url, st) < 0)
+    if (attn_url_base(sh[n++].url, st) < 0)
       return -1;
     p += len + (p[len] == ',');
   }

@@ -70,13 +70,13 @@ static const char usage[] =
 /* ---- setup ---------------------------------------------------------------- */
 
 /* The URL as attn load takes it: plain HTTP to an IPv4 address or a name. */
-static int load_url(const char *s, tool_url *u) {
+static int load_url(const char *s, attn_url *u) {
   attn_status st;
   if (strncasecmp(s, "http://", 7) != 0) {
     fprintf(stderr, "attn load: the URL must start with http:// (\"%s\")\n", s);
     return -1;
   }
-  if (tool_url_parse(s, u, &st) < 0) {
+  if (attn_url_parse(s, u, &st) < 0) {
     fprintf(stderr, "attn load: %s\n", st.message);
     return -1;
   }
@@ -142,7 +142,7 @@ typedef struct load_args {
   bool have_steps, have_prefill;
   attn_dtype dt;
   const char *body_file, *path, *query;
-  tool_url u;
+  attn_url u;
 } load_args;
 
 /* The flags of a session run: 0, -1 after a message, 1 when c is not one. */

@@ -58,7 +58,7 @@ static void send_request(tool_load_conn *c) {
   const tool_load_wire *w = c->w;
   uv_buf_t b[2] = {uv_buf_init((char *)(uintptr_t)w->head, (unsigned)w->head_len),
                    uv_buf_init((char *)(uintptr_t)w->body, (unsigned)w->body_len)};
-  tool_http_reply_start(&c->rp);
+  attn_http_reply_start(&c->rp);
   c->want_next = false;
   c->wreq.data = c;
   c->sent_ns = tool_load_now_ns();
@@ -91,12 +91,12 @@ static void reply_done(tool_load_conn *c) {
 static int parse(tool_load_conn *c, const char *p, size_t n) {
   while (n > 0) {
     size_t used;
-    int rc = tool_http_reply_feed(&c->rp, p, n, &used);
-    if (rc == TOOL_HTTP_ERROR)
+    int rc = attn_http_reply_feed(&c->rp, p, n, &used);
+    if (rc == ATTN_HTTP_ERROR)
       return -1;
     p += used;
     n -= used;
-    if (rc == TOOL_HTTP_DONE) {
+    if (rc == ATTN_HTTP_DONE) {
       reply_done(c);
       if (c->state != TOOL_LOAD_OPEN)
         return 0;
@@ -116,8 +116,8 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   if (nread == 0 || c->state != TOOL_LOAD_OPEN)
     return;
   if (nread < 0) {
-    if (nread == UV_EOF && tool_http_reply_until_close(&c->rp) && c->active) {
-      tool_http_reply_reset(&c->rp);
+    if (nread == UV_EOF && attn_http_reply_until_close(&c->rp) && c->active) {
+      attn_http_reply_reset(&c->rp);
       reply_done(c);
       tool_load_conn_close(c);
     } else if (c->active) {
@@ -145,7 +145,7 @@ static void on_connect(uv_connect_t *req, int status) {
   bool busy = c->active;
   c->connect_failed = false;
   c->state = TOOL_LOAD_OPEN;
-  tool_http_reply_reset(&c->rp);
+  attn_http_reply_reset(&c->rp);
   uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
   ops(c)->connected(c, busy);
   if (busy)
@@ -178,7 +178,7 @@ void tool_load_conn_start(tool_load_conn *c, uint64_t start) {
 static void on_close(uv_handle_t *h) {
   tool_load_conn *c = h->data;
   c->state = TOOL_LOAD_FREE;
-  tool_http_reply_reset(&c->rp);
+  attn_http_reply_reset(&c->rp);
   c->write_pending = false;
   c->want_next = false;
   ops(c)->ready(c);
@@ -196,7 +196,7 @@ tool_load_conn *tool_load_conn_new(const tool_load_wire *w) {
   if (!c)
     return NULL;
   c->rbuf = malloc(RBUF_SIZE);
-  if (tool_http_reply_init(&c->rp) < 0 || !c->rbuf) {
+  if (attn_http_reply_init(&c->rp) < 0 || !c->rbuf) {
     tool_load_conn_free(c);
     return NULL;
   }
@@ -208,7 +208,7 @@ tool_load_conn *tool_load_conn_new(const tool_load_wire *w) {
 void tool_load_conn_free(tool_load_conn *c) {
   if (!c)
     return;
-  tool_http_reply_free(&c->rp);
+  attn_http_reply_free(&c->rp);
   free(c->rbuf);
   free(c);
 }

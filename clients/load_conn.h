@@ -74,7 +74,7 @@ struct tool_load_conn {
   uint64_t start_ns;  /* latency origin: the intended start */
   uint64_t sent_ns;   /* when it was handed to the connection */
   uint64_t retry_ns;  /* no reconnect before this */
-  tool_http_reply rp; /* the reply parser */
+  attn_http_reply rp; /* the reply parser */
   char *rbuf;
   uint64_t bytes_sent, bytes_recv;
 };

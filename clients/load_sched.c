@@ -147,7 +147,7 @@ static tool_load_conn *pool_get(tool_load *L) {
     tool_load_conn *c = L->pool[i];
     if (c->active || c->write_pending)
       continue;
-    if (c->state == TOOL_LOAD_OPEN && tool_http_reply_idle(&c->rp))
+    if (c->state == TOOL_LOAD_OPEN && attn_http_reply_idle(&c->rp))
       return c;
     if (!free_c && c->state == TOOL_LOAD_FREE && (!c->connect_failed || t >= c->retry_ns))
       free_c = c;

@@ -52,7 +52,7 @@ static struct curl_slist *headers(const char *type, const char *key) {
 
 static int base_url(tool_sess_http *c, const char *url) {
   attn_status st;
-  if (tool_url_base(url, &st) != 0) {
+  if (attn_url_base(url, &st) != 0) {
     fprintf(stderr, "%s: %s\n", c->me, st.message);
     return 2;
   }
@@ -148,15 +148,11 @@ void tool_sess_reply_free(tool_sess_reply *r) {
 }
 
 void tool_sess_print_error(const char *me, const tool_sess_reply *r) {
-  cJSON *j = r->body.p ? cJSON_ParseWithLength(r->body.p, r->body.len) : NULL;
-  const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "error");
-  const cJSON *code = cJSON_GetObjectItemCaseSensitive(e, "code");
-  const cJSON *msg = cJSON_GetObjectItemCaseSensitive(e, "message");
-  if (cJSON_IsString(code) && cJSON_IsString(msg))
-    fprintf(stderr, "%s: HTTP %ld %s: %s\n", me, r->status, code->valuestring, msg->valuestring);
+  char code[64], msg[ATTN_PROTO_MAX_MESSAGE + 1];
+  if (attn_proto_error_read(r->body.p, r->body.len, code, sizeof code, msg, sizeof msg))
+    fprintf(stderr, "%s: HTTP %ld %s: %s\n", me, r->status, code, msg);
   else
     fprintf(stderr, "%s: HTTP %ld (no attnd error body)\n", me, r->status);
-  cJSON_Delete(j);
 }
 
 bool tool_sess_id_ok(const char *id) {

@@ -5,6 +5,8 @@
  */
 #include "proto.h"
 
+#include <cjson/cJSON.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -88,4 +90,19 @@ char *attn_proto_error_body(const char *code, const char *message, size_t *plen)
   }
   *plen = b.len;
   return b.p;
+}
+
+bool attn_proto_error_read(const char *body, size_t len, char *code, size_t ccap, char *msg,
+                           size_t mcap) {
+  cJSON *j = body ? cJSON_ParseWithLength(body, len) : NULL;
+  const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "error");
+  const cJSON *c = cJSON_GetObjectItemCaseSensitive(e, "code");
+  const cJSON *m = cJSON_GetObjectItemCaseSensitive(e, "message");
+  bool ok = cJSON_IsString(c) && cJSON_IsString(m);
+  if (ok) {
+    snprintf(code, ccap, "%s", c->valuestring);
+    snprintf(msg, mcap, "%s", m->valuestring);
+  }
+  cJSON_Delete(j);
+  return ok;
 }

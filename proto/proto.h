@@ -601,6 +601,11 @@ const char *attn_quote(char *dst, size_t cap, const char *s, size_t len);
  * sent, so both strings go through attn_sbuf_json_strn: the body is strict
  * JSON for any bytes, the message at most ATTN_PROTO_MAX_MESSAGE bytes. */
 char *attn_proto_error_body(const char *code, const char *message, size_t *plen);
+/* An error body's code and message read back (each cut to its cap, NUL-
+ * terminated): what a client shows of an error reply. false when body[0..len)
+ * is not such a body (a proxy's page, a cut reply). */
+bool attn_proto_error_read(const char *body, size_t len, char *code, size_t ccap, char *msg,
+                           size_t mcap);
 
 /*
  * The memory plan's parameters from a query string (batch, heads, heads_kv,

@@ -17,23 +17,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 /* Feeds s[0..n) in pieces of `step` bytes (0: whole), starting a new reply
  * after each one that ends; the offsets where replies end go to ends.
  * Returns how many replies ended, or -1 - that count on an error. */
-static int run(tool_http_reply *p, const char *s, size_t n, size_t step, size_t *ends) {
+static int run(attn_http_reply *p, const char *s, size_t n, size_t step, size_t *ends) {
   int count = 0;
   size_t off = 0;
-  tool_http_reply_start(p);
+  attn_http_reply_start(p);
   while (off < n) {
     size_t piece = step && n - off > step ? step : n - off, used = 0;
-    int rc = tool_http_reply_feed(p, s + off, piece, &used);
+    int rc = attn_http_reply_feed(p, s + off, piece, &used);
     if (used > piece)
       abort();
-    if (rc == TOOL_HTTP_ERROR)
+    if (rc == ATTN_HTTP_ERROR)
       return -1 - count;
     off += used;
-    if (rc == TOOL_HTTP_DONE) {
+    if (rc == ATTN_HTTP_DONE) {
       if (count < MAX_REPLIES)
         ends[count] = off;
       count++;
-      tool_http_reply_start(p);
+      attn_http_reply_start(p);
     } else if (used != piece) {
       abort(); /* MORE means every byte was used */
     }
@@ -44,8 +44,8 @@ static int run(tool_http_reply *p, const char *s, size_t n, size_t step, size_t 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 1)
     return 0;
-  tool_http_reply p;
-  if (tool_http_reply_init(&p) < 0)
+  attn_http_reply p;
+  if (attn_http_reply_init(&p) < 0)
     return 0;
   size_t step = 1 + data[0] % 17, a[MAX_REPLIES], b[MAX_REPLIES];
   const char *s = (const char *)data + 1;
@@ -53,11 +53,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   int split = run(&p, s, size - 1, step, b);
   /* an error may come sooner or later with another split only when the
    * head passes its limit; below it both must agree */
-  if (size < TOOL_HTTP_MAX_HEAD && whole != split)
+  if (size < ATTN_HTTP_MAX_HEAD && whole != split)
     abort();
   for (int i = 0; i < whole && i < split && i < MAX_REPLIES; i++)
     if (a[i] != b[i])
       abort();
-  tool_http_reply_free(&p);
+  attn_http_reply_free(&p);
   return 0;
 }

@@ -2,7 +2,8 @@
  * test_error_body.c — every error body is strict JSON, whatever bytes the
  * message quotes: messages echo what clients sent (names, values, the
  * Content-Type, the URL) and are cut with %.Ns, which can split a UTF-8
- * character. A strict client must never fail to read why it was refused.
+ * character. A strict client must never fail to read why it was refused,
+ * and reads it back with attn_proto_error_read.
  */
 #include "proto.h"
 #include "strict_json.h"
@@ -133,4 +134,22 @@ Test(error_body, codec_messages_are_strict) {
   cr_assert_lt(attn_proto_parse_plan_query("seq_q=1&head_dim=1&h%C3=%FF", &pp, &st), 0);
   char msg[512];
   body_of(st.message, msg, sizeof msg);
+}
+
+/* What a client shows of an error reply is what the body says, escapes
+ * decoded and cut to its buffers; anything else is not an error body. */
+Test(error_body, read_back_as_written) {
+  size_t len;
+  char *b = attn_proto_error_body("session_memory_full", "no room for \"s1\"\n(507)", &len);
+  char code[8], msg[64];
+  cr_assert(attn_proto_error_read(b, len, code, sizeof code, msg, sizeof msg));
+  cr_expect_str_eq(code, "session", "the code cut to its buffer");
+  cr_expect_str_eq(msg, "no room for \"s1\"\n(507)");
+  free(b);
+  const char * not [] = {"", "<html>502</html>", "{\"error\": \"gone\"}",
+                         "{\"error\": {\"code\": 1, \"message\": \"m\"}}", NULL};
+  for (int i = 0; i < 5; i++)
+    cr_expect(!attn_proto_error_read(not [i], not [i] ? strlen(not [i]) : 0, code, sizeof code, msg,
+                                     sizeof msg),
+              "%s", not [i] ? not [i] : "NULL");
 }

@@ -1,5 +1,5 @@
 /*
- * test_url.c — the client's URL parser (clients/url.h) against a table
+ * test_url.c — the URL parser (proto/url.h) of the clients and --handover against a table
  * written out by hand: scheme, host, IPv6 literals, port (given and
  * default), path, query; then inputs it must refuse, each with a message
  * that quotes the URL and says what is wrong.
@@ -59,9 +59,9 @@ static const char *const cases[][2] = {
 Test(url, reads_or_refuses_each) {
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     const char *in = cases[i][0], *want = cases[i][1];
-    tool_url u;
+    attn_url u;
     attn_status st = {0};
-    int rc = tool_url_parse(in, &u, &st);
+    int rc = attn_url_parse(in, &u, &st);
     if (want[0] == '!') {
       cr_expect_eq(rc, ATTN_EINVAL, "%s", in);
       cr_expect(strstr(st.message, want + 2) && strstr(st.message, in), "%s: \"%s\" lacks \"%s\"",
@@ -79,17 +79,17 @@ Test(url, reads_or_refuses_each) {
 Test(url, long_parts_are_refused_not_cut) {
   char s[3000];
   attn_status st;
-  tool_url u;
+  attn_url u;
   memset(s, 'a', sizeof s - 1);
   s[sizeof s - 1] = 0;
   memcpy(s, "http://", 7);
-  cr_expect_eq(tool_url_parse(s, &u, &st), ATTN_EINVAL);
+  cr_expect_eq(attn_url_parse(s, &u, &st), ATTN_EINVAL);
   cr_expect(strstr(st.message, "host too long") != NULL, "%s", st.message);
   memcpy(s, "http://h/", 9);
-  cr_expect_eq(tool_url_parse(s, &u, &st), ATTN_EINVAL);
+  cr_expect_eq(attn_url_parse(s, &u, &st), ATTN_EINVAL);
   cr_expect(strstr(st.message, "path too long") != NULL, "%s", st.message);
   memcpy(s, "http://h/?", 10);
-  cr_expect_eq(tool_url_parse(s, &u, &st), ATTN_EINVAL);
+  cr_expect_eq(attn_url_parse(s, &u, &st), ATTN_EINVAL);
   cr_expect(strstr(st.message, "query too long") != NULL, "%s", st.message);
   /* the longest that fit: 255 bytes of host, 1023 of path and of query */
   char ok[7 + 255 + 1023 + 1 + 1023 + 1];
@@ -101,7 +101,7 @@ Test(url, long_parts_are_refused_not_cut) {
   ok[o++] = '?';
   memset(ok + o, 'q', 1023), o += 1023;
   ok[o] = 0;
-  cr_expect_eq(tool_url_parse(ok, &u, &st), 0, "%s", st.message);
+  cr_expect_eq(attn_url_parse(ok, &u, &st), 0, "%s", st.message);
   cr_expect_eq(strlen(u.host), 255);
   cr_expect_eq(strlen(u.path), 1023);
   cr_expect_eq(strlen(u.query), 1023);
@@ -109,14 +109,14 @@ Test(url, long_parts_are_refused_not_cut) {
 
 Test(url, a_base_has_no_query) {
   attn_status st;
-  cr_expect_eq(tool_url_base("http://127.0.0.1:8080", &st), 0);
-  cr_expect_eq(tool_url_base("http://127.0.0.1:8080/attention", &st), 0);
-  cr_expect_eq(tool_url_base("https://[::1]:8443/", &st), 0);
-  cr_expect_eq(tool_url_base("http://h/?causal=true", &st), ATTN_EINVAL);
+  cr_expect_eq(attn_url_base("http://127.0.0.1:8080", &st), 0);
+  cr_expect_eq(attn_url_base("http://127.0.0.1:8080/attention", &st), 0);
+  cr_expect_eq(attn_url_base("https://[::1]:8443/", &st), 0);
+  cr_expect_eq(attn_url_base("http://h/?causal=true", &st), ATTN_EINVAL);
   cr_expect(strstr(st.message, "must be the server's base") &&
                 strstr(st.message, "options are flags"),
             "%s", st.message);
-  cr_expect_eq(tool_url_base("http://h?", &st), ATTN_EINVAL);
-  cr_expect_eq(tool_url_base("http://h:bad", &st), ATTN_EINVAL);
+  cr_expect_eq(attn_url_base("http://h?", &st), ATTN_EINVAL);
+  cr_expect_eq(attn_url_base("http://h:bad", &st), ATTN_EINVAL);
   cr_expect(strstr(st.message, "bad port") != NULL, "%s", st.message);
 }

@@ -9,7 +9,7 @@
 
 /* The scheme, when s has one: the length of "http://" or "https://" it
  * starts with, 0 for none, -1 for another. */
-static int scheme(const char *s, tool_url *u) {
+static int scheme(const char *s, attn_url *u) {
   const char *sep = strstr(s, "://");
   if (!sep || sep != s + strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ+-.")) {
     u->port = 80;
@@ -24,7 +24,7 @@ static int scheme(const char *s, tool_url *u) {
 }
 
 /* The host at h, up to the port, path or query; the bytes read, or ATTN_EINVAL. */
-static int host(const char *h, const char *s, tool_url *u, attn_status *st) {
+static int host(const char *h, const char *s, attn_url *u, attn_status *st) {
   size_t n;
   const char *name = h;
   if (*h == '[') {
@@ -46,7 +46,7 @@ static int host(const char *h, const char *s, tool_url *u, attn_status *st) {
 }
 
 /* ":PORT" at p, if there; the bytes read, or ATTN_EINVAL. */
-static int port(const char *p, const char *s, tool_url *u, attn_status *st) {
+static int port(const char *p, const char *s, attn_url *u, attn_status *st) {
   if (*p != ':')
     return 0;
   size_t n = strspn(p + 1, "0123456789");
@@ -60,7 +60,7 @@ static int port(const char *p, const char *s, tool_url *u, attn_status *st) {
 }
 
 /* The path and query at p. */
-static int path_query(const char *p, const char *s, tool_url *u, attn_status *st) {
+static int path_query(const char *p, const char *s, attn_url *u, attn_status *st) {
   size_t pl = strcspn(p, "?");
   if (pl >= sizeof u->path)
     return attn_status_set(st, ATTN_EINVAL, "path too long in \"%.160s\"", s);
@@ -87,7 +87,7 @@ static int bad_bytes(const char *s, attn_status *st) {
   return 0;
 }
 
-int tool_url_parse(const char *s, tool_url *u, attn_status *st) {
+int attn_url_parse(const char *s, attn_url *u, attn_status *st) {
   memset(u, 0, sizeof *u);
   int rc = bad_bytes(s, st);
   if (rc < 0)
@@ -99,8 +99,9 @@ int tool_url_parse(const char *s, tool_url *u, attn_status *st) {
   const char *h = s + n;
   if (memchr(h, '@', strcspn(h, "/?")))
     return attn_status_set(st, ATTN_EINVAL,
-                           "URL \"%.160s\" holds credentials (user@); the key goes in "
-                           "ATTND_API_KEY",
+                           "URL \"%.160s\" holds credentials (user@); an API key goes "
+                           "in its own setting (ATTND_API_KEY for the attn commands; attnd "
+                           "sends each session's own key), never in a URL",
                            s);
   int hl = host(h, s, u, st);
   if (hl < 0)
@@ -114,9 +115,9 @@ int tool_url_parse(const char *s, tool_url *u, attn_status *st) {
   return path_query(p, s, u, st);
 }
 
-int tool_url_base(const char *s, attn_status *st) {
-  tool_url u;
-  int rc = tool_url_parse(s, &u, st);
+int attn_url_base(const char *s, attn_status *st) {
+  attn_url u;
+  int rc = attn_url_parse(s, &u, st);
   if (rc < 0)
     return rc;
   if (u.has_query)

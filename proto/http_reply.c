@@ -1,6 +1,6 @@
 /*
  * http_reply.c — see http_reply.h. A state machine over bytes: the head is
- * gathered (up to TOOL_HTTP_MAX_HEAD) until its blank line and parsed
+ * gathered (up to ATTN_HTTP_MAX_HEAD) until its blank line and parsed
  * whole; bodies are counted through. Nothing is allocated after init.
  */
 #include "http_reply.h"
@@ -12,26 +12,27 @@
 
 enum { P_IDLE, P_HEAD, P_CL, P_CHUNK_SIZE, P_CHUNK_DATA, P_CHUNK_CRLF, P_TRAILER, P_EOF };
 
-int tool_http_reply_init(tool_http_reply *p) {
+int attn_http_reply_init(attn_http_reply *p) {
   memset(p, 0, sizeof *p);
-  p->head = malloc(TOOL_HTTP_MAX_HEAD);
+  p->head = malloc(ATTN_HTTP_MAX_HEAD);
   return p->head ? 0 : -1;
 }
 
-void tool_http_reply_free(tool_http_reply *p) {
+void attn_http_reply_free(attn_http_reply *p) {
   free(p->head);
   p->head = NULL;
 }
 
-void tool_http_reply_start(tool_http_reply *p) {
+void attn_http_reply_start(attn_http_reply *p) {
   p->state = P_HEAD;
   p->head_len = 0;
   p->close_after = false;
+  p->kept = 0;
 }
 
-void tool_http_reply_reset(tool_http_reply *p) { p->state = P_IDLE; }
-bool tool_http_reply_idle(const tool_http_reply *p) { return p->state == P_IDLE; }
-bool tool_http_reply_until_close(const tool_http_reply *p) { return p->state == P_EOF; }
+void attn_http_reply_reset(attn_http_reply *p) { p->state = P_IDLE; }
+bool attn_http_reply_idle(const attn_http_reply *p) { return p->state == P_IDLE; }
+bool attn_http_reply_until_close(const attn_http_reply *p) { return p->state == P_EOF; }
 
 /* ---- the head ------------------------------------------------------------- */
 
@@ -105,15 +106,15 @@ static int status_line(const char *h, const char *eol, int *status, bool *http10
 }
 
 /* Parses head[0..len) (status line and headers, without the blank line)
- * and picks the body mode; TOOL_HTTP_DONE when the reply has no body. */
-static int parse_head(tool_http_reply *p, size_t len) {
+ * and picks the body mode; ATTN_HTTP_DONE when the reply has no body. */
+static int parse_head(attn_http_reply *p, size_t len) {
   const char *h = p->head, *end = h + len;
   const char *eol = memchr(h, '\n', len);
   if (!eol)
     eol = end;
   bool http10;
   if (status_line(h, eol, &p->status, &http10) < 0)
-    return TOOL_HTTP_ERROR;
+    return ATTN_HTTP_ERROR;
   head_info hi = {0};
   for (const char *s = eol < end ? eol + 1 : end; s < end;) {
     const char *e = memchr(s, '\n', (size_t)(end - s));
@@ -121,17 +122,17 @@ static int parse_head(tool_http_reply *p, size_t len) {
       e = end;
     const char *le = e > s && e[-1] == '\r' ? e - 1 : e;
     if (header_line(s, le, &hi) < 0)
-      return TOOL_HTTP_ERROR;
+      return ATTN_HTTP_ERROR;
     s = e < end ? e + 1 : end;
   }
   p->close_after = hi.close || (http10 && !hi.keep_alive);
   int st = p->status;
   if (st >= 100 && st < 200) {
     p->state = P_HEAD; /* an interim reply: the real one follows */
-    return TOOL_HTTP_MORE;
+    return ATTN_HTTP_MORE;
   }
   if (st == 204 || st == 304)
-    return TOOL_HTTP_DONE;
+    return ATTN_HTTP_DONE;
   if (hi.chunked) {
     p->state = P_CHUNK_SIZE;
     p->line_len = 0;
@@ -139,19 +140,19 @@ static int parse_head(tool_http_reply *p, size_t len) {
     p->remaining = hi.cl;
     p->state = P_CL;
     if (hi.cl == 0)
-      return TOOL_HTTP_DONE;
+      return ATTN_HTTP_DONE;
   } else {
     p->state = P_EOF;
     p->close_after = true;
   }
-  return TOOL_HTTP_MORE;
+  return ATTN_HTTP_MORE;
 }
 
 /* Gathers head bytes until the blank line; *used counts those of d. */
-static int feed_head(tool_http_reply *p, const char *d, size_t n, size_t *used) {
+static int feed_head(attn_http_reply *p, const char *d, size_t n, size_t *used) {
   size_t old = p->head_len, take = n;
-  if (old + take > TOOL_HTTP_MAX_HEAD)
-    take = TOOL_HTTP_MAX_HEAD - old;
+  if (old + take > ATTN_HTTP_MAX_HEAD)
+    take = ATTN_HTTP_MAX_HEAD - old;
   memcpy(p->head + old, d, take);
   p->head_len += take;
   size_t from = old >= 3 ? old - 3 : 0; /* "\r\n\r\n" may straddle two reads */
@@ -162,7 +163,7 @@ static int feed_head(tool_http_reply *p, const char *d, size_t n, size_t *used) 
       return parse_head(p, i + 2);
     }
   *used = take;
-  return p->head_len >= TOOL_HTTP_MAX_HEAD ? TOOL_HTTP_ERROR : TOOL_HTTP_MORE;
+  return p->head_len >= ATTN_HTTP_MAX_HEAD ? ATTN_HTTP_ERROR : ATTN_HTTP_MORE;
 }
 
 /* ---- the body ------------------------------------------------------------- */
@@ -170,7 +171,7 @@ static int feed_head(tool_http_reply *p, const char *d, size_t n, size_t *used) 
 /* Appends d[0..n) to the line buffer up to a LF; *used bytes taken; true
  * when the line (without CR LF, NUL-terminated) is complete. Long trailer
  * lines are skipped; a long chunk-size line is an error. */
-static int line_bytes(tool_http_reply *p, const char *d, size_t n, size_t *used, bool *done) {
+static int line_bytes(attn_http_reply *p, const char *d, size_t n, size_t *used, bool *done) {
   *done = false;
   size_t i = 0;
   while (i < n && !*done) {
@@ -183,7 +184,7 @@ static int line_bytes(tool_http_reply *p, const char *d, size_t n, size_t *used,
     } else if (p->line_len + 1 < sizeof p->line) {
       p->line[p->line_len++] = ch;
     } else if (p->state != P_TRAILER) {
-      return TOOL_HTTP_ERROR;
+      return ATTN_HTTP_ERROR;
     }
   }
   *used = i;
@@ -192,83 +193,97 @@ static int line_bytes(tool_http_reply *p, const char *d, size_t n, size_t *used,
 
 /* A chunk-size or trailer line; DONE after the blank line ending a
  * chunked body. */
-static int feed_line(tool_http_reply *p, const char *d, size_t n, size_t *used) {
+static int feed_line(attn_http_reply *p, const char *d, size_t n, size_t *used) {
   bool done;
   if (line_bytes(p, d, n, used, &done) < 0)
-    return TOOL_HTTP_ERROR;
+    return ATTN_HTTP_ERROR;
   if (!done)
-    return TOOL_HTTP_MORE;
+    return ATTN_HTTP_MORE;
   if (p->state == P_TRAILER) {
     bool end = p->line_len == 0;
     p->line_len = 0;
-    return end ? TOOL_HTTP_DONE : TOOL_HTTP_MORE;
+    return end ? ATTN_HTTP_DONE : ATTN_HTTP_MORE;
   }
   char *q;
   errno = 0;
   unsigned long long sz = strtoull(p->line, &q, 16);
   if (q == p->line || errno || (*q && *q != ';' && *q != ' '))
-    return TOOL_HTTP_ERROR;
+    return ATTN_HTTP_ERROR;
   p->line_len = 0;
   p->remaining = sz;
   p->state = sz ? P_CHUNK_DATA : P_TRAILER;
-  return TOOL_HTTP_MORE;
+  return ATTN_HTTP_MORE;
+}
+
+/* What fits of body bytes d[0..n) into the caller's keep buffer. */
+static void keep_body(attn_http_reply *p, const char *d, size_t n) {
+  size_t room = p->keep_cap - p->kept;
+  if (n > room)
+    n = room;
+  if (n)
+    memcpy(p->keep + p->kept, d, n);
+  p->kept += n;
 }
 
 /* Counts through a Content-Length body or a chunk's data. */
-static int feed_counted(tool_http_reply *p, size_t n, size_t *used) {
+static int feed_counted(attn_http_reply *p, const char *d, size_t n, size_t *used) {
   size_t take = n < p->remaining ? n : (size_t)p->remaining;
+  keep_body(p, d, take);
   p->remaining -= take;
   *used = take;
   if (p->remaining > 0)
-    return TOOL_HTTP_MORE;
+    return ATTN_HTTP_MORE;
   if (p->state == P_CL)
-    return TOOL_HTTP_DONE;
+    return ATTN_HTTP_DONE;
   p->state = P_CHUNK_CRLF;
   p->line_len = 0;
-  return TOOL_HTTP_MORE;
+  return ATTN_HTTP_MORE;
 }
 
 /* The CR LF after a chunk's data. */
-static int feed_crlf(tool_http_reply *p, const char *d, size_t n, size_t *used) {
+static int feed_crlf(attn_http_reply *p, const char *d, size_t n, size_t *used) {
   size_t i = 0;
   while (i < n && p->state == P_CHUNK_CRLF) {
     if (d[i] == '\n')
       p->state = P_CHUNK_SIZE;
     else if (d[i] != '\r')
-      return TOOL_HTTP_ERROR;
+      return ATTN_HTTP_ERROR;
     i++;
   }
   *used = i;
-  return TOOL_HTTP_MORE;
+  return ATTN_HTTP_MORE;
 }
 
-static int feed_step(tool_http_reply *p, const char *d, size_t n, size_t *used) {
+static int feed_step(attn_http_reply *p, const char *d, size_t n, size_t *used) {
   switch (p->state) {
   case P_HEAD: return feed_head(p, d, n, used);
   case P_CL:
-  case P_CHUNK_DATA: return feed_counted(p, n, used);
+  case P_CHUNK_DATA: return feed_counted(p, d, n, used);
   case P_CHUNK_SIZE:
   case P_TRAILER: return feed_line(p, d, n, used);
   case P_CHUNK_CRLF: return feed_crlf(p, d, n, used);
-  case P_EOF: *used = n; return TOOL_HTTP_MORE; /* the body runs to the close */
-  default: return TOOL_HTTP_ERROR;              /* idle: bytes nobody asked for */
+  case P_EOF: /* the body runs to the close */
+    keep_body(p, d, n);
+    *used = n;
+    return ATTN_HTTP_MORE;
+  default: return ATTN_HTTP_ERROR; /* idle: bytes nobody asked for */
   }
 }
 
-int tool_http_reply_feed(tool_http_reply *p, const char *data, size_t n, size_t *used) {
+int attn_http_reply_feed(attn_http_reply *p, const char *data, size_t n, size_t *used) {
   size_t off = 0;
   while (off < n) {
     size_t u = 0;
     int rc = feed_step(p, data + off, n - off, &u);
     off += u;
-    if (rc == TOOL_HTTP_ERROR)
+    if (rc == ATTN_HTTP_ERROR)
       return rc;
-    if (rc == TOOL_HTTP_DONE) {
+    if (rc == ATTN_HTTP_DONE) {
       p->state = P_IDLE;
       *used = off;
       return rc;
     }
   }
   *used = off;
-  return TOOL_HTTP_MORE;
+  return ATTN_HTTP_MORE;
 }

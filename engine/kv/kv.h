@@ -70,6 +70,7 @@ typedef struct attn_kv_shape {
 /* What a session is now (attn_kv_get, attn_kv_list); its shape's
  * head_dim_v is set (Dv, never 0). */
 typedef struct attn_kv_info {
+  char tenant[ATTN_KV_TENANT_MAX + 1]; /* whose namespace: "" without API keys */
   char id[ATTN_KV_ID_MAX + 1];
   attn_kv_shape shape;
   double ttl_s;
@@ -144,8 +145,9 @@ int attn_kv_delete(attn_kv_store *s, const char *tenant, const char *id, double 
 /* Cuts every layer longer than length to length. */
 int attn_kv_truncate(attn_kv_store *s, const char *tenant, const char *id, int64_t length,
                      double now, attn_status *st);
-/* Calls fn on each live session of tenant with each layer's length (under
- * the store's lock: fn must not call the store); returns how many. */
+/* Calls fn on each live session of tenant (NULL: of every tenant, as a
+ * replica handing its sessions over lists them) with each layer's length
+ * (under the store's lock: fn must not call the store); returns how many. */
 int64_t attn_kv_list(attn_kv_store *s, const char *tenant, double now,
                      void (*fn)(const attn_kv_info *info, const int64_t *lengths, void *arg),
                      void *arg);

@@ -385,6 +385,7 @@ static int not_found(const char *id, attn_status *st) {
 }
 
 void attn__kv_info_of(const kv_session *ks, attn_kv_info *info) {
+  snprintf(info->tenant, sizeof info->tenant, "%s", ks->tenant);
   snprintf(info->id, sizeof info->id, "%s", ks->id);
   info->shape = ks->shape;
   info->ttl_s = ks->ttl_s;
@@ -476,7 +477,7 @@ int64_t attn_kv_list(attn_kv_store *s, const char *tenant, double now,
   pthread_mutex_lock(&s->mu);
   for (int b = 0; b < KV_BUCKETS; b++)
     for (kv_session *ks = s->buckets[b]; ks; ks = ks->next)
-      if (!strcmp(ks->tenant, tenant) && ks->expires > now) {
+      if ((!tenant || !strcmp(ks->tenant, tenant)) && ks->expires > now) {
         attn__kv_info_of(ks, &info);
         for (int64_t l = 0; l < ks->shape.layers; l++)
           lengths[l] = ks->layers[l].length;

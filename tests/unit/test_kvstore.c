@@ -270,6 +270,15 @@ static void count_one(const attn_kv_info *info, const int64_t *lengths, void *ar
   (*(int *)arg)++;
 }
 
+/* "tenant/id" of each session listed, joined by spaces, into arg (a
+ * 64-byte buffer). */
+static void name_one(const attn_kv_info *info, const int64_t *lengths, void *arg) {
+  (void)lengths;
+  char *out = arg;
+  size_t n = strlen(out);
+  snprintf(out + n, 64 - n, "%s%s/%s", n ? " " : "", info->tenant, info->id);
+}
+
 Test(kvstore, tenants_are_namespaces) {
   attn_engine *e = topen(1, NULL);
   attn_kv_store *kv = tkv_open_store(e, 16 * MIB, true, NULL);
@@ -291,6 +300,10 @@ Test(kvstore, tenants_are_namespaces) {
   int na = 0, nb = 0;
   cr_expect_eq(attn_kv_list(kv, "alice", 0, count_one, &na), 1);
   cr_expect_eq(attn_kv_list(kv, "bob", 0, count_one, &nb), 2);
+  char names[64] = "";
+  cr_expect_eq(attn_kv_list(kv, NULL, 0, name_one, names), 3, "NULL lists every tenant's");
+  cr_expect(strstr(names, "alice/x") && strstr(names, "bob/x") && strstr(names, "bob/y"),
+            "each with its tenant: %s", names);
   cr_expect_eq(attn_kv_delete(kv, "alice", "y", 0, &st), ATTN_ESESSION_NOT_FOUND);
   cr_expect_eq(attn_kv_truncate(kv, "alice", "y", 0, 0, &st), ATTN_ESESSION_NOT_FOUND);
   tkv_stream_free(&a);

@@ -280,7 +280,8 @@ SERVER_SRC = server/main.c $(CONFIG_SRC) server/http.c server/loop.c server/dead
              server/console.c server/parse.c server/routes.c server/v1.c server/server.c \
              server/body.c server/listen.c server/reply.c server/jobs.c \
              server/work.c server/bodybuf.c server/tiny.c server/sessions.c server/proxy.c \
-             server/kind_attention.c server/kind_v2.c server/kind_session.c
+             server/kind_attention.c server/kind_v2.c server/kind_session.c \
+             server/handover.c server/http_put.c
 SERVER_OBJ = $(SERVER_SRC:%.c=$(BUILD)/obj/%.o) $(CONSOLE_OBJ)
 
 # ---- the web console (GET /): its files compiled into attnd ---------------------

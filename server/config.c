@@ -414,6 +414,16 @@ static const attnd__flag flags[] = {
      attnd__apply_session_batch},
     {"session-ttl-max", "SECONDS", "86400", "the largest ttl_s a session create may ask for",
      attnd__apply_session_ttl_max},
+    {"handover", "URL", "",
+     "on a graceful stop, once the drain is over, PUT each session to URL/v1/sessions/{id}/import "
+     "(http:// only: the proxy, which routes each id to the replica that inherits it) with its "
+     "API key, and drop it once imported (201) or held there already (409); what is not moved "
+     "stays, and --session-dir saves it",
+     attnd__apply_handover},
+    {"handover-timeout", "SECONDS", "30",
+     "the most the whole handover may take (each request's socket waits included); sessions not "
+     "moved by then stay",
+     attnd__apply_handover_timeout},
 };
 enum { N_FLAGS = sizeof flags / sizeof *flags, OPT_HELP = N_FLAGS, OPT_VERSION };
 

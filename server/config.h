@@ -8,6 +8,7 @@
 
 #include "auth.h"
 #include "proxy.h"
+#include "url.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -62,6 +63,12 @@ typedef struct attnd_config {
   /* Bytes one API key's sessions may reserve together; 0: no cap. */
   uint64_t session_memory_per_key;
   int session_per_key_pct; /* as given: -1 auto, 1-100 a percentage, 0 a size (or 0) */
+  /* Where a graceful stop hands its sessions over (handover.h): the URL as
+   * given, "" for nowhere, and as read (http, its path without a trailing
+   * '/'); the most seconds the whole handover may take. */
+  char handover[1024];
+  attn_url handover_url;
+  double handover_timeout;
 } attnd_config;
 
 /*

@@ -43,6 +43,8 @@ int attnd__apply_session_dir(attnd_config *c, const char *what, const char *v);
 int attnd__apply_session_batch(attnd_config *c, const char *what, const char *v);
 int attnd__apply_session_memory_per_key(attnd_config *c, const char *what, const char *v);
 int attnd__apply_session_ttl_max(attnd_config *c, const char *what, const char *v);
+int attnd__apply_handover(attnd_config *c, const char *what, const char *v);
+int attnd__apply_handover_timeout(attnd_config *c, const char *what, const char *v);
 /* --session-memory-per-key's percentage (or auto) as bytes, once every
  * flag is in. */
 void attnd__resolve_per_key(attnd_config *c);

@@ -1,7 +1,7 @@
 /*
  * config_session.c — attnd's session flags: the memory sessions may
- * reserve (in all and per API key), where they are saved, batching, and
- * the longest TTL.
+ * reserve (in all and per API key), where they are saved, where they are
+ * handed over at shutdown, batching, and the longest TTL.
  */
 #include "config_int.h"
 
@@ -122,4 +122,43 @@ int attnd__apply_session_ttl_max(attnd_config *c, const char *what, const char *
     return attnd__cfg_bad(what, v, "a number of seconds from 1 to 31536000 (a year)");
   c->session_ttl_max = t;
   return 0;
+}
+
+/* Checked now, not at shutdown: a URL the handover cannot use would be
+ * found out only when the sessions are on their way out. */
+int attnd__apply_handover(attnd_config *c, const char *what, const char *v) {
+  attn_status st;
+  c->handover[0] = 0;
+  if (!*v) /* the default: none */
+    return 0;
+  const char *why = NULL;
+  if (attn_url_parse(v, &c->handover_url, &st) < 0)
+    why = st.message;
+  else if (!strcmp(c->handover_url.scheme, "https"))
+    why = "the handover speaks plain HTTP: give the inheritor's http:// address (the proxy's "
+          "port inside the cluster)";
+  else if (c->handover_url.has_query)
+    why = "a query has no place in it: give the base URL that /v1/sessions/{id}/import is "
+          "added to";
+  else if (strlen(v) >= sizeof c->handover)
+    why = "too long";
+  if (why) {
+    fprintf(stderr, "attnd: %s: \"%.160s\": %s\n", what, v, why);
+    return -1;
+  }
+  size_t n = strlen(c->handover_url.path); /* "/base/" and "/base" are one place */
+  while (n > 0 && c->handover_url.path[n - 1] == '/')
+    c->handover_url.path[--n] = 0;
+  snprintf(c->handover, sizeof c->handover, "%s", v);
+  return 0;
+}
+
+/* Above 0 (a handover with no time cannot move anything); an hour is past
+ * any grace period an orchestrator gives a stopping replica. */
+int attnd__apply_handover_timeout(attnd_config *c, const char *what, const char *v) {
+  if (attnd__cfg_seconds(what, v, 0, &c->handover_timeout) < 0)
+    return -1;
+  if (c->handover_timeout > 0 && c->handover_timeout <= 3600)
+    return 0;
+  return attnd__cfg_bad(what, v, "a number of seconds above 0, at most 3600");
 }

@@ -1,7 +1,9 @@
 /*
  * main.c — attnd: configuration, the engine, the HTTP front and the loop,
- * started in that order and stopped in reverse once a drain completes.
+ * started in that order and stopped in reverse once a drain completes (the
+ * sessions handed over, then saved, before the store closes).
  */
+#include "handover.h"
 #include "listen.h"
 #include "log.h"
 #include "loop.h"
@@ -168,6 +170,7 @@ int main(int argc, char **argv) {
   if (s.running > 0) {
     /* Jobs canceled at the drain timeout may still be finishing an engine
      * work item: leave without waiting for them. */
+    attnd_handover_run(&s);
     attnd_sessions_close(&s, true);
     fflush(stderr);
     _exit(0);
@@ -175,6 +178,7 @@ int main(int argc, char **argv) {
   attnd_http_stop(&s);
   attnd_loop_close(&s);
   ignore_reload_signals();
+  attnd_handover_run(&s); /* no request can reach a session now */
   attnd_sessions_close(&s, false);
   attn_engine_close(s.engine);
   attnd_metrics_free(s.metrics);

@@ -106,9 +106,8 @@ void attnd_sessions_truncate(attnd_req *r) {
     reply_info(r, 200, kv, id, now);
 }
 
-/* A session's rows as one safetensors file (proto.h). */
-static int export_file(attn_kv_store *kv, const char *tenant, const char *id, void **pbuf,
-                       size_t *plen, attn_status *st) {
+int attnd_sessions_export_file(attn_kv_store *kv, const char *tenant, const char *id, void **pbuf,
+                               size_t *plen, attn_status *st) {
   attn_kv_info info;
   int64_t lengths[ATTN_KV_MAX_LAYERS];
   void **k = calloc(ATTN_KV_MAX_LAYERS, sizeof *k), **v = calloc(ATTN_KV_MAX_LAYERS, sizeof *v);
@@ -134,7 +133,7 @@ void attnd_sessions_export(attnd_req *r) {
   attn_status st;
   if (!store_of(r, &kv) || !path_id(r, id))
     return;
-  if (export_file(kv, r->tenant, id, &buf, &len, &st))
+  if (attnd_sessions_export_file(kv, r->tenant, id, &buf, &len, &st))
     attnd_req_fail(r, st.code, st.message);
   else
     attnd_req_reply(r, 200, buf, len, "application/octet-stream");

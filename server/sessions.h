@@ -35,6 +35,12 @@ void attnd_sessions_import(attnd_req *r);
 /* The session id in a path under /v1/sessions/ (up to its next '/'),
  * checked, into id; 0 or the check's error. */
 int attnd_sessions_id(const char *path, char id[ATTN_KV_ID_MAX + 1], attn_status *st);
+/* Session (tenant, id) of kv as the safetensors file GET .../export
+ * answers with (proto.h's session file; malloc'd into *pbuf, *plen bytes):
+ * the route's bytes and the handover's (handover.h) are one encoding. 0, or
+ * the store's or the codec's error. Any thread. */
+int attnd_sessions_export_file(attn_kv_store *kv, const char *tenant, const char *id, void **pbuf,
+                               size_t *plen, attn_status *st);
 /* Start-up: the store (none with --session-memory 0), with the sessions
  * of --session-dir loaded; -1 with a message on stderr. */
 int attnd_sessions_open(attnd_server *s);

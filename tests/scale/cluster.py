@@ -127,10 +127,12 @@ class Proxy:
     """HAProxy in front of replicas, from docker/proxy-config's output: ``port``,
     ``states(name)`` (the health checks' verdicts through the runtime API), ``stop()``."""
 
-    def __init__(self, replicas, workdir, check_ms=100, extra=()):
+    def __init__(self, replicas, workdir, check_ms=100, extra=(), port=None):
+        """port: the one to listen on (free_port() when None); replicas that hand their
+        sessions over to the proxy (--handover) are given it before the proxy starts."""
         if not HAPROXY:
             raise RuntimeError("haproxy is not installed (make deps installs Debian's)")
-        self.port = free_port()
+        self.port = port or free_port()
         self.socket = os.path.join(workdir, "haproxy.sock")
         self.cfg = os.path.join(workdir, "haproxy.cfg")
         cmd = [PROXY_CONFIG, "--listen", "127.0.0.1:%d" % self.port, "--stats-socket",

@@ -651,9 +651,10 @@ def check_runtime_packages(name, pkgs, needed_debian):
     return p
 
 
-def check_grace(deployment, drain_timeout, drain_delay=0.0):
+def check_grace(deployment, drain_timeout, drain_delay=0.0, handover=0.0):
     """The pod's grace period covers the preStop sleep, attnd's drain delay
-    (SIGTERM to the drain's start) and its drain timeout."""
+    (SIGTERM to the drain's start), its drain timeout and, when it hands its
+    sessions over (ATTND_HANDOVER), the handover's timeout."""
     pod = deployment["spec"]["template"]["spec"]
     grace = pod.get("terminationGracePeriodSeconds", 30)
     p, sleep = [], 0.0
@@ -671,9 +672,10 @@ def check_grace(deployment, drain_timeout, drain_delay=0.0):
             p.append("container %s has no preStop sleep" % c["name"])
     if sleep <= 0:
         p.append("the preStop sleep must be positive")
-    if not grace > drain_timeout + drain_delay + sleep:
+    if not grace > drain_timeout + drain_delay + handover + sleep:
         p.append("terminationGracePeriodSeconds %s is not more than ATTND_DRAIN_TIMEOUT %g + "
-                 "ATTND_DRAIN_DELAY %g + preStop %g" % (grace, drain_timeout, drain_delay, sleep))
+                 "ATTND_DRAIN_DELAY %g + ATTND_HANDOVER_TIMEOUT %g + preStop %g"
+                 % (grace, drain_timeout, drain_delay, handover, sleep))
     return p
 
 
@@ -1161,7 +1163,8 @@ def test_grace_period_covers_drain_and_prestop():
     env = effective_envs()["k8s"]
     drain = float(env.get("ATTND_DRAIN_TIMEOUT", "30"))
     delay = float(env.get("ATTND_DRAIN_DELAY", "0"))
-    assert check_grace(k8s_kind(k8s_docs(), "StatefulSet"), drain, delay) == []
+    handover = float(env.get("ATTND_HANDOVER_TIMEOUT", "30")) if env.get("ATTND_HANDOVER") else 0
+    assert check_grace(k8s_kind(k8s_docs(), "StatefulSet"), drain, delay, handover) == []
 
 
 def test_every_port_is_the_listen_port():
@@ -1367,8 +1370,8 @@ def test_catches_manifest_mistakes(server_help, served_gauges):
     for i, fn in enumerate(breaks):
         assert mutated(fn), "mutation %d not caught" % i
     dep = copy.deepcopy(k8s_kind(docs, "StatefulSet"))
-    assert check_grace(dep, 30, 5) == []
-    assert check_grace(dep, 30, 15)
+    assert check_grace(dep, 30, 5, 30) == []
+    assert check_grace(dep, 30, 15, 30)
     dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 36
     assert check_grace(dep, 30, 5)
     dep["spec"]["template"]["spec"]["containers"][0].pop("lifecycle")

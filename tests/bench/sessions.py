@@ -18,7 +18,13 @@ One run, on this machine, one table (row, value, baseline, ratio, target):
       --session-batch on and off, and the same pair with --max-running-per-client 0
       (four servers started together and timed in turn, run by run), and on/off;
   (d) build/bench-peak --bandwidth: the CPU kernel's paged decode step at 32K keys
-      in GB/s of K and V read, each dtype, against the machine's streaming read.
+      in GB/s of K and V read, each dtype, against the machine's streaming read;
+  (e) moving a session between two attnd on loopback: GET /v1/sessions/{id}/export
+      from one and PUT /v1/sessions/{id}/import into the other of a 32K-token,
+      8-layer session (the decode rows' Hkv, D and dtype: 1 GiB of rows), in GB/s
+      of session file over the two calls' time, the median of --move-reps moves
+      (the copy deleted, untimed, between them). The file is just past the default
+      --max-body (1G), so both servers start with --max-body 2G.
 
 The shape is a GQA decoder layer: Hq 32, Hkv 8, D 128, BF16, one query token. "N
 keys" means the step attends over N keys: the session holds N - 1 and the step
@@ -30,6 +36,7 @@ sides. The torch rows need the peers venv (make bench-peers makes it); without
 it they say "skipped: torch not installed".
 
   sessions.py --build build [--threads T] [--reps N] [--rounds R] [--steps S] [--runs R]
+              [--move-reps N] [--only e]
   sessions.py --worker torch --data DIR --threads T   (internal: "N WAY REPS" lines on stdin)
 """
 
@@ -65,6 +72,8 @@ LATENCY_LENGTHS = (4096, 32768)           # (b)
 CONCURRENCY = (1, 8, 64)                  # (c)
 CONC_KEYS = 4096                          # (c): every session holds 4K keys at the start
 SESSION_MEMORY = "8G"
+MOVE_LAYERS = 8                           # (e): a 32K-token session of 8 layers
+MOVE_MAX_BODY = "2G"                      # (e): past the 1 GiB file (the default is 1G)
 
 
 # ---- data ---------------------------------------------------------------------------
@@ -132,16 +141,20 @@ class Conn:
             k, _, v = line.partition(":")
             headers[k.strip().lower()] = v.strip()
         n = int(headers.get("content-length", "0"))
-        parts, have = [rest], len(rest)
+        if len(rest) >= n:
+            self.buf = rest[n:]
+            return status, headers, rest[:n]
+        # the body read into one buffer: recv(n) would allocate n bytes a call
+        data = bytearray(n)
+        data[:len(rest)] = rest
+        view, have = memoryview(data), len(rest)
         while have < n:
-            chunk = self.s.recv(max(1 << 20, n - have))
-            if not chunk:
+            got = self.s.recv_into(view[have:])
+            if not got:
                 raise ConnectionError("attnd closed the connection")
-            parts.append(chunk)
-            have += len(chunk)
-        data = b"".join(parts)
-        self.buf = data[n:]
-        return status, headers, data[:n]
+            have += got
+        self.buf = b""
+        return status, headers, data
 
     def request(self, method, path, body=b"", ctype="application/octet-stream", want=None):
         sent = self.send(method, path, body, ctype)
@@ -549,6 +562,63 @@ class Torch:
         self.p.wait()
 
 
+# ---- (e): a session moved between two servers -----------------------------------------
+
+def move_session(build, threads, q, k, v, reps):
+    """(e): the median over reps of a GET export from one server plus a PUT import into
+    the other, with the two calls' medians apart; the file's bytes; the servers' flags."""
+    a_srv = Attnd(build, threads, "on", ("--max-body", MOVE_MAX_BODY))
+    b_srv = Attnd(build, threads, "on", ("--max-body", MOVE_MAX_BODY))
+    try:
+        ca = Conn(a_srv.port)
+        body = json.dumps({"heads_kv": HKV, "head_dim": D, "dtype": DT, "layers": MOVE_LAYERS,
+                           "max_tokens": MAX_KEYS, "ttl_s": 3600}).encode()
+        ca.request("PUT", "/v1/sessions/move", body, "application/json", want=(201,))
+        for layer in range(MOVE_LAYERS):
+            print("  (e) prefill layer %d/%d ..." % (layer + 1, MOVE_LAYERS), file=sys.stderr,
+                  flush=True)
+            for p in range(0, MAX_KEYS, 8192):
+                b = st_body([("q", q), ("k", k[:, p:p + 8192]), ("v", v[:, p:p + 8192])],
+                            {"pos": str(p), "layer": str(layer)})
+                ca.request("POST", "/v1/sessions/move/attention", b, want=(200,))
+        cb = Conn(b_srv.port)  # now: one idle through the prefill would be closed
+        gets, puts, f = [], [], None
+        for i in range(reps + 1):
+            t0 = time.perf_counter()
+            f = ca.request("GET", "/v1/sessions/move/export", want=(200,))[2]
+            t1 = time.perf_counter()
+            cb.request("PUT", "/v1/sessions/move/import", f, want=(201,))
+            t2 = time.perf_counter()
+            if i:  # the first move warms both servers' body buffers and pages
+                gets.append(t1 - t0)
+                puts.append(t2 - t1)
+            if i < reps:
+                cb.request("DELETE", "/v1/sessions/move", want=(204,))
+        if cb.request("GET", "/v1/sessions/move/export", want=(200,))[2] != f:
+            raise RuntimeError("(e): the imported session's export is not the exported file")
+        ca.close()
+        cb.close()
+        return [g + p for g, p in zip(gets, puts)], gets, puts, len(f), a_srv.cmd
+    finally:
+        a_srv.stop()
+        b_srv.stop()
+
+
+def move_row(a, threads, table, notes):
+    q, k, v = make_data()
+    total, gets, puts, nbytes, cmd = move_session(a.build, threads, q, k, v, a.move_reps)
+    gbps = nbytes / med(total) * 1e-9
+    table.add("(e) session move, 32K tokens x %d layers: GET export + PUT import" % MOVE_LAYERS,
+              "%.2f GB/s" % gbps, "%.2f s" % med(total), "", ">= 1 GB/s", gbps >= 1)
+    notes.append("(e) a %d-byte session file (Hkv %d, D %d, %s, %d layers of 32K tokens); "
+                 "median of %d moves: GET export %.3f s (%.2f GB/s), PUT import %.3f s "
+                 "(%.2f GB/s), together %.3f s; the import's export equals the file byte for "
+                 "byte; both servers: %s"
+                 % (nbytes, HKV, D, DT, MOVE_LAYERS, len(total), med(gets),
+                    nbytes / med(gets) * 1e-9, med(puts), nbytes / med(puts) * 1e-9,
+                    med(total), cmd))
+
+
 # ---- the report ------------------------------------------------------------------------
 
 def st_sent_of(stateless, n):
@@ -614,6 +684,14 @@ def main_driver(a):
     sys.stdout.flush()
     table = Table()
     notes = []
+    if a.only == "e":
+        move_row(a, threads, table, notes)
+        print()
+        table.print()
+        print()
+        for n in notes:
+            print(n)
+        return
 
     # (d) first, alone on the machine: the kernel in process and the stream read
     print("  (d) bench-peak --bandwidth ...", file=sys.stderr, flush=True)
@@ -793,6 +871,9 @@ def main_driver(a):
             table.add("(d) CPU decode kernel, 32K keys, %s" % dt,
                       "skipped: %s" % r.get("skipped", "?"), "-", "-")
 
+    # (e)
+    move_row(a, threads, table, notes)
+
     print()
     table.print()
     print()
@@ -825,6 +906,9 @@ def main():
                    help="(b): rounds of session, torch and stateless steps in turn (3)")
     p.add_argument("--steps", type=int, default=64, help="(c): steps per session (64)")
     p.add_argument("--runs", type=int, default=5, help="(c): runs per cell, median (5)")
+    p.add_argument("--move-reps", type=int, default=3,
+                   help="(e): timed moves, median (3; one more warms up)")
+    p.add_argument("--only", choices=("e",), help="run row (e) alone")
     p.add_argument("--worker", choices=("torch",), help=argparse.SUPPRESS)
     p.add_argument("--data", help=argparse.SUPPRESS)
     a = p.parse_args()

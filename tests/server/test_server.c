@@ -509,10 +509,11 @@ Test(server, help_and_version) {
   cr_expect(out && strstr(out, "--listen") && strstr(out, "--max-body") &&
                 strstr(out, "--max-queue") && strstr(out, "--timeout"),
             "--help usage lacks flags: %s", out);
-  static const char *const sessions[] = {"--session-memory BYTES",    "ATTND_SESSION_MEMORY]",
-                                         "--session-dir DIR",         "ATTND_SESSION_DIR]",
-                                         "--session-batch on|off",    "ATTND_SESSION_BATCH]",
-                                         "--session-ttl-max SECONDS", "ATTND_SESSION_TTL_MAX]"};
+  static const char *const sessions[] = {
+      "--session-memory BYTES",    "ATTND_SESSION_MEMORY]",      "--session-dir DIR",
+      "ATTND_SESSION_DIR]",        "--session-batch on|off",     "ATTND_SESSION_BATCH]",
+      "--session-ttl-max SECONDS", "ATTND_SESSION_TTL_MAX]",     "--handover URL",
+      "ATTND_HANDOVER]",           "--handover-timeout SECONDS", "ATTND_HANDOVER_TIMEOUT]"};
   for (size_t i = 0; out && i < sizeof sessions / sizeof *sessions; i++)
     cr_expect(strstr(out, sessions[i]), "--help lacks %s", sessions[i]);
   free(out);

@@ -20,7 +20,8 @@ static void clear_env(void) {
                                      "ATTND_SESSION_BATCH",  "ATTND_SESSION_TTL_MAX",
                                      "ATTND_API_KEY",        "ATTND_API_KEY_FILE",
                                      "ATTND_DETERMINISTIC",  "ATTND_SESSION_MEMORY_PER_KEY",
-                                     "ATTND_TINY_FLOPS",     "ATTND_MAX_PAIRS"};
+                                     "ATTND_TINY_FLOPS",     "ATTND_MAX_PAIRS",
+                                     "ATTND_HANDOVER",       "ATTND_HANDOVER_TIMEOUT"};
   for (size_t i = 0; i < sizeof vars / sizeof *vars; i++)
     unsetenv(vars[i]);
 }
@@ -59,6 +60,31 @@ Test(config, session_defaults) {
   cr_expect_str_empty(C.session_dir);
   cr_expect(C.session_batch);
   cr_expect_eq(C.session_ttl_max, 86400);
+}
+
+/* --handover: none by default; a base URL read once (its path without a
+ * trailing '/', the port http's when not given), from the flag or the
+ * variable; what the handover cannot use refused. */
+Test(config, handover_url_and_timeout) {
+  cr_assert_eq(parse(NULL), 0);
+  cr_expect_str_empty(C.handover);
+  cr_expect_eq(C.handover_timeout, 30);
+  cr_assert_eq(PARSE("--handover", "http://proxy/base/", "--handover-timeout", "2.5"), 0);
+  cr_expect_str_eq(C.handover, "http://proxy/base/");
+  cr_expect_str_eq(C.handover_url.host, "proxy");
+  cr_expect_eq(C.handover_url.port, 80);
+  cr_expect_str_eq(C.handover_url.path, "/base");
+  cr_expect_eq(C.handover_timeout, 2.5);
+  setenv("ATTND_HANDOVER", "http://[::1]:8080", 1);
+  cr_assert_eq(parse(NULL), 0);
+  cr_expect(C.handover_url.ipv6 && C.handover_url.port == 8080);
+  cr_expect_str_empty(C.handover_url.path);
+  static const char *const bad[] = {"https://proxy", "proxy:8080?x", "http://u@proxy",
+                                    "http://proxy:0"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+    cr_expect_eq(PARSE("--handover", bad[i]), -1, "%s", bad[i]);
+  cr_expect_eq(PARSE("--handover-timeout", "0"), -1);
+  cr_expect_eq(PARSE("--handover-timeout", "3601"), -1);
 }
 
 Test(config, session_values_and_suffixes) {

@@ -1,6 +1,7 @@
 /*
- * fuzz_http_reply.c — libFuzzer target for `attn load`'s HTTP/1.1 reply
- * parser. The input is what a server sends on one keep-alive connection;
+ * fuzz_http_reply.c — libFuzzer target for the HTTP/1.1 reply parser
+ * (proto/http_reply.h, `attn load`'s and the session handover's). The
+ * input is what a server sends on one keep-alive connection;
  * its first byte chooses how it is split into reads. Fed whole or in
  * pieces, the parser must end the same replies at the same offsets, never
  * report more bytes used than it was given, and never read past its input
@@ -24,7 +25,7 @@ static int run(attn_http_reply *p, const char *s, size_t n, size_t step, size_t 
   while (off < n) {
     size_t piece = step && n - off > step ? step : n - off, used = 0;
     int rc = attn_http_reply_feed(p, s + off, piece, &used);
-    if (used > piece)
+    if (used > piece || p->kept > p->keep_cap)
       abort();
     if (rc == ATTN_HTTP_ERROR)
       return -1 - count;
@@ -47,6 +48,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   attn_http_reply p;
   if (attn_http_reply_init(&p) < 0)
     return 0;
+  char keep[7]; /* small: bodies run past it, as an error message may */
+  p.keep = keep;
+  p.keep_cap = sizeof keep;
   size_t step = 1 + data[0] % 17, a[MAX_REPLIES], b[MAX_REPLIES];
   const char *s = (const char *)data + 1;
   int whole = run(&p, s, size - 1, 0, a);

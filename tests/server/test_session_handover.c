@@ -205,7 +205,7 @@ static int silent_listener(int *port) {
  * 0 (the wait bounded by --handover-timeout, well inside srv_stop's), its
  * sessions kept, logged and saved; a restart from --session-dir serves
  * them as they were. */
-static void kept_and_saved(const char *target, const char *why) {
+static void kept_and_saved(const char *target, const char *why, const char *logged) {
   const char *keys = keys_file();
   char dir[256];
   snprintf(dir, sizeof dir, "%s/saved-%d", make_tmpdir(), (int)strlen(why));
@@ -219,6 +219,7 @@ static void kept_and_saved(const char *target, const char *why) {
   char *log = srv_log(&A);
   cr_expect(strstr(log, "0 moved (0 bytes), 0 already there, 1 kept"), "%s: %s", why, log);
   cr_expect(strstr(log, "handover: session k1 (key alice) kept"), "%s: %s", why, log);
+  cr_expect(strstr(log, logged), "%s: no \"%s\" in %s", why, logged, log);
   cr_expect(strstr(log, "sessions: saved 1 to"), "%s: %s", why, log);
   free(log);
   srv_cleanup(&A);
@@ -232,10 +233,11 @@ Test(session_handover, a_dead_target_keeps_them_for_the_session_dir) {
   int port, fd = silent_listener(&port);
   char url[64];
   snprintf(url, sizeof url, "http://127.0.0.1:%d", port);
-  kept_and_saved(url, "a target that never answers");
+  kept_and_saved(url, "a target that never answers",
+                 "no answer by the deadline while waiting for the reply");
   close(fd);
   snprintf(url, sizeof url, "http://127.0.0.1:%d", free_port());
-  kept_and_saved(url, "nobody listening");
+  kept_and_saved(url, "nobody listening", "connecting: Connection refused");
 }
 
 /* The inheritor at its memory limit answers 507: the session is kept,

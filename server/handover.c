@@ -109,10 +109,11 @@ static void hand_one(ho_run *h, const ho_name *nm) {
   size_t len = 0;
   attn_status st;
   char why[320], path[sizeof "/v1/sessions//import" + ATTN_KV_ID_MAX];
-  if (attn_now() >= h->deadline || (c->keys.n && !key)) {
+  bool late = attn_now() >= h->deadline;
+  if (late || (c->keys.n && !key)) {
     kept(h, nm, 0,
-         attn_now() >= h->deadline ? "the handover's time (--handover-timeout) is up"
-                                   : "this server has no API key of that name to import it with");
+         late ? "the handover's time (--handover-timeout) is up"
+              : "this server has no API key of that name to import it with");
     return;
   }
   if (attnd_sessions_export_file(h->s->kv, nm->tenant, nm->id, &buf, &len, &st)) {

@@ -7,8 +7,8 @@
  * already is 409, which A drops and logs; a target that refuses or never
  * answers leaves A's exit bounded by --handover-timeout, its sessions kept
  * and saved to --session-dir, as is one the inheritor has no memory for
- * (507, logged with its message); URLs attnd cannot use are refused at
- * start.
+ * (507, logged with its message) and one whose key this server no longer
+ * holds; URLs attnd cannot use are refused at start.
  */
 #include "harness.h"
 #include "proto.h"
@@ -256,6 +256,35 @@ Test(session_handover, the_inheritors_refusal_is_logged_and_the_session_kept) {
   cr_expect(strstr(log, "the inheritor answered 507 session_memory_full: "), "%s", log);
   cr_expect(strstr(log, "sessions: saved 1 to"), "%s", log);
   free(log);
+}
+
+/* A session loaded from --session-dir whose key has left the key file has
+ * no key to be imported with: kept and saved again, never sent under
+ * another key. */
+Test(session_handover, a_session_whose_key_is_gone_is_kept) {
+  const char *keys = keys_file();
+  char dir[256], alice_only[256];
+  snprintf(dir, sizeof dir, "%s/saved", make_tmpdir());
+  snprintf(alice_only, sizeof alice_only, "%s/alice-only", make_tmpdir());
+  write_file(alice_only, "alice:alice-key-0123456789\n");
+  cr_assert_eq(mkdir(dir, 0700), 0);
+  srv_start(&A, "--session-memory", "16M", "--api-key-file", keys, "--session-dir", dir, NULL);
+  create(&A, BOB, "b1", 1);
+  cr_assert_eq(srv_stop(&A, 60), 0);
+  srv_cleanup(&A);
+  srv_start(&B, "--session-memory", "16M", "--api-key-file", keys, NULL);
+  start_pair(alice_only, B.url, "30", dir);
+  cr_assert_eq(srv_stop(&A, 60), 0);
+  char *log = srv_log(&A);
+  cr_expect(strstr(log, "session b1 (key bob) kept, 0 bytes: this server has no API key of that "
+                        "name to import it with"),
+            "%s", log);
+  cr_expect(strstr(log, "sessions: saved 1 to"), "%s", log);
+  free(log);
+  long status;
+  size_t n;
+  cr_expect_null(export_of(&B, BOB, "b1", &n, &status));
+  cr_expect_eq(status, 404, "B has no b1 of bob's: %ld", status);
 }
 
 Test(session_handover, urls_it_cannot_use_are_refused_at_start) {

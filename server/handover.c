@@ -14,6 +14,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A request's socket waits: a target that moves no byte this long (a stuck
+ * import) is given up on, leaving the rest of --handover-timeout to the
+ * next sessions. An import still copying a large session answers well
+ * inside it: a GiB takes seconds. */
+#define HANDOVER_IDLE_S 10.0
+
 typedef struct ho_name {
   char tenant[ATTN_KV_TENANT_MAX + 1];
   char id[ATTN_KV_ID_MAX + 1];
@@ -122,7 +128,13 @@ static void hand_one(ho_run *h, const ho_name *nm) {
     return;
   }
   snprintf(path, sizeof path, "/v1/sessions/%s/import", nm->id);
-  attnd_put p = {&c->handover_url, path, key, buf, len, h->deadline};
+  attnd_put p = {.base = &c->handover_url,
+                 .path = path,
+                 .key = key,
+                 .body = buf,
+                 .len = len,
+                 .idle_s = HANDOVER_IDLE_S,
+                 .deadline = h->deadline};
   attnd_put_reply r;
   if (attnd_http_put(&p, &r, why, sizeof why) < 0)
     kept(h, nm, len, why);

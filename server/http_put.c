@@ -1,8 +1,8 @@
 /*
  * http_put.c — the blocking PUT of http_put.h: a non-blocking socket whose
- * every wait is a poll() bounded by the deadline, so that neither a
- * connect to an address nobody answers nor a peer that stops reading can
- * hold the caller past it.
+ * every wait is a poll() bounded by the request's idle time and deadline,
+ * so that neither a connect to an address nobody answers nor a peer that
+ * stops reading can hold the caller past them.
  */
 #include "http_put.h"
 #include "http_reply.h"
@@ -17,22 +17,27 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-/* Milliseconds until deadline, 0 once it has passed. */
-static int ms_left(double deadline) {
-  double ms = (deadline - attn_now()) * 1e3;
+/* Milliseconds until t, 0 once it has passed. */
+static int ms_until(double t) {
+  double ms = (t - attn_now()) * 1e3;
   return ms <= 0 ? 0 : ms > 1e9 ? 1000000000 : (int)ms + 1;
 }
 
-/* Waits until fd is ready for events; 0, or -1 with why at the deadline. */
-static int wait_fd(int fd, short events, double deadline, const char *doing, char *why,
+/* Waits until fd is ready for events; 0, or -1 with why when q's idle time
+ * or deadline comes first. */
+static int wait_fd(int fd, short events, const attnd_put *q, const char *doing, char *why,
                    size_t cap) {
+  double idle_end = attn_now() + q->idle_s;
+  double until = idle_end < q->deadline ? idle_end : q->deadline;
   for (;;) {
     struct pollfd p = {.fd = fd, .events = events};
-    int n = poll(&p, 1, ms_left(deadline));
+    int n = poll(&p, 1, ms_until(until));
     if (n > 0)
       return 0;
     if (n == 0) {
-      snprintf(why, cap, "no answer by the deadline while %s", doing);
+      snprintf(why, cap, "%s while %s",
+               until < q->deadline ? "no byte moved in its idle time" : "no answer by the deadline",
+               doing);
       return -1;
     }
     if (errno != EINTR) {
@@ -43,7 +48,7 @@ static int wait_fd(int fd, short events, double deadline, const char *doing, cha
 }
 
 /* A socket connected to a, or -1 with why. */
-static int dial_one(const struct addrinfo *a, double deadline, char *why, size_t cap) {
+static int dial_one(const struct addrinfo *a, const attnd_put *q, char *why, size_t cap) {
   int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
   if (fd < 0) {
     snprintf(why, cap, "socket: %s", strerror(errno));
@@ -53,7 +58,7 @@ static int dial_one(const struct addrinfo *a, double deadline, char *why, size_t
   socklen_t len = sizeof err;
   if (connect(fd, a->ai_addr, a->ai_addrlen) < 0 && errno != EINPROGRESS)
     err = errno;
-  else if (wait_fd(fd, POLLOUT, deadline, "connecting", why, cap) < 0)
+  else if (wait_fd(fd, POLLOUT, q, "connecting", why, cap) < 0)
     err = -1;
   else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
     err = errno;
@@ -67,7 +72,7 @@ static int dial_one(const struct addrinfo *a, double deadline, char *why, size_t
 }
 
 /* A socket connected to u's host and port (its addresses in turn), or -1. */
-static int dial(const attn_url *u, double deadline, char *why, size_t cap) {
+static int dial(const attn_url *u, const attnd_put *q, char *why, size_t cap) {
   char port[8];
   snprintf(port, sizeof port, "%d", u->port);
   struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai;
@@ -78,19 +83,19 @@ static int dial(const attn_url *u, double deadline, char *why, size_t cap) {
   }
   int fd = -1;
   for (const struct addrinfo *a = ai; a && fd < 0; a = a->ai_next)
-    fd = dial_one(a, deadline, why, cap);
+    fd = dial_one(a, q, why, cap);
   freeaddrinfo(ai);
   return fd;
 }
 
-static int send_all(int fd, const char *p, size_t n, double deadline, char *why, size_t cap) {
+static int send_all(int fd, const char *p, size_t n, const attnd_put *q, char *why, size_t cap) {
   while (n > 0) {
     ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
     if (w > 0) {
       p += w;
       n -= (size_t)w;
     } else if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      if (wait_fd(fd, POLLOUT, deadline, "sending", why, cap) < 0)
+      if (wait_fd(fd, POLLOUT, q, "sending", why, cap) < 0)
         return -1;
     } else if (w < 0 && errno != EINTR) {
       snprintf(why, cap, "sending: %s", strerror(errno));
@@ -101,7 +106,7 @@ static int send_all(int fd, const char *p, size_t n, double deadline, char *why,
 }
 
 /* Reads bytes into the parser until its reply ends; 0, or -1 with why. */
-static int read_until_done(int fd, attn_http_reply *p, double deadline, char *why, size_t cap) {
+static int read_until_done(int fd, attn_http_reply *p, const attnd_put *q, char *why, size_t cap) {
   char buf[16384];
   for (;;) {
     ssize_t n = recv(fd, buf, sizeof buf, 0);
@@ -120,7 +125,7 @@ static int read_until_done(int fd, attn_http_reply *p, double deadline, char *wh
       snprintf(why, cap, "the connection closed before the reply ended");
       return -1;
     } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      if (wait_fd(fd, POLLIN, deadline, "waiting for the reply", why, cap) < 0)
+      if (wait_fd(fd, POLLIN, q, "waiting for the reply", why, cap) < 0)
         return -1;
     } else if (errno != EINTR) {
       snprintf(why, cap, "reading the reply: %s", strerror(errno));
@@ -129,7 +134,7 @@ static int read_until_done(int fd, attn_http_reply *p, double deadline, char *wh
   }
 }
 
-static int read_reply(int fd, double deadline, attnd_put_reply *out, char *why, size_t cap) {
+static int read_reply(int fd, const attnd_put *q, attnd_put_reply *out, char *why, size_t cap) {
   attn_http_reply p;
   if (attn_http_reply_init(&p) < 0) {
     snprintf(why, cap, "out of memory for the reply");
@@ -138,7 +143,7 @@ static int read_reply(int fd, double deadline, attnd_put_reply *out, char *why, 
   p.keep = out->body;
   p.keep_cap = sizeof out->body - 1;
   attn_http_reply_start(&p);
-  int rc = read_until_done(fd, &p, deadline, why, cap);
+  int rc = read_until_done(fd, &p, q, why, cap);
   out->status = p.status;
   out->len = p.kept;
   out->body[p.kept] = 0;
@@ -169,14 +174,14 @@ int attnd_http_put(const attnd_put *p, attnd_put_reply *out, char *why, size_t c
     snprintf(why, cap, "the request's head is too long");
     return -1;
   }
-  int fd = dial(p->base, p->deadline, why, cap);
+  int fd = dial(p->base, p, why, cap);
   if (fd < 0)
     return -1;
   /* A server may answer before the body is in (a 413 from Content-Length)
    * and close: its reply is still the answer. */
-  bool sent = send_all(fd, head, (size_t)hl, p->deadline, send_why, sizeof send_why) == 0 &&
-              send_all(fd, p->body, p->len, p->deadline, send_why, sizeof send_why) == 0;
-  int rc = read_reply(fd, p->deadline, out, why, cap);
+  bool sent = send_all(fd, head, (size_t)hl, p, send_why, sizeof send_why) == 0 &&
+              send_all(fd, p->body, p->len, p, send_why, sizeof send_why) == 0;
+  int rc = read_reply(fd, p, out, why, cap);
   close(fd);
   if (rc < 0 && !sent)
     snprintf(why, cap, "%s", send_why);

@@ -6,9 +6,10 @@
  * sends each session with it at shutdown.
  *
  * It blocks the calling thread, so it never runs on the loop's. Every wait
- * on the socket (connect, each send, each read) ends at the caller's
- * deadline, so a target that is down, slow or silent costs at most that
- * long; only the name's lookup (getaddrinfo) is the resolver's to bound.
+ * on the socket (connect, each send, each read) ends after the request's
+ * idle time without progress, and at its deadline whatever the progress,
+ * so a target that is down, stuck or silent costs at most that long; only
+ * the name's lookup (getaddrinfo) is the resolver's to bound.
  */
 #ifndef ATTND_HTTP_PUT_H
 #define ATTND_HTTP_PUT_H
@@ -23,7 +24,9 @@ typedef struct attnd_put {
   const char *key;      /* sent as "Authorization: Bearer <key>"; NULL: none */
   const void *body;
   size_t len;
-  double deadline; /* attn_now() seconds */
+  double idle_s;   /* the most one wait on the socket may take: a peer that
+                      moves no byte that long is given up on */
+  double deadline; /* attn_now() seconds: the request ends by then */
 } attnd_put;
 
 typedef struct attnd_put_reply {

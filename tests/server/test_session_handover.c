@@ -202,15 +202,17 @@ static int silent_listener(int *port) {
 }
 
 /* A target that never answers, then one nobody listens on: A still exits
- * 0 (the wait bounded by --handover-timeout, well inside srv_stop's), its
+ * 0 (the wait bounded by --handover-timeout or the request's idle time,
+ * well inside srv_stop's), its
  * sessions kept, logged and saved; a restart from --session-dir serves
  * them as they were. */
-static void kept_and_saved(const char *target, const char *why, const char *logged) {
+static void kept_and_saved(const char *target, const char *timeout, const char *why,
+                           const char *logged) {
   const char *keys = keys_file();
   char dir[256];
   snprintf(dir, sizeof dir, "%s/saved-%d", make_tmpdir(), (int)strlen(why));
   cr_assert_eq(mkdir(dir, 0700), 0);
-  start_pair(keys, target, "1", dir);
+  start_pair(keys, target, timeout, dir);
   create(&A, ALICE, "k1", 1);
   append(&A, ALICE, "k1", 0, 0, 6, 6);
   size_t n;
@@ -233,11 +235,15 @@ Test(session_handover, a_dead_target_keeps_them_for_the_session_dir) {
   int port, fd = silent_listener(&port);
   char url[64];
   snprintf(url, sizeof url, "http://127.0.0.1:%d", port);
-  kept_and_saved(url, "a target that never answers",
+  kept_and_saved(url, "1", "a target that never answers",
                  "no answer by the deadline while waiting for the reply");
+  /* a timeout past the request's idle time (10 s): the request gives up
+   * first, leaving the rest of the handover to other sessions */
+  kept_and_saved(url, "60", "a target that never answers, a long timeout",
+                 "no byte moved in its idle time while waiting for the reply");
   close(fd);
   snprintf(url, sizeof url, "http://127.0.0.1:%d", free_port());
-  kept_and_saved(url, "nobody listening", "connecting: Connection refused");
+  kept_and_saved(url, "1", "nobody listening", "connecting: Connection refused");
 }
 
 /* The inheritor at its memory limit answers 507: the session is kept,

@@ -12,6 +12,8 @@
  */
 #include "kv_int.h"
 
+#include <string.h>
+
 void attn__kv_kin_join(kv_session *src, kv_session *ks) {
   ks->kin = src->kin;
   src->kin = ks;
@@ -131,9 +133,7 @@ bool attn__kv_cow_needed(const attn_kvpages *pool, const kv_session *ks, const k
 static void copy_page(attn_kv_store *s, const kv_session *ks, void **slot, int64_t rows) {
   void *fresh = attn__kvpages_take(&s->pages);
   const size_t bytes = (size_t)rows * (size_t)ks->pitch * attn_dtype_size(ks->shape.dtype);
-  attn_status st; /* host pages: a memcpy, which cannot fail */
-  if (bytes)
-    (void)attn__kvpages_copy(&s->pages, fresh, bytes, *slot, bytes, bytes, 1, &st);
+  memcpy(fresh, *slot, bytes); /* host pages only (fork.c) */
   attn__kvpages_give(&s->pages, *slot);
   *slot = fresh;
 }

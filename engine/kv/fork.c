@@ -57,7 +57,7 @@ static int64_t fork_need(const attn_kv_store *s, const kv_session *src, const in
     full += n[l] / src->page_tokens;
     partial += n[l] % src->page_tokens != 0;
   }
-  const int64_t u = attn__kv_unit(src);
+  const int64_t u = src->unit;
   if (src->shape.grow)
     return partial * u;
   return (int64_t)(attn_kv_reserve_bytes(s, &src->shape) / ATTN_KV_PAGE_BYTES) - full * u;

@@ -108,6 +108,7 @@ typedef struct kv_session {
   double ttl_s, expires;
   int64_t page_tokens, pages_per_head;
   int64_t pitch; /* elements from one row of a page to the next (attn__kv_pitch) */
+  int64_t unit;  /* the pages of one (layer, page) slot: heads_kv x tensors (P2's u) */
   /* Pages it reserves in the pool and counts against its tenant: its whole
    * max_tokens' from create, or a grow session's pages it holds now. */
   int64_t reserved_pages;
@@ -191,18 +192,15 @@ struct attn_kv_store {
 /* The widest row a page may hold: max(head_dim, head_dim_v) at most. */
 #define KV_WIDEST \
   (ATTN_MAX_HEAD_DIM > ATTN_MAX_HEAD_DIM_V ? ATTN_MAX_HEAD_DIM : ATTN_MAX_HEAD_DIM_V)
-/* share.c: the ring of forks (ks joins src's; ks leaves its own); the
- * pages of one slot (P2's u); whether slot p of layer L is held more than
- * once; pages layer l of ks must add to the pool's reserved count to
- * be cut to length (P4), and the cut's payments applied (apply: the
- * count added too, its fit checked by the caller); every payment ks makes
- * for a slot another holds passed on (its end); whether an append over
+/* share.c: the ring of forks (ks joins src's; ks leaves its own); whether slot p of layer L is held
+ * more than once; pages layer l of ks must add to the pool's reserved count to be cut to length
+ * (P4), and the cut's payments applied (apply: the count added too, its fit checked by the caller);
+ * every payment ks makes for a slot another holds passed on (its end); whether an append over
  * tokens [from, to) of L writes into a held slot whose pages are shared,
  * and those slots copied to fresh pages (P1); pages ks holds that others
  * hold too. */
 void attn__kv_kin_join(kv_session *src, kv_session *ks);
 void attn__kv_kin_leave(kv_session *ks);
-int64_t attn__kv_unit(const kv_session *ks);
 bool attn__kv_slot_shared(const attn_kvpages *pool, const kv_layer *L, int64_t p);
 int64_t attn__kv_cut_need(attn_kv_store *s, kv_session *ks, int64_t l, int64_t length, bool apply);
 void attn__kv_pass_all(attn_kv_store *s, kv_session *ks);

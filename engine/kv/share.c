@@ -27,10 +27,6 @@ void attn__kv_kin_leave(kv_session *ks) {
   ks->kin = ks;
 }
 
-int64_t attn__kv_unit(const kv_session *ks) {
-  return ks->shape.heads_kv * attn__kv_tensors(&ks->shape);
-}
-
 /* Head 0's K page stands for the slot: its pages are held together. */
 bool attn__kv_slot_shared(const attn_kvpages *pool, const kv_layer *L, int64_t p) {
   return p < L->npages && attn__kvpages_refs(pool, L->kp[p]) > 1;
@@ -66,7 +62,7 @@ static void pay(attn_kv_store *s, kv_session *ks, int64_t pages) {
 static int64_t unfill(attn_kv_store *s, kv_session *ks, int64_t l, int64_t p, bool gone,
                       bool apply) {
   kv_layer *L = &ks->layers[l];
-  const int64_t u = attn__kv_unit(ks);
+  const int64_t u = ks->unit;
   const bool keeps_paying = !ks->shape.grow || !gone;
   if (L->ride[p]) {
     if (!keeps_paying)
@@ -159,5 +155,5 @@ int64_t attn__kv_shared_pages(const attn_kvpages *pool, const kv_session *ks) {
   for (int64_t l = 0; l < ks->shape.layers; l++)
     for (int64_t p = 0; p < ks->layers[l].npages; p++)
       n += attn__kv_slot_shared(pool, &ks->layers[l], p);
-  return n * attn__kv_unit(ks);
+  return n * ks->unit;
 }

@@ -50,12 +50,14 @@ static void session_free(attn_kv_store *s, kv_session *ks) {
   attn__kv_kin_leave(ks);
   for (int64_t l = 0; ks->layers && l < ks->shape.layers; l++) {
     kv_layer *L = &ks->layers[l];
-    for (int64_t i = 0; L->kp && i < ks->shape.heads_kv * ks->pages_per_head; i++) {
-      if (L->kp[i])
+    /* the pages it holds only: a grow session's tables may be huge and all but empty */
+    for (int64_t h = 0; h < ks->shape.heads_kv; h++)
+      for (int64_t p = 0; p < L->npages; p++) {
+        const int64_t i = h * ks->pages_per_head + p;
         attn__kvpages_give(&s->pages, L->kp[i]);
-      if (L->vp && L->vp[i])
-        attn__kvpages_give(&s->pages, L->vp[i]);
-    }
+        if (L->vp)
+          attn__kvpages_give(&s->pages, L->vp[i]);
+      }
     free(L->kp);
     free(L->vp);
     free(L->ride);
@@ -310,6 +312,7 @@ kv_session *attn__kv_insert_need(attn_kv_store *s, const char *tenant, const cha
     ks->page_tokens = attn__kv_page_tokens(s, sh);
     ks->pages_per_head = pages_per_head(s, sh);
     ks->pitch = attn__kv_pitch(s, sh);
+    ks->unit = sh->heads_kv * attn__kv_tensors(sh);
     ks->reserved_pages = need;
   }
   if (!ks || layers_alloc(ks) < 0) {
@@ -455,7 +458,7 @@ static void shrink(attn_kv_store *s, kv_session *ks, kv_layer *L) {
     paid += !L->ride[p];
     L->ride[p] = false;
   }
-  unbook(s, ks, paid * attn__kv_unit(ks));
+  unbook(s, ks, paid * ks->unit);
   for (int64_t h = 0; h < ks->shape.heads_kv; h++)
     for (int64_t p = keep; p < L->npages; p++) {
       int64_t i = h * ks->pages_per_head + p;

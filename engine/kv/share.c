@@ -56,14 +56,14 @@ static void pay(attn_kv_store *s, kv_session *ks, int64_t pages) {
   (void)attn__kv_tenant_add(s, ks->tenant, pages);
 }
 
-/* Slot (l, p) of ks stops being full for it: P4. ks lets it go (gone:
- * a grow session's slot dropped now) or keeps paying for it. Returns the
- * pages added to the pool's count. */
-static int64_t unfill(attn_kv_store *s, kv_session *ks, int64_t l, int64_t p, bool gone,
+/* Slot (l, p) of ks stops being full for it: P4. ks keeps paying for it
+ * (a whole session always pays for a slot, held or not; a grow one for a
+ * slot it still holds), or stops (its end; a grow session's slot dropped
+ * now). Returns the pages added to the pool's count. */
+static int64_t unfill(attn_kv_store *s, kv_session *ks, int64_t l, int64_t p, bool keeps_paying,
                       bool apply) {
   kv_layer *L = &ks->layers[l];
   const int64_t u = ks->unit;
-  const bool keeps_paying = !ks->shape.grow || !gone;
   if (L->ride[p]) {
     if (!keeps_paying)
       return 0; /* shrink lets it go without a payment */
@@ -96,7 +96,7 @@ int64_t attn__kv_cut_need(attn_kv_store *s, kv_session *ks, int64_t l, int64_t l
   const int64_t pt = ks->page_tokens, keep = (length + pt - 1) / pt;
   int64_t need = 0;
   for (int64_t p = length / pt; p < L->npages && full(ks, L, p); p++)
-    need += unfill(s, ks, l, p, p >= keep && L->readers == 0, apply);
+    need += unfill(s, ks, l, p, !ks->shape.grow || p < keep || L->readers > 0, apply);
   return need;
 }
 
@@ -108,7 +108,7 @@ void attn__kv_pass_all(attn_kv_store *s, kv_session *ks) {
   for (int64_t l = 0; l < ks->shape.layers; l++)
     for (int64_t p = 0; p < ks->layers[l].npages && full(ks, &ks->layers[l], p); p++)
       if (!ks->layers[l].ride[p])
-        (void)unfill(s, ks, l, p, true, true);
+        (void)unfill(s, ks, l, p, false, true);
 }
 
 /* The held slots an append over [from, to) writes: [from / pt, end). */

@@ -73,10 +73,12 @@ typedef struct attn_kv_info {
   char id[ATTN_KV_ID_MAX + 1];
   attn_kv_shape shape;
   double ttl_s;
-  double expires;          /* attn_now() seconds at which it expires unless used */
-  uint64_t reserved_bytes; /* a grow session's: the pages it holds now */
-  uint64_t shared_bytes;   /* pages it holds that other sessions (its forks) hold too */
-  int64_t tokens;          /* summed over layers */
+  double expires; /* attn_now() seconds at which it expires unless used */
+  /* a grow session's: the pages it holds now; a fork's leaves out the full
+   * pages it shares that another session pays for (kv_int.h, P2) */
+  uint64_t reserved_bytes;
+  uint64_t shared_bytes; /* pages it holds that other sessions (its forks) hold too */
+  int64_t tokens;        /* summed over layers */
 } attn_kv_info;
 
 /* Totals of a store, for metrics and /v1/info. */

@@ -439,6 +439,55 @@ Test(kv_fork, refusals_and_expiry, .init = setup, .fini = teardown) {
   attn_kv_close(kv);
 }
 
+/* Entry i's rows of a batch's O [Hq, total, Dv] (nq[i] queries at off). */
+static tkv_reply entry_reply(const void *bo, const tkv_stream *s, int64_t total, int64_t off,
+                             int64_t nq) {
+  const size_t w = (size_t)s->dv * attn_dtype_size(s->dt);
+  tkv_reply y = {.o = malloc((size_t)(s->hq * nq) * w)};
+  for (int64_t h = 0; h < s->hq; h++)
+    memcpy((char *)y.o + (size_t)(h * nq) * w, (const char *)bo + (size_t)(h * total + off) * w,
+           (size_t)nq * w);
+  return y;
+}
+
+/* One batch call over a source and two forks of it, every one appending
+ * into the page the three share (so two of them copy it within the call),
+ * then more steps: each entry against its own history. */
+Test(kv_fork, batch_over_forks, .init = setup, .fini = teardown) {
+  attn_kv_store *kv = tkv_open_store(eng, 64 * PAGE, true, "cpu");
+  tkv_stream src = tkv_stream_make(2, 1, 64, 2 * PT, ATTN_F32, 21);
+  tkv_stream o1 = tkv_stream_make(2, 1, 64, 2 * PT, ATTN_F32, 22);
+  tkv_stream o2 = tkv_stream_make(2, 1, 64, 2 * PT, ATTN_F32, 23);
+  tkv_stream m1 = splice(&src, &o1, PT + 10), m2 = splice(&src, &o2, PT + 10);
+  make(kv, "s", &src, 1, 2 * PT, false);
+  step_ok(kv, "s", &src, 0, PT + 10);
+  fork_ok(kv, "s", "f1", -1);
+  fork_ok(kv, "s", "f2", -1);
+  const tkv_stream *ss[3] = {&src, &m1, &m2};
+  for (int64_t pos = PT + 10; pos < PT + 13; pos++) {
+    tkv_batch bt = {
+        {"s", "f1", "f2"}, {ss[0], ss[1], ss[2]}, {pos, pos, pos}, {1, 1, 1}, {1, 1, 1}};
+    void *bo;
+    attn_status st;
+    cr_assert_eq(tkv_call_batch(kv, &bt, 3, &bo, 0, &st), 0, "%s", st.message);
+    for (int i = 0; i < 3; i++) {
+      tkv_reply y = entry_reply(bo, ss[i], 3, i, 1);
+      double err = tkv_ref_error(ss[i], &tkv_plain, pos, 1, pos + 1, &y);
+      cr_expect_lt(err, ttol(ATTN_F32), "%s at %lld: error %g", bt.ids[i], (long long)pos, err);
+      tkv_reply_free(&y);
+    }
+    free(bo);
+  }
+  expect_pool(kv, 4 + 2 + 2, 8, 2,
+              4); /* s and f1 copied the partial page; the full one held thrice */
+  tkv_stream_free(&src);
+  tkv_stream_free(&o1);
+  tkv_stream_free(&o2);
+  tkv_stream_free(&m1);
+  tkv_stream_free(&m2);
+  attn_kv_close(kv);
+}
+
 /* ---- a write into a shared page while readers read ------------------- */
 
 typedef struct stepper {

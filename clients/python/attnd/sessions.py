@@ -294,8 +294,8 @@ class Session:
 
     def info(self):
         """``GET /v1/sessions/{id}``: a dict of its parameters, ``lengths`` (one per layer),
-        ``reserve``, ``reserved_bytes`` (a grow session's: what it holds now) and
-        ``expires_in_s``; :attr:`lengths` is updated from it.
+        ``reserve``, ``reserved_bytes`` (a grow session's: what it holds now),
+        ``shared_bytes`` (of the pages its forks hold too: :meth:`fork`) and ``expires_in_s``; :attr:`lengths` is updated from it.
 
         It never re-creates a session that is gone (it raises 404 ``session_not_found``,
         history or not): it is how a caller learns what the server holds."""

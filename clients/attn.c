@@ -22,8 +22,8 @@ static const char usage[] =
     "  compute attention of a safetensors file, in-process (attn compute --help)\n"
     "  infer   send one request to an attnd server, optionally checked (attn infer --help)\n"
     "  load    load generator: closed or open loop, latency percentiles (attn load --help)\n"
-    "  session a server-held KV cache: create, get, delete, truncate, attend (attn session "
-    "--help)\n"
+    "  session a server-held KV cache: create, get, delete, truncate, fork, attend (attn "
+    "session --help)\n"
     "\n"
     "attn --version prints the version.\n";
 

@@ -61,7 +61,8 @@ typedef struct tool_sess_info {
   attn_dtype dtype;
   double ttl_s, expires_in_s;
   int64_t reserved_bytes;
-  int64_t *lengths; /* layers of them (malloc'd) */
+  int64_t shared_bytes; /* of pages its forks (or its source) hold too */
+  int64_t *lengths;     /* layers of them (malloc'd) */
 } tool_sess_info;
 
 /* Reads a GET reply's JSON; 0, or -1 when it is not a session's. */

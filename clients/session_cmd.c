@@ -1,6 +1,6 @@
 /*
  * session_cmd.c — `attn session SUB URL ID`, SUB one of create, get,
- * delete, truncate, attend, export, import, move:
+ * delete, truncate, fork, attend, export, import, move:
  * attnd's server-held KV caches from the command line, one call each
  * (session.h). attend sends q and the new k, v from a safetensors file or
  * random ones shaped by the session's GET, and prints the layer's length
@@ -28,6 +28,7 @@ static const char usage[] =
     "       attn session get      URL ID [--json]\n"
     "       attn session delete   URL ID\n"
     "       attn session truncate URL ID --length N\n"
+    "       attn session fork     URL ID NEW [--length N] [--ttl S]\n"
     "       attn session attend   URL ID [--in FILE.safetensors | [--heads-q H] [--seq-q N]\n"
     "                             [--new N] [--seed S]] [--layer L] [--pos P] [--out FILE]\n"
     "                             [--no-causal] [--scale S] [--window-left N] [--window-right N]\n"
@@ -55,6 +56,10 @@ static const char usage[] =
     "            (--json: the server's JSON as it is)\n"
     "  delete    DELETE /v1/sessions/ID: its memory is free at once\n"
     "  truncate  every layer longer than --length N is cut to N\n"
+    "  fork      POST /v1/sessions/ID/fork: session NEW, holding ID's first --length N\n"
+    "            tokens of every layer (default: each layer's own length), with its\n"
+    "            parameters and ttl (or --ttl S); the two then change on their own, the\n"
+    "            memory of the tokens they share stored once (beam search, sampling)\n"
     "  attend    append k, v to --layer (default 0) at --pos (default: the layer's length),\n"
     "            then attend q over the layer's keys [0, pos + new); prints the length after\n"
     "            the call and a summary of o. --in FILE: a safetensors file holding q\n"
@@ -81,8 +86,9 @@ static const char usage[] =
     "reached, 2 bad usage.\n";
 
 typedef struct sess_args {
-  char sub; /* 'c'reate, 'g'et, 'd'elete, 't'runcate, 'a'ttend, 'e'xport, 'i'mport, 'm'ove */
-  const char *url, *id, *in, *out, *to;
+  char sub; /* 'c'reate, 'g'et, 'd'elete, 't'runcate, 'f'ork, 'a'ttend, 'e'xport, 'i'mport,
+              'm'ove */
+  const char *url, *id, *new_id, *in, *out, *to;
   int64_t heads_kv, head_dim, layers, max_tokens, length;
   int64_t head_dim_v, v_from_k; /* 0: not given */
   const char *reserve;          /* --reserve, or NULL: not sent (whole) */
@@ -90,7 +96,7 @@ typedef struct sess_args {
   int64_t nsinks;
   int64_t heads_q, seq_q, n_new, layer, pos;
   bool have_heads_kv, have_head_dim, have_max_tokens, have_length, have_pos;
-  bool have_heads_q, have_seq_q, json;
+  bool have_heads_q, have_seq_q, have_ttl, json;
   double ttl, timeout;
   attn_dtype dtype;
   uint64_t seed;
@@ -100,11 +106,11 @@ typedef struct sess_args {
 
 /* Which subcommands each flag belongs to (their initials). */
 static const char *const scope[128] = {
-    ['H'] = "c", ['D'] = "c",        ['t'] = "c",  ['l'] = "c",  ['m'] = "c", ['T'] = "c",
-    ['j'] = "g", ['n'] = "t",        ['i'] = "ai", ['o'] = "ae", ['q'] = "a", ['Q'] = "a",
-    ['k'] = "a", ['y'] = "a",        ['p'] = "a",  ['e'] = "a",  ['N'] = "a", ['c'] = "a",
-    ['s'] = "a", ['L'] = "a",        ['R'] = "a",  ['S'] = "a",  ['B'] = "a", ['C'] = "a",
-    ['O'] = "a", ['w'] = "cgdtaeim", ['V'] = "c",  ['K'] = "c",  ['G'] = "a", ['u'] = "m",
+    ['H'] = "c", ['D'] = "c",         ['t'] = "c",  ['l'] = "c",  ['m'] = "c", ['T'] = "cf",
+    ['j'] = "g", ['n'] = "tf",        ['i'] = "ai", ['o'] = "ae", ['q'] = "a", ['Q'] = "a",
+    ['k'] = "a", ['y'] = "a",         ['p'] = "a",  ['e'] = "a",  ['N'] = "a", ['c'] = "a",
+    ['s'] = "a", ['L'] = "a",         ['R'] = "a",  ['S'] = "a",  ['B'] = "a", ['C'] = "a",
+    ['O'] = "a", ['w'] = "cgdtfaeim", ['V'] = "c",  ['K'] = "c",  ['G'] = "a", ['u'] = "m",
     ['r'] = "c"};
 
 static const struct option opts[] = {TOOL_API_OPTIONS,
@@ -156,7 +162,7 @@ static int create_flag(int c, sess_args *a) {
   case 'm':
     a->have_max_tokens = true;
     return tool_arg_i64("--max-tokens", optarg, 1, big, &a->max_tokens);
-  case 'T': return tool_arg_double("--ttl", optarg, 1e-3, 1e9, &a->ttl);
+  case 'T': a->have_ttl = true; return tool_arg_double("--ttl", optarg, 1e-3, 1e9, &a->ttl);
   case 'V': return tool_arg_i64("--head-dim-v", optarg, 1, ATTN_MAX_HEAD_DIM_V, &a->head_dim_v);
   case 'K': return tool_arg_i64("--v-from-k", optarg, 1, ATTN_MAX_HEAD_DIM_V, &a->v_from_k);
   case 'n': a->have_length = true; return tool_arg_i64("--length", optarg, 0, big, &a->length);
@@ -221,7 +227,7 @@ static int one_flag(int c, sess_args *a) {
 }
 
 static char sub_initial(const char *s) {
-  static const char *const subs[] = {"create", "get",    "delete", "truncate",
+  static const char *const subs[] = {"create", "get",    "delete", "truncate", "fork",
                                      "attend", "export", "import", "move"};
   for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++)
     if (strcmp(s, subs[i]) == 0)
@@ -231,13 +237,15 @@ static char sub_initial(const char *s) {
 
 /* The positional arguments and what each subcommand requires. */
 static const char *check_args(int argc, char **argv, sess_args *a) {
-  if (optind + 2 > argc)
-    return "give URL and ID";
-  if (optind + 2 < argc)
+  const int npos = a->sub == 'f' ? 3 : 2; /* fork: URL ID NEW */
+  if (optind + npos > argc)
+    return a->sub == 'f' ? "give URL, ID and NEW" : "give URL and ID";
+  if (optind + npos < argc)
     return "too many arguments";
   a->url = argv[optind];
   a->id = argv[optind + 1];
-  if (!tool_sess_id_ok(a->id))
+  a->new_id = a->sub == 'f' ? argv[optind + 2] : NULL;
+  if (!tool_sess_id_ok(a->id) || (a->new_id && !tool_sess_id_ok(a->new_id)))
     return "ID is 1-128 of [A-Za-z0-9._-], not starting with '_' or '.'";
   if (a->sub == 'c' && !(a->have_heads_kv && a->have_head_dim && a->have_max_tokens))
     return "create needs --heads-kv, --head-dim and --max-tokens";
@@ -322,8 +330,9 @@ static void print_info(const sess_args *a, const tool_sess_info *in) {
   printf("lengths ");
   for (int64_t i = 0; i < in->layers; i++)
     printf("%s%lld", i ? "," : "", (long long)in->lengths[i]);
-  printf("\nreserved %lld bytes%s; ttl %g s, expires in %g s\n", (long long)in->reserved_bytes,
-         in->grow ? " (reserve grow: as tokens arrive)" : "", in->ttl_s, in->expires_in_s);
+  printf("\nreserved %lld bytes%s, %lld shared with its forks; ttl %g s, expires in %g s\n",
+         (long long)in->reserved_bytes, in->grow ? " (reserve grow: as tokens arrive)" : "",
+         (long long)in->shared_bytes, in->ttl_s, in->expires_in_s);
 }
 
 static int cmd_create(tool_sess_http *h, const sess_args *a) {
@@ -392,6 +401,34 @@ static int cmd_truncate(tool_sess_http *h, const sess_args *a) {
   printf("session %s truncated to %lld (HTTP %ld)\n", a->id, (long long)a->length, r.status);
   tool_sess_reply_free(&r);
   return 0;
+}
+
+static int cmd_fork(tool_sess_http *h, const sess_args *a) {
+  char body[256];
+  int n = snprintf(body, sizeof body, "{\"id\":\"%s\"", a->new_id);
+  if (a->have_length)
+    n += snprintf(body + n, sizeof body - (size_t)n, ",\"length\":%lld", (long long)a->length);
+  if (a->have_ttl)
+    n += snprintf(body + n, sizeof body - (size_t)n, ",\"ttl_s\":%.17g", a->ttl);
+  snprintf(body + n, sizeof body - (size_t)n, "}");
+  tool_sess_reply r;
+  if (call(h, a, "POST", "/fork", body, strlen(body), false, &r) != 0)
+    return 1;
+  tool_sess_info in = {0};
+  int rc = tool_sess_info_parse(r.body.p, r.body.len, &in);
+  int64_t tokens = 0;
+  for (int64_t l = 0; rc == 0 && l < in.layers; l++)
+    tokens += in.lengths[l];
+  if (rc == 0)
+    printf("session %s forked from %s (HTTP %ld): %lld tokens, reserved %lld bytes, %lld "
+           "shared\n",
+           a->new_id, a->id, r.status, (long long)tokens, (long long)in.reserved_bytes,
+           (long long)in.shared_bytes);
+  else
+    fprintf(stderr, ME ": the reply is not a session's JSON\n");
+  tool_sess_info_free(&in);
+  tool_sess_reply_free(&r);
+  return rc ? 1 : 0;
 }
 
 /* ---- moving a session ------------------------------------------------------ */
@@ -625,8 +662,9 @@ int tool_cmd_session(int argc, char **argv) {
   tool_sess_http h;
   if ((rc = tool_sess_http_init(&h, a.url, a.timeout, ME)) == 0) {
     int (*const fn[])(tool_sess_http *, const sess_args *) = {
-        ['c'] = cmd_create, ['g'] = cmd_get,    ['d'] = cmd_delete, ['t'] = cmd_truncate,
-        ['a'] = cmd_attend, ['e'] = cmd_export, ['i'] = cmd_import, ['m'] = cmd_move};
+        ['c'] = cmd_create,   ['g'] = cmd_get,    ['d'] = cmd_delete,
+        ['t'] = cmd_truncate, ['f'] = cmd_fork,   ['a'] = cmd_attend,
+        ['e'] = cmd_export,   ['i'] = cmd_import, ['m'] = cmd_move};
     rc = fn[(unsigned char)a.sub](&h, &a);
     tool_sess_http_free(&h);
   }

@@ -207,6 +207,7 @@ int tool_sess_info_parse(const char *json, size_t len, tool_sess_info *info) {
   if (!int_field(j, "head_dim_v", &info->head_dim_v) || info->head_dim_v < 1)
     info->head_dim_v = info->v_from_k ? latent : info->head_dim;
   int_field(j, "reserved_bytes", &info->reserved_bytes);
+  int_field(j, "shared_bytes", &info->shared_bytes);
   const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "reserve");
   info->grow = cJSON_IsString(rs) && !strcmp(rs->valuestring, "grow");
   info->ttl_s = cJSON_IsNumber(ttl) ? ttl->valuedouble : -1;

@@ -425,11 +425,19 @@ void attn_proto_session_file_free(attn_proto_session_file *f);
 /* POST /v1/sessions/{id}/truncate's body {"length": n}. */
 int attn_proto_session_truncate_decode(const char *body, size_t len, int64_t *length,
                                        attn_status *st);
+/* POST /v1/sessions/{id}/fork's body {"id": the new session's id (checked
+ * as kv.h's ids are), "length"? (0 to 2^30; absent: -1, each layer's own),
+ * "ttl_s"? (from 1 to ttl_max; absent: 0, the source's)}, refused as the
+ * truncate's is. */
+int attn_proto_session_fork_decode(const char *body, size_t len, double ttl_max,
+                                   char new_id[ATTN_KV_ID_MAX + 1], int64_t *length, double *ttl_s,
+                                   attn_status *st);
 struct attn_sbuf;
 /* A session as GET /v1/sessions/{id} describes it: {"id", "heads_kv",
  * "head_dim", "dtype", "layers", "max_tokens", "ttl_s", "head_dim_v",
  * "v_from_k" (a latent session's only), "lengths": [one a layer],
- * "tokens", "reserve", "reserved_bytes", "expires_in_s"}; lengths may be NULL
+ * "tokens", "reserve", "reserved_bytes", "shared_bytes" (bytes of pages it
+ * holds that its forks hold too), "expires_in_s"}; lengths may be NULL
  * (then []). */
 void attn_proto_session_info_json(struct attn_sbuf *b, const attn_kv_info *info,
                                   const int64_t *lengths, double now);

@@ -1,6 +1,7 @@
 /*
  * session_meta.c — the small JSON documents of the session routes: a
- * create's parameters, a truncate's length, a session's description.
+ * create's parameters, a truncate's length, a fork's, a session's
+ * description.
  */
 #include "internal.h"
 #include "proto.h"
@@ -186,6 +187,19 @@ static int value_dims_of(const cJSON *root, attn_kv_shape *sh, attn_status *st) 
   return 0;
 }
 
+/* "ttl_s" into *ttl when there is one, from TTL_MIN to ttl_max. */
+static int get_ttl(const cJSON *root, double ttl_max, double *ttl, attn_status *st) {
+  const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "ttl_s");
+  if (t && !(cJSON_IsNumber(t) && t->valuedouble >= TTL_MIN && t->valuedouble <= ttl_max))
+    return attn_status_set(st, ATTN_PROTO_EOPTVALUE,
+                           "\"ttl_s\" must be a number of seconds from %g to %g "
+                           "(--session-ttl-max)",
+                           TTL_MIN, ttl_max);
+  if (t)
+    *ttl = t->valuedouble;
+  return 0;
+}
+
 static int create_fields_of(const cJSON *root, attn_kv_shape *sh, double ttl_max, double *ttl,
                             attn_status *st) {
   int rc;
@@ -205,18 +219,8 @@ static int create_fields_of(const cJSON *root, attn_kv_shape *sh, double ttl_max
                            "\"reserve\" must be \"whole\" (pages for all of max_tokens at create, "
                            "the default) or \"grow\" (pages as tokens arrive)");
   sh->grow = rs && !strcmp(rs->valuestring, "grow");
-  const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "ttl_s");
-  *ttl = 600;
-  if (t && !(cJSON_IsNumber(t) && t->valuedouble >= TTL_MIN && t->valuedouble <= ttl_max))
-    return attn_status_set(st, ATTN_PROTO_EOPTVALUE,
-                           "\"ttl_s\" must be a number of seconds from %g to %g "
-                           "(--session-ttl-max)",
-                           TTL_MIN, ttl_max);
-  if (t)
-    *ttl = t->valuedouble;
-  else if (*ttl > ttl_max)
-    *ttl = ttl_max;
-  return 0;
+  *ttl = 600 < ttl_max ? 600 : ttl_max;
+  return get_ttl(root, ttl_max, ttl, st);
 }
 
 int attn_proto_session_create_decode(const char *body, size_t len, double ttl_max,
@@ -241,6 +245,32 @@ int attn_proto_session_truncate_decode(const char *body, size_t len, int64_t *le
   return rc;
 }
 
+#define FORK_WHAT "{\"id\": \"new id\", \"length\"?: n, \"ttl_s\"?: seconds}"
+
+int attn_proto_session_fork_decode(const char *body, size_t len, double ttl_max,
+                                   char new_id[ATTN_KV_ID_MAX + 1], int64_t *length, double *ttl_s,
+                                   attn_status *st) {
+  static const field f[] = {{"id", true}, {"length", false}, {"ttl_s", false}};
+  cJSON *root = parse_object(body, len, f, 3, FORK_WHAT, st);
+  if (!root)
+    return st->code;
+  const cJSON *id = cJSON_GetObjectItemCaseSensitive(root, "id");
+  *ttl_s = 0;
+  int rc = cJSON_IsString(id) ? attn_kv_id_check(id->valuestring, strlen(id->valuestring), st)
+                              : attn_status_set(st, ATTN_PROTO_EOPTVALUE,
+                                                "\"id\" must be the new session's id, a string: "
+                                                "send %s",
+                                                FORK_WHAT);
+  if (rc == 0)
+    snprintf(new_id, ATTN_KV_ID_MAX + 1, "%s", id->valuestring);
+  if (rc == 0)
+    rc = get_int(root, "length", 0, (int64_t)1 << 30, -1, length, st);
+  if (rc == 0)
+    rc = get_ttl(root, ttl_max, ttl_s, st);
+  cJSON_Delete(root);
+  return rc;
+}
+
 void attn_proto_session_info_json(attn_sbuf *b, const attn_kv_info *info, const int64_t *lengths,
                                   double now) {
   const attn_kv_shape *sh = &info->shape;
@@ -260,9 +290,10 @@ void attn_proto_session_info_json(attn_sbuf *b, const attn_kv_info *info, const 
   double left = info->expires - now;
   attn_sbuf_printf(b,
                    "], \"tokens\": %lld, \"reserve\": \"%s\", \"reserved_bytes\": %llu, "
-                   "\"expires_in_s\": %.3f}",
+                   "\"shared_bytes\": %llu, \"expires_in_s\": %.3f}",
                    (long long)info->tokens, sh->grow ? "grow" : "whole",
-                   (unsigned long long)info->reserved_bytes, left > 0 ? left : 0.0);
+                   (unsigned long long)info->reserved_bytes, (unsigned long long)info->shared_bytes,
+                   left > 0 ? left : 0.0);
 }
 
 /* A session file's __metadata__: the create's fields and "lengths", each a

@@ -106,6 +106,22 @@ void attnd_sessions_truncate(attnd_req *r) {
     reply_info(r, 200, kv, id, now);
 }
 
+void attnd_sessions_fork(attnd_req *r) {
+  attn_kv_store *kv;
+  char id[ATTN_KV_ID_MAX + 1], new_id[ATTN_KV_ID_MAX + 1];
+  int64_t length;
+  double ttl, now = attn_now();
+  attn_status st;
+  if (!store_of(r, &kv) || !path_id(r, id))
+    return;
+  if (attn_proto_session_fork_decode(r->body, r->len, r->srv->cfg->session_ttl_max, new_id, &length,
+                                     &ttl, &st) ||
+      attn_kv_fork(kv, r->tenant, id, new_id, length, ttl, now, &st))
+    attnd_req_fail(r, st.code, st.message);
+  else
+    reply_info(r, 201, kv, new_id, now);
+}
+
 int attnd_sessions_export_file(attn_kv_store *kv, const char *tenant, const char *id, void **pbuf,
                                size_t *plen, attn_status *st) {
   attn_kv_info info;
@@ -180,10 +196,11 @@ void attnd_sessions_list(attnd_req *r) {
   uint64_t mine = attn_kv_tenant_reserved(kv, r->tenant);
   attn_sbuf_printf(&b,
                    "], \"count\": %lld, \"memory\": {\"pool_bytes\": %llu, \"reserved_bytes\": "
-                   "%llu, \"used_bytes\": %llu, \"key_reserved_bytes\": %llu, "
-                   "\"per_key_bytes\": %llu}}\n",
+                   "%llu, \"used_bytes\": %llu, \"shared_bytes\": %llu, \"saved_bytes\": %llu, "
+                   "\"key_reserved_bytes\": %llu, \"per_key_bytes\": %llu}}\n",
                    (long long)n, (unsigned long long)stats.pool_bytes,
                    (unsigned long long)stats.reserved_bytes, (unsigned long long)stats.used_bytes,
+                   (unsigned long long)stats.shared_bytes, (unsigned long long)stats.saved_bytes,
                    (unsigned long long)mine, (unsigned long long)stats.tenant_cap_bytes);
   attnd_req_reply_json(r, 200, &b);
 }
@@ -248,12 +265,16 @@ void attnd_sessions_info(attn_sbuf *b, const attnd_server *s) {
   attn_sbuf_printf(b,
                    "\"sessions\": {\"enabled\": %s, \"memory_bytes\": %llu, \"page_bytes\": "
                    "%lld, \"pages_on\": \"%s\", \"persist\": %s, \"batching\": %s, "
-                   "\"ttl_max_s\": %g, \"count\": %lld, \"memory_per_key_bytes\": %llu}",
+                   "\"ttl_max_s\": %g, \"count\": %lld, \"memory_per_key_bytes\": %llu, "
+                   "\"memory\": {\"reserved_bytes\": %llu, \"used_bytes\": %llu, "
+                   "\"shared_bytes\": %llu, \"saved_bytes\": %llu}}",
                    s->kv ? "true" : "false", (unsigned long long)st.pool_bytes,
                    (long long)st.page_bytes, st.where ? st.where : "none",
                    s->kv && *c->session_dir ? "true" : "false",
                    s->kv && c->session_batch ? "true" : "false", c->session_ttl_max,
-                   (long long)st.sessions, (unsigned long long)st.tenant_cap_bytes);
+                   (long long)st.sessions, (unsigned long long)st.tenant_cap_bytes,
+                   (unsigned long long)st.reserved_bytes, (unsigned long long)st.used_bytes,
+                   (unsigned long long)st.shared_bytes, (unsigned long long)st.saved_bytes);
 }
 
 static void counter(attn_sbuf *b, const char *name, const char *help, unsigned long long v) {
@@ -294,6 +315,12 @@ void attnd_sessions_metrics(attn_sbuf *b, const attnd_server *s) {
         st.reserved_bytes);
   gauge(b, "attnd_session_used_bytes", "Bytes of session memory in pages that hold tokens.",
         st.used_bytes);
+  gauge(b, "attnd_session_shared_bytes",
+        "Bytes of session pages that forks share, held by more than one session (each once).",
+        st.shared_bytes);
+  gauge(b, "attnd_session_saved_bytes",
+        "Bytes of session pages that sharing saves: holds of a page past its first.",
+        st.saved_bytes);
   gauge(b, "attnd_session_calls_waiting",
         "Session calls held in the store for a job on their layer, its readers or a write.",
         (unsigned long long)st.waiting);

@@ -7,12 +7,13 @@
  *   GET /v1/sessions                     the caller's sessions
  *   PUT, GET, DELETE /v1/sessions/{id}   create, describe, delete
  *   POST /v1/sessions/{id}/truncate      cut every layer to a length
+ *   POST /v1/sessions/{id}/fork          a new session sharing its tokens' pages
  *   GET /v1/sessions/{id}/export         the session as one safetensors file
  *   PUT /v1/sessions/{id}/import         a session made from such a file
  *   POST /v1/sessions/{id}/attention     append, then attend (computes)
  *   POST /v1/sessions/_batch             one layer of many sessions (computes)
  *
- * The first five answer on the HTTP thread (a lock and a small JSON
+ * The first six answer on the HTTP thread (a lock and a small JSON
  * document; an export or import copies the session's rows under the
  * store's lock, as a save does); the two that compute are kinds (kind_session.c) and go
  * through the loop as /attention does.
@@ -26,6 +27,7 @@
 void attnd_sessions_list(attnd_req *r);
 void attnd_sessions_resource(attnd_req *r);
 void attnd_sessions_truncate(attnd_req *r);
+void attnd_sessions_fork(attnd_req *r);
 void attnd_sessions_export(attnd_req *r);
 void attnd_sessions_import(attnd_req *r);
 

@@ -74,9 +74,12 @@ typedef struct attn_kv_info {
   char id[ATTN_KV_ID_MAX + 1];
   attn_kv_shape shape;
   double ttl_s;
-  double expires;          /* attn_now() seconds at which it expires unless used */
-  uint64_t reserved_bytes; /* a grow session's: the pages it holds now */
-  int64_t tokens;          /* summed over layers */
+  double expires; /* attn_now() seconds at which it expires unless used */
+  /* a grow session's: the pages it holds now; a fork's leaves out the full
+   * pages it shares that another session pays for (kv_int.h, P2) */
+  uint64_t reserved_bytes;
+  uint64_t shared_bytes; /* pages it holds that other sessions (its forks) hold too */
+  int64_t tokens;        /* summed over layers */
 } attn_kv_info;
 
 /* Totals of a store, for metrics and /v1/info. */
@@ -96,6 +99,9 @@ typedef struct attn_kv_stats {
   /* Bytes of free host pages given back to the kernel (a page free for
    * about a second, once a sweep sees it), in all. */
   uint64_t returned_bytes;
+  /* Pages forks share: held by more than one session, each counted once;
+   * and the pages that sharing saves (holds past each page's first). */
+  uint64_t shared_bytes, saved_bytes;
 } attn_kv_stats;
 
 /* Checks an id against the contract: 1-128 of [A-Za-z0-9._-], not starting
@@ -134,6 +140,23 @@ uint64_t attn_kv_reserve_bytes(const attn_kv_store *s, const attn_kv_shape *sh);
  * largest head dim, which max(head_dim, head_dim_v) must fit). */
 int attn_kv_create(attn_kv_store *s, const char *tenant, const char *id, const attn_kv_shape *sh,
                    double ttl_s, double now, bool *created, attn_status *st);
+/*
+ * Forks session (tenant, id) into session (tenant, new_id): the same shape,
+ * reserve and tenant, holding the first `length` tokens of every layer
+ * (-1: each layer's own length), and ttl_s (0 or less: the source's; else
+ * within a create's limits). The two then change independently; the pages
+ * of the tokens it keeps are shared, not copied (a write into a shared
+ * page copies it first), so a whole fork reserves its max_tokens' pages
+ * less the full pages it shares, and a grow fork the partial last page of
+ * each layer it will copy when it first appends there (kv_int.h, P1-P4).
+ * Counts as a use of the source. ESESSION_NOT_FOUND for no such source,
+ * ESESSION_EXISTS when new_id exists (whatever its parameters), EINVAL for
+ * a bad id, ttl_s or length (a layer shorter than length, named),
+ * ESESSION_MEMORY when the reservation does not fit the pool or the
+ * tenant's cap, EUNSUPPORTED on a device store (its pages are not shared).
+ */
+int attn_kv_fork(attn_kv_store *s, const char *tenant, const char *id, const char *new_id,
+                 int64_t length, double ttl_s, double now, attn_status *st);
 /* Its info and each layer's length (lengths: cap entries, may be NULL).
  * ESESSION_NOT_FOUND for an unknown or expired one. Does not count as a use. */
 int attn_kv_get(attn_kv_store *s, const char *tenant, const char *id, double now,

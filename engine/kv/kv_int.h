@@ -7,7 +7,9 @@
  *   pages.c   the page pool (pages.h)
  *   quota.c   what each tenant reserves
  *   id.c      a session id against the contract
+ *   share.c   pages forks share: who pays for them, copies on write
  *   store.c   the table of sessions and their life, a layer's rows
+ *   fork.c    a session forked: a new one sharing its pages
  *   batch.c   the engine request of an entry alone and of a job of calls
  *   admit.c   a call checked and admitted, parked, or refused
  *   sched.c   a call's rows stored, its job started and ended, cancel
@@ -35,6 +37,46 @@
  * (a canceled one runs it canceled), and a job that fails, or is a
  * variable-length batch the engine splits, writes its rows with the
  * synchronous copies before it ends.
+ *
+ * Forks (fork.c, share.c). A fork holds the same pages as its source for
+ * the tokens it keeps, at the same (layer, page, head) places of its
+ * tables, so every holder of a page is found among the sessions forked
+ * from one another (a ring: kv_session.kin) at that place. All heads, K
+ * and V of one (layer, page) are taken, shared and let go of together: a
+ * "slot" below is the u = heads_kv x tensors pages there. A page is full
+ * for a holder when the holder's length covers all its tokens, partial
+ * when it does not (a page past the length, held for a reader, is
+ * partial).
+ *   P1. A page held more than once is never written: a write (an append)
+ *       into a slot whose pages are shared first takes fresh pages,
+ *       copies the rows below the write into them and lets the old ones
+ *       go (share.c, attn__kv_cow). A layer whose readers may read such a
+ *       page makes that append wait for them (admit.c), so a page a job
+ *       reads is never let go of under it; every other holder's readers
+ *       keep it by their own holds.
+ *   P2. Who pays. Each holder of a slot pays for it (counts its u pages
+ *       in reserved_pages) when the slot is partial for it, whatever else
+ *       holds it: it may have to copy it. Of the holders for which it is
+ *       full, exactly one pays (kv_layer.ride false), the others ride
+ *       (ride true: ride is only ever set on a full slot). A whole
+ *       session pays for every slot it does not ride on, held or not:
+ *       reserved_pages = u x (layers x pages_per_head - slots it rides);
+ *       a grow session for the slots it holds and does not ride on.
+ *   P3. So every taken page is paid for at least once, a page shared is
+ *       paid for once plus once per holder that may still copy it, and
+ *       the pool's reserved count (the sum of reserved_pages, as the
+ *       tenants' are per tenant) covers every page taken and every page a
+ *       whole session may yet take: a whole session's append never fails
+ *       for memory, forked or not. Forks share their source's tenant, so
+ *       passing a payment between them never changes a tenant's count.
+ *   P4. A holder that stops holding a slot full (a truncate below it, or
+ *       its end) while paying for it passes the payment to a rider, if
+ *       any: moved, when it stops paying (deleted, or a grow session that
+ *       lets the slot go), else added to the rider's and the pool's count.
+ *       A rider that stops holding it full starts paying (a whole
+ *       session, or a grow one still holding it). A truncate whose new
+ *       payments do not fit the pool or the tenant's cap is refused,
+ *       nothing cut; a delete only ever moves or frees payments.
  */
 #ifndef ATTN_KV_INT_H
 #define ATTN_KV_INT_H
@@ -53,6 +95,7 @@ typedef struct kv_layer {
   bool writing;    /* an append's rows are being copied in, outside the lock */
   bool cut;        /* truncated below that append meanwhile: it publishes no length */
   float absmax[2]; /* largest |k| and |v| stored (never lowered by a truncate) */
+  bool *ride;      /* [pages_per_head]: a full slot another holder pays for (P2) */
   /* Page tables, [heads_kv][pages_per_head]: NULL past npages. A latent
    * session's vp is NULL: its values are its K pages' rows. */
   void **kp, **vp;
@@ -65,12 +108,14 @@ typedef struct kv_session {
   double ttl_s, expires;
   int64_t page_tokens, pages_per_head;
   int64_t pitch; /* elements from one row of a page to the next (attn__kv_pitch) */
+  int64_t unit;  /* the pages of one (layer, page) slot: heads_kv x tensors (P2's u) */
   /* Pages it reserves in the pool and counts against its tenant: its whole
    * max_tokens' from create, or a grow session's pages it holds now. */
   int64_t reserved_pages;
   int64_t readers; /* over all layers */
   bool dead;       /* out of the table: freed by its last reader */
   kv_layer *layers;
+  struct kv_session *kin;  /* the next of the sessions forked from one another (a ring) */
   struct kv_session *next; /* hash chain */
 } kv_session;
 
@@ -147,6 +192,23 @@ struct attn_kv_store {
 /* The widest row a page may hold: max(head_dim, head_dim_v) at most. */
 #define KV_WIDEST \
   (ATTN_MAX_HEAD_DIM > ATTN_MAX_HEAD_DIM_V ? ATTN_MAX_HEAD_DIM : ATTN_MAX_HEAD_DIM_V)
+/* share.c: the ring of forks (ks joins src's; ks leaves its own); whether slot p of layer L is held
+ * more than once; pages layer l of ks must add to the pool's reserved count to be cut to length
+ * (P4), and the cut's payments applied (apply: the count added too, its fit checked by the caller);
+ * every payment ks makes for a slot another holds passed on (its end); whether an append over
+ * tokens [from, to) of L writes into a held slot whose pages are shared,
+ * and those slots copied to fresh pages (P1); pages ks holds that others
+ * hold too. */
+void attn__kv_kin_join(kv_session *src, kv_session *ks);
+void attn__kv_kin_leave(kv_session *ks);
+bool attn__kv_slot_shared(const attn_kvpages *pool, const kv_layer *L, int64_t p);
+int64_t attn__kv_cut_need(attn_kv_store *s, kv_session *ks, int64_t l, int64_t length, bool apply);
+void attn__kv_pass_all(attn_kv_store *s, kv_session *ks);
+bool attn__kv_cow_needed(const attn_kvpages *pool, const kv_session *ks, const kv_layer *L,
+                         int64_t from, int64_t to);
+void attn__kv_cow(attn_kv_store *s, const kv_session *ks, kv_layer *L, int64_t from, int64_t to);
+int64_t attn__kv_shared_pages(const attn_kvpages *pool, const kv_session *ks);
+
 /* The width W = max(head_dim, Dv) of a shape's pages' rows, K's and V's alike (each zero past its
  * own width, so one engine request of head dim W computes it: engine.h, k_pages); the columns of a
  * row of K (t 0) or V (t 1) as a call sends them and a file holds them; how many tensors it stores
@@ -176,6 +238,10 @@ kv_session *attn__kv_find(attn_kv_store *s, const char *tenant, const char *id, 
  * NULL with st set (ESESSION_MEMORY, ENOMEM). */
 kv_session *attn__kv_insert(attn_kv_store *s, const char *tenant, const char *id,
                             const attn_kv_shape *sh, double ttl_s, double now, attn_status *st);
+/* The same, reserving need pages (a fork's: fork.c) instead of its shape's. */
+kv_session *attn__kv_insert_need(attn_kv_store *s, const char *tenant, const char *id,
+                                 const attn_kv_shape *sh, double ttl_s, double now, int64_t need,
+                                 attn_status *st);
 /* Takes session (tenant, id) out of the table (a no-op when there is none):
  * freed now, or by its last reader. */
 void attn__kv_remove(attn_kv_store *s, const char *tenant, const char *id);

@@ -12,9 +12,11 @@
 static int free_list(attn_kvpages *p, int64_t n) {
   p->free = malloc((size_t)n * sizeof *p->free);
   p->freed = calloc((size_t)n, sizeof *p->freed);
-  if (!p->free || !p->freed) {
+  p->refs = calloc((size_t)n, sizeof *p->refs);
+  if (!p->free || !p->freed || !p->refs) {
     free(p->free);
     free(p->freed);
+    free(p->refs);
     return -1;
   }
   p->npages = p->nfree = p->nclean = n;
@@ -69,6 +71,7 @@ void attn__kvpages_close(attn_kvpages *p) {
     munmap(p->base, (size_t)p->npages * ATTN_KV_PAGE_BYTES);
   free(p->free);
   free(p->freed);
+  free(p->refs);
   *p = (attn_kvpages){0};
 }
 
@@ -97,15 +100,37 @@ void attn__kvpages_unreserve(attn_kvpages *p, int64_t n) { p->reserved -= n; }
 void *attn__kvpages_take(attn_kvpages *p) {
   if (p->nfree == 0) /* not reached: every take is within a reservation */
     abort();
-  void *page = p->base + (size_t)p->free[--p->nfree] * ATTN_KV_PAGE_BYTES;
+  const int32_t n = p->free[--p->nfree];
   if (p->nclean > p->nfree)
     p->nclean = p->nfree;
-  return page;
+  p->refs[n] = 1;
+  return p->base + (size_t)n * ATTN_KV_PAGE_BYTES;
+}
+
+static int32_t page_number(const attn_kvpages *p, const void *page) {
+  return (int32_t)(((const char *)page - p->base) / (ptrdiff_t)ATTN_KV_PAGE_BYTES);
 }
 
 void attn__kvpages_give(attn_kvpages *p, void *page) {
+  const int32_t n = page_number(p, page);
+  if (--p->refs[n] > 0) {
+    p->extra--;
+    p->nshared -= p->refs[n] == 1;
+    return;
+  }
   p->freed[p->nfree] = p->clock;
-  p->free[p->nfree++] = (int32_t)(((char *)page - p->base) / (ptrdiff_t)ATTN_KV_PAGE_BYTES);
+  p->free[p->nfree++] = n;
+}
+
+void attn__kvpages_hold(attn_kvpages *p, void *page) {
+  const int32_t n = page_number(p, page);
+  p->nshared += p->refs[n] == 1;
+  p->refs[n]++;
+  p->extra++;
+}
+
+int32_t attn__kvpages_refs(const attn_kvpages *p, const void *page) {
+  return p->refs[page_number(p, page)];
 }
 
 /* The free stack's entries were pushed in the order of their stamps, so

@@ -27,6 +27,11 @@ typedef struct attn_kvpages {
   double clock;      /* the latest trim's time, which a page given is stamped with */
   uint64_t returned; /* bytes given back to the kernel, in all */
   const attn_backend *dev; /* the backend whose device holds them; NULL: host memory */
+  /* [npages]: the sessions' page tables that hold each page (forks share
+   * pages: fork.c); a page is free again once the last lets it go. */
+  int32_t *refs;
+  int64_t nshared; /* pages held more than once */
+  int64_t extra;   /* holds past each page's first: pages sharing saves */
 } attn_kvpages;
 
 /* A pool of bytes / ATTN_KV_PAGE_BYTES pages (0 pages: sessions are off),
@@ -41,9 +46,13 @@ void attn__kvpages_close(attn_kvpages *p);
 /* Reserves n pages (false: they do not fit), or gives n back. */
 bool attn__kvpages_reserve(attn_kvpages *p, int64_t n);
 void attn__kvpages_unreserve(attn_kvpages *p, int64_t n);
-/* A page out of a reservation, and a page given back to the pool. */
+/* A page out of a reservation (held once), and a hold let go of: the page
+ * is back in the pool once its last holder lets it go. */
 void *attn__kvpages_take(attn_kvpages *p);
 void attn__kvpages_give(attn_kvpages *p, void *page);
+/* One more holder of a page taken; how many hold it. */
+void attn__kvpages_hold(attn_kvpages *p, void *page);
+int32_t attn__kvpages_refs(const attn_kvpages *p, const void *page);
 /* Gives the kernel back host pages free since ATTN_KV_TRIM_AGE_S before
  * now (madvise MADV_DONTNEED: the memory goes at once, and a page taken
  * later reads zeros), at most ATTN_KV_TRIM_BATCH of them a call, so one

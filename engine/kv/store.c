@@ -45,16 +45,22 @@ int attn_kv_open(attn_engine *e, uint64_t bytes, bool batch, const char *backend
 }
 
 static void session_free(attn_kv_store *s, kv_session *ks) {
+  if (ks->layers)
+    attn__kv_pass_all(s, ks); /* before its pages go: they say what it pays for */
+  attn__kv_kin_leave(ks);
   for (int64_t l = 0; ks->layers && l < ks->shape.layers; l++) {
     kv_layer *L = &ks->layers[l];
-    for (int64_t i = 0; L->kp && i < ks->shape.heads_kv * ks->pages_per_head; i++) {
-      if (L->kp[i])
+    /* the pages it holds only: a grow session's tables may be huge and all but empty */
+    for (int64_t h = 0; h < ks->shape.heads_kv; h++)
+      for (int64_t p = 0; p < L->npages; p++) {
+        const int64_t i = h * ks->pages_per_head + p;
         attn__kvpages_give(&s->pages, L->kp[i]);
-      if (L->vp && L->vp[i])
-        attn__kvpages_give(&s->pages, L->vp[i]);
-    }
+        if (L->vp)
+          attn__kvpages_give(&s->pages, L->vp[i]);
+      }
     free(L->kp);
     free(L->vp);
+    free(L->ride);
   }
   attn__kvpages_unreserve(&s->pages, ks->reserved_pages);
   attn__kv_tenant_add(s, ks->tenant, -ks->reserved_pages);
@@ -266,7 +272,8 @@ static int layers_alloc(kv_session *ks) {
     kv_layer *L = &ks->layers[l];
     L->kp = calloc(n, sizeof(void *));
     L->vp = ks->shape.v_from_k ? NULL : calloc(n, sizeof(void *));
-    if (!L->kp || (!L->vp && !ks->shape.v_from_k))
+    L->ride = calloc((size_t)ks->pages_per_head, sizeof *L->ride);
+    if (!L->kp || (!L->vp && !ks->shape.v_from_k) || !L->ride)
       return -1;
   }
   return 0;
@@ -274,7 +281,12 @@ static int layers_alloc(kv_session *ks) {
 
 kv_session *attn__kv_insert(attn_kv_store *s, const char *tenant, const char *id,
                             const attn_kv_shape *sh, double ttl_s, double now, attn_status *st) {
-  int64_t need = reserve_pages(s, sh);
+  return attn__kv_insert_need(s, tenant, id, sh, ttl_s, now, reserve_pages(s, sh), st);
+}
+
+kv_session *attn__kv_insert_need(attn_kv_store *s, const char *tenant, const char *id,
+                                 const attn_kv_shape *sh, double ttl_s, double now, int64_t need,
+                                 attn_status *st) {
   /* sessions past their TTL that no sweep has dropped yet give way first */
   if (!attn__kvpages_reserve(&s->pages, need) &&
       (expire_locked(s, now) == 0 || !attn__kvpages_reserve(&s->pages, need))) {
@@ -290,6 +302,7 @@ kv_session *attn__kv_insert(attn_kv_store *s, const char *tenant, const char *id
   /* counted before the session exists, so that session_free takes it back */
   kv_session *ks = attn__kv_tenant_add(s, tenant, need) == 0 ? calloc(1, sizeof *ks) : NULL;
   if (ks) {
+    ks->kin = ks;
     snprintf(ks->tenant, sizeof ks->tenant, "%s", tenant);
     snprintf(ks->id, sizeof ks->id, "%s", id);
     ks->shape = *sh;
@@ -299,6 +312,7 @@ kv_session *attn__kv_insert(attn_kv_store *s, const char *tenant, const char *id
     ks->page_tokens = attn__kv_page_tokens(s, sh);
     ks->pages_per_head = pages_per_head(s, sh);
     ks->pitch = attn__kv_pitch(s, sh);
+    ks->unit = sh->heads_kv * attn__kv_tensors(sh);
     ks->reserved_pages = need;
   }
   if (!ks || layers_alloc(ks) < 0) {
@@ -391,9 +405,16 @@ void attn__kv_info_of(const kv_session *ks, attn_kv_info *info) {
   info->ttl_s = ks->ttl_s;
   info->expires = ks->expires;
   info->reserved_bytes = (uint64_t)ks->reserved_pages * ATTN_KV_PAGE_BYTES;
+  info->shared_bytes = 0;
   info->tokens = 0;
   for (int64_t l = 0; l < ks->shape.layers; l++)
     info->tokens += ks->layers[l].length;
+}
+
+/* attn__kv_info_of with what the pool knows: the pages others hold too. */
+static void describe(const attn_kv_store *s, const kv_session *ks, attn_kv_info *info) {
+  attn__kv_info_of(ks, info);
+  info->shared_bytes = (uint64_t)attn__kv_shared_pages(&s->pages, ks) * ATTN_KV_PAGE_BYTES;
 }
 
 int attn_kv_get(attn_kv_store *s, const char *tenant, const char *id, double now,
@@ -401,7 +422,7 @@ int attn_kv_get(attn_kv_store *s, const char *tenant, const char *id, double now
   pthread_mutex_lock(&s->mu);
   kv_session *ks = attn__kv_find(s, tenant, id, now);
   if (ks) {
-    attn__kv_info_of(ks, info);
+    describe(s, ks, info);
     for (int64_t l = 0; lengths && l < cap && l < ks->shape.layers; l++)
       lengths[l] = ks->layers[l].length;
   }
@@ -428,13 +449,17 @@ static void unbook(attn_kv_store *s, kv_session *ks, int64_t pages) {
   ks->reserved_pages -= pages;
 }
 
-/* Gives back the pages of L past its length, unless a reader may see them. */
+/* Gives back the pages of L past its length, unless a reader may see them
+ * (a slot ridden on was never paid for: P2). */
 static void shrink(attn_kv_store *s, kv_session *ks, kv_layer *L) {
   if (L->readers > 0)
     return;
-  int64_t keep = (L->length + ks->page_tokens - 1) / ks->page_tokens;
-  if (keep < L->npages)
-    unbook(s, ks, (L->npages - keep) * ks->shape.heads_kv * attn__kv_tensors(&ks->shape));
+  int64_t keep = (L->length + ks->page_tokens - 1) / ks->page_tokens, paid = 0;
+  for (int64_t p = keep; p < L->npages; p++) {
+    paid += !L->ride[p];
+    L->ride[p] = false;
+  }
+  unbook(s, ks, paid * ks->unit);
   for (int64_t h = 0; h < ks->shape.heads_kv; h++)
     for (int64_t p = keep; p < L->npages; p++) {
       int64_t i = h * ks->pages_per_head + p;
@@ -448,6 +473,34 @@ static void shrink(attn_kv_store *s, kv_session *ks, kv_layer *L) {
   L->npages = keep < L->npages ? keep : L->npages;
 }
 
+/* A truncate below pages ks shares may make it, or a fork it passes its
+ * payment to, pay for pages it rode on (kv_int.h, P4): they must fit the
+ * pool and the tenant's cap, or nothing is cut. */
+static int cut_check(attn_kv_store *s, kv_session *ks, int64_t length, attn_status *st) {
+  int64_t need = 0;
+  for (int64_t l = 0; l < ks->shape.layers; l++)
+    if (ks->layers[l].length > length)
+      need += attn__kv_cut_need(s, ks, l, length, false);
+  if (need == 0)
+    return 0;
+  const bool capped = !attn__kv_tenant_fits(s, ks->tenant, need);
+  const int64_t free_pages = s->pages.npages - s->pages.reserved;
+  if (!capped && need <= free_pages)
+    return 0;
+  s->stats.tenant_cap_refused += capped;
+  int64_t room = capped ? s->tenant_cap - attn__kv_tenant_pages(s, ks->tenant) : free_pages;
+  room = room > 0 ? room : 0;
+  return attn_status_set(
+      st, ATTN_ESESSION_MEMORY,
+      "cutting session '%s' below pages it shares with its forks makes it or a fork reserve %llu "
+      "more bytes (pages each may then have to copy), and %s %llu bytes; nothing was cut: delete "
+      "a session, or cut less",
+      ks->id, (unsigned long long)need * ATTN_KV_PAGE_BYTES,
+      capped ? "this API key's sessions may reserve (--session-memory-per-key) another"
+             : "the session memory (--session-memory) has",
+      (unsigned long long)room * ATTN_KV_PAGE_BYTES);
+}
+
 int attn_kv_truncate(attn_kv_store *s, const char *tenant, const char *id, int64_t length,
                      double now, attn_status *st) {
   if (length < 0)
@@ -455,18 +508,20 @@ int attn_kv_truncate(attn_kv_store *s, const char *tenant, const char *id, int64
                            (long long)length);
   pthread_mutex_lock(&s->mu);
   kv_session *ks = attn__kv_find(s, tenant, id, now);
-  for (int64_t l = 0; ks && l < ks->shape.layers; l++) {
+  int rc = ks ? cut_check(s, ks, length, st) : not_found(id, st);
+  for (int64_t l = 0; rc == 0 && l < ks->shape.layers; l++) {
     kv_layer *L = &ks->layers[l];
     if (L->length > length) {
+      (void)attn__kv_cut_need(s, ks, l, length, true);
       L->length = length;
       L->cut = L->writing; /* an append being stored came first: it is cut too */
       shrink(s, ks, L);
     }
   }
-  if (ks)
+  if (rc == 0)
     ks->expires = now + ks->ttl_s;
   pthread_mutex_unlock(&s->mu);
-  return ks ? 0 : not_found(id, st);
+  return rc;
 }
 
 int64_t attn_kv_list(attn_kv_store *s, const char *tenant, double now,
@@ -478,7 +533,7 @@ int64_t attn_kv_list(attn_kv_store *s, const char *tenant, double now,
   for (int b = 0; b < KV_BUCKETS; b++)
     for (kv_session *ks = s->buckets[b]; ks; ks = ks->next)
       if ((!tenant || !strcmp(ks->tenant, tenant)) && ks->expires > now) {
-        attn__kv_info_of(ks, &info);
+        describe(s, ks, &info);
         for (int64_t l = 0; l < ks->shape.layers; l++)
           lengths[l] = ks->layers[l].length;
         fn(&info, lengths, arg);
@@ -512,6 +567,8 @@ void attn_kv_stats_get(attn_kv_store *s, attn_kv_stats *out) {
     out->waiting++;
   out->tenant_cap_bytes = (uint64_t)s->tenant_cap * ATTN_KV_PAGE_BYTES;
   out->returned_bytes = s->pages.returned;
+  out->shared_bytes = (uint64_t)s->pages.nshared * ATTN_KV_PAGE_BYTES;
+  out->saved_bytes = (uint64_t)s->pages.extra * ATTN_KV_PAGE_BYTES;
   pthread_mutex_unlock(&s->mu);
 }
 
@@ -532,6 +589,7 @@ bool attn__kv_grow(attn_kv_store *s, kv_session *ks, kv_layer *L, int64_t tokens
     ks->reserved_pages += need;
     (void)attn__kv_tenant_add(s, ks->tenant, need);
   }
+  attn__kv_cow(s, ks, L, L->length, tokens); /* what it writes, no longer shared */
   int64_t want = (tokens + ks->page_tokens - 1) / ks->page_tokens;
   for (; L->npages < want; L->npages++)
     for (int64_t h = 0; h < ks->shape.heads_kv; h++) {

@@ -208,7 +208,8 @@
     const m = list.memory;
     $("sess-summary").textContent = list.count + (list.count === 1 ? " session" : " sessions") +
       "; session memory: " + bytes(m.reserved_bytes) + " reserved, " + bytes(m.used_bytes) +
-      " in use, of " + bytes(m.pool_bytes);
+      " in use, of " + bytes(m.pool_bytes) +
+      (m.shared_bytes > 0 ? "; " + bytes(m.shared_bytes) + " shared by forks (stored once)" : "");
     const tb = $("sess-table").tBodies[0];
     tb.textContent = "";
     const sorted = list.sessions.slice().sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
@@ -226,9 +227,11 @@
       meter.title = s.tokens + " of " + cap + " tokens (" + s.layers + " × " + s.max_tokens + ")";
       const cell = tr.insertCell();
       cell.append(meter, " " + s.tokens + " / " + cap);
-      /* a grow session's reservation is what it holds now, not its max_tokens' */
+      /* a grow session's reservation is what it holds now, not its max_tokens'; a fork's
+       * leaves out the pages it shares that another session pays for */
       tr.insertCell().textContent =
-        bytes(s.reserved_bytes) + (s.reserve === "grow" ? " (grow)" : "");
+        bytes(s.reserved_bytes) + (s.reserve === "grow" ? " (grow)" : "") +
+        (s.shared_bytes > 0 ? ", " + bytes(s.shared_bytes) + " shared" : "");
       tr.insertCell().textContent = seconds(s.expires_in_s);
       const del = document.createElement("button");
       del.type = "button";

@@ -25,6 +25,15 @@ One run, on this machine, one table (row, value, baseline, ratio, target):
       of session file over the two calls' time, the median of --move-reps moves
       (the copy deleted, untimed, between them). The file is just past the default
       --max-body (1G), so both servers start with --max-body 2G.
+  (f) forks (POST /v1/sessions/{id}/fork): a session of a 4K-token prompt forked 16
+      ways at its full length, each fork then decoding FORK_STEPS tokens of its own, one
+      a call (a beam); the session memory all 17 reserve (/v1/info's
+      sessions.memory.reserved_bytes) against what the prompt's session reserved alone,
+      for reserve whole and grow, and for two shapes: the GQA layer above (256 tokens a
+      64 KiB page) and DeepSeek's latent decode (Hkv 1, D 576, v_from_k 512: 48 tokens a
+      page). A fork's own pages are at least one per KV head (K and V) whatever it adds,
+      so the ratio is about 1 + 16 / (the prompt's pages per KV head): the page size, not
+      the sharing, decides whether a shape meets the target.
 
 The shape is a GQA decoder layer: Hq 32, Hkv 8, D 128, BF16, one query token. "N
 keys" means the step attends over N keys: the session holds N - 1 and the step
@@ -36,7 +45,7 @@ sides. The torch rows need the peers venv (make bench-peers makes it); without
 it they say "skipped: torch not installed".
 
   sessions.py --build build [--threads T] [--reps N] [--rounds R] [--steps S] [--runs R]
-              [--move-reps N] [--only e]
+              [--move-reps N] [--only e|f]
   sessions.py --worker torch --data DIR --threads T   (internal: "N WAY REPS" lines on stdin)
 """
 
@@ -74,6 +83,7 @@ CONC_KEYS = 4096                          # (c): every session holds 4K keys at 
 SESSION_MEMORY = "8G"
 MOVE_LAYERS = 8                           # (e): a 32K-token session of 8 layers
 MOVE_MAX_BODY = "2G"                      # (e): past the 1 GiB file (the default is 1G)
+FORK_PROMPT, FORKS, FORK_STEPS = 4096, 16, 8   # (f)
 
 
 # ---- data ---------------------------------------------------------------------------
@@ -619,6 +629,91 @@ def move_row(a, threads, table, notes):
                     med(total), cmd))
 
 
+# ---- (f) forks ----------------------------------------------------------------------
+
+# (name, Hq, Hkv, D, v_from_k or None): the tokens a page holds follow from D (BF16)
+FORK_SHAPES = (("GQA Hkv 8, D 128", HQ, HKV, D, None),
+               ("latent Hkv 1, D 576, Dv 512", 16, 1, 576, 512))
+
+
+def memory_of(c):
+    _, _, data, _ = c.request("GET", "/v1/info", want=(200,))
+    return json.loads(data)["sessions"]["memory"]
+
+
+def fork_beam(c, shape, reserve):
+    """One (f) row's numbers: the prompt's session alone, then with its 16 forks after
+    their decodes; the bytes reserved and used, and the forks' shared bytes."""
+    _, hq, hkv, d, latent = shape
+    rng = np.random.default_rng(SEED + d)
+    n = FORK_PROMPT + FORK_STEPS
+    q = float32_to_bf16(rng.standard_normal((hq, 1, d), dtype=np.float32))
+    k = float32_to_bf16(rng.standard_normal((hkv, n, d), dtype=np.float32))
+    v = None if latent else float32_to_bf16(rng.standard_normal((hkv, n, d), dtype=np.float32))
+    doc = {"heads_kv": hkv, "head_dim": d, "dtype": DT, "max_tokens": n, "ttl_s": 3600,
+           "reserve": reserve}
+    if latent:
+        doc["v_from_k"] = latent
+    c.request("PUT", "/v1/sessions/prompt", json.dumps(doc).encode(), "application/json",
+              want=(201,))
+    for p in range(0, FORK_PROMPT, 1024):
+        t = [("q", q), ("k", k[:, p:p + 1024])] + ([] if latent else [("v", v[:, p:p + 1024])])
+        c.request("POST", "/v1/sessions/prompt/attention", st_body(t, {"pos": str(p)}),
+                  want=(200,))
+    alone = memory_of(c)
+    ids = ["beam%d" % i for i in range(FORKS)]
+    for sid in ids:
+        c.request("POST", "/v1/sessions/prompt/fork", json.dumps({"id": sid}).encode(),
+                  "application/json", want=(201,))
+    for pos in range(FORK_PROMPT, n):
+        for i, sid in enumerate(ids):  # each beam its own token: a divergent history
+            row = rng.standard_normal((hkv, 1, d), dtype=np.float32) + i
+            t = [("q", q), ("k", float32_to_bf16(row))]
+            if not latent:
+                t.append(("v", float32_to_bf16(row)))
+            c.request("POST", "/v1/sessions/%s/attention" % sid, st_body(t, {"pos": str(pos)}),
+                      want=(200,))
+    beam = memory_of(c)
+    for sid in ["prompt"] + ids:
+        c.request("DELETE", "/v1/sessions/" + sid, want=(204,))
+    return alone, beam
+
+
+def forks(build, threads, table, notes):
+    srv = Attnd(build, threads, "on")
+    try:
+        c = Conn(srv.port)
+        for shape in FORK_SHAPES:
+            pt = 65536 // (shape[3] * ES) // (64 if shape[3] * ES <= 1024 else 16) * \
+                (64 if shape[3] * ES <= 1024 else 16)
+            for reserve in ("whole", "grow"):
+                print("  (f) %s, %s: prompt, %d forks ..." % (shape[0], reserve, FORKS),
+                      file=sys.stderr, flush=True)
+                alone, beam = fork_beam(c, shape, reserve)
+                r = beam["reserved_bytes"] / alone["reserved_bytes"]
+                table.add("(f) %d forks of a %s-token session (at its length, each then %d "
+                          "decode steps), %s, %s: reserved / one session's"
+                          % (FORKS, keys(FORK_PROMPT), FORK_STEPS, shape[0], reserve),
+                          kib(beam["reserved_bytes"]), kib(alone["reserved_bytes"]),
+                          "%.2f" % r, "<= 1.25", r <= 1.25)
+                notes.append("(f) %s (%d tokens a page), reserve %s: the prompt alone reserves "
+                             "%s and uses %s; with its %d forks after %d decode steps each, %s "
+                             "reserved, %s used (%.2fx), %s in pages held by more than one, "
+                             "%s saved by sharing"
+                             % (shape[0], pt, reserve, kib(alone["reserved_bytes"]),
+                                kib(alone["used_bytes"]), FORKS, FORK_STEPS,
+                                kib(beam["reserved_bytes"]), kib(beam["used_bytes"]),
+                                beam["used_bytes"] / alone["used_bytes"],
+                                kib(beam["shared_bytes"]), kib(beam["saved_bytes"])))
+        c.close()
+    finally:
+        srv.stop()
+    notes.append("(f) without sharing the 17 sessions would reserve 17x one's; with it each fork "
+                 "adds at least its first new page per KV head, K and V (the copy of the "
+                 "partial page, or a fresh one at a page's end): 1 / (the prompt's pages per "
+                 "head) of the prompt's, 1/16 with 256 tokens a page, 1/86 with 48")
+
+
 # ---- the report ------------------------------------------------------------------------
 
 def st_sent_of(stateless, n):
@@ -669,6 +764,17 @@ class Table:
         print("-" * len(line))
         for r in self.rows:
             print(fmt % (w[0], r[0], w[1], r[1], w[2], r[2], w[3], r[3], w[4], r[4]))
+
+
+def forks_only(a):
+    table, notes = Table(), []
+    forks(a.build, a.threads, table, notes)
+    table.print()
+    print()
+    for n in notes:
+        print(n)
+    if table.misses:
+        print("missed: " + "; ".join(table.misses))
 
 
 def main_driver(a):
@@ -874,6 +980,9 @@ def main_driver(a):
     # (e)
     move_row(a, threads, table, notes)
 
+    # (f)
+    forks(a.build, threads, table, notes)
+
     print()
     table.print()
     print()
@@ -908,12 +1017,14 @@ def main():
     p.add_argument("--runs", type=int, default=5, help="(c): runs per cell, median (5)")
     p.add_argument("--move-reps", type=int, default=3,
                    help="(e): timed moves, median (3; one more warms up)")
-    p.add_argument("--only", choices=("e",), help="run row (e) alone")
+    p.add_argument("--only", choices=("e", "f"), help="run row (e) or (f) alone")
     p.add_argument("--worker", choices=("torch",), help=argparse.SUPPRESS)
     p.add_argument("--data", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker == "torch":
         torch_worker(a)
+    elif a.only == "f":
+        forks_only(a)
     else:
         main_driver(a)
 

@@ -13,7 +13,8 @@
  * waits for the job that puts its keys (without batching too, and behind a waiting call that
  * appends to it), a replay's check waits for it, and a job that fails or that the engine splits
  * still leaves its rows stored. A session of reserve grow takes device pages as its tokens
- * arrive, refused past what is free with nothing appended.
+ * arrive, refused past what is free with nothing appended. A fork is refused on device pages
+ * (EUNSUPPORTED, nothing made), the source left as it was.
  */
 #include "cuda/kernels.h"
 #include "helpers.h"
@@ -90,6 +91,30 @@ Test(sessions_gpu, prefill_and_decode_on_the_device_match_float64, .init = reset
       tkv_stream_free(&s);
     }
   cr_expect_eq(fails, 0, "%d steps off the reference", fails);
+  attn_kv_close(kv);
+  attn_engine_close(e);
+  cr_expect_eq(mock_device_bytes(), 0, "device memory left");
+}
+
+/* Pages on the device are never shared: a fork is refused, nothing made or
+ * reserved. */
+Test(sessions_gpu, a_fork_is_refused_on_device_pages, .init = reset) {
+  attn_engine *e = topen_streams(2, 2);
+  attn_kv_store *kv = tkv_open_store(e, 64 * MIB, false, NULL);
+  cr_assert_str_eq(where(kv), "cuda");
+  tkv_stream s = tkv_stream_make(4, 2, 64, 40, ATTN_F32, 77);
+  tkv_make(kv, "", "s", &s, 1, 64, 60, 0);
+  cr_expect_eq(decode(kv, "s", &s, 20, "before the fork"), 0);
+  attn_kv_stats before, after;
+  attn_kv_stats_get(kv, &before);
+  attn_status st;
+  cr_expect_eq(attn_kv_fork(kv, "", "s", "f", -1, 0, 0, &st), ATTN_EUNSUPPORTED);
+  cr_expect(strstr(st.message, "cannot be forked"), "%s", st.message);
+  attn_kv_info info;
+  cr_expect_eq(attn_kv_get(kv, "", "f", 0, &info, NULL, 0, &st), ATTN_ESESSION_NOT_FOUND);
+  attn_kv_stats_get(kv, &after);
+  cr_expect(after.sessions == 1 && after.reserved_bytes == before.reserved_bytes);
+  tkv_stream_free(&s);
   attn_kv_close(kv);
   attn_engine_close(e);
   cr_expect_eq(mock_device_bytes(), 0, "device memory left");

@@ -377,6 +377,11 @@ def test_sessions_panel_lists_fills_and_deletes(page, console_server):
     # 2 x layers x heads_kv x one page (8192 tokens of 8 bytes) x 64 KiB
     assert listed[0]["reserved_bytes"] == 2 * 2 * 2 * 1 * 65536
     assert cells[5] == "512 KiB"
+    # a fork shares the pages of layer 1 (2 heads, K and V: 4 pages): its row says so
+    assert _call(base + "/fork", "POST", {"id": "console-2"})[0] == 201
+    got = wait_row(d, '#sess-table tr[data-id="console-2"]', "true")
+    assert got["cells"][5] == "512 KiB, 256 KiB shared"
+    assert _call(console_server.url + "/v1/sessions/console-2", "DELETE")[0] == 204
     # found and clicked in one script, so the row is the one on the page
     d.execute_script("document.querySelector(arguments[0]).click()", "#sess-table " + row + " button")
     wait(d, "!document.querySelector('#sess-table %s')" % row)

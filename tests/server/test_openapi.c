@@ -78,7 +78,7 @@ Test(openapi, paths_match_the_server, .fini = teardown, .timeout = 60) {
     http_res_free(&rs);
   }
   fclose(f);
-  cr_expect_eq(n, 22, "openapi.yaml documents %d paths", n);
+  cr_expect_eq(n, 23, "openapi.yaml documents %d paths", n);
   static const char *const routed[] = {"/",
                                        "/attention",
                                        "/attention/backward",
@@ -91,6 +91,7 @@ Test(openapi, paths_match_the_server, .fini = teardown, .timeout = 60) {
                                        "/v1/sessions/{id}",
                                        "/v1/sessions/{id}/attention",
                                        "/v1/sessions/{id}/truncate",
+                                       "/v1/sessions/{id}/fork",
                                        "/v1/sessions/{id}/export",
                                        "/v1/sessions/{id}/import",
                                        "/v1/sessions/_batch",

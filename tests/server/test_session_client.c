@@ -97,6 +97,14 @@ Test(session_client, lifecycle) {
   expect_run(0, a, "lengths 6\n", NULL);
   snprintf(a, sizeof a, "session truncate %s cli-1 --length 3", S.url);
   expect_run(0, a, "session cli-1 truncated to 3", NULL);
+  snprintf(a, sizeof a, "session fork %s cli-1 cli-2 --length 2 --ttl 30", S.url);
+  expect_run(0, a, "session cli-2 forked from cli-1 (HTTP 201): 2 tokens", NULL);
+  snprintf(a, sizeof a, "session get %s cli-2", S.url);
+  expect_run(0, a, "lengths 2\n", "shared with its forks; ttl 30 s", NULL);
+  snprintf(a, sizeof a, "session fork %s cli-1 cli-2", S.url);
+  expect_run(1, a, "HTTP 409 session_exists", NULL);
+  snprintf(a, sizeof a, "session delete %s cli-2", S.url);
+  expect_run(0, a, "session cli-2 deleted (HTTP 204)", NULL);
   snprintf(a, sizeof a, "session attend %s cli-1 --new 0 --no-causal --stats", S.url);
   expect_run(0, a, "no new tokens -> length 3", "o [2,1,16] F32", "with m, l, lse", NULL);
   snprintf(a, sizeof a, "session delete %s cli-1", S.url);
@@ -311,6 +319,10 @@ Test(session_client, usage_and_unreachable) {
   expect_run(2, a, "--length does not apply", NULL);
   snprintf(a, sizeof a, "session truncate %s x", S.url);
   expect_run(2, a, "truncate needs --length", NULL);
+  snprintf(a, sizeof a, "session fork %s x", S.url);
+  expect_run(2, a, "give URL, ID and NEW", NULL);
+  snprintf(a, sizeof a, "session fork %s x _y", S.url);
+  expect_run(2, a, "ID is 1-128", NULL);
   snprintf(a, sizeof a, "session attend %s nobody", S.url);
   expect_run(1, a, "HTTP 404 session_not_found", NULL);
   snprintf(a, sizeof a, "session get http://127.0.0.1:%d x", free_port());

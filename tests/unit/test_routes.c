@@ -239,6 +239,7 @@ Test(routes, the_metrics_series_are_the_tables_labels) {
       "/v1/sessions/{id}",
       "/v1/sessions/{id}/attention",
       "/v1/sessions/{id}/truncate",
+      "/v1/sessions/{id}/fork",
       "/v1/sessions/{id}/export",
       "/v1/sessions/{id}/import",
       "/v2/*",

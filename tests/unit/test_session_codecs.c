@@ -195,12 +195,36 @@ Test(session_codecs, create_truncate_and_info) {
   cr_expect_eq(n, 5);
   cr_expect_eq(attn_proto_session_truncate_decode("{\"length\": \"5\"}", 15, &n, &st),
                ATTN_PROTO_EOPTVALUE);
+  /* a fork: its new id checked as a path's, length and ttl_s optional */
+  char id[ATTN_KV_ID_MAX + 1];
+  double fttl;
+  const char *fork = "{\"id\": \"b-1\", \"length\": 7, \"ttl_s\": 30}";
+  cr_expect_eq(attn_proto_session_fork_decode(fork, strlen(fork), 60, id, &n, &fttl, &st), 0, "%s",
+               st.message);
+  cr_expect(!strcmp(id, "b-1") && n == 7 && fttl == 30);
+  cr_expect_eq(attn_proto_session_fork_decode("{\"id\": \"b\"}", 11, 60, id, &n, &fttl, &st), 0);
+  cr_expect(n == -1 && fttl == 0, "left out: each layer's length, the source's ttl_s");
+  static const char *const bad_fork[] = {"{}",
+                                         "{\"id\": \"_b\"}",
+                                         "{\"id\": 1}",
+                                         "{\"id\": \"b\", \"ttl_s\": 61}",
+                                         "{\"id\": \"b\", \"length\": -1}",
+                                         "{\"id\": \"b\", \"max_tokens\": 1}",
+                                         ""};
+  const int fork_codes[] = {ATTN_PROTO_EOPTVALUE, ATTN_EINVAL,          ATTN_PROTO_EOPTVALUE,
+                            ATTN_PROTO_EOPTVALUE, ATTN_PROTO_EOPTVALUE, ATTN_PROTO_EOPTION,
+                            ATTN_PROTO_EEMPTY};
+  for (size_t i = 0; i < sizeof bad_fork / sizeof *bad_fork; i++)
+    cr_expect_eq(
+        attn_proto_session_fork_decode(bad_fork[i], strlen(bad_fork[i]), 60, id, &n, &fttl, &st),
+        fork_codes[i], "fork case %zu: %s", i, st.message);
   attn_kv_info info = {
       .id = "s1",
       .shape = {.heads_kv = 2, .head_dim = 64, .dtype = ATTN_F16, .layers = 2, .max_tokens = 100},
       .ttl_s = 60,
       .expires = 130,
       .reserved_bytes = 524288,
+      .shared_bytes = 131072,
       .tokens = 7};
   int64_t lengths[2] = {4, 3};
   attn_sbuf b = {0};
@@ -208,7 +232,8 @@ Test(session_codecs, create_truncate_and_info) {
   cr_expect_str_eq(b.p, "{\"id\": \"s1\", \"heads_kv\": 2, \"head_dim\": 64, \"dtype\": \"F16\", "
                         "\"layers\": 2, \"max_tokens\": 100, \"ttl_s\": 60, \"head_dim_v\": 64, "
                         "\"lengths\": [4, 3], \"tokens\": 7, \"reserve\": \"whole\", "
-                        "\"reserved_bytes\": 524288, \"expires_in_s\": 30.000}");
+                        "\"reserved_bytes\": 524288, \"shared_bytes\": 131072, "
+                        "\"expires_in_s\": 30.000}");
   free(b.p);
   /* a latent session says so, with its Dv */
   info.shape.head_dim_v = 48;

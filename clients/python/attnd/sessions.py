@@ -19,8 +19,12 @@ of each k row: MLA's absorbed decode, whose calls send q and k only:
 ...                max_tokens=4096) as s:             # 512 latent + 64 rope columns
 ...     o = s.attend(q_absorbed, c_kv_pe)            # q [H, 1, 576], k [1, 1, 576]: o [H, 1, 512]
 
+A session forks into others that share its tokens' memory (beam search, parallel sampling):
+
+>>> beams = [s.fork("chat-1-beam%d" % i) for i in range(4)]   # each then appends its own
+
 The routes are ``/v1/sessions/{id}`` (PUT create, GET, DELETE), ``.../attention``,
-``.../truncate`` and ``/v1/sessions/_batch``. This module is imported by
+``.../truncate``, ``.../fork`` and ``/v1/sessions/_batch``. This module is imported by
 ``import attnd``; :meth:`attnd.Client.session` and :meth:`attnd.Client.session_batch` are its
 entry points.
 """
@@ -237,7 +241,12 @@ class Session:
         404 ``session_not_found`` when there is none. ``history`` is as for the
         constructor."""
         _, info = _json_call(client, "GET", _path(_check_id(id)))
-        s = cls(client, id, heads_kv=info["heads_kv"], head_dim=info["head_dim"],
+        return cls._of_info(client, info, history)
+
+    @classmethod
+    def _of_info(cls, client, info, history):
+        """The session a GET's (or a fork's) description describes, not created again."""
+        s = cls(client, info["id"], heads_kv=info["heads_kv"], head_dim=info["head_dim"],
                 dtype=info["dtype"], layers=info["layers"], max_tokens=info["max_tokens"],
                 ttl_s=info.get("ttl_s", 600), create=False, history=history,
                 head_dim_v=info.get("head_dim_v"), v_from_k=info.get("v_from_k"),
@@ -285,8 +294,8 @@ class Session:
 
     def info(self):
         """``GET /v1/sessions/{id}``: a dict of its parameters, ``lengths`` (one per layer),
-        ``reserve``, ``reserved_bytes`` (a grow session's: what it holds now) and
-        ``expires_in_s``; :attr:`lengths` is updated from it.
+        ``reserve``, ``reserved_bytes`` (a grow session's: what it holds now),
+        ``shared_bytes`` (of the pages its forks hold too: :meth:`fork`) and ``expires_in_s``; :attr:`lengths` is updated from it.
 
         It never re-creates a session that is gone (it raises 404 ``session_not_found``,
         history or not): it is how a caller learns what the server holds."""
@@ -320,6 +329,25 @@ class Session:
         if status != 200:
             raise self.client._error(status, resp, data)
         return bytes(data)
+
+    def fork(self, new_id, length=None, *, ttl_s=None, history=None):
+        """A new session ``new_id`` holding this one's first ``length`` tokens of every
+        layer (``POST /v1/sessions/{id}/fork``; None: each layer's own length), with its
+        parameters, reserve and ``ttl_s`` (unless given). The two then change on their own;
+        the server stores the pages of the tokens they share once, copying a page only when
+        one of them first appends into it, so N forks of a prompt cost about one prompt's
+        memory (beam search, parallel sampling). Returns the new :class:`Session`, whose
+        :attr:`lengths` are the server's; ``history`` is its own (this one's is not: its
+        tokens past the branch differ). Raises 409 ``session_exists`` when ``new_id`` is
+        taken, 404 when this session is gone (it is not rebuilt here), 422 for a layer
+        shorter than ``length``, 507 when the new session's reservation does not fit."""
+        doc = {"id": _check_id(new_id)}
+        if length is not None:
+            doc["length"] = int(length)
+        if ttl_s is not None:
+            doc["ttl_s"] = ttl_s
+        _, info = _json_call(self.client, "POST", _path(self.id, "/fork"), doc, ok=(201,))
+        return Session._of_info(self.client, info, history)
 
     def truncate(self, length):
         """Cuts every layer longer than ``length`` to ``length`` (``POST .../truncate``):

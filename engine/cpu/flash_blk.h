@@ -61,6 +61,10 @@ typedef struct blk_ctx {
   const uint16_t *vslot[4]; /* and where their Vᵀ is */
   const uint16_t *pvt;      /* the next tile's packed Vᵀ, or NULL */
   const float *orows;       /* O as rows ([nrows][D]), or NULL: read Oᵀ */
+  /* Quantized pages (attn_request.kv_quant): BK rows of head_dim elements
+   * each for the tile's K and V dequantized (dq_tile), which kt and vt
+   * then point at. */
+  char *kq, *vq;
 } blk_ctx;
 
 static const char *q_row(const blk_ctx *c, int64_t h, int64_t i) {
@@ -194,6 +198,80 @@ static int64_t tile_len(const blk_ctx *c, int64_t j0) {
     n = n < left ? n : left;
   }
   return n;
+}
+
+/* ---- quantized pages ----------------------------------------------------- */
+
+/*
+ * A quantized tile (attn_request.kv_quant) is dequantized into the block's
+ * scratch rows in the request's dtype, and every path then reads them as it
+ * reads a tile of that dtype. The dequantization reads half the bytes BF16
+ * pages would (a quarter of F32's), which is what a decode step, bound by
+ * memory, gains; so it is vector code where there are vectors. An E4M3 code
+ * becomes an F16 of its value times 2^-8 by moving its 7 exponent and
+ * mantissa bits to bit 7 (attn_e4m3_to_f32), whose F32 times scale·2^8 is
+ * the same product code·scale the scalar tail computes.
+ */
+#if ATTN_ISA == 512
+static inline vf dq_vec(const uint8_t *p, attn_kv_quant q, vf s) {
+  const __m128i b = _mm_loadu_si128((const __m128i *)p);
+  if (q == ATTN_KVQ_I8)
+    return vmul(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), s);
+  const __m256i w = _mm256_cvtepu8_epi16(b);
+  const __m256i h =
+      _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7f)), 7),
+                      _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8));
+  return vmul(_mm512_cvtph_ps(h), s);
+}
+#elif ATTN_ISA == 256
+static inline vf dq_vec(const uint8_t *p, attn_kv_quant q, vf s) {
+  const __m128i b = _mm_loadl_epi64((const __m128i *)p);
+  if (q == ATTN_KVQ_I8)
+    return vmul(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), s);
+  const __m128i w = _mm_cvtepu8_epi16(b);
+  const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7f)), 7),
+                                 _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8));
+  return vmul(_mm256_cvtph_ps(h), s);
+}
+#endif
+
+/* n rows of W codes at src (W apart), row i's scale sc[i], into rows of W
+ * elements of dtype dt at dst. */
+static void dq_rows(const uint8_t *src, const float *sc, int64_t n, int64_t W, attn_kv_quant q,
+                    attn_dtype dt, char *dst) {
+  const size_t es = attn_dtype_size(dt);
+  for (int64_t i = 0; i < n; i++) {
+    const uint8_t *row = src + i * W;
+    char *out = dst + (size_t)(i * W) * es;
+    int64_t k = 0;
+#if ATTN_ISA
+    const vf s = vset1(q == ATTN_KVQ_I8 ? sc[i] : sc[i] * 256.0f);
+    /* the next tile's row, from memory while this one converts */
+    for (int64_t b = 0; b < W; b += 64)
+      _mm_prefetch((const char *)row + BK * W + b, _MM_HINT_T0);
+    for (; k + VL <= W; k += VL)
+      vstore_cvt(out + (size_t)k * es, dq_vec(row + k, q, s), dt);
+#endif
+    for (; k < W; k++)
+      attn_store_elem(out, dt, (size_t)k, attn_kv_code_value(q, row[k]) * sc[i]);
+  }
+}
+
+/* The tile of nkt keys from j0 (within one page) dequantized: kt and vt
+ * point at it, head_dim elements a row; no next tile to prefetch (dq_rows
+ * does). A latent session's V pages are its K pages: converted once. */
+static void dq_tile(blk_ctx *c, int64_t j0, int64_t nkt) {
+  const attn_request *r = c->a->r;
+  const int64_t pt = r->page_tokens, W = r->head_dim, i = j0 % pt;
+  const size_t at = attn_kv_quant_scales_at(pt, W);
+  const uint8_t *kp = c->kpg[j0 / pt], *vp = c->vpg[j0 / pt];
+  dq_rows(kp + i * W, (const float *)(kp + at) + i, nkt, W, r->kv_quant, r->dtype, c->kq);
+  if (vp != kp)
+    dq_rows(vp + i * W, (const float *)(vp + at) + i, nkt, W, r->kv_quant, r->dtype, c->vq);
+  c->kt = c->kq;
+  c->vt = vp != kp ? c->vq : c->kq;
+  c->kstep = c->vstep = W;
+  c->pn = 0;
 }
 
 /* Where K and V of the block's (batch, KV head) are: the dense tensors'

@@ -181,11 +181,12 @@ void attnd_sessions_list(attnd_req *r) {
   uint64_t mine = attn_kv_tenant_reserved(kv, r->tenant);
   attn_sbuf_printf(&b,
                    "], \"count\": %lld, \"memory\": {\"pool_bytes\": %llu, \"reserved_bytes\": "
-                   "%llu, \"used_bytes\": %llu, \"key_reserved_bytes\": %llu, "
-                   "\"per_key_bytes\": %llu}}\n",
+                   "%llu, \"used_bytes\": %llu, \"quantized_bytes\": %llu, "
+                   "\"key_reserved_bytes\": %llu, \"per_key_bytes\": %llu}}\n",
                    (long long)n, (unsigned long long)stats.pool_bytes,
                    (unsigned long long)stats.reserved_bytes, (unsigned long long)stats.used_bytes,
-                   (unsigned long long)mine, (unsigned long long)stats.tenant_cap_bytes);
+                   (unsigned long long)stats.quantized_bytes, (unsigned long long)mine,
+                   (unsigned long long)stats.tenant_cap_bytes);
   attnd_req_reply_json(r, 200, &b);
 }
 
@@ -246,15 +247,16 @@ void attnd_sessions_info(attn_sbuf *b, const attnd_server *s) {
   attn_kv_stats st = {0};
   if (s->kv)
     attn_kv_stats_get(s->kv, &st);
-  attn_sbuf_printf(b,
-                   "\"sessions\": {\"enabled\": %s, \"memory_bytes\": %llu, \"page_bytes\": "
-                   "%lld, \"pages_on\": \"%s\", \"persist\": %s, \"batching\": %s, "
-                   "\"ttl_max_s\": %g, \"count\": %lld, \"memory_per_key_bytes\": %llu}",
-                   s->kv ? "true" : "false", (unsigned long long)st.pool_bytes,
-                   (long long)st.page_bytes, st.where ? st.where : "none",
-                   s->kv && *c->session_dir ? "true" : "false",
-                   s->kv && c->session_batch ? "true" : "false", c->session_ttl_max,
-                   (long long)st.sessions, (unsigned long long)st.tenant_cap_bytes);
+  attn_sbuf_printf(
+      b,
+      "\"sessions\": {\"enabled\": %s, \"memory_bytes\": %llu, \"page_bytes\": "
+      "%lld, \"pages_on\": \"%s\", \"persist\": %s, \"batching\": %s, "
+      "\"ttl_max_s\": %g, \"count\": %lld, \"memory_per_key_bytes\": %llu, "
+      "\"quantized_bytes\": %llu}",
+      s->kv ? "true" : "false", (unsigned long long)st.pool_bytes, (long long)st.page_bytes,
+      st.where ? st.where : "none", s->kv && *c->session_dir ? "true" : "false",
+      s->kv && c->session_batch ? "true" : "false", c->session_ttl_max, (long long)st.sessions,
+      (unsigned long long)st.tenant_cap_bytes, (unsigned long long)st.quantized_bytes);
 }
 
 static void counter(attn_sbuf *b, const char *name, const char *help, unsigned long long v) {
@@ -295,6 +297,9 @@ void attnd_sessions_metrics(attn_sbuf *b, const attnd_server *s) {
         st.reserved_bytes);
   gauge(b, "attnd_session_used_bytes", "Bytes of session memory in pages that hold tokens.",
         st.used_bytes);
+  gauge(b, "attnd_session_quantized_bytes",
+        "Bytes of session memory reserved by quantized sessions (kv_dtype F8_E4M3 or I8).",
+        st.quantized_bytes);
   gauge(b, "attnd_session_calls_waiting",
         "Session calls held in the store for a job on their layer, its readers or a write.",
         (unsigned long long)st.waiting);

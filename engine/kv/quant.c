@@ -58,8 +58,7 @@ float attn__kv_xrows_absmax(const attn_kv_shape *sh, int t, const void *rows, in
   return (float)mx;
 }
 
-void attn__kv_qput(const kv_session *ks, char *page, int64_t i, int64_t n, int t,
-                   const void *src) {
+void attn__kv_qput(const kv_session *ks, char *page, int64_t i, int64_t n, int t, const void *src) {
   const int64_t cols = attn__kv_cols(&ks->shape, t), W = ks->pitch;
   const size_t xr = attn__kv_xrow(&ks->shape, t);
   float *sc = (float *)(page + attn_kv_quant_scales_at(ks->page_tokens, W));
@@ -71,8 +70,7 @@ void attn__kv_qput(const kv_session *ks, char *page, int64_t i, int64_t n, int t
   }
 }
 
-void attn__kv_qget(const kv_session *ks, const char *page, int64_t i, int64_t n, int t,
-                   void *dst) {
+void attn__kv_qget(const kv_session *ks, const char *page, int64_t i, int64_t n, int t, void *dst) {
   const int64_t cols = attn__kv_cols(&ks->shape, t), W = ks->pitch;
   const size_t xr = attn__kv_xrow(&ks->shape, t);
   const float *sc = (const float *)(page + attn_kv_quant_scales_at(ks->page_tokens, W));

@@ -58,8 +58,8 @@ Test(kv_quant, e4m3_every_code) {
     }
     cr_expect_eq((double)got, want, "code 0x%02x decodes to %g, not %g", c, (double)got, want);
     /* every value encodes back to its code (but -0, which is 0x80 too) */
-    cr_expect_eq(attn_f32_to_e4m3(got), (uint8_t)c, "%g encodes to 0x%02x, not 0x%02x",
-                 (double)got, attn_f32_to_e4m3(got), c);
+    cr_expect_eq(attn_f32_to_e4m3(got), (uint8_t)c, "%g encodes to 0x%02x, not 0x%02x", (double)got,
+                 attn_f32_to_e4m3(got), c);
   }
 }
 
@@ -206,8 +206,7 @@ static int run_quant(attn_engine *e, const char *isa, tcase *c, const tref *ref,
   if (rc == 0) {
     terr err = tref_check(c, ref);
     bool ok = err.o <= ttol(c->p.dt) && err.masked_ok && err.stats <= 1e-5;
-    cr_expect(ok, "%s: O error %.3g (tol %.0e), stats %.3g", what, err.o, ttol(c->p.dt),
-              err.stats);
+    cr_expect(ok, "%s: O error %.3g (tol %.0e), stats %.3g", what, err.o, ttol(c->p.dt), err.stats);
     fails += !ok;
     /* (amx's dense F16 runs its packed split tiles, which quantized
      * tiles skip for F32 products: the same tolerance, other bits) */

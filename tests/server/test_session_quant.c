@@ -51,8 +51,8 @@ static void stream_init(stream *s, uint64_t seed) {
 
 static void put_rows(attn_sbuf *b, const char *name, const float *t, int64_t h, int64_t r0,
                      int64_t n) {
-  attn_sbuf_printf(b, "\"%s\": {\"shape\": [%lld, %lld, %d], \"dtype\": \"F32\", \"data\": [",
-                   name, (long long)h, (long long)n, D);
+  attn_sbuf_printf(b, "\"%s\": {\"shape\": [%lld, %lld, %d], \"dtype\": \"F32\", \"data\": [", name,
+                   (long long)h, (long long)n, D);
   for (int64_t i = 0; i < h; i++)
     for (int64_t j = 0; j < n * D; j++)
       attn_sbuf_printf(b, "%s%.9g", i || j ? "," : "", (double)t[(i * N + r0) * D + j]);
@@ -78,7 +78,8 @@ static long step(srv *sv, const char *id, const stream *s, int64_t pos, int64_t 
   long status = r.status;
   snprintf(why, cap, "%.300s", r.body ? r.body : "");
   if (status == 200) {
-    cJSON *j = cJSON_Parse(r.body), *data = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "o"), "data");
+    cJSON *j = cJSON_Parse(r.body),
+          *data = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "o"), "data");
     cr_assert_eq(cJSON_GetArraySize(data), HQ * n * D);
     int i = 0;
     for (cJSON *x = data->child; x; x = x->next)

@@ -10,14 +10,23 @@
  * tensors: the paged run must then be within the dtype's tolerance of the
  * float64 reference over those rows, and the dense run bit for bit where
  * both tile the keys alike.
+ *
+ * The store's quantized sessions: calls against the float64 reference
+ * over the rows the session stores (a stream quantized and dequantized
+ * row by row), a replay, a conflict, a truncate and appends after it,
+ * the reservation, export and import, a save and a load.
  */
 #include "helpers.h"
+#include "kv/kv_int.h"
+#include "kvcalls.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char *const isas[] = {"generic", "avx2", "avx512", "avx512bf16", "amx", "amxemu"};
 enum { NISAS = sizeof isas / sizeof *isas };
@@ -302,4 +311,249 @@ Test(kv_quant, refusals) {
   c.req.kv_quant = (attn_kv_quant)7;
   cr_expect_eq(attn_request_validate(&c.req, &st), ATTN_EINVAL);
   tcase_free(&c);
+}
+
+/* ---- the store's quantized sessions ------------------------------------ */
+
+#define MIB ((uint64_t)1 << 20)
+
+/* s as a session of kind q stores it: every row of k (and v) quantized
+ * per KV head and dequantized in the dtype (a latent session's v being
+ * its stored k's first dv columns). */
+static tkv_stream stored_stream(const tkv_stream *s, attn_kv_quant q) {
+  tkv_stream o = *s;
+  const size_t es = attn_dtype_size(s->dt);
+  uint8_t codes[ATTN_MAX_HEAD_DIM];
+  o.q = malloc((size_t)(s->hq * s->n * s->d) * es);
+  memcpy(o.q, s->q, (size_t)(s->hq * s->n * s->d) * es);
+  for (int t = 0; t < 2; t++) {
+    const int64_t w = t ? s->dv : s->d;
+    char *x = malloc((size_t)(s->hkv * s->n * w) * es);
+    for (int64_t r = 0; r < s->hkv * s->n; r++) {
+      char *row = x + (size_t)(r * w) * es;
+      if (t && s->latent) {
+        memcpy(row, (char *)o.k + (size_t)(r * s->d) * es, (size_t)w * es);
+        continue;
+      }
+      const float sc = attn_kv_quantize_row(
+          q, (const char *)(t ? s->v : s->k) + (size_t)(r * w) * es, s->dt, w, codes);
+      for (int64_t d = 0; d < w; d++)
+        attn_store_elem(row, s->dt, (size_t)d, attn_kv_code_value(q, codes[d]) * sc);
+    }
+    *(t ? &o.v : &o.k) = x;
+  }
+  return o;
+}
+
+static attn_kv_shape shape_of(const tkv_stream *s, attn_kv_quant q, int64_t layers) {
+  return (attn_kv_shape){.heads_kv = s->hkv,
+                         .head_dim = s->d,
+                         .head_dim_v = s->latent || s->dv != s->d ? s->dv : 0,
+                         .v_from_k = s->latent,
+                         .dtype = s->dt,
+                         .kv_quant = q,
+                         .layers = layers,
+                         .max_tokens = 512};
+}
+
+static void make(attn_kv_store *kv, const char *id, const tkv_stream *s, attn_kv_quant q) {
+  attn_kv_shape sh = shape_of(s, q, 2);
+  attn_status st;
+  bool created;
+  cr_assert_eq(attn_kv_create(kv, "", id, &sh, 600, 0, &created, &st), 0, "%s", st.message);
+}
+
+/* One call on layer l of id: queries and new tokens [pos, pos + n) of s,
+ * its error against the reference over sq's keys [0, pos + n). */
+static double call_error(attn_kv_store *kv, const char *id, const tkv_stream *s,
+                         const tkv_stream *sq, int64_t l, int64_t pos, int64_t n, bool *replay) {
+  tkv_opts op = tkv_plain;
+  op.layer = l;
+  tkv_reply y;
+  attn_status st;
+  int rc = tkv_call1(kv, "", id, s, &op, pos, n, pos, n, &y, 1, &st);
+  cr_assert_eq(rc, 0, "%s at %lld: %s", id, (long long)pos, st.message);
+  double e = tkv_ref_error(sq, &op, pos, n, pos + n, &y);
+  if (replay)
+    *replay = y.replay;
+  tkv_reply_free(&y);
+  return e;
+}
+
+/* The kinds of session a store test takes: D = Dv, Dv != D, latent. */
+static tkv_stream stream_kind(int k, attn_dtype dt, uint64_t seed) {
+  static const int64_t dims[3][2] = {{64, 64}, {48, 80}, {96, 64}};
+  return tkv_stream_make_dv(4, 2, dims[k][0], dims[k][1], k == 2, 300, dt, seed);
+}
+
+Test(kv_quant, store_calls_replay_conflict_truncate, .timeout = 300) {
+  attn_engine *e = topen(2, NULL);
+  attn_kv_store *kv = tkv_open_store(e, 64 * MIB, false, "cpu");
+  static const attn_dtype dts[] = {ATTN_F32, ATTN_BF16};
+  for (int di = 0; di < 2; di++)
+    for (int q = ATTN_KVQ_F8_E4M3; q <= ATTN_KVQ_I8; q++)
+      for (int k = 0; k < 3; k++) {
+        tkv_stream s = stream_kind(k, dts[di], (uint64_t)(100 * di + 10 * q + k));
+        tkv_stream sq = stored_stream(&s, (attn_kv_quant)q);
+        char id[32];
+        snprintf(id, sizeof id, "s%d%d%d", di, q, k);
+        make(kv, id, &s, (attn_kv_quant)q);
+        const double tol = ttol(s.dt);
+        bool replay = false;
+        /* a prefill past a page's rows, decode steps */
+        for (int64_t pos = 0, n = 130; pos < 140; pos += n, n = 1)
+          cr_expect_leq(call_error(kv, id, &s, &sq, 1, pos, n, NULL), tol, "%s at %lld", id,
+                        (long long)pos);
+        cr_expect_leq(call_error(kv, id, &s, &sq, 1, 0, 40, &replay), tol, "%s replay", id);
+        cr_expect(replay, "%s: the first 40 tokens again are a replay", id);
+        tkv_stream other = stream_kind(k, dts[di], 999);
+        tkv_opts op = tkv_plain;
+        op.layer = 1;
+        tkv_reply y;
+        attn_status st;
+        cr_expect_eq(tkv_call1(kv, "", id, &other, &op, 0, 2, 0, 2, &y, 1, &st),
+                     ATTN_ESESSION_CONFLICT, "%s: other tokens at 0", id);
+        tkv_stream_free(&other);
+        cr_assert_eq(attn_kv_truncate(kv, "", id, 100, 1, &st), 0, "%s", st.message);
+        for (int64_t pos = 100; pos < 103; pos++)
+          cr_expect_leq(call_error(kv, id, &s, &sq, 1, pos, 1, NULL), tol, "%s after truncate", id);
+        tkv_stream_free(&sq);
+        tkv_stream_free(&s);
+      }
+  attn_kv_close(kv);
+  attn_engine_close(e);
+}
+
+/* Quantized rows of 64 codes and a scale: 960 a page where BF16's 128
+ * bytes take 512; the store counts them as quantized bytes. */
+Test(kv_quant, store_reservation) {
+  attn_engine *e = topen(1, NULL);
+  attn_kv_store *kv = tkv_open_store(e, 64 * MIB, false, "cpu");
+  tkv_stream s = stream_kind(0, ATTN_BF16, 1);
+  attn_kv_shape sh = shape_of(&s, ATTN_KVQ_I8, 2), plain = shape_of(&s, ATTN_KVQ_NONE, 2);
+  sh.max_tokens = plain.max_tokens = 4000;
+  cr_expect_eq(attn__kv_page_tokens(kv, &sh), 960);
+  cr_expect_eq(attn__kv_page_tokens(kv, &plain), 512);
+  cr_expect_eq(attn_kv_reserve_bytes(kv, &sh), 2 * 2 * 2 * 5 * (uint64_t)ATTN_KV_PAGE_BYTES);
+  cr_expect_eq(attn_kv_reserve_bytes(kv, &plain), 2 * 2 * 2 * 8 * (uint64_t)ATTN_KV_PAGE_BYTES);
+  attn_status st;
+  bool created;
+  cr_assert_eq(attn_kv_create(kv, "", "q", &sh, 600, 0, &created, &st), 0, "%s", st.message);
+  cr_assert_eq(attn_kv_create(kv, "", "p", &plain, 600, 0, &created, &st), 0, "%s", st.message);
+  attn_kv_stats stats;
+  attn_kv_stats_get(kv, &stats);
+  cr_expect_eq(stats.quantized_bytes, attn_kv_reserve_bytes(kv, &sh));
+  attn_kv_info info;
+  cr_assert_eq(attn_kv_get(kv, "", "q", 1, &info, NULL, 0, &st), 0);
+  cr_expect_eq(info.shape.kv_quant, ATTN_KVQ_I8);
+  cr_expect_eq(info.reserved_bytes, attn_kv_reserve_bytes(kv, &sh));
+  /* the same session but for kv_quant is another */
+  sh.kv_quant = ATTN_KVQ_F8_E4M3;
+  cr_expect_eq(attn_kv_create(kv, "", "q", &sh, 600, 0, &created, &st), ATTN_ESESSION_EXISTS);
+  sh.kv_quant = (attn_kv_quant)9;
+  cr_expect_eq(attn_kv_create(kv, "", "z", &sh, 600, 0, &created, &st), ATTN_EDTYPE);
+  tkv_stream_free(&s);
+  attn_kv_close(kv);
+  attn_engine_close(e);
+}
+
+/* An export: its info, lengths and rows (codes, then scales). */
+typedef struct qexport {
+  attn_kv_info info;
+  int64_t len[ATTN_KV_MAX_LAYERS];
+  void *k[2], *v[2];
+} qexport;
+
+static void export_ok(attn_kv_store *kv, const char *id, qexport *x) {
+  attn_status st;
+  memset(x, 0, sizeof *x);
+  cr_assert_eq(attn_kv_export(kv, "", id, 1, &x->info, x->len, x->k, x->v, &st), 0, "%s",
+               st.message);
+}
+
+static size_t export_bytes(const qexport *x, int l, int t) {
+  const attn_kv_shape *sh = &x->info.shape;
+  return (size_t)(sh->heads_kv * x->len[l]) * (size_t)((t ? sh->head_dim_v : sh->head_dim) + 4);
+}
+
+static bool same_export(const qexport *a, const qexport *b) {
+  for (int l = 0; l < 2; l++)
+    for (int t = 0; t < (a->info.shape.v_from_k ? 1 : 2); t++)
+      if (a->len[l] != b->len[l] ||
+          memcmp(t ? a->v[l] : a->k[l], t ? b->v[l] : b->k[l], export_bytes(a, l, t)))
+        return false;
+  return true;
+}
+
+static void export_free(qexport *x) {
+  for (int l = 0; l < 2; l++) {
+    free(x->k[l]);
+    free(x->v[l]);
+  }
+}
+
+/* Each kind quantized both ways: exported from a, imported into b, saved
+ * from b and loaded into c: every export the same bytes, and the next
+ * call on c right. A scale no quantizer writes is refused. */
+Test(kv_quant, store_export_import_save_load, .timeout = 300) {
+  attn_engine *e = topen(2, NULL);
+  attn_kv_store *a = tkv_open_store(e, 64 * MIB, false, "cpu");
+  attn_kv_store *b = tkv_open_store(e, 64 * MIB, false, "cpu");
+  attn_kv_store *c = tkv_open_store(e, 64 * MIB, false, "cpu");
+  char dir[] = "/tmp/attn-kvquant-XXXXXX";
+  cr_assert(mkdtemp(dir));
+  tkv_stream s[6], sq[6];
+  for (int q = ATTN_KVQ_F8_E4M3; q <= ATTN_KVQ_I8; q++)
+    for (int k = 0; k < 3; k++) {
+      const int i = (q - 1) * 3 + k;
+      char id[16];
+      snprintf(id, sizeof id, "m%d", i);
+      s[i] = stream_kind(k, ATTN_BF16, (uint64_t)(50 + i));
+      sq[i] = stored_stream(&s[i], (attn_kv_quant)q);
+      make(a, id, &s[i], (attn_kv_quant)q);
+      call_error(a, id, &s[i], &sq[i], 0, 0, 70, NULL);
+      qexport x, y;
+      export_ok(a, id, &x);
+      attn_status st;
+      cr_assert_eq(attn_kv_import(b, "", id, &x.info.shape, x.info.ttl_s, 1, x.len,
+                                  (const void *const *)x.k,
+                                  x.info.shape.v_from_k ? NULL : (const void *const *)x.v, &st),
+                   0, "%s", st.message);
+      export_ok(b, id, &y);
+      cr_expect(same_export(&x, &y), "%s: the import's export differs", id);
+      export_free(&y);
+      if (k == 0) { /* row 3's k scale made negative: no quantizer's */
+        const float neg = -1.0f;
+        memcpy((char *)x.k[0] + 2 * 70 * 64 + 3 * 4, &neg, 4);
+        cr_expect_eq(attn_kv_import(c, "", id, &x.info.shape, x.info.ttl_s, 1, x.len,
+                                    (const void *const *)x.k, (const void *const *)x.v, &st),
+                     ATTN_EINVAL, "a negative scale");
+        cr_expect(strstr(st.message, "row 3"), "%s", st.message);
+      }
+      export_free(&x);
+    }
+  attn_status st;
+  cr_assert_eq(attn_kv_save(b, dir, 1, &st), 6, "%s", st.message);
+  cr_assert_eq(attn_kv_load(c, dir, 1, 1e9, NULL, NULL, &st), 6, "%s", st.message);
+  for (int i = 0; i < 6; i++) {
+    char id[16];
+    snprintf(id, sizeof id, "m%d", i);
+    qexport x, y;
+    export_ok(a, id, &x);
+    export_ok(c, id, &y);
+    cr_expect(same_export(&x, &y), "%s: the loaded session's export differs", id);
+    export_free(&x);
+    export_free(&y);
+    cr_expect_leq(call_error(c, id, &s[i], &sq[i], 0, 70, 1, NULL), ttol(ATTN_BF16), "%s", id);
+    tkv_stream_free(&s[i]);
+    tkv_stream_free(&sq[i]);
+    char path[128];
+    snprintf(path, sizeof path, "%s/@%s.kv", dir, id);
+    unlink(path);
+  }
+  rmdir(dir);
+  attn_kv_close(a);
+  attn_kv_close(b);
+  attn_kv_close(c);
+  attn_engine_close(e);
 }

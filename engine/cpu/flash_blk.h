@@ -235,6 +235,18 @@ static inline vf dq_vec(const uint8_t *p, attn_kv_quant q, vf s) {
 }
 #endif
 
+/* VL dequantized values stored in dtype dt: the BF16 instances round with
+ * their own instruction (to nearest even, as vstore_cvt). */
+static inline void dq_store(char *out, vf x, attn_dtype dt) {
+#if ATTN_ISA == 512 && (ATTN_DPBF16 || ATTN_AMX)
+  if (dt == ATTN_BF16) {
+    _mm256_storeu_si256((__m256i *)out, (__m256i)_mm512_cvtneps_pbh(x));
+    return;
+  }
+#endif
+  vstore_cvt(out, x, dt);
+}
+
 /* n rows of W codes at src (W apart), row i's scale sc[i], into rows of W
  * elements of dtype dt at dst. */
 static void dq_rows(const uint8_t *src, const float *sc, int64_t n, int64_t W, attn_kv_quant q,
@@ -250,7 +262,7 @@ static void dq_rows(const uint8_t *src, const float *sc, int64_t n, int64_t W, a
     for (int64_t b = 0; b < W; b += 64)
       _mm_prefetch((const char *)row + BK * W + b, _MM_HINT_T0);
     for (; k + VL <= W; k += VL)
-      vstore_cvt(out + (size_t)k * es, dq_vec(row + k, q, s), dt);
+      dq_store(out + (size_t)k * es, dq_vec(row + k, q, s), dt);
 #endif
     for (; k < W; k++)
       attn_store_elem(out, dt, (size_t)k, attn_kv_code_value(q, row[k]) * sc[i]);

@@ -6,7 +6,8 @@
  * reservation, a replay and a conflict, an export imported into another
  * server (byte-identical export, the same bits computed), and the
  * refusals: an unknown kv_dtype, a file whose scale or code no quantizer
- * writes, a create that differs only in kv_dtype.
+ * writes, a create that differs only in kv_dtype. The CLI's create
+ * --kv-dtype and get.
  */
 #include "harness.h"
 #include "kv/kv.h"
@@ -321,4 +322,22 @@ Test(session_quant, export_import_round_trip_and_refusals) {
   http_res_free(&r);
   free(e);
   free(f1), free(f2);
+}
+
+Test(session_quant, the_cli_creates_and_shows_it) {
+  srv_start(&A, "--session-memory", "16M", NULL);
+  char args[256], out[4096];
+  snprintf(args, sizeof args,
+           "create http://127.0.0.1:%d c --heads-kv 2 --head-dim 64 --max-tokens 64 --dtype BF16 "
+           "--kv-dtype F8_E4M3",
+           A.port);
+  cr_assert_eq(tattn("session", args, out, sizeof out), 0, "%s", out);
+  snprintf(args, sizeof args, "get http://127.0.0.1:%d c", A.port);
+  cr_assert_eq(tattn("session", args, out, sizeof out), 0, "%s", out);
+  cr_expect(strstr(out, "BF16, stored F8_E4M3"), "%s", out);
+  snprintf(args, sizeof args,
+           "create http://127.0.0.1:%d d --heads-kv 2 --head-dim 64 --max-tokens 64 "
+           "--kv-dtype F8_E5M2",
+           A.port);
+  cr_expect_eq(tattn("session", args, out, sizeof out), 2, "%s", out);
 }

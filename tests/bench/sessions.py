@@ -18,7 +18,10 @@ One run, on this machine, one table (row, value, baseline, ratio, target):
       --session-batch on and off, and the same pair with --max-running-per-client 0
       (four servers started together and timed in turn, run by run), and on/off;
   (d) build/bench-peak --bandwidth: the CPU kernel's paged decode step at 32K keys
-      in GB/s of K and V read, each dtype, against the machine's streaming read.
+      in GB/s of K and V read, each dtype, against the machine's streaming read;
+  (e) quantized decode at 32K keys: the (b) session step on sessions of kv_dtype
+      F8_E4M3 and I8 (their rows a byte an element and a scale), timed in the same
+      rounds, as tokens/s against the BF16 session's (target >= 1.7x).
 
 The shape is a GQA decoder layer: Hq 32, Hkv 8, D 128, BF16, one query token. "N
 keys" means the step attends over N keys: the session holds N - 1 and the step
@@ -65,6 +68,7 @@ LATENCY_LENGTHS = (4096, 32768)           # (b)
 CONCURRENCY = (1, 8, 64)                  # (c)
 CONC_KEYS = 4096                          # (c): every session holds 4K keys at the start
 SESSION_MEMORY = "8G"
+QUANT = ("F8_E4M3", "I8")                 # (e): kv_dtypes, at 32K keys
 
 
 # ---- data ---------------------------------------------------------------------------
@@ -217,9 +221,12 @@ class Attnd:
             self.p.wait()
 
 
-def create(c, sid, max_tokens):
-    body = json.dumps({"heads_kv": HKV, "head_dim": D, "dtype": DT, "layers": 1,
-                       "max_tokens": max_tokens, "ttl_s": 3600}).encode()
+def create(c, sid, max_tokens, kv_dtype=None):
+    doc = {"heads_kv": HKV, "head_dim": D, "dtype": DT, "layers": 1, "max_tokens": max_tokens,
+           "ttl_s": 3600}
+    if kv_dtype:
+        doc["kv_dtype"] = kv_dtype
+    body = json.dumps(doc).encode()
     c.request("PUT", "/v1/sessions/" + sid, body, "application/json", want=(200, 201))
 
 
@@ -647,6 +654,12 @@ def main_driver(a):
                       flush=True)
                 create(c, "step%d" % n, n)
                 prefill(c, "step%d" % n, q, k, v, n - 1)
+            qsess = {}
+            for kd in QUANT:
+                print("  (e) %s session at 32K keys: prefill ..." % kd, file=sys.stderr,
+                      flush=True)
+                create(c, "q" + kd, MAX_KEYS, kd)
+                prefill(c, "q" + kd, q, k, v, MAX_KEYS - 1)
             for n in BYTES_LENGTHS:
                 if n not in LATENCY_LENGTHS:
                     sess[n] = session_steps(c, "step%d" % n, q, k, v, n, 3)
@@ -662,6 +675,12 @@ def main_driver(a):
                         sess[n][1].extend(r[1])
                     else:
                         sess[n] = r
+                    for kd in QUANT if n == MAX_KEYS else ():
+                        r = session_steps(c, "q" + kd, q, k, v, n, a.reps)
+                        if kd in qsess:
+                            qsess[kd][0].extend(r[0])
+                        else:
+                            qsess[kd] = r
                     if tor:
                         time.sleep(0.2)  # attnd's workers asleep before torch's start
                         for w in ("gqa", "folded"):
@@ -792,6 +811,17 @@ def main_driver(a):
         else:
             table.add("(d) CPU decode kernel, 32K keys, %s" % dt,
                       "skipped: %s" % r.get("skipped", "?"), "-", "-")
+
+    # (e)
+    bf_med = med(sess[MAX_KEYS][0])
+    for kd in QUANT:
+        q_med = med(qsess[kd][0])
+        r = bf_med / q_med
+        table.add("(e) quantized decode, 32K keys: %s / BF16 session tokens/s" % kd,
+                  "%.0f" % (1 / q_med), "%.0f" % (1 / bf_med), "%.2fx" % r, ">= 1.7x", r >= 1.7)
+        notes.append("(e) %s: |o_quantized - o_BF16| / |o_BF16| = %.1e (the rows it stores: a "
+                     "byte an element and a scale a row)"
+                     % (kd, rel_diff(qsess[kd][2], sess[MAX_KEYS][2])))
 
     print()
     table.print()

@@ -59,6 +59,7 @@ typedef struct tool_sess_info {
   bool v_from_k;      /* a latent session: k alone, v its first head_dim_v columns */
   bool grow;          /* reserve grow: reserved_bytes is what it holds now */
   attn_dtype dtype;
+  attn_kv_quant kv_quant; /* its rows stored quantized (GET's kv_dtype), or NONE */
   double ttl_s, expires_in_s;
   int64_t reserved_bytes;
   int64_t shared_bytes; /* of pages its forks (or its source) hold too */

@@ -25,6 +25,7 @@ static const char usage[] =
     "usage: attn session create   URL ID --heads-kv H --head-dim D --max-tokens N\n"
     "                             [--dtype F32|F16|BF16] [--layers L] [--ttl S]\n"
     "                             [--head-dim-v DV | --v-from-k DV] [--reserve whole|grow]\n"
+    "                             [--kv-dtype F8_E4M3|I8]\n"
     "       attn session get      URL ID [--json]\n"
     "       attn session delete   URL ID\n"
     "       attn session truncate URL ID --length N\n"
@@ -52,6 +53,9 @@ static const char usage[] =
     "            q and k only. --reserve grow: its memory is taken as tokens arrive\n"
     "            instead of at once, and an append the server's memory cannot hold is\n"
     "            refused (507, nothing appended); whole (the default) never refuses one.\n"
+    "            --kv-dtype F8_E4M3|I8: each appended row stored quantized, a byte an\n"
+    "            element and a scale a row (about half BF16's memory); calls still send\n"
+    "            dtype and attend over the stored rows.\n"
     "  get       its parameters, each layer's length, bytes reserved, seconds left\n"
     "            (--json: the server's JSON as it is)\n"
     "  delete    DELETE /v1/sessions/ID: its memory is free at once\n"
@@ -92,6 +96,7 @@ typedef struct sess_args {
   int64_t heads_kv, head_dim, layers, max_tokens, length;
   int64_t head_dim_v, v_from_k; /* 0: not given */
   const char *reserve;          /* --reserve, or NULL: not sent (whole) */
+  const char *kv_dtype;         /* --kv-dtype, or NULL: not sent (the dtype) */
   float *sinks;                 /* --sinks (malloc'd), or NULL */
   int64_t nsinks;
   int64_t heads_q, seq_q, n_new, layer, pos;
@@ -111,7 +116,7 @@ static const char *const scope[128] = {
     ['k'] = "a", ['y'] = "a",         ['p'] = "a",  ['e'] = "a",  ['N'] = "a", ['c'] = "a",
     ['s'] = "a", ['L'] = "a",         ['R'] = "a",  ['S'] = "a",  ['B'] = "a", ['C'] = "a",
     ['O'] = "a", ['w'] = "cgdtfaeim", ['V'] = "c",  ['K'] = "c",  ['G'] = "a", ['u'] = "m",
-    ['r'] = "c"};
+    ['r'] = "c", ['Z'] = "c"};
 
 static const struct option opts[] = {TOOL_API_OPTIONS,
                                      {"heads-kv", required_argument, 0, 'H'},
@@ -119,6 +124,7 @@ static const struct option opts[] = {TOOL_API_OPTIONS,
                                      {"head-dim-v", required_argument, 0, 'V'},
                                      {"v-from-k", required_argument, 0, 'K'},
                                      {"reserve", required_argument, 0, 'r'},
+                                     {"kv-dtype", required_argument, 0, 'Z'},
                                      {"dtype", required_argument, 0, 't'},
                                      {"layers", required_argument, 0, 'l'},
                                      {"max-tokens", required_argument, 0, 'm'},
@@ -173,6 +179,16 @@ static int create_flag(int c, sess_args *a) {
     }
     a->reserve = optarg;
     return 0;
+  case 'Z': {
+    attn_kv_quant q;
+    attn_dtype dt;
+    if (attn_kv_quant_parse(optarg, &q) && attn_dtype_parse(optarg, &dt)) {
+      fprintf(stderr, ME ": --kv-dtype is F8_E4M3, I8 or the --dtype, not \"%s\"\n", optarg);
+      return -1;
+    }
+    a->kv_dtype = optarg;
+    return 0;
+  }
   }
   return 1;
 }
@@ -322,11 +338,12 @@ static const char *values_text(int64_t d, int64_t dv, bool latent, char *buf, si
 
 static void print_info(const sess_args *a, const tool_sess_info *in) {
   char values[64];
-  printf("session %s: %lld layer%s of %lld tokens, %lld kv heads x %lld%s, %s\n", a->id,
+  printf("session %s: %lld layer%s of %lld tokens, %lld kv heads x %lld%s, %s%s%s\n", a->id,
          (long long)in->layers, in->layers == 1 ? "" : "s", (long long)in->max_tokens,
          (long long)in->heads_kv, (long long)in->head_dim,
          values_text(in->head_dim, in->head_dim_v, in->v_from_k, values, sizeof values),
-         attn_dtype_name(in->dtype));
+         attn_dtype_name(in->dtype), in->kv_quant ? ", stored " : "",
+         in->kv_quant ? attn_kv_quant_name(in->kv_quant) : "");
   printf("lengths ");
   for (int64_t i = 0; i < in->layers; i++)
     printf("%s%lld", i ? "," : "", (long long)in->lengths[i]);
@@ -349,6 +366,8 @@ static int cmd_create(tool_sess_http *h, const sess_args *a) {
     n += snprintf(body + n, sizeof body - (size_t)n, ",\"v_from_k\":%lld", (long long)a->v_from_k);
   if (a->reserve)
     n += snprintf(body + n, sizeof body - (size_t)n, ",\"reserve\":\"%s\"", a->reserve);
+  if (a->kv_dtype)
+    n += snprintf(body + n, sizeof body - (size_t)n, ",\"kv_dtype\":\"%s\"", a->kv_dtype);
   snprintf(body + n, sizeof body - (size_t)n, "}");
   tool_sess_reply r;
   if (call(h, a, "PUT", "", body, strlen(body), false, &r) != 0)

@@ -210,6 +210,9 @@ int tool_sess_info_parse(const char *json, size_t len, tool_sess_info *info) {
   int_field(j, "shared_bytes", &info->shared_bytes);
   const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "reserve");
   info->grow = cJSON_IsString(rs) && !strcmp(rs->valuestring, "grow");
+  const cJSON *kq = cJSON_GetObjectItemCaseSensitive(j, "kv_dtype");
+  if (!cJSON_IsString(kq) || attn_kv_quant_parse(kq->valuestring, &info->kv_quant))
+    info->kv_quant = ATTN_KVQ_NONE; /* the dtype's name, or a server that predates it */
   info->ttl_s = cJSON_IsNumber(ttl) ? ttl->valuedouble : -1;
   info->expires_in_s = cJSON_IsNumber(exp) ? exp->valuedouble : -1;
   cJSON_Delete(j);

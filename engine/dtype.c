@@ -118,3 +118,80 @@ void attn_store_elem(void *p, attn_dtype dt, size_t i, float x) {
   default: break;
   }
 }
+
+/* ---- quantized session rows ------------------------------------------- */
+
+static const char *const kvq_names[ATTN_KVQ_COUNT] = {"?", "F8_E4M3", "I8"};
+
+const char *attn_kv_quant_name(attn_kv_quant q) {
+  return (unsigned)q < ATTN_KVQ_COUNT ? kvq_names[q] : "?";
+}
+
+int attn_kv_quant_parse(const char *name, attn_kv_quant *pq) {
+  for (int i = 1; i < ATTN_KVQ_COUNT; i++)
+    if (name && strcmp(name, kvq_names[i]) == 0) {
+      *pq = (attn_kv_quant)i;
+      return 0;
+    }
+  return ATTN_EDTYPE;
+}
+
+float attn_kv_quant_max(attn_kv_quant q) { return q == ATTN_KVQ_I8 ? 127.0f : 448.0f; }
+
+/* E4M3's 7 exponent and mantissa bits put at bit 7 of an F16 are that F16's
+ * exponent's low 4 bits and its mantissa's top 3: the biases differ by 8,
+ * so the F16 is the code's value times 2^-8, subnormals included (the
+ * kernels' vector decode is the same trick). The NaN codes would read as
+ * ±480: no stored row holds them (quant.c refuses them), and here they are
+ * NaN. */
+float attn_e4m3_to_f32(uint8_t c) {
+  if ((c & 0x7fu) == 0x7fu)
+    return NAN;
+  const uint16_t h = (uint16_t)(((c & 0x80u) << 8) | ((c & 0x7fu) << 7));
+  return attn_f16_to_f32(h) * 256.0f;
+}
+
+float attn_kv_code_value(attn_kv_quant q, uint8_t c) {
+  return q == ATTN_KVQ_I8 ? (float)(int8_t)c : attn_e4m3_to_f32(c);
+}
+
+/* Below 2^-6 the codes are subnormals 2^-9 apart; from there each binade
+ * holds 8 codes, and a rounding up to 2^e carries into the next binade's
+ * first code, so code = (e + 6)·8 + a·2^(3-e) rounded (nearbyintf: ties
+ * to even in the default mode) for 2^e <= a < 2^(e+1). */
+uint8_t attn_f32_to_e4m3(float x) {
+  const uint8_t sign = signbit(x) ? 0x80 : 0;
+  float a = fminf(fabsf(x), 448.0f);
+  if (a < 0x1p-6f)
+    return sign | (uint8_t)nearbyintf(a * 512.0f);
+  int e;
+  (void)frexpf(a, &e); /* a = f·2^e, f in [0.5, 1): a's binade is e - 1 */
+  e -= 1;
+  return sign | (uint8_t)((e + 6) * 8 + (int)nearbyintf(ldexpf(a, 3 - e)));
+}
+
+uint8_t attn_f32_to_i8(float x) {
+  const float r = nearbyintf(fminf(fmaxf(x, -127.0f), 127.0f));
+  return (uint8_t)(int8_t)r;
+}
+
+float attn_kv_quantize_row(attn_kv_quant q, const void *src, attn_dtype dt, int64_t n,
+                           uint8_t *dst) {
+  float mx = 0.0f;
+  for (int64_t i = 0; i < n; i++)
+    mx = fmaxf(mx, fabsf((float)attn_load_elem(src, dt, (size_t)i)));
+  if (mx == 0.0f) {
+    memset(dst, 0, (size_t)n);
+    return 0.0f;
+  }
+  const float scale = mx / attn_kv_quant_max(q);
+  if (scale == 0.0f) { /* a row of subnormals near 2^-149: kept as zeros */
+    memset(dst, 0, (size_t)n);
+    return 0.0f;
+  }
+  for (int64_t i = 0; i < n; i++) {
+    const float x = (float)attn_load_elem(src, dt, (size_t)i) / scale;
+    dst[i] = q == ATTN_KVQ_I8 ? attn_f32_to_i8(x) : attn_f32_to_e4m3(x);
+  }
+  return scale;
+}

@@ -155,6 +155,42 @@ uint16_t attn_f32_to_bf16(float f);
  * through float, whose own rounding could land on a tie). */
 uint16_t attn_f64_to_f16(double x);
 uint16_t attn_f64_to_bf16(double x);
+/* Quantized session pages (attn_request.kv_quant): each row of K or V
+ * stored as one-byte codes with one F32 scale, the row's largest |x|
+ * over the code's largest magnitude (448 for F8_E4M3, the "fn" variant
+ * with no infinity; 127 for I8), so code c stands for value(c)·scale. A
+ * row of zeros has scale 0. */
+typedef enum attn_kv_quant {
+  ATTN_KVQ_NONE = 0,
+  ATTN_KVQ_F8_E4M3 = 1,
+  ATTN_KVQ_I8 = 2,
+  ATTN_KVQ_COUNT
+} attn_kv_quant;
+/* The safetensors name of a quantized kind ("F8_E4M3", "I8"; "?" for
+ * NONE or an unknown value), and the kind a name gives (0 or ATTN_EDTYPE). */
+const char *attn_kv_quant_name(attn_kv_quant q);
+int attn_kv_quant_parse(const char *name, attn_kv_quant *pq);
+/* The largest magnitude of a kind's codes: 448 or 127. */
+float attn_kv_quant_max(attn_kv_quant q);
+/* Code c's value (E4M3: NaN for 0x7F and 0xFF, which no row holds). */
+float attn_e4m3_to_f32(uint8_t c);
+float attn_kv_code_value(attn_kv_quant q, uint8_t c);
+/* x (finite) to the nearest code, ties to even, saturating at ±448
+ * (±127): what a quantizer stores for x / scale. */
+uint8_t attn_f32_to_e4m3(float x);
+uint8_t attn_f32_to_i8(float x);
+/* n elements of dtype dt at src quantized as one row: codes into dst, and
+ * the scale returned (0 for a row of zeros, its codes all 0). */
+float attn_kv_quantize_row(attn_kv_quant q, const void *src, attn_dtype dt, int64_t n,
+                           uint8_t *dst);
+/* Where a quantized page's row scales start: after page_tokens rows of
+ * width bytes (a page's rows are its width apart), at a 64-byte boundary;
+ * F32 scale i belongs to row i. The one layout of a quantized page, which
+ * the store writes and the kernels read. */
+static inline size_t attn_kv_quant_scales_at(int64_t page_tokens, int64_t width) {
+  return ((size_t)page_tokens * (size_t)width + 63) & ~(size_t)63;
+}
+
 /* Element i of a buffer of dtype dt, widened to double. */
 double attn_load_elem(const void *p, attn_dtype dt, size_t i);
 /* Stores x rounded to dtype dt as element i. */
@@ -276,6 +312,12 @@ typedef struct attn_request {
   /* The pages' largest |k| and |v|: their values were checked finite when
    * they were stored, so the kernel does not scan them again. */
   float kv_absmax[2];
+  /* Host pages only (page_pitch 0): ATTN_KVQ_NONE (the default), or pages
+   * of quantized rows: row i of a page is width W bytes of codes at i·W
+   * (W = max(head_dim, head_dim_v)), its scale the F32 at
+   * attn_kv_quant_scales_at(page_tokens, W) + 4·i; keys and values are
+   * code·scale, computed in the request's dtype. */
+  attn_kv_quant kv_quant;
   void *o; /* output, dtype elements */
   /* Element strides of the batch, head and sequence dimensions; all zero
    * means contiguous [B, H, N, D]. */

@@ -322,6 +322,12 @@ static int validate_pages(const attn_request *r, attn_status *st) {
 
 /* K and V: dense tensors, or pages. */
 static int validate_kv(const attn_request *r, int64_t b, size_t es, attn_status *st) {
+  if (r->kv_quant != ATTN_KVQ_NONE &&
+      ((unsigned)r->kv_quant >= ATTN_KVQ_COUNT || !r->k_pages || r->page_pitch))
+    return attn_status_set(st, ATTN_EINVAL,
+                           "kv_quant (%d) is for host pages (k_pages, page_pitch 0) of "
+                           "F8_E4M3 (1) or I8 (2) rows only",
+                           (int)r->kv_quant);
   if (r->k_pages || r->v_pages)
     return validate_pages(r, st);
   const int64_t hk = r->heads_kv, d = r->head_dim, dv = attn_request_dv(r);

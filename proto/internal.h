@@ -234,6 +234,11 @@ int attn__st_head(const char *h, size_t n, size_t extra, const char *what, void 
  * *proot (the caller cJSON_Deletes it) and its data. */
 typedef struct attn__st_entry {
   bool seen;
+  /* in: the entry may be a quantized session's rows (F8_E4M3 or I8, one
+   * byte an element: quant set, dtype unused), as only a session file's
+   * are; a request's tensors are of the three dtypes */
+  bool quant_ok;
+  attn_kv_quant quant;
   attn_dtype dtype;
   int cu_bytes; /* cu_seqlens: 4 (I32) or 8 (I64); 0 for the others */
   int rank;

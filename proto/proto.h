@@ -399,13 +399,17 @@ int attn_proto_session_create_decode(const char *body, size_t len, double ttl_ma
  * "lengths" (a JSON array, one length a layer: "[37,0,300]"); tensors
  * "k.L" [heads_kv, length_L, head_dim] and, unless latent, "v.L"
  * [heads_kv, length_L, head_dim_v] per layer L, in the session's dtype,
- * data in that order. Encoded from a store's export (attn_kv_export's
- * lengths and buffers; *pbuf malloc'd). Decoded strictly: the header as
- * a call's safetensors, the metadata as a create's fields (ttl_max:
+ * data in that order; a quantized session's (metadata "kv_dtype") in its
+ * kv_dtype (F8_E4M3 or I8), each followed by its rows' scales "k_scale.L"
+ * ("v_scale.L"), F32 [heads_kv, length_L]; its k[l] (v[l]) buffers, an
+ * export's and an import's, hold the codes and then the scales (kv.h). Encoded from a store's
+ * export (attn_kv_export's lengths and buffers; *pbuf malloc'd). Decoded strictly: the header as a
+ * call's safetensors, the metadata as a create's fields (ttl_max:
  * --session-ttl-max), each length 0 to max_tokens, exactly the tensors
  * the metadata names, each of its dtype and shape, tiling the data; k[l]
  * and v[l] then point into body (or into f->owned, an aligned copy of the
- * data when body's is not: attn_proto_session_file_free frees it). The
+ * data when body's is not, and for a quantized session each layer's codes
+ * joined to their scales: attn_proto_session_file_free frees it). The
  * values' finiteness is the store's to check (attn_kv_import).
  */
 typedef struct attn_proto_session_file {
@@ -434,7 +438,7 @@ int attn_proto_session_fork_decode(const char *body, size_t len, double ttl_max,
                                    attn_status *st);
 struct attn_sbuf;
 /* A session as GET /v1/sessions/{id} describes it: {"id", "heads_kv",
- * "head_dim", "dtype", "layers", "max_tokens", "ttl_s", "head_dim_v",
+ * "head_dim", "dtype", "kv_dtype", "layers", "max_tokens", "ttl_s", "head_dim_v",
  * "v_from_k" (a latent session's only), "lengths": [one a layer],
  * "tokens", "reserve", "reserved_bytes", "shared_bytes" (bytes of pages it
  * holds that its forks hold too), "expires_in_s"}; lengths may be NULL

@@ -153,11 +153,16 @@ int attn__st_entry_parse(const cJSON *j, const char *name, uint64_t data_len, en
                            attn__json_type(f[0]));
   const char *dtn = f[0]->valuestring;
   bool cu = !strncmp(name, "cu_seqlens_", 11);
-  if (cu ? !(e->cu_bytes = attn_proto_cu_dtype_bytes(dtn)) : attn_dtype_parse(dtn, &e->dtype) < 0)
-    return attn_status_set(
-        st, ATTN_PROTO_ETENSOR, "tensor \"%s\": dtype \"%s\" is not supported (%s)", name,
-        attn_quote(q, sizeof q, dtn, strlen(dtn)), cu ? "I32 or I64" : "F32, F16 or BF16");
-  uint64_t es = cu ? (uint64_t)e->cu_bytes : attn_dtype_size(e->dtype);
+  bool qt = !cu && e->quant_ok && attn_kv_quant_parse(dtn, &e->quant) == 0;
+  if (!qt &&
+      (cu ? !(e->cu_bytes = attn_proto_cu_dtype_bytes(dtn)) : attn_dtype_parse(dtn, &e->dtype) < 0))
+    return attn_status_set(st, ATTN_PROTO_ETENSOR,
+                           "tensor \"%s\": dtype \"%s\" is not supported (%s)", name,
+                           attn_quote(q, sizeof q, dtn, strlen(dtn)),
+                           cu            ? "I32 or I64"
+                           : e->quant_ok ? "F32, F16, BF16, F8_E4M3 or I8"
+                                         : "F32, F16 or BF16");
+  uint64_t es = cu ? (uint64_t)e->cu_bytes : qt ? 1 : attn_dtype_size(e->dtype);
 
   if (!cJSON_IsArray(f[1]))
     return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
@@ -236,7 +241,7 @@ int attn__st_entry_parse(const cJSON *j, const char *name, uint64_t data_len, en
     return attn_status_set(st, ATTN_PROTO_ESAFETENSORS,
                            "tensor \"%s\": data_offsets [%llu, %llu] span %llu bytes but %s "
                            "%s needs %llu",
-                           name, b, en, en - b, cu ? dtn : attn_dtype_name(e->dtype), sh,
+                           name, b, en, en - b, cu || qt ? dtn : attn_dtype_name(e->dtype), sh,
                            (unsigned long long)nbytes);
   }
   e->begin = b;

@@ -24,9 +24,9 @@ typedef struct field {
 } field;
 
 static const field create_fields[] = {
-    {"heads_kv", true},    {"head_dim", true},  {"dtype", true},
-    {"max_tokens", true},  {"layers", false},   {"ttl_s", false},
-    {"head_dim_v", false}, {"v_from_k", false}, {"reserve", false}};
+    {"heads_kv", true}, {"head_dim", true}, {"dtype", true},       {"max_tokens", true},
+    {"layers", false},  {"ttl_s", false},   {"head_dim_v", false}, {"v_from_k", false},
+    {"reserve", false}, {"kv_dtype", false}};
 #define NCREATE (sizeof create_fields / sizeof *create_fields)
 
 /* Whether the JSON string opening at s[i] holds a NUL, raw or escaped
@@ -153,7 +153,22 @@ static int get_int(const cJSON *root, const char *name, int64_t lo, int64_t hi, 
 #define CREATE_WHAT                                                                             \
   "{\"heads_kv\": n, \"head_dim\": n, \"dtype\": \"F32\"|\"F16\"|\"BF16\", \"max_tokens\": n, " \
   "\"layers\"?: n, \"ttl_s\"?: seconds, \"head_dim_v\"?: n, \"v_from_k\"?: n, "                 \
-  "\"reserve\"?: \"whole\"|\"grow\"}"
+  "\"reserve\"?: \"whole\"|\"grow\", \"kv_dtype\"?: \"F8_E4M3\"|\"I8\"|dtype}"
+
+/* How the rows are stored: "kv_dtype" F8_E4M3 or I8 (quantized), or the
+ * dtype's own name, the default (not quantized). */
+static int kv_dtype_of(const cJSON *root, attn_kv_shape *sh, attn_status *st) {
+  const cJSON *q = cJSON_GetObjectItemCaseSensitive(root, "kv_dtype");
+  sh->kv_quant = ATTN_KVQ_NONE;
+  if (!q || (cJSON_IsString(q) && !strcmp(q->valuestring, attn_dtype_name(sh->dtype))))
+    return 0;
+  if (cJSON_IsString(q) && attn_kv_quant_parse(q->valuestring, &sh->kv_quant) == 0)
+    return 0;
+  return attn_status_set(st, ATTN_PROTO_EOPTVALUE,
+                         "\"kv_dtype\" must be \"F8_E4M3\" or \"I8\" (rows stored quantized, a "
+                         "scale a row) or \"%s\" (the dtype: not quantized, the default)",
+                         attn_dtype_name(sh->dtype));
+}
 
 /* The values' head dim: head_dim_v (default head_dim) or, for a latent
  * session, v_from_k, which is at most head_dim (v is the first v_from_k
@@ -219,6 +234,8 @@ static int create_fields_of(const cJSON *root, attn_kv_shape *sh, double ttl_max
                            "\"reserve\" must be \"whole\" (pages for all of max_tokens at create, "
                            "the default) or \"grow\" (pages as tokens arrive)");
   sh->grow = rs && !strcmp(rs->valuestring, "grow");
+  if ((rc = kv_dtype_of(root, sh, st)))
+    return rc;
   *ttl = 600 < ttl_max ? 600 : ttl_max;
   return get_ttl(root, ttl_max, ttl, st);
 }
@@ -277,11 +294,12 @@ void attn_proto_session_info_json(attn_sbuf *b, const attn_kv_info *info, const 
   attn_sbuf_puts(b, "{\"id\": ");
   attn_sbuf_json_str(b, info->id);
   attn_sbuf_printf(b,
-                   ", \"heads_kv\": %lld, \"head_dim\": %lld, \"dtype\": \"%s\", \"layers\": %lld, "
-                   "\"max_tokens\": %lld, \"ttl_s\": %.17g, \"head_dim_v\": %lld, ",
+                   ", \"heads_kv\": %lld, \"head_dim\": %lld, \"dtype\": \"%s\", \"kv_dtype\": "
+                   "\"%s\", \"layers\": %lld, \"max_tokens\": %lld, \"ttl_s\": %.17g, "
+                   "\"head_dim_v\": %lld, ",
                    (long long)sh->heads_kv, (long long)sh->head_dim, attn_dtype_name(sh->dtype),
-                   (long long)sh->layers, (long long)sh->max_tokens, info->ttl_s,
-                   (long long)attn_kv_shape_dv(sh));
+                   attn_kv_shape_kv_dtype(sh), (long long)sh->layers, (long long)sh->max_tokens,
+                   info->ttl_s, (long long)attn_kv_shape_dv(sh));
   if (sh->v_from_k)
     attn_sbuf_printf(b, "\"v_from_k\": %lld, ", (long long)attn_kv_shape_dv(sh));
   attn_sbuf_puts(b, "\"lengths\": [");
@@ -301,11 +319,12 @@ void attn_proto_session_info_json(attn_sbuf *b, const attn_kv_info *info, const 
 static const field file_fields[] = {{"heads_kv", true},   {"head_dim", true},  {"dtype", true},
                                     {"max_tokens", true}, {"layers", true},    {"ttl_s", true},
                                     {"head_dim_v", true}, {"v_from_k", false}, {"lengths", true},
-                                    {"format", false},    {"reserve", false}};
+                                    {"format", false},    {"reserve", false},  {"kv_dtype", false}};
 #define NFILE (sizeof file_fields / sizeof *file_fields)
-#define FILE_WHAT                                                                        \
-  "__metadata__ {\"heads_kv\", \"head_dim\", \"head_dim_v\", \"v_from_k\"?, \"dtype\", " \
-  "\"layers\", \"max_tokens\", \"ttl_s\", \"reserve\"?, \"lengths\"}, each a string "    \
+#define FILE_WHAT                                                                             \
+  "__metadata__ {\"heads_kv\", \"head_dim\", \"head_dim_v\", \"v_from_k\"?, \"dtype\", "      \
+  "\"layers\", \"max_tokens\", \"ttl_s\", \"reserve\"?, \"kv_dtype\"?, \"lengths\"}, each a " \
+  "string "                                                                                   \
   "(\"lengths\": \"[n, ...]\")"
 
 /* The metadata as the create's JSON object: each number's string made a
@@ -318,7 +337,10 @@ static cJSON *meta_as_create(const cJSON *meta) {
       continue;
     const char *v = c->valuestring;
     char *end = NULL;
-    double x = strcmp(c->string, "dtype") && *v && !strchr(" \t\r\n", *v) ? strtod(v, &end) : 0;
+    double x =
+        strcmp(c->string, "dtype") && strcmp(c->string, "kv_dtype") && *v && !strchr(" \t\r\n", *v)
+            ? strtod(v, &end)
+            : 0;
     cJSON *item = end && !*end ? cJSON_CreateNumber(x) : cJSON_CreateString(v);
     if (!item || !cJSON_AddItemToObject(o, c->string, item)) {
       cJSON_Delete(item);

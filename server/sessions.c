@@ -197,11 +197,12 @@ void attnd_sessions_list(attnd_req *r) {
   attn_sbuf_printf(&b,
                    "], \"count\": %lld, \"memory\": {\"pool_bytes\": %llu, \"reserved_bytes\": "
                    "%llu, \"used_bytes\": %llu, \"shared_bytes\": %llu, \"saved_bytes\": %llu, "
-                   "\"key_reserved_bytes\": %llu, \"per_key_bytes\": %llu}}\n",
+                   "\"quantized_bytes\": %llu, \"key_reserved_bytes\": %llu, \"per_key_bytes\": %llu}}\n",
                    (long long)n, (unsigned long long)stats.pool_bytes,
                    (unsigned long long)stats.reserved_bytes, (unsigned long long)stats.used_bytes,
                    (unsigned long long)stats.shared_bytes, (unsigned long long)stats.saved_bytes,
-                   (unsigned long long)mine, (unsigned long long)stats.tenant_cap_bytes);
+                   (unsigned long long)stats.quantized_bytes, (unsigned long long)mine,
+                   (unsigned long long)stats.tenant_cap_bytes);
   attnd_req_reply_json(r, 200, &b);
 }
 
@@ -267,14 +268,15 @@ void attnd_sessions_info(attn_sbuf *b, const attnd_server *s) {
                    "%lld, \"pages_on\": \"%s\", \"persist\": %s, \"batching\": %s, "
                    "\"ttl_max_s\": %g, \"count\": %lld, \"memory_per_key_bytes\": %llu, "
                    "\"memory\": {\"reserved_bytes\": %llu, \"used_bytes\": %llu, "
-                   "\"shared_bytes\": %llu, \"saved_bytes\": %llu}}",
+                   "\"shared_bytes\": %llu, \"saved_bytes\": %llu, \"quantized_bytes\": %llu}}",
                    s->kv ? "true" : "false", (unsigned long long)st.pool_bytes,
                    (long long)st.page_bytes, st.where ? st.where : "none",
                    s->kv && *c->session_dir ? "true" : "false",
                    s->kv && c->session_batch ? "true" : "false", c->session_ttl_max,
                    (long long)st.sessions, (unsigned long long)st.tenant_cap_bytes,
                    (unsigned long long)st.reserved_bytes, (unsigned long long)st.used_bytes,
-                   (unsigned long long)st.shared_bytes, (unsigned long long)st.saved_bytes);
+                   (unsigned long long)st.shared_bytes, (unsigned long long)st.saved_bytes,
+                   (unsigned long long)st.quantized_bytes);
 }
 
 static void counter(attn_sbuf *b, const char *name, const char *help, unsigned long long v) {
@@ -321,6 +323,9 @@ void attnd_sessions_metrics(attn_sbuf *b, const attnd_server *s) {
   gauge(b, "attnd_session_saved_bytes",
         "Bytes of session pages that sharing saves: holds of a page past its first.",
         st.saved_bytes);
+  gauge(b, "attnd_session_quantized_bytes",
+        "Bytes of session memory reserved by quantized sessions (kv_dtype F8_E4M3 or I8).",
+        st.quantized_bytes);
   gauge(b, "attnd_session_calls_waiting",
         "Session calls held in the store for a job on their layer, its readers or a write.",
         (unsigned long long)st.waiting);

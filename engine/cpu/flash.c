@@ -194,6 +194,10 @@ static void see_tile(const blk_ctx *c, int64_t j0, int64_t nkt) {
 /* The tile's rows (kt, vt), and the next tile's (pk, pv, pn rows; pn 0 at
  * the last tile) for the decode path to prefetch. */
 static void tile_rows(blk_ctx *c, int64_t j0, int64_t nkt) {
+  if (c->a->r->kv_quant) {
+    dq_tile(c, j0, nkt);
+    return;
+  }
   row_ptrs(c, j0, &c->kt, &c->vt, &c->kstep, &c->vstep);
   c->pn = 0;
   if ((c->rowf || c->rowwise || c->amx) && j0 + nkt <= c->jhi) {
@@ -339,6 +343,8 @@ static void block_layout(blk_ctx *c, float *ws, bool second) {
   c->st = stats + 3 * BQ;
   c->kb = c->st + BK * BQ;
   c->vb = c->kb + BK * wd;
+  c->kq = (char *)(ws + ATTN_FLASH_WS_FLOATS_D(wd)); /* past what a block uses */
+  c->vq = c->kq + (size_t)(BK * wd) * sizeof(float);
   if (second) {
     qt += wd / 2 * BQ;
     ot += wd / 2 * BQ;

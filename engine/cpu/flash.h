@@ -155,6 +155,9 @@ extern const attn__flash_isa attn__flash_amxemu __attribute__((weak));
 #define ATTN_FLASH_WS_FLOATS_D(wd)                                                       \
   (2 * ATTN_FLASH_BQ * (wd) + ATTN_FLASH_BK * ATTN_FLASH_BQ + 2 * ATTN_FLASH_BK * (wd) + \
    3 * ATTN_FLASH_BQ)
-#define ATTN_FLASH_WS_FLOATS ATTN_FLASH_WS_FLOATS_D(ATTN_CPU_MAX_D)
+/* and past that, a quantized tile's K and V rows dequantized (BK × wd
+ * elements of up to 4 bytes each; flash_blk.h's dq_tile). */
+#define ATTN_FLASH_WS_FLOATS \
+  (ATTN_FLASH_WS_FLOATS_D(ATTN_CPU_MAX_D) + 2 * ATTN_FLASH_BK * ATTN_CPU_MAX_D)
 
 #endif

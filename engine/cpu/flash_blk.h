@@ -61,6 +61,10 @@ typedef struct blk_ctx {
   const uint16_t *vslot[4]; /* and where their Vᵀ is */
   const uint16_t *pvt;      /* the next tile's packed Vᵀ, or NULL */
   const float *orows;       /* O as rows ([nrows][D]), or NULL: read Oᵀ */
+  /* Quantized pages (attn_request.kv_quant): BK rows of head_dim elements
+   * each for the tile's K and V dequantized (dq_tile), which kt and vt
+   * then point at. */
+  char *kq, *vq;
 } blk_ctx;
 
 static const char *q_row(const blk_ctx *c, int64_t h, int64_t i) {
@@ -194,6 +198,130 @@ static int64_t tile_len(const blk_ctx *c, int64_t j0) {
     n = n < left ? n : left;
   }
   return n;
+}
+
+/* ---- quantized pages ----------------------------------------------------- */
+
+/*
+ * A quantized tile (attn_request.kv_quant) is dequantized into the block's
+ * scratch rows in the request's dtype, and every path then reads them as it
+ * reads a tile of that dtype. The dequantization reads half the bytes BF16
+ * pages would (a quarter of F32's), which is what a decode step, bound by
+ * memory, gains; so it is vector code where there are vectors. An E4M3 code
+ * becomes an F16 of its value times 2^-8 by moving its 7 exponent and
+ * mantissa bits to bit 7 (attn_e4m3_to_f32), whose F32 times scale·2^8 is
+ * the same product code·scale the scalar tail computes.
+ */
+#if ATTN_ISA == 512
+static inline vf dq_vec(const uint8_t *p, attn_kv_quant q, vf s) {
+  const __m128i b = _mm_loadu_si128((const __m128i *)p);
+  if (q == ATTN_KVQ_I8)
+    return vmul(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), s);
+  const __m256i w = _mm256_cvtepu8_epi16(b);
+  const __m256i h =
+      _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7f)), 7),
+                      _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8));
+  return vmul(_mm512_cvtph_ps(h), s);
+}
+/* 32 E4M3 codes at p as two vectors times s: the bit moves on 32 lanes at
+ * once (ternary logic 0xE4: the mask's bits from w << 8, the sign, the
+ * others from w << 7; bit 14 then cleared). */
+static inline void dq_e4m3_32(const uint8_t *p, vf s, vf *lo, vf *hi) {
+  const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)p));
+  const __m512i h = _mm512_ternarylogic_epi32(_mm512_slli_epi16(w, 8), _mm512_slli_epi16(w, 7),
+                                              _mm512_set1_epi16((short)0x8000), 0xE4);
+  const __m512i m = _mm512_and_si512(h, _mm512_set1_epi16((short)0xBF80));
+  *lo = vmul(_mm512_cvtph_ps(_mm512_castsi512_si256(m)), s);
+  *hi = vmul(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(m, 1)), s);
+}
+#elif ATTN_ISA == 256
+static inline vf dq_vec(const uint8_t *p, attn_kv_quant q, vf s) {
+  const __m128i b = _mm_loadl_epi64((const __m128i *)p);
+  if (q == ATTN_KVQ_I8)
+    return vmul(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), s);
+  const __m128i w = _mm_cvtepu8_epi16(b);
+  const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7f)), 7),
+                                 _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8));
+  return vmul(_mm256_cvtph_ps(h), s);
+}
+#endif
+
+/* VL dequantized values stored in dtype dt: the BF16 instances round with
+ * their own instruction (to nearest even, as vstore_cvt). */
+static inline void dq_store(char *out, vf x, attn_dtype dt) {
+#if ATTN_ISA == 512 && (ATTN_DPBF16 || ATTN_AMX)
+  if (dt == ATTN_BF16) {
+    _mm256_storeu_si256((__m256i *)out, (__m256i)_mm512_cvtneps_pbh(x));
+    return;
+  }
+#endif
+  vstore_cvt(out, x, dt);
+}
+
+/* n rows of W codes at src (W apart), row i's scale sc[i], into rows of W
+ * elements of dtype dt at dst; inlined into dq_rows once per (q, dt), so
+ * that neither is a branch in the loop (the generic loop ran at a quarter
+ * of the speed). */
+static inline __attribute__((always_inline)) void dq_rows_as(const uint8_t *src, const float *sc,
+                                                             int64_t n, int64_t W, attn_kv_quant q,
+                                                             attn_dtype dt, char *dst) {
+  const size_t es = dt == ATTN_F32 ? 4 : 2;
+  for (int64_t i = 0; i < n; i++) {
+    const uint8_t *row = src + i * W;
+    char *out = dst + (size_t)(i * W) * es;
+    int64_t k = 0;
+#if ATTN_ISA
+    const vf s = vset1(q == ATTN_KVQ_I8 ? sc[i] : sc[i] * 256.0f);
+    /* the next tile's row, from memory while this one converts */
+    for (int64_t b = 0; b < W; b += 64)
+      _mm_prefetch((const char *)row + BK * W + b, _MM_HINT_T0);
+#if ATTN_ISA == 512
+    for (; q == ATTN_KVQ_F8_E4M3 && k + 2 * VL <= W; k += 2 * VL) {
+      vf lo, hi;
+      dq_e4m3_32(row + k, s, &lo, &hi);
+      dq_store(out + (size_t)k * es, lo, dt);
+      dq_store(out + (size_t)(k + VL) * es, hi, dt);
+    }
+#endif
+    for (; k + VL <= W; k += VL)
+      dq_store(out + (size_t)k * es, dq_vec(row + k, q, s), dt);
+#endif
+    for (; k < W; k++)
+      attn_store_elem(out, dt, (size_t)k, attn_kv_code_value(q, row[k]) * sc[i]);
+  }
+}
+
+static void dq_rows(const uint8_t *src, const float *sc, int64_t n, int64_t W, attn_kv_quant q,
+                    attn_dtype dt, char *dst) {
+  if (q == ATTN_KVQ_I8 && dt == ATTN_BF16)
+    dq_rows_as(src, sc, n, W, ATTN_KVQ_I8, ATTN_BF16, dst);
+  else if (q == ATTN_KVQ_I8 && dt == ATTN_F16)
+    dq_rows_as(src, sc, n, W, ATTN_KVQ_I8, ATTN_F16, dst);
+  else if (q == ATTN_KVQ_I8)
+    dq_rows_as(src, sc, n, W, ATTN_KVQ_I8, ATTN_F32, dst);
+  else if (dt == ATTN_BF16)
+    dq_rows_as(src, sc, n, W, ATTN_KVQ_F8_E4M3, ATTN_BF16, dst);
+  else if (dt == ATTN_F16)
+    dq_rows_as(src, sc, n, W, ATTN_KVQ_F8_E4M3, ATTN_F16, dst);
+  else
+    dq_rows_as(src, sc, n, W, ATTN_KVQ_F8_E4M3, ATTN_F32, dst);
+}
+
+/* The tile of nkt keys from j0 (within one page) dequantized: kt and vt
+ * point at it, head_dim elements a row; no next tile to prefetch (dq_rows
+ * does). A latent session's V pages are its K pages: converted once. */
+static void dq_tile(blk_ctx *c, int64_t j0, int64_t nkt) {
+  const attn_request *r = c->a->r;
+  const int64_t pt = r->page_tokens, W = r->head_dim, i = j0 % pt;
+  const size_t at = attn_kv_quant_scales_at(pt, W);
+  const uint8_t *kp = c->kpg[j0 / pt], *vp = c->vpg[j0 / pt];
+  dq_rows(kp + i * W, (const float *)(kp + at) + i, nkt, W, r->kv_quant, r->dtype, c->kq);
+  if (vp != kp)
+    dq_rows(vp + i * W, (const float *)(vp + at) + i, nkt, W, r->kv_quant, r->dtype, c->vq);
+  c->kt = c->kq;
+  c->vt = vp != kp ? c->vq : c->kq;
+  c->kstep = c->vstep = W;
+  c->pn = 0;
 }
 
 /* Where K and V of the block's (batch, KV head) are: the dense tensors'

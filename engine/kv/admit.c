@@ -157,30 +157,35 @@ static int fits_session(const attn_kv_call *c, int64_t e, const kv_session *ks, 
   return 0;
 }
 
-/* Whether tokens [pos, pos + n) of L hold entry e's new keys and values,
- * read a page at a time into buf (a page's bytes; a device's pages are
- * copied out). A page that cannot be read holds nothing equal. */
+/* Whether tokens [pos, pos + n) of L hold entry e's new keys and values
+ * (a quantized session's: the rows their quantizing would store, codes and
+ * scales, in q), read a page at a time into buf (a page's bytes each; a
+ * device's pages are copied out). A page that cannot be read holds nothing
+ * equal. */
 static bool stored_equal(const attn_kv_store *s, const attn_kv_call *c, int64_t e,
-                         const kv_session *ks, const kv_layer *L, char *buf) {
+                         const kv_session *ks, const kv_layer *L, char *buf, char *q) {
   const attn_kv_entry *en = &c->entries[e];
   attn_status st;
   for (int t = 0; t < attn__kv_tensors(&ks->shape); t++)
     for (int64_t h = 0; h < ks->shape.heads_kv; h++)
       for (int64_t j = 0, n; j < en->n_new; j += n) {
         const size_t row = (size_t)attn__kv_cols(&ks->shape, t) * attn_dtype_size(ks->shape.dtype);
+        const char *src = attn__kv_new_rows(c, e, t, h, row) + (size_t)j * row;
         n = attn__kv_span(ks, en->pos + j, en->pos + en->n_new);
+        if (ks->shape.kv_quant)
+          attn__kv_quantize(&ks->shape, t, src, n, q);
         if (attn__kv_rows_get(s, ks, L, t, h, en->pos + j, n, buf, &st) ||
-            memcmp(attn__kv_new_rows(c, e, t, h, row) + (size_t)j * row, buf, (size_t)n * row))
+            memcmp(ks->shape.kv_quant ? q : src, buf, (size_t)n * attn__kv_xrow(&ks->shape, t)))
           return false;
       }
   return true;
 }
 
-/* The same, with a buffer of its own. */
+/* The same, with buffers of its own. */
 static bool replayed(const attn_kv_store *s, const attn_kv_call *c, int64_t e, const kv_session *ks,
                      const kv_layer *L) {
-  char *buf = malloc(ATTN_KV_PAGE_BYTES);
-  bool eq = buf && stored_equal(s, c, e, ks, L, buf);
+  char *buf = malloc(2 * (size_t)ATTN_KV_PAGE_BYTES);
+  bool eq = buf && stored_equal(s, c, e, ks, L, buf, buf + ATTN_KV_PAGE_BYTES);
   free(buf);
   return eq;
 }
@@ -264,6 +269,12 @@ static int same_heads(int64_t e, const kv_session *first, const kv_session *ks, 
                            "sessions of one batch must all be latent (v_from_k) or none",
                            (long long)e, ks->id, ks->shape.v_from_k ? "latent" : "not latent",
                            first->id, first->shape.v_from_k ? "latent" : "not latent");
+  if (ks->shape.kv_quant != first->shape.kv_quant)
+    return attn_status_set(st, ATTN_ESHAPE,
+                           "sessions[%lld] ('%.40s') stores kv_dtype %s and sessions[0] ('%.40s') "
+                           "%s: the sessions of one batch must store one kv_dtype",
+                           (long long)e, ks->id, attn_kv_shape_kv_dtype(&ks->shape), first->id,
+                           attn_kv_shape_kv_dtype(&first->shape));
   return 0;
 }
 

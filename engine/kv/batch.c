@@ -51,6 +51,7 @@ static void pages_of(const attn_kv_store *s, const kv_session *ks, attn_request 
   r->page_tokens = ks->page_tokens;
   r->page_pitch = s->pages.dev ? ks->pitch : 0;
   r->backend = s->pages.dev ? s->pages.dev->ops.name : "cpu";
+  r->kv_quant = ks->shape.kv_quant;
 }
 
 void attn__kv_lone_request(const attn_kv_store *s, const attn_kv_call *c, int64_t e,
@@ -82,7 +83,8 @@ static bool same_shape(const kv_session *a, const kv_session *b) {
   return a->shape.heads_kv == b->shape.heads_kv && a->shape.head_dim == b->shape.head_dim &&
          attn_kv_shape_dv(&a->shape) == attn_kv_shape_dv(&b->shape) &&
          a->shape.v_from_k == b->shape.v_from_k && a->shape.dtype == b->shape.dtype &&
-         a->page_tokens == b->page_tokens && a->pitch == b->pitch;
+         a->shape.kv_quant == b->shape.kv_quant && a->page_tokens == b->page_tokens &&
+         a->pitch == b->pitch;
 }
 
 /* Whether every entry of p has the sessions' shape of x's first entry:

@@ -65,10 +65,6 @@ void attn__kvf_file_name(const char *tenant, const char *id, char *buf, size_t c
   snprintf(buf, cap, "%s@%s.kv", tenant, id);
 }
 
-size_t attn__kvf_row_bytes(const attn_kv_shape *sh, int t) {
-  return (size_t)attn__kv_cols(sh, t) * attn_dtype_size(sh->dtype);
-}
-
 int attn__kvf_ctx_open(const attn_kv_store *s, const char *dir, kvf_ctx **pc, attn_status *st) {
   kvf_ctx *c = malloc(sizeof *c);
   if (!c)
@@ -93,7 +89,7 @@ void attn__kvf_ctx_close(kvf_ctx *c) {
 int attn__kvf_rows_out(const attn_kv_store *s, const kv_session *ks, const kv_layer *L, int t,
                        int64_t hk, int64_t end, void *page, kvf_rows_fn fn, void *arg,
                        attn_status *st) {
-  const size_t row = attn__kvf_row_bytes(&ks->shape, t);
+  const size_t row = attn__kv_xrow(&ks->shape, t);
   int rc = 0;
   for (int64_t j = 0, n; j < end && rc == 0; j += n) {
     n = attn__kv_span(ks, j, end);
@@ -106,7 +102,7 @@ int attn__kvf_rows_out(const attn_kv_store *s, const kv_session *ks, const kv_la
 int attn__kvf_rows_in(const attn_kv_store *s, const kv_session *ks, const kv_layer *L, int t,
                       int64_t hk, int64_t end, void *page, kvf_rows_fn fn, void *arg,
                       attn_status *st) {
-  const size_t row = attn__kvf_row_bytes(&ks->shape, t);
+  const size_t row = attn__kv_xrow(&ks->shape, t);
   int rc = 0;
   for (int64_t j = 0, n; j < end && rc == 0; j += n) {
     n = attn__kv_span(ks, j, end);

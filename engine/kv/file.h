@@ -16,21 +16,26 @@
  * the file created anew (O_EXCL, O_NOFOLLOW), never written through; the
  * log lines escape the names they quote (load.c, say).
  *
- * Format, version 3, little-endian (the host's order: see the #error):
+ * Format, version 4, little-endian (the host's order: see the #error):
  *     0  "ATTNKV1\n"
- *     8  u32 version (3), u32 header bytes H
+ *     8  u32 version (4), u32 header bytes H
  *    16  u32 tenant bytes T, u32 id bytes I
  *    24  char[8] the dtype's name, NUL-padded ("F32", "F16", "BF16")
  *    32  i64 heads_kv, head_dim, layers, max_tokens, page_tokens
  *    72  f64 ttl_s, f64 the seconds of it left when saved
  *    88  i64 head_dim_v (Dv, set), i64 v_from_k (0 or 1)
  *   104  i64 reserve: 0 whole, 1 grow (pages taken as tokens arrive)
- *   112  the tenant (T bytes), then the id (I bytes), no NULs
+ *   112  i64 kv_dtype: 0 the dtype, 1 F8_E4M3, 2 I8 (attn_kv_quant)
+ *   120  the tenant (T bytes), then the id (I bytes), no NULs
  *        per layer: i64 length, f32 largest |k|, f32 largest |v|
  *     H  per layer, per KV head: K rows [0, length), head_dim elements of
  *        the dtype each, then V rows [0, length), Dv elements each (none
- *        for a latent session, v_from_k 1: its v is within its k)
+ *        for a latent session, v_from_k 1: its v is within its k); a
+ *        quantized session's rows are each its codes (a byte an element)
+ *        and then its F32 scale
  *        u64 checksum of every byte before it
+ * Version 3 (written before sessions could be quantized) is version 4
+ * without the 8 bytes at 112: kv_dtype the dtype.
  * Version 2 (written before sessions could grow) is version 3 without the
  * 8 bytes at 104: reserve whole. Version 1 (written before sessions had a
  * value head dim of their own) is version 2 without the 16 bytes at 88:
@@ -56,8 +61,9 @@
 #endif
 
 #define KVF_MAGIC "ATTNKV1\n"
-#define KVF_VERSION 3u
-#define KVF_FIXED 112    /* bytes before the tenant */
+#define KVF_VERSION 4u
+#define KVF_FIXED 120    /* bytes before the tenant */
+#define KVF_FIXED_V3 112 /* in a file of version 3 */
 #define KVF_FIXED_V2 104 /* in a file of version 2 */
 #define KVF_FIXED_V1 88  /* in a file of version 1 */
 #define KVF_LAYER 16     /* bytes of one layer's entry */
@@ -103,11 +109,9 @@ typedef struct kvf_ctx {
 } kvf_ctx;
 
 /* Whether t (n bytes) can name a file: 0-ATTN_KV_TENANT_MAX of
- * [A-Za-z0-9._-]. Session (tenant, id)'s file name into buf. Bytes of one
- * row of a shape's K (t 0) or V (t 1). */
+ * [A-Za-z0-9._-]. Session (tenant, id)'s file name into buf. */
 bool attn__kvf_tenant_ok(const char *t, size_t n);
 void attn__kvf_file_name(const char *tenant, const char *id, char *buf, size_t cap);
-size_t attn__kvf_row_bytes(const attn_kv_shape *sh, int t);
 /* The directory opened for one save or load of s (0, or st set), and
  * closed. */
 int attn__kvf_ctx_open(const attn_kv_store *s, const char *dir, kvf_ctx **pc, attn_status *st);

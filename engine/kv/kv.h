@@ -58,6 +58,11 @@ typedef struct attn_kv_shape {
    * first head_dim_v columns of each k row (head_dim_v ≤ head_dim, set). */
   bool v_from_k;
   attn_dtype dtype;
+  /* ATTN_KVQ_NONE: rows stored in dtype; else each appended row of K and
+   * V stored per KV head as one-byte codes and an F32 scale (engine.h,
+   * attn_kv_quant; create's "kv_dtype"), the calls still sending dtype.
+   * Host pages only: a store on a device refuses it (EUNSUPPORTED). */
+  attn_kv_quant kv_quant;
   int64_t layers;     /* >= 1 */
   int64_t max_tokens; /* >= 1, per layer */
   /* Pages are reserved as tokens arrive (create's "reserve": "grow")
@@ -86,6 +91,7 @@ typedef struct attn_kv_info {
 typedef struct attn_kv_stats {
   int64_t sessions;
   uint64_t pool_bytes, reserved_bytes, used_bytes; /* used: pages holding tokens */
+  uint64_t quantized_bytes; /* of reserved_bytes, quantized sessions' (kv_quant) */
   int64_t page_bytes;
   const char *where; /* "host", or the backend whose device holds the pages ("cuda") */
   uint64_t appended_tokens, replays, conflicts, expired;
@@ -127,6 +133,11 @@ void attn_kv_close(attn_kv_store *s);
  * Inline: the codecs read it without linking the store. */
 static inline int64_t attn_kv_shape_dv(const attn_kv_shape *sh) {
   return sh->head_dim_v ? sh->head_dim_v : sh->head_dim;
+}
+/* The name of the dtype a shape's rows are stored in: kv_quant's, or
+ * dtype's when it stores them unquantized (create's and GET's "kv_dtype"). */
+static inline const char *attn_kv_shape_kv_dtype(const attn_kv_shape *sh) {
+  return sh->kv_quant ? attn_kv_quant_name(sh->kv_quant) : attn_dtype_name(sh->dtype);
 }
 /* Bytes a session of this shape reserves at create (whole pages; 0 for
  * a grow session, which reserves as it takes them). */
@@ -295,7 +306,9 @@ int64_t attn_kv_load(attn_kv_store *s, const char *dir, double now, double ttl_m
  * entries: ATTN_KV_MAX_LAYERS fits any), and layer l's rows into k[l],
  * [heads_kv, lengths[l], head_dim], and v[l], [heads_kv, lengths[l],
  * head_dim_v], packed in the session's dtype (v[l] NULL for a latent
- * session; v itself may then be NULL). The buffers are malloc'd: the
+ * session; v itself may then be NULL). A quantized session's (kv_quant)
+ * hold the rows' codes, one byte an element, and after them each row's
+ * F32 scale, [heads_kv, lengths[l]]. The buffers are malloc'd: the
  * caller frees each. It does not count as a use. ESESSION_NOT_FOUND;
  * ESESSION_CONFLICT on a device store while calls on it run (their rows
  * may not be in its pages yet): export it once they have ended.
@@ -303,13 +316,14 @@ int64_t attn_kv_load(attn_kv_store *s, const char *dir, double now, double ttl_m
  * attn_kv_import makes session (tenant, id) of shape sh and ttl_s from
  * such rows, as a create and then calls would have made it: the fields
  * held to a create's limits, each length 0 to max_tokens, every value
- * finite (ENONFINITE saying which layer's k or v is not); v must be NULL for
- * a latent session, and set (with a buffer for every layer of length
- * above 0) for another. ESESSION_EXISTS when the store has a session of
- * that id, whatever its parameters (an import never replaces one);
- * ESESSION_MEMORY when its reservation does not fit, or the tenant's cap.
- * An export of the imported session gives back the same rows. Both hold
- * the store's lock while they copy (a session's whole rows).
+ * finite (ENONFINITE saying which layer's k or v is not; a quantized
+ * session's scales finite and above 0, or 0 for a row whose codes are all
+ * 0, its codes no E4M3 NaN (0x7F, 0xFF), and code·scale finite, EINVAL
+ * saying which otherwise); v must be NULL for a latent session, and set (with a buffer for every
+ * layer of length above 0) for another. ESESSION_EXISTS when the store has a session of that id,
+ * whatever its parameters (an import never replaces one); ESESSION_MEMORY when its reservation does
+ * not fit, or the tenant's cap. An export of the imported session gives back the same rows. Both
+ * hold the store's lock while they copy (a session's whole rows).
  */
 int attn_kv_export(attn_kv_store *s, const char *tenant, const char *id, double now,
                    attn_kv_info *info, int64_t *lengths, void **k, void **v, attn_status *st);

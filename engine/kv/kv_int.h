@@ -7,6 +7,7 @@
  *   pages.c   the page pool (pages.h)
  *   quota.c   what each tenant reserves
  *   id.c      a session id against the contract
+ *   quant.c   a quantized session's rows as they move
  *   share.c   pages forks share: who pays for them, copies on write
  *   store.c   the table of sessions and their life, a layer's rows
  *   fork.c    a session forked: a new one sharing its pages
@@ -214,8 +215,25 @@ int64_t attn__kv_shared_pages(const attn_kvpages *pool, const kv_session *ks);
  * row of K (t 0) or V (t 1) as a call sends them and a file holds them; how many tensors it stores
  * (a latent session: K only). */
 int64_t attn__kv_width(const attn_kv_shape *sh);
-int64_t attn__kv_cols(const attn_kv_shape *sh, int t);
+static inline int64_t attn__kv_cols(const attn_kv_shape *sh, int t) {
+  return t ? attn_kv_shape_dv(sh) : sh->head_dim;
+}
 int attn__kv_tensors(const attn_kv_shape *sh);
+/* quant.c, a quantized session's rows as they move: a row's codes, then
+ * its F32 scale. Bytes of a moved row of K (t 0) or V (t 1) (a row of
+ * the dtype for a session that is not quantized); n rows of src (cols
+ * elements of the dtype each, packed) quantized into moved rows at dst;
+ * the largest |code·scale| bound of n moved rows (qmax·scale), or -1 with
+ * *bad the first row no quantizer writes (a scale not finite, negative
+ * or too large, 0 under nonzero codes; an E4M3 NaN code); rows [i, i + n)
+ * of a host page written from moved rows (the row's padding zeroed), and
+ * read into them. */
+size_t attn__kv_xrow(const attn_kv_shape *sh, int t);
+void attn__kv_quantize(const attn_kv_shape *sh, int t, const void *src, int64_t n, char *dst);
+float attn__kv_xrows_absmax(const attn_kv_shape *sh, int t, const void *rows, int64_t n,
+                            int64_t *bad);
+void attn__kv_qput(const kv_session *ks, char *page, int64_t i, int64_t n, int t, const void *src);
+void attn__kv_qget(const kv_session *ks, const char *page, int64_t i, int64_t n, int t, void *dst);
 /* Elements from one row of a page to the next: W in host memory, padded
  * on a device. */
 int64_t attn__kv_pitch(const attn_kv_store *s, const attn_kv_shape *sh);
@@ -261,8 +279,8 @@ char *attn__kv_row_at(const kv_session *ks, const kv_layer *L, int t, int64_t hk
  * moves. */
 int64_t attn__kv_span(const kv_session *ks, int64_t j, int64_t end);
 /* Rows [j, j + n) (in one page) of KV head hk of a layer's K (t 0) or V
- * (t 1), written from src or read into dst (rows of attn__kv_cols
- * elements, packed; written, the rest of the page's row zeroed): memcpy
+ * (t 1), written from src or read into dst (moved rows, attn__kv_xrow
+ * bytes each, packed; written, the rest of the page's row zeroed): memcpy
  * for host pages, a copy to or from the device for others; 0 or the
  * device's error (or ENOMEM). */
 int attn__kv_rows_put(const attn_kv_store *s, const kv_session *ks, const kv_layer *L, int t,

@@ -42,7 +42,7 @@ static uint64_t data_bytes(const kvf_header *h) {
   uint64_t n = 0;
   for (int64_t l = 0; l < h->shape.layers; l++)
     for (int t = 0; t < attn__kv_tensors(&h->shape); t++)
-      n += (uint64_t)h->shape.heads_kv * (uint64_t)h->length[l] * attn__kvf_row_bytes(&h->shape, t);
+      n += (uint64_t)h->shape.heads_kv * (uint64_t)h->length[l] * attn__kv_xrow(&h->shape, t);
   return n;
 }
 
@@ -146,7 +146,8 @@ static int shape_ok(const kvf_header *h, char *why) {
   /* a store of any page size reads a file, but a page holds a multiple of
    * ATTN_PAGE_MIN_TOKENS rows, at most a host page's (a device pads rows) */
   const int64_t host =
-      attn__kv_tokens_fit(attn__kv_width(sh) * (int64_t)attn_dtype_size(sh->dtype));
+      attn__kv_tokens_fit(sh->kv_quant ? attn__kv_width(sh) + (int64_t)sizeof(float)
+                                       : attn__kv_width(sh) * (int64_t)attn_dtype_size(sh->dtype));
   if (h->page_tokens < ATTN_PAGE_MIN_TOKENS || h->page_tokens > host ||
       h->page_tokens % ATTN_PAGE_MIN_TOKENS)
     return why_set(why, "its page_tokens (%lld) is not one a store can have for its shape",
@@ -163,14 +164,14 @@ static bool dtype_padded(const unsigned char *b) {
   return true;
 }
 
-/* The bytes before the tenant in a file of version v (1 to 3). */
+/* The bytes before the tenant in a file of version v (1 to 4). */
 static uint32_t fixed_bytes(uint32_t v) {
-  return v == 1 ? KVF_FIXED_V1 : v == 2 ? KVF_FIXED_V2 : KVF_FIXED;
+  return v == 1 ? KVF_FIXED_V1 : v == 2 ? KVF_FIXED_V2 : v == 3 ? KVF_FIXED_V3 : KVF_FIXED;
 }
 
 /* The header's first fixed_bytes: the format, the sizes, the shape (a
  * file of version 1 holds sessions whose v is as wide as k; of version 1
- * or 2, sessions of reserve whole). */
+ * or 2, sessions of reserve whole; of versions 1 to 3, unquantized ones). */
 static int fixed_parse(const unsigned char *b, kvf_header *h, uint32_t *tl, uint32_t *il,
                        char *why) {
   const uint32_t v = get32(b + 8);
@@ -197,6 +198,11 @@ static int fixed_parse(const unsigned char *b, kvf_header *h, uint32_t *tl, uint
   if (grow != 0 && grow != 1)
     return why_set(why, "its reserve (%lld) is not 0 (whole) or 1 (grow)", (long long)grow);
   h->shape.grow = grow == 1;
+  const int64_t quant = v < 4 ? 0 : get64(b + 112);
+  if (quant < 0 || quant >= ATTN_KVQ_COUNT)
+    return why_set(why, "its kv_dtype (%lld) is not 0 (the dtype), 1 (F8_E4M3) or 2 (I8)",
+                   (long long)quant);
+  h->shape.kv_quant = (attn_kv_quant)quant;
   if (*tl > ATTN_KV_TENANT_MAX || *il < 1 || *il > ATTN_KV_ID_MAX)
     return why_set(why, "its tenant (%u bytes) or id (%u bytes) is too long", *tl, *il);
   if (shape_ok(h, why))
@@ -296,7 +302,15 @@ static int header_read(kvf_ctx *c, kvf_in *in, uint64_t size, const char *name, 
  * row stored (a file's rows past it would compute on unchecked values). */
 static int rows_check(const void *p, const kvf_header *h, int64_t l, int t, int64_t hk, int64_t j,
                       int64_t n, char *why) {
-  float m = attn__absmax(p, h->shape.dtype, (size_t)(n * attn__kv_cols(&h->shape, t)));
+  int64_t bad = 0;
+  float m = h->shape.kv_quant
+                ? attn__kv_xrows_absmax(&h->shape, t, p, n, &bad)
+                : attn__absmax(p, h->shape.dtype, (size_t)(n * attn__kv_cols(&h->shape, t)));
+  if (m < 0 && h->shape.kv_quant)
+    return why_set(why,
+                   "layer %lld's %c, head %lld, row %lld, is no quantized row (a scale not "
+                   "finite and 0 or more, 0 under codes not 0, or an F8_E4M3 NaN code)",
+                   (long long)l, t ? 'v' : 'k', (long long)hk, (long long)(j + bad));
   if (m < 0)
     return why_set(why, "layer %lld's %c, head %lld, rows %lld to %lld, holds a non-finite value",
                    (long long)l, t ? 'v' : 'k', (long long)hk, (long long)j, (long long)(j + n));

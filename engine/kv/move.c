@@ -17,31 +17,55 @@
 #include <string.h>
 
 /* Where the next span's rows go (an export's w) or come from (an
- * import's r). */
+ * import's r) in a tensor's buffer; a quantized session's codes there,
+ * and its scales at s, after every code (kv.h): its moved rows (codes,
+ * then the scale) are split on the way out and joined on the way in. */
 typedef struct mv_cursor {
-  char *w;
-  const char *r;
+  char *w, *ws;
+  const char *r, *rs;
+  int64_t cols; /* a quantized row's codes; 0 for a session not quantized */
 } mv_cursor;
 
 static int rows_to(void *arg, void *rows, int64_t j, int64_t n, size_t bytes, attn_status *st) {
   mv_cursor *c = arg;
-  (void)j, (void)n, (void)st;
-  memcpy(c->w, rows, bytes);
-  c->w += bytes;
+  (void)j, (void)st;
+  for (int64_t i = 0; c->cols && i < n; i++, c->w += c->cols, c->ws += sizeof(float)) {
+    memcpy(c->w, (char *)rows + i * (c->cols + 4), (size_t)c->cols);
+    memcpy(c->ws, (char *)rows + i * (c->cols + 4) + c->cols, sizeof(float));
+  }
+  if (!c->cols) {
+    memcpy(c->w, rows, bytes);
+    c->w += bytes;
+  }
   return 0;
 }
 
 static int rows_from(void *arg, void *rows, int64_t j, int64_t n, size_t bytes, attn_status *st) {
   mv_cursor *c = arg;
-  (void)j, (void)n, (void)st;
-  memcpy(rows, c->r, bytes);
-  c->r += bytes;
+  (void)j, (void)st;
+  for (int64_t i = 0; c->cols && i < n; i++, c->r += c->cols, c->rs += sizeof(float)) {
+    memcpy((char *)rows + i * (c->cols + 4), c->r, (size_t)c->cols);
+    memcpy((char *)rows + i * (c->cols + 4) + c->cols, c->rs, sizeof(float));
+  }
+  if (!c->cols) {
+    memcpy(rows, c->r, bytes);
+    c->r += bytes;
+  }
   return 0;
 }
 
-/* Bytes of layer l's K (t 0) or V (t 1): [heads_kv, length, cols]. */
+/* Bytes of layer l's K (t 0) or V (t 1): [heads_kv, length, cols] (and
+ * a quantized session's scales, [heads_kv, length]). */
 static size_t tensor_bytes(const attn_kv_shape *sh, int64_t length, int t) {
-  return (size_t)sh->heads_kv * (size_t)length * attn__kvf_row_bytes(sh, t);
+  return (size_t)sh->heads_kv * (size_t)length * attn__kv_xrow(sh, t);
+}
+
+/* A cursor at the start of an export's buffer w, or an import's r, of
+ * a layer's tensor t of length rows. */
+static mv_cursor cursor_at(const attn_kv_shape *sh, int t, char *w, const char *r, int64_t length) {
+  const int64_t cols = sh->kv_quant ? attn__kv_cols(sh, t) : 0;
+  const size_t codes = (size_t)(sh->heads_kv * length * cols);
+  return (mv_cursor){w, w ? w + codes : NULL, r, r ? r + codes : NULL, cols};
 }
 
 /* Every layer's rows of ks into fresh buffers (k[l], v[l]). */
@@ -52,7 +76,8 @@ static int export_rows(const attn_kv_store *s, const kv_session *ks, void *page,
       const kv_layer *L = &ks->layers[l];
       void **out = t ? &v[l] : &k[l];
       /* one byte at least: malloc(0) may be NULL */
-      mv_cursor c = { *out = malloc(tensor_bytes(&ks->shape, L->length, t) + 1), NULL};
+      *out = malloc(tensor_bytes(&ks->shape, L->length, t) + 1);
+      mv_cursor c = cursor_at(&ks->shape, t, *out, NULL, L->length);
       if (!c.w)
         return attn_status_set(st, ATTN_ENOMEM, "out of memory exporting session '%s'", ks->id);
       for (int64_t hk = 0; hk < ks->shape.heads_kv; hk++) {
@@ -113,6 +138,28 @@ int attn_kv_export(attn_kv_store *s, const char *tenant, const char *id, double 
   return rc;
 }
 
+/* A quantized session's layer l's tensor t at p: each row one a quantizer
+ * writes (quant.c), their bound into *mx. */
+static int quant_check(const attn_kv_shape *sh, int64_t l, int t, const char *p, int64_t length,
+                       float *mx, attn_status *st) {
+  const int64_t rows = sh->heads_kv * length, cols = attn__kv_cols(sh, t);
+  char row[KV_WIDEST + sizeof(float)];
+  for (int64_t i = 0, bad; i < rows; i++) {
+    memcpy(row, p + i * cols, (size_t)cols);
+    memcpy(row + cols, p + rows * cols + i * (int64_t)sizeof(float), sizeof(float));
+    const float m = attn__kv_xrows_absmax(sh, t, row, 1, &bad);
+    if (m < 0)
+      return attn_status_set(st, ATTN_EINVAL,
+                             "layer %lld's %c, head %lld, row %lld is no %s row: its scale must "
+                             "be finite and above 0, or 0 with codes all 0, and no code an "
+                             "F8_E4M3 NaN (0x7F, 0xFF)",
+                             (long long)l, t ? 'v' : 'k', (long long)(i / length),
+                             (long long)(i % length), attn_kv_quant_name(sh->kv_quant));
+    *mx = m > *mx ? m : *mx;
+  }
+  return 0;
+}
+
 /* Layer l's tensor t at p: finite (its largest |value| into *mx), as a
  * call's new rows are checked (admit.c). */
 static int tensor_check(const attn_kv_shape *sh, int64_t l, int t, const void *p, int64_t length,
@@ -123,6 +170,8 @@ static int tensor_check(const attn_kv_shape *sh, int64_t l, int t, const void *p
   if (!p)
     return attn_status_set(st, ATTN_EINVAL, "layer %lld's %c is missing", (long long)l,
                            t ? 'v' : 'k');
+  if (sh->kv_quant)
+    return quant_check(sh, l, t, p, length, mx, st);
   *mx = attn__absmax(p, sh->dtype, tensor_bytes(sh, length, t) / attn_dtype_size(sh->dtype));
   if (*mx < 0)
     return attn_status_set(st, ATTN_ENONFINITE,
@@ -171,7 +220,7 @@ static int import_rows(attn_kv_store *s, kv_session *ks, void *arg, attn_status 
   const mv_rows *r = arg;
   for (int64_t l = 0; l < ks->shape.layers; l++)
     for (int t = 0; t < attn__kv_tensors(&ks->shape); t++) {
-      mv_cursor c = {NULL, t ? r->v[l] : r->k[l]};
+      mv_cursor c = cursor_at(&ks->shape, t, NULL, t ? r->v[l] : r->k[l], r->lengths[l]);
       for (int64_t hk = 0; hk < ks->shape.heads_kv; hk++) {
         int rc = attn__kvf_rows_in(s, ks, &ks->layers[l], t, hk, r->lengths[l], r->page, rows_from,
                                    &c, st);

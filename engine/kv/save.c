@@ -44,7 +44,7 @@ static void header_encode(const kvf_header *h, unsigned char *buf) {
   int64_t i[5] = {h->shape.heads_kv, h->shape.head_dim, h->shape.layers, h->shape.max_tokens,
                   h->page_tokens};
   double d[2] = {h->ttl_s, h->left_s};
-  int64_t v[3] = {attn_kv_shape_dv(&h->shape), h->shape.v_from_k, h->shape.grow};
+  int64_t v[4] = {attn_kv_shape_dv(&h->shape), h->shape.v_from_k, h->shape.grow, h->shape.kv_quant};
   unsigned char *p = put(buf, KVF_MAGIC, 8);
   p = put(p, u, sizeof u);
   p = put(p, dt, sizeof dt);

@@ -199,24 +199,45 @@ static void schedule(attn_kv_store *s, kv_pending *p, kv_after *a) {
 
 /* ---- storing the new rows -------------------------------------------------- */
 
+/* A quantized session's span of rows quantized into q (a page's bytes),
+ * their largest |k| or |v| bound raised to theirs (for the stored rows
+ * the kernel reads, not the call's). */
+static const void *quantized(const kv_session *ks, int t, const char *src, int64_t n, char *q,
+                             float *mx) {
+  int64_t bad;
+  attn__kv_quantize(&ks->shape, t, src, n, q);
+  *mx = fmaxf(*mx, attn__kv_xrows_absmax(&ks->shape, t, q, n, &bad));
+  return q;
+}
+
 /* Writes entry e's new tokens into the pages claim took, a page's span at a
  * time (on a device: one small synchronous upload each, when its job does
- * not carry them); without the lock. */
+ * not carry them); without the lock. A quantized session's rows are
+ * quantized on the way, and mx (its new tokens' largest |k|, |v|) becomes
+ * the stored rows' bound. */
 static int store_entry(const attn_kv_store *s, const attn_kv_call *c, int64_t e, const kv_use *u,
-                       attn_status *st) {
+                       float mx[2], attn_status *st) {
   const attn_kv_entry *en = &c->entries[e];
   const kv_session *ks = u->ks;
+  char *q = ks->shape.kv_quant ? malloc(ATTN_KV_PAGE_BYTES) : NULL;
+  if (ks->shape.kv_quant && !q)
+    return attn_status_set(st, ATTN_ENOMEM, "out of memory quantizing a session's rows");
+  if (q)
+    mx[0] = mx[1] = 0;
+  int rc = 0;
   for (int t = 0; t < attn__kv_tensors(&ks->shape); t++)
     for (int64_t h = 0; h < ks->shape.heads_kv; h++)
-      for (int64_t j = 0, n; j < en->n_new; j += n) {
+      for (int64_t j = 0, n; j < en->n_new && rc == 0; j += n) {
         const size_t row = (size_t)attn__kv_cols(&ks->shape, t) * attn_dtype_size(ks->shape.dtype);
+        const char *src = attn__kv_new_rows(c, e, t, h, row) + (size_t)j * row;
         n = attn__kv_span(ks, en->pos + j, en->pos + en->n_new);
-        int rc = attn__kv_rows_put(s, ks, u->L, t, h, en->pos + j, n,
-                                   attn__kv_new_rows(c, e, t, h, row) + (size_t)j * row, st);
-        if (rc)
-          return rc;
+        rc = attn__kv_rows_put(s, ks, u->L, t, h, en->pos + j, n,
+                               q ? quantized(ks, t, src, n, q, &mx[t]) : src, st);
       }
-  return 0;
+  if (q && ks->shape.v_from_k)
+    mx[1] = mx[0];
+  free(q);
+  return rc;
 }
 
 /* Under the lock: the appends' new lengths (unless a truncate cut the
@@ -248,7 +269,7 @@ static int store_owed(kv_job *j, attn_status *st) {
   for (const kv_pending *p = j->calls; rc == 0 && p; p = p->next)
     for (int64_t e = 0; rc == 0 && e < p->call->nentries; e++)
       if (p->uses[e].append)
-        rc = store_entry(j->s, p->call, e, &p->uses[e], st);
+        rc = store_entry(j->s, p->call, e, &p->uses[e], p->mx[e], st);
   j->owes_rows = rc != 0;
   return rc;
 }
@@ -260,7 +281,7 @@ static int land(attn_kv_store *s, kv_pending *p, kv_after *a, attn_status *st) {
   int rc = 0;
   for (int64_t e = 0; rc == 0 && !s->pages.dev && e < p->call->nentries; e++)
     if (p->uses[e].append)
-      rc = store_entry(s, p->call, e, &p->uses[e], st);
+      rc = store_entry(s, p->call, e, &p->uses[e], p->mx[e], st);
   pthread_mutex_lock(&s->mu);
   publish(s, p, rc == 0);
   if (rc)

@@ -125,11 +125,17 @@ bool attn__kv_cow_needed(const attn_kvpages *pool, const kv_session *ks, const k
   return false;
 }
 
-/* Page *slot replaced by a fresh one holding its first `rows` rows. */
+/* Page *slot replaced by a fresh one holding its first `rows` rows (a
+ * quantized session's: their codes, and their scales after the page's
+ * rows, engine.h). */
 static void copy_page(attn_kv_store *s, const kv_session *ks, void **slot, int64_t rows) {
-  void *fresh = attn__kvpages_take(&s->pages);
-  const size_t bytes = (size_t)rows * (size_t)ks->pitch * attn_dtype_size(ks->shape.dtype);
-  memcpy(fresh, *slot, bytes); /* host pages only (fork.c) */
+  char *fresh = attn__kvpages_take(&s->pages);
+  const size_t es = ks->shape.kv_quant ? 1 : attn_dtype_size(ks->shape.dtype);
+  memcpy(fresh, *slot, (size_t)rows * (size_t)ks->pitch * es); /* host pages only (fork.c) */
+  if (ks->shape.kv_quant) {
+    const size_t at = attn_kv_quant_scales_at(ks->page_tokens, ks->pitch);
+    memcpy(fresh + at, (const char *)*slot + at, (size_t)rows * sizeof(float));
+  }
   attn__kvpages_give(&s->pages, *slot);
   *slot = fresh;
 }

@@ -88,10 +88,6 @@ int64_t attn__kv_width(const attn_kv_shape *sh) {
   return dv > sh->head_dim ? dv : sh->head_dim;
 }
 
-int64_t attn__kv_cols(const attn_kv_shape *sh, int t) {
-  return t ? attn_kv_shape_dv(sh) : sh->head_dim;
-}
-
 int attn__kv_tensors(const attn_kv_shape *sh) { return sh->v_from_k ? 1 : 2; }
 
 int64_t attn__kv_pitch(const attn_kv_store *s, const attn_kv_shape *sh) {
@@ -105,8 +101,17 @@ int64_t attn__kv_tokens_fit(int64_t row_bytes) {
   return n / step * step;
 }
 
+/* A quantized page's rows take a byte an element and their scales after
+ * them (engine.h, attn_kv_quant_scales_at): the tokens that fit rows of
+ * W + 4 bytes, fewer while the scales' alignment would pass the page. */
 int64_t attn__kv_page_tokens(const attn_kv_store *s, const attn_kv_shape *sh) {
-  return attn__kv_tokens_fit(attn__kv_pitch(s, sh) * (int64_t)attn_dtype_size(sh->dtype));
+  const int64_t w = attn__kv_pitch(s, sh);
+  if (!sh->kv_quant)
+    return attn__kv_tokens_fit(w * (int64_t)attn_dtype_size(sh->dtype));
+  int64_t pt = attn__kv_tokens_fit(w + (int64_t)sizeof(float));
+  while (pt > 0 && attn_kv_quant_scales_at(pt, w) + (size_t)pt * sizeof(float) > ATTN_KV_PAGE_BYTES)
+    pt -= ATTN_PAGE_MIN_TOKENS;
+  return pt;
 }
 
 static int64_t pages_per_head(const attn_kv_store *s, const attn_kv_shape *sh) {
@@ -151,6 +156,8 @@ int attn__kv_shape_check(const attn_kv_shape *sh, attn_status *st) {
     return rc;
   if (attn_dtype_size(sh->dtype) == 0)
     return attn_status_set(st, ATTN_EDTYPE, "dtype must be F32, F16 or BF16");
+  if ((unsigned)sh->kv_quant >= ATTN_KVQ_COUNT)
+    return attn_status_set(st, ATTN_EDTYPE, "kv_dtype must be F8_E4M3, I8 or the dtype");
   if (sh->layers < 1 || sh->layers > ATTN_KV_MAX_LAYERS)
     return attn_status_set(st, ATTN_EINVAL, "layers must be 1 to %d, not %lld", ATTN_KV_MAX_LAYERS,
                            (long long)sh->layers);
@@ -173,6 +180,12 @@ int attn__kv_computable(attn_kv_store *s, const attn_kv_shape *sh, attn_status *
                            "too wide for a session",
                            ATTN_KV_PAGE_BYTES, ATTN_PAGE_MIN_TOKENS,
                            (long long)attn__kv_pitch(s, sh), attn_dtype_name(sh->dtype));
+  if (sh->kv_quant && s->pages.dev)
+    return attn_status_set(st, ATTN_EUNSUPPORTED,
+                           "this server keeps sessions on %s, whose kernels read no quantized "
+                           "pages: kv_dtype %s is for sessions in host memory (--session-backend "
+                           "cpu); leave kv_dtype out here",
+                           s->pages.dev->ops.name, attn_kv_quant_name(sh->kv_quant));
   if (!s->engine || !s->pages.base)
     return 0; /* no pages: no session of any shape */
   static const float zeros[2 * KV_WIDEST];
@@ -189,6 +202,7 @@ int attn__kv_computable(attn_kv_store *s, const attn_kv_shape *sh, attn_status *
   r.page_tokens = attn__kv_page_tokens(s, sh);
   r.pages_per_head = 1;
   r.page_pitch = s->pages.dev ? attn__kv_pitch(s, sh) : 0;
+  r.kv_quant = sh->kv_quant;
   r.backend = s->pages.dev ? s->pages.dev->ops.name : "cpu";
   attn_status why;
   const attn_backend *be;
@@ -336,20 +350,20 @@ static bool same_params(const kv_session *ks, const attn_kv_shape *sh, double tt
   const attn_kv_shape *a = &ks->shape;
   return a->heads_kv == sh->heads_kv && a->head_dim == sh->head_dim &&
          attn_kv_shape_dv(a) == attn_kv_shape_dv(sh) && a->v_from_k == sh->v_from_k &&
-         a->dtype == sh->dtype && a->layers == sh->layers && a->max_tokens == sh->max_tokens &&
-         a->grow == sh->grow && ks->ttl_s == ttl_s;
+         a->dtype == sh->dtype && a->kv_quant == sh->kv_quant && a->layers == sh->layers &&
+         a->max_tokens == sh->max_tokens && a->grow == sh->grow && ks->ttl_s == ttl_s;
 }
 
 static int exists_error(const kv_session *ks, attn_status *st) {
   const attn_kv_shape *a = &ks->shape;
   return attn_status_set(st, ATTN_ESESSION_EXISTS,
                          "session '%s' exists with other parameters (heads_kv %lld, head_dim "
-                         "%lld, head_dim_v %lld%s, dtype %s, layers %lld, max_tokens %lld, ttl_s "
-                         "%g, reserve %s); delete it first, or use another id",
+                         "%lld, head_dim_v %lld%s, dtype %s, kv_dtype %s, layers %lld, max_tokens "
+                         "%lld, ttl_s %g, reserve %s); delete it first, or use another id",
                          ks->id, (long long)a->heads_kv, (long long)a->head_dim,
                          (long long)attn_kv_shape_dv(a), a->v_from_k ? " (v_from_k)" : "",
-                         attn_dtype_name(a->dtype), (long long)a->layers, (long long)a->max_tokens,
-                         ks->ttl_s, a->grow ? "grow" : "whole");
+                         attn_dtype_name(a->dtype), attn_kv_shape_kv_dtype(a), (long long)a->layers,
+                         (long long)a->max_tokens, ks->ttl_s, a->grow ? "grow" : "whole");
 }
 
 /* A new session of tenant must fit under the store's per-tenant cap (as
@@ -566,6 +580,11 @@ void attn_kv_stats_get(attn_kv_store *s, attn_kv_stats *out) {
   for (const kv_pending *p = s->parked; p; p = p->next)
     out->waiting++;
   out->tenant_cap_bytes = (uint64_t)s->tenant_cap * ATTN_KV_PAGE_BYTES;
+  out->quantized_bytes = 0;
+  for (int b = 0; b < KV_BUCKETS; b++)
+    for (const kv_session *ks = s->buckets[b]; ks; ks = ks->next)
+      if (ks->shape.kv_quant)
+        out->quantized_bytes += (uint64_t)ks->reserved_pages * ATTN_KV_PAGE_BYTES;
   out->returned_bytes = s->pages.returned;
   out->shared_bytes = (uint64_t)s->pages.nshared * ATTN_KV_PAGE_BYTES;
   out->saved_bytes = (uint64_t)s->pages.extra * ATTN_KV_PAGE_BYTES;
@@ -604,8 +623,8 @@ bool attn__kv_grow(attn_kv_store *s, kv_session *ks, kv_layer *L, int64_t tokens
 char *attn__kv_row_at(const kv_session *ks, const kv_layer *L, int t, int64_t hk, int64_t j) {
   void **table = t && L->vp ? L->vp : L->kp;
   char *page = table[hk * ks->pages_per_head + j / ks->page_tokens];
-  return page +
-         (size_t)(j % ks->page_tokens) * (size_t)ks->pitch * attn_dtype_size(ks->shape.dtype);
+  const size_t es = ks->shape.kv_quant ? 1 : attn_dtype_size(ks->shape.dtype);
+  return page + (size_t)(j % ks->page_tokens) * (size_t)ks->pitch * es;
 }
 
 int64_t attn__kv_span(const kv_session *ks, int64_t j, int64_t end) {
@@ -628,6 +647,11 @@ static void rows_widen(char *dst, size_t wide, const char *src, size_t row, int6
  * widened in place; a device's through a page's worth of host memory. */
 int attn__kv_rows_put(const attn_kv_store *s, const kv_session *ks, const kv_layer *L, int t,
                       int64_t hk, int64_t j, int64_t n, const void *src, attn_status *st) {
+  if (ks->shape.kv_quant) { /* host pages only (attn__kv_computable) */
+    attn__kv_qput(ks, attn__kv_row_at(ks, L, t, hk, j - j % ks->page_tokens), j % ks->page_tokens,
+                  n, t, src);
+    return 0;
+  }
   const size_t es = attn_dtype_size(ks->shape.dtype), pitch = (size_t)ks->pitch * es;
   const size_t row = (size_t)attn__kv_cols(&ks->shape, t) * es;
   char *dst = attn__kv_row_at(ks, L, t, hk, j);
@@ -648,6 +672,11 @@ int attn__kv_rows_put(const attn_kv_store *s, const kv_session *ks, const kv_lay
 
 int attn__kv_rows_get(const attn_kv_store *s, const kv_session *ks, const kv_layer *L, int t,
                       int64_t hk, int64_t j, int64_t n, void *dst, attn_status *st) {
+  if (ks->shape.kv_quant) {
+    attn__kv_qget(ks, attn__kv_row_at(ks, L, t, hk, j - j % ks->page_tokens), j % ks->page_tokens,
+                  n, t, dst);
+    return 0;
+  }
   size_t es = attn_dtype_size(ks->shape.dtype), row = (size_t)attn__kv_cols(&ks->shape, t) * es;
   return attn__kvpages_copy(&s->pages, dst, row, attn__kv_row_at(ks, L, t, hk, j),
                             (size_t)ks->pitch * es, row, (size_t)n, st);

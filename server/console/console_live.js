@@ -181,6 +181,11 @@
     return s.head_dim_v && s.head_dim_v !== s.head_dim ? dims + ", v " + s.head_dim_v : dims;
   }
 
+  /* The dtype, and how the rows are stored when they are quantized. */
+  function dtypeText(s) {
+    return s.kv_dtype && s.kv_dtype !== s.dtype ? s.dtype + " (stored " + s.kv_dtype + ")" : s.dtype;
+  }
+
   function seconds(x) {
     if (!(x >= 0)) return "–";
     if (x < 90) return x.toFixed(0) + " s";
@@ -217,7 +222,8 @@
       const tr = tb.insertRow();
       tr.dataset.id = s.id;
       const cap = s.layers * s.max_tokens, fill = cap > 0 ? s.tokens / cap : 0;
-      for (const v of [s.id, s.dtype, shapeText(s), String(s.layers)]) tr.insertCell().textContent = v;
+      for (const v of [s.id, dtypeText(s), shapeText(s), String(s.layers)])
+        tr.insertCell().textContent = v;
       const meter = document.createElement("meter");
       meter.min = 0;
       meter.max = 1;

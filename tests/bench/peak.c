@@ -33,7 +33,14 @@
  *                      shuffled order) on T threads, the best of 10, and
  *                      of_stream, its ratio to stream_read: the fraction of
  *                      the machine's read bandwidth a session's decode
- *                      step reaches.
+ *                      step reaches;
+ *   paged_decode_BF16_Q  the same step over quantized pages (Q F8_E4M3 or
+ *                      I8: a byte an element and a scale a row, computed
+ *                      as BF16), its GB/s of codes and scales, its steps
+ *                      per second and vs_bf16, their ratio to the BF16
+ *                      pages' steps per second (quantized sessions aim at
+ *                      1.7 or more: half the bytes of BF16 read at near
+ *                      the same rate).
  */
 #include "engine.h"
 #include "pool.h"
@@ -356,9 +363,25 @@ typedef struct decode {
 
 enum { DEC_HQ = 32, DEC_HKV = 8, DEC_D = 128, DEC_KEYS = 32768, DEC_PAGE = 256 };
 
-static int decode_init(decode *dc, attn_dtype dt) {
+/* Element i of a page of kind q (NONE: of dtype dt), a small finite value:
+ * codes of values -6/8 .. 6/8 (E4M3: exact), their scales 1. */
+static void page_fill(char *page, size_t bytes, attn_dtype dt, attn_kv_quant q) {
+  const size_t at = attn_kv_quant_scales_at(DEC_PAGE, DEC_D);
+  for (size_t i = 0; !q && i < bytes / attn_dtype_size(dt); i++)
+    attn_store_elem(page, dt, i, (float)((int)(i % 13) - 6) / 8.0f);
+  for (size_t i = 0; q && i < at; i++) {
+    const float x = (float)((int)(i % 13) - 6) / 8.0f;
+    page[i] = (char)(q == ATTN_KVQ_I8 ? attn_f32_to_i8(x * 8) : attn_f32_to_e4m3(x));
+  }
+  for (size_t i = 0; q && i < DEC_PAGE; i++)
+    ((float *)(page + at))[i] = q == ATTN_KVQ_I8 ? 0.125f : 1.0f;
+}
+
+static int decode_init(decode *dc, attn_dtype dt, attn_kv_quant q) {
   memset(dc, 0, sizeof *dc);
-  const size_t es = attn_dtype_size(dt), page = (size_t)DEC_PAGE * DEC_D * es;
+  const size_t es = attn_dtype_size(dt);
+  const size_t page = q ? attn_kv_quant_scales_at(DEC_PAGE, DEC_D) + 4 * (size_t)DEC_PAGE
+                        : (size_t)DEC_PAGE * DEC_D * es;
   const int64_t pph = DEC_KEYS / DEC_PAGE, n = DEC_HKV * pph;
   dc->kv_bytes = 2 * (size_t)n * page;
   dc->pool = aligned_alloc(4096, dc->kv_bytes);
@@ -368,8 +391,8 @@ static int decode_init(decode *dc, attn_dtype dt) {
   dc->o = calloc(DEC_HQ * DEC_D, es);
   if (!dc->pool || !dc->kp || !dc->vp || !dc->q || !dc->o)
     return -1;
-  for (size_t i = 0; i < dc->kv_bytes / es; i++) /* small finite values */
-    attn_store_elem(dc->pool, dt, i, (float)((int)(i % 13) - 6) / 8.0f);
+  for (int64_t i = 0; i < 2 * n; i++) /* small finite values */
+    page_fill(dc->pool + (size_t)i * page, page, dt, q);
   for (size_t i = 0; i < DEC_HQ * DEC_D; i++)
     attn_store_elem(dc->q, dt, i, (float)((int)(i % 7) - 3) / 4.0f);
   int64_t *order = malloc((size_t)(2 * n) * sizeof *order);
@@ -395,6 +418,7 @@ static int decode_init(decode *dc, attn_dtype dt) {
   r->q = dc->q, r->o = dc->o, r->k_pages = dc->kp, r->v_pages = dc->vp;
   r->page_tokens = DEC_PAGE, r->pages_per_head = pph;
   r->kv_absmax[0] = r->kv_absmax[1] = 0.75f;
+  r->kv_quant = q;
   return 0;
 }
 
@@ -406,11 +430,13 @@ static void decode_free(decode *dc) {
   free(dc->o);
 }
 
-/* GB/s of K and V read by one paged decode step, the best of 10; -1 on error. */
-static double paged_decode(attn_engine *e, attn_dtype dt, attn_status *st) {
+/* GB/s of K and V read by one paged decode step, the best of 10, and its
+ * steps per second into *steps; -1 on error. */
+static double paged_decode(attn_engine *e, attn_dtype dt, attn_kv_quant q, double *steps,
+                           attn_status *st) {
   decode dc;
   double best = -1;
-  if (decode_init(&dc, dt) < 0) {
+  if (decode_init(&dc, dt, q) < 0) {
     attn_status_set(st, ATTN_ENOMEM, "out of memory");
   } else {
     for (int rep = 0; rep < 10; rep++) {
@@ -419,12 +445,32 @@ static double paged_decode(attn_engine *e, attn_dtype dt, attn_status *st) {
         best = -1;
         break;
       }
-      double gbps = (double)dc.kv_bytes / (wall() - t0) * 1e-9;
-      best = gbps > best ? gbps : best;
+      double dt_s = wall() - t0, gbps = (double)dc.kv_bytes / dt_s * 1e-9;
+      if (gbps > best)
+        best = gbps, *steps = 1 / dt_s;
     }
   }
   decode_free(&dc);
   return best;
+}
+
+/* The quantized rows: BF16 computed over F8_E4M3 and I8 pages, against
+ * the BF16 pages' steps per second. */
+static void print_quantized(attn_engine *e, double stream, double bf16_steps) {
+  static const attn_kv_quant qs[] = {ATTN_KVQ_F8_E4M3, ATTN_KVQ_I8};
+  attn_status st = {0};
+  for (int i = 0; i < 2; i++) {
+    double steps = 0, g = paged_decode(e, ATTN_BF16, qs[i], &steps, &st);
+    if (g < 0)
+      printf(", \"paged_decode_BF16_%s\": {\"skipped\": \"%s\"}", attn_kv_quant_name(qs[i]),
+             st.message);
+    else
+      printf(", \"paged_decode_BF16_%s\": {\"gbps\": %.1f, \"of_stream\": %.2f, \"steps_per_s\": "
+             "%.1f, \"vs_bf16\": %.2f}",
+             attn_kv_quant_name(qs[i]), g, g / stream, steps,
+             bf16_steps > 0 ? steps / bf16_steps : 0.0);
+    fflush(stdout);
+  }
 }
 
 static void print_bandwidth(int threads) {
@@ -448,15 +494,18 @@ static void print_bandwidth(int threads) {
     return;
   }
   static const attn_dtype dts[] = {ATTN_BF16, ATTN_F16, ATTN_F32};
+  double bf16_steps = 0, steps = 0;
   for (int i = 0; i < 3; i++) {
-    double g = paged_decode(e, dts[i], &st);
+    double g = paged_decode(e, dts[i], ATTN_KVQ_NONE, &steps, &st);
     if (g < 0)
       printf(", \"paged_decode_%s\": {\"skipped\": \"%s\"}", attn_dtype_name(dts[i]), st.message);
     else
-      printf(", \"paged_decode_%s\": {\"gbps\": %.1f, \"of_stream\": %.2f}",
-             attn_dtype_name(dts[i]), g, g / stream);
+      printf(", \"paged_decode_%s\": {\"gbps\": %.1f, \"of_stream\": %.2f, \"steps_per_s\": %.1f}",
+             attn_dtype_name(dts[i]), g, g / stream, steps);
+    bf16_steps = i == 0 && g > 0 ? steps : bf16_steps;
     fflush(stdout);
   }
+  print_quantized(e, stream, bf16_steps);
   attn_engine_close(e);
 }
 

@@ -34,6 +34,9 @@ One run, on this machine, one table (row, value, baseline, ratio, target):
       page). A fork's own pages are at least one per KV head (K and V) whatever it adds,
       so the ratio is about 1 + 16 / (the prompt's pages per KV head): the page size, not
       the sharing, decides whether a shape meets the target.
+  (g) quantized decode at 32K keys: the (b) session step on sessions of kv_dtype
+      F8_E4M3 and I8 (their rows a byte an element and a scale), timed in the same
+      rounds, as tokens/s against the BF16 session's (target >= 1.7x).
 
 The shape is a GQA decoder layer: Hq 32, Hkv 8, D 128, BF16, one query token. "N
 keys" means the step attends over N keys: the session holds N - 1 and the step
@@ -84,6 +87,8 @@ SESSION_MEMORY = "8G"
 MOVE_LAYERS = 8                           # (e): a 32K-token session of 8 layers
 MOVE_MAX_BODY = "2G"                      # (e): past the 1 GiB file (the default is 1G)
 FORK_PROMPT, FORKS, FORK_STEPS = 4096, 16, 8   # (f)
+
+QUANT = ("F8_E4M3", "I8")                 # (g): kv_dtypes, at 32K keys
 
 
 # ---- data ---------------------------------------------------------------------------
@@ -240,9 +245,12 @@ class Attnd:
             self.p.wait()
 
 
-def create(c, sid, max_tokens):
-    body = json.dumps({"heads_kv": HKV, "head_dim": D, "dtype": DT, "layers": 1,
-                       "max_tokens": max_tokens, "ttl_s": 3600}).encode()
+def create(c, sid, max_tokens, kv_dtype=None):
+    doc = {"heads_kv": HKV, "head_dim": D, "dtype": DT, "layers": 1, "max_tokens": max_tokens,
+           "ttl_s": 3600}
+    if kv_dtype:
+        doc["kv_dtype"] = kv_dtype
+    body = json.dumps(doc).encode()
     c.request("PUT", "/v1/sessions/" + sid, body, "application/json", want=(200, 201))
 
 
@@ -831,6 +839,12 @@ def main_driver(a):
                       flush=True)
                 create(c, "step%d" % n, n)
                 prefill(c, "step%d" % n, q, k, v, n - 1)
+            qsess = {}
+            for kd in QUANT:
+                print("  (g) %s session at 32K keys: prefill ..." % kd, file=sys.stderr,
+                      flush=True)
+                create(c, "q" + kd, MAX_KEYS, kd)
+                prefill(c, "q" + kd, q, k, v, MAX_KEYS - 1)
             for n in BYTES_LENGTHS:
                 if n not in LATENCY_LENGTHS:
                     sess[n] = session_steps(c, "step%d" % n, q, k, v, n, 3)
@@ -846,6 +860,12 @@ def main_driver(a):
                         sess[n][1].extend(r[1])
                     else:
                         sess[n] = r
+                    for kd in QUANT if n == MAX_KEYS else ():
+                        r = session_steps(c, "q" + kd, q, k, v, n, a.reps)
+                        if kd in qsess:
+                            qsess[kd][0].extend(r[0])
+                        else:
+                            qsess[kd] = r
                     if tor:
                         time.sleep(0.2)  # attnd's workers asleep before torch's start
                         for w in ("gqa", "folded"):
@@ -982,6 +1002,17 @@ def main_driver(a):
 
     # (f)
     forks(a.build, threads, table, notes)
+
+    # (g)
+    bf_med = med(sess[MAX_KEYS][0])
+    for kd in QUANT:
+        q_med = med(qsess[kd][0])
+        r = bf_med / q_med
+        table.add("(g) quantized decode, 32K keys: %s / BF16 session tokens/s" % kd,
+                  "%.0f" % (1 / q_med), "%.0f" % (1 / bf_med), "%.2fx" % r, ">= 1.7x", r >= 1.7)
+        notes.append("(g) %s: |o_quantized - o_BF16| / |o_BF16| = %.1e (the rows it stores: a "
+                     "byte an element and a scale a row)"
+                     % (kd, rel_diff(qsess[kd][2], sess[MAX_KEYS][2])))
 
     print()
     table.print()

@@ -17,9 +17,12 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
+/* A layer's k or v as decoded: its rows in the dtype, or a quantized
+ * session's codes (a byte each) and then its rows' F32 scales. */
 static size_t tensor_bytes(const attn_kv_shape *sh, int64_t len, int t) {
-  return (size_t)(sh->heads_kv * len * (t ? sh->head_dim_v : sh->head_dim)) *
-         attn_dtype_size(sh->dtype);
+  const size_t rows = (size_t)(sh->heads_kv * len),
+               cols = (size_t)(t ? sh->head_dim_v : sh->head_dim);
+  return sh->kv_quant ? rows * (cols + 4) : rows * cols * attn_dtype_size(sh->dtype);
 }
 
 /* Every byte of every tensor read (a sanitizer sees one out of bounds). */

@@ -396,6 +396,12 @@ def test_sessions_panel_lists_fills_and_deletes(page, console_server):
         made.append(sid)
         got = wait_row(d, '#sess-table tr[data-id="%s"]' % sid, "true")
         assert got["cells"][2] == text
+    # a quantized session's dtype says how its rows are stored
+    doc = {"heads_kv": 2, "head_dim": 4, "dtype": "BF16", "max_tokens": 8, "kv_dtype": "I8"}
+    assert _call(console_server.url + "/v1/sessions/console-q", "PUT", doc)[0] == 201
+    made.append("console-q")
+    got = wait_row(d, '#sess-table tr[data-id="console-q"]', "true")
+    assert got["cells"][1] == "BF16 (stored I8)"
     for sid in made:
         assert _call(console_server.url + "/v1/sessions/" + sid, "DELETE")[0] == 204
 

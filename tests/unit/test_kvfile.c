@@ -411,7 +411,7 @@ Test(kvfile, bad_files_set_aside, .init = setup, .fini = teardown) {
              {"@head.kv", "checksum"},
              {"@len.kv", "layer 2's length"},
              {"@trunc.kv", "truncated"},
-             {"@version.kv", "version 19"},
+             {"@version.kv", "version 20"},
              {"@other.kv", "@moved.kv"},
              {"x@garbage.kv", "not a session file"},
              {"x@empty.kv", "0 bytes"},
@@ -644,7 +644,8 @@ static size_t elem_at(const spec *p, int64_t l, int t, int64_t h, int64_t j, int
 }
 
 /* File name as version v wrote it, its header `fixed` bytes before the
- * tenant: version 3 less the 8 bytes of reserve (version 2), and the 16
+ * tenant: version 4 less the 8 bytes of kv_dtype (version 3), less the 8
+ * bytes of reserve too (version 2), and the 16
  * of head_dim_v and v_from_k too (version 1), its checksum over what is
  * left. */
 static void as_version(const char *name, uint32_t v, size_t fixed) {
@@ -680,6 +681,28 @@ Test(kvfile, version_1_loads, .init = setup, .fini = teardown) {
     attn_status st;
     cr_assert_eq(attn_kv_get(b, mixed[i].tenant, mixed[i].id, 50, &info, NULL, 0, &st), 0);
     cr_expect(attn_kv_shape_dv(&info.shape) == mixed[i].sh.head_dim && !info.shape.v_from_k);
+  }
+  attn_kv_close(a);
+  attn_kv_close(b);
+}
+
+/* Files a server wrote before sessions could be quantized load as
+ * sessions that are not, byte for byte. */
+Test(kvfile, version_3_loads_unquantized, .init = setup, .fini = teardown) {
+  attn_kv_store *a = store(64 << 20), *b = store(64 << 20);
+  for (int i = 0; i < NMIXED; i++)
+    make(a, &mixed[i]);
+  save_ok(a, 1200, NMIXED);
+  for (int i = 0; i < NMIXED; i++)
+    as_version(mixed_files[i], 3, KVF_FIXED_V3);
+  logbuf lb = {0};
+  cr_assert_eq(load(b, 50, &lb), NMIXED, "logged: %s", lb.n ? lb.lines[0] : "");
+  for (int i = 0; i < NMIXED; i++) {
+    expect_same(b, &mixed[i], 50, TTL - (1200 - mixed[i].made));
+    attn_kv_info info;
+    attn_status st;
+    cr_assert_eq(attn_kv_get(b, mixed[i].tenant, mixed[i].id, 50, &info, NULL, 0, &st), 0);
+    cr_expect(info.shape.kv_quant == ATTN_KVQ_NONE);
   }
   attn_kv_close(a);
   attn_kv_close(b);

@@ -170,6 +170,19 @@ Test(session_codecs, create_truncate_and_info) {
                       "\"reserve\": \"whole\"}";
   cr_expect_eq(attn_proto_session_create_decode(whole, strlen(whole), 600, &sh, &ttl, &st), 0);
   cr_expect(!sh.grow);
+  /* kv_dtype: F8_E4M3 or I8 quantized, the dtype's own name not */
+  const char *kvq[] = {"F8_E4M3", "I8", "F32"};
+  const attn_kv_quant want[] = {ATTN_KVQ_F8_E4M3, ATTN_KVQ_I8, ATTN_KVQ_NONE};
+  for (int i = 0; i < 3; i++) {
+    char body[160];
+    snprintf(body, sizeof body,
+             "{\"heads_kv\": 1, \"head_dim\": 8, \"dtype\": \"F32\", \"max_tokens\": 9, "
+             "\"kv_dtype\": \"%s\"}",
+             kvq[i]);
+    cr_expect_eq(attn_proto_session_create_decode(body, strlen(body), 600, &sh, &ttl, &st), 0,
+                 "%s: %s", kvq[i], st.message);
+    cr_expect_eq(sh.kv_quant, want[i], "%s", kvq[i]);
+  }
   const char *bad[] = {
       "{\"heads_kv\": 8, \"head_dim\": 128, \"dtype\": \"BF16\", \"max_tokens\": 4096, \"ttl_s\": "
       "99}",
@@ -182,10 +195,16 @@ Test(session_codecs, create_truncate_and_info) {
       "",
       "{\"heads_kv\": 1, \"head_dim\": 8, \"dtype\": \"F32\", \"max_tokens\": 9, \"reserve\": "
       "\"part\"}",
-      "{\"heads_kv\": 1, \"head_dim\": 8, \"dtype\": \"F32\", \"max_tokens\": 9, \"reserve\": 1}"};
-  const int codes[] = {ATTN_PROTO_EOPTVALUE, ATTN_EDTYPE,       ATTN_PROTO_EOPTVALUE,
-                       ATTN_PROTO_EOPTION,   ATTN_PROTO_EJSON,  ATTN_PROTO_EOPTVALUE,
-                       ATTN_PROTO_EJSON,     ATTN_PROTO_EEMPTY, ATTN_PROTO_EOPTVALUE,
+      "{\"heads_kv\": 1, \"head_dim\": 8, \"dtype\": \"F32\", \"max_tokens\": 9, \"reserve\": 1}",
+      "{\"heads_kv\": 1, \"head_dim\": 8, \"dtype\": \"F32\", \"max_tokens\": 9, \"kv_dtype\": "
+      "\"BF16\"}",
+      "{\"heads_kv\": 1, \"head_dim\": 8, \"dtype\": \"F32\", \"max_tokens\": 9, \"kv_dtype\": "
+      "\"F8_E5M2\"}",
+      "{\"heads_kv\": 1, \"head_dim\": 8, \"dtype\": \"F32\", \"max_tokens\": 9, \"kv_dtype\": 8}"};
+  const int codes[] = {ATTN_PROTO_EOPTVALUE, ATTN_EDTYPE,          ATTN_PROTO_EOPTVALUE,
+                       ATTN_PROTO_EOPTION,   ATTN_PROTO_EJSON,     ATTN_PROTO_EOPTVALUE,
+                       ATTN_PROTO_EJSON,     ATTN_PROTO_EEMPTY,    ATTN_PROTO_EOPTVALUE,
+                       ATTN_PROTO_EOPTVALUE, ATTN_PROTO_EOPTVALUE, ATTN_PROTO_EOPTVALUE,
                        ATTN_PROTO_EOPTVALUE};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
     cr_expect_eq(attn_proto_session_create_decode(bad[i], strlen(bad[i]), 60, &sh, &ttl, &st),
@@ -230,7 +249,8 @@ Test(session_codecs, create_truncate_and_info) {
   attn_sbuf b = {0};
   attn_proto_session_info_json(&b, &info, lengths, 100);
   cr_expect_str_eq(b.p, "{\"id\": \"s1\", \"heads_kv\": 2, \"head_dim\": 64, \"dtype\": \"F16\", "
-                        "\"layers\": 2, \"max_tokens\": 100, \"ttl_s\": 60, \"head_dim_v\": 64, "
+                        "\"kv_dtype\": \"F16\", \"layers\": 2, \"max_tokens\": 100, \"ttl_s\": 60, "
+                        "\"head_dim_v\": 64, "
                         "\"lengths\": [4, 3], \"tokens\": 7, \"reserve\": \"whole\", "
                         "\"reserved_bytes\": 524288, \"shared_bytes\": 131072, "
                         "\"expires_in_s\": 30.000}");
@@ -242,6 +262,12 @@ Test(session_codecs, create_truncate_and_info) {
   attn_proto_session_info_json(&b, &info, lengths, 100);
   cr_expect(strstr(b.p, "\"ttl_s\": 60, \"head_dim_v\": 48, \"v_from_k\": 48, \"lengths\""), "%s",
             b.p);
+  free(b.p);
+  /* a quantized session says how its rows are stored */
+  info.shape.kv_quant = ATTN_KVQ_I8;
+  b = (attn_sbuf){0};
+  attn_proto_session_info_json(&b, &info, lengths, 100);
+  cr_expect(strstr(b.p, "\"dtype\": \"F16\", \"kv_dtype\": \"I8\", \"layers\""), "%s", b.p);
   free(b.p);
 }
 

@@ -345,16 +345,17 @@ class Client:
     # -- sessions -----------------------------------------------------------------------
 
     def session(self, id, *, heads_kv, head_dim, dtype="F32", layers=1, max_tokens, ttl_s=600,
-                history=None, head_dim_v=None, v_from_k=None, reserve=None):
+                history=None, head_dim_v=None, v_from_k=None, reserve=None, kv_dtype=None):
         """Creates (or finds, made with the same parameters) the server-side KV cache
         ``id`` and returns its :class:`attnd.Session`; see there (``head_dim_v``: values of
         a head dim of their own; ``v_from_k``: a latent session, MLA's cache of k alone;
-        ``reserve="grow"``: memory taken as tokens arrive; ``history`` rebuilds it when it
-        is gone). ``with client.session(...) as s:``
+        ``reserve="grow"``: memory taken as tokens arrive; ``kv_dtype="F8_E4M3"`` or
+        ``"I8"``: rows stored quantized; ``history`` rebuilds it when it is gone). ``with client.session(...) as s:``
         deletes it when the block ends."""
         return Session(self, id, heads_kv=heads_kv, head_dim=head_dim, dtype=dtype,
                        layers=layers, max_tokens=max_tokens, ttl_s=ttl_s, history=history,
-                       head_dim_v=head_dim_v, v_from_k=v_from_k, reserve=reserve)
+                       head_dim_v=head_dim_v, v_from_k=v_from_k, reserve=reserve,
+                       kv_dtype=kv_dtype)
 
     def import_session(self, id, data):
         """Makes session ``id`` from the bytes :meth:`attnd.Session.export` gave (``PUT

@@ -186,6 +186,12 @@ class Session:
     append the server's session memory cannot hold then raises 507
     ``session_memory_full`` with nothing appended (a whole session's appends never do).
 
+    ``kv_dtype="F8_E4M3"`` or ``"I8"`` asks the server to store each appended token's row
+    per KV head quantized, a byte an element and one F32 scale (the row's largest |x| over
+    448 or 127), in about half the memory of BF16 rows; calls still send k and v in
+    ``dtype`` and attend over the stored rows (code x scale). The dtype's own name, or None
+    (not sent), stores them as sent.
+
     Attributes:
         client, id, heads_kv, head_dim, dtype, layers, max_tokens, ttl_s, history: as
             given.
@@ -193,6 +199,8 @@ class Session:
             ``head_dim`` when not given).
         v_from_k: True for a latent session.
         reserve: ``"whole"`` or ``"grow"`` as given (None: not sent, the server's whole).
+        kv_dtype: ``"F8_E4M3"``, ``"I8"`` or the dtype as given (None: not sent, the
+            dtype).
         lengths: the length of each layer as this object last saw it (its creation, an
             :meth:`attend`, :meth:`truncate`, :meth:`info` or batch call); :meth:`attend`
             appends at it when no ``pos`` is given.
@@ -207,7 +215,7 @@ class Session:
 
     def __init__(self, client, id, *, heads_kv, head_dim, dtype="F32", layers=1, max_tokens,
                  ttl_s=600, create=True, history=None, head_dim_v=None, v_from_k=None,
-                 reserve=None):
+                 reserve=None, kv_dtype=None):
         self.client = client
         self.id = _check_id(id)
         self.heads_kv, self.head_dim = int(heads_kv), int(head_dim)
@@ -227,6 +235,10 @@ class Session:
         self.dtype = str(dtype).upper()
         if self.dtype not in _DTYPES:
             raise ValueError("attnd: a session's dtype is F32, F16 or BF16 (got %r)" % (dtype,))
+        if kv_dtype not in (None, "F8_E4M3", "I8", self.dtype):
+            raise ValueError("attnd: a session's kv_dtype is \"F8_E4M3\", \"I8\" or its dtype "
+                             "%r (got %r)" % (self.dtype, kv_dtype))
+        self.kv_dtype = kv_dtype
         self.layers, self.max_tokens, self.ttl_s = int(layers), int(max_tokens), ttl_s
         self.lengths = [0] * self.layers
         self.created = None
@@ -250,7 +262,7 @@ class Session:
                 dtype=info["dtype"], layers=info["layers"], max_tokens=info["max_tokens"],
                 ttl_s=info.get("ttl_s", 600), create=False, history=history,
                 head_dim_v=info.get("head_dim_v"), v_from_k=info.get("v_from_k"),
-                reserve=info.get("reserve"))
+                reserve=info.get("reserve"), kv_dtype=info.get("kv_dtype"))
         s.lengths = [int(n) for n in info["lengths"]]
         return s
 
@@ -289,6 +301,8 @@ class Session:
             doc["v_from_k"] = self._latent
         if self.reserve is not None:
             doc["reserve"] = self.reserve
+        if self.kv_dtype is not None:
+            doc["kv_dtype"] = self.kv_dtype
         status, _ = _json_call(self.client, "PUT", _path(self.id), doc, ok=(200, 201))
         return status
 

@@ -424,6 +424,46 @@ Test(kv_quant, store_calls_replay_conflict_truncate, .timeout = 300) {
   attn_engine_close(e);
 }
 
+/* Forks of a quantized session: a page copied on write takes its rows'
+ * scales with it (they lie after the page's rows), both when the source
+ * writes first and when the fork does, and a fork's writes into a page it
+ * alone holds leave the source's rows alone. */
+Test(kv_quant, store_forks_copy_scales, .timeout = 300) {
+  attn_engine *e = topen(2, NULL);
+  attn_kv_store *kv = tkv_open_store(e, 64 * MIB, false, "cpu");
+  for (int q = ATTN_KVQ_F8_E4M3; q <= ATTN_KVQ_I8; q++)
+    for (int k = 0; k < 3; k += 2) {
+      tkv_stream s = stream_kind(k, ATTN_BF16, (uint64_t)(70 + 10 * q + k));
+      tkv_stream sq = stored_stream(&s, (attn_kv_quant)q);
+      const double tol = ttol(s.dt);
+      attn_status st;
+      make(kv, "src", &s, (attn_kv_quant)q);
+      cr_expect_leq(call_error(kv, "src", &s, &sq, 1, 0, 130, NULL), tol, "prefill");
+      cr_assert_eq(attn_kv_fork(kv, "", "src", "f", -1, 0, 0, &st), 0, "%s", st.message);
+      /* the source writes into the shared page first: it copies it */
+      for (int64_t pos = 130; pos < 135; pos++)
+        cr_expect_leq(call_error(kv, "src", &s, &sq, 1, pos, 1, NULL), tol, "src at %lld",
+                      (long long)pos);
+      /* the fork's page is the original, now its own */
+      for (int64_t pos = 130; pos < 140; pos++)
+        cr_expect_leq(call_error(kv, "f", &s, &sq, 1, pos, 1, NULL), tol, "f at %lld",
+                      (long long)pos);
+      /* a fork of the fork writes first: it copies */
+      cr_assert_eq(attn_kv_fork(kv, "", "f", "g", -1, 0, 0, &st), 0, "%s", st.message);
+      for (int64_t pos = 140; pos < 145; pos++)
+        cr_expect_leq(call_error(kv, "g", &s, &sq, 1, pos, 1, NULL), tol, "g at %lld",
+                      (long long)pos);
+      cr_expect_leq(call_error(kv, "f", &s, &sq, 1, 140, 1, NULL), tol, "f after g");
+      cr_expect_leq(call_error(kv, "src", &s, &sq, 1, 135, 1, NULL), tol, "src after f");
+      for (const char *const *id = (const char *const[]){"src", "f", "g", NULL}; *id; id++)
+        cr_assert_eq(attn_kv_delete(kv, "", *id, 0, &st), 0, "%s", st.message);
+      tkv_stream_free(&sq);
+      tkv_stream_free(&s);
+    }
+  attn_kv_close(kv);
+  attn_engine_close(e);
+}
+
 /* Quantized rows of 64 codes and a scale: 960 a page where BF16's 128
  * bytes take 512; the store counts them as quantized bytes. */
 Test(kv_quant, store_reservation) {

@@ -194,15 +194,15 @@ void attnd_sessions_list(attnd_req *r) {
   attn_sbuf_puts(&b, "{\"sessions\": [");
   int64_t n = attn_kv_list(kv, r->tenant, attn_now(), list_one, &b);
   uint64_t mine = attn_kv_tenant_reserved(kv, r->tenant);
-  attn_sbuf_printf(&b,
-                   "], \"count\": %lld, \"memory\": {\"pool_bytes\": %llu, \"reserved_bytes\": "
-                   "%llu, \"used_bytes\": %llu, \"shared_bytes\": %llu, \"saved_bytes\": %llu, "
-                   "\"quantized_bytes\": %llu, \"key_reserved_bytes\": %llu, \"per_key_bytes\": %llu}}\n",
-                   (long long)n, (unsigned long long)stats.pool_bytes,
-                   (unsigned long long)stats.reserved_bytes, (unsigned long long)stats.used_bytes,
-                   (unsigned long long)stats.shared_bytes, (unsigned long long)stats.saved_bytes,
-                   (unsigned long long)stats.quantized_bytes, (unsigned long long)mine,
-                   (unsigned long long)stats.tenant_cap_bytes);
+  attn_sbuf_printf(
+      &b,
+      "], \"count\": %lld, \"memory\": {\"pool_bytes\": %llu, \"reserved_bytes\": "
+      "%llu, \"used_bytes\": %llu, \"shared_bytes\": %llu, \"saved_bytes\": %llu, "
+      "\"quantized_bytes\": %llu, \"key_reserved_bytes\": %llu, \"per_key_bytes\": %llu}}\n",
+      (long long)n, (unsigned long long)stats.pool_bytes, (unsigned long long)stats.reserved_bytes,
+      (unsigned long long)stats.used_bytes, (unsigned long long)stats.shared_bytes,
+      (unsigned long long)stats.saved_bytes, (unsigned long long)stats.quantized_bytes,
+      (unsigned long long)mine, (unsigned long long)stats.tenant_cap_bytes);
   attnd_req_reply_json(r, 200, &b);
 }
 
@@ -263,20 +263,19 @@ void attnd_sessions_info(attn_sbuf *b, const attnd_server *s) {
   attn_kv_stats st = {0};
   if (s->kv)
     attn_kv_stats_get(s->kv, &st);
-  attn_sbuf_printf(b,
-                   "\"sessions\": {\"enabled\": %s, \"memory_bytes\": %llu, \"page_bytes\": "
-                   "%lld, \"pages_on\": \"%s\", \"persist\": %s, \"batching\": %s, "
-                   "\"ttl_max_s\": %g, \"count\": %lld, \"memory_per_key_bytes\": %llu, "
-                   "\"memory\": {\"reserved_bytes\": %llu, \"used_bytes\": %llu, "
-                   "\"shared_bytes\": %llu, \"saved_bytes\": %llu, \"quantized_bytes\": %llu}}",
-                   s->kv ? "true" : "false", (unsigned long long)st.pool_bytes,
-                   (long long)st.page_bytes, st.where ? st.where : "none",
-                   s->kv && *c->session_dir ? "true" : "false",
-                   s->kv && c->session_batch ? "true" : "false", c->session_ttl_max,
-                   (long long)st.sessions, (unsigned long long)st.tenant_cap_bytes,
-                   (unsigned long long)st.reserved_bytes, (unsigned long long)st.used_bytes,
-                   (unsigned long long)st.shared_bytes, (unsigned long long)st.saved_bytes,
-                   (unsigned long long)st.quantized_bytes);
+  attn_sbuf_printf(
+      b,
+      "\"sessions\": {\"enabled\": %s, \"memory_bytes\": %llu, \"page_bytes\": "
+      "%lld, \"pages_on\": \"%s\", \"persist\": %s, \"batching\": %s, "
+      "\"ttl_max_s\": %g, \"count\": %lld, \"memory_per_key_bytes\": %llu, "
+      "\"memory\": {\"reserved_bytes\": %llu, \"used_bytes\": %llu, "
+      "\"shared_bytes\": %llu, \"saved_bytes\": %llu, \"quantized_bytes\": %llu}}",
+      s->kv ? "true" : "false", (unsigned long long)st.pool_bytes, (long long)st.page_bytes,
+      st.where ? st.where : "none", s->kv && *c->session_dir ? "true" : "false",
+      s->kv && c->session_batch ? "true" : "false", c->session_ttl_max, (long long)st.sessions,
+      (unsigned long long)st.tenant_cap_bytes, (unsigned long long)st.reserved_bytes,
+      (unsigned long long)st.used_bytes, (unsigned long long)st.shared_bytes,
+      (unsigned long long)st.saved_bytes, (unsigned long long)st.quantized_bytes);
 }
 
 static void counter(attn_sbuf *b, const char *name, const char *help, unsigned long long v) {

@@ -440,8 +440,9 @@ struct attn_sbuf;
 /* A session as GET /v1/sessions/{id} describes it: {"id", "heads_kv",
  * "head_dim", "dtype", "kv_dtype", "layers", "max_tokens", "ttl_s", "head_dim_v",
  * "v_from_k" (a latent session's only), "lengths": [one a layer],
- * "tokens", "reserve", "reserved_bytes", "shared_bytes" (bytes of pages it
- * holds that its forks hold too), "expires_in_s"}; lengths may be NULL
+ * "tokens", "reserve", "reserved_bytes", "used_bytes" (its tokens'
+ * pages), "shared_bytes" (bytes of pages it holds that its forks hold
+ * too), "expires_in_s"}; lengths may be NULL
  * (then []). */
 void attn_proto_session_info_json(struct attn_sbuf *b, const attn_kv_info *info,
                                   const int64_t *lengths, double now);

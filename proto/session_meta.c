@@ -308,10 +308,10 @@ void attn_proto_session_info_json(attn_sbuf *b, const attn_kv_info *info, const 
   double left = info->expires - now;
   attn_sbuf_printf(b,
                    "], \"tokens\": %lld, \"reserve\": \"%s\", \"reserved_bytes\": %llu, "
-                   "\"shared_bytes\": %llu, \"expires_in_s\": %.3f}",
+                   "\"used_bytes\": %llu, \"shared_bytes\": %llu, \"expires_in_s\": %.3f}",
                    (long long)info->tokens, sh->grow ? "grow" : "whole",
-                   (unsigned long long)info->reserved_bytes, (unsigned long long)info->shared_bytes,
-                   left > 0 ? left : 0.0);
+                   (unsigned long long)info->reserved_bytes, (unsigned long long)info->used_bytes,
+                   (unsigned long long)info->shared_bytes, left > 0 ? left : 0.0);
 }
 
 /* A session file's __metadata__: the create's fields and "lengths", each a

@@ -84,6 +84,7 @@ typedef struct attn_kv_info {
    * pages it shares that another session pays for (kv_int.h, P2) */
   uint64_t reserved_bytes;
   uint64_t shared_bytes; /* pages it holds that other sessions (its forks) hold too */
+  uint64_t used_bytes;   /* pages holding its tokens, shared ones included */
   int64_t tokens;        /* summed over layers */
 } attn_kv_info;
 

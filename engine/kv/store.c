@@ -421,8 +421,13 @@ void attn__kv_info_of(const kv_session *ks, attn_kv_info *info) {
   info->reserved_bytes = (uint64_t)ks->reserved_pages * ATTN_KV_PAGE_BYTES;
   info->shared_bytes = 0;
   info->tokens = 0;
-  for (int64_t l = 0; l < ks->shape.layers; l++)
+  int64_t pages = 0; /* per KV head and tensor */
+  for (int64_t l = 0; l < ks->shape.layers; l++) {
     info->tokens += ks->layers[l].length;
+    pages += (ks->layers[l].length + ks->page_tokens - 1) / ks->page_tokens;
+  }
+  info->used_bytes =
+      (uint64_t)(pages * ks->shape.heads_kv * attn__kv_tensors(&ks->shape)) * ATTN_KV_PAGE_BYTES;
 }
 
 /* attn__kv_info_of with what the pool knows: the pages others hold too. */

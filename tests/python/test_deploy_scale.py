@@ -153,15 +153,18 @@ def check_compose_scale(doc, gpu, cfg_text):
             seen_vols.add(vol[0])
         delay = float(env.get("ATTND_DRAIN_DELAY", "0"))
         drain = float(env.get("ATTND_DRAIN_TIMEOUT", "30"))
+        # a handover runs after the drain, before the exit
+        hand = float(env.get("ATTND_HANDOVER_TIMEOUT", "30")) if env.get("ATTND_HANDOVER") else 0
         p += check_check_interval(opts, delay, "compose.scale %s" % name)
         try:
             grace = duration_s(s.get("stop_grace_period", "10s"))
         except ValueError as e:
             grace = 0
             p.append("compose.scale %s: %s" % (name, e))
-        if not grace >= delay + drain + 5:
+        if not grace >= delay + drain + hand + 5:
             p.append("compose.scale %s: stop_grace_period %gs is less than ATTND_DRAIN_DELAY "
-                     "%g + ATTND_DRAIN_TIMEOUT %g + 5 s" % (name, grace, delay, drain))
+                     "%g + ATTND_DRAIN_TIMEOUT %g + ATTND_HANDOVER_TIMEOUT %g + 5 s"
+                     % (name, grace, delay, drain, hand))
     if listed != want:
         p.append("compose.scale: haproxy.compose.cfg lists %s, the services are %s"
                  % (listed, want))
@@ -368,6 +371,7 @@ def test_catches_scaling_mistakes():
     assert broken(lambda s, g: s["attnd-1"].__setitem__("hostname", "attnd-x"))
     assert broken(lambda s, g: env(s).__setitem__("ATTND_DRAIN_DELAY", "2"))
     assert broken(lambda s, g: env(s).__setitem__("ATTND_DRAIN_TIMEOUT", "40"))
+    assert broken(lambda s, g: env(s).__setitem__("ATTND_HANDOVER_TIMEOUT", "40"))
     assert broken(lambda s, g: env(s).__setitem__("ATTND_TRUSTED_PROXY", "10.0.0.0/8"))
     assert broken(lambda s, g: s["attnd-2"].__setitem__("volumes", ["sessions-1:/var/lib/attnd/sessions"]))
     assert broken(lambda s, g: s["attnd-0"].__setitem__("ports", ["8081:8080"]))

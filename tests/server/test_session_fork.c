@@ -142,7 +142,8 @@ static double num(const cJSON *o, const char *k) {
   return x->valuedouble;
 }
 
-/* GET id: its reserved and shared bytes and tokens. */
+/* GET id: its reserved and shared bytes and tokens; its used bytes, the
+ * one pair of pages its tokens fill (shared or not). */
 static void expect_session(const char *id, double reserved, double shared, double tokens) {
   char path[96];
   snprintf(path, sizeof path, "/v1/sessions/%s", id);
@@ -150,6 +151,7 @@ static void expect_session(const char *id, double reserved, double shared, doubl
   cr_expect_eq(num(j, "reserved_bytes"), reserved, "%s reserved", id);
   cr_expect_eq(num(j, "shared_bytes"), shared, "%s shared", id);
   cr_expect_eq(num(j, "tokens"), tokens, "%s tokens", id);
+  cr_expect_eq(num(j, "used_bytes"), tokens > 0 ? PAIR_BYTES : 0, "%s used", id);
   cJSON_Delete(j);
 }
 

@@ -244,16 +244,18 @@ Test(session_codecs, create_truncate_and_info) {
       .expires = 130,
       .reserved_bytes = 524288,
       .shared_bytes = 131072,
+      .used_bytes = 262144,
       .tokens = 7};
   int64_t lengths[2] = {4, 3};
   attn_sbuf b = {0};
   attn_proto_session_info_json(&b, &info, lengths, 100);
-  cr_expect_str_eq(b.p, "{\"id\": \"s1\", \"heads_kv\": 2, \"head_dim\": 64, \"dtype\": \"F16\", "
-                        "\"kv_dtype\": \"F16\", \"layers\": 2, \"max_tokens\": 100, \"ttl_s\": 60, "
-                        "\"head_dim_v\": 64, "
-                        "\"lengths\": [4, 3], \"tokens\": 7, \"reserve\": \"whole\", "
-                        "\"reserved_bytes\": 524288, \"shared_bytes\": 131072, "
-                        "\"expires_in_s\": 30.000}");
+  cr_expect_str_eq(b.p,
+                   "{\"id\": \"s1\", \"heads_kv\": 2, \"head_dim\": 64, \"dtype\": \"F16\", "
+                   "\"kv_dtype\": \"F16\", \"layers\": 2, \"max_tokens\": 100, \"ttl_s\": 60, "
+                   "\"head_dim_v\": 64, "
+                   "\"lengths\": [4, 3], \"tokens\": 7, \"reserve\": \"whole\", "
+                   "\"reserved_bytes\": 524288, \"used_bytes\": 262144, \"shared_bytes\": 131072, "
+                   "\"expires_in_s\": 30.000}");
   free(b.p);
   /* a latent session says so, with its Dv */
   info.shape.head_dim_v = 48;

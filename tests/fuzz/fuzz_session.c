@@ -1,14 +1,15 @@
 /*
  * fuzz_session.c — libFuzzer target for the session routes' parsing, as
- * the server runs it: a create's and a truncate's JSON body, and a call's
+ * the server runs it: a create's, a truncate's and a fork's JSON body, and a call's
  * query string and body (JSON or safetensors, one session or a batch)
  * decoded with its session fields, then cut into the store's entries
  * (attn_proto_session_entries). Whatever the input, decoding fails with a
  * code of the error table, or yields entries that tile the rows sent.
  *
  * Input: one byte choosing the route and codec (its value modulo 6:
- * c create, t truncate, j/J one session/batch in JSON, s/S in safetensors,
- * by ROUTES' order below), then for a call the query string up to the first
+ * c create (and the same body as a truncate's and a fork's), t truncate, j/J one session/batch in
+ * JSON, s/S in safetensors, by ROUTES' order below), then for a call the query string up to the
+ * first
  * '\n', then the body (the rest).
  */
 #include "proto.h"
@@ -37,8 +38,24 @@ static void check_refusal(int rc, const attn_status *st) {
   free(b);
 }
 
+/* A fork's body: a valid id, a length within a truncate's limits or -1
+ * (each layer's own), a ttl within [1, ttl_max] or 0 (the source's). */
+static void fork_body(const char *body, size_t len) {
+  char id[ATTN_KV_ID_MAX + 1];
+  int64_t n;
+  double ttl;
+  attn_status st;
+  int rc = attn_proto_session_fork_decode(body, len, 86400, id, &n, &ttl, &st);
+  if (rc)
+    check_refusal(rc, &st);
+  else if (attn_kv_id_check(id, strlen(id), &st) || n < -1 || n > ((int64_t)1 << 30) ||
+           !(ttl == 0 || (ttl >= 1 && ttl <= 86400)))
+    abort();
+}
+
 /* A create's body: a shape within the store's limits, a ttl within
- * [1, ttl_max], and a description that is strict JSON; a truncate's. */
+ * [1, ttl_max], and a description that is strict JSON; a truncate's and a
+ * fork's. */
 static void create_and_truncate(const char *body, size_t len) {
   attn_kv_shape sh;
   double ttl;
@@ -52,7 +69,8 @@ static void create_and_truncate(const char *body, size_t len) {
         sh.max_tokens < 1 || sh.max_tokens > ((int64_t)1 << 30) || !(ttl >= 1 && ttl <= 86400) ||
         attn_dtype_size(sh.dtype) == 0 || sh.head_dim_v < 0 ||
         sh.head_dim_v > ATTN_MAX_HEAD_DIM_V || (!sh.v_from_k && sh.head_dim_v == sh.head_dim) ||
-        (sh.v_from_k && (sh.head_dim_v < 1 || sh.head_dim_v > sh.head_dim)))
+        (sh.v_from_k && (sh.head_dim_v < 1 || sh.head_dim_v > sh.head_dim)) ||
+        (unsigned)sh.kv_quant >= ATTN_KVQ_COUNT)
       abort();
     attn_kv_info info = {.id = "s", .shape = sh, .ttl_s = ttl, .expires = ttl};
     attn_sbuf b = {0};
@@ -67,6 +85,7 @@ static void create_and_truncate(const char *body, size_t len) {
     check_refusal(rc, &st);
   else if (n < 0 || n > ((int64_t)1 << 30))
     abort();
+  fork_body(body, len);
 }
 
 /* The entries of a decoded call: one a session, each new row of k and v

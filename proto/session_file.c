@@ -58,9 +58,15 @@ static void meta_put(attn_sbuf *b, const attn_kv_shape *sh, double ttl_s, const 
   attn_sbuf_puts(b, "]\"}");
 }
 
-int attn_proto_session_file_encode(const attn_kv_shape *sh, double ttl_s, const int64_t *lengths,
-                                   void *const *k, void *const *v, void **pbuf, size_t *plen,
-                                   attn_status *st) {
+/* Bytes of layer l's k (t 0) or v (t 1) in the file: its rows, and a
+ * quantized session's scales after them (one buffer of kv.h's export). */
+static size_t layer_bytes(const attn_kv_shape *sh, int64_t length, int t) {
+  const size_t rows = (size_t)(sh->heads_kv * length);
+  return rows * (size_t)cols_of(sh, t) * part_es(sh, 0) + (sh->kv_quant ? rows * 4 : 0);
+}
+
+int attn_proto_session_file_layout(const attn_kv_shape *sh, double ttl_s, const int64_t *lengths,
+                                   void **pbuf, size_t *plen, void **k, void **v, attn_status *st) {
   attn_sbuf b = {0};
   meta_put(&b, sh, ttl_s, lengths);
   const int nt = tensors_of(sh);
@@ -84,19 +90,33 @@ int attn_proto_session_file_encode(const attn_kv_shape *sh, double ttl_s, const 
   free(b.p);
   if (rc < 0)
     return rc;
-  /* an export's buffer of a quantized session holds its rows' codes and
-   * then their scales (kv.h): k.L's data and k_scale.L's, in file order */
+  /* a quantized k.L's data and k_scale.L's follow one another: one
+   * buffer, codes then scales, as the store's export writes them */
   unsigned char *d = (unsigned char *)*pbuf + *plen;
   for (int64_t l = 0; l < sh->layers; l++)
     for (int t = 0; t < nt; t++) {
-      const size_t rows = (size_t)(sh->heads_kv * lengths[l]);
-      size_t n = rows * (size_t)cols_of(sh, t) * part_es(sh, 0) + (sh->kv_quant ? rows * 4 : 0);
-      if (n)
-        memcpy(d, t ? v[l] : k[l], n);
-      d += n;
+      *(t ? &v[l] : &k[l]) = d;
+      d += layer_bytes(sh, lengths[l], t);
     }
+  if (sh->v_from_k && v)
+    for (int64_t l = 0; l < sh->layers; l++)
+      v[l] = NULL;
   *plen += off;
   return 0;
+}
+
+int attn_proto_session_file_encode(const attn_kv_shape *sh, double ttl_s, const int64_t *lengths,
+                                   void *const *k, void *const *v, void **pbuf, size_t *plen,
+                                   attn_status *st) {
+  void *to[2][ATTN_KV_MAX_LAYERS];
+  int rc = attn_proto_session_file_layout(sh, ttl_s, lengths, pbuf, plen, to[0], to[1], st);
+  for (int64_t l = 0; rc == 0 && l < sh->layers; l++)
+    for (int t = 0; t < tensors_of(sh); t++) {
+      size_t n = layer_bytes(sh, lengths[l], t);
+      if (n)
+        memcpy(to[t][l], t ? v[l] : k[l], n);
+    }
+  return rc;
 }
 
 /* The index of layer l's tensor t, part s, among a file's entries. */

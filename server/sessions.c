@@ -122,23 +122,31 @@ void attnd_sessions_fork(attnd_req *r) {
     reply_info(r, 201, kv, new_id, now);
 }
 
+/* Where an export's rows go: the file's tensors, laid out once the store
+ * says the session's lengths. */
+typedef struct file_place {
+  void *buf;
+  size_t len;
+} file_place;
+
+static int place_in_file(const attn_kv_info *info, const int64_t *lengths, void **k, void **v,
+                         void *arg, attn_status *st) {
+  file_place *f = arg;
+  return attn_proto_session_file_layout(&info->shape, info->ttl_s, lengths, &f->buf, &f->len, k, v,
+                                        st);
+}
+
 int attnd_sessions_export_file(attn_kv_store *kv, const char *tenant, const char *id, void **pbuf,
                                size_t *plen, attn_status *st) {
-  attn_kv_info info;
-  int64_t lengths[ATTN_KV_MAX_LAYERS];
-  void **k = calloc(ATTN_KV_MAX_LAYERS, sizeof *k), **v = calloc(ATTN_KV_MAX_LAYERS, sizeof *v);
-  int rc = k && v ? attn_kv_export(kv, tenant, id, attn_now(), &info, lengths, k, v, st)
-                  : attn_status_set(st, ATTN_ENOMEM, "out of memory exporting a session");
-  if (rc == 0) {
-    rc = attn_proto_session_file_encode(&info.shape, info.ttl_s, lengths, k, v, pbuf, plen, st);
-    for (int64_t l = 0; l < info.shape.layers; l++) {
-      free(k[l]);
-      free(v[l]);
-    }
+  file_place f = {NULL, 0};
+  int rc = attn_kv_export_into(kv, tenant, id, attn_now(), place_in_file, &f, st);
+  if (rc) {
+    free(f.buf);
+    return rc;
   }
-  free(k);
-  free(v);
-  return rc;
+  *pbuf = f.buf;
+  *plen = f.len;
+  return 0;
 }
 
 void attnd_sessions_export(attnd_req *r) {

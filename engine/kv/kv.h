@@ -328,6 +328,16 @@ int64_t attn_kv_load(attn_kv_store *s, const char *dir, double now, double ttl_m
  */
 int attn_kv_export(attn_kv_store *s, const char *tenant, const char *id, double now,
                    attn_kv_info *info, int64_t *lengths, void **k, void **v, attn_status *st);
+/* The same rows written where the caller places them: place runs under
+ * the store's lock with the session's info and lengths, and sets k[l] and
+ * v[l] (each of the size attn_kv_export's would have; v unused for a
+ * latent session) or refuses (its code is returned). A server writes them
+ * straight into the file it sends (proto.h, attn_proto_session_file_layout),
+ * so an export holds one copy of a session, not two. */
+typedef int (*attn_kv_place_fn)(const attn_kv_info *info, const int64_t *lengths, void **k,
+                                void **v, void *arg, attn_status *st);
+int attn_kv_export_into(attn_kv_store *s, const char *tenant, const char *id, double now,
+                        attn_kv_place_fn place, void *arg, attn_status *st);
 int attn_kv_import(attn_kv_store *s, const char *tenant, const char *id, const attn_kv_shape *sh,
                    double ttl_s, double now, const int64_t *lengths, const void *const *k,
                    const void *const *v, attn_status *st);

@@ -68,18 +68,14 @@ static mv_cursor cursor_at(const attn_kv_shape *sh, int t, char *w, const char *
   return (mv_cursor){w, w ? w + codes : NULL, r, r ? r + codes : NULL, cols};
 }
 
-/* Every layer's rows of ks into fresh buffers (k[l], v[l]). */
-static int export_rows(const attn_kv_store *s, const kv_session *ks, void *page, void **k, void **v,
-                       attn_status *st) {
+/* Every layer's rows of ks into k[l] and v[l] (v NULL: a latent
+ * session's), where place put them. */
+static int export_rows(const attn_kv_store *s, const kv_session *ks, void *page, void *const *k,
+                       void *const *v, attn_status *st) {
   for (int64_t l = 0; l < ks->shape.layers; l++)
     for (int t = 0; t < attn__kv_tensors(&ks->shape); t++) {
       const kv_layer *L = &ks->layers[l];
-      void **out = t ? &v[l] : &k[l];
-      /* one byte at least: malloc(0) may be NULL */
-      *out = malloc(tensor_bytes(&ks->shape, L->length, t) + 1);
-      mv_cursor c = cursor_at(&ks->shape, t, *out, NULL, L->length);
-      if (!c.w)
-        return attn_status_set(st, ATTN_ENOMEM, "out of memory exporting session '%s'", ks->id);
+      mv_cursor c = cursor_at(&ks->shape, t, t ? v[l] : k[l], NULL, L->length);
       for (int64_t hk = 0; hk < ks->shape.heads_kv; hk++) {
         int rc = attn__kvf_rows_out(s, ks, L, t, hk, L->length, page, rows_to, &c, st);
         if (rc)
@@ -101,6 +97,39 @@ static int export_ready(const attn_kv_store *s, const kv_session *ks, attn_statu
   return 0;
 }
 
+int attn_kv_export_into(attn_kv_store *s, const char *tenant, const char *id, double now,
+                        attn_kv_place_fn place, void *arg, attn_status *st) {
+  void *page = malloc(ATTN_KV_PAGE_BYTES);
+  attn_kv_info info;
+  int64_t lengths[ATTN_KV_MAX_LAYERS];
+  void *k[ATTN_KV_MAX_LAYERS], *v[ATTN_KV_MAX_LAYERS];
+  if (!page)
+    return attn_status_set(st, ATTN_ENOMEM, "out of memory exporting session '%s'", id);
+  pthread_mutex_lock(&s->mu);
+  const kv_session *ks = attn__kv_find(s, tenant, id, now);
+  int rc = ks ? export_ready(s, ks, st)
+              : attn_status_set(st, ATTN_ESESSION_NOT_FOUND,
+                                "no session '%s': it was never made, was deleted, or expired", id);
+  if (rc == 0) {
+    attn__kv_info_of(ks, &info);
+    for (int64_t l = 0; l < ks->shape.layers; l++)
+      lengths[l] = ks->layers[l].length;
+    if ((rc = place(&info, lengths, k, v, arg, st)) == 0)
+      rc = export_rows(s, ks, page, k, ks->shape.v_from_k ? NULL : v, st);
+  }
+  pthread_mutex_unlock(&s->mu);
+  free(page);
+  return rc;
+}
+
+/* attn_kv_export's: its info and lengths out, and a buffer of its own for
+ * each layer's k and v. */
+typedef struct own_place {
+  attn_kv_info *info;
+  int64_t *lengths;
+  void **k, **v;
+} own_place;
+
 static void buffers_free(int64_t layers, void **k, void **v) {
   for (int64_t l = 0; l < layers; l++) {
     free(k[l]);
@@ -112,29 +141,37 @@ static void buffers_free(int64_t layers, void **k, void **v) {
   }
 }
 
+static int place_own(const attn_kv_info *info, const int64_t *lengths, void **k, void **v,
+                     void *arg, attn_status *st) {
+  own_place *o = arg;
+  const attn_kv_shape *sh = &info->shape;
+  *o->info = *info;
+  memcpy(o->lengths, lengths, (size_t)sh->layers * sizeof *lengths);
+  for (int64_t l = 0; l < sh->layers; l++) {
+    o->k[l] = NULL;
+    if (o->v)
+      o->v[l] = NULL;
+  }
+  for (int64_t l = 0; l < sh->layers; l++)
+    for (int t = 0; t < attn__kv_tensors(sh); t++) {
+      /* one byte at least: malloc(0) may be NULL */
+      void *p = *(t ? &o->v[l] : &o->k[l]) = malloc(tensor_bytes(sh, lengths[l], t) + 1);
+      if (!p) {
+        buffers_free(sh->layers, o->k, o->v);
+        return attn_status_set(st, ATTN_ENOMEM, "out of memory exporting session '%s'", info->id);
+      }
+      *(t ? &v[l] : &k[l]) = p;
+    }
+  return 0;
+}
+
 int attn_kv_export(attn_kv_store *s, const char *tenant, const char *id, double now,
                    attn_kv_info *info, int64_t *lengths, void **k, void **v, attn_status *st) {
-  void *page = malloc(ATTN_KV_PAGE_BYTES);
-  if (!page)
-    return attn_status_set(st, ATTN_ENOMEM, "out of memory exporting session '%s'", id);
-  pthread_mutex_lock(&s->mu);
-  const kv_session *ks = attn__kv_find(s, tenant, id, now);
-  int rc = ks ? export_ready(s, ks, st)
-              : attn_status_set(st, ATTN_ESESSION_NOT_FOUND,
-                                "no session '%s': it was never made, was deleted, or expired", id);
-  if (rc == 0) {
-    attn__kv_info_of(ks, info);
-    for (int64_t l = 0; l < ks->shape.layers; l++) {
-      lengths[l] = ks->layers[l].length;
-      k[l] = NULL;
-      if (v)
-        v[l] = NULL;
-    }
-    if ((rc = export_rows(s, ks, page, k, ks->shape.v_from_k ? NULL : v, st)))
-      buffers_free(ks->shape.layers, k, v);
-  }
-  pthread_mutex_unlock(&s->mu);
-  free(page);
+  own_place o = {info, lengths, k, v};
+  info->shape.layers = 0; /* nothing to free before place ran */
+  int rc = attn_kv_export_into(s, tenant, id, now, place_own, &o, st);
+  if (rc)
+    buffers_free(info->shape.layers, k, v);
   return rc;
 }
 

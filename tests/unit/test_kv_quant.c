@@ -413,6 +413,7 @@ Test(kv_quant, store_calls_replay_conflict_truncate, .timeout = 300) {
         attn_status st;
         cr_expect_eq(tkv_call1(kv, "", id, &other, &op, 0, 2, 0, 2, &y, 1, &st),
                      ATTN_ESESSION_CONFLICT, "%s: other tokens at 0", id);
+        tkv_reply_free(&y);
         tkv_stream_free(&other);
         cr_assert_eq(attn_kv_truncate(kv, "", id, 100, 1, &st), 0, "%s", st.message);
         for (int64_t pos = 100; pos < 103; pos++)

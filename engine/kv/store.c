@@ -426,8 +426,7 @@ void attn__kv_info_of(const kv_session *ks, attn_kv_info *info) {
     info->tokens += ks->layers[l].length;
     pages += (ks->layers[l].length + ks->page_tokens - 1) / ks->page_tokens;
   }
-  info->used_bytes =
-      (uint64_t)(pages * ks->shape.heads_kv * attn__kv_tensors(&ks->shape)) * ATTN_KV_PAGE_BYTES;
+  info->used_bytes = (uint64_t)(pages * ks->unit) * ATTN_KV_PAGE_BYTES;
 }
 
 /* attn__kv_info_of with what the pool knows: the pages others hold too. */

@@ -119,7 +119,7 @@ ENGINE_OBJ = $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
 KV_SRC = engine/kv/pages.c engine/kv/quota.c engine/kv/id.c engine/kv/quant.c engine/kv/share.c \
          engine/kv/store.c engine/kv/fork.c \
          engine/kv/batch.c engine/kv/admit.c engine/kv/sched.c engine/kv/file.c \
-         engine/kv/save.c engine/kv/load.c engine/kv/move.c
+         engine/kv/save.c engine/kv/load.c engine/kv/move.c engine/kv/export.c
 
 # ---- the wire formats (proto/) ---------------------------------------------
 PROTO_SRC = $(wildcard proto/*.c)

@@ -422,12 +422,12 @@ typedef struct attn_proto_session_file {
 int attn_proto_session_file_encode(const attn_kv_shape *sh, double ttl_s, const int64_t *lengths,
                                    void *const *k, void *const *v, void **pbuf, size_t *plen,
                                    attn_status *st);
-/* The same file with its data left to write: *pbuf malloc'd, *plen its
- * whole size, its header written, and k[l], v[l] (shape->layers entries;
- * v[l] NULL for a latent session) set to where each layer's buffer goes in
- * it, as attn_kv_export_into writes them (no second copy of a session). */
-int attn_proto_session_file_layout(const attn_kv_shape *sh, double ttl_s, const int64_t *lengths,
-                                   void **pbuf, size_t *plen, void **k, void **v, attn_status *st);
+/* The same file's header alone, for a writer that sends the data after
+ * it as the store reads it out (kv.h, attn_kv_export_read: the order
+ * attn_kv_export's buffers hold it in): *phead malloc'd, *plen its bytes,
+ * *pdata the bytes of data that follow it. */
+int attn_proto_session_file_head(const attn_kv_shape *sh, double ttl_s, const int64_t *lengths,
+                                 void **phead, size_t *plen, size_t *pdata, attn_status *st);
 int attn_proto_session_file_decode(const void *body, size_t len, double ttl_max,
                                    attn_proto_session_file *f, attn_status *st);
 void attn_proto_session_file_free(attn_proto_session_file *f);

@@ -65,14 +65,14 @@ static size_t layer_bytes(const attn_kv_shape *sh, int64_t length, int t) {
   return rows * (size_t)cols_of(sh, t) * part_es(sh, 0) + (sh->kv_quant ? rows * 4 : 0);
 }
 
-int attn_proto_session_file_layout(const attn_kv_shape *sh, double ttl_s, const int64_t *lengths,
-                                   void **pbuf, size_t *plen, void **k, void **v, attn_status *st) {
-  attn_sbuf b = {0};
-  meta_put(&b, sh, ttl_s, lengths);
-  const int nt = tensors_of(sh);
+/* The file's header JSON into b (b->oom when out of memory); the bytes
+ * of data after it. */
+static size_t head_json(attn_sbuf *b, const attn_kv_shape *sh, double ttl_s,
+                        const int64_t *lengths) {
+  meta_put(b, sh, ttl_s, lengths);
   size_t off = 0;
   for (int64_t l = 0; l < sh->layers; l++)
-    for (int t = 0; t < nt; t++)
+    for (int t = 0; t < tensors_of(sh); t++)
       for (int s = 0; s < parts_of(sh); s++) { /* a quantized k.L's scales follow it */
         char name[32], entry[256];
         int64_t shape[3] = {sh->heads_kv, lengths[l], s ? 1 : cols_of(sh, t)};
@@ -81,41 +81,45 @@ int attn_proto_session_file_layout(const attn_kv_shape *sh, double ttl_s, const 
         /* o 2: always the ',' first, the metadata before it */
         size_t w = attn__st_put_entry(entry, sizeof entry, 2, name, part_dtype(sh, s), shape,
                                       s ? 2 : 3, off, off + n);
-        attn_sbuf_printf(&b, "%.*s", (int)(w - 2), entry + 2);
+        attn_sbuf_printf(b, "%.*s", (int)(w - 2), entry + 2);
         off += n;
       }
-  attn_sbuf_puts(&b, "}");
+  attn_sbuf_puts(b, "}");
+  return off;
+}
+
+/* The file's header, in a buffer with room for extra bytes after it. */
+static int head_alloc(const attn_kv_shape *sh, double ttl_s, const int64_t *lengths, bool whole,
+                      void **pbuf, size_t *plen, size_t *pdata, attn_status *st) {
+  attn_sbuf b = {0};
+  const size_t off = head_json(&b, sh, ttl_s, lengths);
   int rc = b.oom ? attn_status_set(st, ATTN_PROTO_ENOMEM, "out of memory writing a session file")
-                 : attn__st_head(b.p, b.len, off, "session file", pbuf, plen, st);
+                 : attn__st_head(b.p, b.len, whole ? off : 0, "session file", pbuf, plen, st);
   free(b.p);
-  if (rc < 0)
-    return rc;
-  /* a quantized k.L's data and k_scale.L's follow one another: one
-   * buffer, codes then scales, as the store's export writes them */
-  unsigned char *d = (unsigned char *)*pbuf + *plen;
-  for (int64_t l = 0; l < sh->layers; l++)
-    for (int t = 0; t < nt; t++) {
-      *(t ? &v[l] : &k[l]) = d;
-      d += layer_bytes(sh, lengths[l], t);
-    }
-  if (sh->v_from_k && v)
-    for (int64_t l = 0; l < sh->layers; l++)
-      v[l] = NULL;
-  *plen += off;
-  return 0;
+  *pdata = off;
+  return rc;
+}
+
+int attn_proto_session_file_head(const attn_kv_shape *sh, double ttl_s, const int64_t *lengths,
+                                 void **phead, size_t *plen, size_t *pdata, attn_status *st) {
+  return head_alloc(sh, ttl_s, lengths, false, phead, plen, pdata, st);
 }
 
 int attn_proto_session_file_encode(const attn_kv_shape *sh, double ttl_s, const int64_t *lengths,
                                    void *const *k, void *const *v, void **pbuf, size_t *plen,
                                    attn_status *st) {
-  void *to[2][ATTN_KV_MAX_LAYERS];
-  int rc = attn_proto_session_file_layout(sh, ttl_s, lengths, pbuf, plen, to[0], to[1], st);
+  size_t data;
+  int rc = head_alloc(sh, ttl_s, lengths, true, pbuf, plen, &data, st);
+  unsigned char *d = rc < 0 ? NULL : (unsigned char *)*pbuf + *plen;
   for (int64_t l = 0; rc == 0 && l < sh->layers; l++)
     for (int t = 0; t < tensors_of(sh); t++) {
       size_t n = layer_bytes(sh, lengths[l], t);
       if (n)
-        memcpy(to[t][l], t ? v[l] : k[l], n);
+        memcpy(d, t ? v[l] : k[l], n);
+      d += n;
     }
+  if (rc == 0)
+    *plen += data;
   return rc;
 }
 

@@ -112,11 +112,43 @@ static bool join_parts(attnd_req *r) {
   return true;
 }
 
+/* libmicrohttpd's reader over a stream's (request.h). */
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+  const attnd_stream *s = cls;
+  int64_t n = s->read(s->arg, pos, buf, max);
+  return n > 0 ? (ssize_t)n : MHD_CONTENT_READER_END_WITH_ERROR;
+}
+
+static void stream_free(void *cls) {
+  attnd_stream *s = cls;
+  s->end(s->arg);
+  free(s);
+}
+
+/* r's stream as libmicrohttpd's response, which then owns it. */
+static struct MHD_Response *stream_response(attnd_req *r) {
+  attnd_stream *s = malloc(sizeof *s);
+  /* a read of this many bytes a call: the pages' rows go out in large writes */
+  struct MHD_Response *resp = s ? MHD_create_response_from_callback(
+                                      r->stream.len, (size_t)256 << 10, stream_read, s, stream_free)
+                                : NULL;
+  if (!resp) {
+    free(s);
+    return NULL;
+  }
+  *s = r->stream;
+  r->stream = (attnd_stream){0};
+  r->bytes_out = s->len;
+  return resp;
+}
+
 /* r's body as libmicrohttpd's response, which then owns its buffers: one
  * buffer (headers and body then go in one sendmsg), or the head and the
  * parts after it, sent from where they lie (no copy of the tensors into a
  * reply buffer). */
 static struct MHD_Response *body_response(attnd_req *r) {
+  if (r->stream.read)
+    return stream_response(r);
   if (r->nparts)
     join_parts(r);
   r->bytes_out = r->resp_len;
@@ -143,7 +175,7 @@ static struct MHD_Response *body_response(attnd_req *r) {
 }
 
 enum MHD_Result attnd_reply_queue(attnd_req *r) {
-  if (!r->resp) /* out of memory for the error body itself */
+  if (!r->resp && !r->stream.read) /* out of memory for the error body itself */
     attnd_req_fail(r, ATTND_EOUT_OF_MEMORY, "out of memory");
   struct MHD_Response *resp = body_response(r);
   if (!resp)

@@ -40,6 +40,8 @@ void attnd_req_unref(attnd_req *r) {
   free(r->query);
   free(r->resp);
   attnd_outbuf_free(r->srv, r->parts_buf);
+  if (r->stream.end) /* set, never queued */
+    r->stream.end(r->stream.arg);
   free(r->out);
   attnd_outbuf_free(r->srv, r->out_parts_buf);
   free(r);
@@ -55,6 +57,9 @@ void attnd_outbuf_free(attnd_server *s, void *p) {
 /* ---- the reply ------------------------------------------------------------ */
 
 void attnd_req_reply(attnd_req *r, int status, char *buf, size_t len, const char *ctype) {
+  if (r->stream.end) /* a stream set before is not sent */
+    r->stream.end(r->stream.arg);
+  r->stream = (attnd_stream){0};
   free(r->resp);
   attnd_outbuf_free(r->srv, r->parts_buf);
   r->parts_buf = NULL;
@@ -64,6 +69,11 @@ void attnd_req_reply(attnd_req *r, int status, char *buf, size_t len, const char
   r->resp_len = len;
   r->ctype = ctype;
   r->resp_json_len = 0;
+}
+
+void attnd_req_reply_stream(attnd_req *r, int status, const attnd_stream *s, const char *ctype) {
+  attnd_req_reply(r, status, NULL, 0, ctype);
+  r->stream = *s;
 }
 
 void attnd_req_reply_json(attnd_req *r, int status, attn_sbuf *b) {

@@ -29,6 +29,16 @@ struct attnd_route;
 
 #define ATTND_JSON_TYPE "application/json"
 
+/* A reply body of len bytes read as it is sent: read writes the bytes
+ * from pos into buf, up to max (the count, above 0; -1 cuts the
+ * connection), on the HTTP thread; end runs once, when it is done with. */
+typedef struct attnd_stream {
+  uint64_t len;
+  int64_t (*read)(void *arg, uint64_t pos, char *buf, size_t max);
+  void (*end)(void *arg);
+  void *arg;
+} attnd_stream;
+
 typedef struct attnd_req {
   /* Set when it is made; read by every thread. */
   struct attnd_server *srv;
@@ -101,6 +111,7 @@ typedef struct attnd_req {
   attn_proto_part parts[ATTN_PROTO_MAX_PARTS];
   int nparts;
   void *parts_buf;
+  attnd_stream stream; /* a body read as it is sent instead (stream.read set) */
   bool retry_after;
   bool gone; /* the client reset: close unanswered */
 
@@ -167,6 +178,9 @@ attnd_req *attnd_req_new(attnd_server *s);
 void attnd_req_unref(attnd_req *r);
 /* Sets r's reply; buf (malloc'd) becomes r's. */
 void attnd_req_reply(attnd_req *r, int status, char *buf, size_t len, const char *ctype);
+/* Sets r's reply to a body of s->len bytes read as they are sent; s->end
+ * runs once either way (sent, cut, or never queued). */
+void attnd_req_reply_stream(attnd_req *r, int status, const attnd_stream *s, const char *ctype);
 /* Sets r's reply to the JSON document built in b, or, when building it ran
  * out of memory, to that error. */
 void attnd_req_reply_json(attnd_req *r, int status, attn_sbuf *b);

@@ -122,45 +122,94 @@ void attnd_sessions_fork(attnd_req *r) {
     reply_info(r, 201, kv, new_id, now);
 }
 
-/* Where an export's rows go: the file's tensors, laid out once the store
- * says the session's lengths. */
-typedef struct file_place {
-  void *buf;
-  size_t len;
-} file_place;
+/* An export on its way: the file's header, then the store's rows as they
+ * are read out (no copy of the session). */
+typedef struct export_stream {
+  attn_kv_exporter *x;
+  void *head;
+  size_t head_len;
+  uint64_t len; /* the whole file's */
+} export_stream;
 
-static int place_in_file(const attn_kv_info *info, const int64_t *lengths, void **k, void **v,
-                         void *arg, attn_status *st) {
-  file_place *f = arg;
-  return attn_proto_session_file_layout(&info->shape, info->ttl_s, lengths, &f->buf, &f->len, k, v,
-                                        st);
+static void export_end(void *arg) {
+  export_stream *e = arg;
+  attn_kv_export_close(e->x);
+  free(e->head);
+  free(e);
+}
+
+/* Session (tenant, id)'s file opened for reading; 0 or the error. */
+static int export_open(attn_kv_store *kv, const char *tenant, const char *id, export_stream **out,
+                       attn_status *st) {
+  attn_kv_info info;
+  int64_t lengths[ATTN_KV_MAX_LAYERS];
+  size_t data;
+  export_stream *e = calloc(1, sizeof *e);
+  if (!e)
+    return attn_status_set(st, ATTN_ENOMEM, "out of memory exporting session '%s'", id);
+  int rc = attn_kv_export_open(kv, tenant, id, attn_now(), &info, lengths, &e->x, st);
+  rc = rc ? rc
+          : attn_proto_session_file_head(&info.shape, info.ttl_s, lengths, &e->head, &e->head_len,
+                                         &data, st);
+  if (rc) {
+    export_end(e);
+    return rc;
+  }
+  e->len = e->head_len + data;
+  *out = e;
+  return 0;
+}
+
+/* The bytes of the file from pos (its header's, then the rows'). */
+static int64_t export_read(void *arg, uint64_t pos, char *buf, size_t max) {
+  export_stream *e = arg;
+  attn_status st;
+  if (pos >= e->head_len)
+    return attn_kv_export_read(e->x, buf, max, &st);
+  size_t n = e->head_len - (size_t)pos < max ? e->head_len - (size_t)pos : max;
+  memcpy(buf, (char *)e->head + pos, n);
+  return (int64_t)n;
 }
 
 int attnd_sessions_export_file(attn_kv_store *kv, const char *tenant, const char *id, void **pbuf,
                                size_t *plen, attn_status *st) {
-  file_place f = {NULL, 0};
-  int rc = attn_kv_export_into(kv, tenant, id, attn_now(), place_in_file, &f, st);
+  export_stream *e;
+  int rc = export_open(kv, tenant, id, &e, st);
+  if (rc)
+    return rc;
+  char *buf = malloc(e->len);
+  if (!buf)
+    rc = attn_status_set(st, ATTN_ENOMEM, "out of memory for session '%s''s %llu-byte file", id,
+                         (unsigned long long)e->len);
+  for (size_t at = 0; rc == 0 && at < e->len;) {
+    int64_t n = export_read(e, at, buf + at, e->len - at);
+    rc = n > 0 ? 0 : attn_status_set(st, ATTN_EDEVICE, "session '%s' could not be read out", id);
+    at += n > 0 ? (size_t)n : 0;
+  }
+  const size_t len = e->len;
+  export_end(e);
   if (rc) {
-    free(f.buf);
+    free(buf);
     return rc;
   }
-  *pbuf = f.buf;
-  *plen = f.len;
+  *pbuf = buf;
+  *plen = len;
   return 0;
 }
 
 void attnd_sessions_export(attnd_req *r) {
   attn_kv_store *kv;
   char id[ATTN_KV_ID_MAX + 1];
-  void *buf;
-  size_t len;
+  export_stream *e;
   attn_status st;
   if (!store_of(r, &kv) || !path_id(r, id))
     return;
-  if (attnd_sessions_export_file(kv, r->tenant, id, &buf, &len, &st))
+  if (export_open(kv, r->tenant, id, &e, &st)) {
     attnd_req_fail(r, st.code, st.message);
-  else
-    attnd_req_reply(r, 200, buf, len, "application/octet-stream");
+    return;
+  }
+  const attnd_stream s = {e->len, export_read, export_end, e};
+  attnd_req_reply_stream(r, 200, &s, "application/octet-stream");
 }
 
 void attnd_sessions_import(attnd_req *r) {

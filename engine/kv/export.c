@@ -114,8 +114,7 @@ static size_t part_row(const attn_kv_exporter *x) {
 static void pick_part(const attn_kv_exporter *x, char *p, int64_t n) {
   const size_t cols = (size_t)attn__kv_cols(&x->ks->shape, x->t), xrow = cols + sizeof(float);
   for (int64_t i = 0; i < n; i++)
-    memmove(p + (size_t)i * part_row(x), p + (size_t)i * xrow + (x->part ? cols : 0),
-            part_row(x));
+    memmove(p + (size_t)i * part_row(x), p + (size_t)i * xrow + (x->part ? cols : 0), part_row(x));
 }
 
 /* The next span of rows into dst (up to cap bytes, at least a row's room)

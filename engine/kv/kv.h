@@ -310,9 +310,10 @@ int64_t attn_kv_load(attn_kv_store *s, const char *dir, double now, double ttl_m
  * session; v itself may then be NULL). A quantized session's (kv_quant)
  * hold the rows' codes, one byte an element, and after them each row's
  * F32 scale, [heads_kv, lengths[l]]. The buffers are malloc'd: the
- * caller frees each. It does not count as a use. ESESSION_NOT_FOUND;
- * ESESSION_CONFLICT on a device store while calls on it run (their rows
- * may not be in its pages yet): export it once they have ended.
+ * caller frees each. It does not count as a use (its TTL is not renewed).
+ * ESESSION_NOT_FOUND; ESESSION_CONFLICT on a device store while calls on it
+ * run (their rows may not be in its pages yet): export it once they have
+ * ended.
  *
  * attn_kv_import makes session (tenant, id) of shape sh and ttl_s from
  * such rows, as a create and then calls would have made it: the fields
@@ -323,21 +324,29 @@ int64_t attn_kv_load(attn_kv_store *s, const char *dir, double now, double ttl_m
  * saying which otherwise); v must be NULL for a latent session, and set (with a buffer for every
  * layer of length above 0) for another. ESESSION_EXISTS when the store has a session of that id,
  * whatever its parameters (an import never replaces one); ESESSION_MEMORY when its reservation does
- * not fit, or the tenant's cap. An export of the imported session gives back the same rows. Both
- * hold the store's lock while they copy (a session's whole rows).
+ * not fit, or the tenant's cap. An export of the imported session gives back the same rows. An
+ * import holds the store's lock while it copies (a session's whole rows).
  */
 int attn_kv_export(attn_kv_store *s, const char *tenant, const char *id, double now,
                    attn_kv_info *info, int64_t *lengths, void **k, void **v, attn_status *st);
-/* The same rows written where the caller places them: place runs under
- * the store's lock with the session's info and lengths, and sets k[l] and
- * v[l] (each of the size attn_kv_export's would have; v unused for a
- * latent session) or refuses (its code is returned). A server writes them
- * straight into the file it sends (proto.h, attn_proto_session_file_layout),
- * so an export holds one copy of a session, not two. */
-typedef int (*attn_kv_place_fn)(const attn_kv_info *info, const int64_t *lengths, void **k,
-                                void **v, void *arg, attn_status *st);
-int attn_kv_export_into(attn_kv_store *s, const char *tenant, const char *id, double now,
-                        attn_kv_place_fn place, void *arg, attn_status *st);
+/* The same rows read out as they are wanted, without a copy of the
+ * session: attn_kv_export_open (its errors are attn_kv_export's) sets info
+ * and lengths as attn_kv_export does; each attn_kv_export_read then writes
+ * the next bytes of k[0], v[0], k[1], v[1], ... (as attn_kv_export's
+ * buffers hold them, one after the other; no v for a latent session) into
+ * buf, up to cap: the count (below cap only at the end; 0 once all are
+ * read), or -1 with st set (a device's error); attn_kv_export_close ends
+ * it (read through or not). Until then the export holds the rows it reads
+ * as a running call does (a delete or an expiry frees them at the close;
+ * an append over them, after a truncate or into a fork's shared page,
+ * waits for it), and reads them outside the store's lock: close it
+ * promptly, and before attn_kv_close. Any thread, one at a time. */
+typedef struct attn_kv_exporter attn_kv_exporter;
+int attn_kv_export_open(attn_kv_store *s, const char *tenant, const char *id, double now,
+                        attn_kv_info *info, int64_t *lengths, attn_kv_exporter **x,
+                        attn_status *st);
+int64_t attn_kv_export_read(attn_kv_exporter *x, void *buf, size_t cap, attn_status *st);
+void attn_kv_export_close(attn_kv_exporter *x);
 int attn_kv_import(attn_kv_store *s, const char *tenant, const char *id, const attn_kv_shape *sh,
                    double ttl_s, double now, const int64_t *lengths, const void *const *k,
                    const void *const *v, attn_status *st);

@@ -229,6 +229,11 @@ int attn__kv_tensors(const attn_kv_shape *sh);
  * of a host page written from moved rows (the row's padding zeroed), and
  * read into them. */
 size_t attn__kv_xrow(const attn_kv_shape *sh, int t);
+/* Bytes of a layer's K (t 0) or V (t 1) of length rows moved out: [heads_kv,
+ * length] moved rows (a quantized session's codes, then their scales). */
+static inline size_t attn__kv_tensor_bytes(const attn_kv_shape *sh, int64_t length, int t) {
+  return (size_t)sh->heads_kv * (size_t)length * attn__kv_xrow(sh, t);
+}
 void attn__kv_quantize(const attn_kv_shape *sh, int t, const void *src, int64_t n, char *dst);
 float attn__kv_xrows_absmax(const attn_kv_shape *sh, int t, const void *rows, int64_t n,
                             int64_t *bad);
@@ -318,6 +323,9 @@ kv_pending *attn__kv_pending_new(attn_kv_call *call, attn_done_fn done, void *ar
                                  attn_status *st);
 int attn__kv_enter(attn_kv_store *s, kv_pending *p, attn_status *st);
 void attn__kv_retry_parked(attn_kv_store *s, kv_after *a);
+/* sched.c: a reader of every layer of ks that no call is (an export) ends,
+ * and the calls that waited for it start; takes the lock. */
+void attn__kv_unread(attn_kv_store *s, kv_session *ks);
 bool attn__kv_appends(const kv_pending *p);
 void attn__kv_release(attn_kv_store *s, kv_pending *p);
 const char *attn__kv_new_rows(const attn_kv_call *c, int64_t e, int t, int64_t h, size_t row);

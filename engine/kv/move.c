@@ -1,14 +1,11 @@
 /*
- * move.c — a session moved between stores (kv.h, attn_kv_export and
- * attn_kv_import): its rows read out packed, one buffer per layer and
- * tensor, and a session made from such rows, checked as a create and a
- * call would check them. The rows move through the same page-at-a-time
- * paths as a save and a load (file.c), so a device's pages are read and
- * written as theirs are.
+ * move.c — a session made from another store's rows (kv.h,
+ * attn_kv_import; export.c reads them out): checked as a create and a call
+ * would check them, and written through the same page-at-a-time path as a
+ * load (file.c), so a device's pages are written as theirs are.
  *
- * Locks. Both hold the store's lock through their copying, as a save and
- * a load do: an export must see one state of the session, and an import
- * must not be seen half made.
+ * Locks. An import holds the store's lock through its copying, as a load
+ * does: a session must not be seen half made.
  */
 #include "check.h"
 #include "file.h"
@@ -16,29 +13,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Where the next span's rows go (an export's w) or come from (an
- * import's r) in a tensor's buffer; a quantized session's codes there,
- * and its scales at s, after every code (kv.h): its moved rows (codes,
- * then the scale) are split on the way out and joined on the way in. */
+/* Where the next span's rows come from in a tensor's buffer: a quantized
+ * session's codes at r, and its scales at rs, after every code (kv.h):
+ * joined into moved rows (codes, then the scale) on the way in. */
 typedef struct mv_cursor {
-  char *w, *ws;
   const char *r, *rs;
   int64_t cols; /* a quantized row's codes; 0 for a session not quantized */
 } mv_cursor;
-
-static int rows_to(void *arg, void *rows, int64_t j, int64_t n, size_t bytes, attn_status *st) {
-  mv_cursor *c = arg;
-  (void)j, (void)st;
-  for (int64_t i = 0; c->cols && i < n; i++, c->w += c->cols, c->ws += sizeof(float)) {
-    memcpy(c->w, (char *)rows + i * (c->cols + 4), (size_t)c->cols);
-    memcpy(c->ws, (char *)rows + i * (c->cols + 4) + c->cols, sizeof(float));
-  }
-  if (!c->cols) {
-    memcpy(c->w, rows, bytes);
-    c->w += bytes;
-  }
-  return 0;
-}
 
 static int rows_from(void *arg, void *rows, int64_t j, int64_t n, size_t bytes, attn_status *st) {
   mv_cursor *c = arg;
@@ -54,125 +35,12 @@ static int rows_from(void *arg, void *rows, int64_t j, int64_t n, size_t bytes, 
   return 0;
 }
 
-/* Bytes of layer l's K (t 0) or V (t 1): [heads_kv, length, cols] (and
- * a quantized session's scales, [heads_kv, length]). */
-static size_t tensor_bytes(const attn_kv_shape *sh, int64_t length, int t) {
-  return (size_t)sh->heads_kv * (size_t)length * attn__kv_xrow(sh, t);
-}
-
-/* A cursor at the start of an export's buffer w, or an import's r, of
- * a layer's tensor t of length rows. */
-static mv_cursor cursor_at(const attn_kv_shape *sh, int t, char *w, const char *r, int64_t length) {
+/* A cursor at the start of an import's buffer r of a layer's tensor t of
+ * length rows. */
+static mv_cursor cursor_at(const attn_kv_shape *sh, int t, const char *r, int64_t length) {
   const int64_t cols = sh->kv_quant ? attn__kv_cols(sh, t) : 0;
   const size_t codes = (size_t)(sh->heads_kv * length * cols);
-  return (mv_cursor){w, w ? w + codes : NULL, r, r ? r + codes : NULL, cols};
-}
-
-/* Every layer's rows of ks into k[l] and v[l] (v NULL: a latent
- * session's), where place put them. */
-static int export_rows(const attn_kv_store *s, const kv_session *ks, void *page, void *const *k,
-                       void *const *v, attn_status *st) {
-  for (int64_t l = 0; l < ks->shape.layers; l++)
-    for (int t = 0; t < attn__kv_tensors(&ks->shape); t++) {
-      const kv_layer *L = &ks->layers[l];
-      mv_cursor c = cursor_at(&ks->shape, t, t ? v[l] : k[l], NULL, L->length);
-      for (int64_t hk = 0; hk < ks->shape.heads_kv; hk++) {
-        int rc = attn__kvf_rows_out(s, ks, L, t, hk, L->length, page, rows_to, &c, st);
-        if (rc)
-          return rc;
-      }
-    }
-  return 0;
-}
-
-/* On a device a call's rows reach their pages in its own job (kv_int.h):
- * until its readers end, a layer's length may run ahead of its pages. */
-static int export_ready(const attn_kv_store *s, const kv_session *ks, attn_status *st) {
-  for (int64_t l = 0; s->pages.dev && l < ks->shape.layers; l++)
-    if (ks->layers[l].readers > 0)
-      return attn_status_set(st, ATTN_ESESSION_CONFLICT,
-                             "session '%s' has calls running on layer %lld; export it once "
-                             "they have ended",
-                             ks->id, (long long)l);
-  return 0;
-}
-
-int attn_kv_export_into(attn_kv_store *s, const char *tenant, const char *id, double now,
-                        attn_kv_place_fn place, void *arg, attn_status *st) {
-  void *page = malloc(ATTN_KV_PAGE_BYTES);
-  attn_kv_info info;
-  int64_t lengths[ATTN_KV_MAX_LAYERS];
-  void *k[ATTN_KV_MAX_LAYERS], *v[ATTN_KV_MAX_LAYERS];
-  if (!page)
-    return attn_status_set(st, ATTN_ENOMEM, "out of memory exporting session '%s'", id);
-  pthread_mutex_lock(&s->mu);
-  const kv_session *ks = attn__kv_find(s, tenant, id, now);
-  int rc = ks ? export_ready(s, ks, st)
-              : attn_status_set(st, ATTN_ESESSION_NOT_FOUND,
-                                "no session '%s': it was never made, was deleted, or expired", id);
-  if (rc == 0) {
-    attn__kv_info_of(ks, &info);
-    for (int64_t l = 0; l < ks->shape.layers; l++)
-      lengths[l] = ks->layers[l].length;
-    if ((rc = place(&info, lengths, k, v, arg, st)) == 0)
-      rc = export_rows(s, ks, page, k, ks->shape.v_from_k ? NULL : v, st);
-  }
-  pthread_mutex_unlock(&s->mu);
-  free(page);
-  return rc;
-}
-
-/* attn_kv_export's: its info and lengths out, and a buffer of its own for
- * each layer's k and v. */
-typedef struct own_place {
-  attn_kv_info *info;
-  int64_t *lengths;
-  void **k, **v;
-} own_place;
-
-static void buffers_free(int64_t layers, void **k, void **v) {
-  for (int64_t l = 0; l < layers; l++) {
-    free(k[l]);
-    k[l] = NULL;
-    if (v) {
-      free(v[l]);
-      v[l] = NULL;
-    }
-  }
-}
-
-static int place_own(const attn_kv_info *info, const int64_t *lengths, void **k, void **v,
-                     void *arg, attn_status *st) {
-  own_place *o = arg;
-  const attn_kv_shape *sh = &info->shape;
-  *o->info = *info;
-  memcpy(o->lengths, lengths, (size_t)sh->layers * sizeof *lengths);
-  for (int64_t l = 0; l < sh->layers; l++) {
-    o->k[l] = NULL;
-    if (o->v)
-      o->v[l] = NULL;
-  }
-  for (int64_t l = 0; l < sh->layers; l++)
-    for (int t = 0; t < attn__kv_tensors(sh); t++) {
-      /* one byte at least: malloc(0) may be NULL */
-      void *p = *(t ? &o->v[l] : &o->k[l]) = malloc(tensor_bytes(sh, lengths[l], t) + 1);
-      if (!p) {
-        buffers_free(sh->layers, o->k, o->v);
-        return attn_status_set(st, ATTN_ENOMEM, "out of memory exporting session '%s'", info->id);
-      }
-      *(t ? &v[l] : &k[l]) = p;
-    }
-  return 0;
-}
-
-int attn_kv_export(attn_kv_store *s, const char *tenant, const char *id, double now,
-                   attn_kv_info *info, int64_t *lengths, void **k, void **v, attn_status *st) {
-  own_place o = {info, lengths, k, v};
-  info->shape.layers = 0; /* nothing to free before place ran */
-  int rc = attn_kv_export_into(s, tenant, id, now, place_own, &o, st);
-  if (rc)
-    buffers_free(info->shape.layers, k, v);
-  return rc;
+  return (mv_cursor){r, r ? r + codes : NULL, cols};
 }
 
 /* A quantized session's layer l's tensor t at p: each row one a quantizer
@@ -209,7 +77,8 @@ static int tensor_check(const attn_kv_shape *sh, int64_t l, int t, const void *p
                            t ? 'v' : 'k');
   if (sh->kv_quant)
     return quant_check(sh, l, t, p, length, mx, st);
-  *mx = attn__absmax(p, sh->dtype, tensor_bytes(sh, length, t) / attn_dtype_size(sh->dtype));
+  *mx =
+      attn__absmax(p, sh->dtype, attn__kv_tensor_bytes(sh, length, t) / attn_dtype_size(sh->dtype));
   if (*mx < 0)
     return attn_status_set(st, ATTN_ENONFINITE,
                            "layer %lld's %c holds a non-finite value (NaN or Inf)", (long long)l,
@@ -253,14 +122,31 @@ typedef struct mv_rows {
   void *page;
 } mv_rows;
 
+/* A session's rows (not quantized) of KV head hk written from c straight
+ * into its pages, a page's span at a time. */
+static int rows_direct(attn_kv_store *s, kv_session *ks, int t, int64_t hk, kv_layer *L,
+                       int64_t end, mv_cursor *c, attn_status *st) {
+  const size_t row = attn__kv_xrow(&ks->shape, t);
+  for (int64_t j = 0, n; j < end; j += n, c->r += (size_t)n * row) {
+    n = attn__kv_span(ks, j, end);
+    int rc = attn__kv_rows_put(s, ks, L, t, hk, j, n, c->r, st);
+    if (rc)
+      return rc;
+  }
+  return 0;
+}
+
 static int import_rows(attn_kv_store *s, kv_session *ks, void *arg, attn_status *st) {
   const mv_rows *r = arg;
   for (int64_t l = 0; l < ks->shape.layers; l++)
     for (int t = 0; t < attn__kv_tensors(&ks->shape); t++) {
-      mv_cursor c = cursor_at(&ks->shape, t, NULL, t ? r->v[l] : r->k[l], r->lengths[l]);
+      kv_layer *L = &ks->layers[l];
+      mv_cursor c = cursor_at(&ks->shape, t, t ? r->v[l] : r->k[l], r->lengths[l]);
       for (int64_t hk = 0; hk < ks->shape.heads_kv; hk++) {
-        int rc = attn__kvf_rows_in(s, ks, &ks->layers[l], t, hk, r->lengths[l], r->page, rows_from,
-                                   &c, st);
+        /* a quantized row's codes and scale lie apart in the file: joined in r->page */
+        int rc = c.cols
+                     ? attn__kvf_rows_in(s, ks, L, t, hk, r->lengths[l], r->page, rows_from, &c, st)
+                     : rows_direct(s, ks, t, hk, L, r->lengths[l], &c, st);
         if (rc)
           return rc;
       }

@@ -431,6 +431,18 @@ static void after(attn_kv_store *s, kv_after *a) {
   }
 }
 
+void attn__kv_unread(attn_kv_store *s, kv_session *ks) {
+  kv_after a = {0};
+  pthread_mutex_lock(&s->mu);
+  const int64_t layers = ks->shape.layers; /* the last reader_done may free ks */
+  kv_layer *L = ks->layers;
+  for (int64_t l = 0; l < layers; l++)
+    attn__kv_reader_done(s, ks, &L[l]);
+  attn__kv_retry_parked(s, &a);
+  pthread_mutex_unlock(&s->mu);
+  after(s, &a);
+}
+
 /* ---- submitting ------------------------------------------------------------ */
 
 /* A call checked, admitted and its rows stored (jobs it lets go into a);

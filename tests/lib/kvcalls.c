@@ -56,6 +56,43 @@ void *tkv_rows_of(const void *t, int64_t heads, int64_t total, int64_t d, attn_d
   return out;
 }
 
+/* The next piece of x at buf + *at, of at most want bytes; false with
+ * why set when it is wrong, and *done at the end. */
+static bool read_piece(attn_kv_exporter *x, char *buf, size_t n, size_t *at, size_t want,
+                       bool *done, char *why, size_t cap) {
+  attn_status st;
+  int64_t got = attn_kv_export_read(x, buf + *at, want, &st);
+  if (got < 0 || (size_t)got > want || *at + (size_t)got > n) {
+    snprintf(why, cap, "a read of %zu at %zu gave %lld: %s", want, *at, (long long)got,
+             got < 0 ? st.message : "too many bytes");
+    return false;
+  }
+  *at += (size_t)got;
+  *done = got == 0;
+  if ((size_t)got < want && *at < n) {
+    snprintf(why, cap, "a short read (%lld of %zu) at %zu, before the end", (long long)got, want,
+             *at);
+    return false;
+  }
+  return true;
+}
+
+void *tkv_export_all(attn_kv_exporter *x, size_t n, char *why, size_t cap) {
+  static const size_t pieces[] = {1, 7, 333, 4096, 65539};
+  char *buf = malloc(n + 65540);
+  size_t at = 0;
+  bool done = false, ok = buf != NULL;
+  for (int i = 0; ok && !done; i = (i + 1) % 5)
+    ok = read_piece(x, buf, n, &at, pieces[i], &done, why, cap);
+  if (ok && at != n)
+    ok = snprintf(why, cap, "the export read out %zu bytes, not %zu", at, n) < 0;
+  if (!ok) {
+    free(buf);
+    return NULL;
+  }
+  return buf;
+}
+
 void tkv_reply_free(tkv_reply *y) {
   free(y->o);
   free(y->m);

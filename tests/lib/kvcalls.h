@@ -103,6 +103,11 @@ typedef struct tkv_plan {
 int tkv_decode(attn_kv_store *kv, const char *id, const tkv_stream *s, const tkv_opts *op,
                const tkv_plan *pl, char *why, size_t cap);
 
+/* Everything x reads out, n bytes expected, read in pieces of 1, 7, 333,
+ * 4096 and 65539 bytes in turn (malloc'd); NULL with why in why for an
+ * error, a short or a long read, or a read past the end that is not 0. */
+void *tkv_export_all(attn_kv_exporter *x, size_t n, char *why, size_t cap);
+
 /* A store on e (backend: attn_kv_open's); the setup steps abort with a
  * message when they fail. */
 attn_kv_store *tkv_open_store(attn_engine *e, uint64_t bytes, bool batch, const char *backend);

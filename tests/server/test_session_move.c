@@ -8,7 +8,8 @@
  * truncated body, the wrong dtype, a tensor of the wrong shape, a length
  * past max_tokens, a missing v.0, an extra tensor, v for a latent session,
  * a NaN, a taken id (409), a session too big for the memory (507), and
- * another tenant's session (404).
+ * another tenant's session (404). And an export a client hangs up on lets
+ * go of the session's rows.
  */
 #include "harness.h"
 #include "kv/kv.h"
@@ -20,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 static srv A, B;
@@ -362,4 +364,59 @@ Test(session_move, only_the_callers_sessions_and_the_body_limit) {
   expect_error(&r, 413, "too_large", "a body past --max-body");
   http_res_free(&r);
   free(big), free(f);
+}
+
+/* A session file of s's shape (layers 2, max_tokens n) whose layer 0
+ * holds n tokens, the first N of them s's and the rest zeros (malloc'd,
+ * *len bytes): a file larger than the sockets' buffers. */
+static void *big_file(const stream *s, int64_t n, size_t *len) {
+  const attn_kv_shape sh = {.heads_kv = HKV,
+                            .head_dim = s->d,
+                            .head_dim_v = s->dv,
+                            .dtype = ATTN_F32,
+                            .layers = 2,
+                            .max_tokens = n};
+  const int64_t lengths[2] = {n, 0};
+  float *k = calloc((size_t)(HKV * n * s->d), sizeof *k),
+        *v = calloc((size_t)(HKV * n * s->dv), sizeof *v);
+  for (int64_t h = 0; h < HKV; h++) {
+    memcpy(k + h * n * s->d, s->k + h * N * s->d, (size_t)(N * s->d) * sizeof *k);
+    memcpy(v + h * n * s->dv, s->v + h * N * s->dv, (size_t)(N * s->dv) * sizeof *v);
+  }
+  void *kk[2] = {k, NULL}, *vv[2] = {v, NULL}, *file;
+  attn_status st;
+  cr_assert_eq(attn_proto_session_file_encode(&sh, 600, lengths, kk, vv, &file, len, &st), 0, "%s",
+               st.message);
+  free(k), free(v);
+  return file;
+}
+
+/* A client that reads an export's head and hangs up: the export lets go
+ * of the session's rows (they are read out as it is sent, and held until
+ * then), so a truncate and an append over them then go through, right. */
+Test(session_move, an_export_cut_short_lets_go_of_its_rows) {
+  srv_start(&A, "--session-memory", "256M", "--max-body", "256M", NULL);
+  stream *s = malloc(sizeof *s);
+  stream_init(s, 64, 64, false, 41);
+  size_t len;
+  void *file = big_file(s, 16384, &len); /* 32 MiB */
+  http_res r;
+  cr_assert_eq(import_to(&A, "big", file, len, &r), 201, "%.300s", r.body);
+  http_res_free(&r);
+  free(file);
+  int fd = raw_connect(A.port);
+  cr_assert_geq(fd, 0);
+  cr_assert_eq(raw_sends(fd, "GET /v1/sessions/big/export HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"), 0);
+  char head[4096];
+  cr_assert_gt(recv(fd, head, sizeof head, MSG_WAITALL), 0, "no reply to the export");
+  cr_expect(!strncmp(head, "HTTP/1.1 200", 12), "%.40s", head);
+  raw_reset(fd);
+  const char *h[] = {JSON_CT, NULL};
+  cr_assert_eq(http_call(&A, "POST", "/v1/sessions/big/truncate", h, "{\"length\": 4}", 13, &r),
+               200, "%.300s", r.body);
+  http_res_free(&r);
+  float *o = step(&A, "big", s, 0, 4, 1);
+  expect_reference(s, 4, 1, o);
+  free(o);
+  free(s);
 }

@@ -5,7 +5,9 @@
  * imported into another; the import's next calls equal the original's bit
  * for bit and the float64 reference, and its export equals the first byte
  * for byte. Then the imports refused: bad rows, bad lengths, the wrong
- * tensors, a name taken, no memory.
+ * tensors, a name taken, no memory. And an export read out as it goes:
+ * in pieces of any size, the session's own tokens, its rows held through
+ * a delete and a truncate until it closes.
  */
 #include "helpers.h"
 #include "kv/kv_int.h"
@@ -13,6 +15,9 @@
 
 #include <criterion/criterion.h>
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -239,5 +244,150 @@ Test(kv_move, a_grow_session_takes_the_pages_of_its_tokens, .timeout = 300) {
   attn_kv_close(a);
   attn_kv_close(b);
   attn_kv_close(small);
+  attn_engine_close(e);
+}
+
+/* ---- an export read out as it goes (attn_kv_export_open) ------------------ */
+
+/* Bytes the export of s at lengths_of reads out: layer by layer, k then v. */
+static size_t export_size(const tkv_stream *s, const int64_t *len) {
+  size_t n = 0;
+  for (int l = 0; l < LAYERS; l++)
+    n += (size_t)(s->hkv * len[l] * (s->d + (s->latent ? 0 : s->dv))) * attn_dtype_size(s->dt);
+  return n;
+}
+
+/* The rows read out (all) are s's own tokens [0, len[l]) of each layer,
+ * every head's packed, k then v (none for a latent session). */
+static void rows_are_the_streams(const tkv_stream *s, const int64_t *len, const char *all,
+                                 const char *what) {
+  for (int l = 0; l < LAYERS; l++)
+    for (int t = 0; t < (s->latent ? 1 : 2); t++) {
+      const int64_t w = t ? s->dv : s->d;
+      char *want = tkv_rows_of(t ? s->v : s->k, s->hkv, s->n, w, s->dt, 0, len[l]);
+      const size_t n = (size_t)(s->hkv * len[l] * w) * attn_dtype_size(s->dt);
+      cr_expect(!memcmp(all, want, n), "%s: layer %d's %c differs from the tokens sent", what, l,
+                t ? 'v' : 'k');
+      all += n;
+      free(want);
+    }
+}
+
+Test(kv_move, export_read_in_pieces, .timeout = 300) {
+  attn_engine *e = topen(2, NULL);
+  attn_kv_store *a = tkv_open_store(e, 64 * MIB, true, NULL);
+  const attn_dtype dts[] = {ATTN_F32, ATTN_BF16};
+  for (int di = 0; di < 2; di++)
+    for (int k = 0; k < NKINDS; k++) {
+      char id[16], why[256];
+      snprintf(id, sizeof id, "s%d-%d", di, k);
+      tkv_stream s = tkv_stream_make_dv(4, 2, kinds[k].d, kinds[k].dv, kinds[k].latent, 301,
+                                        dts[di], 190 + (uint64_t)k);
+      fill(a, id, &s);
+      attn_kv_exporter *x;
+      attn_kv_info info;
+      int64_t len[ATTN_KV_MAX_LAYERS];
+      attn_status st;
+      cr_assert_eq(attn_kv_export_open(a, "", id, 1, &info, len, &x, &st), 0, "%s", st.message);
+      for (int l = 0; l < LAYERS; l++)
+        cr_expect_eq(len[l], lengths_of[l]);
+      char *all = tkv_export_all(x, export_size(&s, len), why, sizeof why);
+      cr_assert(all, "%s: %s", id, why);
+      rows_are_the_streams(&s, len, all, id);
+      attn_kv_export_close(x);
+      free(all);
+      tkv_stream_free(&s);
+    }
+  attn_kv_close(a);
+  attn_engine_close(e);
+}
+
+/* While an export is open its session takes appends after its rows, and
+ * a delete leaves it the rows: read out whole after both, the session's
+ * pages given back at its close. */
+Test(kv_move, an_export_holds_its_rows, .timeout = 300) {
+  attn_engine *e = topen(2, NULL);
+  attn_kv_store *a = tkv_open_store(e, 64 * MIB, true, NULL);
+  tkv_stream s = tkv_stream_make_dv(4, 2, 64, 64, false, 301, ATTN_F32, 77);
+  fill(a, "x", &s);
+  attn_kv_exporter *x;
+  attn_kv_info info;
+  int64_t len[ATTN_KV_MAX_LAYERS];
+  attn_status st;
+  char why[256];
+  cr_assert_eq(attn_kv_export_open(a, "", "x", 1, &info, len, &x, &st), 0, "%s", st.message);
+  tkv_opts op = tkv_plain;
+  op.layer = 2;
+  cr_expect_leq(tkv_step_error(a, "x", &s, &op, 300, 1, &st), ttol(s.dt), "%s", st.message);
+  cr_assert_eq(attn_kv_delete(a, "", "x", 1, &st), 0, "%s", st.message);
+  cr_expect_eq(attn_kv_get(a, "", "x", 1, &info, NULL, 0, &st), ATTN_ESESSION_NOT_FOUND);
+  char *all = tkv_export_all(x, export_size(&s, len), why, sizeof why);
+  cr_assert(all, "%s", why);
+  rows_are_the_streams(&s, len, all, "deleted under its export");
+  attn_kv_stats ks;
+  attn_kv_stats_get(a, &ks);
+  cr_expect_gt(ks.used_bytes, 0, "the pages went before the export closed");
+  attn_kv_export_close(x);
+  attn_kv_stats_get(a, &ks);
+  cr_expect_eq(ks.used_bytes, 0, "%llu bytes still used", (unsigned long long)ks.used_bytes);
+  cr_expect_eq(ks.reserved_bytes, 0, "%llu bytes still reserved",
+               (unsigned long long)ks.reserved_bytes);
+  free(all);
+  tkv_stream_free(&s);
+  attn_kv_close(a);
+  attn_engine_close(e);
+}
+
+/* An append over rows an export reads (after a truncate). */
+typedef struct over {
+  attn_kv_store *kv;
+  const tkv_stream *s;
+  double err;
+  atomic_bool done;
+} over;
+
+static void *append_over(void *arg) {
+  over *o = arg;
+  tkv_opts op = tkv_plain;
+  op.layer = 2;
+  attn_status st;
+  o->err = tkv_step_error(o->kv, "y", o->s, &op, 10, 1, &st);
+  atomic_store(&o->done, true);
+  return NULL;
+}
+
+/* A truncate under an open export cuts the session, and an append into
+ * the rows cut waits for the export's close: the export reads out the
+ * rows as they were, and the append then lands right. */
+Test(kv_move, an_append_over_exported_rows_waits, .timeout = 300) {
+  attn_engine *e = topen(2, NULL);
+  attn_kv_store *a = tkv_open_store(e, 64 * MIB, true, NULL);
+  tkv_stream s = tkv_stream_make_dv(4, 2, 64, 64, false, 301, ATTN_BF16, 78);
+  fill(a, "y", &s);
+  attn_kv_exporter *x;
+  attn_kv_info info;
+  int64_t len[ATTN_KV_MAX_LAYERS];
+  attn_status st;
+  char why[256];
+  cr_assert_eq(attn_kv_export_open(a, "", "y", 1, &info, len, &x, &st), 0, "%s", st.message);
+  cr_assert_eq(attn_kv_truncate(a, "", "y", 10, 1, &st), 0, "%s", st.message);
+  over o = {a, &s, 0, false};
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, append_over, &o), 0);
+  attn_kv_stats ks = {0};
+  while (ks.waiting == 0) { /* until it is held in the store: the test's timeout bounds this */
+    attn_kv_stats_get(a, &ks);
+    sched_yield();
+  }
+  cr_expect(!atomic_load(&o.done), "the append over exported rows did not wait");
+  char *all = tkv_export_all(x, export_size(&s, len), why, sizeof why);
+  cr_assert(all, "%s", why);
+  rows_are_the_streams(&s, len, all, "truncated under its export");
+  attn_kv_export_close(x);
+  pthread_join(th, NULL);
+  cr_expect_leq(o.err, ttol(s.dt), "the append after the export: error %g", o.err);
+  free(all);
+  tkv_stream_free(&s);
+  attn_kv_close(a);
   attn_engine_close(e);
 }

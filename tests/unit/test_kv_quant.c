@@ -598,3 +598,60 @@ Test(kv_quant, store_export_import_save_load, .timeout = 300) {
   attn_kv_close(c);
   attn_engine_close(e);
 }
+
+/* Layer 0's tensor t of s as an export reads it out, at p (n tokens):
+ * every row's codes, then the scales, each the quantizer's of the row
+ * sent; the bytes it took. */
+static size_t codes_then_scales(const tkv_stream *s, attn_kv_quant q, int t, const char *p,
+                                int64_t n, const char *id) {
+  const int64_t w = t ? s->dv : s->d, rows = s->hkv * n;
+  const size_t es = attn_dtype_size(s->dt);
+  uint8_t codes[ATTN_MAX_HEAD_DIM];
+  for (int64_t r = 0; r < rows; r++) {
+    const int64_t h = r / n, j = r % n;
+    const char *row = (const char *)(t ? s->v : s->k) + (size_t)((h * s->n + j) * w) * es;
+    float sc = attn_kv_quantize_row(q, row, s->dt, w, codes), got;
+    memcpy(&got, p + rows * w + r * 4, 4);
+    cr_expect(!memcmp(p + r * w, codes, (size_t)w), "%s: %c row %lld's codes", id, t ? 'v' : 'k',
+              (long long)r);
+    cr_expect_eq(got, sc, "%s: %c row %lld's scale %g, not %g", id, t ? 'v' : 'k', (long long)r,
+                 got, sc);
+  }
+  return (size_t)(rows * (w + 4));
+}
+
+/* A quantized session's export read out in pieces of any size: each
+ * layer's codes, then their scales, as the quantizer makes them from the
+ * tokens sent. */
+Test(kv_quant, export_read_in_pieces, .timeout = 300) {
+  attn_engine *e = topen(2, NULL);
+  attn_kv_store *a = tkv_open_store(e, 64 * MIB, false, "cpu");
+  for (int q = ATTN_KVQ_F8_E4M3; q <= ATTN_KVQ_I8; q++)
+    for (int k = 0; k < 3; k++) {
+      char id[16], why[256];
+      snprintf(id, sizeof id, "r%d%d", q, k);
+      tkv_stream s = stream_kind(k, ATTN_BF16, (uint64_t)(150 + 3 * q + k));
+      tkv_stream sq = stored_stream(&s, (attn_kv_quant)q);
+      make(a, id, &s, (attn_kv_quant)q);
+      call_error(a, id, &s, &sq, 0, 0, 70, NULL); /* layer 1 stays empty */
+      attn_kv_exporter *x;
+      attn_kv_info info;
+      int64_t len[ATTN_KV_MAX_LAYERS];
+      attn_status st;
+      cr_assert_eq(attn_kv_export_open(a, "", id, 1, &info, len, &x, &st), 0, "%s", st.message);
+      cr_expect(len[0] == 70 && len[1] == 0, "%s: lengths %lld, %lld", id, (long long)len[0],
+                (long long)len[1]);
+      const size_t n = (size_t)(s.hkv * 70) * ((size_t)s.d + 4 + (s.latent ? 0 : (size_t)s.dv + 4));
+      char *all = tkv_export_all(x, n, why, sizeof why);
+      cr_assert(all, "%s: %s", id, why);
+      size_t at = codes_then_scales(&s, (attn_kv_quant)q, 0, all, 70, id);
+      if (!s.latent)
+        codes_then_scales(&s, (attn_kv_quant)q, 1, all + at, 70, id);
+      attn_kv_export_close(x);
+      free(all);
+      tkv_stream_free(&s);
+      tkv_stream_free(&sq);
+    }
+  attn_kv_close(a);
+  attn_engine_close(e);
+}

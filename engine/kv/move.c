@@ -111,7 +111,7 @@ int attn_kv_export_into(attn_kv_store *s, const char *tenant, const char *id, do
               : attn_status_set(st, ATTN_ESESSION_NOT_FOUND,
                                 "no session '%s': it was never made, was deleted, or expired", id);
   if (rc == 0) {
-    attn__kv_info_of(ks, &info);
+    attn__kv_info_of(s, ks, &info);
     for (int64_t l = 0; l < ks->shape.layers; l++)
       lengths[l] = ks->layers[l].length;
     if ((rc = place(&info, lengths, k, v, arg, st)) == 0)

@@ -635,8 +635,8 @@ static void sixteen_forks(size_t pb, bool grow) {
   attn_kv_stats t = stats_of(kv);
   const double ratio = (double)t.reserved_bytes / (double)one;
   /* 16 KiB: 1 + 16/65 whole, 1 + 16/64 grow; 32 KiB: 1 + 16/33, 1 + 16/32 */
-  cr_expect_leq(ratio, pt == 64 ? 1.25 : 1.5, "%zu-byte pages, %s: 16 forks reserve %.3fx one",
-                pb, grow ? "grow" : "whole", ratio);
+  cr_expect_leq(ratio, pt == 64 ? 1.25 : 1.5, "%zu-byte pages, %s: 16 forks reserve %.3fx one", pb,
+                grow ? "grow" : "whole", ratio);
   cr_expect_eq(t.reserved_bytes, one + (uint64_t)(16 * 2 * 8) * pb);
   cr_expect_eq(t.shared_bytes, (uint64_t)(2 * 8 * slots) * pb);
   cr_expect_eq(t.saved_bytes, (uint64_t)(16 * 2 * 8 * slots) * pb);

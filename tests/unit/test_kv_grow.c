@@ -282,7 +282,7 @@ Test(kv_grow, small_pages, .init = setup, .fini = teardown) {
   for (int64_t pos = 65; pos < 200; pos++)
     step_ok(kv, "g", &g, pos, 1);
   cr_expect_eq(info_of(kv, "", "g").reserved_bytes, 8 * pb); /* 4 pages, K and V */
-  step_ok(kv, "g", &g, 200, 56); /* the 4th page full */
+  step_ok(kv, "g", &g, 200, 56);                             /* the 4th page full */
   step_refused(kv, "g", &g, 256, 1);
   cr_assert_eq(attn_kv_truncate(kv, "", "g", 60, 0, &st), 0, "%s", st.message);
   cr_expect_eq(info_of(kv, "", "g").reserved_bytes, 2 * pb);

@@ -626,8 +626,8 @@ Test(kvstore, page_size_refused) {
   attn_kv_store *kv = NULL;
   attn_status st;
   for (int i = 0; i < 4; i++) {
-    cr_expect_eq(attn_kv_open_paged(e, 64 * MIB, bad[i], true, "cpu", &kv, &st), ATTN_EINVAL,
-                 "%zu", bad[i]);
+    cr_expect_eq(attn_kv_open_paged(e, 64 * MIB, bad[i], true, "cpu", &kv, &st), ATTN_EINVAL, "%zu",
+                 bad[i]);
     cr_expect(strstr(st.message, "16K, 32K or 64K"), "%s", st.message);
   }
   cr_assert_eq(attn_kv_open_paged(e, 64 * MIB, 0, true, NULL, &kv, &st), 0, "%s", st.message);

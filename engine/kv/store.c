@@ -211,12 +211,12 @@ static int too_wide(const attn_kv_store *s, const attn_kv_shape *sh, attn_status
                            (long long)attn__kv_pitch(s, sh),
                            sh->kv_quant ? "quantized" : attn_dtype_name(sh->dtype));
   return attn_status_set(st, ATTN_EUNSUPPORTED,
-                         "this server's session pages of %zu bytes hold fewer than %d rows of "
-                         "%lld bytes (%lld %s elements: max(head_dim, head_dim_v)); pages of "
-                         "%zu bytes hold them: start attnd with --session-page-bytes %zuK",
-                         s->pages.page_bytes, ATTN_PAGE_MIN_TOKENS, (long long)row_bytes(s, sh),
-                         (long long)attn__kv_pitch(s, sh),
-                         sh->kv_quant ? "quantized" : attn_dtype_name(sh->dtype), fits, fits >> 10);
+                         "rows of %lld bytes (%lld %s elements, max(head_dim, head_dim_v)) fit "
+                         "fewer than %d to a session page of %zu bytes here: start attnd with "
+                         "--session-page-bytes %zuK or more",
+                         (long long)row_bytes(s, sh), (long long)attn__kv_pitch(s, sh),
+                         sh->kv_quant ? "quantized" : attn_dtype_name(sh->dtype),
+                         ATTN_PAGE_MIN_TOKENS, s->pages.page_bytes, fits >> 10);
 }
 
 /* A probe of a call of this shape, checked as the engine checks it, then

@@ -368,7 +368,14 @@ typedef struct decode {
 
 /* DEC_PAGE: a default session page's tokens of BF16 D 128 (64 KiB); DEC_SMALL_PAGE: a 16 KiB
  * page's (attnd --session-page-bytes 16K) */
-enum { DEC_HQ = 32, DEC_HKV = 8, DEC_D = 128, DEC_KEYS = 32768, DEC_PAGE = 256, DEC_SMALL_PAGE = 64 };
+enum {
+  DEC_HQ = 32,
+  DEC_HKV = 8,
+  DEC_D = 128,
+  DEC_KEYS = 32768,
+  DEC_PAGE = 256,
+  DEC_SMALL_PAGE = 64
+};
 
 /* Element i of a page of kind q (NONE: of dtype dt), a small finite value:
  * codes of values -6/8 .. 6/8 (E4M3: exact), their scales 1. */
@@ -387,8 +394,8 @@ static void page_fill(char *page, size_t bytes, attn_dtype dt, attn_kv_quant q, 
 static int decode_init(decode *dc, attn_dtype dt, attn_kv_quant q, int64_t pt) {
   memset(dc, 0, sizeof *dc);
   const size_t es = attn_dtype_size(dt);
-  const size_t page = q ? attn_kv_quant_scales_at(pt, DEC_D) + 4 * (size_t)pt
-                        : (size_t)pt * DEC_D * es;
+  const size_t page =
+      q ? attn_kv_quant_scales_at(pt, DEC_D) + 4 * (size_t)pt : (size_t)pt * DEC_D * es;
   const int64_t pph = DEC_KEYS / pt, n = DEC_HKV * pph;
   dc->kv_bytes = 2 * (size_t)n * page;
   dc->pool = aligned_alloc(4096, dc->kv_bytes);

@@ -889,6 +889,19 @@ Test(kvfile, across_page_sizes, .init = setup, .fini = teardown, .timeout = 120)
                  i == 1 ? 2 * 2 * 2 * 7 * (16 << 10) : 2 * 2 * 2 * 2 * (64 << 10));
   }
   tkv_stream_free(&s);
+  /* D 576 BF16 rows (1152 bytes) fit 14 to a 16 KiB page: the file is set
+   * aside, the log line naming the page size that takes it */
+  tkv_stream w = tkv_stream_make_dv(4, 1, 576, 512, true, 20, ATTN_BF16, 13);
+  tkv_make(st3[0], "", "mla", &w, 1, 64, 600, 0);
+  attn_status st;
+  cr_expect_lt(tkv_step_error(st3[0], "mla", &w, &tkv_plain, 0, 20, &st), ttol(w.dt));
+  save_ok(st3[0], 1, 2);
+  cr_assert_eq(attn_kv_delete(st3[1], "", "x", 1, &st), 0);
+  logbuf lb = {0};
+  cr_expect_eq(load(st3[1], 1, &lb), 1, "x loads, mla does not");
+  cr_expect(exists("@mla.kv.bad"));
+  cr_expect(lb.n == 1 && strstr(lb.lines[0], "--session-page-bytes 32K"), "%s", lb.lines[0]);
+  tkv_stream_free(&w);
   for (int i = 0; i < 3; i++)
     attn_kv_close(st3[i]);
   attn_engine_close(e);

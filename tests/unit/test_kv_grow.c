@@ -4,8 +4,9 @@
  * is ESESSION_MEMORY with nothing appended (a batch's for every session of
  * it), while whole sessions made before and after keep every page they
  * reserved; truncate and delete give the pages back; the tenant's cap
- * counts them as they are taken; a saved grow session loads as one. Every
- * call's output is checked against the float64 reference.
+ * counts them as they are taken; a saved grow session loads as one; the
+ * same with 16 KiB pages. Every call's output is checked against the
+ * float64 reference.
  */
 #include "helpers.h"
 #include "kvcalls.h"

@@ -5,7 +5,8 @@
  * imported into another; the import's next calls equal the original's bit
  * for bit and the float64 reference, and its export equals the first byte
  * for byte. Then the imports refused: bad rows, bad lengths, the wrong
- * tensors, a name taken, no memory.
+ * tensors, a name taken, no memory. And the same rows across stores of
+ * 64, 16 and 32 KiB pages.
  */
 #include "helpers.h"
 #include "kv/kv_int.h"

@@ -11,7 +11,7 @@
  * float64 reference over those rows, and the dense run bit for bit where
  * both tile the keys alike.
  *
- * The store's quantized sessions: calls against the float64 reference
+ * The store's quantized sessions (16 KiB pages too): calls against the float64 reference
  * over the rows the session stores (a stream quantized and dequantized
  * row by row), a replay, a conflict, a truncate and appends after it,
  * the reservation, export and import, a save and a load.

@@ -4,7 +4,10 @@
  * session should hold (prefill, then token-by-token decode, in every
  * dtype and on every CPU kernel this machine runs), replays bit for bit,
  * conflicts that append nothing, truncation, layers, limits, memory, TTL,
- * tenants, the batch call against single calls, and concurrent calls.
+ * tenants, the batch call against single calls, and concurrent calls;
+ * pages of 16 and 32 KiB (attn_kv_open_paged): decode over 64-token pages
+ * on every kernel, what a session reserves at each size, a bad size, and
+ * a shape too wide for the page refused naming the size that takes it.
  */
 #include "helpers.h"
 #include "kvcalls.h"

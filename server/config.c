@@ -410,7 +410,7 @@ static const attnd__flag flags[] = {
      "source's whole pages and copies the one it appends into, so smaller pages let forks share "
      "more and waste less of a short session's reservation, for a little more work per decode "
      "step; rows too wide for 16 to a page (head_dim 576 BF16 needs 32K) are refused with 422. "
-     "Sessions on a GPU keep 64K pages: attnd with --backend cuda refuses any other",
+     "Sessions on a GPU keep 64K pages: attnd computing on one refuses any other",
      attnd__apply_session_page_bytes},
     {"session-dir", "DIR", "",
      "save sessions to DIR (a writable directory) on a graceful shutdown and load them at "

@@ -230,8 +230,9 @@ int attnd_sessions_open(attnd_server *s) {
   const char *where = strcmp(s->backend, "cuda") ? "cpu" : "auto";
   if (!strcmp(where, "auto") && c->session_page_bytes != ATTN_KV_PAGE_BYTES_MAX) {
     fprintf(stderr,
-            "attnd: --session-page-bytes %lluK: sessions on the GPU (--backend cuda) keep pages of "
-            "%zuK; leave the flag out there, or keep sessions on --backend cpu\n",
+            "attnd: --session-page-bytes %lluK: sessions on the GPU this server computes on "
+            "(--backend cuda, or auto with a GPU) keep pages of %zuK; leave the flag out, or "
+            "serve with --backend cpu\n",
             (unsigned long long)(c->session_page_bytes >> 10), ATTN_KV_PAGE_BYTES_MAX >> 10);
     return -1;
   }

@@ -405,6 +405,13 @@ static const attnd__flag flags[] = {
      "or G, or a percentage of --session-memory; a create past it gets 507; 0 = no cap; auto "
      "= half of --session-memory when there are two keys or more, else no cap",
      attnd__apply_session_memory_per_key},
+    {"session-page-bytes", "BYTES", "64K",
+     "the size of a page of the sessions' host memory: 16K, 32K or 64K. A fork shares its "
+     "source's whole pages and copies the one it appends into, so smaller pages let forks share "
+     "more and waste less of a short session's reservation, for a little more work per decode "
+     "step; rows too wide for 16 to a page (head_dim 576 BF16 needs 32K) are refused with 422. "
+     "Sessions on a GPU keep 64K pages: attnd computing on one refuses any other",
+     attnd__apply_session_page_bytes},
     {"session-dir", "DIR", "",
      "save sessions to DIR (a writable directory) on a graceful shutdown and load them at "
      "start-up; without it, sessions live in memory only",

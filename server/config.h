@@ -56,10 +56,11 @@ typedef struct attnd_config {
   /* Whose X-Forwarded-For names the client (proxy.h); n == 0: nobody's. */
   attnd_proxies trusted_proxies;
   /* Sessions (the KV cache the server holds, /v1/sessions/...). */
-  uint64_t session_memory; /* bytes all sessions may reserve; 0: sessions off */
-  char session_dir[1024];  /* a writable directory sessions are saved to across restarts; "" */
-  bool session_batch;      /* session calls that arrive together may be computed as one batch */
-  double session_ttl_max;  /* seconds: the largest ttl_s a create may ask for */
+  uint64_t session_memory;     /* bytes all sessions may reserve; 0: sessions off */
+  char session_dir[1024];      /* a writable directory sessions are saved to across restarts; "" */
+  uint64_t session_page_bytes; /* a page of the sessions' host memory (attn_kv_open_paged) */
+  bool session_batch;          /* session calls that arrive together may be computed as one batch */
+  double session_ttl_max;      /* seconds: the largest ttl_s a create may ask for */
   /* Bytes one API key's sessions may reserve together; 0: no cap. */
   uint64_t session_memory_per_key;
   int session_per_key_pct; /* as given: -1 auto, 1-100 a percentage, 0 a size (or 0) */

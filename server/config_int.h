@@ -40,6 +40,7 @@ int attnd__cfg_path(char *out, size_t cap, const char *what, const char *v);
 /* The session flags (config_session.c), appliers of the table's rows. */
 int attnd__apply_session_memory(attnd_config *c, const char *what, const char *v);
 int attnd__apply_session_dir(attnd_config *c, const char *what, const char *v);
+int attnd__apply_session_page_bytes(attnd_config *c, const char *what, const char *v);
 int attnd__apply_session_batch(attnd_config *c, const char *what, const char *v);
 int attnd__apply_session_memory_per_key(attnd_config *c, const char *what, const char *v);
 int attnd__apply_session_ttl_max(attnd_config *c, const char *what, const char *v);

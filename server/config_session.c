@@ -1,9 +1,10 @@
 /*
  * config_session.c — attnd's session flags: the memory sessions may
- * reserve (in all and per API key), where they are saved, where they are
+ * reserve (in all and per API key), its page size, where they are saved, where they are
  * handed over at shutdown, batching, and the longest TTL.
  */
 #include "config_int.h"
+#include "kv/kv.h" /* the page sizes a session store takes */
 
 #include <errno.h>
 #include <fcntl.h> /* AT_FDCWD, AT_EACCESS */
@@ -39,6 +40,13 @@ int attnd__apply_session_memory(attnd_config *c, const char *what, const char *v
       what, v,
       "0 (no sessions), auto (a quarter of physical memory) or a size such as 512M or 64G "
       "(at most 1024G)");
+}
+
+int attnd__apply_session_page_bytes(attnd_config *c, const char *what, const char *v) {
+  if (attnd__cfg_size_value(v, &c->session_page_bytes) &&
+      attn_kv_page_bytes_ok(c->session_page_bytes))
+    return 0;
+  return attnd__cfg_bad(what, v, "16K, 32K or 64K (a power of two from 16K to 64K)");
 }
 
 /* Checked now, not at shutdown: a directory that cannot take the sessions

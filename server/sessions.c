@@ -274,9 +274,19 @@ int attnd_sessions_open(attnd_server *s) {
   attn_status st;
   if (c->session_memory == 0)
     return 0;
-  /* on the GPU the server computes on, which holds the pages then */
+  /* on the GPU the server computes on, which holds the pages then, in
+   * pages of the size its kernels find a page's number with */
   const char *where = strcmp(s->backend, "cuda") ? "cpu" : "auto";
-  if (attn_kv_open(s->engine, c->session_memory, c->session_batch, where, &s->kv, &st)) {
+  if (!strcmp(where, "auto") && c->session_page_bytes != ATTN_KV_PAGE_BYTES_MAX) {
+    fprintf(stderr,
+            "attnd: --session-page-bytes %lluK: sessions on the GPU this server computes on "
+            "(--backend cuda, or auto with a GPU) keep pages of %zuK; leave the flag out, or "
+            "serve with --backend cpu\n",
+            (unsigned long long)(c->session_page_bytes >> 10), ATTN_KV_PAGE_BYTES_MAX >> 10);
+    return -1;
+  }
+  if (attn_kv_open_paged(s->engine, c->session_memory, c->session_page_bytes, c->session_batch,
+                         where, &s->kv, &st)) {
     fprintf(stderr, "attnd: cannot open the session store: %s\n", st.message);
     return -1;
   }

@@ -348,9 +348,9 @@ static int room_check(attn_kv_store *s, const kv_pending *p, attn_status *st) {
                          "session memory are free (--session-memory; a session of reserve "
                          "\"whole\" keeps its whole max_tokens'); nothing was appended: delete or "
                          "truncate a session, or retry when one has expired",
-                         (unsigned long long)need * ATTN_KV_PAGE_BYTES,
-                         (unsigned long long)free_pages * ATTN_KV_PAGE_BYTES,
-                         (unsigned long long)s->pages.npages * ATTN_KV_PAGE_BYTES);
+                         (unsigned long long)attn__kvpages_bytes(&s->pages, need),
+                         (unsigned long long)attn__kvpages_bytes(&s->pages, free_pages),
+                         (unsigned long long)attn__kvpages_bytes(&s->pages, s->pages.npages));
 }
 
 /* ---- admitting ------------------------------------------------------------ */

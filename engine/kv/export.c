@@ -70,7 +70,7 @@ int attn_kv_export_open(attn_kv_store *s, const char *tenant, const char *id, do
               : attn_status_set(st, ATTN_ESESSION_NOT_FOUND,
                                 "no session '%s': it was never made, was deleted, or expired", id);
   if (rc == 0) {
-    attn__kv_info_of(ks, info);
+    attn__kv_info_of(s, ks, info);
     start_reading(x, ks);
   }
   pthread_mutex_unlock(&s->mu);

@@ -124,19 +124,19 @@ static int take_pages(attn_kv_store *s, kv_session *ks, const kvf_header *h, boo
     return attn__kv_tenant_refuse(s, h->tenant, need, true, st);
   for (int64_t l = 0; l < ks->shape.layers; l++)
     if (!attn__kv_grow(s, ks, &ks->layers[l], h->length[l]))
-      return attn_status_set(st, ATTN_ESESSION_MEMORY,
-                             "session '%s' (reserve grow) holds tokens of %llu bytes, more than "
-                             "the %llu of the %llu bytes of session memory free",
-                             h->id, (unsigned long long)need * ATTN_KV_PAGE_BYTES,
-                             (unsigned long long)(s->pages.npages - s->pages.reserved) *
-                                 ATTN_KV_PAGE_BYTES,
-                             (unsigned long long)s->pages.npages * ATTN_KV_PAGE_BYTES);
+      return attn_status_set(
+          st, ATTN_ESESSION_MEMORY,
+          "session '%s' (reserve grow) holds tokens of %llu bytes, more than "
+          "the %llu of the %llu bytes of session memory free",
+          h->id, (unsigned long long)attn__kvpages_bytes(&s->pages, need),
+          (unsigned long long)attn__kvpages_bytes(&s->pages, s->pages.npages - s->pages.reserved),
+          (unsigned long long)attn__kvpages_bytes(&s->pages, s->pages.npages));
   return 0;
 }
 
 int attn__kvf_install(attn_kv_store *s, const kvf_header *h, double ttl, double now, bool capped,
                       kvf_fill_fn fill, void *arg, attn_status *st) {
-  const int64_t need = (int64_t)(attn_kv_reserve_bytes(s, &h->shape) / ATTN_KV_PAGE_BYTES);
+  const int64_t need = (int64_t)(attn_kv_reserve_bytes(s, &h->shape) / s->pages.page_bytes);
   kv_session *ks;
   int rc = 0;
   pthread_mutex_lock(&s->mu);

@@ -60,7 +60,7 @@ static int64_t fork_need(const attn_kv_store *s, const kv_session *src, const in
   const int64_t u = src->unit;
   if (src->shape.grow)
     return partial * u;
-  return (int64_t)(attn_kv_reserve_bytes(s, &src->shape) / ATTN_KV_PAGE_BYTES) - full * u;
+  return (int64_t)(attn_kv_reserve_bytes(s, &src->shape) / s->pages.page_bytes) - full * u;
 }
 
 /* The fork's tables: the source's pages of its first n[l] tokens, held

@@ -127,6 +127,23 @@ int attn_kv_id_check(const char *id, size_t len, attn_status *st);
  * then a job of its own). */
 int attn_kv_open(attn_engine *e, uint64_t bytes, bool batch, const char *backend,
                  attn_kv_store **ps, attn_status *st);
+/*
+ * The same with pages of page_bytes (0: ATTN_KV_PAGE_BYTES), a power of
+ * two from ATTN_KV_PAGE_BYTES_MIN to ATTN_KV_PAGE_BYTES_MAX (else EINVAL):
+ * attnd's --session-page-bytes. A page holds one (layer, KV head)'s rows
+ * of K or of V, so smaller pages let forks share more of a history (a
+ * fork copies the partial page it appends into) and waste less of a
+ * short session's reservation, for more pages a call's job walks. A
+ * shape fewer than ATTN_PAGE_MIN_TOKENS of whose rows fit a page is
+ * refused (EUNSUPPORTED, naming the page size that holds it). A device
+ * finds a page's number from its address with ATTN_KV_PAGE_BYTES, so
+ * pages of another size are host memory whatever backend says.
+ */
+#define ATTN_KV_PAGE_BYTES_MIN ((size_t)16 << 10)
+#define ATTN_KV_PAGE_BYTES_MAX ((size_t)64 << 10) /* ATTN_KV_PAGE_BYTES, the default */
+bool attn_kv_page_bytes_ok(uint64_t page_bytes);
+int attn_kv_open_paged(attn_engine *e, uint64_t bytes, size_t page_bytes, bool batch,
+                       const char *backend, attn_kv_store **ps, attn_status *st);
 /* Frees the store; no call may be in flight. */
 void attn_kv_close(attn_kv_store *s);
 

@@ -242,10 +242,10 @@ void attn__kv_qget(const kv_session *ks, const char *page, int64_t i, int64_t n,
 /* Elements from one row of a page to the next: W in host memory, padded
  * on a device. */
 int64_t attn__kv_pitch(const attn_kv_store *s, const attn_kv_shape *sh);
-/* Tokens a page holds for rows of row_bytes: a multiple of
+/* Tokens a page of page_bytes holds for rows of row_bytes: a multiple of
  * ATTN_PAGE_ALIGN_TOKENS where one fits, else of ATTN_PAGE_MIN_TOKENS (0:
  * too wide for a page). */
-int64_t attn__kv_tokens_fit(int64_t row_bytes);
+int64_t attn__kv_tokens_fit(size_t page_bytes, int64_t row_bytes);
 /* Tokens a page holds for this shape (attn__kv_tokens_fit of its rows). */
 int64_t attn__kv_page_tokens(const attn_kv_store *s, const attn_kv_shape *sh);
 /* A shape within the limits a create takes: 0, or EINVAL (EDTYPE) with
@@ -276,7 +276,7 @@ int64_t attn__kv_grow_need(const kv_session *ks, const kv_layer *L, int64_t toke
  * taken) when the pool does not have attn__kv_grow_need of them free. */
 bool attn__kv_grow(attn_kv_store *s, kv_session *ks, kv_layer *L, int64_t tokens);
 /* What ks is now, as attn_kv_get reports it. */
-void attn__kv_info_of(const kv_session *ks, attn_kv_info *info);
+void attn__kv_info_of(const attn_kv_store *s, const kv_session *ks, attn_kv_info *info);
 /* Where row j of KV head hk of L's K (t 0) or V (t 1; a latent session's
  * K) lies (a device address for pages on a device). */
 char *attn__kv_row_at(const kv_session *ks, const kv_layer *L, int t, int64_t hk, int64_t j);

@@ -144,9 +144,10 @@ static int shape_ok(const kvf_header *h, char *why) {
     return why_set(why, "its ttl_s (%g) or the seconds left of it (%g) are out of range", h->ttl_s,
                    h->left_s);
   /* a store of any page size reads a file, but a page holds a multiple of
-   * ATTN_PAGE_MIN_TOKENS rows, at most a host page's (a device pads rows) */
-  const int64_t host =
-      attn__kv_tokens_fit(sh->kv_quant ? attn__kv_width(sh) + (int64_t)sizeof(float)
+   * ATTN_PAGE_MIN_TOKENS rows, at most the largest host page's (a device
+   * pads rows; a store's pages may be smaller: attn_kv_open_paged) */
+  const int64_t host = attn__kv_tokens_fit(
+      ATTN_KV_PAGE_BYTES, sh->kv_quant ? attn__kv_width(sh) + (int64_t)sizeof(float)
                                        : attn__kv_width(sh) * (int64_t)attn_dtype_size(sh->dtype));
   if (h->page_tokens < ATTN_PAGE_MIN_TOKENS || h->page_tokens > host ||
       h->page_tokens % ATTN_PAGE_MIN_TOKENS)
@@ -384,8 +385,8 @@ static int insert_failed(attn_kv_store *s, const kvf_header *h, const attn_statu
                  "it reserves %llu bytes and %llu of the %llu bytes of session memory are "
                  "free: raise --session-memory, then rename the file back to load it",
                  (unsigned long long)attn_kv_reserve_bytes(s, &h->shape),
-                 (unsigned long long)free_pages * ATTN_KV_PAGE_BYTES,
-                 (unsigned long long)s->pages.npages * ATTN_KV_PAGE_BYTES);
+                 (unsigned long long)attn__kvpages_bytes(&s->pages, free_pages),
+                 (unsigned long long)attn__kvpages_bytes(&s->pages, s->pages.npages));
 }
 
 /* The session of c->h into the store: 1 loaded, 0 left (the store has one

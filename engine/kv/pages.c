@@ -27,7 +27,7 @@ static int free_list(attn_kvpages *p, int64_t n) {
 
 static int open_on_device(attn_kvpages *p, int64_t n, attn_engine *e, attn_status *st) {
   void *base = NULL;
-  int rc = attn__engine_pages_open(e, (uint64_t)n * ATTN_KV_PAGE_BYTES, &p->dev, &base, st);
+  int rc = attn__engine_pages_open(e, attn__kvpages_bytes(p, n), &p->dev, &base, st);
   if (rc)
     return rc;
   if (free_list(p, n) < 0) {
@@ -39,24 +39,25 @@ static int open_on_device(attn_kvpages *p, int64_t n, attn_engine *e, attn_statu
   return 0;
 }
 
-int attn__kvpages_open(attn_kvpages *p, uint64_t bytes, attn_engine *dev, attn_status *st) {
-  *p = (attn_kvpages){0};
-  int64_t n = (int64_t)(bytes / ATTN_KV_PAGE_BYTES);
+int attn__kvpages_open(attn_kvpages *p, uint64_t bytes, size_t page_bytes, attn_engine *dev,
+                       attn_status *st) {
+  *p = (attn_kvpages){.page_bytes = page_bytes};
+  int64_t n = (int64_t)(bytes / page_bytes);
   if (n > INT32_MAX)
     return attn_status_set(st, ATTN_EINVAL,
                            "session memory of %llu bytes is more than this server can page "
                            "(at most %lld pages of %zu bytes)",
-                           (unsigned long long)bytes, (long long)INT32_MAX, ATTN_KV_PAGE_BYTES);
+                           (unsigned long long)bytes, (long long)INT32_MAX, page_bytes);
   if (n == 0)
     return 0;
   if (dev)
     return open_on_device(p, n, dev, st);
-  void *m = mmap(NULL, (size_t)n * ATTN_KV_PAGE_BYTES, PROT_READ | PROT_WRITE,
+  void *m = mmap(NULL, (size_t)attn__kvpages_bytes(p, n), PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (m == MAP_FAILED || free_list(p, n) < 0) {
     if (m != MAP_FAILED)
-      munmap(m, (size_t)n * ATTN_KV_PAGE_BYTES);
-    *p = (attn_kvpages){0};
+      munmap(m, (size_t)attn__kvpages_bytes(p, n));
+    *p = (attn_kvpages){.page_bytes = page_bytes};
     return attn_status_set(st, ATTN_ENOMEM, "cannot map %llu bytes of session memory",
                            (unsigned long long)bytes);
   }
@@ -68,11 +69,12 @@ void attn__kvpages_close(attn_kvpages *p) {
   if (p->base && p->dev)
     p->dev->ops.pages_close(p->dev->state, p->base);
   else if (p->base)
-    munmap(p->base, (size_t)p->npages * ATTN_KV_PAGE_BYTES);
+    munmap(p->base, (size_t)attn__kvpages_bytes(p, p->npages));
   free(p->free);
   free(p->freed);
   free(p->refs);
-  *p = (attn_kvpages){0};
+  const size_t page_bytes = p->page_bytes;
+  *p = (attn_kvpages){.page_bytes = page_bytes};
 }
 
 int attn__kvpages_copy(const attn_kvpages *p, void *dst, size_t dpitch, const void *src,
@@ -104,11 +106,11 @@ void *attn__kvpages_take(attn_kvpages *p) {
   if (p->nclean > p->nfree)
     p->nclean = p->nfree;
   p->refs[n] = 1;
-  return p->base + (size_t)n * ATTN_KV_PAGE_BYTES;
+  return p->base + (size_t)n * p->page_bytes;
 }
 
 static int32_t page_number(const attn_kvpages *p, const void *page) {
-  return (int32_t)(((const char *)page - p->base) / (ptrdiff_t)ATTN_KV_PAGE_BYTES);
+  return (int32_t)(((const char *)page - p->base) / (ptrdiff_t)p->page_bytes);
 }
 
 void attn__kvpages_give(attn_kvpages *p, void *page) {
@@ -151,9 +153,9 @@ void attn__kvpages_trim(attn_kvpages *p, double now) {
       j++;
     /* cannot fail on a private anonymous mapping of ours; were it to, the
      * pages would only stay resident */
-    madvise(p->base + (size_t)p->free[i] * ATTN_KV_PAGE_BYTES, (size_t)(j - i) * ATTN_KV_PAGE_BYTES,
+    madvise(p->base + (size_t)p->free[i] * p->page_bytes, (size_t)attn__kvpages_bytes(p, j - i),
             MADV_DONTNEED);
-    p->returned += (uint64_t)(j - i) * ATTN_KV_PAGE_BYTES;
+    p->returned += attn__kvpages_bytes(p, j - i);
   }
   p->nclean = end;
 }

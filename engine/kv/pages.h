@@ -20,6 +20,9 @@
 
 typedef struct attn_kvpages {
   char *base;
+  /* bytes of a page: ATTN_KV_PAGE_BYTES, or less for host pages
+   * (attn_kv_open_paged); kept when the pool is closed or has no pages */
+  size_t page_bytes;
   int64_t npages, nfree, reserved;
   int32_t *free;     /* a stack of free page numbers */
   double *freed;     /* [npages]: the clock when each entry of free was pushed */
@@ -34,10 +37,17 @@ typedef struct attn_kvpages {
   int64_t extra;   /* holds past each page's first: pages sharing saves */
 } attn_kvpages;
 
-/* A pool of bytes / ATTN_KV_PAGE_BYTES pages (0 pages: sessions are off),
- * in host memory, or (dev not NULL) in device memory that dev lends: then
- * EUNSUPPORTED when it lends none, or its error. */
-int attn__kvpages_open(attn_kvpages *p, uint64_t bytes, attn_engine *dev, attn_status *st);
+/* A pool of bytes / page_bytes pages (0 pages: sessions are off), in
+ * host memory, or (dev not NULL) in device memory that dev lends: then
+ * EUNSUPPORTED when it lends none, or its error. A device finds a page's
+ * number from its address with ATTN_KV_PAGE_BYTES: its pages are of that
+ * size (the caller's to hold to). */
+int attn__kvpages_open(attn_kvpages *p, uint64_t bytes, size_t page_bytes, attn_engine *dev,
+                       attn_status *st);
+/* Bytes of n pages of the pool. */
+static inline uint64_t attn__kvpages_bytes(const attn_kvpages *p, int64_t n) {
+  return (uint64_t)n * p->page_bytes;
+}
 /* rows rows of width bytes between host memory and the pool (either side),
  * pitches the bytes between rows: memcpy for host pages. */
 int attn__kvpages_copy(const attn_kvpages *p, void *dst, size_t dpitch, const void *src,

@@ -72,15 +72,15 @@ int attn__kv_tenant_refuse(attn_kv_store *s, const char *tenant, int64_t need, b
       "%s %llu bytes, and this API key's sessions reserve %llu of the %llu bytes one key may "
       "(--session-memory-per-key); delete or truncate one of them, or ask fewer %s",
       append ? "these tokens take pages of" : "this session reserves",
-      (unsigned long long)need * ATTN_KV_PAGE_BYTES,
-      (unsigned long long)attn__kv_tenant_pages(s, tenant) * ATTN_KV_PAGE_BYTES,
-      (unsigned long long)s->tenant_cap * ATTN_KV_PAGE_BYTES,
+      (unsigned long long)attn__kvpages_bytes(&s->pages, need),
+      (unsigned long long)attn__kvpages_bytes(&s->pages, attn__kv_tenant_pages(s, tenant)),
+      (unsigned long long)attn__kvpages_bytes(&s->pages, s->tenant_cap),
       append ? "tokens; nothing was appended" : "max_tokens");
 }
 
 void attn_kv_set_tenant_cap(attn_kv_store *s, uint64_t bytes) {
   pthread_mutex_lock(&s->mu);
-  s->tenant_cap = (int64_t)(bytes / ATTN_KV_PAGE_BYTES);
+  s->tenant_cap = (int64_t)(bytes / s->pages.page_bytes);
   /* 0 pages is "no cap": a cap below a page (which refuses every create
    * anyway) stays a cap */
   if (bytes > 0 && s->tenant_cap == 0)
@@ -90,7 +90,7 @@ void attn_kv_set_tenant_cap(attn_kv_store *s, uint64_t bytes) {
 
 uint64_t attn_kv_tenant_reserved(attn_kv_store *s, const char *tenant) {
   pthread_mutex_lock(&s->mu);
-  uint64_t used = (uint64_t)attn__kv_tenant_pages(s, tenant) * ATTN_KV_PAGE_BYTES;
+  uint64_t used = attn__kvpages_bytes(&s->pages, attn__kv_tenant_pages(s, tenant));
   pthread_mutex_unlock(&s->mu);
   return used;
 }

@@ -11,28 +11,47 @@
 #include <string.h>
 
 /* The pages on a device when one lends them, else in host memory; a
- * device that could but refused (too little memory) is said on stderr. */
-static int open_pages(attn_kv_store *s, attn_engine *e, uint64_t bytes, const char *backend,
-                      attn_status *st) {
-  if (e && (!backend || !strcmp(backend, "auto"))) {
+ * device that could but refused (too little memory) is said on stderr.
+ * A device finds a page's number from its address with
+ * ATTN_KV_PAGE_BYTES: smaller pages stay in host memory. */
+static int open_pages(attn_kv_store *s, attn_engine *e, uint64_t bytes, size_t page_bytes,
+                      const char *backend, attn_status *st) {
+  const bool any = !backend || !strcmp(backend, "auto");
+  if (e && any && page_bytes == ATTN_KV_PAGE_BYTES) {
     attn_status why = {0};
-    int rc = attn__kvpages_open(&s->pages, bytes, e, &why);
+    int rc = attn__kvpages_open(&s->pages, bytes, page_bytes, e, &why);
     if (rc == 0)
       return 0;
     if (rc != ATTN_EUNSUPPORTED)
       fprintf(stderr, "attn: session pages stay in host memory: %s\n", why.message);
-  } else if (backend && strcmp(backend, "auto") && strcmp(backend, "cpu")) {
+  } else if (!any && strcmp(backend, "cpu")) {
     return attn_status_set(st, ATTN_EINVAL, "a session store is on auto or cpu, not %s", backend);
   }
-  return attn__kvpages_open(&s->pages, bytes, NULL, st);
+  return attn__kvpages_open(&s->pages, bytes, page_bytes, NULL, st);
+}
+
+_Static_assert(ATTN_KV_PAGE_BYTES_MAX == ATTN_KV_PAGE_BYTES, "kv.h's largest page is the pool's");
+
+bool attn_kv_page_bytes_ok(uint64_t b) {
+  return b >= ATTN_KV_PAGE_BYTES_MIN && b <= ATTN_KV_PAGE_BYTES && (b & (b - 1)) == 0;
 }
 
 int attn_kv_open(attn_engine *e, uint64_t bytes, bool batch, const char *backend,
                  attn_kv_store **ps, attn_status *st) {
+  return attn_kv_open_paged(e, bytes, 0, batch, backend, ps, st);
+}
+
+int attn_kv_open_paged(attn_engine *e, uint64_t bytes, size_t page_bytes, bool batch,
+                       const char *backend, attn_kv_store **ps, attn_status *st) {
+  page_bytes = page_bytes ? page_bytes : ATTN_KV_PAGE_BYTES;
+  if (!attn_kv_page_bytes_ok(page_bytes))
+    return attn_status_set(
+        st, ATTN_EINVAL, "a session page is %zu, %zu or %zu bytes (16K, 32K or 64K), not %zu",
+        ATTN_KV_PAGE_BYTES_MIN, ATTN_KV_PAGE_BYTES_MIN * 2, ATTN_KV_PAGE_BYTES, page_bytes);
   attn_kv_store *s = calloc(1, sizeof *s);
   if (!s)
     return attn_status_set(st, ATTN_ENOMEM, "out of memory opening the session store");
-  int rc = open_pages(s, e, bytes, backend, st);
+  int rc = open_pages(s, e, bytes, page_bytes, backend, st);
   if (rc) {
     free(s);
     return rc;
@@ -95,23 +114,33 @@ int64_t attn__kv_pitch(const attn_kv_store *s, const attn_kv_shape *sh) {
   return s->pages.dev ? (w + KV_DEVICE_ALIGN - 1) / KV_DEVICE_ALIGN * KV_DEVICE_ALIGN : w;
 }
 
-int64_t attn__kv_tokens_fit(int64_t row_bytes) {
-  const int64_t n = (int64_t)ATTN_KV_PAGE_BYTES / row_bytes;
+int64_t attn__kv_tokens_fit(size_t page_bytes, int64_t row_bytes) {
+  const int64_t n = (int64_t)page_bytes / row_bytes;
   const int64_t step = n >= ATTN_PAGE_ALIGN_TOKENS ? ATTN_PAGE_ALIGN_TOKENS : ATTN_PAGE_MIN_TOKENS;
   return n / step * step;
+}
+
+/* Bytes of one of a shape's rows in a page: a quantized row's codes and
+ * scale, else W elements of its dtype (padded on a device). */
+static int64_t row_bytes(const attn_kv_store *s, const attn_kv_shape *sh) {
+  const int64_t w = attn__kv_pitch(s, sh);
+  return sh->kv_quant ? w + (int64_t)sizeof(float) : w * (int64_t)attn_dtype_size(sh->dtype);
 }
 
 /* A quantized page's rows take a byte an element and their scales after
  * them (engine.h, attn_kv_quant_scales_at): the tokens that fit rows of
  * W + 4 bytes, fewer while the scales' alignment would pass the page. */
-int64_t attn__kv_page_tokens(const attn_kv_store *s, const attn_kv_shape *sh) {
-  const int64_t w = attn__kv_pitch(s, sh);
-  if (!sh->kv_quant)
-    return attn__kv_tokens_fit(w * (int64_t)attn_dtype_size(sh->dtype));
-  int64_t pt = attn__kv_tokens_fit(w + (int64_t)sizeof(float));
-  while (pt > 0 && attn_kv_quant_scales_at(pt, w) + (size_t)pt * sizeof(float) > ATTN_KV_PAGE_BYTES)
+static int64_t page_tokens_at(const attn_kv_store *s, const attn_kv_shape *sh, size_t page_bytes) {
+  int64_t pt = attn__kv_tokens_fit(page_bytes, row_bytes(s, sh));
+  while (sh->kv_quant && pt > 0 &&
+         attn_kv_quant_scales_at(pt, attn__kv_pitch(s, sh)) + (size_t)pt * sizeof(float) >
+             page_bytes)
     pt -= ATTN_PAGE_MIN_TOKENS;
   return pt;
+}
+
+int64_t attn__kv_page_tokens(const attn_kv_store *s, const attn_kv_shape *sh) {
+  return page_tokens_at(s, sh, s->pages.page_bytes);
 }
 
 static int64_t pages_per_head(const attn_kv_store *s, const attn_kv_shape *sh) {
@@ -125,7 +154,7 @@ static int64_t reserve_pages(const attn_kv_store *s, const attn_kv_shape *sh) {
 }
 
 uint64_t attn_kv_reserve_bytes(const attn_kv_store *s, const attn_kv_shape *sh) {
-  return (uint64_t)reserve_pages(s, sh) * ATTN_KV_PAGE_BYTES;
+  return attn__kvpages_bytes(&s->pages, reserve_pages(s, sh));
 }
 
 /* head_dim_v (v as wide as k, head_dim_v 0, has that width for Dv's
@@ -167,6 +196,29 @@ int attn__kv_shape_check(const attn_kv_shape *sh, attn_status *st) {
   return 0;
 }
 
+/* A shape whose rows fit no page of this store's size: refused, naming
+ * the smallest page size that holds it, if any does. */
+static int too_wide(const attn_kv_store *s, const attn_kv_shape *sh, attn_status *st) {
+  size_t fits = s->pages.page_bytes * 2;
+  while (fits <= ATTN_KV_PAGE_BYTES && page_tokens_at(s, sh, fits) == 0)
+    fits *= 2;
+  if (fits > ATTN_KV_PAGE_BYTES)
+    return attn_status_set(st, ATTN_EUNSUPPORTED,
+                           "a session page of %zu bytes holds fewer than %d rows of %lld bytes "
+                           "(%lld %s elements: max(head_dim, head_dim_v), as this store pads "
+                           "them): too wide for a session",
+                           s->pages.page_bytes, ATTN_PAGE_MIN_TOKENS, (long long)row_bytes(s, sh),
+                           (long long)attn__kv_pitch(s, sh),
+                           sh->kv_quant ? "quantized" : attn_dtype_name(sh->dtype));
+  return attn_status_set(st, ATTN_EUNSUPPORTED,
+                         "rows of %lld bytes (%lld %s elements, max(head_dim, head_dim_v)) fit "
+                         "fewer than %d to a session page of %zu bytes here: start attnd with "
+                         "--session-page-bytes %zuK or more",
+                         (long long)row_bytes(s, sh), (long long)attn__kv_pitch(s, sh),
+                         sh->kv_quant ? "quantized" : attn_dtype_name(sh->dtype),
+                         ATTN_PAGE_MIN_TOKENS, s->pages.page_bytes, fits >> 10);
+}
+
 /* A probe of a call of this shape, checked as the engine checks it, then
  * put to the backend that computes the store's calls as the job dv.c
  * makes of it (head dim W, the pages passed through): that backend must
@@ -174,12 +226,7 @@ int attn__kv_shape_check(const attn_kv_shape *sh, attn_status *st) {
  * fails. A device's kernels reach a smaller head dim than the cpu's. */
 int attn__kv_computable(attn_kv_store *s, const attn_kv_shape *sh, attn_status *st) {
   if (attn__kv_page_tokens(s, sh) == 0)
-    return attn_status_set(st, ATTN_EUNSUPPORTED,
-                           "a session page of %zu bytes holds fewer than %d rows of %lld %s "
-                           "elements (max(head_dim, head_dim_v), as this store pads them): "
-                           "too wide for a session",
-                           ATTN_KV_PAGE_BYTES, ATTN_PAGE_MIN_TOKENS,
-                           (long long)attn__kv_pitch(s, sh), attn_dtype_name(sh->dtype));
+    return too_wide(s, sh, st);
   if (sh->kv_quant && s->pages.dev)
     return attn_status_set(st, ATTN_EUNSUPPORTED,
                            "this server keeps sessions on %s, whose kernels read no quantized "
@@ -304,13 +351,14 @@ kv_session *attn__kv_insert_need(attn_kv_store *s, const char *tenant, const cha
   /* sessions past their TTL that no sweep has dropped yet give way first */
   if (!attn__kvpages_reserve(&s->pages, need) &&
       (expire_locked(s, now) == 0 || !attn__kvpages_reserve(&s->pages, need))) {
-    attn_status_set(st, ATTN_ESESSION_MEMORY,
-                    "this session reserves %llu bytes, and %llu of the %llu bytes of session "
-                    "memory are free (--session-memory); delete a session, ask fewer "
-                    "max_tokens, or retry when one has expired",
-                    (unsigned long long)need * ATTN_KV_PAGE_BYTES,
-                    (unsigned long long)(s->pages.npages - s->pages.reserved) * ATTN_KV_PAGE_BYTES,
-                    (unsigned long long)s->pages.npages * ATTN_KV_PAGE_BYTES);
+    attn_status_set(
+        st, ATTN_ESESSION_MEMORY,
+        "this session reserves %llu bytes, and %llu of the %llu bytes of session "
+        "memory are free (--session-memory); delete a session, ask fewer "
+        "max_tokens, or retry when one has expired",
+        (unsigned long long)attn__kvpages_bytes(&s->pages, need),
+        (unsigned long long)attn__kvpages_bytes(&s->pages, s->pages.npages - s->pages.reserved),
+        (unsigned long long)attn__kvpages_bytes(&s->pages, s->pages.npages));
     return NULL;
   }
   /* counted before the session exists, so that session_free takes it back */
@@ -412,13 +460,13 @@ static int not_found(const char *id, attn_status *st) {
                          id);
 }
 
-void attn__kv_info_of(const kv_session *ks, attn_kv_info *info) {
+void attn__kv_info_of(const attn_kv_store *s, const kv_session *ks, attn_kv_info *info) {
   snprintf(info->tenant, sizeof info->tenant, "%s", ks->tenant);
   snprintf(info->id, sizeof info->id, "%s", ks->id);
   info->shape = ks->shape;
   info->ttl_s = ks->ttl_s;
   info->expires = ks->expires;
-  info->reserved_bytes = (uint64_t)ks->reserved_pages * ATTN_KV_PAGE_BYTES;
+  info->reserved_bytes = attn__kvpages_bytes(&s->pages, ks->reserved_pages);
   info->shared_bytes = 0;
   info->tokens = 0;
   int64_t pages = 0; /* per KV head and tensor */
@@ -426,13 +474,13 @@ void attn__kv_info_of(const kv_session *ks, attn_kv_info *info) {
     info->tokens += ks->layers[l].length;
     pages += (ks->layers[l].length + ks->page_tokens - 1) / ks->page_tokens;
   }
-  info->used_bytes = (uint64_t)(pages * ks->unit) * ATTN_KV_PAGE_BYTES;
+  info->used_bytes = attn__kvpages_bytes(&s->pages, pages * ks->unit);
 }
 
 /* attn__kv_info_of with what the pool knows: the pages others hold too. */
 static void describe(const attn_kv_store *s, const kv_session *ks, attn_kv_info *info) {
-  attn__kv_info_of(ks, info);
-  info->shared_bytes = (uint64_t)attn__kv_shared_pages(&s->pages, ks) * ATTN_KV_PAGE_BYTES;
+  attn__kv_info_of(s, ks, info);
+  info->shared_bytes = attn__kvpages_bytes(&s->pages, attn__kv_shared_pages(&s->pages, ks));
 }
 
 int attn_kv_get(attn_kv_store *s, const char *tenant, const char *id, double now,
@@ -513,10 +561,10 @@ static int cut_check(attn_kv_store *s, kv_session *ks, int64_t length, attn_stat
       "cutting session '%s' below pages it shares with its forks makes it or a fork reserve %llu "
       "more bytes (pages each may then have to copy), and %s %llu bytes; nothing was cut: delete "
       "a session, or cut less",
-      ks->id, (unsigned long long)need * ATTN_KV_PAGE_BYTES,
+      ks->id, (unsigned long long)attn__kvpages_bytes(&s->pages, need),
       capped ? "this API key's sessions may reserve (--session-memory-per-key) another"
              : "the session memory (--session-memory) has",
-      (unsigned long long)room * ATTN_KV_PAGE_BYTES);
+      (unsigned long long)attn__kvpages_bytes(&s->pages, room));
 }
 
 int attn_kv_truncate(attn_kv_store *s, const char *tenant, const char *id, int64_t length,
@@ -573,25 +621,25 @@ void attn_kv_stats_get(attn_kv_store *s, attn_kv_stats *out) {
   pthread_mutex_lock(&s->mu);
   *out = s->stats;
   out->sessions = s->nsessions;
-  out->page_bytes = (int64_t)ATTN_KV_PAGE_BYTES;
+  out->page_bytes = (int64_t)s->pages.page_bytes;
   out->where = s->pages.dev ? s->pages.dev->ops.name : "host";
-  out->pool_bytes = (uint64_t)s->pages.npages * ATTN_KV_PAGE_BYTES;
-  out->reserved_bytes = (uint64_t)s->pages.reserved * ATTN_KV_PAGE_BYTES;
-  out->used_bytes = (uint64_t)(s->pages.npages - s->pages.nfree) * ATTN_KV_PAGE_BYTES;
+  out->pool_bytes = attn__kvpages_bytes(&s->pages, s->pages.npages);
+  out->reserved_bytes = attn__kvpages_bytes(&s->pages, s->pages.reserved);
+  out->used_bytes = attn__kvpages_bytes(&s->pages, s->pages.npages - s->pages.nfree);
   out->waiting = 0;
   for (const kv_pending *p = s->pending; p; p = p->next)
     out->waiting++;
   for (const kv_pending *p = s->parked; p; p = p->next)
     out->waiting++;
-  out->tenant_cap_bytes = (uint64_t)s->tenant_cap * ATTN_KV_PAGE_BYTES;
+  out->tenant_cap_bytes = attn__kvpages_bytes(&s->pages, s->tenant_cap);
   out->quantized_bytes = 0;
   for (int b = 0; b < KV_BUCKETS; b++)
     for (const kv_session *ks = s->buckets[b]; ks; ks = ks->next)
       if (ks->shape.kv_quant)
-        out->quantized_bytes += (uint64_t)ks->reserved_pages * ATTN_KV_PAGE_BYTES;
+        out->quantized_bytes += attn__kvpages_bytes(&s->pages, ks->reserved_pages);
   out->returned_bytes = s->pages.returned;
-  out->shared_bytes = (uint64_t)s->pages.nshared * ATTN_KV_PAGE_BYTES;
-  out->saved_bytes = (uint64_t)s->pages.extra * ATTN_KV_PAGE_BYTES;
+  out->shared_bytes = attn__kvpages_bytes(&s->pages, s->pages.nshared);
+  out->saved_bytes = attn__kvpages_bytes(&s->pages, s->pages.extra);
   pthread_mutex_unlock(&s->mu);
 }
 

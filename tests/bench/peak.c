@@ -40,7 +40,12 @@
  *                      per second and vs_bf16, their ratio to the BF16
  *                      pages' steps per second (quantized sessions aim at
  *                      1.7 or more: half the bytes of BF16 read at near
- *                      the same rate).
+ *                      the same rate);
+ *   paged_decode_BF16_pages64  the BF16 step over pages of 64 tokens (16
+ *                      KiB: attnd --session-page-bytes 16K) and over 256
+ *                      (the default 64 KiB), measured in turns, and
+ *                      vs_pages256, the ratio of their steps per second:
+ *                      what small pages cost a decode step.
  */
 #include "engine.h"
 #include "pool.h"
@@ -361,28 +366,37 @@ typedef struct decode {
   size_t kv_bytes;
 } decode;
 
-enum { DEC_HQ = 32, DEC_HKV = 8, DEC_D = 128, DEC_KEYS = 32768, DEC_PAGE = 256 };
+/* DEC_PAGE: a default session page's tokens of BF16 D 128 (64 KiB); DEC_SMALL_PAGE: a 16 KiB
+ * page's (attnd --session-page-bytes 16K) */
+enum {
+  DEC_HQ = 32,
+  DEC_HKV = 8,
+  DEC_D = 128,
+  DEC_KEYS = 32768,
+  DEC_PAGE = 256,
+  DEC_SMALL_PAGE = 64
+};
 
 /* Element i of a page of kind q (NONE: of dtype dt), a small finite value:
  * codes of values -6/8 .. 6/8 (E4M3: exact), their scales 1. */
-static void page_fill(char *page, size_t bytes, attn_dtype dt, attn_kv_quant q) {
-  const size_t at = attn_kv_quant_scales_at(DEC_PAGE, DEC_D);
+static void page_fill(char *page, size_t bytes, attn_dtype dt, attn_kv_quant q, int64_t pt) {
+  const size_t at = attn_kv_quant_scales_at(pt, DEC_D);
   for (size_t i = 0; !q && i < bytes / attn_dtype_size(dt); i++)
     attn_store_elem(page, dt, i, (float)((int)(i % 13) - 6) / 8.0f);
   for (size_t i = 0; q && i < at; i++) {
     const float x = (float)((int)(i % 13) - 6) / 8.0f;
     page[i] = (char)(q == ATTN_KVQ_I8 ? attn_f32_to_i8(x * 8) : attn_f32_to_e4m3(x));
   }
-  for (size_t i = 0; q && i < DEC_PAGE; i++)
+  for (size_t i = 0; q && i < (size_t)pt; i++)
     ((float *)(page + at))[i] = q == ATTN_KVQ_I8 ? 0.125f : 1.0f;
 }
 
-static int decode_init(decode *dc, attn_dtype dt, attn_kv_quant q) {
+static int decode_init(decode *dc, attn_dtype dt, attn_kv_quant q, int64_t pt) {
   memset(dc, 0, sizeof *dc);
   const size_t es = attn_dtype_size(dt);
-  const size_t page = q ? attn_kv_quant_scales_at(DEC_PAGE, DEC_D) + 4 * (size_t)DEC_PAGE
-                        : (size_t)DEC_PAGE * DEC_D * es;
-  const int64_t pph = DEC_KEYS / DEC_PAGE, n = DEC_HKV * pph;
+  const size_t page =
+      q ? attn_kv_quant_scales_at(pt, DEC_D) + 4 * (size_t)pt : (size_t)pt * DEC_D * es;
+  const int64_t pph = DEC_KEYS / pt, n = DEC_HKV * pph;
   dc->kv_bytes = 2 * (size_t)n * page;
   dc->pool = aligned_alloc(4096, dc->kv_bytes);
   dc->kp = calloc((size_t)n, sizeof *dc->kp);
@@ -392,7 +406,7 @@ static int decode_init(decode *dc, attn_dtype dt, attn_kv_quant q) {
   if (!dc->pool || !dc->kp || !dc->vp || !dc->q || !dc->o)
     return -1;
   for (int64_t i = 0; i < 2 * n; i++) /* small finite values */
-    page_fill(dc->pool + (size_t)i * page, page, dt, q);
+    page_fill(dc->pool + (size_t)i * page, page, dt, q, pt);
   for (size_t i = 0; i < DEC_HQ * DEC_D; i++)
     attn_store_elem(dc->q, dt, i, (float)((int)(i % 7) - 3) / 4.0f);
   int64_t *order = malloc((size_t)(2 * n) * sizeof *order);
@@ -416,7 +430,7 @@ static int decode_init(decode *dc, attn_dtype dt, attn_kv_quant q) {
   r->batch = 1, r->heads_q = DEC_HQ, r->heads_kv = DEC_HKV, r->seq_q = 1, r->seq_kv = DEC_KEYS;
   r->head_dim = DEC_D, r->dtype = dt, r->causal = true, r->backend = "cpu";
   r->q = dc->q, r->o = dc->o, r->k_pages = dc->kp, r->v_pages = dc->vp;
-  r->page_tokens = DEC_PAGE, r->pages_per_head = pph;
+  r->page_tokens = pt, r->pages_per_head = pph;
   r->kv_absmax[0] = r->kv_absmax[1] = 0.75f;
   r->kv_quant = q;
   return 0;
@@ -432,11 +446,11 @@ static void decode_free(decode *dc) {
 
 /* GB/s of K and V read by one paged decode step, the best of 10, and its
  * steps per second into *steps; -1 on error. */
-static double paged_decode(attn_engine *e, attn_dtype dt, attn_kv_quant q, double *steps,
-                           attn_status *st) {
+static double paged_decode(attn_engine *e, attn_dtype dt, attn_kv_quant q, int64_t pt,
+                           double *steps, attn_status *st) {
   decode dc;
   double best = -1;
-  if (decode_init(&dc, dt, q) < 0) {
+  if (decode_init(&dc, dt, q, pt) < 0) {
     attn_status_set(st, ATTN_ENOMEM, "out of memory");
   } else {
     for (int rep = 0; rep < 10; rep++) {
@@ -460,7 +474,7 @@ static void print_quantized(attn_engine *e, double stream, double bf16_steps) {
   static const attn_kv_quant qs[] = {ATTN_KVQ_F8_E4M3, ATTN_KVQ_I8};
   attn_status st = {0};
   for (int i = 0; i < 2; i++) {
-    double steps = 0, g = paged_decode(e, ATTN_BF16, qs[i], &steps, &st);
+    double steps = 0, g = paged_decode(e, ATTN_BF16, qs[i], DEC_PAGE, &steps, &st);
     if (g < 0)
       printf(", \"paged_decode_BF16_%s\": {\"skipped\": \"%s\"}", attn_kv_quant_name(qs[i]),
              st.message);
@@ -471,6 +485,28 @@ static void print_quantized(attn_engine *e, double stream, double bf16_steps) {
              bf16_steps > 0 ? steps / bf16_steps : 0.0);
     fflush(stdout);
   }
+}
+
+/* The BF16 step over pages of 64 tokens (16 KiB) against 256 (64 KiB),
+ * measured in turns (3 of each, the best of 10 steps each) so that what
+ * else the machine runs meanwhile weighs on both alike. */
+static void print_small_pages(attn_engine *e) {
+  attn_status st = {0};
+  double best[2] = {0, 0}, g[2] = {0, 0};
+  for (int turn = 0; turn < 6; turn++) {
+    double steps = 0, x = paged_decode(e, ATTN_BF16, ATTN_KVQ_NONE,
+                                       turn % 2 ? DEC_SMALL_PAGE : DEC_PAGE, &steps, &st);
+    if (x < 0) {
+      printf(", \"paged_decode_BF16_pages64\": {\"skipped\": \"%s\"}", st.message);
+      return;
+    }
+    if (steps > best[turn % 2])
+      best[turn % 2] = steps, g[turn % 2] = x;
+  }
+  printf(", \"paged_decode_BF16_pages64\": {\"gbps\": %.1f, \"steps_per_s\": %.1f, "
+         "\"pages256_steps_per_s\": %.1f, \"vs_pages256\": %.3f}",
+         g[1], best[1], best[0], best[1] / best[0]);
+  fflush(stdout);
 }
 
 static void print_bandwidth(int threads) {
@@ -496,7 +532,7 @@ static void print_bandwidth(int threads) {
   static const attn_dtype dts[] = {ATTN_BF16, ATTN_F16, ATTN_F32};
   double bf16_steps = 0, steps = 0;
   for (int i = 0; i < 3; i++) {
-    double g = paged_decode(e, dts[i], ATTN_KVQ_NONE, &steps, &st);
+    double g = paged_decode(e, dts[i], ATTN_KVQ_NONE, DEC_PAGE, &steps, &st);
     if (g < 0)
       printf(", \"paged_decode_%s\": {\"skipped\": \"%s\"}", attn_dtype_name(dts[i]), st.message);
     else
@@ -506,6 +542,7 @@ static void print_bandwidth(int threads) {
     fflush(stdout);
   }
   print_quantized(e, stream, bf16_steps);
+  print_small_pages(e);
   attn_engine_close(e);
 }
 

@@ -305,6 +305,14 @@ attn_kv_store *tkv_open_store(attn_engine *e, uint64_t bytes, bool batch, const 
   return kv;
 }
 
+attn_kv_store *tkv_open_paged(attn_engine *e, uint64_t bytes, size_t page_bytes) {
+  attn_kv_store *kv;
+  attn_status st;
+  must(attn_kv_open_paged(e, bytes, page_bytes, true, "cpu", &kv, &st), "opening a session store",
+       &st);
+  return kv;
+}
+
 void tkv_make(attn_kv_store *kv, const char *tenant, const char *id, const tkv_stream *s,
               int64_t layers, int64_t max_tokens, double ttl, double now) {
   attn_kv_shape sh = {.heads_kv = s->hkv,

@@ -111,6 +111,8 @@ void *tkv_export_all(attn_kv_exporter *x, size_t n, char *why, size_t cap);
 /* A store on e (backend: attn_kv_open's); the setup steps abort with a
  * message when they fail. */
 attn_kv_store *tkv_open_store(attn_engine *e, uint64_t bytes, bool batch, const char *backend);
+/* A store of pages of page_bytes in host memory (attn_kv_open_paged). */
+attn_kv_store *tkv_open_paged(attn_engine *e, uint64_t bytes, size_t page_bytes);
 /* Session (tenant, id) shaped for s (head_dim_v, v_from_k too). */
 void tkv_make(attn_kv_store *kv, const char *tenant, const char *id, const tkv_stream *s,
               int64_t layers, int64_t max_tokens, double ttl, double now);

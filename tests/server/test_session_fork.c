@@ -279,3 +279,51 @@ Test(session_fork, refusals) {
   http_res_free(&r);
   H = HNONE;
 }
+
+/* attnd --session-page-bytes 16K: pages of 16 KiB (2048 tokens of this
+ * shape), so a session and its fork reserve and share in that unit, GET
+ * and /v1/info say so, and their decodes are right; a shape whose rows are
+ * too wide for 16 to such a page is 422, naming the flag's value that
+ * takes it; a page size the store cannot have stops attnd at start. */
+Test(session_fork, small_pages) {
+  const double pair = 2 * (16 << 10);
+  srv_start(&S, "--session-memory", "4M", "--session-page-bytes", "16K", NULL);
+  cJSON *j = get_json("/v1/info");
+  cr_expect_eq(num(cJSON_GetObjectItem(j, "sessions"), "page_bytes"), 16 << 10);
+  cJSON_Delete(j);
+  create_ok("p", "{" SHAPE "}");
+  const history base = {0, 0}, hf = {1, 9};
+  step("p", base, 0, 9);
+  http_res r;
+  cr_assert_eq(post("p", "fork", "{\"id\": \"f\"}", &r), 201, "%s", r.body);
+  http_res_free(&r);
+  j = get_json("/v1/sessions/f");
+  cr_expect_eq(num(j, "reserved_bytes"), pair);
+  cr_expect_eq(num(j, "shared_bytes"), pair);
+  cr_expect_eq(num(j, "used_bytes"), pair);
+  cJSON_Delete(j);
+  for (int64_t t = 9; t < 12; t++) {
+    step("f", hf, t, 1);
+    step("p", base, t, 1);
+  }
+  expect_store(2 * pair, 0, 0);
+  const char *wide = "{\"heads_kv\": 1, \"head_dim\": 576, \"v_from_k\": 512, \"dtype\": "
+                     "\"BF16\", \"max_tokens\": 64}";
+  cr_expect_eq(http_call(&S, "PUT", "/v1/sessions/mla", H, wide, strlen(wide), &r), 422, "%s",
+               r.body);
+  expect_error(&r, 422, "unsupported", "rows too wide for the page");
+  cr_expect(strstr(r.body, "1152 bytes") && strstr(r.body, "16384 bytes") &&
+                strstr(r.body, "--session-page-bytes 32K"),
+            "%s", r.body);
+  http_res_free(&r);
+  srv_cleanup(&S);
+  static const char *const bad[] = {"20K", "0", "1M", "8K", "lots"};
+  for (int i = 0; i < 5; i++) {
+    const char *argv[] = {"--session-page-bytes", bad[i], NULL};
+    char *err = NULL;
+    cr_expect_eq(run_attnd(argv, NULL, 30, NULL, &err), 2, "%s", bad[i]);
+    cr_expect(err && strstr(err, "--session-page-bytes expects 16K, 32K or 64K"), "%s: %s", bad[i],
+              err ? err : "");
+    free(err);
+  }
+}

@@ -4,8 +4,9 @@
  * is ESESSION_MEMORY with nothing appended (a batch's for every session of
  * it), while whole sessions made before and after keep every page they
  * reserved; truncate and delete give the pages back; the tenant's cap
- * counts them as they are taken; a saved grow session loads as one. Every
- * call's output is checked against the float64 reference.
+ * counts them as they are taken; a saved grow session loads as one; the
+ * same with 16 KiB pages. Every call's output is checked against the
+ * float64 reference.
  */
 #include "helpers.h"
 #include "kvcalls.h"
@@ -265,4 +266,30 @@ Test(kv_grow, saved_and_loaded, .init = setup, .fini = teardown) {
   attn_kv_close(a);
   attn_kv_close(b);
   attn_kv_close(c);
+}
+
+/* With 16 KiB pages (64 tokens of F32 D 64) a grow session takes a page
+ * per 64 tokens, gives them back as it is cut, and is refused at the pool's
+ * last page as with the default size. */
+Test(kv_grow, small_pages, .init = setup, .fini = teardown) {
+  const uint64_t pb = 16 << 10;
+  attn_kv_store *kv = tkv_open_paged(eng, 8 * pb, pb);
+  tkv_stream g = tkv_stream_make(2, 1, 64, 300, ATTN_F32, 3);
+  attn_status st;
+  cr_assert_eq(make(kv, "", "g", &g, 1000, true, &st), 0, "%s", st.message);
+  step_ok(kv, "g", &g, 0, 65);
+  cr_expect_eq(info_of(kv, "", "g").reserved_bytes, 4 * pb);
+  cr_expect_eq(info_of(kv, "", "g").used_bytes, 4 * pb);
+  for (int64_t pos = 65; pos < 200; pos++)
+    step_ok(kv, "g", &g, pos, 1);
+  cr_expect_eq(info_of(kv, "", "g").reserved_bytes, 8 * pb); /* 4 pages, K and V */
+  step_ok(kv, "g", &g, 200, 56);                             /* the 4th page full */
+  step_refused(kv, "g", &g, 256, 1);
+  cr_assert_eq(attn_kv_truncate(kv, "", "g", 60, 0, &st), 0, "%s", st.message);
+  cr_expect_eq(info_of(kv, "", "g").reserved_bytes, 2 * pb);
+  cr_expect_eq(pool_reserved(kv), 2 * pb);
+  step_ok(kv, "g", &g, 60, 10);
+  cr_expect_eq(info_of(kv, "", "g").reserved_bytes, 4 * pb);
+  tkv_stream_free(&g);
+  attn_kv_close(kv);
 }

@@ -5,7 +5,8 @@
  * imported into another; the import's next calls equal the original's bit
  * for bit and the float64 reference, and its export equals the first byte
  * for byte. Then the imports refused: bad rows, bad lengths, the wrong
- * tensors, a name taken, no memory. And an export read out as it goes:
+ * tensors, a name taken, no memory. The same rows across stores of 64, 16
+ * and 32 KiB pages. And an export read out as it goes:
  * in pieces of any size, the session's own tokens, its rows held through
  * a delete and a truncate until it closes.
  */
@@ -389,5 +390,72 @@ Test(kv_move, an_append_over_exported_rows_waits, .timeout = 300) {
   free(all);
   tkv_stream_free(&s);
   attn_kv_close(a);
+  attn_engine_close(e);
+}
+
+/* The same rows whatever the stores' page sizes: exported from 64 KiB
+ * pages, imported into 16 KiB pages (64 and more pages a layer's tokens
+ * span differently), exported again byte for byte and imported back into
+ * 32 KiB pages; each import's next step against float64. A shape too wide
+ * for the smaller pages is refused, naming the page size that takes it. */
+Test(kv_move, across_page_sizes, .timeout = 120) {
+  attn_engine *e = topen(2, NULL);
+  attn_kv_store *st3[3] = {tkv_open_store(e, 64 * MIB, true, "cpu"),
+                           tkv_open_paged(e, 64 * MIB, 16 << 10),
+                           tkv_open_paged(e, 64 * MIB, 32 << 10)};
+  for (int k = 0; k < NKINDS; k++) {
+    char id[16];
+    snprintf(id, sizeof id, "p%d", k);
+    tkv_stream s = tkv_stream_make_dv(4, 2, kinds[k].d, kinds[k].dv, kinds[k].latent, 301,
+                                      ATTN_BF16, 60 + (uint64_t)k);
+    fill(st3[0], id, &s);
+    moved m[3];
+    attn_status st;
+    export_ok(st3[0], "", id, &m[0]);
+    for (int i = 1; i < 3; i++) {
+      cr_assert_eq(import(st3[i], "t2", id, &m[i - 1], vs_of(&m[i - 1]), &st), 0, "%s", st.message);
+      export_ok(st3[i], "t2", id, &m[i]);
+      for (int l = 0; l < LAYERS; l++)
+        for (int t = 0; t < attn__kv_tensors(&m[0].info.shape); t++)
+          cr_expect(!memcmp(t ? m[i].v[l] : m[i].k[l], t ? m[0].v[l] : m[0].k[l],
+                            tensor_bytes(&m[0].info.shape, m[0].len[l], t)),
+                    "%s: layer %d's %c differs at the %dth store", id, l, t ? 'v' : 'k', i);
+      tkv_opts op = tkv_plain;
+      op.layer = 2;
+      tkv_reply y;
+      const int64_t p = lengths_of[2];
+      cr_assert_eq(tkv_call1(st3[i], "t2", id, &s, &op, p, 1, p, 1, &y, 2, &st), 0, "%s",
+                   st.message);
+      cr_expect_leq(tkv_ref_error(&s, &op, p, 1, p + 1, &y), ttol(s.dt), "%s at store %d", id, i);
+      tkv_reply_free(&y);
+    }
+    for (int i = 0; i < 3; i++)
+      moved_free(&m[i]);
+    tkv_stream_free(&s);
+  }
+  /* D 576 BF16: 1152-byte rows, 14 to a 16 KiB page */
+  tkv_stream w = tkv_stream_make_dv(4, 1, 576, 512, true, 40, ATTN_BF16, 9);
+  tkv_make(st3[0], "", "mla", &w, 1, 64, 600, 0);
+  tkv_reply y;
+  attn_status st;
+  cr_assert_eq(tkv_call1(st3[0], "", "mla", &w, &tkv_plain, 0, 20, 0, 20, &y, 0, &st), 0, "%s",
+               st.message);
+  tkv_reply_free(&y);
+  moved m;
+  memset(&m, 0, sizeof m);
+  cr_assert_eq(attn_kv_export(st3[0], "", "mla", 1, &m.info, m.len, m.k, m.v, &st), 0, "%s",
+               st.message);
+  cr_expect_eq(attn_kv_import(st3[1], "", "mla", &m.info.shape, 600, 1, m.len,
+                              (const void *const *)m.k, NULL, &st),
+               ATTN_EUNSUPPORTED);
+  cr_expect(strstr(st.message, "1152 bytes") && strstr(st.message, "--session-page-bytes 32K"),
+            "%s", st.message);
+  cr_expect_eq(attn_kv_import(st3[2], "", "mla", &m.info.shape, 600, 1, m.len,
+                              (const void *const *)m.k, NULL, &st),
+               0, "%s", st.message);
+  free(m.k[0]);
+  tkv_stream_free(&w);
+  for (int i = 0; i < 3; i++)
+    attn_kv_close(st3[i]);
   attn_engine_close(e);
 }

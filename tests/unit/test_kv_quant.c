@@ -11,7 +11,7 @@
  * float64 reference over those rows, and the dense run bit for bit where
  * both tile the keys alike.
  *
- * The store's quantized sessions: calls against the float64 reference
+ * The store's quantized sessions (16 KiB pages too): calls against the float64 reference
  * over the rows the session stores (a stream quantized and dequantized
  * row by row), a replay, a conflict, a truncate and appends after it,
  * the reservation, export and import, a save and a load.
@@ -653,5 +653,47 @@ Test(kv_quant, export_read_in_pieces, .timeout = 300) {
       tkv_stream_free(&sq);
     }
   attn_kv_close(a);
+  attn_engine_close(e);
+}
+
+/* Quantized pages of 16 KiB: D 128 rows of 132 bytes (codes and scale)
+ * fit 64 to a page, the scales after them; a prefill across pages and
+ * decode steps, then a fork that copies the partial page, each against
+ * float64 over the stored rows; an export equal to the default size's. */
+Test(kv_quant, small_pages, .timeout = 300) {
+  attn_engine *e = topen(2, NULL);
+  attn_kv_store *kv = tkv_open_paged(e, 64 * MIB, 16 << 10);
+  attn_kv_store *big = tkv_open_store(e, 64 * MIB, false, "cpu");
+  for (int q = ATTN_KVQ_F8_E4M3; q <= ATTN_KVQ_I8; q++) {
+    tkv_stream s = tkv_stream_make(4, 2, 128, 300, ATTN_BF16, 80 + (uint64_t)q);
+    tkv_stream sq = stored_stream(&s, (attn_kv_quant)q);
+    const attn_kv_shape sh = shape_of(&s, (attn_kv_quant)q, 2);
+    /* 512 tokens: 8 pages per (layer, head, K/V) */
+    cr_expect_eq(attn_kv_reserve_bytes(kv, &sh), 2 * 2 * 2 * 8 * (uint64_t)(16 << 10));
+    make(kv, "s", &s, (attn_kv_quant)q);
+    make(big, "s", &s, (attn_kv_quant)q);
+    cr_expect_leq(call_error(kv, "s", &s, &sq, 1, 0, 150, NULL), ttol(s.dt), "prefill");
+    for (int64_t pos = 150; pos < 160; pos++)
+      cr_expect_leq(call_error(kv, "s", &s, &sq, 1, pos, 1, NULL), ttol(s.dt), "at %lld",
+                    (long long)pos);
+    (void)call_error(big, "s", &s, &sq, 1, 0, 161, NULL); /* the fork's 161 tokens */
+    attn_status st;
+    cr_assert_eq(attn_kv_fork(kv, "", "s", "f", -1, 0, 0, &st), 0, "%s", st.message);
+    cr_expect_leq(call_error(kv, "f", &s, &sq, 1, 160, 1, NULL), ttol(s.dt), "the fork");
+    cr_expect_leq(call_error(kv, "s", &s, &sq, 1, 160, 2, NULL), ttol(s.dt), "the source");
+    qexport x, y;
+    export_ok(kv, "f", &x);
+    export_ok(big, "s", &y);
+    cr_expect(same_export(&x, &y), "the export differs from the 64 KiB pages' one");
+    export_free(&x);
+    export_free(&y);
+    cr_assert_eq(attn_kv_delete(kv, "", "s", 0, &st), 0);
+    cr_assert_eq(attn_kv_delete(kv, "", "f", 0, &st), 0);
+    cr_assert_eq(attn_kv_delete(big, "", "s", 0, &st), 0);
+    tkv_stream_free(&s);
+    tkv_stream_free(&sq);
+  }
+  attn_kv_close(kv);
+  attn_kv_close(big);
   attn_engine_close(e);
 }

@@ -5,14 +5,17 @@
  * a damaged, truncated, foreign or renamed file is moved aside with a log
  * line and never served; a store too small for a file, a session the store
  * has already, a save's stale temporary file, and directories that cannot
- * be used.
+ * be used. A file saved from pages of one size loads into pages of
+ * another, its next calls computed (against float64) over its history.
  *
  * The sessions are filled through the store's insides (kv/kv_int.h)
  * under its lock, as sched.c stores a call's rows: a call cannot compute
  * over them yet, and persistence is about the bytes, not the attention.
  */
 #define _GNU_SOURCE
+#include "helpers.h"
 #include "kv/file.h"
+#include "kvcalls.h"
 
 #include <criterion/criterion.h>
 #include <dirent.h>
@@ -849,4 +852,57 @@ Test(kvfile, links_at_the_temporary_name, .init = setup, .fini = teardown) {
   expect_same(b, &q, 0, TTL - (1200 - q.made));
   attn_kv_close(a);
   attn_kv_close(b);
+}
+
+/* A session of two layers saved from 64 KiB pages (256 tokens of BF16 D
+ * 128 a page) loads into 16 KiB pages (64), where its next decode steps
+ * attend over the whole history right; saved from there, it loads into 64
+ * KiB pages again; the reservations follow the loading store's pages. */
+Test(kvfile, across_page_sizes, .init = setup, .fini = teardown, .timeout = 120) {
+  attn_engine *e = topen(2, NULL);
+  attn_kv_store *st3[3] = {tkv_open_store(e, 64 << 20, true, "cpu"),
+                           tkv_open_paged(e, 64 << 20, 16 << 10),
+                           tkv_open_store(e, 64 << 20, true, "cpu")};
+  tkv_stream s = tkv_stream_make(8, 2, 128, 330, ATTN_BF16, 12);
+  tkv_make(st3[0], "", "x", &s, 2, 400, 600, 0);
+  tkv_opts op[2] = {tkv_plain, tkv_plain};
+  op[1].layer = 1;
+  const int64_t len[2] = {300, 71}; /* past a big page's end, short of a small one's */
+  for (int i = 0; i < 3; i++) {
+    attn_status st;
+    if (i > 0) {
+      save_ok(st3[i - 1], 1, 1);
+      cr_assert_eq(attn_kv_load(st3[i], dir, 1, TTL_MAX, NULL, NULL, &st), 1, "%s", st.message);
+    }
+    for (int l = 0; l < 2; l++) { /* the prefill, then a step in each store */
+      const int64_t pos = i == 0 ? 0 : len[l] + i - 1, n = i == 0 ? len[l] : 1;
+      double err = tkv_step_error(st3[i], "x", &s, &op[l], pos, n, &st);
+      cr_expect_lt(err, ttol(s.dt), "store %d, layer %d at %lld: %g (%s)", i, l, (long long)pos,
+                   err, err == INFINITY ? st.message : "");
+    }
+    attn_kv_shape sh = {
+        .heads_kv = 2, .head_dim = 128, .dtype = ATTN_BF16, .layers = 2, .max_tokens = 400};
+    attn_kv_info info;
+    cr_assert_eq(attn_kv_get(st3[i], "", "x", 1, &info, NULL, 0, &st), 0, "%s", st.message);
+    cr_expect_eq(info.reserved_bytes, attn_kv_reserve_bytes(st3[i], &sh));
+    cr_expect_eq(info.reserved_bytes,
+                 i == 1 ? 2 * 2 * 2 * 7 * (16 << 10) : 2 * 2 * 2 * 2 * (64 << 10));
+  }
+  tkv_stream_free(&s);
+  /* D 576 BF16 rows (1152 bytes) fit 14 to a 16 KiB page: the file is set
+   * aside, the log line naming the page size that takes it */
+  tkv_stream w = tkv_stream_make_dv(4, 1, 576, 512, true, 20, ATTN_BF16, 13);
+  tkv_make(st3[0], "", "mla", &w, 1, 64, 600, 0);
+  attn_status st;
+  cr_expect_lt(tkv_step_error(st3[0], "mla", &w, &tkv_plain, 0, 20, &st), ttol(w.dt));
+  save_ok(st3[0], 1, 2);
+  cr_assert_eq(attn_kv_delete(st3[1], "", "x", 1, &st), 0);
+  logbuf lb = {0};
+  cr_expect_eq(load(st3[1], 1, &lb), 1, "x loads, mla does not");
+  cr_expect(exists("@mla.kv.bad"));
+  cr_expect(lb.n == 1 && strstr(lb.lines[0], "--session-page-bytes 32K"), "%s", lb.lines[0]);
+  tkv_stream_free(&w);
+  for (int i = 0; i < 3; i++)
+    attn_kv_close(st3[i]);
+  attn_engine_close(e);
 }

@@ -16,8 +16,9 @@
 static attn_kvpages pool(int64_t pages) {
   attn_kvpages p;
   attn_status st;
-  cr_assert_eq(attn__kvpages_open(&p, (uint64_t)pages * ATTN_KV_PAGE_BYTES, NULL, &st), 0, "%s",
-               st.message);
+  cr_assert_eq(
+      attn__kvpages_open(&p, (uint64_t)pages * ATTN_KV_PAGE_BYTES, ATTN_KV_PAGE_BYTES, NULL, &st),
+      0, "%s", st.message);
   cr_assert(attn__kvpages_reserve(&p, pages));
   return p;
 }

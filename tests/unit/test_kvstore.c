@@ -4,7 +4,10 @@
  * session should hold (prefill, then token-by-token decode, in every
  * dtype and on every CPU kernel this machine runs), replays bit for bit,
  * conflicts that append nothing, truncation, layers, limits, memory, TTL,
- * tenants, the batch call against single calls, and concurrent calls.
+ * tenants, the batch call against single calls, and concurrent calls;
+ * pages of 16 and 32 KiB (attn_kv_open_paged): decode over 64-token pages
+ * on every kernel, what a session reserves at each size, a bad size, and
+ * a shape too wide for the page refused naming the size that takes it.
  */
 #include "helpers.h"
 #include "kvcalls.h"
@@ -545,5 +548,133 @@ Test(kvstore, new_rows_tile_k_and_v) {
   cr_expect_eq(len, 0);
   tkv_stream_free(&s);
   attn_kv_close(kv);
+  attn_engine_close(e);
+}
+
+/* Pages of 16 KiB and 32 KiB (attn_kv_open_paged): a session's decode over
+ * 64-token pages, prefill across several of them, on every CPU kernel
+ * this machine runs. */
+Test(kvstore, small_pages_decode_every_kernel, .timeout = 600) {
+  const attn_dtype dts[2] = {ATTN_F32, ATTN_BF16};
+  int fails = 0;
+  for (int k = 0; k < NISAS; k++) {
+    attn_engine *e = topen_isa(isas[k], 2);
+    if (!e)
+      continue;
+    for (size_t pb = 16 << 10; pb <= 32 << 10; pb *= 2) {
+      attn_kv_store *kv = tkv_open_paged(e, 64 * MIB, pb);
+      for (int t = 0; t < 2; t++) {
+        char id[32], what[96];
+        snprintf(id, sizeof id, "s-%d", t);
+        /* D 128: 64 rows of BF16 a 16 KiB page, 32 of F32; D 64 F32: 64 */
+        tkv_stream s = tkv_stream_make(8, 2, t ? 128 : 64, 220, dts[t], 70 + (uint64_t)t);
+        tkv_make(kv, "", id, &s, 1, 1000, 600, 0);
+        snprintf(what, sizeof what, "%s %s, %zu-byte pages", isas[k], attn_dtype_name(dts[t]), pb);
+        fails += decode_checked(kv, id, &s, &tkv_plain, 150, what);
+        tkv_stream_free(&s);
+      }
+      attn_kv_close(kv);
+    }
+    attn_engine_close(e);
+  }
+  cr_assert_eq(fails, 0, "%d steps off the reference", fails);
+}
+
+static int64_t reserve_pages_at(attn_engine *e, size_t pb, const attn_kv_shape *sh) {
+  attn_kv_store *kv = tkv_open_paged(e, 64 * MIB, pb);
+  attn_kv_stats st;
+  attn_kv_stats_get(kv, &st);
+  cr_expect_eq(st.page_bytes, (int64_t)pb);
+  cr_expect_eq(st.pool_bytes, 64 * MIB);
+  const uint64_t b = attn_kv_reserve_bytes(kv, sh);
+  cr_expect_eq(b % pb, 0);
+  attn_kv_close(kv);
+  return (int64_t)(b / pb);
+}
+
+/* The tokens a page holds, and so what a session reserves, at each page
+ * size: a GQA D128 BF16 row is 256 bytes (64, 128, 256 tokens a page); a
+ * short session of many layers wastes less of small pages. */
+Test(kvstore, page_size_reservations) {
+  attn_engine *e = topen(1, NULL);
+  attn_kv_shape gqa = {
+      .heads_kv = 8, .head_dim = 128, .dtype = ATTN_BF16, .layers = 1, .max_tokens = 4096};
+  attn_kv_shape small = {
+      .heads_kv = 3, .head_dim = 128, .dtype = ATTN_BF16, .layers = 30, .max_tokens = 49};
+  for (size_t pb = 16 << 10, i = 0; pb <= 64 << 10; pb *= 2, i++) {
+    /* 4096 tokens: 2 x 8 x 4096 / (64 << i) pages, the same 16 MiB at every size */
+    cr_expect_eq(reserve_pages_at(e, pb, &gqa), 2 * 8 * (4096 >> (6 + i)), "%zu", pb);
+    /* 49 tokens: one page per (layer, head, K/V) whatever its size */
+    cr_expect_eq(reserve_pages_at(e, pb, &small), 2 * 30 * 3, "%zu", pb);
+  }
+  attn_kv_store *kv = tkv_open_paged(e, 64 * MIB, 16 << 10);
+  cr_expect_eq(attn_kv_reserve_bytes(kv, &small), 2 * 30 * 3 * (uint64_t)(16 << 10)); /* 2.9 MB */
+  /* an uneven row: 16 KiB / (80 x 4) = 51 rows: 48 a page (a multiple of 16) */
+  attn_kv_shape odd = {
+      .heads_kv = 1, .head_dim = 80, .dtype = ATTN_F32, .layers = 1, .max_tokens = 100};
+  cr_expect_eq(attn_kv_reserve_bytes(kv, &odd), 2 * 3 * (uint64_t)(16 << 10));
+  /* the tenant cap is whole pages of the store's size */
+  attn_kv_set_tenant_cap(kv, 40 << 10);
+  attn_kv_stats st;
+  attn_kv_stats_get(kv, &st);
+  cr_expect_eq(st.tenant_cap_bytes, 32 << 10);
+  attn_kv_close(kv);
+  attn_engine_close(e);
+}
+
+/* A page size not 16, 32 or 64 KiB is refused; 0 is the default. */
+Test(kvstore, page_size_refused) {
+  attn_engine *e = topen(1, NULL);
+  const size_t bad[] = {20 << 10, 8 << 10, 1 << 20, 48 << 10};
+  attn_kv_store *kv = NULL;
+  attn_status st;
+  for (int i = 0; i < 4; i++) {
+    cr_expect_eq(attn_kv_open_paged(e, 64 * MIB, bad[i], true, "cpu", &kv, &st), ATTN_EINVAL, "%zu",
+                 bad[i]);
+    cr_expect(strstr(st.message, "16K, 32K or 64K"), "%s", st.message);
+  }
+  cr_assert_eq(attn_kv_open_paged(e, 64 * MIB, 0, true, NULL, &kv, &st), 0, "%s", st.message);
+  attn_kv_stats stats;
+  attn_kv_stats_get(kv, &stats);
+  cr_expect_eq(stats.page_bytes, 64 << 10);
+  attn_kv_close(kv);
+  attn_engine_close(e);
+}
+
+/* Rows too wide for 16 to a page: D 576 BF16 (1152 bytes) fits 14 to a 16
+ * KiB page, refused naming the row's bytes, the page's and the flag that
+ * takes it; at 32 KiB it is made and computes right. */
+Test(kvstore, too_wide_for_the_page, .timeout = 120) {
+  attn_engine *e = topen(2, NULL);
+  attn_kv_store *small = tkv_open_paged(e, 64 * MIB, 16 << 10);
+  attn_kv_store *mid = tkv_open_paged(e, 64 * MIB, 32 << 10);
+  tkv_stream s = tkv_stream_make_dv(16, 1, 576, 512, true, 40, ATTN_BF16, 5);
+  attn_kv_shape sh = {.heads_kv = 1,
+                      .head_dim = 576,
+                      .head_dim_v = 512,
+                      .v_from_k = true,
+                      .dtype = ATTN_BF16,
+                      .layers = 1,
+                      .max_tokens = 64};
+  attn_status st;
+  bool created;
+  cr_expect_eq(attn_kv_create(small, "", "mla", &sh, 60, 0, &created, &st), ATTN_EUNSUPPORTED);
+  cr_expect(strstr(st.message, "1152 bytes") && strstr(st.message, "16384 bytes") &&
+                strstr(st.message, "--session-page-bytes 32K"),
+            "%s", st.message);
+  /* quantized, the row is 580 bytes: 28 fit */
+  sh.kv_quant = ATTN_KVQ_I8;
+  cr_expect_eq(attn_kv_create(small, "", "mla8", &sh, 60, 0, &created, &st), 0, "%s", st.message);
+  sh.kv_quant = ATTN_KVQ_NONE;
+  cr_assert_eq(attn_kv_create(mid, "", "mla", &sh, 60, 0, &created, &st), 0, "%s", st.message);
+  cr_expect_eq(attn_kv_reserve_bytes(mid, &sh), 4 * (uint64_t)(32 << 10)); /* 16 tokens a page */
+  cr_expect_eq(decode_checked(mid, "mla", &s, &tkv_plain, 20, "D576 at 32 KiB"), 0);
+  /* F32 D 576 (2304 bytes) fits no page but 64 KiB's */
+  sh.dtype = ATTN_F32;
+  cr_expect_eq(attn_kv_create(mid, "", "f32", &sh, 60, 0, &created, &st), ATTN_EUNSUPPORTED);
+  cr_expect(strstr(st.message, "--session-page-bytes 64K"), "%s", st.message);
+  tkv_stream_free(&s);
+  attn_kv_close(small);
+  attn_kv_close(mid);
   attn_engine_close(e);
 }

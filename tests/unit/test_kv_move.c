@@ -274,29 +274,42 @@ static void rows_are_the_streams(const tkv_stream *s, const int64_t *len, const 
     }
 }
 
+/* An export of session id on a opened, its lengths into len. */
+static attn_kv_exporter *exporting(attn_kv_store *a, const char *id, int64_t *len) {
+  attn_kv_exporter *x;
+  attn_kv_info info;
+  attn_status st;
+  cr_assert_eq(attn_kv_export_open(a, "", id, 1, &info, len, &x, &st), 0, "%s", st.message);
+  return x;
+}
+
+/* x read out whole in pieces: s's tokens at len; closed. */
+static void read_out(attn_kv_exporter *x, const tkv_stream *s, const int64_t *len,
+                     const char *what) {
+  char why[256];
+  char *all = tkv_export_all(x, export_size(s, len), why, sizeof why);
+  cr_assert(all, "%s: %s", what, why);
+  rows_are_the_streams(s, len, all, what);
+  attn_kv_export_close(x);
+  free(all);
+}
+
 Test(kv_move, export_read_in_pieces, .timeout = 300) {
   attn_engine *e = topen(2, NULL);
   attn_kv_store *a = tkv_open_store(e, 64 * MIB, true, NULL);
   const attn_dtype dts[] = {ATTN_F32, ATTN_BF16};
   for (int di = 0; di < 2; di++)
     for (int k = 0; k < NKINDS; k++) {
-      char id[16], why[256];
+      char id[16];
       snprintf(id, sizeof id, "s%d-%d", di, k);
       tkv_stream s = tkv_stream_make_dv(4, 2, kinds[k].d, kinds[k].dv, kinds[k].latent, 301,
                                         dts[di], 190 + (uint64_t)k);
       fill(a, id, &s);
-      attn_kv_exporter *x;
-      attn_kv_info info;
       int64_t len[ATTN_KV_MAX_LAYERS];
-      attn_status st;
-      cr_assert_eq(attn_kv_export_open(a, "", id, 1, &info, len, &x, &st), 0, "%s", st.message);
+      attn_kv_exporter *x = exporting(a, id, len);
       for (int l = 0; l < LAYERS; l++)
         cr_expect_eq(len[l], lengths_of[l]);
-      char *all = tkv_export_all(x, export_size(&s, len), why, sizeof why);
-      cr_assert(all, "%s: %s", id, why);
-      rows_are_the_streams(&s, len, all, id);
-      attn_kv_export_close(x);
-      free(all);
+      read_out(x, &s, len, id);
       tkv_stream_free(&s);
     }
   attn_kv_close(a);
@@ -311,29 +324,23 @@ Test(kv_move, an_export_holds_its_rows, .timeout = 300) {
   attn_kv_store *a = tkv_open_store(e, 64 * MIB, true, NULL);
   tkv_stream s = tkv_stream_make_dv(4, 2, 64, 64, false, 301, ATTN_F32, 77);
   fill(a, "x", &s);
-  attn_kv_exporter *x;
-  attn_kv_info info;
   int64_t len[ATTN_KV_MAX_LAYERS];
+  attn_kv_exporter *x = exporting(a, "x", len);
+  attn_kv_info info;
   attn_status st;
-  char why[256];
-  cr_assert_eq(attn_kv_export_open(a, "", "x", 1, &info, len, &x, &st), 0, "%s", st.message);
   tkv_opts op = tkv_plain;
   op.layer = 2;
   cr_expect_leq(tkv_step_error(a, "x", &s, &op, 300, 1, &st), ttol(s.dt), "%s", st.message);
   cr_assert_eq(attn_kv_delete(a, "", "x", 1, &st), 0, "%s", st.message);
   cr_expect_eq(attn_kv_get(a, "", "x", 1, &info, NULL, 0, &st), ATTN_ESESSION_NOT_FOUND);
-  char *all = tkv_export_all(x, export_size(&s, len), why, sizeof why);
-  cr_assert(all, "%s", why);
-  rows_are_the_streams(&s, len, all, "deleted under its export");
   attn_kv_stats ks;
   attn_kv_stats_get(a, &ks);
-  cr_expect_gt(ks.used_bytes, 0, "the pages went before the export closed");
-  attn_kv_export_close(x);
+  cr_expect_gt(ks.used_bytes, 0, "the pages went with the session, under its export");
+  read_out(x, &s, len, "deleted under its export");
   attn_kv_stats_get(a, &ks);
   cr_expect_eq(ks.used_bytes, 0, "%llu bytes still used", (unsigned long long)ks.used_bytes);
   cr_expect_eq(ks.reserved_bytes, 0, "%llu bytes still reserved",
                (unsigned long long)ks.reserved_bytes);
-  free(all);
   tkv_stream_free(&s);
   attn_kv_close(a);
   attn_engine_close(e);
@@ -365,12 +372,9 @@ Test(kv_move, an_append_over_exported_rows_waits, .timeout = 300) {
   attn_kv_store *a = tkv_open_store(e, 64 * MIB, true, NULL);
   tkv_stream s = tkv_stream_make_dv(4, 2, 64, 64, false, 301, ATTN_BF16, 78);
   fill(a, "y", &s);
-  attn_kv_exporter *x;
-  attn_kv_info info;
   int64_t len[ATTN_KV_MAX_LAYERS];
+  attn_kv_exporter *x = exporting(a, "y", len);
   attn_status st;
-  char why[256];
-  cr_assert_eq(attn_kv_export_open(a, "", "y", 1, &info, len, &x, &st), 0, "%s", st.message);
   cr_assert_eq(attn_kv_truncate(a, "", "y", 10, 1, &st), 0, "%s", st.message);
   over o = {a, &s, 0, false};
   pthread_t th;
@@ -381,13 +385,9 @@ Test(kv_move, an_append_over_exported_rows_waits, .timeout = 300) {
     sched_yield();
   }
   cr_expect(!atomic_load(&o.done), "the append over exported rows did not wait");
-  char *all = tkv_export_all(x, export_size(&s, len), why, sizeof why);
-  cr_assert(all, "%s", why);
-  rows_are_the_streams(&s, len, all, "truncated under its export");
-  attn_kv_export_close(x);
+  read_out(x, &s, len, "truncated under its export");
   pthread_join(th, NULL);
   cr_expect_leq(o.err, ttol(s.dt), "the append after the export: error %g", o.err);
-  free(all);
   tkv_stream_free(&s);
   attn_kv_close(a);
   attn_engine_close(e);

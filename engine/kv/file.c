@@ -134,30 +134,63 @@ static int take_pages(attn_kv_store *s, kv_session *ks, const kvf_header *h, boo
   return 0;
 }
 
+/* Under the lock: the session of h made and its pages taken (NULL with
+ * st set when it cannot be), every layer marked as being written and read
+ * by the fill to come: calls on it wait, and a delete or an expiry
+ * meanwhile leaves its pages to the fill's end. */
+static kv_session *install_begin(attn_kv_store *s, const kvf_header *h, double ttl, double now,
+                                 bool capped, attn_status *st) {
+  const int64_t need = (int64_t)(attn_kv_reserve_bytes(s, &h->shape) / s->pages.page_bytes);
+  kv_session *ks = NULL;
+  if (attn__kv_find(s, h->tenant, h->id, now))
+    attn_status_set(st, ATTN_ESESSION_EXISTS,
+                    "session '%s' exists; delete it first, or use another id", h->id);
+  else if (capped && !attn__kv_tenant_fits(s, h->tenant, need))
+    attn__kv_tenant_refuse(s, h->tenant, need, false, st);
+  else if ((ks = attn__kv_insert(s, h->tenant, h->id, &h->shape, ttl, now, st)) &&
+           take_pages(s, ks, h, capped, st)) {
+    attn__kv_remove(s, h->tenant, h->id); /* no call reads it yet */
+    ks = NULL;
+  }
+  for (int64_t l = 0; ks && l < ks->shape.layers; l++) {
+    ks->layers[l].writing = true;
+    ks->layers[l].readers++;
+    ks->readers++;
+  }
+  return ks;
+}
+
+/* Under the lock: the filled session's lengths published (a layer cut by
+ * a truncate meanwhile keeps the truncate's), or, the fill failed, the
+ * session gone; either way its layers no longer written. */
+static void install_end(attn_kv_store *s, kv_session *ks, const kvf_header *h, double ttl,
+                        double now, bool ok) {
+  for (int64_t l = 0; l < ks->shape.layers; l++) {
+    kv_layer *L = &ks->layers[l];
+    if (ok && !L->cut) {
+      L->length = h->length[l];
+      memcpy(L->absmax, h->absmax[l], sizeof h->absmax[l]);
+    }
+    L->writing = L->cut = false;
+  }
+  if (ok)
+    ks->expires = now + fmin(h->left_s, ttl);
+  else if (!ks->dead)
+    attn__kv_remove(s, h->tenant, h->id);
+}
+
 int attn__kvf_install(attn_kv_store *s, const kvf_header *h, double ttl, double now, bool capped,
                       kvf_fill_fn fill, void *arg, attn_status *st) {
-  const int64_t need = (int64_t)(attn_kv_reserve_bytes(s, &h->shape) / s->pages.page_bytes);
-  kv_session *ks;
-  int rc = 0;
   pthread_mutex_lock(&s->mu);
-  if (attn__kv_find(s, h->tenant, h->id, now)) {
-    rc = attn_status_set(st, ATTN_ESESSION_EXISTS,
-                         "session '%s' exists; delete it first, or use another id", h->id);
-  } else if (capped && !attn__kv_tenant_fits(s, h->tenant, need)) {
-    rc = attn__kv_tenant_refuse(s, h->tenant, need, false, st);
-  } else if (!(ks = attn__kv_insert(s, h->tenant, h->id, &h->shape, ttl, now, st))) {
-    rc = st->code;
-  } else {
-    if ((rc = take_pages(s, ks, h, capped, st)) || (rc = fill(s, ks, arg, st))) {
-      attn__kv_remove(s, h->tenant, h->id); /* no call reads it yet */
-    } else {
-      for (int64_t l = 0; l < ks->shape.layers; l++) {
-        ks->layers[l].length = h->length[l];
-        memcpy(ks->layers[l].absmax, h->absmax[l], sizeof h->absmax[l]);
-      }
-      ks->expires = now + fmin(h->left_s, ttl);
-    }
-  }
+  kv_session *ks = install_begin(s, h, ttl, now, capped, st);
   pthread_mutex_unlock(&s->mu);
+  if (!ks)
+    return st->code;
+  /* a session's whole rows are copied without the lock: calls on others go on */
+  int rc = fill(s, ks, arg, st);
+  pthread_mutex_lock(&s->mu);
+  install_end(s, ks, h, ttl, now, rc == 0);
+  pthread_mutex_unlock(&s->mu);
+  attn__kv_unread(s, ks); /* the calls that waited for it start */
   return rc;
 }

@@ -133,11 +133,13 @@ int attn__kvf_rows_in(const attn_kv_store *s, const kv_session *ks, const kv_lay
                       int64_t hk, int64_t end, void *page, kvf_rows_fn fn, void *arg,
                       attn_status *st);
 /* Session h (its tenant, id, shape, lengths and largest |k| and |v|) made
- * in the store with ttl, expiring at now + min(left_s, ttl): under the
- * store's lock from the check that its id is free to its last row, so
- * nothing sees it half made; its layers grown to their lengths, fill
- * stores their rows (the lengths stay 0 until it returns 0), then they
- * are published. ESESSION_EXISTS when the store has a session of that
+ * in the store with ttl, expiring at now + min(left_s, ttl): its id
+ * taken and its layers grown to their lengths under the store's lock,
+ * then fill stores their rows without it (calls on other sessions go on;
+ * calls on this one wait, its lengths stay 0, and a delete or an expiry
+ * leaves its pages until fill returns), then the lengths are published
+ * (a layer truncated meanwhile keeps the truncate's), so nothing sees it
+ * half made. ESESSION_EXISTS when the store has a session of that
  * name, the tenant cap's refusal (capped: a create's, not a load's,
  * which was made under the cap of then), attn__kv_insert's refusal, or
  * fill's nonzero (fill sets st); the session is gone again on any

@@ -342,7 +342,8 @@ int64_t attn_kv_load(attn_kv_store *s, const char *dir, double now, double ttl_m
  * layer of length above 0) for another. ESESSION_EXISTS when the store has a session of that id,
  * whatever its parameters (an import never replaces one); ESESSION_MEMORY when its reservation does
  * not fit, or the tenant's cap. An export of the imported session gives back the same rows. An
- * import holds the store's lock while it copies (a session's whole rows).
+ * import copies the rows without the store's lock: meanwhile the session exists with no
+ * tokens, and calls on it wait for the copy.
  */
 int attn_kv_export(attn_kv_store *s, const char *tenant, const char *id, double now,
                    attn_kv_info *info, int64_t *lengths, void **k, void **v, attn_status *st);

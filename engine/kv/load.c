@@ -19,8 +19,9 @@
  * next one, and a start after a crash (no save) must not serve tokens
  * older than the ones acknowledged since.
  *
- * Locks. attn_kv_load holds the store's lock for each file, from the
- * check that the id is free to the last row verified, so nothing sees a
+ * Locks. attn_kv_load makes each file's session as an import does
+ * (file.c, attn__kvf_install): its rows read in without the store's lock,
+ * its layers marked as being written until they are, so nothing sees a
  * session half loaded.
  */
 #include "check.h"

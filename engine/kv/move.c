@@ -4,8 +4,9 @@
  * would check them, and written through the same page-at-a-time path as a
  * load (file.c), so a device's pages are written as theirs are.
  *
- * Locks. An import holds the store's lock through its copying, as a load
- * does: a session must not be seen half made.
+ * Locks. An import copies its rows without the store's lock, its session
+ * made but its layers marked as being written (file.c, attn__kvf_install):
+ * calls on it wait for the copy, calls on others go on.
  */
 #include "check.h"
 #include "file.h"

@@ -8,10 +8,13 @@
  * tensors, a name taken, no memory. The same rows across stores of 64, 16
  * and 32 KiB pages. And an export read out as it goes:
  * in pieces of any size, the session's own tokens, its rows held through
- * a delete and a truncate until it closes.
+ * a delete and a truncate until it closes. And an import's copy, made
+ * without the store's lock: calls on other sessions go on, a call on the
+ * session being made waits for it.
  */
 #include "helpers.h"
-#include "kv/kv_int.h"
+#include "check.h"
+#include "kv/file.h"
 #include "kvcalls.h"
 
 #include <criterion/criterion.h>
@@ -346,22 +349,37 @@ Test(kv_move, an_export_holds_its_rows, .timeout = 300) {
   attn_engine_close(e);
 }
 
-/* An append over rows an export reads (after a truncate). */
-typedef struct over {
+/* A step on another thread (a call that has to wait): token pos of s
+ * appended to layer of id, its error against float64. */
+typedef struct later {
   attn_kv_store *kv;
   const tkv_stream *s;
+  const char *id;
+  int64_t layer, pos;
   double err;
   atomic_bool done;
-} over;
+  pthread_t th;
+} later;
 
-static void *append_over(void *arg) {
-  over *o = arg;
+static void *later_run(void *arg) {
+  later *o = arg;
   tkv_opts op = tkv_plain;
-  op.layer = 2;
+  op.layer = o->layer;
   attn_status st;
-  o->err = tkv_step_error(o->kv, "y", o->s, &op, 10, 1, &st);
+  o->err = tkv_step_error(o->kv, o->id, o->s, &op, o->pos, 1, &st);
   atomic_store(&o->done, true);
   return NULL;
+}
+
+/* o started, and held in the store (the test's timeout bounds the wait). */
+static void later_start_waiting(later *o) {
+  cr_assert_eq(pthread_create(&o->th, NULL, later_run, o), 0);
+  attn_kv_stats ks = {0};
+  while (ks.waiting == 0) {
+    attn_kv_stats_get(o->kv, &ks);
+    sched_yield();
+  }
+  cr_expect(!atomic_load(&o->done), "%s: the call did not wait", o->id);
 }
 
 /* A truncate under an open export cuts the session, and an append into
@@ -376,17 +394,10 @@ Test(kv_move, an_append_over_exported_rows_waits, .timeout = 300) {
   attn_kv_exporter *x = exporting(a, "y", len);
   attn_status st;
   cr_assert_eq(attn_kv_truncate(a, "", "y", 10, 1, &st), 0, "%s", st.message);
-  over o = {a, &s, 0, false};
-  pthread_t th;
-  cr_assert_eq(pthread_create(&th, NULL, append_over, &o), 0);
-  attn_kv_stats ks = {0};
-  while (ks.waiting == 0) { /* until it is held in the store: the test's timeout bounds this */
-    attn_kv_stats_get(a, &ks);
-    sched_yield();
-  }
-  cr_expect(!atomic_load(&o.done), "the append over exported rows did not wait");
+  later o = {.kv = a, .s = &s, .id = "y", .layer = 2, .pos = 10};
+  later_start_waiting(&o);
   read_out(x, &s, len, "truncated under its export");
-  pthread_join(th, NULL);
+  pthread_join(o.th, NULL);
   cr_expect_leq(o.err, ttol(s.dt), "the append after the export: error %g", o.err);
   tkv_stream_free(&s);
   attn_kv_close(a);
@@ -457,5 +468,72 @@ Test(kv_move, across_page_sizes, .timeout = 120) {
   tkv_stream_free(&w);
   for (int i = 0; i < 3; i++)
     attn_kv_close(st3[i]);
+  attn_engine_close(e);
+}
+
+/* ---- an import's rows copied without the store's lock ------------------- */
+
+#define IMPORTED 100 /* tokens of the session the fill below makes */
+
+typedef struct slow_fill {
+  const tkv_stream *s, *other;
+  later waiter;
+} slow_fill;
+
+/* Fills the session with s's first IMPORTED tokens, once it has seen the
+ * store take calls meanwhile: a look at its stats (the lock is free), a
+ * step on another session, and a step on this one, which waits. */
+static int fill_slowly(attn_kv_store *kv, kv_session *ks, void *arg, attn_status *st) {
+  slow_fill *f = arg;
+  attn_kv_stats stats;
+  attn_kv_stats_get(kv, &stats);
+  cr_expect_eq(stats.sessions, 2);
+  tkv_opts op = tkv_plain;
+  cr_expect_leq(tkv_step_error(kv, "o", f->other, &op, 0, 1, st), ttol(f->other->dt),
+                "a call on another session during the import");
+  later_start_waiting(&f->waiter);
+  const tkv_stream *s = f->s;
+  for (int t = 0; t < 2; t++)
+    for (int64_t h = 0; h < s->hkv; h++)
+      for (int64_t j = 0, n; j < IMPORTED; j += n) {
+        n = attn__kv_span(ks, j, IMPORTED);
+        const char *rows = (const char *)(t ? s->v : s->k) + (size_t)((h * s->n + j) * s->d) * 4;
+        if (attn__kv_rows_put(kv, ks, &ks->layers[0], t, h, j, n, rows, st))
+          return -1;
+      }
+  return 0;
+}
+
+/* While an import copies its rows, the store takes calls on its other
+ * sessions, and a call on the one being made waits for it, then runs
+ * over its whole history. */
+Test(kv_move, an_import_copies_without_the_lock, .timeout = 300) {
+  attn_engine *e = topen(2, NULL);
+  attn_kv_store *a = tkv_open_store(e, 64 * MIB, true, NULL);
+  tkv_stream s = tkv_stream_make_dv(4, 2, 64, 64, false, 301, ATTN_F32, 79),
+             other = tkv_stream_make_dv(4, 2, 64, 64, false, 301, ATTN_F32, 80);
+  tkv_make(a, "", "o", &other, 1, 512, 600, 0);
+  kvf_header *h = calloc(1, sizeof *h);
+  snprintf(h->id, sizeof h->id, "n");
+  h->shape = (attn_kv_shape){
+      .heads_kv = 2, .head_dim = 64, .dtype = ATTN_F32, .layers = 1, .max_tokens = 512};
+  h->ttl_s = h->left_s = 600;
+  h->length[0] = IMPORTED;
+  h->absmax[0][0] = attn__absmax(s.k, ATTN_F32, (size_t)(2 * s.n * 64));
+  h->absmax[0][1] = attn__absmax(s.v, ATTN_F32, (size_t)(2 * s.n * 64));
+  slow_fill f = {&s, &other, {.kv = a, .s = &s, .id = "n", .layer = 0, .pos = IMPORTED}};
+  attn_status st;
+  cr_assert_eq(attn__kvf_install(a, h, 600, 1, true, fill_slowly, &f, &st), 0, "%s", st.message);
+  pthread_join(f.waiter.th, NULL);
+  cr_expect_leq(f.waiter.err, ttol(s.dt), "the call that waited for the import: error %g",
+                f.waiter.err);
+  attn_kv_info info;
+  int64_t len;
+  cr_assert_eq(attn_kv_get(a, "", "n", 1, &info, &len, 1, &st), 0, "%s", st.message);
+  cr_expect_eq(len, IMPORTED + 1);
+  free(h);
+  tkv_stream_free(&s);
+  tkv_stream_free(&other);
+  attn_kv_close(a);
   attn_engine_close(e);
 }

@@ -29,6 +29,29 @@ static inline bool rf_ok(const blk_ctx *c) {
   return !c->bf16dp && c->nrows <= RF_MAX && c->a->r->head_dim % VL == 0;
 }
 
+/* Whether a decode step's block (the request has one query position)
+ * reads quantized pages' codes in place here, so that flash.c takes no
+ * BF16 products for it. A prefill's blocks dequantize their tiles
+ * (dq_tile), each reused across the block's rows: all of them, so that
+ * its few-rows tail blocks round as the others do. */
+static inline bool rf_quant(const blk_ctx *c) {
+  return c->a->r->kv_quant && c->a->r->seq_q == 1 && c->nrows <= RF_MAX &&
+         c->a->r->head_dim % VL == 0;
+}
+
+/* VL elements of a K or V row at p: of dtype dt, or q's codes (dq_code). */
+INLINE vf rf_load(const char *p, attn_dtype dt, const attn_kv_quant q) {
+  return q ? dq_code((const uint8_t *)p, q) : vload_cvt(p, dt);
+}
+
+/* Key scales ks[0..nk) times dq_unit(q) in lanes 4·jj..4·jj+3, as rf_reduce
+ * lays out the scores of key jj (a masked load: no scale past the tile's). */
+INLINE __m512 rf_key_scales(const float *ks, int64_t nk, attn_kv_quant q) {
+  const __m512 k = _mm512_maskz_loadu_ps((__mmask16)((1u << nk) - 1), ks);
+  const __m512i idx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  return vmul(_mm512_permutexvar_ps(idx, k), vset1(dq_unit(q)));
+}
+
 /* 16 vectors a[4·ii + jj] to one: lane 4·jj + ii holds the sum of a[4·ii +
  * jj]'s lanes (two 256-bit, then 128-bit, then in-lane halvings). */
 INLINE __m512 rf_reduce(__m512 a[16]) {
@@ -47,42 +70,53 @@ INLINE __m512 rf_reduce(__m512 a[16]) {
 
 /* Scores of RF_KEYS keys (nk of them real) at kp, rows ldk elements apart,
  * into st rows j..j+nk (lanes 0..RF_MAX-1). Q rows are pre-scaled (rf_begin). */
-INLINE void rf_scores4(const blk_ctx *c, const char *kp, int64_t ldk, int64_t j, int64_t nk) {
+INLINE void rf_scores4(const blk_ctx *c, const char *kp, int64_t ldk, int64_t j, int64_t nk,
+                       const attn_kv_quant q) {
   const attn_dtype dt = c->a->r->dtype;
-  const size_t es = attn_dtype_size(dt);
+  const size_t es = q ? 1 : attn_dtype_size(dt);
   const int64_t D = c->a->r->head_dim;
   __m512 acc[RF_MAX * RF_KEYS];
   UNROLL for (int n = 0; n < RF_MAX * RF_KEYS; n++) acc[n] = vset1(0.0f);
   for (int64_t d = 0; d < D; d += VL) {
     vf k[RF_KEYS];
     UNROLL for (int jj = 0; jj < RF_KEYS; jj++) k[jj] =
-        jj < nk ? vload_cvt(kp + (size_t)(jj * ldk + d) * es, dt) : vset1(0.0f);
+        jj < nk ? rf_load(kp + (size_t)(jj * ldk + d) * es, dt, q) : vset1(0.0f);
     UNROLL for (int ii = 0; ii < RF_MAX; ii++) {
-      const vf q = vload(c->qt + ii * D + d);
+      const vf qv = vload(c->qt + ii * D + d);
       UNROLL for (int jj = 0; jj < RF_KEYS; jj++) acc[ii * RF_KEYS + jj] =
-          vfma(k[jj], q, acc[ii * RF_KEYS + jj]);
+          vfma(k[jj], qv, acc[ii * RF_KEYS + jj]);
     }
   }
-  const __m512 s = rf_reduce(acc);
+  __m512 s = rf_reduce(acc);
+  if (q)
+    s = vmul(s, rf_key_scales(c->ksc + j, nk, q));
   UNROLL for (int jj = 0; jj < RF_KEYS; jj++) if (jj < nk)
       _mm_storeu_ps(c->st + (j + jj) * BQ, _mm512_extractf32x4_ps(s, jj));
 }
 
-static void rf_scores(blk_ctx *c, int64_t nkt) {
-  const size_t es = attn_dtype_size(c->a->r->dtype);
+INLINE void rf_scores_q(blk_ctx *c, int64_t nkt, const attn_kv_quant q) {
   const int64_t parts = (nkt + RF_KEYS - 1) / RF_KEYS;
   for (int64_t j = 0; j < nkt; j += RF_KEYS) {
     prefetch_next(c, j / RF_KEYS, parts);
-    rf_scores4(c, c->kt + (size_t)(j * c->kstep) * es, c->kstep, j,
-               nkt - j < RF_KEYS ? nkt - j : RF_KEYS);
+    rf_scores4(c, c->kt + (size_t)(j * c->kstep) * c->kves, c->kstep, j,
+               nkt - j < RF_KEYS ? nkt - j : RF_KEYS, q);
+  }
+}
+
+static void rf_scores(blk_ctx *c, int64_t nkt) {
+  switch (c->incodes ? c->a->r->kv_quant : ATTN_KVQ_NONE) {
+  case ATTN_KVQ_I8: rf_scores_q(c, nkt, ATTN_KVQ_I8); break;
+  case ATTN_KVQ_F8_E4M3: rf_scores_q(c, nkt, ATTN_KVQ_F8_E4M3); break;
+  default: rf_scores_q(c, nkt, ATTN_KVQ_NONE); break;
   }
 }
 
 /* O rows d0 .. d0 + nc·VL (rf_o, [nr][D] in the V workspace) = alpha·O +
  * P·V: nr·nc accumulators in registers, V rows widened once per key. */
-INLINE void rf_values_chunk(blk_ctx *c, int64_t nkt, int64_t d0, const int nr, const int nc) {
+INLINE void rf_values_chunk(blk_ctx *c, int64_t nkt, int64_t d0, const int nr, const int nc,
+                            const attn_kv_quant q) {
   const attn_dtype dt = c->a->r->dtype;
-  const size_t es = attn_dtype_size(dt);
+  const size_t es = q ? 1 : attn_dtype_size(dt);
   const int64_t D = c->a->r->head_dim;
   vf acc[RF_MAX][RF_DCHUNK];
   UNROLL for (int ii = 0; ii < nr; ii++) UNROLL for (int v = 0; v < nc; v++) acc[ii][v] =
@@ -90,7 +124,7 @@ INLINE void rf_values_chunk(blk_ctx *c, int64_t nkt, int64_t d0, const int nr, c
   const char *vr = c->vt + (size_t)d0 * es;
   for (int64_t j = 0; j < nkt; j++, vr += (size_t)c->vstep * es) {
     vf x[RF_DCHUNK];
-    UNROLL for (int v = 0; v < nc; v++) x[v] = vload_cvt(vr + v * VL * es, dt);
+    UNROLL for (int v = 0; v < nc; v++) x[v] = rf_load(vr + v * VL * es, dt, q);
     UNROLL for (int ii = 0; ii < nr; ii++) {
       const vf p = vset1(c->st[j * BQ + ii]);
       UNROLL for (int v = 0; v < nc; v++) acc[ii][v] = vfma(p, x[v], acc[ii][v]);
@@ -100,16 +134,16 @@ INLINE void rf_values_chunk(blk_ctx *c, int64_t nkt, int64_t d0, const int nr, c
       vstore(c->vb + ii * D + d0 + v * VL, acc[ii][v]);
 }
 
-#define RF_NC(NR, NC)                                         \
-  switch (NC) {                                               \
-  case 1: rf_values_chunk(c, nkt, d0, NR, 1); break;          \
-  case 2: rf_values_chunk(c, nkt, d0, NR, 2); break;          \
-  case 3: rf_values_chunk(c, nkt, d0, NR, 3); break;          \
-  default: rf_values_chunk(c, nkt, d0, NR, RF_DCHUNK); break; \
+#define RF_NC(NR, NC)                                            \
+  switch (NC) {                                                  \
+  case 1: rf_values_chunk(c, nkt, d0, NR, 1, q); break;          \
+  case 2: rf_values_chunk(c, nkt, d0, NR, 2, q); break;          \
+  case 3: rf_values_chunk(c, nkt, d0, NR, 3, q); break;          \
+  default: rf_values_chunk(c, nkt, d0, NR, RF_DCHUNK, q); break; \
   }
 
 /* O rows = alpha·O rows + P·V, RF_DCHUNK vectors of head_dim at a time. */
-static void rf_values(blk_ctx *c, int64_t nkt) {
+INLINE void rf_values_q(blk_ctx *c, int64_t nkt, const attn_kv_quant q) {
   const int64_t D = c->a->r->head_dim;
   for (int64_t d0 = 0; d0 < D; d0 += RF_DCHUNK * VL) {
     const int nc = (D - d0) / VL < RF_DCHUNK ? (int)((D - d0) / VL) : RF_DCHUNK;
@@ -122,6 +156,19 @@ static void rf_values(blk_ctx *c, int64_t nkt) {
   }
 }
 #undef RF_NC
+
+static void rf_values(blk_ctx *c, int64_t nkt) {
+  const attn_kv_quant q = c->incodes ? c->a->r->kv_quant : ATTN_KVQ_NONE;
+  if (q) /* each row's V scale into its P: the codes times P, then */
+    for (int64_t j = 0; j < nkt; j++)
+      _mm_storeu_ps(c->st + j * BQ,
+                    _mm_mul_ps(_mm_loadu_ps(c->st + j * BQ), _mm_set1_ps(c->vsc[j] * dq_unit(q))));
+  switch (q) {
+  case ATTN_KVQ_I8: rf_values_q(c, nkt, ATTN_KVQ_I8); break;
+  case ATTN_KVQ_F8_E4M3: rf_values_q(c, nkt, ATTN_KVQ_F8_E4M3); break;
+  default: rf_values_q(c, nkt, ATTN_KVQ_NONE); break;
+  }
+}
 
 /* Q rows pre-scaled in qt ([RF_MAX][D], padding rows 0), O rows 0, and the
  * score tile's lanes 0 (lanes past RF_MAX are never written, only read). */
@@ -150,6 +197,10 @@ static void rf_end(blk_ctx *c) {
 #else
 /* Only the AVX-512 instances run few rows along head_dim in F32. */
 static inline bool rf_ok(const blk_ctx *c) {
+  (void)c;
+  return false;
+}
+static inline bool rf_quant(const blk_ctx *c) {
   (void)c;
   return false;
 }

@@ -232,16 +232,16 @@ static inline vf dq_code(const uint8_t *p, attn_kv_quant q) {
                       _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8));
   return _mm512_cvtph_ps(h);
 }
-/* 32 E4M3 codes at p as two vectors times s: the bit moves on 32 lanes at
- * once (ternary logic 0xE4: the mask's bits from w << 8, the sign, the
- * others from w << 7; bit 14 then cleared). */
-static inline void dq_e4m3_32(const uint8_t *p, vf s, vf *lo, vf *hi) {
+/* 32 E4M3 codes at p as two vectors, unscaled (dq_code's): the bit moves
+ * on 32 lanes at once (ternary logic 0xE4: the mask's bits from w << 8,
+ * the sign, the others from w << 7; bit 14 then cleared). */
+static inline void dq_e4m3_32(const uint8_t *p, vf *lo, vf *hi) {
   const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)p));
   const __m512i h = _mm512_ternarylogic_epi32(_mm512_slli_epi16(w, 8), _mm512_slli_epi16(w, 7),
                                               _mm512_set1_epi16((short)0x8000), 0xE4);
   const __m512i m = _mm512_and_si512(h, _mm512_set1_epi16((short)0xBF80));
-  *lo = vmul(_mm512_cvtph_ps(_mm512_castsi512_si256(m)), s);
-  *hi = vmul(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(m, 1)), s);
+  *lo = _mm512_cvtph_ps(_mm512_castsi512_si256(m));
+  *hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(m, 1));
 }
 #elif ATTN_ISA == 256
 static inline vf dq_code(const uint8_t *p, attn_kv_quant q) {
@@ -293,9 +293,9 @@ static inline __attribute__((always_inline)) void dq_rows_as(const uint8_t *src,
 #if ATTN_ISA == 512
     for (; q == ATTN_KVQ_F8_E4M3 && k + 2 * VL <= W; k += 2 * VL) {
       vf lo, hi;
-      dq_e4m3_32(row + k, s, &lo, &hi);
-      dq_store(out + (size_t)k * es, lo, dt);
-      dq_store(out + (size_t)(k + VL) * es, hi, dt);
+      dq_e4m3_32(row + k, &lo, &hi);
+      dq_store(out + (size_t)k * es, vmul(lo, s), dt);
+      dq_store(out + (size_t)(k + VL) * es, vmul(hi, s), dt);
     }
 #endif
     for (; k + VL <= W; k += VL)

@@ -44,10 +44,22 @@ INLINE vf rf_load(const char *p, attn_dtype dt, const attn_kv_quant q) {
   return q ? dq_code((const uint8_t *)p, q) : vload_cvt(p, dt);
 }
 
+/* n (1 or 2) vectors of a K or V row at p into x: E4M3 codes two at a
+ * time (dq_e4m3_32), else one by one. */
+INLINE void rf_load_n(const char *p, attn_dtype dt, const attn_kv_quant q, vf *x, const int n) {
+  const size_t es = q ? 1 : attn_dtype_size(dt);
+  if (q == ATTN_KVQ_F8_E4M3 && n == 2) {
+    dq_e4m3_32((const uint8_t *)p, &x[0], &x[1]);
+    return;
+  }
+  UNROLL for (int v = 0; v < n; v++) x[v] = rf_load(p + (size_t)(v * VL) * es, dt, q);
+}
+
 /* Key scales ks[0..nk) times dq_unit(q) in lanes 4·jj..4·jj+3, as rf_reduce
  * lays out the scores of key jj (a masked load: no scale past the tile's). */
 INLINE __m512 rf_key_scales(const float *ks, int64_t nk, attn_kv_quant q) {
-  const __m512 k = _mm512_maskz_loadu_ps((__mmask16)((1u << nk) - 1), ks);
+  const __m512 k = nk == RF_KEYS ? _mm512_castps128_ps512(_mm_loadu_ps(ks))
+                                 : _mm512_maskz_loadu_ps((__mmask16)((1u << nk) - 1), ks);
   const __m512i idx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
   return vmul(_mm512_permutexvar_ps(idx, k), vset1(dq_unit(q)));
 }
@@ -68,25 +80,39 @@ INLINE __m512 rf_reduce(__m512 a[16]) {
   return _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], 0x88), _mm512_shuffle_ps(e[0], e[1], 0xdd));
 }
 
-/* Scores of RF_KEYS keys (nk of them real) at kp, rows ldk elements apart,
- * into st rows j..j+nk (lanes 0..RF_MAX-1). Q rows are pre-scaled (rf_begin). */
-INLINE void rf_scores4(const blk_ctx *c, const char *kp, int64_t ldk, int64_t j, int64_t nk,
-                       const attn_kv_quant q) {
+/* acc += Q rows' n vectors from d times those of RF_KEYS keys (nk real). */
+INLINE void rf_qk(const blk_ctx *c, const char *kp, int64_t ldk, int64_t nk, int64_t d,
+                  const attn_kv_quant q, __m512 acc[RF_MAX * RF_KEYS], const int n) {
   const attn_dtype dt = c->a->r->dtype;
   const size_t es = q ? 1 : attn_dtype_size(dt);
   const int64_t D = c->a->r->head_dim;
+  vf k[RF_KEYS][2];
+  UNROLL for (int jj = 0; jj < RF_KEYS; jj++) {
+    if (jj < nk)
+      rf_load_n(kp + (size_t)(jj * ldk + d) * es, dt, q, k[jj], n);
+    else
+      UNROLL for (int v = 0; v < n; v++) k[jj][v] = vset1(0.0f);
+  }
+  UNROLL for (int ii = 0; ii < RF_MAX; ii++) UNROLL for (int v = 0; v < n; v++) {
+    const vf qv = vload(c->qt + ii * D + d + v * VL);
+    UNROLL for (int jj = 0; jj < RF_KEYS; jj++) acc[ii * RF_KEYS + jj] =
+        vfma(k[jj][v], qv, acc[ii * RF_KEYS + jj]);
+  }
+}
+
+/* Scores of RF_KEYS keys (nk of them real) at kp, rows ldk elements apart,
+ * into st rows j..j+nk (lanes 0..RF_MAX-1). Q rows are pre-scaled (rf_begin);
+ * codes read in place are scaled here, per key. */
+INLINE void rf_scores4(const blk_ctx *c, const char *kp, int64_t ldk, int64_t j, int64_t nk,
+                       const attn_kv_quant q) {
+  const int64_t D = c->a->r->head_dim;
   __m512 acc[RF_MAX * RF_KEYS];
   UNROLL for (int n = 0; n < RF_MAX * RF_KEYS; n++) acc[n] = vset1(0.0f);
-  for (int64_t d = 0; d < D; d += VL) {
-    vf k[RF_KEYS];
-    UNROLL for (int jj = 0; jj < RF_KEYS; jj++) k[jj] =
-        jj < nk ? rf_load(kp + (size_t)(jj * ldk + d) * es, dt, q) : vset1(0.0f);
-    UNROLL for (int ii = 0; ii < RF_MAX; ii++) {
-      const vf qv = vload(c->qt + ii * D + d);
-      UNROLL for (int jj = 0; jj < RF_KEYS; jj++) acc[ii * RF_KEYS + jj] =
-          vfma(k[jj], qv, acc[ii * RF_KEYS + jj]);
-    }
-  }
+  int64_t d = 0;
+  for (; d + 2 * VL <= D; d += 2 * VL)
+    rf_qk(c, kp, ldk, nk, d, q, acc, 2);
+  if (d < D)
+    rf_qk(c, kp, ldk, nk, d, q, acc, 1);
   __m512 s = rf_reduce(acc);
   if (q)
     s = vmul(s, rf_key_scales(c->ksc + j, nk, q));
@@ -124,7 +150,8 @@ INLINE void rf_values_chunk(blk_ctx *c, int64_t nkt, int64_t d0, const int nr, c
   const char *vr = c->vt + (size_t)d0 * es;
   for (int64_t j = 0; j < nkt; j++, vr += (size_t)c->vstep * es) {
     vf x[RF_DCHUNK];
-    UNROLL for (int v = 0; v < nc; v++) x[v] = rf_load(vr + v * VL * es, dt, q);
+    UNROLL for (int v = 0; v < nc; v += 2)
+      rf_load_n(vr + (size_t)(v * VL) * es, dt, q, x + v, nc - v < 2 ? 1 : 2);
     UNROLL for (int ii = 0; ii < nr; ii++) {
       const vf p = vset1(c->st[j * BQ + ii]);
       UNROLL for (int v = 0; v < nc; v++) acc[ii][v] = vfma(p, x[v], acc[ii][v]);

@@ -375,8 +375,8 @@ static void block_kind(blk_ctx *c) {
   const attn_request *r = c->a->r;
   c->nrows = c->blk->nh * c->blk->nq;
   c->incodes = rf_quant(c); /* then F32 products (rf_*): rowf below */
-  c->bf16dp = r->dtype == ATTN_BF16 && r->head_dim % 2 == 0 && (ATTN_DPBF16 || ATTN_AMX) &&
-              !c->incodes;
+  c->bf16dp =
+      r->dtype == ATTN_BF16 && r->head_dim % 2 == 0 && (ATTN_DPBF16 || ATTN_AMX) && !c->incodes;
   c->rowwise = rw_ok(c);
   c->amxrows = ar_ok(c);
   c->rowf = rf_ok(c);

@@ -210,14 +210,16 @@ static int64_t tile_len(const blk_ctx *c, int64_t j0) {
 /* ---- quantized pages ----------------------------------------------------- */
 
 /*
- * A quantized tile (attn_request.kv_quant) is dequantized into the block's
- * scratch rows in the request's dtype, and every path then reads them as it
- * reads a tile of that dtype. The dequantization reads half the bytes BF16
- * pages would (a quarter of F32's), which is what a decode step, bound by
- * memory, gains; so it is vector code where there are vectors. An E4M3 code
- * becomes an F16 of its value times 2^-8 by moving its 7 exponent and
- * mantissa bits to bit 7 (attn_e4m3_to_f32), whose F32 times scale·2^8 is
- * the same product code·scale the scalar tail computes.
+ * A quantized tile (attn_request.kv_quant) is read one of two ways. A
+ * decode step's blocks on the AVX-512 kernels read its codes in place
+ * (flash_rows.h, rf_quant): dq_code widens them to F32 unscaled, and the
+ * row scales (times dq_unit) multiply the scores and P instead. Every
+ * other block dequantizes the tile into its scratch rows in the request's
+ * dtype (dq_tile), and its path then reads them as it reads a tile of
+ * that dtype; a prefill reuses each converted tile across its rows. An
+ * E4M3 code becomes an F16 of its value times 2^-8 by moving its 7
+ * exponent and mantissa bits to bit 7 (attn_e4m3_to_f32), whose F32 times
+ * scale·2^8 is the same product code·scale the scalar tail computes.
  */
 #if ATTN_ISA == 512
 /* VL codes at p as F32, unscaled: an I8 code's value, an E4M3 code's

@@ -16,7 +16,17 @@
  * the next tile prefetched meanwhile (prefetch_next). Scores
  * and P still go through the transposed score tile, so masks, variants
  * and the softmax are shared. F32 FMAs for F32 and F16 inputs (widened
- * exactly), and for BF16 in the instance without BF16 products. */
+ * exactly), and for BF16 in the instance without BF16 products.
+ *
+ * Quantized pages. A decode step over them takes this path on every
+ * AVX-512 instance, whatever the dtype (rf_quant): K and V codes are
+ * widened to F32 where they lie (dq_code, E4M3 32 at a time), each key's
+ * scale multiplies its 4 scores after the reduction and each value row's
+ * scale its P (after the softmax, whose sums it must not change). So a
+ * tile is read once, at a byte an element, with no scratch rows and no
+ * rounding of code·scale to the dtype: the arithmetic is that of F32
+ * inputs. Each widened K or V vector serves all the block's rows, a GQA
+ * group's query heads. */
 #ifndef ATTN_CPU_FLASH_ROWS_H
 #define ATTN_CPU_FLASH_ROWS_H
 
@@ -151,7 +161,7 @@ INLINE void rf_values_chunk(blk_ctx *c, int64_t nkt, int64_t d0, const int nr, c
   for (int64_t j = 0; j < nkt; j++, vr += (size_t)c->vstep * es) {
     vf x[RF_DCHUNK];
     UNROLL for (int v = 0; v < nc; v += 2)
-      rf_load_n(vr + (size_t)(v * VL) * es, dt, q, x + v, nc - v < 2 ? 1 : 2);
+        rf_load_n(vr + (size_t)(v * VL) * es, dt, q, x + v, nc - v < 2 ? 1 : 2);
     UNROLL for (int ii = 0; ii < nr; ii++) {
       const vf p = vset1(c->st[j * BQ + ii]);
       UNROLL for (int v = 0; v < nc; v++) acc[ii][v] = vfma(p, x[v], acc[ii][v]);

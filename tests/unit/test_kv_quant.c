@@ -256,8 +256,8 @@ static int run_quant(attn_engine *e, const char *isa, tcase *c, const tref *ref[
     const bool codes = reads_codes(isa, c);
     terr err = tref_check(c, ref[codes]);
     bool ok = err.o <= ttol(c->p.dt) && err.masked_ok && err.stats <= 1e-5;
-    cr_expect(ok, "%s: O error %.3g (tol %.0e), stats %.3g%s", what, err.o, ttol(c->p.dt), err.stats,
-              codes ? " against the pages' values" : "");
+    cr_expect(ok, "%s: O error %.3g (tol %.0e), stats %.3g%s", what, err.o, ttol(c->p.dt),
+              err.stats, codes ? " against the pages' values" : "");
     fails += !ok;
     /* (amx's dense F16 runs its packed split tiles, which quantized
      * tiles skip for F32 products: the same tolerance, other bits) */
@@ -322,13 +322,12 @@ Test(kv_quant, decode, .timeout = 600) {
   tprob mqa = tprob_make(1, 4, 1, 1, 700, 37, ATTN_F32);
   mqa.causal = true;
   fails += run_everywhere(e, mqa, 20);
-  /* head dims the in-place path unrolls differently, a group of 3 and
-   * one of 1, causal and not (tiles end mid-page: pages of 64 and 128,
-   * split keys) */
-  static const int64_t dims[] = {64, 96, 256, 48};
+  /* {heads_q, heads_kv, head_dim}: head dims the in-place path steps
+   * through differently (48: E4M3 32 codes, then 16), groups of 3 and 1,
+   * causal and not, the keys ending mid-page */
+  static const int64_t shapes[4][3] = {{6, 2, 64}, {6, 6, 96}, {6, 2, 256}, {3, 1, 48}};
   for (int i = 0; i < 4; i++) {
-    tprob p = tprob_make(1, i == 3 ? 3 : 6, i == 1 ? 6 : i == 3 ? 1 : 2, 1, 333 + 40 * i, dims[i],
-                         ATTN_F32);
+    tprob p = tprob_make(1, shapes[i][0], shapes[i][1], 1, 333 + 40 * i, shapes[i][2], ATTN_F32);
     p.causal = i % 2 == 0;
     fails += run_everywhere(e, p, 30 + (uint64_t)i);
   }

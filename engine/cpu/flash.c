@@ -387,7 +387,6 @@ static void block_kind(blk_ctx *c) {
 /* Everything about the block known before its first tile; Qᵀ loaded. */
 static void block_begin(blk_ctx *c) {
   block_kind(c);
-  c->kves = c->incodes ? 1 : attn_dtype_size(c->a->r->dtype);
   c->nv = (int)((c->nrows + VL - 1) / VL);
   c->lanes = (int64_t)c->nv * VL;
   c->hk = c->blk->h0 / c->a->group;

@@ -349,10 +349,13 @@ static void dq_tile(blk_ctx *c, int64_t j0, int64_t nkt) {
 }
 
 /* Where K and V of the block's (batch, KV head) are: the dense tensors'
- * rows, or that head's page tables (no pointer into r->k when it is NULL). */
+ * rows, or that head's page tables (no pointer into r->k when it is NULL);
+ * and their element's bytes as kt and vt will hold it (after incodes is
+ * known). */
 static void kv_head(blk_ctx *c) {
   const attn_request *r = c->a->r;
   const int64_t b = c->blk->b, hk = c->hk;
+  c->kves = c->incodes ? 1 : attn_dtype_size(r->dtype);
   if (r->k_pages) {
     const int64_t t = (b * r->heads_kv + hk) * r->pages_per_head;
     c->kpg = r->k_pages + t;

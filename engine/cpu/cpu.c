@@ -351,7 +351,7 @@ static void plan_pack(cpu_job *cj) {
   const int64_t words = attn__flash_pack_words(r);
   const bool worth = cj->ncompute >= 2 * heads && cj->hb * r->seq_q > PACK_MIN_ROWS;
   if (!cj->s->isa->pack_keys || !words || cj->nsplit || cj->args.wl >= 0 || ntiles == 0 || !worth ||
-      cj->job->here || r->kv_quant) /* quantized tiles are dequantized per block (dq_tile) */
+      cj->job->here || r->kv_quant) /* quantized tiles are read per block (dq_tile, rf_quant) */
     return;
   cj->kvpack = malloc((size_t)(heads * ntiles * words) * sizeof *cj->kvpack);
   if (!cj->kvpack) /* the blocks pack their own tiles (F16: take F32) */

@@ -194,7 +194,7 @@ static void see_tile(const blk_ctx *c, int64_t j0, int64_t nkt) {
 /* The tile's rows (kt, vt), and the next tile's (pk, pv, pn rows; pn 0 at
  * the last tile) for the decode path to prefetch. */
 static void tile_rows(blk_ctx *c, int64_t j0, int64_t nkt) {
-  if (c->a->r->kv_quant) {
+  if (c->a->r->kv_quant && !c->incodes) {
     dq_tile(c, j0, nkt);
     return;
   }
@@ -203,6 +203,18 @@ static void tile_rows(blk_ctx *c, int64_t j0, int64_t nkt) {
   if ((c->rowf || c->rowwise || c->amx) && j0 + nkt <= c->jhi) {
     row_ptrs(c, j0 + nkt, &c->pk, &c->pv, &c->pks, &c->pvs);
     c->pn = tile_len(c, j0 + nkt);
+  }
+  if (!c->incodes)
+    return;
+  c->ksc = dq_scales(c, c->kpg, j0);
+  c->vsc = dq_scales(c, c->vpg, j0);
+  if (!c->pn)
+    return;
+  const char *ks = (const char *)dq_scales(c, c->kpg, j0 + nkt);
+  const char *vs = (const char *)dq_scales(c, c->vpg, j0 + nkt);
+  for (int64_t b = 0; b < c->pn * 4; b += 64) { /* the next tile's scales */
+    __builtin_prefetch(ks + b, 0, 2);
+    __builtin_prefetch(vs + b, 0, 2);
   }
 }
 
@@ -362,7 +374,9 @@ static void block_layout(blk_ctx *c, float *ws, bool second) {
 static void block_kind(blk_ctx *c) {
   const attn_request *r = c->a->r;
   c->nrows = c->blk->nh * c->blk->nq;
-  c->bf16dp = r->dtype == ATTN_BF16 && r->head_dim % 2 == 0 && (ATTN_DPBF16 || ATTN_AMX);
+  c->incodes = rf_quant(c); /* then F32 products (rf_*): rowf below */
+  c->bf16dp =
+      r->dtype == ATTN_BF16 && r->head_dim % 2 == 0 && (ATTN_DPBF16 || ATTN_AMX) && !c->incodes;
   c->rowwise = rw_ok(c);
   c->amxrows = ar_ok(c);
   c->rowf = rf_ok(c);

@@ -65,6 +65,13 @@ typedef struct blk_ctx {
    * each for the tile's K and V dequantized (dq_tile), which kt and vt
    * then point at. */
   char *kq, *vq;
+  /* A decode block over quantized pages reads the tiles' codes in place
+   * instead (incodes, flash_rows.h: rf_quant): kt and vt at the codes,
+   * ksc and vsc at their rows' scales. kves: the bytes of a K or V
+   * element as kt and vt hold it (1 for codes, else the dtype's). */
+  bool incodes;
+  size_t kves;
+  const float *ksc, *vsc;
 } blk_ctx;
 
 static const char *q_row(const blk_ctx *c, int64_t h, int64_t i) {
@@ -81,7 +88,7 @@ static const char *q_row(const blk_ctx *c, int64_t h, int64_t i) {
  * rate with it). Into L2, not L1: a tile ahead is as large as L1 and would
  * evict the tile being computed. */
 static inline void prefetch_next(const blk_ctx *c, int64_t part, int64_t parts) {
-  const size_t es = attn_dtype_size(c->a->r->dtype), row = (size_t)c->a->r->head_dim * es;
+  const size_t es = c->kves, row = (size_t)c->a->r->head_dim * es;
   for (int64_t j = part * c->pn / parts; j < (part + 1) * c->pn / parts; j++)
     for (size_t b = 0; b < row; b += 64) {
       _mm_prefetch(c->pk + (size_t)(j * c->pks) * es + b, _MM_HINT_T1);
@@ -174,7 +181,7 @@ static void variant_tile(blk_ctx *c, int64_t j0, int64_t nkt) {
 static void row_ptrs(const blk_ctx *c, int64_t j0, const char **k, const char **v, int64_t *kstep,
                      int64_t *vstep) {
   const attn_request *r = c->a->r;
-  const size_t es = attn_dtype_size(r->dtype);
+  const size_t es = c->kves;
   if (c->kpg) {
     const int64_t pt = r->page_tokens, row = (j0 % pt) * r->head_dim;
     *k = (const char *)c->kpg[j0 / pt] + (size_t)row * es;
@@ -203,48 +210,58 @@ static int64_t tile_len(const blk_ctx *c, int64_t j0) {
 /* ---- quantized pages ----------------------------------------------------- */
 
 /*
- * A quantized tile (attn_request.kv_quant) is dequantized into the block's
- * scratch rows in the request's dtype, and every path then reads them as it
- * reads a tile of that dtype. The dequantization reads half the bytes BF16
- * pages would (a quarter of F32's), which is what a decode step, bound by
- * memory, gains; so it is vector code where there are vectors. An E4M3 code
- * becomes an F16 of its value times 2^-8 by moving its 7 exponent and
- * mantissa bits to bit 7 (attn_e4m3_to_f32), whose F32 times scale·2^8 is
- * the same product code·scale the scalar tail computes.
+ * A quantized tile (attn_request.kv_quant) is read one of two ways. A
+ * decode step's blocks on the AVX-512 kernels read its codes in place
+ * (flash_rows.h, rf_quant): dq_code widens them to F32 unscaled, and the
+ * row scales (times dq_unit) multiply the scores and P instead. Every
+ * other block dequantizes the tile into its scratch rows in the request's
+ * dtype (dq_tile), and its path then reads them as it reads a tile of
+ * that dtype; a prefill reuses each converted tile across its rows. An
+ * E4M3 code becomes an F16 of its value times 2^-8 by moving its 7
+ * exponent and mantissa bits to bit 7 (attn_e4m3_to_f32), whose F32 times
+ * scale·2^8 is the same product code·scale the scalar tail computes.
  */
 #if ATTN_ISA == 512
-static inline vf dq_vec(const uint8_t *p, attn_kv_quant q, vf s) {
+/* VL codes at p as F32, unscaled: an I8 code's value, an E4M3 code's
+ * value times 2^-8 (dq_unit). */
+static inline vf dq_code(const uint8_t *p, attn_kv_quant q) {
   const __m128i b = _mm_loadu_si128((const __m128i *)p);
   if (q == ATTN_KVQ_I8)
-    return vmul(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), s);
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
   const __m256i w = _mm256_cvtepu8_epi16(b);
   const __m256i h =
       _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7f)), 7),
                       _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8));
-  return vmul(_mm512_cvtph_ps(h), s);
+  return _mm512_cvtph_ps(h);
 }
-/* 32 E4M3 codes at p as two vectors times s: the bit moves on 32 lanes at
- * once (ternary logic 0xE4: the mask's bits from w << 8, the sign, the
- * others from w << 7; bit 14 then cleared). */
-static inline void dq_e4m3_32(const uint8_t *p, vf s, vf *lo, vf *hi) {
+/* 32 E4M3 codes at p as two vectors, unscaled (dq_code's): the bit moves
+ * on 32 lanes at once (ternary logic 0xE4: the mask's bits from w << 8,
+ * the sign, the others from w << 7; bit 14 then cleared). */
+static inline void dq_e4m3_32(const uint8_t *p, vf *lo, vf *hi) {
   const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)p));
   const __m512i h = _mm512_ternarylogic_epi32(_mm512_slli_epi16(w, 8), _mm512_slli_epi16(w, 7),
                                               _mm512_set1_epi16((short)0x8000), 0xE4);
   const __m512i m = _mm512_and_si512(h, _mm512_set1_epi16((short)0xBF80));
-  *lo = vmul(_mm512_cvtph_ps(_mm512_castsi512_si256(m)), s);
-  *hi = vmul(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(m, 1)), s);
+  *lo = _mm512_cvtph_ps(_mm512_castsi512_si256(m));
+  *hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(m, 1));
 }
 #elif ATTN_ISA == 256
-static inline vf dq_vec(const uint8_t *p, attn_kv_quant q, vf s) {
+static inline vf dq_code(const uint8_t *p, attn_kv_quant q) {
   const __m128i b = _mm_loadl_epi64((const __m128i *)p);
   if (q == ATTN_KVQ_I8)
-    return vmul(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), s);
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
   const __m128i w = _mm_cvtepu8_epi16(b);
   const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7f)), 7),
                                  _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8));
-  return vmul(_mm256_cvtph_ps(h), s);
+  return _mm256_cvtph_ps(h);
 }
 #endif
+#if ATTN_ISA
+static inline vf dq_vec(const uint8_t *p, attn_kv_quant q, vf s) { return vmul(dq_code(p, q), s); }
+#endif
+
+/* What dq_code's values are multiplied by besides the row's scale. */
+static inline float dq_unit(attn_kv_quant q) { return q == ATTN_KVQ_I8 ? 1.0f : 256.0f; }
 
 /* VL dequantized values stored in dtype dt: the BF16 instances round with
  * their own instruction (to nearest even, as vstore_cvt). */
@@ -271,16 +288,16 @@ static inline __attribute__((always_inline)) void dq_rows_as(const uint8_t *src,
     char *out = dst + (size_t)(i * W) * es;
     int64_t k = 0;
 #if ATTN_ISA
-    const vf s = vset1(q == ATTN_KVQ_I8 ? sc[i] : sc[i] * 256.0f);
+    const vf s = vset1(sc[i] * dq_unit(q));
     /* the next tile's row, from memory while this one converts */
     for (int64_t b = 0; b < W; b += 64)
       _mm_prefetch((const char *)row + BK * W + b, _MM_HINT_T0);
 #if ATTN_ISA == 512
     for (; q == ATTN_KVQ_F8_E4M3 && k + 2 * VL <= W; k += 2 * VL) {
       vf lo, hi;
-      dq_e4m3_32(row + k, s, &lo, &hi);
-      dq_store(out + (size_t)k * es, lo, dt);
-      dq_store(out + (size_t)(k + VL) * es, hi, dt);
+      dq_e4m3_32(row + k, &lo, &hi);
+      dq_store(out + (size_t)k * es, vmul(lo, s), dt);
+      dq_store(out + (size_t)(k + VL) * es, vmul(hi, s), dt);
     }
 #endif
     for (; k + VL <= W; k += VL)
@@ -307,17 +324,24 @@ static void dq_rows(const uint8_t *src, const float *sc, int64_t n, int64_t W, a
     dq_rows_as(src, sc, n, W, ATTN_KVQ_F8_E4M3, ATTN_F32, dst);
 }
 
+/* Key j0's row scale in its page of the table pg (c->kpg or c->vpg). */
+static const float *dq_scales(const blk_ctx *c, const void *const *pg, int64_t j0) {
+  const attn_request *r = c->a->r;
+  const int64_t pt = r->page_tokens;
+  const char *page = pg[j0 / pt];
+  return (const float *)(page + attn_kv_quant_scales_at(pt, r->head_dim)) + j0 % pt;
+}
+
 /* The tile of nkt keys from j0 (within one page) dequantized: kt and vt
  * point at it, head_dim elements a row; no next tile to prefetch (dq_rows
  * does). A latent session's V pages are its K pages: converted once. */
 static void dq_tile(blk_ctx *c, int64_t j0, int64_t nkt) {
   const attn_request *r = c->a->r;
   const int64_t pt = r->page_tokens, W = r->head_dim, i = j0 % pt;
-  const size_t at = attn_kv_quant_scales_at(pt, W);
   const uint8_t *kp = c->kpg[j0 / pt], *vp = c->vpg[j0 / pt];
-  dq_rows(kp + i * W, (const float *)(kp + at) + i, nkt, W, r->kv_quant, r->dtype, c->kq);
+  dq_rows(kp + i * W, dq_scales(c, c->kpg, j0), nkt, W, r->kv_quant, r->dtype, c->kq);
   if (vp != kp)
-    dq_rows(vp + i * W, (const float *)(vp + at) + i, nkt, W, r->kv_quant, r->dtype, c->vq);
+    dq_rows(vp + i * W, dq_scales(c, c->vpg, j0), nkt, W, r->kv_quant, r->dtype, c->vq);
   c->kt = c->kq;
   c->vt = vp != kp ? c->vq : c->kq;
   c->kstep = c->vstep = W;
@@ -325,10 +349,13 @@ static void dq_tile(blk_ctx *c, int64_t j0, int64_t nkt) {
 }
 
 /* Where K and V of the block's (batch, KV head) are: the dense tensors'
- * rows, or that head's page tables (no pointer into r->k when it is NULL). */
+ * rows, or that head's page tables (no pointer into r->k when it is NULL);
+ * and their element's bytes as kt and vt will hold it (after incodes is
+ * known). */
 static void kv_head(blk_ctx *c) {
   const attn_request *r = c->a->r;
   const int64_t b = c->blk->b, hk = c->hk;
+  c->kves = c->incodes ? 1 : attn_dtype_size(r->dtype);
   if (r->k_pages) {
     const int64_t t = (b * r->heads_kv + hk) * r->pages_per_head;
     c->kpg = r->k_pages + t;

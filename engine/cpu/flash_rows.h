@@ -16,7 +16,17 @@
  * the next tile prefetched meanwhile (prefetch_next). Scores
  * and P still go through the transposed score tile, so masks, variants
  * and the softmax are shared. F32 FMAs for F32 and F16 inputs (widened
- * exactly), and for BF16 in the instance without BF16 products. */
+ * exactly), and for BF16 in the instance without BF16 products.
+ *
+ * Quantized pages. A decode step over them takes this path on every
+ * AVX-512 instance, whatever the dtype (rf_quant): K and V codes are
+ * widened to F32 where they lie (dq_code, E4M3 32 at a time), each key's
+ * scale multiplies its 4 scores after the reduction and each value row's
+ * scale its P (after the softmax, whose sums it must not change). So a
+ * tile is read once, at a byte an element, with no scratch rows and no
+ * rounding of code·scale to the dtype: the arithmetic is that of F32
+ * inputs. Each widened K or V vector serves all the block's rows, a GQA
+ * group's query heads. */
 #ifndef ATTN_CPU_FLASH_ROWS_H
 #define ATTN_CPU_FLASH_ROWS_H
 
@@ -27,6 +37,41 @@ enum { RF_MAX = 4, RF_KEYS = 4, RF_DCHUNK = 4 };
 
 static inline bool rf_ok(const blk_ctx *c) {
   return !c->bf16dp && c->nrows <= RF_MAX && c->a->r->head_dim % VL == 0;
+}
+
+/* Whether a decode step's block (the request has one query position)
+ * reads quantized pages' codes in place here, so that flash.c takes no
+ * BF16 products for it. A prefill's blocks dequantize their tiles
+ * (dq_tile), each reused across the block's rows: all of them, so that
+ * its few-rows tail blocks round as the others do. */
+static inline bool rf_quant(const blk_ctx *c) {
+  return c->a->r->kv_quant && c->a->r->seq_q == 1 && c->nrows <= RF_MAX &&
+         c->a->r->head_dim % VL == 0;
+}
+
+/* VL elements of a K or V row at p: of dtype dt, or q's codes (dq_code). */
+INLINE vf rf_load(const char *p, attn_dtype dt, const attn_kv_quant q) {
+  return q ? dq_code((const uint8_t *)p, q) : vload_cvt(p, dt);
+}
+
+/* n (1 or 2) vectors of a K or V row at p into x: E4M3 codes two at a
+ * time (dq_e4m3_32), else one by one. */
+INLINE void rf_load_n(const char *p, attn_dtype dt, const attn_kv_quant q, vf *x, const int n) {
+  const size_t es = q ? 1 : attn_dtype_size(dt);
+  if (q == ATTN_KVQ_F8_E4M3 && n == 2) {
+    dq_e4m3_32((const uint8_t *)p, &x[0], &x[1]);
+    return;
+  }
+  UNROLL for (int v = 0; v < n; v++) x[v] = rf_load(p + (size_t)(v * VL) * es, dt, q);
+}
+
+/* Key scales ks[0..nk) times dq_unit(q) in lanes 4·jj..4·jj+3, as rf_reduce
+ * lays out the scores of key jj (a masked load: no scale past the tile's). */
+INLINE __m512 rf_key_scales(const float *ks, int64_t nk, attn_kv_quant q) {
+  const __m512 k = nk == RF_KEYS ? _mm512_castps128_ps512(_mm_loadu_ps(ks))
+                                 : _mm512_maskz_loadu_ps((__mmask16)((1u << nk) - 1), ks);
+  const __m512i idx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  return vmul(_mm512_permutexvar_ps(idx, k), vset1(dq_unit(q)));
 }
 
 /* 16 vectors a[4·ii + jj] to one: lane 4·jj + ii holds the sum of a[4·ii +
@@ -45,44 +90,69 @@ INLINE __m512 rf_reduce(__m512 a[16]) {
   return _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], 0x88), _mm512_shuffle_ps(e[0], e[1], 0xdd));
 }
 
-/* Scores of RF_KEYS keys (nk of them real) at kp, rows ldk elements apart,
- * into st rows j..j+nk (lanes 0..RF_MAX-1). Q rows are pre-scaled (rf_begin). */
-INLINE void rf_scores4(const blk_ctx *c, const char *kp, int64_t ldk, int64_t j, int64_t nk) {
+/* acc += Q rows' n vectors from d times those of RF_KEYS keys (nk real). */
+INLINE void rf_qk(const blk_ctx *c, const char *kp, int64_t ldk, int64_t nk, int64_t d,
+                  const attn_kv_quant q, __m512 acc[RF_MAX * RF_KEYS], const int n) {
   const attn_dtype dt = c->a->r->dtype;
-  const size_t es = attn_dtype_size(dt);
+  const size_t es = q ? 1 : attn_dtype_size(dt);
+  const int64_t D = c->a->r->head_dim;
+  vf k[RF_KEYS][2];
+  UNROLL for (int jj = 0; jj < RF_KEYS; jj++) {
+    if (jj < nk)
+      rf_load_n(kp + (size_t)(jj * ldk + d) * es, dt, q, k[jj], n);
+    else
+      UNROLL for (int v = 0; v < n; v++) k[jj][v] = vset1(0.0f);
+  }
+  UNROLL for (int ii = 0; ii < RF_MAX; ii++) UNROLL for (int v = 0; v < n; v++) {
+    const vf qv = vload(c->qt + ii * D + d + v * VL);
+    UNROLL for (int jj = 0; jj < RF_KEYS; jj++) acc[ii * RF_KEYS + jj] =
+        vfma(k[jj][v], qv, acc[ii * RF_KEYS + jj]);
+  }
+}
+
+/* Scores of RF_KEYS keys (nk of them real) at kp, rows ldk elements apart,
+ * into st rows j..j+nk (lanes 0..RF_MAX-1). Q rows are pre-scaled (rf_begin);
+ * codes read in place are scaled here, per key. */
+INLINE void rf_scores4(const blk_ctx *c, const char *kp, int64_t ldk, int64_t j, int64_t nk,
+                       const attn_kv_quant q) {
   const int64_t D = c->a->r->head_dim;
   __m512 acc[RF_MAX * RF_KEYS];
   UNROLL for (int n = 0; n < RF_MAX * RF_KEYS; n++) acc[n] = vset1(0.0f);
-  for (int64_t d = 0; d < D; d += VL) {
-    vf k[RF_KEYS];
-    UNROLL for (int jj = 0; jj < RF_KEYS; jj++) k[jj] =
-        jj < nk ? vload_cvt(kp + (size_t)(jj * ldk + d) * es, dt) : vset1(0.0f);
-    UNROLL for (int ii = 0; ii < RF_MAX; ii++) {
-      const vf q = vload(c->qt + ii * D + d);
-      UNROLL for (int jj = 0; jj < RF_KEYS; jj++) acc[ii * RF_KEYS + jj] =
-          vfma(k[jj], q, acc[ii * RF_KEYS + jj]);
-    }
-  }
-  const __m512 s = rf_reduce(acc);
+  int64_t d = 0;
+  for (; d + 2 * VL <= D; d += 2 * VL)
+    rf_qk(c, kp, ldk, nk, d, q, acc, 2);
+  if (d < D)
+    rf_qk(c, kp, ldk, nk, d, q, acc, 1);
+  __m512 s = rf_reduce(acc);
+  if (q)
+    s = vmul(s, rf_key_scales(c->ksc + j, nk, q));
   UNROLL for (int jj = 0; jj < RF_KEYS; jj++) if (jj < nk)
       _mm_storeu_ps(c->st + (j + jj) * BQ, _mm512_extractf32x4_ps(s, jj));
 }
 
-static void rf_scores(blk_ctx *c, int64_t nkt) {
-  const size_t es = attn_dtype_size(c->a->r->dtype);
+INLINE void rf_scores_q(blk_ctx *c, int64_t nkt, const attn_kv_quant q) {
   const int64_t parts = (nkt + RF_KEYS - 1) / RF_KEYS;
   for (int64_t j = 0; j < nkt; j += RF_KEYS) {
     prefetch_next(c, j / RF_KEYS, parts);
-    rf_scores4(c, c->kt + (size_t)(j * c->kstep) * es, c->kstep, j,
-               nkt - j < RF_KEYS ? nkt - j : RF_KEYS);
+    rf_scores4(c, c->kt + (size_t)(j * c->kstep) * c->kves, c->kstep, j,
+               nkt - j < RF_KEYS ? nkt - j : RF_KEYS, q);
+  }
+}
+
+static void rf_scores(blk_ctx *c, int64_t nkt) {
+  switch (c->incodes ? c->a->r->kv_quant : ATTN_KVQ_NONE) {
+  case ATTN_KVQ_I8: rf_scores_q(c, nkt, ATTN_KVQ_I8); break;
+  case ATTN_KVQ_F8_E4M3: rf_scores_q(c, nkt, ATTN_KVQ_F8_E4M3); break;
+  default: rf_scores_q(c, nkt, ATTN_KVQ_NONE); break;
   }
 }
 
 /* O rows d0 .. d0 + nc·VL (rf_o, [nr][D] in the V workspace) = alpha·O +
  * P·V: nr·nc accumulators in registers, V rows widened once per key. */
-INLINE void rf_values_chunk(blk_ctx *c, int64_t nkt, int64_t d0, const int nr, const int nc) {
+INLINE void rf_values_chunk(blk_ctx *c, int64_t nkt, int64_t d0, const int nr, const int nc,
+                            const attn_kv_quant q) {
   const attn_dtype dt = c->a->r->dtype;
-  const size_t es = attn_dtype_size(dt);
+  const size_t es = q ? 1 : attn_dtype_size(dt);
   const int64_t D = c->a->r->head_dim;
   vf acc[RF_MAX][RF_DCHUNK];
   UNROLL for (int ii = 0; ii < nr; ii++) UNROLL for (int v = 0; v < nc; v++) acc[ii][v] =
@@ -90,7 +160,8 @@ INLINE void rf_values_chunk(blk_ctx *c, int64_t nkt, int64_t d0, const int nr, c
   const char *vr = c->vt + (size_t)d0 * es;
   for (int64_t j = 0; j < nkt; j++, vr += (size_t)c->vstep * es) {
     vf x[RF_DCHUNK];
-    UNROLL for (int v = 0; v < nc; v++) x[v] = vload_cvt(vr + v * VL * es, dt);
+    UNROLL for (int v = 0; v < nc; v += 2)
+        rf_load_n(vr + (size_t)(v * VL) * es, dt, q, x + v, nc - v < 2 ? 1 : 2);
     UNROLL for (int ii = 0; ii < nr; ii++) {
       const vf p = vset1(c->st[j * BQ + ii]);
       UNROLL for (int v = 0; v < nc; v++) acc[ii][v] = vfma(p, x[v], acc[ii][v]);
@@ -100,16 +171,16 @@ INLINE void rf_values_chunk(blk_ctx *c, int64_t nkt, int64_t d0, const int nr, c
       vstore(c->vb + ii * D + d0 + v * VL, acc[ii][v]);
 }
 
-#define RF_NC(NR, NC)                                         \
-  switch (NC) {                                               \
-  case 1: rf_values_chunk(c, nkt, d0, NR, 1); break;          \
-  case 2: rf_values_chunk(c, nkt, d0, NR, 2); break;          \
-  case 3: rf_values_chunk(c, nkt, d0, NR, 3); break;          \
-  default: rf_values_chunk(c, nkt, d0, NR, RF_DCHUNK); break; \
+#define RF_NC(NR, NC)                                            \
+  switch (NC) {                                                  \
+  case 1: rf_values_chunk(c, nkt, d0, NR, 1, q); break;          \
+  case 2: rf_values_chunk(c, nkt, d0, NR, 2, q); break;          \
+  case 3: rf_values_chunk(c, nkt, d0, NR, 3, q); break;          \
+  default: rf_values_chunk(c, nkt, d0, NR, RF_DCHUNK, q); break; \
   }
 
 /* O rows = alpha·O rows + P·V, RF_DCHUNK vectors of head_dim at a time. */
-static void rf_values(blk_ctx *c, int64_t nkt) {
+INLINE void rf_values_q(blk_ctx *c, int64_t nkt, const attn_kv_quant q) {
   const int64_t D = c->a->r->head_dim;
   for (int64_t d0 = 0; d0 < D; d0 += RF_DCHUNK * VL) {
     const int nc = (D - d0) / VL < RF_DCHUNK ? (int)((D - d0) / VL) : RF_DCHUNK;
@@ -122,6 +193,19 @@ static void rf_values(blk_ctx *c, int64_t nkt) {
   }
 }
 #undef RF_NC
+
+static void rf_values(blk_ctx *c, int64_t nkt) {
+  const attn_kv_quant q = c->incodes ? c->a->r->kv_quant : ATTN_KVQ_NONE;
+  if (q) /* each row's V scale into its P: the codes times P, then */
+    for (int64_t j = 0; j < nkt; j++)
+      _mm_storeu_ps(c->st + j * BQ,
+                    _mm_mul_ps(_mm_loadu_ps(c->st + j * BQ), _mm_set1_ps(c->vsc[j] * dq_unit(q))));
+  switch (q) {
+  case ATTN_KVQ_I8: rf_values_q(c, nkt, ATTN_KVQ_I8); break;
+  case ATTN_KVQ_F8_E4M3: rf_values_q(c, nkt, ATTN_KVQ_F8_E4M3); break;
+  default: rf_values_q(c, nkt, ATTN_KVQ_NONE); break;
+  }
+}
 
 /* Q rows pre-scaled in qt ([RF_MAX][D], padding rows 0), O rows 0, and the
  * score tile's lanes 0 (lanes past RF_MAX are never written, only read). */
@@ -150,6 +234,10 @@ static void rf_end(blk_ctx *c) {
 #else
 /* Only the AVX-512 instances run few rows along head_dim in F32. */
 static inline bool rf_ok(const blk_ctx *c) {
+  (void)c;
+  return false;
+}
+static inline bool rf_quant(const blk_ctx *c) {
   (void)c;
   return false;
 }

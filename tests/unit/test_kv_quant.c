@@ -146,6 +146,7 @@ typedef struct qpages {
   const void **kp, **vp;
   int64_t pt, pph;
   float mx[2];
+  float *kx, *vx; /* code·scale in F32 (one rounding), the dense layout */
 } qpages;
 
 static void qpages_make(qpages *qp, tcase *c, attn_kv_quant q, int64_t pt) {
@@ -158,8 +159,10 @@ static void qpages_make(qpages *qp, tcase *c, attn_kv_quant q, int64_t pt) {
   memset(qp->pool, 0x7F, 2 * (size_t)(heads * qp->pph) * page); /* NaN codes everywhere unused */
   qp->kp = calloc((size_t)(heads * qp->pph), sizeof *qp->kp);
   qp->vp = calloc((size_t)(heads * qp->pph), sizeof *qp->vp);
+  qp->kx = malloc((size_t)(heads * p->nkv * W) * sizeof *qp->kx);
+  qp->vx = malloc((size_t)(heads * p->nkv * W) * sizeof *qp->vx);
   qp->mx[0] = qp->mx[1] = 0;
-  cr_assert(qp->pool && qp->kp && qp->vp);
+  cr_assert(qp->pool && qp->kp && qp->vp && qp->kx && qp->vx);
   for (int64_t i = 0; i < heads * qp->pph; i++) {
     qp->kp[i] = qp->pool + (size_t)(2 * i) * page;
     qp->vp[i] = qp->pool + (size_t)(2 * i + 1) * page;
@@ -170,10 +173,14 @@ static void qpages_make(qpages *qp, tcase *c, attn_kv_quant q, int64_t pt) {
         char *x = (char *)(t ? c->v : c->k) + (size_t)((h * p->nkv + j) * W) * es;
         char *pg = (char *)(uintptr_t)(t ? qp->vp : qp->kp)[h * qp->pph + j / pt];
         uint8_t *codes = (uint8_t *)pg + (j % pt) * W;
+        float *xs = (t ? qp->vx : qp->kx) + (h * p->nkv + j) * W;
+        if (j % 29 == 3) /* rows of zeros: scale 0 */
+          memset(x, 0, (size_t)W * es);
         float s = attn_kv_quantize_row(q, x, p->dt, W, codes);
         memcpy(pg + attn_kv_quant_scales_at(pt, W) + 4 * (size_t)(j % pt), &s, 4);
         for (int64_t d = 0; d < W; d++) {
-          attn_store_elem(x, p->dt, (size_t)d, attn_kv_code_value(q, codes[d]) * s);
+          xs[d] = attn_kv_code_value(q, codes[d]) * s;
+          attn_store_elem(x, p->dt, (size_t)d, xs[d]);
           qp->mx[t] = fmaxf(qp->mx[t], fabsf((float)attn_load_elem(x, p->dt, (size_t)d)));
         }
       }
@@ -183,12 +190,41 @@ static void qpages_free(qpages *qp) {
   free(qp->pool);
   free(qp->kp);
   free(qp->vp);
+  free(qp->kx);
+  free(qp->vx);
+}
+
+/* The float64 reference over the pages' values themselves (qp->kx, vx) and
+ * c's Q widened: what a kernel that reads the codes in place computes,
+ * where c's K and V hold those values rounded to the dtype. */
+static void exact_ref(const tcase *c, const qpages *qp, tref *ref) {
+  const size_t nq = (size_t)(c->p.b * c->p.hq * c->p.nq * c->p.d);
+  tcase x = *c;
+  float *q = malloc(nq * sizeof *q);
+  cr_assert(q);
+  for (size_t i = 0; i < nq; i++)
+    q[i] = (float)attn_load_elem(c->q, c->p.dt, i);
+  x.p.dt = x.req.dtype = ATTN_F32;
+  x.req.q = q;
+  x.req.k = qp->kx;
+  x.req.v = qp->vx;
+  attn_status st;
+  cr_assert_eq(tref_compute(&x, 2, ref, &st), 0, "%s", st.message);
+  free(q);
+}
+
+/* Whether isa's blocks of c read quantized codes in place (flash_rows.h:
+ * the AVX-512 kernels, few rows, head_dim a multiple of 16) rather than
+ * dequantized copies: a decode of a GQA group of at most 4 heads. */
+static bool reads_codes(const char *isa, const tcase *c) {
+  const bool avx512 = strstr(isa, "avx512") || strstr(isa, "amx");
+  return avx512 && c->p.d % 16 == 0 && c->p.nq == 1 && c->p.hq / c->p.hkv <= 4;
 }
 
 /* c (its K and V dequantized) on kernel isa from quantized pages qp: within
  * tolerance of ref, and the dense run's bits where tiles fall alike. */
-static int run_quant(attn_engine *e, const char *isa, tcase *c, const tref *ref, const qpages *qp,
-                     attn_kv_quant q) {
+static int run_quant(attn_engine *e, const char *isa, tcase *c, const tref *ref[2],
+                     const qpages *qp, attn_kv_quant q) {
   char desc[240], what[320];
   snprintf(what, sizeof what, "%s, %s pages of %lld: %s", isa, attn_kv_quant_name(q),
            (long long)qp->pt, tdesc(&c->p, desc, sizeof desc));
@@ -213,14 +249,20 @@ static int run_quant(attn_engine *e, const char *isa, tcase *c, const tref *ref,
   cr_expect_eq(rc, 0, "%s: %s", what, st.message);
   int fails = rc != 0;
   if (rc == 0) {
-    terr err = tref_check(c, ref);
+    /* A kernel reading codes in place is checked against the pages' own
+     * values (ref[1]), with the same tolerances; one dequantizing tiles
+     * against the dtype's rounding of them (ref[0]), and the dense run's
+     * bits. */
+    const bool codes = reads_codes(isa, c);
+    terr err = tref_check(c, ref[codes]);
     bool ok = err.o <= ttol(c->p.dt) && err.masked_ok && err.stats <= 1e-5;
-    cr_expect(ok, "%s: O error %.3g (tol %.0e), stats %.3g", what, err.o, ttol(c->p.dt), err.stats);
+    cr_expect(ok, "%s: O error %.3g (tol %.0e), stats %.3g%s", what, err.o, ttol(c->p.dt),
+              err.stats, codes ? " against the pages' values" : "");
     fails += !ok;
     /* (amx's dense F16 runs its packed split tiles, which quantized
      * tiles skip for F32 products: the same tolerance, other bits) */
     const bool packs = c->p.dt == ATTN_F16 && strstr(isa, "amx");
-    if (c->p.wl < 0 && qp->pt % ATTN_PAGE_ALIGN_TOKENS == 0 && !packs) {
+    if (!codes && c->p.wl < 0 && qp->pt % ATTN_PAGE_ALIGN_TOKENS == 0 && !packs) {
       bool same = !memcmp(o, c->o, ob);
       cr_expect(same, "%s: not the dense run over the dequantized rows bit for bit", what);
       fails += !same;
@@ -244,13 +286,16 @@ static int run_everywhere(attn_engine *e[NISAS], tprob p, uint64_t seed) {
         tcase_init(&c, &p, seed + (uint64_t)(di * 10 + q));
         qpages qp;
         qpages_make(&qp, &c, (attn_kv_quant)q, pt);
-        tref ref;
+        tref ref, ref1;
         attn_status st;
         cr_assert_eq(tref_compute(&c, 2, &ref, &st), 0, "%s", st.message);
+        exact_ref(&c, &qp, &ref1);
+        const tref *refs[2] = {&ref, &ref1};
         for (int k = 0; k < NISAS; k++)
           if (e[k])
-            fails += run_quant(e[k], isas[k], &c, &ref, &qp, (attn_kv_quant)q);
+            fails += run_quant(e[k], isas[k], &c, refs, &qp, (attn_kv_quant)q);
         tref_free(&ref);
+        tref_free(&ref1);
         qpages_free(&qp);
         tcase_free(&c);
       }
@@ -277,6 +322,15 @@ Test(kv_quant, decode, .timeout = 600) {
   tprob mqa = tprob_make(1, 4, 1, 1, 700, 37, ATTN_F32);
   mqa.causal = true;
   fails += run_everywhere(e, mqa, 20);
+  /* {heads_q, heads_kv, head_dim}: head dims the in-place path steps
+   * through differently (48: E4M3 32 codes, then 16), groups of 3 and 1,
+   * causal and not, the keys ending mid-page */
+  static const int64_t shapes[4][3] = {{6, 2, 64}, {6, 6, 96}, {6, 2, 256}, {3, 1, 48}};
+  for (int i = 0; i < 4; i++) {
+    tprob p = tprob_make(1, shapes[i][0], shapes[i][1], 1, 333 + 40 * i, shapes[i][2], ATTN_F32);
+    p.causal = i % 2 == 0;
+    fails += run_everywhere(e, p, 30 + (uint64_t)i);
+  }
   close_all(e);
   cr_assert_eq(fails, 0, "%d quantized decode checks failed", fails);
 }
@@ -295,6 +349,14 @@ Test(kv_quant, prefill_and_variants, .timeout = 600) {
   p.sinks = true;
   p.softcap = 30;
   fails += run_everywhere(e, p, 50);
+  /* the same variants, and ALiBi, on a decode step (codes read in place) */
+  p = tprob_make(1, 8, 2, 1, 600, 128, ATTN_F32);
+  p.wl = 150;
+  p.wr = 0;
+  p.sinks = true;
+  p.softcap = 20;
+  p.alibi = true;
+  fails += run_everywhere(e, p, 60);
   close_all(e);
   cr_assert_eq(fails, 0, "%d quantized prefill and variant checks failed", fails);
 }

@@ -1,7 +1,10 @@
 /*
  * store.c — a session store's table of sessions and their life (kv.h):
  * made with their reservation, found by (tenant, id), expired by TTL,
- * truncated, deleted; and a layer's rows in its pages.
+ * truncated, deleted; and a layer's rows in its pages. In that order, by
+ * section: the store opened and closed; a shape's pages and checks; the
+ * table; a session made, described, cut and deleted; a layer's pages and
+ * rows, and the end of a reader.
  */
 #include "handle.h"
 #include "kv_int.h"
@@ -9,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* ---- opening and closing ------------------------------------------------- */
 
 /* The pages on a device when one lends them, else in host memory; a
  * device that could but refused (too little memory) is said on stderr.
@@ -101,6 +106,8 @@ void attn_kv_close(attn_kv_store *s) {
   pthread_mutex_destroy(&s->mu);
   free(s);
 }
+
+/* ---- a shape: its rows, pages and checks --------------------------------- */
 
 int64_t attn__kv_width(const attn_kv_shape *sh) {
   const int64_t dv = attn_kv_shape_dv(sh);
@@ -265,6 +272,8 @@ int attn__kv_computable(attn_kv_store *s, const attn_kv_shape *sh, attn_status *
                          (long long)r.head_dim, why.message);
 }
 
+/* ---- the table ----------------------------------------------------------- */
+
 static unsigned bucket_of(const char *tenant, const char *id) {
   uint32_t h = 2166136261u; /* FNV-1a over tenant, a NUL, id */
   for (const char *p = tenant; *p; p++)
@@ -322,6 +331,8 @@ kv_session *attn__kv_find(attn_kv_store *s, const char *tenant, const char *id, 
   }
   return *pp;
 }
+
+/* ---- a session made, described, cut and deleted -------------------------- */
 
 /* The layers and their page tables (a latent session's: K's only). */
 static int layers_alloc(kv_session *ks) {
@@ -642,6 +653,8 @@ void attn_kv_stats_get(attn_kv_store *s, attn_kv_stats *out) {
   out->saved_bytes = attn__kvpages_bytes(&s->pages, s->pages.extra);
   pthread_mutex_unlock(&s->mu);
 }
+
+/* ---- a layer's pages and rows -------------------------------------------- */
 
 int64_t attn__kv_grow_need(const kv_session *ks, const kv_layer *L, int64_t tokens) {
   const int64_t want = (tokens + ks->page_tokens - 1) / ks->page_tokens;

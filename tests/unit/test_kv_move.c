@@ -110,6 +110,51 @@ static void next_steps_equal(attn_kv_store *a, attn_kv_store *b, const tkv_strea
   tkv_reply_free(&yb);
 }
 
+/* Bytes the export of s at lengths_of reads out: layer by layer, k then v. */
+static size_t export_size(const tkv_stream *s, const int64_t *len) {
+  size_t n = 0;
+  for (int l = 0; l < LAYERS; l++)
+    n += (size_t)(s->hkv * len[l] * (s->d + (s->latent ? 0 : s->dv))) * attn_dtype_size(s->dt);
+  return n;
+}
+
+/* The rows read out (all) are s's own tokens [0, len[l]) of each layer,
+ * every head's packed, k then v (none for a latent session). */
+static void rows_are_the_streams(const tkv_stream *s, const int64_t *len, const char *all,
+                                 const char *what) {
+  for (int l = 0; l < LAYERS; l++)
+    for (int t = 0; t < (s->latent ? 1 : 2); t++) {
+      const int64_t w = t ? s->dv : s->d;
+      char *want = tkv_rows_of(t ? s->v : s->k, s->hkv, s->n, w, s->dt, 0, len[l]);
+      const size_t n = (size_t)(s->hkv * len[l] * w) * attn_dtype_size(s->dt);
+      cr_expect(!memcmp(all, want, n), "%s: layer %d's %c differs from the tokens sent", what, l,
+                t ? 'v' : 'k');
+      all += n;
+      free(want);
+    }
+}
+
+/* An export of session (tenant, id) on a opened, its lengths into len. */
+static attn_kv_exporter *exporting(attn_kv_store *a, const char *tenant, const char *id,
+                                   int64_t *len) {
+  attn_kv_exporter *x;
+  attn_kv_info info;
+  attn_status st;
+  cr_assert_eq(attn_kv_export_open(a, tenant, id, 1, &info, len, &x, &st), 0, "%s", st.message);
+  return x;
+}
+
+/* x read out whole in pieces: s's tokens at len; closed. */
+static void read_out(attn_kv_exporter *x, const tkv_stream *s, const int64_t *len,
+                     const char *what) {
+  char why[256];
+  char *all = tkv_export_all(x, export_size(s, len), why, sizeof why);
+  cr_assert(all, "%s: %s", what, why);
+  rows_are_the_streams(s, len, all, what);
+  attn_kv_export_close(x);
+  free(all);
+}
+
 Test(kv_move, round_trip_every_kind, .timeout = 300) {
   attn_engine *e = topen(2, NULL);
   attn_kv_store *a = tkv_open_store(e, 64 * MIB, true, NULL),
@@ -139,6 +184,11 @@ Test(kv_move, round_trip_every_kind, .timeout = 300) {
                             tensor_bytes(&m.info.shape, m.len[l], t)),
                     "%s: layer %d's %c exported again differs", id, l, t ? 'v' : 'k');
       }
+      int64_t len[ATTN_KV_MAX_LAYERS]; /* the import read out as it goes, in pieces */
+      attn_kv_exporter *x = exporting(b, "t2", id, len);
+      for (int l = 0; l < LAYERS; l++)
+        cr_expect_eq(len[l], lengths_of[l]);
+      read_out(x, &s, len, id);
       next_steps_equal(a, b, &s, id);
       moved_free(&m);
       moved_free(&m2);
@@ -251,74 +301,6 @@ Test(kv_move, a_grow_session_takes_the_pages_of_its_tokens, .timeout = 300) {
   attn_engine_close(e);
 }
 
-/* ---- an export read out as it goes (attn_kv_export_open) ------------------ */
-
-/* Bytes the export of s at lengths_of reads out: layer by layer, k then v. */
-static size_t export_size(const tkv_stream *s, const int64_t *len) {
-  size_t n = 0;
-  for (int l = 0; l < LAYERS; l++)
-    n += (size_t)(s->hkv * len[l] * (s->d + (s->latent ? 0 : s->dv))) * attn_dtype_size(s->dt);
-  return n;
-}
-
-/* The rows read out (all) are s's own tokens [0, len[l]) of each layer,
- * every head's packed, k then v (none for a latent session). */
-static void rows_are_the_streams(const tkv_stream *s, const int64_t *len, const char *all,
-                                 const char *what) {
-  for (int l = 0; l < LAYERS; l++)
-    for (int t = 0; t < (s->latent ? 1 : 2); t++) {
-      const int64_t w = t ? s->dv : s->d;
-      char *want = tkv_rows_of(t ? s->v : s->k, s->hkv, s->n, w, s->dt, 0, len[l]);
-      const size_t n = (size_t)(s->hkv * len[l] * w) * attn_dtype_size(s->dt);
-      cr_expect(!memcmp(all, want, n), "%s: layer %d's %c differs from the tokens sent", what, l,
-                t ? 'v' : 'k');
-      all += n;
-      free(want);
-    }
-}
-
-/* An export of session id on a opened, its lengths into len. */
-static attn_kv_exporter *exporting(attn_kv_store *a, const char *id, int64_t *len) {
-  attn_kv_exporter *x;
-  attn_kv_info info;
-  attn_status st;
-  cr_assert_eq(attn_kv_export_open(a, "", id, 1, &info, len, &x, &st), 0, "%s", st.message);
-  return x;
-}
-
-/* x read out whole in pieces: s's tokens at len; closed. */
-static void read_out(attn_kv_exporter *x, const tkv_stream *s, const int64_t *len,
-                     const char *what) {
-  char why[256];
-  char *all = tkv_export_all(x, export_size(s, len), why, sizeof why);
-  cr_assert(all, "%s: %s", what, why);
-  rows_are_the_streams(s, len, all, what);
-  attn_kv_export_close(x);
-  free(all);
-}
-
-Test(kv_move, export_read_in_pieces, .timeout = 300) {
-  attn_engine *e = topen(2, NULL);
-  attn_kv_store *a = tkv_open_store(e, 64 * MIB, true, NULL);
-  const attn_dtype dts[] = {ATTN_F32, ATTN_BF16};
-  for (int di = 0; di < 2; di++)
-    for (int k = 0; k < NKINDS; k++) {
-      char id[16];
-      snprintf(id, sizeof id, "s%d-%d", di, k);
-      tkv_stream s = tkv_stream_make_dv(4, 2, kinds[k].d, kinds[k].dv, kinds[k].latent, 301,
-                                        dts[di], 190 + (uint64_t)k);
-      fill(a, id, &s);
-      int64_t len[ATTN_KV_MAX_LAYERS];
-      attn_kv_exporter *x = exporting(a, id, len);
-      for (int l = 0; l < LAYERS; l++)
-        cr_expect_eq(len[l], lengths_of[l]);
-      read_out(x, &s, len, id);
-      tkv_stream_free(&s);
-    }
-  attn_kv_close(a);
-  attn_engine_close(e);
-}
-
 /* While an export is open its session takes appends after its rows, and
  * a delete leaves it the rows: read out whole after both, the session's
  * pages given back at its close. */
@@ -328,7 +310,7 @@ Test(kv_move, an_export_holds_its_rows, .timeout = 300) {
   tkv_stream s = tkv_stream_make_dv(4, 2, 64, 64, false, 301, ATTN_F32, 77);
   fill(a, "x", &s);
   int64_t len[ATTN_KV_MAX_LAYERS];
-  attn_kv_exporter *x = exporting(a, "x", len);
+  attn_kv_exporter *x = exporting(a, "", "x", len);
   attn_kv_info info;
   attn_status st;
   tkv_opts op = tkv_plain;
@@ -391,7 +373,7 @@ Test(kv_move, an_append_over_exported_rows_waits, .timeout = 300) {
   tkv_stream s = tkv_stream_make_dv(4, 2, 64, 64, false, 301, ATTN_BF16, 78);
   fill(a, "y", &s);
   int64_t len[ATTN_KV_MAX_LAYERS];
-  attn_kv_exporter *x = exporting(a, "y", len);
+  attn_kv_exporter *x = exporting(a, "", "y", len);
   attn_status st;
   cr_assert_eq(attn_kv_truncate(a, "", "y", 10, 1, &st), 0, "%s", st.message);
   later o = {.kv = a, .s = &s, .id = "y", .layer = 2, .pos = 10};

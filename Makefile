@@ -136,7 +136,7 @@ ISA_FLAGS_generic = -DATTN_ISA=0
 ISA_FLAGS_avx2    = -DATTN_ISA=256 -mavx2 -mfma -mf16c
 ISA_FLAGS_avx512  = -DATTN_ISA=512 -mavx512f -mavx512bw -mavx512vl -mavx512dq \
                     -mfma -mf16c
-ISA_FLAGS_avx512bf16 = $(ISA_FLAGS_avx512) -DATTN_DPBF16=1 -mavx512bf16
+ISA_FLAGS_avx512bf16 = $(ISA_FLAGS_avx512) -DATTN_DPBF16=1 -mavx512bf16 -mavx512vnni
 ISA_FLAGS_amx     = $(ISA_FLAGS_avx512bf16) -DATTN_AMX=1 -mamx-tile -mamx-bf16
 # The amx kernel once more, for the unit tests only: its tile instructions
 # emulated in C and checked (tests/lib/amx_emu.h, included ahead of the

@@ -374,7 +374,8 @@ static void block_layout(blk_ctx *c, float *ws, bool second) {
 static void block_kind(blk_ctx *c) {
   const attn_request *r = c->a->r;
   c->nrows = c->blk->nh * c->blk->nq;
-  c->incodes = rf_quant(c); /* then F32 products (rf_*): rowf below */
+  c->incodes = rf_quant(c); /* then rf_* (ri_* for I8 under BF16): rowf below */
+  c->rowi = ri_ok(c);
   c->bf16dp =
       r->dtype == ATTN_BF16 && r->head_dim % 2 == 0 && (ATTN_DPBF16 || ATTN_AMX) && !c->incodes;
   c->rowwise = rw_ok(c);

@@ -26,7 +26,9 @@
  * tile is read once, at a byte an element, with no scratch rows and no
  * rounding of code·scale to the dtype: the arithmetic is that of F32
  * inputs. Each widened K or V vector serves all the block's rows, a GQA
- * group's query heads. */
+ * group's query heads. I8 pages under a BF16 request take BF16 and 16-bit
+ * integer products instead (flash_rows_i8.h, on the instances with
+ * AVX512-BF16): the same reads, less arithmetic per code. */
 #ifndef ATTN_CPU_FLASH_ROWS_H
 #define ATTN_CPU_FLASH_ROWS_H
 
@@ -90,6 +92,8 @@ INLINE __m512 rf_reduce(__m512 a[16]) {
   return _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], 0x88), _mm512_shuffle_ps(e[0], e[1], 0xdd));
 }
 
+#include "flash_rows_i8.h"
+
 /* acc += Q rows' n vectors from d times those of RF_KEYS keys (nk real). */
 INLINE void rf_qk(const blk_ctx *c, const char *kp, int64_t ldk, int64_t nk, int64_t d,
                   const attn_kv_quant q, __m512 acc[RF_MAX * RF_KEYS], const int n) {
@@ -140,6 +144,10 @@ INLINE void rf_scores_q(blk_ctx *c, int64_t nkt, const attn_kv_quant q) {
 }
 
 static void rf_scores(blk_ctx *c, int64_t nkt) {
+  if (c->rowi) {
+    ri_scores(c, nkt);
+    return;
+  }
   switch (c->incodes ? c->a->r->kv_quant : ATTN_KVQ_NONE) {
   case ATTN_KVQ_I8: rf_scores_q(c, nkt, ATTN_KVQ_I8); break;
   case ATTN_KVQ_F8_E4M3: rf_scores_q(c, nkt, ATTN_KVQ_F8_E4M3); break;
@@ -196,6 +204,10 @@ INLINE void rf_values_q(blk_ctx *c, int64_t nkt, const attn_kv_quant q) {
 
 static void rf_values(blk_ctx *c, int64_t nkt) {
   const attn_kv_quant q = c->incodes ? c->a->r->kv_quant : ATTN_KVQ_NONE;
+  if (c->rowi) {
+    ri_values(c, nkt);
+    return;
+  }
   if (q) /* each row's V scale into its P: the codes times P, then */
     for (int64_t j = 0; j < nkt; j++)
       _mm_storeu_ps(c->st + j * BQ,
@@ -222,14 +234,17 @@ static void rf_begin(blk_ctx *c) {
   memset(c->vb, 0, (size_t)(c->nrows * D) * sizeof *c->vb);
   for (int64_t j = 0; j < BK; j++)
     vstore(c->st + j * BQ, vset1(0.0f));
+  if (c->rowi)
+    ri_begin(c);
 }
 
-/* The O rows back into Oᵀ for finish_block. */
+/* O's rows for finish_block: vb as they are, or out of the integer
+ * path's lane order. */
 static void rf_end(blk_ctx *c) {
-  const int64_t D = c->a->r->head_dim;
-  for (int64_t ii = 0; ii < c->nrows; ii++)
-    for (int64_t d = 0; d < D; d++)
-      c->ot[d * BQ + ii] = c->vb[ii * D + d];
+  if (c->rowi)
+    ri_end(c);
+  else
+    c->orows = c->vb;
 }
 #else
 /* Only the AVX-512 instances run few rows along head_dim in F32. */
@@ -238,6 +253,10 @@ static inline bool rf_ok(const blk_ctx *c) {
   return false;
 }
 static inline bool rf_quant(const blk_ctx *c) {
+  (void)c;
+  return false;
+}
+static inline bool ri_ok(const blk_ctx *c) {
   (void)c;
   return false;
 }

@@ -44,7 +44,7 @@ static void flash_usable(const attn__flash_isa *all[NISA]) {
   if (all[3] && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
     all[2] = &attn__flash_avx512;
-  if (all[2] && __builtin_cpu_supports("avx512bf16"))
+  if (all[2] && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vnni"))
     all[1] = &attn__flash_avx512bf16;
   if (all[1] && amx_usable())
     all[0] = &attn__flash_amx;

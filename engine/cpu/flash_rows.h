@@ -224,6 +224,12 @@ static void rf_values(blk_ctx *c, int64_t nkt) {
 static void rf_begin(blk_ctx *c) {
   const attn__flash_block *blk = c->blk;
   const int64_t D = c->a->r->head_dim;
+  if (c->incodes && c->jlo <= c->jhi) { /* the first tile, which no tile before prefetched */
+    row_ptrs(c, c->jlo, &c->pk, &c->pv, &c->pks, &c->pvs);
+    c->pn = tile_len(c, c->jlo);
+    prefetch_next(c, 0, 1);
+    c->pn = 0;
+  }
   for (int64_t ii = 0; ii < RF_MAX; ii++) {
     float *q = c->qt + ii * D;
     if (ii < c->nrows)

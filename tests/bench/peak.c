@@ -38,9 +38,10 @@
  *                      I8: a byte an element and a scale a row, computed
  *                      as BF16), its GB/s of codes and scales, its steps
  *                      per second and vs_bf16, their ratio to the BF16
- *                      pages' steps per second (quantized sessions aim at
- *                      1.7 or more: half the bytes of BF16 read at near
- *                      the same rate);
+ *                      pages' steps per second measured in turns with them
+ *                      (bf16_steps_per_s; quantized sessions aim at 1.7 or
+ *                      more: half the bytes of BF16 read at near the same
+ *                      rate);
  *   paged_decode_BF16_pages64  the BF16 step over pages of 64 tokens (16
  *                      KiB: attnd --session-page-bytes 16K) and over 256
  *                      (the default 64 KiB), measured in turns, and
@@ -468,40 +469,51 @@ static double paged_decode(attn_engine *e, attn_dtype dt, attn_kv_quant q, int64
   return best;
 }
 
+/* The BF16 step over pages of kind q and page_tokens pt against the BF16
+ * step over 256-token pages (x[0]), measured in turns (3 of each, the
+ * best of 10 steps each) so that what else the machine runs meanwhile
+ * weighs on both alike: each one's best steps per second into best[], and
+ * the GB/s of its best into g[]; -1 on error. */
+static int in_turns(attn_engine *e, attn_kv_quant q, int64_t pt, double best[2], double g[2],
+                    attn_status *st) {
+  best[0] = best[1] = g[0] = g[1] = 0;
+  for (int turn = 0; turn < 6; turn++) {
+    const int i = turn % 2;
+    double steps = 0,
+           x = paged_decode(e, ATTN_BF16, i ? q : ATTN_KVQ_NONE, i ? pt : DEC_PAGE, &steps, st);
+    if (x < 0)
+      return -1;
+    if (steps > best[i])
+      best[i] = steps, g[i] = x;
+  }
+  return 0;
+}
+
 /* The quantized rows: BF16 computed over F8_E4M3 and I8 pages, against
- * the BF16 pages' steps per second. */
-static void print_quantized(attn_engine *e, double stream, double bf16_steps) {
+ * the BF16 pages' steps per second measured in the same turns. */
+static void print_quantized(attn_engine *e, double stream) {
   static const attn_kv_quant qs[] = {ATTN_KVQ_F8_E4M3, ATTN_KVQ_I8};
   attn_status st = {0};
   for (int i = 0; i < 2; i++) {
-    double steps = 0, g = paged_decode(e, ATTN_BF16, qs[i], DEC_PAGE, &steps, &st);
-    if (g < 0)
+    double best[2], g[2];
+    if (in_turns(e, qs[i], DEC_PAGE, best, g, &st) < 0)
       printf(", \"paged_decode_BF16_%s\": {\"skipped\": \"%s\"}", attn_kv_quant_name(qs[i]),
              st.message);
     else
       printf(", \"paged_decode_BF16_%s\": {\"gbps\": %.1f, \"of_stream\": %.2f, \"steps_per_s\": "
-             "%.1f, \"vs_bf16\": %.2f}",
-             attn_kv_quant_name(qs[i]), g, g / stream, steps,
-             bf16_steps > 0 ? steps / bf16_steps : 0.0);
+             "%.1f, \"bf16_steps_per_s\": %.1f, \"vs_bf16\": %.2f}",
+             attn_kv_quant_name(qs[i]), g[1], g[1] / stream, best[1], best[0], best[1] / best[0]);
     fflush(stdout);
   }
 }
 
-/* The BF16 step over pages of 64 tokens (16 KiB) against 256 (64 KiB),
- * measured in turns (3 of each, the best of 10 steps each) so that what
- * else the machine runs meanwhile weighs on both alike. */
+/* The BF16 step over pages of 64 tokens (16 KiB) against 256 (64 KiB). */
 static void print_small_pages(attn_engine *e) {
   attn_status st = {0};
-  double best[2] = {0, 0}, g[2] = {0, 0};
-  for (int turn = 0; turn < 6; turn++) {
-    double steps = 0, x = paged_decode(e, ATTN_BF16, ATTN_KVQ_NONE,
-                                       turn % 2 ? DEC_SMALL_PAGE : DEC_PAGE, &steps, &st);
-    if (x < 0) {
-      printf(", \"paged_decode_BF16_pages64\": {\"skipped\": \"%s\"}", st.message);
-      return;
-    }
-    if (steps > best[turn % 2])
-      best[turn % 2] = steps, g[turn % 2] = x;
+  double best[2], g[2];
+  if (in_turns(e, ATTN_KVQ_NONE, DEC_SMALL_PAGE, best, g, &st) < 0) {
+    printf(", \"paged_decode_BF16_pages64\": {\"skipped\": \"%s\"}", st.message);
+    return;
   }
   printf(", \"paged_decode_BF16_pages64\": {\"gbps\": %.1f, \"steps_per_s\": %.1f, "
          "\"pages256_steps_per_s\": %.1f, \"vs_pages256\": %.3f}",
@@ -530,7 +542,7 @@ static void print_bandwidth(int threads) {
     return;
   }
   static const attn_dtype dts[] = {ATTN_BF16, ATTN_F16, ATTN_F32};
-  double bf16_steps = 0, steps = 0;
+  double steps = 0;
   for (int i = 0; i < 3; i++) {
     double g = paged_decode(e, dts[i], ATTN_KVQ_NONE, DEC_PAGE, &steps, &st);
     if (g < 0)
@@ -538,10 +550,9 @@ static void print_bandwidth(int threads) {
     else
       printf(", \"paged_decode_%s\": {\"gbps\": %.1f, \"of_stream\": %.2f, \"steps_per_s\": %.1f}",
              attn_dtype_name(dts[i]), g, g / stream, steps);
-    bf16_steps = i == 0 && g > 0 ? steps : bf16_steps;
     fflush(stdout);
   }
-  print_quantized(e, stream, bf16_steps);
+  print_quantized(e, stream);
   print_small_pages(e);
   attn_engine_close(e);
 }

@@ -204,14 +204,14 @@ INLINE void rf_values_q(blk_ctx *c, int64_t nkt, const attn_kv_quant q) {
 
 static void rf_values(blk_ctx *c, int64_t nkt) {
   const attn_kv_quant q = c->incodes ? c->a->r->kv_quant : ATTN_KVQ_NONE;
-  if (c->rowi) {
-    ri_values(c, nkt);
-    return;
-  }
   if (q) /* each row's V scale into its P: the codes times P, then */
     for (int64_t j = 0; j < nkt; j++)
       _mm_storeu_ps(c->st + j * BQ,
                     _mm_mul_ps(_mm_loadu_ps(c->st + j * BQ), _mm_set1_ps(c->vsc[j] * dq_unit(q))));
+  if (c->rowi) {
+    ri_values(c, nkt);
+    return;
+  }
   switch (q) {
   case ATTN_KVQ_I8: rf_values_q(c, nkt, ATTN_KVQ_I8); break;
   case ATTN_KVQ_F8_E4M3: rf_values_q(c, nkt, ATTN_KVQ_F8_E4M3); break;
@@ -219,8 +219,10 @@ static void rf_values(blk_ctx *c, int64_t nkt) {
   }
 }
 
-/* Q rows pre-scaled in qt ([RF_MAX][D], padding rows 0), O rows 0, and the
- * score tile's lanes 0 (lanes past RF_MAX are never written, only read). */
+/* The block's first tile prefetched (codes), the score tile's lanes 0
+ * (lanes past RF_MAX are never written, only read), and the Q rows
+ * pre-scaled in qt ([RF_MAX][D], padding rows 0) and O rows 0, or the
+ * integer path's (ri_begin). */
 static void rf_begin(blk_ctx *c) {
   const attn__flash_block *blk = c->blk;
   const int64_t D = c->a->r->head_dim;
@@ -230,6 +232,12 @@ static void rf_begin(blk_ctx *c) {
     prefetch_next(c, 0, 1);
     c->pn = 0;
   }
+  for (int64_t j = 0; j < BK; j++)
+    vstore(c->st + j * BQ, vset1(0.0f));
+  if (c->rowi) { /* its own Q and O rows */
+    ri_begin(c);
+    return;
+  }
   for (int64_t ii = 0; ii < RF_MAX; ii++) {
     float *q = c->qt + ii * D;
     if (ii < c->nrows)
@@ -238,10 +246,6 @@ static void rf_begin(blk_ctx *c) {
       q[d] = ii < c->nrows ? q[d] * c->a->scale2 : 0.0f;
   }
   memset(c->vb, 0, (size_t)(c->nrows * D) * sizeof *c->vb);
-  for (int64_t j = 0; j < BK; j++)
-    vstore(c->st + j * BQ, vset1(0.0f));
-  if (c->rowi)
-    ri_begin(c);
 }
 
 /* O's rows for finish_block: vb as they are, or out of the integer

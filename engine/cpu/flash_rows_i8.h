@@ -103,13 +103,13 @@ static void ri_scores(blk_ctx *c, int64_t nkt) {
   }
 }
 
-/* The tile's weights P·(V row scale) per row as 16-bit pairs of keys (2i,
- * 2i+1) at vq ([pair][RF_MAX] int32, a missing odd key 0), and each row's
- * weight scale into ws. */
+/* The tile's weights (st: P times the V rows' scales, as rf_values left
+ * them) per row as 16-bit pairs of keys (2i, 2i+1) at vq ([pair][RF_MAX]
+ * int32, a missing odd key 0), and each row's weight scale into ws. */
 static void ri_weights(blk_ctx *c, int64_t nkt, float ws[RF_MAX]) {
   __m128 mx = _mm_setzero_ps();
   for (int64_t j = 0; j < nkt; j++)
-    mx = _mm_max_ps(mx, _mm_mul_ps(_mm_loadu_ps(c->st + j * BQ), _mm_set1_ps(c->vsc[j])));
+    mx = _mm_max_ps(mx, _mm_loadu_ps(c->st + j * BQ));
   float m[RF_MAX], inv[RF_MAX];
   _mm_storeu_ps(m, mx);
   for (int ii = 0; ii < RF_MAX; ii++) {
@@ -119,13 +119,10 @@ static void ri_weights(blk_ctx *c, int64_t nkt, float ws[RF_MAX]) {
   int32_t *wp = (int32_t *)c->vq;
   const __m128 iv = _mm_loadu_ps(inv);
   for (int64_t j = 0; j < nkt; j += 2) {
-    const __m128i a = _mm_cvtps_epi32(
-        _mm_mul_ps(_mm_mul_ps(_mm_loadu_ps(c->st + j * BQ), _mm_set1_ps(c->vsc[j])), iv));
-    const __m128i b =
-        j + 1 < nkt
-            ? _mm_cvtps_epi32(_mm_mul_ps(
-                  _mm_mul_ps(_mm_loadu_ps(c->st + (j + 1) * BQ), _mm_set1_ps(c->vsc[j + 1])), iv))
-            : _mm_setzero_si128();
+    const __m128i a = _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(c->st + j * BQ), iv));
+    const __m128i b = j + 1 < nkt
+                          ? _mm_cvtps_epi32(_mm_mul_ps(_mm_loadu_ps(c->st + (j + 1) * BQ), iv))
+                          : _mm_setzero_si128();
     _mm_storeu_si128((__m128i *)(wp + j / 2 * RF_MAX),
                      _mm_or_si128(_mm_and_si128(a, _mm_set1_epi32(0xffff)), _mm_slli_epi32(b, 16)));
   }
@@ -191,8 +188,9 @@ static void ri_values(blk_ctx *c, int64_t nkt) {
 }
 #undef RI_NG
 
-/* The block's BF16 Q rows, unscaled (kq, D32 apart, 0 past D and for
- * padding rows), and O's rows (vb) 0 at the D32 stride. */
+/* Instead of rf_begin's F32 Q rows: the block's BF16 Q rows, unscaled
+ * (kq, D32 apart, 0 past D and for padding rows), and O's rows (vb) 0 at
+ * the D32 stride. */
 static void ri_begin(blk_ctx *c) {
   const attn__flash_block *blk = c->blk;
   const int64_t D = c->a->r->head_dim, D32 = ri_d32(D);

@@ -469,8 +469,8 @@ static double paged_decode(attn_engine *e, attn_dtype dt, attn_kv_quant q, int64
   return best;
 }
 
-/* The BF16 step over pages of kind q and page_tokens pt against the BF16
- * step over 256-token pages (x[0]), measured in turns (3 of each, the
+/* The BF16 step over pages of kind q and page_tokens pt (index 1 below)
+ * against the BF16 step over 256-token pages (index 0), measured in turns (3 of each, the
  * best of 10 steps each) so that what else the machine runs meanwhile
  * weighs on both alike: each one's best steps per second into best[], and
  * the GB/s of its best into g[]; -1 on error. */

@@ -212,9 +212,11 @@ static void tile_rows(blk_ctx *c, int64_t j0, int64_t nkt) {
     return;
   const char *ks = (const char *)dq_scales(c, c->kpg, j0 + nkt);
   const char *vs = (const char *)dq_scales(c, c->vpg, j0 + nkt);
-  for (int64_t b = 0; b < c->pn * 4; b += 64) { /* the next tile's scales */
-    __builtin_prefetch(ks + b, 0, 2);
-    __builtin_prefetch(vs + b, 0, 2);
+  /* the next tile's scales, into L1 as its codes: into L2, the load of
+   * each tile's key scales was where a profile of the I8 step stalled */
+  for (int64_t b = 0; b < c->pn * 4; b += 64) {
+    __builtin_prefetch(ks + b, 0, 3);
+    __builtin_prefetch(vs + b, 0, 3);
   }
 }
 
@@ -385,6 +387,24 @@ static void block_kind(blk_ctx *c) {
   c->amx = amx_ok(c);
 }
 
+/* The block's first tile, on the paths that prefetch each next one
+ * (tile_rows): no tile before it did, and a split chunk has few tiles (32
+ * in a 2048-key chunk, 8 in a 512-key one), so its first one stalled with
+ * nothing ahead. */
+static void prefetch_first(blk_ctx *c) {
+#if ATTN_ISA == 512
+  const bool dq = c->a->r->kv_quant && !c->incodes; /* dq_tile reads it */
+  if (!(c->rowf || c->rowwise || c->amx) || dq || c->jlo > c->jhi)
+    return;
+  row_ptrs(c, c->jlo, &c->pk, &c->pv, &c->pks, &c->pvs);
+  c->pn = tile_len(c, c->jlo);
+  prefetch_next(c, 0, 1);
+  c->pn = 0;
+#else
+  (void)c;
+#endif
+}
+
 /* Everything about the block known before its first tile; Qᵀ loaded. */
 static void block_begin(blk_ctx *c) {
   block_kind(c);
@@ -393,6 +413,7 @@ static void block_begin(blk_ctx *c) {
   c->hk = c->blk->h0 / c->a->group;
   kv_head(c);
   key_range(c);
+  prefetch_first(c);
   start_block(c);
   if (c->amxrows)
     ar_begin(c);

@@ -219,19 +219,12 @@ static void rf_values(blk_ctx *c, int64_t nkt) {
   }
 }
 
-/* The block's first tile prefetched (codes), the score tile's lanes 0
- * (lanes past RF_MAX are never written, only read), and the Q rows
- * pre-scaled in qt ([RF_MAX][D], padding rows 0) and O rows 0, or the
- * integer path's (ri_begin). */
+/* The score tile's lanes 0 (lanes past RF_MAX are never written, only
+ * read), and the Q rows pre-scaled in qt ([RF_MAX][D], padding rows 0) and
+ * O rows 0, or the integer path's (ri_begin). */
 static void rf_begin(blk_ctx *c) {
   const attn__flash_block *blk = c->blk;
   const int64_t D = c->a->r->head_dim;
-  if (c->incodes && c->jlo <= c->jhi) { /* the first tile, which no tile before prefetched */
-    row_ptrs(c, c->jlo, &c->pk, &c->pv, &c->pks, &c->pvs);
-    c->pn = tile_len(c, c->jlo);
-    prefetch_next(c, 0, 1);
-    c->pn = 0;
-  }
   for (int64_t j = 0; j < BK; j++)
     vstore(c->st + j * BQ, vset1(0.0f));
   if (c->rowi) { /* its own Q and O rows */

@@ -25,9 +25,10 @@
 /* Bodies this large (declared by Content-Length) get a mapping of their
  * own; smaller ones grow on the heap. */
 #define ATTND_BODYBUF_MIN ((size_t)1 << 20)
-/* Idle buffers kept at most, and for how long (seconds). */
+/* Idle buffers kept at most, and for how long (seconds): long enough for
+ * the next of a run of session imports of a second or two each. */
 #define ATTND_BODYBUF_KEEP 2
-#define ATTND_BODYBUF_IDLE 2.0
+#define ATTND_BODYBUF_IDLE 5.0
 
 typedef struct attnd_bodybuf_idle {
   void *base; /* the mapping, NULL when the slot is free */

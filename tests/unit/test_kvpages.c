@@ -47,15 +47,16 @@ Test(kvpages, pages_free_long_enough_go_back) {
   attn__kvpages_trim(&p, 101);
   for (int i = 4; i < 8; i++)
     attn__kvpages_give(&p, pg[i]); /* stamped 101 */
-  attn__kvpages_trim(&p, 101.2);   /* none free for a second yet */
+  const double age = ATTN_KV_TRIM_AGE_S;
+  attn__kvpages_trim(&p, 100.2 + age); /* none free that long yet */
   cr_expect_eq(p.returned, 0);
   for (int i = 0; i < 8; i++)
-    cr_expect(!zero(pg[i]), "page %d went back after less than a second", i);
-  attn__kvpages_trim(&p, 101.6); /* the first four */
+    cr_expect(!zero(pg[i]), "page %d went back before ATTN_KV_TRIM_AGE_S", i);
+  attn__kvpages_trim(&p, 100.6 + age); /* the first four */
   cr_expect_eq(p.returned, 4 * ATTN_KV_PAGE_BYTES);
   for (int i = 0; i < 8; i++)
     cr_expect_eq(zero(pg[i]), i < 4, "page %d", i);
-  attn__kvpages_trim(&p, 102.1); /* the rest */
+  attn__kvpages_trim(&p, 101.1 + age); /* the rest */
   cr_expect_eq(p.returned, 8 * ATTN_KV_PAGE_BYTES);
   attn__kvpages_trim(&p, 200); /* given back once */
   cr_expect_eq(p.returned, 8 * ATTN_KV_PAGE_BYTES);
@@ -63,9 +64,9 @@ Test(kvpages, pages_free_long_enough_go_back) {
   void *a = attn__kvpages_take(&p);
   memset(a, 1, ATTN_KV_PAGE_BYTES);
   attn__kvpages_give(&p, a);
-  attn__kvpages_trim(&p, 200.5);
+  attn__kvpages_trim(&p, 199.5 + age);
   cr_expect(!zero(a));
-  attn__kvpages_trim(&p, 201.5);
+  attn__kvpages_trim(&p, 200.5 + age);
   cr_expect(zero(a));
   cr_expect_eq(p.returned, 9 * ATTN_KV_PAGE_BYTES);
   attn__kvpages_close(&p);

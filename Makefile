@@ -116,8 +116,8 @@ ENGINE_SRC = engine/submit.c engine/varlen.c engine/dv.c engine/handle.c engine/
 ENGINE_OBJ = $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
 # The session store (engine/kv/, one public header kv/kv.h): a client of
 # the engine, built into the same library.
-KV_SRC = engine/kv/pages.c engine/kv/quota.c engine/kv/id.c engine/kv/quant.c engine/kv/share.c \
-         engine/kv/store.c engine/kv/fork.c \
+KV_SRC = engine/kv/pages.c engine/kv/shape.c engine/kv/quota.c engine/kv/id.c engine/kv/quant.c \
+         engine/kv/share.c engine/kv/rows.c engine/kv/store.c engine/kv/fork.c \
          engine/kv/batch.c engine/kv/admit.c engine/kv/sched.c engine/kv/file.c \
          engine/kv/save.c engine/kv/load.c engine/kv/move.c engine/kv/export.c
 

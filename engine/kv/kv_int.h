@@ -5,11 +5,13 @@
  * The files, from the bottom up: each calls only the files before it (and
  * the engine), never one after it.
  *   pages.c   the page pool (pages.h)
+ *   shape.c   a session's shape in pages: widths, tokens a page, checks
  *   quota.c   what each tenant reserves
  *   id.c      a session id against the contract
  *   quant.c   a quantized session's rows as they move
  *   share.c   pages forks share: who pays for them, copies on write
- *   store.c   the table of sessions and their life, a layer's rows
+ *   rows.c    a layer's pages taken as it grows, its rows in and out
+ *   store.c   the table of sessions and their life
  *   fork.c    a session forked: a new one sharing its pages
  *   batch.c   the engine request of an entry alone and of a job of calls
  *   admit.c   a call checked and admitted, parked, or refused
@@ -248,6 +250,11 @@ int64_t attn__kv_pitch(const attn_kv_store *s, const attn_kv_shape *sh);
 int64_t attn__kv_tokens_fit(size_t page_bytes, int64_t row_bytes);
 /* Tokens a page holds for this shape (attn__kv_tokens_fit of its rows). */
 int64_t attn__kv_page_tokens(const attn_kv_store *s, const attn_kv_shape *sh);
+/* A session's pages per KV head and tensor (0: too wide for a page), and
+ * the pages its create reserves (none for a grow session: it reserves
+ * them as it grows). */
+int64_t attn__kv_pages_per_head(const attn_kv_store *s, const attn_kv_shape *sh);
+int64_t attn__kv_reserve_pages(const attn_kv_store *s, const attn_kv_shape *sh);
 /* A shape within the limits a create takes: 0, or EINVAL (EDTYPE) with
  * what is wrong. */
 int attn__kv_shape_check(const attn_kv_shape *sh, attn_status *st);

@@ -134,7 +134,7 @@ static double getd(const unsigned char *p) {
   return v;
 }
 
-/* The limits attn_kv_create holds a shape to (store.c), a ttl, and a
+/* The limits attn_kv_create holds a shape to (shape.c), a ttl, and a
  * page size a store could have had. */
 static int shape_ok(const kvf_header *h, char *why) {
   const attn_kv_shape *sh = &h->shape;

@@ -1,7 +1,7 @@
 /*
  * pages.h — the sessions' page pool: one mapping of fixed-size pages.
  *
- * Internal to engine/kv/ (store.c, admit.c). The pool is reserved in
+ * Internal to engine/kv/ (the store's files). The pool is reserved in
  * whole pages before any is taken: a session reserves the pages of its
  * max_tokens when it is made (a grow session: the pages of an append, as
  * the append is admitted), and its appends then take pages that are sure

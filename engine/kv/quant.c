@@ -4,7 +4,7 @@
  * rows are quantized into, a replay compares with what its pages hold,
  * and saving, loading, export and import carry (file.c's spans). The page
  * keeps the codes as rows W bytes apart and the scales after them
- * (engine.h, attn_kv_quant_scales_at); store.c's rows_put and rows_get
+ * (engine.h, attn_kv_quant_scales_at); rows.c's rows_put and rows_get
  * call here to go between the two.
  */
 #include "kv_int.h"

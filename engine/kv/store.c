@@ -1,10 +1,10 @@
 /*
  * store.c — a session store's table of sessions and their life (kv.h):
  * made with their reservation, found by (tenant, id), expired by TTL,
- * truncated, deleted; and a layer's rows in its pages. In that order, by
- * section: the store opened and closed; a shape's pages and checks; the
- * table; a session made, described, cut and deleted; a layer's pages and
- * rows, and the end of a reader.
+ * truncated, deleted. In that order, by section: the store opened and
+ * closed; the table; a session made, described, cut and deleted; the end
+ * of a reader. A shape's pages and checks are shape.c's, a layer's rows
+ * rows.c's.
  */
 #include "handle.h"
 #include "kv_int.h"
@@ -107,171 +107,6 @@ void attn_kv_close(attn_kv_store *s) {
   free(s);
 }
 
-/* ---- a shape: its rows, pages and checks --------------------------------- */
-
-int64_t attn__kv_width(const attn_kv_shape *sh) {
-  const int64_t dv = attn_kv_shape_dv(sh);
-  return dv > sh->head_dim ? dv : sh->head_dim;
-}
-
-int attn__kv_tensors(const attn_kv_shape *sh) { return sh->v_from_k ? 1 : 2; }
-
-int64_t attn__kv_pitch(const attn_kv_store *s, const attn_kv_shape *sh) {
-  const int64_t w = attn__kv_width(sh);
-  return s->pages.dev ? (w + KV_DEVICE_ALIGN - 1) / KV_DEVICE_ALIGN * KV_DEVICE_ALIGN : w;
-}
-
-int64_t attn__kv_tokens_fit(size_t page_bytes, int64_t row_bytes) {
-  const int64_t n = (int64_t)page_bytes / row_bytes;
-  const int64_t step = n >= ATTN_PAGE_ALIGN_TOKENS ? ATTN_PAGE_ALIGN_TOKENS : ATTN_PAGE_MIN_TOKENS;
-  return n / step * step;
-}
-
-/* Bytes of one of a shape's rows in a page: a quantized row's codes and
- * scale, else W elements of its dtype (padded on a device). */
-static int64_t row_bytes(const attn_kv_store *s, const attn_kv_shape *sh) {
-  const int64_t w = attn__kv_pitch(s, sh);
-  return sh->kv_quant ? w + (int64_t)sizeof(float) : w * (int64_t)attn_dtype_size(sh->dtype);
-}
-
-/* A quantized page's rows take a byte an element and their scales after
- * them (engine.h, attn_kv_quant_scales_at): the tokens that fit rows of
- * W + 4 bytes, fewer while the scales' alignment would pass the page. */
-static int64_t page_tokens_at(const attn_kv_store *s, const attn_kv_shape *sh, size_t page_bytes) {
-  int64_t pt = attn__kv_tokens_fit(page_bytes, row_bytes(s, sh));
-  while (sh->kv_quant && pt > 0 &&
-         attn_kv_quant_scales_at(pt, attn__kv_pitch(s, sh)) + (size_t)pt * sizeof(float) >
-             page_bytes)
-    pt -= ATTN_PAGE_MIN_TOKENS;
-  return pt;
-}
-
-int64_t attn__kv_page_tokens(const attn_kv_store *s, const attn_kv_shape *sh) {
-  return page_tokens_at(s, sh, s->pages.page_bytes);
-}
-
-static int64_t pages_per_head(const attn_kv_store *s, const attn_kv_shape *sh) {
-  int64_t pt = attn__kv_page_tokens(s, sh);
-  return pt ? (sh->max_tokens + pt - 1) / pt : 0; /* 0: too wide, refused (attn__kv_computable) */
-}
-
-/* A grow session's reservation starts empty: it grows with its pages. */
-static int64_t reserve_pages(const attn_kv_store *s, const attn_kv_shape *sh) {
-  return sh->grow ? 0 : attn__kv_tensors(sh) * sh->layers * sh->heads_kv * pages_per_head(s, sh);
-}
-
-uint64_t attn_kv_reserve_bytes(const attn_kv_store *s, const attn_kv_shape *sh) {
-  return attn__kvpages_bytes(&s->pages, reserve_pages(s, sh));
-}
-
-/* head_dim_v (v as wide as k, head_dim_v 0, has that width for Dv's
- * limit too, as in a request), and a latent session's v within its k. */
-static int dv_check(const attn_kv_shape *sh, attn_status *st) {
-  if (sh->head_dim_v < 0 || attn_kv_shape_dv(sh) > ATTN_MAX_HEAD_DIM_V)
-    return attn_status_set(st, ATTN_EINVAL,
-                           "head_dim_v (v's last dimension) must be 1 to %d, not %lld; 0 takes "
-                           "head_dim",
-                           ATTN_MAX_HEAD_DIM_V, (long long)attn_kv_shape_dv(sh));
-  if (sh->v_from_k && (sh->head_dim_v < 1 || sh->head_dim_v > sh->head_dim))
-    return attn_status_set(st, ATTN_EINVAL,
-                           "a latent session (v_from_k) takes v as the first head_dim_v columns "
-                           "of k: head_dim_v must be 1 to head_dim %lld, not %lld",
-                           (long long)sh->head_dim, (long long)sh->head_dim_v);
-  return 0;
-}
-
-int attn__kv_shape_check(const attn_kv_shape *sh, attn_status *st) {
-  if (sh->heads_kv < 1 || sh->heads_kv > 4096)
-    return attn_status_set(st, ATTN_EINVAL, "heads_kv must be 1 to 4096, not %lld",
-                           (long long)sh->heads_kv);
-  if (sh->head_dim < 1 || sh->head_dim > ATTN_MAX_HEAD_DIM)
-    return attn_status_set(st, ATTN_EINVAL, "head_dim must be 1 to %d, not %lld", ATTN_MAX_HEAD_DIM,
-                           (long long)sh->head_dim);
-  int rc = dv_check(sh, st);
-  if (rc)
-    return rc;
-  if (attn_dtype_size(sh->dtype) == 0)
-    return attn_status_set(st, ATTN_EDTYPE, "dtype must be F32, F16 or BF16");
-  if ((unsigned)sh->kv_quant >= ATTN_KVQ_COUNT)
-    return attn_status_set(st, ATTN_EDTYPE, "kv_dtype must be F8_E4M3, I8 or the dtype");
-  if (sh->layers < 1 || sh->layers > ATTN_KV_MAX_LAYERS)
-    return attn_status_set(st, ATTN_EINVAL, "layers must be 1 to %d, not %lld", ATTN_KV_MAX_LAYERS,
-                           (long long)sh->layers);
-  if (sh->max_tokens < 1 || sh->max_tokens > ((int64_t)1 << 30))
-    return attn_status_set(st, ATTN_EINVAL, "max_tokens must be 1 to %lld, not %lld",
-                           (long long)1 << 30, (long long)sh->max_tokens);
-  return 0;
-}
-
-/* A shape whose rows fit no page of this store's size: refused, naming
- * the smallest page size that holds it, if any does. */
-static int too_wide(const attn_kv_store *s, const attn_kv_shape *sh, attn_status *st) {
-  size_t fits = s->pages.page_bytes * 2;
-  while (fits <= ATTN_KV_PAGE_BYTES && page_tokens_at(s, sh, fits) == 0)
-    fits *= 2;
-  if (fits > ATTN_KV_PAGE_BYTES)
-    return attn_status_set(st, ATTN_EUNSUPPORTED,
-                           "a session page of %zu bytes holds fewer than %d rows of %lld bytes "
-                           "(%lld %s elements: max(head_dim, head_dim_v), as this store pads "
-                           "them): too wide for a session",
-                           s->pages.page_bytes, ATTN_PAGE_MIN_TOKENS, (long long)row_bytes(s, sh),
-                           (long long)attn__kv_pitch(s, sh),
-                           sh->kv_quant ? "quantized" : attn_dtype_name(sh->dtype));
-  return attn_status_set(st, ATTN_EUNSUPPORTED,
-                         "rows of %lld bytes (%lld %s elements, max(head_dim, head_dim_v)) fit "
-                         "fewer than %d to a session page of %zu bytes here: start attnd with "
-                         "--session-page-bytes %zuK or more",
-                         (long long)row_bytes(s, sh), (long long)attn__kv_pitch(s, sh),
-                         sh->kv_quant ? "quantized" : attn_dtype_name(sh->dtype),
-                         ATTN_PAGE_MIN_TOKENS, s->pages.page_bytes, fits >> 10);
-}
-
-/* A probe of a call of this shape, checked as the engine checks it, then
- * put to the backend that computes the store's calls as the job dv.c
- * makes of it (head dim W, the pages passed through): that backend must
- * take it, or sessions of this shape could be made whose every call
- * fails. A device's kernels reach a smaller head dim than the cpu's. */
-int attn__kv_computable(attn_kv_store *s, const attn_kv_shape *sh, attn_status *st) {
-  if (attn__kv_page_tokens(s, sh) == 0)
-    return too_wide(s, sh, st);
-  if (sh->kv_quant && s->pages.dev)
-    return attn_status_set(st, ATTN_EUNSUPPORTED,
-                           "this server keeps sessions on %s, whose kernels read no quantized "
-                           "pages: kv_dtype %s is for sessions in host memory (--session-backend "
-                           "cpu); leave kv_dtype out here",
-                           s->pages.dev->ops.name, attn_kv_quant_name(sh->kv_quant));
-  if (!s->engine || !s->pages.base)
-    return 0; /* no pages: no session of any shape */
-  static const float zeros[2 * KV_WIDEST];
-  const void *page = s->pages.base;
-  attn_request r;
-  attn_request_init(&r);
-  r.batch = r.heads_q = r.heads_kv = r.seq_q = r.seq_kv = 1;
-  r.head_dim = sh->head_dim;
-  r.head_dim_v = attn_kv_shape_dv(sh);
-  r.dtype = sh->dtype;
-  r.q = zeros;
-  r.o = (void *)(uintptr_t)(zeros + KV_WIDEST); /* never written: only checked */
-  r.k_pages = r.v_pages = &page;
-  r.page_tokens = attn__kv_page_tokens(s, sh);
-  r.pages_per_head = 1;
-  r.page_pitch = s->pages.dev ? attn__kv_pitch(s, sh) : 0;
-  r.kv_quant = sh->kv_quant;
-  r.backend = s->pages.dev ? s->pages.dev->ops.name : "cpu";
-  attn_status why;
-  const attn_backend *be;
-  int rc = attn_request_validate(&r, &why);
-  r.head_dim = attn__kv_width(sh);
-  r.head_dim_v = 0;
-  if (rc == 0 && attn__engine_pick(s->engine, &r, &be, &why) == 0)
-    return 0;
-  return attn_status_set(st, ATTN_EUNSUPPORTED,
-                         "this server computes sessions on %s, which cannot take head_dim %lld "
-                         "with head_dim_v %lld (a head dim of %lld): %s",
-                         r.backend, (long long)sh->head_dim, (long long)attn_kv_shape_dv(sh),
-                         (long long)r.head_dim, why.message);
-}
-
 /* ---- the table ----------------------------------------------------------- */
 
 static unsigned bucket_of(const char *tenant, const char *id) {
@@ -353,7 +188,7 @@ static int layers_alloc(kv_session *ks) {
 
 kv_session *attn__kv_insert(attn_kv_store *s, const char *tenant, const char *id,
                             const attn_kv_shape *sh, double ttl_s, double now, attn_status *st) {
-  return attn__kv_insert_need(s, tenant, id, sh, ttl_s, now, reserve_pages(s, sh), st);
+  return attn__kv_insert_need(s, tenant, id, sh, ttl_s, now, attn__kv_reserve_pages(s, sh), st);
 }
 
 kv_session *attn__kv_insert_need(attn_kv_store *s, const char *tenant, const char *id,
@@ -383,7 +218,7 @@ kv_session *attn__kv_insert_need(attn_kv_store *s, const char *tenant, const cha
     ks->ttl_s = ttl_s;
     ks->expires = now + ttl_s;
     ks->page_tokens = attn__kv_page_tokens(s, sh);
-    ks->pages_per_head = pages_per_head(s, sh);
+    ks->pages_per_head = attn__kv_pages_per_head(s, sh);
     ks->pitch = attn__kv_pitch(s, sh);
     ks->unit = sh->heads_kv * attn__kv_tensors(sh);
     ks->reserved_pages = need;
@@ -430,7 +265,7 @@ static int exists_error(const kv_session *ks, attn_status *st) {
  * saved sessions is not held to it: they were made under the cap of then. */
 static int tenant_check(attn_kv_store *s, const char *tenant, const attn_kv_shape *sh, double now,
                         attn_status *st) {
-  int64_t need = reserve_pages(s, sh);
+  int64_t need = attn__kv_reserve_pages(s, sh);
   if (attn__kv_tenant_fits(s, tenant, need) ||
       (expire_locked(s, now) > 0 && attn__kv_tenant_fits(s, tenant, need)))
     return 0;
@@ -654,98 +489,7 @@ void attn_kv_stats_get(attn_kv_store *s, attn_kv_stats *out) {
   pthread_mutex_unlock(&s->mu);
 }
 
-/* ---- a layer's pages and rows -------------------------------------------- */
-
-int64_t attn__kv_grow_need(const kv_session *ks, const kv_layer *L, int64_t tokens) {
-  const int64_t want = (tokens + ks->page_tokens - 1) / ks->page_tokens;
-  if (!ks->shape.grow || want <= L->npages)
-    return 0;
-  return (want - L->npages) * ks->shape.heads_kv * attn__kv_tensors(&ks->shape);
-}
-
-/* A failed count of the tenant (out of memory for its entry) only leaves
- * it counting fewer pages than it holds; the pool's reservation is exact. */
-bool attn__kv_grow(attn_kv_store *s, kv_session *ks, kv_layer *L, int64_t tokens) {
-  const int64_t need = attn__kv_grow_need(ks, L, tokens);
-  if (need > 0 && !attn__kvpages_reserve(&s->pages, need))
-    return false;
-  if (need > 0) {
-    ks->reserved_pages += need;
-    (void)attn__kv_tenant_add(s, ks->tenant, need);
-  }
-  attn__kv_cow(s, ks, L, L->length, tokens); /* what it writes, no longer shared */
-  int64_t want = (tokens + ks->page_tokens - 1) / ks->page_tokens;
-  for (; L->npages < want; L->npages++)
-    for (int64_t h = 0; h < ks->shape.heads_kv; h++) {
-      int64_t i = h * ks->pages_per_head + L->npages;
-      L->kp[i] = attn__kvpages_take(&s->pages);
-      if (L->vp)
-        L->vp[i] = attn__kvpages_take(&s->pages);
-    }
-  return true;
-}
-
-char *attn__kv_row_at(const kv_session *ks, const kv_layer *L, int t, int64_t hk, int64_t j) {
-  void **table = t && L->vp ? L->vp : L->kp;
-  char *page = table[hk * ks->pages_per_head + j / ks->page_tokens];
-  const size_t es = ks->shape.kv_quant ? 1 : attn_dtype_size(ks->shape.dtype);
-  return page + (size_t)(j % ks->page_tokens) * (size_t)ks->pitch * es;
-}
-
-int64_t attn__kv_span(const kv_session *ks, int64_t j, int64_t end) {
-  int64_t n = ks->page_tokens - j % ks->page_tokens;
-  return n < end - j ? n : end - j;
-}
-
-/* n rows of `row` bytes, packed at src, as rows of `wide` bytes at dst:
- * the rest of each zero. */
-static void rows_widen(char *dst, size_t wide, const char *src, size_t row, int64_t n) {
-  for (int64_t i = 0; i < n; i++) {
-    memcpy(dst + (size_t)i * wide, src + (size_t)i * row, row);
-    memset(dst + (size_t)i * wide + row, 0, wide - row);
-  }
-}
-
-/* A row's columns past its tensor's width are written too, as zeros: a
- * page taken again holds an earlier session's bytes there, and k's must
- * be zero where a padded q meets them (engine.h, k_pages). Host pages are
- * widened in place; a device's through a page's worth of host memory. */
-int attn__kv_rows_put(const attn_kv_store *s, const kv_session *ks, const kv_layer *L, int t,
-                      int64_t hk, int64_t j, int64_t n, const void *src, attn_status *st) {
-  if (ks->shape.kv_quant) { /* host pages only (attn__kv_computable) */
-    attn__kv_qput(ks, attn__kv_row_at(ks, L, t, hk, j - j % ks->page_tokens), j % ks->page_tokens,
-                  n, t, src);
-    return 0;
-  }
-  const size_t es = attn_dtype_size(ks->shape.dtype), pitch = (size_t)ks->pitch * es;
-  const size_t row = (size_t)attn__kv_cols(&ks->shape, t) * es;
-  char *dst = attn__kv_row_at(ks, L, t, hk, j);
-  if (row == pitch)
-    return attn__kvpages_copy(&s->pages, dst, pitch, src, row, row, (size_t)n, st);
-  if (!s->pages.dev) {
-    rows_widen(dst, pitch, src, row, n);
-    return 0;
-  }
-  char *buf = malloc(ATTN_KV_PAGE_BYTES); /* n rows lie in one page */
-  if (!buf)
-    return attn_status_set(st, ATTN_ENOMEM, "out of memory storing a session's rows");
-  rows_widen(buf, pitch, src, row, n);
-  int rc = attn__kvpages_copy(&s->pages, dst, pitch, buf, pitch, pitch, (size_t)n, st);
-  free(buf);
-  return rc;
-}
-
-int attn__kv_rows_get(const attn_kv_store *s, const kv_session *ks, const kv_layer *L, int t,
-                      int64_t hk, int64_t j, int64_t n, void *dst, attn_status *st) {
-  if (ks->shape.kv_quant) {
-    attn__kv_qget(ks, attn__kv_row_at(ks, L, t, hk, j - j % ks->page_tokens), j % ks->page_tokens,
-                  n, t, dst);
-    return 0;
-  }
-  size_t es = attn_dtype_size(ks->shape.dtype), row = (size_t)attn__kv_cols(&ks->shape, t) * es;
-  return attn__kvpages_copy(&s->pages, dst, row, attn__kv_row_at(ks, L, t, hk, j),
-                            (size_t)ks->pitch * es, row, (size_t)n, st);
-}
+/* ---- the end of a reader ------------------------------------------------ */
 
 void attn__kv_reader_done(attn_kv_store *s, kv_session *ks, kv_layer *L) {
   if (--L->readers == 0) {

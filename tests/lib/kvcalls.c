@@ -39,6 +39,26 @@ tkv_stream tkv_stream_make_dv(int64_t hq, int64_t hkv, int64_t d, int64_t dv, bo
   return s;
 }
 
+tkv_stream tkv_stream_splice(const tkv_stream *a, const tkv_stream *b, int64_t n) {
+  tkv_stream s = tkv_stream_make_dv(a->hq, a->hkv, a->d, a->dv, a->latent, a->n, a->dt, 1);
+  const size_t es = attn_dtype_size(a->dt);
+  struct {
+    void *dst;
+    const void *x, *y;
+    int64_t heads, w;
+  } t[3] = {{s.q, a->q, b->q, a->hq, a->d},
+            {s.k, a->k, b->k, a->hkv, a->d},
+            {s.v, a->v, b->v, a->hkv, a->dv}};
+  for (int i = 0; i < 3; i++)
+    for (int64_t h = 0; h < t[i].heads; h++) {
+      const size_t row = (size_t)t[i].w * es, at = (size_t)(h * a->n) * row;
+      memcpy((char *)t[i].dst + at, (const char *)t[i].x + at, (size_t)n * row);
+      memcpy((char *)t[i].dst + at + (size_t)n * row, (const char *)t[i].y + at + (size_t)n * row,
+             (size_t)(a->n - n) * row);
+    }
+  return s;
+}
+
 void tkv_stream_free(tkv_stream *s) {
   free(s->q);
   free(s->k);

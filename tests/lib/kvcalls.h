@@ -29,6 +29,9 @@ tkv_stream tkv_stream_make(int64_t hq, int64_t hkv, int64_t d, int64_t n, attn_d
 /* The same with values dv wide, or (latent) k's first dv columns. */
 tkv_stream tkv_stream_make_dv(int64_t hq, int64_t hkv, int64_t d, int64_t dv, bool latent,
                               int64_t n, attn_dtype dt, uint64_t seed);
+/* A stream that is a's first n tokens (queries, keys, values), then b's:
+ * a fork's history (a and b of one shape and length). */
+tkv_stream tkv_stream_splice(const tkv_stream *a, const tkv_stream *b, int64_t n);
 void tkv_stream_free(tkv_stream *s);
 /* Rows [r0, r0 + n) of every head of a [H, total, D] tensor, packed (malloc). */
 void *tkv_rows_of(const void *t, int64_t heads, int64_t total, int64_t d, attn_dtype dt, int64_t r0,

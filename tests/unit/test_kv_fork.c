@@ -31,27 +31,6 @@ static attn_engine *eng;
 static void setup(void) { eng = topen(2, NULL); }
 static void teardown(void) { attn_engine_close(eng); }
 
-/* A stream that is a's first n tokens (queries, keys, values), then b's. */
-static tkv_stream splice(const tkv_stream *a, const tkv_stream *b, int64_t n) {
-  tkv_stream s = tkv_stream_make_dv(a->hq, a->hkv, a->d, a->dv, a->latent, a->n, a->dt, 1);
-  const size_t es = attn_dtype_size(a->dt);
-  struct {
-    void *dst;
-    const void *x, *y;
-    int64_t heads, w;
-  } t[3] = {{s.q, a->q, b->q, a->hq, a->d},
-            {s.k, a->k, b->k, a->hkv, a->d},
-            {s.v, a->v, b->v, a->hkv, a->dv}};
-  for (int i = 0; i < 3; i++)
-    for (int64_t h = 0; h < t[i].heads; h++) {
-      const size_t row = (size_t)t[i].w * es, at = (size_t)(h * a->n) * row;
-      memcpy((char *)t[i].dst + at, (const char *)t[i].x + at, (size_t)n * row);
-      memcpy((char *)t[i].dst + at + (size_t)n * row, (const char *)t[i].y + at + (size_t)n * row,
-             (size_t)(a->n - n) * row);
-    }
-  return s;
-}
-
 static void make(attn_kv_store *kv, const char *id, const tkv_stream *s, int64_t layers,
                  int64_t max_tokens, bool grow) {
   attn_kv_shape sh = {.heads_kv = s->hkv,
@@ -143,7 +122,7 @@ Test(kv_fork, share_then_diverge_every_kernel, .timeout = 300) {
       const attn_dtype dt = a % 2 ? ATTN_BF16 : ATTN_F32;
       tkv_stream src = tkv_stream_make(4, 2, 64, 3 * PT, dt, 10 + (uint64_t)a);
       tkv_stream other = tkv_stream_make(4, 2, 64, 3 * PT, dt, 20 + (uint64_t)a);
-      tkv_stream mine = splice(&src, &other, ats[a]);
+      tkv_stream mine = tkv_stream_splice(&src, &other, ats[a]);
       char f[16];
       snprintf(f, sizeof f, "f%d", a);
       make(kv, "s", &src, 1, 3 * PT, false);
@@ -178,7 +157,7 @@ Test(kv_fork, reservations_exact, .init = setup, .fini = teardown) {
   attn_kv_store *kv = tkv_open_store(eng, 64 * PAGE, false, "cpu");
   tkv_stream src = tkv_stream_make(2, 1, 64, 4 * PT, ATTN_F32, 1);
   tkv_stream other = tkv_stream_make(2, 1, 64, 4 * PT, ATTN_F32, 2);
-  tkv_stream mine = splice(&src, &other, PT + 10);
+  tkv_stream mine = tkv_stream_splice(&src, &other, PT + 10);
   make(kv, "s", &src, 1, 4 * PT, false);
   step_ok(kv, "s", &src, 0, PT + 10);
   expect_pool(kv, 8, 4, 0, 0);
@@ -213,8 +192,8 @@ Test(kv_fork, branch_points_and_fork_of_fork, .init = setup, .fini = teardown) {
   tkv_stream src = tkv_stream_make(2, 1, 64, 4 * PT, ATTN_F32, 3);
   tkv_stream b = tkv_stream_make(2, 1, 64, 4 * PT, ATTN_F32, 4);
   tkv_stream c = tkv_stream_make(2, 1, 64, 4 * PT, ATTN_F32, 5);
-  tkv_stream fb = splice(&src, &b, 2 * PT); /* f: the source's first 2 pages, then b's */
-  tkv_stream gc = splice(&fb, &c, PT + 3);  /* g: f's first PT + 3, then c's */
+  tkv_stream fb = tkv_stream_splice(&src, &b, 2 * PT); /* f: the source's first 2 pages, then b's */
+  tkv_stream gc = tkv_stream_splice(&fb, &c, PT + 3);  /* g: f's first PT + 3, then c's */
   make(kv, "s", &src, 1, 4 * PT, false);
   step_ok(kv, "s", &src, 0, 3 * PT);
   fork_ok(kv, "s", "f", 2 * PT);
@@ -253,7 +232,7 @@ Test(kv_fork, truncate_below_the_branch, .init = setup, .fini = teardown) {
   attn_kv_store *kv = tkv_open_store(eng, 14 * PAGE, false, "cpu");
   tkv_stream src = tkv_stream_make(2, 1, 64, 4 * PT, ATTN_F32, 6);
   tkv_stream other = tkv_stream_make(2, 1, 64, 4 * PT, ATTN_F32, 7);
-  tkv_stream mine = splice(&src, &other, PT + 10);
+  tkv_stream mine = tkv_stream_splice(&src, &other, PT + 10);
   make(kv, "s", &src, 1, 4 * PT, false);
   step_ok(kv, "s", &src, 0, 2 * PT);
   fork_ok(kv, "s", "f", -1);
@@ -294,7 +273,7 @@ Test(kv_fork, whole_promise_in_a_full_pool, .init = setup, .fini = teardown) {
   attn_kv_store *kv = tkv_open_store(eng, 14 * PAGE, false, "cpu");
   tkv_stream src = tkv_stream_make(2, 1, 64, 4 * PT, ATTN_F32, 8);
   tkv_stream other = tkv_stream_make(2, 1, 64, 4 * PT, ATTN_F32, 9);
-  tkv_stream mine = splice(&src, &other, PT + 1);
+  tkv_stream mine = tkv_stream_splice(&src, &other, PT + 1);
   make(kv, "s", &src, 1, 4 * PT, false);
   step_ok(kv, "s", &src, 0, PT + 1);
   fork_ok(kv, "s", "f", -1);
@@ -336,7 +315,7 @@ Test(kv_fork, grow_forks, .init = setup, .fini = teardown) {
   attn_kv_store *kv = tkv_open_store(eng, 64 * PAGE, false, "cpu");
   tkv_stream src = tkv_stream_make(2, 1, 64, 4 * PT, ATTN_F32, 11);
   tkv_stream other = tkv_stream_make(2, 1, 64, 4 * PT, ATTN_F32, 12);
-  tkv_stream mine = splice(&src, &other, PT + 7);
+  tkv_stream mine = tkv_stream_splice(&src, &other, PT + 7);
   make(kv, "s", &src, 1, 4 * PT, true);
   step_ok(kv, "s", &src, 0, PT + 7);
   expect_pool(kv, 4, 4, 0, 0);
@@ -369,7 +348,7 @@ Test(kv_fork, latent_dv_and_layers, .init = setup, .fini = teardown) {
   for (int latent = 0; latent < 2; latent++) {
     tkv_stream src = tkv_stream_make_dv(4, 1, 96, 64, latent, 3 * PT, ATTN_F32, 13);
     tkv_stream other = tkv_stream_make_dv(4, 1, 96, 64, latent, 3 * PT, ATTN_F32, 14);
-    tkv_stream m0 = splice(&src, &other, 100), m1 = splice(&src, &other, 60);
+    tkv_stream m0 = tkv_stream_splice(&src, &other, 100), m1 = tkv_stream_splice(&src, &other, 60);
     const int64_t pt = attn_kv_reserve_bytes(kv, &(attn_kv_shape){.heads_kv = 1,
                                                                   .head_dim = 96,
                                                                   .head_dim_v = 64,
@@ -459,7 +438,7 @@ Test(kv_fork, batch_over_forks, .init = setup, .fini = teardown) {
   tkv_stream src = tkv_stream_make(2, 1, 64, 2 * PT, ATTN_F32, 21);
   tkv_stream o1 = tkv_stream_make(2, 1, 64, 2 * PT, ATTN_F32, 22);
   tkv_stream o2 = tkv_stream_make(2, 1, 64, 2 * PT, ATTN_F32, 23);
-  tkv_stream m1 = splice(&src, &o1, PT + 10), m2 = splice(&src, &o2, PT + 10);
+  tkv_stream m1 = tkv_stream_splice(&src, &o1, PT + 10), m2 = tkv_stream_splice(&src, &o2, PT + 10);
   make(kv, "s", &src, 1, 2 * PT, false);
   step_ok(kv, "s", &src, 0, PT + 10);
   fork_ok(kv, "s", "f1", -1);
@@ -530,7 +509,7 @@ Test(kv_fork, copy_on_write_under_readers, .init = setup, .fini = teardown) {
   attn_kv_store *kv = tkv_open_store(eng, 64 * PAGE, false, "cpu");
   tkv_stream src = tkv_stream_make(2, 1, 64, 2 * PT, ATTN_F32, 16);
   tkv_stream other = tkv_stream_make(2, 1, 64, 2 * PT, ATTN_F32, 17);
-  tkv_stream mine = splice(&src, &other, 50);
+  tkv_stream mine = tkv_stream_splice(&src, &other, 50);
   tkv_stream side = tkv_stream_make(2, 1, 64, PT, ATTN_F32, 18);
   make(kv, "s", &src, 1, 2 * PT, false);
   make(kv, "x", &side, 1, PT, false);
@@ -541,7 +520,7 @@ Test(kv_fork, copy_on_write_under_readers, .init = setup, .fini = teardown) {
   step_ok(kv, "s", &src, 50, 1); /* waits for nothing: s's page is its own now */
   reader(kv, "s", 0, false);
   fork_ok(kv, "f", "g", -1);
-  tkv_stream gs = splice(&mine, &src, 51);
+  tkv_stream gs = tkv_stream_splice(&mine, &src, 51);
   reader(kv, "g", 30, true);
   stepper t = {.kv = kv, .id = "g", .s = &gs, .pos = 51, .n = 2};
   pthread_t th;
@@ -569,7 +548,7 @@ Test(kv_fork, saved_and_loaded_apart, .init = setup, .fini = teardown) {
   attn_kv_store *kv = tkv_open_store(eng, 64 * PAGE, false, "cpu");
   tkv_stream src = tkv_stream_make(2, 1, 64, 2 * PT, ATTN_F32, 19);
   tkv_stream other = tkv_stream_make(2, 1, 64, 2 * PT, ATTN_F32, 20);
-  tkv_stream mine = splice(&src, &other, PT + 3);
+  tkv_stream mine = tkv_stream_splice(&src, &other, PT + 3);
   make(kv, "s", &src, 1, 2 * PT, false);
   step_ok(kv, "s", &src, 0, PT + 3);
   fork_ok(kv, "s", "f", -1);
@@ -628,7 +607,7 @@ static void sixteen_forks(size_t pb, bool grow) {
     snprintf(f, sizeof f, "b%d", i);
     fork_ok(kv, "s", f, -1);
     tkv_stream other = tkv_stream_make(8, 8, 128, n + pt, ATTN_BF16, 100 + (uint64_t)i);
-    tkv_stream mine = splice(&src, &other, n);
+    tkv_stream mine = tkv_stream_splice(&src, &other, n);
     step_ok(kv, f, &mine, n, 1);
     tkv_stream_free(&other);
     tkv_stream_free(&mine);

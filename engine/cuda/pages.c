@@ -11,8 +11,9 @@
  * block_table) and its new rows beside q (attn_request.page_rows: a small
  * kernel on the job's stream puts them into their rows before the paged
  * kernel reads K and V where they lie); saves and loads, and a job's rows
- * whose job failed, move as synchronous copies (pages_copy). Jobs with
- * pages run on that device.
+ * whose job failed, and a fork's page copied before its first write into
+ * it (engine/kv/share.c), move as synchronous copies (pages_copy). Jobs
+ * with pages run on that device.
  */
 #include "cuda_int.h"
 
@@ -64,16 +65,31 @@ static bool in_pages(const cu_state *s, const void *p) {
   return s->pages_base && c >= s->pages_base && c < s->pages_base + s->pages_bytes;
 }
 
+/* Pages to pages. A device-to-device cudaMemcpy may return before the
+ * copy is done, and the job that then reads the page runs on a stream of
+ * its own: so the copy goes on the legacy stream and is waited for there.
+ * The jobs' streams are non-blocking, so that wait is for this copy only,
+ * not for other sessions' work. */
+static cudaError_t copy_within(void *dst, size_t dpitch, const void *src, size_t spitch,
+                               size_t width, size_t rows) {
+  cudaError_t e =
+      cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToDevice, 0);
+  return e ? e : cudaStreamSynchronize(0);
+}
+
 int attn__cu_pages_copy(cu_state *s, void *dst, size_t dpitch, const void *src, size_t spitch,
                         size_t width, size_t rows, attn_status *st) {
   cu_dev *d = s->pages_dev;
   if (!d || !d->healthy)
     return attn_status_set(st, ATTN_EDEVICE, "cuda: the device holding the session pages %s",
                            d ? d->why : "is gone");
-  enum cudaMemcpyKind kind = in_pages(s, dst) ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+  const bool to = in_pages(s, dst), from = in_pages(s, src);
   cudaError_t e = cudaSetDevice(d->ordinal);
-  if (!e)
-    e = cudaMemcpy2D(dst, dpitch, src, spitch, width, rows, kind);
+  if (!e && to && from) /* a fork's page copied on write: see copy_within */
+    e = copy_within(dst, dpitch, src, spitch, width, rows);
+  else if (!e)
+    e = cudaMemcpy2D(dst, dpitch, src, spitch, width, rows,
+                     to ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost);
   if (!e)
     return 0;
   cudaGetLastError();

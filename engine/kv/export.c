@@ -28,18 +28,6 @@ struct attn_kv_exporter {
   size_t staged, taken; /* its bytes, and those handed out */
 };
 
-/* On a device a call's rows reach their pages in its own job (kv_int.h):
- * until its readers end, a layer's length may run ahead of its pages. */
-static int export_ready(const attn_kv_store *s, const kv_session *ks, attn_status *st) {
-  for (int64_t l = 0; s->pages.dev && l < ks->shape.layers; l++)
-    if (ks->layers[l].readers > 0)
-      return attn_status_set(st, ATTN_ESESSION_CONFLICT,
-                             "session '%s' has calls running on layer %lld; export it once "
-                             "they have ended",
-                             ks->id, (long long)l);
-  return 0;
-}
-
 /* Under the lock: x reads every layer of ks below its length now. */
 static void start_reading(attn_kv_exporter *x, kv_session *ks) {
   for (int64_t l = 0; l < ks->shape.layers; l++) {
@@ -66,7 +54,7 @@ int attn_kv_export_open(attn_kv_store *s, const char *tenant, const char *id, do
   x->stage = stage;
   pthread_mutex_lock(&s->mu);
   kv_session *ks = attn__kv_find(s, tenant, id, now);
-  int rc = ks ? export_ready(s, ks, st)
+  int rc = ks ? attn__kv_dev_settled(s, ks, "export", st)
               : attn_status_set(st, ATTN_ESESSION_NOT_FOUND,
                                 "no session '%s': it was never made, was deleted, or expired", id);
   if (rc == 0) {

@@ -4,10 +4,11 @@
  * shared, not copied. What a shared page costs whom, and the copy a write
  * into one makes first, are share.c's (kv_int.h, P1-P4).
  *
- * Sharing lives in host pages only: on a device a call's rows reach their
- * pages in its job, after it was admitted, so a fork made meanwhile would
- * share pages whose rows are not there yet, and a copy would have to wait
- * for that job; a device store refuses a fork instead.
+ * On a device a call's rows reach their pages in its job, after it was
+ * admitted, so a fork made meanwhile would share pages whose rows are not
+ * there yet: a source with calls running is not forked there
+ * (ESESSION_CONFLICT, to retry). Once made, a shared page is never
+ * written, so what its holders copy from it later is all there.
  */
 #include "kv_int.h"
 
@@ -15,8 +16,7 @@
 #include <string.h>
 
 /* The request's own checks, before the lock. */
-static int fork_args(const attn_kv_store *s, const char *new_id, int64_t length, double ttl_s,
-                     attn_status *st) {
+static int fork_args(const char *new_id, int64_t length, double ttl_s, attn_status *st) {
   int rc = attn_kv_id_check(new_id, strlen(new_id), st);
   if (rc)
     return rc;
@@ -25,11 +25,6 @@ static int fork_args(const attn_kv_store *s, const char *new_id, int64_t length,
                            (long long)length);
   if (ttl_s > 1e9 || ttl_s != ttl_s)
     return attn_status_set(st, ATTN_EINVAL, "ttl_s must be a number of seconds above 0");
-  if (s->pages.dev)
-    return attn_status_set(st, ATTN_EUNSUPPORTED,
-                           "this server keeps session pages on %s, where sessions cannot be "
-                           "forked; export the session and import it under the new id instead",
-                           s->pages.dev->ops.name);
   return 0;
 }
 
@@ -91,6 +86,8 @@ static int forked(attn_kv_store *s, kv_session *src, const char *new_id, int64_t
                   double ttl_s, double now, attn_status *st) {
   int64_t n[ATTN_KV_MAX_LAYERS];
   int rc = fork_lengths(src, length, n, st);
+  if (rc == 0)
+    rc = attn__kv_dev_settled(s, src, "fork", st);
   if (rc)
     return rc;
   if (attn__kv_find(s, src->tenant, new_id, now))
@@ -110,7 +107,7 @@ static int forked(attn_kv_store *s, kv_session *src, const char *new_id, int64_t
 
 int attn_kv_fork(attn_kv_store *s, const char *tenant, const char *id, const char *new_id,
                  int64_t length, double ttl_s, double now, attn_status *st) {
-  int rc = fork_args(s, new_id, length, ttl_s, st);
+  int rc = fork_args(new_id, length, ttl_s, st);
   if (rc)
     return rc;
   pthread_mutex_lock(&s->mu);

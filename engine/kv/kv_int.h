@@ -53,7 +53,8 @@
  *   P1. A page held more than once is never written: a write (an append)
  *       into a slot whose pages are shared first takes fresh pages,
  *       copies the rows below the write into them and lets the old ones
- *       go (share.c, attn__kv_cow). A layer whose readers may read such a
+ *       go (share.c, attn__kv_cow; on a device when the call is planned,
+ *       where a failed copy refuses it). A layer whose readers may read such a
  *       page makes that append wait for them (admit.c), so a page a job
  *       reads is never let go of under it; every other holder's readers
  *       keep it by their own holds.
@@ -200,8 +201,8 @@ struct attn_kv_store {
  * (P4), and the cut's payments applied (apply: the count added too, its fit checked by the caller);
  * every payment ks makes for a slot another holds passed on (its end); whether an append over
  * tokens [from, to) of L writes into a held slot whose pages are shared,
- * and those slots copied to fresh pages (P1); pages ks holds that others
- * hold too. */
+ * and those slots copied to fresh pages (P1; the error of a device's failed
+ * copy, the slot then still shared); pages ks holds that others hold too. */
 void attn__kv_kin_join(kv_session *src, kv_session *ks);
 void attn__kv_kin_leave(kv_session *ks);
 bool attn__kv_slot_shared(const attn_kvpages *pool, const kv_layer *L, int64_t p);
@@ -209,7 +210,8 @@ int64_t attn__kv_cut_need(attn_kv_store *s, kv_session *ks, int64_t l, int64_t l
 void attn__kv_pass_all(attn_kv_store *s, kv_session *ks);
 bool attn__kv_cow_needed(const attn_kvpages *pool, const kv_session *ks, const kv_layer *L,
                          int64_t from, int64_t to);
-void attn__kv_cow(attn_kv_store *s, const kv_session *ks, kv_layer *L, int64_t from, int64_t to);
+int attn__kv_cow(attn_kv_store *s, const kv_session *ks, kv_layer *L, int64_t from, int64_t to,
+                 attn_status *st);
 int64_t attn__kv_shared_pages(const attn_kvpages *pool, const kv_session *ks);
 
 /* The width W = max(head_dim, Dv) of a shape's pages' rows, K's and V's alike (each zero past its
@@ -284,6 +286,13 @@ int64_t attn__kv_grow_need(const kv_session *ks, const kv_layer *L, int64_t toke
 bool attn__kv_grow(attn_kv_store *s, kv_session *ks, kv_layer *L, int64_t tokens);
 /* What ks is now, as attn_kv_get reports it. */
 void attn__kv_info_of(const attn_kv_store *s, const kv_session *ks, attn_kv_info *info);
+/* On a device a call's rows reach their pages in its own job: until the
+ * readers of a layer end, its length may run ahead of its pages. So an
+ * export or a fork (which read every row) of a session with calls running
+ * is ESESSION_CONFLICT, the message saying to `verb` it once they have
+ * ended; 0 on host pages, or when none runs. */
+int attn__kv_dev_settled(const attn_kv_store *s, const kv_session *ks, const char *verb,
+                         attn_status *st);
 /* Where row j of KV head hk of L's K (t 0) or V (t 1; a latent session's
  * K) lies (a device address for pages on a device). */
 char *attn__kv_row_at(const kv_session *ks, const kv_layer *L, int t, int64_t hk, int64_t j);

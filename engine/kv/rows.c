@@ -25,7 +25,10 @@ bool attn__kv_grow(attn_kv_store *s, kv_session *ks, kv_layer *L, int64_t tokens
     ks->reserved_pages += need;
     (void)attn__kv_tenant_add(s, ks->tenant, need);
   }
-  attn__kv_cow(s, ks, L, L->length, tokens); /* what it writes, no longer shared */
+  /* what it writes, no longer shared: a memcpy of host pages, which cannot
+   * fail; a device's slots were copied when the call was planned (admit.c) */
+  attn_status st;
+  (void)attn__kv_cow(s, ks, L, L->length, tokens, &st);
   int64_t want = (tokens + ks->page_tokens - 1) / ks->page_tokens;
   for (; L->npages < want; L->npages++)
     for (int64_t h = 0; h < ks->shape.heads_kv; h++) {
@@ -35,6 +38,17 @@ bool attn__kv_grow(attn_kv_store *s, kv_session *ks, kv_layer *L, int64_t tokens
         L->vp[i] = attn__kvpages_take(&s->pages);
     }
   return true;
+}
+
+int attn__kv_dev_settled(const attn_kv_store *s, const kv_session *ks, const char *verb,
+                         attn_status *st) {
+  for (int64_t l = 0; s->pages.dev && l < ks->shape.layers; l++)
+    if (ks->layers[l].readers > 0)
+      return attn_status_set(st, ATTN_ESESSION_CONFLICT,
+                             "session '%s' has calls running on layer %lld; %s it once they "
+                             "have ended",
+                             ks->id, (long long)l, verb);
+  return 0;
 }
 
 char *attn__kv_row_at(const kv_session *ks, const kv_layer *L, int t, int64_t hk, int64_t j) {

@@ -6,9 +6,10 @@
  * A fork shares its source's pages at the same places of its tables, so
  * the holders of a slot are the sessions of the ring whose table holds the
  * same page there; a ring is a handful of sessions (a beam, some samples),
- * walked whole. Only host pages are ever shared (fork.c refuses a device
- * store), so a copy here is a memcpy under the store's lock: one slot's
- * rows below an append, once per slot a fork diverges in.
+ * walked whole. A copy is made under the store's lock: one slot's rows
+ * below an append, once per slot a fork diverges in (host pages: a
+ * memcpy; a device's: a synchronous copy on the device, made when the
+ * call is planned, where a failed one can still refuse it: admit.c).
  */
 #include "kv_int.h"
 
@@ -127,33 +128,47 @@ bool attn__kv_cow_needed(const attn_kvpages *pool, const kv_session *ks, const k
 
 /* Page *slot replaced by a fresh one holding its first `rows` rows (a
  * quantized session's: their codes, and their scales after the page's
- * rows, engine.h). */
-static void copy_page(attn_kv_store *s, const kv_session *ks, void **slot, int64_t rows) {
+ * rows, engine.h); on a failed copy (a device's) *slot stays as it was. */
+static int copy_page(attn_kv_store *s, const kv_session *ks, void **slot, int64_t rows,
+                     attn_status *st) {
   char *fresh = attn__kvpages_take(&s->pages);
   const size_t es = ks->shape.kv_quant ? 1 : attn_dtype_size(ks->shape.dtype);
-  memcpy(fresh, *slot, (size_t)rows * (size_t)ks->pitch * es); /* host pages only (fork.c) */
-  if (ks->shape.kv_quant) {
-    const size_t at = attn_kv_quant_scales_at(ks->page_tokens, ks->pitch);
-    memcpy(fresh + at, (const char *)*slot + at, (size_t)rows * sizeof(float));
+  const size_t bytes = (size_t)rows * (size_t)ks->pitch * es;
+  int rc = rows ? attn__kvpages_copy(&s->pages, fresh, bytes, *slot, bytes, bytes, 1, st) : 0;
+  if (rc == 0 && rows && ks->shape.kv_quant) {
+    const size_t at = attn_kv_quant_scales_at(ks->page_tokens, ks->pitch),
+                 n = (size_t)rows * sizeof(float);
+    rc = attn__kvpages_copy(&s->pages, fresh + at, n, (const char *)*slot + at, n, n, 1, st);
   }
-  attn__kvpages_give(&s->pages, *slot);
-  *slot = fresh;
+  void *gone = rc ? fresh : *slot;
+  *slot = rc ? *slot : fresh;
+  attn__kvpages_give(&s->pages, gone);
+  return rc;
 }
 
 /* The slot was partial for ks (it writes it), so ks pays for it already
- * (P2): the fresh pages come out of its own reservation (P3). */
-void attn__kv_cow(attn_kv_store *s, const kv_session *ks, kv_layer *L, int64_t from, int64_t to) {
+ * (P2): the fresh pages come out of its own reservation (P3). On a failed
+ * copy the error is returned: the append that would have written into the
+ * slot must not. */
+int attn__kv_cow(attn_kv_store *s, const kv_session *ks, kv_layer *L, int64_t from, int64_t to,
+                 attn_status *st) {
   const int64_t pt = ks->page_tokens;
   for (int64_t p = from / pt; p < written_end(ks, L, to); p++) {
     if (!attn__kv_slot_shared(&s->pages, L, p))
       continue;
     const int64_t rows = from > p * pt ? from - p * pt : 0;
-    for (int64_t h = 0; h < ks->shape.heads_kv; h++) {
-      copy_page(s, ks, &L->kp[h * ks->pages_per_head + p], rows);
-      if (L->vp)
-        copy_page(s, ks, &L->vp[h * ks->pages_per_head + p], rows);
+    /* head 0's K page last: it stands for the slot, so a slot whose
+     * copy failed part way still counts as shared, and the next append
+     * copies it again, whole */
+    for (int64_t h = ks->shape.heads_kv - 1; h >= 0; h--) {
+      int rc = L->vp ? copy_page(s, ks, &L->vp[h * ks->pages_per_head + p], rows, st) : 0;
+      if (rc == 0)
+        rc = copy_page(s, ks, &L->kp[h * ks->pages_per_head + p], rows, st);
+      if (rc)
+        return rc;
     }
   }
+  return 0;
 }
 
 int64_t attn__kv_shared_pages(const attn_kvpages *pool, const kv_session *ks) {

@@ -43,6 +43,9 @@ typedef struct mock_knobs {
   bool wrong_paged;     /* every launch that reads pages (attn_cu_params.k_table) */
   bool wrong_atomic_dq; /* every backward launch on the atomic dQ path (no dQ grid) */
   bool wrong_sinks;     /* every sink fold and gradient (sinks.h) */
+  /* The fail_within-th device-to-device copy from now fails, refused as
+   * cudaErrorInvalidValue (not sticky); 0: none. */
+  int fail_within;
 } mock_knobs;
 
 /* Knobs with the failure counters given and nothing else injected. */
@@ -86,8 +89,9 @@ void mock_open_gate(void);
  * MOCK_OTHER, dst the page pool's base and bytes the rows', and is held by
  * hold_kernels as a kernel is; the scan is not logged. The sinks' kernels
  * (sinks.h) are MOCK_SINKS, src the sinks, dst the lse a fold rewrites or
- * the dsinks a gradient writes; mock_sinks() has their arguments. */
-enum { MOCK_UPLOAD, MOCK_DOWNLOAD, MOCK_MEMSET, MOCK_KERNEL, MOCK_OTHER, MOCK_SINKS };
+ * the dsinks a gradient writes; mock_sinks() has their arguments. A
+ * device-to-device copy (a fork's page copied on write) is MOCK_WITHIN. */
+enum { MOCK_UPLOAD, MOCK_DOWNLOAD, MOCK_MEMSET, MOCK_KERNEL, MOCK_OTHER, MOCK_SINKS, MOCK_WITHIN };
 #define MOCK_LOG_MAX 8192
 typedef struct mock_op {
   int kind;

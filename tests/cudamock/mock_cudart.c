@@ -306,6 +306,8 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *ps, unsigned int flags) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  if (!s) /* the legacy stream's work ran when it was queued */
+    return dev_broken(g_current & 15) ? fail(cudaErrorIllegalAddress) : cudaSuccess;
   pthread_mutex_lock(&s->mu);
   while (s->pending > 0)
     pthread_cond_wait(&s->cv, &s->mu);
@@ -532,9 +534,10 @@ static void copy_op(void *arg) {
   memcpy(c->dst, c->src, c->n);
 }
 static int copy_kind(enum cudaMemcpyKind kind) {
-  return kind == cudaMemcpyHostToDevice   ? MOCK_UPLOAD
-         : kind == cudaMemcpyDeviceToHost ? MOCK_DOWNLOAD
-                                          : MOCK_OTHER;
+  return kind == cudaMemcpyHostToDevice     ? MOCK_UPLOAD
+         : kind == cudaMemcpyDeviceToHost   ? MOCK_DOWNLOAD
+         : kind == cudaMemcpyDeviceToDevice ? MOCK_WITHIN
+                                            : MOCK_OTHER;
 }
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
                             cudaStream_t s) {
@@ -563,6 +566,8 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
                               cudaStream_t s) {
   if (width > dpitch || width > spitch)
     return fail(cudaErrorInvalidPitchValue);
+  if (!s) /* the legacy stream: none of the engine's work is queued there */
+    return cudaMemcpy2D(dst, dpitch, src, spitch, width, height, kind);
   copy2d_arg *c = malloc(sizeof *c);
   *c = (copy2d_arg){dst, src, dpitch, spitch, width, height, -1};
   enqueue_logged(s, copy2d_op, c, true, 0, log_add(copy_kind(kind), s, dst, src, width * height));
@@ -574,9 +579,12 @@ cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitc
     return fail(cudaErrorInvalidPitchValue);
   pthread_mutex_lock(&g_mu);
   bool broken = g_dev_fault[g_current & 15];
+  bool refuse = kind == cudaMemcpyDeviceToDevice && g_k.fail_within > 0 && --g_k.fail_within == 0;
   pthread_mutex_unlock(&g_mu);
   if (broken)
     return fail(cudaErrorIllegalAddress);
+  if (refuse)
+    return fail(cudaErrorInvalidValue);
   int log = log_add(copy_kind(kind), NULL, dst, src, width * height);
   log_stamp(log, false);
   copy2d_op(&(copy2d_arg){dst, src, dpitch, spitch, width, height, -1});

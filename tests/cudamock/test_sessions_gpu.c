@@ -13,8 +13,10 @@
  * waits for the job that puts its keys (without batching too, and behind a waiting call that
  * appends to it), a replay's check waits for it, and a job that fails or that the engine splits
  * still leaves its rows stored. A session of reserve grow takes device pages as its tokens
- * arrive, refused past what is free with nothing appended. A fork is refused on device pages
- * (EUNSUPPORTED, nothing made), the source left as it was.
+ * arrive, refused past what is free with nothing appended. A fork shares its source's device
+ * pages, the first divergent write copies the page on the device and each side reads its own
+ * history; a source whose job is still putting its rows is not forked (a conflict, then a fork
+ * once the job has ended), and a page copy that fails refuses the append, nothing written.
  */
 #include "cuda/kernels.h"
 #include "helpers.h"
@@ -96,25 +98,63 @@ Test(sessions_gpu, prefill_and_decode_on_the_device_match_float64, .init = reset
   cr_expect_eq(mock_device_bytes(), 0, "device memory left");
 }
 
-/* Pages on the device are never shared: a fork is refused, nothing made or
- * reserved. */
-Test(sessions_gpu, a_fork_is_refused_on_device_pages, .init = reset) {
+/* Tokens [pos, pos + n) of s on id, against float64 over s's [0, pos + n). */
+static void step_ok(attn_kv_store *kv, const char *id, const tkv_stream *s, int64_t pos,
+                    int64_t n) {
+  attn_status st;
+  double err = tkv_step_error(kv, id, s, &tkv_plain, pos, n, &st);
+  cr_expect_lt(err, ttol(s->dt), "%s [%lld, %lld): error %g (%s)", id, (long long)pos,
+               (long long)(pos + n), err, err == INFINITY ? st.message : "");
+}
+
+static long copies_within(void) {
+  static mock_op log[MOCK_LOG_MAX];
+  long n = 0;
+  for (int i = 0, m = mock_log(log, MOCK_LOG_MAX); i < m; i++)
+    n += log[i].kind == MOCK_WITHIN;
+  return n;
+}
+
+/* A fork shares the device pages of its source's tokens; the first
+ * divergent append copies the partial page it writes into (on the device,
+ * one copy per KV head, K and V; the other side then holds its page alone
+ * and writes in place), and each side reads exactly its own history; a
+ * branch at a page's end copies nothing. */
+Test(sessions_gpu, a_fork_shares_device_pages_and_each_side_reads_its_own, .init = reset) {
   attn_engine *e = topen_streams(2, 2);
   attn_kv_store *kv = tkv_open_store(e, 64 * MIB, false, NULL);
-  cr_assert_str_eq(where(kv), "cuda");
-  tkv_stream s = tkv_stream_make(4, 2, 64, 40, ATTN_F32, 77);
-  tkv_make(kv, "", "s", &s, 1, 64, 60, 0);
-  cr_expect_eq(decode(kv, "s", &s, 20, "before the fork"), 0);
-  attn_kv_stats before, after;
-  attn_kv_stats_get(kv, &before);
-  attn_status st;
-  cr_expect_eq(attn_kv_fork(kv, "", "s", "f", -1, 0, 0, &st), ATTN_EUNSUPPORTED);
-  cr_expect(strstr(st.message, "cannot be forked"), "%s", st.message);
-  attn_kv_info info;
-  cr_expect_eq(attn_kv_get(kv, "", "f", 0, &info, NULL, 0, &st), ATTN_ESESSION_NOT_FOUND);
-  attn_kv_stats_get(kv, &after);
-  cr_expect(after.sessions == 1 && after.reserved_bytes == before.reserved_bytes);
-  tkv_stream_free(&s);
+  cr_assert_str_eq(where(kv), "cuda", "the pages live on the GPU");
+  /* D 64, 64 KiB pages: 256 F32 tokens a page, 512 BF16 ones */
+  const int64_t ats[3] = {100, 256, 300};
+  for (int a = 0; a < 3; a++) {
+    const attn_dtype dt = a == 2 ? ATTN_BF16 : ATTN_F32;
+    tkv_stream src = tkv_stream_make(4, 2, 64, 400, dt, 80 + (uint64_t)a);
+    tkv_stream other = tkv_stream_make(4, 2, 64, 400, dt, 90 + (uint64_t)a);
+    tkv_stream mine = tkv_stream_splice(&src, &other, ats[a]);
+    tkv_make(kv, "", "s", &src, 1, 400, 60, 0);
+    step_ok(kv, "s", &src, 0, ats[a]);
+    attn_status st;
+    cr_assert_eq(attn_kv_fork(kv, "", "s", "f", -1, 0, 0, &st), 0, "%s", st.message);
+    attn_kv_info info;
+    cr_assert_eq(attn_kv_get(kv, "", "f", 0, &info, NULL, 0, &st), 0, "%s", st.message);
+    cr_expect(info.tokens == ats[a] && info.shared_bytes > 0, "the fork holds the source's pages");
+    mock_log_reset();
+    for (int64_t pos = ats[a]; pos < ats[a] + 3; pos++) { /* interleaved decodes */
+      step_ok(kv, "f", &mine, pos, 1);
+      step_ok(kv, "s", &src, pos, 1);
+    }
+    const long nc = copies_within(), want = a == 1 ? 0 : 2 * 2; /* Hkv 2, K and V */
+    cr_expect_eq(nc, want, "branch at %lld: %ld page copies", (long long)ats[a], nc);
+    cr_assert_eq(attn_kv_delete(kv, "", "s", 0, &st), 0);
+    step_ok(kv, "f", &mine, ats[a] + 3, 40); /* the fork outlives its source */
+    cr_assert_eq(attn_kv_delete(kv, "", "f", 0, &st), 0);
+    tkv_stream_free(&src);
+    tkv_stream_free(&other);
+    tkv_stream_free(&mine);
+  }
+  attn_kv_stats t;
+  attn_kv_stats_get(kv, &t);
+  cr_expect(t.reserved_bytes == 0 && t.shared_bytes == 0, "every page given back");
   attn_kv_close(kv);
   attn_engine_close(e);
   cr_expect_eq(mock_device_bytes(), 0, "device memory left");
@@ -695,6 +735,68 @@ Test(sessions_gpu, a_replay_of_a_step_whose_job_runs_waits_and_is_a_replay, .ini
   attn_kv_close(kv);
   attn_engine_close(e);
   tkv_stream_free(&s);
+}
+
+/* A source whose step's job still holds its rows is not forked (its last
+ * row is not on the device yet): a conflict, nothing made; once the job
+ * has ended the fork is made and reads that row. */
+Test(sessions_gpu, a_source_with_a_job_running_is_forked_once_it_ends, .init = reset,
+     .timeout = 60) {
+  attn_engine *e = topen_streams(2, 2);
+  tkv_stream s = tkv_stream_make(4, 2, 64, 103, ATTN_BF16, 23);
+  attn_kv_store *kv = held_store(e, &s);
+  astep a;
+  astep_submit(kv, &a, "w", &s, 100); /* its job holds at the gate, row 100 not yet put */
+  attn_status st;
+  cr_expect_eq(attn_kv_fork(kv, "", "w", "f", -1, 0, 0, &st), ATTN_ESESSION_CONFLICT, "%s",
+               st.message);
+  cr_expect(strstr(st.message, "fork it once they have ended"), "%s", st.message);
+  attn_kv_info info;
+  cr_expect_eq(attn_kv_get(kv, "", "f", 0, &info, NULL, 0, &st), ATTN_ESESSION_NOT_FOUND);
+  mock_open_gate();
+  cr_expect_leq(astep_end(&a, &s), ttol(ATTN_BF16));
+  mock_defaults();
+  cr_assert_eq(attn_kv_fork(kv, "", "w", "f", -1, 0, 0, &st), 0, "%s", st.message);
+  step_ok(kv, "f", &s, 101, 1); /* over rows [0, 102), row 100 the held job's */
+  step_ok(kv, "w", &s, 101, 1);
+  attn_kv_close(kv);
+  attn_engine_close(e);
+  tkv_stream_free(&s);
+  cr_expect_eq(mock_device_bytes(), 0, "device memory left");
+}
+
+/* A page copy that fails part way (the third of a slot's four) refuses the
+ * append that needed it, nothing written and the slot still shared; the
+ * next append copies it whole, and neither side reads the other's rows. */
+Test(sessions_gpu, a_failed_page_copy_refuses_the_append, .init = reset) {
+  attn_engine *e = topen_streams(2, 2);
+  attn_kv_store *kv = tkv_open_store(e, 64 * MIB, false, NULL);
+  tkv_stream src = tkv_stream_make(4, 2, 64, 200, ATTN_F32, 31);
+  tkv_stream other = tkv_stream_make(4, 2, 64, 200, ATTN_F32, 32);
+  tkv_stream mine = tkv_stream_splice(&src, &other, 100);
+  tkv_make(kv, "", "s", &src, 1, 200, 60, 0);
+  step_ok(kv, "s", &src, 0, 100);
+  attn_status st;
+  cr_assert_eq(attn_kv_fork(kv, "", "s", "f", -1, 0, 0, &st), 0, "%s", st.message);
+  mock_knobs k = MOCK_KNOBS(1, 9, (size_t)8 << 30, 0, 0, 0);
+  k.fail_within = 3;
+  mock_set(&k);
+  tkv_reply y;
+  int rc = tkv_call1(kv, "", "f", &mine, &tkv_plain, 100, 1, 100, 1, &y, 0, &st);
+  cr_expect_eq(rc, ATTN_EDEVICE, "%s: %s", attn_err_name(rc), st.message);
+  tkv_reply_free(&y);
+  attn_kv_info info;
+  cr_assert_eq(attn_kv_get(kv, "", "f", 0, &info, NULL, 0, &st), 0, "%s", st.message);
+  cr_expect(info.tokens == 100 && info.shared_bytes > 0, "nothing appended, still shared");
+  step_ok(kv, "f", &mine, 100, 2);
+  step_ok(kv, "s", &src, 100, 2);
+  step_ok(kv, "f", &mine, 102, 1);
+  attn_kv_close(kv);
+  attn_engine_close(e);
+  tkv_stream_free(&src);
+  tkv_stream_free(&other);
+  tkv_stream_free(&mine);
+  cr_expect_eq(mock_device_bytes(), 0, "device memory left");
 }
 
 Test(sessions_gpu, a_step_whose_job_fails_before_it_runs_still_stores_its_rows, .init = reset) {

@@ -5,15 +5,16 @@
  * dtype and head dim class (one padded; values of a head dim of their
  * own, and a latent session whose v is its k's first columns), a batch
  * call of three sessions of different lengths, and a decode step over 32K
- * cached tokens (split-KV on pages), each step against the float64 reference over exactly the keys
- * the session holds. The store must be on the device: a paged view the
- * self-check turned off fails the group, saying why.
+ * cached tokens (split-KV on pages), and a fork mid-page whose two sides decode in turns, each
+ * step against the float64 reference over exactly the keys the session holds. The store must be on
+ * the device: a paged view the self-check turned off fails the group, saying why.
  */
 #include "gpu_test.h"
 
 #ifdef ATTN_HAVE_CUDA
 #include "kvcalls.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +61,36 @@ static void decode_cases(tgroup *g, attn_kv_store *kv) {
   }
 }
 
+/* A fork mid-page: both sides then decode their own tokens in turns, the
+ * first divergent step copying the shared page on the device; each step
+ * against float64 over exactly its side's history. */
+static void fork_case(tgroup *g, attn_kv_store *kv) {
+  const int64_t at = 700, n = 716; /* BF16 D 128: 256 tokens a page */
+  tkv_stream src = tkv_stream_make(8, 2, 128, n, ATTN_BF16, g_seed(0, 90, 0));
+  tkv_stream other = tkv_stream_make(8, 2, 128, n, ATTN_BF16, g_seed(0, 91, 0));
+  tkv_stream mine = tkv_stream_splice(&src, &other, at);
+  g_set_current("sessions fork BF16 Hq8 Hkv2 D128 at %lld", (long long)at);
+  tkv_make(kv, "", "src", &src, 1, n, 600, 0);
+  attn_status st = {0};
+  double worst = tkv_step_error(kv, "src", &src, &tkv_plain, 0, at, &st);
+  if (worst != INFINITY && attn_kv_fork(kv, "", "src", "fork", -1, 0, 0, &st))
+    worst = INFINITY;
+  for (int64_t pos = at; pos < n && worst != INFINITY && !g_dead; pos++) {
+    const double a = tkv_step_error(kv, "fork", &mine, &tkv_plain, pos, 1, &st);
+    const double b = a == INFINITY ? a : tkv_step_error(kv, "src", &src, &tkv_plain, pos, 1, &st);
+    worst = fmax(worst, fmax(a, b));
+  }
+  const bool ok = worst <= g_tol_o(ATTN_BF16);
+  tg_case(g, ok, "sessions fork BF16 Hq8 Hkv2 D128 at %lld, both sides to %lld: error %.2g%s%s",
+          (long long)at, (long long)n, worst, worst == INFINITY ? ": " : "",
+          worst == INFINITY ? st.message : "");
+  attn_kv_delete(kv, "", "src", 0, &st);
+  attn_kv_delete(kv, "", "fork", 0, &st);
+  tkv_stream_free(&src);
+  tkv_stream_free(&other);
+  tkv_stream_free(&mine);
+}
+
 void group_sessions(tgroup *g, int grp, attn_engine *e) {
   (void)grp;
   attn_kv_store *kv = tkv_open_store(e, (uint64_t)1 << 30, false, NULL);
@@ -72,6 +103,7 @@ void group_sessions(tgroup *g, int grp, attn_engine *e) {
             ks.where);
   } else {
     decode_cases(g, kv);
+    fork_case(g, kv);
   }
   attn_kv_close(kv);
 }

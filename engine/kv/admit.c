@@ -239,11 +239,11 @@ static int plan_entry(attn_kv_store *s, const attn_kv_call *c, int64_t e, kv_use
     }
     u->append = true;
     /* a write into pages a fork shares copies them first: not under a reader (kv_int.h, P1) */
-    const bool cow = attn__kv_cow_needed(&s->pages, u->ks, L, en->pos, u->extent);
-    if (L->readers > 0 && (en->pos < L->read_hi || cow))
+    if (L->readers > 0 &&
+        (en->pos < L->read_hi || attn__kv_cow_needed(&s->pages, u->ks, L, en->pos, u->extent)))
       return 1;
-    /* a device's copy can fail: made now, while the call can still be refused */
-    return cow && s->pages.dev ? attn__kv_cow(s, u->ks, L, en->pos, u->extent, st) : 0;
+    /* a device's copy can fail: made now (if any), while the call can still be refused */
+    return s->pages.dev ? attn__kv_cow(s, u->ks, L, en->pos, u->extent, st) : 0;
   }
   /* on a device, rows published may still be in a reader's job, not yet
    * written: the check reads them once the readers are done */

@@ -22,6 +22,7 @@
 #include "helpers.h"
 #include "kv/kv_int.h"
 #include "kvcalls.h"
+#include "kvstep.h"
 #include "mock.h"
 
 #include <criterion/criterion.h>
@@ -98,15 +99,6 @@ Test(sessions_gpu, prefill_and_decode_on_the_device_match_float64, .init = reset
   cr_expect_eq(mock_device_bytes(), 0, "device memory left");
 }
 
-/* Tokens [pos, pos + n) of s on id, against float64 over s's [0, pos + n). */
-static void step_ok(attn_kv_store *kv, const char *id, const tkv_stream *s, int64_t pos,
-                    int64_t n) {
-  attn_status st;
-  double err = tkv_step_error(kv, id, s, &tkv_plain, pos, n, &st);
-  cr_expect_lt(err, ttol(s->dt), "%s [%lld, %lld): error %g (%s)", id, (long long)pos,
-               (long long)(pos + n), err, err == INFINITY ? st.message : "");
-}
-
 static long copies_within(void) {
   static mock_op log[MOCK_LOG_MAX];
   long n = 0;
@@ -132,7 +124,7 @@ Test(sessions_gpu, a_fork_shares_device_pages_and_each_side_reads_its_own, .init
     tkv_stream other = tkv_stream_make(4, 2, 64, 400, dt, 90 + (uint64_t)a);
     tkv_stream mine = tkv_stream_splice(&src, &other, ats[a]);
     tkv_make(kv, "", "s", &src, 1, 400, 60, 0);
-    step_ok(kv, "s", &src, 0, ats[a]);
+    tkv_step_ok(kv, "s", &src, 0, ats[a]);
     attn_status st;
     cr_assert_eq(attn_kv_fork(kv, "", "s", "f", -1, 0, 0, &st), 0, "%s", st.message);
     attn_kv_info info;
@@ -140,13 +132,13 @@ Test(sessions_gpu, a_fork_shares_device_pages_and_each_side_reads_its_own, .init
     cr_expect(info.tokens == ats[a] && info.shared_bytes > 0, "the fork holds the source's pages");
     mock_log_reset();
     for (int64_t pos = ats[a]; pos < ats[a] + 3; pos++) { /* interleaved decodes */
-      step_ok(kv, "f", &mine, pos, 1);
-      step_ok(kv, "s", &src, pos, 1);
+      tkv_step_ok(kv, "f", &mine, pos, 1);
+      tkv_step_ok(kv, "s", &src, pos, 1);
     }
     const long nc = copies_within(), want = a == 1 ? 0 : 2 * 2; /* Hkv 2, K and V */
     cr_expect_eq(nc, want, "branch at %lld: %ld page copies", (long long)ats[a], nc);
     cr_assert_eq(attn_kv_delete(kv, "", "s", 0, &st), 0);
-    step_ok(kv, "f", &mine, ats[a] + 3, 40); /* the fork outlives its source */
+    tkv_step_ok(kv, "f", &mine, ats[a] + 3, 40); /* the fork outlives its source */
     cr_assert_eq(attn_kv_delete(kv, "", "f", 0, &st), 0);
     tkv_stream_free(&src);
     tkv_stream_free(&other);
@@ -757,8 +749,8 @@ Test(sessions_gpu, a_source_with_a_job_running_is_forked_once_it_ends, .init = r
   cr_expect_leq(astep_end(&a, &s), ttol(ATTN_BF16));
   mock_defaults();
   cr_assert_eq(attn_kv_fork(kv, "", "w", "f", -1, 0, 0, &st), 0, "%s", st.message);
-  step_ok(kv, "f", &s, 101, 1); /* over rows [0, 102), row 100 the held job's */
-  step_ok(kv, "w", &s, 101, 1);
+  tkv_step_ok(kv, "f", &s, 101, 1); /* over rows [0, 102), row 100 the held job's */
+  tkv_step_ok(kv, "w", &s, 101, 1);
   attn_kv_close(kv);
   attn_engine_close(e);
   tkv_stream_free(&s);
@@ -775,7 +767,7 @@ Test(sessions_gpu, a_failed_page_copy_refuses_the_append, .init = reset) {
   tkv_stream other = tkv_stream_make(4, 2, 64, 200, ATTN_F32, 32);
   tkv_stream mine = tkv_stream_splice(&src, &other, 100);
   tkv_make(kv, "", "s", &src, 1, 200, 60, 0);
-  step_ok(kv, "s", &src, 0, 100);
+  tkv_step_ok(kv, "s", &src, 0, 100);
   attn_status st;
   cr_assert_eq(attn_kv_fork(kv, "", "s", "f", -1, 0, 0, &st), 0, "%s", st.message);
   mock_knobs k = MOCK_KNOBS(1, 9, (size_t)8 << 30, 0, 0, 0);
@@ -788,9 +780,9 @@ Test(sessions_gpu, a_failed_page_copy_refuses_the_append, .init = reset) {
   attn_kv_info info;
   cr_assert_eq(attn_kv_get(kv, "", "f", 0, &info, NULL, 0, &st), 0, "%s", st.message);
   cr_expect(info.tokens == 100 && info.shared_bytes > 0, "nothing appended, still shared");
-  step_ok(kv, "f", &mine, 100, 2);
-  step_ok(kv, "s", &src, 100, 2);
-  step_ok(kv, "f", &mine, 102, 1);
+  tkv_step_ok(kv, "f", &mine, 100, 2);
+  tkv_step_ok(kv, "s", &src, 100, 2);
+  tkv_step_ok(kv, "f", &mine, 102, 1);
   attn_kv_close(kv);
   attn_engine_close(e);
   tkv_stream_free(&src);

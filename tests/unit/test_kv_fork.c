@@ -14,6 +14,7 @@
 #include "helpers.h"
 #include "kv/kv_int.h"
 #include "kvcalls.h"
+#include "kvstep.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
@@ -89,22 +90,6 @@ static void fork_ok(attn_kv_store *kv, const char *id, const char *new_id, int64
                st.message);
 }
 
-/* Tokens [pos, pos + n) of s on layer `layer` of id, checked. */
-static void step_on(attn_kv_store *kv, const char *id, const tkv_stream *s, int64_t layer,
-                    int64_t pos, int64_t n) {
-  attn_status st;
-  tkv_opts op = tkv_plain;
-  op.layer = layer;
-  double err = tkv_step_error(kv, id, s, &op, pos, n, &st);
-  cr_assert_lt(err, ttol(s->dt), "%s [%lld, %lld): error %g (%s)", id, (long long)pos,
-               (long long)(pos + n), err, err == INFINITY ? st.message : "");
-}
-
-static void step_ok(attn_kv_store *kv, const char *id, const tkv_stream *s, int64_t pos,
-                    int64_t n) {
-  step_on(kv, id, s, 0, pos, n);
-}
-
 /* A source, forked at `at`, and both sides then decoding their own
  * tokens, on every CPU kernel this machine runs: at a page's end, mid-page
  * and at 0; the source's history checked again after the fork's. */
@@ -127,15 +112,15 @@ Test(kv_fork, share_then_diverge_every_kernel, .timeout = 300) {
       snprintf(f, sizeof f, "f%d", a);
       make(kv, "s", &src, 1, 3 * PT, false);
       if (ats[a] > 0)
-        step_ok(kv, "s", &src, 0, ats[a]);
+        tkv_step_ok(kv, "s", &src, 0, ats[a]);
       fork_ok(kv, "s", f, -1);
       cr_expect_eq(info_of(kv, f).tokens, ats[a]);
       for (int64_t pos = ats[a]; pos < ats[a] + 3; pos++) { /* interleaved decodes */
-        step_ok(kv, f, &mine, pos, 1);
-        step_ok(kv, "s", &src, pos, 1);
+        tkv_step_ok(kv, f, &mine, pos, 1);
+        tkv_step_ok(kv, "s", &src, pos, 1);
       }
-      step_ok(kv, f, &mine, ats[a] + 3, 40);
-      step_ok(kv, "s", &src, ats[a] + 3, 40);
+      tkv_step_ok(kv, f, &mine, ats[a] + 3, 40);
+      tkv_step_ok(kv, "s", &src, ats[a] + 3, 40);
       attn_status st;
       cr_assert_eq(attn_kv_delete(kv, "", "s", 0, &st), 0);
       cr_assert_eq(attn_kv_delete(kv, "", f, 0, &st), 0);
@@ -159,23 +144,23 @@ Test(kv_fork, reservations_exact, .init = setup, .fini = teardown) {
   tkv_stream other = tkv_stream_make(2, 1, 64, 4 * PT, ATTN_F32, 2);
   tkv_stream mine = tkv_stream_splice(&src, &other, PT + 10);
   make(kv, "s", &src, 1, 4 * PT, false);
-  step_ok(kv, "s", &src, 0, PT + 10);
+  tkv_step_ok(kv, "s", &src, 0, PT + 10);
   expect_pool(kv, 8, 4, 0, 0);
   fork_ok(kv, "s", "f", -1);
   expect_session(kv, "s", 8, 4);
   expect_session(kv, "f", 6, 4); /* 8 less the full page's K and V */
   expect_pool(kv, 14, 4, 4, 4);
-  step_ok(kv, "f", &mine, PT + 10, 1); /* copies the partial page */
+  tkv_step_ok(kv, "f", &mine, PT + 10, 1); /* copies the partial page */
   expect_session(kv, "f", 6, 2);
   expect_pool(kv, 14, 6, 2, 2);
-  step_ok(kv, "s", &src, PT + 10, PT); /* its own page now: in place, then a new one */
+  tkv_step_ok(kv, "s", &src, PT + 10, PT); /* its own page now: in place, then a new one */
   expect_pool(kv, 14, 8, 2, 2);
-  step_ok(kv, "f", &mine, PT + 11, 5);
+  tkv_step_ok(kv, "f", &mine, PT + 11, 5);
   attn_status st;
   cr_assert_eq(attn_kv_delete(kv, "", "s", 0, &st), 0);
   expect_session(kv, "f", 8, 0); /* the full page's payment passed to it */
   expect_pool(kv, 8, 4, 0, 0);
-  step_ok(kv, "f", &mine, PT + 16, 2 * PT);
+  tkv_step_ok(kv, "f", &mine, PT + 16, 2 * PT);
   cr_assert_eq(attn_kv_delete(kv, "", "f", 0, &st), 0);
   expect_pool(kv, 0, 0, 0, 0);
   tkv_stream_free(&src);
@@ -195,24 +180,24 @@ Test(kv_fork, branch_points_and_fork_of_fork, .init = setup, .fini = teardown) {
   tkv_stream fb = tkv_stream_splice(&src, &b, 2 * PT); /* f: the source's first 2 pages, then b's */
   tkv_stream gc = tkv_stream_splice(&fb, &c, PT + 3);  /* g: f's first PT + 3, then c's */
   make(kv, "s", &src, 1, 4 * PT, false);
-  step_ok(kv, "s", &src, 0, 3 * PT);
+  tkv_step_ok(kv, "s", &src, 0, 3 * PT);
   fork_ok(kv, "s", "f", 2 * PT);
   expect_session(kv, "f", 4, 4);
   expect_pool(kv, 12, 6, 4, 4);
   fork_ok(kv, "f", "g", PT + 3);
   expect_session(kv, "g", 6, 4);
   expect_pool(kv, 18, 6, 4, 8); /* the first page thrice, the second twice */
-  step_ok(kv, "g", &gc, PT + 3, 20);
-  step_ok(kv, "f", &fb, 2 * PT, 20);
-  step_ok(kv, "s", &src, 3 * PT, 20);
+  tkv_step_ok(kv, "g", &gc, PT + 3, 20);
+  tkv_step_ok(kv, "f", &fb, 2 * PT, 20);
+  tkv_step_ok(kv, "s", &src, 3 * PT, 20);
   expect_pool(kv, 18, 12, 4, 6); /* the first page thrice still, the second twice (s, f) */
   attn_status st;
   cr_assert_eq(attn_kv_delete(kv, "", "f", 0, &st), 0);
   expect_session(kv, "s", 8, 2);
   expect_session(kv, "g", 6, 2);
   expect_pool(kv, 14, 10, 2, 2);
-  step_ok(kv, "s", &src, 3 * PT + 20, 30);
-  step_ok(kv, "g", &gc, PT + 23, 30);
+  tkv_step_ok(kv, "s", &src, 3 * PT + 20, 30);
+  tkv_step_ok(kv, "g", &gc, PT + 23, 30);
   cr_assert_eq(attn_kv_delete(kv, "", "s", 0, &st), 0);
   expect_session(kv, "g", 8, 0);
   expect_pool(kv, 8, 4, 0, 0);
@@ -234,7 +219,7 @@ Test(kv_fork, truncate_below_the_branch, .init = setup, .fini = teardown) {
   tkv_stream other = tkv_stream_make(2, 1, 64, 4 * PT, ATTN_F32, 7);
   tkv_stream mine = tkv_stream_splice(&src, &other, PT + 10);
   make(kv, "s", &src, 1, 4 * PT, false);
-  step_ok(kv, "s", &src, 0, 2 * PT);
+  tkv_step_ok(kv, "s", &src, 0, 2 * PT);
   fork_ok(kv, "s", "f", -1);
   expect_pool(kv, 12, 4, 4, 4);
   attn_status st;
@@ -247,7 +232,7 @@ Test(kv_fork, truncate_below_the_branch, .init = setup, .fini = teardown) {
   cr_assert_eq(attn_kv_truncate(kv, "", "f", PT + 5, 0, &st), 0, "%s", st.message);
   expect_session(kv, "f", 6, 4);
   expect_pool(kv, 14, 4, 4, 4);
-  step_ok(kv, "f", &src, PT + 5, 3); /* its tokens were the source's so far */
+  tkv_step_ok(kv, "f", &src, PT + 5, 3); /* its tokens were the source's so far */
   expect_pool(kv, 14, 6, 2, 2);
   cr_assert_eq(attn_kv_delete(kv, "", "f", 0, &st), 0);
   expect_pool(kv, 8, 4, 0, 0);
@@ -258,8 +243,8 @@ Test(kv_fork, truncate_below_the_branch, .init = setup, .fini = teardown) {
   expect_session(kv, "s", 8, 4);
   expect_session(kv, "f", 6, 4);
   expect_pool(kv, 14, 4, 4, 4);
-  step_ok(kv, "s", &mine, PT + 10, PT); /* copies the second page, then a page of its own */
-  step_ok(kv, "f", &src, 2 * PT, PT);
+  tkv_step_ok(kv, "s", &mine, PT + 10, PT); /* copies the second page, then a page of its own */
+  tkv_step_ok(kv, "f", &src, 2 * PT, PT);
   expect_pool(kv, 14, 10, 2, 2);
   tkv_stream_free(&src);
   tkv_stream_free(&other);
@@ -275,13 +260,13 @@ Test(kv_fork, whole_promise_in_a_full_pool, .init = setup, .fini = teardown) {
   tkv_stream other = tkv_stream_make(2, 1, 64, 4 * PT, ATTN_F32, 9);
   tkv_stream mine = tkv_stream_splice(&src, &other, PT + 1);
   make(kv, "s", &src, 1, 4 * PT, false);
-  step_ok(kv, "s", &src, 0, PT + 1);
+  tkv_step_ok(kv, "s", &src, 0, PT + 1);
   fork_ok(kv, "s", "f", -1);
   expect_pool(kv, 14, 4, 4, 4);
   attn_status st;
   cr_expect_eq(attn_kv_fork(kv, "", "s", "g", -1, 0, 0, &st), ATTN_ESESSION_MEMORY);
-  step_ok(kv, "s", &src, PT + 1, 3 * PT - 1);
-  step_ok(kv, "f", &mine, PT + 1, 3 * PT - 1);
+  tkv_step_ok(kv, "s", &src, PT + 1, 3 * PT - 1);
+  tkv_step_ok(kv, "f", &mine, PT + 1, 3 * PT - 1);
   expect_pool(kv, 14, 14, 2, 2);
   tkv_stream_free(&src);
   tkv_stream_free(&other);
@@ -295,7 +280,7 @@ Test(kv_fork, tenant_cap, .init = setup, .fini = teardown) {
   attn_kv_set_tenant_cap(kv, 12 * PAGE);
   tkv_stream src = tkv_stream_make(2, 1, 64, 4 * PT, ATTN_F32, 10);
   make(kv, "s", &src, 1, 4 * PT, false);
-  step_ok(kv, "s", &src, 0, 2 * PT);
+  tkv_step_ok(kv, "s", &src, 0, 2 * PT);
   fork_ok(kv, "s", "f", -1); /* 8 + 4 */
   attn_status st;
   cr_expect_eq(attn_kv_fork(kv, "", "s", "g", -1, 0, 0, &st), ATTN_ESESSION_MEMORY);
@@ -317,12 +302,12 @@ Test(kv_fork, grow_forks, .init = setup, .fini = teardown) {
   tkv_stream other = tkv_stream_make(2, 1, 64, 4 * PT, ATTN_F32, 12);
   tkv_stream mine = tkv_stream_splice(&src, &other, PT + 7);
   make(kv, "s", &src, 1, 4 * PT, true);
-  step_ok(kv, "s", &src, 0, PT + 7);
+  tkv_step_ok(kv, "s", &src, 0, PT + 7);
   expect_pool(kv, 4, 4, 0, 0);
   fork_ok(kv, "s", "f", -1);
   expect_session(kv, "f", 2, 4);
   expect_pool(kv, 6, 4, 4, 4);
-  step_ok(kv, "f", &mine, PT + 7, PT);
+  tkv_step_ok(kv, "f", &mine, PT + 7, PT);
   expect_session(kv, "f", 4, 2);
   expect_pool(kv, 8, 8, 2, 2);
   attn_status st;
@@ -330,7 +315,7 @@ Test(kv_fork, grow_forks, .init = setup, .fini = teardown) {
   expect_session(kv, "s", 2, 2);
   expect_session(kv, "f", 6, 2);
   expect_pool(kv, 8, 6, 2, 2);
-  step_ok(kv, "s", &src, 5, 10); /* copies the first page */
+  tkv_step_ok(kv, "s", &src, 5, 10); /* copies the first page */
   expect_pool(kv, 8, 8, 0, 0);
   cr_assert_eq(attn_kv_delete(kv, "", "f", 0, &st), 0);
   expect_pool(kv, 2, 2, 0, 0);
@@ -359,8 +344,8 @@ Test(kv_fork, latent_dv_and_layers, .init = setup, .fini = teardown) {
                        PAGE;
     cr_expect_eq(pt, latent ? 1 : 2, "pages of one slot");
     make(kv, "s", &src, 2, 3 * PT, false);
-    step_on(kv, "s", &src, 0, 0, 100);
-    step_on(kv, "s", &src, 1, 0, 60);
+    tkv_step_on(kv, "s", &src, 0, 0, 100);
+    tkv_step_on(kv, "s", &src, 1, 0, 60);
     attn_status st;
     cr_expect_eq(attn_kv_fork(kv, "", "s", "g", 80, 0, 0, &st), ATTN_EINVAL);
     cr_expect(strstr(st.message, "layer 1"), "%s", st.message);
@@ -372,11 +357,11 @@ Test(kv_fork, latent_dv_and_layers, .init = setup, .fini = teardown) {
     cr_expect(lengths[0] == 100 && lengths[1] == 60);
     cr_assert_eq(attn_kv_get(kv, "", "g", 0, &in, lengths, 2, &st), 0);
     cr_expect(lengths[0] == 60 && lengths[1] == 60);
-    step_on(kv, "f", &m0, 0, 100, 30);
-    step_on(kv, "f", &m1, 1, 60, 30);
-    step_on(kv, "g", &m1, 0, 60, 5);
-    step_on(kv, "s", &src, 0, 100, 30);
-    step_on(kv, "s", &src, 1, 60, 30);
+    tkv_step_on(kv, "f", &m0, 0, 100, 30);
+    tkv_step_on(kv, "f", &m1, 1, 60, 30);
+    tkv_step_on(kv, "g", &m1, 0, 60, 5);
+    tkv_step_on(kv, "s", &src, 0, 100, 30);
+    tkv_step_on(kv, "s", &src, 1, 60, 30);
     const char *ids[] = {"s", "f", "g"};
     for (int i = 0; i < 3; i++)
       cr_assert_eq(attn_kv_delete(kv, "", ids[i], 0, &st), 0);
@@ -396,7 +381,7 @@ Test(kv_fork, refusals_and_expiry, .init = setup, .fini = teardown) {
   attn_kv_store *kv = tkv_open_store(eng, 64 * PAGE, false, "cpu");
   tkv_stream src = tkv_stream_make(2, 1, 64, 2 * PT, ATTN_F32, 15);
   make(kv, "s", &src, 1, 2 * PT, false);
-  step_ok(kv, "s", &src, 0, PT + 1);
+  tkv_step_ok(kv, "s", &src, 0, PT + 1);
   attn_status st;
   cr_expect_eq(attn_kv_fork(kv, "", "nope", "f", -1, 0, 0, &st), ATTN_ESESSION_NOT_FOUND);
   cr_expect_eq(attn_kv_fork(kv, "other", "s", "f", -1, 0, 0, &st), ATTN_ESESSION_NOT_FOUND);
@@ -440,7 +425,7 @@ Test(kv_fork, batch_over_forks, .init = setup, .fini = teardown) {
   tkv_stream o2 = tkv_stream_make(2, 1, 64, 2 * PT, ATTN_F32, 23);
   tkv_stream m1 = tkv_stream_splice(&src, &o1, PT + 10), m2 = tkv_stream_splice(&src, &o2, PT + 10);
   make(kv, "s", &src, 1, 2 * PT, false);
-  step_ok(kv, "s", &src, 0, PT + 10);
+  tkv_step_ok(kv, "s", &src, 0, PT + 10);
   fork_ok(kv, "s", "f1", -1);
   fork_ok(kv, "s", "f2", -1);
   const tkv_stream *ss[3] = {&src, &m1, &m2};
@@ -513,11 +498,11 @@ Test(kv_fork, copy_on_write_under_readers, .init = setup, .fini = teardown) {
   tkv_stream side = tkv_stream_make(2, 1, 64, PT, ATTN_F32, 18);
   make(kv, "s", &src, 1, 2 * PT, false);
   make(kv, "x", &side, 1, PT, false);
-  step_ok(kv, "s", &src, 0, 50);
+  tkv_step_ok(kv, "s", &src, 0, 50);
   fork_ok(kv, "s", "f", -1);
   reader(kv, "s", 50, true); /* the source's reader: the fork copies at once */
-  step_ok(kv, "f", &mine, 50, 1);
-  step_ok(kv, "s", &src, 50, 1); /* waits for nothing: s's page is its own now */
+  tkv_step_ok(kv, "f", &mine, 50, 1);
+  tkv_step_ok(kv, "s", &src, 50, 1); /* waits for nothing: s's page is its own now */
   reader(kv, "s", 0, false);
   fork_ok(kv, "f", "g", -1);
   tkv_stream gs = tkv_stream_splice(&mine, &src, 51);
@@ -530,10 +515,10 @@ Test(kv_fork, copy_on_write_under_readers, .init = setup, .fini = teardown) {
   cr_expect_eq(stats_of(kv).waiting, 1, "g's append did not wait for its reader");
   cr_expect_eq(info_of(kv, "g").tokens, 51);
   reader(kv, "g", 0, false);
-  step_ok(kv, "x", &side, 0, 1); /* a job's end admits the calls that waited */
+  tkv_step_ok(kv, "x", &side, 0, 1); /* a job's end admits the calls that waited */
   pthread_join(th, NULL);
   cr_expect_lt(t.err, ttol(ATTN_F32), "g after the wait: %g %s", t.err, t.st.message);
-  step_ok(kv, "f", &mine, 51, 3);
+  tkv_step_ok(kv, "f", &mine, 51, 3);
   tkv_stream_free(&src);
   tkv_stream_free(&other);
   tkv_stream_free(&mine);
@@ -550,9 +535,9 @@ Test(kv_fork, saved_and_loaded_apart, .init = setup, .fini = teardown) {
   tkv_stream other = tkv_stream_make(2, 1, 64, 2 * PT, ATTN_F32, 20);
   tkv_stream mine = tkv_stream_splice(&src, &other, PT + 3);
   make(kv, "s", &src, 1, 2 * PT, false);
-  step_ok(kv, "s", &src, 0, PT + 3);
+  tkv_step_ok(kv, "s", &src, 0, PT + 3);
   fork_ok(kv, "s", "f", -1);
-  step_ok(kv, "f", &mine, PT + 3, 4);
+  tkv_step_ok(kv, "f", &mine, PT + 3, 4);
   char dir[] = "/tmp/attn-fork-XXXXXX";
   cr_assert(mkdtemp(dir));
   attn_status st;
@@ -561,8 +546,8 @@ Test(kv_fork, saved_and_loaded_apart, .init = setup, .fini = teardown) {
   kv = tkv_open_store(eng, 64 * PAGE, false, "cpu");
   cr_assert_eq(attn_kv_load(kv, dir, 0, 1e9, NULL, NULL, &st), 2, "%s", st.message);
   expect_pool(kv, 8, 8, 0, 0);
-  step_ok(kv, "f", &mine, PT + 7, 2);
-  step_ok(kv, "s", &src, PT + 3, 2);
+  tkv_step_ok(kv, "f", &mine, PT + 7, 2);
+  tkv_step_ok(kv, "s", &src, PT + 3, 2);
   attn_kv_info in;
   int64_t lengths[1];
   void *k[1], *v[1];
@@ -608,7 +593,7 @@ static void sixteen_forks(size_t pb, bool grow) {
     fork_ok(kv, "s", f, -1);
     tkv_stream other = tkv_stream_make(8, 8, 128, n + pt, ATTN_BF16, 100 + (uint64_t)i);
     tkv_stream mine = tkv_stream_splice(&src, &other, n);
-    step_ok(kv, f, &mine, n, 1);
+    tkv_step_ok(kv, f, &mine, n, 1);
     tkv_stream_free(&other);
     tkv_stream_free(&mine);
   }

@@ -10,6 +10,7 @@
  */
 #include "helpers.h"
 #include "kvcalls.h"
+#include "kvstep.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
@@ -51,15 +52,6 @@ static uint64_t pool_reserved(attn_kv_store *kv) {
   return stats.reserved_bytes;
 }
 
-/* Tokens [pos, pos + n) of s appended to id, its output checked. */
-static void step_ok(attn_kv_store *kv, const char *id, const tkv_stream *s, int64_t pos,
-                    int64_t n) {
-  attn_status st;
-  double err = tkv_step_error(kv, id, s, &tkv_plain, pos, n, &st);
-  cr_assert_lt(err, ttol(s->dt), "%s [%lld, %lld): error %g (%s)", id, (long long)pos,
-               (long long)(pos + n), err, err == INFINITY ? st.message : "");
-}
-
 /* An append past the pool: refused, nothing appended. */
 static void step_refused(attn_kv_store *kv, const char *id, const tkv_stream *s, int64_t pos,
                          int64_t n) {
@@ -87,19 +79,19 @@ Test(kv_grow, takes_pages_as_tokens_arrive, .init = setup, .fini = teardown) {
   cr_expect_eq(info_of(kv, "", "g").reserved_bytes, 0);
   cr_expect(info_of(kv, "", "g").shape.grow && !info_of(kv, "", "before").shape.grow);
   cr_expect_eq(pool_reserved(kv), 2 * PAGE);
-  step_ok(kv, "g", &g, 0, PT + 44);
+  tkv_step_ok(kv, "g", &g, 0, PT + 44);
   cr_expect_eq(info_of(kv, "", "g").reserved_bytes, 4 * PAGE);
-  step_ok(kv, "g", &g, PT + 44, 3 * PT - 44);
+  tkv_step_ok(kv, "g", &g, PT + 44, 3 * PT - 44);
   cr_expect_eq(info_of(kv, "", "g").reserved_bytes, 8 * PAGE);
   cr_assert_eq(make(kv, "", "after", &w, PT, false, &st), 0, "%s", st.message);
   /* 16 pages: 2 + 2 whole, so g holds at most 12, 6 * PT tokens */
-  step_ok(kv, "g", &g, 4 * PT, 2 * PT);
+  tkv_step_ok(kv, "g", &g, 4 * PT, 2 * PT);
   cr_expect_eq(info_of(kv, "", "g").reserved_bytes, 12 * PAGE);
   step_refused(kv, "g", &g, 6 * PT, 1);
-  step_ok(kv, "before", &w, 0, PT);
-  step_ok(kv, "after", &w, 0, PT);
+  tkv_step_ok(kv, "before", &w, 0, PT);
+  tkv_step_ok(kv, "after", &w, 0, PT);
   cr_assert_eq(attn_kv_delete(kv, "", "after", 0, &st), 0);
-  step_ok(kv, "g", &g, 6 * PT, 1);
+  tkv_step_ok(kv, "g", &g, 6 * PT, 1);
   cr_expect_eq(info_of(kv, "", "g").reserved_bytes, 14 * PAGE);
   tkv_stream_free(&g);
   tkv_stream_free(&w);
@@ -115,12 +107,12 @@ Test(kv_grow, refused_then_room, .init = setup, .fini = teardown) {
   attn_status st;
   cr_assert_eq(make(kv, "", "g", &g, 8 * PT, true, &st), 0);
   cr_assert_eq(make(kv, "", "w", &w, PT, false, &st), 0);
-  step_ok(kv, "g", &g, 0, 2 * PT);
+  tkv_step_ok(kv, "g", &g, 0, 2 * PT);
   step_refused(kv, "g", &g, 2 * PT, 5);
   cr_expect_eq(info_of(kv, "", "g").reserved_bytes, 4 * PAGE, "a refused append holds pages");
   cr_expect_eq(pool_reserved(kv), 6 * PAGE);
   cr_assert_eq(attn_kv_delete(kv, "", "w", 0, &st), 0);
-  step_ok(kv, "g", &g, 2 * PT, PT);
+  tkv_step_ok(kv, "g", &g, 2 * PT, PT);
   tkv_stream_free(&g);
   tkv_stream_free(&w);
   attn_kv_close(kv);
@@ -133,15 +125,15 @@ Test(kv_grow, truncate_and_delete_give_back, .init = setup, .fini = teardown) {
   tkv_stream g = tkv_stream_make(2, 1, 64, 4 * PT, ATTN_F32, 5);
   attn_status st;
   cr_assert_eq(make(kv, "", "g", &g, 4 * PT, true, &st), 0);
-  step_ok(kv, "g", &g, 0, 3 * PT + 1);
+  tkv_step_ok(kv, "g", &g, 0, 3 * PT + 1);
   cr_expect_eq(pool_reserved(kv), 8 * PAGE);
   cr_assert_eq(attn_kv_truncate(kv, "", "g", PT + 1, 0, &st), 0);
   cr_expect_eq(info_of(kv, "", "g").reserved_bytes, 4 * PAGE);
   cr_expect_eq(pool_reserved(kv), 4 * PAGE);
-  step_ok(kv, "g", &g, PT + 1, 3 * PT - 1); /* the stream's own tokens again: exact */
+  tkv_step_ok(kv, "g", &g, PT + 1, 3 * PT - 1); /* the stream's own tokens again: exact */
   cr_assert_eq(attn_kv_truncate(kv, "", "g", 0, 0, &st), 0);
   cr_expect_eq(pool_reserved(kv), 0);
-  step_ok(kv, "g", &g, 0, 10);
+  tkv_step_ok(kv, "g", &g, 0, 10);
   cr_assert_eq(attn_kv_delete(kv, "", "g", 0, &st), 0);
   cr_expect_eq(pool_reserved(kv), 0);
   tkv_stream_free(&g);
@@ -157,8 +149,8 @@ Test(kv_grow, batch_all_or_nothing, .init = setup, .fini = teardown) {
   attn_status st;
   cr_assert_eq(make(kv, "", "x", &x, 4 * PT, true, &st), 0);
   cr_assert_eq(make(kv, "", "y", &y, 4 * PT, true, &st), 0);
-  step_ok(kv, "x", &x, 0, PT);
-  step_ok(kv, "y", &y, 0, PT);
+  tkv_step_ok(kv, "x", &x, 0, PT);
+  tkv_step_ok(kv, "y", &y, 0, PT);
   /* 6 pages free: x's +PT takes 2, y's +2 PT 4, and its one token more 2 */
   tkv_batch bt = {
       .ids = {"x", "y"}, .s = {&x, &y}, .pos = {PT, PT}, .nq = {1, 1}, .nn = {PT, 2 * PT + 1}};
@@ -176,9 +168,9 @@ Test(kv_grow, batch_all_or_nothing, .init = setup, .fini = teardown) {
   cr_expect_eq(pool_reserved(kv), 10 * PAGE);
   /* the batch's rows, checked as the keys of one more query each */
   cr_assert_eq(attn_kv_truncate(kv, "", "y", 3 * PT - 1, 0, &st), 0);
-  step_ok(kv, "y", &y, 3 * PT - 1, 1);
+  tkv_step_ok(kv, "y", &y, 3 * PT - 1, 1);
   cr_assert_eq(attn_kv_truncate(kv, "", "x", 2 * PT - 1, 0, &st), 0);
-  step_ok(kv, "x", &x, 2 * PT - 1, 1);
+  tkv_step_ok(kv, "x", &x, 2 * PT - 1, 1);
   tkv_stream_free(&x);
   tkv_stream_free(&y);
   attn_kv_close(kv);
@@ -244,7 +236,7 @@ Test(kv_grow, saved_and_loaded, .init = setup, .fini = teardown) {
   tkv_stream g = tkv_stream_make(2, 1, 64, 2 * PT, ATTN_F32, 10);
   attn_status st;
   cr_assert_eq(make(a, "", "g", &g, 8 * PT, true, &st), 0);
-  step_ok(a, "g", &g, 0, PT + 1);
+  tkv_step_ok(a, "g", &g, 0, PT + 1);
   cr_assert_eq(attn_kv_save(a, dir, 0, &st), 1, "%s", st.message);
   attn_kv_store *b = tkv_open_store(eng, 16 * PAGE, false, "cpu");
   cr_assert_eq(attn_kv_load(b, dir, 0, 1e9, NULL, NULL, &st), 1, "%s", st.message);
@@ -252,7 +244,7 @@ Test(kv_grow, saved_and_loaded, .init = setup, .fini = teardown) {
   cr_expect(info.shape.grow);
   cr_expect_eq(info.reserved_bytes, 4 * PAGE);
   cr_expect_eq(pool_reserved(b), 4 * PAGE);
-  step_ok(b, "g", &g, PT + 1, PT - 1);
+  tkv_step_ok(b, "g", &g, PT + 1, PT - 1);
   cr_assert_eq(attn_kv_save(b, dir, 0, &st), 1, "%s", st.message); /* a load took the file */
   attn_kv_store *c = tkv_open_store(eng, 2 * PAGE, false, "cpu");
   cr_expect_eq(attn_kv_load(c, dir, 0, 1e9, NULL, NULL, &st), 0);
@@ -277,18 +269,18 @@ Test(kv_grow, small_pages, .init = setup, .fini = teardown) {
   tkv_stream g = tkv_stream_make(2, 1, 64, 300, ATTN_F32, 3);
   attn_status st;
   cr_assert_eq(make(kv, "", "g", &g, 1000, true, &st), 0, "%s", st.message);
-  step_ok(kv, "g", &g, 0, 65);
+  tkv_step_ok(kv, "g", &g, 0, 65);
   cr_expect_eq(info_of(kv, "", "g").reserved_bytes, 4 * pb);
   cr_expect_eq(info_of(kv, "", "g").used_bytes, 4 * pb);
   for (int64_t pos = 65; pos < 200; pos++)
-    step_ok(kv, "g", &g, pos, 1);
+    tkv_step_ok(kv, "g", &g, pos, 1);
   cr_expect_eq(info_of(kv, "", "g").reserved_bytes, 8 * pb); /* 4 pages, K and V */
-  step_ok(kv, "g", &g, 200, 56);                             /* the 4th page full */
+  tkv_step_ok(kv, "g", &g, 200, 56);                         /* the 4th page full */
   step_refused(kv, "g", &g, 256, 1);
   cr_assert_eq(attn_kv_truncate(kv, "", "g", 60, 0, &st), 0, "%s", st.message);
   cr_expect_eq(info_of(kv, "", "g").reserved_bytes, 2 * pb);
   cr_expect_eq(pool_reserved(kv), 2 * pb);
-  step_ok(kv, "g", &g, 60, 10);
+  tkv_step_ok(kv, "g", &g, 60, 10);
   cr_expect_eq(info_of(kv, "", "g").reserved_bytes, 4 * pb);
   tkv_stream_free(&g);
   attn_kv_close(kv);

@@ -25,8 +25,8 @@ static inline void tkv_step_on(attn_kv_store *kv, const char *id, const tkv_stre
 }
 
 /* The same on layer 0. */
-static inline void tkv_step_ok(attn_kv_store *kv, const char *id, const tkv_stream *s,
-                               int64_t pos, int64_t n) {
+static inline void tkv_step_ok(attn_kv_store *kv, const char *id, const tkv_stream *s, int64_t pos,
+                               int64_t n) {
   tkv_step_on(kv, id, s, 0, pos, n);
 }
 

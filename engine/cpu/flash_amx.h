@@ -22,7 +22,10 @@
  * far from F32's range) and Oᵀ is rescaled on few tiles instead of every
  * one (on random data the running max moves on most early tiles). The true
  * max is tracked beside it, and amx_end brings O, l and m to it, so the
- * statistics are those of the eager form. P·V waits for up to AMX_SLOTS
+ * statistics are those of the eager form. Since the reference rarely
+ * moves, the exponentials are taken against it in the same pass that finds
+ * the tile's max, and redone only where it must move: one read of the
+ * scores instead of two. P·V waits for up to AMX_SLOTS
  * tiles that share a reference max (amx_flush): a longer sum per load and
  * store of the accumulator tiles.
  *
@@ -290,18 +293,22 @@ static void amx_slot_v(blk_ctx *c, int slot, int64_t j0) {
 
 /* ---- softmax ------------------------------------------------------------- */
 
-/* One vector of lanes: the tile max (raw scores times sc > 0) into the
- * true max; the reference max moves only past the slack; alpha, l. */
-static vf amx_max(blk_ctx *c, int v, float sc, vf *pref) {
-  vf m4[4] = {vset1(-INFINITY), vset1(-INFINITY), vset1(-INFINITY), vset1(-INFINITY)};
-  for (int64_t j = 0; j < BK; j += 4) /* four chains: vmaxps's latency, not its rate */
-    UNROLL for (int u = 0; u < 4; u++) m4[u] = vmax(m4[u], vload(c->st + (j + u) * BQ + v * VL));
-  const vf mx = vmax(vmax(m4[0], m4[1]), vmax(m4[2], m4[3]));
+/* One vector of lanes given the tile's raw max mx: the scaled max (sc >
+ * 0) into the true max; returns the lanes whose reference max must move,
+ * those it passes by more than the slack. */
+static __mmask16 amx_track(blk_ctx *c, int v, float sc, vf mx, vf *mtrue) {
   float *mt = amx_mtrue(c) + v * VL;
-  const vf mtrue = vmax(vload(mt), vmul(mx, vset1(sc)));
-  vstore(mt, mtrue);
+  *mtrue = vmax(vload(mt), vmul(mx, vset1(sc)));
+  vstore(mt, *mtrue);
+  return _mm512_cmp_ps_mask(*mtrue, vadd(vload(c->m + v * VL), vset1(AMX_SLACK)), _CMP_GT_OQ);
+}
+
+/* amx_track, then those lanes' reference moved: alpha, and the reference
+ * the exponents subtract (mu). */
+static vf amx_ref(blk_ctx *c, int v, float sc, vf mx, vf *pref) {
+  vf mtrue;
+  const __mmask16 up = amx_track(c, v, sc, mx, &mtrue);
   const vf mo = vload(c->m + v * VL);
-  const __mmask16 up = _mm512_cmp_ps_mask(mtrue, vadd(mo, vset1(AMX_SLACK)), _CMP_GT_OQ);
   const vf mn = _mm512_mask_blend_ps(up, mo, mtrue);
   const vf mu = vmax(mn, vset1(-FLT_MAX)); /* no -inf - -inf */
   const vf al = _mm512_mask_blend_ps(up, vset1(1.0f), vexp2(vsub(mo, mu)));
@@ -309,6 +316,14 @@ static vf amx_max(blk_ctx *c, int v, float sc, vf *pref) {
   vstore(c->alpha + v * VL, al);
   *pref = mu;
   return al;
+}
+
+/* The tile's raw max per lane of vector v, in a pass of its own. */
+static vf amx_max(const blk_ctx *c, int v) {
+  vf m4[4] = {vset1(-INFINITY), vset1(-INFINITY), vset1(-INFINITY), vset1(-INFINITY)};
+  for (int64_t j = 0; j < BK; j += 4) /* four chains: vmaxps's latency, not its rate */
+    UNROLL for (int u = 0; u < 4; u++) m4[u] = vmax(m4[u], vload(c->st + (j + u) * BQ + v * VL));
+  return vmax(vmax(m4[0], m4[1]), vmax(m4[2], m4[3]));
 }
 
 /* Part `part` of `parts` of the next tile's K rows into L1 (and its V rows
@@ -342,41 +357,67 @@ static inline vf amx_exp2(vf x) {
   return _mm512_scalef_ps(p, x);
 }
 
-/* P = 2^(sc·s − m) for the whole tile, summed into l and packed as BF16
- * key pairs in slot `slot` of c->kb ([BK/2][BQ] words, as dp_pack_p lays
- * them out). Returns whether any lane's reference max moved. */
-static bool amx_softmax(blk_ctx *c, float sc, int slot) {
+/* P = 2^(sc·s − mu) for vector v's lanes of the tile, packed as BF16 key
+ * pairs in slot `slot` of c->kb ([BK/2][BQ] words, as dp_pack_p lays them
+ * out); returns their sum, and the raw scores' max in *mx when asked. */
+static vf amx_exp_pass(blk_ctx *c, int v, float sc, vf mu, int slot, vf *mx) {
   const __m512i idx = amx_pair_idx();
   uint32_t *pp = amx_pslot(c, slot, 0), *pl = amx_pslot(c, slot, 1);
   const vf scv = vset1(sc);
+  vf sum0 = vset1(0.0f), sum1 = vset1(0.0f), mx0 = vset1(-INFINITY), mx1 = mx0;
+  for (int64_t jp = 0; jp < BK / 2; jp++) {
+    if (jp % 8 == 0) /* the next tile's K and V, over the exponentials */
+      amx_prefetch(c, v * 4 + jp / 8, c->nv * 4);
+    const float *s = c->st + 2 * jp * BQ + v * VL;
+    const vf s0 = vload(s), s1 = vload(s + BQ);
+    if (mx) {
+      mx0 = vmax(mx0, s0);
+      mx1 = vmax(mx1, s1);
+    }
+    const vf x0 = _mm512_fmsub_ps(s0, scv, mu), x1 = _mm512_fmsub_ps(s1, scv, mu);
+    vf p0 = c->amx16 ? vexp2(x0) : amx_exp2(x0), p1 = c->amx16 ? vexp2(x1) : amx_exp2(x1);
+    sum0 = vadd(sum0, p0);
+    sum1 = vadd(sum1, p1);
+    if (c->amx16) { /* hi truncated (exact in BF16), lo the rest, rounded */
+      const __m512i hm = _mm512_set1_epi32((int)0xffff0000u);
+      const vf h0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(p0), hm));
+      const vf h1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(p1), hm));
+      const __m512i w = (__m512i)_mm512_cvtne2ps_pbh(vsub(p1, h1), vsub(p0, h0));
+      _mm512_storeu_si512(pl + jp * BQ + v * VL, _mm512_permutexvar_epi16(idx, w));
+      p0 = h0;
+      p1 = h1;
+    }
+    const __m512i w = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);
+    _mm512_storeu_si512(pp + jp * BQ + v * VL, _mm512_permutexvar_epi16(idx, w));
+  }
+  if (mx)
+    *mx = vmax(mx0, mx1);
+  return vadd(sum0, sum1);
+}
+
+/* The whole tile's softmax into slot `slot`, summed into l. A vector of
+ * lanes whose reference maxima are all set takes one pass, exponents
+ * relative to them and the max found on the way; only when a lane's
+ * reference must move (rare past a block's first tiles) is it redone from
+ * a max pass, as a lane with no reference yet always is. Either way the
+ * bits are those of the two passes. Returns whether any reference moved. */
+static bool amx_softmax(blk_ctx *c, float sc, int slot) {
   bool moved = false;
   for (int v = 0; v < c->nv; v++) {
-    vf mu;
-    const vf al = amx_max(c, v, sc, &mu);
-    moved |= _mm512_cmp_ps_mask(al, vset1(1.0f), _CMP_NEQ_UQ) != 0;
-    vf sum0 = vset1(0.0f), sum1 = vset1(0.0f);
-    for (int64_t jp = 0; jp < BK / 2; jp++) {
-      if (jp % 8 == 0) /* the next tile's K and V, over the exponentials */
-        amx_prefetch(c, v * 4 + jp / 8, c->nv * 4);
-      const float *s = c->st + 2 * jp * BQ + v * VL;
-      const vf x0 = _mm512_fmsub_ps(vload(s), scv, mu),
-               x1 = _mm512_fmsub_ps(vload(s + BQ), scv, mu);
-      vf p0 = c->amx16 ? vexp2(x0) : amx_exp2(x0), p1 = c->amx16 ? vexp2(x1) : amx_exp2(x1);
-      sum0 = vadd(sum0, p0);
-      sum1 = vadd(sum1, p1);
-      if (c->amx16) { /* hi truncated (exact in BF16), lo the rest, rounded */
-        const __m512i hm = _mm512_set1_epi32((int)0xffff0000u);
-        const vf h0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(p0), hm));
-        const vf h1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(p1), hm));
-        const __m512i w = (__m512i)_mm512_cvtne2ps_pbh(vsub(p1, h1), vsub(p0, h0));
-        _mm512_storeu_si512(pl + jp * BQ + v * VL, _mm512_permutexvar_epi16(idx, w));
-        p0 = h0;
-        p1 = h1;
+    const vf mo = vload(c->m + v * VL);
+    vf mu, mx, mtrue;
+    if (_mm512_cmp_ps_mask(mo, vset1(-INFINITY), _CMP_EQ_OQ) == 0) {
+      const vf sum = amx_exp_pass(c, v, sc, mo, slot, &mx);
+      if (!amx_track(c, v, sc, mx, &mtrue)) {
+        vstore(c->l + v * VL, vadd(vload(c->l + v * VL), sum));
+        vstore(c->alpha + v * VL, vset1(1.0f));
+        continue;
       }
-      const __m512i w = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);
-      _mm512_storeu_si512(pp + jp * BQ + v * VL, _mm512_permutexvar_epi16(idx, w));
     }
-    vstore(c->l + v * VL, vfma(vload(c->l + v * VL), al, vadd(sum0, sum1)));
+    const vf al = amx_ref(c, v, sc, amx_max(c, v), &mu);
+    moved |= _mm512_cmp_ps_mask(al, vset1(1.0f), _CMP_NEQ_UQ) != 0;
+    const vf sum = amx_exp_pass(c, v, sc, mu, slot, NULL);
+    vstore(c->l + v * VL, vfma(vload(c->l + v * VL), al, sum));
   }
   return moved;
 }

@@ -239,6 +239,36 @@ Test(amx_kernel, softcap_and_alibi) {
   cr_assert_eq(fails, 0, "%d cases failed", fails);
 }
 
+/* Keys that grow along the sequence, so that most lanes' maxima pass their
+ * reference by more than the slack on tiles past the first: the softmax's
+ * one pass is redone from a max pass there, and the statistics are still
+ * the eager form's. Causal and not, both tile widths of P·V. */
+Test(amx_kernel, rising_maxima) {
+  attn_engine *e = emu_open();
+  if (!e)
+    return;
+  int fails = 0;
+  for (int i = 0; i < 4; i++) {
+    tprob p = tprob_make(1, 2, 1, 130, 400, i % 2 ? 128 : 64, ATTN_BF16);
+    p.causal = i >= 2;
+    p.stats = true;
+    tcase c;
+    tcase_init(&c, &p, 9100 + (uint64_t)i);
+    for (int64_t j = 0; j < p.nkv; j++) /* up to 26x: scores up to ~30 past the first tile's */
+      for (int64_t d = 0; d < p.d; d++) {
+        const size_t at = (size_t)(j * p.d + d);
+        attn_store_elem(c.k, p.dt, at, (float)(attn_load_elem(c.k, p.dt, at) * (1 + j / 16.0)));
+      }
+    attn_status st = {0};
+    const int64_t before = tamx_dpbf16ps_count();
+    int rc = trun(e, &c, "cpu", &st);
+    fails += judge(&c, rc, &st, tamx_dpbf16ps_count() - before, TILES_USED, "amxemu");
+    tcase_free(&c);
+  }
+  attn_engine_close(e);
+  cr_assert_eq(fails, 0, "%d cases failed", fails);
+}
+
 /* Decoding: a GQA group's rows in one block, the keys split across items
  * and merged by their log-sum-exp. */
 Test(amx_kernel, decode_splits) {

@@ -330,6 +330,9 @@ def test_live_chart_moves_under_load_without_layout_shift(page, console_server):
 
 def test_live_counts_errors_by_code(page, console_server):
     d = page
+    # errors/s is the difference between two polls: an error before the first poll is in
+    # its baseline and never shows as a rate (a slow page load under load did just that)
+    wait(d, "window.attnConsole.live.polls >= 1")
     req = urllib.request.Request(console_server.url + "/attention", data=b"{",
                                  headers={"Content-Type": "application/json"})
     with pytest.raises(urllib.error.HTTPError) as e:

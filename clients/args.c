@@ -66,6 +66,13 @@ int tool_arg_int(const char *flag, const char *s, int lo, int hi, int *out) {
   return 0;
 }
 
+int tool_arg_tune(const char *flag, const char *s) {
+  if (s && (!strcmp(s, "auto") || !strcmp(s, "intel") || !strcmp(s, "amd")))
+    return 0;
+  fprintf(stderr, "attn: %s expects auto, intel or amd (got \"%s\")\n", flag, s ? s : "");
+  return -1;
+}
+
 int tool_arg_dtype(const char *flag, const char *s, attn_dtype *out) {
   if (attn_dtype_parse(s, out) < 0) {
     fprintf(stderr, "attn: %s expects F32, F16 or BF16 (got \"%s\")\n", flag, s ? s : "");

@@ -18,6 +18,8 @@ int tool_arg_int(const char *flag, const char *s, int lo, int hi, int *out);
 /* A finite number from lo to hi. */
 int tool_arg_double(const char *flag, const char *s, double lo, double hi, double *out);
 int tool_arg_dtype(const char *flag, const char *s, attn_dtype *out);
+/* A CPU tuning (attn_config.cpu_tune): auto, intel or amd. */
+int tool_arg_tune(const char *flag, const char *s);
 
 /* The API key the clients send as "Authorization: Bearer KEY": the
  * ATTND_API_KEY variable the server reads too (a flag would show the key

@@ -22,6 +22,7 @@ static const char usage[] =
     "                  [--seq-kv N] [--head-dim D] [--dtype F32|F16|BF16] [--causal]\n"
     "                  [--threads T] [--repeat R] [--backend cpu|cuda] [--backward]\n"
     "                  [--isa auto|amx|avx512bf16|avx512|avx2|generic] [--varlen]\n"
+    "                  [--cpu-tune auto|intel|amd]\n"
     "\n"
     "Times a flash backend and prints GFLOP/s (4*D per visible query-key pair).\n"
     "--backward times the backward pass instead (dq, dk, dv from q, k, v, o, do\n"
@@ -33,7 +34,17 @@ static const char usage[] =
     "D=128 and H=1 N=16384 D=64, causal and not, on 1 thread and on every core.\n"
     "Defaults: batch 1, F32, repeat 3, backend cpu. With --backend cuda the time\n"
     "is the engine's whole job: host staging, transfers, input scan and kernels\n"
-    "(tests/gpu's bench-gpu times the kernels alone).\n";
+    "(tests/gpu's bench-gpu times the kernels alone).\n"
+    "--cpu-tune picks the F32 products' tuning (default auto: intel on Intel CPUs,\n"
+    "amd on others; the kernel column says \"intel tuning\" where it is on), to\n"
+    "compare the two on one machine: the results are the same bits either way.\n";
+
+/* How every case of a run is timed. */
+typedef struct bench_run {
+  bool causal, backward, varlen;
+  int threads, reps;
+  const char *isa, *tune, *backend; /* isa, tune: NULL for auto */
+} bench_run;
 
 /* The B sequences of c as one varlen request over the same buffers. */
 static void make_varlen(tool_bench_case *c, int64_t *cuq, int64_t *cuk) {
@@ -48,10 +59,11 @@ static void make_varlen(tool_bench_case *c, int64_t *cuq, int64_t *cuk) {
   r->cu_seqlens_kv = cuk;
 }
 
-static int run_one(const tool_shape_args *s, bool causal, int threads, const char *isa,
-                   const char *backend, int reps, bool backward, bool varlen) {
+static int run_one(const tool_shape_args *s, const bench_run *br) {
+  const bool causal = br->causal, backward = br->backward;
+  const char *backend = br->backend;
   attn_status st;
-  attn_engine *e = tool_bench_open(threads, isa, &st);
+  attn_engine *e = tool_bench_open(br->threads, br->isa, br->tune, &st);
   if (!e) {
     fprintf(stderr, "attn bench: %s\n", st.message);
     return 1;
@@ -65,11 +77,11 @@ static int run_one(const tool_shape_args *s, bool causal, int threads, const cha
     return 1;
   }
   int brc = backward ? tool_bench_case_backward(&c, e, 43, &st) : 0;
-  int64_t *cu = varlen ? malloc(2 * (size_t)(s->batch + 1) * sizeof *cu) : NULL;
+  int64_t *cu = br->varlen ? malloc(2 * (size_t)(s->batch + 1) * sizeof *cu) : NULL;
   if (cu)
     make_varlen(&c, cu, cu + s->batch + 1);
   c.req.backend = backend;
-  double t = brc < 0 ? brc : tool_bench_engine(e, &c.req, reps, &st);
+  double t = brc < 0 ? brc : tool_bench_engine(e, &c.req, br->reps, &st);
   if (t < 0) {
     fprintf(stderr, "attn bench: %s\n", st.message);
   } else {
@@ -97,6 +109,7 @@ int tool_cmd_bench(int argc, char **argv) {
                                        {"threads", required_argument, 0, 'T'},
                                        {"repeat", required_argument, 0, 'r'},
                                        {"isa", required_argument, 0, 'i'},
+                                       {"cpu-tune", required_argument, 0, 'u'},
                                        {"backend", required_argument, 0, 'B'},
                                        {"backward", no_argument, 0, 'w'},
                                        {"varlen", no_argument, 0, 'V'},
@@ -104,30 +117,34 @@ int tool_cmd_bench(int argc, char **argv) {
                                        {0, 0, 0, 0}};
   tool_shape_args s = {
       .batch = 1, .heads = 8, .seq_q = 4096, .seq_kv = 4096, .head_dim = 64, .dtype = ATTN_F32};
-  int threads = -1, reps = 3, c, bad = 0;
-  bool custom = false, causal = false, backward = false, varlen = false;
-  const char *isa = NULL, *backend = "cpu";
+  int threads = -1, c, bad = 0;
+  bool custom = false;
+  bench_run br = {.reps = 3, .backend = "cpu"};
   optind = 1;
   while (!bad && (c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-    custom |= c != 'T' && c != 'r' && c != 'i' && c != 'B' && c != 'w' && c != 'V';
+    custom |= !strchr("TriuBwV", c);
     int r = tool_arg_shape(c, optarg, &s);
     if (r) {
       bad = r < 0;
       continue;
     }
     switch (c) {
-    case 'c': causal = true; break;
-    case 'w': backward = true; break;
-    case 'V': varlen = true; break;
+    case 'c': br.causal = true; break;
+    case 'w': br.backward = true; break;
+    case 'V': br.varlen = true; break;
     case 'T': bad = tool_arg_int("--threads", optarg, 0, 1024, &threads); break;
-    case 'r': bad = tool_arg_int("--repeat", optarg, 1, 64, &reps); break;
-    case 'i': isa = optarg; break;
+    case 'r': bad = tool_arg_int("--repeat", optarg, 1, 64, &br.reps); break;
+    case 'i': br.isa = optarg; break;
+    case 'u':
+      bad = tool_arg_tune("--cpu-tune", optarg);
+      br.tune = optarg;
+      break;
     case 'B':
       if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) {
         fprintf(stderr, "attn bench: --backend expects cpu or cuda (got \"%s\")\n", optarg);
         return 2;
       }
-      backend = optarg;
+      br.backend = optarg;
       break;
     case 'x': fputs(usage, stdout); return 0;
     default: fputs(usage, stderr); return 2;
@@ -141,8 +158,10 @@ int tool_cmd_bench(int argc, char **argv) {
   }
   printf("%5s %4s %6s %6s %4s %5s %-6s %4s %7s %10s %9s   %s\n", "batch", "H", "Nq", "Nkv", "D",
          "dtype", "causal", "pass", "threads", "ms", "GFLOP/s", "kernel");
-  if (custom)
-    return run_one(&s, causal, threads < 0 ? 0 : threads, isa, backend, reps, backward, varlen);
+  if (custom) {
+    br.threads = threads < 0 ? 0 : threads;
+    return run_one(&s, &br);
+  }
   static const int64_t set[][3] = {{8, 1024, 64}, {8, 4096, 64}, {8, 4096, 128}, {1, 16384, 64}};
   int rc = 0;
   for (size_t i = 0; i < sizeof set / sizeof *set; i++)
@@ -154,11 +173,10 @@ int tool_cmd_bench(int argc, char **argv) {
         x.heads = set[i][0];
         x.seq_q = x.seq_kv = set[i][1];
         x.head_dim = set[i][2];
-        rc |= run_one(&x, cz,
-                      threads >= 0 ? threads
-                      : tpass == 0 ? 1
-                                   : 0,
-                      isa, backend, reps, backward, varlen);
+        bench_run xr = br;
+        xr.causal = cz;
+        xr.threads = threads >= 0 ? threads : tpass == 0 ? 1 : 0;
+        rc |= run_one(&x, &xr);
       }
   return rc;
 }

@@ -82,11 +82,12 @@ int tool_bench_case_backward(tool_bench_case *c, attn_engine *e, uint64_t seed, 
   return 0;
 }
 
-attn_engine *tool_bench_open(int threads, const char *isa, attn_status *st) {
+attn_engine *tool_bench_open(int threads, const char *isa, const char *tune, attn_status *st) {
   attn_config cfg;
   attn_config_init(&cfg);
   cfg.threads = threads;
   cfg.cpu_isa = isa;
+  cfg.cpu_tune = tune;
   attn_engine *e;
   if (attn_engine_open(&cfg, &e, st) < 0)
     return NULL;

@@ -29,7 +29,7 @@ int tool_bench_case_backward(tool_bench_case *c, attn_engine *e, uint64_t seed, 
 
 /* An engine with `threads` workers (0: cores) and CPU kernel isa (NULL:
  * best), or NULL with st filled. */
-attn_engine *tool_bench_open(int threads, const char *isa, attn_status *st);
+attn_engine *tool_bench_open(int threads, const char *isa, const char *tune, attn_status *st);
 
 /* Monotonic seconds. */
 double tool_bench_now(void);

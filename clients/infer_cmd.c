@@ -304,7 +304,7 @@ static int backward_inputs(const tool_infer_args *a, infer_bufs *b) {
   f.diag_offset = a->opts.diag_offset;
   f.lse = b->lse;
   attn_status st;
-  attn_engine *e = tool_bench_open(0, NULL, &st);
+  attn_engine *e = tool_bench_open(0, NULL, NULL, &st);
   bool ok = e && attn_engine_run(e, &f, NULL, &st) == 0;
   attn_engine_close(e);
   if (!ok && !a->quiet)

@@ -44,6 +44,13 @@ static int apply_isa(attnd_config *c, const char *what, const char *v) {
   return 0;
 }
 
+static int apply_cpu_tune(attnd_config *c, const char *what, const char *v) {
+  if (strcmp(v, "auto") && strcmp(v, "intel") && strcmp(v, "amd"))
+    return attnd__cfg_bad(what, v, "auto, intel or amd");
+  snprintf(c->cpu_tune, sizeof c->cpu_tune, "%s", v);
+  return 0;
+}
+
 static int apply_self_check(attnd_config *c, const char *what, const char *v) {
   if (strcmp(v, "on") && strcmp(v, "off"))
     return attnd__cfg_bad(what, v, "on or off");
@@ -308,6 +315,10 @@ static const attnd__flag flags[] = {
     {"isa", "NAME", "auto",
      "CPU kernel: auto (the best this CPU runs), amx, avx512bf16, avx512, avx2 or generic",
      apply_isa},
+    {"cpu-tune", "NAME", "auto",
+     "the CPU kernels' F32 products: auto (intel on Intel CPUs, amd on others), intel (for two "
+     "512-bit FMA pipes) or amd; the same results either way",
+     apply_cpu_tune},
     {"streams", "N", "4", "CUDA streams per device", apply_streams},
     {"devices", "LIST", "0", "CUDA devices to use, e.g. 0,1", apply_devices},
     {"gpu-self-check", "on|off", "on",

@@ -20,6 +20,7 @@ typedef struct attnd_config {
   int threads;            /* 0: one per core */
   int http_threads;       /* libmicrohttpd's polling threads (its thread pool when > 1) */
   char isa[16];           /* CPU kernel: auto, amx, avx512bf16, avx512, avx2, generic */
+  char cpu_tune[8];       /* the F32 products' tuning: auto, intel, amd */
   int streams;            /* CUDA streams per device */
   char devices[128];      /* CUDA device numbers, "0,1" */
   int ndevices;           /* how many devices lists */

@@ -142,6 +142,7 @@ int main(int argc, char **argv) {
   attn_config_init(&ec);
   ec.threads = cfg.threads;
   ec.cpu_isa = cfg.isa;
+  ec.cpu_tune = cfg.cpu_tune;
   ec.cuda_streams = cfg.streams;
   ec.cuda_devices = cfg.devices;
   ec.cuda_self_check_off = !cfg.gpu_self_check;

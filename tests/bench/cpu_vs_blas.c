@@ -155,7 +155,7 @@ int main(int argc, char **argv) {
           return 1;
         }
         attn_status st;
-        attn_engine *e = tool_bench_open(threads, NULL, &st);
+        attn_engine *e = tool_bench_open(threads, NULL, NULL, &st);
         if (!e) {
           fprintf(stderr, "bench: %s\n", st.message);
           return 1;

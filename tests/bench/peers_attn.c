@@ -181,7 +181,7 @@ static int write_grads(const peers_args *a, const attn_request *r) {
 
 static int run(const peers_args *a, attn_proto_req *pr) {
   attn_status st = {0};
-  attn_engine *e = tool_bench_open(a->threads, a->isa, &st);
+  attn_engine *e = tool_bench_open(a->threads, a->isa, NULL, &st);
   if (!e) {
     fprintf(stderr, "bench-peers-attn: %s\n", st.message);
     return 1;

@@ -200,7 +200,7 @@ int main(int argc, char **argv) {
     }
     /* the engine alone, with the server's threads (one per core) */
     attn_status st;
-    attn_engine *e = tool_bench_open(0, NULL, &st);
+    attn_engine *e = tool_bench_open(0, NULL, NULL, &st);
     double te = e ? tool_bench_engine(e, &c.req, 20, &st) : -1;
     attn_engine_close(e);
     int port = free_port();

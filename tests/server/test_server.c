@@ -552,6 +552,7 @@ Test(server, bad_flags_exit_2_with_one_line) {
       {"--deterministic", "maybe", NULL},
       {"--max-connections", "", NULL},
       {"--isa", "mmx", NULL},
+      {"--cpu-tune", "zen", NULL},
       {"--isa", "", NULL},
       {"--session-memory", "12Q", NULL},
       {"--session-memory", "-1", NULL},
@@ -728,6 +729,23 @@ Test(server, env_fallbacks) {
   http_post(&S, "/attention", "application/json", big, sizeof big, &r);
   expect_error(&r, 422, "missing_tensor", "2 KiB body under --max-body 1M, ATTND_MAX_BODY=1K");
   http_res_free(&r);
+}
+
+/* --cpu-tune: /v1/info's kernel detail says "intel tuning" under intel on
+ * the AVX-512 kernels (the only ones with its wide form), never under amd. */
+Test(server, cpu_tune_flag_reaches_the_kernel, .fini = teardown) {
+  const char *tunes[] = {"amd", "intel"};
+  for (int i = 0; i < 2; i++) {
+    srv_start(&S, "--cpu-tune", tunes[i], "--threads", "1", NULL);
+    http_res r;
+    cr_assert_eq(http_get(&S, "/v1/info", &r), 0);
+    const bool wide = strstr(r.body, "\"cpu (avx512") || strstr(r.body, "\"cpu (amx kernel");
+    cr_expect_eq(strstr(r.body, "intel tuning") != NULL, i == 1 && wide, "--cpu-tune %s: %s",
+                 tunes[i], r.body);
+    http_res_free(&r);
+    cr_expect_eq(srv_stop(&S, 30), 0);
+    srv_cleanup(&S);
+  }
 }
 
 /* --isa picks the CPU kernel: the startup line, /v1/info and /metrics name

@@ -36,7 +36,8 @@
  * and the instance table.
  *
  * Input scan. Every tile of Q, K and V is scanned for non-finite values and
- * its largest magnitude as it is loaded for compute, into a->seen; the
+ * its largest magnitude as it is loaded for compute (V, and F16's K, of a
+ * packed tile as the job's packing reads it), into a->seen; the
  * caller judges the job from that once every block has run (and discards
  * the output of a refused job). Compute on such inputs makes garbage but
  * never traps or loops longer. Paged K and V were checked when stored and
@@ -178,17 +179,29 @@ static void start_block(blk_ctx *c) {
     memset(c->ot + d * BQ, 0, (size_t)c->lanes * sizeof *c->ot);
 }
 
-/* The tile's K and V into a->seen, past the keys scanned already. Paged
- * K and V were checked when they were stored: never scanned here. */
-static void see_tile(const blk_ctx *c, int64_t j0, int64_t nkt) {
+/* Keys [s0, j1) of tensor t (1 K, 2 V) of the block's KV head into
+ * a->seen. Paged K and V were checked when they were stored: never. */
+static void see_keys(const blk_ctx *c, int t, int64_t s0, int64_t j1) {
   const attn_request *r = c->a->r;
-  const int64_t s0 = j0 > c->scan_from ? j0 : c->scan_from, ns = j0 + nkt - s0;
-  if (c->kpg || ns <= 0)
+  if (c->kpg || j1 <= s0)
     return;
   const size_t es = attn_dtype_size(r->dtype);
-  const int64_t kvh = c->blk->b * r->heads_kv + c->hk;
-  see(c->a, 1, kvh, c->kbase + (size_t)(s0 * r->k_stride[2]) * es, s0, ns, r->k_stride[2]);
-  see(c->a, 2, kvh, c->vbase + (size_t)(s0 * r->v_stride[2]) * es, s0, ns, r->v_stride[2]);
+  const int64_t stride = t == 1 ? r->k_stride[2] : r->v_stride[2];
+  const char *base = t == 1 ? c->kbase : c->vbase;
+  see(c->a, t, c->blk->b * r->heads_kv + c->hk, base + (size_t)(s0 * stride) * es, s0, j1 - s0,
+      stride);
+}
+
+/* The tile's K and V into a->seen, past the keys scanned already: by an
+ * earlier block, or (the keys of its packed tiles) by the job's packing,
+ * which reads V, and F16's K, anyway. */
+static void see_tile(const blk_ctx *c, int64_t j0, int64_t nkt) {
+  const attn_request *r = c->a->r;
+  const int64_t s0 = j0 > c->scan_from ? j0 : c->scan_from;
+  const int64_t packed = c->a->kvpack ? attn__flash_pack_tiles(r) * BK : 0;
+  const int64_t v0 = s0 > packed ? s0 : packed;
+  see_keys(c, 1, r->dtype == ATTN_F16 ? v0 : s0, j0 + nkt);
+  see_keys(c, 2, v0, j0 + nkt);
 }
 
 /* The tile's rows (kt, vt), and the next tile's (pk, pv, pn rows; pn 0 at
@@ -506,6 +519,28 @@ static void scan_keys(const attn__flash_args *a, int64_t b, int64_t hk, int64_t 
   see(a, 1, b * r->heads_kv + hk, k, j0, j1 - j0, r->k_stride[2]);
   see(a, 2, b * r->heads_kv + hk, v, j0, j1 - j0, r->v_stride[2]);
 }
+
+#if ATTN_AMX
+/* The job's packing phase: tiles t0 .. t1-1 of (b, hk) packed (pack_tile),
+ * each one's V (and F16's K, which it splits) scanned while in cache, so
+ * the blocks (see_tile) need not read them from memory again. */
+static void pack_keys(const attn__flash_args *a, int64_t b, int64_t hk, int64_t t0, int64_t t1,
+                      uint16_t *dst) {
+  const attn__flash_block blk = {.b = b, .j1 = a->r->seq_kv};
+  blk_ctx c = {.a = a, .blk = &blk, .hk = hk, .jhi = a->r->seq_kv - 1};
+  kv_head(&c);
+  for (int64_t t = t0; t < t1; t++) {
+    const int64_t j0 = t * BK, j1 = j0 + tile_len(&c, j0);
+    pack_tile(&c, j0, dst + (size_t)(t * attn__flash_pack_words(a->r)));
+    if (a->r->dtype == ATTN_F16)
+      see_keys(&c, 1, j0, j1);
+    see_keys(&c, 2, j0, j1);
+  }
+}
+#define PACK_KEYS pack_keys
+#else
+#define PACK_KEYS NULL
+#endif
 
 static void exp2_array(const float *x, float *y, int64_t n) {
   int64_t i = 0;

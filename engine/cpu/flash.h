@@ -119,9 +119,10 @@ typedef struct attn__flash_isa {
   const attn__bwd_kernel *bwd;
   /* NULL, or (amx) packs key tiles t0 .. t1-1 of (batch b, KV head hk)
    * into a->kvpack's layout at dst, the tiles of that head: tile t at dst +
-   * t·attn__flash_pack_words(r). Every block of the head then reads them
-   * instead of packing each tile itself; worth it when a head has several
-   * query blocks. */
+   * t·attn__flash_pack_words(r), and scans the V (F16: K and V) rows it
+   * reads into a->seen. Every block of the head then reads them instead of
+   * packing each tile itself, nor scans them again; worth it when a head
+   * has several query blocks. */
   void (*pack_keys)(const attn__flash_args *a, int64_t b, int64_t hk, int64_t t0, int64_t t1,
                     uint16_t *dst);
   /* Whether the instance has the wide F32 products (AVX-512: a->wide). */

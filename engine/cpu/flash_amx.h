@@ -538,15 +538,6 @@ static void pack_tile(blk_ctx *c, int64_t j0, uint16_t *dst) {
   split_rows(c->kt, c->kstep, nkt, D, dst + 2 * W, dst + 3 * W);
 }
 
-static void pack_keys(const attn__flash_args *a, int64_t b, int64_t hk, int64_t t0, int64_t t1,
-                      uint16_t *dst) {
-  const attn__flash_block blk = {.b = b, .j1 = a->r->seq_kv};
-  blk_ctx c = {.a = a, .blk = &blk, .hk = hk, .jhi = a->r->seq_kv - 1};
-  kv_head(&c);
-  for (int64_t t = t0; t < t1; t++)
-    pack_tile(&c, t * BK, dst + (size_t)(t * attn__flash_pack_words(a->r)));
-}
-#define PACK_KEYS pack_keys
 #else
 /* Without the tile unit c->amx is always false: never called. */
 static inline bool amx_tile(const blk_ctx *c, int64_t nkt) {
@@ -568,7 +559,6 @@ static inline bool amx_ok(const blk_ctx *c) {
   return false;
 }
 static inline void amx_load_q(blk_ctx *c) { (void)c; }
-#define PACK_KEYS NULL
 #endif
 
 #endif

@@ -269,6 +269,59 @@ Test(amx_kernel, rising_maxima) {
   cr_assert_eq(fails, 0, "%d cases failed", fails);
 }
 
+/* A value planted in K or V of a prefill whose keys the job packs (the
+ * packing scans the tiles it reads, the blocks the rest): the job is
+ * refused naming the first bad element, in a packed tile, in BF16's
+ * unpacked last part tile, in F16's K (which it splits) and padded last
+ * tile, and a magnitude the sum of V could overflow with. On the emulated
+ * and, where the CPU has it, the real tile unit. */
+typedef struct {
+  attn_dtype dt;
+  int tensor;        /* 1 K, 2 V */
+  int64_t key, key2; /* where the value goes; key2 >= 0: a second one, later */
+  float val;
+  const char *want; /* in the error message */
+} planted;
+
+static void plant(tcase *c, const planted *pl, int64_t key) {
+  const tprob *p = &c->p;
+  const size_t at = (size_t)(((1 * p->nkv) + key) * p->d + 5); /* KV head 1, element 5 */
+  attn_store_elem(pl->tensor == 1 ? c->k : c->v, p->dt, at, pl->val);
+}
+
+Test(amx_kernel, nonfinite_in_packed_keys) {
+  static const planted cases[] = {
+      {ATTN_BF16, 2, 70, -1, NAN, "tensor v holds a non-finite value at [0, 1, 70, 5]"},
+      {ATTN_BF16, 2, 150, 70, INFINITY, "tensor v holds a non-finite value at [0, 1, 70, 5]"},
+      {ATTN_BF16, 2, 195, -1, NAN, "tensor v holds a non-finite value at [0, 1, 195, 5]"},
+      {ATTN_BF16, 1, 130, -1, -INFINITY, "tensor k holds a non-finite value at [0, 1, 130, 5]"},
+      {ATTN_F16, 1, 130, -1, NAN, "tensor k holds a non-finite value at [0, 1, 130, 5]"},
+      {ATTN_F16, 2, 199, 3, INFINITY, "tensor v holds a non-finite value at [0, 1, 3, 5]"},
+      {ATTN_BF16, 2, 100, -1, 1e37f, "values could overflow float32"},
+  };
+  static const char *const isas[] = {"amxemu", "amx"};
+  for (int k = 0; k < 2; k++) {
+    attn_engine *e = topen_isa(isas[k], 2);
+    if (!e)
+      continue;
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+      const planted *pl = &cases[i];
+      tprob p = tprob_make(1, 4, 2, 200, 200, 64, pl->dt);
+      tcase c;
+      tcase_init(&c, &p, 9300 + (uint64_t)i);
+      plant(&c, pl, pl->key);
+      if (pl->key2 >= 0)
+        plant(&c, pl, pl->key2);
+      attn_status st = {0};
+      const int rc = trun(e, &c, "cpu", &st);
+      cr_expect(rc != 0 && strstr(st.message, pl->want), "%s case %zu: rc %d, \"%s\"", isas[k], i,
+                rc, st.message);
+      tcase_free(&c);
+    }
+    attn_engine_close(e);
+  }
+}
+
 /* Decoding: a GQA group's rows in one block, the keys split across items
  * and merged by their log-sum-exp. */
 Test(amx_kernel, decode_splits) {

@@ -312,7 +312,7 @@ static void finish_block(blk_ctx *c) {
   for (int64_t ii = 0; ii < c->nrows; ii++) {
     const int64_t h = blk->h0 + ii / nq, i = blk->i0 + ii % nq;
     double mm, ll;
-    const float inv = row_norm(c, ii, h, &mm, &ll);
+    const float inv = row_norm(c, ii, h, &mm, &ll) * (c->ofac ? c->ofac[ii] : 1.0f);
     float *row = blk->po ? blk->po + ii * D : c->kb;
     for (int64_t d = 0; d < D; d++)
       row[d] = orows[ii * D + d] * inv;

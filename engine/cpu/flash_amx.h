@@ -21,8 +21,9 @@
  * so P stays below 2^AMX_SLACK (exact enough in BF16's relative precision,
  * far from F32's range) and Oᵀ is rescaled on few tiles instead of every
  * one (on random data the running max moves on most early tiles). The true
- * max is tracked beside it, and amx_end brings O, l and m to it, so the
- * statistics are those of the eager form. Since the reference rarely
+ * max is tracked beside it, and amx_end brings l and m to it (O takes the
+ * factor with its normalization), so the statistics are those of the
+ * eager form. Since the reference rarely
  * moves, the exponentials are taken against it in the same pass that finds
  * the tile's max, and redone only where it must move: one read of the
  * scores instead of two. P·V waits for up to AMX_SLOTS
@@ -490,22 +491,23 @@ static void amx_o_rows(blk_ctx *c) {
   c->orows = c->vb;
 }
 
-/* O, l and m from the reference max to the true one (a lane whose max
- * stayed within the slack, or that a VDPBF16PS tile moved), then the tile
- * registers back. */
+/* l and m from the reference max to the true one (a lane whose max stayed
+ * within the slack, or that a VDPBF16PS tile moved), then the tile
+ * registers back. O owes the same factor: finish_block applies it with
+ * the normalization (c->ofac), instead of a pass over Oᵀ here. */
 static void amx_end(blk_ctx *c) {
   if (!c->amx)
     return;
   amx_flush(c);
   const float *mt = amx_mtrue(c);
-  for (int v = 0; v < c->nv; v++) { /* the factors in alpha, for scale_ot */
+  for (int v = 0; v < c->nv; v++) {
     const vf mo = vload(c->m + v * VL), mn = vmax(vload(mt + v * VL), mo);
     const vf f = vexp2(vsub(mo, vmax(mn, vset1(-FLT_MAX))));
     vstore(c->m + v * VL, mn);
     vstore(c->l + v * VL, vmul(vload(c->l + v * VL), f));
     vstore(c->alpha + v * VL, f);
   }
-  scale_ot(c, c->alpha);
+  c->ofac = c->alpha;
   amx_o_rows(c);
   _tile_release();
 }

@@ -289,16 +289,20 @@ static int plan_scan(cpu_job *cj) {
  * per pair (on Sapphire Rapids, 2 threads, H8 N4096: +2.5% at D=128, +2.9%
  * at D=64; N1024, whose K and V stay in L2: +2.2%). Only while there are
  * pairs enough to keep every thread busy, and never for packed heads or
- * split keys (decoding), nor BF16, F16 on a kernel that packs keys (amx:
- * its split tiles), or head dims past 128, which the kernel would run one
- * block after the other (flash.c's pair_ok). Either way the results are
- * the same bits.
+ * split keys (decoding), nor F16 on a kernel that packs keys (amx: its
+ * split tiles), nor BF16 but on that kernel (its tiles, up to head_dim
+ * 256, where K and packed Vᵀ of a head outgrow L2: 3-5 % on H8 N4096 at
+ * D 64 to 192), nor F32 and F16 past head_dim 128; which the kernel would
+ * otherwise run one block after the other (flash.c's pair_kind). Either
+ * way the results are the same bits.
  */
 static bool pairs_worth(const cpu_job *cj, int64_t heads) {
   const attn_request *r = &cj->job->req;
-  const bool split16 = r->dtype == ATTN_F16 && cj->s->isa->pack_keys;
-  return cj->s->intel && cj->hb == 1 && !cj->nsplit && r->dtype != ATTN_BF16 && !split16 &&
-         r->head_dim <= ATTN_FLASH_PAIR_MAX_D &&
+  const bool packs = cj->s->isa->pack_keys != NULL;
+  const bool f32 = r->dtype != ATTN_BF16 && !(r->dtype == ATTN_F16 && packs) &&
+                   r->head_dim <= ATTN_FLASH_PAIR_MAX_D;
+  const bool tiles = r->dtype == ATTN_BF16 && packs;
+  return cj->s->intel && cj->hb == 1 && !cj->nsplit && (f32 || tiles) &&
          heads * (cj->nqt / 2) >= 8 * attn_pool_threads(cj->s->pool);
 }
 

@@ -384,6 +384,26 @@ static void block_layout(blk_ctx *c, float *ws, bool second) {
   c->alpha = stats + 2 * BQ;
 }
 
+/* The second of two amx blocks in lockstep (rows_pair): Qᵀ, Oᵀ, m, l,
+ * alpha and the P slots (and true maxima) of its own, past all the first
+ * block and the dequantized tiles use; the score tile and the V workspace
+ * shared, as neither outlives a tile or the block's end once the job has
+ * packed Vᵀ (pair_kind). */
+static void block_layout_amx2(blk_ctx *c, float *ws) {
+  block_layout(c, ws, false);
+  const int64_t wd = c->wd;
+  c->qt = ws + ATTN_FLASH_WS_FLOATS_D(wd) + 2 * BK * wd;
+  c->ot = c->qt + wd * BQ;
+  c->m = c->ot + wd * BQ;
+  c->l = c->m + BQ;
+  c->alpha = c->l + BQ;
+  c->kb = c->alpha + BQ;
+}
+_Static_assert(ATTN_FLASH_WS_FLOATS_D(ATTN_CPU_NARROW_D) + 2 * BK * ATTN_CPU_NARROW_D +
+                       2 * ATTN_CPU_NARROW_D * BQ + 3 * BQ + BK * ATTN_CPU_NARROW_D <=
+                   ATTN_FLASH_WS_FLOATS,
+               "two amx blocks of the narrow layout fit one worker's workspace");
+
 /* Which products the block's rows take (BF16 ones, the few-rows paths,
  * AMX tiles): for block_begin, and for pair_ok before any block begins. */
 static void block_kind(blk_ctx *c) {
@@ -464,16 +484,18 @@ static void rows_one(const attn__flash_args *a, const attn__flash_block *blk, fl
  * both blocks while it is in cache, so they come from memory (L3) once
  * per pair instead of once per block. Each block still takes its own
  * tiles in its own order (the one with the smaller next key goes first),
- * so its arithmetic, and its output, is that of rows_one. Only the F32
- * products in the transposed layout keep nothing of their own in the
- * per-tile arrays between tiles, which the two blocks share; other paths,
- * and head dims past ATTN_FLASH_PAIR_MAX_D, run the blocks one after the
- * other.
+ * so its arithmetic, and its output, is that of rows_one (pair_kind says
+ * which paths can). The AMX tiles stay configured until both are done.
  */
-static void rows_pair(const attn__flash_args *a, const attn__flash_block *blk, float *ws) {
+static void rows_pair(const attn__flash_args *a, const attn__flash_block *blk, float *ws,
+                      bool amx) {
   blk_ctx c[2] = {{.a = a, .blk = &blk[0]}, {.a = a, .blk = &blk[1]}};
   block_layout(&c[0], ws, false);
-  block_layout(&c[1], ws, true);
+  if (amx)
+    block_layout_amx2(&c[1], ws);
+  else
+    block_layout(&c[1], ws, true);
+  c[0].keep_tiles = c[1].keep_tiles = amx;
   block_begin(&c[0]);
   block_begin(&c[1]);
   int64_t j[2] = {c[0].jlo, c[1].jlo};
@@ -488,19 +510,33 @@ static void rows_pair(const attn__flash_args *a, const attn__flash_block *blk, f
   }
   block_end(&c[0]);
   block_end(&c[1]);
+#if ATTN_AMX
+  if (amx)
+    _tile_release();
+#endif
 }
 
-/* Whether the block takes the F32 products in the transposed layout (not
- * AMX's F16 split), and its half of the workspace is enough (block_layout). */
-static bool pair_ok(const attn__flash_args *a, const attn__flash_block *blk) {
+enum { PAIR_NONE, PAIR_F32, PAIR_AMX };
+
+/* How a block can run in lockstep with another: the F32 products in the
+ * transposed layout keep nothing of their own in the per-tile arrays
+ * between tiles, so two share them, each in half the workspace (up to
+ * ATTN_FLASH_PAIR_MAX_D); BF16 blocks on AMX tiles keep their P slots, so
+ * the second takes its own arrays (block_layout_amx2), and only where the
+ * job packed Vᵀ (the V workspace is then free between tiles). */
+static int pair_kind(const attn__flash_args *a, const attn__flash_block *blk) {
   blk_ctx c = {.a = a, .blk = blk};
   block_kind(&c);
-  return !c.bf16dp && !c.rowf && !c.amx16 && a->r->head_dim <= ATTN_FLASH_PAIR_MAX_D;
+  if (c.amx && !c.amx16 && a->kvpack && attn__cpu_ws_d(a->r->head_dim) == ATTN_CPU_NARROW_D)
+    return PAIR_AMX;
+  return !c.bf16dp && !c.rowf && !c.amx16 && a->r->head_dim <= ATTN_FLASH_PAIR_MAX_D ? PAIR_F32
+                                                                                     : PAIR_NONE;
 }
 
 static void rows(const attn__flash_args *a, const attn__flash_block *blk, int nblk, void *ws) {
-  if (nblk == 2 && pair_ok(a, &blk[0]) && pair_ok(a, &blk[1])) {
-    rows_pair(a, blk, ws);
+  const int kind = nblk == 2 ? pair_kind(a, &blk[0]) : PAIR_NONE;
+  if (kind != PAIR_NONE && pair_kind(a, &blk[1]) == kind) {
+    rows_pair(a, blk, ws, kind == PAIR_AMX);
     return;
   }
   for (int i = 0; i < nblk; i++)

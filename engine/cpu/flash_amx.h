@@ -493,8 +493,8 @@ static void amx_o_rows(blk_ctx *c) {
 
 /* l and m from the reference max to the true one (a lane whose max stayed
  * within the slack, or that a VDPBF16PS tile moved), then the tile
- * registers back. O owes the same factor: finish_block applies it with
- * the normalization (c->ofac), instead of a pass over Oᵀ here. */
+ * registers back (unless a block in lockstep with it still runs). O owes the same factor:
+ * finish_block applies it with the normalization (c->ofac), instead of a pass over Oᵀ here. */
 static void amx_end(blk_ctx *c) {
   if (!c->amx)
     return;
@@ -509,7 +509,8 @@ static void amx_end(blk_ctx *c) {
   }
   c->ofac = c->alpha;
   amx_o_rows(c);
-  _tile_release();
+  if (!c->keep_tiles)
+    _tile_release();
 }
 
 /* nkt F16 rows at src (step elements apart) split into BK hi and lo rows

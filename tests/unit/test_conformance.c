@@ -200,7 +200,9 @@ static void same_bits_tuned(const char *isa, tprob p) {
  * (head dims and tiles that leave partial blocks), V prefetched, and items
  * of two query blocks (enough heads and blocks per thread for them; an odd
  * block count leaves a single one; windows give the pair different key
- * ranges), under masks, GQA, variants and all three dtypes.
+ * ranges), under masks, GQA, variants and all three dtypes; on amx (and
+ * amxemu) BF16's two blocks run on the tiles in lockstep, each with P
+ * slots of its own (causal, GQA over more keys, head_dim 128 to 256).
  */
 Test(conformance, tunings_same_bits, .timeout = 300) {
   for (int isa = 2; isa < NISAS; isa++) {
@@ -218,9 +220,21 @@ Test(conformance, tunings_same_bits, .timeout = 300) {
     p.alibi = 1;
     p.stats = true;
     same_bits_tuned(isas[isa], p);
-    p = tprob_make(1, 8, 8, 600, 600, 64, ATTN_BF16);
-    p.stats = true;
-    same_bits_tuned(isas[isa], p);
+    static const struct {
+      int64_t b, hq, hkv, nq, nkv, d;
+      bool causal;
+      double softcap;
+    } bf[] = {{1, 8, 8, 600, 600, 64, false, 0},
+              {1, 8, 8, 1100, 1100, 192, true, 0},
+              {2, 8, 2, 700, 900, 128, true, 20},
+              {1, 4, 4, 530, 530, 256, false, 0}};
+    for (size_t i = 0; i < sizeof bf / sizeof *bf; i++) {
+      p = tprob_make(bf[i].b, bf[i].hq, bf[i].hkv, bf[i].nq, bf[i].nkv, bf[i].d, ATTN_BF16);
+      p.causal = bf[i].causal;
+      p.softcap = bf[i].softcap;
+      p.stats = true;
+      same_bits_tuned(isas[isa], p);
+    }
   }
 }
 

@@ -67,7 +67,7 @@ int tool_arg_int(const char *flag, const char *s, int lo, int hi, int *out) {
 }
 
 int tool_arg_tune(const char *flag, const char *s) {
-  if (s && (!strcmp(s, "auto") || !strcmp(s, "intel") || !strcmp(s, "amd")))
+  if (s && *s && attn_cpu_tune_known(s))
     return 0;
   fprintf(stderr, "attn: %s expects auto, intel or amd (got \"%s\")\n", flag, s ? s : "");
   return -1;

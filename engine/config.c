@@ -1,5 +1,6 @@
 /*
- * config.c — attn_config's defaults, and the one field it parses.
+ * config.c — attn_config's defaults, the field it parses and the names
+ * one field takes.
  */
 #include "engine.h"
 
@@ -10,6 +11,10 @@
 void attn_config_init(attn_config *cfg) {
   memset(cfg, 0, sizeof *cfg);
   cfg->reference_max_bytes = (uint64_t)256 << 20;
+}
+
+bool attn_cpu_tune_known(const char *name) {
+  return !name || !*name || !strcmp(name, "auto") || !strcmp(name, "intel") || !strcmp(name, "amd");
 }
 
 int attn_cuda_devices_parse(const char *spec, int *ord, int cap, attn_status *st) {

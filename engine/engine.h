@@ -538,6 +538,10 @@ typedef struct attn_config {
 
 void attn_config_init(attn_config *cfg);
 
+/* Whether attn_config.cpu_tune takes name: auto, intel or amd (NULL and ""
+ * mean auto), for the tools that check a flag before opening an engine. */
+bool attn_cpu_tune_known(const char *name);
+
 /* Most CUDA devices one engine drives. */
 #define ATTN_MAX_CUDA_DEVICES 16
 

@@ -45,7 +45,7 @@ static int apply_isa(attnd_config *c, const char *what, const char *v) {
 }
 
 static int apply_cpu_tune(attnd_config *c, const char *what, const char *v) {
-  if (strcmp(v, "auto") && strcmp(v, "intel") && strcmp(v, "amd"))
+  if (!*v || !attn_cpu_tune_known(v)) /* "" would be auto to the engine, not to a flag */
     return attnd__cfg_bad(what, v, "auto, intel or amd");
   snprintf(c->cpu_tune, sizeof c->cpu_tune, "%s", v);
   return 0;

@@ -482,6 +482,9 @@ static void amx_self_check(cpu_state *s) {
 
 /* Whether to use the intel tuning (attn_config.cpu_tune). */
 static int tune_select(const char *want, bool *intel, attn_status *st) {
+  if (!attn_cpu_tune_known(want))
+    return attn_status_set(st, ATTN_EINVAL,
+                           "unknown CPU tuning \"%.40s\" (choose auto, intel or amd)", want);
   if (!want || !*want || strcmp(want, "auto") == 0) {
 #if defined(__x86_64__)
     __builtin_cpu_init();
@@ -491,12 +494,8 @@ static int tune_select(const char *want, bool *intel, attn_status *st) {
 #endif
     return 0;
   }
-  if (strcmp(want, "intel") == 0 || strcmp(want, "amd") == 0) {
-    *intel = want[0] == 'i';
-    return 0;
-  }
-  return attn_status_set(st, ATTN_EINVAL,
-                         "unknown CPU tuning \"%.40s\" (choose auto, intel or amd)", want);
+  *intel = strcmp(want, "intel") == 0;
+  return 0;
 }
 
 static int cpu_open(const attn_backend_env *env, void **pstate, attn_status *st) {

@@ -162,6 +162,16 @@ Test(compute, bad_inputs_exit_2, .init = setup, .fini = teardown) {
   tcase_free(&c);
 }
 
+/* attn compute with args, which must succeed: OUT's bytes (outp), their
+ * length in *len. */
+static char *run_read(const char *args, const char *outp, size_t *len) {
+  char msg[4096];
+  cr_assert_eq(run(args, msg, sizeof msg), 0, "%s", msg);
+  char *out = read_bytes(outp, len);
+  cr_assert(out);
+  return out;
+}
+
 /* --isa picks the CPU kernel; generic runs everywhere, a name the engine
  * does not know is a usage error (exit 2, one message). */
 Test(compute, isa_flag, .init = setup, .fini = teardown) {
@@ -171,10 +181,8 @@ Test(compute, isa_flag, .init = setup, .fini = teardown) {
   char in[128], outp[128], args[400], msg[4096];
   write_case(&c, NULL, in, outp);
   snprintf(args, sizeof args, "%s %s --isa generic", in, outp);
-  cr_assert_eq(run(args, msg, sizeof msg), 0, "%s", msg);
   size_t olen = 0;
-  char *out = read_bytes(outp, &olen);
-  cr_assert(out);
+  char *out = run_read(args, outp, &olen);
   memcpy(c.o, tensor_data(out, olen, "o"), (size_t)(2 * 17 * 40) * 4);
   cr_expect_lt(tcheck(&c).o, 1e-5);
   free(out);
@@ -199,9 +207,7 @@ Test(compute, cpu_tune_flag, .init = setup, .fini = teardown) {
   const char *tunes[] = {"amd", "intel"};
   for (int i = 0; i < 2; i++) {
     snprintf(args, sizeof args, "%s %s --cpu-tune %s", in, outp, tunes[i]);
-    cr_assert_eq(run(args, msg, sizeof msg), 0, "%s", msg);
-    out[i] = read_bytes(outp, &olen[i]);
-    cr_assert(out[i]);
+    out[i] = run_read(args, outp, &olen[i]);
   }
   cr_expect(olen[0] == olen[1] && !memcmp(out[0], out[1], olen[0]), "amd and intel differ");
   memcpy(c.o, tensor_data(out[1], olen[1], "o"), (size_t)(8 * 256 * 64) * 4);

@@ -163,8 +163,7 @@ static void start_block(blk_ctx *c) {
   }
   if (c->amx || c->amxrows) /* every lane's Q pairs at once */
     amx_load_q(c);
-  if (c->amx) /* Oᵀ zeroed whole */
-    memset(c->ot, 0, (size_t)(D * BQ) * sizeof *c->ot);
+  c->ot_zero = c->amx; /* zeroed on first use (amx_ot_touch, amx_values22) */
   /* rf_begin, amx_load_q lay out Q and O themselves; rw_* read Q in place
    * and keep O as rows, ar_* on tiles, until the block's end. */
   if (c->rowf || c->amx || c->rowwise)
@@ -259,6 +258,7 @@ static void tile_step(blk_ctx *c, int64_t j0, int64_t nkt) {
     return;
   }
   amx_flush(c); /* the AMX tiles' P·V before this one touches Oᵀ */
+  amx_ot_touch(c);
   const float *vp = NULL;
   int64_t ldv = 0;
   if (c->rowf)

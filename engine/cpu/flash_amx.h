@@ -245,7 +245,14 @@ static void amx_scores(blk_ctx *c, int64_t j0) {
  * its P pairs at amx_pslot (a part per term). */
 static void amx_values22(blk_ctx *c, int64_t db, int v, bool two) {
   float *o = c->ot + db * 16 * BQ + v * 16;
-  amx_load22(o, two);
+  if (c->ot_zero) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  } else {
+    amx_load22(o, two);
+  }
   const int64_t D = c->a->r->head_dim;
   for (int g = c->pbase; g < c->pbase + c->npend; g++)
     for (int t = 0; t < amx_nterms(c); t++) {
@@ -267,14 +274,27 @@ static void amx_values22(blk_ctx *c, int64_t db, int v, bool two) {
   amx_store22(o, two);
 }
 
+/* Oᵀ's memory zeroed for a path that reads it (a VDPBF16PS tile, O's rows)
+ * while no P·V has written it: an amx block starts from zero tiles instead
+ * (amx_values22), without a pass over Oᵀ (32 KiB at D128), nor a rescale of
+ * it when the first tiles move the max. */
+static inline void amx_ot_touch(blk_ctx *c) {
+  if (!c->ot_zero)
+    return;
+  memset(c->ot, 0, (size_t)(c->a->r->head_dim * BQ) * sizeof *c->ot);
+  c->ot_zero = false;
+}
+
 /* Oᵀ += the pending tiles' products, which share one reference max: a
  * longer sum per accumulator tile loaded and stored. */
 static void amx_flush(blk_ctx *c) {
   const int64_t D = c->a->r->head_dim;
-  if (c->npend)
+  if (c->npend) {
     for (int64_t db = 0; db < D / 16; db += 2)
       for (int v = 0; v < c->nv; v += 2)
         amx_values22(c, db, v, v + 1 < c->nv);
+    c->ot_zero = false;
+  }
   c->pbase += c->npend;
   c->npend = 0;
 }
@@ -327,16 +347,27 @@ static vf amx_max(const blk_ctx *c, int v) {
   return vmax(vmax(m4[0], m4[1]), vmax(m4[2], m4[3]));
 }
 
-/* Part `part` of `parts` of the next tile's K rows into L1 (and its V rows
- * into L2 when the job packed no Vᵀ; a packed one streams in order): the
- * scores stalled on their first tile loads without it. */
+/* Part `part` of `parts` of the next tile's operands. A packed tile (Vᵀ,
+ * 16 KiB at D128; F16's four parts) into L2: the P·V products read each slot's Vᵀ in 4 KiB pieces a
+ * page apart, which the hardware prefetcher does not follow, and stalled on
+ * L3. Its K is then left to the hardware: prefetching it too, into L1 or
+ * L2, measured no faster (a K tile kept hot, on purpose, made no
+ * difference either). Unpacked rows: K into L1, where the scores stalled
+ * on their first tile loads without it, and V into L2. */
 static inline void amx_prefetch(const blk_ctx *c, int64_t part, int64_t parts) {
   const size_t row = (size_t)c->a->r->head_dim * 2;
+  if (c->pvt) {
+    const char *v = (const char *)c->pvt;
+    const size_t n = (size_t)attn__flash_pack_words(c->a->r) * 2;
+    for (size_t b = (size_t)part * n / (size_t)parts; b < (size_t)(part + 1) * n / (size_t)parts;
+         b += 64)
+      _mm_prefetch(v + b, _MM_HINT_T1);
+    return;
+  }
   for (int64_t j = part * c->pn / parts; j < (part + 1) * c->pn / parts; j++)
     for (size_t b = 0; b < row; b += 64) {
       _mm_prefetch(c->pk + (size_t)(j * c->pks) * 2 + b, _MM_HINT_T0);
-      if (!c->pvt)
-        _mm_prefetch(c->pv + (size_t)(j * c->pvs) * 2 + b, _MM_HINT_T1);
+      _mm_prefetch(c->pv + (size_t)(j * c->pvs) * 2 + b, _MM_HINT_T1);
     }
 }
 
@@ -476,7 +507,8 @@ static void amx_step(blk_ctx *c, int64_t j0, int64_t nkt, bool full) {
   const int slot = c->pbase + c->npend;
   if (amx_softmax(c, sc, slot)) { /* the pending tiles are relative to the old max */
     amx_flush(c);
-    scale_ot(c, c->alpha);
+    if (!c->ot_zero) /* a block's first tiles: nothing to rescale yet */
+      scale_ot(c, c->alpha);
   }
   amx_slot_v(c, slot, j0);
   c->npend++;
@@ -508,6 +540,7 @@ static void amx_end(blk_ctx *c) {
     vstore(c->alpha + v * VL, f);
   }
   c->ofac = c->alpha;
+  amx_ot_touch(c);
   amx_o_rows(c);
   if (!c->keep_tiles)
     _tile_release();
@@ -551,6 +584,7 @@ static inline void amx_step(blk_ctx *c, int64_t j0, int64_t nkt, bool full) {
   (void)c, (void)j0, (void)nkt, (void)full;
 }
 static inline void amx_flush(blk_ctx *c) { (void)c; }
+static inline void amx_ot_touch(blk_ctx *c) { (void)c; }
 static inline void amx_begin(blk_ctx *c) { (void)c; }
 static inline void amx_end(blk_ctx *c) { (void)c; }
 static inline bool amx16_ok(const blk_ctx *c) {

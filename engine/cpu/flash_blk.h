@@ -63,6 +63,7 @@ typedef struct blk_ctx {
   const float *orows;       /* O as rows ([nrows][D]), or NULL: read Oᵀ */
   const float *ofac;        /* a factor per row O still owes (amx_end), or NULL */
   bool keep_tiles;          /* amx_end leaves the tiles configured (rows_pair) */
+  bool ot_zero;             /* Oᵀ not written yet: zero, though its memory is not */
   /* Quantized pages (attn_request.kv_quant): BK rows of head_dim elements
    * each for the tile's K and V dequantized (dq_tile), which kt and vt
    * then point at. */

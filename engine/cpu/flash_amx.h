@@ -391,40 +391,51 @@ static inline vf amx_exp2(vf x) {
 
 /* P = 2^(sc·s − mu) for vector v's lanes of the tile, packed as BF16 key
  * pairs in slot `slot` of c->kb ([BK/2][BQ] words, as dp_pack_p lays them
- * out); returns their sum, and the raw scores' max in *mx when asked. */
-static vf amx_exp_pass(blk_ctx *c, int v, float sc, vf mu, int slot, vf *mx) {
+ * out); returns their sum, and the raw scores' max in *mx when asked.
+ * f16 and mx constant in each caller's copy (amx_exp_pass): the loop then
+ * tests neither, nor the prefetch's turn, on each key pair. */
+INLINE vf amx_exp_pass_as(blk_ctx *c, int v, float sc, vf mu, int slot, vf *mx, const bool f16) {
   const __m512i idx = amx_pair_idx();
   uint32_t *pp = amx_pslot(c, slot, 0), *pl = amx_pslot(c, slot, 1);
   const vf scv = vset1(sc);
   vf sum0 = vset1(0.0f), sum1 = vset1(0.0f), mx0 = vset1(-INFINITY), mx1 = mx0;
-  for (int64_t jp = 0; jp < BK / 2; jp++) {
-    if (jp % 8 == 0) /* the next tile's K and V, over the exponentials */
-      amx_prefetch(c, v * 4 + jp / 8, c->nv * 4);
-    const float *s = c->st + 2 * jp * BQ + v * VL;
-    const vf s0 = vload(s), s1 = vload(s + BQ);
-    if (mx) {
-      mx0 = vmax(mx0, s0);
-      mx1 = vmax(mx1, s1);
+  for (int64_t j8 = 0; j8 < BK / 2; j8 += 8) {
+    amx_prefetch(c, v * 4 + j8 / 8, c->nv * 4); /* the next tile's, over the exponentials */
+    for (int64_t jp = j8; jp < j8 + 8; jp++) {
+      const float *s = c->st + 2 * jp * BQ + v * VL;
+      const vf s0 = vload(s), s1 = vload(s + BQ);
+      if (mx) {
+        mx0 = vmax(mx0, s0);
+        mx1 = vmax(mx1, s1);
+      }
+      const vf x0 = _mm512_fmsub_ps(s0, scv, mu), x1 = _mm512_fmsub_ps(s1, scv, mu);
+      vf p0 = f16 ? vexp2(x0) : amx_exp2(x0), p1 = f16 ? vexp2(x1) : amx_exp2(x1);
+      sum0 = vadd(sum0, p0);
+      sum1 = vadd(sum1, p1);
+      if (f16) { /* hi truncated (exact in BF16), lo the rest, rounded */
+        const __m512i hm = _mm512_set1_epi32((int)0xffff0000u);
+        const vf h0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(p0), hm));
+        const vf h1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(p1), hm));
+        const __m512i w = (__m512i)_mm512_cvtne2ps_pbh(vsub(p1, h1), vsub(p0, h0));
+        _mm512_storeu_si512(pl + jp * BQ + v * VL, _mm512_permutexvar_epi16(idx, w));
+        p0 = h0;
+        p1 = h1;
+      }
+      const __m512i w = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);
+      _mm512_storeu_si512(pp + jp * BQ + v * VL, _mm512_permutexvar_epi16(idx, w));
     }
-    const vf x0 = _mm512_fmsub_ps(s0, scv, mu), x1 = _mm512_fmsub_ps(s1, scv, mu);
-    vf p0 = c->amx16 ? vexp2(x0) : amx_exp2(x0), p1 = c->amx16 ? vexp2(x1) : amx_exp2(x1);
-    sum0 = vadd(sum0, p0);
-    sum1 = vadd(sum1, p1);
-    if (c->amx16) { /* hi truncated (exact in BF16), lo the rest, rounded */
-      const __m512i hm = _mm512_set1_epi32((int)0xffff0000u);
-      const vf h0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(p0), hm));
-      const vf h1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(p1), hm));
-      const __m512i w = (__m512i)_mm512_cvtne2ps_pbh(vsub(p1, h1), vsub(p0, h0));
-      _mm512_storeu_si512(pl + jp * BQ + v * VL, _mm512_permutexvar_epi16(idx, w));
-      p0 = h0;
-      p1 = h1;
-    }
-    const __m512i w = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);
-    _mm512_storeu_si512(pp + jp * BQ + v * VL, _mm512_permutexvar_epi16(idx, w));
   }
   if (mx)
     *mx = vmax(mx0, mx1);
   return vadd(sum0, sum1);
+}
+
+static vf amx_exp_pass(blk_ctx *c, int v, float sc, vf mu, int slot, vf *mx) {
+  if (c->amx16)
+    return mx ? amx_exp_pass_as(c, v, sc, mu, slot, mx, true)
+              : amx_exp_pass_as(c, v, sc, mu, slot, NULL, true);
+  return mx ? amx_exp_pass_as(c, v, sc, mu, slot, mx, false)
+            : amx_exp_pass_as(c, v, sc, mu, slot, NULL, false);
 }
 
 /* The whole tile's softmax into slot `slot`, summed into l. A vector of

@@ -57,17 +57,19 @@ static inline bool amx_tile(const blk_ctx *c, int64_t nkt) {
   return c->amx16 || (c->amx && nkt == BK);
 }
 
-/* Tiles whose P·V waits (slots of P pairs and Vᵀ): at most 4, as many as
- * the V workspace holds at this head_dim (F16: 2, its P has two parts). */
+/* Tiles whose P·V waits (slots of P pairs and Vᵀ): 4 (F16: 2, its P has
+ * two parts). A slot reads the job's packed Vᵀ in place; a tile's Vᵀ
+ * transposed where nothing was packed (amx_slot_v) takes a slot's place in
+ * the V workspace, which holds amx_vfit of them (2 at D192 and D256), so
+ * such a tile may wait with fewer. Four at D192 rather than two: 0.95 of
+ * the time on two threads, once the next Vᵀ was prefetched (amx_prefetch). */
 enum { AMX_SLOTS = 4 };
 _Static_assert(sizeof(((blk_ctx *)0)->vslot) / sizeof(const uint16_t *) == AMX_SLOTS,
                "blk_ctx.vslot holds a pointer per slot");
 
-static inline int amx_slots(const blk_ctx *c) {
-  const int64_t fit = 2 * c->wd / c->a->r->head_dim;
-  const int most = c->amx16 ? AMX_SLOTS / 2 : AMX_SLOTS;
-  return fit < most ? (int)fit : most;
-}
+static inline int amx_slots(const blk_ctx *c) { return c->amx16 ? AMX_SLOTS / 2 : AMX_SLOTS; }
+
+static inline int amx_vfit(const blk_ctx *c) { return (int)(2 * c->wd / c->a->r->head_dim); }
 
 /* Part `part` (0 hi, 1 lo) of slot g's P pairs in the K workspace. */
 static inline uint32_t *amx_pslot(const blk_ctx *c, int g, int part) {
@@ -511,7 +513,8 @@ static void amx_step(blk_ctx *c, int64_t j0, int64_t nkt, bool full) {
   for (int64_t j = nkt; j < BK; j++) /* an F16 tile's padding keys, after the variants */
     for (int v = 0; v < c->nv; v++)
       vstore(c->st + j * BQ + v * VL, vset1(-INFINITY));
-  if (c->pbase + c->npend == amx_slots(c)) {
+  const int used = c->pbase + c->npend;
+  if (used == amx_slots(c) || (used >= amx_vfit(c) && !amx_packed(c, j0))) {
     amx_flush(c);
     c->pbase = 0;
   }

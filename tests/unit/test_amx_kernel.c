@@ -431,10 +431,16 @@ Test(amx_kernel, paged_kv) {
     int64_t hq, hkv, nq, nkv, d, pt, wl;
     bool causal;
   } v[] = {
-      {4, 2, 130, 300, 128, 64, -1, true}, {2, 1, 80, 200, 64, 128, 50, false},
-      {8, 2, 3, 1100, 128, 64, -1, true},  {4, 4, 65, 257, 256, 128, -1, false},
+      {4, 2, 130, 300, 128, 64, -1, true},
+      {2, 1, 80, 200, 64, 128, 50, false},
+      {8, 2, 3, 1100, 128, 64, -1, true},
+      {4, 4, 65, 257, 256, 128, -1, false},
       {8, 2, 1, 1100, 128, 64, 300, true}, /* few rows: a window's partial tiles */
       {2, 2, 1, 700, 96, 128, -1, false},
+      /* pages of 224 keys at D192: four P·V slots, packed tiles and whole
+       * tiles off the packed grid (transposed per tile, at most two in the
+       * V workspace) waiting together */
+      {4, 2, 200, 700, 192, 224, -1, true},
   };
   int fails = 0;
   for (int i = 0; i < (int)(sizeof v / sizeof *v); i++) {

@@ -350,11 +350,11 @@ static vf amx_max(const blk_ctx *c, int v) {
 }
 
 /* Part `part` of `parts` of the next tile's operands. A packed tile (Vᵀ,
- * 16 KiB at D128; F16's four parts) into L2: the P·V products read each slot's Vᵀ in 4 KiB pieces a
- * page apart, which the hardware prefetcher does not follow, and stalled on
- * L3. Its K is then left to the hardware: prefetching it too, into L1 or
- * L2, measured no faster (a K tile kept hot, on purpose, made no
- * difference either). Unpacked rows: K into L1, where the scores stalled
+ * 16 KiB at D128; F16's four parts) into L2: P·V reads each waiting
+ * slot's Vᵀ in 4 KiB pieces a page apart, which the hardware prefetcher
+ * does not follow, and stalled on L3. Its K is then left to the hardware:
+ * prefetched too, into L1 or L2, it measured no faster (nor did a K tile
+ * kept hot on purpose). Unpacked rows: K into L1, where the scores stalled
  * on their first tile loads without it, and V into L2. */
 static inline void amx_prefetch(const blk_ctx *c, int64_t part, int64_t parts) {
   const size_t row = (size_t)c->a->r->head_dim * 2;

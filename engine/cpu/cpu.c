@@ -363,8 +363,14 @@ static void plan_pack(cpu_job *cj) {
   const int64_t ntiles = attn__flash_pack_tiles(r), heads = r->batch * r->heads_kv;
   const int64_t words = attn__flash_pack_words(r);
   const bool worth = cj->ncompute >= 2 * heads && cj->hb * r->seq_q > PACK_MIN_ROWS;
+  /* Pages off the tiles' grid (page_tokens is a multiple of 16): a tile
+   * that crosses a page is partial to the blocks, but its packing read
+   * past the page, and F16's split tiles, which take every tile from the
+   * copy, found none for the tiles after it (a NULL read). */
+  const bool grid = !r->k_pages || r->page_tokens % ATTN_FLASH_BK == 0;
   if (!cj->s->isa->pack_keys || !words || cj->nsplit || cj->args.wl >= 0 || ntiles == 0 || !worth ||
-      cj->job->here || r->kv_quant) /* quantized tiles are read per block (dq_tile, rf_quant) */
+      !grid || cj->job->here ||
+      r->kv_quant) /* quantized tiles are read per block (dq_tile, rf_quant) */
     return;
   cj->kvpack = malloc((size_t)(heads * ntiles * words) * sizeof *cj->kvpack);
   if (!cj->kvpack) /* the blocks pack their own tiles (F16: take F32) */

@@ -408,8 +408,8 @@ static void paged_make(paged *pg, tcase *c, int64_t pt) {
   r->k = r->v = NULL;
   const size_t nk = (size_t)(heads * p->nkv * p->d);
   for (size_t i = 0; i < nk; i++) {
-    r->kv_absmax[0] = fmaxf(r->kv_absmax[0], fabsf((float)attn_load_elem(c->k, ATTN_BF16, i)));
-    r->kv_absmax[1] = fmaxf(r->kv_absmax[1], fabsf((float)attn_load_elem(c->v, ATTN_BF16, i)));
+    r->kv_absmax[0] = fmaxf(r->kv_absmax[0], fabsf((float)attn_load_elem(c->k, p->dt, i)));
+    r->kv_absmax[1] = fmaxf(r->kv_absmax[1], fabsf((float)attn_load_elem(c->v, p->dt, i)));
   }
 }
 
@@ -430,21 +430,30 @@ Test(amx_kernel, paged_kv) {
   static const struct {
     int64_t hq, hkv, nq, nkv, d, pt, wl;
     bool causal;
+    attn_dtype dt;
+    tiles want; /* TILES_ANY: want_of */
   } v[] = {
-      {4, 2, 130, 300, 128, 64, -1, true},
-      {2, 1, 80, 200, 64, 128, 50, false},
-      {8, 2, 3, 1100, 128, 64, -1, true},
-      {4, 4, 65, 257, 256, 128, -1, false},
-      {8, 2, 1, 1100, 128, 64, 300, true}, /* few rows: a window's partial tiles */
-      {2, 2, 1, 700, 96, 128, -1, false},
-      /* pages of 224 keys at D192: four P·V slots, packed tiles and whole
-       * tiles off the packed grid (transposed per tile, at most two in the
-       * V workspace) waiting together */
-      {4, 2, 200, 700, 192, 224, -1, true},
+      {4, 2, 130, 300, 128, 64, -1, true, ATTN_BF16, TILES_ANY},
+      {2, 1, 80, 200, 64, 128, 50, false, ATTN_BF16, TILES_ANY},
+      {8, 2, 3, 1100, 128, 64, -1, true, ATTN_BF16, TILES_ANY},
+      {4, 4, 65, 257, 256, 128, -1, false, ATTN_BF16, TILES_ANY},
+      /* few rows: a window's partial tiles */
+      {8, 2, 1, 1100, 128, 64, 300, true, ATTN_BF16, TILES_ANY},
+      {2, 2, 1, 700, 96, 128, -1, false, ATTN_BF16, TILES_ANY},
+      /* pages off the 64-key tiles' grid (a multiple of 16 keys, as a
+       * session's pages at D192 are): tiles that cross a page; the job packs
+       * nothing (its packing read past the page), so every whole tile's Vᵀ
+       * is transposed per step, at most two waiting at D192 */
+      {4, 2, 200, 700, 192, 224, -1, true, ATTN_BF16, TILES_ANY},
+      /* F16 on pages: split on the tiles where the pages keep to the grid,
+       * else on F32 (its split tiles need every tile packed: off the grid
+       * a block crashed on the first tile past a page) */
+      {4, 2, 200, 300, 128, 64, -1, true, ATTN_F16, TILES_USED},
+      {4, 2, 200, 700, 96, 336, -1, true, ATTN_F16, TILES_UNUSED},
   };
   int fails = 0;
   for (int i = 0; i < (int)(sizeof v / sizeof *v); i++) {
-    tprob p = tprob_make(1 + i % 2, v[i].hq, v[i].hkv, v[i].nq, v[i].nkv, v[i].d, ATTN_BF16);
+    tprob p = tprob_make(1 + i % 2, v[i].hq, v[i].hkv, v[i].nq, v[i].nkv, v[i].d, v[i].dt);
     p.causal = v[i].causal;
     p.wl = v[i].wl;
     p.stats = true;
@@ -457,7 +466,8 @@ Test(amx_kernel, paged_kv) {
     const int64_t before = tamx_dpbf16ps_count();
     int rc = trun(e, &c, "cpu", &st);
     c.req = dense; /* the reference reads the dense K and V */
-    fails += judge(&c, rc, &st, tamx_dpbf16ps_count() - before, want_of(&p), "amxemu paged");
+    fails += judge(&c, rc, &st, tamx_dpbf16ps_count() - before, v[i].want ? v[i].want : want_of(&p),
+                   "amxemu paged");
     paged_free(&pg);
     tcase_free(&c);
   }

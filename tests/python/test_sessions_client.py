@@ -1,8 +1,9 @@
 """attnd.Session and Client.session_batch against a real attnd: a prefill and then a decode
 token by token, each reply checked against float64 attention (tests/python/attn_ref.py) over
 exactly the keys the session should hold by then; the positions the client tracks, conflicts,
-replays, truncate and re-append, the context manager's delete, a batch of sessions, and torch
-tensors in and out (skipped where torch is not installed)."""
+replays, truncate and re-append, the context manager's delete, a batch of sessions, torch
+tensors in and out (skipped where torch is not installed), and F16 and BF16 heads of 192 on
+pages of 32 tokens (attnd --session-page-bytes 16K)."""
 
 import itertools
 
@@ -10,8 +11,8 @@ import numpy as np
 import pytest
 
 import attnd
-from attn_ref import TOL, reference, rel_err
-from conftest import attnd_error
+from attn_ref import TOL, TOL_BF16, reference, rel_err
+from conftest import _serve, attnd_error
 
 HQ, HKV, D = 4, 2, 16
 _ids = itertools.count()
@@ -248,3 +249,39 @@ def test_torch_in_and_out(client):
             mirror.append(k[0].numpy(), v[0].numpy())
             _check(o[0].numpy(), mirror.expect(q[0].numpy())[0])
         assert s.lengths == [8]
+
+
+
+@pytest.fixture(scope="module")
+def small_pages(tmp_path_factory):
+    """attnd --session-page-bytes 16K: a page holds 42 rows of head_dim 192 in F16 or BF16, so
+    it takes 32 tokens, off the engine's 64-key tiles, and tiles cross pages."""
+    yield from _serve(["--threads", "2", "--session-page-bytes", "16K"], tmp_path_factory)
+
+
+@pytest.mark.parametrize("dtype", ["F16", "BF16"])
+def test_wide_heads_on_small_pages(small_pages, dtype):
+    """A prefill of several query blocks, then decode steps, on pages of 32 tokens, each reply
+    against float64 over the session's keys. On an AMX CPU such a prefill read its packed key
+    tiles past a page (BF16), and crashed attnd (F16: no packed tile after a page's end)."""
+    rng = np.random.default_rng(12)
+    hq, hkv, d, n = 8, 2, 192, 200
+    if dtype == "F16":
+        wire, back, tol = (lambda a: a.astype(np.float16)), (lambda o: o.astype(np.float32)), \
+            TOL[np.float16]
+    else:
+        wire, back, tol = attnd.float32_to_bf16, attnd.bf16_to_float32, TOL_BF16
+
+    def tokens(h, m):
+        return wire(rng.standard_normal((h, m, d)).astype(np.float32))
+
+    with small_pages.client().session(_sid("wide"), heads_kv=hkv, head_dim=d, dtype=dtype,
+                                      max_tokens=n + 4) as s:
+        q, k, v = tokens(hq, n), tokens(hkv, n), tokens(hkv, n)
+        ref = reference(back(q), back(k), back(v), causal=True)[0]
+        _check(back(s.attend(q, k, v)), ref, tol)
+        for _ in range(3):
+            q1, k1, v1 = tokens(hq, 1), tokens(hkv, 1), tokens(hkv, 1)
+            k, v = np.concatenate([k, k1], axis=1), np.concatenate([v, v1], axis=1)
+            ref = reference(back(q1), back(k), back(v), causal=True)[0]
+            _check(back(s.attend(q1, k1, v1)), ref, tol)

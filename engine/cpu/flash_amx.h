@@ -226,13 +226,13 @@ static void amx_scores22(blk_ctx *c, const char *const kp[2], int64_t ldk, int k
   amx_store22(c->st + kr * 16 * BQ + v * 16, two);
 }
 
-/* The tile's K: rows in place (BF16), or the packed hi and lo parts. */
-static void amx_scores(blk_ctx *c, int64_t j0) {
+/* The tile's K: rows in place (BF16), or the packed hi and lo parts of
+ * the tile's packed copy t (amx_packed). */
+static void amx_scores(blk_ctx *c, const uint16_t *t) {
   const int64_t D = c->a->r->head_dim;
   const char *kp[2] = {c->kt, c->kt};
   int64_t ldk = c->kstep * 2;
   if (c->amx16) {
-    const uint16_t *t = amx_packed(c, j0);
     kp[0] = (const char *)(t + 2 * D * BK);
     kp[1] = (const char *)(t + 3 * D * BK);
     ldk = D * 2;
@@ -303,11 +303,11 @@ static void amx_flush(blk_ctx *c) {
 
 /* ---- V transposed -------------------------------------------------------- */
 
-/* The tile at j0's Vᵀ for slot `slot`: the job's packed copy, or
- * transposed into the slot's place in the V workspace. */
-static void amx_slot_v(blk_ctx *c, int slot, int64_t j0) {
+/* The tile's Vᵀ for slot `slot`: its packed copy t (amx_packed), or,
+ * without one, transposed into the slot's place in the V workspace. */
+static void amx_slot_v(blk_ctx *c, int slot, const uint16_t *t) {
   const int64_t D = c->a->r->head_dim;
-  if ((c->vslot[slot] = amx_packed(c, j0)))
+  if ((c->vslot[slot] = t))
     return;
   uint16_t *dst = (uint16_t *)c->vb + slot * D * BK;
   amx_transpose64(c->vt, (size_t)c->vstep * 2, D, dst, BK);
@@ -498,8 +498,9 @@ static void amx_mask(blk_ctx *c, int64_t j0) {
 static void amx_step(blk_ctx *c, int64_t j0, int64_t nkt, bool full) {
   const attn__flash_args *a = c->a;
   float sc = a->scale2;
+  const uint16_t *packed = amx_packed(c, j0);
   c->pvt = c->pn ? amx_packed(c, j0 + BK) : NULL;
-  amx_scores(c, j0);
+  amx_scores(c, packed);
   if (a->var.on || !(sc > 0)) {
     for (int64_t j = 0; j < BK; j++)
       for (int v = 0; v < c->nv; v++)
@@ -514,7 +515,7 @@ static void amx_step(blk_ctx *c, int64_t j0, int64_t nkt, bool full) {
     for (int v = 0; v < c->nv; v++)
       vstore(c->st + j * BQ + v * VL, vset1(-INFINITY));
   const int used = c->pbase + c->npend;
-  if (used == amx_slots(c) || (used >= amx_vfit(c) && !amx_packed(c, j0))) {
+  if (used == amx_slots(c) || (used >= amx_vfit(c) && !packed)) {
     amx_flush(c);
     c->pbase = 0;
   }
@@ -524,7 +525,7 @@ static void amx_step(blk_ctx *c, int64_t j0, int64_t nkt, bool full) {
     if (!c->ot_zero) /* a block's first tiles: nothing to rescale yet */
       scale_ot(c, c->alpha);
   }
-  amx_slot_v(c, slot, j0);
+  amx_slot_v(c, slot, packed);
   c->npend++;
 }
 

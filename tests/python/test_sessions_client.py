@@ -251,7 +251,6 @@ def test_torch_in_and_out(client):
         assert s.lengths == [8]
 
 
-
 @pytest.fixture(scope="module")
 def small_pages(tmp_path_factory):
     """attnd --session-page-bytes 16K: a page holds 42 rows of head_dim 192 in F16 or BF16, so

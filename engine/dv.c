@@ -9,10 +9,12 @@
  * [B, H, N, W] buffers (inputs zero-padded, outputs of width W cut back to
  * their own after the job), and the scale stays D's. It costs the padded
  * columns' arithmetic and one copy of the narrow side: O(N·W) memory, never
- * O(N²). Pages (a session's cache) are not copied: their rows are W wide
- * already (engine.h), k's zero past D, so only q and O are padded, and a
- * latent session's v (its k pages) goes through whole, its columns past
- * Dv feeding only O's columns that are cut.
+ * O(N²). The padded job carries Dv as v_cols, so a backend may leave v's
+ * padding out of its products (the CPU backward does). Pages (a session's
+ * cache) are not copied: their rows are W wide already (engine.h), k's
+ * zero past D, so only q and O are padded, and a latent session's v (its
+ * k pages) goes through whole, its columns past Dv feeding only O's
+ * columns that are cut.
  */
 #include "dv.h"
 
@@ -113,6 +115,7 @@ static int plan_narrow_v(dv_job *j) {
   const int64_t dv = attn_request_dv(r);
   if (!r->v_pages && pad_input(j, &in->v, in->v_stride, hk, nk, dv) < 0)
     return -1;
+  in->v_cols = dv;
   if (r->pass == ATTN_FORWARD)
     return pad_output(j, &in->o, in->o_stride, hq, nq);
   const void *o = in->o;

@@ -240,6 +240,12 @@ typedef struct attn_request {
    * max(D, Dv) with the narrower side zero-padded (dv.c), on any backend;
    * with pages, rows max(D, Dv) wide (below). */
   int64_t head_dim_v;
+  /* The engine's own, 0 in a caller's request (refused otherwise): on the
+   * job dv.c makes of a request with Dv < head_dim, Dv. Past it, v's
+   * columns reach only columns of o (a backward's dv) that are cut, and
+   * o's and dout's are zero, so a backend may leave them out of its
+   * products. */
+  int64_t v_cols;
   attn_dtype dtype;
   double scale; /* NaN (set by attn_request_init) means 1/sqrt(head_dim) */
   bool causal;

@@ -351,6 +351,11 @@ int attn_request_validate(const attn_request *r, attn_status *st) {
     return attn_status_set(st, ATTN_ESHAPE,
                            "head_dim_v (v's last dimension) must be between 1 and %d (got %lld)",
                            ATTN_MAX_HEAD_DIM_V, (long long)attn_request_dv(r));
+  if (r->v_cols)
+    return attn_status_set(st, ATTN_EINVAL,
+                           "v_cols (%lld) is the engine's own: leave it 0 (head_dim_v gives "
+                           "the values' width)",
+                           (long long)r->v_cols);
   if (r->heads_q % r->heads_kv)
     return attn_status_set(st, ATTN_EHEADS, "heads_q (%lld) is not a multiple of heads_kv (%lld)",
                            (long long)r->heads_q, (long long)r->heads_kv);

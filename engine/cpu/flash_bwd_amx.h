@@ -115,8 +115,8 @@ static void amx_flush(kb_ctx *x) {
   if (!x->npend)
     return;
   const int64_t D = x->a->r->head_dim, lda = (int64_t)x->slots * BQ * 2, K = x->npend * BQ;
-  amx_mm((char *)x->dvt, BK * 4, (const char *)x->gts, lda, (const char *)x->pps, BK * 4, D, BK, K,
-         true);
+  amx_mm((char *)x->dvt, BK * 4, (const char *)x->gts, lda, (const char *)x->pps, BK * 4, x->vw, BK,
+         K, true);
   amx_mm((char *)x->dkt, BK * 4, (const char *)x->qts, lda, (const char *)x->sps, BK * 4, D, BK, K,
          true);
   x->npend = 0;
@@ -139,11 +139,11 @@ static void amx_pair(kb_ctx *x, int64_t h, int64_t i0) {
   const char *o = row_at(r, r->dout, r->do_stride, x->b, h, i0);
   const bool full = pair_stats(x, h, i0, BQ);
   amx_mm((char *)x->s, BK * 4, q, ldq, (const char *)x->ktp, BK * 4, BQ, BK, D, false);
-  amx_mm((char *)x->dp, BK * 4, o, ldo, (const char *)x->vtp, BK * 4, BQ, BK, D, false);
+  amx_mm((char *)x->dp, BK * 4, o, ldo, (const char *)x->vtp, BK * 4, BQ, BK, x->vw, false);
   softmax_grad(x, h, i0, BQ, full);
   pack_p_ds(x, BQ, x->pps + g * BQ / 2 * BK, x->sps + g * BQ / 2 * BK, x->dsa);
   amx_transpose64(q, (size_t)ldq, D, x->qts + g * BQ, ld);
-  amx_transpose64(o, (size_t)ldo, D, x->gts + g * BQ, ld);
+  amx_transpose64(o, (size_t)ldo, x->vw, x->gts + g * BQ, ld);
   amx_mm((char *)dq_part(a, x->c, x->b, h, i0), a->dld * 4, (const char *)x->dsa, BK * 2,
          (const char *)x->kjp, a->dld * 4, BQ, D, BK, true);
   if (++x->npend == x->slots)

@@ -141,7 +141,7 @@ static void pack_kv_bf16(kb_ctx *x) {
   const int64_t ldk = r->k_stride[2] * 2, ldv = r->v_stride[2] * 2;
   const char *kp = x->kbase + x->j0 * ldk, *vp = x->vbase + x->j0 * ldv;
   pair_cols(x->ktp, kp, ldk, x->nkt, r->head_dim / 2);
-  pair_cols(x->vtp, vp, ldv, x->nkt, r->head_dim / 2);
+  pair_cols(x->vtp, vp, ldv, x->nkt, x->vw / 2);
   pair_rows(x->kjp, x->a->dld, kp, ldk, x->nkt, r->head_dim);
 }
 
@@ -181,12 +181,12 @@ static void pair_bf16(kb_ctx *x, int64_t h, int64_t i0, int64_t n) {
   const char *g = row_at(r, r->dout, r->do_stride, x->b, h, i0);
   const bool full = pair_stats(x, h, i0, n);
   dmm(x->s, BK, n, NVK, D / 2, q, ldq, 4, x->ktp, BK, false);
-  dmm(x->dp, BK, n, NVK, D / 2, g, ldo, 4, x->vtp, BK, false);
+  dmm(x->dp, BK, n, NVK, x->vw / 2, g, ldo, 4, x->vtp, BK, false);
   softmax_grad(x, h, i0, n, full);
   pack_p_ds(x, n, x->pip, x->sip, x->dsr);
   pair_rows(x->qip, D, q, ldq, n, D);
-  pair_rows(x->gip, D, g, ldo, n, D);
-  dmm(x->dvt, BK, D, NVK, np, (const char *)x->gip, 4, 4 * D, x->pip, BK, true);
+  pair_rows(x->gip, D, g, ldo, n, x->vw);
+  dmm(x->dvt, BK, x->vw, NVK, np, (const char *)x->gip, 4, 4 * D, x->pip, BK, true);
   dmm(x->dkt, BK, D, NVK, np, (const char *)x->qip, 4, 4 * D, x->sip, BK, true);
   dmm(dq_part(a, x->c, x->b, h, i0), a->dld, n, (int)(a->dld / VL), (x->nkt + 1) / 2,
       (const char *)x->dsr, 2 * BK, 4, x->kjp, a->dld, true);

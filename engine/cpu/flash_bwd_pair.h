@@ -65,6 +65,7 @@ typedef struct kb_ctx {
   int64_t b, hk, c;
   float *kt, *vt, *dkt, *dvt, *kr, *s, *dp, *qr, *dor, *mu, *di;
   int64_t wd; /* the head dim the workspace is laid out for (attn__cpu_ws_d) */
+  int64_t vw; /* V's side of the products (bwd_v_width) */
   const char *kbase, *vbase;
   int64_t j0, nkt;
   bool bf16; /* BF16 products (flash_bwd_bf16.h) instead of F32 */
@@ -95,6 +96,16 @@ static float *dq_part(const attn__bwd_args *a, int64_t c, int64_t b, int64_t h, 
   const attn_request *r = a->r;
   const int64_t rows = r->batch * r->heads_q * r->seq_q;
   return a->dqp + ((c * rows) + (b * r->heads_q + h) * r->seq_q + i) * a->dld;
+}
+
+/* How many columns of V, O and dO the products read: head_dim, or for
+ * dv.c's padded job its v_cols rounded up to the tiles' 32 (the columns
+ * between are zeros), so dP = dO·Vᵀ and dVᵀ += dOᵀ·P leave out the
+ * padding (at MLA's D 192, Dv 128, two of the five products shrink by a
+ * third). Only zero terms are left out: the same sums. */
+static int64_t bwd_v_width(const attn_request *r) {
+  const int64_t w = (r->v_cols + 31) / 32 * 32;
+  return r->v_cols && w < r->head_dim ? w : r->head_dim;
 }
 
 /* Kᵀ and Vᵀ (D × BK, keys past nkt zero) and K rows (padded with zeros). */
@@ -225,9 +236,9 @@ static void pair(kb_ctx *x, int64_t h, int64_t i0, int64_t n) {
   const float *g = rows_f32(x, r->dout, r->do_stride, h, i0, n, x->dor, &ldo);
   const bool full = pair_stats(x, h, i0, n);
   mm(x->s, BK, n, NVK, D, q, ldq, 1, x->kt, BK, false);
-  mm(x->dp, BK, n, NVK, D, g, ldo, 1, x->vt, BK, false);
+  mm(x->dp, BK, n, NVK, x->vw, g, ldo, 1, x->vt, BK, false);
   softmax_grad(x, h, i0, n, full);
-  mm(x->dvt, BK, D, NVK, n, g, 1, ldo, x->s, BK, true);
+  mm(x->dvt, BK, x->vw, NVK, n, g, 1, ldo, x->s, BK, true);
   mm(x->dkt, BK, D, NVK, n, q, 1, ldq, x->dp, BK, true);
   mm(dq_part(a, x->c, x->b, h, i0), a->dld, n, (int)(a->dld / VL), x->nkt, x->dp, BK, 1, x->kr,
      a->dld, true);

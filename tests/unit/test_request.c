@@ -68,6 +68,14 @@ Test(validate, dimensions) {
   expect_err(&r, ATTN_ESHAPE, "(got 577)");
 }
 
+/* v_cols promises zero columns of v, o and dout that the kernels then skip:
+ * the engine's own (dv.c sets it on the padded job), never a caller's. */
+Test(validate, v_cols_is_the_engines) {
+  attn_request r = good();
+  r.v_cols = 8;
+  expect_err(&r, ATTN_EINVAL, "v_cols (8) is the engine's own: leave it 0");
+}
+
 Test(validate, heads_dtype_scale_window) {
   attn_request r;
   r = good();

@@ -34,6 +34,17 @@ static inline int64_t attn__cpu_ws_d(int64_t d) {
   return d <= ATTN_CPU_NARROW_D ? ATTN_CPU_NARROW_D : ATTN_CPU_MAX_D;
 }
 
+/* How many columns of V (and of O, dO) the products need: head_dim, or
+ * for dv.c's padded job its v_cols rounded up to the tiles' 32 (the
+ * columns between are zero padding, or a latent session's columns that
+ * reach only O's cut ones). So P·V, and the backward's dP = dO·Vᵀ and
+ * dVᵀ += dOᵀ·P, leave out the padding: at MLA's D 192, Dv 128 a third of
+ * each. Only zero terms (or cut columns) are left out: the same sums. */
+static inline int64_t attn__flash_v_width(const attn_request *r) {
+  const int64_t w = (r->v_cols + 31) / 32 * 32;
+  return r->v_cols && w < r->head_dim ? w : r->head_dim;
+}
+
 #include "scan.h"
 #include "flash_bwd.h"
 

@@ -290,9 +290,11 @@ static inline void amx_ot_touch(blk_ctx *c) {
 /* Oᵀ += the pending tiles' products, which share one reference max: a
  * longer sum per accumulator tile loaded and stored. */
 static void amx_flush(blk_ctx *c) {
-  const int64_t D = c->a->r->head_dim;
+  const int64_t D = c->a->r->head_dim, vw = attn__flash_v_width(c->a->r);
   if (c->npend) {
-    for (int64_t db = 0; db < D / 16; db += 2)
+    if (c->ot_zero && vw < D) /* rows no P·V writes */
+      memset(c->ot + vw * BQ, 0, (size_t)((D - vw) * BQ) * sizeof *c->ot);
+    for (int64_t db = 0; db < vw / 16; db += 2)
       for (int v = 0; v < c->nv; v += 2)
         amx_values22(c, db, v, v + 1 < c->nv);
     c->ot_zero = false;
@@ -310,7 +312,7 @@ static void amx_slot_v(blk_ctx *c, int slot, const uint16_t *t) {
   if ((c->vslot[slot] = t))
     return;
   uint16_t *dst = (uint16_t *)c->vb + slot * D * BK;
-  amx_transpose64(c->vt, (size_t)c->vstep * 2, D, dst, BK);
+  amx_transpose64(c->vt, (size_t)c->vstep * 2, attn__flash_v_width(c->a->r), dst, BK);
   c->vslot[slot] = dst;
 }
 

@@ -132,7 +132,7 @@ static void keys(const attn__bwd_args *a, int64_t b, int64_t hk, int64_t c, void
   const int64_t es = (int64_t)attn_dtype_size(r->dtype);
   kb_ctx x = {.a = a, .b = b, .hk = hk, .c = c};
   const int64_t wd = x.wd = attn__cpu_ws_d(r->head_dim);
-  x.vw = bwd_v_width(r);
+  x.vw = attn__flash_v_width(r);
   x.kt = ws;
   x.vt = x.kt + wd * BK;
   x.dkt = x.vt + wd * BK;
@@ -180,7 +180,7 @@ static float vhsum(vf x) {
 
 static void rowdot(const attn__bwd_args *a, int64_t b, int64_t h, int64_t i0, int64_t n) {
   const attn_request *r = a->r;
-  const int64_t D = bwd_v_width(r);
+  const int64_t D = attn__flash_v_width(r);
   float o[ATTN_CPU_MAX_D], g[ATTN_CPU_MAX_D];
   for (int64_t i = i0; i < i0 + n; i++) {
     load_row(o, row_at(r, r->o, r->o_stride, b, h, i), r->dtype, D);

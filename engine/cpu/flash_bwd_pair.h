@@ -65,7 +65,7 @@ typedef struct kb_ctx {
   int64_t b, hk, c;
   float *kt, *vt, *dkt, *dvt, *kr, *s, *dp, *qr, *dor, *mu, *di;
   int64_t wd; /* the head dim the workspace is laid out for (attn__cpu_ws_d) */
-  int64_t vw; /* V's side of the products (bwd_v_width) */
+  int64_t vw; /* V's side of the products (attn__flash_v_width) */
   const char *kbase, *vbase;
   int64_t j0, nkt;
   bool bf16; /* BF16 products (flash_bwd_bf16.h) instead of F32 */
@@ -96,16 +96,6 @@ static float *dq_part(const attn__bwd_args *a, int64_t c, int64_t b, int64_t h, 
   const attn_request *r = a->r;
   const int64_t rows = r->batch * r->heads_q * r->seq_q;
   return a->dqp + ((c * rows) + (b * r->heads_q + h) * r->seq_q + i) * a->dld;
-}
-
-/* How many columns of V, O and dO the products read: head_dim, or for
- * dv.c's padded job its v_cols rounded up to the tiles' 32 (the columns
- * between are zeros), so dP = dO·Vᵀ and dVᵀ += dOᵀ·P leave out the
- * padding (at MLA's D 192, Dv 128, two of the five products shrink by a
- * third). Only zero terms are left out: the same sums. */
-static int64_t bwd_v_width(const attn_request *r) {
-  const int64_t w = (r->v_cols + 31) / 32 * 32;
-  return r->v_cols && w < r->head_dim ? w : r->head_dim;
 }
 
 /* Kᵀ and Vᵀ (D × BK, keys past nkt zero) and K rows (padded with zeros). */

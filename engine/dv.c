@@ -10,11 +10,11 @@
  * their own after the job), and the scale stays D's. It costs the padded
  * columns' arithmetic and one copy of the narrow side: O(N·W) memory, never
  * O(N²). The padded job carries Dv as v_cols, so a backend may leave v's
- * padding out of its products (the CPU's AMX forward and its backward
- * do). Pages (a session's cache) are not copied: their rows are W wide
- * already (engine.h), k's zero past D, so only q and O are padded, and a
- * latent session's v (its k pages) goes through whole, its columns past
- * Dv feeding only O's columns that are cut.
+ * padding out of its products (the CPU kernels' P·V over query blocks
+ * and their backward do). Pages (a session's cache) are not copied: their
+ * rows are W wide already (engine.h), k's zero past D, so only q and O are
+ * padded, and a latent session's v (its k pages) goes through whole, its
+ * columns past Dv feeding only O's columns that are cut.
  */
 #include "dv.h"
 

@@ -235,10 +235,9 @@ static void tile_rows(blk_ctx *c, int64_t j0, int64_t nkt) {
 /* Oᵀ = Oᵀ·alpha + P·V in the transposed layout; the F32 products rescale
  * Oᵀ as they load it, the BF16 ones after a pass of their own. */
 static void tile_values(blk_ctx *c, const float *vp, int64_t ldv, int64_t nkt) {
-  const int64_t D = c->a->r->head_dim;
   const float *alpha = ones(c->alpha, c->lanes) ? NULL : c->alpha;
-  if (!c->bf16dp) {
-    pv_tile(c->st, vp, ldv, c->ot, alpha, D, nkt, c->nv, c->a->wide);
+  if (!c->bf16dp) { /* Oᵀ's rows past v's width stay 0 */
+    pv_tile(c->st, vp, ldv, c->ot, alpha, attn__flash_v_width(c->a->r), nkt, c->nv, c->a->wide);
     return;
   }
   scale_ot(c, c->alpha);

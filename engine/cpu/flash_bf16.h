@@ -143,12 +143,12 @@ static void dp_pack_v(blk_ctx *c, int64_t nkt, uint32_t *vp) {
 }
 
 static void dp_pv_tile(blk_ctx *c, const uint32_t *vp, int64_t nkt) {
-  const int64_t D = c->a->r->head_dim, np = (nkt + 1) / 2;
+  const int64_t D = c->a->r->head_dim, vw = attn__flash_v_width(c->a->r), np = (nkt + 1) / 2;
   const uint32_t *pp = (const uint32_t *)c->kb;
   for (int c0 = 0; c0 < c->nv; c0 += NR) {
     const int nr = c->nv - c0 < NR ? c->nv - c0 : NR;
-    for (int64_t d0 = 0; d0 < D; d0 += MR) {
-      const int mr = D - d0 < MR ? (int)(D - d0) : MR;
+    for (int64_t d0 = 0; d0 < vw; d0 += MR) { /* Oᵀ's rows past v's width stay 0 */
+      const int mr = vw - d0 < MR ? (int)(vw - d0) : MR;
 #define PV(M, N) dp_pv_micro(pp, vp, D, c->ot, np, d0, c0, M, N)
       MR_CASES(PV, mr)
 #undef PV

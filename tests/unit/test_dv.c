@@ -45,8 +45,8 @@ static const dvspec specs[] = {
     {2, 6, 2, 70, 70, 64, 96, false, -1, -1, false},    /* Dv above D, GQA */
     {1, 3, 1, 1, 1500, 128, 64, false, -1, -1, false},  /* decode: the keys split */
     {2, 2, 2, 33, 20, 37, 5, true, -1, -1, false},      /* odd widths; rows that see nothing */
-    /* a backward's products over v's columns rounded up to 32 (bwd_v_width):
-     * 64 of 96, on AMX tiles for the whole blocks */
+    /* the products over v's columns rounded up to 32 (attn__flash_v_width),
+     * forward and backward: 64 of 96, on AMX tiles for the whole blocks */
     {1, 2, 2, 64, 128, 96, 40, true, -1, -1, false},
 };
 enum { NSPECS = sizeof specs / sizeof *specs };
